@@ -1,0 +1,59 @@
+package schemas
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// FuzzDecode feeds arbitrary bytes to the decoder. It must never panic and
+// must fail only with ErrUndecodable or ErrUnknownSchema; whatever it
+// accepts must re-encode to a message that decodes to the same value.
+func FuzzDecode(f *testing.F) {
+	for _, m := range samples() {
+		b := MustEncode(m)
+		f.Add(b)
+		f.Add(b[:len(b)/2])
+	}
+	f.Add([]byte{0xC3, 0x01})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrUndecodable) && !errors.Is(err, ErrUnknownSchema) {
+				t.Fatalf("unexpected error class: %v", err)
+			}
+			return
+		}
+		again, err := Encode(m)
+		if err != nil {
+			t.Fatalf("decoded value does not re-encode: %v", err)
+		}
+		m2, err := Decode(again)
+		if err != nil {
+			t.Fatalf("re-encoded value does not decode: %v", err)
+		}
+		if !bytes.Equal(MustEncode(m2), again) {
+			t.Fatal("encoding is not stable after a decode")
+		}
+	})
+}
+
+// FuzzParseKey checks that ParseKey accepts exactly the canonical keys.
+func FuzzParseKey(f *testing.F) {
+	f.Add([]byte("4:acme9:api_calls6:req-42"))
+	f.Add([]byte("0:0:0:"))
+	f.Add([]byte("1:a"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, err := ParseKey(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadKey) {
+				t.Fatalf("unexpected error class: %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(id.Key(), b) {
+			t.Fatalf("ParseKey accepted %q, which is not the canonical %q", b, id.Key())
+		}
+	})
+}
