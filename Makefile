@@ -1,0 +1,46 @@
+# Meterline. `make test` is the whole suite against a real Kafka broker and a
+# real ClickHouse, both started (and stopped) by the project's own scripts.
+# `go test -short ./...` is the fast loop and needs no service.
+
+GO              ?= go
+KAFKA_PORT      ?= 9092
+CLICKHOUSE_PORT ?= 9000
+# The whole suite must fit CI's budget with room to spare.
+TEST_TIMEOUT    ?= 40m
+# Set KEEP_SERVICES=1 to leave Kafka and ClickHouse running after the tests.
+KEEP_SERVICES   ?=
+
+export KAFKA_PORT CLICKHOUSE_PORT
+
+.PHONY: all build test test-short vet fuzz services-start services-stop clean
+
+all: build
+
+build:
+	$(GO) build -o bin/meterline ./cmd/meterline
+
+vet:
+	$(GO) vet ./...
+
+test-short:
+	$(GO) test -short ./...
+
+# Starts both services, runs vet and every test with the integration
+# variables set, and stops the services even when a test fails. Fails if any
+# integration test skipped.
+test:
+	@bash scripts/test.sh
+
+fuzz:
+	$(GO) test ./schemas -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+
+services-start:
+	deploy/local/kafka.sh start
+	deploy/local/clickhouse.sh start
+
+services-stop:
+	-deploy/local/kafka.sh stop
+	-deploy/local/clickhouse.sh stop
+
+clean:
+	rm -rf bin

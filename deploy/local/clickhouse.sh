@@ -1,0 +1,420 @@
+#!/usr/bin/env bash
+# deploy/local/clickhouse.sh — throwaway local ClickHouse for Meterline (no systemd).
+#
+#   deploy/local/clickhouse.sh start|stop|status|clean
+#
+# Runs Debian's clickhouse-server (bookworm ships 18.16.1) as a private instance
+# on 127.0.0.1, with every path inside one data dir. Installs the package with
+# apt-get when the binary is missing (needs root). Any system instance that the
+# package may have started is stopped; /etc/clickhouse-server is never used.
+#
+# Environment:
+#   CLICKHOUSE_PORT           native port               (default 9000)
+#   CLICKHOUSE_HTTP_PORT      HTTP port                 (default 8123)
+#   CLICKHOUSE_DATA_DIR       data dir, holds configs, logs, pid file
+#                             (default /tmp/meterline-clickhouse-$CLICKHOUSE_PORT)
+#   CLICKHOUSE_START_TIMEOUT  seconds to wait for readiness (default 30)
+#   CLICKHOUSE_STOP_TIMEOUT   seconds to wait after SIGTERM before SIGKILL (default 20)
+#
+# Exit codes: 0 ok; 1 failure; 2 usage; status: 0 running, 3 stopped.
+# Progress goes to stderr; `status` prints its one-line answer on stdout.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TEMPLATE_DIR="$SCRIPT_DIR/clickhouse"
+
+LISTEN_HOST=127.0.0.1
+TCP_PORT=${CLICKHOUSE_PORT:-9000}
+HTTP_PORT=${CLICKHOUSE_HTTP_PORT:-8123}
+DATA_DIR=${CLICKHOUSE_DATA_DIR:-/tmp/meterline-clickhouse-$TCP_PORT}
+START_TIMEOUT=${CLICKHOUSE_START_TIMEOUT:-30}
+STOP_TIMEOUT=${CLICKHOUSE_STOP_TIMEOUT:-20}
+
+MARKER=.meterline-clickhouse
+export DEBIAN_FRONTEND=noninteractive
+# Debian puts the server in /usr/sbin, which a non-login PATH may lack.
+PATH="$PATH:/usr/sbin:/sbin"
+
+log() { printf 'clickhouse: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+usage() {
+    echo "usage: $0 start|stop|status|clean" >&2
+    exit 2
+}
+
+is_port() { [[ $1 =~ ^[0-9]+$ ]] && (( $1 >= 1 && $1 <= 65535 )); }
+is_port "$TCP_PORT" || die "CLICKHOUSE_PORT '$TCP_PORT' is not a port number"
+is_port "$HTTP_PORT" || die "CLICKHOUSE_HTTP_PORT '$HTTP_PORT' is not a port number"
+[[ $TCP_PORT != "$HTTP_PORT" ]] || die "CLICKHOUSE_PORT and CLICKHOUSE_HTTP_PORT must differ"
+[[ $START_TIMEOUT =~ ^[0-9]+$ ]] || die "CLICKHOUSE_START_TIMEOUT must be whole seconds"
+[[ $STOP_TIMEOUT =~ ^[0-9]+$ ]] || die "CLICKHOUSE_STOP_TIMEOUT must be whole seconds"
+[[ -n $DATA_DIR ]] || die "CLICKHOUSE_DATA_DIR is empty"
+[[ $DATA_DIR == /* ]] || DATA_DIR="$PWD/$DATA_DIR"
+DATA_DIR=${DATA_DIR%/}
+[[ -n $DATA_DIR && $DATA_DIR != / ]] || die "refusing to use / as the data dir"
+
+PID_FILE="$DATA_DIR/clickhouse-server.pid"
+CONFIG_FILE="$DATA_DIR/config.xml"
+USERS_FILE="$DATA_DIR/users.xml"
+LOG_DIR="$DATA_DIR/log"
+ERR_LOG="$LOG_DIR/clickhouse-server.err.log"
+OUT_LOG="$LOG_DIR/stdout.log"
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ---------------------------------------------------------------- binaries
+
+SERVER_CMD=()
+CLIENT_CMD=()
+
+# Debian's package: /usr/sbin/clickhouse-server + /usr/bin/clickhouse-client
+# (separate binaries on a shared libclickhouse.so). Upstream packages ship one
+# /usr/bin/clickhouse multi-call binary ("clickhouse server"/"clickhouse client").
+find_binaries() {
+    SERVER_CMD=()
+    CLIENT_CMD=()
+    local p
+    if p=$(command -v clickhouse-server 2>/dev/null); then
+        SERVER_CMD=("$p")
+    elif p=$(command -v clickhouse 2>/dev/null); then
+        SERVER_CMD=("$p" server)
+    fi
+    if p=$(command -v clickhouse-client 2>/dev/null); then
+        CLIENT_CMD=("$p")
+    elif p=$(command -v clickhouse 2>/dev/null); then
+        CLIENT_CMD=("$p" client)
+    fi
+    (( ${#SERVER_CMD[@]} > 0 && ${#CLIENT_CMD[@]} > 0 ))
+}
+
+apt_install() { # $1 = log file
+    apt-get install -y -q -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 \
+        clickhouse-server clickhouse-client </dev/null >>"$1" 2>&1
+}
+
+ensure_installed() {
+    find_binaries && return 0
+    command -v apt-get >/dev/null 2>&1 ||
+        die "clickhouse-server is not installed and apt-get is not available; install ClickHouse (clickhouse-server, clickhouse-client) by hand"
+    local lock=/tmp/meterline-clickhouse-apt.lock apt_log
+    # Two instances started at once must not race on apt/dpkg.
+    if command -v flock >/dev/null 2>&1; then
+        exec 8>"$lock"
+        flock -w 600 8 || die "timed out waiting for another clickhouse install ($lock)"
+        if find_binaries; then exec 8>&-; return 0; fi
+    fi
+    apt_log=$(mktemp /tmp/meterline-clickhouse-apt.XXXXXX.log)
+    log "installing clickhouse-server (apt) ..."
+    local t0; t0=$(now)
+    if ! apt_install "$apt_log"; then
+        log "package not found or install failed; running apt-get update ..."
+        if ! { apt-get update -q </dev/null >>"$apt_log" 2>&1 && apt_install "$apt_log"; }; then
+            tail -n 20 "$apt_log" >&2 || true
+            die "apt-get install clickhouse-server clickhouse-client failed (log: $apt_log)"
+        fi
+    fi
+    exec 8>&-
+    find_binaries || die "clickhouse-server installed but no server/client binary found on PATH"
+    log "installed $(dpkg-query -W -f '${Version}' clickhouse-server 2>/dev/null || echo clickhouse-server) in $(elapsed "$t0")s"
+    rm -f "$apt_log"
+    # The package may try to start its own service (policy-rc.d usually blocks
+    # it in containers, systemd starts it elsewhere). We never use it.
+    stop_system_instance
+}
+
+# ---------------------------------------------------------------- processes
+
+cmdline_of() { # pid -> its command line, NULs turned into spaces
+    tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" || true
+}
+
+# The package's own instance: a clickhouse server reading /etc/clickhouse-server.
+system_instance_pids() {
+    local d pid cmd
+    for d in /proc/[0-9]*; do
+        pid=${d#/proc/}
+        cmd=$(cmdline_of "$pid")
+        [[ $cmd == *clickhouse* && $cmd == */etc/clickhouse-server/* ]] || continue
+        [[ $cmd == *"$CONFIG_FILE"* ]] && continue
+        echo "$pid"
+    done
+}
+
+wait_gone() { # timeout_s pid...
+    local deadline=$(( $(date +%s) + $1 )) pid alive
+    shift
+    while :; do
+        alive=0
+        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        (( alive )) || return 0
+        (( $(date +%s) < deadline )) || return 1
+        sleep 0.1
+    done
+}
+
+stop_system_instance() {
+    local pids=()
+    mapfile -t pids < <(system_instance_pids)
+    (( ${#pids[@]} > 0 )) || return 0
+    log "stopping the system clickhouse-server instance started by the package (pid ${pids[*]}) ..."
+    if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null 2>&1; then
+        systemctl stop clickhouse-server >/dev/null 2>&1 || true
+    fi
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    if ! wait_gone "$STOP_TIMEOUT" "${pids[@]}"; then
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        wait_gone 5 "${pids[@]}" || die "could not stop the system clickhouse-server (pid ${pids[*]})"
+    fi
+}
+
+# A live server process started with our config file (pid file aside).
+scan_pid() {
+    local d pid
+    for d in /proc/[0-9]*; do
+        pid=${d#/proc/}
+        [[ $(cmdline_of "$pid") == *"--config-file=$CONFIG_FILE"* ]] || continue
+        echo "$pid"
+        return 0
+    done
+    return 1
+}
+
+# Our server's pid if it is running (pid file + live process started with our config).
+running_pid() {
+    local pid
+    [[ -f $PID_FILE ]] || return 1
+    pid=$(<"$PID_FILE")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    [[ $(cmdline_of "$pid") == *"$CONFIG_FILE"* ]] || return 1
+    echo "$pid"
+}
+
+# ---------------------------------------------------------------- probes
+
+HAVE_CURL=0
+command -v curl >/dev/null 2>&1 && HAVE_CURL=1
+
+# GET /ping on the HTTP port answers "Ok." when the server is up.
+http_ping() {
+    local body=
+    if (( HAVE_CURL )); then
+        body=$(curl -fsS --max-time 2 "http://$LISTEN_HOST:$HTTP_PORT/ping" 2>/dev/null) || return 1
+    else
+        body=$(
+            exec 2>/dev/null
+            exec 3<>"/dev/tcp/$LISTEN_HOST/$HTTP_PORT" || exit 1
+            printf 'GET /ping HTTP/1.0\r\nHost: %s\r\n\r\n' "$LISTEN_HOST" >&3
+            timeout 2 cat <&3 || cat <&3
+        ) || return 1
+    fi
+    [[ $body == *Ok.* ]]
+}
+
+port_open() { # port -> 0 if something listens on LISTEN_HOST:port
+    if command -v timeout >/dev/null 2>&1; then
+        timeout 2 bash -c "exec 3<>/dev/tcp/$LISTEN_HOST/$1" 2>/dev/null
+    else
+        (exec 3<>"/dev/tcp/$LISTEN_HOST/$1") 2>/dev/null
+    fi
+}
+
+client() {
+    local t=()
+    command -v timeout >/dev/null 2>&1 && t=(timeout 15)
+    "${t[@]}" "${CLIENT_CMD[@]}" --host "$LISTEN_HOST" --port "$TCP_PORT" "$@" </dev/null
+}
+
+show_error_log() {
+    local f shown=0
+    for f in "$ERR_LOG" "$OUT_LOG"; do
+        if [[ -s $f ]]; then
+            log "--- tail of $f ---"
+            tail -n 25 "$f" >&2 || true
+            shown=1
+        fi
+    done
+    (( shown )) || log "(no server log output in $LOG_DIR)"
+}
+
+# ---------------------------------------------------------------- data dir
+
+lock_data_dir() {
+    command -v flock >/dev/null 2>&1 || return 0
+    exec 9>"$DATA_DIR/.lock"
+    flock -w 60 9 || die "another clickhouse.sh is busy with $DATA_DIR"
+}
+
+prepare_data_dir() {
+    if [[ -d $DATA_DIR && ! -e $DATA_DIR/$MARKER ]] && [[ -n $(ls -A "$DATA_DIR") ]]; then
+        die "$DATA_DIR exists, is not empty and was not made by this script; set CLICKHOUSE_DATA_DIR elsewhere"
+    fi
+    mkdir -p "$DATA_DIR" "$LOG_DIR" "$DATA_DIR/data" "$DATA_DIR/tmp" \
+        "$DATA_DIR/user_files" "$DATA_DIR/format_schemas"
+    : >"$DATA_DIR/$MARKER"
+}
+
+sed_escape() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
+
+render() { # template -> dest
+    [[ -f $1 ]] || die "missing config template $1"
+    local dir tmp
+    dir=$(sed_escape "$DATA_DIR")
+    tmp="$2.tmp.$$"
+    sed -e "s|@@DATA_DIR@@|$dir|g" \
+        -e "s|@@TCP_PORT@@|$TCP_PORT|g" \
+        -e "s|@@HTTP_PORT@@|$HTTP_PORT|g" \
+        -e "s|@@LISTEN_HOST@@|$LISTEN_HOST|g" "$1" >"$tmp"
+    mv -f "$tmp" "$2"
+}
+
+# ---------------------------------------------------------------- commands
+
+cmd_status() {
+    local pid
+    if pid=$(running_pid); then
+        local health="answering /ping"
+        http_ping || health="NOT answering /ping"
+        echo "clickhouse: running (pid $pid, native $LISTEN_HOST:$TCP_PORT, http $LISTEN_HOST:$HTTP_PORT, $health, data $DATA_DIR)"
+        return 0
+    fi
+    echo "clickhouse: stopped (native $LISTEN_HOST:$TCP_PORT, data $DATA_DIR)"
+    return 3
+}
+
+SERVER_PID=
+
+wait_ready() { # t0 -> 0 when /ping answers; follows SERVER_PID
+    local deadline found
+    deadline=$(awk -v t="$1" -v s="$START_TIMEOUT" 'BEGIN { printf "%d", t + s + 1 }')
+    while :; do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            # setsid may have forked: the server then lives under another pid.
+            if found=$(scan_pid); then
+                SERVER_PID=$found
+                echo "$SERVER_PID" >"$PID_FILE"
+                continue
+            fi
+            log "server process $SERVER_PID exited during startup"
+            return 1
+        fi
+        http_ping && return 0
+        if (( $(date +%s) >= deadline )); then
+            log "server did not answer http://$LISTEN_HOST:$HTTP_PORT/ping within ${START_TIMEOUT}s"
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+native_version() { # retries briefly: the native listener may lag /ping a little
+    local v
+    for _ in 1 2 3 4 5; do
+        if v=$(client -q 'SELECT version()' 2>&1); then
+            echo "$v"
+            return 0
+        fi
+        sleep 0.3
+    done
+    log "native port check failed: $v"
+    return 1
+}
+
+cmd_start() {
+    ensure_installed
+    prepare_data_dir
+    lock_data_dir
+
+    local t0 version
+    if SERVER_PID=$(running_pid); then
+        t0=$(now)
+        if wait_ready "$t0" && version=$(native_version); then
+            log "already running: $version on $LISTEN_HOST:$TCP_PORT (http $HTTP_PORT, pid $SERVER_PID, data $DATA_DIR)"
+            return 0
+        fi
+        show_error_log
+        die "pid $SERVER_PID is running but not healthy; run '$0 stop' and start again"
+    fi
+    rm -f "$PID_FILE"
+
+    # Something else on our ports? A package-started system instance is ours to stop.
+    if port_open "$TCP_PORT" || port_open "$HTTP_PORT"; then
+        stop_system_instance
+        port_open "$TCP_PORT" && die "port $LISTEN_HOST:$TCP_PORT is already in use by another process (set CLICKHOUSE_PORT)"
+        port_open "$HTTP_PORT" && die "port $LISTEN_HOST:$HTTP_PORT is already in use by another process (set CLICKHOUSE_HTTP_PORT)"
+    fi
+
+    render "$TEMPLATE_DIR/config.xml.tmpl" "$CONFIG_FILE"
+    render "$TEMPLATE_DIR/users.xml.tmpl" "$USERS_FILE"
+    # Fresh error log per start, so a failure shows this start's errors only.
+    [[ -f $ERR_LOG ]] && mv -f "$ERR_LOG" "$ERR_LOG.prev"
+    : >"$OUT_LOG"
+
+    log "starting ${SERVER_CMD[*]} (native $LISTEN_HOST:$TCP_PORT, http $HTTP_PORT, data $DATA_DIR) ..."
+    t0=$(now)
+    # setsid: own session, so a terminal's Ctrl-C or a caller's process group
+    # kill does not take the server along. fd 8/9 (our locks) are closed for it.
+    # The server runs in the data dir; as root it needs no user switch.
+    (
+        cd "$DATA_DIR"
+        exec setsid nohup "${SERVER_CMD[@]}" --config-file="$CONFIG_FILE" \
+            </dev/null >>"$OUT_LOG" 2>&1 8>&- 9>&-
+    ) &
+    SERVER_PID=$!
+    disown "$SERVER_PID" 2>/dev/null || true # no "Aborted"/"Killed" job notices
+    # $! is the server itself (the subshell execs setsid, which execs nohup,
+    # which execs the server); wait_ready follows it if setsid had to fork.
+    echo "$SERVER_PID" >"$PID_FILE"
+
+    if ! wait_ready "$t0" || ! version=$(native_version); then
+        show_error_log
+        if kill -0 "$SERVER_PID" 2>/dev/null; then
+            kill -KILL "$SERVER_PID" 2>/dev/null || true
+            wait_gone 5 "$SERVER_PID" || true
+        fi
+        rm -f "$PID_FILE"
+        die "start failed (logs in $LOG_DIR)"
+    fi
+    log "$version ready on $LISTEN_HOST:$TCP_PORT in $(elapsed "$t0")s (http $HTTP_PORT, pid $SERVER_PID, data $DATA_DIR)"
+}
+
+cmd_stop() {
+    [[ -d $DATA_DIR ]] || { log "not running (no $DATA_DIR)"; return 0; }
+    lock_data_dir
+    local pid t0
+    if ! pid=$(running_pid); then
+        rm -f "$PID_FILE"
+        log "not running ($LISTEN_HOST:$TCP_PORT, data $DATA_DIR)"
+        return 0
+    fi
+    t0=$(now)
+    log "stopping pid $pid ($LISTEN_HOST:$TCP_PORT) ..."
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_gone "$STOP_TIMEOUT" "$pid"; then
+        log "still running after ${STOP_TIMEOUT}s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_gone 5 "$pid" || die "pid $pid did not exit after SIGKILL"
+    fi
+    rm -f "$PID_FILE"
+    log "stopped in $(elapsed "$t0")s"
+}
+
+cmd_clean() {
+    cmd_stop
+    [[ -e $DATA_DIR ]] || { log "nothing to clean ($DATA_DIR does not exist)"; return 0; }
+    [[ -e $DATA_DIR/$MARKER ]] ||
+        die "$DATA_DIR was not made by this script (no $MARKER); not removing it"
+    rm -rf -- "$DATA_DIR"
+    log "removed $DATA_DIR"
+}
+
+case ${1:-} in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    clean) cmd_clean ;;
+    -h | --help | help) usage ;;
+    *) usage ;;
+esac

@@ -1,0 +1,413 @@
+#!/usr/bin/env bash
+# deploy/local/kafka.sh — run a real, throwaway Apache Kafka 4.x broker for local
+# development and integration tests: one JVM in KRaft combined mode
+# (process.roles=broker,controller) bound to 127.0.0.1. No Docker needed: the jars
+# come from Maven Central via `mvn` once and are cached for later runs.
+#
+# Usage: deploy/local/kafka.sh start|stop|restart|status|clean|libs
+#   start    fetch jars (first run only), format the data dir if new, start the
+#            broker in the background and wait until it serves; no-op if running
+#   stop     SIGTERM, wait up to KAFKA_STOP_TIMEOUT s, then SIGKILL; no-op if stopped
+#   restart  stop + start
+#   status   print running/stopped; exit 0 if running, 3 if not
+#   clean    stop and delete the data dir
+#   libs     print the cached classpath dir (fetching jars if needed), e.g. for
+#            java -cp "$(deploy/local/kafka.sh libs)/*" org.apache.kafka.tools.TopicCommand ...
+#
+# Environment:
+#   KAFKA_PORT             client listener port                 (default 9092)
+#   KAFKA_CONTROLLER_PORT  KRaft controller port                (default KAFKA_PORT+1, i.e. 9093)
+#   KAFKA_DATA_DIR         data dir: logs, pid, config, server.log
+#                                                               (default /tmp/meterline-kafka-$KAFKA_PORT)
+#   METERLINE_CACHE_DIR    jar cache root                       (default $HOME/.cache/meterline)
+#   KAFKA_HEAP_OPTS        JVM heap flags                       (default -Xms256m -Xmx512m)
+#   KAFKA_START_TIMEOUT    seconds to wait for readiness        (default 90)
+#   KAFKA_STOP_TIMEOUT     seconds to wait after SIGTERM        (default 30)
+#
+# Progress goes to stderr; `status` and `libs` print their answer on stdout.
+set -euo pipefail
+
+PROG=kafka.sh
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CONF_DIR="$SCRIPT_DIR/kafka"
+POM="$CONF_DIR/pom.xml"
+TEMPLATE="$CONF_DIR/server.properties.template"
+LOG4J_CONF="$CONF_DIR/log4j2.properties"
+
+KAFKA_PORT=${KAFKA_PORT:-9092}
+[[ $KAFKA_PORT =~ ^[0-9]+$ ]] || { echo "kafka.sh: KAFKA_PORT must be a number, got '$KAFKA_PORT'" >&2; exit 1; }
+KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
+KAFKA_DATA_DIR=${KAFKA_DATA_DIR:-/tmp/meterline-kafka-$KAFKA_PORT}
+[[ $KAFKA_DATA_DIR == /* ]] || KAFKA_DATA_DIR="$PWD/$KAFKA_DATA_DIR"   # pid checks match on the path
+KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
+KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
+KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
+CACHE_ROOT=${METERLINE_CACHE_DIR:-${HOME:-/root}/.cache/meterline}
+
+# Logged by kafka.server.KafkaRaftServer once broker + controller are fully up:
+#   [KafkaRaftServer nodeId=1] Kafka Server started (kafka.server.KafkaRaftServer)
+READY_LINE='Kafka Server started'
+
+PID_FILE="$KAFKA_DATA_DIR/kafka.pid"
+SERVER_LOG="$KAFKA_DATA_DIR/server.log"
+CONSOLE_LOG="$KAFKA_DATA_DIR/kafka.out"   # JVM stdout/stderr (crashes before log4j is up)
+PROPS="$KAFKA_DATA_DIR/server.properties"
+LAUNCH_OFFSET_FILE="$KAFKA_DATA_DIR/kafka.log-offset"   # server.log size at the last launch
+LOG_DIRS="$KAFKA_DATA_DIR/kraft-data"
+OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
+BROKER_MAIN=kafka.Kafka
+
+say() { printf 'kafka: %s\n' "$*" >&2; }
+die() { printf '%s: %s\n' "$PROG" "$*" >&2; exit 1; }
+
+now() { printf '%s' "${EPOCHREALTIME/,/.}"; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+validate_env() {
+  local p
+  for p in KAFKA_PORT KAFKA_CONTROLLER_PORT KAFKA_START_TIMEOUT KAFKA_STOP_TIMEOUT; do
+    [[ ${!p} =~ ^[0-9]+$ ]] || die "$p must be a number, got '${!p}'"
+  done
+  [[ $KAFKA_PORT != "$KAFKA_CONTROLLER_PORT" ]] || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
+  [[ -n $KAFKA_DATA_DIR && $KAFKA_DATA_DIR != / ]] || die "refusing KAFKA_DATA_DIR='$KAFKA_DATA_DIR'"
+}
+
+kafka_version() {
+  local v
+  v=$(sed -n 's:.*<kafka.version>\([^<]*\)</kafka.version>.*:\1:p' "$POM" | head -n1)
+  [[ -n $v ]] || die "cannot read <kafka.version> from $POM"
+  printf '%s' "$v"
+}
+
+find_java() {
+  if [[ -n ${JAVA_HOME:-} && -x $JAVA_HOME/bin/java ]]; then
+    JAVA="$JAVA_HOME/bin/java"
+  elif command -v java >/dev/null 2>&1; then
+    JAVA=$(command -v java)
+  else
+    die "java not found: install a Java 17+ runtime, e.g. apt-get install -y openjdk-17-jre-headless"
+  fi
+  local major
+  major=$("$JAVA" -XshowSettings:properties -version 2>&1 |
+    sed -n 's/^ *java\.specification\.version = \([0-9.]*\).*/\1/p' | head -n1)
+  major=${major#1.}; major=${major%%.*}
+  if [[ -n $major && $major -lt 17 ]]; then
+    die "java $major at $JAVA is too old: Kafka 4.x needs Java 17+, e.g. apt-get install -y openjdk-17-jre-headless"
+  fi
+}
+
+# ---------------------------------------------------------------------------------
+# Jars: $CACHE_ROOT/kafka-<version>/libs, filled once by Maven. The marker holds
+# the pom's checksum, so editing the pom (e.g. a bump) refetches; a warm run never
+# calls mvn.
+# ---------------------------------------------------------------------------------
+ensure_libs() {
+  local version dir sum
+  version=$(kafka_version)
+  dir="$CACHE_ROOT/kafka-$version"
+  LIBS="$dir/libs"
+  sum=$(sha256sum "$POM" | cut -d' ' -f1)
+  if [[ -f $dir/libs.complete && $(<"$dir/libs.complete") == "$sum" && -d $LIBS ]]; then
+    return 0
+  fi
+  command -v mvn >/dev/null 2>&1 ||
+    die "mvn not found (needed once to fetch the Kafka jars from Maven Central): apt-get install -y maven"
+  mkdir -p "$dir"
+  # Serialise concurrent first runs (e.g. two brokers on different ports).
+  exec 8>"$dir/.fetch.lock"
+  flock 8
+  if [[ -f $dir/libs.complete && $(<"$dir/libs.complete") == "$sum" && -d $LIBS ]]; then
+    exec 8>&-
+    return 0
+  fi
+  say "fetching jars for Kafka $version with Maven (first run) ..."
+  local t0 tmp mvnlog
+  t0=$(now)
+  tmp="$dir/libs.tmp.$$"
+  mvnlog="$dir/mvn.log"
+  rm -rf "$tmp"
+  if ! mvn -B -q -ntp -f "$POM" dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$tmp" </dev/null >"$mvnlog" 2>&1; then
+    tail -n 40 "$mvnlog" >&2 || true
+    rm -rf "$tmp"
+    die "fetching Kafka jars with mvn failed (full output: $mvnlog)"
+  fi
+  [[ -f $tmp/kafka_2.13-$version.jar ]] || die "mvn did not produce kafka_2.13-$version.jar in $tmp"
+  rm -rf "$LIBS" "$dir/libs.complete"
+  mv "$tmp" "$LIBS"
+  printf '%s\n' "$sum" >"$dir/libs.complete"
+  exec 8>&-
+  say "fetched $(find "$LIBS" -name '*.jar' | wc -l) jars into $LIBS in $(elapsed "$t0")s"
+}
+
+# ---------------------------------------------------------------------------------
+# Process helpers
+# ---------------------------------------------------------------------------------
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Prints the pid if the pid file names a live broker JVM for this data dir.
+broker_pid() {
+  [[ -f $PID_FILE ]] || return 1
+  local pid
+  pid=$(<"$PID_FILE")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  # Guard against pid reuse: it must be our kafka.Kafka with our server.properties.
+  local cmd
+  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmd == *" $BROKER_MAIN $PROPS"* ]] || return 1
+  printf '%s' "$pid"
+}
+
+# Shows what the last launch wrote: JVM stdout/stderr (e.g. a crash before log4j
+# is up) and the last 80 lines of server.log since the launch.
+print_log_tail() {
+  if [[ -s $CONSOLE_LOG ]]; then
+    printf -- '----- %s (this launch) -----\n' "$CONSOLE_LOG" >&2
+    awk '/^===== .* start \(port/ { buf = ""; n = 0 } { buf = buf $0 "\n"; n++ } END { printf "%s", buf }' \
+      "$CONSOLE_LOG" | tail -n 40 >&2 || true
+  fi
+  printf -- '----- last 80 lines of %s (this launch) -----\n' "$SERVER_LOG" >&2
+  log_since "$(launch_offset)" | tail -n 80 >&2 || true
+  printf -- '-----\n' >&2
+}
+
+# Waits until the broker at $1 is up: JVM alive, the client port accepts and
+# server.log (from byte offset $2 on, i.e. this launch) has the readiness line.
+wait_ready() {
+  local pid=$1 offset=$2 t0=$3 deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      print_log_tail
+      rm -f "$PID_FILE"
+      die "broker exited during startup (see $SERVER_LOG)"
+    fi
+    if ready_since "$offset"; then
+      say "started on 127.0.0.1:$KAFKA_PORT (pid $pid, controller 127.0.0.1:$KAFKA_CONTROLLER_PORT, data $KAFKA_DATA_DIR) in $(elapsed "$t0")s"
+      return 0
+    fi
+    sleep 0.2
+  done
+  print_log_tail
+  say "not ready after ${KAFKA_START_TIMEOUT}s; killing pid $pid"
+  kill -TERM "$pid" 2>/dev/null || true
+  sleep 2
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$PID_FILE"
+  die "broker not ready after ${KAFKA_START_TIMEOUT}s (log: $SERVER_LOG)"
+}
+
+launch_offset() {
+  local o=0
+  [[ -f $LAUNCH_OFFSET_FILE ]] && o=$(<"$LAUNCH_OFFSET_FILE")
+  [[ $o =~ ^[0-9]+$ ]] || o=0
+  printf '%s' "$o"
+}
+
+# The client port accepts and server.log has the ready line after byte offset $1.
+# (grep without -q: an early exit would SIGPIPE tail and fail the pipe under pipefail.)
+ready_since() {
+  port_open "$KAFKA_PORT" && log_since "$1" | grep -F "$READY_LINE" >/dev/null
+}
+
+# Healthy = live JVM (checked by caller) + ready since the last launch.
+broker_ready() { ready_since "$(launch_offset)"; }
+
+log_since() {
+  local offset=$1 size=0
+  [[ -f $SERVER_LOG ]] || return 0
+  size=$(stat -c %s "$SERVER_LOG")
+  if ((size < offset)); then offset=0; fi   # rolled over: read it all
+  tail -c +"$((offset + 1))" "$SERVER_LOG"
+}
+
+# Same format as `kafka.tools.StorageTool random-uuid` (Uuid.randomUuid: 16 random
+# bytes, base64url, no padding, never starting with '-'), without paying a JVM start.
+new_cluster_id() {
+  local id
+  while :; do
+    id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    [[ ${#id} -eq 22 && $id != -* && $id != AAAAAAAAAAAAAAAAAAAAA[AQ] ]] && break
+  done
+  printf '%s' "$id"
+}
+
+render_config() {
+  local t
+  t=$(<"$TEMPLATE")
+  t=${t//@KAFKA_PORT@/"$KAFKA_PORT"}
+  t=${t//@KAFKA_CONTROLLER_PORT@/"$KAFKA_CONTROLLER_PORT"}
+  t=${t//@KAFKA_LOG_DIRS@/"$LOG_DIRS"}
+  printf '%s\n' "$t" >"$PROPS.tmp"
+  mv "$PROPS.tmp" "$PROPS"
+}
+
+# True if the data dir holds files but not our marker (someone else's directory).
+foreign_data_dir() {
+  [[ -d $KAFKA_DATA_DIR && ! -f $OWNER_MARK ]] || return 1
+  [[ -n $(find "$KAFKA_DATA_DIR" -mindepth 1 -maxdepth 1 ! -name .lock -print -quit) ]]
+}
+
+lock_data_dir() {
+  mkdir -p "$KAFKA_DATA_DIR"
+  exec 9>"$KAFKA_DATA_DIR/.lock"
+  flock 9
+}
+
+# ---------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------
+cmd_start() {
+  local t0 pid
+  t0=$(now)
+  find_java
+  # Held until this script exits: a second concurrent `start` waits here, then sees
+  # the running broker.
+  lock_data_dir
+  if pid=$(broker_pid); then
+    if broker_ready; then
+      say "already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
+      return 0
+    fi
+    say "pid $pid is running but not serving yet; waiting ..."
+    wait_ready "$pid" "$(launch_offset)" "$t0"
+    return 0
+  fi
+  if port_open "$KAFKA_PORT"; then
+    die "127.0.0.1:$KAFKA_PORT is already in use by another process (not a broker of $KAFKA_DATA_DIR); set KAFKA_PORT"
+  fi
+  if port_open "$KAFKA_CONTROLLER_PORT"; then
+    die "127.0.0.1:$KAFKA_CONTROLLER_PORT (controller) is already in use; set KAFKA_CONTROLLER_PORT"
+  fi
+
+  ensure_libs
+  if foreign_data_dir; then
+    die "$KAFKA_DATA_DIR exists and was not created by $PROG; pick another KAFKA_DATA_DIR"
+  fi
+  touch "$OWNER_MARK"
+  rm -f "$PID_FILE"
+  render_config
+
+  local cp="$LIBS/*"
+  local -a heap
+  read -r -a heap <<<"$KAFKA_HEAP_OPTS"
+  local -a jvm=(
+    "${heap[@]}"
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+    -XX:+ExplicitGCInvokesConcurrent
+    -Djava.awt.headless=true
+    -Dlog4j2.configurationFile="$LOG4J_CONF"
+    -Dkafka.logs.dir="$KAFKA_DATA_DIR"
+  )
+
+  if [[ ! -f $LOG_DIRS/meta.properties ]]; then
+    say "formatting new KRaft storage in $LOG_DIRS ..."
+    local cluster_id fmtlog="$KAFKA_DATA_DIR/format.log"
+    rm -rf "$LOG_DIRS"
+    : >"$fmtlog"
+    cluster_id=$(new_cluster_id)
+    if ! "$JAVA" "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool format \
+        -t "$cluster_id" -c "$PROPS" </dev/null >>"$fmtlog" 2>&1; then
+      cat "$fmtlog" >&2
+      die "formatting $LOG_DIRS failed"
+    fi
+  fi
+
+  local offset=0
+  [[ -f $SERVER_LOG ]] && offset=$(stat -c %s "$SERVER_LOG")
+  printf '%s\n' "$offset" >"$LAUNCH_OFFSET_FILE"
+  printf '\n===== %s start (port %s) =====\n' "$(date -u +%FT%TZ)" "$KAFKA_PORT" >>"$CONSOLE_LOG"
+
+  say "starting broker on 127.0.0.1:$KAFKA_PORT ..."
+  # setsid+nohup: own session, survives the calling shell and its SIGHUP. The inner
+  # shell records its own pid and execs the JVM, so the pid file is the JVM's pid.
+  # Close fds 8/9 (our flocks) so the broker does not hold them.
+  # shellcheck disable=SC2016 # $$/$1/$@ are for the inner shell
+  setsid nohup bash -c 'echo $$ >"$1"; shift; exec "$@"' kafka-launch "$PID_FILE" \
+    "$JAVA" "${jvm[@]}" -cp "$cp" "$BROKER_MAIN" "$PROPS" \
+    </dev/null >>"$CONSOLE_LOG" 2>&1 8>&- 9>&- &
+  local i
+  for ((i = 0; i < 50; i++)); do
+    [[ -s $PID_FILE ]] && break
+    sleep 0.1
+  done
+  pid=$(<"$PID_FILE") || die "broker did not record its pid in $PID_FILE"
+  wait_ready "$pid" "$offset" "$t0"
+}
+
+cmd_stop() {
+  [[ -d $KAFKA_DATA_DIR ]] || { say "not running (no $KAFKA_DATA_DIR)"; return 0; }
+  lock_data_dir
+  local pid
+  if ! pid=$(broker_pid); then
+    rm -f "$PID_FILE"
+    say "not running (127.0.0.1:$KAFKA_PORT)"
+    return 0
+  fi
+  local t0 deadline
+  t0=$(now)
+  say "stopping pid $pid (127.0.0.1:$KAFKA_PORT) ..."
+  kill -TERM "$pid" 2>/dev/null || true
+  deadline=$((SECONDS + KAFKA_STOP_TIMEOUT))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
+    sleep 0.2
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "pid $pid still alive after ${KAFKA_STOP_TIMEOUT}s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  fi
+  rm -f "$PID_FILE"
+  say "stopped in $(elapsed "$t0")s"
+}
+
+cmd_status() {
+  local pid
+  if [[ -d $KAFKA_DATA_DIR ]] && pid=$(broker_pid); then
+    if broker_ready; then
+      echo "running pid=$pid port=127.0.0.1:$KAFKA_PORT controller=127.0.0.1:$KAFKA_CONTROLLER_PORT data=$KAFKA_DATA_DIR"
+    else
+      echo "running pid=$pid port=127.0.0.1:$KAFKA_PORT (starting: not ready yet) data=$KAFKA_DATA_DIR"
+    fi
+    return 0
+  fi
+  echo "stopped port=127.0.0.1:$KAFKA_PORT data=$KAFKA_DATA_DIR"
+  return 3
+}
+
+cmd_clean() {
+  cmd_stop
+  exec 9>&- || true
+  if [[ -d $KAFKA_DATA_DIR ]]; then
+    if foreign_data_dir; then
+      die "$KAFKA_DATA_DIR was not created by $PROG; not deleting it"
+    fi
+    rm -rf -- "$KAFKA_DATA_DIR"
+    say "removed $KAFKA_DATA_DIR"
+  fi
+}
+
+cmd_libs() {
+  ensure_libs
+  printf '%s\n' "$LIBS"
+}
+
+usage() {
+  echo "usage: $0 start|stop|restart|status|clean|libs   (env: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DATA_DIR, METERLINE_CACHE_DIR)" >&2
+}
+
+main() {
+  validate_env
+  case "${1:-}" in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    restart) cmd_stop; cmd_start ;;
+    status) cmd_status ;;
+    clean) cmd_clean ;;
+    libs) cmd_libs ;;
+    -h | --help | help) usage ;;
+    *) usage; exit 2 ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,194 @@
+// Package cli implements the meterline command: its subcommands, flags,
+// environment variables and config file.
+//
+// Every flag can be given three ways, in this order of precedence: on the
+// command line, as METERLINE_<FLAG> in the environment (--log-level →
+// METERLINE_LOG_LEVEL, --topic-events → METERLINE_TOPIC_EVENTS), or in a
+// YAML file named by --config whose keys are the flag names with dashes or
+// underscores (log_level: debug, brokers: [a:9092, b:9092]).
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+
+	"github.com/alecthomas/kong"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// Globals are the flags every command takes.
+type Globals struct {
+	Config     kong.ConfigFlag `help:"YAML file of flag values; keys are flag names (brokers, log_level, topic_events, ...)." placeholder:"FILE"`
+	Brokers    []string        `help:"Kafka seed brokers, comma-separated." default:"127.0.0.1:9092"`
+	ClickHouse string          `name:"clickhouse" help:"ClickHouse native-protocol address." default:"127.0.0.1:9000"`
+	LogLevel   string          `help:"Log level: debug, info, warn or error." default:"info" enum:"debug,info,warn,error"`
+	Topic      topics.Names    `embed:"" prefix:"topic-" group:"Topic names"`
+}
+
+// CLI is the root of the command tree.
+type CLI struct {
+	Globals
+
+	Produce ProduceCmd `cmd:"" help:"Send newline-delimited JSON usage events to Kafka."`
+	Topics  TopicsCmd  `cmd:"" help:"Create the Kafka topics, or check them for drift."`
+	Bench   BenchCmd   `cmd:"" help:"End-to-end benchmarks against a real broker."`
+	Version VersionCmd `cmd:"" help:"Print the version."`
+}
+
+// IO is where a command reads and writes. Tests replace it.
+type IO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// StderrIsTerminal turns on live progress displays.
+	StderrIsTerminal bool
+}
+
+// ExitError carries a process exit status. Its message has already been
+// shown to the user when Silent is set.
+type ExitError struct {
+	Code   int
+	Err    error
+	Silent bool
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+func yamlLoader(r io.Reader) (kong.Resolver, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if bytes.Equal(bytes.TrimSpace(j), []byte("null")) {
+		j = []byte("{}")
+	}
+	file, err := kong.JSON(bytes.NewReader(j))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	// kong applies environment variables before resolvers, so the file
+	// would win over the environment; step aside for any flag whose
+	// variable is set, giving flag > env > file > default.
+	var res kong.ResolverFunc = func(ctx *kong.Context, parent *kong.Path, flag *kong.Flag) (any, error) {
+		for _, env := range flag.Envs {
+			if _, ok := os.LookupEnv(env); ok {
+				return nil, nil
+			}
+		}
+		return file.Resolve(ctx, parent, flag)
+	}
+	return res, nil
+}
+
+// Parser builds the kong parser. Exported for tests that check command
+// lines (docker-compose) against the real flag set.
+func Parser(cli *CLI, stdio IO, exit func(int)) (*kong.Kong, error) {
+	return kong.New(cli,
+		kong.Name("meterline"),
+		kong.Description("Meterline counts every usage event exactly once, for usage-based billing."),
+		kong.UsageOnError(),
+		kong.DefaultEnvars("METERLINE"),
+		kong.Configuration(yamlLoader),
+		kong.Writers(stdio.Stdout, stdio.Stderr),
+		kong.Exit(exit),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true, FlagsLast: true}),
+		kong.Vars{"version": version()},
+	)
+}
+
+type exitCode int
+
+// Main runs the command line args and returns the exit status.
+func Main(ctx context.Context, args []string, stdio IO) (code int) {
+	var cli CLI
+	defer func() {
+		if r := recover(); r != nil {
+			if c, ok := r.(exitCode); ok {
+				code = int(c)
+				return
+			}
+			panic(r)
+		}
+	}()
+	parser, err := Parser(&cli, stdio, func(c int) { panic(exitCode(c)) })
+	if err != nil {
+		fmt.Fprintf(stdio.Stderr, "meterline: %v\n", err)
+		return 2
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(stdio.Stderr, "meterline: %v\n", err)
+		if pe := (*kong.ParseError)(nil); errors.As(err, &pe) && pe.Context != nil {
+			_ = pe.Context.PrintUsage(true)
+		}
+		return 2
+	}
+	logger, err := newLogger(cli.LogLevel, stdio.Stderr)
+	if err != nil {
+		fmt.Fprintf(stdio.Stderr, "meterline: %v\n", err)
+		return 2
+	}
+	defer func() { _ = logger.Sync() }()
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	kctx.Bind(&cli.Globals, stdio, logger)
+	if err := kctx.Run(); err != nil {
+		var ee *ExitError
+		if errors.As(err, &ee) {
+			if !ee.Silent {
+				fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), ee.Err)
+			}
+			return ee.Code
+		}
+		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
+		return 1
+	}
+	return 0
+}
+
+// OSIO returns the process's standard streams.
+func OSIO() IO {
+	fi, err := os.Stderr.Stat()
+	tty := err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StderrIsTerminal: tty}
+}
+
+func newLogger(level string, w io.Writer) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl)
+	return zap.New(core), nil
+}
+
+// VersionCmd prints the module version.
+type VersionCmd struct{}
+
+// Run prints the version.
+func (VersionCmd) Run(stdio IO) error {
+	fmt.Fprintln(stdio.Stdout, "meterline", version())
+	return nil
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// TopicsCmd is `meterline topics`.
+type TopicsCmd struct {
+	Create TopicsCreateCmd `cmd:"" help:"Create every topic that does not exist yet, then check all of them."`
+	Check  TopicsCheckCmd  `cmd:"" help:"Report every difference between the cluster's topics and what Meterline needs; exit 1 on drift."`
+}
+
+// TopicsCreateCmd is `meterline topics create`.
+type TopicsCreateCmd struct {
+	topics.Layout `embed:""`
+	Timeout       time.Duration `help:"Deadline for the whole command." default:"60s"`
+}
+
+// TopicsCheckCmd is `meterline topics check`.
+type TopicsCheckCmd struct {
+	topics.Layout `embed:""`
+	Timeout       time.Duration `help:"Deadline for the whole command." default:"60s"`
+}
+
+func adminClient(g *Globals) (*kadm.Client, func(), error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...))
+	if err != nil {
+		return nil, nil, err
+	}
+	return kadm.NewClient(cl), cl.Close, nil
+}
+
+// Run creates the topics.
+func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	adm, closeFn, err := adminClient(g)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	specs := topics.Specs(g.Topic, c.Layout)
+	res, err := topics.Create(ctx, adm, specs, c.ReplicationFactor)
+	for _, r := range res {
+		switch {
+		case r.Err != nil:
+			fmt.Fprintf(stdio.Stdout, "failed   %s: %v\n", r.Name, r.Err)
+		case r.Created:
+			fmt.Fprintf(stdio.Stdout, "created  %s\n", r.Name)
+		default:
+			fmt.Fprintf(stdio.Stdout, "exists   %s\n", r.Name)
+		}
+	}
+	if err != nil {
+		return &ExitError{Code: 1, Err: err}
+	}
+	return reportDrift(ctx, adm, specs, stdio)
+}
+
+// Run checks the topics.
+func (c *TopicsCheckCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	adm, closeFn, err := adminClient(g)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	return reportDrift(ctx, adm, topics.Specs(g.Topic, c.Layout), stdio)
+}
+
+func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, stdio IO) error {
+	drifts, err := topics.Check(ctx, adm, specs)
+	if err != nil {
+		return err
+	}
+	for _, d := range drifts {
+		fmt.Fprintf(stdio.Stdout, "drift    %s\n", d)
+	}
+	if len(drifts) > 0 {
+		return &ExitError{Code: 1, Silent: true, Err: fmt.Errorf("%d topic drifts", len(drifts))}
+	}
+	fmt.Fprintf(stdio.Stdout, "ok       all %d topics match\n", len(specs))
+	return nil
+}

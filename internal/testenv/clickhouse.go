@@ -1,0 +1,61 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// ClickHouseDB connects to the real test ClickHouse (or skips, see
+// RealClickHouse), creates a throwaway database for the test and returns a
+// connection whose default database it is. The database is dropped when the
+// test passes and kept for inspection when it fails.
+func ClickHouseDB(t testing.TB) (driver.Conn, string) {
+	t.Helper()
+	addr := RealClickHouse(t)
+	db := fmt.Sprintf("t%d_%d_%d", os.Getpid(), seq.Add(1), time.Now().UnixNano()%1e6)
+	admin := dial(t, addr, "default")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+		t.Fatalf("clickhouse: create database %s: %v", db, err)
+	}
+	conn := dial(t, addr, db)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("clickhouse: kept database %s for inspection", db)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := admin.Exec(ctx, "DROP DATABASE "+db); err != nil {
+			t.Errorf("clickhouse: drop database %s: %v", db, err)
+		}
+	})
+	return conn, db
+}
+
+func dial(t testing.TB, addr, db string) driver.Conn {
+	t.Helper()
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:        []string{addr},
+		Auth:        clickhouse.Auth{Database: db, Username: "default"},
+		DialTimeout: 5 * time.Second,
+		ReadTimeout: 60 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("clickhouse: open %s: %v", addr, err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := conn.Ping(ctx); err != nil {
+		t.Fatalf("clickhouse: ping %s: %v (is it running? deploy/local/clickhouse.sh start)", addr, err)
+	}
+	return conn
+}

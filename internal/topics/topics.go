@@ -1,0 +1,321 @@
+// Package topics knows the topics of DESIGN §4: their names, partitions
+// and configs. It creates them and reports drift between what a cluster has
+// and what Meterline needs.
+package topics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+// Names are the topic names. Each is configurable; Prefix is prepended to
+// all of them.
+type Names struct {
+	Prefix             string `help:"Prefix prepended to every topic name." default:""`
+	Events             string `help:"Usage events from producers, keyed by identity." default:"usage.events"`
+	Deduped            string `help:"First copies of events and watermarks." default:"usage.deduped"`
+	Duplicates         string `help:"Every dropped copy." default:"usage.duplicates"`
+	Rejected           string `help:"Bad input with a reason code." default:"usage.rejected"`
+	Aggregates         string `help:"Aggregate revisions (OPEN, FINAL)." default:"usage.aggregates"`
+	Adjustments        string `help:"Late events booked into a later period." default:"usage.adjustments"`
+	DedupChangelog     string `help:"Dedup state changelog." default:"meterline-dedup-changelog"`
+	AggregateChangelog string `help:"Aggregator state changelog." default:"meterline-aggregate-changelog"`
+}
+
+// DefaultNames returns the default names of DESIGN §4.
+func DefaultNames() Names {
+	return Names{Events: "usage.events", Deduped: "usage.deduped", Duplicates: "usage.duplicates",
+		Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
+		DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog"}
+}
+
+func (n Names) name(s string) string { return n.Prefix + s }
+
+// EventsTopic and the others return the full names, prefix included.
+func (n Names) EventsTopic() string             { return n.name(n.Events) }
+func (n Names) DedupedTopic() string            { return n.name(n.Deduped) }
+func (n Names) DuplicatesTopic() string         { return n.name(n.Duplicates) }
+func (n Names) RejectedTopic() string           { return n.name(n.Rejected) }
+func (n Names) AggregatesTopic() string         { return n.name(n.Aggregates) }
+func (n Names) AdjustmentsTopic() string        { return n.name(n.Adjustments) }
+func (n Names) DedupChangelogTopic() string     { return n.name(n.DedupChangelog) }
+func (n Names) AggregateChangelogTopic() string { return n.name(n.AggregateChangelog) }
+
+// Layout says how many partitions and what retention the topics get.
+type Layout struct {
+	Partitions        int32         `help:"Partitions of every topic; changelogs always match their input topic." default:"16"`
+	ReplicationFactor int16         `help:"Replication factor; -1 uses the broker default." default:"-1"`
+	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"840h"`
+	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"1h"`
+	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S for the dedup changelog)." default:"168h"`
+	EventsTimestamp   string        `help:"message.timestamp.type of the events topic. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
+}
+
+// DefaultLayout returns the defaults of the flags above.
+func DefaultLayout() Layout {
+	return Layout{Partitions: 16, ReplicationFactor: -1, Window: 35 * 24 * time.Hour, Skew: time.Hour,
+		RetentionMargin: 7 * 24 * time.Hour, EventsTimestamp: "LogAppendTime"}
+}
+
+// Spec is one topic as Meterline needs it.
+type Spec struct {
+	Name       string
+	Partitions int32
+	// PartitionsOf names the input topic whose partition count this
+	// changelog must equal; empty for other topics.
+	PartitionsOf string
+	// Configs to set on creation. Retention in MinRetention is set too.
+	Configs map[string]string
+	// MinRetention is the least retention.ms the topic may have; 0 means
+	// no requirement.
+	MinRetention time.Duration
+}
+
+// Specs returns every topic of DESIGN §4 in a stable order.
+func Specs(n Names, l Layout) []Spec {
+	ret := l.Window + l.RetentionMargin
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	del := func(minRet time.Duration, extra ...string) (map[string]string, time.Duration) {
+		c := map[string]string{"cleanup.policy": "delete"}
+		if minRet > 0 {
+			c["retention.ms"] = ms(minRet)
+		}
+		for i := 0; i+1 < len(extra); i += 2 {
+			c[extra[i]] = extra[i+1]
+		}
+		return c, minRet
+	}
+	spec := func(name string, c map[string]string, minRet time.Duration) Spec {
+		return Spec{Name: name, Partitions: l.Partitions, Configs: c, MinRetention: minRet}
+	}
+	eventsCfg, eventsRet := del(ret, "message.timestamp.type", l.EventsTimestamp)
+	rejCfg, rejRet := del(ret)
+	adjCfg, adjRet := del(ret)
+	dedCfg, _ := del(0)
+	dupCfg, _ := del(0)
+	clRet := l.Window + l.Skew + l.RetentionMargin
+	specs := []Spec{
+		spec(n.EventsTopic(), eventsCfg, eventsRet),
+		spec(n.DedupedTopic(), dedCfg, 0),
+		spec(n.DuplicatesTopic(), dupCfg, 0),
+		spec(n.RejectedTopic(), rejCfg, rejRet),
+		spec(n.AggregatesTopic(), map[string]string{"cleanup.policy": "compact"}, 0),
+		spec(n.AdjustmentsTopic(), adjCfg, adjRet),
+		{Name: n.DedupChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.EventsTopic(),
+			Configs: map[string]string{"cleanup.policy": "compact,delete", "retention.ms": ms(clRet)}, MinRetention: l.Window + l.Skew},
+		{Name: n.AggregateChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(),
+			Configs: map[string]string{"cleanup.policy": "compact"}},
+	}
+	return specs
+}
+
+// Result is what Create did for one topic.
+type Result struct {
+	Name    string
+	Created bool  // false: it already existed (and was left alone)
+	Err     error // nil on success
+}
+
+// Create creates every topic that does not exist yet. Existing topics are
+// left as they are; run Check to see whether they drifted.
+func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Result, error) {
+	var out []Result
+	var errs []error
+	for _, s := range specs {
+		cfg := make(map[string]*string, len(s.Configs))
+		for k, v := range s.Configs {
+			cfg[k] = &v
+		}
+		resp, err := adm.CreateTopic(ctx, s.Partitions, rf, cfg, s.Name)
+		if err == nil {
+			err = resp.Err
+		}
+		switch {
+		case err == nil:
+			out = append(out, Result{Name: s.Name, Created: true})
+		case errors.Is(err, kerr.TopicAlreadyExists):
+			out = append(out, Result{Name: s.Name})
+		default:
+			err = fmt.Errorf("topics: create %s: %w", s.Name, err)
+			out = append(out, Result{Name: s.Name, Err: err})
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return out, errors.Join(errs...)
+	}
+	// The controller has the topics; wait until the brokers' metadata
+	// shows them too, so that a Check or a client right after sees them.
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	return out, WaitVisible(ctx, adm, names...)
+}
+
+// WaitVisible waits until every named topic appears with all its
+// partitions in the brokers' metadata, or ctx ends.
+func WaitVisible(ctx context.Context, adm *kadm.Client, names ...string) error {
+	for {
+		details, err := adm.ListTopics(ctx, names...)
+		if err == nil {
+			missing := ""
+			for _, n := range names {
+				if d, ok := details[n]; !ok || d.Err != nil || len(d.Partitions) == 0 {
+					missing = n
+					break
+				}
+			}
+			if missing == "" {
+				return nil
+			}
+			err = fmt.Errorf("%s not in metadata yet", missing)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topics: waiting for metadata: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Drift is one difference between a topic and its Spec.
+type Drift struct {
+	Topic string
+	What  string // "missing", "partitions", "cleanup.policy", "retention.ms", ...
+	Have  string
+	Want  string
+}
+
+func (d Drift) String() string {
+	if d.What == "missing" {
+		return d.Topic + ": missing"
+	}
+	return fmt.Sprintf("%s: %s is %s, want %s", d.Topic, d.What, d.Have, d.Want)
+}
+
+// Check compares the cluster with the specs and returns every drift found:
+// missing topics, partition counts, changelogs whose partition count differs
+// from their input topic's, cleanup policy, too short retention, and the
+// events topic's timestamp type.
+func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error) {
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	details, err := adm.ListTopics(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("topics: list: %w", err)
+	}
+	var present []string
+	for _, n := range names {
+		if d, ok := details[n]; ok && d.Err == nil {
+			present = append(present, n)
+		}
+	}
+	configs := map[string]map[string]kadm.Config{}
+	if len(present) > 0 {
+		rcs, err := adm.DescribeTopicConfigs(ctx, present...)
+		if err != nil {
+			return nil, fmt.Errorf("topics: describe configs: %w", err)
+		}
+		for _, rc := range rcs {
+			if rc.Err != nil {
+				return nil, fmt.Errorf("topics: describe configs of %s: %w", rc.Name, rc.Err)
+			}
+			m := map[string]kadm.Config{}
+			for _, c := range rc.Configs {
+				m[c.Key] = c
+			}
+			configs[rc.Name] = m
+		}
+	}
+	var drifts []Drift
+	for _, s := range specs {
+		d, ok := details[s.Name]
+		if !ok || d.Err != nil {
+			drifts = append(drifts, Drift{Topic: s.Name, What: "missing"})
+			continue
+		}
+		have := int32(len(d.Partitions))
+		if s.PartitionsOf != "" {
+			if in, ok := details[s.PartitionsOf]; ok && in.Err == nil && int32(len(in.Partitions)) != have {
+				drifts = append(drifts, Drift{Topic: s.Name, What: "partitions",
+					Have: fmt.Sprint(have), Want: fmt.Sprintf("%d (as many as its input %s)", len(in.Partitions), s.PartitionsOf)})
+			}
+		} else if have != s.Partitions {
+			drifts = append(drifts, Drift{Topic: s.Name, What: "partitions", Have: fmt.Sprint(have), Want: fmt.Sprint(s.Partitions)})
+		}
+		cfg := configs[s.Name]
+		keys := make([]string, 0, len(s.Configs))
+		for k := range s.Configs {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if k == "retention.ms" {
+				continue // checked as a minimum below
+			}
+			if got := cfgValue(cfg, k); !sameConfig(k, got, s.Configs[k]) {
+				drifts = append(drifts, Drift{Topic: s.Name, What: k, Have: got, Want: s.Configs[k]})
+			}
+		}
+		if s.MinRetention > 0 {
+			got := cfgValue(cfg, "retention.ms")
+			ms, err := strconv.ParseInt(got, 10, 64)
+			if err != nil || (ms >= 0 && time.Duration(ms)*time.Millisecond < s.MinRetention) {
+				drifts = append(drifts, Drift{Topic: s.Name, What: "retention.ms", Have: human(got),
+					Want: "at least " + human(strconv.FormatInt(s.MinRetention.Milliseconds(), 10))})
+			}
+		}
+	}
+	return drifts, nil
+}
+
+func cfgValue(cfg map[string]kadm.Config, k string) string {
+	c, ok := cfg[k]
+	if !ok || c.Value == nil {
+		return "(unset)"
+	}
+	return *c.Value
+}
+
+// sameConfig compares config values, treating cleanup.policy as a set.
+func sameConfig(k, have, want string) bool {
+	if k != "cleanup.policy" {
+		return have == want
+	}
+	return normPolicy(have) == normPolicy(want)
+}
+
+func normPolicy(p string) string {
+	parts := strings.Split(p, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func human(ms string) string {
+	v, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return ms
+	}
+	if v < 0 {
+		return ms + " (infinite)"
+	}
+	d := time.Duration(v) * time.Millisecond
+	if d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%s (%dd)", ms, d/(24*time.Hour))
+	}
+	return fmt.Sprintf("%s (%s)", ms, d)
+}

@@ -1,0 +1,150 @@
+package producer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// The public JSON event format, one object per line (NDJSON). The CLI uses
+// it now and the HTTP ingest will reuse it:
+//
+//	{"event_id":"req-42","customer_id":"acme","meter":"api_calls","quantity":3,
+//	 "event_time":"2026-11-29T12:00:00.250Z","source":"api-gateway",
+//	 "properties":{"model":"m1"}}
+//
+// event_time is an RFC 3339 string or integer epoch milliseconds. source and
+// properties (a string→string object) are optional; every other field is
+// required, and unknown fields are an error so typos do not go unnoticed.
+
+// ErrMalformedJSON is wrapped by ParseJSON errors for input that is not a
+// JSON object.
+var ErrMalformedJSON = errors.New("malformed JSON")
+
+type jsonEvent struct {
+	EventID    *string           `json:"event_id"`
+	CustomerID *string           `json:"customer_id"`
+	Meter      *string           `json:"meter"`
+	Quantity   json.RawMessage   `json:"quantity"`
+	EventTime  json.RawMessage   `json:"event_time"`
+	Source     string            `json:"source"`
+	Properties map[string]string `json:"properties"`
+}
+
+// ParseJSON parses one event in the public JSON format. It checks the
+// format only (required fields present, types right); Producer.Record
+// checks the values. Errors are *FieldError naming the field, or wrap
+// ErrMalformedJSON.
+func ParseJSON(b []byte) (Event, error) {
+	var j jsonEvent
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return Event{}, fieldErr(te.Field, "must be a %s, not a JSON %s", jsonType(te.Type.String()), te.Value)
+		}
+		if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
+			name, _ := strconv.Unquote(strings.TrimPrefix(msg, "json: unknown field "))
+			return Event{}, fieldErr(name, "is not a known field")
+		}
+		return Event{}, fmt.Errorf("%w: %v", ErrMalformedJSON, err)
+	}
+	if dec.More() {
+		return Event{}, fmt.Errorf("%w: more than one value on the line", ErrMalformedJSON)
+	}
+	var e Event
+	switch {
+	case j.EventID == nil:
+		return Event{}, fieldErr("event_id", "is missing")
+	case j.CustomerID == nil:
+		return Event{}, fieldErr("customer_id", "is missing")
+	case j.Meter == nil:
+		return Event{}, fieldErr("meter", "is missing")
+	}
+	e.EventID, e.CustomerID, e.Meter = *j.EventID, *j.CustomerID, *j.Meter
+	q, err := parseQuantity(j.Quantity)
+	if err != nil {
+		return Event{}, err
+	}
+	e.Quantity = q
+	t, err := parseEventTime(j.EventTime)
+	if err != nil {
+		return Event{}, err
+	}
+	e.EventTime = t
+	e.Source = j.Source
+	e.Properties = j.Properties
+	return e, nil
+}
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Code: schemas.ReasonInvalid, Reason: fmt.Sprintf(format, args...)}
+}
+
+func jsonType(goType string) string {
+	switch goType {
+	case "string", "*string":
+		return "string"
+	case "map[string]string":
+		return "object of strings"
+	}
+	return goType
+}
+
+func parseQuantity(raw json.RawMessage) (int64, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, fieldErr("quantity", "is missing")
+	}
+	q, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return 0, fieldErr("quantity", "%s is out of the 64-bit range", raw)
+		}
+		return 0, fieldErr("quantity", "must be an integer (got %s)", raw)
+	}
+	return q, nil
+}
+
+func parseEventTime(raw json.RawMessage) (time.Time, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return time.Time{}, fieldErr("event_time", "is missing")
+	}
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return time.Time{}, fieldErr("event_time", "is not a valid string")
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return time.Time{}, fieldErr("event_time", "%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", s)
+		}
+		return t.UTC(), nil
+	}
+	ms, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return time.Time{}, fieldErr("event_time", "must be an RFC 3339 string or integer epoch milliseconds (got %s)", raw)
+	}
+	return time.UnixMilli(ms).UTC(), nil
+}
+
+// MarshalJSON writes the event in the public JSON format, event_time as
+// RFC 3339 with milliseconds.
+func (e Event) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		EventID    string            `json:"event_id"`
+		CustomerID string            `json:"customer_id"`
+		Meter      string            `json:"meter"`
+		Quantity   int64             `json:"quantity"`
+		EventTime  string            `json:"event_time"`
+		Source     string            `json:"source,omitempty"`
+		Properties map[string]string `json:"properties,omitempty"`
+	}{e.EventID, e.CustomerID, e.Meter, e.Quantity, e.EventTime.UTC().Format("2006-01-02T15:04:05.000Z07:00"), e.Source, e.Properties})
+}

@@ -1,0 +1,347 @@
+// Package producer is the client library services use to report usage to
+// Meterline. It validates each event, builds its canonical identity key
+// (DESIGN §2) and produces it to usage.events with acks=all on an
+// idempotent Kafka producer, so that every copy of an event lands in the
+// same partition and the dedup stage can count it exactly once.
+//
+// An event's identity is (customer_id, meter, event_id). The event ID must
+// be chosen from facts that stay the same on every retry of the same usage —
+// a request ID, or a UUID generated once when the usage happened and stored
+// with it. Never generate a random ID at send time: a retry would then look
+// like new usage and be billed twice. EventID derives a stable ID from such
+// facts.
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// FieldError names the field of an event that failed validation. Its Code
+// is the rejection reason it corresponds to (invalid, oversized, in_future).
+type FieldError = schemas.FieldError
+
+// ErrInvalidEvent is wrapped by every validation error; test with errors.Is.
+var ErrInvalidEvent = schemas.ErrInvalidEvent
+
+// ErrClosed is returned by Send and SendAsync after Close.
+var ErrClosed = errors.New("producer: closed")
+
+// Event is one unit of usage: CustomerID used Quantity units of Meter at
+// EventTime.
+type Event struct {
+	// EventID identifies this usage across retries. Required. See EventID.
+	EventID string
+	// CustomerID is who is billed. Required.
+	CustomerID string
+	// Meter is what is measured, e.g. "api_calls". Required.
+	Meter string
+	// Quantity is in the meter's base unit (tokens, bytes, ms, requests).
+	// Must not be negative.
+	Quantity int64
+	// EventTime is when the usage happened. Required; kept to the
+	// millisecond in UTC. It must be on or after 2000-01-01 and no more than
+	// the allowed skew (WithMaxSkew) after now.
+	EventTime time.Time
+	// Source names the producing service; empty means the producer's
+	// default (WithSource).
+	Source string
+	// Properties are optional string attributes (group-by dimensions,
+	// UNIQUE_COUNT subjects). At most schemas.MaxProperties entries and
+	// schemas.MaxPropertiesBytes bytes of names and values.
+	Properties map[string]string
+}
+
+// Identity returns the event's identity.
+func (e Event) Identity() schemas.Identity {
+	return schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}
+}
+
+// Key returns the canonical Kafka record key of the event (DESIGN §2).
+func (e Event) Key() []byte { return e.Identity().Key() }
+
+// EventID derives a deterministic event ID from facts that are the same on
+// every retry of the same usage (a request ID, a job ID and a step, a
+// resource and a billing minute). The parts are length-prefixed, hashed with
+// SHA-256, and the first 16 bytes are returned as 32 lowercase hex digits.
+//
+// Never pass a value made at send time (time.Now, a fresh UUID): the ID must
+// be the same when the send is retried, or the usage is billed twice.
+func EventID(parts ...string) string { return schemas.EventID(parts...) }
+
+// Defaults of the options.
+const (
+	DefaultBrokers = "127.0.0.1:9092"
+	DefaultTopic   = "usage.events"
+	DefaultMaxSkew = time.Hour
+	DefaultLinger  = 5 * time.Millisecond
+)
+
+type config struct {
+	brokers     []string
+	topic       string
+	source      string
+	maxSkew     time.Duration
+	now         func() time.Time
+	logger      *zap.Logger
+	linger      time.Duration
+	maxBuffered int
+	client      *kgo.Client
+	kgoOpts     []kgo.Opt
+}
+
+// Option configures a Producer.
+type Option func(*config)
+
+// WithBrokers sets the seed brokers. Default: 127.0.0.1:9092.
+func WithBrokers(addrs ...string) Option { return func(c *config) { c.brokers = addrs } }
+
+// WithTopic sets the topic events are produced to. Default: usage.events.
+func WithTopic(topic string) Option { return func(c *config) { c.topic = topic } }
+
+// WithSource sets the Source of events that do not set their own, naming
+// the producing service. Default: empty.
+func WithSource(source string) Option { return func(c *config) { c.source = source } }
+
+// WithMaxSkew sets how far after now an event time may be. Default: 1 hour,
+// the dedup stage's skew S (DESIGN §3); a later event would be rejected
+// there as in_future, so the producer refuses it up front.
+func WithMaxSkew(d time.Duration) Option { return func(c *config) { c.maxSkew = d } }
+
+// WithClock sets the clock the skew check reads. Default: time.Now. It
+// affects only validation; the billing time of an event is its event_time
+// and its broker arrival time.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithLogger sets the logger, also used for the Kafka client. Default: no
+// logging.
+func WithLogger(l *zap.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithLinger sets how long a partition batch may wait for more records
+// before it is sent. Default: 5ms.
+func WithLinger(d time.Duration) Option { return func(c *config) { c.linger = d } }
+
+// WithMaxBufferedRecords bounds records buffered but not yet acknowledged;
+// SendAsync blocks when the buffer is full. Default: 100,000.
+func WithMaxBufferedRecords(n int) Option { return func(c *config) { c.maxBuffered = n } }
+
+// WithClient makes the producer use an existing client instead of creating
+// one. The client must use acks=all with idempotent writes (kgo's
+// defaults) and the default partitioner, and Close does not close it.
+// Default: none; New creates a client.
+func WithClient(cl *kgo.Client) Option { return func(c *config) { c.client = cl } }
+
+// WithClientOptions appends options to the Kafka client New creates
+// (TLS, SASL, hooks). Options that would break the delivery guarantee —
+// fewer acks, no idempotence, another partitioner — must not be passed.
+// Default: none.
+func WithClientOptions(opts ...kgo.Opt) Option {
+	return func(c *config) { c.kgoOpts = append(c.kgoOpts, opts...) }
+}
+
+// Producer sends usage events. It is safe for concurrent use.
+type Producer struct {
+	cfg     config
+	cl      *kgo.Client
+	ownsCl  bool
+	closeMu sync.RWMutex
+	closed  bool
+}
+
+// ClientOptions returns the kgo options a Producer uses for its client:
+// acks=all, idempotent writes, the default murmur2 partitioner, and the
+// batching of the given options. The produce benchmark's raw franz-go
+// baseline uses the same options.
+func ClientOptions(opts ...Option) []kgo.Opt {
+	c := newConfig(opts)
+	return c.clientOptions()
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		brokers:     []string{DefaultBrokers},
+		topic:       DefaultTopic,
+		maxSkew:     DefaultMaxSkew,
+		now:         time.Now,
+		logger:      zap.NewNop(),
+		linger:      DefaultLinger,
+		maxBuffered: 100_000,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+func (c *config) clientOptions() []kgo.Opt {
+	o := []kgo.Opt{
+		kgo.SeedBrokers(c.brokers...),
+		kgo.DefaultProduceTopic(c.topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2, as Kafka's Java client
+		kgo.ProducerLinger(c.linger),
+		kgo.MaxBufferedRecords(c.maxBuffered),
+		kgo.WithLogger(kzap.New(c.logger)),
+	}
+	return append(o, c.kgoOpts...)
+}
+
+// New creates a Producer. With no options it produces to usage.events on
+// 127.0.0.1:9092. It does not contact the brokers; the first send does.
+func New(opts ...Option) (*Producer, error) {
+	c := newConfig(opts)
+	switch {
+	case c.topic == "":
+		return nil, errors.New("producer: topic must not be empty")
+	case c.maxSkew < 0:
+		return nil, fmt.Errorf("producer: max skew must not be negative (got %s)", c.maxSkew)
+	case len(c.brokers) == 0 && c.client == nil:
+		return nil, errors.New("producer: no brokers")
+	}
+	p := &Producer{cfg: c, cl: c.client}
+	if p.cl == nil {
+		cl, err := kgo.NewClient(c.clientOptions()...)
+		if err != nil {
+			return nil, fmt.Errorf("producer: kafka client: %w", err)
+		}
+		p.cl, p.ownsCl = cl, true
+	}
+	return p, nil
+}
+
+// Record validates e and returns the Kafka record the producer would send.
+// The returned error is a *FieldError for bad input.
+func (p *Producer) Record(e Event) (*kgo.Record, error) {
+	ue, err := p.usageEvent(e)
+	if err != nil {
+		return nil, err
+	}
+	key := ue.Identity().Key()
+	val, err := schemas.Encode(ue)
+	if err != nil {
+		return nil, fmt.Errorf("producer: encode: %w", err)
+	}
+	if n := len(key) + len(val); n > schemas.MaxEventBytes {
+		return nil, &FieldError{Field: "event", Code: schemas.ReasonOversized,
+			Reason: fmt.Sprintf("encoded record is %d bytes, more than %d", n, schemas.MaxEventBytes)}
+	}
+	return &kgo.Record{Topic: p.cfg.topic, Key: key, Value: val}, nil
+}
+
+func (p *Producer) usageEvent(e Event) (*schemas.UsageEvent, error) {
+	if e.EventTime.IsZero() {
+		return nil, &FieldError{Field: "event_time", Code: schemas.ReasonInvalid, Reason: "is missing (zero)"}
+	}
+	ue := &schemas.UsageEvent{
+		EventID:    e.EventID,
+		CustomerID: e.CustomerID,
+		Meter:      e.Meter,
+		Quantity:   e.Quantity,
+		EventTime:  e.EventTime.UnixMilli(),
+		Source:     e.Source,
+		Properties: schemas.Properties(e.Properties),
+	}
+	if ue.Source == "" {
+		ue.Source = p.cfg.source
+	}
+	if err := ue.Validate(); err != nil {
+		return nil, err
+	}
+	if limit := p.cfg.now().Add(p.cfg.maxSkew); e.EventTime.After(limit) {
+		return nil, &FieldError{Field: "event_time", Code: schemas.ReasonInFuture,
+			Reason: fmt.Sprintf("%s is more than %s after now", e.EventTime.UTC().Format(time.RFC3339Nano), p.cfg.maxSkew)}
+	}
+	return ue, nil
+}
+
+// Send validates and sends one event and returns once the brokers have
+// durably acknowledged it (acks=all), or with the error. Retrying a failed
+// Send with the same event is safe: it has the same identity.
+func (p *Producer) Send(ctx context.Context, e Event) error {
+	r, err := p.Record(e)
+	if err != nil {
+		return err
+	}
+	p.closeMu.RLock()
+	defer p.closeMu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	if err := p.cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		return fmt.Errorf("producer: send %s: %w", r.Key, err)
+	}
+	return nil
+}
+
+// SendAsync validates e and queues it; done is called once with nil when
+// the brokers acknowledged it, or with the error. A validation error is
+// passed to done before SendAsync returns. SendAsync blocks while the
+// buffer is full (WithMaxBufferedRecords). done may be nil and must not
+// block for long: it runs on the client's delivery goroutine.
+func (p *Producer) SendAsync(e Event, done func(error)) {
+	r, err := p.Record(e)
+	if err != nil {
+		if done != nil {
+			done(err)
+		}
+		return
+	}
+	p.ProduceRecord(r, done)
+}
+
+// ProduceRecord queues a record built by Record. It exists so callers can
+// validate and encode on several goroutines and produce in order from one.
+func (p *Producer) ProduceRecord(r *kgo.Record, done func(error)) {
+	p.closeMu.RLock()
+	defer p.closeMu.RUnlock()
+	if p.closed {
+		if done != nil {
+			done(ErrClosed)
+		}
+		return
+	}
+	p.cl.Produce(context.Background(), r, func(r *kgo.Record, err error) {
+		if done == nil {
+			return
+		}
+		if err != nil {
+			err = fmt.Errorf("producer: send %s: %w", r.Key, err)
+		}
+		done(err)
+	})
+}
+
+// Flush waits until every queued event has been acknowledged or failed.
+func (p *Producer) Flush(ctx context.Context) error {
+	if err := p.cl.Flush(ctx); err != nil {
+		return fmt.Errorf("producer: flush: %w", err)
+	}
+	return nil
+}
+
+// Close flushes nothing: call Flush first to wait for queued events. Queued
+// events that were not acknowledged fail with an error to their callback.
+// Close is idempotent.
+func (p *Producer) Close() {
+	p.closeMu.Lock()
+	defer p.closeMu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	if p.ownsCl {
+		p.cl.Close()
+	}
+}
+
+// Client returns the underlying Kafka client.
+func (p *Producer) Client() *kgo.Client { return p.cl }

@@ -1,0 +1,204 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+var now = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func fixedClock() time.Time { return now }
+
+func goodEvent() Event {
+	return Event{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Quantity: 3,
+		EventTime: now.Add(-time.Minute), Properties: map[string]string{"model": "m1"}}
+}
+
+func TestValidation(t *testing.T) {
+	p, err := New(WithClock(fixedClock), WithBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	bigProps := map[string]string{}
+	for i := 0; i < schemas.MaxProperties+1; i++ {
+		bigProps[strings.Repeat("k", 3)+string(rune('a'+i%26))+string(rune('a'+i/26))] = "v"
+	}
+	cases := []struct {
+		name  string
+		edit  func(*Event)
+		field string
+		code  string
+	}{
+		{"empty customer", func(e *Event) { e.CustomerID = "" }, "customer_id", schemas.ReasonInvalid},
+		{"empty meter", func(e *Event) { e.Meter = "" }, "meter", schemas.ReasonInvalid},
+		{"empty event id", func(e *Event) { e.EventID = "" }, "event_id", schemas.ReasonInvalid},
+		{"negative quantity", func(e *Event) { e.Quantity = -1 }, "quantity", schemas.ReasonInvalid},
+		{"zero event time", func(e *Event) { e.EventTime = time.Time{} }, "event_time", schemas.ReasonInvalid},
+		{"epoch event time", func(e *Event) { e.EventTime = time.UnixMilli(0) }, "event_time", schemas.ReasonInvalid},
+		{"before 2000", func(e *Event) { e.EventTime = time.Date(1999, 12, 31, 23, 59, 59, 0, time.UTC) }, "event_time", schemas.ReasonInvalid},
+		{"too far ahead", func(e *Event) { e.EventTime = now.Add(time.Hour + time.Millisecond) }, "event_time", schemas.ReasonInFuture},
+		{"too many properties", func(e *Event) { e.Properties = bigProps }, "properties", schemas.ReasonOversized},
+		{"properties too big", func(e *Event) { e.Properties = map[string]string{"p": strings.Repeat("x", schemas.MaxPropertiesBytes)} }, "properties", schemas.ReasonOversized},
+		{"long event id", func(e *Event) { e.EventID = strings.Repeat("x", schemas.MaxIdentityFieldBytes+1) }, "event_id", schemas.ReasonOversized},
+		{"bad utf8", func(e *Event) { e.CustomerID = "\xff" }, "customer_id", schemas.ReasonInvalid},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := goodEvent()
+			c.edit(&e)
+			_, err := p.Record(e)
+			var fe *FieldError
+			if !errors.As(err, &fe) || !errors.Is(err, ErrInvalidEvent) {
+				t.Fatalf("Record = %v, want a *FieldError", err)
+			}
+			if fe.Field != c.field || fe.Code != c.code {
+				t.Fatalf("error %q: field %q code %q, want %q %q", err, fe.Field, fe.Code, c.field, c.code)
+			}
+			if !strings.Contains(err.Error(), c.field) {
+				t.Fatalf("error %q does not name the field", err)
+			}
+			// Send and SendAsync refuse it the same way, without a broker.
+			if err := p.Send(context.Background(), e); !errors.As(err, &fe) {
+				t.Fatalf("Send = %v", err)
+			}
+			var got error
+			p.SendAsync(e, func(err error) { got = err })
+			if !errors.As(got, &fe) {
+				t.Fatalf("SendAsync callback got %v", got)
+			}
+		})
+	}
+	// The edges that are allowed.
+	for _, edit := range []func(*Event){
+		func(e *Event) { e.EventTime = now.Add(time.Hour) },
+		func(e *Event) { e.EventTime = time.UnixMilli(schemas.MinEventTime) },
+		func(e *Event) { e.Quantity = 0 },
+		func(e *Event) { e.Properties = nil },
+	} {
+		e := goodEvent()
+		edit(&e)
+		if _, err := p.Record(e); err != nil {
+			t.Errorf("Record(%+v) = %v, want ok", e, err)
+		}
+	}
+}
+
+func TestSendOnKFake(t *testing.T) {
+	const topic = "usage.events"
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(8, topic))
+	p, err := New(WithBrokers(brokers...), WithClock(fixedClock), WithSource("svc-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	e := goodEvent()
+	if err := p.Send(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	e2 := goodEvent()
+	e2.EventID = "req-43"
+	e2.Source = "svc-b"
+	done := make(chan error, 1)
+	p.SendAsync(e2, func(err error) { done <- err })
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	recs := testenv.ReadAll(t, brokers, topic)
+	if len(recs) != 2 {
+		t.Fatalf("read %d records, want 2", len(recs))
+	}
+	for _, r := range recs {
+		id, err := schemas.ParseKey(r.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := schemas.Partition(r.Key, 8); r.Partition != want {
+			t.Errorf("%s in partition %d, murmur2 says %d", r.Key, r.Partition, want)
+		}
+		var ue schemas.UsageEvent
+		if err := schemas.DecodeInto(r.Value, &ue); err != nil {
+			t.Fatal(err)
+		}
+		if ue.Identity() != id {
+			t.Errorf("key %v, payload identity %v", id, ue.Identity())
+		}
+		wantSource := map[string]string{"req-42": "svc-a", "req-43": "svc-b"}[ue.EventID]
+		if ue.Source != wantSource || ue.Quantity != 3 || ue.EventTime != now.Add(-time.Minute).UnixMilli() {
+			t.Errorf("payload %+v", ue)
+		}
+		if len(ue.Properties) != 1 || ue.Properties[0] != (schemas.Property{Name: "model", Value: "m1"}) {
+			t.Errorf("properties %+v", ue.Properties)
+		}
+	}
+	p.Close()
+	if err := p.Send(ctx, e); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Send after Close = %v", err)
+	}
+	p.Close() // idempotent
+}
+
+func TestParseJSON(t *testing.T) {
+	e, err := ParseJSON([]byte(`{"event_id":"req-42","customer_id":"acme","meter":"api_calls","quantity":3,"event_time":"2026-11-29T12:00:00.250Z","source":"api-gateway","properties":{"model":"m1"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Event{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Quantity: 3,
+		EventTime: time.Date(2026, 11, 29, 12, 0, 0, 250e6, time.UTC), Source: "api-gateway",
+		Properties: map[string]string{"model": "m1"}}
+	if e.EventID != want.EventID || !e.EventTime.Equal(want.EventTime) || e.Quantity != 3 || e.Source != want.Source || e.Properties["model"] != "m1" {
+		t.Fatalf("ParseJSON = %+v", e)
+	}
+	ms, err := ParseJSON([]byte(`{"event_id":"r","customer_id":"c","meter":"m","quantity":0,"event_time":1795003200250}`))
+	if err != nil || ms.EventTime.UnixMilli() != 1795003200250 {
+		t.Fatalf("epoch ms: %+v, %v", ms, err)
+	}
+	round, err := e.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseJSON(round)
+	if err != nil || !back.EventTime.Equal(e.EventTime) || back.Properties["model"] != "m1" {
+		t.Fatalf("MarshalJSON round trip: %s → %+v, %v", round, back, err)
+	}
+
+	bad := []struct {
+		line, field string
+	}{
+		{`{"customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "event_id"},
+		{`{"event_id":"e","meter":"m","quantity":1,"event_time":1795003200250}`, "customer_id"},
+		{`{"event_id":"e","customer_id":"c","quantity":1,"event_time":1795003200250}`, "meter"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","event_time":1795003200250}`, "quantity"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1.5,"event_time":1795003200250}`, "quantity"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":"1","event_time":1795003200250}`, "quantity"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1}`, "event_time"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":"yesterday"}`, "event_time"},
+		{`{"event_id":7,"customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "event_id"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250,"qty":2}`, "qty"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250,"properties":{"a":1}}`, "properties"},
+	}
+	for _, b := range bad {
+		_, err := ParseJSON([]byte(b.line))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != b.field {
+			t.Errorf("ParseJSON(%s) = %v, want field %q", b.line, err, b.field)
+		}
+	}
+	for _, line := range []string{`{"event_id":`, `[1,2]`, `{} {}`, `nonsense`} {
+		if _, err := ParseJSON([]byte(line)); !errors.Is(err, ErrMalformedJSON) {
+			t.Errorf("ParseJSON(%s) = %v, want ErrMalformedJSON", line, err)
+		}
+	}
+}

@@ -1,0 +1,106 @@
+package schemas
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// Limits on a UsageEvent. Producers check them before sending and dedup
+// checks them again on every record, so an event from any client is held to
+// the same rules.
+const (
+	// MaxIdentityFieldBytes bounds customer_id, meter and event_id.
+	MaxIdentityFieldBytes = 1024
+	// MaxSourceBytes bounds source.
+	MaxSourceBytes = 256
+	// MaxProperties bounds the number of properties of one event.
+	MaxProperties = 64
+	// MaxPropertiesBytes bounds the sum of the lengths of all property
+	// names and values of one event.
+	MaxPropertiesBytes = 8 << 10
+	// MaxEventBytes bounds one encoded UsageEvent record (key + value).
+	MaxEventBytes = 16 << 10
+	// MinEventTime is 2000-01-01T00:00:00Z in epoch ms; earlier event times
+	// are a producer bug (typically seconds sent as milliseconds).
+	MinEventTime int64 = 946684800000
+)
+
+// ErrInvalidEvent is wrapped by every FieldError.
+var ErrInvalidEvent = errors.New("invalid event")
+
+// FieldError says which field of an event is wrong and why. Code is the
+// rejection reason it maps to: ReasonInvalid or ReasonOversized.
+type FieldError struct {
+	Field  string // JSON/Avro field name, e.g. "quantity" or "properties.model"
+	Code   string // ReasonInvalid or ReasonOversized
+	Reason string // human-readable, e.g. "must not be negative (got -1)"
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Unwrap makes errors.Is(err, ErrInvalidEvent) hold.
+func (e *FieldError) Unwrap() error { return ErrInvalidEvent }
+
+func invalid(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Code: ReasonInvalid, Reason: fmt.Sprintf(format, args...)}
+}
+
+func oversized(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Code: ReasonOversized, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate checks the rules that do not depend on time of arrival: identity
+// fields present, valid UTF-8 and bounded; quantity non-negative;
+// event_time on or after 2000-01-01; properties sorted, unique and bounded.
+// It returns the first *FieldError found, or nil. The window rules
+// (too_old, in_future) are dedup's and depend on the arrival time.
+func (e *UsageEvent) Validate() error {
+	for _, f := range [...]struct{ name, v string }{
+		{"customer_id", e.CustomerID}, {"meter", e.Meter}, {"event_id", e.EventID},
+	} {
+		switch {
+		case f.v == "":
+			return invalid(f.name, "must not be empty")
+		case len(f.v) > MaxIdentityFieldBytes:
+			return oversized(f.name, "%d bytes, more than %d", len(f.v), MaxIdentityFieldBytes)
+		case !utf8.ValidString(f.v):
+			return invalid(f.name, "is not valid UTF-8")
+		}
+	}
+	if e.Quantity < 0 {
+		return invalid("quantity", "must not be negative (got %d)", e.Quantity)
+	}
+	if e.EventTime == 0 {
+		return invalid("event_time", "is missing (zero)")
+	}
+	if e.EventTime < MinEventTime {
+		return invalid("event_time", "%d ms is before 2000-01-01 (seconds sent as milliseconds?)", e.EventTime)
+	}
+	if len(e.Source) > MaxSourceBytes {
+		return oversized("source", "%d bytes, more than %d", len(e.Source), MaxSourceBytes)
+	}
+	if !utf8.ValidString(e.Source) {
+		return invalid("source", "is not valid UTF-8")
+	}
+	if len(e.Properties) > MaxProperties {
+		return oversized("properties", "%d properties, more than %d", len(e.Properties), MaxProperties)
+	}
+	size := 0
+	for i, p := range e.Properties {
+		if p.Name == "" {
+			return invalid("properties", "a property has an empty name")
+		}
+		if i > 0 && p.Name <= e.Properties[i-1].Name {
+			return invalid("properties."+p.Name, "not sorted by name, or repeated")
+		}
+		if !utf8.ValidString(p.Name) || !utf8.ValidString(p.Value) {
+			return invalid("properties."+p.Name, "is not valid UTF-8")
+		}
+		size += len(p.Name) + len(p.Value)
+	}
+	if size > MaxPropertiesBytes {
+		return oversized("properties", "%d bytes, more than %d", size, MaxPropertiesBytes)
+	}
+	return nil
+}

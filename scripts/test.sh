@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The body of `make test`: real Kafka + real ClickHouse, vet, the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GO=${GO:-go}
+KAFKA_PORT=${KAFKA_PORT:-9092}
+CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
+TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
+log=$(mktemp -t meterline-test.XXXXXX.log)
+
+stop_services() {
+  if [ -z "${KEEP_SERVICES:-}" ]; then
+    deploy/local/kafka.sh stop || true
+    deploy/local/clickhouse.sh stop || true
+  fi
+}
+trap stop_services EXIT
+
+start=$(date +%s)
+deploy/local/kafka.sh start
+deploy/local/clickhouse.sh start
+
+echo "== go vet ./..."
+$GO vet ./...
+
+echo "== go test ./... (real Kafka on 127.0.0.1:$KAFKA_PORT, real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT)"
+export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
+export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
+set +e
+# -p 1: integration packages share one broker on a 2-core machine.
+$GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v ./... 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+echo
+echo "== integration tests (real Kafka / ClickHouse)"
+grep -E '^\s*--- (PASS|FAIL|SKIP): Test(Real|.*Integration|TopicsCreateAndCheck|ProduceBadLines/real|ClickHouse)' "$log" | sed 's/^\s*//' || true
+if grep -q 'SKIP: real' "$log"; then
+  echo "FAIL: an integration test skipped although the services are up:"
+  grep -B1 'SKIP: real' "$log" | head -20
+  status=1
+fi
+echo "== make test took $(( $(date +%s) - start ))s"
+echo "summary: $(grep -c -E '^\s*--- PASS' "$log") passed, $(grep -c -E '^\s*--- FAIL' "$log") failed, $(grep -c -E '^\s*--- SKIP' "$log") skipped"
+rm -f "$log"
+exit "$status"
