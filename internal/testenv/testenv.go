@@ -6,7 +6,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -108,61 +107,124 @@ func CreateTopic(t testing.TB, brokers []string, name string, partitions int32, 
 }
 
 // ReadAll reads every committed record of the topic, read_committed, up
-// to the last stable offsets read when it is called. Only committed
-// records are returned, so callers that expect more must wait for the
-// producing stage first.
-//
-// Transaction markers occupy offsets after the last record, so a
-// partition can end below its LSO with no record left to see. ReadAll
-// therefore stops when every partition reached its LSO, or when nothing
-// new arrived for quiet (the broker is local; every committed record below
-// the LSO is fetchable at once).
+// to the high watermarks read when it is called. A transaction still open
+// below them holds the read until it ends (the test fails after 3 minutes).
+// Transaction markers are read too (and not returned), so the end of each
+// partition is recognised exactly.
 func ReadAll(t testing.TB, brokers []string, topic string) []*kgo.Record {
 	t.Helper()
-	const quiet = 2 * time.Second
+	recs, err := readRange(brokers, topic, nil)
+	if err != nil {
+		t.Fatalf("reading %s: %v", topic, err)
+	}
+	return recs
+}
+
+// readRange reads the topic's data records from the given offsets (nil:
+// from the start of each partition) to the high watermarks read now.
+func readRange(brokers []string, topic string, from map[int32]int64) ([]*kgo.Record, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	adm := Admin(t, brokers)
-	ends, err := adm.ListCommittedOffsets(ctx, topic) // read_committed end = LSO
+	acl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		t.Fatalf("end offsets of %s: %v", topic, err)
+		return nil, err
+	}
+	defer acl.Close()
+	ends, err := kadm.NewClient(acl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("end offsets: %w", err)
 	}
 	want := map[int32]int64{}
+	start := map[int32]kgo.Offset{}
 	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
+		f := int64(0)
+		if from != nil {
+			f = from[o.Partition]
+		}
+		if o.Offset > f {
 			want[o.Partition] = o.Offset
+			start[o.Partition] = kgo.NewOffset().At(f)
 		}
 	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if len(want) == 0 {
+		return nil, nil
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer cl.Close()
 	var out []*kgo.Record
 	for len(want) > 0 {
-		pctx, pcancel := context.WithTimeout(ctx, quiet)
-		fs := cl.PollFetches(pctx)
-		pcancel()
-		if ctx.Err() != nil {
-			t.Fatalf("reading %s: %v (still waiting on %v)", topic, ctx.Err(), want)
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("%w (still waiting on partitions→end %v)", err, want)
 		}
-		n := 0
-		fs.EachError(func(_ string, p int32, err error) {
-			if pctx.Err() == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
-				t.Fatalf("fetch %s/%d: %v", topic, p, err)
-			}
-		})
+		var ferr error
+		fs.EachError(func(_ string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", topic, p, err) })
+		if ferr != nil {
+			return nil, ferr
+		}
 		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			out = append(out, r)
-			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
+			end, ok := want[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			if !r.Attrs.IsControl() {
+				out = append(out, r)
+			}
+			if r.Offset+1 >= end {
 				delete(want, r.Partition)
 			}
 		})
-		if n == 0 {
-			break // quiet: the rest of each partition is markers or aborted records
-		}
 	}
-	return out
+	return out, nil
+}
+
+// CaughtUp reports whether the group has processed the topic (DESIGN
+// §6.7): a read_committed read from the group's committed offsets returns no
+// data records. Committed offsets are not compared with high watermarks:
+// transaction markers sit after the last record.
+func CaughtUp(brokers []string, group, topic string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err != nil {
+		return false, err
+	}
+	from := map[int32]int64{}
+	offs.Each(func(o kadm.OffsetResponse) {
+		if o.Topic == topic && o.Err == nil {
+			from[o.Partition] = o.At
+		}
+	})
+	recs, err := readRange(brokers, topic, from)
+	if err != nil {
+		return false, err
+	}
+	return len(recs) == 0, nil
+}
+
+// WaitCaughtUp waits until CaughtUp holds, or fails the test after d.
+func WaitCaughtUp(t testing.TB, brokers []string, group, topic string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := CaughtUp(brokers, group, topic)
+		if err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s not caught up on %s after %s (last error: %v)", group, topic, d, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -1,0 +1,85 @@
+package dedup
+
+import "encoding/binary"
+
+// bloom is a growing, blocked Bloom filter over 16-byte key hashes: each
+// key sets k bits inside one 512-bit block, so a lookup touches one cache
+// line. When a filter reaches its capacity a new one twice as large is
+// chained, keeping the false-positive rate near 1% (10 bits per key, k=7)
+// without knowing the key count up front.
+//
+// A false positive only costs a Pebble read; there are no false negatives,
+// so a filter that gained keys of an aborted transaction stays correct.
+type bloom struct {
+	filters []*blockFilter
+}
+
+const (
+	bloomBitsPerKey = 10
+	bloomK          = 7
+	bloomFirstCap   = 1 << 14
+)
+
+type blockFilter struct {
+	blocks [][8]uint64
+	n, cap int
+}
+
+func newBlockFilter(capacity int) *blockFilter {
+	nb := (capacity*bloomBitsPerKey + 511) / 512
+	return &blockFilter{blocks: make([][8]uint64, nb), cap: capacity}
+}
+
+func (f *blockFilter) add(h1, h2 uint64) {
+	b := &f.blocks[h1%uint64(len(f.blocks))]
+	for i := uint64(0); i < bloomK; i++ {
+		bit := (h2 + i*(h1|1)) % 512
+		b[bit/64] |= 1 << (bit % 64)
+	}
+	f.n++
+}
+
+func (f *blockFilter) mayContain(h1, h2 uint64) bool {
+	b := &f.blocks[h1%uint64(len(f.blocks))]
+	for i := uint64(0); i < bloomK; i++ {
+		bit := (h2 + i*(h1|1)) % 512
+		if b[bit/64]&(1<<(bit%64)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func hashes(h []byte) (uint64, uint64) {
+	return binary.LittleEndian.Uint64(h[0:8]), binary.LittleEndian.Uint64(h[8:16])
+}
+
+func (b *bloom) add(h []byte) {
+	h1, h2 := hashes(h)
+	if len(b.filters) == 0 || b.filters[len(b.filters)-1].n >= b.filters[len(b.filters)-1].cap {
+		c := bloomFirstCap
+		if len(b.filters) > 0 {
+			c = b.filters[len(b.filters)-1].cap * 2
+		}
+		b.filters = append(b.filters, newBlockFilter(c))
+	}
+	b.filters[len(b.filters)-1].add(h1, h2)
+}
+
+func (b *bloom) mayContain(h []byte) bool {
+	h1, h2 := hashes(h)
+	for _, f := range b.filters {
+		if f.mayContain(h1, h2) {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *bloom) keys() int {
+	n := 0
+	for _, f := range b.filters {
+		n += f.n
+	}
+	return n
+}

@@ -1,0 +1,152 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/clock"
+)
+
+// Config configures a Runtime. Zero fields take the defaults documented on
+// them (EnsureDefaults); Validate reports every problem at once.
+type Config struct {
+	// Stage names the stage in logs and metrics: "dedup", "aggregate".
+	Stage string
+	// Brokers are the Kafka seed brokers. Required.
+	Brokers []string
+	// Group is the consumer group. Required.
+	Group string
+	// InstanceID names this instance; the transactional ID is
+	// "<Group>-<InstanceID>". It must be stable across restarts of the same
+	// instance, so a restart fences its own zombie at once, and unique in
+	// the group. Required.
+	InstanceID string
+	// InputTopic is consumed (read_committed). Required.
+	InputTopic string
+	// ChangelogTopic holds every state change; it must have exactly as many
+	// partitions as InputTopic. Required.
+	ChangelogTopic string
+	// StateDir is where Pebble keeps the local state. Required unless FS is
+	// an in-memory filesystem.
+	StateDir string
+	// FS is Pebble's filesystem. Default: the OS filesystem. Tests use
+	// vfs.NewMem().
+	FS vfs.FS
+
+	// CommitInterval is the longest a transaction stays open while input
+	// keeps arriving. Default: 100ms.
+	CommitInterval time.Duration
+	// MaxBatchRecords caps the input records of one transaction. Default:
+	// 10,000.
+	MaxBatchRecords int
+	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
+	// interval). Zero disables it. Default: 0.
+	PunctuateInterval time.Duration
+	// SessionTimeout is the group session timeout. Default: 10s.
+	SessionTimeout time.Duration
+	// RebalanceTimeout bounds a rebalance. Default: 30s.
+	RebalanceTimeout time.Duration
+	// TransactionTimeout is the broker-side timeout after which an open
+	// transaction of a dead instance is aborted. Default: 10s.
+	TransactionTimeout time.Duration
+	// RestartBackoff is the pause before a session is rebuilt after a
+	// failed commit. Default: 1s.
+	RestartBackoff time.Duration
+
+	// Clock drives the commit and punctuate timers (never billing
+	// decisions). Default: the system clock.
+	Clock clock.Clock
+	// Logger is the structured logger. Default: no logging.
+	Logger *zap.Logger
+	// Registerer receives the runtime's metrics. Default: a private
+	// registry (metrics are not exported).
+	Registerer prometheus.Registerer
+	// ClientOptions are appended to the Kafka client options (tests).
+	ClientOptions []kgo.Opt
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	if c.FS == nil {
+		c.FS = vfs.Default
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = 100 * time.Millisecond
+	}
+	if c.MaxBatchRecords == 0 {
+		c.MaxBatchRecords = 10_000
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = 30 * time.Second
+	}
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = 10 * time.Second
+	}
+	if c.RestartBackoff == 0 {
+		c.RestartBackoff = time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Stage == "" {
+		c.Stage = "stream"
+	}
+}
+
+// Validate returns every problem with the config, joined, each with its
+// field name.
+func (c *Config) Validate() error {
+	var errs []error
+	req := func(field, v string) {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("stream: %s is required", field))
+		}
+	}
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("stream: brokers is required"))
+	}
+	req("group", c.Group)
+	req("instance-id", c.InstanceID)
+	req("input topic", c.InputTopic)
+	req("changelog topic", c.ChangelogTopic)
+	if _, mem := c.FS.(*vfs.MemFS); !mem {
+		req("state-dir", c.StateDir)
+	}
+	pos := func(field string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("stream: %s must be positive (got %s)", field, d))
+		}
+	}
+	pos("commit-interval", c.CommitInterval)
+	pos("session-timeout", c.SessionTimeout)
+	pos("rebalance-timeout", c.RebalanceTimeout)
+	pos("transaction-timeout", c.TransactionTimeout)
+	if c.PunctuateInterval < 0 {
+		errs = append(errs, fmt.Errorf("stream: punctuate interval must not be negative (got %s)", c.PunctuateInterval))
+	}
+	if c.MaxBatchRecords <= 0 {
+		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))
+	}
+	if c.TransactionTimeout < c.CommitInterval {
+		errs = append(errs, fmt.Errorf("stream: transaction-timeout %s is shorter than commit-interval %s", c.TransactionTimeout, c.CommitInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// TransactionalID is "<Group>-<InstanceID>" (DESIGN §1).
+func (c *Config) TransactionalID() string { return c.Group + "-" + c.InstanceID }

@@ -1,0 +1,45 @@
+package stream
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+type metrics struct {
+	recordsIn      *prometheus.CounterVec
+	recordsOut     *prometheus.CounterVec
+	txns           *prometheus.CounterVec
+	commitSeconds  prometheus.Observer
+	fenced         prometheus.Counter
+	restarts       prometheus.Counter
+	restoring      *prometheus.GaugeVec
+	restoreRecords prometheus.Counter
+	restoreSeconds prometheus.Observer
+	owned          prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, stage string) *metrics {
+	f := promauto.With(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
+	return &metrics{
+		recordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_in_total",
+			Help: "Input records consumed, by topic."}, []string{"topic"}),
+		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",
+			Help: "Output records produced in transactions (committed or not), by topic."}, []string{"topic"}),
+		txns: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_transactions_total",
+			Help: "Transactions ended, by outcome: committed, aborted, unknown."}, []string{"outcome"}),
+		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_commit_seconds",
+			Help: "Time to write the changelog and end a transaction.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		fenced: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_commits_refused_total",
+			Help: "Transactions aborted because the group rebalanced or the offset commit was fenced (a zombie's commits)."}),
+		restarts: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_session_restarts_total",
+			Help: "Sessions rebuilt after a commit with an unknown outcome."}),
+		restoring: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_restore_remaining_records",
+			Help: "Changelog offsets left to replay, per partition being restored (0 when done)."}, []string{"partition"}),
+		restoreRecords: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_restore_records_total",
+			Help: "Changelog records replayed into the local state."}),
+		restoreSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_restore_seconds",
+			Help: "Duration of a partition restore.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_owned_partitions",
+			Help: "Input partitions restored and being processed by this instance."}),
+	}
+}

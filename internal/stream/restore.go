@@ -1,0 +1,201 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+)
+
+// restoreBatch is how many changelog records go into one Pebble batch
+// during a restore; each batch also moves the checkpoint, so a crash in the
+// middle of a restore resumes from where it got to.
+const restoreBatch = 5000
+
+// restore rebuilds partition p's state from the changelog, checks it
+// against the group's committed offset, opens the processor's partition
+// and resumes fetching. It runs on its own goroutine while p is paused, so
+// a long restore never holds up the rebalance.
+func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed int64) {
+	start := time.Now()
+	log := rt.log.With(zap.Int32("partition", p))
+	part, replayed, err := rt.restorePartition(ctx, adm, log, p, committed)
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("restore abandoned: partition revoked")
+			return
+		}
+		rt.setFatal(err)
+		return
+	}
+	rt.m.restoreSeconds.Observe(time.Since(start).Seconds())
+	log.Info("partition restored", zap.Int64("changelog_records", replayed), zap.Duration("took", time.Since(start)),
+		zap.Int64("committed_offset", committed))
+	rt.mu.Lock()
+	ps, ok := rt.parts[p]
+	if !ok || ps.epoch != epoch {
+		rt.mu.Unlock()
+		part.Close()
+		return
+	}
+	ps.cancel = nil
+	rt.events = append(rt.events, event{kind: evRestored, p: p, epoch: epoch, part: part})
+	rt.mu.Unlock()
+	// Queue the install before resuming: the run loop handles events
+	// before it processes the records of a poll.
+	sess.Client().ResumeFetchPartitions(map[string][]int32{rt.cfg.InputTopic: {p}})
+	rt.notify()
+}
+
+func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed int64) (Partition, int64, error) {
+	// Read the checkpoint under mu so it is ordered against apply (see
+	// apply): any apply of a transaction that began before this epoch
+	// either happened already or is skipped.
+	rt.mu.Lock()
+	cp, has, err := rt.store.Checkpoint(p)
+	if err == nil && !has {
+		// No checkpoint: whatever is there is not known to match the
+		// changelog. Start from nothing.
+		b := rt.store.newBatch()
+		b.dropPartition(p)
+		err = b.commit()
+	}
+	rt.mu.Unlock()
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, rt.cfg.ChangelogTopic)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream: restore partition %d: changelog end offsets: %w", p, err)
+	}
+	endOff, ok := ends.Lookup(rt.cfg.ChangelogTopic, p)
+	if !ok || endOff.Err != nil {
+		return nil, 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s): %v",
+			p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic, endOff.Err)
+	}
+	hw := endOff.Offset
+	if !has {
+		cp = 0
+	}
+	if cp > hw {
+		return nil, 0, fmt.Errorf("stream: restore partition %d: checkpoint %d beyond changelog end %d: the changelog was recreated or truncated; delete the state directory to rebuild from it", p, cp, hw)
+	}
+	log.Info("restoring partition from the changelog", zap.Int64("from", cp), zap.Int64("to", hw), zap.Bool("had_state", has))
+	var replayed int64
+	if cp < hw {
+		replayed, err = rt.replay(ctx, p, cp, hw)
+		if err != nil {
+			return nil, replayed, err
+		}
+	}
+	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
+
+	// DESIGN §6.6: the state's input offset and the group's committed
+	// offset must agree; otherwise re-processing would re-count.
+	v, ok, err := rt.store.Get(p, []byte(keyInputOffset))
+	if err != nil {
+		return nil, replayed, err
+	}
+	state := int64(-1)
+	if ok {
+		if state, err = decodeOffset(v); err != nil {
+			return nil, replayed, fmt.Errorf("stream: restore partition %d: input offset: %w", p, err)
+		}
+	}
+	if state != committed {
+		return nil, replayed, fmt.Errorf("stream: restore partition %d: %w: state says the next input offset is %s, the group %s has committed %s; refusing to re-count (was the group's offset reset, or the changelog deleted?)",
+			p, ErrOffsetMismatch, offsetString(state), rt.cfg.Group, offsetString(committed))
+	}
+	part, err := rt.proc.Open(p, &PartitionState{s: rt.store, p: p})
+	if err != nil {
+		return nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
+	}
+	return part, replayed, nil
+}
+
+func offsetString(o int64) string {
+	if o < 0 {
+		return "none"
+	}
+	return fmt.Sprint(o)
+}
+
+// replay reads the changelog partition read_committed from `from` until it
+// has seen offset hw-1. Control records (transaction markers) are kept so
+// the end is recognised even when the last offsets are markers; a previous
+// owner's transaction still open below hw holds the read at the LSO until
+// it commits or aborts.
+func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64) (int64, error) {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(rt.cfg.Brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // below the log start: retention removed only expired state
+	)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	gauge := rt.m.restoring.WithLabelValues(fmt.Sprint(p))
+	var n int64
+	b := rt.store.newBatch()
+	pos := from
+	flush := func() error {
+		b.checkpoint(p, pos)
+		if err := b.commit(); err != nil {
+			return fmt.Errorf("stream: restore partition %d: write state: %w", p, err)
+		}
+		b = rt.store.newBatch()
+		return nil
+	}
+	for pos < hw {
+		gauge.Set(float64(hw - pos))
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			b.b.Close()
+			return n, err
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if ferr == nil && !errors.Is(err, context.Canceled) {
+				ferr = fmt.Errorf("stream: restore partition %d: fetch changelog: %w", p, err)
+			}
+		})
+		if ferr != nil {
+			b.b.Close()
+			return n, ferr
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= hw {
+				return // past the bound read at the start
+			}
+			pos = r.Offset + 1
+			if r.Attrs.IsControl() {
+				return
+			}
+			if r.Value == nil {
+				b.del(p, r.Key)
+			} else {
+				b.set(p, r.Key, r.Value)
+			}
+			n++
+			rt.m.restoreRecords.Inc()
+		})
+		if b.n >= restoreBatch || pos >= hw {
+			if err := flush(); err != nil {
+				return n, err
+			}
+			fault.Hit(fault.DuringRestore)
+			b.n = 0
+		}
+	}
+	b.b.Close()
+	return n, nil
+}

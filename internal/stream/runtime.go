@@ -1,0 +1,694 @@
+// Package stream is the exactly-once runtime shared by Meterline's stateful
+// stages (dedup, aggregator): consume → update state → produce, with the
+// outputs, the changelog of every state change and the consumed offsets in
+// one Kafka transaction (DESIGN §6).
+//
+// Invariants, and where they are kept:
+//
+//  1. Pebble is a cache of the changelog. Each partition's state carries a
+//     checkpoint, the changelog offset it reflects (Store).
+//  2. One transaction carries the outputs, the changelog records and the
+//     consumed offsets (Runtime.commit; kgo's GroupTransactSession commits
+//     the offsets in the transaction).
+//  3. State reaches Pebble only after the commit succeeded, as one atomic
+//     batch with the checkpoints (Runtime.apply); until then reads see the
+//     transaction's overlay (Tx).
+//  4. Restore runs after the group's offsets are stable (AdjustFetchOffsetsFn
+//     with RequireStableFetchOffsets), pauses the partition, replays the
+//     changelog read_committed up to the high watermark read at its start —
+//     so it waits for a previous owner's transaction still in flight — and
+//     resumes the partition when done (restore.go).
+//  5. A fenced, failed or aborted commit discards the overlay; an unknown
+//     outcome closes the client, re-initialises the same transactional ID
+//     (which aborts or completes what was open), rejoins and restores.
+//  6. Offsets are never reset silently: no automatic offset reset, the last
+//     input offset kept in state and checked against the group's committed
+//     offset on every restore.
+package stream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+)
+
+// keyInputOffset is the runtime's own state key: the next input offset to
+// consume, written to the changelog in every transaction that consumed
+// input. Processor keys must not start with 0xFF.
+const keyInputOffset = "\xffinput-offset"
+
+func encodeOffset(o int64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(o))
+	return b[:]
+}
+
+func decodeOffset(b []byte) (int64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("corrupt offset (%d bytes)", len(b))
+	}
+	return int64(binary.BigEndian.Uint64(b)), nil
+}
+
+// ErrOffsetMismatch is returned (wrapped) when a partition's restored state
+// and the group's committed offset disagree: re-processing would re-count,
+// so the stage stops instead (DESIGN §6.6).
+var ErrOffsetMismatch = errors.New("state and committed offset disagree")
+
+// errRestart asks Run to rebuild the session (unknown commit outcome).
+var errRestart = errors.New("restart session")
+
+// Runtime runs one stateful stage instance.
+type Runtime struct {
+	cfg   Config
+	proc  Processor
+	log   *zap.Logger
+	store *Store
+	m     *metrics
+
+	sess *kgo.GroupTransactSession
+	adm  *kadm.Client
+
+	// mu guards parts and the event queue, and orders apply against the
+	// start of a restore (see apply).
+	mu      sync.Mutex
+	parts   map[int32]*partState
+	events  []event
+	wake    chan struct{}
+	fatal   error
+	running atomic.Bool
+
+	// Run-loop-only state.
+	active  map[int32]*activePart
+	inTxn     bool
+	mustAbort bool // records of a partition that is not ready were polled
+	txStart   time.Time
+	txRecs  int
+	ovs     map[int32]*overlay
+	txEpoch map[int32]uint64
+
+	prodMu    sync.Mutex
+	prodErr   error
+	changeEnd map[int32]int64 // max changelog offset produced per partition in this txn
+}
+
+type partState struct {
+	epoch     uint64
+	committed int64 // group's committed offset at assignment; -1: none
+	cancel    context.CancelFunc
+}
+
+type activePart struct {
+	epoch uint64
+	part  Partition
+}
+
+type eventKind int
+
+const (
+	evRestored eventKind = iota
+	evRevoked
+)
+
+type event struct {
+	kind  eventKind
+	p     int32
+	epoch uint64
+	part  Partition
+}
+
+// New opens the state store and prepares the runtime; Run starts it.
+func New(cfg Config, proc Processor) (*Runtime, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	st, err := OpenStore(cfg.StateDir, cfg.FS)
+	if err != nil {
+		return nil, err
+	}
+	rt := &Runtime{
+		cfg:   cfg,
+		proc:  proc,
+		log:   cfg.Logger.With(zap.String("stage", cfg.Stage), zap.String("instance", cfg.InstanceID)),
+		store: st,
+		m:     newMetrics(cfg.Registerer, cfg.Stage),
+		parts: map[int32]*partState{},
+		wake:  make(chan struct{}, 1),
+	}
+	return rt, nil
+}
+
+// Store returns the local state store.
+func (rt *Runtime) Store() *Store { return rt.store }
+
+// Run runs the stage until ctx ends (then it commits the open transaction,
+// leaves the group and returns nil) or a fatal error occurs. It is called
+// once; the store is closed when it returns.
+func (rt *Runtime) Run(ctx context.Context) (err error) {
+	if !rt.running.CompareAndSwap(false, true) {
+		return errors.New("stream: Run called twice")
+	}
+	defer func() {
+		if cerr := rt.store.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("stream: close state: %w", cerr)
+		}
+	}()
+	for {
+		err := rt.runSession(ctx)
+		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled) || errors.Is(err, errRestart)) {
+			return nil
+		}
+		if !errors.Is(err, errRestart) {
+			return err
+		}
+		rt.m.restarts.Inc()
+		rt.log.Warn("commit outcome unknown: rebuilding the session with the same transactional ID, then restoring",
+			zap.String("transactional_id", rt.cfg.TransactionalID()))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(rt.cfg.RestartBackoff):
+		}
+	}
+}
+
+func (rt *Runtime) clientOptions() []kgo.Opt {
+	c := &rt.cfg
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.Brokers...),
+		kgo.TransactionalID(c.TransactionalID()),
+		kgo.TransactionTimeout(c.TransactionTimeout),
+		kgo.ConsumerGroup(c.Group),
+		kgo.ConsumeTopics(c.InputTopic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RequireStableFetchOffsets(),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		kgo.SessionTimeout(c.SessionTimeout),
+		kgo.RebalanceTimeout(c.RebalanceTimeout),
+		kgo.HeartbeatInterval(c.SessionTimeout / 10),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(0),
+		kgo.AdjustFetchOffsetsFn(rt.adjustOffsets),
+		kgo.OnPartitionsRevoked(rt.onRevoked),
+		kgo.OnPartitionsLost(rt.onRevoked),
+		kgo.WithLogger(kzap.New(rt.log.Named("kgo"), kzap.Level(kgoLevel(rt.log)))),
+	}
+	return append(opts, c.ClientOptions...)
+}
+
+func kgoLevel(l *zap.Logger) kgo.LogLevel {
+	if l.Core().Enabled(zap.DebugLevel) {
+		return kgo.LogLevelDebug
+	}
+	return kgo.LogLevelWarn
+}
+
+func (rt *Runtime) runSession(ctx context.Context) (err error) {
+	sess, err := kgo.NewGroupTransactSession(rt.clientOptions()...)
+	if err != nil {
+		return fmt.Errorf("stream: kafka client: %w", err)
+	}
+	rt.sess = sess
+	rt.adm = kadm.NewClient(sess.Client())
+	rt.active = map[int32]*activePart{}
+	rt.resetTxn()
+	defer func() {
+		rt.closeAll()
+		// Leaving the group revokes our partitions; an open transaction
+		// was already ended (or the client is being abandoned after an
+		// unknown outcome, in which case the next session's InitProducerID
+		// aborts it).
+		sess.Close()
+	}()
+	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.String("input", rt.cfg.InputTopic),
+		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
+
+	var nextPunct time.Time
+	if rt.cfg.PunctuateInterval > 0 {
+		nextPunct = rt.cfg.Clock.Now().Add(rt.cfg.PunctuateInterval)
+	}
+	for {
+		if err := rt.takeFatal(); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		if ctx.Err() != nil {
+			if rt.inTxn {
+				if err := rt.commit(context.WithoutCancel(ctx)); err != nil {
+					return err
+				}
+			}
+			return ctx.Err()
+		}
+		// Wait for input, but no longer than the next deadline.
+		wait := time.Second
+		now := rt.cfg.Clock.Now()
+		if rt.inTxn {
+			wait = rt.txStart.Add(rt.cfg.CommitInterval).Sub(now)
+		}
+		if !nextPunct.IsZero() {
+			if d := nextPunct.Sub(now); d < wait {
+				wait = d
+			}
+		}
+		fetches := rt.poll(ctx, wait)
+		rt.handleEvents()
+		if err := rt.handleFetches(fetches); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		now = rt.cfg.Clock.Now()
+		if !nextPunct.IsZero() && !now.Before(nextPunct) {
+			for !nextPunct.After(now) {
+				nextPunct = nextPunct.Add(rt.cfg.PunctuateInterval)
+			}
+			if err := rt.punctuate(); err != nil {
+				rt.abortOpen()
+				return err
+			}
+		}
+		if rt.inTxn && (rt.txRecs >= rt.cfg.MaxBatchRecords || !now.Before(rt.txStart.Add(rt.cfg.CommitInterval))) {
+			if err := rt.commit(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// poll waits up to d for records, waking early for a restored partition.
+func (rt *Runtime) poll(ctx context.Context, d time.Duration) kgo.Fetches {
+	if d <= 0 {
+		d = time.Millisecond
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t := rt.cfg.Clock.AfterFunc(d, cancel)
+	defer t.Stop()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-rt.wake:
+			cancel()
+		case <-stop:
+		}
+	}()
+	max := rt.cfg.MaxBatchRecords - rt.txRecs
+	if max <= 0 {
+		max = 1
+	}
+	return rt.sess.PollRecords(pctx, max)
+}
+
+func (rt *Runtime) notify() {
+	select {
+	case rt.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (rt *Runtime) setFatal(err error) {
+	rt.mu.Lock()
+	if rt.fatal == nil {
+		rt.fatal = err
+	}
+	rt.mu.Unlock()
+	rt.notify()
+}
+
+func (rt *Runtime) takeFatal() error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.fatal
+}
+
+// handleEvents installs restored partitions and closes revoked ones, in the
+// order they happened.
+func (rt *Runtime) handleEvents() {
+	rt.mu.Lock()
+	evs := rt.events
+	rt.events = nil
+	rt.mu.Unlock()
+	for _, ev := range evs {
+		switch ev.kind {
+		case evRevoked:
+			if a, ok := rt.active[ev.p]; ok && a.epoch < ev.epoch {
+				a.part.Close()
+				delete(rt.active, ev.p)
+				rt.log.Info("partition revoked", zap.Int32("partition", ev.p))
+			}
+		case evRestored:
+			rt.mu.Lock()
+			ps, ok := rt.parts[ev.p]
+			current := ok && ps.epoch == ev.epoch
+			rt.mu.Unlock()
+			if !current {
+				ev.part.Close()
+				continue
+			}
+			if a, ok := rt.active[ev.p]; ok {
+				a.part.Close()
+			}
+			rt.active[ev.p] = &activePart{epoch: ev.epoch, part: ev.part}
+		}
+	}
+	rt.m.owned.Set(float64(len(rt.active)))
+}
+
+func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
+	var ferr error
+	fs.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		if ferr == nil {
+			ferr = fmt.Errorf("stream: fetch %s/%d: %w (offsets are never reset automatically; see DESIGN §6.6)", t, p, err)
+		}
+	})
+	if ferr != nil {
+		return ferr
+	}
+	var perr error
+	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if perr != nil || len(fp.Records) == 0 {
+			return
+		}
+		a, ok := rt.active[fp.Partition]
+		if !ok {
+			// Records of a partition that is not restored (a revoke and
+			// re-assign raced the poll). They were polled, so the session
+			// would commit their offsets: abort instead, which rewinds.
+			rt.log.Info("records for a partition not ready; aborting the transaction to rewind",
+				zap.Int32("partition", fp.Partition))
+			if !rt.inTxn {
+				if err := rt.begin(); err != nil {
+					perr = err
+					return
+				}
+			}
+			rt.mustAbort = true
+			return
+		}
+		if !rt.inTxn {
+			if err := rt.begin(); err != nil {
+				perr = err
+				return
+			}
+		}
+		ov := rt.overlayFor(fp.Partition, a.epoch)
+		tx := &Tx{rt: rt, p: fp.Partition, ov: ov}
+		rt.m.recordsIn.WithLabelValues(fp.Topic).Add(float64(len(fp.Records)))
+		if err := a.part.Process(tx, fp.Records); err != nil {
+			perr = fmt.Errorf("stream: process partition %d: %w", fp.Partition, err)
+			return
+		}
+		ov.inputNext = fp.Records[len(fp.Records)-1].Offset + 1
+		ov.touched = true
+		rt.txRecs += len(fp.Records)
+	})
+	return perr
+}
+
+func (rt *Runtime) punctuate() error {
+	for _, p := range sortedPartitions(rt.active) {
+		a := rt.active[p]
+		if !rt.inTxn {
+			if err := rt.begin(); err != nil {
+				return err
+			}
+		}
+		tx := &Tx{rt: rt, p: p, ov: rt.overlayFor(p, a.epoch)}
+		if err := a.part.Punctuate(tx); err != nil {
+			return fmt.Errorf("stream: punctuate partition %d: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func (rt *Runtime) overlayFor(p int32, epoch uint64) *overlay {
+	ov, ok := rt.ovs[p]
+	if !ok {
+		ov = newOverlay()
+		rt.ovs[p] = ov
+		rt.txEpoch[p] = epoch
+	}
+	return ov
+}
+
+func (rt *Runtime) begin() error {
+	if err := rt.sess.Begin(); err != nil {
+		return fmt.Errorf("stream: begin transaction: %w", err)
+	}
+	rt.inTxn = true
+	rt.txStart = rt.cfg.Clock.Now()
+	return nil
+}
+
+func (rt *Runtime) resetTxn() {
+	rt.inTxn = false
+	rt.txRecs = 0
+	rt.mustAbort = false
+	rt.ovs = map[int32]*overlay{}
+	rt.txEpoch = map[int32]uint64{}
+	rt.prodMu.Lock()
+	rt.prodErr = nil
+	rt.changeEnd = map[int32]int64{}
+	rt.prodMu.Unlock()
+}
+
+func (rt *Runtime) emit(r *kgo.Record) {
+	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
+	rt.sess.Produce(context.Background(), r, rt.promise)
+}
+
+func (rt *Runtime) promise(r *kgo.Record, err error) {
+	rt.prodMu.Lock()
+	defer rt.prodMu.Unlock()
+	if err != nil {
+		if rt.prodErr == nil {
+			rt.prodErr = fmt.Errorf("produce to %s/%d: %w", r.Topic, r.Partition, err)
+		}
+		return
+	}
+	if r.Topic == rt.cfg.ChangelogTopic {
+		if cur, ok := rt.changeEnd[r.Partition]; !ok || r.Offset > cur {
+			rt.changeEnd[r.Partition] = r.Offset
+		}
+	}
+}
+
+// abortOpen ends an open transaction with an abort, best effort, before a
+// fatal return.
+func (rt *Runtime) abortOpen() {
+	if !rt.inTxn {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.TransactionTimeout)
+	defer cancel()
+	_, _ = rt.sess.End(ctx, kgo.TryAbort)
+	rt.resetTxn()
+}
+
+// commit writes the changelog, ends the transaction and, if it committed,
+// applies the overlay to Pebble.
+func (rt *Runtime) commit(ctx context.Context) error {
+	start := time.Now()
+	abort := rt.mustAbort
+	for _, p := range sortedPartitions(rt.ovs) {
+		ov := rt.ovs[p]
+		if !ov.touched {
+			continue
+		}
+		for _, r := range ov.changelogRecords(rt.cfg.ChangelogTopic, p) {
+			rt.sess.Produce(context.Background(), r, rt.promise)
+		}
+	}
+	// Guarantee: nothing of this transaction is visible to read_committed
+	// readers yet; a crash here aborts it (the next session with this
+	// transactional ID, or the transaction timeout, aborts it) and the input
+	// is re-consumed from the committed offset.
+	fault.Hit(fault.BeforeCommit)
+	try := kgo.TryCommit
+	if abort {
+		try = kgo.TryAbort
+	}
+	// End flushes, so every promise has run when it returns.
+	committed, err := rt.sess.End(ctx, try)
+	rt.prodMu.Lock()
+	perr := rt.prodErr
+	rt.prodMu.Unlock()
+	rt.m.commitSeconds.Observe(time.Since(start).Seconds())
+	switch {
+	case err != nil:
+		rt.m.txns.WithLabelValues("unknown").Inc()
+		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
+		rt.resetTxn()
+		return errRestart
+	case perr != nil && committed:
+		// Cannot happen: kgo aborts a transaction with a failed record.
+		rt.resetTxn()
+		return fmt.Errorf("stream: transaction committed with a failed record: %w", perr)
+	case !committed:
+		rt.m.txns.WithLabelValues("aborted").Inc()
+		if perr != nil {
+			rt.log.Warn("transaction aborted: a record failed", zap.Error(perr))
+			rt.resetTxn()
+			return errRestart
+		}
+		if !abort {
+			rt.log.Info("transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets")
+			rt.m.fenced.Inc()
+		}
+		rt.resetTxn()
+		return nil
+	}
+	rt.m.txns.WithLabelValues("committed").Inc()
+	// Guarantee: outputs, changelog and offsets are committed; Pebble is
+	// behind the changelog. A crash here is repaired by replaying the
+	// changelog tail from the checkpoint on restore.
+	fault.Hit(fault.AfterCommit)
+	if err := rt.apply(); err != nil {
+		return err
+	}
+	// Guarantee: Pebble matches the changelog for every applied partition.
+	fault.Hit(fault.AfterApply)
+	rt.resetTxn()
+	return nil
+}
+
+// apply writes the committed overlay and the checkpoints to Pebble in one
+// atomic batch. A partition whose restore began since the transaction
+// started (a new epoch) is skipped: its restore replays the changelog
+// anyway, and writing here could overwrite newer replayed values.
+func (rt *Runtime) apply() error {
+	rt.prodMu.Lock()
+	ends := rt.changeEnd
+	rt.prodMu.Unlock()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	b := rt.store.newBatch()
+	ps := sortedPartitions(rt.ovs)
+	for i, p := range ps {
+		ov := rt.ovs[p]
+		st, ok := rt.parts[p]
+		end, produced := ends[p]
+		if !ok || st.epoch != rt.txEpoch[p] {
+			continue
+		}
+		for _, rd := range ov.rangeDels {
+			b.deleteRange(p, rd.lo, rd.hi)
+		}
+		for _, k := range ov.order {
+			e, ok := ov.writes[k]
+			if !ok {
+				continue
+			}
+			if e.del {
+				b.del(p, []byte(k))
+			} else {
+				b.set(p, []byte(k), e.val)
+			}
+		}
+		if ov.inputNext >= 0 {
+			b.set(p, []byte(keyInputOffset), encodeOffset(ov.inputNext))
+		}
+		if produced {
+			b.checkpoint(p, end+1)
+		}
+		if i == len(ps)/2 {
+			// Guarantee: the batch is not committed; a crash here leaves
+			// Pebble at the previous checkpoint.
+			fault.Hit(fault.DuringApply)
+		}
+	}
+	if err := b.commit(); err != nil {
+		return fmt.Errorf("stream: apply committed state to Pebble: %w", err)
+	}
+	return nil
+}
+
+func (rt *Runtime) closeAll() {
+	for p, a := range rt.active {
+		a.part.Close()
+		delete(rt.active, p)
+	}
+	rt.mu.Lock()
+	for p, ps := range rt.parts {
+		if ps.cancel != nil {
+			ps.cancel()
+		}
+		delete(rt.parts, p)
+	}
+	rt.events = nil
+	rt.mu.Unlock()
+	rt.m.owned.Set(0)
+}
+
+// onRevoked runs on kgo's group goroutine for revoked and lost partitions.
+// The GroupTransactSession has already marked an open transaction as
+// failed, so it cannot commit; the run loop's End aborts it. Here we stop
+// restores and queue the partitions' close.
+func (rt *Runtime) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	rt.mu.Lock()
+	for _, p := range revoked[rt.cfg.InputTopic] {
+		ps, ok := rt.parts[p]
+		if !ok {
+			continue
+		}
+		if ps.cancel != nil {
+			ps.cancel()
+		}
+		rt.events = append(rt.events, event{kind: evRevoked, p: p, epoch: epochSeq.Add(1)})
+		delete(rt.parts, p)
+		rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
+	}
+	rt.mu.Unlock()
+	rt.notify()
+}
+
+var epochSeq atomic.Uint64
+
+// adjustOffsets runs on kgo's group goroutine after the group's committed
+// offsets for newly assigned partitions are fetched (stable, KIP-447). It
+// pauses each partition and starts its restore; the partition resumes when
+// its state is restored and checked against the committed offset.
+func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	parts := offsets[rt.cfg.InputTopic]
+	if len(parts) == 0 {
+		return offsets, nil
+	}
+	pause := make([]int32, 0, len(parts))
+	for p := range parts {
+		pause = append(pause, p)
+	}
+	rt.sess.Client().PauseFetchPartitions(map[string][]int32{rt.cfg.InputTopic: pause})
+	rt.mu.Lock()
+	for p, o := range parts {
+		committed := o.EpochOffset().Offset // negative: the group has none
+		if committed < 0 {
+			committed = -1
+		}
+		if old, ok := rt.parts[p]; ok && old.cancel != nil {
+			old.cancel()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ps := &partState{epoch: epochSeq.Add(1), committed: committed, cancel: cancel}
+		rt.parts[p] = ps
+		go rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed)
+	}
+	rt.mu.Unlock()
+	return offsets, nil
+}

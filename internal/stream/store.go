@@ -1,0 +1,173 @@
+package stream
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Store is the local state of one instance: one Pebble DB for all the
+// partitions it owns, each under its own key prefix. One DB rather than one
+// per partition because the state of every partition a transaction touched
+// is then applied in one atomic batch, with one WAL and one set of
+// memtables for the instance.
+//
+// The store is a cache of the changelog topic, never the authority
+// (DESIGN §6). Each partition carries a checkpoint: the changelog offset its
+// state reflects. Writes are not fsynced: a lost tail is replayed from the
+// changelog, and a batch is atomic either way.
+//
+// Key layout:
+//
+//	0x00 | partition (2 bytes, big-endian) | user key   state
+//	0x01 | partition                                     checkpoint (8 bytes)
+type Store struct {
+	db *pebble.DB
+}
+
+const (
+	prefixData       = 0x00
+	prefixCheckpoint = 0x01
+)
+
+// OpenStore opens (or creates) the store in dir.
+func OpenStore(dir string, fs vfs.FS) (*Store, error) {
+	opts := &pebble.Options{FS: fs}
+	opts.EnsureDefaults()
+	// Bloom filters make the misses of a lookup-heavy stage cheap.
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("stream: open state in %s: %w", dir, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+// DB exposes the Pebble DB (metrics, compaction in benchmarks).
+func (s *Store) DB() *pebble.DB { return s.db }
+
+func partPrefix(kind byte, p int32) []byte {
+	return []byte{kind, byte(p >> 8), byte(p)}
+}
+
+func dataKey(p int32, k []byte) []byte {
+	out := make([]byte, 3+len(k))
+	copy(out, partPrefix(prefixData, p))
+	copy(out[3:], k)
+	return out
+}
+
+// Get reads a state key of partition p from Pebble (not the overlay).
+func (s *Store) Get(p int32, k []byte) ([]byte, bool, error) {
+	v, closer, err := s.db.Get(dataKey(p, k))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	out := bytes.Clone(v)
+	return out, true, closer.Close()
+}
+
+// Scan calls fn for every state key of partition p in [lower, upper), in
+// order; nil bounds are open. fn must not keep k or v.
+func (s *Store) Scan(p int32, lower, upper []byte, fn func(k, v []byte) error) error {
+	pre := partPrefix(prefixData, p)
+	lo := append(append([]byte{}, pre...), lower...)
+	var hi []byte
+	if upper != nil {
+		hi = append(append([]byte{}, pre...), upper...)
+	} else {
+		hi = partPrefix(prefixData, p+1)
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return err
+		}
+		if err := fn(it.Key()[3:], v); err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	return it.Close()
+}
+
+// Checkpoint returns the changelog offset partition p's state reflects:
+// the next changelog offset to replay. ok is false when the partition has
+// no state.
+func (s *Store) Checkpoint(p int32) (offset int64, ok bool, err error) {
+	v, closer, err := s.db.Get(partPrefix(prefixCheckpoint, p))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, false, fmt.Errorf("stream: partition %d: corrupt checkpoint (%d bytes)", p, len(v))
+	}
+	return int64(binary.BigEndian.Uint64(v)), true, nil
+}
+
+// batch accumulates state writes of several partitions.
+type batch struct {
+	b *pebble.Batch
+	n int
+}
+
+func (s *Store) newBatch() *batch { return &batch{b: s.db.NewBatch()} }
+
+func (b *batch) set(p int32, k, v []byte) {
+	_ = b.b.Set(dataKey(p, k), v, nil)
+	b.n++
+}
+
+func (b *batch) del(p int32, k []byte) {
+	_ = b.b.Delete(dataKey(p, k), nil)
+	b.n++
+}
+
+func (b *batch) deleteRange(p int32, lo, hi []byte) {
+	_ = b.b.DeleteRange(dataKey(p, lo), dataKey(p, hi), nil)
+	b.n++
+}
+
+func (b *batch) checkpoint(p int32, off int64) {
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(off))
+	_ = b.b.Set(partPrefix(prefixCheckpoint, p), v[:], nil)
+}
+
+// dropPartition deletes all of partition p's state and its checkpoint.
+func (b *batch) dropPartition(p int32) {
+	_ = b.b.DeleteRange(partPrefix(prefixData, p), partPrefix(prefixData, p+1), nil)
+	_ = b.b.Delete(partPrefix(prefixCheckpoint, p), nil)
+}
+
+func (b *batch) commit() error {
+	defer b.b.Close()
+	return b.b.Commit(pebble.NoSync)
+}
+
+// DiskUsage estimates the bytes of partition p's state on disk.
+func (s *Store) DiskUsage(p int32) (uint64, error) {
+	return s.db.EstimateDiskUsage(partPrefix(prefixData, p), partPrefix(prefixData, p+1))
+}

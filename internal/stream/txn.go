@@ -1,0 +1,171 @@
+package stream
+
+import (
+	"bytes"
+	"sort"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Partition is a processor's handle on one input partition, created by
+// Processor.Open once the partition's state is restored. The runtime calls
+// it from its single run loop only.
+//
+// A Partition keeps its state in the store through Tx: reads see the
+// transaction's own writes, and writes become durable only if the
+// transaction commits. In-memory structures a Partition keeps besides must
+// tolerate an aborted transaction (a Bloom filter that gained a key is
+// fine; a counter is not), or be rebuilt in Open.
+type Partition interface {
+	// Process handles records of the partition, in offset order. Outputs
+	// are emitted and state changed through tx. An error stops the stage;
+	// bad input must be handled (rejected), not returned.
+	Process(tx *Tx, recs []*kgo.Record) error
+	// Punctuate runs every punctuate interval for a ready partition.
+	Punctuate(tx *Tx) error
+	// Close releases the partition when it is revoked or the stage stops.
+	Close()
+}
+
+// Processor is the logic of a stateful stage.
+type Processor interface {
+	// Open is called once partition p's state has been restored from the
+	// changelog, before any of its input is processed. It runs on the
+	// restore goroutine and may read the restored state through st.
+	Open(p int32, st *PartitionState) (Partition, error)
+}
+
+// PartitionState reads one partition's restored state in Pebble.
+type PartitionState struct {
+	s *Store
+	p int32
+}
+
+// Partition returns the partition number.
+func (ps *PartitionState) Partition() int32 { return ps.p }
+
+// Get reads a key.
+func (ps *PartitionState) Get(k []byte) ([]byte, bool, error) { return ps.s.Get(ps.p, k) }
+
+// Scan iterates keys in [lower, upper); fn must not keep k or v.
+func (ps *PartitionState) Scan(lower, upper []byte, fn func(k, v []byte) error) error {
+	return ps.s.Scan(ps.p, lower, upper, fn)
+}
+
+type entry struct {
+	val []byte
+	del bool
+}
+
+type rangeDel struct{ lo, hi []byte }
+
+// overlay is one partition's uncommitted writes.
+type overlay struct {
+	writes    map[string]entry
+	order     []string // first-write order, for deterministic changelog output
+	rangeDels []rangeDel
+	inputNext int64 // next input offset after this transaction; -1 none
+	touched   bool
+}
+
+func newOverlay() *overlay { return &overlay{writes: map[string]entry{}, inputNext: -1} }
+
+// Tx is the view of one partition inside the current transaction.
+type Tx struct {
+	rt *Runtime
+	p  int32
+	ov *overlay
+}
+
+// Partition returns the input partition this view belongs to.
+func (tx *Tx) Partition() int32 { return tx.p }
+
+// Get reads a state key: the transaction's own writes first, then Pebble.
+func (tx *Tx) Get(k []byte) ([]byte, bool, error) {
+	if e, ok := tx.ov.writes[string(k)]; ok {
+		if e.del {
+			return nil, false, nil
+		}
+		return e.val, true, nil
+	}
+	for _, rd := range tx.ov.rangeDels {
+		if bytes.Compare(k, rd.lo) >= 0 && bytes.Compare(k, rd.hi) < 0 {
+			return nil, false, nil
+		}
+	}
+	return tx.rt.store.Get(tx.p, k)
+}
+
+// Put writes a state key. It reaches the changelog when the transaction
+// ends and Pebble only after it committed.
+func (tx *Tx) Put(k, v []byte) {
+	tx.write(k, entry{val: bytes.Clone(v)})
+}
+
+// Delete deletes a state key (a changelog tombstone).
+func (tx *Tx) Delete(k []byte) {
+	tx.write(k, entry{del: true})
+}
+
+func (tx *Tx) write(k []byte, e entry) {
+	ks := string(k)
+	if _, ok := tx.ov.writes[ks]; !ok {
+		tx.ov.order = append(tx.ov.order, ks)
+	}
+	tx.ov.writes[ks] = e
+	tx.ov.touched = true
+}
+
+// DeleteRangeLocal deletes the keys in [lo, hi) from the local store when
+// the transaction commits, without writing the changelog. It is for state
+// whose expiry is derived from other state (a watermark) and so is
+// re-derived after a restore; the changelog's own retention drops the old
+// records.
+func (tx *Tx) DeleteRangeLocal(lo, hi []byte) {
+	tx.ov.rangeDels = append(tx.ov.rangeDels, rangeDel{bytes.Clone(lo), bytes.Clone(hi)})
+	for k := range tx.ov.writes {
+		if k >= string(lo) && k < string(hi) {
+			delete(tx.ov.writes, k)
+		}
+	}
+	tx.ov.touched = true
+}
+
+// Emit produces an output record in the transaction. Topic and Partition
+// must be set: the runtime partitions manually, so placement never depends
+// on a client's partitioner.
+func (tx *Tx) Emit(r *kgo.Record) { tx.rt.emit(r) }
+
+// changelogRecords returns the overlay's changelog records in first-write
+// order, plus the input-offset record.
+func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
+	out := make([]*kgo.Record, 0, len(ov.order)+1)
+	for _, k := range ov.order {
+		e, ok := ov.writes[k]
+		if !ok {
+			continue // removed by a DeleteRangeLocal
+		}
+		r := &kgo.Record{Topic: topic, Partition: p, Key: []byte(k)}
+		if !e.del {
+			r.Value = e.val
+			if r.Value == nil {
+				r.Value = []byte{}
+			}
+		}
+		out = append(out, r)
+	}
+	if ov.inputNext >= 0 {
+		out = append(out, &kgo.Record{Topic: topic, Partition: p, Key: []byte(keyInputOffset), Value: encodeOffset(ov.inputNext)})
+	}
+	return out
+}
+
+// sortedPartitions returns the keys of m in order.
+func sortedPartitions[V any](m map[int32]V) []int32 {
+	out := make([]int32, 0, len(m))
+	for p := range m {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
