@@ -81,8 +81,19 @@ func (h *harness) config(instance string, fs vfs.FS) Config {
 
 type running struct {
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run returned; err is then set
+	err    error
 	stage  *Stage
+}
+
+// wait returns Run's error once it returned, or times out.
+func (r *running) wait(d time.Duration) (error, bool) {
+	select {
+	case <-r.done:
+		return r.err, true
+	case <-time.After(d):
+		return nil, false
+	}
 }
 
 func (h *harness) start(cfg Config) *running {
@@ -93,21 +104,22 @@ func (h *harness) start(cfg Config) *running {
 		cancel()
 		h.t.Fatal(err)
 	}
-	r := &running{cancel: cancel, done: make(chan error, 1), stage: st}
-	go func() { r.done <- st.Run(ctx) }()
+	r := &running{cancel: cancel, done: make(chan struct{}), stage: st}
+	go func() {
+		r.err = st.Run(ctx)
+		close(r.done)
+	}()
 	h.t.Cleanup(func() { _ = r.stop() })
 	return r
 }
 
 func (r *running) stop() error {
 	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err
-		return err
-	case <-time.After(30 * time.Second):
+	err, ok := r.wait(30 * time.Second)
+	if !ok {
 		return errors.New("stage did not stop within 30s")
 	}
+	return err
 }
 
 // event builds a correctly keyed, correctly placed usage event record that

@@ -88,15 +88,18 @@ type Runtime struct {
 	wake    chan struct{}
 	fatal   error
 	running atomic.Bool
+	// restores tracks restore goroutines: the store is closed only after
+	// all of them returned.
+	restores sync.WaitGroup
 
 	// Run-loop-only state.
-	active  map[int32]*activePart
+	active    map[int32]*activePart
 	inTxn     bool
 	mustAbort bool // records of a partition that is not ready were polled
 	txStart   time.Time
-	txRecs  int
-	ovs     map[int32]*overlay
-	txEpoch map[int32]uint64
+	txRecs    int
+	ovs       map[int32]*overlay
+	txEpoch   map[int32]uint64
 
 	prodMu    sync.Mutex
 	prodErr   error
@@ -161,6 +164,8 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 		return errors.New("stream: Run called twice")
 	}
 	defer func() {
+		rt.closeAll()
+		rt.restores.Wait()
 		if cerr := rt.store.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("stream: close state: %w", cerr)
 		}
@@ -687,7 +692,11 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 		ctx, cancel := context.WithCancel(context.Background())
 		ps := &partState{epoch: epochSeq.Add(1), committed: committed, cancel: cancel}
 		rt.parts[p] = ps
-		go rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed)
+		rt.restores.Add(1)
+		go func() {
+			defer rt.restores.Done()
+			rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed)
+		}()
 	}
 	rt.mu.Unlock()
 	return offsets, nil
