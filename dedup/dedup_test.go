@@ -16,7 +16,6 @@ import (
 // and the window edges.
 func TestRules(t *testing.T) {
 	h := newHarness(t, nil, 4)
-	h.start(h.config("a", vfs.NewMem()))
 	W, S := 35*day, hour
 	arr := t0 + 10*day
 
@@ -42,7 +41,10 @@ func TestRules(t *testing.T) {
 	wrongType := &kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Value: schemas.MustEncode(&schemas.Watermark{}),
 		Timestamp: time.UnixMilli(arr)}
 
+	// Input that exists before the first start is read from the earliest
+	// offset (DESIGN §6.6).
 	h.produce(first)
+	h.start(h.config("a", vfs.NewMem()))
 	h.produce(exact, qty, etime, other, sameIDOtherMeter, atOld, justIn, atSkew, future, negative, emptyMeter,
 		garbage, unknown, huge, wrongType)
 	h.caughtUp()

@@ -190,9 +190,18 @@ func (c *config) clientOptions() []kgo.Opt {
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2, as Kafka's Java client
 		kgo.ProducerLinger(c.linger),
 		kgo.MaxBufferedRecords(c.maxBuffered),
-		kgo.WithLogger(kzap.New(c.logger)),
+		kgo.WithLogger(kzap.New(c.logger, kzap.Level(kgoLevel(c.logger)))),
 	}
 	return append(o, c.kgoOpts...)
+}
+
+// kgoLevel logs the Kafka client's own messages only at warn and above
+// unless the logger is at debug level.
+func kgoLevel(l *zap.Logger) kgo.LogLevel {
+	if l.Core().Enabled(zap.DebugLevel) {
+		return kgo.LogLevelDebug
+	}
+	return kgo.LogLevelWarn
 }
 
 // New creates a Producer. With no options it produces to usage.events on

@@ -88,6 +88,7 @@ type Runtime struct {
 	wake    chan struct{}
 	fatal   error
 	running atomic.Bool
+	joined  atomic.Bool // a session is up
 	// restores tracks restore goroutines: the store is closed only after
 	// all of them returned.
 	restores sync.WaitGroup
@@ -137,7 +138,7 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	st, err := OpenStore(cfg.StateDir, cfg.FS)
+	st, err := OpenStore(cfg.StateDir, cfg.FS, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -151,6 +152,29 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 		wake:  make(chan struct{}, 1),
 	}
 	return rt, nil
+}
+
+// Ready returns nil when the stage runs a session and no partition it
+// owns is restoring; otherwise why not. It backs /readyz.
+func (rt *Runtime) Ready() error {
+	if !rt.joined.Load() {
+		return errors.New("not connected to the group")
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.fatal != nil {
+		return rt.fatal
+	}
+	n := 0
+	for _, ps := range rt.parts {
+		if ps.cancel != nil {
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d partitions restoring", n)
+	}
+	return nil
 }
 
 // Store returns the local state store.
@@ -199,6 +223,8 @@ func (rt *Runtime) clientOptions() []kgo.Opt {
 		kgo.ConsumeTopics(c.InputTopic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequireStableFetchOffsets(),
+		// No automatic reset: an out-of-range offset is a fatal error, never
+		// a silent jump (DESIGN §6.6). adjustOffsets sets the start.
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.SessionTimeout(c.SessionTimeout),
 		kgo.RebalanceTimeout(c.RebalanceTimeout),
@@ -228,6 +254,8 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	}
 	rt.sess = sess
 	rt.adm = kadm.NewClient(sess.Client())
+	rt.joined.Store(true)
+	defer rt.joined.Store(false)
 	rt.active = map[int32]*activePart{}
 	rt.resetTxn()
 	defer func() {
@@ -685,6 +713,10 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 		committed := o.EpochOffset().Offset // negative: the group has none
 		if committed < 0 {
 			committed = -1
+			// A first start reads from the earliest offset (DESIGN §6.6).
+			// kgo passes the reset offset here, and NoResetOffset means
+			// the end of the partition, which would skip existing input.
+			parts[p] = kgo.NoResetOffset().AtStart()
 		}
 		if old, ok := rt.parts[p]; ok && old.cancel != nil {
 			old.cancel()

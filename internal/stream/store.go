@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
 )
 
 // Store is the local state of one instance: one Pebble DB for all the
@@ -35,9 +36,17 @@ const (
 	prefixCheckpoint = 0x01
 )
 
+// pebbleLogger sends Pebble's messages to zap: its routine messages at
+// debug, its errors at error.
+type pebbleLogger struct{ s *zap.SugaredLogger }
+
+func (l pebbleLogger) Infof(format string, args ...any)  { l.s.Debugf(format, args...) }
+func (l pebbleLogger) Errorf(format string, args ...any) { l.s.Errorf(format, args...) }
+func (l pebbleLogger) Fatalf(format string, args ...any) { l.s.Fatalf(format, args...) }
+
 // OpenStore opens (or creates) the store in dir.
-func OpenStore(dir string, fs vfs.FS) (*Store, error) {
-	opts := &pebble.Options{FS: fs}
+func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
+	opts := &pebble.Options{FS: fs, Logger: pebbleLogger{log.Named("pebble").Sugar()}}
 	opts.EnsureDefaults()
 	// Bloom filters make the misses of a lookup-heavy stage cheap.
 	for i := range opts.Levels {

@@ -1,0 +1,116 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/stream"
+)
+
+// StageFlags are the flags of every stateful stage.
+type StageFlags struct {
+	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
+	StateDir           string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
+	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"100ms"`
+	MaxBatchRecords    int           `help:"Most input records in one transaction." default:"10000"`
+	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
+	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
+	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
+	MetricsAddr        string        `help:"Address of the HTTP server for /metrics, /healthz and /readyz." default:":9464"`
+	Validate           bool          `help:"Check the configuration and exit."`
+}
+
+func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logger, reg prometheus.Registerer) (stream.Config, error) {
+	id := f.InstanceID
+	if id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return stream.Config{}, fmt.Errorf("--instance-id not set and no host name: %w", err)
+		}
+		id = h
+	}
+	return stream.Config{
+		Brokers:            g.Brokers,
+		Group:              group,
+		InstanceID:         id,
+		StateDir:           filepath.Join(f.StateDir, stage+"-"+id),
+		CommitInterval:     f.CommitInterval,
+		MaxBatchRecords:    f.MaxBatchRecords,
+		SessionTimeout:     f.SessionTimeout,
+		RebalanceTimeout:   f.RebalanceTimeout,
+		TransactionTimeout: f.TransactionTimeout,
+		Logger:             log,
+		Registerer:         reg,
+	}, nil
+}
+
+// runStage serves metrics and health while run runs, and returns run's
+// error. A fatal stage error ends the process with status 1.
+func runStage(ctx context.Context, addr string, reg *prometheus.Registry, log *zap.Logger, ready service.Check, run func(context.Context) error) error {
+	srv, err := service.Listen(addr, reg, log, ready)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Run(ctx) }()
+	err = run(ctx)
+	cancel()
+	if serr := <-srvDone; serr != nil && err == nil {
+		err = serr
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("stage stopped", zap.Error(err))
+		return err
+	}
+	log.Info("stage stopped")
+	return nil
+}
+
+// DedupCmd is `meterline dedup`.
+type DedupCmd struct {
+	StageFlags   `embed:""`
+	Group        string        `help:"Consumer group of the dedup stage." default:"meterline-dedup"`
+	Window       time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival." default:"840h"`
+	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"1h"`
+	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"5s"`
+	Bucket       time.Duration `help:"Expiry granularity: keys are dropped by whole arrival buckets of this size." default:"24h" hidden:""`
+}
+
+func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
+	sc, err := c.streamConfig(g, c.Group, "dedup", log, reg)
+	if err != nil {
+		return dedup.Config{}, err
+	}
+	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: c.Bucket}
+	cfg.EnsureDefaults()
+	return cfg, cfg.Validate()
+}
+
+// Run runs the dedup stage.
+func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	reg := service.NewRegistry()
+	cfg, err := c.config(g, log, reg)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if c.Validate {
+		fmt.Fprintln(stdio.Stdout, "configuration ok")
+		return nil
+	}
+	st, err := dedup.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return runStage(ctx, c.MetricsAddr, reg, log, st.Runtime().Ready, st.Run)
+}

@@ -1,0 +1,82 @@
+// Package service runs the HTTP side of a Meterline process: Prometheus
+// metrics, liveness and readiness, on one port (DESIGN §9).
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// Check returns nil when a part of the process is ready, or why not.
+type Check func() error
+
+// Server serves /metrics, /healthz and /readyz.
+type Server struct {
+	srv   *http.Server
+	ln    net.Listener
+	log   *zap.Logger
+	Mux   *http.ServeMux
+	ready []Check
+}
+
+// NewRegistry returns a registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Listen binds addr (":9464", "127.0.0.1:0"). Readiness is the conjunction
+// of the checks.
+func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Check) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("service: listen %s: %w", addr, err)
+	}
+	s := &Server{ln: ln, log: log, Mux: http.NewServeMux(), ready: ready}
+	s.Mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	s.Mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	s.Mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		for _, c := range s.ready {
+			if err := c(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	s.srv = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second}
+	return s, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Run serves until ctx ends, then shuts down within 5 s.
+func (s *Server) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	s.log.Info("serving metrics and health", zap.String("addr", s.Addr()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("service: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
