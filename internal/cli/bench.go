@@ -22,6 +22,7 @@ import (
 // BenchCmd is `meterline bench`.
 type BenchCmd struct {
 	Produce BenchProduceCmd `cmd:"" help:"meterline produce against raw franz-go producing the same pre-encoded records."`
+	Dedup   BenchDedupCmd   `cmd:"" help:"The dedup stage on pre-filled input against two transactional passthrough baselines."`
 }
 
 // BenchProduceCmd is `meterline bench produce`.

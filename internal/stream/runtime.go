@@ -558,8 +558,12 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	if abort {
 		try = kgo.TryAbort
 	}
-	// End flushes, so every promise has run when it returns.
-	committed, err := rt.sess.End(ctx, try)
+	// End flushes, so every promise has run when it returns. It is never
+	// cancelled half-way (kgo: that leaves the client in an invalid state);
+	// the deadline bounds it.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
+	defer cancel()
+	committed, err := rt.sess.End(ectx, try)
 	rt.prodMu.Lock()
 	perr := rt.prodErr
 	rt.prodMu.Unlock()
