@@ -128,3 +128,24 @@ func Murmur2(b []byte) int32 {
 func Partition(key []byte, n int32) int32 {
 	return (Murmur2(key) & 0x7fffffff) % n
 }
+
+// SplitFramed splits bytes made by AppendFramed back into their parts.
+func SplitFramed(b []byte) ([]string, error) {
+	var parts []string
+	for len(b) > 0 {
+		j := 0
+		for j < len(b) && b[j] != ':' {
+			j++
+		}
+		if j == len(b) || j == 0 || j > 9 {
+			return nil, fmt.Errorf("schemas: %w: bad length prefix", ErrBadKey)
+		}
+		n, err := strconv.Atoi(string(b[:j]))
+		if err != nil || n < 0 || n > len(b)-j-1 {
+			return nil, fmt.Errorf("schemas: %w: bad part length", ErrBadKey)
+		}
+		parts = append(parts, string(b[j+1:j+1+n]))
+		b = b[j+1+n:]
+	}
+	return parts, nil
+}

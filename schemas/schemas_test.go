@@ -307,3 +307,17 @@ func TestPropertiesSorted(t *testing.T) {
 		t.Fatal("empty conversions should be nil")
 	}
 }
+
+func TestSplitFramed(t *testing.T) {
+	for _, parts := range [][]string{{"acme", "api_calls"}, {"", "a:b", "12:x"}, {"ünï", "", ""}} {
+		got, err := SplitFramed(AppendFramed(nil, parts...))
+		if err != nil || !reflect.DeepEqual(got, parts) {
+			t.Errorf("SplitFramed(AppendFramed(%q)) = %q, %v", parts, got, err)
+		}
+	}
+	for _, bad := range []string{"4:acm", "x:a", ":a", "3"} {
+		if _, err := SplitFramed([]byte(bad)); err == nil {
+			t.Errorf("SplitFramed(%q) accepted", bad)
+		}
+	}
+}

@@ -38,11 +38,12 @@ type Globals struct {
 type CLI struct {
 	Globals
 
-	Produce ProduceCmd `cmd:"" help:"Send newline-delimited JSON usage events to Kafka."`
-	Dedup   DedupCmd   `cmd:"" help:"Run the dedup stage: drop duplicate copies exactly once."`
-	Topics  TopicsCmd  `cmd:"" help:"Create the Kafka topics, or check them for drift."`
-	Bench   BenchCmd   `cmd:"" help:"End-to-end benchmarks against a real broker."`
-	Version VersionCmd `cmd:"" help:"Print the version."`
+	Produce   ProduceCmd   `cmd:"" help:"Send newline-delimited JSON usage events to Kafka."`
+	Dedup     DedupCmd     `cmd:"" help:"Run the dedup stage: drop duplicate copies exactly once."`
+	Aggregate AggregateCmd `cmd:"" help:"Run the aggregator: usage per billing period, FINAL revisions, adjustments."`
+	Topics    TopicsCmd    `cmd:"" help:"Create the Kafka topics, or check them for drift."`
+	Bench     BenchCmd     `cmd:"" help:"End-to-end benchmarks against a real broker."`
+	Version   VersionCmd   `cmd:"" help:"Print the version."`
 }
 
 // IO is where a command reads and writes. Tests replace it.

@@ -490,6 +490,19 @@ func (rt *Runtime) begin() error {
 	return nil
 }
 
+// discardTxn tells the partitions of a transaction that is not committing
+// to forget it, then resets the transaction state.
+func (rt *Runtime) discardTxn() {
+	for p := range rt.ovs {
+		if a, ok := rt.active[p]; ok {
+			if ab, ok := a.part.(Aborter); ok {
+				ab.Abort()
+			}
+		}
+	}
+	rt.resetTxn()
+}
+
 func (rt *Runtime) resetTxn() {
 	rt.inTxn = false
 	rt.txRecs = 0
@@ -532,7 +545,7 @@ func (rt *Runtime) abortOpen() {
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.TransactionTimeout)
 	defer cancel()
 	_, _ = rt.sess.End(ctx, kgo.TryAbort)
-	rt.resetTxn()
+	rt.discardTxn()
 }
 
 // commit writes the changelog, ends the transaction and, if it committed,
@@ -540,6 +553,22 @@ func (rt *Runtime) abortOpen() {
 func (rt *Runtime) commit(ctx context.Context) error {
 	start := time.Now()
 	abort := rt.mustAbort
+	if !abort {
+		for _, p := range sortedPartitions(rt.ovs) {
+			a, ok := rt.active[p]
+			if !ok || a.epoch != rt.txEpoch[p] {
+				continue
+			}
+			f, isFlusher := a.part.(Flusher)
+			if !isFlusher {
+				continue
+			}
+			if err := f.Flush(&Tx{rt: rt, p: p, ov: rt.ovs[p]}); err != nil {
+				rt.abortOpen()
+				return fmt.Errorf("stream: flush partition %d: %w", p, err)
+			}
+		}
+	}
 	for _, p := range sortedPartitions(rt.ovs) {
 		ov := rt.ovs[p]
 		if !ov.touched {
@@ -572,7 +601,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	case err != nil:
 		rt.m.txns.WithLabelValues("unknown").Inc()
 		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
-		rt.resetTxn()
+		rt.discardTxn()
 		return errRestart
 	case perr != nil && committed:
 		// Cannot happen: kgo aborts a transaction with a failed record.
@@ -582,14 +611,14 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		rt.m.txns.WithLabelValues("aborted").Inc()
 		if perr != nil {
 			rt.log.Warn("transaction aborted: a record failed", zap.Error(perr))
-			rt.resetTxn()
+			rt.discardTxn()
 			return errRestart
 		}
 		if !abort {
 			rt.log.Info("transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets")
 			rt.m.fenced.Inc()
 		}
-		rt.resetTxn()
+		rt.discardTxn()
 		return nil
 	}
 	rt.m.txns.WithLabelValues("committed").Inc()

@@ -27,6 +27,20 @@ type Partition interface {
 	Close()
 }
 
+// Flusher is implemented by a Partition that emits once per transaction
+// (the aggregator's one revision per changed key): Flush runs just before
+// the transaction's changelog is written, and may read, write and emit.
+type Flusher interface {
+	Flush(tx *Tx) error
+}
+
+// Aborter is implemented by a Partition that keeps per-transaction memory
+// (what Flush will emit): Abort runs when a transaction it took part in is
+// aborted or discarded.
+type Aborter interface {
+	Abort()
+}
+
 // Processor is the logic of a stateful stage.
 type Processor interface {
 	// Open is called once partition p's state has been restored from the
@@ -114,6 +128,58 @@ func (tx *Tx) write(k []byte, e entry) {
 	}
 	tx.ov.writes[ks] = e
 	tx.ov.touched = true
+}
+
+// Scan calls fn for every live key in [lo, hi) in key order, merging the
+// transaction's own writes over Pebble. fn must not keep k or v, and must
+// not write through tx while scanning.
+func (tx *Tx) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
+	var mine []string
+	for k := range tx.ov.writes {
+		if k >= string(lo) && (hi == nil || k < string(hi)) {
+			mine = append(mine, k)
+		}
+	}
+	sort.Strings(mine)
+	inRangeDel := func(k []byte) bool {
+		for _, rd := range tx.ov.rangeDels {
+			if bytes.Compare(k, rd.lo) >= 0 && bytes.Compare(k, rd.hi) < 0 {
+				return true
+			}
+		}
+		return false
+	}
+	i := 0
+	emitMine := func(upTo []byte) error { // overlay keys < upTo (nil: all)
+		for ; i < len(mine) && (upTo == nil || mine[i] < string(upTo)); i++ {
+			if e := tx.ov.writes[mine[i]]; !e.del {
+				if err := fn([]byte(mine[i]), e.val); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	err := tx.rt.store.Scan(tx.p, lo, hi, func(k, v []byte) error {
+		if err := emitMine(k); err != nil {
+			return err
+		}
+		if i < len(mine) && mine[i] == string(k) {
+			i++ // the overlay's value (or deletion) wins
+			if e := tx.ov.writes[string(k)]; !e.del {
+				return fn(k, e.val)
+			}
+			return nil
+		}
+		if inRangeDel(k) {
+			return nil
+		}
+		return fn(k, v)
+	})
+	if err != nil {
+		return err
+	}
+	return emitMine(nil)
 }
 
 // DeleteRangeLocal deletes the keys in [lo, hi) from the local store when

@@ -1,0 +1,189 @@
+// Package aggregator sums usage per customer, meter and billing period by
+// event time, closes each period after a finalization cutoff, and books
+// late events as adjustments (DESIGN §3).
+//
+// It reads usage.deduped (events and watermarks) and, in the same
+// transaction as its state changes:
+//
+//   - emits one OPEN revision per aggregate changed by the transaction;
+//   - once the partition watermark — the minimum over all dedup source
+//     partitions of the latest watermark from each — passes a period's end
+//     plus grace, emits exactly one FINAL revision per aggregate of that
+//     period;
+//   - turns an event whose arrival is after its period's end plus grace (or
+//     whose period is already final) into an ADJUSTMENT booked into the
+//     period that contains its arrival.
+//
+// The invoice quantity of a period is its FINAL value plus the deltas of
+// the adjustments booked into it.
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// Config configures the aggregator.
+type Config struct {
+	// Stream configures the runtime; Stage, InputTopic and ChangelogTopic
+	// are set from Topics.
+	Stream stream.Config
+	// Topics names the topics.
+	Topics topics.Names
+	// Meters declares the meters; nil treats every meter as SUM.
+	Meters *Catalog
+	// StrictMeters rejects events of undeclared meters (unknown_meter)
+	// instead of counting them as SUM.
+	StrictMeters bool
+	// Period is the billing period length. Default: month.
+	Period Period
+	// Grace is how long after a period's end it stays open. Default: 48h.
+	Grace time.Duration
+	// Window is the dedup window W: a period's working state is kept until
+	// its end + W, after which no event for it can arrive. Default: 35 days.
+	Window time.Duration
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	if c.Period == "" {
+		c.Period = Month
+	}
+	if c.Grace == 0 {
+		c.Grace = 48 * time.Hour
+	}
+	if c.Window == 0 {
+		c.Window = 35 * 24 * time.Hour
+	}
+	if c.Topics == (topics.Names{}) {
+		c.Topics = topics.DefaultNames()
+	}
+	c.Stream.Stage = "aggregate"
+	c.Stream.InputTopic = c.Topics.DedupedTopic()
+	c.Stream.ChangelogTopic = c.Topics.AggregateChangelogTopic()
+	if c.Stream.Group == "" {
+		c.Stream.Group = "meterline-aggregate"
+	}
+	c.Stream.EnsureDefaults()
+}
+
+// Validate reports every problem at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := c.Period.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Grace < 0 {
+		errs = append(errs, fmt.Errorf("aggregator: grace must not be negative (got %s)", c.Grace))
+	}
+	if c.Window <= 0 {
+		errs = append(errs, fmt.Errorf("aggregator: window must be positive (got %s)", c.Window))
+	}
+	return errors.Join(append(errs, c.Stream.Validate())...)
+}
+
+// Stage is an aggregator instance.
+type Stage struct {
+	rt *stream.Runtime
+}
+
+// New prepares an aggregator instance.
+func New(ctx context.Context, cfg Config) (*Stage, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	counts, err := partitionCounts(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &processor{
+		cfg:    cfg,
+		log:    cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID)),
+		counts: counts,
+		m:      newMetrics(cfg.Stream.Registerer),
+		now:    cfg.Stream.Clock.Now,
+	}
+	rt, err := stream.New(cfg.Stream, p)
+	if err != nil {
+		return nil, err
+	}
+	return &Stage{rt: rt}, nil
+}
+
+// Run runs until ctx ends or a fatal error.
+func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
+
+// Runtime exposes the stream runtime.
+func (s *Stage) Runtime() *stream.Runtime { return s.rt }
+
+type partitionCountsT struct{ aggregates, adjustments, rejected int32 }
+
+func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Stream.Brokers...))
+	if err != nil {
+		return partitionCountsT{}, err
+	}
+	defer cl.Close()
+	names := []string{cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
+		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, names...)
+	if err != nil {
+		return partitionCountsT{}, fmt.Errorf("aggregator: read topic metadata: %w", err)
+	}
+	n := map[string]int32{}
+	for _, name := range names {
+		d, ok := td[name]
+		if !ok || d.Err != nil {
+			return partitionCountsT{}, fmt.Errorf("aggregator: topic %s is missing (run meterline topics create): %v", name, d.Err)
+		}
+		n[name] = int32(len(d.Partitions))
+	}
+	if a, b := n[cfg.Topics.AggregateChangelogTopic()], n[cfg.Topics.DedupedTopic()]; a != b {
+		return partitionCountsT{}, fmt.Errorf("aggregator: changelog %s has %d partitions, %s has %d; they must be equal",
+			cfg.Topics.AggregateChangelogTopic(), a, cfg.Topics.DedupedTopic(), b)
+	}
+	return partitionCountsT{aggregates: n[cfg.Topics.AggregatesTopic()], adjustments: n[cfg.Topics.AdjustmentsTopic()],
+		rejected: n[cfg.Topics.RejectedTopic()]}, nil
+}
+
+type metrics struct {
+	emitted    *prometheus.CounterVec
+	finalDelay prometheus.Observer
+	watermark  *prometheus.GaugeVec
+	late       *prometheus.CounterVec
+	rejected   *prometheus.CounterVec
+	keys       *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	return &metrics{
+		emitted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_revisions_total",
+			Help: "Aggregate revisions emitted (in transactions), by status OPEN or FINAL."}, []string{"status"}),
+		finalDelay: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_aggregate_finalization_delay_seconds",
+			Help:    "Wall time minus the period's end + grace when its FINAL revisions go out.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 20)}),
+		watermark: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_watermark_seconds",
+			Help: "Aggregator partition watermark (minimum over dedup sources), Unix seconds."}, []string{"partition"}),
+		late: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_late_events_total",
+			Help: "Late events booked as adjustments, by aggregation."}, []string{"aggregation"}),
+		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_rejected_total",
+			Help: "Records parked in usage.rejected, by stage and reason."}, []string{"stage", "reason"}),
+		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
+			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
+	}
+}

@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/internal/service"
+)
+
+// AggregateCmd is `meterline aggregate`.
+type AggregateCmd struct {
+	StageFlags   `embed:""`
+	Group        string        `help:"Consumer group of the aggregator." default:"meterline-aggregate"`
+	Meters       string        `help:"YAML file declaring meters (name, aggregation, property, group_by, unit, description). Without it every meter is a SUM." type:"existingfile" placeholder:"FILE"`
+	StrictMeters bool          `help:"Reject events of undeclared meters (reason unknown_meter) instead of counting them as SUM."`
+	Period       string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"month" enum:"month,day,hour"`
+	Grace        time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"48h"`
+	Window       time.Duration `help:"Dedup window W: a period's working state is kept until end + W." default:"840h"`
+}
+
+func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
+	sc, err := c.streamConfig(g, c.Group, "aggregate", log, reg)
+	if err != nil {
+		return aggregator.Config{}, err
+	}
+	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: c.StrictMeters,
+		Period: aggregator.Period(c.Period), Grace: c.Grace, Window: c.Window}
+	if c.Meters != "" {
+		cat, err := aggregator.LoadMeters(c.Meters)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Meters = cat
+	}
+	cfg.EnsureDefaults()
+	return cfg, cfg.Validate()
+}
+
+// Run runs the aggregator.
+func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	reg := service.NewRegistry()
+	cfg, err := c.config(g, log, reg)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if c.Validate {
+		fmt.Fprintf(stdio.Stdout, "configuration ok (%d meters declared)\n", cfg.Meters.Len())
+		return nil
+	}
+	st, err := aggregator.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return runStage(ctx, c.MetricsAddr, reg, log, st.Runtime().Ready, st.Run)
+}
