@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
@@ -533,6 +534,10 @@ func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
 		delete(pt.dirty, string(o.k))
 	}
 	tx.Put(periodKey(pfxMarker, start), nil)
+	// Guarantee: the FINAL revisions and the state move are in the open
+	// transaction only; a crash here aborts both and the watermark decides
+	// again after the restart (exactly one FINAL per key).
+	fault.Hit(fault.FinalDecided)
 	if len(open) > 0 {
 		pt.pr.m.finalDelay.Observe(pt.pr.now().Sub(time.UnixMilli(end + pt.pr.cfg.Grace.Milliseconds())).Seconds())
 		pt.pr.log.Info("period finalized", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),

@@ -33,7 +33,18 @@ const (
 	AfterApply = "stream.after-apply"
 	// DuringRestore: part of the changelog replayed into Pebble.
 	DuringRestore = "stream.during-restore"
+	// FinalDecided: the aggregator emitted FINAL revisions and moved their
+	// state in the open transaction, which is not committed yet.
+	FinalDecided = "aggregate.final-decided"
 )
+
+// Crash is the panic value of CrashHandler: a stage that recovers it stops
+// at once, as if the process had been killed there — no transaction is
+// ended and no state is applied.
+type Crash struct{ Point string }
+
+// CrashHandler is a Handler for in-process tests: it panics with Crash.
+func CrashHandler(point string) { panic(Crash{Point: point}) }
 
 var (
 	armed   atomic.Bool

@@ -66,6 +66,10 @@ func decodeOffset(b []byte) (int64, error) {
 // so the stage stops instead (DESIGN §6.6).
 var ErrOffsetMismatch = errors.New("state and committed offset disagree")
 
+// ErrCrashed is returned by Run after a simulated crash in a test
+// (fault.CrashHandler).
+var ErrCrashed = errors.New("simulated crash")
+
 // errRestart asks Run to rebuild the session (unknown commit outcome).
 var errRestart = errors.New("restart session")
 
@@ -188,6 +192,15 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 		return errors.New("stream: Run called twice")
 	}
 	defer func() {
+		// An in-process test's simulated crash (fault.CrashHandler):
+		// return at once, as a killed process would stop.
+		if r := recover(); r != nil {
+			c, ok := r.(fault.Crash)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point)
+		}
 		rt.closeAll()
 		rt.restores.Wait()
 		if cerr := rt.store.Close(); cerr != nil && err == nil {
@@ -266,6 +279,21 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		// aborts it).
 		sess.Close()
 	}()
+	// Initialise the transactional ID now, not at the first produce: it
+	// fences a previous incarnation of this instance and aborts (or
+	// completes) its open transaction, which a restore of our own
+	// partitions would otherwise wait on until the transaction timeout
+	// (DESIGN §6.5).
+	ictx, cancel := context.WithTimeout(ctx, rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
+	_, _, perr := sess.Client().ProducerID(ictx)
+	cancel()
+	if perr != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
+		return errRestart
+	}
 	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.String("input", rt.cfg.InputTopic),
 		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
 
@@ -760,6 +788,15 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 		rt.restores.Add(1)
 		go func() {
 			defer rt.restores.Done()
+			defer func() {
+				if r := recover(); r != nil {
+					c, ok := r.(fault.Crash)
+					if !ok {
+						panic(r)
+					}
+					rt.setFatal(fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point))
+				}
+			}()
 			rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed)
 		}()
 	}
