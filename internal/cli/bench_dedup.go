@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,7 @@ type BenchDedupCmd struct {
 	LatencyFor     time.Duration `help:"Length of the latency phase." default:"15s"`
 	StateDir       string        `help:"Where the benchmark keeps Pebble state (removed afterwards)." default:"" type:"path"`
 	Keep           bool          `help:"Keep the benchmark topics."`
+	CPUProfile     string        `help:"Write a CPU profile of the dedup phase to this file." hidden:"" type:"path"`
 }
 
 type dedupBenchResult struct {
@@ -128,6 +130,17 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 	}
 	dctx, stopDedup := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			stopDedup()
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			stopDedup()
+			return err
+		}
+	}
 	start := time.Now()
 	go func() { done <- st.Run(dctx) }()
 	decided := func() int64 {
@@ -139,6 +152,9 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 		return err
 	}
 	dres := dedupBenchResult{name: "dedup", events: c.Events, elapsed: time.Since(start)}
+	if c.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	say("dedup: %.0f events/s (%d unique, %d copies)", dres.rate(), unique, c.Events-unique)
 	if got := int(sumCounter(reg, "meterline_dedup_accepted_total")); got != unique {
 		stopDedup()
