@@ -170,7 +170,14 @@ func readRange(brokers []string, topic string, from map[int32]int64) ([]*kgo.Rec
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			end, ok := want[r.Partition]
-			if !ok || r.Offset >= end {
+			if !ok {
+				return
+			}
+			if r.Offset >= end {
+				// Everything below end was read: a transaction open when
+				// end was read and aborted since has no records we can
+				// see below end, and its marker at or past end.
+				delete(want, r.Partition)
 				return
 			}
 			if !r.Attrs.IsControl() {
