@@ -436,15 +436,19 @@ func payloadHash(e *schemas.UsageEvent) [payloadLen]byte {
 
 func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) {
 	key := schemas.AppendFramed(nil, e.CustomerID, e.Meter)
+	val, ok := schemas.AppendDedupedFromRaw(nil, r.Value, arrival, r.Partition, r.Offset)
+	if !ok { // written with an older schema: re-encode
+		val = schemas.MustEncode(&schemas.DedupedEvent{
+			EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
+			EventTime: e.EventTime, Source: e.Source, Properties: e.Properties,
+			IngestTime: arrival, SourcePartition: r.Partition, SourceOffset: r.Offset,
+		})
+	}
 	tx.Emit(&kgo.Record{
 		Topic:     pt.pr.cfg.Topics.DedupedTopic(),
 		Partition: schemas.Partition(key, pt.pr.counts.deduped),
 		Key:       key,
-		Value: schemas.MustEncode(&schemas.DedupedEvent{
-			EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
-			EventTime: e.EventTime, Source: e.Source, Properties: e.Properties,
-			IngestTime: arrival, SourcePartition: r.Partition, SourceOffset: r.Offset,
-		}),
+		Value:     val,
 	})
 	pt.pr.m.accepted.WithLabelValues(e.Source).Inc()
 }

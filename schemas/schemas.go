@@ -425,3 +425,23 @@ func PropertyMap(ps []Property) map[string]string {
 	}
 	return m
 }
+
+// AppendDedupedFromRaw appends the single-object encoding of the
+// DedupedEvent made from a UsageEvent message raw and the three fields dedup
+// adds, without decoding and re-encoding: DedupedEvent's fields are
+// UsageEvent's followed by ingest_time, source_partition and source_offset,
+// and an Avro record is its fields' encodings in order (long and int are
+// zig-zag varints, as encoding/binary's AppendVarint). It reports false when
+// raw was not written with the current UsageEvent schema; encode the value
+// instead then.
+func AppendDedupedFromRaw(dst, raw []byte, ingestTime int64, partition int32, offset int64) ([]byte, bool) {
+	r := mustLoad()
+	if len(raw) < headerSize || [headerSize]byte(raw[:headerSize]) != r.headers[KindUsageEvent] {
+		return dst, false
+	}
+	dst = append(dst, r.headers[KindDedupedEvent][:]...)
+	dst = append(dst, raw[headerSize:]...)
+	dst = binary.AppendVarint(dst, ingestTime)
+	dst = binary.AppendVarint(dst, int64(partition))
+	return binary.AppendVarint(dst, offset), true
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/hamba/avro/v2"
@@ -320,4 +321,42 @@ func TestSplitFramed(t *testing.T) {
 			t.Errorf("SplitFramed(%q) accepted", bad)
 		}
 	}
+}
+
+func TestAppendDedupedFromRaw(t *testing.T) {
+	for _, e := range []*UsageEvent{
+		{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Quantity: 3, EventTime: 1795003200250, Source: "gw",
+			Properties: []Property{{Name: "a", Value: "1"}, {Name: "b", Value: ""}}},
+		{EventID: "e", CustomerID: "c", Meter: "m", Quantity: 0, EventTime: 946684800000},
+		{EventID: "x", CustomerID: "y", Meter: "z", Quantity: 1 << 62, EventTime: 1 << 50},
+	} {
+		for _, f := range []struct {
+			ingest    int64
+			partition int32
+			offset    int64
+		}{{1795003201000, 0, 0}, {1, 255, 1 << 40}, {1 << 60, 1<<31 - 1, 7}} {
+			got, ok := AppendDedupedFromRaw(nil, MustEncode(e), f.ingest, f.partition, f.offset)
+			if !ok {
+				t.Fatal("current UsageEvent not spliced")
+			}
+			want := MustEncode(&DedupedEvent{EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
+				EventTime: e.EventTime, Source: e.Source, Properties: e.Properties, IngestTime: f.ingest,
+				SourcePartition: f.partition, SourceOffset: f.offset})
+			if !bytes.Equal(got, want) {
+				t.Fatalf("spliced encoding differs from a full encode:\n got % x\nwant % x", got, want)
+			}
+		}
+	}
+	raw, _ := hex.DecodeString(strings.TrimSpace(string(mustReadFile(t, "testdata/usage_event.v0.hex"))))
+	if _, ok := AppendDedupedFromRaw(nil, raw, 1, 1, 1); ok {
+		t.Fatal("an event written with an old schema must not be spliced")
+	}
+}
+
+func mustReadFile(t *testing.T, name string) []byte {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
