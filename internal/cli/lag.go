@@ -1,0 +1,64 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meterline/meterline/internal/lag"
+)
+
+// LagCmd is `meterline lag`.
+type LagCmd struct {
+	Group []string      `help:"Consumer groups to show." default:"meterline-dedup,meterline-aggregate,meterline-sink"`
+	Watch time.Duration `help:"Refresh every this long (0: print once)." default:"0s"`
+	All   bool          `help:"Show caught-up partitions too."`
+}
+
+// Run prints the lag table.
+func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	for {
+		rows, err := lag.Compute(ctx, g.Brokers, c.Group, time.Now())
+		if err != nil {
+			return err
+		}
+		if c.Watch > 0 {
+			fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
+		}
+		printLag(stdio.Stdout, rows, c.All, time.Now())
+		if c.Watch <= 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(c.Watch):
+		}
+	}
+}
+
+func printLag(w io.Writer, rows []lag.Row, all bool, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tRECORDS BEHIND\tSECONDS BEHIND\t")
+	shown, behind := 0, 0
+	var total int64
+	for _, r := range rows {
+		if r.Records > 0 {
+			behind++
+			total += r.Records
+		}
+		if r.Records == 0 && !all {
+			continue
+		}
+		shown++
+		committed := fmt.Sprint(r.Committed)
+		if r.Committed < 0 {
+			committed = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%.1f\t\n", r.Group, r.Topic, r.Partition, committed, r.End, r.Records, r.Behind.Seconds())
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "%d partitions, %d behind, %d records behind in total (%s)\n", len(rows), behind, total, now.UTC().Format(time.RFC3339))
+}

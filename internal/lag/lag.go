@@ -1,0 +1,162 @@
+// Package lag computes consumer lag per group and partition, as records
+// behind and seconds behind, the way an SRE reads it for Meterline's
+// transactional stages.
+//
+// Committed offsets are not simply compared with end offsets: transaction
+// markers sit after the last record, so a caught-up exactly-once group
+// would show a lag of one per partition forever. A partition is behind only
+// when a read_committed fetch from its committed offset returns a record
+// (DESIGN §6.7); its lag is then the last stable offset minus the committed
+// offset, and its age is wall time minus that first unconsumed record's
+// broker timestamp.
+package lag
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Row is the lag of one group on one partition.
+type Row struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Committed int64 // -1: the group has no committed offset
+	End       int64 // last stable offset (read_committed end)
+	Records   int64 // 0 when caught up
+	Behind    time.Duration
+}
+
+// Compute returns the lag of each group on every partition of the topics
+// it has committed offsets for, sorted by group, topic and partition. A
+// group with no committed offsets yields no rows.
+func Compute(ctx context.Context, brokers []string, groups []string, now time.Time) ([]Row, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	var rows []Row
+	for _, g := range groups {
+		offs, err := adm.FetchOffsets(ctx, g)
+		if err != nil {
+			if errors.Is(err, kerr.GroupIDNotFound) {
+				continue // never committed
+			}
+			return nil, fmt.Errorf("lag: offsets of group %s: %w", g, err)
+		}
+		byTopic := map[string]map[int32]int64{}
+		offs.Each(func(o kadm.OffsetResponse) {
+			if o.Err != nil {
+				return
+			}
+			if byTopic[o.Topic] == nil {
+				byTopic[o.Topic] = map[int32]int64{}
+			}
+			byTopic[o.Topic][o.Partition] = o.At
+		})
+		for topic, committed := range byTopic {
+			ends, err := adm.ListCommittedOffsets(ctx, topic) // read_committed end = LSO
+			if err != nil {
+				return nil, fmt.Errorf("lag: end offsets of %s: %w", topic, err)
+			}
+			first, err := firstUnconsumed(ctx, brokers, topic, committed, ends)
+			if err != nil {
+				return nil, err
+			}
+			ends.Each(func(e kadm.ListedOffset) {
+				r := Row{Group: g, Topic: topic, Partition: e.Partition, Committed: -1, End: e.Offset}
+				if c, ok := committed[e.Partition]; ok {
+					r.Committed = c
+				}
+				if ts, ok := first[e.Partition]; ok {
+					from := r.Committed
+					if from < 0 {
+						from = 0
+					}
+					r.Records = e.Offset - from
+					if r.Records < 1 {
+						r.Records = 1
+					}
+					r.Behind = now.Sub(ts)
+					if r.Behind < 0 {
+						r.Behind = 0
+					}
+				}
+				rows = append(rows, r)
+			})
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		if a.Group != b.Group {
+			return a.Group < b.Group
+		}
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		return a.Partition < b.Partition
+	})
+	return rows, nil
+}
+
+// firstUnconsumed returns, per partition with data after the committed
+// offset, the broker timestamp of the first record a read_committed
+// consumer would get there.
+func firstUnconsumed(ctx context.Context, brokers []string, topic string, committed map[int32]int64, ends kadm.ListedOffsets) (map[int32]time.Time, error) {
+	start := map[int32]kgo.Offset{}
+	want := map[int32]int64{}
+	ends.Each(func(e kadm.ListedOffset) {
+		from := int64(0)
+		if c, ok := committed[e.Partition]; ok {
+			from = c
+		}
+		if e.Offset > from {
+			start[e.Partition] = kgo.NewOffset().At(from)
+			want[e.Partition] = e.Offset
+		}
+	})
+	out := map[int32]time.Time{}
+	if len(start) == 0 {
+		return out, nil
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("lag: reading %s: %w", topic, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := want[r.Partition]
+			if !ok {
+				return
+			}
+			if r.Offset >= end || (r.Offset+1 >= end && r.Attrs.IsControl()) {
+				delete(want, r.Partition)
+				return
+			}
+			if !r.Attrs.IsControl() {
+				out[r.Partition] = r.Timestamp
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return out, nil
+}
