@@ -30,6 +30,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 )
@@ -181,8 +182,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Aggregator partition watermark (minimum over dedup sources), Unix seconds."}, []string{"partition"}),
 		late: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_late_events_total",
 			Help: "Late events booked as adjustments, by aggregation."}, []string{"aggregation"}),
-		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_rejected_total",
-			Help: "Records parked in usage.rejected, by stage and reason."}, []string{"stage", "reason"}),
+		rejected: service.RejectedCounter(reg),
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
 	}

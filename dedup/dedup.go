@@ -29,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 )
@@ -197,8 +198,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "First copies forwarded to usage.deduped, by source."}, []string{"source"}),
 		duplicates: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_duplicates_total",
 			Help: "Copies dropped to usage.duplicates, by source and conflict (payload differs)."}, []string{"source", "conflict"}),
-		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_rejected_total",
-			Help: "Records parked in usage.rejected, by stage and reason."}, []string{"stage", "reason"}),
+		rejected: service.RejectedCounter(reg),
 		rerouted: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_rerouted_total",
 			Help: "Misrouted records re-produced to their canonical partition."}),
 		watermark: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_dedup_watermark_seconds",
