@@ -66,6 +66,19 @@ func decodeOffset(b []byte) (int64, error) {
 // so the stage stops instead (DESIGN §6.6).
 var ErrOffsetMismatch = errors.New("state and committed offset disagree")
 
+// CrashAt makes this instance crash in-process the next time it reaches
+// point (a fault point name), as fault.CrashHandler does, without affecting
+// other instances in the process. The demo uses it to show recovery.
+func (rt *Runtime) CrashAt(point string) { rt.crashAt.Store(&point) }
+
+// hit is a fault point: the process-wide one, then this instance's own.
+func (rt *Runtime) hit(point string) {
+	fault.Hit(point)
+	if p := rt.crashAt.Load(); p != nil && *p == point && rt.crashAt.CompareAndSwap(p, nil) {
+		panic(fault.Crash{Point: point})
+	}
+}
+
 // ErrCrashed is returned by Run after a simulated crash in a test
 // (fault.CrashHandler).
 var ErrCrashed = errors.New("simulated crash")
@@ -93,6 +106,7 @@ type Runtime struct {
 	fatal   error
 	running atomic.Bool
 	joined  atomic.Bool // a session is up
+	crashAt atomic.Pointer[string]
 	// restores tracks restore goroutines: the store is closed only after
 	// all of them returned.
 	restores sync.WaitGroup
@@ -610,7 +624,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// readers yet; a crash here aborts it (the next session with this
 	// transactional ID, or the transaction timeout, aborts it) and the input
 	// is re-consumed from the committed offset.
-	fault.Hit(fault.BeforeCommit)
+	rt.hit(fault.BeforeCommit)
 	try := kgo.TryCommit
 	if abort {
 		try = kgo.TryAbort
@@ -653,12 +667,12 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// Guarantee: outputs, changelog and offsets are committed; Pebble is
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
-	fault.Hit(fault.AfterCommit)
+	rt.hit(fault.AfterCommit)
 	if err := rt.apply(); err != nil {
 		return err
 	}
 	// Guarantee: Pebble matches the changelog for every applied partition.
-	fault.Hit(fault.AfterApply)
+	rt.hit(fault.AfterApply)
 	rt.resetTxn()
 	return nil
 }
@@ -705,7 +719,7 @@ func (rt *Runtime) apply() error {
 		if i == len(ps)/2 {
 			// Guarantee: the batch is not committed; a crash here leaves
 			// Pebble at the previous checkpoint.
-			fault.Hit(fault.DuringApply)
+			rt.hit(fault.DuringApply)
 		}
 	}
 	if err := b.commit(); err != nil {

@@ -1,0 +1,83 @@
+package topics
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// ReadCommitted reads the topic's committed data records, read_committed,
+// from the given offsets (nil: from the start of each partition) up to the
+// high watermarks read when it is called. A transaction still open below
+// them holds the read until it ends or ctx does. Transaction markers are
+// read too (not returned), so the end of each partition is recognised
+// exactly even when its last offsets are markers.
+func ReadCommitted(ctx context.Context, brokers []string, topic string, from map[int32]int64) ([]*kgo.Record, error) {
+	acl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer acl.Close()
+	ends, err := kadm.NewClient(acl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("end offsets: %w", err)
+	}
+	want := map[int32]int64{}
+	start := map[int32]kgo.Offset{}
+	ends.Each(func(o kadm.ListedOffset) {
+		f := int64(0)
+		if from != nil {
+			f = from[o.Partition]
+		}
+		if o.Offset > f {
+			want[o.Partition] = o.Offset
+			start[o.Partition] = kgo.NewOffset().At(f)
+		}
+	})
+	if len(want) == 0 {
+		return nil, nil
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("%w (still waiting on partitions→end %v)", err, want)
+		}
+		var ferr error
+		fs.EachError(func(_ string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", topic, p, err) })
+		if ferr != nil {
+			return nil, ferr
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := want[r.Partition]
+			if !ok {
+				return
+			}
+			if r.Offset >= end {
+				// Everything below end was read: a transaction open when
+				// end was read and aborted since has no records we can
+				// see below end, and its marker at or past end.
+				delete(want, r.Partition)
+				return
+			}
+			if !r.Attrs.IsControl() {
+				out = append(out, r)
+			}
+			if r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return out, nil
+}
+
