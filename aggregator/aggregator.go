@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -171,7 +170,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	f := promauto.With(reg)
+	f := service.NewFactory(reg)
 	return &metrics{
 		emitted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_revisions_total",
 			Help: "Aggregate revisions emitted (in transactions), by status OPEN or FINAL."}, []string{"status"}),

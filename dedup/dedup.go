@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -192,7 +191,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	f := promauto.With(reg)
+	f := service.NewFactory(reg)
 	return &metrics{
 		accepted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_accepted_total",
 			Help: "First copies forwarded to usage.deduped, by source."}, []string{"source"}),

@@ -2,7 +2,8 @@ package stream
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/meterline/meterline/internal/service"
 )
 
 type metrics struct {
@@ -19,7 +20,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
-	f := promauto.With(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
+	f := service.NewFactory(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
 	return &metrics{
 		recordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_in_total",
 			Help: "Input records consumed, by topic."}, []string{"topic"}),

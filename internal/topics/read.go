@@ -80,4 +80,3 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, from map
 	}
 	return out, nil
 }
-

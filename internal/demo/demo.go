@@ -1,0 +1,435 @@
+// Package demo runs Meterline on an embedded broker with a built-in usage
+// generator, shows it live, kills and restarts the dedup stage once, and
+// ends with a report that reconciles the committed output topics against
+// the generator's own ground truth.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/lag"
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/schemas"
+)
+
+// Config configures a demo run.
+type Config struct {
+	// Dir holds the embedded broker's data and the Pebble state; it is
+	// emptied at the start of a run. Default: ./meterline-demo.
+	Dir string
+	// Duration ends the run; 0 runs until ctx ends (Ctrl-C).
+	Duration time.Duration
+	// Rate is the generator's events per second. Default: 200.
+	Rate int
+	// Seed seeds the generator and the crash point; 0 uses the clock.
+	Seed int64
+	// Out receives the live view and the report.
+	Out io.Writer
+	// Live redraws the view in place (a terminal); otherwise a status line
+	// is printed every few seconds.
+	Live bool
+	// Logger receives the stages' logs. Default: none.
+	Logger *zap.Logger
+	// Registry receives the stages' metrics.
+	Registry *prometheus.Registry
+}
+
+const (
+	partitions = 4
+	dedupGroup = "meterline-dedup"
+	aggGroup   = "meterline-aggregate"
+)
+
+// Run runs the demo and reports whether the final reconciliation matched.
+func Run(ctx context.Context, cfg Config) (bool, error) {
+	if cfg.Dir == "" {
+		cfg.Dir = "meterline-demo"
+	}
+	if cfg.Rate <= 0 {
+		cfg.Rate = 200
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = time.Now().UnixNano()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	for _, sub := range []string{"kafka", "state"} {
+		if err := os.RemoveAll(filepath.Join(cfg.Dir, sub)); err != nil {
+			return false, err
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "kafka"), 0o755); err != nil {
+		return false, err
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DataDir(filepath.Join(cfg.Dir, "kafka")))
+	if err != nil {
+		return false, fmt.Errorf("demo: embedded broker: %w", err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	names := topics.DefaultNames()
+	layout := topics.DefaultLayout()
+	layout.Partitions = partitions
+	if err := createTopics(ctx, brokers, names, layout); err != nil {
+		return false, err
+	}
+
+	streamCfg := func(group, id string) stream.Config {
+		return stream.Config{Brokers: brokers, Group: group, InstanceID: id, StateDir: filepath.Join(cfg.Dir, "state", group),
+			CommitInterval: 100 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: cfg.Logger, Registerer: cfg.Registry,
+			RestartBackoff: 200 * time.Millisecond}
+	}
+	dcfg := dedup.Config{Stream: streamCfg(dedupGroup, "demo"), Topics: names, TickInterval: time.Second}
+	cat, _ := aggregator.ParseMeters([]byte("meters:\n  - {name: api_calls, aggregation: SUM, unit: requests}\n  - {name: tokens, aggregation: SUM, unit: tokens}\n  - {name: storage_mb, aggregation: SUM, unit: MB}\n"))
+	acfg := aggregator.Config{Stream: streamCfg(aggGroup, "demo"), Topics: names, Meters: cat, Period: aggregator.Hour, Grace: 30 * time.Second}
+
+	runCtx, stopAll := context.WithCancel(context.Background())
+	defer stopAll()
+	as, err := aggregator.New(ctx, acfg)
+	if err != nil {
+		return false, err
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := as.Run(runCtx); err != nil {
+			errc <- fmt.Errorf("aggregate: %w", err)
+		}
+	}()
+	rec := &recovery{replayed: func() float64 {
+		return metricSum(cfg.Registry, "meterline_stream_restore_records_total", map[string]string{"stage": "dedup"})
+	}}
+	dedupStage := make(chan *dedup.Stage, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Run dedup; when the demo kills it in-process, start it again on
+		// the same state directory: it restores and carries on.
+		for runCtx.Err() == nil {
+			ds, err := dedup.New(runCtx, dcfg)
+			if err != nil {
+				errc <- fmt.Errorf("dedup: %w", err)
+				return
+			}
+			select {
+			case dedupStage <- ds:
+			default:
+				<-dedupStage
+				dedupStage <- ds
+			}
+			err = ds.Run(runCtx)
+			if errors.Is(err, stream.ErrCrashed) {
+				rec.crashed(err)
+				continue
+			}
+			if err != nil {
+				errc <- fmt.Errorf("dedup: %w", err)
+			}
+			return
+		}
+	}()
+
+	p, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(names.EventsTopic()))
+	if err != nil {
+		return false, err
+	}
+	defer p.Close()
+	tr := newTruth()
+	rng := rand.New(rand.NewSource(cfg.Seed))
+	gen := &generator{p: p, topic: names.EventsTopic(), rate: cfg.Rate, rng: rng, truth: tr}
+	genCtx, stopGen := context.WithCancel(ctx)
+	defer stopGen()
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		genCtx, cancel = context.WithTimeout(genCtx, cfg.Duration)
+		defer cancel()
+	}
+	genDone := make(chan error, 1)
+	go func() { genDone <- gen.run(genCtx) }()
+
+	view := &aggView{latest: map[string]*schemas.Aggregate{}}
+	go view.follow(runCtx, brokers, names.AggregatesTopic())
+
+	// Kill dedup once, at a random moment in the middle of the run.
+	crashAfter := 20 * time.Second
+	if cfg.Duration > 0 {
+		crashAfter = time.Duration(float64(cfg.Duration) * (0.3 + 0.3*rng.Float64()))
+	}
+	points := []string{fault.BeforeCommit, fault.AfterCommit, fault.DuringApply, fault.AfterApply}
+	crashTimer := time.AfterFunc(crashAfter, func() {
+		ds := <-dedupStage
+		dedupStage <- ds
+		pt := points[rng.Intn(len(points))]
+		rec.armed(pt)
+		ds.Runtime().CrashAt(pt)
+	})
+	defer crashTimer.Stop()
+
+	start := time.Now()
+	refresh := 5 * time.Second
+	if cfg.Live {
+		refresh = time.Second
+	}
+	tick := time.NewTicker(refresh)
+	defer tick.Stop()
+	running := true
+	for running {
+		select {
+		case err := <-genDone:
+			if err != nil {
+				return false, err
+			}
+			running = false
+		case err := <-errc:
+			return false, err
+		case <-tick.C:
+			render(cfg, start, tr, cfg.Registry, view, rec, brokers)
+		}
+	}
+	render(cfg, start, tr, cfg.Registry, view, rec, brokers)
+	fmt.Fprintf(cfg.Out, "\ngenerator stopped; waiting for the stages to catch up ...\n")
+	if err := waitCaughtUp(brokers, 2*time.Minute); err != nil {
+		return false, err
+	}
+	stopAll()
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return false, err
+	default:
+	}
+	return report(cfg.Out, brokers, names, tr, rec)
+}
+
+func createTopics(ctx context.Context, brokers []string, names topics.Names, layout topics.Layout) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = topics.Create(ctx, kadm.NewClient(cl), topics.Specs(names, layout), 1)
+	return err
+}
+
+// recovery records the demo's kill and restart of dedup.
+type recovery struct {
+	mu       sync.Mutex
+	point    string
+	at       time.Time
+	crashes  int
+	replayed func() float64 // changelog records dedup replayed on restores
+}
+
+func (r *recovery) armed(point string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.point = point
+}
+
+func (r *recovery) crashed(error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.crashes++
+	r.at = time.Now()
+}
+
+func (r *recovery) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.crashes > 0:
+		return fmt.Sprintf("dedup killed in-process at %s (%s), restarted on the same state; restores replayed %.0f changelog records",
+			r.point, r.at.Format("15:04:05"), r.replayed())
+	case r.point != "":
+		return "dedup armed to die at " + r.point
+	}
+	return "no crash yet (dedup will be killed once, at a random moment)"
+}
+
+// aggView follows usage.aggregates and keeps each key's latest revision.
+type aggView struct {
+	mu     sync.Mutex
+	latest map[string]*schemas.Aggregate
+}
+
+func (v *aggView) follow(ctx context.Context, brokers []string, topic string) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			var a schemas.Aggregate
+			if schemas.DecodeInto(r.Value, &a) != nil {
+				return
+			}
+			v.mu.Lock()
+			if cur, ok := v.latest[string(r.Key)]; !ok || a.Revision > cur.Revision {
+				v.latest[string(r.Key)] = &a
+			}
+			v.mu.Unlock()
+		})
+	}
+}
+
+// currentPeriod returns, per customer and meter, the latest value of this
+// period's aggregates.
+func (v *aggView) currentPeriod(now time.Time) map[string]map[string]int64 {
+	start, _ := aggregator.Hour.Bounds(now.UnixMilli())
+	out := map[string]map[string]int64{}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, a := range v.latest {
+		if a.PeriodStart != start {
+			continue
+		}
+		if out[a.CustomerID] == nil {
+			out[a.CustomerID] = map[string]int64{}
+		}
+		out[a.CustomerID][a.Meter] += a.Value
+	}
+	return out
+}
+
+func metricSum(reg *prometheus.Registry, name string, match map[string]string) float64 {
+	mfs, _ := reg.Gather()
+	s := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, want := range match {
+				if labelOf(m, k) != want {
+					continue next
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				s += c.GetValue()
+			} else if g := m.GetGauge(); g != nil {
+				s += g.GetValue()
+			}
+		}
+	}
+	return s
+}
+
+func labelOf(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, view *aggView, rec *recovery, brokers []string) {
+	w := cfg.Out
+	el := time.Since(start)
+	sent := tr.sent.Load()
+	if !cfg.Live {
+		fmt.Fprintf(w, "[%s] events in %d · deduped %.0f · duplicates %.0f · rejected %.0f · %s\n",
+			el.Round(time.Second), sent, metricSum(reg, "meterline_dedup_accepted_total", nil),
+			metricSum(reg, "meterline_dedup_duplicates_total", nil), metricSum(reg, "meterline_rejected_total", nil), rec)
+		return
+	}
+	var b strings.Builder
+	b.WriteString("\033[H\033[2J")
+	fmt.Fprintf(&b, "Meterline demo — %s elapsed · embedded broker · state in %s · Ctrl-C ends the run\n\n", el.Round(time.Second), cfg.Dir)
+	fmt.Fprintf(&b, "  events in          %8d   (%.0f/s)\n", sent, float64(sent)/el.Seconds())
+	fmt.Fprintf(&b, "  deduped            %8.0f\n", metricSum(reg, "meterline_dedup_accepted_total", nil))
+	fmt.Fprintf(&b, "  duplicates dropped %8.0f   (conflicting %.0f)\n", metricSum(reg, "meterline_dedup_duplicates_total", nil),
+		metricSum(reg, "meterline_dedup_duplicates_total", map[string]string{"conflict": "true"}))
+	var reasons []string
+	for _, r := range schemas.Reasons {
+		if n := metricSum(reg, "meterline_rejected_total", map[string]string{"reason": r}); n > 0 {
+			reasons = append(reasons, fmt.Sprintf("%s %.0f", r, n))
+		}
+	}
+	fmt.Fprintf(&b, "  rejected           %8.0f   %s\n", metricSum(reg, "meterline_rejected_total", nil), strings.Join(reasons, " · "))
+	fmt.Fprintf(&b, "  late → adjustments %8.0f\n", metricSum(reg, "meterline_aggregate_late_events_total", nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	rows, err := lag.Compute(ctx, brokers, []string{dedupGroup, aggGroup}, time.Now())
+	cancel()
+	if err == nil {
+		per := map[string]int64{}
+		for _, r := range rows {
+			per[r.Group] += r.Records
+		}
+		fmt.Fprintf(&b, "  lag                dedup %d records · aggregate %d records\n", per[dedupGroup], per[aggGroup])
+	}
+	fmt.Fprintf(&b, "  recovery           %s\n\n", rec)
+	cur := view.currentPeriod(time.Now())
+	fmt.Fprintf(&b, "  this hour, per customer (latest revision):\n")
+	fmt.Fprintf(&b, "    %-10s %10s %12s %11s\n", "customer", "api_calls", "tokens", "storage_mb")
+	cs := make([]string, 0, len(cur))
+	for c := range cur {
+		cs = append(cs, c)
+	}
+	sort.Strings(cs)
+	for _, c := range cs {
+		fmt.Fprintf(&b, "    %-10s %10d %12d %11d\n", c, cur[c]["api_calls"], cur[c]["tokens"], cur[c]["storage_mb"])
+	}
+	fmt.Fprint(w, b.String())
+}
+
+func waitCaughtUp(brokers []string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		rows, err := lag.Compute(ctx, brokers, []string{dedupGroup, aggGroup}, time.Now())
+		cancel()
+		if err == nil {
+			behind := int64(0)
+			groups := map[string]bool{}
+			for _, r := range rows {
+				behind += r.Records
+				groups[r.Group] = true
+			}
+			if behind == 0 && len(groups) == 2 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: the stages did not catch up within %s (last error: %v)", d, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
