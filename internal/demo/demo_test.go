@@ -1,0 +1,95 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDemoReconciles runs the demo in-process for a short while and checks
+// that its report reconciles: every generated event counted exactly once,
+// across the in-process kill and restart of dedup.
+func TestDemoReconciles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIP: the demo runs for ~20 s; drop -short")
+	}
+	var out bytes.Buffer
+	ok, err := Run(context.Background(), Config{Dir: t.TempDir(), Duration: 12 * time.Second, Rate: 300, Seed: 42, Out: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok || !strings.Contains(out.String(), "RECONCILED") {
+		t.Fatalf("demo did not reconcile:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "dedup killed in-process at") {
+		t.Fatalf("the demo did not kill and restart dedup:\n%s", out.String())
+	}
+}
+
+// TestDemoInTerminal drives `meterline demo` in a real terminal with tmux:
+// the live view must appear and update, and the run must end with the
+// reconciled report and exit status 0.
+func TestDemoInTerminal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("SKIP: the demo runs for ~40 s; drop -short")
+	}
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("SKIP: tmux is not installed (apt-get install tmux)")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "meterline")
+	build := exec.Command("go", "build", "-o", bin, "github.com/meterline/meterline/cmd/meterline")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	session := fmt.Sprintf("meterline-demo-%d", os.Getpid())
+	tmux := func(args ...string) string {
+		out, err := exec.Command("tmux", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "45")
+	t.Cleanup(func() { _ = exec.Command("tmux", "kill-session", "-t", session).Run() })
+	cmd := fmt.Sprintf("%s demo --dir %s --duration 20s --rate 250 --seed 3; echo DEMO-EXIT=$?", bin, filepath.Join(dir, "demo"))
+	tmux("send-keys", "-t", session, cmd, "Enter")
+	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
+	waitFor := func(re *regexp.Regexp, d time.Duration) string {
+		deadline := time.Now().Add(d)
+		for {
+			s := screen()
+			if re.MatchString(s) {
+				return s
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("screen never showed %s:\n%s", re, s)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	// The live view, redrawn in place.
+	live := waitFor(regexp.MustCompile(`(?s)events in\s+\d+.*duplicates dropped\s+\d+.*rejected.*lag\s+dedup \d+ records.*this hour, per customer`), 30*time.Second)
+	first := regexp.MustCompile(`events in\s+(\d+)`).FindStringSubmatch(live)[1]
+	later := waitFor(regexp.MustCompile(`events in\s+\d+`), 5*time.Second)
+	time.Sleep(2 * time.Second)
+	later = screen()
+	if m := regexp.MustCompile(`events in\s+(\d+)`).FindStringSubmatch(later); m == nil || m[1] == first {
+		t.Fatalf("the live view did not update (events in stayed %s):\n%s", first, later)
+	}
+	if !regexp.MustCompile(`acme\s+\d+\s+\d+\s+\d+`).MatchString(later) {
+		t.Errorf("the live view shows no current-period aggregates per customer:\n%s", later)
+	}
+	// The report.
+	end := waitFor(regexp.MustCompile(`DEMO-EXIT=\d+`), 2*time.Minute)
+	if !strings.Contains(end, "DEMO-EXIT=0") || !strings.Contains(end, "RECONCILED") {
+		t.Fatalf("the demo did not end reconciled with status 0:\n%s", end)
+	}
+}
