@@ -23,6 +23,7 @@ import (
 type BenchCmd struct {
 	Produce BenchProduceCmd `cmd:"" help:"meterline produce against raw franz-go producing the same pre-encoded records."`
 	Dedup   BenchDedupCmd   `cmd:"" help:"The dedup stage on pre-filled input against two transactional passthrough baselines."`
+	Sink    BenchSinkCmd    `cmd:"" help:"meterline sink against a bare clickhouse-go batch loop writing the same rows."`
 }
 
 // BenchProduceCmd is `meterline bench produce`.

@@ -1,0 +1,286 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
+	"github.com/meterline/meterline/sink"
+)
+
+// BenchSinkCmd is `meterline bench sink`: rows/s into ClickHouse through
+// the sink (Kafka → decode → INSERT → transactional offset commit) against
+// a bare clickhouse-go batch loop writing the same rows.
+type BenchSinkCmd struct {
+	Rows       int  `help:"usage.deduped records (rows) per run." default:"1000000"`
+	Partitions int  `help:"Partitions of the benchmark topic." default:"16"`
+	Rounds     int  `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
+	BatchRows  int  `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
+	Customers  int  `help:"Distinct customers in the generated rows." default:"10000"`
+	JSON       bool `help:"Print the result as JSON too."`
+}
+
+// Run runs the benchmark.
+func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	stamp := time.Now().UnixNano()
+	names := g.Topic
+	names.Prefix = fmt.Sprintf("%sbench-sink-%d.", g.Topic.Prefix, stamp)
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...))
+	if err != nil {
+		return err
+	}
+	defer admCl.Close()
+	adm := kadm.NewClient(admCl)
+	var all []string
+	for _, s := range topics.Specs(names, topics.Layout{Partitions: int32(c.Partitions), ReplicationFactor: -1, EventsTimestamp: "CreateTime"}) {
+		all = append(all, s.Name)
+	}
+	for _, name := range all {
+		resp, err := adm.CreateTopic(ctx, int32(c.Partitions), -1, nil, name)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil {
+			return fmt.Errorf("create %s: %w", name, err)
+		}
+	}
+	defer func() { _, _ = adm.DeleteTopics(context.Background(), all...) }()
+	if err := topics.WaitVisible(ctx, adm, all...); err != nil {
+		return err
+	}
+
+	// The records, produced once; every sink run reads them under a new group.
+	fmt.Fprintf(stdio.Stderr, "bench: producing %d usage.deduped records to %s\n", c.Rows, names.DedupedTopic())
+	recs := benchSinkRecords(names.DedupedTopic(), c.Rows, c.Partitions, c.Customers)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	for i := 0; i < len(recs); i += 10000 {
+		if err := prod.ProduceSync(ctx, recs[i:min(i+10000, len(recs))]...).FirstErr(); err != nil {
+			prod.Close()
+			return err
+		}
+	}
+	prod.Close()
+
+	var base, snk []sinkBenchRun
+	for round := 0; round < c.Rounds; round++ {
+		runBase := func() error {
+			r, err := c.baseline(ctx, g, names, recs, round, stamp)
+			if err != nil {
+				return err
+			}
+			base = append(base, r)
+			fmt.Fprintf(stdio.Stderr, "bench: round %d baseline (bare clickhouse-go): %.0f rows/s\n", round+1, r.Rate)
+			return nil
+		}
+		runSink := func() error {
+			r, err := c.sink(ctx, g, names, round, stamp, log)
+			if err != nil {
+				return err
+			}
+			snk = append(snk, r)
+			fmt.Fprintf(stdio.Stderr, "bench: round %d meterline sink:             %.0f rows/s\n", round+1, r.Rate)
+			return nil
+		}
+		order := []func() error{runBase, runSink}
+		if round%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, f := range order {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+	}
+	mb, ms := medianRate(base), medianRate(snk)
+	// Each round's two runs are back to back, so their ratio is less
+	// exposed to load that comes and goes on a shared machine.
+	ratios := make([]sinkBenchRun, len(base))
+	for i := range base {
+		ratios[i] = sinkBenchRun{Rate: snk[i].Rate / base[i].Rate}
+	}
+	mr := medianRate(ratios)
+	fmt.Fprintf(stdio.Stdout, "rows: %d per run, %d partitions, %d rows per INSERT, %d rounds (medians)\n", c.Rows, c.Partitions, c.BatchRows, c.Rounds)
+	fmt.Fprintf(stdio.Stdout, "baseline bare clickhouse-go: %.0f rows/s\n", mb)
+	fmt.Fprintf(stdio.Stdout, "meterline sink:              %.0f rows/s\n", ms)
+	fmt.Fprintf(stdio.Stdout, "ratio of medians:            %.2f\n", ms/mb)
+	fmt.Fprintf(stdio.Stdout, "median of per-round ratios:  %.2f\n", mr)
+	if c.JSON {
+		return json.NewEncoder(stdio.Stdout).Encode(map[string]any{
+			"baseline_median": mb, "sink_median": ms, "ratio": ms / mb, "round_ratio_median": mr, "baseline": base, "sink": snk})
+	}
+	return nil
+}
+
+func benchSinkRecords(topic string, n, partitions, customers int) []*kgo.Record {
+	start := time.Now().Add(-time.Hour)
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		p := int32(i % partitions)
+		ts := start.Add(time.Duration(i) * time.Microsecond)
+		e := &schemas.DedupedEvent{
+			EventID: schemas.EventID("bench", fmt.Sprint(i)), CustomerID: fmt.Sprintf("customer-%d", i%customers), Meter: "api_calls",
+			Quantity: int64(i%100 + 1), EventTime: ts.UnixMilli(), Source: "bench",
+			Properties: []schemas.Property{{Name: "model", Value: fmt.Sprint("m", i%4)}, {Name: "region", Value: "eu"}},
+			IngestTime: ts.UnixMilli(), SourcePartition: p, SourceOffset: int64(i / partitions),
+		}
+		recs[i] = &kgo.Record{Topic: topic, Partition: p, Key: []byte(e.CustomerID + "/api_calls"), Value: schemas.MustEncode(e), Timestamp: ts}
+	}
+	return recs
+}
+
+func benchDB(ctx context.Context, g *Globals, what string, round int, stamp int64) (string, func(), error) {
+	db := fmt.Sprintf("bench_sink_%s_%d_%d", what, stamp%1e9, round)
+	conn, err := sink.Dial(ctx, g.ClickHouse, db, true)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := sink.Migrate(ctx, conn); err != nil {
+		conn.Close()
+		return "", nil, err
+	}
+	conn.Close()
+	drop := func() {
+		if c, err := sink.Dial(context.Background(), g.ClickHouse, "default", false); err == nil {
+			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			_ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+db)
+			cancel()
+			c.Close()
+		}
+	}
+	return db, drop, nil
+}
+
+func (c *BenchSinkCmd) baseline(ctx context.Context, g *Globals, names topics.Names, recs []*kgo.Record, round int, stamp int64) (sinkBenchRun, error) {
+	db, drop, err := benchDB(ctx, g, "base", round, stamp)
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	defer drop()
+	conn, err := sink.Dial(ctx, g.ClickHouse, db, false)
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	defer conn.Close()
+	d, n, err := sink.BaselineInsert(ctx, conn, db, names, recs, c.BatchRows)
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	return sinkBenchRun{Name: "baseline", Events: n, Seconds: d.Seconds(), Rate: float64(n) / d.Seconds()}, nil
+}
+
+// sink runs the sink on the records until every row is inserted and
+// committed. The clock starts when the first record is polled (the group
+// join before it is not throughput) and stops when the last offset is
+// committed.
+func (c *BenchSinkCmd) sink(ctx context.Context, g *Globals, names topics.Names, round int, stamp int64, log *zap.Logger) (sinkBenchRun, error) {
+	db, drop, err := benchDB(ctx, g, "sink", round, stamp)
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	defer drop()
+	reg := prometheus.NewRegistry()
+	w, err := sink.New(sink.Config{
+		Brokers: g.Brokers, Group: fmt.Sprintf("bench-sink-%d-%d", stamp, round), InstanceID: "bench", Topics: names,
+		ClickHouse: g.ClickHouse, Database: db, MaxBatchRecords: c.BatchRows, Logger: log.Named("bench-sink"), Registerer: reg,
+	})
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	var first, last time.Time
+	deadline := time.Now().Add(30 * time.Minute)
+	for time.Now().Before(deadline) {
+		in := gather(reg, "meterline_sink_records_in_total")
+		if first.IsZero() && in > 0 {
+			first = time.Now()
+		}
+		if in >= float64(c.Rows) && inserted(reg) >= float64(c.Rows) && committedAll(reg) {
+			last = time.Now()
+			break
+		}
+		select {
+		case err := <-done:
+			return sinkBenchRun{}, fmt.Errorf("sink stopped: %v", err)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	if last.IsZero() {
+		return sinkBenchRun{}, fmt.Errorf("sink did not write %d rows in time", c.Rows)
+	}
+	d := last.Sub(first)
+	return sinkBenchRun{Name: "sink", Events: c.Rows, Seconds: d.Seconds(), Rate: float64(c.Rows) / d.Seconds()}, nil
+}
+
+func gather(reg *prometheus.Registry, name string, labels ...string) float64 {
+	mfs, _ := reg.Gather()
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				ok := false
+				for _, lp := range m.GetLabel() {
+					ok = ok || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
+				}
+				if !ok {
+					continue next
+				}
+			}
+			if m.Counter != nil {
+				total += m.Counter.GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func inserted(reg *prometheus.Registry) float64 {
+	return gather(reg, "meterline_sink_rows_total", "outcome", "inserted")
+}
+
+// committedAll: every polled record's offset is committed (by a committed
+// transaction, after the INSERT of its row).
+func committedAll(reg *prometheus.Registry) bool {
+	return gather(reg, "meterline_sink_records_committed_total") >= gather(reg, "meterline_sink_records_in_total")
+}
+
+// sinkBenchRun is one measured run.
+type sinkBenchRun struct {
+	Name    string  `json:"name"`
+	Events  int     `json:"rows"`
+	Seconds float64 `json:"seconds"`
+	Rate    float64 `json:"rows_per_second"`
+}
+
+func medianRate(rs []sinkBenchRun) float64 {
+	if len(rs) == 0 {
+		return 0
+	}
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = r.Rate
+	}
+	sort.Float64s(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}

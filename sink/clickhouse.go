@@ -1,0 +1,144 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+)
+
+// databaseName is what Dial accepts as a database name: it is spliced into
+// CREATE DATABASE and into qualified table names.
+var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Dial opens a native-protocol connection pool to addr whose default
+// database is database, and pings it. With create, the database is created
+// first when it does not exist. Every call on the returned connection must
+// carry a deadline (PLATFORM.md).
+func Dial(ctx context.Context, addr, database string, create bool) (driver.Conn, error) {
+	if !databaseName.MatchString(database) {
+		return nil, fmt.Errorf("sink: database name %q: want letters, digits and underscores", database)
+	}
+	if create {
+		admin, err := open(ctx, addr, "default")
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = admin.Exec(cctx, "CREATE DATABASE IF NOT EXISTS "+database)
+		cancel()
+		_ = admin.Close()
+		if err != nil {
+			return nil, fmt.Errorf("sink: create database %s on %s: %w", database, addr, err)
+		}
+	}
+	return open(ctx, addr, database)
+}
+
+func open(ctx context.Context, addr, database string) (driver.Conn, error) {
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:             []string{addr},
+		Auth:             clickhouse.Auth{Database: database, Username: "default"},
+		DialTimeout:      5 * time.Second,
+		ReadTimeout:      2 * time.Minute,
+		MaxOpenConns:     8,
+		MaxIdleConns:     4,
+		ConnMaxLifetime:  time.Hour,
+		ConnOpenStrategy: clickhouse.ConnOpenInOrder,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sink: clickhouse %s: %w", addr, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := conn.Ping(pctx); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", addr, database, err)
+	}
+	return conn, nil
+}
+
+// errClass says what a failed ClickHouse call means for the rows it carried.
+type errClass int
+
+const (
+	// classUnavailable: the server is unreachable, overloaded, or the table
+	// cannot take any block right now (missing, read-only, too many parts,
+	// columns drifted away from the sink's column list). Nothing about the
+	// rows is wrong: back off and retry them; never park.
+	classUnavailable errClass = iota
+	// classRefused: the server (or the driver) refused this block because
+	// of the data in it. Split the block to find the refused rows.
+	classRefused
+)
+
+// transientCodes are server exception codes that do not depend on the rows
+// of a block (ClickHouse ErrorCodes.cpp, stable since 18.x).
+var transientCodes = map[int32]string{
+	3:    "UNEXPECTED_END_OF_FILE",
+	8:    "THERE_IS_NO_COLUMN",
+	16:   "NO_SUCH_COLUMN_IN_TABLE",
+	60:   "UNKNOWN_TABLE",
+	81:   "UNKNOWN_DATABASE",
+	159:  "TIMEOUT_EXCEEDED",
+	164:  "READONLY",
+	192:  "UNKNOWN_USER",
+	193:  "WRONG_PASSWORD",
+	194:  "REQUIRED_PASSWORD",
+	201:  "QUOTA_EXPIRED",
+	202:  "TOO_MANY_SIMULTANEOUS_QUERIES",
+	209:  "SOCKET_TIMEOUT",
+	210:  "NETWORK_ERROR",
+	225:  "NO_ZOOKEEPER",
+	236:  "ABORTED",
+	241:  "MEMORY_LIMIT_EXCEEDED",
+	242:  "TABLE_IS_READ_ONLY",
+	243:  "NOT_ENOUGH_SPACE",
+	252:  "TOO_MANY_PARTS",
+	285:  "TOO_FEW_LIVE_REPLICAS",
+	319:  "UNKNOWN_STATUS_OF_INSERT",
+	394:  "QUERY_WAS_CANCELLED",
+	425:  "SYSTEM_ERROR",
+	473:  "DEADLOCK_AVOIDED",
+	497:  "ACCESS_DENIED",
+	516:  "AUTHENTICATION_FAILED",
+	999:  "KEEPER_EXCEPTION",
+	1000: "POCO_EXCEPTION",
+}
+
+// classify sorts an error from an INSERT. The driver refusing values, or a
+// server exception with a data-dependent code while the block was sent, is
+// a refusal; everything else (a failure to start the INSERT, network
+// errors, timeouts, a closed connection, transient server codes) means
+// "unavailable".
+func classify(err error) errClass {
+	var pe *prepareError
+	if errors.As(err, &pe) {
+		return classUnavailable
+	}
+	var de *driverError
+	if errors.As(err, &de) {
+		return classRefused
+	}
+	var ex *proto.Exception
+	if errors.As(err, &ex) {
+		if _, transient := transientCodes[ex.Code]; transient {
+			return classUnavailable
+		}
+		return classRefused
+	}
+	return classUnavailable
+}
+
+// isNetErr reports whether err looks like the server is not reachable at
+// all (for the log line and the ready check).
+func isNetErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, clickhouse.ErrAcquireConnTimeout)
+}

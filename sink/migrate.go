@@ -1,0 +1,174 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	chschema "github.com/meterline/meterline/schemas/clickhouse"
+)
+
+// MigrationsTable records the applied migrations, one row per version.
+const MigrationsTable = "meterline_migrations"
+
+// ErrMigrationsPending is returned (wrapped) by CheckMigrations when the
+// database lacks migrations this binary needs: run `meterline migrate`.
+var ErrMigrationsPending = errors.New("migrations pending")
+
+// ErrMigrationChanged is returned (wrapped) when an applied migration's
+// recorded checksum differs from the embedded file: applied migrations
+// must never be edited; add a new one instead.
+var ErrMigrationChanged = errors.New("applied migration changed")
+
+// MigrationResult is what Migrate did with one migration.
+type MigrationResult struct {
+	Migration chschema.Migration
+	Applied   bool // false: it was applied before
+}
+
+const ddlTimeout = time.Minute
+
+// Migrate applies the embedded migrations that the database (conn's
+// default database) has not applied yet, in order, and records each one
+// after all its statements succeeded. It is idempotent: a second run
+// applies nothing. A migration interrupted half-way is re-run whole, which
+// is why its statements must be re-runnable (package schemas/clickhouse).
+func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
+	ms, err := chschema.Migrations()
+	if err != nil {
+		return nil, err
+	}
+	return migrate(ctx, conn, ms)
+}
+
+func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]MigrationResult, error) {
+	cctx, cancel := context.WithTimeout(ctx, ddlTimeout)
+	err := conn.Exec(cctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
+		version UInt32, name String, checksum String, applied_at DateTime
+	) ENGINE = ReplacingMergeTree ORDER BY version`)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("sink: migrate: create %s: %w", MigrationsTable, err)
+	}
+	applied, err := appliedMigrations(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkApplied(ms, applied); err != nil {
+		return nil, err
+	}
+	var out []MigrationResult
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; ok {
+			out = append(out, MigrationResult{Migration: m})
+			continue
+		}
+		for i, stmt := range m.Statements {
+			sctx, cancel := context.WithTimeout(ctx, ddlTimeout)
+			err := conn.Exec(sctx, stmt)
+			cancel()
+			if err != nil {
+				return out, fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
+			}
+		}
+		if err := recordMigration(ctx, conn, m); err != nil {
+			return out, err
+		}
+		out = append(out, MigrationResult{Migration: m, Applied: true})
+	}
+	return out, nil
+}
+
+type appliedMigration struct{ name, checksum string }
+
+func appliedMigrations(ctx context.Context, conn driver.Conn) (map[int]appliedMigration, error) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := conn.Query(qctx, `SELECT version, any(name), any(checksum) FROM `+MigrationsTable+` GROUP BY version`)
+	if err != nil {
+		return nil, fmt.Errorf("sink: read %s: %w", MigrationsTable, err)
+	}
+	defer rows.Close()
+	out := map[int]appliedMigration{}
+	for rows.Next() {
+		var v uint32
+		var a appliedMigration
+		if err := rows.Scan(&v, &a.name, &a.checksum); err != nil {
+			return nil, fmt.Errorf("sink: read %s: %w", MigrationsTable, err)
+		}
+		out[int(v)] = a
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sink: read %s: %w", MigrationsTable, err)
+	}
+	return out, nil
+}
+
+func checkApplied(ms []chschema.Migration, applied map[int]appliedMigration) error {
+	var errs []error
+	for _, m := range ms {
+		a, ok := applied[m.Version]
+		if ok && a.checksum != m.Checksum {
+			errs = append(errs, fmt.Errorf("sink: migration %s was applied with checksum %.12s…, the embedded file has %.12s…: %w",
+				m.Name, a.checksum, m.Checksum, ErrMigrationChanged))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func recordMigration(ctx context.Context, conn driver.Conn, m chschema.Migration) error {
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	b, err := conn.PrepareBatch(ictx, `INSERT INTO `+MigrationsTable+` (version, name, checksum, applied_at)`)
+	if err != nil {
+		return fmt.Errorf("sink: migrate: record %s: %w", m.Name, err)
+	}
+	if err := b.Append(uint32(m.Version), m.Name, m.Checksum, time.Now().UTC()); err != nil {
+		_ = b.Abort()
+		return fmt.Errorf("sink: migrate: record %s: %w", m.Name, err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("sink: migrate: record %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// CheckMigrations returns nil when every embedded migration is applied,
+// unchanged, in conn's default database; otherwise an error naming the
+// pending or changed ones.
+func CheckMigrations(ctx context.Context, conn driver.Conn) error {
+	ms, err := chschema.Migrations()
+	if err != nil {
+		return err
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	var n uint64
+	err = conn.QueryRow(qctx, `SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = '`+MigrationsTable+`'`).Scan(&n)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("sink: check migrations: %w", err)
+	}
+	applied := map[int]appliedMigration{}
+	if n > 0 {
+		if applied, err = appliedMigrations(ctx, conn); err != nil {
+			return err
+		}
+	}
+	if err := checkApplied(ms, applied); err != nil {
+		return err
+	}
+	var pending []string
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; !ok {
+			pending = append(pending, m.Name)
+		}
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("sink: %s not applied (run `meterline migrate`): %w", strings.Join(pending, ", "), ErrMigrationsPending)
+	}
+	return nil
+}

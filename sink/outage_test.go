@@ -1,0 +1,178 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// The ClickHouse instance that TestClickHouseOutage stops and starts: not
+// the shared one.
+const (
+	outagePort     = "19000"
+	outageHTTPPort = "18123"
+)
+
+func clickhouseScript(t *testing.T, cmd string) {
+	t.Helper()
+	c := exec.Command("../deploy/local/clickhouse.sh", cmd)
+	c.Env = append(os.Environ(), "CLICKHOUSE_PORT="+outagePort, "CLICKHOUSE_HTTP_PORT="+outageHTTPPort)
+	out, err := c.CombinedOutput()
+	if err != nil {
+		t.Fatalf("clickhouse.sh %s (port %s): %v\n%s", cmd, outagePort, err, out)
+	}
+	t.Logf("clickhouse.sh %s: %s", cmd, strings.TrimSpace(string(out)))
+}
+
+var servingAddr = regexp.MustCompile(`"msg":"serving metrics and health","addr":"([^"]+)"`)
+
+func (p *proc) httpAddr(t *testing.T) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := servingAddr.FindStringSubmatch(p.out.String()); m != nil {
+			return m[1]
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the sink did not log its HTTP address:\n%s", tail(p.out.String(), 20))
+	return ""
+}
+
+func readyz(addr string) (int, string) {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+func waitReady(t *testing.T, addr string, want int, d time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		code, body := readyz(addr)
+		if code == want {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d %q; want %d within %s", code, body, want, d)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestClickHouseOutage stops a ClickHouse instance for 30 s while events
+// keep arriving and the real sink binary writes them. During the outage
+// /readyz is not ready, no offset is committed and lag grows; after the
+// restart every event is in the table exactly once (plain count()).
+func TestClickHouseOutage(t *testing.T) {
+	testenv.RealClickHouse(t)
+	e := newEnv(t, 4)
+	clickhouseScript(t, "start")
+	t.Cleanup(func() { clickhouseScript(t, "stop") })
+	addr := "127.0.0.1:" + outagePort
+	db := fmt.Sprintf("outage_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	conn, err := Dial(ctxT(t, time.Minute), addr, db, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := Migrate(ctxT(t, time.Minute), conn); err != nil {
+		t.Fatal(err)
+	}
+	e.addr, e.db, e.conn = addr, db, conn
+
+	// A steady load: 40 events every 100 ms over the four partitions.
+	var (
+		mu       sync.Mutex
+		produced int
+	)
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		i := 0
+		for loadCtx.Err() == nil {
+			var recs []*kgo.Record
+			for k := 0; k < 40; k++ {
+				p := int32(i % 4)
+				recs = append(recs, deduped(e.names.DedupedTopic(), p, i, base.Add(time.Duration(i)*time.Millisecond)))
+				i++
+			}
+			if err := e.prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+				t.Errorf("produce: %v", err)
+				return
+			}
+			mu.Lock()
+			produced += len(recs)
+			mu.Unlock()
+			select {
+			case <-loadCtx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	defer stopLoad()
+
+	p := e.spawn("", e.sinkArgs("--max-batch-records", "1000")...)
+	http := p.httpAddr(t)
+	waitReady(t, http, 200, time.Minute)
+	time.Sleep(3 * time.Second)
+	before := e.count(TableEvents)
+	if before == 0 {
+		t.Fatal("nothing written before the outage")
+	}
+
+	clickhouseScript(t, "stop")
+	stopped := time.Now()
+	body := waitReady(t, http, 503, 15*time.Second)
+	t.Logf("/readyz during the outage: %s", body)
+	time.Sleep(3 * time.Second)
+	c1 := e.committed(e.names.DedupedTopic())
+	time.Sleep(20 * time.Second)
+	c2 := e.committed(e.names.DedupedTopic())
+	if fmt.Sprint(c1) != fmt.Sprint(c2) {
+		t.Errorf("offsets committed while ClickHouse was down: %v → %v", c1, c2)
+	}
+	if code, body := readyz(http); code != 503 {
+		t.Errorf("/readyz = %d %q late in the outage, want 503", code, body)
+	}
+	if ok, _ := testenv.CaughtUp(e.brokers, e.group, e.names.DedupedTopic()); ok {
+		t.Errorf("caught up during the outage: lag should grow")
+	}
+	time.Sleep(time.Until(stopped.Add(30 * time.Second)))
+	clickhouseScript(t, "start")
+	t.Logf("clickhouse was down %s", time.Since(stopped).Round(time.Second))
+	waitReady(t, http, 200, time.Minute)
+	time.Sleep(3 * time.Second)
+	stopLoad()
+	<-loadDone
+	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
+	p.stop(t)
+	mu.Lock()
+	n := produced
+	mu.Unlock()
+	t.Logf("%d events produced, %d written before the outage", n, before)
+	e.exact(TableEvents, uint64(n))
+	if !strings.Contains(p.out.String(), "clickhouse unavailable: pausing fetching and backing off") {
+		t.Errorf("no log line for the outage")
+	}
+	if !t.Failed() {
+		_ = conn.Exec(context.Background(), "DROP DATABASE "+db)
+	}
+}

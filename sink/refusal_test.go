@@ -1,0 +1,228 @@
+package sink
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+func (e *env) exec(q string) {
+	e.t.Helper()
+	if err := e.conn.Exec(ctxT(e.t, time.Minute), q); err != nil {
+		e.t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// parkedRecords reads the rejected topic (read_committed) and returns the
+// records the sink parked.
+func (e *env) parkedRecords() []*schemas.Rejected {
+	e.t.Helper()
+	var out []*schemas.Rejected
+	for _, r := range testenv.ReadAll(e.t, e.brokers, e.names.RejectedTopic()) {
+		var rej schemas.Rejected
+		if err := schemas.DecodeInto(r.Value, &rej); err != nil {
+			e.t.Fatal(err)
+		}
+		if rej.Stage == "sink" {
+			out = append(out, &rej)
+		}
+	}
+	return out
+}
+
+// poisoned returns the env's events with the one at (partition 2, index
+// 150) changed by mod, and that record.
+func (e *env) poisoned(n int, mod func(*schemas.DedupedEvent)) ([]*kgo.Record, int, *kgo.Record) {
+	recs, rows := e.events(n, base)
+	var target *kgo.Record
+	for _, r := range recs {
+		var ev schemas.DedupedEvent
+		if schemas.DecodeInto(r.Value, &ev) != nil || ev.SourcePartition != 2 || ev.SourceOffset != 150 {
+			continue
+		}
+		mod(&ev)
+		r.Value = schemas.MustEncode(&ev)
+		target = r
+	}
+	return recs, rows, target
+}
+
+func checkParked(t *testing.T, got []*schemas.Rejected, e *env, target *kgo.Record, offset int64, customer string) {
+	t.Helper()
+	if len(got) != 1 {
+		t.Fatalf("%d records parked by the sink, want exactly 1: %+v", len(got), got)
+	}
+	p := got[0]
+	if p.Reason != schemas.ReasonUninsertable || p.SourceTopic != e.names.DedupedTopic() || p.SourcePartition != 2 ||
+		p.SourceOffset != offset || p.CustomerID != customer || string(p.RawValue) != string(target.Value) ||
+		p.SourceTimestamp != target.Timestamp.UnixMilli() || !strings.Contains(p.Detail, "usage_events") {
+		t.Fatalf("parked record: %+v", p)
+	}
+}
+
+// TestServerRefusal: the real server refuses any block holding one
+// particular row (a MATERIALIZED column whose expression throws for it).
+// The sink splits the block, parks exactly that row in usage.rejected with
+// reason uninsertable, and writes every other row. A record of
+// usage.rejected that the server refuses is never parked again. The parked
+// row itself reaches usage_rejected.
+func TestServerRefusal(t *testing.T) {
+	e := newEnv(t, 4)
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
+	e.exec("ALTER TABLE " + e.db + ".usage_rejected ADD COLUMN poison UInt8 MATERIALIZED throwIf(event_id = 'poison-rej')")
+	recs, rows, target := e.poisoned(400, func(ev *schemas.DedupedEvent) { ev.CustomerID = "poison" })
+	badRej := &schemas.Rejected{Reason: schemas.ReasonInvalid, Stage: "dedup", SourceTopic: "usage.events", EventID: "poison-rej"}
+	okRej := &schemas.Rejected{Reason: schemas.ReasonTooOld, Stage: "dedup", SourceTopic: "usage.events", EventID: "fine"}
+	recs = append(recs,
+		&kgo.Record{Topic: e.names.RejectedTopic(), Partition: 0, Value: schemas.MustEncode(badRej), Timestamp: base},
+		&kgo.Record{Topic: e.names.RejectedTopic(), Partition: 0, Value: schemas.MustEncode(okRej), Timestamp: base})
+	e.produce(recs...)
+	r := e.start(nil)
+	e.waitCaughtUp(2 * time.Minute)
+	// The parked row, produced by the sink, is consumed by the sink too.
+	e.waitCaughtUp(time.Minute, e.names.RejectedTopic())
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, uint64(rows-1))
+	if n := e.count(TableEvents, "customer_id = 'poison'"); n != 0 {
+		t.Fatalf("the refused row is in the table %d times", n)
+	}
+	checkParked(t, e.parkedRecords(), e, target, target.Offset, "poison")
+	if n := e.count(TableRejected, "reason = 'uninsertable'", "customer_id = 'poison'", "kafka_topic = '"+e.names.RejectedTopic()+"'"); n != 1 {
+		t.Errorf("usage_rejected has %d rows for the parked row, want 1", n)
+	}
+	if n := e.count(TableRejected, "event_id = 'poison-rej'"); n != 0 {
+		t.Errorf("the refused rejected row is in usage_rejected")
+	}
+	if n := e.count(TableRejected, "event_id = 'fine'"); n != 1 {
+		t.Errorf("usage_rejected lacks the good rejected row (%d)", n)
+	}
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"meterline_sink_rows_total", []string{"table", TableEvents, "outcome", outcomeParked}, 1},
+		{"meterline_sink_rows_total", []string{"table", TableRejected, "outcome", outcomeUnparkable}, 1},
+		{"meterline_sink_rejected_total", []string{"reason", schemas.ReasonUninsertable}, 1},
+	} {
+		if got := metric(t, r.reg, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if got := metric(t, r.reg, "meterline_sink_insert_errors_total", "table", TableEvents, "kind", "refused"); got < 1 {
+		t.Errorf("no refused INSERT counted")
+	}
+}
+
+// TestDriverRefusal: after the table's schema drifted (a column narrowed
+// to FixedString(5)), the driver refuses the one row whose value no longer
+// fits; it is parked and every other row is written.
+func TestDriverRefusal(t *testing.T) {
+	e := newEnv(t, 4)
+	e.exec("ALTER TABLE " + e.db + ".usage_events MODIFY COLUMN source FixedString(5)")
+	recs, rows, target := e.poisoned(300, func(ev *schemas.DedupedEvent) { ev.Source = "too-long-for-five" })
+	e.produce(recs...)
+	r := e.start(nil)
+	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, uint64(rows-1))
+	var ev schemas.DedupedEvent
+	_ = schemas.DecodeInto(target.Value, &ev)
+	checkParked(t, e.parkedRecords(), e, target, target.Offset, ev.CustomerID)
+}
+
+// TestTableRefusesEverything: a table that refuses every row (here a
+// MATERIALIZED column that always throws) is not a reason to park the
+// whole stream. Past MaxRefusedPerBatch the sink stops parking, backs off
+// and is not ready; once the table is fixed every row is written and
+// nothing was parked.
+func TestTableRefusesEverything(t *testing.T) {
+	e := newEnv(t, 2)
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN broken UInt8 MATERIALIZED throwIf(quantity > 0)")
+	recs, rows := e.events(200, base)
+	e.produce(recs...)
+	r := e.start(func(c *Config) { c.MaxRefusedPerBatch = 5 })
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := r.w.Ready()
+		if err != nil && strings.Contains(err.Error(), "refuses more than 5 rows") {
+			t.Logf("/readyz while the table refuses everything: %v", err)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready() = %v; want the refusing table named", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.exec("ALTER TABLE " + e.db + ".usage_events DROP COLUMN broken")
+	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
+	if err := r.w.Ready(); err != nil {
+		t.Errorf("not ready after the table was fixed: %v", err)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, uint64(rows))
+	if got := e.parkedRecords(); len(got) != 0 {
+		t.Fatalf("%d rows parked; a table refusing everything must park none", len(got))
+	}
+}
+
+// TestSchemaDriftBlocks: a column the sink writes was dropped. No block
+// can be inserted (the INSERT cannot even start), which is unavailability,
+// not a refusal of rows: nothing is parked, and once the column is back
+// every row is written.
+func TestSchemaDriftBlocks(t *testing.T) {
+	e := newEnv(t, 2)
+	e.exec("ALTER TABLE " + e.db + ".usage_events DROP COLUMN source")
+	recs, rows := e.events(200, base)
+	e.produce(recs...)
+	r := e.start(nil)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := r.w.Ready()
+		if err != nil && strings.Contains(err.Error(), "cannot take rows of usage_events") {
+			t.Logf("/readyz while a column is missing: %v", err)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready() = %v; want the blocked table named", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN source String AFTER event_time_ms")
+	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, uint64(rows))
+	if got := e.parkedRecords(); len(got) != 0 {
+		t.Fatalf("%d rows parked after schema drift, want none", len(got))
+	}
+}
+
+// TestCrashAfterPark kills the real binary after it produced the parked row
+// in its transaction, before the transaction ended. The restart refuses
+// the row again and parks it: usage.rejected holds it exactly once.
+func TestCrashAfterPark(t *testing.T) {
+	e := newEnv(t, 4)
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
+	recs, rows, target := e.poisoned(400, func(ev *schemas.DedupedEvent) { ev.CustomerID = "poison" })
+	e.produce(recs...)
+	p := e.spawn(FaultAfterPark, e.sinkArgs()...)
+	p.waitKilled(t, FaultAfterPark, 2*time.Minute)
+	p = e.spawn("", e.sinkArgs()...)
+	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
+	p.stop(t)
+	e.exact(TableEvents, uint64(rows-1))
+	checkParked(t, e.parkedRecords(), e, target, target.Offset, "poison")
+}

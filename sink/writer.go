@@ -1,0 +1,1278 @@
+// Package sink writes the pipeline's topics into ClickHouse, one table per
+// topic, exactly once (DESIGN §7).
+//
+// # Delivery guarantee
+//
+// The sink consumes usage.deduped, usage.aggregates, usage.adjustments,
+// usage.duplicates and usage.rejected read_committed in one consumer group.
+// Polled records are decoded into INSERT batches (about 10,000 rows or
+// 1 s), written with one INSERT per table by an inserter goroutine while
+// the next batch is polled and decoded. About once a second, once every
+// batch of the window is written, one Kafka transaction commits the offsets
+// of everything polled (and produces the rows the sink parks). Each table
+// therefore has its own resume point: the group's committed offsets of its
+// topic.
+//
+// Exactly once rests on one rule, applied whenever rows at or after a
+// partition's committed offset may already be in its table — on
+// assignment, after an INSERT whose outcome is unknown, after a refused
+// block, after an aborted window: such a partition is "dirty", and before
+// its rows are inserted the sink looks up which of their (partition,
+// offset) pairs the table already holds, and skips those. The lookup covers
+// only offsets at or after the committed offset; the tables' sort key
+// starts with (kafka_partition, intDiv(kafka_offset, 65536)), so it reads
+// the few 65,536-offset chunks it names and nothing else, however large the
+// table. It is correct whatever the crash: between an INSERT and the offset
+// commit (all rows there), during an INSERT that wrote only some of its
+// parts (some rows there), or during a refused block's split.
+//
+// # Failures
+//
+// ClickHouse unreachable (or unable to take any block: missing table,
+// too many parts, memory): the sink pauses fetching, backs off, commits
+// nothing, and /readyz is not ready until an INSERT succeeds again. A
+// block refused because of its data: the sink splits it until it finds the
+// refused rows, and parks each in usage.rejected with reason
+// "uninsertable", in the same transaction that commits the offset past it,
+// so a crash never parks a row twice. Rows read from usage.rejected are
+// never parked; they are logged at error level and counted as unparkable.
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/schemas"
+)
+
+// Fault points of the sink's crash windows (DESIGN §6), armed in the real
+// binary with METERLINE_FAULT=<point>[@n].
+const (
+	// FaultMidInsert: one block of a multi-block INSERT sent (its parts
+	// written), the next not. Needs InsertBlockRows.
+	FaultMidInsert = "sink.mid-insert"
+	// FaultAfterInsert: every INSERT of a commit window succeeded, the
+	// offsets are not committed.
+	FaultAfterInsert = "sink.after-insert"
+	// FaultAfterPark: parked rows produced in the window's transaction,
+	// which is not yet ended.
+	FaultAfterPark = "sink.after-park"
+)
+
+var (
+	// errRestart asks Run to rebuild the Kafka session (commit outcome
+	// unknown).
+	errRestart = errors.New("restart session")
+	// errAbandon: the window cannot commit (partitions revoked, or the
+	// process is stopping while ClickHouse is unavailable); its
+	// transaction is aborted and its records are re-consumed.
+	errAbandon = errors.New("window abandoned")
+	// errTooManyRefused: a table refused more rows of one batch than
+	// MaxRefusedPerBatch; treated as the table refusing everything.
+	errTooManyRefused = errors.New("too many refused rows")
+)
+
+// Writer is the sink stage of one instance.
+type Writer struct {
+	cfg     Config
+	log     *zap.Logger
+	m       *metrics
+	tables  []*table
+	byTopic map[string]*table
+
+	connMu sync.Mutex
+	conn   driver.Conn
+
+	sess *kgo.GroupTransactSession
+
+	// mu guards parts and fatal. parts are the assigned topic partitions,
+	// written by kgo's group goroutine (assign, revoke) and read by the run
+	// loop.
+	mu    sync.Mutex
+	parts map[tp]*pstate
+	fatal error
+
+	// insertMu is held by every ClickHouse write attempt. A revoke takes it
+	// after setting revoked, so it returns only once no write for the
+	// revoked partitions can still be in flight.
+	insertMu sync.Mutex
+	revoked  atomic.Bool
+
+	running atomic.Bool
+	joined  atomic.Bool
+	up      atomic.Bool
+	lastUp  atomic.Value // string: why ClickHouse is down
+	blocked atomic.Value // string: why the sink is backing off; "" when not
+	paused  atomic.Bool  // fetching paused by the inserter
+}
+
+type tp struct {
+	topic string
+	p     int32
+}
+
+// pstate is one assigned partition's resume state.
+type pstate struct {
+	// committed is the next offset to consume per the group's committed
+	// offset; -1 when the group has none (the partition is read from its
+	// start) until the first row is looked up.
+	committed int64
+	// dirty: rows at offsets ≥ committed may already be in the table.
+	dirty bool
+	// maxKnown: presentMax holds the highest offset ≥ committed in the
+	// table (-1: none). Cleared whenever more rows may have landed.
+	maxKnown   bool
+	presentMax int64
+}
+
+// New prepares a Writer; Run starts it.
+func New(cfg Config) (*Writer, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	w := &Writer{
+		cfg:     cfg,
+		log:     cfg.Logger.With(zap.String("stage", "sink"), zap.String("instance", cfg.InstanceID)),
+		m:       newMetrics(cfg.Registerer),
+		tables:  newTables(cfg.Topics),
+		byTopic: map[string]*table{},
+		parts:   map[tp]*pstate{},
+		conn:    cfg.Conn,
+	}
+	for _, t := range w.tables {
+		w.byTopic[t.topic] = t
+		t.recordsIn = w.m.recordsIn.WithLabelValues(t.topic)
+	}
+	w.blocked.Store("")
+	w.lastUp.Store("not connected yet")
+	return w, nil
+}
+
+// Ready returns nil when the sink is in its consumer group, ClickHouse
+// answers and no table is backing off; otherwise why not. It backs /readyz.
+func (w *Writer) Ready() error {
+	w.mu.Lock()
+	fatal := w.fatal
+	w.mu.Unlock()
+	if fatal != nil {
+		return fatal
+	}
+	if !w.up.Load() {
+		return fmt.Errorf("clickhouse %s: %s", w.cfg.ClickHouse, w.lastUp.Load().(string))
+	}
+	if b := w.blocked.Load().(string); b != "" {
+		return errors.New(b)
+	}
+	if !w.joined.Load() {
+		return errors.New("not in the consumer group")
+	}
+	return nil
+}
+
+func (w *Writer) getConn() driver.Conn {
+	w.connMu.Lock()
+	defer w.connMu.Unlock()
+	return w.conn
+}
+
+// Run runs the sink until ctx ends (then it writes and commits the window
+// in hand, if ClickHouse takes it, leaves the group and returns nil) or a
+// fatal error occurs. It is called once.
+func (w *Writer) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("sink: Run called twice")
+	}
+	if err := w.connect(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if w.cfg.Conn == nil {
+		defer func() { _ = w.getConn().Close() }()
+	}
+	pctx, stopPing := context.WithCancel(ctx)
+	pingDone := make(chan struct{})
+	go func() { defer close(pingDone); w.pingLoop(pctx) }()
+	defer func() { stopPing(); <-pingDone }()
+
+	for {
+		err := w.runSession(ctx)
+		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled) || errors.Is(err, errRestart) || errors.Is(err, errAbandon)) {
+			return nil
+		}
+		if !errors.Is(err, errRestart) {
+			w.setFatal(err)
+			return err
+		}
+		w.m.restarts.Inc()
+		w.log.Warn("commit outcome unknown: rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction); every partition is re-checked against its table",
+			zap.String("transactional_id", w.cfg.TransactionalID()))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(w.cfg.RestartBackoff):
+		}
+	}
+}
+
+// connect dials ClickHouse (retrying while it is unreachable) and checks
+// that the migrations are applied.
+func (w *Writer) connect(ctx context.Context) error {
+	conn := w.cfg.Conn
+	for attempt := 0; conn == nil; attempt++ {
+		c, err := Dial(ctx, w.cfg.ClickHouse, w.cfg.Database, false)
+		if err == nil {
+			conn = c
+			break
+		}
+		if ex := (*proto.Exception)(nil); errors.As(err, &ex) && ex.Code == 81 { // UNKNOWN_DATABASE
+			return fmt.Errorf("%w (run `meterline migrate --database %s`)", err, w.cfg.Database)
+		}
+		w.lastUp.Store(err.Error())
+		if attempt == 0 {
+			w.log.Warn("clickhouse not reachable; retrying", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		}
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	w.connMu.Lock()
+	w.conn = conn
+	w.connMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		err := CheckMigrations(ctx, conn)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrMigrationsPending) || errors.Is(err, ErrMigrationChanged) {
+			return err
+		}
+		w.log.Warn("checking migrations failed; retrying", zap.Error(err))
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	w.up.Store(true)
+	w.m.up.Set(1)
+	return nil
+}
+
+func (w *Writer) pingLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, w.cfg.PingInterval)
+		err := w.getConn().Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		w.setUp(err)
+	}
+}
+
+func (w *Writer) setUp(err error) {
+	if err != nil {
+		w.lastUp.Store(err.Error())
+		if w.up.Swap(false) {
+			w.log.Warn("clickhouse stopped answering", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		}
+		w.m.up.Set(0)
+		return
+	}
+	if !w.up.Swap(true) {
+		w.log.Info("clickhouse answers again", zap.String("addr", w.cfg.ClickHouse))
+	}
+	w.m.up.Set(1)
+}
+
+func (w *Writer) setFatal(err error) {
+	w.mu.Lock()
+	if w.fatal == nil {
+		w.fatal = err
+	}
+	w.mu.Unlock()
+}
+
+func (w *Writer) topicNames() []string {
+	out := make([]string, len(w.tables))
+	for i, t := range w.tables {
+		out[i] = t.topic
+	}
+	return out
+}
+
+func (w *Writer) clientOptions() []kgo.Opt {
+	c := &w.cfg
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.Brokers...),
+		kgo.TransactionalID(c.TransactionalID()),
+		kgo.TransactionTimeout(c.TransactionTimeout),
+		kgo.ConsumerGroup(c.Group),
+		kgo.ConsumeTopics(w.topicNames()...),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RequireStableFetchOffsets(),
+		// No automatic reset: an out-of-range offset (retention deleted
+		// records the sink never wrote) is an error, never a silent jump.
+		// A first start reads from the start (adjustOffsets).
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		kgo.SessionTimeout(c.SessionTimeout),
+		kgo.RebalanceTimeout(c.RebalanceTimeout),
+		kgo.HeartbeatInterval(c.SessionTimeout / 10),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.ProducerLinger(0),
+		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
+		kgo.OnPartitionsRevoked(w.onRevoked),
+		kgo.OnPartitionsLost(w.onRevoked),
+		kgo.WithLogger(kzap.New(w.log.Named("kgo"), kzap.Level(kgoLevel(w.log)))),
+	}
+	return append(opts, c.ClientOptions...)
+}
+
+func kgoLevel(l *zap.Logger) kgo.LogLevel {
+	if l.Core().Enabled(zap.DebugLevel) {
+		return kgo.LogLevelDebug
+	}
+	return kgo.LogLevelWarn
+}
+
+// adjustOffsets runs on kgo's group goroutine once the group's committed
+// offsets of newly assigned partitions are fetched (stable: no transaction
+// of a previous owner is pending). Every assigned partition starts dirty:
+// a previous owner may have inserted rows past its last commit.
+func (w *Writer) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	assigned := map[string][]string{}
+	for topic, parts := range offsets {
+		for p, o := range parts {
+			committed := o.EpochOffset().Offset
+			if committed < 0 {
+				// A first start reads from the earliest offset. The table
+				// may still hold rows (the group's offsets were lost): the
+				// lookup then starts at the first row consumed (see
+				// filterPresent).
+				committed = -1
+				parts[p] = kgo.NoResetOffset().AtStart()
+			}
+			w.parts[tp{topic, p}] = &pstate{committed: committed, dirty: true}
+			assigned[topic] = append(assigned[topic], fmt.Sprintf("%d@%d", p, committed))
+		}
+	}
+	w.log.Info("partitions assigned (partition@committed offset); each is checked against its table before its rows are inserted",
+		zap.Any("partitions", assigned))
+	w.m.owned.Set(float64(len(w.parts)))
+	return offsets, nil
+}
+
+// onRevoked runs on kgo's group goroutine for revoked and lost partitions.
+// The GroupTransactSession has already marked the open window as unable to
+// commit. Here the run loop is told to abandon its window, and the revoke
+// waits for a ClickHouse write in flight, so that the next owner's resume
+// lookup sees every row this instance wrote.
+func (w *Writer) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	w.revoked.Store(true)
+	w.insertMu.Lock()
+	//lint:ignore SA2001 an empty critical section: wait for the write in flight
+	w.insertMu.Unlock()
+	w.mu.Lock()
+	for topic, ps := range revoked {
+		for _, p := range ps {
+			delete(w.parts, tp{topic, p})
+		}
+	}
+	w.m.owned.Set(float64(len(w.parts)))
+	w.mu.Unlock()
+	w.log.Info("partitions revoked", zap.Any("partitions", revoked))
+}
+
+func (w *Writer) clearParts() {
+	w.mu.Lock()
+	w.parts = map[tp]*pstate{}
+	w.m.owned.Set(0)
+	w.mu.Unlock()
+}
+
+// window is the records polled since the last commit: one transaction.
+type window struct {
+	records int
+	start   time.Time
+	last    map[tp]int64  // highest polled offset per partition
+	parks   []*kgo.Record // records that did not decode, parked
+}
+
+func newWindow() *window { return &window{last: map[tp]int64{}} }
+
+// pending is the rows of one INSERT batch (per table) being filled.
+type pending struct {
+	records int
+	start   time.Time
+	rows    map[*table][]*row
+}
+
+func newPending() *pending { return &pending{rows: map[*table][]*row{}} }
+
+func (w *Writer) runSession(ctx context.Context) error {
+	sess, err := kgo.NewGroupTransactSession(w.clientOptions()...)
+	if err != nil {
+		return fmt.Errorf("sink: kafka client: %w", err)
+	}
+	w.sess = sess
+	w.revoked.Store(false)
+	w.joined.Store(true)
+	ins := w.startInserter(ctx)
+	defer func() {
+		ins.close()
+		w.joined.Store(false)
+		w.resumeFetching()
+		sess.Close()
+		w.clearParts()
+	}()
+	w.log.Info("sink started", zap.String("group", w.cfg.Group), zap.Strings("topics", w.topicNames()),
+		zap.String("transactional_id", w.cfg.TransactionalID()), zap.String("database", w.cfg.Database))
+
+	win, cur := newWindow(), newPending()
+	// closeWindow inserts what is pending, waits for every INSERT of the
+	// window, and ends its transaction.
+	closeWindow := func() error {
+		if cur.records > 0 {
+			ins.dispatch(cur)
+			cur = newPending()
+		}
+		parks, err := ins.wait()
+		abandon := errors.Is(err, errAbandon)
+		if err != nil && !abandon {
+			return err
+		}
+		err = w.commit(ctx, win, parks, abandon)
+		win = newWindow()
+		return err
+	}
+	for {
+		if ctx.Err() != nil {
+			if win.records > 0 {
+				if err := closeWindow(); err != nil {
+					return err
+				}
+			}
+			return ctx.Err()
+		}
+		wait := w.cfg.CommitInterval
+		if win.records > 0 {
+			wait = time.Until(win.start.Add(w.cfg.CommitInterval))
+		}
+		if cur.records > 0 {
+			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
+		}
+		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
+		if err := fetchError(fs); err != nil {
+			return err
+		}
+		var derr error
+		polled := time.Now()
+		fs.EachRecord(func(r *kgo.Record) {
+			if derr == nil {
+				derr = w.add(win, cur, r, polled)
+			}
+		})
+		if derr != nil {
+			return derr
+		}
+		now := time.Now()
+		if cur.records > 0 && (cur.records >= w.cfg.MaxBatchRecords || !now.Before(cur.start.Add(w.cfg.MaxBatchWait))) {
+			// Blocks while the inserter has a batch in hand and one
+			// queued: polling stops, so a slow or unavailable ClickHouse
+			// holds back fetching.
+			ins.dispatch(cur)
+			cur = newPending()
+		}
+		if win.records > 0 && !now.Before(win.start.Add(w.cfg.CommitInterval)) {
+			if err := closeWindow(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (w *Writer) poll(ctx context.Context, d time.Duration, max int) kgo.Fetches {
+	if d <= 0 {
+		d = time.Millisecond
+	}
+	if max < 1 {
+		max = 1
+	}
+	pctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return w.sess.PollRecords(pctx, max)
+}
+
+func fetchError(fs kgo.Fetches) error {
+	var ferr error
+	fs.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		if ferr == nil {
+			ferr = fmt.Errorf("sink: fetch %s/%d: %w (offsets are never reset automatically)", t, p, err)
+		}
+	})
+	return ferr
+}
+
+// add decodes one polled record into the window and the pending batch.
+func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) error {
+	t, ok := w.byTopic[r.Topic]
+	if !ok {
+		return nil
+	}
+	if win.records == 0 {
+		win.start = now
+	}
+	if cur.records == 0 {
+		cur.start = now
+	}
+	win.records++
+	cur.records++
+	win.last[tp{r.Topic, r.Partition}] = r.Offset
+	t.recordsIn.Inc()
+	row, err := t.buildRow(r)
+	switch {
+	case err != nil && t.rejected:
+		w.m.rows.WithLabelValues(t.name, outcomeUnparkable).Inc()
+		w.log.Error("record of the rejected topic does not decode; not parking it again (it stays in Kafka for a redrive)",
+			zap.String("record", describe(t, r)), zap.Error(err))
+	case err != nil:
+		reason := decodeReason(err)
+		rec, perr := w.parkRecord(r, identity{}, reason, fmt.Sprintf("sink: %s: %v", t.name, err))
+		if perr != nil {
+			return perr
+		}
+		win.parks = append(win.parks, rec)
+	case row != nil:
+		cur.rows[t] = append(cur.rows[t], row)
+	}
+	return nil
+}
+
+func (w *Writer) parkRecord(r *kgo.Record, id identity, reason, detail string) (*kgo.Record, error) {
+	rej := &schemas.Rejected{
+		Reason: reason, Detail: detail, Stage: "sink",
+		SourceTopic: r.Topic, SourcePartition: r.Partition, SourceOffset: r.Offset, SourceTimestamp: r.Timestamp.UnixMilli(),
+		CustomerID: id.customer, Meter: id.meter, EventID: id.eventID,
+		RawKey: r.Key, RawValue: r.Value,
+	}
+	v, err := schemas.Encode(rej)
+	if err != nil {
+		return nil, fmt.Errorf("sink: encode rejected record for %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+	}
+	var key []byte
+	if id.customer != "" && id.meter != "" && id.eventID != "" {
+		key = schemas.Identity{CustomerID: id.customer, Meter: id.meter, EventID: id.eventID}.Key()
+	}
+	return &kgo.Record{Topic: w.cfg.Topics.RejectedTopic(), Key: key, Value: v}, nil
+}
+
+// parked is a row refused by ClickHouse, on its way to usage.rejected.
+type parked struct {
+	table *table
+	row   *row
+	rec   *kgo.Record // the Rejected record; nil for a row of usage.rejected
+	err   string
+}
+
+// inserter writes INSERT batches on its own goroutine, in order, while the
+// run loop polls and decodes the next batch. A window's transaction waits
+// for every batch dispatched in the window.
+type inserter struct {
+	w      *Writer
+	ctx    context.Context
+	cancel context.CancelFunc
+	jobs   chan *pending
+	wg     sync.WaitGroup // dispatched batches not yet written
+	done   chan struct{}
+	mu     sync.Mutex
+	parks  []parked
+	err    error // the first error of the window; later batches are dropped
+}
+
+func (w *Writer) startInserter(ctx context.Context) *inserter {
+	ctx, cancel := context.WithCancel(ctx)
+	ins := &inserter{w: w, ctx: ctx, cancel: cancel, jobs: make(chan *pending, 1), done: make(chan struct{})}
+	go ins.run()
+	return ins
+}
+
+func (ins *inserter) run() {
+	defer close(ins.done)
+	for p := range ins.jobs {
+		for _, t := range ins.w.tables {
+			rows := p.rows[t]
+			ins.mu.Lock()
+			failed := ins.err != nil
+			ins.mu.Unlock()
+			if len(rows) == 0 || failed {
+				continue
+			}
+			ps, err := ins.w.writeTable(ins.ctx, t, rows)
+			ins.mu.Lock()
+			ins.parks = append(ins.parks, ps...)
+			if err != nil && ins.err == nil {
+				ins.err = err
+			}
+			ins.mu.Unlock()
+		}
+		ins.w.resumeFetching()
+		ins.wg.Done()
+	}
+}
+
+// dispatch hands a batch to the inserter, blocking while it is busy with
+// one batch and has another queued.
+//
+// It never waits forever: the inserter finishes each INSERT within
+// InsertTimeout, and leaves its back-off when ctx ends or the partitions
+// are revoked.
+func (ins *inserter) dispatch(p *pending) {
+	ins.wg.Add(1)
+	ins.jobs <- p
+}
+
+// wait waits until every dispatched batch is written (or dropped after an
+// error) and returns the window's refused rows and its first error.
+func (ins *inserter) wait() ([]parked, error) {
+	ins.wg.Wait()
+	ins.mu.Lock()
+	defer ins.mu.Unlock()
+	parks, err := ins.parks, ins.err
+	ins.parks, ins.err = nil, nil
+	return parks, err
+}
+
+// close stops the inserter: a batch in back-off is abandoned (its window
+// is never committed, so its records are re-consumed).
+func (ins *inserter) close() {
+	ins.cancel()
+	close(ins.jobs)
+	<-ins.done
+}
+
+func (w *Writer) commit(ctx context.Context, win *window, parks []parked, abandon bool) error {
+	if !abandon {
+		// Guarantee: every row of the window is in its table (inserted
+		// now, or found there by the resume rule), or refused and about to
+		// be parked; no offset is committed. A crash here re-consumes from
+		// the committed offsets, and the resume rule skips the rows
+		// already in the tables.
+		fault.Hit(FaultAfterInsert)
+	}
+	start := time.Now()
+	if err := w.sess.Begin(); err != nil {
+		return fmt.Errorf("sink: begin transaction: %w", err)
+	}
+	var prodMu sync.Mutex
+	var prodErr error
+	promise := func(r *kgo.Record, err error) {
+		if err != nil {
+			prodMu.Lock()
+			if prodErr == nil {
+				prodErr = fmt.Errorf("produce to %s: %w", r.Topic, err)
+			}
+			prodMu.Unlock()
+		}
+	}
+	if !abandon {
+		n := 0
+		for _, r := range win.parks {
+			w.sess.Produce(context.Background(), r, promise)
+			n++
+		}
+		for _, p := range parks {
+			if p.rec != nil {
+				w.sess.Produce(context.Background(), p.rec, promise)
+				n++
+			}
+		}
+		if n > 0 {
+			// Guarantee: the parked rows are produced in the open
+			// transaction, not visible; a crash aborts them with the
+			// offsets, and the restart refuses and parks the rows again,
+			// once.
+			fault.Hit(FaultAfterPark)
+		}
+	}
+	try := kgo.TryCommit
+	if abandon {
+		try = kgo.TryAbort
+	}
+	// End is never cancelled half-way (kgo: that leaves the client in an
+	// invalid state); the deadline bounds it.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.TransactionTimeout+w.cfg.SessionTimeout)
+	defer cancel()
+	committed, err := w.sess.End(ectx, try)
+	w.m.commitSeconds.Observe(time.Since(start).Seconds())
+	w.revoked.Store(false)
+	switch {
+	case err != nil:
+		w.m.flushes.WithLabelValues("unknown").Inc()
+		w.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
+		return errRestart
+	case !committed:
+		w.m.flushes.WithLabelValues("aborted").Inc()
+		w.markDirty(win.last)
+		prodMu.Lock()
+		perr := prodErr
+		prodMu.Unlock()
+		switch {
+		case perr != nil:
+			w.log.Warn("transaction aborted: producing a parked row failed; re-consuming from the committed offsets", zap.Error(perr))
+		case abandon && ctx.Err() != nil:
+			w.log.Info("window abandoned while stopping; its records are re-consumed on restart")
+			return errAbandon
+		default:
+			w.log.Info("transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets")
+		}
+		return nil
+	}
+	// Guarantee: the offsets of every polled record, and the parked rows,
+	// are committed together.
+	w.m.flushes.WithLabelValues("committed").Inc()
+	w.m.committed.Add(float64(win.records))
+	w.advance(win.last)
+	for _, r := range win.parks {
+		w.m.rejected.WithLabelValues(reasonOf(r)).Inc()
+	}
+	if len(win.parks) > 0 {
+		w.log.Warn("records that do not decode parked in the rejected topic", zap.Int("records", len(win.parks)))
+	}
+	for _, p := range parks {
+		if p.rec == nil {
+			continue
+		}
+		w.m.rows.WithLabelValues(p.table.name, outcomeParked).Inc()
+		w.m.rejected.WithLabelValues(schemas.ReasonUninsertable).Inc()
+		w.log.Warn("row refused by clickhouse: parked in the rejected topic with reason uninsertable",
+			zap.String("table", p.table.name), zap.String("record", describe(p.table, p.row.rec)),
+			zap.String("customer_id", p.row.id.customer), zap.String("meter", p.row.id.meter),
+			zap.String("event_id", p.row.id.eventID), zap.String("error", p.err))
+	}
+	return nil
+}
+
+func reasonOf(r *kgo.Record) string {
+	var rej schemas.Rejected
+	if err := schemas.DecodeInto(r.Value, &rej); err != nil {
+		return "unknown"
+	}
+	return rej.Reason
+}
+
+// advance records a committed window: each partition's committed offset
+// moves past its last polled record, and a partition whose present rows
+// all lie below it is clean again.
+func (w *Writer) advance(last map[tp]int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, off := range last {
+		ps, ok := w.parts[k]
+		if !ok {
+			continue
+		}
+		ps.committed = off + 1
+		if ps.dirty && ps.maxKnown && ps.presentMax < ps.committed {
+			ps.dirty = false
+			ps.maxKnown = false
+		}
+	}
+}
+
+// markDirty marks partitions as possibly holding rows past their committed
+// offset (after a write with an unknown outcome, or an aborted window).
+func (w *Writer) markDirty(parts map[tp]int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k := range parts {
+		if ps, ok := w.parts[k]; ok {
+			ps.dirty = true
+			ps.maxKnown = false
+		}
+	}
+}
+
+func (w *Writer) markRowsDirty(t *table, rows []*row) {
+	parts := map[tp]int64{}
+	for _, r := range rows {
+		parts[tp{t.topic, r.partition()}] = r.offset()
+	}
+	w.markDirty(parts)
+}
+
+// batchTable is one table's rows of one INSERT batch.
+type batchTable struct {
+	t       *table
+	parks   []parked
+	refused int
+}
+
+// writeTable inserts rows (one table's rows of a batch, in poll order: each
+// partition's in offset order) and returns the rows to park. While the
+// table refuses too many rows it backs off and retries; rows already
+// inserted are then skipped by the resume rule.
+func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row) ([]parked, error) {
+	for attempt := 0; ; attempt++ {
+		ft := &batchTable{t: t}
+		err := w.writeRows(ctx, ft, rows)
+		if !errors.Is(err, errTooManyRefused) {
+			if err == nil {
+				w.clearBlocked()
+			}
+			return ft.parks, err
+		}
+		w.markRowsDirty(t, rows)
+		w.setBlocked(fmt.Sprintf("clickhouse refuses more than %d rows of one batch of %s (schema drift? a failing MATERIALIZED column?); not parking them, retrying", w.cfg.MaxRefusedPerBatch, t.name))
+		w.log.Error("table refuses most rows: backing off instead of parking them", zap.String("table", t.name),
+			zap.Int("refused", ft.refused), zap.Int("rows", len(rows)))
+		if err := w.backoffSleep(ctx, attempt); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// writeRows writes rows, retrying while ClickHouse is unavailable, and
+// splitting a refused block in two, first half first, so that each
+// partition's rows are handled in offset order.
+func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) error {
+	t := ft.t
+	for attempt := 0; len(rows) > 0; attempt++ {
+		todo, err := w.filterPresent(ctx, t, rows)
+		if errors.Is(err, errAbandon) {
+			return err
+		}
+		if err != nil {
+			w.unavailable(t, err, "resume lookup")
+			if err := w.backoffSleep(ctx, attempt); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(todo) == 0 {
+			return nil
+		}
+		err = w.insert(ctx, t, todo)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errAbandon):
+			return err
+		case classify(err) == classRefused:
+			// Some parts of the block may be written (a failure after the
+			// first partition's part, or after the first of several
+			// blocks): the partitions are dirty.
+			w.markRowsDirty(t, todo)
+			w.m.insertErrors.WithLabelValues(t.name, "refused").Inc()
+			if len(todo) == 1 {
+				return w.refuse(ft, todo[0], err)
+			}
+			w.log.Info("block refused; splitting it to find the refused rows",
+				zap.String("table", t.name), zap.Int("rows", len(todo)), zap.Error(err))
+			mid := len(todo) / 2
+			if err := w.writeRows(ctx, ft, todo[:mid]); err != nil {
+				return err
+			}
+			return w.writeRows(ctx, ft, todo[mid:])
+		default:
+			// Unreachable, or unable to take any block: the outcome of the
+			// INSERT is unknown, so the partitions are dirty.
+			w.markRowsDirty(t, todo)
+			w.unavailable(t, err, "insert")
+			if err := w.backoffSleep(ctx, attempt); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// refuse records a row refused by ClickHouse or the driver.
+func (w *Writer) refuse(ft *batchTable, r *row, cause error) error {
+	ft.refused++
+	if ft.refused > w.cfg.MaxRefusedPerBatch {
+		return errTooManyRefused
+	}
+	detail := fmt.Sprintf("sink: clickhouse refused the row for %s: %v", ft.t.name, cause)
+	if ft.t.rejected {
+		// Never park a row of the rejected topic: it would loop.
+		w.m.rows.WithLabelValues(ft.t.name, outcomeUnparkable).Inc()
+		w.log.Error("row of the rejected topic refused by clickhouse; not parking it again (it stays in Kafka for a redrive)",
+			zap.String("record", describe(ft.t, r.rec)), zap.String("error", detail))
+		ft.parks = append(ft.parks, parked{table: ft.t, row: r, err: detail})
+		return nil
+	}
+	rec, err := w.parkRecord(r.rec, r.id, schemas.ReasonUninsertable, detail)
+	if err != nil {
+		return err
+	}
+	ft.parks = append(ft.parks, parked{table: ft.t, row: r, rec: rec, err: cause.Error()})
+	return nil
+}
+
+func (w *Writer) unavailable(t *table, err error, what string) {
+	w.m.insertErrors.WithLabelValues(t.name, "unavailable").Inc()
+	if isNetErr(err) {
+		w.setUp(err)
+	}
+	reason := fmt.Sprintf("clickhouse cannot take rows of %s (%s): %v; fetching paused, backing off, committing nothing", t.name, what, err)
+	if w.blocked.Load().(string) == "" {
+		w.log.Warn("clickhouse unavailable: pausing fetching and backing off; no offset is committed until the rows are written",
+			zap.String("table", t.name), zap.String("during", what), zap.Error(err))
+	}
+	w.setBlocked(reason)
+}
+
+func (w *Writer) setBlocked(reason string) {
+	w.blocked.Store(reason)
+	w.m.blocked.Set(1)
+	if !w.paused.Swap(true) {
+		w.sess.Client().PauseFetchTopics(w.topicNames()...)
+	}
+}
+
+func (w *Writer) clearBlocked() {
+	if w.blocked.Load().(string) != "" {
+		w.log.Info("clickhouse takes rows again; resuming")
+	}
+	w.blocked.Store("")
+	w.m.blocked.Set(0)
+}
+
+func (w *Writer) resumeFetching() {
+	if w.paused.Swap(false) {
+		w.sess.Client().ResumeFetchTopics(w.topicNames()...)
+	}
+}
+
+func (w *Writer) backoff(attempt int) time.Duration {
+	d := w.cfg.BackoffMin
+	for i := 0; i < attempt && d < w.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	if d > w.cfg.BackoffMax {
+		d = w.cfg.BackoffMax
+	}
+	return d
+}
+
+// backoffSleep waits before a retry. It returns errAbandon when the process
+// is stopping or the partitions were revoked: the window cannot commit.
+func (w *Writer) backoffSleep(ctx context.Context, attempt int) error {
+	if w.revoked.Load() {
+		return errAbandon
+	}
+	if err := sleep(ctx, w.backoff(attempt)); err != nil {
+		return errAbandon
+	}
+	if w.revoked.Load() {
+		return errAbandon
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// insert sends rows in one INSERT, column by column (one typed slice per
+// column: no per-value boxing), as one block or, with InsertBlockRows, as
+// several.
+func (w *Writer) insert(ctx context.Context, t *table, rows []*row) error {
+	w.insertMu.Lock()
+	defer w.insertMu.Unlock()
+	if w.revoked.Load() {
+		return errAbandon
+	}
+	start := time.Now()
+	// The INSERT runs to its own deadline even while the process stops: a
+	// write cut half-way would only leave more for the resume rule.
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.InsertTimeout)
+	defer cancel()
+	block := len(rows)
+	if w.cfg.InsertBlockRows > 0 {
+		block = w.cfg.InsertBlockRows
+		// Without these the server squashes small blocks into one before
+		// writing; with them each block is written as its own parts when
+		// it arrives.
+		ictx = clickhouse.Context(ictx, clickhouse.WithSettings(clickhouse.Settings{
+			"min_insert_block_size_rows": 0, "min_insert_block_size_bytes": 0}))
+	}
+	b, err := w.getConn().PrepareBatch(ictx, t.insertSQL(w.cfg.Database))
+	if err != nil {
+		// Nothing was sent: never a refusal of these rows.
+		return &prepareError{err}
+	}
+	for i := 0; i < len(rows); i += block {
+		chunk := rows[i:min(i+block, len(rows))]
+		for j, c := range t.columns {
+			if err := b.Column(j).Append(c.slice(chunk)); err != nil {
+				_ = b.Abort()
+				return &driverError{column: c.name, err: err}
+			}
+		}
+		if i+block < len(rows) {
+			if err := b.Flush(); err != nil {
+				_ = b.Abort()
+				return err
+			}
+			// Guarantee: the blocks sent so far are written as parts; the
+			// rest of the INSERT is not. A crash here leaves some rows of
+			// the batch in the table, which the resume rule skips.
+			fault.Hit(FaultMidInsert)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return err
+	}
+	w.setUp(nil)
+	w.m.insertSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
+	w.m.insertRows.WithLabelValues(t.name).Observe(float64(len(rows)))
+	w.m.rows.WithLabelValues(t.name, outcomeInserted).Add(float64(len(rows)))
+	return nil
+}
+
+// driverError is the driver refusing a column's values for the table's
+// current column types (after schema drift, a value a column can no longer
+// hold). It is a refusal of some of the rows: the block is split.
+type driverError struct {
+	column string
+	err    error
+}
+
+func (e *driverError) Error() string {
+	return "driver refused column " + e.column + ": " + e.err.Error()
+}
+func (e *driverError) Unwrap() error { return e.err }
+
+// prepareError wraps a failure to start an INSERT: nothing was sent, so it
+// is never a refusal of the rows, whatever the server said (a table whose
+// columns drifted away from the sink's list refuses every block).
+type prepareError struct{ err error }
+
+func (e *prepareError) Error() string { return "prepare insert: " + e.err.Error() }
+func (e *prepareError) Unwrap() error { return e.err }
+
+// filterPresent applies the resume rule: for the rows' dirty partitions, it
+// drops the rows whose (partition, offset) the table already holds.
+func (w *Writer) filterPresent(ctx context.Context, t *table, rows []*row) ([]*row, error) {
+	type span struct{ lo, hi int64 }
+	spans := map[int32]*span{}
+	for _, r := range rows {
+		s, ok := spans[r.partition()]
+		if !ok {
+			spans[r.partition()] = &span{r.offset(), r.offset()}
+			continue
+		}
+		if r.offset() < s.lo {
+			s.lo = r.offset()
+		}
+		if r.offset() > s.hi {
+			s.hi = r.offset()
+		}
+	}
+	// Snapshot the partitions' states.
+	type dirtyPart struct {
+		ps             *pstate
+		committed, max int64
+		maxKnown       bool
+		lo, hi         int64
+	}
+	dirty := map[int32]*dirtyPart{}
+	w.mu.Lock()
+	for p, s := range spans {
+		ps, ok := w.parts[tp{t.topic, p}]
+		if !ok {
+			w.mu.Unlock()
+			return nil, errAbandon // revoked: this window cannot commit
+		}
+		if ps.committed < 0 {
+			// No committed offset: the first row consumed is the lower
+			// bound. Rows at lower offsets can never be consumed again,
+			// and the records between the partition's start and this row
+			// were not rows.
+			ps.committed = s.lo
+		}
+		if ps.dirty {
+			dirty[p] = &dirtyPart{ps: ps, committed: ps.committed, max: ps.presentMax, maxKnown: ps.maxKnown, lo: s.lo, hi: s.hi}
+		}
+	}
+	if len(dirty) == 0 {
+		w.mu.Unlock()
+		return rows, nil
+	}
+	// 1. The highest offset ≥ committed already in the table, per partition
+	// (once per dirty spell). The query also covers the topic's other
+	// dirty partitions whose lower bound is known, so that an assignment
+	// costs one query per table, not one per batch.
+	var unknown []int32
+	for k, ps := range w.parts {
+		if k.topic != t.topic || !ps.dirty || ps.maxKnown || ps.committed < 0 {
+			continue
+		}
+		unknown = append(unknown, k.p)
+		if _, ok := dirty[k.p]; !ok {
+			dirty[k.p] = &dirtyPart{ps: ps, committed: ps.committed, lo: -1, hi: -2}
+		}
+	}
+	w.mu.Unlock()
+	if len(unknown) > 0 {
+		sort.Slice(unknown, func(i, j int) bool { return unknown[i] < unknown[j] })
+		conds := make([]string, len(unknown))
+		for i, p := range unknown {
+			c := dirty[p].committed
+			conds[i] = fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) >= %d AND kafka_offset >= %d)", p, resumeChunk, c/resumeChunk, c)
+		}
+		maxes, err := w.lookup(ctx, t, "max(kafka_offset)", conds, true)
+		if err != nil {
+			return nil, err
+		}
+		w.mu.Lock()
+		for _, p := range unknown {
+			d := dirty[p]
+			m := int64(-1)
+			for off := range maxes[p] {
+				m = off
+			}
+			d.max, d.maxKnown = m, true
+			if cur := w.parts[tp{t.topic, p}]; cur == d.ps && cur.dirty && !cur.maxKnown {
+				cur.maxKnown, cur.presentMax = true, m
+			}
+		}
+		w.mu.Unlock()
+	}
+	// 2. Which of the rows' offsets are there.
+	var conds []string
+	for _, p := range sortedKeys(dirty) {
+		d := dirty[p]
+		if _, ok := spans[p]; !ok {
+			continue // looked up for its max only
+		}
+		lo, hi := d.lo, d.hi
+		if lo < d.committed {
+			lo = d.committed
+		}
+		if hi > d.max {
+			hi = d.max
+		}
+		if lo > hi {
+			continue
+		}
+		conds = append(conds, fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) BETWEEN %d AND %d AND kafka_offset BETWEEN %d AND %d)",
+			p, resumeChunk, lo/resumeChunk, hi/resumeChunk, lo, hi))
+	}
+	if len(conds) == 0 {
+		return rows, nil
+	}
+	present, err := w.lookup(ctx, t, "kafka_offset", conds, false)
+	if err != nil {
+		return nil, err
+	}
+	if len(present) == 0 {
+		return rows, nil
+	}
+	out := make([]*row, 0, len(rows))
+	skipped := 0
+	for _, r := range rows {
+		if present.has(r.partition(), r.offset()) {
+			skipped++
+			continue
+		}
+		out = append(out, r)
+	}
+	if skipped > 0 {
+		w.m.rows.WithLabelValues(t.name, outcomePresent).Add(float64(skipped))
+		w.log.Info("resume rule: rows already in the table skipped", zap.String("table", t.name), zap.Int("rows", skipped))
+	}
+	return out, nil
+}
+
+func sortedKeys[V any](m map[int32]V) []int32 {
+	out := make([]int32, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// offsets is a lookup's answer: per partition, offsets (or one max).
+type offsets map[int32]map[int64]struct{}
+
+func (o offsets) has(p int32, off int64) bool {
+	_, ok := o[p][off]
+	return ok
+}
+
+// lookup runs a resume query over the OR of conds. With agg (a max), each
+// partition's set holds the one aggregate value.
+func (w *Writer) lookup(ctx context.Context, t *table, what string, conds []string, agg bool) (offsets, error) {
+	q := "SELECT kafka_partition, " + what + " FROM " + w.cfg.Database + "." + t.name +
+		" WHERE kafka_topic = " + quote(t.topic) + " AND (" + strings.Join(conds, " OR ") + ")"
+	if agg {
+		q += " GROUP BY kafka_partition"
+	}
+	start := time.Now()
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := w.getConn().Query(qctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("sink: resume lookup in %s: %w", t.name, err)
+	}
+	defer rows.Close()
+	out := offsets{}
+	for rows.Next() {
+		var p int32
+		var off int64
+		if err := rows.Scan(&p, &off); err != nil {
+			return nil, fmt.Errorf("sink: resume lookup in %s: %w", t.name, err)
+		}
+		if out[p] == nil {
+			out[p] = map[int64]struct{}{}
+		}
+		out[p][off] = struct{}{}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sink: resume lookup in %s: %w", t.name, err)
+	}
+	w.m.lookupSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
+	return out, nil
+}
+
+// quote is a ClickHouse string literal.
+func quote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
