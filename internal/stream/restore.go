@@ -174,7 +174,14 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64) (int64, 
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			if r.Offset >= hw {
-				return // past the bound read at the start
+				// Past the bound read at the start: everything below it
+				// has been read. This is how a previous owner's
+				// transaction that was open at hw and then aborted ends
+				// the replay: read_committed never delivers its aborted
+				// records below hw, and its abort marker lands at or past
+				// hw, so pos would otherwise never reach hw.
+				pos = hw
+				return
 			}
 			pos = r.Offset + 1
 			if r.Attrs.IsControl() {
