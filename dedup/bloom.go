@@ -17,7 +17,8 @@ type bloom struct {
 const (
 	bloomBitsPerKey = 10
 	bloomK          = 7
-	bloomFirstCap   = 1 << 14
+	bloomFirstCap   = 1 << 16
+	bloomGrowth     = 4
 )
 
 type blockFilter struct {
@@ -59,7 +60,7 @@ func (b *bloom) add(h []byte) {
 	if len(b.filters) == 0 || b.filters[len(b.filters)-1].n >= b.filters[len(b.filters)-1].cap {
 		c := bloomFirstCap
 		if len(b.filters) > 0 {
-			c = b.filters[len(b.filters)-1].cap * 2
+			c = b.filters[len(b.filters)-1].cap * bloomGrowth
 		}
 		b.filters = append(b.filters, newBlockFilter(c))
 	}
