@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
@@ -443,10 +444,29 @@ func (rt *Runtime) handleEvents() {
 	rt.m.owned.Set(float64(len(rt.active)))
 }
 
+// memberDropped reports whether a group management error means only that
+// this member lost its membership, which kgo repairs by rejoining.
+func memberDropped(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
+		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
+		errors.Is(err, kerr.StaleMemberEpoch)
+}
+
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		// kgo injects this when the member was dropped from the group (a
+		// zombie after a long pause, a missed session timeout). It has
+		// already called onLost (our partitions are revoked; an open
+		// transaction can only abort) and keeps rejoining; the next
+		// assignment restores as usual (DESIGN §6, "zombie instance after
+		// a rebalance"). It is a notification, not a reason to stop.
+		var gs *kgo.ErrGroupSession
+		if errors.As(err, &gs) && memberDropped(gs.Err) {
+			rt.log.Warn("dropped from the consumer group; rejoining", zap.Error(err))
 			return
 		}
 		if ferr == nil {
@@ -629,6 +649,19 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	if abort {
 		try = kgo.TryAbort
 	}
+	// Every record of the transaction must have been written before it may
+	// commit: kgo can end a transaction with TryCommit even after a record
+	// failed (seen with INVALID_RECORD on a real broker), which would commit
+	// the consumed offsets past a lost output. Flush, check, and abort.
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout)
+	ferr := rt.sess.Client().Flush(fctx)
+	fcancel()
+	rt.prodMu.Lock()
+	failed := rt.prodErr
+	rt.prodMu.Unlock()
+	if ferr != nil || failed != nil {
+		try = kgo.TryAbort
+	}
 	// End flushes, so every promise has run when it returns. It is never
 	// cancelled half-way (kgo: that leaves the client in an invalid state);
 	// the deadline bounds it.
@@ -646,15 +679,20 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		rt.discardTxn()
 		return errRestart
 	case perr != nil && committed:
-		// Cannot happen: kgo aborts a transaction with a failed record.
+		// A record failed after the flush above, which only a concurrent
+		// producer error can do: the transaction is committed without it.
 		rt.resetTxn()
 		return fmt.Errorf("stream: transaction committed with a failed record: %w", perr)
 	case !committed:
 		rt.m.txns.WithLabelValues("aborted").Inc()
 		if perr != nil {
-			rt.log.Warn("transaction aborted: a record failed", zap.Error(perr))
+			// kgo retries what can be retried; a record that still failed
+			// (a record the broker refuses, a topic that is gone) would
+			// fail again. Stop without loss: nothing of the transaction is
+			// committed and the input is re-consumed after a restart.
+			rt.log.Error("transaction aborted: a record could not be written; stopping", zap.Error(perr))
 			rt.discardTxn()
-			return errRestart
+			return fmt.Errorf("stream: a record of the transaction could not be written (nothing committed): %w", perr)
 		}
 		if !abort {
 			rt.log.Info("transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets")
