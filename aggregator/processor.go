@@ -100,13 +100,41 @@ type partition struct {
 	wm      int64   // partition watermark: min over sources
 	dirty   map[string]struct{}
 	keys    int
+	finals  map[int64]struct{} // periods final in this partition
+	// stale: a transaction this partition took part in was aborted, so
+	// sources, wm and keys (in memory, advanced by its records) may be
+	// ahead of the committed state. Process reloads them from the state
+	// before the re-consumed records are handled.
+	stale bool
+}
+
+// stateReader is what Open (restored state) and a transaction both offer.
+type stateReader interface {
+	Get(k []byte) ([]byte, bool, error)
+	Scan(lo, hi []byte, fn func(k, v []byte) error) error
 }
 
 // Open loads the watermarks from the restored state.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), dirty: map[string]struct{}{}}
-	if v, ok, err := st.Get(keySources); err != nil {
+	if err := pt.load(st); err != nil {
 		return nil, err
+	}
+	pt.publish()
+	return pt, nil
+}
+
+// load sets the in-memory watermarks and key count from the state.
+func (pt *partition) load(st stateReader) error {
+	pt.sources, pt.keys, pt.finals = nil, 0, map[int64]struct{}{}
+	if err := st.Scan([]byte{pfxMarker}, []byte{pfxMarker + 1}, func(k, _ []byte) error {
+		pt.finals[int64(binary.BigEndian.Uint64(k[1:9]))] = struct{}{}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if v, ok, err := st.Get(keySources); err != nil {
+		return err
 	} else if ok {
 		pt.sources = make([]int64, binary.BigEndian.Uint32(v))
 	}
@@ -118,16 +146,15 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	pt.wm = minWatermark(pt.sources)
 	for _, pfx := range []byte{pfxOpen, pfxFinal} {
 		if err := st.Scan([]byte{pfx}, []byte{pfx + 1}, func(_, _ []byte) error { pt.keys++; return nil }); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	pt.publish()
-	return pt, nil
+	return nil
 }
 
 func minWatermark(s []int64) int64 {
@@ -162,6 +189,17 @@ func (pt *partition) Punctuate(*stream.Tx) error { return nil }
 
 // Process implements stream.Partition.
 func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
+	if pt.stale {
+		// After an aborted transaction the input is re-consumed from the
+		// committed offset. Without this reload, a re-consumed watermark
+		// record would compare against the aborted transaction's in-memory
+		// watermark, look old, and never decide the FINAL it decided
+		// before (nor persist the source watermark).
+		if err := pt.load(tx); err != nil {
+			return err
+		}
+		pt.stale = false
+	}
 	for _, r := range recs {
 		if err := pt.handle(tx, r); err != nil {
 			return err
@@ -171,8 +209,12 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	return nil
 }
 
-// Abort forgets the aggregates an aborted transaction changed.
-func (pt *partition) Abort() { clear(pt.dirty) }
+// Abort forgets the aggregates an aborted transaction changed, and marks
+// the in-memory watermarks for a reload from the committed state.
+func (pt *partition) Abort() {
+	clear(pt.dirty)
+	pt.stale = true
+}
 
 // Flush emits one OPEN revision per aggregate this transaction changed.
 func (pt *partition) Flush(tx *stream.Tx) error {
@@ -301,6 +343,17 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	if err != nil {
 		return err
 	}
+	if !final && pt.wm > end+c.Grace.Milliseconds() {
+		// DESIGN §3: the period is final once the watermark passed end +
+		// grace, whether or not it had aggregates here (no marker: finalize
+		// only marks periods with open or pending keys). An event processed
+		// now (a re-routed event with its original arrival, a broker clock
+		// that stepped back) is an adjustment, not an OPEN aggregate that a
+		// later watermark would turn into a second-round FINAL. Mark it, so
+		// expire drops the adjustment state at end + W.
+		pt.markFinal(tx, start)
+		final = true
+	}
 	lateByArrival := e.IngestTime > end+c.Grace.Milliseconds()
 	switch {
 	case !lateByArrival && !final:
@@ -323,9 +376,18 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	}
 }
 
-func (pt *partition) isFinal(tx *stream.Tx, start int64) (bool, error) {
-	_, ok, err := tx.Get(periodKey(pfxMarker, start))
-	return ok, err
+// isFinal reports whether period start is final in this partition. The
+// markers are few (one per period) and kept in memory, loaded with the
+// rest of the partition's state and reloaded after an aborted transaction;
+// the state key is their durable form.
+func (pt *partition) isFinal(_ *stream.Tx, start int64) (bool, error) {
+	_, ok := pt.finals[start]
+	return ok, nil
+}
+
+func (pt *partition) markFinal(tx *stream.Tx, start int64) {
+	tx.Put(periodKey(pfxMarker, start), nil)
+	pt.finals[start] = struct{}{}
 }
 
 func (pt *partition) nextSeq(tx *stream.Tx) (int64, error) {
@@ -533,7 +595,7 @@ func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
 		tx.Put(fk, st.encode())
 		delete(pt.dirty, string(o.k))
 	}
-	tx.Put(periodKey(pfxMarker, start), nil)
+	pt.markFinal(tx, start)
 	// Guarantee: the FINAL revisions and the state move are in the open
 	// transaction only; a crash here aborts both and the watermark decides
 	// again after the restart (exactly one FINAL per key).
@@ -596,6 +658,7 @@ func (pt *partition) expire(tx *stream.Tx) error {
 			}
 		}
 		tx.Delete(periodKey(pfxMarker, start))
+		delete(pt.finals, start)
 	}
 }
 

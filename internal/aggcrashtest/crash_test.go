@@ -1,0 +1,91 @@
+package aggcrashtest
+
+import (
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/internal/fault"
+)
+
+// TestCrashWindows kills `meterline aggregate` (SIGKILL, from inside, via
+// METERLINE_FAULT) in each crash window of DESIGN §6 — including the
+// aggregator's own, between deciding FINAL and committing it — restarts it
+// and lets it finish the stream: every key has exactly one FINAL, with the
+// exact value, and every late event exactly one adjustment.
+func TestCrashWindows(t *testing.T) {
+	for _, c := range []struct {
+		point string
+		hit   int
+	}{
+		{fault.BeforeCommit, 3},
+		{fault.AfterCommit, 3},
+		{fault.DuringApply, 3},
+		{fault.AfterApply, 3},
+		// The 2nd (partition, period) decided final in the live run.
+		{fault.FinalDecided, 2},
+		{fault.DuringRestore, 1},
+	} {
+		t.Run(c.point, func(t *testing.T) {
+			t.Parallel()
+			s := newSuite(t)
+			st := genStream(int64(len(c.point)), 3, 8, 12, 2)
+			stateDir := filepath.Join(s.dir, "state")
+			spec := c.point + "@" + strconv.Itoa(c.hit)
+			// State first, FINALs of the first day(s) included, committed
+			// by a clean run.
+			a := s.startAgg("a", stateDir, aggOpts{})
+			next := 0
+			for ; next < len(st.batches)/3; next++ {
+				s.send(st.batches[next])
+			}
+			s.waitCaughtUp(a)
+			a.term()
+			if c.point == fault.DuringRestore {
+				// Restore that state into a wiped state directory and die
+				// during the restore; go on from the partly restored state.
+				stateDir = filepath.Join(s.dir, "state-wiped")
+				a = s.startAgg("a", stateDir, aggOpts{fault: spec})
+				if !a.wait(exitTimeout) {
+					t.Fatalf("%s: %s not hit within %s\n%s", a.name, c.point, exitTimeout, a.tail(30))
+				}
+				a.diedAt(c.point)
+				a = s.startAgg("a", stateDir, aggOpts{})
+			} else {
+				// The rest of the stream goes on, live, into the armed run.
+				a = s.startAgg("a", stateDir, aggOpts{fault: spec})
+			}
+			crashed := c.point == fault.DuringRestore
+			for ; next < len(st.batches); next++ {
+				s.send(st.batches[next])
+				time.Sleep(30 * time.Millisecond) // several transactions
+				if !crashed && a.exited() {
+					a.diedAt(c.point)
+					crashed = true
+					a = s.startAgg("a", stateDir, aggOpts{})
+				}
+			}
+			if !crashed {
+				if !a.wait(30 * time.Second) {
+					t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.name, spec, a.tail(30))
+				}
+				a.diedAt(c.point)
+				a = s.startAgg("a", stateDir, aggOpts{})
+			}
+			s.send(st.final)
+			s.waitCaughtUp(a)
+			if c.point == fault.AfterCommit || c.point == fault.DuringApply {
+				// Pebble was behind the changelog: the restart replayed
+				// the tail.
+				if n, _ := a.replayed(); n == 0 {
+					t.Errorf("%s restored no changelog record after a crash at %s", a.name, c.point)
+				}
+			}
+			res := s.check(dayPeriod, graceMs)
+			if res.finals == 0 || res.adjustments == 0 {
+				t.Fatalf("the stream decided %d FINALs and %d adjustments; it must exercise both", res.finals, res.adjustments)
+			}
+		})
+	}
+}
