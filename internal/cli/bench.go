@@ -21,9 +21,10 @@ import (
 
 // BenchCmd is `meterline bench`.
 type BenchCmd struct {
-	Produce BenchProduceCmd `cmd:"" help:"meterline produce against raw franz-go producing the same pre-encoded records."`
-	Dedup   BenchDedupCmd   `cmd:"" help:"The dedup stage on pre-filled input against two transactional passthrough baselines."`
-	Sink    BenchSinkCmd    `cmd:"" help:"meterline sink against a bare clickhouse-go batch loop writing the same rows."`
+	Produce   BenchProduceCmd   `cmd:"" help:"meterline produce against raw franz-go producing the same pre-encoded records."`
+	Dedup     BenchDedupCmd     `cmd:"" help:"The dedup stage on pre-filled input against two transactional passthrough baselines."`
+	Sink      BenchSinkCmd      `cmd:"" help:"meterline sink against a bare clickhouse-go batch loop writing the same rows."`
+	Aggregate BenchAggregateCmd `cmd:"" help:"The aggregator on pre-filled usage.deduped against two transactional passthrough baselines."`
 }
 
 // BenchProduceCmd is `meterline bench produce`.

@@ -35,6 +35,7 @@ type BenchDedupCmd struct {
 	LatencyFor     time.Duration `help:"Length of the latency phase." default:"15s"`
 	StateDir       string        `help:"Where the benchmark keeps Pebble state (removed afterwards)." default:"" type:"path"`
 	Keep           bool          `help:"Keep the benchmark topics."`
+	Rounds         int           `help:"Rounds; each measures (a), (b) and dedup once, in a rotating order. Medians are reported." default:"3"`
 	CPUProfile     string        `help:"Write a CPU profile of the dedup phase to this file." hidden:"" type:"path"`
 }
 
@@ -45,6 +46,13 @@ type dedupBenchResult struct {
 }
 
 func (r dedupBenchResult) rate() float64 { return float64(r.events) / r.elapsed.Seconds() }
+
+// medianResult returns the result with the median rate.
+func medianResult(rs []dedupBenchResult) dedupBenchResult {
+	s := append([]dedupBenchResult{}, rs...)
+	sort.Slice(s, func(i, j int) bool { return s[i].rate() < s[j].rate() })
+	return s[len(s)/2]
+}
 
 // Run runs the benchmark.
 func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
@@ -68,25 +76,19 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 		return err
 	}
 	defer closeAdm()
-	specs := topics.Specs(names, layout)
-	passA, passB := names.Prefix+"bench-passthrough", names.Prefix+"bench-passthrough-changelog"
-	specs = append(specs,
-		topics.Spec{Name: passA, Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "delete"}},
-		topics.Spec{Name: passA + "-changelog", Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
-		topics.Spec{Name: passB, Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "delete"}},
-		topics.Spec{Name: passB + "-changelog", Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
-	)
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
+	var created []string
+	create := func(specs []topics.Spec) error {
+		for _, s := range specs {
+			created = append(created, s.Name)
+		}
+		_, err := topics.Create(ctx, adm, specs, -1)
 		return err
 	}
 	if !c.Keep {
-		defer func() {
-			var ns []string
-			for _, s := range specs {
-				ns = append(ns, s.Name)
-			}
-			_, _ = adm.DeleteTopics(context.Background(), ns...)
-		}()
+		defer func() { _, _ = adm.DeleteTopics(context.Background(), created...) }()
+	}
+	if err := create(topics.Specs(names, layout)[:1]); err != nil { // the input topic
+		return err
 	}
 
 	say("pre-filling %s with %d events (%.0f%% copies)", names.EventsTopic(), c.Events, c.DuplicateRate*100)
@@ -101,66 +103,122 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 			Registerer: prometheus.NewRegistry()}
 	}
 
-	// Baselines (a) and (b), then dedup, each from the start of the same input.
-	var results []dedupBenchResult
-	for _, pb := range []struct {
-		name      string
-		out       string
-		changelog bool
-	}{{"(a) passthrough", passA, false}, {"(b) passthrough + changelog record per event", passB, true}} {
-		cfg := base(pb.out+"-group", "b1")
-		cfg.Stage = "bench"
-		cfg.InputTopic = names.EventsTopic()
-		cfg.ChangelogTopic = pb.out + "-changelog"
-		proc := &passthrough{out: pb.out, changelog: pb.changelog}
-		r, err := runUntil(ctx, cfg, proc, func() int64 { return proc.n.Load() }, int64(c.Events))
-		if err != nil {
-			return fmt.Errorf("%s: %w", pb.name, err)
+	// Each round measures (a), (b) and dedup from the start of the same
+	// input, each with its own group and output topics, in a rotating
+	// order; medians are reported. The last round's dedup stays up for the
+	// latency, state-size and restore measurements.
+	var resA, resB, resD []dedupBenchResult
+	var (
+		st        *dedup.Stage
+		dcfg      dedup.Config
+		names2    topics.Names
+		stopDedup context.CancelFunc
+		done      chan error
+	)
+	for round := 0; round < c.Rounds; round++ {
+		rp := fmt.Sprintf("%sr%d.", names.Prefix, round)
+		runPass := func(name string, changelog bool) error {
+			out := rp + name
+			specs := []topics.Spec{
+				{Name: out, Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "delete"}},
+				{Name: out + "-changelog", Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
+			}
+			if err := create(specs); err != nil {
+				return err
+			}
+			cfg := base(out+"-group", "b1")
+			cfg.Stage = "bench"
+			cfg.InputTopic = names.EventsTopic()
+			cfg.ChangelogTopic = out + "-changelog"
+			proc := &passthrough{out: out, changelog: changelog}
+			r, err := runUntil(ctx, cfg, proc, func() int64 { return proc.n.Load() }, int64(c.Events))
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if changelog {
+				r.name = "(b) passthrough + changelog record per event"
+				resB = append(resB, r)
+			} else {
+				r.name = "(a) passthrough"
+				resA = append(resA, r)
+			}
+			say("round %d %s: %.0f events/s", round+1, r.name, r.rate())
+			return nil
 		}
-		r.name = pb.name
-		say("%s: %.0f events/s", r.name, r.rate())
-		results = append(results, r)
-	}
-
-	dcfg := dedup.Config{Stream: base("bench-dedup", "d1"), Topics: names}
-	reg := prometheus.NewRegistry()
-	dcfg.Stream.Registerer = reg
-	st, err := dedup.New(ctx, dcfg)
-	if err != nil {
-		return err
-	}
-	dctx, stopDedup := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	if c.CPUProfile != "" {
-		f, err := os.Create(c.CPUProfile)
-		if err != nil {
-			stopDedup()
-			return err
+		runDedup := func() error {
+			last := round == c.Rounds-1
+			names2 = topics.Names{Prefix: "", Events: names.EventsTopic(), Deduped: rp + "usage.deduped",
+				Duplicates: rp + "usage.duplicates", Rejected: rp + "usage.rejected", Aggregates: rp + "usage.aggregates",
+				Adjustments: rp + "usage.adjustments", DedupChangelog: rp + "meterline-dedup-changelog",
+				AggregateChangelog: rp + "meterline-aggregate-changelog"}
+			if err := create(topics.Specs(names2, layout)[1:]); err != nil {
+				return err
+			}
+			dcfg = dedup.Config{Stream: base(rp+"bench-dedup", "d1"), Topics: names2}
+			reg := prometheus.NewRegistry()
+			dcfg.Stream.Registerer = reg
+			var err error
+			st, err = dedup.New(ctx, dcfg)
+			if err != nil {
+				return err
+			}
+			var dctx context.Context
+			dctx, stopDedup = context.WithCancel(ctx)
+			done = make(chan error, 1)
+			if last && c.CPUProfile != "" {
+				f, err := os.Create(c.CPUProfile)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+			}
+			start := time.Now()
+			go func() { done <- st.Run(dctx) }()
+			decided := func() int64 {
+				return int64(sumCounter(reg, "meterline_dedup_accepted_total") + sumCounter(reg, "meterline_dedup_duplicates_total") +
+					sumCounter(reg, "meterline_rejected_total"))
+			}
+			if err := waitCount(ctx, decided, int64(c.Events), done); err != nil {
+				stopDedup()
+				return err
+			}
+			r := dedupBenchResult{name: "dedup", events: c.Events, elapsed: time.Since(start)}
+			if last && c.CPUProfile != "" {
+				pprof.StopCPUProfile()
+			}
+			resD = append(resD, r)
+			say("round %d dedup: %.0f events/s (%d unique, %d copies)", round+1, r.rate(), unique, c.Events-unique)
+			if got := int(sumCounter(reg, "meterline_dedup_accepted_total")); got != unique {
+				stopDedup()
+				return fmt.Errorf("dedup accepted %d events, %d were unique", got, unique)
+			}
+			if !last {
+				stopDedup()
+				<-done
+			}
+			return nil
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			stopDedup()
-			return err
+		steps := []func() error{
+			func() error { return runPass("bench-pass-a", false) },
+			func() error { return runPass("bench-pass-b", true) },
+			runDedup,
+		}
+		// Rotate, but keep dedup last in the last round (it stays up).
+		if round < c.Rounds-1 {
+			k := round % 3
+			steps = append(steps[k:], steps[:k]...)
+		}
+		for _, f := range steps {
+			if err := f(); err != nil {
+				return err
+			}
 		}
 	}
-	start := time.Now()
-	go func() { done <- st.Run(dctx) }()
-	decided := func() int64 {
-		return int64(sumCounter(reg, "meterline_dedup_accepted_total") + sumCounter(reg, "meterline_dedup_duplicates_total") +
-			sumCounter(reg, "meterline_rejected_total"))
-	}
-	if err := waitCount(ctx, decided, int64(c.Events), done); err != nil {
-		stopDedup()
-		return err
-	}
-	dres := dedupBenchResult{name: "dedup", events: c.Events, elapsed: time.Since(start)}
-	if c.CPUProfile != "" {
-		pprof.StopCPUProfile()
-	}
-	say("dedup: %.0f events/s (%d unique, %d copies)", dres.rate(), unique, c.Events-unique)
-	if got := int(sumCounter(reg, "meterline_dedup_accepted_total")); got != unique {
-		stopDedup()
-		return fmt.Errorf("dedup accepted %d events, %d were unique", got, unique)
-	}
+	names = names2
+	results := []dedupBenchResult{medianResult(resA), medianResult(resB)}
+	dres := medianResult(resD)
 
 	// Latency: produce at a steady rate into the running stage and time each
 	// event from its broker arrival to its visibility in usage.deduped.
@@ -216,8 +274,8 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 	<-rdone
 
 	out := stdio.Stdout
-	fmt.Fprintf(out, "input: %d events (%d unique, %.0f%% copies), %d partitions, commit interval %s\n",
-		c.Events, unique, c.DuplicateRate*100, c.Partitions, c.CommitInterval)
+	fmt.Fprintf(out, "input: %d events (%d unique, %.0f%% copies), %d partitions, commit interval %s; medians of %d rounds\n",
+		c.Events, unique, c.DuplicateRate*100, c.Partitions, c.CommitInterval, c.Rounds)
 	for _, r := range results {
 		fmt.Fprintf(out, "%-46s %9.0f events/s\n", r.name, r.rate())
 	}
@@ -281,17 +339,21 @@ func runUntil(ctx context.Context, cfg stream.Config, proc stream.Processor, cou
 	err = waitCount(ctx, count, want, done)
 	el := time.Since(start)
 	cancel()
-	if err2 := <-done; err == nil {
-		err = err2
+	if !errors.Is(err, errStageStopped) { // else waitCount took Run's result
+		if err2 := <-done; err == nil {
+			err = err2
+		}
 	}
 	return dedupBenchResult{events: int(want), elapsed: el}, err
 }
+
+var errStageStopped = errors.New("stage stopped early")
 
 func waitCount(ctx context.Context, count func() int64, want int64, done <-chan error) error {
 	for count() < want {
 		select {
 		case err := <-done:
-			return fmt.Errorf("stage stopped at %d of %d records: %v", count(), want, err)
+			return fmt.Errorf("%w at %d of %d records: %v", errStageStopped, count(), want, err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
