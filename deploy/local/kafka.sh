@@ -53,6 +53,7 @@ SERVER_LOG="$KAFKA_DATA_DIR/server.log"
 CONSOLE_LOG="$KAFKA_DATA_DIR/kafka.out"   # JVM stdout/stderr (crashes before log4j is up)
 PROPS="$KAFKA_DATA_DIR/server.properties"
 LAUNCH_OFFSET_FILE="$KAFKA_DATA_DIR/kafka.log-offset"   # server.log size at the last launch
+READY_FILE="$KAFKA_DATA_DIR/kafka.ready"               # pid of the broker that became ready
 LOG_DIRS="$KAFKA_DATA_DIR/kraft-data"
 OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
 BROKER_MAIN=kafka.Kafka
@@ -183,6 +184,7 @@ wait_ready() {
       die "broker exited during startup (see $SERVER_LOG)"
     fi
     if ready_since "$offset"; then
+      printf '%s\n' "$pid" >"$READY_FILE"
       say "started on 127.0.0.1:$KAFKA_PORT (pid $pid, controller 127.0.0.1:$KAFKA_CONTROLLER_PORT, data $KAFKA_DATA_DIR) in $(elapsed "$t0")s"
       return 0
     fi
@@ -210,8 +212,17 @@ ready_since() {
   port_open "$KAFKA_PORT" && log_since "$1" | grep -F "$READY_LINE" >/dev/null
 }
 
-# Healthy = live JVM (checked by caller) + ready since the last launch.
-broker_ready() { ready_since "$(launch_offset)"; }
+# Healthy = live JVM (checked by caller) + ready since the last launch: either this
+# broker's pid was recorded as ready (server.log may have rolled since), or the
+# ready line is in the log since the launch.
+broker_ready() {
+  local pid
+  pid=$(broker_pid 2>/dev/null) || return 1
+  if [[ -f $READY_FILE && $(<"$READY_FILE") == "$pid" ]] && port_open "$KAFKA_PORT"; then
+    return 0
+  fi
+  ready_since "$(launch_offset)"
+}
 
 log_since() {
   local offset=$1 size=0
