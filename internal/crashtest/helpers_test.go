@@ -496,7 +496,7 @@ const (
 	msgRestored     = "partition restored"
 	msgFenced       = "transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets"
 	msgUnknown      = "ending the transaction failed; outcome unknown"
-	msgRecordFailed = "transaction aborted: a record failed"
+	msgRecordFailed = "transaction aborted: the producer was fenced or lost its state; rebuilding the session"
 	msgDropped      = "dropped from the consumer group; rejoining"
 	msgServing      = "serving metrics and health"
 )

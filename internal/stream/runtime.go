@@ -444,6 +444,17 @@ func (rt *Runtime) handleEvents() {
 	rt.m.owned.Set(float64(len(rt.active)))
 }
 
+// producerStateError reports whether a record failed because of the
+// transactional producer's own state (fenced, epoch bumped, state expired)
+// or a timeout, rather than because the broker refuses the record.
+func producerStateError(err error) bool {
+	return errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.ProducerFenced) ||
+		errors.Is(err, kerr.InvalidProducerIDMapping) || errors.Is(err, kerr.UnknownProducerID) ||
+		errors.Is(err, kerr.InvalidTxnState) || errors.Is(err, kerr.TransactionAbortable) ||
+		errors.Is(err, kerr.ConcurrentTransactions) || errors.Is(err, kgo.ErrRecordTimeout) ||
+		errors.Is(err, kgo.ErrAborting) || errors.Is(err, context.DeadlineExceeded)
+}
+
 // memberDropped reports whether a group management error means only that
 // this member lost its membership, which kgo repairs by rejoining.
 func memberDropped(err error) bool {
@@ -686,12 +697,22 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	case !committed:
 		rt.m.txns.WithLabelValues("aborted").Inc()
 		if perr != nil {
-			// kgo retries what can be retried; a record that still failed
-			// (a record the broker refuses, a topic that is gone) would
-			// fail again. Stop without loss: nothing of the transaction is
+			rt.discardTxn()
+			if producerStateError(perr) {
+				// Fenced (a zombie whose group moved on) or the producer's
+				// transactional state is gone: rebuild the session with the
+				// same transactional ID, rejoin and restore (DESIGN §6).
+				rt.log.Warn("transaction aborted: the producer was fenced or lost its state; rebuilding the session", zap.Error(perr))
+				if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
+					rt.m.fenced.Inc() // a zombie's commit, refused
+				}
+				return errRestart
+			}
+			// kgo retries what can be retried; a record the broker still
+			// refused (INVALID_RECORD, a topic that is gone) would fail
+			// again. Stop without loss: nothing of the transaction is
 			// committed and the input is re-consumed after a restart.
 			rt.log.Error("transaction aborted: a record could not be written; stopping", zap.Error(perr))
-			rt.discardTxn()
 			return fmt.Errorf("stream: a record of the transaction could not be written (nothing committed): %w", perr)
 		}
 		if !abort {
