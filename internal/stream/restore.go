@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -70,11 +71,28 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	if err != nil {
 		return nil, 0, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, rt.cfg.ChangelogTopic)
-	if err != nil {
-		return nil, 0, fmt.Errorf("stream: restore partition %d: changelog end offsets: %w", p, err)
+	// A new or moving changelog partition answers with retriable errors
+	// (no leader yet) for a moment: retry those, for up to a minute.
+	var endOff kadm.ListedOffset
+	var ok bool
+	for attempt := 0; ; attempt++ {
+		ends, err := adm.ListEndOffsets(ctx, rt.cfg.ChangelogTopic)
+		if err == nil {
+			endOff, ok = ends.Lookup(rt.cfg.ChangelogTopic, p)
+			err = endOff.Err
+		}
+		if err == nil || !kerr.IsRetriable(err) || attempt >= 120 {
+			if err != nil && ok {
+				return nil, 0, fmt.Errorf("stream: restore partition %d: changelog end offsets: %w", p, err)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
-	endOff, ok := ends.Lookup(rt.cfg.ChangelogTopic, p)
 	if !ok || endOff.Err != nil {
 		return nil, 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s): %v",
 			p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic, endOff.Err)
