@@ -25,8 +25,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/service"
@@ -131,26 +129,13 @@ func (s *Stage) Runtime() *stream.Runtime { return s.rt }
 type partitionCountsT struct{ aggregates, adjustments, rejected int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Stream.Brokers...))
-	if err != nil {
-		return partitionCountsT{}, err
-	}
-	defer cl.Close()
 	names := []string{cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	td, err := kadm.NewClient(cl).ListTopics(ctx, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
 	if err != nil {
-		return partitionCountsT{}, fmt.Errorf("aggregator: read topic metadata: %w", err)
-	}
-	n := map[string]int32{}
-	for _, name := range names {
-		d, ok := td[name]
-		if !ok || d.Err != nil {
-			return partitionCountsT{}, fmt.Errorf("aggregator: topic %s is missing (run meterline topics create): %v", name, d.Err)
-		}
-		n[name] = int32(len(d.Partitions))
+		return partitionCountsT{}, fmt.Errorf("aggregator: %w", err)
 	}
 	if a, b := n[cfg.Topics.AggregateChangelogTopic()], n[cfg.Topics.DedupedTopic()]; a != b {
 		return partitionCountsT{}, fmt.Errorf("aggregator: changelog %s has %d partitions, %s has %d; they must be equal",

@@ -24,8 +24,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/service"
@@ -144,27 +142,13 @@ type partitionCountsT struct {
 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Stream.Brokers...))
-	if err != nil {
-		return partitionCountsT{}, err
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
 	names := []string{cfg.Topics.EventsTopic(), cfg.Topics.DedupedTopic(), cfg.Topics.DuplicatesTopic(),
 		cfg.Topics.RejectedTopic(), cfg.Topics.DedupChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	td, err := adm.ListTopics(ctx, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
 	if err != nil {
-		return partitionCountsT{}, fmt.Errorf("dedup: read topic metadata: %w", err)
-	}
-	n := map[string]int32{}
-	for _, name := range names {
-		d, ok := td[name]
-		if !ok || d.Err != nil {
-			return partitionCountsT{}, fmt.Errorf("dedup: topic %s is missing (run meterline topics create): %v", name, d.Err)
-		}
-		n[name] = int32(len(d.Partitions))
+		return partitionCountsT{}, fmt.Errorf("dedup: %w", err)
 	}
 	c := partitionCountsT{
 		events:     n[cfg.Topics.EventsTopic()],

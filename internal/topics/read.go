@@ -80,3 +80,26 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, from map
 	}
 	return out, nil
 }
+
+// PartitionCounts returns the partition count of each named topic, or an
+// error naming the first topic that is missing.
+func PartitionCounts(ctx context.Context, brokers []string, names ...string) (map[string]int32, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("read topic metadata: %w", err)
+	}
+	n := make(map[string]int32, len(names))
+	for _, name := range names {
+		d, ok := td[name]
+		if !ok || d.Err != nil {
+			return nil, fmt.Errorf("topic %s is missing (run meterline topics create): %v", name, d.Err)
+		}
+		n[name] = int32(len(d.Partitions))
+	}
+	return n, nil
+}
