@@ -333,14 +333,10 @@ func (w *Writer) clientOptions() []kgo.Opt {
 		kgo.ConsumeTopics(w.topicNames()...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequireStableFetchOffsets(),
-		// An out-of-range offset resets to the earliest offset, never the
-		// latest. Unlike the stateful stages (DESIGN §6.6), re-reading is
-		// safe here: the resume rule skips every record already in its
-		// table, so nothing is written twice, and records that retention
-		// deleted are gone either way. (A partition without a committed
-		// offset could hit OFFSET_OUT_OF_RANGE after a rebalance following
-		// a long ClickHouse outage, which stopped the sink.)
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// No automatic reset: an out-of-range offset (retention deleted
+		// records the sink never wrote) is an error, never a silent jump.
+		// A first start reads from the start (adjustOffsets).
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.SessionTimeout(c.SessionTimeout),
 		kgo.RebalanceTimeout(c.RebalanceTimeout),
 		kgo.HeartbeatInterval(c.SessionTimeout / 10),
