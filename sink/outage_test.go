@@ -83,12 +83,6 @@ func waitReady(t *testing.T, addr string, want int, d time.Duration) string {
 // /readyz is not ready, no offset is committed and lag grows; after the
 // restart every event is in the table exactly once (plain count()).
 func TestClickHouseOutage(t *testing.T) {
-	testenv.RealClickHouse(t)
-	if os.Getenv("METERLINE_RUN_KNOWN_BUGS") == "" {
-		t.Skip("KNOWN BUG (issue #5, open): after a 30 s ClickHouse outage the sink aborts its window and " +
-			"sometimes stops on OFFSET_OUT_OF_RANGE (kgo's rewind after the abort); passes about half the runs. " +
-			"Set METERLINE_RUN_KNOWN_BUGS=1 to run it.")
-	}
 	e := newEnv(t, 4)
 	clickhouseScript(t, "start")
 	t.Cleanup(func() { clickhouseScript(t, "stop") })
@@ -141,9 +135,7 @@ func TestClickHouseOutage(t *testing.T) {
 	waitReady(t, http, 200, time.Minute)
 	time.Sleep(3 * time.Second)
 	// The outage hits a sink that has committed offsets on every partition
-	// of usage.deduped. (A partition that never committed is rewound by
-	// kgo to an out-of-range offset when the sink aborts its window after
-	// the outage, and the sink stops: an open bug, see issue #5.)
+	// of usage.deduped.
 	adm := testenv.Admin(t, e.brokers)
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		offs, err := adm.FetchOffsets(context.Background(), e.group)

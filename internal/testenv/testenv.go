@@ -7,6 +7,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -89,6 +90,19 @@ func CreateTopic(t testing.TB, brokers []string, name string, partitions int32, 
 	adm := Admin(t, brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Test records often carry fixed timestamps months in the past. With
+	// the broker's default retention (7 days, checked every 5 minutes) a
+	// check during the test would delete every segment, active one
+	// included, and a reader behind it would meet OFFSET_OUT_OF_RANGE. Test
+	// topics keep everything unless the test says otherwise.
+	if _, ok := configs["retention.ms"]; !ok {
+		configs = maps.Clone(configs)
+		if configs == nil {
+			configs = map[string]*string{}
+		}
+		keep := "-1"
+		configs["retention.ms"] = &keep
+	}
 	resp, err := adm.CreateTopic(ctx, partitions, 1, configs, name)
 	if err == nil {
 		err = resp.Err
