@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,7 @@ type BenchAggregateCmd struct {
 	LatencyFor     time.Duration `help:"Length of the latency phase." default:"15s"`
 	StateDir       string        `help:"Where the benchmark keeps Pebble state (removed afterwards)." default:"" type:"path"`
 	Keep           bool          `help:"Keep the benchmark topics."`
+	CPUProfile     string        `help:"Write a CPU profile of the aggregate phase to this file." hidden:"" type:"path"`
 }
 
 // benchMeters are the five meters of the benchmark: every aggregation.
@@ -128,7 +130,7 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 			return fmt.Errorf("%s: %w", pb.name, err)
 		}
 		r.name = pb.name
-		say("%s: %.0f events/s", r.name, r.rate())
+		say("%s: %.0f events/s; %s", r.name, r.rate(), txnStats(cfg.Registerer.(prometheus.Gatherer), r.elapsed))
 		results = append(results, r)
 	}
 
@@ -142,6 +144,16 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 	actx, stopAgg := context.WithCancel(ctx)
 	defer stopAgg()
 	done := make(chan error, 1)
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	go func() { done <- st.Run(actx) }()
 	processed := func() int64 { return int64(sumCounter(reg, "meterline_stream_records_in_total")) }
@@ -149,7 +161,10 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 		return err
 	}
 	ares := dedupBenchResult{name: "aggregate", events: input, elapsed: time.Since(start)}
-	say("aggregate: %.0f events/s", ares.rate())
+	if c.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	say("aggregate: %.0f events/s; %s", ares.rate(), txnStats(reg, ares.elapsed))
 
 	say("latency: %d events/s for %s", c.LatencyRate, c.LatencyFor)
 	lat, err := measureAggLatency(ctx, g.Brokers, names, c.Partitions, c.LatencyRate, c.LatencyFor, now)

@@ -520,6 +520,32 @@ func sumCounter(reg *prometheus.Registry, name string) float64 {
 
 func gaugeValue(reg *prometheus.Registry, name string) float64 { return sumCounter(reg, name) }
 
+// txnStats describes a stage's transactions from its registry: how many,
+// records per transaction, and the mean time spent ending them (flush,
+// the offset commit and EndTxn; for the aggregator also its OPEN
+// revisions), so that a benchmark shows
+// whether a stage is bound by its own CPU or by the commit round trips.
+func txnStats(g prometheus.Gatherer, elapsed time.Duration) string {
+	mfs, _ := g.Gather()
+	var n, sum, in float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "meterline_stream_commit_seconds":
+				n += float64(m.GetHistogram().GetSampleCount())
+				sum += m.GetHistogram().GetSampleSum()
+			case "meterline_stream_records_in_total":
+				in += metricValue(m)
+			}
+		}
+	}
+	if n == 0 {
+		return "no transactions"
+	}
+	return fmt.Sprintf("%.0f transactions, %.0f records each, ending one took %.1f ms on average (%.0f%% of the run)",
+		n, in/n, 1000*sum/n, 100*sum/elapsed.Seconds())
+}
+
 func metricValue(m *dto.Metric) float64 {
 	switch {
 	case m.GetCounter() != nil:
