@@ -101,6 +101,13 @@ type partition struct {
 	dirty   map[string]struct{}
 	keys    int
 	finals  map[int64]struct{} // periods final in this partition
+	// open caches the decoded state of OPEN aggregates (keyed like the
+	// state) across transactions, so that an event of a busy key costs no
+	// Pebble read and no decode. It always equals the state as this
+	// partition's transactions left it: writes go through it, an aborted
+	// transaction clears it, finalization and expiry clear it, and it is
+	// cleared when it outgrows maxCachedOpen.
+	open map[string]*aggState
 	// stale: a transaction this partition took part in was aborted, so
 	// sources, wm and keys (in memory, advanced by its records) may be
 	// ahead of the committed state. Process reloads them from the state
@@ -116,7 +123,7 @@ type stateReader interface {
 
 // Open loads the watermarks from the restored state.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
-	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), dirty: map[string]struct{}{}}
+	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), dirty: map[string]struct{}{}, open: map[string]*aggState{}}
 	if err := pt.load(st); err != nil {
 		return nil, err
 	}
@@ -200,6 +207,9 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 		pt.stale = false
 	}
+	if len(pt.open) > maxCachedOpen {
+		clear(pt.open)
+	}
 	for _, r := range recs {
 		if err := pt.handle(tx, r); err != nil {
 			return err
@@ -213,8 +223,13 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 // the in-memory watermarks for a reload from the committed state.
 func (pt *partition) Abort() {
 	clear(pt.dirty)
+	clear(pt.open)
 	pt.stale = true
 }
+
+// maxCachedOpen bounds the decoded OPEN aggregates kept per partition
+// (about 150 bytes each).
+const maxCachedOpen = 1 << 15
 
 // Flush emits one OPEN revision per aggregate this transaction changed.
 func (pt *partition) Flush(tx *stream.Tx) error {
@@ -224,16 +239,12 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		v, ok, err := tx.Get([]byte(k))
+		st, ok, err := pt.loadOpen(tx, []byte(k))
 		if err != nil {
 			return err
 		}
 		if !ok {
 			continue // finalized in this transaction
-		}
-		st, err := decodeState(v)
-		if err != nil {
-			return err
 		}
 		st.Revision++
 		tx.Put([]byte(k), st.encode())
@@ -461,15 +472,29 @@ func (pt *partition) apply(tx *stream.Tx, st *aggState, fresh bool, e *schemas.D
 	return st.Value - before, nil
 }
 
+// loadOpen reads an OPEN aggregate through the cache. The state returned
+// is the cached one: the caller changes it and writes it with tx.Put.
+func (pt *partition) loadOpen(tx *stream.Tx, k []byte) (*aggState, bool, error) {
+	if st, ok := pt.open[string(k)]; ok {
+		return st, true, nil
+	}
+	st, ok, err := pt.loadState(tx, k)
+	if ok {
+		pt.open[string(k)] = st
+	}
+	return st, ok, err
+}
+
 func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
 	k := periodKey(pfxOpen, start, ak)
-	st, ok, err := pt.loadState(tx, k)
+	st, ok, err := pt.loadOpen(tx, k)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		st = &aggState{}
 		pt.keys++
+		pt.open[string(k)] = st
 	}
 	if _, err := pt.apply(tx, st, !ok, e, m, start, ak, uval); err != nil {
 		return err
@@ -572,6 +597,7 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 }
 
 func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
+	clear(pt.open) // the period's OPEN aggregates move to FINAL
 	lo, hi := periodKey(pfxOpen, start), periodKey(pfxOpen, start+1)
 	type kv struct{ k, v []byte }
 	var open []kv
