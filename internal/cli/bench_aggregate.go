@@ -32,7 +32,8 @@ type BenchAggregateCmd struct {
 	LatencyFor     time.Duration `help:"Length of the latency phase." default:"15s"`
 	StateDir       string        `help:"Where the benchmark keeps Pebble state (removed afterwards)." default:"" type:"path"`
 	Keep           bool          `help:"Keep the benchmark topics."`
-	CPUProfile     string        `help:"Write a CPU profile of the aggregate phase to this file." hidden:"" type:"path"`
+	Rounds         int           `help:"Rounds; each measures (a), (b) and the aggregator once, in a rotating order. Medians are reported." default:"3"`
+	CPUProfile     string        `help:"Write a CPU profile of the last round's aggregate phase to this file." hidden:"" type:"path"`
 }
 
 // benchMeters are the five meters of the benchmark: every aggregation.
@@ -75,17 +76,37 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 		return err
 	}
 	defer closeAdm()
+	rounds := max(c.Rounds, 1)
 	specs := topics.Specs(names, layout)
 	// Not "x" and "x-changelog": the changelog of one would be the output
 	// of the other (a compacted topic, which refuses the watermark
-	// records' null keys).
+	// records' null keys). Every round has its own changelogs: a stage
+	// with fresh state would otherwise first restore the previous round's.
 	passA, passB := names.Prefix+"bench-pass-a", names.Prefix+"bench-pass-b"
 	specs = append(specs,
 		topics.Spec{Name: passA, Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "delete"}},
-		topics.Spec{Name: passA + "-changelog", Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
 		topics.Spec{Name: passB, Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "delete"}},
-		topics.Spec{Name: passB + "-changelog", Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
 	)
+	var aggChangelog topics.Spec
+	for _, s := range specs {
+		if s.Name == names.AggregateChangelogTopic() {
+			aggChangelog = s
+		}
+	}
+	roundNames := func(r int) topics.Names {
+		n := names
+		n.AggregateChangelog = fmt.Sprintf("%s-r%d", names.AggregateChangelog, r)
+		return n
+	}
+	for r := range rounds {
+		specs = append(specs,
+			topics.Spec{Name: fmt.Sprintf("%s-changelog-r%d", passA, r), Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
+			topics.Spec{Name: fmt.Sprintf("%s-changelog-r%d", passB, r), Partitions: c.Partitions, Configs: map[string]string{"cleanup.policy": "compact"}},
+		)
+		cl := aggChangelog
+		cl.Name = roundNames(r).AggregateChangelogTopic()
+		specs = append(specs, cl)
+	}
 	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
 		return err
 	}
@@ -112,74 +133,111 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 			Registerer: prometheus.NewRegistry()}
 	}
 
-	// Baselines (a) and (b), then the aggregator, each from the start of
-	// the same input.
-	var results []dedupBenchResult
-	for _, pb := range []struct {
-		name      string
-		out       string
-		changelog bool
-	}{{"(a) passthrough", passA, false}, {"(b) passthrough + changelog record per event", passB, true}} {
-		cfg := base(pb.out+"-group", "b1")
+	// runPass measures baseline (a) or (b) from the start of the input.
+	runPass := func(r int, name, out string, changelog bool) (dedupBenchResult, error) {
+		cfg := base(fmt.Sprintf("%s-group-r%d", out, r), "b1")
 		cfg.Stage = "bench"
 		cfg.InputTopic = names.DedupedTopic()
-		cfg.ChangelogTopic = pb.out + "-changelog"
-		proc := &aggPassthrough{out: pb.out, changelog: pb.changelog}
-		r, err := runStageUntil(ctx, cfg, proc, func() int64 { return proc.n.Load() }, int64(input))
+		cfg.ChangelogTopic = fmt.Sprintf("%s-changelog-r%d", out, r)
+		proc := &aggPassthrough{out: out, changelog: changelog}
+		res, err := runStageUntil(ctx, cfg, proc, func() int64 { return proc.n.Load() }, int64(input))
 		if err != nil {
-			return fmt.Errorf("%s: %w", pb.name, err)
+			return res, fmt.Errorf("%s: %w", name, err)
 		}
-		r.name = pb.name
-		say("%s: %.0f events/s; %s", r.name, r.rate(), txnStats(cfg.Registerer.(prometheus.Gatherer), r.elapsed))
-		results = append(results, r)
+		res.name = name
+		say("round %d: %s: %.0f events/s; %s", r+1, name, res.rate(), txnStats(cfg.Registerer.(prometheus.Gatherer), res.elapsed))
+		return res, nil
 	}
+	// runAgg measures the aggregator from the start of the input. In the
+	// last round it keeps running for the latency phase.
+	var (
+		reg     *prometheus.Registry
+		stopAgg = func() error { return nil }
+	)
+	runAgg := func(r int, last bool) (dedupBenchResult, error) {
+		reg = prometheus.NewRegistry()
+		acfg := aggregator.Config{Stream: base(fmt.Sprintf("%saggregate-r%d", names.Prefix, r), "a1"), Topics: roundNames(r), Meters: cat}
+		acfg.Stream.Registerer = reg
+		st, err := aggregator.New(ctx, acfg)
+		if err != nil {
+			return dedupBenchResult{}, err
+		}
+		actx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		stop := func() error {
+			cancel()
+			return <-done
+		}
+		if last && c.CPUProfile != "" {
+			f, err := os.Create(c.CPUProfile)
+			if err != nil {
+				cancel()
+				return dedupBenchResult{}, err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				cancel()
+				return dedupBenchResult{}, err
+			}
+			defer pprof.StopCPUProfile()
+		}
+		start := time.Now()
+		go func() { done <- st.Run(actx) }()
+		processed := func() int64 { return int64(sumCounter(reg, "meterline_stream_records_in_total")) }
+		if err := waitCount(ctx, processed, int64(input), done); err != nil {
+			cancel()
+			return dedupBenchResult{}, err
+		}
+		res := dedupBenchResult{name: "aggregate", events: input, elapsed: time.Since(start)}
+		say("round %d: aggregate: %.0f events/s; %s", r+1, res.rate(), txnStats(reg, res.elapsed))
+		if last {
+			stopAgg = stop
+			return res, nil
+		}
+		return res, stop()
+	}
+	defer func() { _ = stopAgg() }()
 
-	reg := prometheus.NewRegistry()
-	acfg := aggregator.Config{Stream: base(names.Prefix+"aggregate", "a1"), Topics: names, Meters: cat}
-	acfg.Stream.Registerer = reg
-	st, err := aggregator.New(ctx, acfg)
-	if err != nil {
-		return err
-	}
-	actx, stopAgg := context.WithCancel(ctx)
-	defer stopAgg()
-	done := make(chan error, 1)
-	if c.CPUProfile != "" {
-		f, err := os.Create(c.CPUProfile)
-		if err != nil {
-			return err
+	// Each round measures (a), (b) and the aggregator in a rotating order,
+	// so that no stage always runs first (cold broker caches) or last.
+	var resA, resB, resAgg []dedupBenchResult
+	for r := range rounds {
+		for k := range 3 {
+			var err error
+			var res dedupBenchResult
+			switch (r + k) % 3 {
+			case 0:
+				res, err = runPass(r, "(a) passthrough", passA, false)
+				resA = append(resA, res)
+			case 1:
+				res, err = runPass(r, "(b) passthrough + changelog record per event", passB, true)
+				resB = append(resB, res)
+			case 2:
+				res, err = runAgg(r, r == rounds-1)
+				resAgg = append(resAgg, res)
+			}
+			if err != nil {
+				return err
+			}
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
 	}
-	start := time.Now()
-	go func() { done <- st.Run(actx) }()
-	processed := func() int64 { return int64(sumCounter(reg, "meterline_stream_records_in_total")) }
-	if err := waitCount(ctx, processed, int64(input), done); err != nil {
-		return err
-	}
-	ares := dedupBenchResult{name: "aggregate", events: input, elapsed: time.Since(start)}
-	if c.CPUProfile != "" {
-		pprof.StopCPUProfile()
-	}
-	say("aggregate: %.0f events/s; %s", ares.rate(), txnStats(reg, ares.elapsed))
+	results := []dedupBenchResult{medianResult(resA), medianResult(resB)}
+	ares := medianResult(resAgg)
 
 	say("latency: %d events/s for %s", c.LatencyRate, c.LatencyFor)
 	lat, err := measureAggLatency(ctx, g.Brokers, names, c.Partitions, c.LatencyRate, c.LatencyFor, now)
-	stopAgg()
-	if err2 := <-done; err2 != nil && err == nil {
+	if err2 := stopAgg(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
 		err = err2
 	}
+	stopAgg = func() error { return nil }
 	if err != nil {
 		return err
 	}
 	revisions := sumCounter(reg, "meterline_aggregate_revisions_total")
 
 	out := stdio.Stdout
-	fmt.Fprintf(out, "input: %d records in usage.deduped (%d events, %d customers × %d meters, watermarks), %d partitions, commit interval %s\n",
-		input, c.Events, c.Customers, len(benchMeterNames), c.Partitions, c.CommitInterval)
+	fmt.Fprintf(out, "input: %d records in usage.deduped (%d events, %d customers × %d meters, watermarks), %d partitions, commit interval %s; medians of %d rounds\n",
+		input, c.Events, c.Customers, len(benchMeterNames), c.Partitions, c.CommitInterval, rounds)
 	for _, r := range results {
 		fmt.Fprintf(out, "%-46s %9.0f events/s\n", r.name, r.rate())
 	}

@@ -142,7 +142,7 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 				r.name = "(a) passthrough"
 				resA = append(resA, r)
 			}
-			say("round %d %s: %.0f events/s", round+1, r.name, r.rate())
+			say("round %d %s: %.0f events/s; %s", round+1, r.name, r.rate(), txnStats(cfg.Registerer.(prometheus.Gatherer), r.elapsed))
 			return nil
 		}
 		runDedup := func() error {
@@ -189,7 +189,7 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 				pprof.StopCPUProfile()
 			}
 			resD = append(resD, r)
-			say("round %d dedup: %.0f events/s (%d unique, %d copies)", round+1, r.rate(), unique, c.Events-unique)
+			say("round %d dedup: %.0f events/s (%d unique, %d copies); %s", round+1, r.rate(), unique, c.Events-unique, txnStats(reg, r.elapsed))
 			if got := int(sumCounter(reg, "meterline_dedup_accepted_total")); got != unique {
 				stopDedup()
 				return fmt.Errorf("dedup accepted %d events, %d were unique", got, unique)
