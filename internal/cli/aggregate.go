@@ -56,5 +56,6 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, c.MetricsAddr, reg, log, st.Runtime().Ready, st.Run)
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.DedupedTopic()}}},
+		st.Runtime().Ready, st.Run, st.Runtime().Status)
 }

@@ -21,6 +21,11 @@ type DemoCmd struct {
 	Duration time.Duration `help:"How long to generate usage; 0 runs until Ctrl-C." default:"0s"`
 	Rate     int           `help:"Generated events per second." default:"200"`
 	Seed     int64         `help:"Seed of the generator and of the crash point (0: random)."`
+	HTTP     string        `help:"Address of the status page (/), /status.json and /metrics while the demo runs; empty: none." default:"127.0.0.1:9464"`
+	Sink     bool          `help:"Also run the sink into the ClickHouse at --clickhouse, check its tables in the report and print a query to try."`
+	// SinkDatabase is emptied at the start of every run; the demo refuses
+	// a database it did not make.
+	SinkDatabase string `help:"ClickHouse database of the demo's sink; dropped and created again, migrated, at the start of each run (a database the demo did not make is refused)." default:"meterline_demo"`
 }
 
 // Run runs the demo.
@@ -37,8 +42,13 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	lvl, _ := zapcore.ParseLevel(g.LogLevel)
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(f), lvl))
 	fmt.Fprintf(stdio.Stderr, "meterline demo: embedded broker and state in %s, logs in %s\n", c.Dir, logPath)
-	ok, err := demo.Run(ctx, demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed,
-		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry()})
+	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP,
+		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry()}
+	if c.Sink {
+		cfg.ClickHouse, cfg.Database = g.ClickHouse, c.SinkDatabase
+		fmt.Fprintf(stdio.Stderr, "meterline demo: sink into ClickHouse %s, database %s\n", g.ClickHouse, c.SinkDatabase)
+	}
+	ok, err := demo.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}

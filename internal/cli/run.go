@@ -12,9 +12,11 @@ import (
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/sink"
 )
 
-// RunCmd is `meterline run`: every stage in one process, each its own
+// RunCmd is `meterline run`: every stage in one process (dedup, the
+// aggregator and, unless --no-sink, the ClickHouse sink), each its own
 // consumer-group member with its own transactional ID, behind one HTTP
 // server.
 type RunCmd struct {
@@ -28,9 +30,18 @@ type RunCmd struct {
 	StrictMeters   bool          `help:"Reject events of undeclared meters."`
 	Period         string        `help:"Billing period: month, day or hour." default:"month" enum:"month,day,hour"`
 	Grace          time.Duration `help:"Finalization grace after a period's end." default:"48h"`
+	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
+	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 }
 
 // Run runs the stages until ctx ends or one of them fails.
+//
+// The sink shares the stage flags' instance ID and session, rebalance and
+// transaction timeouts; its batching and commit interval are its own
+// (--sink-*). As with `meterline sink`, an unreachable ClickHouse does not
+// stop the process: the sink waits for it (dedup and the aggregator carry
+// on) and /readyz says why it is not ready; a database without the
+// migrations is an error unless --sink-migrate applies them at start.
 func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
 	dc := DedupCmd{StageFlags: c.StageFlags, Group: c.DedupGroup, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: 24 * time.Hour}
@@ -44,9 +55,21 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	var scfg sink.Config
+	if !c.NoSink {
+		scfg, err = c.Sink.config(g, c.InstanceID, c.SessionTimeout, c.RebalanceTimeout, c.TransactionTimeout, log, reg)
+		if err != nil {
+			return &ExitError{Code: 2, Err: fmt.Errorf("--sink-* flags (or --no-sink): %w", err)}
+		}
+	}
 	if c.Validate {
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
+	}
+	if !c.NoSink && c.Sink.Migrate {
+		if err := migrate(ctx, g.ClickHouse, c.Sink.Database, stdio, log); err != nil {
+			return err
+		}
 	}
 	ds, err := dedup.New(ctx, dcfg)
 	if err != nil {
@@ -60,9 +83,18 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		{"dedup", ds.Run, ds.Runtime().Ready},
 		{"aggregate", as.Run, as.Runtime().Ready},
 	}
-	return runStage(ctx, c.MetricsAddr, reg, log, allReady(stages), func(ctx context.Context) error {
+	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, []string{g.Topic.DedupedTopic()}}}
+	if !c.NoSink {
+		w, err := sink.New(scfg)
+		if err != nil {
+			return err
+		}
+		stages = append(stages, namedStage{"sink", w.Run, w.Ready})
+		groups = append(groups, lagGroup{scfg.Group, sinkInputs(g.Topic)})
+	}
+	return runStage(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
-	})
+	}, ds.Runtime().Status, as.Runtime().Status)
 }
 
 type namedStage struct {

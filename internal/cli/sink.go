@@ -3,61 +3,65 @@ package cli
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/sink"
 )
 
-// SinkCmd is `meterline sink`.
-type SinkCmd struct {
-	Group              string        `help:"Consumer group of the sink." default:"meterline-sink"`
-	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
-	Database           string        `help:"ClickHouse database holding the tables." default:"meterline"`
-	Migrate            bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
-	MaxBatchRecords    int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
-	MaxBatchWait       time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
-	CommitInterval     time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
-	InsertBlockRows    int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
-	InsertTimeout      time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
-	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
-	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"60s"`
-	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
-	MetricsAddr        string        `help:"Address of the HTTP server for /metrics, /healthz and /readyz." default:":9466"`
-	Validate           bool          `help:"Check the configuration and exit."`
+// SinkFlags are the sink's own flags: `meterline sink` takes them as they
+// are, `meterline run` with the prefix sink- (--sink-database, ...).
+type SinkFlags struct {
+	Group           string        `help:"Consumer group of the sink." default:"meterline-sink"`
+	Database        string        `help:"ClickHouse database holding the tables." default:"meterline"`
+	Migrate         bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
+	MaxBatchRecords int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
+	MaxBatchWait    time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
+	CommitInterval  time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
+	InsertBlockRows int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
+	InsertTimeout   time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
 }
 
-func (c *SinkCmd) config(g *Globals, log *zap.Logger) (sink.Config, error) {
-	id := c.InstanceID
-	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return sink.Config{}, fmt.Errorf("--instance-id not set and no host name: %w", err)
-		}
-		id = h
+// config builds the sink's configuration; the Kafka session settings come
+// from the caller (the sink's own flags, or run's shared stage flags).
+func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, txn time.Duration, log *zap.Logger, reg prometheus.Registerer) (sink.Config, error) {
+	id, err := resolveInstanceID(instanceID)
+	if err != nil {
+		return sink.Config{}, err
 	}
 	cfg := sink.Config{
-		Brokers: g.Brokers, Group: c.Group, InstanceID: id, Topics: g.Topic,
-		ClickHouse: g.ClickHouse, Database: c.Database,
-		MaxBatchRecords: c.MaxBatchRecords, MaxBatchWait: c.MaxBatchWait, CommitInterval: c.CommitInterval, InsertBlockRows: c.InsertBlockRows,
-		InsertTimeout: c.InsertTimeout, SessionTimeout: c.SessionTimeout, RebalanceTimeout: c.RebalanceTimeout,
-		TransactionTimeout: c.TransactionTimeout, Logger: log,
+		Brokers: g.Brokers, Group: f.Group, InstanceID: id, Topics: g.Topic,
+		ClickHouse: g.ClickHouse, Database: f.Database,
+		MaxBatchRecords: f.MaxBatchRecords, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
+		InsertTimeout: f.InsertTimeout, SessionTimeout: session, RebalanceTimeout: rebalance,
+		TransactionTimeout: txn, Logger: log, Registerer: reg,
 	}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
 }
 
+// SinkCmd is `meterline sink`.
+type SinkCmd struct {
+	SinkFlags          `embed:""`
+	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
+	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
+	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"60s"`
+	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
+	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz." default:":9466"`
+	Validate           bool          `help:"Check the configuration and exit."`
+}
+
 // Run runs the sink.
 func (c *SinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
-	cfg, err := c.config(g, log)
+	cfg, err := c.config(g, c.InstanceID, c.SessionTimeout, c.RebalanceTimeout, c.TransactionTimeout, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	cfg.Registerer = reg
 	if c.Validate {
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
@@ -71,7 +75,12 @@ func (c *SinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, c.MetricsAddr, reg, log, w.Ready, w.Run)
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run)
+}
+
+// sinkInputs are the topics the sink consumes (package sink).
+func sinkInputs(n topics.Names) []string {
+	return []string{n.DedupedTopic(), n.AggregatesTopic(), n.AdjustmentsTopic(), n.DuplicatesTopic(), n.RejectedTopic()}
 }
 
 // MigrateCmd is `meterline migrate`.

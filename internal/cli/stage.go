@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 )
@@ -25,18 +26,14 @@ type StageFlags struct {
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
-	MetricsAddr        string        `help:"Address of the HTTP server for /metrics, /healthz and /readyz." default:":9464"`
+	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz." default:":9464"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
 
 func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logger, reg prometheus.Registerer) (stream.Config, error) {
-	id := f.InstanceID
-	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return stream.Config{}, fmt.Errorf("--instance-id not set and no host name: %w", err)
-		}
-		id = h
+	id, err := resolveInstanceID(f.InstanceID)
+	if err != nil {
+		return stream.Config{}, err
 	}
 	return stream.Config{
 		Brokers:            g.Brokers,
@@ -53,12 +50,54 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logg
 	}, nil
 }
 
+// resolveInstanceID returns id, or the host name when id is empty.
+func resolveInstanceID(id string) (string, error) {
+	if id != "" {
+		return id, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("--instance-id not set and no host name: %w", err)
+	}
+	return h, nil
+}
+
+// lagGroup is a consumer group of the process's own stages and the topics
+// it consumes, for its lag metrics.
+type lagGroup struct {
+	group  string
+	inputs []string
+}
+
 // runStage serves metrics and health while run runs, and returns run's
-// error. A fatal stage error ends the process with status 1.
-func runStage(ctx context.Context, addr string, reg *prometheus.Registry, log *zap.Logger, ready service.Check, run func(context.Context) error) error {
+// error. A fatal stage error ends the process with status 1. The consumer
+// lag of groups (the process's own stages) is exported on reg, computed
+// when /metrics is scraped and cached for a few seconds (lag.Collector);
+// a stage that has not committed yet is behind from the start of its
+// inputs.
+// The status page at / shows the stages of status (stream.Runtime.Status)
+// and any other stage found in reg.
+func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, status ...func() service.StageStatus) error {
+	names := make([]string, len(groups))
+	opts := []lag.Option{lag.WithLogger(log)}
+	for i, lg := range groups {
+		names[i] = lg.group
+		opts = append(opts, lag.WithInputTopics(lg.group, lg.inputs...))
+	}
+	lc, err := lag.NewCollector(g.Brokers, names, opts...)
+	if err != nil {
+		return err
+	}
+	defer lc.Close()
+	if err := reg.Register(lc); err != nil {
+		return fmt.Errorf("consumer lag metrics: %w", err)
+	}
 	srv, err := service.Listen(addr, reg, log, ready)
 	if err != nil {
 		return err
+	}
+	for _, f := range status {
+		srv.AddStatus(f)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -112,5 +151,6 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, c.MetricsAddr, reg, log, st.Runtime().Ready, st.Run)
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
+		st.Runtime().Ready, st.Run, st.Runtime().Status)
 }

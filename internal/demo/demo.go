@@ -15,8 +15,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -32,6 +34,7 @@ import (
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
+	"github.com/meterline/meterline/sink"
 )
 
 // Config configures a demo run.
@@ -54,6 +57,22 @@ type Config struct {
 	Logger *zap.Logger
 	// Registry receives the stages' metrics.
 	Registry *prometheus.Registry
+	// ClickHouse, when set, is the native-protocol address of a ClickHouse
+	// into which the demo also runs the sink; the report then checks its
+	// tables too and prints a query to try. Default: no sink.
+	ClickHouse string
+	// Database is the sink's ClickHouse database. The demo drops it and
+	// creates it again, migrated, at the start of a run (the embedded
+	// broker's offsets start again at 0); it refuses a database that has
+	// tables but was not made by the demo. Default: meterline_demo.
+	Database string
+	// HTTPAddr is where the status page (/), /status.json and /metrics
+	// are served while the demo runs (status.go). Default: none.
+	HTTPAddr string
+
+	// onCaughtUp, in tests, runs once the stages caught up with the
+	// generator, before they stop.
+	onCaughtUp func(caughtUpState)
 }
 
 const (
@@ -81,6 +100,20 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	}
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
+	}
+	if cfg.Database == "" {
+		cfg.Database = "meterline_demo"
+	}
+	var chConn driver.Conn
+	if cfg.ClickHouse != "" {
+		// Before anything starts: an unreachable ClickHouse is a clear
+		// error, not a demo that waits for it.
+		conn, err := prepareDatabase(ctx, cfg.ClickHouse, cfg.Database)
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close()
+		chConn = conn
 	}
 	for _, sub := range []string{"kafka", "state"} {
 		if err := os.RemoveAll(filepath.Join(cfg.Dir, sub)); err != nil {
@@ -130,7 +163,28 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	rec := &recovery{replayed: func() float64 {
 		return metricSum(cfg.Registry, "meterline_stream_restore_records_total", map[string]string{"stage": "dedup"})
 	}}
+	// The sink stops after the other stages, once it has written all their
+	// output, so it has its own context.
+	sinkCtx, stopSink := context.WithCancel(context.Background())
+	defer stopSink()
+	var sinkWG sync.WaitGroup
+	if chConn != nil {
+		w, err := sink.New(sink.Config{Brokers: brokers, Group: sinkGroup, InstanceID: "demo", Topics: names,
+			ClickHouse: cfg.ClickHouse, Database: cfg.Database, MaxBatchWait: 500 * time.Millisecond,
+			CommitInterval: 500 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: cfg.Logger, Registerer: cfg.Registry})
+		if err != nil {
+			return false, err
+		}
+		sinkWG.Add(1)
+		go func() {
+			defer sinkWG.Done()
+			if err := w.Run(sinkCtx); err != nil {
+				errc <- fmt.Errorf("sink: %w", err)
+			}
+		}()
+	}
 	dedupStage := make(chan *dedup.Stage, 1)
+	var currentDedup atomic.Pointer[dedup.Stage] // for the status page
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -142,6 +196,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 				errc <- fmt.Errorf("dedup: %w", err)
 				return
 			}
+			currentDedup.Store(ds)
 			select {
 			case dedupStage <- ds:
 			default:
@@ -180,6 +235,9 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 
 	view := &aggView{latest: map[string]*schemas.Aggregate{}}
 	go view.follow(runCtx, brokers, names.AggregatesTopic())
+	page := serveStatus(cfg, brokers, names, tr, view, as, &currentDedup)
+	defer page.close()
+	cfg.HTTPAddr = page.addr // the bound address, for the live view
 
 	// Kill dedup once, at a random moment in the middle of the run.
 	crashAfter := 20 * time.Second
@@ -222,14 +280,28 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	if err := waitCaughtUp(brokers, 2*time.Minute); err != nil {
 		return false, err
 	}
+	page.caughtUp()
 	stopAll()
 	wg.Wait()
+	var ch *chResult
+	if chConn != nil {
+		fmt.Fprintf(cfg.Out, "waiting for the sink to write everything to ClickHouse ...\n")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		want, err := expectedRows(ctx, brokers, names)
+		cancel()
+		if err != nil {
+			return false, err
+		}
+		ch = waitSink(chConn, cfg.ClickHouse, cfg.Database, want, 2*time.Minute)
+		stopSink()
+		sinkWG.Wait()
+	}
 	select {
 	case err := <-errc:
 		return false, err
 	default:
 	}
-	return report(cfg.Out, brokers, names, tr, rec)
+	return report(cfg.Out, brokers, names, tr, rec, ch)
 }
 
 func createTopics(ctx context.Context, brokers []string, names topics.Names, layout topics.Layout) error {
@@ -365,9 +437,13 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 	el := time.Since(start)
 	sent := tr.sent.Load()
 	if !cfg.Live {
-		fmt.Fprintf(w, "[%s] events in %d · deduped %.0f · duplicates %.0f · rejected %.0f · %s\n",
+		ch := ""
+		if cfg.ClickHouse != "" {
+			ch = fmt.Sprintf(" · clickhouse rows %.0f", metricSum(reg, "meterline_sink_rows_total", map[string]string{"outcome": "inserted"}))
+		}
+		fmt.Fprintf(w, "[%s] events in %d · deduped %.0f · duplicates %.0f · rejected %.0f%s · %s\n",
 			el.Round(time.Second), sent, metricSum(reg, "meterline_dedup_accepted_total", nil),
-			metricSum(reg, "meterline_dedup_duplicates_total", nil), metricSum(reg, "meterline_rejected_total", nil), rec)
+			metricSum(reg, "meterline_dedup_duplicates_total", nil), metricSum(reg, "meterline_rejected_total", nil), ch, rec)
 		return
 	}
 	var b strings.Builder
@@ -386,16 +462,32 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 	fmt.Fprintf(&b, "  rejected           %8.0f   %s\n", metricSum(reg, "meterline_rejected_total", nil), strings.Join(reasons, " · "))
 	fmt.Fprintf(&b, "  late → adjustments %8.0f\n", metricSum(reg, "meterline_aggregate_late_events_total", nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	rows, err := lag.Compute(ctx, brokers, []string{dedupGroup, aggGroup}, time.Now())
+	groups := []string{dedupGroup, aggGroup}
+	if cfg.ClickHouse != "" {
+		groups = append(groups, sinkGroup)
+	}
+	rows, err := lag.Compute(ctx, brokers, groups, time.Now())
 	cancel()
 	if err == nil {
 		per := map[string]int64{}
 		for _, r := range rows {
 			per[r.Group] += r.Records
 		}
-		fmt.Fprintf(&b, "  lag                dedup %d records · aggregate %d records\n", per[dedupGroup], per[aggGroup])
+		fmt.Fprintf(&b, "  lag                dedup %d records · aggregate %d records", per[dedupGroup], per[aggGroup])
+		if cfg.ClickHouse != "" {
+			fmt.Fprintf(&b, " · sink %d records", per[sinkGroup])
+		}
+		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "  recovery           %s\n\n", rec)
+	if cfg.ClickHouse != "" {
+		fmt.Fprintf(&b, "  clickhouse         %8.0f rows inserted into %s\n",
+			metricSum(reg, "meterline_sink_rows_total", map[string]string{"outcome": "inserted"}), cfg.Database)
+	}
+	fmt.Fprintf(&b, "  recovery           %s\n", rec)
+	if cfg.HTTPAddr != "" {
+		fmt.Fprintf(&b, "  status page        http://%s/\n", cfg.HTTPAddr)
+	}
+	b.WriteString("\n")
 	cur := view.currentPeriod(time.Now())
 	fmt.Fprintf(&b, "  this hour, per customer (latest revision):\n")
 	fmt.Fprintf(&b, "    %-10s %10s %12s %11s\n", "customer", "api_calls", "tokens", "storage_mb")

@@ -9,11 +9,13 @@ import (
 
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
+	"github.com/meterline/meterline/sink"
 )
 
 // report reads the committed output topics and checks them against the
 // generator's ground truth. It returns false on any mismatch.
-func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *recovery) (bool, error) {
+// With ch (the sink ran), it also checks the sink's ClickHouse tables.
+func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *recovery, ch *chResult) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	read := func(topic string) ([][]byte, error) {
@@ -148,10 +150,33 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 		}
 	}
 	fmt.Fprintf(w, "   %d aggregates (%d FINAL), %d adjustments\n", len(latest), finals, len(adjs))
+	if ch != nil {
+		fmt.Fprintf(w, "== ClickHouse: the sink's tables in database %s on %s (plain count(), no FINAL)\n", ch.db, ch.addr)
+		if ch.err != nil {
+			fmt.Fprintf(w, "  FAIL reading the tables: %v\n", ch.err)
+			ok = false
+		} else {
+			check(sink.TableEvents+" rows = unique events", tr.unique, ch.counts[sink.TableEvents])
+			check(sink.TableDuplicates+" rows = copies sent", tr.copies, ch.counts[sink.TableDuplicates])
+			check(sink.TableRejected+" rows = bad events", badTotal, ch.counts[sink.TableRejected])
+			check(sink.TableAdjustments+" rows = late events", tr.late, ch.counts[sink.TableAdjustments])
+			check(sink.TableAggregates+" rows = topic revisions", int64(len(aggs)), ch.counts[sink.TableAggregates])
+			for _, m := range meters {
+				var want int64
+				for _, c := range customersSorted {
+					want += tr.totals[c][m]
+				}
+				check("total "+m+" (aggregates + adjustments)", want, ch.meterTotal[m])
+			}
+		}
+	}
 	if ok {
 		fmt.Fprintf(w, "== RECONCILED: every event counted exactly once\n")
 	} else {
 		fmt.Fprintf(w, "== MISMATCH: see the FAIL lines above\n")
+	}
+	if ch != nil {
+		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in the README, \"For analysts\")\n", tryCommand(ch.addr, ch.db))
 	}
 	return ok, nil
 }

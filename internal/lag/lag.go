@@ -43,32 +43,68 @@ func Compute(ctx context.Context, brokers []string, groups []string, now time.Ti
 		return nil, err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	return computeWith(ctx, kadm.NewClient(cl), brokers, groups, nil, now)
+}
+
+// computeWith is Compute on an existing admin client. inputs names, per
+// group, topics it consumes: a partition of one of them without a
+// committed offset counts from the partition's start, where the stage's
+// first start reads (DESIGN §6.6), even when the group has committed
+// nothing at all.
+func computeWith(ctx context.Context, adm *kadm.Client, brokers []string, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
 	var rows []Row
 	for _, g := range groups {
-		offs, err := adm.FetchOffsets(ctx, g)
-		if err != nil {
-			if errors.Is(err, kerr.GroupIDNotFound) {
-				continue // never committed
-			}
-			return nil, fmt.Errorf("lag: offsets of group %s: %w", g, err)
-		}
 		byTopic := map[string]map[int32]int64{}
-		offs.Each(func(o kadm.OffsetResponse) {
-			if o.Err != nil {
-				return
+		offs, err := adm.FetchOffsets(ctx, g)
+		switch {
+		case errors.Is(err, kerr.GroupIDNotFound): // never committed
+		case err != nil:
+			return nil, fmt.Errorf("lag: offsets of group %s: %w", g, err)
+		default:
+			offs.Each(func(o kadm.OffsetResponse) {
+				if o.Err != nil {
+					return
+				}
+				if byTopic[o.Topic] == nil {
+					byTopic[o.Topic] = map[int32]int64{}
+				}
+				byTopic[o.Topic][o.Partition] = o.At
+			})
+		}
+		for _, t := range inputs[g] {
+			if byTopic[t] == nil {
+				byTopic[t] = map[int32]int64{}
 			}
-			if byTopic[o.Topic] == nil {
-				byTopic[o.Topic] = map[int32]int64{}
-			}
-			byTopic[o.Topic][o.Partition] = o.At
-		})
+		}
 		for topic, committed := range byTopic {
 			ends, err := adm.ListCommittedOffsets(ctx, topic) // read_committed end = LSO
 			if err != nil {
 				return nil, fmt.Errorf("lag: end offsets of %s: %w", topic, err)
 			}
-			first, err := firstUnconsumed(ctx, brokers, topic, committed, ends)
+			// A partition whose end is unknown (a topic that does not
+			// exist yet, a leader moving) has no row this time.
+			for p, e := range ends[topic] {
+				if e.Err != nil {
+					delete(ends[topic], p)
+				}
+			}
+			// Where the group reads next: its committed offset, or the
+			// partition's start.
+			from := map[int32]int64{}
+			var starts kadm.ListedOffsets
+			if len(committed) < len(ends[topic]) {
+				if starts, err = adm.ListStartOffsets(ctx, topic); err != nil {
+					return nil, fmt.Errorf("lag: start offsets of %s: %w", topic, err)
+				}
+			}
+			ends.Each(func(e kadm.ListedOffset) {
+				if c, ok := committed[e.Partition]; ok {
+					from[e.Partition] = c
+				} else if s, ok := starts.Lookup(topic, e.Partition); ok && s.Err == nil {
+					from[e.Partition] = s.Offset
+				}
+			})
+			first, err := firstUnconsumed(ctx, brokers, topic, from, ends)
 			if err != nil {
 				return nil, err
 			}
@@ -78,11 +114,7 @@ func Compute(ctx context.Context, brokers []string, groups []string, now time.Ti
 					r.Committed = c
 				}
 				if ts, ok := first[e.Partition]; ok {
-					from := r.Committed
-					if from < 0 {
-						from = 0
-					}
-					r.Records = e.Offset - from
+					r.Records = e.Offset - from[e.Partition]
 					if r.Records < 1 {
 						r.Records = 1
 					}
@@ -108,9 +140,9 @@ func Compute(ctx context.Context, brokers []string, groups []string, now time.Ti
 	return rows, nil
 }
 
-// firstUnconsumed returns, per partition with data after the committed
-// offset, the broker timestamp of the first record a read_committed
-// consumer would get there.
+// firstUnconsumed returns, per partition with data after the offset the
+// group reads next (committed; absent: offset 0), the broker timestamp of
+// the first record a read_committed consumer would get there.
 func firstUnconsumed(ctx context.Context, brokers []string, topic string, committed map[int32]int64, ends kadm.ListedOffsets) (map[int32]time.Time, error) {
 	start := map[int32]kgo.Offset{}
 	want := map[int32]int64{}

@@ -1,5 +1,6 @@
 // Package service runs the HTTP side of a Meterline process: Prometheus
-// metrics, liveness and readiness, on one port (DESIGN §9).
+// metrics, liveness and readiness, and a status page, on one port
+// (DESIGN §9).
 package service
 
 import (
@@ -19,13 +20,15 @@ import (
 // Check returns nil when a part of the process is ready, or why not.
 type Check func() error
 
-// Server serves /metrics, /healthz and /readyz.
+// Server serves /metrics, /healthz, /readyz, and the status page at /
+// (HTML, refreshing itself) and /status.json.
 type Server struct {
-	srv   *http.Server
-	ln    net.Listener
-	log   *zap.Logger
-	Mux   *http.ServeMux
-	ready []Check
+	srv    *http.Server
+	ln     net.Listener
+	log    *zap.Logger
+	Mux    *http.ServeMux
+	ready  []Check
+	status *statusPage
 }
 
 // NewRegistry returns a registry with the Go and process collectors.
@@ -42,17 +45,17 @@ func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Che
 	if err != nil {
 		return nil, fmt.Errorf("service: listen %s: %w", addr, err)
 	}
-	s := &Server{ln: ln, log: log, Mux: http.NewServeMux(), ready: ready}
+	s := &Server{ln: ln, log: log, Mux: http.NewServeMux(), ready: ready, status: newStatusPage(reg, time.Now)}
+	s.Mux.HandleFunc("/", s.serveStatusHTML)
+	s.Mux.HandleFunc("/status.json", s.serveStatusJSON)
 	s.Mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	s.Mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	s.Mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		for _, c := range s.ready {
-			if err := c(); err != nil {
-				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
+		if err := s.readiness(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
@@ -67,7 +70,7 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.srv.Serve(s.ln) }()
-	s.log.Info("serving metrics and health", zap.String("addr", s.Addr()))
+	s.log.Info("serving metrics and health", zap.String("addr", s.Addr()), zap.String("status_page", "http://"+s.Addr()+"/"))
 	select {
 	case err := <-errc:
 		return fmt.Errorf("service: %w", err)

@@ -1,0 +1,449 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/lag"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/producer"
+)
+
+// TestRunValidate: `meterline run` checks the sink's flags too, naming the
+// bad one, unless --no-sink leaves the sink out.
+func TestRunValidate(t *testing.T) {
+	code, out, errOut := run(t, "", "run", "--validate", "--instance-id", "a")
+	if code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	bad := []string{"run", "--validate", "--instance-id", "a", "--sink-insert-timeout", "2m", "--sink-database", "bad-name"}
+	code, _, errOut = run(t, "", bad...)
+	if code != 2 || !strings.Contains(errOut, "InsertTimeout") || !strings.Contains(errOut, "Database") {
+		t.Fatalf("exit %d, want 2 naming InsertTimeout and Database:\n%s", code, errOut)
+	}
+	code, out, errOut = run(t, "", append(bad, "--no-sink")...)
+	if code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Fatalf("--no-sink still checks the sink's flags: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestRealRunAllStages runs `meterline run` in-process against the real
+// broker and the real ClickHouse: dedup, the aggregator and the sink, each
+// in its own consumer group, behind one HTTP server. Unique events, exact
+// copies, conflicting copies and undecodable records go in; ClickHouse's
+// plain count() of every table (no FINAL) must be exact, /readyz ready, and
+// /metrics must carry meterline_consumer_lag_records and _seconds for all
+// three groups, at zero once they are caught up.
+func TestRealRunAllStages(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	addr := testenv.RealClickHouse(t)
+	conn, db := testenv.ClickHouseDB(t)
+	names := topics.DefaultNames()
+	names.Prefix = testenv.Name(t, "run") + "."
+	const parts = 4
+	createTopics(t, brokers, names, parts)
+	groups := map[string]string{"dedup": testenv.Name(t, "dedup"), "aggregate": testenv.Name(t, "aggregate"), "sink": testenv.Name(t, "sink")}
+	metrics := freeAddr(t)
+	// No ticks during the test: dedup reads its own ticks, so with them
+	// every group is a few records behind for a moment each tick interval,
+	// and "all lag is zero" would be a matter of timing.
+	const tickInterval = "1h"
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"run",
+			"--brokers", strings.Join(brokers, ","), "--clickhouse", addr, "--topic-prefix", names.Prefix,
+			"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics,
+			"--dedup-group", groups["dedup"], "--aggregate-group", groups["aggregate"], "--sink-group", groups["sink"],
+			"--sink-database", db, "--sink-migrate", "--tick-interval", tickInterval, "--session-timeout", "6s",
+			"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms",
+		}, IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
+	}()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("meterline run exited %d:\n%s", code, tail(logs.String(), 40))
+			}
+		case <-time.After(90 * time.Second):
+			t.Errorf("meterline run did not stop within 90 s of its context ending")
+		}
+	}
+	defer stop()
+	waitHTTP(t, "http://"+metrics+"/readyz", 200, 90*time.Second, done, &logs)
+
+	// Input: 300 unique events, 20 exact copies, 6 conflicting copies, 3
+	// undecodable records.
+	p, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(names.EventsTopic()), producer.WithSource("run-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	now := time.Now().Add(-time.Minute)
+	var events []producer.Event
+	var quantity int64
+	for i := 0; i < 300; i++ {
+		e := producer.Event{EventID: fmt.Sprintf("req-%d", i), CustomerID: []string{"acme", "globex", "initech"}[i%3],
+			Meter: []string{"api_calls", "tokens"}[i%2], Quantity: int64(1 + i%7), EventTime: now.Add(time.Duration(i) * time.Millisecond)}
+		events = append(events, e)
+		quantity += e.Quantity
+	}
+	send := func(e producer.Event) {
+		t.Helper()
+		if err := p.Send(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range events {
+		send(e)
+	}
+	for i := 0; i < 20; i++ {
+		send(events[i*7])
+	}
+	for i := 0; i < 6; i++ {
+		e := events[i*11+3]
+		e.Quantity += 100
+		send(e)
+	}
+	for i := 0; i < 3; i++ {
+		r := &kgo.Record{Topic: names.EventsTopic(), Key: []byte(fmt.Sprintf("garbage-%d", i)), Value: []byte("not avro")}
+		if err := p.Client().ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The aggregator emits one OPEN revision per aggregate per transaction;
+	// once it is caught up, the topic holds every revision the sink must
+	// write.
+	testenv.WaitCaughtUp(t, brokers, groups["dedup"], names.EventsTopic(), 2*time.Minute)
+	testenv.WaitCaughtUp(t, brokers, groups["aggregate"], names.DedupedTopic(), 2*time.Minute)
+	revisions := int64(len(testenv.ReadAll(t, brokers, names.AggregatesTopic())))
+	want := map[string]int64{"usage_events": 300, "usage_duplicates": 26, "usage_rejected": 3,
+		"usage_adjustments": 0, "usage_aggregates": revisions}
+	waitCounts(t, conn, want, 2*time.Minute)
+	// Still exact a moment later: nothing is written twice.
+	time.Sleep(2 * time.Second)
+	if have := counts(t, conn); !equalMaps(have, want) {
+		t.Fatalf("ClickHouse row counts changed after the sink caught up: %v, want %v", have, want)
+	}
+	var sum int64
+	if err := conn.QueryRow(ctxT(t, 30*time.Second), "SELECT sum(quantity) FROM usage_events").Scan(&sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum != quantity {
+		t.Fatalf("sum(quantity) of usage_events = %d, want %d (the first copy of each event)", sum, quantity)
+	}
+	var conflicts uint64
+	if err := conn.QueryRow(ctxT(t, 30*time.Second), "SELECT countIf(conflict = 1) FROM usage_duplicates").Scan(&conflicts); err != nil {
+		t.Fatal(err)
+	}
+	if conflicts != 6 {
+		t.Fatalf("%d conflicting duplicates in ClickHouse, want 6", conflicts)
+	}
+
+	// Lag on /metrics for the three groups, on the real broker: present,
+	// and zero once caught up (computed at most a few seconds ago).
+	wantZero := map[string][]string{
+		groups["dedup"]:     {names.EventsTopic()},
+		groups["aggregate"]: {names.DedupedTopic()},
+		groups["sink"]:      {names.DedupedTopic(), names.DuplicatesTopic(), names.RejectedTopic(), names.AggregatesTopic(), names.AdjustmentsTopic()},
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		missing := lagNotZero(scrape(t, "http://"+metrics+"/metrics"), wantZero, parts)
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lag metrics not at zero for every group and partition: %v", missing)
+		}
+		time.Sleep(time.Second)
+	}
+	m := scrape(t, "http://"+metrics+"/metrics")
+	for _, name := range []string{"meterline_sink_rows_total", "meterline_dedup_accepted_total", "meterline_aggregate_revisions_total"} {
+		if !strings.Contains(m, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	waitHTTP(t, "http://"+metrics+"/readyz", 200, 10*time.Second, done, &logs)
+	stop()
+}
+
+func createTopics(t *testing.T, brokers []string, names topics.Names, parts int) {
+	t.Helper()
+	t.Cleanup(func() {
+		adm := testenv.Admin(t, brokers)
+		var all []string
+		for _, s := range topics.Specs(names, topics.DefaultLayout()) {
+			all = append(all, s.Name)
+		}
+		_, _ = adm.DeleteTopics(context.Background(), all...)
+	})
+	code, out, errOut := run(t, "", "topics", "create", "--brokers", strings.Join(brokers, ","),
+		"--topic-prefix", names.Prefix, "--partitions", strconv.Itoa(parts))
+	if code != 0 {
+		t.Fatalf("topics create: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// lagNotZero returns what of want (group → topics, every partition) is
+// missing from the scrape or not zero, in records or seconds.
+func lagNotZero(metrics string, want map[string][]string, parts int) []string {
+	var bad []string
+	for group, tps := range want {
+		for _, topic := range tps {
+			for p := 0; p < parts; p++ {
+				for _, name := range []string{lag.MetricRecords, lag.MetricSeconds} {
+					series := fmt.Sprintf(`%s{group="%s",partition="%d",topic="%s"}`, name, group, p, topic)
+					v, ok := sample(metrics, series)
+					if !ok || v != 0 {
+						bad = append(bad, fmt.Sprintf("%s=%v(present %v)", series, v, ok))
+					}
+				}
+			}
+		}
+	}
+	return bad
+}
+
+func sample(metrics, series string) (float64, bool) {
+	sc := bufio.NewScanner(strings.NewReader(metrics))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// waitHTTP waits until url answers status, failing early if the process
+// (done) ended.
+func waitHTTP(t *testing.T, url string, status int, d time.Duration, done chan int, logs *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for {
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("meterline ended with status %d:\n%s", code, tail(logs.String(), 40))
+		default:
+		}
+		resp, err := http.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == status {
+				return
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer %d within %s (last: %s)\n%s", url, status, d, last, tail(logs.String(), 40))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func waitCounts(t *testing.T, conn driver.Conn, want map[string]int64, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		have := counts(t, conn)
+		if equalMaps(have, want) {
+			return
+		}
+		for k, v := range have {
+			if v > want[k] {
+				t.Fatalf("%s holds %d rows, more than the %d records of its topic: %v", k, v, want[k], have)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ClickHouse row counts %v, want %v after %s", have, want, d)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// counts is count() of every sink table: plain count(), no FINAL.
+func counts(t *testing.T, conn driver.Conn) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, tbl := range []string{"usage_events", "usage_duplicates", "usage_rejected", "usage_adjustments", "usage_aggregates"} {
+		var n uint64
+		if err := conn.QueryRow(ctxT(t, 30*time.Second), "SELECT count() FROM "+tbl).Scan(&n); err != nil {
+			t.Fatalf("count %s: %v", tbl, err)
+		}
+		out[tbl] = int64(n)
+	}
+	return out
+}
+
+func equalMaps(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// freeAddr returns a loopback address with a port that was free a moment
+// ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRealSinkLagWhileClickHouseDown: a sink that cannot reach ClickHouse
+// from its first start never commits, yet its lag on the real broker is on
+// /metrics, counted from the start of its input partitions, in records and
+// seconds; /readyz says why it is not ready.
+func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	names := topics.DefaultNames()
+	names.Prefix = testenv.Name(t, "sinklag") + "."
+	const parts = 2
+	createTopics(t, brokers, names, parts)
+	group := testenv.Name(t, "sink")
+	metrics := freeAddr(t)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := 0; i < 7; i++ {
+		r := &kgo.Record{Topic: names.DuplicatesTopic(), Partition: int32(i % parts), Value: []byte("x")}
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produced := time.Now()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",
+			"--topic-prefix", names.Prefix, "--group", group, "--instance-id", "node-1", "--metrics-addr", metrics},
+			IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("meterline sink did not stop")
+		}
+	}()
+	waitHTTP(t, "http://"+metrics+"/healthz", 200, 30*time.Second, done, &logs)
+	time.Sleep(time.Second)
+	m := scrape(t, "http://"+metrics+"/metrics")
+	for p, want := range map[int]float64{0: 4, 1: 3} {
+		series := fmt.Sprintf(`%s{group="%s",partition="%d",topic="%s"}`, lag.MetricRecords, group, p, names.DuplicatesTopic())
+		if v, ok := sample(m, series); !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
+		}
+		series = fmt.Sprintf(`%s{group="%s",partition="%d",topic="%s"}`, lag.MetricSeconds, group, p, names.DuplicatesTopic())
+		if v, ok := sample(m, series); !ok || v < 1 || v > time.Since(produced).Seconds()+1 {
+			t.Errorf("%s = %v (present %v), want about %.1f", series, v, ok, time.Since(produced).Seconds())
+		}
+	}
+	series := fmt.Sprintf(`%s{group="%s",partition="0",topic="%s"}`, lag.MetricRecords, group, names.AggregatesTopic())
+	if v, ok := sample(m, series); !ok || v != 0 {
+		t.Errorf("%s = %v (present %v), want 0 (an empty input)", series, v, ok)
+	}
+	resp, err := http.Get("http://" + metrics + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "127.0.0.1:1") {
+		t.Errorf("/readyz: %d %s, want 503 naming the unreachable ClickHouse", resp.StatusCode, b)
+	}
+}

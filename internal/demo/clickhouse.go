@@ -1,0 +1,218 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
+	"github.com/meterline/meterline/sink"
+)
+
+// demoMarker is a table the demo creates in its database, so that a later
+// run may drop the database: a database that has tables but not this one
+// was not made by the demo, and is never dropped.
+const demoMarker = "meterline_demo_marker"
+
+const sinkGroup = "meterline-sink"
+
+var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// sinkTables are the sink's tables, in report order.
+var sinkTables = []string{sink.TableEvents, sink.TableDuplicates, sink.TableRejected, sink.TableAdjustments, sink.TableAggregates}
+
+// prepareDatabase drops the demo's database and creates it again, migrated.
+// It must be empty at the start of a run: the embedded broker starts
+// afresh, its offsets start at 0 again, and the sink's resume rule would
+// take the rows of an earlier run, at the same (partition, offset), for rows
+// it has already written.
+func prepareDatabase(ctx context.Context, addr, db string) (driver.Conn, error) {
+	if !databaseName.MatchString(db) {
+		return nil, fmt.Errorf("demo: --sink-database %q: want letters, digits and underscores", db)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	admin, err := sink.Dial(ctx, addr, "default", false)
+	if err != nil {
+		return nil, fmt.Errorf("demo: --sink: %w (start one with deploy/local/clickhouse.sh start, or name it with --clickhouse)", err)
+	}
+	defer admin.Close()
+	rows, err := admin.Query(ctx, "SELECT name FROM system.tables WHERE database = '"+db+"'")
+	if err != nil {
+		return nil, fmt.Errorf("demo: --sink: list tables of %s: %w", db, err)
+	}
+	var tables []string
+	marked := false
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		tables = append(tables, name)
+		marked = marked || name == demoMarker
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(tables) > 0 && !marked {
+		return nil, fmt.Errorf("demo: --sink: database %s on %s has tables (%s) and was not made by the demo; it is emptied at the start of every demo run, so choose another --sink-database",
+			db, addr, strings.Join(tables, ", "))
+	}
+	for _, q := range []string{
+		"DROP DATABASE IF EXISTS " + db,
+		"CREATE DATABASE " + db,
+		"CREATE TABLE " + db + "." + demoMarker + " (created DateTime) ENGINE = TinyLog",
+	} {
+		if err := admin.Exec(ctx, q); err != nil {
+			return nil, fmt.Errorf("demo: --sink: %s: %w", q, err)
+		}
+	}
+	conn, err := sink.Dial(ctx, addr, db, false)
+	if err != nil {
+		return nil, fmt.Errorf("demo: --sink: %w", err)
+	}
+	if _, err := sink.Migrate(ctx, conn); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("demo: --sink: migrate %s: %w", db, err)
+	}
+	return conn, nil
+}
+
+// sinkCounts returns count() of every sink table: plain count(), no FINAL,
+// which the sink's resume rule keeps exact.
+func sinkCounts(ctx context.Context, conn driver.Conn) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, t := range sinkTables {
+		var n uint64
+		if err := conn.QueryRow(ctx, "SELECT count() FROM "+t).Scan(&n); err != nil {
+			return nil, fmt.Errorf("demo: count %s: %w", t, err)
+		}
+		out[t] = int64(n)
+	}
+	return out, nil
+}
+
+// expectedRows counts the committed records of the sink's topics that are
+// rows of its tables (usage.deduped's watermarks are not).
+func expectedRows(ctx context.Context, brokers []string, names topics.Names) (map[string]int64, error) {
+	out := map[string]int64{}
+	for table, topic := range map[string]string{
+		sink.TableEvents: names.DedupedTopic(), sink.TableDuplicates: names.DuplicatesTopic(),
+		sink.TableRejected: names.RejectedTopic(), sink.TableAdjustments: names.AdjustmentsTopic(),
+		sink.TableAggregates: names.AggregatesTopic(),
+	} {
+		recs, err := topics.ReadCommitted(ctx, brokers, topic, nil)
+		if err != nil {
+			return nil, fmt.Errorf("demo: read %s: %w", topic, err)
+		}
+		for _, r := range recs {
+			if k, _ := schemas.PeekKind(r.Value); table == sink.TableEvents && k == schemas.KindWatermark {
+				continue
+			}
+			out[table]++
+		}
+	}
+	return out, nil
+}
+
+// chResult is what the sink wrote into ClickHouse, for the report.
+type chResult struct {
+	addr, db   string
+	counts     map[string]int64
+	meterTotal map[string]int64 // latest revision of every aggregate + adjustments, per meter
+	err        error            // the tables could not be read
+}
+
+// waitSink waits until every sink table holds as many rows as its topic
+// has records (or one holds more, which can only get worse, or d passes),
+// then reads the tables for the report.
+func waitSink(conn driver.Conn, addr, db string, want map[string]int64, d time.Duration) *chResult {
+	res := &chResult{addr: addr, db: db}
+	deadline := time.Now().Add(d)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		res.counts, res.err = sinkCounts(ctx, conn)
+		cancel()
+		if res.err == nil && (equalCounts(res.counts, want) || overCount(res.counts, want)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if res.err != nil {
+		return res
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res.meterTotal, res.err = meterTotals(ctx, conn)
+	return res
+}
+
+func equalCounts(have, want map[string]int64) bool {
+	for _, t := range sinkTables {
+		if have[t] != want[t] {
+			return false
+		}
+	}
+	return true
+}
+
+func overCount(have, want map[string]int64) bool {
+	for _, t := range sinkTables {
+		if have[t] > want[t] {
+			return true
+		}
+	}
+	return false
+}
+
+// meterTotals: per meter, the latest revision of every aggregate plus
+// every adjustment (every demo meter is a SUM), read from ClickHouse.
+func meterTotals(ctx context.Context, conn driver.Conn) (map[string]int64, error) {
+	rows, err := conn.Query(ctx, `
+SELECT meter, sum(v) FROM
+(
+    SELECT meter, argMax(value, revision) AS v FROM usage_aggregates
+    GROUP BY customer_id, meter, group_key, period_start
+    UNION ALL
+    SELECT meter, sum(delta) AS v FROM usage_adjustments GROUP BY meter
+)
+GROUP BY meter`)
+	if err != nil {
+		return nil, fmt.Errorf("demo: totals per meter: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var m string
+		var v int64
+		if err := rows.Scan(&m, &v); err != nil {
+			return nil, err
+		}
+		out[m] = v
+	}
+	return out, rows.Err()
+}
+
+// TryQuery is the query the report suggests running against the demo's
+// database.
+const TryQuery = "SELECT customer_id, meter, count() AS events, sum(quantity) AS quantity FROM usage_events GROUP BY customer_id, meter ORDER BY customer_id, meter"
+
+// tryCommand is a clickhouse-client command line that runs TryQuery.
+func tryCommand(addr, db string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, "9000"
+	}
+	return fmt.Sprintf("clickhouse-client --host %s --port %s --database %s --query %q", host, port, db, TryQuery)
+}

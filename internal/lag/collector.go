@@ -1,0 +1,173 @@
+package lag
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// Metric names exported by a Collector. Dashboards and alerts use them;
+// do not rename.
+const (
+	MetricRecords = "meterline_consumer_lag_records"
+	MetricSeconds = "meterline_consumer_lag_seconds"
+)
+
+var (
+	descRecords = prometheus.NewDesc(MetricRecords,
+		"Records a consumer group is behind on a partition: the last stable offset minus the offset it reads next (its committed offset; without one, the partition's start); 0 when a read_committed fetch from there returns no record, so trailing transaction markers do not count.",
+		[]string{"group", "topic", "partition"}, nil)
+	descSeconds = prometheus.NewDesc(MetricSeconds,
+		"Seconds a consumer group is behind on a partition: wall time minus the broker timestamp of the first record it has not consumed; 0 when caught up.",
+		[]string{"group", "topic", "partition"}, nil)
+)
+
+// Collector is a prometheus.Collector that exports the lag of consumer
+// groups, per group, topic and partition, as MetricRecords and
+// MetricSeconds (DESIGN §9), computed as Compute does.
+//
+// It is a collector rather than a periodic updater of gauges so that lag is
+// computed only when something scrapes, and so that a partition that leaves
+// a group's committed offsets (a topic deleted, a group reset) disappears
+// from the output instead of lingering as a stale gauge.
+//
+// One computation costs an OffsetFetch per group, a ListOffsets per topic
+// and, per partition that is behind, a read_committed fetch of its first
+// unconsumed record. So that scraping never hammers the broker, a result
+// is cached for the cache TTL (WithCacheTTL, default 5 s): every scrape
+// within it (several Prometheus servers, a status page) reuses it, and
+// concurrent scrapes wait for the one computation in flight. Both values
+// are as of that computation, at most the TTL old, and never extrapolated:
+// a record consumed right after it must not make a healthy stage look
+// stuck. Prometheus's usual scrape interval (15 s) is longer than the TTL,
+// so each scrape normally computes afresh.
+//
+// A dedup group reads its own tick records, so for a moment after each
+// tick interval it is a tick behind (a few records, counting commit
+// markers, and a fraction of a second); the aggregator and the sink
+// likewise trail the watermark records each tick produces.
+//
+// When a computation fails (broker unreachable, timeout), the failure is
+// logged, cached like a result, and the scrape carries no lag series:
+// absent data rather than stale data. The rest of the scrape is unaffected.
+type Collector struct {
+	brokers []string
+	groups  []string
+	inputs  map[string][]string
+	ttl     time.Duration
+	timeout time.Duration
+	now     func() time.Time
+	log     *zap.Logger
+
+	cl  *kgo.Client
+	adm *kadm.Client
+
+	mu      sync.Mutex // held for a whole refresh: concurrent scrapes share it
+	at      time.Time  // when rows were computed; zero: never
+	rows    []Row
+	lastErr error
+	closed  bool
+}
+
+// Option configures a Collector.
+type Option func(*Collector)
+
+// WithCacheTTL sets how long one computation serves scrapes. Default: 5s.
+func WithCacheTTL(d time.Duration) Option { return func(c *Collector) { c.ttl = d } }
+
+// WithTimeout bounds one computation, which runs inside a scrape. Default:
+// 5s (Prometheus's default scrape timeout is 10 s).
+func WithTimeout(d time.Duration) Option { return func(c *Collector) { c.timeout = d } }
+
+// WithClock sets the wall clock used for seconds behind and for the cache.
+// Default: time.Now.
+func WithClock(now func() time.Time) Option { return func(c *Collector) { c.now = now } }
+
+// WithInputTopics names the topics a group consumes. A partition of one
+// of them where the group has no committed offset counts as behind from the
+// partition's start, where a stage's first start reads (DESIGN §6.6), so a
+// stage stuck before its first commit (a sink that never reached
+// ClickHouse) shows its lag instead of no series at all. Default: only the
+// topics the group has committed offsets on, as `meterline lag` shows.
+func WithInputTopics(group string, topics ...string) Option {
+	return func(c *Collector) { c.inputs[group] = append(c.inputs[group], topics...) }
+}
+
+// WithLogger sets the logger for failed computations. Default: none.
+func WithLogger(l *zap.Logger) Option { return func(c *Collector) { c.log = l } }
+
+// NewCollector returns a Collector of the groups' lag on the brokers. It
+// holds one Kafka client until Close.
+func NewCollector(brokers, groups []string, opts ...Option) (*Collector, error) {
+	c := &Collector{brokers: brokers, groups: append([]string(nil), groups...), inputs: map[string][]string{}, ttl: 5 * time.Second,
+		timeout: 5 * time.Second, now: time.Now, log: zap.NewNop()}
+	for _, o := range opts {
+		o(c)
+	}
+	if len(brokers) == 0 {
+		return nil, errors.New("lag: collector needs at least one seed broker")
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, fmt.Errorf("lag: collector client: %w", err)
+	}
+	c.cl, c.adm = cl, kadm.NewClient(cl)
+	return c, nil
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descRecords
+	ch <- descSeconds
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	rows, _ := c.Rows()
+	for _, r := range rows {
+		p := strconv.Itoa(int(r.Partition))
+		ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(r.Records), r.Group, r.Topic, p)
+		ch <- prometheus.MustNewConstMetric(descSeconds, prometheus.GaugeValue, r.Behind.Seconds(), r.Group, r.Topic, p)
+	}
+}
+
+// Rows returns the cached lag rows, computing them first when the cache
+// is older than its TTL, and the error of that computation, if it failed.
+func (c *Collector) Rows() ([]Row, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("lag: collector closed")
+	}
+	now := c.now()
+	if c.at.IsZero() || now.Sub(c.at) >= c.ttl || now.Before(c.at) {
+		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+		rows, err := computeWith(ctx, c.adm, c.brokers, c.groups, c.inputs, now)
+		cancel()
+		c.at, c.rows, c.lastErr = now, rows, err
+		if err != nil {
+			c.rows = nil
+			c.log.Warn("consumer lag not computed; the scrape carries no lag series", zap.Strings("groups", c.groups), zap.Error(err))
+		}
+	}
+	return c.rows, c.lastErr
+}
+
+// Close releases the Kafka client. It is idempotent; a closed Collector
+// exports nothing.
+func (c *Collector) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		c.cl.Close()
+	}
+}

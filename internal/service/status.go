@@ -1,0 +1,609 @@
+package service
+
+import (
+	"cmp"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+)
+
+// Partition states on the status page.
+const (
+	// PartitionRestoring: assigned, its state is being rebuilt from the
+	// changelog; none of its input is processed yet (DESIGN §6.4).
+	PartitionRestoring = "restoring"
+	// PartitionProcessing: restored, its input is being processed.
+	PartitionProcessing = "processing"
+)
+
+// PartitionStatus is one input partition assigned to a stage instance.
+type PartitionStatus struct {
+	Partition int32  `json:"partition"`
+	State     string `json:"state"` // PartitionRestoring or PartitionProcessing
+	// RestoreRemaining is the number of changelog offsets left to replay
+	// while restoring; nil when not known (not restoring, or the replay has
+	// not started yet).
+	RestoreRemaining *int64 `json:"restore_remaining_records,omitempty"`
+	// LagRecords and LagSeconds are the group's lag on this partition of
+	// the input topic, from meterline_consumer_lag_records and
+	// meterline_consumer_lag_seconds; nil when the process exports no lag.
+	LagRecords *float64 `json:"lag_records"`
+	LagSeconds *float64 `json:"lag_seconds"`
+}
+
+// StageStatus is one stage of the process as the status page shows it.
+// A stage's own status function (Server.AddStatus) fills the identity,
+// Joined, Error and Partitions; the server fills the rest from the metrics
+// registry.
+type StageStatus struct {
+	Stage    string `json:"stage"` // "dedup", "aggregate", "sink"
+	Group    string `json:"group,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Input    string `json:"input_topic,omitempty"`
+	// Joined reports whether the stage runs a consumer-group session; nil
+	// when the stage does not report it.
+	Joined *bool `json:"joined,omitempty"`
+	// Error is why the stage stopped (a fatal error); empty otherwise.
+	Error string `json:"error,omitempty"`
+	// Partitions are the input partitions assigned to this instance,
+	// sorted; nil when the stage does not list them (the server then counts
+	// them from meterline_*_owned_partitions).
+	Partitions []PartitionStatus `json:"partitions"`
+
+	// Owned is the number of input partitions this instance owns
+	// (processing or restoring); Restoring, those still restoring.
+	Owned     int `json:"owned_partitions"`
+	Restoring int `json:"restoring_partitions"`
+	// Replayed is the number of changelog records replayed by restores
+	// since the process started (meterline_stream_restore_records_total).
+	Replayed float64 `json:"restore_replayed_records"`
+	// RecordsIn counts input records consumed; RecordsOut, records
+	// produced (for the sink: rows inserted into ClickHouse).
+	RecordsIn  float64 `json:"records_in"`
+	RecordsOut float64 `json:"records_out"`
+	// InPerSecond and OutPerSecond are rates over the last few seconds
+	// (since the previous look at the page, at least 5 s back, or since
+	// the server started); nil until a second has passed.
+	InPerSecond  *float64 `json:"records_in_per_second"`
+	OutPerSecond *float64 `json:"records_out_per_second"`
+	// LagRecords sums the group's lag over its partitions; LagSeconds is
+	// the largest. Nil when the process exports no lag for the group.
+	LagRecords *float64 `json:"lag_records"`
+	LagSeconds *float64 `json:"lag_seconds"`
+}
+
+// LagRow is one group's lag on one partition.
+type LagRow struct {
+	Group     string   `json:"group"`
+	Topic     string   `json:"topic"`
+	Partition int32    `json:"partition"`
+	Records   float64  `json:"records"`
+	Seconds   *float64 `json:"seconds"`
+}
+
+// Table is an extra section of the status page, added by a process
+// (the demo's aggregates per customer). The first cell of each row is its
+// key.
+type Table struct {
+	ID      string     `json:"id"` // stable, used in element attributes
+	Title   string     `json:"title"`
+	Note    string     `json:"note,omitempty"`
+	Columns []string   `json:"columns"`
+	Rows    [][]string `json:"rows"`
+}
+
+// Status is everything the status page shows; /status.json serves it.
+type Status struct {
+	Host    string    `json:"host"`
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Now     time.Time `json:"now"`
+	Ready   bool      `json:"ready"`
+	// NotReady is why /readyz fails; empty when ready.
+	NotReady string        `json:"not_ready,omitempty"`
+	Stages   []StageStatus `json:"stages"`
+	// LagExported reports whether the process exports consumer lag
+	// (meterline_consumer_lag_records); Lag is then every row of it.
+	LagExported bool     `json:"lag_exported"`
+	Lag         []LagRow `json:"lag"`
+	Tables      []Table  `json:"tables,omitempty"`
+}
+
+// Uptime is Now − Started, rounded to the second.
+func (s Status) Uptime() time.Duration { return s.Now.Sub(s.Started).Round(time.Second) }
+
+// statusPage holds what the status handlers need besides the Server's
+// readiness checks.
+type statusPage struct {
+	reg     prometheus.Gatherer
+	started time.Time
+	now     func() time.Time
+
+	mu     sync.Mutex
+	stages []func() StageStatus
+	tables []func() Table
+	rates  rateSamples
+}
+
+func newStatusPage(reg prometheus.Gatherer, now func() time.Time) *statusPage {
+	p := &statusPage{reg: reg, now: now, started: now()}
+	// The counters are at (or very near) zero when the server starts, so a
+	// first look at the page shows the average rate since the start.
+	p.rates.add(p.started, map[string]float64{})
+	return p
+}
+
+// AddStatus adds a stage to the status page: f reports its identity,
+// session and partitions (stream.Runtime.Status). Stages that export
+// Meterline's stage metrics but add no status function still appear, from
+// their metrics alone. f is called on every page view and must not block.
+func (s *Server) AddStatus(f func() StageStatus) {
+	s.status.mu.Lock()
+	defer s.status.mu.Unlock()
+	s.status.stages = append(s.status.stages, f)
+}
+
+// AddTable adds a section to the status page. f is called on every page
+// view and must not block.
+func (s *Server) AddTable(f func() Table) {
+	s.status.mu.Lock()
+	defer s.status.mu.Unlock()
+	s.status.tables = append(s.status.tables, f)
+}
+
+// Status returns what the status page shows now.
+func (s *Server) Status() Status {
+	p := s.status
+	st := Status{PID: os.Getpid(), Started: p.started, Now: p.now(), Ready: true}
+	st.Host, _ = os.Hostname()
+	if err := s.readiness(); err != nil {
+		st.Ready, st.NotReady = false, err.Error()
+	}
+	p.mu.Lock()
+	stageFns := slices.Clone(p.stages)
+	tableFns := slices.Clone(p.tables)
+	p.mu.Unlock()
+
+	mfs, err := p.reg.Gather()
+	if err != nil {
+		// Gather returns what it could collect along with the error.
+		s.log.Warn("status page: gathering metrics", zap.Error(err))
+	}
+	m := indexMetrics(mfs)
+	st.Stages = m.stages(stageFns)
+	st.Lag, st.LagExported = m.lag()
+	m.joinLag(st.Stages, st.Lag, st.LagExported)
+
+	// Rates: counters now against a sample taken a few seconds ago.
+	cur := map[string]float64{}
+	for _, sg := range st.Stages {
+		cur[sg.Stage+"/in"], cur[sg.Stage+"/out"] = sg.RecordsIn, sg.RecordsOut
+	}
+	p.mu.Lock()
+	for i := range st.Stages {
+		sg := &st.Stages[i]
+		sg.InPerSecond = p.rates.rate(sg.Stage+"/in", st.Now, sg.RecordsIn)
+		sg.OutPerSecond = p.rates.rate(sg.Stage+"/out", st.Now, sg.RecordsOut)
+	}
+	p.rates.add(st.Now, cur)
+	p.mu.Unlock()
+
+	for _, f := range tableFns {
+		st.Tables = append(st.Tables, f())
+	}
+	return st
+}
+
+func (s *Server) readiness() error {
+	for _, c := range s.ready {
+		if err := c(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Server) serveStatusHTML(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := statusTemplate.Execute(w, s.Status()); err != nil {
+		s.log.Warn("status page: rendering", zap.Error(err))
+	}
+}
+
+func (s *Server) serveStatusJSON(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s.Status())
+}
+
+// ---------------------------------------------------------------- rates
+
+// rateSamples keeps a few recent samples of counters, to compute rates
+// over the last few seconds without a background goroutine: every page
+// view adds a sample (at most one a second).
+type rateSamples struct {
+	samples []rateSample // oldest first
+}
+
+type rateSample struct {
+	at time.Time
+	v  map[string]float64
+}
+
+const (
+	rateWindow = 5 * time.Second // rates cover at least this much, when possible
+	rateMin    = time.Second     // no rate over less than this
+)
+
+// base is the newest sample at least rateWindow old, or the oldest one.
+func (r *rateSamples) base(now time.Time) (rateSample, bool) {
+	if len(r.samples) == 0 {
+		return rateSample{}, false
+	}
+	b := r.samples[0]
+	for _, s := range r.samples[1:] {
+		if now.Sub(s.at) < rateWindow {
+			break
+		}
+		b = s
+	}
+	return b, true
+}
+
+func (r *rateSamples) rate(key string, now time.Time, cur float64) *float64 {
+	b, ok := r.base(now)
+	if !ok {
+		return nil
+	}
+	dt := now.Sub(b.at)
+	if dt < rateMin {
+		return nil
+	}
+	prev := b.v[key] // a counter that did not exist yet was zero
+	if cur < prev {
+		return nil // a reset (a stage restarted with new counters)
+	}
+	v := (cur - prev) / dt.Seconds()
+	return &v
+}
+
+func (r *rateSamples) add(now time.Time, v map[string]float64) {
+	if n := len(r.samples); n > 0 && now.Sub(r.samples[n-1].at) < rateMin {
+		return
+	}
+	// Drop samples older than the base of the next rate: keep the newest
+	// one at least rateWindow old, and everything after it.
+	keep := 0
+	for i, s := range r.samples {
+		if now.Sub(s.at) >= rateWindow {
+			keep = i
+		}
+	}
+	r.samples = append(r.samples[keep:], rateSample{at: now, v: v})
+}
+
+// ---------------------------------------------------------------- metrics
+
+// Metric names the status page reads. Stages export them (internal/stream,
+// sink, internal/lag); a missing one shows as zero or n/a.
+const (
+	metricStreamIn        = "meterline_stream_records_in_total"
+	metricStreamOut       = "meterline_stream_records_out_total"
+	metricStreamOwned     = "meterline_stream_owned_partitions"
+	metricStreamRestoring = "meterline_stream_restore_remaining_records"
+	metricStreamReplayed  = "meterline_stream_restore_records_total"
+	metricSinkIn          = "meterline_sink_records_in_total"
+	metricSinkRows        = "meterline_sink_rows_total"
+	metricSinkOwned       = "meterline_sink_owned_partitions"
+	metricLagRecords      = "meterline_consumer_lag_records"
+	metricLagSeconds      = "meterline_consumer_lag_seconds"
+)
+
+type metricIndex map[string][]*dto.Metric
+
+func indexMetrics(mfs []*dto.MetricFamily) metricIndex {
+	m := metricIndex{}
+	for _, mf := range mfs {
+		m[mf.GetName()] = mf.GetMetric()
+	}
+	return m
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+// sum adds up the series of name whose labels match (label → value).
+func (m metricIndex) sum(name string, match ...string) float64 {
+	s := 0.0
+next:
+	for _, x := range m[name] {
+		for i := 0; i+1 < len(match); i += 2 {
+			if label(x, match[i]) != match[i+1] {
+				continue next
+			}
+		}
+		s += value(x)
+	}
+	return s
+}
+
+// pipelineOrder sorts stages the way data flows.
+func pipelineOrder(stage string) int {
+	switch stage {
+	case "dedup":
+		return 0
+	case "aggregate":
+		return 1
+	case "sink":
+		return 2
+	}
+	return 3
+}
+
+// stages returns the reported stages, in the order they were added, then
+// those found only in the metrics, in pipeline order; each completed from
+// the metrics.
+func (m metricIndex) stages(fns []func() StageStatus) []StageStatus {
+	var out []StageStatus
+	seen := map[string]bool{}
+	for _, f := range fns {
+		sg := f()
+		seen[sg.Stage] = true
+		out = append(out, sg)
+	}
+	var extra []string
+	for _, name := range []string{metricStreamOwned, metricStreamIn} {
+		for _, x := range m[name] {
+			if s := label(x, "stage"); s != "" && !seen[s] {
+				seen[s] = true
+				extra = append(extra, s)
+			}
+		}
+	}
+	if _, ok := m[metricSinkOwned]; ok && !seen["sink"] {
+		extra = append(extra, "sink")
+	}
+	slices.SortFunc(extra, func(a, b string) int {
+		return cmp.Or(cmp.Compare(pipelineOrder(a), pipelineOrder(b)), cmp.Compare(a, b))
+	})
+	for _, s := range extra {
+		out = append(out, StageStatus{Stage: s})
+	}
+	for i := range out {
+		m.complete(&out[i])
+	}
+	return out
+}
+
+// complete fills the counters, and the partition counts of a stage that
+// does not list its partitions, from the metrics.
+func (m metricIndex) complete(sg *StageStatus) {
+	if sg.Stage == "sink" && m[metricSinkOwned] != nil {
+		sg.RecordsIn = m.sum(metricSinkIn)
+		sg.RecordsOut = m.sum(metricSinkRows, "outcome", "inserted")
+		if sg.Partitions == nil {
+			sg.Owned = int(m.sum(metricSinkOwned))
+		}
+	} else {
+		sg.RecordsIn = m.sum(metricStreamIn, "stage", sg.Stage)
+		sg.RecordsOut = m.sum(metricStreamOut, "stage", sg.Stage)
+		sg.Replayed = m.sum(metricStreamReplayed, "stage", sg.Stage)
+		if sg.Partitions == nil {
+			// The owned gauge counts restored partitions; a partition
+			// with changelog left to replay is restoring.
+			sg.Owned = int(m.sum(metricStreamOwned, "stage", sg.Stage))
+			for _, x := range m[metricStreamRestoring] {
+				if label(x, "stage") == sg.Stage && value(x) > 0 {
+					sg.Restoring++
+					sg.Owned++
+				}
+			}
+		}
+	}
+	if sg.Partitions != nil {
+		sg.Owned, sg.Restoring = len(sg.Partitions), 0
+		for _, p := range sg.Partitions {
+			if p.State == PartitionRestoring {
+				sg.Restoring++
+			}
+		}
+	}
+}
+
+// lag returns every lag series, sorted, and whether there are any.
+func (m metricIndex) lag() ([]LagRow, bool) {
+	recs, ok := m[metricLagRecords]
+	if !ok {
+		return nil, false
+	}
+	type key struct {
+		g, t string
+		p    int32
+	}
+	secs := map[key]float64{}
+	for _, x := range m[metricLagSeconds] {
+		p, _ := strconv.ParseInt(label(x, "partition"), 10, 32)
+		secs[key{label(x, "group"), label(x, "topic"), int32(p)}] = value(x)
+	}
+	rows := make([]LagRow, 0, len(recs))
+	for _, x := range recs {
+		p, err := strconv.ParseInt(label(x, "partition"), 10, 32)
+		if err != nil {
+			continue
+		}
+		r := LagRow{Group: label(x, "group"), Topic: label(x, "topic"), Partition: int32(p), Records: value(x)}
+		if s, ok := secs[key{r.Group, r.Topic, r.Partition}]; ok {
+			r.Seconds = &s
+		}
+		rows = append(rows, r)
+	}
+	slices.SortFunc(rows, func(a, b LagRow) int {
+		return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return rows, true
+}
+
+// joinLag puts each stage's group lag on the stage and on its partitions
+// of the input topic.
+func (m metricIndex) joinLag(stages []StageStatus, rows []LagRow, exported bool) {
+	if !exported {
+		return
+	}
+	for i := range stages {
+		sg := &stages[i]
+		if sg.Group == "" {
+			continue
+		}
+		var recs, secs float64
+		found := false
+		for _, r := range rows {
+			if r.Group != sg.Group {
+				continue
+			}
+			found = true
+			recs += r.Records
+			if r.Seconds != nil && *r.Seconds > secs {
+				secs = *r.Seconds
+			}
+			if r.Topic != sg.Input {
+				continue
+			}
+			for j := range sg.Partitions {
+				if p := &sg.Partitions[j]; p.Partition == r.Partition {
+					p.LagRecords = ptr(r.Records)
+					p.LagSeconds = r.Seconds
+				}
+			}
+		}
+		if found {
+			sg.LagRecords, sg.LagSeconds = ptr(recs), ptr(secs)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// ---------------------------------------------------------------- formatting
+
+// Formatting helpers of the template; "n/a" stands for a value the
+// process does not know or does not export.
+
+func fmtCount(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
+
+func fmtOptCount(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return fmtCount(*v)
+}
+
+func fmtRate(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return strconv.FormatFloat(*v, 'f', 1, 64)
+}
+
+func fmtSeconds(v *float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return strconv.FormatFloat(*v, 'f', 1, 64)
+}
+
+func fmtRemaining(v *int64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return strconv.FormatInt(*v, 10)
+}
+
+func fmtStageState(sg StageStatus) string {
+	switch {
+	case sg.Error != "":
+		return "failed: " + sg.Error
+	case sg.Joined != nil && !*sg.Joined:
+		return "not in the group"
+	case sg.Restoring > 0:
+		return "restoring"
+	}
+	return "running"
+}
+
+func fmtPartitions(sg StageStatus) string {
+	if sg.Partitions == nil {
+		return "n/a"
+	}
+	if len(sg.Partitions) == 0 {
+		return "none"
+	}
+	s := ""
+	for i, p := range sg.Partitions {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprint(p.Partition)
+	}
+	return s
+}
+
+func stateClass(sg StageStatus) string {
+	switch {
+	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined):
+		return "bad"
+	case sg.Restoring > 0:
+		return "warn"
+	}
+	return "ok"
+}
+
+//go:embed status.html
+var statusHTML string
+
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+	"count":      fmtCount,
+	"optCount":   fmtOptCount,
+	"rate":       fmtRate,
+	"seconds":    fmtSeconds,
+	"remaining":  fmtRemaining,
+	"stageState": fmtStageState,
+	"stateClass": stateClass,
+	"partitions": fmtPartitions,
+	"listed":     func(sg StageStatus) bool { return sg.Partitions != nil },
+}).Parse(statusHTML))

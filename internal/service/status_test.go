@@ -1,0 +1,256 @@
+package service
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// fakeStages registers the metrics the status page reads, as the stream
+// runtime, the sink and the lag collector name them.
+type fakeStages struct {
+	in, out, replayed *prometheus.CounterVec
+	owned, restoring  *prometheus.GaugeVec
+	sinkIn, sinkRows  *prometheus.CounterVec
+	sinkOwned         prometheus.Gauge
+	lagRecs, lagSecs  *prometheus.GaugeVec
+}
+
+func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
+	f := NewFactory(reg)
+	s := &fakeStages{
+		in:        f.NewCounterVec(prometheus.CounterOpts{Name: metricStreamIn}, []string{"stage", "topic"}),
+		out:       f.NewCounterVec(prometheus.CounterOpts{Name: metricStreamOut}, []string{"stage", "topic"}),
+		replayed:  f.NewCounterVec(prometheus.CounterOpts{Name: metricStreamReplayed}, []string{"stage"}),
+		owned:     f.NewGaugeVec(prometheus.GaugeOpts{Name: metricStreamOwned}, []string{"stage"}),
+		restoring: f.NewGaugeVec(prometheus.GaugeOpts{Name: metricStreamRestoring}, []string{"stage", "partition"}),
+		sinkIn:    f.NewCounterVec(prometheus.CounterOpts{Name: metricSinkIn}, []string{"topic"}),
+		sinkRows:  f.NewCounterVec(prometheus.CounterOpts{Name: metricSinkRows}, []string{"table", "outcome"}),
+		sinkOwned: f.NewGauge(prometheus.GaugeOpts{Name: metricSinkOwned}),
+	}
+	if withLag {
+		s.lagRecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagRecords}, []string{"group", "topic", "partition"})
+		s.lagSecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagSeconds}, []string{"group", "topic", "partition"})
+	}
+	return s
+}
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time          { return c.t }
+func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
+func newTestServer(t *testing.T, reg *prometheus.Registry, ready ...Check) (*Server, *fakeClock) {
+	t.Helper()
+	s, err := Listen("127.0.0.1:0", reg, zap.NewNop(), ready...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.ln.Close() })
+	clk := &fakeClock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	s.status = newStatusPage(reg, clk.now)
+	return s, clk
+}
+
+func get(t *testing.T, s *Server, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	s.Mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	body, _ := io.ReadAll(rec.Result().Body)
+	return rec.Code, string(body)
+}
+
+func page(t *testing.T, s *Server) map[string]string {
+	t.Helper()
+	code, body := get(t, s, "/")
+	if code != http.StatusOK {
+		t.Fatalf("GET / = %d\n%s", code, body)
+	}
+	return testenv.PageValues(body)
+}
+
+func want(t *testing.T, v map[string]string, key, exp string) {
+	t.Helper()
+	got, ok := v[key]
+	if !ok {
+		t.Errorf("%s: not on the page", key)
+		return
+	}
+	if got != exp {
+		t.Errorf("%s = %q, want %q", key, got, exp)
+	}
+}
+
+// TestStatusPage renders a process with a reported stage (dedup: its own
+// partitions), a stage known only from its metrics (aggregate, one
+// partition restoring) and the sink, and checks every value the page shows
+// against what the stages and the registry hold.
+func TestStatusPage(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newFakeStages(reg, true)
+	notReady := errors.New("1 partitions restoring")
+	var ready error
+	s, clk := newTestServer(t, reg, func() error { return ready })
+
+	joined := true
+	remaining := int64(1234)
+	s.AddStatus(func() StageStatus {
+		return StageStatus{Stage: "dedup", Group: "g-dedup", Instance: "node-1", Input: "usage.events", Joined: &joined,
+			Partitions: []PartitionStatus{
+				{Partition: 0, State: PartitionProcessing},
+				{Partition: 1, State: PartitionProcessing},
+				{Partition: 2, State: PartitionRestoring, RestoreRemaining: &remaining},
+			}}
+	})
+	s.AddTable(func() Table {
+		return Table{ID: "aggregates", Title: "This hour", Columns: []string{"customer", "api_calls", "tokens"},
+			Rows: [][]string{{"acme", "12", "3400"}, {"globex", "1", "0"}}}
+	})
+
+	// The stages ran for 10 s before anyone looked.
+	clk.advance(10 * time.Second)
+	m.in.WithLabelValues("dedup", "usage.events").Add(1000)
+	m.out.WithLabelValues("dedup", "usage.deduped").Add(900)
+	m.out.WithLabelValues("dedup", "usage.duplicates").Add(50)
+	m.replayed.WithLabelValues("dedup").Add(77)
+	m.owned.WithLabelValues("dedup").Set(2)
+	m.in.WithLabelValues("aggregate", "usage.deduped").Add(400)
+	m.owned.WithLabelValues("aggregate").Set(1)
+	m.restoring.WithLabelValues("aggregate", "0").Set(0)
+	m.restoring.WithLabelValues("aggregate", "1").Set(40)
+	m.sinkOwned.Set(3)
+	m.sinkIn.WithLabelValues("usage.aggregates").Add(30)
+	m.sinkRows.WithLabelValues("aggregates", "inserted").Add(25)
+	m.sinkRows.WithLabelValues("aggregates", "already_present").Add(5)
+	for p, recs := range []float64{0, 7, 3} {
+		m.lagRecs.WithLabelValues("g-dedup", "usage.events", itoa(p)).Set(recs)
+		m.lagSecs.WithLabelValues("g-dedup", "usage.events", itoa(p)).Set(recs / 2)
+	}
+	m.lagRecs.WithLabelValues("other", "usage.deduped", "0").Set(9)
+	ready = notReady
+
+	v := page(t, s)
+	want(t, v, "ready", "not ready: 1 partitions restoring")
+	want(t, v, "uptime", "10s")
+
+	// dedup: what its status function reports, completed from the metrics.
+	want(t, v, "stage/dedup/state", "restoring")
+	want(t, v, "stage/dedup/group", "g-dedup")
+	want(t, v, "stage/dedup/instance", "node-1")
+	want(t, v, "stage/dedup/input", "usage.events")
+	want(t, v, "stage/dedup/owned", "3")
+	want(t, v, "stage/dedup/partitions", "0, 1, 2")
+	want(t, v, "stage/dedup/restoring", "1")
+	want(t, v, "stage/dedup/in", "1000")
+	want(t, v, "stage/dedup/out", "950")
+	want(t, v, "stage/dedup/in_rate", "100.0") // since the server started
+	want(t, v, "stage/dedup/out_rate", "95.0")
+	want(t, v, "stage/dedup/replayed", "77")
+	want(t, v, "stage/dedup/lag_records", "10")
+	want(t, v, "stage/dedup/lag_seconds", "3.5")
+	want(t, v, "part/dedup/0/state", "processing")
+	want(t, v, "part/dedup/2/state", "restoring")
+	want(t, v, "part/dedup/2/restore_remaining", "1234")
+	want(t, v, "part/dedup/0/restore_remaining", "n/a")
+	want(t, v, "part/dedup/1/lag_records", "7")
+	want(t, v, "part/dedup/1/lag_seconds", "3.5")
+
+	// aggregate: from its metrics only. One partition restored, one with
+	// changelog left to replay.
+	want(t, v, "stage/aggregate/state", "restoring")
+	want(t, v, "stage/aggregate/owned", "2")
+	want(t, v, "stage/aggregate/restoring", "1")
+	want(t, v, "stage/aggregate/partitions", "n/a")
+	want(t, v, "stage/aggregate/group", "n/a")
+	want(t, v, "stage/aggregate/in", "400")
+	want(t, v, "stage/aggregate/lag_records", "n/a")
+
+	// sink: rows inserted are its output; rows already present are not.
+	want(t, v, "stage/sink/state", "running")
+	want(t, v, "stage/sink/owned", "3")
+	want(t, v, "stage/sink/in", "30")
+	want(t, v, "stage/sink/out", "25")
+
+	// Every lag series, the other group's too.
+	want(t, v, "lag/g-dedup/usage.events/1/records", "7")
+	want(t, v, "lag/g-dedup/usage.events/2/seconds", "1.5")
+	want(t, v, "lag/other/usage.deduped/0/records", "9")
+	want(t, v, "lag/other/usage.deduped/0/seconds", "n/a")
+
+	want(t, v, "table/aggregates/acme/tokens", "3400")
+	want(t, v, "table/aggregates/globex/api_calls", "1")
+
+	// Stages in pipeline order.
+	_, body := get(t, s, "/")
+	if i, j, k := strings.Index(body, `data-stage="dedup"`), strings.Index(body, `data-stage="aggregate"`), strings.Index(body, `data-stage="sink"`); !(i >= 0 && i < j && j < k) {
+		t.Errorf("stages not in pipeline order: dedup at %d, aggregate at %d, sink at %d", i, j, k)
+	}
+
+	// Rates: over the last 5 s or more, not since the start.
+	clk.advance(5 * time.Second)
+	m.in.WithLabelValues("dedup", "usage.events").Add(50)
+	ready = nil
+	v = page(t, s)
+	want(t, v, "stage/dedup/in_rate", "10.0")
+	want(t, v, "stage/dedup/out_rate", "0.0")
+	want(t, v, "ready", "ready")
+	// A look less than a second later shows rates over the same base.
+	clk.advance(500 * time.Millisecond)
+	v = page(t, s)
+	want(t, v, "stage/dedup/in_rate", "9.1") // 50 records over 5.5 s
+
+	// The same snapshot as JSON.
+	code, body := get(t, s, "/status.json")
+	if code != http.StatusOK {
+		t.Fatalf("GET /status.json = %d", code)
+	}
+	var st Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("status.json: %v\n%s", err, body)
+	}
+	if len(st.Stages) != 3 || st.Stages[0].Stage != "dedup" || st.Stages[0].RecordsIn != 1050 || len(st.Stages[0].Partitions) != 3 ||
+		*st.Stages[0].Partitions[2].RestoreRemaining != 1234 || !st.LagExported || len(st.Lag) != 4 || !st.Ready {
+		t.Errorf("status.json does not match the page:\n%s", body)
+	}
+
+	if code, _ := get(t, s, "/no-such-page"); code != http.StatusNotFound {
+		t.Errorf("GET /no-such-page = %d, want 404", code)
+	}
+}
+
+// TestStatusPageWithoutLag: a process that exports no consumer lag shows
+// n/a, not zero; a failed stage shows its error, escaped.
+func TestStatusPageWithoutLag(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	newFakeStages(reg, false)
+	s, _ := newTestServer(t, reg)
+	joined := false
+	s.AddStatus(func() StageStatus {
+		return StageStatus{Stage: "dedup", Group: "g", Input: "usage.events", Joined: &joined,
+			Error: "stream: <script>alert(1)</script>", Partitions: []PartitionStatus{}}
+	})
+	v := page(t, s)
+	want(t, v, "lag", "n/a: this process exports no consumer lag (meterline_consumer_lag_records)")
+	want(t, v, "stage/dedup/lag_records", "n/a")
+	want(t, v, "stage/dedup/lag_seconds", "n/a")
+	want(t, v, "stage/dedup/state", "failed: stream: <script>alert(1)</script>")
+	want(t, v, "stage/dedup/partitions", "none")
+	want(t, v, "stage/dedup/owned", "0")
+	want(t, v, "stage/dedup/in_rate", "n/a") // less than a second since the start
+	_, body := get(t, s, "/")
+	if strings.Contains(body, "<script>alert") {
+		t.Error("a stage error reached the page unescaped")
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
