@@ -20,6 +20,10 @@ trap stop_services EXIT
 start=$(date +%s)
 deploy/local/kafka.sh start
 deploy/local/clickhouse.sh start
+# The dashboard test runs its own Prometheus; this only installs Debian's.
+METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
+# The status page tests load the page in headless Chromium (Debian's).
+METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
 
 echo "== go vet ./..."
 $GO vet ./...
@@ -27,6 +31,8 @@ $GO vet ./...
 echo "== go test ./... (real Kafka on 127.0.0.1:$KAFKA_PORT, real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
+export METERLINE_TEST_PROMETHEUS
+export METERLINE_TEST_CHROMIUM
 set +e
 # -p 1: integration packages share one broker on a 2-core machine.
 $GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v ./... 2>&1 | tee "$log"
