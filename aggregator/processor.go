@@ -104,9 +104,10 @@ type partition struct {
 	// open caches the decoded state of OPEN aggregates (keyed like the
 	// state) across transactions, so that an event of a busy key costs no
 	// Pebble read and no decode. It always equals the state as this
-	// partition's transactions left it: writes go through it, an aborted
-	// transaction clears it, finalization and expiry clear it, and it is
-	// cleared when it outgrows maxCachedOpen.
+	// partition's transactions left it, plus the changes of the open
+	// transaction to dirty keys, which reach the transaction (tx.Put) only
+	// in Flush or materialize. An aborted transaction clears it;
+	// finalization and overflow (maxCachedOpen) materialize, then clear it.
 	open map[string]*aggState
 	// stale: a transaction this partition took part in was aborted, so
 	// sources, wm and keys (in memory, advanced by its records) may be
@@ -208,6 +209,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		pt.stale = false
 	}
 	if len(pt.open) > maxCachedOpen {
+		pt.materialize(tx)
 		clear(pt.open)
 	}
 	for _, r := range recs {
@@ -499,9 +501,24 @@ func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, st
 	if _, err := pt.apply(tx, st, !ok, e, m, start, ak, uval); err != nil {
 		return err
 	}
-	tx.Put(k, st.encode())
-	pt.dirty[string(k)] = struct{}{}
+	// The state is written once per transaction, by Flush (or earlier by
+	// materialize), not once per event.
+	if _, ok := pt.dirty[string(k)]; !ok {
+		pt.dirty[string(k)] = struct{}{}
+	}
 	return nil
+}
+
+// materialize writes the cached state of every aggregate this transaction
+// changed into the transaction, for a reader of the state itself (tx.Scan
+// in finalizePeriod) or before the cache is dropped. The keys stay dirty:
+// Flush still emits their OPEN revisions.
+func (pt *partition) materialize(tx *stream.Tx) {
+	for k := range pt.dirty {
+		if st, ok := pt.open[k]; ok {
+			tx.Put([]byte(k), st.encode())
+		}
+	}
 }
 
 // late books an event of a final period as an adjustment: its delta is
@@ -570,6 +587,9 @@ func firstPeriod(tx *stream.Tx, pfx byte) (int64, bool, error) {
 // neither, and the watermark decides again after the restart.
 func (pt *partition) finalize(tx *stream.Tx) error {
 	grace := pt.pr.cfg.Grace.Milliseconds()
+	// The scans below read the transaction: it must hold the aggregates
+	// changed so far.
+	pt.materialize(tx)
 	for {
 		s1, ok1, err := firstPeriod(tx, pfxOpen)
 		if err != nil {
@@ -597,7 +617,7 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 }
 
 func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
-	clear(pt.open) // the period's OPEN aggregates move to FINAL
+	clear(pt.open) // the period's OPEN aggregates move to FINAL (finalize materialized them)
 	lo, hi := periodKey(pfxOpen, start), periodKey(pfxOpen, start+1)
 	type kv struct{ k, v []byte }
 	var open []kv
