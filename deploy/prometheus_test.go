@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -16,7 +15,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +27,9 @@ import (
 // EnvPrometheus names the prometheus binary of the dashboard test; `make
 // test` sets it from deploy/local/prometheus.sh install.
 const EnvPrometheus = "METERLINE_TEST_PROMETHEUS"
+
+// TestMain removes the meterline binary testenv.Meterline built.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // Test Prometheus scrape interval, and the $__rate_interval Grafana would
 // use with it (4 × scrape interval), plus room for a late scrape.
@@ -68,7 +69,7 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 			t.Logf("kept %s (meterline.log, prometheus.log)", work)
 		}
 	})
-	bin := buildMeterline(t, work)
+	bin := testenv.Meterline(t)
 
 	prefix := testenv.Name(t, "dash") + "."
 	group := strings.TrimSuffix(prefix, ".")
@@ -76,8 +77,8 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
 
-	metricsAddr := freeAddr(t)
-	startProcess(t, "meterline", filepath.Join(work, "meterline.log"), bin, "run",
+	metricsAddr := testenv.FreeAddr(t)
+	testenv.StartProcess(t, "meterline", filepath.Join(work, "meterline.log"), bin, "run",
 		"--brokers", strings.Join(brokers, ","), "--clickhouse", chAddr, "--log-level", "warn",
 		"--topic-prefix", prefix,
 		"--instance-id", "dash-1", "--state-dir", filepath.Join(work, "state"),
@@ -96,7 +97,7 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); defer live.Close(); feedContinuously(ctx, t, live) }()
 
-	promAddr := freeAddr(t)
+	promAddr := testenv.FreeAddr(t)
 	cfg := fmt.Sprintf(`global:
   scrape_interval: %s
   evaluation_interval: %s
@@ -109,7 +110,7 @@ scrape_configs:
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	startProcess(t, "prometheus", filepath.Join(work, "prometheus.log"), promBin,
+	testenv.StartProcess(t, "prometheus", filepath.Join(work, "prometheus.log"), promBin,
 		"--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(work, "tsdb"),
 		"--web.listen-address="+promAddr, "--log.level=warn")
 	waitHTTP(t, "http://"+promAddr+"/-/ready", 60*time.Second)
@@ -313,22 +314,6 @@ func (p promClient) query(q string) ([]promSample, error) {
 	return nil, fmt.Errorf("result type %s; a dashboard expression must be a vector or a scalar", data.ResultType)
 }
 
-// buildMeterline builds the binary that `go run ./cmd/meterline` runs.
-func buildMeterline(t *testing.T, dir string) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("go not on PATH: %v", err)
-	}
-	bin := filepath.Join(dir, "meterline")
-	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/meterline")
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/meterline: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func runCmd(t *testing.T, bin, logFile string, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -338,64 +323,6 @@ func runCmd(t *testing.T, bin, logFile string, args ...string) {
 	if err != nil {
 		t.Fatalf("meterline %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-}
-
-// startProcess starts a long-running process with its output in logFile,
-// and stops it (SIGTERM, then SIGKILL after 20 s) when the test ends.
-func startProcess(t *testing.T, name, logFile, bin string, args ...string) {
-	t.Helper()
-	f, err := os.Create(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("start %s: %v", name, err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait(); f.Close() }()
-	t.Cleanup(func() {
-		select {
-		case err := <-done:
-			t.Errorf("%s exited early: %v\n%s", name, err, tail(logFile))
-			return
-		default:
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Logf("%s stopped: %v", name, err)
-			}
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("%s did not stop within 20s of SIGTERM\n%s", name, tail(logFile))
-		}
-		if t.Failed() {
-			t.Logf("%s log tail:\n%s", name, tail(logFile))
-		}
-	})
-}
-
-func tail(file string) string {
-	b, _ := os.ReadFile(file)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 func waitHTTP(t *testing.T, u string, d time.Duration) {

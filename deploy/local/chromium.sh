@@ -16,7 +16,9 @@
 # Progress goes to stderr.
 set -euo pipefail
 
-export DEBIAN_FRONTEND=noninteractive
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=deploy/local/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 log() { printf 'chromium: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -45,35 +47,10 @@ find_binary() {
     return 1
 }
 
-apt_install() { # $1 = log file
-    apt-get install -y -q --no-install-recommends -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 \
-        chromium fonts-dejavu-core </dev/null >>"$1" 2>&1
-}
-
 ensure_installed() {
     find_binary && return 0
-    command -v apt-get >/dev/null 2>&1 ||
-        die "chromium is not installed and apt-get is not available; install Chromium by hand or set CHROMIUM=/path/to/chromium"
-    local lock=/tmp/meterline-chromium-apt.lock apt_log t0
-    # Two runs at once must not race on apt/dpkg.
-    if command -v flock >/dev/null 2>&1; then
-        exec 8>"$lock"
-        flock -w 600 8 || die "timed out waiting for another chromium install ($lock)"
-        if find_binary; then exec 8>&-; return 0; fi
-    fi
-    apt_log=$(mktemp /tmp/meterline-chromium-apt.XXXXXX.log)
-    log "installing chromium (apt) ..."
-    t0=$(date +%s)
-    if ! apt_install "$apt_log"; then
-        log "package not found or install failed; running apt-get update ..."
-        if ! { apt-get update -q </dev/null >>"$apt_log" 2>&1 && apt_install "$apt_log"; }; then
-            tail -n 20 "$apt_log" >&2 || true
-            die "apt-get install chromium failed (log: $apt_log)"
-        fi
-    fi
-    exec 8>&-
-    rm -f "$apt_log"
-    log "installed $(dpkg-query -W -f '${Version}' chromium 2>/dev/null || echo chromium) in $(( $(date +%s) - t0 ))s"
+    apt_install_locked chromium find_binary "install Chromium by hand or set CHROMIUM=/path/to/chromium" \
+        --no-install-recommends chromium fonts-dejavu-core
     find_binary || die "chromium installed but no chromium binary found on PATH"
 }
 

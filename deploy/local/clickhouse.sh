@@ -22,6 +22,8 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TEMPLATE_DIR="$SCRIPT_DIR/clickhouse"
+# shellcheck source=deploy/local/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 LISTEN_HOST=127.0.0.1
 TCP_PORT=${CLICKHOUSE_PORT:-9000}
@@ -31,7 +33,6 @@ START_TIMEOUT=${CLICKHOUSE_START_TIMEOUT:-30}
 STOP_TIMEOUT=${CLICKHOUSE_STOP_TIMEOUT:-20}
 
 MARKER=.meterline-clickhouse
-export DEBIAN_FRONTEND=noninteractive
 # Debian puts the server in /usr/sbin, which a non-login PATH may lack.
 PATH="$PATH:/usr/sbin:/sbin"
 
@@ -89,46 +90,17 @@ find_binaries() {
     (( ${#SERVER_CMD[@]} > 0 && ${#CLIENT_CMD[@]} > 0 ))
 }
 
-apt_install() { # $1 = log file
-    apt-get install -y -q -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 \
-        clickhouse-server clickhouse-client </dev/null >>"$1" 2>&1
-}
-
 ensure_installed() {
     find_binaries && return 0
-    command -v apt-get >/dev/null 2>&1 ||
-        die "clickhouse-server is not installed and apt-get is not available; install ClickHouse (clickhouse-server, clickhouse-client) by hand"
-    local lock=/tmp/meterline-clickhouse-apt.lock apt_log
-    # Two instances started at once must not race on apt/dpkg.
-    if command -v flock >/dev/null 2>&1; then
-        exec 8>"$lock"
-        flock -w 600 8 || die "timed out waiting for another clickhouse install ($lock)"
-        if find_binaries; then exec 8>&-; return 0; fi
-    fi
-    apt_log=$(mktemp /tmp/meterline-clickhouse-apt.XXXXXX.log)
-    log "installing clickhouse-server (apt) ..."
-    local t0; t0=$(now)
-    if ! apt_install "$apt_log"; then
-        log "package not found or install failed; running apt-get update ..."
-        if ! { apt-get update -q </dev/null >>"$apt_log" 2>&1 && apt_install "$apt_log"; }; then
-            tail -n 20 "$apt_log" >&2 || true
-            die "apt-get install clickhouse-server clickhouse-client failed (log: $apt_log)"
-        fi
-    fi
-    exec 8>&-
+    apt_install_locked clickhouse find_binaries "install ClickHouse (clickhouse-server, clickhouse-client) by hand" \
+        clickhouse-server clickhouse-client
     find_binaries || die "clickhouse-server installed but no server/client binary found on PATH"
-    log "installed $(dpkg-query -W -f '${Version}' clickhouse-server 2>/dev/null || echo clickhouse-server) in $(elapsed "$t0")s"
-    rm -f "$apt_log"
     # The package may try to start its own service (policy-rc.d usually blocks
     # it in containers, systemd starts it elsewhere). We never use it.
     stop_system_instance
 }
 
 # ---------------------------------------------------------------- processes
-
-cmdline_of() { # pid -> its command line, NULs turned into spaces
-    tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" || true
-}
 
 # The package's own instance: a clickhouse server reading /etc/clickhouse-server.
 system_instance_pids() {
@@ -139,18 +111,6 @@ system_instance_pids() {
         [[ $cmd == *clickhouse* && $cmd == */etc/clickhouse-server/* ]] || continue
         [[ $cmd == *"$CONFIG_FILE"* ]] && continue
         echo "$pid"
-    done
-}
-
-wait_gone() { # timeout_s pid...
-    local deadline=$(( $(date +%s) + $1 )) pid alive
-    shift
-    while :; do
-        alive=0
-        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        (( alive )) || return 0
-        (( $(date +%s) < deadline )) || return 1
-        sleep 0.1
     done
 }
 
@@ -182,15 +142,7 @@ scan_pid() {
 }
 
 # Our server's pid if it is running (pid file + live process started with our config).
-running_pid() {
-    local pid
-    [[ -f $PID_FILE ]] || return 1
-    pid=$(<"$PID_FILE")
-    [[ $pid =~ ^[0-9]+$ ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    [[ $(cmdline_of "$pid") == *"$CONFIG_FILE"* ]] || return 1
-    echo "$pid"
-}
+running_pid() { pid_of_file "$PID_FILE" "$CONFIG_FILE"; }
 
 # ---------------------------------------------------------------- probes
 

@@ -31,6 +31,8 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
+# shellcheck source=deploy/local/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 LISTEN_HOST=127.0.0.1
 PORT=${PROMETHEUS_PORT:-9090}
@@ -39,7 +41,6 @@ CONFIG_SRC=${PROMETHEUS_CONFIG:-$REPO_DIR/deploy/prometheus/local.yml}
 START_TIMEOUT=${PROMETHEUS_START_TIMEOUT:-30}
 
 MARKER=.meterline-prometheus
-export DEBIAN_FRONTEND=noninteractive
 
 log() { printf 'prometheus: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -65,15 +66,6 @@ LOG_FILE="$DATA_DIR/prometheus.log"
 
 find_binary() { command -v prometheus 2>/dev/null || { [[ -x /usr/bin/prometheus ]] && echo /usr/bin/prometheus; }; }
 
-apt_install() { # $1 = log file
-    # --no-install-recommends: the package recommends prometheus-node-exporter,
-    # another service we do not want.
-    apt-get install -y -q --no-install-recommends -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 \
-        prometheus </dev/null >>"$1" 2>&1
-}
-
-cmdline_of() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" || true; }
-
 # The package's service: a prometheus reading /etc/prometheus (Debian's
 # default config, with or without --config.file). Ours always run with a
 # config file under a data dir whose name has "meterline" in it (this
@@ -88,18 +80,6 @@ system_instance_pids() {
         [[ $cmd == *meterline* ]] && continue
         [[ $cmd == */etc/prometheus* || $cmd != *--config.file* ]] || continue
         echo "$pid"
-    done
-}
-
-wait_gone() { # timeout_s pid...
-    local deadline=$(( $(date +%s) + $1 )) pid alive
-    shift
-    while :; do
-        alive=0
-        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-        (( alive )) || return 0
-        (( $(date +%s) < deadline )) || return 1
-        sleep 0.1
     done
 }
 
@@ -126,43 +106,18 @@ ensure_installed() { # prints the binary path
         echo "$bin"
         return 0
     fi
-    command -v apt-get >/dev/null 2>&1 ||
-        die "prometheus is not installed and apt-get is not available; install Prometheus (2.x) by hand"
-    local lock=/tmp/meterline-prometheus-apt.lock apt_log
-    # Two installs started at once must not race on apt/dpkg.
-    if command -v flock >/dev/null 2>&1; then
-        exec 8>"$lock"
-        flock -w 600 8 || die "timed out waiting for another prometheus install ($lock)"
-        if bin=$(find_binary); then exec 8>&-; echo "$bin"; return 0; fi
-    fi
-    apt_log=$(mktemp /tmp/meterline-prometheus-apt.XXXXXX.log)
-    log "installing prometheus (apt) ..."
-    if ! apt_install "$apt_log"; then
-        log "package not found or install failed; running apt-get update ..."
-        if ! { apt-get update -q </dev/null >>"$apt_log" 2>&1 && apt_install "$apt_log"; }; then
-            tail -n 20 "$apt_log" >&2 || true
-            die "apt-get install prometheus failed (log: $apt_log)"
-        fi
-    fi
-    exec 8>&-
+    # --no-install-recommends: the package recommends prometheus-node-exporter,
+    # another service we do not want.
+    apt_install_locked prometheus find_binary "install Prometheus (2.x) by hand" \
+        --no-install-recommends prometheus
     bin=$(find_binary) || die "prometheus installed but no binary found on PATH"
-    log "installed $(dpkg-query -W -f '${Version}' prometheus 2>/dev/null || echo prometheus)"
-    rm -f "$apt_log"
     stop_system_instance
     echo "$bin"
 }
 
 # ---------------------------------------------------------------- instance
 
-running_pid() {
-    local pid
-    [[ -f $PID_FILE ]] || return 1
-    pid=$(<"$PID_FILE")
-    [[ $pid =~ ^[0-9]+$ ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    [[ $(cmdline_of "$pid") == *"--config.file=$CONFIG_FILE"* ]] || return 1
-    echo "$pid"
-}
+running_pid() { pid_of_file "$PID_FILE" "--config.file=$CONFIG_FILE"; }
 
 ready() { curl -fsS --max-time 2 "http://$LISTEN_HOST:$PORT/-/ready" >/dev/null 2>&1; }
 

@@ -74,6 +74,7 @@ var meterAgg = map[string]struct {
 // children, and the model of everything produced.
 type suite struct {
 	t       *testing.T
+	bin     string // the meterline binary
 	brokers []string
 	names   topics.Names
 	group   string
@@ -94,11 +95,9 @@ type suite struct {
 func newSuite(t *testing.T) *suite {
 	t.Helper()
 	brokers := testenv.RealKafka(t)
-	if binPath == "" {
-		t.Fatal("the meterline binary was not built (TestMain)")
-	}
+	bin := testenv.Meterline(t)
 	prefix := testenv.Name(t, "agg") + "."
-	s := &suite{t: t, brokers: brokers, names: topics.DefaultNames(), group: prefix + "aggregate", dir: t.TempDir(),
+	s := &suite{t: t, bin: bin, brokers: brokers, names: topics.DefaultNames(), group: prefix + "aggregate", dir: t.TempDir(),
 		starts: map[string]int{}}
 	s.names.Prefix = prefix
 	s.meters = filepath.Join(s.dir, "meters.yaml")
@@ -300,7 +299,7 @@ func (s *suite) spawn(id string, faultSpec string, args []string) *proc {
 	s.mu.Unlock()
 	p := &proc{s: s, id: id, name: fmt.Sprintf("%s#%d", id, run),
 		logPath: filepath.Join(s.dir, fmt.Sprintf("%s-%d.log", id, run)), done: make(chan struct{})}
-	cmd := exec.Command(binPath, args...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.Env = childEnv(faultSpec)
 	lf, err := os.Create(p.logPath)
 	if err != nil {

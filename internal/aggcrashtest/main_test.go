@@ -12,40 +12,12 @@
 package aggcrashtest
 
 import (
-	"flag"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// binPath is the meterline binary TestMain built; empty when the tests
-// skip.
-var binPath string
-
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() || os.Getenv(testenv.EnvKafka) == "" {
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "meterline-aggcrashtest-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "aggcrashtest:", err)
-		os.Exit(1)
-	}
-	bin := filepath.Join(dir, "meterline")
-	build := exec.Command("go", "build", "-o", bin, "github.com/meterline/meterline/cmd/meterline")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "aggcrashtest: building the meterline binary:", err)
-		_ = os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	binPath = bin
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+// TestMain removes the meterline binary that the tests run as child
+// processes (testenv.Meterline builds it once, on the first test that does
+// not skip).
+func TestMain(m *testing.M) { testenv.Main(m) }

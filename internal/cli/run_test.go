@@ -2,15 +2,12 @@ package cli
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +54,7 @@ func TestRealRunAllStages(t *testing.T) {
 	const parts = 4
 	createTopics(t, brokers, names, parts)
 	groups := map[string]string{"dedup": testenv.Name(t, "dedup"), "aggregate": testenv.Name(t, "aggregate"), "sink": testenv.Name(t, "sink")}
-	metrics := freeAddr(t)
+	metrics := testenv.FreeAddr(t)
 	// No ticks during the test: dedup reads its own ticks, so with them
 	// every group is a few records behind for a moment each tick interval,
 	// and "all lag is zero" would be a matter of timing.
@@ -65,7 +62,7 @@ func TestRealRunAllStages(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"run",
@@ -86,7 +83,7 @@ func TestRealRunAllStages(t *testing.T) {
 		select {
 		case code := <-done:
 			if code != 0 {
-				t.Errorf("meterline run exited %d:\n%s", code, tail(logs.String(), 40))
+				t.Errorf("meterline run exited %d:\n%s", code, testenv.Tail(logs.String(), 40))
 			}
 		case <-time.After(90 * time.Second):
 			t.Errorf("meterline run did not stop within 90 s of its context ending")
@@ -258,7 +255,7 @@ func scrape(t *testing.T, url string) string {
 
 // waitHTTP waits until url answers status, failing early if the process
 // (done) ended.
-func waitHTTP(t *testing.T, url string, status int, d time.Duration, done chan int, logs *syncBuffer) {
+func waitHTTP(t *testing.T, url string, status int, d time.Duration, done chan int, logs *testenv.SyncBuffer) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	last := ""
@@ -266,7 +263,7 @@ func waitHTTP(t *testing.T, url string, status int, d time.Duration, done chan i
 		select {
 		case code := <-done:
 			done <- code
-			t.Fatalf("meterline ended with status %d:\n%s", code, tail(logs.String(), 40))
+			t.Fatalf("meterline ended with status %d:\n%s", code, testenv.Tail(logs.String(), 40))
 		default:
 		}
 		resp, err := http.Get(url)
@@ -281,7 +278,7 @@ func waitHTTP(t *testing.T, url string, status int, d time.Duration, done chan i
 			last = err.Error()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer %d within %s (last: %s)\n%s", url, status, d, last, tail(logs.String(), 40))
+			t.Fatalf("%s did not answer %d within %s (last: %s)\n%s", url, status, d, last, testenv.Tail(logs.String(), 40))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -339,44 +336,6 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// freeAddr returns a loopback address with a port that was free a moment
-// ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRealSinkLagWhileClickHouseDown: a sink that cannot reach ClickHouse
 // from its first start never commits, yet its lag on the real broker is on
 // /metrics, counted from the start of its input partitions, in records and
@@ -388,7 +347,7 @@ func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
 	const parts = 2
 	createTopics(t, brokers, names, parts)
 	group := testenv.Name(t, "sink")
-	metrics := freeAddr(t)
+	metrics := testenv.FreeAddr(t)
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
@@ -405,7 +364,7 @@ func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- Main(ctx, []string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",

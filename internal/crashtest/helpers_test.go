@@ -49,6 +49,7 @@ const (
 // acknowledged.
 type suite struct {
 	t       *testing.T
+	bin     string // the meterline binary
 	brokers []string
 	names   topics.Names
 	group   string
@@ -71,12 +72,11 @@ type suite struct {
 func newSuite(t *testing.T) *suite {
 	t.Helper()
 	brokers := testenv.RealKafka(t)
-	if binPath == "" {
-		t.Fatal("the meterline binary was not built (TestMain)")
-	}
+	bin := testenv.Meterline(t)
 	prefix := testenv.Name(t, "crash") + "."
 	s := &suite{
 		t:       t,
+		bin:     bin,
 		brokers: brokers,
 		names:   topics.DefaultNames(),
 		group:   prefix + "dedup",
@@ -103,7 +103,7 @@ func newSuite(t *testing.T) *suite {
 		_, _ = adm.DeleteGroups(ctx, s.group)
 		_, _ = adm.DeleteTopics(ctx, ns...)
 	})
-	out, err := exec.Command(binPath, "topics", "create", "--brokers", strings.Join(brokers, ","),
+	out, err := exec.Command(s.bin, "topics", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--partitions", strconv.Itoa(partitions)).CombinedOutput()
 	if err != nil {
 		t.Fatalf("meterline topics create: %v\n%s", err, out)
@@ -309,7 +309,7 @@ func (s *suite) start(id, stateDir string, o opts) *proc {
 		"--rebalance-timeout", rebalanceTimeout.String(),
 		"--log-level", "info",
 	}
-	cmd := exec.Command(binPath, args...)
+	cmd := exec.Command(s.bin, args...)
 	// The CLI reads METERLINE_<FLAG> variables: pass none of the test's
 	// own, only the fault point.
 	for _, kv := range os.Environ() {

@@ -11,42 +11,12 @@
 package crashtest
 
 import (
-	"flag"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// binPath is the meterline binary TestMain built; empty when the real-broker
-// tests skip.
-var binPath string
-
-// TestMain builds the real binary once for the whole package, unless the
-// tests are going to skip (-short, or no real broker).
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() || os.Getenv(testenv.EnvKafka) == "" {
-		os.Exit(m.Run())
-	}
-	dir, err := os.MkdirTemp("", "meterline-crashtest-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "crashtest:", err)
-		os.Exit(1)
-	}
-	bin := filepath.Join(dir, "meterline")
-	build := exec.Command("go", "build", "-o", bin, "github.com/meterline/meterline/cmd/meterline")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "crashtest: building the meterline binary:", err)
-		_ = os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	binPath = bin
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+// TestMain removes the meterline binary that the tests run as child
+// processes (testenv.Meterline builds it once, on the first test that does
+// not skip).
+func TestMain(m *testing.M) { testenv.Main(m) }

@@ -234,7 +234,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	go func() { genDone <- gen.run(genCtx) }()
 
 	view := &aggView{latest: map[string]*schemas.Aggregate{}}
-	go view.follow(runCtx, brokers, names.AggregatesTopic())
+	go follow(runCtx, brokers, names.AggregatesTopic(), view.add)
 	page := serveStatus(cfg, brokers, names, tr, view, as, &currentDedup)
 	defer page.close()
 	cfg.HTTPAddr = page.addr // the bound address, for the live view
@@ -351,13 +351,17 @@ func (r *recovery) String() string {
 	return "no crash yet (dedup will be killed once, at a random moment)"
 }
 
-// aggView follows usage.aggregates and keeps each key's latest revision.
+// aggView keeps the latest revision of each key of usage.aggregates, fed
+// by follow.
 type aggView struct {
 	mu     sync.Mutex
 	latest map[string]*schemas.Aggregate
 }
 
-func (v *aggView) follow(ctx context.Context, brokers []string, topic string) {
+// follow reads topic from the start, read_committed, until ctx ends, and
+// hands each record to add. The views it feeds are for display: a client
+// that cannot be made leaves them empty.
+func follow(ctx context.Context, brokers []string, topic string, add func(*kgo.Record)) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
@@ -365,18 +369,20 @@ func (v *aggView) follow(ctx context.Context, brokers []string, topic string) {
 	}
 	defer cl.Close()
 	for ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) {
-			var a schemas.Aggregate
-			if schemas.DecodeInto(r.Value, &a) != nil {
-				return
-			}
-			v.mu.Lock()
-			if cur, ok := v.latest[string(r.Key)]; !ok || a.Revision > cur.Revision {
-				v.latest[string(r.Key)] = &a
-			}
-			v.mu.Unlock()
-		})
+		cl.PollFetches(ctx).EachRecord(add)
+	}
+}
+
+// add keeps the record's aggregate if it is its key's latest revision.
+func (v *aggView) add(r *kgo.Record) {
+	var a schemas.Aggregate
+	if schemas.DecodeInto(r.Value, &a) != nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if cur, ok := v.latest[string(r.Key)]; !ok || a.Revision > cur.Revision {
+		v.latest[string(r.Key)] = &a
 	}
 }
 

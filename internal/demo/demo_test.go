@@ -11,7 +11,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
+
+// TestMain removes the meterline binary testenv.Meterline built.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestDemoReconciles runs the demo in-process for a short while and checks
 // that its report reconciles: every generated event counted exactly once,
@@ -44,11 +49,7 @@ func TestDemoInTerminal(t *testing.T) {
 		t.Skip("SKIP: tmux is not installed (apt-get install tmux)")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "meterline")
-	build := exec.Command("go", "build", "-o", bin, "github.com/meterline/meterline/cmd/meterline")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := testenv.Meterline(t)
 	session := fmt.Sprintf("meterline-demo-%d", os.Getpid())
 	tmux := func(args ...string) string {
 		out, err := exec.Command("tmux", args...).CombinedOutput()

@@ -89,7 +89,7 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	srv.AddStatus(as.Runtime().Status)
 	adj := &adjView{sum: map[string]map[string]int64{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	go adj.follow(ctx, brokers, names.AdjustmentsTopic())
+	go follow(ctx, brokers, names.AdjustmentsTopic(), adj.add)
 	srv.AddTable(func() service.Table { return thisHourTable(view, time.Now()) })
 	srv.AddTable(func() service.Table { return totalsTable(view, adj, tr) })
 	p.srv, p.addr, p.stop, p.done = srv, srv.Addr(), cancel, make(chan error, 1)
@@ -204,32 +204,23 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// adjView follows usage.adjustments (read_committed) and sums the deltas
-// per customer and meter.
+// adjView sums the deltas of usage.adjustments (read_committed, fed by
+// follow) per customer and meter.
 type adjView struct {
 	mu  sync.Mutex
 	sum map[string]map[string]int64
 }
 
-func (v *adjView) follow(ctx context.Context, brokers []string, topic string) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if err != nil {
+// add adds the record's adjustment delta to its customer and meter.
+func (v *adjView) add(r *kgo.Record) {
+	var a schemas.Adjustment
+	if schemas.DecodeInto(r.Value, &a) != nil {
 		return
 	}
-	defer cl.Close()
-	for ctx.Err() == nil {
-		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			var a schemas.Adjustment
-			if schemas.DecodeInto(r.Value, &a) != nil {
-				return
-			}
-			v.mu.Lock()
-			if v.sum[a.CustomerID] == nil {
-				v.sum[a.CustomerID] = map[string]int64{}
-			}
-			v.sum[a.CustomerID][a.Meter] += a.Delta
-			v.mu.Unlock()
-		})
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.sum[a.CustomerID] == nil {
+		v.sum[a.CustomerID] = map[string]int64{}
 	}
+	v.sum[a.CustomerID][a.Meter] += a.Delta
 }

@@ -8,14 +8,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/aggregator"
@@ -91,13 +89,7 @@ func checkDemoPage(t *testing.T, chromium string, reg *prometheus.Registry, s ca
 
 	expect := func(key, want string) {
 		t.Helper()
-		got, ok := v[key]
-		switch {
-		case !ok:
-			t.Errorf("the page does not show %s", key)
-		case got != want:
-			t.Errorf("the page shows %s = %q; the real state is %q", key, got, want)
-		}
+		testenv.ExpectPageValue(t, v, key, want)
 	}
 
 	expect("ready", "ready")
@@ -110,7 +102,7 @@ func checkDemoPage(t *testing.T, chromium string, reg *prometheus.Registry, s ca
 		expect(k+"state", "running")
 		expect(k+"group", sg.group)
 		expect(k+"input", sg.input)
-		assigned := assignment(t, adm, sg.group, sg.input)
+		assigned := testenv.GroupAssignment(t, adm, sg.group, sg.input)
 		if len(assigned) != partitions {
 			t.Errorf("group %s owns %v of %s, want all %d partitions", sg.group, assigned, sg.input, partitions)
 		}
@@ -228,27 +220,5 @@ func thisHourFromTopic(recs []*kgo.Record, start int64) map[string]map[string]in
 		}
 		out[a.CustomerID][a.Meter] += a.Value
 	}
-	return out
-}
-
-func assignment(t *testing.T, adm *kadm.Client, group, topic string) []int32 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	dg, err := adm.DescribeGroups(ctx, group)
-	if err != nil {
-		t.Fatalf("describe group %s: %v", group, err)
-	}
-	var out []int32
-	for _, m := range dg[group].Members {
-		if ca, ok := m.Assigned.AsConsumer(); ok {
-			for _, tp := range ca.Topics {
-				if tp.Topic == topic {
-					out = append(out, tp.Partitions...)
-				}
-			}
-		}
-	}
-	slices.Sort(out)
 	return out
 }

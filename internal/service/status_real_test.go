@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,20 +9,19 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
 )
+
+// TestMain removes the meterline binary testenv.Meterline built.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestRealStatusPage runs `meterline run` (dedup and the aggregator)
 // against the real broker, feeds it events, and loads its status page in
@@ -37,7 +35,7 @@ import (
 func TestRealStatusPage(t *testing.T) {
 	brokers := testenv.RealKafka(t)
 	chromium := testenv.Chromium(t)
-	bin := buildMeterline(t)
+	bin := testenv.Meterline(t)
 
 	const partitions = 3
 	prefix := testenv.Name(t, "status") + "."
@@ -66,7 +64,7 @@ func TestRealStatusPage(t *testing.T) {
 		"--instance-id", "node-1", "--state-dir", state, "--metrics-addr", "127.0.0.1:0",
 		"--tick-interval", "1h", // no tick records: the input is exactly what the test sends
 		"--session-timeout", "6s", "--log-level", "info"}
-	p := startProcess(t, bin, args...)
+	p := testenv.StartProcess(t, "meterline run", filepath.Join(t.TempDir(), "meterline.log"), bin, args...)
 
 	// 300 events, 20 of them sent twice.
 	prod, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(names.EventsTopic()),
@@ -95,39 +93,39 @@ func TestRealStatusPage(t *testing.T) {
 	testenv.WaitCaughtUp(t, brokers, aggGroup, names.DedupedTopic(), time.Minute)
 
 	count := func(topic string) int { return len(testenv.ReadAll(t, brokers, topic)) }
-	v := loadPage(t, chromium, p.statusURL(t), partitions)
+	v := loadPage(t, chromium, statusURL(t, p), partitions)
 	t.Logf("page: %v", v)
-	expect(t, v, "ready", "ready")
+	testenv.ExpectPageValue(t, v, "ready", "ready")
 	for _, sg := range []struct{ stage, group, input string }{
 		{"dedup", dedupGroup, names.EventsTopic()},
 		{"aggregate", aggGroup, names.DedupedTopic()},
 	} {
 		k := "stage/" + sg.stage + "/"
-		expect(t, v, k+"state", "running")
-		expect(t, v, k+"group", sg.group)
-		expect(t, v, k+"instance", "node-1")
-		expect(t, v, k+"input", sg.input)
+		testenv.ExpectPageValue(t, v, k+"state", "running")
+		testenv.ExpectPageValue(t, v, k+"group", sg.group)
+		testenv.ExpectPageValue(t, v, k+"instance", "node-1")
+		testenv.ExpectPageValue(t, v, k+"input", sg.input)
 		// Owned partitions: what the broker assigned to the group.
-		assigned := groupAssignment(t, adm, sg.group, sg.input)
-		expect(t, v, k+"partitions", joinInts(assigned))
-		expect(t, v, k+"owned", strconv.Itoa(len(assigned)))
-		expect(t, v, k+"restoring", "0")
+		assigned := testenv.GroupAssignment(t, adm, sg.group, sg.input)
+		testenv.ExpectPageValue(t, v, k+"partitions", joinInts(assigned))
+		testenv.ExpectPageValue(t, v, k+"owned", strconv.Itoa(len(assigned)))
+		testenv.ExpectPageValue(t, v, k+"restoring", "0")
 		for _, part := range assigned {
-			expect(t, v, fmt.Sprintf("part/%s/%d/state", sg.stage, part), "processing")
+			testenv.ExpectPageValue(t, v, fmt.Sprintf("part/%s/%d/state", sg.stage, part), "processing")
 		}
 		// Caught up: lag zero on every partition, if the process exports
 		// lag at all; n/a otherwise.
 		if _, lagged := v["lag/"+sg.group+"/"+sg.input+"/0/records"]; lagged {
-			expect(t, v, k+"lag_records", "0")
+			testenv.ExpectPageValue(t, v, k+"lag_records", "0")
 			for part := range partitions {
-				expect(t, v, fmt.Sprintf("lag/%s/%s/%d/records", sg.group, sg.input, part), "0")
-				expect(t, v, fmt.Sprintf("part/%s/%d/lag_records", sg.stage, part), "0")
+				testenv.ExpectPageValue(t, v, fmt.Sprintf("lag/%s/%s/%d/records", sg.group, sg.input, part), "0")
+				testenv.ExpectPageValue(t, v, fmt.Sprintf("part/%s/%d/lag_records", sg.stage, part), "0")
 			}
 		} else {
-			expect(t, v, k+"lag_records", "n/a")
+			testenv.ExpectPageValue(t, v, k+"lag_records", "n/a")
 		}
 		// A fresh start: nothing to replay.
-		expect(t, v, k+"replayed", "0")
+		testenv.ExpectPageValue(t, v, k+"replayed", "0")
 	}
 	// Records in and out: the records in the topics (no transaction was
 	// aborted, so nothing was consumed twice).
@@ -135,11 +133,11 @@ func TestRealStatusPage(t *testing.T) {
 	if events != 320 {
 		t.Fatalf("usage.events holds %d records, want the 320 sent", events)
 	}
-	expect(t, v, "stage/dedup/in", strconv.Itoa(events))
+	testenv.ExpectPageValue(t, v, "stage/dedup/in", strconv.Itoa(events))
 	deduped := count(names.DedupedTopic())
-	expect(t, v, "stage/dedup/out", strconv.Itoa(deduped+count(names.DuplicatesTopic())+count(names.RejectedTopic())))
-	expect(t, v, "stage/aggregate/in", strconv.Itoa(deduped))
-	expect(t, v, "stage/aggregate/out", strconv.Itoa(count(names.AggregatesTopic())+count(names.AdjustmentsTopic())))
+	testenv.ExpectPageValue(t, v, "stage/dedup/out", strconv.Itoa(deduped+count(names.DuplicatesTopic())+count(names.RejectedTopic())))
+	testenv.ExpectPageValue(t, v, "stage/aggregate/in", strconv.Itoa(deduped))
+	testenv.ExpectPageValue(t, v, "stage/aggregate/out", strconv.Itoa(count(names.AggregatesTopic())+count(names.AdjustmentsTopic())))
 	// The first look at the page: rates since the start, so above zero.
 	if r, err := strconv.ParseFloat(v["stage/dedup/in_rate"], 64); err != nil || r <= 0 || r > float64(events) {
 		t.Errorf("dedup in/s = %q, want a rate in (0, %d]", v["stage/dedup/in_rate"], events)
@@ -147,26 +145,26 @@ func TestRealStatusPage(t *testing.T) {
 
 	// Restart on an empty state directory: every partition restores from
 	// the changelog.
-	p.stop(t)
+	p.Stop(t)
 	if err := os.RemoveAll(state); err != nil {
 		t.Fatal(err)
 	}
-	p = startProcess(t, bin, args...)
-	v = loadPage(t, chromium, p.statusURL(t), partitions)
+	p = testenv.StartProcess(t, "meterline run", filepath.Join(t.TempDir(), "meterline.log"), bin, args...)
+	v = loadPage(t, chromium, statusURL(t, p), partitions)
 	t.Logf("page after the restart: %v", v)
 	for _, sg := range []struct{ stage, group, input, changelog string }{
 		{"dedup", dedupGroup, names.EventsTopic(), names.DedupChangelogTopic()},
 		{"aggregate", aggGroup, names.DedupedTopic(), names.AggregateChangelogTopic()},
 	} {
 		k := "stage/" + sg.stage + "/"
-		assigned := groupAssignment(t, adm, sg.group, sg.input)
-		expect(t, v, k+"partitions", joinInts(assigned))
-		expect(t, v, k+"restoring", "0")
+		assigned := testenv.GroupAssignment(t, adm, sg.group, sg.input)
+		testenv.ExpectPageValue(t, v, k+"partitions", joinInts(assigned))
+		testenv.ExpectPageValue(t, v, k+"restoring", "0")
 		for _, part := range assigned {
-			expect(t, v, fmt.Sprintf("part/%s/%d/state", sg.stage, part), "processing")
+			testenv.ExpectPageValue(t, v, fmt.Sprintf("part/%s/%d/state", sg.stage, part), "processing")
 		}
-		expect(t, v, k+"replayed", strconv.Itoa(count(sg.changelog)))
-		expect(t, v, k+"in", "0") // everything was committed before the restart
+		testenv.ExpectPageValue(t, v, k+"replayed", strconv.Itoa(count(sg.changelog)))
+		testenv.ExpectPageValue(t, v, k+"in", "0") // everything was committed before the restart
 	}
 }
 
@@ -212,17 +210,6 @@ func statusJSON(url string) (service.Status, error) {
 	return st, json.NewDecoder(resp.Body).Decode(&st)
 }
 
-func expect(t *testing.T, v map[string]string, key, want string) {
-	t.Helper()
-	got, ok := v[key]
-	switch {
-	case !ok:
-		t.Errorf("the page does not show %s", key)
-	case got != want:
-		t.Errorf("the page shows %s = %q; the real state is %q", key, got, want)
-	}
-}
-
 func joinInts(ps []int32) string {
 	s := make([]string, len(ps))
 	for i, p := range ps {
@@ -231,123 +218,10 @@ func joinInts(ps []int32) string {
 	return strings.Join(s, ", ")
 }
 
-// groupAssignment is the partitions of topic the broker assigned to the
-// group's members.
-func groupAssignment(t *testing.T, adm *kadm.Client, group, topic string) []int32 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	dg, err := adm.DescribeGroups(ctx, group)
-	if err != nil {
-		t.Fatalf("describe group %s: %v", group, err)
-	}
-	var out []int32
-	for _, m := range dg[group].Members {
-		if ca, ok := m.Assigned.AsConsumer(); ok {
-			for _, tp := range ca.Topics {
-				if tp.Topic == topic {
-					out = append(out, tp.Partitions...)
-				}
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-func buildMeterline(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "meterline")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/meterline/meterline/cmd/meterline").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-type process struct {
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-// startProcess runs the binary with a clean METERLINE_* environment; it is
-// killed when the test ends, and its log printed if the test failed.
-func startProcess(t *testing.T, bin string, args ...string) *process {
-	t.Helper()
-	p := &process{log: filepath.Join(t.TempDir(), "meterline.log"), done: make(chan struct{})}
-	lf, err := os.Create(p.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd = exec.Command(bin, args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "METERLINE_") {
-			p.cmd.Env = append(p.cmd.Env, kv)
-		}
-	}
-	p.cmd.Stdout, p.cmd.Stderr = lf, lf
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		lf.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
-			t.Logf("log of meterline %s:\n%s", args[0], b)
-		}
-	})
-	return p
-}
-
 var statusLine = regexp.MustCompile(`"status_page":"(http://[^"]+)"`)
 
 // statusURL reads the status page's address from the process's log.
-func (p *process) statusURL(t *testing.T) string {
+func statusURL(t *testing.T, p *testenv.Process) string {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if f, err := os.Open(p.log); err == nil {
-			sc := bufio.NewScanner(f)
-			sc.Buffer(make([]byte, 1<<20), 1<<24)
-			for sc.Scan() {
-				if m := statusLine.FindStringSubmatch(sc.Text()); m != nil {
-					f.Close()
-					return m[1]
-				}
-			}
-			f.Close()
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("meterline exited (%v) before serving its status page", p.cmd.ProcessState)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no status page address in the log after 30s")
-		}
-	}
-}
-
-// stop ends the process with SIGTERM, as an operator would, and waits.
-func (p *process) stop(t *testing.T) {
-	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("meterline did not stop within 60s of SIGTERM")
-	}
-	if !p.cmd.ProcessState.Success() {
-		t.Fatalf("meterline exited with %v after SIGTERM", p.cmd.ProcessState)
-	}
+	return p.WaitLog(t, statusLine, 30*time.Second)[1]
 }

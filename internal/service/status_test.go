@@ -79,18 +79,6 @@ func page(t *testing.T, s *Server) map[string]string {
 	return testenv.PageValues(body)
 }
 
-func want(t *testing.T, v map[string]string, key, exp string) {
-	t.Helper()
-	got, ok := v[key]
-	if !ok {
-		t.Errorf("%s: not on the page", key)
-		return
-	}
-	if got != exp {
-		t.Errorf("%s = %q, want %q", key, got, exp)
-	}
-}
-
 // TestStatusPage renders a process with a reported stage (dedup: its own
 // partitions), a stage known only from its metrics (aggregate, one
 // partition restoring) and the sink, and checks every value the page shows
@@ -140,55 +128,55 @@ func TestStatusPage(t *testing.T) {
 	ready = notReady
 
 	v := page(t, s)
-	want(t, v, "ready", "not ready: 1 partitions restoring")
-	want(t, v, "uptime", "10s")
+	testenv.ExpectPageValue(t, v, "ready", "not ready: 1 partitions restoring")
+	testenv.ExpectPageValue(t, v, "uptime", "10s")
 
 	// dedup: what its status function reports, completed from the metrics.
-	want(t, v, "stage/dedup/state", "restoring")
-	want(t, v, "stage/dedup/group", "g-dedup")
-	want(t, v, "stage/dedup/instance", "node-1")
-	want(t, v, "stage/dedup/input", "usage.events")
-	want(t, v, "stage/dedup/owned", "3")
-	want(t, v, "stage/dedup/partitions", "0, 1, 2")
-	want(t, v, "stage/dedup/restoring", "1")
-	want(t, v, "stage/dedup/in", "1000")
-	want(t, v, "stage/dedup/out", "950")
-	want(t, v, "stage/dedup/in_rate", "100.0") // since the server started
-	want(t, v, "stage/dedup/out_rate", "95.0")
-	want(t, v, "stage/dedup/replayed", "77")
-	want(t, v, "stage/dedup/lag_records", "10")
-	want(t, v, "stage/dedup/lag_seconds", "3.5")
-	want(t, v, "part/dedup/0/state", "processing")
-	want(t, v, "part/dedup/2/state", "restoring")
-	want(t, v, "part/dedup/2/restore_remaining", "1234")
-	want(t, v, "part/dedup/0/restore_remaining", "n/a")
-	want(t, v, "part/dedup/1/lag_records", "7")
-	want(t, v, "part/dedup/1/lag_seconds", "3.5")
+	testenv.ExpectPageValue(t, v, "stage/dedup/state", "restoring")
+	testenv.ExpectPageValue(t, v, "stage/dedup/group", "g-dedup")
+	testenv.ExpectPageValue(t, v, "stage/dedup/instance", "node-1")
+	testenv.ExpectPageValue(t, v, "stage/dedup/input", "usage.events")
+	testenv.ExpectPageValue(t, v, "stage/dedup/owned", "3")
+	testenv.ExpectPageValue(t, v, "stage/dedup/partitions", "0, 1, 2")
+	testenv.ExpectPageValue(t, v, "stage/dedup/restoring", "1")
+	testenv.ExpectPageValue(t, v, "stage/dedup/in", "1000")
+	testenv.ExpectPageValue(t, v, "stage/dedup/out", "950")
+	testenv.ExpectPageValue(t, v, "stage/dedup/in_rate", "100.0") // since the server started
+	testenv.ExpectPageValue(t, v, "stage/dedup/out_rate", "95.0")
+	testenv.ExpectPageValue(t, v, "stage/dedup/replayed", "77")
+	testenv.ExpectPageValue(t, v, "stage/dedup/lag_records", "10")
+	testenv.ExpectPageValue(t, v, "stage/dedup/lag_seconds", "3.5")
+	testenv.ExpectPageValue(t, v, "part/dedup/0/state", "processing")
+	testenv.ExpectPageValue(t, v, "part/dedup/2/state", "restoring")
+	testenv.ExpectPageValue(t, v, "part/dedup/2/restore_remaining", "1234")
+	testenv.ExpectPageValue(t, v, "part/dedup/0/restore_remaining", "n/a")
+	testenv.ExpectPageValue(t, v, "part/dedup/1/lag_records", "7")
+	testenv.ExpectPageValue(t, v, "part/dedup/1/lag_seconds", "3.5")
 
 	// aggregate: from its metrics only. One partition restored, one with
 	// changelog left to replay.
-	want(t, v, "stage/aggregate/state", "restoring")
-	want(t, v, "stage/aggregate/owned", "2")
-	want(t, v, "stage/aggregate/restoring", "1")
-	want(t, v, "stage/aggregate/partitions", "n/a")
-	want(t, v, "stage/aggregate/group", "n/a")
-	want(t, v, "stage/aggregate/in", "400")
-	want(t, v, "stage/aggregate/lag_records", "n/a")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/state", "restoring")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/owned", "2")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/restoring", "1")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/partitions", "n/a")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/group", "n/a")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/in", "400")
+	testenv.ExpectPageValue(t, v, "stage/aggregate/lag_records", "n/a")
 
 	// sink: rows inserted are its output; rows already present are not.
-	want(t, v, "stage/sink/state", "running")
-	want(t, v, "stage/sink/owned", "3")
-	want(t, v, "stage/sink/in", "30")
-	want(t, v, "stage/sink/out", "25")
+	testenv.ExpectPageValue(t, v, "stage/sink/state", "running")
+	testenv.ExpectPageValue(t, v, "stage/sink/owned", "3")
+	testenv.ExpectPageValue(t, v, "stage/sink/in", "30")
+	testenv.ExpectPageValue(t, v, "stage/sink/out", "25")
 
 	// Every lag series, the other group's too.
-	want(t, v, "lag/g-dedup/usage.events/1/records", "7")
-	want(t, v, "lag/g-dedup/usage.events/2/seconds", "1.5")
-	want(t, v, "lag/other/usage.deduped/0/records", "9")
-	want(t, v, "lag/other/usage.deduped/0/seconds", "n/a")
+	testenv.ExpectPageValue(t, v, "lag/g-dedup/usage.events/1/records", "7")
+	testenv.ExpectPageValue(t, v, "lag/g-dedup/usage.events/2/seconds", "1.5")
+	testenv.ExpectPageValue(t, v, "lag/other/usage.deduped/0/records", "9")
+	testenv.ExpectPageValue(t, v, "lag/other/usage.deduped/0/seconds", "n/a")
 
-	want(t, v, "table/aggregates/acme/tokens", "3400")
-	want(t, v, "table/aggregates/globex/api_calls", "1")
+	testenv.ExpectPageValue(t, v, "table/aggregates/acme/tokens", "3400")
+	testenv.ExpectPageValue(t, v, "table/aggregates/globex/api_calls", "1")
 
 	// Stages in pipeline order.
 	_, body := get(t, s, "/")
@@ -201,13 +189,13 @@ func TestStatusPage(t *testing.T) {
 	m.in.WithLabelValues("dedup", "usage.events").Add(50)
 	ready = nil
 	v = page(t, s)
-	want(t, v, "stage/dedup/in_rate", "10.0")
-	want(t, v, "stage/dedup/out_rate", "0.0")
-	want(t, v, "ready", "ready")
+	testenv.ExpectPageValue(t, v, "stage/dedup/in_rate", "10.0")
+	testenv.ExpectPageValue(t, v, "stage/dedup/out_rate", "0.0")
+	testenv.ExpectPageValue(t, v, "ready", "ready")
 	// A look less than a second later shows rates over the same base.
 	clk.advance(500 * time.Millisecond)
 	v = page(t, s)
-	want(t, v, "stage/dedup/in_rate", "9.1") // 50 records over 5.5 s
+	testenv.ExpectPageValue(t, v, "stage/dedup/in_rate", "9.1") // 50 records over 5.5 s
 
 	// The same snapshot as JSON.
 	code, body := get(t, s, "/status.json")
@@ -240,13 +228,13 @@ func TestStatusPageWithoutLag(t *testing.T) {
 			Error: "stream: <script>alert(1)</script>", Partitions: []PartitionStatus{}}
 	})
 	v := page(t, s)
-	want(t, v, "lag", "n/a: this process exports no consumer lag (meterline_consumer_lag_records)")
-	want(t, v, "stage/dedup/lag_records", "n/a")
-	want(t, v, "stage/dedup/lag_seconds", "n/a")
-	want(t, v, "stage/dedup/state", "failed: stream: <script>alert(1)</script>")
-	want(t, v, "stage/dedup/partitions", "none")
-	want(t, v, "stage/dedup/owned", "0")
-	want(t, v, "stage/dedup/in_rate", "n/a") // less than a second since the start
+	testenv.ExpectPageValue(t, v, "lag", "n/a: this process exports no consumer lag (meterline_consumer_lag_records)")
+	testenv.ExpectPageValue(t, v, "stage/dedup/lag_records", "n/a")
+	testenv.ExpectPageValue(t, v, "stage/dedup/lag_seconds", "n/a")
+	testenv.ExpectPageValue(t, v, "stage/dedup/state", "failed: stream: <script>alert(1)</script>")
+	testenv.ExpectPageValue(t, v, "stage/dedup/partitions", "none")
+	testenv.ExpectPageValue(t, v, "stage/dedup/owned", "0")
+	testenv.ExpectPageValue(t, v, "stage/dedup/in_rate", "n/a") // less than a second since the start
 	_, body := get(t, s, "/")
 	if strings.Contains(body, "<script>alert") {
 		t.Error("a stage error reached the page unescaped")

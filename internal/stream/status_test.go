@@ -169,21 +169,7 @@ func TestStatusReportsRestoreAndOwnership(t *testing.T) {
 	}
 
 	// The broker's view of the group: this member owns what Status lists.
-	dg, err := adm.DescribeGroups(ctx, group)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var assigned []int32
-	for _, m := range dg[group].Members {
-		if ca, ok := m.Assigned.AsConsumer(); ok {
-			for _, tp := range ca.Topics {
-				if tp.Topic == input {
-					assigned = append(assigned, tp.Partitions...)
-				}
-			}
-		}
-	}
-	slices.Sort(assigned)
+	assigned := testenv.GroupAssignment(t, adm, group, input)
 	if !slices.Equal(got, assigned) {
 		t.Errorf("Status lists partitions %v; the broker says the group assigned %v", got, assigned)
 	}

@@ -47,7 +47,7 @@ func runChromium(t testing.TB, bin string, args ...string) []byte {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("chromium %s: %v\n%s", strings.Join(args, " "), err, tail(stderr.String(), 20))
+		t.Fatalf("chromium %s: %v\n%s", strings.Join(args, " "), err, Tail(stderr.String(), 20))
 	}
 	return stdout.Bytes()
 }
@@ -86,10 +86,15 @@ func PageValues(dom string) map[string]string {
 	return out
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
+// ExpectPageValue fails the test (and goes on) unless the page values v,
+// from PageValues, show key with the value want: the real state.
+func ExpectPageValue(t testing.TB, v map[string]string, key, want string) {
+	t.Helper()
+	got, ok := v[key]
+	switch {
+	case !ok:
+		t.Errorf("the page does not show %s", key)
+	case got != want:
+		t.Errorf("the page shows %s = %q; the real state is %q", key, got, want)
 	}
-	return strings.Join(lines, "\n")
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -183,4 +184,28 @@ func WaitCaughtUp(t testing.TB, brokers []string, group, topic string, d time.Du
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// GroupAssignment returns the partitions of topic the broker assigned to
+// the group's members, sorted.
+func GroupAssignment(t testing.TB, adm *kadm.Client, group, topic string) []int32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dg, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		t.Fatalf("describe group %s: %v", group, err)
+	}
+	var out []int32
+	for _, m := range dg[group].Members {
+		if ca, ok := m.Assigned.AsConsumer(); ok {
+			for _, tp := range ca.Topics {
+				if tp.Topic == topic {
+					out = append(out, tp.Partitions...)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -1,0 +1,82 @@
+# shellcheck shell=bash
+# deploy/local/lib.sh — functions the deploy/local scripts share. They source
+# it from their own directory (. "$SCRIPT_DIR/lib.sh"); it is not run on its
+# own. The sourcing script defines log and die.
+
+export DEBIAN_FRONTEND=noninteractive
+
+# cmdline_of PID — the process's command line, NULs turned into spaces.
+cmdline_of() {
+    tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" || true
+}
+
+# pid_of_file PID_FILE NEEDLE — prints the pid in PID_FILE if that process
+# runs and its command line holds NEEDLE (a stale pid file's pid may have
+# been reused by another process); 1 otherwise.
+pid_of_file() {
+    local pid
+    [[ -f $1 ]] || return 1
+    pid=$(<"$1")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    [[ $(cmdline_of "$pid") == *"$2"* ]] || return 1
+    echo "$pid"
+}
+
+# wait_gone TIMEOUT_S PID... — waits until every PID has exited; 1 when
+# some still runs after TIMEOUT_S seconds.
+wait_gone() {
+    local deadline=$(( $(date +%s) + $1 )) pid alive
+    shift
+    while :; do
+        alive=0
+        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        (( alive )) || return 0
+        (( $(date +%s) < deadline )) || return 1
+        sleep 0.1
+    done
+}
+
+# apt_install_locked NAME FIND HINT APT_ARG... — installs with
+# `apt-get install -y APT_ARG...` (flags and packages), running apt-get
+# update and trying again when the first try fails (a stale package list).
+# FIND is the caller's function that succeeds once the software is
+# installed. Two runs at once must not race on apt/dpkg, so it holds
+# /tmp/meterline-NAME-apt.lock (fd 8) meanwhile, and installs nothing when
+# FIND succeeds once it has the lock (the other run installed it). Dies,
+# saying HINT, where there is no apt-get. The caller runs FIND again after.
+apt_install_locked() {
+    local name=$1 find=$2 hint=$3 lock apt_log t0 arg versions pkgs=()
+    shift 3
+    for arg in "$@"; do [[ $arg == -* ]] || pkgs+=("$arg"); done
+    command -v apt-get >/dev/null 2>&1 ||
+        die "$name is not installed and apt-get is not available; $hint"
+    lock=/tmp/meterline-$name-apt.lock
+    if command -v flock >/dev/null 2>&1; then
+        exec 8>"$lock"
+        flock -w 600 8 || die "timed out waiting for another $name install ($lock)"
+        if "$find" >/dev/null; then exec 8>&-; return 0; fi
+    fi
+    apt_log=$(mktemp "/tmp/meterline-$name-apt.XXXXXX.log")
+    log "installing ${pkgs[*]} (apt) ..."
+    t0=$(date +%s)
+    if ! apt_get_install "$apt_log" "$@"; then
+        log "package not found or install failed; running apt-get update ..."
+        if ! { apt-get update -q </dev/null >>"$apt_log" 2>&1 && apt_get_install "$apt_log" "$@"; }; then
+            tail -n 20 "$apt_log" >&2 || true
+            die "apt-get install ${pkgs[*]} failed (log: $apt_log)"
+        fi
+    fi
+    exec 8>&-
+    rm -f "$apt_log"
+    versions=$(dpkg-query -W -f '${Package} ${Version}\n' "${pkgs[@]}" 2>/dev/null | paste -sd, - | sed 's/,/, /g') ||
+        versions=${pkgs[*]}
+    log "installed $versions in $(( $(date +%s) - t0 ))s"
+}
+
+apt_get_install() { # log_file apt_arg...
+    local apt_log=$1
+    shift
+    apt-get install -y -q -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 \
+        "$@" </dev/null >>"$apt_log" 2>&1
+}
