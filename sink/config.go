@@ -63,12 +63,16 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the exponential back-off while
 	// ClickHouse is unavailable. Defaults: 200ms and 5s.
 	BackoffMin, BackoffMax time.Duration
-	// MaxRefusedPerBatch caps the rows of one table's INSERT batch that
-	// the sink parks. Past it, the table is treated as refusing everything
-	// (schema drift, a broken MATERIALIZED column): nothing more is
-	// parked, the sink backs off and retries, and /readyz says why.
+	// MaxRefusedInARow caps the rows of one table that ClickHouse may
+	// refuse in a row, with no row of the table accepted in between,
+	// before the table is treated as refusing everything (schema drift, a
+	// broken MATERIALIZED column): past it nothing more is parked, the
+	// sink backs off and retries, and /readyz says why. Refused rows found
+	// before the cap is reached are parked (at most one per partition per
+	// commit window: DESIGN §7 parks a row before any higher offset of its
+	// partition is inserted, so the rows after it cannot be tried first).
 	// Default: 100.
-	MaxRefusedPerBatch int
+	MaxRefusedInARow int
 	// PingInterval is how often ClickHouse is pinged for /readyz.
 	// Default: 2s.
 	PingInterval time.Duration
@@ -90,6 +94,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// ClientOptions are appended to the Kafka client options (tests).
 	ClientOptions []kgo.Opt
+
+	// testHook, when set (tests only), is called on the sink's ClickHouse
+	// INSERTs and Kafka commits, synchronously, in the order they happen.
+	testHook func(hookEvent)
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -124,8 +132,8 @@ func (c *Config) EnsureDefaults() {
 	if c.BackoffMax == 0 {
 		c.BackoffMax = 5 * time.Second
 	}
-	if c.MaxRefusedPerBatch == 0 {
-		c.MaxRefusedPerBatch = 100
+	if c.MaxRefusedInARow == 0 {
+		c.MaxRefusedInARow = 100
 	}
 	if c.PingInterval == 0 {
 		c.PingInterval = 2 * time.Second
@@ -198,8 +206,8 @@ func (c *Config) Validate() error {
 	if c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin {
 		bad("BackoffMin/BackoffMax", "%s/%s: want 0 < min ≤ max", c.BackoffMin, c.BackoffMax)
 	}
-	if c.MaxRefusedPerBatch < 1 {
-		bad("MaxRefusedPerBatch", "%d: must be at least 1", c.MaxRefusedPerBatch)
+	if c.MaxRefusedInARow < 1 {
+		bad("MaxRefusedInARow", "%d: must be at least 1", c.MaxRefusedInARow)
 	}
 	if c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0 || c.TransactionTimeout <= 0 {
 		bad("SessionTimeout/RebalanceTimeout/TransactionTimeout", "must be positive")

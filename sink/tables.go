@@ -35,6 +35,9 @@ type table struct {
 	rejected bool
 	// recordsIn counts the topic's polled records (set by New).
 	recordsIn prometheus.Counter
+	// refusedRun counts the rows ClickHouse refused in a row, with no row
+	// accepted in between (the inserter goroutine's).
+	refusedRun int
 	// decode decodes a record's value. skip: the record is not a row (a
 	// watermark).
 	decode func(v []byte) (msg any, id identity, skip bool, err error)

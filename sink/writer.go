@@ -9,9 +9,10 @@
 // 1 s), written with one INSERT per table by an inserter goroutine while
 // the next batch is polled and decoded. About once a second, once every
 // batch of the window is written, one Kafka transaction commits the offsets
-// of everything polled (and produces the rows the sink parks). Each table
-// therefore has its own resume point: the group's committed offsets of its
-// topic.
+// of everything polled (and produces the rows the sink parks; a partition
+// with a refused row is committed only up to just past it, see Failures).
+// Each table therefore has its own resume point: the group's committed
+// offsets of its topic.
 //
 // Exactly once rests on one rule, applied whenever rows at or after a
 // partition's committed offset may already be in its table — on
@@ -30,12 +31,26 @@
 //
 // ClickHouse unreachable (or unable to take any block: missing table,
 // too many parts, memory): the sink pauses fetching, backs off, commits
-// nothing, and /readyz is not ready until an INSERT succeeds again. A
-// block refused because of its data: the sink splits it until it finds the
-// refused rows, and parks each in usage.rejected with reason
-// "uninsertable", in the same transaction that commits the offset past it,
-// so a crash never parks a row twice. Rows read from usage.rejected are
-// never parked; they are logged at error level and counted as unparkable.
+// nothing, and /readyz is not ready until an INSERT succeeds again.
+//
+// A block refused because of its data: the sink splits it in halves, first
+// half first, so that each partition's rows are tried in offset order. The
+// first refused row of a partition P, at offset O, is parked in
+// usage.rejected with reason "uninsertable" before any higher offset of P
+// is inserted (DESIGN §7): the rows of P after O polled in this commit
+// window are held back (never inserted), and the window ends early, in a
+// Kafka transaction that produces the parked row and commits P's offset
+// at O+1 — not at the last polled offset — so a crash never parks a row
+// twice. After that commit the held-back rows are fetched again, from
+// O+1, in the next window. Other partitions are not affected. (kgo's
+// GroupTransactSession commits the offsets it tracks for the polled
+// records; Client.SetOffsets moves P's tracked offset, and its fetch
+// cursor, back to O+1 before End: see rewind.)
+//
+// A table that refuses more than MaxRefusedInARow rows in a row, with no
+// row accepted in between, is treated as broken: nothing more is parked
+// and the sink backs off. Rows read from usage.rejected are never parked;
+// they are logged at error level and counted as unparkable.
 package sink
 
 import (
@@ -71,6 +86,10 @@ const (
 	// FaultAfterPark: parked rows produced in the window's transaction,
 	// which is not yet ended.
 	FaultAfterPark = "sink.after-park"
+	// FaultAfterParkCommit: a transaction that parked a refused row (and
+	// moved its partition's offset just past it) committed; the rows held
+	// back behind it are not yet fetched again.
+	FaultAfterParkCommit = "sink.after-park-commit"
 )
 
 var (
@@ -81,8 +100,8 @@ var (
 	// process is stopping while ClickHouse is unavailable); its
 	// transaction is aborted and its records are re-consumed.
 	errAbandon = errors.New("window abandoned")
-	// errTooManyRefused: a table refused more rows of one batch than
-	// MaxRefusedPerBatch; treated as the table refusing everything.
+	// errTooManyRefused: a table refused more than MaxRefusedInARow rows
+	// in a row; treated as the table refusing everything.
 	errTooManyRefused = errors.New("too many refused rows")
 )
 
@@ -98,6 +117,7 @@ type Writer struct {
 	conn   driver.Conn
 
 	sess *kgo.GroupTransactSession
+	hook func(hookEvent) // tests only
 
 	// mu guards parts and fatal. parts are the assigned topic partitions,
 	// written by kgo's group goroutine (assign, revoke) and read by the run
@@ -153,6 +173,7 @@ func New(cfg Config) (*Writer, error) {
 		byTopic: map[string]*table{},
 		parts:   map[tp]*pstate{},
 		conn:    cfg.Conn,
+		hook:    cfg.testHook,
 	}
 	for _, t := range w.tables {
 		w.byTopic[t.topic] = t
@@ -418,11 +439,49 @@ func (w *Writer) clearParts() {
 type window struct {
 	records int
 	start   time.Time
-	last    map[tp]int64  // highest polled offset per partition
-	parks   []*kgo.Record // records that did not decode, parked
+	last    map[tp]int64   // highest polled offset per partition
+	offs    map[tp][]int64 // polled offsets per partition
+	parks   []decodePark   // records that did not decode, parked
 }
 
-func newWindow() *window { return &window{last: map[tp]int64{}} }
+// decodePark is a polled record that did not decode, and its Rejected
+// record.
+type decodePark struct {
+	src tp
+	off int64
+	rec *kgo.Record
+}
+
+// stop is the first row of a partition that ClickHouse refused in a
+// commit window: it is parked, and the partition's rows after it are held
+// back until the window's transaction committed.
+type stop struct {
+	offset int64
+	epoch  int32 // the record's leader epoch, for the rewound offset
+}
+
+// heldBack reports whether a row of partition k at offset off must not be
+// inserted in this window.
+func heldBack(stops map[tp]stop, k tp, off int64) bool {
+	s, ok := stops[k]
+	return ok && off > s.offset
+}
+
+func newWindow() *window { return &window{last: map[tp]int64{}, offs: map[tp][]int64{}} }
+
+// heldRecords counts the window's records held back behind stops (fetched
+// again after the commit).
+func (win *window) heldRecords(stops map[tp]stop) int {
+	n := 0
+	for k, st := range stops {
+		for _, off := range win.offs[k] {
+			if off > st.offset {
+				n++
+			}
+		}
+	}
+	return n
+}
 
 // pending is the rows of one INSERT batch (per table) being filled.
 type pending struct {
@@ -460,12 +519,12 @@ func (w *Writer) runSession(ctx context.Context) error {
 			ins.dispatch(cur)
 			cur = newPending()
 		}
-		parks, err := ins.wait()
+		parks, stops, held, err := ins.wait()
 		abandon := errors.Is(err, errAbandon)
 		if err != nil && !abandon {
 			return err
 		}
-		err = w.commit(ctx, win, parks, abandon)
+		err = w.commit(ctx, win, parks, stops, held, abandon)
 		win = newWindow()
 		return err
 	}
@@ -507,7 +566,9 @@ func (w *Writer) runSession(ctx context.Context) error {
 			ins.dispatch(cur)
 			cur = newPending()
 		}
-		if win.records > 0 && !now.Before(win.start.Add(w.cfg.CommitInterval)) {
+		// A refused row ends the window early: it is parked, and its
+		// partition's later rows are held back until that commits.
+		if win.records > 0 && (!now.Before(win.start.Add(w.cfg.CommitInterval)) || ins.stopped.Load()) {
 			if err := closeWindow(); err != nil {
 				return err
 			}
@@ -554,7 +615,9 @@ func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) er
 	}
 	win.records++
 	cur.records++
-	win.last[tp{r.Topic, r.Partition}] = r.Offset
+	k := tp{r.Topic, r.Partition}
+	win.last[k] = r.Offset
+	win.offs[k] = append(win.offs[k], r.Offset)
 	t.recordsIn.Inc()
 	row, err := t.buildRow(r)
 	switch {
@@ -568,7 +631,7 @@ func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) er
 		if perr != nil {
 			return perr
 		}
-		win.parks = append(win.parks, rec)
+		win.parks = append(win.parks, decodePark{src: tp{r.Topic, r.Partition}, off: r.Offset, rec: rec})
 	case row != nil:
 		cur.rows[t] = append(cur.rows[t], row)
 	}
@@ -614,11 +677,17 @@ type inserter struct {
 	mu     sync.Mutex
 	parks  []parked
 	err    error // the first error of the window; later batches are dropped
+	// stops: per partition, the window's first refused (parked) row; the
+	// partition's later rows are held back. Written by the inserter
+	// goroutine only.
+	stops   map[tp]stop
+	held    int         // rows held back in the window
+	stopped atomic.Bool // stops is not empty: the window should end
 }
 
 func (w *Writer) startInserter(ctx context.Context) *inserter {
 	ctx, cancel := context.WithCancel(ctx)
-	ins := &inserter{w: w, ctx: ctx, cancel: cancel, jobs: make(chan *pending, 1), done: make(chan struct{})}
+	ins := &inserter{w: w, ctx: ctx, cancel: cancel, jobs: make(chan *pending, 1), done: make(chan struct{}), stops: map[tp]stop{}}
 	go ins.run()
 	return ins
 }
@@ -634,9 +703,21 @@ func (ins *inserter) run() {
 			if len(rows) == 0 || failed {
 				continue
 			}
-			ps, err := ins.w.writeTable(ins.ctx, t, rows)
 			ins.mu.Lock()
-			ins.parks = append(ins.parks, ps...)
+			stops := ins.stops
+			ins.mu.Unlock()
+			ft, err := ins.w.writeTable(ins.ctx, t, rows, stops)
+			ins.mu.Lock()
+			if ft != nil {
+				ins.parks = append(ins.parks, ft.parks...)
+				for k, st := range ft.stops {
+					ins.stops[k] = st
+				}
+				ins.held += ft.held
+				if len(ins.stops) > 0 {
+					ins.stopped.Store(true)
+				}
+			}
 			if err != nil && ins.err == nil {
 				ins.err = err
 			}
@@ -659,14 +740,16 @@ func (ins *inserter) dispatch(p *pending) {
 }
 
 // wait waits until every dispatched batch is written (or dropped after an
-// error) and returns the window's refused rows and its first error.
-func (ins *inserter) wait() ([]parked, error) {
+// error) and returns the window's refused rows, the partitions held back
+// behind them, and its first error.
+func (ins *inserter) wait() ([]parked, map[tp]stop, int, error) {
 	ins.wg.Wait()
 	ins.mu.Lock()
 	defer ins.mu.Unlock()
-	parks, err := ins.parks, ins.err
-	ins.parks, ins.err = nil, nil
-	return parks, err
+	parks, stops, held, err := ins.parks, ins.stops, ins.held, ins.err
+	ins.parks, ins.stops, ins.held, ins.err = nil, map[tp]stop{}, 0, nil
+	ins.stopped.Store(false)
+	return parks, stops, held, err
 }
 
 // close stops the inserter: a batch in back-off is abandoned (its window
@@ -677,14 +760,31 @@ func (ins *inserter) close() {
 	<-ins.done
 }
 
-func (w *Writer) commit(ctx context.Context, win *window, parks []parked, abandon bool) error {
+func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops map[tp]stop, held int, abandon bool) error {
 	if !abandon {
 		// Guarantee: every row of the window is in its table (inserted
 		// now, or found there by the resume rule), or refused and about to
-		// be parked; no offset is committed. A crash here re-consumes from
-		// the committed offsets, and the resume rule skips the rows
-		// already in the tables.
+		// be parked, or held back behind a refused row of its partition
+		// (never inserted); no offset is committed. A crash here
+		// re-consumes from the committed offsets, and the resume rule
+		// skips the rows already in the tables.
 		fault.Hit(FaultAfterInsert)
+	}
+	// A record that did not decode, held back behind a stop, is fetched
+	// again after this commit, and parked then: not now, or twice.
+	decodeParks := win.parks
+	if len(stops) > 0 {
+		decodeParks = nil
+		for _, d := range win.parks {
+			if !heldBack(stops, d.src, d.off) {
+				decodeParks = append(decodeParks, d)
+			}
+		}
+	}
+	if !abandon && len(stops) > 0 && !w.rewind(win, stops) {
+		// Revoked meanwhile (the transaction could not commit anyway), or
+		// kgo did not take the offsets: commit nothing, re-consume.
+		abandon = true
 	}
 	start := time.Now()
 	if err := w.sess.Begin(); err != nil {
@@ -703,8 +803,8 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, abando
 	}
 	if !abandon {
 		n := 0
-		for _, r := range win.parks {
-			w.sess.Produce(context.Background(), r, promise)
+		for _, d := range decodeParks {
+			w.sess.Produce(context.Background(), d.rec, promise)
 			n++
 		}
 		for _, p := range parks {
@@ -754,21 +854,38 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, abando
 		}
 		return nil
 	}
-	// Guarantee: the offsets of every polled record, and the parked rows,
-	// are committed together.
+	// Guarantee: the offsets of every polled record — of a stopped
+	// partition, the offset just past its parked row — and the parked
+	// rows are committed together.
 	w.m.flushes.WithLabelValues("committed").Inc()
-	w.m.committed.Add(float64(win.records))
-	w.advance(win.last)
-	for _, r := range win.parks {
-		w.m.rejected.WithLabelValues(reasonOf(r)).Inc()
+	heldRecs := win.heldRecords(stops)
+	w.m.committed.Add(float64(win.records - heldRecs))
+	w.advance(win.last, stops)
+	if w.hook != nil {
+		ev := hookEvent{kind: hookCommit}
+		for _, p := range parks {
+			if p.rec != nil {
+				ev.parked = append(ev.parked, parkedAt{topic: p.table.topic, partition: p.row.partition(), offset: p.row.offset()})
+			}
+		}
+		w.hook(ev)
 	}
-	if len(win.parks) > 0 {
-		w.log.Warn("records that do not decode parked in the rejected topic", zap.Int("records", len(win.parks)))
+	for _, d := range decodeParks {
+		w.m.rejected.WithLabelValues(reasonOf(d.rec)).Inc()
 	}
+	if len(decodeParks) > 0 {
+		w.log.Warn("records that do not decode parked in the rejected topic", zap.Int("records", len(decodeParks)))
+	}
+	if len(stops) > 0 {
+		w.log.Info("window ended early at refused rows: each partition's offset committed just past its parked row; the rows held back behind it are fetched again",
+			zap.Int("partitions", len(stops)), zap.Int("records_held_back", heldRecs), zap.Int("rows_held_back_before_insert", held))
+	}
+	parkedRows := 0
 	for _, p := range parks {
 		if p.rec == nil {
 			continue
 		}
+		parkedRows++
 		w.m.rows.WithLabelValues(p.table.name, outcomeParked).Inc()
 		w.m.rejected.WithLabelValues(schemas.ReasonUninsertable).Inc()
 		w.log.Warn("row refused by clickhouse: parked in the rejected topic with reason uninsertable",
@@ -776,7 +893,68 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, abando
 			zap.String("customer_id", p.row.id.customer), zap.String("meter", p.row.id.meter),
 			zap.String("event_id", p.row.id.eventID), zap.String("error", p.err))
 	}
+	if parkedRows > 0 {
+		// Guarantee: the refused rows are parked and their partitions'
+		// offsets committed just past them; no row after them is in the
+		// table (unless an earlier owner put it there). A crash here
+		// re-consumes from just past each parked row: it is not parked
+		// again, and the resume rule skips what is present.
+		fault.Hit(FaultAfterParkCommit)
+	}
 	return nil
+}
+
+// rewind moves each stopped partition's consumed offset back to just past
+// its parked row, so that End commits that offset, not the last polled
+// one, and the rows held back behind it are fetched again. It returns
+// false when the window must not commit (revoked meanwhile, or kgo did
+// not take the offsets).
+//
+// What it relies on in kgo (v1.22.3): GroupTransactSession.End commits
+// Client.UncommittedOffsets, each polled partition's "dirty" offset.
+// Client.SetOffsets sets a partition's dirty and head offsets
+// (applySetOffsets) and re-seats its fetch cursor there, discarding
+// buffered, unpolled fetches (assignSetMatching stops the fetch session;
+// the other partitions' cursors stay just past their last polled records).
+// A revoke or loss calls onRevoked before kgo forgets or reassigns a
+// partition; onRevoked sets w.revoked and then waits for insertMu, held
+// here, so no partition is revoked or reassigned between the check and
+// SetOffsets. A revoke after it makes End abort, and an abort resets every
+// partition to its committed offset.
+func (w *Writer) rewind(win *window, stops map[tp]stop) bool {
+	w.insertMu.Lock()
+	defer w.insertMu.Unlock()
+	if w.revoked.Load() {
+		return false
+	}
+	cl := w.sess.Client()
+	before := cl.UncommittedOffsets()
+	set := map[string]map[int32]kgo.EpochOffset{}
+	for k, st := range stops {
+		last, ok := win.last[k]
+		if got := before[k.topic][k.p]; !ok || got.Offset != last+1 {
+			w.log.Error("kafka client's consumed offset is not the window's: not committing the window",
+				zap.String("topic", k.topic), zap.Int32("partition", k.p), zap.Int64("client", got.Offset), zap.Int64("window", last+1))
+			return false
+		}
+		if st.offset >= last {
+			continue // the refused row was the last polled: nothing to move
+		}
+		if set[k.topic] == nil {
+			set[k.topic] = map[int32]kgo.EpochOffset{}
+		}
+		set[k.topic][k.p] = kgo.EpochOffset{Epoch: st.epoch, Offset: st.offset + 1}
+	}
+	cl.SetOffsets(set)
+	after := cl.UncommittedOffsets()
+	for k, st := range stops {
+		if got := after[k.topic][k.p]; got.Offset != st.offset+1 {
+			w.log.Error("kafka client did not take the offset past a parked row: not committing the window",
+				zap.String("topic", k.topic), zap.Int32("partition", k.p), zap.Int64("client", got.Offset), zap.Int64("want", st.offset+1))
+			return false
+		}
+	}
+	return true
 }
 
 func reasonOf(r *kgo.Record) string {
@@ -788,15 +966,19 @@ func reasonOf(r *kgo.Record) string {
 }
 
 // advance records a committed window: each partition's committed offset
-// moves past its last polled record, and a partition whose present rows
-// all lie below it is clean again.
-func (w *Writer) advance(last map[tp]int64) {
+// moves past its last polled record (a stopped partition's: past its
+// parked row), and a partition whose present rows all lie below it is
+// clean again.
+func (w *Writer) advance(last map[tp]int64, stops map[tp]stop) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for k, off := range last {
 		ps, ok := w.parts[k]
 		if !ok {
 			continue
+		}
+		if st, ok := stops[k]; ok && st.offset < off {
+			off = st.offset
 		}
 		ps.committed = off + 1
 		if ps.dirty && ps.maxKnown && ps.presentMax < ps.committed {
@@ -829,29 +1011,64 @@ func (w *Writer) markRowsDirty(t *table, rows []*row) {
 
 // batchTable is one table's rows of one INSERT batch.
 type batchTable struct {
-	t       *table
-	parks   []parked
-	refused int
+	t     *table
+	parks []parked
+	// prior: the window's stops from earlier batches; stops: this batch's
+	// (committed to the window only if the batch succeeds).
+	prior, stops map[tp]stop
+	held         int // rows held back behind a stop
+}
+
+func (ft *batchTable) heldBack(r *row) bool {
+	k := tp{ft.t.topic, r.partition()}
+	return heldBack(ft.prior, k, r.offset()) || heldBack(ft.stops, k, r.offset())
+}
+
+// unheld drops the rows held back behind a stop.
+func (ft *batchTable) unheld(rows []*row) []*row {
+	if len(ft.prior) == 0 && len(ft.stops) == 0 {
+		return rows
+	}
+	n := 0
+	for _, r := range rows {
+		if !ft.heldBack(r) {
+			n++
+		}
+	}
+	if n == len(rows) {
+		return rows
+	}
+	out := make([]*row, 0, n)
+	for _, r := range rows {
+		if !ft.heldBack(r) {
+			out = append(out, r)
+		}
+	}
+	ft.held += len(rows) - n
+	return out
 }
 
 // writeTable inserts rows (one table's rows of a batch, in poll order: each
-// partition's in offset order) and returns the rows to park. While the
-// table refuses too many rows it backs off and retries; rows already
-// inserted are then skipped by the resume rule.
-func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row) ([]parked, error) {
+// partition's in offset order), except those held back behind a refused
+// row, and returns the rows to park and the partitions that stop. While the
+// table refuses too many rows in a row it backs off and retries; rows
+// already inserted are then skipped by the resume rule.
+func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row, prior map[tp]stop) (*batchTable, error) {
 	for attempt := 0; ; attempt++ {
-		ft := &batchTable{t: t}
+		ft := &batchTable{t: t, prior: prior, stops: map[tp]stop{}}
 		err := w.writeRows(ctx, ft, rows)
 		if !errors.Is(err, errTooManyRefused) {
 			if err == nil {
 				w.clearBlocked()
 			}
-			return ft.parks, err
+			return ft, err
 		}
+		// Nothing found in this attempt is parked; the rows held back
+		// behind its refusals were not inserted, and are tried again.
 		w.markRowsDirty(t, rows)
-		w.setBlocked(fmt.Sprintf("clickhouse refuses more than %d rows of one batch of %s (schema drift? a failing MATERIALIZED column?); not parking them, retrying", w.cfg.MaxRefusedPerBatch, t.name))
+		w.setBlocked(fmt.Sprintf("clickhouse refuses more than %d rows in a row of %s (schema drift? a failing MATERIALIZED column?); not parking them, retrying", w.cfg.MaxRefusedInARow, t.name))
 		w.log.Error("table refuses most rows: backing off instead of parking them", zap.String("table", t.name),
-			zap.Int("refused", ft.refused), zap.Int("rows", len(rows)))
+			zap.Int("refused_in_a_row", t.refusedRun), zap.Int("rows", len(rows)))
 		if err := w.backoffSleep(ctx, attempt); err != nil {
 			return nil, err
 		}
@@ -860,10 +1077,16 @@ func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row) ([]parke
 
 // writeRows writes rows, retrying while ClickHouse is unavailable, and
 // splitting a refused block in two, first half first, so that each
-// partition's rows are handled in offset order.
+// partition's rows are handled in offset order: once a partition's first
+// refused row is found, its later rows are held back (DESIGN §7: the row is
+// parked before any higher offset of its partition is inserted).
 func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) error {
 	t := ft.t
-	for attempt := 0; len(rows) > 0; attempt++ {
+	for attempt := 0; ; attempt++ {
+		rows = ft.unheld(rows)
+		if len(rows) == 0 {
+			return nil
+		}
 		todo, err := w.filterPresent(ctx, t, rows)
 		if errors.Is(err, errAbandon) {
 			return err
@@ -881,6 +1104,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 		err = w.insert(ctx, t, todo)
 		switch {
 		case err == nil:
+			t.refusedRun = 0
 			return nil
 		case errors.Is(err, errAbandon):
 			return err
@@ -899,6 +1123,8 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			if err := w.writeRows(ctx, ft, todo[:mid]); err != nil {
 				return err
 			}
+			// writeRows drops the second half's rows held back behind a
+			// refusal found in the first.
 			return w.writeRows(ctx, ft, todo[mid:])
 		default:
 			// Unreachable, or unable to take any block: the outcome of the
@@ -910,13 +1136,13 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			}
 		}
 	}
-	return nil
 }
 
-// refuse records a row refused by ClickHouse or the driver.
+// refuse records a row refused by ClickHouse or the driver. A row to park
+// stops its partition for the rest of the window.
 func (w *Writer) refuse(ft *batchTable, r *row, cause error) error {
-	ft.refused++
-	if ft.refused > w.cfg.MaxRefusedPerBatch {
+	ft.t.refusedRun++
+	if ft.t.refusedRun > w.cfg.MaxRefusedInARow {
 		return errTooManyRefused
 	}
 	detail := fmt.Sprintf("sink: clickhouse refused the row for %s: %v", ft.t.name, cause)
@@ -933,6 +1159,11 @@ func (w *Writer) refuse(ft *batchTable, r *row, cause error) error {
 		return err
 	}
 	ft.parks = append(ft.parks, parked{table: ft.t, row: r, rec: rec, err: cause.Error()})
+	// Rows are tried in offset order per partition and held back behind a
+	// stop, so this is the partition's first refused row of the window.
+	ft.stops[tp{ft.t.topic, r.partition()}] = stop{offset: r.offset(), epoch: r.rec.LeaderEpoch}
+	w.log.Info("row refused: its partition's later rows are held back until it is parked",
+		zap.String("table", ft.t.name), zap.Int32("partition", r.partition()), zap.Int64("offset", r.offset()))
 	return nil
 }
 
@@ -1057,6 +1288,9 @@ func (w *Writer) insert(ctx context.Context, t *table, rows []*row) error {
 	}
 	if err := b.Send(); err != nil {
 		return err
+	}
+	if w.hook != nil {
+		w.hook(hookEvent{kind: hookInsert, table: t.name, topic: t.topic, spans: spansOf(rows)})
 	}
 	w.setUp(nil)
 	w.m.insertSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
@@ -1275,4 +1509,39 @@ func (w *Writer) lookup(ctx context.Context, t *table, what string, conds []stri
 // quote is a ClickHouse string literal.
 func quote(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+// hookEvent is what a test hook sees (Config.testHook).
+type hookEvent struct {
+	kind  string
+	table string
+	topic string
+	// insert: per partition, the lowest and highest offset inserted.
+	spans map[int32][2]int64
+	// commit: the refused rows the committed transaction parked.
+	parked []parkedAt
+}
+
+const (
+	hookInsert = "insert" // an INSERT succeeded
+	hookCommit = "commit" // a transaction committed
+)
+
+type parkedAt struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+func spansOf(rows []*row) map[int32][2]int64 {
+	out := map[int32][2]int64{}
+	for _, r := range rows {
+		s, ok := out[r.partition()]
+		if !ok {
+			s = [2]int64{r.offset(), r.offset()}
+		}
+		s[0], s[1] = min(s[0], r.offset()), max(s[1], r.offset())
+		out[r.partition()] = s
+	}
+	return out
 }
