@@ -17,6 +17,7 @@ type metrics struct {
 	restoreRecords prometheus.Counter
 	restoreSeconds prometheus.Observer
 	owned          prometheus.Gauge
+	stateBytes     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -42,5 +43,7 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Duration of a partition restore.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_owned_partitions",
 			Help: "Input partitions restored and being processed by this instance."}),
+		stateBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_bytes",
+			Help: "Bytes on disk of the instance's local state (Pebble: sstables, WAL and other files, for every partition it holds), refreshed about every 10 s while it commits."}),
 	}
 }

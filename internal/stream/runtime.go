@@ -98,7 +98,9 @@ type Runtime struct {
 	m     *metrics
 
 	sess *kgo.GroupTransactSession
-	adm  *kadm.Client
+	// stateBytesAt is when meterline_stream_state_bytes was last set.
+	stateBytesAt time.Time
+	adm          *kadm.Client
 
 	// mu guards parts and the event queue, and orders apply against the
 	// start of a restore (see apply).
@@ -847,7 +849,22 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// Guarantee: Pebble matches the changelog for every applied partition.
 	rt.hit(fault.AfterApply)
 	rt.resetTxn()
+	rt.reportStateBytes()
 	return nil
+}
+
+// stateBytesEvery is how often a committing runtime refreshes
+// meterline_stream_state_bytes (a metric only: wall time decides nothing
+// here).
+const stateBytesEvery = 10 * time.Second
+
+// reportStateBytes sets the state's size on disk, at most every
+// stateBytesEvery.
+func (rt *Runtime) reportStateBytes() {
+	if now := time.Now(); now.Sub(rt.stateBytesAt) >= stateBytesEvery {
+		rt.stateBytesAt = now
+		rt.m.stateBytes.Set(float64(rt.store.DB().Metrics().DiskSpaceUsage()))
+	}
 }
 
 // apply writes the committed overlay and the checkpoints to Pebble in one
