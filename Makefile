@@ -33,6 +33,8 @@ test:
 
 fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
 
 services-start:
 	deploy/local/kafka.sh start

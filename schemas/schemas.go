@@ -111,6 +111,9 @@ type writerSchema struct {
 	kind   Kind
 	schema avro.Schema // resolved against the current reader schema when historical
 	fp     uint64
+	// current is set for the current schema of a kind (not a history
+	// version): the hand-written decoders in fast.go read only those.
+	current bool
 }
 
 type registry struct {
@@ -174,7 +177,7 @@ func build() (*registry, error) {
 		h := &r.headers[f.kind]
 		h[0], h[1] = magic0, magic1
 		binary.LittleEndian.PutUint64(h[2:], fp)
-		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true}
 	}
 	compat := avro.NewSchemaCompatibility()
 	for _, f := range historyFiles {
@@ -266,6 +269,18 @@ func AppendEncode(dst []byte, m Message) ([]byte, error) {
 	if k == 0 || int(k) >= len(kindNames) {
 		return dst, fmt.Errorf("schemas: encode: unknown kind %d", k)
 	}
+	if a, ok := m.(*Aggregate); ok {
+		// Hand-written, byte-identical to hamba (fast.go).
+		out := dst
+		if out == nil {
+			out = make([]byte, 0, aggregateSizeHint(a))
+		}
+		out, err := appendAggregateBody(append(out, r.headers[k][:]...), a)
+		if err != nil {
+			return dst, err
+		}
+		return out, nil
+	}
 	body, err := r.api.Marshal(r.current[k], m)
 	if err != nil {
 		return dst, fmt.Errorf("schemas: encode %s: %w", k, err)
@@ -314,6 +329,10 @@ func header(r *registry, b []byte) (writerSchema, error) {
 // Go type (*UsageEvent, *Tick, …). Messages written with a historical
 // schema are resolved to the current one. Trailing bytes after the body
 // are an error. Decode never panics on arbitrary input.
+//
+// UsageEvent and DedupedEvent written with the current schema are read by
+// hand-written decoders (fast.go) that give what hamba/avro gives, faster;
+// every other schema is read by hamba/avro.
 func Decode(b []byte) (Message, error) {
 	r, err := load()
 	if err != nil {
@@ -331,7 +350,10 @@ func Decode(b []byte) (Message, error) {
 }
 
 // DecodeInto decodes b into m, which must be a pointer to the Go type of the
-// message's kind. A message of another kind is ErrUndecodable.
+// message's kind. A message of another kind is ErrUndecodable. Decode into
+// a zero value: a UsageEvent or DedupedEvent of the current schema replaces
+// all of m, but hamba/avro (every other schema) reuses m's slices and keeps
+// a slice the message leaves empty. On error m is unspecified.
 func DecodeInto(b []byte, m Message) error {
 	r, err := load()
 	if err != nil {
@@ -347,7 +369,22 @@ func DecodeInto(b []byte, m Message) error {
 	return decodeBody(r, w, b[headerSize:], m)
 }
 
-func decodeBody(r *registry, w writerSchema, body []byte, m Message) (err error) {
+func decodeBody(r *registry, w writerSchema, body []byte, m Message) error {
+	if w.current {
+		switch v := m.(type) {
+		case *UsageEvent:
+			return decodeUsageEvent(body, v)
+		case *DedupedEvent:
+			return decodeDedupedEvent(body, v)
+		}
+	}
+	return decodeBodyHamba(r, w, body, m)
+}
+
+// decodeBodyHamba decodes body with hamba/avro: the decoder for every
+// schema without a hand-written one, and the reference those are tested
+// against.
+func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
 	defer func() {
 		// hamba/avro does not panic on bad input that we know of; this is a
 		// last line of defence so a stage never crashes on a record.
