@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"sort"
 	"sync/atomic"
 	"time"
 
@@ -140,7 +139,7 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 		cfg.InputTopic = names.DedupedTopic()
 		cfg.ChangelogTopic = fmt.Sprintf("%s-changelog-r%d", out, r)
 		proc := &aggPassthrough{out: out, changelog: changelog}
-		res, err := runStageUntil(ctx, cfg, proc, func() int64 { return proc.n.Load() }, int64(input))
+		res, err := runUntil(ctx, cfg, proc, func() int64 { return proc.n.Load() }, int64(input))
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", name, err)
 		}
@@ -247,35 +246,6 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 	fmt.Fprintf(out, "latency produce → OPEN revision visible in usage.aggregates: p50 %s, p99 %s (%d events at %d/s)\n",
 		lat.p50.Round(time.Millisecond), lat.p99.Round(time.Millisecond), lat.n, c.LatencyRate)
 	return nil
-}
-
-// runStageUntil runs a stage until count reaches want, then stops it. It
-// is bench dedup's runUntil, except that a stage that stops early is
-// reported, not waited for a second time.
-func runStageUntil(ctx context.Context, cfg stream.Config, proc stream.Processor, count func() int64, want int64) (dedupBenchResult, error) {
-	rt, err := stream.New(cfg, proc)
-	if err != nil {
-		return dedupBenchResult{}, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- rt.Run(rctx) }()
-	for count() < want {
-		select {
-		case err := <-done:
-			return dedupBenchResult{}, fmt.Errorf("stage stopped at %d of %d records: %v", count(), want, err)
-		case <-ctx.Done():
-			cancel()
-			<-done
-			return dedupBenchResult{}, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	el := time.Since(start)
-	cancel()
-	return dedupBenchResult{events: int(want), elapsed: el}, <-done
 }
 
 // aggPassthrough is a baseline stage for the aggregator: it copies every
@@ -432,10 +402,5 @@ func measureAggLatency(ctx context.Context, brokers []string, names topics.Names
 			}
 		})
 	}
-	if len(lats) == 0 {
-		return latencies{}, errors.New("latency: no aggregate became visible")
-	}
-	sort.Slice(lats, func(a, b int) bool { return lats[a] < lats[b] })
-	q := func(f float64) time.Duration { return lats[int(f*float64(len(lats)-1))] }
-	return latencies{p50: q(0.50), p99: q(0.99), n: len(lats)}, nil
+	return quantiles(lats, "aggregate")
 }

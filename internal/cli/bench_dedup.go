@@ -470,8 +470,13 @@ func measureLatency(ctx context.Context, brokers []string, names topics.Names, r
 			}
 		})
 	}
+	return quantiles(lats, "event")
+}
+
+// quantiles sorts the latencies measured and returns their p50 and p99.
+func quantiles(lats []time.Duration, what string) (latencies, error) {
 	if len(lats) == 0 {
-		return latencies{}, errors.New("latency: no event became visible")
+		return latencies{}, fmt.Errorf("latency: no %s became visible", what)
 	}
 	sort.Slice(lats, func(a, b int) bool { return lats[a] < lats[b] })
 	q := func(f float64) time.Duration { return lats[int(f*float64(len(lats)-1))] }
