@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"sort"
 	"time"
 
@@ -21,12 +23,13 @@ import (
 // the sink (Kafka → decode → INSERT → transactional offset commit) against
 // a bare clickhouse-go batch loop writing the same rows.
 type BenchSinkCmd struct {
-	Rows       int  `help:"usage.deduped records (rows) per run." default:"1000000"`
-	Partitions int  `help:"Partitions of the benchmark topic." default:"16"`
-	Rounds     int  `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
-	BatchRows  int  `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
-	Customers  int  `help:"Distinct customers in the generated rows." default:"10000"`
-	JSON       bool `help:"Print the result as JSON too."`
+	Rows       int    `help:"usage.deduped records (rows) per run." default:"1000000"`
+	Partitions int    `help:"Partitions of the benchmark topic." default:"16"`
+	Rounds     int    `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
+	BatchRows  int    `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
+	Customers  int    `help:"Distinct customers in the generated rows." default:"10000"`
+	JSON       bool   `help:"Print the result as JSON too."`
+	CPUProfile string `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`
 }
 
 // Run runs the benchmark.
@@ -85,7 +88,7 @@ func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 			return nil
 		}
 		runSink := func() error {
-			r, err := c.sink(ctx, g, names, round, stamp, log)
+			r, err := c.sink(ctx, g, names, round, stamp, log, round == c.Rounds-1)
 			if err != nil {
 				return err
 			}
@@ -184,7 +187,7 @@ func (c *BenchSinkCmd) baseline(ctx context.Context, g *Globals, names topics.Na
 // committed. The clock starts when the first record is polled (the group
 // join before it is not throughput) and stops when the last offset is
 // committed.
-func (c *BenchSinkCmd) sink(ctx context.Context, g *Globals, names topics.Names, round int, stamp int64, log *zap.Logger) (sinkBenchRun, error) {
+func (c *BenchSinkCmd) sink(ctx context.Context, g *Globals, names topics.Names, round int, stamp int64, log *zap.Logger, profile bool) (sinkBenchRun, error) {
 	db, drop, err := benchDB(ctx, g, "sink", round, stamp)
 	if err != nil {
 		return sinkBenchRun{}, err
@@ -198,25 +201,39 @@ func (c *BenchSinkCmd) sink(ctx context.Context, g *Globals, names topics.Names,
 	if err != nil {
 		return sinkBenchRun{}, err
 	}
+	if profile && c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return sinkBenchRun{}, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return sinkBenchRun{}, err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(rctx) }()
 	defer func() { cancel(); <-done }()
+	// One Gather per poll, every 10 ms: the registry is gathered while the
+	// sink runs on the same two cores, so polling it harder would slow the
+	// run it measures (the end time is exact to the poll interval).
 	var first, last time.Time
 	deadline := time.Now().Add(30 * time.Minute)
 	for time.Now().Before(deadline) {
-		in := gather(reg, "meterline_sink_records_in_total")
-		if first.IsZero() && in > 0 {
+		n := sinkCountsOf(reg)
+		if first.IsZero() && n.in > 0 {
 			first = time.Now()
 		}
-		if in >= float64(c.Rows) && inserted(reg) >= float64(c.Rows) && committedAll(reg) {
+		if n.in >= float64(c.Rows) && n.inserted >= float64(c.Rows) && n.committed >= n.in {
 			last = time.Now()
 			break
 		}
 		select {
 		case err := <-done:
 			return sinkBenchRun{}, fmt.Errorf("sink stopped: %v", err)
-		case <-time.After(2 * time.Millisecond):
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	if last.IsZero() {
@@ -226,40 +243,34 @@ func (c *BenchSinkCmd) sink(ctx context.Context, g *Globals, names topics.Names,
 	return sinkBenchRun{Name: "sink", Events: c.Rows, Seconds: d.Seconds(), Rate: float64(c.Rows) / d.Seconds()}, nil
 }
 
-func gather(reg *prometheus.Registry, name string, labels ...string) float64 {
+// sinkCounts are the sink's counters the benchmark waits on.
+type sinkCounts struct {
+	in        float64 // meterline_sink_records_in_total
+	inserted  float64 // meterline_sink_rows_total{outcome="inserted"}
+	committed float64 // meterline_sink_records_committed_total: offsets committed by a committed transaction, after the INSERT of their rows
+}
+
+func sinkCountsOf(reg *prometheus.Registry) sinkCounts {
 	mfs, _ := reg.Gather()
-	total := 0.0
+	var n sinkCounts
 	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
 		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				ok := false
+			v := m.GetCounter().GetValue()
+			switch mf.GetName() {
+			case "meterline_sink_records_in_total":
+				n.in += v
+			case "meterline_sink_records_committed_total":
+				n.committed += v
+			case "meterline_sink_rows_total":
 				for _, lp := range m.GetLabel() {
-					ok = ok || (lp.GetName() == labels[i] && lp.GetValue() == labels[i+1])
+					if lp.GetName() == "outcome" && lp.GetValue() == "inserted" {
+						n.inserted += v
+					}
 				}
-				if !ok {
-					continue next
-				}
-			}
-			if m.Counter != nil {
-				total += m.Counter.GetValue()
 			}
 		}
 	}
-	return total
-}
-
-func inserted(reg *prometheus.Registry) float64 {
-	return gather(reg, "meterline_sink_rows_total", "outcome", "inserted")
-}
-
-// committedAll: every polled record's offset is committed (by a committed
-// transaction, after the INSERT of its row).
-func committedAll(reg *prometheus.Registry) bool {
-	return gather(reg, "meterline_sink_records_committed_total") >= gather(reg, "meterline_sink_records_in_total")
+	return n
 }
 
 // sinkBenchRun is one measured run.
