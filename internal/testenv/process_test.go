@@ -20,3 +20,34 @@ while :; do sleep 0.05; done`
 	}
 	p.Stop(t)
 }
+
+// TestProcessFaultKill: a child that may die kills itself with SIGKILL
+// after logging the fault point; ExpectFaultKill accepts that, Tail leaves
+// out the TailSkip lines, and LogLines parses the JSON lines.
+func TestProcessFaultKill(t *testing.T) {
+	script := `echo '{"ts":"2026-01-02T03:04:05.678Z","msg":"partition restored","changelog_records":7}'
+echo '{"msg":"noise"}'
+echo 'fault point p.q hit'
+kill -KILL $$`
+	p := StartProcessOpts(t, ProcessOpts{MayDie: true, TailSkip: `"noise"`}, "sh", filepath.Join(t.TempDir(), "sh.log"), "/bin/sh", "-c", script)
+	p.ExpectFaultKill(t, "p.q", 10*time.Second)
+	if got := p.Tail(2); got != `{"ts":"2026-01-02T03:04:05.678Z","msg":"partition restored","changelog_records":7}`+"\nfault point p.q hit" {
+		t.Errorf("Tail(2) = %q", got)
+	}
+	if rec, n := p.Replayed(); rec != 7 || n != 1 {
+		t.Errorf("Replayed() = %d, %d; want 7, 1", rec, n)
+	}
+	if ls := p.Lines("partition restored"); len(ls) != 1 || ls[0].TS.UnixMilli() != time.Date(2026, 1, 2, 3, 4, 5, 678e6, time.UTC).UnixMilli() {
+		t.Errorf("Lines = %+v", ls)
+	}
+}
+
+func TestMetricsSum(t *testing.T) {
+	m := Metrics{`a_total{p="0"}`: 1, `a_total{p="1"}`: 2, "a_total_x": 10, "b": 4}
+	if got := m.Sum("a_total"); got != 3 {
+		t.Errorf("Sum(a_total) = %v, want 3", got)
+	}
+	if got := m.Sum("b"); got != 4 {
+		t.Errorf("Sum(b) = %v, want 4", got)
+	}
+}
