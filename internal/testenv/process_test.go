@@ -1,8 +1,11 @@
 package testenv
 
 import (
+	"fmt"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -49,5 +52,53 @@ func TestMetricsSum(t *testing.T) {
 	}
 	if got := m.Sum("b"); got != 4 {
 		t.Errorf("Sum(b) = %v, want 4", got)
+	}
+}
+
+// fatalOf runs fn with a testing.TB whose Fatalf ends fn and returns the
+// message ("" if fn returned without Fatalf).
+func fatalOf(t *testing.T, fn func(tb testing.TB)) string {
+	r := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(r)
+	}()
+	<-done
+	return r.msg
+}
+
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestExpectFaultKillRejects: ExpectFaultKill fails the test for a child
+// that exits cleanly, one killed without the log line of the point, and
+// one that does not die in time.
+func TestExpectFaultKillRejects(t *testing.T) {
+	for _, c := range []struct {
+		name, script string
+		d            time.Duration
+		want         string
+	}{
+		{"clean exit", `echo 'fault point p.q hit'; exit 0`, 10 * time.Second, "want death by SIGKILL at p.q"},
+		{"other point", `echo 'fault point p.r hit'; kill -KILL $$`, 10 * time.Second, `its log does not say "fault point p.q hit"`},
+		{"no death", `sleep 60`, 200 * time.Millisecond, "fault point p.q not hit within 200ms"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := StartProcessOpts(t, ProcessOpts{MayDie: true}, "sh", filepath.Join(t.TempDir(), "sh.log"), "/bin/sh", "-c", c.script)
+			msg := fatalOf(t, func(tb testing.TB) { p.ExpectFaultKill(tb, "p.q", c.d) })
+			if !strings.Contains(msg, c.want) {
+				t.Errorf("ExpectFaultKill failed with %q, want a failure saying %q", msg, c.want)
+			}
+		})
 	}
 }
