@@ -1,13 +1,10 @@
 package sink
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,52 +16,11 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// binary is the meterline binary built by TestMain for the crash tests.
-var binary string
-
-func TestMain(m *testing.M) {
-	code := func() int {
-		if os.Getenv(testenv.EnvKafka) != "" && os.Getenv(testenv.EnvClickHouse) != "" {
-			dir, err := os.MkdirTemp("", "meterline-sink-test-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			binary = filepath.Join(dir, "meterline")
-			out, err := exec.Command("go", "build", "-o", binary, "github.com/meterline/meterline/cmd/meterline").CombinedOutput()
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "building meterline: %v\n%s", err, out)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
-	os.Exit(code)
-}
-
 // proc is a `meterline sink` child process.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testenv.SyncBuffer
 	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // sinkArgs are the command-line flags for the env's sink.
@@ -78,12 +34,9 @@ func (e *env) sinkArgs(extra ...string) []string {
 // spawn starts the real binary; faultSpec arms a fault point ("" none).
 func (e *env) spawn(faultSpec string, args ...string) *proc {
 	e.t.Helper()
-	if binary == "" {
-		e.t.Fatal("meterline binary not built (TestMain)")
-	}
-	cmd := exec.Command(binary, args...)
+	cmd := exec.Command(testenv.Meterline(e.t), args...)
 	cmd.Env = append(os.Environ(), fault.EnvVar+"="+faultSpec)
-	out := &syncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -94,18 +47,10 @@ func (e *env) spawn(faultSpec string, args ...string) *proc {
 		_ = cmd.Process.Kill()
 		<-p.done
 		if e.t.Failed() {
-			e.t.Logf("meterline %s output:\n%s", strings.Join(args[:1], " "), tail(out.String(), 60))
+			e.t.Logf("meterline %s output:\n%s", strings.Join(args[:1], " "), testenv.Tail(out.String(), 60))
 		}
 	})
 	return p
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // waitKilled waits for the process to die of the armed fault point.
@@ -116,13 +61,13 @@ func (p *proc) waitKilled(t *testing.T, point string, d time.Duration) {
 		p.done <- err
 		ee, ok := err.(*exec.ExitError)
 		if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Fatalf("process ended with %v, want SIGKILL at %s\n%s", err, point, tail(p.out.String(), 40))
+			t.Fatalf("process ended with %v, want SIGKILL at %s\n%s", err, point, testenv.Tail(p.out.String(), 40))
 		}
 		if !strings.Contains(p.out.String(), "fault point "+point+" hit") {
-			t.Fatalf("killed, but not at %s:\n%s", point, tail(p.out.String(), 40))
+			t.Fatalf("killed, but not at %s:\n%s", point, testenv.Tail(p.out.String(), 40))
 		}
 	case <-time.After(d):
-		t.Fatalf("fault point %s not hit within %s:\n%s", point, d, tail(p.out.String(), 40))
+		t.Fatalf("fault point %s not hit within %s:\n%s", point, d, testenv.Tail(p.out.String(), 40))
 	}
 }
 
@@ -134,10 +79,10 @@ func (p *proc) stop(t *testing.T) {
 	case err := <-p.done:
 		p.done <- err
 		if err != nil {
-			t.Fatalf("sink exited with %v:\n%s", err, tail(p.out.String(), 40))
+			t.Fatalf("sink exited with %v:\n%s", err, testenv.Tail(p.out.String(), 40))
 		}
 	case <-time.After(time.Minute):
-		t.Fatalf("sink did not stop within a minute:\n%s", tail(p.out.String(), 40))
+		t.Fatalf("sink did not stop within a minute:\n%s", testenv.Tail(p.out.String(), 40))
 	}
 }
 

@@ -49,7 +49,7 @@ func (p *proc) httpAddr(t *testing.T) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("the sink did not log its HTTP address:\n%s", tail(p.out.String(), 20))
+	t.Fatalf("the sink did not log its HTTP address:\n%s", testenv.Tail(p.out.String(), 20))
 	return ""
 }
 
@@ -84,6 +84,7 @@ func waitReady(t *testing.T, addr string, want int, d time.Duration) string {
 // restart every event is in the table exactly once (plain count()).
 func TestClickHouseOutage(t *testing.T) {
 	e := newEnv(t, 4)
+	testenv.Meterline(t) // built now, not while the load runs
 	clickhouseScript(t, "start")
 	t.Cleanup(func() { clickhouseScript(t, "stop") })
 	addr := "127.0.0.1:" + outagePort

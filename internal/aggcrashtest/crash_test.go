@@ -41,16 +41,13 @@ func TestCrashWindows(t *testing.T) {
 				s.send(st.batches[next])
 			}
 			s.waitCaughtUp(a)
-			a.term()
+			a.Stop(t)
 			if c.point == fault.DuringRestore {
 				// Restore that state into a wiped state directory and die
 				// during the restore; go on from the partly restored state.
 				stateDir = filepath.Join(s.dir, "state-wiped")
 				a = s.startAgg("a", stateDir, aggOpts{fault: spec})
-				if !a.wait(exitTimeout) {
-					t.Fatalf("%s: %s not hit within %s\n%s", a.name, c.point, exitTimeout, a.tail(30))
-				}
-				a.diedAt(c.point)
+				a.ExpectFaultKill(t, c.point, exitTimeout)
 				a = s.startAgg("a", stateDir, aggOpts{})
 			} else {
 				// The rest of the stream goes on, live, into the armed run.
@@ -60,17 +57,17 @@ func TestCrashWindows(t *testing.T) {
 			for ; next < len(st.batches); next++ {
 				s.send(st.batches[next])
 				time.Sleep(30 * time.Millisecond) // several transactions
-				if !crashed && a.exited() {
-					a.diedAt(c.point)
+				if !crashed && a.Exited() {
+					a.ExpectFaultKill(t, c.point, 0)
 					crashed = true
 					a = s.startAgg("a", stateDir, aggOpts{})
 				}
 			}
 			if !crashed {
-				if !a.wait(30 * time.Second) {
-					t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.name, spec, a.tail(30))
+				if !a.Wait(30 * time.Second) {
+					t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.Name(), spec, a.Tail(30))
 				}
-				a.diedAt(c.point)
+				a.ExpectFaultKill(t, c.point, 0)
 				a = s.startAgg("a", stateDir, aggOpts{})
 			}
 			s.send(st.final)
@@ -78,8 +75,8 @@ func TestCrashWindows(t *testing.T) {
 			if c.point == fault.AfterCommit || c.point == fault.DuringApply {
 				// Pebble was behind the changelog: the restart replayed
 				// the tail.
-				if n, _ := a.replayed(); n == 0 {
-					t.Errorf("%s restored no changelog record after a crash at %s", a.name, c.point)
+				if n, _ := a.Replayed(); n == 0 {
+					t.Errorf("%s restored no changelog record after a crash at %s", a.Name(), c.point)
 				}
 			}
 			res := s.check(dayPeriod, graceMs)

@@ -1,23 +1,14 @@
 package aggcrashtest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -79,26 +70,28 @@ type suite struct {
 	names   topics.Names
 	group   string
 	dir     string
+	logs    string // the children's logs, kept if the test fails
 	meters  string // meters file
 	cl      *kgo.Client
 
 	mu      sync.Mutex
-	procs   []*proc
+	procs   []*testenv.Process
 	starts  map[string]int
 	events  []*mEvent // acknowledged, in production order
 	wmSteps int
 }
 
 // newSuite creates the topics (topics.Specs, unique prefix) and a
-// producer, and registers the cleanup: children killed (their log tails
-// printed if the test failed), topics and groups deleted.
+// producer, and registers the cleanup: topics and groups deleted. (The
+// children that spawn runs are killed when the test ends; their logs are
+// kept in s.logs if the test failed.)
 func newSuite(t *testing.T) *suite {
 	t.Helper()
 	brokers := testenv.RealKafka(t)
 	bin := testenv.Meterline(t)
 	prefix := testenv.Name(t, "agg") + "."
 	s := &suite{t: t, bin: bin, brokers: brokers, names: topics.DefaultNames(), group: prefix + "aggregate", dir: t.TempDir(),
-		starts: map[string]int{}}
+		logs: testenv.LogDir(t, "meterline-aggcrashtest-logs-"), starts: map[string]int{}}
 	s.names.Prefix = prefix
 	s.meters = filepath.Join(s.dir, "meters.yaml")
 	if err := os.WriteFile(s.meters, []byte(metersYAML), 0o644); err != nil {
@@ -129,7 +122,6 @@ func newSuite(t *testing.T) *suite {
 	}
 	s.cl = cl
 	t.Cleanup(cl.Close)
-	t.Cleanup(s.cleanupProcs)
 	return s
 }
 
@@ -264,63 +256,21 @@ func (s *suite) trySend(steps []step) error {
 
 // ---- children ----
 
-// proc is one run of a meterline stage.
-type proc struct {
-	s       *suite
-	id      string
-	name    string // id#run
-	logPath string
-	cmd     *exec.Cmd
-	started time.Time
-	done    chan struct{}
-	state   *os.ProcessState
-}
-
-// childEnv is the test's environment without any METERLINE_ variable (the
-// CLI reads METERLINE_<FLAG>), plus the fault point if any.
-func childEnv(faultSpec string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "METERLINE_") {
-			env = append(env, kv)
-		}
-	}
-	if faultSpec != "" {
-		env = append(env, "METERLINE_FAULT="+faultSpec)
-	}
-	return env
-}
-
-func (s *suite) spawn(id string, faultSpec string, args []string) *proc {
+// spawn runs a meterline stage (args) as instance id; faultSpec arms a
+// fault point ("" none). It is killed when the test ends, and its log tail
+// printed if the test failed.
+func (s *suite) spawn(id string, faultSpec string, args []string) *testenv.Process {
 	s.t.Helper()
 	s.mu.Lock()
 	s.starts[id]++
 	run := s.starts[id]
 	s.mu.Unlock()
-	p := &proc{s: s, id: id, name: fmt.Sprintf("%s#%d", id, run),
-		logPath: filepath.Join(s.dir, fmt.Sprintf("%s-%d.log", id, run)), done: make(chan struct{})}
-	cmd := exec.Command(s.bin, args...)
-	cmd.Env = childEnv(faultSpec)
-	lf, err := os.Create(p.logPath)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = lf, lf
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		s.t.Fatalf("start %s: %v", p.name, err)
-	}
-	p.cmd, p.started = cmd, time.Now()
-	go func() {
-		_ = cmd.Wait()
-		p.state = cmd.ProcessState
-		lf.Close()
-		close(p.done)
-	}()
+	// The late events' lines are many and say little.
+	p := testenv.StartProcessOpts(s.t, testenv.ProcessOpts{Fault: faultSpec, MayDie: true, TailSkip: `"msg":"late event booked as an adjustment"`, ExitTimeout: exitTimeout},
+		fmt.Sprintf("%s#%d", id, run), filepath.Join(s.logs, fmt.Sprintf("%s-%d.log", id, run)), s.bin, args...)
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
-	s.t.Logf("started %s (pid %d, fault %q)", p.name, cmd.Process.Pid, faultSpec)
 	return p
 }
 
@@ -334,7 +284,7 @@ type aggOpts struct {
 
 // startAgg runs `meterline aggregate` as instance id with its Pebble state
 // under stateDir.
-func (s *suite) startAgg(id, stateDir string, o aggOpts) *proc {
+func (s *suite) startAgg(id, stateDir string, o aggOpts) *testenv.Process {
 	s.t.Helper()
 	if o.period == "" {
 		o.period = "day"
@@ -361,191 +311,21 @@ func (s *suite) startAgg(id, stateDir string, o aggOpts) *proc {
 	return s.spawn(id, o.fault, append(args, o.extra...))
 }
 
-func (s *suite) cleanupProcs() {
-	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
-	s.mu.Unlock()
-	for _, p := range procs {
-		if !p.exited() {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-	}
-	if !s.t.Failed() {
-		return
-	}
-	keep, err := os.MkdirTemp("", "meterline-aggcrashtest-logs-")
-	for _, p := range procs {
-		if err == nil {
-			if b, rerr := os.ReadFile(p.logPath); rerr == nil {
-				_ = os.WriteFile(filepath.Join(keep, filepath.Base(p.logPath)), b, 0o644)
-			}
-		}
-		s.t.Logf("---- tail of %s (%s) ----\n%s", p.name, p.exitString(), p.tail(25))
-	}
-	if err == nil {
-		s.t.Logf("full child logs kept in %s", keep)
-	}
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) exitString() string {
-	if !p.exited() {
-		return "running"
-	}
-	return p.state.String()
-}
-
-func (p *proc) wait(d time.Duration) bool {
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-// kill SIGKILLs the child and waits for it.
-func (p *proc) kill() {
-	p.s.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	if !p.wait(exitTimeout) {
-		p.s.t.Fatalf("%s did not die after SIGKILL", p.name)
-	}
-	p.s.t.Logf("killed %s", p.name)
-}
-
-// term stops the child with SIGTERM and expects a clean exit.
-func (p *proc) term() {
-	p.s.t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		p.s.t.Fatalf("SIGTERM to %s: %v", p.name, err)
-	}
-	if !p.wait(exitTimeout) {
-		p.s.t.Fatalf("%s did not stop within %s of SIGTERM", p.name, exitTimeout)
-	}
-	if !p.state.Success() {
-		p.s.t.Fatalf("%s exited with %s after SIGTERM, want status 0\n%s", p.name, p.state, p.tail(30))
-	}
-	p.s.t.Logf("stopped %s", p.name)
-}
-
-// diedAt checks that the child killed itself by SIGKILL at the armed point.
-func (p *proc) diedAt(point string) {
-	p.s.t.Helper()
-	ws, ok := p.state.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		p.s.t.Fatalf("%s exited with %s, want death by SIGKILL at %s\n%s", p.name, p.state, point, p.tail(30))
-	}
-	if want := "fault point " + point + " hit"; !strings.Contains(p.logText(), want) {
-		p.s.t.Fatalf("%s died by SIGKILL but its log does not say %q\n%s", p.name, want, p.tail(30))
-	}
-	p.s.t.Logf("%s killed itself at %s after %s", p.name, point, time.Since(p.started).Round(time.Millisecond))
-}
-
-func (p *proc) logText() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-func (p *proc) tail(n int) string {
-	var lines []string
-	for _, l := range strings.Split(strings.TrimRight(p.logText(), "\n"), "\n") {
-		if !strings.Contains(l, `"msg":"late event booked as an adjustment"`) {
-			lines = append(lines, l)
-		}
-	}
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// logLines returns the JSON log lines of the child with message msg.
-func (p *proc) lines(msg string) []map[string]any {
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []map[string]any
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		b := sc.Bytes()
-		if !bytes.HasPrefix(b, []byte("{")) {
-			continue
-		}
-		var m map[string]any
-		if json.Unmarshal(b, &m) != nil || m["msg"] != msg {
-			continue
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
-// metrics scrapes the child's /metrics: each series (name{labels}) and
-// its value.
-func (p *proc) metrics() (map[string]float64, error) {
-	var addr string
-	for _, l := range p.lines("serving metrics and health") {
-		addr, _ = l["addr"].(string)
-	}
-	if addr == "" {
-		return nil, errors.New("no metrics address in the log yet")
-	}
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		if sp < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[line[:sp]] = v
-	}
-	return out, nil
-}
-
 // waitCaughtUp waits until the aggregator group is caught up on
 // usage.deduped, failing at once if one of the live children exits.
-func (s *suite) waitCaughtUp(live ...*proc) {
+func (s *suite) waitCaughtUp(live ...*testenv.Process) {
 	s.t.Helper()
 	s.waitGroupCaughtUp(s.group, s.names.DedupedTopic(), live...)
 }
 
-func (s *suite) waitGroupCaughtUp(group, topic string, live ...*proc) {
+func (s *suite) waitGroupCaughtUp(group, topic string, live ...*testenv.Process) {
 	s.t.Helper()
 	start := time.Now()
 	var lastErr error
 	for {
 		for _, p := range live {
-			if p.exited() {
-				s.t.Fatalf("%s exited (%s) while waiting for %s to catch up\n%s", p.name, p.state, group, p.tail(30))
+			if p.Exited() {
+				s.t.Fatalf("%s exited (%s) while waiting for %s to catch up\n%s", p.Name(), p.ExitString(), group, p.Tail(30))
 			}
 		}
 		ok, err := testenv.CaughtUp(s.brokers, group, topic)
@@ -776,15 +556,4 @@ func (s *suite) check(periodOf func(int64) (int64, int64), grace int64) checkRes
 	s.t.Logf("exact: %d events, %d keys, %d FINAL (one each), %d OPEN revisions, %d adjustments",
 		len(events), res.keys, res.finals, res.openRevisions, res.adjustments)
 	return res
-}
-
-// replayed sums changelog_records over the child's "partition restored"
-// lines, and counts them.
-func (p *proc) replayed() (records int64, restores int) {
-	for _, l := range p.lines("partition restored") {
-		v, _ := l["changelog_records"].(float64)
-		records += int64(v)
-		restores++
-	}
-	return records, restores
 }

@@ -87,10 +87,10 @@ func TestIdlePartition(t *testing.T) {
 	deadline := time.Now().Add(grace + 90*time.Second)
 	var wms map[int32]float64
 	for {
-		if a.exited() || d.exited() {
-			t.Fatalf("a stage exited: aggregate %s, dedup %s\n%s\n%s", a.exitString(), d.exitString(), a.tail(20), d.tail(20))
+		if a.Exited() || d.Exited() {
+			t.Fatalf("a stage exited: aggregate %s, dedup %s\n%s\n%s", a.ExitString(), d.ExitString(), a.Tail(20), d.Tail(20))
 		}
-		m, err := a.metrics()
+		m, err := a.Metrics()
 		wms = map[int32]float64{}
 		if err == nil {
 			for p := int32(0); p < partitions; p++ {

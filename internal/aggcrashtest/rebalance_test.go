@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestRebalanceMidPeriod: three `meterline aggregate` instances join and
@@ -44,13 +46,13 @@ func TestRebalanceMidPeriod(t *testing.T) {
 	pause(2 * time.Second)
 	c := s.startAgg("c", dir("c"), aggOpts{})
 	pause(2 * time.Second)
-	b.term() // leaves cleanly: its partitions move at once
+	b.Stop(t) // leaves cleanly: its partitions move at once
 	pause(1500 * time.Millisecond)
-	c.kill() // dies mid-transaction: its partitions move after the session timeout
+	c.Kill(t) // dies mid-transaction: its partitions move after the session timeout
 	pause(time.Second)
 	c = s.startAgg("c", dir("c"), aggOpts{}) // back on its kept state; fences its zombie
 	pause(2 * time.Second)
-	a.term()
+	a.Stop(t)
 	pause(time.Second)
 	b = s.startAgg("b", dir("b-wiped"), aggOpts{}) // a new machine: full restore
 	pause(2 * time.Second)
@@ -63,10 +65,10 @@ func TestRebalanceMidPeriod(t *testing.T) {
 
 	restores := 0
 	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
+	procs := append([]*testenv.Process(nil), s.procs...)
 	s.mu.Unlock()
 	for _, p := range procs {
-		_, n := p.replayed()
+		_, n := p.Replayed()
 		restores += n
 	}
 	if restores < 2*partitions {

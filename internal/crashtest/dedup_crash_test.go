@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // newRand returns a seeded generator and logs the seed.
@@ -75,7 +76,7 @@ func TestRealDedupCrashWindows(t *testing.T) {
 			s.send(seq(0, 200))
 			s.send(seq(0, 50))
 			s.waitCaughtUp(a0)
-			a0.term()
+			a0.Stop(t)
 
 			// Input before the start, so the first transactions carry
 			// events; then a steady flow of new events and copies.
@@ -83,7 +84,7 @@ func TestRealDedupCrashWindows(t *testing.T) {
 			a := s.start("a", stateDir, opts{fault: tc.point + "@3"})
 			next := 300
 			f := s.feed(20*time.Millisecond, growingFeed(rng, &next, 1000, 8, 4))
-			a.expectFaultKill(tc.point, exitTimeout)
+			a.ExpectFaultKill(t, tc.point, exitTimeout)
 			f.Stop()
 			copies, ids := s.sentCounts()
 			t.Logf("before the crash: %d copies of %d identities; changelog partitions with an open transaction: %v",
@@ -99,16 +100,16 @@ func TestRealDedupCrashWindows(t *testing.T) {
 			s.waitCaughtUp(a2)
 			s.checkExactlyOnce()
 
-			rec, restores := a2.replayed()
+			rec, restores := a2.Replayed()
 			var slowest float64
-			for _, l := range a2.lines(msgRestored) {
-				if took, _ := l.fields["took"].(float64); took > slowest {
+			for _, l := range a2.Lines(msgRestored) {
+				if took, _ := l.Fields["took"].(float64); took > slowest {
 					slowest = took
 				}
 			}
 			var assigned time.Duration
-			if ls := a2.lines(msgRestoring); len(ls) > 0 {
-				assigned = ls[0].ts.Sub(a2.started)
+			if ls := a2.Lines(msgRestoring); len(ls) > 0 {
+				assigned = ls[0].TS.Sub(a2.Started())
 			}
 			t.Logf("restart restored %d partitions %s after it started, replaying %d changelog records; slowest restore %.3fs",
 				restores, assigned.Round(time.Millisecond), rec, slowest)
@@ -116,8 +117,8 @@ func TestRealDedupCrashWindows(t *testing.T) {
 				t.Errorf("restart logged %d %q lines, want at least %d", restores, msgRestored, partitions)
 			}
 			hadState := 0
-			for _, l := range a2.lines(msgRestoring) {
-				if b, _ := l.fields["had_state"].(bool); b {
+			for _, l := range a2.Lines(msgRestoring) {
+				if b, _ := l.Fields["had_state"].(bool); b {
 					hadState++
 				}
 			}
@@ -147,18 +148,18 @@ func TestRealDedupCrashDuringRestore(t *testing.T) {
 	s.send(seq(0, n))
 	s.send(seq(0, n/10))
 	s.waitCaughtUp(a)
-	a.term()
+	a.Stop(t)
 	if err := os.RemoveAll(filepath.Join(stateDir, "dedup-a")); err != nil {
 		t.Fatal(err)
 	}
 
 	a2 := s.start("a", stateDir, opts{fault: fault.DuringRestore + "@3"})
-	a2.expectFaultKill(fault.DuringRestore, exitTimeout)
-	if len(a2.lines(msgRestoring)) == 0 {
-		t.Fatalf("%s died at %s without logging %q", a2.name, fault.DuringRestore, msgRestoring)
+	a2.ExpectFaultKill(t, fault.DuringRestore, exitTimeout)
+	if len(a2.Lines(msgRestoring)) == 0 {
+		t.Fatalf("%s died at %s without logging %q", a2.Name(), fault.DuringRestore, msgRestoring)
 	}
-	if _, restored := a2.replayed(); restored >= partitions {
-		t.Fatalf("%s restored all %d partitions before dying; it must die while replaying", a2.name, restored)
+	if _, restored := a2.Replayed(); restored >= partitions {
+		t.Fatalf("%s restored all %d partitions before dying; it must die while replaying", a2.Name(), restored)
 	}
 
 	a3 := s.start("a", stateDir, opts{})
@@ -166,10 +167,10 @@ func TestRealDedupCrashDuringRestore(t *testing.T) {
 	s.send(seq(n, n+500))
 	s.waitCaughtUp(a3)
 	s.checkExactlyOnce()
-	rec, restores := a3.replayed()
+	rec, restores := a3.Replayed()
 	resumed := 0
-	for _, l := range a3.lines(msgRestoring) {
-		if l.int("from") > 0 {
+	for _, l := range a3.Lines(msgRestoring) {
+		if l.Int("from") > 0 {
 			resumed++
 		}
 	}
@@ -209,7 +210,7 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 	a := s.start("a", filepath.Join(s.dir, "state-a"), opts{fault: fault.BeforeCommit + "@3", transactionTimeout: txnTimeout})
 	next := 200
 	f := s.feed(20*time.Millisecond, growingFeed(rng, &next, 1000, 8, 4))
-	a.expectFaultKill(fault.BeforeCommit, exitTimeout)
+	a.ExpectFaultKill(t, fault.BeforeCommit, exitTimeout)
 	killed := time.Now()
 	f.Stop()
 	t.Logf("a's transaction left open: on the changelog %v, on usage.deduped %v",
@@ -259,16 +260,16 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 	if aborted.Sub(opened) > 2*txnTimeout {
 		t.Fatalf("transactions still open %s after the last was opened", aborted.Sub(opened))
 	}
-	starts := map[int32]logLine{}
-	for _, l := range b.lines(msgRestoring) {
-		if _, ok := starts[int32(l.int("partition"))]; !ok {
-			starts[int32(l.int("partition"))] = l
+	starts := map[int32]testenv.LogLine{}
+	for _, l := range b.Lines(msgRestoring) {
+		if _, ok := starts[int32(l.Int("partition"))]; !ok {
+			starts[int32(l.Int("partition"))] = l
 		}
 	}
-	ends := map[int32]logLine{}
-	for _, l := range b.lines(msgRestored) {
-		if _, ok := ends[int32(l.int("partition"))]; !ok {
-			ends[int32(l.int("partition"))] = l
+	ends := map[int32]testenv.LogLine{}
+	for _, l := range b.Lines(msgRestored) {
+		if _, ok := ends[int32(l.Int("partition"))]; !ok {
+			ends[int32(l.Int("partition"))] = l
 		}
 	}
 	for p, o := range open {
@@ -279,19 +280,19 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 			continue
 		}
 		t.Logf("b restored partition %d from %d to %d (open transaction: last stable offset %d, high watermark %d): started %s after the kill, ended %s after, %d changelog records",
-			p, st.int("from"), st.int("to"), o.lso, o.hw, st.ts.Sub(killed).Round(time.Millisecond), end.ts.Sub(killed).Round(time.Millisecond), end.int("changelog_records"))
-		if !st.ts.Before(aborted) {
+			p, st.Int("from"), st.Int("to"), o.lso, o.hw, st.TS.Sub(killed).Round(time.Millisecond), end.TS.Sub(killed).Round(time.Millisecond), end.Int("changelog_records"))
+		if !st.TS.Before(aborted) {
 			t.Errorf("partition %d: b's restore started only after the transaction was aborted; the race was not exercised", p)
 			continue
 		}
-		if st.int("to") < o.hw {
-			t.Errorf("partition %d: b restored up to %d, below the high watermark %d that included the open transaction", p, st.int("to"), o.hw)
+		if st.Int("to") < o.hw {
+			t.Errorf("partition %d: b restored up to %d, below the high watermark %d that included the open transaction", p, st.Int("to"), o.hw)
 		}
 		// The log's clock has millisecond resolution and the watcher
 		// polls every 50 ms.
-		if end.ts.Before(aborted.Add(-100 * time.Millisecond)) {
+		if end.TS.Before(aborted.Add(-100 * time.Millisecond)) {
 			t.Errorf("partition %d: b's restore ended %s before the transaction was aborted: it did not wait for the outcome",
-				p, aborted.Sub(end.ts).Round(time.Millisecond))
+				p, aborted.Sub(end.TS).Round(time.Millisecond))
 		}
 	}
 }
@@ -449,19 +450,19 @@ func TestRealDedupRebalance(t *testing.T) {
 	step(2 * time.Second)
 	c := s.start("c", dirs["c"], opts{})
 	step(3 * time.Second)
-	b.kill()
+	b.Kill(t)
 	step(2 * time.Second)
-	a.term()
+	a.Stop(t)
 	step(2 * time.Second)
 	b = s.start("b", dirs["b"], opts{})
 	step(2 * time.Second)
 	a = s.start("a", dirs["a"], opts{})
 	step(2 * time.Second)
-	c.kill()
+	c.Kill(t)
 	step(2 * time.Second)
 	c = s.start("c", dirs["c"], opts{})
 	step(2 * time.Second)
-	b.term()
+	b.Stop(t)
 	step(1 * time.Second)
 	f.Stop()
 	s.waitCaughtUp(a, c)
@@ -472,8 +473,8 @@ func TestRealDedupRebalance(t *testing.T) {
 		if p == first {
 			continue
 		}
-		rec, restores := p.replayed()
-		t.Logf("%s: %d partition restores, %d changelog records replayed", p.name, restores, rec)
+		rec, restores := p.Replayed()
+		t.Logf("%s: %d partition restores, %d changelog records replayed", p.Name(), restores, rec)
 		took += rec
 	}
 	if took == 0 {
@@ -494,16 +495,16 @@ func TestRealDedupZombie(t *testing.T) {
 	f := s.feed(20*time.Millisecond, growingFeed(rng, &next, 10000, 4, 6))
 	z := s.start("z", filepath.Join(s.dir, "state-z"), opts{})
 	time.Sleep(4 * time.Second)
-	if _, restores := z.replayed(); restores < partitions {
-		t.Fatalf("%s owns %d partitions after 4s, want %d", z.name, restores, partitions)
+	if _, restores := z.Replayed(); restores < partitions {
+		t.Fatalf("%s owns %d partitions after 4s, want %d", z.Name(), restores, partitions)
 	}
-	z.signal(syscall.SIGSTOP)
+	z.Signal(t, syscall.SIGSTOP)
 	frozen := time.Now()
 	y := s.start("y", filepath.Join(s.dir, "state-y"), opts{})
 	time.Sleep(sessionTimeout + transactionTimeout + 3*time.Second)
-	z.signal(syscall.SIGCONT)
+	z.Signal(t, syscall.SIGCONT)
 	thawed := time.Now()
-	t.Logf("%s was frozen for %s", z.name, thawed.Sub(frozen).Round(time.Millisecond))
+	t.Logf("%s was frozen for %s", z.Name(), thawed.Sub(frozen).Round(time.Millisecond))
 	time.Sleep(6 * time.Second)
 	f.Stop()
 	s.waitCaughtUp(y, z)
@@ -517,28 +518,28 @@ func TestRealDedupZombie(t *testing.T) {
 	// restores.
 	var refusals []string
 	dropped := 0
-	for _, l := range z.logLines() {
-		if l.ts.Before(thawed.Add(-time.Second)) {
+	for _, l := range z.LogLines() {
+		if l.TS.Before(thawed.Add(-time.Second)) {
 			continue
 		}
-		switch l.msg {
+		switch l.Msg {
 		case msgFenced, msgUnknown, msgRecordFailed:
-			e, _ := l.fields["error"].(string)
-			refusals = append(refusals, l.msg+" "+e)
+			e, _ := l.Fields["error"].(string)
+			refusals = append(refusals, l.Msg+" "+e)
 		case msgDropped:
 			// Not a refusal: kgo telling the run loop the member was
 			// dropped; the stage must rejoin (and restore), not stop.
 			dropped++
 		}
 	}
-	m, err := z.metrics()
+	m, err := z.Metrics()
 	if err != nil {
-		t.Fatalf("scraping %s: %v", z.name, err)
+		t.Fatalf("scraping %s: %v", z.Name(), err)
 	}
 	t.Logf("%s after the thaw: %d refused commits %q, %d %q; commits_refused_total %v, session_restarts_total %v, restore_records_total %v",
-		z.name, len(refusals), refusals, dropped, msgDropped, m["meterline_stream_commits_refused_total"], m["meterline_stream_session_restarts_total"], m["meterline_stream_restore_records_total"])
-	if len(refusals) == 0 && m["meterline_stream_commits_refused_total"] == 0 {
-		t.Errorf("the zombie %s logged no refused commit after the thaw and its meterline_stream_commits_refused_total is 0", z.name)
+		z.Name(), len(refusals), refusals, dropped, msgDropped, m.Sum("meterline_stream_commits_refused_total"), m.Sum("meterline_stream_session_restarts_total"), m.Sum("meterline_stream_restore_records_total"))
+	if len(refusals) == 0 && m.Sum("meterline_stream_commits_refused_total") == 0 {
+		t.Errorf("the zombie %s logged no refused commit after the thaw and its meterline_stream_commits_refused_total is 0", z.Name())
 	}
 }
 
@@ -553,7 +554,7 @@ func TestRealDedupWipedState(t *testing.T) {
 	s.send(seq(0, n))
 	s.send(seq(0, n/3))
 	s.waitCaughtUp(a)
-	a.term()
+	a.Stop(t)
 	if err := os.RemoveAll(filepath.Join(stateDir, "dedup-a")); err != nil {
 		t.Fatal(err)
 	}
@@ -563,19 +564,19 @@ func TestRealDedupWipedState(t *testing.T) {
 	s.send(seq(n, n+300))
 	s.waitCaughtUp(a2)
 	s.checkExactlyOnce()
-	for _, l := range a2.lines(msgRestoring) {
-		if b, _ := l.fields["had_state"].(bool); b {
-			t.Errorf("partition %d: restore found local state after the wipe", l.int("partition"))
+	for _, l := range a2.Lines(msgRestoring) {
+		if b, _ := l.Fields["had_state"].(bool); b {
+			t.Errorf("partition %d: restore found local state after the wipe", l.Int("partition"))
 		}
 	}
-	m, err := a2.metrics()
+	m, err := a2.Metrics()
 	if err != nil {
-		t.Fatalf("scraping %s: %v", a2.name, err)
+		t.Fatalf("scraping %s: %v", a2.Name(), err)
 	}
-	rec, _ := a2.replayed()
-	t.Logf("restored %d changelog records (metric %v)", rec, m["meterline_stream_restore_records_total"])
+	rec, _ := a2.Replayed()
+	t.Logf("restored %d changelog records (metric %v)", rec, m.Sum("meterline_stream_restore_records_total"))
 	// Every identity accepted before the wipe is one changelog record.
-	if got := m["meterline_stream_restore_records_total"]; got < n {
+	if got := m.Sum("meterline_stream_restore_records_total"); got < n {
 		t.Errorf("meterline_stream_restore_records_total = %v, want ≥ %d (one per identity stored before the wipe)", got, n)
 	}
 }

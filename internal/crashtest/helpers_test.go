@@ -1,21 +1,13 @@
 package crashtest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,12 +46,13 @@ type suite struct {
 	names   topics.Names
 	group   string
 	dir     string
+	logs    string    // the children's logs, kept if the test fails
 	base    time.Time // event_time of identity 0; identity i is base + i ms
 
 	prod *producer.Producer
 
 	mu       sync.Mutex
-	procs    []*proc
+	procs    []*testenv.Process
 	sent     map[string]int // identity key → copies acknowledged
 	sendErrs int
 	firstErr error
@@ -67,8 +60,9 @@ type suite struct {
 }
 
 // newSuite creates the topics with `meterline topics create` and a
-// producer, and registers the cleanup: children killed (logs kept and
-// their tails printed if the test failed), topics and group deleted.
+// producer, and registers the cleanup: topics and group deleted. (The
+// children that start runs are killed when the test ends; their logs are
+// kept in s.logs if the test failed.)
 func newSuite(t *testing.T) *suite {
 	t.Helper()
 	brokers := testenv.RealKafka(t)
@@ -81,6 +75,7 @@ func newSuite(t *testing.T) *suite {
 		names:   topics.DefaultNames(),
 		group:   prefix + "dedup",
 		dir:     t.TempDir(),
+		logs:    testenv.LogDir(t, "meterline-crashtest-logs-"),
 		base:    time.Now().Add(-time.Minute).Truncate(time.Millisecond),
 		sent:    map[string]int{},
 		starts:  map[string]int{},
@@ -115,37 +110,7 @@ func newSuite(t *testing.T) *suite {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.prod.Close)
-	t.Cleanup(s.cleanupProcs)
 	return s
-}
-
-// cleanupProcs kills the children this test started that still run and,
-// if the test failed, keeps their logs and prints their tails.
-func (s *suite) cleanupProcs() {
-	s.mu.Lock()
-	procs := append([]*proc(nil), s.procs...)
-	s.mu.Unlock()
-	for _, p := range procs {
-		if !p.exited() {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
-	}
-	if !s.t.Failed() {
-		return
-	}
-	keep, err := os.MkdirTemp("", "meterline-crashtest-logs-")
-	for _, p := range procs {
-		if err == nil {
-			if b, rerr := os.ReadFile(p.logPath); rerr == nil {
-				_ = os.WriteFile(filepath.Join(keep, filepath.Base(p.logPath)), b, 0o644)
-			}
-		}
-		s.t.Logf("---- tail of %s (%s) ----\n%s", p.name, p.exitString(), p.tail(40))
-	}
-	if err == nil {
-		s.t.Logf("full child logs kept in %s", keep)
-	}
 }
 
 // event returns identity i's event; every copy of it is identical (an
@@ -262,19 +227,6 @@ func (f *feeder) Stop() {
 
 // ---- children ----
 
-// proc is one run of `meterline dedup`.
-type proc struct {
-	s        *suite
-	id       string // instance id
-	stateDir string // --state-dir; the Pebble dir is stateDir/dedup-<id>
-	name     string // id#run, for messages
-	logPath  string // stderr and stdout
-	cmd      *exec.Cmd
-	started  time.Time
-	done     chan struct{}
-	state    *os.ProcessState
-}
-
 // opts are per-run overrides.
 type opts struct {
 	fault              string        // METERLINE_FAULT
@@ -282,15 +234,14 @@ type opts struct {
 }
 
 // start runs `meterline dedup` as instance id with its state under
-// stateDir.
-func (s *suite) start(id, stateDir string, o opts) *proc {
+// stateDir (the Pebble dir is stateDir/dedup-<id>). It is killed when the
+// test ends, and its log tail printed if the test failed.
+func (s *suite) start(id, stateDir string, o opts) *testenv.Process {
 	s.t.Helper()
 	s.mu.Lock()
 	s.starts[id]++
 	run := s.starts[id]
 	s.mu.Unlock()
-	p := &proc{s: s, id: id, stateDir: stateDir, name: fmt.Sprintf("%s#%d", id, run),
-		logPath: filepath.Join(s.dir, fmt.Sprintf("%s-%d.log", id, run)), done: make(chan struct{})}
 	txt := transactionTimeout
 	if o.transactionTimeout > 0 {
 		txt = o.transactionTimeout
@@ -309,185 +260,13 @@ func (s *suite) start(id, stateDir string, o opts) *proc {
 		"--rebalance-timeout", rebalanceTimeout.String(),
 		"--log-level", "info",
 	}
-	cmd := exec.Command(s.bin, args...)
-	// The CLI reads METERLINE_<FLAG> variables: pass none of the test's
-	// own, only the fault point.
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "METERLINE_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	if o.fault != "" {
-		cmd.Env = append(cmd.Env, "METERLINE_FAULT="+o.fault)
-	}
-	lf, err := os.Create(p.logPath)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = lf, lf
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		s.t.Fatalf("start %s: %v", p.name, err)
-	}
-	p.cmd, p.started = cmd, time.Now()
-	go func() {
-		_ = cmd.Wait()
-		p.state = cmd.ProcessState
-		lf.Close()
-		close(p.done)
-	}()
+	// The "duplicate dropped" lines are many and say little.
+	p := testenv.StartProcessOpts(s.t, testenv.ProcessOpts{Fault: o.fault, MayDie: true, TailSkip: `"msg":"duplicate dropped"`, ExitTimeout: exitTimeout},
+		fmt.Sprintf("%s#%d", id, run), filepath.Join(s.logs, fmt.Sprintf("%s-%d.log", id, run)), s.bin, args...)
 	s.mu.Lock()
 	s.procs = append(s.procs, p)
 	s.mu.Unlock()
-	s.t.Logf("started %s (pid %d, fault %q)", p.name, cmd.Process.Pid, o.fault)
 	return p
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (p *proc) exitString() string {
-	if !p.exited() {
-		return "running"
-	}
-	return p.state.String()
-}
-
-// wait waits up to d for the child to exit.
-func (p *proc) wait(d time.Duration) bool {
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-func (p *proc) signal(sig syscall.Signal) {
-	p.s.t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		p.s.t.Fatalf("signal %v to %s: %v", sig, p.name, err)
-	}
-	p.s.t.Logf("sent %v to %s", sig, p.name)
-}
-
-// kill SIGKILLs the child and waits for it.
-func (p *proc) kill() {
-	p.s.t.Helper()
-	p.signal(syscall.SIGKILL)
-	if !p.wait(exitTimeout) {
-		p.s.t.Fatalf("%s did not die after SIGKILL", p.name)
-	}
-}
-
-// term stops the child with SIGTERM and expects a clean exit (status 0):
-// it commits its open transaction and leaves the group.
-func (p *proc) term() {
-	p.s.t.Helper()
-	p.signal(syscall.SIGTERM)
-	start := time.Now()
-	defer func() { p.s.t.Logf("%s stopped %s after SIGTERM", p.name, time.Since(start).Round(time.Millisecond)) }()
-	if !p.wait(exitTimeout) {
-		p.s.t.Fatalf("%s did not stop within %s of SIGTERM", p.name, exitTimeout)
-	}
-	if !p.state.Success() {
-		p.s.t.Fatalf("%s exited with %s after SIGTERM, want status 0\n%s", p.name, p.state, p.tail(30))
-	}
-}
-
-// expectFaultKill waits for the child to kill itself at the armed fault
-// point and checks that it died by SIGKILL there.
-func (p *proc) expectFaultKill(point string, d time.Duration) {
-	p.s.t.Helper()
-	if !p.wait(d) {
-		p.s.t.Fatalf("%s: fault point %s not hit within %s\n%s", p.name, point, d, p.tail(30))
-	}
-	ws, ok := p.state.Sys().(syscall.WaitStatus)
-	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		p.s.t.Fatalf("%s exited with %s, want death by SIGKILL at %s\n%s", p.name, p.state, point, p.tail(30))
-	}
-	if want := "fault point " + point + " hit"; !strings.Contains(p.logText(), want) {
-		p.s.t.Fatalf("%s died by SIGKILL but its log does not say %q\n%s", p.name, want, p.tail(30))
-	}
-	p.s.t.Logf("%s killed itself at %s after %s", p.name, point, time.Since(p.started).Round(time.Millisecond))
-}
-
-func (p *proc) logText() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-// tail returns the last n lines of the child's log, leaving out the
-// "duplicate dropped" lines, which are many and say little.
-func (p *proc) tail(n int) string {
-	var lines []string
-	for _, l := range strings.Split(strings.TrimRight(p.logText(), "\n"), "\n") {
-		if !strings.Contains(l, `"msg":"duplicate dropped"`) {
-			lines = append(lines, l)
-		}
-	}
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// logLine is one JSON log line of a child.
-type logLine struct {
-	ts     time.Time
-	msg    string
-	fields map[string]any
-}
-
-func (l logLine) int(k string) int64 {
-	v, _ := l.fields[k].(float64)
-	return int64(v)
-}
-
-// logLines parses the child's JSON log lines (others are skipped).
-func (p *proc) logLines() []logLine {
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []logLine
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		b := sc.Bytes()
-		if !bytes.HasPrefix(b, []byte("{")) {
-			continue
-		}
-		var m map[string]any
-		if json.Unmarshal(b, &m) != nil {
-			continue
-		}
-		l := logLine{fields: m}
-		l.msg, _ = m["msg"].(string)
-		if ts, ok := m["ts"].(string); ok {
-			l.ts, _ = time.Parse("2006-01-02T15:04:05.000Z0700", ts)
-		}
-		out = append(out, l)
-	}
-	return out
-}
-
-// lines returns the log lines with message msg.
-func (p *proc) lines(msg string) []logLine {
-	var out []logLine
-	for _, l := range p.logLines() {
-		if l.msg == msg {
-			out = append(out, l)
-		}
-	}
-	return out
 }
 
 // Log messages the suite looks for.
@@ -498,73 +277,20 @@ const (
 	msgUnknown      = "ending the transaction failed; outcome unknown"
 	msgRecordFailed = "transaction aborted: the producer was fenced or lost its state; rebuilding the session"
 	msgDropped      = "dropped from the consumer group; rejoining"
-	msgServing      = "serving metrics and health"
 )
-
-// replayed sums changelog_records over the child's "partition restored"
-// lines, and counts them.
-func (p *proc) replayed() (records int64, restores int) {
-	for _, l := range p.lines(msgRestored) {
-		records += l.int("changelog_records")
-		restores++
-	}
-	return records, restores
-}
-
-// metrics scrapes the child's /metrics and returns the sum of each metric
-// over its labels.
-func (p *proc) metrics() (map[string]float64, error) {
-	var addr string
-	for _, l := range p.lines(msgServing) {
-		addr, _ = l.fields["addr"].(string)
-	}
-	if addr == "" {
-		return nil, errors.New("no metrics address in the log yet")
-	}
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		if sp < 0 {
-			continue
-		}
-		name := line[:sp]
-		if i := strings.IndexByte(name, '{'); i >= 0 {
-			name = name[:i]
-		}
-		v, err := strconv.ParseFloat(line[sp+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[name] += v
-	}
-	return out, nil
-}
 
 // waitCaughtUp waits until the group is caught up on usage.events (DESIGN
 // §6.7: a read_committed fetch from the committed offsets returns no
 // records), failing at once if one of the live children exits.
-func (s *suite) waitCaughtUp(live ...*proc) {
+func (s *suite) waitCaughtUp(live ...*testenv.Process) {
 	s.t.Helper()
 	start := time.Now()
 	deadline := start.Add(caughtUpTimeout)
 	var lastErr error
 	for {
 		for _, p := range live {
-			if p.exited() {
-				s.t.Fatalf("%s exited (%s) while waiting for the group to catch up\n%s", p.name, p.state, p.tail(30))
+			if p.Exited() {
+				s.t.Fatalf("%s exited (%s) while waiting for the group to catch up\n%s", p.Name(), p.ExitString(), p.Tail(30))
 			}
 		}
 		ok, err := s.caughtUp()
