@@ -354,14 +354,12 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 }
 
 func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
-	if k, err := schemas.PeekKind(r.Value); err == nil && k == schemas.KindDedupedEvent {
-		// The common case, decoded into the partition's reused event (it
-		// does not outlive the call: what is kept is copied or encoded).
-		pt.ev = schemas.DedupedEvent{}
-		if err := schemas.DecodeInto(r.Value, &pt.ev); err != nil {
-			pt.rejectUndecodable(tx, r, err)
-			return nil
-		}
+	// The common case, a DedupedEvent, is decoded into the partition's
+	// reused event (it does not outlive the call: what is kept is copied or
+	// encoded). Anything else, or a record that fails to decode, goes
+	// through Decode, which says what it is or why it is undecodable.
+	pt.ev = schemas.DedupedEvent{}
+	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
 		return pt.event(tx, r, &pt.ev)
 	}
 	msg, err := schemas.Decode(r.Value)
