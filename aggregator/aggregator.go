@@ -30,6 +30,7 @@ import (
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
 )
 
 // Config configures the aggregator.
@@ -107,11 +108,12 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		return nil, err
 	}
 	p := &processor{
-		cfg:    cfg,
-		log:    cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID)),
-		counts: counts,
-		m:      newMetrics(cfg.Stream.Registerer),
-		now:    cfg.Stream.Clock.Now,
+		cfg:             cfg,
+		aggregatesTopic: cfg.Topics.AggregatesTopic(),
+		log:             cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID)),
+		counts:          counts,
+		m:               newMetrics(cfg.Stream.Registerer),
+		now:             cfg.Stream.Clock.Now,
 	}
 	rt, err := stream.New(cfg.Stream, p)
 	if err != nil {
@@ -146,17 +148,19 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 }
 
 type metrics struct {
-	emitted    *prometheus.CounterVec
-	finalDelay prometheus.Observer
-	watermark  *prometheus.GaugeVec
-	late       *prometheus.CounterVec
-	rejected   *prometheus.CounterVec
-	keys       *prometheus.GaugeVec
+	emitted *prometheus.CounterVec
+	// emitted's two series
+	emittedOpen, emittedFinal prometheus.Counter
+	finalDelay                prometheus.Observer
+	watermark                 *prometheus.GaugeVec
+	late                      *prometheus.CounterVec
+	rejected                  *prometheus.CounterVec
+	keys                      *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := service.NewFactory(reg)
-	return &metrics{
+	m := &metrics{
 		emitted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_revisions_total",
 			Help: "Aggregate revisions emitted (in transactions), by status OPEN or FINAL."}, []string{"status"}),
 		finalDelay: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_aggregate_finalization_delay_seconds",
@@ -170,4 +174,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
 	}
+	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
+	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
+	return m
 }

@@ -39,6 +39,9 @@ type testCase struct {
 type step struct {
 	Event     *caseEvent     `json:"event"`
 	Watermark *caseWatermark `json:"watermark"`
+	// Raw is a record that is not a decodable DedupedEvent or Watermark
+	// (see rawRecordValue).
+	Raw string `json:"raw"`
 	// Barrier waits until everything before it is processed, so what
 	// follows is in later transactions.
 	Barrier bool `json:"barrier"`
@@ -265,6 +268,8 @@ func runCase(t *testing.T, c *testCase) {
 				SourceOffset: offset}))
 		case s.Watermark != nil:
 			h.produce(h.watermark(0, s.Watermark.Source, sources, ms(t, s.Watermark.At)))
+		case s.Raw != "":
+			h.produce(&kgo.Record{Topic: h.names.DedupedTopic(), Partition: 0, Value: rawRecordValue(t, s.Raw)})
 		case s.Barrier:
 			h.caughtUp()
 		case s.Stop:
@@ -282,6 +287,31 @@ func runCase(t *testing.T, c *testCase) {
 	}
 	h.caughtUp()
 	checkOutputs(t, h, c)
+}
+
+// rawRecordValue makes the value of a raw step: garbage (no single-object
+// header), unknown_schema (a header of no schema we know), truncated_event
+// (a DedupedEvent cut short) or aggregate (a decodable message of a kind
+// the aggregator does not read).
+func rawRecordValue(t *testing.T, kind string) []byte {
+	t.Helper()
+	ev := schemas.MustEncode(&schemas.DedupedEvent{EventID: "x", CustomerID: "acme", Meter: "api_calls", Quantity: 1})
+	switch kind {
+	case "garbage":
+		return []byte("not avro at all")
+	case "unknown_schema":
+		b := append([]byte{}, ev...)
+		for i := 2; i < 10; i++ {
+			b[i] ^= 0x5a
+		}
+		return b
+	case "truncated_event":
+		return ev[:len(ev)-2]
+	case "aggregate":
+		return schemas.MustEncode(&schemas.Aggregate{CustomerID: "acme", Meter: "api_calls", Status: schemas.StatusOpen})
+	}
+	t.Fatalf("unknown raw step %q", kind)
+	return nil
 }
 
 type aggKey struct {

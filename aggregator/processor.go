@@ -1,13 +1,15 @@
 package aggregator
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -63,12 +65,44 @@ type aggState struct {
 	LatestID string // LATEST: tie-break between equal event times
 }
 
-func (s *aggState) encode() []byte {
-	b := make([]byte, 0, 48+len(s.LatestID))
-	for _, v := range []int64{s.Revision, s.Value, s.Count, s.FirstET, s.LastET, s.LatestET} {
-		b = binary.AppendVarint(b, v)
-	}
+func (s *aggState) encode() []byte { return s.appendTo(make([]byte, 0, 48+len(s.LatestID))) }
+
+// appendTo appends the encoded state to b.
+func (s *aggState) appendTo(b []byte) []byte {
+	b = binary.AppendVarint(b, s.Revision)
+	b = binary.AppendVarint(b, s.Value)
+	b = binary.AppendVarint(b, s.Count)
+	b = binary.AppendVarint(b, s.FirstET)
+	b = binary.AppendVarint(b, s.LastET)
+	b = binary.AppendVarint(b, s.LatestET)
 	return append(b, s.LatestID...)
+}
+
+// aggOut is what every revision of one aggregate shares: its record key
+// and partition in the aggregates topic, and the encoded head of its
+// Aggregate message (schemas.AppendAggregateHead).
+type aggOut struct {
+	key  []byte
+	part int32
+	head []byte
+}
+
+// openAgg is a cached OPEN aggregate: its state key, period and decoded
+// state, what its revisions share (out), made once when it is loaded, and
+// the UNIQUE_COUNT values it is known to have seen.
+type openAgg struct {
+	key   []byte // 'a' P K
+	start int64
+	st    aggState
+	out   aggOut
+	// dirty: changed by the open transaction and listed in
+	// partition.dirty; Flush writes the state and emits the revision.
+	dirty bool
+	// seen holds values of the meter's UNIQUE_COUNT property whose 'u' key
+	// exists in the committed state or the open transaction: facts that
+	// only an abort (which drops the cache) or the period's expiry (long
+	// after its aggregates left the cache at FINAL) undo.
+	seen map[string]struct{}
 }
 
 func decodeState(b []byte) (*aggState, error) {
@@ -85,11 +119,12 @@ func decodeState(b []byte) (*aggState, error) {
 }
 
 type processor struct {
-	cfg    Config
-	log    *zap.Logger
-	counts partitionCountsT
-	m      *metrics
-	now    func() time.Time
+	cfg             Config
+	aggregatesTopic string // cfg.Topics.AggregatesTopic(), made once
+	log             *zap.Logger
+	counts          partitionCountsT
+	m               *metrics
+	now             func() time.Time
 }
 
 type partition struct {
@@ -98,17 +133,32 @@ type partition struct {
 	pl      string
 	sources []int64 // latest watermark per dedup source partition; 0: none
 	wm      int64   // partition watermark: min over sources
-	dirty   map[string]struct{}
 	keys    int
 	finals  map[int64]struct{} // periods final in this partition
-	// open caches the decoded state of OPEN aggregates (keyed like the
-	// state) across transactions, so that an event of a busy key costs no
-	// Pebble read and no decode. It always equals the state as this
-	// partition's transactions left it, plus the changes of the open
-	// transaction to dirty keys, which reach the transaction (tx.Put) only
-	// in Flush or materialize. An aborted transaction clears it;
-	// finalization and overflow (maxCachedOpen) materialize, then clear it.
-	open map[string]*aggState
+	// open caches OPEN aggregates (keyed by their state key) across
+	// transactions, so that an event of a busy key costs no Pebble read, no
+	// decode and no key split. Each equals the state as this partition's
+	// transactions left it, plus the changes of the open transaction to
+	// dirty aggregates, which reach the transaction (tx.Put) only in Flush
+	// or materialize. An aborted transaction clears it; a period's FINAL
+	// drops the period's aggregates; overflow (maxCachedOpen) drops clean
+	// ones.
+	open map[string]*openAgg
+	// dirty lists the aggregates the open transaction changed, in the
+	// order it first changed them; Flush emits their revisions in that
+	// order.
+	dirty []*openAgg
+	nSeen int // values in the seen sets of open, at most maxCachedSeen
+	// Scratch buffers: the aggregate key K of the event being handled, its
+	// state key, a unique-value key and an encoded state (tx.Put copies).
+	akBuf, okBuf, uBuf, stBuf []byte
+	// The period of the last Bounds call: events arrive in runs of one
+	// period.
+	bStart, bEnd int64
+	bOK          bool
+	ev           schemas.DedupedEvent // the event being handled, reused
+	keysGauge    prometheus.Gauge
+	wmGauge      prometheus.Gauge // nil until the first watermark
 	// stale: a transaction this partition took part in was aborted, so
 	// sources, wm and keys (in memory, advanced by its records) may be
 	// ahead of the committed state. Process reloads them from the state
@@ -124,7 +174,8 @@ type stateReader interface {
 
 // Open loads the watermarks from the restored state.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
-	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), dirty: map[string]struct{}{}, open: map[string]*aggState{}}
+	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), open: map[string]*openAgg{}}
+	pt.keysGauge = pr.m.keys.WithLabelValues(pt.pl)
 	if err := pt.load(st); err != nil {
 		return nil, err
 	}
@@ -179,10 +230,23 @@ func minWatermark(s []int64) int64 {
 }
 
 func (pt *partition) publish() {
-	pt.pr.m.keys.WithLabelValues(pt.pl).Set(float64(pt.keys))
+	pt.keysGauge.Set(float64(pt.keys))
 	if pt.wm > 0 {
-		pt.pr.m.watermark.WithLabelValues(pt.pl).Set(float64(pt.wm) / 1000)
+		if pt.wmGauge == nil {
+			pt.wmGauge = pt.pr.m.watermark.WithLabelValues(pt.pl)
+		}
+		pt.wmGauge.Set(float64(pt.wm) / 1000)
 	}
+}
+
+// bounds is cfg.Period.Bounds, remembering the last period.
+func (pt *partition) bounds(ms int64) (start, end int64) {
+	if pt.bOK && ms >= pt.bStart && ms < pt.bEnd {
+		return pt.bStart, pt.bEnd
+	}
+	pt.bStart, pt.bEnd = pt.pr.cfg.Period.Bounds(ms)
+	pt.bOK = true
+	return pt.bStart, pt.bEnd
 }
 
 // Close implements stream.Partition.
@@ -208,9 +272,8 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 		pt.stale = false
 	}
-	if len(pt.open) > maxCachedOpen {
-		pt.materialize(tx)
-		clear(pt.open)
+	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
+		pt.evictClean()
 	}
 	for _, r := range recs {
 		if err := pt.handle(tx, r); err != nil {
@@ -225,47 +288,83 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 // the in-memory watermarks for a reload from the committed state.
 func (pt *partition) Abort() {
 	clear(pt.dirty)
+	pt.dirty = pt.dirty[:0]
 	clear(pt.open)
+	pt.nSeen = 0
 	pt.stale = true
 }
 
-// maxCachedOpen bounds the decoded OPEN aggregates kept per partition
-// (about 150 bytes each).
-const maxCachedOpen = 1 << 15
+// maxCachedOpen bounds the clean OPEN aggregates kept per partition (about
+// 300 bytes each); maxCachedSeen the UNIQUE_COUNT values they remember.
+const (
+	maxCachedOpen = 1 << 15
+	maxCachedSeen = 1 << 16
+)
 
-// Flush emits one OPEN revision per aggregate this transaction changed.
-func (pt *partition) Flush(tx *stream.Tx) error {
-	keys := make([]string, 0, len(pt.dirty))
-	for k := range pt.dirty {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		st, ok, err := pt.loadOpen(tx, []byte(k))
-		if err != nil {
-			return err
+// evictClean drops the aggregates the open transaction did not change.
+func (pt *partition) evictClean() {
+	for k, a := range pt.open {
+		if !a.dirty {
+			pt.drop(k, a)
 		}
-		if !ok {
+	}
+}
+
+func (pt *partition) drop(k string, a *openAgg) {
+	delete(pt.open, k)
+	pt.nSeen -= len(a.seen)
+}
+
+// Flush emits one OPEN revision per aggregate this transaction changed, and
+// writes its state. The revisions' values share one buffer, and their
+// records one slice.
+func (pt *partition) Flush(tx *stream.Tx) error {
+	n, size := 0, 0
+	for _, a := range pt.dirty {
+		if a.dirty {
+			n++
+			size += len(a.out.head) + schemas.AggregateTailMax
+		}
+	}
+	if n == 0 {
+		pt.dirty = pt.dirty[:0]
+		return nil
+	}
+	recs := make([]kgo.Record, n)
+	buf := make([]byte, 0, size)
+	i := 0
+	for _, a := range pt.dirty {
+		if !a.dirty {
 			continue // finalized in this transaction
 		}
-		st.Revision++
-		tx.Put([]byte(k), st.encode())
-		if err := pt.emitAggregate(tx, []byte(k), st, schemas.StatusOpen); err != nil {
+		a.dirty = false
+		a.st.Revision++
+		pt.stBuf = a.st.appendTo(pt.stBuf[:0])
+		tx.Put(a.key, pt.stBuf)
+		var err error
+		if buf, err = pt.emitRevision(tx, &recs[i], buf, &a.out, a.start, &a.st, schemas.StatusOpen); err != nil {
 			return err
 		}
+		i++
 	}
+	pt.pr.m.emittedOpen.Add(float64(n))
 	clear(pt.dirty)
+	pt.dirty = pt.dirty[:0]
 	return nil
 }
 
 func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
+	// The common case, a DedupedEvent, is decoded into the partition's
+	// reused event (it does not outlive the call: what is kept is copied or
+	// encoded). Anything else, or a record that fails to decode, goes
+	// through Decode, which says what it is or why it is undecodable.
+	pt.ev = schemas.DedupedEvent{}
+	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
+		return pt.event(tx, r, &pt.ev)
+	}
 	msg, err := schemas.Decode(r.Value)
 	if err != nil {
-		reason := schemas.ReasonUndecodable
-		if errors.Is(err, schemas.ErrUnknownSchema) {
-			reason = schemas.ReasonUnknownSchema
-		}
-		pt.reject(tx, r, nil, reason, err.Error())
+		pt.rejectUndecodable(tx, r, err)
 		return nil
 	}
 	switch m := msg.(type) {
@@ -277,6 +376,14 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 		pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
 		return nil
 	}
+}
+
+func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) {
+	reason := schemas.ReasonUndecodable
+	if errors.Is(err, schemas.ErrUnknownSchema) {
+		reason = schemas.ReasonUnknownSchema
+	}
+	pt.reject(tx, r, nil, reason, err.Error())
 }
 
 func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
@@ -312,15 +419,31 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 	return nil
 }
 
-func (pt *partition) aggKey(e *schemas.DedupedEvent, m *Meter) []byte {
-	parts := []string{e.CustomerID, e.Meter}
-	if len(m.GroupBy) > 0 {
-		props := schemas.PropertyMap(e.Properties)
-		for _, g := range m.GroupBy {
-			parts = append(parts, g, props[g])
+// appendAggKey appends the aggregate key K of e: the framed customer,
+// meter and group name/value pairs (a property given twice groups under its
+// last value; a missing one under "").
+func appendAggKey(dst []byte, e *schemas.DedupedEvent, m *Meter) []byte {
+	dst = appendFramed(dst, e.CustomerID)
+	dst = appendFramed(dst, e.Meter)
+	for _, g := range m.GroupBy {
+		v := ""
+		for _, p := range e.Properties {
+			if p.Name == g {
+				v = p.Value
+			}
 		}
+		dst = appendFramed(dst, g)
+		dst = appendFramed(dst, v)
 	}
-	return schemas.AppendFramed(nil, parts...)
+	return dst
+}
+
+// appendFramed is schemas.AppendFramed of one part, for a part in a string
+// or in bytes.
+func appendFramed[T string | []byte](dst []byte, part T) []byte {
+	dst = strconv.AppendInt(dst, int64(len(part)), 10)
+	dst = append(dst, ':')
+	return append(dst, part...)
 }
 
 func propValue(e *schemas.DedupedEvent, name string) (string, bool) {
@@ -335,7 +458,7 @@ func propValue(e *schemas.DedupedEvent, name string) (string, bool) {
 // event aggregates one event, or books it as an adjustment when it is late.
 // r is nil for a late event held back for its period's FINAL.
 func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent) error {
-	c := pt.pr.cfg
+	c := &pt.pr.cfg
 	m, declared := c.Meters.Lookup(e.Meter)
 	if !declared && c.StrictMeters {
 		pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
@@ -350,8 +473,10 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		}
 		uval = v
 	}
-	start, end := c.Period.Bounds(e.EventTime)
-	ak := pt.aggKey(e, m)
+	start, end := pt.bounds(e.EventTime)
+	// ak is a scratch buffer: valid until the next event.
+	pt.akBuf = appendAggKey(pt.akBuf[:0], e, m)
+	ak := pt.akBuf
 	final, err := pt.isFinal(tx, start)
 	if err != nil {
 		return err
@@ -430,7 +555,11 @@ func (pt *partition) loadState(tx *stream.Tx, k []byte) (*aggState, bool, error)
 // seeUnique records value for UNIQUE_COUNT in the period and reports
 // whether it is new.
 func (pt *partition) seeUnique(tx *stream.Tx, start int64, ak []byte, value string) (bool, error) {
-	k := periodKey(pfxUnique, start, schemas.AppendFramed(nil, string(ak)), schemas.AppendFramed(nil, value))
+	k := append(pt.uBuf[:0], pfxUnique)
+	k = binary.BigEndian.AppendUint64(k, uint64(start))
+	k = appendFramed(k, ak)
+	k = appendFramed(k, value)
+	pt.uBuf = k
 	_, seen, err := tx.Get(k)
 	if err != nil || seen {
 		return false, err
@@ -439,8 +568,29 @@ func (pt *partition) seeUnique(tx *stream.Tx, start int64, ak []byte, value stri
 	return true, nil
 }
 
-// apply folds the event into st and returns the change in value.
-func (pt *partition) apply(tx *stream.Tx, st *aggState, fresh bool, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) (int64, error) {
+// seeUniqueOpen is seeUnique for an OPEN aggregate, through its seen set.
+func (pt *partition) seeUniqueOpen(tx *stream.Tx, a *openAgg, ak []byte, value string) (bool, error) {
+	if _, ok := a.seen[value]; ok {
+		return false, nil
+	}
+	isNew, err := pt.seeUnique(tx, a.start, ak, value)
+	if err != nil {
+		return false, err
+	}
+	if pt.nSeen < maxCachedSeen {
+		if a.seen == nil {
+			a.seen = map[string]struct{}{}
+		}
+		a.seen[strings.Clone(value)] = struct{}{}
+		pt.nSeen++
+	}
+	return isNew, nil
+}
+
+// apply folds the event into st and returns the change in value. For
+// UNIQUE_COUNT, newUnique tells whether the event's value is new in the
+// period.
+func apply(st *aggState, fresh bool, e *schemas.DedupedEvent, m *Meter, newUnique bool) int64 {
 	before := st.Value
 	switch m.Aggregation {
 	case Sum:
@@ -452,11 +602,7 @@ func (pt *partition) apply(tx *stream.Tx, st *aggState, fresh bool, e *schemas.D
 			st.Value = e.Quantity
 		}
 	case UniqueCount:
-		isNew, err := pt.seeUnique(tx, start, ak, uval)
-		if err != nil {
-			return 0, err
-		}
-		if isNew {
+		if newUnique {
 			st.Value++
 		}
 	case Latest:
@@ -471,52 +617,67 @@ func (pt *partition) apply(tx *stream.Tx, st *aggState, fresh bool, e *schemas.D
 	if fresh || e.EventTime > st.LastET {
 		st.LastET = e.EventTime
 	}
-	return st.Value - before, nil
+	return st.Value - before
 }
 
-// loadOpen reads an OPEN aggregate through the cache. The state returned
-// is the cached one: the caller changes it and writes it with tx.Put.
-func (pt *partition) loadOpen(tx *stream.Tx, k []byte) (*aggState, bool, error) {
-	if st, ok := pt.open[string(k)]; ok {
-		return st, true, nil
+// openAggregate returns the OPEN aggregate with state key k (a scratch
+// buffer, copied if kept) through the cache, loading it from the state or
+// making a fresh one (fresh) on a miss.
+func (pt *partition) openAggregate(tx *stream.Tx, k []byte, start int64) (a *openAgg, fresh bool, err error) {
+	if a, ok := pt.open[string(k)]; ok {
+		return a, false, nil
 	}
 	st, ok, err := pt.loadState(tx, k)
-	if ok {
-		pt.open[string(k)] = st
-	}
-	return st, ok, err
-}
-
-func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
-	k := periodKey(pfxOpen, start, ak)
-	st, ok, err := pt.loadOpen(tx, k)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	if !ok {
 		st = &aggState{}
 		pt.keys++
-		pt.open[string(k)] = st
 	}
-	if _, err := pt.apply(tx, st, !ok, e, m, start, ak, uval); err != nil {
+	out, err := pt.aggOutput(k)
+	if err != nil {
+		return nil, false, err
+	}
+	a = &openAgg{key: bytes.Clone(k), start: start, st: *st, out: out}
+	pt.open[string(a.key)] = a
+	return a, !ok, nil
+}
+
+func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
+	k := append(pt.okBuf[:0], pfxOpen)
+	k = binary.BigEndian.AppendUint64(k, uint64(start))
+	k = append(k, ak...)
+	pt.okBuf = k
+	a, fresh, err := pt.openAggregate(tx, k, start)
+	if err != nil {
 		return err
 	}
+	isNew := false
+	if m.Aggregation == UniqueCount {
+		if isNew, err = pt.seeUniqueOpen(tx, a, ak, uval); err != nil {
+			return err
+		}
+	}
+	apply(&a.st, fresh, e, m, isNew)
 	// The state is written once per transaction, by Flush (or earlier by
 	// materialize), not once per event.
-	if _, ok := pt.dirty[string(k)]; !ok {
-		pt.dirty[string(k)] = struct{}{}
+	if !a.dirty {
+		a.dirty = true
+		pt.dirty = append(pt.dirty, a)
 	}
 	return nil
 }
 
 // materialize writes the cached state of every aggregate this transaction
 // changed into the transaction, for a reader of the state itself (tx.Scan
-// in finalizePeriod) or before the cache is dropped. The keys stay dirty:
-// Flush still emits their OPEN revisions.
+// in finalizePeriod). The aggregates stay dirty: Flush still emits their
+// OPEN revisions.
 func (pt *partition) materialize(tx *stream.Tx) {
-	for k := range pt.dirty {
-		if st, ok := pt.open[k]; ok {
-			tx.Put([]byte(k), st.encode())
+	for _, a := range pt.dirty {
+		if a.dirty {
+			pt.stBuf = a.st.appendTo(pt.stBuf[:0])
+			tx.Put(a.key, pt.stBuf)
 		}
 	}
 }
@@ -534,12 +695,15 @@ func (pt *partition) late(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, star
 		st = &aggState{} // no FINAL for this key: the final value was 0
 		pt.keys++
 	}
-	delta, err := pt.apply(tx, st, !ok, e, m, start, ak, uval)
-	if err != nil {
-		return err
+	isNew := false
+	if m.Aggregation == UniqueCount {
+		if isNew, err = pt.seeUnique(tx, start, ak, uval); err != nil {
+			return err
+		}
 	}
+	delta := apply(st, !ok, e, m, isNew)
 	tx.Put(k, st.encode())
-	bStart, bEnd := pt.pr.cfg.Period.Bounds(e.IngestTime)
+	bStart, bEnd := pt.bounds(e.IngestTime)
 	parts, _ := schemas.SplitFramed(ak)
 	adj := &schemas.Adjustment{
 		EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Group: groupOf(parts),
@@ -606,7 +770,7 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 		if !ok1 || (ok2 && s2 < s1) {
 			start = s2
 		}
-		_, end := pt.pr.cfg.Period.Bounds(start)
+		_, end := pt.bounds(start)
 		if pt.wm <= end+grace {
 			return nil
 		}
@@ -617,7 +781,14 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 }
 
 func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
-	clear(pt.open) // the period's OPEN aggregates move to FINAL (finalize materialized them)
+	// The period's OPEN aggregates move to FINAL (finalize materialized
+	// them): they leave the cache, and Flush emits no OPEN revision of them.
+	for k, a := range pt.open {
+		if a.start == start {
+			a.dirty = false
+			pt.drop(k, a)
+		}
+	}
 	lo, hi := periodKey(pfxOpen, start), periodKey(pfxOpen, start+1)
 	type kv struct{ k, v []byte }
 	var open []kv
@@ -633,13 +804,17 @@ func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
 			return err
 		}
 		st.Revision++
-		if err := pt.emitAggregate(tx, o.k, st, schemas.StatusFinal); err != nil {
+		out, err := pt.aggOutput(o.k)
+		if err != nil {
 			return err
 		}
+		if _, err := pt.emitRevision(tx, &kgo.Record{}, nil, &out, start, st, schemas.StatusFinal); err != nil {
+			return err
+		}
+		pt.pr.m.emittedFinal.Inc()
 		tx.Delete(o.k)
 		fk := append([]byte{pfxFinal}, o.k[1:]...)
 		tx.Put(fk, st.encode())
-		delete(pt.dirty, string(o.k))
 	}
 	pt.markFinal(tx, start)
 	// Guarantee: the FINAL revisions and the state move are in the open
@@ -684,7 +859,7 @@ func (pt *partition) expire(tx *stream.Tx) error {
 		if err != nil || !ok {
 			return err
 		}
-		_, end := pt.pr.cfg.Period.Bounds(start)
+		_, end := pt.bounds(start)
 		if pt.wm < end+w {
 			return nil
 		}
@@ -708,25 +883,42 @@ func (pt *partition) expire(tx *stream.Tx) error {
 	}
 }
 
-func (pt *partition) emitAggregate(tx *stream.Tx, k []byte, st *aggState, status schemas.AggregateStatus) error {
+// aggOutput makes what every revision of the aggregate with state key k
+// ('a' or 'f', P, K) shares.
+func (pt *partition) aggOutput(k []byte) (aggOut, error) {
 	start := int64(binary.BigEndian.Uint64(k[1:9]))
-	_, end := pt.pr.cfg.Period.Bounds(start)
+	_, end := pt.bounds(start)
 	parts, err := schemas.SplitFramed(k[9:])
 	if err != nil || len(parts) < 2 {
-		return fmt.Errorf("aggregator: corrupt aggregate key %q", k)
+		return aggOut{}, fmt.Errorf("aggregator: corrupt aggregate key %q", k)
 	}
 	m, _ := pt.pr.cfg.Meters.Lookup(parts[1])
-	agg := &schemas.Aggregate{
+	head := schemas.AppendAggregateHead(nil, &schemas.Aggregate{
 		CustomerID: parts[0], Meter: parts[1], Group: groupOf(parts), Aggregation: string(m.Aggregation),
-		PeriodStart: start, PeriodEnd: end, Revision: st.Revision, Status: status, Value: st.Value,
-		EventCount: st.Count, FirstEventTime: st.FirstET, LastEventTime: st.LastET, UpdatedAt: pt.wm,
-	}
+		PeriodStart: start, PeriodEnd: end,
+	})
 	keyParts := append([]string{parts[0], parts[1], strconv.FormatInt(start, 10)}, parts[2:]...)
 	key := schemas.AppendFramed(nil, keyParts...)
-	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.AggregatesTopic(), Partition: schemas.Partition(key, pt.pr.counts.aggregates),
-		Key: key, Value: schemas.MustEncode(agg)})
-	pt.pr.m.emitted.WithLabelValues(string(status)).Inc()
-	return nil
+	return aggOut{key: key, part: schemas.Partition(key, pt.pr.counts.aggregates), head: head}, nil
+}
+
+// emitRevision appends a revision of the aggregate out, period start, state
+// st to buf, points rec at it and emits rec. It returns buf, which the
+// caller may append the next revision to: the record's value is a
+// capacity-limited slice of it.
+func (pt *partition) emitRevision(tx *stream.Tx, rec *kgo.Record, buf []byte, out *aggOut, start int64, st *aggState, status schemas.AggregateStatus) ([]byte, error) {
+	off := len(buf)
+	buf, err := schemas.AppendAggregateTail(append(buf, out.head...), &schemas.Aggregate{
+		Revision: st.Revision, Status: status, Value: st.Value, EventCount: st.Count,
+		FirstEventTime: st.FirstET, LastEventTime: st.LastET, UpdatedAt: pt.wm,
+	})
+	if err != nil {
+		return buf, err
+	}
+	*rec = kgo.Record{Topic: pt.pr.aggregatesTopic, Partition: out.part, Key: out.key,
+		Value: buf[off:len(buf):len(buf)]}
+	tx.Emit(rec)
+	return buf, nil
 }
 
 func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) {

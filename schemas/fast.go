@@ -250,21 +250,44 @@ const hambaBlockLength = 100
 // writes. An unknown Status is an error, as in hamba; dst is then returned
 // unchanged.
 func appendAggregateBody(dst []byte, a *Aggregate) ([]byte, error) {
-	var status int64
-	switch a.Status {
-	case StatusOpen:
-		status = 0
-	case StatusFinal:
-		status = 1
-	default:
-		return dst, fmt.Errorf("schemas: encode %s: status: unknown enum symbol %q", KindAggregate, a.Status)
+	if _, err := aggregateStatus(a.Status); err != nil {
+		return dst, err
 	}
+	out, err := appendAggregateTail(appendAggregateHeadFields(dst, a), a)
+	if err != nil {
+		return dst, err
+	}
+	return out, nil
+}
+
+func aggregateStatus(s AggregateStatus) (int64, error) {
+	switch s {
+	case StatusOpen:
+		return 0, nil
+	case StatusFinal:
+		return 1, nil
+	}
+	return 0, fmt.Errorf("schemas: encode %s: status: unknown enum symbol %q", KindAggregate, s)
+}
+
+// appendAggregateHeadFields appends the fields of an Aggregate body that
+// name the aggregate and its period: customer_id … period_end.
+func appendAggregateHeadFields(dst []byte, a *Aggregate) []byte {
 	dst = appendString(dst, a.CustomerID)
 	dst = appendString(dst, a.Meter)
 	dst = appendProperties(dst, a.Group)
 	dst = appendString(dst, a.Aggregation)
 	dst = binary.AppendVarint(dst, a.PeriodStart)
-	dst = binary.AppendVarint(dst, a.PeriodEnd)
+	return binary.AppendVarint(dst, a.PeriodEnd)
+}
+
+// appendAggregateTail appends the fields that change from one revision to
+// the next: revision … updated_at. On error dst is returned unchanged.
+func appendAggregateTail(dst []byte, a *Aggregate) ([]byte, error) {
+	status, err := aggregateStatus(a.Status)
+	if err != nil {
+		return dst, err
+	}
 	dst = binary.AppendVarint(dst, a.Revision)
 	dst = binary.AppendVarint(dst, status)
 	dst = binary.AppendVarint(dst, a.Value)
@@ -273,6 +296,33 @@ func appendAggregateBody(dst []byte, a *Aggregate) ([]byte, error) {
 	dst = binary.AppendVarint(dst, a.LastEventTime)
 	return binary.AppendVarint(dst, a.UpdatedAt), nil
 }
+
+// AppendAggregateHead appends the start of a's single-object encoding: the
+// header and the fields that stay the same across an aggregate's revisions
+// (customer_id, meter, group, aggregation, period_start, period_end).
+// AppendAggregateTail completes it. A stage that emits many revisions of
+// one aggregate encodes the head once and copies it:
+//
+//	head := AppendAggregateHead(nil, a)
+//	msg, err := AppendAggregateTail(append(buf, head...), a)
+//
+// gives the bytes Encode(a) gives, for any a whose head fields equal those
+// the head was made from.
+func AppendAggregateHead(dst []byte, a *Aggregate) []byte {
+	dst = append(dst, mustLoad().headers[KindAggregate][:]...)
+	return appendAggregateHeadFields(dst, a)
+}
+
+// AppendAggregateTail appends the fields of a that follow its head
+// (revision, status, value, event_count, first_event_time, last_event_time,
+// updated_at). An unknown Status is an error, as in Encode; dst is then
+// returned unchanged.
+func AppendAggregateTail(dst []byte, a *Aggregate) ([]byte, error) {
+	return appendAggregateTail(dst, a)
+}
+
+// AggregateTailMax is the most bytes AppendAggregateTail appends.
+const AggregateTailMax = 7 * maxLongBytes
 
 // aggregateSizeHint is a capacity that holds a typical Aggregate message in
 // one allocation.

@@ -328,10 +328,38 @@ func checkEncodeAggregate(t *testing.T, a *Aggregate) {
 		if !bytes.Equal(out, prefix) {
 			t.Fatalf("AppendEncode changed dst on error: %q", out)
 		}
+		if tail, terr := AppendAggregateTail(append([]byte{}, prefix...), a); terr == nil || !bytes.Equal(tail, prefix) {
+			t.Fatalf("AppendAggregateTail = %q, %v; want prefix unchanged and an error", tail, terr)
+		}
 		return
 	}
 	if !bytes.Equal(out, append(append([]byte{}, prefix...), want...)) {
 		t.Fatal("AppendEncode does not append the encoding")
+	}
+	// Head and tail, appended, are the encoding; the tail appends.
+	head := AppendAggregateHead(append([]byte{}, prefix...), a)
+	split, err := AppendAggregateTail(head, a)
+	if err != nil {
+		t.Fatalf("AppendAggregateTail: %v, Encode did not fail", err)
+	}
+	if !bytes.Equal(split, out) {
+		t.Fatalf("head + tail of %#v differ from Encode\nsplit: % x\nwant:  % x", a, split, out)
+	}
+	if n := len(split) - len(head); n > AggregateTailMax {
+		t.Fatalf("tail is %d bytes, more than AggregateTailMax %d", n, AggregateTailMax)
+	}
+	// The head of another revision of the same aggregate completes a's
+	// tail exactly as a's own head does.
+	other := *a
+	other.Revision, other.Value, other.EventCount, other.UpdatedAt = a.Revision^1, ^a.Value, a.EventCount+7, a.UpdatedAt-1
+	if other.Status == StatusOpen {
+		other.Status = StatusFinal
+	} else {
+		other.Status = StatusOpen
+	}
+	mixed, err := AppendAggregateTail(AppendAggregateHead(append([]byte{}, prefix...), &other), a)
+	if err != nil || !bytes.Equal(mixed, out) {
+		t.Fatalf("tail of %#v after another revision's head: %v\n got: % x\nwant: % x", a, err, mixed, out)
 	}
 }
 
