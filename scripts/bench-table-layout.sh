@@ -14,7 +14,8 @@
 #   identity  — identity-first ORDER BY with the (partition, offset bucket)
 #               partition key, the same mixed blocks;
 #   identity1 — the identity layout with single-partition blocks (what a
-#               sink would have to do to keep parts as large as today).
+#               sink would have to do to keep parts as large as today);
+#   current2  — the shipped layout with those single-partition blocks.
 # and prints seconds, rows/s and active parts after the inserts.
 #
 #   deploy/local/clickhouse.sh start
@@ -41,6 +42,7 @@ ddl() { # table, partition by, order by
 "${C[@]}" -q "$(ddl current 'toYYYYMM(kafka_timestamp)' '(kafka_partition, intDiv(kafka_offset, 65536), customer_id, meter, event_id)')"
 "${C[@]}" -q "$(ddl identity '(kafka_partition, intDiv(kafka_offset, 4194304))' '(customer_id, meter, event_id)')"
 "${C[@]}" -q "$(ddl identity1 '(kafka_partition, intDiv(kafka_offset, 4194304))' '(customer_id, meter, event_id)')"
+"${C[@]}" -q "$(ddl current2 'toYYYYMM(kafka_timestamp)' '(kafka_partition, intDiv(kafka_offset, 65536), customer_id, meter, event_id)')"
 
 # Rows n = from .. from+ROWS-1; mixed: partition n % 16, offset n / 16;
 # single: partition p, offsets base .. base+ROWS-1.
@@ -55,16 +57,19 @@ select_rows() { # partition expr, offset expr, from
 }
 
 run() { # table, mode
-  local start end k
-  start=$(date +%s.%N)
+  local start end k sql=""
   for ((k = 0; k < INSERTS; k++)); do
     if [ "$2" = mixed ]; then
-      "${C[@]}" -q "INSERT INTO $DB.$1 $(select_rows 'n % 16' 'intDiv(n, 16)' $((k * ROWS)))"
+      sql+="INSERT INTO $DB.$1 $(select_rows 'n % 16' 'intDiv(n, 16)' $((k * ROWS)));"
     else
       local p=$((k % 16)) base=$(((k / 16) * ROWS))
-      "${C[@]}" -q "INSERT INTO $DB.$1 $(select_rows "$p" "n - $((k * ROWS)) + $base" $((k * ROWS)))"
+      sql+="INSERT INTO $DB.$1 $(select_rows "$p" "n - $((k * ROWS)) + $base" $((k * ROWS)));"
     fi
   done
+  # One client for all the INSERTs: a client per INSERT would time its own
+  # start-up.
+  start=$(date +%s.%N)
+  "${C[@]}" --multiquery <<<"$sql"
   end=$(date +%s.%N)
   awk -v t="$1" -v m="$2" -v s="$start" -v e="$end" -v n=$((INSERTS * ROWS)) -v parts="$("${C[@]}" -q "SELECT count() FROM system.parts WHERE database = '$DB' AND table = '$1' AND active")" \
     'BEGIN { printf "%-9s %-6s blocks: %7.1f s  %8.0f rows/s  %4d active parts\n", t, m, e - s, n / (e - s), parts }'
@@ -74,4 +79,5 @@ echo "$INSERTS INSERTs of $ROWS rows each into usage_events layouts (ClickHouse 
 run current mixed
 run identity mixed
 run identity1 single
+run current2 single
 "${C[@]}" -q "DROP DATABASE $DB"
