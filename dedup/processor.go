@@ -284,19 +284,9 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 		pt.reject(tx, r, nil, schemas.ReasonOversized, fmt.Sprintf("record is %d bytes, more than %d", n, schemas.MaxEventBytes))
 		return nil
 	}
-	// Nearly every record is a UsageEvent: decode those into the
-	// partition's reused value, anything else as a new message.
-	var msg schemas.Message
-	kind, err := schemas.PeekKind(r.Value)
-	if err == nil {
-		if kind == schemas.KindUsageEvent {
-			pt.ev = schemas.UsageEvent{}
-			err = schemas.DecodeInto(r.Value, &pt.ev)
-			msg = &pt.ev
-		} else {
-			msg, err = schemas.Decode(r.Value)
-		}
-	}
+	// Nearly every record is a UsageEvent: those are decoded into the
+	// partition's reused value.
+	msg, err := schemas.DecodeUsageOr(r.Value, &pt.ev)
 	if err != nil {
 		reason := schemas.ReasonUndecodable
 		if errors.Is(err, schemas.ErrUnknownSchema) {

@@ -225,6 +225,34 @@ func decodeUsageEvent(body []byte, e *UsageEvent) error {
 	return d.err(KindUsageEvent)
 }
 
+// DecodeUsageOr decodes b as Decode does, except that a UsageEvent written
+// with the current schema (nearly every record dedup reads) is decoded into
+// e, which is returned, instead of a new value: a reused e saves an
+// allocation per record. It replaces all of e; e is untouched when b is
+// another message, which is then returned as Decode returns it. Errors are
+// Decode's.
+func DecodeUsageOr(b []byte, e *UsageEvent) (Message, error) {
+	r, err := load()
+	if err != nil {
+		return nil, err
+	}
+	w, err := header(r, b)
+	if err != nil {
+		return nil, err
+	}
+	if w.kind == KindUsageEvent && w.current {
+		if err := decodeUsageEvent(b[headerSize:], e); err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
+	m := newMessage(w.kind)
+	if err := decodeBody(r, w, b[headerSize:], m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // decodeDedupedEvent decodes a body written with the current DedupedEvent
 // schema into e, replacing all of e. On error e is unspecified.
 func decodeDedupedEvent(body []byte, e *DedupedEvent) error {

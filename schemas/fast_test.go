@@ -152,10 +152,15 @@ func encodeUsagePrefix(e *UsageEvent) []byte {
 
 // checkSame decodes b with Decode and with hamba and fails unless both fail
 // or both give deep-equal values. DecodeInto into a zero value must agree
-// too.
+// too, and so must DecodeUsageOr into a used UsageEvent.
 func checkSame(t *testing.T, b []byte) {
 	t.Helper()
 	got, err := Decode(b)
+	used := &UsageEvent{EventID: "old", Source: "old", Properties: []Property{{Name: "a", Value: "1"}}}
+	if or, oerr := DecodeUsageOr(b, used); (oerr == nil) != (err == nil) || (err != nil && oerr.Error() != err.Error()) ||
+		(err == nil && !reflect.DeepEqual(or, got)) {
+		t.Fatalf("DecodeUsageOr(% x) = %#v, %v; Decode = %#v, %v", b, or, oerr, got, err)
+	}
 	if errors.Is(err, errCountOverflow) {
 		// hamba does not fail cleanly on these (fast.go): it returns a slice
 		// of negative length or writes outside one. Keep it away from them.
