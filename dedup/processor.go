@@ -505,7 +505,7 @@ func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEve
 		Topic:     pt.pr.duplicatesTopic,
 		Partition: schemas.Partition(canon, pt.pr.counts.duplicates),
 		Key:       bytes.Clone(canon),
-		Value: schemas.MustEncode(&schemas.Duplicate{
+		Value: schemas.AppendDuplicate(nil, &schemas.Duplicate{
 			EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Source: e.Source, Conflict: conflict,
 			Quantity: e.Quantity, EventTime: e.EventTime,
 			OriginalPartition: pt.p, OriginalOffset: o.offset, OriginalArrival: o.arrival,

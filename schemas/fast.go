@@ -302,6 +302,33 @@ func appendAggregateBody(dst []byte, a *Aggregate) ([]byte, error) {
 	return binary.AppendVarint(dst, a.UpdatedAt), nil
 }
 
+// AppendDuplicate appends the single-object encoding of d to dst, byte for
+// byte what Encode writes (hamba), without reflection: dedup writes one per
+// dropped copy.
+func AppendDuplicate(dst []byte, d *Duplicate) []byte {
+	if dst == nil {
+		dst = make([]byte, 0, headerSize+len(d.EventID)+len(d.CustomerID)+len(d.Meter)+len(d.Source)+4+1+8*maxLongBytes)
+	}
+	dst = append(dst, mustLoad().headers[KindDuplicate][:]...)
+	dst = appendString(dst, d.EventID)
+	dst = appendString(dst, d.CustomerID)
+	dst = appendString(dst, d.Meter)
+	dst = appendString(dst, d.Source)
+	if d.Conflict {
+		dst = append(dst, 1)
+	} else {
+		dst = append(dst, 0)
+	}
+	dst = binary.AppendVarint(dst, d.Quantity)
+	dst = binary.AppendVarint(dst, d.EventTime)
+	dst = binary.AppendVarint(dst, int64(d.OriginalPartition))
+	dst = binary.AppendVarint(dst, d.OriginalOffset)
+	dst = binary.AppendVarint(dst, d.OriginalArrival)
+	dst = binary.AppendVarint(dst, int64(d.DuplicatePartition))
+	dst = binary.AppendVarint(dst, d.DuplicateOffset)
+	return binary.AppendVarint(dst, d.DuplicateArrival)
+}
+
 // aggregateSizeHint is a capacity that holds a typical Aggregate message in
 // one allocation.
 func aggregateSizeHint(a *Aggregate) int {

@@ -316,6 +316,36 @@ func TestFastEncodeAggregateMatchesHamba(t *testing.T) {
 	checkEncodeAggregate(t, &Aggregate{})
 }
 
+// TestAppendDuplicateMatchesHamba: the hand-written Duplicate encoder
+// writes what hamba writes, and appends.
+func TestAppendDuplicateMatchesHamba(t *testing.T) {
+	n := 20000
+	if testing.Short() {
+		n = 2000
+	}
+	rng := rand.New(rand.NewPCG(4, 0x6475706c69636174))
+	ds := []*Duplicate{{}, {Conflict: true, OriginalPartition: math.MinInt32, DuplicatePartition: math.MaxInt32,
+		OriginalOffset: math.MinInt64, DuplicateArrival: math.MaxInt64}}
+	for i := 0; i < n; i++ {
+		ds = append(ds, &Duplicate{EventID: randString(rng), CustomerID: randString(rng), Meter: randString(rng),
+			Source: randString(rng), Conflict: rng.IntN(2) == 0, Quantity: randLong(rng), EventTime: randLong(rng),
+			OriginalPartition: randInt(rng), OriginalOffset: randLong(rng), OriginalArrival: randLong(rng),
+			DuplicatePartition: randInt(rng), DuplicateOffset: randLong(rng), DuplicateArrival: randLong(rng)})
+	}
+	for _, d := range ds {
+		want, err := hambaEncode(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := AppendDuplicate(nil, d); !bytes.Equal(got, want) {
+			t.Fatalf("AppendDuplicate(%#v)\n = % x\nhamba % x", d, got, want)
+		}
+		if got := AppendDuplicate([]byte("prefix"), d); !bytes.Equal(got, append([]byte("prefix"), want...)) {
+			t.Fatal("AppendDuplicate does not append the encoding")
+		}
+	}
+}
+
 func checkEncodeAggregate(t *testing.T, a *Aggregate) {
 	t.Helper()
 	got, err := Encode(a)
