@@ -90,16 +90,47 @@ type partition struct {
 	// Per-record scratch, reused: Process runs one record at a time.
 	ev    schemas.UsageEvent
 	canon []byte
-	// accepted caches the accepted counter per source: WithLabelValues
-	// hashes the label on every call.
-	accepted map[string]prometheus.Counter
+	// accepted counts accepted events per source, added to the counters
+	// at the end of each Process: WithLabelValues hashes the label on
+	// every call, and an increment per event on a counter shared by the
+	// partitions' goroutines contends for its cache line.
+	accepted map[string]*pendingCount
+	// recs is a slab of output records, handed out one at a time.
+	recs []kgo.Record
+}
+
+type pendingCount struct {
+	c prometheus.Counter
+	n int
+}
+
+// flushCounts adds the accepted counts gathered since the last call.
+func (pt *partition) flushCounts() {
+	for _, pc := range pt.accepted {
+		if pc.n > 0 {
+			pc.c.Add(float64(pc.n))
+			pc.n = 0
+		}
+	}
+}
+
+// newRecord returns a zero record from the partition's slab: one
+// allocation per slab instead of one per output record. A slab stays alive
+// until the client released all of its records.
+func (pt *partition) newRecord() *kgo.Record {
+	if len(pt.recs) == 0 {
+		pt.recs = make([]kgo.Record, 256)
+	}
+	r := &pt.recs[0]
+	pt.recs = pt.recs[1:]
+	return r
 }
 
 // Open rebuilds the in-memory filters from the restored state and checks
 // the partition count.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), blooms: map[uint32]*bloom{}, keys: map[uint32]int{},
-		expired: -1, dropTo: -1, accepted: map[string]prometheus.Counter{}}
+		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{}}
 	v, ok, err := st.Get(keyPartitions)
 	if err != nil {
 		return nil, err
@@ -234,6 +265,7 @@ func (pt *partition) publish() {
 func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	pt.begin(tx)
 	wm0 := pt.wm
+	defer pt.flushCounts()
 	for _, r := range recs {
 		if err := pt.handle(tx, r); err != nil {
 			return err
@@ -477,18 +509,15 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 			IngestTime: arrival, SourcePartition: r.Partition, SourceOffset: r.Offset,
 		})
 	}
-	tx.Emit(&kgo.Record{
-		Topic:     pt.pr.dedupedTopic,
-		Partition: schemas.Partition(key, pt.pr.counts.deduped),
-		Key:       key,
-		Value:     val,
-	})
-	c, ok := pt.accepted[e.Source]
+	rec := pt.newRecord()
+	rec.Topic, rec.Partition, rec.Key, rec.Value = pt.pr.dedupedTopic, schemas.Partition(key, pt.pr.counts.deduped), key, val
+	tx.Emit(rec)
+	pc, ok := pt.accepted[e.Source]
 	if !ok {
-		c = pt.pr.m.accepted.WithLabelValues(e.Source)
-		pt.accepted[strings.Clone(e.Source)] = c
+		pc = &pendingCount{c: pt.pr.m.accepted.WithLabelValues(e.Source)}
+		pt.accepted[strings.Clone(e.Source)] = pc
 	}
-	c.Inc()
+	pc.n++
 }
 
 // framedLen is the length of s framed by schemas.AppendFramed.
