@@ -236,21 +236,13 @@ func DecodeUsageOr(b []byte, e *UsageEvent) (Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := header(r, b)
-	if err != nil {
-		return nil, err
-	}
-	if w.kind == KindUsageEvent && w.current {
+	if w, err := header(r, b); err == nil && w.kind == KindUsageEvent && w.current {
 		if err := decodeUsageEvent(b[headerSize:], e); err != nil {
 			return nil, err
 		}
 		return e, nil
 	}
-	m := newMessage(w.kind)
-	if err := decodeBody(r, w, b[headerSize:], m); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return Decode(b) // another message or a bad header: Decode's answer
 }
 
 // decodeDedupedEvent decodes a body written with the current DedupedEvent
