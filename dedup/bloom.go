@@ -31,10 +31,17 @@ func newBlockFilter(capacity int) *blockFilter {
 	return &blockFilter{blocks: make([][8]uint64, nb), cap: capacity}
 }
 
+// The block is chosen by h1 and the k bits inside it by k separate 9-bit
+// pieces of h2, so that the two choices are independent. (Deriving the
+// bits from h1 as well, as h2 + i·h1 mod 512, tied them to the block: the
+// low bits of h1 are the same for every key of a block whenever the block
+// count shares factors of two with 512, and the filter answered "maybe" for
+// 12–26% of absent keys instead of about 1%, each a Pebble read.)
+
 func (f *blockFilter) add(h1, h2 uint64) {
 	b := &f.blocks[h1%uint64(len(f.blocks))]
-	for i := uint64(0); i < bloomK; i++ {
-		bit := (h2 + i*(h1|1)) % 512
+	for i := 0; i < bloomK; i++ {
+		bit := h2 >> (9 * i) & 511
 		b[bit/64] |= 1 << (bit % 64)
 	}
 	f.n++
@@ -42,8 +49,8 @@ func (f *blockFilter) add(h1, h2 uint64) {
 
 func (f *blockFilter) mayContain(h1, h2 uint64) bool {
 	b := &f.blocks[h1%uint64(len(f.blocks))]
-	for i := uint64(0); i < bloomK; i++ {
-		bit := (h2 + i*(h1|1)) % 512
+	for i := 0; i < bloomK; i++ {
+		bit := h2 >> (9 * i) & 511
 		if b[bit/64]&(1<<(bit%64)) == 0 {
 			return false
 		}

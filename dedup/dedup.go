@@ -124,6 +124,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		m:      newMetrics(cfg.Stream.Registerer),
 		now:    cfg.Stream.Clock.Now,
 	}
+	p.setTopics()
 	rt, err := stream.New(cfg.Stream, p)
 	if err != nil {
 		return nil, err

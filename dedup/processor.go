@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -60,6 +62,17 @@ type processor struct {
 	counts partitionCountsT
 	m      *metrics
 	now    func() time.Time
+
+	// The output topics' full names, built once: topics.Names builds them
+	// on every call.
+	eventsTopic, dedupedTopic, duplicatesTopic, rejectedTopic string
+}
+
+// setTopics caches the topic names of cfg.Topics.
+func (pr *processor) setTopics() {
+	t := pr.cfg.Topics
+	pr.eventsTopic, pr.dedupedTopic = t.EventsTopic(), t.DedupedTopic()
+	pr.duplicatesTopic, pr.rejectedTopic = t.DuplicatesTopic(), t.RejectedTopic()
 }
 
 type partition struct {
@@ -73,13 +86,51 @@ type partition struct {
 	buckets []uint32 // live buckets, descending
 	expired int64    // every bucket below this has been dropped; -1: none
 	dropTo  int64    // drop buckets below this in the next transaction
+
+	// Per-record scratch, reused: Process runs one record at a time.
+	ev    schemas.UsageEvent
+	canon []byte
+	// accepted counts accepted events per source, added to the counters
+	// at the end of each Process: WithLabelValues hashes the label on
+	// every call, and an increment per event on a counter shared by the
+	// partitions' goroutines contends for its cache line.
+	accepted map[string]*pendingCount
+	// recs is a slab of output records, handed out one at a time.
+	recs []kgo.Record
+}
+
+type pendingCount struct {
+	c prometheus.Counter
+	n int
+}
+
+// flushCounts adds the accepted counts gathered since the last call.
+func (pt *partition) flushCounts() {
+	for _, pc := range pt.accepted {
+		if pc.n > 0 {
+			pc.c.Add(float64(pc.n))
+			pc.n = 0
+		}
+	}
+}
+
+// newRecord returns a zero record from the partition's slab: one
+// allocation per slab instead of one per output record. A slab stays alive
+// until the client released all of its records.
+func (pt *partition) newRecord() *kgo.Record {
+	if len(pt.recs) == 0 {
+		pt.recs = make([]kgo.Record, 256)
+	}
+	r := &pt.recs[0]
+	pt.recs = pt.recs[1:]
+	return r
 }
 
 // Open rebuilds the in-memory filters from the restored state and checks
 // the partition count.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), blooms: map[uint32]*bloom{}, keys: map[uint32]int{},
-		expired: -1, dropTo: -1}
+		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{}}
 	v, ok, err := st.Get(keyPartitions)
 	if err != nil {
 		return nil, err
@@ -88,7 +139,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		n := int32(binary.BigEndian.Uint32(v))
 		if n != pr.counts.events {
 			return nil, fmt.Errorf("dedup: partition %d: %w: the state was built with %d partitions of %s, it now has %d; adding partitions moves keys away from their earlier copies (DESIGN §2)",
-				p, ErrPartitionCountChanged, n, pr.cfg.Topics.EventsTopic(), pr.counts.events)
+				p, ErrPartitionCountChanged, n, pr.eventsTopic, pr.counts.events)
 		}
 	} else {
 		part.needN = true
@@ -140,7 +191,7 @@ func (pt *partition) Close() {
 func (pt *partition) Punctuate(tx *stream.Tx) error {
 	pt.begin(tx)
 	tx.Emit(&kgo.Record{
-		Topic:     pt.pr.cfg.Topics.EventsTopic(),
+		Topic:     pt.pr.eventsTopic,
 		Partition: pt.p,
 		Value:     schemas.MustEncode(&schemas.Tick{InstanceID: pt.pr.cfg.Stream.InstanceID}),
 	})
@@ -214,6 +265,7 @@ func (pt *partition) publish() {
 func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	pt.begin(tx)
 	wm0 := pt.wm
+	defer pt.flushCounts()
 	for _, r := range recs {
 		if err := pt.handle(tx, r); err != nil {
 			return err
@@ -264,7 +316,9 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 		pt.reject(tx, r, nil, schemas.ReasonOversized, fmt.Sprintf("record is %d bytes, more than %d", n, schemas.MaxEventBytes))
 		return nil
 	}
-	msg, err := schemas.Decode(r.Value)
+	// Nearly every record is a UsageEvent: those are decoded into the
+	// partition's reused value.
+	msg, err := schemas.DecodeUsageOr(r.Value, &pt.ev)
 	if err != nil {
 		reason := schemas.ReasonUndecodable
 		if errors.Is(err, schemas.ErrUnknownSchema) {
@@ -290,7 +344,7 @@ func (pt *partition) forwardWatermark(tx *stream.Tx) {
 	c := pt.pr.counts
 	v := schemas.MustEncode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm})
 	for i := int32(0); i < c.deduped; i++ {
-		tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.DedupedTopic(), Partition: i, Value: v})
+		tx.Emit(&kgo.Record{Topic: pt.pr.dedupedTopic, Partition: i, Value: v})
 	}
 }
 
@@ -304,7 +358,8 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 		pt.reject(tx, r, e, code, err.Error())
 		return nil
 	}
-	canon := e.Identity().Key()
+	pt.canon = schemas.AppendFramed(pt.canon[:0], e.CustomerID, e.Meter, e.EventID)
+	canon := pt.canon // reused by the next record: clone what outlives this one
 	n := pt.pr.counts.events
 	if !rerouted && (r.Key == nil || !bytes.Equal(r.Key, canon) || r.Partition != schemas.Partition(canon, n)) {
 		pt.reroute(tx, r, canon, arrival)
@@ -347,11 +402,12 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 		// anyway; the window check above rejects it before this point.
 		b = uint32(pt.expired)
 	}
-	key := make([]byte, identityKeyLen)
+	var key [identityKeyLen]byte
 	key[0] = prefixIdentity
 	binary.BigEndian.PutUint32(key[1:5], b)
 	copy(key[5:], kh)
-	tx.Put(key, encodeValue(verify, ph[:], arrival-int64(b)*c.Bucket.Milliseconds(), r.Offset))
+	var val [maxValueLen]byte
+	tx.Put(key[:], appendValue(val[:0], verify, ph[:], arrival-int64(b)*c.Bucket.Milliseconds(), r.Offset))
 	pt.bloomFor(b).add(kh)
 	pt.keys[b]++
 	pt.forward(tx, r, e, arrival)
@@ -365,7 +421,7 @@ type original struct {
 }
 
 func (pt *partition) lookup(tx *stream.Tx, kh []byte) (original, bool, error) {
-	key := make([]byte, identityKeyLen)
+	var key [identityKeyLen]byte
 	key[0] = prefixIdentity
 	copy(key[5:], kh)
 	for _, b := range pt.buckets {
@@ -373,7 +429,7 @@ func (pt *partition) lookup(tx *stream.Tx, kh []byte) (original, bool, error) {
 			continue
 		}
 		binary.BigEndian.PutUint32(key[1:5], b)
-		v, ok, err := tx.Get(key)
+		v, ok, err := tx.Get(key[:])
 		if err != nil {
 			// A read error of the local cache is not bad input: stop.
 			return original{}, false, fmt.Errorf("dedup: partition %d: read state: %w", pt.p, err)
@@ -391,10 +447,13 @@ func (pt *partition) lookup(tx *stream.Tx, kh []byte) (original, bool, error) {
 	return original{}, false, nil
 }
 
-func encodeValue(verify, payload []byte, arrivalDelta, offset int64) []byte {
-	v := make([]byte, verifyLen+payloadLen, verifyLen+payloadLen+2*binary.MaxVarintLen64)
-	copy(v, verify)
-	copy(v[verifyLen:], payload)
+// maxValueLen bounds an identity value.
+const maxValueLen = verifyLen + payloadLen + 2*binary.MaxVarintLen64
+
+// appendValue appends the identity value to v.
+func appendValue(v, verify, payload []byte, arrivalDelta, offset int64) []byte {
+	v = append(v, verify[:verifyLen]...)
+	v = append(v, payload[:payloadLen]...)
 	v = binary.AppendUvarint(v, uint64(arrivalDelta))
 	return binary.AppendUvarint(v, uint64(offset))
 }
@@ -421,22 +480,28 @@ func decodeValue(v []byte) (original, error) {
 // payloadHash covers what makes two copies conflict: quantity, event_time
 // and properties (DESIGN §2). source is not part of it.
 func payloadHash(e *schemas.UsageEvent) [payloadLen]byte {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(e.Quantity))
-	binary.BigEndian.PutUint64(b[8:], uint64(e.EventTime))
-	h := xxhash.New()
-	_, _ = h.Write(b[:])
+	// One pass over quantity, event_time and the framed properties: the
+	// same hash as writing them to a digest one after another.
+	var buf [256]byte
+	b := binary.BigEndian.AppendUint64(buf[:0], uint64(e.Quantity))
+	b = binary.BigEndian.AppendUint64(b, uint64(e.EventTime))
 	for _, p := range e.Properties {
-		_, _ = h.Write(schemas.AppendFramed(nil, p.Name, p.Value))
+		b = schemas.AppendFramed(b, p.Name, p.Value)
 	}
 	var out [payloadLen]byte
-	binary.BigEndian.PutUint32(out[:], uint32(h.Sum64()))
+	binary.BigEndian.PutUint32(out[:], uint32(xxhash.Sum64(b)))
 	return out
 }
 
 func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) {
-	key := schemas.AppendFramed(nil, e.CustomerID, e.Meter)
-	val, ok := schemas.AppendDedupedFromRaw(nil, r.Value, arrival, r.Partition, r.Offset)
+	// Key and value share one allocation; each is capped so that neither
+	// append can run into the other.
+	klen := framedLen(e.CustomerID) + framedLen(e.Meter)
+	buf := make([]byte, 0, klen+len(r.Value)+3*binary.MaxVarintLen64)
+	key := schemas.AppendFramed(buf, e.CustomerID, e.Meter)
+	rest := key[len(key):len(key):cap(key)]
+	key = key[:len(key):len(key)]
+	val, ok := schemas.AppendDedupedFromRaw(rest, r.Value, arrival, r.Partition, r.Offset)
 	if !ok { // written with an older schema: re-encode
 		val = schemas.MustEncode(&schemas.DedupedEvent{
 			EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
@@ -444,21 +509,32 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 			IngestTime: arrival, SourcePartition: r.Partition, SourceOffset: r.Offset,
 		})
 	}
-	tx.Emit(&kgo.Record{
-		Topic:     pt.pr.cfg.Topics.DedupedTopic(),
-		Partition: schemas.Partition(key, pt.pr.counts.deduped),
-		Key:       key,
-		Value:     val,
-	})
-	pt.pr.m.accepted.WithLabelValues(e.Source).Inc()
+	rec := pt.newRecord()
+	rec.Topic, rec.Partition, rec.Key, rec.Value = pt.pr.dedupedTopic, schemas.Partition(key, pt.pr.counts.deduped), key, val
+	tx.Emit(rec)
+	pc, ok := pt.accepted[e.Source]
+	if !ok {
+		pc = &pendingCount{c: pt.pr.m.accepted.WithLabelValues(e.Source)}
+		pt.accepted[strings.Clone(e.Source)] = pc
+	}
+	pc.n++
+}
+
+// framedLen is the length of s framed by schemas.AppendFramed.
+func framedLen(s string) int {
+	n := len(s) + 2 // one digit and the colon
+	for l := len(s); l >= 10; l /= 10 {
+		n++
+	}
+	return n
 }
 
 func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, canon []byte, arrival int64, o original, conflict bool) {
 	tx.Emit(&kgo.Record{
-		Topic:     pt.pr.cfg.Topics.DuplicatesTopic(),
+		Topic:     pt.pr.duplicatesTopic,
 		Partition: schemas.Partition(canon, pt.pr.counts.duplicates),
-		Key:       canon,
-		Value: schemas.MustEncode(&schemas.Duplicate{
+		Key:       bytes.Clone(canon),
+		Value: schemas.AppendDuplicate(nil, &schemas.Duplicate{
 			EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Source: e.Source, Conflict: conflict,
 			Quantity: e.Quantity, EventTime: e.EventTime,
 			OriginalPartition: pt.p, OriginalOffset: o.offset, OriginalArrival: o.arrival,
@@ -474,9 +550,9 @@ func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEve
 func (pt *partition) reroute(tx *stream.Tx, r *kgo.Record, canon []byte, arrival int64) {
 	to := schemas.Partition(canon, pt.pr.counts.events)
 	tx.Emit(&kgo.Record{
-		Topic:     pt.pr.cfg.Topics.EventsTopic(),
+		Topic:     pt.pr.eventsTopic,
 		Partition: to,
-		Key:       canon,
+		Key:       bytes.Clone(canon),
 		Value:     r.Value,
 		Headers: []kgo.RecordHeader{
 			{Key: HeaderRerouted, Value: []byte(fmt.Sprintf("%d/%d", r.Partition, r.Offset))},
@@ -502,7 +578,7 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent,
 	if len(r.Key) > 0 {
 		part = schemas.Partition(r.Key, n)
 	}
-	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: r.Key, Value: schemas.MustEncode(rej)})
+	tx.Emit(&kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: r.Key, Value: schemas.MustEncode(rej)})
 	pt.pr.m.rejected.WithLabelValues("dedup", reason).Inc()
 	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", detail),
 		zap.ByteString("key", r.Key), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset))

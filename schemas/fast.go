@@ -225,6 +225,26 @@ func decodeUsageEvent(body []byte, e *UsageEvent) error {
 	return d.err(KindUsageEvent)
 }
 
+// DecodeUsageOr decodes b as Decode does, except that a UsageEvent written
+// with the current schema (nearly every record dedup reads) is decoded into
+// e, which is returned, instead of a new value: a reused e saves an
+// allocation per record. It replaces all of e; e is untouched when b is
+// another message, which is then returned as Decode returns it. Errors are
+// Decode's.
+func DecodeUsageOr(b []byte, e *UsageEvent) (Message, error) {
+	r, err := load()
+	if err != nil {
+		return nil, err
+	}
+	if w, err := header(r, b); err == nil && w.kind == KindUsageEvent && w.current {
+		if err := decodeUsageEvent(b[headerSize:], e); err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
+	return Decode(b) // another message or a bad header: Decode's answer
+}
+
 // decodeDedupedEvent decodes a body written with the current DedupedEvent
 // schema into e, replacing all of e. On error e is unspecified.
 func decodeDedupedEvent(body []byte, e *DedupedEvent) error {
@@ -323,6 +343,33 @@ func AppendAggregateTail(dst []byte, a *Aggregate) ([]byte, error) {
 
 // AggregateTailMax is the most bytes AppendAggregateTail appends.
 const AggregateTailMax = 7 * maxLongBytes
+
+// AppendDuplicate appends the single-object encoding of d to dst, byte for
+// byte what Encode writes (hamba), without reflection: dedup writes one per
+// dropped copy.
+func AppendDuplicate(dst []byte, d *Duplicate) []byte {
+	if dst == nil {
+		dst = make([]byte, 0, headerSize+len(d.EventID)+len(d.CustomerID)+len(d.Meter)+len(d.Source)+4+1+8*maxLongBytes)
+	}
+	dst = append(dst, mustLoad().headers[KindDuplicate][:]...)
+	dst = appendString(dst, d.EventID)
+	dst = appendString(dst, d.CustomerID)
+	dst = appendString(dst, d.Meter)
+	dst = appendString(dst, d.Source)
+	if d.Conflict {
+		dst = append(dst, 1)
+	} else {
+		dst = append(dst, 0)
+	}
+	dst = binary.AppendVarint(dst, d.Quantity)
+	dst = binary.AppendVarint(dst, d.EventTime)
+	dst = binary.AppendVarint(dst, int64(d.OriginalPartition))
+	dst = binary.AppendVarint(dst, d.OriginalOffset)
+	dst = binary.AppendVarint(dst, d.OriginalArrival)
+	dst = binary.AppendVarint(dst, int64(d.DuplicatePartition))
+	dst = binary.AppendVarint(dst, d.DuplicateOffset)
+	return binary.AppendVarint(dst, d.DuplicateArrival)
+}
 
 // aggregateSizeHint is a capacity that holds a typical Aggregate message in
 // one allocation.

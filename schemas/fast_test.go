@@ -152,10 +152,15 @@ func encodeUsagePrefix(e *UsageEvent) []byte {
 
 // checkSame decodes b with Decode and with hamba and fails unless both fail
 // or both give deep-equal values. DecodeInto into a zero value must agree
-// too.
+// too, and so must DecodeUsageOr into a used UsageEvent.
 func checkSame(t *testing.T, b []byte) {
 	t.Helper()
 	got, err := Decode(b)
+	used := &UsageEvent{EventID: "old", Source: "old", Properties: []Property{{Name: "a", Value: "1"}}}
+	if or, oerr := DecodeUsageOr(b, used); (oerr == nil) != (err == nil) || (err != nil && oerr.Error() != err.Error()) ||
+		(err == nil && !reflect.DeepEqual(or, got)) {
+		t.Fatalf("DecodeUsageOr(% x) = %#v, %v; Decode = %#v, %v", b, or, oerr, got, err)
+	}
 	if errors.Is(err, errCountOverflow) {
 		// hamba does not fail cleanly on these (fast.go): it returns a slice
 		// of negative length or writes outside one. Keep it away from them.
@@ -309,6 +314,36 @@ func TestFastEncodeAggregateMatchesHamba(t *testing.T) {
 	}
 	checkEncodeAggregate(t, samples()["aggregate"].(*Aggregate))
 	checkEncodeAggregate(t, &Aggregate{})
+}
+
+// TestAppendDuplicateMatchesHamba: the hand-written Duplicate encoder
+// writes what hamba writes, and appends.
+func TestAppendDuplicateMatchesHamba(t *testing.T) {
+	n := 20000
+	if testing.Short() {
+		n = 2000
+	}
+	rng := rand.New(rand.NewPCG(4, 0x6475706c69636174))
+	ds := []*Duplicate{{}, {Conflict: true, OriginalPartition: math.MinInt32, DuplicatePartition: math.MaxInt32,
+		OriginalOffset: math.MinInt64, DuplicateArrival: math.MaxInt64}}
+	for i := 0; i < n; i++ {
+		ds = append(ds, &Duplicate{EventID: randString(rng), CustomerID: randString(rng), Meter: randString(rng),
+			Source: randString(rng), Conflict: rng.IntN(2) == 0, Quantity: randLong(rng), EventTime: randLong(rng),
+			OriginalPartition: randInt(rng), OriginalOffset: randLong(rng), OriginalArrival: randLong(rng),
+			DuplicatePartition: randInt(rng), DuplicateOffset: randLong(rng), DuplicateArrival: randLong(rng)})
+	}
+	for _, d := range ds {
+		want, err := hambaEncode(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := AppendDuplicate(nil, d); !bytes.Equal(got, want) {
+			t.Fatalf("AppendDuplicate(%#v)\n = % x\nhamba % x", d, got, want)
+		}
+		if got := AppendDuplicate([]byte("prefix"), d); !bytes.Equal(got, append([]byte("prefix"), want...)) {
+			t.Fatal("AppendDuplicate does not append the encoding")
+		}
+	}
 }
 
 func checkEncodeAggregate(t *testing.T, a *Aggregate) {
