@@ -12,6 +12,11 @@ import "encoding/binary"
 // so a filter that gained keys of an aborted transaction stays correct.
 type bloom struct {
 	filters []*blockFilter
+	// first is the capacity of the first filter; 0 means bloomFirstCap.
+	// A bucket sized from its predecessor's key count starts with one
+	// filter that fits, instead of a chain (each link is one more cache
+	// miss on every lookup that finds nothing).
+	first int
 }
 
 const (
@@ -65,7 +70,7 @@ func hashes(h []byte) (uint64, uint64) {
 func (b *bloom) add(h []byte) {
 	h1, h2 := hashes(h)
 	if len(b.filters) == 0 || b.filters[len(b.filters)-1].n >= b.filters[len(b.filters)-1].cap {
-		c := bloomFirstCap
+		c := max(b.first, bloomFirstCap)
 		if len(b.filters) > 0 {
 			c = b.filters[len(b.filters)-1].cap * bloomGrowth
 		}

@@ -73,3 +73,33 @@ func TestPayloadHashStable(t *testing.T) {
 		}
 	}
 }
+
+// TestBloomSizedFromPreviousBucket checks that a new arrival bucket's
+// filter is sized from the bucket before it: a day as busy as yesterday
+// fills one filter, not a chain (one cache miss per link on every lookup
+// that finds nothing), and keeps the false-positive rate.
+func TestBloomSizedFromPreviousBucket(t *testing.T) {
+	pt := &partition{blooms: map[uint32]*bloom{}, keys: map[uint32]int{}}
+	const n = 5 * bloomFirstCap
+	for b := uint32(10); b <= 11; b++ {
+		for i := 0; i < n; i++ {
+			pt.bloomFor(b).add(bloomKey(uint64(b)<<32 | uint64(i)))
+			pt.keys[b]++
+		}
+	}
+	if got := len(pt.blooms[10].filters); got < 2 {
+		t.Fatalf("the first bucket (no predecessor) has %d filters for %d keys; the test expects a chain there", got, n)
+	}
+	if got := len(pt.blooms[11].filters); got != 1 {
+		t.Fatalf("the second bucket has %d filters for %d keys, want 1 sized from the first bucket", got, n)
+	}
+	fp := 0
+	for i := 0; i < 100_000; i++ {
+		if pt.blooms[11].mayContain(bloomKey(uint64(i) + 1<<60)) {
+			fp++
+		}
+	}
+	if rate := float64(fp) / 100_000; rate > 0.02 {
+		t.Errorf("false positive rate %.2f%%, want about 1%%", 100*rate)
+	}
+}

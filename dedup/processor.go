@@ -97,6 +97,7 @@ type partition struct {
 	accepted map[string]*pendingCount
 	// recs is a slab of output records, handed out one at a time.
 	recs []kgo.Record
+	slab []byte // output key and value bytes (alloc)
 }
 
 type pendingCount struct {
@@ -124,6 +125,23 @@ func (pt *partition) newRecord() *kgo.Record {
 	r := &pt.recs[0]
 	pt.recs = pt.recs[1:]
 	return r
+}
+
+// alloc returns an empty slice of capacity n carved from the partition's
+// byte slab (64 KiB at a time): one allocation per slab instead of one per
+// output record. A slab stays alive until the client released every
+// record that points into it.
+func (pt *partition) alloc(n int) []byte {
+	const slab = 64 << 10
+	if n > slab/8 {
+		return make([]byte, 0, n)
+	}
+	if cap(pt.slab)-len(pt.slab) < n {
+		pt.slab = make([]byte, 0, slab)
+	}
+	b := pt.slab[len(pt.slab) : len(pt.slab) : len(pt.slab)+n]
+	pt.slab = pt.slab[:len(pt.slab)+n]
+	return b
 }
 
 // Open rebuilds the in-memory filters from the restored state and checks
@@ -171,7 +189,12 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 func (pt *partition) bloomFor(b uint32) *bloom {
 	f, ok := pt.blooms[b]
 	if !ok {
+		// Arrival buckets of a steady stream hold about as many keys as
+		// the one before: size the new bucket's filter for that many.
 		f = &bloom{}
+		if len(pt.buckets) > 0 && pt.buckets[0] < b {
+			f.first = pt.keys[pt.buckets[0]] + pt.keys[pt.buckets[0]]/4
+		}
 		pt.blooms[b] = f
 		pt.buckets = append(pt.buckets, b)
 		sort.Slice(pt.buckets, func(i, j int) bool { return pt.buckets[i] > pt.buckets[j] })
@@ -497,7 +520,7 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 	// Key and value share one allocation; each is capped so that neither
 	// append can run into the other.
 	klen := framedLen(e.CustomerID) + framedLen(e.Meter)
-	buf := make([]byte, 0, klen+len(r.Value)+3*binary.MaxVarintLen64)
+	buf := pt.alloc(klen + len(r.Value) + 3*binary.MaxVarintLen64)
 	key := schemas.AppendFramed(buf, e.CustomerID, e.Meter)
 	rest := key[len(key):len(key):cap(key)]
 	key = key[:len(key):len(key)]
