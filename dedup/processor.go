@@ -94,15 +94,17 @@ type partition struct {
 	// at the end of each Process: WithLabelValues hashes the label on
 	// every call, and an increment per event on a counter shared by the
 	// partitions' goroutines contends for its cache line.
-	accepted map[string]*pendingCount
+	accepted     map[string]*pendingCount
+	lastAccepted *pendingCount // the entry of the last accepted event's source
 	// recs is a slab of output records, handed out one at a time.
 	recs []kgo.Record
 	slab []byte // output key and value bytes (alloc)
 }
 
 type pendingCount struct {
-	c prometheus.Counter
-	n int
+	source string
+	c      prometheus.Counter
+	n      int
 }
 
 // flushCounts adds the accepted counts gathered since the last call.
@@ -519,9 +521,12 @@ func payloadHash(e *schemas.UsageEvent) [payloadLen]byte {
 func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) {
 	// Key and value share one allocation; each is capped so that neither
 	// append can run into the other.
+	// The key frames customer_id and meter, which is how the canonical
+	// key (pt.canon, framed customer_id, meter, event_id) of this event
+	// starts.
 	klen := framedLen(e.CustomerID) + framedLen(e.Meter)
 	buf := pt.alloc(klen + len(r.Value) + 3*binary.MaxVarintLen64)
-	key := schemas.AppendFramed(buf, e.CustomerID, e.Meter)
+	key := append(buf, pt.canon[:klen]...)
 	rest := key[len(key):len(key):cap(key)]
 	key = key[:len(key):len(key)]
 	val, ok := schemas.AppendDedupedFromRaw(rest, r.Value, arrival, r.Partition, r.Offset)
@@ -535,10 +540,15 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 	rec := pt.newRecord()
 	rec.Topic, rec.Partition, rec.Key, rec.Value = pt.pr.dedupedTopic, schemas.Partition(key, pt.pr.counts.deduped), key, val
 	tx.Emit(rec)
-	pc, ok := pt.accepted[e.Source]
-	if !ok {
-		pc = &pendingCount{c: pt.pr.m.accepted.WithLabelValues(e.Source)}
-		pt.accepted[strings.Clone(e.Source)] = pc
+	pc := pt.lastAccepted
+	if pc == nil || pc.source != e.Source { // most events of a stream share a source
+		var ok bool
+		if pc, ok = pt.accepted[e.Source]; !ok {
+			src := strings.Clone(e.Source)
+			pc = &pendingCount{source: src, c: pt.pr.m.accepted.WithLabelValues(src)}
+			pt.accepted[src] = pc
+		}
+		pt.lastAccepted = pc
 	}
 	pc.n++
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -188,8 +189,7 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 			start := time.Now()
 			go func() { done <- st.Run(dctx) }()
 			decided := func() int64 {
-				return int64(sumCounter(reg, "meterline_dedup_accepted_total") + sumCounter(reg, "meterline_dedup_duplicates_total") +
-					sumCounter(reg, "meterline_rejected_total"))
+				return int64(sumCounter(reg, "meterline_dedup_accepted_total", "meterline_dedup_duplicates_total", "meterline_rejected_total"))
 			}
 			if err := waitCount(ctx, decided, int64(c.Events), done); err != nil {
 				stopDedup()
@@ -521,11 +521,14 @@ func stateBytesPerKey(dir string, partitions int32, log *zap.Logger) (float64, i
 	return float64(size) / float64(keys), keys, nil
 }
 
-func sumCounter(reg *prometheus.Registry, name string) float64 {
+// sumCounter sums the series of the named metrics in one Gather: the
+// benchmarks poll it while the measured stage runs on the same cores, and
+// a Gather of a stage's registry is not free.
+func sumCounter(reg *prometheus.Registry, names ...string) float64 {
 	mfs, _ := reg.Gather()
 	s := 0.0
 	for _, mf := range mfs {
-		if mf.GetName() != name {
+		if !slices.Contains(names, mf.GetName()) {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
