@@ -47,8 +47,8 @@ func testEnv(t *testing.T, brokers []string, progress io.Writer) (*Env, *bytes.B
 	return &Env{Brokers: brokers, Topics: names, Logger: zap.NewNop(), Progress: progress, Out: &out}, &out
 }
 
-// leftBehind lists the topics (of the env's prefix) and the groups on the
-// cluster, and what is left in the state directory.
+// leftBehind lists the topics and groups on the cluster whose names start
+// with prefix, and whether the state directory is still there.
 func leftBehind(t *testing.T, adm *kadm.Client, prefix, stateDir string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -68,7 +68,9 @@ func leftBehind(t *testing.T, adm *kadm.Client, prefix, stateDir string) []strin
 		t.Fatal(err)
 	}
 	for _, g := range groups.Groups() {
-		left = append(left, "group "+g)
+		if strings.HasPrefix(g, prefix) {
+			left = append(left, "group "+g)
+		}
 	}
 	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
 		left = append(left, "state directory "+stateDir)
@@ -78,7 +80,7 @@ func leftBehind(t *testing.T, adm *kadm.Client, prefix, stateDir string) []strin
 
 func smallStage(stateDir string) StageConfig {
 	return StageConfig{Partitions: 2, CommitInterval: 50 * time.Millisecond, LatencyRate: 200, LatencyFor: 100 * time.Millisecond,
-		StateDir: stateDir, Rounds: 2}
+		StateDir: stateDir}
 }
 
 // TestStageBenchesLeaveNothingBehind runs bench dedup and bench aggregate
@@ -86,13 +88,10 @@ func smallStage(stateDir string) StageConfig {
 // first round, in their last and in the phases after the rounds, and
 // stopped by an error with their last stage up: each time the topics,
 // consumer groups and state directories they made are gone when they
-// return.
+// return. With METERLINE_TEST_KAFKA set, the error case runs on the real
+// broker too (one round).
 func TestStageBenchesLeaveNothingBehind(t *testing.T) {
-	type stageBench struct {
-		name string
-		run  func(ctx context.Context, env *Env, cfg StageConfig) error
-	}
-	benches := []stageBench{
+	benches := []stageBenchCase{
 		{"dedup", func(ctx context.Context, env *Env, cfg StageConfig) error {
 			return Dedup(ctx, env, DedupConfig{Events: 600, DuplicateRate: 0.1, StageConfig: cfg})
 		}},
@@ -100,14 +99,8 @@ func TestStageBenchesLeaveNothingBehind(t *testing.T) {
 			return Aggregate(ctx, env, AggregateConfig{Events: 600, Customers: 20, StageConfig: cfg})
 		}},
 	}
-	type stop struct {
-		name   string
-		ctrlC  string // cancel once progress shows this
-		tweak  func(*StageConfig)
-		failed bool
-	}
 	for _, b := range benches {
-		stops := []stop{
+		stops := []stageBenchStop{
 			{name: "to the end"},
 			{name: "Ctrl-C in round 1", ctrlC: "round 1 (a) passthrough", failed: true},
 			{name: "Ctrl-C at the end of the rounds", ctrlC: "round 2 " + b.name, failed: true},
@@ -117,31 +110,53 @@ func TestStageBenchesLeaveNothingBehind(t *testing.T) {
 			{name: "error after the rounds", tweak: func(c *StageConfig) { c.LatencyRate = 1 }, failed: true},
 		}
 		for _, st := range stops {
-			t.Run(b.name+"/"+st.name, func(t *testing.T) {
+			t.Run("kfake/"+b.name+"/"+st.name, func(t *testing.T) {
 				_, brokers := testenv.KFake(t)
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				w := &watcher{at: st.ctrlC, cancel: cancel}
-				env, out := testEnv(t, brokers, w)
-				cfg := smallStage(filepath.Join(t.TempDir(), "state"))
-				if st.tweak != nil {
-					st.tweak(&cfg)
-				}
-				err := b.run(ctx, env, cfg)
-				t.Logf("progress:\n%s", w.buf.String())
-				switch {
-				case !st.failed && err != nil:
-					t.Fatalf("bench: %v", err)
-				case st.failed && err == nil:
-					t.Fatal("bench returned no error")
-				case !st.failed && !strings.Contains(out.String(), "events/s  ("):
-					t.Errorf("no result table:\n%s", out.String())
-				}
-				if left := leftBehind(t, testenv.Admin(t, brokers), env.Topics.Prefix, cfg.StateDir); len(left) > 0 {
-					t.Errorf("left behind: %v", left)
-				}
+				b.check(t, brokers, st, 2)
 			})
 		}
+		t.Run("kafka/"+b.name+"/"+stops[4].name, func(t *testing.T) {
+			b.check(t, testenv.RealKafka(t), stops[4], 1)
+		})
+	}
+}
+
+type stageBenchCase struct {
+	name string
+	run  func(ctx context.Context, env *Env, cfg StageConfig) error
+}
+
+type stageBenchStop struct {
+	name   string
+	ctrlC  string // cancel once progress shows this
+	tweak  func(*StageConfig)
+	failed bool
+}
+
+// check runs the benchmark on brokers, stopped as st says, and fails the
+// test if it leaves anything behind.
+func (b stageBenchCase) check(t *testing.T, brokers []string, st stageBenchStop, rounds int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &watcher{at: st.ctrlC, cancel: cancel}
+	env, out := testEnv(t, brokers, w)
+	cfg := smallStage(filepath.Join(t.TempDir(), "state"))
+	cfg.Rounds = rounds
+	if st.tweak != nil {
+		st.tweak(&cfg)
+	}
+	err := b.run(ctx, env, cfg)
+	t.Logf("progress:\n%s", w.buf.String())
+	switch {
+	case !st.failed && err != nil:
+		t.Fatalf("bench: %v", err)
+	case st.failed && err == nil:
+		t.Fatal("bench returned no error")
+	case !st.failed && !strings.Contains(out.String(), "events/s  ("):
+		t.Errorf("no result table:\n%s", out.String())
+	}
+	if left := leftBehind(t, testenv.Admin(t, brokers), env.Topics.Prefix, cfg.StateDir); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
 	}
 }
 
