@@ -111,6 +111,7 @@ func TestStageBenchesLeaveNothingBehind(t *testing.T) {
 		}
 		for _, st := range stops {
 			t.Run("kfake/"+b.name+"/"+st.name, func(t *testing.T) {
+				t.Parallel() // a cluster each
 				_, brokers := testenv.KFake(t)
 				b.check(t, brokers, st, 2)
 			})
