@@ -179,7 +179,7 @@ func (b *aggregateBench) prefill(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if f := failed.Load(); f > 0 {
-		return 0, fmt.Errorf("pre-fill: %d sends failed, first: %v", f, firstErr.Load())
+		return 0, fmt.Errorf("bench: pre-fill: %d sends failed, first: %v", f, firstErr.Load())
 	}
 	return records, nil
 }

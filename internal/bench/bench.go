@@ -53,10 +53,25 @@ type Env struct {
 	// named with Topics.Prefix, a prefix of its own and the rest of Topics.
 	Topics topics.Names
 	// Logger receives the logs of the stages measured (at warn level and
-	// above for Dedup and Aggregate).
+	// above for Dedup and Aggregate). Default: none.
 	Logger *zap.Logger
-	// Progress receives a line per step, Out the result table.
+	// Progress receives a line per step, Out the result table. Default:
+	// io.Discard.
 	Progress, Out io.Writer
+}
+
+// EnsureDefaults fills nil fields with their defaults; every benchmark
+// calls it.
+func (e *Env) EnsureDefaults() {
+	if e.Logger == nil {
+		e.Logger = zap.NewNop()
+	}
+	if e.Progress == nil {
+		e.Progress = io.Discard
+	}
+	if e.Out == nil {
+		e.Out = io.Discard
+	}
 }
 
 // say writes a progress line.
@@ -111,6 +126,7 @@ func newLeftovers(env *Env, validate func() error) (*leftovers, error) {
 	if err := validate(); err != nil {
 		return nil, err
 	}
+	env.EnsureDefaults()
 	cl, err := env.client()
 	if err != nil {
 		return nil, fmt.Errorf("bench: kafka client: %w", err)
@@ -137,7 +153,7 @@ func (l *leftovers) createTopic(ctx context.Context, name string, partitions int
 		err = resp.Err
 	}
 	if err != nil {
-		return fmt.Errorf("create %s: %w", name, err)
+		return fmt.Errorf("bench: create topic %s: %w", name, err)
 	}
 	return nil
 }

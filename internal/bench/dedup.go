@@ -135,7 +135,7 @@ func (b *dedupBench) prefill(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if f := failed.Load(); f > 0 {
-		return 0, fmt.Errorf("pre-fill: %d sends failed", f)
+		return 0, fmt.Errorf("bench: pre-fill: %d sends failed", f)
 	}
 	return unique, nil
 }
@@ -277,13 +277,13 @@ func (b *dedupBench) restore(ctx context.Context) (time.Duration, float64, error
 			return took, sumMetrics(reg, "meterline_stream_restore_records_total"), nil
 		}
 		if ended, err := r.exited(); ended {
-			return 0, 0, fmt.Errorf("restore run stopped: %v", err)
+			return 0, 0, fmt.Errorf("bench: restore: the stage stopped: %v", err)
 		}
 		if ctx.Err() != nil {
 			return 0, 0, ctx.Err()
 		}
 		if time.Since(start) > 10*time.Minute {
-			return 0, 0, errors.New("restore did not finish in 10 minutes")
+			return 0, 0, errors.New("bench: restore did not finish in 10 minutes")
 		}
 	}
 }
@@ -311,7 +311,7 @@ func stateBytesPerKey(dir string, partitions int32, log *zap.Logger) (float64, i
 		size += uint64(l.TablesSize)
 	}
 	if keys == 0 {
-		return 0, 0, errors.New("no keys in the dedup state")
+		return 0, 0, errors.New("bench: no keys in the dedup state")
 	}
 	return float64(size) / float64(keys), keys, nil
 }

@@ -92,7 +92,7 @@ func (lp latencyPhase) run(ctx context.Context) (latencies, error) {
 // quantiles sorts the latencies measured and returns their p50 and p99.
 func quantiles(lats []time.Duration, what string) (latencies, error) {
 	if len(lats) == 0 {
-		return latencies{}, fmt.Errorf("latency: no %s became visible", what)
+		return latencies{}, fmt.Errorf("bench: latency: no %s became visible", what)
 	}
 	slices.Sort(lats)
 	q := func(f float64) time.Duration { return lats[int(f*float64(len(lats)-1))] }

@@ -71,7 +71,7 @@ func (r Rounds) Run(ctx context.Context, contenders ...Contender) (*Results, err
 		for _, i := range r.Order(round, len(contenders)) {
 			run, err := contenders[i].Run(ctx, round, round == r.N-1)
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("bench: round %d: %w", round+1, err)
 			}
 			res.Runs[i] = append(res.Runs[i], run)
 			if r.Progress != nil {
