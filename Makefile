@@ -41,6 +41,11 @@ fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz FuzzDecode -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzSplitFramed$$' -fuzztime 60s
+	$(GO) test ./producer -run '^$$' -fuzz '^FuzzParseJSON$$' -fuzztime 60s
+	$(GO) test ./internal/cli -run '^$$' -fuzz '^FuzzProduceLines$$' -fuzztime 60s
+	$(GO) test ./sink -run '^$$' -fuzz '^FuzzRowDecode$$' -fuzztime 60s
 
 services-start:
 	deploy/local/kafka.sh start
