@@ -64,6 +64,21 @@ func (e *env) failEveryInsert() {
 	}
 }
 
+// nothingParkedOrCommitted checks that the sink parked no row of
+// usage.deduped, committed none of its offsets and wrote no row.
+func (e *env) nothingParkedOrCommitted() {
+	e.t.Helper()
+	if got := e.parkedRecords(); len(got) != 0 {
+		e.t.Fatalf("%d rows parked on an unknown error code; want none", len(got))
+	}
+	if c := e.committed(e.names.DedupedTopic()); len(c) != 0 {
+		e.t.Fatalf("offsets committed while INSERTs fail: %v", c)
+	}
+	if n := e.count(TableEvents); n != 0 {
+		e.t.Fatalf("%d rows in the table", n)
+	}
+}
+
 // TestUnknownErrorBacksOff: an INSERT failing with an error code the sink
 // does not know is treated like an unavailable server, not as a refusal:
 // no row is parked, no offset committed, /readyz is down; once the server
@@ -86,15 +101,7 @@ func TestUnknownErrorBacksOff(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cannot take rows of usage_events") || !strings.Contains(err.Error(), "code: 160") {
 		t.Errorf("Ready() = %v; want the blocked table and the code", err)
 	}
-	if got := e.parkedRecords(); len(got) != 0 {
-		t.Fatalf("%d rows parked on an unknown error code; want none", len(got))
-	}
-	if c := e.committed(e.names.DedupedTopic()); len(c) != 0 {
-		t.Fatalf("offsets committed while INSERTs fail: %v", c)
-	}
-	if n := e.count(TableEvents); n != 0 {
-		t.Fatalf("%d rows in the table", n)
-	}
+	e.nothingParkedOrCommitted()
 	if got := metric(t, r.reg, "meterline_sink_insert_errors_total", "table", TableEvents, "kind", "refused"); got != 0 {
 		t.Errorf("%v INSERTs counted as refused", got)
 	}
@@ -139,13 +146,5 @@ func TestUnknownErrorStops(t *testing.T) {
 	if err := r.w.Ready(); !errors.Is(err, ErrUnknownServerError) {
 		t.Errorf("Ready() = %v; want the fatal error", err)
 	}
-	if got := e.parkedRecords(); len(got) != 0 {
-		t.Fatalf("%d rows parked; want none", len(got))
-	}
-	if c := e.committed(e.names.DedupedTopic()); len(c) != 0 {
-		t.Fatalf("offsets committed: %v", c)
-	}
-	if n := e.count(TableEvents); n != 0 {
-		t.Fatalf("%d rows in the table", n)
-	}
+	e.nothingParkedOrCommitted()
 }
