@@ -133,7 +133,8 @@ func (e *UsageEvent) Validate() error {
 		if i > 0 && p.Name <= e.Properties[i-1].Name {
 			return invalid("properties."+p.Name, "not sorted by name, or repeated")
 		}
-		if fe := CheckText("properties."+p.Name, p.Value, false); fe != nil {
+		if fe := CheckText("properties", p.Value, false); fe != nil {
+			fe.Field = "properties." + p.Name // built only here: no allocation per valid event
 			return fe
 		}
 		size += len(p.Name) + len(p.Value)

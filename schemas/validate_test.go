@@ -66,3 +66,14 @@ func TestValidateText(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkValidate: the rules dedup applies to every event.
+func BenchmarkValidate(b *testing.B) {
+	e := &UsageEvent{EventID: "0123456789abcdef0123456789abcdef", CustomerID: "customer-000123", Meter: "api_calls",
+		Quantity: 1, EventTime: MinEventTime, Source: "api-gateway", Properties: []Property{{Name: "model", Value: "m1"}, {Name: "region", Value: "eu-west-1"}}}
+	for b.Loop() {
+		if err := e.Validate(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
