@@ -299,3 +299,14 @@ func TestParseJSONText(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkParseJSON: one line of the public JSON format, as `meterline
+// produce` parses it.
+func BenchmarkParseJSON(b *testing.B) {
+	line := []byte(`{"event_id":"req-42","customer_id":"acme","meter":"api_calls","quantity":3,"event_time":"2026-11-29T12:00:00.250Z","source":"api-gateway","properties":{"model":"m1"}}`)
+	for b.Loop() {
+		if _, err := ParseJSON(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
