@@ -30,6 +30,7 @@ type harness struct {
 	names   topics.Names
 	n       int32
 	group   string
+	keys    []Key // the ring every instance of the test shares
 }
 
 // newHarness creates the topics on brokers (kfake when nil) with n
@@ -57,13 +58,18 @@ func newHarness(t testing.TB, brokers []string, n int32) *harness {
 		}
 		_, _ = adm.DeleteTopics(context.Background(), ns...)
 	})
-	return &harness{t: t, brokers: brokers, names: names, n: n, group: names.Prefix + "dedup"}
+	k, err := GenerateKey("test-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, brokers: brokers, names: names, n: n, group: names.Prefix + "dedup", keys: []Key{k}}
 }
 
 func (h *harness) config(instance string, fs vfs.FS) Config {
 	return Config{
 		Topics:       h.names,
 		TickInterval: 200 * time.Millisecond,
+		Keys:         h.keys,
 		Stream: stream.Config{
 			Brokers:            h.brokers,
 			Group:              h.group,

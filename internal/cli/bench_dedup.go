@@ -166,10 +166,13 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 			if err := create(topics.Specs(names2, layout)[1:]); err != nil {
 				return err
 			}
-			dcfg = dedup.Config{Stream: base(rp+"bench-dedup", "d1"), Topics: names2}
+			key, err := dedup.GenerateKey("bench")
+			if err != nil {
+				return err
+			}
+			dcfg = dedup.Config{Stream: base(rp+"bench-dedup", "d1"), Topics: names2, Keys: []dedup.Key{key}}
 			reg := prometheus.NewRegistry()
 			dcfg.Stream.Registerer = reg
-			var err error
 			st, err = dedup.New(ctx, dcfg)
 			if err != nil {
 				return err
