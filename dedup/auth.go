@@ -331,10 +331,10 @@ func (kr *keyring) parseAuth(v []byte, mac *[sha256.Size]byte) ([]byte, string) 
 
 // dedupHeaders are dedup's own headers found on a record.
 type dedupHeaders struct {
-	any                             bool // at least one of them
-	dup                             bool // one of them more than once
+	any                              bool // at least one of them
+	dup                              bool // one of them more than once
 	hasRerouted, hasArrival, hasAuth bool
-	rerouted, arrival, auth         []byte
+	rerouted, arrival, auth          []byte
 }
 
 // scanHeaders finds dedup's headers without allocating.

@@ -266,10 +266,10 @@ type metrics struct {
 	forged         prometheus.Counter
 	unauthTicks    prometheus.Counter
 	throttledTicks prometheus.Counter
-	watermark  *prometheus.GaugeVec
-	wmDelay    *prometheus.GaugeVec
-	keys       *prometheus.GaugeVec
-	expired    prometheus.Counter
+	watermark      *prometheus.GaugeVec
+	wmDelay        *prometheus.GaugeVec
+	keys           *prometheus.GaugeVec
+	expired        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

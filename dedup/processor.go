@@ -115,10 +115,10 @@ type partition struct {
 	lastForward int64
 	tickHeaders []kgo.RecordHeader // the signature of this partition's ticks
 	blooms      map[uint32]*bloom
-	keys    map[uint32]int
-	buckets []uint32 // live buckets, descending
-	expired int64    // every bucket below this has been dropped; -1: none
-	dropTo  int64    // drop buckets below this in the next transaction
+	keys        map[uint32]int
+	buckets     []uint32 // live buckets, descending
+	expired     int64    // every bucket below this has been dropped; -1: none
+	dropTo      int64    // drop buckets below this in the next transaction
 
 	// Per-record scratch, reused: Process runs one record at a time.
 	ev    schemas.UsageEvent
@@ -522,6 +522,7 @@ func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int6
 				pt.forged(r, why)
 			}
 			pt.pr.m.unauthTicks.Inc()
+			return nil
 		}
 	}
 	if pt.lastForward != 0 && ts < pt.lastForward+pt.pr.cfg.WatermarkEvery.Milliseconds() {
