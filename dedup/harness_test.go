@@ -16,8 +16,11 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// t0 is the arrival time tests count from.
-var t0 = time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+// t0 is the arrival time tests count from: midnight UTC 20 days ago. It
+// follows the wall clock because a re-routed record's broker timestamp is
+// the time dedup wrote it, and a re-routed arrival is honoured only within
+// W (35 days) of that.
+var t0 = time.Now().UTC().Truncate(24 * time.Hour).Add(-20 * 24 * time.Hour).UnixMilli()
 
 const (
 	hour = int64(time.Hour / time.Millisecond)
