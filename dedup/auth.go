@@ -278,12 +278,16 @@ func (kr *keyring) tickMAC(secret []byte, topic string, partition int32, value [
 }
 
 func (kr *keyring) authValue(mac [sha256.Size]byte) []byte {
-	v := make([]byte, 0, len(authVersion)+len(kr.signID)+1+base64.RawURLEncoding.EncodedLen(len(mac)))
+	v := make([]byte, 0, len(authVersion)+len(kr.signID)+1+authEncoding.EncodedLen(len(mac)))
 	v = append(v, authVersion...)
 	v = append(v, kr.signID...)
 	v = append(v, ':')
-	return base64.RawURLEncoding.AppendEncode(v, mac[:])
+	return authEncoding.AppendEncode(v, mac[:])
 }
+
+// authEncoding encodes a MAC in a header. Strict: a MAC has one spelling
+// (the unused bits of the last character must be zero).
+var authEncoding = base64.RawURLEncoding.Strict()
 
 // rerouteHeaders returns the headers of a record re-routed to partition of
 // topic with key and value: the original's coordinates, its arrival, and
@@ -320,10 +324,10 @@ func (kr *keyring) parseAuth(v []byte, mac *[sha256.Size]byte) ([]byte, string) 
 		return nil, "unknown key ID"
 	}
 	enc := v[i+1:]
-	if base64.RawURLEncoding.DecodedLen(len(enc)) != sha256.Size {
+	if authEncoding.DecodedLen(len(enc)) != sha256.Size {
 		return nil, "malformed MAC"
 	}
-	if n, err := base64.RawURLEncoding.Decode(mac[:], enc); err != nil || n != sha256.Size {
+	if n, err := authEncoding.Decode(mac[:], enc); err != nil || n != sha256.Size {
 		return nil, "malformed MAC"
 	}
 	return secret, ""
