@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,6 +20,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
@@ -572,4 +576,41 @@ func TestMetadataOutlivesRetention(t *testing.T) {
 			t.Fatalf("Run = %v, want ErrPartitionCountChanged", err)
 		}
 	})
+}
+
+// TestSecretNeverShown: a key's secret appears in no log line of a run that
+// signs, verifies and rejects forged headers (debug level, kgo included),
+// and not in a formatted or JSON-encoded configuration.
+func TestSecretNeverShown(t *testing.T) {
+	h := newHarness(t, nil, 2)
+	var logs testenv.SyncBuffer
+	cfg := h.configWith("a", prometheus.NewRegistry())
+	cfg.Stream.Logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.AddSync(&logs), zap.DebugLevel))
+	h.start(cfg)
+	arr := t0 + 10*day
+	m := h.event("acme", "api_calls", "s1", 1, arr-hour, arr)
+	m.Partition = 1 - m.Partition
+	f := h.event("acme", "api_calls", "s2", 1, arr-hour, arr)
+	f.Headers = forgedHeaders(arr-day, madeUpAuth)
+	h.produce(m, f, h.tick(0, arr+1))
+	h.caughtUp()
+	secret := h.keys[0].Secret
+	shown := []string{hex.EncodeToString(secret), base64.StdEncoding.EncodeToString(secret),
+		base64.RawURLEncoding.EncodeToString(secret), string(secret), fmt.Sprint([]byte(secret))}
+	js, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := map[string]string{"logs": logs.String(), "%v": fmt.Sprintf("%v", cfg), "%+v": fmt.Sprintf("%+v", cfg),
+		"%#v": fmt.Sprintf("%#v", cfg), "%x": fmt.Sprintf("%x", cfg.Keys), "json": string(js)}
+	if !strings.Contains(logs.String(), "not proven") {
+		t.Fatal("no forged-header line in the logs: the test saw nothing")
+	}
+	for where, text := range texts {
+		for _, s := range shown {
+			if strings.Contains(text, s) {
+				t.Errorf("the secret is in the %s", where)
+			}
+		}
+	}
 }
