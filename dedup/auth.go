@@ -57,8 +57,8 @@ var ErrNoKeys = errors.New("no header key")
 
 // keysHelp says how to make a key ring; every error about a missing or bad
 // ring ends with it.
-const keysHelp = "make one with: printf 'k1 %s\\n' \"$(openssl rand -hex 32)\" > dedup.keys && chmod 600 dedup.keys, " +
-	"then pass --dedup-keys-file dedup.keys (or put the line in " + KeysEnv + "); every dedup instance of the deployment needs the same file"
+const keysHelp = "make one with `meterline dedup-key --out dedup.keys` (or: printf 'k1 %s\\n' \"$(openssl rand -hex 32)\" > dedup.keys), " +
+	"then pass --dedup-keys-file dedup.keys (or put its line in " + KeysEnv + "); every dedup instance of the deployment needs the same file"
 
 // Secret is key material. It formats as "[redacted]" so that a logged or
 // printed configuration never shows it.
