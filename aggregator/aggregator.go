@@ -128,10 +128,14 @@ func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 // Runtime exposes the stream runtime.
 func (s *Stage) Runtime() *stream.Runtime { return s.rt }
 
-type partitionCountsT struct{ aggregates, adjustments, rejected int32 }
+// partitionCountsT holds partition counts read from the cluster's metadata
+// at start. events, the partition count of usage.events, is the number of
+// dedup source partitions whose watermarks the aggregator takes the minimum
+// over (DESIGN §3): it never comes from a record.
+type partitionCountsT struct{ events, aggregates, adjustments, rejected int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
-	names := []string{cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
+	names := []string{cfg.Topics.EventsTopic(), cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -143,8 +147,8 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		return partitionCountsT{}, fmt.Errorf("aggregator: changelog %s has %d partitions, %s has %d; they must be equal",
 			cfg.Topics.AggregateChangelogTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
-	return partitionCountsT{aggregates: n[cfg.Topics.AggregatesTopic()], adjustments: n[cfg.Topics.AdjustmentsTopic()],
-		rejected: n[cfg.Topics.RejectedTopic()]}, nil
+	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
+		adjustments: n[cfg.Topics.AdjustmentsTopic()], rejected: n[cfg.Topics.RejectedTopic()]}, nil
 }
 
 type metrics struct {
@@ -156,6 +160,7 @@ type metrics struct {
 	late                      *prometheus.CounterVec
 	rejected                  *prometheus.CounterVec
 	keys                      *prometheus.GaugeVec
+	wmIgnored                 *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -173,6 +178,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: service.RejectedCounter(reg),
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
+		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",
+			Help: "Watermark records ignored because they disagree with the cluster's metadata, by reason: source_partitions (the count is not usage.events' partition count), source_partition (outside [0, that count))."}, []string{"reason"}),
 	}
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))

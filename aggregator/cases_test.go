@@ -130,7 +130,16 @@ type aggHarness struct {
 	group   string
 }
 
+// newAggHarness creates the topics with partitions partitions each, and
+// usage.events with as many: the dedup source partitions whose watermarks
+// the aggregator waits for.
 func newAggHarness(t testing.TB, brokers []string, partitions int32) *aggHarness {
+	return newAggHarnessSources(t, brokers, partitions, partitions)
+}
+
+// newAggHarnessSources is newAggHarness with sources partitions of
+// usage.events.
+func newAggHarnessSources(t testing.TB, brokers []string, partitions, sources int32) *aggHarness {
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}
@@ -141,6 +150,11 @@ func newAggHarness(t testing.TB, brokers []string, partitions int32) *aggHarness
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	specs := topics.Specs(names, layout)
+	for i := range specs {
+		if specs[i].Name == names.EventsTopic() {
+			specs[i].Partitions = sources
+		}
+	}
 	adm := testenv.Admin(t, brokers)
 	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
 		t.Fatal(err)
@@ -227,7 +241,11 @@ func (h *aggHarness) caughtUp() {
 }
 
 func runCase(t *testing.T, c *testCase) {
-	h := newAggHarness(t, nil, 1)
+	sources := c.Sources
+	if sources == 0 {
+		sources = 1
+	}
+	h := newAggHarnessSources(t, nil, 1, sources)
 	cfg := h.config("a", vfs.NewMem())
 	cfg.Period = c.Period
 	cfg.StrictMeters = c.Strict
@@ -251,10 +269,6 @@ func runCase(t *testing.T, c *testCase) {
 			t.Fatal(err)
 		}
 		cfg.Meters = cat
-	}
-	sources := c.Sources
-	if sources == 0 {
-		sources = 1
 	}
 	running := h.start(cfg)
 	var offset int64

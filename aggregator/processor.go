@@ -28,7 +28,9 @@ import (
 //	'p' P seq        a late event of P waiting for P's FINAL (its record)
 //	'F' P            P is final in this partition
 //	'w' source       latest watermark from a dedup source partition
-//	'n'              number of dedup source partitions
+//	'n'              obsolete: the number of dedup source partitions as
+//	                 watermark records once claimed it; never read (the
+//	                 count comes from the cluster's metadata)
 //	'c'              sequence counter for 'p' keys
 const (
 	pfxOpen    = 'a'
@@ -39,10 +41,7 @@ const (
 	pfxSource  = 'w'
 )
 
-var (
-	keySources = []byte("n")
-	keySeq     = []byte("c")
-)
+var keySeq = []byte("c")
 
 func periodKey(prefix byte, start int64, rest ...[]byte) []byte {
 	k := make([]byte, 9, 9+32)
@@ -131,7 +130,7 @@ type partition struct {
 	pr      *processor
 	p       int32
 	pl      string
-	sources []int64 // latest watermark per dedup source partition; 0: none
+	sources []int64 // latest watermark per usage.events partition; 0: none
 	wm      int64   // partition watermark: min over sources
 	keys    int
 	finals  map[int64]struct{} // periods final in this partition
@@ -159,6 +158,9 @@ type partition struct {
 	ev           schemas.DedupedEvent // the event being handled, reused
 	keysGauge    prometheus.Gauge
 	wmGauge      prometheus.Gauge // nil until the first watermark
+	// Ignored watermark records since the last log line, and its time.
+	wmIgnored      int
+	wmIgnoredLogAt time.Time
 	// stale: a transaction this partition took part in was aborted, so
 	// sources, wm and keys (in memory, advanced by its records) may be
 	// ahead of the committed state. Process reloads them from the state
@@ -185,21 +187,22 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 
 // load sets the in-memory watermarks and key count from the state.
 func (pt *partition) load(st stateReader) error {
-	pt.sources, pt.keys, pt.finals = nil, 0, map[int64]struct{}{}
+	pt.keys, pt.finals = 0, map[int64]struct{}{}
 	if err := st.Scan([]byte{pfxMarker}, []byte{pfxMarker + 1}, func(k, _ []byte) error {
 		pt.finals[int64(binary.BigEndian.Uint64(k[1:9]))] = struct{}{}
 		return nil
 	}); err != nil {
 		return err
 	}
-	if v, ok, err := st.Get(keySources); err != nil {
-		return err
-	} else if ok {
-		pt.sources = make([]int64, binary.BigEndian.Uint32(v))
-	}
+	// One slot per partition of usage.events, as the cluster's metadata
+	// says (DESIGN §3). A source watermark of another count (state written
+	// before the count came from metadata) is left out.
+	pt.sources = make([]int64, pt.pr.counts.events)
 	err := st.Scan([]byte{pfxSource}, []byte{pfxSource + 1}, func(k, v []byte) error {
-		s := int(binary.BigEndian.Uint32(k[1:]))
-		if s < len(pt.sources) {
+		if len(k) != 5 || len(v) != 8 {
+			return fmt.Errorf("aggregator: partition %d: corrupt source watermark %q", pt.p, k)
+		}
+		if s := int(binary.BigEndian.Uint32(k[1:])); s < len(pt.sources) {
 			pt.sources[s] = int64(binary.BigEndian.Uint64(v))
 		}
 		return nil
@@ -387,17 +390,17 @@ func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) 
 }
 
 func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
-	n := int(w.SourcePartitions)
-	if n <= 0 || w.SourcePartition < 0 || int(w.SourcePartition) >= n {
-		return nil // not from a dedup stage we know how to read; ignore
-	}
-	if n != len(pt.sources) {
-		grown := make([]int64, n)
-		copy(grown, pt.sources)
-		pt.sources = grown
-		var v [4]byte
-		binary.BigEndian.PutUint32(v[:], uint32(n))
-		tx.Put(keySources, v[:])
+	// The number of sources is usage.events' partition count from the
+	// cluster's metadata, never the record's claim: a record that disagrees
+	// is counted, logged and ignored (DESIGN §3).
+	n := pt.pr.counts.events
+	switch {
+	case w.SourcePartitions != n:
+		pt.ignoreWatermark(w, "source_partitions")
+		return nil
+	case w.SourcePartition < 0 || w.SourcePartition >= n:
+		pt.ignoreWatermark(w, "source_partition")
+		return nil
 	}
 	s := w.SourcePartition
 	if w.Watermark <= pt.sources[s] {
@@ -417,6 +420,29 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 		return pt.expire(tx)
 	}
 	return nil
+}
+
+// ignoredLogEvery spaces the log lines of ignored watermark records of one
+// partition (every dedup partition sends one per tick): the metric counts
+// each record, the log says it is happening and what the records claim.
+const ignoredLogEvery = time.Minute
+
+// ignoreWatermark counts a watermark record that disagrees with the
+// cluster's metadata and logs it (at most once a minute per partition,
+// with the number of records ignored since the last line).
+func (pt *partition) ignoreWatermark(w *schemas.Watermark, reason string) {
+	pt.pr.m.wmIgnored.WithLabelValues(reason).Inc()
+	pt.wmIgnored++
+	// Wall time spaces log lines only; it decides nothing.
+	now := pt.pr.now()
+	if now.Sub(pt.wmIgnoredLogAt) < ignoredLogEvery {
+		return
+	}
+	pt.pr.log.Warn("watermark record ignored: it disagrees with the partition count of usage.events in the cluster's metadata",
+		zap.Int32("partition", pt.p), zap.String("reason", reason), zap.Int32("source_partition", w.SourcePartition),
+		zap.Int32("source_partitions", w.SourcePartitions), zap.Int32("events_partitions", pt.pr.counts.events),
+		zap.Int("ignored_since_last_line", pt.wmIgnored))
+	pt.wmIgnoredLogAt, pt.wmIgnored = now, 0
 }
 
 // appendAggKey appends the aggregate key K of e: the framed customer,

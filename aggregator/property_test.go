@@ -474,7 +474,7 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr := &propRun{t: t, h: newAggHarness(t, brokers, p.partitions), p: p, r: r, cat: cat,
+	pr := &propRun{t: t, h: newAggHarnessSources(t, brokers, p.partitions, st.sources), p: p, r: r, cat: cat,
 		insts: map[string]*propInst{}, crashes: map[string]int{}}
 	pr.start("a", true)
 

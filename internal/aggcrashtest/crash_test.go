@@ -30,7 +30,7 @@ func TestCrashWindows(t *testing.T) {
 		t.Run(c.point, func(t *testing.T) {
 			t.Parallel()
 			s := newSuite(t)
-			st := genStream(int64(len(c.point)), 3, 8, 12, 2)
+			st := genStream(int64(len(c.point)), 3, 8, 12, partitions)
 			stateDir := filepath.Join(s.dir, "state")
 			spec := c.point + "@" + strconv.Itoa(c.hit)
 			// State first, FINALs of the first day(s) included, committed

@@ -158,8 +158,10 @@ type stream struct {
 // genStream generates a deterministic stream over days of broker time:
 // events mostly recent, some exactly at a day's start, some days older
 // than their arrival (late), some up to an hour in the future; watermarks
-// from sources dedup source partitions, each non-decreasing and never past
-// the broker time (so no event arrives before a watermark that passed it).
+// from sources dedup source partitions (usage.events' partition count: the
+// aggregator ignores watermark records that claim another), each
+// non-decreasing and never past the broker time (so no event arrives before
+// a watermark that passed it).
 func genStream(seed int64, days, customers, batch int, sources int32) *stream {
 	r := rand.New(rand.NewSource(seed))
 	start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli() + seed*hourMs

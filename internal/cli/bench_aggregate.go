@@ -329,7 +329,9 @@ func prefillDeduped(ctx context.Context, brokers []string, topic string, partiti
 		cl.Produce(ctx, dedupedRecord(topic, partitions, benchDedupedEvent(i, customers, now)), cb)
 		records++
 		if i%100_000 == 0 {
-			wm := schemas.MustEncode(&schemas.Watermark{SourcePartition: 0, SourcePartitions: 1, Watermark: now.UnixMilli() - int64(time.Hour/time.Millisecond)})
+			// The aggregator takes the source count from usage.events'
+			// metadata (the bench creates it with partitions partitions).
+			wm := schemas.MustEncode(&schemas.Watermark{SourcePartition: 0, SourcePartitions: partitions, Watermark: now.UnixMilli() - int64(time.Hour/time.Millisecond)})
 			for p := int32(0); p < partitions; p++ {
 				cl.Produce(ctx, &kgo.Record{Topic: topic, Partition: p, Value: wm}, cb)
 				records++
