@@ -71,6 +71,8 @@ type expectSet struct {
 	Open        []expAggregate  `json:"open"`
 	Adjustments []expAdjustment `json:"adjustments"`
 	Rejected    []string        `json:"rejected"` // reason:event_id
+	// RejectedDetails: event_id → a text its rejection's detail contains.
+	RejectedDetails map[string]string `json:"rejected_details"`
 }
 
 type expAggregate struct {
@@ -442,6 +444,9 @@ func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 			t.Fatal(err)
 		}
 		gotRej = append(gotRej, rj.Reason+":"+rj.EventID)
+		if want, ok := c.Expect.RejectedDetails[rj.EventID]; ok && !strings.Contains(rj.Detail, want) {
+			t.Errorf("rejection of %s: detail %q does not say %q", rj.EventID, rj.Detail, want)
+		}
 	}
 	sort.Strings(gotRej)
 	wantRej := append([]string{}, c.Expect.Rejected...)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -485,6 +486,12 @@ func propValue(e *schemas.DedupedEvent, name string) (string, bool) {
 // r is nil for a late event held back for its period's FINAL.
 func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent) error {
 	c := &pt.pr.cfg
+	if e.Quantity < 0 {
+		// Dedup rejects these; a record of usage.deduped is still not
+		// trusted to keep a sum from going down or wrapping.
+		pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("quantity: must not be negative (got %d)", e.Quantity))
+		return nil
+	}
 	m, declared := c.Meters.Lookup(e.Meter)
 	if !declared && c.StrictMeters {
 		pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
@@ -521,7 +528,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	lateByArrival := e.IngestTime > end+c.Grace.Milliseconds()
 	switch {
 	case !lateByArrival && !final:
-		return pt.onTime(tx, e, m, start, ak, uval)
+		return pt.onTime(tx, r, e, m, start, ak, uval)
 	case !final:
 		// Late by its own arrival, but the period is not final here yet
 		// (another source's watermark lags): its delta against the FINAL
@@ -536,7 +543,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		tx.Put(periodKey(pfxPending, start, sk[:]), schemas.MustEncode(e))
 		return nil
 	default:
-		return pt.late(tx, e, m, start, end, ak, uval)
+		return pt.late(tx, r, e, m, start, end, ak, uval)
 	}
 }
 
@@ -613,6 +620,26 @@ func (pt *partition) seeUniqueOpen(tx *stream.Tx, a *openAgg, ak []byte, value s
 	return isNew, nil
 }
 
+// overflows reports whether folding e (quantity ≥ 0) into st would wrap
+// a 64-bit value: st's SUM, or its event count (which COUNT and
+// UNIQUE_COUNT values never exceed). MAX and LATEST take a quantity as it
+// is, and a delta of two values in [0, MaxInt64] cannot wrap either.
+func overflows(st *aggState, e *schemas.DedupedEvent, m *Meter) bool {
+	return st.Count == math.MaxInt64 || (m.Aggregation == Sum && e.Quantity > math.MaxInt64-st.Value)
+}
+
+// rejectOverflow rejects an event that would wrap its aggregate (DESIGN
+// §8: invalid, and counted in no aggregate).
+func (pt *partition) rejectOverflow(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, st *aggState) {
+	what := "the " + string(m.Aggregation) + " of its aggregate"
+	if st.Count == math.MaxInt64 {
+		what = "the event count of its aggregate"
+	}
+	pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf(
+		"quantity: %d would overflow %s (%s/%s, period %s: value %d, %d events); sums never wrap",
+		e.Quantity, what, e.CustomerID, e.Meter, msTime(start), st.Value, st.Count))
+}
+
 // apply folds the event into st and returns the change in value. For
 // UNIQUE_COUNT, newUnique tells whether the event's value is new in the
 // period.
@@ -670,7 +697,7 @@ func (pt *partition) openAggregate(tx *stream.Tx, k []byte, start int64) (a *ope
 	return a, !ok, nil
 }
 
-func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
+func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
 	k := append(pt.okBuf[:0], pfxOpen)
 	k = binary.BigEndian.AppendUint64(k, uint64(start))
 	k = append(k, ak...)
@@ -678,6 +705,10 @@ func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, st
 	a, fresh, err := pt.openAggregate(tx, k, start)
 	if err != nil {
 		return err
+	}
+	if !fresh && overflows(&a.st, e, m) {
+		pt.rejectOverflow(tx, r, e, m, start, &a.st)
+		return nil
 	}
 	isNew := false
 	if m.Aggregation == UniqueCount {
@@ -711,11 +742,15 @@ func (pt *partition) materialize(tx *stream.Tx) {
 // late books an event of a final period as an adjustment: its delta is
 // measured against the period's working state (the FINAL value plus the
 // adjustments before it), which it then updates.
-func (pt *partition) late(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start, end int64, ak []byte, uval string) error {
+func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start, end int64, ak []byte, uval string) error {
 	k := periodKey(pfxFinal, start, ak)
 	st, ok, err := pt.loadState(tx, k)
 	if err != nil {
 		return err
+	}
+	if ok && overflows(st, e, m) {
+		pt.rejectOverflow(tx, r, e, m, start, st)
+		return nil
 	}
 	if !ok {
 		st = &aggState{} // no FINAL for this key: the final value was 0
