@@ -367,7 +367,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 // partition; the aggregator takes the minimum over all sources.
 func (pt *partition) forwardWatermark(tx *stream.Tx) {
 	c := pt.pr.counts
-	v := schemas.MustEncode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm})
+	v := schemas.MustEncode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm, WindowMs: pt.pr.cfg.Window.Milliseconds()})
 	for i := int32(0); i < c.deduped; i++ {
 		tx.Emit(&kgo.Record{Topic: pt.pr.dedupedTopic, Partition: i, Value: v})
 	}
