@@ -50,7 +50,9 @@ type Config struct {
 	// Grace is how long after a period's end it stays open. Default: 48h.
 	Grace time.Duration
 	// Window is the dedup window W: a period's working state is kept until
-	// its end + W, after which no event for it can arrive. Default: 35 days.
+	// its end + W, after which no event for it can arrive. It must not be
+	// shorter than dedup's: a watermark record that states a longer W stops
+	// the stage (ErrWindowTooShort). Default: 35 days.
 	Window time.Duration
 }
 
@@ -91,6 +93,12 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(append(errs, c.Stream.Validate())...)
 }
+
+// ErrWindowTooShort is returned (wrapped) by Run when a watermark record
+// states a dedup window W longer than Config.Window: the aggregator would
+// drop a period's working state while dedup still accepts events for it, so
+// it stops rather than compute adjustments against missing state.
+var ErrWindowTooShort = errors.New("aggregator: window shorter than dedup's")
 
 // Stage is an aggregator instance.
 type Stage struct {

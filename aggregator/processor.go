@@ -403,6 +403,16 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 		pt.ignoreWatermark(w, "source_partition")
 		return nil
 	}
+	if own := pt.pr.cfg.Window; w.WindowMs > own.Milliseconds() {
+		// The working state of a final period is dropped at end + own W;
+		// dedup accepts events for it until end + its W. A MAX,
+		// UNIQUE_COUNT or LATEST adjustment in between would be measured
+		// against nothing. Refuse, before anything of this record counts.
+		theirs := time.Duration(w.WindowMs) * time.Millisecond
+		return fmt.Errorf("%w: dedup's W is %s (watermark record of usage.events partition %d), the aggregator's %s; "+
+			"run the aggregator with --window %s or more (partition %d is processed no further)",
+			ErrWindowTooShort, theirs, w.SourcePartition, own, theirs, pt.p)
+	}
 	s := w.SourcePartition
 	if w.Watermark <= pt.sources[s] {
 		return nil

@@ -3,13 +3,16 @@ package aggregator
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -145,5 +148,52 @@ func TestLoadIgnoresClaimedSourceCount(t *testing.T) {
 	}
 	if len(pt.sources) != 3 || pt.wm != 300 {
 		t.Fatalf("sources %v, watermark %d; want 3 sources and the minimum 300", pt.sources, pt.wm)
+	}
+}
+
+// TestWindowShorterThanDedupRefused: dedup states its W in every watermark
+// record. A record stating no W (written before the field), the
+// aggregator's own W or a shorter one is taken; one stating a longer W
+// stops the stage with ErrWindowTooShort before the record counts (the
+// watermark it carries would have finalized the period), and the stage
+// stops again on the same record after a restart.
+func TestWindowShorterThanDedupRefused(t *testing.T) {
+	h := newAggHarnessSources(t, nil, 1, 1)
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Period, cfg.Grace, cfg.Window = Day, time.Hour, 30*24*time.Hour
+	run := h.start(cfg)
+
+	day := ms(t, "2026-05-04")
+	const dayMs = 24 * 3600 * 1000
+	wm := func(at int64, w time.Duration) *kgo.Record {
+		return &kgo.Record{Topic: h.names.DedupedTopic(), Partition: 0, Value: schemas.MustEncode(&schemas.Watermark{
+			SourcePartition: 0, SourcePartitions: 1, Watermark: at, WindowMs: w.Milliseconds()})}
+	}
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "m", Quantity: 7,
+		EventTime: day + 1000, IngestTime: day + 2000}))
+	h.produce(wm(day+3000, 0), wm(day+4000, 30*24*time.Hour), wm(day+5000, 7*24*time.Hour))
+	h.caughtUp()
+	h.produce(wm(day+dayMs+3600*1000+1, 35*24*time.Hour))
+	select {
+	case <-run.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the aggregator kept running on a watermark record of a longer dedup window")
+	}
+	if !errors.Is(run.err, ErrWindowTooShort) || !strings.Contains(run.err.Error(), "--window 840h0m0s or more") {
+		t.Fatalf("Run returned %v, want ErrWindowTooShort naming the --window to set", run.err)
+	}
+	for _, a := range readAggregates(t, h) {
+		if a.Status == schemas.StatusFinal {
+			t.Fatal("the refused record's watermark finalized the period")
+		}
+	}
+	again := h.start(cfg)
+	select {
+	case <-again.done:
+		if !errors.Is(again.err, ErrWindowTooShort) {
+			t.Fatalf("after a restart Run returned %v, want ErrWindowTooShort", again.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("after a restart the aggregator took the record of a longer dedup window")
 	}
 }
