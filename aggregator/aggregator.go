@@ -6,13 +6,16 @@
 // transaction as its state changes:
 //
 //   - emits one OPEN revision per aggregate changed by the transaction;
-//   - once the partition watermark — the minimum over all dedup source
-//     partitions of the latest watermark from each — passes a period's end
-//     plus grace, emits exactly one FINAL revision per aggregate of that
-//     period;
+//   - once the partition watermark — the minimum over the latest watermark
+//     of each usage.events partition (their number from the cluster's
+//     metadata) — passes a period's end plus grace, decides the period
+//     final, and then emits exactly one FINAL revision per aggregate of
+//     that period, in chunks of at most FinalChunk per transaction
+//     (finalize.go);
 //   - turns an event whose arrival is after its period's end plus grace (or
 //     whose period is already final) into an ADJUSTMENT booked into the
-//     period that contains its arrival.
+//     period that contains its arrival;
+//   - rejects an event that would wrap a 64-bit sum or count (invalid).
 //
 // The invoice quantity of a period is its FINAL value plus the deltas of
 // the adjustments booked into it.
@@ -54,6 +57,13 @@ type Config struct {
 	// shorter than dedup's: a watermark record that states a longer W stops
 	// the stage (ErrWindowTooShort). Default: 35 days.
 	Window time.Duration
+	// FinalChunk is the most aggregates one transaction finalizes (emits
+	// the FINAL revision of), books queued adjustments for, or expires, at
+	// a period's end: that work scales with the state, not the input, and
+	// is done in chunks over several transactions so that none outlasts the
+	// transaction timeout (DESIGN §6 invariant 9). Default: 10,000, about
+	// what a transaction of MaxBatchRecords input records carries.
+	FinalChunk int
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -66,6 +76,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Window == 0 {
 		c.Window = 35 * 24 * time.Hour
+	}
+	if c.FinalChunk == 0 {
+		c.FinalChunk = 10_000
 	}
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
@@ -90,6 +103,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Window <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: window must be positive (got %s)", c.Window))
+	}
+	if c.FinalChunk <= 0 {
+		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))
 	}
 	return errors.Join(append(errs, c.Stream.Validate())...)
 }
@@ -169,6 +185,8 @@ type metrics struct {
 	rejected                  *prometheus.CounterVec
 	keys                      *prometheus.GaugeVec
 	wmIgnored                 *prometheus.CounterVec
+	chunks                    *prometheus.CounterVec
+	finalizing                *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -188,6 +206,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
 		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",
 			Help: "Watermark records ignored because they disagree with the cluster's metadata, by reason: source_partitions (the count is not usage.events' partition count), source_partition (outside [0, that count))."}, []string{"reason"}),
+		chunks: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_chunks_total",
+			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones)."}, []string{"work"}),
+		finalizing: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_finalizing_periods",
+			Help: "Periods decided final whose FINAL revisions, or the adjustments queued behind them, are still going out in chunks, per partition."}, []string{"partition"}),
 	}
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
