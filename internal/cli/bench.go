@@ -57,14 +57,22 @@ func (c *BenchProduceCmd) Run(ctx context.Context, g *Globals, stdio IO, log *za
 	if err := writeBenchEvents(file, c.Events, c.Customers, time.Now()); err != nil {
 		return err
 	}
-	popts := []producer.Option{producer.WithBrokers(g.Brokers...), producer.WithLinger(c.Linger)}
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
+	popts, err := producerConn(kc)
+	if err != nil {
+		return err
+	}
+	popts = append(popts, producer.WithLinger(c.Linger))
 
 	// The baseline's records are exactly the bytes the produce path sends.
 	recs, err := preEncode(file, popts)
 	if err != nil {
 		return err
 	}
-	adm, closeAdm, err := adminClient(g)
+	adm, closeAdm, err := adminClient(ctx, g)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
@@ -70,11 +71,15 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 	names.Prefix = fmt.Sprintf("%sbenchagg%d.", g.Topic.Prefix, time.Now().Unix())
 	layout := topics.DefaultLayout()
 	layout.Partitions = c.Partitions
-	adm, closeAdm, err := adminClient(g)
+	adm, closeAdm, err := adminClient(ctx, g)
 	if err != nil {
 		return err
 	}
 	defer closeAdm()
+	kc, err := g.kafka()
+	if err != nil {
+		return err
+	}
 	rounds := max(c.Rounds, 1)
 	specs := topics.Specs(names, layout)
 	// Not "x" and "x-changelog": the changelog of one would be the output
@@ -121,13 +126,13 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 
 	now := time.Now()
 	say("pre-filling %s with %d events (%d customers × %d meters)", names.DedupedTopic(), c.Events, c.Customers, len(benchMeterNames))
-	input, err := prefillDeduped(ctx, g.Brokers, names.DedupedTopic(), c.Partitions, c.Events, c.Customers, now)
+	input, err := prefillDeduped(ctx, kc, names.DedupedTopic(), c.Partitions, c.Events, c.Customers, now)
 	if err != nil {
 		return err
 	}
 	quiet := log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	base := func(group, instance string) stream.Config {
-		return stream.Config{Brokers: g.Brokers, Group: group, InstanceID: instance,
+		return stream.Config{Kafka: kc, Group: group, InstanceID: instance,
 			StateDir: filepath.Join(dir, group+"-"+instance), CommitInterval: c.CommitInterval, Logger: quiet,
 			Registerer: prometheus.NewRegistry()}
 	}
@@ -224,7 +229,7 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 	ares := medianResult(resAgg)
 
 	say("latency: %d events/s for %s", c.LatencyRate, c.LatencyFor)
-	lat, err := measureAggLatency(ctx, g.Brokers, names, c.Partitions, c.LatencyRate, c.LatencyFor, now)
+	lat, err := measureAggLatency(ctx, kc, names, c.Partitions, c.LatencyRate, c.LatencyFor, now)
 	if err2 := stopAgg(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
 		err = err2
 	}
@@ -310,8 +315,8 @@ func dedupedRecord(topic string, partitions int32, e *schemas.DedupedEvent) *kgo
 // prefillDeduped writes n events, and one watermark record per partition
 // every 100,000 events (as dedup's ticks would, with a watermark that
 // finalizes nothing), and returns the number of records written.
-func prefillDeduped(ctx context.Context, brokers []string, topic string, partitions int32, n, customers int, now time.Time) (int, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+func prefillDeduped(ctx context.Context, kc kafka.Config, topic string, partitions int32, n, customers int, now time.Time) (int, error) {
+	cl, err := kafka.NewClient(kc, kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000))
 	if err != nil {
 		return 0, err
@@ -349,8 +354,8 @@ func prefillDeduped(ctx context.Context, brokers []string, topic string, partiti
 // while the aggregator runs, each for a customer of its own, and times each
 // from its send to the OPEN revision of its aggregate becoming visible
 // (read_committed) in usage.aggregates.
-func measureAggLatency(ctx context.Context, brokers []string, names topics.Names, partitions int32, rate int, dur time.Duration, now time.Time) (latencies, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(names.AggregatesTopic()),
+func measureAggLatency(ctx context.Context, kc kafka.Config, names topics.Names, partitions int32, rate int, dur time.Duration, now time.Time) (latencies, error) {
+	cl, err := kafka.NewClient(kc, kgo.ConsumeTopics(names.AggregatesTopic()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {
@@ -360,7 +365,7 @@ func measureAggLatency(ctx context.Context, brokers []string, names topics.Names
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	cl.PollFetches(pctx) // positioned before sending
 	cancel()
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0))
+	prod, err := kafka.NewClient(kc, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(0))
 	if err != nil {
 		return latencies{}, err
 	}

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
@@ -72,11 +73,15 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 	names.Prefix = fmt.Sprintf("%sbench%d.", g.Topic.Prefix, time.Now().Unix())
 	layout := topics.DefaultLayout()
 	layout.Partitions = c.Partitions
-	adm, closeAdm, err := adminClient(g)
+	adm, closeAdm, err := adminClient(ctx, g)
 	if err != nil {
 		return err
 	}
 	defer closeAdm()
+	kc, err := g.kafka()
+	if err != nil {
+		return err
+	}
 	var created []string
 	create := func(specs []topics.Spec) error {
 		for _, s := range specs {
@@ -93,7 +98,7 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 	}
 
 	say("pre-filling %s with %d events (%.0f%% copies)", names.EventsTopic(), c.Events, c.DuplicateRate*100)
-	unique, err := prefillEvents(ctx, g.Brokers, names.EventsTopic(), c.Events, c.DuplicateRate)
+	unique, err := prefillEvents(ctx, kc, names.EventsTopic(), c.Events, c.DuplicateRate)
 	if err != nil {
 		return err
 	}
@@ -109,7 +114,7 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 	}
 	quiet := log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 	base := func(group, instance string) stream.Config {
-		return stream.Config{Brokers: g.Brokers, Group: group, InstanceID: instance,
+		return stream.Config{Kafka: kc, Group: group, InstanceID: instance,
 			StateDir: filepath.Join(dir, group+"-"+instance), CommitInterval: c.CommitInterval, Logger: quiet,
 			Registerer: prometheus.NewRegistry()}
 	}
@@ -235,7 +240,7 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 	// Latency: produce at a steady rate into the running stage and time each
 	// event from its broker arrival to its visibility in usage.deduped.
 	say("latency: %d events/s for %s", c.LatencyRate, c.LatencyFor)
-	lat, err := measureLatency(ctx, g.Brokers, names, c.LatencyRate, c.LatencyFor)
+	lat, err := measureLatency(ctx, kc, names, c.LatencyRate, c.LatencyFor)
 	stopDedup()
 	if err2 := <-done; err2 != nil && err == nil {
 		err = err2
@@ -376,8 +381,8 @@ func waitCount(ctx context.Context, count func() int64, want int64, done <-chan 
 
 // prefillEvents writes n events, of which a share rate are exact copies of
 // earlier ones, and returns the number of unique events.
-func prefillEvents(ctx context.Context, brokers []string, topic string, n int, rate float64) (int, error) {
-	p, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(topic), producer.WithSource("bench"))
+func prefillEvents(ctx context.Context, kc kafka.Config, topic string, n int, rate float64) (int, error) {
+	p, err := newProducer(kc, producer.WithTopic(topic), producer.WithSource("bench"))
 	if err != nil {
 		return 0, err
 	}
@@ -423,8 +428,8 @@ type latencies struct {
 	n        int
 }
 
-func measureLatency(ctx context.Context, brokers []string, names topics.Names, rate int, dur time.Duration) (latencies, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(names.DedupedTopic()),
+func measureLatency(ctx context.Context, kc kafka.Config, names topics.Names, rate int, dur time.Duration) (latencies, error) {
+	cl, err := kafka.NewClient(kc, kgo.ConsumeTopics(names.DedupedTopic()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {
@@ -435,7 +440,7 @@ func measureLatency(ctx context.Context, brokers []string, names topics.Names, r
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	cl.PollFetches(pctx)
 	cancel()
-	p, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(names.EventsTopic()), producer.WithLinger(0))
+	p, err := newProducer(kc, producer.WithTopic(names.EventsTopic()), producer.WithLinger(0))
 	if err != nil {
 		return latencies{}, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 	"github.com/meterline/meterline/sink"
@@ -37,7 +38,18 @@ func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	stamp := time.Now().UnixNano()
 	names := g.Topic
 	names.Prefix = fmt.Sprintf("%sbench-sink-%d.", g.Topic.Prefix, stamp)
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...))
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
+	srv, err := g.clickHouse()
+	if err != nil {
+		return err
+	}
+	if err := checkClickHouse(ctx, srv); err != nil {
+		return err
+	}
+	admCl, err := kafka.NewClient(kc)
 	if err != nil {
 		return err
 	}
@@ -64,7 +76,7 @@ func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	// The records, produced once; every sink run reads them under a new group.
 	fmt.Fprintf(stdio.Stderr, "bench: producing %d usage.deduped records to %s\n", c.Rows, names.DedupedTopic())
 	recs := benchSinkRecords(names.DedupedTopic(), c.Rows, c.Partitions, c.Customers)
-	prod, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(5*time.Millisecond))
+	prod, err := kafka.NewClient(kc, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
 		return err
 	}
@@ -145,7 +157,11 @@ func benchSinkRecords(topic string, n, partitions, customers int) []*kgo.Record 
 
 func benchDB(ctx context.Context, g *Globals, what string, round int, stamp int64) (string, func(), error) {
 	db := fmt.Sprintf("bench_sink_%s_%d_%d", what, stamp%1e9, round)
-	conn, err := sink.Dial(ctx, g.ClickHouse, db, true)
+	srv, err := g.clickHouse()
+	if err != nil {
+		return "", nil, err
+	}
+	conn, err := srv.Dial(ctx, db, true)
 	if err != nil {
 		return "", nil, err
 	}
@@ -155,7 +171,7 @@ func benchDB(ctx context.Context, g *Globals, what string, round int, stamp int6
 	}
 	conn.Close()
 	drop := func() {
-		if c, err := sink.Dial(context.Background(), g.ClickHouse, "default", false); err == nil {
+		if c, err := srv.Dial(context.Background(), "default", false); err == nil {
 			dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			_ = c.Exec(dctx, "DROP DATABASE IF EXISTS "+db)
 			cancel()
@@ -171,7 +187,11 @@ func (c *BenchSinkCmd) baseline(ctx context.Context, g *Globals, names topics.Na
 		return sinkBenchRun{}, err
 	}
 	defer drop()
-	conn, err := sink.Dial(ctx, g.ClickHouse, db, false)
+	srv, err := g.clickHouse()
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	conn, err := srv.Dial(ctx, db, false)
 	if err != nil {
 		return sinkBenchRun{}, err
 	}
@@ -193,10 +213,18 @@ func (c *BenchSinkCmd) sink(ctx context.Context, g *Globals, names topics.Names,
 		return sinkBenchRun{}, err
 	}
 	defer drop()
+	kc, err := g.kafka()
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
+	srv, err := g.clickHouse()
+	if err != nil {
+		return sinkBenchRun{}, err
+	}
 	reg := prometheus.NewRegistry()
 	w, err := sink.New(sink.Config{
-		Brokers: g.Brokers, Group: fmt.Sprintf("bench-sink-%d-%d", stamp, round), InstanceID: "bench", Topics: names,
-		ClickHouse: g.ClickHouse, Database: db, MaxBatchRecords: c.BatchRows, Logger: log.Named("bench-sink"), Registerer: reg,
+		Kafka: kc, Group: fmt.Sprintf("bench-sink-%d-%d", stamp, round), InstanceID: "bench", Topics: names,
+		ClickHouseServer: srv, Database: db, MaxBatchRecords: c.BatchRows, Logger: log.Named("bench-sink"), Registerer: reg,
 	})
 	if err != nil {
 		return sinkBenchRun{}, err

@@ -150,8 +150,7 @@ func offsetString(o int64) string {
 // owner's transaction still open below hw holds the read at the LSO until
 // it commits or aborts.
 func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64) (int64, error) {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(rt.cfg.Brokers...),
+	cl, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
