@@ -183,3 +183,39 @@ func TestConfigNeverShowsPassword(t *testing.T) {
 		t.Errorf("String() = %q, want the mechanism and user", cfg.String())
 	}
 }
+
+// TestRealSecuredBroker: on the real SASL_SSL broker (ACLs on, client
+// certificate required), SCRAM-SHA-512 and PLAIN with the right password
+// are served; a wrong password, a missing client certificate and an
+// untrusted CA are refused with the errors that name them.
+func TestRealSecuredBroker(t *testing.T) {
+	k := testenv.RealKafkaSASL(t)
+	for _, mech := range []string{kafka.ScramSHA512, kafka.Plain} {
+		good := k.Config(t, "admin", mech)
+		if err := kafka.CheckCredentials(ctx(t), good); err != nil {
+			t.Fatalf("%s: %v", mech, err)
+		}
+		if err := listTopics(t, good); err != nil {
+			t.Fatalf("%s: list topics: %v", mech, err)
+		}
+		bad := good
+		bad.SASL.Password = secret.New("wrong-password")
+		err := kafka.CheckCredentials(ctx(t), bad)
+		if !errors.Is(err, kafka.ErrAuthentication) || strings.Contains(err.Error(), "wrong-password") {
+			t.Fatalf("%s, wrong password: %v, want ErrAuthentication without the password", mech, err)
+		}
+		t.Logf("%s, wrong password: %v", mech, err)
+	}
+	cfg := k.Config(t, "admin", kafka.ScramSHA512)
+	cfg.TLS.CertFile, cfg.TLS.KeyFile = "", ""
+	if err := kafka.CheckCredentials(ctx(t), cfg); err == nil {
+		t.Fatal("no client certificate: served")
+	} else {
+		t.Logf("no client certificate: %v", err)
+	}
+	cfg = k.Config(t, "admin", kafka.ScramSHA512)
+	cfg.TLS.CAFile = testenv.NewCerts(t).OtherCAFile
+	if err := kafka.CheckCredentials(ctx(t), cfg); !errors.Is(err, kafka.ErrTLS) {
+		t.Fatalf("untrusted CA: %v, want ErrTLS", err)
+	}
+}
