@@ -12,7 +12,7 @@ KEEP_SERVICES   ?=
 
 export KAFKA_PORT CLICKHOUSE_PORT
 
-.PHONY: all build test test-short vet fuzz services-start services-stop clean
+.PHONY: all build test test-short docs-check vet fuzz services-start services-stop clean
 
 all: build
 
@@ -30,6 +30,12 @@ test-short:
 # integration test skipped.
 test:
 	@bash scripts/test.sh
+
+# The commands of README.md and docs/, run against both services (started and
+# stopped as for `make test`) by internal/docscheck, which `make test` runs
+# with the rest of the suite.
+docs-check:
+	@PACKAGES=./internal/docscheck bash scripts/test.sh
 
 fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz FuzzDecode -fuzztime 60s

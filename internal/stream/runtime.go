@@ -117,6 +117,8 @@ type Runtime struct {
 	// restores tracks restore goroutines: the store is closed only after
 	// all of them returned.
 	restores sync.WaitGroup
+	// horizon plans restores against delete.retention.ms (DESIGN §6.8).
+	horizon restoreHorizon
 
 	// Run-loop-only state.
 	active    map[int32]*activePart
@@ -754,6 +756,10 @@ func (rt *Runtime) abortOpen() {
 // applies the overlay to Pebble.
 func (rt *Runtime) commit(ctx context.Context) error {
 	start := time.Now()
+	// Every changelog record of this transaction, and so everything past
+	// the checkpoints apply writes, is appended after this instant: it
+	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).
+	at := rt.cfg.Clock.Now()
 	abort := rt.mustAbort
 	ps := sortedPartitions(rt.ovs)
 	if !abort {
@@ -867,7 +873,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
 	rt.hit(fault.AfterCommit)
-	if err := rt.apply(); err != nil {
+	if err := rt.apply(at); err != nil {
 		return err
 	}
 	// Guarantee: Pebble matches the changelog for every applied partition.
@@ -894,8 +900,10 @@ func (rt *Runtime) reportStateBytes() {
 // apply writes the committed overlay and the checkpoints to Pebble in one
 // atomic batch. A partition whose restore began since the transaction
 // started (a new epoch) is skipped: its restore replays the changelog
-// anyway, and writing here could overwrite newer replayed values.
-func (rt *Runtime) apply() error {
+// anyway, and writing here could overwrite newer replayed values. at dates
+// the checkpoints (Checkpoint.At): taken before the transaction's changelog
+// records were produced.
+func (rt *Runtime) apply(at time.Time) error {
 	rt.prodMu.Lock()
 	ends := rt.changeEnd
 	rt.prodMu.Unlock()
@@ -928,7 +936,7 @@ func (rt *Runtime) apply() error {
 			b.set(p, []byte(keyInputOffset), encodeOffset(ov.inputNext))
 		}
 		if produced {
-			b.checkpoint(p, end+1)
+			b.checkpoint(p, Checkpoint{Offset: end + 1, At: at})
 		}
 		if i == len(ps)/2 {
 			// Guarantee: the batch is not committed; a crash here leaves
