@@ -27,7 +27,7 @@
 #   KAFKA_STOP_TIMEOUT     seconds to wait after SIGTERM        (default 30)
 #   KAFKA_SECURITY         plaintext, or sasl_ssl               (default plaintext)
 #   KAFKA_SASL_USERS       with sasl_ssl: SASL users to create besides admin
-#                                       (default "meterline producer dedup aggregate sink")
+#                                       (default "meterline producer dedup aggregate sink operator")
 #
 # KAFKA_SECURITY=sasl_ssl starts a broker whose only client listener is SASL_SSL
 # on KAFKA_PORT (SCRAM-SHA-512 and PLAIN; a client certificate is required) with
@@ -63,7 +63,7 @@ KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
 CACHE_ROOT=${METERLINE_CACHE_DIR:-${HOME:-/root}/.cache/meterline}
 KAFKA_SECURITY=${KAFKA_SECURITY:-plaintext}
-KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer dedup aggregate sink}
+KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer dedup aggregate sink operator}
 
 # Logged by kafka.server.KafkaRaftServer once broker + controller are fully up:
 #   [KafkaRaftServer nodeId=1] Kafka Server started (kafka.server.KafkaRaftServer)

@@ -119,7 +119,7 @@ func checkClickHouse(ctx context.Context, s sink.Server) error {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := s.CheckLogin(cctx); err != nil {
-		return &ExitError{Code: 1, Err: fmt.Errorf("clickhouse %s: %w", s.Addr, err)}
+		return &ExitError{Code: 1, Err: err}
 	}
 	return nil
 }
