@@ -120,6 +120,9 @@ func (s Server) open(ctx context.Context, database string) (driver.Conn, error) 
 		if isAuthErr(err) {
 			return nil, fmt.Errorf("%w: %s refused user %q (wrong user or password?): %v", ErrAuthentication, s.Addr, s.user(), err)
 		}
+		if isTLSErr(err) {
+			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w", s.Addr, err)
+		}
 		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", s.Addr, database, err)
 	}
 	return conn, nil
