@@ -291,11 +291,23 @@ func securedEvents(t *testing.T, n int) (string, int, int64) {
 	return p, copies, sum
 }
 
-// secrets are the passwords a secured test uses, and the first line of
-// each TLS key's body, none of which may appear in any output.
-func secrets(t *testing.T, k testenv.SecuredKafka, ch testenv.SecuredClickHouse) []string {
+// secrets are the passwords a secured test uses, the first line of each
+// TLS key's body and the secrets of the dedup key ring keysFile, none of
+// which may appear in any output.
+func secrets(t *testing.T, k testenv.SecuredKafka, ch testenv.SecuredClickHouse, keysFile string) []string {
 	t.Helper()
 	var s []string
+	ring, err := os.ReadFile(keysFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(string(ring)), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 || len(f[1]) < 64 {
+			t.Fatalf("%s: line %q is not <id> <secret hex>", keysFile, l)
+		}
+		s = append(s, f[1])
+	}
 	for _, u := range []string{"admin", "meterline", "producer", "dedup", "aggregate", "sink", "operator"} {
 		s = append(s, k.Password(t, u))
 	}
@@ -354,7 +366,8 @@ func TestRealSecuredRun(t *testing.T) {
 	k := testenv.RealKafkaSASL(t)
 	ch := testenv.RealClickHouseSecure(t)
 	conn, db := ch.DB(t)
-	secret := secrets(t, k, ch)
+	keys := testenv.DedupKeysFile(t)
+	secret := secrets(t, k, ch, keys)
 	prefix := testenv.Name(t, "secrun") + "."
 	adm := k.Admin(t)
 	docs := documentedACLs(t)
@@ -403,7 +416,7 @@ func TestRealSecuredRun(t *testing.T) {
 	args := append([]string{"run", "--log-level", "debug", "--topic-prefix", prefix,
 		"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics, "--tick-interval", "1h", "--session-timeout", "6s",
 		"--dedup-group", groups["dedup"], "--aggregate-group", groups["aggregate"], "--sink-group", groups["sink"],
-		"--sink-database", db, "--sink-migrate", "--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms"},
+		"--sink-database", db, "--sink-migrate", "--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms", "--dedup-keys-file", keys},
 		append(k.Flags("meterline", kafka.Plain), ch.Flags()...)...)
 	run := start(t, "meterline run", args...)
 	waitHTTP(t, "http://"+metrics+"/readyz", 200, 2*time.Minute, run.done, run.logs)
@@ -596,8 +609,10 @@ func TestRealSecuredACLs(t *testing.T) {
 		return start(t, "meterline "+name, args...)
 	}
 	metrics := map[string]string{"dedup": testenv.FreeAddr(t), "aggregate": testenv.FreeAddr(t), "sink": testenv.FreeAddr(t)}
+	keys := testenv.DedupKeysFile(t)
 	dedupArgs := func() []string {
-		return []string{"--group", prefix + "meterline-dedup", "--state-dir", t.TempDir(), "--metrics-addr", metrics["dedup"], "--tick-interval", "1s"}
+		return []string{"--group", prefix + "meterline-dedup", "--state-dir", t.TempDir(), "--metrics-addr", metrics["dedup"], "--tick-interval", "1s",
+			"--dedup-keys-file", keys}
 	}
 	aggArgs := func() []string {
 		return []string{"--group", prefix + "meterline-aggregate", "--state-dir", t.TempDir(), "--metrics-addr", metrics["aggregate"],
@@ -710,7 +725,8 @@ func TestRealSecuredWrongPassword(t *testing.T) {
 	if err := os.WriteFile(wrongFile, []byte(wrong), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	secret := append(secrets(t, k, ch), wrong)
+	keys := testenv.DedupKeysFile(t)
+	secret := append(secrets(t, k, ch, keys), wrong)
 	kafkaFlags := func(user string) []string {
 		f := k.Flags(user, kafka.ScramSHA512)
 		for i := range f {
@@ -723,7 +739,7 @@ func TestRealSecuredWrongPassword(t *testing.T) {
 	groups := []string{prefix + "meterline-dedup", prefix + "meterline-aggregate", prefix + "meterline-sink"}
 	runArgs := []string{"run", "--topic-prefix", prefix, "--instance-id", "node-1", "--state-dir", t.TempDir(),
 		"--metrics-addr", testenv.FreeAddr(t), "--dedup-group", groups[0], "--aggregate-group", groups[1], "--sink-group", groups[2],
-		"--sink-database", db, "--sink-migrate"}
+		"--sink-database", db, "--sink-migrate", "--dedup-keys-file", keys}
 	nothingDone := func(what string) {
 		t.Helper()
 		for _, g := range groups {
