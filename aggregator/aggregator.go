@@ -167,7 +167,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Kafka, names...)
 	if err != nil {
 		return partitionCountsT{}, fmt.Errorf("aggregator: %w", err)
 	}

@@ -29,9 +29,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -226,7 +226,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		cfg.Topics.RejectedTopic(), cfg.Topics.DedupChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Kafka, names...)
 	if err != nil {
 		return partitionCountsT{}, fmt.Errorf("dedup: %w", err)
 	}
@@ -247,7 +247,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 func endOffset(cfg Config, p int32) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Stream.Brokers...)}, cfg.Stream.ClientOptions...)...)
+	cl, err := kafka.NewClient(cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
 	if err != nil {
 		return 0, err
 	}
