@@ -94,7 +94,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
-	}, ds.Runtime().Status, as.Runtime().Status)
+	}, ds.Runtime(), as.Runtime())
 }
 
 type namedStage struct {

@@ -75,9 +75,9 @@ type lagGroup struct {
 // when /metrics is scraped and cached for a few seconds (lag.Collector);
 // a stage that has not committed yet is behind from the start of its
 // inputs.
-// The status page at / shows the stages of status (stream.Runtime.Status)
-// and any other stage found in reg.
-func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, status ...func() service.StageStatus) error {
+// The status page at / shows stages (stream.Runtime) and any other stage
+// found in reg.
+func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, stages ...service.Stage) error {
 	names := make([]string, len(groups))
 	opts := []lag.Option{lag.WithLogger(log)}
 	for i, lg := range groups {
@@ -96,8 +96,8 @@ func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Regi
 	if err != nil {
 		return err
 	}
-	for _, f := range status {
-		srv.AddStatus(f)
+	for _, st := range stages {
+		srv.AddStage(st)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -152,5 +152,5 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 		return err
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
-		st.Runtime().Ready, st.Run, st.Runtime().Status)
+		st.Runtime().Ready, st.Run, st.Runtime())
 }

@@ -82,11 +82,11 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	}
 	srv.AddStatus(func() service.StageStatus {
 		if ds := current.Load(); ds != nil {
-			return ds.Runtime().Status()
+			return service.StageStatusOf(ds.Runtime())
 		}
 		return service.StageStatus{Stage: "dedup", Group: dedupGroup}
 	})
-	srv.AddStatus(as.Runtime().Status)
+	srv.AddStage(as.Runtime())
 	adj := &adjView{sum: map[string]map[string]int64{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	go follow(ctx, brokers, names.AdjustmentsTopic(), adj.add)
