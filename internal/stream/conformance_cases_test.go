@@ -1,0 +1,411 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/meterline/meterline/internal/fault"
+)
+
+// conformanceCases walk the crash windows of DESIGN §6 that the runtime
+// owns (the aggregator's and the sink's are theirs). Each ends with one
+// instance owning every partition and suite.verify counting.
+var conformanceCases = []struct {
+	name string
+	// changelog holds the changelog topic's configs (nil: defaults).
+	changelog map[string]*string
+	run       func(t *testing.T, s *suite)
+}{
+	// "stage, before commit": outputs and changelog produced, the
+	// transaction not ended. The restart aborts it and re-processes.
+	{name: "CrashBeforeCommit", run: crashAt(fault.BeforeCommit)},
+	// "stage, after commit, before the Pebble apply": the changelog is
+	// ahead of Pebble; the restart replays its tail.
+	{name: "CrashAfterCommitBeforeApply", run: crashAt(fault.AfterCommit)},
+	// "stage, during the Pebble apply": the batch is atomic, so as above.
+	{name: "CrashDuringApply", run: crashAt(fault.DuringApply)},
+	// Pebble updated, before the next poll: the restart replays nothing.
+	{name: "CrashAfterApply", run: crashAt(fault.AfterApply)},
+	{name: "PartitionMoved", run: partitionMoved},
+	{name: "PreviousOwnerInFlightCommits", run: previousOwnerInFlightCommits},
+	{name: "ZombieAfterRebalance", run: zombieAfterRebalance},
+	{name: "CommitOutcomeUnknownCommitted", run: commitOutcomeUnknown(true)},
+	{name: "CommitOutcomeUnknownAborted", run: commitOutcomeUnknown(false)},
+	{name: "RestoreHorizon", run: restoreHorizonCase,
+		changelog: map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("250")}},
+}
+
+// TestConformance runs every case of the suite, each in its own world, in
+// parallel. TestConformancePreviousOwnerInFlightAborts is the one case
+// that arms a process-wide fault point, so it runs alone.
+func TestConformance(t *testing.T) {
+	for _, c := range conformanceCases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.run(t, newSuite(t, c.changelog))
+		})
+	}
+}
+
+// crashAt kills an instance in-process at point in a transaction that
+// holds input of both partitions, restarts it on its state, and counts.
+func crashAt(point string) func(t *testing.T, s *suite) {
+	return func(t *testing.T, s *suite) {
+		fs := vfs.NewMem()
+		a := s.start("a", fs)
+		s.send(20)
+		s.caughtUp()
+		a.rt.CrashAt(point)
+		s.send(20)
+		a.crashed(point)
+
+		a = s.start("a", fs)
+		s.send(20)
+		s.caughtUp()
+		a.shutdown()
+		s.verify(a, fs)
+		if point == fault.AfterCommit || point == fault.DuringApply {
+			// The committed transaction reached Pebble only through the
+			// replay of the changelog's tail.
+			if n := a.metric("meterline_stream_restore_records_total"); n == 0 {
+				t.Errorf("the restart after a crash at %s replayed no changelog record", point)
+			}
+		}
+	}
+}
+
+// partitionMoved: "partition moved to another instance — the new owner
+// has no local state, or old state". b joins a and takes one partition
+// (no state), then both when a leaves (no state for the second); a comes
+// back on its old state of both and replays the tails b wrote.
+func partitionMoved(t *testing.T, s *suite) {
+	fsA, fsB := vfs.NewMem(), vfs.NewMem()
+	a := s.start("a", fsA)
+	s.send(20)
+	s.caughtUp()
+	b := s.start("b", fsB)
+	waitFor(t, "a and b to own one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
+	s.send(20)
+	s.caughtUp()
+	a.shutdown()
+	waitFor(t, "b to own both partitions", func() bool { return b.owned() == 2 })
+	s.send(20)
+	s.caughtUp()
+	if n := b.metric("meterline_stream_restores_total", "kind", "full", "reason", reasonNoState); n != 2 {
+		t.Errorf("b restored %v partitions in full without state, want 2", n)
+	}
+	b.shutdown()
+
+	a = s.start("a", fsA)
+	s.send(20)
+	s.caughtUp()
+	a.shutdown()
+	if n := a.metric("meterline_stream_restores_total", "kind", "tail"); n != 2 {
+		t.Errorf("a, back on its old state, restored %v partitions from their tails, want 2", n)
+	}
+	s.verify(a, fsA)
+}
+
+// previousOwnerInFlightCommits: "previous owner's transaction still in
+// flight at assignment". A previous owner's transaction on changelog
+// partition 0 (state not tied to input, as a punctuation writes) is open
+// when b restores: b waits for it, and takes its outcome, a commit.
+func previousOwnerInFlightCommits(t *testing.T, s *suite) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	prev, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.TransactionalID(s.group+"-previous"),
+		kgo.TransactionTimeout(time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	if err := prev.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	tick := &kgo.Record{Topic: s.changelog, Partition: 0, Key: []byte("tick"), Value: []byte("1")}
+	if err := prev.ProduceSync(ctx, tick).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	fs := vfs.NewMem()
+	b := s.start("b", fs)
+	s.send(20)
+	waitFor(t, "b to restore partition 0 up to the open transaction", func() bool {
+		rs := partitionsRestoring(b.rt)
+		return len(rs) == 1 && rs[0] == 0 && b.owned() == 1
+	})
+	if err := b.rt.Ready(); err == nil {
+		t.Fatal("b is ready while the previous owner's transaction is open")
+	}
+	if err := prev.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b's restore to end once the transaction committed", func() bool { return b.rt.Ready() == nil })
+	if v, ok, err := b.rt.Store().Get(0, []byte("tick")); err != nil || !ok || string(v) != "1" {
+		t.Errorf("b's state of partition 0 has tick = %q, %v (%v); want the committed 1", v, ok, err)
+	}
+	s.caughtUp()
+	s.send(20)
+	s.caughtUp()
+	b.shutdown()
+	s.verify(b, fs)
+}
+
+// TestConformancePreviousOwnerInFlightAborts: "previous owner's
+// transaction still in flight at assignment", the owner an instance killed
+// before its commit, with its outputs and changelog records on the
+// broker. b restores up to the high watermark, which includes them, and
+// waits; when the previous owner's transactional ID is initialised again
+// (its restart), the transaction aborts and b goes on without it.
+//
+// It arms fault.BeforeCommit process-wide (to stop only once the records
+// reached the broker), so it does not run in parallel.
+func TestConformancePreviousOwnerInFlightAborts(t *testing.T) {
+	s := newSuite(t, nil)
+	fsA, fsB := vfs.NewMem(), vfs.NewMem()
+	a := s.start("a", fsA)
+	s.send(20)
+	s.caughtUp()
+
+	before := sum(s.changelogEnd())
+	landed := make(chan bool, 1)
+	fault.SetHandler(func(point string) {
+		ok := false
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if end, err := s.listChangelogEnd(); err == nil && sum(end) > before {
+				ok = true
+				break
+			}
+		}
+		landed <- ok
+		panic(fault.Crash{Point: point})
+	})
+	t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
+	if err := fault.Arm(fault.BeforeCommit); err != nil {
+		t.Fatal(err)
+	}
+	s.send(20)
+	a.crashed(fault.BeforeCommit)
+	if !<-landed {
+		t.Fatal("a's changelog records never reached the broker before its crash")
+	}
+	txnID := s.group + "-a"
+	if st := s.txnState(txnID); st != "Ongoing" {
+		t.Fatalf("a's transaction is %q after its crash, want Ongoing", st)
+	}
+
+	b := s.start("b", fsB)
+	waitFor(t, "b to restore up to a's open transaction", func() bool { return len(partitionsRestoring(b.rt)) > 0 })
+	if st := s.txnState(txnID); st != "Ongoing" {
+		t.Fatalf("a's transaction is %q, want Ongoing", st)
+	}
+	if err := b.rt.Ready(); err == nil {
+		t.Fatal("b is ready while a's transaction is open")
+	}
+
+	// a's restart: initialising its transactional ID aborts what was open.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	again, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.TransactionalID(txnID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if _, _, err := again.ProducerID(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b's restore to end once a's transaction aborted", func() bool { return b.rt.Ready() == nil })
+	s.send(20)
+	s.caughtUp()
+	b.shutdown()
+	s.verify(b, fsB)
+}
+
+// zombieAfterRebalance: "zombie instance after a rebalance — its next
+// offset commit is fenced by the generation". a stalls in the middle of a
+// transaction and its heartbeats stop, as a paused process's would; the
+// group moves on to b, which processes the same input. When a wakes, its
+// transaction must not commit; it rejoins, restores, and finally owns
+// everything again.
+func zombieAfterRebalance(t *testing.T, s *suite) {
+	fsA, fsB := vfs.NewMem(), vfs.NewMem()
+	stalled, wake := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	a := s.start("a", fsA, func(_ *Config, p *countProc) {
+		p.hold = func(id string) {
+			if id == "i0020" {
+				once.Do(func() { close(stalled); <-wake })
+			}
+		}
+	})
+	s.send(20)
+	s.caughtUp()
+	s.send(20)
+	<-stalled
+
+	// Hold a's heartbeats until it wakes: it does not learn that the group
+	// moved on.
+	member := s.onlyMember()
+	woken := func() bool {
+		select {
+		case <-wake:
+			return true
+		default:
+			return false
+		}
+	}
+	s.cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		s.cluster.KeepControl()
+		if req.(*kmsg.HeartbeatRequest).MemberID == member && !woken() {
+			s.cluster.SleepControl(func() { <-wake })
+		}
+		return nil, nil, false
+	})
+	defer func() {
+		if !woken() {
+			close(wake)
+		}
+	}()
+
+	b := s.start("b", fsB)
+	waitFor(t, "b to own both partitions", func() bool { return b.owned() == 2 })
+	s.caughtUp() // b processed what a holds in its open transaction
+
+	close(wake)
+	waitFor(t, "a's commit to be refused", func() bool {
+		return a.metric("meterline_stream_commits_refused_total") >= 1
+	})
+	if n := a.metric("meterline_stream_transactions_total", "outcome", "committed"); n != 1 {
+		t.Errorf("a committed %v transactions, want only the one before it stalled", n)
+	}
+	s.send(20)
+	s.caughtUp()
+	b.shutdown()
+	waitFor(t, "a to own both partitions", func() bool { return a.owned() == 2 })
+	s.send(20)
+	s.caughtUp()
+	a.shutdown()
+	s.verify(a, fsA)
+}
+
+// commitOutcomeUnknown: "commit outcome unknown — re-initialise, rejoin,
+// restore". Ending a transaction fails on the connection (and on its
+// retry), after the broker committed it (committed) or before it saw it.
+// The instance rebuilds its session with the same transactional ID and
+// restores; either way each input is counted once.
+func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
+	return func(t *testing.T, s *suite) {
+		fs := vfs.NewMem()
+		txnID := s.group + "-a"
+		side, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer side.Close()
+
+		var armed, sideEnd atomic.Bool
+		var (
+			hit   bool // run serially by kfake, except while sleeping
+			pid   int64
+			epoch int16
+		)
+		s.cluster.ControlKey(int16(kmsg.EndTxn), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+			s.cluster.KeepControl()
+			req := kreq.(*kmsg.EndTxnRequest)
+			if sideEnd.Load() || req.TransactionalID != txnID || !armed.Load() {
+				return nil, nil, false
+			}
+			if !hit {
+				if !req.Commit {
+					return nil, nil, false
+				}
+				hit, pid, epoch = true, req.ProducerID, req.ProducerEpoch
+				if committed {
+					s.cluster.SleepControl(func() {
+						sideEnd.Store(true)
+						defer sideEnd.Store(false)
+						end := kmsg.NewPtrEndTxnRequest()
+						end.TransactionalID, end.ProducerID, end.ProducerEpoch, end.Commit = txnID, pid, epoch, true
+						ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						defer cancel()
+						if resp, err := end.RequestWith(ctx, side); err != nil || resp.ErrorCode != 0 {
+							t.Errorf("committing a's transaction on the side: %v (code %d)", err, resp.ErrorCode)
+						}
+					})
+				}
+				return nil, errors.New("connection lost"), true
+			}
+			if req.ProducerID == pid && req.ProducerEpoch == epoch { // kgo's retry
+				return nil, errors.New("connection lost"), true
+			}
+			return nil, nil, false
+		})
+
+		a := s.start("a", fs, func(c *Config, _ *countProc) {
+			// One retry, soon: the connection is lost again.
+			c.ClientOptions = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}
+		})
+		s.send(20)
+		s.caughtUp()
+		armed.Store(true)
+		s.send(20)
+		waitFor(t, "a to rebuild its session", func() bool { return a.metric("meterline_stream_session_restarts_total") >= 1 })
+		if n := a.metric("meterline_stream_transactions_total", "outcome", "unknown"); n != 1 {
+			t.Errorf("a counted %v transactions with an unknown outcome, want 1", n)
+		}
+		s.send(20)
+		s.caughtUp()
+		a.shutdown()
+		s.verify(a, fs)
+		if committed && a.metric("meterline_stream_restore_records_total") == 0 {
+			t.Error("a replayed no changelog record after its transaction committed unbeknown to it")
+		}
+	}
+}
+
+// restoreHorizonCase: DESIGN §6.8. a counts bucket b0 of partition 0; the
+// partition moves to b, which resets b0 (a tombstone) and goes on; the
+// changelog is compacted and the tombstone, older than delete.retention.ms,
+// removed. a comes back: a replay of the tail from its checkpoint would
+// keep its stale b0, so it must restore in full, and count b0 from 1.
+func restoreHorizonCase(t *testing.T, s *suite) {
+	fsA, fsB := vfs.NewMem(), vfs.NewMem()
+	a := s.start("a", fsA)
+	s.send(20)
+	s.caughtUp()
+	a.shutdown()
+
+	b := s.start("b", fsB)
+	s.sendTo(0, "b0", "!reset")
+	s.caughtUp()
+	s.sendTo(0, "b1", "later") // a later transaction: compaction keeps the last batch
+	s.caughtUp()
+	b.shutdown()
+	waitFor(t, "compaction to remove bucket b0 from changelog partition 0", func() bool {
+		s.cluster.Compact()
+		for _, r := range s.readChangelog() {
+			if r.Partition == 0 && string(r.Key) == "b0" {
+				return false
+			}
+		}
+		return true
+	})
+
+	a = s.start("a", fsA)
+	s.sendTo(0, "b0", "after")
+	s.send(4)
+	s.caughtUp()
+	a.shutdown()
+	if pl, ok := a.rt.lastRestore(0); !ok || !pl.Full || pl.Reason != reasonHorizon {
+		t.Errorf("a restored partition 0 as %+v, want in full past the horizon", pl)
+	}
+	s.verify(a, fsA)
+}
