@@ -311,9 +311,8 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 		}
 		defer side.Close()
 
-		var armed, sideEnd atomic.Bool
-		var (
-			hit   bool // run serially by kfake, except while sleeping
+		var armed, sideEnd, hit atomic.Bool
+		var ( // the control runs on kfake's goroutine, serially except while it sleeps
 			pid   int64
 			epoch int16
 		)
@@ -323,11 +322,12 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 			if sideEnd.Load() || req.TransactionalID != txnID || !armed.Load() {
 				return nil, nil, false
 			}
-			if !hit {
+			if !hit.Load() {
 				if !req.Commit {
 					return nil, nil, false
 				}
-				hit, pid, epoch = true, req.ProducerID, req.ProducerEpoch
+				pid, epoch = req.ProducerID, req.ProducerEpoch
+				hit.Store(true)
 				if committed {
 					s.cluster.SleepControl(func() {
 						sideEnd.Store(true)
@@ -357,14 +357,20 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 		s.caughtUp()
 		armed.Store(true)
 		s.send(20)
-		waitFor(t, "a to rebuild its session", func() bool { return a.metric("meterline_stream_session_restarts_total") >= 1 })
-		if n := a.metric("meterline_stream_transactions_total", "outcome", "unknown"); n != 1 {
-			t.Errorf("a counted %v transactions with an unknown outcome, want 1", n)
-		}
+		s.caughtUp()
 		s.send(20)
 		s.caughtUp()
 		a.shutdown()
 		s.verify(a, fs)
+		if !hit.Load() {
+			t.Fatal("no transaction of a was ended while armed")
+		}
+		if n := a.metric("meterline_stream_transactions_total", "outcome", "unknown"); n != 1 {
+			t.Errorf("a counted %v transactions with an unknown outcome, want 1", n)
+		}
+		if n := a.metric("meterline_stream_session_restarts_total"); n != 1 {
+			t.Errorf("a rebuilt its session %v times, want once", n)
+		}
 		if committed && a.metric("meterline_stream_restore_records_total") == 0 {
 			t.Error("a replayed no changelog record after its transaction committed unbeknown to it")
 		}

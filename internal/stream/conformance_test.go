@@ -181,7 +181,7 @@ func (s *suite) produce(recs ...*kgo.Record) {
 // caughtUp waits until the group has committed every input sent.
 func (s *suite) caughtUp() {
 	s.t.Helper()
-	testenv.WaitCaughtUp(s.t, s.brokers, s.group, s.input, time.Minute)
+	testenv.WaitCaughtUp(s.t, s.brokers, s.group, s.input, 30*time.Second)
 }
 
 // instance is one running Runtime of the suite.
