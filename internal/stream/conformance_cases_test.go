@@ -92,11 +92,11 @@ func partitionMoved(t *testing.T, s *suite) {
 	s.send(20)
 	s.caughtUp()
 	b := s.start("b", fsB)
-	waitFor(t, "a and b to own one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
+	s.waitFor("a and b to own one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
 	s.send(20)
 	s.caughtUp()
 	a.shutdown()
-	waitFor(t, "b to own both partitions", func() bool { return b.owned() == 2 })
+	s.waitFor("b to own both partitions", func() bool { return b.owned() == 2 })
 	s.send(20)
 	s.caughtUp()
 	if n := b.metric("meterline_stream_restores_total", "kind", "full", "reason", reasonNoState); n != 2 {
@@ -138,7 +138,7 @@ func previousOwnerInFlightCommits(t *testing.T, s *suite) {
 	fs := vfs.NewMem()
 	b := s.start("b", fs)
 	s.send(20)
-	waitFor(t, "b to restore partition 0 up to the open transaction", func() bool {
+	s.waitFor("b to restore partition 0 up to the open transaction", func() bool {
 		rs := partitionsRestoring(b.rt)
 		return len(rs) == 1 && rs[0] == 0 && b.owned() == 1
 	})
@@ -148,7 +148,7 @@ func previousOwnerInFlightCommits(t *testing.T, s *suite) {
 	if err := prev.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b's restore to end once the transaction committed", func() bool { return b.rt.Ready() == nil })
+	s.waitFor("b's restore to end once the transaction committed", func() bool { return b.rt.Ready() == nil })
 	if v, ok, err := b.rt.Store().Get(0, []byte("tick")); err != nil || !ok || string(v) != "1" {
 		t.Errorf("b's state of partition 0 has tick = %q, %v (%v); want the committed 1", v, ok, err)
 	}
@@ -203,7 +203,7 @@ func TestConformancePreviousOwnerInFlightAborts(t *testing.T) {
 	}
 
 	b := s.start("b", fsB)
-	waitFor(t, "b to restore up to a's open transaction", func() bool { return len(partitionsRestoring(b.rt)) > 0 })
+	s.waitFor("b to restore up to a's open transaction", func() bool { return len(partitionsRestoring(b.rt)) > 0 })
 	if st := s.txnState(txnID); st != "Ongoing" {
 		t.Fatalf("a's transaction is %q, want Ongoing", st)
 	}
@@ -222,7 +222,7 @@ func TestConformancePreviousOwnerInFlightAborts(t *testing.T) {
 	if _, _, err := again.ProducerID(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b's restore to end once a's transaction aborted", func() bool { return b.rt.Ready() == nil })
+	s.waitFor("b's restore to end once a's transaction aborted", func() bool { return b.rt.Ready() == nil })
 	s.send(20)
 	s.caughtUp()
 	b.shutdown()
@@ -276,11 +276,11 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 	}()
 
 	b := s.start("b", fsB)
-	waitFor(t, "b to own both partitions", func() bool { return b.owned() == 2 })
+	s.waitFor("b to own both partitions", func() bool { return b.owned() == 2 })
 	s.caughtUp() // b processed what a holds in its open transaction
 
 	close(wake)
-	waitFor(t, "a's commit to be refused", func() bool {
+	s.waitFor("a's commit to be refused", func() bool {
 		return a.metric("meterline_stream_commits_refused_total") >= 1
 	})
 	if n := a.metric("meterline_stream_transactions_total", "outcome", "committed"); n != 1 {
@@ -289,7 +289,7 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 	s.send(20)
 	s.caughtUp()
 	b.shutdown()
-	waitFor(t, "a to own both partitions", func() bool { return a.owned() == 2 })
+	s.waitFor("a to own both partitions", func() bool { return a.owned() == 2 })
 	s.send(20)
 	s.caughtUp()
 	a.shutdown()
@@ -395,7 +395,7 @@ func restoreHorizonCase(t *testing.T, s *suite) {
 	s.sendTo(0, "b1", "later") // a later transaction: compaction keeps the last batch
 	s.caughtUp()
 	b.shutdown()
-	waitFor(t, "compaction to remove bucket b0 from changelog partition 0", func() bool {
+	s.waitFor("compaction to remove bucket b0 from changelog partition 0", func() bool {
 		s.cluster.Compact()
 		for _, r := range s.readChangelog() {
 			if r.Partition == 0 && string(r.Key) == "b0" {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,6 +122,7 @@ type suite struct {
 	mu                              sync.Mutex
 	sent                            [][]input // per input partition, in offset order
 	next                            int
+	running                         []*instance // every instance started
 }
 
 // newSuite makes a world with two input partitions on its own kfake
@@ -181,7 +184,37 @@ func (s *suite) produce(recs ...*kgo.Record) {
 // caughtUp waits until the group has committed every input sent.
 func (s *suite) caughtUp() {
 	s.t.Helper()
-	testenv.WaitCaughtUp(s.t, s.brokers, s.group, s.input, 30*time.Second)
+	var err error
+	s.waitFor("the group to commit every input", func() bool {
+		var ok bool
+		ok, err = testenv.CaughtUp(s.brokers, s.group, s.input)
+		return err == nil && ok
+	})
+}
+
+// waitFor polls cond until it holds. It fails the test after 30 s, or as
+// soon as an instance stops that was not asked to (its Run error says why).
+func (s *suite) waitFor(what string, cond func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		s.mu.Lock()
+		running := slices.Clone(s.running)
+		s.mu.Unlock()
+		for _, in := range running {
+			select {
+			case <-in.done:
+				if !in.exitExpected.Load() {
+					s.t.Fatalf("waiting for %s: instance %s stopped: %v", what, in.id, in.err)
+				}
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("timed out after 30 s waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // instance is one running Runtime of the suite.
@@ -194,6 +227,9 @@ type instance struct {
 	stop context.CancelFunc
 	done chan struct{} // closed when Run returned; err is then set
 	err  error
+	// exitExpected is set once the test stops the instance or waits for
+	// it to stop by itself.
+	exitExpected atomic.Bool
 }
 
 // config is an instance's configuration: fast timers for kfake.
@@ -227,31 +263,42 @@ func (s *suite) start(id string, fs vfs.FS, mod ...func(*Config, *countProc)) *i
 		in.err = rt.Run(ctx)
 	}()
 	s.t.Cleanup(func() {
+		in.exitExpected.Store(true)
 		stop()
 		<-in.done
 	})
+	s.mu.Lock()
+	s.running = append(s.running, in)
+	s.mu.Unlock()
 	return in
 }
 
-// wait returns Run's error once it returned, or false after d.
-func (in *instance) wait(d time.Duration) (error, bool) {
+// exit waits until Run returns by itself (a crash, a fatal error) and
+// returns its error.
+func (in *instance) exit() error {
+	in.t.Helper()
+	in.exitExpected.Store(true)
 	select {
 	case <-in.done:
-		return in.err, true
-	case <-time.After(d):
-		return nil, false
+		return in.err
+	case <-time.After(30 * time.Second):
+		in.t.Fatalf("instance %s did not stop by itself within 30 s", in.id)
+		return nil
 	}
+}
+
+// halt stops the instance and returns Run's error.
+func (in *instance) halt() error {
+	in.t.Helper()
+	in.exitExpected.Store(true)
+	in.stop()
+	return in.exit()
 }
 
 // shutdown stops the instance and fails the test if Run failed.
 func (in *instance) shutdown() {
 	in.t.Helper()
-	in.stop()
-	err, ok := in.wait(30 * time.Second)
-	if !ok {
-		in.t.Fatalf("instance %s did not stop within 30 s", in.id)
-	}
-	if err != nil {
+	if err := in.halt(); err != nil {
 		in.t.Fatalf("instance %s: Run: %v", in.id, err)
 	}
 }
@@ -259,11 +306,7 @@ func (in *instance) shutdown() {
 // crashed waits until Run returned after a simulated crash at point.
 func (in *instance) crashed(point string) {
 	in.t.Helper()
-	err, ok := in.wait(30 * time.Second)
-	if !ok {
-		in.t.Fatalf("instance %s did not crash at %s within 30 s", in.id, point)
-	}
-	if !errors.Is(err, ErrCrashed) || !strings.Contains(err.Error(), point) {
+	if err := in.exit(); !errors.Is(err, ErrCrashed) || !strings.Contains(err.Error(), point) {
 		in.t.Fatalf("instance %s stopped with %v, want a simulated crash at %s", in.id, err, point)
 	}
 }
@@ -306,18 +349,6 @@ func (in *instance) metric(name string, labels ...string) float64 {
 // owned is how many input partitions the instance has restored and
 // processes.
 func (in *instance) owned() int { return int(in.metric("meterline_stream_owned_partitions")) }
-
-// waitFor polls cond until it holds, or fails the test after 30 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 30 s waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // model is what the suite expects from the inputs sent: each id's output
 // value, and each partition's final bucket counts (a reset bucket is

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
@@ -55,12 +54,7 @@ func TestFailingApplyRestoresFromTheChangelog(t *testing.T) {
 	failing.On()
 	s.send(20)
 	s.caughtUp()
-	a.stop()
-	err, ok := a.wait(30 * time.Second)
-	if !ok {
-		t.Fatal("a did not stop")
-	}
-	if !isInjected(err) || !strings.Contains(err.Error(), "stream: close state") {
+	if err := a.halt(); !isInjected(err) || !strings.Contains(err.Error(), "stream: close state") {
 		t.Fatalf("Run = %v; want the WAL failure, reported as the state's close error", err)
 	}
 	if injected.Load() == 0 {
@@ -96,11 +90,7 @@ func TestRunReturnsCloseErrorWithFatalError(t *testing.T) {
 	s.send(20) // applied while the WAL fails
 	s.caughtUp()
 	s.send(20) // i0045 stops the stage
-	err, ok := a.wait(30 * time.Second)
-	if !ok {
-		t.Fatal("a did not stop on the poisoned input")
-	}
-	if !errors.Is(err, errPoison) || !isInjected(err) {
+	if err := a.exit(); !errors.Is(err, errPoison) || !isInjected(err) {
 		t.Fatalf("Run = %v; want the processor's error and the state's close error", err)
 	}
 
