@@ -35,6 +35,11 @@ var conformanceCases = []struct {
 	// Pebble updated, before the next poll: the restart replays nothing.
 	{name: "CrashAfterApply", run: crashAt(fault.AfterApply)},
 	{name: "PartitionMoved", run: partitionMoved},
+	// A rebalance while a transaction is open aborts it; the instance
+	// keeps a partition and re-processes its input from the committed
+	// offset, its overlay and its processor's per-transaction memory
+	// (Aborter) discarded.
+	{name: "RebalanceMidTransaction", run: rebalanceMidTransaction},
 	{name: "PreviousOwnerInFlightCommits", run: previousOwnerInFlightCommits},
 	{name: "ZombieAfterRebalance", run: zombieAfterRebalance},
 	{name: "CommitOutcomeUnknownCommitted", run: commitOutcomeUnknown(true)},
@@ -111,6 +116,43 @@ func partitionMoved(t *testing.T, s *suite) {
 	if n := a.metric("meterline_stream_restores_total", "kind", "tail"); n != 2 {
 		t.Errorf("a, back on its old state, restored %v partitions from their tails, want 2", n)
 	}
+	s.verify(a, fsA)
+}
+
+// rebalanceMidTransaction: a stalls in the middle of a transaction that
+// holds input of both partitions; b joins and takes one of them, a keeps
+// the other. When a wakes its transaction must abort, and what it counted
+// in it must be forgotten: the overlay, and the pending ids of its
+// processor (Abort), which would otherwise reach a committed Flush twice.
+func rebalanceMidTransaction(t *testing.T, s *suite) {
+	fsA, fsB := vfs.NewMem(), vfs.NewMem()
+	stalled, wake := make(chan struct{}), make(chan struct{})
+	var stall, woken sync.Once
+	t.Cleanup(func() { woken.Do(func() { close(wake) }) })
+	a := s.start("a", fsA, func(_ *Config, p *countProc) {
+		p.hold = func(id string) {
+			if id == "i0020" || id == "i0021" { // one per partition
+				stall.Do(func() { close(stalled) })
+				<-wake
+			}
+		}
+	})
+	s.send(20)
+	s.caughtUp()
+	s.send(20)
+	<-stalled
+	b := s.start("b", fsB)
+	s.waitFor("b to take one partition from a", func() bool { return b.owned() == 1 })
+	woken.Do(func() { close(wake) })
+	s.waitFor("a's open transaction to be refused", func() bool {
+		return a.metric("meterline_stream_commits_refused_total") >= 1
+	})
+	s.caughtUp()
+	b.shutdown()
+	s.waitFor("a to own both partitions", func() bool { return a.owned() == 2 })
+	s.send(20)
+	s.caughtUp()
+	a.shutdown()
 	s.verify(a, fsA)
 }
 
