@@ -41,6 +41,10 @@ import (
 // tombstone). For each input it emits one output record, key the id, value
 // "bucket=count" (count 0 after a reset), and in Flush one record with key
 // "txn" listing the ids the transaction counted on the partition.
+//
+// Like the aggregator, it keeps memory besides the store: a cache of the
+// bucket counts, ahead of the committed state while a transaction is open,
+// which Abort must drop (Aborter).
 type countProc struct {
 	output string
 	// hold, when set, is called before an input is counted and may block
@@ -53,41 +57,46 @@ type countProc struct {
 var errPoison = errors.New("poisoned input")
 
 func (c *countProc) Open(p int32, _ *PartitionState) (Partition, error) {
-	return &countPart{proc: c, p: p}, nil
+	return &countPart{proc: c, p: p, cache: map[string]int64{}}, nil
 }
 
 type countPart struct {
 	proc    *countProc
 	p       int32
-	pending []string // ids counted in the open transaction
+	cache   map[string]int64 // bucket counts read or written; absent: read the store
+	pending []string         // ids counted in the open transaction
 }
 
 func (c *countPart) Process(tx *Tx, recs []*kgo.Record) error {
 	for _, r := range recs {
-		id := string(r.Value)
+		id, bucket := string(r.Value), string(r.Key)
 		if c.proc.hold != nil {
 			c.proc.hold(id)
 		}
 		if id == c.proc.poison {
 			return errPoison
 		}
-		var n int64
-		if reset := strings.HasPrefix(id, "!"); reset {
-			tx.Delete(r.Key)
-		} else {
+		n, cached := c.cache[bucket]
+		if !cached {
 			v, ok, err := tx.Get(r.Key)
 			if err != nil {
 				return err
 			}
 			if ok {
 				if n, err = strconv.ParseInt(string(v), 10, 64); err != nil {
-					return fmt.Errorf("bucket %s: %w", r.Key, err)
+					return fmt.Errorf("bucket %s: %w", bucket, err)
 				}
 			}
+		}
+		if reset := strings.HasPrefix(id, "!"); reset {
+			n = 0
+			tx.Delete(r.Key)
+		} else {
 			n++
 			tx.Put(r.Key, []byte(strconv.FormatInt(n, 10)))
 		}
-		tx.Emit(&kgo.Record{Topic: c.proc.output, Partition: c.p, Key: []byte(id), Value: fmt.Appendf(nil, "%s=%d", r.Key, n)})
+		c.cache[bucket] = n
+		tx.Emit(&kgo.Record{Topic: c.proc.output, Partition: c.p, Key: []byte(id), Value: fmt.Appendf(nil, "%s=%d", bucket, n)})
 		c.pending = append(c.pending, id)
 	}
 	return nil
@@ -101,7 +110,13 @@ func (c *countPart) Flush(tx *Tx) error {
 	return nil
 }
 
-func (c *countPart) Abort()            { c.pending = nil }
+// Abort forgets the transaction: its ids, and counts the store may not
+// hold.
+func (c *countPart) Abort() {
+	c.pending = nil
+	clear(c.cache)
+}
+
 func (*countPart) Punctuate(*Tx) error { return nil }
 func (*countPart) Close()              {}
 
