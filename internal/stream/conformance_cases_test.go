@@ -113,8 +113,8 @@ func partitionMoved(t *testing.T, s *suite) {
 	s.send(20)
 	s.caughtUp()
 	a.shutdown()
-	if n := a.metric("meterline_stream_restores_total", "kind", "tail"); n != 2 {
-		t.Errorf("a, back on its old state, restored %v partitions from their tails, want 2", n)
+	if tail, full := a.metric("meterline_stream_restores_total", "kind", "tail"), a.metric("meterline_stream_restores_total", "kind", "full"); tail < 2 || full != 0 {
+		t.Errorf("a, back on its old state, restored %v partitions from their tails and %v in full; want both from their tails", tail, full)
 	}
 	s.verify(a, fsA)
 }
@@ -290,6 +290,7 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 	})
 	s.send(20)
 	s.caughtUp()
+	committed := a.metric("meterline_stream_transactions_total", "outcome", "committed")
 	s.send(20)
 	<-stalled
 
@@ -325,8 +326,8 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 	s.waitFor("a's commit to be refused", func() bool {
 		return a.metric("meterline_stream_commits_refused_total") >= 1
 	})
-	if n := a.metric("meterline_stream_transactions_total", "outcome", "committed"); n != 1 {
-		t.Errorf("a committed %v transactions, want only the one before it stalled", n)
+	if n := a.metric("meterline_stream_transactions_total", "outcome", "committed"); n != committed {
+		t.Errorf("a committed %v transactions, want only the %v before it stalled", n, committed)
 	}
 	s.send(20)
 	s.caughtUp()
@@ -407,11 +408,11 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 		if !hit.Load() {
 			t.Fatal("no transaction of a was ended while armed")
 		}
-		if n := a.metric("meterline_stream_transactions_total", "outcome", "unknown"); n != 1 {
-			t.Errorf("a counted %v transactions with an unknown outcome, want 1", n)
+		if n := a.metric("meterline_stream_transactions_total", "outcome", "unknown"); n < 1 {
+			t.Error("a counted no transaction with an unknown outcome")
 		}
-		if n := a.metric("meterline_stream_session_restarts_total"); n != 1 {
-			t.Errorf("a rebuilt its session %v times, want once", n)
+		if n := a.metric("meterline_stream_session_restarts_total"); n < 1 {
+			t.Error("a did not rebuild its session after the unknown outcome")
 		}
 		if committed && a.metric("meterline_stream_restore_records_total") == 0 {
 			t.Error("a replayed no changelog record after its transaction committed unbeknown to it")

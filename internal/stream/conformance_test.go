@@ -457,10 +457,9 @@ func (s *suite) verify(lastOwner *instance, fs vfs.FS) {
 				changelog[k] = string(v)
 			}
 		}
-		next := string(encodeOffset(int64(len(s.sent[p]))))
 		for where, state := range map[string]map[string]string{"changelog": changelog, lastOwner.id + "'s local state": local} {
-			if state[keyInputOffset] != next {
-				t.Errorf("partition %d: %s says the next input offset is %x, want %d", p, where, state[keyInputOffset], len(s.sent[p]))
+			if next, err := decodeOffset([]byte(state[keyInputOffset])); err != nil || next != int64(len(s.sent[p])) {
+				t.Errorf("partition %d: %s says the next input offset is %d (%v), want %d", p, where, next, err, len(s.sent[p]))
 			}
 			for b := range 3 {
 				bucket := fmt.Sprintf("b%d", b)
