@@ -152,9 +152,9 @@ func newStatusPage(reg prometheus.Gatherer, now func() time.Time) *statusPage {
 }
 
 // Stage is a running stage instance as the status page reads it, besides
-// its metrics. stream.Runtime implements it: the runtime does not import
-// this package, and this package does not import the runtime. The methods
-// are called on every page view and must not block.
+// its metrics (StageStatusOf). stream.Runtime implements it: the runtime
+// does not import this package, and this package does not import the
+// runtime. The methods are called on every page view and must not block.
 type Stage interface {
 	// StatusIdentity returns the stage's name ("dedup", "aggregate"), its
 	// consumer group, instance ID and input topic.
@@ -196,11 +196,6 @@ func StageStatusOf(st Stage) StageStatus {
 		out.Partitions = append(out.Partitions, ps)
 	})
 	return out
-}
-
-// AddStage adds a running stage to the status page (see Stage).
-func (s *Server) AddStage(st Stage) {
-	s.AddStatus(func() StageStatus { return StageStatusOf(st) })
 }
 
 // AddStatus adds a stage to the status page: f reports its identity,

@@ -116,12 +116,13 @@ func TestStatusPage(t *testing.T) {
 	var ready error
 	s, clk := newTestServer(t, reg, func() error { return ready })
 
-	s.AddStage(&fakeStage{stage: "dedup", group: "g-dedup", instance: "node-1", input: "usage.events", joined: true,
+	dedup := &fakeStage{stage: "dedup", group: "g-dedup", instance: "node-1", input: "usage.events", joined: true,
 		parts: []fakePartition{
 			{p: 0, remaining: -1, kind: "tail", reason: "within_horizon"},
 			{p: 1, remaining: -1},
 			{p: 2, restoring: true, remaining: 1234, kind: "full", reason: "horizon"},
-		}})
+		}}
+	s.AddStatus(func() StageStatus { return StageStatusOf(dedup) })
 	s.AddTable(func() Table {
 		return Table{ID: "aggregates", Title: "This hour", Columns: []string{"customer", "api_calls", "tokens"},
 			Rows: [][]string{{"acme", "12", "3400"}, {"globex", "1", "0"}}}
@@ -248,8 +249,8 @@ func TestStatusPageWithoutLag(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	newFakeStages(reg, false)
 	s, _ := newTestServer(t, reg)
-	s.AddStage(&fakeStage{stage: "dedup", group: "g", input: "usage.events",
-		err: errors.New("stream: <script>alert(1)</script>")})
+	failed := &fakeStage{stage: "dedup", group: "g", input: "usage.events", err: errors.New("stream: <script>alert(1)</script>")}
+	s.AddStatus(func() StageStatus { return StageStatusOf(failed) })
 	v := page(t, s)
 	testenv.ExpectPageValue(t, v, "lag", "n/a: this process exports no consumer lag (meterline_consumer_lag_records)")
 	testenv.ExpectPageValue(t, v, "stage/dedup/lag_records", "n/a")
