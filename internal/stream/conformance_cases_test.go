@@ -60,8 +60,9 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// crashAt kills an instance in-process at point in a transaction that
-// holds input of both partitions, restarts it on its state, and counts.
+// crashAt kills an instance in-process (Runtime.CrashAt: no transaction
+// ended, nothing applied) at point, in the first transaction of new input,
+// restarts it with the same transactional ID on its state, and counts.
 func crashAt(point string) func(t *testing.T, s *suite) {
 	return func(t *testing.T, s *suite) {
 		fs := vfs.NewMem()
@@ -73,10 +74,7 @@ func crashAt(point string) func(t *testing.T, s *suite) {
 		a.crashed(point)
 
 		a = s.start("a", fs)
-		s.send(20)
-		s.caughtUp()
-		a.shutdown()
-		s.verify(a, fs)
+		s.finish(a, fs)
 		if point == fault.AfterCommit || point == fault.DuringApply {
 			// The committed transaction reached Pebble only through the
 			// replay of the changelog's tail.
@@ -110,20 +108,18 @@ func partitionMoved(t *testing.T, s *suite) {
 	b.shutdown()
 
 	a = s.start("a", fsA)
-	s.send(20)
-	s.caughtUp()
-	a.shutdown()
+	s.finish(a, fsA)
 	if tail, full := a.metric("meterline_stream_restores_total", "kind", "tail"), a.metric("meterline_stream_restores_total", "kind", "full"); tail < 2 || full != 0 {
 		t.Errorf("a, back on its old state, restored %v partitions from their tails and %v in full; want both from their tails", tail, full)
 	}
-	s.verify(a, fsA)
 }
 
 // rebalanceMidTransaction: a stalls in the middle of a transaction that
 // holds input of both partitions; b joins and takes one of them, a keeps
 // the other. When a wakes its transaction must abort, and what it counted
-// in it must be forgotten: the overlay, and the pending ids of its
-// processor (Abort), which would otherwise reach a committed Flush twice.
+// in it must be forgotten — the overlay, and its processor's cached counts
+// (Abort) — or the input re-processed from the committed offset counts
+// twice.
 func rebalanceMidTransaction(t *testing.T, s *suite) {
 	fsA, fsB := vfs.NewMem(), vfs.NewMem()
 	stalled, wake := make(chan struct{}), make(chan struct{})
@@ -148,12 +144,7 @@ func rebalanceMidTransaction(t *testing.T, s *suite) {
 		return a.metric("meterline_stream_commits_refused_total") >= 1
 	})
 	s.caughtUp()
-	b.shutdown()
-	s.waitFor("a to own both partitions", func() bool { return a.owned() == 2 })
-	s.send(20)
-	s.caughtUp()
-	a.shutdown()
-	s.verify(a, fsA)
+	s.finish(a, fsA, b)
 }
 
 // previousOwnerInFlightCommits: "previous owner's transaction still in
@@ -194,11 +185,7 @@ func previousOwnerInFlightCommits(t *testing.T, s *suite) {
 	if v, ok, err := b.rt.Store().Get(0, []byte("tick")); err != nil || !ok || string(v) != "1" {
 		t.Errorf("b's state of partition 0 has tick = %q, %v (%v); want the committed 1", v, ok, err)
 	}
-	s.caughtUp()
-	s.send(20)
-	s.caughtUp()
-	b.shutdown()
-	s.verify(b, fs)
+	s.finish(b, fs)
 }
 
 // TestConformancePreviousOwnerInFlightAborts: "previous owner's
@@ -265,10 +252,7 @@ func TestConformancePreviousOwnerInFlightAborts(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitFor("b's restore to end once a's transaction aborted", func() bool { return b.rt.Ready() == nil })
-	s.send(20)
-	s.caughtUp()
-	b.shutdown()
-	s.verify(b, fsB)
+	s.finish(b, fsB)
 }
 
 // zombieAfterRebalance: "zombie instance after a rebalance — its next
@@ -331,12 +315,7 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 	}
 	s.send(20)
 	s.caughtUp()
-	b.shutdown()
-	s.waitFor("a to own both partitions", func() bool { return a.owned() == 2 })
-	s.send(20)
-	s.caughtUp()
-	a.shutdown()
-	s.verify(a, fsA)
+	s.finish(a, fsA, b)
 }
 
 // commitOutcomeUnknown: "commit outcome unknown — re-initialise, rejoin,
@@ -401,10 +380,7 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 		armed.Store(true)
 		s.send(20)
 		s.caughtUp()
-		s.send(20)
-		s.caughtUp()
-		a.shutdown()
-		s.verify(a, fs)
+		s.finish(a, fs)
 		if !hit.Load() {
 			t.Fatal("no transaction of a was ended while armed")
 		}
@@ -450,11 +426,8 @@ func restoreHorizonCase(t *testing.T, s *suite) {
 
 	a = s.start("a", fsA)
 	s.sendTo(0, "b0", "after")
-	s.send(4)
-	s.caughtUp()
-	a.shutdown()
+	s.finish(a, fsA)
 	if pl, ok := a.rt.lastRestore(0); !ok || !pl.Full || pl.Reason != reasonHorizon {
 		t.Errorf("a restored partition 0 as %+v, want in full past the horizon", pl)
 	}
-	s.verify(a, fsA)
 }

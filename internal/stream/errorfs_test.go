@@ -63,16 +63,13 @@ func TestFailingApplyRestoresFromTheChangelog(t *testing.T) {
 
 	failing.Off()
 	a = s.start("a", fs)
-	s.send(20)
-	s.caughtUp()
-	a.shutdown()
+	s.finish(a, fs)
 	if n := a.metric("meterline_stream_restore_records_total"); n == 0 {
 		t.Error("the restart replayed no changelog record: the transactions applied while the WAL failed were not lost?")
 	}
 	if tail, full := a.metric("meterline_stream_restores_total", "kind", "tail"), a.metric("meterline_stream_restores_total", "kind", "full"); tail < 2 || full != 0 {
 		t.Errorf("the restart restored %v partitions from their tail and %v in full; want both from their tail", tail, full)
 	}
-	s.verify(a, fs)
 }
 
 // TestRunReturnsCloseErrorWithFatalError: a stage that stops on an error
@@ -96,7 +93,5 @@ func TestRunReturnsCloseErrorWithFatalError(t *testing.T) {
 
 	failing.Off()
 	a = s.start("a", fs)
-	s.caughtUp()
-	a.shutdown()
-	s.verify(a, fs)
+	s.finish(a, fs)
 }
