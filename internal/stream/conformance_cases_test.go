@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // conformanceCases walk the crash windows of DESIGN §6 that the runtime
@@ -22,7 +23,10 @@ var conformanceCases = []struct {
 	name string
 	// changelog holds the changelog topic's configs (nil: defaults).
 	changelog map[string]*string
-	run       func(t *testing.T, s *suite)
+	// kfake: the case needs kfake's request controls or compaction, so it
+	// does not run on a real broker.
+	kfake bool
+	run   func(t *testing.T, s *suite)
 }{
 	// "stage, before commit": outputs and changelog produced, the
 	// transaction not ended. The restart aborts it and re-processes.
@@ -41,21 +45,34 @@ var conformanceCases = []struct {
 	// (Aborter) discarded.
 	{name: "RebalanceMidTransaction", run: rebalanceMidTransaction},
 	{name: "PreviousOwnerInFlightCommits", run: previousOwnerInFlightCommits},
-	{name: "ZombieAfterRebalance", run: zombieAfterRebalance},
-	{name: "CommitOutcomeUnknownCommitted", run: commitOutcomeUnknown(true)},
-	{name: "CommitOutcomeUnknownAborted", run: commitOutcomeUnknown(false)},
-	{name: "RestoreHorizon", run: restoreHorizonCase,
+	{name: "ZombieAfterRebalance", kfake: true, run: zombieAfterRebalance},
+	{name: "CommitOutcomeUnknownCommitted", kfake: true, run: commitOutcomeUnknown(true)},
+	{name: "CommitOutcomeUnknownAborted", kfake: true, run: commitOutcomeUnknown(false)},
+	{name: "RestoreHorizon", kfake: true, run: restoreHorizonCase,
 		changelog: map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("250")}},
 }
 
-// TestConformance runs every case of the suite, each in its own world, in
-// parallel. TestConformancePreviousOwnerInFlightAborts is the one case
-// that arms a process-wide fault point, so it runs alone.
+// TestConformance runs every case of the suite, each in its own world on
+// kfake, in parallel. TestConformancePreviousOwnerInFlightAborts is the
+// one case that arms a process-wide fault point, so it runs alone.
 func TestConformance(t *testing.T) {
+	runConformance(t, nil)
+}
+
+// TestRealConformance runs the cases that need no kfake control on the
+// real broker of METERLINE_TEST_KAFKA.
+func TestRealConformance(t *testing.T) {
+	runConformance(t, testenv.RealKafka(t))
+}
+
+func runConformance(t *testing.T, brokers []string) {
 	for _, c := range conformanceCases {
+		if c.kfake && brokers != nil {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			c.run(t, newSuite(t, c.changelog))
+			c.run(t, newSuite(t, brokers, c.changelog))
 		})
 	}
 }
@@ -198,7 +215,16 @@ func previousOwnerInFlightCommits(t *testing.T, s *suite) {
 // It arms fault.BeforeCommit process-wide (to stop only once the records
 // reached the broker), so it does not run in parallel.
 func TestConformancePreviousOwnerInFlightAborts(t *testing.T) {
-	s := newSuite(t, nil)
+	previousOwnerInFlightAborts(t, newSuite(t, nil, nil))
+}
+
+// TestRealConformancePreviousOwnerInFlightAborts is the same on the real
+// broker of METERLINE_TEST_KAFKA.
+func TestRealConformancePreviousOwnerInFlightAborts(t *testing.T) {
+	previousOwnerInFlightAborts(t, newSuite(t, testenv.RealKafka(t), nil))
+}
+
+func previousOwnerInFlightAborts(t *testing.T, s *suite) {
 	fsA, fsB := vfs.NewMem(), vfs.NewMem()
 	a := s.start("a", fsA)
 	s.send(20)

@@ -133,7 +133,7 @@ type input struct {
 // suite is one world of the conformance suite.
 type suite struct {
 	t                               *testing.T
-	cluster                         *kfake.Cluster
+	cluster                         *kfake.Cluster // nil on a real broker
 	brokers                         []string
 	input, output, changelog, group string
 	parts                           int32
@@ -146,9 +146,13 @@ type suite struct {
 }
 
 // newSuite makes a world with two input partitions on its own kfake
-// cluster. changelogConfigs may be nil.
-func newSuite(t *testing.T, changelogConfigs map[string]*string) *suite {
-	cluster, brokers := testenv.KFake(t, kfake.GroupMinSessionTimeout(500*time.Millisecond))
+// cluster, or on the real broker brokers when not nil (cluster is then
+// nil). changelogConfigs may be nil.
+func newSuite(t *testing.T, brokers []string, changelogConfigs map[string]*string) *suite {
+	var cluster *kfake.Cluster
+	if brokers == nil {
+		cluster, brokers = testenv.KFake(t, kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	}
 	s := &suite{t: t, cluster: cluster, brokers: brokers, parts: 2,
 		input: testenv.Name(t, "in"), output: testenv.Name(t, "out"), changelog: testenv.Name(t, "changelog"),
 		group: testenv.Name(t, "group")}

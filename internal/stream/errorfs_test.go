@@ -43,7 +43,7 @@ func isInjected(err error) bool {
 // tail and counts every input once.
 func TestFailingApplyRestoresFromTheChangelog(t *testing.T) {
 	t.Parallel()
-	s := newSuite(t, nil)
+	s := newSuite(t, nil, nil)
 	fs, failing, injected := walFailures(vfs.NewMem(), "a")
 	a := s.start("a", fs)
 	s.send(20)
@@ -78,7 +78,7 @@ func TestFailingApplyRestoresFromTheChangelog(t *testing.T) {
 // counts every input once.
 func TestRunReturnsCloseErrorWithFatalError(t *testing.T) {
 	t.Parallel()
-	s := newSuite(t, nil)
+	s := newSuite(t, nil, nil)
 	fs, failing, _ := walFailures(vfs.NewMem(), "a")
 	a := s.start("a", fs, func(_ *Config, p *countProc) { p.poison = "i0045" })
 	s.send(20)
