@@ -210,8 +210,9 @@ func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 // backs /readyz.
 func (s *Stage) Ready() error { return s.rt.Ready() }
 
-// Status describes the stage for the status page (stream.Runtime.Status).
-func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+// Status describes the stage for the status page, as the runtime reports
+// it (service.Stage).
+func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt) }
 
 // CrashAt makes the stage crash in-process at a fault point
 // (stream.Runtime.CrashAt; the demo's crash).

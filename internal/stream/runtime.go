@@ -216,7 +216,8 @@ func (rt *Runtime) Store() *Store { return rt.store }
 
 // Run runs the stage until ctx ends (then it commits the open transaction,
 // leaves the group and returns nil) or a fatal error occurs. It is called
-// once; the store is closed when it returns.
+// once; the store is closed when it returns, and an error closing it is
+// returned too, joined with the one that stopped the stage.
 func (rt *Runtime) Run(ctx context.Context) (err error) {
 	if !rt.running.CompareAndSwap(false, true) {
 		return errors.New("stream: Run called twice")
@@ -233,8 +234,8 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 		}
 		rt.closeAll()
 		rt.restores.Wait()
-		if cerr := rt.store.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("stream: close state: %w", cerr)
+		if cerr := rt.store.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("stream: close state: %w", cerr))
 		}
 	}()
 	for {
