@@ -3,34 +3,32 @@ package sink
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/topics"
+)
+
+// Defaults of the sink's session (session.Config has the others).
+const (
+	DefaultGroup            = "meterline-sink"
+	DefaultRebalanceTimeout = 60 * time.Second
 )
 
 // Config configures a Writer. Zero fields take the defaults documented on
 // them (EnsureDefaults); Validate reports every problem at once.
 type Config struct {
-	// Kafka is the connection to the cluster: seed brokers, SASL and TLS.
-	// Kafka.Brokers is required, or Brokers.
-	Kafka kafka.Config
-	// Brokers is shorthand for Kafka.Brokers, for a cluster without SASL
-	// or TLS; EnsureDefaults copies it there. Setting both is an error.
-	Brokers []string
-	// Group is the consumer group. Default: "meterline-sink".
-	Group string
-	// InstanceID names this instance; the transactional ID is
-	// "<Group>-<InstanceID>". It must be stable across restarts, so that a
-	// restart fences its own zombie at once, and unique in the group.
-	// Required.
-	InstanceID string
+	// Config is the instance's consumer group and transactional producer
+	// (session.Config): Kafka (the connection; Kafka.Brokers is required),
+	// Group (default: "meterline-sink"), InstanceID (required; the
+	// transactional ID is "<Group>-<InstanceID>"), the session, rebalance
+	// (default here: 60s) and transaction timeouts, RestartBackoff and
+	// ClientOptions, with their defaults.
+	session.Config
 	// Topics names the five input topics (usage.deduped, usage.aggregates,
 	// usage.adjustments, usage.duplicates, usage.rejected); refused rows
 	// are parked in the rejected topic, and records of the rejected topic
@@ -100,23 +98,10 @@ type Config struct {
 	// Default: 2s.
 	PingInterval time.Duration
 
-	// SessionTimeout is the group session timeout. Default: 10s.
-	SessionTimeout time.Duration
-	// RebalanceTimeout bounds a rebalance. Default: 60s.
-	RebalanceTimeout time.Duration
-	// TransactionTimeout is the broker-side timeout after which an open
-	// transaction of a dead instance is aborted. Default: 10s.
-	TransactionTimeout time.Duration
-	// RestartBackoff is the pause before a session is rebuilt after a
-	// commit with an unknown outcome. Default: 1s.
-	RestartBackoff time.Duration
-
 	// Logger is the structured logger. Default: no logging.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Default: a private registry.
 	Registerer prometheus.Registerer
-	// ClientOptions are appended to the Kafka client options (tests).
-	ClientOptions []kgo.Opt
 
 	// testHook, when set (tests only), is called on the sink's ClickHouse
 	// INSERTs and Kafka commits, synchronously, in the order they happen.
@@ -125,12 +110,6 @@ type Config struct {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
-	if len(c.Kafka.Brokers) == 0 {
-		c.Kafka.Brokers = c.Brokers
-	}
-	if len(c.Brokers) == 0 {
-		c.Brokers = c.Kafka.Brokers
-	}
 	if c.ClickHouseServer.Addr == "" {
 		c.ClickHouseServer.Addr = c.ClickHouse
 	}
@@ -138,8 +117,12 @@ func (c *Config) EnsureDefaults() {
 		c.ClickHouse = c.ClickHouseServer.Addr
 	}
 	if c.Group == "" {
-		c.Group = "meterline-sink"
+		c.Group = DefaultGroup
 	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	c.Config.EnsureDefaults()
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
 	}
@@ -176,18 +159,6 @@ func (c *Config) EnsureDefaults() {
 	if c.PingInterval == 0 {
 		c.PingInterval = 2 * time.Second
 	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 60 * time.Second
-	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = 10 * time.Second
-	}
-	if c.RestartBackoff == 0 {
-		c.RestartBackoff = time.Second
-	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -202,14 +173,8 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("sink config: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
-	if err := c.Kafka.Validate(); err != nil {
-		bad("Kafka", "%v", err)
-	}
-	if !slices.Equal(c.Brokers, c.Kafka.Brokers) {
-		bad("Brokers", "%q differs from Kafka.Brokers %q: set one", c.Brokers, c.Kafka.Brokers)
-	}
-	if c.InstanceID == "" {
-		bad("InstanceID", "required (stable across restarts, unique in the group)")
+	if err := c.Config.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Conn == nil {
 		if err := c.ClickHouseServer.Validate(); err != nil {
@@ -258,11 +223,5 @@ func (c *Config) Validate() error {
 	if c.UnknownErrorLimit < 0 {
 		bad("UnknownErrorLimit", "%s: must not be negative", c.UnknownErrorLimit)
 	}
-	if c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0 || c.TransactionTimeout <= 0 {
-		bad("SessionTimeout/RebalanceTimeout/TransactionTimeout", "must be positive")
-	}
 	return errors.Join(errs...)
 }
-
-// TransactionalID is "<Group>-<InstanceID>" (DESIGN §1).
-func (c *Config) TransactionalID() string { return c.Group + "-" + c.InstanceID }

@@ -71,7 +71,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -83,10 +82,10 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -109,9 +108,6 @@ const (
 )
 
 var (
-	// errRestart asks Run to rebuild the Kafka session (commit outcome
-	// unknown).
-	errRestart = errors.New("restart session")
 	// errAbandon: the window cannot commit (partitions revoked, or the
 	// process is stopping while ClickHouse is unavailable); its
 	// transaction is aborted and its records are re-consumed.
@@ -124,7 +120,7 @@ var (
 // Writer is the sink stage of one instance.
 type Writer struct {
 	cfg     Config
-	kafka   []kgo.Opt // cfg.Kafka's seed brokers, SASL and TLS
+	loop    *session.Loop // opens the Kafka sessions, rebuilds them after ErrRestart
 	log     *zap.Logger
 	m       *metrics
 	tables  []*table
@@ -191,15 +187,17 @@ func New(cfg Config) (*Writer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	kafkaOpts, err := cfg.Kafka.Opts()
+	log := cfg.Logger.With(zap.String("stage", "sink"), zap.String("instance", cfg.InstanceID))
+	m := newMetrics(cfg.Registerer)
+	loop, err := session.NewLoop(cfg.Config, log, m.session, "then every partition is checked against its table again")
 	if err != nil {
 		return nil, fmt.Errorf("sink: %w", err)
 	}
 	w := &Writer{
 		cfg:        cfg,
-		kafka:      kafkaOpts,
-		log:        cfg.Logger.With(zap.String("stage", "sink"), zap.String("instance", cfg.InstanceID)),
-		m:          newMetrics(cfg.Registerer),
+		loop:       loop,
+		log:        log,
+		m:          m,
 		tables:     newTables(cfg.Topics),
 		quarantine: newQuarantine(cfg.Topics),
 		byTopic:    map[string]*table{},
@@ -209,7 +207,7 @@ func New(cfg Config) (*Writer, error) {
 	}
 	for _, t := range w.tables {
 		w.byTopic[t.topic] = t
-		t.recordsIn = w.m.recordsIn.WithLabelValues(t.topic)
+		t.recordsIn = w.m.session.RecordsIn.WithLabelValues(t.topic)
 	}
 	w.blocked.Store("")
 	w.lastUp.Store("not connected yet")
@@ -264,24 +262,17 @@ func (w *Writer) Run(ctx context.Context) error {
 	go func() { defer close(pingDone); w.pingLoop(pctx) }()
 	defer func() { stopPing(); <-pingDone }()
 
-	for {
+	err := w.loop.Run(ctx, func(ctx context.Context) error {
 		err := w.runSession(ctx)
-		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled) || errors.Is(err, errRestart) || errors.Is(err, errAbandon)) {
-			return nil
+		if errors.Is(err, errAbandon) && ctx.Err() != nil {
+			return nil // stopping: the window's records are re-consumed on restart
 		}
-		if !errors.Is(err, errRestart) {
-			w.setFatal(err)
-			return err
-		}
-		w.m.restarts.Inc()
-		w.log.Warn("commit outcome unknown: rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction); every partition is re-checked against its table",
-			zap.String("transactional_id", w.cfg.TransactionalID()))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(w.cfg.RestartBackoff):
-		}
+		return err
+	})
+	if err != nil {
+		w.setFatal(err)
 	}
+	return err
 }
 
 // connect dials ClickHouse (retrying while it is unreachable) and checks
@@ -374,39 +365,6 @@ func (w *Writer) topicNames() []string {
 		out[i] = t.topic
 	}
 	return out
-}
-
-func (w *Writer) clientOptions() []kgo.Opt {
-	c := &w.cfg
-	opts := []kgo.Opt{
-		kgo.TransactionalID(c.TransactionalID()),
-		kgo.TransactionTimeout(c.TransactionTimeout),
-		kgo.ConsumerGroup(c.Group),
-		kgo.ConsumeTopics(w.topicNames()...),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.RequireStableFetchOffsets(),
-		// No automatic reset: an out-of-range offset (retention deleted
-		// records the sink never wrote) is an error, never a silent jump.
-		// A first start reads from the start (adjustOffsets).
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
-		kgo.SessionTimeout(c.SessionTimeout),
-		kgo.RebalanceTimeout(c.RebalanceTimeout),
-		kgo.HeartbeatInterval(c.SessionTimeout / 10),
-		kgo.FetchMaxWait(500 * time.Millisecond),
-		kgo.ProducerLinger(0),
-		kgo.AdjustFetchOffsetsFn(w.adjustOffsets),
-		kgo.OnPartitionsRevoked(w.onRevoked),
-		kgo.OnPartitionsLost(w.onRevoked),
-		kgo.WithLogger(kzap.New(w.log.Named("kgo"), kzap.Level(kgoLevel(w.log)))),
-	}
-	return slices.Concat(w.kafka, opts, c.ClientOptions)
-}
-
-func kgoLevel(l *zap.Logger) kgo.LogLevel {
-	if l.Core().Enabled(zap.DebugLevel) {
-		return kgo.LogLevelDebug
-	}
-	return kgo.LogLevelWarn
 }
 
 // adjustOffsets runs on kgo's group goroutine once the group's committed
@@ -527,9 +485,9 @@ type pending struct {
 func newPending() *pending { return &pending{rows: map[*table][]*row{}} }
 
 func (w *Writer) runSession(ctx context.Context) error {
-	sess, err := kgo.NewGroupTransactSession(w.clientOptions()...)
+	sess, err := w.loop.Open(w.topicNames(), session.Hooks{Assigned: w.adjustOffsets, Revoked: w.onRevoked})
 	if err != nil {
-		return fmt.Errorf("sink: kafka client: %w", err)
+		return fmt.Errorf("sink: %w", err)
 	}
 	w.sess = sess
 	w.revoked.Store(false)
@@ -625,7 +583,7 @@ func (w *Writer) poll(ctx context.Context, d time.Duration, max int) kgo.Fetches
 func fetchError(fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+		if session.Interrupted(err) {
 			return
 		}
 		if ferr == nil {
@@ -874,18 +832,18 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	}
 	// End is never cancelled half-way (kgo: that leaves the client in an
 	// invalid state); the deadline bounds it.
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.TransactionTimeout+w.cfg.SessionTimeout)
+	ectx, cancel := w.cfg.EndContext(ctx)
 	defer cancel()
 	committed, err := w.sess.End(ectx, try)
-	w.m.commitSeconds.Observe(time.Since(start).Seconds())
+	w.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
 	w.revoked.Store(false)
 	switch {
 	case err != nil:
-		w.m.flushes.WithLabelValues("unknown").Inc()
+		w.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		w.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
-		return errRestart
+		return session.ErrRestart
 	case !committed:
-		w.m.flushes.WithLabelValues("aborted").Inc()
+		w.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 		w.markDirty(win.last)
 		prodMu.Lock()
 		perr := prodErr
@@ -904,7 +862,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	// Guarantee: the offsets of every polled record — of a stopped
 	// partition, the offset just past its parked row — and the parked
 	// rows are committed together.
-	w.m.flushes.WithLabelValues("committed").Inc()
+	w.m.session.Transactions.WithLabelValues(session.Committed).Inc()
 	heldRecs := win.heldRecords(stops)
 	w.m.committed.Add(float64(win.records - heldRecs))
 	w.advance(win.last, stops)

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/sink"
 )
@@ -29,7 +30,7 @@ type SinkFlags struct {
 
 // config builds the sink's configuration; the Kafka session settings come
 // from the caller (the sink's own flags, or run's shared stage flags).
-func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, txn time.Duration, log *zap.Logger, reg prometheus.Registerer) (sink.Config, error) {
+func (f *SinkFlags) config(g *Globals, instanceID string, sessionTimeout, rebalance, txn time.Duration, log *zap.Logger, reg prometheus.Registerer) (sink.Config, error) {
 	id, err := resolveInstanceID(instanceID)
 	if err != nil {
 		return sink.Config{}, err
@@ -43,11 +44,11 @@ func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, tx
 		return sink.Config{}, err
 	}
 	cfg := sink.Config{
-		Kafka: kc, Group: f.Group, InstanceID: id, Topics: g.Topic,
-		ClickHouseServer: srv, Database: f.Database,
+		Config: session.Config{Kafka: kc, Group: f.Group, InstanceID: id,
+			SessionTimeout: sessionTimeout, RebalanceTimeout: rebalance, TransactionTimeout: txn},
+		Topics: g.Topic, ClickHouseServer: srv, Database: f.Database,
 		MaxBatchRecords: f.MaxBatchRecords, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
-		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, SessionTimeout: session, RebalanceTimeout: rebalance,
-		TransactionTimeout: txn, Logger: log, Registerer: reg,
+		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, Logger: log, Registerer: reg,
 	}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()

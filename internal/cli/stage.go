@@ -14,6 +14,7 @@ import (
 	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 )
 
@@ -40,17 +41,19 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logg
 		return stream.Config{}, err
 	}
 	return stream.Config{
-		Kafka:              kc,
-		Group:              group,
-		InstanceID:         id,
-		StateDir:           filepath.Join(f.StateDir, stage+"-"+id),
-		CommitInterval:     f.CommitInterval,
-		MaxBatchRecords:    f.MaxBatchRecords,
-		SessionTimeout:     f.SessionTimeout,
-		RebalanceTimeout:   f.RebalanceTimeout,
-		TransactionTimeout: f.TransactionTimeout,
-		Logger:             log,
-		Registerer:         reg,
+		Config: session.Config{
+			Kafka:              kc,
+			Group:              group,
+			InstanceID:         id,
+			SessionTimeout:     f.SessionTimeout,
+			RebalanceTimeout:   f.RebalanceTimeout,
+			TransactionTimeout: f.TransactionTimeout,
+		},
+		StateDir:        filepath.Join(f.StateDir, stage+"-"+id),
+		CommitInterval:  f.CommitInterval,
+		MaxBatchRecords: f.MaxBatchRecords,
+		Logger:          log,
+		Registerer:      reg,
 	}, nil
 }
 

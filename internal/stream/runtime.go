@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,10 +40,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/session"
 )
 
 // keyInputOffset is the runtime's own state key: the next input offset to
@@ -87,13 +86,10 @@ func (rt *Runtime) hit(point string) {
 // (fault.CrashHandler).
 var ErrCrashed = errors.New("simulated crash")
 
-// errRestart asks Run to rebuild the session (unknown commit outcome).
-var errRestart = errors.New("restart session")
-
 // Runtime runs one stateful stage instance.
 type Runtime struct {
 	cfg   Config
-	conn  []kgo.Opt // cfg.Kafka's seed brokers, SASL and TLS
+	loop  *session.Loop // opens the sessions, rebuilds them after ErrRestart
 	proc  Processor
 	log   *zap.Logger
 	store *Store
@@ -167,7 +163,9 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	conn, err := cfg.Kafka.Opts()
+	log := cfg.Logger.With(zap.String("stage", cfg.Stage), zap.String("instance", cfg.InstanceID))
+	m := newMetrics(cfg.Registerer, cfg.Stage)
+	loop, err := session.NewLoop(cfg.Config, log, m.session, "then restoring")
 	if err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
@@ -177,11 +175,11 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		cfg:   cfg,
-		conn:  conn,
+		loop:  loop,
 		proc:  proc,
-		log:   cfg.Logger.With(zap.String("stage", cfg.Stage), zap.String("instance", cfg.InstanceID)),
+		log:   log,
 		store: st,
-		m:     newMetrics(cfg.Registerer, cfg.Stage),
+		m:     m,
 		parts: map[int32]*partState{},
 		wake:  make(chan struct{}, 1),
 	}
@@ -238,48 +236,14 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 			err = errors.Join(err, fmt.Errorf("stream: close state: %w", cerr))
 		}
 	}()
-	for {
-		err := rt.runSession(ctx)
-		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled) || errors.Is(err, errRestart)) {
-			return nil
-		}
-		if !errors.Is(err, errRestart) {
-			return err
-		}
-		rt.m.restarts.Inc()
-		rt.log.Warn("commit outcome unknown: rebuilding the session with the same transactional ID, then restoring",
-			zap.String("transactional_id", rt.cfg.TransactionalID()))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(rt.cfg.RestartBackoff):
-		}
-	}
+	return rt.loop.Run(ctx, rt.runSession)
 }
 
-// clientOptions are the options of one session's client. ready is closed
-// once rt.sess and rt.adm hold that session: kgo may join the group and
-// call AdjustFetchOffsetsFn before NewGroupTransactSession has returned,
-// and the callback must pause the new client's partitions, not read a nil
-// or the previous session's.
-func (rt *Runtime) clientOptions(ready <-chan struct{}) []kgo.Opt {
-	c := &rt.cfg
-	opts := []kgo.Opt{
-		kgo.TransactionalID(c.TransactionalID()),
-		kgo.TransactionTimeout(c.TransactionTimeout),
-		kgo.ConsumerGroup(c.Group),
-		kgo.ConsumeTopics(c.InputTopic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.RequireStableFetchOffsets(),
-		// No automatic reset: an out-of-range offset is a fatal error, never
-		// a silent jump (DESIGN §6.6). adjustOffsets sets the start.
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
-		kgo.SessionTimeout(c.SessionTimeout),
-		kgo.RebalanceTimeout(c.RebalanceTimeout),
-		kgo.HeartbeatInterval(c.SessionTimeout / 10),
-		kgo.FetchMaxWait(500 * time.Millisecond),
+// sessionOptions are the runtime's own options of one session's client,
+// on top of the session's (session.Loop.Open).
+func sessionOptions() []kgo.Opt {
+	return []kgo.Opt{
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerLinger(0),
 		// A commit produces its changelog records (and the aggregator its
 		// OPEN revisions) in one burst of up to a few records per input
 		// record; with kgo's default buffer of 10,000 records Produce
@@ -295,43 +259,43 @@ func (rt *Runtime) clientOptions(ready <-chan struct{}) []kgo.Opt {
 		// several partitions and the largest held about 40%
 		// (handleFetches runs partitions in parallel).
 		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
-		kgo.AdjustFetchOffsetsFn(func(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	}
+}
+
+// hooks are the runtime's side of one session's group membership. ready
+// is closed once rt.sess and rt.adm hold that session: kgo may join the
+// group and call AdjustFetchOffsetsFn before NewGroupTransactSession has
+// returned, and the callback must pause the new client's partitions, not
+// read a nil or the previous session's.
+func (rt *Runtime) hooks(ready <-chan struct{}) session.Hooks {
+	return session.Hooks{
+		Assigned: func(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 			select {
 			case <-ready:
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
 			return rt.adjustOffsets(ctx, offs)
-		}),
-		kgo.OnPartitionsRevoked(rt.onRevoked),
-		kgo.OnPartitionsLost(rt.onRevoked),
-		kgo.WithLogger(kzap.New(rt.log.Named("kgo"), kzap.Level(kgoLevel(rt.log)))),
+		},
+		Revoked: rt.onRevoked,
 	}
-	return slices.Concat(rt.conn, opts, c.ClientOptions)
 }
 
 // newClient returns a client on the runtime's cluster connection (seed
 // brokers, SASL, TLS) with opts.
 func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
-	return kgo.NewClient(slices.Concat(rt.conn, opts)...)
+	return kgo.NewClient(append(rt.loop.Conn(), opts...)...)
 }
 
 // fetchMaxPartitionBytes caps what one fetch returns of one partition (see
 // clientOptions). Kafka still returns a larger first batch whole.
 const fetchMaxPartitionBytes = 256 << 10
 
-func kgoLevel(l *zap.Logger) kgo.LogLevel {
-	if l.Core().Enabled(zap.DebugLevel) {
-		return kgo.LogLevelDebug
-	}
-	return kgo.LogLevelWarn
-}
-
 func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	ready := make(chan struct{})
-	sess, err := kgo.NewGroupTransactSession(rt.clientOptions(ready)...)
+	sess, err := rt.loop.Open([]string{rt.cfg.InputTopic}, rt.hooks(ready), sessionOptions()...)
 	if err != nil {
-		return fmt.Errorf("stream: kafka client: %w", err)
+		return fmt.Errorf("stream: %w", err)
 	}
 	rt.sess = sess
 	rt.adm = kadm.NewClient(sess.Client())
@@ -361,7 +325,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 			return ctx.Err()
 		}
 		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
-		return errRestart
+		return session.ErrRestart
 	}
 	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.String("input", rt.cfg.InputTopic),
 		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
@@ -527,7 +491,7 @@ func memberDropped(err error) bool {
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+		if session.Interrupted(err) {
 			return
 		}
 		// kgo injects this when the member was dropped from the group (a
@@ -587,7 +551,7 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 			}
 		}
 		ov := rt.overlayFor(fp.Partition, a.epoch)
-		rt.m.recordsIn.WithLabelValues(fp.Topic).Add(float64(len(fp.Records)))
+		rt.m.session.RecordsIn.WithLabelValues(fp.Topic).Add(float64(len(fp.Records)))
 		jobs = append(jobs, job{a: a, tx: &Tx{rt: rt, p: fp.Partition, ov: ov}, recs: fp.Records})
 	})
 	if perr != nil {
@@ -833,26 +797,26 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// End flushes, so every promise has run when it returns. It is never
 	// cancelled half-way (kgo: that leaves the client in an invalid state);
 	// the deadline bounds it.
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
+	ectx, cancel := rt.cfg.EndContext(ctx)
 	defer cancel()
 	committed, err := rt.sess.End(rt.fenceWork(ectx), try)
 	rt.prodMu.Lock()
 	perr := rt.prodErr
 	rt.prodMu.Unlock()
-	rt.m.commitSeconds.Observe(time.Since(start).Seconds())
+	rt.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
 	switch {
 	case err != nil:
-		rt.m.txns.WithLabelValues("unknown").Inc()
+		rt.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
 		rt.discardTxn()
-		return errRestart
+		return session.ErrRestart
 	case perr != nil && committed:
 		// A record failed after the flush above, which only a concurrent
 		// producer error can do: the transaction is committed without it.
 		rt.resetTxn()
 		return fmt.Errorf("stream: transaction committed with a failed record: %w", perr)
 	case !committed:
-		rt.m.txns.WithLabelValues("aborted").Inc()
+		rt.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 		if perr != nil {
 			rt.discardTxn()
 			if producerStateError(perr) {
@@ -863,7 +827,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 				if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
 					rt.m.fenced.Inc() // a zombie's commit, refused
 				}
-				return errRestart
+				return session.ErrRestart
 			}
 			// kgo retries what can be retried; a record the broker still
 			// refused (INVALID_RECORD, a topic that is gone) would fail
@@ -879,7 +843,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		rt.discardTxn()
 		return nil
 	}
-	rt.m.txns.WithLabelValues("committed").Inc()
+	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
 	// Guarantee: outputs, changelog and offsets are committed; Pebble is
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
