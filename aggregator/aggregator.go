@@ -160,6 +160,7 @@ type metrics struct {
 	late                      *prometheus.CounterVec
 	rejected                  *prometheus.CounterVec
 	keys                      *prometheus.GaugeVec
+	finalDue                  *prometheus.GaugeVec // due.go
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -177,6 +178,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: service.RejectedCounter(reg),
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
+		finalDue: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_final_due_seconds",
+			Help: "End + grace of the oldest period the partition holds OPEN aggregates (or late events waiting for its FINAL) of, Unix seconds: when its FINAL is due. Absent while no period is open. In the past: the FINAL is overdue, the watermark has not passed it."}, []string{"partition"}),
 	}
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))

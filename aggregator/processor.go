@@ -159,6 +159,7 @@ type partition struct {
 	ev           schemas.DedupedEvent // the event being handled, reused
 	keysGauge    prometheus.Gauge
 	wmGauge      prometheus.Gauge // nil until the first watermark
+	due          dueRefresh       // the final-due gauge's last refresh (due.go)
 	// stale: a transaction this partition took part in was aborted, so
 	// sources, wm and keys (in memory, advanced by its records) may be
 	// ahead of the committed state. Process reloads them from the state
@@ -180,6 +181,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		return nil, err
 	}
 	pt.publish()
+	pt.refreshFinalDue(st, true)
 	return pt, nil
 }
 
@@ -253,6 +255,7 @@ func (pt *partition) bounds(ms int64) (start, end int64) {
 func (pt *partition) Close() {
 	pt.pr.m.keys.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
+	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition; the aggregator is driven by the
@@ -281,6 +284,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 	}
 	pt.publish()
+	pt.refreshFinalDue(tx, false)
 	return nil
 }
 
@@ -731,7 +735,7 @@ func groupOf(parts []string) []schemas.Property {
 var errStop = errors.New("stop")
 
 // firstPeriod returns the smallest period start with a key of prefix pfx.
-func firstPeriod(tx *stream.Tx, pfx byte) (int64, bool, error) {
+func firstPeriod(tx stateReader, pfx byte) (int64, bool, error) {
 	var start int64
 	found := false
 	err := tx.Scan([]byte{pfx}, []byte{pfx + 1}, func(k, _ []byte) error {
