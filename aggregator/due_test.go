@@ -12,9 +12,10 @@ import (
 
 // TestFinalDueGauge: meterline_aggregate_final_due_seconds is end + grace
 // of the oldest period with OPEN aggregates or late events waiting for its
-// FINAL, moves on when that FINAL is decided, disappears when nothing is
-// open, and is back right after a restart, before any record (the
-// FINAL-overdue alert reads it while the watermark is stuck, when no
+// FINAL, moves on once that period's FINAL revisions went out (in chunks,
+// after the decision, with no record arriving after them), disappears when
+// nothing is open, and is back right after a restart, before any record
+// (the FINAL-overdue alert reads it while the watermark is stuck, when no
 // record arrives).
 func TestFinalDueGauge(t *testing.T) {
 	h := newAggHarness(t, nil, 1)
