@@ -22,7 +22,8 @@ trap stop_services EXIT
 start=$(date +%s)
 deploy/local/kafka.sh start
 deploy/local/clickhouse.sh start
-# The dashboard test runs its own Prometheus; this only installs Debian's.
+# The dashboard and alert tests run their own Prometheus; this only installs
+# Debian's (promtool, which the alert tests use, comes with it).
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
