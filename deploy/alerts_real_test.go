@@ -77,26 +77,10 @@ var realAlertsFired = []string{
 //
 // At the end every rule evaluated without error.
 func TestRealAlertsFire(t *testing.T) {
-	promBin := os.Getenv(EnvPrometheus)
-	if promBin == "" || testing.Short() {
-		t.Skipf("SKIP: real alert rules test; set %s=/usr/bin/prometheus (deploy/local/prometheus.sh install prints it; make test does) and drop -short", EnvPrometheus)
-	}
-	if _, err := os.Stat(promBin); err != nil {
-		t.Fatalf("%s=%s: %v", EnvPrometheus, promBin, err)
-	}
+	promBin := realPrometheus(t, "alert rules")
 	brokers := testenv.RealKafka(t)
 	testStart := time.Now()
-	work, err := os.MkdirTemp("", "meterline-alerts-test-*") // "meterline" marks our prometheus for prometheus.sh
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			os.RemoveAll(work)
-		} else {
-			t.Logf("kept %s (dedup*.log, aggregate*.log, prometheus.log, alerts.yml)", work)
-		}
-	})
+	work := testenv.LogDir(t, "meterline-alerts-test-*") // "meterline" marks our prometheus for prometheus.sh
 	bin := testenv.Meterline(t)
 	t.Logf("meterline binary ready after %s", time.Since(testStart).Round(100*time.Millisecond))
 	keys := testenv.DedupKeysFile(t)
@@ -146,25 +130,9 @@ func TestRealAlertsFire(t *testing.T) {
 	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfgFile := filepath.Join(work, "prometheus.yml")
-	cfg := fmt.Sprintf(`global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [%q]
-scrape_configs:
-  - job_name: %s
-    static_configs:
-      - targets: [%q, %q]
-`, rulesFile, scrapeJob, dedupAddr, aggAddr)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	promAddr := testenv.FreeAddr(t)
-	testenv.StartProcess(t, "prometheus", filepath.Join(work, "prometheus.log"), promBin,
-		"--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(work, "tsdb"),
-		"--web.listen-address="+promAddr, "--log.level=warn")
-	waitHTTP(t, "http://"+promAddr+"/-/ready", 60*time.Second)
-	w := &alertWatch{t: t, prom: promClient{base: "http://" + promAddr}, fired: map[string]bool{}}
+	// Scrapes and evaluations every second (testScrapeInterval).
+	prom := startPrometheus(t, promBin, work, rulesFile, dedupAddr, aggAddr)
+	w := &alertWatch{t: t, prom: prom, fired: map[string]bool{}}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
