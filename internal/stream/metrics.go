@@ -27,7 +27,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 	reg = prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg)
 	f := prom.NewFactory(reg)
-	return &metrics{
+	m := &metrics{
 		session: session.NewMetrics(reg, session.Names{
 			RecordsIn:     "meterline_stream_records_in_total",
 			Transactions:  "meterline_stream_transactions_total",
@@ -56,4 +56,19 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 		stateBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_bytes",
 			Help: "Bytes on disk of the instance's local state (Pebble: sstables, WAL and other files, for every partition it holds), refreshed about every 10 s while it commits."}),
 	}
+	// Every kind and reason is exported from the start, at 0: a series
+	// born at its first increment hides that increment from increase(),
+	// and the alert rules (deploy/prometheus/alerts.yml) watch increases.
+	for kind, reasons := range restoreReasons {
+		for _, r := range reasons {
+			m.restores.WithLabelValues(kind, r)
+		}
+	}
+	return m
+}
+
+// restoreReasons lists the reasons of each restore kind (horizon.go).
+var restoreReasons = map[string][]string{
+	"full": {reasonNoState, reasonBelowLogStart, reasonRetentionUnknown, reasonUndated, reasonFutureCheckpoint, reasonHorizon},
+	"tail": {reasonCurrent, reasonWithinHorizon},
 }
