@@ -25,6 +25,12 @@ import (
 // rows held back behind it (rewind); and an aborted or unknown outcome
 // leaves the partitions dirty, so the resume rule checks them again.
 
+// commit ends a commit window: it moves the stopped partitions' offsets
+// back to just past their parked rows (rewind), produces the parked
+// records in the window's transaction and ends it, committing unless
+// abandon (the window cannot commit: revoked, or stopping while
+// ClickHouse is unavailable). parks, stops and held are the inserter's
+// report of the window (inserter.wait).
 func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops map[tp]stop, held int, abandon bool) error {
 	if !abandon {
 		// Guarantee: every row of the window is in its table (inserted
@@ -35,17 +41,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		// skips the rows already in the tables.
 		fault.Hit(FaultAfterInsert)
 	}
-	// A record that did not decode, held back behind a stop, is fetched
-	// again after this commit, and parked then: not now, or twice.
-	decodeParks := win.parks
-	if len(stops) > 0 {
-		decodeParks = nil
-		for _, d := range win.parks {
-			if !heldBack(stops, d.src, d.off) {
-				decodeParks = append(decodeParks, d)
-			}
-		}
-	}
+	decodeParks := win.parksBefore(stops)
 	if !abandon && len(stops) > 0 && !w.rewind(win, stops) {
 		// Revoked meanwhile (the transaction could not commit anyway), or
 		// kgo did not take the offsets: commit nothing, re-consume.
@@ -55,36 +51,9 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	if err := w.sess.Begin(); err != nil {
 		return fmt.Errorf("sink: begin transaction: %w", err)
 	}
-	var prodMu sync.Mutex
-	var prodErr error
-	promise := func(r *kgo.Record, err error) {
-		if err != nil {
-			prodMu.Lock()
-			if prodErr == nil {
-				prodErr = fmt.Errorf("produce to %s: %w", r.Topic, err)
-			}
-			prodMu.Unlock()
-		}
-	}
+	var produced firstError
 	if !abandon {
-		n := 0
-		for _, d := range decodeParks {
-			w.sess.Produce(context.Background(), d.rec, promise)
-			n++
-		}
-		for _, p := range parks {
-			if p.rec != nil {
-				w.sess.Produce(context.Background(), p.rec, promise)
-				n++
-			}
-		}
-		if n > 0 {
-			// Guarantee: the parked rows are produced in the open
-			// transaction, not visible; a crash aborts them with the
-			// offsets, and the restart refuses and parks the rows again,
-			// once.
-			fault.Hit(FaultAfterPark)
-		}
+		w.produceParks(decodeParks, parks, &produced)
 	}
 	try := kgo.TryCommit
 	if abandon {
@@ -105,10 +74,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	case !committed:
 		w.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 		w.markDirty(win.last)
-		prodMu.Lock()
-		perr := prodErr
-		prodMu.Unlock()
-		switch {
+		switch perr := produced.get(); {
 		case perr != nil:
 			w.log.Warn("transaction aborted: producing a parked row failed; re-consuming from the committed offsets", zap.Error(perr))
 		case abandon && ctx.Err() != nil:
@@ -123,6 +89,62 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	// partition, the offset just past its parked row — and the parked
 	// rows are committed together.
 	w.m.session.Transactions.WithLabelValues(session.Committed).Inc()
+	w.afterCommit(win, decodeParks, parks, stops, held)
+	return nil
+}
+
+// firstError keeps the first error of the records produced in a
+// transaction (promise is their kgo promise).
+type firstError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstError) promise(r *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = fmt.Errorf("produce to %s: %w", r.Topic, err)
+	}
+}
+
+func (f *firstError) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// produceParks produces, in the window's open transaction, the records
+// that did not decode and the rows ClickHouse refused (a refused row of
+// usage.rejected has no record: it went to usage_quarantine).
+func (w *Writer) produceParks(decodeParks []decodePark, parks []parked, produced *firstError) {
+	n := 0
+	for _, d := range decodeParks {
+		w.sess.Produce(context.Background(), d.rec, produced.promise)
+		n++
+	}
+	for _, p := range parks {
+		if p.rec != nil {
+			w.sess.Produce(context.Background(), p.rec, produced.promise)
+			n++
+		}
+	}
+	if n > 0 {
+		// Guarantee: the parked rows are produced in the open
+		// transaction, not visible; a crash aborts them with the
+		// offsets, and the restart refuses and parks the rows again,
+		// once.
+		fault.Hit(FaultAfterPark)
+	}
+}
+
+// afterCommit records a committed window: the partitions' committed
+// offsets (advance), the metrics and log lines of what it parked, and the
+// test hook.
+func (w *Writer) afterCommit(win *window, decodeParks []decodePark, parks []parked, stops map[tp]stop, held int) {
 	heldRecs := win.heldRecords(stops)
 	w.m.committed.Add(float64(win.records - heldRecs))
 	w.advance(win.last, stops)
@@ -166,7 +188,6 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		// again, and the resume rule skips what is present.
 		fault.Hit(FaultAfterParkCommit)
 	}
-	return nil
 }
 
 // rewind moves each stopped partition's consumed offset back to just past

@@ -49,111 +49,22 @@ func offsetConds(rows []*row, keep func(*row) bool) []string {
 // filterPresent applies the resume rule: for the rows' dirty partitions, it
 // drops the rows whose (partition, offset) the table already holds.
 func (w *Writer) filterPresent(ctx context.Context, t *table, rows []*row) ([]*row, error) {
-	type span struct{ lo, hi int64 }
-	spans := map[int32]*span{}
-	for _, r := range rows {
-		s, ok := spans[r.partition()]
-		if !ok {
-			spans[r.partition()] = &span{r.offset(), r.offset()}
-			continue
-		}
-		if r.offset() < s.lo {
-			s.lo = r.offset()
-		}
-		if r.offset() > s.hi {
-			s.hi = r.offset()
-		}
-	}
-	// Snapshot the partitions' states.
-	type dirtyPart struct {
-		ps             *pstate
-		committed, max int64
-		maxKnown       bool
-		lo, hi         int64
-	}
-	dirty := map[int32]*dirtyPart{}
-	w.mu.Lock()
-	for p, s := range spans {
-		ps, ok := w.parts[tp{t.topic, p}]
-		if !ok {
-			w.mu.Unlock()
-			return nil, errAbandon // revoked: this window cannot commit
-		}
-		if ps.committed < 0 {
-			// No committed offset: the first row consumed is the lower
-			// bound. Rows at lower offsets can never be consumed again,
-			// and the records between the partition's start and this row
-			// were not rows.
-			ps.committed = s.lo
-		}
-		if ps.dirty {
-			dirty[p] = &dirtyPart{ps: ps, committed: ps.committed, max: ps.presentMax, maxKnown: ps.maxKnown, lo: s.lo, hi: s.hi}
-		}
-	}
-	if len(dirty) == 0 {
-		w.mu.Unlock()
-		return rows, nil
+	spans := spansOf(rows)
+	dirty, unknown, err := w.dirtyParts(t, spans)
+	if err != nil || len(dirty) == 0 {
+		return rows, err
 	}
 	// 1. The highest offset ≥ committed already in the table, per partition
 	// (once per dirty spell). The query also covers the topic's other
 	// dirty partitions whose lower bound is known, so that an assignment
 	// costs one query per table, not one per batch.
-	var unknown []int32
-	for k, ps := range w.parts {
-		if k.topic != t.topic || !ps.dirty || ps.maxKnown || ps.committed < 0 {
-			continue
-		}
-		unknown = append(unknown, k.p)
-		if _, ok := dirty[k.p]; !ok {
-			dirty[k.p] = &dirtyPart{ps: ps, committed: ps.committed, lo: -1, hi: -2}
-		}
-	}
-	w.mu.Unlock()
 	if len(unknown) > 0 {
-		sort.Slice(unknown, func(i, j int) bool { return unknown[i] < unknown[j] })
-		conds := make([]string, len(unknown))
-		for i, p := range unknown {
-			c := dirty[p].committed
-			conds[i] = fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) >= %d AND kafka_offset >= %d)", p, resumeChunk, c/resumeChunk, c)
-		}
-		maxes, err := w.lookupRows(ctx, t, "max(kafka_offset)", conds, true)
-		if err != nil {
+		if err := w.lookupMax(ctx, t, dirty, unknown); err != nil {
 			return nil, err
 		}
-		w.mu.Lock()
-		for _, p := range unknown {
-			d := dirty[p]
-			m := int64(-1)
-			for off := range maxes[p] {
-				m = off
-			}
-			d.max, d.maxKnown = m, true
-			if cur := w.parts[tp{t.topic, p}]; cur == d.ps && cur.dirty && !cur.maxKnown {
-				cur.maxKnown, cur.presentMax = true, m
-			}
-		}
-		w.mu.Unlock()
 	}
 	// 2. Which of the rows' offsets are there.
-	var conds []string
-	for _, p := range sortedKeys(dirty) {
-		d := dirty[p]
-		if _, ok := spans[p]; !ok {
-			continue // looked up for its max only
-		}
-		lo, hi := d.lo, d.hi
-		if lo < d.committed {
-			lo = d.committed
-		}
-		if hi > d.max {
-			hi = d.max
-		}
-		if lo > hi {
-			continue
-		}
-		conds = append(conds, fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) BETWEEN %d AND %d AND kafka_offset BETWEEN %d AND %d)",
-			p, resumeChunk, lo/resumeChunk, hi/resumeChunk, lo, hi))
-	}
+	conds := presentConds(spans, dirty)
 	if len(conds) == 0 {
 		return rows, nil
 	}
@@ -178,6 +89,113 @@ func (w *Writer) filterPresent(ctx context.Context, t *table, rows []*row) ([]*r
 		w.log.Info("resume rule: rows already in the table skipped", zap.String("table", t.name), zap.Int("rows", skipped))
 	}
 	return out, nil
+}
+
+// dirtyPart is a dirty partition's state as the resume lookup found it,
+// and the lowest and highest offset of its rows in the batch (lo > hi: it
+// has none, it is looked up for its highest present offset only).
+type dirtyPart struct {
+	ps             *pstate
+	committed, max int64
+	maxKnown       bool
+	lo, hi         int64
+}
+
+// dirtyParts snapshots the state of the dirty partitions among the rows'
+// (spans, spansOf), and, when there are any, of the topic's other dirty
+// partitions whose highest present offset is not known yet; unknown lists
+// the partitions, of both kinds, whose highest present offset the lookup
+// must read first. It returns errAbandon when one of the rows' partitions
+// was revoked: the window cannot commit.
+func (w *Writer) dirtyParts(t *table, spans map[int32][2]int64) (dirty map[int32]*dirtyPart, unknown []int32, err error) {
+	dirty = map[int32]*dirtyPart{}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for p, s := range spans {
+		ps, ok := w.parts[tp{t.topic, p}]
+		if !ok {
+			return nil, nil, errAbandon
+		}
+		if ps.committed < 0 {
+			// No committed offset: the first row consumed is the lower
+			// bound. Rows at lower offsets can never be consumed again,
+			// and the records between the partition's start and this row
+			// were not rows.
+			ps.committed = s[0]
+		}
+		if ps.dirty {
+			dirty[p] = &dirtyPart{ps: ps, committed: ps.committed, max: ps.presentMax, maxKnown: ps.maxKnown, lo: s[0], hi: s[1]}
+		}
+	}
+	if len(dirty) == 0 {
+		return nil, nil, nil
+	}
+	for k, ps := range w.parts {
+		if k.topic != t.topic || !ps.dirty || ps.maxKnown || ps.committed < 0 {
+			continue
+		}
+		unknown = append(unknown, k.p)
+		if _, ok := dirty[k.p]; !ok {
+			dirty[k.p] = &dirtyPart{ps: ps, committed: ps.committed, lo: -1, hi: -2}
+		}
+	}
+	sort.Slice(unknown, func(i, j int) bool { return unknown[i] < unknown[j] })
+	return dirty, unknown, nil
+}
+
+// lookupMax reads the highest offset at or after the committed one that
+// the table holds for each partition of unknown, into dirty and into the
+// partition's state (unless it changed meanwhile).
+func (w *Writer) lookupMax(ctx context.Context, t *table, dirty map[int32]*dirtyPart, unknown []int32) error {
+	conds := make([]string, len(unknown))
+	for i, p := range unknown {
+		c := dirty[p].committed
+		conds[i] = fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) >= %d AND kafka_offset >= %d)", p, resumeChunk, c/resumeChunk, c)
+	}
+	maxes, err := w.lookupRows(ctx, t, "max(kafka_offset)", conds, true)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range unknown {
+		d := dirty[p]
+		m := int64(-1)
+		for off := range maxes[p] {
+			m = off
+		}
+		d.max, d.maxKnown = m, true
+		if cur := w.parts[tp{t.topic, p}]; cur == d.ps && cur.dirty && !cur.maxKnown {
+			cur.maxKnown, cur.presentMax = true, m
+		}
+	}
+	return nil
+}
+
+// presentConds returns the conditions of the lookup of the rows' offsets
+// that may be in the table: per dirty partition of the rows, those from
+// its committed offset up to its highest present one.
+func presentConds(spans map[int32][2]int64, dirty map[int32]*dirtyPart) []string {
+	var conds []string
+	for _, p := range sortedKeys(dirty) {
+		d := dirty[p]
+		if _, ok := spans[p]; !ok {
+			continue // looked up for its max only
+		}
+		lo, hi := d.lo, d.hi
+		if lo < d.committed {
+			lo = d.committed
+		}
+		if hi > d.max {
+			hi = d.max
+		}
+		if lo > hi {
+			continue
+		}
+		conds = append(conds, fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) BETWEEN %d AND %d AND kafka_offset BETWEEN %d AND %d)",
+			p, resumeChunk, lo/resumeChunk, hi/resumeChunk, lo, hi))
+	}
+	return conds
 }
 
 func sortedKeys[V any](m map[int32]V) []int32 {

@@ -2,7 +2,6 @@ package sink
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -23,6 +22,30 @@ import (
 // a revoke returns only once no ClickHouse write of this instance can
 // still be in flight, so that the next owner's lookup sees every row this
 // instance wrote.
+
+// runSession runs one Kafka session: the group member and transactional
+// producer of internal/session, and the inserter goroutine, until ctx
+// ends or the session fails; closing the session leaves the group.
+func (w *Writer) runSession(ctx context.Context) error {
+	sess, err := w.loop.Open(w.topicNames(), session.Hooks{Assigned: w.adjustOffsets, Revoked: w.onRevoked})
+	if err != nil {
+		return fmt.Errorf("sink: %w", err)
+	}
+	w.sess = sess
+	w.revoked.Store(false)
+	w.joined.Store(true)
+	ins := w.startInserter(ctx)
+	defer func() {
+		ins.close()
+		w.joined.Store(false)
+		w.resumeFetching()
+		sess.Close()
+		w.clearParts()
+	}()
+	w.log.Info("sink started", zap.String("group", w.cfg.Group), zap.Strings("topics", w.topicNames()),
+		zap.String("transactional_id", w.cfg.TransactionalID()), zap.String("database", w.cfg.Database))
+	return w.runWindows(ctx, ins)
+}
 
 // adjustOffsets runs on kgo's group goroutine once the group's committed
 // offsets of newly assigned partitions are fetched (stable: no transaction
@@ -79,90 +102,6 @@ func (w *Writer) clearParts() {
 	w.parts = map[tp]*pstate{}
 	w.m.owned.Set(0)
 	w.mu.Unlock()
-}
-
-func (w *Writer) runSession(ctx context.Context) error {
-	sess, err := w.loop.Open(w.topicNames(), session.Hooks{Assigned: w.adjustOffsets, Revoked: w.onRevoked})
-	if err != nil {
-		return fmt.Errorf("sink: %w", err)
-	}
-	w.sess = sess
-	w.revoked.Store(false)
-	w.joined.Store(true)
-	ins := w.startInserter(ctx)
-	defer func() {
-		ins.close()
-		w.joined.Store(false)
-		w.resumeFetching()
-		sess.Close()
-		w.clearParts()
-	}()
-	w.log.Info("sink started", zap.String("group", w.cfg.Group), zap.Strings("topics", w.topicNames()),
-		zap.String("transactional_id", w.cfg.TransactionalID()), zap.String("database", w.cfg.Database))
-
-	win, cur := newWindow(), newPending()
-	// closeWindow inserts what is pending, waits for every INSERT of the
-	// window, and ends its transaction.
-	closeWindow := func() error {
-		if cur.records > 0 {
-			ins.dispatch(cur)
-			cur = newPending()
-		}
-		parks, stops, held, err := ins.wait()
-		abandon := errors.Is(err, errAbandon)
-		if err != nil && !abandon {
-			return err
-		}
-		err = w.commit(ctx, win, parks, stops, held, abandon)
-		win = newWindow()
-		return err
-	}
-	for {
-		if ctx.Err() != nil {
-			if win.records > 0 {
-				if err := closeWindow(); err != nil {
-					return err
-				}
-			}
-			return ctx.Err()
-		}
-		wait := w.cfg.CommitInterval
-		if win.records > 0 {
-			wait = time.Until(win.start.Add(w.cfg.CommitInterval))
-		}
-		if cur.records > 0 {
-			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
-		}
-		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
-		if err := fetchError(fs); err != nil {
-			return err
-		}
-		var derr error
-		polled := time.Now()
-		fs.EachRecord(func(r *kgo.Record) {
-			if derr == nil {
-				derr = w.add(win, cur, r, polled)
-			}
-		})
-		if derr != nil {
-			return derr
-		}
-		now := time.Now()
-		if cur.records > 0 && (cur.records >= w.cfg.MaxBatchRecords || !now.Before(cur.start.Add(w.cfg.MaxBatchWait))) {
-			// Blocks while the inserter has a batch in hand and one
-			// queued: polling stops, so a slow or unavailable ClickHouse
-			// holds back fetching.
-			ins.dispatch(cur)
-			cur = newPending()
-		}
-		// A refused row ends the window early: it is parked, and its
-		// partition's later rows are held back until that commits.
-		if win.records > 0 && (!now.Before(win.start.Add(w.cfg.CommitInterval)) || ins.stopped.Load()) {
-			if err := closeWindow(); err != nil {
-				return err
-			}
-		}
-	}
 }
 
 func (w *Writer) poll(ctx context.Context, d time.Duration, max int) kgo.Fetches {

@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -48,6 +50,22 @@ type stop struct {
 func heldBack(stops map[tp]stop, k tp, off int64) bool {
 	s, ok := stops[k]
 	return ok && off > s.offset
+}
+
+// parksBefore returns the window's records that did not decode, except
+// those held back behind a stop: such a record is fetched again after
+// this window's commit, and parked then — not now, or twice.
+func (win *window) parksBefore(stops map[tp]stop) []decodePark {
+	if len(stops) == 0 {
+		return win.parks
+	}
+	var out []decodePark
+	for _, d := range win.parks {
+		if !heldBack(stops, d.src, d.off) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func newWindow() *window { return &window{last: map[tp]int64{}, offs: map[tp][]int64{}} }
@@ -113,4 +131,74 @@ func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) er
 		cur.rows[t] = append(cur.rows[t], row)
 	}
 	return nil
+}
+
+// runWindows polls, decodes the records into the window and the pending
+// INSERT batch, hands full or due batches to the inserter, and ends the
+// window when it is due (CommitInterval) or a refused row stopped a
+// partition. When ctx ends it ends the window in hand and returns.
+func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
+	win, cur := newWindow(), newPending()
+	// closeWindow inserts what is pending, waits for every INSERT of the
+	// window, and ends its transaction.
+	closeWindow := func() error {
+		if cur.records > 0 {
+			ins.dispatch(cur)
+			cur = newPending()
+		}
+		parks, stops, held, err := ins.wait()
+		abandon := errors.Is(err, errAbandon)
+		if err != nil && !abandon {
+			return err
+		}
+		err = w.commit(ctx, win, parks, stops, held, abandon)
+		win = newWindow()
+		return err
+	}
+	for {
+		if ctx.Err() != nil {
+			if win.records > 0 {
+				if err := closeWindow(); err != nil {
+					return err
+				}
+			}
+			return ctx.Err()
+		}
+		wait := w.cfg.CommitInterval
+		if win.records > 0 {
+			wait = time.Until(win.start.Add(w.cfg.CommitInterval))
+		}
+		if cur.records > 0 {
+			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
+		}
+		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
+		if err := fetchError(fs); err != nil {
+			return err
+		}
+		var derr error
+		polled := time.Now()
+		fs.EachRecord(func(r *kgo.Record) {
+			if derr == nil {
+				derr = w.add(win, cur, r, polled)
+			}
+		})
+		if derr != nil {
+			return derr
+		}
+		now := time.Now()
+		if cur.records > 0 && (cur.records >= w.cfg.MaxBatchRecords || !now.Before(cur.start.Add(w.cfg.MaxBatchWait))) {
+			// Blocks while the inserter has a batch in hand and one
+			// queued: polling stops, so a slow or unavailable ClickHouse
+			// holds back fetching.
+			ins.dispatch(cur)
+			cur = newPending()
+		}
+		// A refused row ends the window early: it is parked, and its
+		// partition's later rows are held back until that commits.
+		if win.records > 0 && (!now.Before(win.start.Add(w.cfg.CommitInterval)) || ins.stopped.Load()) {
+			if err := closeWindow(); err != nil {
+				return err
+			}
+		}
+	}
 }
