@@ -142,11 +142,11 @@ type metersFile struct {
 // For the HTTP ingest, a meter also says which CloudEvents feed it
 // (OpenMeter's meter definition, in snake case):
 //
-//	  - name: tokens
-//	    aggregation: SUM
-//	    event_type: prompt
-//	    value_property: $.tokens
-//	    group_by: {model: $.model}
+//   - name: tokens
+//     aggregation: SUM
+//     event_type: prompt
+//     value_property: $.tokens
+//     group_by: {model: $.model}
 //
 // Unknown keys are an error. Every problem is reported at once.
 func ParseMeters(b []byte) (*Catalog, error) {
