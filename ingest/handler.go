@@ -1,12 +1,12 @@
 package ingest
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +73,11 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 		s.metrics.refused(tenant, req.inputs)
 		return tenant
 	}
+	// Every event is validated and encoded (producer.Record: the checks
+	// and the encoding of every producer) before anything is sent.
+	recs, errs := s.records(req)
+	req.errs = append(req.errs, errs...)
+	sort.SliceStable(req.errs, func(i, j int) bool { return req.errs[i].Index < req.errs[j].Index })
 	if len(req.denied) > 0 {
 		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
 			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
@@ -97,13 +102,6 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 			s.metrics.refused(tenant, req.inputs)
 			return tenant
 		}
-	}
-	recs, errs := s.records(req)
-	if len(errs) > 0 {
-		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
-			fmt.Sprintf("%d of %d events are invalid; nothing was sent", countIndexes(errs), req.inputs), errs, 0)
-		s.metrics.refused(tenant, req.inputs)
-		return tenant
 	}
 	if err := s.send(recs); err != nil {
 		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
@@ -353,10 +351,8 @@ func countIndexes(errs []EventError) int {
 // splitLines splits an NDJSON body into its non-blank lines.
 func splitLines(body []byte) []json.RawMessage {
 	var out []json.RawMessage
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(nil, len(body)+1)
-	for sc.Scan() {
-		if l := bytes.TrimSpace(sc.Bytes()); len(l) > 0 {
+	for l := range bytes.SplitSeq(body, []byte("\n")) {
+		if l = bytes.TrimSpace(l); len(l) > 0 {
 			out = append(out, l)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/aggregator"
@@ -50,22 +51,36 @@ type env struct {
 	admin   *Admin
 	token   string // of tenant acme: customers acme-*, any meter
 	stop    func() error
+	cluster *kfake.Cluster // nil on the real broker
 }
 
 // newEnv starts an ingest server on kfake (or on the real broker with
 // real set), with a key for tenant acme (customers acme-*).
 func newEnv(t *testing.T, mod func(*Config)) *env {
 	t.Helper()
-	_, brokers := testenv.KFake(t)
-	return newEnvOn(t, brokers, mod)
+	c, brokers := testenv.KFake(t)
+	return newEnvOn(t, brokers, c, mod)
 }
 
-func newEnvOn(t *testing.T, brokers []string, mod func(*Config)) *env {
+// newEnvOn is newEnv on brokers: a kfake cluster's (its topics go with
+// it), or the real broker's (its topics are deleted when the test ends).
+func newEnvOn(t *testing.T, brokers []string, cluster *kfake.Cluster, mod func(*Config)) *env {
 	t.Helper()
-	e := &env{t: t, brokers: brokers, topic: testenv.Name(t, "events"), keys: testenv.Name(t, "keys")}
-	testenv.CreateTopic(t, brokers, e.topic, 4, nil)
+	e := &env{t: t, brokers: brokers, topic: testenv.Name(t, "events"), keys: testenv.Name(t, "keys"), cluster: cluster}
 	compact := "compact"
-	testenv.CreateTopic(t, brokers, e.keys, 1, map[string]*string{"cleanup.policy": &compact})
+	if cluster == nil {
+		testenv.CreateTopic(t, brokers, e.topic, 4, nil)
+		testenv.CreateTopic(t, brokers, e.keys, 1, map[string]*string{"cleanup.policy": &compact})
+	} else {
+		adm := testenv.Admin(t, brokers)
+		ctx := context.Background()
+		if _, err := adm.CreateTopic(ctx, 4, 1, nil, e.topic); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": &compact}, e.keys); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
@@ -228,3 +243,5 @@ func fmtErr(err error) string {
 	}
 	return err.Error()
 }
+
+func sleepMs(n int) { time.Sleep(time.Duration(n) * time.Millisecond) }

@@ -315,7 +315,9 @@ func (s *Server) Run(ctx context.Context) error {
 	keysCtx, stopKeys := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopKeys()
 	keysDone := make(chan error, 1)
-	go func() { keysDone <- s.keys.Follow(keysCtx, append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.ClientOptions...)...) }()
+	go func() {
+		keysDone <- s.keys.Follow(keysCtx, append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.ClientOptions...)...)
+	}()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(s.ln) }()
 	s.log.Info("ingest serving", zap.String("url", s.URL()), zap.String("topic", s.cfg.Topic), zap.String("keys_topic", s.cfg.KeysTopic))
