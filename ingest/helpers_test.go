@@ -245,3 +245,12 @@ func fmtErr(err error) string {
 }
 
 func sleepMs(n int) { time.Sleep(time.Duration(n) * time.Millisecond) }
+
+func mustCatalog(t testing.TB) *aggregator.Catalog {
+	t.Helper()
+	cat, err := aggregator.ParseMeters([]byte(testMeters))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cat
+}
