@@ -938,6 +938,7 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if len(key) > 0 {
 		part = schemas.Partition(key, pt.pr.counts.rejected)
 	}
+	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
 	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: schemas.MustEncode(rej)})
 	pt.pr.m.rejected.WithLabelValues("aggregator", reason).Inc()
 	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", detail),

@@ -16,9 +16,12 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
+// tick builds a tick record of partition p at arrival, signed with the
+// harness's key as a dedup instance signs its own.
 func (h *harness) tick(p int32, arrival int64) *kgo.Record {
-	return &kgo.Record{Topic: h.names.EventsTopic(), Partition: p, Value: schemas.MustEncode(&schemas.Tick{InstanceID: "test"}),
-		Timestamp: time.UnixMilli(arrival)}
+	v := schemas.MustEncode(&schemas.Tick{InstanceID: "test"})
+	return &kgo.Record{Topic: h.names.EventsTopic(), Partition: p, Value: v, Timestamp: time.UnixMilli(arrival),
+		Headers: newKeyring(h.keys).tickHeaders(h.names.EventsTopic(), p, v)}
 }
 
 // TestWatermarkForwarding: each tick forwards the partition watermark — the
@@ -27,6 +30,7 @@ func TestWatermarkForwarding(t *testing.T) {
 	h := newHarness(t, nil, 2)
 	cfg := h.config("a", vfs.NewMem())
 	cfg.TickInterval = time.Hour // only the test's ticks
+	cfg.WatermarkEvery = time.Millisecond
 	h.start(cfg)
 	e := h.event("acme", "api_calls", "w1", 1, t0-hour, t0+5000)
 	h.produce(e, h.tick(e.Partition, t0+1000)) // tick older than the event

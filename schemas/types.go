@@ -91,8 +91,17 @@ type Rejected struct {
 	CustomerID      string `avro:"customer_id"`
 	Meter           string `avro:"meter"`
 	EventID         string `avro:"event_id"`
-	RawKey          []byte `avro:"raw_key"`
-	RawValue        []byte `avro:"raw_value"`
+	// RawKey and RawValue are the source record's key and value, or
+	// their first MaxRejectedRawBytes (Bound); RawKeyLength and
+	// RawValueLength are the whole lengths and RawKeySHA256 and
+	// RawValueSHA256 the digests of the whole bytes. A record written
+	// before bounding existed decodes with lengths of -1 and nil digests.
+	RawKey         []byte `avro:"raw_key"`
+	RawValue       []byte `avro:"raw_value"`
+	RawKeyLength   int64  `avro:"raw_key_length"`
+	RawKeySHA256   []byte `avro:"raw_key_sha256"`
+	RawValueLength int64  `avro:"raw_value_length"`
+	RawValueSHA256 []byte `avro:"raw_value_sha256"`
 }
 
 // Kind implements Message.
