@@ -75,8 +75,12 @@ func newPipeline(t *testing.T) *pipeline {
 // ends.
 func (p *pipeline) startDedup() {
 	t := p.t
+	key, err := dedup.GenerateKey("t")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	st, err := dedup.New(ctx, dedup.Config{Topics: p.names, TickInterval: 200 * time.Millisecond, Stream: stream.Config{
+	st, err := dedup.New(ctx, dedup.Config{Topics: p.names, TickInterval: 200 * time.Millisecond, Keys: []dedup.Key{key}, Stream: stream.Config{
 		Brokers: p.brokers, Group: p.names.Prefix + "dedup", InstanceID: "t", StateDir: filepath.Join(t.TempDir(), "state"),
 		CommitInterval: 50 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: zaptest.NewLogger(t).Named("dedup")}})
 	if err != nil {
