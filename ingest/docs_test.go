@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/testenv"
 )
