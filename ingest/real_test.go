@@ -13,6 +13,7 @@ import (
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/dedup"
@@ -82,7 +83,7 @@ func (p *pipeline) startDedup() {
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := dedup.New(ctx, dedup.Config{Topics: p.names, TickInterval: 200 * time.Millisecond, Keys: []dedup.Key{key}, Stream: stream.Config{
 		Brokers: p.brokers, Group: p.names.Prefix + "dedup", InstanceID: "t", StateDir: filepath.Join(t.TempDir(), "state"),
-		CommitInterval: 50 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: zaptest.NewLogger(t).Named("dedup")}})
+		CommitInterval: 50 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("dedup")}})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
