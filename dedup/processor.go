@@ -537,7 +537,8 @@ func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int6
 // partition; the aggregator takes the minimum over all sources.
 func (pt *partition) forwardWatermark(tx *stream.Tx) error {
 	c := pt.pr.counts
-	v, err := schemas.Encode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm})
+	v, err := schemas.Encode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm,
+		WindowMs: pt.pr.cfg.Window.Milliseconds()})
 	if err != nil {
 		return fmt.Errorf("dedup: partition %d: encode watermark: %w", pt.p, err)
 	}

@@ -38,6 +38,10 @@ func TestWatermarkForwarding(t *testing.T) {
 	h.produce(h.tick(e.Partition, t0+9000))    // newer tick
 	h.caughtUp()
 
+	// Each record states dedup's W, for the aggregator to check its own.
+	wc := cfg
+	wc.EnsureDefaults()
+	wantW := wc.Window
 	// Per deduped partition, in order: the watermarks of each source.
 	got := map[[2]int32][]int64{} // (deduped partition, source partition) -> watermarks
 	for _, r := range readTopic(t, h, h.names.DedupedTopic()) {
@@ -50,6 +54,9 @@ func TestWatermarkForwarding(t *testing.T) {
 		}
 		if w.SourcePartitions != 2 {
 			t.Errorf("source_partitions %d, want 2", w.SourcePartitions)
+		}
+		if w.WindowMs != wantW.Milliseconds() {
+			t.Errorf("window_ms %d, want dedup's W %s", w.WindowMs, wantW)
 		}
 		k := [2]int32{r.Partition, w.SourcePartition}
 		got[k] = append(got[k], w.Watermark)

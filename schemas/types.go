@@ -54,6 +54,9 @@ type Watermark struct {
 	SourcePartition  int32 `avro:"source_partition"`
 	SourcePartitions int32 `avro:"source_partitions"`
 	Watermark        int64 `avro:"watermark"`
+	// WindowMs is the writer's dedup window W in milliseconds; 0: not
+	// stated (written before the field existed).
+	WindowMs int64 `avro:"window_ms"`
 }
 
 // Kind implements Message.

@@ -33,6 +33,7 @@ type RunCmd struct {
 	StrictMeters   bool          `help:"Reject events of undeclared meters."`
 	Period         string        `help:"Billing period: month, day or hour." default:"month" enum:"month,day,hour"`
 	Grace          time.Duration `help:"Finalization grace after a period's end." default:"48h"`
+	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"10000"`
 	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 	Ingest         bool          `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
@@ -56,7 +57,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		return &ExitError{Code: 2, Err: err}
 	}
 	ac := AggregateCmd{StageFlags: c.StageFlags, Group: c.AggregateGroup, Meters: c.Meters, StrictMeters: c.StrictMeters,
-		Period: c.Period, Grace: c.Grace, Window: c.Window}
+		Period: c.Period, Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk}
 	acfg, err := ac.config(g, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
