@@ -105,6 +105,24 @@ func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 		}
 		return CloudEvent{}, &fieldError{"event", "invalid", err.Error()}
 	}
+	return checkCloudEvent(&j)
+}
+
+// decodeBatch decodes a whole batch body (an array) in one pass: the fast
+// path of a valid request. ok is false when any element does not decode
+// into the CloudEvent shape; the caller then checks each element on its
+// own, to name the bad ones.
+func decodeBatch(body []byte) ([]ceJSON, bool) {
+	var js []ceJSON
+	if err := json.Unmarshal(body, &js); err != nil {
+		return nil, false
+	}
+	return js, true
+}
+
+// checkCloudEvent checks a decoded CloudEvent's attributes (see
+// parseCloudEvent).
+func checkCloudEvent(j *ceJSON) (CloudEvent, *fieldError) {
 	var ev CloudEvent
 	for _, a := range [...]struct {
 		name string

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -169,6 +170,24 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Unreadable body", "reading the body: "+err.Error(), nil, 0)
 		return http.StatusBadRequest
 	}
+	// The fast path of a valid batch of CloudEvents: its text is valid
+	// UTF-8 and it decodes in one pass. Anything else takes the slow path,
+	// which checks each event on its own and names every bad one.
+	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) {
+		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
+			if js, ok := decodeBatch(b); ok && len(js) > 0 {
+				req.inputs = len(js)
+				if req.inputs > s.cfg.MaxEvents {
+					return 0 // answered by the caller
+				}
+				for i := range js {
+					ce, fe := checkCloudEvent(&js[i])
+					s.addCloudEvent(req, i, &ce, fe)
+				}
+				return 0
+			}
+		}
+	}
 	var elems []json.RawMessage
 	if ndjson {
 		elems = splitLines(body)
@@ -201,49 +220,53 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			req.errs = append(req.errs, fe.at(i))
 			continue
 		}
-		var (
-			evs []producer.Event
-			fe  *fieldError
-			fms []fieldMap
-		)
 		if req.kind == endpointOpenMeter {
-			evs, fms, fe = s.cloudEvent(raw, req)
-		} else {
-			evs, fms, fe = s.meterlineEvent(raw)
-		}
-		if fe != nil {
-			req.errs = append(req.errs, fe.at(i))
+			ce, fe := parseCloudEvent(raw)
+			s.addCloudEvent(req, i, &ce, fe)
 			continue
 		}
-		for k, e := range evs {
-			if why := req.key.allows(req.tenant, e.CustomerID, e.Meter); why != "" {
-				field := "customer_id"
-				if strings.HasPrefix(why, "meter") {
-					field = "meter"
-				}
-				req.denied = append(req.denied, EventError{Index: i, Field: fms[k](field), Code: CodeOutOfScope, Reason: why})
-				break
-			}
-		}
-		req.events = append(req.events, evs...)
-		req.fieldOf = append(req.fieldOf, fms...)
-		for range evs {
-			req.inputOf = append(req.inputOf, i)
-		}
+		evs, fms, fe := s.meterlineEvent(raw)
+		s.addEvents(req, i, evs, fms, fe)
 	}
 	return 0
 }
 
-// cloudEvent parses one CloudEvent into its usage events.
-func (s *Server) cloudEvent(raw []byte, req *request) ([]producer.Event, []fieldMap, *fieldError) {
-	ce, fe := parseCloudEvent(raw)
+// addCloudEvent maps CloudEvent i of the request (or its parse error) to
+// usage events and adds them.
+func (s *Server) addCloudEvent(req *request, i int, ce *CloudEvent, fe *fieldError) {
+	if fe == nil && ce.Time.IsZero() && s.cfg.RequireTime {
+		fe = &fieldError{"time", schemas.ReasonInvalid, "is missing, and this server requires it (--require-time)"}
+	}
 	if fe != nil {
-		return nil, nil, fe
+		s.addEvents(req, i, nil, nil, fe)
+		return
 	}
-	if ce.Time.IsZero() && s.cfg.RequireTime {
-		return nil, nil, &fieldError{"time", schemas.ReasonInvalid, "is missing, and this server requires it (--require-time)"}
+	evs, fms, fe := s.mapper.events(ce, req.received)
+	s.addEvents(req, i, evs, fms, fe)
+}
+
+// addEvents adds the usage events of input i, or its error, to the
+// request, and checks them against the key's scope.
+func (s *Server) addEvents(req *request, i int, evs []producer.Event, fms []fieldMap, fe *fieldError) {
+	if fe != nil {
+		req.errs = append(req.errs, fe.at(i))
+		return
 	}
-	return s.mapper.events(&ce, req.received)
+	for k, e := range evs {
+		if why := req.key.allows(req.tenant, e.CustomerID, e.Meter); why != "" {
+			field := "customer_id"
+			if strings.HasPrefix(why, "meter") {
+				field = "meter"
+			}
+			req.denied = append(req.denied, EventError{Index: i, Field: fms[k](field), Code: CodeOutOfScope, Reason: why})
+			break
+		}
+	}
+	req.events = append(req.events, evs...)
+	req.fieldOf = append(req.fieldOf, fms...)
+	for range evs {
+		req.inputOf = append(req.inputOf, i)
+	}
 }
 
 // meterlineEvent parses one event of Meterline's JSON format.
