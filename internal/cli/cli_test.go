@@ -260,7 +260,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	if n := strings.Count(out, "drift"); n != 5 {
-		t.Errorf("%d drifts reported, want 5:\n%s", n, out)
+	if n := strings.Count(out, "drift"); n != 6 {
+		t.Errorf("%d drifts reported, want 6:\n%s", n, out)
 	}
 }
