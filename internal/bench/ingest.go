@@ -174,7 +174,7 @@ type ingestBench struct {
 
 // ingestConfig is the config of the measured ingest on topic.
 func (b *ingestBench) ingestConfig(topic string) ingest.Config {
-	cfg := ingest.Config{Addr: "127.0.0.1:0", Brokers: b.env.Brokers, ClientOptions: b.env.ClientOptions, Topic: topic,
+	cfg := ingest.Config{Addr: "127.0.0.1:0", Brokers: b.env.Kafka.Brokers, ClientOptions: b.env.ClientOptions, Topic: topic,
 		KeysTopic: b.keysTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
 		Logger: b.env.Logger, Registerer: prometheus.NewRegistry()}
 	cfg.EnsureDefaults()
