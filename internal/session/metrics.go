@@ -25,18 +25,16 @@ type Names struct {
 // Metrics are a stage's session metrics. The stage counts its input and
 // its transactions; Loop.Run counts the restarts.
 type Metrics struct {
-	// RecordsIn is Names.RecordsIn{topic}: input records
-	// polled, by topic (counted again when re-consumed after an aborted
-	// transaction).
+	// RecordsIn is Names.RecordsIn{topic}: input records polled, by topic
+	// (counted again when re-consumed after an aborted transaction).
 	RecordsIn *prometheus.CounterVec
-	// Transactions is Names.Transactions{outcome}: transactions
-	// ended, by outcome (Committed, Aborted, Unknown).
+	// Transactions is Names.Transactions{outcome}: transactions ended, by
+	// outcome (Committed, Aborted, Unknown).
 	Transactions *prometheus.CounterVec
 	// CommitSeconds is Names.CommitSeconds: the time to write what is
 	// left of a transaction and end it.
 	CommitSeconds prometheus.Histogram
-	// Restarts is Names.Restarts: sessions rebuilt after
-	// ErrRestart.
+	// Restarts is Names.Restarts: sessions rebuilt after ErrRestart.
 	Restarts prometheus.Counter
 }
 
