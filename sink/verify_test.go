@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
+	chschema "github.com/meterline/meterline/schemas/clickhouse"
 )
 
 // scalar runs a query of one UInt64.
@@ -144,7 +147,7 @@ func TestVerifyRepairsAFailedView(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitNoMembers(t, e)
+	waitMembers(t, e.brokers, e.group, 0)
 
 	rep, err = Verify(ctx, e.verifyConfig(true))
 	if err != nil {
@@ -211,23 +214,6 @@ func derivedView(t *testing.T, table string) View {
 	return View{}
 }
 
-// waitNoMembers waits until the sink's group is empty.
-func waitNoMembers(t *testing.T, e *env) {
-	t.Helper()
-	members := GroupMembers(testenv.Admin(t, e.brokers), e.group)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		m, err := members(context.Background())
-		if err == nil && len(m) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group %s still has members %v (%v)", e.group, m, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestRetentionDropsMonths drops the oldest month of the raw-event tables
 // as docs/operations.md shows, and checks what verify then does: the
 // month after the ledger's new oldest month is still compared and equal,
@@ -286,5 +272,173 @@ func TestRetentionDropsMonths(t *testing.T) {
 	}
 	if len(months) < 3 {
 		t.Errorf("invoice_lines months compared: %v", months)
+	}
+}
+
+// TestBackfillKilledAndRerun migrates a database that already holds data
+// (the ledger tables only) to the analyst tables, and backfills them with
+// the real binary, `meterline verify --backfill`, killed twice half-way
+// (by SIGKILL at a fault point after a month was swapped in, and by the
+// test's own SIGKILL while a staging table fills), then run to the end.
+// Meanwhile the sink refuses to start, and the backfill refuses to run
+// while the sink's group has a member. At the end every analyst table
+// equals the ledger in every month, no staging table is left, and the
+// sink may start.
+func TestBackfillKilledAndRerun(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	addr := testenv.RealClickHouse(t)
+	conn, db := testenv.ClickHouseDB(t)
+	bin := testenv.Meterline(t)
+	ctx := ctxT(t, 10*time.Minute)
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate(ctx, conn, ms[:1]); err != nil {
+		t.Fatal(err)
+	}
+	data := SyntheticData{Events: 200_000, Revisions: 20_000, Customers: 500, Months: 3, Partitions: 8}
+	for _, s := range data.Statements(db) {
+		if err := conn.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := Migrate(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[len(res)-1].Applied {
+		t.Fatal("the analyst tables' migration was not applied")
+	}
+	if n := e2count(t, conn, "SELECT count() FROM "+db+".events_by_customer"); n != 0 {
+		t.Fatalf("events_by_customer has %d rows before the backfill", n)
+	}
+	if err := CheckRebuilds(ctx, conn); !errors.Is(err, ErrRebuildUnfinished) {
+		t.Fatalf("after migrating a database with data: %v, want ErrRebuildUnfinished", err)
+	}
+	group := testenv.Name(t, "backfill-sink")
+	sinkRefuses := func() {
+		t.Helper()
+		w, err := New(Config{Brokers: brokers, Group: group, InstanceID: "i1", Topics: testTopics(), Conn: conn, Database: db,
+			Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := w.Run(rctx); !errors.Is(err, ErrRebuildUnfinished) {
+			t.Fatalf("sink during an unfinished backfill: %v, want ErrRebuildUnfinished", err)
+		}
+	}
+	sinkRefuses()
+
+	args := []string{"verify", "--backfill", "--database", db, "--clickhouse", addr, "--brokers", strings.Join(brokers, ","), "--group", group}
+	logs := testenv.LogDir(t, "backfill")
+	run := func(name, fault string) *testenv.Process {
+		return testenv.StartProcessOpts(t, testenv.ProcessOpts{Fault: fault, MayDie: true}, name, logs+"/"+name+".log", bin, args...)
+	}
+
+	// A member in the sink's group: the backfill refuses, and its record
+	// of the attempt does not linger.
+	topic := testenv.Name(t, "backfill-topic")
+	testenv.CreateTopic(t, brokers, topic, 1, nil)
+	member, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for pollCtx.Err() == nil {
+			member.PollFetches(pollCtx)
+		}
+	}()
+	waitMembers(t, brokers, group, 1)
+	p := run("backfill-0", "")
+	if !p.Wait(2*time.Minute) || p.ExitString() == "exit status 0" || !strings.Contains(p.LogText(), "group has members") {
+		t.Fatalf("backfill with a member in the sink's group: %s\n%s", p.ExitString(), p.Tail(20))
+	}
+	stopPoll()
+	<-polled
+	member.Close()
+	waitMembers(t, brokers, group, 0)
+	if runs, err := unfinishedRebuilds(ctx, conn, db); err != nil || len(runs) != 1 {
+		t.Fatalf("unfinished rebuilds after the refused backfill: %v, %v; want only the migration's", runs, err)
+	}
+
+	// 1. Killed at a fault point: after the second month swapped in.
+	p = run("backfill-1", FaultRebuildSwapped+"@2")
+	p.ExpectFaultKill(t, FaultRebuildSwapped, 3*time.Minute)
+	sinkRefuses()
+	// 2. Killed by the test while a later table's staging table fills.
+	p = run("backfill-2", "")
+	p.WaitLog(t, regexp.MustCompile(`rebuild: filling staging table.*`+TableAggregatesCurrent), 3*time.Minute)
+	p.Kill(t)
+	sinkRefuses()
+	if n := e2count(t, conn, "SELECT count() FROM system.tables WHERE database = '"+db+"' AND name LIKE 'rebuild\\_\\_%'"); n == 0 {
+		t.Log("no staging table was left by the kill (it fell between steps)")
+	}
+	// 3. To the end.
+	p = run("backfill-3", "")
+	if !p.Wait(5*time.Minute) || p.ExitString() != "exit status 0" {
+		t.Fatalf("third backfill: %s\n%s", p.ExitString(), p.Tail(30))
+	}
+	t.Logf("backfill output:\n%s", p.Tail(40))
+
+	if err := CheckRebuilds(ctx, conn); err != nil {
+		t.Fatalf("after the backfill: %v", err)
+	}
+	if n := e2count(t, conn, "SELECT count() FROM system.tables WHERE database = '"+db+"' AND name LIKE 'rebuild\\_\\_%'"); n != 0 {
+		t.Errorf("%d staging tables left", n)
+	}
+	for _, q := range [][2]string{
+		{"SELECT count() FROM " + db + ".usage_events", "SELECT count() FROM " + db + ".events_by_customer FINAL"},
+		{"SELECT count() FROM " + db + ".usage_events", "SELECT toUInt64(sum(events)) FROM " + db + ".usage_daily"},
+		{"SELECT count() FROM " + db + ".usage_events", "SELECT toUInt64(sum(accepted)) FROM " + db + ".source_daily"},
+		{"SELECT count() FROM " + db + ".usage_duplicates", "SELECT toUInt64(sum(duplicates)) FROM " + db + ".source_daily"},
+		{"SELECT uniqExact(customer_id, meter, group_key, period_start) FROM " + db + ".usage_aggregates", "SELECT count() FROM " + db + ".aggregates_current FINAL"},
+		{"SELECT count() FROM " + db + ".usage_adjustments", "SELECT count() FROM " + db + ".invoice_lines FINAL WHERE line_kind = 'adjustment'"},
+		{"SELECT count() FROM " + db + ".usage_rejected WHERE stage = 'aggregator'", "SELECT count() FROM " + db + ".unbilled_events FINAL"},
+	} {
+		led, der := e2count(t, conn, q[0]), e2count(t, conn, q[1])
+		if led != der || led == 0 {
+			t.Errorf("%s = %d, %s = %d", q[0], led, q[1], der)
+		}
+	}
+	rep, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: 202401, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range rep.Months {
+		if m.Status != MonthEqual {
+			t.Errorf("after the backfill: %s %d %s: ledger %v, derived %v", m.Table, m.Month, m.Status, m.Ledger, m.Derived)
+		}
+	}
+}
+
+func e2count(t *testing.T, conn driver.Conn, q string) uint64 {
+	t.Helper()
+	var n uint64
+	if err := conn.QueryRow(ctxT(t, time.Minute), q).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// waitMembers waits until the group has n members.
+func waitMembers(t *testing.T, brokers []string, group string, n int) {
+	t.Helper()
+	members := GroupMembers(testenv.Admin(t, brokers), group)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := members(context.Background())
+		if err == nil && len(m) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s: members %v (%v), want %d", group, m, err, n)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
