@@ -125,8 +125,12 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 // Run runs until ctx ends or a fatal error.
 func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 
-// Runtime exposes the stream runtime.
-func (s *Stage) Runtime() *stream.Runtime { return s.rt }
+// Ready reports whether the stage is ready (stream.Runtime.Ready); it
+// backs /readyz.
+func (s *Stage) Ready() error { return s.rt.Ready() }
+
+// Status describes the stage for the status page (stream.Runtime.Status).
+func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
 
 type partitionCountsT struct{ aggregates, adjustments, rejected int32 }
 

@@ -135,8 +135,16 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 // Run runs until ctx ends or a fatal error; see stream.Runtime.Run.
 func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 
-// Runtime exposes the stream runtime (state store, for benchmarks).
-func (s *Stage) Runtime() *stream.Runtime { return s.rt }
+// Ready reports whether the stage is ready (stream.Runtime.Ready); it
+// backs /readyz.
+func (s *Stage) Ready() error { return s.rt.Ready() }
+
+// Status describes the stage for the status page (stream.Runtime.Status).
+func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+
+// CrashAt makes the stage crash in-process at a fault point
+// (stream.Runtime.CrashAt; the demo's crash).
+func (s *Stage) CrashAt(point string) { s.rt.CrashAt(point) }
 
 type partitionCountsT struct {
 	events, deduped, duplicates, rejected int32

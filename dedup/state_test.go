@@ -64,7 +64,7 @@ func TestWatermarkForwarding(t *testing.T) {
 
 func identityKeys(t *testing.T, st *Stage, p int32) int {
 	n := 0
-	if err := st.Runtime().Store().Scan(p, []byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(_, _ []byte) error {
+	if err := st.rt.Store().Scan(p, []byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(_, _ []byte) error {
 		n++
 		return nil
 	}); err != nil {

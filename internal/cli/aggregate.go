@@ -57,5 +57,5 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 		return err
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.DedupedTopic()}}},
-		st.Runtime().Ready, st.Run, st.Runtime().Status)
+		st.Ready, st.Run, st.Status)
 }

@@ -80,8 +80,8 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		return err
 	}
 	stages := []namedStage{
-		{"dedup", ds.Run, ds.Runtime().Ready},
-		{"aggregate", as.Run, as.Runtime().Ready},
+		{"dedup", ds.Run, ds.Ready},
+		{"aggregate", as.Run, as.Ready},
 	}
 	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, []string{g.Topic.DedupedTopic()}}}
 	if !c.NoSink {
@@ -94,7 +94,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
-	}, ds.Runtime().Status, as.Runtime().Status)
+	}, ds.Status, as.Status)
 }
 
 type namedStage struct {

@@ -152,5 +152,5 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 		return err
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
-		st.Runtime().Ready, st.Run, st.Runtime().Status)
+		st.Ready, st.Run, st.Status)
 }

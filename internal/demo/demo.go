@@ -250,7 +250,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		dedupStage <- ds
 		pt := points[rng.Intn(len(points))]
 		rec.armed(pt)
-		ds.Runtime().CrashAt(pt)
+		ds.CrashAt(pt)
 	})
 	defer crashTimer.Stop()
 
