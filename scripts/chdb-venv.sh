@@ -40,7 +40,18 @@ start=$(date +%s)
 log "installing chdb $CHDB_VERSION (ClickHouse $CHDB_CORE_VERSION) into $VENV; about 200 MB of wheels on a fresh machine"
 rm -rf "$VENV"
 mkdir -p "$(dirname "$VENV")"
-"$PYTHON" -m venv "$VENV"
+if ! "$PYTHON" -m venv "$VENV" >&2; then
+    # Debian's python3 needs python3-venv for ensurepip.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "installing python3-venv with apt-get"
+        apt-get install -y -q python3-venv >&2 || { apt-get update -q >&2 && apt-get install -y -q python3-venv >&2; }
+        rm -rf "$VENV"
+        "$PYTHON" -m venv "$VENV" >&2
+    else
+        log "$PYTHON cannot create a virtualenv (on Debian: apt-get install python3-venv)"
+        exit 1
+    fi
+fi
 "$VENV/bin/pip" install --quiet --disable-pip-version-check "chdb==$CHDB_VERSION" "chdb-core==$CHDB_CORE_VERSION" >&2
 ready || { log "chdb $CHDB_VERSION does not import after the install"; exit 1; }
 log "installed in $(( $(date +%s) - start ))s"

@@ -26,6 +26,9 @@ deploy/local/clickhouse.sh start
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
+# The ClickHouse migrations and documented queries also run on a current
+# ClickHouse (26.x), embedded by chdb in a cached virtualenv.
+METERLINE_TEST_CHDB=$(scripts/chdb-venv.sh)
 
 echo "== go vet $PACKAGES"
 $GO vet $PACKAGES
@@ -35,6 +38,7 @@ export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
+export METERLINE_TEST_CHDB
 set +e
 # -p 1: integration packages share one broker on a 2-core machine.
 $GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v $PACKAGES 2>&1 | tee "$log"
