@@ -175,6 +175,13 @@ func DerivedTables() ([]DerivedTable, error) {
 	if err != nil {
 		return nil, err
 	}
+	return checkViews(views)
+}
+
+// checkViews assigns the views to the derived tables, and checks that
+// each view writes a derived table verify knows, and each derived table's
+// views read exactly its sources.
+func checkViews(views []View) ([]DerivedTable, error) {
 	out := make([]DerivedTable, len(derivedSpecs))
 	copy(out, derivedSpecs)
 	byName := map[string]int{}

@@ -117,7 +117,9 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		return err
 	}
 	defer conn.Close()
-	long := func(ctx context.Context) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Hour) }
+	long := func(ctx context.Context) (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, 2*time.Hour)
+	}
 
 	data := sink.SyntheticData{Events: cfg.Events, Revisions: cfg.Revisions, Customers: cfg.Customers, Months: cfg.Months, Partitions: cfg.Partitions}
 	have := uint64(0)
