@@ -304,11 +304,11 @@ func (v *verifier) exec(ctx context.Context, q string) error {
 
 // compare returns the month checks of d, by month, both sides measured.
 func (v *verifier) compare(ctx context.Context, d DerivedTable) ([]MonthCheck, error) {
-	led, err := v.measure(ctx, fmt.Sprintf(d.Ledger, v.cfg.Database))
+	led, err := v.measure(ctx, fmt.Sprintf(d.Ledger, v.cfg.Database), len(d.Measures))
 	if err != nil {
 		return nil, fmt.Errorf("sink: verify %s: ledger side: %w", d.Name, err)
 	}
-	der, err := v.measure(ctx, fmt.Sprintf(d.Derived, v.cfg.Database))
+	der, err := v.measure(ctx, fmt.Sprintf(d.Derived, v.cfg.Database), len(d.Measures))
 	if err != nil {
 		return nil, fmt.Errorf("sink: verify %s: derived side: %w", d.Name, err)
 	}
@@ -327,14 +327,17 @@ func (v *verifier) compare(ctx context.Context, d DerivedTable) ([]MonthCheck, e
 	return out, nil
 }
 
-// measure runs a (month, measures...) query.
-func (v *verifier) measure(ctx context.Context, q string) (map[uint32][]string, error) {
+// measure runs a (month, n measures...) query.
+func (v *verifier) measure(ctx context.Context, q string, n int) (map[uint32][]string, error) {
 	rows, err := queryText(ctx, v.cfg.Conn, v.cfg.QueryTimeout, q)
 	if err != nil {
 		return nil, err
 	}
 	out := map[uint32][]string{}
 	for _, r := range rows {
+		if len(r) != n+1 {
+			return nil, fmt.Errorf("%d columns, want the month and %d measures", len(r), n)
+		}
 		m, err := strconv.ParseUint(r[0], 10, 32)
 		if err != nil {
 			return nil, fmt.Errorf("month %q: %w", r[0], err)
