@@ -55,12 +55,12 @@ func (c *QueriesConfig) Validate() error {
 		v    int64
 	}{{"events", c.Events}, {"revisions", c.Revisions}, {"customers", c.Customers}, {"partitions", c.Partitions}} {
 		if f.v <= 0 {
-			errs = append(errs, fmt.Errorf("bench: %s: %d, want > 0", f.name, f.v))
+			errs = append(errs, fmt.Errorf("bench: %s must be positive (got %d)", f.name, f.v))
 		}
 	}
 	errs = append(errs, positive("months", c.Months), positive("runs", c.Runs), positiveDuration("settle", c.Settle))
-	if c.Months < 2 {
-		errs = append(errs, fmt.Errorf("bench: months: %d, want at least 2 (the queries read a closed month and the next)", c.Months))
+	if c.Months == 1 {
+		errs = append(errs, errors.New("bench: months must be at least 2 (the queries read a closed month and the next)"))
 	}
 	if c.SinkRows > 0 {
 		errs = append(errs, positive("sink rounds", c.SinkRounds))
@@ -156,13 +156,13 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 			env.say("generate %d/%d (%s) in %s", i+1, len(stmts), strings.Fields(s)[2], time.Since(t0).Round(time.Millisecond))
 		}
 		env.say("generated %d events and about %d aggregate revisions through the views in %s", cfg.Events, cfg.Revisions, time.Since(start).Round(time.Second))
-		fmt.Fprintf(env.Out, "generation: %s\n", time.Since(start).Round(time.Second))
+		fmt.Fprintf(env.Out, "generation: %s\n", time.Since(start).Round(time.Millisecond))
 	}
 	settled, err := settleMerges(ctx, env, conn, db, cfg.Settle)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Out, "merges settled after: %s\n", settled.Round(time.Second))
+	fmt.Fprintf(env.Out, "merges settled after: %s\n", settled.Round(time.Millisecond))
 	if err := printSizes(ctx, env, conn, db); err != nil {
 		return err
 	}
@@ -207,12 +207,12 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 	}
 	printTimings(env, timings)
 
-	lookup, err := resumeLookup(ctx, conn, db, env, cfg)
+	part, lookup, err := resumeLookup(ctx, conn, db, cfg)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Out, "resume lookup at the end of partition 5 of %d usage_events rows: %d queries, %d rows read, %s\n",
-		cfg.Events, lookup.Queries, lookup.RowsRead, lookup.Took.Round(time.Microsecond))
+	fmt.Fprintf(env.Out, "resume lookup near the end of partition %d of %d usage_events rows: %d queries, %d rows read, %s\n",
+		part, cfg.Events, lookup.Queries, lookup.RowsRead, lookup.Took.Round(time.Microsecond))
 
 	out := map[string]any{"database": db, "queries": timings, "resume_lookup": lookup, "settle_seconds": settled.Seconds()}
 	if cfg.SinkRows > 0 {
@@ -391,17 +391,18 @@ func printTimings(env *Env, ts []QueryTiming) {
 }
 
 // resumeLookup runs the sink's resume lookup on the generated table: a
-// sink whose committed offset of partition 5 is 5,000 below the last one
-// re-consumes a 10,000-record batch.
-func resumeLookup(ctx context.Context, conn driver.Conn, db string, env *Env, cfg QueriesConfig) (sink.ResumeLookup, error) {
+// sink whose committed offset of partition 5 (modulo the partitions) is
+// 5,000 below the last one re-consumes a 10,000-record batch.
+func resumeLookup(ctx context.Context, conn driver.Conn, db string, cfg QueriesConfig) (int32, sink.ResumeLookup, error) {
 	p := int32(5 % cfg.Partitions)
 	var last int64
 	qctx, cancel := context.WithTimeout(ctx, time.Minute)
 	err := conn.QueryRow(qctx, fmt.Sprintf("SELECT max(kafka_offset) FROM usage_events WHERE kafka_partition = %d", p)).Scan(&last)
 	cancel()
 	if err != nil {
-		return sink.ResumeLookup{}, err
+		return p, sink.ResumeLookup{}, err
 	}
 	// The generated rows carry the default topic names.
-	return sink.ResumeLookupAt(ctx, conn, db, topics.DefaultNames(), p, max(last-4999, 0), 10000)
+	r, err := sink.ResumeLookupAt(ctx, conn, db, topics.DefaultNames(), p, max(last-4999, 0), 10000)
+	return p, r, err
 }
