@@ -38,9 +38,21 @@ docs-check:
 	@PACKAGES=./internal/docscheck bash scripts/test.sh
 
 fuzz:
-	$(GO) test ./schemas -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecodeUsageOr$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzBoundRejected$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzRerouteHeaders$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzReplayedHeaders$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzTickAuth$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseDec$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzSplitFramed$$' -fuzztime 60s
+	$(GO) test ./producer -run '^$$' -fuzz '^FuzzParseJSON$$' -fuzztime 60s
+	$(GO) test ./internal/cli -run '^$$' -fuzz '^FuzzProduceLines$$' -fuzztime 60s
+	$(GO) test ./sink -run '^$$' -fuzz '^FuzzRowDecode$$' -fuzztime 60s
 
 services-start:
 	deploy/local/kafka.sh start

@@ -86,7 +86,8 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 		"--sink-database", db, "--sink-migrate",
 		"--metrics-addr", metricsAddr, "--tick-interval", "1s",
 		"--session-timeout", "6s", "--transaction-timeout", "10s",
-		"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms")
+		"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms",
+		"--dedup-keys-file", testenv.DedupKeysFile(t))
 	waitHTTP(t, "http://"+metricsAddr+"/readyz", 90*time.Second)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -422,6 +423,7 @@ func feed(t *testing.T, brokers []string, prefix string) {
 	if err := cl.ProduceSync(ctx,
 		&kgo.Record{Topic: prefix + "usage.events", Key: []byte("garbage"), Value: []byte("not avro")},
 		&kgo.Record{Topic: prefix + "usage.deduped", Key: []byte("garbage"), Value: []byte("not avro either")},
+		&kgo.Record{Topic: prefix + "usage.rejected", Key: []byte("garbage"), Value: []byte("not avro, and never parked again")},
 	).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

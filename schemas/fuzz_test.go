@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -54,6 +55,60 @@ func FuzzParseKey(f *testing.F) {
 		}
 		if !bytes.Equal(id.Key(), b) {
 			t.Fatalf("ParseKey accepted %q, which is not the canonical %q", b, id.Key())
+		}
+	})
+}
+
+// FuzzDecodeUsageOr: the decoder dedup runs on every record, into a value
+// reused from the record before, gives what Decode gives and keeps nothing
+// of the record before.
+func FuzzDecodeUsageOr(f *testing.F) {
+	for _, m := range samples() {
+		b := MustEncode(m)
+		f.Add(MustEncode(samples()["usage_event"]), b)
+		f.Add(b, b[:len(b)/2])
+	}
+	f.Add([]byte{}, []byte{0xC3, 0x01})
+	f.Fuzz(func(t *testing.T, prev, b []byte) {
+		var e UsageEvent
+		_, _ = DecodeUsageOr(prev, &e)
+		got, err := DecodeUsageOr(b, &e)
+		want, werr := Decode(b)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("DecodeUsageOr error %v, Decode error %v", err, werr)
+		}
+		if err != nil {
+			if errors.Is(err, ErrUnknownSchema) != errors.Is(werr, ErrUnknownSchema) || !errors.Is(err, ErrUndecodable) && !errors.Is(err, ErrUnknownSchema) {
+				t.Fatalf("error classes differ: %v, %v", err, werr)
+			}
+			return
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("DecodeUsageOr into a reused value:\n got %#v\nwant %#v", got, want)
+		}
+	})
+}
+
+// FuzzSplitFramed checks that SplitFramed accepts exactly what AppendFramed
+// produces: whatever it splits frames back to the same bytes, so no two
+// byte strings split into the same parts.
+func FuzzSplitFramed(f *testing.F) {
+	f.Add([]byte("4:acme9:api_calls"))
+	f.Add([]byte(""))
+	f.Add([]byte("0:"))
+	f.Add([]byte("01:a"))
+	f.Add([]byte("+1:a"))
+	f.Add([]byte("1:a2:b"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parts, err := SplitFramed(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadKey) {
+				t.Fatalf("unexpected error class: %v", err)
+			}
+			return
+		}
+		if again := AppendFramed(nil, parts...); !bytes.Equal(again, b) {
+			t.Fatalf("SplitFramed(%q) = %q, which frames to %q", b, parts, again)
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"time"
 
+	chproto "github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
@@ -76,6 +77,13 @@ const (
 	// classRefused: the server (or the driver) refused this block because
 	// of the data in it. Split the block to find the refused rows.
 	classRefused
+	// classUnknown: a server exception whose code is in neither list below.
+	// It may as well be a state of the server the sink does not know (a
+	// missing dictionary, a new kind of overload) as a refusal of the rows,
+	// so the rows are never parked on it: the sink backs off as when
+	// unavailable, for at most Config.UnknownErrorLimit, and then stops
+	// with ErrUnknownServerError.
+	classUnknown
 )
 
 // transientCodes are server exception codes that do not depend on the rows
@@ -112,9 +120,40 @@ var transientCodes = map[int32]string{
 	1000: "POCO_EXCEPTION",
 }
 
+// refusalCodes are server exception codes raised by the values of a block:
+// a DEFAULT or MATERIALIZED expression, a constraint or a partition key
+// failing on a row (ClickHouse ErrorCodes.cpp). Codes that can also mean
+// a state of the server (BAD_ARGUMENTS for a missing dictionary,
+// ILLEGAL_TYPE_OF_ARGUMENT after a schema change, LOGICAL_ERROR) are
+// deliberately not here: they are unknown.
+var refusalCodes = map[int32]string{
+	6:   "CANNOT_PARSE_TEXT",
+	19:  "SIZE_OF_FIXED_STRING_DOESNT_MATCH",
+	27:  "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+	38:  "CANNOT_PARSE_DATE",
+	41:  "CANNOT_PARSE_DATETIME",
+	69:  "ARGUMENT_OUT_OF_BOUND",
+	70:  "CANNOT_CONVERT_TYPE",
+	72:  "CANNOT_PARSE_NUMBER",
+	117: "INCORRECT_DATA",
+	128: "TOO_LARGE_ARRAY_SIZE",
+	131: "TOO_LARGE_STRING_SIZE",
+	153: "ILLEGAL_DIVISION",
+	190: "SIZES_OF_ARRAYS_DONT_MATCH",
+	248: "INVALID_PARTITION_VALUE",
+	321: "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+	349: "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
+	376: "CANNOT_PARSE_UUID",
+	395: "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",
+	407: "DECIMAL_OVERFLOW",
+	441: "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+	469: "VIOLATED_CONSTRAINT",
+}
+
 // classify sorts an error from an INSERT. The driver refusing values, or a
-// server exception with a data-dependent code while the block was sent, is
-// a refusal; everything else (a failure to start the INSERT, network
+// server exception with a known data-dependent code while the block was
+// sent, is a refusal; a server exception with a code the sink does not
+// know is unknown; everything else (a failure to start the INSERT, network
 // errors, timeouts, a closed connection, transient server codes) means
 // "unavailable".
 func classify(err error) errClass {
@@ -128,12 +167,30 @@ func classify(err error) errClass {
 	}
 	var ex *proto.Exception
 	if errors.As(err, &ex) {
-		if _, transient := transientCodes[ex.Code]; transient {
+		if _, ok := transientCodes[ex.Code]; ok {
 			return classUnavailable
 		}
-		return classRefused
+		if _, ok := refusalCodes[ex.Code]; ok {
+			return classRefused
+		}
+		return classUnknown
 	}
 	return classUnavailable
+}
+
+// ErrUnknownServerError is returned (wrapped) by Writer.Run when ClickHouse
+// failed a table's INSERTs with an error code the sink knows neither as a
+// refusal of rows nor as transient, for longer than
+// Config.UnknownErrorLimit. Nothing was committed past those rows.
+var ErrUnknownServerError = errors.New("clickhouse keeps failing with an error code the sink does not know")
+
+// codeName names a server exception code, as ClickHouse's ErrorCodes.cpp
+// does ("BAD_ARGUMENTS"), when the driver knows it.
+func codeName(code int32) string {
+	if e := chproto.Error(code); e.IsAError() {
+		return e.String()
+	}
+	return "unnamed"
 }
 
 // isNetErr reports whether err looks like the server is not reachable at

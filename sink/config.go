@@ -27,7 +27,9 @@ type Config struct {
 	InstanceID string
 	// Topics names the five input topics (usage.deduped, usage.aggregates,
 	// usage.adjustments, usage.duplicates, usage.rejected); refused rows
-	// are parked in the rejected topic. Default: topics.DefaultNames().
+	// are parked in the rejected topic, and records of the rejected topic
+	// that cannot be rows of usage_rejected go to the usage_quarantine
+	// table. Default: topics.DefaultNames().
 	Topics topics.Names
 
 	// ClickHouse is the native-protocol address. Required unless Conn is set.
@@ -73,6 +75,16 @@ type Config struct {
 	// partition is inserted, so the rows after it cannot be tried first).
 	// Default: 100.
 	MaxRefusedInARow int
+	// UnknownErrorLimit bounds how long the sink retries a table whose
+	// INSERTs ClickHouse fails with an exception code the sink knows
+	// neither as a refusal of the rows nor as transient (a missing
+	// dictionary behind a MATERIALIZED column, a code added by a newer
+	// server). Until then it backs off as when ClickHouse is unavailable:
+	// fetching paused, nothing committed, nothing parked, /readyz not
+	// ready. Past it Run stops with ErrUnknownServerError rather than
+	// park rows that may be fine; a restart resumes from the committed
+	// offsets. The spell ends when an INSERT succeeds. Default: 5m.
+	UnknownErrorLimit time.Duration
 	// PingInterval is how often ClickHouse is pinged for /readyz.
 	// Default: 2s.
 	PingInterval time.Duration
@@ -134,6 +146,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxRefusedInARow == 0 {
 		c.MaxRefusedInARow = 100
+	}
+	if c.UnknownErrorLimit == 0 {
+		c.UnknownErrorLimit = 5 * time.Minute
 	}
 	if c.PingInterval == 0 {
 		c.PingInterval = 2 * time.Second
@@ -208,6 +223,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRefusedInARow < 1 {
 		bad("MaxRefusedInARow", "%d: must be at least 1", c.MaxRefusedInARow)
+	}
+	if c.UnknownErrorLimit < 0 {
+		bad("UnknownErrorLimit", "%s: must not be negative", c.UnknownErrorLimit)
 	}
 	if c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0 || c.TransactionTimeout <= 0 {
 		bad("SessionTimeout/RebalanceTimeout/TransactionTimeout", "must be positive")

@@ -18,7 +18,7 @@ import (
 	"github.com/meterline/meterline/internal/fault"
 )
 
-// RebuildsTable records rebuilds of derived tables (migration 002).
+// RebuildsTable records rebuilds of derived tables (the analyst tables' migration).
 const RebuildsTable = "meterline_rebuilds"
 
 // Fault points of a rebuild (package fault), for the crash tests.

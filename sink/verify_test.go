@@ -231,7 +231,7 @@ func TestRetentionDropsMonths(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, tbl := range []string{"usage_events", "usage_duplicates", "usage_rejected", "events_by_customer", "usage_daily", "source_daily", "unbilled_events"} {
+	for _, tbl := range []string{"usage_events", "usage_duplicates", "usage_rejected", "usage_quarantine", "events_by_customer", "usage_daily", "source_daily", "unbilled_events"} {
 		if err := conn.Exec(ctx, "ALTER TABLE "+db+"."+tbl+" DROP PARTITION 202401"); err != nil {
 			t.Fatal(err)
 		}

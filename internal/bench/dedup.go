@@ -191,7 +191,11 @@ func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error)
 	if err := b.left.createTopics(ctx, topics.Specs(names, b.layout)[1:]...); err != nil {
 		return Result{}, err
 	}
-	cfg := dedup.Config{Stream: b.streamConfig(rp+"bench-dedup", "d1"), Topics: names}
+	key, err := dedup.GenerateKey("bench")
+	if err != nil {
+		return Result{}, err
+	}
+	cfg := dedup.Config{Stream: b.streamConfig(rp+"bench-dedup", "d1"), Topics: names, Keys: []dedup.Key{key}}
 	reg := prometheus.NewRegistry()
 	cfg.Stream.Registerer = reg
 	st, err := dedup.New(ctx, cfg)

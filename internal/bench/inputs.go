@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/producer"
@@ -133,9 +134,27 @@ func dedupedRecord(topic string, partitions int32, e *schemas.DedupedEvent) (*kg
 // would write, with a watermark that finalizes nothing).
 const aggregateWatermarkEvery = 100_000
 
-// aggregateWatermark is the watermark record of bench aggregate's input.
+// aggregateWatermark is the watermark record of bench aggregate's input:
+// the bytes b9acd11 wrote, in the first Watermark schema
+// (history/watermark.v0.avsc, before window_ms), so that every binary
+// compared reads the same input (TestInputsAreTheSame). It claims one
+// source partition: an aggregator that takes the count from usage.events'
+// metadata ignores it (and counts it); it finalizes nothing either way.
 func aggregateWatermark(now time.Time) ([]byte, error) {
-	return schemas.Encode(&schemas.Watermark{SourcePartition: 0, SourcePartitions: 1, Watermark: now.UnixMilli() - int64(time.Hour/time.Millisecond)})
+	v0, err := avro.Parse(string(schemas.SchemaFiles()["history/watermark.v0.avsc"]))
+	if err != nil {
+		return nil, fmt.Errorf("bench: watermark schema v0: %w", err)
+	}
+	body, err := avro.Marshal(v0, map[string]any{"source_partition": int32(0), "source_partitions": int32(1),
+		"watermark": now.UnixMilli() - int64(time.Hour/time.Millisecond)})
+	if err != nil {
+		return nil, fmt.Errorf("bench: encode watermark: %w", err)
+	}
+	fp, err := v0.FingerprintUsing(avro.CRC64AvroLE)
+	if err != nil {
+		return nil, fmt.Errorf("bench: watermark fingerprint: %w", err)
+	}
+	return append(append([]byte{0xC3, 0x01}, fp...), body...), nil
 }
 
 // sinkRecords are bench sink's input: n usage.deduped records spread

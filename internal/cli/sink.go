@@ -17,14 +17,15 @@ import (
 // SinkFlags are the sink's own flags: `meterline sink` takes them as they
 // are, `meterline run` with the prefix sink- (--sink-database, ...).
 type SinkFlags struct {
-	Group           string        `help:"Consumer group of the sink." default:"meterline-sink"`
-	Database        string        `help:"ClickHouse database holding the tables." default:"meterline"`
-	Migrate         bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
-	MaxBatchRecords int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
-	MaxBatchWait    time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
-	CommitInterval  time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
-	InsertBlockRows int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
-	InsertTimeout   time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
+	Group             string        `help:"Consumer group of the sink." default:"meterline-sink"`
+	Database          string        `help:"ClickHouse database holding the tables." default:"meterline"`
+	Migrate           bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
+	MaxBatchRecords   int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
+	MaxBatchWait      time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
+	CommitInterval    time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
+	InsertBlockRows   int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
+	InsertTimeout     time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
+	UnknownErrorLimit time.Duration `help:"How long INSERTs failing with a ClickHouse error code the sink knows neither as a refusal of rows nor as transient are retried (nothing parked, nothing committed) before the sink stops with an error." default:"5m"`
 }
 
 // config builds the sink's configuration; the Kafka session settings come
@@ -38,7 +39,7 @@ func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, tx
 		Brokers: g.Brokers, Group: f.Group, InstanceID: id, Topics: g.Topic,
 		ClickHouse: g.ClickHouse, Database: f.Database,
 		MaxBatchRecords: f.MaxBatchRecords, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
-		InsertTimeout: f.InsertTimeout, SessionTimeout: session, RebalanceTimeout: rebalance,
+		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, SessionTimeout: session, RebalanceTimeout: rebalance,
 		TransactionTimeout: txn, Logger: log, Registerer: reg,
 	}
 	cfg.EnsureDefaults()

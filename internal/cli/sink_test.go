@@ -24,9 +24,14 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := run(t, "", "migrate", "--clickhouse", addr, "--database", db)
-	if code != 0 || !strings.Contains(out, "001_tables.sql: applied") || !strings.Contains(out, fmt.Sprintf(" %d applied now", len(ms))) ||
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("%d applied now, %d in total", len(ms), len(ms))) ||
 		strings.Contains(out, "backfill") {
 		t.Fatalf("first migrate: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, m := range ms {
+		if !strings.Contains(out, m.Name+": applied") {
+			t.Errorf("first migrate does not report %s applied:\n%s", m.Name, out)
+		}
 	}
 	code, out, errOut = run(t, "", "migrate", "--clickhouse", addr, "--database", db)
 	if code != 0 || !strings.Contains(out, "001_tables.sql: already applied") || !strings.Contains(out, " 0 applied now") {

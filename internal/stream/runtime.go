@@ -126,6 +126,8 @@ type Runtime struct {
 	txRecs    int
 	ovs       map[int32]*overlay
 	txEpoch   map[int32]uint64
+	txWorked  int32 // the partition that did Work in this transaction, or noWorker
+	workNext  int32 // Work goes to partitions in turn, from this one (work.go)
 
 	prodMu    sync.Mutex
 	prodErr   error
@@ -379,6 +381,9 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 				wait = d
 			}
 		}
+		if rt.pendingWork() {
+			wait = 0 // take what input there is, then work (work.go)
+		}
 		fetches := rt.poll(ctx, wait)
 		rt.handleEvents()
 		if err := rt.handleFetches(fetches); err != nil {
@@ -395,7 +400,11 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 				return err
 			}
 		}
-		if rt.inTxn && (rt.txRecs >= rt.cfg.MaxBatchRecords || !now.Before(rt.txStart.Add(rt.cfg.CommitInterval))) {
+		if err := rt.work(); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		if rt.inTxn && (rt.txWorked != noWorker || rt.txRecs >= rt.cfg.MaxBatchRecords || !now.Before(rt.txStart.Add(rt.cfg.CommitInterval))) {
 			if err := rt.commit(ctx); err != nil {
 				return err
 			}
@@ -698,6 +707,7 @@ func (rt *Runtime) discardTxn() {
 func (rt *Runtime) resetTxn() {
 	rt.inTxn = false
 	rt.txRecs = 0
+	rt.txWorked = noWorker
 	rt.mustAbort = false
 	rt.ovs = map[int32]*overlay{}
 	rt.txEpoch = map[int32]uint64{}
@@ -812,7 +822,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// the deadline bounds it.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
 	defer cancel()
-	committed, err := rt.sess.End(ectx, try)
+	committed, err := rt.sess.End(rt.fenceWork(ectx), try)
 	rt.prodMu.Lock()
 	perr := rt.prodErr
 	rt.prodMu.Unlock()

@@ -186,9 +186,9 @@ ORDER BY run_id;
 -- On a database that already holds data, the views above see only new
 -- rows: the derived tables need a backfill before a sink writes again.
 INSERT INTO meterline_rebuilds (run_id, recorded_at, tables, reason, finished, version)
-SELECT 'backfill 002_analyst_tables.sql', now(),
+SELECT 'backfill 004_analyst_tables.sql', now(),
        ['events_by_customer', 'usage_daily', 'aggregates_current', 'invoice_lines', 'unbilled_events', 'source_daily'],
-       'migration 002_analyst_tables.sql created derived tables on a database that holds data', 0, 1
+       'migration 004_analyst_tables.sql created derived tables on a database that holds data', 0, 1
 FROM system.one
 WHERE (SELECT count() FROM usage_events) + (SELECT count() FROM usage_aggregates) + (SELECT count() FROM usage_adjustments)
     + (SELECT count() FROM usage_duplicates) + (SELECT count() FROM usage_rejected) > 0;
