@@ -112,7 +112,7 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 	if !cfg.Keep {
 		left.database(db)
 	}
-	conn, err := sink.Dial(ctx, env.ClickHouse, db, true)
+	conn, err := env.ClickHouseServer.Dial(ctx, db, true)
 	if err != nil {
 		return err
 	}

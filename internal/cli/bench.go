@@ -22,19 +22,33 @@ type BenchCmd struct {
 	Queries   BenchQueriesCmd   `cmd:"" help:"The analyst queries of docs/analysts.md on generated data (100 M events by default), the resume lookup, and the sink with and without the analyst views."`
 }
 
-// benchEnv is where the benchmarks run: the global connection flags,
-// progress on stderr and the result on stdout.
-func benchEnv(g *Globals, stdio IO, log *zap.Logger) *bench.Env {
-	return &bench.Env{Brokers: g.Brokers, ClickHouse: g.ClickHouse, Topics: g.Topic, Logger: log,
-		Progress: stdio.Stderr, Out: stdio.Stdout}
+// benchEnv is where the benchmarks run: the global connection flags
+// (Kafka's credentials checked), progress on stderr and the result on
+// stdout.
+func benchEnv(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (*bench.Env, error) {
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := g.clickHouse()
+	if err != nil {
+		return nil, err
+	}
+	return &bench.Env{Kafka: kc, ClickHouseServer: srv, Topics: g.Topic, Logger: log,
+		Progress: stdio.Stderr, Out: stdio.Stdout}, nil
 }
 
-// runBench validates cfg (exit status 2 when it is wrong) and runs it.
-func runBench(validate func() error, run func() error) error {
+// runBench validates cfg (exit status 2 when it is wrong), connects and
+// runs it.
+func runBench(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, validate func() error, run func(*bench.Env) error) error {
 	if err := validate(); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	return run()
+	env, err := benchEnv(ctx, g, stdio, log)
+	if err != nil {
+		return err
+	}
+	return run(env)
 }
 
 // BenchProduceCmd is `meterline bench produce`.
@@ -51,7 +65,7 @@ type BenchProduceCmd struct {
 func (c *BenchProduceCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.ProduceConfig{Events: c.Events, Partitions: c.Partitions, Rounds: c.Rounds, Linger: c.Linger,
 		Customers: c.Customers, JSON: c.JSON, Path: producePath}
-	return runBench(cfg.Validate, func() error { return bench.Produce(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Produce(ctx, env, cfg) })
 }
 
 // producePath is the code path of `meterline produce`, measured by bench
@@ -91,7 +105,7 @@ type BenchDedupCmd struct {
 // Run runs the benchmark.
 func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.DedupConfig{Events: c.Events, DuplicateRate: c.DuplicateRate, StageConfig: c.config(c.Rounds, c.CPUProfile)}
-	return runBench(cfg.Validate, func() error { return bench.Dedup(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Dedup(ctx, env, cfg) })
 }
 
 // BenchAggregateCmd is `meterline bench aggregate`.
@@ -106,7 +120,7 @@ type BenchAggregateCmd struct {
 // Run runs the benchmark.
 func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.AggregateConfig{Customers: c.Customers, Events: c.Events, StageConfig: c.config(c.Rounds, c.CPUProfile)}
-	return runBench(cfg.Validate, func() error { return bench.Aggregate(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Aggregate(ctx, env, cfg) })
 }
 
 // BenchSinkCmd is `meterline bench sink`: rows/s into ClickHouse through
@@ -126,7 +140,12 @@ type BenchSinkCmd struct {
 func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.SinkConfig{Rows: c.Rows, Partitions: c.Partitions, Rounds: c.Rounds, BatchRows: c.BatchRows,
 		Customers: c.Customers, JSON: c.JSON, CPUProfile: c.CPUProfile}
-	return runBench(cfg.Validate, func() error { return bench.Sink(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error {
+		if err := checkClickHouse(ctx, env.ClickHouseServer); err != nil {
+			return err
+		}
+		return bench.Sink(ctx, env, cfg)
+	})
 }
 
 // BenchQueriesCmd is `meterline bench queries`.
@@ -151,5 +170,5 @@ func (c *BenchQueriesCmd) Run(ctx context.Context, g *Globals, stdio IO, log *za
 	cfg := bench.QueriesConfig{Events: c.Events, Revisions: c.Revisions, Customers: c.Customers, Months: c.Months,
 		Partitions: c.Partitions, Runs: c.Runs, SinkRows: c.SinkRows, SinkRounds: c.SinkRounds, Database: c.Database,
 		Keep: c.Keep, Reuse: c.Reuse, Settle: c.Settle, JSON: c.JSON}
-	return runBench(cfg.Validate, func() error { return bench.Queries(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Queries(ctx, env, cfg) })
 }

@@ -39,7 +39,11 @@ func (c *VerifyCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	if c.DryRun && c.Backfill {
 		return &ExitError{Code: 2, Err: fmt.Errorf("verify: --dry-run and --backfill exclude each other")}
 	}
-	conn, err := sink.Dial(ctx, g.ClickHouse, c.Database, false)
+	srv, err := g.clickHouse()
+	if err != nil {
+		return err
+	}
+	conn, err := srv.Dial(ctx, c.Database, false)
 	if err != nil {
 		return err
 	}
@@ -47,7 +51,7 @@ func (c *VerifyCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	cfg := sink.VerifyConfig{Conn: conn, Database: c.Database, Tables: c.Tables, Since: since,
 		Repair: !c.DryRun, Backfill: c.Backfill, Logger: log, QueryTimeout: c.Timeout}
 	if !c.DryRun {
-		adm, closeAdm, err := adminClient(g)
+		adm, closeAdm, err := adminClient(ctx, g)
 		if err != nil {
 			return err
 		}
