@@ -297,7 +297,7 @@ func TestBackfillKilledAndRerun(t *testing.T) {
 	if _, err := migrate(ctx, conn, ms[:1]); err != nil {
 		t.Fatal(err)
 	}
-	data := SyntheticData{Events: 200_000, Revisions: 20_000, Customers: 500, Months: 3, Partitions: 8}
+	data := SyntheticData{Events: 100_000, Revisions: 10_000, Customers: 500, Months: 3, Partitions: 8}
 	for _, s := range data.Statements(db) {
 		if err := conn.Exec(ctx, s); err != nil {
 			t.Fatal(err)
