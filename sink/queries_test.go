@@ -1,8 +1,6 @@
 package sink
 
 import (
-	"fmt"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -13,40 +11,12 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// queryStrings runs q and renders each row as strings: times as
-// "2006-01-02 15:04:05" (UTC), floats with 4 decimals.
+// queryStrings runs q and renders each row as strings (queryText).
 func queryStrings(t *testing.T, conn driver.Conn, q string) [][]string {
 	t.Helper()
-	rows, err := conn.Query(ctxT(t, time.Minute), q)
+	out, err := queryText(ctxT(t, time.Minute), conn, time.Minute, q)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, q)
-	}
-	defer rows.Close()
-	cts := rows.ColumnTypes()
-	var out [][]string
-	for rows.Next() {
-		dst := make([]any, len(cts))
-		for i, ct := range cts {
-			dst[i] = reflect.New(ct.ScanType()).Interface()
-		}
-		if err := rows.Scan(dst...); err != nil {
-			t.Fatal(err)
-		}
-		row := make([]string, len(dst))
-		for i, d := range dst {
-			switch v := reflect.ValueOf(d).Elem().Interface().(type) {
-			case time.Time:
-				row[i] = v.UTC().Format("2006-01-02 15:04:05")
-			case float64:
-				row[i] = fmt.Sprintf("%.4f", v)
-			default:
-				row[i] = fmt.Sprint(v)
-			}
-		}
-		out = append(out, row)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out
 }

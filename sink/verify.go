@@ -347,8 +347,8 @@ func (v *verifier) measure(ctx context.Context, q string, n int) (map[uint32][]s
 	return out, nil
 }
 
-// queryText runs q and renders every value with fmt.Sprint (times as
-// UTC "2006-01-02 15:04:05").
+// queryText runs q and renders every value with fmt.Sprint, times as UTC
+// "2006-01-02 15:04:05" and floats with 4 decimals.
 func queryText(ctx context.Context, conn driver.Conn, timeout time.Duration, q string) ([][]string, error) {
 	qctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -372,6 +372,8 @@ func queryText(ctx context.Context, conn driver.Conn, timeout time.Duration, q s
 			switch x := reflect.ValueOf(d).Elem().Interface().(type) {
 			case time.Time:
 				row[i] = x.UTC().Format("2006-01-02 15:04:05")
+			case float64:
+				row[i] = fmt.Sprintf("%.4f", x)
 			default:
 				row[i] = fmt.Sprint(x)
 			}

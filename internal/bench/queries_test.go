@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,32 +11,6 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/sink"
 )
-
-// queriesDatabases lists the ClickHouse databases bench queries makes.
-func queriesDatabases(t *testing.T, addr string) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := sink.Dial(ctx, addr, "default", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rows, err := conn.Query(ctx, "SELECT name FROM system.databases WHERE name LIKE 'bench_queries_%' OR name LIKE 'bench_sink%'")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var dbs []string
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			t.Fatal(err)
-		}
-		dbs = append(dbs, name)
-	}
-	return dbs
-}
 
 // TestQueriesRunsAndLeavesNothingBehind runs bench queries small on kfake
 // and the real ClickHouse: every documented query is timed for both
@@ -45,7 +20,7 @@ func queriesDatabases(t *testing.T, addr string) []string {
 func TestQueriesRunsAndLeavesNothingBehind(t *testing.T) {
 	addr := testenv.RealClickHouse(t)
 	_, brokers := testenv.KFake(t)
-	before := queriesDatabases(t, addr)
+	before := benchDatabases(t, addr)
 	w := &watcher{}
 	env, out := testEnv(t, brokers, w)
 	env.ClickHouse = addr
@@ -66,21 +41,12 @@ func TestQueriesRunsAndLeavesNothingBehind(t *testing.T) {
 		}
 	}
 	left := leftBehind(t, testenv.Admin(t, brokers), "", filepath.Join(t.TempDir(), "none"))
-	for _, db := range queriesDatabases(t, addr) {
-		if !containsString(before, db) {
+	for _, db := range benchDatabases(t, addr) {
+		if !slices.Contains(before, db) {
 			left = append(left, "database "+db)
 		}
 	}
 	if len(left) > 0 {
 		t.Errorf("left behind: %v", left)
 	}
-}
-
-func containsString(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
