@@ -21,7 +21,8 @@ import (
 // may be fine.
 
 // connect dials ClickHouse (retrying while it is unreachable) and checks
-// that the migrations are applied.
+// that the migrations are applied and that no rebuild of the derived
+// tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
 	for attempt := 0; conn == nil; attempt++ {
@@ -53,6 +54,21 @@ func (w *Writer) connect(ctx context.Context) error {
 			return err
 		}
 		w.log.Warn("checking migrations failed; retrying", zap.Error(err))
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	// A rebuild of the derived tables swaps whole months: rows the views
+	// wrote meanwhile would be lost, so no sink starts until it finished.
+	for attempt := 0; ; attempt++ {
+		err := CheckRebuilds(ctx, conn)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrRebuildUnfinished) {
+			return err
+		}
+		w.log.Warn("checking for unfinished rebuilds failed; retrying", zap.Error(err))
 		if err := sleep(ctx, w.backoff(attempt)); err != nil {
 			return err
 		}
