@@ -45,8 +45,8 @@ func TestStateStaysBounded(t *testing.T) {
 			for c := 0; c < 40; c++ {
 				cust := fmt.Sprintf("c%d", c)
 				apply(schemas.CustomerKey(cust), &schemas.Entitlements{CustomerID: cust, Plan: "pro",
-					Caps: []schemas.Cap{{Meter: "api_calls", Limit: 1_000_000, OnLimit: schemas.OnLimitReject}},
-					Grants: []schemas.Grant{{ID: fmt.Sprintf("monthly-%d", month), Amount: 50_000_000, ExpiresAt: now + 60*day}},
+					Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 1_000_000, OnLimit: schemas.OnLimitReject}},
+					Grants:    []schemas.Grant{{ID: fmt.Sprintf("monthly-%d", month), Amount: 50_000_000, ExpiresAt: now + 60*day}},
 					Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, now)
 			}
 		}

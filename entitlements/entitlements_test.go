@@ -21,11 +21,11 @@ func TestCost(t *testing.T) {
 	}{
 		{0, 1000, 1, 0, true},
 		{3, 1000, 1, 3000, true},
-		{1, 1, 2, 1, true},   // 0.5 → 1
-		{3, 1, 2, 2, true},   // 1.5 → 2
-		{5, 1, 2, 3, true},   // 2.5 → 3 (half up, not to even)
-		{1, 1, 3, 0, true},   // 0.333 → 0
-		{2, 1, 3, 1, true},   // 0.667 → 1
+		{1, 1, 2, 1, true}, // 0.5 → 1
+		{3, 1, 2, 2, true}, // 1.5 → 2
+		{5, 1, 2, 3, true}, // 2.5 → 3 (half up, not to even)
+		{1, 1, 3, 0, true}, // 0.333 → 0
+		{2, 1, 3, 1, true}, // 0.667 → 1
 		{100, 15, 1000, 2, true},
 		{3333, 15, 1000, 50, true}, // 49.995
 		{33, 15, 1000, 0, true},    // 0.495
@@ -46,7 +46,9 @@ func TestCost(t *testing.T) {
 	}
 }
 
-func plan(name string) *Plan { return &Plan{Name: name, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}} }
+func plan(name string) *Plan {
+	return &Plan{Name: name, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+}
 
 func planName(p *Plan, ok bool) string {
 	switch {
@@ -252,8 +254,8 @@ versions:
 // record.
 func TestDocumentRoundTrip(t *testing.T) {
 	e := &schemas.Entitlements{CustomerID: "acme", Plan: "pro", EffectiveFrom: 1796083200000,
-		Caps: []schemas.Cap{{Meter: "api_calls", Limit: 1000, OnLimit: schemas.OnLimitReject}, {Meter: "tokens", Limit: 5, OnLimit: schemas.OnLimitAllow}},
-		Grants: []schemas.Grant{{ID: "a", Amount: 7, Priority: 2, EffectiveFrom: 1796083200000, ExpiresAt: 1798761600000}, {ID: "b", Amount: 1}},
+		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 1000, OnLimit: schemas.OnLimitReject}, {Meter: "tokens", Limit: 5, OnLimit: schemas.OnLimitAllow}},
+		Grants:    []schemas.Grant{{ID: "a", Amount: 7, Priority: 2, EffectiveFrom: 1796083200000, ExpiresAt: 1798761600000}, {ID: "b", Amount: 1}},
 		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow, Limit: 99}}
 	y, err := yaml.Marshal(DocumentOf(e, 1796083200123))
 	if err != nil {
