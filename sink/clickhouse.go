@@ -2,32 +2,82 @@ package sink
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"time"
 
 	chproto "github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+
+	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/tlsconfig"
 )
 
 // databaseName is what Dial accepts as a database name: it is spliced into
 // CREATE DATABASE and into qualified table names.
 var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Dial opens a native-protocol connection pool to addr whose default
-// database is database, and pings it. With create, the database is created
-// first when it does not exist. Every call on the returned connection must
-// carry a deadline (PLATFORM.md).
+// Server is how to reach ClickHouse over the native protocol: address,
+// user, password and TLS.
+type Server struct {
+	// Addr is host:port of the native protocol: the server's tcp_port, or
+	// its tcp_port_secure with TLS. Required.
+	Addr string
+	// User is the ClickHouse user. Default: "default".
+	User string
+	// Password is the user's password. Default: none.
+	Password secret.Secret
+	// TLS encrypts the connection and verifies the server's certificate
+	// (ClickHouse's tcp_port_secure). Default: off.
+	TLS tlsconfig.Files
+}
+
+// Validate reports every problem, joined.
+func (s Server) Validate() error {
+	var errs []error
+	if s.Addr == "" {
+		errs = append(errs, errors.New("sink: clickhouse: an address is required"))
+	}
+	if err := s.TLS.Validate("sink: clickhouse-tls"); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (s Server) user() string {
+	if s.User == "" {
+		return "default"
+	}
+	return s.User
+}
+
+// ErrAuthentication is returned (wrapped) by Dial when ClickHouse refuses
+// the user or the password: a configuration error that waiting does not
+// cure.
+var ErrAuthentication = errors.New("sink: clickhouse authentication failed")
+
+// Dial is Server{Addr: addr}.Dial: user "default", no password, no TLS.
 func Dial(ctx context.Context, addr, database string, create bool) (driver.Conn, error) {
+	return Server{Addr: addr}.Dial(ctx, database, create)
+}
+
+// Dial opens a native-protocol connection pool to the server whose
+// default database is database, and pings it. With create, the database
+// is created first when it does not exist. Every call on the returned
+// connection must carry a deadline (PLATFORM.md). A refused user or
+// password is an error wrapping ErrAuthentication.
+func (s Server) Dial(ctx context.Context, database string, create bool) (driver.Conn, error) {
 	if !databaseName.MatchString(database) {
 		return nil, fmt.Errorf("sink: database name %q: want letters, digits and underscores", database)
 	}
 	if create {
-		admin, err := open(ctx, addr, "default")
+		admin, err := s.open(ctx, "default")
 		if err != nil {
 			return nil, err
 		}
@@ -36,16 +86,24 @@ func Dial(ctx context.Context, addr, database string, create bool) (driver.Conn,
 		cancel()
 		_ = admin.Close()
 		if err != nil {
-			return nil, fmt.Errorf("sink: create database %s on %s: %w", database, addr, err)
+			return nil, fmt.Errorf("sink: create database %s on %s: %w", database, s.Addr, err)
 		}
 	}
-	return open(ctx, addr, database)
+	return s.open(ctx, database)
 }
 
-func open(ctx context.Context, addr, database string) (driver.Conn, error) {
+func (s Server) open(ctx context.Context, database string) (driver.Conn, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	tc, err := s.TLS.Load()
+	if err != nil {
+		return nil, fmt.Errorf("sink: clickhouse %s: %w", s.Addr, err)
+	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:             []string{addr},
-		Auth:             clickhouse.Auth{Database: database, Username: "default"},
+		Addr:             []string{s.Addr},
+		Auth:             clickhouse.Auth{Database: database, Username: s.user(), Password: s.Password.Reveal()},
+		TLS:              tc,
 		DialTimeout:      5 * time.Second,
 		ReadTimeout:      2 * time.Minute,
 		MaxOpenConns:     8,
@@ -54,15 +112,63 @@ func open(ctx context.Context, addr, database string) (driver.Conn, error) {
 		ConnOpenStrategy: clickhouse.ConnOpenInOrder,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sink: clickhouse %s: %w", addr, err)
+		return nil, fmt.Errorf("sink: clickhouse %s: %w", s.Addr, err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := conn.Ping(pctx); err != nil {
 		_ = conn.Close()
-		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", addr, database, err)
+		if isAuthErr(err) {
+			return nil, fmt.Errorf("%w: %s refused user %q (wrong user or password?): %v", ErrAuthentication, s.Addr, s.user(), err)
+		}
+		if isTLSErr(err) {
+			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w", s.Addr, err)
+		}
+		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", s.Addr, database, err)
 	}
 	return conn, nil
+}
+
+// authCodes are the server exception codes of a refused login
+// (ClickHouse ErrorCodes.cpp): UNKNOWN_USER, WRONG_PASSWORD,
+// REQUIRED_PASSWORD, AUTHENTICATION_FAILED.
+var authCodes = map[int32]bool{192: true, 193: true, 194: true, 516: true}
+
+func isAuthErr(err error) bool {
+	var ex *proto.Exception
+	return errors.As(err, &ex) && authCodes[ex.Code]
+}
+
+// CheckLogin connects once, as the sink will, and returns an error when
+// the server refused the user or password (wrapping ErrAuthentication) or
+// the TLS handshake failed, or the settings are invalid: a process should
+// stop there, before it writes anything. A server that cannot be reached
+// is not its business (nil): the sink waits for it.
+func (s Server) CheckLogin(ctx context.Context) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	conn, err := s.open(ctx, "default")
+	if err == nil {
+		_ = conn.Close()
+		return nil
+	}
+	if errors.Is(err, ErrAuthentication) || isTLSErr(err) {
+		return err
+	}
+	if _, terr := s.TLS.Load(); terr != nil {
+		return err
+	}
+	return nil
+}
+
+func isTLSErr(err error) bool {
+	var (
+		verr *tls.CertificateVerificationError
+		rerr tls.RecordHeaderError
+		aerr tls.AlertError
+	)
+	return errors.As(err, &verr) || errors.As(err, &rerr) || errors.As(err, &aerr) || strings.Contains(err.Error(), "tls: ")
 }
 
 // errClass says what a failed ClickHouse call means for the rows it carried.

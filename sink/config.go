@@ -3,6 +3,7 @@ package sink
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -10,13 +11,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 )
 
 // Config configures a Writer. Zero fields take the defaults documented on
 // them (EnsureDefaults); Validate reports every problem at once.
 type Config struct {
-	// Brokers are the Kafka seed brokers. Required.
+	// Kafka is the connection to the cluster: seed brokers, SASL and TLS.
+	// Kafka.Brokers is required, or Brokers.
+	Kafka kafka.Config
+	// Brokers is shorthand for Kafka.Brokers, for a cluster without SASL
+	// or TLS; EnsureDefaults copies it there. Setting both is an error.
 	Brokers []string
 	// Group is the consumer group. Default: "meterline-sink".
 	Group string
@@ -33,7 +39,12 @@ type Config struct {
 	// table. Default: topics.DefaultNames().
 	Topics topics.Names
 
-	// ClickHouse is the native-protocol address. Required unless Conn is set.
+	// ClickHouseServer is how to reach ClickHouse: address, user,
+	// password, TLS. Its address (or ClickHouse) is required unless Conn
+	// is set.
+	ClickHouseServer Server
+	// ClickHouse is shorthand for ClickHouseServer.Addr; EnsureDefaults
+	// copies it there. Setting both is an error.
 	ClickHouse string
 	// Database holds the tables. Default: "meterline".
 	Database string
@@ -115,6 +126,18 @@ type Config struct {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
+	if len(c.Kafka.Brokers) == 0 {
+		c.Kafka.Brokers = c.Brokers
+	}
+	if len(c.Brokers) == 0 {
+		c.Brokers = c.Kafka.Brokers
+	}
+	if c.ClickHouseServer.Addr == "" {
+		c.ClickHouseServer.Addr = c.ClickHouse
+	}
+	if c.ClickHouse == "" {
+		c.ClickHouse = c.ClickHouseServer.Addr
+	}
 	if c.Group == "" {
 		c.Group = "meterline-sink"
 	}
@@ -180,14 +203,22 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("sink config: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
-	if len(c.Brokers) == 0 {
-		bad("Brokers", "at least one seed broker is required")
+	if err := c.Kafka.Validate(); err != nil {
+		bad("Kafka", "%v", err)
+	}
+	if !slices.Equal(c.Brokers, c.Kafka.Brokers) {
+		bad("Brokers", "%q differs from Kafka.Brokers %q: set one", c.Brokers, c.Kafka.Brokers)
 	}
 	if c.InstanceID == "" {
 		bad("InstanceID", "required (stable across restarts, unique in the group)")
 	}
-	if c.ClickHouse == "" && c.Conn == nil {
-		bad("ClickHouse", "an address is required")
+	if c.Conn == nil {
+		if err := c.ClickHouseServer.Validate(); err != nil {
+			bad("ClickHouseServer", "%v", err)
+		}
+	}
+	if c.ClickHouse != c.ClickHouseServer.Addr {
+		bad("ClickHouse", "%q differs from ClickHouseServer.Addr %q: set one", c.ClickHouse, c.ClickHouseServer.Addr)
 	}
 	if !databaseName.MatchString(c.Database) {
 		bad("Database", "%q: want letters, digits and underscores", c.Database)

@@ -71,6 +71,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -123,6 +124,7 @@ var (
 // Writer is the sink stage of one instance.
 type Writer struct {
 	cfg     Config
+	kafka   []kgo.Opt // cfg.Kafka's seed brokers, SASL and TLS
 	log     *zap.Logger
 	m       *metrics
 	tables  []*table
@@ -189,8 +191,13 @@ func New(cfg Config) (*Writer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	kafkaOpts, err := cfg.Kafka.Opts()
+	if err != nil {
+		return nil, fmt.Errorf("sink: %w", err)
+	}
 	w := &Writer{
 		cfg:        cfg,
+		kafka:      kafkaOpts,
 		log:        cfg.Logger.With(zap.String("stage", "sink"), zap.String("instance", cfg.InstanceID)),
 		m:          newMetrics(cfg.Registerer),
 		tables:     newTables(cfg.Topics),
@@ -282,7 +289,7 @@ func (w *Writer) Run(ctx context.Context) error {
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
 	for attempt := 0; conn == nil; attempt++ {
-		c, err := Dial(ctx, w.cfg.ClickHouse, w.cfg.Database, false)
+		c, err := w.cfg.ClickHouseServer.Dial(ctx, w.cfg.Database, false)
 		if err == nil {
 			conn = c
 			break
@@ -372,7 +379,6 @@ func (w *Writer) topicNames() []string {
 func (w *Writer) clientOptions() []kgo.Opt {
 	c := &w.cfg
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(c.Brokers...),
 		kgo.TransactionalID(c.TransactionalID()),
 		kgo.TransactionTimeout(c.TransactionTimeout),
 		kgo.ConsumerGroup(c.Group),
@@ -393,7 +399,7 @@ func (w *Writer) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsLost(w.onRevoked),
 		kgo.WithLogger(kzap.New(w.log.Named("kgo"), kzap.Level(kgoLevel(w.log)))),
 	}
-	return append(opts, c.ClientOptions...)
+	return slices.Concat(w.kafka, opts, c.ClientOptions)
 }
 
 func kgoLevel(l *zap.Logger) kgo.LogLevel {
