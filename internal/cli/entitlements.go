@@ -19,6 +19,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
@@ -232,8 +233,12 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 func (c *entWrite) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
 	topic := g.Topic.EntitlementsTopic()
-	counts, err := topics.PartitionCounts(ctx, g.Brokers, topic)
+	counts, err := topics.PartitionCounts(ctx, kc, topic)
 	if err != nil {
 		return err
 	}
@@ -251,7 +256,7 @@ func (c *entWrite) write(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 			parts = append(parts, p)
 		}
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...), kgo.TransactionalID(c.TransactionalID),
+	cl, err := kafka.NewClient(kc, kgo.TransactionalID(c.TransactionalID),
 		kgo.TransactionTimeout(10*time.Second), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.WithLogger(kzap.New(log.Named("kgo"), kzap.Level(kgo.LogLevelWarn))))
 	if err != nil {
@@ -301,12 +306,16 @@ type entRecord struct {
 // readEntitlements reads the committed records of the entitlements topic
 // and keeps the latest of each key per partition.
 func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]entRecord, int32, error) {
-	topic := g.Topic.EntitlementsTopic()
-	counts, err := topics.PartitionCounts(ctx, g.Brokers, topic)
+	kc, err := g.connectKafka(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	recs, err := topics.ReadCommitted(ctx, g.Brokers, topic, nil)
+	topic := g.Topic.EntitlementsTopic()
+	counts, err := topics.PartitionCounts(ctx, kc, topic)
+	if err != nil {
+		return nil, 0, err
+	}
+	recs, err := topics.ReadCommittedAs(ctx, kc, topic, nil)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", topic, err)
 	}
