@@ -144,7 +144,7 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	}
 	e, err := d.Record(customer, meters)
 	if err != nil {
-		return invalidDocument(stdio, "the entitlements of "+customer, err)
+		return invalidDocument(stdio, "the entitlements record of "+customer, err)
 	}
 	if c.Validate {
 		fmt.Fprintf(stdio.Stdout, "the entitlements of %s are valid\n", customer)
