@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/big"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -170,7 +171,7 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 	e := &schemas.Entitlements{CustomerID: customer, Plan: d.Plan, Unmetered: d.Unmetered,
 		EffectiveFrom: f.time("effective_from", d.EffectiveFrom), Caps: []schemas.Cap{}, Grants: []schemas.Grant{},
 		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
-	for _, m := range sortedKeys(d.Caps) {
+	for _, m := range slices.Sorted(maps.Keys(d.Caps)) {
 		c, at := d.Caps[m], "caps."+pathPart(m)
 		cp := schemas.Cap{Meter: m, Limit: f.int(at+".limit", c.Limit), OnLimit: schemas.OnLimitReject}
 		switch strings.ToLower(c.OnLimit) {
@@ -182,7 +183,7 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		}
 		e.Caps = append(e.Caps, cp)
 	}
-	for _, id := range sortedKeys(d.Grants) {
+	for _, id := range slices.Sorted(maps.Keys(d.Grants)) {
 		g, at := d.Grants[id], "grants."+pathPart(id)
 		pr := f.int(at+".priority", g.Priority)
 		if pr > math.MaxInt32 || pr < math.MinInt32 {
@@ -341,7 +342,7 @@ func (d *RatesDocument) Card(meters Meters) (*schemas.RateCard, error) {
 		} else {
 			rv.EffectiveFrom = f.time(at+".effective_from", v.EffectiveFrom)
 		}
-		for _, m := range sortedKeys(v.Rates) {
+		for _, m := range slices.Sorted(maps.Keys(v.Rates)) {
 			mc, per, err := ParseRate(string(v.Rates[m]))
 			if err != nil {
 				f.add(at+".rates."+pathPart(m), "%v", err)
@@ -374,13 +375,4 @@ func RatesDocumentOf(c *schemas.RateCard, writtenAt int64) *RatesDocument {
 		d.Versions = append(d.Versions, rv)
 	}
 	return d
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

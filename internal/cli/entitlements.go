@@ -118,15 +118,42 @@ func invalidDocument(stdio IO, what string, err error) error {
 	return &ExitError{Code: 1, Silent: true, Err: fmt.Errorf("%s is not valid", what)}
 }
 
-// Run writes a customer's entitlements.
-func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+// load reads the document with parse and the meters file: a document
+// that does not parse, or a file that cannot be read, ends the command.
+func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters, error) {
 	b, err := c.read(stdio)
 	if err != nil {
-		return &ExitError{Code: 2, Err: err}
+		return nil, &ExitError{Code: 2, Err: err}
 	}
-	d, err := entitlements.ParseDocument(b)
+	if err := parse(b); err != nil {
+		return nil, invalidDocument(stdio, "the document", err)
+	}
+	meters, err := c.meters()
 	if err != nil {
-		return invalidDocument(stdio, "the document", err)
+		return nil, &ExitError{Code: 2, Err: err}
+	}
+	return meters, nil
+}
+
+// finish validates (the record in hand) and writes, or with --validate
+// only says so.
+func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+	if c.Validate {
+		fmt.Fprintf(stdio.Stdout, "the %s is valid\n", what)
+		return nil
+	}
+	if e, ok := m.(*schemas.Entitlements); ok {
+		warnPast(stdio, e.EffectiveFrom)
+	}
+	return c.write(ctx, g, stdio, log, what, key, m, every)
+}
+
+// Run writes a customer's entitlements.
+func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	var d *entitlements.Document
+	meters, err := c.load(stdio, func(b []byte) (err error) { d, err = entitlements.ParseDocument(b); return err })
+	if err != nil {
+		return err
 	}
 	customer := c.Customer
 	if customer == "" {
@@ -138,76 +165,47 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	if fe := schemas.CheckText("customer", customer, true); fe != nil || len(customer) > schemas.MaxIdentityFieldBytes {
 		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", customer))
 	}
-	meters, err := c.meters()
-	if err != nil {
-		return &ExitError{Code: 2, Err: err}
-	}
+	what := "entitlements record of " + customer
 	e, err := d.Record(customer, meters)
 	if err != nil {
-		return invalidDocument(stdio, "the entitlements record of "+customer, err)
+		return invalidDocument(stdio, "the "+what, err)
 	}
-	if c.Validate {
-		fmt.Fprintf(stdio.Stdout, "the entitlements of %s are valid\n", customer)
-		return nil
-	}
-	warnPast(stdio, e.EffectiveFrom)
-	return c.write(ctx, g, stdio, log, "entitlements of "+customer, schemas.CustomerKey(customer), e, false)
+	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false)
 }
 
 // Run writes the default plan.
 func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
-	b, err := c.read(stdio)
+	var d *entitlements.Document
+	meters, err := c.load(stdio, func(b []byte) (err error) { d, err = entitlements.ParseDocument(b); return err })
 	if err != nil {
-		return &ExitError{Code: 2, Err: err}
-	}
-	d, err := entitlements.ParseDocument(b)
-	if err != nil {
-		return invalidDocument(stdio, "the document", err)
-	}
-	meters, err := c.meters()
-	if err != nil {
-		return &ExitError{Code: 2, Err: err}
+		return err
 	}
 	e, err := d.Record("", meters)
 	if err != nil {
 		return invalidDocument(stdio, "the default plan", err)
 	}
-	if c.Validate {
-		fmt.Fprintln(stdio.Stdout, "the default plan is valid")
-		return nil
-	}
-	warnPast(stdio, e.EffectiveFrom)
-	return c.write(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true)
+	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true)
 }
 
 // Run writes the rate card.
 func (c *EntitlementsSetRatesCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
-	b, err := c.read(stdio)
+	var d *entitlements.RatesDocument
+	meters, err := c.load(stdio, func(b []byte) (err error) { d, err = entitlements.ParseRatesDocument(b); return err })
 	if err != nil {
-		return &ExitError{Code: 2, Err: err}
-	}
-	d, err := entitlements.ParseRatesDocument(b)
-	if err != nil {
-		return invalidDocument(stdio, "the document", err)
-	}
-	meters, err := c.meters()
-	if err != nil {
-		return &ExitError{Code: 2, Err: err}
+		return err
 	}
 	card, err := d.Card(meters)
 	if err != nil {
 		return invalidDocument(stdio, "the rate card", err)
 	}
-	if c.Validate {
-		fmt.Fprintln(stdio.Stdout, "the rate card is valid")
-		return nil
+	if !c.Validate {
+		if len(card.Versions) > 0 && card.Versions[0].EffectiveFrom > time.Now().UnixMilli() {
+			fmt.Fprintf(stdio.Stderr, "note: the first version starts at %s: until then, events are priced by no rate (free)\n",
+				entitlements.FormatTime(card.Versions[0].EffectiveFrom))
+		}
+		fmt.Fprintln(stdio.Stderr, "note: a version can price only events from when this card is written on; time before that keeps the rates of the card in effect then")
 	}
-	if len(card.Versions) > 0 && card.Versions[0].EffectiveFrom > time.Now().UnixMilli() {
-		fmt.Fprintf(stdio.Stderr, "note: the first version starts at %s: until then, events are priced by no rate (free)\n",
-			entitlements.FormatTime(card.Versions[0].EffectiveFrom))
-	}
-	fmt.Fprintln(stdio.Stderr, "note: a version can price only events from when this card is written on; time before that keeps the rates of the card in effect then")
-	return c.write(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true)
+	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true)
 }
 
 func warnPast(stdio IO, effectiveFrom int64) {
@@ -223,7 +221,7 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 		return &ExitError{Code: 2, Err: errors.New("name the customer")}
 	}
 	w := entWrite{TransactionalID: c.TransactionalID, Timeout: c.Timeout}
-	return w.write(ctx, g, stdio, log, "entitlements of "+c.Customer+" deleted", schemas.CustomerKey(c.Customer), nil, false)
+	return w.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
 }
 
 // write produces one record under key: to the key's canonical partition,

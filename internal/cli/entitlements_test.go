@@ -85,7 +85,7 @@ grants:
 overdraft: {policy: deny}
 `)
 	code, out, errOut := ent("set", "-f", acme)
-	if code != 0 || !strings.Contains(out, "wrote the entitlements of acme to "+topic+" partition") {
+	if code != 0 || !strings.Contains(out, "wrote the entitlements record of acme to "+topic+" partition") {
 		t.Fatalf("set: %d\n%s\n%s", code, out, errOut)
 	}
 	recs := testenv.ReadAll(t, brokers, topic)
