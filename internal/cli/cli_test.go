@@ -209,11 +209,11 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		_, _ = adm.DeleteTopics(context.Background(), ns...)
 	})
 	code, out, errOut := run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "created") != 10 || !strings.Contains(out, "all 10 topics match") {
+	if code != 0 || strings.Count(out, "created") != 11 || !strings.Contains(out, "all 11 topics match") {
 		t.Fatalf("create: %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, _ = run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "exists") != 10 {
+	if code != 0 || strings.Count(out, "exists") != 11 {
 		t.Fatalf("second create is not idempotent: %d\n%s", code, out)
 	}
 	code, out, _ = run(t, "", args("topics", "check")...)
@@ -240,6 +240,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	set(prefix+"usage.events", "message.timestamp.type", "CreateTime")
 	set(prefix+"usage.aggregates", "cleanup.policy", "delete")
 	set(prefix+"usage.rejected", "retention.ms", "3600000")
+	set(prefix+"meterline.keys", "cleanup.policy", "delete")
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
 	}
@@ -255,6 +256,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "usage.events: partitions is 6, want 4",
 		prefix + "usage.aggregates: cleanup.policy is delete, want compact",
 		prefix + "usage.rejected: retention.ms is 3600000 (1h0m0s), want at least",
+		prefix + "meterline.keys: cleanup.policy is delete, want compact",
 		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
 		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped)",
 	} {
@@ -262,7 +264,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	if n := strings.Count(out, "drift"); n != 6 {
-		t.Errorf("%d drifts reported, want 6:\n%s", n, out)
+	if n := strings.Count(out, "drift"); n != 7 {
+		t.Errorf("%d drifts reported, want 7:\n%s", n, out)
 	}
 }

@@ -30,6 +30,7 @@ type Names struct {
 	AggregateChangelog string `help:"Aggregator state changelog." default:"meterline-aggregate-changelog"`
 	Entitlements       string `help:"Customers' plans, caps and credit grants, the default plan and the rate card (compacted, co-partitioned with the deduped topic)." default:"usage.entitlements"`
 	Balances           string `help:"Customers' usage against their caps and credits left (compacted)." default:"usage.balances"`
+	Keys               string `help:"API keys and tenants of the HTTP ingest (compacted)." default:"meterline.keys"`
 }
 
 // DefaultNames returns the default names of DESIGN §4.
@@ -37,7 +38,7 @@ func DefaultNames() Names {
 	return Names{Events: "usage.events", Deduped: "usage.deduped", Duplicates: "usage.duplicates",
 		Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
 		DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog",
-		Entitlements: "usage.entitlements", Balances: "usage.balances"}
+		Entitlements: "usage.entitlements", Balances: "usage.balances", Keys: "meterline.keys"}
 }
 
 func (n Names) name(s string) string { return n.Prefix + s }
@@ -53,6 +54,7 @@ func (n Names) DedupChangelogTopic() string     { return n.name(n.DedupChangelog
 func (n Names) AggregateChangelogTopic() string { return n.name(n.AggregateChangelog) }
 func (n Names) EntitlementsTopic() string       { return n.name(n.Entitlements) }
 func (n Names) BalancesTopic() string           { return n.name(n.Balances) }
+func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 
 // Layout says how many partitions and what retention the topics get.
 type Layout struct {
@@ -129,6 +131,8 @@ func Specs(n Names, l Layout) []Spec {
 			Configs: map[string]string{"cleanup.policy": "compact", "message.timestamp.type": l.EventsTimestamp,
 				"min.compaction.lag.ms": ms(ret), "delete.retention.ms": ms(ret)}},
 		spec(n.BalancesTopic(), map[string]string{"cleanup.policy": "compact"}, 0),
+		// One partition: a few records, read whole by every ingest replica.
+		{Name: n.KeysTopic(), Partitions: 1, Configs: map[string]string{"cleanup.policy": "compact"}},
 	}
 	return specs
 }
