@@ -62,7 +62,7 @@ func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 func TestNoSecretFlags(t *testing.T) {
 	for name := range flagsOf(t) {
 		if strings.HasPrefix(name, "topic-") {
-			continue // a topic's name (--topic-keys: the topic of API keys), not a secret
+			continue // topic names (--topic-keys names the API keys' topic)
 		}
 		for _, word := range []string{"password", "secret", "token", "key"} {
 			if strings.Contains(name, word) && !strings.HasSuffix(name, "-file") {

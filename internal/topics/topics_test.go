@@ -2,6 +2,7 @@ package topics
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,5 +69,17 @@ func TestEntitlementsCoPartitioned(t *testing.T) {
 	want := "usage.entitlements: partitions is 4, want 3 (co-partitioned with usage.deduped)"
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("partition drifts %q, want [%q]", got, want)
+	}
+}
+
+// TestCreateRefusesUnnamedSpec: a spec without a name (a Names literal
+// missing a newer topic) is an error at once, not a wait for metadata
+// that never shows the topic.
+func TestCreateRefusesUnnamedSpec(t *testing.T) {
+	n := DefaultNames()
+	n.Keys = ""
+	_, err := Create(context.Background(), nil, Specs(n, Layout{Partitions: 1}), -1)
+	if err == nil || !strings.Contains(err.Error(), "no topic name") {
+		t.Fatalf("Create with an unnamed spec: %v, want an error naming it", err)
 	}
 }
