@@ -29,11 +29,11 @@ type Config struct {
 	// (default here: 60s) and transaction timeouts, RestartBackoff and
 	// ClientOptions, with their defaults.
 	session.Config
-	// Topics names the five input topics (usage.deduped, usage.aggregates,
-	// usage.adjustments, usage.duplicates, usage.rejected); refused rows
-	// are parked in the rejected topic, and records of the rejected topic
-	// that cannot be rows of usage_rejected go to the usage_quarantine
-	// table. Default: topics.DefaultNames().
+	// Topics names the six input topics (usage.deduped, usage.aggregates,
+	// usage.adjustments, usage.duplicates, usage.rejected, usage.balances);
+	// refused rows are parked in the rejected topic, and records of the
+	// rejected topic that cannot be rows of usage_rejected go to the
+	// usage_quarantine table. Default: topics.DefaultNames().
 	Topics topics.Names
 
 	// ClickHouseServer is how to reach ClickHouse: address, user,
