@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -24,7 +25,7 @@ func (stopGate) Check(context.Context, string, []producer.Event) *Problem {
 // CloudEvents (each feeding three meters) up to the send: the key, the
 // parse, the mapping, validation and encoding. Kafka is not involved.
 func BenchmarkBatchCPU(b *testing.B) {
-	srv, err := New(Config{Addr: "127.0.0.1:0", Brokers: []string{"127.0.0.1:1"}, Meters: mustCatalog(b), Gate: stopGate{}})
+	srv, err := New(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}, Meters: mustCatalog(b), Gate: stopGate{}})
 	if err != nil {
 		b.Fatal(err)
 	}

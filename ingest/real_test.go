@@ -104,7 +104,7 @@ func (p *pipeline) startDedup() {
 func (p *pipeline) server() *env {
 	cat := mustCatalog(p.t)
 	e := &env{t: p.t, brokers: p.brokers, topic: p.names.EventsTopic(), keys: p.names.KeysTopic(), token: p.token}
-	e.start(Config{Addr: "127.0.0.1:0", Brokers: p.brokers, Topic: p.names.EventsTopic(), KeysTopic: p.names.KeysTopic(), Meters: cat})
+	e.start(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: p.brokers}, Topic: p.names.EventsTopic(), KeysTopic: p.names.KeysTopic(), Meters: cat})
 	return e
 }
 
