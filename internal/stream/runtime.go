@@ -124,6 +124,7 @@ type Runtime struct {
 	txRecs    int
 	ovs       map[int32]*overlay
 	txEpoch   map[int32]uint64
+	txnEnd    txnEndWatch // has the coordinator finished the last transaction (settle.go)
 
 	prodMu    sync.Mutex
 	prodErr   error
@@ -324,6 +325,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	rt.resetTxn()
 	close(ready)
 	defer func() {
+		rt.txnEnd.stop()
 		rt.closeAll()
 		// Leaving the group revokes our partitions; an open transaction
 		// was already ended (or the client is being abandoned after an
@@ -707,7 +709,9 @@ func (rt *Runtime) resetTxn() {
 
 func (rt *Runtime) emit(r *kgo.Record) {
 	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
-	rt.sess.Produce(context.Background(), r, rt.promise)
+	// Held back until the coordinator finished the previous transaction
+	// (settle.go).
+	rt.txnEnd.produce(rt, r)
 }
 
 func (rt *Runtime) promise(r *kgo.Record, err error) {
@@ -732,6 +736,7 @@ func (rt *Runtime) abortOpen() {
 	if !rt.inTxn {
 		return
 	}
+	rt.txnEnd.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.TransactionTimeout)
 	defer cancel()
 	_, _ = rt.sess.End(ctx, kgo.TryAbort)
@@ -742,6 +747,10 @@ func (rt *Runtime) abortOpen() {
 // applies the overlay to Pebble.
 func (rt *Runtime) commit(ctx context.Context) error {
 	start := time.Now()
+	// Guarantee: every record emitted in the transaction was handed to the
+	// client (held-back ones after the coordinator finished the previous
+	// transaction, settle.go).
+	rt.txnEnd.wait()
 	abort := rt.mustAbort
 	ps := sortedPartitions(rt.ovs)
 	if !abort {
@@ -807,6 +816,9 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
 	defer cancel()
 	committed, err := rt.sess.End(ectx, try)
+	if err == nil {
+		rt.txnEnd.start(context.WithoutCancel(ctx), rt, rt.adm)
+	}
 	rt.prodMu.Lock()
 	perr := rt.prodErr
 	rt.prodMu.Unlock()
