@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,54 +22,8 @@ import (
 	"github.com/meterline/meterline/internal/topics"
 )
 
-// copyProc copies every input record to the output topic, partitioned by
-// key, and keeps the record's value in state: a transaction writes every
-// output partition and a changelog partition per input partition, as dedup
-// does.
-type copyProc struct {
-	out     string
-	outN    int32
-	emitted *atomic.Int64
-}
-
-func (c *copyProc) Open(int32, *stream.PartitionState) (stream.Partition, error) {
-	return c, nil
-}
-
-func (c *copyProc) Process(tx *stream.Tx, recs []*kgo.Record) error {
-	for _, r := range recs {
-		h := fnv.New32a()
-		h.Write(r.Key)
-		tx.Emit(&kgo.Record{Topic: c.out, Partition: int32(h.Sum32() % uint32(c.outN)), Key: r.Key, Value: r.Value})
-		tx.Put(r.Key, r.Value)
-	}
-	c.emitted.Add(int64(len(recs)))
-	return nil
-}
-
-func (c *copyProc) Punctuate(*stream.Tx) error { return nil }
-func (c *copyProc) Close()                     {}
-
-// initProducerIDs counts the InitProducerID requests a client writes.
-type initProducerIDs struct{ n atomic.Int64 }
-
-func (h *initProducerIDs) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
-	if key == int16(kmsg.InitProducerID) && err == nil {
-		h.n.Add(1)
-	}
-}
-
-// freshStart is what one start of a stage on fresh topics did.
-type freshStart struct {
-	in, out, changelog string
-	initProducerIDs    int64
-	restarts           float64
-	commits            []time.Duration // the stage's commit latency, per transaction, in order
-	elapsed            time.Duration
-}
-
 // TestRealFreshStartNoSequenceRejects starts a transactional stage on
-// fresh topics 20 times and checks how its first transactions begin.
+// fresh topics 20 times and checks how each transaction begins.
 //
 // Under transactions v2 (KIP-890) a commit's EndTxn returns once the
 // coordinator has decided, and the commit markers are written after. A
@@ -79,41 +34,51 @@ type freshStart struct {
 // the refused first batch of each partition (sequence 0) arrive with
 // sequences the partition has not seen, and the broker refuses those too:
 // "OutOfOrderSequenceException … Expected sequence 0 for transactions v2
-// idempotent producer with no existing state". kgo then resends only after
-// its next metadata refresh, up to MetadataMinAge (5 s) later: the stall of
-// a fresh stage's second commit. The runtime waits until the coordinator
-// has finished the previous transaction before the next one produces.
+// idempotent producer with no existing state". kgo resends only after its
+// next metadata refresh, up to MetadataMinAge (5 s) later: the stall of a
+// fresh stage's second commit. The runtime holds a transaction's records
+// back until the coordinator has finished the previous transaction.
 //
-// The check is the mechanism, not a duration: no such refusal in the
-// broker's log for any of the 20 starts' topics, one InitProducerID per
-// start (the producer ID is never re-initialised) and no session restart.
+// The checks are the mechanism, not durations, per start:
+//   - no produce request of a transaction is written while the coordinator
+//     still reports the previous one as PrepareCommit or PrepareAbort (an
+//     observer describes the transactional ID every millisecond or so; a
+//     produce written after EndTxn's response and before an observation
+//     that still saw the transaction completing, itself before the next
+//     EndTxn, was early). This holds however fast the broker writes the
+//     markers;
+//   - no such refusal in the broker's log for the start's topics (it
+//     appears only when the markers took longer than the leader's retry);
+//   - one InitProducerID (the producer ID is never re-initialised) and no
+//     session restart.
 func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 	brokers := testenv.RealKafka(t)
 	serverLog := testenv.RealKafkaServerLog(t)
 	const (
 		starts  = 20
 		inN     = 4
-		outN    = 8
-		records = 12_000
+		outN    = 16
+		records = 16_000
+		txns    = 8 // at least: MaxBatchRecords is records/txns
 	)
-	names := make([]freshStart, starts)
+	runs := make([]freshStart, starts)
 	var ins, outs []string
-	for i := range names {
+	for i := range runs {
 		base := fmt.Sprintf("fresh%d", i+1)
-		names[i] = freshStart{
+		runs[i] = freshStart{
 			in:        testenv.Name(t, base+"-in"),
 			out:       testenv.Name(t, base+"-out"),
 			changelog: testenv.Name(t, base+"-changelog"),
+			group:     testenv.Name(t, base+"-group"),
 		}
-		ins = append(ins, names[i].in, names[i].changelog)
-		outs = append(outs, names[i].out)
+		ins = append(ins, runs[i].in, runs[i].changelog)
+		outs = append(outs, runs[i].out)
 	}
-	// All topics at once: created one by one they took about 1.7 s each.
+	// All topics at once: created one by one they took over a second each.
 	createTopics(t, brokers, inN, ins...)
 	createTopics(t, brokers, outN, outs...)
-	var runs []freshStart
-	for i, r := range names {
-		runs = append(runs, startFresh(t, brokers, i, r, inN, outN, records))
+	for i := range runs {
+		runs[i].run(t, brokers, i+1, outN, records, records/txns)
 	}
 
 	const refusal = "Expected sequence 0 for transactions v2"
@@ -127,9 +92,9 @@ func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 		for j, d := range r.commits {
 			ms[j] = fmt.Sprint(d.Round(time.Millisecond))
 		}
-		t.Logf("start %2d: %d InitProducerID, %v restarts, %d refusals, %s to copy %d records, commits %s",
-			i+1, r.initProducerIDs, r.restarts, len(refused), r.elapsed.Round(time.Millisecond), records, strings.Join(ms, " "))
-		if len(refused) > 0 || r.initProducerIDs != 1 || r.restarts != 0 {
+		t.Logf("start %2d: %d early produce requests, %d refusals, %d InitProducerID, %v restarts; copied in %s, commits %s",
+			i+1, r.early, len(refused), r.initProducerIDs, r.restarts, r.elapsed.Round(time.Millisecond), strings.Join(ms, " "))
+		if r.early > 0 || len(refused) > 0 || r.initProducerIDs != 1 || r.restarts != 0 {
 			failed++
 			for _, l := range refused[:min(2, len(refused))] {
 				t.Logf("  broker: %s", l)
@@ -137,18 +102,154 @@ func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 		}
 	}
 	if failed > 0 {
-		t.Errorf("%d of %d starts on fresh topics had the broker refuse a sequence, re-initialised the producer ID or restarted the session (want none)", failed, starts)
+		t.Errorf("%d of %d starts on fresh topics produced before the coordinator finished the previous transaction, had the broker refuse a sequence, re-initialised the producer ID or restarted the session (want none)", failed, starts)
 	}
+}
+
+// copyProc copies every input record to the output topic, partitioned by
+// key, and keeps the record's value in state: a transaction writes every
+// output partition and a changelog partition per input partition, as dedup
+// does.
+type copyProc struct {
+	out     string
+	outN    uint32
+	emitted atomic.Int64
+}
+
+func (c *copyProc) Open(int32, *stream.PartitionState) (stream.Partition, error) { return c, nil }
+
+func (c *copyProc) Process(tx *stream.Tx, recs []*kgo.Record) error {
+	for _, r := range recs {
+		h := fnv.New32a()
+		h.Write(r.Key)
+		tx.Emit(&kgo.Record{Topic: c.out, Partition: int32(h.Sum32() % c.outN), Key: r.Key, Value: r.Value})
+		tx.Put(r.Key, r.Value)
+	}
+	c.emitted.Add(int64(len(recs)))
+	return nil
+}
+
+func (c *copyProc) Punctuate(*stream.Tx) error { return nil }
+func (c *copyProc) Close()                     {}
+
+// wire records when the stage's client wrote Produce and EndTxn requests
+// and read EndTxn responses, and counts its InitProducerID requests.
+type wire struct {
+	mu              sync.Mutex
+	produces        []time.Time
+	endWrites       []time.Time
+	endReads        []time.Time
+	initProducerIDs int64
+}
+
+func (w *wire) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	now := time.Now()
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch kmsg.Key(key) {
+	case kmsg.Produce:
+		w.produces = append(w.produces, now)
+	case kmsg.EndTxn:
+		w.endWrites = append(w.endWrites, now)
+	case kmsg.InitProducerID:
+		w.initProducerIDs++
+	}
+}
+
+func (w *wire) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	now := time.Now()
+	if err == nil && kmsg.Key(key) == kmsg.EndTxn {
+		w.mu.Lock()
+		w.endReads = append(w.endReads, now)
+		w.mu.Unlock()
+	}
+}
+
+// observation is what DescribeTransactions returned: the coordinator was
+// in state at some moment between sent and received.
+type observation struct {
+	sent, received time.Time
+	state          string
+}
+
+// observe describes the transactional ID until ctx ends.
+func observe(ctx context.Context, t *testing.T, brokers []string, id string) <-chan []observation {
+	out := make(chan []observation, 1)
+	adm := testenv.Admin(t, brokers)
+	go func() {
+		var obs []observation
+		defer func() { out <- obs }()
+		for ctx.Err() == nil {
+			sent := time.Now()
+			ds, err := adm.DescribeTransactions(ctx, id)
+			if err == nil {
+				if d, ok := ds[id]; ok && d.Err == nil {
+					obs = append(obs, observation{sent: sent, received: time.Now(), state: d.State})
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	return out
+}
+
+// earlyProduces counts the produce requests written after an EndTxn
+// response while the coordinator still finished that transaction: an
+// observation sent after the produce was written still saw PrepareCommit or
+// PrepareAbort, and was answered before the next EndTxn was written (so it
+// saw this transaction, not the next).
+func earlyProduces(w *wire, obs []observation) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	early := 0
+	for _, ended := range w.endReads {
+		next := time.Now().Add(time.Hour)
+		for _, ew := range w.endWrites {
+			if ew.After(ended) {
+				next = ew
+				break
+			}
+		}
+		for _, p := range w.produces {
+			if !p.After(ended) || !p.Before(next) {
+				continue
+			}
+			for _, o := range obs {
+				if o.sent.After(p) && o.received.Before(next) && strings.HasPrefix(o.state, "Prepare") {
+					early++
+					break
+				}
+			}
+		}
+	}
+	return early
+}
+
+// freshStart is one start of a stage on fresh topics and what it did.
+type freshStart struct {
+	in, out, changelog, group string
+
+	early           int             // produce requests written before the coordinator finished the previous transaction
+	initProducerIDs int64           // InitProducerID requests
+	restarts        float64         // the runtime's session restarts
+	commits         []time.Duration // the stage's commit latency, per transaction, in order
+	elapsed         time.Duration   // from Run until the group committed the end of the input
 }
 
 // createTopics creates the topics, each with n partitions, in one request,
 // waits until they are visible and deletes them when the test ends.
-func createTopics(t *testing.T, brokers []string, n int, names ...string) {
+func createTopics(t *testing.T, brokers []string, n int32, names ...string) {
 	t.Helper()
 	adm := testenv.Admin(t, brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	resps, err := adm.CreateTopics(ctx, int32(n), 1, nil, names...)
+	resps, err := adm.CreateTopics(ctx, n, 1, nil, names...)
 	if err == nil {
 		err = resps.Error()
 	}
@@ -165,11 +266,10 @@ func createTopics(t *testing.T, brokers []string, n int, names ...string) {
 	}
 }
 
-// startFresh fills the input of fresh topics, runs a stage until it copied
-// everything in at least four transactions, and stops it.
-func startFresh(t *testing.T, brokers []string, i int, r freshStart, inN, outN, records int) freshStart {
+// run fills the input, runs a stage until the group committed the end of
+// the input, and stops it.
+func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, records, batch int) {
 	t.Helper()
-	base := fmt.Sprintf("fresh%d", i+1)
 	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(r.in))
 	if err != nil {
 		t.Fatal(err)
@@ -178,40 +278,44 @@ func startFresh(t *testing.T, brokers []string, i int, r freshStart, inN, outN, 
 	for j := range recs {
 		recs[j] = &kgo.Record{Key: fmt.Appendf(nil, "k%d", j), Value: make([]byte, 100)}
 	}
-	if err := pcl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+	err = pcl.ProduceSync(context.Background(), recs...).FirstErr()
+	pcl.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
-	pcl.Close()
 
-	group := testenv.Name(t, base+"-group")
-	var emitted atomic.Int64
-	hook := &initProducerIDs{}
+	proc := &copyProc{out: r.out, outN: outN}
+	w := &wire{}
 	reg := prometheus.NewRegistry()
-	rt, err := stream.New(stream.Config{
+	cfg := stream.Config{
 		Stage:           "fresh",
 		Brokers:         brokers,
-		Group:           group,
+		Group:           r.group,
 		InstanceID:      "i1",
 		InputTopic:      r.in,
 		ChangelogTopic:  r.changelog,
 		FS:              vfs.NewMem(),
-		MaxBatchRecords: records / 4,
+		MaxBatchRecords: batch,
 		SessionTimeout:  6 * time.Second,
 		Registerer:      reg,
-		ClientOptions:   []kgo.Opt{kgo.WithHooks(hook)},
-	}, &copyProc{out: r.out, outN: int32(outN), emitted: &emitted})
+		ClientOptions:   []kgo.Opt{kgo.WithHooks(w)},
+	}
+	rt, err := stream.New(cfg, proc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	octx, ostop := context.WithCancel(context.Background())
+	defer ostop()
+	observed := observe(octx, t, brokers, cfg.TransactionalID())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- rt.Run(ctx) }()
 
-	// Poll the stage's commit-latency histogram faster than transactions
-	// end, to read each transaction's commit time, until the group's
-	// committed offsets reach the end of the input.
+	// Read the stage's commit-latency histogram faster than transactions
+	// end, for each transaction's commit time, until the group's committed
+	// offsets reach the end of the input.
 	var (
 		lastN   uint64
 		lastSum float64
@@ -230,30 +334,32 @@ func startFresh(t *testing.T, brokers []string, i int, r freshStart, inN, outN, 
 	deadline := time.Now().Add(45 * time.Second)
 	for polls := 0; ; polls++ {
 		readCommits()
-		if emitted.Load() >= int64(records) && polls%5 == 0 && committedSum(t, adm, group, r.in) == int64(records) {
+		if proc.emitted.Load() >= int64(records) && polls%5 == 0 && committedSum(t, adm, r.group, r.in) == int64(records) {
 			r.elapsed = time.Since(start)
 			break
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("start %d: stage stopped: %v", i+1, err)
+			t.Fatalf("start %d: stage stopped: %v", n, err)
 		case <-time.After(2 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("start %d: copied %d of %d records in %d transactions within 45s", i+1, emitted.Load(), records, lastN)
+			t.Fatalf("start %d: copied %d of %d records in %d transactions within 45s", n, proc.emitted.Load(), records, lastN)
 		}
 	}
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-		t.Fatalf("start %d: %v", i+1, err)
+		t.Fatalf("start %d: %v", n, err)
 	}
+	ostop()
+	obs := <-observed
 	readCommits()
-	if len(r.commits) < 4 {
-		t.Fatalf("start %d: %d transactions, want at least 4 (MaxBatchRecords is a quarter of the input)", i+1, len(r.commits))
+	if want := (records + batch - 1) / batch; len(r.commits) < want {
+		t.Fatalf("start %d: %d transactions, want at least %d", n, len(r.commits), want)
 	}
-	r.initProducerIDs = hook.n.Load()
-	r.restarts = metricValue(t, reg, "meterline_stream_session_restarts_total")
-	return r
+	r.early = earlyProduces(w, obs)
+	r.initProducerIDs = w.initProducerIDs
+	r.restarts = counterValue(t, reg, "meterline_stream_session_restarts_total")
 }
 
 // committedSum returns the sum of the group's committed offsets on topic.
@@ -282,17 +388,15 @@ func commitStats(t *testing.T, reg *prometheus.Registry) (n uint64, sum float64)
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		switch mf.GetName() {
-		case "meterline_stream_commit_seconds":
+		if mf.GetName() == "meterline_stream_commit_seconds" {
 			h := mf.GetMetric()[0].GetHistogram()
-			n, sum = h.GetSampleCount(), h.GetSampleSum()
+			return h.GetSampleCount(), h.GetSampleSum()
 		}
 	}
-	return n, sum
-
+	return 0, 0
 }
 
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
