@@ -12,7 +12,7 @@ KEEP_SERVICES   ?=
 
 export KAFKA_PORT CLICKHOUSE_PORT
 
-.PHONY: all build test test-short vet fuzz services-start services-stop clean
+.PHONY: all build test test-short docs-check vet fuzz services-start services-stop clean
 
 all: build
 
@@ -31,10 +31,24 @@ test-short:
 test:
 	@bash scripts/test.sh
 
+# The commands of README.md and docs/, run against both services (started and
+# stopped as for `make test`) by internal/docscheck, which `make test` runs
+# with the rest of the suite.
+docs-check:
+	@PACKAGES=./internal/docscheck bash scripts/test.sh
+
 fuzz:
-	$(GO) test ./schemas -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecodeUsageOr$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzBoundRejected$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzRerouteHeaders$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzReplayedHeaders$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzTickAuth$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseDec$$' -fuzztime 60s
+	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime 60s
 
 services-start:
 	deploy/local/kafka.sh start

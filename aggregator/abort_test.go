@@ -61,7 +61,7 @@ func customersByPartition(t testing.TB, meter string, n int32) []string {
 // and commit": the watermark is re-read and FINAL decided again). Exactly
 // one FINAL per key, on both partitions, with no further watermark.
 func TestFinalAfterAbortedTransaction(t *testing.T) {
-	h := newAggHarness(t, nil, 2)
+	h := newAggHarnessSources(t, nil, 2, 1) // one dedup source partition
 	cfg := h.config("a", vfs.NewMem())
 	cfg.Stream.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("a")
 	cfg.Period, cfg.Grace = Day, time.Hour

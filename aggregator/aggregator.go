@@ -6,13 +6,16 @@
 // transaction as its state changes:
 //
 //   - emits one OPEN revision per aggregate changed by the transaction;
-//   - once the partition watermark — the minimum over all dedup source
-//     partitions of the latest watermark from each — passes a period's end
-//     plus grace, emits exactly one FINAL revision per aggregate of that
-//     period;
+//   - once the partition watermark — the minimum over the latest watermark
+//     of each usage.events partition (their number from the cluster's
+//     metadata) — passes a period's end plus grace, decides the period
+//     final, and then emits exactly one FINAL revision per aggregate of
+//     that period, in chunks of at most FinalChunk per transaction
+//     (finalize.go);
 //   - turns an event whose arrival is after its period's end plus grace (or
 //     whose period is already final) into an ADJUSTMENT booked into the
-//     period that contains its arrival.
+//     period that contains its arrival;
+//   - rejects an event that would wrap a 64-bit sum or count (invalid).
 //
 // The invoice quantity of a period is its FINAL value plus the deltas of
 // the adjustments booked into it.
@@ -50,8 +53,17 @@ type Config struct {
 	// Grace is how long after a period's end it stays open. Default: 48h.
 	Grace time.Duration
 	// Window is the dedup window W: a period's working state is kept until
-	// its end + W, after which no event for it can arrive. Default: 35 days.
+	// its end + W, after which no event for it can arrive. It must not be
+	// shorter than dedup's: a watermark record that states a longer W stops
+	// the stage (ErrWindowTooShort). Default: 35 days.
 	Window time.Duration
+	// FinalChunk is the most aggregates one transaction finalizes (emits
+	// the FINAL revision of), books queued adjustments for, or expires, at
+	// a period's end: that work scales with the state, not the input, and
+	// is done in chunks over several transactions so that none outlasts the
+	// transaction timeout (DESIGN §6 invariant 9). Default: 10,000, about
+	// what a transaction of MaxBatchRecords input records carries.
+	FinalChunk int
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -64,6 +76,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Window == 0 {
 		c.Window = 35 * 24 * time.Hour
+	}
+	if c.FinalChunk == 0 {
+		c.FinalChunk = 10_000
 	}
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
@@ -89,8 +104,17 @@ func (c *Config) Validate() error {
 	if c.Window <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: window must be positive (got %s)", c.Window))
 	}
+	if c.FinalChunk <= 0 {
+		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))
+	}
 	return errors.Join(append(errs, c.Stream.Validate())...)
 }
+
+// ErrWindowTooShort is returned (wrapped) by Run when a watermark record
+// states a dedup window W longer than Config.Window: the aggregator would
+// drop a period's working state while dedup still accepts events for it, so
+// it stops rather than compute adjustments against missing state.
+var ErrWindowTooShort = errors.New("aggregator: window shorter than dedup's")
 
 // Stage is an aggregator instance.
 type Stage struct {
@@ -125,13 +149,21 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 // Run runs until ctx ends or a fatal error.
 func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 
-// Runtime exposes the stream runtime.
-func (s *Stage) Runtime() *stream.Runtime { return s.rt }
+// Ready reports whether the stage is ready (stream.Runtime.Ready); it
+// backs /readyz.
+func (s *Stage) Ready() error { return s.rt.Ready() }
 
-type partitionCountsT struct{ aggregates, adjustments, rejected int32 }
+// Status describes the stage for the status page (stream.Runtime.Status).
+func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+
+// partitionCountsT holds partition counts read from the cluster's metadata
+// at start. events, the partition count of usage.events, is the number of
+// dedup source partitions whose watermarks the aggregator takes the minimum
+// over (DESIGN §3): it never comes from a record.
+type partitionCountsT struct{ events, aggregates, adjustments, rejected int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
-	names := []string{cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
+	names := []string{cfg.Topics.EventsTopic(), cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -143,8 +175,8 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		return partitionCountsT{}, fmt.Errorf("aggregator: changelog %s has %d partitions, %s has %d; they must be equal",
 			cfg.Topics.AggregateChangelogTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
-	return partitionCountsT{aggregates: n[cfg.Topics.AggregatesTopic()], adjustments: n[cfg.Topics.AdjustmentsTopic()],
-		rejected: n[cfg.Topics.RejectedTopic()]}, nil
+	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
+		adjustments: n[cfg.Topics.AdjustmentsTopic()], rejected: n[cfg.Topics.RejectedTopic()]}, nil
 }
 
 type metrics struct {
@@ -156,6 +188,9 @@ type metrics struct {
 	late                      *prometheus.CounterVec
 	rejected                  *prometheus.CounterVec
 	keys                      *prometheus.GaugeVec
+	wmIgnored                 *prometheus.CounterVec
+	chunks                    *prometheus.CounterVec
+	finalizing                *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -173,6 +208,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: service.RejectedCounter(reg),
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
+		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",
+			Help: "Watermark records ignored because they disagree with the cluster's metadata, by reason: source_partitions (the count is not usage.events' partition count), source_partition (outside [0, that count))."}, []string{"reason"}),
+		chunks: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_chunks_total",
+			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones)."}, []string{"work"}),
+		finalizing: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_finalizing_periods",
+			Help: "Periods decided final whose FINAL revisions, or the adjustments queued behind them, are still going out in chunks, per partition."}, []string{"partition"}),
 	}
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))

@@ -71,6 +71,8 @@ type expectSet struct {
 	Open        []expAggregate  `json:"open"`
 	Adjustments []expAdjustment `json:"adjustments"`
 	Rejected    []string        `json:"rejected"` // reason:event_id
+	// RejectedDetails: event_id → a text its rejection's detail contains.
+	RejectedDetails map[string]string `json:"rejected_details"`
 }
 
 type expAggregate struct {
@@ -130,7 +132,16 @@ type aggHarness struct {
 	group   string
 }
 
+// newAggHarness creates the topics with partitions partitions each, and
+// usage.events with as many: the dedup source partitions whose watermarks
+// the aggregator waits for.
 func newAggHarness(t testing.TB, brokers []string, partitions int32) *aggHarness {
+	return newAggHarnessSources(t, brokers, partitions, partitions)
+}
+
+// newAggHarnessSources is newAggHarness with sources partitions of
+// usage.events.
+func newAggHarnessSources(t testing.TB, brokers []string, partitions, sources int32) *aggHarness {
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}
@@ -141,6 +152,11 @@ func newAggHarness(t testing.TB, brokers []string, partitions int32) *aggHarness
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	specs := topics.Specs(names, layout)
+	for i := range specs {
+		if specs[i].Name == names.EventsTopic() {
+			specs[i].Partitions = sources
+		}
+	}
 	adm := testenv.Admin(t, brokers)
 	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
 		t.Fatal(err)
@@ -227,7 +243,11 @@ func (h *aggHarness) caughtUp() {
 }
 
 func runCase(t *testing.T, c *testCase) {
-	h := newAggHarness(t, nil, 1)
+	sources := c.Sources
+	if sources == 0 {
+		sources = 1
+	}
+	h := newAggHarnessSources(t, nil, 1, sources)
 	cfg := h.config("a", vfs.NewMem())
 	cfg.Period = c.Period
 	cfg.StrictMeters = c.Strict
@@ -251,10 +271,6 @@ func runCase(t *testing.T, c *testCase) {
 			t.Fatal(err)
 		}
 		cfg.Meters = cat
-	}
-	sources := c.Sources
-	if sources == 0 {
-		sources = 1
 	}
 	running := h.start(cfg)
 	var offset int64
@@ -428,6 +444,9 @@ func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 			t.Fatal(err)
 		}
 		gotRej = append(gotRej, rj.Reason+":"+rj.EventID)
+		if want, ok := c.Expect.RejectedDetails[rj.EventID]; ok && !strings.Contains(rj.Detail, want) {
+			t.Errorf("rejection of %s: detail %q does not say %q", rj.EventID, rj.Detail, want)
+		}
 	}
 	sort.Strings(gotRej)
 	wantRej := append([]string{}, c.Expect.Rejected...)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -13,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
@@ -25,10 +25,17 @@ import (
 //	'a' P K          open aggregate (aggState)
 //	'f' P K          final aggregate's working state, kept until end + W
 //	'u' P framed(K) framed(value)  a value UNIQUE_COUNT has seen in P
-//	'p' P seq        a late event of P waiting for P's FINAL (its record)
-//	'F' P            P is final in this partition
+//	'p' P seq        an event of P queued behind P's FINAL revisions (late
+//	                 by arrival while P was open, or processed while its
+//	                 FINALs were going out), booked as an adjustment after
+//	                 them, in seq order
+//	'F' P            P is final in this partition: periodState, the phase
+//	                 of its chunked work and its cursor (finalize.go);
+//	                 empty when done
 //	'w' source       latest watermark from a dedup source partition
-//	'n'              number of dedup source partitions
+//	'n'              obsolete: the number of dedup source partitions as
+//	                 watermark records once claimed it; never read (the
+//	                 count comes from the cluster's metadata)
 //	'c'              sequence counter for 'p' keys
 const (
 	pfxOpen    = 'a'
@@ -39,10 +46,7 @@ const (
 	pfxSource  = 'w'
 )
 
-var (
-	keySources = []byte("n")
-	keySeq     = []byte("c")
-)
+var keySeq = []byte("c")
 
 func periodKey(prefix byte, start int64, rest ...[]byte) []byte {
 	k := make([]byte, 9, 9+32)
@@ -131,18 +135,21 @@ type partition struct {
 	pr      *processor
 	p       int32
 	pl      string
-	sources []int64 // latest watermark per dedup source partition; 0: none
+	sources []int64 // latest watermark per usage.events partition; 0: none
 	wm      int64   // partition watermark: min over sources
 	keys    int
-	finals  map[int64]struct{} // periods final in this partition
+	// finals holds the marker of every period final in this partition
+	// (few: one per period until its end + W), as the state and the open
+	// transaction have them.
+	finals map[int64]*periodState
 	// open caches OPEN aggregates (keyed by their state key) across
 	// transactions, so that an event of a busy key costs no Pebble read, no
 	// decode and no key split. Each equals the state as this partition's
 	// transactions left it, plus the changes of the open transaction to
 	// dirty aggregates, which reach the transaction (tx.Put) only in Flush
-	// or materialize. An aborted transaction clears it; a period's FINAL
-	// drops the period's aggregates; overflow (maxCachedOpen) drops clean
-	// ones.
+	// or materialize. An aborted transaction clears it; deciding a period
+	// final drops the period's aggregates; overflow (maxCachedOpen) drops
+	// clean ones.
 	open map[string]*openAgg
 	// dirty lists the aggregates the open transaction changed, in the
 	// order it first changed them; Flush emits their revisions in that
@@ -158,7 +165,11 @@ type partition struct {
 	bOK          bool
 	ev           schemas.DedupedEvent // the event being handled, reused
 	keysGauge    prometheus.Gauge
+	pendingGauge prometheus.Gauge // periods whose FINALs or queued adjustments are still going out
 	wmGauge      prometheus.Gauge // nil until the first watermark
+	// Ignored watermark records since the last log line, and its time.
+	wmIgnored      int
+	wmIgnoredLogAt time.Time
 	// stale: a transaction this partition took part in was aborted, so
 	// sources, wm and keys (in memory, advanced by its records) may be
 	// ahead of the committed state. Process reloads them from the state
@@ -176,6 +187,7 @@ type stateReader interface {
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), open: map[string]*openAgg{}}
 	pt.keysGauge = pr.m.keys.WithLabelValues(pt.pl)
+	pt.pendingGauge = pr.m.finalizing.WithLabelValues(pt.pl)
 	if err := pt.load(st); err != nil {
 		return nil, err
 	}
@@ -185,21 +197,26 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 
 // load sets the in-memory watermarks and key count from the state.
 func (pt *partition) load(st stateReader) error {
-	pt.sources, pt.keys, pt.finals = nil, 0, map[int64]struct{}{}
-	if err := st.Scan([]byte{pfxMarker}, []byte{pfxMarker + 1}, func(k, _ []byte) error {
-		pt.finals[int64(binary.BigEndian.Uint64(k[1:9]))] = struct{}{}
+	pt.keys, pt.finals = 0, map[int64]*periodState{}
+	if err := st.Scan([]byte{pfxMarker}, []byte{pfxMarker + 1}, func(k, v []byte) error {
+		ps, err := decodePeriodState(v)
+		if err != nil {
+			return fmt.Errorf("%w (partition %d, key %q)", err, pt.p, k)
+		}
+		pt.finals[int64(binary.BigEndian.Uint64(k[1:9]))] = ps
 		return nil
 	}); err != nil {
 		return err
 	}
-	if v, ok, err := st.Get(keySources); err != nil {
-		return err
-	} else if ok {
-		pt.sources = make([]int64, binary.BigEndian.Uint32(v))
-	}
+	// One slot per partition of usage.events, as the cluster's metadata
+	// says (DESIGN §3). A source watermark of another count (state written
+	// before the count came from metadata) is left out.
+	pt.sources = make([]int64, pt.pr.counts.events)
 	err := st.Scan([]byte{pfxSource}, []byte{pfxSource + 1}, func(k, v []byte) error {
-		s := int(binary.BigEndian.Uint32(k[1:]))
-		if s < len(pt.sources) {
+		if len(k) != 5 || len(v) != 8 {
+			return fmt.Errorf("aggregator: partition %d: corrupt source watermark %q", pt.p, k)
+		}
+		if s := int(binary.BigEndian.Uint32(k[1:])); s < len(pt.sources) {
 			pt.sources[s] = int64(binary.BigEndian.Uint64(v))
 		}
 		return nil
@@ -231,6 +248,13 @@ func minWatermark(s []int64) int64 {
 
 func (pt *partition) publish() {
 	pt.keysGauge.Set(float64(pt.keys))
+	n := 0
+	for _, ps := range pt.finals {
+		if ps.phase == phaseEmit || ps.phase == phaseBook {
+			n++
+		}
+	}
+	pt.pendingGauge.Set(float64(n))
 	if pt.wm > 0 {
 		if pt.wmGauge == nil {
 			pt.wmGauge = pt.pr.m.watermark.WithLabelValues(pt.pl)
@@ -252,6 +276,7 @@ func (pt *partition) bounds(ms int64) (start, end int64) {
 // Close implements stream.Partition.
 func (pt *partition) Close() {
 	pt.pr.m.keys.DeleteLabelValues(pt.pl)
+	pt.pr.m.finalizing.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
 }
 
@@ -335,14 +360,14 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 	i := 0
 	for _, a := range pt.dirty {
 		if !a.dirty {
-			continue // finalized in this transaction
+			continue // its period was decided final in this transaction
 		}
 		a.dirty = false
 		a.st.Revision++
 		pt.stBuf = a.st.appendTo(pt.stBuf[:0])
 		tx.Put(a.key, pt.stBuf)
 		var err error
-		if buf, err = pt.emitRevision(tx, &recs[i], buf, &a.out, a.start, &a.st, schemas.StatusOpen); err != nil {
+		if buf, err = pt.emitRevision(tx, &recs[i], buf, &a.out, pt.wm, &a.st, schemas.StatusOpen); err != nil {
 			return err
 		}
 		i++
@@ -360,7 +385,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	// through Decode, which says what it is or why it is undecodable.
 	pt.ev = schemas.DedupedEvent{}
 	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
-		return pt.event(tx, r, &pt.ev)
+		return pt.event(tx, r, &pt.ev, false)
 	}
 	msg, err := schemas.Decode(r.Value)
 	if err != nil {
@@ -371,7 +396,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	case *schemas.Watermark:
 		return pt.watermark(tx, m)
 	case *schemas.DedupedEvent:
-		return pt.event(tx, r, m)
+		return pt.event(tx, r, m, false)
 	default:
 		pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
 		return nil
@@ -387,17 +412,27 @@ func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) 
 }
 
 func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
-	n := int(w.SourcePartitions)
-	if n <= 0 || w.SourcePartition < 0 || int(w.SourcePartition) >= n {
-		return nil // not from a dedup stage we know how to read; ignore
+	// The number of sources is usage.events' partition count from the
+	// cluster's metadata, never the record's claim: a record that disagrees
+	// is counted, logged and ignored (DESIGN §3).
+	n := pt.pr.counts.events
+	switch {
+	case w.SourcePartitions != n:
+		pt.ignoreWatermark(w, "source_partitions")
+		return nil
+	case w.SourcePartition < 0 || w.SourcePartition >= n:
+		pt.ignoreWatermark(w, "source_partition")
+		return nil
 	}
-	if n != len(pt.sources) {
-		grown := make([]int64, n)
-		copy(grown, pt.sources)
-		pt.sources = grown
-		var v [4]byte
-		binary.BigEndian.PutUint32(v[:], uint32(n))
-		tx.Put(keySources, v[:])
+	if own := pt.pr.cfg.Window; w.WindowMs > own.Milliseconds() {
+		// The working state of a final period is dropped at end + own W;
+		// dedup accepts events for it until end + its W. A MAX,
+		// UNIQUE_COUNT or LATEST adjustment in between would be measured
+		// against nothing. Refuse, before anything of this record counts.
+		theirs := time.Duration(w.WindowMs) * time.Millisecond
+		return fmt.Errorf("%w: dedup's W is %s (watermark record of usage.events partition %d), the aggregator's %s; "+
+			"run the aggregator with --window %s or more (partition %d is processed no further)",
+			ErrWindowTooShort, theirs, w.SourcePartition, own, theirs, pt.p)
 	}
 	s := w.SourcePartition
 	if w.Watermark <= pt.sources[s] {
@@ -411,12 +446,35 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 	tx.Put(k, v[:])
 	if wm := minWatermark(pt.sources); wm > pt.wm {
 		pt.wm = wm
-		if err := pt.finalize(tx); err != nil {
-			return err
-		}
-		return pt.expire(tx)
+		// Periods whose end + grace it passed are decided final now;
+		// their FINAL revisions, and the expiry of periods past end + W,
+		// go out in chunks (Work).
+		return pt.finalize(tx)
 	}
 	return nil
+}
+
+// ignoredLogEvery spaces the log lines of ignored watermark records of one
+// partition (every dedup partition sends one per tick): the metric counts
+// each record, the log says it is happening and what the records claim.
+const ignoredLogEvery = time.Minute
+
+// ignoreWatermark counts a watermark record that disagrees with the
+// cluster's metadata and logs it (at most once a minute per partition,
+// with the number of records ignored since the last line).
+func (pt *partition) ignoreWatermark(w *schemas.Watermark, reason string) {
+	pt.pr.m.wmIgnored.WithLabelValues(reason).Inc()
+	pt.wmIgnored++
+	// Wall time spaces log lines only; it decides nothing.
+	now := pt.pr.now()
+	if now.Sub(pt.wmIgnoredLogAt) < ignoredLogEvery {
+		return
+	}
+	pt.pr.log.Warn("watermark record ignored: it disagrees with the partition count of usage.events in the cluster's metadata",
+		zap.Int32("partition", pt.p), zap.String("reason", reason), zap.Int32("source_partition", w.SourcePartition),
+		zap.Int32("source_partitions", w.SourcePartitions), zap.Int32("events_partitions", pt.pr.counts.events),
+		zap.Int("ignored_since_last_line", pt.wmIgnored))
+	pt.wmIgnoredLogAt, pt.wmIgnored = now, 0
 }
 
 // appendAggKey appends the aggregate key K of e: the framed customer,
@@ -456,9 +514,16 @@ func propValue(e *schemas.DedupedEvent, name string) (string, bool) {
 }
 
 // event aggregates one event, or books it as an adjustment when it is late.
-// r is nil for a late event held back for its period's FINAL.
-func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent) error {
+// queued: the event comes from its period's queue ('p'), behind the
+// period's FINAL revisions; r is nil then.
+func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, queued bool) error {
 	c := &pt.pr.cfg
+	if e.Quantity < 0 {
+		// Dedup rejects these; a record of usage.deduped is still not
+		// trusted to keep a sum from going down or wrapping.
+		pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("quantity: must not be negative (got %d)", e.Quantity))
+		return nil
+	}
 	m, declared := c.Meters.Lookup(e.Meter)
 	if !declared && c.StrictMeters {
 		pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
@@ -477,30 +542,31 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	// ak is a scratch buffer: valid until the next event.
 	pt.akBuf = appendAggKey(pt.akBuf[:0], e, m)
 	ak := pt.akBuf
-	final, err := pt.isFinal(tx, start)
-	if err != nil {
-		return err
+	if queued {
+		return pt.late(tx, r, e, m, start, end, ak, uval)
 	}
-	if !final && pt.wm > end+c.Grace.Milliseconds() {
+	ps := pt.finals[start]
+	if ps == nil && pt.wm > end+c.Grace.Milliseconds() {
 		// DESIGN §3: the period is final once the watermark passed end +
-		// grace, whether or not it had aggregates here (no marker: finalize
-		// only marks periods with open or pending keys). An event processed
-		// now (a re-routed event with its original arrival, a broker clock
-		// that stepped back) is an adjustment, not an OPEN aggregate that a
-		// later watermark would turn into a second-round FINAL. Mark it, so
-		// expire drops the adjustment state at end + W.
-		pt.markFinal(tx, start)
-		final = true
+		// grace, whether or not it had aggregates here (no marker:
+		// finalize only decides periods with open or queued keys). An
+		// event processed now (a re-routed event with its original
+		// arrival, a broker clock that stepped back) is an adjustment,
+		// not an OPEN aggregate that a later watermark would turn into a
+		// second-round FINAL. Mark it, so that its state expires at end +
+		// W.
+		ps = pt.markFinal(tx, start)
 	}
-	lateByArrival := e.IngestTime > end+c.Grace.Milliseconds()
 	switch {
-	case !lateByArrival && !final:
-		return pt.onTime(tx, e, m, start, ak, uval)
-	case !final:
-		// Late by its own arrival, but the period is not final here yet
+	case ps == nil && e.IngestTime <= end+c.Grace.Milliseconds():
+		return pt.onTime(tx, r, e, m, start, ak, uval)
+	case ps == nil || ps.phase == phaseEmit || ps.phase == phaseBook:
+		// Late by its own arrival while the period is not final here yet
 		// (another source's watermark lags): its delta against the FINAL
-		// value is not known. Hold it; finalize books it right after the
-		// FINAL revisions (DESIGN §3: deltas are against the final).
+		// value is not known yet. Or the period is final and its FINAL
+		// revisions are still going out in chunks: the event is an
+		// adjustment, booked behind them and behind the events queued
+		// before it (DESIGN §3: deltas are against the final, in order).
 		seq, err := pt.nextSeq(tx)
 		if err != nil {
 			return err
@@ -510,22 +576,8 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		tx.Put(periodKey(pfxPending, start, sk[:]), schemas.MustEncode(e))
 		return nil
 	default:
-		return pt.late(tx, e, m, start, end, ak, uval)
+		return pt.late(tx, r, e, m, start, end, ak, uval)
 	}
-}
-
-// isFinal reports whether period start is final in this partition. The
-// markers are few (one per period) and kept in memory, loaded with the
-// rest of the partition's state and reloaded after an aborted transaction;
-// the state key is their durable form.
-func (pt *partition) isFinal(_ *stream.Tx, start int64) (bool, error) {
-	_, ok := pt.finals[start]
-	return ok, nil
-}
-
-func (pt *partition) markFinal(tx *stream.Tx, start int64) {
-	tx.Put(periodKey(pfxMarker, start), nil)
-	pt.finals[start] = struct{}{}
 }
 
 func (pt *partition) nextSeq(tx *stream.Tx) (int64, error) {
@@ -587,6 +639,26 @@ func (pt *partition) seeUniqueOpen(tx *stream.Tx, a *openAgg, ak []byte, value s
 	return isNew, nil
 }
 
+// overflows reports whether folding e (quantity ≥ 0) into st would wrap
+// a 64-bit value: st's SUM, or its event count (which COUNT and
+// UNIQUE_COUNT values never exceed). MAX and LATEST take a quantity as it
+// is, and a delta of two values in [0, MaxInt64] cannot wrap either.
+func overflows(st *aggState, e *schemas.DedupedEvent, m *Meter) bool {
+	return st.Count == math.MaxInt64 || (m.Aggregation == Sum && e.Quantity > math.MaxInt64-st.Value)
+}
+
+// rejectOverflow rejects an event that would wrap its aggregate (DESIGN
+// §8: invalid, and counted in no aggregate).
+func (pt *partition) rejectOverflow(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, st *aggState) {
+	what := "the " + string(m.Aggregation) + " of its aggregate"
+	if st.Count == math.MaxInt64 {
+		what = "the event count of its aggregate"
+	}
+	pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf(
+		"quantity: %d would overflow %s (%s/%s, period %s: value %d, %d events); sums never wrap",
+		e.Quantity, what, e.CustomerID, e.Meter, msTime(start), st.Value, st.Count))
+}
+
 // apply folds the event into st and returns the change in value. For
 // UNIQUE_COUNT, newUnique tells whether the event's value is new in the
 // period.
@@ -644,7 +716,7 @@ func (pt *partition) openAggregate(tx *stream.Tx, k []byte, start int64) (a *ope
 	return a, !ok, nil
 }
 
-func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
+func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
 	k := append(pt.okBuf[:0], pfxOpen)
 	k = binary.BigEndian.AppendUint64(k, uint64(start))
 	k = append(k, ak...)
@@ -652,6 +724,10 @@ func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, st
 	a, fresh, err := pt.openAggregate(tx, k, start)
 	if err != nil {
 		return err
+	}
+	if !fresh && overflows(&a.st, e, m) {
+		pt.rejectOverflow(tx, r, e, m, start, &a.st)
+		return nil
 	}
 	isNew := false
 	if m.Aggregation == UniqueCount {
@@ -670,9 +746,10 @@ func (pt *partition) onTime(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, st
 }
 
 // materialize writes the cached state of every aggregate this transaction
-// changed into the transaction, for a reader of the state itself (tx.Scan
-// in finalizePeriod). The aggregates stay dirty: Flush still emits their
-// OPEN revisions.
+// changed into the transaction, for a reader of the state itself (the
+// scans of finalize, and the FINAL chunks, which read a decided period's
+// values from it). The aggregates stay dirty: Flush still emits their OPEN
+// revisions, unless their period is decided final.
 func (pt *partition) materialize(tx *stream.Tx) {
 	for _, a := range pt.dirty {
 		if a.dirty {
@@ -685,11 +762,15 @@ func (pt *partition) materialize(tx *stream.Tx) {
 // late books an event of a final period as an adjustment: its delta is
 // measured against the period's working state (the FINAL value plus the
 // adjustments before it), which it then updates.
-func (pt *partition) late(tx *stream.Tx, e *schemas.DedupedEvent, m *Meter, start, end int64, ak []byte, uval string) error {
+func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start, end int64, ak []byte, uval string) error {
 	k := periodKey(pfxFinal, start, ak)
 	st, ok, err := pt.loadState(tx, k)
 	if err != nil {
 		return err
+	}
+	if ok && overflows(st, e, m) {
+		pt.rejectOverflow(tx, r, e, m, start, st)
+		return nil
 	}
 	if !ok {
 		st = &aggState{} // no FINAL for this key: the final value was 0
@@ -730,159 +811,6 @@ func groupOf(parts []string) []schemas.Property {
 
 var errStop = errors.New("stop")
 
-// firstPeriod returns the smallest period start with a key of prefix pfx.
-func firstPeriod(tx *stream.Tx, pfx byte) (int64, bool, error) {
-	var start int64
-	found := false
-	err := tx.Scan([]byte{pfx}, []byte{pfx + 1}, func(k, _ []byte) error {
-		start, found = int64(binary.BigEndian.Uint64(k[1:9])), true
-		return errStop
-	})
-	if err != nil && !errors.Is(err, errStop) {
-		return 0, false, err
-	}
-	return start, found, nil
-}
-
-// finalize emits exactly one FINAL revision per aggregate of every period
-// whose end + grace the watermark has passed, marks those periods final,
-// and then books the late events that waited for them. State change and
-// emission are in the same transaction: a crash before the commit leaves
-// neither, and the watermark decides again after the restart.
-func (pt *partition) finalize(tx *stream.Tx) error {
-	grace := pt.pr.cfg.Grace.Milliseconds()
-	// The scans below read the transaction: it must hold the aggregates
-	// changed so far.
-	pt.materialize(tx)
-	for {
-		s1, ok1, err := firstPeriod(tx, pfxOpen)
-		if err != nil {
-			return err
-		}
-		s2, ok2, err := firstPeriod(tx, pfxPending)
-		if err != nil {
-			return err
-		}
-		if !ok1 && !ok2 {
-			return nil
-		}
-		start := s1
-		if !ok1 || (ok2 && s2 < s1) {
-			start = s2
-		}
-		_, end := pt.bounds(start)
-		if pt.wm <= end+grace {
-			return nil
-		}
-		if err := pt.finalizePeriod(tx, start, end); err != nil {
-			return err
-		}
-	}
-}
-
-func (pt *partition) finalizePeriod(tx *stream.Tx, start, end int64) error {
-	// The period's OPEN aggregates move to FINAL (finalize materialized
-	// them): they leave the cache, and Flush emits no OPEN revision of them.
-	for k, a := range pt.open {
-		if a.start == start {
-			a.dirty = false
-			pt.drop(k, a)
-		}
-	}
-	lo, hi := periodKey(pfxOpen, start), periodKey(pfxOpen, start+1)
-	type kv struct{ k, v []byte }
-	var open []kv
-	if err := tx.Scan(lo, hi, func(k, v []byte) error {
-		open = append(open, kv{append([]byte{}, k...), append([]byte{}, v...)})
-		return nil
-	}); err != nil {
-		return err
-	}
-	for _, o := range open {
-		st, err := decodeState(o.v)
-		if err != nil {
-			return err
-		}
-		st.Revision++
-		out, err := pt.aggOutput(o.k)
-		if err != nil {
-			return err
-		}
-		if _, err := pt.emitRevision(tx, &kgo.Record{}, nil, &out, start, st, schemas.StatusFinal); err != nil {
-			return err
-		}
-		pt.pr.m.emittedFinal.Inc()
-		tx.Delete(o.k)
-		fk := append([]byte{pfxFinal}, o.k[1:]...)
-		tx.Put(fk, st.encode())
-	}
-	pt.markFinal(tx, start)
-	// Guarantee: the FINAL revisions and the state move are in the open
-	// transaction only; a crash here aborts both and the watermark decides
-	// again after the restart (exactly one FINAL per key).
-	fault.Hit(fault.FinalDecided)
-	if len(open) > 0 {
-		pt.pr.m.finalDelay.Observe(pt.pr.now().Sub(time.UnixMilli(end + pt.pr.cfg.Grace.Milliseconds())).Seconds())
-		pt.pr.log.Info("period finalized", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),
-			zap.Int("aggregates", len(open)), zap.String("watermark", msTime(pt.wm)))
-	}
-	// Late events that waited for this FINAL, in arrival order of their
-	// processing.
-	var pending []kv
-	if err := tx.Scan(periodKey(pfxPending, start), periodKey(pfxPending, start+1), func(k, v []byte) error {
-		pending = append(pending, kv{append([]byte{}, k...), append([]byte{}, v...)})
-		return nil
-	}); err != nil {
-		return err
-	}
-	for _, p := range pending {
-		var e schemas.DedupedEvent
-		if err := schemas.DecodeInto(p.v, &e); err != nil {
-			return fmt.Errorf("aggregator: pending late event: %w", err)
-		}
-		tx.Delete(p.k)
-		if err := pt.event(tx, nil, &e); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// expire drops the state of periods whose end + W the watermark passed: no
-// event for them can arrive any more (dedup rejects event times older than
-// W before arrival). Deletions are written to the changelog (tombstones), so
-// the compacted changelog does not grow without bound.
-func (pt *partition) expire(tx *stream.Tx) error {
-	w := pt.pr.cfg.Window.Milliseconds()
-	for {
-		start, ok, err := firstPeriod(tx, pfxMarker)
-		if err != nil || !ok {
-			return err
-		}
-		_, end := pt.bounds(start)
-		if pt.wm < end+w {
-			return nil
-		}
-		for _, pfx := range []byte{pfxFinal, pfxUnique} {
-			var ks [][]byte
-			if err := tx.Scan(periodKey(pfx, start), periodKey(pfx, start+1), func(k, _ []byte) error {
-				ks = append(ks, append([]byte{}, k...))
-				return nil
-			}); err != nil {
-				return err
-			}
-			for _, k := range ks {
-				tx.Delete(k)
-				if pfx == pfxFinal {
-					pt.keys--
-				}
-			}
-		}
-		tx.Delete(periodKey(pfxMarker, start))
-		delete(pt.finals, start)
-	}
-}
-
 // aggOutput makes what every revision of the aggregate with state key k
 // ('a' or 'f', P, K) shares.
 func (pt *partition) aggOutput(k []byte) (aggOut, error) {
@@ -906,11 +834,11 @@ func (pt *partition) aggOutput(k []byte) (aggOut, error) {
 // st to buf, points rec at it and emits rec. It returns buf, which the
 // caller may append the next revision to: the record's value is a
 // capacity-limited slice of it.
-func (pt *partition) emitRevision(tx *stream.Tx, rec *kgo.Record, buf []byte, out *aggOut, start int64, st *aggState, status schemas.AggregateStatus) ([]byte, error) {
+func (pt *partition) emitRevision(tx *stream.Tx, rec *kgo.Record, buf []byte, out *aggOut, updatedAt int64, st *aggState, status schemas.AggregateStatus) ([]byte, error) {
 	off := len(buf)
 	buf, err := schemas.AppendAggregateTail(append(buf, out.head...), &schemas.Aggregate{
 		Revision: st.Revision, Status: status, Value: st.Value, EventCount: st.Count,
-		FirstEventTime: st.FirstET, LastEventTime: st.LastET, UpdatedAt: pt.wm,
+		FirstEventTime: st.FirstET, LastEventTime: st.LastET, UpdatedAt: updatedAt,
 	})
 	if err != nil {
 		return buf, err
@@ -938,6 +866,7 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if len(key) > 0 {
 		part = schemas.Partition(key, pt.pr.counts.rejected)
 	}
+	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
 	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: schemas.MustEncode(rej)})
 	pt.pr.m.rejected.WithLabelValues("aggregator", reason).Inc()
 	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", detail),

@@ -341,7 +341,12 @@ func genStream(r *rand.Rand, p propParams) *pStream {
 // ---- running it, with crashes and rebalances ----
 
 var propPoints = []string{fault.BeforeCommit, fault.AfterCommit, fault.DuringApply, fault.AfterApply,
-	fault.FinalDecided, fault.DuringRestore}
+	fault.FinalDecided, fault.BetweenChunks, fault.DuringRestore}
+
+// propChunk is the FINAL chunk of the property runs: a period's ten or so
+// aggregates per partition go out over several transactions, and events
+// of the period arrive between them.
+const propChunk = 2
 
 type propInst struct {
 	id  string
@@ -363,6 +368,7 @@ type propRun struct {
 func (pr *propRun) config(id string, fs vfs.FS) Config {
 	cfg := pr.h.config(id, fs)
 	cfg.Period, cfg.Grace, cfg.Window, cfg.Meters = Day, time.Hour, time.Duration(pWindow)*time.Millisecond, pr.cat
+	cfg.FinalChunk = propChunk
 	cfg.Stream.SessionTimeout = pr.p.session
 	lvl := zap.InfoLevel
 	if os.Getenv("PROPERTY_DEBUG") != "" {
@@ -474,7 +480,7 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr := &propRun{t: t, h: newAggHarness(t, brokers, p.partitions), p: p, r: r, cat: cat,
+	pr := &propRun{t: t, h: newAggHarnessSources(t, brokers, p.partitions, st.sources), p: p, r: r, cat: cat,
 		insts: map[string]*propInst{}, crashes: map[string]int{}}
 	pr.start("a", true)
 
@@ -551,8 +557,45 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	}
 	_ = fault.Arm("")
 	pr.settle()
+	awaitOutputs(t, pr.h, st)
 	t.Logf("crashes: %v (instance starts %d)", pr.crashes, pr.starts)
 	checkModel(t, pr.h, st)
+}
+
+// awaitOutputs waits until usage.aggregates holds as many FINAL revisions
+// as the model has keys with an on-time event, and usage.adjustments as
+// many adjustments as it has late events (or two minutes pass): the input
+// is consumed by then, but FINALs and the adjustments queued behind them
+// go out in chunks, without input. checkModel then says what differs.
+func awaitOutputs(t *testing.T, h *aggHarness, st *pStream) {
+	t.Helper()
+	keys := map[pKey]bool{}
+	late := 0
+	for _, e := range st.events {
+		if e.onTime() {
+			keys[e.key()] = true
+		} else {
+			late++
+		}
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		finals := 0
+		for _, a := range readAggregates(t, h) {
+			if a.Status == schemas.StatusFinal {
+				finals++
+			}
+		}
+		adjs := len(testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic()))
+		if finals >= len(keys) && adjs >= late {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Logf("after 2 minutes: %d FINAL revisions of %d keys, %d adjustments of %d late events", finals, len(keys), adjs, late)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (e *pEvent) dedupedEvent() *schemas.DedupedEvent {

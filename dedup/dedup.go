@@ -3,15 +3,18 @@
 //
 // It reads usage.events in order per partition and, for each record:
 //
-//   - rejects bad input to usage.rejected with a stable reason code;
-//   - re-routes a misrouted event to its canonical partition;
+//   - rejects bad input to usage.rejected with a stable reason code,
+//     bounded (a prefix of the raw bytes, their length and SHA-256);
+//   - re-routes a misrouted event to its canonical partition, with signed
+//     headers that keep its arrival (auth.go);
 //   - rejects an event outside the window (too_old, in_future), judged by
 //     the record's broker arrival time;
 //   - forwards the first copy of an identity to usage.deduped and every
 //     later copy to usage.duplicates, flagged conflict when its payload
 //     differs;
-//   - advances the partition watermark (largest arrival seen) and, on each
-//     tick record, forwards it to every usage.deduped partition.
+//   - advances the partition watermark (largest broker timestamp seen) and,
+//     on a tick record it signed, forwards it to every usage.deduped
+//     partition, at most once per WatermarkEvery of broker time.
 //
 // The store runs on internal/stream, so every decision, its outputs and the
 // consumed offset commit together.
@@ -22,13 +25,17 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
 )
 
 // Config configures the dedup stage.
@@ -52,7 +59,36 @@ type Config struct {
 	// are past W + S, so a key lives at most one bucket longer than
 	// required. Default: 24h.
 	Bucket time.Duration
+	// Keys authenticate the headers dedup writes on re-routed records and
+	// ticks (DESIGN §2): HMAC-SHA256 under Keys[0]; any of Keys verifies.
+	// Every dedup instance of a deployment must hold the same keys; keep a
+	// retired key for the retention of the events topic, so that a record
+	// it signed keeps its arrival. Required: LoadKeys reads them from a
+	// file or from METERLINE_DEDUP_KEYS, GenerateKey makes one.
+	Keys []Key
+	// Sources are the event sources that get their own label on dedup's
+	// per-source metrics (meterline_dedup_accepted_total,
+	// meterline_dedup_duplicates_total); every other source is counted as
+	// "other", so producers cannot create unbounded label sets (DESIGN
+	// §13). At most MaxSources. Default: none (all "other").
+	Sources []string
+	// MaxRecordBytes bounds every record dedup derives from one input (a
+	// rejection, a duplicate, a re-route), key, value and headers: it is
+	// checked before the record is emitted, and an input whose derived
+	// record would exceed it is rejected as oversized instead (DESIGN §6,
+	// invariant 10). At least schemas.MaxRejectedBytes. Default: 990,000,
+	// under kgo's default batch limit (1,000,012) and Kafka's default
+	// message.max.bytes (1,048,588) with room for the batch framing.
+	MaxRecordBytes int
+	// WatermarkEvery is the least broker time between two ticks that
+	// forward the watermark; ticks closer together forward nothing, so a
+	// flood of ticks cannot fan out one watermark record per usage.deduped
+	// partition each. Default: TickInterval / 2.
+	WatermarkEvery time.Duration
 }
+
+// MaxSources bounds Config.Sources.
+const MaxSources = 1000
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
@@ -67,6 +103,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Bucket == 0 {
 		c.Bucket = 24 * time.Hour
+	}
+	if c.MaxRecordBytes == 0 {
+		c.MaxRecordBytes = 990_000
+	}
+	if c.WatermarkEvery == 0 {
+		c.WatermarkEvery = c.TickInterval / 2
 	}
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
@@ -96,6 +138,24 @@ func (c *Config) Validate() error {
 	if c.Bucket < time.Second {
 		errs = append(errs, fmt.Errorf("dedup: bucket must be at least 1s (got %s)", c.Bucket))
 	}
+	if err := validateKeys(c.Keys); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.Sources) > MaxSources {
+		errs = append(errs, fmt.Errorf("dedup: sources: %d listed, at most %d", len(c.Sources), MaxSources))
+	}
+	for _, s := range c.Sources {
+		if s == "" || len(s) > schemas.MaxSourceBytes || !utf8.ValidString(s) {
+			errs = append(errs, fmt.Errorf("dedup: sources: %q must be 1 to %d bytes of UTF-8", s, schemas.MaxSourceBytes))
+		}
+	}
+	if c.MaxRecordBytes < schemas.MaxRejectedBytes {
+		errs = append(errs, fmt.Errorf("dedup: max-record-bytes must be at least %d, the most a bounded rejection takes (got %d)",
+			schemas.MaxRejectedBytes, c.MaxRecordBytes))
+	}
+	if c.WatermarkEvery < 0 {
+		errs = append(errs, fmt.Errorf("dedup: watermark-every must not be negative (got %s)", c.WatermarkEvery))
+	}
 	return errors.Join(append(errs, c.Stream.Validate())...)
 }
 
@@ -117,13 +177,24 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &processor{
-		cfg:    cfg,
-		log:    cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID)),
-		counts: counts,
-		m:      newMetrics(cfg.Stream.Registerer),
-		now:    cfg.Stream.Clock.Now,
+	tick, err := schemas.Encode(&schemas.Tick{InstanceID: cfg.Stream.InstanceID})
+	if err != nil {
+		return nil, fmt.Errorf("dedup: encode tick: %w", err)
 	}
+	p := &processor{
+		cfg:       cfg,
+		log:       cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID)),
+		counts:    counts,
+		m:         newMetrics(cfg.Stream.Registerer),
+		now:       cfg.Stream.Clock.Now,
+		keys:      newKeyring(cfg.Keys),
+		sources:   make(map[string]string, len(cfg.Sources)),
+		tickValue: tick,
+	}
+	for _, s := range cfg.Sources {
+		p.sources[s] = s
+	}
+	p.endOffset = func(part int32) (int64, error) { return endOffset(cfg, part) }
 	p.setTopics()
 	rt, err := stream.New(cfg.Stream, p)
 	if err != nil {
@@ -135,8 +206,16 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 // Run runs until ctx ends or a fatal error; see stream.Runtime.Run.
 func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 
-// Runtime exposes the stream runtime (state store, for benchmarks).
-func (s *Stage) Runtime() *stream.Runtime { return s.rt }
+// Ready reports whether the stage is ready (stream.Runtime.Ready); it
+// backs /readyz.
+func (s *Stage) Ready() error { return s.rt.Ready() }
+
+// Status describes the stage for the status page (stream.Runtime.Status).
+func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+
+// CrashAt makes the stage crash in-process at a fault point
+// (stream.Runtime.CrashAt; the demo's crash).
+func (s *Stage) CrashAt(point string) { s.rt.CrashAt(point) }
 
 type partitionCountsT struct {
 	events, deduped, duplicates, rejected int32
@@ -164,27 +243,59 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 	return c, nil
 }
 
+// endOffset reads the end offset of partition p of the events topic.
+func endOffset(cfg Config, p int32) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Stream.Brokers...)}, cfg.Stream.ClientOptions...)...)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, cfg.Topics.EventsTopic())
+	if err != nil {
+		return 0, err
+	}
+	o, ok := ends.Lookup(cfg.Topics.EventsTopic(), p)
+	if !ok {
+		return 0, fmt.Errorf("no end offset listed for partition %d", p)
+	}
+	if o.Err != nil {
+		return 0, o.Err
+	}
+	return o.Offset, nil
+}
+
 type metrics struct {
-	accepted   *prometheus.CounterVec
-	duplicates *prometheus.CounterVec
-	rejected   *prometheus.CounterVec
-	rerouted   prometheus.Counter
-	watermark  *prometheus.GaugeVec
-	wmDelay    *prometheus.GaugeVec
-	keys       *prometheus.GaugeVec
-	expired    prometheus.Counter
+	accepted       *prometheus.CounterVec
+	duplicates     *prometheus.CounterVec
+	rejected       *prometheus.CounterVec
+	rerouted       prometheus.Counter
+	forged         prometheus.Counter
+	unauthTicks    prometheus.Counter
+	throttledTicks prometheus.Counter
+	watermark      *prometheus.GaugeVec
+	wmDelay        *prometheus.GaugeVec
+	keys           *prometheus.GaugeVec
+	expired        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := service.NewFactory(reg)
 	return &metrics{
 		accepted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_accepted_total",
-			Help: "First copies forwarded to usage.deduped, by source."}, []string{"source"}),
+			Help: "First copies forwarded to usage.deduped, by source (the configured sources, or other)."}, []string{"source"}),
 		duplicates: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_duplicates_total",
-			Help: "Copies dropped to usage.duplicates, by source and conflict (payload differs)."}, []string{"source", "conflict"}),
+			Help: "Copies dropped to usage.duplicates, by source (the configured sources, or other) and conflict (payload differs)."}, []string{"source", "conflict"}),
 		rejected: service.RejectedCounter(reg),
 		rerouted: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_rerouted_total",
 			Help: "Misrouted records re-produced to their canonical partition."}),
+		forged: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_forged_headers_total",
+			Help: "Records carrying dedup's re-route or signature headers that failed the check; each was handled as an ordinary producer record."}),
+		unauthTicks: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_unauthenticated_ticks_total",
+			Help: "Tick records without a valid dedup signature; they forward no watermark."}),
+		throttledTicks: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_ticks_throttled_total",
+			Help: "Signed ticks that forwarded no watermark because one was forwarded less than WatermarkEvery of broker time before."}),
 		watermark: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_dedup_watermark_seconds",
 			Help: "Partition watermark (largest broker arrival time seen), Unix seconds."}, []string{"partition"}),
 		wmDelay: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_dedup_watermark_delay_seconds",

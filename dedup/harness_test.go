@@ -16,8 +16,11 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// t0 is the arrival time tests count from.
-var t0 = time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+// t0 is the arrival time tests count from: midnight UTC 20 days ago. It
+// follows the wall clock because a re-routed record's broker timestamp is
+// the time dedup wrote it, and a re-routed arrival is honoured only within
+// W (35 days) of that.
+var t0 = time.Now().UTC().Truncate(24 * time.Hour).Add(-20 * 24 * time.Hour).UnixMilli()
 
 const (
 	hour = int64(time.Hour / time.Millisecond)
@@ -30,6 +33,7 @@ type harness struct {
 	names   topics.Names
 	n       int32
 	group   string
+	keys    []Key // the ring every instance of the test shares
 }
 
 // newHarness creates the topics on brokers (kfake when nil) with n
@@ -57,13 +61,18 @@ func newHarness(t testing.TB, brokers []string, n int32) *harness {
 		}
 		_, _ = adm.DeleteTopics(context.Background(), ns...)
 	})
-	return &harness{t: t, brokers: brokers, names: names, n: n, group: names.Prefix + "dedup"}
+	k, err := GenerateKey("test-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, brokers: brokers, names: names, n: n, group: names.Prefix + "dedup", keys: []Key{k}}
 }
 
 func (h *harness) config(instance string, fs vfs.FS) Config {
 	return Config{
 		Topics:       h.names,
 		TickInterval: 200 * time.Millisecond,
+		Keys:         h.keys,
 		Stream: stream.Config{
 			Brokers:            h.brokers,
 			Group:              h.group,

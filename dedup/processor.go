@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -25,21 +24,33 @@ import (
 // map to the partitions their earlier copies are in, so dedup refuses to run.
 var ErrPartitionCountChanged = errors.New("partition count of the events topic changed")
 
-// Headers of a re-routed record (DESIGN §2).
+// Headers of a re-routed record (DESIGN §2). They are trusted only with a
+// valid HeaderAuth signature (auth.go), or, for records re-routed before
+// signatures existed, below the partition's upgrade offset.
 const (
 	// HeaderRerouted marks a record dedup re-produced to its canonical
-	// partition; it is never re-routed again. Value: "<partition>/<offset>"
-	// of the misrouted original.
+	// partition. Value: "<partition>/<offset>" of the misrouted original.
 	HeaderRerouted = "meterline-rerouted"
 	// HeaderArrival carries the misrouted original's arrival time (epoch
-	// ms), which stays the event's arrival time.
+	// ms), which stays the event's arrival time, within
+	// [broker timestamp − W, broker timestamp].
 	HeaderArrival = "meterline-arrival"
 )
 
 // State keys. Identity keys are 'k' | bucket (4 bytes BE) | 16-byte hash.
+// The metadata keys are written when missing and again with every bucket
+// expiry (about once a Bucket of broker time), so that the changelog's
+// retention (W + S + margin) never deletes the only copy.
 var (
+	// keyPartitions: the partition count of the events topic.
 	keyPartitions = []byte("mN")
-	keyWatermark  = []byte("mW")
+	// keyWatermark: the partition watermark, epoch ms.
+	keyWatermark = []byte("mW")
+	// keyUpgrade: the upgrade offset. Unsigned re-route headers (written
+	// before dedup signed them) are honoured only below it. Recorded when
+	// the partition first runs with signatures: the events partition's end
+	// offset then, or 0 for a partition whose state is new.
+	keyUpgrade = []byte("mU")
 )
 
 // An identity is stored under the first 16 bytes of SHA-256 of its
@@ -62,6 +73,15 @@ type processor struct {
 	counts partitionCountsT
 	m      *metrics
 	now    func() time.Time
+	keys   *keyring
+	// endOffset returns the end offset of an events partition (the upgrade
+	// offset of a partition that ran before signatures existed).
+	endOffset func(p int32) (int64, error)
+	// sources maps each configured source to itself: the label values of
+	// the per-source metrics; any other source is labelled "other".
+	sources map[string]string
+	// tickValue is the encoded Tick this instance appends.
+	tickValue []byte
 
 	// The output topics' full names, built once: topics.Names builds them
 	// on every call.
@@ -76,26 +96,41 @@ func (pr *processor) setTopics() {
 }
 
 type partition struct {
-	pr      *processor
-	p       int32
-	pl      string // partition label
-	wm      int64  // partition watermark, epoch ms; 0: none yet
-	needN   bool   // the partition count is not in the state yet
-	blooms  map[uint32]*bloom
-	keys    map[uint32]int
-	buckets []uint32 // live buckets, descending
-	expired int64    // every bucket below this has been dropped; -1: none
-	dropTo  int64    // drop buckets below this in the next transaction
+	pr *processor
+	p  int32
+	pl string // partition label
+	// wm is the partition watermark: the largest broker timestamp seen,
+	// epoch ms; 0: none yet. No header moves it.
+	wm int64
+	// writeMeta: write the metadata keys (partition count, upgrade offset,
+	// watermark) in the next transaction: they are missing from the state,
+	// or the transaction that wrote them was aborted.
+	writeMeta bool
+	// reloadWM: the last transaction was aborted; take the watermark from
+	// the committed state again before the next use.
+	reloadWM bool
+	upgrade  int64 // unsigned re-route headers are honoured below this offset
+	// lastForward is the broker timestamp of the tick that last forwarded
+	// the watermark; at most one tick per WatermarkEvery forwards.
+	lastForward int64
+	tickHeaders []kgo.RecordHeader // the signature of this partition's ticks
+	blooms      map[uint32]*bloom
+	keys        map[uint32]int
+	buckets     []uint32 // live buckets, descending
+	expired     int64    // every bucket below this has been dropped; -1: none
+	dropTo      int64    // drop buckets below this in the next transaction
 
 	// Per-record scratch, reused: Process runs one record at a time.
 	ev    schemas.UsageEvent
 	canon []byte
-	// accepted counts accepted events per source, added to the counters
-	// at the end of each Process: WithLabelValues hashes the label on
-	// every call, and an increment per event on a counter shared by the
-	// partitions' goroutines contends for its cache line.
+	// accepted counts accepted events per source label, added to the
+	// counters at the end of each Process: WithLabelValues hashes the label
+	// on every call, and an increment per event on a counter shared by the
+	// partitions' goroutines contends for its cache line. It holds at most
+	// the configured sources and "other".
 	accepted     map[string]*pendingCount
-	lastAccepted *pendingCount // the entry of the last accepted event's source
+	lastSource   string        // the source of the last accepted event
+	lastAccepted *pendingCount // the entry of that source's label
 	// recs is a slab of output records, handed out one at a time.
 	recs []kgo.Record
 	slab []byte // output key and value bytes (alloc)
@@ -146,28 +181,52 @@ func (pt *partition) alloc(n int) []byte {
 	return b
 }
 
-// Open rebuilds the in-memory filters from the restored state and checks
-// the partition count.
+// Open rebuilds the in-memory filters from the restored state, checks the
+// partition count and finds the upgrade offset.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), blooms: map[uint32]*bloom{}, keys: map[uint32]int{},
-		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{}}
-	v, ok, err := st.Get(keyPartitions)
+		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{},
+		tickHeaders: pr.keys.tickHeaders(pr.eventsTopic, p, pr.tickValue)}
+	v, hasN, err := st.Get(keyPartitions)
 	if err != nil {
 		return nil, err
 	}
-	if ok {
+	if hasN {
+		if len(v) != 4 {
+			return nil, fmt.Errorf("dedup: partition %d: corrupt partition count (%d bytes)", p, len(v))
+		}
 		n := int32(binary.BigEndian.Uint32(v))
 		if n != pr.counts.events {
 			return nil, fmt.Errorf("dedup: partition %d: %w: the state was built with %d partitions of %s, it now has %d; adding partitions moves keys away from their earlier copies (DESIGN §2)",
 				p, ErrPartitionCountChanged, n, pr.eventsTopic, pr.counts.events)
 		}
 	} else {
-		part.needN = true
+		part.writeMeta = true
 	}
-	if v, ok, err := st.Get(keyWatermark); err != nil {
+	if part.wm, err = readWatermark(st.Get); err != nil {
+		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	switch v, ok, err := st.Get(keyUpgrade); {
+	case err != nil:
 		return nil, err
-	} else if ok {
-		part.wm = int64(binary.BigEndian.Uint64(v))
+	case ok && len(v) == 8:
+		part.upgrade = int64(binary.BigEndian.Uint64(v))
+	case ok:
+		return nil, fmt.Errorf("dedup: partition %d: corrupt upgrade offset (%d bytes)", p, len(v))
+	case !hasN:
+		// New state: this partition never ran without signatures, so no
+		// unsigned re-route header is honoured.
+		part.upgrade, part.writeMeta = 0, true
+	default:
+		// State of a version that did not sign its headers: what is in
+		// the partition now may hold its re-routed records; anything
+		// written from now on must be signed.
+		if part.upgrade, err = pr.endOffset(p); err != nil {
+			return nil, fmt.Errorf("dedup: partition %d: read the end offset of %s for the upgrade offset: %w", p, pr.eventsTopic, err)
+		}
+		part.writeMeta = true
+		pr.log.Info("first run with signed headers: unsigned re-route headers are honoured only below the upgrade offset",
+			zap.Int32("partition", p), zap.Int64("upgrade_offset", part.upgrade))
 	}
 	err = st.Scan([]byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(k, _ []byte) error {
 		if len(k) != identityKeyLen {
@@ -186,6 +245,20 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	part.scheduleExpiry()
 	part.publish()
 	return part, nil
+}
+
+// readWatermark reads the watermark key through get (0 when absent).
+func readWatermark(get func([]byte) ([]byte, bool, error)) (int64, error) {
+	v, ok, err := get(keyWatermark)
+	switch {
+	case err != nil:
+		return 0, err
+	case !ok:
+		return 0, nil
+	case len(v) != 8:
+		return 0, fmt.Errorf("corrupt watermark (%d bytes)", len(v))
+	}
+	return int64(binary.BigEndian.Uint64(v)), nil
 }
 
 func (pt *partition) bloomFor(b uint32) *bloom {
@@ -211,14 +284,18 @@ func (pt *partition) Close() {
 	pt.pr.m.wmDelay.DeleteLabelValues(pt.pl)
 }
 
-// Punctuate appends a tick to the partition's usage.events partition. Its
-// broker timestamp, when read back, advances the watermark (DESIGN §3).
+// Punctuate appends a signed tick to the partition's usage.events
+// partition. Its broker timestamp, when read back, advances the watermark
+// (DESIGN §3).
 func (pt *partition) Punctuate(tx *stream.Tx) error {
-	pt.begin(tx)
+	if err := pt.begin(tx); err != nil {
+		return err
+	}
 	tx.Emit(&kgo.Record{
 		Topic:     pt.pr.eventsTopic,
 		Partition: pt.p,
-		Value:     schemas.MustEncode(&schemas.Tick{InstanceID: pt.pr.cfg.Stream.InstanceID}),
+		Value:     pt.pr.tickValue,
+		Headers:   pt.tickHeaders,
 	})
 	if pt.wm > 0 {
 		pt.pr.m.wmDelay.WithLabelValues(pt.pl).Set(pt.pr.now().Sub(time.UnixMilli(pt.wm)).Seconds())
@@ -226,16 +303,28 @@ func (pt *partition) Punctuate(tx *stream.Tx) error {
 	return nil
 }
 
+// Abort implements stream.Aborter: the aborted transaction's state writes
+// are gone, so the metadata keys it may have carried are written again and
+// the watermark is read back from the committed state. (Identity keys need
+// nothing: a Bloom filter that gained a key stays correct, and the records
+// are consumed again.)
+func (pt *partition) Abort() {
+	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, 0
+}
+
 // begin writes what a transaction must carry on its first use: the
-// partition count, and pending expiry.
-func (pt *partition) begin(tx *stream.Tx) {
-	if pt.needN {
-		var v [4]byte
-		binary.BigEndian.PutUint32(v[:], uint32(pt.pr.counts.events))
-		tx.Put(keyPartitions, v[:])
-		pt.needN = false
+// metadata keys when due, and pending expiry.
+func (pt *partition) begin(tx *stream.Tx) error {
+	if pt.reloadWM {
+		wm, err := readWatermark(tx.Get)
+		if err != nil {
+			return fmt.Errorf("dedup: partition %d: %w", pt.p, err)
+		}
+		pt.wm, pt.reloadWM = wm, false
 	}
+	refresh := false
 	if pt.dropTo > pt.expired {
+		refresh = true
 		lo := []byte{prefixIdentity, 0, 0, 0, 0}
 		hi := make([]byte, 5)
 		hi[0] = prefixIdentity
@@ -254,6 +343,25 @@ func (pt *partition) begin(tx *stream.Tx) {
 		pt.buckets = kept
 		pt.expired = pt.dropTo
 	}
+	if pt.writeMeta || refresh {
+		// Written when missing and re-written with every bucket expiry,
+		// about once a Bucket of broker time, so that the changelog's
+		// retention never deletes the only copy (a restore would then lose
+		// the partition-count guard and the upgrade offset).
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(pt.pr.counts.events))
+		tx.Put(keyPartitions, n[:])
+		var u [8]byte
+		binary.BigEndian.PutUint64(u[:], uint64(pt.upgrade))
+		tx.Put(keyUpgrade, u[:])
+		if pt.wm > 0 {
+			var w [8]byte
+			binary.BigEndian.PutUint64(w[:], uint64(pt.wm))
+			tx.Put(keyWatermark, w[:])
+		}
+		pt.writeMeta = false
+	}
+	return nil
 }
 
 // scheduleExpiry computes which buckets are past W + S at the watermark:
@@ -288,7 +396,9 @@ func (pt *partition) publish() {
 
 // Process implements stream.Partition.
 func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
-	pt.begin(tx)
+	if err := pt.begin(tx); err != nil {
+		return err
+	}
 	wm0 := pt.wm
 	defer pt.flushCounts()
 	for _, r := range recs {
@@ -301,45 +411,74 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		binary.BigEndian.PutUint64(v[:], uint64(pt.wm))
 		tx.Put(keyWatermark, v[:])
 		pt.scheduleExpiry()
-		pt.begin(tx) // drop buckets that just expired
+		if err := pt.begin(tx); err != nil { // drop buckets that just expired
+			return err
+		}
 	}
 	pt.publish()
 	return nil
 }
 
-// arrivalOf returns the record's arrival time: its broker timestamp, or for
-// a record dedup re-routed, the original's arrival carried in a header
-// (re-routing never makes an event late).
-func arrivalOf(r *kgo.Record) (arrival int64, rerouted bool) {
-	arrival = r.Timestamp.UnixMilli()
-	for _, h := range r.Headers {
-		if h.Key == HeaderRerouted {
-			rerouted = true
+// arrivalOf returns an event record's arrival time and whether its
+// re-route headers are proven (DESIGN §2). A record without dedup's
+// headers arrived at its broker timestamp ts. A re-routed record keeps the
+// original's arrival, carried in a header, when its signature verifies (or,
+// unsigned, when it lies below the upgrade offset); that arrival is
+// clamped to [ts − W, ts]. Headers that fail are counted and change
+// nothing: the record is an ordinary producer record.
+func (pt *partition) arrivalOf(r *kgo.Record, h *dedupHeaders, ts int64) (arrival int64, proven bool) {
+	if !h.any {
+		return ts, false
+	}
+	var rr rerouted
+	var why string
+	if !h.hasAuth && r.Offset < pt.upgrade {
+		// Re-routed before dedup signed its headers.
+		var ok bool
+		if rr, ok = parseRerouted(h); !ok {
+			why = "malformed or repeated re-route headers"
 		}
+	} else {
+		rr, why = pt.pr.keys.verifyReroute(pt.pr.eventsTopic, r, h)
 	}
-	if !rerouted {
-		return arrival, false
+	if why != "" {
+		pt.forged(r, why)
+		return ts, false
 	}
-	for _, h := range r.Headers {
-		if h.Key == HeaderArrival {
-			if v, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
-				arrival = v
-			}
-		}
+	return min(max(rr.arrival, ts-pt.pr.cfg.Window.Milliseconds()), ts), true
+}
+
+// forged counts and logs a record whose dedup headers are not proven.
+func (pt *partition) forged(r *kgo.Record, why string) {
+	pt.pr.m.forged.Inc()
+	pt.pr.log.Warn("dedup headers not proven; handled as an ordinary producer record", zap.String("why", why),
+		zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset), zap.ByteString("key", boundLogKey(r.Key)))
+}
+
+// boundLogKey keeps at most 256 bytes of a key for a log line.
+func boundLogKey(k []byte) []byte {
+	if len(k) > 256 {
+		return k[:256]
 	}
-	return arrival, true
+	return k
 }
 
 // handle decides one record. Bad input is rejected, never returned; an
 // error means the local state could not be read, and stops the stage.
 func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
-	arrival, rerouted := arrivalOf(r)
-	if arrival > pt.wm {
-		pt.wm = arrival
+	// The watermark is the largest broker timestamp seen: no header moves
+	// it (DESIGN §2).
+	ts := r.Timestamp.UnixMilli()
+	if ts > pt.wm {
+		pt.wm = ts
+	}
+	var h dedupHeaders
+	if len(r.Headers) > 0 {
+		h = scanHeaders(r.Headers)
 	}
 	if n := len(r.Key) + len(r.Value); n > schemas.MaxEventBytes {
-		pt.reject(tx, r, nil, schemas.ReasonOversized, fmt.Sprintf("record is %d bytes, more than %d", n, schemas.MaxEventBytes))
-		return nil
+		pt.notEvent(r, &h)
+		return pt.reject(tx, r, nil, schemas.ReasonOversized, fmt.Sprintf("record is %d bytes, more than %d", n, schemas.MaxEventBytes))
 	}
 	// Nearly every record is a UsageEvent: those are decoded into the
 	// partition's reused value.
@@ -349,57 +488,97 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 		if errors.Is(err, schemas.ErrUnknownSchema) {
 			reason = schemas.ReasonUnknownSchema
 		}
-		pt.reject(tx, r, nil, reason, err.Error())
-		return nil
+		pt.notEvent(r, &h)
+		return pt.reject(tx, r, nil, reason, err.Error())
 	}
 	switch m := msg.(type) {
 	case *schemas.Tick:
-		pt.forwardWatermark(tx)
+		return pt.tick(tx, r, &h, ts)
 	case *schemas.UsageEvent:
-		return pt.event(tx, r, m, arrival, rerouted)
-	default:
-		pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a UsageEvent or Tick", msg.Kind()))
+		arrival, proven := pt.arrivalOf(r, &h, ts)
+		return pt.event(tx, r, m, arrival, proven)
 	}
-	return nil
+	pt.notEvent(r, &h)
+	return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a UsageEvent or Tick", msg.Kind()))
+}
+
+// notEvent counts dedup's headers on a record that is no event: dedup
+// never re-routes one, so they are forged.
+func (pt *partition) notEvent(r *kgo.Record, h *dedupHeaders) {
+	if h.any {
+		pt.forged(r, "dedup headers on a record that is not an event")
+	}
+}
+
+// tick forwards the watermark on a tick that dedup signed (or, unsigned,
+// one below the upgrade offset), at most once per WatermarkEvery of broker
+// time: a producer's ticks, or a flood of replayed ones, fan out nothing
+// more (DESIGN §3). Every tick's timestamp has already advanced the
+// watermark, as any record's does.
+func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int64) error {
+	if h.hasAuth || r.Offset >= pt.upgrade {
+		if why := pt.pr.keys.verifyTick(pt.pr.eventsTopic, r, h); why != "" {
+			if h.any {
+				pt.forged(r, why)
+			}
+			pt.pr.m.unauthTicks.Inc()
+			return nil
+		}
+	}
+	if pt.lastForward != 0 && ts < pt.lastForward+pt.pr.cfg.WatermarkEvery.Milliseconds() {
+		pt.pr.m.throttledTicks.Inc()
+		return nil
+	}
+	pt.lastForward = ts
+	return pt.forwardWatermark(tx)
 }
 
 // forwardWatermark sends the partition watermark to every usage.deduped
 // partition; the aggregator takes the minimum over all sources.
-func (pt *partition) forwardWatermark(tx *stream.Tx) {
+func (pt *partition) forwardWatermark(tx *stream.Tx) error {
 	c := pt.pr.counts
-	v := schemas.MustEncode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm})
+	v, err := schemas.Encode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm,
+		WindowMs: pt.pr.cfg.Window.Milliseconds()})
+	if err != nil {
+		return fmt.Errorf("dedup: partition %d: encode watermark: %w", pt.p, err)
+	}
 	for i := int32(0); i < c.deduped; i++ {
 		tx.Emit(&kgo.Record{Topic: pt.pr.dedupedTopic, Partition: i, Value: v})
 	}
+	return nil
 }
 
-func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64, rerouted bool) error {
+func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64, proven bool) error {
 	if err := e.Validate(); err != nil {
 		var fe *schemas.FieldError
 		code := schemas.ReasonInvalid
 		if errors.As(err, &fe) {
 			code = fe.Code
 		}
-		pt.reject(tx, r, e, code, err.Error())
-		return nil
+		return pt.reject(tx, r, e, code, err.Error())
 	}
 	pt.canon = schemas.AppendFramed(pt.canon[:0], e.CustomerID, e.Meter, e.EventID)
 	canon := pt.canon // reused by the next record: clone what outlives this one
 	n := pt.pr.counts.events
-	if !rerouted && (r.Key == nil || !bytes.Equal(r.Key, canon) || r.Partition != schemas.Partition(canon, n)) {
-		pt.reroute(tx, r, canon, arrival)
-		return nil
+	// Every record is checked, a proven re-routed one too: dedup wrote
+	// those with the canonical key to the canonical partition, and the
+	// signature covers both, so a proven record that fails here cannot be
+	// one dedup wrote.
+	if r.Key == nil || !bytes.Equal(r.Key, canon) || r.Partition != schemas.Partition(canon, n) {
+		if proven {
+			pt.forged(r, "re-routed record not at its canonical key and partition")
+			arrival = r.Timestamp.UnixMilli()
+		}
+		return pt.reroute(tx, r, canon, e, arrival)
 	}
 	c := pt.pr.cfg
 	switch {
 	case e.EventTime <= arrival-c.Window.Milliseconds():
-		pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf("event_time %s is %s or more before its arrival %s (window W)",
+		return pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf("event_time %s is %s or more before its arrival %s (window W)",
 			msTime(e.EventTime), c.Window, msTime(arrival)))
-		return nil
 	case e.EventTime > arrival+c.Skew.Milliseconds():
-		pt.reject(tx, r, e, schemas.ReasonInFuture, fmt.Sprintf("event_time %s is more than %s after its arrival %s (skew S)",
+		return pt.reject(tx, r, e, schemas.ReasonInFuture, fmt.Sprintf("event_time %s is more than %s after its arrival %s (skew S)",
 			msTime(e.EventTime), c.Skew, msTime(arrival)))
-		return nil
 	}
 	sum := sha256.Sum256(canon)
 	kh, verify := sum[:hashLen], sum[hashLen:hashLen+verifyLen]
@@ -417,14 +596,13 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 			pt.forward(tx, r, e, arrival)
 			return nil
 		}
-		pt.duplicate(tx, r, e, canon, arrival, orig, !bytes.Equal(orig.payload, ph[:]))
-		return nil
+		return pt.duplicate(tx, r, e, canon, arrival, orig, !bytes.Equal(orig.payload, ph[:]))
 	}
 	b := uint32(arrival / c.Bucket.Milliseconds())
 	if int64(b) < pt.expired {
 		// Arrival older than buckets already dropped: only a re-routed
-		// record from long ago can be here, and it is outside the window
-		// anyway; the window check above rejects it before this point.
+		// record can be here (its arrival may be up to W before its
+		// broker timestamp); keep its key in the oldest live bucket.
 		b = uint32(pt.expired)
 	}
 	var key [identityKeyLen]byte
@@ -523,7 +701,8 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 	// append can run into the other.
 	// The key frames customer_id and meter, which is how the canonical
 	// key (pt.canon, framed customer_id, meter, event_id) of this event
-	// starts.
+	// starts. The record is bounded by construction: the input was at most
+	// MaxEventBytes, and MaxRecordBytes is far more.
 	klen := framedLen(e.CustomerID) + framedLen(e.Meter)
 	buf := pt.alloc(klen + len(r.Value) + 3*binary.MaxVarintLen64)
 	key := append(buf, pt.canon[:klen]...)
@@ -541,16 +720,30 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 	rec.Topic, rec.Partition, rec.Key, rec.Value = pt.pr.dedupedTopic, schemas.Partition(key, pt.pr.counts.deduped), key, val
 	tx.Emit(rec)
 	pc := pt.lastAccepted
-	if pc == nil || pc.source != e.Source { // most events of a stream share a source
+	if pc == nil || pt.lastSource != e.Source { // most events of a stream share a source
+		label := pt.pr.sourceLabel(e.Source)
 		var ok bool
-		if pc, ok = pt.accepted[e.Source]; !ok {
-			src := strings.Clone(e.Source)
-			pc = &pendingCount{source: src, c: pt.pr.m.accepted.WithLabelValues(src)}
-			pt.accepted[src] = pc
+		if pc, ok = pt.accepted[label]; !ok {
+			pc = &pendingCount{source: label, c: pt.pr.m.accepted.WithLabelValues(label)}
+			pt.accepted[label] = pc
 		}
-		pt.lastAccepted = pc
+		pt.lastSource, pt.lastAccepted = e.Source, pc
 	}
 	pc.n++
+}
+
+// OtherSource is the source label of dedup's per-source metrics for every
+// source not in Config.Sources (DESIGN §13: producer-set values never make
+// unbounded label sets).
+const OtherSource = "other"
+
+// sourceLabel returns the metric label of a source: itself when
+// configured, else OtherSource. It does not allocate.
+func (pr *processor) sourceLabel(s string) string {
+	if l, ok := pr.sources[s]; ok {
+		return l
+	}
+	return OtherSource
 }
 
 // framedLen is the length of s framed by schemas.AppendFramed.
@@ -562,8 +755,32 @@ func framedLen(s string) int {
 	return n
 }
 
-func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, canon []byte, arrival int64, o original, conflict bool) {
-	tx.Emit(&kgo.Record{
+// recordBytes is what a record weighs against the broker's limit, without
+// the batch framing (MaxRecordBytes leaves room for it).
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// emitDerived emits rec, which dedup derived from input r, after checking
+// it against MaxRecordBytes (DESIGN §6.10): a derived record that would be
+// too large is not emitted, and r is rejected as oversized (bounded)
+// instead, so that no input can make its own output unwritable and stop
+// the partition.
+func (pt *partition) emitDerived(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, rec *kgo.Record, what string) (bool, error) {
+	if n := recordBytes(rec); n > pt.pr.cfg.MaxRecordBytes {
+		return false, pt.reject(tx, r, e, schemas.ReasonOversized,
+			fmt.Sprintf("its %s record would be %d bytes, more than %d", what, n, pt.pr.cfg.MaxRecordBytes))
+	}
+	tx.Emit(rec)
+	return true, nil
+}
+
+func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, canon []byte, arrival int64, o original, conflict bool) error {
+	ok, err := pt.emitDerived(tx, r, e, &kgo.Record{
 		Topic:     pt.pr.duplicatesTopic,
 		Partition: schemas.Partition(canon, pt.pr.counts.duplicates),
 		Key:       bytes.Clone(canon),
@@ -573,31 +790,43 @@ func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEve
 			OriginalPartition: pt.p, OriginalOffset: o.offset, OriginalArrival: o.arrival,
 			DuplicatePartition: r.Partition, DuplicateOffset: r.Offset, DuplicateArrival: arrival,
 		}),
-	})
-	pt.pr.m.duplicates.WithLabelValues(e.Source, strconv.FormatBool(conflict)).Inc()
+	}, "duplicate")
+	if !ok {
+		return err
+	}
+	pt.pr.m.duplicates.WithLabelValues(pt.pr.sourceLabel(e.Source), strconv.FormatBool(conflict)).Inc()
 	pt.pr.log.Info("duplicate dropped", zap.ByteString("key", canon), zap.Bool("conflict", conflict),
 		zap.String("source", e.Source), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset),
 		zap.Int64("original_offset", o.offset))
+	return nil
 }
 
-func (pt *partition) reroute(tx *stream.Tx, r *kgo.Record, canon []byte, arrival int64) {
+// reroute re-produces a misrouted event to its canonical partition with
+// its canonical key, carrying the original's coordinates and arrival in
+// signed headers.
+func (pt *partition) reroute(tx *stream.Tx, r *kgo.Record, canon []byte, e *schemas.UsageEvent, arrival int64) error {
 	to := schemas.Partition(canon, pt.pr.counts.events)
-	tx.Emit(&kgo.Record{
+	key := bytes.Clone(canon)
+	ok, err := pt.emitDerived(tx, r, e, &kgo.Record{
 		Topic:     pt.pr.eventsTopic,
 		Partition: to,
-		Key:       bytes.Clone(canon),
+		Key:       key,
 		Value:     r.Value,
-		Headers: []kgo.RecordHeader{
-			{Key: HeaderRerouted, Value: []byte(fmt.Sprintf("%d/%d", r.Partition, r.Offset))},
-			{Key: HeaderArrival, Value: []byte(strconv.FormatInt(arrival, 10))},
-		},
-	})
+		Headers: pt.pr.keys.rerouteHeaders(pt.pr.eventsTopic, to, key, r.Value,
+			rerouted{origPartition: r.Partition, origOffset: r.Offset, arrival: arrival}),
+	}, "re-routed")
+	if !ok {
+		return err
+	}
 	pt.pr.m.rerouted.Inc()
-	pt.pr.log.Info("misrouted record re-routed", zap.ByteString("key", r.Key), zap.ByteString("canonical_key", canon),
+	pt.pr.log.Info("misrouted record re-routed", zap.ByteString("key", boundLogKey(r.Key)), zap.ByteString("canonical_key", canon),
 		zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset), zap.Int32("to_partition", to))
+	return nil
 }
 
-func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, reason, detail string) {
+// reject parks r in usage.rejected, bounded (schemas.Rejected.Bound): a
+// prefix of its key and value, their lengths and digests.
+func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, reason, detail string) error {
 	rej := &schemas.Rejected{
 		Reason: reason, Detail: detail, Stage: "dedup",
 		SourceTopic: r.Topic, SourcePartition: r.Partition, SourceOffset: r.Offset,
@@ -611,10 +840,24 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent,
 	if len(r.Key) > 0 {
 		part = schemas.Partition(r.Key, n)
 	}
-	tx.Emit(&kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: r.Key, Value: schemas.MustEncode(rej)})
+	v, err := schemas.EncodeRejected(nil, rej)
+	if err != nil {
+		return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", r.Partition, r.Offset, err)
+	}
+	rec := &kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: schemas.RejectedKey(r.Key), Value: v}
+	if recordBytes(rec) > pt.pr.cfg.MaxRecordBytes {
+		// Validate keeps MaxRecordBytes above schemas.MaxRejectedBytes, so
+		// this cannot happen; if it did, the digests and lengths remain.
+		rej.RawKey, rej.RawValue, rec.Key = nil, nil, nil
+		if rec.Value, err = schemas.EncodeRejected(nil, rej); err != nil {
+			return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", r.Partition, r.Offset, err)
+		}
+	}
+	tx.Emit(rec)
 	pt.pr.m.rejected.WithLabelValues("dedup", reason).Inc()
-	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", detail),
-		zap.ByteString("key", r.Key), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset))
+	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", rej.Detail),
+		zap.ByteString("key", boundLogKey(r.Key)), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset))
+	return nil
 }
 
 func msTime(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }

@@ -48,7 +48,7 @@ func TestRestoreWaitsForInFlightTransaction(t *testing.T) {
 			// The new owner restores partition 0 up to a high watermark
 			// that includes the open transaction, so it must wait.
 			a := h.start(h.config("a", vfs.NewMem()))
-			rt := a.stage.Runtime()
+			rt := a.stage.rt
 			deadline := time.Now().Add(10 * time.Second)
 			for {
 				err := rt.Ready()

@@ -16,9 +16,12 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
+// tick builds a tick record of partition p at arrival, signed with the
+// harness's key as a dedup instance signs its own.
 func (h *harness) tick(p int32, arrival int64) *kgo.Record {
-	return &kgo.Record{Topic: h.names.EventsTopic(), Partition: p, Value: schemas.MustEncode(&schemas.Tick{InstanceID: "test"}),
-		Timestamp: time.UnixMilli(arrival)}
+	v := schemas.MustEncode(&schemas.Tick{InstanceID: "test"})
+	return &kgo.Record{Topic: h.names.EventsTopic(), Partition: p, Value: v, Timestamp: time.UnixMilli(arrival),
+		Headers: newKeyring(h.keys).tickHeaders(h.names.EventsTopic(), p, v)}
 }
 
 // TestWatermarkForwarding: each tick forwards the partition watermark — the
@@ -27,6 +30,7 @@ func TestWatermarkForwarding(t *testing.T) {
 	h := newHarness(t, nil, 2)
 	cfg := h.config("a", vfs.NewMem())
 	cfg.TickInterval = time.Hour // only the test's ticks
+	cfg.WatermarkEvery = time.Millisecond
 	h.start(cfg)
 	e := h.event("acme", "api_calls", "w1", 1, t0-hour, t0+5000)
 	h.produce(e, h.tick(e.Partition, t0+1000)) // tick older than the event
@@ -34,6 +38,10 @@ func TestWatermarkForwarding(t *testing.T) {
 	h.produce(h.tick(e.Partition, t0+9000))    // newer tick
 	h.caughtUp()
 
+	// Each record states dedup's W, for the aggregator to check its own.
+	wc := cfg
+	wc.EnsureDefaults()
+	wantW := wc.Window
 	// Per deduped partition, in order: the watermarks of each source.
 	got := map[[2]int32][]int64{} // (deduped partition, source partition) -> watermarks
 	for _, r := range readTopic(t, h, h.names.DedupedTopic()) {
@@ -46,6 +54,9 @@ func TestWatermarkForwarding(t *testing.T) {
 		}
 		if w.SourcePartitions != 2 {
 			t.Errorf("source_partitions %d, want 2", w.SourcePartitions)
+		}
+		if w.WindowMs != wantW.Milliseconds() {
+			t.Errorf("window_ms %d, want dedup's W %s", w.WindowMs, wantW)
 		}
 		k := [2]int32{r.Partition, w.SourcePartition}
 		got[k] = append(got[k], w.Watermark)
@@ -64,7 +75,7 @@ func TestWatermarkForwarding(t *testing.T) {
 
 func identityKeys(t *testing.T, st *Stage, p int32) int {
 	n := 0
-	if err := st.Runtime().Store().Scan(p, []byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(_, _ []byte) error {
+	if err := st.rt.Store().Scan(p, []byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(_, _ []byte) error {
 		n++
 		return nil
 	}); err != nil {

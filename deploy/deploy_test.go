@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/internal/cli"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // There is no Docker engine on the machines that run the tests, so these
@@ -91,7 +92,8 @@ var meterlineServices = map[string]struct {
 }{
 	"topics":    {command: "topics", oneShot: true, deps: []string{"kafka"}},
 	"migrate":   {command: "migrate", oneShot: true, deps: []string{"clickhouse"}},
-	"dedup":     {command: "dedup", deps: []string{"kafka", "topics"}},
+	"dedup-key": {command: "dedup-key", oneShot: true},
+	"dedup":     {command: "dedup", deps: []string{"kafka", "topics", "dedup-key"}},
 	"aggregate": {command: "aggregate", deps: []string{"kafka", "topics"}},
 	"sink":      {command: "sink", deps: []string{"kafka", "clickhouse", "topics", "migrate"}},
 }
@@ -493,7 +495,7 @@ func TestComposeCommandsParse(t *testing.T) {
 	c := loadCompose(t)
 	cmds := composeCommands(t, c)
 	for name, pc := range cmds {
-		if name == "topics" || name == "migrate" {
+		if name == "topics" || name == "migrate" || name == "dedup-key" {
 			continue
 		}
 		if pc.flags["instance-id"] == "" {
@@ -502,6 +504,9 @@ func TestComposeCommandsParse(t *testing.T) {
 		if b := pc.flags["brokers"]; !strings.Contains(b, "kafka:") {
 			t.Errorf("%s: brokers %q; want the kafka service", name, b)
 		}
+	}
+	if pc, ok := cmds["dedup"]; ok && pc.flags["dedup-keys-file"] != cmds["dedup-key"].flags["out"] {
+		t.Errorf("dedup reads its keys from %q, dedup-key writes them to %q", pc.flags["dedup-keys-file"], cmds["dedup-key"].flags["out"])
 	}
 	if pc, ok := cmds["topics"]; ok && pc.command != "topics create" {
 		t.Errorf("topics: runs `meterline %s`; want `meterline topics create`", pc.command)
@@ -544,7 +549,12 @@ func TestComposeCommandsValidate(t *testing.T) {
 		svc := c.Services[name]
 		args := append(commandList(t, name, svc.Command), "--validate")
 		t.Run(name, func(t *testing.T) {
-			if _, err := parseMeterline(t, args, stringEnv(svc.Environment)); err != nil { // sets the environment
+			env := stringEnv(svc.Environment)
+			if name == "dedup" {
+				// The dedup-key service makes the file when the stack starts.
+				env["METERLINE_DEDUP_KEYS_FILE"] = testenv.DedupKeysFile(t)
+			}
+			if _, err := parseMeterline(t, args, env); err != nil { // sets the environment
 				t.Fatal(err)
 			}
 			var out, errb bytes.Buffer

@@ -86,7 +86,8 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 		"--sink-database", db, "--sink-migrate",
 		"--metrics-addr", metricsAddr, "--tick-interval", "1s",
 		"--session-timeout", "6s", "--transaction-timeout", "10s",
-		"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms")
+		"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms",
+		"--dedup-keys-file", testenv.DedupKeysFile(t))
 	waitHTTP(t, "http://"+metricsAddr+"/readyz", 90*time.Second)
 
 	ctx, cancel := context.WithCancel(context.Background())

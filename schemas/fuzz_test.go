@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -54,6 +55,36 @@ func FuzzParseKey(f *testing.F) {
 		}
 		if !bytes.Equal(id.Key(), b) {
 			t.Fatalf("ParseKey accepted %q, which is not the canonical %q", b, id.Key())
+		}
+	})
+}
+
+// FuzzDecodeUsageOr: the decoder dedup runs on every record, into a value
+// reused from the record before, gives what Decode gives and keeps nothing
+// of the record before.
+func FuzzDecodeUsageOr(f *testing.F) {
+	for _, m := range samples() {
+		b := MustEncode(m)
+		f.Add(MustEncode(samples()["usage_event"]), b)
+		f.Add(b, b[:len(b)/2])
+	}
+	f.Add([]byte{}, []byte{0xC3, 0x01})
+	f.Fuzz(func(t *testing.T, prev, b []byte) {
+		var e UsageEvent
+		_, _ = DecodeUsageOr(prev, &e)
+		got, err := DecodeUsageOr(b, &e)
+		want, werr := Decode(b)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("DecodeUsageOr error %v, Decode error %v", err, werr)
+		}
+		if err != nil {
+			if errors.Is(err, ErrUnknownSchema) != errors.Is(werr, ErrUnknownSchema) || !errors.Is(err, ErrUndecodable) && !errors.Is(err, ErrUnknownSchema) {
+				t.Fatalf("error classes differ: %v, %v", err, werr)
+			}
+			return
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("DecodeUsageOr into a reused value:\n got %#v\nwant %#v", got, want)
 		}
 	})
 }

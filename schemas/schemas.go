@@ -80,6 +80,8 @@ var historyFiles = []struct {
 	file string
 }{
 	{KindUsageEvent, "history/usage_event.v0.avsc"},
+	{KindWatermark, "history/watermark.v0.avsc"},
+	{KindRejected, "history/rejected.v0.avsc"},
 }
 
 // Single-object encoding (Avro spec): the two marker bytes, then the

@@ -30,14 +30,15 @@ func samples() map[string]Message {
 		"deduped_event": &DedupedEvent{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Quantity: 3,
 			EventTime: 1795003200250, Source: "api-gateway", Properties: props, IngestTime: 1795003201000,
 			SourcePartition: 7, SourceOffset: 123456},
-		"watermark": &Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000},
+		"watermark": &Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000, WindowMs: 3024000000},
 		"duplicate": &Duplicate{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Source: "api-gateway",
 			Conflict: true, Quantity: 4, EventTime: 1795003200250, OriginalPartition: 7, OriginalOffset: 123456,
 			OriginalArrival: 1795003201000, DuplicatePartition: 7, DuplicateOffset: 123999, DuplicateArrival: 1795003260000},
 		"rejected": &Rejected{Reason: ReasonInvalid, Detail: "quantity: negative (-1)", Stage: "dedup",
 			SourceTopic: "usage.events", SourcePartition: 2, SourceOffset: 99, SourceTimestamp: 1795003201000,
 			CustomerID: "acme", Meter: "api_calls", EventID: "req-43", RawKey: []byte("4:acme9:api_calls6:req-43"),
-			RawValue: []byte{0xC3, 0x01, 0xff}},
+			RawValue: []byte{0xC3, 0x01, 0xff}, RawKeyLength: 25, RawKeySHA256: sha256Of("4:acme9:api_calls6:req-43"),
+			RawValueLength: 3, RawValueSHA256: sha256Of("\xC3\x01\xff")},
 		"aggregate": &Aggregate{CustomerID: "acme", Meter: "api_calls", Group: []Property{{Name: "model", Value: "m1"}},
 			Aggregation: "SUM", PeriodStart: 1793491200000, PeriodEnd: 1796083200000, Revision: 12, Status: StatusFinal,
 			Value: 1000, EventCount: 42, FirstEventTime: 1793491200000, LastEventTime: 1796083199999, UpdatedAt: 1796256000001},
@@ -150,6 +151,49 @@ func TestOldSchemaFixture(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("old fixture:\n got %#v\nwant %#v", got, want)
+	}
+}
+
+// TestOldWatermarkFixture reads a Watermark written with the first schema
+// (history/watermark.v0.avsc, before window_ms) with the current one: the
+// window is 0, not stated.
+func TestOldWatermarkFixture(t *testing.T) {
+	path := filepath.Join("testdata", "watermark.v0.hex")
+	if *update {
+		old, err := avro.ParseBytes(mustRead(t, "history/watermark.v0.avsc"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := avro.Marshal(old, map[string]any{"source_partition": int32(3), "source_partitions": int32(16),
+			"watermark": int64(1795003205000)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
+		msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
+		if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := hex.DecodeString(strings.TrimSpace(string(mustReadFile(t, path))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if binary.LittleEndian.Uint64(b[2:10]) == Fingerprint(KindWatermark) {
+		t.Fatal("fixture carries the current fingerprint; it must be written with the old schema")
+	}
+	for name, dec := range map[string]func() (Message, error){
+		"Decode":     func() (Message, error) { return Decode(b) },
+		"DecodeInto": func() (Message, error) { var w Watermark; return &w, DecodeInto(b, &w) },
+	} {
+		m, err := dec()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		want := &Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000}
+		if !reflect.DeepEqual(m, want) {
+			t.Fatalf("%s of the old fixture:\n got %#v\nwant %#v", name, m, want)
+		}
 	}
 }
 

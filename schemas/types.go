@@ -54,6 +54,9 @@ type Watermark struct {
 	SourcePartition  int32 `avro:"source_partition"`
 	SourcePartitions int32 `avro:"source_partitions"`
 	Watermark        int64 `avro:"watermark"`
+	// WindowMs is the writer's dedup window W in milliseconds; 0: not
+	// stated (written before the field existed).
+	WindowMs int64 `avro:"window_ms"`
 }
 
 // Kind implements Message.
@@ -91,8 +94,17 @@ type Rejected struct {
 	CustomerID      string `avro:"customer_id"`
 	Meter           string `avro:"meter"`
 	EventID         string `avro:"event_id"`
-	RawKey          []byte `avro:"raw_key"`
-	RawValue        []byte `avro:"raw_value"`
+	// RawKey and RawValue are the source record's key and value, or
+	// their first MaxRejectedRawBytes (Bound); RawKeyLength and
+	// RawValueLength are the whole lengths and RawKeySHA256 and
+	// RawValueSHA256 the digests of the whole bytes. A record written
+	// before bounding existed decodes with lengths of -1 and nil digests.
+	RawKey         []byte `avro:"raw_key"`
+	RawValue       []byte `avro:"raw_value"`
+	RawKeyLength   int64  `avro:"raw_key_length"`
+	RawKeySHA256   []byte `avro:"raw_key_sha256"`
+	RawValueLength int64  `avro:"raw_value_length"`
+	RawValueSHA256 []byte `avro:"raw_value_sha256"`
 }
 
 // Kind implements Message.

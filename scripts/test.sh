@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The body of `make test`: real Kafka + real ClickHouse, vet, the whole suite.
+# PACKAGES narrows it to some packages (`make docs-check`: ./internal/docscheck).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -7,6 +8,7 @@ GO=${GO:-go}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
+PACKAGES=${PACKAGES:-./...}
 log=$(mktemp -t meterline-test.XXXXXX.log)
 
 stop_services() {
@@ -25,17 +27,17 @@ METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
 
-echo "== go vet ./..."
-$GO vet ./...
+echo "== go vet $PACKAGES"
+$GO vet $PACKAGES
 
-echo "== go test ./... (real Kafka on 127.0.0.1:$KAFKA_PORT, real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT)"
+echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
 set +e
 # -p 1: integration packages share one broker on a 2-core machine.
-$GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v ./... 2>&1 | tee "$log"
+$GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v $PACKAGES 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 

@@ -1,7 +1,7 @@
 package sink
 
 // AnalystQuery is a ready-made query over the sink's tables, for the
-// README's "For analysts" section. Each one is run against real data, and
+// analysts page, docs/analysts.md. Each one is run against real data, and
 // its numbers checked, by TestAnalystQueries. Table names are unqualified:
 // run them with the sink's database as the session's default
 // (clickhouse-client --database meterline).
@@ -11,7 +11,7 @@ type AnalystQuery struct {
 	SQL   string
 }
 
-// AnalystQueries are the README's queries, in its order.
+// AnalystQueries are the queries of docs/analysts.md, in its order.
 var AnalystQueries = []AnalystQuery{
 	{Name: "usage_per_customer_period", Title: "Usage per customer and period (latest revision of each aggregate)", SQL: `
 SELECT customer_id, meter, group_key, period_start, period_end,

@@ -61,7 +61,7 @@ func render(rows [][]string) string {
 }
 
 // TestAnalystQueries writes a small, fully known data set through Kafka and
-// the sink, runs every README query on the real server, and compares each
+// the sink, runs every query of docs/analysts.md on the real server, and compares each
 // result with numbers worked out by hand.
 func TestAnalystQueries(t *testing.T) {
 	e := newEnv(t, 2)

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -331,6 +332,10 @@ func newTables(n topics.Names) []*table {
 				mcol("event_id", func(r *rj) string { return r.EventID }),
 				mcol("raw_key", func(r *rj) *string { return nullableBytes(r.RawKey) }),
 				mcol("raw_value", func(r *rj) *string { return nullableBytes(r.RawValue) }),
+				mcol("raw_key_length", func(r *rj) int64 { return r.RawKeyLength }),
+				mcol("raw_key_sha256", func(r *rj) string { return hex.EncodeToString(r.RawKeySHA256) }),
+				mcol("raw_value_length", func(r *rj) int64 { return r.RawValueLength }),
+				mcol("raw_value_sha256", func(r *rj) string { return hex.EncodeToString(r.RawValueSHA256) }),
 			),
 			decode: decoder[rj](func(r *rj) identity { return identity{r.CustomerID, r.Meter, r.EventID} }),
 		},

@@ -645,6 +645,7 @@ func (w *Writer) parkRecord(r *kgo.Record, id identity, reason, detail string) (
 		CustomerID: id.customer, Meter: id.meter, EventID: id.eventID,
 		RawKey: r.Key, RawValue: r.Value,
 	}
+	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
 	v, err := schemas.Encode(rej)
 	if err != nil {
 		return nil, fmt.Errorf("sink: encode rejected record for %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)

@@ -158,8 +158,10 @@ type stream struct {
 // genStream generates a deterministic stream over days of broker time:
 // events mostly recent, some exactly at a day's start, some days older
 // than their arrival (late), some up to an hour in the future; watermarks
-// from sources dedup source partitions, each non-decreasing and never past
-// the broker time (so no event arrives before a watermark that passed it).
+// from sources dedup source partitions (usage.events' partition count: the
+// aggregator ignores watermark records that claim another), each
+// non-decreasing and never past the broker time (so no event arrives before
+// a watermark that passed it).
 func genStream(seed int64, days, customers, batch int, sources int32) *stream {
 	r := rand.New(rand.NewSource(seed))
 	start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli() + seed*hourMs
@@ -399,6 +401,40 @@ func aggOf(meter string, evs []*mEvent) int64 {
 	return v
 }
 
+// awaitOutputs waits until usage.aggregates holds as many FINAL revisions
+// as the model has keys with an on-time event, and usage.adjustments as
+// many adjustments as it has late events (or caughtUpTimeout passes): the
+// input is consumed by then, but FINAL revisions, and the adjustments
+// queued behind them, go out in chunks without input (DESIGN §6 invariant
+// 9). check then says what differs.
+func (s *suite) awaitOutputs(events []*mEvent, periodOf func(int64) (int64, int64), grace int64) {
+	s.t.Helper()
+	keys := map[mKey]bool{}
+	late := 0
+	for _, e := range events {
+		if _, end := periodOf(e.et); e.arr <= end+grace {
+			keys[e.key(periodOf)] = true
+		} else {
+			late++
+		}
+	}
+	deadline := time.Now().Add(caughtUpTimeout)
+	for {
+		finals := 0
+		for _, r := range testenv.ReadAll(s.t, s.brokers, s.names.AggregatesTopic()) {
+			var a schemas.Aggregate
+			if schemas.DecodeInto(r.Value, &a) == nil && a.Status == schemas.StatusFinal {
+				finals++
+			}
+		}
+		adjs := len(testenv.ReadAll(s.t, s.brokers, s.names.AdjustmentsTopic()))
+		if (finals >= len(keys) && adjs >= late) || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // checkResult is what check saw.
 type checkResult struct {
 	keys, finals, adjustments, openRevisions int
@@ -416,6 +452,7 @@ func (s *suite) check(periodOf func(int64) (int64, int64), grace int64) checkRes
 	s.mu.Lock()
 	events := append([]*mEvent(nil), s.events...)
 	s.mu.Unlock()
+	s.awaitOutputs(events, periodOf, grace)
 	onTime := map[mKey][]*mEvent{}
 	all := map[mKey][]*mEvent{}
 	byID := map[string]*mEvent{}

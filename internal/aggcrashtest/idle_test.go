@@ -50,6 +50,7 @@ func TestIdlePartition(t *testing.T) {
 		"--session-timeout", sessionTimeout.String(),
 		"--transaction-timeout", transactionTimeout.String(),
 		"--log-level", "info",
+		"--dedup-keys-file", testenv.DedupKeysFile(t),
 	})
 	a := s.startAgg("a", filepath.Join(s.dir, "agg-state"), aggOpts{period: "hour", grace: grace.String()})
 

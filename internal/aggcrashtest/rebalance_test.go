@@ -15,7 +15,7 @@ import (
 // with the model's value, one adjustment per late event.
 func TestRebalanceMidPeriod(t *testing.T) {
 	s := newSuite(t)
-	st := genStream(7, 4, 10, 8, 3)
+	st := genStream(7, 4, 10, 8, partitions)
 	dir := func(id string) string { return filepath.Join(s.dir, "state-"+id) }
 
 	feedDone := make(chan error, 1)

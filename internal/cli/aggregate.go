@@ -20,7 +20,8 @@ type AggregateCmd struct {
 	StrictMeters bool          `help:"Reject events of undeclared meters (reason unknown_meter) instead of counting them as SUM."`
 	Period       string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"month" enum:"month,day,hour"`
 	Grace        time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"48h"`
-	Window       time.Duration `help:"Dedup window W: a period's working state is kept until end + W." default:"840h"`
+	Window       time.Duration `help:"Dedup window W: a period's working state is kept until end + W. Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"840h"`
+	FinalChunk   int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"10000"`
 }
 
 func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
@@ -29,7 +30,7 @@ func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Regist
 		return aggregator.Config{}, err
 	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: c.StrictMeters,
-		Period: aggregator.Period(c.Period), Grace: c.Grace, Window: c.Window}
+		Period: aggregator.Period(c.Period), Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk}
 	if c.Meters != "" {
 		cat, err := aggregator.LoadMeters(c.Meters)
 		if err != nil {
@@ -57,5 +58,5 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 		return err
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.DedupedTopic()}}},
-		st.Runtime().Ready, st.Run, st.Runtime().Status)
+		st.Ready, st.Run, st.Status)
 }

@@ -41,6 +41,7 @@ type CLI struct {
 	Demo      DemoCmd      `cmd:"" help:"Run the whole pipeline on an embedded broker with generated usage, and reconcile the result."`
 	Produce   ProduceCmd   `cmd:"" help:"Send newline-delimited JSON usage events to Kafka."`
 	Dedup     DedupCmd     `cmd:"" help:"Run the dedup stage: drop duplicate copies exactly once."`
+	DedupKey  DedupKeyCmd  `cmd:"" name:"dedup-key" help:"Make a key for the signatures of dedup's re-route and tick headers."`
 	Aggregate AggregateCmd `cmd:"" help:"Run the aggregator: usage per billing period, FINAL revisions, adjustments."`
 	Sink      SinkCmd      `cmd:"" help:"Run the sink: write the topics into ClickHouse exactly once."`
 	Migrate   MigrateCmd   `cmd:"" help:"Apply the pending ClickHouse migrations (idempotent)."`

@@ -26,10 +26,12 @@ type RunCmd struct {
 	Window         time.Duration `help:"Dedup window W." default:"840h"`
 	Skew           time.Duration `help:"Allowed skew S after arrival." default:"1h"`
 	TickInterval   time.Duration `help:"Dedup tick interval." default:"5s"`
+	DedupKeys      `embed:""`
 	Meters         string        `help:"Meters YAML file for the aggregator." type:"existingfile" placeholder:"FILE"`
 	StrictMeters   bool          `help:"Reject events of undeclared meters."`
 	Period         string        `help:"Billing period: month, day or hour." default:"month" enum:"month,day,hour"`
 	Grace          time.Duration `help:"Finalization grace after a period's end." default:"48h"`
+	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"10000"`
 	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 }
@@ -44,13 +46,14 @@ type RunCmd struct {
 // migrations is an error unless --sink-migrate applies them at start.
 func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
-	dc := DedupCmd{StageFlags: c.StageFlags, Group: c.DedupGroup, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: 24 * time.Hour}
+	dc := DedupCmd{StageFlags: c.StageFlags, Group: c.DedupGroup, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: 24 * time.Hour,
+		DedupKeys: c.DedupKeys}
 	dcfg, err := dc.config(g, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
 	ac := AggregateCmd{StageFlags: c.StageFlags, Group: c.AggregateGroup, Meters: c.Meters, StrictMeters: c.StrictMeters,
-		Period: c.Period, Grace: c.Grace, Window: c.Window}
+		Period: c.Period, Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk}
 	acfg, err := ac.config(g, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
@@ -80,8 +83,8 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		return err
 	}
 	stages := []namedStage{
-		{"dedup", ds.Run, ds.Runtime().Ready},
-		{"aggregate", as.Run, as.Runtime().Ready},
+		{"dedup", ds.Run, ds.Ready},
+		{"aggregate", as.Run, as.Ready},
 	}
 	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, []string{g.Topic.DedupedTopic()}}}
 	if !c.NoSink {
@@ -94,7 +97,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
-	}, ds.Runtime().Status, as.Runtime().Status)
+	}, ds.Status, as.Status)
 }
 
 type namedStage struct {

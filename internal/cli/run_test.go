@@ -23,11 +23,12 @@ import (
 // TestRunValidate: `meterline run` checks the sink's flags too, naming the
 // bad one, unless --no-sink leaves the sink out.
 func TestRunValidate(t *testing.T) {
-	code, out, errOut := run(t, "", "run", "--validate", "--instance-id", "a")
+	keys := testenv.DedupKeysFile(t)
+	code, out, errOut := run(t, "", "run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys)
 	if code != 0 || !strings.Contains(out, "configuration ok") {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
-	bad := []string{"run", "--validate", "--instance-id", "a", "--sink-insert-timeout", "2m", "--sink-database", "bad-name"}
+	bad := []string{"run", "--validate", "--instance-id", "a", "--sink-insert-timeout", "2m", "--sink-database", "bad-name", "--dedup-keys-file", keys}
 	code, _, errOut = run(t, "", bad...)
 	if code != 2 || !strings.Contains(errOut, "InsertTimeout") || !strings.Contains(errOut, "Database") {
 		t.Fatalf("exit %d, want 2 naming InsertTimeout and Database:\n%s", code, errOut)
@@ -70,7 +71,7 @@ func TestRealRunAllStages(t *testing.T) {
 			"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics,
 			"--dedup-group", groups["dedup"], "--aggregate-group", groups["aggregate"], "--sink-group", groups["sink"],
 			"--sink-database", db, "--sink-migrate", "--tick-interval", tickInterval, "--session-timeout", "6s",
-			"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms",
+			"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms", "--dedup-keys-file", testenv.DedupKeysFile(t),
 		}, IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
 	}()
 	stopped := false

@@ -19,7 +19,7 @@ func TestMigrateCommand(t *testing.T) {
 	addr := testenv.RealClickHouse(t)
 	db := fmt.Sprintf("cli_migrate_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	code, out, errOut := run(t, "", "migrate", "--clickhouse", addr, "--database", db)
-	if code != 0 || !strings.Contains(out, "001_tables.sql: applied") || !strings.Contains(out, "1 applied now") {
+	if code != 0 || !strings.Contains(out, "001_tables.sql: applied") || !strings.Contains(out, "002_rejected_raw_digests.sql: applied") || !strings.Contains(out, "2 applied now") {
 		t.Fatalf("first migrate: exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, errOut = run(t, "", "migrate", "--clickhouse", addr, "--database", db)

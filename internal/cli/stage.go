@@ -124,6 +124,14 @@ type DedupCmd struct {
 	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"1h"`
 	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"5s"`
 	Bucket       time.Duration `help:"Expiry granularity: keys are dropped by whole arrival buckets of this size." default:"24h" hidden:""`
+	DedupKeys    `embed:""`
+}
+
+// DedupKeys are the flags of dedup's header keys and metric labels, shared
+// by `meterline dedup` and `meterline run`.
+type DedupKeys struct {
+	KeysFile string   `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE." type:"path" placeholder:"FILE"`
+	Sources  []string `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
 }
 
 func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
@@ -131,7 +139,12 @@ func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer
 	if err != nil {
 		return dedup.Config{}, err
 	}
-	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: c.Bucket}
+	keys, err := dedup.LoadKeys(c.KeysFile)
+	if err != nil {
+		return dedup.Config{}, err
+	}
+	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: c.Bucket,
+		Keys: keys, Sources: c.Sources}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
 }
@@ -152,5 +165,43 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 		return err
 	}
 	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
-		st.Runtime().Ready, st.Run, st.Runtime().Status)
+		st.Ready, st.Run, st.Status)
+}
+
+// DedupKeyCmd is `meterline dedup-key`.
+type DedupKeyCmd struct {
+	ID  string `help:"ID of the new key (1 to 32 bytes of [A-Za-z0-9._-]); a date in it tells keys apart when rotating." default:"k1"`
+	Out string `help:"Write a new key ring to FILE (mode 0600), unless FILE already holds a valid one, which is kept. Without it the key line is printed: put it first in a ring to rotate." type:"path" placeholder:"FILE"`
+}
+
+// Run makes a key for dedup's header signatures.
+func (c *DedupKeyCmd) Run(stdio IO) error {
+	k, err := dedup.GenerateKey(c.ID)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if c.Out == "" {
+		_, err := stdio.Stdout.Write(dedup.FormatKeys(k))
+		return err
+	}
+	if _, err := os.Stat(c.Out); err == nil {
+		if _, err := dedup.LoadKeys(c.Out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Stdout, "%s already holds a key ring; kept\n", c.Out)
+		return nil
+	}
+	f, err := os.OpenFile(c.Out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(dedup.FormatKeys(k)); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdio.Stdout, "wrote key %s to %s\n", k.ID, c.Out)
+	return nil
 }

@@ -47,6 +47,7 @@ type suite struct {
 	group   string
 	dir     string
 	logs    string    // the children's logs, kept if the test fails
+	keys    string    // the dedup key file every instance shares
 	base    time.Time // event_time of identity 0; identity i is base + i ms
 
 	prod *producer.Producer
@@ -76,6 +77,7 @@ func newSuite(t *testing.T) *suite {
 		group:   prefix + "dedup",
 		dir:     t.TempDir(),
 		logs:    testenv.LogDir(t, "meterline-crashtest-logs-"),
+		keys:    testenv.DedupKeysFile(t),
 		base:    time.Now().Add(-time.Minute).Truncate(time.Millisecond),
 		sent:    map[string]int{},
 		starts:  map[string]int{},
@@ -259,6 +261,7 @@ func (s *suite) start(id, stateDir string, o opts) *testenv.Process {
 		"--transaction-timeout", txt.String(),
 		"--rebalance-timeout", rebalanceTimeout.String(),
 		"--log-level", "info",
+		"--dedup-keys-file", s.keys,
 	}
 	// The "duplicate dropped" lines are many and say little.
 	p := testenv.StartProcessOpts(s.t, testenv.ProcessOpts{Fault: o.fault, MayDie: true, TailSkip: `"msg":"duplicate dropped"`, ExitTimeout: exitTimeout},

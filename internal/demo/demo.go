@@ -141,7 +141,14 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 			CommitInterval: 100 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: cfg.Logger, Registerer: cfg.Registry,
 			RestartBackoff: 200 * time.Millisecond}
 	}
-	dcfg := dedup.Config{Stream: streamCfg(dedupGroup, "demo"), Topics: names, TickInterval: time.Second}
+	// The embedded broker lives as long as the demo: an ephemeral key signs
+	// dedup's headers, and the generator's services get their own labels.
+	key, err := dedup.GenerateKey("demo")
+	if err != nil {
+		return false, err
+	}
+	dcfg := dedup.Config{Stream: streamCfg(dedupGroup, "demo"), Topics: names, TickInterval: time.Second,
+		Keys: []dedup.Key{key}, Sources: append(append([]string{}, services...), buggySource)}
 	cat, _ := aggregator.ParseMeters([]byte("meters:\n  - {name: api_calls, aggregation: SUM, unit: requests}\n  - {name: tokens, aggregation: SUM, unit: tokens}\n  - {name: storage_mb, aggregation: SUM, unit: MB}\n"))
 	acfg := aggregator.Config{Stream: streamCfg(aggGroup, "demo"), Topics: names, Meters: cat, Period: aggregator.Hour, Grace: 30 * time.Second}
 
@@ -250,7 +257,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		dedupStage <- ds
 		pt := points[rng.Intn(len(points))]
 		rec.armed(pt)
-		ds.Runtime().CrashAt(pt)
+		ds.CrashAt(pt)
 	})
 	defer crashTimer.Stop()
 

@@ -18,6 +18,8 @@ var (
 	customers = []string{"acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "wonka"}
 	meters    = []string{"api_calls", "tokens", "storage_mb"}
 	services  = []string{"api-gateway", "llm-proxy", "blob-store"}
+	// buggySource is the source of the demo's misbehaving producer.
+	buggySource = "buggy-client"
 )
 
 // truth is what the generator sent, the ground truth the report checks the
@@ -161,7 +163,7 @@ func (g *generator) copy() error {
 func (g *generator) bad(now time.Time) error {
 	g.seq++
 	id := fmt.Sprintf("bad-%d-%d", now.UnixNano(), g.seq)
-	ue := &schemas.UsageEvent{EventID: id, CustomerID: g.customer(), Meter: "api_calls", Quantity: 1, EventTime: now.UnixMilli(), Source: "buggy-client"}
+	ue := &schemas.UsageEvent{EventID: id, CustomerID: g.customer(), Meter: "api_calls", Quantity: 1, EventTime: now.UnixMilli(), Source: buggySource}
 	var reason string
 	var value []byte
 	switch g.rng.Intn(4) {

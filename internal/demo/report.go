@@ -176,7 +176,7 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 		fmt.Fprintf(w, "== MISMATCH: see the FAIL lines above\n")
 	}
 	if ch != nil {
-		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in the README, \"For analysts\")\n", tryCommand(ch.addr, ch.db))
+		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in docs/analysts.md)\n", tryCommand(ch.addr, ch.db))
 	}
 	return ok, nil
 }

@@ -69,11 +69,11 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	}
 	dedupReady := func() error {
 		if ds := current.Load(); ds != nil {
-			return ds.Runtime().Ready()
+			return ds.Ready()
 		}
 		return fmt.Errorf("dedup not started")
 	}
-	srv, err := service.Listen(cfg.HTTPAddr, cfg.Registry, cfg.Logger, dedupReady, as.Runtime().Ready)
+	srv, err := service.Listen(cfg.HTTPAddr, cfg.Registry, cfg.Logger, dedupReady, as.Ready)
 	if err != nil {
 		fmt.Fprintf(cfg.Out, "status page not served: %v (choose another address with --http)\n", err)
 		cfg.Logger.Warn("demo status page not served", zap.Error(err))
@@ -82,11 +82,11 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	}
 	srv.AddStatus(func() service.StageStatus {
 		if ds := current.Load(); ds != nil {
-			return ds.Runtime().Status()
+			return ds.Status()
 		}
 		return service.StageStatus{Stage: "dedup", Group: dedupGroup}
 	})
-	srv.AddStatus(as.Runtime().Status)
+	srv.AddStatus(as.Status)
 	adj := &adjView{sum: map[string]map[string]int64{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	go follow(ctx, brokers, names.AdjustmentsTopic(), adj.add)

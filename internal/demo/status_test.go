@@ -24,7 +24,7 @@ import (
 )
 
 // envUpdateScreenshot, when set, makes TestRealStatusPageDemo store its
-// screenshot as docs/status-page.png (the README shows it).
+// screenshot as docs/status-page.png (docs/operations.md shows it).
 const envUpdateScreenshot = "METERLINE_UPDATE_SCREENSHOT"
 
 // TestRealStatusPageDemo runs the demo with its status page, and once the
@@ -35,7 +35,7 @@ const envUpdateScreenshot = "METERLINE_UPDATE_SCREENSHOT"
 // records replayed are what dedup's restore replayed, this hour's
 // aggregates per customer are the latest revisions in usage.aggregates, and
 // the totals counted per customer equal the generator's ground truth. It
-// takes the screenshot of the README.
+// takes the screenshot of docs/operations.md.
 func TestRealStatusPageDemo(t *testing.T) {
 	chromium := testenv.Chromium(t)
 	reg := prometheus.NewRegistry()

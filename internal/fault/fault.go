@@ -33,9 +33,13 @@ const (
 	AfterApply = "stream.after-apply"
 	// DuringRestore: part of the changelog replayed into Pebble.
 	DuringRestore = "stream.during-restore"
-	// FinalDecided: the aggregator emitted FINAL revisions and moved their
-	// state in the open transaction, which is not committed yet.
+	// FinalDecided: the aggregator decided a period final (its marker) in
+	// the open transaction, which is not committed yet.
 	FinalDecided = "aggregate.final-decided"
+	// BetweenChunks: a chunk of a period's FINAL revisions (or queued
+	// adjustments, or expiry) is committed with its cursor; the next chunk
+	// has not started.
+	BetweenChunks = "aggregate.between-chunks"
 )
 
 // Crash is the panic value of CrashHandler: a stage that recovers it stops

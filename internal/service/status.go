@@ -35,6 +35,13 @@ type PartitionStatus struct {
 	// while restoring; nil when not known (not restoring, or the replay has
 	// not started yet).
 	RestoreRemaining *int64 `json:"restore_remaining_records,omitempty"`
+	// RestoreKind and RestoreReason describe the partition's last restore
+	// on this instance (DESIGN §6.8): "full" (state wiped, changelog
+	// replayed from its start) or "tail" (from the checkpoint), and why, as
+	// the meterline_stream_restores_total metric names them. Empty when the
+	// stage does not report them or no restore has been planned yet.
+	RestoreKind   string `json:"restore_kind,omitempty"`
+	RestoreReason string `json:"restore_reason,omitempty"`
 	// LagRecords and LagSeconds are the group's lag on this partition of
 	// the input topic, from meterline_consumer_lag_records and
 	// meterline_consumer_lag_seconds; nil when the process exports no lag.

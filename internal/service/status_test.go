@@ -95,9 +95,9 @@ func TestStatusPage(t *testing.T) {
 	s.AddStatus(func() StageStatus {
 		return StageStatus{Stage: "dedup", Group: "g-dedup", Instance: "node-1", Input: "usage.events", Joined: &joined,
 			Partitions: []PartitionStatus{
-				{Partition: 0, State: PartitionProcessing},
+				{Partition: 0, State: PartitionProcessing, RestoreKind: "tail", RestoreReason: "within_horizon"},
 				{Partition: 1, State: PartitionProcessing},
-				{Partition: 2, State: PartitionRestoring, RestoreRemaining: &remaining},
+				{Partition: 2, State: PartitionRestoring, RestoreRemaining: &remaining, RestoreKind: "full", RestoreReason: "horizon"},
 			}}
 	})
 	s.AddTable(func() Table {
@@ -150,6 +150,9 @@ func TestStatusPage(t *testing.T) {
 	testenv.ExpectPageValue(t, v, "part/dedup/2/state", "restoring")
 	testenv.ExpectPageValue(t, v, "part/dedup/2/restore_remaining", "1234")
 	testenv.ExpectPageValue(t, v, "part/dedup/0/restore_remaining", "n/a")
+	testenv.ExpectPageValue(t, v, "part/dedup/0/restore", "tail (within_horizon)")
+	testenv.ExpectPageValue(t, v, "part/dedup/1/restore", "n/a")
+	testenv.ExpectPageValue(t, v, "part/dedup/2/restore", "full (horizon)")
 	testenv.ExpectPageValue(t, v, "part/dedup/1/lag_records", "7")
 	testenv.ExpectPageValue(t, v, "part/dedup/1/lag_seconds", "3.5")
 
@@ -207,7 +210,8 @@ func TestStatusPage(t *testing.T) {
 		t.Fatalf("status.json: %v\n%s", err, body)
 	}
 	if len(st.Stages) != 3 || st.Stages[0].Stage != "dedup" || st.Stages[0].RecordsIn != 1050 || len(st.Stages[0].Partitions) != 3 ||
-		*st.Stages[0].Partitions[2].RestoreRemaining != 1234 || !st.LagExported || len(st.Lag) != 4 || !st.Ready {
+		*st.Stages[0].Partitions[2].RestoreRemaining != 1234 || st.Stages[0].Partitions[2].RestoreKind != "full" ||
+		st.Stages[0].Partitions[2].RestoreReason != "horizon" || !st.LagExported || len(st.Lag) != 4 || !st.Ready {
 		t.Errorf("status.json does not match the page:\n%s", body)
 	}
 

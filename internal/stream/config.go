@@ -59,8 +59,9 @@ type Config struct {
 	// failed commit. Default: 1s.
 	RestartBackoff time.Duration
 
-	// Clock drives the commit and punctuate timers (never billing
-	// decisions). Default: the system clock.
+	// Clock drives the commit and punctuate timers and dates checkpoints
+	// for the restore horizon (DESIGN §6.8), never billing decisions.
+	// Default: the system clock.
 	Clock clock.Clock
 	// Logger is the structured logger. Default: no logging.
 	Logger *zap.Logger

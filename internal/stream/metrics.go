@@ -17,8 +17,12 @@ type metrics struct {
 	restoring      *prometheus.GaugeVec
 	restoreRecords prometheus.Counter
 	restoreSeconds prometheus.Observer
-	owned          prometheus.Gauge
-	stateBytes     prometheus.Gauge
+	// Restore horizon (DESIGN §6.8, horizon.go).
+	restores               *prometheus.CounterVec
+	restoreHorizonExceeded prometheus.Counter
+	restoreRate            prometheus.Gauge
+	owned                  prometheus.Gauge
+	stateBytes             prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -44,6 +48,13 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Changelog records replayed into the local state."}),
 		restoreSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_restore_seconds",
 			Help: "Duration of a partition restore.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+		restores: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_restores_total",
+			Help: "Partition restores, by kind (full: state wiped, changelog replayed from its start; tail: from the checkpoint) and reason (full: no_state, below_log_start, retention_unknown, undated_checkpoint, checkpoint_in_future, horizon; tail: current, within_horizon)."},
+			[]string{"kind", "reason"}),
+		restoreHorizonExceeded: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_restore_horizon_exceeded_total",
+			Help: "Restores that found a full restore of the partition expected to take more than half of the changelog's delete.retention.ms (compaction could drop tombstones during it). A full restore is then refused and the stage stops: raise delete.retention.ms."}),
+		restoreRate: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_restore_rate_records_per_second",
+			Help: "Restore throughput estimate (changelog records/s) used to plan restores: measured on replays of 10,000 records or more, lowered at once by a slower one."}),
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_owned_partitions",
 			Help: "Input partitions restored and being processed by this instance."}),
 		stateBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_bytes",

@@ -71,46 +71,72 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	if err != nil {
 		return nil, 0, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
 	}
-	// A new or moving changelog partition answers with retriable errors
-	// (no leader yet) for a moment: retry those, for up to a minute.
-	var endOff kadm.ListedOffset
-	var ok bool
-	for attempt := 0; ; attempt++ {
-		ends, err := adm.ListEndOffsets(ctx, rt.cfg.ChangelogTopic)
-		if err == nil {
-			endOff, ok = ends.Lookup(rt.cfg.ChangelogTopic, p)
-			err = endOff.Err
-		}
-		if err == nil || !kerr.IsRetriable(err) || attempt >= 120 {
-			if err != nil && ok {
-				return nil, 0, fmt.Errorf("stream: restore partition %d: changelog end offsets: %w", p, err)
-			}
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, 0, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
+	hw, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
+	if err != nil {
+		return nil, 0, err
 	}
-	if !ok || endOff.Err != nil {
-		return nil, 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s): %v",
-			p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic, endOff.Err)
+	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
+	if err != nil {
+		return nil, 0, err
 	}
-	hw := endOff.Offset
 	if !has {
-		cp = 0
+		cp = Checkpoint{}
 	}
-	if cp > hw {
-		return nil, 0, fmt.Errorf("stream: restore partition %d: checkpoint %d beyond changelog end %d: the changelog was recreated or truncated; delete the state directory to rebuild from it", p, cp, hw)
+	if cp.Offset > hw {
+		return nil, 0, fmt.Errorf("stream: restore partition %d: checkpoint %d beyond changelog end %d: the changelog was recreated or truncated; delete the state directory to rebuild from it", p, cp.Offset, hw)
 	}
-	log.Info("restoring partition from the changelog", zap.Int64("from", cp), zap.Int64("to", hw), zap.Bool("had_state", has))
+
+	// DESIGN §6.8: a tail replay only while every tombstone past the
+	// checkpoint is certain to be still in the changelog.
+	retention := rt.deleteRetention(ctx, adm, log)
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	now := rt.cfg.Clock.Now()
+	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: hw,
+		Retention: retention, Rate: rt.restoreRate()})
+	rt.noteRestore(p, plan)
+	fields := []zap.Field{zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
+		zap.Int64("checkpoint", cp.Offset), zap.Int64("log_start", logStart), zap.Int64("to", hw), zap.Bool("had_state", has),
+		zap.Duration("checkpoint_age", plan.Age), zap.Duration("delete_retention", retention),
+		zap.Duration("tail_estimate", plan.TailEstimate), zap.Duration("full_estimate", plan.FullEstimate)}
+	if retention > 0 && !plan.FullFits {
+		rt.m.restoreHorizonExceeded.Inc()
+		msg := fmt.Sprintf("a full restore of changelog %s partition %d (%d offsets) is expected to take %s at %.0f records/s, more than half of its delete.retention.ms %s: compaction could remove tombstones during it; raise delete.retention.ms of %s to at least %s",
+			rt.cfg.ChangelogTopic, p, hw-logStart, plan.FullEstimate.Round(time.Millisecond), rt.restoreRate(), retention,
+			rt.cfg.ChangelogTopic, (2*plan.FullEstimate+plan.Margin).Round(time.Second)+time.Second)
+		if plan.Full {
+			log.Error("refusing to restore: "+msg, fields...)
+			return nil, 0, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
+		}
+		log.Error(msg, fields...)
+	}
+
+	from, at := cp.Offset, cp.At
+	if plan.Full {
+		// Wipe and replay from the start. The replay's checkpoints are
+		// dated now, before its first read: a key it reads had no tombstone
+		// cleaned yet (a cleaning drops older values with the tombstone),
+		// so every tombstone it has still to read is kept until at least
+		// now + delete.retention.ms.
+		if has {
+			b := rt.store.newBatch()
+			b.dropPartition(p)
+			if err := b.commit(); err != nil {
+				return nil, 0, fmt.Errorf("stream: restore partition %d: wipe state: %w", p, err)
+			}
+		}
+		from, at = logStart, now
+	}
+	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from))...)
 	var replayed int64
-	if cp < hw {
-		replayed, err = rt.replay(ctx, p, cp, hw)
+	if from < hw {
+		start := time.Now()
+		replayed, err = rt.replay(ctx, p, from, hw, at)
 		if err != nil {
 			return nil, replayed, err
 		}
+		rt.observeRestore(replayed, time.Since(start))
 	}
 	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 
@@ -137,6 +163,37 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	return part, replayed, nil
 }
 
+// changelogOffset lists the start or end offset of changelog partition p.
+// A new or moving changelog partition answers with retriable errors (no
+// leader yet) for a moment: those are retried for up to a minute.
+func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
+	var lo kadm.ListedOffset
+	var ok bool
+	for attempt := 0; ; attempt++ {
+		offs, err := list(ctx, rt.cfg.ChangelogTopic)
+		if err == nil {
+			lo, ok = offs.Lookup(rt.cfg.ChangelogTopic, p)
+			err = lo.Err
+		}
+		if err == nil || !kerr.IsRetriable(err) || attempt >= 120 {
+			if err != nil && ok {
+				return 0, fmt.Errorf("stream: restore partition %d: changelog %s offsets: %w", p, which, err)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if !ok || lo.Err != nil {
+		return 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s): %v",
+			p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic, lo.Err)
+	}
+	return lo.Offset, nil
+}
+
 func offsetString(o int64) string {
 	if o < 0 {
 		return "none"
@@ -149,13 +206,17 @@ func offsetString(o int64) string {
 // the end is recognised even when the last offsets are markers; a previous
 // owner's transaction still open below hw holds the read at the LSO until
 // it commits or aborts.
-func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64) (int64, error) {
+// at dates the checkpoints it writes (Checkpoint.At).
+func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time) (int64, error) {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(rt.cfg.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // below the log start: retention removed only expired state
+		// Below the log start: retention removed records since the offsets
+		// were listed; a checkpoint that was already below it means a full
+		// restore (planRestore).
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 	)
 	if err != nil {
 		return 0, err
@@ -166,7 +227,7 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64) (int64, 
 	b := rt.store.newBatch()
 	pos := from
 	flush := func() error {
-		b.checkpoint(p, pos)
+		b.checkpoint(p, Checkpoint{Offset: pos, At: at})
 		if err := b.commit(); err != nil {
 			return fmt.Errorf("stream: restore partition %d: write state: %w", p, err)
 		}

@@ -115,6 +115,8 @@ type Runtime struct {
 	// restores tracks restore goroutines: the store is closed only after
 	// all of them returned.
 	restores sync.WaitGroup
+	// horizon plans restores against delete.retention.ms (DESIGN §6.8).
+	horizon restoreHorizon
 
 	// Run-loop-only state.
 	active    map[int32]*activePart
@@ -124,7 +126,12 @@ type Runtime struct {
 	txRecs    int
 	ovs       map[int32]*overlay
 	txEpoch   map[int32]uint64
-	txnEnd    txnEndWatch // has the coordinator finished the last transaction (settle.go)
+	txWorked  int32 // the partition that did Work in this transaction, or noWorker
+	workNext  int32 // Work goes to partitions in turn, from this one (work.go)
+
+	// txnEnd holds a transaction's records back until the coordinator
+	// finished the previous one (settle.go).
+	txnEnd txnEndWatch
 
 	prodMu    sync.Mutex
 	prodErr   error
@@ -379,6 +386,9 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 				wait = d
 			}
 		}
+		if rt.pendingWork() {
+			wait = 0 // take what input there is, then work (work.go)
+		}
 		fetches := rt.poll(ctx, wait)
 		rt.handleEvents()
 		if err := rt.handleFetches(fetches); err != nil {
@@ -395,7 +405,11 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 				return err
 			}
 		}
-		if rt.inTxn && (rt.txRecs >= rt.cfg.MaxBatchRecords || !now.Before(rt.txStart.Add(rt.cfg.CommitInterval))) {
+		if err := rt.work(); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		if rt.inTxn && (rt.txWorked != noWorker || rt.txRecs >= rt.cfg.MaxBatchRecords || !now.Before(rt.txStart.Add(rt.cfg.CommitInterval))) {
 			if err := rt.commit(ctx); err != nil {
 				return err
 			}
@@ -698,6 +712,7 @@ func (rt *Runtime) discardTxn() {
 func (rt *Runtime) resetTxn() {
 	rt.inTxn = false
 	rt.txRecs = 0
+	rt.txWorked = noWorker
 	rt.mustAbort = false
 	rt.ovs = map[int32]*overlay{}
 	rt.txEpoch = map[int32]uint64{}
@@ -709,9 +724,7 @@ func (rt *Runtime) resetTxn() {
 
 func (rt *Runtime) emit(r *kgo.Record) {
 	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
-	// Held back until the coordinator finished the previous transaction
-	// (settle.go).
-	rt.txnEnd.produce(rt, r)
+	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }
 
 func (rt *Runtime) promise(r *kgo.Record, err error) {
@@ -751,6 +764,10 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// client (held-back ones after the coordinator finished the previous
 	// transaction, settle.go).
 	rt.txnEnd.wait()
+	// Every changelog record of this transaction, and so everything past
+	// the checkpoints apply writes, is appended after this instant: it
+	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).
+	at := rt.cfg.Clock.Now()
 	abort := rt.mustAbort
 	ps := sortedPartitions(rt.ovs)
 	if !abort {
@@ -815,7 +832,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// the deadline bounds it.
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
 	defer cancel()
-	committed, err := rt.sess.End(ectx, try)
+	committed, err := rt.sess.End(rt.fenceWork(ectx), try)
 	if err == nil {
 		rt.txnEnd.start(context.WithoutCancel(ctx), rt, rt.adm)
 	}
@@ -867,7 +884,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
 	rt.hit(fault.AfterCommit)
-	if err := rt.apply(); err != nil {
+	if err := rt.apply(at); err != nil {
 		return err
 	}
 	// Guarantee: Pebble matches the changelog for every applied partition.
@@ -894,8 +911,10 @@ func (rt *Runtime) reportStateBytes() {
 // apply writes the committed overlay and the checkpoints to Pebble in one
 // atomic batch. A partition whose restore began since the transaction
 // started (a new epoch) is skipped: its restore replays the changelog
-// anyway, and writing here could overwrite newer replayed values.
-func (rt *Runtime) apply() error {
+// anyway, and writing here could overwrite newer replayed values. at dates
+// the checkpoints (Checkpoint.At): taken before the transaction's changelog
+// records were produced.
+func (rt *Runtime) apply(at time.Time) error {
 	rt.prodMu.Lock()
 	ends := rt.changeEnd
 	rt.prodMu.Unlock()
@@ -928,7 +947,7 @@ func (rt *Runtime) apply() error {
 			b.set(p, []byte(keyInputOffset), encodeOffset(ov.inputNext))
 		}
 		if produced {
-			b.checkpoint(p, end+1)
+			b.checkpoint(p, Checkpoint{Offset: end + 1, At: at})
 		}
 		if i == len(ps)/2 {
 			// Guarantee: the batch is not committed; a crash here leaves

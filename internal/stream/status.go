@@ -33,6 +33,9 @@ func (rt *Runtime) Status() service.StageStatus {
 	st.Partitions = make([]service.PartitionStatus, 0, len(rt.parts))
 	for p, ps := range rt.parts {
 		s := service.PartitionStatus{Partition: p, State: service.PartitionProcessing}
+		if pl, ok := rt.lastRestore(p); ok {
+			s.RestoreKind, s.RestoreReason = pl.Kind(), pl.Reason
+		}
 		if ps.cancel != nil { // restore goroutine still running
 			s.State = service.PartitionRestoring
 			// Zero until the replay has read the changelog's end (and

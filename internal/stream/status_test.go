@@ -168,6 +168,14 @@ func TestStatusReportsRestoreAndOwnership(t *testing.T) {
 		got = append(got, p.Partition)
 	}
 
+	// Each partition's restore: partition 1 had changelog records and no
+	// state, the others an empty changelog (nothing to replay, no state).
+	for _, p := range st.Partitions {
+		if p.RestoreKind != "full" || p.RestoreReason != reasonNoState {
+			t.Errorf("partition %d: last restore %s (%s), want full (%s)", p.Partition, p.RestoreKind, p.RestoreReason, reasonNoState)
+		}
+	}
+
 	// The broker's view of the group: this member owns what Status lists.
 	assigned := testenv.GroupAssignment(t, adm, group, input)
 	if !slices.Equal(got, assigned) {

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -26,7 +28,8 @@ import (
 // Key layout:
 //
 //	0x00 | partition (2 bytes, big-endian) | user key   state
-//	0x01 | partition                                     checkpoint (8 bytes)
+//	0x01 | partition                                     checkpoint (Checkpoint: 16 bytes)
+//	0x02 | name                                          instance metadata (restore rate)
 type Store struct {
 	db *pebble.DB
 }
@@ -34,7 +37,13 @@ type Store struct {
 const (
 	prefixData       = 0x00
 	prefixCheckpoint = 0x01
+	prefixMeta       = 0x02
 )
+
+// keyRestoreRate holds the instance's restore-throughput estimate
+// (records/s, float64 bits), kept across restarts so that the first
+// restore after one is not planned on the default.
+var keyRestoreRate = []byte{prefixMeta, 'r', 'a', 't', 'e'}
 
 // pebbleLogger sends Pebble's messages to zap: its routine messages at
 // debug, its errors at error.
@@ -133,11 +142,59 @@ func (s *Store) Scan(p int32, lower, upper []byte, fn func(k, v []byte) error) e
 	return it.Close()
 }
 
-// Checkpoint returns the changelog offset partition p's state reflects:
-// the next changelog offset to replay. ok is false when the partition has
-// no state.
-func (s *Store) Checkpoint(p int32) (offset int64, ok bool, err error) {
+// Checkpoint is where a partition's state stands in its changelog, and
+// since when (DESIGN §6.8).
+type Checkpoint struct {
+	// Offset is the next changelog offset to replay: the state reflects
+	// every changelog record below it.
+	Offset int64
+	// At dates the state for the restore horizon: every tombstone the state
+	// has not seen sits at or past Offset and was appended to the changelog
+	// at or after At (on this instance's clock), or, for a key the state
+	// read after At, was first cleaned after it. Either way the broker keeps
+	// it until at least At + delete.retention.ms. Zero when not known (a
+	// checkpoint written before checkpoints were dated): the state is then
+	// restored in full.
+	At time.Time
+}
+
+func (c Checkpoint) encode() []byte {
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:8], uint64(c.Offset))
+	if !c.At.IsZero() {
+		binary.BigEndian.PutUint64(v[8:], uint64(c.At.UnixMilli()))
+	}
+	return v[:]
+}
+
+// Checkpoint returns partition p's checkpoint. ok is false when the
+// partition has no state.
+func (s *Store) Checkpoint(p int32) (cp Checkpoint, ok bool, err error) {
 	v, closer, err := s.db.Get(partPrefix(prefixCheckpoint, p))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return Checkpoint{}, false, err
+	}
+	defer closer.Close()
+	switch len(v) {
+	case 16:
+		if ms := int64(binary.BigEndian.Uint64(v[8:])); ms > 0 {
+			cp.At = time.UnixMilli(ms)
+		}
+		fallthrough
+	case 8: // an undated checkpoint of an older version
+		cp.Offset = int64(binary.BigEndian.Uint64(v[:8]))
+		return cp, true, nil
+	}
+	return Checkpoint{}, false, fmt.Errorf("stream: partition %d: corrupt checkpoint (%d bytes)", p, len(v))
+}
+
+// RestoreRate returns the persisted restore-throughput estimate in
+// records/s; ok is false when none was measured yet.
+func (s *Store) RestoreRate() (rate float64, ok bool, err error) {
+	v, closer, err := s.db.Get(keyRestoreRate)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, false, nil
 	}
@@ -146,9 +203,17 @@ func (s *Store) Checkpoint(p int32) (offset int64, ok bool, err error) {
 	}
 	defer closer.Close()
 	if len(v) != 8 {
-		return 0, false, fmt.Errorf("stream: partition %d: corrupt checkpoint (%d bytes)", p, len(v))
+		return 0, false, fmt.Errorf("stream: corrupt restore rate (%d bytes)", len(v))
 	}
-	return int64(binary.BigEndian.Uint64(v)), true, nil
+	rate = math.Float64frombits(binary.BigEndian.Uint64(v))
+	return rate, rate > 0 && !math.IsInf(rate, 0) && !math.IsNaN(rate), nil
+}
+
+// SetRestoreRate persists the restore-throughput estimate (records/s).
+func (s *Store) SetRestoreRate(rate float64) error {
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], math.Float64bits(rate))
+	return s.db.Set(keyRestoreRate, v[:], pebble.NoSync)
 }
 
 // batch accumulates state writes of several partitions.
@@ -174,10 +239,8 @@ func (b *batch) deleteRange(p int32, lo, hi []byte) {
 	b.n++
 }
 
-func (b *batch) checkpoint(p int32, off int64) {
-	var v [8]byte
-	binary.BigEndian.PutUint64(v[:], uint64(off))
-	_ = b.b.Set(partPrefix(prefixCheckpoint, p), v[:], nil)
+func (b *batch) checkpoint(p int32, cp Checkpoint) {
+	_ = b.b.Set(partPrefix(prefixCheckpoint, p), cp.encode(), nil)
 }
 
 // dropPartition deletes all of partition p's state and its checkpoint.

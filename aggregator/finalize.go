@@ -1,0 +1,426 @@
+package aggregator
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/schemas"
+)
+
+// Finalization and expiry of a period (DESIGN §3, §6 invariant 9).
+//
+// The decision is one transaction: the one whose watermark passes the
+// period's end + grace writes the period's marker ('F' P) in phase emit,
+// with that watermark. The values its FINAL revisions carry are the
+// period's OPEN states ('a' P K) as of that transaction, already in state;
+// from then on no event changes them: every event for the period is an
+// adjustment, queued ('p' P seq) behind the FINALs and booked in order.
+//
+// The work that scales with state is done in chunks of at most
+// Config.FinalChunk keys, one chunk per transaction (stream.Worker), each
+// advancing a cursor kept in the marker in the same transaction:
+//
+//	emit    FINAL revision of each 'a' P K after the cursor, its state
+//	        moved to 'f' P K (the working state adjustments measure
+//	        against); then
+//	book    the queued events of P after the cursor, as adjustments; then
+//	done    the marker's value is empty (what earlier versions wrote);
+//	expire  once the watermark passes end + W: tombstones for 'f' P and
+//	        'u' P keys after the cursor, then for the marker.
+//
+// A crash between chunks leaves the cursor of the last committed chunk: the
+// next chunk goes on after it, so every key gets exactly one FINAL.
+
+// The phases of a period's marker.
+const (
+	phaseDone   byte = 0 // an empty value
+	phaseEmit   byte = 'e'
+	phaseBook   byte = 'b'
+	phaseExpire byte = 'x'
+)
+
+// periodState is a period's marker: final in this partition, and how far
+// its chunked work got.
+type periodState struct {
+	phase byte
+	// decidedAt is the watermark that decided the period final: the
+	// updated_at of its FINAL revisions, whichever transaction emits them.
+	decidedAt int64
+	// emitted counts the FINAL revisions emitted so far, chunks the
+	// chunks of the current phase (for the log).
+	emitted, chunks int64
+	// cursor is the last state key the phase handled; nil: none yet.
+	cursor []byte
+}
+
+func (ps *periodState) encode() []byte {
+	if ps.phase == phaseDone {
+		return nil
+	}
+	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(ps.cursor))
+	b = append(b, ps.phase)
+	b = binary.AppendVarint(b, ps.decidedAt)
+	b = binary.AppendVarint(b, ps.emitted)
+	b = binary.AppendVarint(b, ps.chunks)
+	return append(b, ps.cursor...)
+}
+
+func decodePeriodState(v []byte) (*periodState, error) {
+	if len(v) == 0 {
+		return &periodState{phase: phaseDone}, nil
+	}
+	ps := &periodState{phase: v[0]}
+	switch ps.phase {
+	case phaseEmit, phaseBook, phaseExpire:
+	default:
+		return nil, fmt.Errorf("aggregator: corrupt period marker: phase %q", v[0])
+	}
+	b := v[1:]
+	var vals [3]int64
+	for i := range vals {
+		x, n := binary.Varint(b)
+		if n <= 0 {
+			return nil, errors.New("aggregator: corrupt period marker")
+		}
+		vals[i], b = x, b[n:]
+	}
+	ps.decidedAt, ps.emitted, ps.chunks = vals[0], vals[1], vals[2]
+	if len(b) > 0 {
+		ps.cursor = bytes.Clone(b)
+	}
+	return ps, nil
+}
+
+func (pt *partition) putMarker(tx *stream.Tx, start int64, ps *periodState) {
+	tx.Put(periodKey(pfxMarker, start), ps.encode())
+}
+
+// markFinal marks period start final with nothing to emit: the watermark
+// passed its end + grace, and it had no aggregate and no queued event
+// here (finalize decides those that have).
+func (pt *partition) markFinal(tx *stream.Tx, start int64) *periodState {
+	ps := &periodState{phase: phaseDone}
+	pt.finals[start] = ps
+	pt.putMarker(tx, start, ps)
+	return ps
+}
+
+// finalLow returns the lowest state key of prefix pfx that a period not
+// final yet can have: none below the latest final period, whose decision
+// decided every earlier period with keys (finalize runs on every advance
+// of the watermark, lowest period first). Scans start there, not at the
+// prefix, so they do not walk the tombstones a finished period left.
+func (pt *partition) finalLow(pfx byte) []byte {
+	found := false
+	var hi int64
+	for s := range pt.finals {
+		if !found || s > hi {
+			hi, found = s, true
+		}
+	}
+	if !found {
+		return []byte{pfx}
+	}
+	return periodKey(pfx, hi+1)
+}
+
+// firstPeriodFrom returns the smallest period start with a key of prefix pfx
+// at or after lo.
+func firstPeriodFrom(tx *stream.Tx, pfx byte, lo []byte) (int64, bool, error) {
+	var start int64
+	found := false
+	err := tx.Scan(lo, []byte{pfx + 1}, func(k, _ []byte) error {
+		start, found = int64(binary.BigEndian.Uint64(k[1:9])), true
+		return errStop
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return 0, false, err
+	}
+	return start, found, nil
+}
+
+// finalize decides final every period with OPEN aggregates or queued events
+// whose end + grace the watermark has passed, lowest first. It emits
+// nothing: the FINAL revisions go out in chunks (Work).
+func (pt *partition) finalize(tx *stream.Tx) error {
+	grace := pt.pr.cfg.Grace.Milliseconds()
+	// The scans below read the transaction: it must hold the aggregates
+	// changed so far, and the decision freezes their values.
+	pt.materialize(tx)
+	for {
+		s1, ok1, err := firstPeriodFrom(tx, pfxOpen, pt.finalLow(pfxOpen))
+		if err != nil {
+			return err
+		}
+		s2, ok2, err := firstPeriodFrom(tx, pfxPending, pt.finalLow(pfxPending))
+		if err != nil {
+			return err
+		}
+		if !ok1 && !ok2 {
+			return nil
+		}
+		start := s1
+		if !ok1 || (ok2 && s2 < s1) {
+			start = s2
+		}
+		_, end := pt.bounds(start)
+		if pt.wm <= end+grace {
+			return nil
+		}
+		pt.decide(tx, start)
+	}
+}
+
+// decide records in the open transaction that period start is final: its
+// OPEN states are the values of its FINAL revisions (materialized), and
+// its aggregates leave the cache, so that Flush emits no OPEN revision of
+// them and no event changes them.
+func (pt *partition) decide(tx *stream.Tx, start int64) {
+	for k, a := range pt.open {
+		if a.start == start {
+			a.dirty = false
+			pt.drop(k, a)
+		}
+	}
+	ps := &periodState{phase: phaseEmit, decidedAt: pt.wm}
+	pt.finals[start] = ps
+	pt.putMarker(tx, start, ps)
+	// Guarantee: the decision is in the open transaction only; a crash
+	// here aborts it and the watermark decides again after the restart
+	// (exactly one FINAL per key).
+	fault.Hit(fault.FinalDecided)
+	pt.pr.log.Info("period decided final; its FINAL revisions follow in chunks", zap.Int32("partition", pt.p),
+		zap.String("period_start", msTime(start)), zap.String("watermark", msTime(pt.wm)),
+		zap.Int("chunk", pt.pr.cfg.FinalChunk))
+}
+
+// HasWork implements stream.Worker: a period of this partition has FINAL
+// revisions to emit, queued events to book, or state to expire.
+func (pt *partition) HasWork() bool {
+	if pt.stale {
+		return true // Work reloads the committed state, and decides then
+	}
+	_, ps := pt.nextWork()
+	return ps != nil
+}
+
+// nextWork returns the period whose chunked work goes next, or nil: the
+// lowest one with FINAL revisions or queued adjustments to go out (what a
+// bill waits for), else the lowest one to expire.
+func (pt *partition) nextWork() (int64, *periodState) {
+	w := pt.pr.cfg.Window.Milliseconds()
+	var best int64
+	var found *periodState
+	rank := func(ps *periodState) int { // lower goes first
+		if ps.phase == phaseEmit || ps.phase == phaseBook {
+			return 0
+		}
+		return 1
+	}
+	for s, ps := range pt.finals {
+		if ps.phase == phaseDone {
+			if _, end := pt.pr.cfg.Period.Bounds(s); pt.wm < end+w {
+				continue
+			}
+		}
+		if found == nil || rank(ps) < rank(found) || (rank(ps) == rank(found) && s < best) {
+			best, found = s, ps
+		}
+	}
+	return best, found
+}
+
+// Work implements stream.Worker: one chunk of the lowest period's work,
+// at most Config.FinalChunk keys, in tx.
+func (pt *partition) Work(tx *stream.Tx) error {
+	if pt.stale {
+		if err := pt.load(tx); err != nil {
+			return err
+		}
+		pt.stale = false
+	}
+	start, ps := pt.nextWork()
+	if ps == nil {
+		return nil
+	}
+	if ps.chunks > 0 {
+		// Guarantee: the previous chunk of this phase is committed with
+		// its cursor (one chunk per transaction); a crash here goes on
+		// from that cursor after the restart.
+		fault.Hit(fault.BetweenChunks)
+	}
+	var err error
+	switch ps.phase {
+	case phaseEmit:
+		err = pt.emitChunk(tx, start, ps)
+	case phaseBook:
+		err = pt.bookChunk(tx, start, ps, pt.pr.cfg.FinalChunk)
+	default: // done, with the watermark past end + W; or expiring
+		err = pt.expireChunk(tx, start, ps)
+	}
+	pt.publish()
+	return err
+}
+
+type kv struct{ k, v []byte }
+
+// scanChunk returns copies of up to n live keys of [lo, hi) after the
+// cursor (or from lo), in key order.
+func scanChunk(tx *stream.Tx, lo, hi, cursor []byte, n int) ([]kv, error) {
+	from := lo
+	if cursor != nil && bytes.Compare(cursor, lo) >= 0 {
+		from = append(bytes.Clone(cursor), 0) // the next key after it
+	}
+	var out []kv
+	err := tx.Scan(from, hi, func(k, v []byte) error {
+		out = append(out, kv{bytes.Clone(k), bytes.Clone(v)})
+		if len(out) == n {
+			return errStop
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return nil, err
+	}
+	return out, nil
+}
+
+// emitChunk emits the FINAL revision of up to FinalChunk OPEN aggregates
+// of the period after the cursor, and moves their state to the final
+// working state; when none is left, the queued events are next.
+func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) error {
+	n := pt.pr.cfg.FinalChunk
+	keys, err := scanChunk(tx, periodKey(pfxOpen, start), periodKey(pfxOpen, start+1), ps.cursor, n)
+	if err != nil {
+		return err
+	}
+	// Emitted records are the producer's until their promise: one each.
+	recs := make([]kgo.Record, len(keys))
+	for i, o := range keys {
+		st, err := decodeState(o.v)
+		if err != nil {
+			return err
+		}
+		st.Revision++
+		out, err := pt.aggOutput(o.k)
+		if err != nil {
+			return err
+		}
+		if _, err := pt.emitRevision(tx, &recs[i], nil, &out, ps.decidedAt, st, schemas.StatusFinal); err != nil {
+			return err
+		}
+		tx.Delete(o.k)
+		fk := append([]byte{pfxFinal}, o.k[1:]...)
+		tx.Put(fk, st.encode())
+	}
+	pt.pr.m.emittedFinal.Add(float64(len(keys)))
+	pt.pr.m.chunks.WithLabelValues("final").Inc()
+	ps.emitted += int64(len(keys))
+	ps.chunks++
+	if len(keys) > 0 {
+		ps.cursor = keys[len(keys)-1].k
+	}
+	if len(keys) == n {
+		pt.putMarker(tx, start, ps)
+		return nil
+	}
+	// Every FINAL of the period is out.
+	_, end := pt.bounds(start)
+	if ps.emitted > 0 {
+		pt.pr.m.finalDelay.Observe(pt.pr.now().Sub(time.UnixMilli(end + pt.pr.cfg.Grace.Milliseconds())).Seconds())
+	}
+	pt.pr.log.Info("period finalized", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),
+		zap.Int64("aggregates", ps.emitted), zap.Int64("transactions", ps.chunks), zap.String("decided_at", msTime(ps.decidedAt)))
+	ps.phase, ps.cursor, ps.chunks = phaseBook, nil, 0
+	// What is left of this transaction's chunk books queued events.
+	return pt.bookChunk(tx, start, ps, n-len(keys))
+}
+
+// bookChunk books up to n events of the period queued behind its
+// FINAL revisions (late by arrival while it was open, or processed while
+// its FINALs were going out), in the order they were queued; when none is
+// left, the period is done.
+func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n int) error {
+	if n == 0 {
+		pt.putMarker(tx, start, ps)
+		return nil
+	}
+	queued, err := scanChunk(tx, periodKey(pfxPending, start), periodKey(pfxPending, start+1), ps.cursor, n)
+	if err != nil {
+		return err
+	}
+	for _, q := range queued {
+		var e schemas.DedupedEvent
+		if err := schemas.DecodeInto(q.v, &e); err != nil {
+			return fmt.Errorf("aggregator: queued late event: %w", err)
+		}
+		tx.Delete(q.k)
+		if err := pt.event(tx, nil, &e, true); err != nil {
+			return err
+		}
+	}
+	if len(queued) > 0 {
+		pt.pr.m.chunks.WithLabelValues("book").Inc()
+		ps.chunks++
+		ps.cursor = queued[len(queued)-1].k
+	}
+	if len(queued) == n {
+		pt.putMarker(tx, start, ps)
+		return nil
+	}
+	ps.phase, ps.cursor, ps.chunks = phaseDone, nil, 0
+	pt.putMarker(tx, start, ps)
+	return nil
+}
+
+// expireChunk deletes up to FinalChunk keys of the period's final working
+// state ('f', then 'u') after the cursor, with tombstones, so that the
+// compacted changelog does not keep them; when none is left, the marker.
+// No event for the period can arrive any more: dedup rejects event times
+// older than W before their arrival, and the watermark passed end + W.
+func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) error {
+	n := pt.pr.cfg.FinalChunk
+	if ps.phase != phaseExpire {
+		ps.phase, ps.cursor, ps.chunks = phaseExpire, nil, 0
+	}
+	deleted := 0
+	for _, pfx := range []byte{pfxFinal, pfxUnique} {
+		if ps.cursor != nil && ps.cursor[0] > pfx {
+			continue // this prefix is done
+		}
+		keys, err := scanChunk(tx, periodKey(pfx, start), periodKey(pfx, start+1), ps.cursor, n-deleted)
+		if err != nil {
+			return err
+		}
+		for _, o := range keys {
+			tx.Delete(o.k)
+		}
+		if pfx == pfxFinal {
+			pt.keys -= len(keys)
+		}
+		deleted += len(keys)
+		if len(keys) > 0 {
+			ps.cursor = keys[len(keys)-1].k
+		}
+		if deleted == n {
+			pt.pr.m.chunks.WithLabelValues("expire").Inc()
+			ps.chunks++
+			pt.putMarker(tx, start, ps)
+			return nil
+		}
+	}
+	pt.pr.m.chunks.WithLabelValues("expire").Inc()
+	tx.Delete(periodKey(pfxMarker, start))
+	delete(pt.finals, start)
+	pt.pr.log.Info("period state expired", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),
+		zap.Int64("transactions", ps.chunks+1))
+	return nil
+}

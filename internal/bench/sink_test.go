@@ -1,0 +1,76 @@
+package bench
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/sink"
+)
+
+// benchDatabases lists the ClickHouse databases bench sink makes.
+func benchDatabases(t *testing.T, addr string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := sink.Dial(ctx, addr, "default", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rows, err := conn.Query(ctx, "SELECT name FROM system.databases WHERE name LIKE 'bench_sink_%'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var dbs []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		dbs = append(dbs, name)
+	}
+	return dbs
+}
+
+// TestSinkLeavesNothingBehind runs bench sink on kfake and the real
+// ClickHouse, to the end and stopped by Ctrl-C after a sink run: its
+// topics, consumer groups and databases are gone when it returns.
+func TestSinkLeavesNothingBehind(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	for _, stop := range []string{"", "round 2 meterline sink"} {
+		t.Run(map[string]string{"": "to the end"}[stop]+map[bool]string{true: "Ctrl-C after a sink run"}[stop != ""], func(t *testing.T) {
+			_, brokers := testenv.KFake(t)
+			before := benchDatabases(t, addr)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			w := &watcher{at: stop, cancel: cancel}
+			env, out := testEnv(t, brokers, w)
+			env.ClickHouse = addr
+			err := Sink(ctx, env, SinkConfig{Rows: 500, Partitions: 2, Rounds: 2, BatchRows: 100, Customers: 10})
+			t.Logf("progress:\n%s", w.buf.String())
+			switch {
+			case stop == "" && err != nil:
+				t.Fatalf("bench: %v", err)
+			case stop != "" && err == nil:
+				t.Fatal("bench returned no error")
+			case stop == "" && !strings.Contains(out.String(), "median of per-round ratios:  "):
+				t.Errorf("no result table:\n%s", out.String())
+			}
+			left := leftBehind(t, testenv.Admin(t, brokers), "", filepath.Join(t.TempDir(), "none"))
+			for _, db := range benchDatabases(t, addr) {
+				if !slices.Contains(before, db) {
+					left = append(left, "database "+db)
+				}
+			}
+			if len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}

@@ -1,0 +1,307 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"go.uber.org/zap"
+)
+
+// The restore horizon (DESIGN §6.8).
+//
+// Compaction removes a tombstone once it is older than the changelog's
+// delete.retention.ms: Kafka dates a tombstone when the cleaner first cleans
+// it (never before it was appended) and drops it at a later cleaning past
+// that date + delete.retention.ms. A replay from an old checkpoint can then
+// miss the delete, and the state keeps a key that the changelog (and every
+// other instance) no longer has: the aggregator would finalize an aggregate
+// a second time, with an older value.
+//
+// So every checkpoint is dated (Checkpoint.At) and a restore replays only
+// the tail when
+//
+//	now − Checkpoint.At + tail estimate + margin < delete.retention.ms
+//
+// and otherwise wipes the partition's state and replays the changelog from
+// its start, whoever wrote the tail. The times are this instance's wall
+// clock (Config.Clock) on both sides of the subtraction: the horizon is a
+// broker-side wall-clock duration, not a billing decision, and the date is
+// taken before the records it covers were produced, so a record's own
+// (producer-set) timestamp is not needed. A full restore that is expected
+// to take more than half of delete.retention.ms could itself miss deletes:
+// it is refused (ErrRestoreHorizon), and the risk is reported whenever a
+// restore sees it.
+
+// Reasons of a restore, as the meterline_stream_restores_total metric, the
+// logs and the status page name them.
+const (
+	// Full restores.
+	reasonNoState          = "no_state"           // the partition has no local state
+	reasonBelowLogStart    = "below_log_start"    // retention removed changelog records past the checkpoint
+	reasonRetentionUnknown = "retention_unknown"  // delete.retention.ms could not be read
+	reasonUndated          = "undated_checkpoint" // a checkpoint written before checkpoints were dated
+	reasonFutureCheckpoint = "checkpoint_in_future"
+	reasonHorizon          = "horizon" // the tail may have lost tombstones to compaction
+	// Tail restores.
+	reasonCurrent       = "current"        // nothing was written past the checkpoint
+	reasonWithinHorizon = "within_horizon" // every tombstone past the checkpoint is still there
+)
+
+// Restore planning parameters.
+const (
+	// restoreMarginDivisor: the margin is delete.retention.ms divided by
+	// this. It absorbs the restore estimate's error and clock steps.
+	restoreMarginDivisor = 10
+	// defaultRestoreRate is the restore throughput (changelog records/s)
+	// assumed until one is measured: well below what a replay reads on a
+	// small machine (meterline_stream_restore_rate_records_per_second shows
+	// the estimate in use).
+	defaultRestoreRate = 20_000
+	// minRateSample: replays shorter than this many records do not update
+	// the throughput estimate (their fixed costs dominate).
+	minRateSample = 10_000
+	// retentionTTL is how long a delete.retention.ms read from the broker is
+	// used before it is read again.
+	retentionTTL = 30 * time.Second
+)
+
+// ErrRestoreHorizon is returned (wrapped) when a partition needs a full
+// restore that is not expected to finish well inside (within half of) the
+// changelog's delete.retention.ms: compaction could remove tombstones
+// while it replays, and the state would keep deleted keys. Raise the
+// topic's delete.retention.ms.
+var ErrRestoreHorizon = errors.New("a full restore would not finish well inside the changelog's delete.retention.ms")
+
+// restoreInput is what a restore plan is decided from.
+type restoreInput struct {
+	Now        time.Time
+	Checkpoint Checkpoint
+	HasState   bool
+	// LogStart and End are the changelog partition's log start offset and
+	// high watermark.
+	LogStart, End int64
+	// Retention is the changelog's delete.retention.ms; zero when unknown.
+	Retention time.Duration
+	// Rate is the restore throughput estimate, in records/s.
+	Rate float64
+}
+
+// restorePlan is how a partition is restored, and why.
+type restorePlan struct {
+	Full   bool
+	Reason string
+	// Age is how old the checkpoint is (zero without a date).
+	Age    time.Duration
+	Margin time.Duration
+	// TailEstimate and FullEstimate are the expected durations of a replay
+	// from the checkpoint and from the log start: offsets to read (an upper
+	// bound on the records left by compaction) at the estimated rate.
+	TailEstimate, FullEstimate time.Duration
+	// FullFits reports whether a full restore is expected to take at most
+	// half of delete.retention.ms; false when the retention is unknown.
+	FullFits bool
+}
+
+// Kind is "full" or "tail".
+func (p restorePlan) Kind() string {
+	if p.Full {
+		return "full"
+	}
+	return "tail"
+}
+
+// planRestore decides between a tail and a full restore (DESIGN §6.8).
+func planRestore(in restoreInput) restorePlan {
+	rate := in.Rate
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		rate = defaultRestoreRate
+	}
+	est := func(records int64) time.Duration {
+		if records <= 0 {
+			return 0
+		}
+		s := float64(records) / rate
+		if s >= float64(math.MaxInt64/int64(time.Second)) {
+			return time.Duration(math.MaxInt64)
+		}
+		return time.Duration(s * float64(time.Second))
+	}
+	pl := restorePlan{FullEstimate: est(in.End - in.LogStart), Margin: in.Retention / restoreMarginDivisor}
+	pl.FullFits = in.Retention > 0 && pl.FullEstimate <= in.Retention/2
+	full := func(reason string) restorePlan { pl.Full, pl.Reason = true, reason; return pl }
+	if !in.HasState {
+		return full(reasonNoState)
+	}
+	cp := in.Checkpoint
+	pl.TailEstimate = est(in.End - cp.Offset)
+	if !cp.At.IsZero() {
+		pl.Age = in.Now.Sub(cp.At)
+	}
+	switch {
+	case cp.Offset < in.LogStart:
+		return full(reasonBelowLogStart)
+	case cp.Offset >= in.End:
+		// Nothing was appended past the checkpoint when End was read:
+		// nothing can have been missed, however old the state.
+		pl.Reason = reasonCurrent
+		return pl
+	case in.Retention <= 0:
+		return full(reasonRetentionUnknown)
+	case cp.At.IsZero():
+		return full(reasonUndated)
+	case pl.Age < -pl.Margin:
+		// Dated in the future beyond the margin: this clock stepped back,
+		// or the state came from another machine. The age is not known.
+		return full(reasonFutureCheckpoint)
+	}
+	age := max(pl.Age, 0)
+	if pl.TailEstimate >= in.Retention || age+pl.TailEstimate+pl.Margin >= in.Retention {
+		return full(reasonHorizon)
+	}
+	pl.Reason = reasonWithinHorizon
+	return pl
+}
+
+// restoreHorizon is the runtime's restore-planning state, shared by the
+// restore goroutines. The zero value is ready to use.
+type restoreHorizon struct {
+	// cfgMu guards the cached delete.retention.ms; it is held while the
+	// config is read, so concurrent restores read it once.
+	cfgMu           sync.Mutex
+	retention       time.Duration // zero: unknown
+	retentionReadAt time.Time
+
+	mu   sync.Mutex
+	rate float64 // records/s; zero: not loaded yet
+	last map[int32]restorePlan
+}
+
+// deleteRetention returns the changelog topic's delete.retention.ms, read
+// with kadm and cached for retentionTTL; zero when it cannot be read (then
+// every restore with a tail to replay is a full one).
+func (rt *Runtime) deleteRetention(ctx context.Context, adm *kadm.Client, log *zap.Logger) time.Duration {
+	h := &rt.horizon
+	h.cfgMu.Lock()
+	defer h.cfgMu.Unlock()
+	now := rt.cfg.Clock.Now()
+	if age := now.Sub(h.retentionReadAt); !h.retentionReadAt.IsZero() && age >= 0 && age < retentionTTL {
+		return h.retention
+	}
+	var d time.Duration
+	var err error
+	for attempt := 0; ; attempt++ {
+		d, err = readDeleteRetention(ctx, adm, rt.cfg.ChangelogTopic)
+		if err == nil || !kerr.IsRetriable(err) || attempt >= 20 || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0
+		}
+		log.Warn("cannot read the changelog's delete.retention.ms: restoring partitions in full (grant DescribeConfigs on the topic)",
+			zap.String("changelog", rt.cfg.ChangelogTopic), zap.Error(err))
+	}
+	h.retention, h.retentionReadAt = d, now
+	return d
+}
+
+func readDeleteRetention(ctx context.Context, adm *kadm.Client, topic string) (time.Duration, error) {
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	rc, err := rcs.On(topic, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range rc.Configs {
+		if c.Key != "delete.retention.ms" || c.Value == nil {
+			continue
+		}
+		ms, err := strconv.ParseInt(*c.Value, 10, 64)
+		if err != nil || ms < 0 {
+			return 0, fmt.Errorf("stream: changelog %s: delete.retention.ms %q is not a duration in ms", topic, *c.Value)
+		}
+		return time.Duration(ms) * time.Millisecond, nil
+	}
+	return 0, fmt.Errorf("stream: changelog %s: the broker reported no delete.retention.ms", topic)
+}
+
+// restoreRate returns the restore throughput estimate (records/s): the
+// persisted one, or defaultRestoreRate.
+func (rt *Runtime) restoreRate() float64 {
+	h := &rt.horizon
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.rate == 0 {
+		h.rate = defaultRestoreRate
+		if r, ok, err := rt.store.RestoreRate(); err == nil && ok {
+			h.rate = r
+		}
+		rt.m.restoreRate.Set(h.rate)
+	}
+	return h.rate
+}
+
+// observeRestore folds a measured replay into the throughput estimate and
+// persists it. The estimate stays conservative: a slower replay lowers it
+// at once, a faster one raises it by a quarter of the difference. Replays
+// of fewer than minRateSample records are not measured.
+func (rt *Runtime) observeRestore(records int64, took time.Duration) {
+	if records < minRateSample || took <= 0 {
+		return
+	}
+	sample := float64(records) / took.Seconds()
+	cur := rt.restoreRate()
+	h := &rt.horizon
+	h.mu.Lock()
+	next := cur
+	if sample < cur {
+		next = sample
+	} else {
+		next = cur + (sample-cur)/4
+	}
+	h.rate = next
+	h.mu.Unlock()
+	rt.m.restoreRate.Set(next)
+	if err := rt.store.SetRestoreRate(next); err != nil {
+		rt.log.Warn("cannot persist the restore rate estimate", zap.Error(err))
+	}
+}
+
+// noteRestore records a partition's restore plan for the status page and
+// counts it.
+func (rt *Runtime) noteRestore(p int32, pl restorePlan) {
+	rt.m.restores.WithLabelValues(pl.Kind(), pl.Reason).Inc()
+	h := &rt.horizon
+	h.mu.Lock()
+	if h.last == nil {
+		h.last = map[int32]restorePlan{}
+	}
+	h.last[p] = pl
+	h.mu.Unlock()
+}
+
+// lastRestore returns the plan of partition p's last restore.
+func (rt *Runtime) lastRestore(p int32) (restorePlan, bool) {
+	h := &rt.horizon
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pl, ok := h.last[p]
+	return pl, ok
+}

@@ -1,0 +1,147 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Worker is implemented by a Partition that has work of its own, work that
+// scales with its state rather than with its input (DESIGN §6 invariant 9:
+// the FINAL revisions of a period, emitted in chunks). It proceeds without
+// waiting for input:
+//
+//   - while any partition reports work, the run loop polls without waiting;
+//   - after the input of each poll is handled, one partition with work (in
+//     turn) gets one call of Work in the open transaction, and that
+//     transaction commits at once. A transaction carries at most one
+//     partition's chunk, plus the input polled with it.
+//
+// A transaction that carries a chunk commits its partition's offset too,
+// unchanged when it consumed no input of that partition, so that the group
+// generation fences a zombie's chunk as it fences its input (DESIGN §3:
+// every transaction consumes offsets). Until the partition has a committed
+// offset, its work waits.
+type Worker interface {
+	// HasWork reports whether Work has something to do. The run loop
+	// calls it after every poll: it must be cheap.
+	HasWork() bool
+	// Work does one bounded chunk of that work in tx.
+	Work(tx *Tx) error
+}
+
+// noWorker is txWorked when no partition worked in the open transaction.
+const noWorker = -1
+
+// nextWorker returns the next partition, in turn from workNext, whose
+// Worker has work and that has a committed offset to fence it with; ok is
+// false if there is none.
+func (rt *Runtime) nextWorker() (p int32, a *activePart, w Worker, ok bool) {
+	some := false // the common case, after every poll: nobody has work
+	for _, a := range rt.active {
+		if w, isWorker := a.part.(Worker); isWorker && w.HasWork() {
+			some = true
+			break
+		}
+	}
+	if !some {
+		return 0, nil, nil, false
+	}
+	var committed map[int32]kgo.EpochOffset
+	read := false
+	ps := sortedPartitions(rt.active)
+	first := 0
+	for first < len(ps) && ps[first] < rt.workNext {
+		first++
+	}
+	for i := range ps {
+		p := ps[(first+i)%len(ps)]
+		a := rt.active[p]
+		w, isWorker := a.part.(Worker)
+		if !isWorker || !w.HasWork() {
+			continue
+		}
+		if !read {
+			committed, read = rt.sess.Client().CommittedOffsets()[rt.cfg.InputTopic], true
+		}
+		if _, fenced := committed[p]; !fenced {
+			continue // nothing to fence its chunks with yet: wait for input
+		}
+		return p, a, w, true
+	}
+	return 0, nil, nil, false
+}
+
+// pendingWork reports whether a partition has work that work would do.
+func (rt *Runtime) pendingWork() bool {
+	_, _, _, ok := rt.nextWorker()
+	return ok
+}
+
+// work gives the next partition with work, in turn, one call of Work in the
+// open transaction (begun if need be). It does nothing if a partition
+// already worked in this transaction, or the transaction will abort.
+func (rt *Runtime) work() error {
+	if rt.txWorked != noWorker || rt.mustAbort {
+		return nil
+	}
+	p, a, w, ok := rt.nextWorker()
+	if !ok {
+		return nil
+	}
+	if !rt.inTxn {
+		if err := rt.begin(); err != nil {
+			return err
+		}
+	}
+	rt.txWorked, rt.workNext = p, p+1
+	if err := w.Work(&Tx{rt: rt, p: p, ov: rt.overlayFor(p, a.epoch)}); err != nil {
+		return fmt.Errorf("stream: work of partition %d: %w", p, err)
+	}
+	return nil
+}
+
+// fenceWork returns ctx for ending the open transaction: if a partition
+// worked in it, its TxnOffsetCommit also carries that partition's offset
+// (the one committed before, if the transaction consumed none of its
+// input). The offset is read here, not in the hook, which runs under kgo's
+// transaction lock.
+func (rt *Runtime) fenceWork(ctx context.Context) context.Context {
+	if rt.txWorked == noWorker {
+		return ctx
+	}
+	p, topic := rt.txWorked, rt.cfg.InputTopic
+	eo, ok := rt.sess.Client().CommittedOffsets()[topic][p]
+	if !ok {
+		return ctx
+	}
+	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
+		ti := -1
+		for i := range req.Topics {
+			if req.Topics[i].Topic != topic {
+				continue
+			}
+			ti = i
+			for _, rp := range req.Topics[i].Partitions {
+				if rp.Partition == p {
+					return nil // it consumed input: its new offset is there
+				}
+			}
+		}
+		if ti < 0 {
+			t := kmsg.NewTxnOffsetCommitRequestTopic()
+			t.Topic = topic
+			req.Topics = append(req.Topics, t)
+			ti = len(req.Topics) - 1
+		}
+		rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+		rp.Partition = p
+		rp.Offset = eo.Offset
+		rp.LeaderEpoch = eo.Epoch
+		rp.Metadata = &req.MemberID
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
+		return nil
+	})
+}

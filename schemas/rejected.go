@@ -1,0 +1,93 @@
+package schemas
+
+import (
+	"crypto/sha256"
+	"unicode/utf8"
+)
+
+// Bounds of a Rejected record (DESIGN §6, invariant 10): whatever a stage
+// derives from one input stays far under the broker's size limit, so one
+// input can never make its own rejection unwritable.
+const (
+	// MaxRejectedRawBytes bounds the prefix of the source key, and of the
+	// source value, that a Rejected record carries. A record within
+	// MaxEventBytes is therefore kept whole.
+	MaxRejectedRawBytes = MaxEventBytes
+	// MaxRejectedDetailBytes bounds Detail.
+	MaxRejectedDetailBytes = 4 << 10
+	// MaxRejectedFieldBytes bounds each other string of a Rejected record:
+	// reason, stage, source topic and the identity fields.
+	MaxRejectedFieldBytes = MaxIdentityFieldBytes
+	// MaxRejectedBytes bounds a bounded Rejected record on the wire: its
+	// encoding (EncodeRejected, or Encode after Bound) plus the record key
+	// RejectedKey gives. It is far below Kafka's default message.max.bytes
+	// (1 MiB).
+	MaxRejectedBytes = 64 << 10
+)
+
+// Bound makes r fit MaxRejectedBytes (DESIGN §6, invariant 10): RawKey and
+// RawValue keep at most their first MaxRejectedRawBytes, with the whole
+// lengths in RawKeyLength and RawValueLength and SHA-256 digests of the
+// whole bytes in RawKeySHA256 and RawValueSHA256; Detail and the other
+// strings are cut to their bounds on a UTF-8 boundary. Call it with RawKey
+// and RawValue holding the whole source bytes. It is idempotent: raw bytes
+// that already carry their digest are left alone. A prefix shares the
+// source's memory.
+func (r *Rejected) Bound() {
+	if r.RawKeySHA256 == nil {
+		r.RawKey, r.RawKeyLength, r.RawKeySHA256 = boundRaw(r.RawKey)
+	}
+	if r.RawValueSHA256 == nil {
+		r.RawValue, r.RawValueLength, r.RawValueSHA256 = boundRaw(r.RawValue)
+	}
+	r.Detail = truncateText(r.Detail, MaxRejectedDetailBytes)
+	for _, s := range []*string{&r.Reason, &r.Stage, &r.SourceTopic, &r.CustomerID, &r.Meter, &r.EventID} {
+		*s = truncateText(*s, MaxRejectedFieldBytes)
+	}
+}
+
+func boundRaw(b []byte) (prefix []byte, n int64, sum []byte) {
+	if b == nil {
+		return nil, 0, nil
+	}
+	s := sha256.Sum256(b)
+	if len(b) > MaxRejectedRawBytes {
+		return b[:MaxRejectedRawBytes:MaxRejectedRawBytes], int64(len(b)), s[:]
+	}
+	return b, int64(len(b)), s[:]
+}
+
+// truncated ends a string Bound cut.
+const truncated = "…"
+
+// truncateText returns s, or when longer than max bytes its longest prefix
+// of at most max−len(truncated) bytes that does not split a UTF-8 sequence,
+// followed by "…".
+func truncateText(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	cut := max - len(truncated)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + truncated
+}
+
+// RejectedKey returns the record key of the usage.rejected record derived
+// from a source record whose key is k: k itself, or nil when k is longer
+// than MaxRejectedRawBytes (the Rejected value keeps its prefix, length
+// and digest). Place the record by the whole k, as before.
+func RejectedKey(k []byte) []byte {
+	if len(k) > MaxRejectedRawBytes {
+		return nil
+	}
+	return k
+}
+
+// EncodeRejected bounds r (Bound) and appends its single-object encoding
+// to dst. With RejectedKey's key the record stays within MaxRejectedBytes.
+func EncodeRejected(dst []byte, r *Rejected) ([]byte, error) {
+	r.Bound()
+	return AppendEncode(dst, r)
+}

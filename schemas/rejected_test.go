@@ -1,0 +1,135 @@
+package schemas
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func sha256Of(s string) []byte {
+	sum := sha256.Sum256([]byte(s))
+	return sum[:]
+}
+
+// TestRejectedBoundPoison: the rejection of a legal ~900 KiB record (400 KiB
+// key, 500 KiB value) used to carry the key twice and the value once, more
+// than the broker's 1 MiB limit. Bounded, it keeps a prefix of each, their
+// whole lengths and their digests, and fits MaxRejectedBytes with its key.
+func TestRejectedBoundPoison(t *testing.T) {
+	key := bytes.Repeat([]byte("k"), 400<<10)
+	val := bytes.Repeat([]byte{0xC3}, 500<<10)
+	rej := &Rejected{Reason: ReasonOversized, Detail: strings.Repeat("d", 100<<10), Stage: "dedup",
+		SourceTopic: "usage.events", RawKey: key, RawValue: val, CustomerID: strings.Repeat("é", 5000)}
+	v, err := EncodeRejected(nil, rej)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk := RejectedKey(key)
+	if rk != nil {
+		t.Errorf("a 400 KiB key is the rejected record's key")
+	}
+	if n := len(v) + len(rk); n > MaxRejectedBytes {
+		t.Fatalf("bounded record is %d bytes, more than %d", n, MaxRejectedBytes)
+	}
+	var got Rejected
+	if err := DecodeInto(v, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.RawKeyLength != int64(len(key)) || got.RawValueLength != int64(len(val)) {
+		t.Errorf("lengths %d, %d; want %d, %d", got.RawKeyLength, got.RawValueLength, len(key), len(val))
+	}
+	if !bytes.Equal(got.RawKeySHA256, sha256Of(string(key))) || !bytes.Equal(got.RawValueSHA256, sha256Of(string(val))) {
+		t.Error("digests are not the SHA-256 of the whole raw bytes")
+	}
+	if !bytes.Equal(got.RawKey, key[:MaxRejectedRawBytes]) || !bytes.Equal(got.RawValue, val[:MaxRejectedRawBytes]) {
+		t.Error("raw bytes are not the prefixes of the source's")
+	}
+	if len(got.Detail) > MaxRejectedDetailBytes || !utf8.ValidString(got.CustomerID) || len(got.CustomerID) > MaxRejectedFieldBytes {
+		t.Errorf("strings not bounded on UTF-8 boundaries: detail %d bytes, customer_id %d bytes valid=%v",
+			len(got.Detail), len(got.CustomerID), utf8.ValidString(got.CustomerID))
+	}
+	// Idempotent: bounding the bounded record changes nothing.
+	again := got
+	again.Bound()
+	if !reflect.DeepEqual(again, got) {
+		t.Error("Bound of a bounded record changed it")
+	}
+}
+
+// TestRejectedBoundKeepsSmall: a record within MaxEventBytes is kept
+// whole; a null key stays null.
+func TestRejectedBoundKeepsSmall(t *testing.T) {
+	rej := &Rejected{Reason: ReasonUndecodable, RawValue: []byte("not avro")}
+	rej.Bound()
+	if rej.RawKey != nil || rej.RawKeyLength != 0 || rej.RawKeySHA256 != nil {
+		t.Errorf("null key: %q %d %x", rej.RawKey, rej.RawKeyLength, rej.RawKeySHA256)
+	}
+	if string(rej.RawValue) != "not avro" || rej.RawValueLength != 8 || !bytes.Equal(rej.RawValueSHA256, sha256Of("not avro")) {
+		t.Errorf("small value: %q %d %x", rej.RawValue, rej.RawValueLength, rej.RawValueSHA256)
+	}
+	if k := []byte("4:acme1:m1:e"); !bytes.Equal(RejectedKey(k), k) {
+		t.Error("a small key is not kept as the record key")
+	}
+}
+
+// TestOldRejectedFixture reads a Rejected record written with the first
+// schema (history/rejected.v0.avsc, the golden bytes before bounding) with
+// the current one: raw bytes whole, lengths -1, no digests.
+func TestOldRejectedFixture(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "rejected.v0.hex"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := hex.DecodeString(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Rejected
+	if err := DecodeInto(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := *samples()["rejected"].(*Rejected)
+	want.RawKeyLength, want.RawKeySHA256, want.RawValueLength, want.RawValueSHA256 = -1, nil, -1, nil
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("old fixture:\n got %#v\nwant %#v", got, want)
+	}
+}
+
+// FuzzBoundRejected: whatever the sizes of the source record and the
+// strings, a bounded Rejected record fits MaxRejectedBytes with its key,
+// decodes, and keeps valid UTF-8 valid.
+func FuzzBoundRejected(f *testing.F) {
+	f.Add([]byte("4:acme1:m1:e"), []byte("v"), "detail", "acme", 0)
+	f.Add([]byte{}, []byte(nil), strings.Repeat("é", 3000), strings.Repeat("x", 2000), 900<<10)
+	f.Fuzz(func(t *testing.T, key, val []byte, detail, id string, pad int) {
+		if pad < 0 || pad > 2<<20 {
+			pad = 0
+		}
+		val = append(val, make([]byte, pad)...)
+		rej := &Rejected{Reason: ReasonOversized, Detail: detail, Stage: "dedup", SourceTopic: "usage.events",
+			CustomerID: id, Meter: id, EventID: id, RawKey: key, RawValue: val}
+		b, err := EncodeRejected(nil, rej)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(b) + len(RejectedKey(key)); n > MaxRejectedBytes {
+			t.Fatalf("%d bytes, more than %d", n, MaxRejectedBytes)
+		}
+		var got Rejected
+		if err := DecodeInto(b, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.RawValueLength != int64(len(val)) || got.RawKeyLength != int64(len(key)) {
+			t.Fatalf("lengths %d %d, want %d %d", got.RawKeyLength, got.RawValueLength, len(key), len(val))
+		}
+		if utf8.ValidString(detail) && !utf8.ValidString(got.Detail) || utf8.ValidString(id) && !utf8.ValidString(got.CustomerID) {
+			t.Fatal("truncation split a UTF-8 sequence")
+		}
+	})
+}
