@@ -32,6 +32,11 @@ $GO vet $PACKAGES
 
 echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
+# Tests that check what the broker logged read its server.log, in kafka.sh's
+# data dir (which kafka.sh makes absolute as here).
+kafka_data=${KAFKA_DATA_DIR:-/tmp/meterline-kafka-$KAFKA_PORT}
+[[ $kafka_data == /* ]] || kafka_data="$PWD/$kafka_data"
+export METERLINE_TEST_KAFKA_LOG=$kafka_data/server.log
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM

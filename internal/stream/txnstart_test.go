@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
@@ -41,12 +44,11 @@ import (
 //
 // The checks are the mechanism, not durations, per start:
 //   - no produce request of a transaction is written while the coordinator
-//     still reports the previous one as PrepareCommit or PrepareAbort (an
-//     observer describes the transactional ID every millisecond or so; a
-//     produce written after EndTxn's response and before an observation
-//     that still saw the transaction completing, itself before the next
-//     EndTxn, was early). This holds however fast the broker writes the
-//     markers;
+//     still reports the previous one as PrepareCommit or PrepareAbort: an
+//     observer describes the transactional ID right after every produce
+//     request the stage writes (see earlyProduces). This does not depend on
+//     the markers outlasting the leaders' 100 ms retry, so it catches the
+//     early produce that usually goes unnoticed;
 //   - no such refusal in the broker's log for the start's topics (it
 //     appears only when the markers took longer than the leader's retry);
 //   - one InitProducerID (the producer ID is never re-initialised) and no
@@ -81,12 +83,15 @@ func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 		runs[i].run(t, brokers, i+1, outN, records, records/txns)
 	}
 
-	const refusal = "Expected sequence 0 for transactions v2"
+	refusals := testenv.KafkaServerLogLines(t, serverLog, "Expected sequence 0 for transactions v2")
 	var failed int
-	for i, r := range runs {
+	for i := range runs {
+		r := &runs[i]
 		var refused []string
-		for _, topic := range []string{r.out, r.changelog} {
-			refused = append(refused, testenv.KafkaServerLogLines(t, serverLog, refusal, " in partition "+topic+"-")...)
+		for _, l := range refusals {
+			if strings.Contains(l, " in partition "+r.out+"-") || strings.Contains(l, " in partition "+r.changelog+"-") {
+				refused = append(refused, l)
+			}
 		}
 		ms := make([]string, len(r.commits))
 		for j, d := range r.commits {
@@ -98,6 +103,12 @@ func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 			failed++
 			for _, l := range refused[:min(2, len(refused))] {
 				t.Logf("  broker: %s", l)
+			}
+			if l := r.logs.String(); l != "" {
+				t.Logf("  the stage's warnings:\n%s", testenv.Tail(l, 20))
+			}
+			if r.timeline != "" {
+				t.Logf("  timeline of the start (ms from Run):\n%s", r.timeline)
 			}
 		}
 	}
@@ -114,6 +125,9 @@ type copyProc struct {
 	out     string
 	outN    uint32
 	emitted atomic.Int64
+
+	mu      sync.Mutex
+	flushes []time.Time // when commits began: Flush runs in commit, before End
 }
 
 func (c *copyProc) Open(int32, *stream.PartitionState) (stream.Partition, error) { return c, nil }
@@ -129,14 +143,29 @@ func (c *copyProc) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	return nil
 }
 
+// Flush records when a commit began: time.Now runs before the commit's
+// EndTxn is written, however late the goroutine gets to run.
+func (c *copyProc) Flush(*stream.Tx) error {
+	now := time.Now()
+	c.mu.Lock()
+	c.flushes = append(c.flushes, now)
+	c.mu.Unlock()
+	return nil
+}
+
 func (c *copyProc) Punctuate(*stream.Tx) error { return nil }
 func (c *copyProc) Close()                     {}
 
-// wire records when the stage's client wrote Produce and EndTxn requests
-// and read EndTxn responses, and counts its InitProducerID requests.
+// wire records when the stage's client wrote Produce requests and read
+// EndTxn responses, and counts its InitProducerID requests. A hook's
+// time.Now runs after the write or read, possibly much later on a busy
+// machine; earlyProduces only relies on them being late, never early.
 type wire struct {
+	after func() // called after each produce request written and EndTxn response read
+
 	mu              sync.Mutex
 	produces        []time.Time
+	offsetCommits   []time.Time // TxnOffsetCommit requests written
 	endWrites       []time.Time
 	endReads        []time.Time
 	initProducerIDs int64
@@ -152,6 +181,9 @@ func (w *wire) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.D
 	switch kmsg.Key(key) {
 	case kmsg.Produce:
 		w.produces = append(w.produces, now)
+		w.after()
+	case kmsg.TxnOffsetCommit:
+		w.offsetCommits = append(w.offsetCommits, now)
 	case kmsg.EndTxn:
 		w.endWrites = append(w.endWrites, now)
 	case kmsg.InitProducerID:
@@ -165,6 +197,7 @@ func (w *wire) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Du
 		w.mu.Lock()
 		w.endReads = append(w.endReads, now)
 		w.mu.Unlock()
+		w.after()
 	}
 }
 
@@ -173,73 +206,125 @@ func (w *wire) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Du
 type observation struct {
 	sent, received time.Time
 	state          string
+	epoch          int16
 }
 
-// observe describes the transactional ID until ctx ends.
-func observe(ctx context.Context, t *testing.T, brokers []string, id string) <-chan []observation {
-	out := make(chan []observation, 1)
-	adm := testenv.Admin(t, brokers)
+// observer describes the transactional ID right after each produce
+// request the stage writes and each EndTxn response it reads (the wire
+// hook calls after), so that some description is processed by the
+// coordinator after each, however slow the machine.
+type observer struct {
+	adm *kadm.Client
+	id  string
+
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	obs []observation
+}
+
+func (o *observer) after() {
+	o.wg.Add(1)
 	go func() {
-		var obs []observation
-		defer func() { out <- obs }()
-		for ctx.Err() == nil {
-			sent := time.Now()
-			ds, err := adm.DescribeTransactions(ctx, id)
-			if err == nil {
-				if d, ok := ds[id]; ok && d.Err == nil {
-					obs = append(obs, observation{sent: sent, received: time.Now(), state: d.State})
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Millisecond):
-			}
+		defer o.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sent := time.Now()
+		ds, err := o.adm.DescribeTransactions(ctx, o.id)
+		if err != nil {
+			return
+		}
+		if d, ok := ds[o.id]; ok && d.Err == nil {
+			o.mu.Lock()
+			o.obs = append(o.obs, observation{sent: sent, received: time.Now(), state: d.State, epoch: d.ProducerEpoch})
+			o.mu.Unlock()
 		}
 	}()
-	return out
 }
 
-// earlyProduces counts the produce requests written after an EndTxn
-// response while the coordinator still finished that transaction: an
-// observation sent after the produce was written still saw PrepareCommit or
-// PrepareAbort, and was answered before the next EndTxn was written (so it
-// saw this transaction, not the next).
-func earlyProduces(w *wire, obs []observation) int {
+// observations returns what the descriptions saw, in the order they were
+// sent, once all have been answered.
+func (o *observer) observations() []observation {
+	o.wg.Wait()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	slices.SortFunc(o.obs, func(a, b observation) int { return a.sent.Compare(b.sent) })
+	return o.obs
+}
+
+// earlyProduces counts the produce requests written while the coordinator
+// still finished the transaction before theirs.
+//
+// Under transactions v2 every EndTxn bumps the producer epoch, and the
+// coordinator reports the new epoch X from then on: PrepareCommit (or
+// PrepareAbort) X while it writes the markers, CompleteCommit X, then
+// Ongoing X for the next transaction, whose records carry epoch X, until
+// the next EndTxn moves it to Prepare… X+1. So a produce request of the
+// transaction after the k-th EndTxn is early if a description sent after
+// it was written still saw Prepare… with that EndTxn's epoch X_k. X_k is
+// the epoch of a description sent after the EndTxn's response and answered
+// before the next EndTxn can have been written; without one, the
+// transaction is not judged.
+//
+// Every time errs towards not counting. A hook runs after its write or
+// read, a description's sent time precedes its processing. The next EndTxn
+// is written after the next transaction's TxnOffsetCommit was answered,
+// whose write hook runs before its answer is read (the first one after
+// the k-th EndTxn's response, if it precedes the next EndTxn's response,
+// else the next commit's start, taken before its EndTxn).
+func earlyProduces(w *wire, commits []time.Time, obs []observation) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	commits = slices.SortedFunc(slices.Values(commits), time.Time.Compare)
 	early := 0
-	for _, ended := range w.endReads {
-		next := time.Now().Add(time.Hour)
-		for _, ew := range w.endWrites {
-			if ew.After(ended) {
-				next = ew
+	for k, ended := range w.endReads {
+		nextEnd := farFuture
+		if k+1 < len(w.endReads) {
+			nextEnd = w.endReads[k+1]
+		}
+		endBound := farFuture // before the next EndTxn was written
+		if i := slices.IndexFunc(commits, ended.Before); i >= 0 {
+			endBound = commits[i]
+		}
+		if i := slices.IndexFunc(w.offsetCommits, ended.Before); i >= 0 && w.offsetCommits[i].Before(nextEnd) {
+			endBound = w.offsetCommits[i]
+		}
+		var epoch int16 = -1
+		for _, o := range obs {
+			if o.sent.After(ended) && o.received.Before(endBound) {
+				epoch = o.epoch
 				break
 			}
 		}
+		if epoch < 0 {
+			continue
+		}
 		for _, p := range w.produces {
-			if !p.After(ended) || !p.Before(next) {
+			if !p.After(ended) || !p.Before(nextEnd) {
 				continue
 			}
-			for _, o := range obs {
-				if o.sent.After(p) && o.received.Before(next) && strings.HasPrefix(o.state, "Prepare") {
-					early++
-					break
-				}
+			if slices.ContainsFunc(obs, func(o observation) bool {
+				return o.sent.After(p) && o.epoch == epoch && strings.HasPrefix(o.state, "Prepare")
+			}) {
+				early++
 			}
 		}
 	}
 	return early
 }
 
+var farFuture = time.Now().Add(24 * time.Hour)
+
 // freshStart is one start of a stage on fresh topics and what it did.
 type freshStart struct {
 	in, out, changelog, group string
 
-	early           int             // produce requests written before the coordinator finished the previous transaction
-	initProducerIDs int64           // InitProducerID requests
-	restarts        float64         // the runtime's session restarts
-	commits         []time.Duration // the stage's commit latency, per transaction, in order
-	elapsed         time.Duration   // from Run until the group committed the end of the input
+	early           int                // produce requests written before the coordinator finished the previous transaction
+	initProducerIDs int64              // InitProducerID requests
+	restarts        float64            // the runtime's session restarts
+	commits         []time.Duration    // the stage's commit latency, per transaction, in order
+	elapsed         time.Duration      // from Run until the group committed the end of the input
+	logs            testenv.SyncBuffer // the stage's warnings
+	timeline        string             // of the requests and observations, if early > 0
 }
 
 // createTopics creates the topics, each with n partitions, in one request,
@@ -285,7 +370,14 @@ func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, rec
 	}
 
 	proc := &copyProc{out: r.out, outN: outN}
-	w := &wire{}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	obs := &observer{adm: adm, id: r.group + "-i1"}
+	w := &wire{after: obs.after}
 	reg := prometheus.NewRegistry()
 	cfg := stream.Config{
 		Stage:           "fresh",
@@ -298,15 +390,16 @@ func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, rec
 		MaxBatchRecords: batch,
 		SessionTimeout:  6 * time.Second,
 		Registerer:      reg,
+		Logger:          zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&r.logs), zap.WarnLevel)),
 		ClientOptions:   []kgo.Opt{kgo.WithHooks(w)},
 	}
 	rt, err := stream.New(cfg, proc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	octx, ostop := context.WithCancel(context.Background())
-	defer ostop()
-	observed := observe(octx, t, brokers, cfg.TransactionalID())
+	if id := cfg.TransactionalID(); id != obs.id {
+		t.Fatalf("transactional ID %s, observing %s", id, obs.id)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -330,7 +423,6 @@ func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, rec
 			lastN, lastSum = n, sum
 		}
 	}
-	adm := testenv.Admin(t, brokers)
 	deadline := time.Now().Add(45 * time.Second)
 	for polls := 0; ; polls++ {
 		readCommits()
@@ -351,13 +443,15 @@ func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, rec
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("start %d: %v", n, err)
 	}
-	ostop()
-	obs := <-observed
+	seen := obs.observations()
 	readCommits()
 	if want := (records + batch - 1) / batch; len(r.commits) < want {
 		t.Fatalf("start %d: %d transactions, want at least %d", n, len(r.commits), want)
 	}
-	r.early = earlyProduces(w, obs)
+	proc.mu.Lock()
+	r.early = earlyProduces(w, proc.flushes, seen)
+	proc.mu.Unlock()
+	r.timeline = timeline(w, proc.flushes, seen, start)
 	r.initProducerIDs = w.initProducerIDs
 	r.restarts = counterValue(t, reg, "meterline_stream_session_restarts_total")
 }
@@ -411,4 +505,51 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return v
+}
+
+// timeline lists the stage's produce writes, commit starts and EndTxn
+// requests and the observer's changes of state, for a failure message.
+func timeline(w *wire, commits []time.Time, obs []observation, t0 time.Time) string {
+	type ev struct {
+		at time.Time
+		s  string
+	}
+	ms := func(at time.Time) string { return fmt.Sprintf("%.1f", float64(at.Sub(t0).Microseconds())/1000) }
+	var evs []ev
+	w.mu.Lock()
+	for _, at := range w.produces {
+		evs = append(evs, ev{at, "produce written"})
+	}
+	for _, at := range w.endWrites {
+		evs = append(evs, ev{at, "EndTxn written"})
+	}
+	for _, at := range w.endReads {
+		evs = append(evs, ev{at, "EndTxn read"})
+	}
+	w.mu.Unlock()
+	for _, at := range commits {
+		evs = append(evs, ev{at, "commit began"})
+	}
+	prev := ""
+	for _, o := range obs {
+		if st := fmt.Sprintf("%s epoch %d", o.state, o.epoch); st != prev {
+			evs = append(evs, ev{o.sent, "observed " + st + " (answered at " + ms(o.received) + ")"})
+			prev = st
+		}
+	}
+	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+	var b strings.Builder
+	for i := 0; i < len(evs); {
+		j := i + 1
+		for j < len(evs) && evs[j].s == evs[i].s {
+			j++
+		}
+		if j-i > 1 {
+			fmt.Fprintf(&b, "%s–%s %s ×%d\n", ms(evs[i].at), ms(evs[j-1].at), evs[i].s, j-i)
+		} else {
+			fmt.Fprintf(&b, "%s %s\n", ms(evs[i].at), evs[i].s)
+		}
+		i = j
+	}
+	return b.String()
 }
