@@ -153,8 +153,9 @@ func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 // backs /readyz.
 func (s *Stage) Ready() error { return s.rt.Ready() }
 
-// Status describes the stage for the status page (stream.Runtime.Status).
-func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+// Status describes the stage for the status page, as the runtime reports
+// it (service.Stage).
+func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt) }
 
 // partitionCountsT holds partition counts read from the cluster's metadata
 // at start. events, the partition count of usage.events, is the number of
@@ -167,7 +168,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Kafka, names...)
 	if err != nil {
 		return partitionCountsT{}, fmt.Errorf("aggregator: %w", err)
 	}
@@ -191,6 +192,7 @@ type metrics struct {
 	wmIgnored                 *prometheus.CounterVec
 	chunks                    *prometheus.CounterVec
 	finalizing                *prometheus.GaugeVec
+	finalDue                  *prometheus.GaugeVec // due.go
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -214,6 +216,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones)."}, []string{"work"}),
 		finalizing: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_finalizing_periods",
 			Help: "Periods decided final whose FINAL revisions, or the adjustments queued behind them, are still going out in chunks, per partition."}, []string{"partition"}),
+		finalDue: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_final_due_seconds",
+			Help: "End + grace of the oldest period of the partition whose FINAL revisions (or the adjustments queued behind them) have not all gone out, Unix seconds: when they were or are due. Absent while there is none. In the past by more than a moment: a FINAL is overdue."}, []string{"partition"}),
 	}
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
