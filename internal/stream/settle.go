@@ -29,9 +29,9 @@ import (
 // stalls for up to 5 s (sink.go handleReqResp retries
 // CONCURRENT_TRANSACTIONS like a leadership error, which waits for
 // metadata, rather than after the produce backoff as it does
-// REQUEST_TIMED_OUT). The first commit of a fresh stage writes markers to
-// partitions no transaction has ended on yet and is the slowest, so the
-// second transaction met this most often.
+// REQUEST_TIMED_OUT). It happens whenever the markers take longer than the
+// leader's retry; a freshly started dedup met it most often in its second
+// transaction.
 //
 // The runtime's guard, txnEndWatch: after a transaction ended, what the
 // next one emits is held back until the coordinator reports the previous
