@@ -56,6 +56,7 @@ import (
 func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 	brokers := testenv.RealKafka(t)
 	serverLog := testenv.RealKafkaServerLog(t)
+	began := time.Now()
 	const (
 		starts  = 20
 		inN     = 4
@@ -83,7 +84,7 @@ func TestRealFreshStartNoSequenceRejects(t *testing.T) {
 		runs[i].run(t, brokers, i+1, outN, records, records/txns)
 	}
 
-	refusals := testenv.KafkaServerLogLines(t, serverLog, "Expected sequence 0 for transactions v2")
+	refusals := testenv.KafkaServerLogLines(t, serverLog, began, "Expected sequence 0 for transactions v2")
 	var failed int
 	for i := range runs {
 		r := &runs[i]
@@ -348,6 +349,25 @@ func createTopics(t *testing.T, brokers []string, n int32, names ...string) {
 	})
 	if err := topics.WaitVisible(ctx, adm, names...); err != nil {
 		t.Fatal(err)
+	}
+	// In the metadata is not yet served: the broker creates a partition's
+	// log when it learns that it leads it. Wait until every partition's
+	// leader answers, so that no start begins while its partitions are
+	// being created (the fresh-start test's 480 took 4-11 s on a loaded
+	// 2-core machine, longer than a transaction).
+	for {
+		offs, err := adm.ListEndOffsets(ctx, names...)
+		if err == nil {
+			err = offs.Error()
+		}
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("partitions of the new topics not led: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 

@@ -1,11 +1,14 @@
 package testenv
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // EnvKafkaLog names the server.log of the real test broker. scripts/test.sh
@@ -18,7 +21,7 @@ const EnvKafkaLog = "METERLINE_TEST_KAFKA_LOG"
 // the log cannot be found: a check of the broker's log that silently passed
 // without one would check nothing. Call it after RealKafka.
 //
-// Read the log with KafkaServerLogLines: log4j rolls it (server.log.1, …).
+// Read it with KafkaServerLogLines: log4j rolls it (server.log.1, …).
 func RealKafkaServerLog(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv(EnvKafkaLog); p != "" {
@@ -41,17 +44,37 @@ func RealKafkaServerLog(t testing.TB) string {
 	return p
 }
 
-// KafkaServerLogLines returns the lines of the broker log at path and of its
-// rolled predecessor (path.1, written before it) that contain every one of
-// the substrings, oldest first.
-func KafkaServerLogLines(t testing.TB, path string, substrings ...string) []string {
+// KafkaServerLogLines returns the lines the broker logged at path since
+// the given time that contain every one of the substrings, oldest first.
+//
+// log4j2 rolls the log into path.1 … path.5 (deploy/local/kafka/
+// log4j2.properties; with the default fileIndex=max, path.1 is the oldest).
+// Every rolled file modified at or after since, less a second for file
+// systems that keep coarse times, is read too, in the order of their
+// modification times; path itself is always read. A file may hold lines
+// from before since: callers match on names that are unique to their test.
+func KafkaServerLogLines(t testing.TB, path string, since time.Time, substrings ...string) []string {
 	t.Helper()
-	var out []string
-	for _, p := range []string{path + ".1", path} {
-		b, err := os.ReadFile(p)
-		if os.IsNotExist(err) && p != path {
-			continue
+	type rolled struct {
+		path string
+		mod  time.Time
+	}
+	var files []rolled
+	for i := 1; i <= 5; i++ {
+		p := fmt.Sprintf("%s.%d", path, i)
+		if fi, err := os.Stat(p); err == nil && !fi.ModTime().Before(since.Add(-time.Second)) {
+			files = append(files, rolled{p, fi.ModTime()})
 		}
+	}
+	// Stable: equal times keep fileIndex=max's order (lower index older).
+	slices.SortStableFunc(files, func(a, b rolled) int { return a.mod.Compare(b.mod) })
+	paths := make([]string, 0, len(files)+1)
+	for _, f := range files {
+		paths = append(paths, f.path)
+	}
+	var out []string
+	for _, p := range append(paths, path) {
+		b, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatalf("read broker log: %v", err)
 		}
