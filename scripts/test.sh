@@ -52,20 +52,24 @@ METERLINE_TEST_KAFKA_SASL_DIR=$(
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
+# The ClickHouse migrations and documented queries also run on a current
+# ClickHouse (26.x), embedded by chdb in a cached virtualenv.
+METERLINE_TEST_CHDB=$(scripts/chdb-venv.sh)
 
 echo "== go vet $PACKAGES"
 $GO vet $PACKAGES
 
 echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, SASL_SSL on $KAFKA_SASL_PORT; real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT, password and TLS on $CLICKHOUSE_SECURE_TLS_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
-# Tests that check what the broker logged read its server.log, in kafka.sh's
-# data dir (which kafka.sh makes absolute as here).
-kafka_data=${KAFKA_DATA_DIR:-/tmp/meterline-kafka-$KAFKA_PORT}
-[[ $kafka_data == /* ]] || kafka_data="$PWD/$kafka_data"
+# Tests that check what the broker logged read its server.log, in the data
+# dir that kafka.sh reports for the plain broker (absolute).
+kafka_data=$(deploy/local/kafka.sh status | sed -n 's/.* data=//p') ||
+  { echo "test.sh: the broker on port $KAFKA_PORT is not running" >&2; exit 1; }
 export METERLINE_TEST_KAFKA_LOG=$kafka_data/server.log
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
+export METERLINE_TEST_CHDB
 export METERLINE_TEST_KAFKA_SASL=127.0.0.1:$KAFKA_SASL_PORT
 export METERLINE_TEST_KAFKA_SASL_DIR
 export METERLINE_TEST_CLICKHOUSE_SECURE=127.0.0.1:$CLICKHOUSE_SECURE_TLS_PORT

@@ -85,8 +85,13 @@ func TestEveryShellBlockIsChecked(t *testing.T) {
 			t.Errorf("%s: %v", b.where(), b.annErr)
 		case b.lang == "":
 			t.Errorf("%s: code block without a language (```sh, ```text, ...)", b.where())
+		case b.ann != nil && b.ann.kind == kindSameAs:
+			// Any language: the block is a copy of a file that a test runs.
+			for _, err := range checkStatic(root, tests, b) {
+				t.Errorf("%s: %v", b.where(), err)
+			}
 		case !b.shell() && b.ann != nil:
-			t.Errorf("%s: docs-check annotation on a %s block; only shell blocks are run", b.where(), b.lang)
+			t.Errorf("%s: docs-check annotation on a %s block; only shell blocks are run (or same-as a file)", b.where(), b.lang)
 		case b.shell() && b.ann == nil:
 			t.Errorf("%s: shell block with no <!-- docs-check: ... --> annotation: run it, or name the test that covers it (docs/testing.md, \"The docs check\")", b.where())
 		case b.shell():
@@ -126,6 +131,14 @@ func checkStatic(root string, tests map[string][]string, b block) []error {
 			if !have[l] {
 				errs = append(errs, fmt.Errorf("run-by %s: it has no line %q", a.args[0], l))
 			}
+		}
+	case kindSameAs:
+		content, err := os.ReadFile(filepath.Join(root, a.args[0]))
+		if err != nil {
+			return append(errs, fmt.Errorf("same-as: %w", err))
+		}
+		if string(content) != b.text {
+			errs = append(errs, fmt.Errorf("same-as %s: the block differs from the file (copy the file into the block)", a.args[0]))
 		}
 	case kindTestCommand:
 		for _, l := range commandLines(b.text) {
@@ -325,40 +338,46 @@ func TestLinks(t *testing.T) {
 }
 
 // TestAnalystQueriesDocumented keeps docs/analysts.md equal to
-// sink.AnalystQueries, which TestAnalystQueries runs on real data: the same
-// queries, titles and order, and no other SQL anywhere in the docs.
+// sink.AnalystQueries, which TestAnalystQueries runs on real data, and the
+// balance queries of docs/entitlements.md equal to sink.BalanceQueries,
+// which TestBalanceQueries runs: the same queries, titles and order, and
+// no other SQL anywhere in the docs.
 func TestAnalystQueriesDocumented(t *testing.T) {
 	_, files, blocks := docs(t)
 	norm := func(s string) string { return strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), ";")) }
-	var sql []block
+	queries := map[string][]sink.AnalystQuery{"docs/analysts.md": sink.AnalystQueries, "docs/entitlements.md": sink.BalanceQueries}
+	sql := map[string][]block{}
 	for _, b := range blocks {
 		if b.lang != "sql" {
 			continue
 		}
-		if b.file != "docs/analysts.md" {
-			t.Errorf("%s: SQL outside docs/analysts.md is not run by any test", b.where())
+		if queries[b.file] == nil {
+			t.Errorf("%s: SQL outside docs/analysts.md and docs/entitlements.md is not run by any test", b.where())
 			continue
 		}
-		sql = append(sql, b)
+		sql[b.file] = append(sql[b.file], b)
 	}
-	if len(sql) != len(sink.AnalystQueries) {
-		t.Fatalf("docs/analysts.md has %d SQL blocks, sink.AnalystQueries has %d queries", len(sql), len(sink.AnalystQueries))
-	}
-	lines := strings.Split(files["docs/analysts.md"], "\n")
-	for i, q := range sink.AnalystQueries {
-		b := sql[i]
-		if norm(b.text) != norm(q.SQL) {
-			t.Errorf("%s: query %d differs from sink.AnalystQueries[%d] (%s):\n%s\nwant:\n%s", b.where(), i+1, i, q.Name, norm(b.text), norm(q.SQL))
+	for file, qs := range queries {
+		if len(sql[file]) != len(qs) {
+			t.Errorf("%s has %d SQL blocks, want %d (the queries its test runs)", file, len(sql[file]), len(qs))
+			continue
 		}
-		title := ""
-		for p := b.line - 2; p >= 0; p-- {
-			if l := strings.TrimSpace(lines[p]); l != "" {
-				title = l
-				break
+		lines := strings.Split(files[file], "\n")
+		for i, q := range qs {
+			b := sql[file][i]
+			if norm(b.text) != norm(q.SQL) {
+				t.Errorf("%s: query %d differs from %s (%s):\n%s\nwant:\n%s", b.where(), i+1, file, q.Name, norm(b.text), norm(q.SQL))
 			}
-		}
-		if !strings.HasPrefix(title, "**"+q.Title+"**") {
-			t.Errorf("%s: the line before query %d is %q; want it to start with **%s**", b.where(), i+1, title, q.Title)
+			title := ""
+			for p := b.line - 2; p >= 0; p-- {
+				if l := strings.TrimSpace(lines[p]); l != "" {
+					title = l
+					break
+				}
+			}
+			if !strings.HasPrefix(title, "**"+q.Title+"**") {
+				t.Errorf("%s: the line before query %d is %q; want it to start with **%s**", b.where(), i+1, title, q.Title)
+			}
 		}
 	}
 }
