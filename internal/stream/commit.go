@@ -78,7 +78,7 @@ func (rt *Runtime) resetTxn() {
 // emit produces an output record into the open transaction.
 func (rt *Runtime) emit(r *kgo.Record) {
 	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
-	rt.sess.Produce(context.Background(), r, rt.promise)
+	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }
 
 // promise records a produce result: the first error of the transaction,
@@ -105,6 +105,7 @@ func (rt *Runtime) abortOpen() {
 	if !rt.inTxn {
 		return
 	}
+	rt.txnEnd.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.TransactionTimeout)
 	defer cancel()
 	_, _ = rt.sess.End(ctx, kgo.TryAbort)
@@ -115,6 +116,10 @@ func (rt *Runtime) abortOpen() {
 // applies the overlay to Pebble.
 func (rt *Runtime) commit(ctx context.Context) error {
 	start := time.Now()
+	// Guarantee: every record emitted in the transaction was handed to the
+	// client (held-back ones after the coordinator finished the previous
+	// transaction, settle.go).
+	rt.txnEnd.wait()
 	// Every changelog record of this transaction, and so everything past
 	// the checkpoints apply writes, is appended after this instant: it
 	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).
@@ -220,6 +225,9 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	ectx, cancel := rt.cfg.EndContext(ctx)
 	defer cancel()
 	committed, err = rt.sess.End(rt.fenceWork(ectx), try)
+	if err == nil {
+		rt.txnEnd.start(context.WithoutCancel(ctx), rt, rt.adm)
+	}
 	rt.prodMu.Lock()
 	perr = rt.prodErr
 	rt.prodMu.Unlock()

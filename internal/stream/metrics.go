@@ -12,6 +12,7 @@ type metrics struct {
 	// session restarts.
 	session        *session.Metrics
 	recordsOut     *prometheus.CounterVec
+	settleSeconds  prometheus.Observer
 	fenced         prometheus.Counter
 	restoring      *prometheus.GaugeVec
 	restoreRecords prometheus.Counter
@@ -36,6 +37,8 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 		}, "outputs, changelog records and consumed offsets"),
 		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",
 			Help: "Output records produced in transactions (committed or not), by topic."}, []string{"topic"}),
+		settleSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_seconds",
+			Help: "Time from the end of a transaction until the coordinator reported it complete (its markers written); the next transaction produces only then.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		fenced: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_commits_refused_total",
 			Help: "Transactions aborted because the group rebalanced or the offset commit was fenced (a zombie's commits)."}),
 		restoring: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_restore_remaining_records",

@@ -32,7 +32,8 @@
 // loop, the group's assign and revoke callbacks), process.go (polled
 // records and punctuation into the open transaction), commit.go (the
 // commit path: flush, changelog, end, apply), processor.go (what a stage
-// implements), txn.go (Tx, the overlay), restore.go, work.go.
+// implements), txn.go (Tx, the overlay), settle.go (a transaction's records
+// wait for the previous one's end), restore.go, work.go.
 package stream
 
 import (
@@ -132,6 +133,10 @@ type Runtime struct {
 	txEpoch   map[int32]uint64
 	txWorked  int32 // the partition that did Work in this transaction, or noWorker
 	workNext  int32 // Work goes to partitions in turn, from this one (work.go)
+
+	// txnEnd holds a transaction's records back until the coordinator
+	// finished the previous one (settle.go).
+	txnEnd txnEndWatch
 
 	prodMu    sync.Mutex
 	prodErr   error

@@ -87,6 +87,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	rt.resetTxn()
 	close(ready)
 	defer func() {
+		rt.txnEnd.stop()
 		rt.closeAll()
 		// Leaving the group revokes our partitions; an open transaction
 		// was already ended (or the client is being abandoned after an
