@@ -145,29 +145,7 @@ func newAggHarnessSources(t testing.TB, brokers []string, partitions, sources in
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}
-	names := topics.DefaultNames()
-	names.Prefix = testenv.Name(t, "") + "."
-	layout := topics.DefaultLayout()
-	layout.Partitions = partitions
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	specs := topics.Specs(names, layout)
-	for i := range specs {
-		if specs[i].Name == names.EventsTopic() {
-			specs[i].Partitions = sources
-		}
-	}
-	adm := testenv.Admin(t, brokers)
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var ns []string
-		for _, s := range specs {
-			ns = append(ns, s.Name)
-		}
-		_, _ = adm.DeleteTopics(context.Background(), ns...)
-	})
+	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: partitions, Sources: sources})
 	return &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
 }
 
