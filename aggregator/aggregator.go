@@ -19,6 +19,13 @@
 //
 // The invoice quantity of a period is its FINAL value plus the deltas of
 // the adjustments booked into it.
+//
+// Files: aggregator.go (Config, Stage), meters.go (the meters file),
+// processor.go (the stream.Processor and its partitions: the runtime's
+// hooks and the cache of OPEN aggregates), events.go (events and
+// watermarks), finalize.go (FINAL revisions, queued adjustments and expiry,
+// in chunks), state.go (state keys and their encoding), output.go
+// (revisions and rejects).
 package aggregator
 
 import (

@@ -270,6 +270,9 @@ func (pt *partition) Work(tx *stream.Tx) error {
 	return err
 }
 
+// errStop ends a scan early.
+var errStop = errors.New("stop")
+
 type kv struct{ k, v []byte }
 
 // scanChunk returns copies of up to n live keys of [lo, hi) after the
