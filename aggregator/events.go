@@ -30,8 +30,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	}
 	msg, err := schemas.Decode(r.Value)
 	if err != nil {
-		pt.rejectUndecodable(tx, r, err)
-		return nil
+		return pt.rejectUndecodable(tx, r, err)
 	}
 	switch m := msg.(type) {
 	case *schemas.Watermark:
@@ -39,17 +38,16 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	case *schemas.DedupedEvent:
 		return pt.event(tx, r, m, false)
 	default:
-		pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
-		return nil
+		return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
 	}
 }
 
-func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) {
+func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) error {
 	reason := schemas.ReasonUndecodable
 	if errors.Is(err, schemas.ErrUnknownSchema) {
 		reason = schemas.ReasonUnknownSchema
 	}
-	pt.reject(tx, r, nil, reason, err.Error())
+	return pt.reject(tx, r, nil, reason, err.Error())
 }
 
 func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
@@ -135,20 +133,17 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	if e.Quantity < 0 {
 		// Dedup rejects these; a record of usage.deduped is still not
 		// trusted to keep a sum from going down or wrapping.
-		pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("quantity: must not be negative (got %d)", e.Quantity))
-		return nil
+		return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("quantity: must not be negative (got %d)", e.Quantity))
 	}
 	m, declared := c.Meters.Lookup(e.Meter)
 	if !declared && c.StrictMeters {
-		pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
-		return nil
+		return pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
 	}
 	var uval string
 	if m.Aggregation == UniqueCount {
 		v, ok := propValue(e, m.Property)
 		if !ok {
-			pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("properties.%s: missing; meter %s counts its unique values", m.Property, e.Meter))
-			return nil
+			return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("properties.%s: missing; meter %s counts its unique values", m.Property, e.Meter))
 		}
 		uval = v
 	}
@@ -181,13 +176,17 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		// revisions are still going out in chunks: the event is an
 		// adjustment, booked behind them and behind the events queued
 		// before it (DESIGN §3: deltas are against the final, in order).
+		v, err := encode(e)
+		if err != nil {
+			return pt.reject(tx, r, e, schemas.ReasonInvalid, "the event cannot be queued for its adjustment: "+err.Error())
+		}
 		seq, err := pt.nextSeq(tx)
 		if err != nil {
 			return err
 		}
 		var sk [8]byte
 		binary.BigEndian.PutUint64(sk[:], uint64(seq))
-		tx.Put(periodKey(pfxPending, start, sk[:]), schemas.MustEncode(e))
+		tx.Put(periodKey(pfxPending, start, sk[:]), v)
 		return nil
 	default:
 		return pt.late(tx, r, e, m, start, end, ak, uval)
@@ -221,17 +220,23 @@ func (pt *partition) loadState(tx *stream.Tx, k []byte) (*aggState, bool, error)
 // seeUnique records value for UNIQUE_COUNT in the period and reports
 // whether it is new.
 func (pt *partition) seeUnique(tx *stream.Tx, start int64, ak []byte, value string) (bool, error) {
+	isNew, err := pt.uniqueIsNew(tx, start, ak, value)
+	if isNew {
+		tx.Put(pt.uBuf, nil)
+	}
+	return isNew, err
+}
+
+// uniqueIsNew reports whether value is new for UNIQUE_COUNT in the period,
+// recording nothing; its state key is left in pt.uBuf.
+func (pt *partition) uniqueIsNew(tx *stream.Tx, start int64, ak []byte, value string) (bool, error) {
 	k := append(pt.uBuf[:0], pfxUnique)
 	k = binary.BigEndian.AppendUint64(k, uint64(start))
 	k = appendFramed(k, ak)
 	k = appendFramed(k, value)
 	pt.uBuf = k
 	_, seen, err := tx.Get(k)
-	if err != nil || seen {
-		return false, err
-	}
-	tx.Put(k, nil)
-	return true, nil
+	return err == nil && !seen, err
 }
 
 // seeUniqueOpen is seeUnique for an OPEN aggregate, through its seen set.
@@ -263,12 +268,12 @@ func overflows(st *aggState, e *schemas.DedupedEvent, m *Meter) bool {
 
 // rejectOverflow rejects an event that would wrap its aggregate (DESIGN
 // §8: invalid, and counted in no aggregate).
-func (pt *partition) rejectOverflow(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, st *aggState) {
+func (pt *partition) rejectOverflow(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, st *aggState) error {
 	what := "the " + string(m.Aggregation) + " of its aggregate"
 	if st.Count == math.MaxInt64 {
 		what = "the event count of its aggregate"
 	}
-	pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf(
+	return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf(
 		"quantity: %d would overflow %s (%s/%s, period %s: value %d, %d events); sums never wrap",
 		e.Quantity, what, e.CustomerID, e.Meter, msTime(start), st.Value, st.Count))
 }
@@ -316,8 +321,7 @@ func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 		return err
 	}
 	if !fresh && overflows(&a.st, e, m) {
-		pt.rejectOverflow(tx, r, e, m, start, &a.st)
-		return nil
+		return pt.rejectOverflow(tx, r, e, m, start, &a.st)
 	}
 	isNew := false
 	if m.Aggregation == UniqueCount {
@@ -345,21 +349,20 @@ func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent,
 		return err
 	}
 	if ok && overflows(st, e, m) {
-		pt.rejectOverflow(tx, r, e, m, start, st)
-		return nil
+		return pt.rejectOverflow(tx, r, e, m, start, st)
 	}
 	if !ok {
 		st = &aggState{} // no FINAL for this key: the final value was 0
-		pt.keys++
 	}
 	isNew := false
 	if m.Aggregation == UniqueCount {
-		if isNew, err = pt.seeUnique(tx, start, ak, uval); err != nil {
+		if isNew, err = pt.uniqueIsNew(tx, start, ak, uval); err != nil {
 			return err
 		}
 	}
+	// st is this call's copy: nothing of the event is in the transaction
+	// until its adjustment is encoded.
 	delta := apply(st, !ok, e, m, isNew)
-	tx.Put(k, st.encode())
 	bStart, bEnd := pt.bounds(e.IngestTime)
 	parts, _ := schemas.SplitFramed(ak)
 	adj := &schemas.Adjustment{
@@ -368,9 +371,20 @@ func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent,
 		BookedPeriodStart: bStart, BookedPeriodEnd: bEnd, Delta: delta, Quantity: e.Quantity,
 		EventTime: e.EventTime, IngestTime: e.IngestTime,
 	}
+	v, err := encode(adj)
+	if err != nil {
+		return pt.reject(tx, r, e, schemas.ReasonInvalid, "the event's adjustment cannot be encoded: "+err.Error())
+	}
+	if isNew {
+		tx.Put(pt.uBuf, nil) // uniqueIsNew's key
+	}
+	if !ok {
+		pt.keys++
+	}
+	tx.Put(k, st.encode())
 	key := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key()
 	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.AdjustmentsTopic(), Partition: schemas.Partition(key, pt.pr.counts.adjustments),
-		Key: key, Value: schemas.MustEncode(adj)})
+		Key: key, Value: v})
 	pt.pr.m.late.WithLabelValues(string(m.Aggregation)).Inc()
 	pt.pr.log.Info("late event booked as an adjustment", zap.ByteString("key", key), zap.Int64("delta", delta),
 		zap.String("original_period", msTime(start)), zap.String("booked_period", msTime(bStart)))

@@ -63,7 +63,17 @@ func (pt *partition) emitRevision(tx *stream.Tx, rec *kgo.Record, buf []byte, ou
 	return buf, nil
 }
 
-func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) {
+// encode is schemas.Encode: the encoding of every record the aggregator
+// makes from an event (a queued event, an adjustment). Tests replace it to
+// see that a failure rejects the event instead of stopping the stage.
+var encode = schemas.Encode
+
+// reject parks r in usage.rejected, bounded (schemas.Rejected.Bound: a
+// prefix of its key and value, their lengths and digests); for an event
+// queued behind its period's FINALs (r nil), e re-encoded as its raw
+// value. It returns an error only if the Rejected record cannot be
+// encoded, which stops the stage rather than lose the record.
+func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) error {
 	rej := &schemas.Rejected{Reason: reason, Detail: detail, Stage: "aggregator"}
 	if r != nil {
 		rej.SourceTopic, rej.SourcePartition, rej.SourceOffset = r.Topic, r.Partition, r.Offset
@@ -72,7 +82,11 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if e != nil {
 		rej.CustomerID, rej.Meter, rej.EventID = e.CustomerID, e.Meter, e.EventID
 		if r == nil {
-			rej.RawValue = schemas.MustEncode(e)
+			v, err := encode(e)
+			if err != nil {
+				rej.Detail += "; the queued event cannot be re-encoded: " + err.Error()
+			}
+			rej.RawValue = v
 		}
 	}
 	key := rej.RawKey
@@ -80,11 +94,16 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if len(key) > 0 {
 		part = schemas.Partition(key, pt.pr.counts.rejected)
 	}
-	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
-	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: schemas.MustEncode(rej)})
+	// Raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10).
+	v, err := schemas.EncodeRejected(nil, rej)
+	if err != nil {
+		return fmt.Errorf("aggregator: partition %d: encode rejected record (%s: %s): %w", pt.p, reason, rej.Detail, err)
+	}
+	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: v})
 	pt.pr.m.rejected.WithLabelValues("aggregator", reason).Inc()
-	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", detail),
+	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", rej.Detail),
 		zap.ByteString("key", key))
+	return nil
 }
 
 func msTime(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }
