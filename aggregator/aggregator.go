@@ -160,8 +160,9 @@ func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 // backs /readyz.
 func (s *Stage) Ready() error { return s.rt.Ready() }
 
-// Status describes the stage for the status page (stream.Runtime.Status).
-func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+// Status describes the stage for the status page, as the runtime reports
+// it (service.Stage).
+func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt) }
 
 // partitionCountsT holds partition counts read from the cluster's metadata
 // at start. events, the partition count of usage.events, is the number of
@@ -174,7 +175,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Kafka, names...)
 	if err != nil {
 		return partitionCountsT{}, fmt.Errorf("aggregator: %w", err)
 	}

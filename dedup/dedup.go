@@ -29,9 +29,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -210,8 +210,9 @@ func (s *Stage) Run(ctx context.Context) error { return s.rt.Run(ctx) }
 // backs /readyz.
 func (s *Stage) Ready() error { return s.rt.Ready() }
 
-// Status describes the stage for the status page (stream.Runtime.Status).
-func (s *Stage) Status() service.StageStatus { return s.rt.Status() }
+// Status describes the stage for the status page, as the runtime reports
+// it (service.Stage).
+func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt) }
 
 // CrashAt makes the stage crash in-process at a fault point
 // (stream.Runtime.CrashAt; the demo's crash).
@@ -226,7 +227,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		cfg.Topics.RejectedTopic(), cfg.Topics.DedupChangelogTopic()}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := topics.PartitionCounts(ctx, cfg.Stream.Brokers, names...)
+	n, err := topics.PartitionCounts(ctx, cfg.Stream.Kafka, names...)
 	if err != nil {
 		return partitionCountsT{}, fmt.Errorf("dedup: %w", err)
 	}
@@ -247,7 +248,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 func endOffset(cfg Config, p int32) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cfg.Stream.Brokers...)}, cfg.Stream.ClientOptions...)...)
+	cl, err := kafka.NewClient(cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
 	if err != nil {
 		return 0, err
 	}

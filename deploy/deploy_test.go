@@ -530,7 +530,11 @@ func TestComposeCommandsParse(t *testing.T) {
 			t.Errorf("%s: --metrics-addr %q: %v", s, pc.flags["metrics-addr"], err)
 			continue
 		}
-		if !slices.Contains(c.Services[s].Ports, port+":"+port) {
+		if host, _, _ := net.SplitHostPort(pc.flags["metrics-addr"]); host != "" && host != "0.0.0.0" {
+			t.Errorf("%s: --metrics-addr %q listens on %s only: Prometheus cannot scrape it over the compose network; set %q",
+				s, pc.flags["metrics-addr"], host, ":"+port)
+		}
+		if !slices.Contains(c.Services[s].Ports, "127.0.0.1:"+port+":"+port) {
 			t.Errorf("%s: listens on %s (metrics-addr %q) but publishes %v", s, port, pc.flags["metrics-addr"], c.Services[s].Ports)
 		}
 		hc := strings.Join(c.Services[s].Healthcheck.Test, " ")
@@ -697,7 +701,7 @@ func TestGrafanaProvisioning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u.Hostname() != "prometheus" || !slices.Contains(c.Services["prometheus"].Ports, "9090:9090") || u.Port() != "9090" {
+	if u.Hostname() != "prometheus" || !slices.Contains(c.Services["prometheus"].Ports, "127.0.0.1:9090:9090") || u.Port() != "9090" {
 		t.Errorf("data source URL %s is not the prometheus service", u)
 	}
 	var pc promConfig
@@ -752,5 +756,41 @@ func TestClickHouseConfig(t *testing.T) {
 	env := stringEnv(loadCompose(t).Services["clickhouse"].Environment)
 	if env["CLICKHOUSE_SKIP_USER_SETUP"] != "1" && env["CLICKHOUSE_PASSWORD"] == "" {
 		t.Error("clickhouse: the image allows the passwordless default user (which meterline uses) from localhost only unless CLICKHOUSE_SKIP_USER_SETUP=1")
+	}
+}
+
+// TestComposePublishesOnLoopbackOnly: the stack publishes every port on
+// the host's 127.0.0.1 only (DESIGN §13): Kafka and ClickHouse without
+// passwords, the stages' status pages and Prometheus have no
+// authentication, and none of them is for the network.
+func TestComposePublishesOnLoopbackOnly(t *testing.T) {
+	c := loadCompose(t)
+	n := 0
+	for name, svc := range c.Services {
+		for _, p := range svc.Ports {
+			n++
+			parts := strings.Split(p, ":")
+			if len(parts) != 3 || parts[0] != "127.0.0.1" {
+				t.Errorf("%s: port %q is published on every interface of the host; want \"127.0.0.1:%s\"", name, p, strings.Join(parts[len(parts)-2:], ":"))
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no published ports found")
+	}
+}
+
+// TestComposeGrafanaHasNoDefaultPassword: Grafana's admin password comes
+// from the environment of `docker compose` (or a file), never from the
+// compose file, and compose refuses to start without it.
+func TestComposeGrafanaHasNoDefaultPassword(t *testing.T) {
+	env := stringEnv(loadCompose(t).Services["grafana"].Environment)
+	pw, byValue := env["GF_SECURITY_ADMIN_PASSWORD"]
+	_, byFile := env["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+	switch {
+	case byValue && !regexp.MustCompile(`^\$\{[A-Z_]+:\?[^}]+\}$`).MatchString(pw):
+		t.Errorf("GF_SECURITY_ADMIN_PASSWORD is %q; want ${VAR:?message}, a password compose requires from its environment", pw)
+	case !byValue && !byFile:
+		t.Error("Grafana's admin password is not set: Grafana would start with admin/admin")
 	}
 }

@@ -423,6 +423,7 @@ func feed(t *testing.T, brokers []string, prefix string) {
 	if err := cl.ProduceSync(ctx,
 		&kgo.Record{Topic: prefix + "usage.events", Key: []byte("garbage"), Value: []byte("not avro")},
 		&kgo.Record{Topic: prefix + "usage.deduped", Key: []byte("garbage"), Value: []byte("not avro either")},
+		&kgo.Record{Topic: prefix + "usage.rejected", Key: []byte("garbage"), Value: []byte("not avro, and never parked again")},
 	).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/meterline/meterline/producer"
 )
@@ -90,4 +91,33 @@ func ExampleParseJSON() {
 	// Output:
 	// acme api_calls 3 1795953600250 m1
 	// quantity: is missing
+}
+
+// A service authenticates with SASL/SCRAM-SHA-512. Over TLS it also
+// passes WithTLS with its CA (RootCAs) and, where the brokers ask for one,
+// its client certificate.
+func ExampleWithSASL() {
+	// In a service the password comes from a file or the environment,
+	// never from a command-line argument.
+	password := "example-password"
+	// An in-process broker that requires SCRAM stands in for Kafka.
+	cluster, err := kfake.NewCluster(kfake.SeedTopics(4, "usage.events"), kfake.EnableSASL(),
+		kfake.Superuser("SCRAM-SHA-512", "api-gateway", password))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cluster.Close()
+
+	p, err := producer.New(
+		producer.WithBrokers(cluster.ListenAddrs()...),
+		producer.WithSASL(scram.Auth{User: "api-gateway", Pass: password}.AsSha512Mechanism()),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	err = p.Send(context.Background(), producer.Event{EventID: producer.EventID("api-gateway", "req-7f3b"),
+		CustomerID: "acme", Meter: "api_calls", Quantity: 1, EventTime: time.Now()})
+	fmt.Println("sent:", err == nil)
+	// Output: sent: true
 }

@@ -50,6 +50,20 @@ func TestValidation(t *testing.T) {
 		{"properties too big", func(e *Event) { e.Properties = map[string]string{"p": strings.Repeat("x", schemas.MaxPropertiesBytes)} }, "properties", schemas.ReasonOversized},
 		{"long event id", func(e *Event) { e.EventID = strings.Repeat("x", schemas.MaxIdentityFieldBytes+1) }, "event_id", schemas.ReasonOversized},
 		{"bad utf8", func(e *Event) { e.CustomerID = "\xff" }, "customer_id", schemas.ReasonInvalid},
+		// DESIGN §8: text is checked on its bytes, so acme\xff and acme\xfe
+		// are both refused rather than merged into acme\uFFFD; identity
+		// fields and source refuse C0 control characters too.
+		{"bad utf8 acme ff", func(e *Event) { e.CustomerID = "acme\xff" }, "customer_id", schemas.ReasonInvalid},
+		{"bad utf8 acme fe", func(e *Event) { e.CustomerID = "acme\xfe" }, "customer_id", schemas.ReasonInvalid},
+		{"bad utf8 meter", func(e *Event) { e.Meter = "api\xc3" }, "meter", schemas.ReasonInvalid},
+		{"bad utf8 event id", func(e *Event) { e.EventID = "\xed\xa0\x80" }, "event_id", schemas.ReasonInvalid}, // a UTF-16 surrogate
+		{"bad utf8 source", func(e *Event) { e.Source = "gw\x80" }, "source", schemas.ReasonInvalid},
+		{"bad utf8 property", func(e *Event) { e.Properties = map[string]string{"model": "m\xff"} }, "properties.model", schemas.ReasonInvalid},
+		{"bad utf8 property name", func(e *Event) { e.Properties = map[string]string{"m\xff": "x"} }, "properties", schemas.ReasonInvalid},
+		{"NUL in customer", func(e *Event) { e.CustomerID = "acme\x00" }, "customer_id", schemas.ReasonInvalid},
+		{"tab in meter", func(e *Event) { e.Meter = "api\tcalls" }, "meter", schemas.ReasonInvalid},
+		{"newline in event id", func(e *Event) { e.EventID = "req-1\n" }, "event_id", schemas.ReasonInvalid},
+		{"escape in source", func(e *Event) { e.Source = "\x1b[31mgw" }, "source", schemas.ReasonInvalid},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -83,6 +97,9 @@ func TestValidation(t *testing.T) {
 		func(e *Event) { e.EventTime = time.UnixMilli(schemas.MinEventTime) },
 		func(e *Event) { e.Quantity = 0 },
 		func(e *Event) { e.Properties = nil },
+		func(e *Event) { e.CustomerID = "acme\uFFFD" },                                  // a real U+FFFD is text like any other
+		func(e *Event) { e.CustomerID = "Zürich\x7f" },                                  // DEL is not a C0 control
+		func(e *Event) { e.Properties = map[string]string{"note": "line 1\nline 2\t"} }, // controls are fine in properties
 	} {
 		e := goodEvent()
 		edit(&e)
@@ -199,6 +216,97 @@ func TestParseJSON(t *testing.T) {
 	for _, line := range []string{`{"event_id":`, `[1,2]`, `{} {}`, `nonsense`} {
 		if _, err := ParseJSON([]byte(line)); !errors.Is(err, ErrMalformedJSON) {
 			t.Errorf("ParseJSON(%s) = %v, want ErrMalformedJSON", line, err)
+		}
+	}
+}
+
+// TestParseJSONText: text is checked on the raw bytes of the line (DESIGN
+// §8). encoding/json turns invalid UTF-8 and unpaired surrogate escapes
+// into U+FFFD, which merged "acme\xff" and "acme\xfe" into one customer;
+// each is now an error naming its field, and a real U+FFFD (literal or
+// escaped) and a surrogate pair still decode.
+func TestParseJSONText(t *testing.T) {
+	line := func(customer, rest string) string {
+		return `{"event_id":"e","customer_id":"` + customer + `","meter":"m","quantity":1,"event_time":1795003200250` + rest + `}`
+	}
+	bad := []struct {
+		line, field string
+	}{
+		{line("acme\xff", ""), "customer_id"},
+		{line("acme\xfe", ""), "customer_id"},
+		{line("acme\xc3", ""), "customer_id"},         // truncated sequence
+		{line("acme\xed\xa0\x80", ""), "customer_id"}, // an encoded surrogate
+		{line("acme\\ud800", ""), "customer_id"},      // unpaired high surrogate
+		{line("acme\\uDC00x", ""), "customer_id"},     // unpaired low surrogate
+		{line("acme\\ud800\\u0041", ""), "customer_id"},
+		{line("c", ",\"source\":\"gw\x80\""), "source"},
+		{line("c", ",\"properties\":{\"model\":\"m\xff\"}"), "properties.model"},
+		{line("c", `,"properties":{"region":"eu","model":"\udfff"}`), "properties.model"},
+		{line("c", ",\"properties\":{\"m\xff\":\"x\"}"), "properties"},
+		{"{\"event_id\":\"e\xfe\",\"customer_id\":\"c\",\"meter\":\"m\",\"quantity\":1,\"event_time\":1795003200250}", "event_id"},
+		{"{\"event_id\":\"e\",\"customer_id\":\"c\",\"meter\":\"m\xff\",\"quantity\":1,\"event_time\":1795003200250}", "meter"},
+		{"{\"event_id\":\"e\",\"customer_id\":\"c\",\"meter\":\"m\",\"quantity\":1,\"event_time\":\"2026-11-29T12:00:00Z\xff\"}", "event_time"},
+		// C0 controls in identity fields and source, escaped in JSON:
+		// ParseJSON decodes them, Record refuses them (below).
+	}
+	for _, b := range bad {
+		_, err := ParseJSON([]byte(b.line))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != b.field || fe.Code != schemas.ReasonInvalid || !strings.Contains(err.Error(), b.field) {
+			t.Errorf("ParseJSON(%q) = %v, want an invalid error naming %q", b.line, err, b.field)
+		}
+	}
+
+	p, err := New(WithClock(fixedClock), WithBrokers("127.0.0.1:1"), WithMaxSkew(24*365*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, c := range []struct{ line, field string }{
+		{line(`acme\u0000`, ""), "customer_id"},
+		{line(`acme\t`, ""), "customer_id"},
+		{line(`c`, `,"source":"gw\n"`), "source"},
+		{`{"event_id":"e\u001f","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "event_id"},
+	} {
+		e, err := ParseJSON([]byte(c.line))
+		if err != nil {
+			t.Fatalf("ParseJSON(%q) = %v", c.line, err)
+		}
+		_, err = p.Record(e)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(err.Error(), "control character") {
+			t.Errorf("Record(%q) = %v, want a control character error naming %q", c.line, err, c.field)
+		}
+	}
+
+	// Still text: U+FFFD written out or escaped is one and the same
+	// customer; a surrogate pair is one code point; an escaped backslash
+	// before "ud800" is not an escape.
+	for _, c := range []struct{ line, customer string }{
+		{line("acme\uFFFD", ""), "acme\uFFFD"},
+		{line(`acme\ufffd`, ""), "acme\uFFFD"},
+		{line(`acme\ud83d\ude00`, ""), "acme😀"},
+		{line(`acme\\ud800`, ""), `acme\ud800`},
+		{line("Zürich", ""), "Zürich"},
+	} {
+		e, err := ParseJSON([]byte(c.line))
+		if err != nil || e.CustomerID != c.customer {
+			t.Errorf("ParseJSON(%q) = %q, %v; want customer %q", c.line, e.CustomerID, err, c.customer)
+			continue
+		}
+		if _, err := p.Record(e); err != nil {
+			t.Errorf("Record(%q) = %v", c.line, err)
+		}
+	}
+}
+
+// BenchmarkParseJSON: one line of the public JSON format, as `meterline
+// produce` parses it.
+func BenchmarkParseJSON(b *testing.B) {
+	line := []byte(`{"event_id":"req-42","customer_id":"acme","meter":"api_calls","quantity":3,"event_time":"2026-11-29T12:00:00.250Z","source":"api-gateway","properties":{"model":"m1"}}`)
+	for b.Loop() {
+		if _, err := ParseJSON(line); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

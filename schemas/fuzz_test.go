@@ -88,3 +88,27 @@ func FuzzDecodeUsageOr(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSplitFramed checks that SplitFramed accepts exactly what AppendFramed
+// produces: whatever it splits frames back to the same bytes, so no two
+// byte strings split into the same parts.
+func FuzzSplitFramed(f *testing.F) {
+	f.Add([]byte("4:acme9:api_calls"))
+	f.Add([]byte(""))
+	f.Add([]byte("0:"))
+	f.Add([]byte("01:a"))
+	f.Add([]byte("+1:a"))
+	f.Add([]byte("1:a2:b"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parts, err := SplitFramed(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadKey) {
+				t.Fatalf("unexpected error class: %v", err)
+			}
+			return
+		}
+		if again := AppendFramed(nil, parts...); !bytes.Equal(again, b) {
+			t.Fatalf("SplitFramed(%q) = %q, which frames to %q", b, parts, again)
+		}
+	})
+}

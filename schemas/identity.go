@@ -129,7 +129,10 @@ func Partition(key []byte, n int32) int32 {
 	return (Murmur2(key) & 0x7fffffff) % n
 }
 
-// SplitFramed splits bytes made by AppendFramed back into their parts.
+// SplitFramed splits bytes made by AppendFramed back into their parts. It
+// accepts exactly what AppendFramed produces (decimal lengths without sign
+// or leading zeros), so two different byte strings never split into the
+// same parts.
 func SplitFramed(b []byte) ([]string, error) {
 	var parts []string
 	for len(b) > 0 {
@@ -137,11 +140,18 @@ func SplitFramed(b []byte) ([]string, error) {
 		for j < len(b) && b[j] != ':' {
 			j++
 		}
-		if j == len(b) || j == 0 || j > 9 {
+		digits := b[:j]
+		if j == len(b) || j == 0 || j > 9 || (j > 1 && digits[0] == '0') {
 			return nil, fmt.Errorf("schemas: %w: bad length prefix", ErrBadKey)
 		}
-		n, err := strconv.Atoi(string(b[:j]))
-		if err != nil || n < 0 || n > len(b)-j-1 {
+		n := 0
+		for _, c := range digits {
+			if c < '0' || c > '9' {
+				return nil, fmt.Errorf("schemas: %w: bad length prefix", ErrBadKey)
+			}
+			n = n*10 + int(c-'0')
+		}
+		if n > len(b)-j-1 {
 			return nil, fmt.Errorf("schemas: %w: bad part length", ErrBadKey)
 		}
 		parts = append(parts, string(b[j+1:j+1+n]))

@@ -50,10 +50,44 @@ func oversized(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Code: ReasonOversized, Reason: fmt.Sprintf(format, args...)}
 }
 
+// CheckText returns a *FieldError naming field when v is not acceptable
+// text (DESIGN §8): not valid UTF-8, or, with identity (customer_id, meter,
+// event_id and source), holding a C0 control character (U+0000–U+001F).
+// The check is on the bytes themselves, so two byte strings that a lenient
+// decoder would both turn into U+FFFD can never become one identity.
+func CheckText(field, v string, identity bool) *FieldError {
+	if !utf8.ValidString(v) {
+		i := firstInvalidUTF8(v)
+		return invalid(field, "is not valid UTF-8 (byte 0x%02x at offset %d)", v[i], i)
+	}
+	if identity {
+		for i := 0; i < len(v); i++ {
+			if v[i] < 0x20 {
+				return invalid(field, "holds the control character U+%04X at offset %d (not allowed in identity fields and source)", v[i], i)
+			}
+		}
+	}
+	return nil
+}
+
+// firstInvalidUTF8 returns the offset of the first byte of s that does not
+// start a valid UTF-8 sequence, or len(s).
+func firstInvalidUTF8(s string) int {
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return len(s)
+}
+
 // Validate checks the rules that do not depend on time of arrival: identity
-// fields present, valid UTF-8 and bounded; quantity non-negative;
-// event_time on or after 2000-01-01; properties sorted, unique and bounded.
-// It returns the first *FieldError found, or nil. The window rules
+// fields present, bounded, valid UTF-8 without C0 control characters;
+// quantity non-negative; event_time on or after 2000-01-01; source valid
+// UTF-8 without C0 controls; properties sorted, unique, valid UTF-8 and
+// bounded. It returns the first *FieldError found, or nil. The window rules
 // (too_old, in_future) are dedup's and depend on the arrival time.
 func (e *UsageEvent) Validate() error {
 	for _, f := range [...]struct{ name, v string }{
@@ -64,8 +98,9 @@ func (e *UsageEvent) Validate() error {
 			return invalid(f.name, "must not be empty")
 		case len(f.v) > MaxIdentityFieldBytes:
 			return oversized(f.name, "%d bytes, more than %d", len(f.v), MaxIdentityFieldBytes)
-		case !utf8.ValidString(f.v):
-			return invalid(f.name, "is not valid UTF-8")
+		}
+		if fe := CheckText(f.name, f.v, true); fe != nil {
+			return fe
 		}
 	}
 	if e.Quantity < 0 {
@@ -80,8 +115,8 @@ func (e *UsageEvent) Validate() error {
 	if len(e.Source) > MaxSourceBytes {
 		return oversized("source", "%d bytes, more than %d", len(e.Source), MaxSourceBytes)
 	}
-	if !utf8.ValidString(e.Source) {
-		return invalid("source", "is not valid UTF-8")
+	if fe := CheckText("source", e.Source, true); fe != nil {
+		return fe
 	}
 	if len(e.Properties) > MaxProperties {
 		return oversized("properties", "%d properties, more than %d", len(e.Properties), MaxProperties)
@@ -91,11 +126,16 @@ func (e *UsageEvent) Validate() error {
 		if p.Name == "" {
 			return invalid("properties", "a property has an empty name")
 		}
+		if fe := CheckText("properties", p.Name, false); fe != nil {
+			fe.Reason = "a property name " + fe.Reason
+			return fe
+		}
 		if i > 0 && p.Name <= e.Properties[i-1].Name {
 			return invalid("properties."+p.Name, "not sorted by name, or repeated")
 		}
-		if !utf8.ValidString(p.Name) || !utf8.ValidString(p.Value) {
-			return invalid("properties."+p.Name, "is not valid UTF-8")
+		if fe := CheckText("properties", p.Value, false); fe != nil {
+			fe.Field = "properties." + p.Name // built only here: no allocation per valid event
+			return fe
 		}
 		size += len(p.Name) + len(p.Value)
 	}

@@ -7,6 +7,14 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
+# The secured services (docs/operations.md, "Security and ACLs"), on ports of
+# their own: a SASL_SSL broker with ACLs, and a ClickHouse whose user default
+# needs a password, with native TLS.
+KAFKA_SASL_PORT=${KAFKA_SASL_PORT:-$((KAFKA_PORT + 200))}
+CLICKHOUSE_SECURE_PORT=${CLICKHOUSE_SECURE_PORT:-$((CLICKHOUSE_PORT + 400))}
+CLICKHOUSE_SECURE_HTTP_PORT=${CLICKHOUSE_SECURE_HTTP_PORT:-$((CLICKHOUSE_PORT + 401))}
+CLICKHOUSE_SECURE_TLS_PORT=${CLICKHOUSE_SECURE_TLS_PORT:-$((CLICKHOUSE_PORT + 440))}
+CLICKHOUSE_SECURE_PASSWORD_FILE=${CLICKHOUSE_SECURE_PASSWORD_FILE:-/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT.password}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
 log=$(mktemp -t meterline-test.XXXXXX.log)
@@ -14,14 +22,31 @@ log=$(mktemp -t meterline-test.XXXXXX.log)
 stop_services() {
   if [ -z "${KEEP_SERVICES:-}" ]; then
     deploy/local/kafka.sh stop || true
+    KAFKA_PORT=$KAFKA_SASL_PORT deploy/local/kafka.sh stop || true
     deploy/local/clickhouse.sh stop || true
+    CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT deploy/local/clickhouse.sh stop || true
   fi
 }
 trap stop_services EXIT
 
 start=$(date +%s)
-deploy/local/kafka.sh start
+# The two brokers start side by side (a JVM start is mostly waiting).
+deploy/local/kafka.sh start &
+plain_kafka=$!
+(
+  KAFKA_PORT=$KAFKA_SASL_PORT KAFKA_SECURITY=sasl_ssl deploy/local/kafka.sh start
+) &
+sasl_kafka=$!
 deploy/local/clickhouse.sh start
+if [ ! -s "$CLICKHOUSE_SECURE_PASSWORD_FILE" ]; then
+  (umask 077 && openssl rand -hex 16 >"$CLICKHOUSE_SECURE_PASSWORD_FILE")
+fi
+CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT CLICKHOUSE_TLS_PORT=$CLICKHOUSE_SECURE_TLS_PORT CLICKHOUSE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE deploy/local/clickhouse.sh start
+wait "$plain_kafka"
+wait "$sasl_kafka"
+METERLINE_TEST_KAFKA_SASL_DIR=$(
+  KAFKA_PORT=$KAFKA_SASL_PORT deploy/local/kafka.sh credentials
+)
 # The dashboard test runs its own Prometheus; this only installs Debian's.
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
@@ -30,11 +55,16 @@ METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
 echo "== go vet $PACKAGES"
 $GO vet $PACKAGES
 
-echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT)"
+echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, SASL_SSL on $KAFKA_SASL_PORT; real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT, password and TLS on $CLICKHOUSE_SECURE_TLS_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
+export METERLINE_TEST_KAFKA_SASL=127.0.0.1:$KAFKA_SASL_PORT
+export METERLINE_TEST_KAFKA_SASL_DIR
+export METERLINE_TEST_CLICKHOUSE_SECURE=127.0.0.1:$CLICKHOUSE_SECURE_TLS_PORT
+export METERLINE_TEST_CLICKHOUSE_SECURE_DIR=/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT/security
+export METERLINE_TEST_CLICKHOUSE_SECURE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE
 set +e
 # -p 1: integration packages share one broker on a 2-core machine.
 $GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v $PACKAGES 2>&1 | tee "$log"

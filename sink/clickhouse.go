@@ -2,31 +2,82 @@ package sink
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"time"
 
+	chproto "github.com/ClickHouse/ch-go/proto"
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+
+	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/tlsconfig"
 )
 
 // databaseName is what Dial accepts as a database name: it is spliced into
 // CREATE DATABASE and into qualified table names.
 var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Dial opens a native-protocol connection pool to addr whose default
-// database is database, and pings it. With create, the database is created
-// first when it does not exist. Every call on the returned connection must
-// carry a deadline (PLATFORM.md).
+// Server is how to reach ClickHouse over the native protocol: address,
+// user, password and TLS.
+type Server struct {
+	// Addr is host:port of the native protocol: the server's tcp_port, or
+	// its tcp_port_secure with TLS. Required.
+	Addr string
+	// User is the ClickHouse user. Default: "default".
+	User string
+	// Password is the user's password. Default: none.
+	Password secret.Secret
+	// TLS encrypts the connection and verifies the server's certificate
+	// (ClickHouse's tcp_port_secure). Default: off.
+	TLS tlsconfig.Files
+}
+
+// Validate reports every problem, joined.
+func (s Server) Validate() error {
+	var errs []error
+	if s.Addr == "" {
+		errs = append(errs, errors.New("sink: clickhouse: an address is required"))
+	}
+	if err := s.TLS.Validate("sink: clickhouse-tls"); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (s Server) user() string {
+	if s.User == "" {
+		return "default"
+	}
+	return s.User
+}
+
+// ErrAuthentication is returned (wrapped) by Dial when ClickHouse refuses
+// the user or the password: a configuration error that waiting does not
+// cure.
+var ErrAuthentication = errors.New("sink: clickhouse authentication failed")
+
+// Dial is Server{Addr: addr}.Dial: user "default", no password, no TLS.
 func Dial(ctx context.Context, addr, database string, create bool) (driver.Conn, error) {
+	return Server{Addr: addr}.Dial(ctx, database, create)
+}
+
+// Dial opens a native-protocol connection pool to the server whose
+// default database is database, and pings it. With create, the database
+// is created first when it does not exist. Every call on the returned
+// connection must carry a deadline (PLATFORM.md). A refused user or
+// password is an error wrapping ErrAuthentication.
+func (s Server) Dial(ctx context.Context, database string, create bool) (driver.Conn, error) {
 	if !databaseName.MatchString(database) {
 		return nil, fmt.Errorf("sink: database name %q: want letters, digits and underscores", database)
 	}
 	if create {
-		admin, err := open(ctx, addr, "default")
+		admin, err := s.open(ctx, "default")
 		if err != nil {
 			return nil, err
 		}
@@ -35,16 +86,24 @@ func Dial(ctx context.Context, addr, database string, create bool) (driver.Conn,
 		cancel()
 		_ = admin.Close()
 		if err != nil {
-			return nil, fmt.Errorf("sink: create database %s on %s: %w", database, addr, err)
+			return nil, fmt.Errorf("sink: create database %s on %s: %w", database, s.Addr, err)
 		}
 	}
-	return open(ctx, addr, database)
+	return s.open(ctx, database)
 }
 
-func open(ctx context.Context, addr, database string) (driver.Conn, error) {
+func (s Server) open(ctx context.Context, database string) (driver.Conn, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	tc, err := s.TLS.Load()
+	if err != nil {
+		return nil, fmt.Errorf("sink: clickhouse %s: %w", s.Addr, err)
+	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:             []string{addr},
-		Auth:             clickhouse.Auth{Database: database, Username: "default"},
+		Addr:             []string{s.Addr},
+		Auth:             clickhouse.Auth{Database: database, Username: s.user(), Password: s.Password.Reveal()},
+		TLS:              tc,
 		DialTimeout:      5 * time.Second,
 		ReadTimeout:      2 * time.Minute,
 		MaxOpenConns:     8,
@@ -53,15 +112,63 @@ func open(ctx context.Context, addr, database string) (driver.Conn, error) {
 		ConnOpenStrategy: clickhouse.ConnOpenInOrder,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sink: clickhouse %s: %w", addr, err)
+		return nil, fmt.Errorf("sink: clickhouse %s: %w", s.Addr, err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := conn.Ping(pctx); err != nil {
 		_ = conn.Close()
-		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", addr, database, err)
+		if isAuthErr(err) {
+			return nil, fmt.Errorf("%w: %s refused user %q (wrong user or password?): %v", ErrAuthentication, s.Addr, s.user(), err)
+		}
+		if isTLSErr(err) {
+			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w", s.Addr, err)
+		}
+		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", s.Addr, database, err)
 	}
 	return conn, nil
+}
+
+// authCodes are the server exception codes of a refused login
+// (ClickHouse ErrorCodes.cpp): UNKNOWN_USER, WRONG_PASSWORD,
+// REQUIRED_PASSWORD, AUTHENTICATION_FAILED.
+var authCodes = map[int32]bool{192: true, 193: true, 194: true, 516: true}
+
+func isAuthErr(err error) bool {
+	var ex *proto.Exception
+	return errors.As(err, &ex) && authCodes[ex.Code]
+}
+
+// CheckLogin connects once, as the sink will, and returns an error when
+// the server refused the user or password (wrapping ErrAuthentication) or
+// the TLS handshake failed, or the settings are invalid: a process should
+// stop there, before it writes anything. A server that cannot be reached
+// is not its business (nil): the sink waits for it.
+func (s Server) CheckLogin(ctx context.Context) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	conn, err := s.open(ctx, "default")
+	if err == nil {
+		_ = conn.Close()
+		return nil
+	}
+	if errors.Is(err, ErrAuthentication) || isTLSErr(err) {
+		return err
+	}
+	if _, terr := s.TLS.Load(); terr != nil {
+		return err
+	}
+	return nil
+}
+
+func isTLSErr(err error) bool {
+	var (
+		verr *tls.CertificateVerificationError
+		rerr tls.RecordHeaderError
+		aerr tls.AlertError
+	)
+	return errors.As(err, &verr) || errors.As(err, &rerr) || errors.As(err, &aerr) || strings.Contains(err.Error(), "tls: ")
 }
 
 // errClass says what a failed ClickHouse call means for the rows it carried.
@@ -76,6 +183,13 @@ const (
 	// classRefused: the server (or the driver) refused this block because
 	// of the data in it. Split the block to find the refused rows.
 	classRefused
+	// classUnknown: a server exception whose code is in neither list below.
+	// It may as well be a state of the server the sink does not know (a
+	// missing dictionary, a new kind of overload) as a refusal of the rows,
+	// so the rows are never parked on it: the sink backs off as when
+	// unavailable, for at most Config.UnknownErrorLimit, and then stops
+	// with ErrUnknownServerError.
+	classUnknown
 )
 
 // transientCodes are server exception codes that do not depend on the rows
@@ -112,9 +226,40 @@ var transientCodes = map[int32]string{
 	1000: "POCO_EXCEPTION",
 }
 
+// refusalCodes are server exception codes raised by the values of a block:
+// a DEFAULT or MATERIALIZED expression, a constraint or a partition key
+// failing on a row (ClickHouse ErrorCodes.cpp). Codes that can also mean
+// a state of the server (BAD_ARGUMENTS for a missing dictionary,
+// ILLEGAL_TYPE_OF_ARGUMENT after a schema change, LOGICAL_ERROR) are
+// deliberately not here: they are unknown.
+var refusalCodes = map[int32]string{
+	6:   "CANNOT_PARSE_TEXT",
+	19:  "SIZE_OF_FIXED_STRING_DOESNT_MATCH",
+	27:  "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
+	38:  "CANNOT_PARSE_DATE",
+	41:  "CANNOT_PARSE_DATETIME",
+	69:  "ARGUMENT_OUT_OF_BOUND",
+	70:  "CANNOT_CONVERT_TYPE",
+	72:  "CANNOT_PARSE_NUMBER",
+	117: "INCORRECT_DATA",
+	128: "TOO_LARGE_ARRAY_SIZE",
+	131: "TOO_LARGE_STRING_SIZE",
+	153: "ILLEGAL_DIVISION",
+	190: "SIZES_OF_ARRAYS_DONT_MATCH",
+	248: "INVALID_PARTITION_VALUE",
+	321: "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE",
+	349: "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
+	376: "CANNOT_PARSE_UUID",
+	395: "FUNCTION_THROW_IF_VALUE_IS_NON_ZERO",
+	407: "DECIMAL_OVERFLOW",
+	441: "CANNOT_PARSE_DOMAIN_VALUE_FROM_STRING",
+	469: "VIOLATED_CONSTRAINT",
+}
+
 // classify sorts an error from an INSERT. The driver refusing values, or a
-// server exception with a data-dependent code while the block was sent, is
-// a refusal; everything else (a failure to start the INSERT, network
+// server exception with a known data-dependent code while the block was
+// sent, is a refusal; a server exception with a code the sink does not
+// know is unknown; everything else (a failure to start the INSERT, network
 // errors, timeouts, a closed connection, transient server codes) means
 // "unavailable".
 func classify(err error) errClass {
@@ -128,12 +273,30 @@ func classify(err error) errClass {
 	}
 	var ex *proto.Exception
 	if errors.As(err, &ex) {
-		if _, transient := transientCodes[ex.Code]; transient {
+		if _, ok := transientCodes[ex.Code]; ok {
 			return classUnavailable
 		}
-		return classRefused
+		if _, ok := refusalCodes[ex.Code]; ok {
+			return classRefused
+		}
+		return classUnknown
 	}
 	return classUnavailable
+}
+
+// ErrUnknownServerError is returned (wrapped) by Writer.Run when ClickHouse
+// failed a table's INSERTs with an error code the sink knows neither as a
+// refusal of rows nor as transient, for longer than
+// Config.UnknownErrorLimit. Nothing was committed past those rows.
+var ErrUnknownServerError = errors.New("clickhouse keeps failing with an error code the sink does not know")
+
+// codeName names a server exception code, as ClickHouse's ErrorCodes.cpp
+// does ("BAD_ARGUMENTS"), when the driver knows it.
+func codeName(code int32) string {
+	if e := chproto.Error(code); e.IsAError() {
+		return e.String()
+	}
+	return "unnamed"
 }
 
 // isNetErr reports whether err looks like the server is not reachable at

@@ -3,6 +3,7 @@ package sink
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -10,13 +11,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 )
 
 // Config configures a Writer. Zero fields take the defaults documented on
 // them (EnsureDefaults); Validate reports every problem at once.
 type Config struct {
-	// Brokers are the Kafka seed brokers. Required.
+	// Kafka is the connection to the cluster: seed brokers, SASL and TLS.
+	// Kafka.Brokers is required, or Brokers.
+	Kafka kafka.Config
+	// Brokers is shorthand for Kafka.Brokers, for a cluster without SASL
+	// or TLS; EnsureDefaults copies it there. Setting both is an error.
 	Brokers []string
 	// Group is the consumer group. Default: "meterline-sink".
 	Group string
@@ -27,10 +33,17 @@ type Config struct {
 	InstanceID string
 	// Topics names the five input topics (usage.deduped, usage.aggregates,
 	// usage.adjustments, usage.duplicates, usage.rejected); refused rows
-	// are parked in the rejected topic. Default: topics.DefaultNames().
+	// are parked in the rejected topic, and records of the rejected topic
+	// that cannot be rows of usage_rejected go to the usage_quarantine
+	// table. Default: topics.DefaultNames().
 	Topics topics.Names
 
-	// ClickHouse is the native-protocol address. Required unless Conn is set.
+	// ClickHouseServer is how to reach ClickHouse: address, user,
+	// password, TLS. Its address (or ClickHouse) is required unless Conn
+	// is set.
+	ClickHouseServer Server
+	// ClickHouse is shorthand for ClickHouseServer.Addr; EnsureDefaults
+	// copies it there. Setting both is an error.
 	ClickHouse string
 	// Database holds the tables. Default: "meterline".
 	Database string
@@ -73,6 +86,16 @@ type Config struct {
 	// partition is inserted, so the rows after it cannot be tried first).
 	// Default: 100.
 	MaxRefusedInARow int
+	// UnknownErrorLimit bounds how long the sink retries a table whose
+	// INSERTs ClickHouse fails with an exception code the sink knows
+	// neither as a refusal of the rows nor as transient (a missing
+	// dictionary behind a MATERIALIZED column, a code added by a newer
+	// server). Until then it backs off as when ClickHouse is unavailable:
+	// fetching paused, nothing committed, nothing parked, /readyz not
+	// ready. Past it Run stops with ErrUnknownServerError rather than
+	// park rows that may be fine; a restart resumes from the committed
+	// offsets. The spell ends when an INSERT succeeds. Default: 5m.
+	UnknownErrorLimit time.Duration
 	// PingInterval is how often ClickHouse is pinged for /readyz.
 	// Default: 2s.
 	PingInterval time.Duration
@@ -102,6 +125,18 @@ type Config struct {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
+	if len(c.Kafka.Brokers) == 0 {
+		c.Kafka.Brokers = c.Brokers
+	}
+	if len(c.Brokers) == 0 {
+		c.Brokers = c.Kafka.Brokers
+	}
+	if c.ClickHouseServer.Addr == "" {
+		c.ClickHouseServer.Addr = c.ClickHouse
+	}
+	if c.ClickHouse == "" {
+		c.ClickHouse = c.ClickHouseServer.Addr
+	}
 	if c.Group == "" {
 		c.Group = "meterline-sink"
 	}
@@ -135,6 +170,9 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxRefusedInARow == 0 {
 		c.MaxRefusedInARow = 100
 	}
+	if c.UnknownErrorLimit == 0 {
+		c.UnknownErrorLimit = 5 * time.Minute
+	}
 	if c.PingInterval == 0 {
 		c.PingInterval = 2 * time.Second
 	}
@@ -164,14 +202,22 @@ func (c *Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("sink config: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
-	if len(c.Brokers) == 0 {
-		bad("Brokers", "at least one seed broker is required")
+	if err := c.Kafka.Validate(); err != nil {
+		bad("Kafka", "%v", err)
+	}
+	if !slices.Equal(c.Brokers, c.Kafka.Brokers) {
+		bad("Brokers", "%q differs from Kafka.Brokers %q: set one", c.Brokers, c.Kafka.Brokers)
 	}
 	if c.InstanceID == "" {
 		bad("InstanceID", "required (stable across restarts, unique in the group)")
 	}
-	if c.ClickHouse == "" && c.Conn == nil {
-		bad("ClickHouse", "an address is required")
+	if c.Conn == nil {
+		if err := c.ClickHouseServer.Validate(); err != nil {
+			bad("ClickHouseServer", "%v", err)
+		}
+	}
+	if c.ClickHouse != c.ClickHouseServer.Addr {
+		bad("ClickHouse", "%q differs from ClickHouseServer.Addr %q: set one", c.ClickHouse, c.ClickHouseServer.Addr)
 	}
 	if !databaseName.MatchString(c.Database) {
 		bad("Database", "%q: want letters, digits and underscores", c.Database)
@@ -208,6 +254,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRefusedInARow < 1 {
 		bad("MaxRefusedInARow", "%d: must be at least 1", c.MaxRefusedInARow)
+	}
+	if c.UnknownErrorLimit < 0 {
+		bad("UnknownErrorLimit", "%s: must not be negative", c.UnknownErrorLimit)
 	}
 	if c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0 || c.TransactionTimeout <= 0 {
 		bad("SessionTimeout/RebalanceTimeout/TransactionTimeout", "must be positive")

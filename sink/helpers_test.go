@@ -88,6 +88,9 @@ type running struct {
 	w    *Writer
 	reg  *prometheus.Registry
 	stop func() error
+	// exited is closed when Run returned; err is then its error.
+	exited chan struct{}
+	err    error
 }
 
 func (e *env) start(mod func(*Config)) *running {
@@ -104,23 +107,27 @@ func (e *env) start(mod func(*Config)) *running {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	r := &running{w: w, reg: reg, exited: make(chan struct{})}
+	go func() {
+		r.err = w.Run(ctx)
+		close(r.exited)
+	}()
 	var once sync.Once
 	var runErr error
-	stop := func() error {
+	r.stop = func() error {
 		once.Do(func() {
 			cancel()
 			select {
-			case runErr = <-done:
+			case <-r.exited:
+				runErr = r.err
 			case <-time.After(time.Minute):
 				runErr = errors.New("writer did not stop within a minute")
 			}
 		})
 		return runErr
 	}
-	e.t.Cleanup(func() { _ = stop() })
-	return &running{w: w, reg: reg, stop: stop}
+	e.t.Cleanup(func() { _ = r.stop() })
+	return r
 }
 
 func (e *env) allTopics() []string {

@@ -18,7 +18,8 @@ import (
 // queries (the highest offset present, then which of the batch's offsets
 // are present) must answer exactly, read a bounded number of rows —
 // at most the two 65,536-offset chunks a batch can touch plus two index
-// granules — and take under a second, per system.query_log.
+// granules, per system.query_log. Its duration is logged, not asserted:
+// timing belongs in benchmarks.
 func TestResumeLookup10M(t *testing.T) {
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 10*time.Minute)
@@ -111,8 +112,8 @@ func TestResumeLookup10M(t *testing.T) {
 		if len(got) == 2 {
 			for _, l := range got {
 				t.Logf("query_log: %d ms, read_rows %d, read_bytes %d: %.110s…", l.ms, l.rows, l.bytes, l.query)
-				if l.rows > bound || l.ms >= 1000 {
-					t.Errorf("lookup read %d rows in %d ms; want at most %d rows, under 1 s", l.rows, l.ms, bound)
+				if l.rows > bound {
+					t.Errorf("lookup read %d rows (in %d ms); want at most %d rows", l.rows, l.ms, bound)
 				}
 			}
 			return

@@ -3,6 +3,8 @@ package sink
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/meterline/meterline/internal/service"
 )
 
 // Row outcomes of meterline_sink_rows_total.
@@ -12,10 +14,14 @@ const (
 	outcomePresent = "already_present"
 	// outcomeParked: refused by ClickHouse, parked in usage.rejected.
 	outcomeParked = "parked"
-	// outcomeUnparkable: refused, but read from usage.rejected, so not
-	// parked again; logged at error level, left in Kafka for a redrive.
-	outcomeUnparkable = "unparkable"
+	// outcomeQuarantined: a record of usage.rejected that does not decode
+	// or that ClickHouse refused: never parked again (DESIGN §7), it is
+	// written to usage_quarantine with its raw bytes instead.
+	outcomeQuarantined = "quarantined"
 )
+
+// stage is the stage label of meterline_rejected_total.
+const stage = "sink"
 
 type metrics struct {
 	recordsIn     *prometheus.CounterVec
@@ -24,7 +30,8 @@ type metrics struct {
 	insertSeconds *prometheus.HistogramVec
 	insertRows    *prometheus.HistogramVec
 	insertErrors  *prometheus.CounterVec
-	rejected      *prometheus.CounterVec
+	rejected      *prometheus.CounterVec // meterline_rejected_total{stage,reason}, shared by the stages
+	quarantined   *prometheus.CounterVec
 	lookupSeconds *prometheus.HistogramVec
 	flushes       *prometheus.CounterVec
 	commitSeconds prometheus.Histogram
@@ -42,15 +49,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		committed: f.NewCounter(prometheus.CounterOpts{Name: "meterline_sink_records_committed_total",
 			Help: "Kafka records whose offsets a committed transaction moved past (rows, watermarks, parked records)."}),
 		rows: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_rows_total",
-			Help: "Rows by table and outcome: inserted, already_present (skipped by the resume rule), parked, unparkable."}, []string{"table", "outcome"}),
+			Help: "Rows by table and outcome: inserted, already_present (skipped by the resume rule), parked, quarantined."}, []string{"table", "outcome"}),
 		insertSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_insert_seconds",
 			Help: "Latency of successful INSERTs, by table.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"table"}),
 		insertRows: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_insert_rows",
 			Help: "Rows per successful INSERT, by table.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}, []string{"table"}),
 		insertErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_insert_errors_total",
-			Help: "Failed INSERT attempts, by table and kind: unavailable (retried) or refused (block split)."}, []string{"table", "kind"}),
-		rejected: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_rejected_total",
-			Help: "Records the sink parked in usage.rejected, by reason (uninsertable, undecodable, unknown_schema)."}, []string{"reason"}),
+			Help: "Failed INSERT attempts, by table and kind: unavailable (retried), refused (block split) or unknown (an error code the sink does not know: retried for at most the unknown-error limit, then the sink stops)."}, []string{"table", "kind"}),
+		rejected: service.RejectedCounter(reg),
+		quarantined: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_quarantined_total",
+			Help: "Records of usage.rejected written to usage_quarantine with their raw bytes, because they cannot be rows of usage_rejected, by reason: undecodable, unknown_schema (the value does not decode), uninsertable (ClickHouse refused the row)."}, []string{"reason"}),
 		lookupSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_resume_lookup_seconds",
 			Help:    "Latency of resume lookups (rows already in the table at or after the committed offset), by table.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"table"}),

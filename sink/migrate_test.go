@@ -22,8 +22,8 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 // TestMigrateIdempotent applies the migrations to an empty database twice:
-// the first run creates the five tables with the Kafka coordinates and the
-// resume-lookup sort key, the second applies nothing and records nothing.
+// the first run creates the five tables and usage_quarantine with the Kafka
+// coordinates and the resume-lookup sort key, the second applies nothing and records nothing.
 func TestMigrateIdempotent(t *testing.T) {
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 2*time.Minute)
@@ -65,7 +65,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	if recorded != uint64(len(ms)) {
 		t.Errorf("%s has %d rows, want one per migration (%d)", MigrationsTable, recorded, len(ms))
 	}
-	for _, name := range []string{TableEvents, TableAggregates, TableAdjustments, TableDuplicates, TableRejected} {
+	for _, name := range []string{TableEvents, TableAggregates, TableAdjustments, TableDuplicates, TableRejected, TableQuarantine} {
 		var ddl string
 		if err := conn.QueryRow(ctx, "SHOW CREATE TABLE "+db+"."+name).Scan(&ddl); err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -79,7 +79,7 @@ func TestMigrateIdempotent(t *testing.T) {
 		}
 	}
 	// The Go column lists match the tables.
-	for _, tb := range newTables(testTopics()) {
+	for _, tb := range append(newTables(testTopics()), newQuarantine(testTopics())) {
 		rows, err := conn.Query(ctx, "SELECT name FROM system.columns WHERE database = '"+db+"' AND table = '"+tb.name+"'")
 		if err != nil {
 			t.Fatal(err)

@@ -21,6 +21,12 @@ const (
 	TableAdjustments = "usage_adjustments"
 	TableDuplicates  = "usage_duplicates"
 	TableRejected    = "usage_rejected"
+	// TableQuarantine holds the records of usage.rejected that cannot be
+	// rows of usage_rejected (their value does not decode, or ClickHouse
+	// refused the row), with their raw bytes, Kafka coordinates and the
+	// reason. Such records are never parked again (DESIGN §7); without it
+	// they would be gone with the topic's retention.
+	TableQuarantine = "usage_quarantine"
 )
 
 // resumeChunk is the offset chunk of every table's sort key,
@@ -206,14 +212,55 @@ func decoder[M any, PM interface {
 	}
 }
 
-func newTables(n topics.Names) []*table {
-	common := []column{
+// unreadable is the message of a usage_quarantine row: why the record
+// could not be a row of its own table.
+type unreadable struct {
+	reason string // a reason code of DESIGN §8: undecodable, unknown_schema, uninsertable
+	detail string
+}
+
+// commonColumns are the Kafka coordinates every table starts with.
+func commonColumns() []column {
+	return []column{
 		rcol("kafka_topic", func(r *kgo.Record) string { return r.Topic }),
 		rcol("kafka_partition", func(r *kgo.Record) int32 { return r.Partition }),
 		rcol("kafka_offset", func(r *kgo.Record) int64 { return r.Offset }),
 		rcol("kafka_timestamp", func(r *kgo.Record) int64 { return secs(r.Timestamp.UnixMilli()) }),
 		rcol("kafka_timestamp_ms", func(r *kgo.Record) int64 { return r.Timestamp.UnixMilli() }),
 	}
+}
+
+// newQuarantine is the usage_quarantine table, for records of the rejected
+// topic. It is not one of the tables records are routed to by topic.
+func newQuarantine(n topics.Names) *table {
+	type un = unreadable
+	return &table{
+		name: TableQuarantine, topic: n.RejectedTopic(),
+		columns: append(commonColumns(),
+			mcol("reason", func(u *un) string { return u.reason }),
+			mcol("detail", func(u *un) string { return u.detail }),
+			rcol("raw_key", func(r *kgo.Record) *string { return nullableBytes(r.Key) }),
+			rcol("raw_value", func(r *kgo.Record) *string { return nullableBytes(r.Value) }),
+			rcol("header_keys", func(r *kgo.Record) []string {
+				out := make([]string, len(r.Headers))
+				for i, h := range r.Headers {
+					out[i] = h.Key
+				}
+				return out
+			}),
+			rcol("header_values", func(r *kgo.Record) []string {
+				out := make([]string, len(r.Headers))
+				for i, h := range r.Headers {
+					out[i] = string(h.Value)
+				}
+				return out
+			}),
+		),
+	}
+}
+
+func newTables(n topics.Names) []*table {
+	common := commonColumns()
 	cols := func(specific ...column) []column { return append(append([]column{}, common...), specific...) }
 
 	type ev = schemas.DedupedEvent

@@ -33,6 +33,12 @@
 // too many parts, memory): the sink pauses fetching, backs off, commits
 // nothing, and /readyz is not ready until an INSERT succeeds again.
 //
+// An INSERT failing with a server error code the sink knows neither as a
+// refusal of rows nor as transient is treated as unavailability too, for
+// at most Config.UnknownErrorLimit; then Run stops with
+// ErrUnknownServerError (see unknownSpell for why it stops rather than
+// park), having committed nothing past the rows.
+//
 // A block refused because of its data: the sink splits it in halves, first
 // half first, so that each partition's rows are tried in offset order. The
 // first refused row of a partition P, at offset O, is parked in
@@ -49,15 +55,25 @@
 //
 // A table that refuses more than MaxRefusedInARow rows in a row, with no
 // row accepted in between, is treated as broken: nothing more is parked
-// and the sink backs off. Rows read from usage.rejected are never parked;
-// they are logged at error level and counted as unparkable.
+// and the sink backs off.
+//
+// Records read from usage.rejected are never parked again (DESIGN §7: it
+// would loop). One that does not decode, or that ClickHouse refuses, is
+// written whole (coordinates, key, value, headers, reason and error) to
+// the usage_quarantine table instead, before its offset is committed, with
+// an error log line and meterline_sink_quarantined_total. It is written
+// once across crashes: the quarantine is looked up before each write, and
+// the resume rule of usage_rejected also looks in it, so a record is a row
+// of one of the two tables, once.
 package sink
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,10 +124,14 @@ var (
 // Writer is the sink stage of one instance.
 type Writer struct {
 	cfg     Config
+	kafka   []kgo.Opt // cfg.Kafka's seed brokers, SASL and TLS
 	log     *zap.Logger
 	m       *metrics
 	tables  []*table
 	byTopic map[string]*table
+	// quarantine is usage_quarantine: records of the rejected topic that
+	// cannot be rows of usage_rejected.
+	quarantine *table
 
 	connMu sync.Mutex
 	conn   driver.Conn
@@ -138,6 +158,12 @@ type Writer struct {
 	lastUp  atomic.Value // string: why ClickHouse is down
 	blocked atomic.Value // string: why the sink is backing off; "" when not
 	paused  atomic.Bool  // fetching paused by the inserter
+
+	// unknownSince is when the current spell of INSERTs failing with a
+	// server error code the sink does not know began; zero when none.
+	// Read and written by the inserter goroutine only; it outlives a
+	// session, so a rebalance does not reset the bound.
+	unknownSince time.Time
 }
 
 type tp struct {
@@ -165,15 +191,21 @@ func New(cfg Config) (*Writer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	kafkaOpts, err := cfg.Kafka.Opts()
+	if err != nil {
+		return nil, fmt.Errorf("sink: %w", err)
+	}
 	w := &Writer{
-		cfg:     cfg,
-		log:     cfg.Logger.With(zap.String("stage", "sink"), zap.String("instance", cfg.InstanceID)),
-		m:       newMetrics(cfg.Registerer),
-		tables:  newTables(cfg.Topics),
-		byTopic: map[string]*table{},
-		parts:   map[tp]*pstate{},
-		conn:    cfg.Conn,
-		hook:    cfg.testHook,
+		cfg:        cfg,
+		kafka:      kafkaOpts,
+		log:        cfg.Logger.With(zap.String("stage", "sink"), zap.String("instance", cfg.InstanceID)),
+		m:          newMetrics(cfg.Registerer),
+		tables:     newTables(cfg.Topics),
+		quarantine: newQuarantine(cfg.Topics),
+		byTopic:    map[string]*table{},
+		parts:      map[tp]*pstate{},
+		conn:       cfg.Conn,
+		hook:       cfg.testHook,
 	}
 	for _, t := range w.tables {
 		w.byTopic[t.topic] = t
@@ -257,7 +289,7 @@ func (w *Writer) Run(ctx context.Context) error {
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
 	for attempt := 0; conn == nil; attempt++ {
-		c, err := Dial(ctx, w.cfg.ClickHouse, w.cfg.Database, false)
+		c, err := w.cfg.ClickHouseServer.Dial(ctx, w.cfg.Database, false)
 		if err == nil {
 			conn = c
 			break
@@ -347,7 +379,6 @@ func (w *Writer) topicNames() []string {
 func (w *Writer) clientOptions() []kgo.Opt {
 	c := &w.cfg
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(c.Brokers...),
 		kgo.TransactionalID(c.TransactionalID()),
 		kgo.TransactionTimeout(c.TransactionTimeout),
 		kgo.ConsumerGroup(c.Group),
@@ -368,7 +399,7 @@ func (w *Writer) clientOptions() []kgo.Opt {
 		kgo.OnPartitionsLost(w.onRevoked),
 		kgo.WithLogger(kzap.New(w.log.Named("kgo"), kzap.Level(kgoLevel(w.log)))),
 	}
-	return append(opts, c.ClientOptions...)
+	return slices.Concat(w.kafka, opts, c.ClientOptions)
 }
 
 func kgoLevel(l *zap.Logger) kgo.LogLevel {
@@ -488,6 +519,9 @@ type pending struct {
 	records int
 	start   time.Time
 	rows    map[*table][]*row
+	// quarantine: records of the rejected topic that did not decode, for
+	// usage_quarantine.
+	quarantine []*row
 }
 
 func newPending() *pending { return &pending{rows: map[*table][]*row{}} }
@@ -622,9 +656,9 @@ func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) er
 	row, err := t.buildRow(r)
 	switch {
 	case err != nil && t.rejected:
-		w.m.rows.WithLabelValues(t.name, outcomeUnparkable).Inc()
-		w.log.Error("record of the rejected topic does not decode; not parking it again (it stays in Kafka for a redrive)",
-			zap.String("record", describe(t, r)), zap.Error(err))
+		// Never parked again (it would loop): written to usage_quarantine
+		// by the inserter, before this window's offsets are committed.
+		cur.quarantine = append(cur.quarantine, quarantineRow(r, decodeReason(err), fmt.Sprintf("sink: %s: %v", t.name, err)))
 	case err != nil:
 		reason := decodeReason(err)
 		rec, perr := w.parkRecord(r, identity{}, reason, fmt.Sprintf("sink: %s: %v", t.name, err))
@@ -723,6 +757,18 @@ func (ins *inserter) run() {
 				ins.err = err
 			}
 			ins.mu.Unlock()
+		}
+		ins.mu.Lock()
+		failed := ins.err != nil
+		ins.mu.Unlock()
+		if len(p.quarantine) > 0 && !failed {
+			if err := ins.w.writeQuarantine(ins.ctx, p.quarantine); err != nil {
+				ins.mu.Lock()
+				if ins.err == nil {
+					ins.err = err
+				}
+				ins.mu.Unlock()
+			}
 		}
 		ins.w.resumeFetching()
 		ins.wg.Done()
@@ -872,7 +918,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		w.hook(ev)
 	}
 	for _, d := range decodeParks {
-		w.m.rejected.WithLabelValues(reasonOf(d.rec)).Inc()
+		w.m.rejected.WithLabelValues(stage, reasonOf(d.rec)).Inc()
 	}
 	if len(decodeParks) > 0 {
 		w.log.Warn("records that do not decode parked in the rejected topic", zap.Int("records", len(decodeParks)))
@@ -888,7 +934,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		}
 		parkedRows++
 		w.m.rows.WithLabelValues(p.table.name, outcomeParked).Inc()
-		w.m.rejected.WithLabelValues(schemas.ReasonUninsertable).Inc()
+		w.m.rejected.WithLabelValues(stage, schemas.ReasonUninsertable).Inc()
 		w.log.Warn("row refused by clickhouse: parked in the rejected topic with reason uninsertable",
 			zap.String("table", p.table.name), zap.String("record", describe(p.table, p.row.rec)),
 			zap.String("customer_id", p.row.id.customer), zap.String("meter", p.row.id.meter),
@@ -1106,6 +1152,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 		switch {
 		case err == nil:
 			t.refusedRun = 0
+			w.endUnknownSpell()
 			return nil
 		case errors.Is(err, errAbandon):
 			return err
@@ -1116,7 +1163,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			w.markRowsDirty(t, todo)
 			w.m.insertErrors.WithLabelValues(t.name, "refused").Inc()
 			if len(todo) == 1 {
-				return w.refuse(ft, todo[0], err)
+				return w.refuse(ctx, ft, todo[0], err)
 			}
 			w.log.Info("block refused; splitting it to find the refused rows",
 				zap.String("table", t.name), zap.Int("rows", len(todo)), zap.Error(err))
@@ -1128,9 +1175,13 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			// refusal found in the first.
 			return w.writeRows(ctx, ft, todo[mid:])
 		default:
-			// Unreachable, or unable to take any block: the outcome of the
-			// INSERT is unknown, so the partitions are dirty.
+			// Unreachable, unable to take any block, or an error code the
+			// sink does not know: the outcome of the INSERT is unknown, so
+			// the partitions are dirty. Nothing is parked.
 			w.markRowsDirty(t, todo)
+			if err := w.unknownSpell(t, err); err != nil {
+				return err
+			}
 			w.unavailable(t, err, "insert")
 			if err := w.backoffSleep(ctx, attempt); err != nil {
 				return err
@@ -1141,19 +1192,17 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 
 // refuse records a row refused by ClickHouse or the driver. A row to park
 // stops its partition for the rest of the window.
-func (w *Writer) refuse(ft *batchTable, r *row, cause error) error {
+func (w *Writer) refuse(ctx context.Context, ft *batchTable, r *row, cause error) error {
 	ft.t.refusedRun++
 	if ft.t.refusedRun > w.cfg.MaxRefusedInARow {
 		return errTooManyRefused
 	}
 	detail := fmt.Sprintf("sink: clickhouse refused the row for %s: %v", ft.t.name, cause)
 	if ft.t.rejected {
-		// Never park a row of the rejected topic: it would loop.
-		w.m.rows.WithLabelValues(ft.t.name, outcomeUnparkable).Inc()
-		w.log.Error("row of the rejected topic refused by clickhouse; not parking it again (it stays in Kafka for a redrive)",
-			zap.String("record", describe(ft.t, r.rec)), zap.String("error", detail))
-		ft.parks = append(ft.parks, parked{table: ft.t, row: r, err: detail})
-		return nil
+		// Never park a row of the rejected topic: it would loop. It goes
+		// to usage_quarantine now, before any later row is inserted; the
+		// resume rule then never writes it to usage_rejected too.
+		return w.writeQuarantine(ctx, []*row{quarantineRow(r.rec, schemas.ReasonUninsertable, detail)})
 	}
 	rec, err := w.parkRecord(r.rec, r.id, schemas.ReasonUninsertable, detail)
 	if err != nil {
@@ -1168,8 +1217,146 @@ func (w *Writer) refuse(ft *batchTable, r *row, cause error) error {
 	return nil
 }
 
+// writeQuarantine writes records of the rejected topic that cannot be rows
+// of usage_rejected to usage_quarantine, with their raw bytes, each once:
+// it first looks up which of their (partition, offset) pairs the table
+// already holds (a crash, an aborted window or a rebalance may fall after
+// an earlier INSERT of them and before the offset commit), and inserts the
+// others. Guarantee on return without error: every one of rows is in
+// usage_quarantine, and the window's offsets may move past them. While
+// that fails it backs off and retries, as when ClickHouse is unavailable
+// (the quarantine is where such records go last: they are never skipped);
+// an error code it does not know stops the sink after UnknownErrorLimit.
+func (w *Writer) writeQuarantine(ctx context.Context, rows []*row) error {
+	q := w.quarantine
+	for attempt := 0; ; attempt++ {
+		what := "resume lookup"
+		todo, err := w.quarantineMissing(ctx, rows)
+		if err == nil && len(todo) > 0 {
+			what = "insert"
+			err = w.insert(ctx, q, todo)
+		}
+		if err == nil {
+			w.endUnknownSpell()
+			w.clearBlocked()
+			for _, r := range todo {
+				u := r.msg.(*unreadable)
+				w.m.quarantined.WithLabelValues(u.reason).Inc()
+				w.m.rows.WithLabelValues(TableRejected, outcomeQuarantined).Inc()
+				w.log.Error("record of the rejected topic cannot be written to "+TableRejected+" and is never parked again: written to "+TableQuarantine+" with its raw bytes",
+					zap.String("record", describe(q, r.rec)), zap.String("reason", u.reason), zap.String("detail", u.detail))
+			}
+			return nil
+		}
+		if errors.Is(err, errAbandon) {
+			return err
+		}
+		if what == "insert" {
+			w.markRowsDirty(q, todo) // q's topic is the rejected topic
+			if err := w.unknownSpell(q, err); err != nil {
+				return err
+			}
+		}
+		w.unavailable(q, err, what)
+		if err := w.backoffSleep(ctx, attempt); err != nil {
+			return err
+		}
+	}
+}
+
+// quarantineRow is a usage_quarantine row for record r.
+func quarantineRow(r *kgo.Record, reason, detail string) *row {
+	return &row{rec: r, msg: &unreadable{reason: reason, detail: detail}}
+}
+
+// quarantineMissing returns the rows whose (partition, offset) is not in
+// usage_quarantine yet.
+func (w *Writer) quarantineMissing(ctx context.Context, rows []*row) ([]*row, error) {
+	present, err := w.lookup(ctx, w.quarantine, "kafka_offset", offsetConds(rows, nil), false)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*row, 0, len(rows))
+	for _, r := range rows {
+		if !present.has(r.partition(), r.offset()) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// offsetConds returns one lookup condition per partition naming the rows'
+// exact offsets (and their chunks, for the primary index), for the rows
+// keep accepts (all when nil).
+func offsetConds(rows []*row, keep func(*row) bool) []string {
+	byPart := map[int32][]int64{}
+	for _, r := range rows {
+		if keep == nil || keep(r) {
+			byPart[r.partition()] = append(byPart[r.partition()], r.offset())
+		}
+	}
+	var conds []string
+	for _, p := range sortedKeys(byPart) {
+		offs := byPart[p]
+		lo, hi := offs[0], offs[0]
+		list := make([]string, len(offs))
+		for i, o := range offs {
+			lo, hi = min(lo, o), max(hi, o)
+			list[i] = strconv.FormatInt(o, 10)
+		}
+		conds = append(conds, fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) BETWEEN %d AND %d AND kafka_offset IN (%s))",
+			p, resumeChunk, lo/resumeChunk, hi/resumeChunk, strings.Join(list, ", ")))
+	}
+	return conds
+}
+
+// unknownSpell handles an INSERT failure of t. For an error code the sink
+// does not know (classUnknown) it starts or continues the spell of such
+// failures, and returns an error wrapping ErrUnknownServerError once the
+// spell has lasted UnknownErrorLimit; otherwise it returns nil and the
+// caller backs off as when ClickHouse is unavailable.
+//
+// Why stop rather than park: the rows may be fine (a dictionary or a
+// setting missing on the server fails every block alike), and parking
+// moves billing rows out of the ledger; nor back off forever behind a
+// "blocked" gauge: an error nobody classified needs a person, and a
+// stopped sink (non-zero exit, /readyz down, its lag growing) is what
+// alerts one. Nothing is lost: no offset was committed past these rows,
+// and the restart's resume rule skips any that did land.
+func (w *Writer) unknownSpell(t *table, err error) error {
+	if classify(err) != classUnknown {
+		return nil
+	}
+	var ex *proto.Exception
+	errors.As(err, &ex)
+	now := time.Now()
+	if w.unknownSince.IsZero() {
+		w.unknownSince = now
+		w.log.Warn("clickhouse failed an INSERT with an error code the sink does not know: not parking the rows (they may be fine), backing off as if unavailable",
+			zap.String("table", t.name), zap.Int32("code", ex.Code), zap.String("code_name", codeName(ex.Code)),
+			zap.Duration("stop_after", w.cfg.UnknownErrorLimit), zap.Error(err))
+	}
+	if spell := now.Sub(w.unknownSince); spell >= w.cfg.UnknownErrorLimit {
+		return fmt.Errorf("sink: %w: INSERTs into %s failing for %s, now with code %d (%s): %v; stopping rather than parking rows that may be fine: nothing is committed past them. Fix the server or the table (or, if the rows are at fault, add the code to the sink's refusal codes) and restart",
+			ErrUnknownServerError, t.name, spell.Round(time.Second), ex.Code, codeName(ex.Code), ex.Message)
+	}
+	return nil
+}
+
+// endUnknownSpell: an INSERT succeeded.
+func (w *Writer) endUnknownSpell() {
+	if !w.unknownSince.IsZero() {
+		w.log.Info("clickhouse takes INSERTs again after an unknown error", zap.Duration("after", time.Since(w.unknownSince)))
+		w.unknownSince = time.Time{}
+	}
+}
+
 func (w *Writer) unavailable(t *table, err error, what string) {
-	w.m.insertErrors.WithLabelValues(t.name, "unavailable").Inc()
+	kind := "unavailable"
+	if what != "resume lookup" && classify(err) == classUnknown {
+		kind = "unknown"
+	}
+	w.m.insertErrors.WithLabelValues(t.name, kind).Inc()
 	if isNetErr(err) {
 		w.setUp(err)
 	}
@@ -1391,7 +1578,7 @@ func (w *Writer) filterPresent(ctx context.Context, t *table, rows []*row) ([]*r
 			c := dirty[p].committed
 			conds[i] = fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) >= %d AND kafka_offset >= %d)", p, resumeChunk, c/resumeChunk, c)
 		}
-		maxes, err := w.lookup(ctx, t, "max(kafka_offset)", conds, true)
+		maxes, err := w.lookupRows(ctx, t, "max(kafka_offset)", conds, true)
 		if err != nil {
 			return nil, err
 		}
@@ -1432,7 +1619,7 @@ func (w *Writer) filterPresent(ctx context.Context, t *table, rows []*row) ([]*r
 	if len(conds) == 0 {
 		return rows, nil
 	}
-	present, err := w.lookup(ctx, t, "kafka_offset", conds, false)
+	present, err := w.lookupRows(ctx, t, "kafka_offset", conds, false)
 	if err != nil {
 		return nil, err
 	}
@@ -1504,6 +1691,39 @@ func (w *Writer) lookup(ctx context.Context, t *table, what string, conds []stri
 		return nil, fmt.Errorf("sink: resume lookup in %s: %w", t.name, err)
 	}
 	w.m.lookupSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
+	return out, nil
+}
+
+// lookupRows is lookup for the resume rule. A record of the rejected topic
+// is a row of usage_rejected or of usage_quarantine, never both: for
+// usage_rejected it looks in both tables, so that a record quarantined
+// before a crash (ClickHouse refused it then) is not inserted into
+// usage_rejected on the replay (ClickHouse may take it now).
+func (w *Writer) lookupRows(ctx context.Context, t *table, what string, conds []string, agg bool) (offsets, error) {
+	out, err := w.lookup(ctx, t, what, conds, agg)
+	if err != nil || !t.rejected {
+		return out, err
+	}
+	q, err := w.lookup(ctx, w.quarantine, what, conds, agg)
+	if err != nil {
+		return nil, err
+	}
+	for p, offs := range q {
+		if out[p] == nil {
+			out[p] = map[int64]struct{}{}
+		}
+		for off := range offs {
+			if agg {
+				for cur := range out[p] {
+					if cur >= off {
+						off = cur
+					}
+				}
+				clear(out[p])
+			}
+			out[p][off] = struct{}{}
+		}
+	}
 	return out, nil
 }
 

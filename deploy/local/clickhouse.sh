@@ -15,6 +15,18 @@
 #                             (default /tmp/meterline-clickhouse-$CLICKHOUSE_PORT)
 #   CLICKHOUSE_START_TIMEOUT  seconds to wait for readiness (default 30)
 #   CLICKHOUSE_STOP_TIMEOUT   seconds to wait after SIGTERM before SIGKILL (default 20)
+#   CLICKHOUSE_PASSWORD_FILE  file holding the password of user `default`
+#                             (default: none, no password); only its SHA-256
+#                             is written to the server's users.xml
+#   CLICKHOUSE_TLS_PORT       also serve the native protocol over TLS on this port
+#                             (tcp_port_secure), a client certificate required;
+#                             the CA, server and client certificates are made
+#                             with openssl in $CLICKHOUSE_DATA_DIR/security
+#                             (ca.pem, client.pem, client-key.pem) (default: none)
+#
+# Example, a password-protected server with TLS:
+#   CLICKHOUSE_PORT=9400 CLICKHOUSE_HTTP_PORT=8423 CLICKHOUSE_TLS_PORT=9440 \
+#     CLICKHOUSE_PASSWORD_FILE=/path/to/pw deploy/local/clickhouse.sh start
 #
 # Exit codes: 0 ok; 1 failure; 2 usage; status: 0 running, 3 stopped.
 # Progress goes to stderr; `status` prints its one-line answer on stdout.
@@ -30,6 +42,8 @@ TCP_PORT=${CLICKHOUSE_PORT:-9000}
 HTTP_PORT=${CLICKHOUSE_HTTP_PORT:-8123}
 DATA_DIR=${CLICKHOUSE_DATA_DIR:-/tmp/meterline-clickhouse-$TCP_PORT}
 START_TIMEOUT=${CLICKHOUSE_START_TIMEOUT:-30}
+TLS_PORT=${CLICKHOUSE_TLS_PORT:-}
+PASSWORD_FILE=${CLICKHOUSE_PASSWORD_FILE:-}
 STOP_TIMEOUT=${CLICKHOUSE_STOP_TIMEOUT:-20}
 
 MARKER=.meterline-clickhouse
@@ -48,6 +62,13 @@ is_port() { [[ $1 =~ ^[0-9]+$ ]] && (( $1 >= 1 && $1 <= 65535 )); }
 is_port "$TCP_PORT" || die "CLICKHOUSE_PORT '$TCP_PORT' is not a port number"
 is_port "$HTTP_PORT" || die "CLICKHOUSE_HTTP_PORT '$HTTP_PORT' is not a port number"
 [[ $TCP_PORT != "$HTTP_PORT" ]] || die "CLICKHOUSE_PORT and CLICKHOUSE_HTTP_PORT must differ"
+if [[ -n $TLS_PORT ]]; then
+    is_port "$TLS_PORT" || die "CLICKHOUSE_TLS_PORT '$TLS_PORT' is not a port number"
+    [[ $TLS_PORT != "$TCP_PORT" && $TLS_PORT != "$HTTP_PORT" ]] || die "CLICKHOUSE_TLS_PORT must differ from the other ports"
+fi
+if [[ -n $PASSWORD_FILE ]]; then
+    [[ -s $PASSWORD_FILE ]] || die "CLICKHOUSE_PASSWORD_FILE '$PASSWORD_FILE' is missing or empty"
+fi
 [[ $START_TIMEOUT =~ ^[0-9]+$ ]] || die "CLICKHOUSE_START_TIMEOUT must be whole seconds"
 [[ $STOP_TIMEOUT =~ ^[0-9]+$ ]] || die "CLICKHOUSE_STOP_TIMEOUT must be whole seconds"
 [[ -n $DATA_DIR ]] || die "CLICKHOUSE_DATA_DIR is empty"
@@ -56,6 +77,11 @@ DATA_DIR=${DATA_DIR%/}
 [[ -n $DATA_DIR && $DATA_DIR != / ]] || die "refusing to use / as the data dir"
 
 PID_FILE="$DATA_DIR/clickhouse-server.pid"
+SECURITY_DIR="$DATA_DIR/security"
+TLS_CONFIG="$DATA_DIR/config.d/tls.xml"
+# The client's own config (user, password) for the script's checks: the
+# password is never on a command line.
+CLIENT_CONFIG="$DATA_DIR/client.xml"
 CONFIG_FILE="$DATA_DIR/config.xml"
 USERS_FILE="$DATA_DIR/users.xml"
 LOG_DIR="$DATA_DIR/log"
@@ -176,7 +202,7 @@ port_open() { # port -> 0 if something listens on LISTEN_HOST:port
 client() {
     local t=()
     command -v timeout >/dev/null 2>&1 && t=(timeout 15)
-    "${t[@]}" "${CLIENT_CMD[@]}" --host "$LISTEN_HOST" --port "$TCP_PORT" "$@" </dev/null
+    "${t[@]}" "${CLIENT_CMD[@]}" --config-file "$CLIENT_CONFIG" --host "$LISTEN_HOST" --port "$TCP_PORT" "$@" </dev/null
 }
 
 show_error_log() {
@@ -212,14 +238,65 @@ sed_escape() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
 
 render() { # template -> dest
     [[ -f $1 ]] || die "missing config template $1"
-    local dir tmp
+    local dir tmp pw_element='<password></password>'
     dir=$(sed_escape "$DATA_DIR")
     tmp="$2.tmp.$$"
+    if [[ -n $PASSWORD_FILE ]]; then
+        pw_element="<password_sha256_hex>$(password_sha256)</password_sha256_hex>"
+    fi
     sed -e "s|@@DATA_DIR@@|$dir|g" \
         -e "s|@@TCP_PORT@@|$TCP_PORT|g" \
         -e "s|@@HTTP_PORT@@|$HTTP_PORT|g" \
+        -e "s|@@PASSWORD_ELEMENT@@|$pw_element|g" \
         -e "s|@@LISTEN_HOST@@|$LISTEN_HOST|g" "$1" >"$tmp"
     mv -f "$tmp" "$2"
+}
+
+# The SHA-256 of the password in PASSWORD_FILE, without its trailing newline
+# (as Meterline reads it).
+password_sha256() {
+    local pw
+    pw=$(<"$PASSWORD_FILE")
+    printf '%s' "$pw" | sha256sum | cut -d' ' -f1
+}
+
+# The client config of the script's own checks: user default and, with
+# CLICKHOUSE_PASSWORD_FILE, its password (mode 0600).
+write_client_config() {
+    local pw=""
+    [[ -n $PASSWORD_FILE ]] && pw=$(<"$PASSWORD_FILE")
+    pw=${pw//&/&amp;}
+    pw=${pw//</&lt;}
+    (umask 077 && printf '<config>\n    <user>default</user>\n    <password>%s</password>\n</config>\n' "$pw" >"$CLIENT_CONFIG")
+}
+
+# With CLICKHOUSE_TLS_PORT: certificates (lib.sh make_certs) and config.d/tls.xml,
+# merged into config.xml by the server: native protocol over TLS, a client
+# certificate signed by the local CA required. Without: no tls.xml.
+write_tls_config() {
+    rm -f "$TLS_CONFIG"
+    [[ -n $TLS_PORT ]] || return 0
+    make_certs "$SECURITY_DIR"
+    mkdir -p "$(dirname "$TLS_CONFIG")"
+    cat >"$TLS_CONFIG" <<XML
+<?xml version="1.0"?>
+<!-- Written by deploy/local/clickhouse.sh (CLICKHOUSE_TLS_PORT) on every start. -->
+<yandex>
+    <tcp_port_secure>$TLS_PORT</tcp_port_secure>
+    <openSSL>
+        <server>
+            <certificateFile>$SECURITY_DIR/server.pem</certificateFile>
+            <privateKeyFile>$SECURITY_DIR/server-key.pem</privateKeyFile>
+            <caConfig>$SECURITY_DIR/ca.pem</caConfig>
+            <verificationMode>strict</verificationMode>
+            <loadDefaultCAFile>false</loadDefaultCAFile>
+            <cacheSessions>true</cacheSessions>
+            <disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>
+            <preferServerCiphers>true</preferServerCiphers>
+        </server>
+    </openSSL>
+</yandex>
+XML
 }
 
 # ---------------------------------------------------------------- commands
@@ -300,6 +377,8 @@ cmd_start() {
 
     render "$TEMPLATE_DIR/config.xml.tmpl" "$CONFIG_FILE"
     render "$TEMPLATE_DIR/users.xml.tmpl" "$USERS_FILE"
+    write_client_config
+    write_tls_config
     # Fresh error log per start, so a failure shows this start's errors only.
     [[ -f $ERR_LOG ]] && mv -f "$ERR_LOG" "$ERR_LOG.prev"
     : >"$OUT_LOG"
@@ -330,6 +409,12 @@ cmd_start() {
         die "start failed (logs in $LOG_DIR)"
     fi
     log "$version ready on $LISTEN_HOST:$TCP_PORT in $(elapsed "$t0")s (http $HTTP_PORT, pid $SERVER_PID, data $DATA_DIR)"
+    if [[ -n $TLS_PORT ]]; then
+        port_open "$TLS_PORT" || { show_error_log; die "TLS port $LISTEN_HOST:$TLS_PORT does not accept connections"; }
+        log "native TLS on $LISTEN_HOST:$TLS_PORT (client certificate required; CA and client certificate in $SECURITY_DIR)"
+    fi
+    [[ -n $PASSWORD_FILE ]] && log "user default needs the password in $PASSWORD_FILE"
+    return 0
 }
 
 cmd_stop() {

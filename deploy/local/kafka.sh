@@ -13,6 +13,8 @@
 #   clean    stop and delete the data dir
 #   libs     print the cached classpath dir (fetching jars if needed), e.g. for
 #            java -cp "$(deploy/local/kafka.sh libs)/*" org.apache.kafka.tools.TopicCommand ...
+#   credentials  with KAFKA_SECURITY=sasl_ssl: print the directory of the CA,
+#            client certificate and passwords
 #
 # Environment:
 #   KAFKA_PORT             client listener port                 (default 9092)
@@ -23,6 +25,20 @@
 #   KAFKA_HEAP_OPTS        JVM heap flags                       (default -Xms256m -Xmx512m)
 #   KAFKA_START_TIMEOUT    seconds to wait for readiness        (default 90)
 #   KAFKA_STOP_TIMEOUT     seconds to wait after SIGTERM        (default 30)
+#   KAFKA_SECURITY         plaintext, or sasl_ssl               (default plaintext)
+#   KAFKA_SASL_USERS       with sasl_ssl: SASL users to create besides admin
+#                                       (default "meterline producer dedup aggregate sink operator")
+#
+# KAFKA_SECURITY=sasl_ssl starts a broker whose only client listener is SASL_SSL
+# on KAFKA_PORT (SCRAM-SHA-512 and PLAIN; a client certificate is required) with
+# ACLs on (StandardAuthorizer, super user admin). When it formats a new data dir
+# it makes a CA and certificates (openssl) and a random password per user, and
+# creates the SCRAM users (kafka-storage format --add-scram). Everything a client
+# needs is in $KAFKA_DATA_DIR/security: ca.pem, client.pem, client-key.pem and
+# passwords/<user> (one password per file, no newline). `credentials` prints
+# that directory. A data dir keeps the mode it was formatted with: `clean` first
+# to switch. Example:
+#   KAFKA_PORT=9292 KAFKA_SECURITY=sasl_ssl deploy/local/kafka.sh start
 #
 # Progress goes to stderr; `status` and `libs` print their answer on stdout.
 set -euo pipefail
@@ -32,6 +48,9 @@ SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CONF_DIR="$SCRIPT_DIR/kafka"
 POM="$CONF_DIR/pom.xml"
 TEMPLATE="$CONF_DIR/server.properties.template"
+SASL_SSL_TEMPLATE="$CONF_DIR/sasl_ssl.properties.template"
+# shellcheck source=deploy/local/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 LOG4J_CONF="$CONF_DIR/log4j2.properties"
 
 KAFKA_PORT=${KAFKA_PORT:-9092}
@@ -43,6 +62,8 @@ KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
 CACHE_ROOT=${METERLINE_CACHE_DIR:-${HOME:-/root}/.cache/meterline}
+KAFKA_SECURITY=${KAFKA_SECURITY:-plaintext}
+KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer dedup aggregate sink operator}
 
 # Logged by kafka.server.KafkaRaftServer once broker + controller are fully up:
 #   [KafkaRaftServer nodeId=1] Kafka Server started (kafka.server.KafkaRaftServer)
@@ -56,6 +77,8 @@ LAUNCH_OFFSET_FILE="$KAFKA_DATA_DIR/kafka.log-offset"   # server.log size at the
 READY_FILE="$KAFKA_DATA_DIR/kafka.ready"               # pid of the broker that became ready
 LOG_DIRS="$KAFKA_DATA_DIR/kraft-data"
 OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
+SECURITY_DIR="$KAFKA_DATA_DIR/security"
+MODE_FILE="$KAFKA_DATA_DIR/security.mode"   # the KAFKA_SECURITY the storage was formatted with
 BROKER_MAIN=kafka.Kafka
 
 say() { printf 'kafka: %s\n' "$*" >&2; }
@@ -71,6 +94,12 @@ validate_env() {
   done
   [[ $KAFKA_PORT != "$KAFKA_CONTROLLER_PORT" ]] || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
   [[ -n $KAFKA_DATA_DIR && $KAFKA_DATA_DIR != / ]] || die "refusing KAFKA_DATA_DIR='$KAFKA_DATA_DIR'"
+  [[ $KAFKA_SECURITY == plaintext || $KAFKA_SECURITY == sasl_ssl ]] ||
+    die "KAFKA_SECURITY must be plaintext or sasl_ssl, got '$KAFKA_SECURITY'"
+  local u
+  for u in $KAFKA_SASL_USERS; do
+    [[ $u =~ ^[A-Za-z0-9_-]+$ && $u != admin ]] || die "KAFKA_SASL_USERS: bad user name '$u' (letters, digits, _ and -; admin is always made)"
+  done
 }
 
 kafka_version() {
@@ -186,6 +215,8 @@ wait_ready() {
     if ready_since "$offset"; then
       printf '%s\n' "$pid" >"$READY_FILE"
       say "started on 127.0.0.1:$KAFKA_PORT (pid $pid, controller 127.0.0.1:$KAFKA_CONTROLLER_PORT, data $KAFKA_DATA_DIR) in $(elapsed "$t0")s"
+      [[ $KAFKA_SECURITY == sasl_ssl ]] &&
+        say "SASL_SSL with ACLs: users admin (super user) $KAFKA_SASL_USERS; CA, client certificate and passwords in $SECURITY_DIR"
       return 0
     fi
     sleep 0.2
@@ -246,11 +277,61 @@ new_cluster_id() {
 render_config() {
   local t
   t=$(<"$TEMPLATE")
+  if [[ $KAFKA_SECURITY == sasl_ssl ]]; then
+    local plain_users="" u
+    for u in $KAFKA_SASL_USERS; do
+      plain_users+="user_$u=\"$(<"$SECURITY_DIR/passwords/$u")\" "
+    done
+    t+=$'\n'$(<"$SASL_SSL_TEMPLATE")
+    t=${t//@SECURITY_DIR@/"$SECURITY_DIR"}
+    t=${t//@ADMIN_PASSWORD@/"$(<"$SECURITY_DIR/passwords/admin")"}
+    t=${t//@PLAIN_USERS@/"user_admin=\"$(<"$SECURITY_DIR/passwords/admin")\" $plain_users"}
+  fi
   t=${t//@KAFKA_PORT@/"$KAFKA_PORT"}
   t=${t//@KAFKA_CONTROLLER_PORT@/"$KAFKA_CONTROLLER_PORT"}
   t=${t//@KAFKA_LOG_DIRS@/"$LOG_DIRS"}
-  printf '%s\n' "$t" >"$PROPS.tmp"
+  # It holds the users' passwords in sasl_ssl mode.
+  (umask 077 && printf '%s\n' "$t" >"$PROPS.tmp")
   mv "$PROPS.tmp" "$PROPS"
+}
+
+# sasl_ssl: the CA and certificates (lib.sh make_certs), the broker's PEM
+# keystore (key, then certificate chain) and a random password per user, made
+# once per data dir.
+ensure_credentials() {
+  [[ $KAFKA_SECURITY == sasl_ssl ]] || return 0
+  make_certs "$SECURITY_DIR"
+  if [[ ! -f $SECURITY_DIR/broker-keystore.pem ]]; then
+    (umask 077 && cat "$SECURITY_DIR/server-key.pem" "$SECURITY_DIR/server.pem" "$SECURITY_DIR/ca.pem" \
+      >"$SECURITY_DIR/broker-keystore.pem")
+  fi
+  mkdir -p "$SECURITY_DIR/passwords"
+  chmod 700 "$SECURITY_DIR/passwords"
+  local u
+  for u in admin $KAFKA_SASL_USERS; do
+    [[ -s $SECURITY_DIR/passwords/$u ]] && continue
+    (umask 077 && random_password | tr -d '\n' >"$SECURITY_DIR/passwords/$u")
+  done
+}
+
+# The --add-scram arguments of kafka-storage format: one SCRAM-SHA-512 user per
+# password file.
+scram_args() {
+  [[ $KAFKA_SECURITY == sasl_ssl ]] || return 0
+  local u
+  for u in admin $KAFKA_SASL_USERS; do
+    printf '%s\0' --add-scram "SCRAM-SHA-512=[name=$u,password=$(<"$SECURITY_DIR/passwords/$u")]"
+  done
+}
+
+# Refuses to start a data dir formatted with another KAFKA_SECURITY: its SCRAM
+# users (or their absence) are in the storage.
+check_mode() {
+  [[ -f $LOG_DIRS/meta.properties ]] || return 0
+  local formatted=plaintext
+  [[ -f $MODE_FILE ]] && formatted=$(<"$MODE_FILE")
+  [[ $formatted == "$KAFKA_SECURITY" ]] ||
+    die "$KAFKA_DATA_DIR was formatted with KAFKA_SECURITY=$formatted, not $KAFKA_SECURITY; run '$0 clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
 }
 
 # True if the data dir holds files but not our marker (someone else's directory).
@@ -297,6 +378,8 @@ cmd_start() {
   fi
   touch "$OWNER_MARK"
   rm -f "$PID_FILE"
+  check_mode
+  ensure_credentials
   render_config
 
   local cp="$LIBS/*"
@@ -317,11 +400,14 @@ cmd_start() {
     rm -rf "$LOG_DIRS"
     : >"$fmtlog"
     cluster_id=$(new_cluster_id)
+    local -a scram=()
+    mapfile -d '' -t scram < <(scram_args)
     if ! "$JAVA" "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool format \
-        -t "$cluster_id" -c "$PROPS" </dev/null >>"$fmtlog" 2>&1; then
+        -t "$cluster_id" -c "$PROPS" "${scram[@]}" </dev/null >>"$fmtlog" 2>&1; then
       cat "$fmtlog" >&2
       die "formatting $LOG_DIRS failed"
     fi
+    printf '%s\n' "$KAFKA_SECURITY" >"$MODE_FILE"
   fi
 
   local offset=0
@@ -403,8 +489,13 @@ cmd_libs() {
   printf '%s\n' "$LIBS"
 }
 
+cmd_credentials() {
+  [[ -f $SECURITY_DIR/ca.pem ]] || die "no credentials in $SECURITY_DIR (start with KAFKA_SECURITY=sasl_ssl first)"
+  printf '%s\n' "$SECURITY_DIR"
+}
+
 usage() {
-  echo "usage: $0 start|stop|restart|status|clean|libs   (env: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DATA_DIR, METERLINE_CACHE_DIR)" >&2
+  echo "usage: $0 start|stop|restart|status|clean|libs|credentials   (env: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DATA_DIR, KAFKA_SECURITY, METERLINE_CACHE_DIR)" >&2
 }
 
 main() {
@@ -416,6 +507,7 @@ main() {
     status) cmd_status ;;
     clean) cmd_clean ;;
     libs) cmd_libs ;;
+    credentials) cmd_credentials ;;
     -h | --help | help) usage ;;
     *) usage; exit 2 ;;
   esac

@@ -80,3 +80,41 @@ apt_get_install() { # log_file apt_arg...
     apt-get install -y -q -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=300 \
         "$@" </dev/null >>"$apt_log" 2>&1
 }
+
+# make_certs DIR — a throwaway certificate authority for a local service's
+# TLS, made with openssl once and kept: DIR/ca.pem (the CA certificate;
+# clients trust it), DIR/server.pem + server-key.pem (for 127.0.0.1 and
+# localhost) and DIR/client.pem + client-key.pem (a client certificate).
+# Keys are unencrypted PKCS#8 PEM, mode 0600. The CA's key stays in DIR
+# too (ca-key.pem): these certificates are for tests on this machine,
+# never for anything else.
+make_certs() {
+    local dir=$1 days=825 ext
+    [[ -f $dir/ca.pem && -f $dir/server.pem && -f $dir/client.pem ]] && return 0
+    command -v openssl >/dev/null 2>&1 || die "openssl not found (needed to make TLS certificates): apt-get install -y openssl"
+    mkdir -p "$dir"
+    chmod 700 "$dir"
+    ext="$dir/leaf.ext"
+    printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=digitalSignature,keyEncipherment' \
+        'extendedKeyUsage=serverAuth,clientAuth' 'subjectAltName=DNS:localhost,IP:127.0.0.1' >"$ext"
+    (
+        set -e
+        umask 077
+        cd "$dir"
+        openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days "$days" \
+            -keyout ca-key.pem -out ca.pem -subj "/CN=meterline local test CA $(date +%s)" 2>/dev/null
+        local leaf
+        for leaf in server client; do
+            openssl req -newkey rsa:2048 -nodes -sha256 -keyout "$leaf-key.pem" -out "$leaf.csr" \
+                -subj "/CN=meterline-$leaf" 2>/dev/null
+            openssl x509 -req -sha256 -days "$days" -in "$leaf.csr" -CA ca.pem -CAkey ca-key.pem \
+                -CAcreateserial -extfile leaf.ext -out "$leaf.pem" 2>/dev/null
+            rm -f "$leaf.csr"
+        done
+        rm -f ca.srl leaf.ext
+        chmod 644 ca.pem server.pem client.pem
+    ) || die "making TLS certificates in $dir failed"
+}
+
+# random_password — 32 random hex digits.
+random_password() { openssl rand -hex 16; }

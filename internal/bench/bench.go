@@ -34,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
@@ -42,13 +43,25 @@ import (
 
 // Env is where a benchmark runs and reports.
 type Env struct {
-	// Brokers are the Kafka seed brokers.
+	// Kafka is the connection to the cluster (seed brokers, SASL, TLS)
+	// of every client the benchmark makes, the measured stages' included.
+	// Kafka.Brokers, or Brokers, is required.
+	Kafka kafka.Config
+	// Brokers is shorthand for Kafka.Brokers; EnsureDefaults copies it.
 	Brokers []string
 	// ClientOptions are added to every Kafka client the benchmark makes,
-	// the measured stages' included (TLS, SASL). Default: none.
+	// the measured stages' included (hooks). Default: none.
 	ClientOptions []kgo.Opt
-	// ClickHouse is the native-protocol address (Sink only).
+	// ClickHouseServer is how to reach ClickHouse: address, user,
+	// password, TLS (Sink only).
+	ClickHouseServer sink.Server
+	// ClickHouse is shorthand for ClickHouseServer.Addr; EnsureDefaults
+	// copies it.
 	ClickHouse string
+
+	// conn is Kafka's client options (seed brokers, SASL, TLS), then
+	// ClientOptions; set by newLeftovers.
+	conn []kgo.Opt
 	// Topics are the topic names; each benchmark makes its own topics,
 	// named with Topics.Prefix, a prefix of its own and the rest of Topics.
 	Topics topics.Names
@@ -63,6 +76,14 @@ type Env struct {
 // EnsureDefaults fills nil fields with their defaults; every benchmark
 // calls it.
 func (e *Env) EnsureDefaults() {
+	if len(e.Kafka.Brokers) == 0 {
+		e.Kafka.Brokers = e.Brokers
+	}
+	e.Brokers = e.Kafka.Brokers
+	if e.ClickHouseServer.Addr == "" {
+		e.ClickHouseServer.Addr = e.ClickHouse
+	}
+	e.ClickHouse = e.ClickHouseServer.Addr
 	if e.Logger == nil {
 		e.Logger = zap.NewNop()
 	}
@@ -79,21 +100,20 @@ func (e *Env) say(format string, args ...any) {
 	fmt.Fprintf(e.Progress, "bench: "+format+"\n", args...)
 }
 
-// client returns a Kafka client with the Env's brokers and options.
+// client returns a Kafka client on the Env's connection, with opts.
 func (e *Env) client(opts ...kgo.Opt) (*kgo.Client, error) {
-	all := append([]kgo.Opt{kgo.SeedBrokers(e.Brokers...)}, e.ClientOptions...)
-	return kgo.NewClient(append(all, opts...)...)
+	return kgo.NewClient(slices.Concat(e.conn, opts)...)
 }
 
 // producerOptions are the producer.Options of the Env, then opts.
 func (e *Env) producerOptions(opts ...producer.Option) []producer.Option {
-	return append([]producer.Option{producer.WithBrokers(e.Brokers...), producer.WithClientOptions(e.ClientOptions...)}, opts...)
+	return append([]producer.Option{producer.WithBrokers(e.Kafka.Brokers...), producer.WithClientOptions(e.conn...)}, opts...)
 }
 
 // streamConfig is the stream config of one measured stage: its state in
 // dir, a registry of its own, and the Env's logger at warn level.
 func (e *Env) streamConfig(dir, group, instance string, commitInterval time.Duration) stream.Config {
-	return stream.Config{Brokers: e.Brokers, Group: group, InstanceID: instance,
+	return stream.Config{Kafka: e.Kafka, Group: group, InstanceID: instance,
 		StateDir: filepath.Join(dir, group+"-"+instance), CommitInterval: commitInterval,
 		Logger: e.Logger.WithOptions(zap.IncreaseLevel(zap.WarnLevel)), Registerer: prometheus.NewRegistry(),
 		ClientOptions: e.ClientOptions}
@@ -127,6 +147,11 @@ func newLeftovers(env *Env, validate func() error) (*leftovers, error) {
 		return nil, err
 	}
 	env.EnsureDefaults()
+	conn, err := env.Kafka.Opts()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	env.conn = append(conn, env.ClientOptions...)
 	cl, err := env.client()
 	if err != nil {
 		return nil, fmt.Errorf("bench: kafka client: %w", err)
@@ -264,7 +289,7 @@ func (l *leftovers) dropDatabases(ctx context.Context, dbs []string) error {
 	if len(dbs) == 0 {
 		return nil
 	}
-	conn, err := sink.Dial(ctx, l.env.ClickHouse, "default", false)
+	conn, err := l.env.ClickHouseServer.Dial(ctx, "default", false)
 	if err != nil {
 		return fmt.Errorf("drop databases %v: %w", dbs, err)
 	}

@@ -122,7 +122,7 @@ func (b *sinkBench) prepare(ctx context.Context) error {
 func (b *sinkBench) database(ctx context.Context, what string, round int) (string, error) {
 	db := fmt.Sprintf("bench_sink_%s_%d_%d", what, b.stamp%1e9, round)
 	b.left.database(db)
-	conn, err := sink.Dial(ctx, b.env.ClickHouse, db, true)
+	conn, err := b.env.ClickHouseServer.Dial(ctx, db, true)
 	if err != nil {
 		return "", err
 	}
@@ -147,7 +147,7 @@ func (s sinkBaseline) Run(ctx context.Context, round int, _ bool) (Result, error
 		return Result{}, err
 	}
 	defer b.left.drop(things{databases: []string{db}})
-	conn, err := sink.Dial(ctx, b.env.ClickHouse, db, false)
+	conn, err := b.env.ClickHouseServer.Dial(ctx, db, false)
 	if err != nil {
 		return Result{}, err
 	}
@@ -199,8 +199,8 @@ func (s sinkRun) Run(ctx context.Context, round int, last bool) (Result, error) 
 	defer b.left.drop(things{databases: []string{db}, groups: []string{group}})
 	reg := prometheus.NewRegistry()
 	w, err := sink.New(sink.Config{
-		Brokers: b.env.Brokers, Group: group, InstanceID: "bench", Topics: b.names,
-		ClickHouse: b.env.ClickHouse, Database: db, MaxBatchRecords: b.cfg.BatchRows,
+		Kafka: b.env.Kafka, Group: group, InstanceID: "bench", Topics: b.names,
+		ClickHouseServer: b.env.ClickHouseServer, Database: db, MaxBatchRecords: b.cfg.BatchRows,
 		Logger: b.env.Logger.Named("bench-sink"), Registerer: reg, ClientOptions: b.env.ClientOptions,
 	})
 	if err != nil {

@@ -21,19 +21,33 @@ type BenchCmd struct {
 	Aggregate BenchAggregateCmd `cmd:"" help:"The aggregator on pre-filled usage.deduped against two transactional passthrough baselines."`
 }
 
-// benchEnv is where the benchmarks run: the global connection flags,
-// progress on stderr and the result on stdout.
-func benchEnv(g *Globals, stdio IO, log *zap.Logger) *bench.Env {
-	return &bench.Env{Brokers: g.Brokers, ClickHouse: g.ClickHouse, Topics: g.Topic, Logger: log,
-		Progress: stdio.Stderr, Out: stdio.Stdout}
+// benchEnv is where the benchmarks run: the global connection flags
+// (Kafka's credentials checked), progress on stderr and the result on
+// stdout.
+func benchEnv(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (*bench.Env, error) {
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := g.clickHouse()
+	if err != nil {
+		return nil, err
+	}
+	return &bench.Env{Kafka: kc, ClickHouseServer: srv, Topics: g.Topic, Logger: log,
+		Progress: stdio.Stderr, Out: stdio.Stdout}, nil
 }
 
-// runBench validates cfg (exit status 2 when it is wrong) and runs it.
-func runBench(validate func() error, run func() error) error {
+// runBench validates cfg (exit status 2 when it is wrong), connects and
+// runs it.
+func runBench(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, validate func() error, run func(*bench.Env) error) error {
 	if err := validate(); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	return run()
+	env, err := benchEnv(ctx, g, stdio, log)
+	if err != nil {
+		return err
+	}
+	return run(env)
 }
 
 // BenchProduceCmd is `meterline bench produce`.
@@ -50,7 +64,7 @@ type BenchProduceCmd struct {
 func (c *BenchProduceCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.ProduceConfig{Events: c.Events, Partitions: c.Partitions, Rounds: c.Rounds, Linger: c.Linger,
 		Customers: c.Customers, JSON: c.JSON, Path: producePath}
-	return runBench(cfg.Validate, func() error { return bench.Produce(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Produce(ctx, env, cfg) })
 }
 
 // producePath is the code path of `meterline produce`, measured by bench
@@ -90,7 +104,7 @@ type BenchDedupCmd struct {
 // Run runs the benchmark.
 func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.DedupConfig{Events: c.Events, DuplicateRate: c.DuplicateRate, StageConfig: c.config(c.Rounds, c.CPUProfile)}
-	return runBench(cfg.Validate, func() error { return bench.Dedup(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Dedup(ctx, env, cfg) })
 }
 
 // BenchAggregateCmd is `meterline bench aggregate`.
@@ -105,7 +119,7 @@ type BenchAggregateCmd struct {
 // Run runs the benchmark.
 func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.AggregateConfig{Customers: c.Customers, Events: c.Events, StageConfig: c.config(c.Rounds, c.CPUProfile)}
-	return runBench(cfg.Validate, func() error { return bench.Aggregate(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Aggregate(ctx, env, cfg) })
 }
 
 // BenchSinkCmd is `meterline bench sink`: rows/s into ClickHouse through
@@ -125,5 +139,10 @@ type BenchSinkCmd struct {
 func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.SinkConfig{Rows: c.Rows, Partitions: c.Partitions, Rounds: c.Rounds, BatchRows: c.BatchRows,
 		Customers: c.Customers, JSON: c.JSON, CPUProfile: c.CPUProfile}
-	return runBench(cfg.Validate, func() error { return bench.Sink(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error {
+		if err := checkClickHouse(ctx, env.ClickHouseServer); err != nil {
+			return err
+		}
+		return bench.Sink(ctx, env, cfg)
+	})
 }

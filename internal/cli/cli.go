@@ -22,16 +22,26 @@ import (
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/yaml"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/sink"
 )
 
 // Globals are the flags every command takes.
 type Globals struct {
 	Config     kong.ConfigFlag `help:"YAML file of flag values; keys are flag names (brokers, log_level, topic_events, ...)." placeholder:"FILE"`
 	Brokers    []string        `help:"Kafka seed brokers, comma-separated." default:"127.0.0.1:9092"`
-	ClickHouse string          `name:"clickhouse" help:"ClickHouse native-protocol address." default:"127.0.0.1:9000"`
+	ClickHouse string          `name:"clickhouse" help:"ClickHouse native-protocol address (its tcp_port_secure with --clickhouse-tls)." default:"127.0.0.1:9000"`
 	LogLevel   string          `help:"Log level: debug, info, warn or error." default:"info" enum:"debug,info,warn,error"`
 	Topic      topics.Names    `embed:"" prefix:"topic-" group:"Topic names"`
+	// Kafka and ClickHouseAuth secure the connections (security.go).
+	Kafka          KafkaFlags      `embed:"" prefix:"kafka-" group:"Kafka SASL and TLS"`
+	ClickHouseAuth ClickHouseFlags `embed:"" prefix:"clickhouse-" group:"ClickHouse login and TLS"`
+
+	// kafkaConn and chServer are the connections built by kafka() and
+	// clickHouse(), once per command.
+	kafkaConn *kafka.Config
+	chServer  *sink.Server
 }
 
 // CLI is the root of the command tree.

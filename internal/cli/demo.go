@@ -45,7 +45,11 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP,
 		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry()}
 	if c.Sink {
-		cfg.ClickHouse, cfg.Database = g.ClickHouse, c.SinkDatabase
+		srv, err := g.clickHouse()
+		if err != nil {
+			return err
+		}
+		cfg.ClickHouseServer, cfg.Database = srv, c.SinkDatabase
 		fmt.Fprintf(stdio.Stderr, "meterline demo: sink into ClickHouse %s, database %s\n", g.ClickHouse, c.SinkDatabase)
 	}
 	ok, err := demo.Run(ctx, cfg)

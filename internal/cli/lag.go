@@ -19,8 +19,12 @@ type LagCmd struct {
 
 // Run prints the lag table.
 func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
 	for {
-		rows, err := lag.Compute(ctx, g.Brokers, c.Group, time.Now())
+		rows, err := lag.Compute(ctx, kc, c.Group, time.Now())
 		if err != nil {
 			return err
 		}

@@ -44,8 +44,11 @@ func (c *ProduceCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 		defer f.Close()
 		in = f
 	}
-	p, err := producer.New(
-		producer.WithBrokers(g.Brokers...),
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := newProducer(kc,
 		producer.WithTopic(g.Topic.EventsTopic()),
 		producer.WithSource(c.Source),
 		producer.WithMaxSkew(c.MaxSkew),

@@ -69,8 +69,18 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
 	}
+	// Credentials first: a refused password stops the process before any
+	// stage reads or writes.
+	if _, err := g.connectKafka(ctx); err != nil {
+		return err
+	}
+	if !c.NoSink {
+		if err := checkClickHouse(ctx, scfg.ClickHouseServer); err != nil {
+			return err
+		}
+	}
 	if !c.NoSink && c.Sink.Migrate {
-		if err := migrate(ctx, g.ClickHouse, c.Sink.Database, stdio, log); err != nil {
+		if err := migrate(ctx, scfg.ClickHouseServer, c.Sink.Database, stdio, log); err != nil {
 			return err
 		}
 	}

@@ -16,14 +16,15 @@ import (
 // SinkFlags are the sink's own flags: `meterline sink` takes them as they
 // are, `meterline run` with the prefix sink- (--sink-database, ...).
 type SinkFlags struct {
-	Group           string        `help:"Consumer group of the sink." default:"meterline-sink"`
-	Database        string        `help:"ClickHouse database holding the tables." default:"meterline"`
-	Migrate         bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
-	MaxBatchRecords int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
-	MaxBatchWait    time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
-	CommitInterval  time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
-	InsertBlockRows int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
-	InsertTimeout   time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
+	Group             string        `help:"Consumer group of the sink." default:"meterline-sink"`
+	Database          string        `help:"ClickHouse database holding the tables." default:"meterline"`
+	Migrate           bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
+	MaxBatchRecords   int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
+	MaxBatchWait      time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
+	CommitInterval    time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
+	InsertBlockRows   int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
+	InsertTimeout     time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
+	UnknownErrorLimit time.Duration `help:"How long INSERTs failing with a ClickHouse error code the sink knows neither as a refusal of rows nor as transient are retried (nothing parked, nothing committed) before the sink stops with an error." default:"5m"`
 }
 
 // config builds the sink's configuration; the Kafka session settings come
@@ -33,11 +34,19 @@ func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, tx
 	if err != nil {
 		return sink.Config{}, err
 	}
+	kc, err := g.kafka()
+	if err != nil {
+		return sink.Config{}, err
+	}
+	srv, err := g.clickHouse()
+	if err != nil {
+		return sink.Config{}, err
+	}
 	cfg := sink.Config{
-		Brokers: g.Brokers, Group: f.Group, InstanceID: id, Topics: g.Topic,
-		ClickHouse: g.ClickHouse, Database: f.Database,
+		Kafka: kc, Group: f.Group, InstanceID: id, Topics: g.Topic,
+		ClickHouseServer: srv, Database: f.Database,
 		MaxBatchRecords: f.MaxBatchRecords, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
-		InsertTimeout: f.InsertTimeout, SessionTimeout: session, RebalanceTimeout: rebalance,
+		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, SessionTimeout: session, RebalanceTimeout: rebalance,
 		TransactionTimeout: txn, Logger: log, Registerer: reg,
 	}
 	cfg.EnsureDefaults()
@@ -51,7 +60,7 @@ type SinkCmd struct {
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"60s"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
-	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz." default:":9466"`
+	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9466 serves every interface." default:"127.0.0.1:9466"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
 
@@ -66,8 +75,14 @@ func (c *SinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
 	}
+	if _, err := g.connectKafka(ctx); err != nil {
+		return err
+	}
+	if err := checkClickHouse(ctx, cfg.ClickHouseServer); err != nil {
+		return err
+	}
 	if c.Migrate {
-		if err := migrate(ctx, g.ClickHouse, c.Database, stdio, log); err != nil {
+		if err := migrate(ctx, cfg.ClickHouseServer, c.Database, stdio, log); err != nil {
 			return err
 		}
 	}
@@ -90,11 +105,15 @@ type MigrateCmd struct {
 
 // Run applies the pending migrations.
 func (c *MigrateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
-	return migrate(ctx, g.ClickHouse, c.Database, stdio, log)
+	srv, err := g.clickHouse()
+	if err != nil {
+		return err
+	}
+	return migrate(ctx, srv, c.Database, stdio, log)
 }
 
-func migrate(ctx context.Context, addr, db string, stdio IO, log *zap.Logger) error {
-	conn, err := sink.Dial(ctx, addr, db, true)
+func migrate(ctx context.Context, srv sink.Server, db string, stdio IO, log *zap.Logger) error {
+	conn, err := srv.Dial(ctx, db, true)
 	if err != nil {
 		return err
 	}
@@ -113,6 +132,6 @@ func migrate(ctx context.Context, addr, db string, stdio IO, log *zap.Logger) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdio.Stdout, "database %s on %s: %d applied now, %d in total\n", db, addr, applied, len(res))
+	fmt.Fprintf(stdio.Stdout, "database %s on %s: %d applied now, %d in total\n", db, srv.Addr, applied, len(res))
 	return nil
 }

@@ -26,7 +26,7 @@ type StageFlags struct {
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
-	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz." default:":9464"`
+	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"127.0.0.1:9464"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
 
@@ -35,8 +35,12 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logg
 	if err != nil {
 		return stream.Config{}, err
 	}
+	kc, err := g.kafka()
+	if err != nil {
+		return stream.Config{}, err
+	}
 	return stream.Config{
-		Brokers:            g.Brokers,
+		Kafka:              kc,
 		Group:              group,
 		InstanceID:         id,
 		StateDir:           filepath.Join(f.StateDir, stage+"-"+id),
@@ -84,7 +88,11 @@ func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Regi
 		names[i] = lg.group
 		opts = append(opts, lag.WithInputTopics(lg.group, lg.inputs...))
 	}
-	lc, err := lag.NewCollector(g.Brokers, names, opts...)
+	kc, err := g.kafka()
+	if err != nil {
+		return err
+	}
+	lc, err := lag.NewCollector(kc, names, opts...)
 	if err != nil {
 		return err
 	}
@@ -159,6 +167,9 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if c.Validate {
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
+	}
+	if _, err := g.connectKafka(ctx); err != nil {
+		return err
 	}
 	st, err := dedup.New(ctx, cfg)
 	if err != nil {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 )
 
@@ -29,8 +29,13 @@ type TopicsCheckCmd struct {
 	Timeout       time.Duration `help:"Deadline for the whole command." default:"60s"`
 }
 
-func adminClient(g *Globals) (*kadm.Client, func(), error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(g.Brokers...))
+// adminClient checks the Kafka credentials and returns an admin client.
+func adminClient(ctx context.Context, g *Globals) (*kadm.Client, func(), error) {
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := kafka.NewClient(kc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -41,7 +46,7 @@ func adminClient(g *Globals) (*kadm.Client, func(), error) {
 func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	adm, closeFn, err := adminClient(g)
+	adm, closeFn, err := adminClient(ctx, g)
 	if err != nil {
 		return err
 	}
@@ -68,7 +73,7 @@ func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 func (c *TopicsCheckCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	adm, closeFn, err := adminClient(g)
+	adm, closeFn, err := adminClient(ctx, g)
 	if err != nil {
 		return err
 	}

@@ -32,13 +32,13 @@ var sinkTables = []string{sink.TableEvents, sink.TableDuplicates, sink.TableReje
 // afresh, its offsets start at 0 again, and the sink's resume rule would
 // take the rows of an earlier run, at the same (partition, offset), for rows
 // it has already written.
-func prepareDatabase(ctx context.Context, addr, db string) (driver.Conn, error) {
+func prepareDatabase(ctx context.Context, srv sink.Server, db string) (driver.Conn, error) {
 	if !databaseName.MatchString(db) {
 		return nil, fmt.Errorf("demo: --sink-database %q: want letters, digits and underscores", db)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	admin, err := sink.Dial(ctx, addr, "default", false)
+	admin, err := srv.Dial(ctx, "default", false)
 	if err != nil {
 		return nil, fmt.Errorf("demo: --sink: %w (start one with deploy/local/clickhouse.sh start, or name it with --clickhouse)", err)
 	}
@@ -64,7 +64,7 @@ func prepareDatabase(ctx context.Context, addr, db string) (driver.Conn, error) 
 	}
 	if len(tables) > 0 && !marked {
 		return nil, fmt.Errorf("demo: --sink: database %s on %s has tables (%s) and was not made by the demo; it is emptied at the start of every demo run, so choose another --sink-database",
-			db, addr, strings.Join(tables, ", "))
+			db, srv.Addr, strings.Join(tables, ", "))
 	}
 	for _, q := range []string{
 		"DROP DATABASE IF EXISTS " + db,
@@ -75,7 +75,7 @@ func prepareDatabase(ctx context.Context, addr, db string) (driver.Conn, error) 
 			return nil, fmt.Errorf("demo: --sink: %s: %w", q, err)
 		}
 	}
-	conn, err := sink.Dial(ctx, addr, db, false)
+	conn, err := srv.Dial(ctx, db, false)
 	if err != nil {
 		return nil, fmt.Errorf("demo: --sink: %w", err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -61,6 +62,10 @@ type Config struct {
 	// into which the demo also runs the sink; the report then checks its
 	// tables too and prints a query to try. Default: no sink.
 	ClickHouse string
+	// ClickHouseServer is the same with a user, password and TLS; its
+	// address, when set, stands for ClickHouse. Default: ClickHouse as
+	// user "default", no password, no TLS.
+	ClickHouseServer sink.Server
 	// Database is the sink's ClickHouse database. The demo drops it and
 	// creates it again, migrated, at the start of a run (the embedded
 	// broker's offsets start again at 0); it refuses a database that has
@@ -104,11 +109,15 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	if cfg.Database == "" {
 		cfg.Database = "meterline_demo"
 	}
+	if cfg.ClickHouseServer.Addr == "" {
+		cfg.ClickHouseServer.Addr = cfg.ClickHouse
+	}
+	cfg.ClickHouse = cfg.ClickHouseServer.Addr
 	var chConn driver.Conn
 	if cfg.ClickHouse != "" {
 		// Before anything starts: an unreachable ClickHouse is a clear
 		// error, not a demo that waits for it.
-		conn, err := prepareDatabase(ctx, cfg.ClickHouse, cfg.Database)
+		conn, err := prepareDatabase(ctx, cfg.ClickHouseServer, cfg.Database)
 		if err != nil {
 			return false, err
 		}
@@ -177,7 +186,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	var sinkWG sync.WaitGroup
 	if chConn != nil {
 		w, err := sink.New(sink.Config{Brokers: brokers, Group: sinkGroup, InstanceID: "demo", Topics: names,
-			ClickHouse: cfg.ClickHouse, Database: cfg.Database, MaxBatchWait: 500 * time.Millisecond,
+			ClickHouseServer: cfg.ClickHouseServer, Database: cfg.Database, MaxBatchWait: 500 * time.Millisecond,
 			CommitInterval: 500 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: cfg.Logger, Registerer: cfg.Registry})
 		if err != nil {
 			return false, err
@@ -479,7 +488,7 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 	if cfg.ClickHouse != "" {
 		groups = append(groups, sinkGroup)
 	}
-	rows, err := lag.Compute(ctx, brokers, groups, time.Now())
+	rows, err := lag.Compute(ctx, kafka.Config{Brokers: brokers}, groups, time.Now())
 	cancel()
 	if err == nil {
 		per := map[string]int64{}
@@ -519,7 +528,7 @@ func waitCaughtUp(brokers []string, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		rows, err := lag.Compute(ctx, brokers, []string{dedupGroup, aggGroup}, time.Now())
+		rows, err := lag.Compute(ctx, kafka.Config{Brokers: brokers}, []string{dedupGroup, aggGroup}, time.Now())
 		cancel()
 		if err == nil {
 			behind := int64(0)

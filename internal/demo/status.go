@@ -14,6 +14,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/topics"
@@ -56,7 +57,7 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	if cfg.ClickHouse != "" {
 		groups = append(groups, sinkGroup)
 	}
-	lc, err := lag.NewCollector(brokers, groups, lag.WithLogger(cfg.Logger))
+	lc, err := lag.NewCollector(kafka.Config{Brokers: brokers}, groups, lag.WithLogger(cfg.Logger))
 	if err == nil {
 		if err = cfg.Registry.Register(lc); err != nil {
 			lc.Close()

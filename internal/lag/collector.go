@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // Metric names exported by a Collector. Dashboards and alerts use them;
@@ -59,7 +61,7 @@ var (
 // logged, cached like a result, and the scrape carries no lag series:
 // absent data rather than stale data. The rest of the scrape is unaffected.
 type Collector struct {
-	brokers []string
+	conn    kafka.Config
 	groups  []string
 	inputs  map[string][]string
 	ttl     time.Duration
@@ -104,18 +106,18 @@ func WithInputTopics(group string, topics ...string) Option {
 // WithLogger sets the logger for failed computations. Default: none.
 func WithLogger(l *zap.Logger) Option { return func(c *Collector) { c.log = l } }
 
-// NewCollector returns a Collector of the groups' lag on the brokers. It
+// NewCollector returns a Collector of the groups' lag on the cluster. It
 // holds one Kafka client until Close.
-func NewCollector(brokers, groups []string, opts ...Option) (*Collector, error) {
-	c := &Collector{brokers: brokers, groups: append([]string(nil), groups...), inputs: map[string][]string{}, ttl: 5 * time.Second,
+func NewCollector(conn kafka.Config, groups []string, opts ...Option) (*Collector, error) {
+	c := &Collector{conn: conn, groups: append([]string(nil), groups...), inputs: map[string][]string{}, ttl: 5 * time.Second,
 		timeout: 5 * time.Second, now: time.Now, log: zap.NewNop()}
 	for _, o := range opts {
 		o(c)
 	}
-	if len(brokers) == 0 {
+	if len(conn.Brokers) == 0 {
 		return nil, errors.New("lag: collector needs at least one seed broker")
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	cl, err := kafka.NewClient(conn)
 	if err != nil {
 		return nil, fmt.Errorf("lag: collector client: %w", err)
 	}
@@ -150,7 +152,7 @@ func (c *Collector) Rows() ([]Row, error) {
 	now := c.now()
 	if c.at.IsZero() || now.Sub(c.at) >= c.ttl || now.Before(c.at) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-		rows, err := computeWith(ctx, c.adm, c.brokers, c.groups, c.inputs, now)
+		rows, err := computeWith(ctx, c.adm, c.conn, c.groups, c.inputs, now)
 		cancel()
 		c.at, c.rows, c.lastErr = now, rows, err
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -87,7 +88,7 @@ func TestCollector(t *testing.T) {
 	produce(25, t0)
 
 	clock := &fakeNow{t: t0.Add(90 * time.Second)}
-	c, err := NewCollector(brokers, []string{group, idle, stuck}, WithClock(clock.now), WithCacheTTL(5*time.Second),
+	c, err := NewCollector(kafka.Config{Brokers: brokers}, []string{group, idle, stuck}, WithClock(clock.now), WithCacheTTL(5*time.Second),
 		WithInputTopics(stuck, topic, testenv.Name(t, "not-created-yet")))
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +159,7 @@ func TestCollector(t *testing.T) {
 func TestCollectorBrokerDown(t *testing.T) {
 	cluster, brokers := testenv.KFake(t)
 	clock := &fakeNow{t: time.Now()}
-	c, err := NewCollector(brokers, []string{"g"}, WithClock(clock.now), WithTimeout(300*time.Millisecond))
+	c, err := NewCollector(kafka.Config{Brokers: brokers}, []string{"g"}, WithClock(clock.now), WithTimeout(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

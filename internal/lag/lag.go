@@ -21,6 +21,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // Row is the lag of one group on one partition.
@@ -37,13 +39,13 @@ type Row struct {
 // Compute returns the lag of each group on every partition of the topics
 // it has committed offsets for, sorted by group, topic and partition. A
 // group with no committed offsets yields no rows.
-func Compute(ctx context.Context, brokers []string, groups []string, now time.Time) ([]Row, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func Compute(ctx context.Context, conn kafka.Config, groups []string, now time.Time) ([]Row, error) {
+	cl, err := kafka.NewClient(conn)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	return computeWith(ctx, kadm.NewClient(cl), brokers, groups, nil, now)
+	return computeWith(ctx, kadm.NewClient(cl), conn, groups, nil, now)
 }
 
 // computeWith is Compute on an existing admin client. inputs names, per
@@ -51,7 +53,7 @@ func Compute(ctx context.Context, brokers []string, groups []string, now time.Ti
 // committed offset counts from the partition's start, where the stage's
 // first start reads (DESIGN §6.6), even when the group has committed
 // nothing at all.
-func computeWith(ctx context.Context, adm *kadm.Client, brokers []string, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
+func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
 	var rows []Row
 	for _, g := range groups {
 		byTopic := map[string]map[int32]int64{}
@@ -104,7 +106,7 @@ func computeWith(ctx context.Context, adm *kadm.Client, brokers []string, groups
 					from[e.Partition] = s.Offset
 				}
 			})
-			first, err := firstUnconsumed(ctx, brokers, topic, from, ends)
+			first, err := firstUnconsumed(ctx, conn, topic, from, ends)
 			if err != nil {
 				return nil, err
 			}
@@ -143,7 +145,7 @@ func computeWith(ctx context.Context, adm *kadm.Client, brokers []string, groups
 // firstUnconsumed returns, per partition with data after the offset the
 // group reads next (committed; absent: offset 0), the broker timestamp of
 // the first record a read_committed consumer would get there.
-func firstUnconsumed(ctx context.Context, brokers []string, topic string, committed map[int32]int64, ends kadm.ListedOffsets) (map[int32]time.Time, error) {
+func firstUnconsumed(ctx context.Context, conn kafka.Config, topic string, committed map[int32]int64, ends kadm.ListedOffsets) (map[int32]time.Time, error) {
 	start := map[int32]kgo.Offset{}
 	want := map[int32]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
@@ -160,7 +162,7 @@ func firstUnconsumed(ctx context.Context, brokers []string, topic string, commit
 	if len(start) == 0 {
 		return out, nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+	cl, err := kafka.NewClient(conn,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())

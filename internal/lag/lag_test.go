@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -95,7 +96,7 @@ func testLag(t *testing.T, brokers []string) {
 
 func compute(t *testing.T, brokers []string, group string) []Row {
 	t.Helper()
-	rows, err := Compute(context.Background(), brokers, []string{group}, time.Now())
+	rows, err := Compute(context.Background(), kafka.Config{Brokers: brokers}, []string{group}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

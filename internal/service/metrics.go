@@ -1,61 +1,27 @@
 package service
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/prom"
 )
 
-// GetOrRegister registers c, or returns the equal collector registered
-// before. Stages that share a registry (`meterline run`) or are restarted
-// in-process (the demo) reuse their metrics instead of failing.
+// The metric helpers live in internal/prom, which the stage runtimes use
+// without importing this package; these forward to them for the callers
+// that still reach them here.
+
+// GetOrRegister is prom.GetOrRegister.
 func GetOrRegister[T prometheus.Collector](reg prometheus.Registerer, c T) T {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing
-			}
-		}
-		panic(err) // a programming error: another metric took the name
-	}
-	return c
+	return prom.GetOrRegister(reg, c)
 }
 
-// RejectedCounter returns meterline_rejected_total{stage,reason}, shared by
-// every stage of a process.
+// RejectedCounter is prom.RejectedCounter.
 func RejectedCounter(reg prometheus.Registerer) *prometheus.CounterVec {
-	return GetOrRegister(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meterline_rejected_total",
-		Help: "Records parked in usage.rejected, by stage and reason."}, []string{"stage", "reason"}))
+	return prom.RejectedCounter(reg)
 }
 
-// Factory makes metrics like promauto.With, but with GetOrRegister.
-type Factory struct{ reg prometheus.Registerer }
+// Factory is prom.Factory.
+type Factory = prom.Factory
 
-// NewFactory returns a Factory registering on reg.
-func NewFactory(reg prometheus.Registerer) Factory { return Factory{reg: reg} }
-
-// NewCounterVec gets or registers a counter vector.
-func (f Factory) NewCounterVec(o prometheus.CounterOpts, labels []string) *prometheus.CounterVec {
-	return GetOrRegister(f.reg, prometheus.NewCounterVec(o, labels))
-}
-
-// NewGaugeVec gets or registers a gauge vector.
-func (f Factory) NewGaugeVec(o prometheus.GaugeOpts, labels []string) *prometheus.GaugeVec {
-	return GetOrRegister(f.reg, prometheus.NewGaugeVec(o, labels))
-}
-
-// NewCounter gets or registers a counter.
-func (f Factory) NewCounter(o prometheus.CounterOpts) prometheus.Counter {
-	return GetOrRegister(f.reg, prometheus.NewCounter(o))
-}
-
-// NewGauge gets or registers a gauge.
-func (f Factory) NewGauge(o prometheus.GaugeOpts) prometheus.Gauge {
-	return GetOrRegister(f.reg, prometheus.NewGauge(o))
-}
-
-// NewHistogram gets or registers a histogram.
-func (f Factory) NewHistogram(o prometheus.HistogramOpts) prometheus.Histogram {
-	return GetOrRegister(f.reg, prometheus.NewHistogram(o))
-}
+// NewFactory is prom.NewFactory.
+func NewFactory(reg prometheus.Registerer) Factory { return prom.NewFactory(reg) }

@@ -38,7 +38,7 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// Listen binds addr (":9464", "127.0.0.1:0"). Readiness is the conjunction
+// Listen binds addr ("127.0.0.1:9464"; ":9464" is every interface). Readiness is the conjunction
 // of the checks.
 func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Check) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)

@@ -151,10 +151,58 @@ func newStatusPage(reg prometheus.Gatherer, now func() time.Time) *statusPage {
 	return p
 }
 
+// Stage is a running stage instance as the status page reads it, besides
+// its metrics (StageStatusOf). stream.Runtime implements it: the runtime
+// does not import this package, and this package does not import the
+// runtime. The methods are called on every page view and must not block.
+type Stage interface {
+	// StatusIdentity returns the stage's name ("dedup", "aggregate"), its
+	// consumer group, instance ID and input topic.
+	StatusIdentity() (stage, group, instance, input string)
+	// Joined reports whether the stage runs a consumer-group session.
+	Joined() bool
+	// Fatal returns the error the stage stopped with; nil while it runs.
+	Fatal() error
+	// EachPartitionStatus calls fn for every input partition assigned to
+	// the instance, in partition order. restoring is true until the
+	// partition's state is rebuilt and checked against the committed
+	// offset (DESIGN §6.4); remaining is the number of changelog offsets
+	// left to replay, negative when not known; kind ("full" or "tail") and
+	// reason describe the partition's last restore on this instance (the
+	// labels of meterline_stream_restores_total), empty when none was
+	// planned yet.
+	EachPartitionStatus(fn func(p int32, restoring bool, remaining int64, kind, reason string))
+}
+
+// StageStatusOf returns what st reports of itself: its identity, session
+// and partitions. The page completes it from the metrics.
+func StageStatusOf(st Stage) StageStatus {
+	var out StageStatus
+	out.Stage, out.Group, out.Instance, out.Input = st.StatusIdentity()
+	joined := st.Joined()
+	out.Joined = &joined
+	if err := st.Fatal(); err != nil {
+		out.Error = err.Error()
+	}
+	out.Partitions = []PartitionStatus{}
+	st.EachPartitionStatus(func(p int32, restoring bool, remaining int64, kind, reason string) {
+		ps := PartitionStatus{Partition: p, State: PartitionProcessing, RestoreKind: kind, RestoreReason: reason}
+		if restoring {
+			ps.State = PartitionRestoring
+			if remaining >= 0 {
+				ps.RestoreRemaining = &remaining
+			}
+		}
+		out.Partitions = append(out.Partitions, ps)
+	})
+	return out
+}
+
 // AddStatus adds a stage to the status page: f reports its identity,
-// session and partitions (stream.Runtime.Status). Stages that export
-// Meterline's stage metrics but add no status function still appear, from
-// their metrics alone. f is called on every page view and must not block.
+// session and partitions, as StageStatusOf does for a Stage. Stages that
+// export Meterline's stage metrics but add no status function still
+// appear, from their metrics alone. f is called on every page view and
+// must not block.
 func (s *Server) AddStatus(f func() StageStatus) {
 	s.status.mu.Lock()
 	defer s.status.mu.Unlock()

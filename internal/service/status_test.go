@@ -46,6 +46,32 @@ func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
 	return s
 }
 
+// fakeStage is a running stage as the status page reads it (Stage).
+type fakeStage struct {
+	stage, group, instance, input string
+	joined                        bool
+	err                           error
+	parts                         []fakePartition
+}
+
+type fakePartition struct {
+	p            int32
+	restoring    bool
+	remaining    int64
+	kind, reason string
+}
+
+func (f *fakeStage) StatusIdentity() (string, string, string, string) {
+	return f.stage, f.group, f.instance, f.input
+}
+func (f *fakeStage) Joined() bool { return f.joined }
+func (f *fakeStage) Fatal() error { return f.err }
+func (f *fakeStage) EachPartitionStatus(fn func(p int32, restoring bool, remaining int64, kind, reason string)) {
+	for _, p := range f.parts {
+		fn(p.p, p.restoring, p.remaining, p.kind, p.reason)
+	}
+}
+
 type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time          { return c.t }
@@ -90,16 +116,13 @@ func TestStatusPage(t *testing.T) {
 	var ready error
 	s, clk := newTestServer(t, reg, func() error { return ready })
 
-	joined := true
-	remaining := int64(1234)
-	s.AddStatus(func() StageStatus {
-		return StageStatus{Stage: "dedup", Group: "g-dedup", Instance: "node-1", Input: "usage.events", Joined: &joined,
-			Partitions: []PartitionStatus{
-				{Partition: 0, State: PartitionProcessing, RestoreKind: "tail", RestoreReason: "within_horizon"},
-				{Partition: 1, State: PartitionProcessing},
-				{Partition: 2, State: PartitionRestoring, RestoreRemaining: &remaining, RestoreKind: "full", RestoreReason: "horizon"},
-			}}
-	})
+	dedup := &fakeStage{stage: "dedup", group: "g-dedup", instance: "node-1", input: "usage.events", joined: true,
+		parts: []fakePartition{
+			{p: 0, remaining: -1, kind: "tail", reason: "within_horizon"},
+			{p: 1, remaining: -1},
+			{p: 2, restoring: true, remaining: 1234, kind: "full", reason: "horizon"},
+		}}
+	s.AddStatus(func() StageStatus { return StageStatusOf(dedup) })
 	s.AddTable(func() Table {
 		return Table{ID: "aggregates", Title: "This hour", Columns: []string{"customer", "api_calls", "tokens"},
 			Rows: [][]string{{"acme", "12", "3400"}, {"globex", "1", "0"}}}
@@ -131,7 +154,7 @@ func TestStatusPage(t *testing.T) {
 	testenv.ExpectPageValue(t, v, "ready", "not ready: 1 partitions restoring")
 	testenv.ExpectPageValue(t, v, "uptime", "10s")
 
-	// dedup: what its status function reports, completed from the metrics.
+	// dedup: what it reports through Stage, completed from the metrics.
 	testenv.ExpectPageValue(t, v, "stage/dedup/state", "restoring")
 	testenv.ExpectPageValue(t, v, "stage/dedup/group", "g-dedup")
 	testenv.ExpectPageValue(t, v, "stage/dedup/instance", "node-1")
@@ -226,11 +249,8 @@ func TestStatusPageWithoutLag(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	newFakeStages(reg, false)
 	s, _ := newTestServer(t, reg)
-	joined := false
-	s.AddStatus(func() StageStatus {
-		return StageStatus{Stage: "dedup", Group: "g", Input: "usage.events", Joined: &joined,
-			Error: "stream: <script>alert(1)</script>", Partitions: []PartitionStatus{}}
-	})
+	failed := &fakeStage{stage: "dedup", group: "g", input: "usage.events", err: errors.New("stream: <script>alert(1)</script>")}
+	s.AddStatus(func() StageStatus { return StageStatusOf(failed) })
 	v := page(t, s)
 	testenv.ExpectPageValue(t, v, "lag", "n/a: this process exports no consumer lag (meterline_consumer_lag_records)")
 	testenv.ExpectPageValue(t, v, "stage/dedup/lag_records", "n/a")

@@ -3,6 +3,7 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/clock"
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // Config configures a Runtime. Zero fields take the defaults documented on
@@ -18,7 +20,12 @@ import (
 type Config struct {
 	// Stage names the stage in logs and metrics: "dedup", "aggregate".
 	Stage string
-	// Brokers are the Kafka seed brokers. Required.
+	// Kafka is the connection to the cluster: seed brokers, SASL and TLS.
+	// Every client of the runtime (the transactional session, restore
+	// readers) connects with it. Kafka.Brokers is required, or Brokers.
+	Kafka kafka.Config
+	// Brokers is shorthand for Kafka.Brokers, for a cluster without SASL
+	// or TLS; EnsureDefaults copies it there. Setting both is an error.
 	Brokers []string
 	// Group is the consumer group. Required.
 	Group string
@@ -74,6 +81,12 @@ type Config struct {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
+	if len(c.Kafka.Brokers) == 0 {
+		c.Kafka.Brokers = c.Brokers
+	}
+	if len(c.Brokers) == 0 {
+		c.Brokers = c.Kafka.Brokers
+	}
 	if c.FS == nil {
 		c.FS = vfs.Default
 	}
@@ -118,8 +131,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("stream: %s is required", field))
 		}
 	}
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("stream: brokers is required"))
+	if err := c.Kafka.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("stream: %w", err))
+	}
+	if !slices.Equal(c.Brokers, c.Kafka.Brokers) {
+		errs = append(errs, fmt.Errorf("stream: brokers %q and kafka brokers %q: set one", c.Brokers, c.Kafka.Brokers))
 	}
 	req("group", c.Group)
 	req("instance-id", c.InstanceID)

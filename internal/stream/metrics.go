@@ -3,7 +3,7 @@ package stream
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/prom"
 )
 
 type metrics struct {
@@ -25,7 +25,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
-	f := service.NewFactory(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
+	f := prom.NewFactory(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
 	return &metrics{
 		recordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_in_total",
 			Help: "Input records consumed, by topic."}, []string{"topic"}),

@@ -208,8 +208,7 @@ func offsetString(o int64) string {
 // it commits or aborts.
 // at dates the checkpoints it writes (Checkpoint.At).
 func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time) (int64, error) {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(rt.cfg.Brokers...),
+	cl, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,6 +93,7 @@ var errRestart = errors.New("restart session")
 // Runtime runs one stateful stage instance.
 type Runtime struct {
 	cfg   Config
+	conn  []kgo.Opt // cfg.Kafka's seed brokers, SASL and TLS
 	proc  Processor
 	log   *zap.Logger
 	store *Store
@@ -165,12 +167,17 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	conn, err := cfg.Kafka.Opts()
+	if err != nil {
+		return nil, fmt.Errorf("stream: %w", err)
+	}
 	st, err := OpenStore(cfg.StateDir, cfg.FS, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
 	rt := &Runtime{
 		cfg:   cfg,
+		conn:  conn,
 		proc:  proc,
 		log:   cfg.Logger.With(zap.String("stage", cfg.Stage), zap.String("instance", cfg.InstanceID)),
 		store: st,
@@ -209,7 +216,8 @@ func (rt *Runtime) Store() *Store { return rt.store }
 
 // Run runs the stage until ctx ends (then it commits the open transaction,
 // leaves the group and returns nil) or a fatal error occurs. It is called
-// once; the store is closed when it returns.
+// once; the store is closed when it returns, and an error closing it is
+// returned too, joined with the one that stopped the stage.
 func (rt *Runtime) Run(ctx context.Context) (err error) {
 	if !rt.running.CompareAndSwap(false, true) {
 		return errors.New("stream: Run called twice")
@@ -226,8 +234,8 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 		}
 		rt.closeAll()
 		rt.restores.Wait()
-		if cerr := rt.store.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("stream: close state: %w", cerr)
+		if cerr := rt.store.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("stream: close state: %w", cerr))
 		}
 	}()
 	for {
@@ -257,7 +265,6 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 func (rt *Runtime) clientOptions(ready <-chan struct{}) []kgo.Opt {
 	c := &rt.cfg
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(c.Brokers...),
 		kgo.TransactionalID(c.TransactionalID()),
 		kgo.TransactionTimeout(c.TransactionTimeout),
 		kgo.ConsumerGroup(c.Group),
@@ -300,7 +307,13 @@ func (rt *Runtime) clientOptions(ready <-chan struct{}) []kgo.Opt {
 		kgo.OnPartitionsLost(rt.onRevoked),
 		kgo.WithLogger(kzap.New(rt.log.Named("kgo"), kzap.Level(kgoLevel(rt.log)))),
 	}
-	return append(opts, c.ClientOptions...)
+	return slices.Concat(rt.conn, opts, c.ClientOptions)
+}
+
+// newClient returns a client on the runtime's cluster connection (seed
+// brokers, SASL, TLS) with opts.
+func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(slices.Concat(rt.conn, opts)...)
 }
 
 // fetchMaxPartitionBytes caps what one fetch returns of one partition (see

@@ -1,54 +1,61 @@
 package stream
 
 import (
-	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-
-	"github.com/meterline/meterline/internal/service"
 )
 
-// Status reports the instance for the status page (service.Server.
-// AddStatus): its group, whether it runs a session, why it stopped, and
-// every input partition assigned to it with its restore state. A
-// partition is restoring from its assignment until its state is rebuilt
-// and checked against the committed offset (DESIGN §6.4), processing after.
-// The server adds counters, rates and lag from the metrics.
-func (rt *Runtime) Status() service.StageStatus {
-	joined := rt.joined.Load()
-	st := service.StageStatus{
-		Stage:    rt.cfg.Stage,
-		Group:    rt.cfg.Group,
-		Instance: rt.cfg.InstanceID,
-		Input:    rt.cfg.InputTopic,
-		Joined:   &joined,
+// The status page (internal/service) reads a Runtime through these
+// methods, its Stage interface; the server adds counters, rates and lag
+// from the metrics.
+
+// StatusIdentity returns the stage name, consumer group, instance ID and
+// input topic.
+func (rt *Runtime) StatusIdentity() (stage, group, instance, input string) {
+	return rt.cfg.Stage, rt.cfg.Group, rt.cfg.InstanceID, rt.cfg.InputTopic
+}
+
+// Joined reports whether the stage runs a consumer-group session.
+func (rt *Runtime) Joined() bool { return rt.joined.Load() }
+
+// Fatal returns the error the stage stopped with (or is stopping with);
+// nil while it runs.
+func (rt *Runtime) Fatal() error { return rt.takeFatal() }
+
+// EachPartitionStatus calls fn for every input partition assigned to this
+// instance, in partition order. A partition is restoring from its
+// assignment until its state is rebuilt and checked against the committed
+// offset (DESIGN §6.4), processing after. remaining is the number of
+// changelog offsets its restore has left to replay, negative when not known
+// (before the replay has read the changelog's end, and once it reached it);
+// kind and reason are its last restore's plan (horizon.go), empty before
+// the first. fn runs after the runtime's locks are released.
+func (rt *Runtime) EachPartitionStatus(fn func(p int32, restoring bool, remaining int64, kind, reason string)) {
+	type partStatus struct {
+		p            int32
+		restoring    bool
+		remaining    int64
+		kind, reason string
 	}
-	remaining := restoreRemaining(rt.m.restoring)
+	left := restoreRemaining(rt.m.restoring)
 	rt.mu.Lock()
-	if rt.fatal != nil {
-		st.Error = rt.fatal.Error()
-	}
-	st.Partitions = make([]service.PartitionStatus, 0, len(rt.parts))
-	for p, ps := range rt.parts {
-		s := service.PartitionStatus{Partition: p, State: service.PartitionProcessing}
+	out := make([]partStatus, 0, len(rt.parts))
+	for _, p := range sortedPartitions(rt.parts) {
+		s := partStatus{p: p, restoring: rt.parts[p].cancel != nil, remaining: -1} // cancel: the restore goroutine runs
 		if pl, ok := rt.lastRestore(p); ok {
-			s.RestoreKind, s.RestoreReason = pl.Kind(), pl.Reason
+			s.kind, s.reason = pl.Kind(), pl.Reason
 		}
-		if ps.cancel != nil { // restore goroutine still running
-			s.State = service.PartitionRestoring
-			// Zero until the replay has read the changelog's end (and
-			// again once it reached it): not known, rather than done.
-			if n := remaining[p]; n > 0 {
-				s.RestoreRemaining = &n
-			}
+		if n := left[p]; s.restoring && n > 0 {
+			s.remaining = n
 		}
-		st.Partitions = append(st.Partitions, s)
+		out = append(out, s)
 	}
 	rt.mu.Unlock()
-	slices.SortFunc(st.Partitions, func(a, b service.PartitionStatus) int { return int(a.Partition - b.Partition) })
-	return st
+	for _, s := range out {
+		fn(s.p, s.restoring, s.remaining, s.kind, s.reason)
+	}
 }
 
 // restoreRemaining reads the restore gauge of every partition without

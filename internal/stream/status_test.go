@@ -2,7 +2,10 @@ package stream
 
 import (
 	"context"
+	"go/build"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +18,9 @@ import (
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/testenv"
 )
+
+// The status page reads a Runtime through its Stage interface.
+var _ service.Stage = (*Runtime)(nil)
 
 // keepProc keeps every input record as state.
 type keepProc struct{}
@@ -34,7 +40,8 @@ func (keepPart) Close()              {}
 
 // TestStatusReportsRestoreAndOwnership holds one partition's restore in
 // the middle of its changelog replay (its changelog fetches are stalled on
-// kfake) and checks that Status shows it restoring, with the changelog
+// kfake) and checks that the Runtime reports it restoring (read as the
+// status page reads it, service.StageStatusOf), with the changelog
 // records left, while the others are processing; then, once the restore
 // ends, that every partition is processing and the list is the group's
 // assignment as the broker describes it.
@@ -110,7 +117,7 @@ func TestStatusReportsRestoreAndOwnership(t *testing.T) {
 	}()
 
 	// Before the group session is up: not joined, nothing assigned.
-	st := rt.Status()
+	st := service.StageStatusOf(rt)
 	if st.Stage != "keep" || st.Group != group || st.Instance != "i1" || st.Input != input || st.Joined == nil {
 		t.Fatalf("Status identity = %+v", st)
 	}
@@ -119,7 +126,7 @@ func TestStatusReportsRestoreAndOwnership(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			st := rt.Status()
+			st := service.StageStatusOf(rt)
 			if cond(st) {
 				return st
 			}
@@ -180,5 +187,33 @@ func TestStatusReportsRestoreAndOwnership(t *testing.T) {
 	assigned := testenv.GroupAssignment(t, adm, group, input)
 	if !slices.Equal(got, assigned) {
 		t.Errorf("Status lists partitions %v; the broker says the group assigned %v", got, assigned)
+	}
+}
+
+// TestRuntimeDoesNotImportTheStatusPage: the runtime reports to the status
+// page through service.Stage, which it implements without importing
+// internal/service (the HTTP side), directly or through another package.
+func TestRuntimeDoesNotImportTheStatusPage(t *testing.T) {
+	const module = "github.com/meterline/meterline/"
+	deps := map[string]bool{}
+	var walk func(path, dir string)
+	walk = func(path, dir string) {
+		pkg, err := build.Import(path, dir, 0)
+		if err != nil {
+			t.Fatalf("import %s: %v", path, err)
+		}
+		for _, imp := range pkg.Imports {
+			if strings.HasPrefix(imp, module) && !deps[imp] {
+				deps[imp] = true
+				walk(imp, pkg.Dir)
+			}
+		}
+	}
+	walk(".", ".")
+	if len(deps) == 0 {
+		t.Fatal("found no dependency of the runtime inside the module; the walk is broken")
+	}
+	if deps[module+"internal/service"] {
+		t.Errorf("internal/stream depends on internal/service (the status page): %v", slices.Sorted(maps.Keys(deps)))
 	}
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // ReadCommitted reads the topic's committed data records, read_committed,
@@ -83,8 +85,8 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, from map
 
 // PartitionCounts returns the partition count of each named topic, or an
 // error naming the first topic that is missing.
-func PartitionCounts(ctx context.Context, brokers []string, names ...string) (map[string]int32, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (map[string]int32, error) {
+	cl, err := kafka.NewClient(conn)
 	if err != nil {
 		return nil, err
 	}

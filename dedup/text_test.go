@@ -1,0 +1,82 @@
+package dedup
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestInvalidText: Avro strings can carry any bytes, so dedup checks the
+// text of every event from any client (DESIGN §8): invalid UTF-8 anywhere,
+// and C0 control characters in customer_id, meter, event_id and source,
+// are rejected as invalid with the field named in the detail, and never
+// merge with another identity.
+func TestInvalidText(t *testing.T) {
+	h := newHarness(t, nil, 4)
+	arr := t0 + 10*day
+	rec := func(e *schemas.UsageEvent) *kgo.Record {
+		if e.Meter == "" {
+			e.Meter = "api_calls"
+		}
+		e.Quantity, e.EventTime = 1, arr-hour
+		key := e.Identity().Key()
+		return &kgo.Record{Topic: h.names.EventsTopic(), Partition: schemas.Partition(key, h.n), Key: key,
+			Value: schemas.MustEncode(e), Timestamp: time.UnixMilli(arr)}
+	}
+	bad := map[string]string{ // event_id → the field the detail must name
+		"ff":        "customer_id",
+		"fe":        "customer_id",
+		"tab":       "customer_id",
+		"nul":       "meter",
+		"newline\n": "event_id",
+		"src":       "source",
+		"prop":      "properties.model",
+	}
+	h.produce(
+		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "ok"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\uFFFD", EventID: "ok"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\xff", EventID: "ff"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\xfe", EventID: "fe"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\t", EventID: "tab"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme", Meter: "api\x00calls", EventID: "nul"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "newline\n"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "src", Source: "gw\x1b"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "prop", Properties: []schemas.Property{{Name: "model", Value: "m\xc3"}}}),
+	)
+	h.start(h.config("a", vfs.NewMem()))
+	h.caughtUp()
+	o := h.outputs()
+
+	customers := map[string]bool{}
+	for _, d := range o.deduped {
+		customers[d.CustomerID] = true
+	}
+	if len(o.deduped) != 2 || !customers["acme"] || !customers["acme\uFFFD"] {
+		t.Errorf("forwarded %d events for %v; want the two valid ones (acme, acme\\uFFFD)", len(o.deduped), customers)
+	}
+	if len(o.duplicates) != 0 {
+		t.Errorf("%d duplicates; no two of these events share an identity", len(o.duplicates))
+	}
+	got := map[string]bool{}
+	for _, r := range o.rejected {
+		field, ok := bad[r.EventID]
+		if !ok {
+			t.Errorf("rejected %q: %s %s", r.EventID, r.Reason, r.Detail)
+			continue
+		}
+		got[r.EventID] = true
+		if r.Reason != schemas.ReasonInvalid || !strings.HasPrefix(r.Detail, field+": ") {
+			t.Errorf("event %q rejected as %s %q; want invalid naming %s", r.EventID, r.Reason, r.Detail, field)
+		}
+	}
+	for id := range bad {
+		if !got[id] {
+			t.Errorf("event %q was not rejected", id)
+		}
+	}
+}

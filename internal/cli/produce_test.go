@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestProduceInvalidText: `meterline produce` checks text on the raw bytes
+// of each line (DESIGN §8). "acme\xff" and "acme\xfe" used to become one
+// customer "acme\uFFFD" (encoding/json's replacement), so the second event
+// was a copy of the first; each is now a bad line naming customer_id, as
+// are C0 controls in identity fields and source. A real U+FFFD is text.
+func TestProduceInvalidText(t *testing.T) {
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
+	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	ev := func(customer, id, extra string) string {
+		return `{"event_id":"` + id + `","customer_id":"` + customer + `","meter":"api_calls","quantity":1,"event_time":"` + ts + `"` + extra + `}`
+	}
+	in := strings.Join([]string{
+		ev("acme\xff", "req-1", ""),
+		ev("acme\xfe", "req-1", ""),
+		ev("acme\uFFFD", "req-1", ""),
+		ev(`acme\u0009`, "req-2", ""),
+		ev("acme", `req-3\u0000`, ""),
+		ev("acme", "req-4", `,"source":"gw\r"`),
+		ev("acme", "req-5", "\x2c\"properties\":{\"model\":\"m\xc3\"}"),
+	}, "\n") + "\n"
+	code, stdout, stderr := run(t, in, "produce", "--brokers", brokers[0])
+	if code == 0 {
+		t.Fatalf("exit 0; want non-zero\nstdout: %s\nstderr: %s", stdout, stderr)
+	}
+	for _, re := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^line 1: customer_id: is not valid UTF-8 \(byte 0xff at column 40\)$`),
+		regexp.MustCompile(`(?m)^line 2: customer_id: is not valid UTF-8 \(byte 0xfe at column 40\)$`),
+		regexp.MustCompile(`(?m)^line 4: customer_id: holds the control character U\+0009 at offset 4`),
+		regexp.MustCompile(`(?m)^line 5: event_id: holds the control character U\+0000 at offset 5`),
+		regexp.MustCompile(`(?m)^line 6: source: holds the control character U\+000D`),
+		regexp.MustCompile(`(?m)^line 7: properties.model: is not valid UTF-8`),
+	} {
+		if !re.MatchString(stderr) {
+			t.Errorf("stderr lacks %s:\n%s", re, stderr)
+		}
+	}
+	if !strings.Contains(stdout, "7 lines, 1 sent, 6 bad, 0 failed") {
+		t.Errorf("summary: %s", stdout)
+	}
+	recs := testenv.ReadAll(t, brokers, "usage.events")
+	if len(recs) != 1 {
+		t.Fatalf("topic has %d records, want only the event of customer acme\\uFFFD", len(recs))
+	}
+	var ue schemas.UsageEvent
+	if err := schemas.DecodeInto(recs[0].Value, &ue); err != nil {
+		t.Fatal(err)
+	}
+	if ue.CustomerID != "acme\uFFFD" {
+		t.Fatalf("sent customer %q, want acme\\uFFFD", ue.CustomerID)
+	}
+}
+
+// FuzzProduceLines feeds arbitrary input to the decoding half of
+// `meterline produce`: the line reader and each line's parse, validation
+// and encoding. It must never panic; every line is either empty, a record
+// whose value decodes to a valid UsageEvent under the canonical key of its
+// identity, or an error naming a field or a malformed line.
+func FuzzProduceLines(f *testing.F) {
+	f.Add([]byte(`{"event_id":"req-42","customer_id":"acme","meter":"api_calls","quantity":3,"event_time":"2026-11-29T12:00:00.250Z","source":"api-gateway","properties":{"model":"m1"}}` + "\n\n"))
+	f.Add([]byte("{\"event_id\":\"e\",\"customer_id\":\"acme\xff\",\"meter\":\"m\",\"quantity\":1,\"event_time\":1795003200250}\r\n{\"bad\""))
+	f.Add([]byte(`{"event_id":"e","customer_id":"c\u0000","meter":"m","quantity":1,"event_time":1795003200250}`))
+	p, err := producer.New(producer.WithBrokers("127.0.0.1:1"), producer.WithMaxSkew(100*365*24*time.Hour))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(p.Close)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		br := bufio.NewReaderSize(bytes.NewReader(in), 1<<20)
+		c := &chunk{first: 1, done: make(chan struct{})}
+		for {
+			b, err := readLine(br)
+			if len(b) > 0 || err == nil || errors.Is(err, errLineTooLong) {
+				c.lines = append(c.lines, inputLine{b: bytes.Clone(b), tooLong: errors.Is(err, errLineTooLong)})
+			}
+			if err != nil && !errors.Is(err, errLineTooLong) {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("readLine: %v", err)
+				}
+				break
+			}
+		}
+		encodeChunk(p, c)
+		for i, r := range c.recs {
+			if err := c.errs[i]; err != nil {
+				var fe *producer.FieldError
+				if r != nil || (!errors.As(err, &fe) && !errors.Is(err, producer.ErrMalformedJSON)) {
+					t.Fatalf("line %d: record %v with error of an unexpected class: %v", i+1, r, err)
+				}
+				continue
+			}
+			if r == nil {
+				continue // an empty line
+			}
+			var ue schemas.UsageEvent
+			if err := schemas.DecodeInto(r.Value, &ue); err != nil {
+				t.Fatalf("line %d: record does not decode: %v", i+1, err)
+			}
+			if err := ue.Validate(); err != nil {
+				t.Fatalf("line %d: sent an invalid event: %v", i+1, err)
+			}
+			if !bytes.Equal(r.Key, ue.Identity().Key()) {
+				t.Fatalf("line %d: key %q is not the canonical key of %+v", i+1, r.Key, ue.Identity())
+			}
+		}
+	})
+}

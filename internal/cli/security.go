@@ -1,0 +1,143 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/tlsconfig"
+	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/sink"
+)
+
+// Environment variables that hold secrets. They have no flag: a value on
+// the command line is visible to every user of the machine (ps,
+// /proc/<pid>/cmdline) and lands in shell histories, so a secret comes
+// from a file (the *-password-file flags) or from one of these (DESIGN
+// §13).
+const (
+	EnvKafkaSASLPassword  = "METERLINE_KAFKA_SASL_PASSWORD"
+	EnvClickHousePassword = "METERLINE_CLICKHOUSE_PASSWORD"
+)
+
+// TLSFlags are the TLS flags of one connection (--kafka-tls-*,
+// --clickhouse-tls-*).
+type TLSFlags struct {
+	Enabled    bool   `name:"tls" help:"Connect over TLS (implied by any other TLS flag of this connection)."`
+	CAFile     string `name:"tls-ca-file" help:"PEM file of the CA certificates the server's certificate must chain to (default: the system's)." placeholder:"FILE"`
+	CertFile   string `name:"tls-cert-file" help:"PEM client certificate, for a server that asks for one." placeholder:"FILE"`
+	KeyFile    string `name:"tls-key-file" help:"PEM private key of the client certificate (unencrypted; keep the file private)." placeholder:"FILE"`
+	ServerName string `name:"tls-server-name" help:"Name the server's certificate must carry (default: the host dialled)." placeholder:"NAME"`
+}
+
+func (f TLSFlags) files() tlsconfig.Files {
+	return tlsconfig.Files{Enabled: f.Enabled, CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile, ServerName: f.ServerName}
+}
+
+// KafkaFlags secure the Kafka connection of every command: --kafka-*.
+type KafkaFlags struct {
+	SASLMechanism    string   `name:"sasl-mechanism" help:"SASL mechanism: SCRAM-SHA-512 or PLAIN (PLAIN only with TLS); empty: no SASL." enum:",SCRAM-SHA-512,PLAIN" default:""`
+	SASLUser         string   `name:"sasl-user" help:"SASL user name (the principal User:<name> in ACLs)." placeholder:"NAME"`
+	SASLPasswordFile string   `name:"sasl-password-file" help:"File holding the SASL password; or set METERLINE_KAFKA_SASL_PASSWORD. There is no flag for the password itself." placeholder:"FILE"`
+	TLS              TLSFlags `embed:""`
+}
+
+// ClickHouseFlags secure the ClickHouse connection: --clickhouse-*.
+type ClickHouseFlags struct {
+	User         string   `help:"ClickHouse user." default:"default"`
+	PasswordFile string   `help:"File holding the ClickHouse password; or set METERLINE_CLICKHOUSE_PASSWORD. There is no flag for the password itself." placeholder:"FILE"`
+	TLS          TLSFlags `embed:""`
+}
+
+// kafka returns the Kafka connection the flags describe, its password
+// read from --kafka-sasl-password-file or METERLINE_KAFKA_SASL_PASSWORD
+// (once: later calls return the same). Errors are configuration errors
+// (exit status 2).
+func (g *Globals) kafka() (kafka.Config, error) {
+	if g.kafkaConn != nil {
+		return *g.kafkaConn, nil
+	}
+	pw, err := secret.Load(g.Kafka.SASLPasswordFile, "--kafka-sasl-password-file", EnvKafkaSASLPassword, nil)
+	if err != nil {
+		return kafka.Config{}, &ExitError{Code: 2, Err: err}
+	}
+	c := kafka.Config{
+		Brokers: g.Brokers,
+		SASL:    kafka.SASL{Mechanism: g.Kafka.SASLMechanism, User: g.Kafka.SASLUser, Password: pw},
+		TLS:     g.Kafka.TLS.files(),
+	}
+	if err := c.Validate(); err != nil {
+		return kafka.Config{}, &ExitError{Code: 2, Err: err}
+	}
+	g.kafkaConn = &c
+	return c, nil
+}
+
+// connectKafka is kafka followed by a check that the cluster accepts the
+// credentials: a wrong password, an untrusted certificate or a listener
+// that does not match ends the command before it reads or writes
+// anything (exit status 1), instead of a client retrying for ever.
+func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
+	c, err := g.kafka()
+	if err != nil {
+		return c, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := kafka.CheckCredentials(cctx, c); err != nil {
+		return c, &ExitError{Code: 1, Err: err}
+	}
+	return c, nil
+}
+
+// clickHouse returns the ClickHouse server the flags describe, its
+// password read from --clickhouse-password-file or
+// METERLINE_CLICKHOUSE_PASSWORD (once: later calls return the same).
+// Errors are configuration errors (exit status 2).
+func (g *Globals) clickHouse() (sink.Server, error) {
+	if g.chServer != nil {
+		return *g.chServer, nil
+	}
+	pw, err := secret.Load(g.ClickHouseAuth.PasswordFile, "--clickhouse-password-file", EnvClickHousePassword, nil)
+	if err != nil {
+		return sink.Server{}, &ExitError{Code: 2, Err: err}
+	}
+	s := sink.Server{Addr: g.ClickHouse, User: g.ClickHouseAuth.User, Password: pw, TLS: g.ClickHouseAuth.TLS.files()}
+	if err := s.Validate(); err != nil {
+		return sink.Server{}, &ExitError{Code: 2, Err: err}
+	}
+	g.chServer = &s
+	return s, nil
+}
+
+// checkClickHouse stops the command (exit status 1) when ClickHouse
+// refuses the user or password or the TLS handshake fails. An unreachable
+// server passes: the sink waits for it.
+func checkClickHouse(ctx context.Context, s sink.Server) error {
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := s.CheckLogin(cctx); err != nil {
+		return &ExitError{Code: 1, Err: err}
+	}
+	return nil
+}
+
+// producerConn returns the producer options that connect as kc says.
+func producerConn(kc kafka.Config) ([]producer.Option, error) {
+	tc, err := kc.TLS.Load()
+	if err != nil {
+		return nil, &ExitError{Code: 2, Err: fmt.Errorf("kafka: %w", err)}
+	}
+	return []producer.Option{producer.WithBrokers(kc.Brokers...), producer.WithTLS(tc), producer.WithSASL(kc.Mechanism())}, nil
+}
+
+// newProducer is producer.New connected as kc says, with opts.
+func newProducer(kc kafka.Config, opts ...producer.Option) (*producer.Producer, error) {
+	conn, err := producerConn(kc)
+	if err != nil {
+		return nil, err
+	}
+	return producer.New(append(conn, opts...)...)
+}

@@ -1,0 +1,138 @@
+package cli
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/alecthomas/kong"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+func flagsOf(t *testing.T) map[string][]*kong.Flag {
+	t.Helper()
+	var cli CLI
+	p, err := Parser(&cli, IO{}, func(int) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]*kong.Flag{}
+	var walk func(n *kong.Node)
+	walk = func(n *kong.Node) {
+		for _, f := range n.Flags {
+			out[f.Name] = append(out[f.Name], f)
+		}
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(p.Model.Node)
+	return out
+}
+
+// TestHTTPServersBindLoopbackByDefault: every HTTP server of the command
+// (a stage's, run's and the sink's metrics and status server, the demo's
+// page) listens on 127.0.0.1 unless told otherwise (DESIGN §13).
+func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
+	flags := flagsOf(t)
+	n := 0
+	for _, name := range []string{"metrics-addr", "http"} {
+		for _, f := range flags[name] {
+			n++
+			host, _, err := net.SplitHostPort(f.Default)
+			if err != nil || host != "127.0.0.1" {
+				t.Errorf("--%s default %q: want 127.0.0.1:<port>", name, f.Default)
+			}
+		}
+	}
+	if n < 5 { // dedup, aggregate, sink, run, demo
+		t.Fatalf("found %d HTTP address flags, want every command's", n)
+	}
+}
+
+// TestNoSecretFlags: no flag takes a secret's value. A password on the
+// command line is visible to every user of the machine (ps,
+// /proc/<pid>/cmdline); the flags name files instead, and the
+// environment holds the rest (DESIGN §13).
+func TestNoSecretFlags(t *testing.T) {
+	for name := range flagsOf(t) {
+		for _, word := range []string{"password", "secret", "token", "key"} {
+			if strings.Contains(name, word) && !strings.HasSuffix(name, "-file") {
+				t.Errorf("--%s takes a secret on the command line; name a file (--%s-file) or use the environment", name, name)
+			}
+		}
+	}
+	for _, flag := range []string{"--kafka-sasl-password", "--clickhouse-password"} {
+		code, _, errOut := run(t, "", "topics", "check", flag, "hunter2")
+		if code != 2 || !strings.Contains(errOut, "unknown flag "+flag) {
+			t.Errorf("%s hunter2: exit %d, want 2 and an unknown flag: %s", flag, code, errOut)
+		}
+	}
+}
+
+// TestKafkaPasswordSources: the SASL password comes from the file named
+// by --kafka-sasl-password-file or from METERLINE_KAFKA_SASL_PASSWORD;
+// both at once, neither, or an empty file is a configuration error (exit
+// 2) that names the setting; a wrong password ends the command (exit 1)
+// before it does anything, naming the user and never the password.
+func TestKafkaPasswordSources(t *testing.T) {
+	const pw = "c0rrect-horse"
+	_, brokers := testenv.KFake(t, kfake.EnableSASL(), kfake.Superuser(kafka.ScramSHA512, "ops", pw))
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good, wrong, empty := file("good", pw+"\n"), file("wrong", "not-"+pw), file("empty", "\n")
+	base := []string{"topics", "create", "--partitions", "2", "--brokers", strings.Join(brokers, ","),
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "ops", "--timeout", "10s"}
+
+	code, out, errOut := run(t, "", append(base, "--kafka-sasl-password-file", good)...)
+	if code != 0 || !strings.Contains(out, "created  usage.events") {
+		t.Fatalf("password from a file: exit %d\n%s\n%s", code, out, errOut)
+	}
+	t.Setenv(EnvKafkaSASLPassword, pw)
+	code, out, errOut = run(t, "", "topics", "check", "--partitions", "2", "--brokers", strings.Join(brokers, ","),
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "ops")
+	if code != 0 || !strings.Contains(out, "topics match") {
+		t.Fatalf("password from %s: exit %d\n%s\n%s", EnvKafkaSASLPassword, code, out, errOut)
+	}
+	code, _, errOut = run(t, "", append(base, "--kafka-sasl-password-file", good)...)
+	if code != 2 || !strings.Contains(errOut, "--kafka-sasl-password-file and "+EnvKafkaSASLPassword) {
+		t.Fatalf("file and environment both set: exit %d, want 2 naming both: %s", code, errOut)
+	}
+	os.Unsetenv(EnvKafkaSASLPassword)
+	code, _, errOut = run(t, "", base...)
+	if code != 2 || !strings.Contains(errOut, "sasl-password: required") {
+		t.Fatalf("no password: exit %d, want 2 naming sasl-password: %s", code, errOut)
+	}
+	code, _, errOut = run(t, "", append(base, "--kafka-sasl-password-file", empty)...)
+	if code != 2 || !strings.Contains(errOut, empty) {
+		t.Fatalf("empty password file: exit %d, want 2 naming the file: %s", code, errOut)
+	}
+	code, out, errOut = run(t, "", append(base, "--kafka-sasl-password-file", wrong)...)
+	if code != 1 || !strings.Contains(errOut, "authentication failed") || !strings.Contains(errOut, `"ops"`) {
+		t.Fatalf("wrong password: exit %d, want 1 with an authentication error naming the user:\n%s\n%s", code, out, errOut)
+	}
+	if strings.Contains(out+errOut, "not-"+pw) || strings.Contains(out+errOut, "created") {
+		t.Fatalf("wrong password: the output shows the password or claims work done:\n%s\n%s", out, errOut)
+	}
+}
+
+// TestPlainNeedsTLS: SASL/PLAIN sends the password in the clear, so the
+// command refuses it without TLS, before connecting.
+func TestPlainNeedsTLS(t *testing.T) {
+	t.Setenv(EnvKafkaSASLPassword, "x")
+	code, _, errOut := run(t, "", "lag", "--brokers", "127.0.0.1:1", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "u")
+	if code != 2 || !strings.Contains(errOut, "PLAIN") || !strings.Contains(errOut, "TLS") {
+		t.Fatalf("exit %d, want 2 saying PLAIN needs TLS: %s", code, errOut)
+	}
+}

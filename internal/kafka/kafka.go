@@ -1,0 +1,245 @@
+// Package kafka is the connection to a Kafka cluster that every Meterline
+// client uses: the seed brokers, SASL (SCRAM-SHA-512 or PLAIN) and TLS
+// (DESIGN §13). One Config is built per process, from the command line or
+// a service's config, and every client made from it — a stage's
+// transactional session, a restore reader, an admin client, the lag
+// collector, a producer — connects and authenticates the same way.
+//
+// Secrets are never part of a Config's printed form: the password is a
+// secret.Secret, and the TLS key is only ever named by its file.
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/tlsconfig"
+)
+
+// SASL mechanisms Meterline speaks.
+const (
+	// ScramSHA512 is SASL/SCRAM-SHA-512: the password never crosses the
+	// wire. The one to use.
+	ScramSHA512 = "SCRAM-SHA-512"
+	// Plain is SASL/PLAIN: the password crosses the wire, so only over TLS
+	// (Validate refuses it without).
+	Plain = "PLAIN"
+)
+
+// SASL is how a client authenticates. The zero value is no SASL.
+type SASL struct {
+	// Mechanism is ScramSHA512, Plain, or empty for no SASL. Default:
+	// empty.
+	Mechanism string
+	// User is the SASL user name (the principal User:<name> in ACLs).
+	// Required with a mechanism.
+	User string
+	// Password is the user's password. Required with a mechanism.
+	Password secret.Secret
+}
+
+// Config is the connection to a Kafka cluster. Validate reports every
+// problem at once; Opts turns it into franz-go client options.
+type Config struct {
+	// Brokers are the seed brokers, host:port. Required.
+	Brokers []string
+	// SASL authenticates the client. Default: none.
+	SASL SASL
+	// TLS encrypts the connection and verifies the brokers' certificates.
+	// Default: off (plaintext).
+	TLS tlsconfig.Files
+}
+
+// Validate returns every problem with the config, joined, each naming its
+// field as the command-line flag does.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("kafka: brokers: at least one seed broker is required"))
+	}
+	for _, b := range c.Brokers {
+		if strings.TrimSpace(b) == "" {
+			errs = append(errs, fmt.Errorf("kafka: brokers: empty address in %q", strings.Join(c.Brokers, ",")))
+			break
+		}
+	}
+	switch c.SASL.Mechanism {
+	case "":
+		if c.SASL.User != "" || !c.SASL.Password.IsZero() {
+			errs = append(errs, errors.New("kafka: sasl-mechanism: a SASL user or password is set but no mechanism (SCRAM-SHA-512 or PLAIN)"))
+		}
+	case ScramSHA512, Plain:
+		if c.SASL.User == "" {
+			errs = append(errs, fmt.Errorf("kafka: sasl-user: required with SASL %s", c.SASL.Mechanism))
+		}
+		if c.SASL.Password.IsZero() {
+			errs = append(errs, fmt.Errorf("kafka: sasl-password: required with SASL %s (a file or an environment variable, never a flag value)", c.SASL.Mechanism))
+		}
+		if c.SASL.Mechanism == Plain && !c.TLS.On() {
+			errs = append(errs, errors.New("kafka: sasl-mechanism: PLAIN sends the password in the clear; it needs TLS"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("kafka: sasl-mechanism: %q is not one of %s, %s", c.SASL.Mechanism, ScramSHA512, Plain))
+	}
+	if err := c.TLS.Validate("kafka: tls"); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Opts returns the client options that connect as c says: the seed
+// brokers, the TLS dialer and the SASL mechanism. It reads the TLS files.
+// Callers append their own options (group, transactions, ...).
+func (c Config) Opts() ([]kgo.Opt, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
+	tc, err := c.TLS.Load()
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	if tc != nil {
+		// kgo clones the config per dial and sets ServerName from the
+		// broker's host when it is empty.
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	if m := c.Mechanism(); m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	return opts, nil
+}
+
+// Mechanism returns the SASL mechanism of c, or nil without SASL.
+func (c Config) Mechanism() sasl.Mechanism {
+	switch c.SASL.Mechanism {
+	case ScramSHA512:
+		return scram.Auth{User: c.SASL.User, Pass: c.SASL.Password.Reveal()}.AsSha512Mechanism()
+	case Plain:
+		return plain.Auth{User: c.SASL.User, Pass: c.SASL.Password.Reveal()}.AsMechanism()
+	}
+	return nil
+}
+
+// NewClient returns a client connected as c says, with opts appended.
+func NewClient(c Config, opts ...kgo.Opt) (*kgo.Client, error) {
+	base, err := c.Opts()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	return cl, nil
+}
+
+// String describes the connection for a log line: brokers, mechanism,
+// user and TLS files, never the password.
+func (c Config) String() string {
+	var b strings.Builder
+	b.WriteString(strings.Join(c.Brokers, ","))
+	if c.SASL.Mechanism != "" {
+		fmt.Fprintf(&b, " SASL %s as %s", c.SASL.Mechanism, c.SASL.User)
+	}
+	if c.TLS.On() {
+		b.WriteString(" TLS")
+		if c.TLS.CAFile != "" {
+			fmt.Fprintf(&b, " (CA %s)", c.TLS.CAFile)
+		}
+		if c.TLS.CertFile != "" {
+			fmt.Fprintf(&b, " (client certificate %s)", c.TLS.CertFile)
+		}
+	}
+	return b.String()
+}
+
+// ErrAuthentication is returned (wrapped) by CheckCredentials when a
+// broker refused the SASL user or password, or its mechanism.
+var ErrAuthentication = errors.New("kafka: authentication failed")
+
+// ErrTLS is returned (wrapped) by CheckCredentials when the TLS handshake
+// with a broker failed: its certificate is not trusted or not for its
+// name, it asked for a client certificate that was not given, or it does
+// not speak TLS.
+var ErrTLS = errors.New("kafka: TLS handshake failed")
+
+// CheckCredentials connects to the seed brokers, authenticating as c
+// says, and asks for cluster metadata. It returns an error wrapping
+// ErrAuthentication or ErrTLS, or another error, when a broker answered
+// and refused the connection or closed it: a process should stop there,
+// before it reads or writes anything. Brokers it cannot reach at all (no
+// listener, no route before ctx ends) are not its business: it returns
+// nil, and the caller's own requests wait or fail as they would.
+func CheckCredentials(ctx context.Context, c Config) error {
+	cl, err := NewClient(c)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	err = cl.Ping(ctx)
+	if err == nil {
+		return nil
+	}
+	brokers := strings.Join(c.Brokers, ",")
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
+		return fmt.Errorf("%w: brokers %s refused user %q with %s (wrong user or password?): %v",
+			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
+	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+		return fmt.Errorf("%w: brokers %s do not accept SASL %s on this listener: %v",
+			ErrAuthentication, brokers, c.SASL.Mechanism, err)
+	case isTLSError(err):
+		return fmt.Errorf("%w: brokers %s: %v", ErrTLS, brokers, err)
+	case unreachable(err) || ctx.Err() != nil:
+		return nil
+	case c.SASL.Mechanism != "" && closed(err):
+		// Some servers close the connection instead of answering a
+		// failed authentication.
+		return fmt.Errorf("%w: brokers %s closed the connection while authenticating user %q with %s (wrong user or password, or a listener without SASL?): %v",
+			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
+	}
+	return fmt.Errorf("kafka: brokers %s refused the connection (SASL or TLS settings that do not match the listener?): %w", brokers, err)
+}
+
+// unreachable reports a failure to open a TCP connection at all.
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" && !isTLSError(err)
+}
+
+func closed(err error) bool {
+	var first *kgo.ErrFirstReadEOF
+	return errors.Is(err, io.EOF) || errors.As(err, &first)
+}
+
+func isTLSError(err error) bool {
+	var (
+		verr *tls.CertificateVerificationError
+		rerr tls.RecordHeaderError
+		aerr tls.AlertError
+		uerr x509.UnknownAuthorityError
+		herr x509.HostnameError
+		cerr x509.CertificateInvalidError
+	)
+	if errors.As(err, &verr) || errors.As(err, &rerr) || errors.As(err, &aerr) ||
+		errors.As(err, &uerr) || errors.As(err, &herr) || errors.As(err, &cerr) {
+		return true
+	}
+	// A server that wants a client certificate and gets none closes with
+	// an alert that crypto/tls reports as a plain error.
+	return strings.Contains(err.Error(), "tls: ")
+}

@@ -1,0 +1,95 @@
+// Package secret holds passwords and keys so that they do not leak: a
+// Secret prints, formats and marshals as "[redacted]", and Load reads one
+// from a file or an environment variable, never from a command-line value
+// (DESIGN §13).
+package secret
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Redacted is what a Secret shows of itself in logs, errors and JSON.
+const Redacted = "[redacted]"
+
+// Secret is a password or another credential. Its zero value is "no
+// secret". Only Reveal returns the value: String, GoString, Format and the
+// JSON and text marshalers all give Redacted, so a Secret inside a config
+// struct passed to a logger, fmt's %v or %+v, or encoding/json stays
+// hidden.
+type Secret struct {
+	v string
+}
+
+// New wraps a value.
+func New(v string) Secret { return Secret{v: v} }
+
+// Reveal returns the value, for the one call that needs it (a SASL
+// mechanism, a database driver's options).
+func (s Secret) Reveal() string { return s.v }
+
+// IsZero reports whether no secret is set.
+func (s Secret) IsZero() bool { return s.v == "" }
+
+// String implements fmt.Stringer.
+func (s Secret) String() string {
+	if s.v == "" {
+		return ""
+	}
+	return Redacted
+}
+
+// GoString implements fmt.GoStringer (%#v).
+func (s Secret) GoString() string { return `secret.Secret("` + s.String() + `")` }
+
+// Format implements fmt.Formatter: every verb prints String.
+func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.String())) }
+
+// MarshalText implements encoding.TextMarshaler (zap, YAML, JSON keys).
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// MarshalJSON implements json.Marshaler.
+func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + s.String() + `"`), nil }
+
+// ErrEmpty is returned (wrapped) by FromFile and Load when the file or the
+// variable holds nothing: an empty password is a mistake, not a choice.
+var ErrEmpty = errors.New("secret: empty")
+
+// FromFile reads a secret from a file. One trailing line break ("\n" or
+// "\r\n") is dropped, as `echo pw > file` adds it; every other byte is
+// kept. The error names the file, never its content.
+func FromFile(path string) (Secret, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Secret{}, fmt.Errorf("secret: read %s: %w", path, err)
+	}
+	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if v == "" {
+		return Secret{}, fmt.Errorf("%w: file %s", ErrEmpty, path)
+	}
+	return New(v), nil
+}
+
+// Load returns the secret from the file named by file, or else from the
+// environment variable env (looked up with lookupEnv; os.LookupEnv when
+// nil), or no secret when neither is set. Setting both is an error: which
+// one wins would be a guess. flag names the file's flag in errors.
+func Load(file, flag, env string, lookupEnv func(string) (string, bool)) (Secret, error) {
+	if lookupEnv == nil {
+		lookupEnv = os.LookupEnv
+	}
+	v, inEnv := lookupEnv(env)
+	switch {
+	case file != "" && inEnv:
+		return Secret{}, fmt.Errorf("secret: both %s and %s are set; use one", flag, env)
+	case file != "":
+		return FromFile(file)
+	case inEnv && v == "":
+		return Secret{}, fmt.Errorf("%w: %s is set but empty", ErrEmpty, env)
+	case inEnv:
+		return New(v), nil
+	}
+	return Secret{}, nil
+}

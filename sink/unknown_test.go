@@ -1,0 +1,150 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	chproto "github.com/ClickHouse/ch-go/proto"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+)
+
+// TestErrorClasses pins the classification of INSERT errors: the names of
+// the codes in both lists are ClickHouse's, no code is in both, and a code
+// in neither is unknown (never a refusal: DESIGN §7 parks only rows the
+// server refused).
+func TestErrorClasses(t *testing.T) {
+	for name, codes := range map[string]map[int32]string{"transient": transientCodes, "refusal": refusalCodes} {
+		for code, want := range codes {
+			if got := chproto.Error(code).String(); got != want {
+				t.Errorf("%s code %d is named %s here, %s by ClickHouse", name, code, want, got)
+			}
+		}
+	}
+	for code := range refusalCodes {
+		if _, ok := transientCodes[code]; ok {
+			t.Errorf("code %d is both transient and a refusal", code)
+		}
+	}
+	for _, c := range []struct {
+		err  error
+		want errClass
+	}{
+		{&proto.Exception{Code: 395}, classRefused},     // throwIf in a MATERIALIZED column
+		{&proto.Exception{Code: 6}, classRefused},       // CANNOT_PARSE_TEXT
+		{&proto.Exception{Code: 241}, classUnavailable}, // MEMORY_LIMIT_EXCEEDED
+		{&proto.Exception{Code: 36}, classUnknown},      // BAD_ARGUMENTS: e.g. a dictionary that is not there
+		{&proto.Exception{Code: 160}, classUnknown},     // TOO_SLOW
+		{&proto.Exception{Code: 99999}, classUnknown},   // a code from a newer server
+		{fmt.Errorf("send: %w", &proto.Exception{Code: 36}), classUnknown},
+		{&driverError{column: "source", err: errors.New("too long")}, classRefused},
+		{&prepareError{&proto.Exception{Code: 395}}, classUnavailable},
+		{errors.New("connection reset"), classUnavailable},
+	} {
+		if got := classify(c.err); got != c.want {
+			t.Errorf("classify(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+}
+
+// failEveryInsert makes every INSERT into usage_events fail with a real
+// server error the sink does not know: code 160 (TOO_SLOW, "The maximum
+// sleep time is 3000000 microseconds"), raised by a MATERIALIZED column
+// whose expression fails on every block alike. Nothing is wrong with the
+// rows.
+func (e *env) failEveryInsert() {
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN slow UInt8 MATERIALIZED sleep(4)")
+	if _, known := refusalCodes[160]; known {
+		e.t.Fatal("code 160 is a known refusal code; this test needs an unknown one")
+	}
+	if _, known := transientCodes[160]; known {
+		e.t.Fatal("code 160 is a known transient code; this test needs an unknown one")
+	}
+}
+
+// nothingParkedOrCommitted checks that the sink parked no row of
+// usage.deduped, committed none of its offsets and wrote no row.
+func (e *env) nothingParkedOrCommitted() {
+	e.t.Helper()
+	if got := e.parkedRecords(); len(got) != 0 {
+		e.t.Fatalf("%d rows parked on an unknown error code; want none", len(got))
+	}
+	if c := e.committed(e.names.DedupedTopic()); len(c) != 0 {
+		e.t.Fatalf("offsets committed while INSERTs fail: %v", c)
+	}
+	if n := e.count(TableEvents); n != 0 {
+		e.t.Fatalf("%d rows in the table", n)
+	}
+}
+
+// TestUnknownErrorBacksOff: an INSERT failing with an error code the sink
+// does not know is treated like an unavailable server, not as a refusal:
+// no row is parked, no offset committed, /readyz is down; once the server
+// is fixed, every row is written.
+func TestUnknownErrorBacksOff(t *testing.T) {
+	e := newEnv(t, 2)
+	e.failEveryInsert()
+	recs, rows := e.events(100, base)
+	e.produce(recs...)
+	r := e.start(func(c *Config) { c.UnknownErrorLimit = 10 * time.Minute })
+	deadline := time.Now().Add(time.Minute)
+	for metric(t, r.reg, "meterline_sink_insert_errors_total", "table", TableEvents) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no three failed INSERTs within a minute; Ready() = %v", r.w.Ready())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // a refusal would be parked and committed by now
+	err := r.w.Ready()
+	if err == nil || !strings.Contains(err.Error(), "cannot take rows of usage_events") || !strings.Contains(err.Error(), "code: 160") {
+		t.Errorf("Ready() = %v; want the blocked table and the code", err)
+	}
+	e.nothingParkedOrCommitted()
+	if got := metric(t, r.reg, "meterline_sink_insert_errors_total", "table", TableEvents, "kind", "refused"); got != 0 {
+		t.Errorf("%v INSERTs counted as refused", got)
+	}
+	if got := metric(t, r.reg, "meterline_sink_insert_errors_total", "table", TableEvents, "kind", "unknown"); got < 3 {
+		t.Errorf("%v INSERTs counted as unknown, want every failure", got)
+	}
+
+	e.exec("ALTER TABLE " + e.db + ".usage_events DROP COLUMN slow")
+	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
+	if err := r.w.Ready(); err != nil {
+		t.Errorf("not ready after the server was fixed: %v", err)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, uint64(rows))
+	if got := e.parkedRecords(); len(got) != 0 {
+		t.Fatalf("%d rows parked; want none", len(got))
+	}
+}
+
+// TestUnknownErrorStops: past UnknownErrorLimit the sink stops with
+// ErrUnknownServerError naming the table and the code, rather than park
+// rows that may be fine; nothing was parked or committed, and /readyz
+// shows the error.
+func TestUnknownErrorStops(t *testing.T) {
+	e := newEnv(t, 2)
+	e.failEveryInsert()
+	recs, _ := e.events(50, base)
+	e.produce(recs...)
+	r := e.start(func(c *Config) { c.UnknownErrorLimit = 3 * time.Second })
+	select {
+	case <-r.exited:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the sink did not stop within 2 minutes; Ready() = %v", r.w.Ready())
+	}
+	if !errors.Is(r.err, ErrUnknownServerError) || !strings.Contains(r.err.Error(), "usage_events") ||
+		!strings.Contains(r.err.Error(), "code 160 (TOO_SLOW)") {
+		t.Fatalf("Run = %v; want ErrUnknownServerError naming usage_events and code 160", r.err)
+	}
+	t.Logf("Run stopped: %v", r.err)
+	if err := r.w.Ready(); !errors.Is(err, ErrUnknownServerError) {
+		t.Errorf("Ready() = %v; want the fatal error", err)
+	}
+	e.nothingParkedOrCommitted()
+}
