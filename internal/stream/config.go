@@ -47,23 +47,25 @@ type Config struct {
 	FS vfs.FS
 
 	// CommitInterval is the longest a transaction stays open while input
-	// keeps arriving. Default: 100ms.
+	// keeps arriving. Default: DefaultCommitInterval.
 	CommitInterval time.Duration
 	// MaxBatchRecords caps the input records of one transaction. Default:
-	// 10,000.
+	// DefaultMaxBatchRecords.
 	MaxBatchRecords int
 	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
 	// interval). Zero disables it. Default: 0.
 	PunctuateInterval time.Duration
-	// SessionTimeout is the group session timeout. Default: 10s.
+	// SessionTimeout is the group session timeout. Default:
+	// DefaultSessionTimeout.
 	SessionTimeout time.Duration
-	// RebalanceTimeout bounds a rebalance. Default: 30s.
+	// RebalanceTimeout bounds a rebalance. Default: DefaultRebalanceTimeout.
 	RebalanceTimeout time.Duration
 	// TransactionTimeout is the broker-side timeout after which an open
-	// transaction of a dead instance is aborted. Default: 10s.
+	// transaction of a dead instance is aborted. Default:
+	// DefaultTransactionTimeout.
 	TransactionTimeout time.Duration
 	// RestartBackoff is the pause before a session is rebuilt after a
-	// failed commit. Default: 1s.
+	// failed commit. Default: DefaultRestartBackoff.
 	RestartBackoff time.Duration
 
 	// Clock drives the commit and punctuate timers and dates checkpoints
@@ -79,6 +81,17 @@ type Config struct {
 	ClientOptions []kgo.Opt
 }
 
+// The defaults of Config (EnsureDefaults), which the CLI's stage flags show
+// too.
+const (
+	DefaultCommitInterval     = 100 * time.Millisecond
+	DefaultMaxBatchRecords    = 10_000
+	DefaultSessionTimeout     = 10 * time.Second
+	DefaultRebalanceTimeout   = 30 * time.Second
+	DefaultTransactionTimeout = 10 * time.Second
+	DefaultRestartBackoff     = time.Second
+)
+
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	if len(c.Kafka.Brokers) == 0 {
@@ -91,22 +104,22 @@ func (c *Config) EnsureDefaults() {
 		c.FS = vfs.Default
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = 100 * time.Millisecond
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.MaxBatchRecords == 0 {
-		c.MaxBatchRecords = 10_000
+		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
+		c.SessionTimeout = DefaultSessionTimeout
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 30 * time.Second
+		c.RebalanceTimeout = DefaultRebalanceTimeout
 	}
 	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = 10 * time.Second
+		c.TransactionTimeout = DefaultTransactionTimeout
 	}
 	if c.RestartBackoff == 0 {
-		c.RestartBackoff = time.Second
+		c.RestartBackoff = DefaultRestartBackoff
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -139,8 +152,8 @@ func (c *Config) Validate() error {
 	}
 	req("group", c.Group)
 	req("instance-id", c.InstanceID)
-	req("input topic", c.InputTopic)
-	req("changelog topic", c.ChangelogTopic)
+	req("input-topic", c.InputTopic)
+	req("changelog-topic", c.ChangelogTopic)
 	if _, mem := c.FS.(*vfs.MemFS); !mem {
 		req("state-dir", c.StateDir)
 	}
@@ -154,7 +167,7 @@ func (c *Config) Validate() error {
 	pos("rebalance-timeout", c.RebalanceTimeout)
 	pos("transaction-timeout", c.TransactionTimeout)
 	if c.PunctuateInterval < 0 {
-		errs = append(errs, fmt.Errorf("stream: punctuate interval must not be negative (got %s)", c.PunctuateInterval))
+		errs = append(errs, fmt.Errorf("stream: punctuate-interval must not be negative (got %s)", c.PunctuateInterval))
 	}
 	if c.MaxBatchRecords <= 0 {
 		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))
