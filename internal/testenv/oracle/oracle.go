@@ -256,6 +256,20 @@ func groupString(g []schemas.Property) string {
 	return strings.Join(parts, ",")
 }
 
+// check is one Check: the report it fills and the FINAL revision found
+// for each key.
+type check struct {
+	b      *Bill
+	rep    Report
+	finals map[Key]*schemas.Aggregate
+}
+
+func (c *check) fail(format string, args ...any) {
+	if len(c.rep.Problems) < maxProblems {
+		c.rep.Problems = append(c.rep.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
 // Check compares the outputs with the bill: for every key with an on-time
 // event, revisions 1, 2, … and exactly one FINAL, last, with the value,
 // count and first/last event time over its on-time events, decided past
@@ -265,25 +279,39 @@ func groupString(g []schemas.Property) string {
 // arrival, with the model's delta and the event's fields; FINAL + Σ deltas
 // = the value over all the key's events; nothing rejected.
 func (b *Bill) Check(out Outputs) Report {
-	m := b.m
-	var rep Report
-	fail := func(format string, args ...any) {
-		if len(rep.Problems) < maxProblems {
-			rep.Problems = append(rep.Problems, fmt.Sprintf(format, args...))
+	c := &check{b: b, rep: Report{Keys: len(b.All)}, finals: map[Key]*schemas.Aggregate{}}
+	c.aggregates(out.Aggregates)
+	adjSum := c.adjustments(out.Adjustments)
+	// The invoice identity: FINAL + Σ deltas = the period over all events.
+	for k, evs := range b.All {
+		var final int64
+		if f := c.finals[k]; f != nil {
+			final = f.Value
+		}
+		if want := b.m.Value(k.Meter, evs); final+adjSum[k] != want {
+			c.fail("%v: FINAL %d + adjustments %d = %d, want %d over all %d events", k, final, adjSum[k], final+adjSum[k], want, len(evs))
 		}
 	}
-	rep.Keys = len(b.All)
+	if out.Rejected > 0 {
+		c.fail("%d records in usage.rejected", out.Rejected)
+	}
+	sort.Strings(c.rep.Problems)
+	return c.rep
+}
 
+// aggregates checks the revisions of every key, and the FINAL of every
+// key with an on-time event.
+func (c *check) aggregates(aggs []*schemas.Aggregate) {
+	b, m := c.b, c.b.m
 	revs := map[Key][]*schemas.Aggregate{}
-	for _, a := range out.Aggregates {
+	for _, a := range aggs {
 		k := Key{a.CustomerID, a.Meter, groupString(a.Group), a.PeriodStart}
 		revs[k] = append(revs[k], a)
 	}
-	finals := map[Key]*schemas.Aggregate{}
 	for k, rs := range revs {
 		ot := b.OnTime[k]
 		if len(ot) == 0 {
-			fail("%v: %d aggregate revisions, but no event of it arrived on time", k, len(rs))
+			c.fail("%v: %d aggregate revisions, but no event of it arrived on time", k, len(rs))
 			continue
 		}
 		mt := m.Meter(k.Meter)
@@ -291,39 +319,39 @@ func (b *Bill) Check(out Outputs) Report {
 		prevCount := int64(0)
 		for i, a := range rs {
 			if a.Revision != int64(i+1) {
-				fail("%v: revision %d at position %d (want %d)", k, a.Revision, i, i+1)
+				c.fail("%v: revision %d at position %d (want %d)", k, a.Revision, i, i+1)
 			}
 			if a.PeriodEnd != end || a.Aggregation != mt.Aggregation {
-				fail("%v: period end %d aggregation %s, want %d %s", k, a.PeriodEnd, a.Aggregation, end, mt.Aggregation)
+				c.fail("%v: period end %d aggregation %s, want %d %s", k, a.PeriodEnd, a.Aggregation, end, mt.Aggregation)
 			}
 			if a.Status == schemas.StatusFinal {
 				if i != len(rs)-1 {
-					fail("%v: revision %d follows the FINAL (revision %d)", k, rs[len(rs)-1].Revision, a.Revision)
+					c.fail("%v: revision %d follows the FINAL (revision %d)", k, rs[len(rs)-1].Revision, a.Revision)
 				}
-				if finals[k] != nil {
-					fail("%v: FINAL emitted twice (revisions %d and %d)", k, finals[k].Revision, a.Revision)
+				if c.finals[k] != nil {
+					c.fail("%v: FINAL emitted twice (revisions %d and %d)", k, c.finals[k].Revision, a.Revision)
 				}
-				finals[k] = a
+				c.finals[k] = a
 				continue
 			}
 			// An OPEN revision is the period over its first event_count
 			// on-time events.
-			rep.OpenRevisions++
-			c := a.EventCount
-			if c <= prevCount || c > int64(len(ot)) {
-				fail("%v: OPEN revision %d has event_count %d (previous %d, on-time events %d)", k, a.Revision, c, prevCount, len(ot))
+			c.rep.OpenRevisions++
+			n := a.EventCount
+			if n <= prevCount || n > int64(len(ot)) {
+				c.fail("%v: OPEN revision %d has event_count %d (previous %d, on-time events %d)", k, a.Revision, n, prevCount, len(ot))
 				continue
 			}
-			prevCount = c
-			if want := m.Value(k.Meter, ot[:c]); a.Value != want {
-				fail("%v: OPEN revision %d (count %d) value %d, want %d", k, a.Revision, c, a.Value, want)
+			prevCount = n
+			if want := m.Value(k.Meter, ot[:n]); a.Value != want {
+				c.fail("%v: OPEN revision %d (count %d) value %d, want %d", k, a.Revision, n, a.Value, want)
 			}
 		}
 	}
 	for k, ot := range b.OnTime {
-		f := finals[k]
+		f := c.finals[k]
 		if f == nil {
-			fail("%v: no FINAL (%d revisions, %d on-time events)", k, len(revs[k]), len(ot))
+			c.fail("%v: no FINAL (%d revisions, %d on-time events)", k, len(revs[k]), len(ot))
 			continue
 		}
 		first, last := ot[0].EventTime, ot[0].EventTime
@@ -331,66 +359,55 @@ func (b *Bill) Check(out Outputs) Report {
 			first, last = min(first, e.EventTime), max(last, e.EventTime)
 		}
 		if want := m.Value(k.Meter, ot); f.Value != want || f.EventCount != int64(len(ot)) {
-			fail("%v: FINAL value %d count %d, want value %d count %d", k, f.Value, f.EventCount, want, len(ot))
+			c.fail("%v: FINAL value %d count %d, want value %d count %d", k, f.Value, f.EventCount, want, len(ot))
 		}
 		if f.FirstEventTime != first || f.LastEventTime != last {
-			fail("%v: FINAL first/last event time %d/%d, want %d/%d", k, f.FirstEventTime, f.LastEventTime, first, last)
+			c.fail("%v: FINAL first/last event time %d/%d, want %d/%d", k, f.FirstEventTime, f.LastEventTime, first, last)
 		}
-		if c := m.Cutoff(ot[0]); f.UpdatedAt <= c {
-			fail("%v: FINAL updated_at %d is not past end + grace %d", k, f.UpdatedAt, c)
+		if cut := m.Cutoff(ot[0]); f.UpdatedAt <= cut {
+			c.fail("%v: FINAL updated_at %d is not past end + grace %d", k, f.UpdatedAt, cut)
 		}
 	}
-	rep.Finals = len(finals)
+	c.rep.Finals = len(c.finals)
+}
 
-	// Adjustments: one per late event, booked into the period of its
-	// arrival, with the model's delta.
+// adjustments checks one adjustment per late event, booked into the period
+// of its arrival, with the model's delta, and returns their sum per key.
+func (c *check) adjustments(adjs []*schemas.Adjustment) map[Key]int64 {
+	b, m := c.b, c.b.m
 	adjSum := map[Key]int64{}
 	got := map[string]int{}
-	for _, a := range out.Adjustments {
-		rep.Adjustments++
+	for _, a := range adjs {
+		c.rep.Adjustments++
 		got[a.EventID]++
 		e := b.ByID[a.EventID]
 		if e == nil {
-			fail("adjustment for an event never sent: %s", a.EventID)
+			c.fail("adjustment for an event never sent: %s", a.EventID)
 			continue
 		}
 		k := m.Key(e)
 		if m.OnTime(e) {
-			fail("%s (%v, arrival %d ≤ end + grace %d) was booked as an adjustment", e.ID, k, e.Arrival, m.Cutoff(e))
+			c.fail("%s (%v, arrival %d ≤ end + grace %d) was booked as an adjustment", e.ID, k, e.Arrival, m.Cutoff(e))
 		}
 		_, end := m.Period(k.PeriodStart)
 		if ak := (Key{a.CustomerID, a.Meter, groupString(a.Group), a.OriginalPeriodStart}); ak != k || a.OriginalPeriodEnd != end {
-			fail("%s: adjustment for %v (end %d), want %v (end %d)", e.ID, ak, a.OriginalPeriodEnd, k, end)
+			c.fail("%s: adjustment for %v (end %d), want %v (end %d)", e.ID, ak, a.OriginalPeriodEnd, k, end)
 		}
 		if bs, be := m.Period(e.Arrival); a.BookedPeriodStart != bs || a.BookedPeriodEnd != be {
-			fail("%s: booked [%d, %d), want the period of its arrival [%d, %d)", e.ID, a.BookedPeriodStart, a.BookedPeriodEnd, bs, be)
+			c.fail("%s: booked [%d, %d), want the period of its arrival [%d, %d)", e.ID, a.BookedPeriodStart, a.BookedPeriodEnd, bs, be)
 		}
 		if a.Delta != b.Delta[e.ID] {
-			fail("%s (%v): delta %d, want %d", e.ID, k, a.Delta, b.Delta[e.ID])
+			c.fail("%s (%v): delta %d, want %d", e.ID, k, a.Delta, b.Delta[e.ID])
 		}
 		if a.Quantity != e.Quantity || a.EventTime != e.EventTime || a.IngestTime != e.Arrival || a.Aggregation != m.Meter(e.Meter).Aggregation {
-			fail("%s: adjustment fields %+v do not match the event", e.ID, a)
+			c.fail("%s: adjustment fields %+v do not match the event", e.ID, a)
 		}
 		adjSum[k] += a.Delta
 	}
 	for _, e := range b.Events {
 		if !m.OnTime(e) && got[e.ID] != 1 {
-			fail("late event %s (%v): %d adjustments, want 1", e.ID, m.Key(e), got[e.ID])
+			c.fail("late event %s (%v): %d adjustments, want 1", e.ID, m.Key(e), got[e.ID])
 		}
 	}
-	// The invoice identity: FINAL + Σ deltas = the period over all events.
-	for k, evs := range b.All {
-		var final int64
-		if f := finals[k]; f != nil {
-			final = f.Value
-		}
-		if want := m.Value(k.Meter, evs); final+adjSum[k] != want {
-			fail("%v: FINAL %d + adjustments %d = %d, want %d over all %d events", k, final, adjSum[k], final+adjSum[k], want, len(evs))
-		}
-	}
-	if out.Rejected > 0 {
-		fail("%d records in usage.rejected", out.Rejected)
-	}
-	sort.Strings(rep.Problems)
-	return rep
+	return adjSum
 }
