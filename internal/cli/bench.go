@@ -163,5 +163,5 @@ type BenchIngestCmd struct {
 func (c *BenchIngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.IngestConfig{Events: c.Events, Batch: c.Batch, Connections: c.Connections, Partitions: c.Partitions,
 		Rounds: c.Rounds, LatencyFor: c.LatencyFor, JSON: c.JSON}
-	return runBench(cfg.Validate, func() error { return bench.Ingest(ctx, benchEnv(g, stdio, log), cfg) })
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Ingest(ctx, env, cfg) })
 }
