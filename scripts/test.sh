@@ -52,6 +52,9 @@ METERLINE_TEST_KAFKA_SASL_DIR=$(
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
+# The ClickHouse migrations and documented queries also run on a current
+# ClickHouse (26.x), embedded by chdb in a cached virtualenv.
+METERLINE_TEST_CHDB=$(scripts/chdb-venv.sh)
 
 echo "== go vet $PACKAGES"
 $GO vet $PACKAGES
@@ -61,6 +64,7 @@ export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
+export METERLINE_TEST_CHDB
 export METERLINE_TEST_KAFKA_SASL=127.0.0.1:$KAFKA_SASL_PORT
 export METERLINE_TEST_KAFKA_SASL_DIR
 export METERLINE_TEST_CLICKHOUSE_SECURE=127.0.0.1:$CLICKHOUSE_SECURE_TLS_PORT

@@ -55,6 +55,7 @@ type CLI struct {
 	Aggregate AggregateCmd `cmd:"" help:"Run the aggregator: usage per billing period, FINAL revisions, adjustments."`
 	Sink      SinkCmd      `cmd:"" help:"Run the sink: write the topics into ClickHouse exactly once."`
 	Migrate   MigrateCmd   `cmd:"" help:"Apply the pending ClickHouse migrations (idempotent)."`
+	Verify    VerifyCmd    `cmd:"" help:"Compare the analyst tables with the ledger per month and rebuild a month that differs; --backfill fills new ones."`
 	Topics    TopicsCmd    `cmd:"" help:"Create the Kafka topics, or check them for drift."`
 	Lag       LagCmd       `cmd:"" help:"Consumer lag per group and partition, in records and seconds."`
 	Run       RunCmd       `cmd:"" help:"Run every stage in one process behind one metrics and health server."`

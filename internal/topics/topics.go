@@ -139,6 +139,13 @@ type Result struct {
 func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Result, error) {
 	var out []Result
 	var errs []error
+	for i, s := range specs {
+		if s.Name == "" {
+			// A Names with a field left empty (a struct literal that
+			// predates a new topic): the brokers would never show it.
+			return nil, fmt.Errorf("topics: create: spec %d has no topic name", i)
+		}
+	}
 	for _, s := range specs {
 		cfg := make(map[string]*string, len(s.Configs))
 		for k, v := range s.Configs {
