@@ -9,6 +9,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/producer"
 )
@@ -19,11 +20,8 @@ import (
 // that value.
 func defaultVars() kong.Vars {
 	return kong.Vars{
-		"stream_commit_interval":     flagDuration(stream.DefaultCommitInterval),
-		"stream_max_batch_records":   strconv.Itoa(stream.DefaultMaxBatchRecords),
-		"stream_session_timeout":     flagDuration(stream.DefaultSessionTimeout),
-		"stream_rebalance_timeout":   flagDuration(stream.DefaultRebalanceTimeout),
-		"stream_transaction_timeout": flagDuration(stream.DefaultTransactionTimeout),
+		"stream_commit_interval":   flagDuration(stream.DefaultCommitInterval),
+		"stream_max_batch_records": strconv.Itoa(stream.DefaultMaxBatchRecords),
 
 		"dedup_group":         dedup.DefaultGroup,
 		"dedup_window":        flagDuration(dedup.DefaultWindow),
@@ -38,6 +36,14 @@ func defaultVars() kong.Vars {
 
 		"producer_max_skew": flagDuration(producer.DefaultMaxSkew),
 		"producer_linger":   flagDuration(producer.DefaultLinger),
+
+		"ingest_addr":                ingest.DefaultAddr,
+		"ingest_max_body_bytes":      strconv.Itoa(ingest.DefaultMaxBodyBytes),
+		"ingest_max_events":          strconv.Itoa(ingest.DefaultMaxEvents),
+		"ingest_produce_timeout":     flagDuration(ingest.DefaultProduceTimeout),
+		"ingest_read_header_timeout": flagDuration(ingest.DefaultReadHeaderTimeout),
+		"ingest_read_timeout":        flagDuration(ingest.DefaultReadTimeout),
+		"ingest_idle_timeout":        flagDuration(ingest.DefaultIdleTimeout),
 	}
 }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"regexp"
 	"strings"
 	"testing"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/bench"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -20,18 +20,7 @@ import (
 // definition, shown by --help as written: 840h, not 840h0m0s), and the
 // topic layout's W and S are dedup's.
 func TestFlagDefaultsAreThePackages(t *testing.T) {
-	parse := func(args ...string) *CLI {
-		t.Helper()
-		var c CLI
-		k, err := Parser(&c, IO{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, func(int) {})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := k.Parse(args); err != nil {
-			t.Fatalf("%v: %v", args, err)
-		}
-		return &c
-	}
+	parse := func(args ...string) *CLI { return parseCLI(t, args...) }
 	type check struct {
 		name      string
 		got, want any
@@ -40,9 +29,6 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		return []check{
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
 			{cmd + " --max-batch-records", f.MaxBatchRecords, stream.DefaultMaxBatchRecords},
-			{cmd + " --session-timeout", f.SessionTimeout, stream.DefaultSessionTimeout},
-			{cmd + " --rebalance-timeout", f.RebalanceTimeout, stream.DefaultRebalanceTimeout},
-			{cmd + " --transaction-timeout", f.TransactionTimeout, stream.DefaultTransactionTimeout},
 		}
 	}
 	d := parse("dedup").Dedup
@@ -77,6 +63,21 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"produce --linger", p.Linger, producer.DefaultLinger},
 		{"lag --group", strings.Join(parse("lag").Lag.Group, ","), dedup.DefaultGroup + "," + aggregator.DefaultGroup + ",meterline-sink"},
 	}
+	ingestFlags := func(cmd, prefix string, f IngestFlags) []check {
+		flag := func(name string) string { return cmd + " --" + prefix + name }
+		return []check{
+			{flag("addr"), f.Addr, ingest.DefaultAddr},
+			{flag("max-body-bytes"), f.MaxBodyBytes, int64(ingest.DefaultMaxBodyBytes)},
+			{flag("max-events"), f.MaxEvents, ingest.DefaultMaxEvents},
+			{flag("produce-timeout"), f.ProduceTimeout, ingest.DefaultProduceTimeout},
+			{flag("read-header-timeout"), f.ReadHeaderTimeout, ingest.DefaultReadHeaderTimeout},
+			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},
+			{flag("idle-timeout"), f.IdleTimeout, ingest.DefaultIdleTimeout},
+			{flag("max-skew"), f.MaxSkew, producer.DefaultMaxSkew},
+		}
+	}
+	checks = append(checks, ingestFlags("ingest", "", parse("ingest").Ingest.IngestFlags)...)
+	checks = append(checks, ingestFlags("run", "ingest-", r.IngestFlags)...)
 	checks = append(checks, stage("dedup", d.StageFlags)...)
 	checks = append(checks, stage("aggregate", a.StageFlags)...)
 	checks = append(checks, stage("run", r.StageFlags)...)
@@ -87,7 +88,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 	}
 
 	_, out, _ := run(t, "", "dedup", "--help")
-	for _, want := range []string{`--window=840h`, `--skew=1h`, `--tick-interval=5s`, `--commit-interval=100ms`, `--session-timeout=10s`} {
+	for _, want := range []string{`--window=840h`, `--skew=1h`, `--tick-interval=5s`, `--commit-interval=100ms`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("dedup --help lacks %s", want)
 		}
@@ -107,11 +108,13 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 // wrong. sink.Config is not held to it yet: it names Go fields
 // ("sink config: InstanceID: ...").
 func TestValidateNamesFlags(t *testing.T) {
-	line := regexp.MustCompile(`^(stream|dedup|aggregator|kafka|bench): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| [0-9"\[(])`)
+	line := regexp.MustCompile(`^(stream|dedup|aggregator|kafka|bench|ingest): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| -?[0-9"\[(])`)
 	errs := map[string]error{
-		"stream":        (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1}).Validate(),
-		"dedup":         (&dedup.Config{Skew: -1, Sources: []string{""}, WatermarkEvery: -1, Keys: []dedup.Key{{ID: "a"}, {ID: "a"}}}).Validate(),
-		"aggregate":     (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1}).Validate(),
+		"stream":    (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1}).Validate(),
+		"dedup":     (&dedup.Config{Skew: -1, Sources: []string{""}, WatermarkEvery: -1, Keys: []dedup.Key{{ID: "a"}, {ID: "a"}}}).Validate(),
+		"aggregate": (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1}).Validate(),
+		"ingest": (&ingest.Config{TLSCertFile: "cert.pem", MaxBodyBytes: 10, MaxEvents: -1, ProduceTimeout: time.Millisecond,
+			ReadTimeout: -1, ShutdownTimeout: time.Nanosecond}).Validate(),
 		"bench produce": (&bench.ProduceConfig{}).Validate(),
 		"bench dedup":   (&bench.DedupConfig{DuplicateRate: 2}).Validate(),
 		"bench agg":     (&bench.AggregateConfig{}).Validate(),

@@ -55,17 +55,15 @@ type Config struct {
 	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
 	// interval). Zero disables it. Default: 0.
 	PunctuateInterval time.Duration
-	// SessionTimeout is the group session timeout. Default:
-	// DefaultSessionTimeout.
+	// SessionTimeout is the group session timeout. Default: 10s.
 	SessionTimeout time.Duration
-	// RebalanceTimeout bounds a rebalance. Default: DefaultRebalanceTimeout.
+	// RebalanceTimeout bounds a rebalance. Default: 30s.
 	RebalanceTimeout time.Duration
 	// TransactionTimeout is the broker-side timeout after which an open
-	// transaction of a dead instance is aborted. Default:
-	// DefaultTransactionTimeout.
+	// transaction of a dead instance is aborted. Default: 10s.
 	TransactionTimeout time.Duration
 	// RestartBackoff is the pause before a session is rebuilt after a
-	// failed commit. Default: DefaultRestartBackoff.
+	// failed commit. Default: 1s.
 	RestartBackoff time.Duration
 
 	// Clock drives the commit and punctuate timers and dates checkpoints
@@ -84,12 +82,8 @@ type Config struct {
 // The defaults of Config (EnsureDefaults), which the CLI's stage flags show
 // too.
 const (
-	DefaultCommitInterval     = 100 * time.Millisecond
-	DefaultMaxBatchRecords    = 10_000
-	DefaultSessionTimeout     = 10 * time.Second
-	DefaultRebalanceTimeout   = 30 * time.Second
-	DefaultTransactionTimeout = 10 * time.Second
-	DefaultRestartBackoff     = time.Second
+	DefaultCommitInterval  = 100 * time.Millisecond
+	DefaultMaxBatchRecords = 10_000
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -110,16 +104,16 @@ func (c *Config) EnsureDefaults() {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
+		c.SessionTimeout = 10 * time.Second
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
+		c.RebalanceTimeout = 30 * time.Second
 	}
 	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = DefaultTransactionTimeout
+		c.TransactionTimeout = 10 * time.Second
 	}
 	if c.RestartBackoff == 0 {
-		c.RestartBackoff = DefaultRestartBackoff
+		c.RestartBackoff = time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
