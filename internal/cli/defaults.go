@@ -44,6 +44,9 @@ func defaultVars() kong.Vars {
 		"ingest_read_header_timeout": flagDuration(ingest.DefaultReadHeaderTimeout),
 		"ingest_read_timeout":        flagDuration(ingest.DefaultReadTimeout),
 		"ingest_idle_timeout":        flagDuration(ingest.DefaultIdleTimeout),
+
+		"entitlements_transactional_id": defaultEntitlementsTransactionalID,
+		"entitlements_timeout":          flagDuration(defaultEntitlementsTimeout),
 	}
 }
 

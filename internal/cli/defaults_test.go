@@ -8,6 +8,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/bench"
 	"github.com/meterline/meterline/internal/stream"
@@ -61,6 +62,11 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"topics.DefaultLayout().Skew", topics.DefaultLayout().Skew, dedup.DefaultSkew},
 		{"produce --max-skew", p.MaxSkew, producer.DefaultMaxSkew},
 		{"produce --linger", p.Linger, producer.DefaultLinger},
+		{"entitlements.DefaultWindow", entitlements.DefaultWindow, dedup.DefaultWindow},
+		{"entitlements set --transactional-id", parse("entitlements", "set").Entitlements.Set.TransactionalID, defaultEntitlementsTransactionalID},
+		{"entitlements delete --transactional-id", parse("entitlements", "delete", "c").Entitlements.Delete.TransactionalID, defaultEntitlementsTransactionalID},
+		{"entitlements set-rates --timeout", parse("entitlements", "set-rates").Entitlements.SetRates.Timeout, defaultEntitlementsTimeout},
+		{"entitlements get --timeout", parse("entitlements", "get").Entitlements.Get.Timeout, defaultEntitlementsTimeout},
 		{"lag --group", strings.Join(parse("lag").Lag.Group, ","), dedup.DefaultGroup + "," + aggregator.DefaultGroup + ",meterline-sink"},
 	}
 	ingestFlags := func(cmd, prefix string, f IngestFlags) []check {
@@ -108,13 +114,14 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 // wrong. sink.Config is not held to it yet: it names Go fields
 // ("sink config: InstanceID: ...").
 func TestValidateNamesFlags(t *testing.T) {
-	line := regexp.MustCompile(`^(stream|dedup|aggregator|kafka|bench|ingest): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| -?[0-9"\[(])`)
+	line := regexp.MustCompile(`^(stream|dedup|aggregator|kafka|bench|ingest|entitlements): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| -?[0-9"\[(])`)
 	errs := map[string]error{
 		"stream":    (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1}).Validate(),
 		"dedup":     (&dedup.Config{Skew: -1, Sources: []string{""}, WatermarkEvery: -1, Keys: []dedup.Key{{ID: "a"}, {ID: "a"}}}).Validate(),
 		"aggregate": (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1}).Validate(),
 		"ingest": (&ingest.Config{TLSCertFile: "cert.pem", MaxBodyBytes: 10, MaxEvents: -1, ProduceTimeout: time.Millisecond,
 			ReadTimeout: -1, ShutdownTimeout: time.Nanosecond}).Validate(),
+		"entitlements":  (&entitlements.Config{Window: -1}).Validate(),
 		"bench produce": (&bench.ProduceConfig{}).Validate(),
 		"bench dedup":   (&bench.DedupConfig{DuplicateRate: 2}).Validate(),
 		"bench agg":     (&bench.AggregateConfig{}).Validate(),
