@@ -325,13 +325,9 @@ func mapGroupString(g map[string]string) string { return groupString(schemas.Pro
 
 func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 	revs := map[aggKey][]*schemas.Aggregate{}
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregatesTopic()) {
-		var a schemas.Aggregate
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
-		}
+	for _, a := range readAggregates(t, h) {
 		k := aggKey{a.CustomerID, a.Meter, groupString(a.Group), a.PeriodStart}
-		revs[k] = append(revs[k], &a)
+		revs[k] = append(revs[k], a)
 	}
 	// Revisions grow by 1 from 1; nothing follows a FINAL; one FINAL at most.
 	finals := map[aggKey]*schemas.Aggregate{}
@@ -399,11 +395,7 @@ func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 	}
 
 	var got, want []string
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic()) {
-		var a schemas.Adjustment
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
-		}
+	for _, a := range readAdjustments(t, h) {
 		got = append(got, fmt.Sprintf("%s/%s original=%d booked=%d delta=%d", a.EventID, a.Meter, a.OriginalPeriodStart, a.BookedPeriodStart, a.Delta))
 	}
 	for _, a := range c.Expect.Adjustments {
@@ -416,11 +408,7 @@ func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 	}
 
 	var gotRej []string
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.RejectedTopic()) {
-		var rj schemas.Rejected
-		if err := schemas.DecodeInto(r.Value, &rj); err != nil {
-			t.Fatal(err)
-		}
+	for _, rj := range readRejected(t, h) {
 		gotRej = append(gotRej, rj.Reason+":"+rj.EventID)
 		if want, ok := c.Expect.RejectedDetails[rj.EventID]; ok && !strings.Contains(rj.Detail, want) {
 			t.Errorf("rejection of %s: detail %q does not say %q", rj.EventID, rj.Detail, want)

@@ -9,7 +9,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -33,30 +32,12 @@ func failEncoding(t *testing.T, ms ...schemas.Message) (restore func()) {
 	return restore
 }
 
-func readAdjustments(t *testing.T, h *aggHarness) []*schemas.Adjustment {
-	t.Helper()
-	var out []*schemas.Adjustment
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic()) {
-		var a schemas.Adjustment
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, &a)
-	}
-	return out
+func readAdjustments(t testing.TB, h *aggHarness) []*schemas.Adjustment {
+	return readTopic[schemas.Adjustment](t, h.brokers, h.names.AdjustmentsTopic())
 }
 
-func readRejected(t *testing.T, h *aggHarness) []*schemas.Rejected {
-	t.Helper()
-	var out []*schemas.Rejected
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.RejectedTopic()) {
-		var rj schemas.Rejected
-		if err := schemas.DecodeInto(r.Value, &rj); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, &rj)
-	}
-	return out
+func readRejected(t testing.TB, h *aggHarness) []*schemas.Rejected {
+	return readTopic[schemas.Rejected](t, h.brokers, h.names.RejectedTopic())
 }
 
 // checkRejected: exactly the events ids are rejected, invalid, saying

@@ -75,15 +75,25 @@ func (s *aggState) appendTo(b []byte) []byte {
 
 func decodeState(b []byte) (*aggState, error) {
 	var vals [6]int64
-	for i := range vals {
-		v, n := binary.Varint(b)
-		if n <= 0 {
-			return nil, errors.New("aggregator: corrupt aggregate state")
-		}
-		vals[i], b = v, b[n:]
+	b, ok := readVarints(b, vals[:])
+	if !ok {
+		return nil, errors.New("aggregator: corrupt aggregate state")
 	}
 	return &aggState{Revision: vals[0], Value: vals[1], Count: vals[2], FirstET: vals[3], LastET: vals[4],
 		LatestET: vals[5], LatestID: string(b)}, nil
+}
+
+// readVarints decodes len(vals) varints from the front of b into vals and
+// returns the rest of b; ok is false if b ends early or holds a bad varint.
+func readVarints(b []byte, vals []int64) (rest []byte, ok bool) {
+	for i := range vals {
+		v, n := binary.Varint(b)
+		if n <= 0 {
+			return b, false
+		}
+		vals[i], b = v, b[n:]
+	}
+	return b, true
 }
 
 // appendAggKey appends the aggregate key K of e: the framed customer,
