@@ -127,21 +127,27 @@ func TestAdjustmentEncodeFailureRejects(t *testing.T) {
 	}
 }
 
+// startDaily starts an aggregator of daily periods with an hour's grace on
+// one partition that two sources feed (so that one source's watermark can
+// lag), its metrics in reg.
+func startDaily(t *testing.T) (h *aggHarness, reg *prometheus.Registry, run *aggRunning) {
+	h = newAggHarnessSources(t, nil, 1, 2)
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Period, cfg.Grace = Day, time.Hour
+	reg = prometheus.NewRegistry()
+	cfg.Stream.Registerer = reg
+	return h, reg, h.start(cfg)
+}
+
 // TestQueueEncodeFailureRejects: an event late by its arrival while its
 // period is not final yet (one source's watermark lags) is queued in the
 // state behind the period's FINALs. Were the event not encodable, it is
 // rejected instead, and the stage goes on: the period's FINAL and the other
 // queued event's adjustment come out as without it.
 func TestQueueEncodeFailureRejects(t *testing.T) {
-	h := newAggHarnessSources(t, nil, 1, 2)
-	cfg := h.config("a", vfs.NewMem())
-	cfg.Period, cfg.Grace = Day, time.Hour
-	reg := prometheus.NewRegistry()
-	cfg.Stream.Registerer = reg
-	run := h.start(cfg)
-
+	h, reg, run := startDaily(t)
 	day := ms(t, "2026-05-04")
-	cutoff := day + 25*3600*1000
+	cutoff := day + 25*3600*1000 // the day's end + grace
 	ev := func(id string, qty, arrival int64) {
 		h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "m", Quantity: qty,
 			EventTime: day + 3600*1000, IngestTime: arrival}))
@@ -181,15 +187,9 @@ func TestQueueEncodeFailureRejects(t *testing.T) {
 // usage.rejected, were not encodable is rejected all the same (its raw
 // value left out, the detail saying why) and the stage goes on.
 func TestBookedEncodeFailureRejects(t *testing.T) {
-	h := newAggHarnessSources(t, nil, 1, 2)
-	cfg := h.config("a", vfs.NewMem())
-	cfg.Period, cfg.Grace = Day, time.Hour
-	reg := prometheus.NewRegistry()
-	cfg.Stream.Registerer = reg
-	run := h.start(cfg)
-
+	h, reg, run := startDaily(t)
 	day := ms(t, "2026-05-04")
-	cutoff := day + 25*3600*1000
+	cutoff := day + 25*3600*1000 // the day's end + grace
 	for _, e := range []*schemas.DedupedEvent{
 		{EventID: "on-time", CustomerID: "acme", Meter: "m", Quantity: 5, EventTime: day + 3600*1000, IngestTime: day + 7200*1000},
 		{EventID: "queued", CustomerID: "acme", Meter: "m", Quantity: 7, EventTime: day + 3600*1000, IngestTime: cutoff + 10},
