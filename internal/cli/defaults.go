@@ -45,10 +45,17 @@ func defaultVars() kong.Vars {
 		"ingest_read_timeout":        flagDuration(ingest.DefaultReadTimeout),
 		"ingest_idle_timeout":        flagDuration(ingest.DefaultIdleTimeout),
 
+		"metrics_addr": defaultMetricsAddr,
+
 		"entitlements_transactional_id": defaultEntitlementsTransactionalID,
 		"entitlements_timeout":          flagDuration(defaultEntitlementsTimeout),
 	}
 }
+
+// defaultMetricsAddr is where a stage's HTTP server (status page, metrics,
+// health; the demo's too) listens unless told otherwise: loopback only.
+// The sink's is its own (127.0.0.1:9466), so that it runs beside a stage.
+const defaultMetricsAddr = "127.0.0.1:9464"
 
 // flagDuration formats d as a flag value is written: "840h", "1h30m",
 // "100ms", not time.Duration's "840h0m0s".

@@ -67,6 +67,10 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"entitlements delete --transactional-id", parse("entitlements", "delete", "c").Entitlements.Delete.TransactionalID, defaultEntitlementsTransactionalID},
 		{"entitlements set-rates --timeout", parse("entitlements", "set-rates").Entitlements.SetRates.Timeout, defaultEntitlementsTimeout},
 		{"entitlements get --timeout", parse("entitlements", "get").Entitlements.Get.Timeout, defaultEntitlementsTimeout},
+		{"dedup --metrics-addr", d.MetricsAddr, defaultMetricsAddr},
+		{"run --metrics-addr", r.MetricsAddr, defaultMetricsAddr},
+		{"ingest --metrics-addr", parse("ingest").Ingest.MetricsAddr, defaultMetricsAddr},
+		{"demo --http", parse("demo").Demo.HTTP, defaultMetricsAddr},
 		{"lag --group", strings.Join(parse("lag").Lag.Group, ","), dedup.DefaultGroup + "," + aggregator.DefaultGroup + ",meterline-sink"},
 	}
 	ingestFlags := func(cmd, prefix string, f IngestFlags) []check {

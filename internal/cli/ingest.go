@@ -48,7 +48,7 @@ type IngestCmd struct {
 	IngestFlags  `embed:""`
 	Meters       string `help:"Meters YAML file: which CloudEvent types feed which meters (event_type, value_property, group_by)." type:"existingfile" placeholder:"FILE"`
 	StrictMeters bool   `help:"Refuse events of meters the meters file does not declare (unknown_meter) on /v1/events."`
-	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:"127.0.0.1:9464"`
+	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:"${metrics_addr}"`
 	Validate     bool   `help:"Check the configuration and exit."`
 }
 

@@ -26,7 +26,7 @@ type StageFlags struct {
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
-	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"127.0.0.1:9464"`
+	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
 
