@@ -17,6 +17,7 @@ import (
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/crash"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
@@ -35,6 +36,8 @@ type env struct {
 	group   string
 	parts   int32
 	prod    *kgo.Client
+	// children are the real binaries the test started (spawn).
+	children *crash.Children
 }
 
 func newEnv(t *testing.T, parts int32) *env {

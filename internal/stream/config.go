@@ -39,10 +39,10 @@ type Config struct {
 	FS vfs.FS
 
 	// CommitInterval is the longest a transaction stays open while input
-	// keeps arriving. Default: 100ms.
+	// keeps arriving. Default: DefaultCommitInterval.
 	CommitInterval time.Duration
 	// MaxBatchRecords caps the input records of one transaction. Default:
-	// 10,000.
+	// DefaultMaxBatchRecords.
 	MaxBatchRecords int
 	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
 	// interval). Zero disables it. Default: 0.
@@ -59,6 +59,13 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// The defaults of Config (EnsureDefaults), which the CLI's stage flags show
+// too.
+const (
+	DefaultCommitInterval  = 100 * time.Millisecond
+	DefaultMaxBatchRecords = 10_000
+)
+
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	c.Config.EnsureDefaults()
@@ -66,10 +73,10 @@ func (c *Config) EnsureDefaults() {
 		c.FS = vfs.Default
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = 100 * time.Millisecond
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.MaxBatchRecords == 0 {
-		c.MaxBatchRecords = 10_000
+		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -97,8 +104,8 @@ func (c *Config) Validate() error {
 	if err := c.Config.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	req("input topic", c.InputTopic)
-	req("changelog topic", c.ChangelogTopic)
+	req("input-topic", c.InputTopic)
+	req("changelog-topic", c.ChangelogTopic)
 	if _, mem := c.FS.(*vfs.MemFS); !mem {
 		req("state-dir", c.StateDir)
 	}
@@ -109,7 +116,7 @@ func (c *Config) Validate() error {
 	}
 	pos("commit-interval", c.CommitInterval)
 	if c.PunctuateInterval < 0 {
-		errs = append(errs, fmt.Errorf("stream: punctuate interval must not be negative (got %s)", c.PunctuateInterval))
+		errs = append(errs, fmt.Errorf("stream: punctuate-interval must not be negative (got %s)", c.PunctuateInterval))
 	}
 	if c.MaxBatchRecords <= 0 {
 		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))

@@ -2,6 +2,11 @@ package stream
 
 import "github.com/twmb/franz-go/pkg/kgo"
 
+// The interfaces a stage implements: a Processor opens a Partition for each
+// input partition the instance owns, once its state is restored; the
+// runtime calls the Partition with the records and the transaction that
+// carries them. A Partition may also be a Flusher, an Aborter or a Worker.
+
 // Partition is a processor's handle on one input partition, created by
 // Processor.Open once the partition's state is restored. The runtime calls
 // it from its single run loop only.
@@ -59,4 +64,28 @@ func (ps *PartitionState) Get(k []byte) ([]byte, bool, error) { return ps.s.Get(
 // Scan iterates keys in [lower, upper); fn must not keep k or v.
 func (ps *PartitionState) Scan(lower, upper []byte, fn func(k, v []byte) error) error {
 	return ps.s.Scan(ps.p, lower, upper, fn)
+}
+
+// Worker is implemented by a Partition that has work of its own, work that
+// scales with its state rather than with its input (DESIGN §6 invariant 9:
+// the FINAL revisions of a period, emitted in chunks). It proceeds without
+// waiting for input:
+//
+//   - while any partition reports work, the run loop polls without waiting;
+//   - after the input of each poll is handled, one partition with work (in
+//     turn) gets one call of Work in the open transaction, and that
+//     transaction commits at once. A transaction carries at most one
+//     partition's chunk, plus the input polled with it.
+//
+// A transaction that carries a chunk commits its partition's offset too,
+// unchanged when it consumed no input of that partition, so that the group
+// generation fences a zombie's chunk as it fences its input (DESIGN §3:
+// every transaction consumes offsets). Until the partition has a committed
+// offset, its work waits.
+type Worker interface {
+	// HasWork reports whether Work has something to do. The run loop
+	// calls it after every poll: it must be cheap.
+	HasWork() bool
+	// Work does one bounded chunk of that work in tx.
+	Work(tx *Tx) error
 }

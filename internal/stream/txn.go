@@ -7,6 +7,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
+// The transaction's view of state (Tx): a partition's uncommitted writes
+// over Pebble, and the changelog records they become.
+
 type entry struct {
 	val []byte
 	del bool
