@@ -19,6 +19,17 @@ const (
 	DefaultRebalanceTimeout = 60 * time.Second
 )
 
+// Defaults of the sink's own fields (EnsureDefaults), which the CLI's sink
+// flags show too.
+const (
+	DefaultDatabase          = "meterline"
+	DefaultMaxBatchRecords   = 10_000
+	DefaultMaxBatchWait      = time.Second
+	DefaultCommitInterval    = time.Second
+	DefaultInsertTimeout     = 20 * time.Second
+	DefaultUnknownErrorLimit = 5 * time.Minute
+)
+
 // Config configures a Writer. Zero fields take the defaults documented on
 // them (EnsureDefaults); Validate reports every problem at once.
 type Config struct {
@@ -127,19 +138,19 @@ func (c *Config) EnsureDefaults() {
 		c.Topics = topics.DefaultNames()
 	}
 	if c.Database == "" {
-		c.Database = "meterline"
+		c.Database = DefaultDatabase
 	}
 	if c.MaxBatchRecords == 0 {
-		c.MaxBatchRecords = 10000
+		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
 	if c.MaxBatchWait == 0 {
-		c.MaxBatchWait = time.Second
+		c.MaxBatchWait = DefaultMaxBatchWait
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = time.Second
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.InsertTimeout == 0 {
-		c.InsertTimeout = 20 * time.Second
+		c.InsertTimeout = DefaultInsertTimeout
 	}
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = 10 * time.Second
@@ -154,7 +165,7 @@ func (c *Config) EnsureDefaults() {
 		c.MaxRefusedInARow = 100
 	}
 	if c.UnknownErrorLimit == 0 {
-		c.UnknownErrorLimit = 5 * time.Minute
+		c.UnknownErrorLimit = DefaultUnknownErrorLimit
 	}
 	if c.PingInterval == 0 {
 		c.PingInterval = 2 * time.Second
@@ -167,61 +178,63 @@ func (c *Config) EnsureDefaults() {
 	}
 }
 
-// Validate reports every invalid field, each with its name.
+// Validate reports every invalid field at once, each named as its flag is
+// (--insert-timeout: "sink: insert-timeout: ..."; the session's as
+// session.Config names them).
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("sink config: %s: %s", field, fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("sink: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
 	if err := c.Config.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Conn == nil {
 		if err := c.ClickHouseServer.Validate(); err != nil {
-			bad("ClickHouseServer", "%v", err)
+			errs = append(errs, err)
 		}
 	}
 	if c.ClickHouse != c.ClickHouseServer.Addr {
-		bad("ClickHouse", "%q differs from ClickHouseServer.Addr %q: set one", c.ClickHouse, c.ClickHouseServer.Addr)
+		bad("clickhouse", "%q differs from the server's address %q: set one", c.ClickHouse, c.ClickHouseServer.Addr)
 	}
 	if !databaseName.MatchString(c.Database) {
-		bad("Database", "%q: want letters, digits and underscores", c.Database)
+		bad("database", "%q: want letters, digits and underscores", c.Database)
 	}
-	for _, n := range []struct{ field, v string }{
-		{"Topics.Deduped", c.Topics.DedupedTopic()}, {"Topics.Aggregates", c.Topics.AggregatesTopic()},
-		{"Topics.Adjustments", c.Topics.AdjustmentsTopic()}, {"Topics.Duplicates", c.Topics.DuplicatesTopic()},
-		{"Topics.Rejected", c.Topics.RejectedTopic()},
+	for _, n := range []struct{ flag, v string }{
+		{"topic-deduped", c.Topics.DedupedTopic()}, {"topic-aggregates", c.Topics.AggregatesTopic()},
+		{"topic-adjustments", c.Topics.AdjustmentsTopic()}, {"topic-duplicates", c.Topics.DuplicatesTopic()},
+		{"topic-rejected", c.Topics.RejectedTopic()}, {"topic-balances", c.Topics.BalancesTopic()},
 	} {
 		if n.v == c.Topics.Prefix {
-			bad(n.field, "empty topic name")
+			bad(n.flag, "empty topic name")
 		}
 	}
 	if c.MaxBatchRecords < 1 {
-		bad("MaxBatchRecords", "%d: must be at least 1", c.MaxBatchRecords)
+		bad("max-batch-records", "%d: must be at least 1", c.MaxBatchRecords)
 	}
 	if c.MaxBatchWait <= 0 {
-		bad("MaxBatchWait", "%s: must be positive", c.MaxBatchWait)
+		bad("max-batch-wait", "%s: must be positive", c.MaxBatchWait)
 	}
 	if c.CommitInterval <= 0 {
-		bad("CommitInterval", "%s: must be positive", c.CommitInterval)
+		bad("commit-interval", "%s: must be positive", c.CommitInterval)
 	}
 	if c.InsertBlockRows < 0 {
-		bad("InsertBlockRows", "%d: must not be negative", c.InsertBlockRows)
+		bad("insert-block-rows", "%d: must not be negative", c.InsertBlockRows)
 	}
 	if c.InsertTimeout <= 0 || c.InsertTimeout >= c.RebalanceTimeout {
-		bad("InsertTimeout", "%s: must be positive and shorter than RebalanceTimeout (%s): a revoke waits for the INSERT in flight", c.InsertTimeout, c.RebalanceTimeout)
+		bad("insert-timeout", "%s: must be positive and shorter than rebalance-timeout (%s): a revoke waits for the INSERT in flight", c.InsertTimeout, c.RebalanceTimeout)
 	}
 	if c.QueryTimeout <= 0 {
-		bad("QueryTimeout", "%s: must be positive", c.QueryTimeout)
+		bad("query-timeout", "%s: must be positive", c.QueryTimeout)
 	}
 	if c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin {
-		bad("BackoffMin/BackoffMax", "%s/%s: want 0 < min ≤ max", c.BackoffMin, c.BackoffMax)
+		bad("backoff-min", "%s (backoff-max %s): want 0 < backoff-min ≤ backoff-max", c.BackoffMin, c.BackoffMax)
 	}
 	if c.MaxRefusedInARow < 1 {
-		bad("MaxRefusedInARow", "%d: must be at least 1", c.MaxRefusedInARow)
+		bad("max-refused-in-a-row", "%d: must be at least 1", c.MaxRefusedInARow)
 	}
 	if c.UnknownErrorLimit < 0 {
-		bad("UnknownErrorLimit", "%s: must not be negative", c.UnknownErrorLimit)
+		bad("unknown-error-limit", "%s: must not be negative", c.UnknownErrorLimit)
 	}
 	return errors.Join(errs...)
 }

@@ -24,9 +24,9 @@ type StageFlags struct {
 	StateDir           string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
 	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
 	MaxBatchRecords    int           `help:"Most input records in one transaction." default:"${stream_max_batch_records}"`
-	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
-	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
-	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
+	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
+	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
+	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
