@@ -18,7 +18,7 @@ import (
 const CopartitionProtocol = "meterline-copartition-v1"
 
 // ErrNotCopartitioned is returned (wrapped, from the group leader's balance,
-// and so from the client's poll as a kgo.ErrGroupSession) when the group's
+// and so from the leader's poll in a kgo.ErrGroupSession) when the group's
 // topics cannot be assigned by partition number: they have different
 // partition counts, one has no partition in the leader's metadata, or the
 // members do not all subscribe to the same co-partitioned topics. The group
