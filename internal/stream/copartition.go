@@ -143,18 +143,16 @@ func (b *copartitionBalancer) ParseSyncAssignment(assignment []byte) (map[string
 }
 
 func (b *copartitionBalancer) checkAssignment(m map[string][]int32) error {
-	var first string
-	var want []int32
 	topics := slices.Sorted(maps.Keys(m))
-	for _, t := range topics {
-		ps := slices.Clone(m[t])
-		slices.Sort(ps)
-		if want == nil {
-			first, want = t, ps
+	var want []int32
+	for i, t := range topics {
+		ps := slices.Sorted(slices.Values(m[t]))
+		if i == 0 {
+			want = ps
 			continue
 		}
 		if !slices.Equal(ps, want) {
-			return fmt.Errorf("stream: copartition balancer: assignment is %w: %s%v but %s%v", ErrNotCopartitioned, first, want, t, ps)
+			return fmt.Errorf("stream: copartition balancer: assignment is %w: %s%v but %s%v", ErrNotCopartitioned, topics[0], want, t, ps)
 		}
 	}
 	if len(b.topics) > 0 && len(topics) > 0 && !slices.Equal(topics, b.topics) {

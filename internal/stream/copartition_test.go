@@ -352,6 +352,10 @@ func TestCopartitionBalancerErrors(t *testing.T) {
 	if _, err := bal.ParseSyncAssignment(bad.AppendTo(nil)); !errors.Is(err, ErrNotCopartitioned) {
 		t.Fatalf("split assignment parsed: err %v", err)
 	}
+	bad.Topics[0].Partitions = nil // a: none, b: [0 2]
+	if _, err := bal.ParseSyncAssignment(bad.AppendTo(nil)); !errors.Is(err, ErrNotCopartitioned) {
+		t.Fatalf("assignment with an empty first topic parsed: err %v", err)
+	}
 }
 
 // killableDialer dials through net.Dialer until killed; then it closes every
