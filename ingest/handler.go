@@ -322,7 +322,7 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 // waiting further, once ProduceTimeout has passed: the records still in
 // flight may yet be written, which a retry tolerates.
 func (s *Server) send(recs []*kgo.Record) error {
-	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > maxBuffered {
+	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > s.maxBuffered {
 		return fmt.Errorf("ingest: %d records already wait for Kafka", n)
 	}
 	var (
@@ -357,7 +357,8 @@ func (s *Server) send(recs []*kgo.Record) error {
 
 // maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'
 // default): a request that would not fit is answered 503 at once instead
-// of waiting for room.
+// of waiting for room. Server.maxBuffered is set from it (BenchmarkBatchCPU
+// sets -1 to stop every request just before its records are produced).
 const maxBuffered = 100_000
 
 func countIndexes(errs []EventError) int {

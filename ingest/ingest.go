@@ -265,6 +265,8 @@ type Server struct {
 	ln      net.Listener
 	srv     *http.Server
 	scheme  string
+	// maxBuffered: see the constant.
+	maxBuffered int64
 
 	closeOnce sync.Once
 }
@@ -281,7 +283,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents), scheme: "http"}
+		limits: newLimiters(cfg.MaxEvents), scheme: "http", maxBuffered: maxBuffered}
 	s.metrics = newMetrics(cfg.Registerer, s.keys)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
