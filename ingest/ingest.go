@@ -449,10 +449,30 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) (b []byte, tooL
 	if r.ContentLength > max {
 		return nil, true, nil
 	}
-	b, err = io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	b, err = readAll(http.MaxBytesReader(w, r.Body, max), r.ContentLength)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return nil, true, nil
 	}
 	return b, false, err
+}
+
+// readAll is io.ReadAll into a buffer sized for a body of sizeHint bytes
+// (the Content-Length; -1 when unknown), so that a body of the size it
+// announces is read without growing the buffer.
+func readAll(rd io.Reader, sizeHint int64) ([]byte, error) {
+	b := make([]byte, 0, max(min(sizeHint, 64<<20)+1, 512))
+	for {
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow
+		}
+	}
 }
