@@ -19,6 +19,7 @@ const (
 	TableInvoiceLines      = "invoice_lines"
 	TableUnbilledEvents    = "unbilled_events"
 	TableSourceDaily       = "source_daily"
+	TableBalancesCurrent   = "balances_current"
 )
 
 // DerivedTable is an analyst table and how verify checks and rebuilds it.
@@ -156,6 +157,20 @@ FROM (
     SELECT toYYYYMM(duplicate_arrival) AS month, toUInt64(0) AS a, count() AS d, countIf(conflict = 1) AS c,
            toUInt64(0) AS ha, sum(cityHash64(toDate(duplicate_arrival), source)) AS hd
     FROM %[1]s.usage_duplicates FINAL GROUP BY month
+) GROUP BY month`,
+	},
+	{
+		Name:            TableBalancesCurrent,
+		PartitionColumn: "period_start",
+		Sources:         []string{TableBalances},
+		Measures:        []string{"customers", "revisions", "key_hash"},
+		Derived: `SELECT toYYYYMM(period_start) AS month, count(), sum(revision), sum(cityHash64(customer_id, revision))
+FROM %[1]s.balances_current FINAL GROUP BY month`,
+		Ledger: `SELECT month, count(), sum(r), sum(cityHash64(customer_id, r))
+FROM (
+    SELECT customer_id, toYYYYMM(period_start) AS month, toUInt64(max(revision)) AS r
+    FROM %[1]s.usage_balances FINAL
+    GROUP BY customer_id, month
 ) GROUP BY month`,
 	},
 }

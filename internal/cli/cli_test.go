@@ -200,20 +200,20 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		adm := testenv.Admin(t, brokers)
-		var names []string
-		n := topics.DefaultNames()
-		n.Prefix = prefix
-		for _, s := range topics.Specs(n, topics.DefaultLayout()) {
-			names = append(names, s.Name)
+		var ns []string
+		names := topics.DefaultNames()
+		names.Prefix = prefix
+		for _, s := range topics.Specs(names, topics.DefaultLayout()) {
+			ns = append(ns, s.Name)
 		}
-		_, _ = adm.DeleteTopics(context.Background(), names...)
+		_, _ = adm.DeleteTopics(context.Background(), ns...)
 	})
 	code, out, errOut := run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "created") != 9 || !strings.Contains(out, "all 9 topics match") {
+	if code != 0 || strings.Count(out, "created") != 11 || !strings.Contains(out, "all 11 topics match") {
 		t.Fatalf("create: %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, _ = run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "exists") != 9 {
+	if code != 0 || strings.Count(out, "exists") != 11 {
 		t.Fatalf("second create is not idempotent: %d\n%s", code, out)
 	}
 	code, out, _ = run(t, "", args("topics", "check")...)
@@ -244,6 +244,9 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := adm.CreatePartitions(ctx, 1, prefix+"usage.entitlements"); err != nil {
+		t.Fatal(err)
+	}
 	code, out, _ = run(t, "", args("topics", "check")...)
 	if code != 1 {
 		t.Fatalf("check with drift: exit %d\n%s", code, out)
@@ -255,12 +258,13 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "usage.rejected: retention.ms is 3600000 (1h0m0s), want at least",
 		prefix + "meterline.keys: cleanup.policy is delete, want compact",
 		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
+		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	if n := strings.Count(out, "drift"); n != 6 {
-		t.Errorf("%d drifts reported, want 6:\n%s", n, out)
+	if n := strings.Count(out, "drift"); n != 7 {
+		t.Errorf("%d drifts reported, want 7:\n%s", n, out)
 	}
 }

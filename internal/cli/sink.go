@@ -96,7 +96,7 @@ func (c *SinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger
 
 // sinkInputs are the topics the sink consumes (package sink).
 func sinkInputs(n topics.Names) []string {
-	return []string{n.DedupedTopic(), n.AggregatesTopic(), n.AdjustmentsTopic(), n.DuplicatesTopic(), n.RejectedTopic()}
+	return []string{n.DedupedTopic(), n.AggregatesTopic(), n.AdjustmentsTopic(), n.DuplicatesTopic(), n.RejectedTopic(), n.BalancesTopic()}
 }
 
 // MigrateCmd is `meterline migrate`.
