@@ -140,8 +140,8 @@ func startIngest(ctx, runCtx context.Context, cfg Config, brokers []string, name
 
 const (
 	partitions = 4
-	dedupGroup = "meterline-dedup"
-	aggGroup   = "meterline-aggregate"
+	dedupGroup = dedup.DefaultGroup
+	aggGroup   = aggregator.DefaultGroup
 )
 
 // Run runs the demo and reports whether the final reconciliation matched.
