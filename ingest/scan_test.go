@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -22,7 +23,7 @@ func TestScanBatchTakesPlainBatches(t *testing.T) {
 		if !ok {
 			t.Fatalf("scanBatch refused a plain batch: %.200s", body)
 		}
-		if want := wantAttrs(t, body); !equalAttrs(as, want) {
+		if want := wantAttrs(t, body); !slices.Equal(as, want) {
 			t.Fatalf("scanBatch read %+v, encoding/json %+v", as, want)
 		}
 	}
@@ -50,18 +51,6 @@ func wantAttrs(t testing.TB, body string) []ceAttrs {
 	return out
 }
 
-func equalAttrs(a, b []ceAttrs) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // FuzzScanBatch: whatever batch scanBatch takes, encoding/json decodes to
 // the same attributes.
 func FuzzScanBatch(f *testing.F) {
@@ -82,7 +71,7 @@ func FuzzScanBatch(f *testing.F) {
 		if !ok {
 			return
 		}
-		if want := wantAttrs(t, s); !equalAttrs(as, want) {
+		if want := wantAttrs(t, s); !slices.Equal(as, want) {
 			t.Fatalf("%q: scanBatch read %+v, encoding/json %+v", s, as, want)
 		}
 	})
