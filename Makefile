@@ -41,6 +41,7 @@ fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeUsageEvent$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecodeUsageOr$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzBoundRejected$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 60s

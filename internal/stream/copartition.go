@@ -1,0 +1,351 @@
+package stream
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// CopartitionProtocol is the group protocol name of CopartitionBalancer. A
+// group whose members offer only this protocol can never be balanced by
+// kgo's range or sticky balancers, which do not co-partition.
+const CopartitionProtocol = "meterline-copartition-v1"
+
+// ErrNotCopartitioned is returned (wrapped, from the group leader's balance,
+// and so from the leader's poll in a kgo.ErrGroupSession) when the group's
+// topics cannot be assigned by partition number: they have different
+// partition counts, one has no partition in the leader's metadata, or the
+// members do not all subscribe to the same co-partitioned topics. The group
+// then gets no assignment at all, rather than a wrong one.
+var ErrNotCopartitioned = errors.New("topics are not co-partitioned")
+
+// CopartitionError reports topics whose partition counts differ (a count of
+// 0 means the topic had no partitions in the leader's metadata: it does not
+// exist, or its metadata has not loaded).
+type CopartitionError struct {
+	Topics     []string // sorted
+	Partitions []int32  // Partitions[i] is the count of Topics[i]
+}
+
+func (e *CopartitionError) Error() string {
+	var sb strings.Builder
+	sb.WriteString("stream: copartition balancer: ")
+	sb.WriteString(ErrNotCopartitioned.Error())
+	sb.WriteString(": ")
+	for i, t := range e.Topics {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "%s has %d partitions", t, e.Partitions[i])
+	}
+	sb.WriteString(" (co-partitioned topics must have the same partition count; add partitions to all of them together)")
+	return sb.String()
+}
+
+func (e *CopartitionError) Unwrap() error { return ErrNotCopartitioned }
+
+// CopartitionBalancer returns a group balancer that assigns co-partitioned
+// topics by partition number: each member gets a set of numbers and, for
+// each number p, partition p of every topic, so that one member reads the
+// same keys from all of them (DESIGN §12: partition p of usage.deduped and
+// of usage.entitlements in the same transactions). kgo's range, round-robin
+// and sticky balancers place each topic's partitions independently and do
+// not guarantee this.
+//
+// topics is the co-partitioned set. Every member must subscribe to exactly
+// these topics, and all of them must have the same partition count; if not,
+// the balance fails with ErrNotCopartitioned naming the members or the
+// topics and counts, and nobody is assigned anything (kgo retries the join
+// after its backoff). With no topics, the set is whatever the members
+// subscribe to, and every member must subscribe to the same set. A member
+// also refuses an assignment that is not co-partitioned, should a leader
+// speaking the same protocol name send one.
+//
+// Balance: each member gets ⌊n/m⌋ or ⌈n/m⌉ numbers (n partitions per topic,
+// m members). Stickiness: each member's join metadata carries the partitions
+// it was last assigned and that generation (the userdata kgo's sticky
+// balancer writes, kmsg.StickyMemberMetadata); a number claimed by two
+// members goes to the higher generation. The balancer keeps the most
+// previously-owned numbers a balanced plan can keep: the ⌈n/m⌉ quotas go to
+// the members that owned the most, each member keeps its owned numbers up to
+// its quota (the lowest ones), and only the rest moves. A member that joins
+// a balanced group therefore takes only the numbers it needs, and a member
+// that leaves moves only its own numbers.
+//
+// The balancer is eager: every member revokes all of its partitions before
+// each rebalance. Cooperative rebalancing (KIP-429) would keep a number on
+// its owner until a second round only if kgo's per-(topic, partition)
+// AdjustCooperative made the same decision for partition p of every topic;
+// it does when every member's owned partitions are co-partitioned, but not
+// for a member whose previous assignment came from another balancer or
+// another topic set (a group migrating from cooperative-sticky, or a member
+// that had not loaded one topic's metadata), which would hand over half a
+// number for one round. Eager costs a pause of all partitions per
+// rebalance; the runtime already restores only a checkpoint's tail, and
+// the aggregator's correctness must not depend on every member's history.
+func CopartitionBalancer(topics ...string) kgo.GroupBalancer {
+	s := slices.Clone(topics)
+	slices.Sort(s)
+	return &copartitionBalancer{topics: slices.Compact(s)}
+}
+
+type copartitionBalancer struct {
+	topics []string // sorted, unique; empty: the members' common set
+}
+
+func (*copartitionBalancer) ProtocolName() string { return CopartitionProtocol }
+func (*copartitionBalancer) IsCooperative() bool  { return false }
+
+// JoinGroupMetadata writes the consumer protocol's metadata with the
+// member's last assignment and generation in the sticky userdata format, so
+// the leader can keep each member's partition numbers. kgo passes the last
+// assignment even though an eager member has revoked it before joining.
+func (*copartitionBalancer) JoinGroupMetadata(interests []string, current map[string][]int32, generation int32) []byte {
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Version = 3
+	meta.Topics = interests
+	meta.Generation = generation
+	sticky := kmsg.NewStickyMemberMetadata()
+	sticky.Generation = generation
+	for topic, partitions := range current {
+		a := kmsg.NewStickyMemberMetadataCurrentAssignment()
+		a.Topic = topic
+		a.Partitions = partitions
+		sticky.CurrentAssignment = append(sticky.CurrentAssignment, a)
+	}
+	// Deterministic output: Kafka compares metadata to decide whether a
+	// rejoin needs a rebalance.
+	slices.SortFunc(sticky.CurrentAssignment, func(a, b kmsg.StickyMemberMetadataCurrentAssignment) int {
+		return cmp.Compare(a.Topic, b.Topic)
+	})
+	meta.UserData = sticky.AppendTo(nil)
+	return meta.AppendTo(nil)
+}
+
+// ParseSyncAssignment parses the consumer protocol's assignment and refuses
+// one that is not co-partitioned: every topic must carry the same partition
+// numbers, and the topics must be the configured set.
+func (b *copartitionBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
+	m, err := kgo.ParseConsumerSyncAssignment(assignment)
+	if err != nil {
+		return nil, fmt.Errorf("stream: copartition balancer: %w", err)
+	}
+	if err := b.checkAssignment(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (b *copartitionBalancer) checkAssignment(m map[string][]int32) error {
+	topics := slices.Sorted(maps.Keys(m))
+	var want []int32
+	for i, t := range topics {
+		ps := slices.Sorted(slices.Values(m[t]))
+		if i == 0 {
+			want = ps
+			continue
+		}
+		if !slices.Equal(ps, want) {
+			return fmt.Errorf("stream: copartition balancer: assignment is %w: %s%v but %s%v", ErrNotCopartitioned, topics[0], want, t, ps)
+		}
+	}
+	if len(b.topics) > 0 && len(topics) > 0 && !slices.Equal(topics, b.topics) {
+		return fmt.Errorf("stream: copartition balancer: assignment is %w: it names topics %v, want %v", ErrNotCopartitioned, topics, b.topics)
+	}
+	return nil
+}
+
+// MemberBalancer parses every member's consumer metadata.
+func (b *copartitionBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (kgo.GroupMemberBalancer, map[string]struct{}, error) {
+	cb, err := kgo.NewConsumerBalancer(b, members)
+	if err != nil {
+		return nil, nil, fmt.Errorf("stream: copartition balancer: %w", err)
+	}
+	return cb, cb.MemberTopics(), nil
+}
+
+// Balance implements kgo.ConsumerBalancerBalance. On error it sets the
+// error on cb and returns nil, so the group gets no assignment.
+func (b *copartitionBalancer) Balance(cb *kgo.ConsumerBalancer, counts map[string]int32) kgo.IntoSyncAssignment {
+	plan, err := b.balance(cb, counts)
+	if err != nil {
+		cb.SetError(err)
+		return nil
+	}
+	return plan
+}
+
+func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[string]int32) (*kgo.BalancePlan, error) {
+	members := cb.Members()
+	if len(members) == 0 {
+		return cb.NewPlan(), nil
+	}
+	topics := b.topics
+	if len(topics) == 0 {
+		_, meta := cb.MemberAt(0)
+		topics = meta.Topics
+	}
+	var mismatched []string
+	cb.EachMember(func(m *kmsg.JoinGroupResponseMember, meta *kmsg.ConsumerMemberMetadata) {
+		if !slices.Equal(meta.Topics, topics) { // both sorted
+			mismatched = append(mismatched, fmt.Sprintf("member %s subscribes to %v", m.MemberID, meta.Topics))
+		}
+	})
+	if len(mismatched) > 0 {
+		return nil, fmt.Errorf("stream: copartition balancer: %w: the co-partitioned topics are %v, but %s (a member that has not loaded a topic's metadata subscribes without it)",
+			ErrNotCopartitioned, topics, strings.Join(mismatched, "; "))
+	}
+	if len(topics) == 0 {
+		return cb.NewPlan(), nil
+	}
+
+	n, err := copartitionCount(topics, counts)
+	if err != nil {
+		return nil, err
+	}
+
+	claims := make([]memberClaim, len(members))
+	for i := range members {
+		_, meta := cb.MemberAt(i)
+		claims[i] = parseClaim(meta.UserData, topics, n)
+	}
+	numbers := assignNumbers(claims, n)
+
+	plan := cb.NewPlan()
+	for i := range members {
+		if len(numbers[i]) == 0 {
+			continue
+		}
+		for _, t := range topics {
+			plan.AddPartitions(&members[i], t, slices.Clone(numbers[i]))
+		}
+	}
+	return plan, nil
+}
+
+// copartitionCount returns the partition count shared by topics, or a
+// *CopartitionError.
+func copartitionCount(topics []string, counts map[string]int32) (int32, error) {
+	e := &CopartitionError{Topics: slices.Clone(topics), Partitions: make([]int32, len(topics))}
+	ok := true
+	for i, t := range topics {
+		c := max(counts[t], 0)
+		e.Partitions[i] = c
+		if c == 0 || c != e.Partitions[0] {
+			ok = false
+		}
+	}
+	if !ok {
+		return 0, e
+	}
+	return e.Partitions[0], nil
+}
+
+// memberClaim is what one member says it owned before this rebalance.
+type memberClaim struct {
+	numbers    []int32 // sorted, unique, each in [0, n)
+	generation int32   // -1 when unknown
+}
+
+// parseClaim reads a member's sticky userdata: the partition numbers it was
+// last assigned of any co-partitioned topic, in range. Unreadable userdata
+// (another client, a corrupt join) is no history, never an error: it only
+// costs stickiness.
+func parseClaim(userdata []byte, topics []string, n int32) memberClaim {
+	var sm kmsg.StickyMemberMetadata
+	if len(userdata) == 0 || sm.ReadFrom(userdata) != nil {
+		return memberClaim{generation: -1}
+	}
+	c := memberClaim{generation: sm.Generation}
+	for _, a := range sm.CurrentAssignment {
+		if _, ok := slices.BinarySearch(topics, a.Topic); !ok {
+			continue
+		}
+		for _, p := range a.Partitions {
+			if p >= 0 && p < n { // claims are untrusted input
+				c.numbers = append(c.numbers, p)
+			}
+		}
+	}
+	slices.Sort(c.numbers)
+	c.numbers = slices.Compact(c.numbers)
+	return c
+}
+
+// assignNumbers assigns the partition numbers [0, n) to the members, in the
+// order kgo sorted them (instance ID, then member ID), and returns each
+// member's sorted numbers. A number claimed by several members belongs to the
+// highest generation, the first member on a tie. The ⌈n/m⌉ quotas go to the
+// members that keep the most (the first on a tie), which maximises the
+// numbers kept; each member keeps its lowest claimed numbers up to its
+// quota; the rest are dealt in ascending order to the members below quota,
+// in member order. The result is deterministic.
+func assignNumbers(claims []memberClaim, n int32) [][]int32 {
+	m := len(claims)
+	out := make([][]int32, m)
+	if m == 0 || n <= 0 {
+		return out
+	}
+	owner := make([]int, n)
+	ownerGen := make([]int32, n)
+	for i := range owner {
+		owner[i] = -1
+	}
+	for i, c := range claims {
+		for _, p := range c.numbers {
+			if owner[p] == -1 || c.generation > ownerGen[p] {
+				owner[p], ownerGen[p] = i, c.generation
+			}
+		}
+	}
+	owned := make([][]int32, m)
+	for p, o := range owner {
+		if o >= 0 {
+			owned[o] = append(owned[o], int32(p))
+		}
+	}
+
+	base, extra := int(n)/m, int(n)%m
+	order := make([]int, m)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(len(owned[b]), len(owned[a])) })
+	quota := make([]int, m)
+	for rank, i := range order {
+		quota[i] = base
+		if rank < extra {
+			quota[i]++
+		}
+	}
+
+	free := make([]bool, n)
+	for p, o := range owner {
+		free[p] = o < 0
+	}
+	for i := range m {
+		keep := min(len(owned[i]), quota[i])
+		out[i] = append(make([]int32, 0, quota[i]), owned[i][:keep]...)
+		for _, p := range owned[i][keep:] {
+			free[p] = true
+		}
+	}
+	next := int32(0)
+	for i := range m {
+		for len(out[i]) < quota[i] {
+			for !free[next] {
+				next++
+			}
+			free[next] = false
+			out[i] = append(out[i], next)
+		}
+		slices.Sort(out[i])
+	}
+	return out
+}
