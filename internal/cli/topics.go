@@ -51,8 +51,12 @@ func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		return err
 	}
 	defer closeFn()
-	specs := topics.Specs(g.Topic, c.Layout)
-	res, err := topics.Create(ctx, adm, specs, c.ReplicationFactor)
+	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
+	if err != nil {
+		return err
+	}
+	specs := topics.Specs(g.Topic, layout)
+	res, err := topics.Create(ctx, adm, specs, layout.ReplicationFactor)
 	for _, r := range res {
 		switch {
 		case r.Err != nil:
@@ -66,7 +70,7 @@ func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	if err != nil {
 		return &ExitError{Code: 1, Err: err}
 	}
-	return reportDrift(ctx, adm, specs, stdio)
+	return reportDrift(ctx, adm, specs, layout.ReplicationFactor, stdio)
 }
 
 // Run checks the topics.
@@ -78,14 +82,40 @@ func (c *TopicsCheckCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		return err
 	}
 	defer closeFn()
-	return reportDrift(ctx, adm, topics.Specs(g.Topic, c.Layout), stdio)
+	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
+	if err != nil {
+		return err
+	}
+	return reportDrift(ctx, adm, topics.Specs(g.Topic, layout), layout.ReplicationFactor, stdio)
 }
 
-func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, stdio IO) error {
+// resolveLayout decides the replication for the cluster's broker count
+// (topics.Layout.Resolve) and says what it decided.
+func resolveLayout(ctx context.Context, adm *kadm.Client, l topics.Layout, stdio IO) (topics.Layout, error) {
+	n, err := topics.BrokerCount(ctx, adm)
+	if err != nil {
+		return l, err
+	}
+	l, err = l.Resolve(n)
+	if err != nil {
+		return l, &ExitError{Code: 2, Err: err}
+	}
+	fmt.Fprintf(stdio.Stdout, "cluster  %d brokers: replication factor %d, min.insync.replicas %d\n", n, l.ReplicationFactor, l.MinInsyncReplicas)
+	return l, nil
+}
+
+// reportDrift prints every drift of the topics, and of Kafka's internal
+// topics against the replication factor rf; exit 1 on any.
+func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, rf int16, stdio IO) error {
 	drifts, err := topics.Check(ctx, adm, specs)
 	if err != nil {
 		return err
 	}
+	internal, err := topics.CheckInternal(ctx, adm, rf)
+	if err != nil {
+		return err
+	}
+	drifts = append(drifts, internal...)
 	for _, d := range drifts {
 		fmt.Fprintf(stdio.Stdout, "drift    %s\n", d)
 	}
