@@ -71,6 +71,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -82,6 +83,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
@@ -579,7 +581,7 @@ func (w *Writer) runSession(ctx context.Context) error {
 			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
 		}
 		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
-		if err := fetchError(fs); err != nil {
+		if err := fetchError(w.log, fs); err != nil {
 			return err
 		}
 		var derr error
@@ -622,10 +624,24 @@ func (w *Writer) poll(ctx context.Context, d time.Duration, max int) kgo.Fetches
 	return w.sess.PollRecords(pctx, max)
 }
 
-func fetchError(fs kgo.Fetches) error {
+// fetchError returns the first error of the fetches that stops the sink.
+// A group session error whose cause is transient (rejoining) is only
+// logged: kgo injects it when the member lost the group (a missed session,
+// an expired member) or could not reach the group coordinator (a broker
+// that died or paused, a coordinator that moved), has already revoked the
+// member's partitions through onLost (the open window can only abort, and
+// the resume rule of DESIGN §7 skips its rows on reassignment), and keeps
+// rejoining with backoff. Any other error, such as an authorization
+// failure, stops the sink.
+func fetchError(log *zap.Logger, fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		var gs *kgo.ErrGroupSession
+		if errors.As(err, &gs) && rejoining(gs.Err) {
+			log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
 			return
 		}
 		if ferr == nil {
@@ -633,6 +649,17 @@ func fetchError(fs kgo.Fetches) error {
 		}
 	})
 	return ferr
+}
+
+// rejoining reports whether a group management error is one kgo repairs
+// by rejoining: this member was dropped or fenced from the group, or the
+// coordinator was unreachable, moving or loading (a retriable Kafka error
+// or a broken connection).
+func rejoining(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
+		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
+		errors.Is(err, kerr.StaleMemberEpoch) || kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) ||
+		errors.As(err, new(*net.OpError)) // a coordinator that cannot be dialled (dead) is looked up again
 }
 
 // add decodes one polled record into the window and the pending batch.

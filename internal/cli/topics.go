@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
@@ -31,6 +32,16 @@ type TopicsCheckCmd struct {
 
 // adminClient checks the Kafka credentials and returns an admin client.
 func adminClient(ctx context.Context, g *Globals) (*kadm.Client, func(), error) {
+	adm, cl, err := kafkaClients(ctx, g)
+	if err != nil {
+		return nil, nil, err
+	}
+	return adm, cl.Close, nil
+}
+
+// kafkaClients checks the Kafka credentials and returns an admin client and
+// the client under it; the caller closes the client.
+func kafkaClients(ctx context.Context, g *Globals) (*kadm.Client, *kgo.Client, error) {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -39,24 +50,32 @@ func adminClient(ctx context.Context, g *Globals) (*kadm.Client, func(), error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	return kadm.NewClient(cl), cl.Close, nil
+	return kadm.NewClient(cl), cl, nil
 }
 
 // Run creates the topics.
 func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	adm, closeFn, err := adminClient(ctx, g)
+	adm, cl, err := kafkaClients(ctx, g)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
+	defer cl.Close()
 	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
 	if err != nil {
 		return err
 	}
 	specs := topics.Specs(g.Topic, layout)
 	res, err := topics.Create(ctx, adm, specs, layout.ReplicationFactor)
+	if err == nil {
+		// Stages started right after this command may ask any broker.
+		names := make([]string, len(specs))
+		for i, s := range specs {
+			names[i] = s.Name
+		}
+		err = topics.WaitVisibleEverywhere(ctx, cl, names...)
+	}
 	for _, r := range res {
 		switch {
 		case r.Err != nil:

@@ -15,6 +15,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Names are the topic names. Each is configurable; Prefix is prepended to
@@ -273,6 +275,55 @@ func WaitVisible(ctx context.Context, adm *kadm.Client, names ...string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// WaitVisibleEverywhere waits until every broker of the cluster answers
+// metadata for every named topic with all its partitions, or ctx ends. On a
+// cluster, a topic the controller created reaches each broker's metadata
+// at its own pace; a stage started right after `topics create` may ask any
+// of them, and stops on a topic it is told is missing.
+func WaitVisibleEverywhere(ctx context.Context, cl *kgo.Client, names ...string) error {
+	adm := kadm.NewClient(cl)
+	for {
+		err := visibleEverywhere(ctx, cl, adm, names)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topics: waiting for every broker's metadata: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func visibleEverywhere(ctx context.Context, cl *kgo.Client, adm *kadm.Client, names []string) error {
+	m, err := adm.BrokerMetadata(ctx)
+	if err != nil {
+		return err
+	}
+	for _, b := range m.Brokers {
+		req := kmsg.NewPtrMetadataRequest()
+		for _, n := range names {
+			t := kmsg.NewMetadataRequestTopic()
+			t.Topic = kmsg.StringPtr(n)
+			req.Topics = append(req.Topics, t)
+		}
+		resp, err := req.RequestWith(ctx, cl.Broker(int(b.NodeID)))
+		if err != nil {
+			return fmt.Errorf("broker %d: %w", b.NodeID, err)
+		}
+		for _, t := range resp.Topics {
+			if err := kerr.ErrorForCode(t.ErrorCode); err != nil || len(t.Partitions) == 0 {
+				name := ""
+				if t.Topic != nil {
+					name = *t.Topic
+				}
+				return fmt.Errorf("broker %d does not have %s yet: %v", b.NodeID, name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Drift is one difference between a topic and its Spec.
