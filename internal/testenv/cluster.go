@@ -16,6 +16,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Environment variables naming a real cluster of several brokers started by
@@ -214,22 +215,17 @@ func (c *Cluster) coordinator(t testing.TB, what, name string, find func(context
 	}
 }
 
-// WaitHealthy waits until every broker is in the cluster's metadata and
-// every partition of every topic, Kafka's internal ones included, has a
-// leader and all its replicas in sync, so that the next fault takes away
-// one broker of a whole cluster and never a second replica. It fails the
-// test after d.
+// WaitHealthy waits until every broker answers metadata that lists every
+// broker and in which every partition of every topic, Kafka's internal ones
+// included, has a leader and all its replicas in sync, so that the next
+// fault takes away one broker of a whole cluster and never a second
+// replica. Each broker is asked directly, with a new client each time (no
+// cached metadata). It fails the test after d.
 func (c *Cluster) WaitHealthy(t testing.TB, d time.Duration) {
 	t.Helper()
-	adm, done, err := c.admin()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
 	start := time.Now()
-	var last string
 	for {
-		last = c.health(adm)
+		last := c.health()
 		if last == "" {
 			t.Logf("cluster healthy after %s", time.Since(start).Round(time.Millisecond))
 			return
@@ -242,24 +238,37 @@ func (c *Cluster) WaitHealthy(t testing.TB, d time.Duration) {
 }
 
 // health returns "" for a healthy cluster, else what is wrong.
-func (c *Cluster) health(adm *kadm.Client) string {
+func (c *Cluster) health() string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		return err.Error()
+	}
+	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	m, err := adm.BrokerMetadata(ctx)
-	if err != nil {
-		return err.Error()
-	}
-	if len(m.Brokers) != len(c.Brokers) {
-		return fmt.Sprintf("%d of %d brokers in the metadata", len(m.Brokers), len(c.Brokers))
-	}
-	td, err := adm.ListTopicsWithInternal(ctx)
-	if err != nil {
-		return err.Error()
-	}
-	for _, d := range td {
-		for _, p := range d.Partitions {
-			if p.Leader < 0 || len(p.ISR) < len(p.Replicas) {
-				return fmt.Sprintf("%s/%d: leader %d, in sync %v of %v", d.Topic, p.Partition, p.Leader, p.ISR, p.Replicas)
+	for n := range c.Brokers {
+		req := kmsg.NewPtrMetadataRequest()
+		req.Topics = nil // every topic
+		resp, err := req.RequestWith(ctx, cl.Broker(n+1))
+		if err != nil {
+			return fmt.Sprintf("broker %d: %v", n+1, err)
+		}
+		if len(resp.Brokers) != len(c.Brokers) {
+			ids := make([]int32, len(resp.Brokers))
+			for i, b := range resp.Brokers {
+				ids[i] = b.NodeID
+			}
+			return fmt.Sprintf("broker %d lists brokers %v", n+1, ids)
+		}
+		for _, tp := range resp.Topics {
+			for _, p := range tp.Partitions {
+				if p.Leader < 0 || len(p.ISR) < len(p.Replicas) {
+					name := ""
+					if tp.Topic != nil {
+						name = *tp.Topic
+					}
+					return fmt.Sprintf("broker %d: %s/%d: leader %d, in sync %v of %v", n+1, name, p.Partition, p.Leader, p.ISR, p.Replicas)
+				}
 			}
 		}
 	}
