@@ -210,7 +210,7 @@ func (s *suite) reconcile(tr *truth) {
 		s.t.Fatalf("the outputs do not reconcile with the generator's truth:\n  %s", strings.Join(problems, "\n  "))
 	}
 	s.t.Logf("reconciled: %d events, %d duplicates, %d rejected, %d adjustments, %d FINAL aggregates of P, %d aggregate revisions",
-		len(tr.idents), tr.copies, len(tr.rejected), late, len(haveFinal), aggRows)
+		len(tr.idents), tr.copies, sumInts(tr.rejected), late, len(haveFinal), aggRows)
 }
 
 func compareSums(what string, want, have map[aggKey]sumCount, add func(string, ...any)) {
@@ -244,4 +244,12 @@ func unionKeys[K comparable, V any](a, b map[K]V) []K {
 	}
 	sort.Slice(out, func(i, j int) bool { return fmt.Sprint(out[i]) < fmt.Sprint(out[j]) })
 	return out
+}
+
+func sumInts(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
