@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,6 +69,7 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 		return st, id
 	}
 	start := time.Now()
+	checked := false
 	for round := 0; round < rounds; round++ {
 		for _, f := range faults {
 			b := f.target(s)
@@ -81,6 +83,15 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 			// restart it at once (the same instance ID, so its
 			// transactional ID fences the dead one).
 			s.sleep(2 * time.Second)
+			if !f.pause && !checked {
+				// An operator sees it: topics check reports the
+				// partitions that lost a replica.
+				checked = true
+				code, out := s.topicsCheck()
+				if code != 1 || !strings.Contains(out, "under-replicated partitions is ") {
+					t.Errorf("topics check with broker %d down: exit %d, want 1 and under-replicated partitions:\n%s", b, code, out)
+				}
+			}
 			st, id := nextStage()
 			s.kill(st, id)
 			s.start(st, id)
@@ -111,5 +122,8 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 		s.sleep(wait)
 	}
 	t.Logf("faults done after %s", time.Since(start).Round(time.Second))
+	if code, out := s.topicsCheck(); code != 0 {
+		t.Errorf("topics check on the healed cluster: exit %d\n%s", code, out)
+	}
 	s.finish(g)
 }

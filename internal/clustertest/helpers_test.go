@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"os"
@@ -134,17 +135,40 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 // command runs a meterline command to completion and returns its output.
 func (s *suite) command(args ...string) string {
 	s.t.Helper()
-	cmd := exec.Command(s.bin, args...)
+	code, out := meterline(s.t, s.bin, args...)
+	if code != 0 {
+		s.t.Fatalf("meterline %s: exit %d\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+// meterline runs the binary with args in the test's environment without
+// the METERLINE_* variables and returns its exit code and output.
+func meterline(t *testing.T, bin string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "METERLINE_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		s.t.Fatalf("meterline %s: %v\n%s", strings.Join(args, " "), err, out)
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &exit):
+		return exit.ExitCode(), string(out)
 	}
-	return string(out)
+	t.Fatalf("meterline %s: %v\n%s", strings.Join(args, " "), err, out)
+	return 0, ""
+}
+
+// topicsCheck runs `meterline topics check` on the suite's topics.
+func (s *suite) topicsCheck() (int, string) {
+	s.t.Helper()
+	return meterline(s.t, s.bin, "topics", "check", "--brokers", strings.Join(s.brokers, ","), "--topic-prefix", s.names.Prefix,
+		"--partitions", strconv.Itoa(partitions))
 }
 
 func (s *suite) group(stage string) string { return s.names.Prefix + stage }
