@@ -192,6 +192,7 @@ type metrics struct {
 	wmIgnored                 *prometheus.CounterVec
 	chunks                    *prometheus.CounterVec
 	finalizing                *prometheus.GaugeVec
+	finalDue                  *prometheus.GaugeVec // due.go
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -215,6 +216,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones)."}, []string{"work"}),
 		finalizing: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_finalizing_periods",
 			Help: "Periods decided final whose FINAL revisions, or the adjustments queued behind them, are still going out in chunks, per partition."}, []string{"partition"}),
+		finalDue: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_final_due_seconds",
+			Help: "End + grace of the oldest period of the partition whose FINAL revisions (or the adjustments queued behind them) have not all gone out, Unix seconds: when they were or are due. Absent while there is none. In the past by more than a moment: a FINAL is overdue."}, []string{"partition"}),
 	}
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))

@@ -134,7 +134,7 @@ func (pt *partition) finalLow(pfx byte) []byte {
 
 // firstPeriodFrom returns the smallest period start with a key of prefix pfx
 // at or after lo.
-func firstPeriodFrom(tx *stream.Tx, pfx byte, lo []byte) (int64, bool, error) {
+func firstPeriodFrom(tx stateReader, pfx byte, lo []byte) (int64, bool, error) {
 	var start int64
 	found := false
 	err := tx.Scan(lo, []byte{pfx + 1}, func(k, _ []byte) error {
@@ -267,6 +267,7 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		err = pt.expireChunk(tx, start, ps)
 	}
 	pt.publish()
+	pt.refreshFinalDue(tx, true)
 	return err
 }
 

@@ -1,13 +1,17 @@
 package aggregator
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/theory/jsonpath"
 	"sigs.k8s.io/yaml"
 )
 
@@ -33,16 +37,91 @@ type Meter struct {
 	// of. Required for UNIQUE_COUNT, not allowed otherwise.
 	Property string `json:"property,omitempty"`
 	// GroupBy lists event properties that split the aggregate; an event
-	// without one groups under the empty value.
+	// without one groups under the empty value. In the meters file it is a
+	// list of property names, or (OpenMeter's form) a map from property
+	// name to the JSONPath of its value in a CloudEvent's data; either way
+	// GroupBy holds the names, sorted.
 	GroupBy []string `json:"group_by,omitempty"`
 	// Unit and Description document the meter.
 	Unit        string `json:"unit,omitempty"`
 	Description string `json:"description,omitempty"`
+
+	// The fields below map CloudEvents received by the HTTP ingest
+	// (DESIGN §11) to this meter, as OpenMeter's meter definitions do.
+	// They do not change how the aggregator counts.
+
+	// EventType is the CloudEvents type whose events feed this meter.
+	// Several meters may share one: a CloudEvent then feeds each of them.
+	// Empty: only producers that name the meter feed it.
+	EventType string `json:"event_type,omitempty"`
+	// ValueProperty is a singular JSONPath (RFC 9535) into the
+	// CloudEvent's data, such as $.tokens: the quantity for SUM, MAX and
+	// LATEST, the value counted for UNIQUE_COUNT (stored as the event
+	// property named by Property). Required with EventType except for
+	// COUNT, which counts events and takes none.
+	ValueProperty string `json:"value_property,omitempty"`
+	// GroupByPaths maps each GroupBy name to the JSONPath of its value in
+	// a CloudEvent's data: from group_by written as a map, or $['name']
+	// for a name in a list. Nil when group_by is empty.
+	GroupByPaths map[string]string `json:"-"`
+	// Scale is the number of decimal places a CloudEvent's value may have:
+	// the quantity is the value times 10^Scale, which must be an integer
+	// (a value of 1.25 with scale 2 is 125 base units). Default 0: values
+	// must be integers in the meter's base unit. SUM, MAX and LATEST only;
+	// at most 18.
+	Scale int `json:"scale,omitempty"`
+}
+
+// MaxScale bounds Meter.Scale: 10^18 still fits a 64-bit quantity.
+const MaxScale = 18
+
+// UnmarshalJSON reads a meter of the meters file, with group_by as a list
+// of names or a map from name to JSONPath. Unknown keys are an error.
+func (m *Meter) UnmarshalJSON(b []byte) error {
+	type plain Meter // without this method
+	var raw struct {
+		plain
+		GroupBy json.RawMessage `json:"group_by,omitempty"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return err
+	}
+	*m = Meter(raw.plain)
+	m.GroupBy, m.GroupByPaths = nil, nil
+	g := bytes.TrimSpace(raw.GroupBy)
+	switch {
+	case len(g) == 0 || bytes.Equal(g, []byte("null")):
+	case g[0] == '{':
+		var paths map[string]string
+		if err := json.Unmarshal(g, &paths); err != nil {
+			return fmt.Errorf("group_by: a map must map names to JSONPath strings: %w", err)
+		}
+		m.GroupByPaths = paths
+		for name := range paths {
+			m.GroupBy = append(m.GroupBy, name)
+		}
+	default:
+		if err := json.Unmarshal(g, &m.GroupBy); err != nil {
+			return fmt.Errorf("group_by: want a list of property names or a map from name to JSONPath: %w", err)
+		}
+		if len(m.GroupBy) > 0 {
+			m.GroupByPaths = make(map[string]string, len(m.GroupBy))
+			for _, name := range m.GroupBy {
+				m.GroupByPaths[name] = "$[" + strconv.Quote(name) + "]"
+			}
+		}
+	}
+	return nil
 }
 
 // Catalog is the set of declared meters.
 type Catalog struct {
 	meters map[string]*Meter
+	// byEventType lists, per CloudEvents type, the meters it feeds, in the
+	// order of the meters file.
+	byEventType map[string][]*Meter
 }
 
 type metersFile struct {
@@ -60,13 +139,22 @@ type metersFile struct {
 //	    aggregation: UNIQUE_COUNT
 //	    property: user_id
 //
+// For the HTTP ingest, a meter also says which CloudEvents feed it
+// (OpenMeter's meter definition, in snake case):
+//
+//   - name: tokens
+//     aggregation: SUM
+//     event_type: prompt
+//     value_property: $.tokens
+//     group_by: {model: $.model}
+//
 // Unknown keys are an error. Every problem is reported at once.
 func ParseMeters(b []byte) (*Catalog, error) {
 	var f metersFile
 	if err := yaml.UnmarshalStrict(b, &f); err != nil {
 		return nil, fmt.Errorf("meters: %w", err)
 	}
-	c := &Catalog{meters: map[string]*Meter{}}
+	c := &Catalog{meters: map[string]*Meter{}, byEventType: map[string][]*Meter{}}
 	var errs []error
 	for i := range f.Meters {
 		m := f.Meters[i]
@@ -103,7 +191,11 @@ func ParseMeters(b []byte) (*Catalog, error) {
 			seen[g] = true
 		}
 		sort.Strings(m.GroupBy)
+		errs = append(errs, validateIngest(at, &m)...)
 		c.meters[m.Name] = &m
+		if m.EventType != "" {
+			c.byEventType[m.EventType] = append(c.byEventType[m.EventType], &m)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -118,6 +210,82 @@ func LoadMeters(path string) (*Catalog, error) {
 		return nil, fmt.Errorf("meters: %w", err)
 	}
 	return ParseMeters(b)
+}
+
+// validateIngest checks the fields that map CloudEvents to the meter.
+func validateIngest(at string, m *Meter) []error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("meters: %s."+format, append([]any{at}, args...)...))
+	}
+	if m.EventType == "" {
+		if m.ValueProperty != "" {
+			bad("value_property is only for meters with an event_type")
+		}
+		if m.Scale != 0 {
+			bad("scale is only for meters with an event_type")
+		}
+	} else {
+		switch {
+		case m.Aggregation == Count && m.ValueProperty != "":
+			bad("value_property is not allowed for COUNT, which counts events")
+		case m.Aggregation != Count && m.ValueProperty == "":
+			bad("value_property is required for %s with an event_type (a JSONPath such as $.tokens)", m.Aggregation)
+		}
+	}
+	if m.ValueProperty != "" {
+		if err := singularPath(m.ValueProperty); err != nil {
+			bad("value_property %q: %v", m.ValueProperty, err)
+		}
+	}
+	for _, name := range m.GroupBy {
+		if p := m.GroupByPaths[name]; p != "" {
+			if err := singularPath(p); err != nil {
+				bad("group_by.%s %q: %v", name, p, err)
+			}
+		}
+	}
+	switch {
+	case m.Scale < 0 || m.Scale > MaxScale:
+		bad("scale %d is not between 0 and %d", m.Scale, MaxScale)
+	case m.Scale != 0 && m.Aggregation != Sum && m.Aggregation != Max && m.Aggregation != Latest:
+		bad("scale is only for SUM, MAX and LATEST")
+	}
+	return errs
+}
+
+// singularPath checks that p is a JSONPath selecting at most one value.
+func singularPath(p string) error {
+	q, err := jsonpath.Parse(p)
+	if err != nil {
+		return err
+	}
+	if q.Query().Singular() == nil {
+		return errors.New("selects several values; want a singular path such as $.tokens or $.usage.input")
+	}
+	return nil
+}
+
+// ForEventType returns the meters a CloudEvent of type t feeds, in the
+// order of the meters file; none when no meter declares t.
+func (c *Catalog) ForEventType(t string) []*Meter {
+	if c == nil {
+		return nil
+	}
+	return c.byEventType[t]
+}
+
+// EventTypes returns the event types of the declared meters, sorted.
+func (c *Catalog) EventTypes() []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, 0, len(c.byEventType))
+	for t := range c.byEventType {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
 }
 
 var undeclared = &Meter{Aggregation: Sum}

@@ -167,6 +167,7 @@ type partition struct {
 	keysGauge    prometheus.Gauge
 	pendingGauge prometheus.Gauge // periods whose FINALs or queued adjustments are still going out
 	wmGauge      prometheus.Gauge // nil until the first watermark
+	due          dueRefresh       // the final-due gauge's last refresh (due.go)
 	// Ignored watermark records since the last log line, and its time.
 	wmIgnored      int
 	wmIgnoredLogAt time.Time
@@ -192,6 +193,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		return nil, err
 	}
 	pt.publish()
+	pt.refreshFinalDue(st, true)
 	return pt, nil
 }
 
@@ -278,6 +280,7 @@ func (pt *partition) Close() {
 	pt.pr.m.keys.DeleteLabelValues(pt.pl)
 	pt.pr.m.finalizing.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
+	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition; the aggregator is driven by the
@@ -306,6 +309,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 	}
 	pt.publish()
+	pt.refreshFinalDue(tx, false)
 	return nil
 }
 

@@ -46,29 +46,13 @@ const (
 // must return data: a misspelt metric or label, or a selector on a label a
 // metric does not have, returns nothing and fails the test.
 func TestRealDashboardQueriesReturnData(t *testing.T) {
-	promBin := os.Getenv(EnvPrometheus)
-	if promBin == "" || testing.Short() {
-		t.Skipf("SKIP: real Prometheus dashboard test; set %s=/usr/bin/prometheus (deploy/local/prometheus.sh install prints it; make test does) and drop -short", EnvPrometheus)
-	}
-	if _, err := os.Stat(promBin); err != nil {
-		t.Fatalf("%s=%s: %v", EnvPrometheus, promBin, err)
-	}
+	promBin := realPrometheus(t, "dashboard")
 	brokers := testenv.RealKafka(t)
 	chAddr := testenv.RealClickHouse(t)
 	_, db := testenv.ClickHouseDB(t) // dropped on success, after meterline stops
 	dash := loadDashboard(t)
 
-	work, err := os.MkdirTemp("", "meterline-prometheus-test-*") // "meterline" marks our prometheus for prometheus.sh
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			os.RemoveAll(work)
-		} else {
-			t.Logf("kept %s (meterline.log, prometheus.log)", work)
-		}
-	})
+	work := testenv.LogDir(t, "meterline-prometheus-test-*") // "meterline" marks our prometheus for prometheus.sh
 	bin := testenv.Meterline(t)
 
 	prefix := testenv.Name(t, "dash") + "."
@@ -98,24 +82,7 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); defer live.Close(); feedContinuously(ctx, t, live) }()
 
-	promAddr := testenv.FreeAddr(t)
-	cfg := fmt.Sprintf(`global:
-  scrape_interval: %s
-  evaluation_interval: %s
-scrape_configs:
-  - job_name: %s
-    static_configs:
-      - targets: [%q]
-`, testScrapeInterval, testScrapeInterval, scrapeJob, metricsAddr)
-	cfgFile := filepath.Join(work, "prometheus.yml")
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	testenv.StartProcess(t, "prometheus", filepath.Join(work, "prometheus.log"), promBin,
-		"--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(work, "tsdb"),
-		"--web.listen-address="+promAddr, "--log.level=warn")
-	waitHTTP(t, "http://"+promAddr+"/-/ready", 60*time.Second)
-	prom := promClient{base: "http://" + promAddr}
+	prom := startPrometheus(t, promBin, work, "", metricsAddr)
 
 	// Every expression must return data; series appear as the pipeline
 	// runs (lag once offsets are committed, watermarks after ticks, sink
@@ -313,6 +280,47 @@ func (p promClient) query(q string) ([]promSample, error) {
 		return []promSample{{metric: map[string]string{}, value: parse(v)}}, nil
 	}
 	return nil, fmt.Errorf("result type %s; a dashboard expression must be a vector or a scalar", data.ResultType)
+}
+
+// realPrometheus returns the prometheus binary of EnvPrometheus, or skips
+// the real test named by what (saying so) without it or with -short.
+func realPrometheus(t *testing.T, what string) string {
+	t.Helper()
+	promBin := os.Getenv(EnvPrometheus)
+	if promBin == "" || testing.Short() {
+		t.Skipf("SKIP: real Prometheus %s test; set %s=/usr/bin/prometheus (deploy/local/prometheus.sh install prints it; make test does) and drop -short", what, EnvPrometheus)
+	}
+	if _, err := os.Stat(promBin); err != nil {
+		t.Fatalf("%s=%s: %v", EnvPrometheus, promBin, err)
+	}
+	return promBin
+}
+
+// startPrometheus runs promBin on a free port with its config and data in
+// work, scraping targets as job scrapeJob every testScrapeInterval and
+// evaluating the rule file rules (none when empty) as often, and returns a
+// client once it is ready. It stops when the test ends.
+func startPrometheus(t *testing.T, promBin, work, rules string, targets ...string) promClient {
+	t.Helper()
+	cfg := fmt.Sprintf("global:\n  scrape_interval: %s\n  evaluation_interval: %s\n", testScrapeInterval, testScrapeInterval)
+	if rules != "" {
+		cfg += fmt.Sprintf("rule_files: [%q]\n", rules)
+	}
+	var ts []string
+	for _, tg := range targets {
+		ts = append(ts, fmt.Sprintf("%q", tg))
+	}
+	cfg += fmt.Sprintf("scrape_configs:\n  - job_name: %s\n    static_configs:\n      - targets: [%s]\n", scrapeJob, strings.Join(ts, ", "))
+	cfgFile := filepath.Join(work, "prometheus.yml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	promAddr := testenv.FreeAddr(t)
+	testenv.StartProcess(t, "prometheus", filepath.Join(work, "prometheus.log"), promBin,
+		"--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(work, "tsdb"),
+		"--web.listen-address="+promAddr, "--log.level=warn")
+	waitHTTP(t, "http://"+promAddr+"/-/ready", 60*time.Second)
+	return promClient{base: "http://" + promAddr}
 }
 
 func runCmd(t *testing.T, bin, logFile string, args ...string) {

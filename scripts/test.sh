@@ -59,7 +59,8 @@ echo "== services up after $(( $(date +%s) - start ))s"
 METERLINE_TEST_KAFKA_SASL_DIR=$(
   KAFKA_PORT=$KAFKA_SASL_PORT deploy/local/kafka.sh credentials
 )
-# The dashboard test runs its own Prometheus; this only installs Debian's.
+# The dashboard and alert tests run their own Prometheus; this only installs
+# Debian's (promtool, which the alert tests use, comes with it).
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)

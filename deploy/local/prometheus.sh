@@ -5,12 +5,16 @@
 #
 #   install  installs Debian's `prometheus` with apt-get when it is missing
 #            (idempotent), stops any instance the package's service started,
-#            and prints the binary's path on stdout. `make test` exports it as
-#            METERLINE_TEST_PROMETHEUS; the dashboard test then runs its own
-#            instance, with its own config and data dir, on a free port.
+#            and prints the binary's path on stdout. The package also ships
+#            promtool, in the same directory; install fails without it. `make
+#            test` exports the path as METERLINE_TEST_PROMETHEUS; the
+#            dashboard and alert tests then run their own instances, with
+#            their own config and data dir, on free ports, and promtool.
 #   start    runs a private instance on 127.0.0.1:$PROMETHEUS_PORT that scrapes
-#            a local `meterline run` (deploy/prometheus/local.yml), with its
-#            data under $PROMETHEUS_DATA_DIR. Idempotent.
+#            a local `meterline run` (deploy/prometheus/local.yml) and
+#            evaluates the alert rules (deploy/prometheus/alerts.yml, copied
+#            beside the config), with its data under $PROMETHEUS_DATA_DIR.
+#            Idempotent.
 #   stop     stops that instance; status says whether it runs; clean also
 #            removes its data dir.
 #
@@ -23,6 +27,8 @@
 #   PROMETHEUS_DATA_DIR   its config, TSDB, log and pid file
 #                         (default /tmp/meterline-prometheus-$PROMETHEUS_PORT)
 #   PROMETHEUS_CONFIG     config to run with                (default deploy/prometheus/local.yml)
+#   PROMETHEUS_RULES      alert rules copied beside it as alerts.yml
+#                                                         (default deploy/prometheus/alerts.yml)
 #   PROMETHEUS_START_TIMEOUT  seconds to wait for /-/ready   (default 30)
 #
 # Exit codes: 0 ok; 1 failure; 2 usage; status: 0 running, 3 stopped.
@@ -38,6 +44,7 @@ LISTEN_HOST=127.0.0.1
 PORT=${PROMETHEUS_PORT:-9090}
 DATA_DIR=${PROMETHEUS_DATA_DIR:-/tmp/meterline-prometheus-$PORT}
 CONFIG_SRC=${PROMETHEUS_CONFIG:-$REPO_DIR/deploy/prometheus/local.yml}
+RULES_SRC=${PROMETHEUS_RULES:-$REPO_DIR/deploy/prometheus/alerts.yml}
 START_TIMEOUT=${PROMETHEUS_START_TIMEOUT:-30}
 
 MARKER=.meterline-prometheus
@@ -60,6 +67,7 @@ DATA_DIR=${DATA_DIR%/}
 
 PID_FILE="$DATA_DIR/prometheus.pid"
 CONFIG_FILE="$DATA_DIR/prometheus.yml"
+RULES_FILE="$DATA_DIR/alerts.yml"
 LOG_FILE="$DATA_DIR/prometheus.log"
 
 # ---------------------------------------------------------------- install
@@ -103,6 +111,7 @@ stop_system_instance() {
 ensure_installed() { # prints the binary path
     local bin
     if bin=$(find_binary); then
+        check_promtool "$bin"
         echo "$bin"
         return 0
     fi
@@ -112,7 +121,14 @@ ensure_installed() { # prints the binary path
         --no-install-recommends prometheus
     bin=$(find_binary) || die "prometheus installed but no binary found on PATH"
     stop_system_instance
+    check_promtool "$bin"
     echo "$bin"
+}
+
+# promtool checks and unit-tests the alert rules; Debian's prometheus
+# package installs it beside prometheus.
+check_promtool() {
+    [[ -x $(dirname "$1")/promtool ]] || die "no promtool beside $1 (Debian's prometheus package ships /usr/bin/promtool)"
 }
 
 # ---------------------------------------------------------------- instance
@@ -143,9 +159,11 @@ cmd_start() {
         die "$DATA_DIR exists, is not empty and was not made by this script; set PROMETHEUS_DATA_DIR elsewhere"
     fi
     [[ -f $CONFIG_SRC ]] || die "missing config $CONFIG_SRC"
+    [[ -f $RULES_SRC ]] || die "missing alert rules $RULES_SRC"
     mkdir -p "$DATA_DIR/tsdb"
     : >"$DATA_DIR/$MARKER"
     cp -f "$CONFIG_SRC" "$CONFIG_FILE"
+    cp -f "$RULES_SRC" "$RULES_FILE"
     log "starting $bin on $LISTEN_HOST:$PORT (config $CONFIG_SRC, data $DATA_DIR) ..."
     (
         cd "$DATA_DIR"

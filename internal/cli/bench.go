@@ -19,6 +19,7 @@ type BenchCmd struct {
 	Dedup     BenchDedupCmd     `cmd:"" help:"The dedup stage on pre-filled input against two transactional passthrough baselines."`
 	Sink      BenchSinkCmd      `cmd:"" help:"meterline sink against a bare clickhouse-go batch loop writing the same rows."`
 	Aggregate BenchAggregateCmd `cmd:"" help:"The aggregator on pre-filled usage.deduped against two transactional passthrough baselines."`
+	Ingest    BenchIngestCmd    `cmd:"" help:"meterline ingest (batches of CloudEvents over keep-alive HTTP) against a minimal handler producing the same pre-encoded records; latency at half rate."`
 }
 
 // benchEnv is where the benchmarks run: the global connection flags
@@ -147,4 +148,22 @@ func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 		}
 		return bench.Sink(ctx, env, cfg)
 	})
+}
+
+// BenchIngestCmd is `meterline bench ingest`.
+type BenchIngestCmd struct {
+	Events      int           `help:"Events per run; a multiple of --batch." default:"320000"`
+	Batch       int           `help:"CloudEvents per request." default:"100"`
+	Connections int           `help:"Keep-alive client connections." default:"32"`
+	Partitions  int32         `help:"Partitions of each benchmark topic." default:"16"`
+	Rounds      int           `help:"Rounds; each runs the baseline and the ingest once, in alternating order. Medians are reported." default:"3"`
+	LatencyFor  time.Duration `help:"Length of the latency phase, at half the ingest's median rate." default:"15s"`
+	JSON        bool          `help:"Print the result as JSON too."`
+}
+
+// Run runs the benchmark.
+func (c *BenchIngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	cfg := bench.IngestConfig{Events: c.Events, Batch: c.Batch, Connections: c.Connections, Partitions: c.Partitions,
+		Rounds: c.Rounds, LatencyFor: c.LatencyFor, JSON: c.JSON}
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Ingest(ctx, env, cfg) })
 }

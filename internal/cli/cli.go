@@ -58,6 +58,9 @@ type CLI struct {
 	Topics    TopicsCmd    `cmd:"" help:"Create the Kafka topics, or check them for drift."`
 	Lag       LagCmd       `cmd:"" help:"Consumer lag per group and partition, in records and seconds."`
 	Run       RunCmd       `cmd:"" help:"Run every stage in one process behind one metrics and health server."`
+	Ingest    IngestCmd    `cmd:"" help:"Serve the HTTP ingest: OpenMeter's event API (POST /api/v1/events) and Meterline's JSON (POST /v1/events)."`
+	Keys      KeysCmd      `cmd:"" help:"API keys of the HTTP ingest: create, list, revoke."`
+	Tenants   TenantsCmd   `cmd:"" help:"Tenants of the HTTP ingest: named sets of customers."`
 	Bench     BenchCmd     `cmd:"" help:"End-to-end benchmarks against a real broker."`
 	Version   VersionCmd   `cmd:"" help:"Print the version."`
 }

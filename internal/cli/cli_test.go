@@ -201,16 +201,15 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	t.Cleanup(func() {
 		adm := testenv.Admin(t, brokers)
 		var names []string
-		for _, s := range topics.Specs(topics.Names{Prefix: prefix, Events: "usage.events", Deduped: "usage.deduped",
-			Duplicates: "usage.duplicates", Rejected: "usage.rejected", Aggregates: "usage.aggregates",
-			Adjustments: "usage.adjustments", DedupChangelog: "meterline-dedup-changelog",
-			AggregateChangelog: "meterline-aggregate-changelog"}, topics.DefaultLayout()) {
+		n := topics.DefaultNames()
+		n.Prefix = prefix
+		for _, s := range topics.Specs(n, topics.DefaultLayout()) {
 			names = append(names, s.Name)
 		}
 		_, _ = adm.DeleteTopics(context.Background(), names...)
 	})
 	code, out, errOut := run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "created") != 8 || !strings.Contains(out, "all 8 topics match") {
+	if code != 0 || strings.Count(out, "created") != 9 || !strings.Contains(out, "all 9 topics match") {
 		t.Fatalf("create: %d\n%s\n%s", code, out, errOut)
 	}
 	// One broker: replication factor 1 and min.insync.replicas 1 by
@@ -223,7 +222,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		t.Errorf("create --replication-factor 3 on one broker: exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, _ = run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "exists") != 8 {
+	if code != 0 || strings.Count(out, "exists") != 9 {
 		t.Fatalf("second create is not idempotent: %d\n%s", code, out)
 	}
 	code, out, _ = run(t, "", args("topics", "check")...)
@@ -251,6 +250,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	set(prefix+"usage.aggregates", "cleanup.policy", "delete")
 	set(prefix+"usage.rejected", "retention.ms", "3600000")
 	set(prefix+"usage.deduped", "min.insync.replicas", "2")
+	set(prefix+"meterline.keys", "cleanup.policy", "delete")
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
 	}
@@ -263,6 +263,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "usage.events: partitions is 6, want 4",
 		prefix + "usage.aggregates: cleanup.policy is delete, want compact",
 		prefix + "usage.rejected: retention.ms is 3600000 (1h0m0s), want at least",
+		prefix + "meterline.keys: cleanup.policy is delete, want compact",
 		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
 		prefix + "usage.deduped: min.insync.replicas is 2, want 1",
 	} {
@@ -270,7 +271,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	if n := strings.Count(out, "drift"); n != 6 {
-		t.Errorf("%d drifts reported, want 6:\n%s", n, out)
+	if n := strings.Count(out, "drift"); n != 7 {
+		t.Errorf("%d drifts reported, want 7:\n%s", n, out)
 	}
 }

@@ -11,12 +11,14 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/sink"
 )
 
 // RunCmd is `meterline run`: every stage in one process (dedup, the
-// aggregator and, unless --no-sink, the ClickHouse sink), each its own
+// aggregator, unless --no-sink the ClickHouse sink, and with --ingest the
+// HTTP ingest), each its own
 // consumer-group member with its own transactional ID, behind one HTTP
 // server.
 type RunCmd struct {
@@ -34,6 +36,8 @@ type RunCmd struct {
 	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"10000"`
 	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
+	Ingest         bool          `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
+	IngestFlags    IngestFlags   `embed:"" prefix:"ingest-" group:"HTTP ingest (with --ingest)"`
 }
 
 // Run runs the stages until ctx ends or one of them fails.
@@ -63,6 +67,13 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		scfg, err = c.Sink.config(g, c.InstanceID, c.SessionTimeout, c.RebalanceTimeout, c.TransactionTimeout, log, reg)
 		if err != nil {
 			return &ExitError{Code: 2, Err: fmt.Errorf("--sink-* flags (or --no-sink): %w", err)}
+		}
+	}
+	var icfg ingest.Config
+	if c.Ingest {
+		icfg = c.IngestFlags.config(g, acfg.Meters, c.StrictMeters, log, reg)
+		if err := icfg.Validate(); err != nil {
+			return &ExitError{Code: 2, Err: fmt.Errorf("--ingest-* flags: %w", err)}
 		}
 	}
 	if c.Validate {
@@ -105,9 +116,18 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		stages = append(stages, namedStage{"sink", w.Run, w.Ready})
 		groups = append(groups, lagGroup{scfg.Group, sinkInputs(g.Topic)})
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
+	var setup func(*service.Server)
+	if c.Ingest {
+		srv, err := ingest.New(icfg)
+		if err != nil {
+			return err
+		}
+		stages = append(stages, namedStage{"ingest", srv.Run, srv.Ready})
+		setup = func(s *service.Server) { s.AddTable(srv.Status) }
+	}
+	return runStageWith(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
-	}, ds.Status, as.Status)
+	}, setup, ds.Status, as.Status)
 }
 
 type namedStage struct {

@@ -82,6 +82,12 @@ type lagGroup struct {
 // The status page at / shows the stages of status (stream.Runtime.Status)
 // and any other stage found in reg.
 func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, status ...func() service.StageStatus) error {
+	return runStageWith(ctx, g, addr, reg, log, groups, ready, run, nil, status...)
+}
+
+// runStageWith is runStage with setup, when not nil, called with the
+// HTTP server before it serves (to add sections to the status page).
+func runStageWith(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, setup func(*service.Server), status ...func() service.StageStatus) error {
 	names := make([]string, len(groups))
 	opts := []lag.Option{lag.WithLogger(log)}
 	for i, lg := range groups {
@@ -106,6 +112,9 @@ func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Regi
 	}
 	for _, f := range status {
 		srv.AddStatus(f)
+	}
+	if setup != nil {
+		setup(srv)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

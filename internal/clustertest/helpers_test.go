@@ -117,7 +117,7 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 	// replication factor 3 and min.insync.replicas 2 by itself.
 	out := s.command("topics", "create", "--brokers", strings.Join(s.brokers, ","), "--topic-prefix", prefix,
 		"--partitions", strconv.Itoa(partitions))
-	if !strings.Contains(out, "3 brokers: replication factor 3, min.insync.replicas 2") || !strings.Contains(out, "all 8 topics match") {
+	if !strings.Contains(out, "3 brokers: replication factor 3, min.insync.replicas 2") || !strings.Contains(out, "all 9 topics match") {
 		t.Fatalf("meterline topics create on the cluster:\n%s", out)
 	}
 	s.command("migrate", "--clickhouse", chAddr, "--database", db)

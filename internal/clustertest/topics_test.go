@@ -31,9 +31,9 @@ func TestRealClusterTopics(t *testing.T) {
 		_, _ = adm.DeleteTopics(ctx, made...)
 	})
 	create := func(prefix string, extra ...string) (int, string) {
-		for _, sp := range topics.Specs(topics.Names{Prefix: prefix, Events: "usage.events", Deduped: "usage.deduped",
-			Duplicates: "usage.duplicates", Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
-			DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog"}, topics.DefaultLayout()) {
+		names := topics.DefaultNames()
+		names.Prefix = prefix
+		for _, sp := range topics.Specs(names, topics.DefaultLayout()) {
 			made = append(made, sp.Name)
 		}
 		return meterline(t, bin, append([]string{"topics", "create", "--brokers", brokers, "--topic-prefix", prefix, "--partitions", "3"}, extra...)...)
@@ -75,14 +75,14 @@ func TestRealClusterTopics(t *testing.T) {
 		t.Fatalf("topics create --replication-factor 1: exit %d\n%s", code, out)
 	}
 	code, out := check(weak)
-	if code != 1 || strings.Count(out, "replication factor is 1, want 3") != 8 || strings.Count(out, "min.insync.replicas is 1, want 2") != 8 {
-		t.Errorf("topics check of topics with one replica: exit %d, want 8 replication factor and 8 min.insync.replicas drifts\n%s", code, out)
+	if code != 1 || strings.Count(out, "replication factor is 1, want 3") != 9 || strings.Count(out, "min.insync.replicas is 1, want 2") != 9 {
+		t.Errorf("topics check of topics with one replica: exit %d, want 9 replication factor and 9 min.insync.replicas drifts\n%s", code, out)
 	}
 	strict := testenv.Name(t, "isr3") + "."
 	if code, out := create(strict, "--min-insync-replicas", "3"); code != 0 {
 		t.Fatalf("topics create --min-insync-replicas 3: exit %d\n%s", code, out)
 	}
-	if code, out := check(strict); code != 1 || strings.Count(out, "min.insync.replicas is 3, want 2") != 8 {
+	if code, out := check(strict); code != 1 || strings.Count(out, "min.insync.replicas is 3, want 2") != 9 {
 		t.Errorf("topics check of topics with min.insync.replicas 3: exit %d\n%s", code, out)
 	}
 	if code, out := meterline(t, bin, "topics", "create", "--brokers", brokers, "--topic-prefix", strict,

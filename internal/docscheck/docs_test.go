@@ -85,8 +85,13 @@ func TestEveryShellBlockIsChecked(t *testing.T) {
 			t.Errorf("%s: %v", b.where(), b.annErr)
 		case b.lang == "":
 			t.Errorf("%s: code block without a language (```sh, ```text, ...)", b.where())
+		case b.ann != nil && b.ann.kind == kindSameAs:
+			// Any language: the block is a copy of a file that a test runs.
+			for _, err := range checkStatic(root, tests, b) {
+				t.Errorf("%s: %v", b.where(), err)
+			}
 		case !b.shell() && b.ann != nil:
-			t.Errorf("%s: docs-check annotation on a %s block; only shell blocks are run", b.where(), b.lang)
+			t.Errorf("%s: docs-check annotation on a %s block; only shell blocks are run (or same-as a file)", b.where(), b.lang)
 		case b.shell() && b.ann == nil:
 			t.Errorf("%s: shell block with no <!-- docs-check: ... --> annotation: run it, or name the test that covers it (docs/testing.md, \"The docs check\")", b.where())
 		case b.shell():
@@ -126,6 +131,14 @@ func checkStatic(root string, tests map[string][]string, b block) []error {
 			if !have[l] {
 				errs = append(errs, fmt.Errorf("run-by %s: it has no line %q", a.args[0], l))
 			}
+		}
+	case kindSameAs:
+		content, err := os.ReadFile(filepath.Join(root, a.args[0]))
+		if err != nil {
+			return append(errs, fmt.Errorf("same-as: %w", err))
+		}
+		if string(content) != b.text {
+			errs = append(errs, fmt.Errorf("same-as %s: the block differs from the file (copy the file into the block)", a.args[0]))
 		}
 	case kindTestCommand:
 		for _, l := range commandLines(b.text) {

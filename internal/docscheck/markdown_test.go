@@ -39,6 +39,7 @@ const (
 	kindTestedBy    = "tested-by"    // args: test names
 	kindTestCommand = "test-command" // go test / make commands, checked statically
 	kindRunBy       = "run-by"       // args: one file that runs every line
+	kindSameAs      = "same-as"      // args: one file the block's text equals (any language)
 )
 
 // An annotation is the HTML comment `<!-- docs-check: KIND ARGS [; replace "A" "B"]... -->`
@@ -81,13 +82,13 @@ func parseAnnotation(s string) (*annotation, error) {
 		if len(a.args) == 0 {
 			return nil, fmt.Errorf("tested-by names no test")
 		}
-	case kindRunBy:
+	case kindRunBy, kindSameAs:
 		if len(a.args) != 1 {
-			return nil, fmt.Errorf("run-by names one file, got %q", a.args)
+			return nil, fmt.Errorf("%s names one file, got %q", a.kind, a.args)
 		}
 	default:
-		return nil, fmt.Errorf("unknown docs-check kind %q (want %s, %s, %s, %s or %s)",
-			a.kind, kindRun, kindRunInRepo, kindTestedBy, kindTestCommand, kindRunBy)
+		return nil, fmt.Errorf("unknown docs-check kind %q (want %s, %s, %s, %s, %s or %s)",
+			a.kind, kindRun, kindRunInRepo, kindTestedBy, kindTestCommand, kindRunBy, kindSameAs)
 	}
 	for _, c := range clauses[1:] {
 		if len(c) != 3 || c[0] != "replace" {

@@ -26,7 +26,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 	f := prom.NewFactory(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
-	return &metrics{
+	m := &metrics{
 		recordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_in_total",
 			Help: "Input records consumed, by topic."}, []string{"topic"}),
 		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",
@@ -57,4 +57,19 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 		stateBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_bytes",
 			Help: "Bytes on disk of the instance's local state (Pebble: sstables, WAL and other files, for every partition it holds), refreshed about every 10 s while it commits."}),
 	}
+	// Every kind and reason is exported from the start, at 0: a series
+	// born at its first increment hides that increment from increase(),
+	// and the alert rules (deploy/prometheus/alerts.yml) watch increases.
+	for kind, reasons := range restoreReasons {
+		for _, r := range reasons {
+			m.restores.WithLabelValues(kind, r)
+		}
+	}
+	return m
+}
+
+// restoreReasons lists the reasons of each restore kind (horizon.go).
+var restoreReasons = map[string][]string{
+	"full": {reasonNoState, reasonBelowLogStart, reasonRetentionUnknown, reasonUndated, reasonFutureCheckpoint, reasonHorizon},
+	"tail": {reasonCurrent, reasonWithinHorizon},
 }

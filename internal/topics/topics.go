@@ -31,13 +31,15 @@ type Names struct {
 	Adjustments        string `help:"Late events booked into a later period." default:"usage.adjustments"`
 	DedupChangelog     string `help:"Dedup state changelog." default:"meterline-dedup-changelog"`
 	AggregateChangelog string `help:"Aggregator state changelog." default:"meterline-aggregate-changelog"`
+	Keys               string `help:"API keys and tenants of the HTTP ingest (compacted)." default:"meterline.keys"`
 }
 
 // DefaultNames returns the default names of DESIGN §4.
 func DefaultNames() Names {
 	return Names{Events: "usage.events", Deduped: "usage.deduped", Duplicates: "usage.duplicates",
 		Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
-		DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog"}
+		DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog",
+		Keys: "meterline.keys"}
 }
 
 func (n Names) name(s string) string { return n.Prefix + s }
@@ -51,6 +53,7 @@ func (n Names) AggregatesTopic() string         { return n.name(n.Aggregates) }
 func (n Names) AdjustmentsTopic() string        { return n.name(n.Adjustments) }
 func (n Names) DedupChangelogTopic() string     { return n.name(n.DedupChangelog) }
 func (n Names) AggregateChangelogTopic() string { return n.name(n.AggregateChangelog) }
+func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 
 // Layout says how many partitions and what retention the topics get.
 type Layout struct {
@@ -184,6 +187,8 @@ func Specs(n Names, l Layout) (specs []Spec) {
 			Configs: map[string]string{"cleanup.policy": "compact,delete", "retention.ms": ms(clRet)}, MinRetention: l.Window + l.Skew},
 		{Name: n.AggregateChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(),
 			Configs: map[string]string{"cleanup.policy": "compact"}},
+		// One partition: a few records, read whole by every ingest replica.
+		{Name: n.KeysTopic(), Partitions: 1, Configs: map[string]string{"cleanup.policy": "compact"}},
 	}
 	return specs
 }

@@ -1,0 +1,109 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// Each kind of bad input gets its exact status and body, and nothing is
+// sent: not one record of the request reaches Kafka.
+func TestBadInput(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxBodyBytes = 4096; c.MaxEvents = 5 })
+	ctx := context.Background()
+	revokedKey, revoked, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.RevokeKey(ctx, revokedKey.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, onlyPrompts, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme-1"}, Meters: []string{"api_calls"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 3)
+
+	good := `{"specversion":"1.0","id":"g1","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":3},"user":"u"}}`
+	ce := func(mod string) string { return strings.Replace(good, `"id":"g1"`, mod, 1) }
+	cases := []struct {
+		name, path, ct, token string
+		body                  string
+		status                int
+		want                  string // the whole body, compact
+	}{
+		{"malformed JSON", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,{"id":`, 400,
+			`{"type":"urn:meterline:problem:malformed","title":"Malformed body","status":400,"detail":"malformed JSON: unexpected end of JSON input (at byte 158); nothing was sent"}`},
+		{"missing field", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + strings.Replace(good, `"subject":"acme-1",`, "", 1) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"subject","code":"invalid","reason":"is missing (CloudEvents requires it; subject is the customer)"}]}`},
+		{"wrong type", "/api/v1/events", "application/cloudevents+json", e.token, ce(`"id":7`), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"id","code":"invalid","reason":"must be a string, not a JSON number"}]}`},
+		{"wrong value type", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `"input":3`, `"input":true`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"data.tokens.input","code":"invalid","reason":"must be a number or a numeric string (meter input_tokens)"}]}`},
+		{"invalid UTF-8", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + strings.Replace(good, `acme-1`, "acme-\xff", 1) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"event","code":"invalid","reason":"is not valid UTF-8 (byte 0xff at offset 76)"}]}`},
+		{"body over the limit", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + strings.Repeat(good+",", 30) + good + `]`, 413,
+			`{"type":"urn:meterline:problem:too-large","title":"Body too large","status":413,"detail":"the body is larger than 4096 bytes: split the batch"}`},
+		{"too many events", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + strings.Repeat(good+",", 5) + good + `]`, 413,
+			`{"type":"urn:meterline:problem:too-large","title":"Too many events","status":413,"detail":"6 events in one request, more than 5: split the batch"}`},
+		{"unknown event type", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `"type":"prompt"`, `"type":"promt"`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"type","code":"unknown_event_type","reason":"\"promt\" feeds no meter (the meters file declares no event_type \"promt\")"}]}`},
+		{"subject outside the key's scope", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + strings.Replace(good, `acme-1`, `globex-1`, 1) + `]`, 403,
+			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 2 events are outside what key KEYID may write; nothing was sent","errors":[{"index":1,"field":"subject","code":"out_of_scope","reason":"customer \"globex-1\" is not one of tenant acme's customers"}]}`},
+		{"meter outside the key's scope", "/api/v1/events", "application/cloudevents+json", onlyPrompts, good, 403,
+			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 1 events are outside what key KEYID may write; nothing was sent","errors":[{"index":0,"field":"type","code":"out_of_scope","reason":"meter \"input_tokens\" is outside the key's meters"}]}`},
+		{"revoked key", "/api/v1/events", "application/cloudevents+json", revoked, good, 401,
+			`{"type":"urn:meterline:problem:unauthorized","title":"Unauthorized","status":401,"detail":"the API key is not known or was revoked"}`},
+		{"no key", "/api/v1/events", "application/cloudevents+json", "", good, 401,
+			`{"type":"urn:meterline:problem:unauthorized","title":"Unauthorized","status":401,"detail":"no API key: send Authorization: Bearer \u003ckey\u003e"}`},
+		{"non-integer value", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `"input":3`, `"input":"2.5"`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"data.tokens.input","code":"invalid","reason":"\"2.5\" is not an integer in the meter's base unit (declare a scale in the meters file to accept decimals) (meter input_tokens)"}]}`},
+		{"content type", "/api/v1/events", "text/plain", e.token, good, 415,
+			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"text/plain\": want application/cloudevents+json, application/cloudevents-batch+json or application/json"}`},
+		{"event time in the future", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `2999-01-01T00:00:00Z`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"in_future","reason":"2999-01-01T00:00:00Z is more than 1h0m0s after now"}]}`},
+		{"every bad event listed", "/v1/events", "application/x-ndjson", e.token,
+			`{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}` + "\n" +
+				`{"event_id":"b","customer_id":"acme-1","meter":"api_calls","quantity":-1,"event_time":"2026-11-29T12:00:00Z"}` + "\n" +
+				`{"event_id":"c","customer_id":"acme-1","meter":"api_calls","quantity":"x","event_time":"2026-11-29T12:00:00Z"}` + "\n" +
+				`{"event_id":"d","customer_id":"acme-1","meter":"api_calls","quantity":1}`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"3 of 4 events are invalid; nothing was sent","errors":[{"index":1,"field":"quantity","code":"invalid","reason":"must not be negative (got -1)"},{"index":2,"field":"quantity","code":"invalid","reason":"must be an integer (got \"x\")"},{"index":3,"field":"event_time","code":"invalid","reason":"is missing"}]}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			status, hdr, b := e.post(c.path, c.ct, c.token, []byte(c.body))
+			want := strings.ReplaceAll(c.want, "KEYID", tokenID(c.token))
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, b); err != nil {
+				t.Fatalf("%d: body is not JSON: %s", status, b)
+			}
+			if status != c.status || compact.String() != want {
+				t.Errorf("got %d %s\nwant %d %s", status, compact.String(), c.status, want)
+			}
+			if ct := hdr.Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			if status == http.StatusUnauthorized && hdr.Get("WWW-Authenticate") == "" {
+				t.Error("401 without WWW-Authenticate")
+			}
+		})
+	}
+	if recs := e.records(); len(recs) != 0 {
+		t.Errorf("%d records reached Kafka from refused requests", len(recs))
+	}
+}
+
+// waitKeys waits until the server knows n keys.
+func waitKeys(t *testing.T, srv *Server, n int) {
+	t.Helper()
+	for i := 0; i < 2000; i++ {
+		if ks, _ := srv.Keys().Snapshot(); len(ks) >= n {
+			return
+		}
+		sleepMs(10)
+	}
+	t.Fatalf("server never saw %d keys", n)
+}

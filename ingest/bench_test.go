@@ -1,0 +1,71 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/producer"
+)
+
+// stopGate refuses every request just before its records would be sent.
+type stopGate struct{}
+
+func (stopGate) Check(context.Context, string, []producer.Event) *Problem {
+	return &Problem{Type: problemTypePrefix + "stopped", Title: "stopped", Status: http.StatusPaymentRequired}
+}
+
+// BenchmarkBatchCPU measures the CPU the ingest spends on a request of 100
+// CloudEvents (each feeding three meters) up to the send: the key, the
+// parse, the mapping, validation and encoding. Kafka is not involved.
+func BenchmarkBatchCPU(b *testing.B) {
+	srv, err := New(Config{Addr: "127.0.0.1:0", Brokers: []string{"127.0.0.1:1"}, Meters: mustCatalog(b), Gate: stopGate{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.close()
+	id, token, _ := newToken()
+	h := hashToken(token)
+	k := Key{ID: id, Tenant: "acme", Customers: []string{"*"}, Hash: fmt.Sprintf("%x", h[:])}
+	srv.keys.apply(keyRecordKey(id), encodeRecord(record{Key: &k}))
+	srv.keys.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
+	srv.keys.markLoaded()
+	body := benchBody(100)
+	handler := srv.Handler()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, "/api/v1/events", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/cloudevents-batch+json")
+		req.Header.Set("Authorization", "Bearer "+token)
+		w := httptest.NewRecorder()
+		handler.ServeHTTP(w, req)
+		if w.Code != http.StatusPaymentRequired {
+			b.Fatalf("%d %s", w.Code, w.Body)
+		}
+	}
+}
+
+func benchBody(n int) []byte {
+	type ce struct {
+		SpecVersion string         `json:"specversion"`
+		ID          string         `json:"id"`
+		Source      string         `json:"source"`
+		Type        string         `json:"type"`
+		Subject     string         `json:"subject"`
+		Time        string         `json:"time"`
+		Data        map[string]any `json:"data"`
+	}
+	evs := make([]ce, n)
+	for i := range evs {
+		evs[i] = ce{"1.0", fmt.Sprint("req-", i), "bench", "prompt", fmt.Sprintf("acme-%d", i%100),
+			time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano), map[string]any{"tokens": map[string]any{"input": i}, "model": "m1", "user": "u"}}
+	}
+	b, _ := json.Marshal(evs)
+	return b
+}

@@ -1,0 +1,403 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/schemas"
+)
+
+// request is one request on its way through the handler.
+type request struct {
+	kind     string
+	key      *Key
+	tenant   *Tenant
+	received time.Time
+	inputs   int              // events in the request
+	events   []producer.Event // usage events, in input order
+	inputOf  []int            // input index of each usage event
+	fieldOf  []fieldMap       // per usage event: its fields' names in the request
+	errs     []EventError
+	denied   []EventError
+}
+
+// fieldMap renames a producer field to the request's name for it.
+type fieldMap func(field string) string
+
+func (s *Server) endpoint(kind string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rw := &statusWriter{ResponseWriter: w}
+		tenant := s.serve(rw, r, kind)
+		s.metrics.observe(kind, tenant, rw.status, time.Since(start))
+	})
+}
+
+// serve handles one request and returns the tenant for the metrics
+// ("" when no key was accepted).
+func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
+	req := &request{kind: kind, received: s.cfg.Clock()}
+	if err := s.Ready(); err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", "the API keys are not loaded yet", nil, time.Second)
+		return ""
+	}
+	token := bearer(r)
+	if token == "" {
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "no API key: send Authorization: Bearer <key>", nil, 0)
+		return ""
+	}
+	req.key, req.tenant = s.keys.Authenticate(token)
+	if req.key == nil {
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "the API key is not known or was revoked", nil, 0)
+		return ""
+	}
+	tenant := req.key.Tenant
+	if status := s.readRequest(w, r, req); status != 0 {
+		return tenant
+	}
+	if req.inputs > s.cfg.MaxEvents {
+		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Too many events",
+			fmt.Sprintf("%d events in one request, more than %d: split the batch", req.inputs, s.cfg.MaxEvents), nil, 0)
+		s.metrics.refused(tenant, req.inputs)
+		return tenant
+	}
+	// Every event is validated and encoded (producer.Record: the checks
+	// and the encoding of every producer) before anything is sent.
+	recs, errs := s.records(req)
+	req.errs = append(req.errs, errs...)
+	sort.SliceStable(req.errs, func(i, j int) bool { return req.errs[i].Index < req.errs[j].Index })
+	if len(req.denied) > 0 {
+		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
+			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
+		s.metrics.refused(tenant, req.inputs)
+		return tenant
+	}
+	if len(req.errs) > 0 {
+		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
+			fmt.Sprintf("%d of %d events are invalid; nothing was sent", countIndexes(req.errs), req.inputs), req.errs, 0)
+		s.metrics.refused(tenant, req.inputs)
+		return tenant
+	}
+	if wait := s.limits.take(req.key, req.inputs, req.received); wait > 0 {
+		writeProblem(w, http.StatusTooManyRequests, "rate-limited", "Too many events",
+			fmt.Sprintf("key %s may send %g events per second; try again later", req.key.ID, req.key.Rate), nil, wait)
+		s.metrics.refused(tenant, req.inputs)
+		return tenant
+	}
+	if s.cfg.Gate != nil {
+		if p := s.cfg.Gate.Check(r.Context(), tenant, req.events); p != nil {
+			writeProblem(w, p.Status, strings.TrimPrefix(p.Type, problemTypePrefix), p.Title, p.Detail, p.Errors, 0)
+			s.metrics.refused(tenant, req.inputs)
+			return tenant
+		}
+	}
+	if err := s.send(recs); err != nil {
+		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
+			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
+			"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)", nil, 5*time.Second)
+		s.metrics.refused(tenant, req.inputs)
+		return tenant
+	}
+	// Every record of the request is acknowledged (acks=all): only now is
+	// success answered.
+	fault.Hit(FaultAfterAck)
+	s.metrics.accepted(tenant, req.inputs, len(recs))
+	if kind == endpointOpenMeter {
+		w.WriteHeader(http.StatusNoContent) // OpenMeter's answer; its SDKs expect it
+		return tenant
+	}
+	b, _ := json.Marshal(struct {
+		Events  int `json:"events"`
+		Records int `json:"records"`
+	}{req.inputs, len(recs)})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write(append(b, '\n'))
+	return tenant
+}
+
+// readRequest checks the content type, reads the body and parses its
+// events into req. It answers (and returns the status) when the request
+// as a whole is refused: 415, 413, a body that is not JSON.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *request) int {
+	mt := mediaType(r)
+	var ndjson, wantArray, wantObject bool
+	switch req.kind {
+	case endpointOpenMeter:
+		switch mt {
+		case "application/cloudevents+json":
+			wantObject = true
+		case "application/cloudevents-batch+json":
+			wantArray = true
+		case "application/json":
+		default:
+			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", r.Header.Get("Content-Type")), nil, 0)
+			return http.StatusUnsupportedMediaType
+		}
+	default:
+		switch mt {
+		case "application/json":
+		case "application/x-ndjson", "application/ndjson", "application/jsonl":
+			ndjson = true
+		default:
+			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", r.Header.Get("Content-Type")), nil, 0)
+			return http.StatusUnsupportedMediaType
+		}
+	}
+	body, tooLarge, err := readBody(w, r, s.cfg.MaxBodyBytes)
+	if tooLarge {
+		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
+			fmt.Sprintf("the body is larger than %d bytes: split the batch", s.cfg.MaxBodyBytes), nil, 0)
+		return http.StatusRequestEntityTooLarge
+	}
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Unreadable body", "reading the body: "+err.Error(), nil, 0)
+		return http.StatusBadRequest
+	}
+	// The fast path of a valid batch of CloudEvents: its text is valid
+	// UTF-8 and it decodes in one pass. Anything else takes the slow path,
+	// which checks each event on its own and names every bad one.
+	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) {
+		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
+			if js, ok := decodeBatch(b); ok && len(js) > 0 {
+				req.inputs = len(js)
+				if req.inputs > s.cfg.MaxEvents {
+					return 0 // answered by the caller
+				}
+				for i := range js {
+					ce, fe := checkCloudEvent(&js[i])
+					s.addCloudEvent(req, i, &ce, fe)
+				}
+				return 0
+			}
+		}
+	}
+	var elems []json.RawMessage
+	if ndjson {
+		elems = splitLines(body)
+		if len(elems) == 0 {
+			err = fmt.Errorf("%w: the body has no events", errMalformed)
+		}
+	} else {
+		var single bool
+		elems, single, err = splitJSON(body)
+		switch {
+		case err != nil:
+		case wantObject && !single:
+			err = fmt.Errorf("%w: application/cloudevents+json carries one event (an object); send a batch as application/cloudevents-batch+json", errMalformed)
+		case wantArray && single:
+			err = fmt.Errorf("%w: application/cloudevents-batch+json carries an array of events", errMalformed)
+		case len(elems) == 0:
+			err = fmt.Errorf("%w: the batch is empty", errMalformed)
+		}
+	}
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "malformed", "Malformed body", err.Error()+"; nothing was sent", nil, 0)
+		return http.StatusBadRequest
+	}
+	req.inputs = len(elems)
+	if req.inputs > s.cfg.MaxEvents {
+		return 0 // answered by the caller
+	}
+	for i, raw := range elems {
+		if fe := checkText(raw); fe != nil {
+			req.errs = append(req.errs, fe.at(i))
+			continue
+		}
+		if req.kind == endpointOpenMeter {
+			ce, fe := parseCloudEvent(raw)
+			s.addCloudEvent(req, i, &ce, fe)
+			continue
+		}
+		evs, fms, fe := s.meterlineEvent(raw)
+		s.addEvents(req, i, evs, fms, fe)
+	}
+	return 0
+}
+
+// addCloudEvent maps CloudEvent i of the request (or its parse error) to
+// usage events and adds them.
+func (s *Server) addCloudEvent(req *request, i int, ce *CloudEvent, fe *fieldError) {
+	if fe == nil && ce.Time.IsZero() && s.cfg.RequireTime {
+		fe = &fieldError{"time", schemas.ReasonInvalid, "is missing, and this server requires it (--require-time)"}
+	}
+	if fe != nil {
+		s.addEvents(req, i, nil, nil, fe)
+		return
+	}
+	evs, fms, fe := s.mapper.events(ce, req.received)
+	s.addEvents(req, i, evs, fms, fe)
+}
+
+// addEvents adds the usage events of input i, or its error, to the
+// request, and checks them against the key's scope.
+func (s *Server) addEvents(req *request, i int, evs []producer.Event, fms []fieldMap, fe *fieldError) {
+	if fe != nil {
+		req.errs = append(req.errs, fe.at(i))
+		return
+	}
+	for k, e := range evs {
+		if why := req.key.allows(req.tenant, e.CustomerID, e.Meter); why != "" {
+			field := "customer_id"
+			if strings.HasPrefix(why, "meter") {
+				field = "meter"
+			}
+			req.denied = append(req.denied, EventError{Index: i, Field: fms[k](field), Code: CodeOutOfScope, Reason: why})
+			break
+		}
+	}
+	req.events = append(req.events, evs...)
+	req.fieldOf = append(req.fieldOf, fms...)
+	for range evs {
+		req.inputOf = append(req.inputOf, i)
+	}
+}
+
+// meterlineEvent parses one event of Meterline's JSON format.
+func (s *Server) meterlineEvent(raw []byte) ([]producer.Event, []fieldMap, *fieldError) {
+	e, err := producer.ParseJSON(raw)
+	if err != nil {
+		var fe *producer.FieldError
+		if errors.As(err, &fe) {
+			return nil, nil, &fieldError{fe.Field, fe.Code, fe.Reason}
+		}
+		return nil, nil, &fieldError{"event", schemas.ReasonInvalid, err.Error()}
+	}
+	if s.cfg.StrictMeters {
+		if _, ok := s.cfg.Meters.Lookup(e.Meter); !ok {
+			return nil, nil, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", e.Meter)}
+		}
+	}
+	return []producer.Event{e}, []fieldMap{sameField}, nil
+}
+
+func sameField(f string) string { return f }
+
+// records validates and encodes every usage event (producer.Record: the
+// checks and the encoding of every producer). The errors name each bad
+// event by its input index, in the request's field names.
+func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
+	recs := make([]*kgo.Record, len(req.events))
+	var errs []EventError
+	last := -1
+	for k, e := range req.events {
+		i := req.inputOf[k]
+		rec, err := s.p.Record(e)
+		if err != nil {
+			if i == last {
+				continue // one error per event
+			}
+			last = i
+			var fe *producer.FieldError
+			if errors.As(err, &fe) {
+				errs = append(errs, EventError{Index: i, Field: req.fieldOf[k](fe.Field), Code: fe.Code, Reason: fe.Reason})
+			} else {
+				errs = append(errs, EventError{Index: i, Field: "event", Code: schemas.ReasonInvalid, Reason: err.Error()})
+			}
+			continue
+		}
+		recs[k] = rec
+	}
+	return recs, errs
+}
+
+// send produces the records and waits until every one is acknowledged
+// (acks=all), or returns the first error. It returns an error, without
+// waiting further, once ProduceTimeout has passed: the records still in
+// flight may yet be written, which a retry tolerates.
+func (s *Server) send(recs []*kgo.Record) error {
+	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > maxBuffered {
+		return fmt.Errorf("ingest: %d records already wait for Kafka", n)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	wg.Add(len(recs))
+	for _, r := range recs {
+		s.p.ProduceRecord(r, func(err error) {
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+			wg.Done()
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(s.cfg.ProduceTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		return fmt.Errorf("ingest: no acknowledgement within %s", s.cfg.ProduceTimeout+time.Second)
+	}
+	return first
+}
+
+// maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'
+// default): a request that would not fit is answered 503 at once instead
+// of waiting for room.
+const maxBuffered = 100_000
+
+func countIndexes(errs []EventError) int {
+	n, last := 0, -1
+	for _, e := range errs {
+		if e.Index != last {
+			n++
+			last = e.Index
+		}
+	}
+	return n
+}
+
+// splitLines splits an NDJSON body into its non-blank lines.
+func splitLines(body []byte) []json.RawMessage {
+	var out []json.RawMessage
+	for l := range bytes.SplitSeq(body, []byte("\n")) {
+		if l = bytes.TrimSpace(l); len(l) > 0 {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// statusWriter records the status of the response.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}

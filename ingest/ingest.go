@@ -1,0 +1,418 @@
+// Package ingest is Meterline's HTTP ingest (DESIGN §11): usage over HTTP
+// for services that do not speak Kafka, compatible with OpenMeter's event
+// API so that its published SDKs work unchanged.
+//
+//   - POST /api/v1/events takes one CloudEvent (application/cloudevents+json)
+//     or a batch (application/cloudevents-batch+json, or application/json
+//     with an object or an array). The meters file maps each event's type
+//     to the meters it feeds (aggregator.Meter.EventType).
+//   - POST /v1/events takes Meterline's own JSON events (producer.ParseJSON):
+//     one object, an array, or NDJSON.
+//
+// Delivery guarantee: a request is answered with success (204 on the
+// OpenMeter path, as OpenMeter answers; 202 on /v1/events) only after every
+// usage event it carries is acknowledged by the Kafka brokers (acks=all on
+// an idempotent producer). A request is all or nothing: one bad event and
+// nothing is sent (400 naming each bad event). When Kafka does not
+// acknowledge in time the answer is 503, never a success; some events may
+// still have been written, and a retry is safe, since every copy has the
+// same identity and dedup counts it once.
+//
+// Keys (keys.go) are per tenant and stored hashed in a compacted topic
+// that every replica follows.
+package ingest
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/producer"
+)
+
+// FaultAfterAck is the fault point (internal/fault) between Kafka's
+// acknowledgement of a request's events and the response: a crash there
+// leaves the events written and the client without an answer, so the
+// client retries and dedup drops the copies.
+const FaultAfterAck = "ingest.after-ack"
+
+// Defaults of Config.
+const (
+	DefaultAddr           = "127.0.0.1:8888"
+	DefaultKeysTopic      = "meterline.keys"
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultMaxEvents      = 1000
+	DefaultProduceTimeout = 10 * time.Second
+	DefaultLinger         = 2 * time.Millisecond
+)
+
+// Config configures a Server.
+type Config struct {
+	// Addr is the listen address. Default: 127.0.0.1:8888 (loopback only,
+	// DESIGN §13).
+	Addr string
+	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS.
+	TLSCertFile, TLSKeyFile string
+
+	// Brokers are the Kafka seed brokers. Required.
+	Brokers []string
+	// ClientOptions are added to every Kafka client (TLS, SASL).
+	ClientOptions []kgo.Opt
+	// Topic is where usage events go. Default: usage.events.
+	Topic string
+	// KeysTopic is the compacted topic of API keys and tenants. Default:
+	// meterline.keys.
+	KeysTopic string
+	// Linger is the producer's linger. Default: 2ms.
+	Linger time.Duration
+
+	// Meters maps CloudEvent types to meters. Nil: /api/v1/events refuses
+	// every event (unknown_event_type).
+	Meters *aggregator.Catalog
+	// StrictMeters refuses, on /v1/events, events of meters the meters
+	// file does not declare (unknown_meter), as the aggregator would.
+	StrictMeters bool
+	// RequireTime refuses CloudEvents without a time. Default: such an
+	// event gets the time the request was received, as in OpenMeter.
+	RequireTime bool
+	// MaxSkew is how far after now an event time may be. Default: 1h.
+	MaxSkew time.Duration
+
+	// MaxBodyBytes bounds a request body (413). Default: 1 MiB.
+	MaxBodyBytes int64
+	// MaxEvents bounds the events of one request (413). Default: 1000.
+	MaxEvents int
+	// ProduceTimeout bounds the wait for Kafka's acknowledgement; past it
+	// the answer is 503. Default: 10s.
+	ProduceTimeout time.Duration
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound slow clients.
+	// Defaults: 5s, 30s, 120s. The write timeout is ProduceTimeout + 10s.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
+	// ShutdownTimeout bounds the graceful shutdown: in-flight requests are
+	// answered (success or 503) before it ends. Default: ProduceTimeout +
+	// 5s.
+	ShutdownTimeout time.Duration
+
+	// Gate, when set, is asked about every valid request before its
+	// events are sent (the advisory quota gate of DESIGN §11). Default:
+	// none.
+	Gate Gate
+
+	// Logger receives the logs. Default: none.
+	Logger *zap.Logger
+	// Registerer receives the metrics. Default: none.
+	Registerer prometheus.Registerer
+	// Clock is the time a request is received. Default: time.Now.
+	Clock func() time.Time
+}
+
+// Gate is the seam of the advisory quota gate (DESIGN §11), which needs
+// usage.balances: it may refuse a request whose every event is for a
+// reject-policy meter already exhausted in the event's own period. It
+// fails open: an error or a stale view lets the events through.
+type Gate interface {
+	// Check returns nil to let the events through, or a problem to answer
+	// with (402) instead of sending them. It must not block for long.
+	Check(ctx context.Context, tenant string, events []producer.Event) *Problem
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.Topic == "" {
+		c.Topic = producer.DefaultTopic
+	}
+	if c.KeysTopic == "" {
+		c.KeysTopic = DefaultKeysTopic
+	}
+	if c.Linger == 0 {
+		c.Linger = DefaultLinger
+	}
+	if c.MaxSkew == 0 {
+		c.MaxSkew = producer.DefaultMaxSkew
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxEvents == 0 {
+		c.MaxEvents = DefaultMaxEvents
+	}
+	if c.ProduceTimeout == 0 {
+		c.ProduceTimeout = DefaultProduceTimeout
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 5 * time.Second
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = c.ProduceTimeout + 5*time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+}
+
+// Validate reports every problem with the config at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("ingest: "+format, args...)) }
+	if len(c.Brokers) == 0 {
+		bad("brokers: none given")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		bad("tls: give both the certificate and the key file, or neither")
+	}
+	if c.MaxBodyBytes < 1024 {
+		bad("max body bytes %d: want at least 1024", c.MaxBodyBytes)
+	}
+	if c.MaxEvents < 1 {
+		bad("max events %d: want at least 1", c.MaxEvents)
+	}
+	if c.ProduceTimeout < time.Second {
+		bad("produce timeout %s: want at least 1s (Kafka's record timeout)", c.ProduceTimeout)
+	}
+	for name, d := range map[string]time.Duration{"read header timeout": c.ReadHeaderTimeout, "read timeout": c.ReadTimeout,
+		"idle timeout": c.IdleTimeout, "shutdown timeout": c.ShutdownTimeout, "max skew": c.MaxSkew, "linger": c.Linger} {
+		if d < 0 {
+			bad("%s %s: must not be negative", name, d)
+		}
+	}
+	if c.ShutdownTimeout > 0 && c.ShutdownTimeout < c.ProduceTimeout {
+		bad("shutdown timeout %s is shorter than the produce timeout %s: in-flight requests could go unanswered", c.ShutdownTimeout, c.ProduceTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// ProducerOptions are the producer options of the ingest: acks=all on an
+// idempotent producer (producer's defaults), the linger, and a record
+// delivery timeout of ProduceTimeout. Call after EnsureDefaults.
+func (c *Config) ProducerOptions() []producer.Option {
+	return []producer.Option{
+		producer.WithBrokers(c.Brokers...),
+		producer.WithTopic(c.Topic),
+		producer.WithLinger(c.Linger),
+		producer.WithMaxSkew(c.MaxSkew),
+		producer.WithClock(c.Clock),
+		producer.WithLogger(c.Logger),
+		producer.WithClientOptions(append([]kgo.Opt{kgo.RecordDeliveryTimeout(c.ProduceTimeout)}, c.ClientOptions...)...),
+	}
+}
+
+// Server is the HTTP ingest.
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	p       *producer.Producer
+	keys    *Keys
+	mapper  *mapper
+	metrics *metrics
+	limits  *limiters
+	ln      net.Listener
+	srv     *http.Server
+	scheme  string
+
+	closeOnce sync.Once
+}
+
+// New checks cfg, makes the producer and binds the listen address. Run
+// serves.
+func New(cfg Config) (*Server, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	mp, err := newMapper(cfg.Meters)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
+		limits: newLimiters(cfg.MaxEvents), scheme: "http"}
+	s.metrics = newMetrics(cfg.Registerer, s.keys)
+	var tlsCfg *tls.Config
+	if cfg.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: tls: %w", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.scheme = "https"
+	}
+	if s.p, err = producer.New(cfg.ProducerOptions()...); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		s.p.Close()
+		return nil, fmt.Errorf("ingest: listen %s: %w", cfg.Addr, err)
+	}
+	if tlsCfg != nil {
+		ln = tls.NewListener(ln, tlsCfg)
+	}
+	s.ln = ln
+	s.srv = &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.ProduceTimeout + 10*time.Second,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          zap.NewStdLog(cfg.Logger.WithOptions(zap.IncreaseLevel(zap.WarnLevel))),
+	}
+	return s, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// URL is the base URL of the server ("http://127.0.0.1:8888").
+func (s *Server) URL() string { return s.scheme + "://" + s.Addr() }
+
+// Keys is the server's key set.
+func (s *Server) Keys() *Keys { return s.keys }
+
+// Ready returns nil once the keys are loaded, or why not.
+func (s *Server) Ready() error {
+	select {
+	case <-s.keys.Loaded():
+		return nil
+	default:
+		return errors.New("ingest: API keys not loaded yet")
+	}
+}
+
+// Run follows the keys topic and serves until ctx ends, then shuts down
+// gracefully: it stops accepting, answers every request in flight
+// (success or 503) within ShutdownTimeout, and flushes and closes the
+// producer. It returns every error, including those of the shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	defer s.close()
+	keysCtx, stopKeys := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopKeys()
+	keysDone := make(chan error, 1)
+	go func() {
+		keysDone <- s.keys.Follow(keysCtx, append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.ClientOptions...)...)
+	}()
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- s.srv.Serve(s.ln) }()
+	s.log.Info("ingest serving", zap.String("url", s.URL()), zap.String("topic", s.cfg.Topic), zap.String("keys_topic", s.cfg.KeysTopic))
+
+	var errs []error
+	select {
+	case <-ctx.Done():
+	case err := <-serveDone:
+		serveDone <- err
+		errs = append(errs, fmt.Errorf("ingest: serve: %w", err))
+	case err := <-keysDone:
+		keysDone <- err
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	// Shutdown closes the listener, then waits for every active request;
+	// each is answered once its events are acknowledged or timed out.
+	if err := s.srv.Shutdown(sctx); err != nil {
+		errs = append(errs, fmt.Errorf("ingest: shutdown: %w", err))
+	}
+	if err := <-serveDone; err != nil && !errors.Is(err, http.ErrServerClosed) && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("ingest: serve: %w", err))
+	}
+	stopKeys()
+	if err := <-keysDone; err != nil && !errors.Is(err, context.Canceled) && len(errs) == 0 {
+		errs = append(errs, err)
+	}
+	s.log.Info("ingest stopped")
+	return errors.Join(errs...)
+}
+
+// close flushes and closes the producer once.
+func (s *Server) close() {
+	s.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ProduceTimeout)
+		defer cancel()
+		_ = s.p.Flush(ctx)
+		s.p.Close()
+	})
+}
+
+// Handler returns the server's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /api/v1/events", s.endpoint(endpointOpenMeter))
+	mux.Handle("POST /v1/events", s.endpoint(endpointMeterline))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/v1/events" || r.URL.Path == "/v1/events" {
+			w.Header().Set("Allow", "POST")
+			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", r.Method+" is not allowed; POST events", nil, 0)
+			return
+		}
+		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
+	})
+	return mux
+}
+
+// endpoint kinds.
+const (
+	endpointOpenMeter = "openmeter" // POST /api/v1/events
+	endpointMeterline = "meterline" // POST /v1/events
+)
+
+// bearer returns the token of an "Authorization: Bearer <token>" header.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// mediaType returns the request's media type, lower case, without
+// parameters; "" when it has none or it cannot be parsed.
+func mediaType(r *http.Request) string {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil {
+		return ""
+	}
+	return mt
+}
+
+// readBody reads the whole body, at most max bytes; tooLarge reports a
+// larger body.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) (b []byte, tooLarge bool, err error) {
+	if r.ContentLength > max {
+		return nil, true, nil
+	}
+	b, err = io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return nil, true, nil
+	}
+	return b, false, err
+}

@@ -1,0 +1,341 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// Keys holds the API keys and tenants of the keys topic, following it.
+// It is safe for concurrent use.
+type Keys struct {
+	topic string
+	log   *zap.Logger
+
+	mu      sync.RWMutex
+	keys    map[string]*Key
+	tenants map[string]*Tenant
+	bad     int // records that could not be read
+	loaded  chan struct{}
+	once    sync.Once
+}
+
+// NewKeys returns an empty key set for topic; Follow fills it.
+func NewKeys(topic string, log *zap.Logger) *Keys {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Keys{topic: topic, log: log, keys: map[string]*Key{}, tenants: map[string]*Tenant{}, loaded: make(chan struct{})}
+}
+
+// Loaded is closed once the set holds every record the topic had when
+// Follow started.
+func (k *Keys) Loaded() <-chan struct{} { return k.loaded }
+
+// ErrNoKeysTopic is returned by Follow when the keys topic does not exist.
+var ErrNoKeysTopic = errors.New("keys topic does not exist")
+
+// Follow reads the keys topic from its start with the client's brokers
+// and applies each record, until ctx ends. opts are added to the client
+// (TLS, SASL). Loaded is closed once the records present at the start are
+// applied. A record that cannot be read is logged and counted, and
+// changes nothing.
+func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
+	cl, err := kgo.NewClient(append(slices.Clone(opts), kgo.ConsumeTopics(k.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))...)
+	if err != nil {
+		return fmt.Errorf("ingest: keys client: %w", err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, k.topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		if strings.Contains(err.Error(), "UNKNOWN_TOPIC_OR_PARTITION") {
+			return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
+		}
+		return fmt.Errorf("ingest: keys topic %s: end offsets: %w", k.topic, err)
+	}
+	pending := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			pending[o.Partition] = o.Offset
+		}
+	})
+	if len(pending) == 0 {
+		k.markLoaded()
+	}
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil
+		}
+		fs.EachError(func(t string, p int32, err error) {
+			k.log.Warn("reading the keys topic", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
+		})
+		fs.EachRecord(func(r *kgo.Record) {
+			k.apply(string(r.Key), r.Value)
+			if end, ok := pending[r.Partition]; ok && r.Offset+1 >= end {
+				delete(pending, r.Partition)
+				if len(pending) == 0 {
+					k.markLoaded()
+				}
+			}
+		})
+	}
+}
+
+func (k *Keys) markLoaded() { k.once.Do(func() { close(k.loaded) }) }
+
+// apply applies one record of the keys topic.
+func (k *Keys) apply(key string, value []byte) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if value == nil { // a tombstone
+		if id, ok := strings.CutPrefix(key, "key/"); ok {
+			delete(k.keys, id)
+		} else if name, ok := strings.CutPrefix(key, "tenant/"); ok {
+			delete(k.tenants, name)
+		}
+		return
+	}
+	r, err := decodeRecord(key, value)
+	if err != nil {
+		k.bad++
+		k.log.Error("unreadable record in the keys topic; it changes nothing", zap.String("record", key), zap.Error(err))
+		return
+	}
+	if r.Key != nil {
+		k.keys[r.Key.ID] = r.Key
+	}
+	if r.Tenant != nil {
+		k.tenants[r.Tenant.Name] = r.Tenant
+	}
+}
+
+// Authenticate returns the active key the bearer token belongs to, and its
+// tenant (nil when the tenant does not exist); nil when the token is no
+// active key's.
+func (k *Keys) Authenticate(token string) (*Key, *Tenant) {
+	id := tokenID(token)
+	if id == "" {
+		return nil, nil
+	}
+	k.mu.RLock()
+	key := k.keys[id]
+	var t *Tenant
+	if key != nil {
+		t = k.tenants[key.Tenant]
+	}
+	k.mu.RUnlock()
+	if key == nil || !key.matches(token) || !key.Active() {
+		return nil, nil
+	}
+	return key, t
+}
+
+// Snapshot returns the keys, sorted by tenant and creation, and the
+// tenants, sorted by name.
+func (k *Keys) Snapshot() ([]Key, []Tenant) {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	keys := make([]Key, 0, len(k.keys))
+	for _, v := range k.keys {
+		keys = append(keys, *v)
+	}
+	ts := make([]Tenant, 0, len(k.tenants))
+	for _, v := range k.tenants {
+		ts = append(ts, *v)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].Tenant != keys[j].Tenant {
+			return keys[i].Tenant < keys[j].Tenant
+		}
+		if !keys[i].Created.Equal(keys[j].Created) {
+			return keys[i].Created.Before(keys[j].Created)
+		}
+		return keys[i].ID < keys[j].ID
+	})
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
+	return keys, ts
+}
+
+// Admin writes keys and tenants to the keys topic. Each write returns once
+// the brokers acknowledged it (acks=all).
+type Admin struct {
+	cl    *kgo.Client
+	topic string
+	now   func() time.Time
+}
+
+// NewAdmin returns an Admin writing to topic with the client, which must
+// use acks=all (kgo's default).
+func NewAdmin(cl *kgo.Client, topic string) *Admin {
+	return &Admin{cl: cl, topic: topic, now: time.Now}
+}
+
+// load reads the whole keys topic, with a client of the same options as
+// the Admin's.
+func (a *Admin) load(ctx context.Context) (*Keys, error) {
+	opts := a.cl.Opts()
+	k := NewKeys(a.topic, nil)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- k.Follow(ctx, opts...) }()
+	select {
+	case <-k.Loaded():
+		return k, nil
+	case err := <-errc:
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, err
+	}
+}
+
+// List returns the keys and tenants of the topic.
+func (a *Admin) List(ctx context.Context) ([]Key, []Tenant, error) {
+	k, err := a.load(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys, ts := k.Snapshot()
+	return keys, ts, nil
+}
+
+func (a *Admin) write(ctx context.Context, key string, r record) error {
+	rec := &kgo.Record{Topic: a.topic, Key: []byte(key), Value: encodeRecord(r)}
+	if err := a.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("ingest: write %s to %s: %w", key, a.topic, err)
+	}
+	return nil
+}
+
+// SetTenant makes or replaces a tenant. Its keys keep their own customer
+// lists, but write only customers the tenant still has.
+func (a *Admin) SetTenant(ctx context.Context, name string, customers []string) (Tenant, error) {
+	if err := errors.Join(checkName("tenant", name), CheckPatterns("customers", customers)); err != nil {
+		return Tenant{}, err
+	}
+	t := Tenant{Name: name, Customers: customers, Updated: a.now().UTC()}
+	return t, a.write(ctx, tenantRecordKey(name), record{Tenant: &t})
+}
+
+// KeySpec is what CreateKey makes.
+type KeySpec struct {
+	Tenant string
+	// Customers the key may write; empty: all of the tenant's. Each must
+	// be within the tenant's customers.
+	Customers []string
+	// Meters the key may write; empty: any.
+	Meters []string
+	// Rate in events per second per replica; 0: no bound.
+	Rate float64
+	// CreatedBy is a note kept with the key (who or what it is for).
+	CreatedBy string
+}
+
+// CreateKey makes a key for an existing tenant and returns it with its
+// token, which is shown this once: only its hash is stored. A tenant that
+// does not exist yet is made with the key's customers.
+func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error) {
+	if err := checkName("tenant", spec.Tenant); err != nil {
+		return Key{}, "", err
+	}
+	if spec.Rate < 0 {
+		return Key{}, "", fmt.Errorf("ingest: rate must not be negative (got %g)", spec.Rate)
+	}
+	k, err := a.load(ctx)
+	if err != nil {
+		return Key{}, "", err
+	}
+	_, tenants := k.Snapshot()
+	var t *Tenant
+	for i := range tenants {
+		if tenants[i].Name == spec.Tenant {
+			t = &tenants[i]
+		}
+	}
+	customers := spec.Customers
+	switch {
+	case t == nil && len(customers) == 0:
+		return Key{}, "", fmt.Errorf("ingest: tenant %q does not exist: name its customers (--customers) to make it with the key", spec.Tenant)
+	case t == nil:
+		if _, err := a.SetTenant(ctx, spec.Tenant, customers); err != nil {
+			return Key{}, "", err
+		}
+	case len(customers) == 0:
+		customers = []string{"*"}
+	default:
+		if err := CheckPatterns("customers", customers); err != nil {
+			return Key{}, "", err
+		}
+		var errs []error
+		for _, c := range customers {
+			if !covers(t.Customers, c) {
+				errs = append(errs, fmt.Errorf("ingest: customers %q is not within tenant %s's customers %v", c, t.Name, t.Customers))
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return Key{}, "", err
+		}
+	}
+	id, token, err := newToken()
+	if err != nil {
+		return Key{}, "", err
+	}
+	h := hashToken(token)
+	key := Key{ID: id, Tenant: spec.Tenant, Customers: customers, Meters: spec.Meters, Rate: spec.Rate,
+		Hash: fmt.Sprintf("%x", h[:]), Created: a.now().UTC(), CreatedBy: spec.CreatedBy}
+	if err := a.write(ctx, keyRecordKey(id), record{Key: &key}); err != nil {
+		return Key{}, "", err
+	}
+	return key, token, nil
+}
+
+// ErrNoSuchKey is returned by RevokeKey for an ID no key has.
+var ErrNoSuchKey = errors.New("no such key")
+
+// RevokeKey revokes a key by ID (or by a token's ID part). Every replica
+// refuses it from the moment it reads the record.
+func (a *Admin) RevokeKey(ctx context.Context, id string) (Key, error) {
+	if tid := tokenID(id); tid != "" {
+		id = tid // a whole token was given; only its ID is used
+	}
+	k, err := a.load(ctx)
+	if err != nil {
+		return Key{}, err
+	}
+	k.mu.RLock()
+	key := k.keys[id]
+	k.mu.RUnlock()
+	if key == nil {
+		return Key{}, fmt.Errorf("ingest: %w: %q", ErrNoSuchKey, id)
+	}
+	r := *key
+	if r.Active() {
+		r.Revoked = a.now().UTC()
+		if err := a.write(ctx, keyRecordKey(id), record{Key: &r}); err != nil {
+			return Key{}, err
+		}
+	}
+	return r, nil
+}
+
+func checkName(field, v string) error {
+	if v == "" || len(v) > 128 || strings.ContainsAny(v, "/ \t\n") {
+		return fmt.Errorf("ingest: %s %q: want 1 to 128 characters without '/' or blanks", field, v)
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+package ingest
+
+import (
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/service"
+)
+
+// metrics are the ingest's Prometheus metrics and the totals its status
+// page section shows. Labels are bounded: tenants are made by operators,
+// status codes and endpoints are fixed sets; no key, customer or event
+// value ever becomes a label.
+type metrics struct {
+	requests *prometheus.CounterVec   // tenant, code
+	duration *prometheus.HistogramVec // endpoint
+	events   *prometheus.CounterVec   // tenant, outcome
+	records  *prometheus.CounterVec   // tenant
+
+	mu      sync.Mutex
+	tenants map[string]*tenantTotals
+}
+
+type tenantTotals struct {
+	ok, clientErr, serverErr int64
+	events, refused, records int64
+}
+
+// noTenant is the tenant label of requests without an accepted key.
+const noTenant = "none"
+
+func newMetrics(reg prometheus.Registerer, keys *Keys) *metrics {
+	f := service.NewFactory(reg)
+	m := &metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
+			Help: "HTTP ingest requests by tenant (\"none\" without a valid key) and status code."}, []string{"tenant", "code"}),
+		duration: service.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_request_duration_seconds",
+			Help:    "HTTP ingest request latency, from the request's start to its answer, by endpoint (openmeter: /api/v1/events, meterline: /v1/events).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15}}, []string{"endpoint"})),
+		events: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_events_total",
+			Help: "Events received over HTTP, by tenant and outcome: accepted (acknowledged by Kafka) or refused (in a request answered with an error)."}, []string{"tenant", "outcome"}),
+		records: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_records_total",
+			Help: "Usage records written to Kafka by the HTTP ingest, by tenant (a CloudEvent feeds one record per meter of its type)."}, []string{"tenant"}),
+		tenants: map[string]*tenantTotals{},
+	}
+	service.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_keys",
+		Help: "Active (not revoked) API keys known to this ingest replica."}, func() float64 {
+		ks, _ := keys.Snapshot()
+		n := 0
+		for i := range ks {
+			if ks[i].Active() {
+				n++
+			}
+		}
+		return float64(n)
+	}))
+	return m
+}
+
+func (m *metrics) totals(tenant string) *tenantTotals {
+	t := m.tenants[tenant]
+	if t == nil {
+		t = &tenantTotals{}
+		m.tenants[tenant] = t
+	}
+	return t
+}
+
+func (m *metrics) observe(endpoint, tenant string, status int, d time.Duration) {
+	if tenant == "" {
+		tenant = noTenant
+	}
+	m.requests.WithLabelValues(tenant, strconv.Itoa(status)).Inc()
+	m.duration.WithLabelValues(endpoint).Observe(d.Seconds())
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.totals(tenant)
+	switch {
+	case status < 400:
+		t.ok++
+	case status < 500:
+		t.clientErr++
+	default:
+		t.serverErr++
+	}
+}
+
+func (m *metrics) accepted(tenant string, events, records int) {
+	m.events.WithLabelValues(tenant, "accepted").Add(float64(events))
+	m.records.WithLabelValues(tenant).Add(float64(records))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.totals(tenant)
+	t.events += int64(events)
+	t.records += int64(records)
+}
+
+func (m *metrics) refused(tenant string, events int) {
+	m.events.WithLabelValues(tenant, "refused").Add(float64(events))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.totals(tenant).refused += int64(events)
+}
+
+// Status is the ingest's section of the status page: per tenant, the
+// requests answered by class, the events accepted and refused, and the
+// tenant's active keys.
+func (s *Server) Status() service.Table {
+	keys, tenants := s.keys.Snapshot()
+	active := map[string]int{}
+	for i := range keys {
+		if keys[i].Active() {
+			active[keys[i].Tenant]++
+		}
+	}
+	m := s.metrics
+	m.mu.Lock()
+	names := map[string]bool{}
+	for n := range m.tenants {
+		names[n] = true
+	}
+	for _, t := range tenants {
+		names[t.Name] = true
+	}
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	sort.Strings(sorted)
+	tab := service.Table{ID: "ingest", Title: "HTTP ingest",
+		Note:    "Requests since the start by tenant (\"none\": no valid key). Success is answered only once Kafka acknowledged every event. " + s.URL(),
+		Columns: []string{"tenant", "success", "4xx", "5xx", "events accepted", "events refused", "records", "active keys"}}
+	for _, n := range sorted {
+		t := m.tenants[n]
+		if t == nil {
+			t = &tenantTotals{}
+		}
+		tab.Rows = append(tab.Rows, []string{n, itoa(t.ok), itoa(t.clientErr), itoa(t.serverErr), itoa(t.events), itoa(t.refused), itoa(t.records), strconv.Itoa(active[n])})
+	}
+	m.mu.Unlock()
+	return tab
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,279 @@
+package ingest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func apiCall(id, customer string) []byte {
+	return []byte(fmt.Sprintf(`{"event_id":%q,"customer_id":%q,"meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}`, id, customer))
+}
+
+// A key's rate bounds its events per second: past it, 429 with
+// Retry-After, and nothing sent.
+func TestRateLimit(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxEvents = 10 })
+	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 2)
+	batch := "[" + strings.TrimSuffix(strings.Repeat(string(apiCall("x", "acme-1"))+",", 10), ",") + "]"
+	// The bucket holds one full request (10 events) at 2 events/s.
+	if status, _, b := e.post("/v1/events", "application/json", token, []byte(batch)); status != http.StatusAccepted {
+		t.Fatalf("first request: %d %s", status, b)
+	}
+	status, hdr, b := e.post("/v1/events", "application/json", token, apiCall("y", "acme-1"))
+	if status != http.StatusTooManyRequests {
+		t.Fatalf("second request: %d %s, want 429", status, b)
+	}
+	if ra, err := strconv.Atoi(hdr.Get("Retry-After")); err != nil || ra < 1 || ra > 1 {
+		t.Errorf("Retry-After %q, want 1 (half a second to the next event, rounded up)", hdr.Get("Retry-After"))
+	}
+	if p := problem(t, b); p.Type != "urn:meterline:problem:rate-limited" || p.RetryAfter != 1 {
+		t.Errorf("problem %+v", p)
+	}
+	// Another key of the tenant has its own bucket.
+	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("z", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("other key: %d %s", status, b)
+	}
+	if n := len(e.records()); n != 11 {
+		t.Errorf("%d records, want 11 (the 429 sent nothing)", n)
+	}
+}
+
+// A key made or revoked through the topic takes effect on every replica,
+// without a restart, within a second.
+func TestKeysPropagate(t *testing.T) {
+	e := newEnv(t, nil)
+	second := &env{t: t, brokers: e.brokers, topic: e.topic, keys: e.keys}
+	second.start(Config{Addr: "127.0.0.1:0", Brokers: e.brokers, Topic: e.topic, KeysTopic: e.keys, Meters: e.srv.cfg.Meters})
+	key, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	statusOn := func(srv *Server) int {
+		s, _, _ := post(t, http.DefaultClient, srv.URL()+"/v1/events", "application/json", token, apiCall("p", "acme-1"))
+		return s
+	}
+	within := func(what string, want int) {
+		t.Helper()
+		deadline := time.Now().Add(time.Second)
+		for _, srv := range []*Server{e.srv, second.srv} {
+			for statusOn(srv) != want {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: replica %s still answers %d after 1s, want %d", what, srv.Addr(), statusOn(srv), want)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	within("created", http.StatusAccepted)
+	if _, err := e.admin.RevokeKey(context.Background(), key.ID); err != nil {
+		t.Fatal(err)
+	}
+	within("revoked", http.StatusUnauthorized)
+	keys, tenants, err := e.admin.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 2 || len(tenants) != 1 || tenants[0].Name != "acme" {
+		t.Fatalf("List: %+v %+v", keys, tenants)
+	}
+	for _, k := range keys {
+		if k.ID == key.ID && k.Active() {
+			t.Error("revoked key listed as active")
+		}
+		if strings.Contains(fmt.Sprint(k), token) || strings.Contains(fmt.Sprint(k), strings.Split(token, "_")[2]) {
+			t.Error("a stored key holds its token")
+		}
+	}
+}
+
+// A token is checked against its stored hash: a token with a known ID but
+// another secret is refused, as is anything not shaped like a token.
+func TestTokenChecks(t *testing.T) {
+	e := newEnv(t, nil)
+	id := tokenID(e.token)
+	forged := tokenPrefix + id + "_" + strings.Repeat("A", 43)
+	for _, tok := range []string{forged, "mlk_" + id, "nonsense", e.token + "x", strings.ToUpper(e.token)} {
+		if s, _, b := e.post("/v1/events", "application/json", tok, apiCall("f", "acme-1")); s != http.StatusUnauthorized {
+			t.Errorf("token %q: %d %s, want 401", tok, s, b)
+		}
+	}
+	if s, _, b := e.post("/v1/events", "application/json", e.token, apiCall("f", "acme-1")); s != http.StatusAccepted {
+		t.Errorf("the real token: %d %s", s, b)
+	}
+}
+
+// With Kafka gone, a request is answered 503 with Retry-After within a
+// bounded time, never with success.
+func TestKafkaDown(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.ProduceTimeout = time.Second; c.ShutdownTimeout = 3 * time.Second })
+	if s, _, b := e.post("/v1/events", "application/json", e.token, apiCall("before", "acme-1")); s != http.StatusAccepted {
+		t.Fatalf("before: %d %s", s, b)
+	}
+	e.cluster.Close()
+	start := time.Now()
+	var wg sync.WaitGroup
+	statuses := make([]int, 8)
+	headers := make([]http.Header, 8)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i], headers[i], _ = e.post("/v1/events", "application/json", e.token, apiCall(fmt.Sprint("down-", i), "acme-1"))
+		}()
+	}
+	wg.Wait()
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("answers took %s, want within ProduceTimeout + a few seconds", el)
+	}
+	for i, s := range statuses {
+		if s != http.StatusServiceUnavailable || headers[i].Get("Retry-After") == "" {
+			t.Errorf("request %d: %d (Retry-After %q), want 503 with Retry-After", i, s, headers[i].Get("Retry-After"))
+		}
+	}
+}
+
+// Graceful shutdown: the listener closes, and every request in flight is
+// answered (here: success) before Run returns.
+func TestGracefulShutdown(t *testing.T) {
+	e := newEnv(t, nil)
+	// A request whose body arrives slowly is in flight when the shutdown
+	// starts.
+	conn, err := net.Dial("tcp", e.srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := apiCall("slow", "acme-1")
+	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e.token, len(body))
+	if _, err := conn.Write(body[:10]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	stopped := make(chan error, 1)
+	go func() { stopped <- e.stop() }()
+	time.Sleep(200 * time.Millisecond)
+	if c, err := net.DialTimeout("tcp", e.srv.Addr(), time.Second); err == nil {
+		c.Close()
+		t.Error("the listener still accepts during the shutdown")
+	}
+	if _, err := conn.Write(body[10:]); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := conn.Read(buf)
+	if err != nil || !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 202") {
+		t.Fatalf("in-flight request answered %q, %v; want 202", buf[:n], err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := len(e.records()); n != 1 {
+		t.Errorf("%d records, want 1", n)
+	}
+}
+
+// TLS: with a certificate and key, the server speaks HTTPS only.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, pool := selfSigned(t, dir)
+	e := newEnv(t, func(c *Config) { c.TLSCertFile, c.TLSKeyFile = certFile, keyFile })
+	if !strings.HasPrefix(e.srv.URL(), "https://") {
+		t.Fatalf("URL %s", e.srv.URL())
+	}
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	if s, _, b := post(t, c, e.srv.URL()+"/v1/events", "application/json", e.token, apiCall("tls", "acme-1")); s != http.StatusAccepted {
+		t.Fatalf("over TLS: %d %s", s, b)
+	}
+	resp, err := http.Post("http://"+e.srv.Addr()+"/v1/events", "application/json", strings.NewReader("{}"))
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("plain HTTP got %d, want the TLS server's 400", resp.StatusCode)
+		}
+	}
+}
+
+// Metrics per tenant and status code, and a latency histogram; the token
+// appears in no metric.
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, func(c *Config) { c.Registerer = reg })
+	e.post("/v1/events", "application/json", e.token, apiCall("m1", "acme-1"))
+	e.post("/v1/events", "application/json", e.token, apiCall("m2", "globex"))
+	e.post("/v1/events", "application/json", "", apiCall("m3", "acme-1"))
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP meterline_ingest_requests_total HTTP ingest requests by tenant ("none" without a valid key) and status code.
+# TYPE meterline_ingest_requests_total counter
+meterline_ingest_requests_total{code="202",tenant="acme"} 1
+meterline_ingest_requests_total{code="401",tenant="none"} 1
+meterline_ingest_requests_total{code="403",tenant="acme"} 1
+`), "meterline_ingest_requests_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(reg, "meterline_ingest_request_duration_seconds"); n != 1 {
+		t.Errorf("%d latency series, want 1 (endpoint meterline)", n)
+	}
+	mfs, _ := reg.Gather()
+	if strings.Contains(fmt.Sprint(mfs), e.token) || strings.Contains(fmt.Sprint(mfs), tokenID(e.token)) {
+		t.Error("a key appears in the metrics")
+	}
+	tab := e.srv.Status()
+	if len(tab.Rows) != 2 || tab.Rows[0][0] != "acme" || tab.Rows[0][1] != "1" || tab.Rows[0][2] != "1" || tab.Rows[0][7] != "1" {
+		t.Errorf("status rows %v", tab.Rows)
+	}
+}
+
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}

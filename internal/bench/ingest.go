@@ -1,0 +1,469 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/producer"
+)
+
+// IngestConfig configures Ingest.
+type IngestConfig struct {
+	// Events per run; a multiple of Batch.
+	Events int
+	// Batch is the number of CloudEvents per request.
+	Batch int
+	// Connections is the number of keep-alive client connections.
+	Connections int
+	// Partitions of each run's topic.
+	Partitions int32
+	// Rounds; each runs the baseline and the ingest once, in alternating
+	// order.
+	Rounds int
+	// LatencyFor is the length of the latency phase, at half the ingest's
+	// median rate.
+	LatencyFor time.Duration
+	// JSON prints the result as JSON too.
+	JSON bool
+}
+
+// Validate reports every problem with the config.
+func (c *IngestConfig) Validate() error {
+	errs := []error{positive("events", c.Events), positive("batch", c.Batch), positive("connections", c.Connections),
+		positive("partitions", int(c.Partitions)), positive("rounds", c.Rounds), positiveDuration("latency-for", c.LatencyFor)}
+	if c.Batch > 0 && c.Events%c.Batch != 0 {
+		errs = append(errs, fmt.Errorf("bench: events (%d) must be a multiple of batch (%d)", c.Events, c.Batch))
+	}
+	return errors.Join(errs...)
+}
+
+// ingestMeters: one meter per CloudEvent type, so that Kafka records and
+// events are one to one.
+const ingestMeters = `meters:
+  - {name: tokens, event_type: prompt, value_property: $.tokens, group_by: {model: $.model}}
+`
+
+// ingestBatch is request r of bench ingest's input: batch CloudEvents of
+// type prompt.
+func ingestBatch(r, batch, customers int, now time.Time) []byte {
+	type ce struct {
+		SpecVersion string         `json:"specversion"`
+		ID          string         `json:"id"`
+		Source      string         `json:"source"`
+		Type        string         `json:"type"`
+		Subject     string         `json:"subject"`
+		Time        string         `json:"time"`
+		Data        map[string]any `json:"data"`
+	}
+	evs := make([]ce, batch)
+	for k := range evs {
+		i := r*batch + k
+		evs[k] = ce{SpecVersion: "1.0", ID: "req-" + strconv.Itoa(i), Source: "bench", Type: "prompt",
+			Subject: fmt.Sprintf("cust-%05d", i%customers),
+			Time:    now.Add(-30 * time.Minute).Add(time.Duration(i%1_000_000) * time.Millisecond).UTC().Format(time.RFC3339Nano),
+			Data:    map[string]any{"tokens": 1 + i%100, "model": []string{"m1", "m2", "m3"}[i%3]}}
+	}
+	b, _ := json.Marshal(evs) // plain values always marshal
+	return b
+}
+
+// Ingest measures `meterline ingest` (POST /api/v1/events, batches of
+// CloudEvents from keep-alive connections) against a minimal HTTP handler
+// that reads the same bodies and produces the same events' records,
+// pre-encoded, with the same producer settings, each run into a topic of
+// its own. Both are counted by the records in Kafka, not by responses.
+// Then it measures the latency of a success at half the ingest's median
+// rate.
+func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
+	left, err := newLeftovers(env, cfg.Validate)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, left.remove()) }()
+	b := &ingestBench{env: env, cfg: cfg, left: left}
+	now := time.Now()
+	cat, err := aggregator.ParseMeters([]byte(ingestMeters))
+	if err != nil {
+		return err
+	}
+	b.meters = cat
+	requests := cfg.Events / cfg.Batch
+	env.say("building %d requests of %d CloudEvents", requests, cfg.Batch)
+	b.bodies = make([][]byte, requests)
+	for r := range b.bodies {
+		b.bodies[r] = ingestBatch(r, cfg.Batch, 10_000, now)
+	}
+	// The baseline's records are the ones the ingest writes.
+	if b.recs, err = b.preEncode(); err != nil {
+		return err
+	}
+	keys := fmt.Sprintf("%sbench-keys-%d", env.Topics.Prefix, now.UnixNano())
+	compact := "compact"
+	if err := left.createTopic(ctx, keys, 1, map[string]*string{"cleanup.policy": &compact}); err != nil {
+		return err
+	}
+	b.keysTopic = keys
+	cl, err := env.client()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if _, b.token, err = ingest.NewAdmin(cl, keys).CreateKey(ctx, ingest.KeySpec{Tenant: "bench", Customers: []string{"*"}}); err != nil {
+		return err
+	}
+
+	rounds := Rounds{N: cfg.Rounds, Unit: "events", Progress: env.say, HoldLast: true}
+	res, err := rounds.Run(ctx, ingestBaseline{b}, ingestPath{b})
+	if err != nil {
+		return err
+	}
+	mb, mi := res.Median(0), res.Median(1)
+	rate := mi / 2
+	env.say("latency: %.0f events/s (half the ingest's median) for %s", rate, cfg.LatencyFor)
+	lat, err := b.latency(ctx, rate)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Out, "events: %d per run in requests of %d from %d keep-alive connections, %d partitions, %d rounds (medians; Kafka records counted)\n",
+		cfg.Events, cfg.Batch, cfg.Connections, cfg.Partitions, cfg.Rounds)
+	writeAligned(env.Out,
+		"baseline minimal handler:", fmt.Sprintf("%.0f events/s", mb),
+		"meterline ingest:", fmt.Sprintf("%.0f events/s", mi),
+		"ratio (per round, median):", fmt.Sprintf("%.2f", res.RoundRatio(1, 0)),
+		"latency of a success at half rate:", fmt.Sprintf("p50 %s  p99 %s  (%d requests at %.0f events/s)",
+			lat.p50.Round(100*time.Microsecond), lat.p99.Round(100*time.Microsecond), lat.n, rate))
+	if !cfg.JSON {
+		return nil
+	}
+	return json.NewEncoder(env.Out).Encode(map[string]any{"baseline_median": mb, "ingest_median": mi, "ratio": res.RoundRatio(1, 0),
+		"latency_rate": rate, "p50_ms": lat.p50.Seconds() * 1000, "p99_ms": lat.p99.Seconds() * 1000,
+		"baseline": res.JSON(0, "minimal-handler"), "ingest": res.JSON(1, "meterline-ingest")})
+}
+
+type ingestBench struct {
+	env       *Env
+	cfg       IngestConfig
+	left      *leftovers
+	meters    *aggregator.Catalog
+	bodies    [][]byte
+	recs      [][]*kgo.Record // per request, the records the ingest writes
+	keysTopic string
+	token     string
+	// ingest is the ingest of the last round, kept up for the latency
+	// phase (Rounds.HoldLast), with its topic.
+	ingest      *ingest.Server
+	ingestStop  func() error
+	ingestTopic string
+}
+
+// ingestConfig is the config of the measured ingest on topic.
+func (b *ingestBench) ingestConfig(topic string) ingest.Config {
+	cfg := ingest.Config{Addr: "127.0.0.1:0", Brokers: b.env.Brokers, ClientOptions: b.env.ClientOptions, Topic: topic,
+		KeysTopic: b.keysTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
+		Logger: b.env.Logger, Registerer: prometheus.NewRegistry()}
+	cfg.EnsureDefaults()
+	return cfg
+}
+
+// preEncode returns the records the ingest writes for each request: the
+// events mapped by the meters file and encoded by the producer.
+func (b *ingestBench) preEncode() ([][]*kgo.Record, error) {
+	cfg := b.ingestConfig("")
+	p, err := producer.New(cfg.ProducerOptions()...)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	out := make([][]*kgo.Record, len(b.bodies))
+	for r, body := range b.bodies {
+		var evs []struct {
+			ID, Source, Subject, Time string
+			Data                      struct {
+				Tokens int64
+				Model  string
+			}
+		}
+		if err := json.Unmarshal(body, &evs); err != nil {
+			return nil, err
+		}
+		for _, ce := range evs {
+			t, _ := time.Parse(time.RFC3339Nano, ce.Time)
+			rec, err := p.Record(producer.Event{EventID: producer.EventID(ce.Source, ce.ID), CustomerID: ce.Subject, Meter: "tokens",
+				Quantity: ce.Data.Tokens, EventTime: t, Source: ce.Source, Properties: map[string]string{"model": ce.Data.Model}})
+			if err != nil {
+				return nil, err
+			}
+			out[r] = append(out[r], rec)
+		}
+	}
+	return out, nil
+}
+
+// topic creates the topic of one run.
+func (b *ingestBench) topic(ctx context.Context, what string, round int) (string, error) {
+	name := fmt.Sprintf("%sbench-%s-%d-%d", b.env.Topics.Prefix, what, time.Now().UnixNano(), round)
+	lat := "LogAppendTime"
+	return name, b.left.createTopic(ctx, name, b.cfg.Partitions, map[string]*string{"message.timestamp.type": &lat})
+}
+
+// post sends every body from Connections keep-alive connections and
+// returns how long it took until the last answer; any answer but
+// success is an error.
+func (b *ingestBench) post(ctx context.Context, url string, header func(r int, h http.Header)) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, b.cfg.Connections)
+	start := time.Now()
+	for c := 0; c < b.cfg.Connections; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := keepAliveClient()
+			defer hc.CloseIdleConnections()
+			for ctx.Err() == nil {
+				r := int(next.Add(1) - 1)
+				if r >= len(b.bodies) {
+					return
+				}
+				if err := postOne(ctx, hc, url, b.bodies[r], func(h http.Header) { header(r, h) }); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errc)
+	if err := <-errc; err != nil {
+		return 0, err
+	}
+	return elapsed, ctx.Err()
+}
+
+func keepAliveClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, MaxConnsPerHost: 1,
+		DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}}
+}
+
+func postOne(ctx context.Context, hc *http.Client, url string, body []byte, header func(http.Header)) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/cloudevents-batch+json")
+	header(req.Header)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("bench: %s answered %d: %s", url, resp.StatusCode, rb)
+	}
+	return nil
+}
+
+// countRecords returns the number of records in topic (the sum of its
+// end offsets; the topics are written without transactions).
+func (b *ingestBench) countRecords(ctx context.Context, topic string) (int, error) {
+	ends, err := b.left.adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bench: end offsets of %s: %w", topic, err)
+	}
+	n := 0
+	ends.Each(func(o kadm.ListedOffset) { n += int(o.Offset) })
+	return n, nil
+}
+
+// ingestPath runs `meterline ingest`'s server.
+type ingestPath struct{ b *ingestBench }
+
+func (r ingestPath) Run(ctx context.Context, round int, last bool) (Result, error) {
+	b := r.b
+	topic, err := b.topic(ctx, "ingest", round)
+	if err != nil {
+		return Result{}, err
+	}
+	srv, err := ingest.New(b.ingestConfig(topic))
+	if err != nil {
+		return Result{}, err
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(sctx) }()
+	stopSrv := func() error { stop(); return <-done }
+	for srv.Ready() != nil {
+		select {
+		case err := <-done:
+			return Result{}, fmt.Errorf("bench: ingest: %w", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	elapsed, err := b.post(ctx, srv.URL()+"/api/v1/events", func(_ int, h http.Header) { h.Set("Authorization", "Bearer "+b.token) })
+	if err != nil {
+		_ = stopSrv()
+		return Result{}, err
+	}
+	n, err := b.countRecords(ctx, topic)
+	if err != nil || n != b.cfg.Events {
+		_ = stopSrv()
+		return Result{}, errors.Join(err, fmt.Errorf("bench: the ingest wrote %d records, want %d", n, b.cfg.Events))
+	}
+	if last {
+		b.ingest, b.ingestStop, b.ingestTopic = srv, stopSrv, topic
+	} else {
+		if err := stopSrv(); err != nil {
+			return Result{}, err
+		}
+		b.left.drop(things{topics: []string{topic}})
+	}
+	return Result{Name: "meterline ingest", Count: n, Elapsed: elapsed}, nil
+}
+
+// ingestBaseline is the least an HTTP front of Kafka does: read the body,
+// produce the request's records, pre-encoded, with the ingest's producer
+// settings, wait for their acknowledgement, answer 204.
+type ingestBaseline struct{ b *ingestBench }
+
+func (r ingestBaseline) Run(ctx context.Context, round int, _ bool) (Result, error) {
+	b := r.b
+	topic, err := b.topic(ctx, "base", round)
+	if err != nil {
+		return Result{}, err
+	}
+	defer b.left.drop(things{topics: []string{topic}})
+	cfg := b.ingestConfig(topic)
+	cl, err := kgo.NewClient(producer.ClientOptions(cfg.ProducerOptions()...)...)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cl.Close()
+	if err := cl.Ping(ctx); err != nil {
+		return Result{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return Result{}, err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if _, err := io.ReadAll(req.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		i, err := strconv.Atoi(req.Header.Get("X-Request"))
+		if err != nil || i < 0 || i >= len(b.recs) {
+			http.Error(w, "no X-Request", http.StatusBadRequest)
+			return
+		}
+		var wg sync.WaitGroup
+		var failed atomic.Bool
+		for _, rec := range b.recs[i] {
+			wg.Add(1)
+			cl.Produce(context.Background(), &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value}, func(_ *kgo.Record, err error) {
+				if err != nil {
+					failed.Store(true)
+				}
+				wg.Done()
+			})
+		}
+		wg.Wait()
+		if failed.Load() {
+			http.Error(w, "not acknowledged", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	elapsed, err := b.post(ctx, "http://"+ln.Addr().String()+"/", func(r int, h http.Header) { h.Set("X-Request", strconv.Itoa(r)) })
+	if err != nil {
+		return Result{}, err
+	}
+	n, err := b.countRecords(ctx, topic)
+	if err != nil || n != b.cfg.Events {
+		return Result{}, errors.Join(err, fmt.Errorf("bench: the baseline wrote %d records, want %d", n, b.cfg.Events))
+	}
+	return Result{Name: "baseline (minimal handler)", Count: n, Elapsed: elapsed}, nil
+}
+
+// latency sends requests to the last round's ingest at rate events per
+// second (open loop, from the keep-alive connections) for LatencyFor and
+// returns the quantiles of the time to a success.
+func (b *ingestBench) latency(ctx context.Context, rate float64) (latencies, error) {
+	if b.ingest == nil {
+		return latencies{}, errors.New("bench: no ingest kept up for the latency phase")
+	}
+	defer func() {
+		_ = b.ingestStop()
+		b.left.drop(things{topics: []string{b.ingestTopic}})
+	}()
+	perSec := rate / float64(b.cfg.Batch)
+	if perSec <= 0 {
+		return latencies{}, errors.New("bench: no rate for the latency phase")
+	}
+	interval := time.Duration(float64(time.Second) / perSec)
+	total := int(b.cfg.LatencyFor.Seconds() * perSec)
+	clients := make(chan *http.Client, b.cfg.Connections)
+	for range b.cfg.Connections {
+		clients <- keepAliveClient()
+	}
+	url := b.ingest.URL() + "/api/v1/events"
+	var mu sync.Mutex
+	var lats []time.Duration
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	start := time.Now()
+	for i := 0; i < total && ctx.Err() == nil; i++ {
+		// Each request is timed from when it was due, so that a wait for a
+		// free connection counts too.
+		t0 := start.Add(time.Duration(i) * interval)
+		if d := time.Until(t0); d > 0 {
+			time.Sleep(d)
+		}
+		hc := <-clients
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { clients <- hc }()
+			err := postOne(ctx, hc, url, b.bodies[i%len(b.bodies)], func(h http.Header) { h.Set("Authorization", "Bearer "+b.token) })
+			if err != nil {
+				select {
+				case errc <- err:
+				default:
+				}
+				return
+			}
+			mu.Lock()
+			lats = append(lats, time.Since(t0))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return latencies{}, err
+	default:
+	}
+	return quantiles(lats, "answer")
+}

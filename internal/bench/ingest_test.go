@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestIngestLeavesNothingBehind runs bench ingest small on kfake to the end
+// and stopped by Ctrl-C during its rounds: it prints the table (events
+// counted as Kafka records) and leaves no topic behind either way.
+func TestIngestLeavesNothingBehind(t *testing.T) {
+	for _, interrupt := range []bool{false, true} {
+		t.Run(map[bool]string{false: "to the end", true: "Ctrl-C in a round"}[interrupt], func(t *testing.T) {
+			_, brokers := testenv.KFake(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			w := &watcher{}
+			if interrupt {
+				w.at, w.cancel = "round 1 baseline", cancel
+			}
+			env, out := testEnv(t, brokers, w)
+			err := Ingest(ctx, env, IngestConfig{Events: 400, Batch: 20, Connections: 4, Partitions: 2, Rounds: 2, LatencyFor: 200 * time.Millisecond})
+			t.Logf("progress:\n%s", w.buf.String())
+			switch {
+			case !interrupt && err != nil:
+				t.Fatalf("bench: %v", err)
+			case interrupt && !errors.Is(err, context.Canceled):
+				t.Fatalf("bench returned %v, want context.Canceled", err)
+			case !interrupt && (!strings.Contains(out.String(), "meterline ingest:") || !strings.Contains(out.String(), "p99")):
+				t.Errorf("no result table:\n%s", out.String())
+			}
+			if left := leftBehind(t, testenv.Admin(t, brokers), env.Topics.Prefix, t.TempDir()+"/none"); len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}
+
+func TestIngestConfigValidate(t *testing.T) {
+	err := (&IngestConfig{Events: 150, Batch: 100, Connections: 0, Partitions: 1, Rounds: 1, LatencyFor: time.Second}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "multiple of batch") || !strings.Contains(err.Error(), "connections must be positive") {
+		t.Errorf("Validate: %v", err)
+	}
+}

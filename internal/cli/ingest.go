@@ -1,0 +1,90 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/service"
+)
+
+// IngestFlags are the flags of the HTTP ingest, in `meterline ingest` and
+// (prefixed --ingest-) in `meterline run`.
+type IngestFlags struct {
+	Addr              string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"127.0.0.1:8888"`
+	TLSCertFile       string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --tls-key-file." placeholder:"FILE" type:"existingfile"`
+	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." placeholder:"FILE" type:"existingfile"`
+	RequireTime       bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
+	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"1048576"`
+	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"1000"`
+	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"10s"`
+	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"5s"`
+	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"30s"`
+	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"120s"`
+	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"1h"`
+}
+
+func (f *IngestFlags) config(g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
+	cfg := ingest.Config{
+		Addr: f.Addr, TLSCertFile: f.TLSCertFile, TLSKeyFile: f.TLSKeyFile,
+		Brokers: g.Brokers, ClientOptions: g.kafkaOpts(), Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
+		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
+		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, ProduceTimeout: f.ProduceTimeout,
+		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
+		Logger: log, Registerer: reg,
+	}
+	cfg.EnsureDefaults()
+	return cfg
+}
+
+// IngestCmd is `meterline ingest`.
+type IngestCmd struct {
+	IngestFlags  `embed:""`
+	Meters       string `help:"Meters YAML file: which CloudEvent types feed which meters (event_type, value_property, group_by)." type:"existingfile" placeholder:"FILE"`
+	StrictMeters bool   `help:"Refuse events of meters the meters file does not declare (unknown_meter) on /v1/events."`
+	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:":9464"`
+	Validate     bool   `help:"Check the configuration and exit."`
+}
+
+// loadMeters reads the meters file, or returns nil for none.
+func loadMeters(path string) (*aggregator.Catalog, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return aggregator.LoadMeters(path)
+}
+
+// Run serves the HTTP ingest until ctx ends.
+func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	cat, err := loadMeters(c.Meters)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	reg := service.NewRegistry()
+	cfg := c.config(g, cat, c.StrictMeters, log, reg)
+	if err := cfg.Validate(); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if c.Validate {
+		fmt.Fprintln(stdio.Stdout, "configuration ok")
+		return nil
+	}
+	if cat == nil || len(cat.EventTypes()) == 0 {
+		log.Warn("no meter declares an event_type: /api/v1/events refuses every CloudEvent (unknown_event_type); give --meters")
+	}
+	srv, err := ingest.New(cfg)
+	if err != nil {
+		return err
+	}
+	return runStageWith(ctx, g, c.MetricsAddr, reg, log, nil, srv.Ready, srv.Run, func(s *service.Server) { s.AddTable(srv.Status) })
+}
+
+// kafkaOpts are the Kafka client options of every client a command makes
+// besides the seed brokers.
+func (g *Globals) kafkaOpts() []kgo.Opt { return nil }

@@ -1,0 +1,210 @@
+package cli
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestKeysCommands runs tenants and keys commands on kfake: a tenant, a
+// key whose token is printed once on standard output, the list (no token
+// in it), a revoke, and the refusals that name what is wrong. The
+// command lines of docs/ingest.md's keys block parse.
+func TestKeysCommands(t *testing.T) {
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(1, "meterline.keys"))
+	b := "--brokers=" + strings.Join(brokers, ",")
+	code, out, errOut := run(t, "", "tenants", "set", "acme", "--customers", "acme-*", "--customers", "acme", b)
+	if code != 0 || !strings.Contains(out, "tenant acme: customers acme-*,acme") {
+		t.Fatalf("tenants set: %d %s %s", code, out, errOut)
+	}
+	code, token, errOut := run(t, "", "keys", "create", "--tenant", "acme", "--customers", "acme-eu-*", "--meters", "tokens,prompts", "--rate", "500", "--note", "chat-api", b)
+	token = strings.TrimSpace(token)
+	if code != 0 || !regexp.MustCompile(`^mlk_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$`).MatchString(token) {
+		t.Fatalf("keys create: %d stdout %q stderr %s", code, token, errOut)
+	}
+	id := token[4:20]
+	if !strings.Contains(errOut, "key "+id+" of tenant acme: customers acme-eu-*; meters tokens,prompts; rate 500 events/s per replica") {
+		t.Errorf("keys create stderr: %s", errOut)
+	}
+	code, out, errOut = run(t, "", "keys", "create", "--tenant", "acme", "--customers", "globex-*", b)
+	if code == 0 || !strings.Contains(errOut, `customers "globex-*" is not within tenant acme's customers`) {
+		t.Errorf("a key outside its tenant: %d %s %s", code, out, errOut)
+	}
+	code, out, errOut = run(t, "", "keys", "create", "--tenant", "globex", b)
+	if code == 0 || !strings.Contains(errOut, `tenant "globex" does not exist`) {
+		t.Errorf("key of an unknown tenant without customers: %d %s %s", code, out, errOut)
+	}
+	code, out, _ = run(t, "", "keys", "list", b)
+	if code != 0 || !strings.Contains(out, id) || !strings.Contains(out, "chat-api") || strings.Contains(out, token[21:]) || !strings.Contains(out, "1 keys, 1 tenants") {
+		t.Fatalf("keys list: %d\n%s", code, out)
+	}
+	code, out, _ = run(t, "", "keys", "list", "--json", b)
+	if code != 0 || strings.Contains(out, token[21:]) || !strings.Contains(out, `"sha256"`) {
+		t.Fatalf("keys list --json: %d\n%s", code, out)
+	}
+	code, out, errOut = run(t, "", "keys", "revoke", id, b)
+	if code != 0 || !strings.HasPrefix(out, "revoked key "+id+" of tenant acme at ") {
+		t.Fatalf("keys revoke: %d %s %s", code, out, errOut)
+	}
+	if code, out, _ = run(t, "", "keys", "list", b); !strings.Contains(out, "revoked ") {
+		t.Errorf("list after revoke: %d %s", code, out)
+	}
+	if code, _, errOut = run(t, "", "keys", "revoke", "0000000000000000", b); code == 0 || !strings.Contains(errOut, "no such key") {
+		t.Errorf("revoke of an unknown key: %d %s", code, errOut)
+	}
+	if code, out, _ = run(t, "", "tenants", "list", b); code != 0 || !strings.Contains(out, "acme\tcustomers acme-*,acme\t0 active keys") {
+		t.Errorf("tenants list: %d %s", code, out)
+	}
+	checkDocCommands(t, "TestKeysCommands")
+}
+
+// TestIngestCommands checks that every meterline command line of
+// docs/ingest.md's blocks tied to it parses with the real flags, and that
+// `ingest --validate` accepts the documented meters file.
+func TestIngestCommands(t *testing.T) {
+	checkDocCommands(t, "TestIngestCommands")
+	dir := t.TempDir()
+	meters := filepath.Join(dir, "meters.yaml")
+	if err := os.WriteFile(meters, []byte(docBlock(t, "yaml", "event_type: prompt")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "", "ingest", "--meters", meters, "--validate")
+	if code != 0 || out != "configuration ok\n" {
+		t.Fatalf("ingest --validate: %d %s %s", code, out, errOut)
+	}
+	code, _, errOut = run(t, "", "ingest", "--meters", meters, "--validate", "--max-events=-1", "--produce-timeout", "10ms")
+	if code != 2 || !strings.Contains(errOut, "max events -1") || !strings.Contains(errOut, "produce timeout 10ms") {
+		t.Fatalf("bad flags: %d %s", code, errOut)
+	}
+	code, out, errOut = run(t, "", "run", "--meters", meters, "--ingest", "--no-sink", "--validate", "--dedup-keys-file", writeDedupKeys(t, dir), "--ingest-max-body-bytes", "10")
+	if code != 2 || !strings.Contains(errOut, "--ingest-* flags: ingest: max body bytes 10") {
+		t.Fatalf("run --ingest with a bad flag: %d %s %s", code, out, errOut)
+	}
+}
+
+func writeDedupKeys(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "dedup.keys")
+	if code, out, errOut := run(t, "", "dedup-key", "--out", path); code != 0 {
+		t.Fatalf("dedup-key: %d %s %s", code, out, errOut)
+	}
+	return path
+}
+
+// docBlock returns the first code block of docs/ingest.md in lang that
+// contains needle.
+func docBlock(t *testing.T, lang, needle string) string {
+	t.Helper()
+	for _, b := range docBlocks(t) {
+		if b.lang == lang && strings.Contains(b.text, needle) {
+			return b.text
+		}
+	}
+	t.Fatalf("docs/ingest.md has no %s block with %q", lang, needle)
+	return ""
+}
+
+type docCodeBlock struct{ lang, annotation, text string }
+
+func docBlocks(t *testing.T) []docCodeBlock {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "ingest.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []docCodeBlock
+	lines := strings.Split(string(b), "\n")
+	prev := ""
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if !strings.HasPrefix(l, "```") {
+			if strings.TrimSpace(l) != "" {
+				prev = strings.TrimSpace(l)
+			}
+			continue
+		}
+		blk := docCodeBlock{lang: strings.TrimPrefix(l, "```"), annotation: prev}
+		for i++; i < len(lines) && lines[i] != "```"; i++ {
+			blk.text += lines[i] + "\n"
+		}
+		out = append(out, blk)
+		prev = ""
+	}
+	return out
+}
+
+var innerCommand = regexp.MustCompile(`\$\((bin/meterline [^)]*)\)`)
+
+// checkDocCommands parses every meterline command line of the
+// docs/ingest.md blocks annotated "tested-by <test>" with the real flags.
+func checkDocCommands(t *testing.T, test string) {
+	t.Helper()
+	n := 0
+	for _, b := range docBlocks(t) {
+		if !strings.Contains(b.annotation, "tested-by "+test) {
+			continue
+		}
+		for _, l := range strings.Split(b.text, "\n") {
+			if m := innerCommand.FindStringSubmatch(l); m != nil {
+				l = m[1]
+			}
+			l = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(l), "&"))
+			if !strings.HasPrefix(l, "bin/meterline ") {
+				continue
+			}
+			args, err := shellWords(strings.TrimPrefix(l, "bin/meterline "))
+			if err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			var cli CLI
+			p, err := Parser(&cli, IO{Stdout: io.Discard, Stderr: io.Discard}, func(int) {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Parse(args); err != nil && !strings.Contains(err.Error(), "no such file or directory") {
+				t.Errorf("docs/ingest.md: %s: %v", l, err)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no meterline command tied to %s in docs/ingest.md", test)
+	}
+}
+
+// shellWords splits a command line at blanks, keeping quoted strings whole.
+func shellWords(s string) ([]string, error) {
+	var out []string
+	var cur strings.Builder
+	in, quote := false, rune(0)
+	for _, r := range s {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			cur.WriteRune(r)
+		case r == '\'' || r == '"':
+			quote, in = r, true
+		case r == ' ' || r == '\t':
+			if in {
+				out = append(out, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteRune(r)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, cur.String())
+	}
+	return out, nil
+}
