@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ type brokerFault struct {
 	name   string
 	target func(s *suite) int32 // the broker to hit, chosen at that moment
 	pause  bool                 // SIGSTOP for longer than the session timeouts, instead of kill -9
+	stop   bool                 // SIGTERM (stop-broker), instead of kill -9
 }
 
 // The faults of DESIGN §10: the pipeline survives the loss of any one
@@ -27,6 +29,9 @@ var brokerFaults = []brokerFault{
 	}},
 	{name: "the transaction coordinator of sink i2", target: func(s *suite) int32 {
 		return s.cluster.TxnCoordinator(s.t, s.txnID("sink", "i2"))
+	}},
+	{name: "the broker leading the most partitions, stopped (a controlled shutdown)", stop: true, target: func(s *suite) int32 {
+		return s.cluster.MostLeader(s.t, s.topicNames()...)
 	}},
 	{name: "the group coordinator of dedup, paused", pause: true, target: func(s *suite) int32 {
 		return s.cluster.GroupCoordinator(s.t, s.group("dedup"))
@@ -74,20 +79,34 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 		for _, f := range faults {
 			b := f.target(s)
 			t.Logf("round %d: %s is broker %d (at %s)", round+1, f.name, b, time.Since(start).Round(time.Second))
-			if f.pause {
+			switch {
+			case f.pause:
 				s.cluster.Pause(t, b)
-			} else {
+			case f.stop:
+				s.cluster.Stop(t, b)
+			default:
 				s.cluster.Kill(t, b)
 			}
 			// While the broker is away: kill -9 a stage instance and
 			// restart it at once (the same instance ID, so its
 			// transactional ID fences the dead one).
 			s.sleep(2 * time.Second)
+			if code, out := s.cluster.Status(t); code != 3 || !strings.Contains(out, fmt.Sprintf("broker %d: %s", b, map[bool]string{true: "paused", false: "stopped"}[f.pause])) {
+				t.Errorf("kafka.sh status with broker %d down: exit %d, want 3 and it named\n%s", b, code, out)
+			}
 			if !f.pause && !checked {
 				// An operator sees it: topics check reports the
 				// partitions that lost a replica.
+				// The controller takes the dead broker out of the
+				// ISRs once its session (9 s) expires.
 				checked = true
-				code, out := s.topicsCheck()
+				var code int
+				var out string
+				for end := time.Now().Add(45 * time.Second); time.Now().Before(end); s.sleep(2 * time.Second) {
+					if code, out = s.topicsCheck(); code == 1 && strings.Contains(out, "under-replicated partitions is ") {
+						break
+					}
+				}
 				if code != 1 || !strings.Contains(out, "under-replicated partitions is ") {
 					t.Errorf("topics check with broker %d down: exit %d, want 1 and under-replicated partitions:\n%s", b, code, out)
 				}
@@ -104,6 +123,9 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 			} else {
 				s.sleep(3 * time.Second)
 				s.cluster.Start(t, b)
+			}
+			if code, out := s.cluster.Status(t); code != 0 || strings.Count(out, ": running pid=") != len(s.brokers) {
+				t.Errorf("kafka.sh status after broker %d returned: exit %d\n%s", b, code, out)
 			}
 			s.checkAlive()
 			// One broker at a time: the next fault waits until every

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -98,6 +99,24 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// Status runs the script's status: one line per broker, exit status 0
+// when all of them serve, 3 otherwise.
+func (c *Cluster) Status(t testing.TB) (int, string) {
+	t.Helper()
+	cmd := exec.Command("bash", c.script, "status")
+	cmd.Env = c.env
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &exit):
+		return exit.ExitCode(), string(out)
+	}
+	t.Fatalf("kafka.sh status: %v", err)
+	return 0, ""
 }
 
 // Kill SIGKILLs broker n (kill -9: no controlled shutdown, no flush).
