@@ -57,7 +57,7 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 	// The short version: the broker leading the most partitions killed
 	// and restarted, a group coordinator paused (a broker restart costs
 	// about a minute on a loaded 2-core machine).
-	rounds, rate, cutoffIn, faults := 1, 150, 40*time.Second, []brokerFault{brokerFaults[0], brokerFaults[len(brokerFaults)-1]}
+	rounds, rate, cutoffIn, faults := 1, 100, 40*time.Second, []brokerFault{brokerFaults[0], brokerFaults[len(brokerFaults)-1]}
 	if long() {
 		rounds, rate, cutoffIn, faults = 3, 300, 4*time.Minute, brokerFaults
 	}
