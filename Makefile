@@ -57,6 +57,10 @@ fuzz:
 	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseDec$$' -fuzztime 60s
 	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzSplitFramed$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseEntitlementsKey$$' -fuzztime 60s
+	$(GO) test ./entitlements -run '^$$' -fuzz '^FuzzStateDecode$$' -fuzztime 60s
+	$(GO) test ./entitlements -run '^$$' -fuzz '^FuzzParseDocument$$' -fuzztime 60s
+	$(GO) test ./entitlements -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime 60s
 	$(GO) test ./producer -run '^$$' -fuzz '^FuzzParseJSON$$' -fuzztime 60s
 	$(GO) test ./internal/cli -run '^$$' -fuzz '^FuzzProduceLines$$' -fuzztime 60s
 	$(GO) test ./sink -run '^$$' -fuzz '^FuzzRowDecode$$' -fuzztime 60s

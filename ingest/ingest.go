@@ -31,6 +31,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -67,9 +69,13 @@ type Config struct {
 	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS.
 	TLSCertFile, TLSKeyFile string
 
-	// Brokers are the Kafka seed brokers. Required.
+	// Kafka is the connection to the cluster (seed brokers, SASL, TLS) of
+	// the producer and of the keys topic's reader. Kafka.Brokers, or
+	// Brokers, is required.
+	Kafka kafka.Config
+	// Brokers is shorthand for Kafka.Brokers; EnsureDefaults copies it.
 	Brokers []string
-	// ClientOptions are added to every Kafka client (TLS, SASL).
+	// ClientOptions are added to every Kafka client (tests' hooks).
 	ClientOptions []kgo.Opt
 	// Topic is where usage events go. Default: usage.events.
 	Topic string
@@ -131,6 +137,9 @@ type Gate interface {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
+	if len(c.Kafka.Brokers) == 0 {
+		c.Kafka.Brokers = c.Brokers
+	}
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
@@ -182,8 +191,13 @@ func (c *Config) EnsureDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("ingest: "+format, args...)) }
-	if len(c.Brokers) == 0 {
+	if len(c.Kafka.Brokers) == 0 {
 		bad("brokers: none given")
+	} else if len(c.Brokers) > 0 && !slices.Equal(c.Brokers, c.Kafka.Brokers) {
+		bad("brokers: %v and kafka brokers %v differ; give one", c.Brokers, c.Kafka.Brokers)
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		bad("tls: give both the certificate and the key file, or neither")
@@ -209,19 +223,34 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// kafkaOpts are the client options of every Kafka client of the ingest:
+// the connection (seed brokers, SASL, TLS), then ClientOptions.
+func (c *Config) kafkaOpts() ([]kgo.Opt, error) {
+	conn, err := c.Kafka.Opts()
+	if err != nil {
+		return nil, fmt.Errorf("ingest: %w", err)
+	}
+	return append(conn, c.ClientOptions...), nil
+}
+
 // ProducerOptions are the producer options of the ingest: acks=all on an
-// idempotent producer (producer's defaults), the linger, and a record
-// delivery timeout of ProduceTimeout. Call after EnsureDefaults.
-func (c *Config) ProducerOptions() []producer.Option {
+// idempotent producer (producer's defaults), the linger, a record delivery
+// timeout of ProduceTimeout, and the connection of Kafka. Call after
+// EnsureDefaults.
+func (c *Config) ProducerOptions() ([]producer.Option, error) {
+	opts, err := c.kafkaOpts()
+	if err != nil {
+		return nil, err
+	}
 	return []producer.Option{
-		producer.WithBrokers(c.Brokers...),
+		producer.WithBrokers(c.Kafka.Brokers...),
 		producer.WithTopic(c.Topic),
 		producer.WithLinger(c.Linger),
 		producer.WithMaxSkew(c.MaxSkew),
 		producer.WithClock(c.Clock),
 		producer.WithLogger(c.Logger),
-		producer.WithClientOptions(append([]kgo.Opt{kgo.RecordDeliveryTimeout(c.ProduceTimeout)}, c.ClientOptions...)...),
-	}
+		producer.WithClientOptions(append([]kgo.Opt{kgo.RecordDeliveryTimeout(c.ProduceTimeout)}, opts...)...),
+	}, nil
 }
 
 // Server is the HTTP ingest.
@@ -263,7 +292,11 @@ func New(cfg Config) (*Server, error) {
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		s.scheme = "https"
 	}
-	if s.p, err = producer.New(cfg.ProducerOptions()...); err != nil {
+	popts, err := cfg.ProducerOptions()
+	if err != nil {
+		return nil, err
+	}
+	if s.p, err = producer.New(popts...); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.Addr)
@@ -316,7 +349,12 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopKeys()
 	keysDone := make(chan error, 1)
 	go func() {
-		keysDone <- s.keys.Follow(keysCtx, append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.ClientOptions...)...)
+		opts, err := s.cfg.kafkaOpts()
+		if err != nil {
+			keysDone <- err
+			return
+		}
+		keysDone <- s.keys.Follow(keysCtx, opts...)
 	}()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(s.ln) }()

@@ -159,3 +159,65 @@ func SplitFramed(b []byte) ([]string, error) {
 	}
 	return parts, nil
 }
+
+// Keys of usage.entitlements and usage.balances (DESIGN §12). A customer's
+// records are keyed by its framed customer_id (CustomerKey), so that the
+// default partitioner places them with the customer's events. The records
+// that apply to every customer are written to every partition under
+// reserved keys, which start with '!' and so are never a framed customer
+// (a framed part starts with a digit).
+const (
+	// DefaultPlanKey keys the default plan: an Entitlements record with
+	// an empty CustomerID, for customers with no record of their own.
+	DefaultPlanKey = "!default"
+	// RateCardKey keys the RateCard.
+	RateCardKey = "!rates"
+	// TickKey keys the aggregator's Tick records in usage.entitlements
+	// (the topic is compacted: each partition keeps its last tick).
+	TickKey = "!tick"
+)
+
+// CustomerKey returns the record key of a customer: its customer_id
+// framed as AppendFramed does, "4:acme".
+func CustomerKey(customer string) []byte { return AppendFramed(nil, customer) }
+
+// ParseCustomerKey parses a key made by CustomerKey. It accepts exactly
+// those bytes: one framed part, nothing after it. Errors wrap ErrBadKey.
+func ParseCustomerKey(key []byte) (string, error) {
+	if len(key) == 0 || key[0] < '0' || key[0] > '9' {
+		return "", fmt.Errorf("schemas: %w: not a framed customer", ErrBadKey)
+	}
+	parts, err := SplitFramed(key)
+	if err != nil {
+		return "", err
+	}
+	if len(parts) != 1 {
+		return "", fmt.Errorf("schemas: %w: %d framed parts, want 1 (the customer)", ErrBadKey, len(parts))
+	}
+	if parts[0] == "" {
+		return "", fmt.Errorf("schemas: %w: empty customer", ErrBadKey)
+	}
+	return parts[0], nil
+}
+
+// EntitlementsKey is a parsed key of usage.entitlements: either a
+// customer, or one of the reserved keys (DefaultPlanKey, RateCardKey,
+// TickKey).
+type EntitlementsKey struct {
+	Customer string // set when Reserved is empty
+	Reserved string
+}
+
+// ParseEntitlementsKey parses a key of usage.entitlements. Errors wrap
+// ErrBadKey: a key that is neither a framed customer nor a reserved key.
+func ParseEntitlementsKey(key []byte) (EntitlementsKey, error) {
+	switch string(key) {
+	case DefaultPlanKey, RateCardKey, TickKey:
+		return EntitlementsKey{Reserved: string(key)}, nil
+	}
+	c, err := ParseCustomerKey(key)
+	if err != nil {
+		return EntitlementsKey{}, err
+	}
+	return EntitlementsKey{Customer: c}, nil
+}

@@ -36,6 +36,9 @@ const (
 	KindRejected
 	KindAggregate
 	KindAdjustment
+	KindEntitlements
+	KindRateCard
+	KindBalance
 )
 
 var kindNames = [...]string{
@@ -47,6 +50,9 @@ var kindNames = [...]string{
 	KindRejected:     "Rejected",
 	KindAggregate:    "Aggregate",
 	KindAdjustment:   "Adjustment",
+	KindEntitlements: "Entitlements",
+	KindRateCard:     "RateCard",
+	KindBalance:      "Balance",
 }
 
 func (k Kind) String() string {
@@ -57,7 +63,7 @@ func (k Kind) String() string {
 }
 
 // schemaFiles lists the current schemas in parse order: a file may use a
-// named type (Property) that an earlier file defines.
+// named type (Property, OnLimit) that an earlier file defines.
 var schemaFiles = []struct {
 	kind Kind
 	file string
@@ -70,6 +76,9 @@ var schemaFiles = []struct {
 	{KindRejected, "rejected.avsc"},
 	{KindAggregate, "aggregate.avsc"},
 	{KindAdjustment, "adjustment.avsc"},
+	{KindEntitlements, "entitlements.avsc"},
+	{KindRateCard, "rate_card.avsc"},
+	{KindBalance, "balance.avsc"}, // uses OnLimit and OverdraftPolicy of entitlements.avsc
 }
 
 // historyFiles lists schemas that were once written and may still be on a
@@ -429,6 +438,12 @@ func newMessage(k Kind) Message {
 		return new(Aggregate)
 	case KindAdjustment:
 		return new(Adjustment)
+	case KindEntitlements:
+		return new(Entitlements)
+	case KindRateCard:
+		return new(RateCard)
+	case KindBalance:
+		return new(Balance)
 	}
 	return nil
 }

@@ -45,6 +45,20 @@ func samples() map[string]Message {
 		"adjustment": &Adjustment{EventID: "req-9", CustomerID: "acme", Meter: "api_calls", Group: []Property{{Name: "model", Value: "m2"}}, Aggregation: "SUM",
 			OriginalPeriodStart: 1793491200000, OriginalPeriodEnd: 1796083200000, BookedPeriodStart: 1796083200000,
 			BookedPeriodEnd: 1798761600000, Delta: 5, Quantity: 5, EventTime: 1796083100000, IngestTime: 1796400000000},
+		"entitlements": &Entitlements{CustomerID: "acme", Plan: "free", EffectiveFrom: 1795003200000, Unmetered: false,
+			Caps: []Cap{{Meter: "api_calls", Limit: 1000, OnLimit: OnLimitReject}, {Meter: "tokens", Limit: 5_000_000, OnLimit: OnLimitAllow}},
+			Grants: []Grant{{ID: "promo", Amount: 2_000_000, Priority: 1, EffectiveFrom: 1793491200000, ExpiresAt: 1796083200000},
+				{ID: "welcome", Amount: 500_000, Priority: 2}},
+			Overdraft: Overdraft{Policy: OverdraftAllow, Limit: 1_000_000}},
+		"rate_card": &RateCard{Versions: []RateVersion{
+			{EffectiveFrom: 1793491200000, Rates: []Rate{{Meter: "api_calls", MicroCredits: 1000, PerUnits: 1}, {Meter: "tokens", MicroCredits: 15, PerUnits: 1000}}},
+			{EffectiveFrom: 1794700800000, Rates: []Rate{{Meter: "api_calls", MicroCredits: 1200, PerUnits: 1}}}}},
+		"balance": &Balance{CustomerID: "acme", Plan: "free", Revision: 7, UpdatedAt: 1795003260000,
+			PeriodStart: 1793491200000, PeriodEnd: 1796083200000,
+			Meters: []MeterBalance{{Meter: "api_calls", Usage: 812, Limit: 1000, OnLimit: OnLimitReject}},
+			Grants: []GrantBalance{{ID: "promo", Priority: 1, EffectiveFrom: 1793491200000, ExpiresAt: 1796083200000,
+				Amount: 2_000_000, Consumed: 812_000, Remaining: 1_188_000}},
+			OverdraftPolicy: OverdraftDeny, Overdrawn: 0},
 	}
 }
 
@@ -237,7 +251,7 @@ func TestDecodeErrors(t *testing.T) {
 
 func TestSchemasParseAndAreDistinct(t *testing.T) {
 	seen := map[uint64]Kind{}
-	for k := KindUsageEvent; k <= KindAdjustment; k++ {
+	for k := KindUsageEvent; int(k) < len(kindNames); k++ {
 		if Schema(k) == nil {
 			t.Fatalf("%v has no schema", k)
 		}

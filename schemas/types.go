@@ -22,8 +22,11 @@ type UsageEvent struct {
 // Kind implements Message.
 func (*UsageEvent) Kind() Kind { return KindUsageEvent }
 
-// Tick is appended by dedup to each usage.events partition it owns. Its
-// broker timestamp advances the partition watermark.
+// Tick is appended by dedup to each usage.events partition it owns (its
+// broker timestamp advances the partition watermark), and by the
+// aggregator to each usage.entitlements partition it owns under
+// TickKey (its broker timestamp says the partition has been read up to
+// that time).
 type Tick struct {
 	InstanceID string `avro:"instance_id"`
 }
@@ -121,12 +124,19 @@ const (
 	ReasonOversized     = "oversized"
 	ReasonUnknownMeter  = "unknown_meter"
 	ReasonUninsertable  = "uninsertable"
+	// ReasonOverLimit: the event would take its meter past the customer's
+	// cap for the period (DESIGN §12).
+	ReasonOverLimit = "over_limit"
+	// ReasonNoCredit: the customer's credits cannot pay for the event and
+	// the plan allows no (more) overdraft (DESIGN §12).
+	ReasonNoCredit = "no_credit"
 )
 
 // Reasons lists every rejection reason code.
 var Reasons = []string{
 	ReasonUndecodable, ReasonUnknownSchema, ReasonInvalid, ReasonTooOld,
 	ReasonInFuture, ReasonOversized, ReasonUnknownMeter, ReasonUninsertable,
+	ReasonOverLimit, ReasonNoCredit,
 }
 
 // AggregateStatus is OPEN until the period is final, then FINAL once.

@@ -64,6 +64,9 @@ METERLINE_TEST_KAFKA_SASL_DIR=$(
 METERLINE_TEST_PROMETHEUS=$(deploy/local/prometheus.sh install)
 # The status page tests load the page in headless Chromium (Debian's).
 METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
+# The ClickHouse migrations and documented queries also run on a current
+# ClickHouse (26.x), embedded by chdb in a cached virtualenv.
+METERLINE_TEST_CHDB=$(scripts/chdb-venv.sh)
 
 echo "== go vet $PACKAGES"
 $GO vet $PACKAGES
@@ -73,6 +76,7 @@ export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
+export METERLINE_TEST_CHDB
 export METERLINE_TEST_KAFKA_SASL=127.0.0.1:$KAFKA_SASL_PORT
 METERLINE_TEST_KAFKA_CLUSTER=$(KAFKA_CLUSTER=3 KAFKA_PORT=$KAFKA_CLUSTER_PORT deploy/local/kafka.sh brokers)
 export METERLINE_TEST_KAFKA_CLUSTER

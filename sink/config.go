@@ -31,8 +31,9 @@ type Config struct {
 	// restart fences its own zombie at once, and unique in the group.
 	// Required.
 	InstanceID string
-	// Topics names the five input topics (usage.deduped, usage.aggregates,
-	// usage.adjustments, usage.duplicates, usage.rejected); refused rows
+	// Topics names the six input topics (usage.deduped, usage.aggregates,
+	// usage.adjustments, usage.duplicates, usage.rejected, usage.balances);
+	// refused rows
 	// are parked in the rejected topic, and records of the rejected topic
 	// that cannot be rows of usage_rejected go to the usage_quarantine
 	// table. Default: topics.DefaultNames().

@@ -10,7 +10,7 @@ import (
 )
 
 // FuzzRowDecode feeds arbitrary record values to every table's decoder, as
-// the sink reads them from its five topics (usage.rejected is writable by
+// the sink reads them from its six topics (usage.rejected is writable by
 // any client that the ACLs let in). A decoder must never panic; a value
 // that does not decode fails with ErrUndecodable or ErrUnknownSchema (the
 // reason it is parked or quarantined with); a decoded row yields every
@@ -24,6 +24,8 @@ func FuzzRowDecode(f *testing.F) {
 		&schemas.Adjustment{EventID: "e", CustomerID: "c", Meter: "m", Delta: -1},
 		&schemas.Duplicate{EventID: "e", CustomerID: "c", Meter: "m", Conflict: true},
 		&schemas.Rejected{Reason: schemas.ReasonInvalid, RawKey: []byte{0xff}, RawValue: []byte("x")},
+		&schemas.Balance{CustomerID: "c", Meters: []schemas.MeterBalance{{Meter: "m", Usage: 1, Limit: 2, OnLimit: schemas.OnLimitReject}},
+			Grants: []schemas.GrantBalance{{ID: "g", Amount: 3, ExpiresAt: 4}}, OverdraftPolicy: schemas.OverdraftDeny},
 	} {
 		b := schemas.MustEncode(m)
 		f.Add(b)

@@ -46,7 +46,7 @@ func newEnv(t *testing.T, parts int32) *env {
 	}
 	names := topics.DefaultNames()
 	names.Prefix = testenv.Name(t, "sink") + "."
-	for _, tp := range []string{names.DedupedTopic(), names.AggregatesTopic(), names.AdjustmentsTopic(), names.DuplicatesTopic(), names.RejectedTopic()} {
+	for _, tp := range []string{names.DedupedTopic(), names.AggregatesTopic(), names.AdjustmentsTopic(), names.DuplicatesTopic(), names.RejectedTopic(), names.BalancesTopic()} {
 		testenv.CreateTopic(t, brokers, tp, parts, nil)
 	}
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
@@ -128,11 +128,11 @@ func (e *env) start(mod func(*Config)) *running {
 }
 
 func (e *env) allTopics() []string {
-	return []string{e.names.DedupedTopic(), e.names.AggregatesTopic(), e.names.AdjustmentsTopic(), e.names.DuplicatesTopic(), e.names.RejectedTopic()}
+	return []string{e.names.DedupedTopic(), e.names.AggregatesTopic(), e.names.AdjustmentsTopic(), e.names.DuplicatesTopic(), e.names.RejectedTopic(), e.names.BalancesTopic()}
 }
 
 // waitCaughtUp waits until the group has committed past every record of
-// the given topics (default: all five).
+// the given topics (default: all six).
 func (e *env) waitCaughtUp(d time.Duration, ts ...string) {
 	e.t.Helper()
 	if len(ts) == 0 {

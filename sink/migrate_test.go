@@ -65,7 +65,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	if recorded != uint64(len(ms)) {
 		t.Errorf("%s has %d rows, want one per migration (%d)", MigrationsTable, recorded, len(ms))
 	}
-	for _, name := range []string{TableEvents, TableAggregates, TableAdjustments, TableDuplicates, TableRejected, TableQuarantine} {
+	for _, name := range []string{TableEvents, TableAggregates, TableAdjustments, TableDuplicates, TableRejected, TableQuarantine, TableBalances} {
 		var ddl string
 		if err := conn.QueryRow(ctx, "SHOW CREATE TABLE "+db+"."+name).Scan(&ddl); err != nil {
 			t.Fatalf("%s: %v", name, err)

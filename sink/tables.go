@@ -386,6 +386,7 @@ func newTables(n topics.Names) []*table {
 			),
 			decode: decoder[rj](func(r *rj) identity { return identity{r.CustomerID, r.Meter, r.EventID} }),
 		},
+		balancesTable(n, cols),
 	}
 }
 

@@ -287,7 +287,8 @@ func (w *Writer) Run(ctx context.Context) error {
 }
 
 // connect dials ClickHouse (retrying while it is unreachable) and checks
-// that the migrations are applied.
+// that the migrations are applied and that no rebuild of the derived
+// tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
 	for attempt := 0; conn == nil; attempt++ {
@@ -319,6 +320,21 @@ func (w *Writer) connect(ctx context.Context) error {
 			return err
 		}
 		w.log.Warn("checking migrations failed; retrying", zap.Error(err))
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	// A rebuild of the derived tables swaps whole months: rows the views
+	// wrote meanwhile would be lost, so no sink starts until it finished.
+	for attempt := 0; ; attempt++ {
+		err := CheckRebuilds(ctx, conn)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrRebuildUnfinished) {
+			return err
+		}
+		w.log.Warn("checking for unfinished rebuilds failed; retrying", zap.Error(err))
 		if err := sleep(ctx, w.backoff(attempt)); err != nil {
 			return err
 		}

@@ -231,7 +231,8 @@ func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error)
 	names := topics.Names{Prefix: "", Events: b.names.EventsTopic(), Deduped: rp + "usage.deduped",
 		Duplicates: rp + "usage.duplicates", Rejected: rp + "usage.rejected", Aggregates: rp + "usage.aggregates",
 		Adjustments: rp + "usage.adjustments", DedupChangelog: rp + "meterline-dedup-changelog",
-		AggregateChangelog: rp + "meterline-aggregate-changelog"}
+		AggregateChangelog: rp + "meterline-aggregate-changelog", Entitlements: rp + "usage.entitlements", Balances: rp + "usage.balances",
+		Keys: rp + "meterline.keys"}
 	if err := b.left.createTopics(ctx, topics.Specs(names, layout)[1:]...); err != nil {
 		return Result{}, err
 	}

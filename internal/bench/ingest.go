@@ -174,7 +174,7 @@ type ingestBench struct {
 
 // ingestConfig is the config of the measured ingest on topic.
 func (b *ingestBench) ingestConfig(topic string) ingest.Config {
-	cfg := ingest.Config{Addr: "127.0.0.1:0", Brokers: b.env.Brokers, ClientOptions: b.env.ClientOptions, Topic: topic,
+	cfg := ingest.Config{Addr: "127.0.0.1:0", Kafka: b.env.Kafka, ClientOptions: b.env.ClientOptions, Topic: topic,
 		KeysTopic: b.keysTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
 		Logger: b.env.Logger, Registerer: prometheus.NewRegistry()}
 	cfg.EnsureDefaults()
@@ -185,7 +185,11 @@ func (b *ingestBench) ingestConfig(topic string) ingest.Config {
 // events mapped by the meters file and encoded by the producer.
 func (b *ingestBench) preEncode() ([][]*kgo.Record, error) {
 	cfg := b.ingestConfig("")
-	p, err := producer.New(cfg.ProducerOptions()...)
+	popts, err := cfg.ProducerOptions()
+	if err != nil {
+		return nil, err
+	}
+	p, err := producer.New(popts...)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +358,11 @@ func (r ingestBaseline) Run(ctx context.Context, round int, _ bool) (Result, err
 	}
 	defer b.left.drop(things{topics: []string{topic}})
 	cfg := b.ingestConfig(topic)
-	cl, err := kgo.NewClient(producer.ClientOptions(cfg.ProducerOptions()...)...)
+	popts, err := cfg.ProducerOptions()
+	if err != nil {
+		return Result{}, err
+	}
+	cl, err := kgo.NewClient(producer.ClientOptions(popts...)...)
 	if err != nil {
 		return Result{}, err
 	}

@@ -60,7 +60,7 @@ func Sink(ctx context.Context, env *Env, cfg SinkConfig) (err error) {
 		return err
 	}
 	rounds := Rounds{N: cfg.Rounds, Unit: "rows", Progress: env.say}
-	res, err := rounds.Run(ctx, sinkBaseline{b}, sinkRun{b})
+	res, err := rounds.Run(ctx, sinkBaseline{b}, sinkRun{b: b})
 	if err != nil {
 		return err
 	}
@@ -118,8 +118,10 @@ func (b *sinkBench) prepare(ctx context.Context) error {
 	return nil
 }
 
-// database creates and migrates the database of one run.
-func (b *sinkBench) database(ctx context.Context, what string, round int) (string, error) {
+// database creates and migrates the database of one run; with noViews it
+// then drops the analyst tables' views, so that the run writes the ledger
+// tables only.
+func (b *sinkBench) database(ctx context.Context, what string, round int, noViews bool) (string, error) {
 	db := fmt.Sprintf("bench_sink_%s_%d_%d", what, b.stamp%1e9, round)
 	b.left.database(db)
 	conn, err := b.env.ClickHouseServer.Dial(ctx, db, true)
@@ -129,6 +131,11 @@ func (b *sinkBench) database(ctx context.Context, what string, round int) (strin
 	defer conn.Close()
 	if _, err := sink.Migrate(ctx, conn); err != nil {
 		return "", err
+	}
+	if noViews {
+		if err := sink.DropViews(ctx, conn); err != nil {
+			return "", err
+		}
 	}
 	return db, nil
 }
@@ -142,7 +149,7 @@ type sinkBaseline struct{ b *sinkBench }
 
 func (s sinkBaseline) Run(ctx context.Context, round int, _ bool) (Result, error) {
 	b := s.b
-	db, err := b.database(ctx, "base", round)
+	db, err := b.database(ctx, "base", round, false)
 	if err != nil {
 		return Result{}, err
 	}
@@ -185,16 +192,23 @@ func insertBlock(ctx context.Context, conn driver.Conn, query string, cols []any
 // sinkRun runs the sink on the records until every row is inserted and
 // committed. The clock starts when the first record is polled (the group
 // join before it is not throughput) and stops when the last offset is
-// committed.
-type sinkRun struct{ b *sinkBench }
+// committed. With noViews its database has no analyst views.
+type sinkRun struct {
+	b       *sinkBench
+	noViews bool
+}
 
 func (s sinkRun) Run(ctx context.Context, round int, last bool) (Result, error) {
 	b := s.b
-	db, err := b.database(ctx, "sink", round)
+	what, name := "sink", "meterline sink"
+	if s.noViews {
+		what, name = "sinknoviews", "meterline sink, no analyst views"
+	}
+	db, err := b.database(ctx, what, round, s.noViews)
 	if err != nil {
 		return Result{}, err
 	}
-	group := fmt.Sprintf("bench-sink-%d-%d", b.stamp, round)
+	group := fmt.Sprintf("bench-%s-%d-%d", what, b.stamp, round)
 	b.left.group(group)
 	defer b.left.drop(things{databases: []string{db}, groups: []string{group}})
 	reg := prometheus.NewRegistry()
@@ -221,7 +235,7 @@ func (s sinkRun) Run(ctx context.Context, round int, last bool) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Name: "meterline sink", Count: b.cfg.Rows, Elapsed: elapsed}, nil
+	return Result{Name: name, Count: b.cfg.Rows, Elapsed: elapsed}, nil
 }
 
 // waitForRows polls the sink's counters until every row is inserted and

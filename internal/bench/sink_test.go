@@ -12,7 +12,8 @@ import (
 	"github.com/meterline/meterline/sink"
 )
 
-// benchDatabases lists the ClickHouse databases bench sink makes.
+// benchDatabases lists the ClickHouse databases bench sink and bench
+// queries make.
 func benchDatabases(t *testing.T, addr string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -22,7 +23,7 @@ func benchDatabases(t *testing.T, addr string) []string {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	rows, err := conn.Query(ctx, "SELECT name FROM system.databases WHERE name LIKE 'bench_sink_%'")
+	rows, err := conn.Query(ctx, "SELECT name FROM system.databases WHERE name LIKE 'bench_sink%' OR name LIKE 'bench_queries_%'")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ type BenchCmd struct {
 	Sink      BenchSinkCmd      `cmd:"" help:"meterline sink against a bare clickhouse-go batch loop writing the same rows."`
 	Aggregate BenchAggregateCmd `cmd:"" help:"The aggregator on pre-filled usage.deduped against two transactional passthrough baselines."`
 	Ingest    BenchIngestCmd    `cmd:"" help:"meterline ingest (batches of CloudEvents over keep-alive HTTP) against a minimal handler producing the same pre-encoded records; latency at half rate."`
+	Queries   BenchQueriesCmd   `cmd:"" help:"The analyst queries of docs/analysts.md on generated data (100 M events by default), the resume lookup, and the sink with and without the analyst views."`
 }
 
 // benchEnv is where the benchmarks run: the global connection flags
@@ -166,4 +167,29 @@ func (c *BenchIngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap
 	cfg := bench.IngestConfig{Events: c.Events, Batch: c.Batch, Connections: c.Connections, Partitions: c.Partitions,
 		Rounds: c.Rounds, LatencyFor: c.LatencyFor, JSON: c.JSON}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Ingest(ctx, env, cfg) })
+}
+
+// BenchQueriesCmd is `meterline bench queries`.
+type BenchQueriesCmd struct {
+	Events     int64         `help:"usage_events rows to generate." default:"100000000"`
+	Revisions  int64         `help:"usage_aggregates rows to generate (about)." default:"10000000"`
+	Customers  int64         `help:"Customer index space; the volume per customer is skewed (a few hold most of it)." default:"20000"`
+	Months     int           `help:"Months of event time, from January 2024." default:"3"`
+	Partitions int64         `help:"Kafka partitions of the generated rows." default:"16"`
+	Runs       int           `help:"Timed runs of each query, after one warm-up run; median and max are reported." default:"5"`
+	SinkRows   int           `help:"Rows of the sink comparison with and without the analyst views; 0 skips it." default:"1000000"`
+	SinkRounds int           `help:"Rounds of the sink comparison." default:"3"`
+	Database   string        `help:"ClickHouse database for the generated data. Default: a new one, dropped at the end."`
+	Keep       bool          `help:"Keep the database (for --reuse)."`
+	Reuse      bool          `help:"Skip the generation when --database already holds --events events."`
+	Settle     time.Duration `help:"Longest wait for background merges to stop before the queries." default:"30m"`
+	JSON       bool          `help:"Print the result as JSON too."`
+}
+
+// Run runs the benchmark.
+func (c *BenchQueriesCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	cfg := bench.QueriesConfig{Events: c.Events, Revisions: c.Revisions, Customers: c.Customers, Months: c.Months,
+		Partitions: c.Partitions, Runs: c.Runs, SinkRows: c.SinkRows, SinkRounds: c.SinkRounds, Database: c.Database,
+		Keep: c.Keep, Reuse: c.Reuse, Settle: c.Settle, JSON: c.JSON}
+	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Queries(ctx, env, cfg) })
 }

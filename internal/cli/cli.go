@@ -48,21 +48,23 @@ type Globals struct {
 type CLI struct {
 	Globals
 
-	Demo      DemoCmd      `cmd:"" help:"Run the whole pipeline on an embedded broker with generated usage, and reconcile the result."`
-	Produce   ProduceCmd   `cmd:"" help:"Send newline-delimited JSON usage events to Kafka."`
-	Dedup     DedupCmd     `cmd:"" help:"Run the dedup stage: drop duplicate copies exactly once."`
-	DedupKey  DedupKeyCmd  `cmd:"" name:"dedup-key" help:"Make a key for the signatures of dedup's re-route and tick headers."`
-	Aggregate AggregateCmd `cmd:"" help:"Run the aggregator: usage per billing period, FINAL revisions, adjustments."`
-	Sink      SinkCmd      `cmd:"" help:"Run the sink: write the topics into ClickHouse exactly once."`
-	Migrate   MigrateCmd   `cmd:"" help:"Apply the pending ClickHouse migrations (idempotent)."`
-	Topics    TopicsCmd    `cmd:"" help:"Create the Kafka topics, or check them for drift."`
-	Lag       LagCmd       `cmd:"" help:"Consumer lag per group and partition, in records and seconds."`
-	Run       RunCmd       `cmd:"" help:"Run every stage in one process behind one metrics and health server."`
-	Ingest    IngestCmd    `cmd:"" help:"Serve the HTTP ingest: OpenMeter's event API (POST /api/v1/events) and Meterline's JSON (POST /v1/events)."`
-	Keys      KeysCmd      `cmd:"" help:"API keys of the HTTP ingest: create, list, revoke."`
-	Tenants   TenantsCmd   `cmd:"" help:"Tenants of the HTTP ingest: named sets of customers."`
-	Bench     BenchCmd     `cmd:"" help:"End-to-end benchmarks against a real broker."`
-	Version   VersionCmd   `cmd:"" help:"Print the version."`
+	Demo         DemoCmd         `cmd:"" help:"Run the whole pipeline on an embedded broker with generated usage, and reconcile the result."`
+	Produce      ProduceCmd      `cmd:"" help:"Send newline-delimited JSON usage events to Kafka."`
+	Dedup        DedupCmd        `cmd:"" help:"Run the dedup stage: drop duplicate copies exactly once."`
+	DedupKey     DedupKeyCmd     `cmd:"" name:"dedup-key" help:"Make a key for the signatures of dedup's re-route and tick headers."`
+	Aggregate    AggregateCmd    `cmd:"" help:"Run the aggregator: usage per billing period, FINAL revisions, adjustments."`
+	Sink         SinkCmd         `cmd:"" help:"Run the sink: write the topics into ClickHouse exactly once."`
+	Migrate      MigrateCmd      `cmd:"" help:"Apply the pending ClickHouse migrations (idempotent)."`
+	Verify       VerifyCmd       `cmd:"" help:"Compare the analyst tables with the ledger per month and rebuild a month that differs; --backfill fills new ones."`
+	Topics       TopicsCmd       `cmd:"" help:"Create the Kafka topics, or check them for drift."`
+	Entitlements EntitlementsCmd `cmd:"" help:"Read and write customers' plans, caps and credit grants, the default plan and the rate card."`
+	Lag          LagCmd          `cmd:"" help:"Consumer lag per group and partition, in records and seconds."`
+	Run          RunCmd          `cmd:"" help:"Run every stage in one process behind one metrics and health server."`
+	Ingest       IngestCmd       `cmd:"" help:"Serve the HTTP ingest: OpenMeter's event API (POST /api/v1/events) and Meterline's JSON (POST /v1/events)."`
+	Keys         KeysCmd         `cmd:"" help:"API keys of the HTTP ingest: create, list, revoke."`
+	Tenants      TenantsCmd      `cmd:"" help:"Tenants of the HTTP ingest: named sets of customers."`
+	Bench        BenchCmd        `cmd:"" help:"End-to-end benchmarks against a real broker."`
+	Version      VersionCmd      `cmd:"" help:"Print the version."`
 }
 
 // IO is where a command reads and writes. Tests replace it.

@@ -200,16 +200,16 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		adm := testenv.Admin(t, brokers)
-		var names []string
-		n := topics.DefaultNames()
-		n.Prefix = prefix
-		for _, s := range topics.Specs(n, topics.DefaultLayout()) {
-			names = append(names, s.Name)
+		var ns []string
+		names := topics.DefaultNames()
+		names.Prefix = prefix
+		for _, s := range topics.Specs(names, topics.DefaultLayout()) {
+			ns = append(ns, s.Name)
 		}
-		_, _ = adm.DeleteTopics(context.Background(), names...)
+		_, _ = adm.DeleteTopics(context.Background(), ns...)
 	})
 	code, out, errOut := run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "created") != 9 || !strings.Contains(out, "all 9 topics match") {
+	if code != 0 || strings.Count(out, "created") != 11 || !strings.Contains(out, "all 11 topics match") {
 		t.Fatalf("create: %d\n%s\n%s", code, out, errOut)
 	}
 	// One broker: replication factor 1 and min.insync.replicas 1 by
@@ -222,7 +222,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		t.Errorf("create --replication-factor 3 on one broker: exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, _ = run(t, "", args("topics", "create")...)
-	if code != 0 || strings.Count(out, "exists") != 9 {
+	if code != 0 || strings.Count(out, "exists") != 11 {
 		t.Fatalf("second create is not idempotent: %d\n%s", code, out)
 	}
 	code, out, _ = run(t, "", args("topics", "check")...)
@@ -254,6 +254,9 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := adm.CreatePartitions(ctx, 1, prefix+"usage.entitlements"); err != nil {
+		t.Fatal(err)
+	}
 	code, out, _ = run(t, "", args("topics", "check")...)
 	if code != 1 {
 		t.Fatalf("check with drift: exit %d\n%s", code, out)
@@ -266,6 +269,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "meterline.keys: cleanup.policy is delete, want compact",
 		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
 		prefix + "usage.deduped: min.insync.replicas is 2, want 1",
+		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)

@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
 )
 
@@ -30,10 +30,10 @@ type IngestFlags struct {
 	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"1h"`
 }
 
-func (f *IngestFlags) config(g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
+func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
 	cfg := ingest.Config{
 		Addr: f.Addr, TLSCertFile: f.TLSCertFile, TLSKeyFile: f.TLSKeyFile,
-		Brokers: g.Brokers, ClientOptions: g.kafkaOpts(), Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
+		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
 		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
 		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
@@ -48,7 +48,7 @@ type IngestCmd struct {
 	IngestFlags  `embed:""`
 	Meters       string `help:"Meters YAML file: which CloudEvent types feed which meters (event_type, value_property, group_by)." type:"existingfile" placeholder:"FILE"`
 	StrictMeters bool   `help:"Refuse events of meters the meters file does not declare (unknown_meter) on /v1/events."`
-	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:":9464"`
+	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:"127.0.0.1:9464"`
 	Validate     bool   `help:"Check the configuration and exit."`
 }
 
@@ -66,14 +66,21 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	kc, err := g.kafka()
+	if err != nil {
+		return err
+	}
 	reg := service.NewRegistry()
-	cfg := c.config(g, cat, c.StrictMeters, log, reg)
+	cfg := c.config(kc, g, cat, c.StrictMeters, log, reg)
 	if err := cfg.Validate(); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
 	if c.Validate {
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
+	}
+	if _, err := g.connectKafka(ctx); err != nil {
+		return err
 	}
 	if cat == nil || len(cat.EventTypes()) == 0 {
 		log.Warn("no meter declares an event_type: /api/v1/events refuses every CloudEvent (unknown_event_type); give --meters")
@@ -84,7 +91,3 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	}
 	return runStageWith(ctx, g, c.MetricsAddr, reg, log, nil, srv.Ready, srv.Run, func(s *service.Server) { s.AddTable(srv.Status) })
 }
-
-// kafkaOpts are the Kafka client options of every client a command makes
-// besides the seed brokers.
-func (g *Globals) kafkaOpts() []kgo.Opt { return nil }

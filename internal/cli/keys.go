@@ -8,9 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // KeysCmd is `meterline keys`: API keys of the HTTP ingest.
@@ -29,7 +28,11 @@ type TenantsCmd struct {
 // keysAdmin returns an Admin on the keys topic, and a function closing its
 // client.
 func keysAdmin(g *Globals) (*ingest.Admin, func(), error) {
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(g.Brokers...)}, g.kafkaOpts()...)...)
+	kc, err := g.connectKafka(context.Background())
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := kafka.NewClient(kc)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -71,7 +71,11 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	}
 	var icfg ingest.Config
 	if c.Ingest {
-		icfg = c.IngestFlags.config(g, acfg.Meters, c.StrictMeters, log, reg)
+		kc, err := g.kafka()
+		if err != nil {
+			return err
+		}
+		icfg = c.IngestFlags.config(kc, g, acfg.Meters, c.StrictMeters, log, reg)
 		if err := icfg.Validate(); err != nil {
 			return &ExitError{Code: 2, Err: fmt.Errorf("--ingest-* flags: %w", err)}
 		}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -95,7 +96,7 @@ func (c *SinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger
 
 // sinkInputs are the topics the sink consumes (package sink).
 func sinkInputs(n topics.Names) []string {
-	return []string{n.DedupedTopic(), n.AggregatesTopic(), n.AdjustmentsTopic(), n.DuplicatesTopic(), n.RejectedTopic()}
+	return []string{n.DedupedTopic(), n.AggregatesTopic(), n.AdjustmentsTopic(), n.DuplicatesTopic(), n.RejectedTopic(), n.BalancesTopic()}
 }
 
 // MigrateCmd is `meterline migrate`.
@@ -133,5 +134,11 @@ func migrate(ctx context.Context, srv sink.Server, db string, stdio IO, log *zap
 		return err
 	}
 	fmt.Fprintf(stdio.Stdout, "database %s on %s: %d applied now, %d in total\n", db, srv.Addr, applied, len(res))
+	if err := sink.CheckRebuilds(ctx, conn); errors.Is(err, sink.ErrRebuildUnfinished) {
+		// Not an error of migrate: the next step is the backfill.
+		fmt.Fprintf(stdio.Stdout, "derived tables need a backfill before a sink may start: %v\n", err)
+	} else if err != nil {
+		return err
+	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meterline/meterline/internal/topics"
 )
 
 // brokerFault is one failure of one broker.
@@ -38,10 +40,13 @@ var brokerFaults = []brokerFault{
 	}},
 }
 
+// topicNames are the suite's topics, every one of topics.Specs.
 func (s *suite) topicNames() []string {
-	n := s.names
-	return []string{n.EventsTopic(), n.DedupedTopic(), n.DuplicatesTopic(), n.RejectedTopic(), n.AggregatesTopic(),
-		n.AdjustmentsTopic(), n.DedupChangelogTopic(), n.AggregateChangelogTopic()}
+	var ns []string
+	for _, sp := range topics.Specs(s.names, topics.DefaultLayout()) {
+		ns = append(ns, sp.Name)
+	}
+	return ns
 }
 
 // TestRealClusterBrokerFailures runs the pipeline under load on the

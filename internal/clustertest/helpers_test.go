@@ -106,18 +106,14 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 		adm := kadm.NewClient(cl)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		var ns []string
-		for _, sp := range topics.Specs(s.names, topics.DefaultLayout()) {
-			ns = append(ns, sp.Name)
-		}
 		_, _ = adm.DeleteGroups(ctx, s.group("dedup"), s.group("aggregate"), s.group("sink"))
-		_, _ = adm.DeleteTopics(ctx, ns...)
+		_, _ = adm.DeleteTopics(ctx, s.topicNames()...)
 	})
 	// The command an operator runs: on three brokers it must choose
 	// replication factor 3 and min.insync.replicas 2 by itself.
 	out := s.command("topics", "create", "--brokers", strings.Join(s.brokers, ","), "--topic-prefix", prefix,
 		"--partitions", strconv.Itoa(partitions))
-	if !strings.Contains(out, "3 brokers: replication factor 3, min.insync.replicas 2") || !strings.Contains(out, "all 9 topics match") {
+	if !strings.Contains(out, "3 brokers: replication factor 3, min.insync.replicas 2") || !strings.Contains(out, fmt.Sprintf("all %d topics match", len(s.topicNames()))) {
 		t.Fatalf("meterline topics create on the cluster:\n%s", out)
 	}
 	s.command("migrate", "--clickhouse", chAddr, "--database", db)

@@ -338,40 +338,46 @@ func TestLinks(t *testing.T) {
 }
 
 // TestAnalystQueriesDocumented keeps docs/analysts.md equal to
-// sink.AnalystQueries, which TestAnalystQueries runs on real data: the same
-// queries, titles and order, and no other SQL anywhere in the docs.
+// sink.AnalystQueries, which TestAnalystQueries runs on real data, and the
+// balance queries of docs/entitlements.md equal to sink.BalanceQueries,
+// which TestBalanceQueries runs: the same queries, titles and order, and
+// no other SQL anywhere in the docs.
 func TestAnalystQueriesDocumented(t *testing.T) {
 	_, files, blocks := docs(t)
 	norm := func(s string) string { return strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), ";")) }
-	var sql []block
+	queries := map[string][]sink.AnalystQuery{"docs/analysts.md": sink.AnalystQueries, "docs/entitlements.md": sink.BalanceQueries}
+	sql := map[string][]block{}
 	for _, b := range blocks {
 		if b.lang != "sql" {
 			continue
 		}
-		if b.file != "docs/analysts.md" {
-			t.Errorf("%s: SQL outside docs/analysts.md is not run by any test", b.where())
+		if queries[b.file] == nil {
+			t.Errorf("%s: SQL outside docs/analysts.md and docs/entitlements.md is not run by any test", b.where())
 			continue
 		}
-		sql = append(sql, b)
+		sql[b.file] = append(sql[b.file], b)
 	}
-	if len(sql) != len(sink.AnalystQueries) {
-		t.Fatalf("docs/analysts.md has %d SQL blocks, sink.AnalystQueries has %d queries", len(sql), len(sink.AnalystQueries))
-	}
-	lines := strings.Split(files["docs/analysts.md"], "\n")
-	for i, q := range sink.AnalystQueries {
-		b := sql[i]
-		if norm(b.text) != norm(q.SQL) {
-			t.Errorf("%s: query %d differs from sink.AnalystQueries[%d] (%s):\n%s\nwant:\n%s", b.where(), i+1, i, q.Name, norm(b.text), norm(q.SQL))
+	for file, qs := range queries {
+		if len(sql[file]) != len(qs) {
+			t.Errorf("%s has %d SQL blocks, want %d (the queries its test runs)", file, len(sql[file]), len(qs))
+			continue
 		}
-		title := ""
-		for p := b.line - 2; p >= 0; p-- {
-			if l := strings.TrimSpace(lines[p]); l != "" {
-				title = l
-				break
+		lines := strings.Split(files[file], "\n")
+		for i, q := range qs {
+			b := sql[file][i]
+			if norm(b.text) != norm(q.SQL) {
+				t.Errorf("%s: query %d differs from %s (%s):\n%s\nwant:\n%s", b.where(), i+1, file, q.Name, norm(b.text), norm(q.SQL))
 			}
-		}
-		if !strings.HasPrefix(title, "**"+q.Title+"**") {
-			t.Errorf("%s: the line before query %d is %q; want it to start with **%s**", b.where(), i+1, title, q.Title)
+			title := ""
+			for p := b.line - 2; p >= 0; p-- {
+				if l := strings.TrimSpace(lines[p]); l != "" {
+					title = l
+					break
+				}
+			}
+			if !strings.HasPrefix(title, "**"+q.Title+"**") {
+				t.Errorf("%s: the line before query %d is %q; want it to start with **%s**", b.where(), i+1, title, q.Title)
+			}
 		}
 	}
 }

@@ -26,6 +26,10 @@ import (
 const (
 	EnvKafka      = "METERLINE_TEST_KAFKA"
 	EnvClickHouse = "METERLINE_TEST_CLICKHOUSE"
+	// EnvChdb names the python of scripts/chdb-venv.sh, whose chdb embeds
+	// a current ClickHouse (26.x): the second version the migrations and
+	// the documented queries are checked on.
+	EnvChdb = "METERLINE_TEST_CHDB"
 )
 
 // RealKafka returns the seed brokers of the real test broker, or skips the
@@ -47,6 +51,17 @@ func RealClickHouse(t testing.TB) string {
 	v := os.Getenv(EnvClickHouse)
 	if v == "" || testing.Short() {
 		t.Skipf("SKIP: real ClickHouse integration test; set %s=host:port (make test does) and drop -short", EnvClickHouse)
+	}
+	return v
+}
+
+// Chdb returns the python that runs scripts/chdb-run.py, or skips the test
+// when METERLINE_TEST_CHDB is not set. With -short it always skips.
+func Chdb(t testing.TB) string {
+	t.Helper()
+	v := os.Getenv(EnvChdb)
+	if v == "" || testing.Short() {
+		t.Skipf("SKIP: real ClickHouse 26 (chdb) integration test; set %s=$(scripts/chdb-venv.sh) (make test does) and drop -short", EnvChdb)
 	}
 	return v
 }

@@ -17,7 +17,12 @@ import (
 // read too (not returned), so the end of each partition is recognised
 // exactly even when its last offsets are markers.
 func ReadCommitted(ctx context.Context, brokers []string, topic string, from map[int32]int64) ([]*kgo.Record, error) {
-	acl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	return ReadCommittedAs(ctx, kafka.Config{Brokers: brokers}, topic, from)
+}
+
+// ReadCommittedAs is ReadCommitted connected as conn says (SASL, TLS).
+func ReadCommittedAs(ctx context.Context, conn kafka.Config, topic string, from map[int32]int64) ([]*kgo.Record, error) {
+	acl, err := kafka.NewClient(conn)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +46,7 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, from map
 	if len(want) == 0 {
 		return nil, nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+	cl, err := kafka.NewClient(conn,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())

@@ -31,6 +31,8 @@ type Names struct {
 	Adjustments        string `help:"Late events booked into a later period." default:"usage.adjustments"`
 	DedupChangelog     string `help:"Dedup state changelog." default:"meterline-dedup-changelog"`
 	AggregateChangelog string `help:"Aggregator state changelog." default:"meterline-aggregate-changelog"`
+	Entitlements       string `help:"Customers' plans, caps and credit grants, the default plan and the rate card (compacted, co-partitioned with the deduped topic)." default:"usage.entitlements"`
+	Balances           string `help:"Customers' usage against their caps and credits left (compacted)." default:"usage.balances"`
 	Keys               string `help:"API keys and tenants of the HTTP ingest (compacted)." default:"meterline.keys"`
 }
 
@@ -39,7 +41,7 @@ func DefaultNames() Names {
 	return Names{Events: "usage.events", Deduped: "usage.deduped", Duplicates: "usage.duplicates",
 		Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
 		DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog",
-		Keys: "meterline.keys"}
+		Entitlements: "usage.entitlements", Balances: "usage.balances", Keys: "meterline.keys"}
 }
 
 func (n Names) name(s string) string { return n.Prefix + s }
@@ -53,6 +55,8 @@ func (n Names) AggregatesTopic() string         { return n.name(n.Aggregates) }
 func (n Names) AdjustmentsTopic() string        { return n.name(n.Adjustments) }
 func (n Names) DedupChangelogTopic() string     { return n.name(n.DedupChangelog) }
 func (n Names) AggregateChangelogTopic() string { return n.name(n.AggregateChangelog) }
+func (n Names) EntitlementsTopic() string       { return n.name(n.Entitlements) }
+func (n Names) BalancesTopic() string           { return n.name(n.Balances) }
 func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 
 // Layout says how many partitions and what retention the topics get.
@@ -63,7 +67,7 @@ type Layout struct {
 	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"840h"`
 	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"1h"`
 	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S for the dedup changelog)." default:"168h"`
-	EventsTimestamp   string        `help:"message.timestamp.type of the events topic. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
+	EventsTimestamp   string        `help:"message.timestamp.type of the events and entitlements topics, whose record timestamps are arrival times. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
 }
 
 // DefaultLayout returns the defaults of the flags above.
@@ -127,9 +131,11 @@ func BrokerCount(ctx context.Context, adm *kadm.Client) (int, error) {
 type Spec struct {
 	Name       string
 	Partitions int32
-	// PartitionsOf names the input topic whose partition count this
-	// changelog must equal; empty for other topics.
-	PartitionsOf string
+	// PartitionsOf names the topic whose partition count this one must
+	// equal: a changelog's input topic, or the topic it is co-partitioned
+	// with (CoPartitioned); empty for other topics.
+	PartitionsOf  string
+	CoPartitioned bool
 	// Configs to set on creation. Retention in MinRetention is set too.
 	Configs map[string]string
 	// MinRetention is the least retention.ms the topic may have; 0 means
@@ -187,6 +193,15 @@ func Specs(n Names, l Layout) (specs []Spec) {
 			Configs: map[string]string{"cleanup.policy": "compact,delete", "retention.ms": ms(clRet)}, MinRetention: l.Window + l.Skew},
 		{Name: n.AggregateChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(),
 			Configs: map[string]string{"cleanup.policy": "compact"}},
+		// Entitlements are read by the aggregator in the transactions of
+		// the deduped partition of the same number (DESIGN §12), and
+		// their timestamps are arrivals. A stage that lags must still
+		// read every record: compaction keeps each record, tombstones
+		// included, for W plus the margin.
+		{Name: n.EntitlementsTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(), CoPartitioned: true,
+			Configs: map[string]string{"cleanup.policy": "compact", "message.timestamp.type": l.EventsTimestamp,
+				"min.compaction.lag.ms": ms(ret), "delete.retention.ms": ms(ret)}},
+		spec(n.BalancesTopic(), map[string]string{"cleanup.policy": "compact"}, 0),
 		// One partition: a few records, read whole by every ingest replica.
 		{Name: n.KeysTopic(), Partitions: 1, Configs: map[string]string{"cleanup.policy": "compact"}},
 	}
@@ -207,6 +222,13 @@ type Result struct {
 // DefaultMinInsync of its replication factor, so that no topic depends on
 // the brokers' default.
 func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Result, error) {
+	for i, s := range specs {
+		if s.Name == "" {
+			// A Names with a field left empty (a struct literal that
+			// predates a new topic): the brokers would never show it.
+			return nil, fmt.Errorf("topics: create: spec %d has no topic name", i)
+		}
+	}
 	if rf <= 0 && slices.ContainsFunc(specs, func(s Spec) bool { return s.ReplicationFactor <= 0 }) {
 		n, err := BrokerCount(ctx, adm)
 		if err != nil {
@@ -348,10 +370,12 @@ func (d Drift) String() string {
 
 // Check compares the cluster with the specs and returns every drift found:
 // missing topics, partition counts, changelogs whose partition count differs
-// from their input topic's, cleanup policy, too short retention, the events
-// topic's timestamp type, the replication factor and min.insync.replicas
-// where the specs set them, and partitions that are under-replicated (a
-// replica out of the ISR) or have no leader.
+// from their input topic's and an entitlements topic whose count differs
+// from the deduped topic's, cleanup policy, too short retention, the events
+// topic's timestamp type and the compaction settings the specs set, the
+// replication factor and min.insync.replicas where the specs set them, and
+// partitions that are under-replicated (a replica out of the ISR) or have
+// no leader.
 func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error) {
 	names := make([]string, len(specs))
 	for i, s := range specs {
@@ -394,8 +418,12 @@ func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error)
 		have := int32(len(d.Partitions))
 		if s.PartitionsOf != "" {
 			if in, ok := details[s.PartitionsOf]; ok && in.Err == nil && int32(len(in.Partitions)) != have {
+				why := "as many as its input"
+				if s.CoPartitioned {
+					why = "co-partitioned with"
+				}
 				drifts = append(drifts, Drift{Topic: s.Name, What: "partitions",
-					Have: fmt.Sprint(have), Want: fmt.Sprintf("%d (as many as its input %s)", len(in.Partitions), s.PartitionsOf)})
+					Have: fmt.Sprint(have), Want: fmt.Sprintf("%d (%s %s)", len(in.Partitions), why, s.PartitionsOf)})
 			}
 		} else if have != s.Partitions {
 			drifts = append(drifts, Drift{Topic: s.Name, What: "partitions", Have: fmt.Sprint(have), Want: fmt.Sprint(s.Partitions)})

@@ -1,0 +1,215 @@
+package entitlements
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// Event is what a decision needs of an event of usage.deduped.
+type Event struct {
+	Meter string
+	// Aggregation is the meter's: SUM, COUNT, MAX, UNIQUE_COUNT or
+	// LATEST. Only SUM and COUNT meters add units to a period's usage, can
+	// be capped and can cost credits.
+	Aggregation string
+	Quantity    int64
+	EventTime   int64 // epoch ms
+	Arrival     int64 // ingest_time: broker time, epoch ms
+}
+
+// Units returns what the event adds to its period's usage: SUM the
+// quantity, COUNT one, other aggregations nothing.
+func (e Event) Units() int64 {
+	switch e.Aggregation {
+	case "SUM":
+		return e.Quantity
+	case "COUNT":
+		return 1
+	}
+	return 0
+}
+
+// Outcome is what Decide decided.
+type Outcome uint8
+
+// Outcomes.
+const (
+	// Accepted: the event counts; Units, Draws and Overdraft are its
+	// charge.
+	Accepted Outcome = iota
+	// OverLimit: it would take the period past a cap whose on_limit is
+	// REJECT.
+	OverLimit
+	// NoCredit: the grants cannot pay for it and the overdraft policy
+	// does not allow the rest.
+	NoCredit
+	// Invalid: a sum it takes part in (usage, cost, overdraft) would pass
+	// 64 bits.
+	Invalid
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Accepted:
+		return "accepted"
+	case OverLimit:
+		return schemas.ReasonOverLimit
+	case NoCredit:
+		return schemas.ReasonNoCredit
+	case Invalid:
+		return schemas.ReasonInvalid
+	}
+	return fmt.Sprintf("Outcome(%d)", uint8(o))
+}
+
+// Reason returns the rejection reason code of DESIGN §8 ("" when
+// accepted).
+func (o Outcome) Reason() string {
+	if o == Accepted {
+		return ""
+	}
+	return o.String()
+}
+
+// Draw is what one grant paid for an event, in micro-credits.
+type Draw struct {
+	Grant  string
+	Amount int64
+}
+
+// Decision is the decision on one event and, when accepted, the change it
+// makes to the customer's state (Account.apply): a rejected event changes
+// nothing.
+type Decision struct {
+	Outcome Outcome
+	// Detail says why, for usage.rejected and the audit log.
+	Detail string
+	// Units is added to the usage of the event's meter in its period.
+	Units int64
+	// Cost is the event's price in micro-credits (0 when unmetered or the
+	// meter has no rate).
+	Cost int64
+	// Draws is what each grant paid, in draw order; Overdraft is the rest
+	// of Cost, overdrawn in the event's period.
+	Draws     []Draw
+	Overdraft int64
+	// OverCap: accepted past a cap whose on_limit is ALLOW.
+	OverCap bool
+	// Misconfigured, when not empty, says that a cap or a rate on a meter
+	// whose aggregation is not SUM or COUNT was ignored (a configuration
+	// error that validation with the meters file refuses; the meter may
+	// have changed aggregation since the record was written).
+	Misconfigured string
+}
+
+// Input is everything a decision depends on.
+type Input struct {
+	// Plan is in effect at the event's arrival; nil: no plan (no caps, no
+	// grants, overdraft allowed).
+	Plan *Plan
+	// Rate is the meter's rate at the event's event_time, as the rate
+	// card stood at the earlier of its arrival and event_time; HasRate is
+	// false when there is none (the event costs nothing).
+	Rate    schemas.Rate
+	HasRate bool
+	Event   Event
+	// Usage is the customer's accepted units of the meter in the event's
+	// own period (summed across groups); Overdrawn the micro-credits it
+	// overdrew in that period.
+	Usage     int64
+	Overdrawn int64
+	// Consumed returns what a grant has paid so far.
+	Consumed func(grant string) int64
+}
+
+// Decide decides one event (DESIGN §12): unmetered → accepted, no charge;
+// a cap it would pass → OverLimit (on_limit REJECT); credits → drawn from
+// the grants whose window holds its event_time, by priority, then earliest
+// expiry, then id; what they cannot pay is overdrawn when the policy
+// allows, else NoCredit. Decide is pure: it reads in and returns the
+// change; nothing is consumed by a rejected event.
+func Decide(in Input) Decision {
+	p := in.Plan
+	if p == nil {
+		p = noPlan
+	}
+	ev := in.Event
+	if ev.Quantity < 0 {
+		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: negative (%d)", ev.Quantity)}
+	}
+	units := ev.Units()
+	if units > math.MaxInt64-in.Usage {
+		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the usage of %s in the period would pass 64 bits (%d + %d)", ev.Meter, in.Usage, units)}
+	}
+	d := Decision{Units: units}
+	if p.Unmetered {
+		return d
+	}
+	charged := Charged(ev.Aggregation)
+	if c, ok := p.Cap(ev.Meter); ok {
+		switch {
+		case !charged:
+			d.Misconfigured = fmt.Sprintf("cap on %s ignored: a %s meter (caps apply to SUM and COUNT meters only)", ev.Meter, ev.Aggregation)
+		case in.Usage+units > c.Limit && c.OnLimit == schemas.OnLimitReject:
+			return Decision{Outcome: OverLimit, Detail: fmt.Sprintf("%s: usage in the period %d + %d would pass the cap %d of plan %q",
+				ev.Meter, in.Usage, units, c.Limit, p.Name)}
+		case in.Usage+units > c.Limit:
+			d.OverCap = true
+		}
+	}
+	if !in.HasRate {
+		return d
+	}
+	if !charged {
+		if d.Misconfigured == "" {
+			d.Misconfigured = fmt.Sprintf("rate of %s ignored: a %s meter (rates apply to SUM and COUNT meters only)", ev.Meter, ev.Aggregation)
+		} else {
+			d.Misconfigured += "; rate ignored too"
+		}
+		return d
+	}
+	cost, ok := Cost(units, in.Rate)
+	if !ok {
+		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the cost of %d units of %s at %d/%d micro-credits would pass 64 bits",
+			units, ev.Meter, in.Rate.MicroCredits, in.Rate.PerUnits)}
+	}
+	d.Cost = cost
+	need := cost
+	for _, g := range p.Grants {
+		if need == 0 {
+			break
+		}
+		if ev.EventTime < g.EffectiveFrom || ev.EventTime >= expiry(g) {
+			continue
+		}
+		var used int64
+		if in.Consumed != nil {
+			used = in.Consumed(g.ID)
+		}
+		left := g.Amount - used
+		if left <= 0 {
+			continue
+		}
+		take := min(left, need)
+		d.Draws = append(d.Draws, Draw{Grant: g.ID, Amount: take})
+		need -= take
+	}
+	if need == 0 {
+		return d
+	}
+	od := p.Overdraft
+	switch {
+	case od.Policy != schemas.OverdraftAllow:
+		return Decision{Outcome: NoCredit, Detail: fmt.Sprintf("%s: costs %d micro-credits, the grants of plan %q can pay %d, and overdraft is denied",
+			ev.Meter, cost, p.Name, cost-need)}
+	case od.Limit > 0 && need > od.Limit-in.Overdrawn:
+		return Decision{Outcome: NoCredit, Detail: fmt.Sprintf("%s: costs %d micro-credits, the grants of plan %q can pay %d, and overdrawing %d more would pass the overdraft limit %d (overdrawn %d)",
+			ev.Meter, cost, p.Name, cost-need, need, od.Limit, in.Overdrawn)}
+	case need > math.MaxInt64-in.Overdrawn:
+		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the overdraft in the period would pass 64 bits (%d + %d)", in.Overdrawn, need)}
+	}
+	d.Overdraft = need
+	return d
+}

@@ -1,0 +1,378 @@
+package entitlements
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"math/big"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// The operator's form of the records: YAML (or JSON) documents that
+// `meterline entitlements` reads and prints. A document printed by `get`
+// is accepted by `set` unchanged. Amounts are micro-credits; times are RFC
+// 3339 (UTC, millisecond precision); names of caps, grants and rates are
+// map keys, so field paths in errors read like the document:
+// "caps.api_calls.limit: must be positive (got 0)".
+
+// Document is an Entitlements record: a customer's, or the default plan
+// (Customer empty).
+type Document struct {
+	Customer string `json:"customer,omitempty"`
+	Plan     string `json:"plan,omitempty"`
+	// EffectiveFrom: from when (arrival time) the record applies; empty:
+	// from when it is written. An earlier time is raised to that.
+	EffectiveFrom string              `json:"effective_from,omitempty"`
+	Unmetered     bool                `json:"unmetered,omitempty"`
+	Caps          map[string]CapDoc   `json:"caps,omitempty"`
+	Grants        map[string]GrantDoc `json:"grants,omitempty"`
+	Overdraft     *OverdraftDoc       `json:"overdraft,omitempty"`
+	WrittenAt     string              `json:"written_at,omitempty"` // printed by get; ignored by set
+}
+
+// CapDoc is a cap: limit per billing period; on_limit reject (default) or
+// allow.
+type CapDoc struct {
+	Limit   Int    `json:"limit"`
+	OnLimit string `json:"on_limit,omitempty"`
+}
+
+// GrantDoc is a credit grant: amount in micro-credits; priority (lower is
+// drawn first, default 0); the event-time window [effective_from,
+// expires_at), each end optional.
+type GrantDoc struct {
+	Amount        Int    `json:"amount"`
+	Priority      Int    `json:"priority,omitzero"`
+	EffectiveFrom string `json:"effective_from,omitempty"`
+	ExpiresAt     string `json:"expires_at,omitempty"`
+}
+
+// OverdraftDoc is the overdraft policy: allow (default; limit in
+// micro-credits per period, 0 or absent: none) or deny.
+type OverdraftDoc struct {
+	Policy string `json:"policy"`
+	Limit  Int    `json:"limit,omitzero"`
+}
+
+// Int is an integer field of a document. It takes a JSON number or a
+// string of digits; anything else is remembered and reported, with its
+// field path, among every other problem of the document (a plain int64
+// would stop decoding at the first one).
+type Int struct {
+	V   int64
+	bad string // the raw text, when it was not an integer
+}
+
+// UnmarshalJSON implements json.Unmarshaler; it never fails.
+func (n *Int) UnmarshalJSON(b []byte) error {
+	s := string(bytes.TrimSpace(b))
+	if u, err := strconv.Unquote(s); err == nil {
+		s = u
+	}
+	v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+	if err != nil {
+		*n = Int{bad: string(b)}
+		return nil
+	}
+	*n = Int{V: v}
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (n Int) MarshalJSON() ([]byte, error) { return strconv.AppendInt(nil, n.V, 10), nil }
+
+// IsZero lets omitzero skip a zero Int.
+func (n Int) IsZero() bool { return n.V == 0 && n.bad == "" }
+
+func (f *fieldErrs) int(field string, n Int) int64 {
+	if n.bad != "" {
+		f.add(field, "not an integer (%s)", n.bad)
+	}
+	return n.V
+}
+
+// FormatTime formats epoch ms as the documents do.
+func FormatTime(ms int64) string {
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+// ParseTime parses an RFC 3339 time of a document to epoch ms.
+func ParseTime(s string) (int64, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", s)
+	}
+	if t.Before(time.UnixMilli(schemas.MinEventTime)) {
+		return 0, fmt.Errorf("%s is before 2000-01-01", s)
+	}
+	return t.UnixMilli(), nil
+}
+
+func (f *fieldErrs) time(field, s string) int64 {
+	if s == "" {
+		return 0
+	}
+	ms, err := ParseTime(s)
+	if err != nil {
+		f.add(field, "%v", err)
+	}
+	return ms
+}
+
+// decodeStrict reads a YAML or JSON document: unknown fields are an error.
+func decodeStrict(b []byte, v any) error {
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(j))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("more than one document")
+	}
+	return nil
+}
+
+// ParseDocument reads a Document from YAML or JSON. Unknown fields and
+// malformed syntax are errors; the values are checked by Record.
+func ParseDocument(b []byte) (*Document, error) {
+	var d Document
+	if err := decodeStrict(b, &d); err != nil {
+		return nil, fmt.Errorf("entitlements: %w", err)
+	}
+	return &d, nil
+}
+
+// Record converts the document to an Entitlements record and validates it
+// (Validate, with meters when not nil), returning every problem at once
+// with its field path. customer names the customer ("" for the default
+// plan); a document that names another one is an error.
+func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements, error) {
+	var f fieldErrs
+	switch {
+	case customer == "" && d.Customer != "":
+		f.add("customer", "the default plan names no customer (got %q)", d.Customer)
+	case d.Customer != "" && d.Customer != customer:
+		f.add("customer", "%q, but the record is for %q", d.Customer, customer)
+	}
+	e := &schemas.Entitlements{CustomerID: customer, Plan: d.Plan, Unmetered: d.Unmetered,
+		EffectiveFrom: f.time("effective_from", d.EffectiveFrom), Caps: []schemas.Cap{}, Grants: []schemas.Grant{},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	for _, m := range slices.Sorted(maps.Keys(d.Caps)) {
+		c, at := d.Caps[m], "caps."+pathPart(m)
+		cp := schemas.Cap{Meter: m, Limit: f.int(at+".limit", c.Limit), OnLimit: schemas.OnLimitReject}
+		switch strings.ToLower(c.OnLimit) {
+		case "", "reject":
+		case "allow":
+			cp.OnLimit = schemas.OnLimitAllow
+		default:
+			f.add(at+".on_limit", "must be reject or allow (got %q)", c.OnLimit)
+		}
+		e.Caps = append(e.Caps, cp)
+	}
+	for _, id := range slices.Sorted(maps.Keys(d.Grants)) {
+		g, at := d.Grants[id], "grants."+pathPart(id)
+		pr := f.int(at+".priority", g.Priority)
+		if pr > math.MaxInt32 || pr < math.MinInt32 {
+			f.add(at+".priority", "out of range (%d)", pr)
+			pr = 0
+		}
+		e.Grants = append(e.Grants, schemas.Grant{ID: id, Amount: f.int(at+".amount", g.Amount), Priority: int32(pr),
+			EffectiveFrom: f.time(at+".effective_from", g.EffectiveFrom), ExpiresAt: f.time(at+".expires_at", g.ExpiresAt)})
+	}
+	if o := d.Overdraft; o != nil {
+		switch strings.ToLower(o.Policy) {
+		case "", "allow":
+		case "deny":
+			e.Overdraft.Policy = schemas.OverdraftDeny
+		default:
+			f.add("overdraft.policy", "must be allow or deny (got %q)", o.Policy)
+		}
+		e.Overdraft.Limit = f.int("overdraft.limit", o.Limit)
+	}
+	if err := Validate(e, meters); err != nil {
+		f = append(f, err)
+	}
+	if err := f.err(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// DocumentOf returns the document of a record; writtenAt (its broker
+// time, 0: unknown) is printed for information.
+func DocumentOf(e *schemas.Entitlements, writtenAt int64) *Document {
+	d := &Document{Customer: e.CustomerID, Plan: e.Plan, Unmetered: e.Unmetered}
+	if e.EffectiveFrom != 0 {
+		d.EffectiveFrom = FormatTime(e.EffectiveFrom)
+	}
+	if writtenAt != 0 {
+		d.WrittenAt = FormatTime(writtenAt)
+	}
+	for _, c := range e.Caps {
+		if d.Caps == nil {
+			d.Caps = map[string]CapDoc{}
+		}
+		d.Caps[c.Meter] = CapDoc{Limit: Int{V: c.Limit}, OnLimit: strings.ToLower(string(c.OnLimit))}
+	}
+	for _, g := range e.Grants {
+		if d.Grants == nil {
+			d.Grants = map[string]GrantDoc{}
+		}
+		gd := GrantDoc{Amount: Int{V: g.Amount}, Priority: Int{V: int64(g.Priority)}}
+		if g.EffectiveFrom != 0 {
+			gd.EffectiveFrom = FormatTime(g.EffectiveFrom)
+		}
+		if g.ExpiresAt != 0 {
+			gd.ExpiresAt = FormatTime(g.ExpiresAt)
+		}
+		d.Grants[g.ID] = gd
+	}
+	d.Overdraft = &OverdraftDoc{Policy: strings.ToLower(string(e.Overdraft.Policy)), Limit: Int{V: e.Overdraft.Limit}}
+	return d
+}
+
+// RatesDocument is the rate card: every version, in time order.
+type RatesDocument struct {
+	Versions  []RateVersionDoc `json:"versions"`
+	WrittenAt string           `json:"written_at,omitempty"` // printed by get; ignored by set-rates
+}
+
+// RateVersionDoc is one version: from effective_from (event time) on,
+// each meter's price per unit in micro-credits, written as an integer
+// ("1000"), a fraction ("15/1000": 15 micro-credits per 1,000 units) or a
+// decimal ("0.015").
+type RateVersionDoc struct {
+	EffectiveFrom string             `json:"effective_from"`
+	Rates         map[string]RateDoc `json:"rates"`
+}
+
+// RateDoc is a rate as written in a document.
+type RateDoc string
+
+// UnmarshalJSON takes a JSON number or string.
+func (r *RateDoc) UnmarshalJSON(b []byte) error {
+	s := string(bytes.TrimSpace(b))
+	if u, err := strconv.Unquote(s); err == nil {
+		s = u
+	}
+	*r = RateDoc(s)
+	return nil
+}
+
+// ParseRate parses a rate: "N", "N/M" or a decimal "D.F", micro-credits
+// per unit.
+func ParseRate(s string) (micro, per int64, err error) {
+	s = strings.ReplaceAll(strings.TrimSpace(s), "_", "")
+	bad := fmt.Errorf("not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit (%q)", s)
+	if n, d, ok := strings.Cut(s, "/"); ok {
+		micro, err1 := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+		per, err2 := strconv.ParseInt(strings.TrimSpace(d), 10, 64)
+		if err1 != nil || err2 != nil {
+			return 0, 0, bad
+		}
+		return micro, per, nil
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok || strings.ContainsAny(s, "eE") {
+		return 0, 0, bad
+	}
+	if !r.Num().IsInt64() || !r.Denom().IsInt64() {
+		return 0, 0, fmt.Errorf("%q has too many digits", s)
+	}
+	// Keep the written precision (0.250 → 250/1000), so that the card
+	// prints back as written.
+	per = 1
+	if _, frac, ok := strings.Cut(s, "."); ok {
+		if len(frac) > 18 {
+			return 0, 0, fmt.Errorf("%q has too many digits", s)
+		}
+		for range frac {
+			per *= 10
+		}
+	}
+	num := new(big.Rat).Mul(r, new(big.Rat).SetInt64(per))
+	if !num.IsInt() || !num.Num().IsInt64() {
+		return 0, 0, fmt.Errorf("%q has too many digits", s)
+	}
+	return num.Num().Int64(), per, nil
+}
+
+// FormatRate formats a rate as ParseRate reads it.
+func FormatRate(r schemas.Rate) RateDoc {
+	if r.PerUnits == 1 {
+		return RateDoc(strconv.FormatInt(r.MicroCredits, 10))
+	}
+	return RateDoc(fmt.Sprintf("%d/%d", r.MicroCredits, r.PerUnits))
+}
+
+// ParseRatesDocument reads a RatesDocument from YAML or JSON.
+func ParseRatesDocument(b []byte) (*RatesDocument, error) {
+	var d RatesDocument
+	if err := decodeStrict(b, &d); err != nil {
+		return nil, fmt.Errorf("entitlements: %w", err)
+	}
+	return &d, nil
+}
+
+// Card converts the document to a RateCard and validates it
+// (ValidateRateCard, with meters when not nil), returning every problem at
+// once with its field path.
+func (d *RatesDocument) Card(meters Meters) (*schemas.RateCard, error) {
+	var f fieldErrs
+	c := &schemas.RateCard{Versions: []schemas.RateVersion{}}
+	for i, v := range d.Versions {
+		at := fmt.Sprintf("versions[%d]", i)
+		rv := schemas.RateVersion{Rates: []schemas.Rate{}}
+		if v.EffectiveFrom == "" {
+			f.add(at+".effective_from", "is required")
+		} else {
+			rv.EffectiveFrom = f.time(at+".effective_from", v.EffectiveFrom)
+		}
+		for _, m := range slices.Sorted(maps.Keys(v.Rates)) {
+			mc, per, err := ParseRate(string(v.Rates[m]))
+			if err != nil {
+				f.add(at+".rates."+pathPart(m), "%v", err)
+				per = 1
+			}
+			rv.Rates = append(rv.Rates, schemas.Rate{Meter: m, MicroCredits: mc, PerUnits: per})
+		}
+		c.Versions = append(c.Versions, rv)
+	}
+	if err := ValidateRateCard(c, meters); err != nil {
+		f = append(f, err)
+	}
+	if err := f.err(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// RatesDocumentOf returns the document of a rate card.
+func RatesDocumentOf(c *schemas.RateCard, writtenAt int64) *RatesDocument {
+	d := &RatesDocument{Versions: []RateVersionDoc{}}
+	if writtenAt != 0 {
+		d.WrittenAt = FormatTime(writtenAt)
+	}
+	for _, v := range c.Versions {
+		rv := RateVersionDoc{EffectiveFrom: FormatTime(v.EffectiveFrom), Rates: map[string]RateDoc{}}
+		for _, r := range v.Rates {
+			rv.Rates[r.Meter] = FormatRate(r)
+		}
+		d.Versions = append(d.Versions, rv)
+	}
+	return d
+}

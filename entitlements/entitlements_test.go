@@ -1,0 +1,391 @@
+package entitlements
+
+import (
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+func TestCost(t *testing.T) {
+	const M = math.MaxInt64
+	for _, c := range []struct {
+		units, micro, per int64
+		want              int64
+		ok                bool
+	}{
+		{0, 1000, 1, 0, true},
+		{3, 1000, 1, 3000, true},
+		{1, 1, 2, 1, true}, // 0.5 → 1
+		{3, 1, 2, 2, true}, // 1.5 → 2
+		{5, 1, 2, 3, true}, // 2.5 → 3 (half up, not to even)
+		{1, 1, 3, 0, true}, // 0.333 → 0
+		{2, 1, 3, 1, true}, // 0.667 → 1
+		{100, 15, 1000, 2, true},
+		{3333, 15, 1000, 50, true}, // 49.995
+		{33, 15, 1000, 0, true},    // 0.495
+		{M, 1, 1, M, true},
+		{M, 1, 2, M/2 + 1, true}, // (2^63−1)/2 = 2^62 − 0.5 → 2^62
+		{M, M, M, M, true},
+		{M, 2, 1, 0, false},
+		{M/2 + 1, 2, 1, 0, false},
+		{M / 2, 2, 1, M - 1, true},
+		{M, M, 1, 0, false},
+		{1, 1, 0, 0, false},
+		{-1, 1, 1, 0, false},
+	} {
+		got, ok := Cost(c.units, schemas.Rate{MicroCredits: c.micro, PerUnits: c.per})
+		if got != c.want || ok != c.ok {
+			t.Errorf("Cost(%d × %d/%d) = %d, %v; want %d, %v", c.units, c.micro, c.per, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func plan(name string) *Plan {
+	return &Plan{Name: name, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+}
+
+func planName(p *Plan, ok bool) string {
+	switch {
+	case !ok:
+		return "none"
+	case p == nil:
+		return "deleted"
+	}
+	return p.Name
+}
+
+// TestTimeline: effective_from is raised to the broker time; a record
+// replaces what would have taken effect at or after its own time; a
+// tombstone takes effect at its broker time; Prune keeps what is in
+// effect at the horizon.
+func TestTimeline(t *testing.T) {
+	var tl Timeline
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(tl.Set(100, 0, plan("a")))   // from 100
+	must(tl.Set(200, 150, plan("b"))) // raised to 200
+	must(tl.Set(210, 400, plan("c"))) // scheduled
+	must(tl.Set(220, 300, plan("d"))) // replaces c
+	must(tl.Set(230, 0, nil))         // deleted from 230, d with it
+	for _, c := range []struct {
+		at   int64
+		want string
+	}{{99, "none"}, {100, "a"}, {199, "a"}, {200, "b"}, {229, "b"}, {230, "deleted"}, {300, "deleted"}, {400, "deleted"}} {
+		if got := planName(tl.At(c.at)); got != c.want {
+			t.Errorf("At(%d) = %s, want %s", c.at, got, c.want)
+		}
+	}
+	// The tombstone at 230 replaced d, scheduled for 300, after it.
+	if tl.Len() != 3 {
+		t.Fatalf("versions %+v, want a, b and the tombstone", tl.Versions())
+	}
+	tl.Prune(205)
+	if tl.Len() != 2 || planName(tl.At(205)) != "b" {
+		t.Fatalf("after Prune(205): %+v", tl.Versions())
+	}
+	tl.Prune(1000)
+	if tl.Len() != 0 {
+		t.Fatalf("a lone tombstone before the horizon is dropped: %+v", tl.Versions())
+	}
+	for i := 0; i < MaxVersions; i++ {
+		must(tl.Set(int64(1000+i), 0, plan("x")))
+	}
+	if err := tl.Set(5000, 0, plan("y")); !errors.Is(err, ErrTooManyVersions) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Set past MaxVersions = %v", err)
+	}
+}
+
+func TestTimelineTombstoneReplacesScheduled(t *testing.T) {
+	var tl Timeline
+	_ = tl.Set(100, 500, plan("later"))
+	_ = tl.Set(200, 0, nil)
+	if got := planName(tl.At(600)); got != "deleted" {
+		t.Fatalf("At(600) = %s: a delete replaces what was scheduled after it", got)
+	}
+}
+
+// TestRateHistory: the card as it stood at min(arrival, event_time), its
+// version at event_time; a card whose broker time stepped back counts as
+// written at the previous card's time; Prune keeps what prices the horizon.
+func TestRateHistory(t *testing.T) {
+	card := func(vs ...int64) *schemas.RateCard {
+		c := &schemas.RateCard{}
+		for _, v := range vs {
+			c.Versions = append(c.Versions, schemas.RateVersion{EffectiveFrom: v, Rates: []schemas.Rate{{Meter: "m", MicroCredits: v, PerUnits: 1}}})
+		}
+		return c
+	}
+	var h RateHistory
+	if err := h.Set(100, card(10, 150)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Set(200, card(10, 150, 180, 300)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Set(190, nil); err != nil { // stepped back: counts at 200
+		t.Fatal(err)
+	}
+	if err := h.Set(400, card(10)); err != nil {
+		t.Fatal(err)
+	}
+	rate := func(arrival, et int64) int64 {
+		r, ok := h.Rate(arrival, et, "m")
+		if !ok {
+			return -1
+		}
+		return r.MicroCredits
+	}
+	for _, c := range []struct{ arrival, et, want int64 }{
+		{50, 50, -1},    // before any card
+		{120, 120, 10},  // card 1, version 10
+		{160, 160, 150}, // card 1, version 150
+		{185, 185, 150}, // card 2 (written 200) not yet: 180 cannot reprice 185
+		{250, 185, 150}, // late: priced by the card as it stood at 185
+		{150, 250, 150}, // skew: arrived at 150, the card of then
+		{199, 199, 150},
+		{200, 200, -1}, // the tombstone, counted at 200 after the one at 200
+		{350, 350, -1},
+		{450, 450, 10},
+	} {
+		if got := rate(c.arrival, c.et); got != c.want {
+			t.Errorf("Rate(%d, %d) = %d, want %d", c.arrival, c.et, got, c.want)
+		}
+	}
+	h.Prune(210)
+	if h.Len() != 2 || rate(250, 250) != -1 || rate(450, 450) != 10 {
+		t.Fatalf("after Prune(210): %d cards", h.Len())
+	}
+}
+
+func TestValidateReportsEveryError(t *testing.T) {
+	doc := `
+plan: free
+caps:
+  api_calls: {limit: 0}
+  tokens: {limit: 10, on_limit: maybe}
+  peak: {limit: 5}
+  "bad meter": {limit: x}
+grants:
+  promo: {amount: -1, priority: -2, effective_from: "2026-12-01T00:00:00Z", expires_at: "2026-11-01T00:00:00Z"}
+  other: {amount: 5, expires_at: "yesterday"}
+overdraft: {policy: deny, limit: 10}
+`
+	d, err := ParseDocument([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meters := Meters(func(m string) (string, bool) { return map[string]string{"peak": "MAX"}[m], m == "peak" })
+	_, err = d.Record("acme", meters)
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Record = %v, want ErrInvalid", err)
+	}
+	for _, want := range []string{
+		"caps.api_calls.limit: must be positive (got 0)",
+		`caps.tokens.on_limit: must be reject or allow (got "maybe")`,
+		"caps.peak: peak is a MAX meter: caps apply to SUM and COUNT meters only",
+		`caps."bad meter".limit: not an integer ("x")`,
+		"grants.promo.amount: must be positive (got -1)",
+		"grants.promo.priority: must not be negative (got -2)",
+		"grants.promo.expires_at: must be after effective_from",
+		`grants.other.expires_at: not an RFC 3339 time such as 2026-12-01T00:00:00Z ("yesterday")`,
+		"overdraft.limit: must be 0 with policy deny (got 10)",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the errors do not say %q:\n%v", want, err)
+		}
+	}
+	if _, err := d.Record("", nil); err == nil || !strings.Contains(err.Error(), "caps.api_calls.limit") {
+		t.Fatalf("the default plan: %v", err)
+	}
+	if _, err := (&Document{Customer: "acme"}).Record("globex", nil); err == nil || !strings.Contains(err.Error(), `customer: "acme", but the record is for "globex"`) {
+		t.Fatalf("customer mismatch: %v", err)
+	}
+	if _, err := ParseDocument([]byte("plan: x\ncap: {}\n")); err == nil || !strings.Contains(err.Error(), `unknown field "cap"`) {
+		t.Fatalf("unknown field: %v", err)
+	}
+}
+
+func TestRatesDocument(t *testing.T) {
+	d, err := ParseRatesDocument([]byte(`
+versions:
+  - effective_from: "2026-12-01T00:00:00Z"
+    rates: {api_calls: 1000, tokens: 15/1000, storage: "0.250", bad: "1/0", worse: abc}
+  - effective_from: "2026-11-01T00:00:00Z"
+    rates: {api_calls: 900}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Card(nil)
+	for _, want := range []string{
+		"versions[0].rates.bad.per_units: must be positive (got 0)",
+		`versions[0].rates.worse: not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit ("abc")`,
+		"versions[1].effective_from: must be after versions[0]'s",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("the errors do not say %q:\n%v", want, err)
+		}
+	}
+	for in, want := range map[string][2]int64{"1000": {1000, 1}, "15/1000": {15, 1000}, "0.250": {250, 1000},
+		"1_000": {1000, 1}, "2.5": {25, 10}, "0": {0, 1}} {
+		mc, per, err := ParseRate(in)
+		if err != nil || mc != want[0] || per != want[1] {
+			t.Errorf("ParseRate(%q) = %d/%d, %v; want %d/%d", in, mc, per, err, want[0], want[1])
+		}
+	}
+	for _, in := range []string{"", "1e3", "x/1", "1/x", "0.1234567890123456789", "99999999999999999999"} {
+		if _, _, err := ParseRate(in); err == nil {
+			t.Errorf("ParseRate(%q) accepted", in)
+		}
+	}
+}
+
+// TestDocumentRoundTrip: what get prints, set reads back to the same
+// record.
+func TestDocumentRoundTrip(t *testing.T) {
+	e := &schemas.Entitlements{CustomerID: "acme", Plan: "pro", EffectiveFrom: 1796083200000,
+		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 1000, OnLimit: schemas.OnLimitReject}, {Meter: "tokens", Limit: 5, OnLimit: schemas.OnLimitAllow}},
+		Grants:    []schemas.Grant{{ID: "a", Amount: 7, Priority: 2, EffectiveFrom: 1796083200000, ExpiresAt: 1798761600000}, {ID: "b", Amount: 1}},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow, Limit: 99}}
+	y, err := yaml.Marshal(DocumentOf(e, 1796083200123))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := ParseDocument(y)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	back, err := d.Record("acme", nil)
+	if err != nil || !reflect.DeepEqual(back, e) {
+		t.Fatalf("round trip:\n%s\n got %+v, %v\nwant %+v", y, back, err, e)
+	}
+	c := &schemas.RateCard{Versions: []schemas.RateVersion{{EffectiveFrom: 1796083200000,
+		Rates: []schemas.Rate{{Meter: "a", MicroCredits: 1000, PerUnits: 1}, {Meter: "b", MicroCredits: 15, PerUnits: 1000}}}}}
+	y, _ = yaml.Marshal(RatesDocumentOf(c, 0))
+	rd, err := ParseRatesDocument(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := rd.Card(nil); err != nil || !reflect.DeepEqual(back, c) {
+		t.Fatalf("rates round trip:\n%s\n got %+v, %v", y, back, err)
+	}
+}
+
+func TestParseRecord(t *testing.T) {
+	ent := func(customer string) []byte {
+		b, _ := schemas.Encode(&schemas.Entitlements{CustomerID: customer, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}})
+		return b
+	}
+	card, _ := schemas.Encode(&schemas.RateCard{})
+	tick, _ := schemas.Encode(&schemas.Tick{InstanceID: "i"})
+	bad, _ := schemas.Encode(&schemas.Entitlements{CustomerID: "acme", Caps: []schemas.Cap{{Meter: "m", Limit: -1, OnLimit: schemas.OnLimitReject}},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}})
+	for _, c := range []struct {
+		key, value []byte
+		reason     string // "" accepted
+	}{
+		{schemas.CustomerKey("acme"), ent("acme"), ""},
+		{schemas.CustomerKey("acme"), nil, ""},
+		{[]byte(schemas.DefaultPlanKey), ent(""), ""},
+		{[]byte(schemas.DefaultPlanKey), nil, ""},
+		{[]byte(schemas.RateCardKey), card, ""},
+		{[]byte(schemas.TickKey), tick, ""},
+		{schemas.CustomerKey("acme"), ent("globex"), schemas.ReasonInvalid},
+		{[]byte(schemas.DefaultPlanKey), ent("acme"), schemas.ReasonInvalid},
+		{[]byte(schemas.RateCardKey), ent(""), schemas.ReasonInvalid},
+		{schemas.CustomerKey("acme"), card, schemas.ReasonInvalid},
+		{schemas.CustomerKey("acme"), tick, schemas.ReasonInvalid},
+		{[]byte(schemas.TickKey), nil, schemas.ReasonInvalid},
+		{[]byte("acme"), ent("acme"), schemas.ReasonInvalid},
+		{nil, ent("acme"), schemas.ReasonInvalid},
+		{schemas.CustomerKey("acme"), bad, schemas.ReasonInvalid},
+		{schemas.CustomerKey("acme"), []byte("{}"), schemas.ReasonUndecodable},
+		{schemas.CustomerKey("acme"), append([]byte{0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8}, 0), schemas.ReasonUnknownSchema},
+	} {
+		_, err := ParseRecord(c.key, c.value, 1)
+		got := ""
+		if err != nil {
+			got = Reason(err)
+		}
+		if got != c.reason {
+			t.Errorf("ParseRecord(%q, %x) = %v (reason %q), want reason %q", c.key, c.value, err, got, c.reason)
+		}
+	}
+}
+
+// TestGrantBalanceOutlivesARemoval: a grant removed from a customer's
+// record and offered again keeps what it paid, as long as a version seen
+// could still offer it: no credit is paid twice.
+func TestGrantBalanceOutlivesARemoval(t *testing.T) {
+	const day = 24 * hourMs
+	base := int64(1796083200000) // 2026-12-01
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	apply := func(at int64, e *schemas.Entitlements) {
+		t.Helper()
+		v, _ := schemas.Encode(e)
+		rec, err := ParseRecord(schemas.CustomerKey("acme"), v, at)
+		if err == nil {
+			err = l.Apply(st, rec)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	withGrant := func(exp int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: "acme", Grants: []schemas.Grant{{ID: "promo", Amount: 1000, ExpiresAt: exp}},
+			Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
+	}
+	card, _ := schemas.Encode(&schemas.RateCard{Versions: []schemas.RateVersion{{EffectiveFrom: base, Rates: []schemas.Rate{{Meter: "m", MicroCredits: 1, PerUnits: 1}}}}})
+	rec, _ := ParseRecord([]byte(schemas.RateCardKey), card, base)
+	_ = l.Apply(st, rec)
+	apply(base, withGrant(base+10*day))
+	if d, _ := l.Decide(st, "acme", Event{Meter: "m", Aggregation: "SUM", Quantity: 800, EventTime: base + day, Arrival: base + day}); len(d.Draws) != 1 {
+		t.Fatalf("first draw: %+v", d)
+	}
+	apply(base+2*day, withGrant(base+200*day)) // extended
+	apply(base+3*day, &schemas.Entitlements{CustomerID: "acme", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}})
+	// Prune long after the first expiry, and after the extending version
+	// left the timeline.
+	if err := l.PruneCustomer(st, "acme", base+100*day); err != nil {
+		t.Fatal(err)
+	}
+	apply(base+101*day, withGrant(base+200*day)) // offered again
+	d, err := l.Decide(st, "acme", Event{Meter: "m", Aggregation: "SUM", Quantity: 500, EventTime: base + 102*day, Arrival: base + 102*day})
+	if err != nil || d.Outcome != NoCredit {
+		t.Fatalf("500 more from a grant of 1,000 that paid 800: %+v, %v", d, err)
+	}
+	// Once its latest expiry is more than W behind the horizon, the entry
+	// goes: state stays bounded.
+	apply(base+150*day, &schemas.Entitlements{CustomerID: "acme", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}})
+	if err := l.PruneCustomer(st, "acme", base+300*day); err != nil {
+		t.Fatal(err)
+	}
+	if more, err := l.PrunePeriods(st, base+300*day, 10); more || err != nil {
+		t.Fatal(more, err)
+	}
+	if n := len(st.m); n != 3 { // the rate card, the read-to time, the timeline
+		t.Fatalf("state after the grant's window passed: %d keys %q", n, keys(st))
+	}
+}
+
+func keys(s *memStore) []string {
+	var out []string
+	for k := range s.m {
+		out = append(out, k)
+	}
+	return out
+}

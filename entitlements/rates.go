@@ -1,0 +1,168 @@
+package entitlements
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sort"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// Cost returns what units cost at rate r, in micro-credits:
+// units × r.MicroCredits / r.PerUnits, rounded half up, computed in 128
+// bits. ok is false when the cost does not fit 64 bits (or the input is
+// out of range: negative units or micro-credits, per_units not positive).
+func Cost(units int64, r schemas.Rate) (cost int64, ok bool) {
+	if units < 0 || r.MicroCredits < 0 || r.PerUnits <= 0 {
+		return 0, false
+	}
+	// p = units × micro_credits < 2^126; cost = ⌊(2p + per) / (2·per)⌋.
+	hi, lo := bits.Mul64(uint64(units), uint64(r.MicroCredits))
+	hi, lo = hi<<1|lo>>63, lo<<1
+	var carry uint64
+	lo, carry = bits.Add64(lo, uint64(r.PerUnits), 0)
+	hi += carry
+	d := uint64(r.PerUnits) << 1 // < 2^64: PerUnits < 2^63
+	if hi >= d {
+		return 0, false // the quotient needs more than 64 bits
+	}
+	q, _ := bits.Div64(hi, lo, d)
+	if q > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(q), true
+}
+
+// ValidateRateCard checks a RateCard and returns every problem at once,
+// each named by its field path ("versions[1].rates.tokens.per_units").
+// With meters, rates on meters whose aggregation is not SUM or COUNT are
+// refused.
+func ValidateRateCard(c *schemas.RateCard, meters Meters) error {
+	var f fieldErrs
+	if len(c.Versions) > MaxRateVersions {
+		f.add("versions", "%d versions, more than %d", len(c.Versions), MaxRateVersions)
+	}
+	total := 0
+	for i, v := range c.Versions {
+		at := fmt.Sprintf("versions[%d]", i)
+		if v.EffectiveFrom < 0 {
+			f.add(at+".effective_from", "must not be negative (got %d)", v.EffectiveFrom)
+		}
+		if i > 0 && v.EffectiveFrom <= c.Versions[i-1].EffectiveFrom {
+			f.add(at+".effective_from", "must be after versions[%d]'s (versions are in time order, no two at the same time)", i-1)
+		}
+		total += len(v.Rates)
+		seen := map[string]bool{}
+		for j, r := range v.Rates {
+			rat := fmt.Sprintf("%s.rates[%d]", at, j)
+			if r.Meter == "" || len(r.Meter) > MaxNameBytes || schemas.CheckText("", r.Meter, true) != nil {
+				f.checkName(rat+".meter", r.Meter)
+			} else {
+				rat = at + ".rates." + pathPart(r.Meter)
+				if seen[r.Meter] {
+					f.add(rat, "the meter has more than one rate in this version")
+				}
+				seen[r.Meter] = true
+			}
+			if r.MicroCredits < 0 {
+				f.add(rat+".micro_credits", "must not be negative (got %d)", r.MicroCredits)
+			}
+			if r.PerUnits <= 0 {
+				f.add(rat+".per_units", "must be positive (got %d)", r.PerUnits)
+			}
+			if meters != nil && r.Meter != "" {
+				if agg, declared := meters(r.Meter); declared && !Charged(agg) {
+					f.add(rat, "%s is a %s meter: rates apply to SUM and COUNT meters only", r.Meter, agg)
+				}
+			}
+		}
+	}
+	if total > MaxRates {
+		f.add("versions", "%d rates in all, more than %d", total, MaxRates)
+	}
+	return f.err()
+}
+
+// rateCard is one card record as RateHistory keeps it: its broker time
+// and the versions that can still price an event (the last one in effect
+// at written, and those after it), each with its rates sorted by meter.
+type rateCard struct {
+	written  int64
+	versions []schemas.RateVersion
+}
+
+// RateHistory is every rate card record that a future event can be priced
+// by, in the order they were read. The zero value has no card.
+type RateHistory struct {
+	cards []rateCard
+}
+
+// Set adds the card read at broker time written; nil is a tombstone (no
+// card from written on). A card whose broker time is earlier than the
+// previous card's (a broker clock that stepped back) counts as written at
+// the previous card's time, so that cards stay in read order. An invalid
+// card returns the FieldErrors of ValidateRateCard and changes nothing.
+func (h *RateHistory) Set(written int64, c *schemas.RateCard) error {
+	var versions []schemas.RateVersion
+	if c != nil {
+		if err := ValidateRateCard(c, nil); err != nil {
+			return err
+		}
+		// Versions before the last one in effect at written can price
+		// no event with this card: an event is priced by it only at
+		// event times at or after written.
+		first := 0
+		for i, v := range c.Versions {
+			if v.EffectiveFrom <= written {
+				first = i
+			}
+		}
+		for _, v := range c.Versions[min(first, len(c.Versions)):] {
+			rates := append([]schemas.Rate(nil), v.Rates...)
+			sort.Slice(rates, func(i, j int) bool { return rates[i].Meter < rates[j].Meter })
+			versions = append(versions, schemas.RateVersion{EffectiveFrom: v.EffectiveFrom, Rates: rates})
+		}
+	}
+	if n := len(h.cards); n > 0 && written < h.cards[n-1].written {
+		written = h.cards[n-1].written
+	}
+	h.cards = append(h.cards, rateCard{written: written, versions: versions})
+	return nil
+}
+
+// Rate returns the rate of a meter for an event that arrived at arrival
+// with event time eventTime: in the last card read at or before the
+// earlier of the two, the version in effect at eventTime. ok is false when
+// there is none (the event costs nothing).
+func (h *RateHistory) Rate(arrival, eventTime int64, meter string) (r schemas.Rate, ok bool) {
+	at := min(arrival, eventTime)
+	k := sort.Search(len(h.cards), func(i int) bool { return h.cards[i].written > at }) - 1
+	if k < 0 {
+		return schemas.Rate{}, false
+	}
+	vs := h.cards[k].versions
+	v := sort.Search(len(vs), func(i int) bool { return vs[i].EffectiveFrom > eventTime }) - 1
+	if v < 0 {
+		return schemas.Rate{}, false
+	}
+	rs := vs[v].Rates
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].Meter >= meter })
+	if i < len(rs) && rs[i].Meter == meter {
+		return rs[i], true
+	}
+	return schemas.Rate{}, false
+}
+
+// Prune drops the cards no future event can be priced by, given that every
+// future event has min(arrival, event_time) ≥ horizon: it keeps the last
+// card read at or before horizon and those after it.
+func (h *RateHistory) Prune(horizon int64) {
+	k := sort.Search(len(h.cards), func(i int) bool { return h.cards[i].written > horizon }) - 1
+	if k > 0 {
+		h.cards = append(h.cards[:0], h.cards[k:]...)
+	}
+}
+
+// Len returns the number of cards kept.
+func (h *RateHistory) Len() int { return len(h.cards) }

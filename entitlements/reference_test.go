@@ -1,0 +1,246 @@
+package entitlements
+
+import (
+	"math"
+	"math/big"
+	"sort"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// refModel is the reference the Ledger is tested against: DESIGN §12
+// written as plainly as possible. It keeps every record ever read and
+// every counter forever, finds what is in effect by scanning all records,
+// and does its arithmetic in big integers. It shares no code with the
+// package except the schema types.
+type refModel struct {
+	period    func(ms int64) (start, end int64)
+	records   []refRecord // in read order
+	usage     map[refUsage]int64
+	consumed  map[[2]string]int64 // customer, grant
+	overdrawn map[refPeriod]int64
+}
+
+type refRecord struct {
+	key     string // customer, or a reserved key
+	written int64
+	ent     *schemas.Entitlements // customer or default plan; nil: tombstone
+	card    *schemas.RateCard     // rate card; nil: tombstone
+}
+
+type refUsage struct {
+	customer, meter string
+	period          int64
+}
+
+type refPeriod struct {
+	customer string
+	period   int64
+}
+
+func newRefModel(period func(int64) (int64, int64)) *refModel {
+	return &refModel{period: period, usage: map[refUsage]int64{}, consumed: map[[2]string]int64{},
+		overdrawn: map[refPeriod]int64{}}
+}
+
+func (m *refModel) add(r refRecord) { m.records = append(m.records, r) }
+
+// effective is when a record starts to apply: its effective_from, never
+// before its broker time.
+func (r refRecord) effective() int64 {
+	if r.ent != nil && r.ent.EffectiveFrom > r.written {
+		return r.ent.EffectiveFrom
+	}
+	return r.written
+}
+
+// entAt: the most recently read record of key whose effective time is at
+// or before arrival. found false: none.
+func (m *refModel) entAt(key string, arrival int64) (e *schemas.Entitlements, found bool) {
+	for _, r := range m.records {
+		if r.key == key && r.effective() <= arrival {
+			e, found = r.ent, true
+		}
+	}
+	return e, found
+}
+
+func (m *refModel) planAt(customer string, arrival int64) *schemas.Entitlements {
+	if e, _ := m.entAt(customer, arrival); e != nil {
+		return e
+	}
+	e, _ := m.entAt(schemas.DefaultPlanKey, arrival)
+	return e
+}
+
+// rate: the last card read at or before min(arrival, event time), its
+// version at event time.
+func (m *refModel) rate(arrival, eventTime int64, meter string) (schemas.Rate, bool) {
+	at := min(arrival, eventTime)
+	var card *schemas.RateCard
+	for _, r := range m.records {
+		if r.key == schemas.RateCardKey && r.written <= at {
+			card = r.card
+		}
+	}
+	if card == nil {
+		return schemas.Rate{}, false
+	}
+	var best *schemas.RateVersion
+	for i, v := range card.Versions {
+		if v.EffectiveFrom <= eventTime && (best == nil || v.EffectiveFrom > best.EffectiveFrom) {
+			best = &card.Versions[i]
+		}
+	}
+	if best == nil {
+		return schemas.Rate{}, false
+	}
+	for _, r := range best.Rates {
+		if r.Meter == meter {
+			return r, true
+		}
+	}
+	return schemas.Rate{}, false
+}
+
+var maxInt64 = big.NewInt(math.MaxInt64)
+
+func bigOver(x *big.Int) bool { return x.Cmp(maxInt64) > 0 }
+
+func bigSum(a, b int64) *big.Int { return new(big.Int).Add(big.NewInt(a), big.NewInt(b)) }
+
+// refDecision is what the reference decides: the fields of Decision that
+// carry money.
+type refDecision struct {
+	Outcome   Outcome
+	Units     int64
+	Cost      int64
+	Draws     []Draw
+	Overdraft int64
+	OverCap   bool
+}
+
+func (m *refModel) decide(customer string, ev Event) refDecision {
+	plan := m.planAt(customer, ev.Arrival)
+	if plan == nil {
+		plan = &schemas.Entitlements{Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	}
+	var units int64
+	switch ev.Aggregation {
+	case "SUM":
+		units = ev.Quantity
+	case "COUNT":
+		units = 1
+	}
+	start, _ := m.period(ev.EventTime)
+	uk := refUsage{customer, ev.Meter, start}
+	if bigOver(bigSum(m.usage[uk], units)) {
+		return refDecision{Outcome: Invalid}
+	}
+	d := refDecision{Units: units}
+	accept := func() refDecision {
+		m.usage[uk] += d.Units
+		for _, dr := range d.Draws {
+			m.consumed[[2]string{customer, dr.Grant}] += dr.Amount
+		}
+		m.overdrawn[refPeriod{customer, start}] += d.Overdraft
+		return d
+	}
+	if plan.Unmetered {
+		return accept()
+	}
+	charged := ev.Aggregation == "SUM" || ev.Aggregation == "COUNT"
+	for _, c := range plan.Caps {
+		if c.Meter == ev.Meter && charged && m.usage[uk]+units > c.Limit {
+			if c.OnLimit == schemas.OnLimitReject {
+				return refDecision{Outcome: OverLimit}
+			}
+			d.OverCap = true
+		}
+	}
+	rate, ok := m.rate(ev.Arrival, ev.EventTime, ev.Meter)
+	if !ok || !charged {
+		return accept()
+	}
+	// cost = round_half_up(units × micro / per) = ⌊(2·units·micro + per) / (2·per)⌋
+	num := new(big.Int).Mul(big.NewInt(units), big.NewInt(rate.MicroCredits))
+	num.Add(num.Mul(num, big.NewInt(2)), big.NewInt(rate.PerUnits))
+	cost := num.Quo(num, big.NewInt(2*rate.PerUnits))
+	if bigOver(cost) {
+		return refDecision{Outcome: Invalid}
+	}
+	d.Cost = cost.Int64()
+	var grants []schemas.Grant
+	for _, g := range plan.Grants {
+		if g.EffectiveFrom <= ev.EventTime && (g.ExpiresAt == 0 || ev.EventTime < g.ExpiresAt) {
+			grants = append(grants, g)
+		}
+	}
+	sort.Slice(grants, func(i, j int) bool {
+		a, b := grants[i], grants[j]
+		ea, eb := a.ExpiresAt, b.ExpiresAt
+		if ea == 0 {
+			ea = math.MaxInt64
+		}
+		if eb == 0 {
+			eb = math.MaxInt64
+		}
+		switch {
+		case a.Priority != b.Priority:
+			return a.Priority < b.Priority
+		case ea != eb:
+			return ea < eb
+		}
+		return a.ID < b.ID
+	})
+	need := d.Cost
+	for _, g := range grants {
+		left := g.Amount - m.consumed[[2]string{customer, g.ID}]
+		if need == 0 || left <= 0 {
+			continue
+		}
+		take := min(left, need)
+		d.Draws = append(d.Draws, Draw{Grant: g.ID, Amount: take})
+		need -= take
+	}
+	if need > 0 {
+		od := m.overdrawn[refPeriod{customer, start}]
+		switch {
+		case plan.Overdraft.Policy == schemas.OverdraftDeny:
+			return refDecision{Outcome: NoCredit}
+		case plan.Overdraft.Limit > 0 && bigSum(od, need).Cmp(big.NewInt(plan.Overdraft.Limit)) > 0:
+			return refDecision{Outcome: NoCredit}
+		case bigOver(bigSum(od, need)):
+			return refDecision{Outcome: Invalid}
+		}
+		d.Overdraft = need
+	}
+	return accept()
+}
+
+// balance is the reference's schemas.Balance of a customer as of at.
+func (m *refModel) balance(customer string, at, revision int64) *schemas.Balance {
+	plan := m.planAt(customer, at)
+	if plan == nil {
+		plan = &schemas.Entitlements{Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	}
+	start, end := m.period(at)
+	b := &schemas.Balance{CustomerID: customer, Plan: plan.Plan, Unmetered: plan.Unmetered, Revision: revision, UpdatedAt: at,
+		PeriodStart: start, PeriodEnd: end, Meters: []schemas.MeterBalance{}, Grants: []schemas.GrantBalance{},
+		OverdraftPolicy: plan.Overdraft.Policy, OverdraftLimit: plan.Overdraft.Limit, Overdrawn: m.overdrawn[refPeriod{customer, start}]}
+	for _, c := range plan.Caps {
+		b.Meters = append(b.Meters, schemas.MeterBalance{Meter: c.Meter, Usage: m.usage[refUsage{customer, c.Meter, start}],
+			Limit: c.Limit, OnLimit: c.OnLimit})
+	}
+	sort.Slice(b.Meters, func(i, j int) bool { return b.Meters[i].Meter < b.Meters[j].Meter })
+	for _, g := range plan.Grants {
+		if g.ExpiresAt != 0 && g.ExpiresAt <= at {
+			continue
+		}
+		used := m.consumed[[2]string{customer, g.ID}]
+		b.Grants = append(b.Grants, schemas.GrantBalance{ID: g.ID, Priority: g.Priority, EffectiveFrom: g.EffectiveFrom,
+			ExpiresAt: g.ExpiresAt, Amount: g.Amount, Consumed: used, Remaining: max(0, g.Amount-used)})
+	}
+	sort.Slice(b.Grants, func(i, j int) bool { return b.Grants[i].ID < b.Grants[j].ID })
+	return b
+}

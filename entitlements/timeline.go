@@ -1,0 +1,83 @@
+package entitlements
+
+import (
+	"fmt"
+	"sort"
+)
+
+// MaxVersions bounds the versions a Timeline keeps: the records of one key
+// read within the prune horizon (about the dedup window W), plus those
+// scheduled for later. A record past it is refused (ErrTooManyVersions):
+// an operator writing a customer's entitlements thousands of times a
+// month is a runaway script, and the state must stay bounded.
+const MaxVersions = 256
+
+// ErrTooManyVersions is returned (wrapped) by Timeline.Set when the
+// timeline already holds MaxVersions versions that a future event may
+// need. The record is refused as invalid; what was in effect stays.
+var ErrTooManyVersions = fmt.Errorf("%w: too many versions of one key within the window", ErrInvalid)
+
+// Version is one entry of a Timeline: from arrival time From on, Plan
+// applies; a nil Plan is a tombstone (the customer's record was deleted:
+// the default plan applies).
+type Version struct {
+	From int64
+	Plan *Plan
+}
+
+// Timeline is the entitlements of one key (a customer, or the default
+// plan) over arrival time, as the records read so far make them. Versions
+// are in increasing From, which is also the order their records were read.
+// The zero value has no version.
+type Timeline struct {
+	versions []Version
+}
+
+// Set applies a record read at broker time written, with effective_from
+// from (raised to written when earlier); p nil is a tombstone, effective
+// at written. The record replaces every version whose From is at or after
+// its own, so that At(t) is the most recently read record whose effective
+// time is at or before t.
+func (t *Timeline) Set(written, from int64, p *Plan) error {
+	if from < written || p == nil {
+		from = written
+	}
+	i := sort.Search(len(t.versions), func(i int) bool { return t.versions[i].From >= from })
+	if i >= MaxVersions {
+		return fmt.Errorf("%w: %d versions (the most is %d)", ErrTooManyVersions, i, MaxVersions)
+	}
+	t.versions = append(t.versions[:i], Version{From: from, Plan: p})
+	return nil
+}
+
+// At returns the version in effect at arrival time arrival: ok is false
+// when no version is (no record yet, as far as this timeline knows); p is
+// nil when that version is a tombstone.
+func (t *Timeline) At(arrival int64) (p *Plan, ok bool) {
+	i := sort.Search(len(t.versions), func(i int) bool { return t.versions[i].From > arrival }) - 1
+	if i < 0 {
+		return nil, false
+	}
+	return t.versions[i].Plan, true
+}
+
+// Prune drops the versions no future event can be decided by, given that
+// every future event arrives at or after horizon: it keeps the version in
+// effect at horizon and those after it. A timeline left with only a
+// tombstone is empty (Len 0): a deleted key with nothing scheduled.
+func (t *Timeline) Prune(horizon int64) {
+	i := sort.Search(len(t.versions), func(i int) bool { return t.versions[i].From > horizon }) - 1
+	if i > 0 {
+		t.versions = append(t.versions[:0], t.versions[i:]...)
+	}
+	if len(t.versions) == 1 && t.versions[0].Plan == nil && t.versions[0].From <= horizon {
+		t.versions = t.versions[:0]
+	}
+}
+
+// Len returns the number of versions kept.
+func (t *Timeline) Len() int { return len(t.versions) }
+
+// Versions returns the versions kept, in order. The slice is the
+// timeline's own: do not modify it.
+func (t *Timeline) Versions() []Version { return t.versions }

@@ -1,0 +1,491 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+	"sigs.k8s.io/yaml"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
+)
+
+// EntitlementsCmd is `meterline entitlements`: it reads and writes the
+// records of usage.entitlements (DESIGN §12).
+type EntitlementsCmd struct {
+	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document."`
+	Get        EntitlementsGetCmd        `cmd:"" help:"Print a customer's entitlements, the default plan (--default) or the rate card (--rates)."`
+	List       EntitlementsListCmd       `cmd:"" help:"Print the entitlements of every customer that has a record."`
+	Delete     EntitlementsDeleteCmd     `cmd:"" help:"Delete a customer's entitlements: from when the broker accepts the delete, the default plan applies to its events."`
+	SetDefault EntitlementsSetDefaultCmd `cmd:"" name:"set-default" help:"Write the default plan, for customers with no record, to every partition."`
+	SetRates   EntitlementsSetRatesCmd   `cmd:"" name:"set-rates" help:"Write the rate card (every version) to every partition."`
+}
+
+// entWrite are the flags of the commands that write.
+type entWrite struct {
+	File            string        `short:"f" help:"YAML (or JSON) document; - reads standard input." default:"-" placeholder:"PATH"`
+	Meters          string        `help:"Meters file: refuse caps and rates on meters that are not SUM or COUNT." placeholder:"PATH"`
+	Validate        bool          `help:"Check the document, print every problem, and exit without writing."`
+	TransactionalID string        `name:"transactional-id" help:"Transactional ID of the writer: a second writer with the same ID fences the first, and a crashed one's open transaction is aborted by the next." default:"meterline-entitlements"`
+	Timeout         time.Duration `help:"Deadline for the whole command." default:"60s"`
+}
+
+// entRead are the flags of the commands that read.
+type entRead struct {
+	Output  string        `short:"o" help:"Output format." default:"yaml" enum:"yaml,json"`
+	Timeout time.Duration `help:"Deadline for the whole command." default:"60s"`
+}
+
+// EntitlementsSetCmd is `meterline entitlements set`.
+type EntitlementsSetCmd struct {
+	Customer string `arg:"" optional:"" help:"The customer; default: the document's customer field."`
+	entWrite `embed:""`
+}
+
+// EntitlementsSetDefaultCmd is `meterline entitlements set-default`.
+type EntitlementsSetDefaultCmd struct {
+	entWrite `embed:""`
+}
+
+// EntitlementsSetRatesCmd is `meterline entitlements set-rates`.
+type EntitlementsSetRatesCmd struct {
+	entWrite `embed:""`
+}
+
+// EntitlementsDeleteCmd is `meterline entitlements delete`.
+type EntitlementsDeleteCmd struct {
+	Customer        string        `arg:"" help:"The customer."`
+	TransactionalID string        `name:"transactional-id" help:"Transactional ID of the writer." default:"meterline-entitlements"`
+	Timeout         time.Duration `help:"Deadline for the whole command." default:"60s"`
+}
+
+// EntitlementsGetCmd is `meterline entitlements get`.
+type EntitlementsGetCmd struct {
+	Customer string `arg:"" optional:"" help:"The customer."`
+	Default  bool   `help:"Print the default plan."`
+	Rates    bool   `help:"Print the rate card."`
+	entRead  `embed:""`
+}
+
+// EntitlementsListCmd is `meterline entitlements list`.
+type EntitlementsListCmd struct {
+	entRead `embed:""`
+}
+
+func (c *entWrite) read(stdio IO) ([]byte, error) {
+	if c.File == "-" {
+		return io.ReadAll(io.LimitReader(stdio.Stdin, 16<<20))
+	}
+	return os.ReadFile(c.File)
+}
+
+func (c *entWrite) meters() (entitlements.Meters, error) {
+	if c.Meters == "" {
+		return nil, nil
+	}
+	cat, err := aggregator.LoadMeters(c.Meters)
+	if err != nil {
+		return nil, err
+	}
+	return func(m string) (string, bool) {
+		d, ok := cat.Lookup(m)
+		return string(d.Aggregation), ok
+	}, nil
+}
+
+// invalidDocument reports a document's problems, one a line, and exits 1.
+func invalidDocument(stdio IO, what string, err error) error {
+	fmt.Fprintf(stdio.Stderr, "%s is not valid:\n", what)
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			fmt.Fprintf(stdio.Stderr, "  %s\n", l)
+		}
+	}
+	return &ExitError{Code: 1, Silent: true, Err: fmt.Errorf("%s is not valid", what)}
+}
+
+// load reads the document with parse and the meters file: a document
+// that does not parse, or a file that cannot be read, ends the command.
+func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters, error) {
+	b, err := c.read(stdio)
+	if err != nil {
+		return nil, &ExitError{Code: 2, Err: err}
+	}
+	if err := parse(b); err != nil {
+		return nil, invalidDocument(stdio, "the document", err)
+	}
+	meters, err := c.meters()
+	if err != nil {
+		return nil, &ExitError{Code: 2, Err: err}
+	}
+	return meters, nil
+}
+
+// finish validates (the record in hand) and writes, or with --validate
+// only says so.
+func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+	if c.Validate {
+		fmt.Fprintf(stdio.Stdout, "the %s is valid\n", what)
+		return nil
+	}
+	if e, ok := m.(*schemas.Entitlements); ok {
+		warnPast(stdio, e.EffectiveFrom)
+	}
+	return c.write(ctx, g, stdio, log, what, key, m, every)
+}
+
+// Run writes a customer's entitlements.
+func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	var d *entitlements.Document
+	meters, err := c.load(stdio, func(b []byte) (err error) { d, err = entitlements.ParseDocument(b); return err })
+	if err != nil {
+		return err
+	}
+	customer := c.Customer
+	if customer == "" {
+		customer = d.Customer
+	}
+	if customer == "" {
+		return invalidDocument(stdio, "the document", errors.New("customer: name the customer, as an argument or in the document"))
+	}
+	if fe := schemas.CheckText("customer", customer, true); fe != nil || len(customer) > schemas.MaxIdentityFieldBytes {
+		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", customer))
+	}
+	what := "entitlements record of " + customer
+	e, err := d.Record(customer, meters)
+	if err != nil {
+		return invalidDocument(stdio, "the "+what, err)
+	}
+	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false)
+}
+
+// Run writes the default plan.
+func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	var d *entitlements.Document
+	meters, err := c.load(stdio, func(b []byte) (err error) { d, err = entitlements.ParseDocument(b); return err })
+	if err != nil {
+		return err
+	}
+	e, err := d.Record("", meters)
+	if err != nil {
+		return invalidDocument(stdio, "the default plan", err)
+	}
+	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true)
+}
+
+// Run writes the rate card.
+func (c *EntitlementsSetRatesCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	var d *entitlements.RatesDocument
+	meters, err := c.load(stdio, func(b []byte) (err error) { d, err = entitlements.ParseRatesDocument(b); return err })
+	if err != nil {
+		return err
+	}
+	card, err := d.Card(meters)
+	if err != nil {
+		return invalidDocument(stdio, "the rate card", err)
+	}
+	if !c.Validate {
+		if len(card.Versions) > 0 && card.Versions[0].EffectiveFrom > time.Now().UnixMilli() {
+			fmt.Fprintf(stdio.Stderr, "note: the first version starts at %s: until then, events are priced by no rate (free)\n",
+				entitlements.FormatTime(card.Versions[0].EffectiveFrom))
+		}
+		fmt.Fprintln(stdio.Stderr, "note: a version can price only events from when this card is written on; time before that keeps the rates of the card in effect then")
+	}
+	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true)
+}
+
+func warnPast(stdio IO, effectiveFrom int64) {
+	if effectiveFrom != 0 && effectiveFrom < time.Now().UnixMilli() {
+		fmt.Fprintf(stdio.Stderr, "note: effective_from %s is in the past: the record applies from when the broker accepts it\n",
+			entitlements.FormatTime(effectiveFrom))
+	}
+}
+
+// Run deletes a customer's entitlements.
+func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	if c.Customer == "" {
+		return &ExitError{Code: 2, Err: errors.New("name the customer")}
+	}
+	w := entWrite{TransactionalID: c.TransactionalID, Timeout: c.Timeout}
+	return w.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
+}
+
+// write produces one record under key: to the key's canonical partition,
+// or with every, to every partition. m nil is a tombstone. The records go
+// in one transaction of an idempotent producer (acks=all): every partition
+// gets the record or none does, and a retry never writes it twice.
+func (c *entWrite) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
+	topic := g.Topic.EntitlementsTopic()
+	counts, err := topics.PartitionCounts(ctx, kc, topic)
+	if err != nil {
+		return err
+	}
+	n := counts[topic]
+	var value []byte
+	if m != nil {
+		if value, err = schemas.Encode(m); err != nil {
+			return err
+		}
+	}
+	parts := []int32{schemas.Partition(key, n)}
+	if every {
+		parts = parts[:0]
+		for p := int32(0); p < n; p++ {
+			parts = append(parts, p)
+		}
+	}
+	cl, err := kafka.NewClient(kc, kgo.TransactionalID(c.TransactionalID),
+		kgo.TransactionTimeout(10*time.Second), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.WithLogger(kzap.New(log.Named("kgo"), kzap.Level(kgo.LogLevelWarn))))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := cl.BeginTransaction(); err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	recs := make([]*kgo.Record, len(parts))
+	for i, p := range parts {
+		recs[i] = &kgo.Record{Topic: topic, Partition: p, Key: key, Value: value}
+	}
+	res := cl.ProduceSync(ctx, recs...)
+	perr := res.FirstErr()
+	commit := kgo.TryCommit
+	if perr != nil {
+		commit = kgo.TryAbort
+	}
+	if err := cl.EndTransaction(ctx, commit); err != nil && perr == nil {
+		perr = fmt.Errorf("commit: %w", err)
+	}
+	if perr != nil {
+		return fmt.Errorf("write the %s to %s: %w (nothing was written)", what, topic, perr)
+	}
+	for _, r := range res {
+		log.Info("entitlements record written", zap.String("what", what), zap.String("topic", topic),
+			zap.Int32("partition", r.Record.Partition), zap.Int64("offset", r.Record.Offset))
+	}
+	if every {
+		fmt.Fprintf(stdio.Stdout, "wrote the %s to all %d partitions of %s\n", what, n, topic)
+	} else {
+		r := res[0].Record
+		fmt.Fprintf(stdio.Stdout, "wrote the %s to %s partition %d offset %d\n", what, topic, r.Partition, r.Offset)
+	}
+	return nil
+}
+
+// entRecord is the latest record of a key, as read from the topic.
+type entRecord struct {
+	partition int32
+	offset    int64
+	written   int64
+	value     []byte // nil: tombstone
+}
+
+// readEntitlements reads the committed records of the entitlements topic
+// and keeps the latest of each key per partition.
+func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]entRecord, int32, error) {
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	topic := g.Topic.EntitlementsTopic()
+	counts, err := topics.PartitionCounts(ctx, kc, topic)
+	if err != nil {
+		return nil, 0, err
+	}
+	recs, err := topics.ReadCommittedAs(ctx, kc, topic, nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", topic, err)
+	}
+	latest := map[string]map[int32]entRecord{}
+	for _, r := range recs {
+		k := string(r.Key)
+		if latest[k] == nil {
+			latest[k] = map[int32]entRecord{}
+		}
+		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: r.Timestamp.UnixMilli(), value: r.Value}
+	}
+	return latest, counts[topic], nil
+}
+
+// print writes one document, or with list a list of them (a YAML stream,
+// a JSON array).
+func (c *entRead) print(stdio IO, list bool, docs ...any) error {
+	if c.Output == "json" {
+		var v any = docs
+		if !list {
+			v = docs[0]
+		}
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdio.Stdout, "%s\n", b)
+		return err
+	}
+	for i, d := range docs {
+		b, err := yaml.Marshal(d)
+		if err != nil {
+			return err
+		}
+		if i > 0 {
+			fmt.Fprintln(stdio.Stdout, "---")
+		}
+		if _, err := stdio.Stdout.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run prints one record.
+func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	if n := boolCount(c.Customer != "", c.Default, c.Rates); n != 1 {
+		return &ExitError{Code: 2, Err: errors.New("name a customer, or give --default or --rates")}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	latest, n, err := readEntitlements(ctx, g)
+	if err != nil {
+		return err
+	}
+	if c.Customer != "" {
+		key := schemas.CustomerKey(c.Customer)
+		p := schemas.Partition(key, n)
+		for q, r := range latest[string(key)] {
+			if q != p {
+				fmt.Fprintf(stdio.Stderr, "note: partition %d holds a record of %s at offset %d, not its partition %d (a client with another partitioner): the aggregator moves it to partition %d\n",
+					q, c.Customer, r.offset, p, p)
+			}
+		}
+		r, ok := latest[string(key)][p]
+		switch {
+		case !ok:
+			return &ExitError{Code: 1, Err: fmt.Errorf("%s has no entitlements: the default plan applies", c.Customer)}
+		case r.value == nil:
+			return &ExitError{Code: 1, Err: fmt.Errorf("the entitlements of %s were deleted at %s: the default plan applies",
+				c.Customer, entitlements.FormatTime(r.written))}
+		}
+		rec, err := entitlements.ParseRecord(key, r.value, r.written)
+		if err != nil {
+			return fmt.Errorf("partition %d offset %d: %w", r.partition, r.offset, err)
+		}
+		return c.print(stdio, false, entitlements.DocumentOf(rec.Entitlements, r.written))
+	}
+	key := schemas.RateCardKey
+	if c.Default {
+		key = schemas.DefaultPlanKey
+	}
+	r, err := samePerPartition(latest[key], n, key)
+	if err != nil {
+		return &ExitError{Code: 1, Err: err}
+	}
+	rec, err := entitlements.ParseRecord([]byte(key), r.value, r.written)
+	if err != nil {
+		return fmt.Errorf("partition %d offset %d: %w", r.partition, r.offset, err)
+	}
+	if c.Default {
+		return c.print(stdio, false, entitlements.DocumentOf(rec.Entitlements, r.written))
+	}
+	return c.print(stdio, false, entitlements.RatesDocumentOf(rec.RateCard, r.written))
+}
+
+// samePerPartition returns the record of a key written to every partition,
+// or an error when a partition lacks it or holds another value: a writer
+// that did not reach every partition, which the next set-default or
+// set-rates repairs.
+func samePerPartition(recs map[int32]entRecord, n int32, key string) (entRecord, error) {
+	what := map[string]string{schemas.DefaultPlanKey: "default plan", schemas.RateCardKey: "rate card"}[key]
+	if len(recs) == 0 {
+		return entRecord{}, fmt.Errorf("there is no %s", what)
+	}
+	first, ok := recs[0]
+	for p := int32(1); !ok && p < n; p++ {
+		first, ok = recs[p]
+	}
+	var missing, differ []string
+	for p := int32(0); p < n; p++ {
+		r, ok := recs[p]
+		switch {
+		case !ok:
+			missing = append(missing, fmt.Sprint(p))
+		case !bytes.Equal(r.value, first.value):
+			differ = append(differ, fmt.Sprint(p))
+		}
+	}
+	if len(missing) > 0 || len(differ) > 0 {
+		return entRecord{}, fmt.Errorf("the %s is not the same on every partition (missing on [%s], different from partition 0 on [%s]): write it again",
+			what, strings.Join(missing, " "), strings.Join(differ, " "))
+	}
+	if first.value == nil {
+		return entRecord{}, fmt.Errorf("the %s was deleted at %s", what, entitlements.FormatTime(first.written))
+	}
+	return first, nil
+}
+
+// Run prints every customer's record.
+func (c *EntitlementsListCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	latest, n, err := readEntitlements(ctx, g)
+	if err != nil {
+		return err
+	}
+	var keys []string
+	for k := range latest {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	docs := []any{}
+	for _, k := range keys {
+		ek, err := schemas.ParseEntitlementsKey([]byte(k))
+		if err != nil || ek.Reserved != "" {
+			continue
+		}
+		r, ok := latest[k][schemas.Partition([]byte(k), n)]
+		if !ok || r.value == nil {
+			continue
+		}
+		rec, err := entitlements.ParseRecord([]byte(k), r.value, r.written)
+		if err != nil {
+			fmt.Fprintf(stdio.Stderr, "partition %d offset %d: %v\n", r.partition, r.offset, err)
+			continue
+		}
+		docs = append(docs, entitlements.DocumentOf(rec.Entitlements, r.written))
+	}
+	if len(docs) == 0 && c.Output == "yaml" {
+		fmt.Fprintln(stdio.Stderr, "no customer has entitlements of its own")
+		return nil
+	}
+	return c.print(stdio, true, docs...)
+}
+
+func boolCount(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}

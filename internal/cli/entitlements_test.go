@@ -1,0 +1,228 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestEntitlementsCommands writes and reads entitlements, the default plan
+// and the rate card with `meterline entitlements`, on kfake and, when
+// METERLINE_TEST_KAFKA is set, on the real broker: each record lands on
+// its canonical partition (or on every partition), reads back as written
+// (what get prints, set accepts), a bad document is refused with every
+// problem named by its field path and nothing written, and delete hides a
+// customer from list and get.
+func TestEntitlementsCommands(t *testing.T) {
+	t.Run("kfake", func(t *testing.T) {
+		_, brokers := testenv.KFake(t)
+		testEntitlementsCommands(t, brokers, "")
+	})
+	t.Run("real-kafka", func(t *testing.T) {
+		brokers := testenv.RealKafka(t)
+		testEntitlementsCommands(t, brokers, testenv.Name(t, "ent")+".")
+	})
+}
+
+func testEntitlementsCommands(t *testing.T, brokers []string, prefix string) {
+	names := topics.DefaultNames()
+	names.Prefix = prefix
+	layout := topics.DefaultLayout()
+	layout.Partitions = 4
+	specs := topics.Specs(names, layout)
+	adm := testenv.Admin(t, brokers)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		var ns []string
+		for _, s := range specs {
+			ns = append(ns, s.Name)
+		}
+		_, _ = adm.DeleteTopics(context.Background(), ns...)
+	})
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ent := func(args ...string) (int, string, string) {
+		t.Helper()
+		return run(t, "", append(append([]string{"entitlements"}, args...), "--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix,
+			"--transactional-id", testenv.Name(t, "ent-writer"))...)
+	}
+	read := func(args ...string) (int, string, string) {
+		t.Helper()
+		return run(t, "", append(append([]string{"entitlements"}, args...), "--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix)...)
+	}
+	topic := names.EntitlementsTopic()
+	count := func() int { return len(testenv.ReadAll(t, brokers, topic)) }
+
+	acme := file("acme.yaml", `
+customer: acme
+plan: free
+caps:
+  api_calls: {limit: 1000}
+  tokens: {limit: 5000000, on_limit: allow}
+grants:
+  welcome: {amount: 5000000, expires_at: "2030-01-01T00:00:00Z"}
+overdraft: {policy: deny}
+`)
+	code, out, errOut := ent("set", "-f", acme)
+	if code != 0 || !strings.Contains(out, "wrote the entitlements record of acme to "+topic+" partition") {
+		t.Fatalf("set: %d\n%s\n%s", code, out, errOut)
+	}
+	recs := testenv.ReadAll(t, brokers, topic)
+	if len(recs) != 1 || string(recs[0].Key) != "4:acme" || recs[0].Partition != schemas.Partition([]byte("4:acme"), 4) {
+		t.Fatalf("records after set: %+v", recs)
+	}
+
+	// What get prints, set reads back to the same record.
+	code, out, errOut = read("get", "acme")
+	if code != 0 {
+		t.Fatalf("get: %d\n%s\n%s", code, out, errOut)
+	}
+	d, err := entitlements.ParseDocument([]byte(out))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if d.WrittenAt == "" || d.Caps["api_calls"].Limit.V != 1000 || d.Grants["welcome"].Amount.V != 5000000 || d.Overdraft.Policy != "deny" {
+		t.Fatalf("get printed:\n%s", out)
+	}
+	again := file("again.yaml", out)
+	if code, out, errOut = ent("set", "-f", again); code != 0 {
+		t.Fatalf("set from get's output: %d\n%s\n%s", code, out, errOut)
+	}
+	recs = testenv.ReadAll(t, brokers, topic)
+	if len(recs) != 2 || string(recs[0].Value) != string(recs[1].Value) {
+		t.Fatalf("the record written from get's output differs from the first")
+	}
+
+	// Every problem at once, with its field path; nothing written.
+	bad := file("bad.yaml", `
+plan: free
+caps:
+  api_calls: {limit: 0}
+  peak: {limit: 3}
+grants:
+  welcome: {amount: -5, expires_at: "soon"}
+overdraft: {policy: sometimes}
+`)
+	meters := file("meters.yaml", "meters:\n  - name: api_calls\n  - name: peak\n    aggregation: MAX\n")
+	before := count()
+	code, out, errOut = ent("set", "globex", "-f", bad, "--meters", meters)
+	if code != 1 {
+		t.Fatalf("set of a bad document: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		"caps.api_calls.limit: must be positive (got 0)",
+		"caps.peak: peak is a MAX meter: caps apply to SUM and COUNT meters only",
+		"grants.welcome.amount: must be positive (got -5)",
+		`grants.welcome.expires_at: not an RFC 3339 time`,
+		`overdraft.policy: must be allow or deny (got "sometimes")`,
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if n := count(); n != before {
+		t.Fatalf("a refused document wrote %d records", n-before)
+	}
+	globex := file("globex.yaml", "plan: payg\n")
+	if code, out, _ = ent("set", "globex", "-f", globex, "--validate"); code != 0 || !strings.Contains(out, "valid") || count() != before {
+		t.Fatalf("--validate: %d %s, %d records", code, out, count()-before)
+	}
+	if code, out, errOut = ent("set", "globex", "-f", globex); code != 0 {
+		t.Fatalf("set globex: %d\n%s\n%s", code, out, errOut)
+	}
+
+	// The default plan and the rate card go to every partition.
+	def := file("default.yaml", "plan: free\ncaps: {api_calls: {limit: 100}}\noverdraft: {policy: deny}\n")
+	if code, out, errOut = ent("set-default", "-f", def); code != 0 || !strings.Contains(out, "to all 4 partitions") {
+		t.Fatalf("set-default: %d\n%s\n%s", code, out, errOut)
+	}
+	rates := file("rates.yaml", `
+versions:
+  - effective_from: "2026-12-01T00:00:00Z"
+    rates: {api_calls: 1000, tokens: 15/1000}
+  - effective_from: "2026-12-15T00:00:00Z"
+    rates: {api_calls: 1200, tokens: 15/1000}
+`)
+	if code, out, errOut = ent("set-rates", "-f", rates); code != 0 {
+		t.Fatalf("set-rates: %d\n%s\n%s", code, out, errOut)
+	}
+	perPartition := map[string]map[int32]bool{}
+	for _, r := range testenv.ReadAll(t, brokers, topic) {
+		if perPartition[string(r.Key)] == nil {
+			perPartition[string(r.Key)] = map[int32]bool{}
+		}
+		perPartition[string(r.Key)][r.Partition] = true
+	}
+	for _, k := range []string{schemas.DefaultPlanKey, schemas.RateCardKey} {
+		if len(perPartition[k]) != 4 {
+			t.Errorf("%s is on partitions %v, want all 4", k, perPartition[k])
+		}
+	}
+	code, out, errOut = read("get", "--rates", "-o", "json")
+	if code != 0 {
+		t.Fatalf("get --rates: %d\n%s\n%s", code, out, errOut)
+	}
+	var rd entitlements.RatesDocument
+	if err := json.Unmarshal([]byte(out), &rd); err != nil || len(rd.Versions) != 2 || rd.Versions[1].Rates["api_calls"] != "1200" ||
+		rd.Versions[0].Rates["tokens"] != "15/1000" {
+		t.Fatalf("get --rates -o json: %v\n%s", err, out)
+	}
+	if code, out, _ = read("get", "--default"); code != 0 || !strings.Contains(out, "limit: 100") {
+		t.Fatalf("get --default: %d\n%s", code, out)
+	}
+
+	// list, delete.
+	code, out, _ = read("list")
+	if code != 0 || strings.Count(out, "customer: ") != 2 || !strings.Contains(out, "customer: acme") || !strings.Contains(out, "customer: globex") {
+		t.Fatalf("list: %d\n%s", code, out)
+	}
+	if code, out, errOut = ent("delete", "globex"); code != 0 {
+		t.Fatalf("delete: %d\n%s\n%s", code, out, errOut)
+	}
+	var ys []map[string]any
+	code, out, _ = read("list", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &ys); code != 0 || err != nil || len(ys) != 1 || ys[0]["customer"] != "acme" {
+		t.Fatalf("list after delete: %d %v\n%s", code, err, out)
+	}
+	if code, _, errOut = read("get", "globex"); code != 1 || !strings.Contains(errOut, "deleted") {
+		t.Fatalf("get of a deleted customer: %d %s", code, errOut)
+	}
+	if code, _, errOut = read("get", "initech"); code != 1 || !strings.Contains(errOut, "initech has no entitlements: the default plan applies") {
+		t.Fatalf("get of an unknown customer: %d %s", code, errOut)
+	}
+
+	// A default plan that did not reach every partition is reported.
+	other, _ := schemas.Encode(&schemas.Entitlements{Plan: "other", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 2, Key: []byte(schemas.DefaultPlanKey), Value: other}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut = read("get", "--default"); code != 1 || !strings.Contains(errOut, "not the same on every partition (missing on [], different from partition 0 on [2])") {
+		t.Fatalf("get --default with partition 2 different: %d %s", code, errOut)
+	}
+}

@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/sink"
+)
+
+// VerifyCmd is `meterline verify`.
+type VerifyCmd struct {
+	Database string        `help:"ClickHouse database of the sink's tables." default:"meterline"`
+	Group    string        `help:"Consumer group of the sink: a rebuild refuses to run while it has members." default:"meterline-sink"`
+	Tables   []string      `help:"Derived tables to check or rebuild, comma-separated. Default: all (with --backfill and an unfinished rebuild: its tables)."`
+	Since    string        `help:"First month compared, YYYYMM. Default: the month after the oldest month the ledger tables hold." placeholder:"YYYYMM"`
+	DryRun   bool          `help:"Compare only, rebuild nothing (safe while the sink runs). Exits 1 when a month differs."`
+	Backfill bool          `help:"Rebuild every month the ledger holds of the tables, without comparing first: a new derived table on a database with data, or an unfinished rebuild."`
+	Timeout  time.Duration `help:"Deadline of each query, and of each staging fill." default:"1h"`
+	JSON     bool          `help:"Print the report as JSON."`
+}
+
+// Run compares the derived tables with the ledger and rebuilds what differs.
+func (c *VerifyCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	var since uint32
+	if c.Since != "" {
+		v, err := strconv.ParseUint(c.Since, 10, 32)
+		if err != nil || len(c.Since) != 6 || v%100 < 1 || v%100 > 12 {
+			return &ExitError{Code: 2, Err: fmt.Errorf("verify: --since %q: want YYYYMM", c.Since)}
+		}
+		since = uint32(v)
+	}
+	if c.DryRun && c.Backfill {
+		return &ExitError{Code: 2, Err: fmt.Errorf("verify: --dry-run and --backfill exclude each other")}
+	}
+	srv, err := g.clickHouse()
+	if err != nil {
+		return err
+	}
+	conn, err := srv.Dial(ctx, c.Database, false)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cfg := sink.VerifyConfig{Conn: conn, Database: c.Database, Tables: c.Tables, Since: since,
+		Repair: !c.DryRun, Backfill: c.Backfill, Logger: log, QueryTimeout: c.Timeout}
+	if !c.DryRun {
+		adm, closeAdm, err := adminClient(ctx, g)
+		if err != nil {
+			return err
+		}
+		defer closeAdm()
+		cfg.SinkMembers = sink.GroupMembers(adm, c.Group)
+	}
+	rep, err := sink.Verify(ctx, cfg)
+	if rep != nil {
+		if c.JSON {
+			if jerr := json.NewEncoder(stdio.Stdout).Encode(rep); jerr != nil {
+				return jerr
+			}
+		} else {
+			printVerify(stdio, rep)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Differs > 0 {
+		return &ExitError{Code: 1, Err: fmt.Errorf("verify: %d month(s) differ from the ledger", rep.Differs)}
+	}
+	return nil
+}
+
+func printVerify(stdio IO, rep *sink.VerifyReport) {
+	tw := tabwriter.NewWriter(stdio.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tMONTH\tSTATUS\tLEDGER\tDERIVED\tNOTE")
+	for _, m := range rep.Months {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", m.Table, m.Month, m.Status,
+			strings.Join(m.Ledger, " "), strings.Join(m.Derived, " "), m.Note)
+	}
+	_ = tw.Flush()
+	if rep.RunID != "" {
+		fmt.Fprintf(stdio.Stdout, "rebuild %q: %d month(s) rebuilt\n", rep.RunID, rep.Rebuilt)
+	}
+	fmt.Fprintf(stdio.Stdout, "%d month(s) compared, %d differ\n", len(rep.Months), rep.Differs)
+}

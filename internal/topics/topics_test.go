@@ -1,0 +1,85 @@
+package topics
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestEntitlementsCoPartitioned: usage.entitlements is created with as
+// many partitions as usage.deduped, and check reports a count that
+// differs (the aggregator reads partition p of both in one transaction).
+func TestEntitlementsCoPartitioned(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := DefaultLayout()
+	l.Partitions = 3
+	specs := Specs(DefaultNames(), l)
+	if _, err := Create(ctx, adm, specs, 1); err != nil {
+		t.Fatal(err)
+	}
+	var ent *Spec
+	for i := range specs {
+		if specs[i].Name == "usage.entitlements" {
+			ent = &specs[i]
+		}
+	}
+	if ent == nil || ent.PartitionsOf != "usage.deduped" || ent.Configs["cleanup.policy"] != "compact" ||
+		ent.Configs["message.timestamp.type"] != "LogAppendTime" {
+		t.Fatalf("usage.entitlements spec: %+v", ent)
+	}
+	drifts, err := Check(ctx, adm, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range drifts {
+		if d.What == "partitions" {
+			t.Fatalf("drift right after create: %s", d)
+		}
+	}
+	if _, err := adm.CreatePartitions(ctx, 1, "usage.entitlements"); err != nil {
+		t.Fatal(err)
+	}
+	drifts, err = Check(ctx, adm, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range drifts {
+		if d.What == "partitions" {
+			got = append(got, d.String())
+		}
+	}
+	want := "usage.entitlements: partitions is 4, want 3 (co-partitioned with usage.deduped)"
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("partition drifts %q, want [%q]", got, want)
+	}
+}
+
+// TestCreateRefusesUnnamedSpec: a spec without a name (a Names literal
+// missing a newer topic) is an error at once, not a wait for metadata
+// that never shows the topic.
+func TestCreateRefusesUnnamedSpec(t *testing.T) {
+	n := DefaultNames()
+	n.Keys = ""
+	_, err := Create(context.Background(), nil, Specs(n, Layout{Partitions: 1}), -1)
+	if err == nil || !strings.Contains(err.Error(), "no topic name") {
+		t.Fatalf("Create with an unnamed spec: %v, want an error naming it", err)
+	}
+}

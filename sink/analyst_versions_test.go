@@ -1,0 +1,200 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/meterline/meterline/internal/testenv"
+	chschema "github.com/meterline/meterline/schemas/clickhouse"
+)
+
+// chdbRequest is what scripts/chdb-run.py reads.
+type chdbRequest struct {
+	Path       string   `json:"path"`
+	Database   string   `json:"database"`
+	Statements []string `json:"statements"`
+	Queries    []string `json:"queries"`
+}
+
+type chdbResponse struct {
+	Version string   `json:"version"`
+	Results []string `json:"results"`
+	Error   string   `json:"error"`
+	SQL     string   `json:"sql"`
+}
+
+// runChdb runs req on chdb (ClickHouse 26.x in-process) with python.
+func runChdb(ctx context.Context, python string, req chdbRequest) (chdbResponse, error) {
+	in, err := json.Marshal(req)
+	if err != nil {
+		return chdbResponse{}, err
+	}
+	cmd := exec.CommandContext(ctx, python, filepath.Join("..", "scripts", "chdb-run.py"))
+	cmd.Stdin = bytes.NewReader(in)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	runErr := cmd.Run()
+	var resp chdbResponse
+	if err := json.Unmarshal(out.Bytes(), &resp); err != nil {
+		return resp, fmt.Errorf("chdb-run.py: %v (%v); stderr: %s", err, runErr, errb.String())
+	}
+	if resp.Error != "" {
+		return resp, fmt.Errorf("chdb %s: %s\n%s", resp.Version, resp.Error, resp.SQL)
+	}
+	return resp, runErr
+}
+
+// tsv runs q on the 18.16 server and renders the result as ClickHouse's
+// TabSeparated output, so that it can be compared byte for byte with
+// chdb's.
+func tsv(ctx context.Context, conn driver.Conn, q string) (string, error) {
+	rows, err := conn.Query(ctx, q)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	cts := rows.ColumnTypes()
+	esc := strings.NewReplacer(`\`, `\\`, "\t", `\t`, "\n", `\n`, "'", `\'`)
+	var b strings.Builder
+	for rows.Next() {
+		dst := make([]any, len(cts))
+		for i, ct := range cts {
+			dst[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(dst...); err != nil {
+			return "", err
+		}
+		for i, d := range dst {
+			if i > 0 {
+				b.WriteByte('\t')
+			}
+			switch v := reflect.ValueOf(d).Elem().Interface().(type) {
+			case time.Time:
+				if cts[i].DatabaseTypeName() == "Date" {
+					b.WriteString(v.UTC().Format("2006-01-02"))
+				} else {
+					b.WriteString(v.UTC().Format("2006-01-02 15:04:05"))
+				}
+			case float64:
+				b.WriteString(strconv.FormatFloat(v, 'f', -1, 64))
+			case string:
+				b.WriteString(esc.Replace(v))
+			default:
+				b.WriteString(fmt.Sprint(v))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), rows.Err()
+}
+
+// versionTestData is the 1-million-event version of the benchmark's data.
+var versionTestData = SyntheticData{Events: 1_000_000, Revisions: 100_000, Customers: 2000, Months: 3, Partitions: 16, Chunk: 250_000}
+
+// TestClickHouseTwoVersions applies every migration and generates the same
+// million events (and their duplicates, adjustments, rejections and
+// aggregates) through the views on the test server, ClickHouse 18.16, and
+// on chdb, ClickHouse 26.x, then runs every documented query for the
+// largest customer and a small one on both and requires the same answer,
+// byte for byte, and a non-empty one. The SQL is the same on both: no
+// statement or query is rewritten for either version; the one setting the
+// two need alike, the time zone (UTC), is set by scripts/chdb-run.py.
+func TestClickHouseTwoVersions(t *testing.T) {
+	python := testenv.Chdb(t)
+	conn, db := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 10*time.Minute)
+
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stmts []string
+	for _, m := range ms {
+		stmts = append(stmts, m.Statements...)
+	}
+	data := versionTestData.Statements(db)
+	params := []QueryParams{
+		{Customer: "cust-0", Meter: "api_calls", Month: SyntheticStart},
+		{Customer: "cust-188", Meter: "tokens", Month: SyntheticStart.AddDate(0, 1, 0)},
+	}
+	var queries, names []string
+	for _, p := range params {
+		for _, q := range AnalystQueries {
+			sql, err := q.For(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			queries = append(queries, sql)
+			names = append(names, fmt.Sprintf("%s (%s, %s, %s)", q.Name, p.Customer, p.Meter, p.Month.Format("2006-01")))
+		}
+	}
+
+	// chdb in the background, while the server does the same.
+	start := time.Now()
+	chdbDone := make(chan struct{})
+	var chdb chdbResponse
+	var chdbErr error
+	var chdbTook time.Duration
+	go func() {
+		defer close(chdbDone)
+		chdb, chdbErr = runChdb(ctx, python, chdbRequest{Path: t.TempDir(), Database: db,
+			Statements: append(append([]string{}, stmts...), data...), Queries: queries})
+		chdbTook = time.Since(start)
+	}()
+
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range data {
+		if err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	var got []string
+	for i, q := range queries {
+		r, err := tsv(ctx, conn, q)
+		if err != nil {
+			t.Fatalf("%s on 18.16: %v\n%s", names[i], err, q)
+		}
+		got = append(got, r)
+	}
+	serverTook := time.Since(start)
+	<-chdbDone
+	if chdbErr != nil {
+		t.Fatal(chdbErr)
+	}
+	t.Logf("ClickHouse 18.16 (server): %s; ClickHouse %s (chdb): %s", serverTook.Round(time.Millisecond), chdb.Version, chdbTook.Round(time.Millisecond))
+	if len(chdb.Results) != len(queries) {
+		t.Fatalf("chdb answered %d queries of %d", len(chdb.Results), len(queries))
+	}
+	for i := range queries {
+		lines := strings.Count(got[i], "\n")
+		if lines == 0 {
+			t.Errorf("%s: no row on 18.16; the data set must exercise every query", names[i])
+		}
+		if got[i] != chdb.Results[i] {
+			t.Errorf("%s: 18.16 and %s differ:\n18.16:\n%s\n%s:\n%s", names[i], chdb.Version, head(got[i], 10), chdb.Version, head(chdb.Results[i], 10))
+			continue
+		}
+		t.Logf("%s: %d rows, equal", names[i], lines)
+	}
+}
+
+func head(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) > n {
+		lines = append(lines[:n], fmt.Sprintf("… %d more lines\n", len(lines)-n))
+	}
+	return strings.Join(lines, "")
+}

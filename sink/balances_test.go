@@ -1,0 +1,101 @@
+package sink
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestBalanceQueries writes balances through Kafka and the sink: every one
+// lands in usage_balances, balances_current keeps the latest of each
+// customer, and the queries of docs/entitlements.md give the numbers
+// worked out by hand.
+func TestBalanceQueries(t *testing.T) {
+	e := newEnv(t, 2)
+	now := time.Now().UTC()
+	cur := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	next, prev := cur.AddDate(0, 1, 0), cur.AddDate(0, -1, 0)
+	ms := func(t time.Time) int64 { return t.UnixMilli() }
+	// A grant that expires later this month, unless the month ends within
+	// two minutes: then next month, and the query must not list it.
+	soon := now.Add(2 * time.Minute).Truncate(time.Second)
+	soonThisMonth := soon.Before(next)
+
+	var recs []*kgo.Record
+	add := func(b *schemas.Balance) {
+		key := schemas.CustomerKey(b.CustomerID)
+		recs = append(recs, &kgo.Record{Topic: e.names.BalancesTopic(), Partition: schemas.Partition(key, e.parts), Key: key,
+			Value: schemas.MustEncode(b), Timestamp: base.Add(time.Duration(len(recs)) * time.Second)})
+	}
+	capped := func(cust string, rev int64, start, end time.Time, meters []schemas.MeterBalance, grants []schemas.GrantBalance, overdrawn int64) {
+		add(&schemas.Balance{CustomerID: cust, Plan: "free", Revision: rev, UpdatedAt: ms(start) + rev, PeriodStart: ms(start), PeriodEnd: ms(end),
+			Meters: meters, Grants: grants, OverdraftPolicy: schemas.OverdraftDeny, Overdrawn: overdrawn})
+	}
+	mb := func(m string, usage, limit int64) schemas.MeterBalance {
+		return schemas.MeterBalance{Meter: m, Usage: usage, Limit: limit, OnLimit: schemas.OnLimitReject}
+	}
+	gb := func(id string, amount, consumed int64, exp time.Time) schemas.GrantBalance {
+		g := schemas.GrantBalance{ID: id, Amount: amount, Consumed: consumed, Remaining: max(0, amount-consumed)}
+		if !exp.IsZero() {
+			g.ExpiresAt = ms(exp)
+		}
+		return g
+	}
+	capped("acme", 1, cur, next, []schemas.MeterBalance{mb("api_calls", 500, 1000), mb("tokens", 10, 5000)},
+		[]schemas.GrantBalance{gb("annual", 10_000, 0, time.Time{}), gb("promo", 1000, 0, soon)}, 0)
+	capped("acme", 2, cur, next, []schemas.MeterBalance{mb("api_calls", 850, 1000), mb("tokens", 4000, 5000)},
+		[]schemas.GrantBalance{gb("annual", 10_000, 2500, time.Time{}), gb("promo", 1000, 700, soon)}, 0)
+	capped("globex", 1, cur, next, []schemas.MeterBalance{mb("api_calls", 100, 1000)},
+		[]schemas.GrantBalance{gb("trial", 500, 500, soon), gb("next", 800, 0, next.Add(24*time.Hour))}, 1200)
+	capped("initech", 7, prev, cur, []schemas.MeterBalance{mb("api_calls", 990, 1000)}, nil, 0) // last period
+	add(&schemas.Balance{CustomerID: "umbrella", Plan: "staff", Unmetered: true, Revision: 3, UpdatedAt: ms(cur), PeriodStart: ms(cur),
+		PeriodEnd: ms(next), OverdraftPolicy: schemas.OverdraftAllow})
+	e.produce(recs...)
+	r := e.start(nil)
+	e.waitCaughtUp(time.Minute)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableBalances, 5)
+	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "4\n" {
+		t.Errorf("balances_current has %s rows, want one per customer (4)", n)
+	}
+	row := queryStrings(t, e.conn, "SELECT revision, meter_names, meter_usage, meter_on_limit, grant_ids, grant_remaining, grant_expires_at_ms FROM "+
+		e.db+".balances_current FINAL WHERE customer_id = 'acme'")
+	if got, want := render(row), "2 | [api_calls tokens] | [850 4000] | [reject reject] | [annual promo] | [7500 300] | [0 "+
+		strconv.FormatInt(ms(soon), 10)+"]\n"; got != want {
+		t.Errorf("acme's current balance:\n got %s want %s", got, want)
+	}
+
+	d := func(t time.Time) string { return t.Format("2006-01-02 15:04:05") }
+	expiring := [][]string{{"acme", "promo", "300", d(soon)}}
+	if !soonThisMonth {
+		expiring = nil
+	}
+	want := map[string][][]string{
+		"customers_near_cap": {
+			{"acme", "free", "api_calls", "850", "1000", "85.0000"},
+			{"acme", "free", "tokens", "4000", "5000", "80.0000"},
+		},
+		"credits_expiring_this_month": expiring,
+		"credits_left": {
+			{"initech", "free", "0", "0", "deny", d(prev)},
+			{"umbrella", "staff", "0", "0", "allow", d(cur)},
+			{"globex", "free", "800", "1200", "deny", d(cur)},
+			{"acme", "free", "7800", "0", "deny", d(cur)},
+		},
+	}
+	if len(want) != len(BalanceQueries) {
+		t.Fatalf("%d queries, %d expectations", len(BalanceQueries), len(want))
+	}
+	for _, q := range BalanceQueries {
+		got := queryStrings(t, e.conn, q.SQL)
+		if render(got) != render(want[q.Name]) {
+			t.Errorf("%s:\ngot:\n%swant:\n%s", q.Name, render(got), render(want[q.Name]))
+		}
+	}
+}

@@ -1,0 +1,621 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+)
+
+// RebuildsTable records rebuilds of derived tables (the analyst tables' migration).
+const RebuildsTable = "meterline_rebuilds"
+
+// Fault points of a rebuild (package fault), for the crash tests.
+const (
+	// FaultRebuildFilled: a derived table's staging table is filled, no
+	// month of it is swapped in yet.
+	FaultRebuildFilled = "sink.rebuild-filled"
+	// FaultRebuildSwapped: one month of a derived table is swapped in,
+	// others may not be.
+	FaultRebuildSwapped = "sink.rebuild-swapped"
+)
+
+// ErrRebuildUnfinished is returned (wrapped) by CheckRebuilds, and so by
+// the sink at start, while a rebuild of a derived table has not finished:
+// rows the sink wrote meanwhile could be lost by the rebuild's partition
+// swap. Finish it with `meterline verify --backfill`.
+var ErrRebuildUnfinished = errors.New("rebuild of derived tables unfinished")
+
+// ErrSinkRunning is returned (wrapped) by Verify when it would rebuild a
+// month while the sink's consumer group has members: the views would
+// write rows into the month while it is rebuilt, and the swap would drop
+// them.
+var ErrSinkRunning = errors.New("the sink's consumer group has members")
+
+// VerifyConfig configures Verify.
+type VerifyConfig struct {
+	// Conn is a connection whose calls Verify bounds with its own
+	// deadlines.
+	Conn driver.Conn
+	// Database holds the ledger and derived tables.
+	Database string
+	// Tables names the derived tables to check or rebuild. Default: all;
+	// with Backfill and an unfinished rebuild, that rebuild's tables.
+	Tables []string
+	// Since is the first month (YYYYMM) compared. Default: the month after
+	// the oldest month the ledger tables hold (by Kafka timestamp), the
+	// first month whose sources are all still in the ledger whatever was
+	// dropped before it (docs/operations.md, retention). A month before it
+	// is never rebuilt by a comparison.
+	Since uint32
+	// Repair rebuilds the months that differ. Without it Verify only
+	// compares, which it may do while the sink runs.
+	Repair bool
+	// Backfill rebuilds every month the ledger holds of the tables,
+	// without comparing first (a new derived table on a database with
+	// data, or an unfinished rebuild).
+	Backfill bool
+	// SinkMembers returns the members of the sink's consumer group. A
+	// rebuild runs only when it returns none, checked after the rebuild is
+	// recorded (so a sink that starts later refuses) and again before each
+	// partition swap. Required for Repair and Backfill.
+	SinkMembers func(ctx context.Context) ([]string, error)
+	// Logger logs each comparison and rebuild step. Default: none.
+	Logger *zap.Logger
+	// Now dates the rebuild records. Default: time.Now.
+	Now func() time.Time
+	// QueryTimeout bounds each query and each fill. Default: 1 hour.
+	QueryTimeout time.Duration
+}
+
+// Month statuses of a VerifyReport.
+const (
+	MonthEqual   = "equal"
+	MonthDiffers = "differs"
+	MonthRebuilt = "rebuilt"
+	MonthSkipped = "skipped"
+)
+
+// MonthCheck is one month of one derived table.
+type MonthCheck struct {
+	Table  string
+	Month  uint32
+	Status string
+	// Ledger and Derived are the measures (DerivedTable.Measures), nil
+	// when that side has no row of the month. After a rebuild they are the
+	// measures compared after the swap.
+	Ledger, Derived []string
+	Note            string
+}
+
+// VerifyReport is what Verify found and did.
+type VerifyReport struct {
+	Months []MonthCheck
+	// Differs counts the months that still differ.
+	Differs int
+	// Rebuilt counts the months rebuilt.
+	Rebuilt int
+	// RunID names the rebuild, if one ran.
+	RunID string
+}
+
+// Verify compares each derived table with the ledger per month, and with
+// Repair (or Backfill) rebuilds the months that differ: each table's
+// months are computed into a staging table from the ledger through the
+// views' own SELECTs, then swapped in one partition at a time with ALTER
+// TABLE ... REPLACE PARTITION ... FROM, which replaces a partition's parts
+// atomically (readers see the old month or the new one, never a mix).
+// A rebuild killed half-way leaves its record unfinished: the sink
+// refuses to start, and running Verify with Backfill again redoes it (every
+// step is idempotent).
+func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.QueryTimeout <= 0 {
+		cfg.QueryTimeout = time.Hour
+	}
+	if cfg.Conn == nil || !databaseName.MatchString(cfg.Database) {
+		return nil, fmt.Errorf("sink: verify: need a connection and a database name, got %q", cfg.Database)
+	}
+	if (cfg.Repair || cfg.Backfill) && cfg.SinkMembers == nil {
+		return nil, errors.New("sink: verify: a rebuild needs SinkMembers, to check that no sink is running")
+	}
+	all, err := DerivedTables()
+	if err != nil {
+		return nil, err
+	}
+	v := &verifier{cfg: cfg, log: cfg.Logger}
+	names := cfg.Tables
+	var unfinished []rebuildRun
+	if cfg.Backfill {
+		if unfinished, err = v.unfinished(ctx); err != nil {
+			return nil, err
+		}
+		if len(names) == 0 {
+			for _, r := range unfinished {
+				names = append(names, r.tables...)
+			}
+		}
+	}
+	tables, err := pickTables(all, names)
+	if err != nil {
+		return nil, err
+	}
+	rep := &VerifyReport{}
+	plan := map[string][]uint32{}
+	var planned []DerivedTable
+	for _, d := range tables {
+		checks, err := v.compare(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		since := cfg.Since
+		if since == 0 {
+			if since, err = v.floor(ctx, d); err != nil {
+				return nil, err
+			}
+		}
+		var months []uint32
+		for i := range checks {
+			c := &checks[i]
+			switch {
+			case c.Ledger == nil && c.Derived != nil && (cfg.Backfill || c.Month < since):
+				c.Status, c.Note = MonthSkipped, "not in the ledger (dropped by retention?): left as is"
+			case !cfg.Backfill && c.Month < since:
+				c.Status, c.Note = MonthSkipped, fmt.Sprintf("before %d, the first month whose sources the ledger holds in full (--since to check it)", since)
+				if !equal(c.Ledger, c.Derived) {
+					c.Note += "; differs"
+				}
+			case cfg.Backfill:
+				c.Status = MonthDiffers
+				months = append(months, c.Month)
+			case equal(c.Ledger, c.Derived):
+				c.Status = MonthEqual
+			default:
+				c.Status = MonthDiffers
+				months = append(months, c.Month)
+			}
+			v.log.Info("verify", zap.String("table", d.Name), zap.Uint32("month", c.Month), zap.String("status", c.Status),
+				zap.Strings("ledger", c.Ledger), zap.Strings("derived", c.Derived), zap.String("note", c.Note))
+		}
+		if len(months) > 0 {
+			plan[d.Name] = months
+			planned = append(planned, d)
+		}
+		rep.Months = append(rep.Months, checks...)
+	}
+	if len(planned) > 0 && (cfg.Repair || cfg.Backfill) {
+		kind, reason := "verify", "months differ from the ledger"
+		if cfg.Backfill {
+			kind, reason = "backfill", "backfill of every month the ledger holds"
+		}
+		run, err := v.rebuild(ctx, planned, plan, kind, reason, unfinished)
+		rep.RunID = run
+		if err != nil {
+			return rep, err
+		}
+		// Compare the rebuilt months again: the report says what is there now.
+		for _, d := range planned {
+			checks, err := v.compare(ctx, d)
+			if err != nil {
+				return rep, err
+			}
+			now := map[uint32]MonthCheck{}
+			for _, c := range checks {
+				now[c.Month] = c
+			}
+			for i := range rep.Months {
+				c := &rep.Months[i]
+				if c.Table != d.Name || c.Status != MonthDiffers {
+					continue
+				}
+				n := now[c.Month]
+				c.Ledger, c.Derived = n.Ledger, n.Derived
+				if equal(c.Ledger, c.Derived) {
+					c.Status = MonthRebuilt
+				} else {
+					c.Note = "still differs after the rebuild (did a sink write meanwhile?)"
+				}
+			}
+		}
+	} else if len(unfinished) > 0 && cfg.Backfill {
+		// Nothing to rebuild (an empty ledger): the unfinished runs are done.
+		if err := v.finishRuns(ctx, unfinished, tables); err != nil {
+			return rep, err
+		}
+	}
+	for _, c := range rep.Months {
+		switch c.Status {
+		case MonthDiffers:
+			rep.Differs++
+		case MonthRebuilt:
+			rep.Rebuilt++
+		}
+	}
+	return rep, nil
+}
+
+func pickTables(all []DerivedTable, names []string) ([]DerivedTable, error) {
+	if len(names) == 0 {
+		return all, nil
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []DerivedTable
+	for _, d := range all {
+		if want[d.Name] {
+			out = append(out, d)
+			delete(want, d.Name)
+		}
+	}
+	if len(want) > 0 {
+		var unknown, known []string
+		for n := range want {
+			unknown = append(unknown, n)
+		}
+		for _, d := range all {
+			known = append(known, d.Name)
+		}
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("sink: verify: unknown derived table %s (known: %s)", strings.Join(unknown, ", "), strings.Join(known, ", "))
+	}
+	return out, nil
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+type verifier struct {
+	cfg VerifyConfig
+	log *zap.Logger
+}
+
+func (v *verifier) exec(ctx context.Context, q string) error {
+	qctx, cancel := context.WithTimeout(ctx, v.cfg.QueryTimeout)
+	defer cancel()
+	return v.cfg.Conn.Exec(qctx, q)
+}
+
+// compare returns the month checks of d, by month, both sides measured.
+func (v *verifier) compare(ctx context.Context, d DerivedTable) ([]MonthCheck, error) {
+	led, err := v.measure(ctx, fmt.Sprintf(d.Ledger, v.cfg.Database), len(d.Measures))
+	if err != nil {
+		return nil, fmt.Errorf("sink: verify %s: ledger side: %w", d.Name, err)
+	}
+	der, err := v.measure(ctx, fmt.Sprintf(d.Derived, v.cfg.Database), len(d.Measures))
+	if err != nil {
+		return nil, fmt.Errorf("sink: verify %s: derived side: %w", d.Name, err)
+	}
+	months := map[uint32]bool{}
+	for m := range led {
+		months[m] = true
+	}
+	for m := range der {
+		months[m] = true
+	}
+	var out []MonthCheck
+	for m := range months {
+		out = append(out, MonthCheck{Table: d.Name, Month: m, Ledger: led[m], Derived: der[m]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Month < out[j].Month })
+	return out, nil
+}
+
+// measure runs a (month, n measures...) query.
+func (v *verifier) measure(ctx context.Context, q string, n int) (map[uint32][]string, error) {
+	rows, err := queryText(ctx, v.cfg.Conn, v.cfg.QueryTimeout, q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32][]string{}
+	for _, r := range rows {
+		if len(r) != n+1 {
+			return nil, fmt.Errorf("%d columns, want the month and %d measures", len(r), n)
+		}
+		m, err := strconv.ParseUint(r[0], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("month %q: %w", r[0], err)
+		}
+		out[uint32(m)] = r[1:]
+	}
+	return out, nil
+}
+
+// queryText runs q and renders every value with fmt.Sprint, times as UTC
+// "2006-01-02 15:04:05" and floats with 4 decimals.
+func queryText(ctx context.Context, conn driver.Conn, timeout time.Duration, q string) ([][]string, error) {
+	qctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	rows, err := conn.Query(qctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cts := rows.ColumnTypes()
+	var out [][]string
+	for rows.Next() {
+		dst := make([]any, len(cts))
+		for i, ct := range cts {
+			dst[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(dst...); err != nil {
+			return nil, err
+		}
+		row := make([]string, len(dst))
+		for i, d := range dst {
+			switch x := reflect.ValueOf(d).Elem().Interface().(type) {
+			case time.Time:
+				row[i] = x.UTC().Format("2006-01-02 15:04:05")
+			case float64:
+				row[i] = fmt.Sprintf("%.4f", x)
+			default:
+				row[i] = fmt.Sprint(x)
+			}
+		}
+		out = append(out, row)
+	}
+	return out, rows.Err()
+}
+
+// floor is the default first month compared for d: the month after the
+// oldest month (by Kafka timestamp, the ledger's partition key) any of its
+// source tables holds. Every source row of a derived month from the floor
+// on is still in the ledger whatever older months were dropped: a derived
+// row's month (event time, period, arrival) is never more than the
+// producer clock skew (DESIGN §3, S ≤ 1 hour) after the Kafka timestamp of
+// the ledger row it comes from. With no ledger data at all, nothing is
+// compared.
+func (v *verifier) floor(ctx context.Context, d DerivedTable) (uint32, error) {
+	q := fmt.Sprintf("SELECT min(toUInt32(partition)), count() FROM system.parts WHERE database = %s AND table IN ('%s') AND active",
+		quote(v.cfg.Database), strings.Join(d.Sources, "', '"))
+	qctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var oldest uint32
+	var parts uint64
+	if err := v.cfg.Conn.QueryRow(qctx, q).Scan(&oldest, &parts); err != nil {
+		return 0, fmt.Errorf("sink: verify %s: oldest ledger month: %w", d.Name, err)
+	}
+	if parts == 0 {
+		return 999912, nil
+	}
+	return nextMonth(oldest), nil
+}
+
+func nextMonth(m uint32) uint32 {
+	if m%100 >= 12 {
+		return (m/100+1)*100 + 1
+	}
+	return m + 1
+}
+
+// stagingTable is where a rebuild computes a derived table's months.
+func stagingTable(name string) string { return "rebuild__" + name }
+
+type rebuildRun struct {
+	id     string
+	tables []string
+	reason string
+}
+
+func (v *verifier) unfinished(ctx context.Context) ([]rebuildRun, error) {
+	return unfinishedRebuilds(ctx, v.cfg.Conn, v.cfg.Database)
+}
+
+func unfinishedRebuilds(ctx context.Context, conn driver.Conn, db string) ([]rebuildRun, error) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := conn.Query(qctx, "SELECT run_id, tables, reason FROM "+db+"."+RebuildsTable+" FINAL WHERE finished = 0 ORDER BY run_id")
+	if err != nil {
+		return nil, fmt.Errorf("sink: read %s: %w", RebuildsTable, err)
+	}
+	defer rows.Close()
+	var out []rebuildRun
+	for rows.Next() {
+		var r rebuildRun
+		if err := rows.Scan(&r.id, &r.tables, &r.reason); err != nil {
+			return nil, fmt.Errorf("sink: read %s: %w", RebuildsTable, err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// CheckRebuilds returns an error wrapping ErrRebuildUnfinished while a
+// rebuild of derived tables in conn's default database has not finished.
+// The sink calls it before it joins its group.
+func CheckRebuilds(ctx context.Context, conn driver.Conn) error {
+	var db string
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err := conn.QueryRow(qctx, "SELECT currentDatabase()").Scan(&db)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("sink: check rebuilds: %w", err)
+	}
+	runs, err := unfinishedRebuilds(ctx, conn, db)
+	if err != nil {
+		return err
+	}
+	if len(runs) == 0 {
+		return nil
+	}
+	var ds []string
+	for _, r := range runs {
+		ds = append(ds, fmt.Sprintf("%q (%s; tables %s)", r.id, r.reason, strings.Join(r.tables, ", ")))
+	}
+	return fmt.Errorf("sink: database %s: %s: run `meterline verify --backfill --database %s` with no sink running: %w",
+		db, strings.Join(ds, ", "), db, ErrRebuildUnfinished)
+}
+
+func (v *verifier) record(ctx context.Context, r rebuildRun, finished bool, version uint64) error {
+	ictx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	b, err := v.cfg.Conn.PrepareBatch(ictx, "INSERT INTO "+v.cfg.Database+"."+RebuildsTable+" (run_id, recorded_at, tables, reason, finished, version)")
+	if err != nil {
+		return fmt.Errorf("sink: record rebuild %s: %w", r.id, err)
+	}
+	var f uint8
+	if finished {
+		f = 1
+	}
+	if err := b.Append(r.id, v.cfg.Now().UTC(), r.tables, r.reason, f, version); err != nil {
+		_ = b.Abort()
+		return fmt.Errorf("sink: record rebuild %s: %w", r.id, err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("sink: record rebuild %s: %w", r.id, err)
+	}
+	return nil
+}
+
+// The version of a finished record beats every unfinished one of the run.
+const (
+	versionStarted  = 1
+	versionFinished = 2
+)
+
+// checkNoSink returns an error wrapping ErrSinkRunning while the sink's
+// group has members.
+func (v *verifier) checkNoSink(ctx context.Context) error {
+	members, err := v.cfg.SinkMembers(ctx)
+	if err != nil {
+		return fmt.Errorf("sink: verify: cannot tell whether a sink is running, not rebuilding: %w", err)
+	}
+	if len(members) > 0 {
+		return fmt.Errorf("sink: verify: not rebuilding while the sink's group has members (%s); stop the sinks first: %w",
+			strings.Join(members, ", "), ErrSinkRunning)
+	}
+	return nil
+}
+
+func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months map[string][]uint32, kind, reason string, unfinished []rebuildRun) (string, error) {
+	run := rebuildRun{id: kind + " " + v.cfg.Now().UTC().Format(time.RFC3339Nano), reason: reason}
+	for _, d := range tables {
+		run.tables = append(run.tables, d.Name)
+	}
+	// 1. Recorded before the group is checked: a sink starting from now on
+	// refuses, and one that started before is seen in the group.
+	if err := v.record(ctx, run, false, versionStarted); err != nil {
+		return run.id, err
+	}
+	if err := v.checkNoSink(ctx); err != nil {
+		if ferr := v.record(ctx, run, true, versionFinished); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+		return run.id, err
+	}
+	db := v.cfg.Database
+	for _, d := range tables {
+		staging := stagingTable(d.Name)
+		ms := months[d.Name]
+		v.log.Info("rebuild: filling staging table", zap.String("table", d.Name), zap.String("staging", staging), zap.Any("months", ms))
+		// 2. A fresh staging table, filled from the ledger by the views'
+		// SELECTs. A killed rebuild leaves it behind; it is dropped here.
+		if err := v.exec(ctx, "DROP TABLE IF EXISTS "+db+"."+staging); err != nil {
+			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
+		}
+		if err := v.exec(ctx, "CREATE TABLE "+db+"."+staging+" AS "+db+"."+d.Name); err != nil {
+			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
+		}
+		for _, view := range d.Views {
+			if err := v.exec(ctx, view.fillSQL(db, staging, d.PartitionColumn, ms)); err != nil {
+				return run.id, fmt.Errorf("sink: rebuild %s: fill from view %s: %w", d.Name, view.Name, err)
+			}
+		}
+		fault.Hit(FaultRebuildFilled)
+		// 3. One atomic swap per month. A month not in the staging table
+		// (the ledger has none of it any more) is replaced by nothing.
+		for _, m := range ms {
+			if err := v.checkNoSink(ctx); err != nil {
+				return run.id, err
+			}
+			if err := v.exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s REPLACE PARTITION %d FROM %s.%s", db, d.Name, m, db, staging)); err != nil {
+				return run.id, fmt.Errorf("sink: rebuild %s month %d: swap: %w", d.Name, m, err)
+			}
+			v.log.Info("rebuild: month swapped in", zap.String("table", d.Name), zap.Uint32("month", m))
+			fault.Hit(FaultRebuildSwapped)
+		}
+		if err := v.exec(ctx, "DROP TABLE IF EXISTS "+db+"."+staging); err != nil {
+			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
+		}
+	}
+	// 4. Done: this run, and the unfinished runs it covered.
+	if err := v.record(ctx, run, true, versionFinished); err != nil {
+		return run.id, err
+	}
+	return run.id, v.finishRuns(ctx, unfinished, tables)
+}
+
+// finishRuns records as finished each unfinished run whose tables were all
+// rebuilt.
+func (v *verifier) finishRuns(ctx context.Context, runs []rebuildRun, done []DerivedTable) error {
+	did := map[string]bool{}
+	for _, d := range done {
+		did[d.Name] = true
+	}
+	for _, r := range runs {
+		covered := true
+		for _, t := range r.tables {
+			covered = covered && did[t]
+		}
+		if !covered {
+			continue
+		}
+		if err := v.record(ctx, r, true, versionFinished); err != nil {
+			return err
+		}
+		v.log.Info("rebuild: unfinished run finished", zap.String("run", r.id))
+	}
+	return nil
+}
+
+// GroupMembers returns a VerifyConfig.SinkMembers that describes group
+// with adm: the client ID and host of each member. A group the broker does
+// not know has no members.
+func GroupMembers(adm *kadm.Client, group string) func(ctx context.Context) ([]string, error) {
+	return func(ctx context.Context) ([]string, error) {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		dg, err := adm.DescribeGroups(dctx, group)
+		if err != nil {
+			return nil, fmt.Errorf("describe group %s: %w", group, err)
+		}
+		g, ok := dg[group]
+		if !ok {
+			return nil, fmt.Errorf("describe group %s: not in the response", group)
+		}
+		if g.Err != nil && !errors.Is(g.Err, kerr.GroupIDNotFound) {
+			return nil, fmt.Errorf("describe group %s: %w", group, g.Err)
+		}
+		var out []string
+		for _, m := range g.Members {
+			out = append(out, fmt.Sprintf("%s (%s)", m.ClientID, m.ClientHost))
+		}
+		return out, nil
+	}
+}
