@@ -71,7 +71,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -83,12 +82,12 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -656,7 +655,7 @@ func fetchError(log *zap.Logger, fs kgo.Fetches) error {
 			return
 		}
 		var gs *kgo.ErrGroupSession
-		if errors.As(err, &gs) && rejoining(gs.Err) {
+		if errors.As(err, &gs) && kafka.GroupRejoins(gs.Err) {
 			log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
 			return
 		}
@@ -665,17 +664,6 @@ func fetchError(log *zap.Logger, fs kgo.Fetches) error {
 		}
 	})
 	return ferr
-}
-
-// rejoining reports whether a group management error is one kgo repairs
-// by rejoining: this member was dropped or fenced from the group, or the
-// coordinator was unreachable, moving or loading (a retriable Kafka error
-// or a broken connection).
-func rejoining(err error) bool {
-	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
-		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
-		errors.Is(err, kerr.StaleMemberEpoch) || kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) ||
-		errors.As(err, new(*net.OpError)) // a coordinator that cannot be dialled (dead) is looked up again
 }
 
 // add decodes one polled record into the window and the pending batch.
