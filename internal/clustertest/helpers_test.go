@@ -747,6 +747,55 @@ func (s *suite) waitCaughtUp(group string, skip func(schemas.Kind) bool, topicNa
 	s.t.Logf("%s caught up on %s after %s", group, strings.Join(topicNames, ", "), time.Since(start).Round(time.Millisecond))
 }
 
+// waitFinalsOut waits until the aggregator has emitted everything due by
+// P's cutoff. Its input offsets do not say so: a period decided final
+// sends its FINAL revisions, and the adjustments queued behind them, in
+// chunks of their own transactions after the input that decided it (DESIGN
+// §6 invariant 9), so an aggregator caught up on usage.deduped may still
+// have some to send. The running instances' metrics do: between them every
+// partition has a watermark past the cutoff (it is owned and has seen the
+// ticks that decide P) and none has a final-due time at or before the
+// cutoff.
+func (s *suite) waitFinalsOut() {
+	s.t.Helper()
+	start := time.Now()
+	cutoff := float64(s.cutoff) / 1000
+	var state string
+	for {
+		s.checkAlive()
+		past := map[string]bool{}
+		var due []string
+		for _, id := range s.running("aggregate") {
+			m, err := s.proc("aggregate", id).Metrics()
+			if err != nil {
+				state = fmt.Sprintf("aggregate %s: %v", id, err)
+				past = nil
+				break
+			}
+			for series, v := range m {
+				if p, ok := strings.CutPrefix(series, `meterline_aggregate_watermark_seconds{partition="`); ok && v > cutoff {
+					past[p] = true
+				}
+				if p, ok := strings.CutPrefix(series, `meterline_aggregate_final_due_seconds{partition="`); ok && v <= cutoff {
+					due = append(due, fmt.Sprintf("partition %s due %s", strings.TrimSuffix(p, `"}`), time.UnixMilli(int64(v*1000)).UTC().Format(time.TimeOnly)))
+				}
+			}
+		}
+		if past != nil {
+			sort.Strings(due)
+			state = fmt.Sprintf("%d of %d partitions past the cutoff, still to go out: %v", len(past), partitions, due)
+			if len(past) == partitions && len(due) == 0 {
+				break
+			}
+		}
+		if time.Since(start) > caughtUpTimeout {
+			s.t.Fatalf("the aggregator has not emitted everything due by P's cutoff after %s: %s", caughtUpTimeout, state)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	s.t.Logf("the aggregator emitted everything due by P's cutoff after %s", time.Since(start).Round(time.Millisecond))
+}
+
 // finish stops the generator, brings every stage back to instances i1 and
 // i2, lets the pipeline drain, and reconciles every output with the truth.
 func (s *suite) finish(g *generator) {
@@ -779,6 +828,7 @@ func (s *suite) finish(g *generator) {
 		s.stop("dedup", id)
 	}
 	s.waitCaughtUp(s.group("aggregate"), nil, s.names.DedupedTopic())
+	s.waitFinalsOut()
 	s.waitCaughtUp(s.group("sink"), nil, s.names.DedupedTopic(), s.names.AggregatesTopic(), s.names.AdjustmentsTopic(),
 		s.names.DuplicatesTopic(), s.names.RejectedTopic())
 	s.reconcile(tr)
