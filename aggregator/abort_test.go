@@ -131,14 +131,22 @@ func counterOf(reg *prometheus.Registry, name string) float64 {
 }
 
 func readAggregates(t testing.TB, h *aggHarness) []*schemas.Aggregate {
+	return readTopic[schemas.Aggregate](t, h.brokers, h.names.AggregatesTopic())
+}
+
+// readTopic decodes every committed record of topic as a T.
+func readTopic[T any, PT interface {
+	*T
+	schemas.Message
+}](t testing.TB, brokers []string, topic string) []PT {
 	t.Helper()
-	var out []*schemas.Aggregate
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregatesTopic()) {
-		var a schemas.Aggregate
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
+	var out []PT
+	for _, r := range testenv.ReadAll(t, brokers, topic) {
+		m := PT(new(T))
+		if err := schemas.DecodeInto(r.Value, m); err != nil {
+			t.Fatalf("%s offset %d/%d: %v", topic, r.Partition, r.Offset, err)
 		}
-		out = append(out, &a)
+		out = append(out, m)
 	}
 	return out
 }

@@ -19,6 +19,13 @@
 //
 // The invoice quantity of a period is its FINAL value plus the deltas of
 // the adjustments booked into it.
+//
+// Files: aggregator.go (Config, Stage), meters.go (the meters file),
+// processor.go (the stream.Processor and its partitions: the runtime's
+// hooks and the cache of OPEN aggregates), events.go (events and
+// watermarks), finalize.go (FINAL revisions, queued adjustments and expiry,
+// in chunks), state.go (state keys and their encoding), output.go
+// (revisions and rejects).
 package aggregator
 
 import (
@@ -30,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -48,37 +56,51 @@ type Config struct {
 	// StrictMeters rejects events of undeclared meters (unknown_meter)
 	// instead of counting them as SUM.
 	StrictMeters bool
-	// Period is the billing period length. Default: month.
+	// Period is the billing period length. Default: DefaultPeriod.
 	Period Period
-	// Grace is how long after a period's end it stays open. Default: 48h.
+	// Grace is how long after a period's end it stays open. Default:
+	// DefaultGrace.
 	Grace time.Duration
 	// Window is the dedup window W: a period's working state is kept until
 	// its end + W, after which no event for it can arrive. It must not be
 	// shorter than dedup's: a watermark record that states a longer W stops
-	// the stage (ErrWindowTooShort). Default: 35 days.
+	// the stage (ErrWindowTooShort). Default: dedup's, dedup.DefaultWindow.
 	Window time.Duration
 	// FinalChunk is the most aggregates one transaction finalizes (emits
 	// the FINAL revision of), books queued adjustments for, or expires, at
 	// a period's end: that work scales with the state, not the input, and
 	// is done in chunks over several transactions so that none outlasts the
-	// transaction timeout (DESIGN §6 invariant 9). Default: 10,000, about
-	// what a transaction of MaxBatchRecords input records carries.
+	// transaction timeout (DESIGN §6 invariant 9). Default:
+	// DefaultFinalChunk.
 	FinalChunk int
 }
+
+// The defaults of Config (EnsureDefaults), which the CLI's flags show too.
+const (
+	// DefaultGroup is the consumer group, Stream.Group.
+	DefaultGroup = "meterline-aggregate"
+	// DefaultPeriod is the billing period.
+	DefaultPeriod = Month
+	// DefaultGrace is how long a period stays open after its end.
+	DefaultGrace = 48 * time.Hour
+	// DefaultFinalChunk is about what a transaction of
+	// stream.DefaultMaxBatchRecords input records carries.
+	DefaultFinalChunk = 10_000
+)
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	if c.Period == "" {
-		c.Period = Month
+		c.Period = DefaultPeriod
 	}
 	if c.Grace == 0 {
-		c.Grace = 48 * time.Hour
+		c.Grace = DefaultGrace
 	}
 	if c.Window == 0 {
-		c.Window = 35 * 24 * time.Hour
+		c.Window = dedup.DefaultWindow
 	}
 	if c.FinalChunk == 0 {
-		c.FinalChunk = 10_000
+		c.FinalChunk = DefaultFinalChunk
 	}
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
@@ -87,7 +109,7 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.InputTopic = c.Topics.DedupedTopic()
 	c.Stream.ChangelogTopic = c.Topics.AggregateChangelogTopic()
 	if c.Stream.Group == "" {
-		c.Stream.Group = "meterline-aggregate"
+		c.Stream.Group = DefaultGroup
 	}
 	c.Stream.EnsureDefaults()
 }

@@ -145,29 +145,7 @@ func newAggHarnessSources(t testing.TB, brokers []string, partitions, sources in
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}
-	names := topics.DefaultNames()
-	names.Prefix = testenv.Name(t, "") + "."
-	layout := topics.DefaultLayout()
-	layout.Partitions = partitions
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	specs := topics.Specs(names, layout)
-	for i := range specs {
-		if specs[i].Name == names.EventsTopic() {
-			specs[i].Partitions = sources
-		}
-	}
-	adm := testenv.Admin(t, brokers)
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var ns []string
-		for _, s := range specs {
-			ns = append(ns, s.Name)
-		}
-		_, _ = adm.DeleteTopics(context.Background(), ns...)
-	})
+	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: partitions, Sources: sources})
 	return &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
 }
 
@@ -347,13 +325,9 @@ func mapGroupString(g map[string]string) string { return groupString(schemas.Pro
 
 func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 	revs := map[aggKey][]*schemas.Aggregate{}
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregatesTopic()) {
-		var a schemas.Aggregate
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
-		}
+	for _, a := range readAggregates(t, h) {
 		k := aggKey{a.CustomerID, a.Meter, groupString(a.Group), a.PeriodStart}
-		revs[k] = append(revs[k], &a)
+		revs[k] = append(revs[k], a)
 	}
 	// Revisions grow by 1 from 1; nothing follows a FINAL; one FINAL at most.
 	finals := map[aggKey]*schemas.Aggregate{}
@@ -421,11 +395,7 @@ func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 	}
 
 	var got, want []string
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic()) {
-		var a schemas.Adjustment
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
-		}
+	for _, a := range readAdjustments(t, h) {
 		got = append(got, fmt.Sprintf("%s/%s original=%d booked=%d delta=%d", a.EventID, a.Meter, a.OriginalPeriodStart, a.BookedPeriodStart, a.Delta))
 	}
 	for _, a := range c.Expect.Adjustments {
@@ -438,11 +408,7 @@ func checkOutputs(t *testing.T, h *aggHarness, c *testCase) {
 	}
 
 	var gotRej []string
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.RejectedTopic()) {
-		var rj schemas.Rejected
-		if err := schemas.DecodeInto(r.Value, &rj); err != nil {
-			t.Fatal(err)
-		}
+	for _, rj := range readRejected(t, h) {
 		gotRej = append(gotRej, rj.Reason+":"+rj.EventID)
 		if want, ok := c.Expect.RejectedDetails[rj.EventID]; ok && !strings.Contains(rj.Detail, want) {
 			t.Errorf("rejection of %s: detail %q does not say %q", rj.EventID, rj.Detail, want)

@@ -83,14 +83,10 @@ func decodePeriodState(v []byte) (*periodState, error) {
 	default:
 		return nil, fmt.Errorf("aggregator: corrupt period marker: phase %q", v[0])
 	}
-	b := v[1:]
 	var vals [3]int64
-	for i := range vals {
-		x, n := binary.Varint(b)
-		if n <= 0 {
-			return nil, errors.New("aggregator: corrupt period marker")
-		}
-		vals[i], b = x, b[n:]
+	b, ok := readVarints(v[1:], vals[:])
+	if !ok {
+		return nil, errors.New("aggregator: corrupt period marker")
 	}
 	ps.decidedAt, ps.emitted, ps.chunks = vals[0], vals[1], vals[2]
 	if len(b) > 0 {
@@ -270,6 +266,9 @@ func (pt *partition) Work(tx *stream.Tx) error {
 	pt.refreshFinalDue(tx, true)
 	return err
 }
+
+// errStop ends a scan early.
+var errStop = errors.New("stop")
 
 type kv struct{ k, v []byte }
 

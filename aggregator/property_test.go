@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/oracle"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -25,8 +25,9 @@ import (
 // in-process crashes at every crash point, restarts on kept or wiped state,
 // and a second instance joining and leaving (rebalances). At the end, with
 // every source's watermark past every period's end + grace, the outputs
-// must agree with an independent in-memory model of DESIGN §3 written
-// below (it calls no aggregator code).
+// must agree with the independent model of DESIGN §3 in
+// internal/testenv/oracle (it calls no aggregator code), which the
+// real-binary suite internal/aggcrashtest checks against too.
 //
 // Seeds 1–5 run on kfake, always (go test -short); seeds 101–103 run on
 // the real broker (METERLINE_TEST_KAFKA, without -short).
@@ -61,7 +62,7 @@ var (
 	propReal  = propParams{days: 6, meanStep: 15 * time.Minute, partitions: 3, session: 6 * time.Second}
 )
 
-// ---- the model's own view of meters, periods and aggregations ----
+// ---- the model: internal/testenv/oracle, with this test's meters ----
 
 const (
 	pDay    = int64(24 * time.Hour / time.Millisecond)
@@ -70,118 +71,35 @@ const (
 	pSkew   = int64(time.Hour / time.Millisecond)
 )
 
-type pMeter struct {
-	name    string
-	agg     string // SUM, COUNT, MAX, UNIQUE_COUNT, LATEST
-	prop    string // UNIQUE_COUNT's property
-	groupBy []string
-}
-
-// "x" is not declared: it is counted as a SUM without groups.
-var pMeters = []pMeter{
-	{name: "s", agg: "SUM", groupBy: []string{"region"}},
-	{name: "c", agg: "COUNT"},
-	{name: "mx", agg: "MAX"},
-	{name: "u", agg: "UNIQUE_COUNT", prop: "user", groupBy: []string{"region"}},
-	{name: "l", agg: "LATEST"},
-	{name: "x", agg: "SUM"},
-}
-
-const pMetersYAML = `meters:
-  - {name: s, aggregation: SUM, group_by: [region]}
-  - {name: c, aggregation: COUNT}
-  - {name: mx, aggregation: MAX}
-  - {name: u, aggregation: UNIQUE_COUNT, property: user, group_by: [region]}
-  - {name: l, aggregation: LATEST}
-`
-
-func pMeterOf(name string) pMeter {
-	for _, m := range pMeters {
-		if m.name == name {
-			return m
-		}
+// pMeters are the declared meters; pMeterNames the meters events use: "x"
+// is not declared, and is counted as a SUM without groups.
+var (
+	pMeters = oracle.Meters{
+		{Name: "s", Aggregation: "SUM", GroupBy: []string{"region"}},
+		{Name: "c", Aggregation: "COUNT"},
+		{Name: "mx", Aggregation: "MAX"},
+		{Name: "u", Aggregation: "UNIQUE_COUNT", Property: "user", GroupBy: []string{"region"}},
+		{Name: "l", Aggregation: "LATEST"},
 	}
-	panic(name)
-}
+	pMeterNames = []string{"s", "c", "mx", "u", "l", "x"}
+	pModel      = &oracle.Model{Meters: pMeters, Period: oracle.Day, Grace: pGrace}
+)
 
-// pDayStart is the UTC day containing ms (epoch ms > 0; UTC days are
-// exactly 86,400,000 ms in epoch time).
-func pDayStart(ms int64) int64 { return ms - ms%pDay }
+// pDayStart is the UTC day containing ms.
+func pDayStart(ms int64) int64 { s, _ := oracle.Day(ms); return s }
 
+// pEvent is an event of the model and where the test sends it. Its
+// Watermark is the aggregator partition watermark when the event is
+// processed: the minimum over the sources of the latest watermark sent
+// before it (0 until every source sent one). Every partition gets every
+// watermark record, so it is the same in all partitions. The one event
+// that it makes late although it arrived on time (DESIGN §3) is a
+// re-routed one here: it carries an arrival from before the latest
+// watermarks.
 type pEvent struct {
-	id, cust, meter string
-	qty, et, arr    int64
-	props           map[string]string
-	part            int32 // usage.deduped partition
-	source          int32
-	// wmAt is the aggregator partition watermark when the event is
-	// processed: the minimum over the sources of the latest watermark sent
-	// before it (0 until every source sent one). Every partition gets
-	// every watermark record, so it is the same in all partitions.
-	wmAt int64
-}
-
-type pKey struct {
-	cust, meter, group string
-	period             int64
-}
-
-func (e *pEvent) key() pKey {
-	m := pMeterOf(e.meter)
-	var g []string
-	for _, name := range m.groupBy {
-		g = append(g, name+"="+e.props[name])
-	}
-	return pKey{e.cust, e.meter, strings.Join(g, ","), pDayStart(e.et)}
-}
-
-// onTime: arrival at or before the period's end + grace (DESIGN §3: late
-// is after end + grace).
-//
-// The one exception (DESIGN §3): an event processed when its period is
-// already final — the watermark passed end + grace — is an adjustment even
-// if it arrived on time. That happens only to re-routed events here: they
-// carry an arrival from before the latest watermarks.
-func (e *pEvent) onTime() bool {
-	cutoff := pDayStart(e.et) + pDay + pGrace
-	return e.arr <= cutoff && e.wmAt <= cutoff
-}
-
-// pAgg aggregates events by the meter's aggregation: the value of a period
-// over exactly these events (0 for none).
-func pAgg(m pMeter, evs []*pEvent) int64 {
-	var v int64
-	switch m.agg {
-	case "SUM":
-		for _, e := range evs {
-			v += e.qty
-		}
-	case "COUNT":
-		v = int64(len(evs))
-	case "MAX":
-		for _, e := range evs {
-			if e.qty > v {
-				v = e.qty
-			}
-		}
-	case "UNIQUE_COUNT":
-		seen := map[string]bool{}
-		for _, e := range evs {
-			seen[e.props[m.prop]] = true
-		}
-		v = int64(len(seen))
-	case "LATEST":
-		var best *pEvent
-		for _, e := range evs {
-			if best == nil || e.et > best.et || (e.et == best.et && e.id > best.id) {
-				best = e
-			}
-		}
-		if best != nil {
-			v = best.qty
-		}
-	}
-	return v
+	oracle.Event
+	part   int32 // usage.deduped partition
+	source int32
 }
 
 // ---- the stream ----
@@ -218,28 +136,28 @@ func genStream(r *rand.Rand, p propParams) *pStream {
 		return m
 	}
 	eventAt := func(et, arr int64) {
-		e := &pEvent{cust: custs[r.Intn(len(custs))], meter: pMeters[r.Intn(len(pMeters))].name,
-			qty: r.Int63n(101), et: et, arr: arr, props: map[string]string{}, source: int32(r.Intn(int(s.sources))),
-			wmAt: minWM()}
+		e := &pEvent{Event: oracle.Event{Customer: custs[r.Intn(len(custs))], Meter: pMeterNames[r.Intn(len(pMeterNames))],
+			Quantity: r.Int63n(101), EventTime: et, Arrival: arr, Properties: map[string]string{}, Watermark: minWM()},
+			source: int32(r.Intn(int(s.sources)))}
 		// Random ids, so LATEST's tie-break on equal event times is not
 		// just the arrival order.
-		e.id = fmt.Sprintf("e%06d-%04d", r.Intn(1_000_000), id)
+		e.ID = fmt.Sprintf("e%06d-%04d", r.Intn(1_000_000), id)
 		id++
 		if r.Intn(10) > 0 {
-			e.props["region"] = regions[r.Intn(len(regions))]
+			e.Properties["region"] = regions[r.Intn(len(regions))]
 		}
-		if e.meter == "u" || r.Intn(4) == 0 {
-			e.props["user"] = fmt.Sprintf("user-%d", r.Intn(6))
+		if e.Meter == "u" || r.Intn(4) == 0 {
+			e.Properties["user"] = fmt.Sprintf("user-%d", r.Intn(6))
 		}
-		if r.Intn(3) == 0 && e.et-e.et%(6*3600*1000) > e.arr-pWindow {
+		if r.Intn(3) == 0 && e.EventTime-e.EventTime%(6*3600*1000) > e.Arrival-pWindow {
 			// Coarse event times: equal event times within a period
 			// (LATEST's tie-break on event_id, MAX's and first/last's ties).
-			e.et -= e.et % (6 * 3600 * 1000)
+			e.EventTime -= e.EventTime % (6 * 3600 * 1000)
 		}
-		e.part = schemas.Partition(schemas.AppendFramed(nil, e.cust, e.meter), p.partitions)
+		e.part = schemas.Partition(schemas.AppendFramed(nil, e.Customer, e.Meter), p.partitions)
 		// Dedup's window: arrival − W < event_time ≤ arrival + S.
-		if e.et <= e.arr-pWindow || e.et > e.arr+pSkew {
-			panic(fmt.Sprintf("generated event outside the dedup window: et %d arr %d", e.et, e.arr))
+		if e.EventTime <= e.Arrival-pWindow || e.EventTime > e.Arrival+pSkew {
+			panic(fmt.Sprintf("generated event outside the dedup window: et %d arr %d", e.EventTime, e.Arrival))
 		}
 		s.events = append(s.events, e)
 		s.steps = append(s.steps, pStep{ev: e})
@@ -327,7 +245,7 @@ func genStream(r *rand.Rand, p propParams) *pStream {
 	// The last watermarks: past every period's end + grace.
 	final := now
 	for _, e := range s.events {
-		if c := pDayStart(e.et) + pDay + pGrace + 1; c > final {
+		if c := pDayStart(e.EventTime) + pDay + pGrace + 1; c > final {
 			final = c
 		}
 	}
@@ -466,9 +384,9 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	st := genStream(r, p)
 	late, finalOnArrival := 0, 0
 	for _, e := range st.events {
-		if !e.onTime() {
+		if !pModel.OnTime(&e.Event) {
 			late++
-			if e.arr <= pDayStart(e.et)+pDay+pGrace {
+			if e.Arrival <= pModel.Cutoff(&e.Event) {
 				finalOnArrival++
 			}
 		}
@@ -476,7 +394,7 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	t.Logf("seed %d: %d events (%d late, of which %d arrived on time for a period already final), %d steps, %d sources, %d partitions",
 		seed, len(st.events), late, finalOnArrival, len(st.steps), st.sources, p.partitions)
 
-	cat, err := ParseMeters([]byte(pMetersYAML))
+	cat, err := ParseMeters([]byte(pMeters.YAML()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,215 +475,15 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	}
 	_ = fault.Arm("")
 	pr.settle()
-	awaitOutputs(t, pr.h, st)
 	t.Logf("crashes: %v (instance starts %d)", pr.crashes, pr.starts)
-	checkModel(t, pr.h, st)
-}
-
-// awaitOutputs waits until usage.aggregates holds as many FINAL revisions
-// as the model has keys with an on-time event, and usage.adjustments as
-// many adjustments as it has late events (or two minutes pass): the input
-// is consumed by then, but FINALs and the adjustments queued behind them
-// go out in chunks, without input. checkModel then says what differs.
-func awaitOutputs(t *testing.T, h *aggHarness, st *pStream) {
-	t.Helper()
-	keys := map[pKey]bool{}
-	late := 0
-	for _, e := range st.events {
-		if e.onTime() {
-			keys[e.key()] = true
-		} else {
-			late++
-		}
+	events := make([]*oracle.Event, len(st.events))
+	for i, e := range st.events {
+		events[i] = &e.Event
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		finals := 0
-		for _, a := range readAggregates(t, h) {
-			if a.Status == schemas.StatusFinal {
-				finals++
-			}
-		}
-		adjs := len(testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic()))
-		if finals >= len(keys) && adjs >= late {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Logf("after 2 minutes: %d FINAL revisions of %d keys, %d adjustments of %d late events", finals, len(keys), adjs, late)
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	oracle.Verify(t, pr.h.brokers, pr.h.names, pModel, events)
 }
 
 func (e *pEvent) dedupedEvent() *schemas.DedupedEvent {
-	return &schemas.DedupedEvent{EventID: e.id, CustomerID: e.cust, Meter: e.meter, Quantity: e.qty, EventTime: e.et,
-		IngestTime: e.arr, Properties: schemas.Properties(e.props), SourcePartition: e.source, Source: "prop"}
-}
-
-// ---- the check ----
-
-func checkModel(t *testing.T, h *aggHarness, st *pStream) {
-	// The model: events per key, in arrival order (= production order,
-	// which is the processing order within a partition).
-	onTime := map[pKey][]*pEvent{}
-	all := map[pKey][]*pEvent{}
-	byID := map[string]*pEvent{}
-	for _, e := range st.events {
-		k := e.key()
-		all[k] = append(all[k], e)
-		if e.onTime() {
-			onTime[k] = append(onTime[k], e)
-		}
-		byID[e.id] = e
-	}
-	// The delta of each late event: the change it makes to the period's
-	// value over the on-time events and the late events before it.
-	wantDelta := map[string]int64{}
-	for k, evs := range all {
-		m := pMeterOf(k.meter)
-		var seen []*pEvent
-		seen = append(seen, onTime[k]...)
-		for _, e := range evs {
-			if e.onTime() {
-				continue
-			}
-			before := pAgg(m, seen)
-			seen = append(seen, e)
-			wantDelta[e.id] = pAgg(m, seen) - before
-		}
-	}
-
-	var errs []string
-	fail := func(format string, args ...any) {
-		if len(errs) < 40 {
-			errs = append(errs, fmt.Sprintf(format, args...))
-		}
-	}
-	// Aggregates.
-	revs := map[pKey][]*schemas.Aggregate{}
-	for _, a := range readAggregates(t, h) {
-		k := pKey{a.CustomerID, a.Meter, groupString(a.Group), a.PeriodStart}
-		revs[k] = append(revs[k], a)
-	}
-	finals := map[pKey]*schemas.Aggregate{}
-	for k, rs := range revs {
-		ot := onTime[k]
-		if len(ot) == 0 {
-			fail("%v: %d aggregate revisions, but no event of it arrived on time", k, len(rs))
-			continue
-		}
-		m := pMeterOf(k.meter)
-		prevCount := int64(0)
-		for i, a := range rs {
-			if a.Revision != int64(i+1) {
-				fail("%v: revision %d at position %d (want %d)", k, a.Revision, i, i+1)
-			}
-			if a.PeriodEnd != k.period+pDay || a.Aggregation != m.agg {
-				fail("%v: period end %d aggregation %s", k, a.PeriodEnd, a.Aggregation)
-			}
-			if a.Status == schemas.StatusFinal {
-				if i != len(rs)-1 {
-					fail("%v: revision %d follows the FINAL (revision %d)", k, rs[len(rs)-1].Revision, a.Revision)
-				}
-				if finals[k] != nil {
-					fail("%v: a second FINAL", k)
-				}
-				finals[k] = a
-				continue
-			}
-			// An OPEN revision is the period over the first event_count
-			// on-time events.
-			c := a.EventCount
-			if c <= prevCount || c > int64(len(ot)) {
-				fail("%v: OPEN revision %d has event_count %d (previous %d, on-time events %d)", k, a.Revision, c, prevCount, len(ot))
-				continue
-			}
-			prevCount = c
-			if want := pAgg(m, ot[:c]); a.Value != want {
-				fail("%v: OPEN revision %d (count %d) value %d, want %d", k, a.Revision, c, a.Value, want)
-			}
-		}
-	}
-	for k, ot := range onTime {
-		m := pMeterOf(k.meter)
-		f := finals[k]
-		if f == nil {
-			fail("%v: no FINAL (%d revisions, %d on-time events)", k, len(revs[k]), len(ot))
-			continue
-		}
-		first, last := ot[0].et, ot[0].et
-		for _, e := range ot {
-			first, last = min(first, e.et), max(last, e.et)
-		}
-		if want := pAgg(m, ot); f.Value != want || f.EventCount != int64(len(ot)) {
-			fail("%v: FINAL value %d count %d, want value %d count %d", k, f.Value, f.EventCount, want, len(ot))
-		}
-		if f.FirstEventTime != first || f.LastEventTime != last {
-			fail("%v: FINAL first/last event time %d/%d, want %d/%d", k, f.FirstEventTime, f.LastEventTime, first, last)
-		}
-		if f.UpdatedAt <= k.period+pDay+pGrace {
-			fail("%v: FINAL updated_at %d is not past end + grace %d", k, f.UpdatedAt, k.period+pDay+pGrace)
-		}
-	}
-
-	// Adjustments: one per late event, booked into the period of its
-	// arrival, with the model's delta.
-	adjSum := map[pKey]int64{}
-	gotAdj := map[string]int{}
-	nAdj := 0
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic()) {
-		var a schemas.Adjustment
-		if err := schemas.DecodeInto(r.Value, &a); err != nil {
-			t.Fatal(err)
-		}
-		nAdj++
-		gotAdj[a.EventID]++
-		e := byID[a.EventID]
-		if e == nil {
-			fail("adjustment for unknown event %s", a.EventID)
-			continue
-		}
-		k := e.key()
-		if e.onTime() {
-			fail("%s (%v, arrival %d ≤ end + grace %d) was booked as an adjustment", e.id, k, e.arr, k.period+pDay+pGrace)
-		}
-		got := pKey{a.CustomerID, a.Meter, groupString(a.Group), a.OriginalPeriodStart}
-		if got != k || a.OriginalPeriodEnd != k.period+pDay {
-			fail("%s: adjustment for %v (end %d), want %v", e.id, got, a.OriginalPeriodEnd, k)
-		}
-		if b := pDayStart(e.arr); a.BookedPeriodStart != b || a.BookedPeriodEnd != b+pDay {
-			fail("%s: booked [%d, %d), want the period of its arrival [%d, %d)", e.id, a.BookedPeriodStart, a.BookedPeriodEnd, b, b+pDay)
-		}
-		if a.Delta != wantDelta[e.id] {
-			fail("%s (%v): delta %d, want %d", e.id, k, a.Delta, wantDelta[e.id])
-		}
-		if a.Quantity != e.qty || a.EventTime != e.et || a.IngestTime != e.arr || a.Aggregation != pMeterOf(e.meter).agg {
-			fail("%s: adjustment fields %+v do not match the event", e.id, a)
-		}
-		adjSum[k] += a.Delta
-	}
-	for _, e := range st.events {
-		if !e.onTime() && gotAdj[e.id] != 1 {
-			fail("late event %s (%v): %d adjustments, want 1", e.id, e.key(), gotAdj[e.id])
-		}
-	}
-	// The invoice identity: FINAL + Σ deltas = the period over all events.
-	for k, evs := range all {
-		final := int64(0)
-		if f := finals[k]; f != nil {
-			final = f.Value
-		}
-		if want := pAgg(pMeterOf(k.meter), evs); final+adjSum[k] != want {
-			fail("%v: FINAL %d + adjustments %d = %d, want %d over all %d events", k, final, adjSum[k], final+adjSum[k], want, len(evs))
-		}
-	}
-	if rej := testenv.ReadAll(t, h.brokers, h.names.RejectedTopic()); len(rej) > 0 {
-		fail("%d records rejected", len(rej))
-	}
-	if len(errs) > 0 {
-		sort.Strings(errs)
-		t.Fatalf("the outputs disagree with the model of DESIGN §3:\n  %s", strings.Join(errs, "\n  "))
-	}
-	t.Logf("model agrees: %d keys, %d FINAL, %d adjustments", len(all), len(finals), nAdj)
+	return &schemas.DedupedEvent{EventID: e.ID, CustomerID: e.Customer, Meter: e.Meter, Quantity: e.Quantity, EventTime: e.EventTime,
+		IngestTime: e.Arrival, Properties: schemas.Properties(e.Properties), SourcePartition: e.source, Source: "prop"}
 }

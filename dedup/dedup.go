@@ -46,18 +46,19 @@ type Config struct {
 	// Topics names the topics.
 	Topics topics.Names
 	// Window is W: an event is accepted only if arrival − W < event_time,
-	// and a key is kept W + Skew after its first arrival. Default: 35 days.
+	// and a key is kept W + Skew after its first arrival. Default:
+	// DefaultWindow.
 	Window time.Duration
 	// Skew is S: an event is accepted only if event_time ≤ arrival + S.
-	// Default: 1 hour.
+	// Default: DefaultSkew.
 	Skew time.Duration
 	// TickInterval is how often a tick record is appended to each owned
-	// usage.events partition. Default: 5s.
+	// usage.events partition. Default: DefaultTickInterval.
 	TickInterval time.Duration
 	// Bucket is the granularity of expiry: keys are grouped by the bucket
 	// of their first arrival and a whole bucket is dropped once all its keys
 	// are past W + S, so a key lives at most one bucket longer than
-	// required. Default: 24h.
+	// required. Default: DefaultBucket.
 	Bucket time.Duration
 	// Keys authenticate the headers dedup writes on re-routed records and
 	// ticks (DESIGN §2): HMAC-SHA256 under Keys[0]; any of Keys verifies.
@@ -76,9 +77,8 @@ type Config struct {
 	// rejection, a duplicate, a re-route), key, value and headers: it is
 	// checked before the record is emitted, and an input whose derived
 	// record would exceed it is rejected as oversized instead (DESIGN §6,
-	// invariant 10). At least schemas.MaxRejectedBytes. Default: 990,000,
-	// under kgo's default batch limit (1,000,012) and Kafka's default
-	// message.max.bytes (1,048,588) with room for the batch framing.
+	// invariant 10). At least schemas.MaxRejectedBytes. Default:
+	// DefaultMaxRecordBytes.
 	MaxRecordBytes int
 	// WatermarkEvery is the least broker time between two ticks that
 	// forward the watermark; ticks closer together forward nothing, so a
@@ -90,22 +90,42 @@ type Config struct {
 // MaxSources bounds Config.Sources.
 const MaxSources = 1000
 
+// The defaults of Config (EnsureDefaults), which the CLI's flags show too.
+const (
+	// DefaultGroup is the consumer group, Stream.Group.
+	DefaultGroup = "meterline-dedup"
+	// DefaultWindow is W, 35 days. The aggregator keeps a final period's
+	// working state for as long (aggregator.Config.Window), and the topics
+	// that must hold W keep it (topics.Layout).
+	DefaultWindow = 35 * 24 * time.Hour
+	// DefaultSkew is S.
+	DefaultSkew = time.Hour
+	// DefaultTickInterval is the tick interval.
+	DefaultTickInterval = 5 * time.Second
+	// DefaultBucket is the expiry granularity.
+	DefaultBucket = 24 * time.Hour
+	// DefaultMaxRecordBytes is under kgo's default batch limit (1,000,012)
+	// and Kafka's default message.max.bytes (1,048,588), with room for the
+	// batch framing.
+	DefaultMaxRecordBytes = 990_000
+)
+
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	if c.Window == 0 {
-		c.Window = 35 * 24 * time.Hour
+		c.Window = DefaultWindow
 	}
 	if c.Skew == 0 {
-		c.Skew = time.Hour
+		c.Skew = DefaultSkew
 	}
 	if c.TickInterval == 0 {
-		c.TickInterval = 5 * time.Second
+		c.TickInterval = DefaultTickInterval
 	}
 	if c.Bucket == 0 {
-		c.Bucket = 24 * time.Hour
+		c.Bucket = DefaultBucket
 	}
 	if c.MaxRecordBytes == 0 {
-		c.MaxRecordBytes = 990_000
+		c.MaxRecordBytes = DefaultMaxRecordBytes
 	}
 	if c.WatermarkEvery == 0 {
 		c.WatermarkEvery = c.TickInterval / 2
@@ -118,7 +138,7 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.ChangelogTopic = c.Topics.DedupChangelogTopic()
 	c.Stream.PunctuateInterval = c.TickInterval
 	if c.Stream.Group == "" {
-		c.Stream.Group = "meterline-dedup"
+		c.Stream.Group = DefaultGroup
 	}
 	c.Stream.EnsureDefaults()
 }

@@ -42,25 +42,7 @@ func newHarness(t testing.TB, brokers []string, n int32) *harness {
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}
-	names := topics.DefaultNames()
-	names.Prefix = testenv.Name(t, "") + "."
-	layout := topics.DefaultLayout()
-	layout.Partitions = n
-	layout.EventsTimestamp = "CreateTime"
-	adm := testenv.Admin(t, brokers)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	specs := topics.Specs(names, layout)
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var ns []string
-		for _, s := range specs {
-			ns = append(ns, s.Name)
-		}
-		_, _ = adm.DeleteTopics(context.Background(), ns...)
-	})
+	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: n, EventsTimestamp: "CreateTime"})
 	k, err := GenerateKey("test-1")
 	if err != nil {
 		t.Fatal(err)

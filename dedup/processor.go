@@ -593,10 +593,15 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 			// drop a real event. Forward it without storing it.
 			pt.pr.log.Error("identity hash prefix collision; forwarding without dedup state",
 				zap.ByteString("key", canon), zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset))
-			pt.forward(tx, r, e, arrival)
-			return nil
+			_, err := pt.forward(tx, r, e, arrival)
+			return err
 		}
 		return pt.duplicate(tx, r, e, canon, arrival, orig, !bytes.Equal(orig.payload, ph[:]))
+	}
+	// Forwarded first: an event rejected instead leaves no state, so that a
+	// later copy is judged as the first.
+	if fwd, err := pt.forward(tx, r, e, arrival); !fwd || err != nil {
+		return err
 	}
 	b := uint32(arrival / c.Bucket.Milliseconds())
 	if int64(b) < pt.expired {
@@ -613,7 +618,6 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	tx.Put(key[:], appendValue(val[:0], verify, ph[:], arrival-int64(b)*c.Bucket.Milliseconds(), r.Offset))
 	pt.bloomFor(b).add(kh)
 	pt.keys[b]++
-	pt.forward(tx, r, e, arrival)
 	return nil
 }
 
@@ -696,7 +700,15 @@ func payloadHash(e *schemas.UsageEvent) [payloadLen]byte {
 	return out
 }
 
-func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) {
+// encode is schemas.Encode: the re-encoding of an event read in an older
+// schema. Tests replace it to see that a failure rejects the event instead
+// of stopping the stage.
+var encode = schemas.Encode
+
+// forward emits e to usage.deduped. It reports false, having rejected r
+// instead (the error is reject's), when e was written in an older schema
+// and cannot be re-encoded as a DedupedEvent.
+func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) (bool, error) {
 	// Key and value share one allocation; each is capped so that neither
 	// append can run into the other.
 	// The key frames customer_id and meter, which is how the canonical
@@ -710,11 +722,15 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 	key = key[:len(key):len(key)]
 	val, ok := schemas.AppendDedupedFromRaw(rest, r.Value, arrival, r.Partition, r.Offset)
 	if !ok { // written with an older schema: re-encode
-		val = schemas.MustEncode(&schemas.DedupedEvent{
+		var err error
+		val, err = encode(&schemas.DedupedEvent{
 			EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
 			EventTime: e.EventTime, Source: e.Source, Properties: e.Properties,
 			IngestTime: arrival, SourcePartition: r.Partition, SourceOffset: r.Offset,
 		})
+		if err != nil {
+			return false, pt.reject(tx, r, e, schemas.ReasonInvalid, "the event cannot be re-encoded as a DedupedEvent: "+err.Error())
+		}
 	}
 	rec := pt.newRecord()
 	rec.Topic, rec.Partition, rec.Key, rec.Value = pt.pr.dedupedTopic, schemas.Partition(key, pt.pr.counts.deduped), key, val
@@ -730,6 +746,7 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 		pt.lastSource, pt.lastAccepted = e.Source, pc
 	}
 	pc.n++
+	return true, nil
 }
 
 // OtherSource is the source label of dedup's per-source metrics for every

@@ -29,17 +29,22 @@ type Config struct {
 	Prefix []byte
 	// Window is the dedup window W: an event's event_time is less than W
 	// before its arrival (DESIGN §3). It bounds what Prune keeps.
-	// Default: 35 days.
+	// Default: DefaultWindow.
 	Window time.Duration
 	// Period returns the billing period [start, end) containing an epoch
 	// ms time. Required.
 	Period func(ms int64) (start, end int64)
 }
 
+// DefaultWindow is Config.Window's default: dedup's default window
+// (dedup.DefaultWindow, which the CLI's tests hold it equal to; this
+// package does not import the stage).
+const DefaultWindow = 35 * 24 * time.Hour
+
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	if c.Window == 0 {
-		c.Window = 35 * 24 * time.Hour
+		c.Window = DefaultWindow
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/producer"
 )
 
 // docBlocks returns the code blocks of a Markdown file of the repository
@@ -67,6 +68,12 @@ func TestRealDocsClients(t *testing.T) {
 	if len(metersYAML) != 1 || len(curls) != 1 || len(sdks) != 1 {
 		t.Fatalf("docs/ingest.md: %d meters files, %d curl blocks, %d SDK blocks; want one each", len(metersYAML), len(curls), len(sdks))
 	}
+	// The README's example posts one more event, with the same meters.
+	readme := docBlocks(t, "README.md", "sh", "curl ")
+	if len(readme) != 1 {
+		t.Fatalf("README.md: %d curl blocks, want one", len(readme))
+	}
+	curls = append(curls, readme...)
 	cat, err := aggregator.ParseMeters([]byte(metersYAML[0]))
 	if err != nil {
 		t.Fatal(err)
@@ -75,10 +82,12 @@ func TestRealDocsClients(t *testing.T) {
 	env := append(os.Environ(), "TOKEN="+e.token)
 	const docURL = "http://127.0.0.1:8888"
 
-	sh := exec.Command("bash", "-euo", "pipefail", "-c", strings.ReplaceAll(curls[0], docURL, e.srv.URL()))
-	sh.Env = env
-	if out, err := sh.CombinedOutput(); err != nil {
-		t.Fatalf("the curl block failed: %v\n%s", err, out)
+	for _, c := range curls {
+		sh := exec.Command("bash", "-euo", "pipefail", "-c", strings.ReplaceAll(c, docURL, e.srv.URL()))
+		sh.Env = env
+		if out, err := sh.CombinedOutput(); err != nil {
+			t.Fatalf("the curl block failed: %v\n%s\n%s", err, c, out)
+		}
 	}
 	py := exec.Command(python, "-c", strings.ReplaceAll(sdks[0], docURL, e.srv.URL()))
 	py.Env = env
@@ -102,7 +111,7 @@ func TestRealDocsClients(t *testing.T) {
 			t.Errorf("record %+v", ue)
 		}
 	}
-	if tokens != 12+30+7+5+8+13 || prompts != 6 || len(ids) != 6 {
-		t.Errorf("tokens %d, prompts %d, %d event IDs; want 75, 6 and 6", tokens, prompts, len(ids))
+	if tokens != 12+30+7+5+8+13+20 || prompts != 7 || len(ids) != 7 || !ids[producer.EventID("chat-api", "req-42")] {
+		t.Errorf("tokens %d, prompts %d, %d event IDs (req-42 among them: %v); want 95, 7 and 7", tokens, prompts, len(ids), ids[producer.EventID("chat-api", "req-42")])
 	}
 }

@@ -59,6 +59,10 @@ const (
 	DefaultMaxEvents      = 1000
 	DefaultProduceTimeout = 10 * time.Second
 	DefaultLinger         = 2 * time.Millisecond
+	// The HTTP server's timeouts.
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
 )
 
 // Config configures a Server.
@@ -165,13 +169,13 @@ func (c *Config) EnsureDefaults() {
 		c.ProduceTimeout = DefaultProduceTimeout
 	}
 	if c.ReadHeaderTimeout == 0 {
-		c.ReadHeaderTimeout = 5 * time.Second
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
 	}
 	if c.ReadTimeout == 0 {
-		c.ReadTimeout = 30 * time.Second
+		c.ReadTimeout = DefaultReadTimeout
 	}
 	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 120 * time.Second
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = c.ProduceTimeout + 5*time.Second
@@ -199,26 +203,29 @@ func (c *Config) Validate() error {
 	if err := c.Kafka.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}
-	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
-		bad("tls: give both the certificate and the key file, or neither")
+	switch {
+	case c.TLSCertFile != "" && c.TLSKeyFile == "":
+		bad("tls-key-file: required with tls-cert-file %q (give both, or neither)", c.TLSCertFile)
+	case c.TLSKeyFile != "" && c.TLSCertFile == "":
+		bad("tls-cert-file: required with tls-key-file %q (give both, or neither)", c.TLSKeyFile)
 	}
 	if c.MaxBodyBytes < 1024 {
-		bad("max body bytes %d: want at least 1024", c.MaxBodyBytes)
+		bad("max-body-bytes %d: want at least 1024", c.MaxBodyBytes)
 	}
 	if c.MaxEvents < 1 {
-		bad("max events %d: want at least 1", c.MaxEvents)
+		bad("max-events %d: want at least 1", c.MaxEvents)
 	}
 	if c.ProduceTimeout < time.Second {
-		bad("produce timeout %s: want at least 1s (Kafka's record timeout)", c.ProduceTimeout)
+		bad("produce-timeout %s: want at least 1s (Kafka's record timeout)", c.ProduceTimeout)
 	}
-	for name, d := range map[string]time.Duration{"read header timeout": c.ReadHeaderTimeout, "read timeout": c.ReadTimeout,
-		"idle timeout": c.IdleTimeout, "shutdown timeout": c.ShutdownTimeout, "max skew": c.MaxSkew, "linger": c.Linger} {
+	for name, d := range map[string]time.Duration{"read-header-timeout": c.ReadHeaderTimeout, "read-timeout": c.ReadTimeout,
+		"idle-timeout": c.IdleTimeout, "shutdown-timeout": c.ShutdownTimeout, "max-skew": c.MaxSkew, "linger": c.Linger} {
 		if d < 0 {
 			bad("%s %s: must not be negative", name, d)
 		}
 	}
 	if c.ShutdownTimeout > 0 && c.ShutdownTimeout < c.ProduceTimeout {
-		bad("shutdown timeout %s is shorter than the produce timeout %s: in-flight requests could go unanswered", c.ShutdownTimeout, c.ProduceTimeout)
+		bad("shutdown-timeout %s is shorter than produce-timeout %s: in-flight requests could go unanswered", c.ShutdownTimeout, c.ProduceTimeout)
 	}
 	return errors.Join(errs...)
 }

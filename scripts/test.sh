@@ -83,6 +83,11 @@ $GO vet $PACKAGES
 
 echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, SASL_SSL on $KAFKA_SASL_PORT${WITH_CLUSTER:+, a cluster of three on $KAFKA_CLUSTER_PORT-$((KAFKA_CLUSTER_PORT + 2))}; real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT, password and TLS on $CLICKHOUSE_SECURE_TLS_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
+# Tests that check what the broker logged read its server.log, in the data
+# dir that kafka.sh reports for the plain broker (absolute).
+kafka_data=$(deploy/local/kafka.sh status | sed -n 's/.* data=//p') ||
+  { echo "test.sh: the broker on port $KAFKA_PORT is not running" >&2; exit 1; }
+export METERLINE_TEST_KAFKA_LOG=$kafka_data/server.log
 export METERLINE_TEST_CLICKHOUSE=127.0.0.1:$CLICKHOUSE_PORT
 export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM

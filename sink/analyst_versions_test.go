@@ -128,7 +128,12 @@ func TestClickHouseTwoVersions(t *testing.T) {
 		{Customer: "cust-0", Meter: "api_calls", Month: SyntheticStart},
 		{Customer: "cust-188", Meter: "tokens", Month: SyntheticStart.AddDate(0, 1, 0)},
 	}
+	data = append(data, balanceTestData(db, time.Now().UTC())...)
 	var queries, names []string
+	for _, q := range BalanceQueries {
+		queries = append(queries, q.SQL)
+		names = append(names, q.Name)
+	}
 	for _, p := range params {
 		for _, q := range AnalystQueries {
 			sql, err := q.For(p)
@@ -197,4 +202,74 @@ func head(s string, n int) string {
 		lines = append(lines[:n], fmt.Sprintf("… %d more lines\n", len(lines)-n))
 	}
 	return strings.Join(lines, "")
+}
+
+// balanceTestData inserts balances that every query of BalanceQueries
+// answers with rows at now: two revisions of a customer near its caps
+// with a grant expiring later this month, one overdrawn, and one whose
+// latest period ended last month (INSERT ... SELECT: the native driver
+// would wait for data blocks after INSERT ... VALUES). Times are Unix seconds, so that both
+// servers read the same instants whatever their time zone.
+func balanceTestData(db string, now time.Time) []string {
+	cur := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	next, prev := cur.AddDate(0, 1, 0), cur.AddDate(0, -1, 0)
+	soon := now.Add(next.Sub(now) / 2).Truncate(time.Second) // this month, after now
+	type grant struct {
+		id                string
+		amount, remaining int64
+		expires           time.Time
+	}
+	row := func(offset int64, cust string, rev int64, start, end time.Time, meters []string, usage, limits []int64, grants []grant, overdrawn int64) string {
+		var ids, exp, expMs, amounts, consumed, remaining, prios, from []string
+		for _, g := range grants {
+			ids = append(ids, strconv.Quote(g.id)[1:len(strconv.Quote(g.id))-1])
+			e := int64(0)
+			if !g.expires.IsZero() {
+				e = g.expires.Unix()
+			}
+			exp = append(exp, fmt.Sprintf("toDateTime(%d)", e))
+			expMs = append(expMs, strconv.FormatInt(e*1000, 10))
+			amounts = append(amounts, strconv.FormatInt(g.amount, 10))
+			consumed = append(consumed, strconv.FormatInt(g.amount-g.remaining, 10))
+			remaining = append(remaining, strconv.FormatInt(g.remaining, 10))
+			prios = append(prios, "1")
+			from = append(from, "0")
+		}
+		ints := func(v []int64) string {
+			var out []string
+			for _, x := range v {
+				out = append(out, strconv.FormatInt(x, 10))
+			}
+			return "[" + strings.Join(out, ",") + "]"
+		}
+		strs := func(v []string) string {
+			if len(v) == 0 {
+				return "[]"
+			}
+			return "['" + strings.Join(v, "','") + "']"
+		}
+		onLimit := make([]string, len(meters))
+		for i := range onLimit {
+			onLimit[i] = "reject"
+		}
+		typed := func(v []string, typ string) string {
+			if len(v) == 0 {
+				return "CAST([] AS Array(" + typ + "))"
+			}
+			return "[" + strings.Join(v, ",") + "]"
+		}
+		updated := start.Unix() + rev
+		return fmt.Sprintf("INSERT INTO %s.usage_balances SELECT 'usage.balances', 0, %d, toDateTime(%d), %d, '%s', 'free', 0, %d, toDateTime(%d), %d, "+
+			"toDateTime(%d), toDateTime(%d), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'deny', 0, %d",
+			db, offset, updated, updated*1000, cust, rev, updated, updated*1000, start.Unix(), end.Unix(),
+			strs(meters), ints(usage), ints(limits), strs(onLimit), strs(ids), typed(prios, "Int32"), typed(from, "Int64"),
+			typed(exp, "DateTime"), typed(expMs, "Int64"), typed(amounts, "Int64"), typed(consumed, "Int64"), typed(remaining, "Int64"), overdrawn)
+	}
+	calls := []string{"api_calls", "tokens"}
+	return []string{
+		row(0, "acme", 1, cur, next, calls, []int64{500, 10}, []int64{1000, 5000}, []grant{{"annual", 10_000, 10_000, time.Time{}}, {"promo", 1000, 1000, soon}}, 0),
+		row(1, "acme", 2, cur, next, calls, []int64{850, 4000}, []int64{1000, 5000}, []grant{{"annual", 10_000, 7500, time.Time{}}, {"promo", 1000, 300, soon}}, 0),
+		row(2, "globex", 1, cur, next, calls[:1], []int64{100}, []int64{1000}, []grant{{"trial", 500, 0, soon}, {"next", 800, 800, next.Add(24 * time.Hour)}}, 1200),
+		row(3, "initech", 7, prev, cur, calls[:1], []int64{990}, []int64{1000}, nil, 0),
+	}
 }

@@ -2,26 +2,15 @@ package sink
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/crash"
 )
-
-// proc is a `meterline sink` child process.
-type proc struct {
-	cmd  *exec.Cmd
-	out  *testenv.SyncBuffer
-	done chan error
-}
 
 // sinkArgs are the command-line flags for the env's sink.
 func (e *env) sinkArgs(extra ...string) []string {
@@ -31,79 +20,24 @@ func (e *env) sinkArgs(extra ...string) []string {
 	return append(args, extra...)
 }
 
-// spawn starts the real binary; faultSpec arms a fault point ("" none).
-func (e *env) spawn(faultSpec string, args ...string) *proc {
+// spawn starts the real binary as a child of the test (crash.Children:
+// killed when the test ends, its log kept if the test failed); faultSpec
+// arms a fault point ("" none).
+func (e *env) spawn(faultSpec string, args ...string) *testenv.Process {
 	e.t.Helper()
-	cmd := exec.Command(testenv.Meterline(e.t), args...)
-	cmd.Env = append(os.Environ(), fault.EnvVar+"="+faultSpec)
-	out := &testenv.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		e.t.Fatal(err)
+	if e.children == nil {
+		e.children = crash.NewChildren(e.t, "meterline-sink-logs")
 	}
-	p := &proc{cmd: cmd, out: out, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait() }()
-	e.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-		if e.t.Failed() {
-			e.t.Logf("meterline %s output:\n%s", strings.Join(args[:1], " "), testenv.Tail(out.String(), 60))
-		}
-	})
-	return p
-}
-
-// waitKilled waits for the process to die of the armed fault point.
-func (p *proc) waitKilled(t *testing.T, point string, d time.Duration) {
-	t.Helper()
-	select {
-	case err := <-p.done:
-		p.done <- err
-		ee, ok := err.(*exec.ExitError)
-		if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Fatalf("process ended with %v, want SIGKILL at %s\n%s", err, point, testenv.Tail(p.out.String(), 40))
-		}
-		if !strings.Contains(p.out.String(), "fault point "+point+" hit") {
-			t.Fatalf("killed, but not at %s:\n%s", point, testenv.Tail(p.out.String(), 40))
-		}
-	case <-time.After(d):
-		t.Fatalf("fault point %s not hit within %s:\n%s", point, d, testenv.Tail(p.out.String(), 40))
-	}
-}
-
-// stop ends the process with SIGTERM and waits for a clean exit.
-func (p *proc) stop(t *testing.T) {
-	t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		p.done <- err
-		if err != nil {
-			t.Fatalf("sink exited with %v:\n%s", err, testenv.Tail(p.out.String(), 40))
-		}
-	case <-time.After(time.Minute):
-		t.Fatalf("sink did not stop within a minute:\n%s", testenv.Tail(p.out.String(), 40))
-	}
+	return e.children.Start("sink", crash.StartOpts{Fault: faultSpec}, args...)
 }
 
 // committed returns the group's committed offsets of topic.
 func (e *env) committed(topic string) map[int32]int64 {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	out, err := testenv.Committed(ctxT(e.t, 30*time.Second), e.brokers, e.group, topic)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	defer cl.Close()
-	offs, err := kadm.NewClient(cl).FetchOffsets(ctxT(e.t, 30*time.Second), e.group)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out := map[int32]int64{}
-	offs.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == topic && o.Err == nil {
-			out[o.Partition] = o.At
-		}
-	})
 	return out
 }
 
@@ -179,7 +113,7 @@ func TestCrashAfterInsert(t *testing.T) {
 	e.produce(first...)
 	p := e.spawn("", args...)
 	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
-	p.stop(t)
+	p.Stop(t)
 	// Phase 2: killed after the INSERTs of its first window.
 	var second []*kgo.Record
 	n2 := 0
@@ -191,7 +125,7 @@ func TestCrashAfterInsert(t *testing.T) {
 	}
 	e.produce(second...)
 	p = e.spawn(FaultAfterInsert, args...)
-	p.waitKilled(t, FaultAfterInsert, 2*time.Minute)
+	p.ExpectFaultKill(t, FaultAfterInsert, 2*time.Minute)
 	beyond := e.beyondCommitted(TableEvents, e.names.DedupedTopic())
 	total := e.count(TableEvents)
 	t.Logf("killed after a window's INSERTs: %d rows in the table, %d of them past the committed offsets", total, beyond)
@@ -201,8 +135,8 @@ func TestCrashAfterInsert(t *testing.T) {
 
 	p = e.spawn("", args...)
 	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
-	p.stop(t)
-	if !strings.Contains(p.out.String(), "resume rule: rows already in the table skipped") {
+	p.Stop(t)
+	if !strings.Contains(p.LogText(), "resume rule: rows already in the table skipped") {
 		t.Errorf("the restart logged no skipped rows")
 	}
 	e.checkAgainstReference(TableEvents, uint64(n1+n2))
@@ -231,7 +165,7 @@ func TestCrashMidInsert(t *testing.T) {
 	partial := false
 	for round, hit := range []int{7, 3, 5, 2} {
 		p := e.spawn(fmt.Sprintf("%s@%d", FaultMidInsert, hit), args...)
-		p.waitKilled(t, FaultMidInsert, 2*time.Minute)
+		p.ExpectFaultKill(t, FaultMidInsert, 2*time.Minute)
 		beyond := e.beyondCommitted(TableEvents, e.names.DedupedTopic())
 		total := e.count(TableEvents)
 		var parts uint64
@@ -249,7 +183,7 @@ func TestCrashMidInsert(t *testing.T) {
 	}
 	p := e.spawn("", args...)
 	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
-	p.stop(t)
+	p.Stop(t)
 	e.checkAgainstReference(TableEvents, uint64(n))
 	var months uint64
 	if err := e.conn.QueryRow(ctxT(t, time.Minute), "SELECT uniqExact(toYYYYMM(kafka_timestamp)) FROM "+e.db+".usage_events").Scan(&months); err != nil || months != 2 {

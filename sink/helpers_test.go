@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/crash"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
@@ -33,6 +34,8 @@ type env struct {
 	group   string
 	parts   int32
 	prod    *kgo.Client
+	// children are the real binaries the test started (spawn).
+	children *crash.Children
 }
 
 func newEnv(t *testing.T, parts int32) *env {

@@ -40,16 +40,16 @@ func clickhouseScript(t *testing.T, cmd string) {
 
 var servingAddr = regexp.MustCompile(`"msg":"serving metrics and health","addr":"([^"]+)"`)
 
-func (p *proc) httpAddr(t *testing.T) string {
+func httpAddr(p *testenv.Process, t *testing.T) string {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if m := servingAddr.FindStringSubmatch(p.out.String()); m != nil {
+		if m := servingAddr.FindStringSubmatch(p.LogText()); m != nil {
 			return m[1]
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("the sink did not log its HTTP address:\n%s", testenv.Tail(p.out.String(), 20))
+	t.Fatalf("the sink did not log its HTTP address:\n%s", testenv.Tail(p.LogText(), 20))
 	return ""
 }
 
@@ -132,7 +132,7 @@ func TestClickHouseOutage(t *testing.T) {
 	defer stopLoad()
 
 	p := e.spawn("", e.sinkArgs("--max-batch-records", "1000")...)
-	http := p.httpAddr(t)
+	http := httpAddr(p, t)
 	waitReady(t, http, 200, time.Minute)
 	time.Sleep(3 * time.Second)
 	// The outage hits a sink that has committed offsets on every partition
@@ -185,13 +185,13 @@ func TestClickHouseOutage(t *testing.T) {
 	stopLoad()
 	<-loadDone
 	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
-	p.stop(t)
+	p.Stop(t)
 	mu.Lock()
 	n := produced
 	mu.Unlock()
 	t.Logf("%d events produced, %d written before the outage", n, before)
 	e.exact(TableEvents, uint64(n))
-	if !strings.Contains(p.out.String(), "clickhouse unavailable: pausing fetching and backing off") {
+	if !strings.Contains(p.LogText(), "clickhouse unavailable: pausing fetching and backing off") {
 		t.Errorf("no log line for the outage")
 	}
 	if !t.Failed() {

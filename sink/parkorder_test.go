@@ -210,7 +210,7 @@ func TestCrashAfterParkCommit(t *testing.T) {
 	recs, rows, target := e.poisoned(400, func(ev *schemas.DedupedEvent) { ev.CustomerID = "poison" })
 	e.produce(recs...)
 	p := e.spawn(FaultAfterParkCommit, e.sinkArgs()...)
-	p.waitKilled(t, FaultAfterParkCommit, 2*time.Minute)
+	p.ExpectFaultKill(t, FaultAfterParkCommit, 2*time.Minute)
 
 	topic := e.names.DedupedTopic()
 	// Kafka writes the transaction's markers asynchronously: wait for the
@@ -231,7 +231,7 @@ func TestCrashAfterParkCommit(t *testing.T) {
 
 	p = e.spawn("", e.sinkArgs()...)
 	e.waitCaughtUp(2*time.Minute, topic)
-	p.stop(t)
+	p.Stop(t)
 	e.exact(TableEvents, uint64(rows-1))
 	checkParked(t, e.parkedRecords(), e, target, target.Offset, "poison")
 }

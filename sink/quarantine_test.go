@@ -116,7 +116,7 @@ func TestCrashAfterQuarantine(t *testing.T) {
 	e := newEnv(t, 2)
 	_, garbage, unknown := e.rejectedInput()
 	p := e.spawn(FaultAfterInsert, e.sinkArgs()...)
-	p.waitKilled(t, FaultAfterInsert, 2*time.Minute)
+	p.ExpectFaultKill(t, FaultAfterInsert, 2*time.Minute)
 	if n := e.count(TableQuarantine); n != 2 {
 		t.Fatalf("after the kill usage_quarantine has %d rows; the killed window should have written both (was the input polled in two windows?)", n)
 	}
@@ -125,7 +125,7 @@ func TestCrashAfterQuarantine(t *testing.T) {
 	}
 	p = e.spawn("", e.sinkArgs()...)
 	e.waitCaughtUp(2*time.Minute, e.names.RejectedTopic())
-	p.stop(t)
+	p.Stop(t)
 	e.exact(TableQuarantine, 2)
 	e.exact(TableRejected, 2)
 	e.checkQuarantined(garbage, schemas.ReasonUndecodable, "usage_rejected")
@@ -148,14 +148,14 @@ func TestCrashAfterQuarantineRefused(t *testing.T) {
 	e.produce(recs...)
 	poison := recs[2]
 	p := e.spawn(FaultAfterInsert, e.sinkArgs()...)
-	p.waitKilled(t, FaultAfterInsert, 2*time.Minute)
+	p.ExpectFaultKill(t, FaultAfterInsert, 2*time.Minute)
 	if n := e.count(TableQuarantine); n != 1 {
 		t.Fatalf("after the kill usage_quarantine has %d rows, want the refused record", n)
 	}
 	e.exec("ALTER TABLE " + e.db + ".usage_rejected DROP COLUMN poison")
 	p = e.spawn("", e.sinkArgs()...)
 	e.waitCaughtUp(2*time.Minute, topic)
-	p.stop(t)
+	p.Stop(t)
 	e.exact(TableRejected, 4)
 	if n := e.count(TableRejected, "event_id = 'poison-rej'"); n != 0 {
 		t.Fatalf("the quarantined record was also written to usage_rejected on the replay")

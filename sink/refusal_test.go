@@ -244,10 +244,10 @@ func TestCrashAfterPark(t *testing.T) {
 	recs, rows, target := e.poisoned(400, func(ev *schemas.DedupedEvent) { ev.CustomerID = "poison" })
 	e.produce(recs...)
 	p := e.spawn(FaultAfterPark, e.sinkArgs()...)
-	p.waitKilled(t, FaultAfterPark, 2*time.Minute)
+	p.ExpectFaultKill(t, FaultAfterPark, 2*time.Minute)
 	p = e.spawn("", e.sinkArgs()...)
 	e.waitCaughtUp(2*time.Minute, e.names.DedupedTopic())
-	p.stop(t)
+	p.Stop(t)
 	e.exact(TableEvents, uint64(rows-1))
 	checkParked(t, e.parkedRecords(), e, target, target.Offset, "poison")
 }

@@ -27,7 +27,7 @@
 #   KAFKA_STOP_TIMEOUT     seconds to wait after SIGTERM        (default 30)
 #   KAFKA_SECURITY         plaintext, or sasl_ssl               (default plaintext)
 #   KAFKA_SASL_USERS       with sasl_ssl: SASL users to create besides admin
-#                                       (default "meterline producer dedup aggregate sink operator")
+#                                       (default "meterline producer ingest dedup aggregate sink operator")
 #
 # KAFKA_SECURITY=sasl_ssl starts a broker whose only client listener is SASL_SSL
 # on KAFKA_PORT (SCRAM-SHA-512 and PLAIN; a client certificate is required) with
@@ -70,7 +70,7 @@ KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 CACHE_ROOT=${METERLINE_CACHE_DIR:-${HOME:-/root}/.cache/meterline}
 KAFKA_SECURITY=${KAFKA_SECURITY:-plaintext}
-KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer dedup aggregate sink operator}
+KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer ingest dedup aggregate sink operator}
 
 # Logged by kafka.server.KafkaRaftServer once broker + controller are fully up:
 #   [KafkaRaftServer nodeId=1] Kafka Server started (kafka.server.KafkaRaftServer)
@@ -89,6 +89,7 @@ node_paths() {
   OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
   SECURITY_DIR="$KAFKA_DATA_DIR/security"
   MODE_FILE="$KAFKA_DATA_DIR/security.mode"   # the KAFKA_SECURITY the storage was formatted with
+  USERS_FILE="$KAFKA_DATA_DIR/security.users" # sasl_ssl: the SCRAM users it was formatted with
   if ((KAFKA_CLUSTER > 1)); then
     SECURITY_DIR="$CLUSTER_DIR/security"   # one CA and one set of users for every node
   fi
@@ -385,6 +386,12 @@ check_mode() {
   [[ -f $MODE_FILE ]] && formatted=$(<"$MODE_FILE")
   [[ $formatted == "$KAFKA_SECURITY" ]] ||
     die "$KAFKA_DATA_DIR was formatted with KAFKA_SECURITY=$formatted, not $KAFKA_SECURITY; run '$0 clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
+  [[ $KAFKA_SECURITY == sasl_ssl ]] || return 0
+  local u
+  for u in $KAFKA_SASL_USERS; do
+    grep -qx -- "$u" "$USERS_FILE" 2>/dev/null ||
+      die "$KAFKA_DATA_DIR was formatted without the SCRAM user $u; run '$0 clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
+  done
 }
 
 # True if the data dir holds files but not our marker (someone else's directory).
@@ -471,6 +478,7 @@ launch_node() {
       die "formatting $LOG_DIRS failed"
     fi
     printf '%s\n' "$KAFKA_SECURITY" >"$MODE_FILE"
+    [[ $KAFKA_SECURITY == sasl_ssl ]] && printf '%s\n' $KAFKA_SASL_USERS >"$USERS_FILE"
   fi
 
   local offset=0

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv/oracle"
 )
 
 // TestCrashWindows kills `meterline aggregate` (SIGKILL, from inside, via
@@ -36,7 +37,7 @@ func TestCrashWindows(t *testing.T) {
 			t.Parallel()
 			s := newSuite(t)
 			st := genStream(int64(len(c.point)), 3, 8, 12, partitions)
-			stateDir := filepath.Join(s.dir, "state")
+			stateDir := filepath.Join(s.Dir, "state")
 			spec := c.point + "@" + strconv.Itoa(c.hit)
 			// State first, FINALs of the first day(s) included, committed
 			// by a clean run.
@@ -50,7 +51,7 @@ func TestCrashWindows(t *testing.T) {
 			if c.point == fault.DuringRestore {
 				// Restore that state into a wiped state directory and die
 				// during the restore; go on from the partly restored state.
-				stateDir = filepath.Join(s.dir, "state-wiped")
+				stateDir = filepath.Join(s.Dir, "state-wiped")
 				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: c.extra})
 				a.ExpectFaultKill(t, c.point, exitTimeout)
 				a = s.startAgg("a", stateDir, aggOpts{extra: c.extra})
@@ -84,9 +85,9 @@ func TestCrashWindows(t *testing.T) {
 					t.Errorf("%s restored no changelog record after a crash at %s", a.Name(), c.point)
 				}
 			}
-			res := s.check(dayPeriod, graceMs)
-			if res.finals == 0 || res.adjustments == 0 {
-				t.Fatalf("the stream decided %d FINALs and %d adjustments; it must exercise both", res.finals, res.adjustments)
+			res := s.check(oracle.Day, graceMs)
+			if res.Finals == 0 || res.Adjustments == 0 {
+				t.Fatalf("the stream decided %d FINALs and %d adjustments; it must exercise both", res.Finals, res.Adjustments)
 			}
 		})
 	}

@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/crash"
+	"github.com/meterline/meterline/internal/testenv/oracle"
 	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
 )
@@ -37,26 +38,12 @@ func TestIdlePartition(t *testing.T) {
 	cutoff := h.Add(grace) // end + grace of [h−1h, h)
 	t.Logf("period [%s, %s), grace %s: final once the watermark passes %s", h.Add(-time.Hour).Format(time.RFC3339), h.Format(time.RFC3339), grace, cutoff.Format(time.RFC3339))
 
-	dedupGroup := s.names.Prefix + "dedup"
-	d := s.spawn("dedup", "", []string{"dedup",
-		"--brokers", strings.Join(s.brokers, ","),
-		"--topic-prefix", s.names.Prefix,
-		"--group", dedupGroup,
-		"--instance-id", "d",
-		"--state-dir", filepath.Join(s.dir, "dedup-state"),
-		"--metrics-addr", "127.0.0.1:0",
-		"--tick-interval", "500ms",
-		"--commit-interval", commitInterval.String(),
-		"--session-timeout", sessionTimeout.String(),
-		"--transaction-timeout", transactionTimeout.String(),
-		"--log-level", "info",
-		"--dedup-keys-file", testenv.DedupKeysFile(t),
-	})
-	a := s.startAgg("a", filepath.Join(s.dir, "agg-state"), aggOpts{period: "hour", grace: grace.String()})
+	d := s.Stage("dedup", "d", filepath.Join(s.Dir, "dedup-state"), crash.StageOpts{}) // ticks every 500 ms
+	a := s.startAgg("a", filepath.Join(s.Dir, "agg-state"), aggOpts{period: "hour", grace: grace.String()})
 
 	// Events only in usage.events partitions 0 and 1, for two customers
 	// whose aggregates land in one or two usage.deduped partitions.
-	p, err := producer.New(producer.WithBrokers(s.brokers...), producer.WithTopic(s.names.EventsTopic()), producer.WithLinger(0))
+	p, err := producer.New(producer.WithBrokers(s.Brokers...), producer.WithTopic(s.Names.EventsTopic()), producer.WithLinger(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,13 +102,13 @@ func TestIdlePartition(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	t.Logf("every aggregator partition's watermark passed the cutoff: %v", wms)
-	s.waitGroupCaughtUp(dedupGroup, s.names.EventsTopic(), d)
+	s.WaitCaughtUp(s.Group("dedup"), s.Names.EventsTopic(), d)
 	s.waitCaughtUp(a)
 
 	// The model's events are what dedup forwarded, with their broker
 	// arrival times.
 	var onTime, late int
-	for _, r := range testenv.ReadAll(t, s.brokers, s.names.DedupedTopic()) {
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.DedupedTopic()) {
 		if k, _ := schemas.PeekKind(r.Value); k != schemas.KindDedupedEvent {
 			continue
 		}
@@ -137,14 +124,14 @@ func TestIdlePartition(t *testing.T) {
 		} else {
 			late++
 		}
-		s.events = append(s.events, &mEvent{id: e.EventID, cust: e.CustomerID, meter: e.Meter, qty: e.Quantity, et: e.EventTime,
-			arr: e.IngestTime, props: schemas.PropertyMap(e.Properties)})
+		s.events = append(s.events, &oracle.Event{ID: e.EventID, Customer: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
+			EventTime: e.EventTime, Arrival: e.IngestTime, Properties: schemas.PropertyMap(e.Properties)})
 	}
 	if len(s.events) != sent || late > 0 {
 		t.Fatalf("usage.deduped holds %d events (%d on time, %d late), want all %d on time: the machine was too slow for the chosen grace", len(s.events), onTime, late, sent)
 	}
-	res := s.check(hourPeriod, grace.Milliseconds())
-	if res.finals != len(custs) {
-		t.Fatalf("%d FINAL aggregates, want %d (one per customer)", res.finals, len(custs))
+	res := s.check(oracle.Hour, grace.Milliseconds())
+	if res.Finals != len(custs) {
+		t.Fatalf("%d FINAL aggregates, want %d (one per customer)", res.Finals, len(custs))
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/oracle"
 )
 
 // TestRebalanceMidPeriod: three `meterline aggregate` instances join and
@@ -16,7 +16,7 @@ import (
 func TestRebalanceMidPeriod(t *testing.T) {
 	s := newSuite(t)
 	st := genStream(7, 4, 10, 8, partitions)
-	dir := func(id string) string { return filepath.Join(s.dir, "state-"+id) }
+	dir := func(id string) string { return filepath.Join(s.Dir, "state-"+id) }
 
 	feedDone := make(chan error, 1)
 	go func() {
@@ -64,9 +64,7 @@ func TestRebalanceMidPeriod(t *testing.T) {
 	s.waitCaughtUp(a, b, c)
 
 	restores := 0
-	s.mu.Lock()
-	procs := append([]*testenv.Process(nil), s.procs...)
-	s.mu.Unlock()
+	procs := s.Procs()
 	for _, p := range procs {
 		_, n := p.Replayed()
 		restores += n
@@ -75,5 +73,5 @@ func TestRebalanceMidPeriod(t *testing.T) {
 		t.Errorf("only %d partition restores over all instances: the partitions did not move as intended", restores)
 	}
 	t.Logf("%d partition restores over %d instance runs", restores, len(procs))
-	s.check(dayPeriod, graceMs)
+	s.check(oracle.Day, graceMs)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/oracle"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -37,8 +38,8 @@ const staleDeleteRetention = 4 * time.Second
 // horizon and restore in full: then every key has exactly one FINAL.
 func TestStaleStateAfterCompaction(t *testing.T) {
 	s := newSuite(t)
-	changelog := s.names.AggregateChangelogTopic()
-	adm := testenv.Admin(t, s.brokers)
+	changelog := s.Names.AggregateChangelogTopic()
+	adm := testenv.Admin(t, s.Brokers)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	set := func(k, v string) kadm.AlterConfig { return kadm.AlterConfig{Op: kadm.SetConfig, Name: k, Value: &v} }
@@ -56,7 +57,7 @@ func TestStaleStateAfterCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatalf("alter %s: %v", changelog, err)
 	}
-	dir := func(id string) string { return filepath.Join(s.dir, "state-"+id) }
+	dir := func(id string) string { return filepath.Join(s.Dir, "state-"+id) }
 
 	day := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 	end := day + dayMs
@@ -66,9 +67,9 @@ func TestStaleStateAfterCompaction(t *testing.T) {
 		for c := 0; c < 8; c++ {
 			for _, m := range []string{"s", "c"} {
 				seq++
-				e := &mEvent{id: fmt.Sprintf("ev-%03d", seq), cust: fmt.Sprintf("cust-%02d", c), meter: m, qty: int64(10 + seq),
-					et: at + int64(seq)*60_000, props: map[string]string{"region": "eu", "user": "u1"}}
-				e.arr = e.et + 60_000
+				e := &oracle.Event{ID: fmt.Sprintf("ev-%03d", seq), Customer: fmt.Sprintf("cust-%02d", c), Meter: m, Quantity: int64(10 + seq),
+					EventTime: at + int64(seq)*60_000, Properties: map[string]string{"region": "eu", "user": "u1"}}
+				e.Arrival = e.EventTime + 60_000
 				out = append(out, step{ev: e})
 			}
 		}
@@ -135,7 +136,7 @@ func TestStaleStateAfterCompaction(t *testing.T) {
 		final bool
 	}
 	revs := map[string][]rev{}
-	for _, r := range testenv.ReadAll(t, s.brokers, s.names.AggregatesTopic()) {
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.AggregatesTopic()) {
 		var ag schemas.Aggregate
 		if err := schemas.DecodeInto(r.Value, &ag); err != nil {
 			t.Fatal(err)
@@ -162,7 +163,7 @@ func TestStaleStateAfterCompaction(t *testing.T) {
 		}
 	}
 	if len(revs) != 16 {
-		errs = append(errs, fmt.Sprintf("%d aggregates in %s, want 16", len(revs), s.names.AggregatesTopic()))
+		errs = append(errs, fmt.Sprintf("%d aggregates in %s, want 16", len(revs), s.Names.AggregatesTopic()))
 	}
 	if len(errs) > 0 {
 		t.Fatalf("a restored stale state (DESIGN §6.8):\n  %s", strings.Join(errs, "\n  "))
@@ -176,7 +177,7 @@ func TestStaleStateAfterCompaction(t *testing.T) {
 	if len(plans) != partitions || strings.Count(strings.Join(plans, " "), "full/horizon") != partitions {
 		t.Errorf("a's restores on its return: %v, want %d partitions restored full/horizon", plans, partitions)
 	}
-	s.check(dayPeriod, graceMs)
+	s.check(oracle.Day, graceMs)
 }
 
 // openRecords counts the changelog's records of P's OPEN aggregates (state
@@ -186,7 +187,7 @@ func openRecords(t *testing.T, s *suite, changelog string, period int64) (put, d
 	pre := make([]byte, 9)
 	pre[0] = 'a'
 	binary.BigEndian.PutUint64(pre[1:], uint64(period))
-	for _, r := range testenv.ReadAll(t, s.brokers, changelog) {
+	for _, r := range testenv.ReadAll(t, s.Brokers, changelog) {
 		if !bytes.HasPrefix(r.Key, pre) {
 			continue
 		}

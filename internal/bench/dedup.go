@@ -41,7 +41,7 @@ type DedupConfig struct {
 func (c *DedupConfig) Validate() error {
 	var rate error
 	if c.DuplicateRate < 0 || c.DuplicateRate > 1 {
-		rate = fmt.Errorf("bench: duplicate rate must be from 0 to 1 (got %g)", c.DuplicateRate)
+		rate = fmt.Errorf("bench: duplicate-rate must be from 0 to 1 (got %g)", c.DuplicateRate)
 	}
 	var rfs []error
 	seen := map[int16]bool{}

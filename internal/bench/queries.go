@@ -63,7 +63,7 @@ func (c *QueriesConfig) Validate() error {
 		errs = append(errs, errors.New("bench: months must be at least 2 (the queries read a closed month and the next)"))
 	}
 	if c.SinkRows > 0 {
-		errs = append(errs, positive("sink rounds", c.SinkRounds))
+		errs = append(errs, positive("sink-rounds", c.SinkRounds))
 	}
 	return errors.Join(errs...)
 }

@@ -39,7 +39,7 @@ type SinkConfig struct {
 // Validate reports every problem with the config.
 func (c *SinkConfig) Validate() error {
 	return errors.Join(positive("rows", c.Rows), positive("partitions", c.Partitions), positive("rounds", c.Rounds),
-		positive("batch rows", c.BatchRows), positive("customers", c.Customers))
+		positive("batch-rows", c.BatchRows), positive("customers", c.Customers))
 }
 
 // Sink measures rows/s into ClickHouse through the sink (Kafka → decode →

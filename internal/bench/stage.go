@@ -262,7 +262,7 @@ type StageConfig struct {
 
 func (c *StageConfig) validate() error {
 	return errors.Join(positive("partitions", int(c.Partitions)), positive("rounds", c.Rounds),
-		positive("latency rate", c.LatencyRate), positiveDuration("latency phase", c.LatencyFor))
+		positive("latency-rate", c.LatencyRate), positiveDuration("latency-for", c.LatencyFor))
 }
 
 // stageBench is what Dedup and Aggregate share: where the state goes, the

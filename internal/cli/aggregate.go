@@ -15,13 +15,13 @@ import (
 // AggregateCmd is `meterline aggregate`.
 type AggregateCmd struct {
 	StageFlags   `embed:""`
-	Group        string        `help:"Consumer group of the aggregator." default:"meterline-aggregate"`
+	Group        string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
 	Meters       string        `help:"YAML file declaring meters (name, aggregation, property, group_by, unit, description). Without it every meter is a SUM." type:"existingfile" placeholder:"FILE"`
 	StrictMeters bool          `help:"Reject events of undeclared meters (reason unknown_meter) instead of counting them as SUM."`
-	Period       string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"month" enum:"month,day,hour"`
-	Grace        time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"48h"`
-	Window       time.Duration `help:"Dedup window W: a period's working state is kept until end + W. Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"840h"`
-	FinalChunk   int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"10000"`
+	Period       string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
+	Grace        time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
+	Window       time.Duration `help:"Dedup window W: a period's working state is kept until end + W. Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
+	FinalChunk   int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
 }
 
 func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {

@@ -62,7 +62,7 @@ func TestBenchFlagsOutOfRange(t *testing.T) {
 	if code != 2 {
 		t.Fatalf("exit %d, want 2\n%s", code, errOut)
 	}
-	for _, want := range []string{"rounds must be positive", "events must be positive", "duplicate rate must be from 0 to 1"} {
+	for _, want := range []string{"rounds must be positive", "events must be positive", "duplicate-rate must be from 0 to 1"} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("stderr does not say %q:\n%s", want, errOut)
 		}

@@ -130,6 +130,7 @@ func Parser(cli *CLI, stdio IO, exit func(int)) (*kong.Kong, error) {
 		kong.Exit(exit),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true, FlagsLast: true}),
 		kong.Vars{"version": version()},
+		defaultVars(),
 	)
 }
 

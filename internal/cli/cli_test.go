@@ -129,6 +129,21 @@ func TestProduceAllGoodExitsZero(t *testing.T) {
 	}
 }
 
+// parseCLI parses args as the command line does, without running the
+// command.
+func parseCLI(t *testing.T, args ...string) *CLI {
+	t.Helper()
+	var c CLI
+	k, err := Parser(&c, IO{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, func(int) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Parse(args); err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return &c
+}
+
 // TestFlagSources checks the precedence: flag > METERLINE_* env > YAML
 // --config > default.
 func TestFlagSources(t *testing.T) {
@@ -136,18 +151,7 @@ func TestFlagSources(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("brokers: [yaml-1:9092, yaml-2:9092]\nlog_level: warn\ntopic_events: from-yaml\nclickhouse: yaml:9000\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	parse := func(args ...string) *CLI {
-		t.Helper()
-		var c CLI
-		k, err := Parser(&c, IO{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, func(int) {})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := k.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		return &c
-	}
+	parse := func(args ...string) *CLI { return parseCLI(t, args...) }
 	c := parse("version")
 	if c.Brokers[0] != "127.0.0.1:9092" || c.ClickHouse != "127.0.0.1:9000" || c.Topic.EventsTopic() != "usage.events" || c.LogLevel != "info" {
 		t.Fatalf("defaults: %+v", c.Globals)

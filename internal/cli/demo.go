@@ -21,7 +21,7 @@ type DemoCmd struct {
 	Duration time.Duration `help:"How long to generate usage; 0 runs until Ctrl-C." default:"0s"`
 	Rate     int           `help:"Generated events per second." default:"200"`
 	Seed     int64         `help:"Seed of the generator and of the crash point (0: random)."`
-	HTTP     string        `help:"Address of the status page (/), /status.json and /metrics while the demo runs; empty: none." default:"127.0.0.1:9464"`
+	HTTP     string        `help:"Address of the status page (/), /status.json and /metrics while the demo runs; empty: none." default:"${metrics_addr}"`
 	Sink     bool          `help:"Also run the sink into the ClickHouse at --clickhouse, check its tables in the report and print a query to try."`
 	// SinkDatabase is emptied at the start of every run; the demo refuses
 	// a database it did not make.

@@ -35,19 +35,32 @@ type EntitlementsCmd struct {
 	SetRates   EntitlementsSetRatesCmd   `cmd:"" name:"set-rates" help:"Write the rate card (every version) to every partition."`
 }
 
-// entWrite are the flags of the commands that write.
+// The defaults of the entitlements commands' flags: the writer's
+// transactional ID (docs/operations.md's ACLs name it) and the deadline of
+// a command.
+const (
+	defaultEntitlementsTransactionalID = "meterline-entitlements"
+	defaultEntitlementsTimeout         = time.Minute
+)
+
+// entWriter are the flags of every command that writes usage.entitlements.
+type entWriter struct {
+	TransactionalID string        `name:"transactional-id" help:"Transactional ID of the writer: a second writer with the same ID fences the first, and a crashed one's open transaction is aborted by the next." default:"${entitlements_transactional_id}"`
+	Timeout         time.Duration `help:"Deadline for the whole command." default:"${entitlements_timeout}"`
+}
+
+// entWrite are the flags of the commands that write a document.
 type entWrite struct {
-	File            string        `short:"f" help:"YAML (or JSON) document; - reads standard input." default:"-" placeholder:"PATH"`
-	Meters          string        `help:"Meters file: refuse caps and rates on meters that are not SUM or COUNT." placeholder:"PATH"`
-	Validate        bool          `help:"Check the document, print every problem, and exit without writing."`
-	TransactionalID string        `name:"transactional-id" help:"Transactional ID of the writer: a second writer with the same ID fences the first, and a crashed one's open transaction is aborted by the next." default:"meterline-entitlements"`
-	Timeout         time.Duration `help:"Deadline for the whole command." default:"60s"`
+	File      string `short:"f" help:"YAML (or JSON) document; - reads standard input." default:"-" placeholder:"PATH"`
+	Meters    string `help:"Meters file: refuse caps and rates on meters that are not SUM or COUNT." placeholder:"PATH"`
+	Validate  bool   `help:"Check the document, print every problem, and exit without writing."`
+	entWriter `embed:""`
 }
 
 // entRead are the flags of the commands that read.
 type entRead struct {
 	Output  string        `short:"o" help:"Output format." default:"yaml" enum:"yaml,json"`
-	Timeout time.Duration `help:"Deadline for the whole command." default:"60s"`
+	Timeout time.Duration `help:"Deadline for the whole command." default:"${entitlements_timeout}"`
 }
 
 // EntitlementsSetCmd is `meterline entitlements set`.
@@ -68,9 +81,8 @@ type EntitlementsSetRatesCmd struct {
 
 // EntitlementsDeleteCmd is `meterline entitlements delete`.
 type EntitlementsDeleteCmd struct {
-	Customer        string        `arg:"" help:"The customer."`
-	TransactionalID string        `name:"transactional-id" help:"Transactional ID of the writer." default:"meterline-entitlements"`
-	Timeout         time.Duration `help:"Deadline for the whole command." default:"60s"`
+	Customer  string `arg:"" help:"The customer."`
+	entWriter `embed:""`
 }
 
 // EntitlementsGetCmd is `meterline entitlements get`.
@@ -220,15 +232,14 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 	if c.Customer == "" {
 		return &ExitError{Code: 2, Err: errors.New("name the customer")}
 	}
-	w := entWrite{TransactionalID: c.TransactionalID, Timeout: c.Timeout}
-	return w.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
+	return c.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
 }
 
 // write produces one record under key: to the key's canonical partition,
 // or with every, to every partition. m nil is a tombstone. The records go
 // in one transaction of an idempotent producer (acks=all): every partition
 // gets the record or none does, and a retry never writes it twice.
-func (c *entWrite) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	kc, err := g.connectKafka(ctx)

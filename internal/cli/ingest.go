@@ -17,17 +17,17 @@ import (
 // IngestFlags are the flags of the HTTP ingest, in `meterline ingest` and
 // (prefixed --ingest-) in `meterline run`.
 type IngestFlags struct {
-	Addr              string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"127.0.0.1:8888"`
+	Addr              string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
 	TLSCertFile       string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --tls-key-file." placeholder:"FILE" type:"existingfile"`
 	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." placeholder:"FILE" type:"existingfile"`
 	RequireTime       bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
-	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"1048576"`
-	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"1000"`
-	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"10s"`
-	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"5s"`
-	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"30s"`
-	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"120s"`
-	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"1h"`
+	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
+	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
+	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
+	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
+	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
+	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
+	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
 }
 
 func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
@@ -48,7 +48,7 @@ type IngestCmd struct {
 	IngestFlags  `embed:""`
 	Meters       string `help:"Meters YAML file: which CloudEvent types feed which meters (event_type, value_property, group_by)." type:"existingfile" placeholder:"FILE"`
 	StrictMeters bool   `help:"Refuse events of meters the meters file does not declare (unknown_meter) on /v1/events."`
-	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:"127.0.0.1:9464"`
+	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:"${metrics_addr}"`
 	Validate     bool   `help:"Check the configuration and exit."`
 }
 

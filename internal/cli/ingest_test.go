@@ -80,11 +80,11 @@ func TestIngestCommands(t *testing.T) {
 		t.Fatalf("ingest --validate: %d %s %s", code, out, errOut)
 	}
 	code, _, errOut = run(t, "", "ingest", "--meters", meters, "--validate", "--max-events=-1", "--produce-timeout", "10ms")
-	if code != 2 || !strings.Contains(errOut, "max events -1") || !strings.Contains(errOut, "produce timeout 10ms") {
+	if code != 2 || !strings.Contains(errOut, "max-events -1") || !strings.Contains(errOut, "produce-timeout 10ms") {
 		t.Fatalf("bad flags: %d %s", code, errOut)
 	}
 	code, out, errOut = run(t, "", "run", "--meters", meters, "--ingest", "--no-sink", "--validate", "--dedup-keys-file", writeDedupKeys(t, dir), "--ingest-max-body-bytes", "10")
-	if code != 2 || !strings.Contains(errOut, "--ingest-* flags: ingest: max body bytes 10") {
+	if code != 2 || !strings.Contains(errOut, "--ingest-* flags: ingest: max-body-bytes 10") {
 		t.Fatalf("run --ingest with a bad flag: %d %s %s", code, out, errOut)
 	}
 }

@@ -26,8 +26,8 @@ type ProduceCmd struct {
 	Quiet   bool          `short:"q" help:"Do not show live progress on a terminal."`
 	Strict  bool          `help:"Stop at the first bad line instead of skipping it."`
 	Source  string        `help:"Source of events that name none (the producing service)."`
-	MaxSkew time.Duration `help:"How far after now an event_time may be." default:"1h"`
-	Linger  time.Duration `help:"How long a partition batch waits for more events." default:"5ms"`
+	MaxSkew time.Duration `help:"How far after now an event_time may be." default:"${producer_max_skew}"`
+	Linger  time.Duration `help:"How long a partition batch waits for more events." default:"${producer_linger}"`
 }
 
 // maxLineBytes bounds one input line; a longer one is reported and skipped.

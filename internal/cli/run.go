@@ -23,17 +23,17 @@ import (
 // server.
 type RunCmd struct {
 	StageFlags     `embed:""`
-	DedupGroup     string        `help:"Consumer group of the dedup stage." default:"meterline-dedup"`
-	AggregateGroup string        `help:"Consumer group of the aggregator." default:"meterline-aggregate"`
-	Window         time.Duration `help:"Dedup window W." default:"840h"`
-	Skew           time.Duration `help:"Allowed skew S after arrival." default:"1h"`
-	TickInterval   time.Duration `help:"Dedup tick interval." default:"5s"`
+	DedupGroup     string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
+	AggregateGroup string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
+	Window         time.Duration `help:"Dedup window W." default:"${dedup_window}"`
+	Skew           time.Duration `help:"Allowed skew S after arrival." default:"${dedup_skew}"`
+	TickInterval   time.Duration `help:"Dedup tick interval." default:"${dedup_tick_interval}"`
 	DedupKeys      `embed:""`
 	Meters         string        `help:"Meters YAML file for the aggregator." type:"existingfile" placeholder:"FILE"`
 	StrictMeters   bool          `help:"Reject events of undeclared meters."`
-	Period         string        `help:"Billing period: month, day or hour." default:"month" enum:"month,day,hour"`
-	Grace          time.Duration `help:"Finalization grace after a period's end." default:"48h"`
-	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"10000"`
+	Period         string        `help:"Billing period: month, day or hour." default:"${aggregate_period}" enum:"month,day,hour"`
+	Grace          time.Duration `help:"Finalization grace after a period's end." default:"${aggregate_grace}"`
+	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"${aggregate_final_chunk}"`
 	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 	Ingest         bool          `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
@@ -50,7 +50,7 @@ type RunCmd struct {
 // migrations is an error unless --sink-migrate applies them at start.
 func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
-	dc := DedupCmd{StageFlags: c.StageFlags, Group: c.DedupGroup, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: 24 * time.Hour,
+	dc := DedupCmd{StageFlags: c.StageFlags, Group: c.DedupGroup, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: dedup.DefaultBucket,
 		DedupKeys: c.DedupKeys}
 	dcfg, err := dc.config(g, log, reg)
 	if err != nil {

@@ -142,6 +142,7 @@ func grant(t *testing.T, adm *kadm.Client, specs map[string][]aclSpec, prefix, u
 		}
 		return out
 	}
+	var made []*kadm.ACLBuilder
 	for _, doc := range docNames {
 		if len(specs[doc]) == 0 {
 			t.Fatalf("docs/operations.md lists no ACLs for User:%s", doc)
@@ -165,6 +166,7 @@ func grant(t *testing.T, adm *kadm.Client, specs map[string][]aclSpec, prefix, u
 					t.Fatalf("create ACL %s: %v", s.line, r.Err)
 				}
 			}
+			made = append(made, b)
 			t.Cleanup(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
@@ -173,20 +175,48 @@ func grant(t *testing.T, adm *kadm.Client, specs map[string][]aclSpec, prefix, u
 		}
 	}
 	// ACLs reach the authorizer through the metadata log: wait until the
-	// broker lists them.
+	// broker lists every one just made (each filter of each builder
+	// matches), not merely some ACL of the user.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		res, err := adm.DescribeACLs(ctx, kadm.NewACLs().Allow("User:"+user).AllowHosts().AnyResource().Operations(kadm.OpAny).ResourcePatternType(kadm.ACLPatternAny))
-		cancel()
-		if err == nil && len(res) > 0 && res[0].Err == nil && len(res[0].Described) > 0 {
+		missing, err := missingACLs(adm, made)
+		if err == nil && missing == "" {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ACLs of User:%s not visible after 30 s: %v", user, err)
+			t.Fatalf("ACLs of User:%s not visible after 30 s: %v%s", user, err, missing)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// missingACLs describes each builder's ACLs and names the first filter
+// the broker matches with nothing.
+func missingACLs(adm *kadm.Client, made []*kadm.ACLBuilder) (string, error) {
+	for _, b := range made {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		res, err := adm.DescribeACLs(ctx, b)
+		cancel()
+		if err != nil {
+			return "", err
+		}
+		for _, r := range res {
+			if r.Err != nil {
+				return "", r.Err
+			}
+			if len(r.Described) == 0 {
+				return fmt.Sprintf(" (%v %s %v not listed)", r.Operation, r.Type, derefName(r.Name)), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+func derefName(n *string) string {
+	if n == nil {
+		return ""
+	}
+	return *n
 }
 
 // command runs `meterline args...` in-process until it returns, with a
@@ -515,7 +545,8 @@ func waitSecuredCounts(t *testing.T, conn driver.Conn, want map[string]int64, d 
 // the ACLs docs/operations.md lists for it (read from the file), on the
 // broker with the authorizer on, and makes every stage use every ACL it
 // is given: the producer writes usage.events and is refused
-// usage.deduped, usage.aggregates and both changelogs; dedup appends
+// usage.deduped, usage.aggregates and both changelogs; the operator
+// creates an API key and the HTTP ingest accepts an event with it; dedup appends
 // ticks to usage.events and writes a first copy, a duplicate and a
 // rejection; the aggregator writes revisions, an adjustment (an event
 // whose month ended past the grace) and a rejection (an undeclared
@@ -598,6 +629,38 @@ func TestRealSecuredACLs(t *testing.T) {
 		}
 	}
 
+	// The HTTP ingest, as its own principal, with a key the operator made.
+	grant(t, adm, docs, prefix, "operator", "operator")
+	grant(t, adm, docs, prefix, "ingest", "ingest")
+	code, token, errOut := run(t, "", append([]string{"keys", "create", "--tenant", "acme", "--customers", "c*", "--topic-prefix", prefix},
+		k.Flags("operator", kafka.ScramSHA512)...)...)
+	token = strings.TrimSpace(token)
+	if code != 0 || !strings.HasPrefix(token, "mlk_") {
+		t.Fatalf("keys create as the operator: exit %d, stdout %q\n%s", code, token, errOut)
+	}
+	ingestAddr, ingestMetrics := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	ing := start(t, "meterline ingest", append([]string{"ingest", "--log-level", "info", "--topic-prefix", prefix,
+		"--addr", ingestAddr, "--metrics-addr", ingestMetrics}, k.Flags("ingest", kafka.ScramSHA512)...)...)
+	waitHTTP(t, "http://"+ingestMetrics+"/readyz", 200, 2*time.Minute, ing.done, ing.logs)
+	body := fmt.Sprintf(`{"event_id":"http-1","customer_id":"c2","meter":"tokens","quantity":3,"event_time":%q}`, now.UTC().Format(time.RFC3339Nano))
+	req, err := http.NewRequest(http.MethodPost, "http://"+ingestAddr+"/v1/events", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST /v1/events as User:ingest: %d %s\n%s", resp.StatusCode, answer, testenv.Tail(ing.logs.String(), 20))
+	}
+	ing.stop(t)
+	sum += 3
+
 	// The stages, each as its own principal.
 	meters := filepath.Join(t.TempDir(), "meters.yaml")
 	if err := os.WriteFile(meters, []byte("meters:\n  - {name: tokens, aggregation: SUM}\n"), 0o600); err != nil {
@@ -625,7 +688,7 @@ func TestRealSecuredACLs(t *testing.T) {
 	for s, b := range map[string]*background{"dedup": dedup, "aggregate": agg, "sink": sink} {
 		waitHTTP(t, "http://"+metrics[s]+"/readyz", 200, 2*time.Minute, b.done, b.logs)
 	}
-	waitSecuredCounts(t, conn, map[string]int64{"usage_events": n + 2, "usage_duplicates": 1, "usage_rejected": 3, "usage_adjustments": 1}, 2*time.Minute)
+	waitSecuredCounts(t, conn, map[string]int64{"usage_events": n + 3, "usage_duplicates": 1, "usage_rejected": 3, "usage_adjustments": 1}, 2*time.Minute)
 	for _, c := range []struct{ where string }{
 		{"stage = 'dedup' AND reason = 'undecodable'"}, {"stage = 'aggregator' AND reason = 'unknown_meter'"}, {"stage = 'sink' AND reason = 'uninsertable'"},
 	} {

@@ -21,12 +21,12 @@ import (
 type StageFlags struct {
 	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
 	StateDir           string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
-	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"100ms"`
-	MaxBatchRecords    int           `help:"Most input records in one transaction." default:"10000"`
+	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
+	MaxBatchRecords    int           `help:"Most input records in one transaction." default:"${stream_max_batch_records}"`
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
-	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"127.0.0.1:9464"`
+	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
 
@@ -136,11 +136,11 @@ func runStageWith(ctx context.Context, g *Globals, addr string, reg *prometheus.
 // DedupCmd is `meterline dedup`.
 type DedupCmd struct {
 	StageFlags   `embed:""`
-	Group        string        `help:"Consumer group of the dedup stage." default:"meterline-dedup"`
-	Window       time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival." default:"840h"`
-	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"1h"`
-	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"5s"`
-	Bucket       time.Duration `help:"Expiry granularity: keys are dropped by whole arrival buckets of this size." default:"24h" hidden:""`
+	Group        string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
+	Window       time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival." default:"${dedup_window}"`
+	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"${dedup_skew}"`
+	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"${dedup_tick_interval}"`
+	Bucket       time.Duration `help:"Expiry granularity: keys are dropped by whole arrival buckets of this size." default:"${dedup_bucket}" hidden:""`
 	DedupKeys    `embed:""`
 }
 

@@ -64,7 +64,7 @@ func TestRealDedupCrashWindows(t *testing.T) {
 		t.Run(tc.point, func(t *testing.T) {
 			s := newSuite(t)
 			rng := newRand(t)
-			stateDir := filepath.Join(s.dir, "state")
+			stateDir := filepath.Join(s.Dir, "state")
 
 			// A clean first run builds state and stops with SIGTERM, which
 			// closes Pebble: its checkpoints are on disk. (Pebble's WAL is
@@ -88,7 +88,7 @@ func TestRealDedupCrashWindows(t *testing.T) {
 			f.Stop()
 			copies, ids := s.sentCounts()
 			t.Logf("before the crash: %d copies of %d identities; changelog partitions with an open transaction: %v",
-				copies, ids, s.inFlight(s.names.DedupChangelogTopic()))
+				copies, ids, s.inFlight(s.Names.DedupChangelogTopic()))
 
 			// Restart: same instance ID (so the same transactional ID) and
 			// state, no fault. Feed every identity again, new ones, and
@@ -141,7 +141,7 @@ func TestRealDedupCrashWindows(t *testing.T) {
 // (Pebble's WAL is not synced) — and stay exactly-once.
 func TestRealDedupCrashDuringRestore(t *testing.T) {
 	s := newSuite(t)
-	stateDir := filepath.Join(s.dir, "state")
+	stateDir := filepath.Join(s.Dir, "state")
 	const n = 20000 // about 5,000 identities per partition: at least one Pebble batch of replay per partition
 
 	a := s.start("a", stateDir, opts{})
@@ -207,18 +207,18 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 	const txnTimeout = 12 * time.Second
 
 	s.send(seq(0, 200))
-	a := s.start("a", filepath.Join(s.dir, "state-a"), opts{fault: fault.BeforeCommit + "@3", transactionTimeout: txnTimeout})
+	a := s.start("a", filepath.Join(s.Dir, "state-a"), opts{fault: fault.BeforeCommit + "@3", transactionTimeout: txnTimeout})
 	next := 200
 	f := s.feed(20*time.Millisecond, growingFeed(rng, &next, 1000, 8, 4))
 	a.ExpectFaultKill(t, fault.BeforeCommit, exitTimeout)
 	killed := time.Now()
 	f.Stop()
 	t.Logf("a's transaction left open: on the changelog %v, on usage.deduped %v",
-		s.inFlight(s.names.DedupChangelogTopic()), s.inFlight(s.names.DedupedTopic()))
+		s.inFlight(s.Names.DedupChangelogTopic()), s.inFlight(s.Names.DedupedTopic()))
 
 	tombstones := s.openPreviousOwnerTxn(txnTimeout)
 	opened := time.Now()
-	open := s.inFlight(s.names.DedupChangelogTopic())
+	open := s.inFlight(s.Names.DedupChangelogTopic())
 	if len(open) != partitions {
 		t.Fatalf("changelog partitions with an open transaction: %v, want all %d", open, partitions)
 	}
@@ -229,7 +229,7 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 	go func() {
 		for {
 			now := time.Now()
-			still := s.inFlight(s.names.DedupChangelogTopic())
+			still := s.inFlight(s.Names.DedupChangelogTopic())
 			done := true
 			for p, o := range open {
 				// Resolved when the last stable offset passes the high
@@ -247,7 +247,7 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 		}
 	}()
 
-	b := s.start("b", filepath.Join(s.dir, "state-b"), opts{})
+	b := s.start("b", filepath.Join(s.Dir, "state-b"), opts{})
 	f = s.feed(20*time.Millisecond, growingFeed(rng, &next, next+400, 4, 8))
 	time.Sleep(2 * time.Second)
 	f.Stop()
@@ -303,7 +303,7 @@ func TestRealDedupRestoreWaitsForInFlightTransaction(t *testing.T) {
 // after timeout. It returns the number of tombstones.
 func (s *suite) openPreviousOwnerTxn(timeout time.Duration) int {
 	s.t.Helper()
-	topic := s.names.DedupChangelogTopic()
+	topic := s.Names.DedupChangelogTopic()
 	seen := map[int32]map[string]int{}
 	// read_uncommitted: a read_committed read would wait for a's
 	// transaction, which may be open on the changelog too. A key of a's
@@ -314,7 +314,7 @@ func (s *suite) openPreviousOwnerTxn(timeout time.Duration) int {
 		}
 		seen[r.Partition][string(r.Key)]++
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.TransactionalID(s.names.Prefix+"previous-owner"),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...), kgo.TransactionalID(s.Names.Prefix+"previous-owner"),
 		kgo.TransactionTimeout(timeout), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		s.t.Fatal(err)
@@ -345,7 +345,7 @@ func (s *suite) readUncommitted(topic string) []*kgo.Record {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	acl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
+	acl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func (s *suite) readUncommitted(topic string) []*kgo.Record {
 			want[o.Partition] = o.Offset
 		}
 	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 		kgo.KeepControlRecords()) // the last offset below the high watermark may be a marker
 	if err != nil {
@@ -398,7 +398,7 @@ func (o inFlight) String() string { return fmt.Sprintf("{lso %d hw %d}", o.lso, 
 // inFlight returns the topic's partitions with an open transaction.
 func (s *suite) inFlight(topic string) map[int32]inFlight {
 	s.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Brokers...))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -438,7 +438,7 @@ func TestRealDedupRebalance(t *testing.T) {
 	const ids = 4000
 	dirs := map[string]string{}
 	for _, id := range []string{"a", "b", "c"} {
-		dirs[id] = filepath.Join(s.dir, "state-"+id)
+		dirs[id] = filepath.Join(s.Dir, "state-"+id)
 	}
 	next := 0
 	f := s.feed(20*time.Millisecond, growingFeed(rng, &next, ids, 4, 8))
@@ -469,7 +469,7 @@ func TestRealDedupRebalance(t *testing.T) {
 	s.checkExactlyOnce()
 
 	var took int64
-	for _, p := range s.procs {
+	for _, p := range s.Procs() {
 		if p == first {
 			continue
 		}
@@ -493,14 +493,14 @@ func TestRealDedupZombie(t *testing.T) {
 	s.send(seq(0, 200))
 	next := 200
 	f := s.feed(20*time.Millisecond, growingFeed(rng, &next, 10000, 4, 6))
-	z := s.start("z", filepath.Join(s.dir, "state-z"), opts{})
+	z := s.start("z", filepath.Join(s.Dir, "state-z"), opts{})
 	time.Sleep(4 * time.Second)
 	if _, restores := z.Replayed(); restores < partitions {
 		t.Fatalf("%s owns %d partitions after 4s, want %d", z.Name(), restores, partitions)
 	}
 	z.Signal(t, syscall.SIGSTOP)
 	frozen := time.Now()
-	y := s.start("y", filepath.Join(s.dir, "state-y"), opts{})
+	y := s.start("y", filepath.Join(s.Dir, "state-y"), opts{})
 	time.Sleep(sessionTimeout + transactionTimeout + 3*time.Second)
 	z.Signal(t, syscall.SIGCONT)
 	thawed := time.Now()
@@ -548,7 +548,7 @@ func TestRealDedupZombie(t *testing.T) {
 // changelog and stay exactly-once.
 func TestRealDedupWipedState(t *testing.T) {
 	s := newSuite(t)
-	stateDir := filepath.Join(s.dir, "state")
+	stateDir := filepath.Join(s.Dir, "state")
 	const n = 3000
 	a := s.start("a", stateDir, opts{})
 	s.send(seq(0, n))

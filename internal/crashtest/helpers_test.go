@@ -3,110 +3,58 @@ package crashtest
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
-	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/internal/testenv/crash"
 	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
 )
 
-// Timings of every child: short, so takeovers and aborts of dead
-// instances' transactions happen within seconds.
+// The suite's timings (crash.Suite), named as the tests use them.
 const (
-	partitions         = 4
-	sessionTimeout     = 3 * time.Second
-	transactionTimeout = 5 * time.Second
-	rebalanceTimeout   = 10 * time.Second
-	tickInterval       = 500 * time.Millisecond
-	commitInterval     = 50 * time.Millisecond
-
-	// caughtUpTimeout bounds every wait for the group to catch up.
-	caughtUpTimeout = 2 * time.Minute
-	// exitTimeout bounds every wait for a child to exit.
-	exitTimeout = 90 * time.Second
+	partitions         = crash.Partitions
+	sessionTimeout     = crash.SessionTimeout
+	transactionTimeout = crash.TransactionTimeout
+	exitTimeout        = crash.ExitTimeout
 )
 
-// suite is one test's world: its own topics (prefix), group, state dirs,
-// producer, children, and the record of every copy the brokers
-// acknowledged.
+// suite is one test's world (crash.Suite: topics under its own prefix,
+// the dedup group, state dirs, children), a producer, and the record of
+// every copy the brokers acknowledged.
 type suite struct {
-	t       *testing.T
-	bin     string // the meterline binary
-	brokers []string
-	names   topics.Names
-	group   string
-	dir     string
-	logs    string    // the children's logs, kept if the test fails
-	keys    string    // the dedup key file every instance shares
-	base    time.Time // event_time of identity 0; identity i is base + i ms
+	*crash.Suite
+	t     *testing.T
+	group string
+	base  time.Time // event_time of identity 0; identity i is base + i ms
 
 	prod *producer.Producer
 
 	mu       sync.Mutex
-	procs    []*testenv.Process
 	sent     map[string]int // identity key → copies acknowledged
 	sendErrs int
 	firstErr error
-	starts   map[string]int // instance → starts, for log names
 }
 
-// newSuite creates the topics with `meterline topics create` and a
-// producer, and registers the cleanup: topics and group deleted. (The
-// children that start runs are killed when the test ends; their logs are
-// kept in s.logs if the test failed.)
+// newSuite makes the test's crash.Suite and a producer to usage.events.
 func newSuite(t *testing.T) *suite {
 	t.Helper()
-	brokers := testenv.RealKafka(t)
-	bin := testenv.Meterline(t)
-	prefix := testenv.Name(t, "crash") + "."
+	cs := crash.New(t, "crash")
 	s := &suite{
-		t:       t,
-		bin:     bin,
-		brokers: brokers,
-		names:   topics.DefaultNames(),
-		group:   prefix + "dedup",
-		dir:     t.TempDir(),
-		logs:    testenv.LogDir(t, "meterline-crashtest-logs-"),
-		keys:    testenv.DedupKeysFile(t),
-		base:    time.Now().Add(-time.Minute).Truncate(time.Millisecond),
-		sent:    map[string]int{},
-		starts:  map[string]int{},
+		Suite: cs,
+		t:     t,
+		group: cs.Group("dedup"),
+		base:  time.Now().Add(-time.Minute).Truncate(time.Millisecond),
+		sent:  map[string]int{},
 	}
-	s.names.Prefix = prefix
-
-	t.Cleanup(func() {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-		if err != nil {
-			return
-		}
-		defer cl.Close()
-		adm := kadm.NewClient(cl)
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var ns []string
-		for _, sp := range topics.Specs(s.names, topics.DefaultLayout()) {
-			ns = append(ns, sp.Name)
-		}
-		_, _ = adm.DeleteGroups(ctx, s.group)
-		_, _ = adm.DeleteTopics(ctx, ns...)
-	})
-	out, err := exec.Command(s.bin, "topics", "create", "--brokers", strings.Join(brokers, ","),
-		"--topic-prefix", prefix, "--partitions", strconv.Itoa(partitions)).CombinedOutput()
-	if err != nil {
-		t.Fatalf("meterline topics create: %v\n%s", err, out)
-	}
-
-	s.prod, err = producer.New(producer.WithBrokers(brokers...), producer.WithTopic(s.names.EventsTopic()),
+	var err error
+	s.prod, err = producer.New(producer.WithBrokers(cs.Brokers...), producer.WithTopic(cs.Names.EventsTopic()),
 		producer.WithSource("crashtest"), producer.WithLinger(time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +67,7 @@ func newSuite(t *testing.T) *suite {
 // exact duplicate, not a conflict), with event_time about now − 1 min.
 func (s *suite) event(i int) producer.Event {
 	return producer.Event{
-		EventID:    producer.EventID(s.names.Prefix, strconv.Itoa(i)),
+		EventID:    producer.EventID(s.Names.Prefix, strconv.Itoa(i)),
 		CustomerID: fmt.Sprintf("cust-%02d", i%17),
 		Meter:      "api_calls",
 		Quantity:   int64(i%100 + 1),
@@ -232,7 +180,7 @@ func (f *feeder) Stop() {
 // opts are per-run overrides.
 type opts struct {
 	fault              string        // METERLINE_FAULT
-	transactionTimeout time.Duration // default transactionTimeout
+	transactionTimeout time.Duration // default crash.TransactionTimeout
 }
 
 // start runs `meterline dedup` as instance id with its state under
@@ -240,36 +188,7 @@ type opts struct {
 // test ends, and its log tail printed if the test failed.
 func (s *suite) start(id, stateDir string, o opts) *testenv.Process {
 	s.t.Helper()
-	s.mu.Lock()
-	s.starts[id]++
-	run := s.starts[id]
-	s.mu.Unlock()
-	txt := transactionTimeout
-	if o.transactionTimeout > 0 {
-		txt = o.transactionTimeout
-	}
-	args := []string{"dedup",
-		"--brokers", strings.Join(s.brokers, ","),
-		"--topic-prefix", s.names.Prefix,
-		"--group", s.group,
-		"--instance-id", id,
-		"--state-dir", stateDir,
-		"--metrics-addr", "127.0.0.1:0",
-		"--tick-interval", tickInterval.String(),
-		"--commit-interval", commitInterval.String(),
-		"--session-timeout", sessionTimeout.String(),
-		"--transaction-timeout", txt.String(),
-		"--rebalance-timeout", rebalanceTimeout.String(),
-		"--log-level", "info",
-		"--dedup-keys-file", s.keys,
-	}
-	// The "duplicate dropped" lines are many and say little.
-	p := testenv.StartProcessOpts(s.t, testenv.ProcessOpts{Fault: o.fault, MayDie: true, TailSkip: `"msg":"duplicate dropped"`, ExitTimeout: exitTimeout},
-		fmt.Sprintf("%s#%d", id, run), filepath.Join(s.logs, fmt.Sprintf("%s-%d.log", id, run)), s.bin, args...)
-	s.mu.Lock()
-	s.procs = append(s.procs, p)
-	s.mu.Unlock()
-	return p
+	return s.Stage("dedup", id, stateDir, crash.StageOpts{Fault: o.fault, TransactionTimeout: o.transactionTimeout})
 }
 
 // Log messages the suite looks for.
@@ -283,30 +202,11 @@ const (
 )
 
 // waitCaughtUp waits until the group is caught up on usage.events (DESIGN
-// §6.7: a read_committed fetch from the committed offsets returns no
-// records), failing at once if one of the live children exits.
+// §6.7, ticks aside: crash.CaughtUp), failing at once if one of the live
+// children exits.
 func (s *suite) waitCaughtUp(live ...*testenv.Process) {
 	s.t.Helper()
-	start := time.Now()
-	deadline := start.Add(caughtUpTimeout)
-	var lastErr error
-	for {
-		for _, p := range live {
-			if p.Exited() {
-				s.t.Fatalf("%s exited (%s) while waiting for the group to catch up\n%s", p.Name(), p.ExitString(), p.Tail(30))
-			}
-		}
-		ok, err := s.caughtUp()
-		if err == nil && ok {
-			s.t.Logf("group caught up after %s", time.Since(start).Round(time.Millisecond))
-			return
-		}
-		lastErr = err
-		if time.Now().After(deadline) {
-			s.t.Fatalf("group %s not caught up on %s after %s (last error: %v)\n%s", s.group, s.names.EventsTopic(), caughtUpTimeout, lastErr, s.lagReport())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	s.WaitCaughtUp(s.group, s.Names.EventsTopic(), live...)
 }
 
 // result is what the outputs hold.
@@ -324,7 +224,7 @@ type result struct {
 func (s *suite) outputs() result {
 	s.t.Helper()
 	r := result{deduped: map[string]int{}, duplicates: map[string]int{}}
-	for _, rec := range s.readAll(s.names.DedupedTopic()) {
+	for _, rec := range s.readAll(s.Names.DedupedTopic()) {
 		k, err := schemas.PeekKind(rec.Value)
 		if err != nil {
 			s.t.Fatalf("usage.deduped %d/%d: %v", rec.Partition, rec.Offset, err)
@@ -343,7 +243,7 @@ func (s *suite) outputs() result {
 			s.t.Fatalf("usage.deduped %d/%d holds a %s", rec.Partition, rec.Offset, k)
 		}
 	}
-	for _, rec := range s.readAll(s.names.DuplicatesTopic()) {
+	for _, rec := range s.readAll(s.Names.DuplicatesTopic()) {
 		var d schemas.Duplicate
 		if err := schemas.DecodeInto(rec.Value, &d); err != nil {
 			s.t.Fatal(err)
@@ -355,7 +255,7 @@ func (s *suite) outputs() result {
 			r.conflicts++
 		}
 	}
-	for _, rec := range s.readAll(s.names.RejectedTopic()) {
+	for _, rec := range s.readAll(s.Names.RejectedTopic()) {
 		var d schemas.Rejected
 		if err := schemas.DecodeInto(rec.Value, &d); err != nil {
 			s.t.Fatal(err)
@@ -433,101 +333,9 @@ func (s *suite) checkExactlyOnce() result {
 	return r
 }
 
-// ---- reading ----
-
 // readAll reads every committed data record of the topic up to the high
 // watermarks read now.
 func (s *suite) readAll(topic string) []*kgo.Record {
 	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	recs, err := topics.ReadCommitted(ctx, s.brokers, topic, nil)
-	if err != nil {
-		s.t.Fatalf("reading %s: %v", topic, err)
-	}
-	return recs
-}
-
-// caughtUp reports whether a read_committed read of usage.events from the
-// group's committed offsets returns no records (DESIGN §6.7) — other than
-// ticks. Each instance appends a tick to each partition it owns every tick
-// interval, and the broker answers a read_committed fetch waiting on a
-// partition only at the fetch's max wait (500 ms) after the tick's commit
-// marker, so a partition's last tick is unconsumed about half of the time.
-// With one instance all its partitions clear together; with several, at
-// phases of their own, a moment with no tick pending anywhere may never
-// come. A tick carries no usage: every event below the high watermark
-// is processed and committed when only ticks remain.
-func (s *suite) caughtUp() (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
-	if err != nil {
-		return false, err
-	}
-	defer cl.Close()
-	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, s.group)
-	if err != nil {
-		return false, err
-	}
-	topic := s.names.EventsTopic()
-	from := map[int32]int64{}
-	offs.Each(func(o kadm.OffsetResponse) {
-		if o.Topic == topic && o.Err == nil {
-			from[o.Partition] = o.At
-		}
-	})
-	recs, err := topics.ReadCommitted(ctx, s.brokers, topic, from)
-	if err != nil {
-		return false, err
-	}
-	for _, r := range recs {
-		if k, err := schemas.PeekKind(r.Value); err != nil || k != schemas.KindTick {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-// lagReport describes, per partition of usage.events, the group's
-// committed offset, the last stable offset and high watermark, and the
-// first records after the committed offset: for a failed wait.
-func (s *suite) lagReport() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
-	if err != nil {
-		return err.Error()
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	topic := s.names.EventsTopic()
-	offs, err := adm.FetchOffsets(ctx, s.group)
-	if err != nil {
-		return "fetch offsets: " + err.Error()
-	}
-	lso, _ := adm.ListCommittedOffsets(ctx, topic)
-	hw, _ := adm.ListEndOffsets(ctx, topic)
-	from := map[int32]int64{}
-	var b strings.Builder
-	for p := int32(0); p < partitions; p++ {
-		o, _ := offs.Lookup(topic, p)
-		l, _ := lso.Lookup(topic, p)
-		h, _ := hw.Lookup(topic, p)
-		from[p] = o.At
-		fmt.Fprintf(&b, "partition %d: committed %d (err %v), last stable %d, high watermark %d\n", p, o.At, o.Err, l.Offset, h.Offset)
-	}
-	recs, err := topics.ReadCommitted(ctx, s.brokers, topic, from)
-	if err != nil {
-		fmt.Fprintf(&b, "reading after the committed offsets: %v\n", err)
-	}
-	for i, r := range recs {
-		if i == 20 {
-			fmt.Fprintf(&b, "... %d records in all\n", len(recs))
-			break
-		}
-		k, _ := schemas.PeekKind(r.Value)
-		fmt.Fprintf(&b, "  %d/%d %s producer %d/%d ts %s key %q\n", r.Partition, r.Offset, k, r.ProducerID, r.ProducerEpoch, r.Timestamp.Format(time.RFC3339Nano), r.Key)
-	}
-	return b.String()
+	return testenv.ReadAll(s.t, s.Brokers, topic)
 }

@@ -4,7 +4,9 @@
 // METERLINE_TEST_KAFKA, kills them at the named fault points (or with
 // SIGKILL, SIGTERM, SIGSTOP from outside), restarts them, and counts the
 // outputs afterwards: every identity exactly once in usage.deduped, every
-// other copy in usage.duplicates, nothing lost.
+// other copy in usage.duplicates, nothing lost. The scaffolding (topics,
+// children, timings) is internal/testenv/crash, shared with the
+// aggregator's suite in internal/aggcrashtest.
 //
 // Every test calls testenv.RealKafka, so `go test -short ./...` skips the
 // package; `make test` runs it.

@@ -82,8 +82,8 @@ type Config struct {
 
 const (
 	partitions = 4
-	dedupGroup = "meterline-dedup"
-	aggGroup   = "meterline-aggregate"
+	dedupGroup = dedup.DefaultGroup
+	aggGroup   = aggregator.DefaultGroup
 )
 
 // Run runs the demo and reports whether the final reconciliation matched.

@@ -47,10 +47,10 @@ type Config struct {
 	FS vfs.FS
 
 	// CommitInterval is the longest a transaction stays open while input
-	// keeps arriving. Default: 100ms.
+	// keeps arriving. Default: DefaultCommitInterval.
 	CommitInterval time.Duration
 	// MaxBatchRecords caps the input records of one transaction. Default:
-	// 10,000.
+	// DefaultMaxBatchRecords.
 	MaxBatchRecords int
 	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
 	// interval). Zero disables it. Default: 0.
@@ -79,6 +79,13 @@ type Config struct {
 	ClientOptions []kgo.Opt
 }
 
+// The defaults of Config (EnsureDefaults), which the CLI's stage flags show
+// too.
+const (
+	DefaultCommitInterval  = 100 * time.Millisecond
+	DefaultMaxBatchRecords = 10_000
+)
+
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	if len(c.Kafka.Brokers) == 0 {
@@ -91,10 +98,10 @@ func (c *Config) EnsureDefaults() {
 		c.FS = vfs.Default
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = 100 * time.Millisecond
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.MaxBatchRecords == 0 {
-		c.MaxBatchRecords = 10_000
+		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
 	if c.SessionTimeout == 0 {
 		c.SessionTimeout = 10 * time.Second
@@ -139,8 +146,8 @@ func (c *Config) Validate() error {
 	}
 	req("group", c.Group)
 	req("instance-id", c.InstanceID)
-	req("input topic", c.InputTopic)
-	req("changelog topic", c.ChangelogTopic)
+	req("input-topic", c.InputTopic)
+	req("changelog-topic", c.ChangelogTopic)
 	if _, mem := c.FS.(*vfs.MemFS); !mem {
 		req("state-dir", c.StateDir)
 	}
@@ -154,7 +161,7 @@ func (c *Config) Validate() error {
 	pos("rebalance-timeout", c.RebalanceTimeout)
 	pos("transaction-timeout", c.TransactionTimeout)
 	if c.PunctuateInterval < 0 {
-		errs = append(errs, fmt.Errorf("stream: punctuate interval must not be negative (got %s)", c.PunctuateInterval))
+		errs = append(errs, fmt.Errorf("stream: punctuate-interval must not be negative (got %s)", c.PunctuateInterval))
 	}
 	if c.MaxBatchRecords <= 0 {
 		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))

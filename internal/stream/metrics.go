@@ -11,6 +11,7 @@ type metrics struct {
 	recordsOut     *prometheus.CounterVec
 	txns           *prometheus.CounterVec
 	commitSeconds  prometheus.Observer
+	settleSeconds  prometheus.Observer
 	fenced         prometheus.Counter
 	restarts       prometheus.Counter
 	restoring      *prometheus.GaugeVec
@@ -35,6 +36,8 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Transactions ended, by outcome: committed, aborted, unknown."}, []string{"outcome"}),
 		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_commit_seconds",
 			Help: "Time to write the changelog and end a transaction.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		settleSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_seconds",
+			Help: "Time from the end of a transaction until the coordinator reported it complete (its markers written); the next transaction produces only then.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		fenced: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_commits_refused_total",
 			Help: "Transactions aborted because the group rebalanced or the offset commit was fenced (a zombie's commits)."}),
 		restarts: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_session_restarts_total",

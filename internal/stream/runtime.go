@@ -132,6 +132,10 @@ type Runtime struct {
 	txWorked  int32 // the partition that did Work in this transaction, or noWorker
 	workNext  int32 // Work goes to partitions in turn, from this one (work.go)
 
+	// txnEnd holds a transaction's records back until the coordinator
+	// finished the previous one (settle.go).
+	txnEnd txnEndWatch
+
 	prodMu    sync.Mutex
 	prodErr   error
 	changeEnd map[int32]int64 // max changelog offset produced per partition in this txn
@@ -342,6 +346,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	rt.resetTxn()
 	close(ready)
 	defer func() {
+		rt.txnEnd.stop()
 		rt.closeAll()
 		// Leaving the group revokes our partitions; an open transaction
 		// was already ended (or the client is being abandoned after an
@@ -727,7 +732,7 @@ func (rt *Runtime) resetTxn() {
 
 func (rt *Runtime) emit(r *kgo.Record) {
 	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
-	rt.sess.Produce(context.Background(), r, rt.promise)
+	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }
 
 func (rt *Runtime) promise(r *kgo.Record, err error) {
@@ -752,6 +757,7 @@ func (rt *Runtime) abortOpen() {
 	if !rt.inTxn {
 		return
 	}
+	rt.txnEnd.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.TransactionTimeout)
 	defer cancel()
 	_, _ = rt.sess.End(ctx, kgo.TryAbort)
@@ -762,6 +768,10 @@ func (rt *Runtime) abortOpen() {
 // applies the overlay to Pebble.
 func (rt *Runtime) commit(ctx context.Context) error {
 	start := time.Now()
+	// Guarantee: every record emitted in the transaction was handed to the
+	// client (held-back ones after the coordinator finished the previous
+	// transaction, settle.go).
+	rt.txnEnd.wait()
 	// Every changelog record of this transaction, and so everything past
 	// the checkpoints apply writes, is appended after this instant: it
 	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).
@@ -831,6 +841,9 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
 	defer cancel()
 	committed, err := rt.sess.End(rt.fenceWork(ectx), try)
+	if err == nil {
+		rt.txnEnd.start(context.WithoutCancel(ctx), rt, rt.adm)
+	}
 	rt.prodMu.Lock()
 	perr := rt.prodErr
 	rt.prodMu.Unlock()

@@ -8,29 +8,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Worker is implemented by a Partition that has work of its own, work that
-// scales with its state rather than with its input (DESIGN §6 invariant 9:
-// the FINAL revisions of a period, emitted in chunks). It proceeds without
-// waiting for input:
-//
-//   - while any partition reports work, the run loop polls without waiting;
-//   - after the input of each poll is handled, one partition with work (in
-//     turn) gets one call of Work in the open transaction, and that
-//     transaction commits at once. A transaction carries at most one
-//     partition's chunk, plus the input polled with it.
-//
-// A transaction that carries a chunk commits its partition's offset too,
-// unchanged when it consumed no input of that partition, so that the group
-// generation fences a zombie's chunk as it fences its input (DESIGN §3:
-// every transaction consumes offsets). Until the partition has a committed
-// offset, its work waits.
-type Worker interface {
-	// HasWork reports whether Work has something to do. The run loop
-	// calls it after every poll: it must be cheap.
-	HasWork() bool
-	// Work does one bounded chunk of that work in tx.
-	Work(tx *Tx) error
-}
+// How the run loop gives a Worker (processor.go) its turns and fences its
+// chunks.
 
 // noWorker is txWorked when no partition worked in the open transaction.
 const noWorker = -1

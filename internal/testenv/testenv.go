@@ -163,14 +163,28 @@ func readRange(brokers []string, topic string, from map[int32]int64) ([]*kgo.Rec
 func CaughtUp(brokers []string, group, topic string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	from, err := Committed(ctx, brokers, group, topic)
 	if err != nil {
 		return false, err
+	}
+	recs, err := readRange(brokers, topic, from)
+	if err != nil {
+		return false, err
+	}
+	return len(recs) == 0, nil
+}
+
+// Committed returns the group's committed offsets of topic, by partition
+// (partitions without a commit are absent).
+func Committed(ctx context.Context, brokers []string, group, topic string) (map[int32]int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
 	}
 	defer cl.Close()
 	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	from := map[int32]int64{}
 	offs.Each(func(o kadm.OffsetResponse) {
@@ -178,11 +192,7 @@ func CaughtUp(brokers []string, group, topic string) (bool, error) {
 			from[o.Partition] = o.At
 		}
 	})
-	recs, err := readRange(brokers, topic, from)
-	if err != nil {
-		return false, err
-	}
-	return len(recs) == 0, nil
+	return from, nil
 }
 
 // WaitCaughtUp waits until CaughtUp holds, or fails the test after d.

@@ -59,18 +59,23 @@ func (n Names) EntitlementsTopic() string       { return n.name(n.Entitlements) 
 func (n Names) BalancesTopic() string           { return n.name(n.Balances) }
 func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 
-// Layout says how many partitions and what retention the topics get.
+// Layout says how many partitions and what retention the topics get. As
+// flags, Window and Skew default to dedup's W and S (the kong variables
+// dedup_window and dedup_skew, from dedup.DefaultWindow and
+// dedup.DefaultSkew; this package is below dedup).
 type Layout struct {
 	Partitions        int32         `help:"Partitions of every topic; changelogs always match their input topic." default:"16"`
 	ReplicationFactor int16         `help:"Replication factor of every topic; -1: 3 on a cluster of three or more brokers, else as many as it has (DESIGN §10)." default:"-1"`
 	MinInsyncReplicas int16         `name:"min-insync-replicas" help:"min.insync.replicas of every topic: how many replicas must have a write before acks=all succeeds; -1: 2 when the replication factor is 3 or more, else 1." default:"-1"`
-	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"840h"`
-	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"1h"`
+	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"${dedup_window}"`
+	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"${dedup_skew}"`
 	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S for the dedup changelog)." default:"168h"`
 	EventsTimestamp   string        `help:"message.timestamp.type of the events and entitlements topics, whose record timestamps are arrival times. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
 }
 
-// DefaultLayout returns the defaults of the flags above.
+// DefaultLayout returns the defaults of the flags above. Window and Skew
+// are dedup.DefaultWindow and dedup.DefaultSkew, which this package cannot
+// import: internal/cli's TestFlagDefaultsAreThePackages holds them equal.
 func DefaultLayout() Layout {
 	return Layout{Partitions: 16, ReplicationFactor: -1, MinInsyncReplicas: -1, Window: 35 * 24 * time.Hour, Skew: time.Hour,
 		RetentionMargin: 7 * 24 * time.Hour, EventsTimestamp: "LogAppendTime"}

@@ -1,0 +1,392 @@
+package aggregator
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/schemas"
+)
+
+// Event handling: each record of usage.deduped is an event, aggregated
+// into its OPEN aggregate or booked as an adjustment (DESIGN §3), or a
+// watermark, which decides periods final (finalize.go).
+
+func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
+	// The common case, a DedupedEvent, is decoded into the partition's
+	// reused event (it does not outlive the call: what is kept is copied or
+	// encoded). Anything else, or a record that fails to decode, goes
+	// through Decode, which says what it is or why it is undecodable.
+	pt.ev = schemas.DedupedEvent{}
+	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
+		return pt.event(tx, r, &pt.ev, false)
+	}
+	msg, err := schemas.Decode(r.Value)
+	if err != nil {
+		return pt.rejectUndecodable(tx, r, err)
+	}
+	switch m := msg.(type) {
+	case *schemas.Watermark:
+		return pt.watermark(tx, m)
+	case *schemas.DedupedEvent:
+		return pt.event(tx, r, m, false)
+	default:
+		return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
+	}
+}
+
+func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) error {
+	reason := schemas.ReasonUndecodable
+	if errors.Is(err, schemas.ErrUnknownSchema) {
+		reason = schemas.ReasonUnknownSchema
+	}
+	return pt.reject(tx, r, nil, reason, err.Error())
+}
+
+func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
+	// The number of sources is usage.events' partition count from the
+	// cluster's metadata, never the record's claim: a record that disagrees
+	// is counted, logged and ignored (DESIGN §3).
+	n := pt.pr.counts.events
+	switch {
+	case w.SourcePartitions != n:
+		pt.ignoreWatermark(w, "source_partitions")
+		return nil
+	case w.SourcePartition < 0 || w.SourcePartition >= n:
+		pt.ignoreWatermark(w, "source_partition")
+		return nil
+	}
+	if own := pt.pr.cfg.Window; w.WindowMs > own.Milliseconds() {
+		// The working state of a final period is dropped at end + own W;
+		// dedup accepts events for it until end + its W. A MAX,
+		// UNIQUE_COUNT or LATEST adjustment in between would be measured
+		// against nothing. Refuse, before anything of this record counts.
+		theirs := time.Duration(w.WindowMs) * time.Millisecond
+		return fmt.Errorf("%w: dedup's W is %s (watermark record of usage.events partition %d), the aggregator's %s; "+
+			"run the aggregator with --window %s or more (partition %d is processed no further)",
+			ErrWindowTooShort, theirs, w.SourcePartition, own, theirs, pt.p)
+	}
+	s := w.SourcePartition
+	if w.Watermark <= pt.sources[s] {
+		return nil
+	}
+	pt.sources[s] = w.Watermark
+	k := []byte{pfxSource, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(k[1:], uint32(s))
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(w.Watermark))
+	tx.Put(k, v[:])
+	if wm := minWatermark(pt.sources); wm > pt.wm {
+		pt.wm = wm
+		// Periods whose end + grace it passed are decided final now;
+		// their FINAL revisions, and the expiry of periods past end + W,
+		// go out in chunks (Work).
+		return pt.finalize(tx)
+	}
+	return nil
+}
+
+// ignoredLogEvery spaces the log lines of ignored watermark records of one
+// partition (every dedup partition sends one per tick): the metric counts
+// each record, the log says it is happening and what the records claim.
+const ignoredLogEvery = time.Minute
+
+// ignoreWatermark counts a watermark record that disagrees with the
+// cluster's metadata and logs it (at most once a minute per partition,
+// with the number of records ignored since the last line).
+func (pt *partition) ignoreWatermark(w *schemas.Watermark, reason string) {
+	pt.pr.m.wmIgnored.WithLabelValues(reason).Inc()
+	pt.wmIgnored++
+	// Wall time spaces log lines only; it decides nothing.
+	now := pt.pr.now()
+	if now.Sub(pt.wmIgnoredLogAt) < ignoredLogEvery {
+		return
+	}
+	pt.pr.log.Warn("watermark record ignored: it disagrees with the partition count of usage.events in the cluster's metadata",
+		zap.Int32("partition", pt.p), zap.String("reason", reason), zap.Int32("source_partition", w.SourcePartition),
+		zap.Int32("source_partitions", w.SourcePartitions), zap.Int32("events_partitions", pt.pr.counts.events),
+		zap.Int("ignored_since_last_line", pt.wmIgnored))
+	pt.wmIgnoredLogAt, pt.wmIgnored = now, 0
+}
+
+func propValue(e *schemas.DedupedEvent, name string) (string, bool) {
+	for _, p := range e.Properties {
+		if p.Name == name {
+			return p.Value, true
+		}
+	}
+	return "", false
+}
+
+// event aggregates one event, or books it as an adjustment when it is late.
+// queued: the event comes from its period's queue ('p'), behind the
+// period's FINAL revisions; r is nil then.
+func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, queued bool) error {
+	c := &pt.pr.cfg
+	if e.Quantity < 0 {
+		// Dedup rejects these; a record of usage.deduped is still not
+		// trusted to keep a sum from going down or wrapping.
+		return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("quantity: must not be negative (got %d)", e.Quantity))
+	}
+	m, declared := c.Meters.Lookup(e.Meter)
+	if !declared && c.StrictMeters {
+		return pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
+	}
+	var uval string
+	if m.Aggregation == UniqueCount {
+		v, ok := propValue(e, m.Property)
+		if !ok {
+			return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("properties.%s: missing; meter %s counts its unique values", m.Property, e.Meter))
+		}
+		uval = v
+	}
+	start, end := pt.bounds(e.EventTime)
+	// ak is a scratch buffer: valid until the next event.
+	pt.akBuf = appendAggKey(pt.akBuf[:0], e, m)
+	ak := pt.akBuf
+	if queued {
+		return pt.late(tx, r, e, m, start, end, ak, uval)
+	}
+	ps := pt.finals[start]
+	if ps == nil && pt.wm > end+c.Grace.Milliseconds() {
+		// DESIGN §3: the period is final once the watermark passed end +
+		// grace, whether or not it had aggregates here (no marker:
+		// finalize only decides periods with open or queued keys). An
+		// event processed now (a re-routed event with its original
+		// arrival, a broker clock that stepped back) is an adjustment,
+		// not an OPEN aggregate that a later watermark would turn into a
+		// second-round FINAL. Mark it, so that its state expires at end +
+		// W.
+		ps = pt.markFinal(tx, start)
+	}
+	switch {
+	case ps == nil && e.IngestTime <= end+c.Grace.Milliseconds():
+		return pt.onTime(tx, r, e, m, start, ak, uval)
+	case ps == nil || ps.phase == phaseEmit || ps.phase == phaseBook:
+		// Late by its own arrival while the period is not final here yet
+		// (another source's watermark lags): its delta against the FINAL
+		// value is not known yet. Or the period is final and its FINAL
+		// revisions are still going out in chunks: the event is an
+		// adjustment, booked behind them and behind the events queued
+		// before it (DESIGN §3: deltas are against the final, in order).
+		v, err := encode(e)
+		if err != nil {
+			return pt.reject(tx, r, e, schemas.ReasonInvalid, "the event cannot be queued for its adjustment: "+err.Error())
+		}
+		seq, err := pt.nextSeq(tx)
+		if err != nil {
+			return err
+		}
+		var sk [8]byte
+		binary.BigEndian.PutUint64(sk[:], uint64(seq))
+		tx.Put(periodKey(pfxPending, start, sk[:]), v)
+		return nil
+	default:
+		return pt.late(tx, r, e, m, start, end, ak, uval)
+	}
+}
+
+func (pt *partition) nextSeq(tx *stream.Tx) (int64, error) {
+	v, ok, err := tx.Get(keySeq)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if ok {
+		n = int64(binary.BigEndian.Uint64(v))
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(n+1))
+	tx.Put(keySeq, b[:])
+	return n, nil
+}
+
+func (pt *partition) loadState(tx *stream.Tx, k []byte) (*aggState, bool, error) {
+	v, ok, err := tx.Get(k)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	st, err := decodeState(v)
+	return st, err == nil, err
+}
+
+// seeUnique records value for UNIQUE_COUNT in the period and reports
+// whether it is new.
+func (pt *partition) seeUnique(tx *stream.Tx, start int64, ak []byte, value string) (bool, error) {
+	isNew, err := pt.uniqueIsNew(tx, start, ak, value)
+	if isNew {
+		tx.Put(pt.uBuf, nil)
+	}
+	return isNew, err
+}
+
+// uniqueIsNew reports whether value is new for UNIQUE_COUNT in the period,
+// recording nothing; its state key is left in pt.uBuf.
+func (pt *partition) uniqueIsNew(tx *stream.Tx, start int64, ak []byte, value string) (bool, error) {
+	k := append(pt.uBuf[:0], pfxUnique)
+	k = binary.BigEndian.AppendUint64(k, uint64(start))
+	k = appendFramed(k, ak)
+	k = appendFramed(k, value)
+	pt.uBuf = k
+	_, seen, err := tx.Get(k)
+	return err == nil && !seen, err
+}
+
+// seeUniqueOpen is seeUnique for an OPEN aggregate, through its seen set.
+func (pt *partition) seeUniqueOpen(tx *stream.Tx, a *openAgg, ak []byte, value string) (bool, error) {
+	if _, ok := a.seen[value]; ok {
+		return false, nil
+	}
+	isNew, err := pt.seeUnique(tx, a.start, ak, value)
+	if err != nil {
+		return false, err
+	}
+	if pt.nSeen < maxCachedSeen {
+		if a.seen == nil {
+			a.seen = map[string]struct{}{}
+		}
+		a.seen[strings.Clone(value)] = struct{}{}
+		pt.nSeen++
+	}
+	return isNew, nil
+}
+
+// overflows reports whether folding e (quantity ≥ 0) into st would wrap
+// a 64-bit value: st's SUM, or its event count (which COUNT and
+// UNIQUE_COUNT values never exceed). MAX and LATEST take a quantity as it
+// is, and a delta of two values in [0, MaxInt64] cannot wrap either.
+func overflows(st *aggState, e *schemas.DedupedEvent, m *Meter) bool {
+	return st.Count == math.MaxInt64 || (m.Aggregation == Sum && e.Quantity > math.MaxInt64-st.Value)
+}
+
+// rejectOverflow rejects an event that would wrap its aggregate (DESIGN
+// §8: invalid, and counted in no aggregate).
+func (pt *partition) rejectOverflow(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, st *aggState) error {
+	what := "the " + string(m.Aggregation) + " of its aggregate"
+	if st.Count == math.MaxInt64 {
+		what = "the event count of its aggregate"
+	}
+	return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf(
+		"quantity: %d would overflow %s (%s/%s, period %s: value %d, %d events); sums never wrap",
+		e.Quantity, what, e.CustomerID, e.Meter, msTime(start), st.Value, st.Count))
+}
+
+// apply folds the event into st and returns the change in value. For
+// UNIQUE_COUNT, newUnique tells whether the event's value is new in the
+// period.
+func apply(st *aggState, fresh bool, e *schemas.DedupedEvent, m *Meter, newUnique bool) int64 {
+	before := st.Value
+	switch m.Aggregation {
+	case Sum:
+		st.Value += e.Quantity
+	case Count:
+		st.Value++
+	case Max:
+		if fresh || e.Quantity > st.Value {
+			st.Value = e.Quantity
+		}
+	case UniqueCount:
+		if newUnique {
+			st.Value++
+		}
+	case Latest:
+		if fresh || e.EventTime > st.LatestET || (e.EventTime == st.LatestET && e.EventID > st.LatestID) {
+			st.Value, st.LatestET, st.LatestID = e.Quantity, e.EventTime, e.EventID
+		}
+	}
+	st.Count++
+	if fresh || e.EventTime < st.FirstET {
+		st.FirstET = e.EventTime
+	}
+	if fresh || e.EventTime > st.LastET {
+		st.LastET = e.EventTime
+	}
+	return st.Value - before
+}
+
+func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
+	k := append(pt.okBuf[:0], pfxOpen)
+	k = binary.BigEndian.AppendUint64(k, uint64(start))
+	k = append(k, ak...)
+	pt.okBuf = k
+	a, fresh, err := pt.openAggregate(tx, k, start)
+	if err != nil {
+		return err
+	}
+	if !fresh && overflows(&a.st, e, m) {
+		return pt.rejectOverflow(tx, r, e, m, start, &a.st)
+	}
+	isNew := false
+	if m.Aggregation == UniqueCount {
+		if isNew, err = pt.seeUniqueOpen(tx, a, ak, uval); err != nil {
+			return err
+		}
+	}
+	apply(&a.st, fresh, e, m, isNew)
+	// The state is written once per transaction, by Flush (or earlier by
+	// materialize), not once per event.
+	if !a.dirty {
+		a.dirty = true
+		pt.dirty = append(pt.dirty, a)
+	}
+	return nil
+}
+
+// late books an event of a final period as an adjustment: its delta is
+// measured against the period's working state (the FINAL value plus the
+// adjustments before it), which it then updates.
+func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start, end int64, ak []byte, uval string) error {
+	k := periodKey(pfxFinal, start, ak)
+	st, ok, err := pt.loadState(tx, k)
+	if err != nil {
+		return err
+	}
+	if ok && overflows(st, e, m) {
+		return pt.rejectOverflow(tx, r, e, m, start, st)
+	}
+	if !ok {
+		st = &aggState{} // no FINAL for this key: the final value was 0
+	}
+	isNew := false
+	if m.Aggregation == UniqueCount {
+		if isNew, err = pt.uniqueIsNew(tx, start, ak, uval); err != nil {
+			return err
+		}
+	}
+	// st is this call's copy: nothing of the event is in the transaction
+	// until its adjustment is encoded.
+	delta := apply(st, !ok, e, m, isNew)
+	bStart, bEnd := pt.bounds(e.IngestTime)
+	parts, _ := schemas.SplitFramed(ak)
+	adj := &schemas.Adjustment{
+		EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Group: groupOf(parts),
+		Aggregation: string(m.Aggregation), OriginalPeriodStart: start, OriginalPeriodEnd: end,
+		BookedPeriodStart: bStart, BookedPeriodEnd: bEnd, Delta: delta, Quantity: e.Quantity,
+		EventTime: e.EventTime, IngestTime: e.IngestTime,
+	}
+	v, err := encode(adj)
+	if err != nil {
+		return pt.reject(tx, r, e, schemas.ReasonInvalid, "the event's adjustment cannot be encoded: "+err.Error())
+	}
+	if isNew {
+		tx.Put(pt.uBuf, nil) // uniqueIsNew's key
+	}
+	if !ok {
+		pt.keys++
+	}
+	tx.Put(k, st.encode())
+	key := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key()
+	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.AdjustmentsTopic(), Partition: schemas.Partition(key, pt.pr.counts.adjustments),
+		Key: key, Value: v})
+	pt.pr.m.late.WithLabelValues(string(m.Aggregation)).Inc()
+	pt.pr.log.Info("late event booked as an adjustment", zap.ByteString("key", key), zap.Int64("delta", delta),
+		zap.String("original_period", msTime(start)), zap.String("booked_period", msTime(bStart)))
+	return nil
+}

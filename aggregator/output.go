@@ -1,0 +1,109 @@
+package aggregator
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/schemas"
+)
+
+// Output: what every aggregate revision shares and how one is emitted, and
+// rejected records.
+
+// aggOut is what every revision of one aggregate shares: its record key
+// and partition in the aggregates topic, and the encoded head of its
+// Aggregate message (schemas.AppendAggregateHead).
+type aggOut struct {
+	key  []byte
+	part int32
+	head []byte
+}
+
+// aggOutput makes what every revision of the aggregate with state key k
+// ('a' or 'f', P, K) shares.
+func (pt *partition) aggOutput(k []byte) (aggOut, error) {
+	start := int64(binary.BigEndian.Uint64(k[1:9]))
+	_, end := pt.bounds(start)
+	parts, err := schemas.SplitFramed(k[9:])
+	if err != nil || len(parts) < 2 {
+		return aggOut{}, fmt.Errorf("aggregator: corrupt aggregate key %q", k)
+	}
+	m, _ := pt.pr.cfg.Meters.Lookup(parts[1])
+	head := schemas.AppendAggregateHead(nil, &schemas.Aggregate{
+		CustomerID: parts[0], Meter: parts[1], Group: groupOf(parts), Aggregation: string(m.Aggregation),
+		PeriodStart: start, PeriodEnd: end,
+	})
+	keyParts := append([]string{parts[0], parts[1], strconv.FormatInt(start, 10)}, parts[2:]...)
+	key := schemas.AppendFramed(nil, keyParts...)
+	return aggOut{key: key, part: schemas.Partition(key, pt.pr.counts.aggregates), head: head}, nil
+}
+
+// emitRevision appends a revision of the aggregate out, period start, state
+// st to buf, points rec at it and emits rec. It returns buf, which the
+// caller may append the next revision to: the record's value is a
+// capacity-limited slice of it.
+func (pt *partition) emitRevision(tx *stream.Tx, rec *kgo.Record, buf []byte, out *aggOut, updatedAt int64, st *aggState, status schemas.AggregateStatus) ([]byte, error) {
+	off := len(buf)
+	buf, err := schemas.AppendAggregateTail(append(buf, out.head...), &schemas.Aggregate{
+		Revision: st.Revision, Status: status, Value: st.Value, EventCount: st.Count,
+		FirstEventTime: st.FirstET, LastEventTime: st.LastET, UpdatedAt: updatedAt,
+	})
+	if err != nil {
+		return buf, err
+	}
+	*rec = kgo.Record{Topic: pt.pr.aggregatesTopic, Partition: out.part, Key: out.key,
+		Value: buf[off:len(buf):len(buf)]}
+	tx.Emit(rec)
+	return buf, nil
+}
+
+// encode is schemas.Encode: the encoding of every record the aggregator
+// makes from an event (a queued event, an adjustment). Tests replace it to
+// see that a failure rejects the event instead of stopping the stage.
+var encode = schemas.Encode
+
+// reject parks r in usage.rejected, bounded (schemas.Rejected.Bound: a
+// prefix of its key and value, their lengths and digests); for an event
+// queued behind its period's FINALs (r nil), e re-encoded as its raw
+// value. It returns an error only if the Rejected record cannot be
+// encoded, which stops the stage rather than lose the record.
+func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) error {
+	rej := &schemas.Rejected{Reason: reason, Detail: detail, Stage: "aggregator"}
+	if r != nil {
+		rej.SourceTopic, rej.SourcePartition, rej.SourceOffset = r.Topic, r.Partition, r.Offset
+		rej.SourceTimestamp, rej.RawKey, rej.RawValue = r.Timestamp.UnixMilli(), r.Key, r.Value
+	}
+	if e != nil {
+		rej.CustomerID, rej.Meter, rej.EventID = e.CustomerID, e.Meter, e.EventID
+		if r == nil {
+			v, err := encode(e)
+			if err != nil {
+				rej.Detail += "; the queued event cannot be re-encoded: " + err.Error()
+			}
+			rej.RawValue = v
+		}
+	}
+	key := rej.RawKey
+	part := pt.p % pt.pr.counts.rejected
+	if len(key) > 0 {
+		part = schemas.Partition(key, pt.pr.counts.rejected)
+	}
+	// Raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10).
+	v, err := schemas.EncodeRejected(nil, rej)
+	if err != nil {
+		return fmt.Errorf("aggregator: partition %d: encode rejected record (%s: %s): %w", pt.p, reason, rej.Detail, err)
+	}
+	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: v})
+	pt.pr.m.rejected.WithLabelValues("aggregator", reason).Inc()
+	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", rej.Detail),
+		zap.ByteString("key", key))
+	return nil
+}
+
+func msTime(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }

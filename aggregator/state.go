@@ -1,0 +1,132 @@
+package aggregator
+
+import (
+	"encoding/binary"
+	"errors"
+	"strconv"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// State keys: what the aggregator keeps in its Pebble state and its
+// changelog, encoded here (the period markers, 'F', in finalize.go). P is
+// a period start (8 bytes big-endian, so keys sort by period); K is the
+// aggregate key: the framed customer, meter and group name/value pairs.
+//
+//	'a' P K          open aggregate (aggState)
+//	'f' P K          final aggregate's working state, kept until end + W
+//	'u' P framed(K) framed(value)  a value UNIQUE_COUNT has seen in P
+//	'p' P seq        an event of P queued behind P's FINAL revisions (late
+//	                 by arrival while P was open, or processed while its
+//	                 FINALs were going out), booked as an adjustment after
+//	                 them, in seq order
+//	'F' P            P is final in this partition: periodState, the phase
+//	                 of its chunked work and its cursor (finalize.go);
+//	                 empty when done
+//	'w' source       latest watermark from a dedup source partition
+//	'n'              obsolete: the number of dedup source partitions as
+//	                 watermark records once claimed it; never read (the
+//	                 count comes from the cluster's metadata)
+//	'c'              sequence counter for 'p' keys
+const (
+	pfxOpen    = 'a'
+	pfxFinal   = 'f'
+	pfxUnique  = 'u'
+	pfxPending = 'p'
+	pfxMarker  = 'F'
+	pfxSource  = 'w'
+)
+
+var keySeq = []byte("c")
+
+func periodKey(prefix byte, start int64, rest ...[]byte) []byte {
+	k := make([]byte, 9, 9+32)
+	k[0] = prefix
+	binary.BigEndian.PutUint64(k[1:], uint64(start))
+	for _, r := range rest {
+		k = append(k, r...)
+	}
+	return k
+}
+
+// aggState is an aggregate's working state.
+type aggState struct {
+	Revision int64
+	Value    int64
+	Count    int64
+	FirstET  int64
+	LastET   int64
+	LatestET int64  // LATEST: event_time of Value
+	LatestID string // LATEST: tie-break between equal event times
+}
+
+func (s *aggState) encode() []byte { return s.appendTo(make([]byte, 0, 48+len(s.LatestID))) }
+
+// appendTo appends the encoded state to b.
+func (s *aggState) appendTo(b []byte) []byte {
+	b = binary.AppendVarint(b, s.Revision)
+	b = binary.AppendVarint(b, s.Value)
+	b = binary.AppendVarint(b, s.Count)
+	b = binary.AppendVarint(b, s.FirstET)
+	b = binary.AppendVarint(b, s.LastET)
+	b = binary.AppendVarint(b, s.LatestET)
+	return append(b, s.LatestID...)
+}
+
+func decodeState(b []byte) (*aggState, error) {
+	var vals [6]int64
+	b, ok := readVarints(b, vals[:])
+	if !ok {
+		return nil, errors.New("aggregator: corrupt aggregate state")
+	}
+	return &aggState{Revision: vals[0], Value: vals[1], Count: vals[2], FirstET: vals[3], LastET: vals[4],
+		LatestET: vals[5], LatestID: string(b)}, nil
+}
+
+// readVarints decodes len(vals) varints from the front of b into vals and
+// returns the rest of b; ok is false if b ends early or holds a bad varint.
+func readVarints(b []byte, vals []int64) (rest []byte, ok bool) {
+	for i := range vals {
+		v, n := binary.Varint(b)
+		if n <= 0 {
+			return b, false
+		}
+		vals[i], b = v, b[n:]
+	}
+	return b, true
+}
+
+// appendAggKey appends the aggregate key K of e: the framed customer,
+// meter and group name/value pairs (a property given twice groups under its
+// last value; a missing one under "").
+func appendAggKey(dst []byte, e *schemas.DedupedEvent, m *Meter) []byte {
+	dst = appendFramed(dst, e.CustomerID)
+	dst = appendFramed(dst, e.Meter)
+	for _, g := range m.GroupBy {
+		v := ""
+		for _, p := range e.Properties {
+			if p.Name == g {
+				v = p.Value
+			}
+		}
+		dst = appendFramed(dst, g)
+		dst = appendFramed(dst, v)
+	}
+	return dst
+}
+
+// appendFramed is schemas.AppendFramed of one part, for a part in a string
+// or in bytes.
+func appendFramed[T string | []byte](dst []byte, part T) []byte {
+	dst = strconv.AppendInt(dst, int64(len(part)), 10)
+	dst = append(dst, ':')
+	return append(dst, part...)
+}
+
+func groupOf(parts []string) []schemas.Property {
+	var g []schemas.Property
+	for i := 2; i+1 < len(parts); i += 2 {
+		g = append(g, schemas.Property{Name: parts[i], Value: parts[i+1]})
+	}
+	return g
+}

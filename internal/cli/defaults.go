@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/producer"
+)
+
+// defaultVars are the kong variables the flags take their defaults from
+// (`default:"${dedup_window}"`): each default is defined once, as a
+// Default* constant of the package that applies it, and the flags show
+// that value.
+func defaultVars() kong.Vars {
+	return kong.Vars{
+		"stream_commit_interval":   flagDuration(stream.DefaultCommitInterval),
+		"stream_max_batch_records": strconv.Itoa(stream.DefaultMaxBatchRecords),
+
+		"dedup_group":         dedup.DefaultGroup,
+		"dedup_window":        flagDuration(dedup.DefaultWindow),
+		"dedup_skew":          flagDuration(dedup.DefaultSkew),
+		"dedup_tick_interval": flagDuration(dedup.DefaultTickInterval),
+		"dedup_bucket":        flagDuration(dedup.DefaultBucket),
+
+		"aggregate_group":       aggregator.DefaultGroup,
+		"aggregate_period":      string(aggregator.DefaultPeriod),
+		"aggregate_grace":       flagDuration(aggregator.DefaultGrace),
+		"aggregate_final_chunk": strconv.Itoa(aggregator.DefaultFinalChunk),
+
+		"producer_max_skew": flagDuration(producer.DefaultMaxSkew),
+		"producer_linger":   flagDuration(producer.DefaultLinger),
+
+		"ingest_addr":                ingest.DefaultAddr,
+		"ingest_max_body_bytes":      strconv.Itoa(ingest.DefaultMaxBodyBytes),
+		"ingest_max_events":          strconv.Itoa(ingest.DefaultMaxEvents),
+		"ingest_produce_timeout":     flagDuration(ingest.DefaultProduceTimeout),
+		"ingest_read_header_timeout": flagDuration(ingest.DefaultReadHeaderTimeout),
+		"ingest_read_timeout":        flagDuration(ingest.DefaultReadTimeout),
+		"ingest_idle_timeout":        flagDuration(ingest.DefaultIdleTimeout),
+
+		"metrics_addr": defaultMetricsAddr,
+
+		"entitlements_transactional_id": defaultEntitlementsTransactionalID,
+		"entitlements_timeout":          flagDuration(defaultEntitlementsTimeout),
+	}
+}
+
+// defaultMetricsAddr is where a stage's HTTP server (status page, metrics,
+// health; the demo's too) listens unless told otherwise: loopback only.
+// The sink's is its own (127.0.0.1:9466), so that it runs beside a stage.
+const defaultMetricsAddr = "127.0.0.1:9464"
+
+// flagDuration formats d as a flag value is written: "840h", "1h30m",
+// "100ms", not time.Duration's "840h0m0s".
+func flagDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}

@@ -1,0 +1,91 @@
+package stream
+
+import "github.com/twmb/franz-go/pkg/kgo"
+
+// The interfaces a stage implements: a Processor opens a Partition for each
+// input partition the instance owns, once its state is restored; the
+// runtime calls the Partition with the records and the transaction that
+// carries them. A Partition may also be a Flusher, an Aborter or a Worker.
+
+// Partition is a processor's handle on one input partition, created by
+// Processor.Open once the partition's state is restored. The runtime calls
+// it from its single run loop only.
+//
+// A Partition keeps its state in the store through Tx: reads see the
+// transaction's own writes, and writes become durable only if the
+// transaction commits. In-memory structures a Partition keeps besides must
+// tolerate an aborted transaction (a Bloom filter that gained a key is
+// fine; a counter is not), or be rebuilt in Open.
+type Partition interface {
+	// Process handles records of the partition, in offset order. Outputs
+	// are emitted and state changed through tx. An error stops the stage;
+	// bad input must be handled (rejected), not returned.
+	Process(tx *Tx, recs []*kgo.Record) error
+	// Punctuate runs every punctuate interval for a ready partition.
+	Punctuate(tx *Tx) error
+	// Close releases the partition when it is revoked or the stage stops.
+	Close()
+}
+
+// Flusher is implemented by a Partition that emits once per transaction
+// (the aggregator's one revision per changed key): Flush runs just before
+// the transaction's changelog is written, and may read, write and emit.
+type Flusher interface {
+	Flush(tx *Tx) error
+}
+
+// Aborter is implemented by a Partition that keeps per-transaction memory
+// (what Flush will emit): Abort runs when a transaction it took part in is
+// aborted or discarded.
+type Aborter interface {
+	Abort()
+}
+
+// Processor is the logic of a stateful stage.
+type Processor interface {
+	// Open is called once partition p's state has been restored from the
+	// changelog, before any of its input is processed. It runs on the
+	// restore goroutine and may read the restored state through st.
+	Open(p int32, st *PartitionState) (Partition, error)
+}
+
+// PartitionState reads one partition's restored state in Pebble.
+type PartitionState struct {
+	s *Store
+	p int32
+}
+
+// Partition returns the partition number.
+func (ps *PartitionState) Partition() int32 { return ps.p }
+
+// Get reads a key.
+func (ps *PartitionState) Get(k []byte) ([]byte, bool, error) { return ps.s.Get(ps.p, k) }
+
+// Scan iterates keys in [lower, upper); fn must not keep k or v.
+func (ps *PartitionState) Scan(lower, upper []byte, fn func(k, v []byte) error) error {
+	return ps.s.Scan(ps.p, lower, upper, fn)
+}
+
+// Worker is implemented by a Partition that has work of its own, work that
+// scales with its state rather than with its input (DESIGN §6 invariant 9:
+// the FINAL revisions of a period, emitted in chunks). It proceeds without
+// waiting for input:
+//
+//   - while any partition reports work, the run loop polls without waiting;
+//   - after the input of each poll is handled, one partition with work (in
+//     turn) gets one call of Work in the open transaction, and that
+//     transaction commits at once. A transaction carries at most one
+//     partition's chunk, plus the input polled with it.
+//
+// A transaction that carries a chunk commits its partition's offset too,
+// unchanged when it consumed no input of that partition, so that the group
+// generation fences a zombie's chunk as it fences its input (DESIGN §3:
+// every transaction consumes offsets). Until the partition has a committed
+// offset, its work waits.
+type Worker interface {
+	// HasWork reports whether Work has something to do. The run loop
+	// calls it after every poll: it must be cheap.
+	HasWork() bool
+	// Work does one bounded chunk of that work in tx.
+	Work(tx *Tx) error
+}

@@ -1,0 +1,87 @@
+package testenv
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// TopicsOpts shape the topics Topics creates. The zero value is the
+// production layout (topics.DefaultLayout) with 4 partitions.
+type TopicsOpts struct {
+	// Partitions of every topic; default 4.
+	Partitions int32
+	// Sources, when set, is the partition count of usage.events and of the
+	// dedup changelog: the dedup source partitions whose watermarks the
+	// aggregator waits for, when a test wants it to differ from
+	// Partitions.
+	Sources int32
+	// EventsTimestamp is usage.events' message.timestamp.type:
+	// LogAppendTime (the default, as in production: arrival is the
+	// broker's clock) or CreateTime (tests that choose arrival times).
+	EventsTimestamp string
+}
+
+// Topics creates every topic of DESIGN §4 (topics.Specs of the layout that
+// o describes) under a prefix unique to the test, "<Name(t, base)>.", and
+// returns their names. The topics, and every consumer group whose name
+// starts with the prefix (name the test's groups Prefix + "dedup", …), are
+// deleted when the test ends.
+//
+// Test topics keep every record: retention.ms is -1 on every topic whose
+// cleanup policy deletes (see CreateTopic: test records often carry
+// timestamps months in the past, which the production retention would
+// delete at the broker's next check, in the middle of the test).
+func Topics(t testing.TB, brokers []string, base string, o TopicsOpts) topics.Names {
+	t.Helper()
+	names := topics.DefaultNames()
+	names.Prefix = Name(t, base) + "."
+	layout := topics.DefaultLayout()
+	layout.Partitions = 4
+	if o.Partitions > 0 {
+		layout.Partitions = o.Partitions
+	}
+	if o.EventsTimestamp != "" {
+		layout.EventsTimestamp = o.EventsTimestamp
+	}
+	specs := topics.Specs(names, layout)
+	for i := range specs {
+		sp := &specs[i]
+		if o.Sources > 0 && (sp.Name == names.EventsTopic() || sp.PartitionsOf == names.EventsTopic()) {
+			sp.Partitions = o.Sources
+		}
+		if strings.Contains(sp.Configs["cleanup.policy"], "delete") {
+			sp.Configs["retention.ms"] = "-1"
+		}
+	}
+	adm := Admin(t, brokers)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
+		t.Fatalf("creating the topics under %s: %v", names.Prefix, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if gs, err := adm.ListGroups(ctx); err == nil {
+			var ours []string
+			for _, g := range gs.Groups() {
+				if strings.HasPrefix(g, names.Prefix) {
+					ours = append(ours, g)
+				}
+			}
+			if len(ours) > 0 {
+				_, _ = adm.DeleteGroups(ctx, ours...)
+			}
+		}
+		ns := make([]string, len(specs))
+		for i, sp := range specs {
+			ns[i] = sp.Name
+		}
+		_, _ = adm.DeleteTopics(ctx, ns...)
+	})
+	return names
+}
