@@ -115,16 +115,3 @@ func (w *Writer) poll(ctx context.Context, d time.Duration, max int) kgo.Fetches
 	defer cancel()
 	return w.sess.PollRecords(pctx, max)
 }
-
-func fetchError(fs kgo.Fetches) error {
-	var ferr error
-	fs.EachError(func(t string, p int32, err error) {
-		if session.Interrupted(err) {
-			return
-		}
-		if ferr == nil {
-			ferr = fmt.Errorf("sink: fetch %s/%d: %w (offsets are never reset automatically)", t, p, err)
-		}
-	})
-	return ferr
-}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/session"
 )
 
 // Commit windows: the records polled since the last commit, which one
@@ -172,8 +174,8 @@ func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
 			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
 		}
 		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
-		if err := fetchError(fs); err != nil {
-			return err
+		if err := session.FetchError(w.log, fs); err != nil {
+			return fmt.Errorf("sink: %w", err)
 		}
 		var derr error
 		polled := time.Now()

@@ -37,6 +37,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // ErrRestart is returned by a session's body (Loop.Run) when ending a
@@ -154,6 +156,36 @@ func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error 
 		case <-time.After(l.cfg.RestartBackoff):
 		}
 	}
+}
+
+// FetchError returns the first error of a poll's fetches that stops the
+// stage, or nil. Not errors: a poll cut short (Interrupted), and a group
+// session error that kgo repairs by rejoining (kafka.GroupRejoins): the
+// member was dropped from the group (a zombie after a long pause, a missed
+// session timeout) or could not reach the group coordinator (a broker that
+// died or paused, a coordinator that moved). kgo injects that one after it
+// has already called the Revoked hook for every partition the member owned
+// (an open transaction can only abort) and keeps rejoining; the next
+// assignment restores or resumes as usual. It is logged at warn level.
+// Any other error, such as an authorization failure or an offset out of
+// range, stops the stage: offsets are never reset automatically (DESIGN
+// §6.6).
+func FetchError(log *zap.Logger, fs kgo.Fetches) error {
+	var ferr error
+	fs.EachError(func(t string, p int32, err error) {
+		if Interrupted(err) {
+			return
+		}
+		var gs *kgo.ErrGroupSession
+		if errors.As(err, &gs) && kafka.GroupRejoins(gs.Err) {
+			log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
+			return
+		}
+		if ferr == nil {
+			ferr = fmt.Errorf("fetch %s/%d: %w (offsets are never reset automatically; see DESIGN §6.6)", t, p, err)
+		}
+	})
+	return ferr
 }
 
 // Interrupted reports whether a fetch error only says that the poll was

@@ -1,7 +1,6 @@
 package stream
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -17,32 +16,15 @@ import (
 
 // handleFetches hands each ready partition its polled records, in the open
 // transaction (begun here if none is): a fetch error stops the stage
-// unless it only says that the poll was cut short or that this member was
-// dropped from the group; records of a partition that is not ready mark
+// unless it only says that the poll was cut short or that this member lost
+// the group or its coordinator (session.FetchError); records of a partition that is not ready mark
 // the transaction for an abort, which rewinds them.
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
-	var ferr error
-	fs.EachError(func(t string, p int32, err error) {
-		if session.Interrupted(err) {
-			return
-		}
-		// kgo injects this when the member was dropped from the group (a
-		// zombie after a long pause, a missed session timeout). It has
-		// already called onLost (our partitions are revoked; an open
-		// transaction can only abort) and keeps rejoining; the next
-		// assignment restores as usual (DESIGN §6, "zombie instance after
-		// a rebalance"). It is a notification, not a reason to stop.
-		var gs *kgo.ErrGroupSession
-		if errors.As(err, &gs) && memberDropped(gs.Err) {
-			rt.log.Warn("dropped from the consumer group; rejoining", zap.Error(err))
-			return
-		}
-		if ferr == nil {
-			ferr = fmt.Errorf("stream: fetch %s/%d: %w (offsets are never reset automatically; see DESIGN §6.6)", t, p, err)
-		}
-	})
-	if ferr != nil {
-		return ferr
+	// A lost group or coordinator is a rejoin, not a stop: the next
+	// assignment restores as usual (DESIGN §6, "zombie instance after a
+	// rebalance"; session.FetchError).
+	if err := session.FetchError(rt.log, fs); err != nil {
+		return fmt.Errorf("stream: %w", err)
 	}
 	// First, serially: which partitions can take their records, the open
 	// transaction and each partition's overlay. Then the partitions'

@@ -2,13 +2,11 @@ package stream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -228,14 +226,6 @@ func (rt *Runtime) handleEvents() {
 		}
 	}
 	rt.m.owned.Set(float64(len(rt.active)))
-}
-
-// memberDropped reports whether a group management error means only that
-// this member lost its membership, which kgo repairs by rejoining.
-func memberDropped(err error) bool {
-	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
-		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
-		errors.Is(err, kerr.StaleMemberEpoch)
 }
 
 // closeAll closes the active partitions and cancels the restores.
