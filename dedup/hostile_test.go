@@ -322,7 +322,11 @@ func TestUpgradeOffset(t *testing.T) {
 		// only.
 		var n [4]byte
 		binary.BigEndian.PutUint32(n[:], 1)
-		h.produce(&kgo.Record{Topic: h.names.DedupChangelogTopic(), Partition: 0, Key: keyPartitions, Value: n[:]})
+		// (The key scheme, which no such version wrote, is there so that
+		// this test reaches the upgrade offset: without it dedup refuses
+		// the state, TestKeySchemeRefused.)
+		h.produce(&kgo.Record{Topic: h.names.DedupChangelogTopic(), Partition: 0, Key: keyPartitions, Value: n[:]},
+			&kgo.Record{Topic: h.names.DedupChangelogTopic(), Partition: 0, Key: keyKeyScheme, Value: []byte(schemas.DedupedKeyScheme)})
 		h.produce(legacy(h, "before", arr+day)) // offset 0, in flight at the upgrade
 		reg := prometheus.NewRegistry()
 		h.start(h.configWith("a", reg))

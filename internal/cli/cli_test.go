@@ -262,7 +262,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "usage.rejected: retention.ms is 3600000 (1h0m0s), want at least",
 		prefix + "meterline.keys: cleanup.policy is delete, want compact",
 		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
-		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped)",
+		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped.v2)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
