@@ -12,7 +12,7 @@ KEEP_SERVICES   ?=
 
 export KAFKA_PORT CLICKHOUSE_PORT
 
-.PHONY: all build test test-short docs-check vet fuzz services-start services-stop clean
+.PHONY: all build test test-short docs-check chaos vet fuzz services-start services-stop clean
 
 all: build
 
@@ -37,10 +37,18 @@ test:
 docs-check:
 	@PACKAGES=./internal/docscheck bash scripts/test.sh
 
+# The long run of internal/clustertest (docs/testing.md gives its duration):
+# the whole pipeline on a cluster of three brokers, every broker fault three
+# times at a higher rate, and a rebalance storm of over a minute. `make test`
+# runs the short version.
+chaos:
+	@PACKAGES=./internal/clustertest METERLINE_TEST_CHAOS=long TEST_TIMEOUT=60m bash scripts/test.sh
+
 fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
+	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeUsageEvent$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecodeUsageOr$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzBoundRejected$$' -fuzztime 60s
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 60s

@@ -191,9 +191,20 @@ func TestDashboardIsValid(t *testing.T) {
 	for _, p := range panels {
 		titles += strings.ToLower(p.Title) + "\n"
 	}
-	for _, want := range []string{"lag", "records in", "duplicate rate", "rejections", "transaction latency", "restore", "state size", "insert latency"} {
+	for _, want := range []string{"lag", "records in", "duplicate rate", "rejections", "transaction latency", "restore", "state size", "insert latency",
+		"ingest requests by status", "ingest request latency", "ingest events"} {
 		if !strings.Contains(titles, want) {
 			t.Errorf("no panel about %q", want)
+		}
+	}
+	// The HTTP ingest's panels are under a row of their own.
+	row := ""
+	for _, p := range d.Panels {
+		switch {
+		case p.Type == "row":
+			row = p.Title
+		case strings.HasPrefix(strings.ToLower(p.Title), "ingest ") && row != "HTTP ingest":
+			t.Errorf("panel %q is under row %q; want HTTP ingest", p.Title, row)
 		}
 	}
 	// Every variable an expression uses is defined.

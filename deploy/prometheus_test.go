@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -61,8 +62,13 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
 
+	// A key for the HTTP ingest's panels: the run serves it too.
+	token := createKey(t, bin, filepath.Join(work, "keys.log"), "keys", "create", "--brokers", strings.Join(brokers, ","),
+		"--topic-prefix", prefix, "--tenant", "dash", "--customers", "*")
+	ingestAddr := testenv.FreeAddr(t)
 	metricsAddr := testenv.FreeAddr(t)
 	testenv.StartProcess(t, "meterline", filepath.Join(work, "meterline.log"), bin, "run",
+		"--ingest", "--ingest-addr", ingestAddr,
 		"--brokers", strings.Join(brokers, ","), "--clickhouse", chAddr, "--log-level", "warn",
 		"--topic-prefix", prefix,
 		"--instance-id", "dash-1", "--state-dir", filepath.Join(work, "state"),
@@ -81,6 +87,8 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 	live := newProducer(t, brokers, prefix)
 	wg.Add(1)
 	go func() { defer wg.Done(); defer live.Close(); feedContinuously(ctx, t, live) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); postContinuously(ctx, t, "http://"+ingestAddr+"/v1/events", token) }()
 
 	prom := startPrometheus(t, promBin, work, "", metricsAddr)
 
@@ -334,6 +342,64 @@ func runCmd(t *testing.T, bin, logFile string, args ...string) {
 	}
 }
 
+// createKey runs `meterline keys create` and returns the key it prints.
+func createKey(t *testing.T, bin, logFile string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	_ = os.WriteFile(logFile, append(out, stderr.Bytes()...), 0o644)
+	token := strings.TrimSpace(string(out))
+	if err != nil || !strings.HasPrefix(token, "mlk_") {
+		t.Fatalf("meterline %s: %v, stdout %q\n%s", strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return token
+}
+
+// postContinuously posts a small batch to the HTTP ingest every 300 ms
+// (its requests, latency, events and records panels), and an event
+// without a customer every few batches (a 400, refused events).
+func postContinuously(ctx context.Context, t *testing.T, url, token string) {
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		customer := fmt.Sprintf("cust-%d", i%3)
+		if i%5 == 4 {
+			customer = ""
+		}
+		body := fmt.Sprintf(`[{"event_id":"http-%d","customer_id":%q,"meter":"tokens","quantity":%d,"event_time":%q,"source":"http"}]`,
+			i, customer, 1+i%7, time.Now().UTC().Format(time.RFC3339Nano))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			t.Errorf("ingest feed: %v", err)
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Errorf("ingest feed: %v", err)
+			}
+			return
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := map[bool]int{true: http.StatusBadRequest, false: http.StatusAccepted}[customer == ""]; resp.StatusCode != want {
+			t.Errorf("ingest feed: %d %s, want %d", resp.StatusCode, answer, want)
+			return
+		}
+	}
+}
+
 func waitHTTP(t *testing.T, u string, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -430,7 +496,7 @@ func feed(t *testing.T, brokers []string, prefix string) {
 	defer cl.Close()
 	if err := cl.ProduceSync(ctx,
 		&kgo.Record{Topic: prefix + "usage.events", Key: []byte("garbage"), Value: []byte("not avro")},
-		&kgo.Record{Topic: prefix + "usage.deduped", Key: []byte("garbage"), Value: []byte("not avro either")},
+		&kgo.Record{Topic: prefix + topics.DefaultNames().Deduped, Key: []byte("garbage"), Value: []byte("not avro either")},
 		&kgo.Record{Topic: prefix + "usage.rejected", Key: []byte("garbage"), Value: []byte("not avro, and never parked again")},
 	).FirstErr(); err != nil {
 		t.Fatal(err)

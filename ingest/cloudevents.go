@@ -17,8 +17,18 @@ type CloudEvent struct {
 	Subject string
 	// Time is when the usage happened; zero when the event has none.
 	Time time.Time
-	// Data is the event's data: a JSON object, or nil.
-	Data json.RawMessage
+	// Data is the text of the event's data, a JSON object; "" when it has
+	// none.
+	Data string
+}
+
+// ceAttrs are a CloudEvent's attributes as read from its JSON, before
+// they are checked: by encoding/json (ceJSON.attrs) or by scanBatch.
+type ceAttrs struct {
+	has  uint16 // the attributes present and not null: hasID, ...
+	attr [8]string
+	// data and dataBase64 are their values' JSON text, "null" included.
+	data, dataBase64 string
 }
 
 // ceJSON is the JSON shape of a CloudEvent. Pointers tell a missing or
@@ -105,63 +115,96 @@ func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 		}
 		return CloudEvent{}, &fieldError{"event", "invalid", err.Error()}
 	}
-	return checkCloudEvent(&j)
+	a := j.attrs()
+	return checkCloudEvent(&a)
 }
 
-// decodeBatch decodes a whole batch body (an array) in one pass: the fast
-// path of a valid request. ok is false when any element does not decode
-// into the CloudEvent shape; the caller then checks each element on its
-// own, to name the bad ones.
-func decodeBatch(body []byte) ([]ceJSON, bool) {
+// decodeBatch decodes a whole batch body (an array, valid UTF-8) in one
+// pass: the fast path of a valid request. ok is false when any element
+// does not decode into the CloudEvent shape; the caller then checks each
+// element on its own, to name the bad ones. scanBatch reads the plain case;
+// encoding/json the rest.
+func decodeBatch(body []byte, text string) ([]ceAttrs, bool) {
+	if as, ok := scanBatch(text); ok {
+		return as, true
+	}
 	var js []ceJSON
 	if err := json.Unmarshal(body, &js); err != nil {
 		return nil, false
 	}
-	return js, true
+	as := make([]ceAttrs, len(js))
+	for i := range js {
+		as[i] = js[i].attrs()
+	}
+	return as, true
+}
+
+// attrs are the attributes j holds.
+func (j *ceJSON) attrs() ceAttrs {
+	var a ceAttrs
+	for k, v := range [...]*string{j.ID, j.Source, j.SpecVersion, j.Type, j.Subject, j.Time, j.DataContentType, j.DataSchema} {
+		if v != nil {
+			a.attr[k], a.has = *v, a.has|1<<k
+		}
+	}
+	if j.Data != nil {
+		a.data, a.has = string(j.Data), a.has|hasData
+	}
+	if j.DataBase64 != nil {
+		a.dataBase64, a.has = string(j.DataBase64), a.has|hasDataBase64
+	}
+	return a
 }
 
 // checkCloudEvent checks a decoded CloudEvent's attributes (see
 // parseCloudEvent).
-func checkCloudEvent(j *ceJSON) (CloudEvent, *fieldError) {
+func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 	var ev CloudEvent
-	for _, a := range [...]struct {
-		name string
-		v    *string
-		dst  *string
-	}{{"id", j.ID, &ev.ID}, {"source", j.Source, &ev.Source}, {"specversion", j.SpecVersion, nil},
-		{"type", j.Type, &ev.Type}, {"subject", j.Subject, &ev.Subject}} {
+	for _, k := range [...]int{0, 1, 2, 3, 4} { // id, source, specversion, type, subject
 		switch {
-		case a.v == nil:
-			return CloudEvent{}, &fieldError{a.name, "invalid", "is missing (CloudEvents requires it; subject is the customer)"}
-		case *a.v == "":
-			return CloudEvent{}, &fieldError{a.name, "invalid", "must not be empty"}
-		case a.dst != nil:
-			*a.dst = *a.v
+		case a.has&(1<<k) == 0:
+			return CloudEvent{}, &fieldError{ceNames[k], "invalid", "is missing (CloudEvents requires it; subject is the customer)"}
+		case a.attr[k] == "":
+			return CloudEvent{}, &fieldError{ceNames[k], "invalid", "must not be empty"}
 		}
 	}
-	if *j.SpecVersion != "1.0" {
-		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", *j.SpecVersion)}
+	ev.ID, ev.Source, ev.Type, ev.Subject = a.attr[0], a.attr[1], a.attr[3], a.attr[4]
+	if v := a.attr[2]; v != "1.0" {
+		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", v)}
 	}
-	if j.Time != nil {
-		t, err := time.Parse(time.RFC3339Nano, *j.Time)
+	if a.has&hasTime != 0 {
+		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
 		if err != nil {
-			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", *j.Time)}
+			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", a.attr[5])}
 		}
 		ev.Time = t.UTC()
 	}
-	if j.DataContentType != nil && *j.DataContentType != "application/json" {
-		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", *j.DataContentType)}
+	if a.has&hasDataContentType != 0 && a.attr[6] != "application/json" {
+		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", a.attr[6])}
 	}
-	if len(j.DataBase64) > 0 && !bytes.Equal(j.DataBase64, []byte("null")) {
+	if len(a.dataBase64) > 0 && a.dataBase64 != "null" {
 		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; data must be a JSON object"}
 	}
-	if d := bytes.TrimSpace(j.Data); len(d) > 0 && !bytes.Equal(d, []byte("null")) {
+	if d := trimSpace(a.data); len(d) > 0 && d != "null" {
 		if d[0] != '{' {
 			return CloudEvent{}, &fieldError{"data", "invalid", "must be a JSON object"}
 		}
 		ev.Data = d
 	}
 	return ev, nil
+}
+
+// trimSpace trims JSON's whitespace (the only kind a JSON value's text
+// can start or end with).
+func trimSpace(s string) string {
+	i, j := 0, len(s)
+	for i < j && isSpace(s[i]) {
+		i++
+	}
+	for j > i && isSpace(s[j-1]) {
+		j--
+	}
+	return s[i:j]
 }
 
 // fieldError is one problem with one event, before its index is known.

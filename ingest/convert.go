@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/theory/jsonpath"
+	"github.com/theory/jsonpath/spec"
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/producer"
@@ -20,21 +21,64 @@ import (
 // feeds, by the meters file (DESIGN §11).
 type mapper struct {
 	byType map[string][]*meterMap
+	// maxMeters and maxProps are the most meters a type feeds and the
+	// most properties its usage events have together, for sizing.
+	maxMeters, maxProps int
 }
 
 // meterMap is one meter with its JSONPaths compiled.
 type meterMap struct {
 	m      *aggregator.Meter
-	value  *jsonpath.Path // nil for COUNT
-	groups []groupPath    // sorted by name
-	// needsData: the meter reads the event's data.
-	needsData bool
+	value  *dataPath   // nil for COUNT
+	groups []groupPath // sorted by name
+	// props are the properties of the meter's usage events, sorted by
+	// name: each group, and the UNIQUE_COUNT property, which takes the
+	// place of a group of the same name.
+	props []propSlot
 }
 
 type groupPath struct {
 	name string
-	path *jsonpath.Path
+	path *dataPath
 	raw  string
+}
+
+// propSlot is one property of a meter's usage events: group k's value,
+// or (group -1) the meter's value.
+type propSlot struct {
+	name  string
+	group int
+}
+
+// dataPath is a compiled value_property or group_by path. A simple path,
+// of names only ($.a.b, $['a']), is looked up in the data's text (names);
+// any other is evaluated on the decoded data.
+type dataPath struct {
+	path   *jsonpath.Path
+	simple bool
+	names  []string
+}
+
+func compilePath(raw string) (*dataPath, error) {
+	p, err := jsonpath.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	dp := &dataPath{path: p, simple: true}
+	for _, seg := range p.Query().Segments() {
+		sels := seg.Selectors()
+		name, ok := spec.Selector(nil), false
+		if len(sels) == 1 && !seg.IsDescendant() {
+			name = sels[0]
+			_, ok = name.(spec.Name)
+		}
+		if !ok {
+			dp.simple, dp.names = false, nil
+			break
+		}
+		dp.names = append(dp.names, string(name.(spec.Name)))
+	}
+	return dp, nil
 }
 
 func newMapper(cat *aggregator.Catalog) (*mapper, error) {
@@ -43,7 +87,7 @@ func newMapper(cat *aggregator.Catalog) (*mapper, error) {
 		for _, m := range cat.ForEventType(t) {
 			mm := &meterMap{m: m}
 			if m.ValueProperty != "" {
-				p, err := jsonpath.Parse(m.ValueProperty)
+				p, err := compilePath(m.ValueProperty)
 				if err != nil {
 					return nil, fmt.Errorf("ingest: meter %s: value_property %q: %w", m.Name, m.ValueProperty, err)
 				}
@@ -51,105 +95,134 @@ func newMapper(cat *aggregator.Catalog) (*mapper, error) {
 			}
 			for _, name := range m.GroupBy {
 				raw := m.GroupByPaths[name]
-				p, err := jsonpath.Parse(raw)
+				p, err := compilePath(raw)
 				if err != nil {
 					return nil, fmt.Errorf("ingest: meter %s: group_by %s %q: %w", m.Name, name, raw, err)
 				}
 				mm.groups = append(mm.groups, groupPath{name: name, path: p, raw: raw})
 			}
 			sort.Slice(mm.groups, func(i, j int) bool { return mm.groups[i].name < mm.groups[j].name })
-			mm.needsData = mm.value != nil || len(mm.groups) > 0
+			for k, g := range mm.groups {
+				mm.props = append(mm.props, propSlot{name: g.name, group: k})
+			}
+			if m.Aggregation == aggregator.UniqueCount && mm.value != nil {
+				k := sort.Search(len(mm.props), func(k int) bool { return mm.props[k].name >= m.Property })
+				if k < len(mm.props) && mm.props[k].name == m.Property {
+					mm.props[k].group = -1 // the value wins over a group of the same name
+				} else {
+					mm.props = append(mm.props[:k], append([]propSlot{{name: m.Property, group: -1}}, mm.props[k:]...)...)
+				}
+			}
 			mp.byType[t] = append(mp.byType[t], mm)
 		}
+		props := 0
+		for _, mm := range mp.byType[t] {
+			props += len(mm.props)
+		}
+		mp.maxMeters, mp.maxProps = max(mp.maxMeters, len(mp.byType[t])), max(mp.maxProps, props)
 	}
 	return mp, nil
 }
 
-// events returns the usage events of ce, one per meter its type feeds.
-// received is the event time of an event without one. Each meter's event
-// gets the identity (subject, meter, producer.EventID(source, id)): the
-// same (source, id) is the same event, as in OpenMeter.
-//
-// The second result names, per usage event, the CloudEvent's field for
-// each field of the usage event (customer_id → subject, quantity → the
-// value's member of data, ...).
-func (mp *mapper) events(ce *CloudEvent, received time.Time) ([]producer.Event, []fieldMap, *fieldError) {
+// usage is one usage event of a request on its way to a record.
+type usage struct {
+	ue schemas.UsageEvent
+	// time is the event time at full precision (producer.FillRecord).
+	time time.Time
+	// input is the index of the request's event it came from.
+	input int
+	// mm is the meter that mapped it from a CloudEvent; nil for an event
+	// of Meterline's format, whose fields keep their names.
+	mm *meterMap
+}
+
+// mapScratch is what mapping reuses from one CloudEvent to the next.
+type mapScratch struct {
+	data    dataView
+	decoded any // the data decoded, for paths that are not simple
+	didDec  bool
+	groups  []jvalue
+}
+
+// events appends the usage events of ce (input i of req), one per meter
+// its type feeds, to req.usages; received is the event time of an event
+// without one. Each meter's event gets the identity (subject, meter,
+// producer.EventID(source, id)): the same (source, id) is the same event,
+// as in OpenMeter. Nothing is appended when ce is refused.
+func (mp *mapper) events(req *request, i int, ce *CloudEvent, received time.Time) *fieldError {
 	meters := mp.byType[ce.Type]
 	if len(meters) == 0 {
-		return nil, nil, &fieldError{"type", CodeUnknownEventType, fmt.Sprintf("%q feeds no meter (the meters file declares no event_type %q)", ce.Type, ce.Type)}
+		return &fieldError{"type", CodeUnknownEventType, fmt.Sprintf("%q feeds no meter (the meters file declares no event_type %q)", ce.Type, ce.Type)}
 	}
-	var data any
-	for _, mm := range meters {
-		if mm.needsData {
-			if len(ce.Data) == 0 {
-				break // each meter reports what it misses
-			}
-			dec := json.NewDecoder(bytes.NewReader(ce.Data))
-			dec.UseNumber() // exact decimals, never float64
-			if err := dec.Decode(&data); err != nil {
-				return nil, nil, &fieldError{"data", schemas.ReasonInvalid, err.Error()}
-			}
-			break
-		}
-	}
+	sc := &req.scratch
+	sc.data.reset(ce.Data)
+	sc.decoded, sc.didDec = nil, false
 	t := ce.Time
 	if t.IsZero() {
 		t = received
 	}
 	id := producer.EventID(ce.Source, ce.ID)
-	out := make([]producer.Event, 0, len(meters))
-	fms := make([]fieldMap, 0, len(meters))
+	first, firstProp := len(req.usages), len(req.props)
 	for _, mm := range meters {
-		e := producer.Event{EventID: id, CustomerID: ce.Subject, Meter: mm.m.Name, EventTime: t, Source: ce.Source, Quantity: 1}
-		if len(mm.groups) > 0 || mm.m.Aggregation == aggregator.UniqueCount {
-			e.Properties = make(map[string]string, len(mm.groups)+1)
-		}
+		u := usage{ue: schemas.UsageEvent{EventID: id, CustomerID: ce.Subject, Meter: mm.m.Name, Source: ce.Source, Quantity: 1},
+			time: t, input: i, mm: mm}
+		sc.groups = sc.groups[:0]
 		for _, g := range mm.groups {
-			v, ok, fe := selectOne(g.path, g.raw, data)
+			v, fe := sc.selectOne(g.path, g.raw)
+			if fe == nil && v.kind != jMissing { // missing: groups under the empty value
+				v.s, fe = scalarString(v, g.raw)
+				v.kind = jString
+			}
 			if fe != nil {
-				return nil, nil, fe
+				req.usages, req.props = req.usages[:first], req.props[:firstProp]
+				return fe
 			}
-			if !ok {
-				continue // groups under the empty value
-			}
-			s, fe := scalarString(v, g.raw)
-			if fe != nil {
-				return nil, nil, fe
-			}
-			e.Properties[g.name] = s
+			sc.groups = append(sc.groups, v)
 		}
+		var unique string
 		if mm.value != nil {
 			raw := mm.m.ValueProperty
-			v, ok, fe := selectOne(mm.value, raw, data)
-			if fe != nil {
-				return nil, nil, fe
-			}
-			if !ok {
-				return nil, nil, &fieldError{dataField(raw), schemas.ReasonInvalid,
+			v, fe := sc.selectOne(mm.value, raw)
+			if fe == nil && v.kind == jMissing {
+				fe = &fieldError{dataField(raw), schemas.ReasonInvalid,
 					fmt.Sprintf("is missing: meter %s reads its value from %s", mm.m.Name, raw)}
 			}
-			if mm.m.Aggregation == aggregator.UniqueCount {
-				s, fe := scalarString(v, raw)
-				if fe != nil {
-					return nil, nil, fe
+			if fe == nil {
+				if mm.m.Aggregation == aggregator.UniqueCount {
+					unique, fe = scalarString(v, raw)
+				} else {
+					u.ue.Quantity, fe = quantity(v, mm.m.Scale, raw, mm.m.Name)
 				}
-				e.Properties[mm.m.Property] = s
-			} else {
-				q, fe := quantity(v, mm.m.Scale, raw, mm.m.Name)
-				if fe != nil {
-					return nil, nil, fe
-				}
-				e.Quantity = q
+			}
+			if fe != nil {
+				req.usages, req.props = req.usages[:first], req.props[:firstProp]
+				return fe
 			}
 		}
-		out = append(out, e)
-		fms = append(fms, mm.fieldMap)
+		start := len(req.props)
+		for _, p := range mm.props {
+			switch {
+			case p.group < 0:
+				req.props = append(req.props, schemas.Property{Name: p.name, Value: unique})
+			case sc.groups[p.group].kind != jMissing:
+				req.props = append(req.props, schemas.Property{Name: p.name, Value: sc.groups[p.group].s})
+			}
+		}
+		if len(req.props) > start {
+			u.ue.Properties = req.props[start:len(req.props):len(req.props)]
+		}
+		req.usages = append(req.usages, u)
 	}
-	return out, fms, nil
+	return nil
 }
 
-// fieldMap names the CloudEvent field a usage event's field came from.
-func (mm *meterMap) fieldMap(f string) string {
+// field names the field of the request a usage event's field came from:
+// for a CloudEvent, customer_id → subject, quantity → the value's member
+// of data, ...; for an event of Meterline's format (mm nil), itself.
+func (mm *meterMap) field(f string) string {
+	if mm == nil {
+		return f
+	}
 	switch f {
 	case "customer_id":
 		return "subject"
@@ -180,23 +253,64 @@ func (mm *meterMap) fieldMap(f string) string {
 	return "data"
 }
 
-// selectOne returns the one value the singular path selects in data;
-// ok is false when it selects nothing.
-func selectOne(p *jsonpath.Path, raw string, data any) (v any, ok bool, fe *fieldError) {
-	if data == nil {
-		return nil, false, nil
+// jvalue is the value a path selected, as the mapper needs it.
+type jvalue struct {
+	kind jkind
+	s    string // a string's value, a number's text, "true" or "false"
+}
+
+type jkind uint8
+
+const (
+	jMissing   jkind = iota // nothing selected, or null
+	jString                 // a string
+	jNumber                 // a number
+	jBool                   // true or false
+	jComposite              // an object or an array
+)
+
+// selectOne returns the one value the singular path p selects in the
+// data; jMissing when it selects nothing.
+func (sc *mapScratch) selectOne(p *dataPath, raw string) (jvalue, *fieldError) {
+	if p.simple {
+		if v, ok := sc.data.lookup(p.names); ok {
+			return v, nil
+		}
 	}
-	nodes := p.Select(data)
+	if sc.data.text == "" {
+		return jvalue{}, nil
+	}
+	if !sc.didDec {
+		sc.didDec = true
+		dec := json.NewDecoder(bytes.NewReader([]byte(sc.data.text)))
+		dec.UseNumber() // exact decimals, never float64
+		if err := dec.Decode(&sc.decoded); err != nil {
+			return jvalue{}, &fieldError{"data", schemas.ReasonInvalid, err.Error()}
+		}
+	}
+	nodes := p.path.Select(sc.decoded)
 	switch len(nodes) {
 	case 0:
-		return nil, false, nil
+		return jvalue{}, nil
 	case 1:
-		if nodes[0] == nil {
-			return nil, false, nil // null counts as missing
-		}
-		return nodes[0], true, nil
+		return anyJValue(nodes[0]), nil
 	}
-	return nil, false, &fieldError{dataField(raw), schemas.ReasonInvalid, fmt.Sprintf("%s selects %d values; want one", raw, len(nodes))}
+	return jvalue{}, &fieldError{dataField(raw), schemas.ReasonInvalid, fmt.Sprintf("%s selects %d values; want one", raw, len(nodes))}
+}
+
+// anyJValue is a decoded JSON value (UseNumber) as a jvalue.
+func anyJValue(v any) jvalue {
+	switch x := v.(type) {
+	case nil:
+		return jvalue{} // null counts as missing
+	case string:
+		return jvalue{kind: jString, s: x}
+	case json.Number:
+		return jvalue{kind: jNumber, s: string(x)}
+	case bool:
+		return jvalue{kind: jBool, s: strconv.FormatBool(x)}
+	}
+	return jvalue{kind: jComposite}
 }
 
 // dataField names the data member a JSONPath points at: $.tokens →
@@ -205,35 +319,25 @@ func dataField(path string) string { return "data" + strings.TrimPrefix(path, "$
 
 // scalarString is a group-by or UNIQUE_COUNT value as a string: a string
 // as it is, a number as written, a boolean as true or false.
-func scalarString(v any, raw string) (string, *fieldError) {
-	switch x := v.(type) {
-	case string:
-		return x, nil
-	case json.Number:
-		return string(x), nil
-	case bool:
-		return strconv.FormatBool(x), nil
+func scalarString(v jvalue, raw string) (string, *fieldError) {
+	if v.kind == jComposite {
+		return "", &fieldError{dataField(raw), schemas.ReasonInvalid, "is an object or an array; want a string, a number or a boolean"}
 	}
-	return "", &fieldError{dataField(raw), schemas.ReasonInvalid, "is an object or an array; want a string, a number or a boolean"}
+	return v.s, nil
 }
 
 // quantity converts a value (a JSON number or a numeric string) to an
 // integer quantity in the meter's base unit: value × 10^scale, exactly.
 // A value that is not an integer in the base unit, negative, or beyond 64
 // bits is refused, saying why.
-func quantity(v any, scale int, raw, meter string) (int64, *fieldError) {
+func quantity(v jvalue, scale int, raw, meter string) (int64, *fieldError) {
 	bad := func(format string, args ...any) (int64, *fieldError) {
 		return 0, &fieldError{dataField(raw), schemas.ReasonInvalid, fmt.Sprintf(format, args...)}
 	}
-	var s string
-	switch x := v.(type) {
-	case json.Number:
-		s = string(x)
-	case string:
-		s = x
-	default:
+	if v.kind != jNumber && v.kind != jString {
 		return bad("must be a number or a numeric string (meter %s)", meter)
 	}
+	s := v.s
 	q, why := decimalQuantity(s, scale)
 	if why != "" {
 		if len(s) > 64 {

@@ -2,11 +2,12 @@ package ingest
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -26,16 +27,13 @@ type request struct {
 	key      *Key
 	tenant   *Tenant
 	received time.Time
-	inputs   int              // events in the request
-	events   []producer.Event // usage events, in input order
-	inputOf  []int            // input index of each usage event
-	fieldOf  []fieldMap       // per usage event: its fields' names in the request
+	inputs   int     // events in the request
+	usages   []usage // usage events, in input order
+	props    []schemas.Property
 	errs     []EventError
 	denied   []EventError
+	scratch  mapScratch
 }
-
-// fieldMap renames a producer field to the request's name for it.
-type fieldMap func(field string) string
 
 func (s *Server) endpoint(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -78,7 +76,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 	// and the encoding of every producer) before anything is sent.
 	recs, errs := s.records(req)
 	req.errs = append(req.errs, errs...)
-	sort.SliceStable(req.errs, func(i, j int) bool { return req.errs[i].Index < req.errs[j].Index })
+	slices.SortStableFunc(req.errs, func(a, b EventError) int { return cmp.Compare(a.Index, b.Index) })
 	if len(req.denied) > 0 {
 		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
 			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
@@ -98,7 +96,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 		return tenant
 	}
 	if s.cfg.Gate != nil {
-		if p := s.cfg.Gate.Check(r.Context(), tenant, req.events); p != nil {
+		if p := s.cfg.Gate.Check(r.Context(), tenant, req.events()); p != nil {
 			writeProblem(w, p.Status, strings.TrimPrefix(p.Type, problemTypePrefix), p.Title, p.Detail, p.Errors, 0)
 			s.metrics.refused(tenant, req.inputs)
 			return tenant
@@ -175,13 +173,15 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	// which checks each event on its own and names every bad one.
 	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) {
 		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
-			if js, ok := decodeBatch(b); ok && len(js) > 0 {
-				req.inputs = len(js)
+			// Every string of the request is a substring of its text.
+			if as, ok := decodeBatch(b, string(b)); ok && len(as) > 0 {
+				req.inputs = len(as)
 				if req.inputs > s.cfg.MaxEvents {
 					return 0 // answered by the caller
 				}
-				for i := range js {
-					ce, fe := checkCloudEvent(&js[i])
+				s.grow(req)
+				for i := range as {
+					ce, fe := checkCloudEvent(&as[i])
 					s.addCloudEvent(req, i, &ce, fe)
 				}
 				return 0
@@ -215,6 +215,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	if req.inputs > s.cfg.MaxEvents {
 		return 0 // answered by the caller
 	}
+	s.grow(req)
 	for i, raw := range elems {
 		if fe := checkText(raw); fe != nil {
 			req.errs = append(req.errs, fe.at(i))
@@ -225,10 +226,18 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			s.addCloudEvent(req, i, &ce, fe)
 			continue
 		}
-		evs, fms, fe := s.meterlineEvent(raw)
-		s.addEvents(req, i, evs, fms, fe)
+		s.addMeterlineEvent(req, i, raw)
 	}
 	return 0
+}
+
+// grow sizes the request's usage events and their properties for its
+// inputs, so that a request of events of one type takes one allocation
+// for each (bounded: a larger request grows them as it goes).
+func (s *Server) grow(req *request) {
+	const most = 4096
+	req.usages = make([]usage, 0, min(req.inputs*max(s.mapper.maxMeters, 1), most))
+	req.props = make([]schemas.Property, 0, min(req.inputs*s.mapper.maxProps, most))
 }
 
 // addCloudEvent maps CloudEvent i of the request (or its parse error) to
@@ -237,82 +246,97 @@ func (s *Server) addCloudEvent(req *request, i int, ce *CloudEvent, fe *fieldErr
 	if fe == nil && ce.Time.IsZero() && s.cfg.RequireTime {
 		fe = &fieldError{"time", schemas.ReasonInvalid, "is missing, and this server requires it (--require-time)"}
 	}
-	if fe != nil {
-		s.addEvents(req, i, nil, nil, fe)
-		return
+	first := len(req.usages)
+	if fe == nil {
+		fe = s.mapper.events(req, i, ce, req.received)
 	}
-	evs, fms, fe := s.mapper.events(ce, req.received)
-	s.addEvents(req, i, evs, fms, fe)
+	s.added(req, i, first, fe)
 }
 
-// addEvents adds the usage events of input i, or its error, to the
-// request, and checks them against the key's scope.
-func (s *Server) addEvents(req *request, i int, evs []producer.Event, fms []fieldMap, fe *fieldError) {
+// added records the error of input i, or checks the usage events it
+// added to the request (from first on) against the key's scope.
+func (s *Server) added(req *request, i, first int, fe *fieldError) {
 	if fe != nil {
 		req.errs = append(req.errs, fe.at(i))
 		return
 	}
-	for k, e := range evs {
-		if why := req.key.allows(req.tenant, e.CustomerID, e.Meter); why != "" {
+	for _, u := range req.usages[first:] {
+		if why := req.key.allows(req.tenant, u.ue.CustomerID, u.ue.Meter); why != "" {
 			field := "customer_id"
 			if strings.HasPrefix(why, "meter") {
 				field = "meter"
 			}
-			req.denied = append(req.denied, EventError{Index: i, Field: fms[k](field), Code: CodeOutOfScope, Reason: why})
+			req.denied = append(req.denied, EventError{Index: i, Field: u.mm.field(field), Code: CodeOutOfScope, Reason: why})
 			break
 		}
 	}
-	req.events = append(req.events, evs...)
-	req.fieldOf = append(req.fieldOf, fms...)
-	for range evs {
-		req.inputOf = append(req.inputOf, i)
+}
+
+// addMeterlineEvent parses one event of Meterline's JSON format (input i)
+// and adds it.
+func (s *Server) addMeterlineEvent(req *request, i int, raw []byte) {
+	first := len(req.usages)
+	e, fe := s.meterlineEvent(raw)
+	if fe == nil {
+		req.usages = append(req.usages, usage{ue: schemas.UsageEvent{EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter,
+			Quantity: e.Quantity, Source: e.Source, Properties: schemas.Properties(e.Properties)}, time: e.EventTime, input: i})
 	}
+	s.added(req, i, first, fe)
 }
 
 // meterlineEvent parses one event of Meterline's JSON format.
-func (s *Server) meterlineEvent(raw []byte) ([]producer.Event, []fieldMap, *fieldError) {
+func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	e, err := producer.ParseJSON(raw)
 	if err != nil {
 		var fe *producer.FieldError
 		if errors.As(err, &fe) {
-			return nil, nil, &fieldError{fe.Field, fe.Code, fe.Reason}
+			return e, &fieldError{fe.Field, fe.Code, fe.Reason}
 		}
-		return nil, nil, &fieldError{"event", schemas.ReasonInvalid, err.Error()}
+		return e, &fieldError{"event", schemas.ReasonInvalid, err.Error()}
 	}
 	if s.cfg.StrictMeters {
 		if _, ok := s.cfg.Meters.Lookup(e.Meter); !ok {
-			return nil, nil, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", e.Meter)}
+			return e, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", e.Meter)}
 		}
 	}
-	return []producer.Event{e}, []fieldMap{sameField}, nil
+	return e, nil
 }
 
-func sameField(f string) string { return f }
+// events are the request's usage events as the Gate takes them.
+func (req *request) events() []producer.Event {
+	out := make([]producer.Event, len(req.usages))
+	for k := range req.usages {
+		u := &req.usages[k]
+		out[k] = producer.Event{EventID: u.ue.EventID, CustomerID: u.ue.CustomerID, Meter: u.ue.Meter, Quantity: u.ue.Quantity,
+			EventTime: u.time, Source: u.ue.Source, Properties: schemas.PropertyMap(u.ue.Properties)}
+	}
+	return out
+}
 
-// records validates and encodes every usage event (producer.Record: the
-// checks and the encoding of every producer). The errors name each bad
-// event by its input index, in the request's field names.
+// records validates and encodes every usage event (producer.FillRecord:
+// the checks and the encoding of every producer). The errors name each
+// bad event by its input index, in the request's field names.
 func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
-	recs := make([]*kgo.Record, len(req.events))
+	slab := make([]kgo.Record, len(req.usages))
+	recs := make([]*kgo.Record, len(req.usages))
 	var errs []EventError
 	last := -1
-	for k, e := range req.events {
-		i := req.inputOf[k]
-		rec, err := s.p.Record(e)
-		if err != nil {
-			if i == last {
+	for k := range req.usages {
+		u := &req.usages[k]
+		if err := s.p.FillRecord(&slab[k], &u.ue, u.time); err != nil {
+			if u.input == last {
 				continue // one error per event
 			}
-			last = i
+			last = u.input
 			var fe *producer.FieldError
 			if errors.As(err, &fe) {
-				errs = append(errs, EventError{Index: i, Field: req.fieldOf[k](fe.Field), Code: fe.Code, Reason: fe.Reason})
+				errs = append(errs, EventError{Index: u.input, Field: u.mm.field(fe.Field), Code: fe.Code, Reason: fe.Reason})
 			} else {
-				errs = append(errs, EventError{Index: i, Field: "event", Code: schemas.ReasonInvalid, Reason: err.Error()})
+				errs = append(errs, EventError{Index: u.input, Field: "event", Code: schemas.ReasonInvalid, Reason: err.Error()})
 			}
 			continue
 		}
-		recs[k] = rec
+		recs[k] = &slab[k]
 	}
 	return recs, errs
 }
@@ -322,7 +346,7 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 // waiting further, once ProduceTimeout has passed: the records still in
 // flight may yet be written, which a retry tolerates.
 func (s *Server) send(recs []*kgo.Record) error {
-	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > maxBuffered {
+	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > s.maxBuffered {
 		return fmt.Errorf("ingest: %d records already wait for Kafka", n)
 	}
 	var (
@@ -357,7 +381,8 @@ func (s *Server) send(recs []*kgo.Record) error {
 
 // maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'
 // default): a request that would not fit is answered 503 at once instead
-// of waiting for room.
+// of waiting for room. Server.maxBuffered is set from it (BenchmarkBatchCPU
+// sets -1 to stop every request just before its records are produced).
 const maxBuffered = 100_000
 
 func countIndexes(errs []EventError) int {

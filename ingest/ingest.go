@@ -272,6 +272,8 @@ type Server struct {
 	ln      net.Listener
 	srv     *http.Server
 	scheme  string
+	// maxBuffered: see the constant.
+	maxBuffered int64
 
 	closeOnce sync.Once
 }
@@ -288,7 +290,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents), scheme: "http"}
+		limits: newLimiters(cfg.MaxEvents), scheme: "http", maxBuffered: maxBuffered}
 	s.metrics = newMetrics(cfg.Registerer, s.keys)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
@@ -454,10 +456,30 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) (b []byte, tooL
 	if r.ContentLength > max {
 		return nil, true, nil
 	}
-	b, err = io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	b, err = readAll(http.MaxBytesReader(w, r.Body, max), r.ContentLength)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return nil, true, nil
 	}
 	return b, false, err
+}
+
+// readAll is io.ReadAll into a buffer sized for a body of sizeHint bytes
+// (the Content-Length; -1 when unknown), so that a body of the size it
+// announces is read without growing the buffer.
+func readAll(rd io.Reader, sizeHint int64) ([]byte, error) {
+	b := make([]byte, 0, max(min(sizeHint, 64<<20)+1, 512))
+	for {
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // grow
+		}
+	}
 }

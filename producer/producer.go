@@ -255,46 +255,56 @@ func New(opts ...Option) (*Producer, error) {
 // Record validates e and returns the Kafka record the producer would send.
 // The returned error is a *FieldError for bad input.
 func (p *Producer) Record(e Event) (*kgo.Record, error) {
-	ue, err := p.usageEvent(e)
-	if err != nil {
-		return nil, err
-	}
-	key := ue.Identity().Key()
-	val, err := schemas.Encode(ue)
-	if err != nil {
-		return nil, fmt.Errorf("producer: encode: %w", err)
-	}
-	if n := len(key) + len(val); n > schemas.MaxEventBytes {
-		return nil, &FieldError{Field: "event", Code: schemas.ReasonOversized,
-			Reason: fmt.Sprintf("encoded record is %d bytes, more than %d", n, schemas.MaxEventBytes)}
-	}
-	return &kgo.Record{Topic: p.cfg.topic, Key: key, Value: val}, nil
-}
-
-func (p *Producer) usageEvent(e Event) (*schemas.UsageEvent, error) {
-	if e.EventTime.IsZero() {
-		return nil, &FieldError{Field: "event_time", Code: schemas.ReasonInvalid, Reason: "is missing (zero)"}
-	}
-	ue := &schemas.UsageEvent{
+	ue := schemas.UsageEvent{
 		EventID:    e.EventID,
 		CustomerID: e.CustomerID,
 		Meter:      e.Meter,
 		Quantity:   e.Quantity,
-		EventTime:  e.EventTime.UnixMilli(),
 		Source:     e.Source,
 		Properties: schemas.Properties(e.Properties),
 	}
+	rec := new(kgo.Record)
+	if err := p.FillRecord(rec, &ue, e.EventTime); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// FillRecord is Record for an event already in its schema form, for a
+// caller that builds many records (the HTTP ingest): ue is checked as
+// Record checks an Event, with the same errors, and rec gets the topic,
+// the key and the value (both in one allocation). eventTime is the event's
+// time: FillRecord sets ue.EventTime from it, and checks the skew at its
+// full precision, as Record does. An empty ue.Source becomes the
+// producer's default (WithSource). ue.Properties must be sorted by name
+// with unique names (schemas.Properties makes such a list), or the event
+// is refused. The error is a *FieldError for bad input; rec is then
+// unchanged.
+func (p *Producer) FillRecord(rec *kgo.Record, ue *schemas.UsageEvent, eventTime time.Time) error {
+	if eventTime.IsZero() {
+		return &FieldError{Field: "event_time", Code: schemas.ReasonInvalid, Reason: "is missing (zero)"}
+	}
+	ue.EventTime = eventTime.UnixMilli()
 	if ue.Source == "" {
 		ue.Source = p.cfg.source
 	}
 	if err := ue.Validate(); err != nil {
-		return nil, err
+		return err
 	}
-	if limit := p.cfg.now().Add(p.cfg.maxSkew); e.EventTime.After(limit) {
-		return nil, &FieldError{Field: "event_time", Code: schemas.ReasonInFuture,
-			Reason: fmt.Sprintf("%s is more than %s after now", e.EventTime.UTC().Format(time.RFC3339Nano), p.cfg.maxSkew)}
+	if limit := p.cfg.now().Add(p.cfg.maxSkew); eventTime.After(limit) {
+		return &FieldError{Field: "event_time", Code: schemas.ReasonInFuture,
+			Reason: fmt.Sprintf("%s is more than %s after now", eventTime.UTC().Format(time.RFC3339Nano), p.cfg.maxSkew)}
 	}
-	return ue, nil
+	id := ue.Identity()
+	k := id.KeySize()
+	buf := id.AppendKey(make([]byte, 0, k+schemas.UsageEventSizeMax(ue)))
+	buf = schemas.AppendUsageEvent(buf, ue)
+	if n := len(buf); n > schemas.MaxEventBytes {
+		return &FieldError{Field: "event", Code: schemas.ReasonOversized,
+			Reason: fmt.Sprintf("encoded record is %d bytes, more than %d", n, schemas.MaxEventBytes)}
+	}
+	rec.Topic, rec.Key, rec.Value = p.cfg.topic, buf[:k:k], buf[k:]
+	return nil
 }
 
 // Send validates and sends one event and returns once the brokers have

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
@@ -80,6 +81,14 @@ func TestValidation(t *testing.T) {
 			if !strings.Contains(err.Error(), c.field) {
 				t.Fatalf("error %q does not name the field", err)
 			}
+			// FillRecord refuses the same event in its schema form with
+			// the same error, and leaves the record alone.
+			rec := kgo.Record{Topic: "untouched"}
+			ue := schemas.UsageEvent{EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
+				Source: e.Source, Properties: schemas.Properties(e.Properties)}
+			if ferr := p.FillRecord(&rec, &ue, e.EventTime); ferr == nil || ferr.Error() != err.Error() || rec.Topic != "untouched" || rec.Key != nil {
+				t.Fatalf("FillRecord = %v (record %+v), want %v", ferr, rec, err)
+			}
 			// Send and SendAsync refuse it the same way, without a broker.
 			if err := p.Send(context.Background(), e); !errors.As(err, &fe) {
 				t.Fatalf("Send = %v", err)
@@ -106,6 +115,48 @@ func TestValidation(t *testing.T) {
 		if _, err := p.Record(e); err != nil {
 			t.Errorf("Record(%+v) = %v, want ok", e, err)
 		}
+	}
+}
+
+// TestRecordBytes: Record's key is the event's canonical key and its value
+// the schema's encoding (Encode), whatever the properties' order in the
+// map; FillRecord gives the same record from the schema form, fills the
+// default source, and refuses unsorted properties.
+func TestRecordBytes(t *testing.T) {
+	p, err := New(WithClock(fixedClock), WithBrokers("127.0.0.1:1"), WithTopic("t1"), WithSource("svc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	e := goodEvent()
+	e.Properties = map[string]string{"z": "1", "a": "2", "m": "3"}
+	e.EventTime = now.Add(-time.Minute + 1500*time.Microsecond) // kept to the millisecond
+	rec, err := p.Record(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ue := &schemas.UsageEvent{EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Quantity: e.Quantity,
+		EventTime: e.EventTime.UnixMilli(), Source: "svc", Properties: []schemas.Property{{Name: "a", Value: "2"}, {Name: "m", Value: "3"}, {Name: "z", Value: "1"}}}
+	want, err := schemas.Encode(ue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Topic != "t1" || string(rec.Key) != string(e.Key()) || string(rec.Value) != string(want) {
+		t.Fatalf("Record = %s %q % x, want t1 %q % x", rec.Topic, rec.Key, rec.Value, e.Key(), want)
+	}
+	var filled kgo.Record
+	u2 := *ue
+	u2.Source, u2.EventTime = "", 0
+	if err := p.FillRecord(&filled, &u2, e.EventTime); err != nil {
+		t.Fatal(err)
+	}
+	if filled.Topic != "t1" || string(filled.Key) != string(rec.Key) || string(filled.Value) != string(rec.Value) || u2.Source != "svc" {
+		t.Fatalf("FillRecord = %s %q % x (source %q), want Record's", filled.Topic, filled.Key, filled.Value, u2.Source)
+	}
+	u2.Properties = []schemas.Property{{Name: "z", Value: "1"}, {Name: "a", Value: "2"}}
+	var fe *FieldError
+	if err := p.FillRecord(&filled, &u2, e.EventTime); !errors.As(err, &fe) || fe.Field != "properties.a" {
+		t.Fatalf("FillRecord with unsorted properties = %v, want a properties.a error", err)
 	}
 }
 

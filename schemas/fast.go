@@ -2,7 +2,8 @@ package schemas
 
 // Hand-written codecs for the messages on the hot paths: decoding
 // UsageEvent (dedup) and DedupedEvent (aggregator) written with the CURRENT
-// schema, and encoding Aggregate. hamba/avro walks a reflected type per
+// schema, and encoding UsageEvent (producers, the HTTP ingest) and
+// Aggregate. hamba/avro walks a reflected type per
 // field; these walk the body directly and allocate once per message for all
 // its strings. Every other schema — history versions and the other kinds —
 // still goes through hamba.
@@ -379,6 +380,39 @@ func aggregateSizeHint(a *Aggregate) int {
 		n += 4 + len(p.Name) + len(p.Value)
 	}
 	return n
+}
+
+// AppendUsageEvent appends the single-object encoding of e to dst, byte for
+// byte what Encode writes (hamba), without reflection: every producer and
+// the HTTP ingest write one per usage event. It does not validate e.
+func AppendUsageEvent(dst []byte, e *UsageEvent) []byte {
+	if dst == nil {
+		dst = make([]byte, 0, UsageEventSizeMax(e))
+	}
+	dst = append(dst, mustLoad().headers[KindUsageEvent][:]...)
+	return appendUsageEventBody(dst, e)
+}
+
+// appendUsageEventBody appends the Avro body of e.
+func appendUsageEventBody(dst []byte, e *UsageEvent) []byte {
+	dst = appendString(dst, e.EventID)
+	dst = appendString(dst, e.CustomerID)
+	dst = appendString(dst, e.Meter)
+	dst = binary.AppendVarint(dst, e.Quantity)
+	dst = binary.AppendVarint(dst, e.EventTime)
+	dst = appendString(dst, e.Source)
+	return appendProperties(dst, e.Properties)
+}
+
+// UsageEventSizeMax is the most bytes AppendUsageEvent appends for e: a
+// capacity that holds its encoding in one allocation.
+func UsageEventSizeMax(e *UsageEvent) int {
+	n := headerSize + 6*maxLongBytes + len(e.EventID) + len(e.CustomerID) + len(e.Meter) + len(e.Source)
+	for _, p := range e.Properties {
+		n += 2*maxLongBytes + len(p.Name) + len(p.Value)
+	}
+	// Each block of hambaBlockLength items adds a count and a byte size.
+	return n + (len(e.Properties)/hambaBlockLength+1)*2*maxLongBytes
 }
 
 // appendString appends an Avro string: its length as a long, then its bytes.

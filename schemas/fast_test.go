@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -469,4 +470,90 @@ func FuzzFastEncodeAggregate(f *testing.F) {
 			PeriodStart: v1, PeriodEnd: v2, Revision: v3, Status: AggregateStatus(status), Value: v1 ^ v2,
 			EventCount: v2 - v3, FirstEventTime: v3, LastEventTime: v1 + v3, UpdatedAt: -v1})
 	})
+}
+
+// TestFastEncodeUsageEventMatchesHamba: the hand-written UsageEvent
+// encoder (Encode, AppendEncode, AppendUsageEvent) writes what hamba
+// writes, appends, and stays within UsageEventSizeMax.
+func TestFastEncodeUsageEventMatchesHamba(t *testing.T) {
+	n := 20000
+	if testing.Short() {
+		n = 2000
+	}
+	rng := rand.New(rand.NewPCG(5, 0x7573616765657674))
+	es := []*UsageEvent{{}, {Properties: []Property{}}, samples()["usage_event"].(*UsageEvent)}
+	for i := 0; i < n; i++ {
+		es = append(es, randUsageEvent(rng))
+	}
+	for _, e := range es {
+		checkEncodeUsageEvent(t, e)
+	}
+}
+
+func checkEncodeUsageEvent(t *testing.T, e *UsageEvent) {
+	t.Helper()
+	want, err := hambaEncode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Encode(e)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("Encode(%#v) = % x, %v\nhamba % x", e, got, err, want)
+	}
+	if got := AppendUsageEvent(nil, e); !bytes.Equal(got, want) {
+		t.Fatalf("AppendUsageEvent(%#v)\n = % x\nhamba % x", e, got, want)
+	}
+	prefix := []byte("prefix")
+	if got := AppendUsageEvent(append([]byte{}, prefix...), e); !bytes.Equal(got, append(append([]byte{}, prefix...), want...)) {
+		t.Fatal("AppendUsageEvent does not append the encoding")
+	}
+	if got, err := AppendEncode(append([]byte{}, prefix...), e); err != nil || !bytes.Equal(got, append(append([]byte{}, prefix...), want...)) {
+		t.Fatalf("AppendEncode does not append the encoding: %v", err)
+	}
+	if len(want) > UsageEventSizeMax(e) {
+		t.Fatalf("encoding is %d bytes, more than UsageEventSizeMax %d", len(want), UsageEventSizeMax(e))
+	}
+	back, err := Decode(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := back.(*UsageEvent); u.EventID != e.EventID || u.Quantity != e.Quantity || len(u.Properties) != len(e.Properties) {
+		t.Fatalf("decoded %#v, encoded %#v", u, e)
+	}
+}
+
+// FuzzFastEncodeUsageEvent: the hand-written UsageEvent encoder writes
+// what hamba writes, for any field values.
+func FuzzFastEncodeUsageEvent(f *testing.F) {
+	f.Add("e1", "acme", "api_calls", "svc", []byte("model\x00m1"), int64(1), int64(1_700_000_000_000))
+	f.Add("", "", "", "", []byte{}, int64(math.MinInt64), int64(math.MaxInt64))
+	f.Fuzz(func(t *testing.T, id, customer, meter, source string, props []byte, q, et int64) {
+		var ps []Property
+		parts := strings.Split(string(props), "\x00")
+		for i := 0; i+1 < len(parts); i += 2 {
+			ps = append(ps, Property{Name: parts[i], Value: parts[i+1]})
+		}
+		checkEncodeUsageEvent(t, &UsageEvent{EventID: id, CustomerID: customer, Meter: meter, Quantity: q, EventTime: et, Source: source, Properties: ps})
+	})
+}
+
+// TestKeySizeAndEventID: AppendKey and KeySize agree with AppendFramed for
+// parts of every length class, and EventID hashes the framed parts however
+// long they are (its stack buffer is only a first guess).
+func TestKeySizeAndEventID(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 0x6b657973697a65))
+	for i := 0; i < 2000; i++ {
+		id := Identity{CustomerID: randString(rng), Meter: randString(rng), EventID: randString(rng)}
+		want := AppendFramed(nil, id.CustomerID, id.Meter, id.EventID)
+		if got := id.Key(); !bytes.Equal(got, want) || len(got) != id.KeySize() {
+			t.Fatalf("Key(%q) = %q (KeySize %d), want %q", id, got, id.KeySize(), want)
+		}
+		if got := id.AppendKey([]byte("p")); !bytes.Equal(got, append([]byte("p"), want...)) {
+			t.Fatalf("AppendKey does not append: %q", got)
+		}
+		sum := sha256.Sum256(AppendFramed(nil, id.CustomerID, id.Meter, id.EventID))
+		if got := EventID(id.CustomerID, id.Meter, id.EventID); got != hex.EncodeToString(sum[:16]) {
+			t.Fatalf("EventID(%q) = %s, want %x", id, got, sum[:16])
+		}
+	}
 }

@@ -18,7 +18,34 @@ type Identity struct {
 }
 
 // Key returns the canonical Kafka key of the identity.
-func (id Identity) Key() []byte { return AppendFramed(nil, id.CustomerID, id.Meter, id.EventID) }
+func (id Identity) Key() []byte { return id.AppendKey(make([]byte, 0, id.KeySize())) }
+
+// AppendKey appends the canonical Kafka key of the identity to dst.
+func (id Identity) AppendKey(dst []byte) []byte {
+	dst = appendFramedPart(dst, id.CustomerID)
+	dst = appendFramedPart(dst, id.Meter)
+	return appendFramedPart(dst, id.EventID)
+}
+
+// KeySize is the length of the identity's key.
+func (id Identity) KeySize() int {
+	return framedSize(id.CustomerID) + framedSize(id.Meter) + framedSize(id.EventID)
+}
+
+func appendFramedPart(dst []byte, p string) []byte {
+	dst = strconv.AppendInt(dst, int64(len(p)), 10)
+	dst = append(dst, ':')
+	return append(dst, p...)
+}
+
+// framedSize is the length of p framed: its length's digits, a colon, p.
+func framedSize(p string) int {
+	n := 2
+	for l := len(p); l >= 10; l /= 10 {
+		n++
+	}
+	return n + len(p)
+}
 
 func (id Identity) String() string { return string(id.Key()) }
 
@@ -33,9 +60,7 @@ func (e *UsageEvent) Identity() Identity {
 // same bytes.
 func AppendFramed(dst []byte, parts ...string) []byte {
 	for _, p := range parts {
-		dst = strconv.AppendInt(dst, int64(len(p)), 10)
-		dst = append(dst, ':')
-		dst = append(dst, p...)
+		dst = appendFramedPart(dst, p)
 	}
 	return dst
 }
@@ -83,8 +108,11 @@ func ParseKey(key []byte) (Identity, error) {
 // stay the same on every retry. The parts are framed as AppendFramed does,
 // hashed with SHA-256, and the first 16 bytes are returned as lowercase hex.
 func EventID(parts ...string) string {
-	sum := sha256.Sum256(AppendFramed(nil, parts...))
-	return hex.EncodeToString(sum[:16])
+	var buf [256]byte // most IDs frame within it: no allocation but the result
+	sum := sha256.Sum256(AppendFramed(buf[:0], parts...))
+	var out [32]byte
+	hex.Encode(out[:], sum[:16])
+	return string(out[:])
 }
 
 // Murmur2 is the 32-bit murmur2 hash used by Kafka's Java client (and by

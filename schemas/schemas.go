@@ -14,7 +14,8 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/hamba/avro/v2"
@@ -280,6 +281,13 @@ func AppendEncode(dst []byte, m Message) ([]byte, error) {
 	if k == 0 || int(k) >= len(kindNames) {
 		return dst, fmt.Errorf("schemas: encode: unknown kind %d", k)
 	}
+	if e, ok := m.(*UsageEvent); ok && e != nil {
+		// Hand-written, byte-identical to hamba (fast.go).
+		if dst == nil {
+			dst = make([]byte, 0, UsageEventSizeMax(e))
+		}
+		return appendUsageEventBody(append(dst, r.headers[k][:]...), e), nil
+	}
 	if a, ok := m.(*Aggregate); ok {
 		// Hand-written, byte-identical to hamba (fast.go).
 		out := dst
@@ -464,7 +472,7 @@ func Properties(m map[string]string) []Property {
 	for k, v := range m {
 		out = append(out, Property{Name: k, Value: v})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	slices.SortFunc(out, func(a, b Property) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

@@ -15,6 +15,16 @@ CLICKHOUSE_SECURE_PORT=${CLICKHOUSE_SECURE_PORT:-$((CLICKHOUSE_PORT + 400))}
 CLICKHOUSE_SECURE_HTTP_PORT=${CLICKHOUSE_SECURE_HTTP_PORT:-$((CLICKHOUSE_PORT + 401))}
 CLICKHOUSE_SECURE_TLS_PORT=${CLICKHOUSE_SECURE_TLS_PORT:-$((CLICKHOUSE_PORT + 440))}
 CLICKHOUSE_SECURE_PASSWORD_FILE=${CLICKHOUSE_SECURE_PASSWORD_FILE:-/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT.password}
+# The cluster of three brokers (DESIGN §10; internal/clustertest): node n on
+# KAFKA_CLUSTER_PORT+n-1, its controller on KAFKA_CLUSTER_PORT+100+n-1.
+KAFKA_CLUSTER_PORT=${KAFKA_CLUSTER_PORT:-$((KAFKA_PORT + 300))}
+# Only internal/clustertest uses the cluster: its three JVMs are started
+# when PACKAGES includes it (not for `make docs-check`).
+if $GO list $PACKAGES 2>/dev/null | grep -qx 'github.com/meterline/meterline/internal/clustertest'; then
+  WITH_CLUSTER=1
+else
+  WITH_CLUSTER=
+fi
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
 log=$(mktemp -t meterline-test.XXXXXX.log)
@@ -23,6 +33,7 @@ stop_services() {
   if [ -z "${KEEP_SERVICES:-}" ]; then
     deploy/local/kafka.sh stop || true
     KAFKA_PORT=$KAFKA_SASL_PORT deploy/local/kafka.sh stop || true
+    [ -z "$WITH_CLUSTER" ] || KAFKA_CLUSTER=3 KAFKA_PORT=$KAFKA_CLUSTER_PORT deploy/local/kafka.sh stop || true
     deploy/local/clickhouse.sh stop || true
     CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT deploy/local/clickhouse.sh stop || true
   fi
@@ -37,6 +48,15 @@ plain_kafka=$!
   KAFKA_PORT=$KAFKA_SASL_PORT KAFKA_SECURITY=sasl_ssl deploy/local/kafka.sh start
 ) &
 sasl_kafka=$!
+# The cluster's three JVMs start beside them; they run idle until
+# internal/clustertest's turn (about 4% of a core each).
+cluster_kafka=
+if [ -n "$WITH_CLUSTER" ]; then
+  (
+    KAFKA_CLUSTER=3 KAFKA_PORT=$KAFKA_CLUSTER_PORT deploy/local/kafka.sh start
+  ) &
+  cluster_kafka=$!
+fi
 deploy/local/clickhouse.sh start
 if [ ! -s "$CLICKHOUSE_SECURE_PASSWORD_FILE" ]; then
   (umask 077 && openssl rand -hex 16 >"$CLICKHOUSE_SECURE_PASSWORD_FILE")
@@ -44,6 +64,8 @@ fi
 CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT CLICKHOUSE_TLS_PORT=$CLICKHOUSE_SECURE_TLS_PORT CLICKHOUSE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE deploy/local/clickhouse.sh start
 wait "$plain_kafka"
 wait "$sasl_kafka"
+[ -z "$cluster_kafka" ] || wait "$cluster_kafka"
+echo "== services up after $(( $(date +%s) - start ))s"
 METERLINE_TEST_KAFKA_SASL_DIR=$(
   KAFKA_PORT=$KAFKA_SASL_PORT deploy/local/kafka.sh credentials
 )
@@ -59,7 +81,7 @@ METERLINE_TEST_CHDB=$(scripts/chdb-venv.sh)
 echo "== go vet $PACKAGES"
 $GO vet $PACKAGES
 
-echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, SASL_SSL on $KAFKA_SASL_PORT; real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT, password and TLS on $CLICKHOUSE_SECURE_TLS_PORT)"
+echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, SASL_SSL on $KAFKA_SASL_PORT${WITH_CLUSTER:+, a cluster of three on $KAFKA_CLUSTER_PORT-$((KAFKA_CLUSTER_PORT + 2))}; real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT, password and TLS on $CLICKHOUSE_SECURE_TLS_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 # Tests that check what the broker logged read its server.log, in the data
 # dir that kafka.sh reports for the plain broker (absolute).
@@ -71,6 +93,10 @@ export METERLINE_TEST_PROMETHEUS
 export METERLINE_TEST_CHROMIUM
 export METERLINE_TEST_CHDB
 export METERLINE_TEST_KAFKA_SASL=127.0.0.1:$KAFKA_SASL_PORT
+if [ -n "$WITH_CLUSTER" ]; then
+  METERLINE_TEST_KAFKA_CLUSTER=$(KAFKA_CLUSTER=3 KAFKA_PORT=$KAFKA_CLUSTER_PORT deploy/local/kafka.sh brokers)
+  export METERLINE_TEST_KAFKA_CLUSTER
+fi
 export METERLINE_TEST_KAFKA_SASL_DIR
 export METERLINE_TEST_CLICKHOUSE_SECURE=127.0.0.1:$CLICKHOUSE_SECURE_TLS_PORT
 export METERLINE_TEST_CLICKHOUSE_SECURE_DIR=/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT/security

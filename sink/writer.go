@@ -87,6 +87,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -595,7 +596,7 @@ func (w *Writer) runSession(ctx context.Context) error {
 			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
 		}
 		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
-		if err := fetchError(fs); err != nil {
+		if err := fetchError(w.log, fs); err != nil {
 			return err
 		}
 		var derr error
@@ -638,10 +639,24 @@ func (w *Writer) poll(ctx context.Context, d time.Duration, max int) kgo.Fetches
 	return w.sess.PollRecords(pctx, max)
 }
 
-func fetchError(fs kgo.Fetches) error {
+// fetchError returns the first error of the fetches that stops the sink.
+// A group session error whose cause is transient (rejoining) is only
+// logged: kgo injects it when the member lost the group (a missed session,
+// an expired member) or could not reach the group coordinator (a broker
+// that died or paused, a coordinator that moved), has already revoked the
+// member's partitions through onLost (the open window can only abort, and
+// the resume rule of DESIGN §7 skips its rows on reassignment), and keeps
+// rejoining with backoff. Any other error, such as an authorization
+// failure, stops the sink.
+func fetchError(log *zap.Logger, fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed) {
+			return
+		}
+		var gs *kgo.ErrGroupSession
+		if errors.As(err, &gs) && kafka.GroupRejoins(gs.Err) {
+			log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
 			return
 		}
 		if ferr == nil {

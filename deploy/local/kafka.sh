@@ -49,18 +49,25 @@ CONF_DIR="$SCRIPT_DIR/kafka"
 POM="$CONF_DIR/pom.xml"
 TEMPLATE="$CONF_DIR/server.properties.template"
 SASL_SSL_TEMPLATE="$CONF_DIR/sasl_ssl.properties.template"
+CLUSTER_TEMPLATE="$CONF_DIR/cluster.properties.template"
 # shellcheck source=deploy/local/lib.sh
 . "$SCRIPT_DIR/lib.sh"
 LOG4J_CONF="$CONF_DIR/log4j2.properties"
 
 KAFKA_PORT=${KAFKA_PORT:-9092}
 [[ $KAFKA_PORT =~ ^[0-9]+$ ]] || { echo "kafka.sh: KAFKA_PORT must be a number, got '$KAFKA_PORT'" >&2; exit 1; }
-KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
-KAFKA_DATA_DIR=${KAFKA_DATA_DIR:-/tmp/meterline-kafka-$KAFKA_PORT}
+if [[ ${KAFKA_CLUSTER:-1} == 1 ]]; then
+  KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
+  KAFKA_DATA_DIR=${KAFKA_DATA_DIR:-/tmp/meterline-kafka-$KAFKA_PORT}
+  KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
+else
+  KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 100))}
+  KAFKA_DATA_DIR=${KAFKA_DATA_DIR:-/tmp/meterline-kafka-cluster-$KAFKA_PORT}
+  KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms128m -Xmx384m}
+fi
 [[ $KAFKA_DATA_DIR == /* ]] || KAFKA_DATA_DIR="$PWD/$KAFKA_DATA_DIR"   # pid checks match on the path
 KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
-KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}
 CACHE_ROOT=${METERLINE_CACHE_DIR:-${HOME:-/root}/.cache/meterline}
 KAFKA_SECURITY=${KAFKA_SECURITY:-plaintext}
 KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer ingest dedup aggregate sink operator}
@@ -69,18 +76,48 @@ KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer ingest dedup aggregate s
 #   [KafkaRaftServer nodeId=1] Kafka Server started (kafka.server.KafkaRaftServer)
 READY_LINE='Kafka Server started'
 
-PID_FILE="$KAFKA_DATA_DIR/kafka.pid"
-SERVER_LOG="$KAFKA_DATA_DIR/server.log"
-CONSOLE_LOG="$KAFKA_DATA_DIR/kafka.out"   # JVM stdout/stderr (crashes before log4j is up)
-PROPS="$KAFKA_DATA_DIR/server.properties"
-LAUNCH_OFFSET_FILE="$KAFKA_DATA_DIR/kafka.log-offset"   # server.log size at the last launch
-READY_FILE="$KAFKA_DATA_DIR/kafka.ready"               # pid of the broker that became ready
-LOG_DIRS="$KAFKA_DATA_DIR/kraft-data"
-OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
-SECURITY_DIR="$KAFKA_DATA_DIR/security"
-MODE_FILE="$KAFKA_DATA_DIR/security.mode"   # the KAFKA_SECURITY the storage was formatted with
-USERS_FILE="$KAFKA_DATA_DIR/security.users" # sasl_ssl: the SCRAM users it was formatted with
+# The files of one node, in KAFKA_DATA_DIR (cluster mode: select_node sets it
+# to the node's directory first).
+node_paths() {
+  PID_FILE="$KAFKA_DATA_DIR/kafka.pid"
+  SERVER_LOG="$KAFKA_DATA_DIR/server.log"
+  CONSOLE_LOG="$KAFKA_DATA_DIR/kafka.out"   # JVM stdout/stderr (crashes before log4j is up)
+  PROPS="$KAFKA_DATA_DIR/server.properties"
+  LAUNCH_OFFSET_FILE="$KAFKA_DATA_DIR/kafka.log-offset"   # server.log size at the last launch
+  READY_FILE="$KAFKA_DATA_DIR/kafka.ready"               # pid of the broker that became ready
+  LOG_DIRS="$KAFKA_DATA_DIR/kraft-data"
+  OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
+  SECURITY_DIR="$KAFKA_DATA_DIR/security"
+  MODE_FILE="$KAFKA_DATA_DIR/security.mode"   # the KAFKA_SECURITY the storage was formatted with
+  USERS_FILE="$KAFKA_DATA_DIR/security.users" # sasl_ssl: the SCRAM users it was formatted with
+  if ((KAFKA_CLUSTER > 1)); then
+    SECURITY_DIR="$CLUSTER_DIR/security"   # one CA and one set of users for every node
+  fi
+}
 BROKER_MAIN=kafka.Kafka
+
+# Cluster mode: KAFKA_CLUSTER nodes, node n (1-based) on KAFKA_PORT+n-1 with its
+# controller on KAFKA_CONTROLLER_PORT+n-1 and its files in CLUSTER_DIR/node-n.
+KAFKA_CLUSTER=${KAFKA_CLUSTER:-1}
+[[ $KAFKA_CLUSTER =~ ^[1-9]$ ]] || { echo "kafka.sh: KAFKA_CLUSTER must be a node count from 1 to 9, got '$KAFKA_CLUSTER'" >&2; exit 1; }
+if ((KAFKA_CLUSTER > 1)); then
+  BASE_PORT=$KAFKA_PORT
+  CONTROLLER_BASE_PORT=$KAFKA_CONTROLLER_PORT
+  CLUSTER_DIR=$KAFKA_DATA_DIR
+  CLUSTER_MARK="$CLUSTER_DIR/.meterline-kafka-cluster"
+  CLUSTER_ID_FILE="$CLUSTER_DIR/cluster.id"
+fi
+node_paths
+
+# select_node N — makes node N the one the per-node functions act on: its
+# ports, its node id and its files.
+select_node() {
+  NODE_ID=$1
+  KAFKA_PORT=$((BASE_PORT + NODE_ID - 1))
+  KAFKA_CONTROLLER_PORT=$((CONTROLLER_BASE_PORT + NODE_ID - 1))
+  KAFKA_DATA_DIR="$CLUSTER_DIR/node-$NODE_ID"
+  node_paths
+}
 
 say() { printf 'kafka: %s\n' "$*" >&2; }
 die() { printf '%s: %s\n' "$PROG" "$*" >&2; exit 1; }
@@ -94,6 +131,11 @@ validate_env() {
     [[ ${!p} =~ ^[0-9]+$ ]] || die "$p must be a number, got '${!p}'"
   done
   [[ $KAFKA_PORT != "$KAFKA_CONTROLLER_PORT" ]] || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
+  if ((KAFKA_CLUSTER > 1)); then
+    local gap=$((KAFKA_PORT - KAFKA_CONTROLLER_PORT))
+    ((gap >= KAFKA_CLUSTER || -gap >= KAFKA_CLUSTER)) ||
+      die "the brokers' ports $KAFKA_PORT.. and the controllers' ports $KAFKA_CONTROLLER_PORT.. overlap ($KAFKA_CLUSTER nodes); set KAFKA_CONTROLLER_PORT"
+  fi
   [[ -n $KAFKA_DATA_DIR && $KAFKA_DATA_DIR != / ]] || die "refusing KAFKA_DATA_DIR='$KAFKA_DATA_DIR'"
   [[ $KAFKA_SECURITY == plaintext || $KAFKA_SECURITY == sasl_ssl ]] ||
     die "KAFKA_SECURITY must be plaintext or sasl_ssl, got '$KAFKA_SECURITY'"
@@ -288,6 +330,17 @@ render_config() {
     t=${t//@ADMIN_PASSWORD@/"$(<"$SECURITY_DIR/passwords/admin")"}
     t=${t//@PLAIN_USERS@/"user_admin=\"$(<"$SECURITY_DIR/passwords/admin")\" $plain_users"}
   fi
+  if ((KAFKA_CLUSTER > 1)); then
+    local voters="" n rf=$((KAFKA_CLUSTER < 3 ? KAFKA_CLUSTER : 3))
+    for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+      voters+="${voters:+,}$n@127.0.0.1:$((CONTROLLER_BASE_PORT + n - 1))"
+    done
+    t+=$'\n'$(<"$CLUSTER_TEMPLATE")
+    t=${t//@NODE_ID@/"$NODE_ID"}
+    t=${t//@QUORUM_VOTERS@/"$voters"}
+    t=${t//@REPLICATION_FACTOR@/"$rf"}
+    t=${t//@MIN_INSYNC@/"$((rf >= 3 ? 2 : 1))"}
+  fi
   t=${t//@KAFKA_PORT@/"$KAFKA_PORT"}
   t=${t//@KAFKA_CONTROLLER_PORT@/"$KAFKA_CONTROLLER_PORT"}
   t=${t//@KAFKA_LOG_DIRS@/"$LOG_DIRS"}
@@ -356,20 +409,25 @@ lock_data_dir() {
 # ---------------------------------------------------------------------------------
 # Subcommands
 # ---------------------------------------------------------------------------------
-cmd_start() {
-  local t0 pid
-  t0=$(now)
-  find_java
-  # Held until this script exits: a second concurrent `start` waits here, then sees
-  # the running broker.
-  lock_data_dir
+
+# launch_node — for the current node (the only one, or the one select_node
+# chose), with the caller holding the lock: if its broker runs, LAUNCHED is
+# empty when it serves and its pid when it is still starting; otherwise it
+# formats the storage if new, starts the JVM in the background and sets
+# LAUNCHED to its pid. LAUNCH_OFFSET is where this launch's server.log starts,
+# for wait_ready.
+launch_node() {
+  local pid
+  LAUNCHED=""
+  LAUNCH_OFFSET=0
   if pid=$(broker_pid); then
     if broker_ready; then
       say "already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
       return 0
     fi
     say "pid $pid is running but not serving yet; waiting ..."
-    wait_ready "$pid" "$(launch_offset)" "$t0"
+    LAUNCHED=$pid
+    LAUNCH_OFFSET=$(launch_offset)
     return 0
   fi
   if port_open "$KAFKA_PORT"; then
@@ -383,6 +441,7 @@ cmd_start() {
   if foreign_data_dir; then
     die "$KAFKA_DATA_DIR exists and was not created by $PROG; pick another KAFKA_DATA_DIR"
   fi
+  mkdir -p "$KAFKA_DATA_DIR"
   touch "$OWNER_MARK"
   rm -f "$PID_FILE"
   check_mode
@@ -406,7 +465,11 @@ cmd_start() {
     local cluster_id fmtlog="$KAFKA_DATA_DIR/format.log"
     rm -rf "$LOG_DIRS"
     : >"$fmtlog"
-    cluster_id=$(new_cluster_id)
+    if ((KAFKA_CLUSTER > 1)); then
+      cluster_id=$(<"$CLUSTER_ID_FILE")   # every node of the cluster shares it
+    else
+      cluster_id=$(new_cluster_id)
+    fi
     local -a scram=()
     mapfile -d '' -t scram < <(scram_args)
     if ! "$JAVA" "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool format \
@@ -437,12 +500,35 @@ cmd_start() {
     sleep 0.1
   done
   pid=$(<"$PID_FILE") || die "broker did not record its pid in $PID_FILE"
-  wait_ready "$pid" "$offset" "$t0"
+  LAUNCHED=$pid
+  LAUNCH_OFFSET=$offset
 }
 
-cmd_stop() {
-  [[ -d $KAFKA_DATA_DIR ]] || { say "not running (no $KAFKA_DATA_DIR)"; return 0; }
+cmd_start() {
+  local t0
+  t0=$(now)
+  find_java
+  # Held until this script exits: a second concurrent `start` waits here, then sees
+  # the running broker.
   lock_data_dir
+  launch_node
+  if [[ -n $LAUNCHED ]]; then
+    wait_ready "$LAUNCHED" "$LAUNCH_OFFSET" "$t0"
+  fi
+}
+
+# True if the process is stopped (SIGSTOP: state T in /proc/PID/stat).
+is_paused() {
+  local stat
+  stat=$(<"/proc/$1/stat") 2>/dev/null || return 1
+  stat=${stat##*) }
+  [[ ${stat%% *} == T ]]
+}
+
+# stop_node — stops the current node's broker (the caller holds the lock):
+# SIGTERM (after SIGCONT, in case it is paused), SIGKILL after
+# KAFKA_STOP_TIMEOUT s.
+stop_node() {
   local pid
   if ! pid=$(broker_pid); then
     rm -f "$PID_FILE"
@@ -452,6 +538,7 @@ cmd_stop() {
   local t0 deadline
   t0=$(now)
   say "stopping pid $pid (127.0.0.1:$KAFKA_PORT) ..."
+  kill -CONT "$pid" 2>/dev/null || true
   kill -TERM "$pid" 2>/dev/null || true
   deadline=$((SECONDS + KAFKA_STOP_TIMEOUT))
   while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
@@ -466,19 +553,36 @@ cmd_stop() {
   say "stopped in $(elapsed "$t0")s"
 }
 
-cmd_status() {
-  local pid
+cmd_stop() {
+  [[ -d $KAFKA_DATA_DIR ]] || { say "not running (no $KAFKA_DATA_DIR)"; return 0; }
+  lock_data_dir
+  stop_node
+}
+
+# node_status — one line about the current node; exit 0 if its broker runs
+# and serves, 3 if not.
+node_status() {
+  local pid prefix=""
+  ((KAFKA_CLUSTER > 1)) && prefix="broker $NODE_ID: "
   if [[ -d $KAFKA_DATA_DIR ]] && pid=$(broker_pid); then
-    if broker_ready; then
-      echo "running pid=$pid port=127.0.0.1:$KAFKA_PORT controller=127.0.0.1:$KAFKA_CONTROLLER_PORT data=$KAFKA_DATA_DIR"
-    else
-      echo "running pid=$pid port=127.0.0.1:$KAFKA_PORT (starting: not ready yet) data=$KAFKA_DATA_DIR"
+    if is_paused "$pid"; then
+      echo "${prefix}paused pid=$pid port=127.0.0.1:$KAFKA_PORT controller=127.0.0.1:$KAFKA_CONTROLLER_PORT data=$KAFKA_DATA_DIR"
+      return 3
     fi
+    if broker_ready; then
+      echo "${prefix}running pid=$pid port=127.0.0.1:$KAFKA_PORT controller=127.0.0.1:$KAFKA_CONTROLLER_PORT data=$KAFKA_DATA_DIR"
+      return 0
+    fi
+    echo "${prefix}running pid=$pid port=127.0.0.1:$KAFKA_PORT (starting: not ready yet) data=$KAFKA_DATA_DIR"
+    # Starting counts as running, as it always did for one broker.
+    ((KAFKA_CLUSTER > 1)) && return 3
     return 0
   fi
-  echo "stopped port=127.0.0.1:$KAFKA_PORT data=$KAFKA_DATA_DIR"
+  echo "${prefix}stopped port=127.0.0.1:$KAFKA_PORT data=$KAFKA_DATA_DIR"
   return 3
 }
+
+cmd_status() { node_status; }
 
 cmd_clean() {
   cmd_stop
@@ -502,12 +606,204 @@ cmd_credentials() {
   printf '%s\n' "$SECURITY_DIR"
 }
 
+# ---------------------------------------------------------------------------------
+# Cluster mode (KAFKA_CLUSTER=N, N > 1)
+# ---------------------------------------------------------------------------------
+
+# One lock for the whole cluster (fd 9), held until the script exits.
+lock_cluster() {
+  mkdir -p "$CLUSTER_DIR"
+  exec 9>"$CLUSTER_DIR/.lock"
+  flock 9
+}
+
+# True if the cluster dir holds files but not our marker.
+foreign_cluster_dir() {
+  [[ -d $CLUSTER_DIR && ! -f $CLUSTER_MARK ]] || return 1
+  [[ -n $(find "$CLUSTER_DIR" -mindepth 1 -maxdepth 1 ! -name .lock -print -quit) ]]
+}
+
+# The node argument of the *-broker commands: 1..KAFKA_CLUSTER.
+node_arg() {
+  [[ ${1:-} =~ ^[1-9]$ ]] && (($1 <= KAFKA_CLUSTER)) ||
+    die "name a broker from 1 to $KAFKA_CLUSTER, got '${1:-}'"
+  printf '%s' "$1"
+}
+
+bootstrap() {
+  local n out=""
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    out+="${out:+,}127.0.0.1:$((BASE_PORT + n - 1))"
+  done
+  printf '%s' "$out"
+}
+
+# Starts every node that is not running, side by side (a combined node
+# becomes ready only once a majority of the controller quorum runs), and
+# waits until each serves.
+cmd_cluster_start() {
+  local t0 n
+  t0=$(now)
+  find_java
+  lock_cluster
+  foreign_cluster_dir && die "$CLUSTER_DIR exists and was not created by $PROG; pick another KAFKA_DATA_DIR"
+  touch "$CLUSTER_MARK"
+  ensure_libs
+  [[ -s $CLUSTER_ID_FILE ]] || new_cluster_id >"$CLUSTER_ID_FILE"
+  select_node 1
+  ensure_credentials   # shared by the nodes: made once, before they start side by side
+  # Each node is formatted and launched in a subshell of its own, all at once
+  # (a JVM start is mostly waiting); each leaves "pid offset" in a file.
+  local -a jobs=() pids=() offsets=()
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    rm -f "$CLUSTER_DIR/node-$n.launch"
+    (
+      select_node "$n"
+      launch_node
+      printf '%s %s\n' "$LAUNCHED" "$LAUNCH_OFFSET" >"$CLUSTER_DIR/node-$n.launch"
+    ) &
+    jobs[n]=$!
+  done
+  local failed=0
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    wait "${jobs[n]}" || failed=1
+  done
+  ((failed == 0)) || die "starting the cluster failed (see above); '$0 stop' stops the brokers that did start"
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    read -r pids[n] offsets[n] <"$CLUSTER_DIR/node-$n.launch" || true
+    rm -f "$CLUSTER_DIR/node-$n.launch"
+  done
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    select_node "$n"
+    if [[ -n ${pids[n]:-} ]]; then
+      wait_ready "${pids[n]}" "${offsets[n]}" "$t0"
+    fi
+  done
+  say "cluster of $KAFKA_CLUSTER brokers ready on $(bootstrap) in $(elapsed "$t0")s"
+}
+
+# Stops every node at once: one by one, the last nodes would lose the
+# controller quorum their controlled shutdown waits for.
+cmd_cluster_stop() {
+  [[ -d $CLUSTER_DIR ]] || { say "not running (no $CLUSTER_DIR)"; return 0; }
+  lock_cluster
+  local n pid t0 deadline
+  local -a pids=()
+  t0=$(now)
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    select_node "$n"
+    if pid=$(broker_pid); then
+      pids+=("$pid")
+      kill -CONT "$pid" 2>/dev/null || true
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+  done
+  if ((${#pids[@]} == 0)); then
+    say "not running ($(bootstrap))"
+    return 0
+  fi
+  say "stopping ${#pids[@]} brokers (pids ${pids[*]}) ..."
+  if ! wait_gone "$KAFKA_STOP_TIMEOUT" "${pids[@]}"; then
+    say "still alive after ${KAFKA_STOP_TIMEOUT}s; sending SIGKILL"
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait_gone 30 "${pids[@]}" || true
+  fi
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    select_node "$n"
+    rm -f "$PID_FILE"
+  done
+  say "stopped in $(elapsed "$t0")s"
+}
+
+# Prints one line per broker; exit 0 if every broker serves, 3 if not.
+cmd_cluster_status() {
+  local n rc=0
+  for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
+    select_node "$n"
+    node_status || rc=3
+  done
+  return "$rc"
+}
+
+cmd_cluster_clean() {
+  cmd_cluster_stop
+  exec 9>&- || true
+  if [[ -d $CLUSTER_DIR ]]; then
+    foreign_cluster_dir && die "$CLUSTER_DIR was not created by $PROG; not deleting it"
+    rm -rf -- "$CLUSTER_DIR"
+    say "removed $CLUSTER_DIR"
+  fi
+}
+
+cmd_start_broker() {
+  local t0 n
+  n=$(node_arg "${1:-}")
+  t0=$(now)
+  find_java
+  lock_cluster
+  [[ -f $CLUSTER_MARK && -s $CLUSTER_ID_FILE ]] || die "no cluster in $CLUSTER_DIR: run '$0 start' first"
+  select_node "$n"
+  launch_node
+  if [[ -n $LAUNCHED ]]; then
+    wait_ready "$LAUNCHED" "$LAUNCH_OFFSET" "$t0"
+  fi
+}
+
+cmd_stop_broker() {
+  local n
+  n=$(node_arg "${1:-}")
+  lock_cluster
+  select_node "$n"
+  stop_node
+}
+
+# signal_broker SIGNAL N VERB — sends SIGNAL to broker N's JVM.
+signal_broker() {
+  local sig=$1 n pid
+  n=$(node_arg "${2:-}")
+  select_node "$n"
+  pid=$(broker_pid) || die "broker $n (127.0.0.1:$KAFKA_PORT) is not running"
+  kill -"$sig" "$pid" || die "kill -$sig $pid failed"
+  case $sig in
+    KILL)
+      wait_gone 30 "$pid" || die "pid $pid still alive 30s after SIGKILL"
+      say "killed broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGKILL" ;;
+    STOP) say "paused broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGSTOP" ;;
+    CONT) say "resumed broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGCONT" ;;
+  esac
+}
+
 usage() {
-  echo "usage: $0 start|stop|restart|status|clean|libs|credentials   (env: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DATA_DIR, KAFKA_SECURITY, METERLINE_CACHE_DIR)" >&2
+  cat >&2 <<USAGE
+usage: $0 start|stop|restart|status|clean|libs|credentials
+       KAFKA_CLUSTER=3 $0 start|stop|restart|status|clean|libs|credentials|brokers
+       KAFKA_CLUSTER=3 $0 start-broker|stop-broker|kill-broker|pause-broker|resume-broker N
+  (env: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DATA_DIR, KAFKA_SECURITY, KAFKA_CLUSTER, METERLINE_CACHE_DIR)
+USAGE
 }
 
 main() {
   validate_env
+  if ((KAFKA_CLUSTER > 1)); then
+    case "${1:-}" in
+      start) cmd_cluster_start ;;
+      stop) cmd_cluster_stop ;;
+      restart) cmd_cluster_stop; exec 9>&-; cmd_cluster_start ;;
+      status) cmd_cluster_status ;;
+      clean) cmd_cluster_clean ;;
+      libs) cmd_libs ;;
+      credentials) cmd_credentials ;;
+      brokers) bootstrap; echo ;;
+      start-broker) cmd_start_broker "${2:-}" ;;
+      stop-broker) cmd_stop_broker "${2:-}" ;;
+      kill-broker) signal_broker KILL "${2:-}" ;;
+      pause-broker) signal_broker STOP "${2:-}" ;;
+      resume-broker) signal_broker CONT "${2:-}" ;;
+      -h | --help | help) usage ;;
+      *) usage; exit 2 ;;
+    esac
+    return
+  fi
   case "${1:-}" in
     start) cmd_start ;;
     stop) cmd_stop ;;
@@ -516,6 +812,9 @@ main() {
     clean) cmd_clean ;;
     libs) cmd_libs ;;
     credentials) cmd_credentials ;;
+    brokers) echo "127.0.0.1:$KAFKA_PORT" ;;
+    start-broker | stop-broker | kill-broker | pause-broker | resume-broker)
+      die "$1 needs cluster mode: KAFKA_CLUSTER=3 $0 $1 N" ;;
     -h | --help | help) usage ;;
     *) usage; exit 2 ;;
   esac

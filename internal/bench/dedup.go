@@ -26,6 +26,14 @@ type DedupConfig struct {
 	// DuplicateRate is the share of the events that are copies of earlier
 	// ones, from 0 to 1.
 	DuplicateRate float64
+	// ReplicationFactors, when set, run the dedup stage once per
+	// replication factor in each round, its output and changelog topics
+	// created with that factor and min.insync.replicas of
+	// topics.DefaultMinInsync (2 for 3, else 1), so that their costs are
+	// compared in the same run (RF=3 against RF=1 on a cluster of three).
+	// The input and the baselines' topics keep the cluster's default.
+	// Default: one dedup, every topic with the cluster's default.
+	ReplicationFactors []int16
 	StageConfig
 }
 
@@ -35,7 +43,18 @@ func (c *DedupConfig) Validate() error {
 	if c.DuplicateRate < 0 || c.DuplicateRate > 1 {
 		rate = fmt.Errorf("bench: duplicate-rate must be from 0 to 1 (got %g)", c.DuplicateRate)
 	}
-	return errors.Join(positive("events", c.Events), rate, c.StageConfig.validate())
+	var rfs []error
+	seen := map[int16]bool{}
+	for _, rf := range c.ReplicationFactors {
+		if rf < 1 {
+			rfs = append(rfs, fmt.Errorf("bench: replication factor must be at least 1 (got %d)", rf))
+		}
+		if seen[rf] {
+			rfs = append(rfs, fmt.Errorf("bench: replication factor %d given twice", rf))
+		}
+		seen[rf] = true
+	}
+	return errors.Join(positive("events", c.Events), rate, errors.Join(rfs...), c.StageConfig.validate())
 }
 
 // Dedup measures the dedup stage on pre-filled input against two
@@ -61,10 +80,18 @@ func Dedup(ctx context.Context, env *Env, cfg DedupConfig) (err error) {
 		return err
 	}
 	rounds := Rounds{N: cfg.Rounds, HoldLast: true, Unit: "events", Progress: env.say}
-	res, err := rounds.Run(ctx,
+	contenders := []Contender{
 		dedupPass{b, "bench-pass-a", "(a) passthrough", nil},
 		dedupPass{b, "bench-pass-b", "(b) passthrough + changelog record per event", dedupState{}},
-		dedupRun{b})
+	}
+	if len(cfg.ReplicationFactors) == 0 {
+		contenders = append(contenders, dedupRun{b: b, keep: true})
+	}
+	for i, rf := range cfg.ReplicationFactors {
+		// The last one stays up after the last round.
+		contenders = append(contenders, dedupRun{b: b, rf: rf, keep: i == len(cfg.ReplicationFactors)-1})
+	}
+	res, err := rounds.Run(ctx, contenders...)
 	if err != nil {
 		return err
 	}
@@ -92,6 +119,10 @@ func Dedup(ctx context.Context, env *Env, cfg DedupConfig) (err error) {
 	fmt.Fprintf(out, "input: %d events (%d unique, %.0f%% copies), %d partitions, commit interval %s; medians of %d rounds\n",
 		cfg.Events, b.unique, cfg.DuplicateRate*100, cfg.Partitions, cfg.CommitInterval, cfg.Rounds)
 	printRates(out, res)
+	for i := 3; i < len(res.Runs); i++ {
+		fmt.Fprintf(out, "%-46s %9.0f events/s  (%.2f of %s in the same rounds)\n", res.Runs[i][0].Name, res.Median(i),
+			res.RoundRatio(i, 2), res.Runs[2][0].Name)
+	}
 	fmt.Fprintf(out, "latency produce → visible in usage.deduped: p50 %s, p99 %s (%d events at %d/s)\n",
 		lat.p50.Round(time.Millisecond), lat.p99.Round(time.Millisecond), lat.n, cfg.LatencyRate)
 	fmt.Fprintf(out, "state after full compaction: %.1f bytes per key (%d keys)\n", bytesPerKey, keys)
@@ -178,19 +209,32 @@ func (p dedupPass) Run(ctx context.Context, round int, _ bool) (Result, error) {
 }
 
 // dedupRun is the dedup stage on the input, with output topics of its
-// own; the last round's stays up.
-type dedupRun struct{ b *dedupBench }
+// own, created with replication factor rf (0: the cluster's default); the
+// last round's stays up if keep.
+type dedupRun struct {
+	b    *dedupBench
+	rf   int16
+	keep bool
+}
 
 func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error) {
 	b := d.b
+	last = last && d.keep
 	rp := b.roundPrefix(round)
+	name := "dedup"
+	layout := b.layout
+	if d.rf > 0 {
+		name = fmt.Sprintf("dedup, replication factor %d", d.rf)
+		rp += fmt.Sprintf("rf%d.", d.rf)
+		layout.ReplicationFactor, layout.MinInsyncReplicas = d.rf, topics.DefaultMinInsync(d.rf)
+	}
 	dn := topics.DefaultNames()
 	names := topics.Names{Prefix: "", Events: b.names.EventsTopic(), Deduped: rp + dn.Deduped,
 		Duplicates: rp + dn.Duplicates, Rejected: rp + dn.Rejected, Aggregates: rp + dn.Aggregates,
 		Adjustments: rp + dn.Adjustments, DedupChangelog: rp + dn.DedupChangelog,
 		AggregateChangelog: rp + dn.AggregateChangelog, Entitlements: rp + dn.Entitlements, Balances: rp + dn.Balances,
 		Keys: rp + dn.Keys}
-	if err := b.left.createTopics(ctx, topics.Specs(names, b.layout)[1:]...); err != nil {
+	if err := b.left.createTopics(ctx, topics.Specs(names, layout)[1:]...); err != nil {
 		return Result{}, err
 	}
 	key, err := dedup.GenerateKey("bench")
@@ -211,7 +255,7 @@ func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Name: "dedup", Count: b.cfg.Events, Elapsed: elapsed,
+	res := Result{Name: name, Count: b.cfg.Events, Elapsed: elapsed,
 		Detail: fmt.Sprintf(" (%d unique, %d copies); %s", b.unique, b.cfg.Events-b.unique, txnStats(reg, elapsed))}
 	if got := int(sumMetrics(reg, "meterline_dedup_accepted_total")); got != b.unique {
 		return Result{}, fmt.Errorf("dedup accepted %d events, %d were unique", got, b.unique)

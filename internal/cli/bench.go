@@ -96,16 +96,18 @@ func (f *BenchStageFlags) config(rounds int, cpuProfile string) bench.StageConfi
 
 // BenchDedupCmd is `meterline bench dedup`.
 type BenchDedupCmd struct {
-	Events          int     `help:"Events pre-filled in usage.events, copies included." default:"2000000"`
-	DuplicateRate   float64 `help:"Share of the events that are copies of earlier ones." default:"0.05"`
-	BenchStageFlags `embed:""`
-	Rounds          int    `help:"Rounds; each measures (a), (b) and dedup once, in a rotating order. Medians are reported." default:"3"`
-	CPUProfile      string `help:"Write a CPU profile of the dedup phase to this file." hidden:"" type:"path"`
+	Events             int     `help:"Events pre-filled in usage.events, copies included." default:"2000000"`
+	DuplicateRate      float64 `help:"Share of the events that are copies of earlier ones." default:"0.05"`
+	BenchStageFlags    `embed:""`
+	Rounds             int     `help:"Rounds; each measures (a), (b) and dedup once, in a rotating order. Medians are reported." default:"3"`
+	CPUProfile         string  `help:"Write a CPU profile of the dedup phase to this file." hidden:"" type:"path"`
+	ReplicationFactors []int16 `name:"replication-factors" help:"Run dedup once per replication factor in each round, its output and changelog topics created with it (min.insync.replicas 2 for 3, else 1), e.g. 3,1 on a cluster of three brokers. Default: one dedup with the cluster's default." placeholder:"RF,..."`
 }
 
 // Run runs the benchmark.
 func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
-	cfg := bench.DedupConfig{Events: c.Events, DuplicateRate: c.DuplicateRate, StageConfig: c.config(c.Rounds, c.CPUProfile)}
+	cfg := bench.DedupConfig{Events: c.Events, DuplicateRate: c.DuplicateRate, ReplicationFactors: c.ReplicationFactors,
+		StageConfig: c.config(c.Rounds, c.CPUProfile)}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Dedup(ctx, env, cfg) })
 }
 

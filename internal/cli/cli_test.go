@@ -216,6 +216,15 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	if code != 0 || strings.Count(out, "created") != 11 || !strings.Contains(out, "all 11 topics match") {
 		t.Fatalf("create: %d\n%s\n%s", code, out, errOut)
 	}
+	// One broker: replication factor 1 and min.insync.replicas 1 by
+	// default; a factor the cluster cannot hold is refused.
+	if !strings.Contains(out, "1 brokers: replication factor 1, min.insync.replicas 1") {
+		t.Errorf("create does not say the replication it chose:\n%s", out)
+	}
+	if code, out, errOut := run(t, "", args("topics", "create", "--replication-factor", "3")...); code != 2 ||
+		!strings.Contains(errOut, "--replication-factor 3 needs 3 brokers, the cluster has 1") {
+		t.Errorf("create --replication-factor 3 on one broker: exit %d\n%s\n%s", code, out, errOut)
+	}
 	code, out, _ = run(t, "", args("topics", "create")...)
 	if code != 0 || strings.Count(out, "exists") != 11 {
 		t.Fatalf("second create is not idempotent: %d\n%s", code, out)
@@ -244,6 +253,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	set(prefix+"usage.events", "message.timestamp.type", "CreateTime")
 	set(prefix+"usage.aggregates", "cleanup.policy", "delete")
 	set(prefix+"usage.rejected", "retention.ms", "3600000")
+	set(prefix+"usage.deduped.v2", "min.insync.replicas", "2")
 	set(prefix+"meterline.keys", "cleanup.policy", "delete")
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
@@ -261,7 +271,8 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "usage.aggregates: cleanup.policy is delete, want compact",
 		prefix + "usage.rejected: retention.ms is 3600000 (1h0m0s), want at least",
 		prefix + "meterline.keys: cleanup.policy is delete, want compact",
-		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
+		prefix + "meterline-dedup-changelog-v2: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
+		prefix + "usage.deduped.v2: min.insync.replicas is 2, want 1",
 		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped.v2)",
 	} {
 		if !strings.Contains(out, want) {

@@ -22,6 +22,7 @@ type DemoCmd struct {
 	Rate     int           `help:"Generated events per second." default:"200"`
 	Seed     int64         `help:"Seed of the generator and of the crash point (0: random)."`
 	HTTP     string        `help:"Address of the status page (/), /status.json and /metrics while the demo runs; empty: none." default:"${metrics_addr}"`
+	Ingest   string        `help:"Address of the HTTP ingest while the demo runs: a key for meter http_tokens is made and a curl command that uses it printed (its events are reported apart from the generator's); empty: none." default:"${ingest_addr}"`
 	Sink     bool          `help:"Also run the sink into the ClickHouse at --clickhouse, check its tables in the report and print a query to try."`
 	// SinkDatabase is emptied at the start of every run; the demo refuses
 	// a database it did not make.
@@ -42,7 +43,7 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	lvl, _ := zapcore.ParseLevel(g.LogLevel)
 	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(f), lvl))
 	fmt.Fprintf(stdio.Stderr, "meterline demo: embedded broker and state in %s, logs in %s\n", c.Dir, logPath)
-	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP,
+	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP, IngestAddr: c.Ingest,
 		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry()}
 	if c.Sink {
 		srv, err := g.clickHouse()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
@@ -31,6 +32,16 @@ type TopicsCheckCmd struct {
 
 // adminClient checks the Kafka credentials and returns an admin client.
 func adminClient(ctx context.Context, g *Globals) (*kadm.Client, func(), error) {
+	adm, cl, err := kafkaClients(ctx, g)
+	if err != nil {
+		return nil, nil, err
+	}
+	return adm, cl.Close, nil
+}
+
+// kafkaClients checks the Kafka credentials and returns an admin client and
+// the client under it; the caller closes the client.
+func kafkaClients(ctx context.Context, g *Globals) (*kadm.Client, *kgo.Client, error) {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -39,20 +50,32 @@ func adminClient(ctx context.Context, g *Globals) (*kadm.Client, func(), error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	return kadm.NewClient(cl), cl.Close, nil
+	return kadm.NewClient(cl), cl, nil
 }
 
 // Run creates the topics.
 func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	adm, closeFn, err := adminClient(ctx, g)
+	adm, cl, err := kafkaClients(ctx, g)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	specs := topics.Specs(g.Topic, c.Layout)
-	res, err := topics.Create(ctx, adm, specs, c.ReplicationFactor)
+	defer cl.Close()
+	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
+	if err != nil {
+		return err
+	}
+	specs := topics.Specs(g.Topic, layout)
+	res, err := topics.Create(ctx, adm, specs, layout.ReplicationFactor)
+	if err == nil {
+		// Stages started right after this command may ask any broker.
+		names := make([]string, len(specs))
+		for i, s := range specs {
+			names[i] = s.Name
+		}
+		err = topics.WaitVisibleEverywhere(ctx, cl, names...)
+	}
 	for _, r := range res {
 		switch {
 		case r.Err != nil:
@@ -66,7 +89,7 @@ func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	if err != nil {
 		return &ExitError{Code: 1, Err: err}
 	}
-	return reportDrift(ctx, adm, specs, stdio)
+	return reportDrift(ctx, adm, specs, layout.ReplicationFactor, stdio)
 }
 
 // Run checks the topics.
@@ -78,14 +101,40 @@ func (c *TopicsCheckCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		return err
 	}
 	defer closeFn()
-	return reportDrift(ctx, adm, topics.Specs(g.Topic, c.Layout), stdio)
+	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
+	if err != nil {
+		return err
+	}
+	return reportDrift(ctx, adm, topics.Specs(g.Topic, layout), layout.ReplicationFactor, stdio)
 }
 
-func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, stdio IO) error {
+// resolveLayout decides the replication for the cluster's broker count
+// (topics.Layout.Resolve) and says what it decided.
+func resolveLayout(ctx context.Context, adm *kadm.Client, l topics.Layout, stdio IO) (topics.Layout, error) {
+	n, err := topics.BrokerCount(ctx, adm)
+	if err != nil {
+		return l, err
+	}
+	l, err = l.Resolve(n)
+	if err != nil {
+		return l, &ExitError{Code: 2, Err: err}
+	}
+	fmt.Fprintf(stdio.Stdout, "cluster  %d brokers: replication factor %d, min.insync.replicas %d\n", n, l.ReplicationFactor, l.MinInsyncReplicas)
+	return l, nil
+}
+
+// reportDrift prints every drift of the topics, and of Kafka's internal
+// topics against the replication factor rf; exit 1 on any.
+func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, rf int16, stdio IO) error {
 	drifts, err := topics.Check(ctx, adm, specs)
 	if err != nil {
 		return err
 	}
+	internal, err := topics.CheckInternal(ctx, adm, rf)
+	if err != nil {
+		return err
+	}
+	drifts = append(drifts, internal...)
 	for _, d := range drifts {
 		fmt.Fprintf(stdio.Stdout, "drift    %s\n", d)
 	}

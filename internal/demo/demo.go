@@ -28,6 +28,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/lag"
@@ -74,10 +75,67 @@ type Config struct {
 	// HTTPAddr is where the status page (/), /status.json and /metrics
 	// are served while the demo runs (status.go). Default: none.
 	HTTPAddr string
+	// IngestAddr is where the HTTP ingest is served while the demo runs,
+	// with a key made at the start for meter httpMeter only: the demo prints
+	// it and a curl command that posts a CloudEvent. Those events are
+	// counted downstream like any other, and reported on their own line,
+	// outside the reconciliation against the generator. Default: none.
+	IngestAddr string
 
 	// onCaughtUp, in tests, runs once the stages caught up with the
 	// generator, before they stop.
 	onCaughtUp func(caughtUpState)
+	// curl is the command printed for the HTTP ingest.
+	curl string
+}
+
+// httpMeter is the meter of the demo's HTTP ingest key: the generator
+// never writes it, so the report keeps its events apart.
+const httpMeter = "http_tokens"
+
+// startIngest makes a key for httpMeter and serves the HTTP ingest until
+// runCtx ends. It returns the server and a curl command that posts one
+// CloudEvent with the key.
+func startIngest(ctx, runCtx context.Context, cfg Config, brokers []string, names topics.Names, cat *aggregator.Catalog,
+	errc chan<- error, wg *sync.WaitGroup) (*ingest.Server, string, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, "", err
+	}
+	_, token, err := ingest.NewAdmin(cl, names.KeysTopic()).CreateKey(ctx, ingest.KeySpec{Tenant: "demo", Customers: []string{"*"},
+		Meters: []string{httpMeter}, CreatedBy: "meterline demo"})
+	cl.Close()
+	if err != nil {
+		return nil, "", fmt.Errorf("demo: ingest key: %w", err)
+	}
+	srv, err := ingest.New(ingest.Config{Addr: cfg.IngestAddr, Brokers: brokers, Topic: names.EventsTopic(), KeysTopic: names.KeysTopic(),
+		Meters: cat, Logger: cfg.Logger, Registerer: cfg.Registry})
+	if err != nil {
+		return nil, "", err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Run(runCtx); err != nil {
+			errc <- fmt.Errorf("ingest: %w", err)
+		}
+	}()
+	ready := time.NewTicker(50 * time.Millisecond)
+	defer ready.Stop()
+	deadline := time.After(30 * time.Second)
+	for srv.Ready() != nil {
+		select {
+		case <-ctx.Done():
+			return nil, "", ctx.Err()
+		case <-deadline:
+			return nil, "", fmt.Errorf("demo: the ingest did not load its keys within 30s: %w", srv.Ready())
+		case <-ready.C:
+		}
+	}
+	event := `{"specversion":"1.0","id":"my-event-1","source":"curl","type":"prompt","subject":"acme","data":{"tokens":42}}`
+	curl := fmt.Sprintf("curl -sS %s/api/v1/events -H 'Authorization: Bearer %s' -H 'Content-Type: application/cloudevents+json' -d '%s'",
+		srv.URL(), token, event)
+	return srv, curl, nil
 }
 
 const (
@@ -158,7 +216,8 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	}
 	dcfg := dedup.Config{Stream: streamCfg(dedupGroup, "demo"), Topics: names, TickInterval: time.Second,
 		Keys: []dedup.Key{key}, Sources: append(append([]string{}, services...), buggySource)}
-	cat, _ := aggregator.ParseMeters([]byte("meters:\n  - {name: api_calls, aggregation: SUM, unit: requests}\n  - {name: tokens, aggregation: SUM, unit: tokens}\n  - {name: storage_mb, aggregation: SUM, unit: MB}\n"))
+	cat, _ := aggregator.ParseMeters([]byte("meters:\n  - {name: api_calls, aggregation: SUM, unit: requests}\n  - {name: tokens, aggregation: SUM, unit: tokens}\n  - {name: storage_mb, aggregation: SUM, unit: MB}\n" +
+		"  - {name: " + httpMeter + ", aggregation: SUM, unit: tokens, event_type: prompt, value_property: $.tokens}\n"))
 	acfg := aggregator.Config{Stream: streamCfg(aggGroup, "demo"), Topics: names, Meters: cat, Period: aggregator.Hour, Grace: 30 * time.Second}
 
 	runCtx, stopAll := context.WithCancel(context.Background())
@@ -168,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		return false, err
 	}
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -230,6 +289,22 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 			return
 		}
 	}()
+
+	if cfg.IngestAddr != "" {
+		// Like the status page, the ingest is a convenience: the demo runs
+		// without it when its address is taken.
+		srv, curl, err := startIngest(ctx, runCtx, cfg, brokers, names, cat, errc, &wg)
+		switch {
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case err != nil:
+			fmt.Fprintf(cfg.Out, "HTTP ingest not served: %v (choose another address with --ingest)\n", err)
+			cfg.Logger.Warn("demo HTTP ingest not served", zap.Error(err))
+		default:
+			cfg.IngestAddr, cfg.curl = srv.Addr(), curl // the bound address, for the live view
+			fmt.Fprintf(cfg.Out, "HTTP ingest on %s with a demo key for meter %s; post a CloudEvent:\n  %s\n\n", srv.URL(), httpMeter, curl)
+		}
+	}
 
 	p, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(names.EventsTopic()))
 	if err != nil {
@@ -508,6 +583,9 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 	fmt.Fprintf(&b, "  recovery           %s\n", rec)
 	if cfg.HTTPAddr != "" {
 		fmt.Fprintf(&b, "  status page        http://%s/\n", cfg.HTTPAddr)
+	}
+	if cfg.curl != "" {
+		fmt.Fprintf(&b, "  HTTP ingest        %s\n", cfg.curl)
 	}
 	b.WriteString("\n")
 	cur := view.currentPeriod(time.Now())

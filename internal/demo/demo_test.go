@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,10 +26,18 @@ func TestDemoReconciles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("SKIP: the demo runs for ~20 s; drop -short")
 	}
-	var out bytes.Buffer
-	ok, err := Run(context.Background(), Config{Dir: t.TempDir(), Duration: 12 * time.Second, Rate: 300, Seed: 42, Out: &out})
+	var out syncBuffer
+	// The curl command the demo prints, run as printed, twice: one event
+	// counted, one duplicate dropped, both apart from the generator's.
+	posted := make(chan error, 1)
+	go func() { posted <- runPrintedCurl(&out, 2) }()
+	ok, err := Run(context.Background(), Config{Dir: t.TempDir(), Duration: 12 * time.Second, Rate: 300, Seed: 42, Out: &out,
+		IngestAddr: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := <-posted; err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if !ok || !strings.Contains(out.String(), "RECONCILED") {
 		t.Fatalf("demo did not reconcile:\n%s", out.String())
@@ -36,6 +45,50 @@ func TestDemoReconciles(t *testing.T) {
 	if !strings.Contains(out.String(), "dedup killed in-process at") {
 		t.Fatalf("the demo did not kill and restart dedup:\n%s", out.String())
 	}
+	if want := "posted over HTTP (meter http_tokens, not generated): 1 events counted, 1 duplicates dropped, total 42"; !strings.Contains(out.String(), want) {
+		t.Fatalf("the report does not say %q:\n%s", want, out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer the demo writes while a test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var curlLine = regexp.MustCompile(`(?m)^  (curl -sS http://\S+/api/v1/events .*)$`)
+
+// runPrintedCurl waits for the demo's curl command and runs it n times
+// with sh, as a reader would paste it; each must answer 204 (OpenMeter's
+// success: every event acknowledged by Kafka).
+func runPrintedCurl(out *syncBuffer, n int) error {
+	deadline := time.Now().Add(time.Minute)
+	var m []string
+	for m = curlLine.FindStringSubmatch(out.String()); m == nil; m = curlLine.FindStringSubmatch(out.String()) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the demo printed no curl command")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 0; i < n; i++ {
+		b, err := exec.Command("sh", "-c", m[1]+` -o /dev/null -w '%{http_code}'`).CombinedOutput()
+		if err != nil || string(b) != "204" {
+			return fmt.Errorf("%s: %v, answered %q; want 204", m[1], err, b)
+		}
+	}
+	return nil
 }
 
 // TestDemoInTerminal drives `meterline demo` in a real terminal with tmux:

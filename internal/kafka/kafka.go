@@ -243,3 +243,23 @@ func isTLSError(err error) bool {
 	// an alert that crypto/tls reports as a plain error.
 	return strings.Contains(err.Error(), "tls: ")
 }
+
+// GroupRejoins reports whether err, the cause carried by a
+// kgo.ErrGroupSession that a poll returns, is one that kgo repairs by
+// itself. kgo injects that notification after it has already called the
+// member's onLost (every partition the member owned is revoked, so an open
+// transaction or window can only abort) and keeps rejoining the group with
+// backoff. It is true when the member lost its membership (dropped, fenced,
+// a stale generation or epoch, a rebalance) and when the group coordinator
+// was unreachable, moving or still loading: a retriable Kafka error, or a
+// connection that could not be dialled or broke (a broker that died, was
+// paused past its session or restarted). A stage must keep running through
+// these; on a cluster each of them happens when one broker goes away. Any
+// other cause, an authorization failure for instance, is false: kgo would
+// retry it forever, and the stage stops on it.
+func GroupRejoins(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
+		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
+		errors.Is(err, kerr.StaleMemberEpoch) || kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) ||
+		errors.As(err, new(*net.OpError)) // a coordinator that cannot be dialled is looked up again
+}

@@ -165,21 +165,35 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 
 // changelogOffset lists the start or end offset of changelog partition p.
 // A new or moving changelog partition answers with retriable errors (no
-// leader yet) for a moment: those are retried for up to a minute.
+// leader yet) for a moment, and on a cluster a listing fails outright
+// while the partition's leader is a broker that died or paused and the
+// controller has not moved its leadership yet (a shard error: the dial is
+// refused or times out, and the partition is missing from the answer):
+// both are retried, every 500 ms for up to a minute. An authorization
+// failure is not, and neither is a listing that succeeds without p (the
+// changelog has fewer partitions than the input).
 func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
-	var lo kadm.ListedOffset
-	var ok bool
-	for attempt := 0; ; attempt++ {
+	const attempts = 120
+	for attempt := 1; ; attempt++ {
 		offs, err := list(ctx, rt.cfg.ChangelogTopic)
-		if err == nil {
-			lo, ok = offs.Lookup(rt.cfg.ChangelogTopic, p)
-			err = lo.Err
-		}
-		if err == nil || !kerr.IsRetriable(err) || attempt >= 120 {
-			if err != nil && ok {
-				return 0, fmt.Errorf("stream: restore partition %d: changelog %s offsets: %w", p, which, err)
+		lo, ok := offs.Lookup(rt.cfg.ChangelogTopic, p)
+		switch {
+		case ok && lo.Err == nil:
+			return lo.Offset, nil
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		case errors.As(err, new(*kadm.AuthError)):
+			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset: %w", p, rt.cfg.ChangelogTopic, which, err)
+		case err == nil && !ok:
+			return 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s)",
+				p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic)
+		case ok && !kerr.IsRetriable(lo.Err):
+			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset: %w", p, rt.cfg.ChangelogTopic, which, lo.Err)
+		case attempt >= attempts:
+			if err == nil {
+				err = lo.Err
 			}
-			break
+			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset, %d attempts: %w", p, rt.cfg.ChangelogTopic, which, attempt, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -187,11 +201,6 @@ func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Contex
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	if !ok || lo.Err != nil {
-		return 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s): %v",
-			p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic, lo.Err)
-	}
-	return lo.Offset, nil
 }
 
 func offsetString(o int64) string {

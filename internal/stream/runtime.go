@@ -45,6 +45,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // keyInputOffset is the runtime's own state key: the next input offset to
@@ -521,14 +522,6 @@ func producerStateError(err error) bool {
 		errors.Is(err, kgo.ErrAborting) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// memberDropped reports whether a group management error means only that
-// this member lost its membership, which kgo repairs by rejoining.
-func memberDropped(err error) bool {
-	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
-		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
-		errors.Is(err, kerr.StaleMemberEpoch)
-}
-
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
@@ -536,14 +529,16 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 			return
 		}
 		// kgo injects this when the member was dropped from the group (a
-		// zombie after a long pause, a missed session timeout). It has
-		// already called onLost (our partitions are revoked; an open
-		// transaction can only abort) and keeps rejoining; the next
-		// assignment restores as usual (DESIGN §6, "zombie instance after
-		// a rebalance"). It is a notification, not a reason to stop.
+		// zombie after a long pause, a missed session timeout) or could
+		// not reach the group coordinator (a broker that died or paused,
+		// a coordinator that moved). It has already called onLost (our
+		// partitions are revoked; an open transaction can only abort) and
+		// keeps rejoining; the next assignment restores as usual (DESIGN
+		// §6, "zombie instance after a rebalance"). It is a notification,
+		// not a reason to stop.
 		var gs *kgo.ErrGroupSession
-		if errors.As(err, &gs) && memberDropped(gs.Err) {
-			rt.log.Warn("dropped from the consumer group; rejoining", zap.Error(err))
+		if errors.As(err, &gs) && kafka.GroupRejoins(gs.Err) {
+			rt.log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
 			return
 		}
 		if ferr == nil {

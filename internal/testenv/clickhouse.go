@@ -31,7 +31,12 @@ func ClickHouseDB(t testing.TB) (driver.Conn, string) {
 			t.Logf("clickhouse: kept database %s for inspection", db)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// ClickHouse 18.16 drops table by table, each after its merges
+		// stop: 1–2 s for a database of the whole pipeline on a quiet
+		// machine, past 30 s once under load (the server finished the
+		// drop after the client gave up). The connection's ReadTimeout
+		// (60 s) still bounds the wait for the answer.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if err := admin.Exec(ctx, "DROP DATABASE "+db); err != nil {
 			t.Errorf("clickhouse: drop database %s: %v", db, err)

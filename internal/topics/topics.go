@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Names are the topic names. Each is configurable; Prefix is prepended to
@@ -66,7 +69,8 @@ func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 // dedup.DefaultSkew; this package is below dedup).
 type Layout struct {
 	Partitions        int32         `help:"Partitions of every topic; changelogs always match their input topic." default:"16"`
-	ReplicationFactor int16         `help:"Replication factor; -1 uses the broker default." default:"-1"`
+	ReplicationFactor int16         `help:"Replication factor of every topic; -1: 3 on a cluster of three or more brokers, else as many as it has (DESIGN §10)." default:"-1"`
+	MinInsyncReplicas int16         `name:"min-insync-replicas" help:"min.insync.replicas of every topic: how many replicas must have a write before acks=all succeeds; -1: 2 when the replication factor is 3 or more, else 1." default:"-1"`
 	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"${dedup_window}"`
 	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"${dedup_skew}"`
 	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S for the dedup changelog)." default:"168h"`
@@ -77,8 +81,59 @@ type Layout struct {
 // are dedup.DefaultWindow and dedup.DefaultSkew, which this package cannot
 // import: internal/cli's TestFlagDefaultsAreThePackages holds them equal.
 func DefaultLayout() Layout {
-	return Layout{Partitions: 16, ReplicationFactor: -1, Window: 35 * 24 * time.Hour, Skew: time.Hour,
+	return Layout{Partitions: 16, ReplicationFactor: -1, MinInsyncReplicas: -1, Window: 35 * 24 * time.Hour, Skew: time.Hour,
 		RetentionMargin: 7 * 24 * time.Hour, EventsTimestamp: "LogAppendTime"}
+}
+
+// DefaultReplication returns the replication of DESIGN §10 for a cluster of
+// the given number of brokers: a replication factor of 3 and
+// min.insync.replicas 2 from three brokers on (a write acknowledged with
+// acks=all survives the loss of any one broker, and writes go on without
+// it); on fewer, one replica per broker and min.insync.replicas 1.
+func DefaultReplication(brokers int) (rf, minInsync int16) {
+	rf = int16(max(1, min(brokers, 3)))
+	return rf, DefaultMinInsync(rf)
+}
+
+// DefaultMinInsync returns the min.insync.replicas for a replication
+// factor: 2 from a replication factor of 3 on, else 1 (with two replicas,
+// requiring both would stop every write when either broker is down).
+func DefaultMinInsync(rf int16) int16 {
+	if rf >= 3 {
+		return 2
+	}
+	return 1
+}
+
+// Resolve returns l with its replication decided for a cluster of the
+// given number of brokers: a ReplicationFactor or MinInsyncReplicas ≤ 0
+// takes DefaultReplication's value. It fails when the replication factor
+// needs more brokers than the cluster has, or min.insync.replicas exceeds
+// the replication factor (no write could ever succeed).
+func (l Layout) Resolve(brokers int) (Layout, error) {
+	if l.ReplicationFactor <= 0 {
+		l.ReplicationFactor, _ = DefaultReplication(brokers)
+	}
+	if l.MinInsyncReplicas <= 0 {
+		l.MinInsyncReplicas = DefaultMinInsync(l.ReplicationFactor)
+	}
+	var errs []error
+	if int(l.ReplicationFactor) > brokers {
+		errs = append(errs, fmt.Errorf("topics: --replication-factor %d needs %d brokers, the cluster has %d", l.ReplicationFactor, l.ReplicationFactor, brokers))
+	}
+	if l.MinInsyncReplicas > l.ReplicationFactor {
+		errs = append(errs, fmt.Errorf("topics: --min-insync-replicas %d exceeds the replication factor %d: no acks=all write could succeed", l.MinInsyncReplicas, l.ReplicationFactor))
+	}
+	return l, errors.Join(errs...)
+}
+
+// BrokerCount returns how many brokers the cluster's metadata lists.
+func BrokerCount(ctx context.Context, adm *kadm.Client) (int, error) {
+	m, err := adm.BrokerMetadata(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("topics: broker metadata: %w", err)
+	}
+	return len(m.Brokers), nil
 }
 
 // Spec is one topic as Meterline needs it.
@@ -95,10 +150,15 @@ type Spec struct {
 	// MinRetention is the least retention.ms the topic may have; 0 means
 	// no requirement.
 	MinRetention time.Duration
+	// ReplicationFactor is the replication factor the topic must have; 0
+	// leaves it to Create's argument and Check does not compare it.
+	ReplicationFactor int16
 }
 
-// Specs returns every topic of DESIGN §4 in a stable order.
-func Specs(n Names, l Layout) []Spec {
+// Specs returns every topic of DESIGN §4 in a stable order. A layout's
+// replication factor and min.insync.replicas > 0 go into every spec
+// (Resolve decides them for a cluster); ≤ 0 leaves them to Create.
+func Specs(n Names, l Layout) (specs []Spec) {
 	ret := l.Window + l.RetentionMargin
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	del := func(minRet time.Duration, extra ...string) (map[string]string, time.Duration) {
@@ -114,13 +174,24 @@ func Specs(n Names, l Layout) []Spec {
 	spec := func(name string, c map[string]string, minRet time.Duration) Spec {
 		return Spec{Name: name, Partitions: l.Partitions, Configs: c, MinRetention: minRet}
 	}
+	defer func() {
+		// Replication, where the layout decides it (Layout.Resolve).
+		for i := range specs {
+			if l.ReplicationFactor > 0 {
+				specs[i].ReplicationFactor = l.ReplicationFactor
+			}
+			if l.MinInsyncReplicas > 0 {
+				specs[i].Configs["min.insync.replicas"] = strconv.Itoa(int(l.MinInsyncReplicas))
+			}
+		}
+	}()
 	eventsCfg, eventsRet := del(ret, "message.timestamp.type", l.EventsTimestamp)
 	rejCfg, rejRet := del(ret)
 	adjCfg, adjRet := del(ret)
 	dedCfg, _ := del(0)
 	dupCfg, _ := del(0)
 	clRet := l.Window + l.Skew + l.RetentionMargin
-	specs := []Spec{
+	specs = []Spec{
 		spec(n.EventsTopic(), eventsCfg, eventsRet),
 		spec(n.DedupedTopic(), dedCfg, 0),
 		spec(n.DuplicatesTopic(), dupCfg, 0),
@@ -154,10 +225,12 @@ type Result struct {
 }
 
 // Create creates every topic that does not exist yet. Existing topics are
-// left as they are; run Check to see whether they drifted.
+// left as they are; run Check to see whether they drifted. A spec's own
+// ReplicationFactor wins over rf; rf ≤ 0 takes DefaultReplication for the
+// cluster's broker count. A spec without min.insync.replicas gets
+// DefaultMinInsync of its replication factor, so that no topic depends on
+// the brokers' default.
 func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Result, error) {
-	var out []Result
-	var errs []error
 	for i, s := range specs {
 		if s.Name == "" {
 			// A Names with a field left empty (a struct literal that
@@ -165,12 +238,29 @@ func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Re
 			return nil, fmt.Errorf("topics: create: spec %d has no topic name", i)
 		}
 	}
+	if rf <= 0 && slices.ContainsFunc(specs, func(s Spec) bool { return s.ReplicationFactor <= 0 }) {
+		n, err := BrokerCount(ctx, adm)
+		if err != nil {
+			return nil, err
+		}
+		rf, _ = DefaultReplication(n)
+	}
+	var out []Result
+	var errs []error
 	for _, s := range specs {
-		cfg := make(map[string]*string, len(s.Configs))
+		srf := rf
+		if s.ReplicationFactor > 0 {
+			srf = s.ReplicationFactor
+		}
+		cfg := make(map[string]*string, len(s.Configs)+1)
 		for k, v := range s.Configs {
 			cfg[k] = &v
 		}
-		resp, err := adm.CreateTopic(ctx, s.Partitions, rf, cfg, s.Name)
+		if _, ok := cfg["min.insync.replicas"]; !ok {
+			v := strconv.Itoa(int(DefaultMinInsync(srf)))
+			cfg["min.insync.replicas"] = &v
+		}
+		resp, err := adm.CreateTopic(ctx, s.Partitions, srf, cfg, s.Name)
 		if err == nil {
 			err = resp.Err
 		}
@@ -223,6 +313,55 @@ func WaitVisible(ctx context.Context, adm *kadm.Client, names ...string) error {
 	}
 }
 
+// WaitVisibleEverywhere waits until every broker of the cluster answers
+// metadata for every named topic with all its partitions, or ctx ends. On a
+// cluster, a topic the controller created reaches each broker's metadata
+// at its own pace; a stage started right after `topics create` may ask any
+// of them, and stops on a topic it is told is missing.
+func WaitVisibleEverywhere(ctx context.Context, cl *kgo.Client, names ...string) error {
+	adm := kadm.NewClient(cl)
+	for {
+		err := visibleEverywhere(ctx, cl, adm, names)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topics: waiting for every broker's metadata: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func visibleEverywhere(ctx context.Context, cl *kgo.Client, adm *kadm.Client, names []string) error {
+	m, err := adm.BrokerMetadata(ctx)
+	if err != nil {
+		return err
+	}
+	for _, b := range m.Brokers {
+		req := kmsg.NewPtrMetadataRequest()
+		for _, n := range names {
+			t := kmsg.NewMetadataRequestTopic()
+			t.Topic = kmsg.StringPtr(n)
+			req.Topics = append(req.Topics, t)
+		}
+		resp, err := req.RequestWith(ctx, cl.Broker(int(b.NodeID)))
+		if err != nil {
+			return fmt.Errorf("broker %d: %w", b.NodeID, err)
+		}
+		for _, t := range resp.Topics {
+			if err := kerr.ErrorForCode(t.ErrorCode); err != nil || len(t.Partitions) == 0 {
+				name := ""
+				if t.Topic != nil {
+					name = *t.Topic
+				}
+				return fmt.Errorf("broker %d does not have %s yet: %v", b.NodeID, name, err)
+			}
+		}
+	}
+	return nil
+}
+
 // Drift is one difference between a topic and its Spec.
 type Drift struct {
 	Topic string
@@ -241,8 +380,11 @@ func (d Drift) String() string {
 // Check compares the cluster with the specs and returns every drift found:
 // missing topics, partition counts, changelogs whose partition count differs
 // from their input topic's and an entitlements topic whose count differs
-// from the deduped topic's, cleanup policy, too short retention, and the
-// timestamp type and compaction settings the specs set.
+// from the deduped topic's, cleanup policy, too short retention, the events
+// topic's timestamp type and the compaction settings the specs set, the
+// replication factor and min.insync.replicas where the specs set them, and
+// partitions that are under-replicated (a replica out of the ISR) or have
+// no leader.
 func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error) {
 	names := make([]string, len(specs))
 	for i, s := range specs {
@@ -295,6 +437,7 @@ func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error)
 		} else if have != s.Partitions {
 			drifts = append(drifts, Drift{Topic: s.Name, What: "partitions", Have: fmt.Sprint(have), Want: fmt.Sprint(s.Partitions)})
 		}
+		drifts = append(drifts, replicationDrifts(s.Name, s.ReplicationFactor, d.Partitions)...)
 		cfg := configs[s.Name]
 		keys := make([]string, 0, len(s.Configs))
 		for k := range s.Configs {
@@ -359,4 +502,76 @@ func human(ms string) string {
 		return fmt.Sprintf("%s (%dd)", ms, d/(24*time.Hour))
 	}
 	return fmt.Sprintf("%s (%s)", ms, d)
+}
+
+// replicationDrifts reports a topic whose partitions do not all have rf
+// replicas (rf > 0), and its partitions with a replica out of sync or no
+// leader at all.
+func replicationDrifts(topic string, rf int16, parts kadm.PartitionDetails) []Drift {
+	var out []Drift
+	var lo, hi int
+	var under, offline []string
+	for i, p := range parts.Sorted() {
+		n := len(p.Replicas)
+		if i == 0 || n < lo {
+			lo = n
+		}
+		hi = max(hi, n)
+		switch {
+		case p.Leader < 0:
+			offline = append(offline, fmt.Sprintf("%d (replicas %v, in sync %v)", p.Partition, p.Replicas, p.ISR))
+		case len(p.ISR) < n:
+			under = append(under, fmt.Sprintf("%d (in sync %v of %v)", p.Partition, p.ISR, p.Replicas))
+		}
+	}
+	if rf > 0 && len(parts) > 0 && (lo != int(rf) || hi != int(rf)) {
+		have := fmt.Sprint(lo)
+		if lo != hi {
+			have = fmt.Sprintf("%d to %d", lo, hi)
+		}
+		out = append(out, Drift{Topic: topic, What: "replication factor", Have: have, Want: fmt.Sprint(rf)})
+	}
+	if len(offline) > 0 {
+		out = append(out, Drift{Topic: topic, What: "partitions without a leader", Have: strings.Join(offline, ", "), Want: "none"})
+	}
+	if len(under) > 0 {
+		out = append(out, Drift{Topic: topic, What: "under-replicated partitions", Have: strings.Join(under, ", "), Want: "none"})
+	}
+	return out
+}
+
+// Kafka's internal topics that the pipeline's exactly-once depends on:
+// consumer group offsets and transaction state.
+var internalTopics = []string{"__consumer_offsets", "__transaction_state"}
+
+// CheckInternal reports Kafka's internal topics (group offsets, transaction
+// state) with fewer than rf replicas, or with under-replicated or leaderless
+// partitions: losing one broker must not lose a group coordinator or a
+// transaction coordinator (DESIGN §10). A topic the brokers have not created
+// yet (it appears with the first group or transactional producer) is
+// skipped.
+func CheckInternal(ctx context.Context, adm *kadm.Client, rf int16) ([]Drift, error) {
+	details, err := adm.ListTopicsWithInternal(ctx, internalTopics...)
+	if err != nil {
+		return nil, fmt.Errorf("topics: list internal topics: %w", err)
+	}
+	var drifts []Drift
+	for _, name := range internalTopics {
+		d, ok := details[name]
+		if !ok || d.Err != nil {
+			continue
+		}
+		drifts = append(drifts, replicationDrifts(name, 0, d.Partitions)...)
+		var lo int
+		for i, p := range d.Partitions.Sorted() {
+			if i == 0 || len(p.Replicas) < lo {
+				lo = len(p.Replicas)
+			}
+		}
+		if len(d.Partitions) > 0 && lo < int(rf) {
+			drifts = append(drifts, Drift{Topic: name, What: "replication factor", Have: fmt.Sprint(lo),
+				Want: fmt.Sprintf("at least %d (the brokers' offsets.topic.replication.factor and transaction.state.log.replication.factor)", rf)})
+		}
+	}
+	return drifts, nil
 }

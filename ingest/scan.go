@@ -1,0 +1,481 @@
+package ingest
+
+import "encoding/json"
+
+// The fast paths of a request's JSON, which take the plain case and say
+// "not mine" for anything else:
+//
+//   - scanBatch reads a batch of CloudEvents in one pass over its text, as
+//     encoding/json would decode it into []ceJSON, without reflection and
+//     with every string a substring of the request's text. Anything it does
+//     not take (an escape in an attribute, a name that encoding/json would
+//     match without regard to case, a duplicate attribute, a value of a
+//     wrong type, invalid JSON) sends the request to encoding/json, which
+//     answers as it always did.
+//   - dataView finds the members a simple path ($.a.b, $['a']) selects in
+//     an event's data by walking its text, instead of decoding the data into
+//     maps for a JSONPath evaluation.
+//
+// TestRequestsGolden holds the answers and records to those of the ingest
+// before these paths; FuzzScanBatch and FuzzDataView compare them with
+// encoding/json and the JSONPath evaluation on arbitrary input.
+
+// maxScanDepth bounds the nesting the scanner follows; deeper values are
+// left to encoding/json (whose own limit is 10000).
+const maxScanDepth = 512
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipSpace(s string, i int) int {
+	for i < len(s) && isSpace(s[i]) {
+		i++
+	}
+	return i
+}
+
+// scanString returns the end (after the closing quote) of the JSON string
+// starting at s[i] == '"', and whether it has escapes; end is -1 when it is
+// not a valid JSON string. Bytes from 0x80 are not checked: callers scan
+// text already known to be valid UTF-8.
+func scanString(s string, i int) (end int, escaped bool) {
+	for i++; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"':
+			return i + 1, escaped
+		case c < 0x20:
+			return -1, false
+		case c == '\\':
+			escaped = true
+			if i+1 >= len(s) {
+				return -1, false
+			}
+			i++
+			switch s[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if i+4 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) {
+					return -1, false
+				}
+				i += 4
+			default:
+				return -1, false
+			}
+		}
+	}
+	return -1, false
+}
+
+func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
+
+// scanNumber returns the end of the JSON number starting at s[i], or -1.
+func scanNumber(s string, i int) int {
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(s):
+		return -1
+	case s[i] == '0':
+		i++
+	case s[i] >= '1' && s[i] <= '9':
+		for i < len(s) && isDigit(s[i]) {
+			i++
+		}
+	default:
+		return -1
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		if i >= len(s) || !isDigit(s[i]) {
+			return -1
+		}
+		for i < len(s) && isDigit(s[i]) {
+			i++
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		if i >= len(s) || !isDigit(s[i]) {
+			return -1
+		}
+		for i < len(s) && isDigit(s[i]) {
+			i++
+		}
+	}
+	return i
+}
+
+// skipValue returns the end of the JSON value starting at s[i], checking
+// its syntax, or -1 when it is not valid JSON (or nests deeper than
+// maxScanDepth).
+func skipValue(s string, i, depth int) int {
+	if i >= len(s) {
+		return -1
+	}
+	switch c := s[i]; c {
+	case '"':
+		end, _ := scanString(s, i)
+		return end
+	case '{', '[':
+		if depth >= maxScanDepth {
+			return -1
+		}
+		closing := byte('}')
+		if c == '[' {
+			closing = ']'
+		}
+		i = skipSpace(s, i+1)
+		if i < len(s) && s[i] == closing {
+			return i + 1
+		}
+		for {
+			if c == '{' {
+				if i >= len(s) || s[i] != '"' {
+					return -1
+				}
+				if i, _ = scanString(s, i); i < 0 {
+					return -1
+				}
+				if i = skipSpace(s, i); i >= len(s) || s[i] != ':' {
+					return -1
+				}
+				i = skipSpace(s, i+1)
+			}
+			if i = skipValue(s, i, depth+1); i < 0 {
+				return -1
+			}
+			i = skipSpace(s, i)
+			switch {
+			case i >= len(s):
+				return -1
+			case s[i] == closing:
+				return i + 1
+			case s[i] != ',':
+				return -1
+			}
+			i = skipSpace(s, i+1)
+		}
+	case 't':
+		return literal(s, i, "true")
+	case 'f':
+		return literal(s, i, "false")
+	case 'n':
+		return literal(s, i, "null")
+	}
+	return scanNumber(s, i)
+}
+
+func literal(s string, i int, lit string) int {
+	if len(s)-i >= len(lit) && s[i:i+len(lit)] == lit {
+		return i + len(lit)
+	}
+	return -1
+}
+
+// The attributes of a CloudEvent, as bits of ceAttrs.has.
+const (
+	hasID = 1 << iota
+	hasSource
+	hasSpecVersion
+	hasType
+	hasSubject
+	hasTime
+	hasDataContentType
+	hasDataSchema
+	hasData
+	hasDataBase64
+)
+
+// ceNames are the JSON names of the attributes, in the order of the bits.
+var ceNames = [...]string{"id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema", "data", "data_base64"}
+
+// scanBatch reads the text s of a batch (a JSON array of CloudEvent
+// objects; s is valid UTF-8) into the attributes of its events, as
+// decodeBatch would. ok is false for anything but the plain case (see the
+// file comment): the caller then decodes with encoding/json, which gives
+// the same events or the same error.
+func scanBatch(s string) (evs []ceAttrs, ok bool) {
+	i := skipSpace(s, 0)
+	if i >= len(s) || s[i] != '[' {
+		return nil, false
+	}
+	i = skipSpace(s, i+1)
+	if i < len(s) && s[i] == ']' {
+		return nil, false // empty: the slow path names the problem
+	}
+	evs = make([]ceAttrs, 0, min(len(s)/128+1, DefaultMaxEvents))
+	for {
+		var a ceAttrs
+		if i = scanCloudEvent(s, i, &a); i < 0 {
+			return nil, false
+		}
+		evs = append(evs, a)
+		i = skipSpace(s, i)
+		switch {
+		case i >= len(s):
+			return nil, false
+		case s[i] == ']':
+			if skipSpace(s, i+1) != len(s) {
+				return nil, false
+			}
+			return evs, true
+		case s[i] != ',':
+			return nil, false
+		}
+		i = skipSpace(s, i+1)
+	}
+}
+
+// scanCloudEvent reads the object at s[i] into a and returns its end, or
+// -1 when it is not the plain case.
+func scanCloudEvent(s string, i int, a *ceAttrs) int {
+	if i >= len(s) || s[i] != '{' {
+		return -1
+	}
+	i = skipSpace(s, i+1)
+	if i < len(s) && s[i] == '}' {
+		return i + 1
+	}
+	for {
+		if i >= len(s) || s[i] != '"' {
+			return -1
+		}
+		end, escaped := scanString(s, i)
+		if end < 0 || escaped {
+			return -1
+		}
+		name := s[i+1 : end-1]
+		if i = skipSpace(s, end); i >= len(s) || s[i] != ':' {
+			return -1
+		}
+		i = skipSpace(s, i+1)
+		bit := -1
+		for k, n := range ceNames {
+			if name == n {
+				bit = k
+				break
+			}
+		}
+		if bit < 0 {
+			// An extension attribute, ignored, unless encoding/json would
+			// take it for an attribute: it matches names without regard to
+			// case (and Unicode folding), so leave any such name to it.
+			for k := 0; k < len(name); k++ {
+				if c := name[k]; c >= 'A' && c <= 'Z' || c >= 0x80 {
+					return -1
+				}
+			}
+			if i = skipValue(s, i, 1); i < 0 {
+				return -1
+			}
+		} else {
+			if a.has&(1<<bit) != 0 {
+				return -1 // a duplicate: encoding/json's last-wins, null included, is its own business
+			}
+			start := i
+			if i = skipValue(s, i, 1); i < 0 {
+				return -1
+			}
+			v := s[start:i]
+			switch {
+			case 1<<bit == hasData:
+				a.data, a.has = v, a.has|hasData
+			case 1<<bit == hasDataBase64:
+				a.dataBase64, a.has = v, a.has|hasDataBase64
+			case v == "null":
+				// A null attribute is a missing one, as a nil *string.
+			case v[0] != '"' || indexByte(v, '\\') >= 0:
+				return -1 // another type (encoding/json names it), or escapes
+			default:
+				a.attr[bit], a.has = v[1:len(v)-1], a.has|1<<bit
+			}
+		}
+		i = skipSpace(s, i)
+		switch {
+		case i >= len(s):
+			return -1
+		case s[i] == '}':
+			return i + 1
+		case s[i] != ',':
+			return -1
+		}
+		i = skipSpace(s, i+1)
+	}
+}
+
+func indexByte(s string, c byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// dataView is an event's data (a JSON object's text) for the lookups of
+// simple paths. Its top-level members are listed once per event, on the
+// first lookup; a request reuses one dataView for all its events.
+type dataView struct {
+	text    string
+	indexed bool
+	bad     bool // the text did not scan: lookups fall back to decoding
+	members []member
+}
+
+// member is one member of an object: its name (unescaped) and its value's
+// text.
+type member struct{ name, value string }
+
+func (d *dataView) reset(text string) {
+	d.text, d.indexed, d.bad, d.members = text, false, false, d.members[:0]
+}
+
+// lookup returns the value that the path of names selects, as a JSONPath
+// evaluation over the decoded data would (encoding/json keeps the last of
+// duplicate names). ok is false when the text does not scan; the caller
+// then evaluates the path on the decoded data.
+func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
+	if d.text == "" {
+		return jvalue{}, true // no data: nothing is selected
+	}
+	if !d.indexed {
+		d.indexed = true
+		var ok bool
+		d.members, ok = appendMembers(d.members[:0], d.text)
+		d.bad = !ok
+	}
+	if d.bad {
+		return jvalue{}, false
+	}
+	if len(names) == 0 {
+		return toJValue(d.text)
+	}
+	text, found := "", false
+	for k := len(d.members) - 1; k >= 0; k-- {
+		if d.members[k].name == names[0] {
+			text, found = d.members[k].value, true
+			break
+		}
+	}
+	for _, name := range names[1:] {
+		if !found {
+			break
+		}
+		if text[0] != '{' {
+			found = false // a name selects nothing in an array or a scalar
+			break
+		}
+		if text, found, ok = lastMember(text, name); !ok {
+			return jvalue{}, false
+		}
+	}
+	if !found {
+		return jvalue{}, true
+	}
+	return toJValue(text)
+}
+
+// appendMembers appends the members of the object text obj.
+func appendMembers(ms []member, obj string) ([]member, bool) {
+	ok := eachMember(obj, func(name, value string) bool {
+		ms = append(ms, member{name, value})
+		return true
+	})
+	return ms, ok
+}
+
+// lastMember returns the value of the last member called name in the
+// object text obj.
+func lastMember(obj, name string) (value string, found, ok bool) {
+	ok = eachMember(obj, func(n, v string) bool {
+		if n == name {
+			value, found = v, true
+		}
+		return true
+	})
+	return value, found, ok
+}
+
+// eachMember calls fn with each member of the object text obj, names
+// unescaped; ok is false when obj does not scan as one JSON object.
+func eachMember(obj string, fn func(name, value string) bool) bool {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return false
+	}
+	i = skipSpace(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return skipSpace(obj, i+1) == len(obj)
+	}
+	for {
+		if i >= len(obj) || obj[i] != '"' {
+			return false
+		}
+		end, escaped := scanString(obj, i)
+		if end < 0 {
+			return false
+		}
+		name := obj[i+1 : end-1]
+		if escaped {
+			var ok bool
+			if name, ok = unquote(obj[i:end]); !ok {
+				return false
+			}
+		}
+		if i = skipSpace(obj, end); i >= len(obj) || obj[i] != ':' {
+			return false
+		}
+		i = skipSpace(obj, i+1)
+		start := i
+		if i = skipValue(obj, i, 1); i < 0 {
+			return false
+		}
+		if !fn(name, obj[start:i]) {
+			return true
+		}
+		i = skipSpace(obj, i)
+		switch {
+		case i >= len(obj):
+			return false
+		case obj[i] == '}':
+			return skipSpace(obj, i+1) == len(obj)
+		case obj[i] != ',':
+			return false
+		}
+		i = skipSpace(obj, i+1)
+	}
+}
+
+// unquote decodes a JSON string literal with escapes as encoding/json
+// does (a lone surrogate becomes U+FFFD).
+func unquote(lit string) (string, bool) {
+	var s string
+	if err := json.Unmarshal([]byte(lit), &s); err != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// toJValue is the value of a JSON value's text, as the mapper needs it.
+func toJValue(text string) (jvalue, bool) {
+	switch text[0] {
+	case '"':
+		if indexByte(text, '\\') < 0 {
+			return jvalue{kind: jString, s: text[1 : len(text)-1]}, true
+		}
+		s, ok := unquote(text)
+		return jvalue{kind: jString, s: s}, ok
+	case '{', '[':
+		return jvalue{kind: jComposite}, true
+	case 't':
+		return jvalue{kind: jBool, s: "true"}, true
+	case 'f':
+		return jvalue{kind: jBool, s: "false"}, true
+	case 'n':
+		return jvalue{}, true // null counts as missing
+	}
+	return jvalue{kind: jNumber, s: text}, true
+}

@@ -1,0 +1,129 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// TestScanBatchTakesPlainBatches checks that the fast path is the path of
+// ordinary batches (SDKs' and the benchmark's): a scanner that fell back
+// to encoding/json for them would give the same answers, slower, and no
+// other test would notice.
+func TestScanBatchTakesPlainBatches(t *testing.T) {
+	for _, body := range []string{
+		string(benchBody(100)),
+		"[\n {\"specversion\": \"1.0\", \"id\": \"a\", \"source\": \"s\", \"type\": \"prompt\", \"subject\": \"c\", \"x-ext\": {\"k\": [1, 2.5e3, true, null]}, \"data\": null, \"data_base64\": null, \"time\": null}\n]\n",
+		`[{"id":"é✓","source":"s","specversion":"1.0","type":"t","subject":"c","data":{"a\"b":"\u00e9"}}]`,
+	} {
+		as, ok := scanBatch(body)
+		if !ok {
+			t.Fatalf("scanBatch refused a plain batch: %.200s", body)
+		}
+		if want := wantAttrs(t, body); !slices.Equal(as, want) {
+			t.Fatalf("scanBatch read %+v, encoding/json %+v", as, want)
+		}
+	}
+	// And it leaves what it does not take to encoding/json.
+	for _, body := range []string{
+		`[{"ID":"a"}]`, `[{"id":"a","id":"b"}]`, `[{"id":"a\u0041"}]`, `[{"id":1}]`, `[{"kſnd":1}]`,
+		`[{"id":"a"}] x`, `[{"id":"a"},]`, `[]`, `[null]`, `[{"x":` + strings.Repeat("[", maxScanDepth) + strings.Repeat("]", maxScanDepth) + `}]`,
+	} {
+		if _, ok := scanBatch(body); ok {
+			t.Errorf("scanBatch took %.80s; it is for encoding/json", body)
+		}
+	}
+}
+
+// wantAttrs decodes a batch as the slow path does.
+func wantAttrs(t testing.TB, body string) []ceAttrs {
+	var js []ceJSON
+	if err := json.Unmarshal([]byte(body), &js); err != nil {
+		t.Fatalf("encoding/json refuses %q (%v), which scanBatch took", body, err)
+	}
+	out := make([]ceAttrs, len(js))
+	for i := range js {
+		out[i] = js[i].attrs()
+	}
+	return out
+}
+
+// FuzzScanBatch: whatever batch scanBatch takes, encoding/json decodes to
+// the same attributes.
+func FuzzScanBatch(f *testing.F) {
+	f.Add(string(benchBody(2)))
+	for _, s := range []string{
+		`[{"id":"a","source":"s","specversion":"1.0","type":"t","subject":"c","time":"2026-11-29T12:00:00Z","data":{"a":{"b":[1,"x"]}},"datacontenttype":"application/json"}]`,
+		`[{"data":null,"data_base64":"eA==","dataschema":"x","ext":[{}]}, {}]`,
+		`[{"id":"\u0061"}]`, `[{"Id":"a"}]`, `[{"id":null}]`, `[{"id":"a","id":null}]`, `[ {"id" : "a" } , { } ]`,
+		`[{"data":1e5,"data_base64":-0.5E-3}]`, `[{"x":"\ud800"}]`, "[{\"id\":\"\x7f\"}]",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return // the handler only scans valid UTF-8
+		}
+		as, ok := scanBatch(s)
+		if !ok {
+			return
+		}
+		if want := wantAttrs(t, s); !slices.Equal(as, want) {
+			t.Fatalf("%q: scanBatch read %+v, encoding/json %+v", s, as, want)
+		}
+	})
+}
+
+// FuzzDataView: a simple path selects in the data's text what the
+// JSONPath evaluation selects in the decoded data.
+func FuzzDataView(f *testing.F) {
+	for _, s := range []string{
+		`{"tokens":{"input":3},"model":"m1","user":"u","list":[5]}`,
+		`{"a":1,"a":{"b":"x"},"geo":{"region":"eu","region":null}}`,
+		`{"a":{"b":{"c":"\u00e9\n"}},"b":true,"c":false,"d":null,"e":-1.5e3}`,
+		`{"a\u0062":"esc","ab":"plain"}`, `{}`, ` { "a" : [ ] } `, `{"a":"x\"y"}`,
+	} {
+		for _, p := range []string{`$.a`, `$.a.b`, `$['a']['b']['c']`, `$.geo.region`, `$.tokens.input`, `$`, `$.ab`, `$.a.b.c.d`} {
+			f.Add(s, p)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data, path string) {
+		dp, err := compilePath(path)
+		if err != nil || !dp.simple {
+			return
+		}
+		data = trimSpace(data)
+		if !utf8.ValidString(data) || !json.Valid([]byte(data)) || len(data) == 0 || data[0] != '{' {
+			return // the data of a CloudEvent that passed checkCloudEvent
+		}
+		var d dataView
+		d.reset(data)
+		got, ok := d.lookup(dp.names)
+		if !ok {
+			if !strings.Contains(data, strings.Repeat("[", 100)) && !strings.Contains(data, strings.Repeat("{", 100)) {
+				t.Fatalf("%q: the view refused shallow data", data)
+			}
+			return
+		}
+		var decoded any
+		dec := json.NewDecoder(bytes.NewReader([]byte(data)))
+		dec.UseNumber()
+		if err := dec.Decode(&decoded); err != nil {
+			t.Fatal(err)
+		}
+		var want jvalue
+		switch nodes := dp.path.Select(decoded); len(nodes) {
+		case 0:
+		case 1:
+			want = anyJValue(nodes[0])
+		default:
+			t.Fatalf("%s selects %d values", path, len(nodes))
+		}
+		if got != want {
+			t.Fatalf("%s in %q: the view selects %+v, the JSONPath evaluation %+v", path, data, got, want)
+		}
+	})
+}

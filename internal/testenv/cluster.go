@@ -1,0 +1,295 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Environment variables naming a real cluster of several brokers started by
+// `KAFKA_CLUSTER=3 deploy/local/kafka.sh start` (make test and make chaos
+// start one and set them).
+const (
+	// EnvKafkaCluster is the cluster's brokers, node 1 first, as
+	// `deploy/local/kafka.sh brokers` prints them.
+	EnvKafkaCluster = "METERLINE_TEST_KAFKA_CLUSTER"
+	// EnvKafkaClusterDir is the cluster's KAFKA_DATA_DIR when it is not
+	// the script's default.
+	EnvKafkaClusterDir = "METERLINE_TEST_KAFKA_CLUSTER_DIR"
+)
+
+// Cluster is a real Kafka cluster whose brokers a test may kill, stop,
+// pause and start again, one at a time, through deploy/local/kafka.sh.
+// Broker n (1-based) has node ID n and listens on Brokers[n-1].
+type Cluster struct {
+	Brokers []string
+	script  string
+	env     []string
+}
+
+// RealCluster returns the real cluster named by METERLINE_TEST_KAFKA_CLUSTER,
+// or skips the test, saying so plainly, when it is not set or with -short.
+func RealCluster(t testing.TB) *Cluster {
+	t.Helper()
+	v := os.Getenv(EnvKafkaCluster)
+	if v == "" || testing.Short() {
+		t.Skipf("SKIP: real Kafka cluster test; set %s=host:port,host:port,host:port (KAFKA_CLUSTER=3 deploy/local/kafka.sh start; make test does) and drop -short", EnvKafkaCluster)
+	}
+	brokers := strings.Split(v, ",")
+	_, port, err := net.SplitHostPort(brokers[0])
+	if err != nil {
+		t.Fatalf("%s=%s: %v", EnvKafkaCluster, v, err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	c := &Cluster{Brokers: brokers, script: filepath.Join(filepath.Dir(file), "..", "..", "deploy", "local", "kafka.sh")}
+	for _, kv := range os.Environ() {
+		// The single broker's settings (make exports KAFKA_PORT) are not
+		// the cluster's.
+		if !strings.HasPrefix(kv, "KAFKA_") {
+			c.env = append(c.env, kv)
+		}
+	}
+	c.env = append(c.env, "KAFKA_CLUSTER="+strconv.Itoa(len(brokers)), "KAFKA_PORT="+port, "KAFKA_START_TIMEOUT=240")
+	if dir := os.Getenv(EnvKafkaClusterDir); dir != "" {
+		c.env = append(c.env, "KAFKA_DATA_DIR="+dir)
+	}
+	// Whatever the test did, the next one gets the whole cluster: paused
+	// brokers resumed, stopped ones started.
+	t.Cleanup(func() {
+		for n := range brokers {
+			cmd := exec.Command("bash", c.script, "resume-broker", strconv.Itoa(n+1))
+			cmd.Env = c.env
+			_ = cmd.Run()
+		}
+		c.run(t, "start")
+	})
+	return c
+}
+
+// run runs the cluster script with args, failing the test if it fails.
+func (c *Cluster) run(t testing.TB, args ...string) {
+	t.Helper()
+	start := time.Now()
+	cmd := exec.Command("bash", append([]string{c.script}, args...)...)
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("kafka.sh %s (%s): %s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), strings.TrimSpace(lastLine(string(out))))
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// Status runs the script's status: one line per broker, exit status 0
+// when all of them serve, 3 otherwise.
+func (c *Cluster) Status(t testing.TB) (int, string) {
+	t.Helper()
+	cmd := exec.Command("bash", c.script, "status")
+	cmd.Env = c.env
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &exit):
+		return exit.ExitCode(), string(out)
+	}
+	t.Fatalf("kafka.sh status: %v", err)
+	return 0, ""
+}
+
+// Kill SIGKILLs broker n (kill -9: no controlled shutdown, no flush).
+func (c *Cluster) Kill(t testing.TB, n int32) { t.Helper(); c.run(t, "kill-broker", fmt.Sprint(n)) }
+
+// Stop stops broker n with SIGTERM (a controlled shutdown).
+func (c *Cluster) Stop(t testing.TB, n int32) { t.Helper(); c.run(t, "stop-broker", fmt.Sprint(n)) }
+
+// Start starts broker n and waits until it serves.
+func (c *Cluster) Start(t testing.TB, n int32) { t.Helper(); c.run(t, "start-broker", fmt.Sprint(n)) }
+
+// Pause SIGSTOPs broker n: it keeps its connections but answers nothing.
+func (c *Cluster) Pause(t testing.TB, n int32) { t.Helper(); c.run(t, "pause-broker", fmt.Sprint(n)) }
+
+// Resume SIGCONTs broker n.
+func (c *Cluster) Resume(t testing.TB, n int32) { t.Helper(); c.run(t, "resume-broker", fmt.Sprint(n)) }
+
+// admin returns an admin client that the caller closes.
+func (c *Cluster) admin() (*kadm.Client, func(), error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.RequestTimeoutOverhead(5*time.Second))
+	if err != nil {
+		return nil, nil, err
+	}
+	return kadm.NewClient(cl), cl.Close, nil
+}
+
+// Leaders returns, per broker, how many partitions of the topics it leads.
+func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
+	t.Helper()
+	adm, done, err := c.admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	td, err := adm.ListTopics(ctx, topics...)
+	if err != nil {
+		t.Fatalf("metadata of %v: %v", topics, err)
+	}
+	out := map[int32]int{}
+	for _, d := range td {
+		for _, p := range d.Partitions {
+			if p.Leader >= 0 {
+				out[p.Leader]++
+			}
+		}
+	}
+	return out
+}
+
+// MostLeader returns the broker that leads the most partitions of the
+// topics (the lowest ID on a tie).
+func (c *Cluster) MostLeader(t testing.TB, topics ...string) int32 {
+	t.Helper()
+	leaders := c.Leaders(t, topics...)
+	ids := make([]int32, 0, len(leaders))
+	for id := range leaders {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	best := int32(-1)
+	for _, id := range ids {
+		if best < 0 || leaders[id] > leaders[best] {
+			best = id
+		}
+	}
+	if best < 0 {
+		t.Fatalf("no partition of %v has a leader", topics)
+	}
+	return best
+}
+
+// TxnCoordinator returns the broker that coordinates the transactional ID.
+func (c *Cluster) TxnCoordinator(t testing.TB, txnID string) int32 {
+	t.Helper()
+	return c.coordinator(t, "transactional ID", txnID, func(ctx context.Context, adm *kadm.Client) kadm.FindCoordinatorResponses {
+		return adm.FindTxnCoordinators(ctx, txnID)
+	})
+}
+
+// GroupCoordinator returns the broker that coordinates the consumer group.
+func (c *Cluster) GroupCoordinator(t testing.TB, group string) int32 {
+	t.Helper()
+	return c.coordinator(t, "group", group, func(ctx context.Context, adm *kadm.Client) kadm.FindCoordinatorResponses {
+		return adm.FindGroupCoordinators(ctx, group)
+	})
+}
+
+func (c *Cluster) coordinator(t testing.TB, what, name string, find func(context.Context, *kadm.Client) kadm.FindCoordinatorResponses) int32 {
+	t.Helper()
+	adm, done, err := c.admin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		resp := find(ctx, adm)
+		cancel()
+		var last error
+		for _, r := range resp {
+			if r.Name == name && r.Err == nil {
+				return r.NodeID
+			}
+			if r.Err != nil {
+				last = r.Err
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no coordinator for %s %s after a minute: %v", what, name, last)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// WaitHealthy waits until every broker answers metadata that lists every
+// broker and in which every partition of every topic, Kafka's internal ones
+// included, has a leader and all its replicas in sync, so that the next
+// fault takes away one broker of a whole cluster and never a second
+// replica. Each broker is asked directly, with a new client each time (no
+// cached metadata). It fails the test after d.
+func (c *Cluster) WaitHealthy(t testing.TB, d time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for {
+		last := c.health()
+		if last == "" {
+			t.Logf("cluster healthy after %s", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if time.Since(start) > d {
+			t.Fatalf("cluster not healthy after %s: %s", d, last)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// health returns "" for a healthy cluster, else what is wrong.
+func (c *Cluster) health() string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...))
+	if err != nil {
+		return err.Error()
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for n := range c.Brokers {
+		req := kmsg.NewPtrMetadataRequest()
+		req.Topics = nil // every topic
+		resp, err := req.RequestWith(ctx, cl.Broker(n+1))
+		if err != nil {
+			return fmt.Sprintf("broker %d: %v", n+1, err)
+		}
+		if len(resp.Brokers) != len(c.Brokers) {
+			ids := make([]int32, len(resp.Brokers))
+			for i, b := range resp.Brokers {
+				ids[i] = b.NodeID
+			}
+			return fmt.Sprintf("broker %d lists brokers %v", n+1, ids)
+		}
+		for _, tp := range resp.Topics {
+			for _, p := range tp.Partitions {
+				if p.Leader < 0 || len(p.ISR) < len(p.Replicas) {
+					name := ""
+					if tp.Topic != nil {
+						name = *tp.Topic
+					}
+					return fmt.Sprintf("broker %d: %s/%d: leader %d, in sync %v of %v", n+1, name, p.Partition, p.Leader, p.ISR, p.Replicas)
+				}
+			}
+		}
+	}
+	return ""
+}
