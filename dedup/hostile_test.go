@@ -525,13 +525,14 @@ func TestAbortedTransactionRewritesMetadata(t *testing.T) {
 	if err, done := st.wait(0); done {
 		t.Fatalf("dedup stopped: %v", err)
 	}
-	var n, u bool
+	var n, u, k bool
 	for _, r := range readTopic(t, h, h.names.DedupChangelogTopic()) {
 		n = n || bytes.Equal(r.Key, keyPartitions)
 		u = u || bytes.Equal(r.Key, keyUpgrade)
+		k = k || bytes.Equal(r.Key, keyKeyScheme)
 	}
-	if !n || !u {
-		t.Errorf("after an aborted first transaction the changelog has the partition count: %v, the upgrade offset: %v", n, u)
+	if !n || !u || !k {
+		t.Errorf("after an aborted first transaction the changelog has the partition count: %v, the upgrade offset: %v, the key scheme: %v", n, u, k)
 	}
 }
 
