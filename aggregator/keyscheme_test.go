@@ -9,9 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
@@ -122,42 +120,13 @@ func TestAbortedTransactionRewritesKeyScheme(t *testing.T) {
 	day := ms(t, "2026-05-04")
 	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "m", Quantity: 7,
 		EventTime: day + 1000, IngestTime: day + 2000}))
-	// The first offset commit of a transaction fails with an abortable
-	// error, as in a rebalance: kgo aborts and the session goes on.
-	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+	testenv.FailNextTxnOffsetCommit(c)
 	reg := prometheus.NewRegistry()
 	cfg := h.config("a", vfs.NewMem())
 	cfg.Stream.Registerer = reg
 	run := h.start(cfg)
 	h.caughtUp()
-	aborted := 0.0
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != "meterline_stream_transactions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == "aborted" {
-					aborted += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
+	aborted := transactionCounts(reg)["aborted"]
 	if aborted < 1 {
 		t.Fatal("no aborted transaction: the test did not test anything")
 	}

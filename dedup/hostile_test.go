@@ -17,9 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -499,23 +497,7 @@ func TestAbortedTransactionRewritesMetadata(t *testing.T) {
 	h := newHarness(t, brokers, 1)
 	arr := t0 + 10*day
 	h.produce(h.event("acme", "api_calls", "a1", 1, arr-hour, arr))
-	// The first offset commit of a transaction fails with an abortable
-	// error, as in a rebalance: kgo aborts and the session goes on.
-	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+	testenv.FailNextTxnOffsetCommit(c)
 	reg := prometheus.NewRegistry()
 	st := h.start(h.configWith("a", reg))
 	h.caughtUp()
