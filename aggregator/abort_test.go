@@ -32,15 +32,15 @@ func gaugeOf(reg *prometheus.Registry, name, label, value string) (float64, bool
 	return 0, false
 }
 
-// customersByPartition returns one customer whose meter-m key lands in each
-// of n partitions.
-func customersByPartition(t testing.TB, meter string, n int32) []string {
+// customersByPartition returns one customer whose key (usage.deduped is
+// keyed by customer) lands in each of n partitions.
+func customersByPartition(t testing.TB, n int32) []string {
 	t.Helper()
 	out := make([]string, n)
 	found := int32(0)
 	for i := 0; found < n && i < 10000; i++ {
 		c := fmt.Sprintf("cust-%d", i)
-		p := schemas.Partition(schemas.AppendFramed(nil, c, meter), n)
+		p := schemas.Partition(schemas.CustomerKey(c), n)
 		if out[p] == "" {
 			out[p] = c
 			found++
@@ -74,7 +74,7 @@ func TestFinalAfterAbortedTransaction(t *testing.T) {
 	day0 := ms(t, "2026-03-10")
 	const dayMs = 24 * 3600 * 1000
 	final := day0 + dayMs + 3600*1000 + 1 // past end + grace
-	custs := customersByPartition(t, "m", 2)
+	custs := customersByPartition(t, 2)
 	for p, c := range custs {
 		h.produce(h.dedupedEvent(int32(p), &schemas.DedupedEvent{EventID: "e-" + c, CustomerID: c, Meter: "m", Quantity: 5,
 			EventTime: day0 + 1000, IngestTime: day0 + 2000}), h.watermark(int32(p), 0, 1, final))
@@ -112,7 +112,7 @@ func TestFinalAfterAbortedTransaction(t *testing.T) {
 	for _, c := range custs {
 		if finals[c] != 1 {
 			t.Errorf("customer %s (partition %d): %d FINAL revisions, want 1", c,
-				schemas.Partition(schemas.AppendFramed(nil, c, "m"), 2), finals[c])
+				schemas.Partition(schemas.CustomerKey(c), 2), finals[c])
 		}
 	}
 }

@@ -209,7 +209,7 @@ func (h *aggHarness) produce(recs ...*kgo.Record) {
 }
 
 func (h *aggHarness) dedupedEvent(p int32, e *schemas.DedupedEvent) *kgo.Record {
-	key := schemas.AppendFramed(nil, e.CustomerID, e.Meter)
+	key := schemas.CustomerKey(e.CustomerID)
 	return &kgo.Record{Topic: h.names.DedupedTopic(), Partition: p, Key: key, Value: schemas.MustEncode(e)}
 }
 

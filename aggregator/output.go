@@ -89,7 +89,13 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 			rej.RawValue = v
 		}
 	}
-	key := rej.RawKey
+	// Keyed by the event's identity (DESIGN §4), never by the record's
+	// key, which is the customer (DESIGN §12); null when the record is
+	// no event.
+	var key []byte
+	if e != nil {
+		key = schemas.RejectedKey(schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key())
+	}
 	part := pt.p % pt.pr.counts.rejected
 	if len(key) > 0 {
 		part = schemas.Partition(key, pt.pr.counts.rejected)

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -74,6 +75,9 @@ type partition struct {
 	// ahead of the committed state. Process reloads them from the state
 	// before the re-consumed records are handled.
 	stale bool
+	// writeScheme: the state is new; the next transaction records the key
+	// scheme (keyKeyScheme) in it.
+	writeScheme bool
 }
 
 // stateReader is what Open (restored state) and a transaction both offer.
@@ -95,8 +99,12 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	return pt, nil
 }
 
-// load sets the in-memory watermarks and key count from the state.
+// load checks the key scheme and sets the in-memory watermarks and key
+// count from the state.
 func (pt *partition) load(st stateReader) error {
+	if err := pt.checkKeyScheme(st); err != nil {
+		return err
+	}
 	pt.keys, pt.finals = 0, map[int64]*periodState{}
 	if err := st.Scan([]byte{pfxMarker}, []byte{pfxMarker + 1}, func(k, v []byte) error {
 		ps, err := decodePeriodState(v)
@@ -130,6 +138,46 @@ func (pt *partition) load(st stateReader) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// errStateFound stops checkKeyScheme's scan at the first key.
+var errStateFound = errors.New("state found")
+
+// checkKeyScheme refuses state built from another key scheme of
+// usage.deduped than schemas.DedupedKeyScheme (DESIGN §12): a customer's
+// aggregates would then sit in other partitions than its new events. State
+// without a scheme and with any key of its own was built before schemes
+// were recorded (keyed by customer and meter), and is refused too; new
+// state gets the scheme in its first transaction (writeScheme).
+func (pt *partition) checkKeyScheme(st stateReader) error {
+	v, ok, err := st.Get(keyKeyScheme)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if string(v) == schemas.DedupedKeyScheme {
+			pt.writeScheme = false
+			return nil
+		}
+		if len(v) > 64 {
+			v = v[:64]
+		}
+		return fmt.Errorf("aggregator: partition %d: %w: the state in %s records the key scheme %q, this version reads %s keyed by %q; "+
+			"run it on new topic names and a new consumer group (DESIGN §12)",
+			pt.p, schemas.ErrKeyScheme, pt.pr.cfg.Topics.AggregateChangelogTopic(), v, pt.pr.cfg.Topics.DedupedTopic(), schemas.DedupedKeyScheme)
+	}
+	// The runtime's own keys start with 0xFF (stream.keyInputOffset).
+	err = st.Scan(nil, []byte{0xff}, func(_, _ []byte) error { return errStateFound })
+	switch {
+	case errors.Is(err, errStateFound):
+		return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built from %s keyed by customer and meter, this version reads it keyed by %q; "+
+			"run it on new topic names (the default names changed with the key) and a new consumer group (DESIGN §12)",
+			pt.p, schemas.ErrKeyScheme, pt.pr.cfg.Topics.AggregateChangelogTopic(), pt.pr.cfg.Topics.DedupedTopic(), schemas.DedupedKeyScheme)
+	case err != nil:
+		return err
+	}
+	pt.writeScheme = true
 	return nil
 }
 
@@ -197,6 +245,10 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 			return err
 		}
 		pt.stale = false
+	}
+	if pt.writeScheme {
+		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
+		pt.writeScheme = false
 	}
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()

@@ -154,7 +154,7 @@ func genStream(r *rand.Rand, p propParams) *pStream {
 			// (LATEST's tie-break on event_id, MAX's and first/last's ties).
 			e.EventTime -= e.EventTime % (6 * 3600 * 1000)
 		}
-		e.part = schemas.Partition(schemas.AppendFramed(nil, e.Customer, e.Meter), p.partitions)
+		e.part = schemas.Partition(schemas.CustomerKey(e.Customer), p.partitions)
 		// Dedup's window: arrival − W < event_time ≤ arrival + S.
 		if e.EventTime <= e.Arrival-pWindow || e.EventTime > e.Arrival+pSkew {
 			panic(fmt.Sprintf("generated event outside the dedup window: et %d arr %d", e.EventTime, e.Arrival))

@@ -239,7 +239,7 @@ func produceScale(t *testing.T, brokers []string, topic string, n int, month int
 		c := fmt.Sprintf("c%07d", i)
 		e := &schemas.DedupedEvent{EventID: "e", CustomerID: c, Meter: "m", Quantity: 1,
 			EventTime: month + int64(i%1000)*1000, IngestTime: month + int64(i%1000)*1000 + 500}
-		cl.Produce(ctx, &kgo.Record{Topic: topic, Partition: 0, Key: schemas.AppendFramed(nil, c, "m"), Value: schemas.MustEncode(e)},
+		cl.Produce(ctx, &kgo.Record{Topic: topic, Partition: 0, Key: schemas.CustomerKey(c), Value: schemas.MustEncode(e)},
 			func(_ *kgo.Record, err error) {
 				if err != nil && firstErr == nil {
 					firstErr = err

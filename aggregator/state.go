@@ -28,6 +28,9 @@ import (
 //	                 watermark records once claimed it; never read (the
 //	                 count comes from the cluster's metadata)
 //	'c'              sequence counter for 'p' keys
+//	's'              the key scheme of usage.deduped this state was built
+//	                 from, schemas.DedupedKeyScheme (processor.go
+//	                 checkKeyScheme); absent only from new state
 const (
 	pfxOpen    = 'a'
 	pfxFinal   = 'f'
@@ -37,7 +40,10 @@ const (
 	pfxSource  = 'w'
 )
 
-var keySeq = []byte("c")
+var (
+	keySeq       = []byte("c")
+	keyKeyScheme = []byte("s")
+)
 
 func periodKey(prefix byte, start int64, rest ...[]byte) []byte {
 	k := make([]byte, 9, 9+32)

@@ -136,6 +136,7 @@ func TestLoadIgnoresClaimedSourceCount(t *testing.T) {
 	var n [4]byte
 	binary.BigEndian.PutUint32(n[:], math.MaxInt32)
 	st["n"] = n[:]
+	st[string(keyKeyScheme)] = []byte(schemas.DedupedKeyScheme) // else refused: TestKeySchemeRefused
 	for s, wm := range map[uint32]int64{0: 500, 1: 300, 2: 400, 7: 100} {
 		k := []byte{pfxSource, 0, 0, 0, 0}
 		binary.BigEndian.PutUint32(k[1:], s)

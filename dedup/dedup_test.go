@@ -69,8 +69,9 @@ func TestRules(t *testing.T) {
 	}
 	for i, d := range o.deduped {
 		r := o.dedupedRec[i]
-		if string(r.Key) != string(schemas.AppendFramed(nil, d.CustomerID, d.Meter)) {
-			t.Errorf("deduped key %q for %s/%s", r.Key, d.CustomerID, d.Meter)
+		if key := schemas.CustomerKey(d.CustomerID); string(r.Key) != string(key) || r.Partition != schemas.Partition(key, h.n) {
+			t.Errorf("deduped key %q in partition %d for %s/%s, want the customer's key %q in partition %d",
+				r.Key, r.Partition, d.CustomerID, d.Meter, key, schemas.Partition(key, h.n))
 		}
 		if d.EventID == "e1" && d.Meter == "api_calls" && (d.Quantity != 5 || d.IngestTime != arr) {
 			t.Errorf("the first copy must count: %+v", d)

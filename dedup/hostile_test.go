@@ -17,9 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -322,7 +320,11 @@ func TestUpgradeOffset(t *testing.T) {
 		// only.
 		var n [4]byte
 		binary.BigEndian.PutUint32(n[:], 1)
-		h.produce(&kgo.Record{Topic: h.names.DedupChangelogTopic(), Partition: 0, Key: keyPartitions, Value: n[:]})
+		// (The key scheme, which no such version wrote, is there so that
+		// this test reaches the upgrade offset: without it dedup refuses
+		// the state, TestKeySchemeRefused.)
+		h.produce(&kgo.Record{Topic: h.names.DedupChangelogTopic(), Partition: 0, Key: keyPartitions, Value: n[:]},
+			&kgo.Record{Topic: h.names.DedupChangelogTopic(), Partition: 0, Key: keyKeyScheme, Value: []byte(schemas.DedupedKeyScheme)})
 		h.produce(legacy(h, "before", arr+day)) // offset 0, in flight at the upgrade
 		reg := prometheus.NewRegistry()
 		h.start(h.configWith("a", reg))
@@ -495,23 +497,7 @@ func TestAbortedTransactionRewritesMetadata(t *testing.T) {
 	h := newHarness(t, brokers, 1)
 	arr := t0 + 10*day
 	h.produce(h.event("acme", "api_calls", "a1", 1, arr-hour, arr))
-	// The first offset commit of a transaction fails with an abortable
-	// error, as in a rebalance: kgo aborts and the session goes on.
-	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+	testenv.FailNextTxnOffsetCommit(c)
 	reg := prometheus.NewRegistry()
 	st := h.start(h.configWith("a", reg))
 	h.caughtUp()
@@ -521,13 +507,14 @@ func TestAbortedTransactionRewritesMetadata(t *testing.T) {
 	if err, done := st.wait(0); done {
 		t.Fatalf("dedup stopped: %v", err)
 	}
-	var n, u bool
+	var n, u, k bool
 	for _, r := range readTopic(t, h, h.names.DedupChangelogTopic()) {
 		n = n || bytes.Equal(r.Key, keyPartitions)
 		u = u || bytes.Equal(r.Key, keyUpgrade)
+		k = k || bytes.Equal(r.Key, keyKeyScheme)
 	}
-	if !n || !u {
-		t.Errorf("after an aborted first transaction the changelog has the partition count: %v, the upgrade offset: %v", n, u)
+	if !n || !u || !k {
+		t.Errorf("after an aborted first transaction the changelog has the partition count: %v, the upgrade offset: %v, the key scheme: %v", n, u, k)
 	}
 }
 

@@ -51,6 +51,11 @@ var (
 	// the partition first runs with signatures: the events partition's end
 	// offset then, or 0 for a partition whose state is new.
 	keyUpgrade = []byte("mU")
+	// keyKeyScheme: the key scheme of the records this state's partition
+	// wrote to usage.deduped, schemas.DedupedKeyScheme. State that has a
+	// partition count but no scheme was written keying by customer and
+	// meter; dedup refuses it (schemas.ErrKeyScheme).
+	keyKeyScheme = []byte("mK")
 )
 
 // An identity is stored under the first 16 bytes of SHA-256 of its
@@ -203,6 +208,9 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	} else {
 		part.writeMeta = true
 	}
+	if err := pr.checkKeyScheme(p, st, hasN); err != nil {
+		return nil, err
+	}
 	if part.wm, err = readWatermark(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
@@ -245,6 +253,32 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	part.scheduleExpiry()
 	part.publish()
 	return part, nil
+}
+
+// checkKeyScheme refuses state of another key scheme of usage.deduped
+// than schemas.DedupedKeyScheme (DESIGN §12): its records in the deduped
+// topic are keyed, and so partitioned, differently, and a run that added
+// records of this scheme would split customers across partitions. hasN:
+// the state is not new (it has the partition count). A new state gets the
+// scheme with the other metadata keys in its first transaction.
+func (pr *processor) checkKeyScheme(p int32, st *stream.PartitionState, hasN bool) error {
+	v, ok, err := st.Get(keyKeyScheme)
+	switch {
+	case err != nil:
+		return err
+	case ok && string(v) != schemas.DedupedKeyScheme:
+		if len(v) > 64 {
+			v = v[:64]
+		}
+		return fmt.Errorf("dedup: partition %d: %w: the state in %s records the key scheme %q, this version keys %s by %q; "+
+			"run it on new topic names and a new consumer group (DESIGN §12)",
+			p, schemas.ErrKeyScheme, pr.cfg.Topics.DedupChangelogTopic(), v, pr.dedupedTopic, schemas.DedupedKeyScheme)
+	case !ok && hasN:
+		return fmt.Errorf("dedup: partition %d: %w: the state in %s was built keying %s by customer and meter, this version keys it by %q; "+
+			"run it on new topic names (the default names changed with the key) and a new consumer group (DESIGN §12)",
+			p, schemas.ErrKeyScheme, pr.cfg.Topics.DedupChangelogTopic(), pr.dedupedTopic, schemas.DedupedKeyScheme)
+	}
+	return nil
 }
 
 // readWatermark reads the watermark key through get (0 when absent).
@@ -354,6 +388,7 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		var u [8]byte
 		binary.BigEndian.PutUint64(u[:], uint64(pt.upgrade))
 		tx.Put(keyUpgrade, u[:])
+		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
 		if pt.wm > 0 {
 			var w [8]byte
 			binary.BigEndian.PutUint64(w[:], uint64(pt.wm))
@@ -711,11 +746,12 @@ var encode = schemas.Encode
 func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) (bool, error) {
 	// Key and value share one allocation; each is capped so that neither
 	// append can run into the other.
-	// The key frames customer_id and meter, which is how the canonical
-	// key (pt.canon, framed customer_id, meter, event_id) of this event
-	// starts. The record is bounded by construction: the input was at most
-	// MaxEventBytes, and MaxRecordBytes is far more.
-	klen := framedLen(e.CustomerID) + framedLen(e.Meter)
+	// The key is the framed customer_id (schemas.CustomerKey, DESIGN §12:
+	// one partition owns all of a customer's meters), which is how the
+	// canonical key (pt.canon, framed customer_id, meter, event_id) of
+	// this event starts. The record is bounded by construction: the input
+	// was at most MaxEventBytes, and MaxRecordBytes is far more.
+	klen := framedLen(e.CustomerID)
 	buf := pt.alloc(klen + len(r.Value) + 3*binary.MaxVarintLen64)
 	key := append(buf, pt.canon[:klen]...)
 	rest := key[len(key):len(key):cap(key)]

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -495,7 +496,7 @@ func feed(t *testing.T, brokers []string, prefix string) {
 	defer cl.Close()
 	if err := cl.ProduceSync(ctx,
 		&kgo.Record{Topic: prefix + "usage.events", Key: []byte("garbage"), Value: []byte("not avro")},
-		&kgo.Record{Topic: prefix + "usage.deduped", Key: []byte("garbage"), Value: []byte("not avro either")},
+		&kgo.Record{Topic: prefix + topics.DefaultNames().Deduped, Key: []byte("garbage"), Value: []byte("not avro either")},
 		&kgo.Record{Topic: prefix + "usage.rejected", Key: []byte("garbage"), Value: []byte("not avro, and never parked again")},
 	).FirstErr(); err != nil {
 		t.Fatal(err)

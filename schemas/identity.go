@@ -209,6 +209,20 @@ const (
 // framed as AppendFramed does, "4:acme".
 func CustomerKey(customer string) []byte { return AppendFramed(nil, customer) }
 
+// DedupedKeyScheme names the key of the records of usage.deduped: the
+// customer (CustomerKey), so that Kafka's default partitioner places all of
+// a customer's meters in one partition (DESIGN §12). Dedup and the
+// aggregator record it in their state and refuse state of another scheme
+// (ErrKeyScheme). State written before schemes were recorded used
+// "customer+meter" (AppendFramed of customer_id and meter), on other topic
+// names.
+const DedupedKeyScheme = "customer"
+
+// ErrKeyScheme is returned (wrapped) by a stage whose state was built with
+// another key scheme of usage.deduped than DedupedKeyScheme: a run that
+// mixes them would split a customer's meters across partitions.
+var ErrKeyScheme = errors.New("the state was built with another key scheme of the deduped topic")
+
 // ParseCustomerKey parses a key made by CustomerKey. It accepts exactly
 // those bytes: one framed part, nothing after it. Errors wrap ErrBadKey.
 func ParseCustomerKey(key []byte) (string, error) {

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
+TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
+PACKAGES=${PACKAGES:-./...}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of
@@ -20,13 +22,11 @@ CLICKHOUSE_SECURE_PASSWORD_FILE=${CLICKHOUSE_SECURE_PASSWORD_FILE:-/tmp/meterlin
 KAFKA_CLUSTER_PORT=${KAFKA_CLUSTER_PORT:-$((KAFKA_PORT + 300))}
 # Only internal/clustertest uses the cluster: its three JVMs are started
 # when PACKAGES includes it (not for `make docs-check`).
-if $GO list $PACKAGES 2>/dev/null | grep -qx 'github.com/meterline/meterline/internal/clustertest'; then
+if $GO list $PACKAGES | grep -x 'github.com/meterline/meterline/internal/clustertest' >/dev/null; then
   WITH_CLUSTER=1
 else
   WITH_CLUSTER=
 fi
-TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
-PACKAGES=${PACKAGES:-./...}
 log=$(mktemp -t meterline-test.XXXXXX.log)
 
 stop_services() {

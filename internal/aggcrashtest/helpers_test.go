@@ -79,7 +79,7 @@ func newSuite(t *testing.T) *suite {
 
 // record is e as dedup would have written it to usage.deduped.
 func record(topic string, e *oracle.Event) *kgo.Record {
-	key := schemas.AppendFramed(nil, e.Customer, e.Meter)
+	key := schemas.CustomerKey(e.Customer)
 	return &kgo.Record{Topic: topic, Partition: schemas.Partition(key, partitions), Key: key,
 		Value: schemas.MustEncode(&schemas.DedupedEvent{EventID: e.ID, CustomerID: e.Customer, Meter: e.Meter, Quantity: e.Quantity,
 			EventTime: e.EventTime, IngestTime: e.Arrival, Properties: schemas.Properties(e.Properties), Source: "aggcrashtest"})}

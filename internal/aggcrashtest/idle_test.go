@@ -63,7 +63,7 @@ func TestIdlePartition(t *testing.T) {
 		if err := p.Send(ctx, e); err != nil {
 			t.Fatal(err)
 		}
-		aggParts[schemas.Partition(schemas.AppendFramed(nil, c, "s"), partitions)] = true
+		aggParts[schemas.Partition(schemas.CustomerKey(c), partitions)] = true
 		sent++
 	}
 	if len(aggParts) == partitions {

@@ -21,12 +21,28 @@ type AggregateConfig struct {
 	Customers int
 	// Events pre-filled in usage.deduped.
 	Events int
+	// Skewed gives one customer half of the events: with usage.deduped
+	// keyed by customer (DESIGN §12), half of the input is then in one
+	// partition.
+	Skewed bool
 	StageConfig
 }
 
 // Validate reports every problem with the config.
 func (c *AggregateConfig) Validate() error {
-	return errors.Join(positive("customers", c.Customers), positive("events", c.Events), c.StageConfig.validate())
+	var skew error
+	if c.Skewed && c.Customers < 2 {
+		skew = fmt.Errorf("bench: customers: a skewed input needs at least 2 customers (got %d)", c.Customers)
+	}
+	return errors.Join(positive("customers", c.Customers), positive("events", c.Events), skew, c.StageConfig.validate())
+}
+
+// event is event i of the input.
+func (c *AggregateConfig) event(i int, now time.Time) *schemas.DedupedEvent {
+	if c.Skewed {
+		return skewedAggregateEvent(i, c.Customers, now)
+	}
+	return aggregateEvent(i, c.Customers, now)
 }
 
 // Aggregate measures the aggregator on pre-filled usage.deduped against
@@ -50,7 +66,8 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	if err := s.left.createTopics(ctx, b.specs()...); err != nil {
 		return err
 	}
-	env.say("pre-filling %s with %d events (%d customers × %d meters)", s.names.DedupedTopic(), cfg.Events, cfg.Customers, len(aggregateMeterNames))
+	env.say("pre-filling %s with %d events (%d customers × %d meters%s)", s.names.DedupedTopic(), cfg.Events, cfg.Customers, len(aggregateMeterNames),
+		map[bool]string{true: ", skewed"}[cfg.Skewed])
 	if b.input, err = b.prefill(ctx); err != nil {
 		return err
 	}
@@ -76,6 +93,10 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	out := env.Out
 	fmt.Fprintf(out, "input: %d records in usage.deduped (%d events, %d customers × %d meters, watermarks), %d partitions, commit interval %s; medians of %d rounds\n",
 		b.input, cfg.Events, cfg.Customers, len(aggregateMeterNames), cfg.Partitions, cfg.CommitInterval, cfg.Rounds)
+	if cfg.Skewed {
+		fmt.Fprintf(out, "skewed: customer %s has half of the events; the busiest partition holds %d of %d events (%.0f%%)\n",
+			skewedAggregateEvent(0, cfg.Customers, b.now).CustomerID, b.busiest, cfg.Events, 100*float64(b.busiest)/float64(cfg.Events))
+	}
 	printRates(out, res)
 	fmt.Fprintf(out, "aggregate revisions emitted: %.0f\n", revisions)
 	fmt.Fprintf(out, "latency produce → OPEN revision visible in usage.aggregates: p50 %s, p99 %s (%d events at %d/s)\n",
@@ -89,6 +110,9 @@ type aggregateBench struct {
 	meters *aggregator.Catalog
 	now    time.Time // of the input's event times
 	input  int       // records in the input, watermarks included
+	// busiest is the number of events in the partition that holds the
+	// most.
+	busiest int
 	// liveReg is the registry of the last round's aggregator, which
 	// s.live runs.
 	liveReg *prometheus.Registry
@@ -161,10 +185,14 @@ func (b *aggregateBench) prefill(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	topic, records := b.names.DedupedTopic(), 0
+	perPartition := make([]int, b.cfg.Partitions)
 	for i := 0; i < b.cfg.Events; i++ {
-		r, err := dedupedRecord(topic, b.cfg.Partitions, aggregateEvent(i, b.cfg.Customers, b.now))
+		r, err := dedupedRecord(topic, b.cfg.Partitions, b.cfg.event(i, b.now))
 		if err != nil {
 			return 0, err
+		}
+		if perPartition[r.Partition]++; perPartition[r.Partition] > b.busiest {
+			b.busiest = perPartition[r.Partition]
 		}
 		cl.Produce(ctx, r, cb)
 		records++

@@ -228,11 +228,12 @@ func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error)
 		rp += fmt.Sprintf("rf%d.", d.rf)
 		layout.ReplicationFactor, layout.MinInsyncReplicas = d.rf, topics.DefaultMinInsync(d.rf)
 	}
-	names := topics.Names{Prefix: "", Events: b.names.EventsTopic(), Deduped: rp + "usage.deduped",
-		Duplicates: rp + "usage.duplicates", Rejected: rp + "usage.rejected", Aggregates: rp + "usage.aggregates",
-		Adjustments: rp + "usage.adjustments", DedupChangelog: rp + "meterline-dedup-changelog",
-		AggregateChangelog: rp + "meterline-aggregate-changelog", Entitlements: rp + "usage.entitlements", Balances: rp + "usage.balances",
-		Keys: rp + "meterline.keys"}
+	dn := topics.DefaultNames()
+	names := topics.Names{Prefix: "", Events: b.names.EventsTopic(), Deduped: rp + dn.Deduped,
+		Duplicates: rp + dn.Duplicates, Rejected: rp + dn.Rejected, Aggregates: rp + dn.Aggregates,
+		Adjustments: rp + dn.Adjustments, DedupChangelog: rp + dn.DedupChangelog,
+		AggregateChangelog: rp + dn.AggregateChangelog, Entitlements: rp + dn.Entitlements, Balances: rp + dn.Balances,
+		Keys: rp + dn.Keys}
 	if err := b.left.createTopics(ctx, topics.Specs(names, layout)[1:]...); err != nil {
 		return Result{}, err
 	}

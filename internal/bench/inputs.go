@@ -103,7 +103,24 @@ var aggregateMeterNames = []string{"api_calls", "tokens", "storage_bytes", "acti
 
 // aggregateEvent is event i of bench aggregate's input.
 func aggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
-	cust := i % customers
+	return aggregateEventOf(i, i%customers, customers, now)
+}
+
+// skewedAggregateEvent is event i of bench aggregate's skewed input: every
+// other event is customer 0's (half of the input, in one partition of
+// usage.deduped, DESIGN §12); the others go round the remaining
+// customers-1 (at least 2 customers).
+func skewedAggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
+	cust := 0
+	if i%2 == 1 {
+		cust = 1 + (i/2)%(customers-1)
+	}
+	return aggregateEventOf(i, cust, customers, now)
+}
+
+// aggregateEventOf is event i of customer cust, with aggregateEvent's
+// meters, quantities and times.
+func aggregateEventOf(i, cust, customers int, now time.Time) *schemas.DedupedEvent {
 	meter := (i / customers) % len(aggregateMeterNames)
 	return &schemas.DedupedEvent{
 		EventID:    fmt.Sprintf("bench-%d", i),
@@ -119,9 +136,9 @@ func aggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
 }
 
 // dedupedRecord places an event as dedup does: keyed and partitioned by
-// customer and meter.
+// customer (schemas.CustomerKey, DESIGN §12).
 func dedupedRecord(topic string, partitions int32, e *schemas.DedupedEvent) (*kgo.Record, error) {
-	key := schemas.AppendFramed(nil, e.CustomerID, e.Meter)
+	key := schemas.CustomerKey(e.CustomerID)
 	v, err := schemas.Encode(e)
 	if err != nil {
 		return nil, fmt.Errorf("bench: encode event %s: %w", e.EventID, err)

@@ -253,7 +253,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	set(prefix+"usage.events", "message.timestamp.type", "CreateTime")
 	set(prefix+"usage.aggregates", "cleanup.policy", "delete")
 	set(prefix+"usage.rejected", "retention.ms", "3600000")
-	set(prefix+"usage.deduped", "min.insync.replicas", "2")
+	set(prefix+"usage.deduped.v2", "min.insync.replicas", "2")
 	set(prefix+"meterline.keys", "cleanup.policy", "delete")
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
@@ -271,15 +271,15 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "usage.aggregates: cleanup.policy is delete, want compact",
 		prefix + "usage.rejected: retention.ms is 3600000 (1h0m0s), want at least",
 		prefix + "meterline.keys: cleanup.policy is delete, want compact",
-		prefix + "meterline-dedup-changelog: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
-		prefix + "usage.deduped: min.insync.replicas is 2, want 1",
-		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped)",
+		prefix + "meterline-dedup-changelog-v2: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
+		prefix + "usage.deduped.v2: min.insync.replicas is 2, want 1",
+		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped.v2)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	if n := strings.Count(out, "drift"); n != 7 {
-		t.Errorf("%d drifts reported, want 7:\n%s", n, out)
+	if n := strings.Count(out, "drift"); n != 8 {
+		t.Errorf("%d drifts reported, want 8:\n%s", n, out)
 	}
 }

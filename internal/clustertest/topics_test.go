@@ -48,7 +48,7 @@ func TestRealClusterTopics(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	td, err := adm.ListTopics(ctx, good+"usage.events", good+"meterline-dedup-changelog")
+	td, err := adm.ListTopics(ctx, good+"usage.events", good+topics.DefaultNames().DedupChangelog)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,23 +24,27 @@ import (
 type Names struct {
 	Prefix             string `help:"Prefix prepended to every topic name." default:""`
 	Events             string `help:"Usage events from producers, keyed by identity." default:"usage.events"`
-	Deduped            string `help:"First copies of events and watermarks." default:"usage.deduped"`
+	Deduped            string `help:"First copies of events and watermarks, keyed by customer." default:"usage.deduped.v2"`
 	Duplicates         string `help:"Every dropped copy." default:"usage.duplicates"`
 	Rejected           string `help:"Bad input with a reason code." default:"usage.rejected"`
 	Aggregates         string `help:"Aggregate revisions (OPEN, FINAL)." default:"usage.aggregates"`
 	Adjustments        string `help:"Late events booked into a later period." default:"usage.adjustments"`
-	DedupChangelog     string `help:"Dedup state changelog." default:"meterline-dedup-changelog"`
-	AggregateChangelog string `help:"Aggregator state changelog." default:"meterline-aggregate-changelog"`
+	DedupChangelog     string `help:"Dedup state changelog." default:"meterline-dedup-changelog-v2"`
+	AggregateChangelog string `help:"Aggregator state changelog." default:"meterline-aggregate-changelog-v2"`
 	Entitlements       string `help:"Customers' plans, caps and credit grants, the default plan and the rate card (compacted, co-partitioned with the deduped topic)." default:"usage.entitlements"`
 	Balances           string `help:"Customers' usage against their caps and credits left (compacted)." default:"usage.balances"`
 	Keys               string `help:"API keys and tenants of the HTTP ingest (compacted)." default:"meterline.keys"`
 }
 
-// DefaultNames returns the default names of DESIGN §4.
+// DefaultNames returns the default names of DESIGN §4. The deduped topic
+// and the two changelogs carry ".v2"/"-v2": usage.deduped is keyed by
+// customer (DESIGN §12), a key scheme that starts on new topics rather
+// than mix with the records and state of the earlier one (customer and
+// meter), which the stages refuse (schemas.ErrKeyScheme).
 func DefaultNames() Names {
-	return Names{Events: "usage.events", Deduped: "usage.deduped", Duplicates: "usage.duplicates",
+	return Names{Events: "usage.events", Deduped: "usage.deduped.v2", Duplicates: "usage.duplicates",
 		Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
-		DedupChangelog: "meterline-dedup-changelog", AggregateChangelog: "meterline-aggregate-changelog",
+		DedupChangelog: "meterline-dedup-changelog-v2", AggregateChangelog: "meterline-aggregate-changelog-v2",
 		Entitlements: "usage.entitlements", Balances: "usage.balances", Keys: "meterline.keys"}
 }
 

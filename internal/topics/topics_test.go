@@ -40,7 +40,7 @@ func TestEntitlementsCoPartitioned(t *testing.T) {
 			ent = &specs[i]
 		}
 	}
-	if ent == nil || ent.PartitionsOf != "usage.deduped" || ent.Configs["cleanup.policy"] != "compact" ||
+	if ent == nil || ent.PartitionsOf != "usage.deduped.v2" || ent.Configs["cleanup.policy"] != "compact" ||
 		ent.Configs["message.timestamp.type"] != "LogAppendTime" {
 		t.Fatalf("usage.entitlements spec: %+v", ent)
 	}
@@ -66,7 +66,7 @@ func TestEntitlementsCoPartitioned(t *testing.T) {
 			got = append(got, d.String())
 		}
 	}
-	want := "usage.entitlements: partitions is 4, want 3 (co-partitioned with usage.deduped)"
+	want := "usage.entitlements: partitions is 4, want 3 (co-partitioned with usage.deduped.v2)"
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("partition drifts %q, want [%q]", got, want)
 	}
