@@ -38,6 +38,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -218,7 +219,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	f := service.NewFactory(reg)
+	f := prom.NewFactory(reg)
 	m := &metrics{
 		emitted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_revisions_total",
 			Help: "Aggregate revisions emitted (in transactions), by status OPEN or FINAL."}, []string{"status"}),
@@ -229,7 +230,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Aggregator partition watermark (minimum over dedup sources), Unix seconds."}, []string{"partition"}),
 		late: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_late_events_total",
 			Help: "Late events booked as adjustments, by aggregation."}, []string{"aggregation"}),
-		rejected: service.RejectedCounter(reg),
+		rejected: prom.RejectedCounter(reg),
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
 			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
 		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",

@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -186,8 +188,9 @@ func (h *aggHarness) config(instance string, fs vfs.FS) Config {
 	return Config{
 		Topics: h.names,
 		Stream: stream.Config{
-			Brokers: h.brokers, Group: h.group, InstanceID: instance, FS: fs, StateDir: "state-" + instance,
-			CommitInterval: 20 * time.Millisecond, SessionTimeout: 6 * time.Second, RestartBackoff: 100 * time.Millisecond,
+			Config: session.Config{Kafka: kafka.Config{Brokers: h.brokers}, Group: h.group, InstanceID: instance,
+				SessionTimeout: 6 * time.Second, RestartBackoff: 100 * time.Millisecond},
+			FS: fs, StateDir: "state-" + instance, CommitInterval: 20 * time.Millisecond,
 			Logger: zaptest.NewLogger(h.t).Named(instance),
 		},
 	}

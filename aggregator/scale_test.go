@@ -85,7 +85,7 @@ func TestRealKafkaMonthEndAtScale(t *testing.T) {
 	stateDir := t.TempDir()
 	config := func(reg prometheus.Registerer) Config {
 		cfg := Config{Topics: h.names}
-		cfg.Stream.Brokers, cfg.Stream.Group, cfg.Stream.InstanceID = brokers, h.group, "scale"
+		cfg.Stream.Kafka.Brokers, cfg.Stream.Group, cfg.Stream.InstanceID = brokers, h.group, "scale"
 		cfg.Stream.StateDir = stateDir
 		cfg.Stream.SessionTimeout = 6 * time.Second
 		cfg.Stream.Registerer = reg

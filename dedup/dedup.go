@@ -32,6 +32,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -302,13 +303,13 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	f := service.NewFactory(reg)
+	f := prom.NewFactory(reg)
 	return &metrics{
 		accepted: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_accepted_total",
 			Help: "First copies forwarded to usage.deduped, by source (the configured sources, or other)."}, []string{"source"}),
 		duplicates: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_duplicates_total",
 			Help: "Copies dropped to usage.duplicates, by source (the configured sources, or other) and conflict (payload differs)."}, []string{"source", "conflict"}),
-		rejected: service.RejectedCounter(reg),
+		rejected: prom.RejectedCounter(reg),
 		rerouted: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_rerouted_total",
 			Help: "Misrouted records re-produced to their canonical partition."}),
 		forged: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_forged_headers_total",

@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -56,16 +58,18 @@ func (h *harness) config(instance string, fs vfs.FS) Config {
 		TickInterval: 200 * time.Millisecond,
 		Keys:         h.keys,
 		Stream: stream.Config{
-			Brokers:            h.brokers,
-			Group:              h.group,
-			InstanceID:         instance,
-			FS:                 fs,
-			StateDir:           "state-" + instance,
-			CommitInterval:     20 * time.Millisecond,
-			SessionTimeout:     6 * time.Second,
-			TransactionTimeout: 10 * time.Second,
-			RestartBackoff:     100 * time.Millisecond,
-			Logger:             zaptest.NewLogger(h.t).Named(instance),
+			Config: session.Config{
+				Kafka:              kafka.Config{Brokers: h.brokers},
+				Group:              h.group,
+				InstanceID:         instance,
+				SessionTimeout:     6 * time.Second,
+				TransactionTimeout: 10 * time.Second,
+				RestartBackoff:     100 * time.Millisecond,
+			},
+			FS:             fs,
+			StateDir:       "state-" + instance,
+			CommitInterval: 20 * time.Millisecond,
+			Logger:         zaptest.NewLogger(h.t).Named(instance),
 		},
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // BenchmarkBatchCPU measures the CPU the ingest spends on a request of 100
@@ -20,7 +22,7 @@ import (
 // included) per request, which a loaded machine disturbs less than the
 // wall clock.
 func BenchmarkBatchCPU(b *testing.B) {
-	srv, err := New(Config{Addr: "127.0.0.1:0", Brokers: []string{"127.0.0.1:1"}, Meters: mustCatalog(b)})
+	srv, err := New(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}, Meters: mustCatalog(b)})
 	if err != nil {
 		b.Fatal(err)
 	}

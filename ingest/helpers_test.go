@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
@@ -95,7 +96,7 @@ func newEnvOn(t *testing.T, brokers []string, cluster *kfake.Cluster, mod func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Addr: "127.0.0.1:0", Brokers: brokers, Topic: e.topic, KeysTopic: e.keys, Meters: cat, ProduceTimeout: 2 * time.Second}
+	cfg := Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: brokers}, Topic: e.topic, KeysTopic: e.keys, Meters: cat, ProduceTimeout: 2 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -31,7 +31,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -74,11 +73,9 @@ type Config struct {
 	TLSCertFile, TLSKeyFile string
 
 	// Kafka is the connection to the cluster (seed brokers, SASL, TLS) of
-	// the producer and of the keys topic's reader. Kafka.Brokers, or
-	// Brokers, is required.
+	// the producer and of the keys topic's reader, as every stage takes
+	// it. Kafka.Brokers is required.
 	Kafka kafka.Config
-	// Brokers is shorthand for Kafka.Brokers; EnsureDefaults copies it.
-	Brokers []string
 	// ClientOptions are added to every Kafka client (tests' hooks).
 	ClientOptions []kgo.Opt
 	// Topic is where usage events go. Default: usage.events.
@@ -141,9 +138,6 @@ type Gate interface {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
-	if len(c.Kafka.Brokers) == 0 {
-		c.Kafka.Brokers = c.Brokers
-	}
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
 	}
@@ -195,11 +189,6 @@ func (c *Config) EnsureDefaults() {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("ingest: "+format, args...)) }
-	if len(c.Kafka.Brokers) == 0 {
-		bad("brokers: none given")
-	} else if len(c.Brokers) > 0 && !slices.Equal(c.Brokers, c.Kafka.Brokers) {
-		bad("brokers: %v and kafka brokers %v differ; give one", c.Brokers, c.Kafka.Brokers)
-	}
 	if err := c.Kafka.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}

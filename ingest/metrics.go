@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/service"
 )
 
@@ -34,11 +35,11 @@ type tenantTotals struct {
 const noTenant = "none"
 
 func newMetrics(reg prometheus.Registerer, keys *Keys) *metrics {
-	f := service.NewFactory(reg)
+	f := prom.NewFactory(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
 			Help: "HTTP ingest requests by tenant (\"none\" without a valid key) and status code."}, []string{"tenant", "code"}),
-		duration: service.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_request_duration_seconds",
+		duration: prom.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_request_duration_seconds",
 			Help:    "HTTP ingest request latency, from the request's start to its answer, by endpoint (openmeter: /api/v1/events, meterline: /v1/events).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15}}, []string{"endpoint"})),
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_events_total",
@@ -47,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, keys *Keys) *metrics {
 			Help: "Usage records written to Kafka by the HTTP ingest, by tenant (a CloudEvent feeds one record per meter of its type)."}, []string{"tenant"}),
 		tenants: map[string]*tenantTotals{},
 	}
-	service.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_keys",
+	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_keys",
 		Help: "Active (not revoked) API keys known to this ingest replica."}, func() float64 {
 		ks, _ := keys.Snapshot()
 		n := 0

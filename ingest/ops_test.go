@@ -23,6 +23,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 func apiCall(id, customer string) []byte {
@@ -67,7 +69,7 @@ func TestRateLimit(t *testing.T) {
 func TestKeysPropagate(t *testing.T) {
 	e := newEnv(t, nil)
 	second := &env{t: t, brokers: e.brokers, topic: e.topic, keys: e.keys}
-	second.start(Config{Addr: "127.0.0.1:0", Brokers: e.brokers, Topic: e.topic, KeysTopic: e.keys, Meters: e.srv.cfg.Meters})
+	second.start(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: e.brokers}, Topic: e.topic, KeysTopic: e.keys, Meters: e.srv.cfg.Meters})
 	key, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -82,8 +84,8 @@ func (p *pipeline) startDedup() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := dedup.New(ctx, dedup.Config{Topics: p.names, TickInterval: 200 * time.Millisecond, Keys: []dedup.Key{key}, Stream: stream.Config{
-		Brokers: p.brokers, Group: p.names.Prefix + "dedup", InstanceID: "t", StateDir: filepath.Join(t.TempDir(), "state"),
-		CommitInterval: 50 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("dedup")}})
+		Config:   session.Config{Kafka: kafka.Config{Brokers: p.brokers}, Group: p.names.Prefix + "dedup", InstanceID: "t", SessionTimeout: 6 * time.Second},
+		StateDir: filepath.Join(t.TempDir(), "state"), CommitInterval: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("dedup")}})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -102,7 +104,7 @@ func (p *pipeline) startDedup() {
 func (p *pipeline) server() *env {
 	cat := mustCatalog(p.t)
 	e := &env{t: p.t, brokers: p.brokers, topic: p.names.EventsTopic(), keys: p.names.KeysTopic(), token: p.token}
-	e.start(Config{Addr: "127.0.0.1:0", Brokers: p.brokers, Topic: p.names.EventsTopic(), KeysTopic: p.names.KeysTopic(), Meters: cat})
+	e.start(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: p.brokers}, Topic: p.names.EventsTopic(), KeysTopic: p.names.KeysTopic(), Meters: cat})
 	return e
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/topics"
 )
 
@@ -54,7 +56,7 @@ type ResumeLookup struct {
 // what `meterline bench queries` measures at 100 million rows.
 func ResumeLookupAt(ctx context.Context, conn driver.Conn, db string, names topics.Names, partition int32, committed int64, batch int) (ResumeLookup, error) {
 	reg := prometheus.NewRegistry()
-	w, err := New(Config{Brokers: []string{"unused:9092"}, InstanceID: "lookup", Topics: names, Conn: conn, Database: db, Registerer: reg})
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "lookup"}, Topics: names, Conn: conn, Database: db, Registerer: reg})
 	if err != nil {
 		return ResumeLookup{}, err
 	}

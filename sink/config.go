@@ -3,40 +3,48 @@ package sink
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
-	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/topics"
+)
+
+// Defaults of the sink's session (session.Config has the others).
+const (
+	DefaultGroup            = "meterline-sink"
+	DefaultRebalanceTimeout = 60 * time.Second
+)
+
+// Defaults of the sink's own fields (EnsureDefaults), which the CLI's sink
+// flags show too.
+const (
+	DefaultDatabase          = "meterline"
+	DefaultMaxBatchRecords   = 10_000
+	DefaultMaxBatchWait      = time.Second
+	DefaultCommitInterval    = time.Second
+	DefaultInsertTimeout     = 20 * time.Second
+	DefaultUnknownErrorLimit = 5 * time.Minute
 )
 
 // Config configures a Writer. Zero fields take the defaults documented on
 // them (EnsureDefaults); Validate reports every problem at once.
 type Config struct {
-	// Kafka is the connection to the cluster: seed brokers, SASL and TLS.
-	// Kafka.Brokers is required, or Brokers.
-	Kafka kafka.Config
-	// Brokers is shorthand for Kafka.Brokers, for a cluster without SASL
-	// or TLS; EnsureDefaults copies it there. Setting both is an error.
-	Brokers []string
-	// Group is the consumer group. Default: "meterline-sink".
-	Group string
-	// InstanceID names this instance; the transactional ID is
-	// "<Group>-<InstanceID>". It must be stable across restarts, so that a
-	// restart fences its own zombie at once, and unique in the group.
-	// Required.
-	InstanceID string
+	// Config is the instance's consumer group and transactional producer
+	// (session.Config): Kafka (the connection; Kafka.Brokers is required),
+	// Group (default: "meterline-sink"), InstanceID (required; the
+	// transactional ID is "<Group>-<InstanceID>"), the session, rebalance
+	// (default here: 60s) and transaction timeouts, RestartBackoff and
+	// ClientOptions, with their defaults.
+	session.Config
 	// Topics names the six input topics (usage.deduped, usage.aggregates,
 	// usage.adjustments, usage.duplicates, usage.rejected, usage.balances);
-	// refused rows
-	// are parked in the rejected topic, and records of the rejected topic
-	// that cannot be rows of usage_rejected go to the usage_quarantine
-	// table. Default: topics.DefaultNames().
+	// refused rows are parked in the rejected topic, and records of the
+	// rejected topic that cannot be rows of usage_rejected go to the
+	// usage_quarantine table. Default: topics.DefaultNames().
 	Topics topics.Names
 
 	// ClickHouseServer is how to reach ClickHouse: address, user,
@@ -101,23 +109,10 @@ type Config struct {
 	// Default: 2s.
 	PingInterval time.Duration
 
-	// SessionTimeout is the group session timeout. Default: 10s.
-	SessionTimeout time.Duration
-	// RebalanceTimeout bounds a rebalance. Default: 60s.
-	RebalanceTimeout time.Duration
-	// TransactionTimeout is the broker-side timeout after which an open
-	// transaction of a dead instance is aborted. Default: 10s.
-	TransactionTimeout time.Duration
-	// RestartBackoff is the pause before a session is rebuilt after a
-	// commit with an unknown outcome. Default: 1s.
-	RestartBackoff time.Duration
-
 	// Logger is the structured logger. Default: no logging.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Default: a private registry.
 	Registerer prometheus.Registerer
-	// ClientOptions are appended to the Kafka client options (tests).
-	ClientOptions []kgo.Opt
 
 	// testHook, when set (tests only), is called on the sink's ClickHouse
 	// INSERTs and Kafka commits, synchronously, in the order they happen.
@@ -126,12 +121,6 @@ type Config struct {
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
-	if len(c.Kafka.Brokers) == 0 {
-		c.Kafka.Brokers = c.Brokers
-	}
-	if len(c.Brokers) == 0 {
-		c.Brokers = c.Kafka.Brokers
-	}
 	if c.ClickHouseServer.Addr == "" {
 		c.ClickHouseServer.Addr = c.ClickHouse
 	}
@@ -139,25 +128,29 @@ func (c *Config) EnsureDefaults() {
 		c.ClickHouse = c.ClickHouseServer.Addr
 	}
 	if c.Group == "" {
-		c.Group = "meterline-sink"
+		c.Group = DefaultGroup
 	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	c.Config.EnsureDefaults()
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
 	}
 	if c.Database == "" {
-		c.Database = "meterline"
+		c.Database = DefaultDatabase
 	}
 	if c.MaxBatchRecords == 0 {
-		c.MaxBatchRecords = 10000
+		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
 	if c.MaxBatchWait == 0 {
-		c.MaxBatchWait = time.Second
+		c.MaxBatchWait = DefaultMaxBatchWait
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = time.Second
+		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.InsertTimeout == 0 {
-		c.InsertTimeout = 20 * time.Second
+		c.InsertTimeout = DefaultInsertTimeout
 	}
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = 10 * time.Second
@@ -172,22 +165,10 @@ func (c *Config) EnsureDefaults() {
 		c.MaxRefusedInARow = 100
 	}
 	if c.UnknownErrorLimit == 0 {
-		c.UnknownErrorLimit = 5 * time.Minute
+		c.UnknownErrorLimit = DefaultUnknownErrorLimit
 	}
 	if c.PingInterval == 0 {
 		c.PingInterval = 2 * time.Second
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 60 * time.Second
-	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = 10 * time.Second
-	}
-	if c.RestartBackoff == 0 {
-		c.RestartBackoff = time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -197,73 +178,63 @@ func (c *Config) EnsureDefaults() {
 	}
 }
 
-// Validate reports every invalid field, each with its name.
+// Validate reports every invalid field at once, each named as its flag is
+// (--insert-timeout: "sink: insert-timeout: ..."; the session's as
+// session.Config names them).
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("sink config: %s: %s", field, fmt.Sprintf(format, args...)))
+		errs = append(errs, fmt.Errorf("sink: %s: %s", field, fmt.Sprintf(format, args...)))
 	}
-	if err := c.Kafka.Validate(); err != nil {
-		bad("Kafka", "%v", err)
-	}
-	if !slices.Equal(c.Brokers, c.Kafka.Brokers) {
-		bad("Brokers", "%q differs from Kafka.Brokers %q: set one", c.Brokers, c.Kafka.Brokers)
-	}
-	if c.InstanceID == "" {
-		bad("InstanceID", "required (stable across restarts, unique in the group)")
+	if err := c.Config.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Conn == nil {
 		if err := c.ClickHouseServer.Validate(); err != nil {
-			bad("ClickHouseServer", "%v", err)
+			errs = append(errs, err)
 		}
 	}
 	if c.ClickHouse != c.ClickHouseServer.Addr {
-		bad("ClickHouse", "%q differs from ClickHouseServer.Addr %q: set one", c.ClickHouse, c.ClickHouseServer.Addr)
+		bad("clickhouse", "%q differs from the server's address %q: set one", c.ClickHouse, c.ClickHouseServer.Addr)
 	}
 	if !databaseName.MatchString(c.Database) {
-		bad("Database", "%q: want letters, digits and underscores", c.Database)
+		bad("database", "%q: want letters, digits and underscores", c.Database)
 	}
-	for _, n := range []struct{ field, v string }{
-		{"Topics.Deduped", c.Topics.DedupedTopic()}, {"Topics.Aggregates", c.Topics.AggregatesTopic()},
-		{"Topics.Adjustments", c.Topics.AdjustmentsTopic()}, {"Topics.Duplicates", c.Topics.DuplicatesTopic()},
-		{"Topics.Rejected", c.Topics.RejectedTopic()},
+	for _, n := range []struct{ flag, v string }{
+		{"topic-deduped", c.Topics.DedupedTopic()}, {"topic-aggregates", c.Topics.AggregatesTopic()},
+		{"topic-adjustments", c.Topics.AdjustmentsTopic()}, {"topic-duplicates", c.Topics.DuplicatesTopic()},
+		{"topic-rejected", c.Topics.RejectedTopic()}, {"topic-balances", c.Topics.BalancesTopic()},
 	} {
 		if n.v == c.Topics.Prefix {
-			bad(n.field, "empty topic name")
+			bad(n.flag, "empty topic name")
 		}
 	}
 	if c.MaxBatchRecords < 1 {
-		bad("MaxBatchRecords", "%d: must be at least 1", c.MaxBatchRecords)
+		bad("max-batch-records", "%d: must be at least 1", c.MaxBatchRecords)
 	}
 	if c.MaxBatchWait <= 0 {
-		bad("MaxBatchWait", "%s: must be positive", c.MaxBatchWait)
+		bad("max-batch-wait", "%s: must be positive", c.MaxBatchWait)
 	}
 	if c.CommitInterval <= 0 {
-		bad("CommitInterval", "%s: must be positive", c.CommitInterval)
+		bad("commit-interval", "%s: must be positive", c.CommitInterval)
 	}
 	if c.InsertBlockRows < 0 {
-		bad("InsertBlockRows", "%d: must not be negative", c.InsertBlockRows)
+		bad("insert-block-rows", "%d: must not be negative", c.InsertBlockRows)
 	}
 	if c.InsertTimeout <= 0 || c.InsertTimeout >= c.RebalanceTimeout {
-		bad("InsertTimeout", "%s: must be positive and shorter than RebalanceTimeout (%s): a revoke waits for the INSERT in flight", c.InsertTimeout, c.RebalanceTimeout)
+		bad("insert-timeout", "%s: must be positive and shorter than rebalance-timeout (%s): a revoke waits for the INSERT in flight", c.InsertTimeout, c.RebalanceTimeout)
 	}
 	if c.QueryTimeout <= 0 {
-		bad("QueryTimeout", "%s: must be positive", c.QueryTimeout)
+		bad("query-timeout", "%s: must be positive", c.QueryTimeout)
 	}
 	if c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin {
-		bad("BackoffMin/BackoffMax", "%s/%s: want 0 < min ≤ max", c.BackoffMin, c.BackoffMax)
+		bad("backoff-min", "%s (backoff-max %s): want 0 < backoff-min ≤ backoff-max", c.BackoffMin, c.BackoffMax)
 	}
 	if c.MaxRefusedInARow < 1 {
-		bad("MaxRefusedInARow", "%d: must be at least 1", c.MaxRefusedInARow)
+		bad("max-refused-in-a-row", "%d: must be at least 1", c.MaxRefusedInARow)
 	}
 	if c.UnknownErrorLimit < 0 {
-		bad("UnknownErrorLimit", "%s: must not be negative", c.UnknownErrorLimit)
-	}
-	if c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0 || c.TransactionTimeout <= 0 {
-		bad("SessionTimeout/RebalanceTimeout/TransactionTimeout", "must be positive")
+		bad("unknown-error-limit", "%s: must not be negative", c.UnknownErrorLimit)
 	}
 	return errors.Join(errs...)
 }
-
-// TransactionalID is "<Group>-<InstanceID>" (DESIGN §1).
-func (c *Config) TransactionalID() string { return c.Group + "-" + c.InstanceID }

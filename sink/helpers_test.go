@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/testenv/crash"
 	"github.com/meterline/meterline/internal/topics"
@@ -76,9 +78,11 @@ func (e *env) produce(recs ...*kgo.Record) {
 
 func (e *env) config(instance string) Config {
 	return Config{
-		Brokers: e.brokers, Group: e.group, InstanceID: instance, Topics: e.names,
+		Config: session.Config{Kafka: kafka.Config{Brokers: e.brokers}, Group: e.group, InstanceID: instance,
+			SessionTimeout: 6 * time.Second},
+		Topics:     e.names,
 		ClickHouse: e.addr, Database: e.db,
-		MaxBatchWait: 200 * time.Millisecond, CommitInterval: 300 * time.Millisecond, SessionTimeout: 6 * time.Second,
+		MaxBatchWait: 200 * time.Millisecond, CommitInterval: 300 * time.Millisecond,
 		BackoffMax: time.Second, PingInterval: 300 * time.Millisecond,
 	}
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -66,7 +68,7 @@ func TestResumeLookup10M(t *testing.T) {
 	t.Logf("10,000,000 rows in %d active parts, generated in %s", nparts, time.Since(start).Round(time.Millisecond))
 
 	names := testTopics()
-	w, err := New(Config{Brokers: []string{"unused:9092"}, InstanceID: "lookup", Topics: names, Conn: conn, Database: db})
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "lookup"}, Topics: names, Conn: conn, Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}

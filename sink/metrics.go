@@ -4,7 +4,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/prom"
+	"github.com/meterline/meterline/internal/session"
 )
 
 // Row outcomes of meterline_sink_rows_total.
@@ -24,7 +25,6 @@ const (
 const stage = "sink"
 
 type metrics struct {
-	recordsIn     *prometheus.CounterVec
 	committed     prometheus.Counter
 	rows          *prometheus.CounterVec
 	insertSeconds *prometheus.HistogramVec
@@ -33,19 +33,23 @@ type metrics struct {
 	rejected      *prometheus.CounterVec // meterline_rejected_total{stage,reason}, shared by the stages
 	quarantined   *prometheus.CounterVec
 	lookupSeconds *prometheus.HistogramVec
-	flushes       *prometheus.CounterVec
-	commitSeconds prometheus.Histogram
-	up            prometheus.Gauge
-	blocked       prometheus.Gauge
-	restarts      prometheus.Counter
-	owned         prometheus.Gauge
+	// session: records polled, transactions (commit windows) by outcome,
+	// commit time, session restarts.
+	session *session.Metrics
+	up      prometheus.Gauge
+	blocked prometheus.Gauge
+	owned   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
-		recordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_records_in_total",
-			Help: "Kafka records polled, by topic (counted again when re-consumed after an aborted transaction)."}, []string{"topic"}),
+		session: session.NewMetrics(reg, session.Names{
+			RecordsIn:     "meterline_sink_records_in_total",
+			Transactions:  "meterline_sink_transactions_total",
+			CommitSeconds: "meterline_sink_commit_seconds",
+			Restarts:      "meterline_sink_session_restarts_total",
+		}, "one commit window: the offsets of every batch inserted since the last one, and the rows parked"),
 		committed: f.NewCounter(prometheus.CounterOpts{Name: "meterline_sink_records_committed_total",
 			Help: "Kafka records whose offsets a committed transaction moved past (rows, watermarks, parked records)."}),
 		rows: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_rows_total",
@@ -56,22 +60,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Rows per successful INSERT, by table.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}, []string{"table"}),
 		insertErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_insert_errors_total",
 			Help: "Failed INSERT attempts, by table and kind: unavailable (retried), refused (block split) or unknown (an error code the sink does not know: retried for at most the unknown-error limit, then the sink stops)."}, []string{"table", "kind"}),
-		rejected: service.RejectedCounter(reg),
+		rejected: prom.RejectedCounter(reg),
 		quarantined: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_quarantined_total",
 			Help: "Records of usage.rejected written to usage_quarantine with their raw bytes, because they cannot be rows of usage_rejected, by reason: undecodable, unknown_schema (the value does not decode), uninsertable (ClickHouse refused the row)."}, []string{"reason"}),
 		lookupSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_resume_lookup_seconds",
 			Help:    "Latency of resume lookups (rows already in the table at or after the committed offset), by table.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"table"}),
-		flushes: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_transactions_total",
-			Help: "Commit windows ended (the offsets of every batch inserted since the last one, and the rows parked), by outcome: committed, aborted, unknown."}, []string{"outcome"}),
-		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_sink_commit_seconds",
-			Help: "Time to end a commit window's transaction.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		up: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_clickhouse_up",
 			Help: "1 when the last ping of ClickHouse answered."}),
 		blocked: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_blocked",
 			Help: "1 while the sink backs off because ClickHouse cannot take a block (fetching paused, nothing committed)."}),
-		restarts: f.NewCounter(prometheus.CounterOpts{Name: "meterline_sink_session_restarts_total",
-			Help: "Kafka sessions rebuilt after a commit with an unknown outcome."}),
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_owned_partitions",
 			Help: "Topic partitions assigned to this instance."}),
 	}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
@@ -127,7 +129,7 @@ func TestBackstopCollapsesReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := testTopics()
-	w, err := New(Config{Brokers: []string{"unused:9092"}, InstanceID: "zombie", Topics: names, Conn: conn, Database: db})
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "zombie"}, Topics: names, Conn: conn, Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
@@ -319,7 +321,7 @@ func TestBackfillKilledAndRerun(t *testing.T) {
 	group := testenv.Name(t, "backfill-sink")
 	sinkRefuses := func() {
 		t.Helper()
-		w, err := New(Config{Brokers: brokers, Group: group, InstanceID: "i1", Topics: testTopics(), Conn: conn, Database: db,
+		w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: group, InstanceID: "i1"}, Topics: testTopics(), Conn: conn, Database: db,
 			Logger: zaptest.NewLogger(t)})
 		if err != nil {
 			t.Fatal(err)

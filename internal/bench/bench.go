@@ -35,6 +35,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
@@ -45,10 +46,8 @@ import (
 type Env struct {
 	// Kafka is the connection to the cluster (seed brokers, SASL, TLS)
 	// of every client the benchmark makes, the measured stages' included.
-	// Kafka.Brokers, or Brokers, is required.
+	// Kafka.Brokers is required.
 	Kafka kafka.Config
-	// Brokers is shorthand for Kafka.Brokers; EnsureDefaults copies it.
-	Brokers []string
 	// ClientOptions are added to every Kafka client the benchmark makes,
 	// the measured stages' included (hooks). Default: none.
 	ClientOptions []kgo.Opt
@@ -76,10 +75,6 @@ type Env struct {
 // EnsureDefaults fills nil fields with their defaults; every benchmark
 // calls it.
 func (e *Env) EnsureDefaults() {
-	if len(e.Kafka.Brokers) == 0 {
-		e.Kafka.Brokers = e.Brokers
-	}
-	e.Brokers = e.Kafka.Brokers
 	if e.ClickHouseServer.Addr == "" {
 		e.ClickHouseServer.Addr = e.ClickHouse
 	}
@@ -113,10 +108,9 @@ func (e *Env) producerOptions(opts ...producer.Option) []producer.Option {
 // streamConfig is the stream config of one measured stage: its state in
 // dir, a registry of its own, and the Env's logger at warn level.
 func (e *Env) streamConfig(dir, group, instance string, commitInterval time.Duration) stream.Config {
-	return stream.Config{Kafka: e.Kafka, Group: group, InstanceID: instance,
+	return stream.Config{Config: session.Config{Kafka: e.Kafka, Group: group, InstanceID: instance, ClientOptions: e.ClientOptions},
 		StateDir: filepath.Join(dir, group+"-"+instance), CommitInterval: commitInterval,
-		Logger: e.Logger.WithOptions(zap.IncreaseLevel(zap.WarnLevel)), Registerer: prometheus.NewRegistry(),
-		ClientOptions: e.ClientOptions}
+		Logger: e.Logger.WithOptions(zap.IncreaseLevel(zap.WarnLevel)), Registerer: prometheus.NewRegistry()}
 }
 
 // leftovers are what a benchmark made: topics, consumer groups,

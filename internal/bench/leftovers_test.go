@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
@@ -44,7 +45,7 @@ func testEnv(t *testing.T, brokers []string, progress io.Writer) (*Env, *bytes.B
 	var out bytes.Buffer
 	names := topics.DefaultNames()
 	names.Prefix = testenv.Name(t, "bench.")
-	return &Env{Brokers: brokers, Topics: names, Logger: zap.NewNop(), Progress: progress, Out: &out}, &out
+	return &Env{Kafka: kafka.Config{Brokers: brokers}, Topics: names, Logger: zap.NewNop(), Progress: progress, Out: &out}, &out
 }
 
 // leftBehind lists the topics and groups on the cluster whose names start

@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestDedupReplicationFactors(t *testing.T) {
 	_, brokers := testenv.KFake(t, kfake.NumBrokers(3))
 	var out, progress testenv.SyncBuffer
-	env := &Env{Brokers: brokers, Out: &out, Progress: &progress}
+	env := &Env{Kafka: kafka.Config{Brokers: brokers}, Out: &out, Progress: &progress}
 	cfg := DedupConfig{Events: 400, DuplicateRate: 0.1, ReplicationFactors: []int16{3, 1}, StageConfig: smallStage(t.TempDir())}
 	cfg.Rounds = 2
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/sink"
 )
@@ -213,9 +214,10 @@ func (s sinkRun) Run(ctx context.Context, round int, last bool) (Result, error) 
 	defer b.left.drop(things{databases: []string{db}, groups: []string{group}})
 	reg := prometheus.NewRegistry()
 	w, err := sink.New(sink.Config{
-		Kafka: b.env.Kafka, Group: group, InstanceID: "bench", Topics: b.names,
+		Config:           session.Config{Kafka: b.env.Kafka, Group: group, InstanceID: "bench", ClientOptions: b.env.ClientOptions},
+		Topics:           b.names,
 		ClickHouseServer: b.env.ClickHouseServer, Database: db, MaxBatchRecords: b.cfg.BatchRows,
-		Logger: b.env.Logger.Named("bench-sink"), Registerer: reg, ClientOptions: b.env.ClientOptions,
+		Logger: b.env.Logger.Named("bench-sink"), Registerer: reg,
 	})
 	if err != nil {
 		return Result{}, err

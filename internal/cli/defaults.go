@@ -10,8 +10,10 @@ import (
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/sink"
 )
 
 // defaultVars are the kong variables the flags take their defaults from
@@ -20,6 +22,10 @@ import (
 // that value.
 func defaultVars() kong.Vars {
 	return kong.Vars{
+		"session_timeout":             flagDuration(session.DefaultSessionTimeout),
+		"session_rebalance_timeout":   flagDuration(session.DefaultRebalanceTimeout),
+		"session_transaction_timeout": flagDuration(session.DefaultTransactionTimeout),
+
 		"stream_commit_interval":   flagDuration(stream.DefaultCommitInterval),
 		"stream_max_batch_records": strconv.Itoa(stream.DefaultMaxBatchRecords),
 
@@ -33,6 +39,15 @@ func defaultVars() kong.Vars {
 		"aggregate_period":      string(aggregator.DefaultPeriod),
 		"aggregate_grace":       flagDuration(aggregator.DefaultGrace),
 		"aggregate_final_chunk": strconv.Itoa(aggregator.DefaultFinalChunk),
+
+		"sink_group":               sink.DefaultGroup,
+		"sink_rebalance_timeout":   flagDuration(sink.DefaultRebalanceTimeout),
+		"sink_database":            sink.DefaultDatabase,
+		"sink_max_batch_records":   strconv.Itoa(sink.DefaultMaxBatchRecords),
+		"sink_max_batch_wait":      flagDuration(sink.DefaultMaxBatchWait),
+		"sink_commit_interval":     flagDuration(sink.DefaultCommitInterval),
+		"sink_insert_timeout":      flagDuration(sink.DefaultInsertTimeout),
+		"sink_unknown_error_limit": flagDuration(sink.DefaultUnknownErrorLimit),
 
 		"producer_max_skew": flagDuration(producer.DefaultMaxSkew),
 		"producer_linger":   flagDuration(producer.DefaultLinger),

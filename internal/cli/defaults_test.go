@@ -11,9 +11,11 @@ import (
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/bench"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/sink"
 )
 
 // TestFlagDefaultsAreThePackages: every flag that sets a stage's config
@@ -30,8 +32,24 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		return []check{
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
 			{cmd + " --max-batch-records", f.MaxBatchRecords, stream.DefaultMaxBatchRecords},
+			{cmd + " --session-timeout", f.SessionTimeout, session.DefaultSessionTimeout},
+			{cmd + " --rebalance-timeout", f.RebalanceTimeout, session.DefaultRebalanceTimeout},
+			{cmd + " --transaction-timeout", f.TransactionTimeout, session.DefaultTransactionTimeout},
 		}
 	}
+	sinkFlags := func(cmd, prefix string, f SinkFlags) []check {
+		flag := func(name string) string { return cmd + " --" + prefix + name }
+		return []check{
+			{flag("group"), f.Group, sink.DefaultGroup},
+			{flag("database"), f.Database, sink.DefaultDatabase},
+			{flag("max-batch-records"), f.MaxBatchRecords, sink.DefaultMaxBatchRecords},
+			{flag("max-batch-wait"), f.MaxBatchWait, sink.DefaultMaxBatchWait},
+			{flag("commit-interval"), f.CommitInterval, sink.DefaultCommitInterval},
+			{flag("insert-timeout"), f.InsertTimeout, sink.DefaultInsertTimeout},
+			{flag("unknown-error-limit"), f.UnknownErrorLimit, sink.DefaultUnknownErrorLimit},
+		}
+	}
+	s := parse("sink").Sink
 	d := parse("dedup").Dedup
 	a := parse("aggregate").Aggregate
 	r := parse("run").Run
@@ -71,7 +89,13 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"run --metrics-addr", r.MetricsAddr, defaultMetricsAddr},
 		{"ingest --metrics-addr", parse("ingest").Ingest.MetricsAddr, defaultMetricsAddr},
 		{"demo --http", parse("demo").Demo.HTTP, defaultMetricsAddr},
-		{"lag --group", strings.Join(parse("lag").Lag.Group, ","), dedup.DefaultGroup + "," + aggregator.DefaultGroup + ",meterline-sink"},
+		{"lag --group", strings.Join(parse("lag").Lag.Group, ","), dedup.DefaultGroup + "," + aggregator.DefaultGroup + "," + sink.DefaultGroup},
+		{"sink --session-timeout", s.SessionTimeout, session.DefaultSessionTimeout},
+		{"sink --rebalance-timeout", s.RebalanceTimeout, sink.DefaultRebalanceTimeout},
+		{"sink --transaction-timeout", s.TransactionTimeout, session.DefaultTransactionTimeout},
+		{"migrate --database", parse("migrate").Migrate.Database, sink.DefaultDatabase},
+		{"verify --database", parse("verify").Verify.Database, sink.DefaultDatabase},
+		{"verify --group", parse("verify").Verify.Group, sink.DefaultGroup},
 	}
 	ingestFlags := func(cmd, prefix string, f IngestFlags) []check {
 		flag := func(name string) string { return cmd + " --" + prefix + name }
@@ -91,6 +115,8 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 	checks = append(checks, stage("dedup", d.StageFlags)...)
 	checks = append(checks, stage("aggregate", a.StageFlags)...)
 	checks = append(checks, stage("run", r.StageFlags)...)
+	checks = append(checks, sinkFlags("sink", "", s.SinkFlags)...)
+	checks = append(checks, sinkFlags("run", "sink-", r.Sink)...)
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s defaults to %v, want %v", c.name, c.got, c.want)
@@ -115,17 +141,20 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 // Validate reports starts with its package and names the field as its flag
 // is named (kebab case: --instance-id, --final-chunk; a field without a
 // flag, such as stream's input-topic, the same way), followed by what is
-// wrong. sink.Config is not held to it yet: it names Go fields
-// ("sink config: InstanceID: ...").
+// wrong. The group and transaction settings every stage shares are
+// session's (session: instance-id: ...).
 func TestValidateNamesFlags(t *testing.T) {
-	line := regexp.MustCompile(`^(stream|dedup|aggregator|kafka|bench|ingest|entitlements): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| -?[0-9"\[(])`)
+	line := regexp.MustCompile(`^(session|stream|dedup|aggregator|sink|kafka|bench|ingest|entitlements): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| -?[0-9"\[(])`)
 	errs := map[string]error{
 		"stream":    (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1}).Validate(),
 		"dedup":     (&dedup.Config{Skew: -1, Sources: []string{""}, WatermarkEvery: -1, Keys: []dedup.Key{{ID: "a"}, {ID: "a"}}}).Validate(),
 		"aggregate": (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1}).Validate(),
 		"ingest": (&ingest.Config{TLSCertFile: "cert.pem", MaxBodyBytes: 10, MaxEvents: -1, ProduceTimeout: time.Millisecond,
 			ReadTimeout: -1, ShutdownTimeout: time.Nanosecond}).Validate(),
-		"entitlements":  (&entitlements.Config{Window: -1}).Validate(),
+		"entitlements": (&entitlements.Config{Window: -1}).Validate(),
+		"sink": (&sink.Config{ClickHouse: "x:9000", Database: "bad-name", Topics: topics.Names{Prefix: "p."}, MaxBatchRecords: -1,
+			MaxBatchWait: -1, CommitInterval: -1, InsertBlockRows: -1, InsertTimeout: -1, QueryTimeout: -1, BackoffMin: -1,
+			MaxRefusedInARow: -1, UnknownErrorLimit: -1}).Validate(),
 		"bench produce": (&bench.ProduceConfig{}).Validate(),
 		"bench dedup":   (&bench.DedupConfig{DuplicateRate: 2}).Validate(),
 		"bench agg":     (&bench.AggregateConfig{}).Validate(),

@@ -12,7 +12,7 @@ import (
 
 // LagCmd is `meterline lag`.
 type LagCmd struct {
-	Group []string      `help:"Consumer groups to show." default:"${dedup_group},${aggregate_group},meterline-sink"`
+	Group []string      `help:"Consumer groups to show." default:"${dedup_group},${aggregate_group},${sink_group}"`
 	Watch time.Duration `help:"Refresh every this long (0: print once)." default:"0s"`
 	All   bool          `help:"Show caught-up partitions too."`
 }

@@ -30,8 +30,8 @@ func TestRunValidate(t *testing.T) {
 	}
 	bad := []string{"run", "--validate", "--instance-id", "a", "--sink-insert-timeout", "2m", "--sink-database", "bad-name", "--dedup-keys-file", keys}
 	code, _, errOut = run(t, "", bad...)
-	if code != 2 || !strings.Contains(errOut, "InsertTimeout") || !strings.Contains(errOut, "Database") {
-		t.Fatalf("exit %d, want 2 naming InsertTimeout and Database:\n%s", code, errOut)
+	if code != 2 || !strings.Contains(errOut, "sink: insert-timeout: 2m0s") || !strings.Contains(errOut, "sink: database: \"bad-name\"") {
+		t.Fatalf("exit %d, want 2 naming insert-timeout and database:\n%s", code, errOut)
 	}
 	code, out, errOut = run(t, "", append(bad, "--no-sink")...)
 	if code != 0 || !strings.Contains(out, "configuration ok") {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/sink"
 )
@@ -17,20 +18,20 @@ import (
 // SinkFlags are the sink's own flags: `meterline sink` takes them as they
 // are, `meterline run` with the prefix sink- (--sink-database, ...).
 type SinkFlags struct {
-	Group             string        `help:"Consumer group of the sink." default:"meterline-sink"`
-	Database          string        `help:"ClickHouse database holding the tables." default:"meterline"`
+	Group             string        `help:"Consumer group of the sink." default:"${sink_group}"`
+	Database          string        `help:"ClickHouse database holding the tables." default:"${sink_database}"`
 	Migrate           bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
-	MaxBatchRecords   int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"10000"`
-	MaxBatchWait      time.Duration `help:"Longest a record waits for its INSERT." default:"1s"`
-	CommitInterval    time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"1s"`
+	MaxBatchRecords   int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"${sink_max_batch_records}"`
+	MaxBatchWait      time.Duration `help:"Longest a record waits for its INSERT." default:"${sink_max_batch_wait}"`
+	CommitInterval    time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"${sink_commit_interval}"`
 	InsertBlockRows   int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
-	InsertTimeout     time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"20s"`
-	UnknownErrorLimit time.Duration `help:"How long INSERTs failing with a ClickHouse error code the sink knows neither as a refusal of rows nor as transient are retried (nothing parked, nothing committed) before the sink stops with an error." default:"5m"`
+	InsertTimeout     time.Duration `help:"Deadline of one INSERT attempt; shorter than the rebalance timeout." default:"${sink_insert_timeout}"`
+	UnknownErrorLimit time.Duration `help:"How long INSERTs failing with a ClickHouse error code the sink knows neither as a refusal of rows nor as transient are retried (nothing parked, nothing committed) before the sink stops with an error." default:"${sink_unknown_error_limit}"`
 }
 
 // config builds the sink's configuration; the Kafka session settings come
 // from the caller (the sink's own flags, or run's shared stage flags).
-func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, txn time.Duration, log *zap.Logger, reg prometheus.Registerer) (sink.Config, error) {
+func (f *SinkFlags) config(g *Globals, instanceID string, sessionTimeout, rebalance, txn time.Duration, log *zap.Logger, reg prometheus.Registerer) (sink.Config, error) {
 	id, err := resolveInstanceID(instanceID)
 	if err != nil {
 		return sink.Config{}, err
@@ -44,11 +45,11 @@ func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, tx
 		return sink.Config{}, err
 	}
 	cfg := sink.Config{
-		Kafka: kc, Group: f.Group, InstanceID: id, Topics: g.Topic,
-		ClickHouseServer: srv, Database: f.Database,
+		Config: session.Config{Kafka: kc, Group: f.Group, InstanceID: id,
+			SessionTimeout: sessionTimeout, RebalanceTimeout: rebalance, TransactionTimeout: txn},
+		Topics: g.Topic, ClickHouseServer: srv, Database: f.Database,
 		MaxBatchRecords: f.MaxBatchRecords, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
-		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, SessionTimeout: session, RebalanceTimeout: rebalance,
-		TransactionTimeout: txn, Logger: log, Registerer: reg,
+		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, Logger: log, Registerer: reg,
 	}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
@@ -58,9 +59,9 @@ func (f *SinkFlags) config(g *Globals, instanceID string, session, rebalance, tx
 type SinkCmd struct {
 	SinkFlags          `embed:""`
 	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
-	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
-	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"60s"`
-	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
+	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
+	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${sink_rebalance_timeout}"`
+	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9466 serves every interface." default:"127.0.0.1:9466"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
@@ -101,7 +102,7 @@ func sinkInputs(n topics.Names) []string {
 
 // MigrateCmd is `meterline migrate`.
 type MigrateCmd struct {
-	Database string `help:"ClickHouse database to create (if missing) and migrate." default:"meterline"`
+	Database string `help:"ClickHouse database to create (if missing) and migrate." default:"${sink_database}"`
 }
 
 // Run applies the pending migrations.

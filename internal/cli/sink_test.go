@@ -60,7 +60,7 @@ func TestSinkValidate(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, _, errOut = run(t, "", "sink", "--validate", "--instance-id", "a", "--insert-timeout", "2m", "--database", "bad-name")
-	if code != 2 || !strings.Contains(errOut, "InsertTimeout") || !strings.Contains(errOut, "Database") {
-		t.Fatalf("exit %d, want 2 naming InsertTimeout and Database:\n%s", code, errOut)
+	if code != 2 || !strings.Contains(errOut, "sink: insert-timeout: 2m0s") || !strings.Contains(errOut, "sink: database: \"bad-name\"") {
+		t.Fatalf("exit %d, want 2 naming insert-timeout and database:\n%s", code, errOut)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 )
 
@@ -23,9 +24,9 @@ type StageFlags struct {
 	StateDir           string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
 	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
 	MaxBatchRecords    int           `help:"Most input records in one transaction." default:"${stream_max_batch_records}"`
-	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"10s"`
-	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"30s"`
-	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"10s"`
+	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
+	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
+	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
@@ -40,17 +41,19 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logg
 		return stream.Config{}, err
 	}
 	return stream.Config{
-		Kafka:              kc,
-		Group:              group,
-		InstanceID:         id,
-		StateDir:           filepath.Join(f.StateDir, stage+"-"+id),
-		CommitInterval:     f.CommitInterval,
-		MaxBatchRecords:    f.MaxBatchRecords,
-		SessionTimeout:     f.SessionTimeout,
-		RebalanceTimeout:   f.RebalanceTimeout,
-		TransactionTimeout: f.TransactionTimeout,
-		Logger:             log,
-		Registerer:         reg,
+		Config: session.Config{
+			Kafka:              kc,
+			Group:              group,
+			InstanceID:         id,
+			SessionTimeout:     f.SessionTimeout,
+			RebalanceTimeout:   f.RebalanceTimeout,
+			TransactionTimeout: f.TransactionTimeout,
+		},
+		StateDir:        filepath.Join(f.StateDir, stage+"-"+id),
+		CommitInterval:  f.CommitInterval,
+		MaxBatchRecords: f.MaxBatchRecords,
+		Logger:          log,
+		Registerer:      reg,
 	}, nil
 }
 

@@ -16,8 +16,8 @@ import (
 
 // VerifyCmd is `meterline verify`.
 type VerifyCmd struct {
-	Database string        `help:"ClickHouse database of the sink's tables." default:"meterline"`
-	Group    string        `help:"Consumer group of the sink: a rebuild refuses to run while it has members." default:"meterline-sink"`
+	Database string        `help:"ClickHouse database of the sink's tables." default:"${sink_database}"`
+	Group    string        `help:"Consumer group of the sink: a rebuild refuses to run while it has members." default:"${sink_group}"`
 	Tables   []string      `help:"Derived tables to check or rebuild, comma-separated. Default: all (with --backfill and an unfinished rebuild: its tables)."`
 	Since    string        `help:"First month compared, YYYYMM. Default: the month after the oldest month the ledger tables hold." placeholder:"YYYYMM"`
 	DryRun   bool          `help:"Compare only, rebuild nothing (safe while the sink runs). Exits 1 when a month differs."`

@@ -32,6 +32,7 @@ import (
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/lag"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
@@ -108,7 +109,7 @@ func startIngest(ctx, runCtx context.Context, cfg Config, brokers []string, name
 	if err != nil {
 		return nil, "", fmt.Errorf("demo: ingest key: %w", err)
 	}
-	srv, err := ingest.New(ingest.Config{Addr: cfg.IngestAddr, Brokers: brokers, Topic: names.EventsTopic(), KeysTopic: names.KeysTopic(),
+	srv, err := ingest.New(ingest.Config{Addr: cfg.IngestAddr, Kafka: kafka.Config{Brokers: brokers}, Topic: names.EventsTopic(), KeysTopic: names.KeysTopic(),
 		Meters: cat, Logger: cfg.Logger, Registerer: cfg.Registry})
 	if err != nil {
 		return nil, "", err
@@ -204,9 +205,11 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	}
 
 	streamCfg := func(group, id string) stream.Config {
-		return stream.Config{Brokers: brokers, Group: group, InstanceID: id, StateDir: filepath.Join(cfg.Dir, "state", group),
-			CommitInterval: 100 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: cfg.Logger, Registerer: cfg.Registry,
-			RestartBackoff: 200 * time.Millisecond}
+		return stream.Config{
+			Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: group, InstanceID: id,
+				SessionTimeout: 6 * time.Second, RestartBackoff: 200 * time.Millisecond},
+			StateDir: filepath.Join(cfg.Dir, "state", group), CommitInterval: 100 * time.Millisecond,
+			Logger: cfg.Logger, Registerer: cfg.Registry}
 	}
 	// The embedded broker lives as long as the demo: an ephemeral key signs
 	// dedup's headers, and the generator's services get their own labels.
@@ -244,9 +247,11 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	defer stopSink()
 	var sinkWG sync.WaitGroup
 	if chConn != nil {
-		w, err := sink.New(sink.Config{Brokers: brokers, Group: sinkGroup, InstanceID: "demo", Topics: names,
-			ClickHouseServer: cfg.ClickHouseServer, Database: cfg.Database, MaxBatchWait: 500 * time.Millisecond,
-			CommitInterval: 500 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: cfg.Logger, Registerer: cfg.Registry})
+		w, err := sink.New(sink.Config{
+			Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: sinkGroup, InstanceID: "demo",
+				SessionTimeout: 6 * time.Second},
+			Topics: names, ClickHouseServer: cfg.ClickHouseServer, Database: cfg.Database, MaxBatchWait: 500 * time.Millisecond,
+			CommitInterval: 500 * time.Millisecond, Logger: cfg.Logger, Registerer: cfg.Registry})
 		if err != nil {
 			return false, err
 		}

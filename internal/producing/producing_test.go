@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -96,8 +98,8 @@ func TestRealProducingExamples(t *testing.T) {
 	}
 	dctx, stop := context.WithCancel(context.Background())
 	st, err := dedup.New(dctx, dedup.Config{Topics: names, TickInterval: 200 * time.Millisecond, Keys: []dedup.Key{key},
-		Stream: stream.Config{Brokers: brokers, Group: group, InstanceID: "t", StateDir: filepath.Join(t.TempDir(), "state"),
-			CommitInterval: 50 * time.Millisecond, SessionTimeout: 6 * time.Second, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("dedup")}})
+		Stream: stream.Config{Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: group, InstanceID: "t", SessionTimeout: 6 * time.Second},
+			StateDir: filepath.Join(t.TempDir(), "state"), CommitInterval: 50 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Named("dedup")}})
 	if err != nil {
 		stop()
 		t.Fatal(err)

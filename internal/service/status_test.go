@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -28,7 +29,7 @@ type fakeStages struct {
 }
 
 func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
-	f := NewFactory(reg)
+	f := prom.NewFactory(reg)
 	s := &fakeStages{
 		in:        f.NewCounterVec(prometheus.CounterOpts{Name: metricStreamIn}, []string{"stage", "topic"}),
 		out:       f.NewCounterVec(prometheus.CounterOpts{Name: metricStreamOut}, []string{"stage", "topic"}),

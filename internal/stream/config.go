@@ -3,16 +3,14 @@ package stream
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/clock"
-	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 )
 
 // Config configures a Runtime. Zero fields take the defaults documented on
@@ -20,20 +18,14 @@ import (
 type Config struct {
 	// Stage names the stage in logs and metrics: "dedup", "aggregate".
 	Stage string
-	// Kafka is the connection to the cluster: seed brokers, SASL and TLS.
+	// Config is the stage instance's consumer group and transactional
+	// producer (session.Config): Kafka (the connection; Kafka.Brokers is
+	// required), Group (required), InstanceID (required; the transactional
+	// ID is "<Group>-<InstanceID>"), the session, rebalance and transaction
+	// timeouts, RestartBackoff and ClientOptions, with their defaults.
 	// Every client of the runtime (the transactional session, restore
-	// readers) connects with it. Kafka.Brokers is required, or Brokers.
-	Kafka kafka.Config
-	// Brokers is shorthand for Kafka.Brokers, for a cluster without SASL
-	// or TLS; EnsureDefaults copies it there. Setting both is an error.
-	Brokers []string
-	// Group is the consumer group. Required.
-	Group string
-	// InstanceID names this instance; the transactional ID is
-	// "<Group>-<InstanceID>". It must be stable across restarts of the same
-	// instance, so a restart fences its own zombie at once, and unique in
-	// the group. Required.
-	InstanceID string
+	// readers) connects with its Kafka.
+	session.Config
 	// InputTopic is consumed (read_committed). Required.
 	InputTopic string
 	// ChangelogTopic holds every state change; it must have exactly as many
@@ -55,16 +47,6 @@ type Config struct {
 	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
 	// interval). Zero disables it. Default: 0.
 	PunctuateInterval time.Duration
-	// SessionTimeout is the group session timeout. Default: 10s.
-	SessionTimeout time.Duration
-	// RebalanceTimeout bounds a rebalance. Default: 30s.
-	RebalanceTimeout time.Duration
-	// TransactionTimeout is the broker-side timeout after which an open
-	// transaction of a dead instance is aborted. Default: 10s.
-	TransactionTimeout time.Duration
-	// RestartBackoff is the pause before a session is rebuilt after a
-	// failed commit. Default: 1s.
-	RestartBackoff time.Duration
 
 	// Clock drives the commit and punctuate timers and dates checkpoints
 	// for the restore horizon (DESIGN §6.8), never billing decisions.
@@ -75,8 +57,6 @@ type Config struct {
 	// Registerer receives the runtime's metrics. Default: a private
 	// registry (metrics are not exported).
 	Registerer prometheus.Registerer
-	// ClientOptions are appended to the Kafka client options (tests).
-	ClientOptions []kgo.Opt
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's stage flags show
@@ -88,12 +68,7 @@ const (
 
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
-	if len(c.Kafka.Brokers) == 0 {
-		c.Kafka.Brokers = c.Brokers
-	}
-	if len(c.Brokers) == 0 {
-		c.Brokers = c.Kafka.Brokers
-	}
+	c.Config.EnsureDefaults()
 	if c.FS == nil {
 		c.FS = vfs.Default
 	}
@@ -102,18 +77,6 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxBatchRecords == 0 {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 30 * time.Second
-	}
-	if c.TransactionTimeout == 0 {
-		c.TransactionTimeout = 10 * time.Second
-	}
-	if c.RestartBackoff == 0 {
-		c.RestartBackoff = time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -138,14 +101,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("stream: %s is required", field))
 		}
 	}
-	if err := c.Kafka.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("stream: %w", err))
+	if err := c.Config.Validate(); err != nil {
+		errs = append(errs, err)
 	}
-	if !slices.Equal(c.Brokers, c.Kafka.Brokers) {
-		errs = append(errs, fmt.Errorf("stream: brokers %q and kafka brokers %q: set one", c.Brokers, c.Kafka.Brokers))
-	}
-	req("group", c.Group)
-	req("instance-id", c.InstanceID)
 	req("input-topic", c.InputTopic)
 	req("changelog-topic", c.ChangelogTopic)
 	if _, mem := c.FS.(*vfs.MemFS); !mem {
@@ -157,9 +115,6 @@ func (c *Config) Validate() error {
 		}
 	}
 	pos("commit-interval", c.CommitInterval)
-	pos("session-timeout", c.SessionTimeout)
-	pos("rebalance-timeout", c.RebalanceTimeout)
-	pos("transaction-timeout", c.TransactionTimeout)
 	if c.PunctuateInterval < 0 {
 		errs = append(errs, fmt.Errorf("stream: punctuate-interval must not be negative (got %s)", c.PunctuateInterval))
 	}
@@ -171,6 +126,3 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
-
-// TransactionalID is "<Group>-<InstanceID>" (DESIGN §1).
-func (c *Config) TransactionalID() string { return c.Group + "-" + c.InstanceID }

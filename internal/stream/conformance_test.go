@@ -20,6 +20,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -258,10 +260,11 @@ type instance struct {
 
 // config is an instance's configuration: fast timers for kfake.
 func (s *suite) config(id string, fs vfs.FS) Config {
-	return Config{Stage: "count", Brokers: s.brokers, Group: s.group, InstanceID: id, InputTopic: s.input,
-		ChangelogTopic: s.changelog, FS: fs, StateDir: "state-" + id,
-		CommitInterval: 20 * time.Millisecond, SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second,
-		RestartBackoff: 50 * time.Millisecond,
+	return Config{Stage: "count",
+		Config: session.Config{Kafka: kafka.Config{Brokers: s.brokers}, Group: s.group, InstanceID: id,
+			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second, RestartBackoff: 50 * time.Millisecond},
+		InputTopic: s.input, ChangelogTopic: s.changelog, FS: fs, StateDir: "state-" + id,
+		CommitInterval: 20 * time.Millisecond,
 		Logger:         zaptest.NewLogger(s.t, zaptest.Level(zap.InfoLevel)).Named(id)}
 }
 

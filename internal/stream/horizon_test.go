@@ -18,6 +18,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/clock"
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -123,7 +125,8 @@ func TestCheckpointEncoding(t *testing.T) {
 
 func TestRestoreRateEstimate(t *testing.T) {
 	fs := vfs.NewMem()
-	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Group: "g", InstanceID: "i", InputTopic: "in", ChangelogTopic: "cl", FS: fs}
+	cfg := Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}, Group: "g", InstanceID: "i"},
+		InputTopic: "in", ChangelogTopic: "cl", FS: fs}
 	rt, err := New(cfg, kvProc{})
 	if err != nil {
 		t.Fatal(err)
@@ -235,8 +238,9 @@ func (w *kvWorld) send(kv ...string) {
 func (w *kvWorld) run(id string, fs vfs.FS, clk clock.Clock) (*prometheus.Registry, error) {
 	w.t.Helper()
 	reg := prometheus.NewRegistry()
-	rt, err := New(Config{Stage: "kv", Brokers: w.brokers, Group: w.group, InstanceID: id, InputTopic: w.input,
-		ChangelogTopic: w.changelog, FS: fs, SessionTimeout: 6 * time.Second, Clock: clk,
+	rt, err := New(Config{Stage: "kv",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: id, SessionTimeout: 6 * time.Second},
+		InputTopic: w.input, ChangelogTopic: w.changelog, FS: fs, Clock: clk,
 		Logger: zaptest.NewLogger(w.t, zaptest.Level(zap.InfoLevel)).Named(id), Registerer: reg}, kvProc{})
 	if err != nil {
 		w.t.Fatal(err)

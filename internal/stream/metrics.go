@@ -4,16 +4,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meterline/meterline/internal/prom"
+	"github.com/meterline/meterline/internal/session"
 )
 
 type metrics struct {
-	recordsIn      *prometheus.CounterVec
+	// session: input records, transactions by outcome, commit time,
+	// session restarts.
+	session        *session.Metrics
 	recordsOut     *prometheus.CounterVec
-	txns           *prometheus.CounterVec
-	commitSeconds  prometheus.Observer
 	settleSeconds  prometheus.Observer
 	fenced         prometheus.Counter
-	restarts       prometheus.Counter
 	restoring      *prometheus.GaugeVec
 	restoreRecords prometheus.Counter
 	restoreSeconds prometheus.Observer
@@ -26,22 +26,21 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
-	f := prom.NewFactory(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg)
+	f := prom.NewFactory(reg)
 	m := &metrics{
-		recordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_in_total",
-			Help: "Input records consumed, by topic."}, []string{"topic"}),
+		session: session.NewMetrics(reg, session.Names{
+			RecordsIn:     "meterline_stream_records_in_total",
+			Transactions:  "meterline_stream_transactions_total",
+			CommitSeconds: "meterline_stream_commit_seconds",
+			Restarts:      "meterline_stream_session_restarts_total",
+		}, "outputs, changelog records and consumed offsets"),
 		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",
 			Help: "Output records produced in transactions (committed or not), by topic."}, []string{"topic"}),
-		txns: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_transactions_total",
-			Help: "Transactions ended, by outcome: committed, aborted, unknown."}, []string{"outcome"}),
-		commitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_commit_seconds",
-			Help: "Time to write the changelog and end a transaction.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		settleSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_seconds",
 			Help: "Time from the end of a transaction until the coordinator reported it complete (its markers written); the next transaction produces only then.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		fenced: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_commits_refused_total",
 			Help: "Transactions aborted because the group rebalanced or the offset commit was fenced (a zombie's commits)."}),
-		restarts: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_session_restarts_total",
-			Help: "Sessions rebuilt after a commit with an unknown outcome."}),
 		restoring: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_restore_remaining_records",
 			Help: "Changelog offsets left to replay, per partition being restored (0 when done)."}, []string{"partition"}),
 		restoreRecords: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_restore_records_total",

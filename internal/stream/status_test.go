@@ -15,7 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -100,8 +102,9 @@ func TestStatusReportsRestoreAndOwnership(t *testing.T) {
 	})
 
 	group := testenv.Name(t, "group")
-	rt, err := New(Config{Stage: "keep", Brokers: brokers, Group: group, InstanceID: "i1", InputTopic: input,
-		ChangelogTopic: changelog, FS: vfs.NewMem(), SessionTimeout: 6 * time.Second,
+	rt, err := New(Config{Stage: "keep",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: group, InstanceID: "i1", SessionTimeout: 6 * time.Second},
+		InputTopic: input, ChangelogTopic: changelog, FS: vfs.NewMem(),
 		Logger: zaptest.NewLogger(t), Registerer: prometheus.NewRegistry()}, keepProc{})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -400,18 +402,20 @@ func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, rec
 	w := &wire{after: obs.after}
 	reg := prometheus.NewRegistry()
 	cfg := stream.Config{
+		Config: session.Config{
+			Kafka:          kafka.Config{Brokers: brokers},
+			Group:          r.group,
+			InstanceID:     "i1",
+			SessionTimeout: 6 * time.Second,
+			ClientOptions:  []kgo.Opt{kgo.WithHooks(w)},
+		},
 		Stage:           "fresh",
-		Brokers:         brokers,
-		Group:           r.group,
-		InstanceID:      "i1",
 		InputTopic:      r.in,
 		ChangelogTopic:  r.changelog,
 		FS:              vfs.NewMem(),
 		MaxBatchRecords: batch,
-		SessionTimeout:  6 * time.Second,
 		Registerer:      reg,
 		Logger:          zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&r.logs), zap.WarnLevel)),
-		ClientOptions:   []kgo.Opt{kgo.WithHooks(w)},
 	}
 	rt, err := stream.New(cfg, proc)
 	if err != nil {

@@ -1,4 +1,4 @@
-package sink
+package session
 
 import (
 	"errors"
@@ -19,9 +19,10 @@ func fetchesWith(err error) kgo.Fetches {
 }
 
 // TestFetchErrorRejoins: the losses of a group or of its coordinator that
-// kgo repairs by rejoining never stop the sink (on a cluster, a killed or
-// paused broker that coordinated the group produced each of these and
-// stopped both sink instances); other errors still do.
+// kgo repairs by rejoining never stop a stage, the sink or a stream stage
+// (on a cluster, a killed or paused broker that coordinated the group
+// produced each of these and stopped both sink instances); other errors
+// still do.
 func TestFetchErrorRejoins(t *testing.T) {
 	session := func(err error) error { return &kgo.ErrGroupSession{Err: err} }
 	for name, err := range map[string]error{
@@ -35,8 +36,8 @@ func TestFetchErrorRejoins(t *testing.T) {
 		"connection reset": session(&net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}),
 		"eof":              session(io.EOF),
 	} {
-		if got := fetchError(zap.NewNop(), fetchesWith(err)); got != nil {
-			t.Errorf("%s: the sink stops with %v; it must rejoin", name, got)
+		if got := FetchError(zap.NewNop(), fetchesWith(err)); got != nil {
+			t.Errorf("%s: the stage stops with %v; it must rejoin", name, got)
 		}
 	}
 	for name, err := range map[string]error{
@@ -44,9 +45,9 @@ func TestFetchErrorRejoins(t *testing.T) {
 		"topic not authorized": kerr.TopicAuthorizationFailed,
 		"offset out of range":  kerr.OffsetOutOfRange,
 	} {
-		got := fetchError(zap.NewNop(), fetchesWith(err))
+		got := FetchError(zap.NewNop(), fetchesWith(err))
 		if got == nil || !errors.Is(got, errors.Unwrap(err)) && !errors.Is(got, err) {
-			t.Errorf("%s: fetchError = %v, want the sink to stop with it", name, got)
+			t.Errorf("%s: FetchError = %v, want the stage to stop with it", name, got)
 		}
 	}
 }

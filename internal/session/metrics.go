@@ -1,0 +1,55 @@
+package session
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/prom"
+)
+
+// Outcomes of a transaction, the outcome label of Names.Transactions.
+const (
+	Committed = "committed"
+	Aborted   = "aborted"
+	// Unknown: ending the transaction failed; the session is rebuilt
+	// (ErrRestart).
+	Unknown = "unknown"
+)
+
+// Names are the full names of a stage's session metrics, spelled out by
+// the stage so that a search for a metric's name finds where it is
+// registered.
+type Names struct {
+	RecordsIn, Transactions, CommitSeconds, Restarts string
+}
+
+// Metrics are a stage's session metrics. The stage counts its input and
+// its transactions; Loop.Run counts the restarts.
+type Metrics struct {
+	// RecordsIn is Names.RecordsIn{topic}: input records polled, by topic
+	// (counted again when re-consumed after an aborted transaction).
+	RecordsIn *prometheus.CounterVec
+	// Transactions is Names.Transactions{outcome}: transactions ended, by
+	// outcome (Committed, Aborted, Unknown).
+	Transactions *prometheus.CounterVec
+	// CommitSeconds is Names.CommitSeconds: the time to write what is
+	// left of a transaction and end it.
+	CommitSeconds prometheus.Histogram
+	// Restarts is Names.Restarts: sessions rebuilt after ErrRestart.
+	Restarts prometheus.Counter
+}
+
+// NewMetrics gets or registers the session metrics of a stage, named n.
+// carries says what one of its transactions carries, for the help text.
+func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
+	f := prom.NewFactory(reg)
+	return &Metrics{
+		RecordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: n.RecordsIn,
+			Help: "Input records polled, by topic (counted again when re-consumed after an aborted transaction)."}, []string{"topic"}),
+		Transactions: f.NewCounterVec(prometheus.CounterOpts{Name: n.Transactions,
+			Help: "Transactions ended (" + carries + "), by outcome: committed, aborted, unknown."}, []string{"outcome"}),
+		CommitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: n.CommitSeconds,
+			Help: "Time to write what is left of a transaction (" + carries + ") and end it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		Restarts: f.NewCounter(prometheus.CounterOpts{Name: n.Restarts,
+			Help: "Kafka sessions rebuilt, with the same transactional ID, after a commit with an unknown outcome."}),
+	}
+}

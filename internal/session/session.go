@@ -1,0 +1,195 @@
+// Package session is the Kafka session of Meterline's exactly-once stages
+// — the stream runtime under dedup and the aggregator, and the ClickHouse
+// sink: one consumer-group member and one transactional producer in a
+// kgo.GroupTransactSession, and the loop that rebuilds that session when a
+// commit's outcome is unknown. The connection itself (brokers, SASL, TLS)
+// is kafka.Config; the stage decides what its transactions carry.
+//
+// What a session guarantees, and where (DESIGN §6):
+//
+//   - The transactions of the session commit the consumed offsets with
+//     whatever the stage produced in them, or neither (§6.2): kgo's
+//     GroupTransactSession adds the polled offsets to the transaction, and
+//     a revoke marks an open transaction as failed, so it can only abort.
+//   - Input is read read_committed, from the group's committed offsets
+//     once they are stable (RequireStableFetchOffsets: no transaction of a
+//     previous owner still pending, §6.4), and never from an automatic
+//     offset reset (§6.6): the stage's Assigned hook sees every newly
+//     assigned partition's committed offset and says where one without an
+//     offset starts.
+//   - The transactional ID is "<Group>-<InstanceID>", the same in every
+//     session of an instance and across restarts, so that a new session
+//     fences the old one's producer and aborts or completes its open
+//     transaction (§6.5, steps 1 and 2).
+//   - A session whose commit outcome is unknown ends with ErrRestart; Run
+//     then closes it and opens a new one after RestartBackoff, which
+//     rejoins the group (§6.5, step 3); the stage restores on the new
+//     assignment (step 4).
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kzap"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/kafka"
+)
+
+// ErrRestart is returned by a session's body (Loop.Run) when ending a
+// transaction failed and its outcome is unknown, or the producer was
+// fenced or lost its transactional state: Run rebuilds the session with
+// the same transactional ID.
+var ErrRestart = errors.New("session: commit outcome unknown: rebuild the session")
+
+// Loop opens a stage instance's sessions, one at a time, and runs them
+// until the stage stops (Run).
+type Loop struct {
+	cfg      Config
+	conn     []kgo.Opt // cfg.Kafka's seed brokers, SASL and TLS
+	log      *zap.Logger
+	m        *Metrics
+	recovery string
+}
+
+// NewLoop returns the loop of one stage instance. cfg must have its
+// defaults (EnsureDefaults) and be valid. The restart log lines go to log
+// and say what the stage does after a new session joined (recovery, e.g.
+// "then restoring"); kgo's own lines go to log too, named "kgo", at warn
+// and above unless log is at debug level. m counts the loop's
+// transactions and restarts.
+func NewLoop(cfg Config, log *zap.Logger, m *Metrics, recovery string) (*Loop, error) {
+	conn, err := cfg.Kafka.Opts()
+	if err != nil {
+		return nil, fmt.Errorf("session: %w", err)
+	}
+	return &Loop{cfg: cfg, conn: conn, log: log, m: m, recovery: recovery}, nil
+}
+
+// Conn returns the client options of the connection (seed brokers, SASL,
+// TLS), for the stage's other clients.
+func (l *Loop) Conn() []kgo.Opt { return slices.Clone(l.conn) }
+
+// Hooks are the stage's side of a session's group membership. Both run on
+// kgo's group goroutine and are required.
+type Hooks struct {
+	// Assigned is kgo's AdjustFetchOffsetsFn: it runs once the group's
+	// committed offsets of newly assigned partitions are fetched and
+	// stable, and returns where each partition starts. A partition without
+	// a committed offset comes with kgo.NoResetOffset, which means its end:
+	// the stage sets where it starts.
+	Assigned func(context.Context, map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error)
+	// Revoked is called for partitions revoked and for partitions lost. It
+	// must finish or abandon the stage's work on them before it returns.
+	Revoked func(context.Context, *kgo.Client, map[string][]int32)
+}
+
+// Open returns a new session consuming topics: the connection's options,
+// then the group and transaction settings of the Config, the hooks, the
+// stage's opts, and last Config.ClientOptions. Closing it leaves the
+// group.
+func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransactSession, error) {
+	c := &l.cfg
+	base := []kgo.Opt{
+		kgo.TransactionalID(c.TransactionalID()),
+		kgo.TransactionTimeout(c.TransactionTimeout),
+		kgo.ConsumerGroup(c.Group),
+		kgo.ConsumeTopics(topics...),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RequireStableFetchOffsets(),
+		// No automatic reset: an out-of-range offset (retention deleted
+		// records the stage never read) is an error, never a silent jump
+		// (DESIGN §6.6). Assigned sets where a first start reads from.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		kgo.SessionTimeout(c.SessionTimeout),
+		kgo.RebalanceTimeout(c.RebalanceTimeout),
+		kgo.HeartbeatInterval(c.SessionTimeout / 10),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.ProducerLinger(0),
+		kgo.AdjustFetchOffsetsFn(h.Assigned),
+		kgo.OnPartitionsRevoked(h.Revoked),
+		kgo.OnPartitionsLost(h.Revoked),
+		kgo.WithLogger(kzap.New(l.log.Named("kgo"), kzap.Level(kgoLevel(l.log)))),
+	}
+	sess, err := kgo.NewGroupTransactSession(slices.Concat(l.conn, base, opts, c.ClientOptions)...)
+	if err != nil {
+		return nil, fmt.Errorf("session: kafka client for group %s: %w", c.Group, err)
+	}
+	return sess, nil
+}
+
+// kgoLevel logs kgo's own messages at warn and above, unless the stage's
+// logger is at debug level.
+func kgoLevel(l *zap.Logger) kgo.LogLevel {
+	if l.Core().Enabled(zap.DebugLevel) {
+		return kgo.LogLevelDebug
+	}
+	return kgo.LogLevelWarn
+}
+
+// Run calls body, which opens one session, runs it and closes it, until
+// ctx ends or body returns an error other than ErrRestart. After
+// ErrRestart it counts a restart, logs it and calls body again after
+// RestartBackoff. It returns nil when ctx has ended and body returned nil,
+// a context.Canceled or ErrRestart (stopping is not a failure), and
+// body's error otherwise.
+func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error {
+	for {
+		err := body(ctx)
+		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrRestart)) {
+			return nil
+		}
+		if !errors.Is(err, ErrRestart) {
+			return err
+		}
+		l.m.Restarts.Inc()
+		l.log.Warn("commit outcome unknown: rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction), "+l.recovery,
+			zap.String("transactional_id", l.cfg.TransactionalID()))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(l.cfg.RestartBackoff):
+		}
+	}
+}
+
+// FetchError returns the first error of a poll's fetches that stops the
+// stage, or nil. Not errors: a poll cut short (Interrupted), and a group
+// session error that kgo repairs by rejoining (kafka.GroupRejoins): the
+// member was dropped from the group (a zombie after a long pause, a missed
+// session timeout) or could not reach the group coordinator (a broker that
+// died or paused, a coordinator that moved). kgo injects that one after it
+// has already called the Revoked hook for every partition the member owned
+// (an open transaction can only abort) and keeps rejoining; the next
+// assignment restores or resumes as usual. It is logged at warn level.
+// Any other error, such as an authorization failure or an offset out of
+// range, stops the stage: offsets are never reset automatically (DESIGN
+// §6.6).
+func FetchError(log *zap.Logger, fs kgo.Fetches) error {
+	var ferr error
+	fs.EachError(func(t string, p int32, err error) {
+		if Interrupted(err) {
+			return
+		}
+		var gs *kgo.ErrGroupSession
+		if errors.As(err, &gs) && kafka.GroupRejoins(gs.Err) {
+			log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
+			return
+		}
+		if ferr == nil {
+			ferr = fmt.Errorf("fetch %s/%d: %w (offsets are never reset automatically; see DESIGN §6.6)", t, p, err)
+		}
+	})
+	return ferr
+}
+
+// Interrupted reports whether a fetch error only says that the poll was
+// cut short (its context ended, or the client closed): nothing failed.
+func Interrupted(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrClientClosed)
+}

@@ -1,0 +1,348 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/session"
+)
+
+// producerStateError reports whether a record failed because of the
+// transactional producer's own state (fenced, epoch bumped, state expired)
+// or a timeout, rather than because the broker refuses the record.
+func producerStateError(err error) bool {
+	return errors.Is(err, kerr.InvalidProducerEpoch) || errors.Is(err, kerr.ProducerFenced) ||
+		errors.Is(err, kerr.InvalidProducerIDMapping) || errors.Is(err, kerr.UnknownProducerID) ||
+		errors.Is(err, kerr.InvalidTxnState) || errors.Is(err, kerr.TransactionAbortable) ||
+		errors.Is(err, kerr.ConcurrentTransactions) || errors.Is(err, kgo.ErrRecordTimeout) ||
+		errors.Is(err, kgo.ErrAborting) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// overlayFor returns partition p's overlay in the open transaction,
+// creating it for the partition's current epoch.
+func (rt *Runtime) overlayFor(p int32, epoch uint64) *overlay {
+	ov, ok := rt.ovs[p]
+	if !ok {
+		ov = newOverlay()
+		rt.ovs[p] = ov
+		rt.txEpoch[p] = epoch
+	}
+	return ov
+}
+
+// begin begins a transaction.
+func (rt *Runtime) begin() error {
+	if err := rt.sess.Begin(); err != nil {
+		return fmt.Errorf("stream: begin transaction: %w", err)
+	}
+	rt.inTxn = true
+	rt.txStart = rt.cfg.Clock.Now()
+	return nil
+}
+
+// discardTxn tells the partitions of a transaction that is not committing
+// to forget it, then resets the transaction state.
+func (rt *Runtime) discardTxn() {
+	for p := range rt.ovs {
+		if a, ok := rt.active[p]; ok {
+			if ab, ok := a.part.(Aborter); ok {
+				ab.Abort()
+			}
+		}
+	}
+	rt.resetTxn()
+}
+
+// resetTxn forgets the transaction: no overlays, no records, no produce
+// error.
+func (rt *Runtime) resetTxn() {
+	rt.inTxn = false
+	rt.txRecs = 0
+	rt.txWorked = noWorker
+	rt.mustAbort = false
+	rt.ovs = map[int32]*overlay{}
+	rt.txEpoch = map[int32]uint64{}
+	rt.prodMu.Lock()
+	rt.prodErr = nil
+	rt.changeEnd = map[int32]int64{}
+	rt.prodMu.Unlock()
+}
+
+// emit produces an output record into the open transaction.
+func (rt *Runtime) emit(r *kgo.Record) {
+	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
+	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
+}
+
+// promise records a produce result: the first error of the transaction,
+// and each partition's last changelog offset (the checkpoint apply writes).
+func (rt *Runtime) promise(r *kgo.Record, err error) {
+	rt.prodMu.Lock()
+	defer rt.prodMu.Unlock()
+	if err != nil {
+		if rt.prodErr == nil {
+			rt.prodErr = fmt.Errorf("produce to %s/%d: %w", r.Topic, r.Partition, err)
+		}
+		return
+	}
+	if r.Topic == rt.cfg.ChangelogTopic {
+		if cur, ok := rt.changeEnd[r.Partition]; !ok || r.Offset > cur {
+			rt.changeEnd[r.Partition] = r.Offset
+		}
+	}
+}
+
+// abortOpen ends an open transaction with an abort, best effort, before a
+// fatal return.
+func (rt *Runtime) abortOpen() {
+	if !rt.inTxn {
+		return
+	}
+	rt.txnEnd.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), rt.cfg.TransactionTimeout)
+	defer cancel()
+	_, _ = rt.sess.End(ctx, kgo.TryAbort)
+	rt.discardTxn()
+}
+
+// commit writes the changelog, ends the transaction and, if it committed,
+// applies the overlay to Pebble.
+func (rt *Runtime) commit(ctx context.Context) error {
+	start := time.Now()
+	// Guarantee: every record emitted in the transaction was handed to the
+	// client (held-back ones after the coordinator finished the previous
+	// transaction, settle.go).
+	rt.txnEnd.wait()
+	// Every changelog record of this transaction, and so everything past
+	// the checkpoints apply writes, is appended after this instant: it
+	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).
+	at := rt.cfg.Clock.Now()
+	abort := rt.mustAbort
+	if !abort {
+		if err := rt.flushPartitions(); err != nil {
+			rt.abortOpen()
+			return err
+		}
+	}
+	rt.produceChangelog()
+	// Guarantee: nothing of this transaction is visible to read_committed
+	// readers yet; a crash here aborts it (the next session with this
+	// transactional ID, or the transaction timeout, aborts it) and the input
+	// is re-consumed from the committed offset.
+	rt.hit(fault.BeforeCommit)
+	committed, perr, err := rt.end(ctx, abort)
+	rt.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
+	if err != nil || !committed || perr != nil {
+		return rt.notCommitted(committed, perr, err, abort)
+	}
+	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
+	// Guarantee: outputs, changelog and offsets are committed; Pebble is
+	// behind the changelog. A crash here is repaired by replaying the
+	// changelog tail from the checkpoint on restore.
+	rt.hit(fault.AfterCommit)
+	if err := rt.apply(at); err != nil {
+		return err
+	}
+	// Guarantee: Pebble matches the changelog for every applied partition.
+	rt.hit(fault.AfterApply)
+	rt.resetTxn()
+	rt.reportStateBytes()
+	return nil
+}
+
+// flushPartitions calls Flush on the transaction's partitions that are
+// Flushers and still current, in parallel, as they process
+// (handleFetches).
+func (rt *Runtime) flushPartitions() error {
+	var flushers []Flusher
+	var fps []int32
+	for _, p := range sortedPartitions(rt.ovs) {
+		a, ok := rt.active[p]
+		if !ok || a.epoch != rt.txEpoch[p] {
+			continue
+		}
+		if f, isFlusher := a.part.(Flusher); isFlusher {
+			flushers = append(flushers, f)
+			fps = append(fps, p)
+		}
+	}
+	return parallel(len(flushers), func(i int) error {
+		if err := flushers[i].Flush(&Tx{rt: rt, p: fps[i], ov: rt.ovs[fps[i]]}); err != nil {
+			return fmt.Errorf("stream: flush partition %d: %w", fps[i], err)
+		}
+		return nil
+	})
+}
+
+// produceChangelog produces the changelog records of every partition the
+// transaction touched, into the transaction.
+func (rt *Runtime) produceChangelog() {
+	ps := sortedPartitions(rt.ovs)
+	_ = parallel(len(ps), func(i int) error {
+		ov := rt.ovs[ps[i]]
+		if !ov.touched {
+			return nil
+		}
+		for _, r := range ov.changelogRecords(rt.cfg.ChangelogTopic, ps[i]) {
+			rt.sess.Produce(context.Background(), r, rt.promise)
+		}
+		return nil
+	})
+}
+
+// end ends the transaction: it commits unless abort is set or a record of
+// the transaction failed. It returns whether the transaction committed,
+// the first record error of the transaction, and End's error (outcome
+// unknown).
+func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, err error) {
+	try := kgo.TryCommit
+	if abort {
+		try = kgo.TryAbort
+	}
+	// Every record of the transaction must have been written before it may
+	// commit: kgo can end a transaction with TryCommit even after a record
+	// failed (seen with INVALID_RECORD on a real broker), which would commit
+	// the consumed offsets past a lost output. Flush, check, and abort.
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout)
+	ferr := rt.sess.Client().Flush(fctx)
+	fcancel()
+	rt.prodMu.Lock()
+	failed := rt.prodErr
+	rt.prodMu.Unlock()
+	if ferr != nil || failed != nil {
+		try = kgo.TryAbort
+	}
+	// End flushes, so every promise has run when it returns. It is never
+	// cancelled half-way (kgo: that leaves the client in an invalid state);
+	// the deadline bounds it.
+	ectx, cancel := rt.cfg.EndContext(ctx)
+	defer cancel()
+	committed, err = rt.sess.End(rt.fenceWork(ectx), try)
+	if err == nil {
+		rt.txnEnd.start(context.WithoutCancel(ctx), rt, rt.adm)
+	}
+	rt.prodMu.Lock()
+	perr = rt.prodErr
+	rt.prodMu.Unlock()
+	return committed, perr, err
+}
+
+// notCommitted handles a transaction that did not commit cleanly (End
+// failed, it aborted, or it committed although a record failed): it
+// counts the outcome, discards the transaction and returns what the run
+// loop does next: nil (re-consume from the committed offsets),
+// session.ErrRestart (rebuild the session, DESIGN §6.5) or an error that
+// stops the stage.
+func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) error {
+	switch {
+	case err != nil:
+		rt.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
+		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
+		rt.discardTxn()
+		return session.ErrRestart
+	case committed:
+		// A record failed after the flush in end, which only a concurrent
+		// producer error can do: the transaction is committed without it.
+		rt.resetTxn()
+		return fmt.Errorf("stream: transaction committed with a failed record: %w", perr)
+	}
+	rt.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
+	rt.discardTxn()
+	if perr != nil {
+		if producerStateError(perr) {
+			// Fenced (a zombie whose group moved on) or the producer's
+			// transactional state is gone: rebuild the session with the
+			// same transactional ID, rejoin and restore (DESIGN §6).
+			rt.log.Warn("transaction aborted: the producer was fenced or lost its state; rebuilding the session", zap.Error(perr))
+			if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
+				rt.m.fenced.Inc() // a zombie's commit, refused
+			}
+			return session.ErrRestart
+		}
+		// kgo retries what can be retried; a record the broker still
+		// refused (INVALID_RECORD, a topic that is gone) would fail
+		// again. Stop without loss: nothing of the transaction is
+		// committed and the input is re-consumed after a restart.
+		rt.log.Error("transaction aborted: a record could not be written; stopping", zap.Error(perr))
+		return fmt.Errorf("stream: a record of the transaction could not be written (nothing committed): %w", perr)
+	}
+	if !abort {
+		rt.log.Info("transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets")
+		rt.m.fenced.Inc()
+	}
+	return nil
+}
+
+// stateBytesEvery is how often a committing runtime refreshes
+// meterline_stream_state_bytes (a metric only: wall time decides nothing
+// here).
+const stateBytesEvery = 10 * time.Second
+
+// reportStateBytes sets the state's size on disk, at most every
+// stateBytesEvery.
+func (rt *Runtime) reportStateBytes() {
+	if now := time.Now(); now.Sub(rt.stateBytesAt) >= stateBytesEvery {
+		rt.stateBytesAt = now
+		rt.m.stateBytes.Set(float64(rt.store.DB().Metrics().DiskSpaceUsage()))
+	}
+}
+
+// apply writes the committed overlay and the checkpoints to Pebble in one
+// atomic batch. A partition whose restore began since the transaction
+// started (a new epoch) is skipped: its restore replays the changelog
+// anyway, and writing here could overwrite newer replayed values. at dates
+// the checkpoints (Checkpoint.At): taken before the transaction's changelog
+// records were produced.
+func (rt *Runtime) apply(at time.Time) error {
+	rt.prodMu.Lock()
+	ends := rt.changeEnd
+	rt.prodMu.Unlock()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	b := rt.store.newBatch()
+	ps := sortedPartitions(rt.ovs)
+	for i, p := range ps {
+		ov := rt.ovs[p]
+		st, ok := rt.parts[p]
+		end, produced := ends[p]
+		if !ok || st.epoch != rt.txEpoch[p] {
+			continue
+		}
+		for _, rd := range ov.rangeDels {
+			b.deleteRange(p, rd.lo, rd.hi)
+		}
+		for _, k := range ov.order {
+			e, ok := ov.writes[k]
+			if !ok {
+				continue
+			}
+			if e.del {
+				b.del(p, []byte(k))
+			} else {
+				b.set(p, []byte(k), e.val)
+			}
+		}
+		if ov.inputNext >= 0 {
+			b.set(p, []byte(keyInputOffset), encodeOffset(ov.inputNext))
+		}
+		if produced {
+			b.checkpoint(p, Checkpoint{Offset: end + 1, At: at})
+		}
+		if i == len(ps)/2 {
+			// Guarantee: the batch is not committed; a crash here leaves
+			// Pebble at the previous checkpoint.
+			rt.hit(fault.DuringApply)
+		}
+	}
+	if err := b.commit(); err != nil {
+		return fmt.Errorf("stream: apply committed state to Pebble: %w", err)
+	}
+	return nil
+}

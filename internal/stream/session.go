@@ -1,0 +1,320 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/session"
+)
+
+// sessionOptions are the runtime's own options of one session's client,
+// on top of the session's (session.Loop.Open).
+func sessionOptions() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		// A commit produces its changelog records (and the aggregator its
+		// OPEN revisions) in one burst of up to a few records per input
+		// record; with kgo's default buffer of 10,000 records Produce
+		// blocked half-way through that burst until earlier batches were
+		// acknowledged (bench aggregate: ending a transaction took 143 ms
+		// on average with the default, 80 ms with this).
+		kgo.MaxBufferedRecords(1 << 20),
+		// A poll drains the buffered fetch partition by partition, and a
+		// partition's records are processed by one goroutine. With kgo's
+		// default of 1 MiB per partition per fetch, one partition held
+		// about 85% of a poll's records in bench dedup (10,000 records of
+		// ~150 bytes), so Process ran on one core; at 256 KiB a poll spans
+		// several partitions and the largest held about 40%
+		// (handleFetches runs partitions in parallel).
+		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
+	}
+}
+
+// hooks are the runtime's side of one session's group membership. ready
+// is closed once rt.sess and rt.adm hold that session: kgo may join the
+// group and call AdjustFetchOffsetsFn before NewGroupTransactSession has
+// returned, and the callback must pause the new client's partitions, not
+// read a nil or the previous session's.
+func (rt *Runtime) hooks(ready <-chan struct{}) session.Hooks {
+	return session.Hooks{
+		Assigned: func(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			select {
+			case <-ready:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return rt.adjustOffsets(ctx, offs)
+		},
+		Revoked: rt.onRevoked,
+	}
+}
+
+// newClient returns a client on the runtime's cluster connection (seed
+// brokers, SASL, TLS) with opts.
+func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append(rt.loop.Conn(), opts...)...)
+}
+
+// fetchMaxPartitionBytes caps what one fetch returns of one partition (see
+// sessionOptions). Kafka still returns a larger first batch whole.
+const fetchMaxPartitionBytes = 256 << 10
+
+// runSession opens one session, initialises its transactional ID and runs
+// the loop of poll, process, punctuate, work and commit until ctx ends (it
+// then commits the open transaction), a commit's outcome is unknown
+// (session.ErrRestart) or a fatal error occurs. Leaving it closes the
+// partitions and the session, which leaves the group.
+func (rt *Runtime) runSession(ctx context.Context) (err error) {
+	ready := make(chan struct{})
+	sess, err := rt.loop.Open([]string{rt.cfg.InputTopic}, rt.hooks(ready), sessionOptions()...)
+	if err != nil {
+		return fmt.Errorf("stream: %w", err)
+	}
+	rt.sess = sess
+	rt.adm = kadm.NewClient(sess.Client())
+	rt.joined.Store(true)
+	defer rt.joined.Store(false)
+	rt.active = map[int32]*activePart{}
+	rt.resetTxn()
+	close(ready)
+	defer func() {
+		rt.txnEnd.stop()
+		rt.closeAll()
+		// Leaving the group revokes our partitions; an open transaction
+		// was already ended (or the client is being abandoned after an
+		// unknown outcome, in which case the next session's InitProducerID
+		// aborts it).
+		sess.Close()
+	}()
+	// Initialise the transactional ID now, not at the first produce: it
+	// fences a previous incarnation of this instance and aborts (or
+	// completes) its open transaction, which a restore of our own
+	// partitions would otherwise wait on until the transaction timeout
+	// (DESIGN §6.5).
+	ictx, cancel := context.WithTimeout(ctx, rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
+	_, _, perr := sess.Client().ProducerID(ictx)
+	cancel()
+	if perr != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
+		return session.ErrRestart
+	}
+	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.String("input", rt.cfg.InputTopic),
+		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
+
+	var nextPunct time.Time
+	if rt.cfg.PunctuateInterval > 0 {
+		nextPunct = rt.cfg.Clock.Now().Add(rt.cfg.PunctuateInterval)
+	}
+	for {
+		if err := rt.takeFatal(); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		if ctx.Err() != nil {
+			if rt.inTxn {
+				if err := rt.commit(context.WithoutCancel(ctx)); err != nil {
+					return err
+				}
+			}
+			return ctx.Err()
+		}
+		// Wait for input, but no longer than the next deadline.
+		wait := time.Second
+		now := rt.cfg.Clock.Now()
+		if rt.inTxn {
+			wait = rt.txStart.Add(rt.cfg.CommitInterval).Sub(now)
+		}
+		if !nextPunct.IsZero() {
+			if d := nextPunct.Sub(now); d < wait {
+				wait = d
+			}
+		}
+		if rt.pendingWork() {
+			wait = 0 // take what input there is, then work (work.go)
+		}
+		fetches := rt.poll(ctx, wait)
+		rt.handleEvents()
+		if err := rt.handleFetches(fetches); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		now = rt.cfg.Clock.Now()
+		if !nextPunct.IsZero() && !now.Before(nextPunct) {
+			for !nextPunct.After(now) {
+				nextPunct = nextPunct.Add(rt.cfg.PunctuateInterval)
+			}
+			if err := rt.punctuate(); err != nil {
+				rt.abortOpen()
+				return err
+			}
+		}
+		if err := rt.work(); err != nil {
+			rt.abortOpen()
+			return err
+		}
+		if rt.inTxn && (rt.txWorked != noWorker || rt.txRecs >= rt.cfg.MaxBatchRecords || !now.Before(rt.txStart.Add(rt.cfg.CommitInterval))) {
+			if err := rt.commit(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// poll waits up to d for records, waking early for a restored partition.
+func (rt *Runtime) poll(ctx context.Context, d time.Duration) kgo.Fetches {
+	if d <= 0 {
+		d = time.Millisecond
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t := rt.cfg.Clock.AfterFunc(d, cancel)
+	defer t.Stop()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-rt.wake:
+			cancel()
+		case <-stop:
+		}
+	}()
+	max := rt.cfg.MaxBatchRecords - rt.txRecs
+	if max <= 0 {
+		max = 1
+	}
+	return rt.sess.PollRecords(pctx, max)
+}
+
+// handleEvents installs restored partitions and closes revoked ones, in the
+// order they happened.
+func (rt *Runtime) handleEvents() {
+	rt.mu.Lock()
+	evs := rt.events
+	rt.events = nil
+	rt.mu.Unlock()
+	for _, ev := range evs {
+		switch ev.kind {
+		case evRevoked:
+			if a, ok := rt.active[ev.p]; ok && a.epoch < ev.epoch {
+				a.part.Close()
+				delete(rt.active, ev.p)
+				rt.log.Info("partition revoked", zap.Int32("partition", ev.p))
+			}
+		case evRestored:
+			rt.mu.Lock()
+			ps, ok := rt.parts[ev.p]
+			current := ok && ps.epoch == ev.epoch
+			rt.mu.Unlock()
+			if !current {
+				ev.part.Close()
+				continue
+			}
+			if a, ok := rt.active[ev.p]; ok {
+				a.part.Close()
+			}
+			rt.active[ev.p] = &activePart{epoch: ev.epoch, part: ev.part}
+		}
+	}
+	rt.m.owned.Set(float64(len(rt.active)))
+}
+
+// closeAll closes the active partitions and cancels the restores.
+func (rt *Runtime) closeAll() {
+	for p, a := range rt.active {
+		a.part.Close()
+		delete(rt.active, p)
+	}
+	rt.mu.Lock()
+	for p, ps := range rt.parts {
+		if ps.cancel != nil {
+			ps.cancel()
+		}
+		delete(rt.parts, p)
+	}
+	rt.events = nil
+	rt.mu.Unlock()
+	rt.m.owned.Set(0)
+}
+
+// onRevoked runs on kgo's group goroutine for revoked and lost partitions.
+// The GroupTransactSession has already marked an open transaction as
+// failed, so it cannot commit; the run loop's End aborts it. Here we stop
+// restores and queue the partitions' close.
+func (rt *Runtime) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	rt.mu.Lock()
+	for _, p := range revoked[rt.cfg.InputTopic] {
+		ps, ok := rt.parts[p]
+		if !ok {
+			continue
+		}
+		if ps.cancel != nil {
+			ps.cancel()
+		}
+		rt.events = append(rt.events, event{kind: evRevoked, p: p, epoch: epochSeq.Add(1)})
+		delete(rt.parts, p)
+		rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
+	}
+	rt.mu.Unlock()
+	rt.notify()
+}
+
+var epochSeq atomic.Uint64
+
+// adjustOffsets runs on kgo's group goroutine after the group's committed
+// offsets for newly assigned partitions are fetched (stable, KIP-447). It
+// pauses each partition and starts its restore; the partition resumes when
+// its state is restored and checked against the committed offset.
+func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	parts := offsets[rt.cfg.InputTopic]
+	if len(parts) == 0 {
+		return offsets, nil
+	}
+	pause := make([]int32, 0, len(parts))
+	for p := range parts {
+		pause = append(pause, p)
+	}
+	rt.sess.Client().PauseFetchPartitions(map[string][]int32{rt.cfg.InputTopic: pause})
+	rt.mu.Lock()
+	for p, o := range parts {
+		committed := o.EpochOffset().Offset // negative: the group has none
+		if committed < 0 {
+			committed = -1
+			// A first start reads from the earliest offset (DESIGN §6.6).
+			// kgo passes the reset offset here, and NoResetOffset means
+			// the end of the partition, which would skip existing input.
+			parts[p] = kgo.NoResetOffset().AtStart()
+		}
+		if old, ok := rt.parts[p]; ok && old.cancel != nil {
+			old.cancel()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ps := &partState{epoch: epochSeq.Add(1), committed: committed, cancel: cancel}
+		rt.parts[p] = ps
+		rt.restores.Add(1)
+		go func() {
+			defer rt.restores.Done()
+			defer func() {
+				if r := recover(); r != nil {
+					c, ok := r.(fault.Crash)
+					if !ok {
+						panic(r)
+					}
+					rt.setFatal(fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point))
+				}
+			}()
+			rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed)
+		}()
+	}
+	rt.mu.Unlock()
+	return offsets, nil
+}

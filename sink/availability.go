@@ -1,0 +1,230 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+	"go.uber.org/zap"
+)
+
+// ClickHouse availability and back-off (DESIGN §7, "Refused blocks": tell
+// an unreachable server apart from a refused block).
+//
+// Guarantee kept here: while ClickHouse cannot take rows (unreachable,
+// or unable to take any block), fetching is paused, the sink backs off,
+// nothing is committed and nothing is parked, and /readyz says why; an
+// INSERT error code the sink does not know is retried the same way for at
+// most UnknownErrorLimit, then the sink stops rather than park rows that
+// may be fine.
+
+// connect dials ClickHouse (retrying while it is unreachable) and checks
+// that the migrations are applied and that no rebuild of the derived
+// tables is unfinished.
+func (w *Writer) connect(ctx context.Context) error {
+	conn := w.cfg.Conn
+	for attempt := 0; conn == nil; attempt++ {
+		c, err := w.cfg.ClickHouseServer.Dial(ctx, w.cfg.Database, false)
+		if err == nil {
+			conn = c
+			break
+		}
+		if ex := (*proto.Exception)(nil); errors.As(err, &ex) && ex.Code == 81 { // UNKNOWN_DATABASE
+			return fmt.Errorf("%w (run `meterline migrate --database %s`)", err, w.cfg.Database)
+		}
+		w.lastUp.Store(err.Error())
+		if attempt == 0 {
+			w.log.Warn("clickhouse not reachable; retrying", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		}
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	w.connMu.Lock()
+	w.conn = conn
+	w.connMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		err := CheckMigrations(ctx, conn)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrMigrationsPending) || errors.Is(err, ErrMigrationChanged) {
+			return err
+		}
+		w.log.Warn("checking migrations failed; retrying", zap.Error(err))
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	// A rebuild of the derived tables swaps whole months: rows the views
+	// wrote meanwhile would be lost, so no sink starts until it finished.
+	for attempt := 0; ; attempt++ {
+		err := CheckRebuilds(ctx, conn)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrRebuildUnfinished) {
+			return err
+		}
+		w.log.Warn("checking for unfinished rebuilds failed; retrying", zap.Error(err))
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
+	w.up.Store(true)
+	w.m.up.Set(1)
+	return nil
+}
+
+func (w *Writer) pingLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, w.cfg.PingInterval)
+		err := w.getConn().Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		w.setUp(err)
+	}
+}
+
+func (w *Writer) setUp(err error) {
+	if err != nil {
+		w.lastUp.Store(err.Error())
+		if w.up.Swap(false) {
+			w.log.Warn("clickhouse stopped answering", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		}
+		w.m.up.Set(0)
+		return
+	}
+	if !w.up.Swap(true) {
+		w.log.Info("clickhouse answers again", zap.String("addr", w.cfg.ClickHouse))
+	}
+	w.m.up.Set(1)
+}
+
+// unknownSpell handles an INSERT failure of t. For an error code the sink
+// does not know (classUnknown) it starts or continues the spell of such
+// failures, and returns an error wrapping ErrUnknownServerError once the
+// spell has lasted UnknownErrorLimit; otherwise it returns nil and the
+// caller backs off as when ClickHouse is unavailable.
+//
+// Why stop rather than park: the rows may be fine (a dictionary or a
+// setting missing on the server fails every block alike), and parking
+// moves billing rows out of the ledger; nor back off forever behind a
+// "blocked" gauge: an error nobody classified needs a person, and a
+// stopped sink (non-zero exit, /readyz down, its lag growing) is what
+// alerts one. Nothing is lost: no offset was committed past these rows,
+// and the restart's resume rule skips any that did land.
+func (w *Writer) unknownSpell(t *table, err error) error {
+	if classify(err) != classUnknown {
+		return nil
+	}
+	var ex *proto.Exception
+	errors.As(err, &ex)
+	now := time.Now()
+	if w.unknownSince.IsZero() {
+		w.unknownSince = now
+		w.log.Warn("clickhouse failed an INSERT with an error code the sink does not know: not parking the rows (they may be fine), backing off as if unavailable",
+			zap.String("table", t.name), zap.Int32("code", ex.Code), zap.String("code_name", codeName(ex.Code)),
+			zap.Duration("stop_after", w.cfg.UnknownErrorLimit), zap.Error(err))
+	}
+	if spell := now.Sub(w.unknownSince); spell >= w.cfg.UnknownErrorLimit {
+		return fmt.Errorf("sink: %w: INSERTs into %s failing for %s, now with code %d (%s): %v; stopping rather than parking rows that may be fine: nothing is committed past them. Fix the server or the table (or, if the rows are at fault, add the code to the sink's refusal codes) and restart",
+			ErrUnknownServerError, t.name, spell.Round(time.Second), ex.Code, codeName(ex.Code), ex.Message)
+	}
+	return nil
+}
+
+// endUnknownSpell: an INSERT succeeded.
+func (w *Writer) endUnknownSpell() {
+	if !w.unknownSince.IsZero() {
+		w.log.Info("clickhouse takes INSERTs again after an unknown error", zap.Duration("after", time.Since(w.unknownSince)))
+		w.unknownSince = time.Time{}
+	}
+}
+
+func (w *Writer) unavailable(t *table, err error, what string) {
+	kind := "unavailable"
+	if what != "resume lookup" && classify(err) == classUnknown {
+		kind = "unknown"
+	}
+	w.m.insertErrors.WithLabelValues(t.name, kind).Inc()
+	if isNetErr(err) {
+		w.setUp(err)
+	}
+	reason := fmt.Sprintf("clickhouse cannot take rows of %s (%s): %v; fetching paused, backing off, committing nothing", t.name, what, err)
+	if w.blocked.Load().(string) == "" {
+		w.log.Warn("clickhouse unavailable: pausing fetching and backing off; no offset is committed until the rows are written",
+			zap.String("table", t.name), zap.String("during", what), zap.Error(err))
+	}
+	w.setBlocked(reason)
+}
+
+func (w *Writer) setBlocked(reason string) {
+	w.blocked.Store(reason)
+	w.m.blocked.Set(1)
+	if !w.paused.Swap(true) {
+		w.sess.Client().PauseFetchTopics(w.topicNames()...)
+	}
+}
+
+func (w *Writer) clearBlocked() {
+	if w.blocked.Load().(string) != "" {
+		w.log.Info("clickhouse takes rows again; resuming")
+	}
+	w.blocked.Store("")
+	w.m.blocked.Set(0)
+}
+
+func (w *Writer) resumeFetching() {
+	if w.paused.Swap(false) {
+		w.sess.Client().ResumeFetchTopics(w.topicNames()...)
+	}
+}
+
+func (w *Writer) backoff(attempt int) time.Duration {
+	d := w.cfg.BackoffMin
+	for i := 0; i < attempt && d < w.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	if d > w.cfg.BackoffMax {
+		d = w.cfg.BackoffMax
+	}
+	return d
+}
+
+// backoffSleep waits before a retry. It returns errAbandon when the process
+// is stopping or the partitions were revoked: the window cannot commit.
+func (w *Writer) backoffSleep(ctx context.Context, attempt int) error {
+	if w.revoked.Load() {
+		return errAbandon
+	}
+	if err := sleep(ctx, w.backoff(attempt)); err != nil {
+		return errAbandon
+	}
+	if w.revoked.Load() {
+		return errAbandon
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
