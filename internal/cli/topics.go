@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -131,7 +132,9 @@ func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, rf 
 		return err
 	}
 	internal, err := topics.CheckInternal(ctx, adm, rf)
-	if err != nil {
+	if errors.Is(err, topics.ErrInternalNotAuthorized) {
+		fmt.Fprintf(stdio.Stdout, "skipped  Kafka's internal topics: %v\n", err)
+	} else if err != nil {
 		return err
 	}
 	drifts = append(drifts, internal...)

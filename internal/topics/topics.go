@@ -550,14 +550,25 @@ var internalTopics = []string{"__consumer_offsets", "__transaction_state"}
 // transaction coordinator (DESIGN §10). A topic the brokers have not created
 // yet (it appears with the first group or transactional producer) is
 // skipped.
+//
+// A principal that may not describe them (the operator of
+// docs/operations.md holds no ACL on Kafka's internal topics) gets
+// ErrInternalNotAuthorized with the drifts of those it could read.
 func CheckInternal(ctx context.Context, adm *kadm.Client, rf int16) ([]Drift, error) {
 	details, err := adm.ListTopicsWithInternal(ctx, internalTopics...)
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return nil, ErrInternalNotAuthorized
+	}
 	if err != nil {
 		return nil, fmt.Errorf("topics: list internal topics: %w", err)
 	}
 	var drifts []Drift
+	var refused bool
 	for _, name := range internalTopics {
 		d, ok := details[name]
+		if ok && errors.Is(d.Err, kerr.TopicAuthorizationFailed) {
+			refused = true
+		}
 		if !ok || d.Err != nil {
 			continue
 		}
@@ -573,5 +584,12 @@ func CheckInternal(ctx context.Context, adm *kadm.Client, rf int16) ([]Drift, er
 				Want: fmt.Sprintf("at least %d (the brokers' offsets.topic.replication.factor and transaction.state.log.replication.factor)", rf)})
 		}
 	}
+	if refused {
+		return drifts, ErrInternalNotAuthorized
+	}
 	return drifts, nil
 }
+
+// ErrInternalNotAuthorized: the principal may not describe Kafka's
+// internal topics, so CheckInternal could not check them all.
+var ErrInternalNotAuthorized = errors.New("topics: not authorized to describe __consumer_offsets and __transaction_state (grant Describe on them to check their replication)")
