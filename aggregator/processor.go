@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
@@ -28,6 +29,7 @@ type processor struct {
 	counts          partitionCountsT
 	m               *metrics
 	now             func() time.Time
+	owners          prom.Owners // which open partition owns its gauges
 }
 
 type partition struct {
@@ -89,6 +91,7 @@ type stateReader interface {
 // Open loads the watermarks from the restored state.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	pt := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), open: map[string]*openAgg{}}
+	pr.owners.Own(p, pt)
 	pt.keysGauge = pr.m.keys.WithLabelValues(pt.pl)
 	pt.pendingGauge = pr.m.finalizing.WithLabelValues(pt.pl)
 	if err := pt.load(st); err != nil {
@@ -223,6 +226,9 @@ func (pt *partition) bounds(ms int64) (start, end int64) {
 
 // Close implements stream.Partition.
 func (pt *partition) Close() {
+	if !pt.pr.owners.Release(pt.p, pt) {
+		return // a newer instance of the partition owns the gauges
+	}
 	pt.pr.m.keys.DeleteLabelValues(pt.pl)
 	pt.pr.m.finalizing.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
@@ -73,6 +74,7 @@ const (
 )
 
 type processor struct {
+	owners prom.Owners // which open partition owns its gauges
 	cfg    Config
 	log    *zap.Logger
 	counts partitionCountsT
@@ -192,6 +194,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), blooms: map[uint32]*bloom{}, keys: map[uint32]int{},
 		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{},
 		tickHeaders: pr.keys.tickHeaders(pr.eventsTopic, p, pr.tickValue)}
+	pr.owners.Own(p, part)
 	v, hasN, err := st.Get(keyPartitions)
 	if err != nil {
 		return nil, err
@@ -313,6 +316,9 @@ func (pt *partition) bloomFor(b uint32) *bloom {
 
 // Close implements stream.Partition.
 func (pt *partition) Close() {
+	if !pt.pr.owners.Release(pt.p, pt) {
+		return // a newer instance of the partition owns the gauges
+	}
 	pt.pr.m.keys.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
 	pt.pr.m.wmDelay.DeleteLabelValues(pt.pl)

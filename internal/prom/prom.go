@@ -7,6 +7,7 @@ package prom
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -63,4 +64,37 @@ func (f Factory) NewGauge(o prometheus.GaugeOpts) prometheus.Gauge {
 // NewHistogram gets or registers a histogram.
 func (f Factory) NewHistogram(o prometheus.HistogramOpts) prometheus.Histogram {
 	return GetOrRegister(f.reg, prometheus.NewHistogram(o))
+}
+
+// Owners records which open instance of each partition owns the
+// partition's series (gauges labelled by partition). The stream runtime
+// opens a partition's new instance while restoring it and closes the old
+// one afterwards, when the partition was revoked and assigned back to the
+// same process; the old instance must not delete the series the new one
+// set, or they vanish until the process restarts. Safe for concurrent use.
+type Owners struct {
+	mu sync.Mutex
+	m  map[int32]any
+}
+
+// Own makes who the owner of partition p's series.
+func (o *Owners) Own(p int32, who any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[int32]any{}
+	}
+	o.m[p] = who
+}
+
+// Release reports whether who owns partition p's series, and if so makes
+// no one the owner: the caller then deletes them.
+func (o *Owners) Release(p int32, who any) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m[p] != who {
+		return false
+	}
+	delete(o.m, p)
+	return true
 }
