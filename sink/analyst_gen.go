@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/meterline/meterline/internal/topics"
 )
 
 // SyntheticData is a data set generated inside ClickHouse by INSERT ...
@@ -85,15 +87,18 @@ FROM (
 		}
 		return out
 	}
+	// The rows' kafka_topic is the default deduped topic, as a sink with
+	// the default names writes it (ResumeLookupAt looks it up).
+	deduped := topics.DefaultNames().DedupedTopic()
 	var out []string
 	out = append(out, chunks(s.Events, func(from, count int64) string {
 		return fmt.Sprintf(`INSERT INTO %s.usage_events (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_timestamp_ms,
     event_id, customer_id, meter, quantity, event_time, event_time_ms, source, property_names, property_values,
     ingest_time, ingest_time_ms, source_partition, source_offset)
-SELECT 'usage.deduped', part, off, toDateTime(intDiv(its, 1000)), its,
+SELECT '%s', part, off, toDateTime(intDiv(its, 1000)), its,
        concat('ev-', toString(n)), customer, meter_name, qty, toDateTime(intDiv(ets, 1000)), ets, src,
        ['region'], [region], toDateTime(intDiv(its, 1000)), its, part, off
-FROM (%s)`, db, ev(from, count))
+FROM (%s)`, db, deduped, ev(from, count))
 	})...)
 	out = append(out, chunks(s.Events, func(from, count int64) string {
 		return fmt.Sprintf(`INSERT INTO %s.usage_duplicates (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_timestamp_ms,
@@ -138,7 +143,7 @@ WHERE sel >= %[3]s`, db, ev(from, count), fmt.Sprintf("%d AND sel < %d", lo, hi)
 		"['too_old', 'in_future', 'invalid', 'undecodable']", "concat('rej-', toString(n))", "usage.events"))...)
 	lo += synDedupRejectPer1000
 	out = append(out, chunks(s.Events, rej("aggregator", lo, lo+synAggRejectPer1000,
-		"['unknown_meter', 'invalid']", "concat('ev-', toString(n))", "usage.deduped"))...)
+		"['unknown_meter', 'invalid']", "concat('ev-', toString(n))", deduped))...)
 
 	// Aggregates: OPEN revisions spread over the months, then one FINAL per
 	// key of each closed month with a higher revision.
