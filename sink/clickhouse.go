@@ -156,10 +156,28 @@ func (s Server) CheckLogin(ctx context.Context) error {
 	if errors.Is(err, ErrAuthentication) || isTLSErr(err) {
 		return err
 	}
-	if _, terr := s.TLS.Load(); terr != nil {
+	tc, terr := s.TLS.Load()
+	if terr != nil {
 		return err
 	}
+	if tc != nil && reachable(ctx, s.Addr) {
+		// The server took the connection and the TLS session failed
+		// without a TLS error: a server that refuses the client
+		// certificate may just close the connection (EOF, reset).
+		return fmt.Errorf("sink: clickhouse %s: TLS session failed (CA, client certificate or server name?): %w", s.Addr, err)
+	}
 	return nil
+}
+
+// reachable reports whether addr accepts a TCP connection.
+func reachable(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
 }
 
 func isTLSErr(err error) bool {
