@@ -542,6 +542,16 @@ func TestMetadataOutlivesRetention(t *testing.T) {
 		// Ten minutes of broker time later (ten buckets expire).
 		h.produce(h.tick(0, arr+10*60_000))
 		h.caughtUp()
+		// The expiry goes out in transactions of its own after the input
+		// that decided it: wait until it rewrote the partition count past
+		// the records retention will remove.
+		deadline := time.Now().Add(30 * time.Second)
+		for !metadataAtOrAfter(t, h.brokers, h.names.DedupChangelogTopic(), first.Offset) {
+			if time.Now().After(deadline) {
+				t.Fatal("the bucket expiry did not rewrite the partition count within 30 s")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		if err := a.stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -563,6 +573,17 @@ func TestMetadataOutlivesRetention(t *testing.T) {
 			t.Fatalf("Run = %v, want ErrPartitionCountChanged", err)
 		}
 	})
+}
+
+// metadataAtOrAfter reports whether partition 0 of the changelog holds the
+// partition count at an offset from off on.
+func metadataAtOrAfter(t *testing.T, brokers []string, changelog string, off int64) bool {
+	for _, r := range testenv.ReadAll(t, brokers, changelog) {
+		if r.Partition == 0 && r.Offset >= off && bytes.Equal(r.Key, keyPartitions) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSecretNeverShown: a key's secret appears in no log line of a run that
