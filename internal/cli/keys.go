@@ -90,14 +90,7 @@ type KeysListCmd struct {
 
 // Run lists the keys.
 func (c *KeysListCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	adm, closeFn, err := keysAdmin(g)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	keys, tenants, err := adm.List(ctx)
+	keys, tenants, err := listKeys(ctx, g, c.Timeout)
 	if err != nil {
 		return err
 	}
@@ -177,14 +170,7 @@ type TenantsListCmd struct {
 
 // Run lists the tenants.
 func (c *TenantsListCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	adm, closeFn, err := keysAdmin(g)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	keys, tenants, err := adm.List(ctx)
+	keys, tenants, err := listKeys(ctx, g, c.Timeout)
 	if err != nil {
 		return err
 	}
@@ -198,4 +184,16 @@ func (c *TenantsListCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		fmt.Fprintf(stdio.Stdout, "%s\tcustomers %s\t%d active keys\n", t.Name, strings.Join(t.Customers, ","), active[t.Name])
 	}
 	return nil
+}
+
+// listKeys reads the keys and tenants of the keys topic within timeout.
+func listKeys(ctx context.Context, g *Globals, timeout time.Duration) ([]ingest.Key, []ingest.Tenant, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	adm, closeFn, err := keysAdmin(g)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer closeFn()
+	return adm.List(ctx)
 }
