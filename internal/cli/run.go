@@ -17,9 +17,8 @@ import (
 
 // RunCmd is `meterline run`: every stage in one process (dedup, the
 // aggregator, unless --no-sink the ClickHouse sink, and with --ingest the
-// HTTP ingest), each its own
-// consumer-group member with its own transactional ID, behind one HTTP
-// server.
+// HTTP ingest), each its own consumer-group member with its own
+// transactional ID, behind one HTTP server.
 //
 // Flags that every stage of the process shares are given once, unprefixed:
 // the connection (Globals), the process's identity, state directory root,
