@@ -95,12 +95,9 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 		s.metrics.refused(tenant, req.inputs)
 		return tenant
 	}
-	if s.cfg.Gate != nil {
-		if p := s.cfg.Gate.Check(r.Context(), tenant, req.events()); p != nil {
-			writeProblem(w, p.Status, strings.TrimPrefix(p.Type, problemTypePrefix), p.Title, p.Detail, p.Errors, 0)
-			s.metrics.refused(tenant, req.inputs)
-			return tenant
-		}
+	if errs, refused := s.gateCheck(req); errs != nil {
+		s.answerGate(w, req, errs, refused)
+		return tenant
 	}
 	if err := s.send(recs); err != nil {
 		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
@@ -300,17 +297,6 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 		}
 	}
 	return e, nil
-}
-
-// events are the request's usage events as the Gate takes them.
-func (req *request) events() []producer.Event {
-	out := make([]producer.Event, len(req.usages))
-	for k := range req.usages {
-		u := &req.usages[k]
-		out[k] = producer.Event{EventID: u.ue.EventID, CustomerID: u.ue.CustomerID, Meter: u.ue.Meter, Quantity: u.ue.Quantity,
-			EventTime: u.time, Source: u.ue.Source, Properties: schemas.PropertyMap(u.ue.Properties)}
-	}
-	return out
 }
 
 // records validates and encodes every usage event (producer.FillRecord:
