@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -333,5 +334,77 @@ func TestWouldPass(t *testing.T) {
 		if got := wouldPass(c.usage, c.units, c.limit); got != c.want {
 			t.Errorf("wouldPass(%d, %d, %d) = %v", c.usage, c.units, c.limit, got)
 		}
+	}
+}
+
+// On the real broker, with balances written in transactions as the
+// aggregator writes them: a committed exhausted balance closes the gate,
+// an aborted one is never applied, and the view is loaded although each
+// partition ends with a transaction's marker.
+func TestRealGate(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	e := newEnvOn(t, brokers, nil, nil)
+	txn := func(commit bool, bs ...*schemas.Balance) {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(e.balances),
+			kgo.TransactionalID(testenv.Name(t, "txn")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ctx := context.Background()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range bs {
+			v, err := schemas.Encode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cl.ProduceSync(ctx, &kgo.Record{Key: schemas.CustomerKey(b.CustomerID), Value: v}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txn(true, balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject), balance("acme-2", 1, 0, 5000, schemas.OnLimitReject))
+	txn(false, balance("acme-1", 2, 0, 5000, schemas.OnLimitReject)) // aborted: never applied
+	// A second replica started now loads the view: both partitions end
+	// with a marker, not a record.
+	cfg := e.srv.cfg
+	cfg.Addr = "127.0.0.1:0"
+	cfg.Registerer = nil
+	second := &env{t: t, brokers: brokers, topic: e.topic, keys: e.keys, balances: e.balances}
+	second.start(cfg)
+	for _, r := range []*env{e, second} {
+		select {
+		case <-r.srv.balances.Loaded():
+		case <-time.After(30 * time.Second):
+			t.Fatal("balances not loaded after 30s")
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for r.srv.balances.Len() < 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d balances in the view after 30s, want 2", r.srv.balances.Len())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if b, _, _ := r.srv.balances.Lookup("acme-1"); b.Revision != 1 {
+			t.Fatalf("acme-1's balance has revision %d: the aborted one was applied", b.Revision)
+		}
+		status, _, body := post(t, http.DefaultClient, r.srv.URL()+"/api/v1/events", "application/cloudevents-batch+json", e.token,
+			batchOf(jobAt("x1", "acme-1", nov29), jobAt("x2", "acme-1", nov29)))
+		if status != http.StatusPaymentRequired {
+			t.Fatalf("%d %s, want 402", status, body)
+		}
+		status, _, body = post(t, http.DefaultClient, r.srv.URL()+"/api/v1/events", "application/cloudevents-batch+json", e.token,
+			batchOf(jobAt("x1", "acme-1", nov29), jobAt("x3", "acme-2", nov29)))
+		if status != http.StatusNoContent {
+			t.Fatalf("mixed: %d %s, want 204", status, body)
+		}
+	}
+	if n := len(e.records()); n != 4 {
+		t.Errorf("%d records, want 4 (the two mixed requests)", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -27,27 +28,59 @@ type request struct {
 	key      *Key
 	tenant   *Tenant
 	received time.Time
-	inputs   int     // events in the request
-	usages   []usage // usage events, in input order
-	props    []schemas.Property
-	errs     []EventError
-	denied   []EventError
-	scratch  mapScratch
+	// Monotonic instants of the request's stages (Timings): its start,
+	// the body read, the records ready, handed to the producer, and
+	// acknowledged.
+	start, read, ready, enqueued, acked time.Time
+	inputs                              int     // events in the request
+	usages                              []usage // usage events, in input order
+	props                               []schemas.Property
+	errs                                []EventError
+	denied                              []EventError
+	scratch                             mapScratch
 }
 
 func (s *Server) endpoint(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
+		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock()}
 		rw := &statusWriter{ResponseWriter: w}
-		tenant := s.serve(rw, r, kind)
-		s.metrics.observe(kind, tenant, rw.status, time.Since(start))
+		tenant := s.serve(rw, r, req)
+		end := time.Now()
+		s.metrics.observe(kind, tenant, rw.status, end.Sub(req.start))
+		if !req.acked.IsZero() && rw.status < 300 {
+			t := Timings{Read: req.read.Sub(req.start), Parse: req.ready.Sub(req.read), Enqueue: req.enqueued.Sub(req.ready),
+				Ack: req.acked.Sub(req.enqueued), Total: end.Sub(req.start)}
+			s.metrics.stages(t)
+			if s.cfg.Trace != nil {
+				s.cfg.Trace(t)
+			}
+		}
 	})
+}
+
+// Timings are the stages of one successful request (Config.Trace and
+// meterline_ingest_stage_duration_seconds), to find where its latency
+// goes. Each is measured on the monotonic clock.
+type Timings struct {
+	// Read: from the handler's start to the whole body read.
+	Read time.Duration
+	// Parse: the parse, mapping, validation and encoding of every event,
+	// the key's scope and rate, and the quota gate.
+	Parse time.Duration
+	// Enqueue: handing every record to the producer (it blocks only when
+	// the producer's buffer is full).
+	Enqueue time.Duration
+	// Ack: from the last record handed over to the last one acknowledged
+	// by Kafka (linger, the produce request, replication to the ISR).
+	Ack time.Duration
+	// Total: from the handler's start to the answer written.
+	Total time.Duration
 }
 
 // serve handles one request and returns the tenant for the metrics
 // ("" when no key was accepted).
-func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
-	req := &request{kind: kind, received: s.cfg.Clock()}
+func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
+	kind := req.kind
 	if err := s.Ready(); err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", "the API keys are not loaded yet", nil, time.Second)
 		return ""
@@ -99,7 +132,9 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 		s.answerGate(w, req, errs, refused)
 		return tenant
 	}
-	if err := s.send(recs); err != nil {
+	req.ready = time.Now()
+	var err error
+	if req.enqueued, err = s.send(recs); err != nil {
 		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
 			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
@@ -109,6 +144,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 	}
 	// Every record of the request is acknowledged (acks=all): only now is
 	// success answered.
+	req.acked = time.Now()
 	fault.Hit(FaultAfterAck)
 	s.metrics.accepted(tenant, req.inputs, len(recs))
 	if kind == endpointOpenMeter {
@@ -156,6 +192,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		}
 	}
 	body, tooLarge, err := readBody(w, r, s.cfg.MaxBodyBytes)
+	req.read = time.Now()
 	if tooLarge {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
 			fmt.Sprintf("the body is larger than %d bytes: split the batch", s.cfg.MaxBodyBytes), nil, 0)
@@ -328,41 +365,51 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 }
 
 // send produces the records and waits until every one is acknowledged
-// (acks=all), or returns the first error. It returns an error, without
+// (acks=all), or returns the first error; enqueued is when the last record
+// was handed to the producer. It returns an error, without
 // waiting further, once ProduceTimeout has passed: the records still in
 // flight may yet be written, which a retry tolerates.
-func (s *Server) send(recs []*kgo.Record) error {
+func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > s.maxBuffered {
-		return fmt.Errorf("ingest: %d records already wait for Kafka", n)
+		return time.Time{}, fmt.Errorf("ingest: %d records already wait for Kafka", n)
+	}
+	if len(recs) == 0 {
+		return time.Now(), nil
 	}
 	var (
-		wg    sync.WaitGroup
+		left  atomic.Int64
 		mu    sync.Mutex
 		first error
+		done  = make(chan struct{})
 	)
-	wg.Add(len(recs))
-	for _, r := range recs {
-		s.p.ProduceRecord(r, func(err error) {
-			if err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
+	left.Store(int64(len(recs)))
+	// One callback for every record; the last acknowledgement closes done.
+	acked := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = err
 			}
-			wg.Done()
-		})
+			mu.Unlock()
+		}
+		if left.Add(-1) == 0 {
+			close(done)
+		}
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	for _, r := range recs {
+		s.p.ProduceRecord(r, acked)
+	}
+	enqueued = time.Now()
 	t := time.NewTimer(s.cfg.ProduceTimeout + time.Second)
 	defer t.Stop()
 	select {
 	case <-done:
 	case <-t.C:
-		return fmt.Errorf("ingest: no acknowledgement within %s", s.cfg.ProduceTimeout+time.Second)
+		return enqueued, fmt.Errorf("ingest: no acknowledgement within %s", s.cfg.ProduceTimeout+time.Second)
 	}
-	return first
+	mu.Lock()
+	defer mu.Unlock()
+	return enqueued, first
 }
 
 // maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'

@@ -127,6 +127,11 @@ type Config struct {
 	// not read and no request is answered 402.
 	NoGate bool
 
+	// Trace, when set, receives the stage timings of every successful
+	// request (diagnosis and benchmarks). It is called on the request's
+	// goroutine and must not block.
+	Trace func(Timings)
+
 	// Logger receives the logs. Default: none.
 	Logger *zap.Logger
 	// Registerer receives the metrics. Default: none.

@@ -22,6 +22,7 @@ type metrics struct {
 	events   *prometheus.CounterVec   // tenant, outcome
 	records  *prometheus.CounterVec   // tenant
 	gate     *prometheus.CounterVec   // tenant
+	stage    [5]prometheus.Observer   // read, parse, enqueue, ack, respond
 
 	mu      sync.Mutex
 	tenants map[string]*tenantTotals
@@ -51,13 +52,19 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances) *metr
 			Help: "Events answered 402 by the advisory quota gate (nothing sent), by tenant."}, []string{"tenant"}),
 		tenants: map[string]*tenantTotals{},
 	}
+	stage := prom.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_stage_duration_seconds",
+		Help:    "Stages of the successful HTTP ingest requests (ingest.Timings): read (the body), parse (parse, map, validate, encode, scope, rate, quota gate), enqueue (records to the producer), ack (Kafka's acknowledgement of the last record), respond (the answer written).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"stage"}))
+	for i, name := range []string{"read", "parse", "enqueue", "ack", "respond"} {
+		m.stage[i] = stage.WithLabelValues(name)
+	}
 	if balances != nil {
 		prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_balances",
 			Help: "Customers with a balance in this ingest replica's view of the balances topic (the quota gate's)."}, func() float64 {
 			return float64(balances.Len())
 		}))
 		prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_balances_loaded",
-			Help: "1 once this ingest replica has read the balances topic up to its end as of the start; until then the quota gate lets every event through."}, func() float64 {
+			Help: "Whether this ingest replica has read the balances topic up to its end as of its start (1) or not yet (0: the quota gate lets every event through)."}, func() float64 {
 			if balances.isLoaded() {
 				return 1
 			}
@@ -121,6 +128,13 @@ func (m *metrics) refused(tenant string, events int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.totals(tenant).refused += int64(events)
+}
+
+// stages observes the stages of a successful request.
+func (m *metrics) stages(t Timings) {
+	for i, d := range []time.Duration{t.Read, t.Parse, t.Enqueue, t.Ack, t.Total - t.Read - t.Parse - t.Enqueue - t.Ack} {
+		m.stage[i].Observe(d.Seconds())
+	}
 }
 
 // gateRefused counts the events of a request the quota gate answered 402.
