@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -406,5 +407,34 @@ func TestRealGate(t *testing.T) {
 	}
 	if n := len(e.records()); n != 4 {
 		t.Errorf("%d records, want 4 (the two mixed requests)", n)
+	}
+}
+
+// The answer reaches the client before the request's bookkeeping
+// (metrics, Trace) runs: a slow or contended bookkeeping never adds to
+// the latency of a success.
+func TestAnswerBeforeBookkeeping(t *testing.T) {
+	answered := make(chan struct{})
+	var early atomic.Bool
+	e := newEnv(t, func(c *Config) {
+		c.Trace = func(Timings) {
+			select {
+			case <-answered:
+				early.Store(true)
+			case <-time.After(3 * time.Second):
+			}
+		}
+	})
+	status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, batchOf(jobAt("a", "acme-1", nov29)))
+	close(answered)
+	if status != http.StatusNoContent {
+		t.Fatalf("%d %s", status, b)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !early.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !early.Load() {
+		t.Error("the client got the answer only after the bookkeeping")
 	}
 }

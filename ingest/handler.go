@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,12 +33,16 @@ type request struct {
 	// the body read, the records ready, handed to the producer, and
 	// acknowledged.
 	start, read, ready, enqueued, acked time.Time
-	inputs                              int     // events in the request
-	usages                              []usage // usage events, in input order
-	props                               []schemas.Property
-	errs                                []EventError
-	denied                              []EventError
-	scratch                             mapScratch
+	// bufs, slab and recs are reused from request to request (release).
+	bufs    *buffers
+	slab    []kgo.Record
+	recs    []*kgo.Record
+	inputs  int     // events in the request
+	usages  []usage // usage events, in input order
+	props   []schemas.Property
+	errs    []EventError
+	denied  []EventError
+	scratch mapScratch
 }
 
 func (s *Server) endpoint(kind string) http.Handler {
@@ -45,6 +50,13 @@ func (s *Server) endpoint(kind string) http.Handler {
 		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock()}
 		rw := &statusWriter{ResponseWriter: w}
 		tenant := s.serve(rw, r, req)
+		req.release(req.enqueued.IsZero() || !req.acked.IsZero())
+		// The answer goes out now; the bookkeeping below (metrics, Trace)
+		// then never delays it. net/http would send it only once the
+		// handler returns.
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
 		end := time.Now()
 		s.metrics.observe(kind, tenant, rw.status, end.Sub(req.start))
 		if !req.acked.IsZero() && rw.status < 300 {
@@ -156,6 +168,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		Records int `json:"records"`
 	}{req.inputs, len(recs)})
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
 	return tenant
@@ -270,8 +283,58 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 // for each (bounded: a larger request grows them as it goes).
 func (s *Server) grow(req *request) {
 	const most = 4096
-	req.usages = make([]usage, 0, min(req.inputs*max(s.mapper.maxMeters, 1), most))
-	req.props = make([]schemas.Property, 0, min(req.inputs*s.mapper.maxProps, most))
+	req.bufs = getBuffers()
+	nu, np := min(req.inputs*max(s.mapper.maxMeters, 1), most), min(req.inputs*s.mapper.maxProps, most)
+	if req.usages = req.bufs.usages[:0]; cap(req.usages) < nu {
+		req.usages = make([]usage, 0, nu)
+	}
+	if req.props = req.bufs.props[:0]; cap(req.props) < np {
+		req.props = make([]schemas.Property, 0, np)
+	}
+}
+
+// buffers are the slices a request is built in, reused from request to
+// request (bufPool) so that a request allocates little besides its
+// records' bytes, and the garbage collector runs less often.
+type buffers struct {
+	usages []usage
+	props  []schemas.Property
+	slab   []kgo.Record
+	recs   []*kgo.Record
+}
+
+var bufPool = sync.Pool{New: func() any { return new(buffers) }}
+
+// maxPooled bounds the slices kept for reuse: a rare huge request does not
+// pin its memory.
+const maxPooled = 8192
+
+func getBuffers() *buffers { return bufPool.Get().(*buffers) }
+
+// release gives the request's buffers back for reuse, cleared (they hold
+// no request's data). The records are kept out when Kafka may still hold
+// them: handed to the producer and not all acknowledged.
+func (req *request) release(recordsFree bool) {
+	b := req.bufs
+	if b == nil {
+		return
+	}
+	req.bufs = nil
+	clear(req.usages)
+	clear(req.props)
+	b.usages, b.props = req.usages[:0], req.props[:0]
+	if recordsFree {
+		clear(req.slab)
+		clear(req.recs)
+		b.slab, b.recs = req.slab[:0], req.recs[:0]
+	} else {
+		b.slab, b.recs = nil, nil
+	}
+	req.usages, req.props, req.slab, req.recs = nil, nil, nil, nil
+	if cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled {
+		return
+	}
+	bufPool.Put(b)
 }
 
 // addCloudEvent maps CloudEvent i of the request (or its parse error) to
@@ -340,8 +403,19 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 // the checks and the encoding of every producer). The errors name each
 // bad event by its input index, in the request's field names.
 func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
-	slab := make([]kgo.Record, len(req.usages))
-	recs := make([]*kgo.Record, len(req.usages))
+	n := len(req.usages)
+	if req.bufs == nil {
+		req.bufs = getBuffers()
+	}
+	slab, recs := req.bufs.slab, req.bufs.recs
+	if cap(slab) < n {
+		slab = make([]kgo.Record, n)
+	}
+	if cap(recs) < n {
+		recs = make([]*kgo.Record, n)
+	}
+	slab, recs = slab[:n], recs[:n]
+	req.slab, req.recs = slab, recs
 	var errs []EventError
 	last := -1
 	for k := range req.usages {

@@ -42,6 +42,9 @@ type IngestConfig struct {
 	// LatencyFor is the length of the latency phase, at half the ingest's
 	// median rate.
 	LatencyFor time.Duration
+	// LatencyRate is the rate of the latency phase in events per second;
+	// 0: half the ingest's median rate.
+	LatencyRate float64
 	// JSON prints the result as JSON too.
 	JSON bool
 }
@@ -50,6 +53,9 @@ type IngestConfig struct {
 func (c *IngestConfig) Validate() error {
 	errs := []error{positive("events", c.Events), positive("batch", c.Batch), positive("connections", c.Connections),
 		positive("partitions", int(c.Partitions)), positive("rounds", c.Rounds), positiveDuration("latency-for", c.LatencyFor)}
+	if c.LatencyRate < 0 {
+		errs = append(errs, fmt.Errorf("bench: latency-rate %g must not be negative", c.LatencyRate))
+	}
 	if c.Batch > 0 && c.Events%c.Batch != 0 {
 		errs = append(errs, fmt.Errorf("bench: events (%d) must be a multiple of batch (%d)", c.Events, c.Batch))
 	}
@@ -110,6 +116,12 @@ func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
 		return err
 	}
 	b.keysTopic = keys
+	// The quota gate reads an empty balances topic of its own: its view
+	// is loaded, and holds nobody.
+	b.balancesTopic = fmt.Sprintf("%sbench-balances-%d", env.Topics.Prefix, now.UnixNano())
+	if err := left.createTopic(ctx, b.balancesTopic, 1, map[string]*string{"cleanup.policy": &compact}); err != nil {
+		return err
+	}
 	cl, err := env.client()
 	if err != nil {
 		return err
@@ -126,6 +138,9 @@ func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
 	}
 	mb, mi := res.Median(0), res.Median(1)
 	rate := mi / 2
+	if cfg.LatencyRate > 0 {
+		rate = cfg.LatencyRate
+	}
 	env.say("latency: %.0f events/s (half the ingest's median), the baseline and the ingest in turn, %s each", rate, cfg.LatencyFor)
 	b.traceMu.Lock()
 	b.tracing, b.trace = true, map[string][]time.Duration{}
@@ -143,10 +158,12 @@ func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
 		fmt.Sprintf("latency of a success at %.0f events/s:", rate), fmt.Sprintf("(in %d alternating segments; load average %s before, %s after)", latencySegments, lat.load[0], lat.load[1]),
 		"  baseline minimal handler:", pq(lat.baseline),
 		"  meterline ingest:", pq(lat.ingest),
+		"  ingest handler total:", pq(lat.stages["total"]),
 		"  ingest stage read:", pq(lat.stages["read"]),
 		"  ingest stage parse:", pq(lat.stages["parse"]),
 		"  ingest stage enqueue:", pq(lat.stages["enqueue"]),
-		"  ingest stage ack:", pq(lat.stages["ack"]))
+		"  ingest stage ack:", pq(lat.stages["ack"]),
+		"  baseline's wait for the ack:", pq(lat.stages["baseline ack"]))
 	if !cfg.JSON {
 		return nil
 	}
@@ -165,7 +182,9 @@ type ingestBench struct {
 	bodies    [][]byte
 	recs      [][]*kgo.Record // per request, the records the ingest writes
 	keysTopic string
-	token     string
+	// balancesTopic is the quota gate's, empty.
+	balancesTopic string
+	token         string
 	// ingest is the ingest of the last round, kept up for the latency
 	// phase (Rounds.HoldLast), with its topic.
 	ingest      *ingest.Server
@@ -178,6 +197,16 @@ type ingestBench struct {
 	trace   map[string][]time.Duration
 }
 
+// recordBaselineAck records the time the baseline waited for Kafka's
+// acknowledgement of a request's records, as the ingest's ack stage.
+func (b *ingestBench) recordBaselineAck(d time.Duration) {
+	b.traceMu.Lock()
+	defer b.traceMu.Unlock()
+	if b.tracing {
+		b.trace["baseline ack"] = append(b.trace["baseline ack"], d)
+	}
+}
+
 // record is the kept ingest's ingest.Config.Trace.
 func (b *ingestBench) record(t ingest.Timings) {
 	b.traceMu.Lock()
@@ -185,7 +214,7 @@ func (b *ingestBench) record(t ingest.Timings) {
 	if !b.tracing {
 		return
 	}
-	for name, d := range map[string]time.Duration{"read": t.Read, "parse": t.Parse, "enqueue": t.Enqueue, "ack": t.Ack} {
+	for name, d := range map[string]time.Duration{"read": t.Read, "parse": t.Parse, "enqueue": t.Enqueue, "ack": t.Ack, "total": t.Total} {
 		b.trace[name] = append(b.trace[name], d)
 	}
 }
@@ -193,7 +222,7 @@ func (b *ingestBench) record(t ingest.Timings) {
 // ingestConfig is the config of the measured ingest on topic.
 func (b *ingestBench) ingestConfig(topic string) ingest.Config {
 	cfg := ingest.Config{Addr: "127.0.0.1:0", Kafka: b.env.Kafka, ClientOptions: b.env.ClientOptions, Topic: topic,
-		KeysTopic: b.keysTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
+		KeysTopic: b.keysTopic, BalancesTopic: b.balancesTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
 		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record}
 	cfg.EnsureDefaults()
 	return cfg
@@ -439,7 +468,9 @@ func (b *ingestBench) startBaseline(ctx context.Context, topic string) (string, 
 				wg.Done()
 			})
 		}
+		enqueued := time.Now()
 		wg.Wait()
+		b.recordBaselineAck(time.Since(enqueued))
 		if failed.Load() {
 			http.Error(w, "not acknowledged", http.StatusServiceUnavailable)
 			return
@@ -488,6 +519,14 @@ func (b *ingestBench) latency(ctx context.Context, rate float64) (latencyResult,
 		return res, err
 	}
 	defer stopBase()
+	// The baseline's producer is new: its first requests wait for its
+	// producer ID and the topic's metadata, which the kept ingest did
+	// long ago. They are not measured.
+	for r := range b.cfg.Connections {
+		if err := postOne(ctx, http.DefaultClient, baseURL, b.bodies[r%len(b.bodies)], func(h http.Header) { h.Set("X-Request", strconv.Itoa(r%len(b.bodies))) }); err != nil {
+			return res, err
+		}
+	}
 	res.load[0] = loadAverage()
 	var base, ing []time.Duration
 	for seg := range latencySegments {
