@@ -42,6 +42,9 @@ type IngestConfig struct {
 	// LatencyFor is the length of the latency phase, at half the ingest's
 	// median rate.
 	LatencyFor time.Duration
+	// Linger is the producer linger of the ingest and the baseline; 0:
+	// the ingest's default.
+	Linger time.Duration
 	// LatencyRate is the rate of the latency phase in events per second;
 	// 0: half the ingest's median rate.
 	LatencyRate float64
@@ -223,7 +226,7 @@ func (b *ingestBench) record(t ingest.Timings) {
 func (b *ingestBench) ingestConfig(topic string) ingest.Config {
 	cfg := ingest.Config{Addr: "127.0.0.1:0", Kafka: b.env.Kafka, ClientOptions: b.env.ClientOptions, Topic: topic,
 		KeysTopic: b.keysTopic, BalancesTopic: b.balancesTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
-		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record}
+		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record, Linger: b.cfg.Linger}
 	cfg.EnsureDefaults()
 	return cfg
 }

@@ -108,6 +108,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},
 			{flag("idle-timeout"), f.IdleTimeout, ingest.DefaultIdleTimeout},
 			{flag("gate-max-age"), f.GateMaxAge, ingest.DefaultGateMaxAge},
+			{flag("quota-gate"), f.QuotaGate, true},
 			{flag("max-skew"), f.MaxSkew, producer.DefaultMaxSkew},
 		}
 	}

@@ -28,7 +28,7 @@ type IngestFlags struct {
 	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
 	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
 	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
-	QuotaGate         bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open). --no-quota-gate turns it off." default:"true" negatable:""`
+	QuotaGate         bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
 	GateMaxAge        time.Duration `help:"Age past which the quota gate no longer trusts a balance, in broker time: the balance's updated_at against the newest updated_at read plus the time since." default:"${ingest_gate_max_age}"`
 }
 
