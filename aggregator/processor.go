@@ -30,7 +30,7 @@ type processor struct {
 	counts          partitionCountsT
 	m               *metrics
 	now             func() time.Time
-	owners          prom.Owners // which open partition owns its gauges
+	owners          prom.Owners          // which open partition owns its gauges
 	ledger          *entitlements.Ledger // nil: Config.Entitlements is off
 	plans           planLabels
 }
