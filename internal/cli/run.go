@@ -34,6 +34,7 @@ type RunCmd struct {
 	Period         string        `help:"Billing period: month, day or hour." default:"${aggregate_period}" enum:"month,day,hour"`
 	Grace          time.Duration `help:"Finalization grace after a period's end." default:"${aggregate_grace}"`
 	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"${aggregate_final_chunk}"`
+	Entitlements   bool          `help:"The aggregator decides caps and credits from usage.entitlements (see meterline aggregate --entitlements)."`
 	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 	Ingest         bool          `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
@@ -57,7 +58,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		return &ExitError{Code: 2, Err: err}
 	}
 	ac := AggregateCmd{StageFlags: c.StageFlags, Group: c.AggregateGroup, Meters: c.Meters, StrictMeters: c.StrictMeters,
-		Period: c.Period, Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk}
+		Period: c.Period, Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk, Entitlements: c.Entitlements}
 	acfg, err := ac.config(g, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
@@ -111,7 +112,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		{"dedup", ds.Run, ds.Ready},
 		{"aggregate", as.Run, as.Ready},
 	}
-	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, []string{g.Topic.DedupedTopic()}}}
+	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, acfg.Stream.CopartitionedTopics...)}}
 	if !c.NoSink {
 		w, err := sink.New(scfg)
 		if err != nil {
