@@ -1,0 +1,256 @@
+package aggcrashtest
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/entitlements/entref"
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/oracle"
+	"github.com/meterline/meterline/schemas"
+)
+
+// entSuite is a suite whose aggregator decides entitlements: the test
+// writes usage.entitlements (CreateTime, so that it chooses every broker
+// time) and appends the ticks itself, each partition's times
+// non-decreasing as a broker's would be, and the model decides every event
+// with the entitlements package's reference model (oracle.Entitlements).
+type entSuite struct {
+	*suite
+	ent    oracle.Entitlements
+	ticked int64 // the last tick's time
+}
+
+func newEntSuite(t *testing.T) *entSuite {
+	s := newSuiteWith(t, testenv.TopicsOpts{EventsTimestamp: "CreateTime"})
+	return &entSuite{suite: s, ent: oracle.Entitlements{Partitions: partitions}}
+}
+
+// entArgs are the aggregator's flags: entitlements on, no ticks of its
+// own (the test's carry the stream's broker times).
+var entArgs = []string{"--entitlements", "--entitlements-tick=-1ms"}
+
+// write produces records to usage.entitlements at broker time at: a
+// customer's to its partition, a reserved key's to every partition.
+func (s *entSuite) write(at int64, key string, m schemas.Message) {
+	s.t.Helper()
+	var recs []*kgo.Record
+	ps := []int32{schemas.Partition([]byte(key), partitions)}
+	if key[0] == '!' {
+		ps = []int32{0, 1, 2, 3}[:partitions]
+	}
+	var v []byte
+	if m != nil {
+		v = schemas.MustEncode(m)
+	}
+	for _, p := range ps {
+		recs = append(recs, &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: p, Key: []byte(key), Value: v,
+			Timestamp: time.UnixMilli(at)})
+		r := entref.Record{Key: key, Written: at}
+		switch m := m.(type) {
+		case *schemas.Entitlements:
+			r.Ent = m
+		case *schemas.RateCard:
+			r.Card = m
+		}
+		if key[0] != '!' {
+			c, _ := schemas.ParseCustomerKey([]byte(key))
+			r.Key = c
+		}
+		s.ent.Records = append(s.ent.Records, oracle.EntRecord{Partition: p, Record: r})
+	}
+	s.produceSync(recs...)
+}
+
+// tick appends a tick at broker time at to every entitlements partition.
+func (s *entSuite) tick(at int64) {
+	s.t.Helper()
+	if at <= s.ticked {
+		return
+	}
+	s.ticked = at
+	v := schemas.MustEncode(&schemas.Tick{InstanceID: "test"})
+	var recs []*kgo.Record
+	for p := int32(0); p < partitions; p++ {
+		recs = append(recs, &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: p, Key: []byte(schemas.TickKey),
+			Value: v, Timestamp: time.UnixMilli(at)})
+	}
+	s.produceSync(recs...)
+}
+
+func (s *entSuite) produceSync(recs ...*kgo.Record) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// entChange is an entitlements record of the schedule, written at At.
+type entChange struct {
+	At  int64
+	Key string
+	Msg schemas.Message // nil: a tombstone
+}
+
+// entSchedule is the entitlements of the stream that genStream makes with
+// seed (its broker times start at start): capped customers (a SUM and a
+// COUNT cap, one raised mid-stream), customers on credits (grants of two
+// priorities, one expiring mid-stream; overdraft denied, or allowed up to
+// a limit), an unmetered one, a default plan for the rest, and a rate card
+// whose rates change on the second day.
+func entSchedule(start int64) []entChange {
+	key := func(c string) string { return string(schemas.CustomerKey(c)) }
+	deny := schemas.Overdraft{Policy: schemas.OverdraftDeny}
+	capped := func(c string, s int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: c, Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "s", Limit: s, OnLimit: schemas.OnLimitReject}, {Meter: "c", Limit: 2, OnLimit: schemas.OnLimitReject}}}
+	}
+	credits := func(c string, od schemas.Overdraft) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: c, Plan: "prepaid", Overdraft: od, Grants: []schemas.Grant{
+			{ID: "welcome", Amount: 1_000, Priority: 0, ExpiresAt: start + dayMs + 6*hourMs},
+			{ID: "topup", Amount: 1_500, Priority: 1}}}
+	}
+	return []entChange{
+		{start - hourMs, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+			{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "s", MicroCredits: 10, PerUnits: 1}, {Meter: "c", MicroCredits: 150, PerUnits: 1}}},
+			{EffectiveFrom: start + dayMs, Rates: []schemas.Rate{{Meter: "s", MicroCredits: 25, PerUnits: 2}, {Meter: "c", MicroCredits: 150, PerUnits: 1}}}}}},
+		{start - hourMs, schemas.DefaultPlanKey, &schemas.Entitlements{Plan: "default", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "c", Limit: 3, OnLimit: schemas.OnLimitReject}, {Meter: "s", Limit: 100, OnLimit: schemas.OnLimitAllow}}}},
+		{start - hourMs, key("cust-00"), capped("cust-00", 80)},
+		{start - hourMs, key("cust-01"), capped("cust-01", 120)},
+		{start - hourMs, key("cust-02"), credits("cust-02", deny)},
+		{start - hourMs, key("cust-03"), credits("cust-03", schemas.Overdraft{Policy: schemas.OverdraftAllow, Limit: 500})},
+		{start - hourMs, key("cust-04"), &schemas.Entitlements{CustomerID: "cust-04", Plan: "internal", Unmetered: true,
+			Overdraft: deny, Caps: []schemas.Cap{{Meter: "s", Limit: 1, OnLimit: schemas.OnLimitReject}}}},
+		// Mid-stream: cust-00's cap raised; cust-02 gets a top-up.
+		{start + dayMs + 3*hourMs, key("cust-00"), capped("cust-00", 200)},
+		{start + 2*dayMs, key("cust-02"), func() *schemas.Entitlements {
+			e := credits("cust-02", deny)
+			e.Grants = append(e.Grants, schemas.Grant{ID: "more", Amount: 2_000, Priority: 2, EffectiveFrom: start + dayMs})
+			return e
+		}()},
+		// cust-05's record is deleted: the default plan applies again.
+		{start - hourMs, key("cust-05"), capped("cust-05", 100)},
+		{start + dayMs + 12*hourMs, key("cust-05"), nil},
+	}
+}
+
+// sendEnt sends a batch of steps with the schedule's records up to its
+// last time first, and a tick at that time after it.
+func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
+	s.t.Helper()
+	var last int64
+	for _, st := range steps {
+		if st.ev != nil {
+			last = max(last, st.ev.Arrival)
+		} else {
+			last = max(last, st.wm.Watermark)
+		}
+	}
+	for len(*sched) > 0 && (*sched)[0].At <= last {
+		c := (*sched)[0]
+		*sched = (*sched)[1:]
+		s.write(max(c.At, s.ticked), c.Key, c.Msg)
+	}
+	s.send(steps)
+	s.tick(last)
+}
+
+func (s *entSuite) checkEnt() oracle.EntReport {
+	s.t.Helper()
+	s.mu.Lock()
+	events := append([]*oracle.Event(nil), s.events...)
+	s.mu.Unlock()
+	return oracle.VerifyEntitlements(s.t, s.Brokers, s.Names, &oracle.Model{Meters: meters, Period: oracle.Day, Grace: graceMs}, &s.ent, events)
+}
+
+// TestEntitlementsCrashWindows is the test to steal from billing
+// post-mortems (issue 14): `meterline aggregate --entitlements` is killed
+// (SIGKILL, via METERLINE_FAULT) after an event's charge is decided and
+// before its transaction commits, and in every other crash window of
+// DESIGN §6, restarted, and then every cap counter and credit balance
+// (the last balance of each customer) equals the reference's, which moved
+// once per accepted event and never for a rejected one; every rejected
+// event is in usage.rejected exactly once with its reason; and the bill of
+// the accepted events is exact (oracle.VerifyEntitlements).
+func TestEntitlementsCrashWindows(t *testing.T) {
+	for _, c := range []struct {
+		point string
+		hit   int
+		extra []string
+	}{
+		// The 40th decision of the armed run.
+		{fault.ChargeDecided, 40, nil},
+		{fault.BeforeCommit, 3, nil},
+		{fault.AfterCommit, 3, nil},
+		{fault.DuringApply, 3, nil},
+		{fault.AfterApply, 3, nil},
+		{fault.FinalDecided, 2, nil},
+		{fault.BetweenChunks, 3, []string{"--final-chunk", "2"}},
+		{fault.DuringRestore, 1, nil},
+	} {
+		t.Run(c.point, func(t *testing.T) {
+			t.Parallel()
+			s := newEntSuite(t)
+			seed := int64(len(c.point)) + 100
+			st := genStream(seed, 3, 8, 12, partitions)
+			start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli() + seed*hourMs // genStream's
+			sched := entSchedule(start)
+			extra := append(append([]string(nil), entArgs...), c.extra...)
+			stateDir := filepath.Join(s.Dir, "state")
+			spec := c.point + "@" + strconv.Itoa(c.hit)
+			a := s.startAgg("a", stateDir, aggOpts{extra: extra})
+			next := 0
+			for ; next < len(st.batches)/3; next++ {
+				s.sendEnt(st.batches[next], &sched)
+			}
+			s.waitCaughtUp(a)
+			a.Stop(t)
+			if c.point == fault.DuringRestore {
+				stateDir = filepath.Join(s.Dir, "state-wiped")
+				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
+				a.ExpectFaultKill(t, c.point, exitTimeout)
+				a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+			} else {
+				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
+			}
+			crashed := c.point == fault.DuringRestore
+			for ; next < len(st.batches); next++ {
+				s.sendEnt(st.batches[next], &sched)
+				time.Sleep(30 * time.Millisecond)
+				if !crashed && a.Exited() {
+					a.ExpectFaultKill(t, c.point, 0)
+					crashed = true
+					a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+				}
+			}
+			if !crashed {
+				if !a.Wait(30 * time.Second) {
+					t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.Name(), spec, a.Tail(30))
+				}
+				a.ExpectFaultKill(t, c.point, 0)
+				a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+			}
+			s.sendEnt(st.final, &sched)
+			s.waitCaughtUp(a)
+			if c.point == fault.AfterCommit || c.point == fault.DuringApply {
+				if n, _ := a.Replayed(); n == 0 {
+					t.Errorf("%s restored no changelog record after a crash at %s", a.Name(), c.point)
+				}
+			}
+			rep := s.checkEnt()
+			if rep.Rejected[schemas.ReasonOverLimit] == 0 || rep.Finals == 0 {
+				t.Fatalf("the stream rejected %v and decided %d FINALs; it must exercise over_limit and FINAL", rep.Rejected, rep.Finals)
+			}
+		})
+	}
+}
+
