@@ -2,6 +2,7 @@ package aggcrashtest
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -12,7 +13,9 @@ import (
 	"github.com/meterline/meterline/entitlements/entref"
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/crash"
 	"github.com/meterline/meterline/internal/testenv/oracle"
+	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -254,3 +257,130 @@ func TestEntitlementsCrashWindows(t *testing.T) {
 	}
 }
 
+// TestEntitlementsCapBoundary: a free tier of 1,000 units a month, 1,200
+// one-unit events of one customer and meter (over two groups) through the
+// real `meterline dedup` and `meterline aggregate --entitlements`, with 5%
+// duplicate copies interleaved and the aggregator killed (SIGKILL from
+// outside) half-way: exactly the first 1,000 in usage.deduped's order are
+// counted, the last 200 are rejected as over_limit once each, no copy is
+// charged, and the customer's last balance says 1,000 of 1,000.
+func TestEntitlementsCapBoundary(t *testing.T) {
+	s := newSuite(t) // LogAppendTime: arrivals are the broker's clock
+	const cust, limit, n = "free-tier", 1000, 1200
+	key := schemas.CustomerKey(cust)
+	rec := &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: schemas.Partition(key, partitions), Key: key,
+		Value: schemas.MustEncode(&schemas.Entitlements{CustomerID: cust, Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "s", Limit: limit, OnLimit: schemas.OnLimitReject}}})}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	d := s.Stage("dedup", "d", filepath.Join(s.Dir, "dedup-state"), crash.StageOpts{})
+	aggState := filepath.Join(s.Dir, "agg-state")
+	a := s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
+	p, err := producer.New(producer.WithBrokers(s.Brokers...), producer.WithTopic(s.Names.EventsTopic()), producer.WithLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	now := time.Now().UTC()
+	ev := func(i int) producer.Event {
+		return producer.Event{EventID: fmt.Sprintf("cap-%04d", i), CustomerID: cust, Meter: "s", Quantity: 1,
+			EventTime: now.Add(-time.Duration(i) * time.Millisecond), Properties: map[string]string{"region": []string{"eu", "us"}[i%2]}}
+	}
+	copies := 0
+	for i := 0; i < n; i++ {
+		if err := p.Send(ctx, ev(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%20 == 19 { // 5%: a copy of an earlier event
+			if err := p.Send(ctx, ev(i-7)); err != nil {
+				t.Fatal(err)
+			}
+			copies++
+		}
+		if i == n/2 {
+			a.Kill(t)
+			a = s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
+		}
+	}
+	s.WaitCaughtUp(s.Group("dedup"), s.Names.EventsTopic(), d)
+	s.waitCaughtUp(a)
+	// The order that decides: usage.deduped's.
+	var order []string
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.DedupedTopic()) {
+		var e schemas.DedupedEvent
+		if schemas.DecodeInto(r.Value, &e) == nil {
+			order = append(order, e.EventID)
+		}
+	}
+	if len(order) != n {
+		t.Fatalf("usage.deduped holds %d events, want %d (dedup dropped %d copies)", len(order), n, copies)
+	}
+	wantRejected := map[string]bool{}
+	for _, id := range order[limit:] {
+		wantRejected[id] = true
+	}
+	deadline := time.Now().Add(time.Minute)
+	var rejected []*schemas.Rejected
+	var total int64
+	for {
+		rejected = rejected[:0]
+		for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.RejectedTopic()) {
+			var rj schemas.Rejected
+			if err := schemas.DecodeInto(r.Value, &rj); err != nil {
+				t.Fatal(err)
+			}
+			rejected = append(rejected, &rj)
+		}
+		latest := map[string]*schemas.Aggregate{}
+		for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.AggregatesTopic()) {
+			var ag schemas.Aggregate
+			if err := schemas.DecodeInto(r.Value, &ag); err != nil {
+				t.Fatal(err)
+			}
+			k := fmt.Sprint(ag.Group)
+			if cur := latest[k]; cur == nil || ag.Revision > cur.Revision {
+				latest[k] = &ag
+			}
+		}
+		total = 0
+		for _, ag := range latest {
+			total += ag.Value
+		}
+		if len(rejected) >= n-limit && total >= limit || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if total != limit {
+		t.Errorf("the customer's aggregates add up to %d, want %d", total, limit)
+	}
+	seen := map[string]int{}
+	for _, rj := range rejected {
+		seen[rj.EventID]++
+		if rj.Reason != schemas.ReasonOverLimit || rj.Stage != "aggregator" || !wantRejected[rj.EventID] {
+			t.Errorf("rejected %s as %s by %s; want over_limit by aggregator for the last %d events only", rj.EventID, rj.Reason, rj.Stage, n-limit)
+		}
+	}
+	for id := range wantRejected {
+		if seen[id] != 1 {
+			t.Errorf("event %s rejected %d times, want once", id, seen[id])
+		}
+	}
+	var last *schemas.Balance
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.BalancesTopic()) {
+		var b schemas.Balance
+		if err := schemas.DecodeInto(r.Value, &b); err != nil {
+			t.Fatal(err)
+		}
+		if last == nil || b.Revision > last.Revision {
+			last = &b
+		}
+	}
+	if last == nil || len(last.Meters) != 1 || last.Meters[0].Usage != limit || last.Meters[0].Limit != limit {
+		t.Errorf("last balance %+v, want usage %d of %d", last, limit, limit)
+	}
+	t.Logf("%d events and %d copies: %d counted, %d rejected over_limit, across a SIGKILL of the aggregator", n, copies, total, len(rejected))
+}
