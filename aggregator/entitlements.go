@@ -310,12 +310,14 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 				return err
 			}
 		case rec.Key.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p:
-			// DESIGN §12: a client with another partitioner. Its
-			// canonical partition's owner applies it when it reads it
-			// there, from that broker time on (an effective_from before
-			// it is raised to it).
+			// DESIGN §12: a client with another partitioner. It is
+			// re-produced now, and the canonical partition's owner
+			// applies it from its new broker time (an effective_from
+			// before that is raised to it): events decided there
+			// before it was read are never reconsidered. How soon
+			// depends on how far behind this partition is read.
 			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
-			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp})
+			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: pt.pr.now()})
 			pt.pr.m.entRecords.WithLabelValues("rerouted").Inc()
 			pt.pr.log.Info("entitlements record re-produced to its canonical partition", zap.Int32("partition", pt.p),
 				zap.Int32("canonical_partition", canon), zap.Int64("offset", r.Offset))

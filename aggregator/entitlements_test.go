@@ -141,3 +141,197 @@ func TestEntitlementsCapAndCredits(t *testing.T) {
 		t.Errorf("credits consumed %v, want 2000", v)
 	}
 }
+
+// orderingRun feeds one hour of events of three capped customers, the
+// entitlements partition's ticks and a cap raised half-way, and returns
+// the decisions: each rejected event's reason, and each customer's OPEN
+// value. live: the aggregator runs while the hour is produced, and every
+// minute's events reach usage.deduped three minutes ahead of the
+// entitlements partition's records and ticks for that minute; otherwise
+// it starts once the whole hour is in the topics.
+func orderingRun(t *testing.T, brokers []string, live bool) (map[string]string, map[string]int64) {
+	const n = 4
+	h := newEntHarness(t, brokers, n)
+	t0 := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC).UnixMilli()
+	minute := int64(time.Minute / time.Millisecond)
+	custs := []string{"acme", "globex", "initech"}
+	plan := func(c string, limit int64, from int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: c, Plan: "free", EffectiveFrom: from, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+	}
+	// Minute by minute: entitlements records (a cap of 40, raised to 50
+	// at minute 29, and at minute 32 to 70 from minute 40 on), a tick,
+	// and the events of the minute.
+	ent := make([][]*kgo.Record, 60)
+	evs := make([][]*kgo.Record, 60)
+	for m := range int64(60) {
+		at := t0 + m*minute
+		for _, c := range custs {
+			switch m {
+			case 0:
+				ent[m] = append(ent[m], h.entitlement(n, plan(c, 40, 0), at))
+			case 29:
+				ent[m] = append(ent[m], h.entitlement(n, plan(c, 50, 0), at))
+			case 32:
+				ent[m] = append(ent[m], h.entitlement(n, plan(c, 70, t0+40*minute), at))
+			}
+		}
+		ent[m] = append(ent[m], h.shared(n, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, at)...)
+		for i, c := range custs {
+			e := &schemas.DedupedEvent{EventID: fmt.Sprintf("%s-%02d", c, m), CustomerID: c, Meter: "api_calls",
+				Quantity: int64(1 + (int(m)+i)%3), EventTime: at + 1, IngestTime: at + 1}
+			evs[m] = append(evs[m], h.dedupedEvent(schemas.Partition(schemas.CustomerKey(c), n), e))
+		}
+	}
+	// The last tick lets every event through.
+	last := h.shared(n, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, t0+60*minute)
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	var run *aggRunning
+	if live {
+		run = h.start(cfg)
+		for m := range 63 {
+			if m < 60 {
+				h.produce(evs[m]...)
+			}
+			if m >= 3 {
+				h.produce(ent[m-3]...)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		h.produce(last...)
+	} else {
+		for m := range 60 {
+			h.produce(ent[m]...)
+			h.produce(evs[m]...)
+		}
+		h.produce(last...)
+		run = h.start(cfg)
+	}
+	h.caughtUp()
+	awaitDecided(t, h, 60*len(custs))
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rejected := map[string]string{}
+	for _, r := range readRejected(t, h) {
+		rejected[r.EventID] = r.Reason
+	}
+	return rejected, openValues(t, h)
+}
+
+// awaitDecided waits until n events are decided: counted in an OPEN
+// aggregate, or rejected.
+func awaitDecided(t testing.TB, h *aggHarness, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		counts := map[string]*schemas.Aggregate{}
+		for _, a := range readAggregates(t, h) {
+			k := a.CustomerID + "/" + a.Meter + "/" + fmt.Sprint(a.PeriodStart)
+			if cur := counts[k]; cur == nil || a.Revision > cur.Revision {
+				counts[k] = a
+			}
+		}
+		got := len(readRejected(t, h))
+		for _, a := range counts {
+			got += int(a.EventCount)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d events decided after a minute", got, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestEntitlementsOrderingByBrokerTime: the same hour of input gives the
+// same decisions with the aggregator caught up (events reaching it
+// minutes before the entitlements partition's records of their time) and
+// with the aggregator started an hour behind; the cap raised half-way
+// applies to the events that arrived after its effective_from in both,
+// and a raise written for later applies from then.
+func TestEntitlementsOrderingByBrokerTime(t *testing.T) {
+	testOrdering(t, nil)
+}
+
+// TestRealEntitlementsOrderingByBrokerTime is the same on the real broker
+// of METERLINE_TEST_KAFKA.
+func TestRealEntitlementsOrderingByBrokerTime(t *testing.T) {
+	testOrdering(t, testenv.RealKafka(t))
+}
+
+func testOrdering(t *testing.T, brokers []string) {
+	liveRej, liveVals := orderingRun(t, brokers, true)
+	lagRej, lagVals := orderingRun(t, brokers, false)
+	if fmt.Sprint(liveRej) != fmt.Sprint(lagRej) || fmt.Sprint(liveVals) != fmt.Sprint(lagVals) {
+		t.Fatalf("decisions differ:\n caught up: rejected %v, values %v\n behind:    rejected %v, values %v", liveRej, liveVals, lagRej, lagVals)
+	}
+	// Each customer: 40 units before the first raise, then up to 50,
+	// then 70.
+	for _, c := range []string{"acme", "globex", "initech"} {
+		if v := lagVals[c+"/api_calls"]; v <= 50 || v > 70 {
+			t.Errorf("%s counted %d units, want more than the cap 50 and at most the raised 70", c, v)
+		}
+	}
+	if len(lagRej) == 0 {
+		t.Fatal("no event rejected: the test must reach the cap")
+	}
+	t.Logf("identical decisions: %d rejected, values %v", len(lagRej), lagVals)
+}
+
+// TestEntitlementsMisroutedStillApplies: a customer's record produced to
+// another partition than its customer's (a client with another
+// partitioner) is re-produced to the canonical partition, counted, and
+// then decides the customer's events there.
+func TestEntitlementsMisroutedStillApplies(t *testing.T) {
+	const n = 4
+	h := newEntHarness(t, nil, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	wrong := (canon + 1) % n
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: wrong, Key: key, Timestamp: time.Now(),
+		Value: schemas.MustEncode(&schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "api_calls", Limit: 5, OnLimit: schemas.OnLimitReject}}})})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		found := false
+		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+			found = found || r.Partition == canon && string(r.Key) == string(key)
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the misrouted record was not re-produced to its canonical partition")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var recs []*kgo.Record
+	for i := range 8 {
+		at := time.Now().UnixMilli()
+		recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprintf("e%d", i), CustomerID: "acme",
+			Meter: "api_calls", Quantity: 1, EventTime: at, IngestTime: at}))
+	}
+	h.produce(recs...)
+	h.caughtUp()
+	awaitDecided(t, h, 8)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := openValues(t, h)["acme/api_calls"]; got != 5 {
+		t.Errorf("acme counted %d, want 5 (the cap of the re-routed record)", got)
+	}
+	if n := len(readRejected(t, h)); n != 3 {
+		t.Errorf("%d rejected, want 3 over_limit", n)
+	}
+	if v := counterOf(reg, "meterline_aggregate_entitlements_records_total"); v < 1 {
+		t.Errorf("entitlements records counted %v", v)
+	}
+}
