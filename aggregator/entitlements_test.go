@@ -335,3 +335,90 @@ func TestEntitlementsMisroutedStillApplies(t *testing.T) {
 		t.Errorf("entitlements records counted %v", v)
 	}
 }
+
+// TestEntitlementsRatesAndCredits: two meters at different rates draw from
+// one balance; the rate card changes on the 15th, and each event is priced
+// by the rate at its own event_time (a late event for the 14th arriving on
+// the 20th too); grants are drawn by priority then earliest expiry, an
+// expired grant pays nothing, and a grant pays only for event times in
+// its window; with overdraft denied the event that the grants cannot pay
+// is no_credit, with overdraft allowed it is overdrawn.
+func TestEntitlementsRatesAndCredits(t *testing.T) { testRatesAndCredits(t, nil) }
+
+// TestRealEntitlementsRatesAndCredits is the same on the real broker.
+func TestRealEntitlementsRatesAndCredits(t *testing.T) { testRatesAndCredits(t, testenv.RealKafka(t)) }
+
+func testRatesAndCredits(t *testing.T, brokers []string) {
+	const n = 2
+	h := newEntHarness(t, brokers, n)
+	day := func(d int) int64 { return time.Date(2026, 11, d, 12, 0, 0, 0, time.UTC).UnixMilli() }
+	written := time.Date(2026, 10, 31, 0, 0, 0, 0, time.UTC).UnixMilli()
+	var recs []*kgo.Record
+	recs = append(recs, h.shared(n, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "tokens", MicroCredits: 2, PerUnits: 1}, {Meter: "api_calls", MicroCredits: 100, PerUnits: 1}}},
+		{EffectiveFrom: time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC).UnixMilli(),
+			Rates: []schemas.Rate{{Meter: "tokens", MicroCredits: 3, PerUnits: 1}, {Meter: "api_calls", MicroCredits: 150, PerUnits: 1}}}}}, written)...)
+	grants := []schemas.Grant{
+		{ID: "promo", Amount: 10_000, ExpiresAt: time.Date(2026, 11, 18, 0, 0, 0, 0, time.UTC).UnixMilli()},
+		{ID: "base", Amount: 50_000},
+		{ID: "old", Amount: 1_000, ExpiresAt: time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC).UnixMilli()},
+		{ID: "later", Amount: 1_000, Priority: 1, EffectiveFrom: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMilli()},
+	}
+	custs := map[string]schemas.Overdraft{"deny": {Policy: schemas.OverdraftDeny}, "allow": {Policy: schemas.OverdraftAllow}}
+	for c, od := range custs {
+		recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: c, Plan: "prepaid-" + c, Grants: grants, Overdraft: od}, written))
+	}
+	type ev struct {
+		id              string
+		meter           string
+		qty             int64
+		arrival, evTime int64
+	}
+	evs := []ev{
+		{"e1", "tokens", 1000, day(10), day(10)},   // 2,000 from promo (earliest expiry)
+		{"e2", "api_calls", 10, day(10), day(10)},  // 1,000 from promo
+		{"e3", "tokens", 1000, day(16), day(16)},   // new rate: 3,000 from promo
+		{"e4", "tokens", 1000, day(20), day(14)},   // late, old rate: 2,000 from promo (its window holds the 14th)
+		{"e5", "tokens", 2000, day(20), day(20)},   // 6,000 from base: promo expired for event time the 20th
+		{"e6", "api_calls", 400, day(21), day(21)}, // 60,000: base has 44,000 left
+	}
+	for c := range custs {
+		for _, e := range evs {
+			recs = append(recs, h.dedupedEvent(schemas.Partition(schemas.CustomerKey(c), n), &schemas.DedupedEvent{
+				EventID: c + "-" + e.id, CustomerID: c, Meter: e.meter, Quantity: e.qty, EventTime: e.evTime, IngestTime: e.arrival}))
+		}
+	}
+	h.produce(recs...)
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	h.caughtUp()
+	awaitDecided(t, h, 2*len(evs))
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rej := readRejected(t, h)
+	if len(rej) != 1 || rej[0].EventID != "deny-e6" || rej[0].Reason != schemas.ReasonNoCredit {
+		t.Errorf("rejected %+v, want only deny-e6 as no_credit", rej)
+	}
+	bs := latestBalances(t, h)
+	consumed := func(b *schemas.Balance) map[string]int64 {
+		out := map[string]int64{}
+		for _, g := range b.Grants {
+			out[g.ID] = g.Consumed
+		}
+		return out
+	}
+	// As of the 21st: promo (consumed 8,000) and old have expired.
+	if b := bs["deny"]; b == nil || fmt.Sprint(consumed(b)) != fmt.Sprint(map[string]int64{"base": 6000, "later": 0}) || b.Overdrawn != 0 {
+		t.Errorf("deny's balance %+v, want base 6,000 consumed and nothing overdrawn", b)
+	}
+	if b := bs["allow"]; b == nil || fmt.Sprint(consumed(b)) != fmt.Sprint(map[string]int64{"base": 50000, "later": 0}) || b.Overdrawn != 16000 {
+		t.Errorf("allow's balance %+v, want base 50,000 consumed and 16,000 overdrawn", b)
+	}
+	// deny: 8,000 + 6,000; allow: 8,000 + 6,000 + 60,000.
+	if v := counterOf(reg, "meterline_aggregate_credits_consumed_micro_total"); v != 14000+74000 {
+		t.Errorf("credits consumed %v, want %d", v, 14000+74000)
+	}
+}
