@@ -373,11 +373,7 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	if err != nil {
 		return false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	plan, err := l.PlanAt(tx, e.CustomerID, e.IngestTime)
-	if err != nil {
-		return false, err
-	}
-	label := pt.pr.plans.label(plan)
+	label := pt.pr.plans.label(d.Plan)
 	cost := d.Cost
 	if d.Outcome != entitlements.Accepted {
 		cost = 0

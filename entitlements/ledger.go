@@ -373,6 +373,7 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 	}
 	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn,
 		Consumed: func(id string) int64 { return consumedOf(uses, id) }})
+	d.Plan = plan
 	if d.Outcome != Accepted {
 		return d, nil
 	}
