@@ -422,8 +422,10 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 		return pt.drain(tx)
 	}
 	n := pt.pr.cfg.FinalChunk
+	work := "prune"
 	switch e.roll.phase {
 	case rollBalances:
+		work = "balances"
 		cs, more, err := pt.pr.ledger.CustomersWithUsage(tx, e.roll.prev, e.roll.cursor, n)
 		if err != nil {
 			return err
@@ -449,7 +451,7 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 		}
 	}
 	tx.Put(keyRoll, e.roll.encode())
-	pt.pr.m.chunks.WithLabelValues("balances").Inc()
+	pt.pr.m.chunks.WithLabelValues(work).Inc()
 	return nil
 }
 

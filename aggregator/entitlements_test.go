@@ -422,3 +422,94 @@ func testRatesAndCredits(t *testing.T, brokers []string) {
 		t.Errorf("credits consumed %v, want %d", v, 14000+74000)
 	}
 }
+
+// TestEntitlementsPeriodStartBalancesInChunks: when the watermark enters a
+// new period, the balance of every customer with usage in the period that
+// ended goes out (its usage in the new one is 0), at most FinalChunk
+// customers per transaction (DESIGN §6 invariant 9).
+func TestEntitlementsPeriodStartBalancesInChunks(t *testing.T) {
+	const n = 2
+	h := newEntHarness(t, nil, n)
+	d := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
+	day := int64(24 * time.Hour / time.Millisecond)
+	var recs []*kgo.Record
+	recs = append(recs, h.shared(n, schemas.DefaultPlanKey, &schemas.Entitlements{Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps: []schemas.Cap{{Meter: "api_calls", Limit: 100, OnLimit: schemas.OnLimitReject}}}, d-day)...)
+	wm := func(at int64) {
+		for p := range int32(n) {
+			for src := range int32(n) {
+				recs = append(recs, h.watermark(p, src, n, at))
+			}
+		}
+	}
+	wm(d + 1)
+	custs := []string{"c1", "c2", "c3", "c4", "c5", "c6", "c7"}
+	for i, c := range custs {
+		at := d + 1000 + int64(i)
+		recs = append(recs, h.dedupedEvent(schemas.Partition(schemas.CustomerKey(c), n), &schemas.DedupedEvent{EventID: c, CustomerID: c,
+			Meter: "api_calls", Quantity: 3, EventTime: at, IngestTime: at}))
+	}
+	h.produce(recs...)
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.Period, cfg.FinalChunk = Day, 2
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	awaitBalances := func(start int64) {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			done := 0
+			for _, b := range latestBalances(t, h) {
+				if b.PeriodStart == start {
+					done++
+				}
+			}
+			if done == len(custs) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d customers got their balance of the period of %s", done, len(custs), msTime(start))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	awaitBalances(d)
+	// Then the watermark enters the next day: no event, only the roll.
+	recs = recs[:0]
+	wm(d + day + 5000)
+	h.produce(recs...)
+	awaitBalances(d + day)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for c, b := range latestBalances(t, h) {
+		if len(b.Meters) != 1 || b.Meters[0].Usage != 0 || b.UpdatedAt != d+day+5000 {
+			t.Errorf("%s's balance %+v, want usage 0 of the new period, as of the watermark", c, b)
+		}
+	}
+	// 2 customers a transaction, in each partition.
+	want := 0.0
+	per := map[int32]int{}
+	for _, c := range custs {
+		per[schemas.Partition(schemas.CustomerKey(c), n)]++
+	}
+	for _, k := range per {
+		want += float64((k + 1) / 2)
+	}
+	chunks := 0.0
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "meterline_aggregate_chunks_total" {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "work" && l.GetValue() == "balances" {
+						chunks += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	if chunks != want {
+		t.Errorf("%v transactions emitted period-start balances, want %v (customers per partition %v, 2 a transaction)", chunks, want, per)
+	}
+}
