@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -92,15 +92,10 @@ func (s *Server) exhausted(ue *schemas.UsageEvent) (string, bool) {
 	}
 	mb := bal.Meters[i]
 	m, _ := s.cfg.Meters.Lookup(ue.Meter) // an undeclared meter is a SUM, as the aggregator takes it
-	var units int64
-	switch m.Aggregation {
-	case aggregator.Sum:
-		units = ue.Quantity
-	case aggregator.Count:
-		units = 1
-	default:
+	if !entitlements.Charged(string(m.Aggregation)) {
 		return "", false
 	}
+	units := entitlements.Event{Meter: ue.Meter, Aggregation: string(m.Aggregation), Quantity: ue.Quantity}.Units()
 	if units < 0 || !wouldPass(mb.Usage, units, mb.Limit) {
 		return "", false
 	}
