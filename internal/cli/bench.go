@@ -159,14 +159,16 @@ type BenchIngestCmd struct {
 	Connections int           `help:"Keep-alive client connections." default:"32"`
 	Partitions  int32         `help:"Partitions of each benchmark topic." default:"16"`
 	Rounds      int           `help:"Rounds; each runs the baseline and the ingest once, in alternating order. Medians are reported." default:"3"`
-	LatencyFor  time.Duration `help:"Length of the latency phase, at half the ingest's median rate." default:"15s"`
+	LatencyFor  time.Duration `help:"Length of the latency phase, at half the ingest's median rate, for the baseline and for the ingest each, in alternating segments." default:"15s"`
+	LatencyRate float64       `help:"Rate of the latency phase in events per second; 0: half the ingest's median rate."`
+	Linger      time.Duration `help:"Producer linger of the ingest and of the baseline." default:"${ingest_linger}"`
 	JSON        bool          `help:"Print the result as JSON too."`
 }
 
 // Run runs the benchmark.
 func (c *BenchIngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.IngestConfig{Events: c.Events, Batch: c.Batch, Connections: c.Connections, Partitions: c.Partitions,
-		Rounds: c.Rounds, LatencyFor: c.LatencyFor, JSON: c.JSON}
+		Rounds: c.Rounds, LatencyFor: c.LatencyFor, LatencyRate: c.LatencyRate, Linger: c.Linger, JSON: c.JSON}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Ingest(ctx, env, cfg) })
 }
 

@@ -60,6 +60,8 @@ func defaultVars() kong.Vars {
 		"ingest_read_header_timeout": flagDuration(ingest.DefaultReadHeaderTimeout),
 		"ingest_read_timeout":        flagDuration(ingest.DefaultReadTimeout),
 		"ingest_idle_timeout":        flagDuration(ingest.DefaultIdleTimeout),
+		"ingest_gate_max_age":        flagDuration(ingest.DefaultGateMaxAge),
+		"ingest_linger":              flagDuration(ingest.DefaultLinger),
 
 		"metrics_addr": defaultMetricsAddr,
 

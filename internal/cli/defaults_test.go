@@ -107,6 +107,8 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("read-header-timeout"), f.ReadHeaderTimeout, ingest.DefaultReadHeaderTimeout},
 			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},
 			{flag("idle-timeout"), f.IdleTimeout, ingest.DefaultIdleTimeout},
+			{flag("gate-max-age"), f.GateMaxAge, ingest.DefaultGateMaxAge},
+			{flag("quota-gate"), f.QuotaGate, true},
 			{flag("max-skew"), f.MaxSkew, producer.DefaultMaxSkew},
 		}
 	}
