@@ -224,7 +224,7 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 			return err
 		}
 		rounds := Rounds{N: cfg.SinkRounds, Unit: "rows", Progress: env.say}
-		res, err := rounds.Run(ctx, sinkRun{b: b, noViews: true}, sinkRun{b: b})
+		res, err := rounds.Run(ctx, sinkRun{b: b, views: []string{}}, sinkRun{b: b})
 		if err != nil {
 			return err
 		}
