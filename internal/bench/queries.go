@@ -118,14 +118,60 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		return err
 	}
 	defer conn.Close()
-	long := func(ctx context.Context) (context.Context, context.CancelFunc) {
-		return context.WithTimeout(ctx, 2*time.Hour)
+
+	if err := generate(ctx, env, conn, db, cfg); err != nil {
+		return err
+	}
+	settled, err := settleMerges(ctx, env, conn, db, cfg.Settle)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Out, "merges settled after: %s\n", settled.Round(time.Millisecond))
+	if err := printSizes(ctx, env, conn, db); err != nil {
+		return err
 	}
 
+	timings, err := timeQueries(ctx, env, conn, cfg.Runs)
+	if err != nil {
+		return err
+	}
+	printTimings(env, timings)
+
+	part, lookup, err := resumeLookup(ctx, conn, db, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Out, "resume lookup near the end of partition %d of %d usage_events rows: %d queries, %d rows read, %s\n",
+		part, cfg.Events, lookup.Queries, lookup.RowsRead, lookup.Took.Round(time.Microsecond))
+
+	out := map[string]any{"database": db, "queries": timings, "resume_lookup": lookup, "settle_seconds": settled.Seconds()}
+	if cfg.SinkRows > 0 {
+		if err := sinkWithViews(ctx, env, cfg, left, stamp, out); err != nil {
+			return err
+		}
+	}
+	if cfg.Keep {
+		fmt.Fprintf(env.Out, "database %s kept (--reuse runs the queries on it again)\n", db)
+	}
+	if cfg.JSON {
+		return json.NewEncoder(env.Out).Encode(out)
+	}
+	return nil
+}
+
+// longStatement bounds one statement of the generation: generous, for the
+// largest data sets.
+func longStatement(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 2*time.Hour)
+}
+
+// generate migrates db and fills it with cfg's synthetic data, unless
+// (with cfg.Reuse) it holds them already.
+func generate(ctx context.Context, env *Env, conn driver.Conn, db string, cfg QueriesConfig) error {
 	data := sink.SyntheticData{Events: cfg.Events, Revisions: cfg.Revisions, Customers: cfg.Customers, Months: cfg.Months, Partitions: cfg.Partitions}
 	have := uint64(0)
 	if cfg.Reuse {
-		qctx, cancel := long(ctx)
+		qctx, cancel := longStatement(ctx)
 		err := conn.QueryRow(qctx, "SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = 'usage_events'").Scan(&have)
 		if err == nil && have > 0 {
 			err = conn.QueryRow(qctx, "SELECT count() FROM usage_events").Scan(&have)
@@ -147,7 +193,7 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		start := time.Now()
 		stmts := data.Statements(db)
 		for i, s := range stmts {
-			qctx, cancel := long(ctx)
+			qctx, cancel := longStatement(ctx)
 			t0 := time.Now()
 			err := conn.Exec(qctx, s)
 			cancel()
@@ -159,104 +205,95 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		env.say("generated %d events and about %d aggregate revisions through the views in %s", cfg.Events, cfg.Revisions, time.Since(start).Round(time.Second))
 		fmt.Fprintf(env.Out, "generation: %s\n", time.Since(start).Round(time.Millisecond))
 	}
-	settled, err := settleMerges(ctx, env, conn, db, cfg.Settle)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(env.Out, "merges settled after: %s\n", settled.Round(time.Millisecond))
-	if err := printSizes(ctx, env, conn, db); err != nil {
-		return err
-	}
+	return nil
+}
 
+// timeQueries times every query of docs/analysts.md, runs warm runs each,
+// for the customer of median volume and the largest one where a query
+// names a customer.
+func timeQueries(ctx context.Context, env *Env, conn driver.Conn, runs int) ([]QueryTiming, error) {
 	median, largest, err := customers(ctx, conn)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	month := sink.SyntheticStart
 	fmt.Fprintf(env.Out, "month %s; customer of median volume %s, largest %s\n", month.Format("2006-01"), median, largest)
 	var timings []QueryTiming
 	for _, q := range sink.AnalystQueries {
-		sets := []struct {
-			name string
-			p    sink.QueryParams
-		}{{"", sink.QueryParams{Customer: largest, Meter: "api_calls", Month: month}}}
-		switch {
-		case strings.Contains(q.SQL, "'acme'"):
-			sets = []struct {
-				name string
-				p    sink.QueryParams
-			}{{"median", sink.QueryParams{Customer: median, Meter: "api_calls", Month: month}}, {"largest", sink.QueryParams{Customer: largest, Meter: "api_calls", Month: month}}}
-		case q.Name == "invoice_lines":
-			// January has no late usage booked into it; February has
-			// January's.
-			sets = append(sets, struct {
-				name string
-				p    sink.QueryParams
-			}{"next", sink.QueryParams{Customer: largest, Meter: "api_calls", Month: month.AddDate(0, 1, 0)}})
-		}
-		for _, set := range sets {
+		for _, set := range querySets(q, median, largest, month) {
 			sql, err := q.For(set.p)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			qt, err := timeQuery(ctx, conn, sql, cfg.Runs)
+			qt, err := timeQuery(ctx, conn, sql, runs)
 			if err != nil {
-				return fmt.Errorf("bench: query %s: %w", q.Name, err)
+				return nil, fmt.Errorf("bench: query %s: %w", q.Name, err)
 			}
-			qt.Query = q.Name
+			qt.Query, qt.Params = q.Name, set.params
 			key := q.Name
-			switch set.name {
-			case "":
-			case "next":
+			if set.name != "" {
 				key += "/" + set.name
-				qt.Params = "period " + set.p.Month.Format("2006-01") + ", late usage booked"
-			default:
-				key += "/" + set.name
-				qt.Params = fmt.Sprintf("%s customer %s", set.name, set.p.Customer)
 			}
 			qt.Goal = queryGoals[key]
 			env.say("query %s %s: median %s, max %s, %d rows read", q.Name, qt.Params, qt.Median, qt.Max, qt.RowsRead)
 			timings = append(timings, qt)
 		}
 	}
-	printTimings(env, timings)
+	return timings, nil
+}
 
-	part, lookup, err := resumeLookup(ctx, conn, db, cfg)
+// querySet is one set of values a query is timed with: name suffixes the
+// query's goal key, params describes the set in the result.
+type querySet struct {
+	name, params string
+	p            sink.QueryParams
+}
+
+// querySets are the value sets a query is timed with: the customers of
+// median and largest volume for a query that names a customer; for the
+// invoice lines, January and February (the period January's late usage
+// is booked into; January has none); else one set.
+func querySets(q sink.AnalystQuery, median, largest string, month time.Time) []querySet {
+	switch {
+	case strings.Contains(q.SQL, "'acme'"):
+		return []querySet{
+			{"median", "median customer " + median, sink.QueryParams{Customer: median, Meter: "api_calls", Month: month}},
+			{"largest", "largest customer " + largest, sink.QueryParams{Customer: largest, Meter: "api_calls", Month: month}},
+		}
+	case q.Name == "invoice_lines":
+		next := month.AddDate(0, 1, 0)
+		return []querySet{
+			{"", "period " + month.Format("2006-01"), sink.QueryParams{Customer: largest, Meter: "api_calls", Month: month}},
+			{"next", "period " + next.Format("2006-01") + ", late usage booked", sink.QueryParams{Customer: largest, Meter: "api_calls", Month: next}},
+		}
+	}
+	return []querySet{{"", "", sink.QueryParams{Customer: largest, Meter: "api_calls", Month: month}}}
+}
+
+// sinkWithViews compares the sink's throughput without and with the
+// analyst views, over cfg.SinkRounds rounds of cfg.SinkRows rows, and adds
+// the medians to out.
+func sinkWithViews(ctx context.Context, env *Env, cfg QueriesConfig, left *leftovers, stamp int64, out map[string]any) error {
+	b := &sinkBench{env: env, cfg: SinkConfig{Rows: cfg.SinkRows, Partitions: 16, Rounds: cfg.SinkRounds, BatchRows: 10000, Customers: 10000},
+		left: left, stamp: stamp}
+	b.names = env.Topics
+	b.names.Prefix = fmt.Sprintf("%sbench-queries-sink-%d.", env.Topics.Prefix, stamp)
+	if err := b.prepare(ctx); err != nil {
+		return err
+	}
+	rounds := Rounds{N: cfg.SinkRounds, Unit: "rows", Progress: env.say}
+	res, err := rounds.Run(ctx, sinkRun{b: b, views: []string{}}, sinkRun{b: b})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Out, "resume lookup near the end of partition %d of %d usage_events rows: %d queries, %d rows read, %s\n",
-		part, cfg.Events, lookup.Queries, lookup.RowsRead, lookup.Took.Round(time.Microsecond))
-
-	out := map[string]any{"database": db, "queries": timings, "resume_lookup": lookup, "settle_seconds": settled.Seconds()}
-	if cfg.SinkRows > 0 {
-		b := &sinkBench{env: env, cfg: SinkConfig{Rows: cfg.SinkRows, Partitions: 16, Rounds: cfg.SinkRounds, BatchRows: 10000, Customers: 10000},
-			left: left, stamp: stamp}
-		b.names = env.Topics
-		b.names.Prefix = fmt.Sprintf("%sbench-queries-sink-%d.", env.Topics.Prefix, stamp)
-		if err := b.prepare(ctx); err != nil {
-			return err
-		}
-		rounds := Rounds{N: cfg.SinkRounds, Unit: "rows", Progress: env.say}
-		res, err := rounds.Run(ctx, sinkRun{b: b, views: []string{}}, sinkRun{b: b})
-		if err != nil {
-			return err
-		}
-		without, with, ratio := res.Median(0), res.Median(1), res.RoundRatio(1, 0)
-		fmt.Fprintf(env.Out, "sink, %d rows, %d rounds (medians):\n", cfg.SinkRows, cfg.SinkRounds)
-		writeAligned(env.Out,
-			"without the analyst views:", fmt.Sprintf("%.0f rows/s", without),
-			"with the analyst views:", fmt.Sprintf("%.0f rows/s", with),
-			"ratio of medians:", fmt.Sprintf("%.2f (goal ≥ 0.70)", with/without),
-			"median of per-round ratios:", fmt.Sprintf("%.2f", ratio))
-		out["sink_without_views"], out["sink_with_views"], out["sink_ratio"], out["sink_round_ratio"] = without, with, with/without, ratio
-	}
-	if cfg.Keep {
-		fmt.Fprintf(env.Out, "database %s kept (--reuse runs the queries on it again)\n", db)
-	}
-	if cfg.JSON {
-		return json.NewEncoder(env.Out).Encode(out)
-	}
+	without, with, ratio := res.Median(0), res.Median(1), res.RoundRatio(1, 0)
+	fmt.Fprintf(env.Out, "sink, %d rows, %d rounds (medians):\n", cfg.SinkRows, cfg.SinkRounds)
+	writeAligned(env.Out,
+		"without the analyst views:", fmt.Sprintf("%.0f rows/s", without),
+		"with the analyst views:", fmt.Sprintf("%.0f rows/s", with),
+		"ratio of medians:", fmt.Sprintf("%.2f (goal ≥ 0.70)", with/without),
+		"median of per-round ratios:", fmt.Sprintf("%.2f", ratio))
+	out["sink_without_views"], out["sink_with_views"], out["sink_ratio"], out["sink_round_ratio"] = without, with, with/without, ratio
 	return nil
 }
 
