@@ -131,19 +131,29 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 // the sink (Kafka → decode → INSERT → transactional offset commit) against
 // a bare clickhouse-go batch loop writing the same rows.
 type BenchSinkCmd struct {
-	Rows       int    `help:"usage.deduped records (rows) per run." default:"1000000"`
-	Partitions int    `help:"Partitions of the benchmark topic." default:"16"`
-	Rounds     int    `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
-	BatchRows  int    `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
-	Customers  int    `help:"Distinct customers in the generated rows." default:"10000"`
-	JSON       bool   `help:"Print the result as JSON too."`
-	CPUProfile string `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`
+	Rows           int      `help:"usage.deduped records (rows) per run." default:"1000000"`
+	Partitions     int      `help:"Partitions of the benchmark topic." default:"16"`
+	Rounds         int      `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
+	BatchRows      int      `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
+	Customers      int      `help:"Distinct customers in the generated rows." default:"10000"`
+	JSON           bool     `help:"Print the result as JSON too."`
+	CPUProfile     string   `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`
+	AgainstNoViews bool     `help:"Compare the sink with the analyst views against the sink into a database without them (alternating rounds), instead of against the bare batch loop."`
+	Views          []string `help:"Keep only these analyst views (materialized view names, comma-separated) in the databases; 'none' for none. Default: all." sep:","`
 }
 
 // Run runs the benchmark.
 func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.SinkConfig{Rows: c.Rows, Partitions: c.Partitions, Rounds: c.Rounds, BatchRows: c.BatchRows,
-		Customers: c.Customers, JSON: c.JSON, CPUProfile: c.CPUProfile}
+		Customers: c.Customers, JSON: c.JSON, CPUProfile: c.CPUProfile, AgainstNoViews: c.AgainstNoViews}
+	if len(c.Views) > 0 {
+		cfg.Views = []string{}
+		for _, v := range c.Views {
+			if v != "none" {
+				cfg.Views = append(cfg.Views, v)
+			}
+		}
+	}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error {
 		if err := checkClickHouse(ctx, env.ClickHouseServer); err != nil {
 			return err
