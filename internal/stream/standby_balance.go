@@ -1,0 +1,439 @@
+package stream
+
+import (
+	"cmp"
+	"encoding/binary"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// The balancer's side of standby replicas (DESIGN §10).
+//
+// A member advertises its warm copies in its join metadata: after the
+// sticky userdata (kmsg.StickyMemberMetadata, always with its generation,
+// so that its length is known), a section
+//
+//	"mlw1" | count (int32) | count × (partition number int32, checkpoint offset int64)
+//
+// listing every partition number of which its store holds state with a
+// checkpoint (the changelog offset the state reflects), the ones it owns
+// included. kmsg's sticky reader ignores bytes past the generation, so a
+// member of an earlier version reads the claims and skips the section.
+//
+// The leader decides the standby assignment and carries it in each member's
+// assignment userdata (kmsg.ConsumerMemberAssignment.UserData):
+//
+//	"mls1" | count (int32) | count × int32 standby numbers | count2 (int32) | count2 × int32 deferred numbers
+//
+// It is carried rather than recomputed by each member because a member of
+// the consumer protocol receives only its own assignment: nobody but the
+// leader sees the whole plan.
+
+const (
+	warmMagic    = "mlw1"
+	standbyMagic = "mls1"
+	// DefaultAcceptableLag is how far (changelog offsets) a warm copy may
+	// be behind the most advanced copy of its partition and still count as
+	// caught up: a live owner's partition moves to a member only if that
+	// member's copy is caught up, so a joining instance never takes a
+	// partition whose state it would first have to restore in full. Kafka
+	// Streams' acceptable.recovery.lag has the same default.
+	DefaultAcceptableLag = 10_000
+)
+
+// StandbyAssignment is what the leader assigned to this member besides its
+// partitions.
+type StandbyAssignment struct {
+	// Standby are the partition numbers this member keeps warm: it tails
+	// their changelogs into its store. Never one it owns.
+	Standby []int32
+	// Deferred are partition numbers the balance would have given this
+	// member, but which stayed with their live owner because this member's
+	// copy is not caught up. They are among Standby; once they are caught
+	// up, the member asks for a rebalance (kgo's ForceRebalance) to take
+	// them.
+	Deferred []int32
+}
+
+// StandbyOptions configure the standby side of CopartitionStandbyBalancer.
+type StandbyOptions struct {
+	// Replicas is the number of standby copies the leader assigns per
+	// partition number, each on a member that does not own it (fewer when
+	// the group has fewer other members). Zero: none, and partitions move
+	// to restore balance even to members without a warm copy.
+	Replicas int
+	// Warm returns this member's warm copies: partition number → the
+	// changelog offset its local state reflects. Called by kgo when the
+	// member joins. Nil: none.
+	Warm func() map[int32]int64
+	// Assigned receives this member's standby assignment from each
+	// successful sync, before the partitions' offsets are fetched. It runs
+	// on kgo's group goroutine and must not block. Nil: ignored.
+	Assigned func(StandbyAssignment)
+	// AcceptableLag: see DefaultAcceptableLag (zero takes it).
+	AcceptableLag int64
+}
+
+// CopartitionStandbyBalancer is CopartitionBalancer with standby replicas:
+// members advertise their warm copies, and partitions follow them.
+//
+//   - A number whose owner left goes to a member holding a warm copy of it,
+//     the most caught-up one (highest checkpoint offset) first, among the
+//     members below their quota.
+//   - With Replicas > 0, a number an owner over its quota gives up (a member
+//     joined) moves only to a member whose copy is caught up (within
+//     AcceptableLag of the most advanced copy); if no member below quota is,
+//     its owner keeps it for now, over its quota, and the member that would
+//     have taken it gets it as a deferred standby. It asks for a rebalance
+//     once its copy is caught up, and then takes it. A joining instance
+//     thus never takes a partition away from a warm owner to restore it
+//     cold.
+//   - Every number gets min(Replicas, members−1) standby members, never its
+//     owner: its deferred taker first, then the members holding the most
+//     caught-up copies, then the members with the fewest standbys.
+//
+// Every decision is deterministic in the members' metadata; the balance
+// rules of CopartitionBalancer hold otherwise (with Replicas > 0, quotas
+// may be exceeded while a deferred number waits for its copy).
+func CopartitionStandbyBalancer(o StandbyOptions, topics ...string) kgo.GroupBalancer {
+	b := CopartitionBalancer(topics...).(*copartitionBalancer)
+	if o.AcceptableLag <= 0 {
+		o.AcceptableLag = DefaultAcceptableLag
+	}
+	if o.Replicas < 0 {
+		o.Replicas = 0
+	}
+	b.standby = o
+	return b
+}
+
+// appendWarm appends the warm section to a member's userdata.
+func appendWarm(dst []byte, warm map[int32]int64) []byte {
+	ps := make([]int32, 0, len(warm))
+	for p, off := range warm {
+		if p >= 0 && off >= 0 {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps) // deterministic: Kafka compares metadata on a rejoin
+	dst = append(dst, warmMagic...)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(ps)))
+	for _, p := range ps {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(p))
+		dst = binary.BigEndian.AppendUint64(dst, uint64(warm[p]))
+	}
+	return dst
+}
+
+// appendSticky encodes sticky userdata always with its generation (kmsg
+// omits a generation of -1), so that what follows it can be found.
+func appendSticky(dst []byte, sm *kmsg.StickyMemberMetadata) []byte {
+	dst = sm.AppendTo(dst)
+	if sm.Generation == -1 {
+		dst = binary.BigEndian.AppendUint32(dst, ^uint32(0))
+	}
+	return dst
+}
+
+// parseWarm reads the warm section that follows the sticky userdata sm was
+// read from: the warm copies with numbers in [0, n). Userdata is untrusted
+// input: anything malformed is no warm copy, never an error.
+func parseWarm(userdata []byte, sm *kmsg.StickyMemberMetadata, n int32) map[int32]int64 {
+	rest := userdata[min(len(userdata), len(appendSticky(nil, sm))):]
+	if len(rest) < 8 || string(rest[:4]) != warmMagic {
+		return nil
+	}
+	count := binary.BigEndian.Uint32(rest[4:8])
+	rest = rest[8:]
+	if uint64(count)*12 != uint64(len(rest)) {
+		return nil
+	}
+	out := make(map[int32]int64, count)
+	for i := uint32(0); i < count; i++ {
+		p := int32(binary.BigEndian.Uint32(rest[12*i:]))
+		off := int64(binary.BigEndian.Uint64(rest[12*i+4:]))
+		if p >= 0 && p < n && off >= 0 {
+			out[p] = off
+		}
+	}
+	return out
+}
+
+func appendInt32s(dst []byte, s []int32) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(s)))
+	for _, v := range s {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(v))
+	}
+	return dst
+}
+
+func readInt32s(src []byte) ([]int32, []byte, bool) {
+	if len(src) < 4 {
+		return nil, nil, false
+	}
+	n := binary.BigEndian.Uint32(src)
+	src = src[4:]
+	if uint64(n)*4 > uint64(len(src)) {
+		return nil, nil, false
+	}
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(binary.BigEndian.Uint32(src[4*i:]))
+	}
+	return out, src[4*n:], true
+}
+
+func encodeStandby(a StandbyAssignment) []byte {
+	dst := []byte(standbyMagic)
+	dst = appendInt32s(dst, a.Standby)
+	return appendInt32s(dst, a.Deferred)
+}
+
+// parseStandby reads a member's standby assignment from its assignment
+// userdata, dropping numbers that are negative or that the member owns.
+func parseStandby(userdata []byte, owned []int32) StandbyAssignment {
+	if len(userdata) < 4 || string(userdata[:4]) != standbyMagic {
+		return StandbyAssignment{}
+	}
+	sb, rest, ok := readInt32s(userdata[4:])
+	if !ok {
+		return StandbyAssignment{}
+	}
+	def, _, ok := readInt32s(rest)
+	if !ok {
+		def = nil
+	}
+	clean := func(s []int32) []int32 {
+		s = slices.DeleteFunc(s, func(p int32) bool { return p < 0 || slices.Contains(owned, p) })
+		slices.Sort(s)
+		return slices.Compact(s)
+	}
+	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def)}
+	a.Deferred = slices.DeleteFunc(a.Deferred, func(p int32) bool { return !slices.Contains(a.Standby, p) })
+	return a
+}
+
+// standbyPlan is a balance plan with each member's standby assignment in
+// its assignment userdata.
+type standbyPlan struct {
+	plan     *kgo.BalancePlan
+	userdata map[string][]byte // member ID → assignment userdata
+}
+
+func (s *standbyPlan) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAssignment {
+	out := s.plan.IntoSyncAssignment()
+	for i := range out {
+		ud, ok := s.userdata[out[i].MemberID]
+		if !ok {
+			continue
+		}
+		var a kmsg.ConsumerMemberAssignment
+		if a.ReadFrom(out[i].MemberAssignment) != nil {
+			continue // cannot happen: kgo just encoded it
+		}
+		a.UserData = ud
+		out[i].MemberAssignment = a.AppendTo(nil)
+	}
+	return out
+}
+
+// warmInput is what the leader knows of one member beyond its claim.
+type warmInput struct {
+	warm map[int32]int64 // partition number → checkpoint offset
+}
+
+// warmPlan is the outcome of assignWarm.
+type warmPlan struct {
+	numbers  [][]int32 // owned numbers per member, sorted
+	standby  [][]int32 // standby numbers per member, sorted
+	deferred [][]int32 // deferred numbers per member, sorted (a subset of standby)
+}
+
+// assignWarm assigns the partition numbers [0, n) to the members (in kgo's
+// order) and their standbys, by the rules of CopartitionStandbyBalancer.
+// With no warm copies and replicas == 0 it is exactly assignNumbers.
+func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64) warmPlan {
+	m := len(claims)
+	out := warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m)}
+	if m == 0 || n <= 0 {
+		return out
+	}
+	owner := make([]int, n)
+	ownerGen := make([]int32, n)
+	for i := range owner {
+		owner[i] = -1
+	}
+	for i, c := range claims {
+		for _, p := range c.numbers {
+			if owner[p] == -1 || c.generation > ownerGen[p] {
+				owner[p], ownerGen[p] = i, c.generation
+			}
+		}
+	}
+	owned := make([][]int32, m)
+	for p, o := range owner {
+		if o >= 0 {
+			owned[o] = append(owned[o], int32(p))
+		}
+	}
+	// offset returns member i's copy of p: -1 for none.
+	offset := func(i int, p int32) int64 {
+		if i >= len(warm) {
+			return -1
+		}
+		if off, ok := warm[i].warm[p]; ok {
+			return off
+		}
+		return -1
+	}
+	best := make([]int64, n) // the most advanced copy of each number
+	for p := range best {
+		best[p] = -1
+		for i := range m {
+			best[p] = max(best[p], offset(i, int32(p)))
+		}
+	}
+	caughtUp := func(i int, p int32) bool {
+		off := offset(i, p)
+		return off >= 0 && best[p]-off <= acceptableLag
+	}
+
+	base, extra := int(n)/m, int(n)%m
+	order := make([]int, m)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(len(owned[b]), len(owned[a])) })
+	quota := make([]int, m)
+	for rank, i := range order {
+		quota[i] = base
+		if rank < extra {
+			quota[i]++
+		}
+	}
+
+	// prev[p]: the live owner that gives p up (over its quota); -1 for a
+	// number nobody alive owned.
+	prev := make([]int, n)
+	free := make([]bool, n)
+	for p, o := range owner {
+		free[p] = o < 0
+		prev[p] = -1
+	}
+	for i := range m {
+		keep := min(len(owned[i]), quota[i])
+		out.numbers[i] = append(make([]int32, 0, quota[i]), owned[i][:keep]...)
+		for _, p := range owned[i][keep:] {
+			free[p], prev[p] = true, i
+		}
+	}
+	deferredTo := make([]int, n)
+	for p := range deferredTo {
+		deferredTo[p] = -1
+	}
+	// Warm copies first: a free number goes to the member below quota with
+	// the most advanced copy; a live owner's number only to a caught-up
+	// copy (with standbys on; without, balance wins as before).
+	for p := range n {
+		if !free[p] {
+			continue
+		}
+		cand := -1
+		for i := range m {
+			if len(out.numbers[i]) >= quota[i] || i == prev[p] || offset(i, p) < 0 {
+				continue
+			}
+			if prev[p] >= 0 && replicas > 0 && !caughtUp(i, p) {
+				continue
+			}
+			if cand < 0 || offset(i, p) > offset(cand, p) {
+				cand = i
+			}
+		}
+		switch {
+		case cand >= 0:
+			out.numbers[cand] = append(out.numbers[cand], p)
+			free[p] = false
+		case prev[p] >= 0 && replicas > 0:
+			// No member below quota is caught up: the owner keeps it, and
+			// the first member below quota warms up for it.
+			out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
+			free[p] = false
+			for i := range m {
+				if len(out.numbers[i]) < quota[i] && i != prev[p] {
+					deferredTo[p] = i
+					break
+				}
+			}
+		}
+	}
+	// The rest (no warm copy anywhere, or standbys off) is dealt in
+	// ascending order to the members below quota, in member order.
+	next := int32(0)
+	for i := range m {
+		for len(out.numbers[i]) < quota[i] {
+			for next < n && !free[next] {
+				next++
+			}
+			if next >= n {
+				break // numbers kept over quota for deferral
+			}
+			free[next] = false
+			out.numbers[i] = append(out.numbers[i], next)
+		}
+		slices.Sort(out.numbers[i])
+	}
+
+	// Standbys.
+	if replicas <= 0 || m < 2 {
+		return out
+	}
+	newOwner := make([]int, n)
+	for i, ps := range out.numbers {
+		for _, p := range ps {
+			newOwner[p] = i
+		}
+	}
+	r := min(replicas, m-1)
+	load := make([]int, m)
+	// perOwner[i][o]: standbys member i holds of member o's numbers. They
+	// are spread, so that when o leaves, its numbers have warm copies on
+	// several members, each with room under its new quota.
+	perOwner := make([][]int, m)
+	for i := range perOwner {
+		perOwner[i] = make([]int, m)
+	}
+	for p := range n {
+		o := newOwner[p]
+		chosen := make([]int, 0, r)
+		taken := func(i int) bool { return i == newOwner[p] || slices.Contains(chosen, i) }
+		if d := deferredTo[p]; d >= 0 && !taken(d) {
+			chosen = append(chosen, d)
+			out.deferred[d] = append(out.deferred[d], p)
+		}
+		// Then the most advanced copies, then the least loaded members.
+		cands := make([]int, 0, m)
+		for i := range m {
+			if !taken(i) {
+				cands = append(cands, i)
+			}
+		}
+		slices.SortStableFunc(cands, func(a, b int) int {
+			return cmp.Or(cmp.Compare(offset(b, p), offset(a, p)), cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(load[a], load[b]))
+		})
+		for _, i := range cands {
+			if len(chosen) >= r {
+				break
+			}
+			chosen = append(chosen, i)
+		}
+		for _, i := range chosen {
+			out.standby[i] = append(out.standby[i], p)
+			load[i]++
+			perOwner[i][o]++
+		}
+	}
+	return out
+}
