@@ -305,7 +305,23 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(len(owned[b]), len(owned[a])) })
+	// The ⌈n/m⌉ quotas go to the members that keep the most; on a tie, to
+	// those holding the most advanced copy of more orphaned numbers, so
+	// that those have room to take them.
+	bestOrphans := make([]int, m)
+	for p, o := range owner {
+		if o >= 0 || best[p] < 0 {
+			continue
+		}
+		for i := range m {
+			if offset(i, int32(p)) == best[p] {
+				bestOrphans[i]++
+			}
+		}
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(len(owned[b]), len(owned[a])), cmp.Compare(bestOrphans[b], bestOrphans[a]))
+	})
 	quota := make([]int, m)
 	for rank, i := range order {
 		quota[i] = base

@@ -363,7 +363,7 @@ func TestStandbyBalancerMostCaughtUp(t *testing.T) {
 		g := newStandbySim(2, "in")
 		owners := g.rebalance(t, []string{"a", "b", "c"}, 3)
 		lost := owners["b"][0]
-		g.warm = map[string]map[int32]int64{"a": {lost: 500}, "c": {lost: 500}}
+		g.warm = map[string]map[int32]int64{"a": {lost: 500}, "b": {}, "c": {lost: 500}}
 		g.warm[ahead][lost] = 900
 		for id, ps := range owners {
 			for _, p := range ps {
