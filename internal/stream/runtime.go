@@ -122,6 +122,8 @@ type Runtime struct {
 	restores sync.WaitGroup
 	// horizon plans restores against delete.retention.ms (DESIGN §6.8).
 	horizon restoreHorizon
+	// sb runs the standby tails (standby.go).
+	sb *standbys
 
 	// Run-loop-only state.
 	active    map[int32]*activePart
@@ -194,6 +196,7 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 		parts: map[int32]*partState{},
 		wake:  make(chan struct{}, 1),
 	}
+	rt.sb = newStandbys(rt)
 	return rt, nil
 }
 
@@ -242,6 +245,7 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 			err = fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point)
 		}
 		rt.closeAll()
+		rt.sb.stopAll()
 		rt.restores.Wait()
 		if cerr := rt.store.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("stream: close state: %w", cerr))

@@ -73,11 +73,12 @@ const fetchMaxPartitionBytes = 256 << 10
 // partitions and the session, which leaves the group.
 func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	ready := make(chan struct{})
-	sess, err := rt.loop.Open([]string{rt.cfg.InputTopic}, rt.hooks(ready), sessionOptions()...)
+	sess, err := rt.loop.Open([]string{rt.cfg.InputTopic}, rt.hooks(ready), append(sessionOptions(), kgo.Balancers(rt.Balancer(rt.cfg.InputTopic)))...)
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
 	rt.sess = sess
+	rt.sb.setClient(sess.Client())
 	rt.adm = kadm.NewClient(sess.Client())
 	rt.joined.Store(true)
 	defer rt.joined.Store(false)
