@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -98,6 +99,12 @@ func CopartitionBalancer(topics ...string) kgo.GroupBalancer {
 type copartitionBalancer struct {
 	topics  []string // sorted, unique; empty: the members' common set
 	standby StandbyOptions
+
+	// last is this member's last assignment (ParseSyncAssignment), for
+	// its claims: kgo clears its own record of it when an eager member
+	// revokes before joining, and passes JoinGroupMetadata nothing.
+	mu   sync.Mutex
+	last map[string][]int32
 }
 
 func (*copartitionBalancer) ProtocolName() string { return CopartitionProtocol }
@@ -105,8 +112,11 @@ func (*copartitionBalancer) IsCooperative() bool  { return false }
 
 // JoinGroupMetadata writes the consumer protocol's metadata with the
 // member's last assignment and generation in the sticky userdata format, so
-// the leader can keep each member's partition numbers. kgo passes the last
-// assignment even though an eager member has revoked it before joining.
+// the leader can keep each member's partition numbers. kgo clears its
+// record of the last assignment when an eager member revokes it before
+// joining, and passes nothing: the balancer then claims the last
+// assignment it parsed itself (one balancer per client: a new client
+// claims nothing).
 func (b *copartitionBalancer) JoinGroupMetadata(interests []string, current map[string][]int32, generation int32) []byte {
 	meta := kmsg.NewConsumerMemberMetadata()
 	meta.Version = 3
@@ -114,6 +124,11 @@ func (b *copartitionBalancer) JoinGroupMetadata(interests []string, current map[
 	meta.Generation = generation
 	sticky := kmsg.NewStickyMemberMetadata()
 	sticky.Generation = generation
+	if len(current) == 0 {
+		b.mu.Lock()
+		current = b.last
+		b.mu.Unlock()
+	}
 	for topic, partitions := range current {
 		a := kmsg.NewStickyMemberMetadataCurrentAssignment()
 		a.Topic = topic
@@ -148,13 +163,22 @@ func (b *copartitionBalancer) ParseSyncAssignment(assignment []byte) (map[string
 	if err := b.checkAssignment(m); err != nil {
 		return nil, err
 	}
+	last := make(map[string][]int32, len(m))
+	for t, ps := range m {
+		last[t] = slices.Clone(ps)
+	}
+	b.mu.Lock()
+	b.last = last
+	b.mu.Unlock()
 	if b.standby.Assigned != nil {
 		var owned []int32
 		for _, ps := range m {
 			owned = ps
 			break
 		}
-		b.standby.Assigned(parseStandby(a.UserData, owned))
+		sa := parseStandby(a.UserData, owned)
+		sa.Owned = slices.Sorted(slices.Values(owned))
+		b.standby.Assigned(sa)
 	}
 	return m, nil
 }

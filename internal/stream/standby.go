@@ -159,6 +159,7 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 // ones. It does not wait for a tail to stop: the restore of a partition
 // waits for its tail (take).
 func (sb *standbys) assigned(a StandbyAssignment) {
+	sb.rt.revokeUnowned(a.Owned)
 	if sb.rt.cfg.StandbyReplicas <= 0 {
 		return
 	}
@@ -317,6 +318,15 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	defer rd.Close()
 
 	pos := from
+	if !has || plan.Full {
+		// The copy exists from now on, for the group's balancer: empty
+		// state that reflects the changelog below from.
+		b := rt.store.newBatch()
+		b.checkpoint(p, Checkpoint{Offset: from, At: at})
+		if err := b.commit(); err != nil {
+			return nil, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
+		}
+	}
 	t.pos.Store(pos)
 	// target: the end listed at targetAt; reaching it dates the checkpoint.
 	target, targetAt := end, now
@@ -470,4 +480,29 @@ func (s *Store) checkpoints() (map[int32]int64, error) {
 		out[int32(k[1])<<8|int32(k[2])] = int64(binary.BigEndian.Uint64(v[:8]))
 	}
 	return out, it.Close()
+}
+
+// revokeUnowned revokes every partition the runtime still holds that the
+// new assignment does not give it. kgo's GroupTransactSession passes on
+// only the first revoke after a transaction ended: an idle instance that
+// goes through two rebalances without a transaction in between never
+// hears of the second one, and would keep a partition it no longer owns
+// (its punctuation and work would then go on in another member's
+// partition). The assignment is authoritative: what it lacks is revoked
+// here, before the new session's partitions are restored.
+func (rt *Runtime) revokeUnowned(owned []int32) {
+	rt.mu.Lock()
+	var gone []int32
+	for p := range rt.parts {
+		if !slices.Contains(owned, p) {
+			gone = append(gone, p)
+		}
+	}
+	rt.mu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	slices.Sort(gone)
+	rt.log.Info("revoking partitions the new assignment does not give this instance (their revoke was not passed on)", zap.Int32s("partitions", gone))
+	rt.onRevoked(context.Background(), nil, map[string][]int32{rt.cfg.InputTopic: gone})
 }

@@ -46,6 +46,9 @@ const (
 // StandbyAssignment is what the leader assigned to this member besides its
 // partitions.
 type StandbyAssignment struct {
+	// Owned are the partition numbers this member owns in the new
+	// assignment.
+	Owned []int32
 	// Standby are the partition numbers this member keeps warm: it tails
 	// their changelogs into its store. Never one it owns.
 	Standby []int32
@@ -372,9 +375,11 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 		case cand >= 0:
 			out.numbers[cand] = append(out.numbers[cand], p)
 			free[p] = false
-		case prev[p] >= 0 && replicas > 0:
+		case prev[p] >= 0 && replicas > 0 && best[p] >= 0:
 			// No member below quota is caught up: the owner keeps it, and
-			// the first member below quota warms up for it.
+			// the first member below quota warms up for it. (A number of
+			// which nobody has a copy, not even its owner, has nothing to
+			// restore: it is dealt below.)
 			out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
 			free[p] = false
 			for i := range m {

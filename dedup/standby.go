@@ -1,0 +1,64 @@
+package dedup
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/meterline/meterline/internal/stream"
+)
+
+// filters are a partition's Bloom filters, one per arrival bucket, and the
+// key count of each bucket: what a lookup needs in memory. Open builds them
+// from every identity key of the state, unless the partition was a standby
+// here: its tail kept them in step with the state it applied (stream.Warmer),
+// and Open takes them as they are, in a time independent of the key count.
+type filters struct {
+	blooms  map[uint32]*bloom
+	keys    map[uint32]int
+	buckets []uint32 // live buckets, descending
+}
+
+func newFilters() filters {
+	return filters{blooms: map[uint32]*bloom{}, keys: map[uint32]int{}}
+}
+
+// load adds every identity key of the state.
+func (fs *filters) load(p int32, st *stream.PartitionState) error {
+	return st.Scan([]byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(k, _ []byte) error {
+		if len(k) != identityKeyLen {
+			return fmt.Errorf("dedup: partition %d: corrupt identity key of %d bytes", p, len(k))
+		}
+		fs.add(k)
+		return nil
+	})
+}
+
+func (fs *filters) add(k []byte) {
+	b := binary.BigEndian.Uint32(k[1:5])
+	fs.bloomFor(b).add(k[5:])
+	fs.keys[b]++
+}
+
+// Apply implements stream.WarmState: an identity key written to the state
+// joins its bucket's filter. dedup writes an identity key once and never
+// deletes one alone (expiry drops whole buckets, locally, in Open's first
+// transaction), so a delete needs nothing: a Bloom filter that keeps a key
+// stays correct. Another key, or a malformed one, is not an identity key;
+// Open's scan would refuse a malformed one, and so does the promoted
+// partition's first lookup of it, never a wrong answer.
+func (fs *filters) Apply(k, v []byte) {
+	if v == nil || len(k) != identityKeyLen || k[0] != prefixIdentity {
+		return
+	}
+	fs.add(k)
+}
+
+// Warm implements stream.Warmer: a standby's filters, built from the state
+// it starts from.
+func (pr *processor) Warm(p int32, st *stream.PartitionState) (stream.WarmState, error) {
+	fs := newFilters()
+	if err := fs.load(p, st); err != nil {
+		return nil, err
+	}
+	return &fs, nil
+}
