@@ -1,10 +1,13 @@
 package dedup
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/schemas"
 )
 
 // filters are a partition's Bloom filters, one per arrival bucket, and the
@@ -61,4 +64,24 @@ func (pr *processor) Warm(p int32, st *stream.PartitionState) (stream.WarmState,
 		return nil, err
 	}
 	return &fs, nil
+}
+
+// IdentityRecord returns the changelog record (key and value) with which
+// dedup records the first copy of e, arrived at arrival (epoch ms) at
+// offset of usage.events, with expiry buckets of bucket: the state a
+// partition holds for each identity it has seen. Benchmarks and tests seed
+// a partition's state with it (millions of keys in seconds) to measure a
+// restore or a failover without first deduplicating as many events.
+func IdentityRecord(e *schemas.UsageEvent, arrival int64, bucket time.Duration, offset int64) (key, value []byte) {
+	canon := schemas.AppendFramed(nil, e.CustomerID, e.Meter, e.EventID)
+	sum := sha256.Sum256(canon)
+	kh, verify := sum[:hashLen], sum[hashLen:hashLen+verifyLen]
+	ph := payloadHash(e)
+	b := uint32(arrival / bucket.Milliseconds())
+	key = make([]byte, identityKeyLen)
+	key[0] = prefixIdentity
+	binary.BigEndian.PutUint32(key[1:5], b)
+	copy(key[5:], kh)
+	value = appendValue(nil, verify, ph[:], arrival-int64(b)*bucket.Milliseconds(), offset)
+	return key, value
 }
