@@ -74,7 +74,7 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 		"--instance-id", "dash-1", "--state-dir", filepath.Join(work, "state"),
 		"--dedup-group", group+"-dedup", "--aggregate-group", group+"-aggregate", "--sink-group", group+"-sink",
 		"--sink-database", db, "--sink-migrate",
-		"--metrics-addr", metricsAddr, "--tick-interval", "1s",
+		"--metrics-addr", metricsAddr, "--dedup-tick-interval", "1s",
 		"--session-timeout", "6s", "--transaction-timeout", "10s",
 		"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms",
 		"--dedup-keys-file", testenv.DedupKeysFile(t))

@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meterline/meterline/internal/cegen"
 	"github.com/meterline/meterline/internal/kafka"
 )
 
@@ -61,21 +61,10 @@ func cpuTime(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// benchBody is a request of n CloudEvents of type prompt.
 func benchBody(n int) []byte {
-	type ce struct {
-		SpecVersion string         `json:"specversion"`
-		ID          string         `json:"id"`
-		Source      string         `json:"source"`
-		Type        string         `json:"type"`
-		Subject     string         `json:"subject"`
-		Time        string         `json:"time"`
-		Data        map[string]any `json:"data"`
-	}
-	evs := make([]ce, n)
-	for i := range evs {
-		evs[i] = ce{"1.0", fmt.Sprint("req-", i), "bench", "prompt", fmt.Sprintf("acme-%d", i%100),
-			time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano), map[string]any{"tokens": map[string]any{"input": i}, "model": "m1", "user": "u"}}
-	}
-	b, _ := json.Marshal(evs)
-	return b
+	return cegen.Batch(n, func(i int) cegen.Event {
+		return cegen.Event{ID: fmt.Sprint("req-", i), Source: "bench", Type: "prompt", Subject: fmt.Sprintf("acme-%d", i%100),
+			Time: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano), Data: map[string]any{"tokens": map[string]any{"input": i}, "model": "m1", "user": "u"}}
+	})
 }

@@ -40,25 +40,9 @@ type pipeline struct {
 func newPipeline(t *testing.T) *pipeline {
 	t.Helper()
 	brokers := testenv.RealKafka(t)
-	p := &pipeline{t: t, brokers: brokers, names: topics.DefaultNames()}
-	p.names.Prefix = testenv.Name(t, "") + "."
-	layout := topics.DefaultLayout()
-	layout.Partitions = 4
-	specs := topics.Specs(p.names, layout)
-	adm := testenv.Admin(t, brokers)
+	p := &pipeline{t: t, brokers: brokers, names: testenv.Topics(t, brokers, "", testenv.TopicsOpts{})}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var ns []string
-		for _, s := range specs {
-			ns = append(ns, s.Name)
-		}
-		_, _ = adm.DeleteTopics(context.Background(), ns...)
-		_, _ = adm.DeleteGroups(context.Background(), p.names.Prefix+"dedup")
-	})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)

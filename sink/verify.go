@@ -120,15 +120,7 @@ type VerifyReport struct {
 // refuses to start, and running Verify with Backfill again redoes it (every
 // step is idempotent).
 func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = zap.NewNop()
-	}
-	if cfg.QueryTimeout <= 0 {
-		cfg.QueryTimeout = time.Hour
-	}
+	cfg.ensureDefaults()
 	if cfg.Conn == nil || !databaseName.MatchString(cfg.Database) {
 		return nil, fmt.Errorf("sink: verify: need a connection and a database name, got %q", cfg.Database)
 	}
@@ -160,38 +152,9 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 	plan := map[string][]uint32{}
 	var planned []DerivedTable
 	for _, d := range tables {
-		checks, err := v.compare(ctx, d)
+		checks, months, err := v.checkTable(ctx, d)
 		if err != nil {
 			return nil, err
-		}
-		since := cfg.Since
-		if since == 0 {
-			if since, err = v.floor(ctx, d); err != nil {
-				return nil, err
-			}
-		}
-		var months []uint32
-		for i := range checks {
-			c := &checks[i]
-			switch {
-			case c.Ledger == nil && c.Derived != nil && (cfg.Backfill || c.Month < since):
-				c.Status, c.Note = MonthSkipped, "not in the ledger (dropped by retention?): left as is"
-			case !cfg.Backfill && c.Month < since:
-				c.Status, c.Note = MonthSkipped, fmt.Sprintf("before %d, the first month whose sources the ledger holds in full (--since to check it)", since)
-				if !equal(c.Ledger, c.Derived) {
-					c.Note += "; differs"
-				}
-			case cfg.Backfill:
-				c.Status = MonthDiffers
-				months = append(months, c.Month)
-			case equal(c.Ledger, c.Derived):
-				c.Status = MonthEqual
-			default:
-				c.Status = MonthDiffers
-				months = append(months, c.Month)
-			}
-			v.log.Info("verify", zap.String("table", d.Name), zap.Uint32("month", c.Month), zap.String("status", c.Status),
-				zap.Strings("ledger", c.Ledger), zap.Strings("derived", c.Derived), zap.String("note", c.Note))
 		}
 		if len(months) > 0 {
 			plan[d.Name] = months
@@ -210,28 +173,8 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 			return rep, err
 		}
 		// Compare the rebuilt months again: the report says what is there now.
-		for _, d := range planned {
-			checks, err := v.compare(ctx, d)
-			if err != nil {
-				return rep, err
-			}
-			now := map[uint32]MonthCheck{}
-			for _, c := range checks {
-				now[c.Month] = c
-			}
-			for i := range rep.Months {
-				c := &rep.Months[i]
-				if c.Table != d.Name || c.Status != MonthDiffers {
-					continue
-				}
-				n := now[c.Month]
-				c.Ledger, c.Derived = n.Ledger, n.Derived
-				if equal(c.Ledger, c.Derived) {
-					c.Status = MonthRebuilt
-				} else {
-					c.Note = "still differs after the rebuild (did a sink write meanwhile?)"
-				}
-			}
+		if err := v.recheck(ctx, planned, rep); err != nil {
+			return rep, err
 		}
 	} else if len(unfinished) > 0 && cfg.Backfill {
 		// Nothing to rebuild (an empty ledger): the unfinished runs are done.
@@ -248,6 +191,89 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 		}
 	}
 	return rep, nil
+}
+
+// ensureDefaults fills in the defaults of the fields left zero.
+func (cfg *VerifyConfig) ensureDefaults() {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.QueryTimeout <= 0 {
+		cfg.QueryTimeout = time.Hour
+	}
+}
+
+// checkTable compares the derived table d with the ledger per month and
+// returns every month's check and the months to rebuild (with Repair or
+// Backfill).
+func (v *verifier) checkTable(ctx context.Context, d DerivedTable) ([]MonthCheck, []uint32, error) {
+	cfg := v.cfg
+	checks, err := v.compare(ctx, d)
+	if err != nil {
+		return nil, nil, err
+	}
+	since := cfg.Since
+	if since == 0 {
+		if since, err = v.floor(ctx, d); err != nil {
+			return nil, nil, err
+		}
+	}
+	var months []uint32
+	for i := range checks {
+		c := &checks[i]
+		switch {
+		case c.Ledger == nil && c.Derived != nil && (cfg.Backfill || c.Month < since):
+			c.Status, c.Note = MonthSkipped, "not in the ledger (dropped by retention?): left as is"
+		case !cfg.Backfill && c.Month < since:
+			c.Status, c.Note = MonthSkipped, fmt.Sprintf("before %d, the first month whose sources the ledger holds in full (--since to check it)", since)
+			if !equal(c.Ledger, c.Derived) {
+				c.Note += "; differs"
+			}
+		case cfg.Backfill:
+			c.Status = MonthDiffers
+			months = append(months, c.Month)
+		case equal(c.Ledger, c.Derived):
+			c.Status = MonthEqual
+		default:
+			c.Status = MonthDiffers
+			months = append(months, c.Month)
+		}
+		v.log.Info("verify", zap.String("table", d.Name), zap.Uint32("month", c.Month), zap.String("status", c.Status),
+			zap.Strings("ledger", c.Ledger), zap.Strings("derived", c.Derived), zap.String("note", c.Note))
+	}
+	return checks, months, nil
+}
+
+// recheck compares the rebuilt tables with the ledger again and updates
+// the months of rep that differed: rebuilt, or still differing.
+func (v *verifier) recheck(ctx context.Context, planned []DerivedTable, rep *VerifyReport) error {
+	for _, d := range planned {
+		checks, err := v.compare(ctx, d)
+		if err != nil {
+			return err
+		}
+		now := map[uint32]MonthCheck{}
+		for _, c := range checks {
+			now[c.Month] = c
+		}
+		for i := range rep.Months {
+			c := &rep.Months[i]
+			if c.Table != d.Name || c.Status != MonthDiffers {
+				continue
+			}
+			n := now[c.Month]
+			c.Ledger, c.Derived = n.Ledger, n.Derived
+			if equal(c.Ledger, c.Derived) {
+				c.Status = MonthRebuilt
+			} else {
+				c.Note = "still differs after the rebuild (did a sink write meanwhile?)"
+			}
+		}
+	}
+	return nil
 }
 
 func pickTables(all []DerivedTable, names []string) ([]DerivedTable, error) {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/cegen"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -62,25 +63,13 @@ const ingestMeters = `meters:
 // ingestBatch is request r of bench ingest's input: batch CloudEvents of
 // type prompt.
 func ingestBatch(r, batch, customers int, now time.Time) []byte {
-	type ce struct {
-		SpecVersion string         `json:"specversion"`
-		ID          string         `json:"id"`
-		Source      string         `json:"source"`
-		Type        string         `json:"type"`
-		Subject     string         `json:"subject"`
-		Time        string         `json:"time"`
-		Data        map[string]any `json:"data"`
-	}
-	evs := make([]ce, batch)
-	for k := range evs {
+	return cegen.Batch(batch, func(k int) cegen.Event {
 		i := r*batch + k
-		evs[k] = ce{SpecVersion: "1.0", ID: "req-" + strconv.Itoa(i), Source: "bench", Type: "prompt",
+		return cegen.Event{ID: "req-" + strconv.Itoa(i), Source: "bench", Type: "prompt",
 			Subject: fmt.Sprintf("cust-%05d", i%customers),
 			Time:    now.Add(-30 * time.Minute).Add(time.Duration(i%1_000_000) * time.Millisecond).UTC().Format(time.RFC3339Nano),
 			Data:    map[string]any{"tokens": 1 + i%100, "model": []string{"m1", "m2", "m3"}[i%3]}}
-	}
-	b, _ := json.Marshal(evs) // plain values always marshal
-	return b
+	})
 }
 
 // Ingest measures `meterline ingest` (POST /api/v1/events, batches of

@@ -117,14 +117,60 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		return err
 	}
 	defer conn.Close()
-	long := func(ctx context.Context) (context.Context, context.CancelFunc) {
-		return context.WithTimeout(ctx, 2*time.Hour)
+
+	if err := generate(ctx, env, conn, db, cfg); err != nil {
+		return err
+	}
+	settled, err := settleMerges(ctx, env, conn, db, cfg.Settle)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Out, "merges settled after: %s\n", settled.Round(time.Millisecond))
+	if err := printSizes(ctx, env, conn, db); err != nil {
+		return err
 	}
 
+	timings, err := timeQueries(ctx, env, conn, cfg.Runs)
+	if err != nil {
+		return err
+	}
+	printTimings(env, timings)
+
+	part, lookup, err := resumeLookup(ctx, conn, db, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Out, "resume lookup near the end of partition %d of %d usage_events rows: %d queries, %d rows read, %s\n",
+		part, cfg.Events, lookup.Queries, lookup.RowsRead, lookup.Took.Round(time.Microsecond))
+
+	out := map[string]any{"database": db, "queries": timings, "resume_lookup": lookup, "settle_seconds": settled.Seconds()}
+	if cfg.SinkRows > 0 {
+		if err := sinkWithViews(ctx, env, cfg, left, stamp, out); err != nil {
+			return err
+		}
+	}
+	if cfg.Keep {
+		fmt.Fprintf(env.Out, "database %s kept (--reuse runs the queries on it again)\n", db)
+	}
+	if cfg.JSON {
+		return json.NewEncoder(env.Out).Encode(out)
+	}
+	return nil
+}
+
+// longStatement bounds one statement of the generation: generous, for the
+// largest data sets.
+func longStatement(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 2*time.Hour)
+}
+
+// generate migrates db and fills it with cfg's synthetic data, unless
+// (with cfg.Reuse) it holds them already.
+func generate(ctx context.Context, env *Env, conn driver.Conn, db string, cfg QueriesConfig) error {
 	data := sink.SyntheticData{Events: cfg.Events, Revisions: cfg.Revisions, Customers: cfg.Customers, Months: cfg.Months, Partitions: cfg.Partitions}
 	have := uint64(0)
 	if cfg.Reuse {
-		qctx, cancel := long(ctx)
+		qctx, cancel := longStatement(ctx)
 		err := conn.QueryRow(qctx, "SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = 'usage_events'").Scan(&have)
 		if err == nil && have > 0 {
 			err = conn.QueryRow(qctx, "SELECT count() FROM usage_events").Scan(&have)
@@ -146,7 +192,7 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		start := time.Now()
 		stmts := data.Statements(db)
 		for i, s := range stmts {
-			qctx, cancel := long(ctx)
+			qctx, cancel := longStatement(ctx)
 			t0 := time.Now()
 			err := conn.Exec(qctx, s)
 			cancel()
@@ -158,18 +204,16 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		env.say("generated %d events and about %d aggregate revisions through the views in %s", cfg.Events, cfg.Revisions, time.Since(start).Round(time.Second))
 		fmt.Fprintf(env.Out, "generation: %s\n", time.Since(start).Round(time.Millisecond))
 	}
-	settled, err := settleMerges(ctx, env, conn, db, cfg.Settle)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(env.Out, "merges settled after: %s\n", settled.Round(time.Millisecond))
-	if err := printSizes(ctx, env, conn, db); err != nil {
-		return err
-	}
+	return nil
+}
 
+// timeQueries times every query of docs/analysts.md, runs warm runs each,
+// for the customer of median volume and the largest one where a query
+// names a customer.
+func timeQueries(ctx context.Context, env *Env, conn driver.Conn, runs int) ([]QueryTiming, error) {
 	median, largest, err := customers(ctx, conn)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	month := sink.SyntheticStart
 	fmt.Fprintf(env.Out, "month %s; customer of median volume %s, largest %s\n", month.Format("2006-01"), median, largest)
@@ -188,11 +232,11 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 		for _, set := range sets {
 			sql, err := q.For(set.p)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			qt, err := timeQuery(ctx, conn, sql, cfg.Runs)
+			qt, err := timeQuery(ctx, conn, sql, runs)
 			if err != nil {
-				return fmt.Errorf("bench: query %s: %w", q.Name, err)
+				return nil, fmt.Errorf("bench: query %s: %w", q.Name, err)
 			}
 			qt.Query = q.Name
 			key := q.Name
@@ -205,44 +249,33 @@ func Queries(ctx context.Context, env *Env, cfg QueriesConfig) (err error) {
 			timings = append(timings, qt)
 		}
 	}
-	printTimings(env, timings)
+	return timings, nil
+}
 
-	part, lookup, err := resumeLookup(ctx, conn, db, cfg)
+// sinkWithViews compares the sink's throughput without and with the
+// analyst views, over cfg.SinkRounds rounds of cfg.SinkRows rows, and adds
+// the medians to out.
+func sinkWithViews(ctx context.Context, env *Env, cfg QueriesConfig, left *leftovers, stamp int64, out map[string]any) error {
+	b := &sinkBench{env: env, cfg: SinkConfig{Rows: cfg.SinkRows, Partitions: 16, Rounds: cfg.SinkRounds, BatchRows: 10000, Customers: 10000},
+		left: left, stamp: stamp}
+	b.names = env.Topics
+	b.names.Prefix = fmt.Sprintf("%sbench-queries-sink-%d.", env.Topics.Prefix, stamp)
+	if err := b.prepare(ctx); err != nil {
+		return err
+	}
+	rounds := Rounds{N: cfg.SinkRounds, Unit: "rows", Progress: env.say}
+	res, err := rounds.Run(ctx, sinkRun{b: b, noViews: true}, sinkRun{b: b})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Out, "resume lookup near the end of partition %d of %d usage_events rows: %d queries, %d rows read, %s\n",
-		part, cfg.Events, lookup.Queries, lookup.RowsRead, lookup.Took.Round(time.Microsecond))
-
-	out := map[string]any{"database": db, "queries": timings, "resume_lookup": lookup, "settle_seconds": settled.Seconds()}
-	if cfg.SinkRows > 0 {
-		b := &sinkBench{env: env, cfg: SinkConfig{Rows: cfg.SinkRows, Partitions: 16, Rounds: cfg.SinkRounds, BatchRows: 10000, Customers: 10000},
-			left: left, stamp: stamp}
-		b.names = env.Topics
-		b.names.Prefix = fmt.Sprintf("%sbench-queries-sink-%d.", env.Topics.Prefix, stamp)
-		if err := b.prepare(ctx); err != nil {
-			return err
-		}
-		rounds := Rounds{N: cfg.SinkRounds, Unit: "rows", Progress: env.say}
-		res, err := rounds.Run(ctx, sinkRun{b: b, noViews: true}, sinkRun{b: b})
-		if err != nil {
-			return err
-		}
-		without, with, ratio := res.Median(0), res.Median(1), res.RoundRatio(1, 0)
-		fmt.Fprintf(env.Out, "sink, %d rows, %d rounds (medians):\n", cfg.SinkRows, cfg.SinkRounds)
-		writeAligned(env.Out,
-			"without the analyst views:", fmt.Sprintf("%.0f rows/s", without),
-			"with the analyst views:", fmt.Sprintf("%.0f rows/s", with),
-			"ratio of medians:", fmt.Sprintf("%.2f (goal ≥ 0.70)", with/without),
-			"median of per-round ratios:", fmt.Sprintf("%.2f", ratio))
-		out["sink_without_views"], out["sink_with_views"], out["sink_ratio"], out["sink_round_ratio"] = without, with, with/without, ratio
-	}
-	if cfg.Keep {
-		fmt.Fprintf(env.Out, "database %s kept (--reuse runs the queries on it again)\n", db)
-	}
-	if cfg.JSON {
-		return json.NewEncoder(env.Out).Encode(out)
-	}
+	without, with, ratio := res.Median(0), res.Median(1), res.RoundRatio(1, 0)
+	fmt.Fprintf(env.Out, "sink, %d rows, %d rounds (medians):\n", cfg.SinkRows, cfg.SinkRounds)
+	writeAligned(env.Out,
+		"without the analyst views:", fmt.Sprintf("%.0f rows/s", without),
+		"with the analyst views:", fmt.Sprintf("%.0f rows/s", with),
+		"ratio of medians:", fmt.Sprintf("%.2f (goal ≥ 0.70)", with/without),
+		"median of per-round ratios:", fmt.Sprintf("%.2f", ratio))
+	out["sink_without_views"], out["sink_with_views"], out["sink_ratio"], out["sink_round_ratio"] = without, with, with/without, ratio
 	return nil
 }
 

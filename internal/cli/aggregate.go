@@ -14,32 +14,56 @@ import (
 
 // AggregateCmd is `meterline aggregate`.
 type AggregateCmd struct {
-	StageFlags   `embed:""`
-	Group        string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
-	Meters       string        `help:"YAML file declaring meters (name, aggregation, property, group_by, unit, description). Without it every meter is a SUM." type:"existingfile" placeholder:"FILE"`
-	StrictMeters bool          `help:"Reject events of undeclared meters (reason unknown_meter) instead of counting them as SUM."`
-	Period       string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
-	Grace        time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
-	Window       time.Duration `help:"Dedup window W: a period's working state is kept until end + W. Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
-	FinalChunk   int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
+	StageFlags     `embed:""`
+	AggregateFlags `embed:""`
+	MetersFlags    `embed:""`
+	Window         time.Duration `help:"Dedup window W: a period's working state is kept until end + W. Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
 }
 
-func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
-	sc, err := c.streamConfig(g, c.Group, "aggregate", log, reg)
+// AggregateFlags are the aggregator's own flags: `meterline aggregate`
+// takes them as they are, `meterline run` with the prefix aggregate-
+// (--aggregate-period, --aggregate-group, ...). The dedup window is not
+// among them: `meterline run` gives the aggregator dedup's.
+type AggregateFlags struct {
+	Group      string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
+	Period     string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
+	Grace      time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
+	FinalChunk int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
+}
+
+// MetersFlags name the meters file, which the aggregator and the HTTP
+// ingest read (in `meterline run`, one file for both).
+type MetersFlags struct {
+	Meters       string `help:"Meters YAML file: each meter's aggregation, property, group_by, unit and description, and the CloudEvent types that feed it (event_type, value_property). Without it the aggregator counts every meter as a SUM and the HTTP ingest accepts no CloudEvent." type:"existingfile" placeholder:"FILE"`
+	StrictMeters bool   `help:"Reject events of meters the meters file does not declare (reason unknown_meter): the aggregator instead of counting them as SUM, the HTTP ingest on /v1/events."`
+}
+
+// load reads the meters file, or returns nil for none.
+func (f *MetersFlags) load() (*aggregator.Catalog, error) {
+	if f.Meters == "" {
+		return nil, nil
+	}
+	return aggregator.LoadMeters(f.Meters)
+}
+
+// config builds the aggregator's configuration from its own flags, the
+// stage flags sf, the meters flags m and the dedup window.
+func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, window time.Duration, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
+	sc, err := sf.streamConfig(g, f.Group, "aggregate", log, reg)
 	if err != nil {
 		return aggregator.Config{}, err
 	}
-	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: c.StrictMeters,
-		Period: aggregator.Period(c.Period), Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk}
-	if c.Meters != "" {
-		cat, err := aggregator.LoadMeters(c.Meters)
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Meters = cat
+	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
+		Period: aggregator.Period(f.Period), Grace: f.Grace, Window: window, FinalChunk: f.FinalChunk}
+	if cfg.Meters, err = m.load(); err != nil {
+		return cfg, err
 	}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
+}
+
+func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
+	return c.AggregateFlags.config(g, &c.StageFlags, &c.MetersFlags, c.Window, log, reg)
 }
 
 // Run runs the aggregator.

@@ -13,7 +13,6 @@ import (
 
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/testenv"
-	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -27,33 +26,19 @@ import (
 func TestEntitlementsCommands(t *testing.T) {
 	t.Run("kfake", func(t *testing.T) {
 		_, brokers := testenv.KFake(t)
-		testEntitlementsCommands(t, brokers, "")
+		testEntitlementsCommands(t, brokers)
 	})
 	t.Run("real-kafka", func(t *testing.T) {
 		brokers := testenv.RealKafka(t)
-		testEntitlementsCommands(t, brokers, testenv.Name(t, "ent")+".")
+		testEntitlementsCommands(t, brokers)
 	})
 }
 
-func testEntitlementsCommands(t *testing.T, brokers []string, prefix string) {
-	names := topics.DefaultNames()
-	names.Prefix = prefix
-	layout := topics.DefaultLayout()
-	layout.Partitions = 4
-	specs := topics.Specs(names, layout)
-	adm := testenv.Admin(t, brokers)
+func testEntitlementsCommands(t *testing.T, brokers []string) {
+	names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
+	prefix := names.Prefix
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var ns []string
-		for _, s := range specs {
-			ns = append(ns, s.Name)
-		}
-		_, _ = adm.DeleteTopics(context.Background(), ns...)
-	})
 	dir := t.TempDir()
 	file := func(name, content string) string {
 		p := filepath.Join(dir, name)

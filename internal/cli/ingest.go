@@ -45,24 +45,15 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 
 // IngestCmd is `meterline ingest`.
 type IngestCmd struct {
-	IngestFlags  `embed:""`
-	Meters       string `help:"Meters YAML file: which CloudEvent types feed which meters (event_type, value_property, group_by)." type:"existingfile" placeholder:"FILE"`
-	StrictMeters bool   `help:"Refuse events of meters the meters file does not declare (unknown_meter) on /v1/events."`
-	MetricsAddr  string `help:"Address of the metrics, health and status page server." default:"${metrics_addr}"`
-	Validate     bool   `help:"Check the configuration and exit."`
-}
-
-// loadMeters reads the meters file, or returns nil for none.
-func loadMeters(path string) (*aggregator.Catalog, error) {
-	if path == "" {
-		return nil, nil
-	}
-	return aggregator.LoadMeters(path)
+	IngestFlags `embed:""`
+	MetersFlags `embed:""`
+	MetricsAddr string `help:"Address of the metrics, health and status page server." default:"${metrics_addr}"`
+	Validate    bool   `help:"Check the configuration and exit."`
 }
 
 // Run serves the HTTP ingest until ctx ends.
 func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
-	cat, err := loadMeters(c.Meters)
+	cat, err := c.MetersFlags.load()
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}

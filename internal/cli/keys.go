@@ -25,18 +25,22 @@ type TenantsCmd struct {
 	List TenantsListCmd `cmd:"" help:"List the tenants."`
 }
 
-// keysAdmin returns an Admin on the keys topic, and a function closing its
-// client.
-func keysAdmin(g *Globals) (*ingest.Admin, func(), error) {
+// withKeysAdmin calls f with an Admin on the keys topic and ctx bounded by
+// timeout (the keys and tenants commands' --timeout), and closes the
+// Admin's client when f returns.
+func withKeysAdmin(ctx context.Context, g *Globals, timeout time.Duration, f func(context.Context, *ingest.Admin) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	kc, err := g.connectKafka(context.Background())
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	cl, err := kafka.NewClient(kc)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	return ingest.NewAdmin(cl, g.Topic.KeysTopic()), cl.Close, nil
+	defer cl.Close()
+	return f(ctx, ingest.NewAdmin(cl, g.Topic.KeysTopic()))
 }
 
 // KeysCreateCmd is `meterline keys create`.
@@ -51,21 +55,16 @@ type KeysCreateCmd struct {
 
 // Run makes the key.
 func (c *KeysCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	adm, closeFn, err := keysAdmin(g)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	k, token, err := adm.CreateKey(ctx, ingest.KeySpec{Tenant: c.Tenant, Customers: c.Customers, Meters: c.Meters, Rate: c.Rate, CreatedBy: c.Note})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdio.Stderr, "key %s of tenant %s: customers %s; meters %s; rate %s. The token below is shown once: keep it secret.\n",
-		k.ID, k.Tenant, strings.Join(k.Customers, ","), orAny(k.Meters), rateText(k.Rate))
-	fmt.Fprintln(stdio.Stdout, token)
-	return nil
+	return withKeysAdmin(ctx, g, c.Timeout, func(ctx context.Context, adm *ingest.Admin) error {
+		k, token, err := adm.CreateKey(ctx, ingest.KeySpec{Tenant: c.Tenant, Customers: c.Customers, Meters: c.Meters, Rate: c.Rate, CreatedBy: c.Note})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Stderr, "key %s of tenant %s: customers %s; meters %s; rate %s. The token below is shown once: keep it secret.\n",
+			k.ID, k.Tenant, strings.Join(k.Customers, ","), orAny(k.Meters), rateText(k.Rate))
+		fmt.Fprintln(stdio.Stdout, token)
+		return nil
+	})
 }
 
 func orAny(ms []string) string {
@@ -124,19 +123,14 @@ type KeysRevokeCmd struct {
 
 // Run revokes the key.
 func (c *KeysRevokeCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	adm, closeFn, err := keysAdmin(g)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	k, err := adm.RevokeKey(ctx, c.ID)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdio.Stdout, "revoked key %s of tenant %s at %s\n", k.ID, k.Tenant, k.Revoked.Format(time.RFC3339))
-	return nil
+	return withKeysAdmin(ctx, g, c.Timeout, func(ctx context.Context, adm *ingest.Admin) error {
+		k, err := adm.RevokeKey(ctx, c.ID)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Stdout, "revoked key %s of tenant %s at %s\n", k.ID, k.Tenant, k.Revoked.Format(time.RFC3339))
+		return nil
+	})
 }
 
 // TenantsSetCmd is `meterline tenants set`.
@@ -148,19 +142,14 @@ type TenantsSetCmd struct {
 
 // Run sets the tenant.
 func (c *TenantsSetCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	adm, closeFn, err := keysAdmin(g)
-	if err != nil {
-		return err
-	}
-	defer closeFn()
-	t, err := adm.SetTenant(ctx, c.Name, c.Customers)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdio.Stdout, "tenant %s: customers %s\n", t.Name, strings.Join(t.Customers, ","))
-	return nil
+	return withKeysAdmin(ctx, g, c.Timeout, func(ctx context.Context, adm *ingest.Admin) error {
+		t, err := adm.SetTenant(ctx, c.Name, c.Customers)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdio.Stdout, "tenant %s: customers %s\n", t.Name, strings.Join(t.Customers, ","))
+		return nil
+	})
 }
 
 // TenantsListCmd is `meterline tenants list`.
@@ -187,13 +176,10 @@ func (c *TenantsListCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 }
 
 // listKeys reads the keys and tenants of the keys topic within timeout.
-func listKeys(ctx context.Context, g *Globals, timeout time.Duration) ([]ingest.Key, []ingest.Tenant, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	adm, closeFn, err := keysAdmin(g)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer closeFn()
-	return adm.List(ctx)
+func listKeys(ctx context.Context, g *Globals, timeout time.Duration) (keys []ingest.Key, tenants []ingest.Tenant, err error) {
+	err = withKeysAdmin(ctx, g, timeout, func(ctx context.Context, adm *ingest.Admin) error {
+		keys, tenants, err = adm.List(ctx)
+		return err
+	})
+	return keys, tenants, err
 }

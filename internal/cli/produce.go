@@ -133,26 +133,7 @@ const chunkLines = 512
 // are reported to opts.Errors with their line number and the field at fault.
 // Produce returns when every queued event is acknowledged or failed.
 func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts ProduceOptions) ProduceSummary {
-	start := time.Now()
-	var (
-		sum      ProduceSummary
-		sent     atomic.Int64
-		failed   atomic.Int64
-		errMu    sync.Mutex
-		stopRead atomic.Bool
-	)
-	report := func(line int64, err error) {
-		if opts.Errors == nil {
-			return
-		}
-		errMu.Lock()
-		defer errMu.Unlock()
-		if opts.Progress != nil {
-			fmt.Fprint(opts.Errors, "\r\033[K")
-		}
-		fmt.Fprintf(opts.Errors, "line %d: %v\n", line, err)
-	}
-
+	r := &produceRun{p: p, opts: opts, start: time.Now()}
 	workers := runtime.GOMAXPROCS(0)
 	jobs := make(chan *chunk, workers)
 	ordered := make(chan *chunk, 2*workers)
@@ -166,101 +147,135 @@ func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts Produ
 			}
 		}()
 	}
-
-	// Reader: split the input into chunks of lines.
 	readErr := make(chan error, 1)
-	go func() {
-		defer close(ordered)
-		defer close(jobs)
-		br := bufio.NewReaderSize(in, 1<<20)
-		line := int64(0)
-		cur := &chunk{first: 1, done: make(chan struct{})}
-		flush := func() {
-			if len(cur.lines) == 0 {
-				return
-			}
-			jobs <- cur
-			ordered <- cur
-			cur = &chunk{first: line + 1, done: make(chan struct{})}
-		}
-		for !stopRead.Load() && ctx.Err() == nil {
-			b, err := readLine(br)
-			if len(b) > 0 || err == nil || errors.Is(err, errLineTooLong) {
-				line++
-				cur.lines = append(cur.lines, inputLine{b: bytes.Clone(b), tooLong: errors.Is(err, errLineTooLong)})
-				if len(cur.lines) == chunkLines {
-					flush()
-				}
-			}
-			if err != nil && !errors.Is(err, errLineTooLong) {
-				if !errors.Is(err, io.EOF) {
-					readErr <- fmt.Errorf("read input at line %d: %w", line+1, err)
-				}
-				break
-			}
-		}
-		flush()
-		if err := ctx.Err(); err != nil {
-			readErr <- fmt.Errorf("interrupted: %w", err)
-		}
-	}()
+	go r.read(ctx, in, jobs, ordered, readErr)
 
 	var stopProgress func()
 	if opts.Progress != nil {
-		stopProgress = progress(opts.Progress, &errMu, start, &sent, &failed, &sum.Bad)
+		stopProgress = progress(opts.Progress, &r.errMu, r.start, &r.sent, &r.failed, &r.sum.Bad)
 	}
-
-	// Producer: queue records in input order.
-	for c := range ordered {
-		<-c.done
-		for i, r := range c.recs {
-			ln := c.first + int64(i)
-			if c.errs[i] != nil {
-				atomic.AddInt64(&sum.Bad, 1)
-				atomic.AddInt64(&sum.Lines, 1)
-				report(ln, c.errs[i])
-				if opts.Strict {
-					stopRead.Store(true)
-					break
-				}
-				continue
-			}
-			if r == nil {
-				continue // empty line
-			}
-			atomic.AddInt64(&sum.Lines, 1)
-			p.ProduceRecord(r, func(err error) {
-				if err != nil {
-					failed.Add(1)
-					report(ln, err)
-					return
-				}
-				sent.Add(1)
-			})
-		}
-		if stopRead.Load() {
-			// Drain the chunks already read; their lines are not sent.
-			for c := range ordered {
-				<-c.done
-			}
-			break
-		}
-	}
+	r.send(ordered)
 	wg.Wait()
 	if err := p.Flush(context.WithoutCancel(ctx)); err != nil {
-		sum.Err = err
+		r.sum.Err = err
 	}
 	select {
 	case err := <-readErr:
-		sum.Err = errors.Join(sum.Err, err)
+		r.sum.Err = errors.Join(r.sum.Err, err)
 	default:
 	}
 	if stopProgress != nil {
 		stopProgress()
 	}
-	sum.Sent, sum.Failed = sent.Load(), failed.Load()
-	sum.Elapsed = time.Since(start)
-	return sum
+	r.sum.Sent, r.sum.Failed = r.sent.Load(), r.failed.Load()
+	r.sum.Elapsed = time.Since(r.start)
+	return r.sum
+}
+
+// produceRun is one run of Produce: its counts, and the flag that stops
+// the reader (a bad line with Strict).
+type produceRun struct {
+	p        *producer.Producer
+	opts     ProduceOptions
+	start    time.Time
+	sum      ProduceSummary // Bad and Lines are updated atomically
+	sent     atomic.Int64
+	failed   atomic.Int64
+	errMu    sync.Mutex // serializes writes to opts.Errors and the progress line
+	stopRead atomic.Bool
+}
+
+// report writes a bad line's or a failed send's error to opts.Errors.
+func (r *produceRun) report(line int64, err error) {
+	if r.opts.Errors == nil {
+		return
+	}
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	if r.opts.Progress != nil {
+		fmt.Fprint(r.opts.Errors, "\r\033[K")
+	}
+	fmt.Fprintf(r.opts.Errors, "line %d: %v\n", line, err)
+}
+
+// read splits in into chunks of lines, each handed to the encoders (jobs)
+// and, in input order, to the sender (ordered), until in ends, ctx ends or
+// stopRead is set; then it closes both. An error reading in, or ctx
+// ending, is sent on readErr.
+func (r *produceRun) read(ctx context.Context, in io.Reader, jobs, ordered chan<- *chunk, readErr chan<- error) {
+	defer close(ordered)
+	defer close(jobs)
+	br := bufio.NewReaderSize(in, 1<<20)
+	line := int64(0)
+	cur := &chunk{first: 1, done: make(chan struct{})}
+	flush := func() {
+		if len(cur.lines) == 0 {
+			return
+		}
+		jobs <- cur
+		ordered <- cur
+		cur = &chunk{first: line + 1, done: make(chan struct{})}
+	}
+	for !r.stopRead.Load() && ctx.Err() == nil {
+		b, err := readLine(br)
+		if len(b) > 0 || err == nil || errors.Is(err, errLineTooLong) {
+			line++
+			cur.lines = append(cur.lines, inputLine{b: bytes.Clone(b), tooLong: errors.Is(err, errLineTooLong)})
+			if len(cur.lines) == chunkLines {
+				flush()
+			}
+		}
+		if err != nil && !errors.Is(err, errLineTooLong) {
+			if !errors.Is(err, io.EOF) {
+				readErr <- fmt.Errorf("read input at line %d: %w", line+1, err)
+			}
+			break
+		}
+	}
+	flush()
+	if err := ctx.Err(); err != nil {
+		readErr <- fmt.Errorf("interrupted: %w", err)
+	}
+}
+
+// send queues the records of the encoded chunks in input order. With
+// Strict, the first bad line stops the reader; the chunks already read are
+// drained and their lines not sent.
+func (r *produceRun) send(ordered <-chan *chunk) {
+	for c := range ordered {
+		<-c.done
+		for i, rec := range c.recs {
+			ln := c.first + int64(i)
+			if c.errs[i] != nil {
+				atomic.AddInt64(&r.sum.Bad, 1)
+				atomic.AddInt64(&r.sum.Lines, 1)
+				r.report(ln, c.errs[i])
+				if r.opts.Strict {
+					r.stopRead.Store(true)
+					break
+				}
+				continue
+			}
+			if rec == nil {
+				continue // empty line
+			}
+			atomic.AddInt64(&r.sum.Lines, 1)
+			r.p.ProduceRecord(rec, func(err error) {
+				if err != nil {
+					r.failed.Add(1)
+					r.report(ln, err)
+					return
+				}
+				r.sent.Add(1)
+			})
+		}
+		if r.stopRead.Load() {
+			for c := range ordered {
+				<-c.done
+			}
+			return
+		}
+	}
 }
 
 var errLineTooLong = errors.New("line too long")

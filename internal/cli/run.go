@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -18,47 +17,45 @@ import (
 
 // RunCmd is `meterline run`: every stage in one process (dedup, the
 // aggregator, unless --no-sink the ClickHouse sink, and with --ingest the
-// HTTP ingest), each its own
-// consumer-group member with its own transactional ID, behind one HTTP
-// server.
+// HTTP ingest), each its own consumer-group member with its own
+// transactional ID, behind one HTTP server.
+//
+// Flags that every stage of the process shares are given once, unprefixed:
+// the connection (Globals), the process's identity, state directory root,
+// group session and transaction timeouts and HTTP server (StageFlags), the
+// dedup key ring (--dedup-keys-file) and the meters file that the
+// aggregator and the HTTP ingest both read (--meters, --strict-meters).
+// Each stage's own flags are those of its command with the stage's prefix:
+// --dedup-window, --aggregate-period, --sink-database, --ingest-addr.
 type RunCmd struct {
-	StageFlags     `embed:""`
-	DedupGroup     string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
-	AggregateGroup string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
-	Window         time.Duration `help:"Dedup window W." default:"${dedup_window}"`
-	Skew           time.Duration `help:"Allowed skew S after arrival." default:"${dedup_skew}"`
-	TickInterval   time.Duration `help:"Dedup tick interval." default:"${dedup_tick_interval}"`
-	DedupKeys      `embed:""`
-	Meters         string        `help:"Meters YAML file for the aggregator." type:"existingfile" placeholder:"FILE"`
-	StrictMeters   bool          `help:"Reject events of undeclared meters."`
-	Period         string        `help:"Billing period: month, day or hour." default:"${aggregate_period}" enum:"month,day,hour"`
-	Grace          time.Duration `help:"Finalization grace after a period's end." default:"${aggregate_grace}"`
-	FinalChunk     int           `help:"Aggregates per transaction when a period's FINAL revisions go out." default:"${aggregate_final_chunk}"`
-	NoSink         bool          `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
-	Sink           SinkFlags     `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
-	Ingest         bool          `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
-	IngestFlags    IngestFlags   `embed:"" prefix:"ingest-" group:"HTTP ingest (with --ingest)"`
+	StageFlags    `embed:""`
+	DedupKeyFlags `embed:""`
+	MetersFlags   `embed:""`
+	Dedup         DedupFlags     `embed:"" prefix:"dedup-" group:"Dedup"`
+	Aggregate     AggregateFlags `embed:"" prefix:"aggregate-" group:"Aggregator (its window is --dedup-window)"`
+	NoSink        bool           `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
+	Sink          SinkFlags      `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
+	Ingest        bool           `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
+	IngestFlags   IngestFlags    `embed:"" prefix:"ingest-" group:"HTTP ingest (with --ingest)"`
 }
 
 // Run runs the stages until ctx ends or one of them fails.
 //
-// The sink shares the stage flags' instance ID and session, rebalance and
-// transaction timeouts; its batching and commit interval are its own
-// (--sink-*). As with `meterline sink`, an unreachable ClickHouse does not
-// stop the process: the sink waits for it (dedup and the aggregator carry
-// on) and /readyz says why it is not ready; a database without the
-// migrations is an error unless --sink-migrate applies them at start.
+// The aggregator keeps dedup's window (--dedup-window), which it must be
+// at least. The sink shares the stage flags' instance ID and session,
+// rebalance and transaction timeouts; its batching and commit interval are
+// its own (--sink-*). As with `meterline sink`, an unreachable ClickHouse
+// does not stop the process: the sink waits for it (dedup and the
+// aggregator carry on) and /readyz says why it is not ready; a database
+// without the migrations is an error unless --sink-migrate applies them at
+// start.
 func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
-	dc := DedupCmd{StageFlags: c.StageFlags, Group: c.DedupGroup, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: dedup.DefaultBucket,
-		DedupKeys: c.DedupKeys}
-	dcfg, err := dc.config(g, log, reg)
+	dcfg, err := c.Dedup.config(g, &c.StageFlags, c.KeysFile, dedup.DefaultBucket, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	ac := AggregateCmd{StageFlags: c.StageFlags, Group: c.AggregateGroup, Meters: c.Meters, StrictMeters: c.StrictMeters,
-		Period: c.Period, Grace: c.Grace, Window: c.Window, FinalChunk: c.FinalChunk}
-	acfg, err := ac.config(g, log, reg)
+	acfg, err := c.Aggregate.config(g, &c.StageFlags, &c.MetersFlags, c.Dedup.Window, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}

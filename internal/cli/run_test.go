@@ -6,14 +6,20 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -36,6 +42,68 @@ func TestRunValidate(t *testing.T) {
 	code, out, errOut = run(t, "", append(bad, "--no-sink")...)
 	if code != 0 || !strings.Contains(out, "configuration ok") {
 		t.Fatalf("--no-sink still checks the sink's flags: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestRunStageFlagsPrefixed: `meterline run` takes each stage's own flags
+// with the stage's prefix (--dedup-window, --aggregate-period, as
+// --sink-database and --ingest-addr) and the flags the stages share once,
+// unprefixed; the aggregator keeps dedup's window. The names of `meterline
+// dedup` and `meterline aggregate` stay unprefixed.
+func TestRunStageFlagsPrefixed(t *testing.T) {
+	dir := t.TempDir()
+	meters := filepath.Join(dir, "meters.yaml")
+	if err := os.WriteFile(meters, []byte("meters:\n  - name: tokens\n    aggregation: SUM\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys := testenv.DedupKeysFile(t)
+	t.Setenv("METERLINE_DEDUP_SKEW", "2h")
+	c := parseCLI(t, "run", "--instance-id", "a", "--state-dir", dir, "--commit-interval", "200ms", "--dedup-keys-file", keys,
+		"--meters", meters, "--strict-meters",
+		"--dedup-group", "dg", "--dedup-window", "1000h", "--dedup-tick-interval", "3s", "--dedup-sources", "api,batch",
+		"--aggregate-group", "ag", "--aggregate-period", "day", "--aggregate-grace", "90m", "--aggregate-final-chunk", "7").Run
+	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
+	dcfg, err := c.Dedup.config(g, &c.StageFlags, c.KeysFile, dedup.DefaultBucket, zap.NewNop(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg, err := c.Aggregate.config(g, &c.StageFlags, &c.MetersFlags, c.Dedup.Window, zap.NewNop(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []struct {
+		name      string
+		got, want any
+	}{
+		{"dedup group", dcfg.Stream.Group, "dg"},
+		{"dedup window", dcfg.Window, 1000 * time.Hour},
+		{"dedup skew (METERLINE_DEDUP_SKEW)", dcfg.Skew, 2 * time.Hour},
+		{"dedup tick interval", dcfg.TickInterval, 3 * time.Second},
+		{"dedup sources", strings.Join(dcfg.Sources, ","), "api,batch"},
+		{"dedup commit interval", dcfg.Stream.CommitInterval, 200 * time.Millisecond},
+		{"aggregate group", acfg.Stream.Group, "ag"},
+		{"aggregate window (dedup's)", acfg.Window, 1000 * time.Hour},
+		{"aggregate period", acfg.Period, aggregator.Period("day")},
+		{"aggregate grace", acfg.Grace, 90 * time.Minute},
+		{"aggregate final chunk", acfg.FinalChunk, 7},
+		{"aggregate strict meters", acfg.StrictMeters, true},
+		{"aggregate meters", acfg.Meters.Len(), 1},
+		{"aggregate commit interval", acfg.Stream.CommitInterval, 200 * time.Millisecond},
+	} {
+		if ch.got != ch.want {
+			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+	for _, old := range []string{"--window", "--skew", "--tick-interval", "--sources", "--period", "--grace", "--final-chunk"} {
+		if code, _, errOut := run(t, "", "run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, old, "1"); code != 2 || !strings.Contains(errOut, "unknown flag "+old) {
+			t.Errorf("run %s: exit %d, want 2 (unknown flag):\n%s", old, code, errOut)
+		}
+	}
+	if d := parseCLI(t, "dedup", "--window", "1000h", "--sources", "api").Dedup; d.Window != 1000*time.Hour || len(d.Sources) != 1 {
+		t.Errorf("dedup --window/--sources: %v %v", d.Window, d.Sources)
+	}
+	if a := parseCLI(t, "aggregate", "--period", "day", "--window", "1000h").Aggregate; a.Period != "day" || a.Window != 1000*time.Hour {
+		t.Errorf("aggregate --period/--window: %v %v", a.Period, a.Window)
 	}
 }
 
@@ -70,7 +138,7 @@ func TestRealRunAllStages(t *testing.T) {
 			"--brokers", strings.Join(brokers, ","), "--clickhouse", addr, "--topic-prefix", names.Prefix,
 			"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics,
 			"--dedup-group", groups["dedup"], "--aggregate-group", groups["aggregate"], "--sink-group", groups["sink"],
-			"--sink-database", db, "--sink-migrate", "--tick-interval", tickInterval, "--session-timeout", "6s",
+			"--sink-database", db, "--sink-migrate", "--dedup-tick-interval", tickInterval, "--session-timeout", "6s",
 			"--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms", "--dedup-keys-file", testenv.DedupKeysFile(t),
 		}, IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
 	}()

@@ -444,7 +444,7 @@ func TestRealSecuredRun(t *testing.T) {
 	metrics := testenv.FreeAddr(t)
 	groups := map[string]string{"dedup": prefix + "meterline-dedup", "aggregate": prefix + "meterline-aggregate", "sink": prefix + "meterline-sink"}
 	args := append([]string{"run", "--log-level", "debug", "--topic-prefix", prefix,
-		"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics, "--tick-interval", "1h", "--session-timeout", "6s",
+		"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics, "--dedup-tick-interval", "1h", "--session-timeout", "6s",
 		"--dedup-group", groups["dedup"], "--aggregate-group", groups["aggregate"], "--sink-group", groups["sink"],
 		"--sink-database", db, "--sink-migrate", "--sink-max-batch-wait", "200ms", "--sink-commit-interval", "300ms", "--dedup-keys-file", keys},
 		append(k.Flags("meterline", kafka.Plain), ch.Flags()...)...)

@@ -140,35 +140,49 @@ func runStageWith(ctx context.Context, g *Globals, addr string, reg *prometheus.
 
 // DedupCmd is `meterline dedup`.
 type DedupCmd struct {
-	StageFlags   `embed:""`
-	Group        string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
-	Window       time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival." default:"${dedup_window}"`
-	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"${dedup_skew}"`
-	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"${dedup_tick_interval}"`
-	Bucket       time.Duration `help:"Expiry granularity: keys are dropped by whole arrival buckets of this size." default:"${dedup_bucket}" hidden:""`
-	DedupKeys    `embed:""`
+	StageFlags    `embed:""`
+	DedupFlags    `embed:""`
+	DedupKeyFlags `embed:""`
+	Bucket        time.Duration `help:"Expiry granularity: keys are dropped by whole arrival buckets of this size." default:"${dedup_bucket}" hidden:""`
 }
 
-// DedupKeys are the flags of dedup's header keys and metric labels, shared
-// by `meterline dedup` and `meterline run`.
-type DedupKeys struct {
-	KeysFile string   `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE." type:"path" placeholder:"FILE"`
-	Sources  []string `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
+// DedupFlags are the dedup stage's own flags: `meterline dedup` takes them
+// as they are, `meterline run` with the prefix dedup- (--dedup-window,
+// --dedup-group, ...).
+type DedupFlags struct {
+	Group        string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
+	Window       time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival. In meterline run the aggregator keeps the same W." default:"${dedup_window}"`
+	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"${dedup_skew}"`
+	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"${dedup_tick_interval}"`
+	Sources      []string      `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
+}
+
+// DedupKeyFlags name the key ring that signs dedup's headers. The flag is
+// --dedup-keys-file in `meterline dedup` and `meterline run` alike, so it
+// is not among the prefixed DedupFlags.
+type DedupKeyFlags struct {
+	KeysFile string `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE." type:"path" placeholder:"FILE"`
+}
+
+// config builds the dedup stage's configuration from its own flags, the
+// stage flags sf, the key ring file and the expiry bucket.
+func (f *DedupFlags) config(g *Globals, sf *StageFlags, keysFile string, bucket time.Duration, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
+	sc, err := sf.streamConfig(g, f.Group, "dedup", log, reg)
+	if err != nil {
+		return dedup.Config{}, err
+	}
+	keys, err := dedup.LoadKeys(keysFile)
+	if err != nil {
+		return dedup.Config{}, err
+	}
+	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: f.Window, Skew: f.Skew, TickInterval: f.TickInterval, Bucket: bucket,
+		Keys: keys, Sources: f.Sources}
+	cfg.EnsureDefaults()
+	return cfg, cfg.Validate()
 }
 
 func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
-	sc, err := c.streamConfig(g, c.Group, "dedup", log, reg)
-	if err != nil {
-		return dedup.Config{}, err
-	}
-	keys, err := dedup.LoadKeys(c.KeysFile)
-	if err != nil {
-		return dedup.Config{}, err
-	}
-	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: c.Window, Skew: c.Skew, TickInterval: c.TickInterval, Bucket: c.Bucket,
-		Keys: keys, Sources: c.Sources}
-	cfg.EnsureDefaults()
-	return cfg, cfg.Validate()
+	return c.DedupFlags.config(g, &c.StageFlags, c.KeysFile, c.Bucket, log, reg)
 }
 
 // Run runs the dedup stage.

@@ -147,6 +147,83 @@ const (
 
 // Run runs the demo and reports whether the final reconciliation matched.
 func Run(ctx context.Context, cfg Config) (bool, error) {
+	cfg.ensureDefaults()
+	var chConn driver.Conn
+	if cfg.ClickHouse != "" {
+		// Before anything starts: an unreachable ClickHouse is a clear
+		// error, not a demo that waits for it.
+		conn, err := prepareDatabase(ctx, cfg.ClickHouseServer, cfg.Database)
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close()
+		chConn = conn
+	}
+	cluster, err := startBroker(ctx, cfg.Dir)
+	if err != nil {
+		return false, err
+	}
+	defer cluster.Close()
+
+	d := &demoRun{cfg: cfg, brokers: cluster.ListenAddrs(), names: topics.DefaultNames(), errc: make(chan error, 5),
+		dedupStage: make(chan *dedup.Stage, 1)}
+	d.runCtx, d.stopAll = context.WithCancel(context.Background())
+	defer d.stopAll()
+	// The sink stops after the other stages, once it has written all their
+	// output, so it has its own context.
+	d.sinkCtx, d.stopSink = context.WithCancel(context.Background())
+	defer d.stopSink()
+	if err := d.startStages(ctx, chConn != nil); err != nil {
+		return false, err
+	}
+	if err := d.serveIngest(ctx); err != nil {
+		return false, err
+	}
+
+	p, err := producer.New(producer.WithBrokers(d.brokers...), producer.WithTopic(d.names.EventsTopic()))
+	if err != nil {
+		return false, err
+	}
+	defer p.Close()
+	d.truth = newTruth()
+	rng := rand.New(rand.NewSource(d.cfg.Seed))
+	gen := &generator{p: p, topic: d.names.EventsTopic(), rate: d.cfg.Rate, rng: rng, truth: d.truth}
+	genCtx, stopGen := context.WithCancel(ctx)
+	defer stopGen()
+	if d.cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		genCtx, cancel = context.WithTimeout(genCtx, d.cfg.Duration)
+		defer cancel()
+	}
+	genDone := make(chan error, 1)
+	go func() { genDone <- gen.run(genCtx) }()
+
+	d.view = &aggView{latest: map[string]*schemas.Aggregate{}}
+	go follow(d.runCtx, d.brokers, d.names.AggregatesTopic(), d.view.add)
+	page := serveStatus(d.cfg, d.brokers, d.names, d.truth, d.view, d.as, &d.currentDedup)
+	defer page.close()
+	d.cfg.HTTPAddr = page.addr // the bound address, for the live view
+
+	crashTimer := d.armCrash(rng)
+	defer crashTimer.Stop()
+
+	if err := d.watch(genDone); err != nil {
+		return false, err
+	}
+	fmt.Fprintf(d.cfg.Out, "\ngenerator stopped; waiting for the stages to catch up ...\n")
+	if err := waitCaughtUp(d.brokers, 2*time.Minute); err != nil {
+		return false, err
+	}
+	page.caughtUp()
+	ch, err := d.stop(chConn)
+	if err != nil {
+		return false, err
+	}
+	return report(d.cfg.Out, d.brokers, d.names, d.truth, d.rec, ch)
+}
+
+// ensureDefaults fills in the defaults of the fields left zero.
+func (cfg *Config) ensureDefaults() {
 	if cfg.Dir == "" {
 		cfg.Dir = "meterline-demo"
 	}
@@ -172,232 +249,256 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		cfg.ClickHouseServer.Addr = cfg.ClickHouse
 	}
 	cfg.ClickHouse = cfg.ClickHouseServer.Addr
-	var chConn driver.Conn
-	if cfg.ClickHouse != "" {
-		// Before anything starts: an unreachable ClickHouse is a clear
-		// error, not a demo that waits for it.
-		conn, err := prepareDatabase(ctx, cfg.ClickHouseServer, cfg.Database)
-		if err != nil {
-			return false, err
-		}
-		defer conn.Close()
-		chConn = conn
-	}
+}
+
+// startBroker empties dir's broker data and state, starts the embedded
+// broker on dir/kafka and creates the topics, with partitions partitions
+// each.
+func startBroker(ctx context.Context, dir string) (*kfake.Cluster, error) {
 	for _, sub := range []string{"kafka", "state"} {
-		if err := os.RemoveAll(filepath.Join(cfg.Dir, sub)); err != nil {
-			return false, err
+		if err := os.RemoveAll(filepath.Join(dir, sub)); err != nil {
+			return nil, err
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.Dir, "kafka"), 0o755); err != nil {
-		return false, err
+	if err := os.MkdirAll(filepath.Join(dir, "kafka"), 0o755); err != nil {
+		return nil, err
 	}
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DataDir(filepath.Join(cfg.Dir, "kafka")))
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DataDir(filepath.Join(dir, "kafka")))
 	if err != nil {
-		return false, fmt.Errorf("demo: embedded broker: %w", err)
+		return nil, fmt.Errorf("demo: embedded broker: %w", err)
 	}
-	defer cluster.Close()
-	brokers := cluster.ListenAddrs()
-	names := topics.DefaultNames()
 	layout := topics.DefaultLayout()
 	layout.Partitions = partitions
-	if err := createTopics(ctx, brokers, names, layout); err != nil {
-		return false, err
+	if err := createTopics(ctx, cluster.ListenAddrs(), topics.DefaultNames(), layout); err != nil {
+		cluster.Close()
+		return nil, err
 	}
+	return cluster, nil
+}
 
-	streamCfg := func(group, id string) stream.Config {
-		return stream.Config{
-			Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: group, InstanceID: id,
-				SessionTimeout: 6 * time.Second, RestartBackoff: 200 * time.Millisecond},
-			StateDir: filepath.Join(cfg.Dir, "state", group), CommitInterval: 100 * time.Millisecond,
-			Logger: cfg.Logger, Registerer: cfg.Registry}
+// demoRun is one run of the demo: the stages on the embedded broker, the
+// generator's truth and what the live view shows.
+type demoRun struct {
+	cfg     Config
+	brokers []string
+	names   topics.Names
+	cat     *aggregator.Catalog
+	// errc receives the first errors of the stages (buffered: a stage
+	// that fails does not wait for the demo to read it).
+	errc chan error
+
+	// runCtx runs dedup, the aggregator and the ingest, and wg waits for
+	// them; sinkCtx and sinkWG the same for the sink, which stops last.
+	runCtx   context.Context
+	stopAll  context.CancelFunc
+	wg       sync.WaitGroup
+	sinkCtx  context.Context
+	stopSink context.CancelFunc
+	sinkWG   sync.WaitGroup
+
+	as *aggregator.Stage
+	// dedupStage holds the dedup stage running now, for the crash;
+	// currentDedup the same for the status page.
+	dedupStage   chan *dedup.Stage
+	currentDedup atomic.Pointer[dedup.Stage]
+	rec          *recovery
+
+	truth *truth
+	view  *aggView
+}
+
+// streamConfig is the stream configuration of the demo's stage of group.
+func (d *demoRun) streamConfig(group, id string) stream.Config {
+	return stream.Config{
+		Config: session.Config{Kafka: kafka.Config{Brokers: d.brokers}, Group: group, InstanceID: id,
+			SessionTimeout: 6 * time.Second, RestartBackoff: 200 * time.Millisecond},
+		StateDir: filepath.Join(d.cfg.Dir, "state", group), CommitInterval: 100 * time.Millisecond,
+		Logger: d.cfg.Logger, Registerer: d.cfg.Registry}
+}
+
+// demoMeters are the meters of the generator and of the HTTP ingest key.
+const demoMeters = "meters:\n  - {name: api_calls, aggregation: SUM, unit: requests}\n  - {name: tokens, aggregation: SUM, unit: tokens}\n  - {name: storage_mb, aggregation: SUM, unit: MB}\n" +
+	"  - {name: " + httpMeter + ", aggregation: SUM, unit: tokens, event_type: prompt, value_property: $.tokens}\n"
+
+// startStages starts the aggregator, the sink when withSink, and dedup.
+func (d *demoRun) startStages(ctx context.Context, withSink bool) error {
+	d.cat, _ = aggregator.ParseMeters([]byte(demoMeters))
+	acfg := aggregator.Config{Stream: d.streamConfig(aggGroup, "demo"), Topics: d.names, Meters: d.cat, Period: aggregator.Hour, Grace: 30 * time.Second}
+	as, err := aggregator.New(ctx, acfg)
+	if err != nil {
+		return err
 	}
+	d.as = as
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := as.Run(d.runCtx); err != nil {
+			d.errc <- fmt.Errorf("aggregate: %w", err)
+		}
+	}()
+	d.rec = &recovery{replayed: func() float64 {
+		return metricSum(d.cfg.Registry, "meterline_stream_restore_records_total", map[string]string{"stage": "dedup"})
+	}}
+	if withSink {
+		if err := d.startSink(); err != nil {
+			return err
+		}
+	}
+	return d.startDedup()
+}
+
+// startSink runs the sink into cfg's ClickHouse until sinkCtx ends.
+func (d *demoRun) startSink() error {
+	w, err := sink.New(sink.Config{
+		Config: session.Config{Kafka: kafka.Config{Brokers: d.brokers}, Group: sinkGroup, InstanceID: "demo",
+			SessionTimeout: 6 * time.Second},
+		Topics: d.names, ClickHouseServer: d.cfg.ClickHouseServer, Database: d.cfg.Database, MaxBatchWait: 500 * time.Millisecond,
+		CommitInterval: 500 * time.Millisecond, Logger: d.cfg.Logger, Registerer: d.cfg.Registry})
+	if err != nil {
+		return err
+	}
+	d.sinkWG.Add(1)
+	go func() {
+		defer d.sinkWG.Done()
+		if err := w.Run(d.sinkCtx); err != nil {
+			d.errc <- fmt.Errorf("sink: %w", err)
+		}
+	}()
+	return nil
+}
+
+// startDedup runs dedup until runCtx ends; when the demo kills it
+// in-process, it starts it again on the same state directory: it restores
+// and carries on.
+func (d *demoRun) startDedup() error {
 	// The embedded broker lives as long as the demo: an ephemeral key signs
 	// dedup's headers, and the generator's services get their own labels.
 	key, err := dedup.GenerateKey("demo")
 	if err != nil {
-		return false, err
+		return err
 	}
-	dcfg := dedup.Config{Stream: streamCfg(dedupGroup, "demo"), Topics: names, TickInterval: time.Second,
+	dcfg := dedup.Config{Stream: d.streamConfig(dedupGroup, "demo"), Topics: d.names, TickInterval: time.Second,
 		Keys: []dedup.Key{key}, Sources: append(append([]string{}, services...), buggySource)}
-	cat, _ := aggregator.ParseMeters([]byte("meters:\n  - {name: api_calls, aggregation: SUM, unit: requests}\n  - {name: tokens, aggregation: SUM, unit: tokens}\n  - {name: storage_mb, aggregation: SUM, unit: MB}\n" +
-		"  - {name: " + httpMeter + ", aggregation: SUM, unit: tokens, event_type: prompt, value_property: $.tokens}\n"))
-	acfg := aggregator.Config{Stream: streamCfg(aggGroup, "demo"), Topics: names, Meters: cat, Period: aggregator.Hour, Grace: 30 * time.Second}
-
-	runCtx, stopAll := context.WithCancel(context.Background())
-	defer stopAll()
-	as, err := aggregator.New(ctx, acfg)
-	if err != nil {
-		return false, err
-	}
-	var wg sync.WaitGroup
-	errc := make(chan error, 5)
-	wg.Add(1)
+	d.wg.Add(1)
 	go func() {
-		defer wg.Done()
-		if err := as.Run(runCtx); err != nil {
-			errc <- fmt.Errorf("aggregate: %w", err)
-		}
-	}()
-	rec := &recovery{replayed: func() float64 {
-		return metricSum(cfg.Registry, "meterline_stream_restore_records_total", map[string]string{"stage": "dedup"})
-	}}
-	// The sink stops after the other stages, once it has written all their
-	// output, so it has its own context.
-	sinkCtx, stopSink := context.WithCancel(context.Background())
-	defer stopSink()
-	var sinkWG sync.WaitGroup
-	if chConn != nil {
-		w, err := sink.New(sink.Config{
-			Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: sinkGroup, InstanceID: "demo",
-				SessionTimeout: 6 * time.Second},
-			Topics: names, ClickHouseServer: cfg.ClickHouseServer, Database: cfg.Database, MaxBatchWait: 500 * time.Millisecond,
-			CommitInterval: 500 * time.Millisecond, Logger: cfg.Logger, Registerer: cfg.Registry})
-		if err != nil {
-			return false, err
-		}
-		sinkWG.Add(1)
-		go func() {
-			defer sinkWG.Done()
-			if err := w.Run(sinkCtx); err != nil {
-				errc <- fmt.Errorf("sink: %w", err)
-			}
-		}()
-	}
-	dedupStage := make(chan *dedup.Stage, 1)
-	var currentDedup atomic.Pointer[dedup.Stage] // for the status page
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		// Run dedup; when the demo kills it in-process, start it again on
-		// the same state directory: it restores and carries on.
-		for runCtx.Err() == nil {
-			ds, err := dedup.New(runCtx, dcfg)
+		defer d.wg.Done()
+		for d.runCtx.Err() == nil {
+			ds, err := dedup.New(d.runCtx, dcfg)
 			if err != nil {
-				errc <- fmt.Errorf("dedup: %w", err)
+				d.errc <- fmt.Errorf("dedup: %w", err)
 				return
 			}
-			currentDedup.Store(ds)
+			d.currentDedup.Store(ds)
 			select {
-			case dedupStage <- ds:
+			case d.dedupStage <- ds:
 			default:
-				<-dedupStage
-				dedupStage <- ds
+				<-d.dedupStage
+				d.dedupStage <- ds
 			}
-			err = ds.Run(runCtx)
+			err = ds.Run(d.runCtx)
 			if errors.Is(err, stream.ErrCrashed) {
-				rec.crashed(err)
+				d.rec.crashed(err)
 				continue
 			}
 			if err != nil {
-				errc <- fmt.Errorf("dedup: %w", err)
+				d.errc <- fmt.Errorf("dedup: %w", err)
 			}
 			return
 		}
 	}()
+	return nil
+}
 
-	if cfg.IngestAddr != "" {
-		// Like the status page, the ingest is a convenience: the demo runs
-		// without it when its address is taken.
-		srv, curl, err := startIngest(ctx, runCtx, cfg, brokers, names, cat, errc, &wg)
-		switch {
-		case ctx.Err() != nil:
-			return false, ctx.Err()
-		case err != nil:
-			fmt.Fprintf(cfg.Out, "HTTP ingest not served: %v (choose another address with --ingest)\n", err)
-			cfg.Logger.Warn("demo HTTP ingest not served", zap.Error(err))
-		default:
-			cfg.IngestAddr, cfg.curl = srv.Addr(), curl // the bound address, for the live view
-			fmt.Fprintf(cfg.Out, "HTTP ingest on %s with a demo key for meter %s; post a CloudEvent:\n  %s\n\n", srv.URL(), httpMeter, curl)
-		}
+// serveIngest serves the HTTP ingest on cfg.IngestAddr, if set. Like the
+// status page, the ingest is a convenience: the demo runs without it when
+// its address is taken. Only ctx ending is an error.
+func (d *demoRun) serveIngest(ctx context.Context) error {
+	if d.cfg.IngestAddr == "" {
+		return nil
 	}
-
-	p, err := producer.New(producer.WithBrokers(brokers...), producer.WithTopic(names.EventsTopic()))
-	if err != nil {
-		return false, err
+	srv, curl, err := startIngest(ctx, d.runCtx, d.cfg, d.brokers, d.names, d.cat, d.errc, &d.wg)
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		fmt.Fprintf(d.cfg.Out, "HTTP ingest not served: %v (choose another address with --ingest)\n", err)
+		d.cfg.Logger.Warn("demo HTTP ingest not served", zap.Error(err))
+	default:
+		d.cfg.IngestAddr, d.cfg.curl = srv.Addr(), curl // the bound address, for the live view
+		fmt.Fprintf(d.cfg.Out, "HTTP ingest on %s with a demo key for meter %s; post a CloudEvent:\n  %s\n\n", srv.URL(), httpMeter, curl)
 	}
-	defer p.Close()
-	tr := newTruth()
-	rng := rand.New(rand.NewSource(cfg.Seed))
-	gen := &generator{p: p, topic: names.EventsTopic(), rate: cfg.Rate, rng: rng, truth: tr}
-	genCtx, stopGen := context.WithCancel(ctx)
-	defer stopGen()
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		genCtx, cancel = context.WithTimeout(genCtx, cfg.Duration)
-		defer cancel()
-	}
-	genDone := make(chan error, 1)
-	go func() { genDone <- gen.run(genCtx) }()
+	return nil
+}
 
-	view := &aggView{latest: map[string]*schemas.Aggregate{}}
-	go follow(runCtx, brokers, names.AggregatesTopic(), view.add)
-	page := serveStatus(cfg, brokers, names, tr, view, as, &currentDedup)
-	defer page.close()
-	cfg.HTTPAddr = page.addr // the bound address, for the live view
-
-	// Kill dedup once, at a random moment in the middle of the run.
+// armCrash kills dedup once, at a random moment in the middle of the run,
+// at a random one of the crash points.
+func (d *demoRun) armCrash(rng *rand.Rand) *time.Timer {
 	crashAfter := 20 * time.Second
-	if cfg.Duration > 0 {
-		crashAfter = time.Duration(float64(cfg.Duration) * (0.3 + 0.3*rng.Float64()))
+	if d.cfg.Duration > 0 {
+		crashAfter = time.Duration(float64(d.cfg.Duration) * (0.3 + 0.3*rng.Float64()))
 	}
 	points := []string{fault.BeforeCommit, fault.AfterCommit, fault.DuringApply, fault.AfterApply}
-	crashTimer := time.AfterFunc(crashAfter, func() {
-		ds := <-dedupStage
-		dedupStage <- ds
+	return time.AfterFunc(crashAfter, func() {
+		ds := <-d.dedupStage
+		d.dedupStage <- ds
 		pt := points[rng.Intn(len(points))]
-		rec.armed(pt)
+		d.rec.armed(pt)
 		ds.CrashAt(pt)
 	})
-	defer crashTimer.Stop()
+}
 
+// watch shows the live view until the generator ends (genDone), and
+// returns its error or the first error of a stage.
+func (d *demoRun) watch(genDone <-chan error) error {
 	start := time.Now()
 	refresh := 5 * time.Second
-	if cfg.Live {
+	if d.cfg.Live {
 		refresh = time.Second
 	}
 	tick := time.NewTicker(refresh)
 	defer tick.Stop()
-	running := true
-	for running {
+	for {
 		select {
 		case err := <-genDone:
 			if err != nil {
-				return false, err
+				return err
 			}
-			running = false
-		case err := <-errc:
-			return false, err
+			render(d.cfg, start, d.truth, d.cfg.Registry, d.view, d.rec, d.brokers)
+			return nil
+		case err := <-d.errc:
+			return err
 		case <-tick.C:
-			render(cfg, start, tr, cfg.Registry, view, rec, brokers)
+			render(d.cfg, start, d.truth, d.cfg.Registry, d.view, d.rec, d.brokers)
 		}
 	}
-	render(cfg, start, tr, cfg.Registry, view, rec, brokers)
-	fmt.Fprintf(cfg.Out, "\ngenerator stopped; waiting for the stages to catch up ...\n")
-	if err := waitCaughtUp(brokers, 2*time.Minute); err != nil {
-		return false, err
-	}
-	page.caughtUp()
-	stopAll()
-	wg.Wait()
+}
+
+// stop stops dedup, the aggregator and the ingest once they caught up,
+// then, with chConn, waits for the sink to write all their output to
+// ClickHouse and stops it. It returns what the sink wrote (nil without a
+// sink) or the first error of a stage.
+func (d *demoRun) stop(chConn driver.Conn) (*chResult, error) {
+	d.stopAll()
+	d.wg.Wait()
 	var ch *chResult
 	if chConn != nil {
-		fmt.Fprintf(cfg.Out, "waiting for the sink to write everything to ClickHouse ...\n")
+		fmt.Fprintf(d.cfg.Out, "waiting for the sink to write everything to ClickHouse ...\n")
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		want, err := expectedRows(ctx, brokers, names)
+		want, err := expectedRows(ctx, d.brokers, d.names)
 		cancel()
 		if err != nil {
-			return false, err
+			return nil, err
 		}
-		ch = waitSink(chConn, cfg.ClickHouse, cfg.Database, want, 2*time.Minute)
-		stopSink()
-		sinkWG.Wait()
+		ch = waitSink(chConn, d.cfg.ClickHouse, d.cfg.Database, want, 2*time.Minute)
+		d.stopSink()
+		d.sinkWG.Wait()
 	}
 	select {
-	case err := <-errc:
-		return false, err
+	case err := <-d.errc:
+		return nil, err
 	default:
 	}
-	return report(cfg.Out, brokers, names, tr, rec, ch)
+	return ch, nil
 }
 
 func createTopics(ctx context.Context, brokers []string, names topics.Names, layout topics.Layout) error {

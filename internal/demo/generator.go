@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,26 @@ type truth struct {
 
 func newTruth() *truth {
 	return &truth{bad: map[string]int64{}, totals: map[string]map[string]int64{}}
+}
+
+// badTotal is how many bad records were sent, of every reason; the caller
+// holds mu.
+func (t *truth) badTotal() int64 {
+	var n int64
+	for _, c := range t.bad {
+		n += c
+	}
+	return n
+}
+
+// customers are the customers with usage, sorted; the caller holds mu.
+func (t *truth) customers() []string {
+	cs := make([]string, 0, len(t.totals))
+	for c := range t.totals {
+		cs = append(cs, c)
+	}
+	sort.Strings(cs)
+	return cs
 }
 
 type sentEvent struct {

@@ -16,188 +16,26 @@ import (
 // generator's ground truth. It returns false on any mismatch.
 // With ch (the sink ran), it also checks the sink's ClickHouse tables.
 func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *recovery, ch *chResult) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	read := func(topic string) ([][]byte, error) {
-		recs, err := topics.ReadCommitted(ctx, brokers, topic, nil)
-		if err != nil {
-			return nil, fmt.Errorf("demo: read %s: %w", topic, err)
-		}
-		out := make([][]byte, len(recs))
-		for i, r := range recs {
-			out[i] = r.Value
-		}
-		return out, nil
-	}
-	deduped, err := read(names.DedupedTopic())
+	out, err := readOutputs(brokers, names)
 	if err != nil {
 		return false, err
 	}
-	dups, err := read(names.DuplicatesTopic())
-	if err != nil {
-		return false, err
-	}
-	rejected, err := read(names.RejectedTopic())
-	if err != nil {
-		return false, err
-	}
-	aggs, err := read(names.AggregatesTopic())
-	if err != nil {
-		return false, err
-	}
-	adjs, err := read(names.AdjustmentsTopic())
-	if err != nil {
-		return false, err
-	}
-
-	// Events of httpMeter came over the HTTP ingest, not from the
-	// generator: they are counted on their own line.
-	counted, conflicts, duplicates := 0, 0, 0
-	var httpEvents, httpDups int64
-	for _, v := range deduped {
-		if k, _ := schemas.PeekKind(v); k == schemas.KindDedupedEvent {
-			var e schemas.DedupedEvent
-			if schemas.DecodeInto(v, &e) == nil && e.Meter == httpMeter {
-				httpEvents++
-				continue
-			}
-			counted++
-		}
-	}
-	for _, v := range dups {
-		var d schemas.Duplicate
-		err := schemas.DecodeInto(v, &d)
-		if err == nil && d.Meter == httpMeter {
-			httpDups++
-			continue
-		}
-		duplicates++
-		if err == nil && d.Conflict {
-			conflicts++
-		}
-	}
-	byReason := map[string]int64{}
-	for _, v := range rejected {
-		var r schemas.Rejected
-		if err := schemas.DecodeInto(v, &r); err == nil {
-			byReason[r.Reason]++
-		}
-	}
-	// Per customer and meter: the latest revision of every aggregate, plus
-	// every adjustment (every demo meter is a SUM).
-	latest := map[string]*schemas.Aggregate{}
-	for _, v := range aggs {
-		var a schemas.Aggregate
-		if schemas.DecodeInto(v, &a) != nil {
-			continue
-		}
-		k := fmt.Sprintf("%s|%s|%d|%v", a.CustomerID, a.Meter, a.PeriodStart, a.Group)
-		if cur, ok := latest[k]; !ok || a.Revision > cur.Revision {
-			latest[k] = &a
-		}
-	}
-	got := map[string]map[string]int64{}
-	add := func(c, m string, v int64) {
-		if got[c] == nil {
-			got[c] = map[string]int64{}
-		}
-		got[c][m] += v
-	}
-	finals := 0
-	for _, a := range latest {
-		add(a.CustomerID, a.Meter, a.Value)
-		if a.Status == schemas.StatusFinal {
-			finals++
-		}
-	}
-	lateAdjs := 0
-	for _, v := range adjs {
-		var a schemas.Adjustment
-		err := schemas.DecodeInto(v, &a)
-		if err == nil {
-			add(a.CustomerID, a.Meter, a.Delta)
-		}
-		if err != nil || a.Meter != httpMeter {
-			lateAdjs++
-		}
-	}
-	var httpTotal int64
-	for _, byMeter := range got {
-		httpTotal += byMeter[httpMeter]
-	}
+	t := tallyOutputs(out)
 
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	ok := true
-	check := func(what string, want, have int64) {
-		mark := "ok  "
-		if want != have {
-			mark, ok = "FAIL", false
-		}
-		fmt.Fprintf(w, "  %s %-42s generated %9d   counted %9d\n", mark, what, want, have)
-	}
+	r := &reconciler{w: w, ok: true}
 	fmt.Fprintf(w, "\n== Reconciliation: committed output topics against the generator's ground truth\n")
 	fmt.Fprintf(w, "   (%s)\n", rec)
-	if f := tr.failed.Load(); f > 0 {
-		fmt.Fprintf(w, "  FAIL %d sends were not acknowledged by the broker; the ground truth is unknown\n", f)
-		ok = false
-	}
-	check("unique events produced = events counted", tr.unique, int64(counted))
-	check("copies sent = duplicates dropped", tr.copies, int64(duplicates))
-	check("  of which conflicting", tr.conflict, int64(conflicts))
-	var badTotal int64
-	for _, n := range tr.bad {
-		badTotal += n
-	}
-	check("bad events = rejected events", badTotal, int64(len(rejected)))
-	reasons := make([]string, 0, len(tr.bad))
-	for r := range tr.bad {
-		reasons = append(reasons, r)
-	}
-	sort.Strings(reasons)
-	for _, r := range reasons {
-		check("  rejected "+r, tr.bad[r], byReason[r])
-	}
-	check("late events = adjustments", tr.late, int64(lateAdjs))
-	customersSorted := make([]string, 0, len(tr.totals))
-	for c := range tr.totals {
-		customersSorted = append(customersSorted, c)
-	}
-	sort.Strings(customersSorted)
-	for _, c := range customersSorted {
-		for _, m := range meters {
-			if tr.totals[c][m] == 0 && got[c][m] == 0 {
-				continue
-			}
-			check(fmt.Sprintf("total %s %s (aggregates + adjustments)", c, m), tr.totals[c][m], got[c][m])
-		}
-	}
-	fmt.Fprintf(w, "   %d aggregates (%d FINAL), %d adjustments\n", len(latest), finals, len(adjs))
-	if httpEvents+httpDups > 0 {
+	r.checkTopics(tr, t)
+	if t.httpEvents+t.httpDups > 0 {
 		fmt.Fprintf(w, "   posted over HTTP (meter %s, not generated): %d events counted, %d duplicates dropped, total %d\n",
-			httpMeter, httpEvents, httpDups, httpTotal)
+			httpMeter, t.httpEvents, t.httpDups, t.httpTotal)
 	}
 	if ch != nil {
-		fmt.Fprintf(w, "== ClickHouse: the sink's tables in database %s on %s (plain count(), no FINAL)\n", ch.db, ch.addr)
-		if ch.err != nil {
-			fmt.Fprintf(w, "  FAIL reading the tables: %v\n", ch.err)
-			ok = false
-		} else {
-			check(sink.TableEvents+" rows = unique events", tr.unique, ch.counts[sink.TableEvents]-httpEvents)
-			check(sink.TableDuplicates+" rows = copies sent", tr.copies, ch.counts[sink.TableDuplicates]-httpDups)
-			check(sink.TableRejected+" rows = bad events", badTotal, ch.counts[sink.TableRejected])
-			check(sink.TableAdjustments+" rows = late events", tr.late, ch.counts[sink.TableAdjustments]-int64(len(adjs)-lateAdjs))
-			check(sink.TableAggregates+" rows = topic revisions", int64(len(aggs)), ch.counts[sink.TableAggregates])
-			for _, m := range meters {
-				var want int64
-				for _, c := range customersSorted {
-					want += tr.totals[c][m]
-				}
-				check("total "+m+" (aggregates + adjustments)", want, ch.meterTotal[m])
-			}
-		}
+		r.checkClickHouse(tr, t, ch)
 	}
-	if ok {
+	if r.ok {
 		fmt.Fprintf(w, "== RECONCILED: every event counted exactly once\n")
 	} else {
 		fmt.Fprintf(w, "== MISMATCH: see the FAIL lines above\n")
@@ -205,5 +43,203 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 	if ch != nil {
 		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in docs/analysts.md)\n", tryCommand(ch.addr, ch.db))
 	}
-	return ok, nil
+	return r.ok, nil
+}
+
+// outputs are the values of the committed records of the output topics.
+type outputs struct {
+	deduped, dups, rejected, aggs, adjs [][]byte
+}
+
+// readOutputs reads the output topics, read_committed, from the start.
+func readOutputs(brokers []string, names topics.Names) (outputs, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out outputs
+	for _, t := range []struct {
+		topic string
+		into  *[][]byte
+	}{
+		{names.DedupedTopic(), &out.deduped},
+		{names.DuplicatesTopic(), &out.dups},
+		{names.RejectedTopic(), &out.rejected},
+		{names.AggregatesTopic(), &out.aggs},
+		{names.AdjustmentsTopic(), &out.adjs},
+	} {
+		recs, err := topics.ReadCommitted(ctx, brokers, t.topic, nil)
+		if err != nil {
+			return out, fmt.Errorf("demo: read %s: %w", t.topic, err)
+		}
+		*t.into = make([][]byte, len(recs))
+		for i, r := range recs {
+			(*t.into)[i] = r.Value
+		}
+	}
+	return out, nil
+}
+
+// tally is what the output topics count. Events of httpMeter came over the
+// HTTP ingest, not from the generator: they are counted apart.
+type tally struct {
+	counted, conflicts, duplicates int
+	httpEvents, httpDups           int64
+	byReason                       map[string]int64
+	rejected                       int
+	// latest is the latest revision of every aggregate, finals how many of
+	// them are FINAL.
+	latest map[string]*schemas.Aggregate
+	finals int
+	// got is, per customer and meter, the latest revision of every
+	// aggregate plus every adjustment (every demo meter is a SUM).
+	got       map[string]map[string]int64
+	adjs      int
+	lateAdjs  int // adjustments not of httpMeter
+	aggs      int // aggregate revisions on the topic
+	httpTotal int64
+}
+
+// tallyOutputs counts the output topics' records.
+func tallyOutputs(out outputs) tally {
+	t := tally{byReason: map[string]int64{}, latest: map[string]*schemas.Aggregate{}, got: map[string]map[string]int64{},
+		rejected: len(out.rejected), adjs: len(out.adjs), aggs: len(out.aggs)}
+	for _, v := range out.deduped {
+		if k, _ := schemas.PeekKind(v); k == schemas.KindDedupedEvent {
+			var e schemas.DedupedEvent
+			if schemas.DecodeInto(v, &e) == nil && e.Meter == httpMeter {
+				t.httpEvents++
+				continue
+			}
+			t.counted++
+		}
+	}
+	for _, v := range out.dups {
+		var d schemas.Duplicate
+		err := schemas.DecodeInto(v, &d)
+		if err == nil && d.Meter == httpMeter {
+			t.httpDups++
+			continue
+		}
+		t.duplicates++
+		if err == nil && d.Conflict {
+			t.conflicts++
+		}
+	}
+	for _, v := range out.rejected {
+		var r schemas.Rejected
+		if err := schemas.DecodeInto(v, &r); err == nil {
+			t.byReason[r.Reason]++
+		}
+	}
+	t.tallyAggregates(out)
+	for _, byMeter := range t.got {
+		t.httpTotal += byMeter[httpMeter]
+	}
+	return t
+}
+
+// tallyAggregates sums the latest revision of every aggregate and every
+// adjustment per customer and meter.
+func (t *tally) tallyAggregates(out outputs) {
+	for _, v := range out.aggs {
+		var a schemas.Aggregate
+		if schemas.DecodeInto(v, &a) != nil {
+			continue
+		}
+		k := fmt.Sprintf("%s|%s|%d|%v", a.CustomerID, a.Meter, a.PeriodStart, a.Group)
+		if cur, ok := t.latest[k]; !ok || a.Revision > cur.Revision {
+			t.latest[k] = &a
+		}
+	}
+	for _, a := range t.latest {
+		t.add(a.CustomerID, a.Meter, a.Value)
+		if a.Status == schemas.StatusFinal {
+			t.finals++
+		}
+	}
+	for _, v := range out.adjs {
+		var a schemas.Adjustment
+		err := schemas.DecodeInto(v, &a)
+		if err == nil {
+			t.add(a.CustomerID, a.Meter, a.Delta)
+		}
+		if err != nil || a.Meter != httpMeter {
+			t.lateAdjs++
+		}
+	}
+}
+
+func (t *tally) add(customer, meter string, v int64) {
+	if t.got[customer] == nil {
+		t.got[customer] = map[string]int64{}
+	}
+	t.got[customer][meter] += v
+}
+
+// reconciler prints one line a check; ok stays true while every check
+// matched.
+type reconciler struct {
+	w  io.Writer
+	ok bool
+}
+
+func (r *reconciler) check(what string, want, have int64) {
+	mark := "ok  "
+	if want != have {
+		mark, r.ok = "FAIL", false
+	}
+	fmt.Fprintf(r.w, "  %s %-42s generated %9d   counted %9d\n", mark, what, want, have)
+}
+
+// checkTopics checks the output topics' tally against the truth tr (its
+// lock held).
+func (r *reconciler) checkTopics(tr *truth, t tally) {
+	if f := tr.failed.Load(); f > 0 {
+		fmt.Fprintf(r.w, "  FAIL %d sends were not acknowledged by the broker; the ground truth is unknown\n", f)
+		r.ok = false
+	}
+	r.check("unique events produced = events counted", tr.unique, int64(t.counted))
+	r.check("copies sent = duplicates dropped", tr.copies, int64(t.duplicates))
+	r.check("  of which conflicting", tr.conflict, int64(t.conflicts))
+	r.check("bad events = rejected events", tr.badTotal(), int64(t.rejected))
+	reasons := make([]string, 0, len(tr.bad))
+	for reason := range tr.bad {
+		reasons = append(reasons, reason)
+	}
+	sort.Strings(reasons)
+	for _, reason := range reasons {
+		r.check("  rejected "+reason, tr.bad[reason], t.byReason[reason])
+	}
+	r.check("late events = adjustments", tr.late, int64(t.lateAdjs))
+	for _, c := range tr.customers() {
+		for _, m := range meters {
+			if tr.totals[c][m] == 0 && t.got[c][m] == 0 {
+				continue
+			}
+			r.check(fmt.Sprintf("total %s %s (aggregates + adjustments)", c, m), tr.totals[c][m], t.got[c][m])
+		}
+	}
+	fmt.Fprintf(r.w, "   %d aggregates (%d FINAL), %d adjustments\n", len(t.latest), t.finals, t.adjs)
+}
+
+// checkClickHouse checks the sink's tables ch against the truth tr (its
+// lock held) and the topics' tally t.
+func (r *reconciler) checkClickHouse(tr *truth, t tally, ch *chResult) {
+	fmt.Fprintf(r.w, "== ClickHouse: the sink's tables in database %s on %s (plain count(), no FINAL)\n", ch.db, ch.addr)
+	if ch.err != nil {
+		fmt.Fprintf(r.w, "  FAIL reading the tables: %v\n", ch.err)
+		r.ok = false
+		return
+	}
+	r.check(sink.TableEvents+" rows = unique events", tr.unique, ch.counts[sink.TableEvents]-t.httpEvents)
+	r.check(sink.TableDuplicates+" rows = copies sent", tr.copies, ch.counts[sink.TableDuplicates]-t.httpDups)
+	r.check(sink.TableRejected+" rows = bad events", tr.badTotal(), ch.counts[sink.TableRejected])
+	r.check(sink.TableAdjustments+" rows = late events", tr.late, ch.counts[sink.TableAdjustments]-int64(t.adjs-t.lateAdjs))
+	r.check(sink.TableAggregates+" rows = topic revisions", int64(t.aggs), ch.counts[sink.TableAggregates])
+	for _, m := range meters {
+		var want int64
+		for _, c := range tr.customers() {
+			want += tr.totals[c][m]
+		}
+		r.check("total "+m+" (aggregates + adjustments)", want, ch.meterTotal[m])
+	}
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
-	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -48,26 +47,9 @@ func script(t *testing.T, name string) string {
 // unknown_schema, a wrong encoding undecodable, a wrong key misrouted).
 func TestRealProducingExamples(t *testing.T) {
 	brokers := testenv.RealKafka(t)
-	names := topics.DefaultNames()
-	names.Prefix = testenv.Name(t, "") + "."
-	layout := topics.DefaultLayout()
-	layout.Partitions = 4
-	specs := topics.Specs(names, layout)
-	adm := testenv.Admin(t, brokers)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := topics.Create(ctx, adm, specs, -1); err != nil {
-		t.Fatal(err)
-	}
+	// The topics, and the group, are deleted when the test ends.
+	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{})
 	group := names.Prefix + "dedup"
-	t.Cleanup(func() {
-		var ns []string
-		for _, s := range specs {
-			ns = append(ns, s.Name)
-		}
-		_, _ = adm.DeleteGroups(context.Background(), group)
-		_, _ = adm.DeleteTopics(context.Background(), ns...)
-	})
 
 	python := script(t, "client-venv.sh")
 	classpath := script(t, "java-clients.sh")

@@ -62,7 +62,7 @@ func TestRealStatusPage(t *testing.T) {
 	args := []string{"run", "--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix,
 		"--dedup-group", dedupGroup, "--aggregate-group", aggGroup, "--no-sink",
 		"--instance-id", "node-1", "--state-dir", state, "--metrics-addr", "127.0.0.1:0",
-		"--tick-interval", "1h", // no tick records: the input is exactly what the test sends
+		"--dedup-tick-interval", "1h", // no tick records: the input is exactly what the test sends
 		"--session-timeout", "6s", "--log-level", "info", "--dedup-keys-file", testenv.DedupKeysFile(t)}
 	p := testenv.StartProcess(t, "meterline run", filepath.Join(t.TempDir(), "meterline.log"), bin, args...)
 
