@@ -269,42 +269,11 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	adm := kadm.NewClient(cl)
 	defer cl.Close()
 
-	cp, has, err := rt.store.Checkpoint(p)
-	if err != nil {
-		return nil, fmt.Errorf("stream: standby partition %d: read checkpoint: %w", p, err)
-	}
-	end, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
+	st, err := sb.begin(ctx, p, adm, log)
 	if err != nil {
 		return nil, err
 	}
-	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
-	if err != nil {
-		return nil, err
-	}
-	if has && cp.Offset > end {
-		return nil, fmt.Errorf("stream: standby partition %d: checkpoint %d beyond changelog end %d", p, cp.Offset, end)
-	}
-	retention := rt.deleteRetention(ctx, adm, log)
-	now := rt.cfg.Clock.Now()
-	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
-		Retention: retention, Rate: rt.restoreRate()})
-	from, at := cp.Offset, cp.At
-	if plan.Full {
-		b := rt.store.newBatch()
-		b.dropPartition(p)
-		if err := b.commit(); err != nil {
-			return nil, fmt.Errorf("stream: standby partition %d: wipe state: %w", p, err)
-		}
-		from, at = logStart, now
-	}
-	var warm WarmState
-	if w, ok := rt.proc.(Warmer); ok {
-		if warm, err = w.Warm(p, &PartitionState{s: rt.store, p: p}); err != nil {
-			return nil, fmt.Errorf("stream: standby partition %d: %w", p, err)
-		}
-	}
-	log.Info("standby tailing the changelog", zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
-		zap.Int64("from", from), zap.Int64("changelog_end", end))
+	from, at, end, now, warm := st.from, st.at, st.end, st.now, st.warm
 
 	rd, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
@@ -318,15 +287,6 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	defer rd.Close()
 
 	pos := from
-	if !has || plan.Full {
-		// The copy exists from now on, for the group's balancer: empty
-		// state that reflects the changelog below from.
-		b := rt.store.newBatch()
-		b.checkpoint(p, Checkpoint{Offset: from, At: at})
-		if err := b.commit(); err != nil {
-			return nil, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
-		}
-	}
 	t.pos.Store(pos)
 	// target: the end listed at targetAt; reaching it dates the checkpoint.
 	target, targetAt := end, now
@@ -505,4 +465,67 @@ func (rt *Runtime) revokeUnowned(owned []int32) {
 	slices.Sort(gone)
 	rt.log.Info("revoking partitions the new assignment does not give this instance (their revoke was not passed on)", zap.Int32s("partitions", gone))
 	rt.onRevoked(context.Background(), nil, map[string][]int32{rt.cfg.InputTopic: gone})
+}
+
+// tailStart is where a standby tail starts.
+type tailStart struct {
+	from int64     // the changelog offset to read from
+	at   time.Time // the checkpoint date until the tail reaches a listed end
+	end  int64     // the changelog's end at the start
+	now  time.Time // when the end was listed
+	warm WarmState // the processor's warm structures, or nil
+}
+
+// begin plans partition p's tail as a restore plans (DESIGN §6.8: from the
+// checkpoint while within the horizon, otherwise from the log start on
+// wiped state) and builds the processor's warm structures from the state.
+func (sb *standbys) begin(ctx context.Context, p int32, adm *kadm.Client, log *zap.Logger) (tailStart, error) {
+	rt := sb.rt
+	cp, has, err := rt.store.Checkpoint(p)
+	if err != nil {
+		return tailStart{}, fmt.Errorf("stream: standby partition %d: read checkpoint: %w", p, err)
+	}
+	end, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
+	if err != nil {
+		return tailStart{}, err
+	}
+	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
+	if err != nil {
+		return tailStart{}, err
+	}
+	if has && cp.Offset > end {
+		return tailStart{}, fmt.Errorf("stream: standby partition %d: checkpoint %d beyond changelog end %d", p, cp.Offset, end)
+	}
+	retention := rt.deleteRetention(ctx, adm, log)
+	now := rt.cfg.Clock.Now()
+	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
+		Retention: retention, Rate: rt.restoreRate()})
+	from, at := cp.Offset, cp.At
+	if plan.Full {
+		b := rt.store.newBatch()
+		b.dropPartition(p)
+		if err := b.commit(); err != nil {
+			return tailStart{}, fmt.Errorf("stream: standby partition %d: wipe state: %w", p, err)
+		}
+		from, at = logStart, now
+	}
+	var warm WarmState
+	if w, ok := rt.proc.(Warmer); ok {
+		if warm, err = w.Warm(p, &PartitionState{s: rt.store, p: p}); err != nil {
+			return tailStart{}, fmt.Errorf("stream: standby partition %d: %w", p, err)
+		}
+	}
+	log.Info("standby tailing the changelog", zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
+		zap.Int64("from", from), zap.Int64("changelog_end", end))
+
+	if plan.Full {
+		// The copy exists from now on, for the group's balancer: empty
+		// state that reflects the changelog below from.
+		b := rt.store.newBatch()
+		b.checkpoint(p, Checkpoint{Offset: from, At: at})
+		if err := b.commit(); err != nil {
+			return tailStart{}, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
+		}
+	}
+	return tailStart{from: from, at: at, end: end, now: now, warm: warm}, nil
 }

@@ -259,115 +259,155 @@ type warmPlan struct {
 // With no warm copies and replicas == 0 it is exactly assignNumbers.
 func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64) warmPlan {
 	m := len(claims)
-	out := warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m)}
+	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag,
+		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m)}}
 	if m == 0 || n <= 0 {
-		return out
+		return wb.out
 	}
-	owner := make([]int, n)
+	wb.owners(claims)
+	wb.quotas()
+	wb.assign()
+	if replicas > 0 && m >= 2 {
+		wb.standbys()
+	}
+	return wb.out
+}
+
+// warmBalance is one run of assignWarm.
+type warmBalance struct {
+	n             int32
+	m             int
+	warm          []warmInput
+	replicas      int
+	acceptableLag int64
+
+	owner      []int     // claimed owner of each number; -1: none
+	owned      [][]int32 // each member's claimed numbers, ascending
+	best       []int64   // the most advanced copy of each number; -1: none
+	quota      []int
+	deferredTo []int // the member a number was deferred to; -1: none
+	out        warmPlan
+}
+
+// offset returns member i's copy of p: -1 for none.
+func (wb *warmBalance) offset(i int, p int32) int64 {
+	if i >= len(wb.warm) {
+		return -1
+	}
+	if off, ok := wb.warm[i].warm[p]; ok {
+		return off
+	}
+	return -1
+}
+
+func (wb *warmBalance) caughtUp(i int, p int32) bool {
+	off := wb.offset(i, p)
+	return off >= 0 && wb.best[p]-off <= wb.acceptableLag
+}
+
+// owners resolves the claims (the highest generation wins, the first
+// member on a tie) and finds each number's most advanced copy.
+func (wb *warmBalance) owners(claims []memberClaim) {
+	n, m := wb.n, wb.m
+	wb.owner = make([]int, n)
 	ownerGen := make([]int32, n)
-	for i := range owner {
-		owner[i] = -1
+	for i := range wb.owner {
+		wb.owner[i] = -1
 	}
 	for i, c := range claims {
 		for _, p := range c.numbers {
-			if owner[p] == -1 || c.generation > ownerGen[p] {
-				owner[p], ownerGen[p] = i, c.generation
+			if wb.owner[p] == -1 || c.generation > ownerGen[p] {
+				wb.owner[p], ownerGen[p] = i, c.generation
 			}
 		}
 	}
-	owned := make([][]int32, m)
-	for p, o := range owner {
+	wb.owned = make([][]int32, m)
+	for p, o := range wb.owner {
 		if o >= 0 {
-			owned[o] = append(owned[o], int32(p))
+			wb.owned[o] = append(wb.owned[o], int32(p))
 		}
 	}
-	// offset returns member i's copy of p: -1 for none.
-	offset := func(i int, p int32) int64 {
-		if i >= len(warm) {
-			return -1
-		}
-		if off, ok := warm[i].warm[p]; ok {
-			return off
-		}
-		return -1
-	}
-	best := make([]int64, n) // the most advanced copy of each number
-	for p := range best {
-		best[p] = -1
+	wb.best = make([]int64, n)
+	for p := range wb.best {
+		wb.best[p] = -1
 		for i := range m {
-			best[p] = max(best[p], offset(i, int32(p)))
+			wb.best[p] = max(wb.best[p], wb.offset(i, int32(p)))
 		}
 	}
-	caughtUp := func(i int, p int32) bool {
-		off := offset(i, p)
-		return off >= 0 && best[p]-off <= acceptableLag
-	}
+}
 
+// quotas gives each member ⌊n/m⌋ numbers, and the n mod m extra ones to the
+// members that keep the most; on a tie, to those holding the most advanced
+// copy of more orphaned numbers, so that they have room to take them.
+func (wb *warmBalance) quotas() {
+	n, m := wb.n, wb.m
 	base, extra := int(n)/m, int(n)%m
 	order := make([]int, m)
 	for i := range order {
 		order[i] = i
 	}
-	// The ⌈n/m⌉ quotas go to the members that keep the most; on a tie, to
-	// those holding the most advanced copy of more orphaned numbers, so
-	// that those have room to take them.
 	bestOrphans := make([]int, m)
-	for p, o := range owner {
-		if o >= 0 || best[p] < 0 {
+	for p, o := range wb.owner {
+		if o >= 0 || wb.best[p] < 0 {
 			continue
 		}
 		for i := range m {
-			if offset(i, int32(p)) == best[p] {
+			if wb.offset(i, int32(p)) == wb.best[p] {
 				bestOrphans[i]++
 			}
 		}
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
-		return cmp.Or(cmp.Compare(len(owned[b]), len(owned[a])), cmp.Compare(bestOrphans[b], bestOrphans[a]))
+		return cmp.Or(cmp.Compare(len(wb.owned[b]), len(wb.owned[a])), cmp.Compare(bestOrphans[b], bestOrphans[a]))
 	})
-	quota := make([]int, m)
+	wb.quota = make([]int, m)
 	for rank, i := range order {
-		quota[i] = base
+		wb.quota[i] = base
 		if rank < extra {
-			quota[i]++
+			wb.quota[i]++
 		}
 	}
+}
 
+// assign decides the owners: each member keeps its lowest claimed numbers
+// up to its quota; a free number goes to the member below quota with the
+// most advanced copy (a live owner's only to a caught-up copy, with
+// standbys on; otherwise the owner keeps it, deferred); the rest is dealt
+// in ascending order to the members below quota, in member order.
+func (wb *warmBalance) assign() {
+	n, m, out := wb.n, wb.m, &wb.out
 	// prev[p]: the live owner that gives p up (over its quota); -1 for a
 	// number nobody alive owned.
 	prev := make([]int, n)
 	free := make([]bool, n)
-	for p, o := range owner {
+	for p, o := range wb.owner {
 		free[p] = o < 0
 		prev[p] = -1
 	}
 	for i := range m {
-		keep := min(len(owned[i]), quota[i])
-		out.numbers[i] = append(make([]int32, 0, quota[i]), owned[i][:keep]...)
-		for _, p := range owned[i][keep:] {
+		keep := min(len(wb.owned[i]), wb.quota[i])
+		out.numbers[i] = append(make([]int32, 0, wb.quota[i]), wb.owned[i][:keep]...)
+		for _, p := range wb.owned[i][keep:] {
 			free[p], prev[p] = true, i
 		}
 	}
-	deferredTo := make([]int, n)
-	for p := range deferredTo {
-		deferredTo[p] = -1
+	wb.deferredTo = make([]int, n)
+	for p := range wb.deferredTo {
+		wb.deferredTo[p] = -1
 	}
-	// Warm copies first: a free number goes to the member below quota with
-	// the most advanced copy; a live owner's number only to a caught-up
-	// copy (with standbys on; without, balance wins as before).
 	for p := range n {
 		if !free[p] {
 			continue
 		}
 		cand := -1
 		for i := range m {
-			if len(out.numbers[i]) >= quota[i] || i == prev[p] || offset(i, p) < 0 {
+			if len(out.numbers[i]) >= wb.quota[i] || i == prev[p] || wb.offset(i, p) < 0 {
 				continue
 			}
-			if prev[p] >= 0 && replicas > 0 && !caughtUp(i, p) {
+			if prev[p] >= 0 && wb.replicas > 0 && !wb.caughtUp(i, p) {
 				continue
 			}
-			if cand < 0 || offset(i, p) > offset(cand, p) {
+			if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
 				cand = i
 			}
 		}
@@ -375,7 +415,7 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 		case cand >= 0:
 			out.numbers[cand] = append(out.numbers[cand], p)
 			free[p] = false
-		case prev[p] >= 0 && replicas > 0 && best[p] >= 0:
+		case prev[p] >= 0 && wb.replicas > 0 && wb.best[p] >= 0:
 			// No member below quota is caught up: the owner keeps it, and
 			// the first member below quota warms up for it. (A number of
 			// which nobody has a copy, not even its owner, has nothing to
@@ -383,18 +423,16 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 			out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
 			free[p] = false
 			for i := range m {
-				if len(out.numbers[i]) < quota[i] && i != prev[p] {
-					deferredTo[p] = i
+				if len(out.numbers[i]) < wb.quota[i] && i != prev[p] {
+					wb.deferredTo[p] = i
 					break
 				}
 			}
 		}
 	}
-	// The rest (no warm copy anywhere, or standbys off) is dealt in
-	// ascending order to the members below quota, in member order.
 	next := int32(0)
 	for i := range m {
-		for len(out.numbers[i]) < quota[i] {
+		for len(out.numbers[i]) < wb.quota[i] {
 			for next < n && !free[next] {
 				next++
 			}
@@ -406,22 +444,23 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 		}
 		slices.Sort(out.numbers[i])
 	}
+}
 
-	// Standbys.
-	if replicas <= 0 || m < 2 {
-		return out
-	}
+// standbys gives each number min(replicas, m−1) standby members, never its
+// owner: its deferred taker first, then the most advanced copies, then the
+// members holding the fewest standbys of that owner's numbers (so that
+// when it leaves, its numbers have warm copies on several members, each
+// with room under its new quota), then the fewest in all.
+func (wb *warmBalance) standbys() {
+	n, m, out := wb.n, wb.m, &wb.out
 	newOwner := make([]int, n)
 	for i, ps := range out.numbers {
 		for _, p := range ps {
 			newOwner[p] = i
 		}
 	}
-	r := min(replicas, m-1)
+	r := min(wb.replicas, m-1)
 	load := make([]int, m)
-	// perOwner[i][o]: standbys member i holds of member o's numbers. They
-	// are spread, so that when o leaves, its numbers have warm copies on
-	// several members, each with room under its new quota.
 	perOwner := make([][]int, m)
 	for i := range perOwner {
 		perOwner[i] = make([]int, m)
@@ -429,12 +468,11 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 	for p := range n {
 		o := newOwner[p]
 		chosen := make([]int, 0, r)
-		taken := func(i int) bool { return i == newOwner[p] || slices.Contains(chosen, i) }
-		if d := deferredTo[p]; d >= 0 && !taken(d) {
+		taken := func(i int) bool { return i == o || slices.Contains(chosen, i) }
+		if d := wb.deferredTo[p]; d >= 0 && !taken(d) {
 			chosen = append(chosen, d)
 			out.deferred[d] = append(out.deferred[d], p)
 		}
-		// Then the most advanced copies, then the least loaded members.
 		cands := make([]int, 0, m)
 		for i := range m {
 			if !taken(i) {
@@ -442,7 +480,7 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 			}
 		}
 		slices.SortStableFunc(cands, func(a, b int) int {
-			return cmp.Or(cmp.Compare(offset(b, p), offset(a, p)), cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(load[a], load[b]))
+			return cmp.Or(cmp.Compare(wb.offset(b, p), wb.offset(a, p)), cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(load[a], load[b]))
 		})
 		for _, i := range cands {
 			if len(chosen) >= r {
@@ -456,5 +494,4 @@ func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, a
 			perOwner[i][o]++
 		}
 	}
-	return out
 }
