@@ -33,7 +33,9 @@
 // records and punctuation into the open transaction), commit.go (the
 // commit path: flush, changelog, end, apply), processor.go (what a stage
 // implements), txn.go (Tx, the overlay), settle.go (a transaction's records
-// wait for the previous one's end), restore.go, work.go.
+// wait for the previous one's end), restore.go, work.go, copartition.go
+// (the group balancer), standby.go and standby_balance.go (standby
+// replicas, DESIGN §10).
 package stream
 
 import (
