@@ -343,8 +343,14 @@ func (pt *partition) Punctuate(tx *stream.Tx) error {
 // the watermark is read back from the committed state. (Identity keys need
 // nothing: a Bloom filter that gained a key stays correct, and the records
 // are consumed again.)
+//
+// A bucket drop the aborted transaction carried (a local range delete,
+// applied only on commit) is lost with it: expired goes back to -1, so the
+// next transaction drops every bucket below dropTo again (a range from the
+// first bucket; dropping one twice does nothing).
 func (pt *partition) Abort() {
 	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, 0
+	pt.expired = -1
 }
 
 // begin writes what a transaction must carry on its first use: the

@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -19,6 +20,12 @@ type filters struct {
 	blooms  map[uint32]*bloom
 	keys    map[uint32]int
 	buckets []uint32 // live buckets, descending
+
+	// On a standby (Warm): the processor, and the buckets below dropped,
+	// following the watermark the owner records in the changelog.
+	pr      *processor
+	dropped int64
+	pending [][2][]byte // ranges to delete (stream.WarmExpirer)
 }
 
 func newFilters() filters {
@@ -50,19 +57,68 @@ func (fs *filters) add(k []byte) {
 // Open's scan would refuse a malformed one, and so does the promoted
 // partition's first lookup of it, never a wrong answer.
 func (fs *filters) Apply(k, v []byte) {
+	if fs.pr != nil && v != nil && bytes.Equal(k, keyWatermark) && len(v) == 8 {
+		fs.expire(int64(binary.BigEndian.Uint64(v)))
+		return
+	}
 	if v == nil || len(k) != identityKeyLen || k[0] != prefixIdentity {
 		return
 	}
 	fs.add(k)
 }
 
+// expire drops, on a standby, the buckets the owner drops at watermark wm
+// (partition.scheduleExpiry): their filters now, their keys through
+// LocalDeletes. The owner's watermark is at least the one it recorded, so
+// the standby never drops a bucket its owner still holds.
+func (fs *filters) expire(wm int64) {
+	c := fs.pr.cfg
+	horizon := wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
+	if horizon <= 0 {
+		return
+	}
+	below := horizon / c.Bucket.Milliseconds()
+	if below <= fs.dropped {
+		return
+	}
+	lo := []byte{prefixIdentity, 0, 0, 0, 0}
+	hi := make([]byte, 5)
+	hi[0] = prefixIdentity
+	binary.BigEndian.PutUint32(hi[1:], uint32(below))
+	fs.pending = append(fs.pending, [2][]byte{lo, hi})
+	kept := fs.buckets[:0]
+	for _, b := range fs.buckets {
+		if int64(b) < below {
+			delete(fs.blooms, b)
+			delete(fs.keys, b)
+			continue
+		}
+		kept = append(kept, b)
+	}
+	fs.buckets = kept
+	fs.dropped = below
+}
+
+// LocalDeletes implements stream.WarmExpirer.
+func (fs *filters) LocalDeletes() [][2][]byte {
+	out := fs.pending
+	fs.pending = nil
+	return out
+}
+
 // Warm implements stream.Warmer: a standby's filters, built from the state
 // it starts from.
 func (pr *processor) Warm(p int32, st *stream.PartitionState) (stream.WarmState, error) {
 	fs := newFilters()
+	fs.pr = pr
 	if err := fs.load(p, st); err != nil {
 		return nil, err
 	}
+	wm, err := readWatermark(st.Get)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	fs.expire(wm)
 	return &fs, nil
 }
 

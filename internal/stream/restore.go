@@ -249,6 +249,11 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.
 			warm.Apply(r.Key, r.Value)
 		}
 		applied = applied[:0]
+		if warm != nil {
+			if err := rt.applyLocalDeletes(p, warm); err != nil {
+				return err
+			}
+		}
 		b = rt.store.newBatch()
 		return nil
 	}

@@ -62,6 +62,39 @@ type WarmState interface {
 	Apply(key, value []byte)
 }
 
+// WarmExpirer is implemented by a WarmState whose processor deletes state
+// locally, not through the changelog, by a rule the changelog's records
+// decide (dedup drops expired arrival buckets once the watermark it records
+// passes them). A standby tail and a restore's replay apply the same
+// deletes, so that a standby's state stays as bounded as its owner's.
+type WarmExpirer interface {
+	// LocalDeletes returns the key ranges [lo, hi) to delete from the
+	// state now that the records given to Apply so far are committed;
+	// each range is returned once.
+	LocalDeletes() [][2][]byte
+}
+
+// applyLocalDeletes deletes warm's local ranges (WarmExpirer) from
+// partition p's state.
+func (rt *Runtime) applyLocalDeletes(p int32, warm WarmState) error {
+	we, ok := warm.(WarmExpirer)
+	if !ok {
+		return nil
+	}
+	rs := we.LocalDeletes()
+	if len(rs) == 0 {
+		return nil
+	}
+	b := rt.store.newBatch()
+	for _, r := range rs {
+		b.deleteRange(p, r[0], r[1])
+	}
+	if err := b.commit(); err != nil {
+		return fmt.Errorf("stream: partition %d: local deletes: %w", p, err)
+	}
+	return nil
+}
+
 // Warm returns the partition's warm structures handed over by its
 // standby, kept in step with the restored state; nil when there are none
 // (Open must build them from the state).
@@ -344,6 +377,9 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			if warm != nil {
 				for _, r := range applied {
 					warm.Apply(r.Key, r.Value)
+				}
+				if err := rt.applyLocalDeletes(p, warm); err != nil {
+					return nil, err
 				}
 			}
 			sb.m.records.Add(float64(n))
