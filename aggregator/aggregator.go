@@ -38,6 +38,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
@@ -74,12 +75,30 @@ type Config struct {
 	// transaction timeout (DESIGN §6 invariant 9). Default:
 	// DefaultFinalChunk.
 	FinalChunk int
+	// Entitlements turns on caps and credits (DESIGN §12): the aggregator
+	// consumes Topics' entitlements topic with the deduped topic (same
+	// partition count, partition p of both in the same transactions),
+	// decides each event against the customer's entitlements before it
+	// counts it, rejects it as over_limit or no_credit otherwise, and
+	// emits balances to the balances topic (entitlements.go). Default:
+	// off.
+	Entitlements bool
+	// EntitlementsTick is how often, with Entitlements, a tick is
+	// appended to each owned partition of the entitlements topic: an
+	// event waits until its entitlements partition has been read up to
+	// its arrival, so this bounds the latency entitlements add. Negative:
+	// no ticks (another process appends them, as tests do). Default:
+	// DefaultEntitlementsTick.
+	EntitlementsTick time.Duration
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's flags show too.
 const (
-	// DefaultGroup is the consumer group, Stream.Group.
-	DefaultGroup = "meterline-aggregate"
+	// DefaultGroup is the consumer group, Stream.Group. Its members
+	// balance with stream.CopartitionBalancer, an eager protocol that the
+	// cooperative-sticky members of the earlier group
+	// "meterline-aggregate" cannot join, hence the new name.
+	DefaultGroup = "meterline-aggregate-v2"
 	// DefaultPeriod is the billing period.
 	DefaultPeriod = Month
 	// DefaultGrace is how long a period stays open after its end.
@@ -87,6 +106,10 @@ const (
 	// DefaultFinalChunk is about what a transaction of
 	// stream.DefaultMaxBatchRecords input records carries.
 	DefaultFinalChunk = 10_000
+	// DefaultEntitlementsTick: an event waits for the next tick read back
+	// (a commit interval and a fetch later), so that produce to OPEN
+	// revision stays under a second at the 99th percentile.
+	DefaultEntitlementsTick = 200 * time.Millisecond
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -109,6 +132,15 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.Stage = "aggregate"
 	c.Stream.InputTopic = c.Topics.DedupedTopic()
 	c.Stream.ChangelogTopic = c.Topics.AggregateChangelogTopic()
+	if c.EntitlementsTick == 0 {
+		c.EntitlementsTick = DefaultEntitlementsTick
+	}
+	if c.Entitlements {
+		c.Stream.CopartitionedTopics = []string{c.Topics.EntitlementsTopic()}
+		if c.EntitlementsTick > 0 {
+			c.Stream.PunctuateInterval = c.EntitlementsTick
+		}
+	}
 	if c.Stream.Group == "" {
 		c.Stream.Group = DefaultGroup
 	}
@@ -154,7 +186,14 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
+	var ledger *entitlements.Ledger
+	if cfg.Entitlements {
+		if ledger, err = entitlements.New(entitlements.Config{Prefix: []byte{pfxLedger}, Window: cfg.Window, Period: cfg.Period.Bounds}); err != nil {
+			return nil, fmt.Errorf("aggregator: %w", err)
+		}
+	}
 	p := &processor{
+		ledger:          ledger,
 		cfg:             cfg,
 		aggregatesTopic: cfg.Topics.AggregatesTopic(),
 		log:             cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID)),
@@ -184,11 +223,14 @@ func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt
 // at start. events, the partition count of usage.events, is the number of
 // dedup source partitions whose watermarks the aggregator takes the minimum
 // over (DESIGN §3): it never comes from a record.
-type partitionCountsT struct{ events, aggregates, adjustments, rejected int32 }
+type partitionCountsT struct{ events, aggregates, adjustments, rejected, entitlements, balances int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
 	names := []string{cfg.Topics.EventsTopic(), cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
 		cfg.Topics.RejectedTopic(), cfg.Topics.AggregateChangelogTopic()}
+	if cfg.Entitlements {
+		names = append(names, cfg.Topics.EntitlementsTopic(), cfg.Topics.BalancesTopic())
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	n, err := topics.PartitionCounts(ctx, cfg.Stream.Kafka, names...)
@@ -199,8 +241,13 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		return partitionCountsT{}, fmt.Errorf("aggregator: changelog %s has %d partitions, %s has %d; they must be equal",
 			cfg.Topics.AggregateChangelogTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
+	if a, b := n[cfg.Topics.EntitlementsTopic()], n[cfg.Topics.DedupedTopic()]; cfg.Entitlements && a != b {
+		return partitionCountsT{}, fmt.Errorf("aggregator: %s has %d partitions, %s has %d; they must be co-partitioned (DESIGN §12)",
+			cfg.Topics.EntitlementsTopic(), a, cfg.Topics.DedupedTopic(), b)
+	}
 	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
-		adjustments: n[cfg.Topics.AdjustmentsTopic()], rejected: n[cfg.Topics.RejectedTopic()]}, nil
+		adjustments: n[cfg.Topics.AdjustmentsTopic()], rejected: n[cfg.Topics.RejectedTopic()],
+		entitlements: n[cfg.Topics.EntitlementsTopic()], balances: n[cfg.Topics.BalancesTopic()]}, nil
 }
 
 type metrics struct {
@@ -216,6 +263,12 @@ type metrics struct {
 	chunks                    *prometheus.CounterVec
 	finalizing                *prometheus.GaugeVec
 	finalDue                  *prometheus.GaugeVec // due.go
+	// entitlements.go
+	decisions  *prometheus.CounterVec
+	credits    *prometheus.CounterVec
+	entRecords *prometheus.CounterVec
+	gated      *prometheus.GaugeVec
+	balances   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -236,12 +289,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",
 			Help: "Watermark records ignored because they disagree with the cluster's metadata, by reason: source_partitions (the count is not usage.events' partition count), source_partition (outside [0, that count))."}, []string{"reason"}),
 		chunks: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_chunks_total",
-			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones)."}, []string{"work"}),
+			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones); with entitlements, at a period start, balances (customers' balances) and prune (usage no event can reach)."}, []string{"work"}),
 		finalizing: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_finalizing_periods",
 			Help: "Periods decided final whose FINAL revisions, or the adjustments queued behind them, are still going out in chunks, per partition."}, []string{"partition"}),
 		finalDue: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_final_due_seconds",
 			Help: "End + grace of the oldest period of the partition whose FINAL revisions (or the adjustments queued behind them) have not all gone out, Unix seconds: when they were or are due. Absent while there is none. In the past by more than a moment: a FINAL is overdue."}, []string{"partition"}),
 	}
+	m.decisions = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_entitlement_decisions_total",
+		Help: "Events decided against their customer's entitlements, by outcome (accepted, over_limit, no_credit, invalid) and plan (the first 64 plan names, then other; none: no plan)."}, []string{"outcome", "plan"})
+	m.credits = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_credits_consumed_micro_total",
+		Help: "Micro-credits charged for accepted events (drawn from grants or overdrawn), by plan."}, []string{"plan"})
+	m.entRecords = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_entitlements_records_total",
+		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition)."}, []string{"result"})
+	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
+		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
+	m.balances = f.NewCounter(prometheus.CounterOpts{Name: "meterline_aggregate_balances_total",
+		Help: "Balance records emitted (in transactions)."})
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
 	return m

@@ -85,6 +85,9 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 	tx.Put(k, v[:])
 	if wm := minWatermark(pt.sources); wm > pt.wm {
 		pt.wm = wm
+		if pt.ent != nil {
+			pt.entWatermark(tx)
+		}
 		// Periods whose end + grace it passed are decided final now;
 		// their FINAL revisions, and the expiry of periods past end + W,
 		// go out in chunks (Work).
@@ -146,6 +149,14 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 			return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("properties.%s: missing; meter %s counts its unique values", m.Property, e.Meter))
 		}
 		uval = v
+	}
+	if pt.ent != nil && !queued {
+		// DESIGN §12: decided once, here, in input order; an event
+		// queued behind its period's FINALs was decided when it was
+		// queued.
+		if ok, err := pt.decideEvent(tx, r, e, m); !ok || err != nil {
+			return err
+		}
 	}
 	start, end := pt.bounds(e.EventTime)
 	// ak is a scratch buffer: valid until the next event.

@@ -205,7 +205,7 @@ func (pt *partition) HasWork() bool {
 		return true // Work reloads the committed state, and decides then
 	}
 	_, ps := pt.nextWork()
-	return ps != nil
+	return ps != nil || pt.entHasWork()
 }
 
 // nextWork returns the period whose chunked work goes next, or nil: the
@@ -237,6 +237,7 @@ func (pt *partition) nextWork() (int64, *periodState) {
 // Work implements stream.Worker: one chunk of the lowest period's work,
 // at most Config.FinalChunk keys, in tx.
 func (pt *partition) Work(tx *stream.Tx) error {
+	pt.publishEnt()
 	if pt.stale {
 		if err := pt.load(tx); err != nil {
 			return err
@@ -245,6 +246,9 @@ func (pt *partition) Work(tx *stream.Tx) error {
 	}
 	start, ps := pt.nextWork()
 	if ps == nil {
+		if pt.entHasWork() {
+			return pt.entWork(tx)
+		}
 		return nil
 	}
 	if ps.chunks > 0 {

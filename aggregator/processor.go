@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
@@ -29,7 +30,9 @@ type processor struct {
 	counts          partitionCountsT
 	m               *metrics
 	now             func() time.Time
-	owners          prom.Owners // which open partition owns its gauges
+	owners          prom.Owners          // which open partition owns its gauges
+	ledger          *entitlements.Ledger // nil: Config.Entitlements is off
+	plans           planLabels
 }
 
 type partition struct {
@@ -80,6 +83,9 @@ type partition struct {
 	// writeScheme: the state is new; the next transaction records the key
 	// scheme (keyKeyScheme) in it.
 	writeScheme bool
+	// ent is the entitlements view (entitlements.go); nil when they are
+	// off.
+	ent *entPart
 }
 
 // stateReader is what Open (restored state) and a transaction both offer.
@@ -136,6 +142,11 @@ func (pt *partition) load(st stateReader) error {
 		return err
 	}
 	pt.wm = minWatermark(pt.sources)
+	if pt.pr.ledger != nil {
+		if err := pt.loadEnt(st); err != nil {
+			return err
+		}
+	}
 	for _, pfx := range []byte{pfxOpen, pfxFinal} {
 		if err := st.Scan([]byte{pfx}, []byte{pfx + 1}, func(_, _ []byte) error { pt.keys++; return nil }); err != nil {
 			return err
@@ -235,12 +246,21 @@ func (pt *partition) Close() {
 	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
 }
 
-// Punctuate implements stream.Partition; the aggregator is driven by the
-// watermark records in its input, never by a timer.
-func (pt *partition) Punctuate(*stream.Tx) error { return nil }
+// Punctuate implements stream.Partition: with entitlements, it appends a
+// tick to the partition's entitlements partition (entitlements.go). The
+// aggregation is driven by the watermark records in its input, never by a
+// timer.
+func (pt *partition) Punctuate(tx *stream.Tx) error {
+	if pt.ent == nil {
+		return nil
+	}
+	pt.publishEnt()
+	return pt.punctuateEnt(tx)
+}
 
 // Process implements stream.Partition.
 func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
+	pt.publishEnt()
 	if pt.stale {
 		// After an aborted transaction the input is re-consumed from the
 		// committed offset. Without this reload, a re-consumed watermark
@@ -259,10 +279,22 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()
 	}
+	if pt.ent != nil && len(recs) > 0 && recs[0].Topic != pt.pr.cfg.Topics.DedupedTopic() {
+		if err := pt.entRecords(tx, recs); err != nil {
+			return err
+		}
+		recs = nil
+	}
 	for _, r := range recs {
+		if pt.ent != nil && pt.gateIn(tx, r) {
+			continue
+		}
 		if err := pt.handle(tx, r); err != nil {
 			return err
 		}
+	}
+	if pt.ent != nil {
+		pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(pt.ent.gateN))
 	}
 	pt.publish()
 	pt.refreshFinalDue(tx, false)
@@ -272,6 +304,11 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 // Abort forgets the aggregates an aborted transaction changed, and marks
 // the in-memory watermarks for a reload from the committed state.
 func (pt *partition) Abort() {
+	if pt.ent != nil {
+		clear(pt.ent.changed)
+		pt.ent.pending.clear()
+		pt.ent.flushed.clear()
+	}
 	clear(pt.dirty)
 	pt.dirty = pt.dirty[:0]
 	clear(pt.open)
@@ -360,6 +397,11 @@ func (pt *partition) materialize(tx *stream.Tx) {
 // writes its state. The revisions' values share one buffer, and their
 // records one slice.
 func (pt *partition) Flush(tx *stream.Tx) error {
+	if pt.ent != nil {
+		if err := pt.flushBalances(tx); err != nil {
+			return err
+		}
+	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {
 		if a.dirty {

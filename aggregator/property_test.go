@@ -273,6 +273,7 @@ type propInst struct {
 }
 
 type propRun struct {
+	ent     bool // Config.Entitlements, with the test's ticks
 	t       *testing.T
 	h       *aggHarness
 	p       propParams
@@ -287,6 +288,9 @@ func (pr *propRun) config(id string, fs vfs.FS) Config {
 	cfg := pr.h.config(id, fs)
 	cfg.Period, cfg.Grace, cfg.Window, cfg.Meters = Day, time.Hour, time.Duration(pWindow)*time.Millisecond, pr.cat
 	cfg.FinalChunk = propChunk
+	if pr.ent {
+		cfg.Entitlements, cfg.EntitlementsTick = true, -1
+	}
 	cfg.Stream.SessionTimeout = pr.p.session
 	lvl := zap.InfoLevel
 	if os.Getenv("PROPERTY_DEBUG") != "" {
@@ -366,6 +370,9 @@ func (pr *propRun) settle() {
 	for {
 		pr.reap()
 		ok, err := testenv.CaughtUp(pr.h.brokers, pr.h.group, pr.h.names.DedupedTopic())
+		if pr.ent && err == nil && ok {
+			ok, err = testenv.CaughtUp(pr.h.brokers, pr.h.group, pr.h.names.EntitlementsTopic())
+		}
 		if err == nil && ok {
 			pr.reap()
 			return
@@ -378,6 +385,15 @@ func (pr *propRun) settle() {
 }
 
 func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
+	runPropertyWith(t, brokers, seed, p, false)
+}
+
+// runPropertyWith is runProperty, with entitlements (ent): the aggregator
+// decides them, the test writes random plans, grants and rate cards to
+// usage.entitlements and appends its ticks (entProp), and the outputs are
+// checked with oracle.VerifyEntitlements, whose decisions are the
+// entitlements package's reference model's.
+func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, ent bool) {
 	fault.SetHandler(fault.CrashHandler)
 	t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
 	r := rand.New(rand.NewSource(seed))
@@ -398,14 +414,28 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr := &propRun{t: t, h: newAggHarnessSources(t, brokers, p.partitions, st.sources), p: p, r: r, cat: cat,
-		insts: map[string]*propInst{}, crashes: map[string]int{}}
+	pr := &propRun{t: t, p: p, r: r, cat: cat, insts: map[string]*propInst{}, crashes: map[string]int{}}
+	var ep *entProp
+	if ent {
+		if brokers == nil {
+			_, brokers = testenv.KFake(t)
+		}
+		names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: p.partitions, Sources: st.sources, EventsTimestamp: "CreateTime"})
+		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
+		pr.ent = true
+		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st)
+	} else {
+		pr.h = newAggHarnessSources(t, brokers, p.partitions, st.sources)
+	}
 	pr.start("a", true)
 
 	// Every crash point is armed once per run, in a random order, each at
 	// a random hit; a point that has not fired stays armed over later
 	// chunks.
 	plan := append([]string{}, propPoints...)
+	if ent {
+		plan = append(plan, fault.ChargeDecided)
+	}
 	r.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
 	armed := ""
 	armedHits := 0
@@ -462,7 +492,13 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 				}
 			}
 		}
+		if ep != nil {
+			ep.before(st.steps[i : i+n])
+		}
 		pr.h.produce(recs...)
+		if ep != nil {
+			ep.after()
+		}
 		if (rebalance && midChunk) || i+n == len(st.steps) {
 			toggleB() // the last chunk always
 		}
@@ -479,6 +515,13 @@ func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
 	events := make([]*oracle.Event, len(st.events))
 	for i, e := range st.events {
 		events[i] = &e.Event
+	}
+	if ep != nil {
+		rep := oracle.VerifyEntitlements(t, pr.h.brokers, pr.h.names, pModel, &ep.ent, events)
+		if len(rep.Rejected) == 0 {
+			t.Fatalf("seed %d rejected nothing: the plans must exercise caps and credits", seed)
+		}
+		return
 	}
 	oracle.Verify(t, pr.h.brokers, pr.h.names, pModel, events)
 }

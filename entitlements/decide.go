@@ -97,6 +97,9 @@ type Decision struct {
 	Overdraft int64
 	// OverCap: accepted past a cap whose on_limit is ALLOW.
 	OverCap bool
+	// Plan is the plan that decided it (Ledger.Decide sets it; nil: no
+	// plan), for metrics by plan.
+	Plan *Plan
 	// Misconfigured, when not empty, says that a cap or a rate on a meter
 	// whose aggregation is not SUM or COUNT was ignored (a configuration
 	// error that validation with the meters file refuses; the meter may

@@ -373,6 +373,7 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 	}
 	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn,
 		Consumed: func(id string) int64 { return consumedOf(uses, id) }})
+	d.Plan = plan
 	if d.Outcome != Accepted {
 		return d, nil
 	}
@@ -562,3 +563,37 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 }
 
 var errStopScan = errors.New("stop scan")
+
+// CustomersWithUsage returns, in key order, up to max customers that have
+// usage recorded in the period starting at start, after the customer
+// after ("" for the first); more reports that there may be others after
+// the last one returned. It lets a stage emit every such customer's
+// balance in bounded chunks with a cursor (DESIGN §6 invariant 9).
+func (l *Ledger) CustomersWithUsage(st Store, start int64, after string, max int) (customers []string, more bool, err error) {
+	lo, hi := l.key(subUsage, period8(start)), l.key(subUsage, period8(start+1))
+	if after != "" {
+		// Past every key of after: its framed key, then a byte above any
+		// meter's framing (a framed part starts with a digit).
+		lo = append(l.key(subUsage, period8(start), schemas.CustomerKey(after)), 0xff)
+	}
+	plen := len(l.key(subUsage, period8(start)))
+	err = st.Scan(lo, hi, func(k, _ []byte) error {
+		parts, err := schemas.SplitFramed(k[plen:])
+		if err != nil || len(parts) != 2 {
+			return fmt.Errorf("entitlements: state key %q: %w: bad usage key", k, ErrCorrupt)
+		}
+		if n := len(customers); n > 0 && customers[n-1] == parts[0] {
+			return nil
+		}
+		if len(customers) == max {
+			more = true
+			return errStopScan
+		}
+		customers = append(customers, parts[0])
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStopScan) {
+		return nil, false, err
+	}
+	return customers, more, nil
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meterline/meterline/entitlements/entref"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -33,7 +34,7 @@ type propEntRecord struct {
 	key     []byte
 	value   []byte // nil: tombstone
 	written int64
-	ref     refRecord
+	ref     entref.Record
 	valid   bool
 }
 
@@ -151,7 +152,7 @@ func genScenario(seed uint64) scenario {
 		case k < 6: // a customer
 			c := customers[r.IntN(len(customers))]
 			rec.key = schemas.CustomerKey(c)
-			rec.ref = refRecord{key: c, written: ts}
+			rec.ref = entref.Record{Key: c, Written: ts}
 			if r.IntN(6) == 0 {
 				break // tombstone
 			}
@@ -167,10 +168,10 @@ func genScenario(seed uint64) scenario {
 				rec.valid = false
 			}
 			rec.value, _ = schemas.Encode(e)
-			rec.ref.ent = e
+			rec.ref.Ent = e
 		case k < 8:
 			rec.key = []byte(schemas.DefaultPlanKey)
-			rec.ref = refRecord{key: schemas.DefaultPlanKey, written: ts}
+			rec.ref = entref.Record{Key: schemas.DefaultPlanKey, Written: ts}
 			if r.IntN(8) == 0 {
 				break
 			}
@@ -179,16 +180,16 @@ func genScenario(seed uint64) scenario {
 				e.EffectiveFrom = ts + r.Int64N(5*24*hourMs)
 			}
 			rec.value, _ = schemas.Encode(e)
-			rec.ref.ent = e
+			rec.ref.Ent = e
 		case k < 9:
 			rec.key = []byte(schemas.RateCardKey)
-			rec.ref = refRecord{key: schemas.RateCardKey, written: ts}
+			rec.ref = entref.Record{Key: schemas.RateCardKey, Written: ts}
 			if r.IntN(10) == 0 {
 				break
 			}
 			c := genCard()
 			rec.value, _ = schemas.Encode(c)
-			rec.ref.card = c
+			rec.ref.Card = c
 		default:
 			rec.key = []byte(schemas.TickKey)
 			rec.value, _ = schemas.Encode(&schemas.Tick{InstanceID: "a"})
@@ -250,6 +251,15 @@ func TestLedgerMatchesReference(t *testing.T) {
 	}
 }
 
+// refDraws converts draws to the reference's.
+func refDraws(ds []Draw) []entref.Draw {
+	var out []entref.Draw
+	for _, d := range ds {
+		out = append(out, entref.Draw(d))
+	}
+	return out
+}
+
 func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 	sc := genScenario(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
@@ -258,7 +268,7 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 		t.Fatal(err)
 	}
 	st := newMemStore()
-	ref := newRefModel(sc.period)
+	ref := entref.New(sc.period)
 	next := 0 // next record to read
 	read := func(upTo int64) {
 		for next < len(sc.records) && sc.records[next].written <= upTo {
@@ -278,7 +288,7 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 				t.Fatalf("apply record %d: %v", next-1, err)
 			}
 			if pr.valid {
-				ref.add(pr.ref)
+				ref.Add(pr.ref)
 			}
 		}
 	}
@@ -308,15 +318,15 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := ref.decide(pe.customer, pe.ev)
-		gotMoney := refDecision{Outcome: got.Outcome, Units: got.Units, Cost: got.Cost, Draws: got.Draws,
+		want := ref.Decide(pe.customer, entref.Event(pe.ev))
+		gotMoney := entref.Decision{Outcome: got.Outcome.String(), Units: got.Units, Cost: got.Cost, Draws: refDraws(got.Draws),
 			Overdraft: got.Overdraft, OverCap: got.OverCap}
 		if got.Outcome != Accepted {
-			gotMoney = refDecision{Outcome: got.Outcome}
+			gotMoney = entref.Decision{Outcome: got.Outcome.String()}
 		}
 		if !reflect.DeepEqual(gotMoney, want) {
 			t.Fatalf("event %d %+v of %s:\n ledger    %+v (%s)\n reference %+v\n plan %+v",
-				i, pe.ev, pe.customer, gotMoney, got.Detail, want, ref.planAt(pe.customer, pe.ev.Arrival))
+				i, pe.ev, pe.customer, gotMoney, got.Detail, want, ref.PlanAt(pe.customer, pe.ev.Arrival))
 		}
 		outcomes[got.Outcome]++
 		if got.Outcome != Accepted {
@@ -354,7 +364,7 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := ref.balance(c, end, 9); !reflect.DeepEqual(got, want) {
+		if want := ref.Balance(c, end, 9); !reflect.DeepEqual(got, want) {
 			t.Fatalf("balance of %s:\n ledger    %+v\n reference %+v", c, got, want)
 		}
 	}

@@ -61,7 +61,13 @@ type suite struct {
 // newSuite makes the test's crash.Suite, the meters file and a client.
 func newSuite(t *testing.T) *suite {
 	t.Helper()
-	cs := crash.New(t, "agg")
+	return newSuiteWith(t, testenv.TopicsOpts{})
+}
+
+// newSuiteWith is newSuite with the topics shaped by o (crash.NewWith).
+func newSuiteWith(t *testing.T, o testenv.TopicsOpts) *suite {
+	t.Helper()
+	cs := crash.NewWith(t, "agg", o)
 	s := &suite{Suite: cs, t: t, group: cs.Group("aggregate"), meters: filepath.Join(cs.Dir, "meters.yaml")}
 	if err := os.WriteFile(s.meters, []byte(meters.YAML()), 0o644); err != nil {
 		t.Fatal(err)

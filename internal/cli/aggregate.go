@@ -25,10 +25,12 @@ type AggregateCmd struct {
 // (--aggregate-period, --aggregate-group, ...). The dedup window is not
 // among them: `meterline run` gives the aggregator dedup's.
 type AggregateFlags struct {
-	Group      string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
-	Period     string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
-	Grace      time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
-	FinalChunk int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
+	Group            string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
+	Period           string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
+	Grace            time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
+	FinalChunk       int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
+	Entitlements     bool          `help:"Decide caps and credits (DESIGN §12): read usage.entitlements with usage.deduped, reject events over a cap (over_limit) or without credit (no_credit), write usage.balances."`
+	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition: an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
 }
 
 // MetersFlags name the meters file, which the aggregator and the HTTP
@@ -54,7 +56,8 @@ func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, wind
 		return aggregator.Config{}, err
 	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
-		Period: aggregator.Period(f.Period), Grace: f.Grace, Window: window, FinalChunk: f.FinalChunk}
+		Period: aggregator.Period(f.Period), Grace: f.Grace, Window: window, FinalChunk: f.FinalChunk,
+		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick}
 	if cfg.Meters, err = m.load(); err != nil {
 		return cfg, err
 	}
@@ -84,6 +87,6 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.DedupedTopic()}}},
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, cfg.Stream.CopartitionedTopics...)}},
 		st.Ready, st.Run, st.Status)
 }

@@ -36,10 +36,11 @@ func defaultVars() kong.Vars {
 		"dedup_tick_interval": flagDuration(dedup.DefaultTickInterval),
 		"dedup_bucket":        flagDuration(dedup.DefaultBucket),
 
-		"aggregate_group":       aggregator.DefaultGroup,
-		"aggregate_period":      string(aggregator.DefaultPeriod),
-		"aggregate_grace":       flagDuration(aggregator.DefaultGrace),
-		"aggregate_final_chunk": strconv.Itoa(aggregator.DefaultFinalChunk),
+		"aggregate_group":             aggregator.DefaultGroup,
+		"aggregate_period":            string(aggregator.DefaultPeriod),
+		"aggregate_grace":             flagDuration(aggregator.DefaultGrace),
+		"aggregate_final_chunk":       strconv.Itoa(aggregator.DefaultFinalChunk),
+		"aggregate_entitlements_tick": flagDuration(aggregator.DefaultEntitlementsTick),
 
 		"sink_group":               sink.DefaultGroup,
 		"sink_rebalance_timeout":   flagDuration(sink.DefaultRebalanceTimeout),

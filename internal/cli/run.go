@@ -108,7 +108,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		{"dedup", ds.Run, ds.Ready},
 		{"aggregate", as.Run, as.Ready},
 	}
-	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, []string{g.Topic.DedupedTopic()}}}
+	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, acfg.Stream.CopartitionedTopics...)}}
 	if !c.NoSink {
 		w, err := sink.New(scfg)
 		if err != nil {

@@ -442,7 +442,7 @@ func TestRealSecuredRun(t *testing.T) {
 
 	// The pipeline, as one principal, PLAIN over TLS.
 	metrics := testenv.FreeAddr(t)
-	groups := map[string]string{"dedup": prefix + "meterline-dedup", "aggregate": prefix + "meterline-aggregate", "sink": prefix + "meterline-sink"}
+	groups := map[string]string{"dedup": prefix + "meterline-dedup", "aggregate": prefix + "meterline-aggregate-v2", "sink": prefix + "meterline-sink"}
 	args := append([]string{"run", "--log-level", "debug", "--topic-prefix", prefix,
 		"--instance-id", "node-1", "--state-dir", t.TempDir(), "--metrics-addr", metrics, "--dedup-tick-interval", "1h", "--session-timeout", "6s",
 		"--dedup-group", groups["dedup"], "--aggregate-group", groups["aggregate"], "--sink-group", groups["sink"],
@@ -678,7 +678,7 @@ func TestRealSecuredACLs(t *testing.T) {
 			"--dedup-keys-file", keys}
 	}
 	aggArgs := func() []string {
-		return []string{"--group", prefix + "meterline-aggregate", "--state-dir", t.TempDir(), "--metrics-addr", metrics["aggregate"],
+		return []string{"--group", prefix + "meterline-aggregate-v2", "--state-dir", t.TempDir(), "--metrics-addr", metrics["aggregate"],
 			"--meters", meters, "--strict-meters", "--grace", "1h"}
 	}
 	dedup := stage("dedup", "dedup", dedupArgs()...)
@@ -799,7 +799,7 @@ func TestRealSecuredWrongPassword(t *testing.T) {
 		}
 		return f
 	}
-	groups := []string{prefix + "meterline-dedup", prefix + "meterline-aggregate", prefix + "meterline-sink"}
+	groups := []string{prefix + "meterline-dedup", prefix + "meterline-aggregate-v2", prefix + "meterline-sink"}
 	runArgs := []string{"run", "--topic-prefix", prefix, "--instance-id", "node-1", "--state-dir", t.TempDir(),
 		"--metrics-addr", testenv.FreeAddr(t), "--dedup-group", groups[0], "--aggregate-group", groups[1], "--sink-group", groups[2],
 		"--sink-database", db, "--sink-migrate", "--dedup-keys-file", keys}

@@ -40,6 +40,10 @@ const (
 	// adjustments, or expiry) is committed with its cursor; the next chunk
 	// has not started.
 	BetweenChunks = "aggregate.between-chunks"
+	// ChargeDecided: the aggregator decided an event's entitlements (a cap
+	// counter moved, credits drawn, or the event rejected) in the open
+	// transaction, which is not committed yet.
+	ChargeDecided = "aggregate.charge-decided"
 )
 
 // Crash is the panic value of CrashHandler: a stage that recovers it stops

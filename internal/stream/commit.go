@@ -329,8 +329,8 @@ func (rt *Runtime) apply(at time.Time) error {
 				b.set(p, []byte(k), e.val)
 			}
 		}
-		if ov.inputNext >= 0 {
-			b.set(p, []byte(keyInputOffset), encodeOffset(ov.inputNext))
+		for _, k := range ov.inputKeys() {
+			b.set(p, []byte(k), encodeOffset(ov.inputNext[k]))
 		}
 		if produced {
 			b.checkpoint(p, Checkpoint{Offset: end + 1, At: at})

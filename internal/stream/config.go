@@ -28,6 +28,18 @@ type Config struct {
 	session.Config
 	// InputTopic is consumed (read_committed). Required.
 	InputTopic string
+	// CopartitionedTopics are more input topics, co-partitioned with
+	// InputTopic: each has as many partitions as InputTopic and is keyed
+	// alike, and partition p of every one of them belongs to the instance
+	// that owns partition p of InputTopic (CopartitionBalancer, the
+	// group balancer of every runtime). Their records reach the same
+	// Partition, in the same transactions; a Process call carries the
+	// records of one topic (kgo.Record.Topic says which), in offset order,
+	// and within one poll the co-partitioned topics' records come before
+	// InputTopic's. Each topic's next input offset is kept in the state and
+	// checked against the group's committed offset on every restore
+	// (DESIGN §6.6). Default: none.
+	CopartitionedTopics []string
 	// ChangelogTopic holds every state change; it must have exactly as many
 	// partitions as InputTopic. Required.
 	ChangelogTopic string
@@ -112,6 +124,13 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	req("input-topic", c.InputTopic)
+	seen := map[string]bool{c.InputTopic: true, c.ChangelogTopic: true}
+	for i, t := range c.CopartitionedTopics {
+		if t == "" || seen[t] {
+			errs = append(errs, fmt.Errorf("stream: copartitioned-topics[%d]: %q is empty or names the input, the changelog or another co-partitioned topic", i, t))
+		}
+		seen[t] = true
+	}
 	req("changelog-topic", c.ChangelogTopic)
 	if _, mem := c.FS.(*vfs.MemFS); !mem {
 		req("state-dir", c.StateDir)

@@ -74,6 +74,13 @@ func runConformance(t *testing.T, brokers []string) {
 			t.Parallel()
 			c.run(t, newSuite(t, brokers, c.changelog))
 		})
+		// The same window with a second input topic co-partitioned with
+		// the first (Config.CopartitionedTopics): an offset per topic in
+		// the state, committed in the same transactions.
+		t.Run(c.name+"TwoTopics", func(t *testing.T) {
+			t.Parallel()
+			c.run(t, newSuite(t, brokers, c.changelog, true))
+		})
 	}
 }
 

@@ -130,6 +130,7 @@ func (*countPart) Close()              {}
 // input is one record the suite sent.
 type input struct {
 	id, bucket string
+	extra      bool // sent to the suite's extra topic
 }
 
 // suite is one world of the conformance suite.
@@ -138,19 +139,24 @@ type suite struct {
 	cluster                         *kfake.Cluster // nil on a real broker
 	brokers                         []string
 	input, output, changelog, group string
-	parts                           int32
-	producer                        *kgo.Client
-	adm                             *kadm.Client
-	mu                              sync.Mutex
-	sent                            [][]input // per input partition, in offset order
-	next                            int
-	running                         []*instance // every instance started
+	// extra, when not empty, is a second input topic co-partitioned with
+	// input (Config.CopartitionedTopics): send spreads inputs over both,
+	// its buckets named "x…" so that each bucket is counted from one topic.
+	extra    string
+	parts    int32
+	producer *kgo.Client
+	adm      *kadm.Client
+	mu       sync.Mutex
+	sent     [][]input // per input partition, in offset order
+	next     int
+	running  []*instance // every instance started
 }
 
 // newSuite makes a world with two input partitions on its own kfake
 // cluster, or on the real broker brokers when not nil (cluster is then
-// nil). changelogConfigs may be nil.
-func newSuite(t *testing.T, brokers []string, changelogConfigs map[string]*string) *suite {
+// nil). changelogConfigs may be nil. With twoTopics, a second input topic
+// is co-partitioned with the first (suite.extra).
+func newSuite(t *testing.T, brokers []string, changelogConfigs map[string]*string, twoTopics ...bool) *suite {
 	var cluster *kfake.Cluster
 	if brokers == nil {
 		cluster, brokers = testenv.KFake(t, kfake.GroupMinSessionTimeout(500*time.Millisecond))
@@ -159,6 +165,10 @@ func newSuite(t *testing.T, brokers []string, changelogConfigs map[string]*strin
 		input: testenv.Name(t, "in"), output: testenv.Name(t, "out"), changelog: testenv.Name(t, "changelog"),
 		group: testenv.Name(t, "group")}
 	testenv.CreateTopic(t, brokers, s.input, s.parts, nil)
+	if len(twoTopics) > 0 && twoTopics[0] {
+		s.extra = testenv.Name(t, "in2")
+		testenv.CreateTopic(t, brokers, s.extra, s.parts, nil)
+	}
 	testenv.CreateTopic(t, brokers, s.output, s.parts, nil)
 	testenv.CreateTopic(t, brokers, s.changelog, s.parts, changelogConfigs)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -171,7 +181,9 @@ func newSuite(t *testing.T, brokers []string, changelogConfigs map[string]*strin
 	return s
 }
 
-// send produces n new inputs, spread over the partitions and three buckets.
+// send produces n new inputs, spread over the partitions and three buckets
+// (and over both input topics, with an extra one: every third input goes to
+// it).
 func (s *suite) send(n int) {
 	s.t.Helper()
 	var recs []*kgo.Record
@@ -181,8 +193,12 @@ func (s *suite) send(n int) {
 		s.next++
 		p := int32(i) % s.parts
 		in := input{id: fmt.Sprintf("i%04d", i), bucket: fmt.Sprintf("b%d", (i/int(s.parts))%3)}
+		topic := s.input
+		if s.extra != "" && i%3 == 2 {
+			in.extra, in.bucket, topic = true, "x"+in.bucket, s.extra
+		}
 		s.sent[p] = append(s.sent[p], in)
-		recs = append(recs, &kgo.Record{Topic: s.input, Partition: p, Key: []byte(in.bucket), Value: []byte(in.id)})
+		recs = append(recs, &kgo.Record{Topic: topic, Partition: p, Key: []byte(in.bucket), Value: []byte(in.id)})
 	}
 	s.mu.Unlock()
 	s.produce(recs...)
@@ -207,14 +223,19 @@ func (s *suite) produce(recs ...*kgo.Record) {
 	}
 }
 
-// caughtUp waits until the group has committed every input sent.
+// caughtUp waits until the group has committed every input sent, of
+// every input topic.
 func (s *suite) caughtUp() {
 	s.t.Helper()
 	var err error
 	s.waitFor("the group to commit every input", func() bool {
-		var ok bool
-		ok, err = testenv.CaughtUp(s.brokers, s.group, s.input)
-		return err == nil && ok
+		for _, topic := range append([]string{s.input}, s.extraTopics()...) {
+			var ok bool
+			if ok, err = testenv.CaughtUp(s.brokers, s.group, topic); err != nil || !ok {
+				return false
+			}
+		}
+		return true
 	})
 }
 
@@ -263,9 +284,31 @@ func (s *suite) config(id string, fs vfs.FS) Config {
 	return Config{Stage: "count",
 		Config: session.Config{Kafka: kafka.Config{Brokers: s.brokers}, Group: s.group, InstanceID: id,
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second, RestartBackoff: 50 * time.Millisecond},
-		InputTopic: s.input, ChangelogTopic: s.changelog, FS: fs, StateDir: "state-" + id,
+		InputTopic: s.input, CopartitionedTopics: s.extraTopics(), ChangelogTopic: s.changelog, FS: fs, StateDir: "state-" + id,
 		CommitInterval: 20 * time.Millisecond,
 		Logger:         zaptest.NewLogger(s.t, zaptest.Level(zap.InfoLevel)).Named(id)}
+}
+
+// extraTopics is Config.CopartitionedTopics: the extra topic, if any.
+func (s *suite) extraTopics() []string {
+	if s.extra == "" {
+		return nil
+	}
+	return []string{s.extra}
+}
+
+// sentTo counts the inputs sent to partition p of the input topic (extra
+// false) or of the extra topic.
+func (s *suite) sentTo(p int32, extra bool) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, in := range s.sent[p] {
+		if in.extra == extra {
+			n++
+		}
+	}
+	return n
 }
 
 // start runs an instance with id and its state on fs; mod may change its
@@ -484,11 +527,20 @@ func (s *suite) verify(lastOwner *instance, fs vfs.FS) {
 			}
 		}
 		for where, state := range map[string]map[string]string{"changelog": changelog, lastOwner.id + "'s local state": local} {
-			if next, err := decodeOffset([]byte(state[keyInputOffset])); err != nil || next != int64(len(s.sent[p])) {
-				t.Errorf("partition %d: %s says the next input offset is %d (%v), want %d", p, where, next, err, len(s.sent[p]))
+			if next, err := decodeOffset([]byte(state[keyInputOffset])); err != nil || next != s.sentTo(p, false) {
+				t.Errorf("partition %d: %s says the next input offset is %d (%v), want %d", p, where, next, err, s.sentTo(p, false))
 			}
-			for b := range 3 {
-				bucket := fmt.Sprintf("b%d", b)
+			if s.extra != "" {
+				k := keyInputOffset + "/" + s.extra
+				if next, err := decodeOffset([]byte(state[k])); err != nil || next != s.sentTo(p, true) {
+					t.Errorf("partition %d: %s says the next input offset of %s is %d (%v), want %d", p, where, s.extra, next, err, s.sentTo(p, true))
+				}
+			}
+			for b := range 6 {
+				bucket := fmt.Sprintf("b%d", b%3)
+				if b >= 3 {
+					bucket = "x" + bucket
+				}
 				w, ok := buckets[p][bucket]
 				switch g, has := state[bucket]; {
 				case has != ok:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -31,12 +32,21 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	// Process calls run in parallel: each has its own overlay, its own
 	// state prefix and its own output order, and shares nothing mutable
 	// with the others.
-	type job struct {
-		a    *activePart
-		tx   *Tx
-		recs []*kgo.Record
+	// A partition's records of every input topic go to one job, so that
+	// one goroutine calls its Process (one overlay); the co-partitioned
+	// topics' batches first (Config.CopartitionedTopics), each topic's in
+	// offset order.
+	type batch struct {
+		topic string
+		recs  []*kgo.Record
 	}
-	var jobs []job
+	type job struct {
+		a       *activePart
+		tx      *Tx
+		batches []batch
+	}
+	var jobs []*job
+	byPart := map[int32]*job{}
 	var perr error
 	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 		if perr != nil || len(fp.Records) == 0 {
@@ -48,7 +58,7 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 			// re-assign raced the poll). They were polled, so the session
 			// would commit their offsets: abort instead, which rewinds.
 			rt.log.Info("records for a partition not ready; aborting the transaction to rewind",
-				zap.Int32("partition", fp.Partition))
+				zap.Int32("partition", fp.Partition), zap.String("topic", fp.Topic))
 			if !rt.inTxn {
 				if err := rt.begin(); err != nil {
 					perr = err
@@ -64,17 +74,27 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 				return
 			}
 		}
-		ov := rt.overlayFor(fp.Partition, a.epoch)
 		rt.m.session.RecordsIn.WithLabelValues(fp.Topic).Add(float64(len(fp.Records)))
-		jobs = append(jobs, job{a: a, tx: &Tx{rt: rt, p: fp.Partition, ov: ov}, recs: fp.Records})
+		j, ok := byPart[fp.Partition]
+		if !ok {
+			ov := rt.overlayFor(fp.Partition, a.epoch)
+			j = &job{a: a, tx: &Tx{rt: rt, p: fp.Partition, ov: ov}}
+			byPart[fp.Partition] = j
+			jobs = append(jobs, j)
+		}
+		j.batches = append(j.batches, batch{topic: fp.Topic, recs: fp.Records})
 	})
 	if perr != nil {
 		return perr
 	}
 	err := parallel(len(jobs), func(i int) error {
 		j := jobs[i]
-		if err := j.a.part.Process(j.tx, j.recs); err != nil {
-			return fmt.Errorf("stream: process partition %d: %w", j.tx.p, err)
+		input := rt.cfg.InputTopic
+		sort.SliceStable(j.batches, func(a, b int) bool { return j.batches[a].topic != input && j.batches[b].topic == input })
+		for _, b := range j.batches {
+			if err := j.a.part.Process(j.tx, b.recs); err != nil {
+				return fmt.Errorf("stream: process partition %d of %s: %w", j.tx.p, b.topic, err)
+			}
 		}
 		return nil
 	})
@@ -82,9 +102,14 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 		return err
 	}
 	for _, j := range jobs {
-		j.tx.ov.inputNext = j.recs[len(j.recs)-1].Offset + 1
+		if j.tx.ov.inputNext == nil {
+			j.tx.ov.inputNext = map[string]int64{}
+		}
+		for _, b := range j.batches {
+			j.tx.ov.inputNext[rt.cfg.inputOffsetKey(b.topic)] = b.recs[len(b.recs)-1].Offset + 1
+			rt.txRecs += len(b.recs)
+		}
 		j.tx.ov.touched = true
-		rt.txRecs += len(j.recs)
 	}
 	return nil
 }

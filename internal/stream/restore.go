@@ -23,7 +23,7 @@ const restoreBatch = 5000
 // against the group's committed offset, opens the processor's partition
 // and resumes fetching. It runs on its own goroutine while p is paused, so
 // a long restore never holds up the rebalance.
-func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed int64) {
+func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed map[string]int64) {
 	start := time.Now()
 	log := rt.log.With(zap.Int32("partition", p))
 	part, replayed, err := rt.restorePartition(ctx, adm, log, p, committed)
@@ -37,7 +37,7 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	}
 	rt.m.restoreSeconds.Observe(time.Since(start).Seconds())
 	log.Info("partition restored", zap.Int64("changelog_records", replayed), zap.Duration("took", time.Since(start)),
-		zap.Int64("committed_offset", committed))
+		zap.Any("committed_offsets", committed))
 	rt.mu.Lock()
 	ps, ok := rt.parts[p]
 	if !ok || ps.epoch != epoch {
@@ -50,11 +50,15 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	rt.mu.Unlock()
 	// Queue the install before resuming: the run loop handles events
 	// before it processes the records of a poll.
-	sess.Client().ResumeFetchPartitions(map[string][]int32{rt.cfg.InputTopic: {p}})
+	resume := map[string][]int32{}
+	for _, t := range rt.cfg.inputs() {
+		resume[t] = []int32{p}
+	}
+	sess.Client().ResumeFetchPartitions(resume)
 	rt.notify()
 }
 
-func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed int64) (Partition, int64, error) {
+func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64) (Partition, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(p)
@@ -144,27 +148,39 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	}
 	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 
-	// DESIGN §6.6: the state's input offset and the group's committed
-	// offset must agree; otherwise re-processing would re-count.
-	v, ok, err := rt.store.Get(p, []byte(keyInputOffset))
-	if err != nil {
-		return nil, replayed, err
-	}
-	state := int64(-1)
-	if ok {
-		if state, err = decodeOffset(v); err != nil {
-			return nil, replayed, fmt.Errorf("stream: restore partition %d: input offset: %w", p, err)
+	// DESIGN §6.6: the state's input offset of each input topic and the
+	// group's committed offset must agree; otherwise re-processing would
+	// re-count.
+	for _, topic := range rt.cfg.inputs() {
+		if err := rt.checkInputOffset(p, topic, committed[topic]); err != nil {
+			return nil, replayed, err
 		}
-	}
-	if state != committed {
-		return nil, replayed, fmt.Errorf("stream: restore partition %d: %w: state says the next input offset is %s, the group %s has committed %s; refusing to re-count (was the group's offset reset, or the changelog deleted?)",
-			p, ErrOffsetMismatch, offsetString(state), rt.cfg.Group, offsetString(committed))
 	}
 	part, err := rt.proc.Open(p, &PartitionState{s: rt.store, p: p, warm: warm})
 	if err != nil {
 		return nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
 	}
 	return part, replayed, nil
+}
+
+// checkInputOffset compares the restored state's next input offset of
+// topic's partition p with the group's committed offset (-1: none).
+func (rt *Runtime) checkInputOffset(p int32, topic string, committed int64) error {
+	v, ok, err := rt.store.Get(p, []byte(rt.cfg.inputOffsetKey(topic)))
+	if err != nil {
+		return err
+	}
+	state := int64(-1)
+	if ok {
+		if state, err = decodeOffset(v); err != nil {
+			return fmt.Errorf("stream: restore partition %d: input offset of %s: %w", p, topic, err)
+		}
+	}
+	if state != committed {
+		return fmt.Errorf("stream: restore partition %d: %w: state says the next input offset of %s is %s, the group %s has committed %s; refusing to re-count (was the group's offset reset, or the changelog deleted?)",
+			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed))
+	}
+	return nil
 }
 
 // changelogOffset lists the start or end offset of changelog partition p.

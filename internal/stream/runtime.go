@@ -60,6 +60,22 @@ import (
 // input. Processor keys must not start with 0xFF.
 const keyInputOffset = "\xffinput-offset"
 
+// inputs returns the input topics: InputTopic, then the co-partitioned
+// ones.
+func (c *Config) inputs() []string {
+	return append([]string{c.InputTopic}, c.CopartitionedTopics...)
+}
+
+// inputOffsetKey returns the state key of a topic's next input offset:
+// keyInputOffset for InputTopic (as with one input), that key, "/" and the
+// topic's name for a co-partitioned topic.
+func (c *Config) inputOffsetKey(topic string) string {
+	if topic == c.InputTopic {
+		return keyInputOffset
+	}
+	return keyInputOffset + "/" + topic
+}
+
 func encodeOffset(o int64) []byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], uint64(o))
@@ -149,7 +165,7 @@ type Runtime struct {
 
 type partState struct {
 	epoch     uint64
-	committed int64 // group's committed offset at assignment; -1: none
+	committed map[string]int64 // group's committed offset per input topic at assignment; -1: none
 	cancel    context.CancelFunc
 }
 

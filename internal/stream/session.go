@@ -73,7 +73,13 @@ const fetchMaxPartitionBytes = 256 << 10
 // partitions and the session, which leaves the group.
 func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	ready := make(chan struct{})
-	sess, err := rt.loop.Open([]string{rt.cfg.InputTopic}, rt.hooks(ready), append(sessionOptions(), kgo.Balancers(rt.Balancer(rt.cfg.InputTopic)))...)
+	inputs := rt.cfg.inputs()
+	// One balancer for every stage: partition p of each input topic goes
+	// to one member (DESIGN §12), and partitions follow warm copies
+	// (standby.go, DESIGN §10); eager, so a group that ran kgo's
+	// cooperative-sticky balancer before needs every member stopped first,
+	// or a new group name.
+	sess, err := rt.loop.Open(inputs, rt.hooks(ready), append(sessionOptions(), kgo.Balancers(rt.Balancer(inputs...)))...)
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
@@ -109,7 +115,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
 		return session.ErrRestart
 	}
-	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.String("input", rt.cfg.InputTopic),
+	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.Strings("inputs", inputs),
 		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
 
 	var nextPunct time.Time
@@ -273,27 +279,41 @@ var epochSeq atomic.Uint64
 
 // adjustOffsets runs on kgo's group goroutine after the group's committed
 // offsets for newly assigned partitions are fetched (stable, KIP-447). It
-// pauses each partition and starts its restore; the partition resumes when
-// its state is restored and checked against the committed offset.
+// pauses each partition, of every input topic, and starts its restore;
+// the partition resumes when its state is restored and checked against
+// the committed offset of each input topic. The balancer assigns partition
+// p of every input topic together.
 func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	inputs := rt.cfg.inputs()
 	parts := offsets[rt.cfg.InputTopic]
 	if len(parts) == 0 {
 		return offsets, nil
 	}
-	pause := make([]int32, 0, len(parts))
-	for p := range parts {
-		pause = append(pause, p)
+	pause := map[string][]int32{}
+	for _, t := range inputs {
+		for p := range offsets[t] {
+			pause[t] = append(pause[t], p)
+		}
 	}
-	rt.sess.Client().PauseFetchPartitions(map[string][]int32{rt.cfg.InputTopic: pause})
+	rt.sess.Client().PauseFetchPartitions(pause)
 	rt.mu.Lock()
-	for p, o := range parts {
-		committed := o.EpochOffset().Offset // negative: the group has none
-		if committed < 0 {
-			committed = -1
-			// A first start reads from the earliest offset (DESIGN §6.6).
-			// kgo passes the reset offset here, and NoResetOffset means
-			// the end of the partition, which would skip existing input.
-			parts[p] = kgo.NoResetOffset().AtStart()
+	for p := range parts {
+		committed := make(map[string]int64, len(inputs))
+		for _, t := range inputs {
+			committed[t] = -1 // not assigned with p: the restore's check says so
+			o, ok := offsets[t][p]
+			if !ok {
+				continue
+			}
+			if c := o.EpochOffset().Offset; c >= 0 {
+				committed[t] = c
+				continue
+			}
+			// The group has none. A first start reads from the earliest
+			// offset (DESIGN §6.6). kgo passes the reset offset here,
+			// and NoResetOffset means the end of the partition, which
+			// would skip existing input.
+			offsets[t][p] = kgo.NoResetOffset().AtStart()
 		}
 		if old, ok := rt.parts[p]; ok && old.cancel != nil {
 			old.cancel()

@@ -22,11 +22,13 @@ type overlay struct {
 	writes    map[string]entry
 	order     []string // first-write order, for deterministic changelog output
 	rangeDels []rangeDel
-	inputNext int64 // next input offset after this transaction; -1 none
+	// inputNext is the next input offset after this transaction, by the
+	// state key of its topic (Config.inputOffsetKey); nil: none consumed.
+	inputNext map[string]int64
 	touched   bool
 }
 
-func newOverlay() *overlay { return &overlay{writes: map[string]entry{}, inputNext: -1} }
+func newOverlay() *overlay { return &overlay{writes: map[string]entry{}} }
 
 // Tx is the view of one partition inside the current transaction.
 type Tx struct {
@@ -147,9 +149,10 @@ func (tx *Tx) DeleteRangeLocal(lo, hi []byte) {
 func (tx *Tx) Emit(r *kgo.Record) { tx.rt.emit(r) }
 
 // changelogRecords returns the overlay's changelog records in first-write
-// order, plus the input-offset record.
+// order, plus the input-offset records (one per input topic consumed, in
+// key order).
 func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
-	out := make([]*kgo.Record, 0, len(ov.order)+1)
+	out := make([]*kgo.Record, 0, len(ov.order)+len(ov.inputNext))
 	for _, k := range ov.order {
 		e, ok := ov.writes[k]
 		if !ok {
@@ -164,10 +167,20 @@ func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
 		}
 		out = append(out, r)
 	}
-	if ov.inputNext >= 0 {
-		out = append(out, &kgo.Record{Topic: topic, Partition: p, Key: []byte(keyInputOffset), Value: encodeOffset(ov.inputNext)})
+	for _, k := range ov.inputKeys() {
+		out = append(out, &kgo.Record{Topic: topic, Partition: p, Key: []byte(k), Value: encodeOffset(ov.inputNext[k])})
 	}
 	return out
+}
+
+// inputKeys returns the keys of inputNext in order.
+func (ov *overlay) inputKeys() []string {
+	ks := make([]string, 0, len(ov.inputNext))
+	for k := range ov.inputNext {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
 }
 
 // sortedPartitions returns the keys of m in order.

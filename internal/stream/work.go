@@ -83,44 +83,63 @@ func (rt *Runtime) work() error {
 }
 
 // fenceWork returns ctx for ending the open transaction: if a partition
-// worked in it, its TxnOffsetCommit also carries that partition's offset
-// (the one committed before, if the transaction consumed none of its
-// input). The offset is read here, not in the hook, which runs under kgo's
-// transaction lock.
+// worked in it, its TxnOffsetCommit also carries that partition's offset of
+// every input topic (the one committed before, for a topic of which the
+// transaction consumed none of its input; a topic with no committed offset
+// yet is left out). The offsets are read here, not in the hook, which runs
+// under kgo's transaction lock.
 func (rt *Runtime) fenceWork(ctx context.Context) context.Context {
 	if rt.txWorked == noWorker {
 		return ctx
 	}
-	p, topic := rt.txWorked, rt.cfg.InputTopic
-	eo, ok := rt.sess.Client().CommittedOffsets()[topic][p]
-	if !ok {
+	p := rt.txWorked
+	all := rt.sess.Client().CommittedOffsets()
+	type fence struct {
+		topic string
+		eo    kgo.EpochOffset
+	}
+	var fences []fence
+	for _, topic := range rt.cfg.inputs() {
+		if eo, ok := all[topic][p]; ok {
+			fences = append(fences, fence{topic, eo})
+		}
+	}
+	if len(fences) == 0 {
 		return ctx
 	}
 	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
-		ti := -1
-		for i := range req.Topics {
-			if req.Topics[i].Topic != topic {
-				continue
-			}
-			ti = i
-			for _, rp := range req.Topics[i].Partitions {
-				if rp.Partition == p {
-					return nil // it consumed input: its new offset is there
-				}
-			}
+		for _, f := range fences {
+			addFence(req, f.topic, p, f.eo)
 		}
-		if ti < 0 {
-			t := kmsg.NewTxnOffsetCommitRequestTopic()
-			t.Topic = topic
-			req.Topics = append(req.Topics, t)
-			ti = len(req.Topics) - 1
-		}
-		rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-		rp.Partition = p
-		rp.Offset = eo.Offset
-		rp.LeaderEpoch = eo.Epoch
-		rp.Metadata = &req.MemberID
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
 		return nil
 	})
+}
+
+// addFence adds partition p of topic at eo to req, unless req commits it
+// already (the transaction consumed its input: its new offset is there).
+func addFence(req *kmsg.TxnOffsetCommitRequest, topic string, p int32, eo kgo.EpochOffset) {
+	ti := -1
+	for i := range req.Topics {
+		if req.Topics[i].Topic != topic {
+			continue
+		}
+		ti = i
+		for _, rp := range req.Topics[i].Partitions {
+			if rp.Partition == p {
+				return
+			}
+		}
+	}
+	if ti < 0 {
+		t := kmsg.NewTxnOffsetCommitRequestTopic()
+		t.Topic = topic
+		req.Topics = append(req.Topics, t)
+		ti = len(req.Topics) - 1
+	}
+	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+	rp.Partition = p
+	rp.Offset = eo.Offset
+	rp.LeaderEpoch = eo.Epoch
+	rp.Metadata = &req.MemberID
+	req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rp)
 }

@@ -123,10 +123,19 @@ type Suite struct {
 // (testenv.RealKafka).
 func New(t *testing.T, name string) *Suite {
 	t.Helper()
+	return NewWith(t, name, testenv.TopicsOpts{})
+}
+
+// NewWith is New with the topics shaped by o (its Partitions is always
+// Partitions): a test that chooses broker times takes CreateTime
+// (EventsTimestamp), which usage.events and usage.entitlements then have.
+func NewWith(t *testing.T, name string, o testenv.TopicsOpts) *Suite {
+	t.Helper()
 	brokers := testenv.RealKafka(t)
 	s := &Suite{T: t, Brokers: brokers, Dir: t.TempDir()}
 	s.Children = NewChildren(t, "meterline-"+name+"-logs")
-	s.Names = testenv.Topics(t, brokers, name, testenv.TopicsOpts{Partitions: Partitions})
+	o.Partitions = Partitions
+	s.Names = testenv.Topics(t, brokers, name, o)
 	return s
 }
 

@@ -1,4 +1,11 @@
-package entitlements
+// Package entref is the reference model the entitlements package, and the
+// aggregator's tests (internal/testenv/oracle), are checked against: DESIGN
+// §12 written as plainly as possible. It keeps every record ever read and
+// every counter forever, finds what is in effect by scanning all records,
+// and does its arithmetic in big integers. It shares no code with the
+// entitlements package, only the schema types, so that a bug there cannot
+// hide by being copied here. Only tests import it.
+package entref
 
 import (
 	"math"
@@ -8,24 +15,46 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// refModel is the reference the Ledger is tested against: DESIGN §12
-// written as plainly as possible. It keeps every record ever read and
-// every counter forever, finds what is in effect by scanning all records,
-// and does its arithmetic in big integers. It shares no code with the
-// package except the schema types.
-type refModel struct {
+// Model is the reference: the records of an entitlements partition in
+// read order, and what the events decided so far have charged.
+type Model struct {
 	period    func(ms int64) (start, end int64)
-	records   []refRecord // in read order
+	records   []Record // in read order
 	usage     map[refUsage]int64
 	consumed  map[[2]string]int64 // customer, grant
 	overdrawn map[refPeriod]int64
 }
 
-type refRecord struct {
-	key     string // customer, or a reserved key
-	written int64
-	ent     *schemas.Entitlements // customer or default plan; nil: tombstone
-	card    *schemas.RateCard     // rate card; nil: tombstone
+// Record is a valid record of usage.entitlements (the reference never sees
+// one the stage refuses).
+type Record struct {
+	Key     string                // customer, or a reserved key
+	Written int64                 // broker time
+	Ent     *schemas.Entitlements // customer or default plan; nil: tombstone
+	Card    *schemas.RateCard     // rate card; nil: tombstone
+}
+
+// Event is what a decision needs of an event.
+type Event struct {
+	Meter       string
+	Aggregation string // SUM, COUNT, MAX, UNIQUE_COUNT, LATEST
+	Quantity    int64
+	EventTime   int64
+	Arrival     int64
+}
+
+// Outcomes of Decision: Accepted or a reason code of DESIGN §8.
+const (
+	Accepted  = "accepted"
+	OverLimit = schemas.ReasonOverLimit
+	NoCredit  = schemas.ReasonNoCredit
+	Invalid   = schemas.ReasonInvalid
+)
+
+// Draw is what one grant paid for an event, in micro-credits.
+type Draw struct {
+	Grant  string
+	Amount int64
 }
 
 type refUsage struct {
@@ -38,34 +67,38 @@ type refPeriod struct {
 	period   int64
 }
 
-func newRefModel(period func(int64) (int64, int64)) *refModel {
-	return &refModel{period: period, usage: map[refUsage]int64{}, consumed: map[[2]string]int64{},
+// New returns an empty model of billing periods period.
+func New(period func(int64) (int64, int64)) *Model {
+	return &Model{period: period, usage: map[refUsage]int64{}, consumed: map[[2]string]int64{},
 		overdrawn: map[refPeriod]int64{}}
 }
 
-func (m *refModel) add(r refRecord) { m.records = append(m.records, r) }
+// Add reads a record.
+func (m *Model) Add(r Record) { m.records = append(m.records, r) }
 
 // effective is when a record starts to apply: its effective_from, never
 // before its broker time.
-func (r refRecord) effective() int64 {
-	if r.ent != nil && r.ent.EffectiveFrom > r.written {
-		return r.ent.EffectiveFrom
+func (r Record) effective() int64 {
+	if r.Ent != nil && r.Ent.EffectiveFrom > r.Written {
+		return r.Ent.EffectiveFrom
 	}
-	return r.written
+	return r.Written
 }
 
 // entAt: the most recently read record of key whose effective time is at
 // or before arrival. found false: none.
-func (m *refModel) entAt(key string, arrival int64) (e *schemas.Entitlements, found bool) {
+func (m *Model) entAt(key string, arrival int64) (e *schemas.Entitlements, found bool) {
 	for _, r := range m.records {
-		if r.key == key && r.effective() <= arrival {
-			e, found = r.ent, true
+		if r.Key == key && r.effective() <= arrival {
+			e, found = r.Ent, true
 		}
 	}
 	return e, found
 }
 
-func (m *refModel) planAt(customer string, arrival int64) *schemas.Entitlements {
+// PlanAt returns the record in effect for a customer at arrival: its own,
+// else the default plan's, else nil (no plan).
+func (m *Model) PlanAt(customer string, arrival int64) *schemas.Entitlements {
 	if e, _ := m.entAt(customer, arrival); e != nil {
 		return e
 	}
@@ -75,12 +108,12 @@ func (m *refModel) planAt(customer string, arrival int64) *schemas.Entitlements 
 
 // rate: the last card read at or before min(arrival, event time), its
 // version at event time.
-func (m *refModel) rate(arrival, eventTime int64, meter string) (schemas.Rate, bool) {
+func (m *Model) rate(arrival, eventTime int64, meter string) (schemas.Rate, bool) {
 	at := min(arrival, eventTime)
 	var card *schemas.RateCard
 	for _, r := range m.records {
-		if r.key == schemas.RateCardKey && r.written <= at {
-			card = r.card
+		if r.Key == schemas.RateCardKey && r.Written <= at {
+			card = r.Card
 		}
 	}
 	if card == nil {
@@ -109,10 +142,10 @@ func bigOver(x *big.Int) bool { return x.Cmp(maxInt64) > 0 }
 
 func bigSum(a, b int64) *big.Int { return new(big.Int).Add(big.NewInt(a), big.NewInt(b)) }
 
-// refDecision is what the reference decides: the fields of Decision that
-// carry money.
-type refDecision struct {
-	Outcome   Outcome
+// Decision is what the reference decides: the outcome and, when accepted,
+// the fields that carry money.
+type Decision struct {
+	Outcome   string
 	Units     int64
 	Cost      int64
 	Draws     []Draw
@@ -120,8 +153,9 @@ type refDecision struct {
 	OverCap   bool
 }
 
-func (m *refModel) decide(customer string, ev Event) refDecision {
-	plan := m.planAt(customer, ev.Arrival)
+// Decide decides an event of a customer and records its charge.
+func (m *Model) Decide(customer string, ev Event) Decision {
+	plan := m.PlanAt(customer, ev.Arrival)
 	if plan == nil {
 		plan = &schemas.Entitlements{Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 	}
@@ -135,10 +169,10 @@ func (m *refModel) decide(customer string, ev Event) refDecision {
 	start, _ := m.period(ev.EventTime)
 	uk := refUsage{customer, ev.Meter, start}
 	if bigOver(bigSum(m.usage[uk], units)) {
-		return refDecision{Outcome: Invalid}
+		return Decision{Outcome: Invalid}
 	}
-	d := refDecision{Units: units}
-	accept := func() refDecision {
+	d := Decision{Outcome: Accepted, Units: units}
+	accept := func() Decision {
 		m.usage[uk] += d.Units
 		for _, dr := range d.Draws {
 			m.consumed[[2]string{customer, dr.Grant}] += dr.Amount
@@ -153,7 +187,7 @@ func (m *refModel) decide(customer string, ev Event) refDecision {
 	for _, c := range plan.Caps {
 		if c.Meter == ev.Meter && charged && m.usage[uk]+units > c.Limit {
 			if c.OnLimit == schemas.OnLimitReject {
-				return refDecision{Outcome: OverLimit}
+				return Decision{Outcome: OverLimit}
 			}
 			d.OverCap = true
 		}
@@ -167,7 +201,7 @@ func (m *refModel) decide(customer string, ev Event) refDecision {
 	num.Add(num.Mul(num, big.NewInt(2)), big.NewInt(rate.PerUnits))
 	cost := num.Quo(num, big.NewInt(2*rate.PerUnits))
 	if bigOver(cost) {
-		return refDecision{Outcome: Invalid}
+		return Decision{Outcome: Invalid}
 	}
 	d.Cost = cost.Int64()
 	var grants []schemas.Grant
@@ -207,20 +241,20 @@ func (m *refModel) decide(customer string, ev Event) refDecision {
 		od := m.overdrawn[refPeriod{customer, start}]
 		switch {
 		case plan.Overdraft.Policy == schemas.OverdraftDeny:
-			return refDecision{Outcome: NoCredit}
+			return Decision{Outcome: NoCredit}
 		case plan.Overdraft.Limit > 0 && bigSum(od, need).Cmp(big.NewInt(plan.Overdraft.Limit)) > 0:
-			return refDecision{Outcome: NoCredit}
+			return Decision{Outcome: NoCredit}
 		case bigOver(bigSum(od, need)):
-			return refDecision{Outcome: Invalid}
+			return Decision{Outcome: Invalid}
 		}
 		d.Overdraft = need
 	}
 	return accept()
 }
 
-// balance is the reference's schemas.Balance of a customer as of at.
-func (m *refModel) balance(customer string, at, revision int64) *schemas.Balance {
-	plan := m.planAt(customer, at)
+// Balance is the reference's schemas.Balance of a customer as of at.
+func (m *Model) Balance(customer string, at, revision int64) *schemas.Balance {
+	plan := m.PlanAt(customer, at)
 	if plan == nil {
 		plan = &schemas.Entitlements{Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 	}

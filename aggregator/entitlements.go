@@ -1,0 +1,541 @@
+package aggregator
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/schemas"
+)
+
+// Entitlements (DESIGN §12), when Config.Entitlements is on: the partition
+// of usage.entitlements with the number of its usage.deduped partition is
+// consumed in the same transactions (stream.Config.CopartitionedTopics);
+// its records feed the entitlements Ledger, kept in this partition's state
+// under pfxLedger; every event is decided by the Ledger before it is
+// aggregated, and a rejected one (over_limit, no_credit) goes to
+// usage.rejected and into no aggregate.
+//
+// The gate. An event is decided by the entitlements in effect at its
+// arrival, so only once the entitlements partition has been read up to a
+// broker time at or after that arrival (Ledger.ReadTo): until then a
+// record of usage.deduped waits in the gate, a queue in the state ('q'
+// keys, in input order). Records leave the gate in input order only: a
+// record behind one that waits waits too, whatever its own time, so that
+// events are decided, and watermarks move, in the same order whether the
+// stage is caught up or hours behind. A watermark record waits for its
+// watermark, an event for its ingest_time; a record that decodes as
+// neither waits for nothing (but keeps its place). The stage appends a
+// tick to each entitlements partition it owns every EntitlementsTick, so
+// that the partition's read time keeps up with arrivals.
+//
+// State keys, besides the aggregator's (state.go):
+//
+//	'e' …        the Ledger's keys (entitlements.Ledger, prefix "e")
+//	'q' seq      a record of usage.deduped waiting in the gate (gateRecord)
+//	'Q'          the seq of the next record to enter the gate
+//	'B'          the revision of the last balance emitted by the partition
+//	'R'          the period roll (rollState): the current period of the
+//	             watermark, and the chunked work of the last period start
+const (
+	pfxGate   = 'q'
+	pfxLedger = 'e'
+)
+
+var (
+	keyGateNext   = []byte("Q")
+	keyBalanceRev = []byte("B")
+	keyRoll       = []byte("R")
+)
+
+// gateTimeOf returns the broker time a record of usage.deduped waits for
+// in the gate: an event's ingest_time, a watermark's watermark, 0 for
+// anything else (it is rejected or ignored when it leaves the gate).
+func gateTimeOf(v []byte, scratch *schemas.DedupedEvent) int64 {
+	*scratch = schemas.DedupedEvent{}
+	if schemas.DecodeInto(v, scratch) == nil {
+		return scratch.IngestTime
+	}
+	if m, err := schemas.Decode(v); err == nil {
+		switch m := m.(type) {
+		case *schemas.Watermark:
+			return m.Watermark
+		case *schemas.DedupedEvent:
+			return m.IngestTime
+		}
+	}
+	return 0
+}
+
+// encodeGateRecord keeps what the aggregator reads of a record: its
+// offset and timestamp (for usage.rejected), key and value.
+func encodeGateRecord(r *kgo.Record) []byte {
+	b := make([]byte, 0, 24+len(r.Key)+len(r.Value))
+	b = binary.AppendUvarint(b, uint64(r.Offset))
+	b = binary.AppendVarint(b, r.Timestamp.UnixMilli())
+	b = binary.AppendUvarint(b, uint64(len(r.Key)))
+	b = append(b, r.Key...)
+	if r.Value == nil {
+		return append(b, 0)
+	}
+	return append(append(b, 1), r.Value...)
+}
+
+func decodeGateRecord(b []byte, topic string, p int32) (*kgo.Record, error) {
+	bad := fmt.Errorf("aggregator: partition %d: corrupt gate record", p)
+	off, n := binary.Uvarint(b)
+	if n <= 0 {
+		return nil, bad
+	}
+	b = b[n:]
+	ts, n := binary.Varint(b)
+	if n <= 0 {
+		return nil, bad
+	}
+	b = b[n:]
+	kl, n := binary.Uvarint(b)
+	if n <= 0 || uint64(len(b)-n) < kl+1 {
+		return nil, bad
+	}
+	b = b[n:]
+	r := &kgo.Record{Topic: topic, Partition: p, Offset: int64(off), Timestamp: time.UnixMilli(ts)}
+	if kl > 0 {
+		r.Key = bytes.Clone(b[:kl])
+	}
+	b = b[kl:]
+	if b[0] == 1 {
+		r.Value = bytes.Clone(b[1:])
+	}
+	return r, nil
+}
+
+// entPart is a partition's in-memory view of its entitlements state, as
+// the committed state and the open transaction have it (reloaded by load
+// after an abort).
+type entPart struct {
+	readTo   int64  // Ledger.ReadTo
+	gateN    int    // records in the gate
+	gateNext uint64 // seq of the next record to enter it
+	// more: the last drain stopped at its chunk with ready records left;
+	// Work drains on.
+	more bool
+	roll rollState
+	// changed holds the customers the open transaction decided an event
+	// of, or applied a record of, with the latest arrival (or broker
+	// time) involved: Flush emits each one's balance once.
+	changed map[string]int64
+	// The metrics of the open transaction's decisions (pending), and of
+	// the transaction that flushed last (flushed): counted once the next
+	// transaction begins without an Abort, so that a re-decided event is
+	// counted once.
+	pending, flushed entMetrics
+}
+
+type entMetrics struct {
+	decisions map[[2]string]float64 // outcome, plan
+	credits   map[string]float64    // plan
+}
+
+func (m *entMetrics) add(outcome, plan string, cost int64) {
+	if m.decisions == nil {
+		m.decisions, m.credits = map[[2]string]float64{}, map[string]float64{}
+	}
+	m.decisions[[2]string{outcome, plan}]++
+	if cost > 0 {
+		m.credits[plan] += float64(cost)
+	}
+}
+
+func (m *entMetrics) clear() { m.decisions, m.credits = nil, nil }
+
+// publishEnt counts the decisions of the last flushed transaction, which
+// committed: no Abort came since.
+func (pt *partition) publishEnt() {
+	e := pt.ent
+	if e == nil || e.flushed.decisions == nil {
+		return
+	}
+	for k, v := range e.flushed.decisions {
+		pt.pr.m.decisions.WithLabelValues(k[0], k[1]).Add(v)
+	}
+	for k, v := range e.flushed.credits {
+		pt.pr.m.credits.WithLabelValues(k).Add(v)
+	}
+	e.flushed.clear()
+}
+
+// rollState is the work of a period start: the balance of every customer
+// with usage in the previous period goes out (its usage in the new one is
+// 0), then the usage of periods no event can reach any more is deleted,
+// each in chunks of Config.FinalChunk (DESIGN §6 invariant 9).
+type rollState struct {
+	cur    int64  // start of the watermark's period; 0: no watermark yet
+	prev   int64  // start of the period that ended
+	phase  byte   // rollIdle, rollBalances, rollPrune
+	cursor string // balances: the last customer emitted
+}
+
+const (
+	rollIdle byte = iota
+	rollBalances
+	rollPrune
+)
+
+func (r *rollState) encode() []byte {
+	b := binary.BigEndian.AppendUint64(nil, uint64(r.cur))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.prev))
+	b = append(b, r.phase)
+	return append(b, r.cursor...)
+}
+
+func decodeRoll(v []byte) (rollState, error) {
+	if len(v) < 17 || v[16] > rollPrune {
+		return rollState{}, errors.New("aggregator: corrupt period roll state")
+	}
+	return rollState{cur: int64(binary.BigEndian.Uint64(v)), prev: int64(binary.BigEndian.Uint64(v[8:])), phase: v[16],
+		cursor: string(v[17:])}, nil
+}
+
+// loadEnt reads the entitlements view from the state.
+func (pt *partition) loadEnt(st stateReader) error {
+	e := &entPart{changed: map[string]int64{}}
+	pt.ent = e
+	v, ok, err := st.Get(keyGateNext)
+	if err != nil {
+		return err
+	}
+	if ok && len(v) == 8 {
+		e.gateNext = binary.BigEndian.Uint64(v)
+	}
+	if err := st.Scan([]byte{pfxGate}, []byte{pfxGate + 1}, func(_, _ []byte) error { e.gateN++; return nil }); err != nil {
+		return err
+	}
+	if e.readTo, err = pt.pr.ledger.ReadTo(ledgerReader{st}); err != nil {
+		return err
+	}
+	if v, ok, err = st.Get(keyRoll); err != nil {
+		return err
+	} else if ok {
+		if e.roll, err = decodeRoll(v); err != nil {
+			return fmt.Errorf("%w (partition %d)", err, pt.p)
+		}
+	}
+	e.more = e.gateN > 0
+	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
+	return nil
+}
+
+// ledgerReader lets the Ledger read restored state (Open) through a
+// stateReader; it never writes there.
+type ledgerReader struct{ stateReader }
+
+func (ledgerReader) Put(_, _ []byte) {}
+func (ledgerReader) Delete(_ []byte) {}
+
+// gateIn puts r in the gate when it must wait: the gate is not empty, or
+// r's time is past what the entitlements partition has been read up to.
+// It reports whether it did.
+func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
+	e := pt.ent
+	if e.gateN == 0 && gateTimeOf(r.Value, &pt.ev) <= e.readTo {
+		return false
+	}
+	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
+	tx.Put(k, encodeGateRecord(r))
+	e.gateNext++
+	e.gateN++
+	tx.Put(keyGateNext, binary.BigEndian.AppendUint64(nil, e.gateNext))
+	return true
+}
+
+// drain lets the records at the head of the gate through, in order, while
+// their time is at or before Ledger.ReadTo, at most Config.FinalChunk of
+// them (the rest go in Work's transactions).
+func (pt *partition) drain(tx *stream.Tx) error {
+	e := pt.ent
+	if e.gateN == 0 {
+		e.more = false
+		return nil
+	}
+	kvs, err := scanChunk(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, pt.pr.cfg.FinalChunk)
+	if err != nil {
+		return err
+	}
+	topic := pt.pr.cfg.Topics.DedupedTopic()
+	done := 0
+	for _, kv := range kvs {
+		r, err := decodeGateRecord(kv.v, topic, pt.p)
+		if err != nil {
+			return err
+		}
+		if gateTimeOf(r.Value, &pt.ev) > e.readTo {
+			break
+		}
+		tx.Delete(kv.k)
+		e.gateN--
+		done++
+		if err := pt.handle(tx, r); err != nil {
+			return err
+		}
+	}
+	e.more = done == len(kvs) && done == pt.pr.cfg.FinalChunk && e.gateN > 0
+	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
+	return nil
+}
+
+// entRecords handles records of usage.entitlements: each is applied to the
+// Ledger (a tick only moves its read time), or rejected, or re-produced to
+// its canonical partition; then the gate lets through what can now be
+// decided.
+func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
+	l := pt.pr.ledger
+	for _, r := range recs {
+		written := r.Timestamp.UnixMilli()
+		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
+		switch {
+		case err != nil:
+			pt.pr.m.entRecords.WithLabelValues("rejected").Inc()
+			if err := pt.reject(tx, r, nil, entitlements.Reason(err), err.Error()); err != nil {
+				return err
+			}
+		case rec.Key.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p:
+			// DESIGN §12: a client with another partitioner. It is
+			// re-produced now, and the canonical partition's owner
+			// applies it from its new broker time (an effective_from
+			// before that is raised to it): events decided there
+			// before it was read are never reconsidered. How soon
+			// depends on how far behind this partition is read.
+			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
+			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: pt.pr.now()})
+			pt.pr.m.entRecords.WithLabelValues("rerouted").Inc()
+			pt.pr.log.Info("entitlements record re-produced to its canonical partition", zap.Int32("partition", pt.p),
+				zap.Int32("canonical_partition", canon), zap.Int64("offset", r.Offset))
+		case rec.IsTick():
+			pt.pr.m.entRecords.WithLabelValues("tick").Inc()
+		default:
+			if err := l.Apply(tx, rec); err != nil {
+				if !errors.Is(err, entitlements.ErrInvalid) {
+					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
+				}
+				pt.pr.m.entRecords.WithLabelValues("rejected").Inc()
+				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, err.Error()); err != nil {
+					return err
+				}
+				break
+			}
+			pt.pr.m.entRecords.WithLabelValues("applied").Inc()
+			if rec.Key.Reserved == "" {
+				pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
+				if err := l.PruneCustomer(tx, rec.Key.Customer, pt.pruneHorizon()); err != nil {
+					return err
+				}
+			} else if err := l.PruneShared(tx, pt.pruneHorizon()); err != nil {
+				return err
+			}
+		}
+		if err := l.Advance(tx, written); err != nil {
+			return err
+		}
+	}
+	rt, err := l.ReadTo(tx)
+	if err != nil {
+		return err
+	}
+	pt.ent.readTo = rt
+	return pt.drain(tx)
+}
+
+// pruneHorizon is the earliest arrival a future event of the partition can
+// have: a re-routed event keeps an arrival up to W before its broker time
+// (DESIGN §2), which is after the watermark its source had then.
+func (pt *partition) pruneHorizon() int64 {
+	return pt.wm - pt.pr.cfg.Window.Milliseconds()
+}
+
+// decideEvent decides an event's entitlements (DESIGN §12) and records its
+// charge; it reports whether the event goes on to be counted. A rejected
+// event goes to usage.rejected and changes nothing else.
+func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (bool, error) {
+	l := pt.pr.ledger
+	d, err := l.Decide(tx, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime})
+	if err != nil {
+		return false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
+	}
+	label := pt.pr.plans.label(d.Plan)
+	cost := d.Cost
+	if d.Outcome != entitlements.Accepted {
+		cost = 0
+	}
+	pt.ent.pending.add(d.Outcome.String(), label, cost)
+	// Guarantee: the decision and its charge are in the open transaction
+	// only; a crash here aborts both, and the event is decided again from
+	// the committed balance.
+	fault.Hit(fault.ChargeDecided)
+	if d.Outcome != entitlements.Accepted {
+		return false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
+	}
+	if d.Misconfigured != "" {
+		pt.pr.log.Warn("entitlements misconfigured for a meter", zap.String("meter", e.Meter), zap.String("detail", d.Misconfigured))
+	}
+	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
+	return true, nil
+}
+
+// entWatermark starts the work of a period start when the watermark
+// entered a new period.
+func (pt *partition) entWatermark(tx *stream.Tx) {
+	e := pt.ent
+	start, _ := pt.bounds(pt.wm)
+	if start <= e.roll.cur {
+		return
+	}
+	prev := e.roll.cur
+	e.roll = rollState{cur: start, prev: prev, phase: rollBalances}
+	if prev == 0 {
+		e.roll.phase = rollPrune
+	}
+	tx.Put(keyRoll, e.roll.encode())
+}
+
+// entHasWork reports whether the entitlements have chunked work: records
+// of the gate that can go through, or a period start's.
+func (pt *partition) entHasWork() bool {
+	return pt.ent != nil && (pt.ent.more || pt.ent.roll.phase != rollIdle)
+}
+
+// entWork does one chunk of that work in tx.
+func (pt *partition) entWork(tx *stream.Tx) error {
+	e := pt.ent
+	if e.more {
+		return pt.drain(tx)
+	}
+	n := pt.pr.cfg.FinalChunk
+	work := "prune"
+	switch e.roll.phase {
+	case rollBalances:
+		work = "balances"
+		cs, more, err := pt.pr.ledger.CustomersWithUsage(tx, e.roll.prev, e.roll.cursor, n)
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			e.changed[c] = max(e.changed[c], pt.wm)
+		}
+		if more && len(cs) > 0 {
+			e.roll.cursor = cs[len(cs)-1]
+		} else {
+			e.roll.phase, e.roll.cursor = rollPrune, ""
+		}
+	case rollPrune:
+		more, err := pt.pr.ledger.PrunePeriods(tx, pt.pruneHorizon(), n)
+		if err != nil {
+			return err
+		}
+		if !more {
+			e.roll.phase = rollIdle
+		}
+		if err := pt.pr.ledger.PruneShared(tx, pt.pruneHorizon()); err != nil {
+			return err
+		}
+	}
+	tx.Put(keyRoll, e.roll.encode())
+	pt.pr.m.chunks.WithLabelValues(work).Inc()
+	return nil
+}
+
+// flushBalances emits the balance of each customer the transaction
+// changed, once (DESIGN §12), as of the later of the watermark and the
+// latest time involved.
+func (pt *partition) flushBalances(tx *stream.Tx) error {
+	e := pt.ent
+	e.flushed, e.pending = e.pending, entMetrics{}
+	if len(e.changed) == 0 {
+		return nil
+	}
+	v, ok, err := tx.Get(keyBalanceRev)
+	if err != nil {
+		return err
+	}
+	var rev int64
+	if ok && len(v) == 8 {
+		rev = int64(binary.BigEndian.Uint64(v))
+	}
+	topic := pt.pr.cfg.Topics.BalancesTopic()
+	for _, c := range slices.Sorted(maps.Keys(e.changed)) {
+		rev++
+		b, err := pt.pr.ledger.Balance(tx, c, max(pt.wm, e.changed[c]), rev)
+		if err != nil {
+			return fmt.Errorf("aggregator: partition %d: balance of %s: %w", pt.p, c, err)
+		}
+		val, err := encode(b)
+		if err != nil {
+			return fmt.Errorf("aggregator: partition %d: encode the balance of %s: %w", pt.p, c, err)
+		}
+		key := schemas.CustomerKey(c)
+		tx.Emit(&kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val})
+	}
+	tx.Put(keyBalanceRev, binary.BigEndian.AppendUint64(nil, uint64(rev)))
+	pt.pr.m.balances.Add(float64(len(e.changed)))
+	clear(e.changed)
+	return nil
+}
+
+// punctuateEnt appends a tick to the partition's entitlements partition:
+// once read back, its broker time lets the gate through every record that
+// arrived before it.
+func (pt *partition) punctuateEnt(tx *stream.Tx) error {
+	v, err := encode(&schemas.Tick{InstanceID: pt.pr.cfg.Stream.InstanceID})
+	if err != nil {
+		return fmt.Errorf("aggregator: encode tick: %w", err)
+	}
+	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.EntitlementsTopic(), Partition: pt.p, Key: []byte(schemas.TickKey), Value: v,
+		Timestamp: pt.pr.now()})
+	return nil
+}
+
+// maxPlanLabels bounds the plan label of the entitlements metrics: plans
+// come from the billing system, not from producers, but a runaway script
+// must not make the metrics unbounded.
+const maxPlanLabels = 64
+
+// planLabels hands out the plan label of the metrics: the plan's name for
+// the first maxPlanLabels names seen, "other" after; "none" for no plan
+// and "unnamed" for a plan without a name.
+type planLabels struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (p *planLabels) label(plan *entitlements.Plan) string {
+	switch {
+	case plan == nil:
+		return "none"
+	case plan.Name == "":
+		return "unnamed"
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seen == nil {
+		p.seen = map[string]bool{}
+	}
+	if p.seen[plan.Name] {
+		return plan.Name
+	}
+	if len(p.seen) >= maxPlanLabels {
+		return "other"
+	}
+	p.seen[plan.Name] = true
+	return plan.Name
+}

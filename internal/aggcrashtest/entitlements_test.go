@@ -1,0 +1,386 @@
+package aggcrashtest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/entitlements/entref"
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/testenv/crash"
+	"github.com/meterline/meterline/internal/testenv/oracle"
+	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/schemas"
+)
+
+// entSuite is a suite whose aggregator decides entitlements: the test
+// writes usage.entitlements (CreateTime, so that it chooses every broker
+// time) and appends the ticks itself, each partition's times
+// non-decreasing as a broker's would be, and the model decides every event
+// with the entitlements package's reference model (oracle.Entitlements).
+type entSuite struct {
+	*suite
+	ent    oracle.Entitlements
+	ticked int64 // the last tick's time
+}
+
+func newEntSuite(t *testing.T) *entSuite {
+	s := newSuiteWith(t, testenv.TopicsOpts{EventsTimestamp: "CreateTime"})
+	return &entSuite{suite: s, ent: oracle.Entitlements{Partitions: partitions}}
+}
+
+// entArgs are the aggregator's flags: entitlements on, no ticks of its
+// own (the test's carry the stream's broker times).
+var entArgs = []string{"--entitlements", "--entitlements-tick=-1ms"}
+
+// write produces records to usage.entitlements at broker time at: a
+// customer's to its partition, a reserved key's to every partition.
+func (s *entSuite) write(at int64, key string, m schemas.Message) {
+	s.t.Helper()
+	var recs []*kgo.Record
+	ps := []int32{schemas.Partition([]byte(key), partitions)}
+	if key[0] == '!' {
+		ps = []int32{0, 1, 2, 3}[:partitions]
+	}
+	var v []byte
+	if m != nil {
+		v = schemas.MustEncode(m)
+	}
+	for _, p := range ps {
+		recs = append(recs, &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: p, Key: []byte(key), Value: v,
+			Timestamp: time.UnixMilli(at)})
+		r := entref.Record{Key: key, Written: at}
+		switch m := m.(type) {
+		case *schemas.Entitlements:
+			r.Ent = m
+		case *schemas.RateCard:
+			r.Card = m
+		}
+		if key[0] != '!' {
+			c, _ := schemas.ParseCustomerKey([]byte(key))
+			r.Key = c
+		}
+		s.ent.Records = append(s.ent.Records, oracle.EntRecord{Partition: p, Record: r})
+	}
+	s.produceSync(recs...)
+}
+
+// tick appends a tick at broker time at to every entitlements partition.
+func (s *entSuite) tick(at int64) {
+	s.t.Helper()
+	if at <= s.ticked {
+		return
+	}
+	s.ticked = at
+	v := schemas.MustEncode(&schemas.Tick{InstanceID: "test"})
+	var recs []*kgo.Record
+	for p := int32(0); p < partitions; p++ {
+		recs = append(recs, &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: p, Key: []byte(schemas.TickKey),
+			Value: v, Timestamp: time.UnixMilli(at)})
+	}
+	s.produceSync(recs...)
+}
+
+func (s *entSuite) produceSync(recs ...*kgo.Record) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// entChange is an entitlements record of the schedule, written at At.
+type entChange struct {
+	At  int64
+	Key string
+	Msg schemas.Message // nil: a tombstone
+}
+
+// entSchedule is the entitlements of the stream that genStream makes with
+// seed (its broker times start at start): capped customers (a SUM and a
+// COUNT cap, one raised mid-stream), customers on credits (grants of two
+// priorities, one expiring mid-stream; overdraft denied, or allowed up to
+// a limit), an unmetered one, a default plan for the rest, and a rate card
+// whose rates change on the second day.
+func entSchedule(start int64) []entChange {
+	key := func(c string) string { return string(schemas.CustomerKey(c)) }
+	deny := schemas.Overdraft{Policy: schemas.OverdraftDeny}
+	capped := func(c string, s int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: c, Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "s", Limit: s, OnLimit: schemas.OnLimitReject}, {Meter: "c", Limit: 2, OnLimit: schemas.OnLimitReject}}}
+	}
+	credits := func(c string, od schemas.Overdraft) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: c, Plan: "prepaid", Overdraft: od, Grants: []schemas.Grant{
+			{ID: "welcome", Amount: 1_000, Priority: 0, ExpiresAt: start + dayMs + 6*hourMs},
+			{ID: "topup", Amount: 1_500, Priority: 1}}}
+	}
+	return []entChange{
+		{start - hourMs, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+			{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "s", MicroCredits: 10, PerUnits: 1}, {Meter: "c", MicroCredits: 150, PerUnits: 1}}},
+			{EffectiveFrom: start + dayMs, Rates: []schemas.Rate{{Meter: "s", MicroCredits: 25, PerUnits: 2}, {Meter: "c", MicroCredits: 150, PerUnits: 1}}}}}},
+		{start - hourMs, schemas.DefaultPlanKey, &schemas.Entitlements{Plan: "default", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "c", Limit: 3, OnLimit: schemas.OnLimitReject}, {Meter: "s", Limit: 100, OnLimit: schemas.OnLimitAllow}}}},
+		{start - hourMs, key("cust-00"), capped("cust-00", 80)},
+		{start - hourMs, key("cust-01"), capped("cust-01", 120)},
+		{start - hourMs, key("cust-02"), credits("cust-02", deny)},
+		{start - hourMs, key("cust-03"), credits("cust-03", schemas.Overdraft{Policy: schemas.OverdraftAllow, Limit: 500})},
+		{start - hourMs, key("cust-04"), &schemas.Entitlements{CustomerID: "cust-04", Plan: "internal", Unmetered: true,
+			Overdraft: deny, Caps: []schemas.Cap{{Meter: "s", Limit: 1, OnLimit: schemas.OnLimitReject}}}},
+		// Mid-stream: cust-00's cap raised; cust-02 gets a top-up.
+		{start + dayMs + 3*hourMs, key("cust-00"), capped("cust-00", 200)},
+		{start + 2*dayMs, key("cust-02"), func() *schemas.Entitlements {
+			e := credits("cust-02", deny)
+			e.Grants = append(e.Grants, schemas.Grant{ID: "more", Amount: 2_000, Priority: 2, EffectiveFrom: start + dayMs})
+			return e
+		}()},
+		// cust-05's record is deleted: the default plan applies again.
+		{start - hourMs, key("cust-05"), capped("cust-05", 100)},
+		{start + dayMs + 12*hourMs, key("cust-05"), nil},
+	}
+}
+
+// sendEnt sends a batch of steps with the schedule's records up to its
+// last time first, and a tick at that time after it.
+func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
+	s.t.Helper()
+	var last int64
+	for _, st := range steps {
+		if st.ev != nil {
+			last = max(last, st.ev.Arrival)
+		} else {
+			last = max(last, st.wm.Watermark)
+		}
+	}
+	for len(*sched) > 0 && (*sched)[0].At <= last {
+		c := (*sched)[0]
+		*sched = (*sched)[1:]
+		s.write(max(c.At, s.ticked), c.Key, c.Msg)
+	}
+	s.send(steps)
+	s.tick(last)
+}
+
+func (s *entSuite) checkEnt() oracle.EntReport {
+	s.t.Helper()
+	s.mu.Lock()
+	events := append([]*oracle.Event(nil), s.events...)
+	s.mu.Unlock()
+	return oracle.VerifyEntitlements(s.t, s.Brokers, s.Names, &oracle.Model{Meters: meters, Period: oracle.Day, Grace: graceMs}, &s.ent, events)
+}
+
+// TestEntitlementsCrashWindows is the test to steal from billing
+// post-mortems (issue 14): `meterline aggregate --entitlements` is killed
+// (SIGKILL, via METERLINE_FAULT) after an event's charge is decided and
+// before its transaction commits, and in every other crash window of
+// DESIGN §6, restarted, and then every cap counter and credit balance
+// (the last balance of each customer) equals the reference's, which moved
+// once per accepted event and never for a rejected one; every rejected
+// event is in usage.rejected exactly once with its reason; and the bill of
+// the accepted events is exact (oracle.VerifyEntitlements).
+func TestEntitlementsCrashWindows(t *testing.T) {
+	for _, c := range []struct {
+		point string
+		hit   int
+		extra []string
+	}{
+		// The 40th decision of the armed run.
+		{fault.ChargeDecided, 40, nil},
+		{fault.BeforeCommit, 3, nil},
+		{fault.AfterCommit, 3, nil},
+		{fault.DuringApply, 3, nil},
+		{fault.AfterApply, 3, nil},
+		{fault.FinalDecided, 2, nil},
+		{fault.BetweenChunks, 3, []string{"--final-chunk", "2"}},
+		{fault.DuringRestore, 1, nil},
+	} {
+		t.Run(c.point, func(t *testing.T) {
+			t.Parallel()
+			s := newEntSuite(t)
+			seed := int64(len(c.point)) + 100
+			st := genStream(seed, 3, 8, 12, partitions)
+			start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli() + seed*hourMs // genStream's
+			sched := entSchedule(start)
+			extra := append(append([]string(nil), entArgs...), c.extra...)
+			stateDir := filepath.Join(s.Dir, "state")
+			spec := c.point + "@" + strconv.Itoa(c.hit)
+			a := s.startAgg("a", stateDir, aggOpts{extra: extra})
+			next := 0
+			for ; next < len(st.batches)/3; next++ {
+				s.sendEnt(st.batches[next], &sched)
+			}
+			s.waitCaughtUp(a)
+			a.Stop(t)
+			if c.point == fault.DuringRestore {
+				stateDir = filepath.Join(s.Dir, "state-wiped")
+				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
+				a.ExpectFaultKill(t, c.point, exitTimeout)
+				a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+			} else {
+				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
+			}
+			crashed := c.point == fault.DuringRestore
+			for ; next < len(st.batches); next++ {
+				s.sendEnt(st.batches[next], &sched)
+				time.Sleep(30 * time.Millisecond)
+				if !crashed && a.Exited() {
+					a.ExpectFaultKill(t, c.point, 0)
+					crashed = true
+					a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+				}
+			}
+			if !crashed {
+				if !a.Wait(30 * time.Second) {
+					t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.Name(), spec, a.Tail(30))
+				}
+				a.ExpectFaultKill(t, c.point, 0)
+				a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+			}
+			s.sendEnt(st.final, &sched)
+			s.waitCaughtUp(a)
+			if c.point == fault.AfterCommit || c.point == fault.DuringApply {
+				if n, _ := a.Replayed(); n == 0 {
+					t.Errorf("%s restored no changelog record after a crash at %s", a.Name(), c.point)
+				}
+			}
+			rep := s.checkEnt()
+			if rep.Rejected[schemas.ReasonOverLimit] == 0 || rep.Finals == 0 {
+				t.Fatalf("the stream rejected %v and decided %d FINALs; it must exercise over_limit and FINAL", rep.Rejected, rep.Finals)
+			}
+		})
+	}
+}
+
+// TestEntitlementsCapBoundary: a free tier of 1,000 units a month, 1,200
+// one-unit events of one customer and meter (over two groups) through the
+// real `meterline dedup` and `meterline aggregate --entitlements`, with 5%
+// duplicate copies interleaved and the aggregator killed (SIGKILL from
+// outside) half-way: exactly the first 1,000 in usage.deduped's order are
+// counted, the last 200 are rejected as over_limit once each, no copy is
+// charged, and the customer's last balance says 1,000 of 1,000.
+func TestEntitlementsCapBoundary(t *testing.T) {
+	s := newSuite(t) // LogAppendTime: arrivals are the broker's clock
+	const cust, limit, n = "free-tier", 1000, 1200
+	key := schemas.CustomerKey(cust)
+	rec := &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: schemas.Partition(key, partitions), Key: key,
+		Value: schemas.MustEncode(&schemas.Entitlements{CustomerID: cust, Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "s", Limit: limit, OnLimit: schemas.OnLimitReject}}})}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	d := s.Stage("dedup", "d", filepath.Join(s.Dir, "dedup-state"), crash.StageOpts{})
+	aggState := filepath.Join(s.Dir, "agg-state")
+	a := s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
+	p, err := producer.New(producer.WithBrokers(s.Brokers...), producer.WithTopic(s.Names.EventsTopic()), producer.WithLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	now := time.Now().UTC()
+	ev := func(i int) producer.Event {
+		return producer.Event{EventID: fmt.Sprintf("cap-%04d", i), CustomerID: cust, Meter: "s", Quantity: 1,
+			EventTime: now.Add(-time.Duration(i) * time.Millisecond), Properties: map[string]string{"region": []string{"eu", "us"}[i%2]}}
+	}
+	copies := 0
+	for i := 0; i < n; i++ {
+		if err := p.Send(ctx, ev(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%20 == 19 { // 5%: a copy of an earlier event
+			if err := p.Send(ctx, ev(i-7)); err != nil {
+				t.Fatal(err)
+			}
+			copies++
+		}
+		if i == n/2 {
+			a.Kill(t)
+			a = s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
+		}
+	}
+	s.WaitCaughtUp(s.Group("dedup"), s.Names.EventsTopic(), d)
+	s.waitCaughtUp(a)
+	// The order that decides: usage.deduped's.
+	var order []string
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.DedupedTopic()) {
+		var e schemas.DedupedEvent
+		if schemas.DecodeInto(r.Value, &e) == nil {
+			order = append(order, e.EventID)
+		}
+	}
+	if len(order) != n {
+		t.Fatalf("usage.deduped holds %d events, want %d (dedup dropped %d copies)", len(order), n, copies)
+	}
+	wantRejected := map[string]bool{}
+	for _, id := range order[limit:] {
+		wantRejected[id] = true
+	}
+	deadline := time.Now().Add(time.Minute)
+	var rejected []*schemas.Rejected
+	var total int64
+	for {
+		rejected = rejected[:0]
+		for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.RejectedTopic()) {
+			var rj schemas.Rejected
+			if err := schemas.DecodeInto(r.Value, &rj); err != nil {
+				t.Fatal(err)
+			}
+			rejected = append(rejected, &rj)
+		}
+		latest := map[string]*schemas.Aggregate{}
+		for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.AggregatesTopic()) {
+			var ag schemas.Aggregate
+			if err := schemas.DecodeInto(r.Value, &ag); err != nil {
+				t.Fatal(err)
+			}
+			k := fmt.Sprint(ag.Group)
+			if cur := latest[k]; cur == nil || ag.Revision > cur.Revision {
+				latest[k] = &ag
+			}
+		}
+		total = 0
+		for _, ag := range latest {
+			total += ag.Value
+		}
+		if len(rejected) >= n-limit && total >= limit || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if total != limit {
+		t.Errorf("the customer's aggregates add up to %d, want %d", total, limit)
+	}
+	seen := map[string]int{}
+	for _, rj := range rejected {
+		seen[rj.EventID]++
+		if rj.Reason != schemas.ReasonOverLimit || rj.Stage != "aggregator" || !wantRejected[rj.EventID] {
+			t.Errorf("rejected %s as %s by %s; want over_limit by aggregator for the last %d events only", rj.EventID, rj.Reason, rj.Stage, n-limit)
+		}
+	}
+	for id := range wantRejected {
+		if seen[id] != 1 {
+			t.Errorf("event %s rejected %d times, want once", id, seen[id])
+		}
+	}
+	var last *schemas.Balance
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.BalancesTopic()) {
+		var b schemas.Balance
+		if err := schemas.DecodeInto(r.Value, &b); err != nil {
+			t.Fatal(err)
+		}
+		if last == nil || b.Revision > last.Revision {
+			last = &b
+		}
+	}
+	if last == nil || len(last.Meters) != 1 || last.Meters[0].Usage != limit || last.Meters[0].Limit != limit {
+		t.Errorf("last balance %+v, want usage %d of %d", last, limit, limit)
+	}
+	t.Logf("%d events and %d copies: %d counted, %d rejected over_limit, across a SIGKILL of the aggregator", n, copies, total, len(rejected))
+}
