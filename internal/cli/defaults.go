@@ -28,6 +28,7 @@ func defaultVars() kong.Vars {
 
 		"stream_commit_interval":   flagDuration(stream.DefaultCommitInterval),
 		"stream_max_batch_records": strconv.Itoa(stream.DefaultMaxBatchRecords),
+		"stream_standby_replicas":  strconv.Itoa(stream.DefaultStandbyReplicas),
 
 		"dedup_group":         dedup.DefaultGroup,
 		"dedup_window":        flagDuration(dedup.DefaultWindow),
