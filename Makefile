@@ -12,7 +12,7 @@ KEEP_SERVICES   ?=
 
 export KAFKA_PORT CLICKHOUSE_PORT
 
-.PHONY: all build test test-short docs-check chaos vet fuzz services-start services-stop clean
+.PHONY: all build test test-short docs-check chaos bench-failover vet fuzz services-start services-stop clean
 
 all: build
 
@@ -43,6 +43,13 @@ docs-check:
 # runs the short version.
 chaos:
 	@PACKAGES=./internal/clustertest METERLINE_TEST_CHAOS=long TEST_TIMEOUT=60m bash scripts/test.sh
+
+# The failover benchmark (docs/benchmarks.md): a dedup partition of
+# FAILOVER_KEYS keys (each count in turn), its owner killed with SIGKILL,
+# with and without a standby replica; the table goes to the test log.
+FAILOVER_KEYS ?= 5000000,20000000
+bench-failover:
+	@PACKAGES=./internal/standbytest METERLINE_FAILOVER_BENCH=$(FAILOVER_KEYS) TEST_TIMEOUT=60m bash scripts/test.sh
 
 fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s

@@ -103,10 +103,24 @@ func TestFinalAfterAbortedTransaction(t *testing.T) {
 		t.Fatalf("instance a had no transaction aborted by the rebalance (%v); the test did not exercise the abort", n)
 	}
 
-	finals := map[string]int{}
-	for _, r := range readAggregates(t, h) {
-		if r.Status == schemas.StatusFinal {
-			finals[r.CustomerID]++
+	// The FINAL revisions go out in chunks after the input (Worker), in
+	// transactions of their own: caught up on the input does not mean
+	// they are committed yet (after an eager rebalance the partition is
+	// restored first).
+	var finals map[string]int
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		finals = map[string]int{}
+		for _, r := range readAggregates(t, h) {
+			if r.Status == schemas.StatusFinal {
+				finals[r.CustomerID]++
+			}
+		}
+		all := true
+		for _, c := range custs {
+			all = all && finals[c] > 0
+		}
+		if all || time.Now().After(deadline) {
+			break
 		}
 	}
 	for _, c := range custs {

@@ -235,6 +235,9 @@ func (s *Stage) Ready() error { return s.rt.Ready() }
 // it (service.Stage).
 func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt) }
 
+// The runtime reports its standby replicas to the status page.
+var _ service.StandbyStage = (*stream.Runtime)(nil)
+
 // CrashAt makes the stage crash in-process at a fault point
 // (stream.Runtime.CrashAt; the demo's crash).
 func (s *Stage) CrashAt(point string) { s.rt.CrashAt(point) }

@@ -79,7 +79,7 @@ func TestPayloadHashStable(t *testing.T) {
 // fills one filter, not a chain (one cache miss per link on every lookup
 // that finds nothing), and keeps the false-positive rate.
 func TestBloomSizedFromPreviousBucket(t *testing.T) {
-	pt := &partition{blooms: map[uint32]*bloom{}, keys: map[uint32]int{}}
+	pt := &partition{filters: newFilters()}
 	const n = 5 * bloomFirstCap
 	for b := uint32(10); b <= 11; b++ {
 		for i := 0; i < n; i++ {

@@ -121,11 +121,11 @@ type partition struct {
 	// the watermark; at most one tick per WatermarkEvery forwards.
 	lastForward int64
 	tickHeaders []kgo.RecordHeader // the signature of this partition's ticks
-	blooms      map[uint32]*bloom
-	keys        map[uint32]int
-	buckets     []uint32 // live buckets, descending
-	expired     int64    // every bucket below this has been dropped; -1: none
-	dropTo      int64    // drop buckets below this in the next transaction
+	// filters: the Bloom filter and key count of each live bucket (a
+	// promoted standby's, kept warm, or built from the state in Open).
+	filters
+	expired int64 // every bucket below this has been dropped; -1: none
+	dropTo  int64 // drop buckets below this in the next transaction
 
 	// Per-record scratch, reused: Process runs one record at a time.
 	ev    schemas.UsageEvent
@@ -191,7 +191,7 @@ func (pt *partition) alloc(n int) []byte {
 // Open rebuilds the in-memory filters from the restored state, checks the
 // partition count and finds the upgrade offset.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
-	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), blooms: map[uint32]*bloom{}, keys: map[uint32]int{},
+	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), filters: newFilters(),
 		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{},
 		tickHeaders: pr.keys.tickHeaders(pr.eventsTopic, p, pr.tickValue)}
 	pr.owners.Own(p, part)
@@ -239,16 +239,11 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		pr.log.Info("first run with signed headers: unsigned re-route headers are honoured only below the upgrade offset",
 			zap.Int32("partition", p), zap.Int64("upgrade_offset", part.upgrade))
 	}
-	err = st.Scan([]byte{prefixIdentity}, []byte{prefixIdentity + 1}, func(k, _ []byte) error {
-		if len(k) != identityKeyLen {
-			return fmt.Errorf("dedup: partition %d: corrupt identity key of %d bytes", p, len(k))
-		}
-		b := binary.BigEndian.Uint32(k[1:5])
-		part.bloomFor(b).add(k[5:])
-		part.keys[b]++
-		return nil
-	})
-	if err != nil {
+	if w, ok := st.Warm().(*filters); ok {
+		// A promoted standby's filters, in step with the state: no scan
+		// of every key (DESIGN §10).
+		part.filters = *w
+	} else if err := part.filters.load(p, st); err != nil {
 		return nil, err
 	}
 	// State replayed from the changelog may hold buckets that had expired;
@@ -298,18 +293,18 @@ func readWatermark(get func([]byte) ([]byte, bool, error)) (int64, error) {
 	return int64(binary.BigEndian.Uint64(v)), nil
 }
 
-func (pt *partition) bloomFor(b uint32) *bloom {
-	f, ok := pt.blooms[b]
+func (fs *filters) bloomFor(b uint32) *bloom {
+	f, ok := fs.blooms[b]
 	if !ok {
 		// Arrival buckets of a steady stream hold about as many keys as
 		// the one before: size the new bucket's filter for that many.
 		f = &bloom{}
-		if len(pt.buckets) > 0 && pt.buckets[0] < b {
-			f.first = pt.keys[pt.buckets[0]] + pt.keys[pt.buckets[0]]/4
+		if len(fs.buckets) > 0 && fs.buckets[0] < b {
+			f.first = fs.keys[fs.buckets[0]] + fs.keys[fs.buckets[0]]/4
 		}
-		pt.blooms[b] = f
-		pt.buckets = append(pt.buckets, b)
-		sort.Slice(pt.buckets, func(i, j int) bool { return pt.buckets[i] > pt.buckets[j] })
+		fs.blooms[b] = f
+		fs.buckets = append(fs.buckets, b)
+		sort.Slice(fs.buckets, func(i, j int) bool { return fs.buckets[i] > fs.buckets[j] })
 	}
 	return f
 }
@@ -348,8 +343,14 @@ func (pt *partition) Punctuate(tx *stream.Tx) error {
 // the watermark is read back from the committed state. (Identity keys need
 // nothing: a Bloom filter that gained a key stays correct, and the records
 // are consumed again.)
+//
+// A bucket drop the aborted transaction carried (a local range delete,
+// applied only on commit) is lost with it: expired goes back to -1, so the
+// next transaction drops every bucket below dropTo again (a range from the
+// first bucket; dropping one twice does nothing).
 func (pt *partition) Abort() {
 	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, 0
+	pt.expired = -1
 }
 
 // begin writes what a transaction must carry on its first use: the

@@ -56,9 +56,12 @@ type recorder struct {
 	recs []*kgo.Record
 }
 
+// OnProduceRecordBuffered keeps a copy: the ingest reuses its records once
+// Kafka acknowledged them.
 func (r *recorder) OnProduceRecordBuffered(rec *kgo.Record) {
+	cp := &kgo.Record{Topic: rec.Topic, Key: bytes.Clone(rec.Key), Value: bytes.Clone(rec.Value)}
 	r.mu.Lock()
-	r.recs = append(r.recs, rec)
+	r.recs = append(r.recs, cp)
 	r.mu.Unlock()
 }
 

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -27,27 +29,70 @@ type request struct {
 	key      *Key
 	tenant   *Tenant
 	received time.Time
-	inputs   int     // events in the request
-	usages   []usage // usage events, in input order
-	props    []schemas.Property
-	errs     []EventError
-	denied   []EventError
-	scratch  mapScratch
+	// Monotonic instants of the request's stages (Timings): its start,
+	// the body read, the records ready, handed to the producer, and
+	// acknowledged.
+	start, read, ready, enqueued, acked time.Time
+	// bufs, slab and recs are reused from request to request (release).
+	bufs    *buffers
+	slab    []kgo.Record
+	recs    []*kgo.Record
+	inputs  int     // events in the request
+	usages  []usage // usage events, in input order
+	props   []schemas.Property
+	errs    []EventError
+	denied  []EventError
+	scratch mapScratch
 }
 
 func (s *Server) endpoint(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
+		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock()}
 		rw := &statusWriter{ResponseWriter: w}
-		tenant := s.serve(rw, r, kind)
-		s.metrics.observe(kind, tenant, rw.status, time.Since(start))
+		tenant := s.serve(rw, r, req)
+		req.release(req.enqueued.IsZero() || !req.acked.IsZero())
+		// The answer goes out now; the bookkeeping below (metrics, Trace)
+		// then never delays it. net/http would send it only once the
+		// handler returns.
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		end := time.Now()
+		s.metrics.observe(kind, tenant, rw.status, end.Sub(req.start))
+		if !req.acked.IsZero() && rw.status < 300 {
+			t := Timings{Read: req.read.Sub(req.start), Parse: req.ready.Sub(req.read), Enqueue: req.enqueued.Sub(req.ready),
+				Ack: req.acked.Sub(req.enqueued), Total: end.Sub(req.start)}
+			s.metrics.stages(t)
+			if s.cfg.Trace != nil {
+				s.cfg.Trace(t)
+			}
+		}
 	})
+}
+
+// Timings are the stages of one successful request (Config.Trace and
+// meterline_ingest_stage_duration_seconds), to find where its latency
+// goes. Each is measured on the monotonic clock.
+type Timings struct {
+	// Read: from the handler's start to the whole body read.
+	Read time.Duration
+	// Parse: the parse, mapping, validation and encoding of every event,
+	// the key's scope and rate, and the quota gate.
+	Parse time.Duration
+	// Enqueue: handing every record to the producer (it blocks only when
+	// the producer's buffer is full).
+	Enqueue time.Duration
+	// Ack: from the last record handed over to the last one acknowledged
+	// by Kafka (linger, the produce request, replication to the ISR).
+	Ack time.Duration
+	// Total: from the handler's start to the answer written.
+	Total time.Duration
 }
 
 // serve handles one request and returns the tenant for the metrics
 // ("" when no key was accepted).
-func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
-	req := &request{kind: kind, received: s.cfg.Clock()}
+func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
+	kind := req.kind
 	if err := s.Ready(); err != nil {
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", "the API keys are not loaded yet", nil, time.Second)
 		return ""
@@ -95,14 +140,13 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 		s.metrics.refused(tenant, req.inputs)
 		return tenant
 	}
-	if s.cfg.Gate != nil {
-		if p := s.cfg.Gate.Check(r.Context(), tenant, req.events()); p != nil {
-			writeProblem(w, p.Status, strings.TrimPrefix(p.Type, problemTypePrefix), p.Title, p.Detail, p.Errors, 0)
-			s.metrics.refused(tenant, req.inputs)
-			return tenant
-		}
+	if errs, refused := s.gateCheck(req); errs != nil {
+		s.answerGate(w, req, errs, refused)
+		return tenant
 	}
-	if err := s.send(recs); err != nil {
+	req.ready = time.Now()
+	var err error
+	if req.enqueued, err = s.send(recs); err != nil {
 		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
 			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
@@ -112,6 +156,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 	}
 	// Every record of the request is acknowledged (acks=all): only now is
 	// success answered.
+	req.acked = time.Now()
 	fault.Hit(FaultAfterAck)
 	s.metrics.accepted(tenant, req.inputs, len(recs))
 	if kind == endpointOpenMeter {
@@ -123,6 +168,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, kind string) string {
 		Records int `json:"records"`
 	}{req.inputs, len(recs)})
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
 	return tenant
@@ -159,6 +205,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		}
 	}
 	body, tooLarge, err := readBody(w, r, s.cfg.MaxBodyBytes)
+	req.read = time.Now()
 	if tooLarge {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
 			fmt.Sprintf("the body is larger than %d bytes: split the batch", s.cfg.MaxBodyBytes), nil, 0)
@@ -236,8 +283,58 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 // for each (bounded: a larger request grows them as it goes).
 func (s *Server) grow(req *request) {
 	const most = 4096
-	req.usages = make([]usage, 0, min(req.inputs*max(s.mapper.maxMeters, 1), most))
-	req.props = make([]schemas.Property, 0, min(req.inputs*s.mapper.maxProps, most))
+	req.bufs = getBuffers()
+	nu, np := min(req.inputs*max(s.mapper.maxMeters, 1), most), min(req.inputs*s.mapper.maxProps, most)
+	if req.usages = req.bufs.usages[:0]; cap(req.usages) < nu {
+		req.usages = make([]usage, 0, nu)
+	}
+	if req.props = req.bufs.props[:0]; cap(req.props) < np {
+		req.props = make([]schemas.Property, 0, np)
+	}
+}
+
+// buffers are the slices a request is built in, reused from request to
+// request (bufPool) so that a request allocates little besides its
+// records' bytes, and the garbage collector runs less often.
+type buffers struct {
+	usages []usage
+	props  []schemas.Property
+	slab   []kgo.Record
+	recs   []*kgo.Record
+}
+
+var bufPool = sync.Pool{New: func() any { return new(buffers) }}
+
+// maxPooled bounds the slices kept for reuse: a rare huge request does not
+// pin its memory.
+const maxPooled = 8192
+
+func getBuffers() *buffers { return bufPool.Get().(*buffers) }
+
+// release gives the request's buffers back for reuse, cleared (they hold
+// no request's data). The records are kept out when Kafka may still hold
+// them: handed to the producer and not all acknowledged.
+func (req *request) release(recordsFree bool) {
+	b := req.bufs
+	if b == nil {
+		return
+	}
+	req.bufs = nil
+	clear(req.usages)
+	clear(req.props)
+	b.usages, b.props = req.usages[:0], req.props[:0]
+	if recordsFree {
+		clear(req.slab)
+		clear(req.recs)
+		b.slab, b.recs = req.slab[:0], req.recs[:0]
+	} else {
+		b.slab, b.recs = nil, nil
+	}
+	req.usages, req.props, req.slab, req.recs = nil, nil, nil, nil
+	if cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled {
+		return
+	}
+	bufPool.Put(b)
 }
 
 // addCloudEvent maps CloudEvent i of the request (or its parse error) to
@@ -302,23 +399,23 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	return e, nil
 }
 
-// events are the request's usage events as the Gate takes them.
-func (req *request) events() []producer.Event {
-	out := make([]producer.Event, len(req.usages))
-	for k := range req.usages {
-		u := &req.usages[k]
-		out[k] = producer.Event{EventID: u.ue.EventID, CustomerID: u.ue.CustomerID, Meter: u.ue.Meter, Quantity: u.ue.Quantity,
-			EventTime: u.time, Source: u.ue.Source, Properties: schemas.PropertyMap(u.ue.Properties)}
-	}
-	return out
-}
-
 // records validates and encodes every usage event (producer.FillRecord:
 // the checks and the encoding of every producer). The errors name each
 // bad event by its input index, in the request's field names.
 func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
-	slab := make([]kgo.Record, len(req.usages))
-	recs := make([]*kgo.Record, len(req.usages))
+	n := len(req.usages)
+	if req.bufs == nil {
+		req.bufs = getBuffers()
+	}
+	slab, recs := req.bufs.slab, req.bufs.recs
+	if cap(slab) < n {
+		slab = make([]kgo.Record, n)
+	}
+	if cap(recs) < n {
+		recs = make([]*kgo.Record, n)
+	}
+	slab, recs = slab[:n], recs[:n]
+	req.slab, req.recs = slab, recs
 	var errs []EventError
 	last := -1
 	for k := range req.usages {
@@ -342,41 +439,51 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 }
 
 // send produces the records and waits until every one is acknowledged
-// (acks=all), or returns the first error. It returns an error, without
+// (acks=all), or returns the first error; enqueued is when the last record
+// was handed to the producer. It returns an error, without
 // waiting further, once ProduceTimeout has passed: the records still in
 // flight may yet be written, which a retry tolerates.
-func (s *Server) send(recs []*kgo.Record) error {
+func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 	if n := s.p.Client().BufferedProduceRecords(); n+int64(len(recs)) > s.maxBuffered {
-		return fmt.Errorf("ingest: %d records already wait for Kafka", n)
+		return time.Time{}, fmt.Errorf("ingest: %d records already wait for Kafka", n)
+	}
+	if len(recs) == 0 {
+		return time.Now(), nil
 	}
 	var (
-		wg    sync.WaitGroup
+		left  atomic.Int64
 		mu    sync.Mutex
 		first error
+		done  = make(chan struct{})
 	)
-	wg.Add(len(recs))
-	for _, r := range recs {
-		s.p.ProduceRecord(r, func(err error) {
-			if err != nil {
-				mu.Lock()
-				if first == nil {
-					first = err
-				}
-				mu.Unlock()
+	left.Store(int64(len(recs)))
+	// One callback for every record; the last acknowledgement closes done.
+	acked := func(err error) {
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = err
 			}
-			wg.Done()
-		})
+			mu.Unlock()
+		}
+		if left.Add(-1) == 0 {
+			close(done)
+		}
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	for _, r := range recs {
+		s.p.ProduceRecord(r, acked)
+	}
+	enqueued = time.Now()
 	t := time.NewTimer(s.cfg.ProduceTimeout + time.Second)
 	defer t.Stop()
 	select {
 	case <-done:
 	case <-t.C:
-		return fmt.Errorf("ingest: no acknowledgement within %s", s.cfg.ProduceTimeout+time.Second)
+		return enqueued, fmt.Errorf("ingest: no acknowledgement within %s", s.cfg.ProduceTimeout+time.Second)
 	}
-	return first
+	mu.Lock()
+	defer mu.Unlock()
+	return enqueued, first
 }
 
 // maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'

@@ -44,15 +44,16 @@ const testMeters = `meters:
 
 // env is one ingest server on a broker, with its topics and a key.
 type env struct {
-	t       *testing.T
-	brokers []string
-	topic   string
-	keys    string
-	srv     *Server
-	admin   *Admin
-	token   string // of tenant acme: customers acme-*, any meter
-	stop    func() error
-	cluster *kfake.Cluster // nil on the real broker
+	t        *testing.T
+	brokers  []string
+	topic    string
+	keys     string
+	balances string // the balances topic (2 partitions)
+	srv      *Server
+	admin    *Admin
+	token    string // of tenant acme: customers acme-*, any meter
+	stop     func() error
+	cluster  *kfake.Cluster // nil on the real broker
 }
 
 // newEnv starts an ingest server on kfake (or on the real broker with
@@ -67,11 +68,13 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 // it), or the real broker's (its topics are deleted when the test ends).
 func newEnvOn(t *testing.T, brokers []string, cluster *kfake.Cluster, mod func(*Config)) *env {
 	t.Helper()
-	e := &env{t: t, brokers: brokers, topic: testenv.Name(t, "events"), keys: testenv.Name(t, "keys"), cluster: cluster}
+	e := &env{t: t, brokers: brokers, topic: testenv.Name(t, "events"), keys: testenv.Name(t, "keys"),
+		balances: testenv.Name(t, "balances"), cluster: cluster}
 	compact := "compact"
 	if cluster == nil {
 		testenv.CreateTopic(t, brokers, e.topic, 4, nil)
 		testenv.CreateTopic(t, brokers, e.keys, 1, map[string]*string{"cleanup.policy": &compact})
+		testenv.CreateTopic(t, brokers, e.balances, 2, map[string]*string{"cleanup.policy": &compact})
 	} else {
 		adm := testenv.Admin(t, brokers)
 		ctx := context.Background()
@@ -79,6 +82,9 @@ func newEnvOn(t *testing.T, brokers []string, cluster *kfake.Cluster, mod func(*
 			t.Fatal(err)
 		}
 		if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"cleanup.policy": &compact}, e.keys); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := adm.CreateTopic(ctx, 2, 1, map[string]*string{"cleanup.policy": &compact}, e.balances); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -96,7 +102,7 @@ func newEnvOn(t *testing.T, brokers []string, cluster *kfake.Cluster, mod func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: brokers}, Topic: e.topic, KeysTopic: e.keys, Meters: cat, ProduceTimeout: 2 * time.Second}
+	cfg := Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: brokers}, Topic: e.topic, KeysTopic: e.keys, BalancesTopic: e.balances, Meters: cat, ProduceTimeout: 2 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}

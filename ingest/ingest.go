@@ -58,6 +58,10 @@ const (
 	DefaultMaxEvents      = 1000
 	DefaultProduceTimeout = 10 * time.Second
 	DefaultLinger         = 2 * time.Millisecond
+	DefaultBalancesTopic  = "usage.balances"
+	// DefaultGateMaxAge is the age (in broker time) past which the quota
+	// gate no longer trusts a balance.
+	DefaultGateMaxAge = 5 * time.Minute
 	// The HTTP server's timeouts.
 	DefaultReadHeaderTimeout = 5 * time.Second
 	DefaultReadTimeout       = 30 * time.Second
@@ -113,10 +117,20 @@ type Config struct {
 	// 5s.
 	ShutdownTimeout time.Duration
 
-	// Gate, when set, is asked about every valid request before its
-	// events are sent (the advisory quota gate of DESIGN §11). Default:
-	// none.
-	Gate Gate
+	// BalancesTopic is usage.balances, which the advisory quota gate
+	// follows. Default: usage.balances.
+	BalancesTopic string
+	// GateMaxAge is the age past which the quota gate no longer trusts a
+	// balance, judged in broker time (Balances). Default: 5m.
+	GateMaxAge time.Duration
+	// NoGate turns the advisory quota gate off: the balances topic is
+	// not read and no request is answered 402.
+	NoGate bool
+
+	// Trace, when set, receives the stage timings of every successful
+	// request (diagnosis and benchmarks). It is called on the request's
+	// goroutine and must not block.
+	Trace func(Timings)
 
 	// Logger receives the logs. Default: none.
 	Logger *zap.Logger
@@ -124,16 +138,6 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Clock is the time a request is received. Default: time.Now.
 	Clock func() time.Time
-}
-
-// Gate is the seam of the advisory quota gate (DESIGN §11), which needs
-// usage.balances: it may refuse a request whose every event is for a
-// reject-policy meter already exhausted in the event's own period. It
-// fails open: an error or a stale view lets the events through.
-type Gate interface {
-	// Check returns nil to let the events through, or a problem to answer
-	// with (402) instead of sending them. It must not block for long.
-	Check(ctx context.Context, tenant string, events []producer.Event) *Problem
 }
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -149,6 +153,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger
+	}
+	if c.BalancesTopic == "" {
+		c.BalancesTopic = DefaultBalancesTopic
+	}
+	if c.GateMaxAge == 0 {
+		c.GateMaxAge = DefaultGateMaxAge
 	}
 	if c.MaxSkew == 0 {
 		c.MaxSkew = producer.DefaultMaxSkew
@@ -208,7 +218,8 @@ func (c *Config) Validate() error {
 		bad("produce-timeout %s: want at least 1s (Kafka's record timeout)", c.ProduceTimeout)
 	}
 	for name, d := range map[string]time.Duration{"read-header-timeout": c.ReadHeaderTimeout, "read-timeout": c.ReadTimeout,
-		"idle-timeout": c.IdleTimeout, "shutdown-timeout": c.ShutdownTimeout, "max-skew": c.MaxSkew, "linger": c.Linger} {
+		"idle-timeout": c.IdleTimeout, "shutdown-timeout": c.ShutdownTimeout, "max-skew": c.MaxSkew, "linger": c.Linger,
+		"gate-max-age": c.GateMaxAge} {
 		if d < 0 {
 			bad("%s %s: must not be negative", name, d)
 		}
@@ -251,16 +262,18 @@ func (c *Config) ProducerOptions() ([]producer.Option, error) {
 
 // Server is the HTTP ingest.
 type Server struct {
-	cfg     Config
-	log     *zap.Logger
-	p       *producer.Producer
-	keys    *Keys
-	mapper  *mapper
-	metrics *metrics
-	limits  *limiters
-	ln      net.Listener
-	srv     *http.Server
-	scheme  string
+	cfg  Config
+	log  *zap.Logger
+	p    *producer.Producer
+	keys *Keys
+	// balances feeds the quota gate; nil when it is off (NoGate).
+	balances *Balances
+	mapper   *mapper
+	metrics  *metrics
+	limits   *limiters
+	ln       net.Listener
+	srv      *http.Server
+	scheme   string
 	// maxBuffered: see the constant.
 	maxBuffered int64
 
@@ -280,7 +293,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
 		limits: newLimiters(cfg.MaxEvents), scheme: "http", maxBuffered: maxBuffered}
-	s.metrics = newMetrics(cfg.Registerer, s.keys)
+	if !cfg.NoGate {
+		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
+	}
+	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
@@ -337,7 +353,7 @@ func (s *Server) Ready() error {
 	}
 }
 
-// Run follows the keys topic and serves until ctx ends, then shuts down
+// Run follows the keys topic (and the balances topic, unless NoGate) and serves until ctx ends, then shuts down
 // gracefully: it stops accepting, answers every request in flight
 // (success or 503) within ShutdownTimeout, and flushes and closes the
 // producer. It returns every error, including those of the shutdown.
@@ -354,9 +370,19 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		keysDone <- s.keys.Follow(keysCtx, opts...)
 	}()
+	// The balances are followed as long as the keys; Follow never fails
+	// (the gate is advisory), so it is only waited for.
+	balancesDone := make(chan struct{})
+	go func() {
+		defer close(balancesDone)
+		if opts, err := s.cfg.kafkaOpts(); err == nil && s.balances != nil {
+			_ = s.balances.Follow(keysCtx, opts...)
+		}
+	}()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(s.ln) }()
-	s.log.Info("ingest serving", zap.String("url", s.URL()), zap.String("topic", s.cfg.Topic), zap.String("keys_topic", s.cfg.KeysTopic))
+	s.log.Info("ingest serving", zap.String("url", s.URL()), zap.String("topic", s.cfg.Topic), zap.String("keys_topic", s.cfg.KeysTopic),
+		zap.Bool("quota_gate", s.balances != nil), zap.String("balances_topic", s.cfg.BalancesTopic), zap.Duration("gate_max_age", s.cfg.GateMaxAge))
 
 	var errs []error
 	select {
@@ -381,6 +407,7 @@ func (s *Server) Run(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("ingest: serve: %w", err))
 	}
 	stopKeys()
+	<-balancesDone
 	if err := <-keysDone; err != nil && !errors.Is(err, context.Canceled) && len(errs) == 0 {
 		errs = append(errs, err)
 	}

@@ -50,21 +50,44 @@ var ErrNoKeysTopic = errors.New("keys topic does not exist")
 // applied. A record that cannot be read is logged and counted, and
 // changes nothing.
 func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
-	cl, err := kgo.NewClient(append(slices.Clone(opts), kgo.ConsumeTopics(k.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second))...)
+	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.markLoaded)
+	if errors.Is(err, errNoTopic) {
+		return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
+	}
+	return err
+}
+
+// errNoTopic is returned by tail when its topic does not exist.
+var errNoTopic = errors.New("topic does not exist")
+
+// tail reads every partition of topic from its start with a client of
+// opts and gives each record to apply, in offset order per partition,
+// until ctx ends (then it returns nil). caughtUp is called once, when
+// every record the topic held as tail started has been applied (at once
+// for an empty topic). what names the topic in errors and logs. It
+// returns an error wrapping errNoTopic when the topic does not exist.
+// The keys and the balances of the ingest are followed this way.
+func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.Opt, apply func(*kgo.Record), caughtUp func()) error {
+	// Read committed: a balance of an aborted transaction is never
+	// applied. Control records are kept, so that a partition whose last
+	// offset is a transaction's marker is seen caught up; they are not
+	// applied.
+	cl, err := kgo.NewClient(append(slices.Clone(opts), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(time.Second),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())...)
 	if err != nil {
-		return fmt.Errorf("ingest: keys client: %w", err)
+		return fmt.Errorf("ingest: %s client: %w", what, err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, k.topic)
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
 		if strings.Contains(err.Error(), "UNKNOWN_TOPIC_OR_PARTITION") {
-			return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
+			return fmt.Errorf("ingest: %s topic %s: %w", what, topic, errNoTopic)
 		}
-		return fmt.Errorf("ingest: keys topic %s: end offsets: %w", k.topic, err)
+		return fmt.Errorf("ingest: %s topic %s: end offsets: %w", what, topic, err)
 	}
 	pending := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {
@@ -73,7 +96,7 @@ func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 		}
 	})
 	if len(pending) == 0 {
-		k.markLoaded()
+		caughtUp()
 	}
 	for {
 		fs := cl.PollFetches(ctx)
@@ -81,14 +104,16 @@ func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 			return nil
 		}
 		fs.EachError(func(t string, p int32, err error) {
-			k.log.Warn("reading the keys topic", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
+			log.Warn("reading the "+what+" topic", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 		})
 		fs.EachRecord(func(r *kgo.Record) {
-			k.apply(string(r.Key), r.Value)
+			if !r.Attrs.IsControl() {
+				apply(r)
+			}
 			if end, ok := pending[r.Partition]; ok && r.Offset+1 >= end {
 				delete(pending, r.Partition)
 				if len(pending) == 0 {
-					k.markLoaded()
+					caughtUp()
 				}
 			}
 		})

@@ -21,6 +21,8 @@ type metrics struct {
 	duration *prometheus.HistogramVec // endpoint
 	events   *prometheus.CounterVec   // tenant, outcome
 	records  *prometheus.CounterVec   // tenant
+	gate     *prometheus.CounterVec   // tenant
+	stage    [5]prometheus.Observer   // read, parse, enqueue, ack, respond
 
 	mu      sync.Mutex
 	tenants map[string]*tenantTotals
@@ -34,7 +36,7 @@ type tenantTotals struct {
 // noTenant is the tenant label of requests without an accepted key.
 const noTenant = "none"
 
-func newMetrics(reg prometheus.Registerer, keys *Keys) *metrics {
+func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances) *metrics {
 	f := prom.NewFactory(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
@@ -46,7 +48,28 @@ func newMetrics(reg prometheus.Registerer, keys *Keys) *metrics {
 			Help: "Events received over HTTP, by tenant and outcome: accepted (acknowledged by Kafka) or refused (in a request answered with an error)."}, []string{"tenant", "outcome"}),
 		records: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_records_total",
 			Help: "Usage records written to Kafka by the HTTP ingest, by tenant (a CloudEvent feeds one record per meter of its type)."}, []string{"tenant"}),
+		gate: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_gate_refused_events_total",
+			Help: "Events answered 402 by the advisory quota gate (nothing sent), by tenant."}, []string{"tenant"}),
 		tenants: map[string]*tenantTotals{},
+	}
+	stage := prom.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_stage_duration_seconds",
+		Help:    "Stages of the successful HTTP ingest requests (ingest.Timings): read (the body), parse (parse, map, validate, encode, scope, rate, quota gate), enqueue (records to the producer), ack (Kafka's acknowledgement of the last record), respond (the answer written).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"stage"}))
+	for i, name := range []string{"read", "parse", "enqueue", "ack", "respond"} {
+		m.stage[i] = stage.WithLabelValues(name)
+	}
+	if balances != nil {
+		prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_balances",
+			Help: "Customers with a balance in this ingest replica's view of the balances topic (the quota gate's)."}, func() float64 {
+			return float64(balances.Len())
+		}))
+		prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_balances_loaded",
+			Help: "Whether this ingest replica has read the balances topic up to its end as of its start (1) or not yet (0: the quota gate lets every event through)."}, func() float64 {
+			if balances.isLoaded() {
+				return 1
+			}
+			return 0
+		}))
 	}
 	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_keys",
 		Help: "Active (not revoked) API keys known to this ingest replica."}, func() float64 {
@@ -105,6 +128,19 @@ func (m *metrics) refused(tenant string, events int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.totals(tenant).refused += int64(events)
+}
+
+// stages observes the stages of a successful request.
+func (m *metrics) stages(t Timings) {
+	for i, d := range []time.Duration{t.Read, t.Parse, t.Enqueue, t.Ack, t.Total - t.Read - t.Parse - t.Enqueue - t.Ack} {
+		m.stage[i].Observe(d.Seconds())
+	}
+}
+
+// gateRefused counts the events of a request the quota gate answered 402.
+func (m *metrics) gateRefused(tenant string, events int) {
+	m.gate.WithLabelValues(tenant).Add(float64(events))
+	m.refused(tenant, events)
 }
 
 // Status is the ingest's section of the status page: per tenant, the

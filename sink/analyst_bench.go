@@ -3,6 +3,8 @@ package sink
 import (
 	"context"
 	"fmt"
+	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -17,16 +19,44 @@ import (
 )
 
 // DropViews drops the analyst tables' materialized views from conn's
-// default database, leaving the tables: the ledger is then written as if
-// the analyst tables did not exist. For `meterline bench queries`, which
-// measures the sink with and without the views.
-func DropViews(ctx context.Context, conn driver.Conn) error {
+// default database, leaving the tables, except the views named in keep:
+// the ledger is then written as if the other analyst tables did not
+// exist. For `meterline bench sink` and `meterline bench queries`, which
+// measure the sink with and without the views, or with some of them. A
+// name in keep that is no analyst view is an error, and nothing is
+// dropped.
+func DropViews(ctx context.Context, conn driver.Conn, keep ...string) error {
 	ds, err := DerivedTables()
 	if err != nil {
 		return err
 	}
+	names := map[string]bool{}
 	for _, d := range ds {
 		for _, v := range d.Views {
+			names[v.Name] = true
+		}
+	}
+	kept := map[string]bool{}
+	var unknown []string
+	for _, k := range keep {
+		if !names[k] {
+			unknown = append(unknown, k)
+		}
+		kept[k] = true
+	}
+	if len(unknown) > 0 {
+		all := make([]string, 0, len(names))
+		for n := range names {
+			all = append(all, n)
+		}
+		sort.Strings(all)
+		return fmt.Errorf("sink: drop views: %s: no such analyst view (there are %s)", strings.Join(unknown, ", "), strings.Join(all, ", "))
+	}
+	for _, d := range ds {
+		for _, v := range d.Views {
+			if kept[v.Name] {
+				continue
+			}
 			dctx, cancel := context.WithTimeout(ctx, ddlTimeout)
 			err := conn.Exec(dctx, "DROP TABLE IF EXISTS "+v.Name)
 			cancel()

@@ -72,8 +72,9 @@ FROM
     UNION ALL
     SELECT toDate(event_time) AS day, meter, -count() AS events, -sum(quantity) AS quantity
     FROM events_by_customer
-    PREWHERE (meter, event_id) IN (SELECT meter, event_id FROM unbilled_events WHERE customer_id = 'acme')
+    PREWHERE event_id IN (SELECT event_id FROM unbilled_events WHERE customer_id = 'acme')
     WHERE customer_id = 'acme' AND event_time >= '2024-01-01 00:00:00' AND event_time < '2024-02-01 00:00:00'
+      AND (meter, event_id) IN (SELECT meter, event_id FROM unbilled_events WHERE customer_id = 'acme')
     GROUP BY day, meter
 )
 GROUP BY day, meter

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -569,7 +570,7 @@ func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months ma
 			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
 		}
 		for _, view := range d.Views {
-			if err := v.exec(ctx, view.fillSQL(db, staging, d.PartitionColumn, ms)); err != nil {
+			if err := v.exec(fillContext(ctx), view.fillSQL(db, staging, d.PartitionColumn, ms)); err != nil {
 				return run.id, fmt.Errorf("sink: rebuild %s: fill from view %s: %w", d.Name, view.Name, err)
 			}
 		}
@@ -595,6 +596,20 @@ func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months ma
 		return run.id, err
 	}
 	return run.id, v.finishRuns(ctx, unfinished, tables)
+}
+
+// fillMemory is the memory a fill's sort or GROUP BY may take before it
+// spills to disk. A view's SELECT run over a whole ledger table sorts or
+// groups every row of it (a view that keeps the latest revision per key
+// sorts by revision), which would exceed the server's per-query memory
+// limit (10 M revisions: more than 3.7 GiB) without spilling.
+const fillMemory = 1 << 30
+
+// fillContext lets a fill's sort and GROUP BY spill to disk past
+// fillMemory (ClickHouse 18.16 and current releases have both settings).
+func fillContext(ctx context.Context) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
+		"max_bytes_before_external_sort": fillMemory, "max_bytes_before_external_group_by": fillMemory}))
 }
 
 // finishRuns records as finished each unfinished run whose tables were all

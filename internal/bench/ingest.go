@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +42,12 @@ type IngestConfig struct {
 	// LatencyFor is the length of the latency phase, at half the ingest's
 	// median rate.
 	LatencyFor time.Duration
+	// Linger is the producer linger of the ingest and the baseline; 0:
+	// the ingest's default.
+	Linger time.Duration
+	// LatencyRate is the rate of the latency phase in events per second;
+	// 0: half the ingest's median rate.
+	LatencyRate float64
 	// JSON prints the result as JSON too.
 	JSON bool
 }
@@ -48,6 +56,9 @@ type IngestConfig struct {
 func (c *IngestConfig) Validate() error {
 	errs := []error{positive("events", c.Events), positive("batch", c.Batch), positive("connections", c.Connections),
 		positive("partitions", int(c.Partitions)), positive("rounds", c.Rounds), positiveDuration("latency-for", c.LatencyFor)}
+	if c.LatencyRate < 0 {
+		errs = append(errs, fmt.Errorf("bench: latency-rate %g must not be negative", c.LatencyRate))
+	}
 	if c.Batch > 0 && c.Events%c.Batch != 0 {
 		errs = append(errs, fmt.Errorf("bench: events (%d) must be a multiple of batch (%d)", c.Events, c.Batch))
 	}
@@ -108,6 +119,12 @@ func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
 		return err
 	}
 	b.keysTopic = keys
+	// The quota gate reads an empty balances topic of its own: its view
+	// is loaded, and holds nobody.
+	b.balancesTopic = fmt.Sprintf("%sbench-balances-%d", env.Topics.Prefix, now.UnixNano())
+	if err := left.createTopic(ctx, b.balancesTopic, 1, map[string]*string{"cleanup.policy": &compact}); err != nil {
+		return err
+	}
 	cl, err := env.client()
 	if err != nil {
 		return err
@@ -124,7 +141,13 @@ func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
 	}
 	mb, mi := res.Median(0), res.Median(1)
 	rate := mi / 2
-	env.say("latency: %.0f events/s (half the ingest's median) for %s", rate, cfg.LatencyFor)
+	if cfg.LatencyRate > 0 {
+		rate = cfg.LatencyRate
+	}
+	env.say("latency: %.0f events/s (half the ingest's median), the baseline and the ingest in turn, %s each", rate, cfg.LatencyFor)
+	b.traceMu.Lock()
+	b.tracing, b.trace = true, map[string][]time.Duration{}
+	b.traceMu.Unlock()
 	lat, err := b.latency(ctx, rate)
 	if err != nil {
 		return err
@@ -135,13 +158,22 @@ func Ingest(ctx context.Context, env *Env, cfg IngestConfig) (err error) {
 		"baseline minimal handler:", fmt.Sprintf("%.0f events/s", mb),
 		"meterline ingest:", fmt.Sprintf("%.0f events/s", mi),
 		"ratio (per round, median):", fmt.Sprintf("%.2f", res.RoundRatio(1, 0)),
-		"latency of a success at half rate:", fmt.Sprintf("p50 %s  p99 %s  (%d requests at %.0f events/s)",
-			lat.p50.Round(100*time.Microsecond), lat.p99.Round(100*time.Microsecond), lat.n, rate))
+		fmt.Sprintf("latency of a success at %.0f events/s:", rate), fmt.Sprintf("(in %d alternating segments; load average %s before, %s after)", latencySegments, lat.load[0], lat.load[1]),
+		"  baseline minimal handler:", pq(lat.baseline),
+		"  meterline ingest:", pq(lat.ingest),
+		"  ingest handler total:", pq(lat.stages["total"]),
+		"  ingest stage read:", pq(lat.stages["read"]),
+		"  ingest stage parse:", pq(lat.stages["parse"]),
+		"  ingest stage enqueue:", pq(lat.stages["enqueue"]),
+		"  ingest stage ack:", pq(lat.stages["ack"]),
+		"  baseline's wait for the ack:", pq(lat.stages["baseline ack"]))
 	if !cfg.JSON {
 		return nil
 	}
+	ms := func(d time.Duration) float64 { return d.Seconds() * 1000 }
 	return json.NewEncoder(env.Out).Encode(map[string]any{"baseline_median": mb, "ingest_median": mi, "ratio": res.RoundRatio(1, 0),
-		"latency_rate": rate, "p50_ms": lat.p50.Seconds() * 1000, "p99_ms": lat.p99.Seconds() * 1000,
+		"latency_rate": rate, "p50_ms": ms(lat.ingest.p50), "p99_ms": ms(lat.ingest.p99),
+		"baseline_p50_ms": ms(lat.baseline.p50), "baseline_p99_ms": ms(lat.baseline.p99), "load_average": lat.load,
 		"baseline": res.JSON(0, "minimal-handler"), "ingest": res.JSON(1, "meterline-ingest")})
 }
 
@@ -153,19 +185,48 @@ type ingestBench struct {
 	bodies    [][]byte
 	recs      [][]*kgo.Record // per request, the records the ingest writes
 	keysTopic string
-	token     string
+	// balancesTopic is the quota gate's, empty.
+	balancesTopic string
+	token         string
 	// ingest is the ingest of the last round, kept up for the latency
 	// phase (Rounds.HoldLast), with its topic.
 	ingest      *ingest.Server
 	ingestStop  func() error
 	ingestTopic string
+	// trace holds the stage timings of the kept ingest's requests,
+	// recorded from the latency phase on (tracing).
+	traceMu sync.Mutex
+	tracing bool
+	trace   map[string][]time.Duration
+}
+
+// recordBaselineAck records the time the baseline waited for Kafka's
+// acknowledgement of a request's records, as the ingest's ack stage.
+func (b *ingestBench) recordBaselineAck(d time.Duration) {
+	b.traceMu.Lock()
+	defer b.traceMu.Unlock()
+	if b.tracing {
+		b.trace["baseline ack"] = append(b.trace["baseline ack"], d)
+	}
+}
+
+// record is the kept ingest's ingest.Config.Trace.
+func (b *ingestBench) record(t ingest.Timings) {
+	b.traceMu.Lock()
+	defer b.traceMu.Unlock()
+	if !b.tracing {
+		return
+	}
+	for name, d := range map[string]time.Duration{"read": t.Read, "parse": t.Parse, "enqueue": t.Enqueue, "ack": t.Ack, "total": t.Total} {
+		b.trace[name] = append(b.trace[name], d)
+	}
 }
 
 // ingestConfig is the config of the measured ingest on topic.
 func (b *ingestBench) ingestConfig(topic string) ingest.Config {
 	cfg := ingest.Config{Addr: "127.0.0.1:0", Kafka: b.env.Kafka, ClientOptions: b.env.ClientOptions, Topic: topic,
-		KeysTopic: b.keysTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
-		Logger: b.env.Logger, Registerer: prometheus.NewRegistry()}
+		KeysTopic: b.keysTopic, BalancesTopic: b.balancesTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
+		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record, Linger: b.cfg.Linger}
 	cfg.EnsureDefaults()
 	return cfg
 }
@@ -289,6 +350,11 @@ func (b *ingestBench) countRecords(ctx context.Context, topic string) (int, erro
 	return n, nil
 }
 
+// pq formats the quantiles of a latency.
+func pq(l latencies) string {
+	return fmt.Sprintf("p50 %s  p99 %s  (%d requests)", l.p50.Round(100*time.Microsecond), l.p99.Round(100*time.Microsecond), l.n)
+}
+
 // ingestPath runs `meterline ingest`'s server.
 type ingestPath struct{ b *ingestBench }
 
@@ -346,22 +412,43 @@ func (r ingestBaseline) Run(ctx context.Context, round int, _ bool) (Result, err
 		return Result{}, err
 	}
 	defer b.left.drop(things{topics: []string{topic}})
+	url, stop, err := b.startBaseline(ctx, topic)
+	if err != nil {
+		return Result{}, err
+	}
+	defer stop()
+	elapsed, err := b.post(ctx, url, func(r int, h http.Header) { h.Set("X-Request", strconv.Itoa(r)) })
+	if err != nil {
+		return Result{}, err
+	}
+	n, err := b.countRecords(ctx, topic)
+	if err != nil || n != b.cfg.Events {
+		return Result{}, errors.Join(err, fmt.Errorf("bench: the baseline wrote %d records, want %d", n, b.cfg.Events))
+	}
+	return Result{Name: "baseline (minimal handler)", Count: n, Elapsed: elapsed}, nil
+}
+
+// startBaseline serves the baseline handler, producing into topic, and
+// returns its URL and how to stop it. A request names its body by the
+// X-Request header.
+func (b *ingestBench) startBaseline(ctx context.Context, topic string) (string, func(), error) {
 	cfg := b.ingestConfig(topic)
 	popts, err := cfg.ProducerOptions()
 	if err != nil {
-		return Result{}, err
+		return "", nil, err
 	}
 	cl, err := kgo.NewClient(producer.ClientOptions(popts...)...)
 	if err != nil {
-		return Result{}, err
+		return "", nil, err
 	}
-	defer cl.Close()
 	if err := cl.Ping(ctx); err != nil {
-		return Result{}, err
+		cl.Close()
+		return "", nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return Result{}, err
+		cl.Close()
+		return "", nil, err
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if _, err := io.ReadAll(req.Body); err != nil {
@@ -384,7 +471,9 @@ func (r ingestBaseline) Run(ctx context.Context, round int, _ bool) (Result, err
 				wg.Done()
 			})
 		}
+		enqueued := time.Now()
 		wg.Wait()
+		b.recordBaselineAck(time.Since(enqueued))
 		if failed.Load() {
 			http.Error(w, "not acknowledged", http.StatusServiceUnavailable)
 			return
@@ -392,40 +481,111 @@ func (r ingestBaseline) Run(ctx context.Context, round int, _ bool) (Result, err
 		w.WriteHeader(http.StatusNoContent)
 	})}
 	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-	elapsed, err := b.post(ctx, "http://"+ln.Addr().String()+"/", func(r int, h http.Header) { h.Set("X-Request", strconv.Itoa(r)) })
-	if err != nil {
-		return Result{}, err
-	}
-	n, err := b.countRecords(ctx, topic)
-	if err != nil || n != b.cfg.Events {
-		return Result{}, errors.Join(err, fmt.Errorf("bench: the baseline wrote %d records, want %d", n, b.cfg.Events))
-	}
-	return Result{Name: "baseline (minimal handler)", Count: n, Elapsed: elapsed}, nil
+	return "http://" + ln.Addr().String() + "/", func() { _ = srv.Close(); cl.Close() }, nil
 }
 
-// latency sends requests to the last round's ingest at rate events per
-// second (open loop, from the keep-alive connections) for LatencyFor and
-// returns the quantiles of the time to a success.
-func (b *ingestBench) latency(ctx context.Context, rate float64) (latencies, error) {
+// latencyResult is the latency phase's: the quantiles of a success of
+// the baseline and of the ingest at the same rate, in alternating
+// segments, and of the ingest's stages (ingest.Timings).
+type latencyResult struct {
+	rate             float64
+	baseline, ingest latencies
+	stages           map[string]latencies // read, parse, enqueue, ack
+	load             [2]string            // /proc/loadavg before and after
+}
+
+// latencySegments is the number of segments of the latency phase: the
+// baseline and the ingest take turns, so that a change of the machine's
+// load falls on both.
+const latencySegments = 4
+
+// latency sends requests at rate events per second to a baseline handler
+// and to the last round's ingest, in alternating segments of LatencyFor
+// / 2 (LatencyFor each in all), and returns the quantiles of the time to
+// a success of each, and of the ingest's stages.
+func (b *ingestBench) latency(ctx context.Context, rate float64) (latencyResult, error) {
 	if b.ingest == nil {
-		return latencies{}, errors.New("bench: no ingest kept up for the latency phase")
+		return latencyResult{}, errors.New("bench: no ingest kept up for the latency phase")
 	}
 	defer func() {
 		_ = b.ingestStop()
 		b.left.drop(things{topics: []string{b.ingestTopic}})
 	}()
+	res := latencyResult{rate: rate, stages: map[string]latencies{}}
+	topic, err := b.topic(ctx, "base-latency", 0)
+	if err != nil {
+		return res, err
+	}
+	defer b.left.drop(things{topics: []string{topic}})
+	baseURL, stopBase, err := b.startBaseline(ctx, topic)
+	if err != nil {
+		return res, err
+	}
+	defer stopBase()
+	// The baseline's producer is new: its first requests wait for its
+	// producer ID and the topic's metadata, which the kept ingest did
+	// long ago. They are not measured.
+	for r := range b.cfg.Connections {
+		if err := postOne(ctx, http.DefaultClient, baseURL, b.bodies[r%len(b.bodies)], func(h http.Header) { h.Set("X-Request", strconv.Itoa(r%len(b.bodies))) }); err != nil {
+			return res, err
+		}
+	}
+	res.load[0] = loadAverage()
+	var base, ing []time.Duration
+	for seg := range latencySegments {
+		var lats []time.Duration
+		if seg%2 == 0 {
+			lats, err = b.latencyOf(ctx, baseURL, rate, func(r int, h http.Header) { h.Set("X-Request", strconv.Itoa(r)) })
+			base = append(base, lats...)
+		} else {
+			lats, err = b.latencyOf(ctx, b.ingest.URL()+"/api/v1/events", rate, func(int, http.Header) {})
+			ing = append(ing, lats...)
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	res.load[1] = loadAverage()
+	if res.baseline, err = quantiles(base, "answer of the baseline"); err != nil {
+		return res, err
+	}
+	if res.ingest, err = quantiles(ing, "answer of the ingest"); err != nil {
+		return res, err
+	}
+	b.traceMu.Lock()
+	defer b.traceMu.Unlock()
+	for name, ds := range b.trace {
+		if res.stages[name], err = quantiles(ds, name); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// loadAverage is the first three fields of /proc/loadavg; "?" where
+// there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "?"
+}
+
+// latencyOf sends requests to url at rate events per second (open loop,
+// from the keep-alive connections) for LatencyFor / 2 and returns the
+// time to each success. header adds request r's headers.
+func (b *ingestBench) latencyOf(ctx context.Context, url string, rate float64, header func(r int, h http.Header)) ([]time.Duration, error) {
 	perSec := rate / float64(b.cfg.Batch)
 	if perSec <= 0 {
-		return latencies{}, errors.New("bench: no rate for the latency phase")
+		return nil, errors.New("bench: no rate for the latency phase")
 	}
 	interval := time.Duration(float64(time.Second) / perSec)
-	total := int(b.cfg.LatencyFor.Seconds() * perSec)
+	total := max(int(b.cfg.LatencyFor.Seconds()*perSec)/2, 1)
 	clients := make(chan *http.Client, b.cfg.Connections)
 	for range b.cfg.Connections {
 		clients <- keepAliveClient()
 	}
-	url := b.ingest.URL() + "/api/v1/events"
 	var mu sync.Mutex
 	var lats []time.Duration
 	var wg sync.WaitGroup
@@ -443,7 +603,11 @@ func (b *ingestBench) latency(ctx context.Context, rate float64) (latencies, err
 		go func() {
 			defer wg.Done()
 			defer func() { clients <- hc }()
-			err := postOne(ctx, hc, url, b.bodies[i%len(b.bodies)], func(h http.Header) { h.Set("Authorization", "Bearer "+b.token) })
+			r := i % len(b.bodies)
+			err := postOne(ctx, hc, url, b.bodies[r], func(h http.Header) {
+				h.Set("Authorization", "Bearer "+b.token)
+				header(r, h)
+			})
 			if err != nil {
 				select {
 				case errc <- err:
@@ -457,10 +621,13 @@ func (b *ingestBench) latency(ctx context.Context, rate float64) (latencies, err
 		}()
 	}
 	wg.Wait()
+	for range b.cfg.Connections {
+		(<-clients).CloseIdleConnections()
+	}
 	select {
 	case err := <-errc:
-		return latencies{}, err
+		return nil, err
 	default:
 	}
-	return quantiles(lats, "answer")
+	return lats, ctx.Err()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -35,12 +36,31 @@ type SinkConfig struct {
 	// CPUProfile, when set, receives a CPU profile of the last round's
 	// sink run.
 	CPUProfile string
+	// AgainstNoViews compares the sink with the analyst views against the
+	// same sink into a database without them (rounds alternating), instead
+	// of against the bare clickhouse-go loop: the cost of the views.
+	AgainstNoViews bool
+	// Views, when not nil, are the only analyst views the sink's database
+	// keeps (sink.DropViews), to measure one view, or a few, at a time.
+	// The baseline's database keeps the same ones.
+	Views []string
 }
 
 // Validate reports every problem with the config.
 func (c *SinkConfig) Validate() error {
 	return errors.Join(positive("rows", c.Rows), positive("partitions", c.Partitions), positive("rounds", c.Rounds),
 		positive("batch-rows", c.BatchRows), positive("customers", c.Customers))
+}
+
+// viewsLabel names the analyst views a run's database keeps.
+func viewsLabel(views []string) string {
+	switch {
+	case views == nil:
+		return "the analyst views"
+	case len(views) == 0:
+		return "no analyst views"
+	}
+	return "views " + strings.Join(views, ", ")
 }
 
 // Sink measures rows/s into ClickHouse through the sink (Kafka → decode →
@@ -61,12 +81,16 @@ func Sink(ctx context.Context, env *Env, cfg SinkConfig) (err error) {
 		return err
 	}
 	rounds := Rounds{N: cfg.Rounds, Unit: "rows", Progress: env.say}
-	res, err := rounds.Run(ctx, sinkBaseline{b}, sinkRun{b: b})
+	if cfg.AgainstNoViews {
+		return sinkViewsCompare(ctx, env, rounds, b, cfg.Views, cfg.JSON)
+	}
+	res, err := rounds.Run(ctx, sinkBaseline{b}, sinkRun{b: b, views: cfg.Views})
 	if err != nil {
 		return err
 	}
 	mb, ms, mr := res.Median(0), res.Median(1), res.RoundRatio(1, 0)
-	fmt.Fprintf(env.Out, "rows: %d per run, %d partitions, %d rows per INSERT, %d rounds (medians)\n", cfg.Rows, cfg.Partitions, cfg.BatchRows, cfg.Rounds)
+	fmt.Fprintf(env.Out, "rows: %d per run, %d partitions, %d rows per INSERT, %d rounds (medians), database with %s\n",
+		cfg.Rows, cfg.Partitions, cfg.BatchRows, cfg.Rounds, viewsLabel(cfg.Views))
 	writeAligned(env.Out,
 		"baseline bare clickhouse-go:", fmt.Sprintf("%.0f rows/s", mb),
 		"meterline sink:", fmt.Sprintf("%.0f rows/s", ms),
@@ -77,6 +101,31 @@ func Sink(ctx context.Context, env *Env, cfg SinkConfig) (err error) {
 	}
 	return json.NewEncoder(env.Out).Encode(map[string]any{"baseline_median": mb, "sink_median": ms, "ratio": ms / mb,
 		"round_ratio_median": mr, "baseline": res.JSON(0, "baseline"), "sink": res.JSON(1, "sink")})
+}
+
+// sinkViewsCompare runs the sink into a database without the analyst
+// views and into one with views (all of them, or those named), in
+// alternating rounds, and prints both medians and their ratio (goal of
+// DESIGN §7's analyst layer: with ≥ 0.7 × without).
+func sinkViewsCompare(ctx context.Context, env *Env, rounds Rounds, b *sinkBench, views []string, asJSON bool) error {
+	res, err := rounds.Run(ctx, sinkRun{b: b, views: []string{}}, sinkRun{b: b, views: views})
+	if err != nil {
+		return err
+	}
+	without, with, ratio := res.Median(0), res.Median(1), res.RoundRatio(1, 0)
+	fmt.Fprintf(env.Out, "sink, %d rows per run, %d partitions, %d rows per INSERT, %d rounds (medians):\n",
+		b.cfg.Rows, b.cfg.Partitions, b.cfg.BatchRows, rounds.N)
+	writeAligned(env.Out,
+		"without the analyst views:", fmt.Sprintf("%.0f rows/s", without),
+		"with "+viewsLabel(views)+":", fmt.Sprintf("%.0f rows/s", with),
+		"ratio of medians:", fmt.Sprintf("%.2f (goal ≥ 0.70)", with/without),
+		"median of per-round ratios:", fmt.Sprintf("%.2f", ratio))
+	if !asJSON {
+		return nil
+	}
+	return json.NewEncoder(env.Out).Encode(map[string]any{"without_views_median": without, "with_views_median": with,
+		"ratio": with / without, "round_ratio_median": ratio, "views": views,
+		"without_views": res.JSON(0, "without views"), "with_views": res.JSON(1, "with views")})
 }
 
 type sinkBench struct {
@@ -119,10 +168,10 @@ func (b *sinkBench) prepare(ctx context.Context) error {
 	return nil
 }
 
-// database creates and migrates the database of one run; with noViews it
-// then drops the analyst tables' views, so that the run writes the ledger
-// tables only.
-func (b *sinkBench) database(ctx context.Context, what string, round int, noViews bool) (string, error) {
+// database creates and migrates the database of one run; with views not
+// nil it then drops the analyst views not among them (all, for an empty
+// views), so that the run writes the ledger tables and those views' only.
+func (b *sinkBench) database(ctx context.Context, what string, round int, views []string) (string, error) {
 	db := fmt.Sprintf("bench_sink_%s_%d_%d", what, b.stamp%1e9, round)
 	b.left.database(db)
 	conn, err := b.env.ClickHouseServer.Dial(ctx, db, true)
@@ -133,8 +182,8 @@ func (b *sinkBench) database(ctx context.Context, what string, round int, noView
 	if _, err := sink.Migrate(ctx, conn); err != nil {
 		return "", err
 	}
-	if noViews {
-		if err := sink.DropViews(ctx, conn); err != nil {
+	if views != nil {
+		if err := sink.DropViews(ctx, conn, views...); err != nil {
 			return "", err
 		}
 	}
@@ -150,7 +199,7 @@ type sinkBaseline struct{ b *sinkBench }
 
 func (s sinkBaseline) Run(ctx context.Context, round int, _ bool) (Result, error) {
 	b := s.b
-	db, err := b.database(ctx, "base", round, false)
+	db, err := b.database(ctx, "base", round, b.cfg.Views)
 	if err != nil {
 		return Result{}, err
 	}
@@ -193,19 +242,23 @@ func insertBlock(ctx context.Context, conn driver.Conn, query string, cols []any
 // sinkRun runs the sink on the records until every row is inserted and
 // committed. The clock starts when the first record is polled (the group
 // join before it is not throughput) and stops when the last offset is
-// committed. With noViews its database has no analyst views.
+// committed. Its database keeps the analyst views named in views (all of
+// them when views is nil, none when it is empty).
 type sinkRun struct {
-	b       *sinkBench
-	noViews bool
+	b     *sinkBench
+	views []string
 }
 
 func (s sinkRun) Run(ctx context.Context, round int, last bool) (Result, error) {
 	b := s.b
 	what, name := "sink", "meterline sink"
-	if s.noViews {
+	switch {
+	case s.views != nil && len(s.views) == 0:
 		what, name = "sinknoviews", "meterline sink, no analyst views"
+	case s.views != nil:
+		what, name = "sinkviews", "meterline sink, "+viewsLabel(s.views)
 	}
-	db, err := b.database(ctx, what, round, s.noViews)
+	db, err := b.database(ctx, what, round, s.views)
 	if err != nil {
 		return Result{}, err
 	}

@@ -75,3 +75,28 @@ func TestSinkLeavesNothingBehind(t *testing.T) {
 		})
 	}
 }
+
+// TestSinkAgainstNoViews runs bench sink comparing the sink with one
+// analyst view against the sink without any, and reports both and their
+// ratio.
+func TestSinkAgainstNoViews(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	_, brokers := testenv.KFake(t)
+	w := &watcher{}
+	env, out := testEnv(t, brokers, w)
+	env.ClickHouse = addr
+	err := Sink(context.Background(), env, SinkConfig{Rows: 500, Partitions: 2, Rounds: 2, BatchRows: 100, Customers: 10,
+		AgainstNoViews: true, Views: []string{"usage_daily_mv"}})
+	t.Logf("progress:\n%s\nresult:\n%s", w.buf.String(), out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"without the analyst views:", "with views usage_daily_mv:", "ratio of medians:", "round 2 meterline sink, no analyst views:", "round 2 meterline sink, views usage_daily_mv:"} {
+		if !strings.Contains(out.String()+w.buf.String(), want) {
+			t.Errorf("the output does not say %q", want)
+		}
+	}
+	if strings.Contains(w.buf.String(), "baseline") {
+		t.Error("the bare batch loop ran")
+	}
+}

@@ -132,19 +132,29 @@ func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *
 // the sink (Kafka → decode → INSERT → transactional offset commit) against
 // a bare clickhouse-go batch loop writing the same rows.
 type BenchSinkCmd struct {
-	Rows       int    `help:"usage.deduped records (rows) per run." default:"1000000"`
-	Partitions int    `help:"Partitions of the benchmark topic." default:"16"`
-	Rounds     int    `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
-	BatchRows  int    `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
-	Customers  int    `help:"Distinct customers in the generated rows." default:"10000"`
-	JSON       bool   `help:"Print the result as JSON too."`
-	CPUProfile string `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`
+	Rows           int      `help:"usage.deduped records (rows) per run." default:"1000000"`
+	Partitions     int      `help:"Partitions of the benchmark topic." default:"16"`
+	Rounds         int      `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
+	BatchRows      int      `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
+	Customers      int      `help:"Distinct customers in the generated rows." default:"10000"`
+	JSON           bool     `help:"Print the result as JSON too."`
+	CPUProfile     string   `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`
+	AgainstNoViews bool     `help:"Compare the sink with the analyst views against the sink into a database without them (alternating rounds), instead of against the bare batch loop."`
+	Views          []string `help:"Keep only these analyst views (materialized view names, comma-separated) in the databases; 'none' for none. Default: all." sep:","`
 }
 
 // Run runs the benchmark.
 func (c *BenchSinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.SinkConfig{Rows: c.Rows, Partitions: c.Partitions, Rounds: c.Rounds, BatchRows: c.BatchRows,
-		Customers: c.Customers, JSON: c.JSON, CPUProfile: c.CPUProfile}
+		Customers: c.Customers, JSON: c.JSON, CPUProfile: c.CPUProfile, AgainstNoViews: c.AgainstNoViews}
+	if len(c.Views) > 0 {
+		cfg.Views = []string{}
+		for _, v := range c.Views {
+			if v != "none" {
+				cfg.Views = append(cfg.Views, v)
+			}
+		}
+	}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error {
 		if err := checkClickHouse(ctx, env.ClickHouseServer); err != nil {
 			return err
@@ -160,14 +170,16 @@ type BenchIngestCmd struct {
 	Connections int           `help:"Keep-alive client connections." default:"32"`
 	Partitions  int32         `help:"Partitions of each benchmark topic." default:"16"`
 	Rounds      int           `help:"Rounds; each runs the baseline and the ingest once, in alternating order. Medians are reported." default:"3"`
-	LatencyFor  time.Duration `help:"Length of the latency phase, at half the ingest's median rate." default:"15s"`
+	LatencyFor  time.Duration `help:"Length of the latency phase, at half the ingest's median rate, for the baseline and for the ingest each, in alternating segments." default:"15s"`
+	LatencyRate float64       `help:"Rate of the latency phase in events per second; 0: half the ingest's median rate."`
+	Linger      time.Duration `help:"Producer linger of the ingest and of the baseline." default:"${ingest_linger}"`
 	JSON        bool          `help:"Print the result as JSON too."`
 }
 
 // Run runs the benchmark.
 func (c *BenchIngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	cfg := bench.IngestConfig{Events: c.Events, Batch: c.Batch, Connections: c.Connections, Partitions: c.Partitions,
-		Rounds: c.Rounds, LatencyFor: c.LatencyFor, JSON: c.JSON}
+		Rounds: c.Rounds, LatencyFor: c.LatencyFor, LatencyRate: c.LatencyRate, Linger: c.Linger, JSON: c.JSON}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Ingest(ctx, env, cfg) })
 }
 

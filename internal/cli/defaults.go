@@ -28,6 +28,7 @@ func defaultVars() kong.Vars {
 
 		"stream_commit_interval":   flagDuration(stream.DefaultCommitInterval),
 		"stream_max_batch_records": strconv.Itoa(stream.DefaultMaxBatchRecords),
+		"stream_standby_replicas":  strconv.Itoa(stream.DefaultStandbyReplicas),
 
 		"dedup_group":         dedup.DefaultGroup,
 		"dedup_window":        flagDuration(dedup.DefaultWindow),
@@ -60,6 +61,8 @@ func defaultVars() kong.Vars {
 		"ingest_read_header_timeout": flagDuration(ingest.DefaultReadHeaderTimeout),
 		"ingest_read_timeout":        flagDuration(ingest.DefaultReadTimeout),
 		"ingest_idle_timeout":        flagDuration(ingest.DefaultIdleTimeout),
+		"ingest_gate_max_age":        flagDuration(ingest.DefaultGateMaxAge),
+		"ingest_linger":              flagDuration(ingest.DefaultLinger),
 
 		"metrics_addr": defaultMetricsAddr,
 

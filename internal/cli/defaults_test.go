@@ -32,6 +32,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		return []check{
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
 			{cmd + " --max-batch-records", f.MaxBatchRecords, stream.DefaultMaxBatchRecords},
+			{cmd + " --standby-replicas", f.StandbyReplicas, stream.DefaultStandbyReplicas},
 			{cmd + " --session-timeout", f.SessionTimeout, session.DefaultSessionTimeout},
 			{cmd + " --rebalance-timeout", f.RebalanceTimeout, session.DefaultRebalanceTimeout},
 			{cmd + " --transaction-timeout", f.TransactionTimeout, session.DefaultTransactionTimeout},
@@ -107,6 +108,8 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("read-header-timeout"), f.ReadHeaderTimeout, ingest.DefaultReadHeaderTimeout},
 			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},
 			{flag("idle-timeout"), f.IdleTimeout, ingest.DefaultIdleTimeout},
+			{flag("gate-max-age"), f.GateMaxAge, ingest.DefaultGateMaxAge},
+			{flag("quota-gate"), f.QuotaGate, true},
 			{flag("max-skew"), f.MaxSkew, producer.DefaultMaxSkew},
 		}
 	}
@@ -146,7 +149,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 func TestValidateNamesFlags(t *testing.T) {
 	line := regexp.MustCompile(`^(session|stream|dedup|aggregator|sink|kafka|bench|ingest|entitlements): ([a-z][a-z0-9]*(-[a-z0-9]+)*)(:| is required| must| is not| -?[0-9"\[(])`)
 	errs := map[string]error{
-		"stream":    (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1}).Validate(),
+		"stream":    (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1, StandbyReplicas: -1}).Validate(),
 		"dedup":     (&dedup.Config{Skew: -1, Sources: []string{""}, WatermarkEvery: -1, Keys: []dedup.Key{{ID: "a"}, {ID: "a"}}}).Validate(),
 		"aggregate": (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1}).Validate(),
 		"ingest": (&ingest.Config{TLSCertFile: "cert.pem", MaxBodyBytes: 10, MaxEvents: -1, ProduceTimeout: time.Millisecond,

@@ -28,12 +28,15 @@ type IngestFlags struct {
 	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
 	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
 	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
+	QuotaGate         bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
+	GateMaxAge        time.Duration `help:"Age past which the quota gate no longer trusts a balance, in broker time: the balance's updated_at against the newest updated_at read plus the time since." default:"${ingest_gate_max_age}"`
 }
 
 func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
 	cfg := ingest.Config{
 		Addr: f.Addr, TLSCertFile: f.TLSCertFile, TLSKeyFile: f.TLSKeyFile,
 		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
+		BalancesTopic: g.Topic.BalancesTopic(), NoGate: !f.QuotaGate, GateMaxAge: f.GateMaxAge,
 		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
 		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,

@@ -546,7 +546,8 @@ func waitSecuredCounts(t *testing.T, conn driver.Conn, want map[string]int64, d 
 // broker with the authorizer on, and makes every stage use every ACL it
 // is given: the producer writes usage.events and is refused
 // usage.deduped, usage.aggregates and both changelogs; the operator
-// creates an API key and the HTTP ingest accepts an event with it; dedup appends
+// creates an API key and the HTTP ingest reads the balances (its quota
+// gate) and accepts an event with it; dedup appends
 // ticks to usage.events and writes a first copy, a duplicate and a
 // rejection; the aggregator writes revisions, an adjustment (an event
 // whose month ended past the grace) and a rejection (an undeclared
@@ -642,6 +643,13 @@ func TestRealSecuredACLs(t *testing.T) {
 	ing := start(t, "meterline ingest", append([]string{"ingest", "--log-level", "info", "--topic-prefix", prefix,
 		"--addr", ingestAddr, "--metrics-addr", ingestMetrics}, k.Flags("ingest", kafka.ScramSHA512)...)...)
 	waitHTTP(t, "http://"+ingestMetrics+"/readyz", 200, 2*time.Minute, ing.done, ing.logs)
+	// The quota gate reads usage.balances as User:ingest.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(get(t, "http://"+ingestMetrics+"/metrics"), "\nmeterline_ingest_balances_loaded 1\n"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ingest did not load the balances topic as User:ingest in a minute\n%s", testenv.Tail(ing.logs.String(), 20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	body := fmt.Sprintf(`{"event_id":"http-1","customer_id":"c2","meter":"tokens","quantity":3,"event_time":%q}`, now.UTC().Format(time.RFC3339Nano))
 	req, err := http.NewRequest(http.MethodPost, "http://"+ingestAddr+"/v1/events", strings.NewReader(body))
 	if err != nil {

@@ -27,6 +27,7 @@ type StageFlags struct {
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
+	StandbyReplicas    int           `help:"Instances besides its owner that keep each partition's state warm by tailing its changelog, so that a failover restores only the changelog's tail (every instance of the group should use the same value)." default:"${stream_standby_replicas}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	Validate           bool          `help:"Check the configuration and exit."`
 }
@@ -52,6 +53,7 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logg
 		StateDir:        filepath.Join(f.StateDir, stage+"-"+id),
 		CommitInterval:  f.CommitInterval,
 		MaxBatchRecords: f.MaxBatchRecords,
+		StandbyReplicas: f.StandbyReplicas,
 		Logger:          log,
 		Registerer:      reg,
 	}, nil

@@ -109,7 +109,7 @@ func startIngest(ctx, runCtx context.Context, cfg Config, brokers []string, name
 	if err != nil {
 		return nil, "", fmt.Errorf("demo: ingest key: %w", err)
 	}
-	srv, err := ingest.New(ingest.Config{Addr: cfg.IngestAddr, Kafka: kafka.Config{Brokers: brokers}, Topic: names.EventsTopic(), KeysTopic: names.KeysTopic(),
+	srv, err := ingest.New(ingest.Config{Addr: cfg.IngestAddr, Kafka: kafka.Config{Brokers: brokers}, Topic: names.EventsTopic(), KeysTopic: names.KeysTopic(), BalancesTopic: names.BalancesTopic(),
 		Meters: cat, Logger: cfg.Logger, Registerer: cfg.Registry})
 	if err != nil {
 		return nil, "", err

@@ -72,6 +72,10 @@ type StageStatus struct {
 	// (processing or restoring); Restoring, those still restoring.
 	Owned     int `json:"owned_partitions"`
 	Restoring int `json:"restoring_partitions"`
+	// Standbys are the partitions this instance keeps warm as a standby
+	// replica (DESIGN §10), sorted; empty when it keeps none or the stage
+	// does not report them (StandbyStage).
+	Standbys []StandbyStatus `json:"standbys,omitempty"`
 	// Replayed is the number of changelog records replayed by restores
 	// since the process started (meterline_stream_restore_records_total).
 	Replayed float64 `json:"restore_replayed_records"`
@@ -174,6 +178,23 @@ type Stage interface {
 	EachPartitionStatus(fn func(p int32, restoring bool, remaining int64, kind, reason string))
 }
 
+// StandbyStatus is one partition a stage instance keeps warm as a standby.
+type StandbyStatus struct {
+	Partition int32 `json:"partition"`
+	// Offset is the changelog offset the standby copy reflects; LagRecords,
+	// how far it is behind the changelog's end. Nil when not known yet.
+	Offset     *int64 `json:"changelog_offset"`
+	LagRecords *int64 `json:"lag_records"`
+}
+
+// StandbyStage is implemented by a Stage that keeps standby replicas
+// (stream.Runtime). EachStandbyStatus calls fn for every partition the
+// instance keeps warm, in partition order; offset and lag are negative
+// when not known yet.
+type StandbyStage interface {
+	EachStandbyStatus(fn func(p int32, offset, lag int64))
+}
+
 // StageStatusOf returns what st reports of itself: its identity, session
 // and partitions. The page completes it from the metrics.
 func StageStatusOf(st Stage) StageStatus {
@@ -195,6 +216,18 @@ func StageStatusOf(st Stage) StageStatus {
 		}
 		out.Partitions = append(out.Partitions, ps)
 	})
+	if sb, ok := st.(StandbyStage); ok {
+		sb.EachStandbyStatus(func(p int32, offset, lag int64) {
+			ss := StandbyStatus{Partition: p}
+			if offset >= 0 {
+				ss.Offset = &offset
+			}
+			if lag >= 0 {
+				ss.LagRecords = &lag
+			}
+			out.Standbys = append(out.Standbys, ss)
+		})
+	}
 	return out
 }
 

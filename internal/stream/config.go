@@ -60,6 +60,12 @@ type Config struct {
 	// interval). Zero disables it. Default: 0.
 	PunctuateInterval time.Duration
 
+	// StandbyReplicas is how many instances besides its owner keep each
+	// partition's state warm by tailing its changelog (DESIGN §10,
+	// standby.go); the group's leader assigns them. Default: 0
+	// (DefaultStandbyReplicas).
+	StandbyReplicas int
+
 	// Clock drives the commit and punctuate timers and dates checkpoints
 	// for the restore horizon (DESIGN §6.8), never billing decisions.
 	// Default: the system clock.
@@ -76,6 +82,7 @@ type Config struct {
 const (
 	DefaultCommitInterval  = 100 * time.Millisecond
 	DefaultMaxBatchRecords = 10_000
+	DefaultStandbyReplicas = 0
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -136,6 +143,9 @@ func (c *Config) Validate() error {
 	pos("commit-interval", c.CommitInterval)
 	if c.PunctuateInterval < 0 {
 		errs = append(errs, fmt.Errorf("stream: punctuate-interval must not be negative (got %s)", c.PunctuateInterval))
+	}
+	if c.StandbyReplicas < 0 {
+		errs = append(errs, fmt.Errorf("stream: standby-replicas must not be negative (got %d)", c.StandbyReplicas))
 	}
 	if c.MaxBatchRecords <= 0 {
 		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))

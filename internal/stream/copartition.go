@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -96,7 +97,14 @@ func CopartitionBalancer(topics ...string) kgo.GroupBalancer {
 }
 
 type copartitionBalancer struct {
-	topics []string // sorted, unique; empty: the members' common set
+	topics  []string // sorted, unique; empty: the members' common set
+	standby StandbyOptions
+
+	// last is this member's last assignment (ParseSyncAssignment), for
+	// its claims: kgo clears its own record of it when an eager member
+	// revokes before joining, and passes JoinGroupMetadata nothing.
+	mu   sync.Mutex
+	last map[string][]int32
 }
 
 func (*copartitionBalancer) ProtocolName() string { return CopartitionProtocol }
@@ -104,15 +112,23 @@ func (*copartitionBalancer) IsCooperative() bool  { return false }
 
 // JoinGroupMetadata writes the consumer protocol's metadata with the
 // member's last assignment and generation in the sticky userdata format, so
-// the leader can keep each member's partition numbers. kgo passes the last
-// assignment even though an eager member has revoked it before joining.
-func (*copartitionBalancer) JoinGroupMetadata(interests []string, current map[string][]int32, generation int32) []byte {
+// the leader can keep each member's partition numbers. kgo clears its
+// record of the last assignment when an eager member revokes it before
+// joining, and passes nothing: the balancer then claims the last
+// assignment it parsed itself (one balancer per client: a new client
+// claims nothing).
+func (b *copartitionBalancer) JoinGroupMetadata(interests []string, current map[string][]int32, generation int32) []byte {
 	meta := kmsg.NewConsumerMemberMetadata()
 	meta.Version = 3
 	meta.Topics = interests
 	meta.Generation = generation
 	sticky := kmsg.NewStickyMemberMetadata()
 	sticky.Generation = generation
+	if len(current) == 0 {
+		b.mu.Lock()
+		current = b.last
+		b.mu.Unlock()
+	}
 	for topic, partitions := range current {
 		a := kmsg.NewStickyMemberMetadataCurrentAssignment()
 		a.Topic = topic
@@ -125,19 +141,44 @@ func (*copartitionBalancer) JoinGroupMetadata(interests []string, current map[st
 		return cmp.Compare(a.Topic, b.Topic)
 	})
 	meta.UserData = sticky.AppendTo(nil)
+	if b.standby.Warm != nil {
+		meta.UserData = appendWarm(appendSticky(nil, &sticky), b.standby.Warm())
+	}
 	return meta.AppendTo(nil)
 }
 
 // ParseSyncAssignment parses the consumer protocol's assignment and refuses
 // one that is not co-partitioned: every topic must carry the same partition
-// numbers, and the topics must be the configured set.
+// numbers, and the topics must be the configured set. The standby
+// assignment in its userdata goes to StandbyOptions.Assigned.
 func (b *copartitionBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
-	m, err := kgo.ParseConsumerSyncAssignment(assignment)
-	if err != nil {
-		return nil, fmt.Errorf("stream: copartition balancer: %w", err)
+	var a kmsg.ConsumerMemberAssignment
+	if err := a.ReadFrom(assignment); err != nil {
+		return nil, fmt.Errorf("stream: copartition balancer: sync assignment parse failed: %w", err)
+	}
+	m := make(map[string][]int32, len(a.Topics))
+	for _, t := range a.Topics {
+		m[t.Topic] = t.Partitions
 	}
 	if err := b.checkAssignment(m); err != nil {
 		return nil, err
+	}
+	last := make(map[string][]int32, len(m))
+	for t, ps := range m {
+		last[t] = slices.Clone(ps)
+	}
+	b.mu.Lock()
+	b.last = last
+	b.mu.Unlock()
+	if b.standby.Assigned != nil {
+		var owned []int32
+		for _, ps := range m {
+			owned = ps
+			break
+		}
+		sa := parseStandby(a.UserData, owned)
+		sa.Owned = slices.Sorted(slices.Values(owned))
+		b.standby.Assigned(sa)
 	}
 	return m, nil
 }
@@ -181,7 +222,7 @@ func (b *copartitionBalancer) Balance(cb *kgo.ConsumerBalancer, counts map[strin
 	return plan
 }
 
-func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[string]int32) (*kgo.BalancePlan, error) {
+func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[string]int32) (kgo.IntoSyncAssignment, error) {
 	members := cb.Members()
 	if len(members) == 0 {
 		return cb.NewPlan(), nil
@@ -211,22 +252,30 @@ func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[strin
 	}
 
 	claims := make([]memberClaim, len(members))
+	warm := make([]warmInput, len(members))
 	for i := range members {
 		_, meta := cb.MemberAt(i)
-		claims[i] = parseClaim(meta.UserData, topics, n)
+		claims[i], warm[i] = parseClaimWarm(meta.UserData, topics, n)
 	}
-	numbers := assignNumbers(claims, n)
+	wp := assignWarm(claims, warm, n, b.standby.Replicas, b.standby.AcceptableLag)
 
 	plan := cb.NewPlan()
 	for i := range members {
-		if len(numbers[i]) == 0 {
+		if len(wp.numbers[i]) == 0 {
 			continue
 		}
 		for _, t := range topics {
-			plan.AddPartitions(&members[i], t, slices.Clone(numbers[i]))
+			plan.AddPartitions(&members[i], t, slices.Clone(wp.numbers[i]))
 		}
 	}
-	return plan, nil
+	if b.standby.Replicas <= 0 {
+		return plan, nil
+	}
+	sp := &standbyPlan{plan: plan, userdata: map[string][]byte{}}
+	for i := range members {
+		sp.userdata[members[i].MemberID] = encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i]})
+	}
+	return sp, nil
 }
 
 // copartitionCount returns the partition count shared by topics, or a
@@ -258,9 +307,16 @@ type memberClaim struct {
 // (another client, a corrupt join) is no history, never an error: it only
 // costs stickiness.
 func parseClaim(userdata []byte, topics []string, n int32) memberClaim {
+	c, _ := parseClaimWarm(userdata, topics, n)
+	return c
+}
+
+// parseClaimWarm reads a member's claim and the warm copies it advertises
+// after it (standby_balance.go).
+func parseClaimWarm(userdata []byte, topics []string, n int32) (memberClaim, warmInput) {
 	var sm kmsg.StickyMemberMetadata
 	if len(userdata) == 0 || sm.ReadFrom(userdata) != nil {
-		return memberClaim{generation: -1}
+		return memberClaim{generation: -1}, warmInput{}
 	}
 	c := memberClaim{generation: sm.Generation}
 	for _, a := range sm.CurrentAssignment {
@@ -275,7 +331,7 @@ func parseClaim(userdata []byte, topics []string, n int32) memberClaim {
 	}
 	slices.Sort(c.numbers)
 	c.numbers = slices.Compact(c.numbers)
-	return c
+	return c, warmInput{warm: parseWarm(userdata, &sm, n)}
 }
 
 // assignNumbers assigns the partition numbers [0, n) to the members, in the
@@ -287,65 +343,5 @@ func parseClaim(userdata []byte, topics []string, n int32) memberClaim {
 // quota; the rest are dealt in ascending order to the members below quota,
 // in member order. The result is deterministic.
 func assignNumbers(claims []memberClaim, n int32) [][]int32 {
-	m := len(claims)
-	out := make([][]int32, m)
-	if m == 0 || n <= 0 {
-		return out
-	}
-	owner := make([]int, n)
-	ownerGen := make([]int32, n)
-	for i := range owner {
-		owner[i] = -1
-	}
-	for i, c := range claims {
-		for _, p := range c.numbers {
-			if owner[p] == -1 || c.generation > ownerGen[p] {
-				owner[p], ownerGen[p] = i, c.generation
-			}
-		}
-	}
-	owned := make([][]int32, m)
-	for p, o := range owner {
-		if o >= 0 {
-			owned[o] = append(owned[o], int32(p))
-		}
-	}
-
-	base, extra := int(n)/m, int(n)%m
-	order := make([]int, m)
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(len(owned[b]), len(owned[a])) })
-	quota := make([]int, m)
-	for rank, i := range order {
-		quota[i] = base
-		if rank < extra {
-			quota[i]++
-		}
-	}
-
-	free := make([]bool, n)
-	for p, o := range owner {
-		free[p] = o < 0
-	}
-	for i := range m {
-		keep := min(len(owned[i]), quota[i])
-		out[i] = append(make([]int32, 0, quota[i]), owned[i][:keep]...)
-		for _, p := range owned[i][keep:] {
-			free[p] = true
-		}
-	}
-	next := int32(0)
-	for i := range m {
-		for len(out[i]) < quota[i] {
-			for !free[next] {
-				next++
-			}
-			free[next] = false
-			out[i] = append(out[i], next)
-		}
-		slices.Sort(out[i])
-	}
-	return out
+	return assignWarm(claims, nil, n, 0, 0).numbers
 }

@@ -24,14 +24,24 @@ import (
 // written by JoinGroupMetadata from its last assignment, the plan goes
 // through IntoSyncAssignment and each member parses its own share.
 type groupSim struct {
-	bal    kgo.GroupBalancer
+	bals   map[string]kgo.GroupBalancer // each member's own (it remembers its last assignment)
 	topics []string
 	gen    int32
 	last   map[string]map[string][]int32 // member => topic => partitions
 }
 
 func newGroupSim(topics ...string) *groupSim {
-	return &groupSim{bal: CopartitionBalancer(topics...), topics: topics, last: map[string]map[string][]int32{}}
+	return &groupSim{bals: map[string]kgo.GroupBalancer{}, topics: topics, last: map[string]map[string][]int32{}}
+}
+
+// bal returns member id's balancer.
+func (g *groupSim) bal(id string) kgo.GroupBalancer {
+	b, ok := g.bals[id]
+	if !ok {
+		b = CopartitionBalancer(g.topics...)
+		g.bals[id] = b
+	}
+	return b
 }
 
 // rebalance balances members (any order) over topics with counts, and
@@ -43,10 +53,10 @@ func (g *groupSim) rebalance(t *testing.T, members []string, counts map[string]i
 	for _, id := range members {
 		m := kmsg.NewJoinGroupResponseMember()
 		m.MemberID = id
-		m.ProtocolMetadata = g.bal.JoinGroupMetadata(slices.Clone(g.topics), g.last[id], g.gen)
+		m.ProtocolMetadata = g.bal(id).JoinGroupMetadata(slices.Clone(g.topics), g.last[id], g.gen)
 		join = append(join, m)
 	}
-	mb, interests, err := g.bal.MemberBalancer(join)
+	mb, interests, err := g.bal(members[0]).MemberBalancer(join)
 	if err != nil {
 		t.Fatalf("MemberBalancer: %v", err)
 	}
@@ -62,7 +72,7 @@ func (g *groupSim) rebalance(t *testing.T, members []string, counts map[string]i
 	g.gen++
 	got := map[string]map[string][]int32{}
 	for _, a := range into.IntoSyncAssignment() {
-		m, err := g.bal.ParseSyncAssignment(a.MemberAssignment)
+		m, err := g.bal(a.MemberID).ParseSyncAssignment(a.MemberAssignment)
 		if err != nil {
 			t.Fatalf("ParseSyncAssignment for %s: %v", a.MemberID, err)
 		}

@@ -51,8 +51,9 @@ type Processor interface {
 
 // PartitionState reads one partition's restored state in Pebble.
 type PartitionState struct {
-	s *Store
-	p int32
+	s    *Store
+	p    int32
+	warm WarmState // a promoted standby's (standby.go); nil: none
 }
 
 // Partition returns the partition number.

@@ -59,6 +59,9 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 }
 
 func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64) (Partition, int64, error) {
+	// A standby tail of p stops writing first; its warm structures are
+	// handed to Open if the restore only replays the tail.
+	warm := rt.sb.take(p)
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
 	// either happened already or is skipped.
@@ -131,12 +134,13 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 			}
 		}
 		from, at = logStart, now
+		warm = nil // built from the state in Open
 	}
-	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from))...)
+	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from), zap.Bool("warm", warm != nil))...)
 	var replayed int64
 	if from < hw {
 		start := time.Now()
-		replayed, err = rt.replay(ctx, p, from, hw, at)
+		replayed, err = rt.replay(ctx, p, from, hw, at, warm)
 		if err != nil {
 			return nil, replayed, err
 		}
@@ -152,7 +156,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 			return nil, replayed, err
 		}
 	}
-	part, err := rt.proc.Open(p, &PartitionState{s: rt.store, p: p})
+	part, err := rt.proc.Open(p, &PartitionState{s: rt.store, p: p, warm: warm})
 	if err != nil {
 		return nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
 	}
@@ -232,7 +236,8 @@ func offsetString(o int64) string {
 // owner's transaction still open below hw holds the read at the LSO until
 // it commits or aborts.
 // at dates the checkpoints it writes (Checkpoint.At).
-func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time) (int64, error) {
+// warm, when not nil, is given every record once its batch is committed.
+func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time, warm WarmState) (int64, error) {
 	cl, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -250,10 +255,20 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.
 	var n int64
 	b := rt.store.newBatch()
 	pos := from
+	var applied []*kgo.Record // for warm, once committed
 	flush := func() error {
 		b.checkpoint(p, Checkpoint{Offset: pos, At: at})
 		if err := b.commit(); err != nil {
 			return fmt.Errorf("stream: restore partition %d: write state: %w", p, err)
+		}
+		for _, r := range applied {
+			warm.Apply(r.Key, r.Value)
+		}
+		applied = applied[:0]
+		if warm != nil {
+			if err := rt.applyLocalDeletes(p, warm); err != nil {
+				return err
+			}
 		}
 		b = rt.store.newBatch()
 		return nil
@@ -294,6 +309,9 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.
 				b.del(p, r.Key)
 			} else {
 				b.set(p, r.Key, r.Value)
+			}
+			if warm != nil {
+				applied = append(applied, r)
 			}
 			n++
 			rt.m.restoreRecords.Inc()

@@ -33,7 +33,9 @@
 // records and punctuation into the open transaction), commit.go (the
 // commit path: flush, changelog, end, apply), processor.go (what a stage
 // implements), txn.go (Tx, the overlay), settle.go (a transaction's records
-// wait for the previous one's end), restore.go, work.go.
+// wait for the previous one's end), restore.go, work.go, copartition.go
+// (the group balancer), standby.go and standby_balance.go (standby
+// replicas, DESIGN §10).
 package stream
 
 import (
@@ -138,6 +140,8 @@ type Runtime struct {
 	restores sync.WaitGroup
 	// horizon plans restores against delete.retention.ms (DESIGN §6.8).
 	horizon restoreHorizon
+	// sb runs the standby tails (standby.go).
+	sb *standbys
 
 	// Run-loop-only state.
 	active    map[int32]*activePart
@@ -210,6 +214,7 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 		parts: map[int32]*partState{},
 		wake:  make(chan struct{}, 1),
 	}
+	rt.sb = newStandbys(rt)
 	return rt, nil
 }
 
@@ -258,6 +263,7 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 			err = fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point)
 		}
 		rt.closeAll()
+		rt.sb.stopAll()
 		rt.restores.Wait()
 		if cerr := rt.store.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("stream: close state: %w", cerr))

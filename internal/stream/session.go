@@ -75,14 +75,16 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	ready := make(chan struct{})
 	inputs := rt.cfg.inputs()
 	// One balancer for every stage: partition p of each input topic goes
-	// to one member (DESIGN §12); eager, so a group that ran kgo's
+	// to one member (DESIGN §12), and partitions follow warm copies
+	// (standby.go, DESIGN §10); eager, so a group that ran kgo's
 	// cooperative-sticky balancer before needs every member stopped first,
 	// or a new group name.
-	sess, err := rt.loop.Open(inputs, rt.hooks(ready), append(sessionOptions(), kgo.Balancers(CopartitionBalancer(inputs...)))...)
+	sess, err := rt.loop.Open(inputs, rt.hooks(ready), append(sessionOptions(), kgo.Balancers(rt.Balancer(inputs...)))...)
 	if err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
 	rt.sess = sess
+	rt.sb.setClient(sess.Client())
 	rt.adm = kadm.NewClient(sess.Client())
 	rt.joined.Store(true)
 	defer rt.joined.Store(false)

@@ -1,0 +1,117 @@
+package ingest
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/schemas"
+)
+
+// The advisory quota gate (DESIGN §11). It is a courtesy, not the
+// decision: the aggregator decides every event exactly once (DESIGN §12).
+// The gate answers 402 only when it is sure of the aggregator's answer for
+// every usage event of the request, and lets the request through in every
+// other case (fail open):
+//
+//   - the view of usage.balances is loaded (Balances.Loaded);
+//   - for every usage event: its customer has a balance younger than
+//     Config.GateMaxAge (Balances: the age is in broker time), the
+//     customer is not unmetered, the event's own event_time is in the
+//     balance's period [period_start, period_end), and its meter has a cap
+//     with on_limit REJECT that the event would take past its limit, as
+//     the aggregator decides it (SUM adds the quantity, COUNT one; a
+//     meter of another aggregation is not capped; an event landing exactly
+//     on the cap is accepted).
+//
+// A request refused is answered with nothing sent; each of its events is
+// counted (meterline_ingest_gate_refused_events_total, by tenant) and the
+// request is logged with each refused event's index, customer and meter.
+
+// gateRefusal is one usage event the gate refuses.
+type gateRefusal struct {
+	index    int
+	customer string
+	meter    string
+}
+
+func (g gateRefusal) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	enc.AddInt("index", g.index)
+	enc.AddString("customer_id", g.customer)
+	enc.AddString("meter", g.meter)
+	return nil
+}
+
+type gateRefusals []gateRefusal
+
+func (gs gateRefusals) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, g := range gs {
+		if err := enc.AppendObject(g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gateCheck returns the errors of a 402 when the gate refuses every usage
+// event of the request, or nil to let it through.
+func (s *Server) gateCheck(req *request) ([]EventError, gateRefusals) {
+	b := s.balances
+	if b == nil || len(req.usages) == 0 || !b.isLoaded() {
+		return nil, nil
+	}
+	errs := make([]EventError, 0, len(req.usages))
+	refused := make(gateRefusals, 0, len(req.usages))
+	for k := range req.usages {
+		u := &req.usages[k]
+		why, ok := s.exhausted(&u.ue)
+		if !ok {
+			return nil, nil
+		}
+		errs = append(errs, EventError{Index: u.input, Field: u.mm.field("meter"), Code: schemas.ReasonOverLimit, Reason: why})
+		refused = append(refused, gateRefusal{u.input, u.ue.CustomerID, u.ue.Meter})
+	}
+	return errs, refused
+}
+
+// exhausted reports whether the balances say the aggregator will refuse
+// the event over_limit, and why (see the rules above).
+func (s *Server) exhausted(ue *schemas.UsageEvent) (string, bool) {
+	bal, age, ok := s.balances.Lookup(ue.CustomerID)
+	if !ok || age >= s.cfg.GateMaxAge || bal.Unmetered || ue.EventTime < bal.PeriodStart || ue.EventTime >= bal.PeriodEnd {
+		return "", false
+	}
+	i := slices.IndexFunc(bal.Meters, func(m schemas.MeterBalance) bool { return m.Meter == ue.Meter })
+	if i < 0 || bal.Meters[i].OnLimit != schemas.OnLimitReject {
+		return "", false
+	}
+	mb := bal.Meters[i]
+	m, _ := s.cfg.Meters.Lookup(ue.Meter) // an undeclared meter is a SUM, as the aggregator takes it
+	if !entitlements.Charged(string(m.Aggregation)) {
+		return "", false
+	}
+	units := entitlements.Event{Meter: ue.Meter, Aggregation: string(m.Aggregation), Quantity: ue.Quantity}.Units()
+	if units < 0 || !wouldPass(mb.Usage, units, mb.Limit) {
+		return "", false
+	}
+	return fmt.Sprintf("meter %s: %d of the limit %d already used in the period %s (plan %q, balance as of %s); adding %d would pass it, and the plan rejects usage past it",
+		ue.Meter, mb.Usage, mb.Limit, describePeriod(bal.PeriodStart, bal.PeriodEnd), bal.Plan,
+		time.UnixMilli(bal.UpdatedAt).UTC().Format(time.RFC3339), units), true
+}
+
+// answerGate answers a request the gate refuses: 402 with each refused
+// event; it counts and logs them.
+func (s *Server) answerGate(w http.ResponseWriter, req *request, errs []EventError, refused gateRefusals) {
+	tenant := req.key.Tenant
+	writeProblem(w, http.StatusPaymentRequired, "quota-exhausted", "Quota exhausted",
+		fmt.Sprintf("every event of the request is for a meter whose limit is used up in the event's period, by the latest balances; nothing was sent (%d of %d events)",
+			countIndexes(errs), req.inputs), errs, 0)
+	s.metrics.gateRefused(tenant, req.inputs)
+	s.log.Info("ingest: quota gate answered 402; nothing was sent",
+		zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("events", req.inputs), zap.Array("refused", refused))
+}

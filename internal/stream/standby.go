@@ -1,0 +1,567 @@
+package stream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/prom"
+)
+
+// Standby replicas (DESIGN §10).
+//
+// With Config.StandbyReplicas = N, the group's leader (CopartitionStandbyBalancer)
+// gives each partition number N standby members besides its owner. A
+// standby tails the partition's changelog, read_committed, into its own
+// store, as a restore does, and moves the partition's checkpoint with every
+// batch: its copy is warm state like any other. When it becomes the owner,
+// the restore stops the tail and replays only what lies past the
+// checkpoint, after the same horizon test (DESIGN §6.8) as any warm state,
+// so failover does not wait for a full restore.
+//
+// Checkpoint dates. A tail keeps the date of the checkpoint it started from
+// (or, when it started over from the log start, the time it did). Every
+// second it lists the changelog's end E at time T; once it has read up to
+// E, every tombstone it has not seen lies at or past E and was appended
+// after T, so the checkpoint is dated T from then on. A standby that keeps
+// up thus keeps a checkpoint a few seconds old, and passes the horizon test
+// however long it has been a standby.
+//
+// A Processor that keeps in-memory structures it would otherwise rebuild
+// from every key in Open (dedup's Bloom filters) implements Warmer: the
+// standby keeps them up to date as it applies records, the restore's tail
+// goes through them too, and Open receives them (PartitionState.Warm), so
+// opening a promoted partition takes a time independent of its key count.
+
+// Warmer is implemented by a Processor that keeps warm, for a partition it
+// does not own, what its Open would otherwise rebuild from the state.
+type Warmer interface {
+	// Warm builds partition p's structures from its state in st. It runs
+	// on the standby's goroutine when the standby starts (the state may be
+	// empty), and may take time proportional to the state.
+	Warm(p int32, st *PartitionState) (WarmState, error)
+}
+
+// WarmState is one partition's warm in-memory structures, kept in step
+// with its state.
+type WarmState interface {
+	// Apply is called with every changelog record applied to the
+	// partition's state (value nil: a delete), once the batch holding it is
+	// committed to Pebble. It runs on one goroutine at a time.
+	Apply(key, value []byte)
+}
+
+// WarmExpirer is implemented by a WarmState whose processor deletes state
+// locally, not through the changelog, by a rule the changelog's records
+// decide (dedup drops expired arrival buckets once the watermark it records
+// passes them). A standby tail and a restore's replay apply the same
+// deletes, so that a standby's state stays as bounded as its owner's.
+type WarmExpirer interface {
+	// LocalDeletes returns the key ranges [lo, hi) to delete from the
+	// state now that the records given to Apply so far are committed;
+	// each range is returned once.
+	LocalDeletes() [][2][]byte
+}
+
+// applyLocalDeletes deletes warm's local ranges (WarmExpirer) from
+// partition p's state.
+func (rt *Runtime) applyLocalDeletes(p int32, warm WarmState) error {
+	we, ok := warm.(WarmExpirer)
+	if !ok {
+		return nil
+	}
+	rs := we.LocalDeletes()
+	if len(rs) == 0 {
+		return nil
+	}
+	b := rt.store.newBatch()
+	for _, r := range rs {
+		b.deleteRange(p, r[0], r[1])
+	}
+	if err := b.commit(); err != nil {
+		return fmt.Errorf("stream: partition %d: local deletes: %w", p, err)
+	}
+	return nil
+}
+
+// Warm returns the partition's warm structures handed over by its
+// standby, kept in step with the restored state; nil when there are none
+// (Open must build them from the state).
+func (ps *PartitionState) Warm() WarmState { return ps.warm }
+
+// standbyListInterval is how often a standby lists its changelog's end, to
+// date its checkpoint and report its lag.
+const standbyListInterval = time.Second
+
+// standbyForceInterval is the least time between two rebalances a member
+// asks for to take its deferred partitions.
+const standbyForceInterval = 10 * time.Second
+
+// standbys runs the instance's standby tails.
+type standbys struct {
+	rt *Runtime
+
+	client atomic.Pointer[kgo.Client] // the current session's, for ForceRebalance
+
+	mu    sync.Mutex
+	tails map[int32]*tail
+	// stopping holds tails cancelled by a new assignment that may still
+	// write; a restore or a new tail of the partition waits for them.
+	stopping  map[int32]*tail
+	deferred  []int32
+	lastForce time.Time
+
+	m *standbyMetrics
+}
+
+type standbyMetrics struct {
+	partitions prometheus.Gauge
+	lag        *prometheus.GaugeVec
+	records    prometheus.Counter
+	busy       prometheus.Counter
+}
+
+func newStandbyMetrics(reg prometheus.Registerer, stage string) *standbyMetrics {
+	f := prom.NewFactory(prometheus.WrapRegistererWith(prometheus.Labels{"stage": stage}, reg))
+	return &standbyMetrics{
+		partitions: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_standby_partitions",
+			Help: "Partitions this instance keeps warm as a standby (tailing their changelogs)."}),
+		lag: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_standby_lag_records",
+			Help: "Changelog offsets a standby copy is behind the changelog's end, per partition (read every second)."}, []string{"partition"}),
+		records: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_standby_records_total",
+			Help: "Changelog records applied to standby copies."}),
+		busy: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_standby_apply_seconds_total",
+			Help: "Time standby tails spent applying polled changelog records (decoding excluded): divided by the records, the cost of a standby per record."}),
+	}
+}
+
+// tail is one standby partition's tailing goroutine.
+type tail struct {
+	p      int32
+	cancel context.CancelFunc
+	done   chan struct{}
+	// Set before done is closed.
+	warm WarmState
+	err  error
+	// Progress, for the status page.
+	pos, end atomic.Int64
+}
+
+func newStandbys(rt *Runtime) *standbys {
+	return &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{}, m: newStandbyMetrics(rt.cfg.Registerer, rt.cfg.Stage)}
+}
+
+// Balancer returns the runtime's group balancer: CopartitionStandbyBalancer
+// over topics, with Config.StandbyReplicas, this instance's warm copies (the
+// checkpoints in its store) and its standby tails.
+func (rt *Runtime) Balancer(topics ...string) kgo.GroupBalancer {
+	return CopartitionStandbyBalancer(StandbyOptions{
+		Replicas: rt.cfg.StandbyReplicas,
+		Warm:     rt.sb.warmCopies,
+		Assigned: rt.sb.assigned,
+	}, topics...)
+}
+
+// setClient records the current session's client.
+func (sb *standbys) setClient(cl *kgo.Client) { sb.client.Store(cl) }
+
+// warmCopies lists the checkpoints in the store, for the join metadata.
+// An unreadable store advertises nothing: it costs only warmth.
+func (sb *standbys) warmCopies() map[int32]int64 {
+	out, err := sb.rt.store.checkpoints()
+	if err != nil {
+		sb.rt.log.Warn("cannot list the local checkpoints for the group's balancer", zap.Error(err))
+		return nil
+	}
+	return out
+}
+
+// assigned runs on kgo's group goroutine with each sync's standby
+// assignment: it stops the tails no longer assigned and starts the new
+// ones. It does not wait for a tail to stop: the restore of a partition
+// waits for its tail (take).
+func (sb *standbys) assigned(a StandbyAssignment) {
+	sb.rt.revokeUnowned(a.Owned)
+	if sb.rt.cfg.StandbyReplicas <= 0 {
+		return
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.deferred = a.Deferred
+	for p, t := range sb.tails {
+		if !slices.Contains(a.Standby, p) {
+			t.cancel()
+			delete(sb.tails, p)
+			sb.stopping[p] = t
+			sb.m.lag.DeleteLabelValues(fmt.Sprint(p))
+		}
+	}
+	for _, p := range a.Standby {
+		if _, ok := sb.tails[p]; ok {
+			continue
+		}
+		sb.start(p)
+	}
+	sb.m.partitions.Set(float64(len(sb.tails)))
+	if len(a.Standby) > 0 || len(a.Deferred) > 0 {
+		sb.rt.log.Info("standby assignment", zap.Int32s("standby", a.Standby), zap.Int32s("deferred", a.Deferred))
+	}
+}
+
+// start starts partition p's tail; sb.mu is held.
+func (sb *standbys) start(p int32) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &tail{p: p, cancel: cancel, done: make(chan struct{})}
+	t.pos.Store(-1)
+	t.end.Store(-1)
+	// A previous tail of p, stopped but not yet done, still writes: the
+	// new one waits for it.
+	prev := sb.stopping[p]
+	sb.tails[p] = t
+	sb.rt.restores.Add(1)
+	go func() {
+		defer sb.rt.restores.Done()
+		defer close(t.done)
+		if prev != nil {
+			<-prev.done
+		}
+		t.warm, t.err = sb.run(ctx, t)
+		if t.err != nil && ctx.Err() == nil {
+			sb.rt.log.Warn("standby tail stopped; the partition restores normally if it is assigned here", zap.Int32("partition", p), zap.Error(t.err))
+		}
+		sb.mu.Lock()
+		if sb.stopping[p] == t {
+			delete(sb.stopping, p)
+		}
+		sb.mu.Unlock()
+	}()
+}
+
+// take stops partition p's tail, if any, waits until it no longer writes,
+// and returns its warm structures when it stopped cleanly (nil otherwise).
+// The restore of a partition this instance now owns calls it first.
+func (sb *standbys) take(p int32) WarmState {
+	sb.mu.Lock()
+	t, ok := sb.tails[p]
+	if ok {
+		delete(sb.tails, p)
+		sb.m.partitions.Set(float64(len(sb.tails)))
+	} else {
+		t, ok = sb.stopping[p]
+	}
+	delete(sb.stopping, p)
+	sb.mu.Unlock()
+	sb.m.lag.DeleteLabelValues(fmt.Sprint(p))
+	if !ok {
+		return nil
+	}
+	t.cancel()
+	<-t.done
+	if t.err != nil && !errors.Is(t.err, context.Canceled) {
+		return nil
+	}
+	return t.warm
+}
+
+// stopAll stops every tail (the stage stops).
+func (sb *standbys) stopAll() {
+	sb.mu.Lock()
+	tails := make([]*tail, 0, len(sb.tails))
+	for p, t := range sb.tails {
+		tails = append(tails, t)
+		delete(sb.tails, p)
+	}
+	sb.mu.Unlock()
+	for _, t := range tails {
+		t.cancel()
+		<-t.done
+	}
+	sb.m.partitions.Set(0)
+}
+
+// run tails partition p's changelog into the store until ctx ends, and
+// returns the warm structures, in step with the state written.
+func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
+	rt, p := sb.rt, t.p
+	log := rt.log.With(zap.Int32("partition", p), zap.Bool("standby", true))
+	cl, err := rt.newClient()
+	if err != nil {
+		return nil, err
+	}
+	adm := kadm.NewClient(cl)
+	defer cl.Close()
+
+	st, err := sb.begin(ctx, p, adm, log)
+	if err != nil {
+		return nil, err
+	}
+	from, at, end, now, warm := st.from, st.at, st.end, st.now, st.warm
+
+	rd, err := rt.newClient(
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+
+	pos := from
+	t.pos.Store(pos)
+	// target: the end listed at targetAt; reaching it dates the checkpoint.
+	target, targetAt := end, now
+	if pos >= target {
+		at = targetAt
+	}
+	t.end.Store(end)
+	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
+	lagGauge.Set(float64(end - pos))
+	nextList := time.Now().Add(standbyListInterval)
+	var applied []*kgo.Record
+	for {
+		pctx, cancel := context.WithTimeout(ctx, standbyListInterval)
+		fs := rd.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return warm, ctx.Err()
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				ferr = fmt.Errorf("stream: standby partition %d: fetch changelog: %w", p, err)
+			}
+		})
+		if ferr != nil {
+			return nil, ferr
+		}
+		start := time.Now()
+		b := rt.store.newBatch()
+		n := 0
+		applied = applied[:0]
+		fs.EachRecord(func(r *kgo.Record) {
+			pos = r.Offset + 1
+			if r.Attrs.IsControl() {
+				return
+			}
+			if r.Value == nil {
+				b.del(p, r.Key)
+			} else {
+				b.set(p, r.Key, r.Value)
+			}
+			applied = append(applied, r)
+			n++
+		})
+		if pos >= target {
+			at = targetAt
+		}
+		if n > 0 || pos != t.pos.Load() {
+			b.checkpoint(p, Checkpoint{Offset: pos, At: at})
+			if err := b.commit(); err != nil {
+				return nil, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
+			}
+			// After the commit: the warm structures never reflect a record
+			// the state does not hold.
+			if warm != nil {
+				for _, r := range applied {
+					warm.Apply(r.Key, r.Value)
+				}
+				if err := rt.applyLocalDeletes(p, warm); err != nil {
+					return nil, err
+				}
+			}
+			sb.m.records.Add(float64(n))
+			sb.m.busy.Add(time.Since(start).Seconds())
+		} else {
+			b.b.Close()
+		}
+		t.pos.Store(pos)
+		if time.Now().After(nextList) {
+			nextList = time.Now().Add(standbyListInterval)
+			listedAt := rt.cfg.Clock.Now()
+			if e, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end"); err == nil {
+				target, targetAt = e, listedAt
+				if pos >= target {
+					at = targetAt
+				}
+				t.end.Store(e)
+				lagGauge.Set(float64(max(e-pos, 0)))
+				sb.maybeForce()
+			}
+		}
+	}
+}
+
+// maybeForce asks for a rebalance when every deferred partition's copy is
+// caught up (within DefaultAcceptableLag of the changelog's end), so that
+// this member takes them; at most once per standbyForceInterval.
+func (sb *standbys) maybeForce() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if len(sb.deferred) == 0 || time.Since(sb.lastForce) < standbyForceInterval {
+		return
+	}
+	for _, p := range sb.deferred {
+		t, ok := sb.tails[p]
+		if !ok {
+			return
+		}
+		pos, end := t.pos.Load(), t.end.Load()
+		if pos < 0 || end < 0 || end-pos > DefaultAcceptableLag {
+			return
+		}
+	}
+	cl := sb.client.Load()
+	if cl == nil {
+		return
+	}
+	sb.lastForce = time.Now()
+	sb.rt.log.Info("standby copies of deferred partitions caught up: asking for a rebalance to take them", zap.Int32s("deferred", sb.deferred))
+	sb.deferred = nil
+	cl.ForceRebalance()
+}
+
+// EachStandbyStatus calls fn for every partition this instance keeps warm
+// as a standby, in partition order: the changelog offset its copy reflects
+// and how far behind the changelog's end it is (negative when not known
+// yet). fn runs after the runtime's locks are released.
+func (rt *Runtime) EachStandbyStatus(fn func(p int32, offset, lag int64)) {
+	type st struct{ p, off, lag int64 }
+	rt.sb.mu.Lock()
+	out := make([]st, 0, len(rt.sb.tails))
+	for p, t := range rt.sb.tails {
+		pos, end := t.pos.Load(), t.end.Load()
+		lag := int64(-1)
+		if pos >= 0 && end >= 0 {
+			lag = max(end-pos, 0)
+		}
+		out = append(out, st{int64(p), pos, lag})
+	}
+	rt.sb.mu.Unlock()
+	slices.SortFunc(out, func(a, b st) int { return int(a.p - b.p) })
+	for _, s := range out {
+		fn(int32(s.p), s.off, s.lag)
+	}
+}
+
+// checkpoints returns every partition's checkpoint offset in the store.
+func (s *Store) checkpoints() (map[int32]int64, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
+	if err != nil {
+		return nil, err
+	}
+	out := map[int32]int64{}
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		v, err := it.ValueAndErr()
+		if err != nil {
+			_ = it.Close()
+			return nil, err
+		}
+		if len(k) != 3 || len(v) < 8 {
+			continue
+		}
+		out[int32(k[1])<<8|int32(k[2])] = int64(binary.BigEndian.Uint64(v[:8]))
+	}
+	return out, it.Close()
+}
+
+// revokeUnowned revokes every partition the runtime still holds that the
+// new assignment does not give it. kgo's GroupTransactSession passes on
+// only the first revoke after a transaction ended: an idle instance that
+// goes through two rebalances without a transaction in between never
+// hears of the second one, and would keep a partition it no longer owns
+// (its punctuation and work would then go on in another member's
+// partition). The assignment is authoritative: what it lacks is revoked
+// here, before the new session's partitions are restored.
+func (rt *Runtime) revokeUnowned(owned []int32) {
+	rt.mu.Lock()
+	var gone []int32
+	for p := range rt.parts {
+		if !slices.Contains(owned, p) {
+			gone = append(gone, p)
+		}
+	}
+	rt.mu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	slices.Sort(gone)
+	rt.log.Info("revoking partitions the new assignment does not give this instance (their revoke was not passed on)", zap.Int32s("partitions", gone))
+	rt.onRevoked(context.Background(), nil, map[string][]int32{rt.cfg.InputTopic: gone})
+}
+
+// tailStart is where a standby tail starts.
+type tailStart struct {
+	from int64     // the changelog offset to read from
+	at   time.Time // the checkpoint date until the tail reaches a listed end
+	end  int64     // the changelog's end at the start
+	now  time.Time // when the end was listed
+	warm WarmState // the processor's warm structures, or nil
+}
+
+// begin plans partition p's tail as a restore plans (DESIGN §6.8: from the
+// checkpoint while within the horizon, otherwise from the log start on
+// wiped state) and builds the processor's warm structures from the state.
+func (sb *standbys) begin(ctx context.Context, p int32, adm *kadm.Client, log *zap.Logger) (tailStart, error) {
+	rt := sb.rt
+	cp, has, err := rt.store.Checkpoint(p)
+	if err != nil {
+		return tailStart{}, fmt.Errorf("stream: standby partition %d: read checkpoint: %w", p, err)
+	}
+	end, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
+	if err != nil {
+		return tailStart{}, err
+	}
+	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
+	if err != nil {
+		return tailStart{}, err
+	}
+	if has && cp.Offset > end {
+		return tailStart{}, fmt.Errorf("stream: standby partition %d: checkpoint %d beyond changelog end %d", p, cp.Offset, end)
+	}
+	retention := rt.deleteRetention(ctx, adm, log)
+	now := rt.cfg.Clock.Now()
+	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
+		Retention: retention, Rate: rt.restoreRate()})
+	from, at := cp.Offset, cp.At
+	if plan.Full {
+		b := rt.store.newBatch()
+		b.dropPartition(p)
+		if err := b.commit(); err != nil {
+			return tailStart{}, fmt.Errorf("stream: standby partition %d: wipe state: %w", p, err)
+		}
+		from, at = logStart, now
+	}
+	var warm WarmState
+	if w, ok := rt.proc.(Warmer); ok {
+		if warm, err = w.Warm(p, &PartitionState{s: rt.store, p: p}); err != nil {
+			return tailStart{}, fmt.Errorf("stream: standby partition %d: %w", p, err)
+		}
+	}
+	log.Info("standby tailing the changelog", zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
+		zap.Int64("from", from), zap.Int64("changelog_end", end))
+
+	if plan.Full {
+		// The copy exists from now on, for the group's balancer: empty
+		// state that reflects the changelog below from.
+		b := rt.store.newBatch()
+		b.checkpoint(p, Checkpoint{Offset: from, At: at})
+		if err := b.commit(); err != nil {
+			return tailStart{}, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
+		}
+	}
+	return tailStart{from: from, at: at, end: end, now: now, warm: warm}, nil
+}

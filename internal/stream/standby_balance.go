@@ -1,0 +1,497 @@
+package stream
+
+import (
+	"cmp"
+	"encoding/binary"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// The balancer's side of standby replicas (DESIGN §10).
+//
+// A member advertises its warm copies in its join metadata: after the
+// sticky userdata (kmsg.StickyMemberMetadata, always with its generation,
+// so that its length is known), a section
+//
+//	"mlw1" | count (int32) | count × (partition number int32, checkpoint offset int64)
+//
+// listing every partition number of which its store holds state with a
+// checkpoint (the changelog offset the state reflects), the ones it owns
+// included. kmsg's sticky reader ignores bytes past the generation, so a
+// member of an earlier version reads the claims and skips the section.
+//
+// The leader decides the standby assignment and carries it in each member's
+// assignment userdata (kmsg.ConsumerMemberAssignment.UserData):
+//
+//	"mls1" | count (int32) | count × int32 standby numbers | count2 (int32) | count2 × int32 deferred numbers
+//
+// It is carried rather than recomputed by each member because a member of
+// the consumer protocol receives only its own assignment: nobody but the
+// leader sees the whole plan.
+
+const (
+	warmMagic    = "mlw1"
+	standbyMagic = "mls1"
+	// DefaultAcceptableLag is how far (changelog offsets) a warm copy may
+	// be behind the most advanced copy of its partition and still count as
+	// caught up: a live owner's partition moves to a member only if that
+	// member's copy is caught up, so a joining instance never takes a
+	// partition whose state it would first have to restore in full. Kafka
+	// Streams' acceptable.recovery.lag has the same default.
+	DefaultAcceptableLag = 10_000
+)
+
+// StandbyAssignment is what the leader assigned to this member besides its
+// partitions.
+type StandbyAssignment struct {
+	// Owned are the partition numbers this member owns in the new
+	// assignment.
+	Owned []int32
+	// Standby are the partition numbers this member keeps warm: it tails
+	// their changelogs into its store. Never one it owns.
+	Standby []int32
+	// Deferred are partition numbers the balance would have given this
+	// member, but which stayed with their live owner because this member's
+	// copy is not caught up. They are among Standby; once they are caught
+	// up, the member asks for a rebalance (kgo's ForceRebalance) to take
+	// them.
+	Deferred []int32
+}
+
+// StandbyOptions configure the standby side of CopartitionStandbyBalancer.
+type StandbyOptions struct {
+	// Replicas is the number of standby copies the leader assigns per
+	// partition number, each on a member that does not own it (fewer when
+	// the group has fewer other members). Zero: none, and partitions move
+	// to restore balance even to members without a warm copy.
+	Replicas int
+	// Warm returns this member's warm copies: partition number → the
+	// changelog offset its local state reflects. Called by kgo when the
+	// member joins. Nil: none.
+	Warm func() map[int32]int64
+	// Assigned receives this member's standby assignment from each
+	// successful sync, before the partitions' offsets are fetched. It runs
+	// on kgo's group goroutine and must not block. Nil: ignored.
+	Assigned func(StandbyAssignment)
+	// AcceptableLag: see DefaultAcceptableLag (zero takes it).
+	AcceptableLag int64
+}
+
+// CopartitionStandbyBalancer is CopartitionBalancer with standby replicas:
+// members advertise their warm copies, and partitions follow them.
+//
+//   - A number whose owner left goes to a member holding a warm copy of it,
+//     the most caught-up one (highest checkpoint offset) first, among the
+//     members below their quota.
+//   - With Replicas > 0, a number an owner over its quota gives up (a member
+//     joined) moves only to a member whose copy is caught up (within
+//     AcceptableLag of the most advanced copy); if no member below quota is,
+//     its owner keeps it for now, over its quota, and the member that would
+//     have taken it gets it as a deferred standby. It asks for a rebalance
+//     once its copy is caught up, and then takes it. A joining instance
+//     thus never takes a partition away from a warm owner to restore it
+//     cold.
+//   - Every number gets min(Replicas, members−1) standby members, never its
+//     owner: its deferred taker first, then the members holding the most
+//     caught-up copies, then the members with the fewest standbys.
+//
+// Every decision is deterministic in the members' metadata; the balance
+// rules of CopartitionBalancer hold otherwise (with Replicas > 0, quotas
+// may be exceeded while a deferred number waits for its copy).
+func CopartitionStandbyBalancer(o StandbyOptions, topics ...string) kgo.GroupBalancer {
+	b := CopartitionBalancer(topics...).(*copartitionBalancer)
+	if o.AcceptableLag <= 0 {
+		o.AcceptableLag = DefaultAcceptableLag
+	}
+	if o.Replicas < 0 {
+		o.Replicas = 0
+	}
+	b.standby = o
+	return b
+}
+
+// appendWarm appends the warm section to a member's userdata.
+func appendWarm(dst []byte, warm map[int32]int64) []byte {
+	ps := make([]int32, 0, len(warm))
+	for p, off := range warm {
+		if p >= 0 && off >= 0 {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps) // deterministic: Kafka compares metadata on a rejoin
+	dst = append(dst, warmMagic...)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(ps)))
+	for _, p := range ps {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(p))
+		dst = binary.BigEndian.AppendUint64(dst, uint64(warm[p]))
+	}
+	return dst
+}
+
+// appendSticky encodes sticky userdata always with its generation (kmsg
+// omits a generation of -1), so that what follows it can be found.
+func appendSticky(dst []byte, sm *kmsg.StickyMemberMetadata) []byte {
+	dst = sm.AppendTo(dst)
+	if sm.Generation == -1 {
+		dst = binary.BigEndian.AppendUint32(dst, ^uint32(0))
+	}
+	return dst
+}
+
+// parseWarm reads the warm section that follows the sticky userdata sm was
+// read from: the warm copies with numbers in [0, n). Userdata is untrusted
+// input: anything malformed is no warm copy, never an error.
+func parseWarm(userdata []byte, sm *kmsg.StickyMemberMetadata, n int32) map[int32]int64 {
+	rest := userdata[min(len(userdata), len(appendSticky(nil, sm))):]
+	if len(rest) < 8 || string(rest[:4]) != warmMagic {
+		return nil
+	}
+	count := binary.BigEndian.Uint32(rest[4:8])
+	rest = rest[8:]
+	if uint64(count)*12 != uint64(len(rest)) {
+		return nil
+	}
+	out := make(map[int32]int64, count)
+	for i := uint32(0); i < count; i++ {
+		p := int32(binary.BigEndian.Uint32(rest[12*i:]))
+		off := int64(binary.BigEndian.Uint64(rest[12*i+4:]))
+		if p >= 0 && p < n && off >= 0 {
+			out[p] = off
+		}
+	}
+	return out
+}
+
+func appendInt32s(dst []byte, s []int32) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(s)))
+	for _, v := range s {
+		dst = binary.BigEndian.AppendUint32(dst, uint32(v))
+	}
+	return dst
+}
+
+func readInt32s(src []byte) ([]int32, []byte, bool) {
+	if len(src) < 4 {
+		return nil, nil, false
+	}
+	n := binary.BigEndian.Uint32(src)
+	src = src[4:]
+	if uint64(n)*4 > uint64(len(src)) {
+		return nil, nil, false
+	}
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(binary.BigEndian.Uint32(src[4*i:]))
+	}
+	return out, src[4*n:], true
+}
+
+func encodeStandby(a StandbyAssignment) []byte {
+	dst := []byte(standbyMagic)
+	dst = appendInt32s(dst, a.Standby)
+	return appendInt32s(dst, a.Deferred)
+}
+
+// parseStandby reads a member's standby assignment from its assignment
+// userdata, dropping numbers that are negative or that the member owns.
+func parseStandby(userdata []byte, owned []int32) StandbyAssignment {
+	if len(userdata) < 4 || string(userdata[:4]) != standbyMagic {
+		return StandbyAssignment{}
+	}
+	sb, rest, ok := readInt32s(userdata[4:])
+	if !ok {
+		return StandbyAssignment{}
+	}
+	def, _, ok := readInt32s(rest)
+	if !ok {
+		def = nil
+	}
+	clean := func(s []int32) []int32 {
+		s = slices.DeleteFunc(s, func(p int32) bool { return p < 0 || slices.Contains(owned, p) })
+		slices.Sort(s)
+		return slices.Compact(s)
+	}
+	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def)}
+	a.Deferred = slices.DeleteFunc(a.Deferred, func(p int32) bool { return !slices.Contains(a.Standby, p) })
+	return a
+}
+
+// standbyPlan is a balance plan with each member's standby assignment in
+// its assignment userdata.
+type standbyPlan struct {
+	plan     *kgo.BalancePlan
+	userdata map[string][]byte // member ID → assignment userdata
+}
+
+func (s *standbyPlan) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAssignment {
+	out := s.plan.IntoSyncAssignment()
+	for i := range out {
+		ud, ok := s.userdata[out[i].MemberID]
+		if !ok {
+			continue
+		}
+		var a kmsg.ConsumerMemberAssignment
+		if a.ReadFrom(out[i].MemberAssignment) != nil {
+			continue // cannot happen: kgo just encoded it
+		}
+		a.UserData = ud
+		out[i].MemberAssignment = a.AppendTo(nil)
+	}
+	return out
+}
+
+// warmInput is what the leader knows of one member beyond its claim.
+type warmInput struct {
+	warm map[int32]int64 // partition number → checkpoint offset
+}
+
+// warmPlan is the outcome of assignWarm.
+type warmPlan struct {
+	numbers  [][]int32 // owned numbers per member, sorted
+	standby  [][]int32 // standby numbers per member, sorted
+	deferred [][]int32 // deferred numbers per member, sorted (a subset of standby)
+}
+
+// assignWarm assigns the partition numbers [0, n) to the members (in kgo's
+// order) and their standbys, by the rules of CopartitionStandbyBalancer.
+// With no warm copies and replicas == 0 it is exactly assignNumbers.
+func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64) warmPlan {
+	m := len(claims)
+	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag,
+		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m)}}
+	if m == 0 || n <= 0 {
+		return wb.out
+	}
+	wb.owners(claims)
+	wb.quotas()
+	wb.assign()
+	if replicas > 0 && m >= 2 {
+		wb.standbys()
+	}
+	return wb.out
+}
+
+// warmBalance is one run of assignWarm.
+type warmBalance struct {
+	n             int32
+	m             int
+	warm          []warmInput
+	replicas      int
+	acceptableLag int64
+
+	owner      []int     // claimed owner of each number; -1: none
+	owned      [][]int32 // each member's claimed numbers, ascending
+	best       []int64   // the most advanced copy of each number; -1: none
+	quota      []int
+	deferredTo []int // the member a number was deferred to; -1: none
+	out        warmPlan
+}
+
+// offset returns member i's copy of p: -1 for none.
+func (wb *warmBalance) offset(i int, p int32) int64 {
+	if i >= len(wb.warm) {
+		return -1
+	}
+	if off, ok := wb.warm[i].warm[p]; ok {
+		return off
+	}
+	return -1
+}
+
+func (wb *warmBalance) caughtUp(i int, p int32) bool {
+	off := wb.offset(i, p)
+	return off >= 0 && wb.best[p]-off <= wb.acceptableLag
+}
+
+// owners resolves the claims (the highest generation wins, the first
+// member on a tie) and finds each number's most advanced copy.
+func (wb *warmBalance) owners(claims []memberClaim) {
+	n, m := wb.n, wb.m
+	wb.owner = make([]int, n)
+	ownerGen := make([]int32, n)
+	for i := range wb.owner {
+		wb.owner[i] = -1
+	}
+	for i, c := range claims {
+		for _, p := range c.numbers {
+			if wb.owner[p] == -1 || c.generation > ownerGen[p] {
+				wb.owner[p], ownerGen[p] = i, c.generation
+			}
+		}
+	}
+	wb.owned = make([][]int32, m)
+	for p, o := range wb.owner {
+		if o >= 0 {
+			wb.owned[o] = append(wb.owned[o], int32(p))
+		}
+	}
+	wb.best = make([]int64, n)
+	for p := range wb.best {
+		wb.best[p] = -1
+		for i := range m {
+			wb.best[p] = max(wb.best[p], wb.offset(i, int32(p)))
+		}
+	}
+}
+
+// quotas gives each member ⌊n/m⌋ numbers, and the n mod m extra ones to the
+// members that keep the most; on a tie, to those holding the most advanced
+// copy of more orphaned numbers, so that they have room to take them.
+func (wb *warmBalance) quotas() {
+	n, m := wb.n, wb.m
+	base, extra := int(n)/m, int(n)%m
+	order := make([]int, m)
+	for i := range order {
+		order[i] = i
+	}
+	bestOrphans := make([]int, m)
+	for p, o := range wb.owner {
+		if o >= 0 || wb.best[p] < 0 {
+			continue
+		}
+		for i := range m {
+			if wb.offset(i, int32(p)) == wb.best[p] {
+				bestOrphans[i]++
+			}
+		}
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(len(wb.owned[b]), len(wb.owned[a])), cmp.Compare(bestOrphans[b], bestOrphans[a]))
+	})
+	wb.quota = make([]int, m)
+	for rank, i := range order {
+		wb.quota[i] = base
+		if rank < extra {
+			wb.quota[i]++
+		}
+	}
+}
+
+// assign decides the owners: each member keeps its lowest claimed numbers
+// up to its quota; a free number goes to the member below quota with the
+// most advanced copy (a live owner's only to a caught-up copy, with
+// standbys on; otherwise the owner keeps it, deferred); the rest is dealt
+// in ascending order to the members below quota, in member order.
+func (wb *warmBalance) assign() {
+	n, m, out := wb.n, wb.m, &wb.out
+	// prev[p]: the live owner that gives p up (over its quota); -1 for a
+	// number nobody alive owned.
+	prev := make([]int, n)
+	free := make([]bool, n)
+	for p, o := range wb.owner {
+		free[p] = o < 0
+		prev[p] = -1
+	}
+	for i := range m {
+		keep := min(len(wb.owned[i]), wb.quota[i])
+		out.numbers[i] = append(make([]int32, 0, wb.quota[i]), wb.owned[i][:keep]...)
+		for _, p := range wb.owned[i][keep:] {
+			free[p], prev[p] = true, i
+		}
+	}
+	wb.deferredTo = make([]int, n)
+	for p := range wb.deferredTo {
+		wb.deferredTo[p] = -1
+	}
+	for p := range n {
+		if !free[p] {
+			continue
+		}
+		cand := -1
+		for i := range m {
+			if len(out.numbers[i]) >= wb.quota[i] || i == prev[p] || wb.offset(i, p) < 0 {
+				continue
+			}
+			if prev[p] >= 0 && wb.replicas > 0 && !wb.caughtUp(i, p) {
+				continue
+			}
+			if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
+				cand = i
+			}
+		}
+		switch {
+		case cand >= 0:
+			out.numbers[cand] = append(out.numbers[cand], p)
+			free[p] = false
+		case prev[p] >= 0 && wb.replicas > 0 && wb.best[p] >= 0:
+			// No member below quota is caught up: the owner keeps it, and
+			// the first member below quota warms up for it. (A number of
+			// which nobody has a copy, not even its owner, has nothing to
+			// restore: it is dealt below.)
+			out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
+			free[p] = false
+			for i := range m {
+				if len(out.numbers[i]) < wb.quota[i] && i != prev[p] {
+					wb.deferredTo[p] = i
+					break
+				}
+			}
+		}
+	}
+	next := int32(0)
+	for i := range m {
+		for len(out.numbers[i]) < wb.quota[i] {
+			for next < n && !free[next] {
+				next++
+			}
+			if next >= n {
+				break // numbers kept over quota for deferral
+			}
+			free[next] = false
+			out.numbers[i] = append(out.numbers[i], next)
+		}
+		slices.Sort(out.numbers[i])
+	}
+}
+
+// standbys gives each number min(replicas, m−1) standby members, never its
+// owner: its deferred taker first, then the most advanced copies, then the
+// members holding the fewest standbys of that owner's numbers (so that
+// when it leaves, its numbers have warm copies on several members, each
+// with room under its new quota), then the fewest in all.
+func (wb *warmBalance) standbys() {
+	n, m, out := wb.n, wb.m, &wb.out
+	newOwner := make([]int, n)
+	for i, ps := range out.numbers {
+		for _, p := range ps {
+			newOwner[p] = i
+		}
+	}
+	r := min(wb.replicas, m-1)
+	load := make([]int, m)
+	perOwner := make([][]int, m)
+	for i := range perOwner {
+		perOwner[i] = make([]int, m)
+	}
+	for p := range n {
+		o := newOwner[p]
+		chosen := make([]int, 0, r)
+		taken := func(i int) bool { return i == o || slices.Contains(chosen, i) }
+		if d := wb.deferredTo[p]; d >= 0 && !taken(d) {
+			chosen = append(chosen, d)
+			out.deferred[d] = append(out.deferred[d], p)
+		}
+		cands := make([]int, 0, m)
+		for i := range m {
+			if !taken(i) {
+				cands = append(cands, i)
+			}
+		}
+		slices.SortStableFunc(cands, func(a, b int) int {
+			return cmp.Or(cmp.Compare(wb.offset(b, p), wb.offset(a, p)), cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(load[a], load[b]))
+		})
+		for _, i := range cands {
+			if len(chosen) >= r {
+				break
+			}
+			chosen = append(chosen, i)
+		}
+		for _, i := range chosen {
+			out.standby[i] = append(out.standby[i], p)
+			load[i]++
+			perOwner[i][o]++
+		}
+	}
+}

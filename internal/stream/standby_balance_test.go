@@ -1,0 +1,379 @@
+package stream
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// standbySim plays a classic consumer group of members that each run
+// CopartitionStandbyBalancer with their own warm copies, through the
+// balancer's public interface (join metadata, plan, sync assignment), as
+// groupSim does for the plain balancer.
+type standbySim struct {
+	topics   []string
+	replicas int
+	gen      int32
+	last     map[string]map[string][]int32 // member => topic => partitions
+	warm     map[string]map[int32]int64    // member => its warm copies
+	assigned map[string]StandbyAssignment
+}
+
+func newStandbySim(replicas int, topics ...string) *standbySim {
+	return &standbySim{topics: topics, replicas: replicas, last: map[string]map[string][]int32{},
+		warm: map[string]map[int32]int64{}, assigned: map[string]StandbyAssignment{}}
+}
+
+func (g *standbySim) balancer(id string) kgo.GroupBalancer {
+	return CopartitionStandbyBalancer(StandbyOptions{
+		Replicas: g.replicas,
+		Warm:     func() map[int32]int64 { return maps.Clone(g.warm[id]) },
+		Assigned: func(a StandbyAssignment) { g.assigned[id] = a },
+	}, g.topics...)
+}
+
+// rebalance returns each member's numbers; g.assigned holds the standbys.
+func (g *standbySim) rebalance(t *testing.T, members []string, n int32) map[string][]int32 {
+	t.Helper()
+	members = slices.Sorted(slices.Values(members))
+	var join []kmsg.JoinGroupResponseMember
+	for _, id := range members {
+		m := kmsg.NewJoinGroupResponseMember()
+		m.MemberID = id
+		m.ProtocolMetadata = g.balancer(id).JoinGroupMetadata(slices.Clone(g.topics), g.last[id], g.gen)
+		join = append(join, m)
+	}
+	leader := g.balancer(members[0])
+	mb, _, err := leader.MemberBalancer(join)
+	if err != nil {
+		t.Fatalf("MemberBalancer: %v", err)
+	}
+	counts := map[string]int32{}
+	for _, tp := range g.topics {
+		counts[tp] = n
+	}
+	into, err := mb.(kgo.GroupMemberBalancerOrError).BalanceOrError(counts)
+	if err != nil {
+		t.Fatalf("balance: %v", err)
+	}
+	g.gen++
+	g.last = map[string]map[string][]int32{}
+	g.assigned = map[string]StandbyAssignment{}
+	out := map[string][]int32{}
+	for _, a := range into.IntoSyncAssignment() {
+		m, err := g.balancer(a.MemberID).ParseSyncAssignment(a.MemberAssignment)
+		if err != nil {
+			t.Fatalf("ParseSyncAssignment for %s: %v", a.MemberID, err)
+		}
+		g.last[a.MemberID] = m
+		out[a.MemberID] = numbersOf(t, g.topics, m)
+	}
+	return out
+}
+
+// checkStandbys checks the standby rules: each number has min(replicas,
+// m−1) distinct standby members, never its owner; deferred ⊆ standby.
+func (g *standbySim) checkStandbys(t *testing.T, owners map[string][]int32, n int32) {
+	t.Helper()
+	m := len(owners)
+	want := min(g.replicas, m-1)
+	per := make([]int, n)
+	for id, a := range g.assigned {
+		for _, p := range a.Standby {
+			if slices.Contains(owners[id], p) {
+				t.Fatalf("member %s is standby of %d, which it owns", id, p)
+			}
+			per[p]++
+		}
+		for _, p := range a.Deferred {
+			if !slices.Contains(a.Standby, p) {
+				t.Fatalf("member %s: deferred %d is not among its standbys %v", id, p, a.Standby)
+			}
+		}
+	}
+	for p, c := range per {
+		if c != want {
+			t.Fatalf("number %d has %d standbys, want %d (%v)", p, c, want, g.assigned)
+		}
+	}
+}
+
+// warmUp makes each member's warm copies what a running group has: its own
+// numbers and its standbys, each at the changelog end (end[p]) minus a
+// random lag for standbys.
+func (g *standbySim) warmUp(rng *rand.Rand, owners map[string][]int32, end []int64, maxLag int64) {
+	for id, ps := range owners {
+		w := map[int32]int64{}
+		for _, p := range ps {
+			w[p] = end[p]
+		}
+		for _, p := range g.assigned[id].Standby {
+			w[p] = max(end[p]-rng.Int64N(maxLag+1), 0)
+		}
+		g.warm[id] = w
+	}
+}
+
+// TestStandbyBalancerProperty runs random groups with standbys through
+// leaves and joins and checks the warm rules:
+//   - co-partitioned, every number owned once, standbys as checkStandbys;
+//   - a number whose owner left goes to a member holding a warm copy of it
+//     whenever such a member has room under its quota, the most caught-up
+//     of those;
+//   - a live owner's number never moves to a member whose copy is not
+//     caught up (a joiner takes nothing cold): it gets it deferred instead,
+//     and once its copies are caught up the group is balanced again.
+func TestStandbyBalancerProperty(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 10))
+	for iter := range 300 {
+		replicas := 1 + rng.IntN(2)
+		n := int32(1 + rng.IntN(24))
+		g := newStandbySim(replicas, "a", "b")
+		var members []string
+		for i := range 2 + rng.IntN(4) {
+			members = append(members, fmt.Sprintf("m%02d", i))
+		}
+		end := make([]int64, n)
+		for p := range end {
+			end[p] = 100_000 + rng.Int64N(1_000_000)
+		}
+		owners := g.rebalance(t, members, n)
+		g.checkStandbys(t, owners, n)
+		g.warmUp(rng, owners, end, 2*DefaultAcceptableLag)
+		// Settle: a second round with warm copies everywhere.
+		owners = g.rebalance(t, members, n)
+		g.checkStandbys(t, owners, n)
+		g.warmUp(rng, owners, end, 2*DefaultAcceptableLag)
+
+		nextID := len(members)
+		for step := range 12 {
+			ctx := fmt.Sprintf("iter %d step %d (n=%d replicas=%d)", iter, step, n, replicas)
+			before := owners
+			warmBefore := map[string]map[int32]int64{}
+			for id, w := range g.warm {
+				warmBefore[id] = maps.Clone(w)
+			}
+			leave := len(members) > 1 && rng.IntN(2) == 0
+			var gone, joined string
+			if leave {
+				i := rng.IntN(len(members))
+				gone = members[i]
+				members = slices.Delete(slices.Clone(members), i, i+1)
+				delete(g.last, gone)
+				delete(g.warm, gone)
+			} else {
+				joined = fmt.Sprintf("m%02d", nextID)
+				nextID++
+				members = append(slices.Clone(members), joined)
+			}
+			owners = g.rebalance(t, members, n)
+			owner := map[int32]string{}
+			counts := map[string]int{}
+			for id, ps := range owners {
+				counts[id] = len(ps)
+				for _, p := range ps {
+					if o, dup := owner[p]; dup {
+						t.Fatalf("%s: number %d owned by %s and %s", ctx, p, o, id)
+					}
+					owner[p] = id
+				}
+			}
+			if len(owner) != int(n) {
+				t.Fatalf("%s: %d of %d numbers owned", ctx, len(owner), n)
+			}
+			g.checkStandbys(t, owners, n)
+			floor := int(n) / len(members) // every member's quota is at least this
+
+			for p := range n {
+				newOwner := owner[p]
+				var prev string
+				for id, ps := range before {
+					if slices.Contains(ps, p) {
+						prev = id
+					}
+				}
+				newOff, newWarm := warmBefore[newOwner][p]
+				if prev == gone && leave {
+					// Orphaned: the best warm copy below quota wins.
+					bestOff, bestRoom := int64(-1), false
+					for _, id := range members {
+						off, ok := warmBefore[id][p]
+						if !ok {
+							continue
+						}
+						if counts[id] < floor || id == newOwner {
+							bestRoom = true
+							bestOff = max(bestOff, off)
+						}
+					}
+					if bestRoom && (!newWarm || newOff < bestOff) {
+						t.Fatalf("%s: orphaned %d went to %s (copy %v at %d), but a member with room had a copy at %d", ctx, p, newOwner, newWarm, newOff, bestOff)
+					}
+					continue
+				}
+				if newOwner == prev {
+					continue
+				}
+				// Moved from a live owner: only to a caught-up copy.
+				bestOff := int64(-1)
+				for _, w := range warmBefore {
+					if off, ok := w[p]; ok {
+						bestOff = max(bestOff, off)
+					}
+				}
+				if !newWarm || bestOff-newOff > DefaultAcceptableLag {
+					t.Fatalf("%s: %d moved from live %s to %s whose copy (%v, %d) is not caught up to %d", ctx, p, prev, newOwner, newWarm, newOff, bestOff)
+				}
+			}
+			if joined != "" {
+				if len(owners[joined]) > 0 && len(warmBefore[joined]) == 0 {
+					t.Fatalf("%s: cold joiner %s took %v", ctx, joined, owners[joined])
+				}
+			}
+			// The running group warms up, and the members that were
+			// deferred ask for a rebalance: afterwards it is balanced.
+			g.warmUp(rng, owners, end, 0)
+			owners = g.rebalance(t, members, n)
+			g.checkStandbys(t, owners, n)
+			lo, hi := int(n), 0
+			for _, id := range members {
+				lo, hi = min(lo, len(owners[id])), max(hi, len(owners[id]))
+			}
+			if hi-lo > 1 {
+				t.Fatalf("%s: after warming up, not balanced: %v", ctx, owners)
+			}
+			for id, a := range g.assigned {
+				if len(a.Deferred) > 0 {
+					t.Fatalf("%s: after warming up, %s still has deferred %v", ctx, id, a.Deferred)
+				}
+			}
+			g.warmUp(rng, owners, end, 2*DefaultAcceptableLag)
+		}
+	}
+}
+
+// TestStandbyBalancerFailover: three members with one standby each; when
+// a member leaves, every number it owned goes to the member that kept it
+// warm, and that member was its only standby.
+func TestStandbyBalancerFailover(t *testing.T) {
+	for _, n := range []int32{3, 6, 12, 24} {
+		g := newStandbySim(1, "usage.deduped", "usage.entitlements")
+		members := []string{"a", "b", "c"}
+		owners := g.rebalance(t, members, n)
+		end := make([]int64, n)
+		for p := range end {
+			end[p] = int64(1000 * (p + 1))
+		}
+		g.warmUp(rand.New(rand.NewPCG(1, 2)), owners, end, 0)
+		owners = g.rebalance(t, members, n)
+		standbyOf := map[int32]string{}
+		for id, a := range g.assigned {
+			for _, p := range a.Standby {
+				standbyOf[p] = id
+			}
+		}
+		g.warmUp(rand.New(rand.NewPCG(1, 2)), owners, end, 0)
+		lost := owners["b"]
+		after := g.rebalance(t, []string{"a", "c"}, n)
+		for _, p := range lost {
+			if !slices.Contains(after[standbyOf[p]], p) {
+				t.Fatalf("n=%d: %d of the departed member went to %v, not to its standby %s (owners %v)", n, p, after, standbyOf[p], after)
+			}
+		}
+	}
+}
+
+// TestStandbyBalancerColdJoin: a member joining a warm group takes nothing
+// until its copies are caught up; it gets its share as deferred standbys.
+func TestStandbyBalancerColdJoin(t *testing.T) {
+	const n = 8
+	g := newStandbySim(1, "in")
+	owners := g.rebalance(t, []string{"a", "b"}, n)
+	end := make([]int64, n)
+	for p := range end {
+		end[p] = 1_000_000
+	}
+	g.warmUp(rand.New(rand.NewPCG(3, 4)), owners, end, 0)
+	owners = g.rebalance(t, []string{"a", "b", "c"}, n)
+	if len(owners["c"]) != 0 {
+		t.Fatalf("cold joiner took %v", owners["c"])
+	}
+	if d := g.assigned["c"].Deferred; len(d) != 2 {
+		t.Fatalf("joiner's deferred numbers %v, want its share of 2 (quota 2 or 3 of 8)", d)
+	}
+	// Its copies catch up; it rejoins and takes them.
+	deferred := g.assigned["c"].Deferred
+	g.warmUp(rand.New(rand.NewPCG(3, 4)), owners, end, 0)
+	owners = g.rebalance(t, []string{"a", "b", "c"}, n)
+	if !slices.Equal(owners["c"], deferred) {
+		t.Fatalf("after catching up the joiner owns %v, want its deferred %v", owners["c"], deferred)
+	}
+}
+
+// TestStandbyUserdataHostile: malformed warm sections and standby
+// userdata are ignored, never an error or a panic.
+func TestStandbyUserdataHostile(t *testing.T) {
+	sm := kmsg.NewStickyMemberMetadata()
+	sm.Generation = -1
+	good := appendWarm(appendSticky(nil, &sm), map[int32]int64{0: 5, 3: 7, -1: 4, 9: -2})
+	var rd kmsg.StickyMemberMetadata
+	if err := rd.ReadFrom(good); err != nil {
+		t.Fatal(err)
+	}
+	if w := parseWarm(good, &rd, 4); len(w) != 2 || w[0] != 5 || w[3] != 7 {
+		t.Fatalf("warm %v", w)
+	}
+	if w := parseWarm(good, &rd, 3); len(w) != 1 {
+		t.Fatalf("out-of-range number kept: %v", w)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 2000 {
+		b := slices.Clone(good)
+		b = b[:rng.IntN(len(b)+1)]
+		for range rng.IntN(3) {
+			if len(b) > 0 {
+				b[rng.IntN(len(b))] = byte(rng.Uint32())
+			}
+		}
+		var sm kmsg.StickyMemberMetadata
+		if sm.ReadFrom(b) == nil {
+			_ = parseWarm(b, &sm, 8)
+		}
+		_, _ = parseClaimWarm(b, []string{"a"}, 8)
+		a := parseStandby(append([]byte(standbyMagic), b...), []int32{1})
+		if slices.Contains(a.Standby, 1) {
+			t.Fatal("standby of an owned number")
+		}
+	}
+	a := parseStandby(encodeStandby(StandbyAssignment{Standby: []int32{2, 1, 2, -3}, Deferred: []int32{2, 7}}), []int32{1})
+	if !slices.Equal(a.Standby, []int32{2}) || !slices.Equal(a.Deferred, []int32{2}) {
+		t.Fatalf("parsed %+v", a)
+	}
+}
+
+// TestStandbyBalancerMostCaughtUp: with two standbys per number, the
+// departed member's number goes to the copy with the higher offset.
+func TestStandbyBalancerMostCaughtUp(t *testing.T) {
+	for _, ahead := range []string{"a", "c"} {
+		g := newStandbySim(2, "in")
+		owners := g.rebalance(t, []string{"a", "b", "c"}, 3)
+		lost := owners["b"][0]
+		g.warm = map[string]map[int32]int64{"a": {lost: 500}, "b": {}, "c": {lost: 500}}
+		g.warm[ahead][lost] = 900
+		for id, ps := range owners {
+			for _, p := range ps {
+				g.warm[id][p] = 1000
+			}
+		}
+		delete(g.last, "b")
+		after := g.rebalance(t, []string{"a", "c"}, 3)
+		if !slices.Contains(after[ahead], lost) {
+			t.Fatalf("%d went to %v, want the most caught-up copy on %s", lost, after, ahead)
+		}
+	}
+}
