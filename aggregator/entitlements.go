@@ -31,7 +31,9 @@ import (
 //
 // The gate. An event is decided by the entitlements in effect at its
 // arrival, so only once the entitlements partition has been read up to a
-// broker time at or after that arrival (Ledger.ReadTo): until then a
+// broker time after that arrival (Ledger.ReadTo; strictly after, since a
+// record written in the arrival's millisecond applies to the event and
+// may follow one of that millisecond already read): until then a
 // record of usage.deduped waits in the gate, a queue in the state ('q'
 // keys, in input order). Records leave the gate in input order only: a
 // record behind one that waits waits too, whatever its own time, so that
@@ -384,7 +386,7 @@ func (ledgerReader) Delete(_ []byte) {}
 // It reports whether it did.
 func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	e := pt.ent
-	if e.gateN == 0 && gateTimeOf(r.Value, &pt.ev) <= e.readTo {
+	if e.gateN == 0 && e.passes(gateTimeOf(r.Value, &pt.ev)) {
 		return false
 	}
 	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
@@ -395,8 +397,15 @@ func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	return true
 }
 
+// passes reports whether a record waiting for broker time t can leave the
+// gate: the entitlements partition has been read past t (strictly: a
+// record written in t's millisecond may still be unread, and would apply
+// to an event that arrived at t, Timeline.At), or t is 0 (it waits for
+// nothing).
+func (e *entPart) passes(t int64) bool { return t <= 0 || t < e.readTo }
+
 // drain lets the records at the head of the gate through, in order, while
-// their time is at or before Ledger.ReadTo, at most Config.FinalChunk of
+// their time is before Ledger.ReadTo (passes), at most Config.FinalChunk of
 // them (the rest go in Work's transactions).
 func (pt *partition) drain(tx *stream.Tx) error {
 	_, err := pt.drainN(tx, pt.pr.cfg.FinalChunk)
@@ -443,7 +452,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		if err != nil {
 			return done, err
 		}
-		if gateTimeOf(r.Value, &pt.ev) > e.readTo {
+		if !e.passes(gateTimeOf(r.Value, &pt.ev)) {
 			break
 		}
 		tx.Delete(kv.k)

@@ -513,3 +513,70 @@ func TestEntitlementsPeriodStartBalancesInChunks(t *testing.T) {
 		t.Errorf("%v transactions emitted period-start balances, want %v (customers per partition %v, 2 a transaction)", chunks, want, per)
 	}
 }
+
+// sameMilliRun decides one event that arrived at T, in the millisecond of
+// a tick and of a cap raise of the entitlements partition (the tick read
+// first), and returns its rejection reason ("" when accepted). live: the
+// stage has read the tick at T before the event reaches it, and the raise
+// only after; otherwise it starts with all of it in the topics.
+func sameMilliRun(t *testing.T, live bool) string {
+	h := newEntHarness(t, nil, 1)
+	T := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC).UnixMilli()
+	plan := func(limit int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+	}
+	ev := func(id string, at int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+			EventTime: at, IngestTime: at})
+	}
+	first := []*kgo.Record{h.entitlement(1, plan(1), T-10)}
+	first = append(first, h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, T)...)
+	raise := []*kgo.Record{h.entitlement(1, plan(5), T)}
+	raise = append(raise, h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, T+1)...)
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	var run *aggRunning
+	if live {
+		run = h.start(cfg)
+		h.produce(first...)
+		h.produce(ev("e1", T-5))
+		awaitDecided(t, h, 1) // the tick at T has been read
+		h.produce(ev("e2", T))
+		// Give the stage the time to decide e2 if it would now.
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(readRejected(t, h)) == 0; {
+			time.Sleep(50 * time.Millisecond)
+		}
+		h.produce(raise...)
+	} else {
+		h.produce(first...)
+		h.produce(ev("e1", T-5), ev("e2", T))
+		h.produce(raise...)
+		run = h.start(cfg)
+	}
+	awaitDecided(t, h, 2)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := ""
+	for _, r := range readRejected(t, h) {
+		out += r.EventID + ":" + r.Reason + " "
+	}
+	return out
+}
+
+// TestEntitlementsSameMillisecondGate: an event that arrived in the
+// millisecond of an entitlements record is decided with that record
+// whether the stage was caught up (and read a tick of that millisecond
+// before the record) or behind (DESIGN §12: the same decisions however
+// far behind): the gate lets an event through only once the partition
+// has been read past its arrival.
+func TestEntitlementsSameMillisecondGate(t *testing.T) {
+	live, lag := sameMilliRun(t, true), sameMilliRun(t, false)
+	if live != lag {
+		t.Fatalf("decisions differ: caught up rejected [%s], behind rejected [%s]", live, lag)
+	}
+	if lag != "" {
+		t.Fatalf("rejected [%s], want e2 accepted under the raise written at its arrival", lag)
+	}
+}

@@ -147,7 +147,8 @@ func entSchedule(start int64) []entChange {
 }
 
 // sendEnt sends a batch of steps with the schedule's records up to its
-// last time first, and a tick at that time after it.
+// last time first, and a tick just past that time after it (the gate
+// lets through the records of times before the last tick read).
 func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
 	s.t.Helper()
 	var last int64
@@ -164,7 +165,7 @@ func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
 		s.write(max(c.At, s.ticked), c.Key, c.Msg)
 	}
 	s.send(steps)
-	s.tick(last)
+	s.tick(last + 1)
 }
 
 func (s *entSuite) checkEnt() oracle.EntReport {
