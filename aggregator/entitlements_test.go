@@ -1,7 +1,9 @@
 package aggregator
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -579,4 +581,41 @@ func TestEntitlementsSameMillisecondGate(t *testing.T) {
 	if lag != "" {
 		t.Fatalf("rejected [%s], want e2 accepted under the raise written at its arrival", lag)
 	}
+}
+
+// TestEntitlementsOffRefusesGatedState: an aggregator restarted without
+// entitlements on the state of one run with them, its events still
+// waiting in the gate, stops with ErrEntitlementsOff naming the flag
+// instead of leaving them there with their offsets committed.
+func TestEntitlementsOffRefusesGatedState(t *testing.T) {
+	h := newEntHarness(t, nil, 1)
+	day := ms(t, "2026-05-04")
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1 // nothing lets the events through
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: day, IngestTime: day}))
+	h.caughtUp()
+	if v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0"); v != 1 {
+		t.Fatalf("%v records gated, want 1", v)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	run = h.start(h.config("b", vfs.NewMem()))
+	select {
+	case <-run.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the aggregator runs without entitlements on state with gated events")
+	}
+	if !errors.Is(run.err, ErrEntitlementsOff) || !strings.Contains(run.err.Error(), "--entitlements") {
+		t.Fatalf("Run = %v, want ErrEntitlementsOff naming --entitlements", run.err)
+	}
+	t.Log(run.err)
+	// With entitlements on again, the event is decided.
+	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+1)...)
+	h.start(h.entConfig("c", vfs.NewMem()))
+	awaitDecided(t, h, 1)
 }
