@@ -536,34 +536,92 @@ func (pt *partition) pruneHorizon() int64 {
 	return pt.wm - pt.pr.cfg.Window.Milliseconds()
 }
 
-// decideEvent decides an event's entitlements (DESIGN §12) and records its
-// charge; it reports whether the event goes on to be counted. A rejected
-// event goes to usage.rejected and changes nothing else.
-func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (bool, error) {
+// decideEvent decides an event's entitlements (DESIGN §12); it reports
+// whether the event goes on to be counted. A rejected event goes to
+// usage.rejected and changes nothing else. An accepted event's charge is
+// returned, not yet in the transaction: the caller commits it once the
+// event's aggregate has taken the event.
+func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
-	d, err := l.Decide(pt.ledger(tx), e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+	ch := &charge{pt: pt, st: chargeStore{ledgerStore: pt.ledger(tx)}, customer: e.CustomerID, arrival: e.IngestTime}
+	d, err := l.Decide(&ch.st, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
 		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime})
 	if err != nil {
-		return false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
+		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	label := pt.pr.plans.label(d.Plan)
-	cost := d.Cost
-	if d.Outcome != entitlements.Accepted {
-		cost = 0
-	}
-	pt.ent.pending.add(d.Outcome.String(), label, cost)
+	ch.label = pt.pr.plans.label(d.Plan)
+	ch.cost = d.Cost
 	// Guarantee: the decision and its charge are in the open transaction
 	// only; a crash here aborts both, and the event is decided again from
 	// the committed balance.
 	fault.Hit(fault.ChargeDecided)
 	if d.Outcome != entitlements.Accepted {
-		return false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
+		pt.ent.pending.add(d.Outcome.String(), ch.label, 0)
+		return nil, false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
 	}
 	if d.Misconfigured != "" {
 		pt.pr.log.Warn("entitlements misconfigured for a meter", zap.String("meter", e.Meter), zap.String("detail", d.Misconfigured))
 	}
-	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
-	return true, nil
+	return ch, true, nil
+}
+
+// charge is an accepted event's charge, held until its aggregate takes
+// the event.
+type charge struct {
+	pt       *partition
+	st       chargeStore
+	customer string
+	arrival  int64
+	label    string
+	cost     int64
+}
+
+// commit writes the charge to the transaction, and counts it.
+func (ch *charge) commit() {
+	for _, w := range ch.st.writes {
+		if w.ok {
+			ch.st.ledgerStore.Put(w.k, w.v)
+		} else {
+			ch.st.ledgerStore.Delete(w.k)
+		}
+	}
+	e := ch.pt.ent
+	e.pending.add(entitlements.Accepted.String(), ch.label, ch.cost)
+	e.changed[ch.customer] = max(e.changed[ch.customer], ch.arrival)
+}
+
+// chargeStore is the Ledger's store for one decision: it reads through
+// the partition's ledger store and keeps the decision's writes aside
+// (charge.commit applies them).
+type chargeStore struct {
+	ledgerStore
+	writes []pendingWrite
+}
+
+type pendingWrite struct {
+	k, v []byte
+	ok   bool // false: a delete
+}
+
+func (s *chargeStore) Get(k []byte) ([]byte, bool, error) {
+	for i := len(s.writes) - 1; i >= 0; i-- {
+		if w := s.writes[i]; bytes.Equal(w.k, k) {
+			return w.v, w.ok, nil
+		}
+	}
+	return s.ledgerStore.Get(k)
+}
+
+func (s *chargeStore) Put(k, v []byte) {
+	s.writes = append(s.writes, pendingWrite{bytes.Clone(k), bytes.Clone(v), true})
+}
+
+func (s *chargeStore) Delete(k []byte) { s.writes = append(s.writes, pendingWrite{k: bytes.Clone(k)}) }
+
+// Scan is the ledger store's: a decision scans nothing (Ledger.Decide
+// reads and writes single keys).
+func (s *chargeStore) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
+	return s.ledgerStore.Scan(lo, hi, fn)
 }
 
 // entWatermark starts the work of a period start when the watermark

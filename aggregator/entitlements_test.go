@@ -3,6 +3,7 @@ package aggregator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -618,4 +619,52 @@ func TestEntitlementsOffRefusesGatedState(t *testing.T) {
 	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+1)...)
 	h.start(h.entConfig("c", vfs.NewMem()))
 	awaitDecided(t, h, 1)
+}
+
+// TestEntitlementsRefusedByAggregateNotCharged: an event that its
+// entitlements accept and its aggregate then refuses (a sum that would
+// wrap, counted before entitlements were turned on) consumes nothing: the
+// customer's grant is charged for the events counted only.
+func TestEntitlementsRefusedByAggregateNotCharged(t *testing.T) {
+	const n = 1
+	h := newEntHarness(t, nil, n)
+	day := ms(t, "2026-05-04")
+	ev := func(id string, q, at int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "paid", Meter: "api_calls", Quantity: q,
+			EventTime: at, IngestTime: at})
+	}
+	// Without entitlements: an aggregate 5 short of wrapping.
+	run := h.start(h.config("a", vfs.NewMem()))
+	h.produce(ev("big", math.MaxInt64-5, day+1000))
+	h.caughtUp()
+	awaitDecided(t, h, 1)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	recs := []*kgo.Record{h.entitlement(n, &schemas.Entitlements{CustomerID: "paid", Plan: "prepaid",
+		Grants: []schemas.Grant{{ID: "g1", Amount: 1000}}, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, day)}
+	recs = append(recs, h.shared(n, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 1, PerUnits: 1}}}}}, day)...)
+	recs = append(recs, h.shared(n, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+10_000)...)
+	h.produce(recs...)
+	h.produce(ev("wraps", 10, day+2000), ev("fits", 3, day+3000))
+	cfg := h.entConfig("b", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	run = h.start(cfg)
+	h.caughtUp()
+	awaitDecided(t, h, 3)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, r := range readRejected(t, h) {
+		reasons = append(reasons, r.EventID+":"+r.Reason)
+	}
+	if fmt.Sprint(reasons) != "[wraps:invalid]" {
+		t.Fatalf("rejected %v, want [wraps:invalid]", reasons)
+	}
+	b := latestBalances(t, h)["paid"]
+	if b == nil || len(b.Grants) != 1 || b.Grants[0].Consumed != 3 {
+		t.Fatalf("paid's balance %+v, want g1 consumed 3 (the event counted, not the one refused)", b)
+	}
 }

@@ -87,6 +87,9 @@ type partition struct {
 	// writeEntMode: the state does not record entitlements on yet
 	// (checkEntMode); the next transaction records it.
 	writeEntMode bool
+	// refused: reject was called; event reads it to keep the charge of
+	// an event its aggregate refused out of the transaction.
+	refused bool
 	// ent is the entitlements view (entitlements.go); nil when they are
 	// off.
 	ent *entPart
