@@ -63,9 +63,34 @@ var (
 	keyRoll       = []byte("R")
 )
 
-// gateTimeOf returns the broker time a record of usage.deduped waits for
-// in the gate: an event's ingest_time, a watermark's watermark, 0 for
-// anything else (it is rejected or ignored when it leaves the gate).
+// gateTime returns the broker time a record of usage.deduped waits for
+// in the gate: an event's ingest_time, a watermark's watermark; 0 for
+// anything else (it is rejected or ignored when it leaves the gate), and
+// for a time too far ahead of the record's own (tooFarAhead: rejected).
+func (pt *partition) gateTime(r *kgo.Record) int64 {
+	t := gateTimeOf(r.Value, &pt.ev)
+	if pt.tooFarAhead(r, t) {
+		return 0
+	}
+	return t
+}
+
+// tooFarAhead reports whether t, a record's ingest_time or watermark, is
+// more than Config.EntitlementsMaxAhead after the record's broker time:
+// no entitlements record may ever be read that far, and it would hold the
+// gate. Replay-stable: both times are the record's.
+func (pt *partition) tooFarAhead(r *kgo.Record, t int64) bool {
+	return pt.ent != nil && t > r.Timestamp.UnixMilli()+pt.pr.cfg.EntitlementsMaxAhead.Milliseconds()
+}
+
+// rejectTooFarAhead rejects a record tooFarAhead (invalid).
+func (pt *partition) rejectTooFarAhead(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, what string, t int64) error {
+	return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("%s %s is more than %s after the record's broker time %s in %s",
+		what, msTime(t), pt.pr.cfg.EntitlementsMaxAhead, msTime(r.Timestamp.UnixMilli()), r.Topic))
+}
+
+// gateTimeOf returns an event's ingest_time, a watermark's watermark, 0
+// for anything else.
 func gateTimeOf(v []byte, scratch *schemas.DedupedEvent) int64 {
 	*scratch = schemas.DedupedEvent{}
 	if schemas.DecodeInto(v, scratch) == nil {
@@ -386,7 +411,7 @@ func (ledgerReader) Delete(_ []byte) {}
 // It reports whether it did.
 func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	e := pt.ent
-	if e.gateN == 0 && e.passes(gateTimeOf(r.Value, &pt.ev)) {
+	if e.gateN == 0 && e.passes(pt.gateTime(r)) {
 		return false
 	}
 	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
@@ -452,7 +477,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		if err != nil {
 			return done, err
 		}
-		if !e.passes(gateTimeOf(r.Value, &pt.ev)) {
+		if !e.passes(pt.gateTime(r)) {
 			break
 		}
 		tx.Delete(kv.k)

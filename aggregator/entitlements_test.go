@@ -668,3 +668,49 @@ func TestEntitlementsRefusedByAggregateNotCharged(t *testing.T) {
 		t.Fatalf("paid's balance %+v, want g1 consumed 3 (the event counted, not the one refused)", b)
 	}
 }
+
+// TestEntitlementsFarFutureDoesNotStallGate: an event whose ingest_time
+// is days past its record's broker time, and a watermark as far ahead,
+// would hold the gate until the entitlements partition is read that far,
+// and every record behind them with it: they are rejected as invalid when
+// their turn comes, and the event behind them is decided.
+func TestEntitlementsFarFutureDoesNotStallGate(t *testing.T) {
+	h := newEntHarness(t, nil, 1)
+	day := ms(t, "2026-05-04")
+	ts := time.UnixMilli(day + 1000)
+	far := day + 10*24*3600*1000
+	bad := h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "far", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: far, IngestTime: far})
+	bad.Timestamp = ts
+	wm := h.watermark(0, 0, 1, far)
+	wm.Timestamp = ts
+	ok := h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "ok", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: day + 500, IngestTime: day + 500})
+	ok.Timestamp = ts
+	h.produce(bad, wm, ok)
+	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+2000)...)
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	run := h.start(cfg)
+	h.caughtUp()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(readRejected(t, h)) < 2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for openValues(t, h)["acme/api_calls"] != 1 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, r := range readRejected(t, h) {
+		reasons = append(reasons, r.EventID+":"+r.Reason)
+	}
+	if fmt.Sprint(reasons) != "[far:invalid :invalid]" {
+		t.Errorf("rejected %v, want the far event and the watermark as invalid", reasons)
+	}
+	if v := openValues(t, h)["acme/api_calls"]; v != 1 {
+		t.Errorf("acme counted %d, want the event behind them counted (1)", v)
+	}
+}

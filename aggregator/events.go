@@ -26,6 +26,9 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	// through Decode, which says what it is or why it is undecodable.
 	pt.ev = schemas.DedupedEvent{}
 	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
+		if pt.tooFarAhead(r, pt.ev.IngestTime) {
+			return pt.rejectTooFarAhead(tx, r, &pt.ev, "ingest_time", pt.ev.IngestTime)
+		}
 		return pt.event(tx, r, &pt.ev, false)
 	}
 	msg, err := schemas.Decode(r.Value)
@@ -34,8 +37,14 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	}
 	switch m := msg.(type) {
 	case *schemas.Watermark:
+		if pt.tooFarAhead(r, m.Watermark) {
+			return pt.rejectTooFarAhead(tx, r, nil, "watermark", m.Watermark)
+		}
 		return pt.watermark(tx, m)
 	case *schemas.DedupedEvent:
+		if pt.tooFarAhead(r, m.IngestTime) {
+			return pt.rejectTooFarAhead(tx, r, m, "ingest_time", m.IngestTime)
+		}
 		return pt.event(tx, r, m, false)
 	default:
 		return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
