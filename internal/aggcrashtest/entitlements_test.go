@@ -262,8 +262,8 @@ func TestEntitlementsCrashWindows(t *testing.T) {
 // one-unit events of one customer and meter (over two groups) through the
 // real `meterline dedup` and `meterline aggregate --entitlements`, with 5%
 // duplicate copies interleaved and the aggregator killed (SIGKILL) at
-// its 600th decision, before that decision's transaction commits: exactly the first 1,000 in usage.deduped's order are
-// counted, the last 200 are rejected as over_limit once each, no copy is
+// its 600th decision, before that decision's transaction commits: exactly
+// the first 1,000 in usage.deduped's order are counted, the last 200 are rejected as over_limit once each, no copy is
 // charged, and the customer's last balance says 1,000 of 1,000.
 func TestEntitlementsCapBoundary(t *testing.T) {
 	s := newSuite(t) // LogAppendTime: arrivals are the broker's clock
