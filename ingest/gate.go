@@ -27,7 +27,9 @@ import (
 //     with on_limit REJECT that the event would take past its limit, as
 //     the aggregator decides it (SUM adds the quantity, COUNT one; a
 //     meter of another aggregation is not capped; an event landing exactly
-//     on the cap is accepted).
+//     on the cap is accepted). The aggregation is the ingest's meters
+//     file's: a meter it does not declare is let through, since the
+//     aggregator's file may make it a COUNT.
 //
 // A request refused is answered with nothing sent; each of its events is
 // counted (meterline_ingest_gate_refused_events_total, by tenant) and the
@@ -91,8 +93,11 @@ func (s *Server) exhausted(ue *schemas.UsageEvent) (string, bool) {
 		return "", false
 	}
 	mb := bal.Meters[i]
-	m, _ := s.cfg.Meters.Lookup(ue.Meter) // an undeclared meter is a SUM, as the aggregator takes it
-	if !entitlements.Charged(string(m.Aggregation)) {
+	// The balance does not carry the meter's aggregation: the ingest's
+	// meters file must. A meter it does not declare may be a COUNT in the
+	// aggregator's, which adds 1, not the quantity: not sure, let through.
+	m, declared := s.cfg.Meters.Lookup(ue.Meter)
+	if !declared || !entitlements.Charged(string(m.Aggregation)) {
 		return "", false
 	}
 	units := entitlements.Event{Meter: ue.Meter, Aggregation: string(m.Aggregation), Quantity: ue.Quantity}.Units()

@@ -438,3 +438,31 @@ func TestAnswerBeforeBookkeeping(t *testing.T) {
 		t.Error("the client got the answer only after the bookkeeping")
 	}
 }
+
+// A meter the ingest's meters file does not declare may be a COUNT in the
+// aggregator's (which counts 1 per event, not the quantity): the gate
+// cannot know the units the aggregator will add, so it lets the event
+// through.
+func TestGateUndeclaredMeter(t *testing.T) {
+	b := NewBalances("t", nil, nil)
+	s := &Server{cfg: Config{GateMaxAge: time.Hour, Meters: mustCatalog(t)}, balances: b}
+	bal := balance("acme-1", 1, 0, 5000, schemas.OnLimitReject)
+	// 9 of 10 used: one more event lands on the cap for a COUNT, a
+	// quantity of 100 would pass it for a SUM.
+	bal.Meters = append(bal.Meters, schemas.MeterBalance{Meter: "builds", Usage: 9, Limit: 10, OnLimit: schemas.OnLimitReject})
+	v, err := schemas.Encode(bal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.apply(schemas.CustomerKey("acme-1"), v)
+	b.markLoaded()
+	req := &request{inputs: 1, usages: []usage{{ue: schemas.UsageEvent{CustomerID: "acme-1", Meter: "builds", Quantity: 100, EventTime: nov29.UnixMilli()}}}}
+	if errs, _ := s.gateCheck(req); errs != nil {
+		t.Fatalf("an undeclared meter: refused %v, want let through", errs)
+	}
+	// The same on a declared SUM meter is refused.
+	req.usages[0].ue.Meter, req.usages[0].ue.Quantity = "gpu_ms", 5001
+	if errs, _ := s.gateCheck(req); len(errs) != 1 {
+		t.Fatalf("a declared SUM meter: %v, want one refusal", errs)
+	}
+}
