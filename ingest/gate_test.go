@@ -466,3 +466,47 @@ func TestGateUndeclaredMeter(t *testing.T) {
 		t.Fatalf("a declared SUM meter: %v, want one refusal", errs)
 	}
 }
+
+// The gate costs a request it lets through no allocation (the common
+// case: the first event not surely over its cap).
+func TestGateCheckOpenAllocs(t *testing.T) {
+	s, req := gateBench(t, 100)
+	if allocs := testing.AllocsPerRun(100, func() {
+		if errs, _ := s.gateCheck(req); errs != nil {
+			t.Fatal("refused")
+		}
+	}); allocs != 0 {
+		t.Errorf("%v allocations per request let through, want 0", allocs)
+	}
+}
+
+// BenchmarkGateCheckOpen is the gate on a request of 100 usage events
+// whose first is over its cap and whose last is not: let through.
+func BenchmarkGateCheckOpen(b *testing.B) {
+	s, req := gateBench(b, 100)
+	b.ReportAllocs()
+	for b.Loop() {
+		if errs, _ := s.gateCheck(req); errs != nil {
+			b.Fatal("refused")
+		}
+	}
+}
+
+// gateBench is a loaded gate and a request of n usage events of acme-1,
+// whose gpu_ms is used up, but the last, of acme-2, which has no balance.
+func gateBench(t testing.TB, n int) (*Server, *request) {
+	b := NewBalances("t", nil, nil)
+	v, err := schemas.Encode(balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.apply(schemas.CustomerKey("acme-1"), v)
+	b.markLoaded()
+	s := &Server{cfg: Config{GateMaxAge: time.Hour, Meters: mustCatalog(t)}, balances: b}
+	req := &request{inputs: n}
+	for i := range n {
+		req.usages = append(req.usages, usage{input: i, ue: schemas.UsageEvent{CustomerID: "acme-1", Meter: "gpu_ms", Quantity: 1, EventTime: nov29.UnixMilli()}})
+	}
+	req.usages[n-1].ue.CustomerID = "acme-2"
+	return s, req
+}
