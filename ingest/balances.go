@@ -3,7 +3,6 @@ package ingest
 import (
 	"context"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
@@ -170,18 +169,6 @@ func (b *Balances) Len() int {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return len(b.m)
-}
-
-// wouldPass reports whether an event adding units to usage would take a
-// reject-policy cap's usage past limit, as the aggregator decides it
-// (DESIGN §12: landing exactly on the cap is accepted). A sum that does
-// not fit 64 bits is not this rule's (the aggregator refuses it as
-// invalid): false.
-func wouldPass(usage, units, limit int64) bool {
-	if units > 0 && usage > math.MaxInt64-units {
-		return false
-	}
-	return usage+units > limit
 }
 
 // describePeriod is "[2026-12-01T00:00:00Z, 2027-01-01T00:00:00Z)".

@@ -123,7 +123,7 @@ func (s *Server) overCap(ue *schemas.UsageEvent) (overCapEvent, bool) {
 		return overCapEvent{}, false
 	}
 	units := entitlements.Event{Meter: ue.Meter, Aggregation: string(m.Aggregation), Quantity: ue.Quantity}.Units()
-	if units < 0 || !wouldPass(mb.Usage, units, mb.Limit) {
+	if units < 0 || !entitlements.PassesCap(mb.Usage, units, mb.Limit) {
 		return overCapEvent{}, false
 	}
 	return overCapEvent{bal: bal, mb: mb, units: units}, true

@@ -324,20 +324,6 @@ func TestBalancesAge(t *testing.T) {
 	}
 }
 
-func TestWouldPass(t *testing.T) {
-	for _, c := range []struct {
-		usage, units, limit int64
-		want                bool
-	}{
-		{0, 10, 10, false}, {1, 10, 10, true}, {10, 0, 10, false}, {11, 0, 10, true},
-		{1 << 61, 1 << 61, 1 << 61, true}, {1 << 62, 1 << 62, 0, false}, {9223372036854775807, 1, 0, false},
-	} {
-		if got := wouldPass(c.usage, c.units, c.limit); got != c.want {
-			t.Errorf("wouldPass(%d, %d, %d) = %v", c.usage, c.units, c.limit, got)
-		}
-	}
-}
-
 // On the real broker, with balances written in transactions as the
 // aggregator writes them: a committed exhausted balance closes the gate,
 // an aborted one is never applied, and the view is loaded although each
