@@ -174,6 +174,7 @@ var ErrWindowTooShort = errors.New("aggregator: window shorter than dedup's")
 // Stage is an aggregator instance.
 type Stage struct {
 	rt *stream.Runtime
+	pr *processor
 }
 
 // New prepares an aggregator instance.
@@ -205,7 +206,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Stage{rt: rt}, nil
+	return &Stage{rt: rt, pr: p}, nil
 }
 
 // Run runs until ctx ends or a fatal error.
