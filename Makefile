@@ -49,7 +49,7 @@ chaos:
 # with and without a standby replica; the table goes to the test log.
 FAILOVER_KEYS ?= 5000000,20000000
 bench-failover:
-	@PACKAGES=./internal/standbytest METERLINE_FAILOVER_BENCH=$(FAILOVER_KEYS) TEST_TIMEOUT=60m bash scripts/test.sh
+	@GOFLAGS=-tags=failoverbench PACKAGES=./internal/standbytest METERLINE_FAILOVER_BENCH=$(FAILOVER_KEYS) TEST_TIMEOUT=60m bash scripts/test.sh
 
 fuzz:
 	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s

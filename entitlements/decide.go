@@ -155,10 +155,10 @@ func Decide(in Input) Decision {
 		switch {
 		case !charged:
 			d.Misconfigured = fmt.Sprintf("cap on %s ignored: a %s meter (caps apply to SUM and COUNT meters only)", ev.Meter, ev.Aggregation)
-		case in.Usage+units > c.Limit && c.OnLimit == schemas.OnLimitReject:
+		case PassesCap(in.Usage, units, c.Limit) && c.OnLimit == schemas.OnLimitReject:
 			return Decision{Outcome: OverLimit, Detail: fmt.Sprintf("%s: usage in the period %d + %d would pass the cap %d of plan %q",
 				ev.Meter, in.Usage, units, c.Limit, p.Name)}
-		case in.Usage+units > c.Limit:
+		case PassesCap(in.Usage, units, c.Limit):
 			d.OverCap = true
 		}
 	}

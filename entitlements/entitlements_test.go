@@ -389,3 +389,26 @@ func keys(s *memStore) []string {
 	}
 	return out
 }
+
+// PassesCap is the cap rule of Decide (and of the ingest's quota gate):
+// landing exactly on the limit is within it; a sum past 64 bits is not
+// this rule's. Decide refuses a SUM event over_limit exactly when it
+// says so (and as invalid when the sum does not fit).
+func TestPassesCap(t *testing.T) {
+	for _, c := range []struct {
+		usage, units, limit int64
+		want                bool
+	}{
+		{0, 10, 10, false}, {1, 10, 10, true}, {10, 0, 10, false}, {11, 0, 10, true},
+		{1 << 61, 1 << 61, 1 << 61, true}, {1 << 62, 1 << 62, 0, false}, {math.MaxInt64, 1, 0, false},
+	} {
+		if got := PassesCap(c.usage, c.units, c.limit); got != c.want {
+			t.Errorf("PassesCap(%d, %d, %d) = %v", c.usage, c.units, c.limit, got)
+		}
+		p := &Plan{Name: "p", Caps: []schemas.Cap{{Meter: "m", Limit: c.limit, OnLimit: schemas.OnLimitReject}}}
+		d := Decide(Input{Plan: p, Event: Event{Meter: "m", Aggregation: "SUM", Quantity: c.units}, Usage: c.usage})
+		if (d.Outcome == OverLimit) != c.want {
+			t.Errorf("Decide(usage %d, units %d, limit %d): %v, PassesCap says %v", c.usage, c.units, c.limit, d.Outcome, c.want)
+		}
+	}
+}

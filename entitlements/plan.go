@@ -83,6 +83,18 @@ func (p *Plan) Cap(meter string) (schemas.Cap, bool) {
 	return schemas.Cap{}, false
 }
 
+// PassesCap reports whether an event adding units to a period's usage
+// takes it past a cap's limit (DESIGN §12): usage landing exactly on the
+// limit is within it. A sum that does not fit 64 bits is not this rule's
+// (Decide refuses the event as invalid before): false. Decide and the
+// ingest's quota gate both decide a cap by it.
+func PassesCap(usage, units, limit int64) bool {
+	if units > 0 && usage > math.MaxInt64-units {
+		return false
+	}
+	return usage+units > limit
+}
+
 // noPlan applies when a customer has no record and there is no default
 // plan: nothing capped, no grants, overdraft allowed without limit, so
 // that no event is refused unless an operator asked for it.

@@ -18,33 +18,43 @@ import (
 // the advisory quota gate (gate.go). It is safe for concurrent use.
 //
 // Age. A balance is as of its updated_at: broker time (the aggregator
-// partition's watermark) carried in the record, never a wall clock.
-// BrokerNow estimates the broker time now as the newest updated_at this
-// view has read, plus the time elapsed on this replica since it read it;
-// the elapsed time is a difference of two readings of the clock (time.Now:
-// monotonic), so the clock's setting or skew against the brokers changes
-// nothing. A balance's age is BrokerNow − its updated_at. So a balance is
-// judged against the newest of its peers, and, when the aggregator stops
-// writing balances, every balance ages at the replica's own pace from the
-// moment the newest one was read.
+// partition's watermark) carried in the record. Its age is the broker
+// time now minus its updated_at, and the broker time now is estimated
+// from records that arrived live only: records appended after the
+// current read of the topic started, read once it has caught up. The
+// estimate is the largest (record timestamp read + time elapsed on this
+// replica since it was read) over those records; a record's timestamp is
+// the time it was written (the broker's with message.timestamp.type
+// LogAppendTime, the aggregator's clock with CreateTime), and the
+// elapsed time is a difference of two readings of the clock (time.Now:
+// monotonic), so this replica's clock setting or skew changes nothing.
+// Until a record has arrived live, every balance's age is unknown and no
+// balance is trusted. So:
+//   - a replica started after the aggregator stopped writing trusts none
+//     of the balances it loaded, however recent their updated_at;
+//   - an aggregator that lags writes balances whose updated_at is behind
+//     their timestamps by the lag: they are as old as the lag;
+//   - when the aggregator stops writing, every balance ages at the
+//     replica's own pace from the last record that arrived.
 type Balances struct {
 	topic string
 	log   *zap.Logger
 	clock func() time.Time // only differences of its readings are used
 
-	mu     sync.RWMutex
-	m      map[string]*schemas.Balance
-	newest int64     // the largest updated_at read, epoch ms
-	readAt time.Time // when newest was read, by clock
-	bad    int       // records that could not be read
+	mu       sync.RWMutex
+	m        map[string]*schemas.Balance
+	live     bool      // the current read of the topic has caught up: records now arrive live
+	anchor   int64     // the timestamp of a record that arrived live, epoch ms: see Balances
+	anchorAt time.Time // when it was read, by clock; zero: no record arrived live
+	bad      int       // records that could not be read
 
 	loaded chan struct{}
 	once   sync.Once
 }
 
 // NewBalances returns an empty view of topic; Follow fills it. clock (nil:
-// time.Now) is read only to measure the time elapsed since the newest
-// balance was read.
+// time.Now) is read only to measure the time elapsed since a record
+// arrived live (see Balances).
 func NewBalances(topic string, log *zap.Logger, clock func() time.Time) *Balances {
 	if log == nil {
 		log = zap.NewNop()
@@ -80,7 +90,10 @@ const balancesRetry = 10 * time.Second
 // events through.
 func (b *Balances) Follow(ctx context.Context, opts ...kgo.Opt) error {
 	for {
-		err := tail(ctx, b.topic, "balances", b.log, opts, b.applyRecord, b.markLoaded)
+		// A read from the start replays old records: they are not live
+		// until it has caught up again.
+		b.setLive(false)
+		err := tail(ctx, b.topic, "balances", b.log, opts, b.applyRecord, b.caughtUp)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -96,7 +109,34 @@ func (b *Balances) Follow(ctx context.Context, opts ...kgo.Opt) error {
 
 func (b *Balances) markLoaded() { b.once.Do(func() { close(b.loaded) }) }
 
-func (b *Balances) applyRecord(r *kgo.Record) { b.apply(r.Key, r.Value) }
+// caughtUp is called when the current read of the topic has read every
+// record the topic had when it started: the view is loaded, and the
+// records read from now on arrive live.
+func (b *Balances) caughtUp() {
+	b.markLoaded()
+	b.setLive(true)
+}
+
+func (b *Balances) setLive(live bool) {
+	b.mu.Lock()
+	b.live = live
+	b.mu.Unlock()
+}
+
+// applyRecord applies r; if it arrived live, its timestamp moves the
+// estimate of the broker time now forward (see Balances).
+func (b *Balances) applyRecord(r *kgo.Record) {
+	b.apply(r.Key, r.Value)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.live {
+		return
+	}
+	ts, now := r.Timestamp.UnixMilli(), b.clock()
+	if cur, ok := b.brokerNowAt(now); !ok || ts > cur {
+		b.anchor, b.anchorAt = ts, now
+	}
+}
 
 // apply applies one record: a tombstone forgets the customer of its key;
 // a balance replaces the customer's unless it has a smaller revision (a
@@ -124,10 +164,6 @@ func (b *Balances) apply(key, value []byte) {
 	if old := b.m[bal.CustomerID]; old == nil || bal.Revision >= old.Revision {
 		b.m[bal.CustomerID] = &bal
 	}
-	if bal.UpdatedAt > b.newest || b.readAt.IsZero() {
-		b.newest = max(b.newest, bal.UpdatedAt)
-		b.readAt = b.clock()
-	}
 }
 
 func (b *Balances) unreadable(err error) {
@@ -138,22 +174,27 @@ func (b *Balances) unreadable(err error) {
 }
 
 // BrokerNow is the view's estimate of the broker time now, epoch ms (see
-// Balances); ok is false before any balance was read.
+// Balances); ok is false until a record has arrived live.
 func (b *Balances) BrokerNow() (ms int64, ok bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	return b.brokerNowLocked()
+	return b.brokerNowAt(b.clock())
 }
 
-func (b *Balances) brokerNowLocked() (int64, bool) {
-	if b.readAt.IsZero() {
+func (b *Balances) brokerNowAt(now time.Time) (int64, bool) {
+	if b.anchorAt.IsZero() {
 		return 0, false
 	}
-	return b.newest + max(b.clock().Sub(b.readAt).Milliseconds(), 0), true
+	return b.anchor + max(now.Sub(b.anchorAt).Milliseconds(), 0), true
 }
 
-// Lookup returns the customer's balance and its age (see Balances); ok
-// is false when the view has none. The balance must not be modified.
+// unknownAge is the age of every balance until a record has arrived
+// live: older than any limit.
+const unknownAge = time.Duration(math.MaxInt64)
+
+// Lookup returns the customer's balance and its age (see Balances;
+// unknownAge until a record has arrived live); ok is false when the view
+// has none. The balance must not be modified.
 func (b *Balances) Lookup(customer string) (bal *schemas.Balance, age time.Duration, ok bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
@@ -161,8 +202,15 @@ func (b *Balances) Lookup(customer string) (bal *schemas.Balance, age time.Durat
 	if bal == nil {
 		return nil, 0, false
 	}
-	now, _ := b.brokerNowLocked()
-	return bal, time.Duration(now-bal.UpdatedAt) * time.Millisecond, true
+	now, known := b.brokerNowAt(b.clock())
+	if !known {
+		return bal, unknownAge, true
+	}
+	ms := now - bal.UpdatedAt
+	if lim := int64(unknownAge / time.Millisecond); bal.UpdatedAt < 0 || ms > lim || ms < -lim {
+		return bal, unknownAge, true
+	}
+	return bal, time.Duration(ms) * time.Millisecond, true
 }
 
 // Len is the number of customers with a balance in the view.
@@ -170,18 +218,6 @@ func (b *Balances) Len() int {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return len(b.m)
-}
-
-// wouldPass reports whether an event adding units to usage would take a
-// reject-policy cap's usage past limit, as the aggregator decides it
-// (DESIGN §12: landing exactly on the cap is accepted). A sum that does
-// not fit 64 bits is not this rule's (the aggregator refuses it as
-// invalid): false.
-func wouldPass(usage, units, limit int64) bool {
-	if units > 0 && usage > math.MaxInt64-units {
-		return false
-	}
-	return usage+units > limit
 }
 
 // describePeriod is "[2026-12-01T00:00:00Z, 2027-01-01T00:00:00Z)".

@@ -27,7 +27,9 @@ import (
 //     with on_limit REJECT that the event would take past its limit, as
 //     the aggregator decides it (SUM adds the quantity, COUNT one; a
 //     meter of another aggregation is not capped; an event landing exactly
-//     on the cap is accepted).
+//     on the cap is accepted). The aggregation is the ingest's meters
+//     file's: a meter it does not declare is let through, since the
+//     aggregator's file may make it a COUNT.
 //
 // A request refused is answered with nothing sent; each of its events is
 // counted (meterline_ingest_gate_refused_events_total, by tenant) and the
@@ -59,49 +61,72 @@ func (gs gateRefusals) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 }
 
 // gateCheck returns the errors of a 402 when the gate refuses every usage
-// event of the request, or nil to let it through.
+// event of the request, or nil to let it through. A request let through
+// costs no allocation: every event is checked before anything is built.
 func (s *Server) gateCheck(req *request) ([]EventError, gateRefusals) {
 	b := s.balances
 	if b == nil || len(req.usages) == 0 || !b.isLoaded() {
 		return nil, nil
 	}
+	for k := range req.usages {
+		if _, ok := s.overCap(&req.usages[k].ue); !ok {
+			return nil, nil
+		}
+	}
 	errs := make([]EventError, 0, len(req.usages))
 	refused := make(gateRefusals, 0, len(req.usages))
 	for k := range req.usages {
 		u := &req.usages[k]
-		why, ok := s.exhausted(&u.ue)
+		// The view may have changed since the first pass: still fail open.
+		oc, ok := s.overCap(&u.ue)
 		if !ok {
 			return nil, nil
 		}
-		errs = append(errs, EventError{Index: u.input, Field: u.mm.field("meter"), Code: schemas.ReasonOverLimit, Reason: why})
+		errs = append(errs, EventError{Index: u.input, Field: u.mm.field("meter"), Code: schemas.ReasonOverLimit, Reason: oc.reason(&u.ue)})
 		refused = append(refused, gateRefusal{u.input, u.ue.CustomerID, u.ue.Meter})
 	}
 	return errs, refused
 }
 
-// exhausted reports whether the balances say the aggregator will refuse
-// the event over_limit, and why (see the rules above).
-func (s *Server) exhausted(ue *schemas.UsageEvent) (string, bool) {
+// overCapEvent is why the gate refuses an event: its balance, its meter's
+// and the units it would add.
+type overCapEvent struct {
+	bal   *schemas.Balance
+	mb    schemas.MeterBalance
+	units int64
+}
+
+func (o overCapEvent) reason(ue *schemas.UsageEvent) string {
+	return fmt.Sprintf("meter %s: %d of the limit %d already used in the period %s (plan %q, balance as of %s); adding %d would pass it, and the plan rejects usage past it",
+		ue.Meter, o.mb.Usage, o.mb.Limit, describePeriod(o.bal.PeriodStart, o.bal.PeriodEnd), o.bal.Plan,
+		time.UnixMilli(o.bal.UpdatedAt).UTC().Format(time.RFC3339), o.units)
+}
+
+// overCap reports whether the balances say the aggregator will refuse
+// the event over_limit, and why (see the rules above). It does not
+// allocate.
+func (s *Server) overCap(ue *schemas.UsageEvent) (overCapEvent, bool) {
 	bal, age, ok := s.balances.Lookup(ue.CustomerID)
 	if !ok || age >= s.cfg.GateMaxAge || bal.Unmetered || ue.EventTime < bal.PeriodStart || ue.EventTime >= bal.PeriodEnd {
-		return "", false
+		return overCapEvent{}, false
 	}
 	i := slices.IndexFunc(bal.Meters, func(m schemas.MeterBalance) bool { return m.Meter == ue.Meter })
 	if i < 0 || bal.Meters[i].OnLimit != schemas.OnLimitReject {
-		return "", false
+		return overCapEvent{}, false
 	}
 	mb := bal.Meters[i]
-	m, _ := s.cfg.Meters.Lookup(ue.Meter) // an undeclared meter is a SUM, as the aggregator takes it
-	if !entitlements.Charged(string(m.Aggregation)) {
-		return "", false
+	// The balance does not carry the meter's aggregation: the ingest's
+	// meters file must. A meter it does not declare may be a COUNT in the
+	// aggregator's, which adds 1, not the quantity: not sure, let through.
+	m, declared := s.cfg.Meters.Lookup(ue.Meter)
+	if !declared || !entitlements.Charged(string(m.Aggregation)) {
+		return overCapEvent{}, false
 	}
 	units := entitlements.Event{Meter: ue.Meter, Aggregation: string(m.Aggregation), Quantity: ue.Quantity}.Units()
-	if units < 0 || !wouldPass(mb.Usage, units, mb.Limit) {
-		return "", false
+	if units < 0 || !entitlements.PassesCap(mb.Usage, units, mb.Limit) {
+		return overCapEvent{}, false
 	}
-	return fmt.Sprintf("meter %s: %d of the limit %d already used in the period %s (plan %q, balance as of %s); adding %d would pass it, and the plan rejects usage past it",
-		ue.Meter, mb.Usage, mb.Limit, describePeriod(bal.PeriodStart, bal.PeriodEnd), bal.Plan,
-		time.UnixMilli(bal.UpdatedAt).UTC().Format(time.RFC3339), units), true
+	return overCapEvent{bal: bal, mb: mb, units: units}, true
 }
 
 // answerGate answers a request the gate refuses: 402 with each refused

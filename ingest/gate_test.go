@@ -41,9 +41,14 @@ func balance(customer string, rev int64, gpuUsage, gpuLimit int64, policy schema
 }
 
 // putBalances writes balances to the env's balances topic, keyed by
-// customer as the aggregator writes them, and waits until the server's
-// view holds each.
-func (e *env) putBalances(bs ...*schemas.Balance) {
+// customer as the aggregator writes them, each timestamped with its
+// updated_at (an aggregator that does not lag), and waits until the
+// server's view holds each.
+func (e *env) putBalances(bs ...*schemas.Balance) { e.putBalancesLagging(0, bs...) }
+
+// putBalancesLagging is putBalances by an aggregator lagging by lag: each
+// record is timestamped lag after its updated_at.
+func (e *env) putBalancesLagging(lag time.Duration, bs ...*schemas.Balance) {
 	e.t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.DefaultProduceTopic(e.balances))
 	if err != nil {
@@ -55,7 +60,8 @@ func (e *env) putBalances(bs ...*schemas.Balance) {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: schemas.CustomerKey(b.CustomerID), Value: v}).FirstErr(); err != nil {
+		r := &kgo.Record{Key: schemas.CustomerKey(b.CustomerID), Value: v, Timestamp: time.UnixMilli(b.UpdatedAt).Add(lag)}
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -72,6 +78,17 @@ func (e *env) putBalances(bs ...*schemas.Balance) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// feed applies bal to the view as a record timestamped with its
+// updated_at, as the topic's reader does.
+func feed(t testing.TB, b *Balances, bal *schemas.Balance) {
+	t.Helper()
+	v, err := schemas.Encode(bal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.applyRecord(&kgo.Record{Key: schemas.CustomerKey(bal.CustomerID), Value: v, Timestamp: time.UnixMilli(bal.UpdatedAt)})
 }
 
 // jobAt is a CloudEvent of type job (meter gpu_ms, SUM, scale 3: 1.5 s is
@@ -263,78 +280,87 @@ func TestGateNotLoaded(t *testing.T) {
 	}
 }
 
-// Until the view has read every balance the topic held at the start, the
-// gate lets everything through.
+// Until the view has read every balance the topic held at the start, and
+// then a record has arrived live, the gate lets everything through.
 func TestGateWaitsForTheView(t *testing.T) {
 	b := NewBalances("t", nil, nil)
 	s := &Server{cfg: Config{GateMaxAge: time.Hour, Meters: mustCatalog(t)}, balances: b}
-	v, err := schemas.Encode(balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.apply(schemas.CustomerKey("acme-1"), v)
+	feed(t, b, balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
 	req := &request{inputs: 1, usages: []usage{{ue: schemas.UsageEvent{CustomerID: "acme-1", Meter: "gpu_ms", Quantity: 1, EventTime: nov29.UnixMilli()}}}}
 	if errs, _ := s.gateCheck(req); errs != nil {
 		t.Fatalf("before Loaded: %v", errs)
 	}
-	b.markLoaded()
+	b.caughtUp()
+	if errs, _ := s.gateCheck(req); errs != nil {
+		t.Fatalf("loaded, no record arrived live: %v", errs)
+	}
+	feed(t, b, balance("acme-2", 1, 0, 5000, schemas.OnLimitReject))
 	if errs, _ := s.gateCheck(req); len(errs) != 1 {
-		t.Fatalf("once loaded: %v, want one refusal", errs)
+		t.Fatalf("once a record arrived live: %v, want one refusal", errs)
 	}
 }
 
-// A balance ages with the time elapsed since the newest was read (the
-// aggregator may have stopped), measured by differences of the clock.
+// A balance's age is measured against the timestamps of records that
+// arrived live, plus the time elapsed since (the aggregator may have
+// stopped), measured by differences of the clock. Records read before
+// the view caught up, or on a re-read from the start, do not count.
 func TestBalancesAge(t *testing.T) {
 	var now time.Time
 	b := NewBalances("t", nil, func() time.Time { return now })
-	if _, ok := b.BrokerNow(); ok {
-		t.Fatal("BrokerNow before any balance")
-	}
 	now = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC) // the clock's setting does not matter
 	old := balance("a", 1, 0, 1, schemas.OnLimitReject)
 	old.UpdatedAt = gateAsOf.Add(-time.Minute).UnixMilli()
-	v, _ := schemas.Encode(old)
-	b.apply(schemas.CustomerKey("a"), v)
-	nb := balance("b", 1, 0, 1, schemas.OnLimitReject)
-	v, _ = schemas.Encode(nb)
-	b.apply(schemas.CustomerKey("b"), v)
-	if _, age, _ := b.Lookup("a"); age != time.Minute {
-		t.Errorf("age %s, want 1m (against the newest)", age)
+	feed(t, b, old)
+	feed(t, b, balance("b", 1, 0, 1, schemas.OnLimitReject))
+	if _, ok := b.BrokerNow(); ok {
+		t.Fatal("BrokerNow from records loaded, none live")
+	}
+	if _, age, ok := b.Lookup("a"); !ok || age != unknownAge {
+		t.Errorf("age %s before a record arrived live, want unknown", age)
+	}
+	b.caughtUp()
+	// The aggregator lags by a minute: its record is written a minute
+	// after its updated_at.
+	c := balance("c", 1, 0, 1, schemas.OnLimitReject)
+	v, _ := schemas.Encode(c)
+	b.applyRecord(&kgo.Record{Key: schemas.CustomerKey("c"), Value: v, Timestamp: gateAsOf.Add(time.Minute)})
+	if _, age, _ := b.Lookup("c"); age != time.Minute {
+		t.Errorf("age %s, want 1m (the lag)", age)
+	}
+	if _, age, _ := b.Lookup("a"); age != 2*time.Minute {
+		t.Errorf("age %s, want 2m", age)
 	}
 	now = now.Add(30 * time.Second)
-	if _, age, _ := b.Lookup("a"); age != 90*time.Second {
-		t.Errorf("age %s, want 1m30s", age)
+	if _, age, _ := b.Lookup("a"); age != 150*time.Second {
+		t.Errorf("age %s, want 2m30s", age)
 	}
-	if ms, _ := b.BrokerNow(); ms != gateAsOf.Add(30*time.Second).UnixMilli() {
+	if ms, _ := b.BrokerNow(); ms != gateAsOf.Add(90*time.Second).UnixMilli() {
 		t.Errorf("BrokerNow %d", ms)
+	}
+	// A record older than the estimate does not move it back.
+	feed(t, b, balance("d", 1, 0, 1, schemas.OnLimitReject))
+	if ms, _ := b.BrokerNow(); ms != gateAsOf.Add(90*time.Second).UnixMilli() {
+		t.Errorf("BrokerNow %d after an older record", ms)
+	}
+	// A re-read from the start: its records are not live until it has
+	// caught up.
+	b.setLive(false)
+	later := balance("e", 1, 0, 1, schemas.OnLimitReject)
+	later.UpdatedAt = gateAsOf.Add(time.Hour).UnixMilli()
+	feed(t, b, later)
+	if ms, _ := b.BrokerNow(); ms != gateAsOf.Add(90*time.Second).UnixMilli() {
+		t.Errorf("BrokerNow %d after a replayed record", ms)
 	}
 	// An older revision does not replace a newer one; a tombstone
 	// forgets; an unreadable record changes nothing.
-	stale := balance("b", 0, 7, 1, schemas.OnLimitReject)
-	v, _ = schemas.Encode(stale)
-	b.apply(schemas.CustomerKey("b"), v)
+	feed(t, b, balance("b", 0, 7, 1, schemas.OnLimitReject))
 	if got, _, _ := b.Lookup("b"); got.Revision != 1 {
 		t.Errorf("revision %d, want 1", got.Revision)
 	}
 	b.apply(schemas.CustomerKey("a"), nil)
 	b.apply(schemas.CustomerKey("b"), []byte("junk"))
-	if _, _, ok := b.Lookup("a"); ok || b.Len() != 1 || b.bad != 1 {
+	if _, _, ok := b.Lookup("a"); ok || b.Len() != 4 || b.bad != 1 {
 		t.Errorf("after a tombstone and junk: %d balances, %d bad", b.Len(), b.bad)
-	}
-}
-
-func TestWouldPass(t *testing.T) {
-	for _, c := range []struct {
-		usage, units, limit int64
-		want                bool
-	}{
-		{0, 10, 10, false}, {1, 10, 10, true}, {10, 0, 10, false}, {11, 0, 10, true},
-		{1 << 61, 1 << 61, 1 << 61, true}, {1 << 62, 1 << 62, 0, false}, {9223372036854775807, 1, 0, false},
-	} {
-		if got := wouldPass(c.usage, c.units, c.limit); got != c.want {
-			t.Errorf("wouldPass(%d, %d, %d) = %v", c.usage, c.units, c.limit, got)
-		}
 	}
 }
 
@@ -361,7 +387,8 @@ func TestRealGate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := cl.ProduceSync(ctx, &kgo.Record{Key: schemas.CustomerKey(b.CustomerID), Value: v}).FirstErr(); err != nil {
+			r := &kgo.Record{Key: schemas.CustomerKey(b.CustomerID), Value: v, Timestamp: time.UnixMilli(b.UpdatedAt)}
+			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -378,6 +405,13 @@ func TestRealGate(t *testing.T) {
 	cfg.Registerer = nil
 	second := &env{t: t, brokers: brokers, topic: e.topic, keys: e.keys, balances: e.balances}
 	second.start(cfg)
+	select {
+	case <-second.srv.balances.Loaded():
+	case <-time.After(30 * time.Second):
+		t.Fatal("balances not loaded after 30s")
+	}
+	// The second replica trusts a balance once one has arrived live.
+	txn(true, balance("acme-9", 1, 0, 5000, schemas.OnLimitReject))
 	for _, r := range []*env{e, second} {
 		select {
 		case <-r.srv.balances.Loaded():
@@ -385,9 +419,9 @@ func TestRealGate(t *testing.T) {
 			t.Fatal("balances not loaded after 30s")
 		}
 		deadline := time.Now().Add(30 * time.Second)
-		for r.srv.balances.Len() < 2 {
+		for r.srv.balances.Len() < 3 {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d balances in the view after 30s, want 2", r.srv.balances.Len())
+				t.Fatalf("%d balances in the view after 30s, want 3", r.srv.balances.Len())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -436,5 +470,129 @@ func TestAnswerBeforeBookkeeping(t *testing.T) {
 	}
 	if !early.Load() {
 		t.Error("the client got the answer only after the bookkeeping")
+	}
+}
+
+// A meter the ingest's meters file does not declare may be a COUNT in the
+// aggregator's (which counts 1 per event, not the quantity): the gate
+// cannot know the units the aggregator will add, so it lets the event
+// through.
+func TestGateUndeclaredMeter(t *testing.T) {
+	b := NewBalances("t", nil, nil)
+	s := &Server{cfg: Config{GateMaxAge: time.Hour, Meters: mustCatalog(t)}, balances: b}
+	bal := balance("acme-1", 1, 0, 5000, schemas.OnLimitReject)
+	// 9 of 10 used: one more event lands on the cap for a COUNT, a
+	// quantity of 100 would pass it for a SUM.
+	bal.Meters = append(bal.Meters, schemas.MeterBalance{Meter: "builds", Usage: 9, Limit: 10, OnLimit: schemas.OnLimitReject})
+	b.caughtUp()
+	feed(t, b, bal)
+	req := &request{inputs: 1, usages: []usage{{ue: schemas.UsageEvent{CustomerID: "acme-1", Meter: "builds", Quantity: 100, EventTime: nov29.UnixMilli()}}}}
+	if errs, _ := s.gateCheck(req); errs != nil {
+		t.Fatalf("an undeclared meter: refused %v, want let through", errs)
+	}
+	// The same on a declared SUM meter is refused.
+	req.usages[0].ue.Meter, req.usages[0].ue.Quantity = "gpu_ms", 5001
+	if errs, _ := s.gateCheck(req); len(errs) != 1 {
+		t.Fatalf("a declared SUM meter: %v, want one refusal", errs)
+	}
+}
+
+// The gate costs a request it lets through no allocation (the common
+// case: the first event not surely over its cap).
+func TestGateCheckOpenAllocs(t *testing.T) {
+	s, req := gateBench(t, 100)
+	if allocs := testing.AllocsPerRun(100, func() {
+		if errs, _ := s.gateCheck(req); errs != nil {
+			t.Fatal("refused")
+		}
+	}); allocs != 0 {
+		t.Errorf("%v allocations per request let through, want 0", allocs)
+	}
+}
+
+// BenchmarkGateCheckOpen is the gate on a request of 100 usage events
+// whose first is over its cap and whose last is not: let through.
+func BenchmarkGateCheckOpen(b *testing.B) {
+	s, req := gateBench(b, 100)
+	b.ReportAllocs()
+	for b.Loop() {
+		if errs, _ := s.gateCheck(req); errs != nil {
+			b.Fatal("refused")
+		}
+	}
+}
+
+// gateBench is a loaded gate and a request of n usage events of acme-1,
+// whose gpu_ms is used up, but the last, of acme-2, which has no balance.
+func gateBench(t testing.TB, n int) (*Server, *request) {
+	b := NewBalances("t", nil, nil)
+	b.caughtUp()
+	feed(t, b, balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
+	s := &Server{cfg: Config{GateMaxAge: time.Hour, Meters: mustCatalog(t)}, balances: b}
+	req := &request{inputs: n}
+	for i := range n {
+		req.usages = append(req.usages, usage{input: i, ue: schemas.UsageEvent{CustomerID: "acme-1", Meter: "gpu_ms", Quantity: 1, EventTime: nov29.UnixMilli()}})
+	}
+	req.usages[n-1].ue.CustomerID = "acme-2"
+	return s, req
+}
+
+// A replica started after the aggregator stopped writing trusts none of
+// the balances it loads, however recent their updated_at: a customer may
+// have raised its cap since. The first balance that arrives live makes
+// them trusted again (each by its own age).
+func TestGateRestartAfterAggregatorStopped(t *testing.T) {
+	e, _, _ := gateEnv(t, func(c *Config) { c.GateMaxAge = 10 * time.Minute })
+	e.putBalances(balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
+	body := batchOf(jobAt("r1", "acme-1", nov29))
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != http.StatusPaymentRequired {
+		t.Fatalf("before the restart: %d %s, want 402", status, b)
+	}
+	// The aggregator stops; the ingest restarts and loads the view.
+	cfg := e.srv.cfg
+	cfg.Addr, cfg.Registerer = "127.0.0.1:0", nil
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start(cfg)
+	select {
+	case <-e.srv.balances.Loaded():
+	case <-time.After(20 * time.Second):
+		t.Fatal("balances not loaded after 20s")
+	}
+	if _, _, ok := e.srv.balances.Lookup("acme-1"); !ok {
+		t.Fatal("the view has no balance of acme-1 after loading")
+	}
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != http.StatusNoContent {
+		t.Fatalf("restarted, no balance arrived since: %d %s, want 204", status, b)
+	}
+	// The aggregator writes again (another customer's balance, a minute
+	// later).
+	other := balance("acme-2", 1, 0, 5000, schemas.OnLimitReject)
+	other.UpdatedAt = gateAsOf.Add(time.Minute).UnixMilli()
+	e.putBalances(other)
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != http.StatusPaymentRequired {
+		t.Fatalf("a balance arrived live: %d %s, want 402", status, b)
+	}
+	if n := len(e.records()); n != 1 {
+		t.Errorf("%d records, want 1", n)
+	}
+}
+
+// An aggregator that lags (by more than the age) writes balances as old
+// as its lag, however recent they are among themselves: not trusted.
+func TestGateLaggingAggregator(t *testing.T) {
+	e, _, _ := gateEnv(t, func(c *Config) { c.GateMaxAge = 10 * time.Minute })
+	body := batchOf(jobAt("l1", "acme-1", nov29))
+	e.putBalancesLagging(time.Hour, balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != http.StatusNoContent {
+		t.Fatalf("lagging by 1h: %d %s, want 204", status, b)
+	}
+	// Caught up: its next balance is written at its updated_at.
+	caught := balance("acme-1", 2, 5000, 5000, schemas.OnLimitReject)
+	caught.UpdatedAt = gateAsOf.Add(time.Hour).UnixMilli()
+	e.putBalances(caught)
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != http.StatusPaymentRequired {
+		t.Fatalf("caught up: %d %s, want 402", status, b)
 	}
 }

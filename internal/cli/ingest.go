@@ -29,7 +29,7 @@ type IngestFlags struct {
 	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
 	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
 	QuotaGate         bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
-	GateMaxAge        time.Duration `help:"Age past which the quota gate no longer trusts a balance, in broker time: the balance's updated_at against the newest updated_at read plus the time since." default:"${ingest_gate_max_age}"`
+	GateMaxAge        time.Duration `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
 }
 
 func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {

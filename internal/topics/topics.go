@@ -74,7 +74,7 @@ type Layout struct {
 	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"${dedup_window}"`
 	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"${dedup_skew}"`
 	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S for the dedup changelog)." default:"168h"`
-	EventsTimestamp   string        `help:"message.timestamp.type of the events and entitlements topics, whose record timestamps are arrival times. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
+	EventsTimestamp   string        `help:"message.timestamp.type of the events, entitlements and balances topics, whose record timestamps are arrival times. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
 }
 
 // DefaultLayout returns the defaults of the flags above. Window and Skew
@@ -210,7 +210,7 @@ func Specs(n Names, l Layout) (specs []Spec) {
 		{Name: n.EntitlementsTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(), CoPartitioned: true,
 			Configs: map[string]string{"cleanup.policy": "compact", "message.timestamp.type": l.EventsTimestamp,
 				"min.compaction.lag.ms": ms(ret), "delete.retention.ms": ms(ret)}},
-		spec(n.BalancesTopic(), map[string]string{"cleanup.policy": "compact"}, 0),
+		spec(n.BalancesTopic(), map[string]string{"cleanup.policy": "compact", "message.timestamp.type": l.EventsTimestamp}, 0),
 		// One partition: a few records, read whole by every ingest replica.
 		{Name: n.KeysTopic(), Partitions: 1, Configs: map[string]string{"cleanup.policy": "compact"}},
 	}

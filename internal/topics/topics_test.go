@@ -44,6 +44,11 @@ func TestEntitlementsCoPartitioned(t *testing.T) {
 		ent.Configs["message.timestamp.type"] != "LogAppendTime" {
 		t.Fatalf("usage.entitlements spec: %+v", ent)
 	}
+	for i := range specs {
+		if specs[i].Name == "usage.balances" && specs[i].Configs["message.timestamp.type"] != "LogAppendTime" {
+			t.Fatalf("usage.balances spec: %+v (its timestamps date the quota gate's balances: broker time)", specs[i])
+		}
+	}
 	drifts, err := Check(ctx, adm, specs)
 	if err != nil {
 		t.Fatal(err)
