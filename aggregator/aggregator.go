@@ -90,15 +90,6 @@ type Config struct {
 	// no ticks (another process appends them, as tests do). Default:
 	// DefaultEntitlementsTick.
 	EntitlementsTick time.Duration
-	// EntitlementsMaxAhead bounds, with Entitlements, how far past its
-	// own broker time in the deduped topic a record's time may be: an
-	// event's ingest_time is its arrival in the events topic, before
-	// dedup wrote it, and a watermark is a broker time dedup had read.
-	// A record past it would hold the gate, and every record behind it,
-	// until the entitlements partition is read that far: it is rejected
-	// (invalid) when its turn comes instead. Default:
-	// DefaultEntitlementsMaxAhead.
-	EntitlementsMaxAhead time.Duration
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's flags show too.
@@ -119,9 +110,6 @@ const (
 	// (a commit interval and a fetch later), so that produce to OPEN
 	// revision stays under a second at the 99th percentile.
 	DefaultEntitlementsTick = 200 * time.Millisecond
-	// DefaultEntitlementsMaxAhead is dedup's default skew S: room for
-	// the clocks of two brokers.
-	DefaultEntitlementsMaxAhead = dedup.DefaultSkew
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -146,9 +134,6 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.ChangelogTopic = c.Topics.AggregateChangelogTopic()
 	if c.EntitlementsTick == 0 {
 		c.EntitlementsTick = DefaultEntitlementsTick
-	}
-	if c.EntitlementsMaxAhead <= 0 {
-		c.EntitlementsMaxAhead = DefaultEntitlementsMaxAhead
 	}
 	if c.Entitlements {
 		c.Stream.CopartitionedTopics = []string{c.Topics.EntitlementsTopic()}

@@ -31,9 +31,7 @@ import (
 //
 // The gate. An event is decided by the entitlements in effect at its
 // arrival, so only once the entitlements partition has been read up to a
-// broker time after that arrival (Ledger.ReadTo; strictly after, since a
-// record written in the arrival's millisecond applies to the event and
-// may follow one of that millisecond already read): until then a
+// broker time at or after that arrival (Ledger.ReadTo): until then a
 // record of usage.deduped waits in the gate, a queue in the state ('q'
 // keys, in input order). Records leave the gate in input order only: a
 // record behind one that waits waits too, whatever its own time, so that
@@ -63,34 +61,9 @@ var (
 	keyRoll       = []byte("R")
 )
 
-// gateTime returns the broker time a record of usage.deduped waits for
-// in the gate: an event's ingest_time, a watermark's watermark; 0 for
-// anything else (it is rejected or ignored when it leaves the gate), and
-// for a time too far ahead of the record's own (tooFarAhead: rejected).
-func (pt *partition) gateTime(r *kgo.Record) int64 {
-	t := gateTimeOf(r.Value, &pt.ev)
-	if pt.tooFarAhead(r, t) {
-		return 0
-	}
-	return t
-}
-
-// tooFarAhead reports whether t, a record's ingest_time or watermark, is
-// more than Config.EntitlementsMaxAhead after the record's broker time:
-// no entitlements record may ever be read that far, and it would hold the
-// gate. Replay-stable: both times are the record's.
-func (pt *partition) tooFarAhead(r *kgo.Record, t int64) bool {
-	return pt.ent != nil && t > r.Timestamp.UnixMilli()+pt.pr.cfg.EntitlementsMaxAhead.Milliseconds()
-}
-
-// rejectTooFarAhead rejects a record tooFarAhead (invalid).
-func (pt *partition) rejectTooFarAhead(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, what string, t int64) error {
-	return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("%s %s is more than %s after the record's broker time %s in %s",
-		what, msTime(t), pt.pr.cfg.EntitlementsMaxAhead, msTime(r.Timestamp.UnixMilli()), r.Topic))
-}
-
-// gateTimeOf returns an event's ingest_time, a watermark's watermark, 0
-// for anything else.
+// gateTimeOf returns the broker time a record of usage.deduped waits for
+// in the gate: an event's ingest_time, a watermark's watermark, 0 for
+// anything else (it is rejected or ignored when it leaves the gate).
 func gateTimeOf(v []byte, scratch *schemas.DedupedEvent) int64 {
 	*scratch = schemas.DedupedEvent{}
 	if schemas.DecodeInto(v, scratch) == nil {
@@ -411,7 +384,7 @@ func (ledgerReader) Delete(_ []byte) {}
 // It reports whether it did.
 func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	e := pt.ent
-	if e.gateN == 0 && e.passes(pt.gateTime(r)) {
+	if e.gateN == 0 && gateTimeOf(r.Value, &pt.ev) <= e.readTo {
 		return false
 	}
 	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
@@ -422,15 +395,8 @@ func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	return true
 }
 
-// passes reports whether a record waiting for broker time t can leave the
-// gate: the entitlements partition has been read past t (strictly: a
-// record written in t's millisecond may still be unread, and would apply
-// to an event that arrived at t, Timeline.At), or t is 0 (it waits for
-// nothing).
-func (e *entPart) passes(t int64) bool { return t <= 0 || t < e.readTo }
-
 // drain lets the records at the head of the gate through, in order, while
-// their time is before Ledger.ReadTo (passes), at most Config.FinalChunk of
+// their time is at or before Ledger.ReadTo, at most Config.FinalChunk of
 // them (the rest go in Work's transactions).
 func (pt *partition) drain(tx *stream.Tx) error {
 	_, err := pt.drainN(tx, pt.pr.cfg.FinalChunk)
@@ -477,7 +443,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		if err != nil {
 			return done, err
 		}
-		if !e.passes(pt.gateTime(r)) {
+		if gateTimeOf(r.Value, &pt.ev) > e.readTo {
 			break
 		}
 		tx.Delete(kv.k)
@@ -561,92 +527,34 @@ func (pt *partition) pruneHorizon() int64 {
 	return pt.wm - pt.pr.cfg.Window.Milliseconds()
 }
 
-// decideEvent decides an event's entitlements (DESIGN §12); it reports
-// whether the event goes on to be counted. A rejected event goes to
-// usage.rejected and changes nothing else. An accepted event's charge is
-// returned, not yet in the transaction: the caller commits it once the
-// event's aggregate has taken the event.
-func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
+// decideEvent decides an event's entitlements (DESIGN §12) and records its
+// charge; it reports whether the event goes on to be counted. A rejected
+// event goes to usage.rejected and changes nothing else.
+func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (bool, error) {
 	l := pt.pr.ledger
-	ch := &charge{pt: pt, st: chargeStore{ledgerStore: pt.ledger(tx)}, customer: e.CustomerID, arrival: e.IngestTime}
-	d, err := l.Decide(&ch.st, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+	d, err := l.Decide(pt.ledger(tx), e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
 		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime})
 	if err != nil {
-		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
+		return false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	ch.label = pt.pr.plans.label(d.Plan)
-	ch.cost = d.Cost
+	label := pt.pr.plans.label(d.Plan)
+	cost := d.Cost
+	if d.Outcome != entitlements.Accepted {
+		cost = 0
+	}
+	pt.ent.pending.add(d.Outcome.String(), label, cost)
 	// Guarantee: the decision and its charge are in the open transaction
 	// only; a crash here aborts both, and the event is decided again from
 	// the committed balance.
 	fault.Hit(fault.ChargeDecided)
 	if d.Outcome != entitlements.Accepted {
-		pt.ent.pending.add(d.Outcome.String(), ch.label, 0)
-		return nil, false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
+		return false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
 	}
 	if d.Misconfigured != "" {
 		pt.pr.log.Warn("entitlements misconfigured for a meter", zap.String("meter", e.Meter), zap.String("detail", d.Misconfigured))
 	}
-	return ch, true, nil
-}
-
-// charge is an accepted event's charge, held until its aggregate takes
-// the event.
-type charge struct {
-	pt       *partition
-	st       chargeStore
-	customer string
-	arrival  int64
-	label    string
-	cost     int64
-}
-
-// commit writes the charge to the transaction, and counts it.
-func (ch *charge) commit() {
-	for _, w := range ch.st.writes {
-		if w.ok {
-			ch.st.ledgerStore.Put(w.k, w.v)
-		} else {
-			ch.st.ledgerStore.Delete(w.k)
-		}
-	}
-	e := ch.pt.ent
-	e.pending.add(entitlements.Accepted.String(), ch.label, ch.cost)
-	e.changed[ch.customer] = max(e.changed[ch.customer], ch.arrival)
-}
-
-// chargeStore is the Ledger's store for one decision: it reads through
-// the partition's ledger store and keeps the decision's writes aside
-// (charge.commit applies them).
-type chargeStore struct {
-	ledgerStore
-	writes []pendingWrite
-}
-
-type pendingWrite struct {
-	k, v []byte
-	ok   bool // false: a delete
-}
-
-func (s *chargeStore) Get(k []byte) ([]byte, bool, error) {
-	for i := len(s.writes) - 1; i >= 0; i-- {
-		if w := s.writes[i]; bytes.Equal(w.k, k) {
-			return w.v, w.ok, nil
-		}
-	}
-	return s.ledgerStore.Get(k)
-}
-
-func (s *chargeStore) Put(k, v []byte) {
-	s.writes = append(s.writes, pendingWrite{bytes.Clone(k), bytes.Clone(v), true})
-}
-
-func (s *chargeStore) Delete(k []byte) { s.writes = append(s.writes, pendingWrite{k: bytes.Clone(k)}) }
-
-// Scan is the ledger store's: a decision scans nothing (Ledger.Decide
-// reads and writes single keys).
-func (s *chargeStore) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
-	return s.ledgerStore.Scan(lo, hi, fn)
+	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
+	return true, nil
 }
 
 // entWatermark starts the work of a period start when the watermark

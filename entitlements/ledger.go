@@ -237,9 +237,8 @@ func (l *Ledger) rates(st Store) (*RateHistory, error) {
 
 // ReadTo returns the latest broker time read from the entitlements
 // partition (Apply and Advance record it), 0 before any. An event that
-// arrived before it can be decided: every record that can decide it has
-// been read. One that arrived at it cannot yet: a record of the same
-// millisecond, not read yet, would apply to it (Timeline.At).
+// arrived at or before it can be decided: every record that can decide it
+// has been read.
 func (l *Ledger) ReadTo(st Store) (int64, error) { return l.getInt(st, l.key(subReadTo)) }
 
 // Advance records that the entitlements partition has been read up to
