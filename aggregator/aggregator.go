@@ -174,7 +174,6 @@ var ErrWindowTooShort = errors.New("aggregator: window shorter than dedup's")
 // Stage is an aggregator instance.
 type Stage struct {
 	rt *stream.Runtime
-	pr *processor
 }
 
 // New prepares an aggregator instance.
@@ -206,7 +205,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Stage{rt: rt, pr: p}, nil
+	return &Stage{rt: rt}, nil
 }
 
 // Run runs until ctx ends or a fatal error.

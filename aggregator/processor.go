@@ -33,7 +33,6 @@ type processor struct {
 	owners          prom.Owners          // which open partition owns its gauges
 	ledger          *entitlements.Ledger // nil: Config.Entitlements is off
 	plans           planLabels
-	tally           entTally // the committed decisions, for the status page
 }
 
 type partition struct {
@@ -286,11 +285,6 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 		recs = nil
 	}
-	if pt.ent != nil && len(recs) > 0 {
-		if err := pt.drainAhead(tx, len(recs)); err != nil {
-			return err
-		}
-	}
 	for _, r := range recs {
 		if pt.ent != nil && pt.gateIn(tx, r) {
 			continue
@@ -312,7 +306,6 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 func (pt *partition) Abort() {
 	if pt.ent != nil {
 		clear(pt.ent.changed)
-		clear(pt.ent.cache)
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 	}
