@@ -167,6 +167,15 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 
 	d := &demoRun{cfg: cfg, brokers: cluster.ListenAddrs(), names: topics.DefaultNames(), errc: make(chan error, 5),
 		dedupStage: make(chan *dedup.Stage, 1)}
+	d.ent = newEntSetup(cfg, d.names)
+	if err := d.ent.write(ctx, d.brokers); err != nil {
+		return false, err
+	}
+	reference, err := d.ent.model(ctx, d.brokers)
+	if err != nil {
+		return false, err
+	}
+	fmt.Fprintf(cfg.Out, "%s\n\n", d.ent.describe())
 	d.runCtx, d.stopAll = context.WithCancel(context.Background())
 	defer d.stopAll()
 	// The sink stops after the other stages, once it has written all their
@@ -185,7 +194,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		return false, err
 	}
 	defer p.Close()
-	d.truth = newTruth()
+	d.truth = newTruth(reference)
 	rng := rand.New(rand.NewSource(d.cfg.Seed))
 	gen := &generator{p: p, topic: d.names.EventsTopic(), rate: d.cfg.Rate, rng: rng, truth: d.truth}
 	genCtx, stopGen := context.WithCancel(ctx)
@@ -211,7 +220,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		return false, err
 	}
 	fmt.Fprintf(d.cfg.Out, "\ngenerator stopped; waiting for the stages to catch up ...\n")
-	if err := waitCaughtUp(d.brokers, 2*time.Minute); err != nil {
+	if err := waitCaughtUp(d.brokers, d.names, d.cfg.Registry, 2*time.Minute); err != nil {
 		return false, err
 	}
 	page.caughtUp()
@@ -219,7 +228,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return report(d.cfg.Out, d.brokers, d.names, d.truth, d.rec, ch)
+	return report(d.cfg.Out, d.brokers, d.names, d.truth, d.rec, ch, d.ent)
 }
 
 // ensureDefaults fills in the defaults of the fields left zero.
@@ -305,6 +314,8 @@ type demoRun struct {
 
 	truth *truth
 	view  *aggView
+	// ent is what the demo wrote to usage.entitlements.
+	ent *entSetup
 }
 
 // streamConfig is the stream configuration of the demo's stage of group.
@@ -323,7 +334,8 @@ const demoMeters = "meters:\n  - {name: api_calls, aggregation: SUM, unit: reque
 // startStages starts the aggregator, the sink when withSink, and dedup.
 func (d *demoRun) startStages(ctx context.Context, withSink bool) error {
 	d.cat, _ = aggregator.ParseMeters([]byte(demoMeters))
-	acfg := aggregator.Config{Stream: d.streamConfig(aggGroup, "demo"), Topics: d.names, Meters: d.cat, Period: aggregator.Hour, Grace: 30 * time.Second}
+	acfg := aggregator.Config{Stream: d.streamConfig(aggGroup, "demo"), Topics: d.names, Meters: d.cat, Period: aggregator.Hour, Grace: 30 * time.Second,
+		Entitlements: true}
 	as, err := aggregator.New(ctx, acfg)
 	if err != nil {
 		return err
@@ -708,9 +720,21 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 	fmt.Fprint(w, b.String())
 }
 
-func waitCaughtUp(brokers []string, d time.Duration) error {
+// waitCaughtUp waits until dedup and the aggregator have read all their
+// input and the aggregator's gate is empty (its ticks keep coming to
+// usage.entitlements: that topic's lag is not waited for). The gate is
+// read first and must be empty at two checks in a row, commit intervals
+// apart, so that the transaction that emptied it has committed when the
+// offsets are read.
+func waitCaughtUp(brokers []string, names topics.Names, reg *prometheus.Registry, d time.Duration) error {
 	deadline := time.Now().Add(d)
+	emptyGate := 0
 	for {
+		if metricSum(reg, "meterline_aggregate_gated_records", nil) == 0 {
+			emptyGate++
+		} else {
+			emptyGate = 0
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		rows, err := lag.Compute(ctx, kafka.Config{Brokers: brokers}, []string{dedupGroup, aggGroup}, time.Now())
 		cancel()
@@ -718,10 +742,12 @@ func waitCaughtUp(brokers []string, d time.Duration) error {
 			behind := int64(0)
 			groups := map[string]bool{}
 			for _, r := range rows {
-				behind += r.Records
+				if r.Topic != names.EntitlementsTopic() {
+					behind += r.Records
+				}
 				groups[r.Group] = true
 			}
-			if behind == 0 && len(groups) == 2 {
+			if behind == 0 && len(groups) == 2 && emptyGate >= 2 {
 				return nil
 			}
 		}

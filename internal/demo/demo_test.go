@@ -48,6 +48,17 @@ func TestDemoReconciles(t *testing.T) {
 	if want := "posted over HTTP (meter http_tokens, not generated): 1 events counted, 1 duplicates dropped, total 42"; !strings.Contains(out.String(), want) {
 		t.Fatalf("the report does not say %q:\n%s", want, out.String())
 	}
+	// Entitlements: the free-tier customer hit its cap and the prepaid
+	// one ran out of credits during the run, and both kinds of refusal and
+	// the credits drawn reconcile.
+	for _, re := range []string{`ok\s+refused by a cap \(over_limit, aggregator\)\s+generated\s+[1-9]\d*\s+counted`,
+		`ok\s+refused for want of credit \(no_credit\)\s+generated\s+[1-9]\d*\s+counted`,
+		`ok\s+micro-credits drawn from grants \(usage.balances\)\s+generated\s+[1-9]\d*\s+counted`,
+		`hooli \(free\) used (\d+) of its cap of (\d+) api_calls`} {
+		if !regexp.MustCompile(re).MatchString(out.String()) {
+			t.Fatalf("the report does not match %s:\n%s", re, out.String())
+		}
+	}
 }
 
 // syncBuffer is a bytes.Buffer the demo writes while a test reads it.
