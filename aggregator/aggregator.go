@@ -284,6 +284,7 @@ type metrics struct {
 	credits    *prometheus.CounterVec
 	entRecords *prometheus.CounterVec
 	gated      *prometheus.GaugeVec
+	readTo     *prometheus.GaugeVec
 	balances   prometheus.Counter
 }
 
@@ -319,6 +320,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition)."}, []string{"result"})
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
+	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",
+		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward."}, []string{"partition"})
 	m.balances = f.NewCounter(prometheus.CounterOpts{Name: "meterline_aggregate_balances_total",
 		Help: "Balance records emitted (in transactions)."})
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))

@@ -322,6 +322,7 @@ func (pt *partition) loadEnt(st stateReader) error {
 	}
 	e.more = e.gateN > 0
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
+	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(e.readTo) / 1000)
 	return nil
 }
 
@@ -551,6 +552,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 		return err
 	}
 	pt.ent.readTo = rt
+	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(rt) / 1000)
 	return pt.drain(tx)
 }
 

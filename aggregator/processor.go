@@ -301,6 +301,7 @@ func (pt *partition) Close() {
 	pt.pr.m.finalizing.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
 	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
+	pt.pr.m.readTo.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition: with entitlements, it appends a

@@ -88,6 +88,8 @@ type Config struct {
 	onCaughtUp func(caughtUpState)
 	// curl is the command printed for the HTTP ingest.
 	curl string
+	// dedupTick, in tests, replaces dedup's tick interval of a second.
+	dedupTick time.Duration
 }
 
 // httpMeter is the meter of the demo's HTTP ingest key: the generator
@@ -389,7 +391,11 @@ func (d *demoRun) startDedup() error {
 	if err != nil {
 		return err
 	}
-	dcfg := dedup.Config{Stream: d.streamConfig(dedupGroup, "demo"), Topics: d.names, TickInterval: time.Second,
+	tick := time.Second
+	if d.cfg.dedupTick > 0 {
+		tick = d.cfg.dedupTick
+	}
+	dcfg := dedup.Config{Stream: d.streamConfig(dedupGroup, "demo"), Topics: d.names, TickInterval: tick,
 		Keys: []dedup.Key{key}, Sources: append(append([]string{}, services...), buggySource)}
 	d.wg.Add(1)
 	go func() {
@@ -718,42 +724,4 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 		fmt.Fprintf(&b, "    %-10s %10d %12d %11d\n", c, cur[c]["api_calls"], cur[c]["tokens"], cur[c]["storage_mb"])
 	}
 	fmt.Fprint(w, b.String())
-}
-
-// waitCaughtUp waits until dedup and the aggregator have read all their
-// input and the aggregator's gate is empty (its ticks keep coming to
-// usage.entitlements: that topic's lag is not waited for). The gate is
-// read first and must be empty at two checks in a row, commit intervals
-// apart, so that the transaction that emptied it has committed when the
-// offsets are read.
-func waitCaughtUp(brokers []string, names topics.Names, reg *prometheus.Registry, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	emptyGate := 0
-	for {
-		if metricSum(reg, "meterline_aggregate_gated_records", nil) == 0 {
-			emptyGate++
-		} else {
-			emptyGate = 0
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		rows, err := lag.Compute(ctx, kafka.Config{Brokers: brokers}, []string{dedupGroup, aggGroup}, time.Now())
-		cancel()
-		if err == nil {
-			behind := int64(0)
-			groups := map[string]bool{}
-			for _, r := range rows {
-				if r.Topic != names.EntitlementsTopic() {
-					behind += r.Records
-				}
-				groups[r.Group] = true
-			}
-			if behind == 0 && len(groups) == 2 && emptyGate >= 2 {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: the stages did not catch up within %s (last error: %v)", d, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
