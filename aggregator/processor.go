@@ -69,6 +69,7 @@ type partition struct {
 	bStart, bEnd int64
 	bOK          bool
 	ev           schemas.DedupedEvent // the event being handled, reused
+	charge       charge               // the charge of the event being decided, reused (decideEvent)
 	keysGauge    prometheus.Gauge
 	pendingGauge prometheus.Gauge // periods whose FINALs or queued adjustments are still going out
 	wmGauge      prometheus.Gauge // nil until the first watermark
@@ -353,10 +354,20 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 	}
 	for _, r := range recs {
-		if pt.ent != nil && pt.gateIn(tx, r) {
-			continue
+		decoded := false
+		if pt.ent != nil {
+			var gated bool
+			if gated, decoded = pt.gateIn(tx, r); gated {
+				continue
+			}
 		}
-		if err := pt.handle(tx, r); err != nil {
+		var err error
+		if decoded {
+			err = pt.handleDecoded(tx, r)
+		} else {
+			err = pt.handle(tx, r)
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/meterline/meterline/schemas"
@@ -92,6 +93,8 @@ func (c *Config) Validate() error {
 // whole story. It is not safe for concurrent use on one Store.
 type Ledger struct {
 	cfg Config
+	// The keys without a customer, built once.
+	keyDefault, keyRates, keyReadTo []byte
 }
 
 // New returns a Ledger.
@@ -101,7 +104,9 @@ func New(cfg Config) (*Ledger, error) {
 		return nil, err
 	}
 	cfg.Prefix = append([]byte(nil), cfg.Prefix...)
-	return &Ledger{cfg: cfg}, nil
+	l := &Ledger{cfg: cfg}
+	l.keyDefault, l.keyRates, l.keyReadTo = l.key(subDefault), l.key(subRates), l.key(subReadTo)
+	return l, nil
 }
 
 const (
@@ -129,12 +134,34 @@ func (l *Ledger) key(sub byte, parts ...[]byte) []byte {
 
 func period8(start int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(start)) }
 
+// customerKey returns the key sub C, and the keys of one customer's
+// period: sub P C (and a framed meter), each in one allocation (Decide
+// builds several keys an event).
+func (l *Ledger) customerKey(sub byte, customer string) []byte {
+	k := make([]byte, 0, len(l.cfg.Prefix)+1+framedLen(customer))
+	return schemas.AppendFramed(append(append(k, l.cfg.Prefix...), sub), customer)
+}
+
+func (l *Ledger) periodKey(sub byte, start int64, customer string, meter ...string) []byte {
+	n := len(l.cfg.Prefix) + 1 + 8 + framedLen(customer)
+	for _, m := range meter {
+		n += framedLen(m)
+	}
+	k := make([]byte, 0, n)
+	k = binary.BigEndian.AppendUint64(append(append(k, l.cfg.Prefix...), sub), uint64(start))
+	k = schemas.AppendFramed(k, customer)
+	return schemas.AppendFramed(k, meter...)
+}
+
+// framedLen is the length of s framed (schemas.AppendFramed).
+func framedLen(s string) int { return len(s) + len(strconv.Itoa(len(s))) + 1 }
+
 func (l *Ledger) usageKey(start int64, customer, meter string) []byte {
-	return l.key(subUsage, period8(start), schemas.CustomerKey(customer), schemas.AppendFramed(nil, meter))
+	return l.periodKey(subUsage, start, customer, meter)
 }
 
 func (l *Ledger) overdrawKey(start int64, customer string) []byte {
-	return l.key(subOverdraw, period8(start), schemas.CustomerKey(customer))
+	return l.periodKey(subOverdraw, start, customer)
 }
 
 func (l *Ledger) getInt(st Store, k []byte) (int64, error) {
@@ -195,7 +222,7 @@ func (l *Ledger) readRates(st Store) (*RateHistory, error) {
 	if !ok {
 		return l.rates(st)
 	}
-	k := l.key(subRates)
+	k := l.keyRates
 	v, found, err := st.Get(k)
 	if err != nil || !found {
 		return &RateHistory{}, err
@@ -224,7 +251,7 @@ func (l *Ledger) putTimeline(st Store, k []byte, t *Timeline) {
 
 func (l *Ledger) rates(st Store) (*RateHistory, error) {
 	h := &RateHistory{}
-	k := l.key(subRates)
+	k := l.keyRates
 	v, ok, err := st.Get(k)
 	if err != nil || !ok {
 		return h, err
@@ -240,7 +267,7 @@ func (l *Ledger) rates(st Store) (*RateHistory, error) {
 // arrived before it can be decided: every record that can decide it has
 // been read. One that arrived at it cannot yet: a record of the same
 // millisecond, not read yet, would apply to it (Timeline.At).
-func (l *Ledger) ReadTo(st Store) (int64, error) { return l.getInt(st, l.key(subReadTo)) }
+func (l *Ledger) ReadTo(st Store) (int64, error) { return l.getInt(st, l.keyReadTo) }
 
 // Advance records that the entitlements partition has been read up to
 // broker time written. Apply calls it; call it for every other record
@@ -251,7 +278,7 @@ func (l *Ledger) Advance(st Store, written int64) error {
 		return err
 	}
 	if written > cur {
-		l.putInt(st, l.key(subReadTo), written)
+		l.putInt(st, l.keyReadTo, written)
 	}
 	return nil
 }
@@ -276,11 +303,11 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 			return err
 		}
 		b, _ := h.MarshalBinary()
-		st.Put(l.key(subRates), b)
+		st.Put(l.keyRates, b)
 	default:
-		k := l.key(subDefault)
+		k := l.keyDefault
 		if r.Key.Reserved == "" {
-			k = l.key(subTimeline, schemas.CustomerKey(r.Key.Customer))
+			k = l.customerKey(subTimeline, r.Key.Customer)
 		}
 		t, err := l.timeline(st, k)
 		if err != nil {
@@ -313,14 +340,14 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 // arrival: the customer's own version, else the default plan's, else nil
 // (no plan).
 func (l *Ledger) PlanAt(st Store, customer string, arrival int64) (*Plan, error) {
-	t, err := l.readTimeline(st, l.key(subTimeline, schemas.CustomerKey(customer)))
+	t, err := l.readTimeline(st, l.customerKey(subTimeline, customer))
 	if err != nil {
 		return nil, err
 	}
 	if p, ok := t.At(arrival); ok && p != nil {
 		return p, nil
 	}
-	d, err := l.readTimeline(st, l.key(subDefault))
+	d, err := l.readTimeline(st, l.keyDefault)
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +370,7 @@ type grantUse struct {
 const maxGrantUses = 1 << 20
 
 func (l *Ledger) grantUses(st Store, customer string) ([]grantUse, error) {
-	k := l.key(subGrants, schemas.CustomerKey(customer))
+	k := l.customerKey(subGrants, customer)
 	v, ok, err := st.Get(k)
 	if err != nil || !ok {
 		return nil, err
@@ -365,7 +392,7 @@ func (l *Ledger) grantUses(st Store, customer string) ([]grantUse, error) {
 }
 
 func (l *Ledger) putGrantUses(st Store, customer string, us []grantUse) {
-	k := l.key(subGrants, schemas.CustomerKey(customer))
+	k := l.customerKey(subGrants, customer)
 	if len(us) == 0 {
 		st.Delete(k)
 		return
@@ -519,7 +546,7 @@ func (l *Ledger) eventTimeHorizon(horizon int64) int64 {
 // arrives at or after horizon (for the aggregator: its watermark, less
 // what a re-routed event's arrival may lag).
 func (l *Ledger) PruneShared(st Store, horizon int64) error {
-	k := l.key(subDefault)
+	k := l.keyDefault
 	t, err := l.timeline(st, k)
 	if err != nil {
 		return err
@@ -538,7 +565,7 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 		h.Prune(l.eventTimeHorizon(horizon))
 		if h.Len() != n {
 			b, _ := h.MarshalBinary()
-			st.Put(l.key(subRates), b)
+			st.Put(l.keyRates, b)
 		}
 	}
 	return nil
@@ -552,7 +579,7 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 // window. A grant id offered again after that is a new grant. Keys left
 // empty are deleted.
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
-	tk := l.key(subTimeline, schemas.CustomerKey(customer))
+	tk := l.customerKey(subTimeline, customer)
 	t, err := l.timeline(st, tk)
 	if err != nil {
 		return err
@@ -567,7 +594,7 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	if err != nil || len(uses) == 0 {
 		return err
 	}
-	d, err := l.timeline(st, l.key(subDefault))
+	d, err := l.timeline(st, l.keyDefault)
 	if err != nil {
 		return err
 	}
