@@ -315,11 +315,20 @@ func (s *suite) sentTo(p int32, extra bool) int64 {
 // config and processor before it starts.
 func (s *suite) start(id string, fs vfs.FS, mod ...func(*Config, *countProc)) *instance {
 	s.t.Helper()
-	cfg := s.config(id, fs)
 	proc := &countProc{output: s.output}
-	for _, m := range mod {
-		m(&cfg, proc)
-	}
+	return s.startProc(id, fs, proc, func(cfg *Config) {
+		for _, m := range mod {
+			m(cfg, proc)
+		}
+	})
+}
+
+// startProc is start with any processor; mod changes the config before it
+// starts. The instance's proc is set when the processor is a *countProc.
+func (s *suite) startProc(id string, fs vfs.FS, proc Processor, mod func(*Config)) *instance {
+	s.t.Helper()
+	cfg := s.config(id, fs)
+	mod(&cfg)
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	rt, err := New(cfg, proc)
@@ -327,7 +336,8 @@ func (s *suite) start(id string, fs vfs.FS, mod ...func(*Config, *countProc)) *i
 		s.t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	in := &instance{t: s.t, id: id, rt: rt, reg: reg, proc: proc, stop: stop, done: make(chan struct{})}
+	in := &instance{t: s.t, id: id, rt: rt, reg: reg, stop: stop, done: make(chan struct{})}
+	in.proc, _ = proc.(*countProc)
 	go func() {
 		defer close(in.done)
 		in.err = rt.Run(ctx)
