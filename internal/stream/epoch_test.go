@@ -201,30 +201,14 @@ func (s *suite) checkSeqOnce() {
 // in any partition: the store is a cache of the changelog.
 func (s *suite) checkStoreMatchesChangelog(in *instance, fs vfs.FS) {
 	s.t.Helper()
-	log := make([]map[string]string, s.parts)
-	for p := range log {
-		log[p] = map[string]string{}
-	}
-	for _, r := range s.readChangelog() {
-		if r.Value == nil {
-			delete(log[r.Partition], string(r.Key))
-		} else {
-			log[r.Partition][string(r.Key)] = string(r.Value)
-		}
-	}
+	log := s.changelogState()
 	st, err := OpenStore("state-"+in.id, fs, zap.NewNop())
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	defer st.Close()
 	for p := range s.parts {
-		local := map[string]string{}
-		if err := st.Scan(p, nil, nil, func(k, v []byte) error {
-			local[string(k)] = string(v)
-			return nil
-		}); err != nil {
-			s.t.Fatal(err)
-		}
+		local := s.storeState(st, p)
 		var diff []string
 		for k, v := range log[p] {
 			if local[k] != v {
@@ -243,6 +227,21 @@ func (s *suite) checkStoreMatchesChangelog(in *instance, fs vfs.FS) {
 	}
 }
 
+// finishSeq lets a own both partitions again after partition 0 was
+// assigned anew, punctuate and count more input, stops it and checks that
+// no sequence number was committed twice and that its store equals the
+// changelog.
+func (s *suite) finishSeq(a *instance, fs vfs.FS) {
+	s.t.Helper()
+	s.waitFor("a to own both partitions again", func() bool { return a.owned() == 2 })
+	time.Sleep(300 * time.Millisecond) // the new instance punctuates
+	s.send(10)
+	s.caughtUp()
+	a.shutdown()
+	s.checkSeqOnce()
+	s.checkStoreMatchesChangelog(a, fs)
+}
+
 // TestKeptPartitionAssignedAnewClosesItsOldInstance: while the new restore
 // of a partition assigned anew runs (held at Open here), its old instance
 // is closed: it does no work that would commit past the end the restore
@@ -258,13 +257,7 @@ func TestKeptPartitionAssignedAnewClosesItsOldInstance(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	_, after := s.seqCommitted(1)
 	close(release)
-	s.waitFor("a to own both partitions again", func() bool { return a.owned() == 2 })
-	time.Sleep(300 * time.Millisecond) // the new instance punctuates
-	s.send(10)
-	s.caughtUp()
-	a.shutdown()
-	s.checkSeqOnce()
-	s.checkStoreMatchesChangelog(a, fs)
+	s.finishSeq(a, fs)
 	if after <= before {
 		t.Fatalf("partition 1 committed no work while partition 0 was restored anew (%d sequence numbers before, %d after): its transactions aborted", before, after)
 	}
@@ -297,11 +290,5 @@ func TestKeptPartitionAssignedAnewOpenTransaction(t *testing.T) {
 	s.assignAnew(a, 0)
 	proc.opened(t, 0) // the restore listed the end and replayed to it
 	close(release)
-	s.waitFor("a to own both partitions again", func() bool { return a.owned() == 2 })
-	time.Sleep(300 * time.Millisecond) // the new instance punctuates
-	s.send(10)
-	s.caughtUp()
-	a.shutdown()
-	s.checkSeqOnce()
-	s.checkStoreMatchesChangelog(a, fs)
+	s.finishSeq(a, fs)
 }
