@@ -154,10 +154,23 @@ func (rt *Runtime) checkInputOffset(p int32, topic string, committed int64) erro
 		}
 	}
 	if state != committed {
-		return fmt.Errorf("stream: restore partition %d: %w: state says the next input offset of %s is %s, the group %s has committed %s; refusing to re-count (was the group's offset reset, or the changelog deleted?)",
-			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed))
+		return fmt.Errorf("stream: restore partition %d: %w: state says the next input offset of %s is %s, the group %s has committed %s; refusing to re-count (%s)",
+			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed), rt.mismatchHint(state, committed))
 	}
 	return nil
+}
+
+// mismatchHint says what most likely made a partition's state and its
+// group's committed offset disagree.
+func (rt *Runtime) mismatchHint(state, committed int64) string {
+	switch {
+	case committed < 0:
+		return fmt.Sprintf("the group has committed nothing on it: a new or renamed group on the state of changelog %s, which another group committed; run with that group, or with a new changelog and an empty state directory to count the input again from its start", rt.cfg.ChangelogTopic)
+	case state < 0:
+		return fmt.Sprintf("the state has no input offset: changelog %s is new, or was deleted or recreated, while the group kept its offsets", rt.cfg.ChangelogTopic)
+	default:
+		return "was the group's offset reset, or the changelog deleted and written again?"
+	}
 }
 
 // changelogOffset lists the start or end offset of changelog partition p.
