@@ -176,6 +176,10 @@ type entPart struct {
 	// decoded keeps the Ledger's decoded plans and rate cards by their
 	// bytes (entitlements.DecodeCache): right whatever the state holds.
 	decoded map[string]any
+	// resolved keeps what the Ledger resolves for a customer's decisions
+	// (entitlements.ResolveCache): dropped whenever a key it comes from is
+	// written (ledgerStore), with the cache, and at every load.
+	resolved map[string]*entitlements.Resolved
 	// The metrics of the open transaction's decisions (pending), and of
 	// the transaction that flushed last (flushed): counted once the next
 	// transaction begins without an Abort, so that a re-decided event is
@@ -301,7 +305,8 @@ func decodeRoll(v []byte) (rollState, error) {
 
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
-	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{}}
+	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{},
+		resolved: map[string]*entitlements.Resolved{}}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -347,10 +352,11 @@ const maxLedgerCache = 50_000
 type ledgerStore struct {
 	tx *stream.Tx
 	e  *entPart
+	l  *entitlements.Ledger
 }
 
 // ledger returns the Ledger's store in tx.
-func (pt *partition) ledger(tx *stream.Tx) ledgerStore { return ledgerStore{tx, pt.ent} }
+func (pt *partition) ledger(tx *stream.Tx) ledgerStore { return ledgerStore{tx, pt.ent, pt.pr.ledger} }
 
 func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
 	if c, ok := s.e.cache[string(k)]; ok {
@@ -365,6 +371,7 @@ func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
 }
 
 func (s ledgerStore) Put(k, v []byte) {
+	s.wrote(k)
 	s.tx.Put(k, v)
 	s.keep(k, cachedValue{bytes.Clone(v), true})
 }
@@ -372,11 +379,13 @@ func (s ledgerStore) Put(k, v []byte) {
 // putOwned is Put of a value nothing changes after: the cache keeps v
 // itself.
 func (s ledgerStore) putOwned(k, v []byte) {
+	s.wrote(k)
 	s.tx.Put(k, v)
 	s.keep(k, cachedValue{v, true})
 }
 
 func (s ledgerStore) Delete(k []byte) {
+	s.wrote(k)
 	s.tx.Delete(k)
 	s.keep(k, cachedValue{})
 }
@@ -399,6 +408,27 @@ func (s ledgerStore) KeepDecoded(v []byte, x any) {
 	s.e.decoded[string(v)] = x
 }
 
+// wrote drops every Resolved when k is a key they come from.
+func (s ledgerStore) wrote(k []byte) {
+	if s.l.Resolves(k) {
+		clear(s.e.resolved)
+	}
+}
+
+// Resolved implements entitlements.ResolveCache.
+func (s ledgerStore) Resolved(customer string) (*entitlements.Resolved, bool) {
+	r, ok := s.e.resolved[customer]
+	return r, ok
+}
+
+// KeepResolved implements entitlements.ResolveCache.
+func (s ledgerStore) KeepResolved(customer string, r *entitlements.Resolved) {
+	if len(s.e.resolved) >= maxLedgerCache {
+		clear(s.e.resolved)
+	}
+	s.e.resolved[customer] = r
+}
+
 // maxDecoded bounds the decoded values a partition keeps: the plans of
 // the customers it sees most, the default plan, the rate card.
 const maxDecoded = 10_000
@@ -406,6 +436,7 @@ const maxDecoded = 10_000
 func (s ledgerStore) keep(k []byte, c cachedValue) {
 	if len(s.e.cache) >= maxLedgerCache {
 		clear(s.e.cache)
+		clear(s.e.resolved)
 	}
 	s.e.cache[string(k)] = c
 }

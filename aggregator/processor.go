@@ -385,6 +385,7 @@ func (pt *partition) Abort() {
 	if pt.ent != nil {
 		clear(pt.ent.changed)
 		clear(pt.ent.cache)
+		clear(pt.ent.resolved)
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 	}

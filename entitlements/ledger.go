@@ -34,6 +34,77 @@ type DecodeCache interface {
 	KeepDecoded(v []byte, x any)
 }
 
+// ResolveCache is what a Store may also implement: what Decide resolves
+// for a customer before its reads of usage and grants (the customer's
+// Timeline, the default plan's, the RateHistory), kept decoded. The Store
+// must forget every Resolved it keeps when a key for which
+// Ledger.Resolves reports true is written or deleted, and with every
+// write it drops (an aborted transaction).
+type ResolveCache interface {
+	// Resolved returns what KeepResolved kept for the customer.
+	Resolved(customer string) (*Resolved, bool)
+	// KeepResolved keeps r for the customer.
+	KeepResolved(customer string, r *Resolved)
+}
+
+// Resolved is what Decide resolves for a customer (ResolveCache). Its
+// values are never modified.
+type Resolved struct {
+	own, def *Timeline
+	rates    *RateHistory
+}
+
+// Resolves reports whether k is a key whose write makes every Resolved
+// stale: a customer's or the default plan's Timeline, the RateHistory.
+func (l *Ledger) Resolves(k []byte) bool {
+	n := len(l.cfg.Prefix)
+	if len(k) <= n || string(k[:n]) != string(l.cfg.Prefix) {
+		return false
+	}
+	switch k[n] {
+	case subTimeline, subDefault, subRates:
+		return true
+	}
+	return false
+}
+
+// resolve returns what Decide resolves for a customer, through st's
+// ResolveCache if it has one.
+func (l *Ledger) resolve(st Store, customer string) (*Resolved, error) {
+	rc, cached := st.(ResolveCache)
+	if cached {
+		if r, ok := rc.Resolved(customer); ok {
+			return r, nil
+		}
+	}
+	own, err := l.readTimeline(st, l.customerKey(subTimeline, customer))
+	if err != nil {
+		return nil, err
+	}
+	def, err := l.readTimeline(st, l.keyDefault)
+	if err != nil {
+		return nil, err
+	}
+	h, err := l.readRates(st)
+	if err != nil {
+		return nil, err
+	}
+	r := &Resolved{own: own, def: def, rates: h}
+	if cached {
+		rc.KeepResolved(customer, r)
+	}
+	return r, nil
+}
+
+// planAt is PlanAt on resolved timelines.
+func planAt(own, def *Timeline, arrival int64) *Plan {
+	if p, ok := own.At(arrival); ok && p != nil {
+		return p
+	}
+	p, _ := def.At(arrival)
+	return p
+}
+
 // Config configures a Ledger.
 type Config struct {
 	// Prefix starts every state key the Ledger writes, so that it shares
@@ -435,31 +506,45 @@ func consumedOf(us []grantUse, id string) int64 {
 // Store's, or corrupt state, never the event's: a bad event is a
 // Decision with Outcome Invalid.
 func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
-	plan, err := l.PlanAt(st, customer, ev.Arrival)
+	res, err := l.resolve(st, customer)
 	if err != nil {
 		return Decision{}, err
 	}
-	h, err := l.readRates(st)
-	if err != nil {
-		return Decision{}, err
-	}
-	rate, hasRate := h.Rate(ev.Arrival, ev.EventTime, ev.Meter)
+	plan := planAt(res.own, res.def, ev.Arrival)
+	rate, hasRate := res.rates.Rate(ev.Arrival, ev.EventTime, ev.Meter)
 	start, _ := l.cfg.Period(ev.EventTime)
-	uk, ok := l.usageKey(start, customer, ev.Meter), l.overdrawKey(start, customer)
-	usage, err := l.getInt(st, uk)
-	if err != nil {
-		return Decision{}, err
+	// Only what the decision can depend on is read (Decide reads the
+	// usage of SUM and COUNT meters only, the overdraft under a policy
+	// that allows it only, and what grants paid only for an event that
+	// costs something): the same decision, fewer reads.
+	var uk, ok []byte
+	var usage, overdrawn int64
+	if Charged(ev.Aggregation) {
+		uk = l.usageKey(start, customer, ev.Meter)
+		if usage, err = l.getInt(st, uk); err != nil {
+			return Decision{}, err
+		}
 	}
-	overdrawn, err := l.getInt(st, ok)
-	if err != nil {
-		return Decision{}, err
+	if p := plan; p == nil || p.Overdraft.Policy == schemas.OverdraftAllow {
+		ok = l.overdrawKey(start, customer)
+		if overdrawn, err = l.getInt(st, ok); err != nil {
+			return Decision{}, err
+		}
 	}
-	uses, err := l.grantUses(st, customer)
-	if err != nil {
-		return Decision{}, err
+	var uses []grantUse
+	var usesErr error
+	usesRead := false
+	consumed := func(id string) int64 {
+		if !usesRead {
+			usesRead = true
+			uses, usesErr = l.grantUses(st, customer)
+		}
+		return consumedOf(uses, id)
 	}
-	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn,
-		Consumed: func(id string) int64 { return consumedOf(uses, id) }})
+	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn, Consumed: consumed})
+	if usesErr != nil {
+		return Decision{}, usesErr
+	}
 	d.Plan = plan
 	if d.Outcome != Accepted {
 		return d, nil
