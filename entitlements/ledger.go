@@ -578,9 +578,17 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 // at with what it has paid, and the overdraft of the period. revision is
 // the stage's (larger for every later balance of the customer).
 func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schemas.Balance, error) {
-	plan, err := l.PlanAt(st, customer, at)
-	if err != nil {
+	var plan *Plan
+	if _, cached := st.(ResolveCache); cached {
+		res, err := l.resolve(st, customer)
+		if err != nil {
+			return nil, err
+		}
+		plan = planAt(res.own, res.def, at)
+	} else if p, err := l.PlanAt(st, customer, at); err != nil {
 		return nil, err
+	} else {
+		plan = p
 	}
 	if plan == nil {
 		plan = noPlan
