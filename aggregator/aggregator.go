@@ -90,6 +90,15 @@ type Config struct {
 	// no ticks (another process appends them, as tests do). Default:
 	// DefaultEntitlementsTick.
 	EntitlementsTick time.Duration
+	// EntitlementsMaxAhead bounds, with Entitlements, how far past its
+	// own broker time in the deduped topic a record's time may be: an
+	// event's ingest_time is its arrival in the events topic, before
+	// dedup wrote it, and a watermark is a broker time dedup had read.
+	// A record past it would hold the gate, and every record behind it,
+	// until the entitlements partition is read that far: it is rejected
+	// (invalid) when its turn comes instead. Default:
+	// DefaultEntitlementsMaxAhead.
+	EntitlementsMaxAhead time.Duration
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's flags show too.
@@ -110,6 +119,9 @@ const (
 	// (a commit interval and a fetch later), so that produce to OPEN
 	// revision stays under a second at the 99th percentile.
 	DefaultEntitlementsTick = 200 * time.Millisecond
+	// DefaultEntitlementsMaxAhead is dedup's default skew S: room for
+	// the clocks of two brokers.
+	DefaultEntitlementsMaxAhead = dedup.DefaultSkew
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -134,6 +146,9 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.ChangelogTopic = c.Topics.AggregateChangelogTopic()
 	if c.EntitlementsTick == 0 {
 		c.EntitlementsTick = DefaultEntitlementsTick
+	}
+	if c.EntitlementsMaxAhead <= 0 {
+		c.EntitlementsMaxAhead = DefaultEntitlementsMaxAhead
 	}
 	if c.Entitlements {
 		c.Stream.CopartitionedTopics = []string{c.Topics.EntitlementsTopic()}
@@ -174,6 +189,7 @@ var ErrWindowTooShort = errors.New("aggregator: window shorter than dedup's")
 // Stage is an aggregator instance.
 type Stage struct {
 	rt *stream.Runtime
+	pr *processor
 }
 
 // New prepares an aggregator instance.
@@ -205,7 +221,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Stage{rt: rt}, nil
+	return &Stage{rt: rt, pr: p}, nil
 }
 
 // Run runs until ctx ends or a fatal error.
@@ -268,6 +284,7 @@ type metrics struct {
 	credits    *prometheus.CounterVec
 	entRecords *prometheus.CounterVec
 	gated      *prometheus.GaugeVec
+	readTo     *prometheus.GaugeVec
 	balances   prometheus.Counter
 }
 
@@ -303,6 +320,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition)."}, []string{"result"})
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
+	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",
+		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward."}, []string{"partition"})
 	m.balances = f.NewCounter(prometheus.CounterOpts{Name: "meterline_aggregate_balances_total",
 		Help: "Balance records emitted (in transactions)."})
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
@@ -29,7 +31,9 @@ import (
 //
 // The gate. An event is decided by the entitlements in effect at its
 // arrival, so only once the entitlements partition has been read up to a
-// broker time at or after that arrival (Ledger.ReadTo): until then a
+// broker time after that arrival (Ledger.ReadTo; strictly after, since a
+// record written in the arrival's millisecond applies to the event and
+// may follow one of that millisecond already read): until then a
 // record of usage.deduped waits in the gate, a queue in the state ('q'
 // keys, in input order). Records leave the gate in input order only: a
 // record behind one that waits waits too, whatever its own time, so that
@@ -59,9 +63,34 @@ var (
 	keyRoll       = []byte("R")
 )
 
-// gateTimeOf returns the broker time a record of usage.deduped waits for
-// in the gate: an event's ingest_time, a watermark's watermark, 0 for
-// anything else (it is rejected or ignored when it leaves the gate).
+// gateTime returns the broker time a record of usage.deduped waits for
+// in the gate: an event's ingest_time, a watermark's watermark; 0 for
+// anything else (it is rejected or ignored when it leaves the gate), and
+// for a time too far ahead of the record's own (tooFarAhead: rejected).
+func (pt *partition) gateTime(r *kgo.Record) int64 {
+	t := gateTimeOf(r.Value, &pt.ev)
+	if pt.tooFarAhead(r, t) {
+		return 0
+	}
+	return t
+}
+
+// tooFarAhead reports whether t, a record's ingest_time or watermark, is
+// more than Config.EntitlementsMaxAhead after the record's broker time:
+// no entitlements record may ever be read that far, and it would hold the
+// gate. Replay-stable: both times are the record's.
+func (pt *partition) tooFarAhead(r *kgo.Record, t int64) bool {
+	return pt.ent != nil && t > r.Timestamp.UnixMilli()+pt.pr.cfg.EntitlementsMaxAhead.Milliseconds()
+}
+
+// rejectTooFarAhead rejects a record tooFarAhead (invalid).
+func (pt *partition) rejectTooFarAhead(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, what string, t int64) error {
+	return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("%s %s is more than %s after the record's broker time %s in %s",
+		what, msTime(t), pt.pr.cfg.EntitlementsMaxAhead, msTime(r.Timestamp.UnixMilli()), r.Topic))
+}
+
+// gateTimeOf returns an event's ingest_time, a watermark's watermark, 0
+// for anything else.
 func gateTimeOf(v []byte, scratch *schemas.DedupedEvent) int64 {
 	*scratch = schemas.DedupedEvent{}
 	if schemas.DecodeInto(v, scratch) == nil {
@@ -135,6 +164,15 @@ type entPart struct {
 	// of, or applied a record of, with the latest arrival (or broker
 	// time) involved: Flush emits each one's balance once.
 	changed map[string]int64
+	// cache holds the Ledger's state values as the open transaction sees
+	// them (ledgerStore): read from the state once, then kept, written
+	// through. It is dropped with an aborted transaction (Abort) and at
+	// every load, so it never holds what the committed state and the open
+	// transaction do not.
+	cache map[string]cachedValue
+	// decoded keeps the Ledger's decoded plans and rate cards by their
+	// bytes (entitlements.DecodeCache): right whatever the state holds.
+	decoded map[string]any
 	// The metrics of the open transaction's decisions (pending), and of
 	// the transaction that flushed last (flushed): counted once the next
 	// transaction begins without an Abort, so that a re-decided event is
@@ -172,7 +210,58 @@ func (pt *partition) publishEnt() {
 	for k, v := range e.flushed.credits {
 		pt.pr.m.credits.WithLabelValues(k).Add(v)
 	}
+	pt.pr.tally.add(&e.flushed)
 	e.flushed.clear()
+}
+
+// entTally sums the committed decisions of every partition by plan label,
+// as the metrics count them, for the status page.
+type entTally struct {
+	mu        sync.Mutex
+	decisions map[[2]string]float64 // outcome, plan
+	credits   map[string]float64    // plan
+}
+
+func (t *entTally) add(m *entMetrics) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.decisions == nil {
+		t.decisions, t.credits = map[[2]string]float64{}, map[string]float64{}
+	}
+	for k, v := range m.decisions {
+		t.decisions[k] += v
+	}
+	for k, v := range m.credits {
+		t.credits[k] += v
+	}
+}
+
+// EntitlementsTable is the status page's table of the entitlements
+// decisions this instance committed since it started, by plan (never by
+// customer): events accepted and refused by reason, and credits consumed.
+func (s *Stage) EntitlementsTable() service.Table {
+	t := service.Table{ID: "entitlements", Title: "Entitlements decided by this instance, by plan",
+		Columns: []string{"plan", "accepted", schemas.ReasonOverLimit, schemas.ReasonNoCredit, schemas.ReasonInvalid, "credits consumed"}}
+	if s.pr.ledger == nil {
+		t.Note = "off: this aggregator runs without --entitlements; no event is capped or charged"
+		return t
+	}
+	t.Note = "since the instance started, committed transactions only; credits in micro-credits (drawn from grants or overdrawn)"
+	tl := &s.pr.tally
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	plans := map[string]bool{}
+	for k := range tl.decisions {
+		plans[k[1]] = true
+	}
+	for _, plan := range slices.Sorted(maps.Keys(plans)) {
+		row := []string{plan}
+		for _, o := range []string{entitlements.Accepted.String(), schemas.ReasonOverLimit, schemas.ReasonNoCredit, schemas.ReasonInvalid} {
+			row = append(row, strconv.FormatFloat(tl.decisions[[2]string{o, plan}], 'f', 0, 64))
+		}
+		t.Rows = append(t.Rows, append(row, strconv.FormatFloat(tl.credits[plan], 'f', 0, 64)))
+	}
+	return t
 }
 
 // rollState is the work of a period start: the balance of every customer
@@ -209,7 +298,7 @@ func decodeRoll(v []byte) (rollState, error) {
 
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
-	e := &entPart{changed: map[string]int64{}}
+	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{}}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -233,7 +322,82 @@ func (pt *partition) loadEnt(st stateReader) error {
 	}
 	e.more = e.gateN > 0
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
+	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(e.readTo) / 1000)
 	return nil
+}
+
+// cachedValue is a state value of the Ledger's, or its absence (!ok).
+type cachedValue struct {
+	v  []byte
+	ok bool
+}
+
+// maxLedgerCache bounds the values a partition's ledger cache keeps
+// (customers' timelines and counters: a few hundred bytes each); past it
+// the cache starts again empty.
+const maxLedgerCache = 50_000
+
+// ledgerStore is the entitlements.Store of the Ledger in tx: the state
+// through the partition's cache, which spares the Ledger's several reads
+// of an event (plan, default plan, rate card, usage, grants) a Pebble
+// lookup each. Every write of the Ledger's keys goes through it.
+type ledgerStore struct {
+	tx *stream.Tx
+	e  *entPart
+}
+
+// ledger returns the Ledger's store in tx.
+func (pt *partition) ledger(tx *stream.Tx) ledgerStore { return ledgerStore{tx, pt.ent} }
+
+func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
+	if c, ok := s.e.cache[string(k)]; ok {
+		return c.v, c.ok, nil
+	}
+	v, ok, err := s.tx.Get(k)
+	if err != nil {
+		return nil, false, err
+	}
+	s.keep(k, cachedValue{bytes.Clone(v), ok})
+	return v, ok, nil
+}
+
+func (s ledgerStore) Put(k, v []byte) {
+	s.tx.Put(k, v)
+	s.keep(k, cachedValue{bytes.Clone(v), true})
+}
+
+func (s ledgerStore) Delete(k []byte) {
+	s.tx.Delete(k)
+	s.keep(k, cachedValue{})
+}
+
+func (s ledgerStore) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
+	return s.tx.Scan(lo, hi, fn)
+}
+
+// Decoded implements entitlements.DecodeCache.
+func (s ledgerStore) Decoded(v []byte) (any, bool) {
+	x, ok := s.e.decoded[string(v)]
+	return x, ok
+}
+
+// KeepDecoded implements entitlements.DecodeCache.
+func (s ledgerStore) KeepDecoded(v []byte, x any) {
+	if len(s.e.decoded) >= maxDecoded {
+		clear(s.e.decoded)
+	}
+	s.e.decoded[string(v)] = x
+}
+
+// maxDecoded bounds the decoded values a partition keeps: the plans of
+// the customers it sees most, the default plan, the rate card.
+const maxDecoded = 10_000
+
+func (s ledgerStore) keep(k []byte, c cachedValue) {
+	if len(s.e.cache) >= maxLedgerCache {
+		clear(s.e.cache)
+	}
+	s.e.cache[string(k)] = c
 }
 
 // ledgerReader lets the Ledger read restored state (Open) through a
@@ -248,7 +412,7 @@ func (ledgerReader) Delete(_ []byte) {}
 // It reports whether it did.
 func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	e := pt.ent
-	if e.gateN == 0 && gateTimeOf(r.Value, &pt.ev) <= e.readTo {
+	if e.gateN == 0 && e.passes(pt.gateTime(r)) {
 		return false
 	}
 	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
@@ -259,39 +423,74 @@ func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
 	return true
 }
 
+// passes reports whether a record waiting for broker time t can leave the
+// gate: the entitlements partition has been read past t (strictly: a
+// record written in t's millisecond may still be unread, and would apply
+// to an event that arrived at t, Timeline.At), or t is 0 (it waits for
+// nothing).
+func (e *entPart) passes(t int64) bool { return t <= 0 || t < e.readTo }
+
 // drain lets the records at the head of the gate through, in order, while
-// their time is at or before Ledger.ReadTo, at most Config.FinalChunk of
+// their time is before Ledger.ReadTo (passes), at most Config.FinalChunk of
 // them (the rest go in Work's transactions).
 func (pt *partition) drain(tx *stream.Tx) error {
+	_, err := pt.drainN(tx, pt.pr.cfg.FinalChunk)
+	return err
+}
+
+// drainAhead lets through, before n new records of usage.deduped are
+// handled, the gated records ahead of them that can go, at most 2n of
+// them (a transaction then handles at most three times the records it
+// read; Work's transactions drain the rest, Config.FinalChunk at a time).
+// A gate with a backlog of ready records (a stage catching up, whose
+// first records waited for its entitlements partition to be read) thus
+// shrinks by at least n a call, and once it is empty the new records whose
+// time the entitlements partition has been read past skip it (gateIn):
+// they are not written to the state and deleted again. In steady state
+// only the records that arrived after the partition's last tick wait.
+func (pt *partition) drainAhead(tx *stream.Tx, n int) error {
+	for budget := 2 * n; pt.ent.gateN > 0 && budget > 0; {
+		done, err := pt.drainN(tx, min(budget, pt.pr.cfg.FinalChunk))
+		if err != nil || done == 0 {
+			return err
+		}
+		budget -= done
+	}
+	return nil
+}
+
+// drainN is drain with at most limit records, and reports how many went
+// through.
+func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 	e := pt.ent
 	if e.gateN == 0 {
 		e.more = false
-		return nil
+		return 0, nil
 	}
-	kvs, err := scanChunk(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, pt.pr.cfg.FinalChunk)
+	kvs, err := scanChunk(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, limit)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	topic := pt.pr.cfg.Topics.DedupedTopic()
 	done := 0
 	for _, kv := range kvs {
 		r, err := decodeGateRecord(kv.v, topic, pt.p)
 		if err != nil {
-			return err
+			return done, err
 		}
-		if gateTimeOf(r.Value, &pt.ev) > e.readTo {
+		if !e.passes(pt.gateTime(r)) {
 			break
 		}
 		tx.Delete(kv.k)
 		e.gateN--
 		done++
 		if err := pt.handle(tx, r); err != nil {
-			return err
+			return done, err
 		}
 	}
-	e.more = done == len(kvs) && done == pt.pr.cfg.FinalChunk && e.gateN > 0
+	e.more = done == len(kvs) && done == limit && e.gateN > 0
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
-	return nil
+	return done, nil
 }
 
 // entRecords handles records of usage.entitlements: each is applied to the
@@ -324,7 +523,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 		case rec.IsTick():
 			pt.pr.m.entRecords.WithLabelValues("tick").Inc()
 		default:
-			if err := l.Apply(tx, rec); err != nil {
+			if err := l.Apply(pt.ledger(tx), rec); err != nil {
 				if !errors.Is(err, entitlements.ErrInvalid) {
 					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
 				}
@@ -337,22 +536,23 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			pt.pr.m.entRecords.WithLabelValues("applied").Inc()
 			if rec.Key.Reserved == "" {
 				pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
-				if err := l.PruneCustomer(tx, rec.Key.Customer, pt.pruneHorizon()); err != nil {
+				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
 					return err
 				}
-			} else if err := l.PruneShared(tx, pt.pruneHorizon()); err != nil {
+			} else if err := l.PruneShared(pt.ledger(tx), pt.pruneHorizon()); err != nil {
 				return err
 			}
 		}
-		if err := l.Advance(tx, written); err != nil {
+		if err := l.Advance(pt.ledger(tx), written); err != nil {
 			return err
 		}
 	}
-	rt, err := l.ReadTo(tx)
+	rt, err := l.ReadTo(pt.ledger(tx))
 	if err != nil {
 		return err
 	}
 	pt.ent.readTo = rt
+	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(rt) / 1000)
 	return pt.drain(tx)
 }
 
@@ -363,34 +563,92 @@ func (pt *partition) pruneHorizon() int64 {
 	return pt.wm - pt.pr.cfg.Window.Milliseconds()
 }
 
-// decideEvent decides an event's entitlements (DESIGN §12) and records its
-// charge; it reports whether the event goes on to be counted. A rejected
-// event goes to usage.rejected and changes nothing else.
-func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (bool, error) {
+// decideEvent decides an event's entitlements (DESIGN §12); it reports
+// whether the event goes on to be counted. A rejected event goes to
+// usage.rejected and changes nothing else. An accepted event's charge is
+// returned, not yet in the transaction: the caller commits it once the
+// event's aggregate has taken the event.
+func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
-	d, err := l.Decide(tx, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+	ch := &charge{pt: pt, st: chargeStore{ledgerStore: pt.ledger(tx)}, customer: e.CustomerID, arrival: e.IngestTime}
+	d, err := l.Decide(&ch.st, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
 		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime})
 	if err != nil {
-		return false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
+		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	label := pt.pr.plans.label(d.Plan)
-	cost := d.Cost
-	if d.Outcome != entitlements.Accepted {
-		cost = 0
-	}
-	pt.ent.pending.add(d.Outcome.String(), label, cost)
+	ch.label = pt.pr.plans.label(d.Plan)
+	ch.cost = d.Cost
 	// Guarantee: the decision and its charge are in the open transaction
 	// only; a crash here aborts both, and the event is decided again from
 	// the committed balance.
 	fault.Hit(fault.ChargeDecided)
 	if d.Outcome != entitlements.Accepted {
-		return false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
+		pt.ent.pending.add(d.Outcome.String(), ch.label, 0)
+		return nil, false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
 	}
 	if d.Misconfigured != "" {
 		pt.pr.log.Warn("entitlements misconfigured for a meter", zap.String("meter", e.Meter), zap.String("detail", d.Misconfigured))
 	}
-	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
-	return true, nil
+	return ch, true, nil
+}
+
+// charge is an accepted event's charge, held until its aggregate takes
+// the event.
+type charge struct {
+	pt       *partition
+	st       chargeStore
+	customer string
+	arrival  int64
+	label    string
+	cost     int64
+}
+
+// commit writes the charge to the transaction, and counts it.
+func (ch *charge) commit() {
+	for _, w := range ch.st.writes {
+		if w.ok {
+			ch.st.ledgerStore.Put(w.k, w.v)
+		} else {
+			ch.st.ledgerStore.Delete(w.k)
+		}
+	}
+	e := ch.pt.ent
+	e.pending.add(entitlements.Accepted.String(), ch.label, ch.cost)
+	e.changed[ch.customer] = max(e.changed[ch.customer], ch.arrival)
+}
+
+// chargeStore is the Ledger's store for one decision: it reads through
+// the partition's ledger store and keeps the decision's writes aside
+// (charge.commit applies them).
+type chargeStore struct {
+	ledgerStore
+	writes []pendingWrite
+}
+
+type pendingWrite struct {
+	k, v []byte
+	ok   bool // false: a delete
+}
+
+func (s *chargeStore) Get(k []byte) ([]byte, bool, error) {
+	for i := len(s.writes) - 1; i >= 0; i-- {
+		if w := s.writes[i]; bytes.Equal(w.k, k) {
+			return w.v, w.ok, nil
+		}
+	}
+	return s.ledgerStore.Get(k)
+}
+
+func (s *chargeStore) Put(k, v []byte) {
+	s.writes = append(s.writes, pendingWrite{bytes.Clone(k), bytes.Clone(v), true})
+}
+
+func (s *chargeStore) Delete(k []byte) { s.writes = append(s.writes, pendingWrite{k: bytes.Clone(k)}) }
+
+// Scan is the ledger store's: a decision scans nothing (Ledger.Decide
+// reads and writes single keys).
+func (s *chargeStore) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
+	return s.ledgerStore.Scan(lo, hi, fn)
 }
 
 // entWatermark starts the work of a period start when the watermark
@@ -426,7 +684,7 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	switch e.roll.phase {
 	case rollBalances:
 		work = "balances"
-		cs, more, err := pt.pr.ledger.CustomersWithUsage(tx, e.roll.prev, e.roll.cursor, n)
+		cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, n)
 		if err != nil {
 			return err
 		}
@@ -439,14 +697,14 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 			e.roll.phase, e.roll.cursor = rollPrune, ""
 		}
 	case rollPrune:
-		more, err := pt.pr.ledger.PrunePeriods(tx, pt.pruneHorizon(), n)
+		more, err := pt.pr.ledger.PrunePeriods(pt.ledger(tx), pt.pruneHorizon(), n)
 		if err != nil {
 			return err
 		}
 		if !more {
 			e.roll.phase = rollIdle
 		}
-		if err := pt.pr.ledger.PruneShared(tx, pt.pruneHorizon()); err != nil {
+		if err := pt.pr.ledger.PruneShared(pt.ledger(tx), pt.pruneHorizon()); err != nil {
 			return err
 		}
 	}
@@ -475,7 +733,7 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 	topic := pt.pr.cfg.Topics.BalancesTopic()
 	for _, c := range slices.Sorted(maps.Keys(e.changed)) {
 		rev++
-		b, err := pt.pr.ledger.Balance(tx, c, max(pt.wm, e.changed[c]), rev)
+		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, max(pt.wm, e.changed[c]), rev)
 		if err != nil {
 			return fmt.Errorf("aggregator: partition %d: balance of %s: %w", pt.p, c, err)
 		}

@@ -1,7 +1,10 @@
 package aggregator
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -511,5 +514,203 @@ func TestEntitlementsPeriodStartBalancesInChunks(t *testing.T) {
 	}
 	if chunks != want {
 		t.Errorf("%v transactions emitted period-start balances, want %v (customers per partition %v, 2 a transaction)", chunks, want, per)
+	}
+}
+
+// sameMilliRun decides one event that arrived at T, in the millisecond of
+// a tick and of a cap raise of the entitlements partition (the tick read
+// first), and returns its rejection reason ("" when accepted). live: the
+// stage has read the tick at T before the event reaches it, and the raise
+// only after; otherwise it starts with all of it in the topics.
+func sameMilliRun(t *testing.T, live bool) string {
+	h := newEntHarness(t, nil, 1)
+	T := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC).UnixMilli()
+	plan := func(limit int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+	}
+	ev := func(id string, at int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+			EventTime: at, IngestTime: at})
+	}
+	first := []*kgo.Record{h.entitlement(1, plan(1), T-10)}
+	first = append(first, h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, T)...)
+	raise := []*kgo.Record{h.entitlement(1, plan(5), T)}
+	raise = append(raise, h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, T+1)...)
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	var run *aggRunning
+	if live {
+		run = h.start(cfg)
+		h.produce(first...)
+		h.produce(ev("e1", T-5))
+		awaitDecided(t, h, 1) // the tick at T has been read
+		h.produce(ev("e2", T))
+		// Give the stage the time to decide e2 if it would now.
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(readRejected(t, h)) == 0; {
+			time.Sleep(50 * time.Millisecond)
+		}
+		h.produce(raise...)
+	} else {
+		h.produce(first...)
+		h.produce(ev("e1", T-5), ev("e2", T))
+		h.produce(raise...)
+		run = h.start(cfg)
+	}
+	awaitDecided(t, h, 2)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := ""
+	for _, r := range readRejected(t, h) {
+		out += r.EventID + ":" + r.Reason + " "
+	}
+	return out
+}
+
+// TestEntitlementsSameMillisecondGate: an event that arrived in the
+// millisecond of an entitlements record is decided with that record
+// whether the stage was caught up (and read a tick of that millisecond
+// before the record) or behind (DESIGN §12: the same decisions however
+// far behind): the gate lets an event through only once the partition
+// has been read past its arrival.
+func TestEntitlementsSameMillisecondGate(t *testing.T) {
+	live, lag := sameMilliRun(t, true), sameMilliRun(t, false)
+	if live != lag {
+		t.Fatalf("decisions differ: caught up rejected [%s], behind rejected [%s]", live, lag)
+	}
+	if lag != "" {
+		t.Fatalf("rejected [%s], want e2 accepted under the raise written at its arrival", lag)
+	}
+}
+
+// TestEntitlementsOffRefusesGatedState: an aggregator restarted without
+// entitlements on the state of one run with them, its events still
+// waiting in the gate, stops with ErrEntitlementsOff naming the flag
+// instead of leaving them there with their offsets committed.
+func TestEntitlementsOffRefusesGatedState(t *testing.T) {
+	h := newEntHarness(t, nil, 1)
+	day := ms(t, "2026-05-04")
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1 // nothing lets the events through
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: day, IngestTime: day}))
+	h.caughtUp()
+	if v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0"); v != 1 {
+		t.Fatalf("%v records gated, want 1", v)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	run = h.start(h.config("b", vfs.NewMem()))
+	select {
+	case <-run.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the aggregator runs without entitlements on state with gated events")
+	}
+	if !errors.Is(run.err, ErrEntitlementsOff) || !strings.Contains(run.err.Error(), "--entitlements") {
+		t.Fatalf("Run = %v, want ErrEntitlementsOff naming --entitlements", run.err)
+	}
+	t.Log(run.err)
+	// With entitlements on again, the event is decided.
+	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+1)...)
+	h.start(h.entConfig("c", vfs.NewMem()))
+	awaitDecided(t, h, 1)
+}
+
+// TestEntitlementsRefusedByAggregateNotCharged: an event that its
+// entitlements accept and its aggregate then refuses (a sum that would
+// wrap, counted before entitlements were turned on) consumes nothing: the
+// customer's grant is charged for the events counted only.
+func TestEntitlementsRefusedByAggregateNotCharged(t *testing.T) {
+	const n = 1
+	h := newEntHarness(t, nil, n)
+	day := ms(t, "2026-05-04")
+	ev := func(id string, q, at int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "paid", Meter: "api_calls", Quantity: q,
+			EventTime: at, IngestTime: at})
+	}
+	// Without entitlements: an aggregate 5 short of wrapping.
+	run := h.start(h.config("a", vfs.NewMem()))
+	h.produce(ev("big", math.MaxInt64-5, day+1000))
+	h.caughtUp()
+	awaitDecided(t, h, 1)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	recs := []*kgo.Record{h.entitlement(n, &schemas.Entitlements{CustomerID: "paid", Plan: "prepaid",
+		Grants: []schemas.Grant{{ID: "g1", Amount: 1000}}, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, day)}
+	recs = append(recs, h.shared(n, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 1, PerUnits: 1}}}}}, day)...)
+	recs = append(recs, h.shared(n, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+10_000)...)
+	h.produce(recs...)
+	h.produce(ev("wraps", 10, day+2000), ev("fits", 3, day+3000))
+	cfg := h.entConfig("b", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	run = h.start(cfg)
+	h.caughtUp()
+	awaitDecided(t, h, 3)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, r := range readRejected(t, h) {
+		reasons = append(reasons, r.EventID+":"+r.Reason)
+	}
+	if fmt.Sprint(reasons) != "[wraps:invalid]" {
+		t.Fatalf("rejected %v, want [wraps:invalid]", reasons)
+	}
+	b := latestBalances(t, h)["paid"]
+	if b == nil || len(b.Grants) != 1 || b.Grants[0].Consumed != 3 {
+		t.Fatalf("paid's balance %+v, want g1 consumed 3 (the event counted, not the one refused)", b)
+	}
+}
+
+// TestEntitlementsFarFutureDoesNotStallGate: an event whose ingest_time
+// is days past its record's broker time, and a watermark as far ahead,
+// would hold the gate until the entitlements partition is read that far,
+// and every record behind them with it: they are rejected as invalid when
+// their turn comes, and the event behind them is decided.
+func TestEntitlementsFarFutureDoesNotStallGate(t *testing.T) {
+	h := newEntHarness(t, nil, 1)
+	day := ms(t, "2026-05-04")
+	ts := time.UnixMilli(day + 1000)
+	far := day + 10*24*3600*1000
+	bad := h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "far", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: far, IngestTime: far})
+	bad.Timestamp = ts
+	wm := h.watermark(0, 0, 1, far)
+	wm.Timestamp = ts
+	ok := h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "ok", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: day + 500, IngestTime: day + 500})
+	ok.Timestamp = ts
+	h.produce(bad, wm, ok)
+	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+2000)...)
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	run := h.start(cfg)
+	h.caughtUp()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(readRejected(t, h)) < 2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for openValues(t, h)["acme/api_calls"] != 1 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, r := range readRejected(t, h) {
+		reasons = append(reasons, r.EventID+":"+r.Reason)
+	}
+	if fmt.Sprint(reasons) != "[far:invalid :invalid]" {
+		t.Errorf("rejected %v, want the far event and the watermark as invalid", reasons)
+	}
+	if v := openValues(t, h)["acme/api_calls"]; v != 1 {
+		t.Errorf("acme counted %d, want the event behind them counted (1)", v)
 	}
 }

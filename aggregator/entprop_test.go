@@ -197,16 +197,17 @@ func (ep *entProp) before(steps []pStep) {
 	}
 }
 
-// after appends a tick at the chunk's latest time to every partition.
+// after appends a tick just past the chunk's latest time to every
+// partition: the gate lets through the records of times before it.
 func (ep *entProp) after() {
-	if ep.last <= ep.ticked {
+	if ep.last < ep.ticked {
 		return
 	}
-	ep.ticked = ep.last
+	ep.ticked = ep.last + 1
 	var recs []*kgo.Record
 	for _, p := range ep.all() {
 		recs = append(recs, &kgo.Record{Topic: ep.h.names.EntitlementsTopic(), Partition: p, Key: []byte(schemas.TickKey),
-			Value: schemas.MustEncode(&schemas.Tick{InstanceID: "prop"}), Timestamp: time.UnixMilli(ep.last)})
+			Value: schemas.MustEncode(&schemas.Tick{InstanceID: "prop"}), Timestamp: time.UnixMilli(ep.ticked)})
 	}
 	ep.h.produce(recs...)
 }

@@ -26,6 +26,9 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	// through Decode, which says what it is or why it is undecodable.
 	pt.ev = schemas.DedupedEvent{}
 	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
+		if pt.tooFarAhead(r, pt.ev.IngestTime) {
+			return pt.rejectTooFarAhead(tx, r, &pt.ev, "ingest_time", pt.ev.IngestTime)
+		}
 		return pt.event(tx, r, &pt.ev, false)
 	}
 	msg, err := schemas.Decode(r.Value)
@@ -34,8 +37,14 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	}
 	switch m := msg.(type) {
 	case *schemas.Watermark:
+		if pt.tooFarAhead(r, m.Watermark) {
+			return pt.rejectTooFarAhead(tx, r, nil, "watermark", m.Watermark)
+		}
 		return pt.watermark(tx, m)
 	case *schemas.DedupedEvent:
+		if pt.tooFarAhead(r, m.IngestTime) {
+			return pt.rejectTooFarAhead(tx, r, m, "ingest_time", m.IngestTime)
+		}
 		return pt.event(tx, r, m, false)
 	default:
 		return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
@@ -154,10 +163,27 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		// DESIGN §12: decided once, here, in input order; an event
 		// queued behind its period's FINALs was decided when it was
 		// queued.
-		if ok, err := pt.decideEvent(tx, r, e, m); !ok || err != nil {
+		ch, ok, err := pt.decideEvent(tx, r, e, m)
+		if !ok || err != nil {
 			return err
 		}
+		// The charge reaches the transaction only if the aggregate takes
+		// the event: one it refuses (a sum that would wrap, an event that
+		// cannot be queued) consumes nothing (DESIGN §12).
+		pt.refused = false
+		if err := pt.place(tx, r, e, m, queued, uval); err != nil || pt.refused {
+			return err
+		}
+		ch.commit()
+		return nil
 	}
+	return pt.place(tx, r, e, m, queued, uval)
+}
+
+// place counts an event in its OPEN aggregate, queues it behind its
+// period's FINAL revisions, or books it as an adjustment.
+func (pt *partition) place(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, queued bool, uval string) error {
+	c := &pt.pr.cfg
 	start, end := pt.bounds(e.EventTime)
 	// ak is a scratch buffer: valid until the next event.
 	pt.akBuf = appendAggKey(pt.akBuf[:0], e, m)

@@ -74,6 +74,7 @@ var encode = schemas.Encode
 // value. It returns an error only if the Rejected record cannot be
 // encoded, which stops the stage rather than lose the record.
 func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) error {
+	pt.refused = true
 	rej := &schemas.Rejected{Reason: reason, Detail: detail, Stage: "aggregator"}
 	if r != nil {
 		rej.SourceTopic, rej.SourcePartition, rej.SourceOffset = r.Topic, r.Partition, r.Offset

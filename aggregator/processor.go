@@ -33,6 +33,7 @@ type processor struct {
 	owners          prom.Owners          // which open partition owns its gauges
 	ledger          *entitlements.Ledger // nil: Config.Entitlements is off
 	plans           planLabels
+	tally           entTally // the committed decisions, for the status page
 }
 
 type partition struct {
@@ -83,6 +84,12 @@ type partition struct {
 	// writeScheme: the state is new; the next transaction records the key
 	// scheme (keyKeyScheme) in it.
 	writeScheme bool
+	// writeEntMode: the state does not record entitlements on yet
+	// (checkEntMode); the next transaction records it.
+	writeEntMode bool
+	// refused: reject was called; event reads it to keep the charge of
+	// an event its aggregate refused out of the transaction.
+	refused bool
 	// ent is the entitlements view (entitlements.go); nil when they are
 	// off.
 	ent *entPart
@@ -112,6 +119,9 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 // count from the state.
 func (pt *partition) load(st stateReader) error {
 	if err := pt.checkKeyScheme(st); err != nil {
+		return err
+	}
+	if err := pt.checkEntMode(st); err != nil {
 		return err
 	}
 	pt.keys, pt.finals = 0, map[int64]*periodState{}
@@ -195,6 +205,53 @@ func (pt *partition) checkKeyScheme(st stateReader) error {
 	return nil
 }
 
+// checkEntMode refuses to open, with entitlements off, a partition whose
+// state was built with them on (DESIGN §12): its gated records would stay
+// in the state forever with their input offsets committed (their usage
+// lost), and its cap and credit usage would miss every event counted
+// meanwhile if they were turned on again. State with entitlements on
+// records the mode (keyEntMode, written in the partition's first
+// transaction); state from before the mode was recorded is recognised by
+// its gate and ledger keys.
+func (pt *partition) checkEntMode(st stateReader) error {
+	v, ok, err := st.Get(keyEntMode)
+	if err != nil {
+		return err
+	}
+	if pt.pr.ledger != nil {
+		pt.writeEntMode = !ok || string(v) != entModeOn
+		return nil
+	}
+	found := ok
+	for _, pfx := range []byte{pfxGate, pfxLedger} {
+		if found {
+			break
+		}
+		err := st.Scan([]byte{pfx}, []byte{pfx + 1}, func(_, _ []byte) error { return errStateFound })
+		switch {
+		case errors.Is(err, errStateFound):
+			found = true
+		case err != nil:
+			return err
+		}
+	}
+	if !found {
+		return nil
+	}
+	gated := 0
+	if err := st.Scan([]byte{pfxGate}, []byte{pfxGate + 1}, func(_, _ []byte) error { gated++; return nil }); err != nil {
+		return err
+	}
+	return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built with --entitlements and holds %d records of %s "+
+		"waiting for their decision and the entitlements usage of the period; run the aggregator with --entitlements "+
+		"(turning entitlements off needs a new consumer group and topic names, DESIGN §12)",
+		pt.p, ErrEntitlementsOff, pt.pr.cfg.Topics.AggregateChangelogTopic(), gated, pt.pr.cfg.Topics.DedupedTopic())
+}
+
+// ErrEntitlementsOff is returned (wrapped) by an aggregator run without
+// entitlements on state built with them (checkEntMode).
+var ErrEntitlementsOff = errors.New("entitlements are off but the state was built with them on")
+
 func minWatermark(s []int64) int64 {
 	if len(s) == 0 {
 		return 0
@@ -244,6 +301,7 @@ func (pt *partition) Close() {
 	pt.pr.m.finalizing.DeleteLabelValues(pt.pl)
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
 	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
+	pt.pr.m.readTo.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition: with entitlements, it appends a
@@ -276,6 +334,10 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
 		pt.writeScheme = false
 	}
+	if pt.writeEntMode {
+		tx.Put(keyEntMode, []byte(entModeOn))
+		pt.writeEntMode = false
+	}
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()
 	}
@@ -284,6 +346,11 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 			return err
 		}
 		recs = nil
+	}
+	if pt.ent != nil && len(recs) > 0 {
+		if err := pt.drainAhead(tx, len(recs)); err != nil {
+			return err
+		}
 	}
 	for _, r := range recs {
 		if pt.ent != nil && pt.gateIn(tx, r) {
@@ -306,6 +373,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 func (pt *partition) Abort() {
 	if pt.ent != nil {
 		clear(pt.ent.changed)
+		clear(pt.ent.cache)
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 	}

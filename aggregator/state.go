@@ -31,6 +31,8 @@ import (
 //	's'              the key scheme of usage.deduped this state was built
 //	                 from, schemas.DedupedKeyScheme (processor.go
 //	                 checkKeyScheme); absent only from new state
+//	'm'              "entitlements" when the state was built with
+//	                 entitlements on (processor.go checkEntMode)
 const (
 	pfxOpen    = 'a'
 	pfxFinal   = 'f'
@@ -43,7 +45,11 @@ const (
 var (
 	keySeq       = []byte("c")
 	keyKeyScheme = []byte("s")
+	keyEntMode   = []byte("m")
 )
+
+// entModeOn is keyEntMode's value.
+const entModeOn = "entitlements"
 
 func periodKey(prefix byte, start int64, rest ...[]byte) []byte {
 	k := make([]byte, 9, 9+32)

@@ -197,6 +197,31 @@ func TestOffsetMismatchStops(t *testing.T) {
 	t.Log(err)
 }
 
+// TestRenamedGroupStops: a group with another name on the state and
+// changelog of the first one has committed nothing; the stage stops and
+// says so, instead of counting the input again from its start.
+func TestRenamedGroupStops(t *testing.T) {
+	h := newHarness(t, nil, 1)
+	fs := vfs.NewMem()
+	a := h.start(h.config("a", fs))
+	arr := t0 + 10*day
+	h.produce(h.event("c", "m", "o1", 1, arr-hour, arr))
+	h.caughtUp()
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config("a", fs)
+	cfg.Stream.Group = h.group + "-renamed"
+	b := h.start(cfg)
+	err, ok := b.wait(30 * time.Second)
+	if !ok {
+		t.Fatal("stage kept running under a renamed group")
+	}
+	if !errors.Is(err, stream.ErrOffsetMismatch) || !strings.Contains(err.Error(), "a new or renamed group") {
+		t.Fatalf("Run = %v, want ErrOffsetMismatch naming a new or renamed group", err)
+	}
+}
+
 // TestPartitionCountChangeStops: dedup records the events topic's partition
 // count and refuses to run when it changed.
 func TestPartitionCountChangeStops(t *testing.T) {

@@ -33,6 +33,9 @@ var realScale = map[string]ruleScale{
 	"MeterlineRejectionSpike":     {Expr: map[string]string{"10m": "30s"}, For: "2s"},
 	"MeterlineDuplicateSpike":     {Expr: map[string]string{"10m": "30s"}, For: "2s"},
 	"MeterlineRestoreTooLong":     {For: "3s"},
+	// More than 5 s of input gated (rates over 20 s) while the lag is
+	// under 5 s.
+	"MeterlineEntitlementsStalled": {Expr: map[string]string{"60": "5", "5m": "20s"}, For: "2s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -42,6 +45,10 @@ var realAlertsFired = []string{
 	"MeterlineRejectionSpike", "MeterlineDuplicateSpike", "MeterlineForgedHeaders", "MeterlineUnauthenticatedTicks",
 	"MeterlineRestoreTooLong", "MeterlineFullRestoreBeyondHorizon", "MeterlineRestoreHorizonExceeded",
 }
+
+// realEntAlertsFired lists the alerts TestRealEntitlementsStalledAlert
+// fires (alert_ent_real_test.go).
+var realEntAlertsFired = []string{"MeterlineEntitlementsStalled"}
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled
 // down, realScale) in Debian's Prometheus against a real `meterline dedup`
@@ -547,8 +554,8 @@ func (w *alertWatch) ruleState(name string) string {
 func (w *alertWatch) expectRulesHealthy() {
 	w.t.Helper()
 	rs := w.rules()
-	if len(rs) != len(realAlertsFired) {
-		w.t.Errorf("%d rules loaded, want %d", len(rs), len(realAlertsFired))
+	if want := len(realAlertsFired) + len(realEntAlertsFired); len(rs) != want {
+		w.t.Errorf("%d rules loaded, want %d", len(rs), want)
 	}
 	for _, r := range rs {
 		if r.Health != "ok" || r.LastError != "" {

@@ -62,6 +62,22 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
 
+	// Entitlements for the entitlements panels: every customer on a
+	// default plan whose cap on api_calls feed's events pass (over_limit)
+	// and whose grant the live tokens spend (no_credit after it).
+	plan := filepath.Join(work, "default.yaml")
+	rates := filepath.Join(work, "rates.yaml")
+	if err := os.WriteFile(plan, []byte("plan: dash\ncaps:\n  api_calls: {limit: 20}\ngrants:\n  dash: {amount: 500}\noverdraft: {policy: deny}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(rates, []byte("versions:\n  - effective_from: \"2026-01-01T00:00:00Z\"\n    rates: {api_calls: 1, tokens: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range [][]string{{"set-default", "-f", plan}, {"set-rates", "-f", rates}} {
+		runCmd(t, bin, filepath.Join(work, "entitlements.log"), append(append([]string{"entitlements"}, w...),
+			"--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix)...)
+	}
+
 	// A key for the HTTP ingest's panels: the run serves it too.
 	token := createKey(t, bin, filepath.Join(work, "keys.log"), "keys", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--tenant", "dash", "--customers", "*")
@@ -72,7 +88,7 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 		"--brokers", strings.Join(brokers, ","), "--clickhouse", chAddr, "--log-level", "warn",
 		"--topic-prefix", prefix,
 		"--instance-id", "dash-1", "--state-dir", filepath.Join(work, "state"),
-		"--dedup-group", group+"-dedup", "--aggregate-group", group+"-aggregate", "--sink-group", group+"-sink",
+		"--dedup-group", group+"-dedup", "--aggregate-group", group+"-aggregate", "--sink-group", group+"-sink", "--aggregate-entitlements",
 		"--sink-database", db, "--sink-migrate",
 		"--metrics-addr", metricsAddr, "--dedup-tick-interval", "1s",
 		"--session-timeout", "6s", "--transaction-timeout", "10s",

@@ -22,6 +22,17 @@ type Store interface {
 	Scan(lo, hi []byte, fn func(k, v []byte) error) error
 }
 
+// DecodeCache is what a Store may also implement: decoded state values
+// kept by their bytes. The Ledger uses it for the reads that only read a
+// value (the plans of PlanAt, Decide's rate card), never for one it
+// changes and writes back, so that a value kept is never modified.
+type DecodeCache interface {
+	// Decoded returns what KeepDecoded kept for the bytes v.
+	Decoded(v []byte) (any, bool)
+	// KeepDecoded keeps x, decoded from the bytes v.
+	KeepDecoded(v []byte, x any)
+}
+
 // Config configures a Ledger.
 type Config struct {
 	// Prefix starts every state key the Ledger writes, so that it shares
@@ -154,6 +165,54 @@ func (l *Ledger) timeline(st Store, k []byte) (*Timeline, error) {
 	return t, nil
 }
 
+// readTimeline is timeline for a read only: through st's DecodeCache, if
+// it has one. The Timeline must not be modified.
+func (l *Ledger) readTimeline(st Store, k []byte) (*Timeline, error) {
+	dc, ok := st.(DecodeCache)
+	if !ok {
+		return l.timeline(st, k)
+	}
+	v, found, err := st.Get(k)
+	if err != nil || !found {
+		return &Timeline{}, err
+	}
+	if x, ok := dc.Decoded(v); ok {
+		if t, ok := x.(*Timeline); ok {
+			return t, nil
+		}
+	}
+	t := &Timeline{}
+	if err := t.UnmarshalBinary(v); err != nil {
+		return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
+	}
+	dc.KeepDecoded(v, t)
+	return t, nil
+}
+
+// readRates is rates for a read only, as readTimeline.
+func (l *Ledger) readRates(st Store) (*RateHistory, error) {
+	dc, ok := st.(DecodeCache)
+	if !ok {
+		return l.rates(st)
+	}
+	k := l.key(subRates)
+	v, found, err := st.Get(k)
+	if err != nil || !found {
+		return &RateHistory{}, err
+	}
+	if x, ok := dc.Decoded(v); ok {
+		if h, ok := x.(*RateHistory); ok {
+			return h, nil
+		}
+	}
+	h := &RateHistory{}
+	if err := h.UnmarshalBinary(v); err != nil {
+		return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
+	}
+	dc.KeepDecoded(v, h)
+	return h, nil
+}
+
 func (l *Ledger) putTimeline(st Store, k []byte, t *Timeline) {
 	if t.Len() == 0 {
 		st.Delete(k)
@@ -178,8 +237,9 @@ func (l *Ledger) rates(st Store) (*RateHistory, error) {
 
 // ReadTo returns the latest broker time read from the entitlements
 // partition (Apply and Advance record it), 0 before any. An event that
-// arrived at or before it can be decided: every record that can decide it
-// has been read.
+// arrived before it can be decided: every record that can decide it has
+// been read. One that arrived at it cannot yet: a record of the same
+// millisecond, not read yet, would apply to it (Timeline.At).
 func (l *Ledger) ReadTo(st Store) (int64, error) { return l.getInt(st, l.key(subReadTo)) }
 
 // Advance records that the entitlements partition has been read up to
@@ -253,14 +313,14 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 // arrival: the customer's own version, else the default plan's, else nil
 // (no plan).
 func (l *Ledger) PlanAt(st Store, customer string, arrival int64) (*Plan, error) {
-	t, err := l.timeline(st, l.key(subTimeline, schemas.CustomerKey(customer)))
+	t, err := l.readTimeline(st, l.key(subTimeline, schemas.CustomerKey(customer)))
 	if err != nil {
 		return nil, err
 	}
 	if p, ok := t.At(arrival); ok && p != nil {
 		return p, nil
 	}
-	d, err := l.timeline(st, l.key(subDefault))
+	d, err := l.readTimeline(st, l.key(subDefault))
 	if err != nil {
 		return nil, err
 	}
@@ -352,7 +412,7 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	h, err := l.rates(st)
+	h, err := l.readRates(st)
 	if err != nil {
 		return Decision{}, err
 	}

@@ -4,7 +4,8 @@
 // every counter forever, finds what is in effect by scanning all records,
 // and does its arithmetic in big integers. It shares no code with the
 // entitlements package, only the schema types, so that a bug there cannot
-// hide by being copied here. Only tests import it.
+// hide by being copied here. Only tests, and the ground truth of meterline
+// demo (internal/demo), import it.
 package entref
 
 import (

@@ -147,7 +147,8 @@ func entSchedule(start int64) []entChange {
 }
 
 // sendEnt sends a batch of steps with the schedule's records up to its
-// last time first, and a tick at that time after it.
+// last time first, and a tick just past that time after it (the gate
+// lets through the records of times before the last tick read).
 func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
 	s.t.Helper()
 	var last int64
@@ -164,7 +165,7 @@ func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
 		s.write(max(c.At, s.ticked), c.Key, c.Msg)
 	}
 	s.send(steps)
-	s.tick(last)
+	s.tick(last + 1)
 }
 
 func (s *entSuite) checkEnt() oracle.EntReport {
@@ -260,9 +261,9 @@ func TestEntitlementsCrashWindows(t *testing.T) {
 // TestEntitlementsCapBoundary: a free tier of 1,000 units a month, 1,200
 // one-unit events of one customer and meter (over two groups) through the
 // real `meterline dedup` and `meterline aggregate --entitlements`, with 5%
-// duplicate copies interleaved and the aggregator killed (SIGKILL from
-// outside) half-way: exactly the first 1,000 in usage.deduped's order are
-// counted, the last 200 are rejected as over_limit once each, no copy is
+// duplicate copies interleaved and the aggregator killed (SIGKILL) at
+// its 600th decision, before that decision's transaction commits: exactly
+// the first 1,000 in usage.deduped's order are counted, the last 200 are rejected as over_limit once each, no copy is
 // charged, and the customer's last balance says 1,000 of 1,000.
 func TestEntitlementsCapBoundary(t *testing.T) {
 	s := newSuite(t) // LogAppendTime: arrivals are the broker's clock
@@ -278,7 +279,12 @@ func TestEntitlementsCapBoundary(t *testing.T) {
 	}
 	d := s.Stage("dedup", "d", filepath.Join(s.Dir, "dedup-state"), crash.StageOpts{})
 	aggState := filepath.Join(s.Dir, "agg-state")
-	a := s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
+	// Killed (SIGKILL, via METERLINE_FAULT) at its n/2-th decision: after
+	// decisions committed, with the one just decided in the open
+	// transaction.
+	spec := fault.ChargeDecided + "@" + strconv.Itoa(n/2)
+	a := s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}, fault: spec})
+	crashed := false
 	p, err := producer.New(producer.WithBrokers(s.Brokers...), producer.WithTopic(s.Names.EventsTopic()), producer.WithLinger(0))
 	if err != nil {
 		t.Fatal(err)
@@ -300,10 +306,18 @@ func TestEntitlementsCapBoundary(t *testing.T) {
 			}
 			copies++
 		}
-		if i == n/2 {
-			a.Kill(t)
+		if !crashed && a.Exited() {
+			a.ExpectFaultKill(t, fault.ChargeDecided, 0)
+			crashed = true
 			a = s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
 		}
+	}
+	if !crashed {
+		if !a.Wait(time.Minute) {
+			t.Fatalf("%s: %s not hit with every event sent\n%s", a.Name(), spec, a.Tail(30))
+		}
+		a.ExpectFaultKill(t, fault.ChargeDecided, 0)
+		a = s.startAgg("a", aggState, aggOpts{period: "month", extra: []string{"--entitlements"}})
 	}
 	s.WaitCaughtUp(s.Group("dedup"), s.Names.EventsTopic(), d)
 	s.waitCaughtUp(a)
@@ -382,5 +396,5 @@ func TestEntitlementsCapBoundary(t *testing.T) {
 	if last == nil || len(last.Meters) != 1 || last.Meters[0].Usage != limit || last.Meters[0].Limit != limit {
 		t.Errorf("last balance %+v, want usage %d of %d", last, limit, limit)
 	}
-	t.Logf("%d events and %d copies: %d counted, %d rejected over_limit, across a SIGKILL of the aggregator", n, copies, total, len(rejected))
+	t.Logf("%d events and %d copies: %d counted, %d rejected over_limit, across a SIGKILL of the aggregator at %s", n, copies, total, len(rejected), spec)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +26,10 @@ type AggregateConfig struct {
 	// keyed by customer (DESIGN §12), half of the input is then in one
 	// partition.
 	Skewed bool
+	// EntitlementsTick is the entitlements tick of the aggregator with
+	// entitlements (aggregator.Config.EntitlementsTick). Default:
+	// aggregator.DefaultEntitlementsTick.
+	EntitlementsTick time.Duration
 	StageConfig
 }
 
@@ -45,13 +50,16 @@ func (c *AggregateConfig) event(i int, now time.Time) *schemas.DedupedEvent {
 	return aggregateEvent(i, c.Customers, now)
 }
 
-// Aggregate measures the aggregator on pre-filled usage.deduped against
-// two transactional passthroughs, (a) copying every record and (b) also
-// writing one changelog record per event, each from the start of the same
-// input with its own group and changelog. The last round's aggregator
-// stays up for the latency phase: events sent at a steady rate, each for
-// a customer of its own, timed from their send to their OPEN revision's
-// visibility in usage.aggregates.
+// Aggregate measures the aggregator on pre-filled usage.deduped, without
+// and with entitlements (DESIGN §12: every customer on the default plan
+// benchPlan, capped and paying with credits), against two transactional
+// passthroughs, (a) copying every record and (b) also writing one
+// changelog record per event, each from the start of the same input with
+// its own group and changelog, in rotating order. Each aggregator of the
+// last round stays up for a latency phase: events sent at a steady rate,
+// each for a customer of its own and stamped with its send time as its
+// arrival (as dedup stamps the broker time), timed from their send to
+// their OPEN revision's visibility in usage.aggregates.
 func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	cat, err := aggregator.ParseMeters([]byte(aggregateMeters))
 	if err != nil {
@@ -62,33 +70,41 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, s.close()) }()
-	b := &aggregateBench{stageBench: s, cfg: cfg, meters: cat, now: time.Now()}
+	b := &aggregateBench{stageBench: s, cfg: cfg, meters: cat}
 	if err := s.left.createTopics(ctx, b.specs()...); err != nil {
 		return err
 	}
+	// The plan is in effect for an event that arrived at or after its
+	// broker time: the input's arrivals (now) come after it.
+	env.say("writing the default plan %q and the rate card to %s", benchPlan.Plan, s.names.EntitlementsTopic())
+	if err := b.writeEnt(ctx, schemas.DefaultPlanKey, benchPlan); err != nil {
+		return err
+	}
+	if err := b.writeEnt(ctx, schemas.RateCardKey, benchRates); err != nil {
+		return err
+	}
+	time.Sleep(10 * time.Millisecond)
+	b.now = time.Now()
 	env.say("pre-filling %s with %d events (%d customers × %d meters%s)", s.names.DedupedTopic(), cfg.Events, cfg.Customers, len(aggregateMeterNames),
 		map[bool]string{true: ", skewed"}[cfg.Skewed])
 	if b.input, err = b.prefill(ctx); err != nil {
+		return err
+	}
+	// As an aggregator with entitlements that ran before would have left
+	// them: ticks after the input's arrivals, so that the input is not
+	// held in the gate until the stage's own first tick.
+	if err := b.writeEnt(ctx, schemas.TickKey, &schemas.Tick{InstanceID: "bench"}); err != nil {
 		return err
 	}
 	rounds := Rounds{N: cfg.Rounds, Unit: "events", Progress: env.say}
 	res, err := rounds.Run(ctx,
 		aggregatePass{b, b.passA(), "(a) passthrough", nil},
 		aggregatePass{b, b.passB(), "(b) passthrough + changelog record per event", aggregateState{}},
-		aggregateRun{b})
+		aggregateRun{b, false},
+		aggregateRun{b, true})
 	if err != nil {
 		return err
 	}
-
-	env.say("latency: %d events/s for %s", cfg.LatencyRate, cfg.LatencyFor)
-	lat, err := b.latency(ctx)
-	if err2 := s.stopLive(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
-		err = err2
-	}
-	if err != nil {
-		return err
-	}
-	revisions := sumMetrics(b.liveReg, "meterline_aggregate_revisions_total")
 
 	out := env.Out
 	fmt.Fprintf(out, "input: %d records in usage.deduped (%d events, %d customers × %d meters, watermarks), %d partitions, commit interval %s; medians of %d rounds\n",
@@ -98,10 +114,72 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 			skewedAggregateEvent(0, cfg.Customers, b.now).CustomerID, b.busiest, cfg.Events, 100*float64(b.busiest)/float64(cfg.Events))
 	}
 	printRates(out, res)
-	fmt.Fprintf(out, "aggregate revisions emitted: %.0f\n", revisions)
-	fmt.Fprintf(out, "latency produce → OPEN revision visible in usage.aggregates: p50 %s, p99 %s (%d events at %d/s)\n",
-		lat.p50.Round(time.Millisecond), lat.p99.Round(time.Millisecond), lat.n, cfg.LatencyRate)
+	on, off := res.Median(3), res.Median(2)
+	fmt.Fprintf(out, "%-46s %9.0f events/s  (%.2f of (b), %.2f of the aggregator without entitlements; per round %s)\n",
+		res.Runs[3][0].Name, on, on/res.Median(1), on/off, roundRatios(res, 3, 2))
+	fmt.Fprintf(out, "entitlements: every customer on plan %q (caps api_calls %d, tokens %d a month; grant %d micro-credits; overdraft deny), tick %s; last round's decisions: %s\n",
+		benchPlan.Plan, benchPlan.Caps[0].Limit, benchPlan.Caps[1].Limit, benchPlan.Grants[0].Amount, b.entTick(), b.decisions)
+	fmt.Fprintf(out, "aggregate revisions emitted (last round): without entitlements %.0f, with %.0f\n", b.revisions[0], b.revisions[1])
+	for i, name := range []string{"without entitlements", "with entitlements"} {
+		lat := b.lat[i]
+		fmt.Fprintf(out, "latency produce → OPEN revision visible in usage.aggregates, %s: p50 %s, p99 %s (%d events at %d/s)\n",
+			name, lat.p50.Round(time.Millisecond), lat.p99.Round(time.Millisecond), lat.n, cfg.LatencyRate)
+	}
 	return nil
+}
+
+// roundRatios are the ratios of contender i's rate to j's, round by round.
+func roundRatios(res *Results, i, j int) string {
+	var b strings.Builder
+	for k := range res.Runs[i] {
+		if k > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%.2f", res.Runs[i][k].Rate()/res.Runs[j][k].Rate())
+	}
+	return b.String()
+}
+
+// benchPlan is the default plan of the aggregator with entitlements: every
+// customer capped on its two SUM meters and paying from a grant, with no
+// overdraft. The default input gives a customer 40 events of each meter
+// (quantities 1 to 100, about 2,000 a meter): the caps reject the events
+// that would take a customer past 1,900; benchRates prices api_calls at 1
+// micro-credit a unit and tokens at 15 per 1,000, which the grant pays.
+var benchPlan = &schemas.Entitlements{Plan: "bench",
+	Caps: []schemas.Cap{{Meter: "api_calls", Limit: 1900, OnLimit: schemas.OnLimitReject},
+		{Meter: "tokens", Limit: 1900, OnLimit: schemas.OnLimitReject}},
+	Grants:    []schemas.Grant{{ID: "bench", Amount: 1_000_000}},
+	Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
+
+var benchRates = &schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{
+	{Meter: "api_calls", MicroCredits: 1, PerUnits: 1}, {Meter: "tokens", MicroCredits: 15, PerUnits: 1000}}}}}
+
+// writeEnt writes m under key to every partition of the entitlements
+// topic, as `meterline entitlements set-default` and `set-rates` do.
+func (b *aggregateBench) writeEnt(ctx context.Context, key string, m schemas.Message) error {
+	cl, err := b.env.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	v, err := schemas.Encode(m)
+	if err != nil {
+		return fmt.Errorf("bench: encode %s: %w", key, err)
+	}
+	recs := make([]*kgo.Record, b.cfg.Partitions)
+	for p := range recs {
+		recs[p] = &kgo.Record{Topic: b.names.EntitlementsTopic(), Partition: int32(p), Key: []byte(key), Value: v}
+	}
+	return cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// entTick is the entitlements tick of the aggregator with entitlements.
+func (b *aggregateBench) entTick() time.Duration {
+	if b.cfg.EntitlementsTick != 0 {
+		return b.cfg.EntitlementsTick
+	}
+	return aggregator.DefaultEntitlementsTick
 }
 
 type aggregateBench struct {
@@ -113,9 +191,15 @@ type aggregateBench struct {
 	// busiest is the number of events in the partition that holds the
 	// most.
 	busiest int
-	// liveReg is the registry of the last round's aggregator, which
-	// s.live runs.
-	liveReg *prometheus.Registry
+	// sent is the number of events the latency phases added to the input
+	// (after the pre-filled records).
+	sent int
+	// lat and revisions are the last round's latency phase and revisions
+	// emitted, without [0] and with [1] entitlements; decisions the last
+	// round's decisions by outcome.
+	lat       [2]latencies
+	revisions [2]float64
+	decisions string
 }
 
 // passA and passB are the output topics of the baselines. Not "x" and
@@ -134,6 +218,16 @@ func passChangelog(out string, round int) string { return fmt.Sprintf("%s-change
 func (b *aggregateBench) roundNames(round int) topics.Names {
 	n := b.names
 	n.AggregateChangelog = fmt.Sprintf("%s-r%d", b.names.AggregateChangelog, round)
+	return n
+}
+
+// runNames are the topic names of the aggregator in round, with
+// entitlements or not: its own changelog.
+func (b *aggregateBench) runNames(round int, ent bool) topics.Names {
+	n := b.roundNames(round)
+	if ent {
+		n.AggregateChangelog += "-ent"
+	}
 	return n
 }
 
@@ -156,9 +250,11 @@ func (b *aggregateBench) specs() []topics.Spec {
 			topics.Spec{Name: passChangelog(b.passA(), r), Partitions: p, Configs: map[string]string{"cleanup.policy": "compact"}},
 			topics.Spec{Name: passChangelog(b.passB(), r), Partitions: p, Configs: map[string]string{"cleanup.policy": "compact"}},
 		)
-		cl := aggChangelog
-		cl.Name = b.roundNames(r).AggregateChangelogTopic()
-		specs = append(specs, cl)
+		for _, ent := range []bool{false, true} {
+			cl := aggChangelog
+			cl.Name = b.runNames(r, ent).AggregateChangelogTopic()
+			specs = append(specs, cl)
+		}
 	}
 	return specs
 }
@@ -228,31 +324,111 @@ func (p aggregatePass) Run(ctx context.Context, round int, _ bool) (Result, erro
 	return p.b.measurePass(ctx, p.name, cfg, p.out, p.state, p.b.input)
 }
 
-// aggregateRun is the aggregator from the start of the input; the last
-// round's stays up.
-type aggregateRun struct{ b *aggregateBench }
+// aggregateRun is the aggregator, with entitlements or not, from the start
+// of the input; the last round's runs the latency phase before it stops.
+type aggregateRun struct {
+	b   *aggregateBench
+	ent bool
+}
 
-func (a aggregateRun) Run(ctx context.Context, round int, last bool) (Result, error) {
+func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result, err error) {
 	b := a.b
 	reg := prometheus.NewRegistry()
-	cfg := aggregator.Config{Stream: b.streamConfig(fmt.Sprintf("%saggregate-r%d", b.names.Prefix, round), "a1"),
-		Topics: b.roundNames(round), Meters: b.meters}
+	group, name := fmt.Sprintf("%saggregate-r%d", b.names.Prefix, round), "aggregate"
+	names := b.runNames(round, a.ent)
+	if a.ent {
+		group, name = fmt.Sprintf("%saggregate-ent-r%d", b.names.Prefix, round), "aggregate with entitlements"
+	}
+	cfg := aggregator.Config{Stream: b.streamConfig(group, "a1"), Topics: names, Meters: b.meters,
+		Entitlements: a.ent, EntitlementsTick: b.cfg.EntitlementsTick}
 	cfg.Stream.Registerer = reg
 	st, err := aggregator.New(ctx, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	processed := func() int64 { return int64(sumMetrics(reg, "meterline_stream_records_in_total")) }
-	elapsed, err := b.measureStage(ctx, st.Run, processed, b.input, last, b.cfg.CPUProfile)
+	// Records of usage.deduped handled: read, less those waiting in the
+	// gate; not the records of usage.entitlements.
+	processed := func() int64 {
+		return int64(metricWith(reg, "meterline_stream_records_in_total", "topic", b.names.DedupedTopic()) -
+			sumMetrics(reg, "meterline_aggregate_gated_records"))
+	}
+	profile := ""
+	if a.ent {
+		profile = b.cfg.CPUProfile
+	}
+	elapsed, err := b.measureStage(ctx, st.Run, processed, b.input, last, profile)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Name: "aggregate", Count: b.input, Elapsed: elapsed, Detail: "; " + txnStats(reg, elapsed)}
-	if last {
-		b.liveReg = reg
+	res = Result{Name: name, Count: b.input, Elapsed: elapsed, Detail: "; " + txnStats(reg, elapsed)}
+	defer func() {
+		if err2 := b.stopLive(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
+			err = err2
+		}
+	}()
+	if !last {
 		return res, nil
 	}
-	return res, b.stopLive()
+	// The latency phase starts once the stage has read what earlier
+	// phases added to the input.
+	if err := b.waitFor(ctx, processed, int64(b.input+b.sent)); err != nil {
+		return Result{}, err
+	}
+	i := map[bool]int{false: 0, true: 1}[a.ent]
+	b.env.say("latency: %d events/s for %s, %s", b.cfg.LatencyRate, b.cfg.LatencyFor, name)
+	if b.lat[i], err = b.latency(ctx); err != nil {
+		return Result{}, err
+	}
+	b.sent += int(float64(b.cfg.LatencyRate) * b.cfg.LatencyFor.Seconds())
+	b.revisions[i] = sumMetrics(reg, "meterline_aggregate_revisions_total")
+	if a.ent {
+		b.decisions = decisionsOf(reg)
+	}
+	return res, nil
+}
+
+// waitFor waits until count reaches want.
+func (b *aggregateBench) waitFor(ctx context.Context, count func() int64, want int64) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for count() < want {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: the aggregator read %d of %d records in 5m", count(), want)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// decisionsOf describes the decisions in reg by outcome.
+func decisionsOf(reg prometheus.Gatherer) string {
+	var parts []string
+	for _, o := range []string{"accepted", schemas.ReasonOverLimit, schemas.ReasonNoCredit, schemas.ReasonInvalid} {
+		parts = append(parts, fmt.Sprintf("%s %.0f", o, metricWith(reg, "meterline_aggregate_entitlement_decisions_total", "outcome", o)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// metricWith sums the series of name in g whose label has value.
+func metricWith(g prometheus.Gatherer, name, label, value string) float64 {
+	mfs, _ := g.Gather()
+	s := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					s += metricValue(m)
+				}
+			}
+		}
+	}
+	return s
 }
 
 // latency measures the latency of the aggregator left up.
@@ -278,6 +454,9 @@ func (l *aggregateLatency) send(ctx context.Context, i int) (string, error) {
 	e := aggregateEvent(i, 1, l.b.now)
 	e.CustomerID = fmt.Sprintf("lat-%d-%d", l.run, i)
 	e.EventID = fmt.Sprintf("lat-%d", i)
+	// Its arrival, as dedup stamps it: the gate of an aggregator with
+	// entitlements holds it until usage.entitlements is read up to it.
+	e.IngestTime = time.Now().UnixMilli()
 	r, err := dedupedRecord(l.b.names.DedupedTopic(), l.b.cfg.Partitions, e)
 	if err != nil {
 		return "", err

@@ -113,9 +113,10 @@ func (c *BenchDedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.
 
 // BenchAggregateCmd is `meterline bench aggregate`.
 type BenchAggregateCmd struct {
-	Customers       int  `help:"Distinct customers." default:"10000"`
-	Events          int  `help:"Events pre-filled in usage.deduped." default:"2000000"`
-	Skewed          bool `help:"Give one customer half of the events (so half of the input is in one partition of usage.deduped, which is keyed by customer)."`
+	Customers       int           `help:"Distinct customers." default:"10000"`
+	Events          int           `help:"Events pre-filled in usage.deduped." default:"2000000"`
+	Skewed          bool          `help:"Give one customer half of the events (so half of the input is in one partition of usage.deduped, which is keyed by customer)."`
+	EntTick         time.Duration `name:"entitlements-tick" help:"Entitlements tick of the aggregator with entitlements (aggregate --entitlements-tick)." default:"200ms"`
 	BenchStageFlags `embed:""`
 	Rounds          int    `help:"Rounds; each measures (a), (b) and the aggregator once, in a rotating order. Medians are reported." default:"3"`
 	CPUProfile      string `help:"Write a CPU profile of the last round's aggregate phase to this file." hidden:"" type:"path"`
@@ -123,7 +124,7 @@ type BenchAggregateCmd struct {
 
 // Run runs the benchmark.
 func (c *BenchAggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
-	cfg := bench.AggregateConfig{Customers: c.Customers, Events: c.Events, Skewed: c.Skewed, StageConfig: c.config(c.Rounds, c.CPUProfile)}
+	cfg := bench.AggregateConfig{Customers: c.Customers, Events: c.Events, Skewed: c.Skewed, EntitlementsTick: c.EntTick, StageConfig: c.config(c.Rounds, c.CPUProfile)}
 	return runBench(ctx, g, stdio, log, cfg.Validate, func(env *bench.Env) error { return bench.Aggregate(ctx, env, cfg) })
 }
 
@@ -134,7 +135,7 @@ type BenchSinkCmd struct {
 	Rows           int      `help:"usage.deduped records (rows) per run." default:"1000000"`
 	Partitions     int      `help:"Partitions of the benchmark topic." default:"16"`
 	Rounds         int      `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
-	BatchRows      int      `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"10000"`
+	BatchRows      int      `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"${sink_max_batch_records}"`
 	Customers      int      `help:"Distinct customers in the generated rows." default:"10000"`
 	JSON           bool     `help:"Print the result as JSON too."`
 	CPUProfile     string   `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`

@@ -50,9 +50,12 @@ func TestRealDemoSink(t *testing.T) {
 	out := demo(11)
 	unique := reportLine(t, out, `unique events produced = events counted`)
 	for what, want := range map[string]int64{
-		"usage_events rows = unique events":    unique,
-		"usage_duplicates rows = copies sent":  reportLine(t, out, `copies sent = duplicates dropped`),
-		"usage_rejected rows = bad events":     reportLine(t, out, `bad events = rejected events`),
+		"usage_events rows = unique events":   unique,
+		"usage_duplicates rows = copies sent": reportLine(t, out, `copies sent = duplicates dropped`),
+		"usage_rejected rows = bad events + refused": reportLine(t, out, `bad events = rejected events`) +
+			reportLine(t, out, `refused by a cap \(over_limit, aggregator\)`) +
+			reportLine(t, out, `refused for want of credit \(no_credit\)`) +
+			reportLine(t, out, `other refusals by the aggregator`),
 		"usage_adjustments rows = late events": reportLine(t, out, `late events = adjustments`),
 	} {
 		if got := reportLine(t, out, regexp.QuoteMeta(what)); got != want {

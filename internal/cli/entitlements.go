@@ -301,8 +301,17 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 		r := res[0].Record
 		fmt.Fprintf(stdio.Stdout, "wrote the %s to %s partition %d offset %d\n", what, topic, r.Partition, r.Offset)
 	}
+	// Entitlements are off by default in the aggregator: say where the
+	// record takes effect, so that a cap is not believed enforced where it
+	// is not.
+	fmt.Fprintln(stdio.Stderr, entitlementsOffHint)
 	return nil
 }
+
+// entitlementsOffHint is what every write of `meterline entitlements`
+// prints on stderr.
+const entitlementsOffHint = "note: caps and credits are decided only by an aggregator that runs with --entitlements " +
+	"(meterline aggregate --entitlements, meterline run --aggregate-entitlements); it is off by default"
 
 // entRecord is the latest record of a key, as read from the topic.
 type entRecord struct {

@@ -73,6 +73,10 @@ overdraft: {policy: deny}
 	if code != 0 || !strings.Contains(out, "wrote the entitlements record of acme to "+topic+" partition") {
 		t.Fatalf("set: %d\n%s\n%s", code, out, errOut)
 	}
+	// Off by default in the aggregator: the writer says where it applies.
+	if !strings.Contains(errOut, "only by an aggregator that runs with --entitlements") {
+		t.Errorf("set says nothing of --entitlements on stderr:\n%s", errOut)
+	}
 	recs := testenv.ReadAll(t, brokers, topic)
 	if len(recs) != 1 || string(recs[0].Key) != "4:acme" || recs[0].Partition != schemas.Partition([]byte("4:acme"), 4) {
 		t.Fatalf("records after set: %+v", recs)

@@ -117,14 +117,14 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		stages = append(stages, namedStage{"sink", w.Run, w.Ready})
 		groups = append(groups, lagGroup{scfg.Group, sinkInputs(g.Topic)})
 	}
-	var setup func(*service.Server)
+	setup := func(s *service.Server) { s.AddTable(as.EntitlementsTable) }
 	if c.Ingest {
 		srv, err := ingest.New(icfg)
 		if err != nil {
 			return err
 		}
 		stages = append(stages, namedStage{"ingest", srv.Run, srv.Ready})
-		setup = func(s *service.Server) { s.AddTable(srv.Status) }
+		setup = func(s *service.Server) { s.AddTable(as.EntitlementsTable); s.AddTable(srv.Status) }
 	}
 	return runStageWith(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)

@@ -83,7 +83,7 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 	for round := 0; round < rounds; round++ {
 		for _, f := range faults {
 			b := f.target(s)
-			t.Logf("round %d: %s is broker %d (at %s)", round+1, f.name, b, time.Since(start).Round(time.Second))
+			s.note("round %d: %s is broker %d (at %s)", round+1, f.name, b, time.Since(start).Round(time.Second))
 			switch {
 			case f.pause:
 				s.cluster.Pause(t, b)
@@ -145,10 +145,10 @@ func TestRealClusterBrokerFailures(t *testing.T) {
 		s.start(st, id)
 	}
 	if wait := time.Until(time.UnixMilli(s.cutoff).Add(10 * time.Second)); wait > 0 {
-		t.Logf("load goes on %s, past P's cutoff", wait.Round(time.Second))
+		s.note("load goes on %s, past P's cutoff", wait.Round(time.Second))
 		s.sleep(wait)
 	}
-	t.Logf("faults done after %s", time.Since(start).Round(time.Second))
+	s.note("faults done after %s", time.Since(start).Round(time.Second))
 	if code, out := s.topicsCheck(); code != 0 {
 		t.Errorf("topics check on the healed cluster: exit %d\n%s", code, out)
 	}

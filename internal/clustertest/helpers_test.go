@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -82,6 +84,14 @@ type suite struct {
 	// it (checkAlive).
 	selfExits []string
 	exitsOf   map[string]int
+
+	// journal is the test's own account in the logs directory (test.log,
+	// kept with the children's logs when the test fails): every action on
+	// an instance and every failed invariant, with the time, so that a
+	// failure can be read against the children's logs even without the
+	// go test output.
+	journalMu sync.Mutex
+	journal   *os.File
 }
 
 func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
@@ -96,6 +106,18 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 		chAddr: chAddr, db: db, ch: ch,
 		live: map[string]*testenv.Process{}, killed: map[*testenv.Process]bool{}, starts: map[string]int{}, exitsOf: map[string]int{}}
 	s.names.Prefix = prefix
+	if j, err := os.Create(filepath.Join(s.logs, "test.log")); err == nil {
+		s.journal = j
+		t.Cleanup(func() {
+			if t.Failed() {
+				s.note("the test failed: its failures are the lines marked FAIL above")
+			}
+			s.journalMu.Lock()
+			defer s.journalMu.Unlock()
+			_ = s.journal.Close()
+			s.journal = nil
+		})
+	}
 
 	t.Cleanup(func() {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
@@ -123,9 +145,35 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 	s.periodP = today - dayMs
 	s.cutoff = now + cutoffIn.Milliseconds()
 	s.grace = time.Duration(s.cutoff-today) * time.Millisecond
-	t.Logf("period P = %s, cutoff (end + grace %s) = %s", time.UnixMilli(s.periodP).UTC().Format(time.DateOnly), s.grace,
+	s.note("period P = %s, cutoff (end + grace %s) = %s", time.UnixMilli(s.periodP).UTC().Format(time.DateOnly), s.grace,
 		time.UnixMilli(s.cutoff).UTC().Format(time.TimeOnly))
 	return s
+}
+
+// note logs a line of the test and writes it, with the time, to the
+// journal (test.log in the logs directory).
+func (s *suite) note(format string, args ...any) {
+	s.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	s.t.Log(msg)
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	if s.journal != nil {
+		_, _ = fmt.Fprintf(s.journal, "%s %s\n", time.Now().UTC().Format("15:04:05.000"), msg)
+	}
+}
+
+// fatalf fails the test with a broken invariant, written to the journal
+// first.
+func (s *suite) fatalf(format string, args ...any) {
+	s.t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	s.journalMu.Lock()
+	if s.journal != nil {
+		_, _ = fmt.Fprintf(s.journal, "%s FAIL: %s\n", time.Now().UTC().Format("15:04:05.000"), msg)
+	}
+	s.journalMu.Unlock()
+	s.t.Fatal(msg)
 }
 
 // command runs a meterline command to completion and returns its output.
@@ -183,7 +231,7 @@ func (s *suite) start(stage, id string) *testenv.Process {
 	s.mu.Lock()
 	if p := s.live[key]; p != nil && !p.Exited() {
 		s.mu.Unlock()
-		s.t.Fatalf("%s is already running", key)
+		s.fatalf("%s is already running", key)
 	}
 	s.starts[key]++
 	run := s.starts[key]
@@ -215,6 +263,7 @@ func (s *suite) start(stage, id string) *testenv.Process {
 	if stage == "aggregate" {
 		skip = `"msg":"late event booked as an adjustment"`
 	}
+	s.note("start %s#%d", key, run)
 	p := testenv.StartProcessOpts(s.t, testenv.ProcessOpts{MayDie: true, ExitTimeout: exitTimeout, TailSkip: skip},
 		fmt.Sprintf("%s#%d", key, run), filepath.Join(s.logs, fmt.Sprintf("%s-%s-%d.log", stage, id, run)), s.bin, args...)
 	s.mu.Lock()
@@ -261,6 +310,7 @@ func (s *suite) kill(stage, id string) {
 	s.mu.Lock()
 	s.killed[p] = true
 	s.mu.Unlock()
+	s.note("kill -9 %s", p.Name())
 	p.Kill(s.t)
 }
 
@@ -272,6 +322,7 @@ func (s *suite) stop(stage, id string) {
 	s.mu.Lock()
 	s.killed[p] = true
 	s.mu.Unlock()
+	s.note("SIGTERM %s", p.Name())
 	p.Stop(s.t)
 }
 
@@ -298,12 +349,12 @@ func (s *suite) checkAlive() {
 	}
 	s.mu.Unlock()
 	if fatal != "" {
-		s.t.Fatal(fatal) // a configuration error or a crash loop: restarting cannot help
+		s.fatalf("%s", fatal) // a configuration error or a crash loop: restarting cannot help
 	}
 	sort.Strings(dead)
 	for _, key := range dead {
 		st, id, _ := strings.Cut(key, "/")
-		s.t.Logf("%s exited by itself; restarting it", key)
+		s.note("%s exited by itself; restarting it", key)
 		s.start(st, id)
 	}
 }
@@ -339,8 +390,14 @@ func (s *suite) checkNoSelfExits() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.selfExits) > 0 {
-		s.t.Errorf("%d stage instances exited by themselves (each was restarted, as a supervisor would):\n  %s",
+		msg := fmt.Sprintf("%d stage instances exited by themselves (each was restarted, as a supervisor would):\n  %s",
 			len(s.selfExits), strings.Join(s.selfExits, "\n  "))
+		s.journalMu.Lock()
+		if s.journal != nil {
+			_, _ = fmt.Fprintf(s.journal, "%s FAIL: %s\n", time.Now().UTC().Format("15:04:05.000"), msg)
+		}
+		s.journalMu.Unlock()
+		s.t.Error(msg)
 	}
 }
 
@@ -456,7 +513,7 @@ func (g *generator) stop() {
 			acked++
 		}
 	}
-	g.s.t.Logf("generator: %d records sent, %d acknowledged, %d failed (first: %v)", len(g.intents), acked, g.failed, g.firstErr)
+	g.s.note("generator: %d records sent, %d acknowledged, %d failed (first: %v)", len(g.intents), acked, g.failed, g.firstErr)
 }
 
 func (g *generator) one() {
@@ -629,7 +686,8 @@ func (s *suite) truth(g *generator) *truth {
 			continue // a tick, or dedup's re-produced copy of a misrouted record
 		}
 		if _, dup := arrivals[seq]; dup {
-			s.t.Fatalf("generator record %d is twice in %s: the idempotent producer wrote it twice", seq, s.names.EventsTopic())
+			s.fatalf("generator record %d is twice in %s (partition %d, offset %d the second time): the idempotent producer wrote it twice",
+				seq, s.names.EventsTopic(), r.Partition, r.Offset)
 		}
 		arrivals[seq] = r.Timestamp.UnixMilli()
 	}
@@ -637,11 +695,13 @@ func (s *suite) truth(g *generator) *truth {
 	defer g.mu.Unlock()
 	tr := &truth{idents: map[string]*ident{}, rejected: map[string]int{}}
 	lost := 0
+	lostBy := map[int32]int{} // by canonical partition (a misrouted record was sent elsewhere)
 	for seq, in := range g.intents {
 		at, ok := arrivals[seq]
 		if !ok {
 			if g.acked[seq] {
 				lost++
+				lostBy[schemas.Partition([]byte(in.identity), partitions)]++
 			}
 			continue
 		}
@@ -659,7 +719,7 @@ func (s *suite) truth(g *generator) *truth {
 		}
 	}
 	if lost > 0 {
-		s.t.Fatalf("%d acknowledged records are not in %s: an acks=all write was lost", lost, s.names.EventsTopic())
+		s.fatalf("%d acknowledged records are not in %s: an acks=all write was lost (by partition: %v)", lost, s.names.EventsTopic(), lostBy)
 	}
 	return tr
 }
@@ -681,7 +741,7 @@ func (s *suite) readAll(topic string) []*kgo.Record {
 	defer cancel()
 	recs, err := topics.ReadCommitted(ctx, s.brokers, topic, nil)
 	if err != nil {
-		s.t.Fatalf("reading %s: %v", topic, err)
+		s.fatalf("reading %s: %v", topic, err)
 	}
 	return recs
 }
@@ -689,18 +749,20 @@ func (s *suite) readAll(topic string) []*kgo.Record {
 // caughtUp reports whether a read_committed read of the topic from the
 // group's committed offsets returns no records (DESIGN §6.7), other than
 // those skip accepts (ticks, which running dedup instances append all the
-// time).
-func (s *suite) caughtUp(group, topic string, skip func(schemas.Kind) bool) (bool, error) {
+// time). When it does not, pending says which partitions hold records past
+// their committed offset: each with its committed offset, how many records
+// follow it and the first one's offset and kind.
+func (s *suite) caughtUp(group, topic string, skip func(schemas.Kind) bool) (ok bool, pending string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	defer cl.Close()
 	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
 	from := map[int32]int64{}
 	offs.Each(func(o kadm.OffsetResponse) {
@@ -709,42 +771,78 @@ func (s *suite) caughtUp(group, topic string, skip func(schemas.Kind) bool) (boo
 		}
 	})
 	if len(from) < partitions {
-		return false, fmt.Errorf("%s has committed offsets for %d of %d partitions of %s", group, len(from), partitions, topic)
+		var missing []int32
+		for p := range int32(partitions) {
+			if _, ok := from[p]; !ok {
+				missing = append(missing, p)
+			}
+		}
+		return false, "", fmt.Errorf("%s has no committed offset for partitions %v of %s", group, missing, topic)
 	}
 	recs, err := topics.ReadCommitted(ctx, s.brokers, topic, from)
 	if err != nil {
-		return false, err
+		return false, "", err
 	}
+	type behind struct {
+		n     int
+		first *kgo.Record
+		kind  string
+	}
+	by := map[int32]*behind{}
 	for _, r := range recs {
-		if k, err := schemas.PeekKind(r.Value); err != nil || skip == nil || !skip(k) {
-			return false, nil
+		k, kerr := schemas.PeekKind(r.Value)
+		if kerr == nil && skip != nil && skip(k) {
+			continue
 		}
+		b := by[r.Partition]
+		if b == nil {
+			b = &behind{first: r, kind: fmt.Sprint(k)}
+			if kerr != nil {
+				b.kind = "undecodable: " + kerr.Error()
+			}
+			by[r.Partition] = b
+		}
+		b.n++
 	}
-	return true, nil
+	if len(by) == 0 {
+		return true, "", nil
+	}
+	var lines []string
+	for _, p := range slices.Sorted(maps.Keys(by)) {
+		b := by[p]
+		lines = append(lines, fmt.Sprintf("partition %d: committed offset %d, %d records past it (the first at offset %d, a %s)",
+			p, from[p], b.n, b.first.Offset, b.kind))
+	}
+	return false, strings.Join(lines, "; "), nil
 }
 
 // waitCaughtUp waits until the group has caught up on every topic, failing
-// the test after caughtUpTimeout (a stuck partition) or when an instance
-// exits by itself.
+// the test after caughtUpTimeout (a stuck partition: the failure names the
+// partitions with records past their committed offsets) or when an
+// instance exits by itself.
 func (s *suite) waitCaughtUp(group string, skip func(schemas.Kind) bool, topicNames ...string) {
 	s.t.Helper()
 	start := time.Now()
 	for _, topic := range topicNames {
 		var last error
+		var pending string
 		for {
 			s.checkAlive()
-			ok, err := s.caughtUp(group, topic, skip)
+			ok, p, err := s.caughtUp(group, topic, skip)
 			if err == nil && ok {
 				break
 			}
+			if err == nil {
+				pending = p
+			}
 			last = err
 			if time.Since(start) > caughtUpTimeout {
-				s.t.Fatalf("group %s not caught up on %s after %s (last error: %v)", group, topic, caughtUpTimeout, last)
+				s.fatalf("no stuck partition: group %s not caught up on %s after %s: %s (last error: %v)", group, topic, caughtUpTimeout, pending, last)
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	s.t.Logf("%s caught up on %s after %s", group, strings.Join(topicNames, ", "), time.Since(start).Round(time.Millisecond))
+	s.note("%s caught up on %s after %s", group, strings.Join(topicNames, ", "), time.Since(start).Round(time.Millisecond))
 }
 
 // waitFinalsOut waits until the aggregator has emitted everything due by
@@ -760,40 +858,63 @@ func (s *suite) waitFinalsOut() {
 	s.t.Helper()
 	start := time.Now()
 	cutoff := float64(s.cutoff) / 1000
+	clock := func(secs float64) string { return time.UnixMilli(int64(secs * 1000)).UTC().Format("15:04:05.000") }
 	var state string
 	for {
 		s.checkAlive()
-		past := map[string]bool{}
+		// Per partition: the most advanced watermark any running instance
+		// reports (an instance that lost the partition may still show an
+		// older one) and who reports it.
+		wm := map[string]float64{}
+		owner := map[string]string{}
 		var due []string
+		ok := true
 		for _, id := range s.running("aggregate") {
 			m, err := s.proc("aggregate", id).Metrics()
 			if err != nil {
 				state = fmt.Sprintf("aggregate %s: %v", id, err)
-				past = nil
+				ok = false
 				break
 			}
 			for series, v := range m {
-				if p, ok := strings.CutPrefix(series, `meterline_aggregate_watermark_seconds{partition="`); ok && v > cutoff {
-					past[p] = true
+				if p, found := strings.CutPrefix(series, `meterline_aggregate_watermark_seconds{partition="`); found {
+					p = strings.TrimSuffix(p, `"}`)
+					if cur, seen := wm[p]; !seen || v > cur {
+						wm[p], owner[p] = v, id
+					}
 				}
-				if p, ok := strings.CutPrefix(series, `meterline_aggregate_final_due_seconds{partition="`); ok && v <= cutoff {
-					due = append(due, fmt.Sprintf("partition %s due %s", strings.TrimSuffix(p, `"}`), time.UnixMilli(int64(v*1000)).UTC().Format(time.TimeOnly)))
+				if p, found := strings.CutPrefix(series, `meterline_aggregate_final_due_seconds{partition="`); found && v <= cutoff {
+					due = append(due, fmt.Sprintf("partition %s due %s (aggregate %s)", strings.TrimSuffix(p, `"}`), clock(v), id))
 				}
 			}
 		}
-		if past != nil {
+		if ok {
 			sort.Strings(due)
-			state = fmt.Sprintf("%d of %d partitions past the cutoff, still to go out: %v", len(past), partitions, due)
-			if len(past) == partitions && len(due) == 0 {
+			var behind []string
+			past := 0
+			for p := range int32(partitions) {
+				key := fmt.Sprint(p)
+				v, seen := wm[key]
+				switch {
+				case !seen:
+					behind = append(behind, fmt.Sprintf("partition %d: no running instance reports a watermark (unowned or not restored)", p))
+				case v <= cutoff:
+					behind = append(behind, fmt.Sprintf("partition %d: watermark %s (aggregate %s)", p, clock(v), owner[key]))
+				default:
+					past++
+				}
+			}
+			state = fmt.Sprintf("%d of %d partitions past the cutoff %s; behind it: %v; still to go out: %v", past, partitions, clock(cutoff), behind, due)
+			if past == partitions && len(due) == 0 {
 				break
 			}
 		}
 		if time.Since(start) > caughtUpTimeout {
-			s.t.Fatalf("the aggregator has not emitted everything due by P's cutoff after %s: %s", caughtUpTimeout, state)
+			s.fatalf("no stuck partition, P's FINAL out: the aggregator has not emitted everything due by P's cutoff after %s: %s", caughtUpTimeout, state)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	s.t.Logf("the aggregator emitted everything due by P's cutoff after %s", time.Since(start).Round(time.Millisecond))
+	s.note("the aggregator emitted everything due by P's cutoff after %s", time.Since(start).Round(time.Millisecond))
 }
 
 // finish stops the generator, brings every stage back to instances i1 and
@@ -822,7 +943,7 @@ func (s *suite) finish(g *generator) {
 	// and the later stages catch up strictly.
 	s.waitCaughtUp(s.group("dedup"), func(k schemas.Kind) bool { return k == schemas.KindTick }, s.names.EventsTopic())
 	if now := time.Now().UnixMilli(); now < s.cutoff+5000 {
-		s.t.Fatalf("the load ended before P's cutoff: nothing tested P's FINAL under faults")
+		s.fatalf("the load ended before P's cutoff: nothing tested P's FINAL under faults")
 	}
 	for _, id := range s.running("dedup") {
 		s.stop("dedup", id)

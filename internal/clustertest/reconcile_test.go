@@ -3,6 +3,8 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -18,12 +20,29 @@ type aggKey struct {
 	booked      int64 // ms; adjustments only
 }
 
+// String names the aggregate and the partition of usage.deduped (keyed by
+// customer), and so of the aggregator, that holds it.
 func (k aggKey) String() string {
-	s := fmt.Sprintf("%s/%s/%s", k.cust, k.meter, time.UnixMilli(k.period).UTC().Format(time.DateOnly))
+	s := fmt.Sprintf("%s/%s", k.cust, k.meter)
+	if k.period != 0 {
+		s += "/" + time.UnixMilli(k.period).UTC().Format(time.DateOnly)
+	}
 	if k.booked != 0 {
 		s += " booked " + time.UnixMilli(k.booked).UTC().Format(time.DateOnly)
 	}
-	return s
+	return fmt.Sprintf("%s (aggregator partition %d)", s, customerPartition(k.cust))
+}
+
+// customerPartition is the partition of usage.deduped, and so of the
+// aggregator, that carries a customer's events.
+func customerPartition(cust string) int32 {
+	return schemas.Partition(schemas.CustomerKey(cust), partitions)
+}
+
+// identityPartition is the partition of usage.events, and so of dedup,
+// that decides an identity (its canonical partition).
+func identityPartition(cust, meter, eventID string) int32 {
+	return schemas.Partition(schemas.Identity{CustomerID: cust, Meter: meter, EventID: eventID}.Key(), partitions)
 }
 
 type sumCount struct{ n, sum int64 }
@@ -87,19 +106,19 @@ func (s *suite) reconcile(tr *truth) {
 	query := func(q string, scan func(...any) error, dest ...any) {
 		rows, err := s.ch.Query(ctx, q)
 		if err != nil {
-			s.t.Fatalf("clickhouse: %s: %v", q, err)
+			s.fatalf("clickhouse: %s: %v", q, err)
 		}
 		defer rows.Close()
 		for rows.Next() {
 			if err := rows.Scan(dest...); err != nil {
-				s.t.Fatalf("clickhouse: scan %s: %v", q, err)
+				s.fatalf("clickhouse: scan %s: %v", q, err)
 			}
 			if err := scan(dest...); err != nil {
-				s.t.Fatal(err)
+				s.fatalf("%v", err)
 			}
 		}
 		if err := rows.Err(); err != nil {
-			s.t.Fatalf("clickhouse: %s: %v", q, err)
+			s.fatalf("clickhouse: %s: %v", q, err)
 		}
 	}
 	var (
@@ -120,7 +139,15 @@ func (s *suite) reconcile(tr *truth) {
 	var rows, distinct uint64
 	query("SELECT count(), uniqExact(customer_id, meter, event_id) FROM usage_events", func(...any) error { return nil }, &rows, &distinct)
 	if rows != distinct {
-		add("usage_events: %d rows for %d identities: an event counted twice", rows, distinct)
+		var twice []string
+		var eventID string
+		query("SELECT customer_id, meter, event_id, count() FROM usage_events GROUP BY customer_id, meter, event_id HAVING count() > 1 ORDER BY customer_id, meter, event_id LIMIT 20",
+			func(...any) error {
+				twice = append(twice, fmt.Sprintf("%s/%s/%s %d times (dedup partition %d, aggregator partition %d)",
+					cust, meter, eventID, n, identityPartition(cust, meter, eventID), customerPartition(cust)))
+				return nil
+			}, &cust, &meter, &eventID, &n)
+		add("exactly once in usage_events: %d rows for %d identities, an event counted twice: %s", rows, distinct, strings.Join(twice, "; "))
 	}
 
 	// usage_duplicates and usage_rejected.
@@ -193,24 +220,63 @@ func (s *suite) reconcile(tr *truth) {
 
 	// The topics agree with the tables: usage.deduped holds each identity
 	// once.
-	deduped := 0
-	for _, r := range s.readAll(s.names.DedupedTopic()) {
-		if k, _ := schemas.PeekKind(r.Value); k == schemas.KindDedupedEvent {
-			deduped++
-		}
-	}
-	if deduped != len(tr.idents) {
-		add("usage.deduped: %d events, want %d identities", deduped, len(tr.idents))
-	}
+	s.checkDeduped(tr, add)
 
 	if len(problems) > 0 {
 		if len(problems) > 40 {
 			problems = append(problems[:40], fmt.Sprintf("... %d more", len(problems)-40))
 		}
-		s.t.Fatalf("the outputs do not reconcile with the generator's truth:\n  %s", strings.Join(problems, "\n  "))
+		s.fatalf("the outputs do not reconcile with the generator's truth:\n  %s", strings.Join(problems, "\n  "))
 	}
 	s.t.Logf("reconciled: %d events, %d duplicates, %d rejected, %d adjustments, %d FINAL aggregates of P, %d aggregate revisions",
 		len(tr.idents), tr.copies, sumInts(tr.rejected), late, len(haveFinal), aggRows)
+}
+
+// checkDeduped checks that usage.deduped holds every identity of the
+// truth exactly once, naming each identity that is missing or there more
+// than once with its partition and offsets.
+func (s *suite) checkDeduped(tr *truth, add func(string, ...any)) {
+	at := map[string][]string{} // identity → "partition/offset" of each copy
+	deduped := 0
+	for _, r := range s.readAll(s.names.DedupedTopic()) {
+		if k, _ := schemas.PeekKind(r.Value); k != schemas.KindDedupedEvent {
+			continue
+		}
+		deduped++
+		var e schemas.DedupedEvent
+		if err := schemas.DecodeInto(r.Value, &e); err != nil {
+			add("usage.deduped partition %d offset %d: undecodable event: %v", r.Partition, r.Offset, err)
+			continue
+		}
+		id := string(schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key())
+		at[id] = append(at[id], fmt.Sprintf("%d/%d", r.Partition, r.Offset))
+	}
+	if deduped != len(tr.idents) {
+		add("usage.deduped: %d events, want %d identities", deduped, len(tr.idents))
+	}
+	var twice, missing []string
+	for _, id := range slices.Sorted(maps.Keys(at)) {
+		if len(at[id]) > 1 {
+			twice = append(twice, fmt.Sprintf("%q at partition/offset %v (dedup partition %d)", id, at[id], schemas.Partition([]byte(id), partitions)))
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(tr.idents)) {
+		if _, ok := at[id]; !ok {
+			in := tr.idents[id]
+			missing = append(missing, fmt.Sprintf("%q (dedup partition %d, aggregator partition %d)", id, schemas.Partition([]byte(id), partitions), customerPartition(in.cust)))
+		}
+	}
+	for _, list := range []*[]string{&twice, &missing} {
+		if len(*list) > 10 {
+			*list = append((*list)[:10], fmt.Sprintf("... %d more", len(*list)-10))
+		}
+	}
+	if len(twice) > 0 {
+		add("exactly once in usage.deduped: identities there more than once: %s", strings.Join(twice, "; "))
+	}
+	if len(missing) > 0 {
+		add("no event lost in usage.deduped: identities missing: %s", strings.Join(missing, "; "))
+	}
 }
 
 func compareSums(what string, want, have map[aggKey]sumCount, add func(string, ...any)) {

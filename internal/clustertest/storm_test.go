@@ -35,24 +35,24 @@ func TestRealClusterRebalanceStorm(t *testing.T) {
 		case join:
 			for _, id := range ids {
 				if p := s.proc(st, id); p == nil || p.Exited() {
-					t.Logf("storm: %s %s joins", st, id)
+					s.note("storm: %s %s joins", st, id)
 					s.start(st, id)
 					break
 				}
 			}
 		case rng.Intn(2) == 0:
 			id := run[rng.Intn(len(run))]
-			t.Logf("storm: %s %s leaves (SIGTERM)", st, id)
+			s.note("storm: %s %s leaves (SIGTERM)", st, id)
 			s.stop(st, id)
 		default:
 			id := run[rng.Intn(len(run))]
-			t.Logf("storm: %s %s dies (kill -9)", st, id)
+			s.note("storm: %s %s dies (kill -9)", st, id)
 			s.kill(st, id)
 		}
 		changes++
 		s.sleep(time.Duration(2000+rng.Intn(2000)) * time.Millisecond)
 	}
-	t.Logf("storm: %d joins and leaves in %s", changes, time.Since(start).Round(time.Second))
+	s.note("storm: %d joins and leaves in %s", changes, time.Since(start).Round(time.Second))
 	if wait := time.Until(time.UnixMilli(s.cutoff).Add(10 * time.Second)); wait > 0 {
 		s.sleep(wait)
 	}

@@ -25,7 +25,7 @@ const sinkGroup = "meterline-sink"
 var databaseName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // sinkTables are the sink's tables, in report order.
-var sinkTables = []string{sink.TableEvents, sink.TableDuplicates, sink.TableRejected, sink.TableAdjustments, sink.TableAggregates}
+var sinkTables = []string{sink.TableEvents, sink.TableDuplicates, sink.TableRejected, sink.TableAdjustments, sink.TableAggregates, sink.TableBalances}
 
 // prepareDatabase drops the demo's database and creates it again, migrated.
 // It must be empty at the start of a run: the embedded broker starts
@@ -107,7 +107,7 @@ func expectedRows(ctx context.Context, brokers []string, names topics.Names) (ma
 	for table, topic := range map[string]string{
 		sink.TableEvents: names.DedupedTopic(), sink.TableDuplicates: names.DuplicatesTopic(),
 		sink.TableRejected: names.RejectedTopic(), sink.TableAdjustments: names.AdjustmentsTopic(),
-		sink.TableAggregates: names.AggregatesTopic(),
+		sink.TableAggregates: names.AggregatesTopic(), sink.TableBalances: names.BalancesTopic(),
 	} {
 		recs, err := topics.ReadCommitted(ctx, brokers, topic, nil)
 		if err != nil {
@@ -128,7 +128,12 @@ type chResult struct {
 	addr, db   string
 	counts     map[string]int64
 	meterTotal map[string]int64 // latest revision of every aggregate + adjustments, per meter
-	err        error            // the tables could not be read
+	// aggRejected counts usage_rejected's rows of stage aggregator by
+	// reason; drawn sums what the grants of each customer's latest
+	// balance in usage_balances have paid.
+	aggRejected map[string]int64
+	drawn       int64
+	err         error // the tables could not be read
 }
 
 // waitSink waits until every sink table holds as many rows as its topic
@@ -154,8 +159,41 @@ func waitSink(conn driver.Conn, addr, db string, want map[string]int64, d time.D
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res.meterTotal, res.err = meterTotals(ctx, conn)
+	if res.meterTotal, res.err = meterTotals(ctx, conn); res.err != nil {
+		return res
+	}
+	res.aggRejected, res.drawn, res.err = entitlementRows(ctx, conn)
 	return res
+}
+
+// entitlementRows reads the aggregator's rejections by reason from
+// usage_rejected, and the micro-credits drawn from grants as the latest
+// balance of each customer in usage_balances has them.
+func entitlementRows(ctx context.Context, conn driver.Conn) (map[string]int64, int64, error) {
+	rows, err := conn.Query(ctx, "SELECT reason, count() FROM "+sink.TableRejected+" WHERE stage = 'aggregator' GROUP BY reason")
+	if err != nil {
+		return nil, 0, fmt.Errorf("demo: rejections by the aggregator: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var reason string
+		var n uint64
+		if err := rows.Scan(&reason, &n); err != nil {
+			return nil, 0, err
+		}
+		out[reason] = int64(n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	var drawn int64
+	err = conn.QueryRow(ctx, `SELECT toInt64(sum(c)) FROM (SELECT customer_id, argMax(arraySum(grant_consumed), revision) AS c FROM `+
+		sink.TableBalances+` GROUP BY customer_id)`).Scan(&drawn)
+	if err != nil {
+		return nil, 0, fmt.Errorf("demo: credits drawn: %w", err)
+	}
+	return out, drawn, nil
 }
 
 func equalCounts(have, want map[string]int64) bool {

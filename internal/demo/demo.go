@@ -88,6 +88,8 @@ type Config struct {
 	onCaughtUp func(caughtUpState)
 	// curl is the command printed for the HTTP ingest.
 	curl string
+	// dedupTick, in tests, replaces dedup's tick interval of a second.
+	dedupTick time.Duration
 }
 
 // httpMeter is the meter of the demo's HTTP ingest key: the generator
@@ -167,6 +169,15 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 
 	d := &demoRun{cfg: cfg, brokers: cluster.ListenAddrs(), names: topics.DefaultNames(), errc: make(chan error, 5),
 		dedupStage: make(chan *dedup.Stage, 1)}
+	d.ent = newEntSetup(cfg, d.names)
+	if err := d.ent.write(ctx, d.brokers); err != nil {
+		return false, err
+	}
+	reference, err := d.ent.model(ctx, d.brokers)
+	if err != nil {
+		return false, err
+	}
+	fmt.Fprintf(cfg.Out, "%s\n\n", d.ent.describe())
 	d.runCtx, d.stopAll = context.WithCancel(context.Background())
 	defer d.stopAll()
 	// The sink stops after the other stages, once it has written all their
@@ -185,7 +196,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		return false, err
 	}
 	defer p.Close()
-	d.truth = newTruth()
+	d.truth = newTruth(reference)
 	rng := rand.New(rand.NewSource(d.cfg.Seed))
 	gen := &generator{p: p, topic: d.names.EventsTopic(), rate: d.cfg.Rate, rng: rng, truth: d.truth}
 	genCtx, stopGen := context.WithCancel(ctx)
@@ -211,7 +222,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		return false, err
 	}
 	fmt.Fprintf(d.cfg.Out, "\ngenerator stopped; waiting for the stages to catch up ...\n")
-	if err := waitCaughtUp(d.brokers, 2*time.Minute); err != nil {
+	if err := waitCaughtUp(d.brokers, d.names, d.cfg.Registry, 2*time.Minute); err != nil {
 		return false, err
 	}
 	page.caughtUp()
@@ -219,7 +230,7 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return report(d.cfg.Out, d.brokers, d.names, d.truth, d.rec, ch)
+	return report(d.cfg.Out, d.brokers, d.names, d.truth, d.rec, ch, d.ent)
 }
 
 // ensureDefaults fills in the defaults of the fields left zero.
@@ -305,6 +316,8 @@ type demoRun struct {
 
 	truth *truth
 	view  *aggView
+	// ent is what the demo wrote to usage.entitlements.
+	ent *entSetup
 }
 
 // streamConfig is the stream configuration of the demo's stage of group.
@@ -323,7 +336,8 @@ const demoMeters = "meters:\n  - {name: api_calls, aggregation: SUM, unit: reque
 // startStages starts the aggregator, the sink when withSink, and dedup.
 func (d *demoRun) startStages(ctx context.Context, withSink bool) error {
 	d.cat, _ = aggregator.ParseMeters([]byte(demoMeters))
-	acfg := aggregator.Config{Stream: d.streamConfig(aggGroup, "demo"), Topics: d.names, Meters: d.cat, Period: aggregator.Hour, Grace: 30 * time.Second}
+	acfg := aggregator.Config{Stream: d.streamConfig(aggGroup, "demo"), Topics: d.names, Meters: d.cat, Period: aggregator.Hour, Grace: 30 * time.Second,
+		Entitlements: true}
 	as, err := aggregator.New(ctx, acfg)
 	if err != nil {
 		return err
@@ -377,7 +391,11 @@ func (d *demoRun) startDedup() error {
 	if err != nil {
 		return err
 	}
-	dcfg := dedup.Config{Stream: d.streamConfig(dedupGroup, "demo"), Topics: d.names, TickInterval: time.Second,
+	tick := time.Second
+	if d.cfg.dedupTick > 0 {
+		tick = d.cfg.dedupTick
+	}
+	dcfg := dedup.Config{Stream: d.streamConfig(dedupGroup, "demo"), Topics: d.names, TickInterval: tick,
 		Keys: []dedup.Key{key}, Sources: append(append([]string{}, services...), buggySource)}
 	d.wg.Add(1)
 	go func() {
@@ -706,28 +724,4 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 		fmt.Fprintf(&b, "    %-10s %10d %12d %11d\n", c, cur[c]["api_calls"], cur[c]["tokens"], cur[c]["storage_mb"])
 	}
 	fmt.Fprint(w, b.String())
-}
-
-func waitCaughtUp(brokers []string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		rows, err := lag.Compute(ctx, kafka.Config{Brokers: brokers}, []string{dedupGroup, aggGroup}, time.Now())
-		cancel()
-		if err == nil {
-			behind := int64(0)
-			groups := map[string]bool{}
-			for _, r := range rows {
-				behind += r.Records
-				groups[r.Group] = true
-			}
-			if behind == 0 && len(groups) == 2 {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: the stages did not catch up within %s (last error: %v)", d, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

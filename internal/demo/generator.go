@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/entitlements/entref"
 	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
 )
@@ -34,11 +35,38 @@ type truth struct {
 	conflict int64
 	late     int64
 	bad      map[string]int64            // reason → count
-	totals   map[string]map[string]int64 // customer → meter → quantity
+	totals   map[string]map[string]int64 // customer → meter → quantity accepted
+	// ent decides each unique event as the aggregator must (nil: the
+	// demo runs without entitlements); entRejected counts the events it
+	// rejects by reason, drawn the micro-credits grants paid, charged
+	// every micro-credit accepted events cost (grants and overdraft).
+	ent         *entref.Model
+	entRejected map[string]int64
+	drawn       int64
+	charged     int64
 }
 
-func newTruth() *truth {
-	return &truth{bad: map[string]int64{}, totals: map[string]map[string]int64{}}
+func newTruth(ent *entref.Model) *truth {
+	return &truth{bad: map[string]int64{}, totals: map[string]map[string]int64{}, ent: ent, entRejected: map[string]int64{}}
+}
+
+// decide decides an event of the generator's with the reference model and
+// reports whether it is counted; the caller holds mu.
+func (t *truth) decide(e producer.Event, arrival time.Time) bool {
+	if t.ent == nil {
+		return true
+	}
+	d := t.ent.Decide(e.CustomerID, entref.Event{Meter: e.Meter, Aggregation: "SUM", Quantity: e.Quantity,
+		EventTime: e.EventTime.UnixMilli(), Arrival: arrival.UnixMilli()})
+	if d.Outcome != entref.Accepted {
+		t.entRejected[d.Outcome]++
+		return false
+	}
+	for _, dr := range d.Draws {
+		t.drawn += dr.Amount
+	}
+	t.charged += d.Cost
+	return true
 }
 
 // badTotal is how many bad records were sent, of every reason; the caller
@@ -126,7 +154,13 @@ func (g *generator) one() error {
 		qty = int64(1 + g.rng.Intn(100))
 	}
 	et := now.Add(-time.Duration(g.rng.Intn(20_000)) * time.Millisecond)
-	late := r > 0.98
+	if planned(c) {
+		// Reported at once, so that the rate card, written just before
+		// the run, prices every one (see entitlements.go).
+		et = now
+	}
+	// No late events for the customers with a plan: see entitlements.go.
+	late := r > 0.98 && !planned(c)
 	if late {
 		// Usage reported long after its hour closed: an adjustment.
 		et = now.Add(-2*time.Hour - time.Duration(g.rng.Intn(3600))*time.Second)
@@ -141,13 +175,15 @@ func (g *generator) one() error {
 	g.send(rec)
 	g.truth.mu.Lock()
 	g.truth.unique++
-	if late {
-		g.truth.late++
+	if g.truth.decide(e, now) {
+		if late {
+			g.truth.late++
+		}
+		if g.truth.totals[c] == nil {
+			g.truth.totals[c] = map[string]int64{}
+		}
+		g.truth.totals[c][m] += qty
 	}
-	if g.truth.totals[c] == nil {
-		g.truth.totals[c] = map[string]int64{}
-	}
-	g.truth.totals[c][m] += qty
 	g.truth.mu.Unlock()
 	if len(g.recent) < 2000 {
 		g.recent = append(g.recent, sentEvent{e})

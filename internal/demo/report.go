@@ -15,7 +15,7 @@ import (
 // report reads the committed output topics and checks them against the
 // generator's ground truth. It returns false on any mismatch.
 // With ch (the sink ran), it also checks the sink's ClickHouse tables.
-func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *recovery, ch *chResult) (bool, error) {
+func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *recovery, ch *chResult, ent *entSetup) (bool, error) {
 	out, err := readOutputs(brokers, names)
 	if err != nil {
 		return false, err
@@ -28,6 +28,9 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 	fmt.Fprintf(w, "\n== Reconciliation: committed output topics against the generator's ground truth\n")
 	fmt.Fprintf(w, "   (%s)\n", rec)
 	r.checkTopics(tr, t)
+	if ent != nil {
+		r.checkEntitlements(tr, t, ent)
+	}
 	if t.httpEvents+t.httpDups > 0 {
 		fmt.Fprintf(w, "   posted over HTTP (meter %s, not generated): %d events counted, %d duplicates dropped, total %d\n",
 			httpMeter, t.httpEvents, t.httpDups, t.httpTotal)
@@ -48,7 +51,7 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 
 // outputs are the values of the committed records of the output topics.
 type outputs struct {
-	deduped, dups, rejected, aggs, adjs [][]byte
+	deduped, dups, rejected, aggs, adjs, balances [][]byte
 }
 
 // readOutputs reads the output topics, read_committed, from the start.
@@ -65,6 +68,7 @@ func readOutputs(brokers []string, names topics.Names) (outputs, error) {
 		{names.RejectedTopic(), &out.rejected},
 		{names.AggregatesTopic(), &out.aggs},
 		{names.AdjustmentsTopic(), &out.adjs},
+		{names.BalancesTopic(), &out.balances},
 	} {
 		recs, err := topics.ReadCommitted(ctx, brokers, t.topic, nil)
 		if err != nil {
@@ -84,7 +88,12 @@ type tally struct {
 	counted, conflicts, duplicates int
 	httpEvents, httpDups           int64
 	byReason                       map[string]int64
-	rejected                       int
+	rejected                       int // by dedup: bad records
+	// aggRejected counts the aggregator's rejections by reason; balances
+	// is the latest balance of each customer, nBalances the records.
+	aggRejected map[string]int64
+	balances    map[string]*schemas.Balance
+	nBalances   int
 	// latest is the latest revision of every aggregate, finals how many of
 	// them are FINAL.
 	latest map[string]*schemas.Aggregate
@@ -101,7 +110,8 @@ type tally struct {
 // tallyOutputs counts the output topics' records.
 func tallyOutputs(out outputs) tally {
 	t := tally{byReason: map[string]int64{}, latest: map[string]*schemas.Aggregate{}, got: map[string]map[string]int64{},
-		rejected: len(out.rejected), adjs: len(out.adjs), aggs: len(out.aggs)}
+		adjs: len(out.adjs), aggs: len(out.aggs), aggRejected: map[string]int64{}, balances: map[string]*schemas.Balance{},
+		nBalances: len(out.balances)}
 	for _, v := range out.deduped {
 		if k, _ := schemas.PeekKind(v); k == schemas.KindDedupedEvent {
 			var e schemas.DedupedEvent
@@ -126,8 +136,22 @@ func tallyOutputs(out outputs) tally {
 	}
 	for _, v := range out.rejected {
 		var r schemas.Rejected
-		if err := schemas.DecodeInto(v, &r); err == nil {
+		err := schemas.DecodeInto(v, &r)
+		if err == nil && r.Stage == "aggregator" {
+			t.aggRejected[r.Reason]++
+			continue
+		}
+		t.rejected++
+		if err == nil {
 			t.byReason[r.Reason]++
+		}
+	}
+	for _, v := range out.balances {
+		var b schemas.Balance
+		if schemas.DecodeInto(v, &b) == nil {
+			if cur := t.balances[b.CustomerID]; cur == nil || b.Revision > cur.Revision {
+				t.balances[b.CustomerID] = &b
+			}
 		}
 	}
 	t.tallyAggregates(out)
@@ -221,6 +245,51 @@ func (r *reconciler) checkTopics(tr *truth, t tally) {
 	fmt.Fprintf(r.w, "   %d aggregates (%d FINAL), %d adjustments\n", len(t.latest), t.finals, t.adjs)
 }
 
+// checkEntitlements checks the aggregator's rejections and the credits its
+// balances say were drawn against the truth tr (its lock held).
+func (r *reconciler) checkEntitlements(tr *truth, t tally, ent *entSetup) {
+	r.check("refused by a cap (over_limit, aggregator)", tr.entRejected[schemas.ReasonOverLimit], t.aggRejected[schemas.ReasonOverLimit])
+	r.check("refused for want of credit (no_credit)", tr.entRejected[schemas.ReasonNoCredit], t.aggRejected[schemas.ReasonNoCredit])
+	var other int64
+	for reason, n := range t.aggRejected {
+		if reason != schemas.ReasonOverLimit && reason != schemas.ReasonNoCredit {
+			other += n
+		}
+	}
+	r.check("other refusals by the aggregator", 0, other)
+	r.check("micro-credits drawn from grants (usage.balances)", tr.drawn, grantsConsumed(t.balances))
+	if b := t.balances[freeCustomer]; b != nil {
+		for _, m := range b.Meters {
+			fmt.Fprintf(r.w, "   %s (%s) used %d of its cap of %d %s this hour; %s (%s) has %d micro-credits left of %d\n",
+				freeCustomer, b.Plan, m.Usage, m.Limit, m.Meter, prepaidCustomer, prepaidPlan, grantsLeft(t.balances[prepaidCustomer]), ent.grantCalls*apiCallRate)
+		}
+	}
+	fmt.Fprintf(r.w, "   %d balances in %s\n", t.nBalances, "usage.balances")
+}
+
+// grantsConsumed sums what every grant of the balances has paid.
+func grantsConsumed(bs map[string]*schemas.Balance) int64 {
+	var n int64
+	for _, b := range bs {
+		for _, g := range b.Grants {
+			n += g.Consumed
+		}
+	}
+	return n
+}
+
+// grantsLeft sums what the grants of b have left (0 for nil).
+func grantsLeft(b *schemas.Balance) int64 {
+	if b == nil {
+		return 0
+	}
+	var n int64
+	for _, g := range b.Grants {
+		n += g.Remaining
+	}
+	return n
+}
+
 // checkClickHouse checks the sink's tables ch against the truth tr (its
 // lock held) and the topics' tally t.
 func (r *reconciler) checkClickHouse(tr *truth, t tally, ch *chResult) {
@@ -232,7 +301,15 @@ func (r *reconciler) checkClickHouse(tr *truth, t tally, ch *chResult) {
 	}
 	r.check(sink.TableEvents+" rows = unique events", tr.unique, ch.counts[sink.TableEvents]-t.httpEvents)
 	r.check(sink.TableDuplicates+" rows = copies sent", tr.copies, ch.counts[sink.TableDuplicates]-t.httpDups)
-	r.check(sink.TableRejected+" rows = bad events", tr.badTotal(), ch.counts[sink.TableRejected])
+	var refused int64
+	for _, n := range tr.entRejected {
+		refused += n
+	}
+	r.check(sink.TableRejected+" rows = bad events + refused", tr.badTotal()+refused, ch.counts[sink.TableRejected])
+	r.check("  stage aggregator, over_limit", tr.entRejected[schemas.ReasonOverLimit], ch.aggRejected[schemas.ReasonOverLimit])
+	r.check("  stage aggregator, no_credit", tr.entRejected[schemas.ReasonNoCredit], ch.aggRejected[schemas.ReasonNoCredit])
+	r.check(sink.TableBalances+" rows = usage.balances records", int64(t.nBalances), ch.counts[sink.TableBalances])
+	r.check("micro-credits drawn ("+sink.TableBalances+")", tr.drawn, ch.drawn)
 	r.check(sink.TableAdjustments+" rows = late events", tr.late, ch.counts[sink.TableAdjustments]-int64(t.adjs-t.lateAdjs))
 	r.check(sink.TableAggregates+" rows = topic revisions", int64(t.aggs), ch.counts[sink.TableAggregates])
 	for _, m := range meters {

@@ -93,6 +93,7 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	go follow(ctx, brokers, names.AdjustmentsTopic(), adj.add)
 	srv.AddTable(func() service.Table { return thisHourTable(view, time.Now()) })
 	srv.AddTable(func() service.Table { return totalsTable(view, adj, tr) })
+	srv.AddTable(as.EntitlementsTable)
 	p.srv, p.addr, p.stop, p.done = srv, srv.Addr(), cancel, make(chan error, 1)
 	p.caught.statusURL = "http://" + p.addr + "/"
 	go func() { p.done <- srv.Run(ctx) }()

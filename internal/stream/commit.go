@@ -219,6 +219,17 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	if ferr != nil || failed != nil {
 		try = kgo.TryAbort
 	}
+	// Every changelog record of the transaction is written now: a restore
+	// that begins from here on lists an end past them and replays them if
+	// the transaction commits. One that began earlier, for a partition the
+	// transaction wrote to, may have listed its end before them: the
+	// transaction must not commit (see staleEpochs).
+	if try == kgo.TryCommit {
+		if stale := rt.staleEpochs(); len(stale) > 0 {
+			rt.log.Info("aborting the transaction: partitions it wrote to were revoked or assigned anew since", zap.Int32s("partitions", stale))
+			try = kgo.TryAbort
+		}
+	}
 	// End flushes, so every promise has run when it returns. It is never
 	// cancelled half-way (kgo: that leaves the client in an invalid state);
 	// the deadline bounds it.
@@ -232,6 +243,25 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	perr = rt.prodErr
 	rt.prodMu.Unlock()
 	return committed, perr, err
+}
+
+// staleEpochs returns the partitions the open transaction wrote to that
+// have been revoked or assigned anew (a new epoch, its restore begun) since
+// it first did. Their writes must not commit: apply would skip them, and a
+// new restore that listed the changelog's end before they were written
+// would never replay them, so the partition's new instance would start from
+// a state without them (and, for work kept as a cursor in state, do that
+// work again).
+func (rt *Runtime) staleEpochs() []int32 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var out []int32
+	for _, p := range sortedPartitions(rt.ovs) {
+		if st, ok := rt.parts[p]; !ok || st.epoch != rt.txEpoch[p] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // notCommitted handles a transaction that did not commit cleanly (End
@@ -296,8 +326,10 @@ func (rt *Runtime) reportStateBytes() {
 
 // apply writes the committed overlay and the checkpoints to Pebble in one
 // atomic batch. A partition whose restore began since the transaction
-// started (a new epoch) is skipped: its restore replays the changelog
-// anyway, and writing here could overwrite newer replayed values. at dates
+// started (a new epoch) is skipped: that restore began after the
+// transaction's changelog records were written (end aborts a transaction
+// whose partition changed epoch before, staleEpochs), so it replays them,
+// and writing here could overwrite newer replayed values. at dates
 // the checkpoints (Checkpoint.At): taken before the transaction's changelog
 // records were produced.
 func (rt *Runtime) apply(at time.Time) error {

@@ -315,11 +315,20 @@ func (s *suite) sentTo(p int32, extra bool) int64 {
 // config and processor before it starts.
 func (s *suite) start(id string, fs vfs.FS, mod ...func(*Config, *countProc)) *instance {
 	s.t.Helper()
-	cfg := s.config(id, fs)
 	proc := &countProc{output: s.output}
-	for _, m := range mod {
-		m(&cfg, proc)
-	}
+	return s.startProc(id, fs, proc, func(cfg *Config) {
+		for _, m := range mod {
+			m(cfg, proc)
+		}
+	})
+}
+
+// startProc is start with any processor; mod changes the config before it
+// starts. The instance's proc is set when the processor is a *countProc.
+func (s *suite) startProc(id string, fs vfs.FS, proc Processor, mod func(*Config)) *instance {
+	s.t.Helper()
+	cfg := s.config(id, fs)
+	mod(&cfg)
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	rt, err := New(cfg, proc)
@@ -327,7 +336,8 @@ func (s *suite) start(id string, fs vfs.FS, mod ...func(*Config, *countProc)) *i
 		s.t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	in := &instance{t: s.t, id: id, rt: rt, reg: reg, proc: proc, stop: stop, done: make(chan struct{})}
+	in := &instance{t: s.t, id: id, rt: rt, reg: reg, stop: stop, done: make(chan struct{})}
+	in.proc, _ = proc.(*countProc)
 	go func() {
 		defer close(in.done)
 		in.err = rt.Run(ctx)
@@ -500,32 +510,14 @@ func (s *suite) verify(lastOwner *instance, fs vfs.FS) {
 	}
 
 	// The changelog: the latest record of each key, per partition.
-	log := make([]map[string][]byte, s.parts)
-	for p := range log {
-		log[p] = map[string][]byte{}
-	}
-	for _, r := range s.readChangelog() {
-		log[r.Partition][string(r.Key)] = r.Value // nil: a tombstone
-	}
+	log := s.changelogState()
 	st, err := OpenStore("state-"+lastOwner.id, fs, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
 	for p := range s.parts {
-		local := map[string]string{}
-		if err := st.Scan(p, nil, nil, func(k, v []byte) error {
-			local[string(k)] = string(v)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		changelog := map[string]string{}
-		for k, v := range log[p] {
-			if v != nil {
-				changelog[k] = string(v)
-			}
-		}
+		local, changelog := s.storeState(st, p), log[p]
 		for where, state := range map[string]map[string]string{"changelog": changelog, lastOwner.id + "'s local state": local} {
 			if next, err := decodeOffset([]byte(state[keyInputOffset])); err != nil || next != s.sentTo(p, false) {
 				t.Errorf("partition %d: %s says the next input offset is %d (%v), want %d", p, where, next, err, s.sentTo(p, false))
@@ -579,6 +571,37 @@ func (s *suite) listChangelogEnd() ([]int64, error) {
 	out := make([]int64, s.parts)
 	offs.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	return out, nil
+}
+
+// changelogState returns each partition's latest value of every key in the
+// changelog (a key whose latest record is a tombstone is absent).
+func (s *suite) changelogState() []map[string]string {
+	s.t.Helper()
+	out := make([]map[string]string, s.parts)
+	for p := range out {
+		out[p] = map[string]string{}
+	}
+	for _, r := range s.readChangelog() {
+		if r.Value == nil {
+			delete(out[r.Partition], string(r.Key))
+		} else {
+			out[r.Partition][string(r.Key)] = string(r.Value)
+		}
+	}
+	return out
+}
+
+// storeState returns partition p's keys and values in st.
+func (s *suite) storeState(st *Store, p int32) map[string]string {
+	s.t.Helper()
+	out := map[string]string{}
+	if err := st.Scan(p, nil, nil, func(k, v []byte) error {
+		out[string(k)] = string(v)
+		return nil
+	}); err != nil {
+		s.t.Fatal(err)
+	}
+	return out
 }
 
 // readChangelog returns the changelog's committed records.

@@ -48,19 +48,36 @@ func (g *groupSim) bal(id string) kgo.GroupBalancer {
 // returns each member's assignment.
 func (g *groupSim) rebalance(t *testing.T, members []string, counts map[string]int32) (map[string]map[string][]int32, error) {
 	t.Helper()
-	members = slices.Sorted(slices.Values(members)) // kgo sorts by member ID
+	got, err := syncRound(t, g.bal, g.topics, members, g.last, g.gen, counts)
+	if err != nil {
+		return nil, err
+	}
+	g.gen++
+	g.last = got
+	return got, nil
+}
+
+// syncRound plays one round of a classic consumer group at generation gen
+// through the balancers' public interface: each member's join metadata is
+// written by its balancer (bal) from its last assignment, the leader (the
+// first member by ID, as kgo sorts them) plans, the plan goes through
+// IntoSyncAssignment and each member's balancer parses its own share. It
+// returns each member's assignment, or the plan's error.
+func syncRound(t *testing.T, bal func(id string) kgo.GroupBalancer, topics, members []string, last map[string]map[string][]int32, gen int32, counts map[string]int32) (map[string]map[string][]int32, error) {
+	t.Helper()
+	members = slices.Sorted(slices.Values(members))
 	var join []kmsg.JoinGroupResponseMember
 	for _, id := range members {
 		m := kmsg.NewJoinGroupResponseMember()
 		m.MemberID = id
-		m.ProtocolMetadata = g.bal(id).JoinGroupMetadata(slices.Clone(g.topics), g.last[id], g.gen)
+		m.ProtocolMetadata = bal(id).JoinGroupMetadata(slices.Clone(topics), last[id], gen)
 		join = append(join, m)
 	}
-	mb, interests, err := g.bal(members[0]).MemberBalancer(join)
+	mb, interests, err := bal(members[0]).MemberBalancer(join)
 	if err != nil {
 		t.Fatalf("MemberBalancer: %v", err)
 	}
-	for _, tp := range g.topics {
+	for _, tp := range topics {
 		if _, ok := interests[tp]; !ok {
 			t.Fatalf("interests %v lack %s", interests, tp)
 		}
@@ -69,16 +86,14 @@ func (g *groupSim) rebalance(t *testing.T, members []string, counts map[string]i
 	if err != nil {
 		return nil, err
 	}
-	g.gen++
 	got := map[string]map[string][]int32{}
 	for _, a := range into.IntoSyncAssignment() {
-		m, err := g.bal(a.MemberID).ParseSyncAssignment(a.MemberAssignment)
+		m, err := bal(a.MemberID).ParseSyncAssignment(a.MemberAssignment)
 		if err != nil {
 			t.Fatalf("ParseSyncAssignment for %s: %v", a.MemberID, err)
 		}
 		got[a.MemberID] = m
 	}
-	g.last = got
 	return got, nil
 }
 

@@ -70,38 +70,22 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	if err == nil && !has {
 		// No checkpoint: whatever is there is not known to match the
 		// changelog. Start from nothing.
-		b := rt.store.newBatch()
-		b.dropPartition(p)
-		err = b.commit()
+		err = rt.store.wipe(p)
 	}
 	rt.mu.Unlock()
 	if err != nil {
 		return nil, 0, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
 	}
-	hw, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
-	if err != nil {
-		return nil, 0, err
-	}
-	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
-	if err != nil {
-		return nil, 0, err
-	}
-	if !has {
-		cp = Checkpoint{}
-	}
-	if cp.Offset > hw {
-		return nil, 0, fmt.Errorf("stream: restore partition %d: checkpoint %d beyond changelog end %d: the changelog was recreated or truncated; delete the state directory to rebuild from it", p, cp.Offset, hw)
-	}
-
 	// DESIGN §6.8: a tail replay only while every tombstone past the
 	// checkpoint is certain to be still in the changelog.
-	retention := rt.deleteRetention(ctx, adm, log)
+	cs, err := rt.planCopy(ctx, adm, log, p, "restore", cp, has)
+	if err != nil {
+		return nil, 0, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
-	now := rt.cfg.Clock.Now()
-	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: hw,
-		Retention: retention, Rate: rt.restoreRate()})
+	plan, hw, logStart, retention := cs.plan, cs.end, cs.logStart, cs.retention
 	rt.noteRestore(p, plan)
 	fields := []zap.Field{zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
 		zap.Int64("checkpoint", cp.Offset), zap.Int64("log_start", logStart), zap.Int64("to", hw), zap.Bool("had_state", has),
@@ -119,21 +103,14 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 		log.Error(msg, fields...)
 	}
 
-	from, at := cp.Offset, cp.At
+	from, at := cs.from, cs.at
 	if plan.Full {
-		// Wipe and replay from the start. The replay's checkpoints are
-		// dated now, before its first read: a key it reads had no tombstone
-		// cleaned yet (a cleaning drops older values with the tombstone),
-		// so every tombstone it has still to read is kept until at least
-		// now + delete.retention.ms.
+		// Wipe and replay from the start (planCopy dates its checkpoints).
 		if has {
-			b := rt.store.newBatch()
-			b.dropPartition(p)
-			if err := b.commit(); err != nil {
+			if err := rt.store.wipe(p); err != nil {
 				return nil, 0, fmt.Errorf("stream: restore partition %d: wipe state: %w", p, err)
 			}
 		}
-		from, at = logStart, now
 		warm = nil // built from the state in Open
 	}
 	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from), zap.Bool("warm", warm != nil))...)
@@ -177,10 +154,23 @@ func (rt *Runtime) checkInputOffset(p int32, topic string, committed int64) erro
 		}
 	}
 	if state != committed {
-		return fmt.Errorf("stream: restore partition %d: %w: state says the next input offset of %s is %s, the group %s has committed %s; refusing to re-count (was the group's offset reset, or the changelog deleted?)",
-			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed))
+		return fmt.Errorf("stream: restore partition %d: %w: state says the next input offset of %s is %s, the group %s has committed %s; refusing to re-count (%s)",
+			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed), rt.mismatchHint(state, committed))
 	}
 	return nil
+}
+
+// mismatchHint says what most likely made a partition's state and its
+// group's committed offset disagree.
+func (rt *Runtime) mismatchHint(state, committed int64) string {
+	switch {
+	case committed < 0:
+		return fmt.Sprintf("the group has committed nothing on it: a new or renamed group on the state of changelog %s, which another group committed; run with that group, or with a new changelog and an empty state directory to count the input again from its start", rt.cfg.ChangelogTopic)
+	case state < 0:
+		return fmt.Sprintf("the state has no input offset: changelog %s is new, or was deleted or recreated, while the group kept its offsets", rt.cfg.ChangelogTopic)
+	default:
+		return "was the group's offset reset, or the changelog deleted and written again?"
+	}
 }
 
 // changelogOffset lists the start or end offset of changelog partition p.
@@ -231,99 +221,36 @@ func offsetString(o int64) string {
 }
 
 // replay reads the changelog partition read_committed from `from` until it
-// has seen offset hw-1. Control records (transaction markers) are kept so
-// the end is recognised even when the last offsets are markers; a previous
-// owner's transaction still open below hw holds the read at the LSO until
-// it commits or aborts.
+// has seen offset hw-1, in batches of restoreBatch records that each move
+// the checkpoint (changelogCopy). Control records (transaction markers) are
+// kept so the end is recognised even when the last offsets are markers; a
+// previous owner's transaction still open below hw holds the read at the
+// LSO until it commits or aborts.
 // at dates the checkpoints it writes (Checkpoint.At).
 // warm, when not nil, is given every record once its batch is committed.
 func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time, warm WarmState) (int64, error) {
-	cl, err := rt.newClient(
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		// Below the log start: retention removed records since the offsets
-		// were listed; a checkpoint that was already below it means a full
-		// restore (planRestore).
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)
+	c, err := rt.newChangelogCopy(p, "restore", from, warm)
 	if err != nil {
 		return 0, err
 	}
-	defer cl.Close()
+	defer c.close()
 	gauge := rt.m.restoring.WithLabelValues(fmt.Sprint(p))
 	var n int64
-	b := rt.store.newBatch()
-	pos := from
-	var applied []*kgo.Record // for warm, once committed
-	flush := func() error {
-		b.checkpoint(p, Checkpoint{Offset: pos, At: at})
-		if err := b.commit(); err != nil {
-			return fmt.Errorf("stream: restore partition %d: write state: %w", p, err)
-		}
-		for _, r := range applied {
-			warm.Apply(r.Key, r.Value)
-		}
-		applied = applied[:0]
-		if warm != nil {
-			if err := rt.applyLocalDeletes(p, warm); err != nil {
-				return err
-			}
-		}
-		b = rt.store.newBatch()
-		return nil
-	}
-	for pos < hw {
-		gauge.Set(float64(hw - pos))
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			b.b.Close()
+	for c.pos < hw {
+		gauge.Set(float64(hw - c.pos))
+		fs, err := c.fetch(ctx, 0)
+		if err != nil {
 			return n, err
 		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil && !errors.Is(err, context.Canceled) {
-				ferr = fmt.Errorf("stream: restore partition %d: fetch changelog: %w", p, err)
-			}
-		})
-		if ferr != nil {
-			b.b.Close()
-			return n, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset >= hw {
-				// Past the bound read at the start: everything below it
-				// has been read. This is how a previous owner's
-				// transaction that was open at hw and then aborted ends
-				// the replay: read_committed never delivers its aborted
-				// records below hw, and its abort marker lands at or past
-				// hw, so pos would otherwise never reach hw.
-				pos = hw
-				return
-			}
-			pos = r.Offset + 1
-			if r.Attrs.IsControl() {
-				return
-			}
-			if r.Value == nil {
-				b.del(p, r.Key)
-			} else {
-				b.set(p, r.Key, r.Value)
-			}
-			if warm != nil {
-				applied = append(applied, r)
-			}
-			n++
-			rt.m.restoreRecords.Inc()
-		})
-		if b.n >= restoreBatch || pos >= hw {
-			if err := flush(); err != nil {
+		added := c.add(fs, hw)
+		n += int64(added)
+		rt.m.restoreRecords.Add(float64(added))
+		if c.pending() >= restoreBatch || c.pos >= hw {
+			if err := c.commit(at); err != nil {
 				return n, err
 			}
 			fault.Hit(fault.DuringRestore)
-			b.n = 0
 		}
 	}
-	b.b.Close()
 	return n, nil
 }

@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -296,6 +297,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 		}
 	}
 	rt.sess.Client().PauseFetchPartitions(pause)
+	var reassigned []int32
 	rt.mu.Lock()
 	for p := range parts {
 		committed := make(map[string]int64, len(inputs))
@@ -315,12 +317,22 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			// would skip existing input.
 			offsets[t][p] = kgo.NoResetOffset().AtStart()
 		}
-		if old, ok := rt.parts[p]; ok && old.cancel != nil {
+		old, held := rt.parts[p]
+		if held && old.cancel != nil {
 			old.cancel()
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		ps := &partState{epoch: epochSeq.Add(1), committed: committed, cancel: cancel}
 		rt.parts[p] = ps
+		if held {
+			// Assigned anew without its revoke (kgo's transact session
+			// passes on only the first revoke after a transaction ended):
+			// the partition's old instance is closed like a revoked one
+			// before the run loop punctuates or works again, and a
+			// transaction that wrote to it does not commit (end).
+			rt.events = append(rt.events, event{kind: evRevoked, p: p, epoch: ps.epoch})
+			reassigned = append(reassigned, p)
+		}
 		rt.restores.Add(1)
 		go func() {
 			defer rt.restores.Done()
@@ -337,5 +349,10 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 		}()
 	}
 	rt.mu.Unlock()
+	if len(reassigned) > 0 {
+		slices.Sort(reassigned)
+		rt.log.Info("partitions assigned anew without their revoke (not passed on): their old instances are closed and restored again", zap.Int32s("partitions", reassigned))
+		rt.notify()
+	}
 	return offsets, nil
 }

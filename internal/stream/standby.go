@@ -302,102 +302,59 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	adm := kadm.NewClient(cl)
 	defer cl.Close()
 
-	st, err := sb.begin(ctx, p, adm, log)
+	cs, warm, err := sb.begin(ctx, p, adm, log)
 	if err != nil {
 		return nil, err
 	}
-	from, at, end, now, warm := st.from, st.at, st.end, st.now, st.warm
+	at, end, now := cs.at, cs.end, cs.now
 
-	rd, err := rt.newClient(
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)
+	c, err := rt.newChangelogCopy(p, "standby", cs.from, warm)
 	if err != nil {
 		return nil, err
 	}
-	defer rd.Close()
+	defer c.close()
 
-	pos := from
-	t.pos.Store(pos)
+	t.pos.Store(c.pos)
 	// target: the end listed at targetAt; reaching it dates the checkpoint.
 	target, targetAt := end, now
-	if pos >= target {
+	if c.pos >= target {
 		at = targetAt
 	}
 	t.end.Store(end)
 	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
-	lagGauge.Set(float64(end - pos))
+	lagGauge.Set(float64(end - c.pos))
 	nextList := time.Now().Add(standbyListInterval)
-	var applied []*kgo.Record
 	for {
-		pctx, cancel := context.WithTimeout(ctx, standbyListInterval)
-		fs := rd.PollFetches(pctx)
-		cancel()
+		fs, err := c.fetch(ctx, standbyListInterval)
 		if ctx.Err() != nil {
 			return warm, ctx.Err()
 		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				ferr = fmt.Errorf("stream: standby partition %d: fetch changelog: %w", p, err)
-			}
-		})
-		if ferr != nil {
-			return nil, ferr
+		if err != nil {
+			return nil, err
 		}
 		start := time.Now()
-		b := rt.store.newBatch()
-		n := 0
-		applied = applied[:0]
-		fs.EachRecord(func(r *kgo.Record) {
-			pos = r.Offset + 1
-			if r.Attrs.IsControl() {
-				return
-			}
-			if r.Value == nil {
-				b.del(p, r.Key)
-			} else {
-				b.set(p, r.Key, r.Value)
-			}
-			applied = append(applied, r)
-			n++
-		})
-		if pos >= target {
+		n := c.add(fs, -1)
+		if c.pos >= target {
 			at = targetAt
 		}
-		if n > 0 || pos != t.pos.Load() {
-			b.checkpoint(p, Checkpoint{Offset: pos, At: at})
-			if err := b.commit(); err != nil {
-				return nil, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
-			}
-			// After the commit: the warm structures never reflect a record
-			// the state does not hold.
-			if warm != nil {
-				for _, r := range applied {
-					warm.Apply(r.Key, r.Value)
-				}
-				if err := rt.applyLocalDeletes(p, warm); err != nil {
-					return nil, err
-				}
+		if n > 0 || c.pos != t.pos.Load() {
+			if err := c.commit(at); err != nil {
+				return nil, err
 			}
 			sb.m.records.Add(float64(n))
 			sb.m.busy.Add(time.Since(start).Seconds())
-		} else {
-			b.b.Close()
 		}
-		t.pos.Store(pos)
+		t.pos.Store(c.pos)
 		if time.Now().After(nextList) {
 			nextList = time.Now().Add(standbyListInterval)
 			listedAt := rt.cfg.Clock.Now()
 			if e, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end"); err == nil {
 				target, targetAt = e, listedAt
-				if pos >= target {
+				if c.pos >= target {
 					at = targetAt
 				}
 				t.end.Store(e)
-				lagGauge.Set(float64(max(e-pos, 0)))
+				lagGauge.Set(float64(max(e-c.pos, 0)))
 				sb.maybeForce()
 			}
 		}
@@ -503,65 +460,43 @@ func (rt *Runtime) revokeUnowned(owned []int32) {
 	rt.onRevoked(context.Background(), nil, map[string][]int32{rt.cfg.InputTopic: gone})
 }
 
-// tailStart is where a standby tail starts.
-type tailStart struct {
-	from int64     // the changelog offset to read from
-	at   time.Time // the checkpoint date until the tail reaches a listed end
-	end  int64     // the changelog's end at the start
-	now  time.Time // when the end was listed
-	warm WarmState // the processor's warm structures, or nil
-}
-
-// begin plans partition p's tail as a restore plans (DESIGN §6.8: from the
-// checkpoint while within the horizon, otherwise from the log start on
-// wiped state) and builds the processor's warm structures from the state.
-func (sb *standbys) begin(ctx context.Context, p int32, adm *kadm.Client, log *zap.Logger) (tailStart, error) {
+// begin plans partition p's tail as a restore plans (planCopy, DESIGN
+// §6.8: from the checkpoint while within the horizon, otherwise from the
+// log start on wiped state) and builds the processor's warm structures
+// from the state (nil when it keeps none).
+func (sb *standbys) begin(ctx context.Context, p int32, adm *kadm.Client, log *zap.Logger) (copyStart, WarmState, error) {
 	rt := sb.rt
 	cp, has, err := rt.store.Checkpoint(p)
 	if err != nil {
-		return tailStart{}, fmt.Errorf("stream: standby partition %d: read checkpoint: %w", p, err)
+		return copyStart{}, nil, fmt.Errorf("stream: standby partition %d: read checkpoint: %w", p, err)
 	}
-	end, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
+	cs, err := rt.planCopy(ctx, adm, log, p, "standby", cp, has)
 	if err != nil {
-		return tailStart{}, err
+		return copyStart{}, nil, err
 	}
-	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
-	if err != nil {
-		return tailStart{}, err
-	}
-	if has && cp.Offset > end {
-		return tailStart{}, fmt.Errorf("stream: standby partition %d: checkpoint %d beyond changelog end %d", p, cp.Offset, end)
-	}
-	retention := rt.deleteRetention(ctx, adm, log)
-	now := rt.cfg.Clock.Now()
-	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
-		Retention: retention, Rate: rt.restoreRate()})
-	from, at := cp.Offset, cp.At
+	plan := cs.plan
 	if plan.Full {
-		b := rt.store.newBatch()
-		b.dropPartition(p)
-		if err := b.commit(); err != nil {
-			return tailStart{}, fmt.Errorf("stream: standby partition %d: wipe state: %w", p, err)
+		if err := rt.store.wipe(p); err != nil {
+			return copyStart{}, nil, fmt.Errorf("stream: standby partition %d: wipe state: %w", p, err)
 		}
-		from, at = logStart, now
 	}
 	var warm WarmState
 	if w, ok := rt.proc.(Warmer); ok {
 		if warm, err = w.Warm(p, &PartitionState{s: rt.store, p: p}); err != nil {
-			return tailStart{}, fmt.Errorf("stream: standby partition %d: %w", p, err)
+			return copyStart{}, nil, fmt.Errorf("stream: standby partition %d: %w", p, err)
 		}
 	}
 	log.Info("standby tailing the changelog", zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
-		zap.Int64("from", from), zap.Int64("changelog_end", end))
+		zap.Int64("from", cs.from), zap.Int64("changelog_end", cs.end))
 
 	if plan.Full {
 		// The copy exists from now on, for the group's balancer: empty
 		// state that reflects the changelog below from.
 		b := rt.store.newBatch()
-		b.checkpoint(p, Checkpoint{Offset: from, At: at})
+		b.checkpoint(p, Checkpoint{Offset: cs.from, At: cs.at})
 		if err := b.commit(); err != nil {
-			return tailStart{}, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
+			return copyStart{}, nil, fmt.Errorf("stream: standby partition %d: write state: %w", p, err)
 		}
 	}
-	return tailStart{from: from, at: at, end: end, now: now, warm: warm}, nil
+	return cs, warm, nil
 }

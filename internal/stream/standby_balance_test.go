@@ -40,38 +40,20 @@ func (g *standbySim) balancer(id string) kgo.GroupBalancer {
 // rebalance returns each member's numbers; g.assigned holds the standbys.
 func (g *standbySim) rebalance(t *testing.T, members []string, n int32) map[string][]int32 {
 	t.Helper()
-	members = slices.Sorted(slices.Values(members))
-	var join []kmsg.JoinGroupResponseMember
-	for _, id := range members {
-		m := kmsg.NewJoinGroupResponseMember()
-		m.MemberID = id
-		m.ProtocolMetadata = g.balancer(id).JoinGroupMetadata(slices.Clone(g.topics), g.last[id], g.gen)
-		join = append(join, m)
-	}
-	leader := g.balancer(members[0])
-	mb, _, err := leader.MemberBalancer(join)
-	if err != nil {
-		t.Fatalf("MemberBalancer: %v", err)
-	}
 	counts := map[string]int32{}
 	for _, tp := range g.topics {
 		counts[tp] = n
 	}
-	into, err := mb.(kgo.GroupMemberBalancerOrError).BalanceOrError(counts)
+	g.assigned = map[string]StandbyAssignment{}
+	got, err := syncRound(t, g.balancer, g.topics, members, g.last, g.gen, counts)
 	if err != nil {
 		t.Fatalf("balance: %v", err)
 	}
 	g.gen++
-	g.last = map[string]map[string][]int32{}
-	g.assigned = map[string]StandbyAssignment{}
+	g.last = got
 	out := map[string][]int32{}
-	for _, a := range into.IntoSyncAssignment() {
-		m, err := g.balancer(a.MemberID).ParseSyncAssignment(a.MemberAssignment)
-		if err != nil {
-			t.Fatalf("ParseSyncAssignment for %s: %v", a.MemberID, err)
-		}
-		g.last[a.MemberID] = m
-		out[a.MemberID] = numbersOf(t, g.topics, m)
+	for id, m := range got {
+		out[id] = numbersOf(t, g.topics, m)
 	}
 	return out
 }

@@ -1,14 +1,12 @@
 package stream
 
 import (
-	"context"
 	"maps"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // warmProc is countProc with warm state (Warmer): a copy of the partition's
@@ -60,34 +58,6 @@ func (w *warmProc) Open(p int32, st *PartitionState) (Partition, error) {
 	w.opened[p] = info
 	w.mu.Unlock()
 	return w.countProc.Open(p, st)
-}
-
-// startProc is suite.start with another processor.
-func (s *suite) startProc(id string, fs vfs.FS, proc Processor, mod func(*Config)) *instance {
-	s.t.Helper()
-	cfg := s.config(id, fs)
-	mod(&cfg)
-	reg := prometheus.NewRegistry()
-	cfg.Registerer = reg
-	rt, err := New(cfg, proc)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	in := &instance{t: s.t, id: id, rt: rt, reg: reg, stop: stop, done: make(chan struct{})}
-	go func() {
-		defer close(in.done)
-		in.err = rt.Run(ctx)
-	}()
-	s.t.Cleanup(func() {
-		in.exitExpected.Store(true)
-		stop()
-		<-in.done
-	})
-	s.mu.Lock()
-	s.running = append(s.running, in)
-	s.mu.Unlock()
-	return in
 }
 
 // TestStandbyFailover: two instances with one standby replica each own one

@@ -249,6 +249,14 @@ func (b *batch) dropPartition(p int32) {
 	_ = b.b.Delete(partPrefix(prefixCheckpoint, p), nil)
 }
 
+// wipe deletes all of partition p's state and its checkpoint, in a batch
+// of its own.
+func (s *Store) wipe(p int32) error {
+	b := s.newBatch()
+	b.dropPartition(p)
+	return b.commit()
+}
+
 func (b *batch) commit() error {
 	defer b.b.Close()
 	return b.b.Commit(pebble.NoSync)

@@ -1,0 +1,127 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestRealEntitlementsStalledAlert runs the shipped alert rules (scaled as
+// TestRealAlertsFire's, realScale) in a real Prometheus scraping a real
+// `meterline aggregate --entitlements` on the real broker, with records
+// written to usage.deduped all along (20 a second, as dedup would write
+// them):
+//
+//  1. Ticks every 200ms: the gate holds what arrived since the last tick;
+//     MeterlineEntitlementsStalled is never active.
+//  2. Restarted with --entitlements-tick=-1s (no ticks: its entitlements
+//     partitions are not read forward): the gate grows while its lag
+//     stays low, and the alert fires.
+//  3. Restarted with ticks: the gate drains and the alert resolves.
+func TestRealEntitlementsStalledAlert(t *testing.T) {
+	promBin := realPrometheus(t, "alert rules")
+	brokers := testenv.RealKafka(t)
+	work := testenv.LogDir(t, "meterline-alerts-ent-test-*")
+	bin := testenv.Meterline(t)
+
+	prefix := testenv.Name(t, "alertsent") + "."
+	group := strings.TrimSuffix(prefix, ".") + "-aggregate"
+	names := topics.DefaultNames()
+	names.Prefix = prefix
+	deleteTopicsAfter(t, brokers, prefix)
+	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
+		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
+
+	aggAddr := testenv.FreeAddr(t)
+	startAgg := func(n int, tick string) *testenv.Process {
+		args := []string{"aggregate", "--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix, "--log-level", "info",
+			"--state-dir", filepath.Join(work, "state"), "--session-timeout", "6s", "--transaction-timeout", "10s",
+			"--group", group, "--instance-id", "a1", "--metrics-addr", aggAddr, "--entitlements", "--entitlements-tick=" + tick}
+		p := testenv.StartProcess(t, fmt.Sprintf("aggregate-%d", n), filepath.Join(work, fmt.Sprintf("aggregate-%d.log", n)), bin, args...)
+		waitHTTP(t, "http://"+aggAddr+"/readyz", 90*time.Second)
+		return p
+	}
+	agg := startAgg(1, "200ms")
+
+	rulesFile := filepath.Join(work, "alerts.yml")
+	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prom := startPrometheus(t, promBin, work, rulesFile, aggAddr)
+	w := &alertWatch{t: t, prom: prom, fired: map[string]bool{}}
+
+	// Records of usage.deduped, as dedup writes them: keyed and
+	// partitioned by customer, arriving now.
+	raw, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(raw.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			now := time.Now()
+			e := &schemas.DedupedEvent{EventID: fmt.Sprintf("ev-%d", i), CustomerID: fmt.Sprintf("cust-%d", i%8), Meter: "api_calls",
+				Quantity: 1, EventTime: now.UnixMilli(), IngestTime: now.UnixMilli(), Source: "api-gateway"}
+			v, err := schemas.Encode(e)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			key := schemas.CustomerKey(e.CustomerID)
+			r := &kgo.Record{Topic: names.DedupedTopic(), Partition: schemas.Partition(key, 2), Key: key, Value: v}
+			if err := raw.ProduceSync(ctx, r).FirstErr(); err != nil {
+				if ctx.Err() == nil {
+					t.Errorf("produce: %v", err)
+				}
+				return
+			}
+		}
+	}()
+
+	stalled := map[string]string{"instance": aggAddr}
+	t.Log("---- 1. ticks every 200ms")
+	// Every scaled window (the longest: 20 s) sees the healthy stage.
+	for deadline := time.Now().Add(25 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if a := w.find("MeterlineEntitlementsStalled", stalled); a != nil {
+			t.Fatalf("MeterlineEntitlementsStalled active while the aggregator ticks: %v", a)
+		}
+	}
+	w.waitValue(`count(meterline_aggregate_gated_records < 100)`, 2, 30*time.Second)
+
+	t.Log("---- 2. no ticks")
+	agg.Stop(t)
+	agg = startAgg(2, "-1s")
+	w.waitFiring("MeterlineEntitlementsStalled", stalled)
+
+	t.Log("---- 3. ticks again")
+	agg.Stop(t)
+	agg = startAgg(3, "200ms")
+	w.waitResolved("MeterlineEntitlementsStalled", stalled)
+	w.expectRulesHealthy()
+	cancel()
+	wg.Wait()
+	agg.Stop(t)
+}

@@ -1,0 +1,189 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+)
+
+// changelogCopy copies one changelog partition into the store: a
+// read_committed reader from an offset, and a pending Pebble batch of the
+// records read since the last commit. A restore's replay and a standby's
+// tail both go through it, so that they write a partition's state, its
+// checkpoint and its warm structures the same way:
+//
+//   - a record with a value sets its key, a tombstone deletes it, a control
+//     record (transaction marker) only moves the position;
+//   - a commit writes the pending records and the checkpoint (the position
+//     reached, with the date it is given) in one Pebble batch, and only then
+//     gives the records to the warm structures and applies their local
+//     deletes (WarmExpirer): the warm structures never reflect a record the
+//     state does not hold.
+//
+// It is used by one goroutine.
+type changelogCopy struct {
+	rt   *Runtime
+	p    int32
+	what string // "restore" or "standby", for the errors
+	cl   *kgo.Client
+	warm WarmState // nil: none
+
+	b       *batch
+	applied []*kgo.Record // the records in b, for warm once committed
+	pos     int64         // the next offset to read: everything below it is in b or committed
+}
+
+// newChangelogCopy starts reading changelog partition p from offset from
+// (read_committed, control records kept, so that the position passes the
+// transaction markers). warm, when not nil, receives every record once it
+// is committed. The caller closes it.
+func (rt *Runtime) newChangelogCopy(p int32, what string, from int64, warm WarmState) (*changelogCopy, error) {
+	cl, err := rt.newClient(
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		// Below the log start: retention removed records since the offsets
+		// were listed; a checkpoint that was already below it means a full
+		// restore (planRestore).
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from}, nil
+}
+
+// fetch polls the changelog, for at most wait when wait > 0. Once ctx ends
+// it returns ctx's error; otherwise the first fetch error other than the
+// end of the poll's own wait.
+func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetches, error) {
+	pctx := ctx
+	if wait > 0 {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	fs := c.cl.PollFetches(pctx)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var ferr error
+	fs.EachError(func(_ string, _ int32, err error) {
+		if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			ferr = fmt.Errorf("stream: %s partition %d: fetch changelog: %w", c.what, c.p, err)
+		}
+	})
+	return fs, ferr
+}
+
+// add adds the records of fs to the pending batch and returns how many
+// data records it added. With bound >= 0, a record at or past bound is not
+// added and moves the position to bound: everything below bound has then
+// been read. (This is how a replay to an end listed earlier finishes when
+// a previous owner's transaction that was open at that end aborts:
+// read_committed never delivers its records below the end, and its abort
+// marker lands at or past it.)
+func (c *changelogCopy) add(fs kgo.Fetches, bound int64) int {
+	n := 0
+	fs.EachRecord(func(r *kgo.Record) {
+		if bound >= 0 && r.Offset >= bound {
+			c.pos = bound
+			return
+		}
+		c.pos = r.Offset + 1
+		if r.Attrs.IsControl() {
+			return
+		}
+		if r.Value == nil {
+			c.b.del(c.p, r.Key)
+		} else {
+			c.b.set(c.p, r.Key, r.Value)
+		}
+		if c.warm != nil {
+			c.applied = append(c.applied, r)
+		}
+		n++
+	})
+	return n
+}
+
+// pending returns how many records the pending batch holds.
+func (c *changelogCopy) pending() int { return c.b.n }
+
+// commit writes the pending records with the checkpoint {position, at},
+// then gives them to the warm structures and applies their local deletes.
+func (c *changelogCopy) commit(at time.Time) error {
+	b := c.b
+	c.b = c.rt.store.newBatch()
+	b.checkpoint(c.p, Checkpoint{Offset: c.pos, At: at})
+	if err := b.commit(); err != nil {
+		return fmt.Errorf("stream: %s partition %d: write state: %w", c.what, c.p, err)
+	}
+	if c.warm == nil {
+		return nil
+	}
+	for _, r := range c.applied {
+		c.warm.Apply(r.Key, r.Value)
+	}
+	c.applied = c.applied[:0]
+	return c.rt.applyLocalDeletes(c.p, c.warm)
+}
+
+// close drops the pending records and closes the reader.
+func (c *changelogCopy) close() {
+	_ = c.b.b.Close()
+	c.cl.Close()
+}
+
+// copyStart is where a copy of a changelog partition starts, for a restore
+// or a standby tail alike: the changelog's bounds, its delete retention,
+// the plan (DESIGN §6.8) and, from it, the offset to read from and the date
+// the checkpoints carry until the copy reaches a listed end.
+type copyStart struct {
+	plan      restorePlan
+	end       int64 // the changelog's end offset, listed at now
+	logStart  int64
+	retention time.Duration // zero when unknown
+	now       time.Time
+	from      int64     // the checkpoint's offset, or the log start for a full copy
+	at        time.Time // the checkpoint's date, or now for a full copy
+}
+
+// planCopy lists changelog partition p's bounds and delete retention and
+// plans a copy of it onto state at checkpoint cp (has: the store holds one).
+// A full copy reads from the log start, its checkpoints dated now, before
+// its first read: a key it reads had no tombstone cleaned yet (a cleaning
+// drops older values with the tombstone), so every tombstone it has still
+// to read is kept until at least now + delete.retention.ms. The caller
+// wipes the state first. A checkpoint beyond the changelog's end is an
+// error: the changelog was recreated or truncated.
+func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, what string, cp Checkpoint, has bool) (copyStart, error) {
+	end, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
+	if err != nil {
+		return copyStart{}, err
+	}
+	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
+	if err != nil {
+		return copyStart{}, err
+	}
+	if !has {
+		cp = Checkpoint{}
+	}
+	if cp.Offset > end {
+		return copyStart{}, fmt.Errorf("stream: %s partition %d: checkpoint %d beyond changelog end %d: the changelog was recreated or truncated; delete the state directory to rebuild from it", what, p, cp.Offset, end)
+	}
+	retention := rt.deleteRetention(ctx, adm, log)
+	now := rt.cfg.Clock.Now()
+	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
+		Retention: retention, Rate: rt.restoreRate()})
+	cs := copyStart{plan: plan, end: end, logStart: logStart, retention: retention, now: now, from: cp.Offset, at: cp.At}
+	if plan.Full {
+		cs.from, cs.at = logStart, now
+	}
+	return cs, nil
+}
