@@ -42,7 +42,13 @@ type partition struct {
 	pl      string
 	sources []int64 // latest watermark per usage.events partition; 0: none
 	wm      int64   // partition watermark: min over sources
-	keys    int
+	// keys counts the partition's 'a' and 'f' state keys (the
+	// meterline_aggregate_state_keys gauge), as the state and the open
+	// transaction have them; keysSaved is the count keyKeyCount holds in
+	// them. Flush writes keyKeyCount when they differ, so the count is
+	// committed with the keys it counts and load reads it instead of
+	// scanning them.
+	keys, keysSaved int
 	// finals holds the marker of every period final in this partition
 	// (few: one per period until its end + W), as the state and the open
 	// transaction have them.
@@ -158,12 +164,46 @@ func (pt *partition) load(st stateReader) error {
 			return err
 		}
 	}
+	return pt.loadKeyCount(st)
+}
+
+// loadKeyCount sets the key count from keyKeyCount. State without it
+// (built before the count was kept, or that never had an 'a' or 'f' key)
+// is counted with a scan, once: absent reads as 0, so the next
+// transaction records any other count (saveKeyCount).
+func (pt *partition) loadKeyCount(st stateReader) error {
+	v, ok, err := st.Get(keyKeyCount)
+	switch {
+	case err != nil:
+		return err
+	case ok && len(v) == 8 && int64(binary.BigEndian.Uint64(v)) >= 0:
+		pt.keys = int(binary.BigEndian.Uint64(v))
+		pt.keysSaved = pt.keys
+		return nil
+	case ok:
+		return fmt.Errorf("aggregator: partition %d: corrupt state key count %x", pt.p, v)
+	}
+	pt.keys, pt.keysSaved = 0, 0
 	for _, pfx := range []byte{pfxOpen, pfxFinal} {
 		if err := st.Scan([]byte{pfx}, []byte{pfx + 1}, func(_, _ []byte) error { pt.keys++; return nil }); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// saveKeyCount writes the key count into the transaction if it changed
+// since the state recorded it: once per transaction, from Flush, which
+// runs in every transaction this partition takes part in. An aborted
+// transaction drops the write with the keys it counted (Abort, then load).
+func (pt *partition) saveKeyCount(tx *stream.Tx) {
+	if pt.keys == pt.keysSaved {
+		return
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(pt.keys))
+	tx.Put(keyKeyCount, b[:])
+	pt.keysSaved = pt.keys
 }
 
 // errStateFound stops checkKeyScheme's scan at the first key.
@@ -477,6 +517,7 @@ func (pt *partition) materialize(tx *stream.Tx) {
 // writes its state. The revisions' values share one buffer, and their
 // records one slice.
 func (pt *partition) Flush(tx *stream.Tx) error {
+	pt.saveKeyCount(tx)
 	if pt.ent != nil {
 		if err := pt.flushBalances(tx); err != nil {
 			return err

@@ -33,6 +33,12 @@ import (
 //	                 checkKeyScheme); absent only from new state
 //	'm'              "entitlements" when the state was built with
 //	                 entitlements on (processor.go checkEntMode)
+//	'k'              the number of 'a' and 'f' keys (8 bytes big-endian),
+//	                 written in every transaction that changes it
+//	                 (processor.go saveKeyCount) and read when a
+//	                 partition opens instead of scanning them; absent
+//	                 from state that never had such a key, or built
+//	                 before the count was kept (counted once then)
 const (
 	pfxOpen    = 'a'
 	pfxFinal   = 'f'
@@ -46,6 +52,7 @@ var (
 	keySeq       = []byte("c")
 	keyKeyScheme = []byte("s")
 	keyEntMode   = []byte("m")
+	keyKeyCount  = []byte("k")
 )
 
 // entModeOn is keyEntMode's value.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -119,20 +120,24 @@ func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 	return checkCloudEvent(&a)
 }
 
-// decodeBatch decodes a whole batch body (an array, valid UTF-8) in one
-// pass: the fast path of a valid request. ok is false when any element
-// does not decode into the CloudEvent shape; the caller then checks each
-// element on its own, to name the bad ones. scanBatch reads the plain case;
-// encoding/json the rest.
-func decodeBatch(body []byte, text string) ([]ceAttrs, bool) {
-	if as, ok := scanBatch(text); ok {
+// decodeBatch decodes a whole batch body (an array, valid UTF-8; text is
+// the same as a string) in one pass, into as[:0] (a buffer for reuse,
+// which the result may share; nil: one is made): the fast path of a valid
+// request. ok is false when any element does not decode into the
+// CloudEvent shape; the caller then checks each element on its own, to
+// name the bad ones. scanBatch reads the plain case; encoding/json the
+// rest.
+func decodeBatch(as []ceAttrs, body []byte, text string) ([]ceAttrs, bool) {
+	as, ok := scanBatch(as, text)
+	if ok {
 		return as, true
 	}
+	clear(as) // what the scan read holds no request's text from now on
 	var js []ceJSON
 	if err := json.Unmarshal(body, &js); err != nil {
-		return nil, false
+		return as[:0], false
 	}
-	as := make([]ceAttrs, len(js))
+	as = slices.Grow(as[:0], len(js))[:len(js)]
 	for i := range js {
 		as[i] = js[i].attrs()
 	}

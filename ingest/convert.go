@@ -127,7 +127,7 @@ func newMapper(cat *aggregator.Catalog) (*mapper, error) {
 // usage is one usage event of a request on its way to a record.
 type usage struct {
 	ue schemas.UsageEvent
-	// time is the event time at full precision (producer.FillRecord).
+	// time is the event time at full precision (producer.AppendRecord).
 	time time.Time
 	// input is the index of the request's event it came from.
 	input int

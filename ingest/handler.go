@@ -37,8 +37,11 @@ type request struct {
 	bufs    *buffers
 	slab    []kgo.Record
 	recs    []*kgo.Record
-	inputs  int     // events in the request
-	usages  []usage // usage events, in input order
+	encoded []byte // the records' keys and values
+	body    []byte
+	attrs   []ceAttrs // the CloudEvents' attributes (fast path)
+	inputs  int       // events in the request
+	usages  []usage   // usage events, in input order
 	props   []schemas.Property
 	errs    []EventError
 	denied  []EventError
@@ -204,7 +207,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			return http.StatusUnsupportedMediaType
 		}
 	}
-	body, tooLarge, err := readBody(w, r, s.cfg.MaxBodyBytes)
+	req.bufs = getBuffers()
+	body, tooLarge, err := readBody(req.bufs.body, w, r, s.cfg.MaxBodyBytes)
+	req.body = body
 	req.read = time.Now()
 	if tooLarge {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
@@ -221,7 +226,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) {
 		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
 			// Every string of the request is a substring of its text.
-			if as, ok := decodeBatch(b, string(b)); ok && len(as) > 0 {
+			as, ok := decodeBatch(req.bufs.attrs, b, string(b))
+			req.attrs = as
+			if ok && len(as) > 0 {
 				req.inputs = len(as)
 				if req.inputs > s.cfg.MaxEvents {
 					return 0 // answered by the caller
@@ -283,7 +290,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 // for each (bounded: a larger request grows them as it goes).
 func (s *Server) grow(req *request) {
 	const most = 4096
-	req.bufs = getBuffers()
+	if req.bufs == nil {
+		req.bufs = getBuffers()
+	}
 	nu, np := min(req.inputs*max(s.mapper.maxMeters, 1), most), min(req.inputs*s.mapper.maxProps, most)
 	if req.usages = req.bufs.usages[:0]; cap(req.usages) < nu {
 		req.usages = make([]usage, 0, nu)
@@ -297,17 +306,23 @@ func (s *Server) grow(req *request) {
 // request (bufPool) so that a request allocates little besides its
 // records' bytes, and the garbage collector runs less often.
 type buffers struct {
-	usages []usage
-	props  []schemas.Property
-	slab   []kgo.Record
-	recs   []*kgo.Record
+	body    []byte // holds no request's bytes once released: strings are copies
+	attrs   []ceAttrs
+	usages  []usage
+	props   []schemas.Property
+	slab    []kgo.Record
+	recs    []*kgo.Record
+	encoded []byte
 }
 
 var bufPool = sync.Pool{New: func() any { return new(buffers) }}
 
 // maxPooled bounds the slices kept for reuse: a rare huge request does not
-// pin its memory.
-const maxPooled = 8192
+// pin its memory. maxPooledBytes bounds the records' bytes kept.
+const (
+	maxPooled      = 8192
+	maxPooledBytes = 4 << 20
+)
 
 func getBuffers() *buffers { return bufPool.Get().(*buffers) }
 
@@ -320,18 +335,20 @@ func (req *request) release(recordsFree bool) {
 		return
 	}
 	req.bufs = nil
+	clear(req.attrs)
 	clear(req.usages)
 	clear(req.props)
-	b.usages, b.props = req.usages[:0], req.props[:0]
+	b.body, b.attrs, b.usages, b.props = req.body[:0], req.attrs[:0], req.usages[:0], req.props[:0]
 	if recordsFree {
 		clear(req.slab)
 		clear(req.recs)
-		b.slab, b.recs = req.slab[:0], req.recs[:0]
+		b.slab, b.recs, b.encoded = req.slab[:0], req.recs[:0], req.encoded[:0]
 	} else {
-		b.slab, b.recs = nil, nil
+		b.slab, b.recs, b.encoded = nil, nil, nil
 	}
-	req.usages, req.props, req.slab, req.recs = nil, nil, nil, nil
-	if cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled {
+	req.body, req.attrs, req.usages, req.props, req.slab, req.recs, req.encoded = nil, nil, nil, nil, nil, nil, nil
+	if cap(b.attrs) > maxPooled || cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled ||
+		cap(b.body) > maxPooledBytes || cap(b.encoded) > maxPooledBytes {
 		return
 	}
 	bufPool.Put(b)
@@ -399,9 +416,11 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	return e, nil
 }
 
-// records validates and encodes every usage event (producer.FillRecord:
-// the checks and the encoding of every producer). The errors name each
-// bad event by its input index, in the request's field names.
+// records validates and encodes every usage event (producer.AppendRecord:
+// the checks and the encoding of every producer) into the request's
+// records, whose bytes are in one buffer reused from request to request
+// (release). The errors name each bad event by its input index, in the
+// request's field names.
 func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 	n := len(req.usages)
 	if req.bufs == nil {
@@ -416,11 +435,15 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 	}
 	slab, recs = slab[:n], recs[:n]
 	req.slab, req.recs = slab, recs
+	// The skew of every event is judged against one reading of the clock.
+	now := s.cfg.Clock()
+	buf := req.bufs.encoded[:0]
 	var errs []EventError
 	last := -1
 	for k := range req.usages {
 		u := &req.usages[k]
-		if err := s.p.FillRecord(&slab[k], &u.ue, u.time); err != nil {
+		var err error
+		if buf, err = s.p.AppendRecord(buf, &slab[k], &u.ue, u.time, now); err != nil {
 			if u.input == last {
 				continue // one error per event
 			}
@@ -435,6 +458,7 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 		}
 		recs[k] = &slab[k]
 	}
+	req.encoded = buf
 	return recs, errs
 }
 
@@ -470,9 +494,7 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 			close(done)
 		}
 	}
-	for _, r := range recs {
-		s.p.ProduceRecord(r, acked)
-	}
+	s.p.ProduceRecords(recs, acked)
 	enqueued = time.Now()
 	t := time.NewTimer(s.cfg.ProduceTimeout + time.Second)
 	defer t.Stop()

@@ -31,6 +31,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -466,25 +467,25 @@ func mediaType(r *http.Request) string {
 	return mt
 }
 
-// readBody reads the whole body, at most max bytes; tooLarge reports a
-// larger body.
-func readBody(w http.ResponseWriter, r *http.Request, max int64) (b []byte, tooLarge bool, err error) {
+// readBody reads the whole body, at most max bytes, into buf[:0] (a
+// buffer for reuse; nil: one is made); tooLarge reports a larger body.
+func readBody(buf []byte, w http.ResponseWriter, r *http.Request, max int64) (b []byte, tooLarge bool, err error) {
 	if r.ContentLength > max {
-		return nil, true, nil
+		return buf[:0], true, nil
 	}
-	b, err = readAll(http.MaxBytesReader(w, r.Body, max), r.ContentLength)
+	b, err = readAll(buf, http.MaxBytesReader(w, r.Body, max), r.ContentLength)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return nil, true, nil
+		return b[:0], true, nil
 	}
 	return b, false, err
 }
 
-// readAll is io.ReadAll into a buffer sized for a body of sizeHint bytes
-// (the Content-Length; -1 when unknown), so that a body of the size it
-// announces is read without growing the buffer.
-func readAll(rd io.Reader, sizeHint int64) ([]byte, error) {
-	b := make([]byte, 0, max(min(sizeHint, 64<<20)+1, 512))
+// readAll is io.ReadAll into buf[:0], grown first to hold a body of
+// sizeHint bytes (the Content-Length; -1 when unknown), so that a body of
+// the size it announces is read without growing the buffer again.
+func readAll(buf []byte, rd io.Reader, sizeHint int64) ([]byte, error) {
+	b := slices.Grow(buf[:0], int(max(min(sizeHint, 64<<20)+1, 512)))
 	for {
 		n, err := rd.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -135,6 +136,69 @@ func TestDecimalQuantity(t *testing.T) {
 		got, why := decimalQuantity(c.s, c.scale)
 		if got != c.want || (c.why == "") != (why == "") || !strings.Contains(why, c.why) {
 			t.Errorf("decimalQuantity(%q, %d) = %d, %q; want %d, %q", c.s, c.scale, got, why, c.want, c.why)
+		}
+	}
+}
+
+// TestConcurrentRequestsKeepTheirRecords: many requests at once, each
+// with events of its own, write exactly their records: a request's
+// records, and the buffer their bytes are in, are reused by a later
+// request only once Kafka has acknowledged them (request.release), so no
+// record in Kafka holds another request's bytes.
+func TestConcurrentRequestsKeepTheirRecords(t *testing.T) {
+	e := newEnv(t, nil)
+	const clients, requests, perRequest = 12, 15, 20
+	var want []string
+	bodies := make([][]byte, clients*requests)
+	for r := range bodies {
+		evs := make([]cloudevents.Event, perRequest)
+		for k := range evs {
+			i := r*perRequest + k
+			// Subjects and IDs of different lengths, so that a record
+			// written over by another request's bytes does not decode as
+			// its own.
+			subject, id := fmt.Sprintf("acme-%d", i%97), fmt.Sprintf("req-%d-%s", i, strings.Repeat("x", i%13))
+			evs[k] = prompt(t, id, subject, map[string]any{"tokens": map[string]any{"input": i}, "model": fmt.Sprintf("m%d", i%5), "user": fmt.Sprintf("u%d", i)})
+			eid := producer.EventID("chat-api", id)
+			want = append(want, fmt.Sprintf("%s/input_tokens/%s q=%d props=[{model m%d}]", subject, eid, i, i%5),
+				fmt.Sprintf("%s/prompts/%s q=1 props=[]", subject, eid),
+				fmt.Sprintf("%s/users/%s q=1 props=[{user u%d}]", subject, eid, i))
+		}
+		bodies[r] = mustJSON(t, evs)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, clients)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			defer hc.CloseIdleConnections()
+			for r := c; r < len(bodies); r += clients {
+				if status, _, body := post(t, hc, e.srv.URL()+"/api/v1/events", "application/cloudevents-batch+json", e.token, bodies[r]); status != http.StatusNoContent {
+					errs <- fmt.Sprintf("request %d: %d %s", r, status, body)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ue := range e.records() { // each record's key is checked against its value
+		got = append(got, fmt.Sprintf("%s/%s/%s q=%d props=%v", ue.CustomerID, ue.Meter, ue.EventID, ue.Quantity, ue.Properties))
+	}
+	sort.Strings(got)
+	sort.Strings(want)
+	if len(got) != len(want) {
+		t.Fatalf("%d records, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("record %q, want %q (the first difference)", got[i], want[i])
 		}
 	}
 }

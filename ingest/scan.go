@@ -39,31 +39,45 @@ func skipSpace(s string, i int) int {
 // text already known to be valid UTF-8.
 func scanString(s string, i int) (end int, escaped bool) {
 	for i++; i < len(s); i++ {
-		switch c := s[i]; {
+		c := s[i]
+		if !stringStop[c] {
+			continue // the common byte: one lookup
+		}
+		switch {
 		case c == '"':
 			return i + 1, escaped
 		case c < 0x20:
 			return -1, false
-		case c == '\\':
-			escaped = true
-			if i+1 >= len(s) {
+		}
+		// c == '\\'
+		escaped = true
+		if i+1 >= len(s) {
+			return -1, false
+		}
+		i++
+		switch s[i] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		case 'u':
+			if i+4 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) {
 				return -1, false
 			}
-			i++
-			switch s[i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			case 'u':
-				if i+4 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) || !isHex(s[i+3]) || !isHex(s[i+4]) {
-					return -1, false
-				}
-				i += 4
-			default:
-				return -1, false
-			}
+			i += 4
+		default:
+			return -1, false
 		}
 	}
 	return -1, false
 }
+
+// stringStop holds the bytes that end a plain run of a JSON string's
+// text: the quote, the backslash and the control characters.
+var stringStop = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
 
 func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
 
@@ -192,38 +206,71 @@ const (
 // ceNames are the JSON names of the attributes, in the order of the bits.
 var ceNames = [...]string{"id", "source", "specversion", "type", "subject", "time", "datacontenttype", "dataschema", "data", "data_base64"}
 
+// ceBit is the index in ceNames of an attribute's name; -1 for another
+// name. (A switch, which the compiler makes a search by length and
+// content, costs less than comparing with each name in turn.)
+func ceBit(name string) int {
+	switch name {
+	case "id":
+		return 0
+	case "source":
+		return 1
+	case "specversion":
+		return 2
+	case "type":
+		return 3
+	case "subject":
+		return 4
+	case "time":
+		return 5
+	case "datacontenttype":
+		return 6
+	case "dataschema":
+		return 7
+	case "data":
+		return 8
+	case "data_base64":
+		return 9
+	}
+	return -1
+}
+
 // scanBatch reads the text s of a batch (a JSON array of CloudEvent
 // objects; s is valid UTF-8) into the attributes of its events, as
-// decodeBatch would. ok is false for anything but the plain case (see the
-// file comment): the caller then decodes with encoding/json, which gives
-// the same events or the same error.
-func scanBatch(s string) (evs []ceAttrs, ok bool) {
+// decodeBatch would, appended to evs[:0] (a buffer for reuse; nil: one is
+// made). ok is false for anything but the plain case (see the file
+// comment): the caller then decodes with encoding/json, which gives the
+// same events or the same error; the slice returned then holds what was
+// read, for reuse only.
+func scanBatch(evs []ceAttrs, s string) (_ []ceAttrs, ok bool) {
+	evs = evs[:0]
 	i := skipSpace(s, 0)
 	if i >= len(s) || s[i] != '[' {
-		return nil, false
+		return evs, false
 	}
 	i = skipSpace(s, i+1)
 	if i < len(s) && s[i] == ']' {
-		return nil, false // empty: the slow path names the problem
+		return evs, false // empty: the slow path names the problem
 	}
-	evs = make([]ceAttrs, 0, min(len(s)/128+1, DefaultMaxEvents))
+	if evs == nil {
+		evs = make([]ceAttrs, 0, min(len(s)/128+1, DefaultMaxEvents))
+	}
 	for {
-		var a ceAttrs
-		if i = scanCloudEvent(s, i, &a); i < 0 {
-			return nil, false
+		evs = append(evs, ceAttrs{})
+		if i = scanCloudEvent(s, i, &evs[len(evs)-1]); i < 0 {
+			return evs, false
 		}
-		evs = append(evs, a)
 		i = skipSpace(s, i)
 		switch {
 		case i >= len(s):
-			return nil, false
+			return evs, false
 		case s[i] == ']':
 			if skipSpace(s, i+1) != len(s) {
-				return nil, false
+				return evs, false
 			}
 			return evs, true
 		case s[i] != ',':
-			return nil, false
+			return evs, false
 		}
 		i = skipSpace(s, i+1)
 	}
@@ -252,13 +299,7 @@ func scanCloudEvent(s string, i int, a *ceAttrs) int {
 			return -1
 		}
 		i = skipSpace(s, i+1)
-		bit := -1
-		for k, n := range ceNames {
-			if name == n {
-				bit = k
-				break
-			}
-		}
+		bit := ceBit(name)
 		if bit < 0 {
 			// An extension attribute, ignored, unless encoding/json would
 			// take it for an attribute: it matches names without regard to

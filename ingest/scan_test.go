@@ -19,7 +19,7 @@ func TestScanBatchTakesPlainBatches(t *testing.T) {
 		"[\n {\"specversion\": \"1.0\", \"id\": \"a\", \"source\": \"s\", \"type\": \"prompt\", \"subject\": \"c\", \"x-ext\": {\"k\": [1, 2.5e3, true, null]}, \"data\": null, \"data_base64\": null, \"time\": null}\n]\n",
 		`[{"id":"é✓","source":"s","specversion":"1.0","type":"t","subject":"c","data":{"a\"b":"\u00e9"}}]`,
 	} {
-		as, ok := scanBatch(body)
+		as, ok := scanBatch(nil, body)
 		if !ok {
 			t.Fatalf("scanBatch refused a plain batch: %.200s", body)
 		}
@@ -32,7 +32,7 @@ func TestScanBatchTakesPlainBatches(t *testing.T) {
 		`[{"ID":"a"}]`, `[{"id":"a","id":"b"}]`, `[{"id":"a\u0041"}]`, `[{"id":1}]`, `[{"kſnd":1}]`,
 		`[{"id":"a"}] x`, `[{"id":"a"},]`, `[]`, `[null]`, `[{"x":` + strings.Repeat("[", maxScanDepth) + strings.Repeat("]", maxScanDepth) + `}]`,
 	} {
-		if _, ok := scanBatch(body); ok {
+		if _, ok := scanBatch(nil, body); ok {
 			t.Errorf("scanBatch took %.80s; it is for encoding/json", body)
 		}
 	}
@@ -67,7 +67,7 @@ func FuzzScanBatch(f *testing.F) {
 		if !utf8.ValidString(s) {
 			return // the handler only scans valid UTF-8
 		}
-		as, ok := scanBatch(s)
+		as, ok := scanBatch(nil, s)
 		if !ok {
 			return
 		}
@@ -126,4 +126,18 @@ func FuzzDataView(f *testing.F) {
 			t.Fatalf("%s in %q: the view selects %+v, the JSONPath evaluation %+v", path, data, got, want)
 		}
 	})
+}
+
+// TestCEBit: ceBit finds each attribute's name, and no other.
+func TestCEBit(t *testing.T) {
+	for k, n := range ceNames {
+		if got := ceBit(n); got != k {
+			t.Errorf("ceBit(%q) = %d, want %d", n, got, k)
+		}
+	}
+	for _, n := range []string{"", "ID", "i", "ids", "data_base", "sourc", "x"} {
+		if got := ceBit(n); got != -1 {
+			t.Errorf("ceBit(%q) = %d, want -1", n, got)
+		}
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -281,30 +282,48 @@ func (p *Producer) Record(e Event) (*kgo.Record, error) {
 // is refused. The error is a *FieldError for bad input; rec is then
 // unchanged.
 func (p *Producer) FillRecord(rec *kgo.Record, ue *schemas.UsageEvent, eventTime time.Time) error {
+	_, err := p.AppendRecord(nil, rec, ue, eventTime, p.cfg.now())
+	return err
+}
+
+// AppendRecord is FillRecord for a caller that builds a batch of records
+// at once (the HTTP ingest), without an allocation per record: the key and
+// the value are appended to buf, which is returned (grown when it must
+// be), and rec's Key and Value are slices of it; the skew is checked
+// against now, a reading of the producer's clock (WithClock) taken once
+// for the batch, instead of a reading per record. The checks and the
+// errors are FillRecord's; on an error rec is unchanged and buf is
+// returned with its bytes as they were. The bytes of buf that rec refers
+// to must not change until Kafka is done with rec (its ProduceRecord
+// callback has run, or it was never produced).
+func (p *Producer) AppendRecord(buf []byte, rec *kgo.Record, ue *schemas.UsageEvent, eventTime, now time.Time) ([]byte, error) {
 	if eventTime.IsZero() {
-		return &FieldError{Field: "event_time", Code: schemas.ReasonInvalid, Reason: "is missing (zero)"}
+		return buf, &FieldError{Field: "event_time", Code: schemas.ReasonInvalid, Reason: "is missing (zero)"}
 	}
 	ue.EventTime = eventTime.UnixMilli()
 	if ue.Source == "" {
 		ue.Source = p.cfg.source
 	}
 	if err := ue.Validate(); err != nil {
-		return err
+		return buf, err
 	}
-	if limit := p.cfg.now().Add(p.cfg.maxSkew); eventTime.After(limit) {
-		return &FieldError{Field: "event_time", Code: schemas.ReasonInFuture,
+	if limit := now.Add(p.cfg.maxSkew); eventTime.After(limit) {
+		return buf, &FieldError{Field: "event_time", Code: schemas.ReasonInFuture,
 			Reason: fmt.Sprintf("%s is more than %s after now", eventTime.UTC().Format(time.RFC3339Nano), p.cfg.maxSkew)}
 	}
 	id := ue.Identity()
 	k := id.KeySize()
-	buf := id.AppendKey(make([]byte, 0, k+schemas.UsageEventSizeMax(ue)))
-	buf = schemas.AppendUsageEvent(buf, ue)
-	if n := len(buf); n > schemas.MaxEventBytes {
-		return &FieldError{Field: "event", Code: schemas.ReasonOversized,
+	// One allocation at most (nil: this record's bytes alone).
+	buf = slices.Grow(buf, k+schemas.UsageEventSizeMax(ue))
+	start := len(buf)
+	out := id.AppendKey(buf)
+	out = schemas.AppendUsageEvent(out, ue)
+	if n := len(out) - start; n > schemas.MaxEventBytes {
+		return buf, &FieldError{Field: "event", Code: schemas.ReasonOversized,
 			Reason: fmt.Sprintf("encoded record is %d bytes, more than %d", n, schemas.MaxEventBytes)}
 	}
-	rec.Topic, rec.Key, rec.Value = p.cfg.topic, buf[:k:k], buf[k:]
-	return nil
+	rec.Topic, rec.Key, rec.Value = p.cfg.topic, out[start:start+k:start+k], out[start+k:len(out):len(out)]
+	return out, nil
 }
 
 // Send validates and sends one event and returns once the brokers have
@@ -345,15 +364,24 @@ func (p *Producer) SendAsync(e Event, done func(error)) {
 // ProduceRecord queues a record built by Record. It exists so callers can
 // validate and encode on several goroutines and produce in order from one.
 func (p *Producer) ProduceRecord(r *kgo.Record, done func(error)) {
+	p.ProduceRecords([]*kgo.Record{r}, done)
+}
+
+// ProduceRecords queues the records in order, as ProduceRecord queues
+// each, with one callback for all: done is called once per record, with
+// the same errors as ProduceRecord's. It costs no allocation per record.
+func (p *Producer) ProduceRecords(rs []*kgo.Record, done func(error)) {
 	p.closeMu.RLock()
 	defer p.closeMu.RUnlock()
 	if p.closed {
 		if done != nil {
-			done(ErrClosed)
+			for range rs {
+				done(ErrClosed)
+			}
 		}
 		return
 	}
-	p.cl.Produce(context.Background(), r, func(r *kgo.Record, err error) {
+	promise := func(r *kgo.Record, err error) {
 		if done == nil {
 			return
 		}
@@ -361,7 +389,10 @@ func (p *Producer) ProduceRecord(r *kgo.Record, done func(error)) {
 			err = fmt.Errorf("producer: send %s: %w", r.Key, err)
 		}
 		done(err)
-	})
+	}
+	for _, r := range rs {
+		p.cl.Produce(context.Background(), r, promise)
+	}
 }
 
 // Flush waits until every queued event has been acknowledged or failed.

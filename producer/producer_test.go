@@ -3,7 +3,9 @@ package producer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,6 +159,112 @@ func TestRecordBytes(t *testing.T) {
 	var fe *FieldError
 	if err := p.FillRecord(&filled, &u2, e.EventTime); !errors.As(err, &fe) || fe.Field != "properties.a" {
 		t.Fatalf("FillRecord with unsorted properties = %v, want a properties.a error", err)
+	}
+}
+
+// TestAppendRecord: records appended to one buffer, which grows on the
+// way, are FillRecord's byte for byte, each still its own once the
+// buffer has moved; a refused event leaves the record and the buffer's
+// bytes alone; the skew is judged against the given reading of the
+// clock, not a new one.
+func TestAppendRecord(t *testing.T) {
+	p, err := New(WithClock(fixedClock), WithBrokers("127.0.0.1:1"), WithTopic("t1"), WithSource("svc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	event := func(i int) schemas.UsageEvent {
+		return schemas.UsageEvent{EventID: fmt.Sprintf("req-%d-%s", i, strings.Repeat("x", i%7)), CustomerID: fmt.Sprintf("cust-%d", i%13),
+			Meter: "api_calls", Quantity: int64(i), Properties: schemas.Properties(map[string]string{"model": fmt.Sprint("m", i%3)})}
+	}
+	at := now.Add(-time.Minute)
+	buf := make([]byte, 0, 16) // grows several times
+	recs := make([]kgo.Record, 40)
+	for i := range recs {
+		ue := event(i)
+		if buf, err = p.AppendRecord(buf, &recs[i], &ue, at, now); err != nil {
+			t.Fatal(err)
+		}
+		if i == 20 { // a refused event in the middle
+			bad, before := event(i), string(buf)
+			bad.CustomerID = "acme\x00"
+			rec := kgo.Record{Topic: "untouched"}
+			var fe *FieldError
+			if buf, err = p.AppendRecord(buf, &rec, &bad, at, now); !errors.As(err, &fe) || fe.Field != "customer_id" ||
+				rec.Topic != "untouched" || rec.Key != nil || string(buf) != before {
+				t.Fatalf("AppendRecord of a bad event = %v, record %+v, buffer changed %v", err, rec, string(buf) != before)
+			}
+		}
+	}
+	for i := range recs {
+		var want kgo.Record
+		ue := event(i)
+		if err := p.FillRecord(&want, &ue, at); err != nil {
+			t.Fatal(err)
+		}
+		if recs[i].Topic != "t1" || string(recs[i].Key) != string(want.Key) || string(recs[i].Value) != string(want.Value) {
+			t.Fatalf("record %d = %s %q % x, want FillRecord's %q % x", i, recs[i].Topic, recs[i].Key, recs[i].Value, want.Key, want.Value)
+		}
+	}
+	// The clock says now; the reading given is an hour later: an event 90
+	// minutes ahead of the clock passes against the reading, not against
+	// the clock (FillRecord), nor against now.
+	ahead := now.Add(90 * time.Minute)
+	var rec kgo.Record
+	ue := event(1)
+	if _, err := p.AppendRecord(nil, &rec, &ue, ahead, now.Add(time.Hour)); err != nil {
+		t.Fatalf("AppendRecord against a later reading: %v", err)
+	}
+	var fe *FieldError
+	for _, err := range []error{p.FillRecord(&rec, &ue, ahead), func() error { _, err := p.AppendRecord(nil, &rec, &ue, ahead, now); return err }()} {
+		if !errors.As(err, &fe) || fe.Code != schemas.ReasonInFuture {
+			t.Fatalf("an event 90 minutes ahead: %v, want in_future", err)
+		}
+	}
+}
+
+// TestProduceRecords: one callback for many records, called once per
+// record: nil once each is acknowledged, ErrClosed for each after Close.
+func TestProduceRecords(t *testing.T) {
+	const topic = "usage.events"
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, topic))
+	p, err := New(WithBrokers(brokers...), WithClock(fixedClock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var rs []*kgo.Record
+	for i := range 10 {
+		e := goodEvent()
+		e.EventID = fmt.Sprint("req-", i)
+		r, err := p.Record(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, r)
+	}
+	var mu sync.Mutex
+	var errs []error
+	done := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, err)
+	}
+	p.ProduceRecords(rs, done)
+	if err := p.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != len(rs) || errors.Join(errs...) != nil {
+		t.Fatalf("callbacks %v, want %d times nil", errs, len(rs))
+	}
+	if got := len(testenv.ReadAll(t, brokers, topic)); got != len(rs) {
+		t.Fatalf("%d records in the topic, want %d", got, len(rs))
+	}
+	p.Close()
+	errs = nil
+	p.ProduceRecords(rs[:3], done)
+	if len(errs) != 3 || !errors.Is(errs[0], ErrClosed) || !errors.Is(errs[2], ErrClosed) {
+		t.Fatalf("after Close: callbacks %v, want 3 times ErrClosed", errs)
 	}
 }
 

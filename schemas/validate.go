@@ -56,6 +56,14 @@ func oversized(field, format string, args ...any) *FieldError {
 // The check is on the bytes themselves, so two byte strings that a lenient
 // decoder would both turn into U+FFFD can never become one identity.
 func CheckText(field, v string, identity bool) *FieldError {
+	// The common case, ASCII without control characters, in one pass.
+	i := 0
+	for i < len(v) && v[i] >= 0x20 && v[i] < utf8.RuneSelf {
+		i++
+	}
+	if i == len(v) {
+		return nil
+	}
 	if !utf8.ValidString(v) {
 		i := firstInvalidUTF8(v)
 		return invalid(field, "is not valid UTF-8 (byte 0x%02x at offset %d)", v[i], i)

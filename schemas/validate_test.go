@@ -2,8 +2,11 @@ package schemas
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // TestValidateText: text is valid UTF-8, checked on its bytes, and the
@@ -74,6 +77,46 @@ func BenchmarkValidate(b *testing.B) {
 	for b.Loop() {
 		if err := e.Validate(); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestCheckTextFastPath: CheckText, which takes ASCII without control
+// characters in one pass, answers every string as the plain rules do
+// (invalid UTF-8 first, then, in identity fields, a C0 control).
+func TestCheckTextFastPath(t *testing.T) {
+	ref := func(v string, identity bool) string {
+		if !utf8.ValidString(v) {
+			i := firstInvalidUTF8(v)
+			return fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at offset %d)", v[i], i)
+		}
+		if identity {
+			for i := 0; i < len(v); i++ {
+				if v[i] < 0x20 {
+					return fmt.Sprintf("holds the control character U+%04X at offset %d (not allowed in identity fields and source)", v[i], i)
+				}
+			}
+		}
+		return ""
+	}
+	cases := []string{"", "acme", "Zürich", "a\x00", "\x1f", "a\x7f", "\x00\xff", "a\tb\xc3", "é\n", "\ufffd", strings.Repeat("x", 100) + "\x01"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		b := make([]byte, rng.IntN(12))
+		for i := range b {
+			b[i] = []byte{'a', 0, 0x1f, 0x20, 0x7f, 0x80, 0xc3, 0xa9, 0xe2, 0xff}[rng.IntN(10)]
+		}
+		cases = append(cases, string(b))
+	}
+	for _, v := range cases {
+		for _, identity := range []bool{false, true} {
+			got := ""
+			if fe := CheckText("f", v, identity); fe != nil {
+				got = fe.Reason
+			}
+			if want := ref(v, identity); got != want {
+				t.Fatalf("CheckText(%q, identity %v) = %q, want %q", v, identity, got, want)
+			}
 		}
 	}
 }

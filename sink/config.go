@@ -23,7 +23,7 @@ const (
 // flags show too.
 const (
 	DefaultDatabase          = "meterline"
-	DefaultMaxBatchRecords   = 10_000
+	DefaultMaxBatchRecords   = 50_000
 	DefaultMaxBatchWait      = time.Second
 	DefaultCommitInterval    = time.Second
 	DefaultInsertTimeout     = 20 * time.Second
@@ -63,7 +63,12 @@ type Config struct {
 
 	// MaxBatchRecords caps the Kafka records (rows, and watermarks, which
 	// are not rows) of one INSERT batch: one INSERT per table. Default:
-	// 10,000.
+	// 50,000. Every INSERT costs the server a part per table it writes
+	// (the ledger table and each analyst table its views fill), with
+	// buffers per column, whatever its rows: at 10,000 rows per INSERT
+	// that fixed cost is most of what the analyst views cost
+	// (docs/benchmarks.md, "The analyst views"). MaxBatchWait and
+	// CommitInterval bound how long a record waits, whatever this is.
 	MaxBatchRecords int
 	// MaxBatchWait is the longest a polled record waits for its INSERT.
 	// Default: 1s.

@@ -12,7 +12,8 @@ import (
 
 // TestIngestLeavesNothingBehind runs bench ingest small on kfake to the end
 // and stopped by Ctrl-C during its rounds: it prints the table (events
-// counted as Kafka records) and leaves no topic behind either way.
+// counted as Kafka records, the CPU per record of each run) and leaves no
+// topic behind either way.
 func TestIngestLeavesNothingBehind(t *testing.T) {
 	for _, interrupt := range []bool{false, true} {
 		t.Run(map[bool]string{false: "to the end", true: "Ctrl-C in a round"}[interrupt], func(t *testing.T) {
@@ -31,7 +32,8 @@ func TestIngestLeavesNothingBehind(t *testing.T) {
 				t.Fatalf("bench: %v", err)
 			case interrupt && !errors.Is(err, context.Canceled):
 				t.Fatalf("bench returned %v, want context.Canceled", err)
-			case !interrupt && (!strings.Contains(out.String(), "meterline ingest:") || !strings.Contains(out.String(), "p99")):
+			case !interrupt && (!strings.Contains(out.String(), "meterline ingest:") || !strings.Contains(out.String(), "p99") ||
+				!strings.Contains(out.String(), "CPU per record (this process):") || !strings.Contains(w.buf.String(), "µs CPU per record")):
 				t.Errorf("no result table:\n%s", out.String())
 			}
 			if left := leftBehind(t, testenv.Admin(t, brokers), env.Topics.Prefix, t.TempDir()+"/none"); len(left) > 0 {

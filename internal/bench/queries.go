@@ -271,10 +271,10 @@ func querySets(q sink.AnalystQuery, median, largest string, month time.Time) []q
 }
 
 // sinkWithViews compares the sink's throughput without and with the
-// analyst views, over cfg.SinkRounds rounds of cfg.SinkRows rows, and adds
-// the medians to out.
+// analyst views, over cfg.SinkRounds rounds of cfg.SinkRows rows in
+// INSERTs of the sink's default batch, and adds the medians to out.
 func sinkWithViews(ctx context.Context, env *Env, cfg QueriesConfig, left *leftovers, stamp int64, out map[string]any) error {
-	b := &sinkBench{env: env, cfg: SinkConfig{Rows: cfg.SinkRows, Partitions: 16, Rounds: cfg.SinkRounds, BatchRows: 10000, Customers: 10000},
+	b := &sinkBench{env: env, cfg: SinkConfig{Rows: cfg.SinkRows, Partitions: 16, Rounds: cfg.SinkRounds, BatchRows: sink.DefaultMaxBatchRecords, Customers: 10000},
 		left: left, stamp: stamp}
 	b.names = env.Topics
 	b.names.Prefix = fmt.Sprintf("%sbench-queries-sink-%d.", env.Topics.Prefix, stamp)

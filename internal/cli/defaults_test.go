@@ -97,6 +97,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"migrate --database", parse("migrate").Migrate.Database, sink.DefaultDatabase},
 		{"verify --database", parse("verify").Verify.Database, sink.DefaultDatabase},
 		{"verify --group", parse("verify").Verify.Group, sink.DefaultGroup},
+		{"bench sink --batch-rows", parse("bench", "sink").Bench.Sink.BatchRows, sink.DefaultMaxBatchRecords},
 	}
 	ingestFlags := func(cmd, prefix string, f IngestFlags) []check {
 		flag := func(name string) string { return cmd + " --" + prefix + name }
