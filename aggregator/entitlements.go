@@ -67,12 +67,15 @@ var (
 // in the gate: an event's ingest_time, a watermark's watermark; 0 for
 // anything else (it is rejected or ignored when it leaves the gate), and
 // for a time too far ahead of the record's own (tooFarAhead: rejected).
-func (pt *partition) gateTime(r *kgo.Record) int64 {
-	t := gateTimeOf(r.Value, &pt.ev)
+//
+// decoded reports that r decoded as a DedupedEvent, now in pt.ev as
+// handle would decode it (handleDecoded goes on from there).
+func (pt *partition) gateTime(r *kgo.Record) (t int64, decoded bool) {
+	t, decoded = gateTimeOf(r.Value, &pt.ev)
 	if pt.tooFarAhead(r, t) {
-		return 0
+		return 0, decoded
 	}
-	return t
+	return t, decoded
 }
 
 // tooFarAhead reports whether t, a record's ingest_time or watermark, is
@@ -90,21 +93,21 @@ func (pt *partition) rejectTooFarAhead(tx *stream.Tx, r *kgo.Record, e *schemas.
 }
 
 // gateTimeOf returns an event's ingest_time, a watermark's watermark, 0
-// for anything else.
-func gateTimeOf(v []byte, scratch *schemas.DedupedEvent) int64 {
+// for anything else; decoded reports that v decoded into scratch.
+func gateTimeOf(v []byte, scratch *schemas.DedupedEvent) (t int64, decoded bool) {
 	*scratch = schemas.DedupedEvent{}
 	if schemas.DecodeInto(v, scratch) == nil {
-		return scratch.IngestTime
+		return scratch.IngestTime, true
 	}
 	if m, err := schemas.Decode(v); err == nil {
 		switch m := m.(type) {
 		case *schemas.Watermark:
-			return m.Watermark
+			return m.Watermark, false
 		case *schemas.DedupedEvent:
-			return m.IngestTime
+			return m.IngestTime, false
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // encodeGateRecord keeps what the aggregator reads of a record: its
@@ -173,6 +176,10 @@ type entPart struct {
 	// decoded keeps the Ledger's decoded plans and rate cards by their
 	// bytes (entitlements.DecodeCache): right whatever the state holds.
 	decoded map[string]any
+	// resolved keeps what the Ledger resolves for a customer's decisions
+	// (entitlements.ResolveCache): dropped whenever a key it comes from is
+	// written (ledgerStore), with the cache, and at every load.
+	resolved map[string]*entitlements.Resolved
 	// The metrics of the open transaction's decisions (pending), and of
 	// the transaction that flushed last (flushed): counted once the next
 	// transaction begins without an Abort, so that a re-decided event is
@@ -298,7 +305,8 @@ func decodeRoll(v []byte) (rollState, error) {
 
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
-	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{}}
+	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{},
+		resolved: map[string]*entitlements.Resolved{}}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -344,10 +352,11 @@ const maxLedgerCache = 50_000
 type ledgerStore struct {
 	tx *stream.Tx
 	e  *entPart
+	l  *entitlements.Ledger
 }
 
 // ledger returns the Ledger's store in tx.
-func (pt *partition) ledger(tx *stream.Tx) ledgerStore { return ledgerStore{tx, pt.ent} }
+func (pt *partition) ledger(tx *stream.Tx) ledgerStore { return ledgerStore{tx, pt.ent, pt.pr.ledger} }
 
 func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
 	if c, ok := s.e.cache[string(k)]; ok {
@@ -362,11 +371,21 @@ func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
 }
 
 func (s ledgerStore) Put(k, v []byte) {
+	s.wrote(k)
 	s.tx.Put(k, v)
 	s.keep(k, cachedValue{bytes.Clone(v), true})
 }
 
+// putOwned is Put of a value nothing changes after: the cache keeps v
+// itself.
+func (s ledgerStore) putOwned(k, v []byte) {
+	s.wrote(k)
+	s.tx.Put(k, v)
+	s.keep(k, cachedValue{v, true})
+}
+
 func (s ledgerStore) Delete(k []byte) {
+	s.wrote(k)
 	s.tx.Delete(k)
 	s.keep(k, cachedValue{})
 }
@@ -389,6 +408,27 @@ func (s ledgerStore) KeepDecoded(v []byte, x any) {
 	s.e.decoded[string(v)] = x
 }
 
+// wrote drops every Resolved when k is a key they come from.
+func (s ledgerStore) wrote(k []byte) {
+	if s.l.Resolves(k) {
+		clear(s.e.resolved)
+	}
+}
+
+// Resolved implements entitlements.ResolveCache.
+func (s ledgerStore) Resolved(customer string) (*entitlements.Resolved, bool) {
+	r, ok := s.e.resolved[customer]
+	return r, ok
+}
+
+// KeepResolved implements entitlements.ResolveCache.
+func (s ledgerStore) KeepResolved(customer string, r *entitlements.Resolved) {
+	if len(s.e.resolved) >= maxLedgerCache {
+		clear(s.e.resolved)
+	}
+	s.e.resolved[customer] = r
+}
+
 // maxDecoded bounds the decoded values a partition keeps: the plans of
 // the customers it sees most, the default plan, the rate card.
 const maxDecoded = 10_000
@@ -396,6 +436,7 @@ const maxDecoded = 10_000
 func (s ledgerStore) keep(k []byte, c cachedValue) {
 	if len(s.e.cache) >= maxLedgerCache {
 		clear(s.e.cache)
+		clear(s.e.resolved)
 	}
 	s.e.cache[string(k)] = c
 }
@@ -409,18 +450,22 @@ func (ledgerReader) Delete(_ []byte) {}
 
 // gateIn puts r in the gate when it must wait: the gate is not empty, or
 // r's time is past what the entitlements partition has been read up to.
-// It reports whether it did.
-func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) bool {
+// It reports whether it did, and, when it did not, whether r is decoded
+// in pt.ev (gateTime): handleDecoded then spares decoding it again.
+func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) (gated, decoded bool) {
 	e := pt.ent
-	if e.gateN == 0 && e.passes(pt.gateTime(r)) {
-		return false
+	if e.gateN == 0 {
+		t, dec := pt.gateTime(r)
+		if e.passes(t) {
+			return false, dec
+		}
 	}
 	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
 	tx.Put(k, encodeGateRecord(r))
 	e.gateNext++
 	e.gateN++
 	tx.Put(keyGateNext, binary.BigEndian.AppendUint64(nil, e.gateNext))
-	return true
+	return true, false
 }
 
 // passes reports whether a record waiting for broker time t can leave the
@@ -478,13 +523,19 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		if err != nil {
 			return done, err
 		}
-		if !e.passes(pt.gateTime(r)) {
+		t, decoded := pt.gateTime(r)
+		if !e.passes(t) {
 			break
 		}
 		tx.Delete(kv.k)
 		e.gateN--
 		done++
-		if err := pt.handle(tx, r); err != nil {
+		if decoded {
+			err = pt.handleDecoded(tx, r)
+		} else {
+			err = pt.handle(tx, r)
+		}
+		if err != nil {
 			return done, err
 		}
 	}
@@ -570,7 +621,10 @@ func (pt *partition) pruneHorizon() int64 {
 // event's aggregate has taken the event.
 func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
-	ch := &charge{pt: pt, st: chargeStore{ledgerStore: pt.ledger(tx)}, customer: e.CustomerID, arrival: e.IngestTime}
+	// The partition's charge, reused: an event's charge is committed or
+	// dropped before the next event is decided.
+	ch := &pt.charge
+	*ch = charge{pt: pt, st: chargeStore{ledgerStore: pt.ledger(tx), writes: ch.st.writes[:0]}, customer: e.CustomerID, arrival: e.IngestTime}
 	d, err := l.Decide(&ch.st, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
 		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime})
 	if err != nil {
@@ -607,7 +661,7 @@ type charge struct {
 func (ch *charge) commit() {
 	for _, w := range ch.st.writes {
 		if w.ok {
-			ch.st.ledgerStore.Put(w.k, w.v)
+			ch.st.ledgerStore.putOwned(w.k, w.v)
 		} else {
 			ch.st.ledgerStore.Delete(w.k)
 		}
@@ -639,11 +693,14 @@ func (s *chargeStore) Get(k []byte) ([]byte, bool, error) {
 	return s.ledgerStore.Get(k)
 }
 
+// Put keeps k and v, not copies: Ledger.Decide writes keys and values it
+// built for the write and never changes after (and the Ledger's fixed
+// keys, which nothing changes).
 func (s *chargeStore) Put(k, v []byte) {
-	s.writes = append(s.writes, pendingWrite{bytes.Clone(k), bytes.Clone(v), true})
+	s.writes = append(s.writes, pendingWrite{k, v, true})
 }
 
-func (s *chargeStore) Delete(k []byte) { s.writes = append(s.writes, pendingWrite{k: bytes.Clone(k)}) }
+func (s *chargeStore) Delete(k []byte) { s.writes = append(s.writes, pendingWrite{k: k}) }
 
 // Scan is the ledger store's: a decision scans nothing (Ledger.Decide
 // reads and writes single keys).

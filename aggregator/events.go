@@ -26,10 +26,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	// through Decode, which says what it is or why it is undecodable.
 	pt.ev = schemas.DedupedEvent{}
 	if schemas.DecodeInto(r.Value, &pt.ev) == nil {
-		if pt.tooFarAhead(r, pt.ev.IngestTime) {
-			return pt.rejectTooFarAhead(tx, r, &pt.ev, "ingest_time", pt.ev.IngestTime)
-		}
-		return pt.event(tx, r, &pt.ev, false)
+		return pt.handleDecoded(tx, r)
 	}
 	msg, err := schemas.Decode(r.Value)
 	if err != nil {
@@ -49,6 +46,14 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	default:
 		return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
 	}
+}
+
+// handleDecoded is handle of a record that DecodeInto decoded into pt.ev.
+func (pt *partition) handleDecoded(tx *stream.Tx, r *kgo.Record) error {
+	if pt.tooFarAhead(r, pt.ev.IngestTime) {
+		return pt.rejectTooFarAhead(tx, r, &pt.ev, "ingest_time", pt.ev.IngestTime)
+	}
+	return pt.event(tx, r, &pt.ev, false)
 }
 
 func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) error {

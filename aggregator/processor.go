@@ -75,6 +75,7 @@ type partition struct {
 	bStart, bEnd int64
 	bOK          bool
 	ev           schemas.DedupedEvent // the event being handled, reused
+	charge       charge               // the charge of the event being decided, reused (decideEvent)
 	keysGauge    prometheus.Gauge
 	pendingGauge prometheus.Gauge // periods whose FINALs or queued adjustments are still going out
 	wmGauge      prometheus.Gauge // nil until the first watermark
@@ -393,10 +394,20 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		}
 	}
 	for _, r := range recs {
-		if pt.ent != nil && pt.gateIn(tx, r) {
-			continue
+		decoded := false
+		if pt.ent != nil {
+			var gated bool
+			if gated, decoded = pt.gateIn(tx, r); gated {
+				continue
+			}
 		}
-		if err := pt.handle(tx, r); err != nil {
+		var err error
+		if decoded {
+			err = pt.handleDecoded(tx, r)
+		} else {
+			err = pt.handle(tx, r)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -414,6 +425,7 @@ func (pt *partition) Abort() {
 	if pt.ent != nil {
 		clear(pt.ent.changed)
 		clear(pt.ent.cache)
+		clear(pt.ent.resolved)
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 	}

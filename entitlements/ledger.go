@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/meterline/meterline/schemas"
@@ -31,6 +32,77 @@ type DecodeCache interface {
 	Decoded(v []byte) (any, bool)
 	// KeepDecoded keeps x, decoded from the bytes v.
 	KeepDecoded(v []byte, x any)
+}
+
+// ResolveCache is what a Store may also implement: what Decide resolves
+// for a customer before its reads of usage and grants (the customer's
+// Timeline, the default plan's, the RateHistory), kept decoded. The Store
+// must forget every Resolved it keeps when a key for which
+// Ledger.Resolves reports true is written or deleted, and with every
+// write it drops (an aborted transaction).
+type ResolveCache interface {
+	// Resolved returns what KeepResolved kept for the customer.
+	Resolved(customer string) (*Resolved, bool)
+	// KeepResolved keeps r for the customer.
+	KeepResolved(customer string, r *Resolved)
+}
+
+// Resolved is what Decide resolves for a customer (ResolveCache). Its
+// values are never modified.
+type Resolved struct {
+	own, def *Timeline
+	rates    *RateHistory
+}
+
+// Resolves reports whether k is a key whose write makes every Resolved
+// stale: a customer's or the default plan's Timeline, the RateHistory.
+func (l *Ledger) Resolves(k []byte) bool {
+	n := len(l.cfg.Prefix)
+	if len(k) <= n || string(k[:n]) != string(l.cfg.Prefix) {
+		return false
+	}
+	switch k[n] {
+	case subTimeline, subDefault, subRates:
+		return true
+	}
+	return false
+}
+
+// resolve returns what Decide resolves for a customer, through st's
+// ResolveCache if it has one.
+func (l *Ledger) resolve(st Store, customer string) (*Resolved, error) {
+	rc, cached := st.(ResolveCache)
+	if cached {
+		if r, ok := rc.Resolved(customer); ok {
+			return r, nil
+		}
+	}
+	own, err := l.readTimeline(st, l.customerKey(subTimeline, customer))
+	if err != nil {
+		return nil, err
+	}
+	def, err := l.readTimeline(st, l.keyDefault)
+	if err != nil {
+		return nil, err
+	}
+	h, err := l.readRates(st)
+	if err != nil {
+		return nil, err
+	}
+	r := &Resolved{own: own, def: def, rates: h}
+	if cached {
+		rc.KeepResolved(customer, r)
+	}
+	return r, nil
+}
+
+// planAt is PlanAt on resolved timelines.
+func planAt(own, def *Timeline, arrival int64) *Plan {
+	if p, ok := own.At(arrival); ok && p != nil {
+		return p
+	}
+	p, _ := def.At(arrival)
+	return p
 }
 
 // Config configures a Ledger.
@@ -92,6 +164,8 @@ func (c *Config) Validate() error {
 // whole story. It is not safe for concurrent use on one Store.
 type Ledger struct {
 	cfg Config
+	// The keys without a customer, built once.
+	keyDefault, keyRates, keyReadTo []byte
 }
 
 // New returns a Ledger.
@@ -101,7 +175,9 @@ func New(cfg Config) (*Ledger, error) {
 		return nil, err
 	}
 	cfg.Prefix = append([]byte(nil), cfg.Prefix...)
-	return &Ledger{cfg: cfg}, nil
+	l := &Ledger{cfg: cfg}
+	l.keyDefault, l.keyRates, l.keyReadTo = l.key(subDefault), l.key(subRates), l.key(subReadTo)
+	return l, nil
 }
 
 const (
@@ -129,12 +205,34 @@ func (l *Ledger) key(sub byte, parts ...[]byte) []byte {
 
 func period8(start int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(start)) }
 
+// customerKey returns the key sub C, and the keys of one customer's
+// period: sub P C (and a framed meter), each in one allocation (Decide
+// builds several keys an event).
+func (l *Ledger) customerKey(sub byte, customer string) []byte {
+	k := make([]byte, 0, len(l.cfg.Prefix)+1+framedLen(customer))
+	return schemas.AppendFramed(append(append(k, l.cfg.Prefix...), sub), customer)
+}
+
+func (l *Ledger) periodKey(sub byte, start int64, customer string, meter ...string) []byte {
+	n := len(l.cfg.Prefix) + 1 + 8 + framedLen(customer)
+	for _, m := range meter {
+		n += framedLen(m)
+	}
+	k := make([]byte, 0, n)
+	k = binary.BigEndian.AppendUint64(append(append(k, l.cfg.Prefix...), sub), uint64(start))
+	k = schemas.AppendFramed(k, customer)
+	return schemas.AppendFramed(k, meter...)
+}
+
+// framedLen is the length of s framed (schemas.AppendFramed).
+func framedLen(s string) int { return len(s) + len(strconv.Itoa(len(s))) + 1 }
+
 func (l *Ledger) usageKey(start int64, customer, meter string) []byte {
-	return l.key(subUsage, period8(start), schemas.CustomerKey(customer), schemas.AppendFramed(nil, meter))
+	return l.periodKey(subUsage, start, customer, meter)
 }
 
 func (l *Ledger) overdrawKey(start int64, customer string) []byte {
-	return l.key(subOverdraw, period8(start), schemas.CustomerKey(customer))
+	return l.periodKey(subOverdraw, start, customer)
 }
 
 func (l *Ledger) getInt(st Store, k []byte) (int64, error) {
@@ -195,7 +293,7 @@ func (l *Ledger) readRates(st Store) (*RateHistory, error) {
 	if !ok {
 		return l.rates(st)
 	}
-	k := l.key(subRates)
+	k := l.keyRates
 	v, found, err := st.Get(k)
 	if err != nil || !found {
 		return &RateHistory{}, err
@@ -224,7 +322,7 @@ func (l *Ledger) putTimeline(st Store, k []byte, t *Timeline) {
 
 func (l *Ledger) rates(st Store) (*RateHistory, error) {
 	h := &RateHistory{}
-	k := l.key(subRates)
+	k := l.keyRates
 	v, ok, err := st.Get(k)
 	if err != nil || !ok {
 		return h, err
@@ -240,7 +338,7 @@ func (l *Ledger) rates(st Store) (*RateHistory, error) {
 // arrived before it can be decided: every record that can decide it has
 // been read. One that arrived at it cannot yet: a record of the same
 // millisecond, not read yet, would apply to it (Timeline.At).
-func (l *Ledger) ReadTo(st Store) (int64, error) { return l.getInt(st, l.key(subReadTo)) }
+func (l *Ledger) ReadTo(st Store) (int64, error) { return l.getInt(st, l.keyReadTo) }
 
 // Advance records that the entitlements partition has been read up to
 // broker time written. Apply calls it; call it for every other record
@@ -251,7 +349,7 @@ func (l *Ledger) Advance(st Store, written int64) error {
 		return err
 	}
 	if written > cur {
-		l.putInt(st, l.key(subReadTo), written)
+		l.putInt(st, l.keyReadTo, written)
 	}
 	return nil
 }
@@ -276,11 +374,11 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 			return err
 		}
 		b, _ := h.MarshalBinary()
-		st.Put(l.key(subRates), b)
+		st.Put(l.keyRates, b)
 	default:
-		k := l.key(subDefault)
+		k := l.keyDefault
 		if r.Key.Reserved == "" {
-			k = l.key(subTimeline, schemas.CustomerKey(r.Key.Customer))
+			k = l.customerKey(subTimeline, r.Key.Customer)
 		}
 		t, err := l.timeline(st, k)
 		if err != nil {
@@ -313,14 +411,14 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 // arrival: the customer's own version, else the default plan's, else nil
 // (no plan).
 func (l *Ledger) PlanAt(st Store, customer string, arrival int64) (*Plan, error) {
-	t, err := l.readTimeline(st, l.key(subTimeline, schemas.CustomerKey(customer)))
+	t, err := l.readTimeline(st, l.customerKey(subTimeline, customer))
 	if err != nil {
 		return nil, err
 	}
 	if p, ok := t.At(arrival); ok && p != nil {
 		return p, nil
 	}
-	d, err := l.readTimeline(st, l.key(subDefault))
+	d, err := l.readTimeline(st, l.keyDefault)
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +441,7 @@ type grantUse struct {
 const maxGrantUses = 1 << 20
 
 func (l *Ledger) grantUses(st Store, customer string) ([]grantUse, error) {
-	k := l.key(subGrants, schemas.CustomerKey(customer))
+	k := l.customerKey(subGrants, customer)
 	v, ok, err := st.Get(k)
 	if err != nil || !ok {
 		return nil, err
@@ -365,7 +463,7 @@ func (l *Ledger) grantUses(st Store, customer string) ([]grantUse, error) {
 }
 
 func (l *Ledger) putGrantUses(st Store, customer string, us []grantUse) {
-	k := l.key(subGrants, schemas.CustomerKey(customer))
+	k := l.customerKey(subGrants, customer)
 	if len(us) == 0 {
 		st.Delete(k)
 		return
@@ -408,31 +506,45 @@ func consumedOf(us []grantUse, id string) int64 {
 // Store's, or corrupt state, never the event's: a bad event is a
 // Decision with Outcome Invalid.
 func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
-	plan, err := l.PlanAt(st, customer, ev.Arrival)
+	res, err := l.resolve(st, customer)
 	if err != nil {
 		return Decision{}, err
 	}
-	h, err := l.readRates(st)
-	if err != nil {
-		return Decision{}, err
-	}
-	rate, hasRate := h.Rate(ev.Arrival, ev.EventTime, ev.Meter)
+	plan := planAt(res.own, res.def, ev.Arrival)
+	rate, hasRate := res.rates.Rate(ev.Arrival, ev.EventTime, ev.Meter)
 	start, _ := l.cfg.Period(ev.EventTime)
-	uk, ok := l.usageKey(start, customer, ev.Meter), l.overdrawKey(start, customer)
-	usage, err := l.getInt(st, uk)
-	if err != nil {
-		return Decision{}, err
+	// Only what the decision can depend on is read (Decide reads the
+	// usage of SUM and COUNT meters only, the overdraft under a policy
+	// that allows it only, and what grants paid only for an event that
+	// costs something): the same decision, fewer reads.
+	var uk, ok []byte
+	var usage, overdrawn int64
+	if Charged(ev.Aggregation) {
+		uk = l.usageKey(start, customer, ev.Meter)
+		if usage, err = l.getInt(st, uk); err != nil {
+			return Decision{}, err
+		}
 	}
-	overdrawn, err := l.getInt(st, ok)
-	if err != nil {
-		return Decision{}, err
+	if p := plan; p == nil || p.Overdraft.Policy == schemas.OverdraftAllow {
+		ok = l.overdrawKey(start, customer)
+		if overdrawn, err = l.getInt(st, ok); err != nil {
+			return Decision{}, err
+		}
 	}
-	uses, err := l.grantUses(st, customer)
-	if err != nil {
-		return Decision{}, err
+	var uses []grantUse
+	var usesErr error
+	usesRead := false
+	consumed := func(id string) int64 {
+		if !usesRead {
+			usesRead = true
+			uses, usesErr = l.grantUses(st, customer)
+		}
+		return consumedOf(uses, id)
 	}
-	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn,
-		Consumed: func(id string) int64 { return consumedOf(uses, id) }})
+	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn, Consumed: consumed})
+	if usesErr != nil {
+		return Decision{}, usesErr
+	}
 	d.Plan = plan
 	if d.Outcome != Accepted {
 		return d, nil
@@ -466,9 +578,17 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 // at with what it has paid, and the overdraft of the period. revision is
 // the stage's (larger for every later balance of the customer).
 func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schemas.Balance, error) {
-	plan, err := l.PlanAt(st, customer, at)
-	if err != nil {
+	var plan *Plan
+	if _, cached := st.(ResolveCache); cached {
+		res, err := l.resolve(st, customer)
+		if err != nil {
+			return nil, err
+		}
+		plan = planAt(res.own, res.def, at)
+	} else if p, err := l.PlanAt(st, customer, at); err != nil {
 		return nil, err
+	} else {
+		plan = p
 	}
 	if plan == nil {
 		plan = noPlan
@@ -519,7 +639,7 @@ func (l *Ledger) eventTimeHorizon(horizon int64) int64 {
 // arrives at or after horizon (for the aggregator: its watermark, less
 // what a re-routed event's arrival may lag).
 func (l *Ledger) PruneShared(st Store, horizon int64) error {
-	k := l.key(subDefault)
+	k := l.keyDefault
 	t, err := l.timeline(st, k)
 	if err != nil {
 		return err
@@ -538,7 +658,7 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 		h.Prune(l.eventTimeHorizon(horizon))
 		if h.Len() != n {
 			b, _ := h.MarshalBinary()
-			st.Put(l.key(subRates), b)
+			st.Put(l.keyRates, b)
 		}
 	}
 	return nil
@@ -552,7 +672,7 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 // window. A grant id offered again after that is a new grant. Keys left
 // empty are deleted.
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
-	tk := l.key(subTimeline, schemas.CustomerKey(customer))
+	tk := l.customerKey(subTimeline, customer)
 	t, err := l.timeline(st, tk)
 	if err != nil {
 		return err
@@ -567,7 +687,7 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	if err != nil || len(uses) == 0 {
 		return err
 	}
-	d, err := l.timeline(st, l.key(subDefault))
+	d, err := l.timeline(st, l.keyDefault)
 	if err != nil {
 		return err
 	}
