@@ -180,16 +180,26 @@ type entPart struct {
 	// (entitlements.ResolveCache): dropped whenever a key it comes from is
 	// written (ledgerStore), with the cache, and at every load.
 	resolved map[string]*entitlements.Resolved
-	// The metrics of the open transaction's decisions (pending), and of
-	// the transaction that flushed last (flushed): counted once the next
-	// transaction begins without an Abort, so that a re-decided event is
-	// counted once.
+	// The metrics of the open transaction's decisions and entitlements
+	// records (pending), and of the transaction that flushed last
+	// (flushed): counted once the next transaction begins without an
+	// Abort, so that a re-decided event or a re-read record is counted
+	// once.
 	pending, flushed entMetrics
 }
 
 type entMetrics struct {
 	decisions map[[2]string]float64 // outcome, plan
 	credits   map[string]float64    // plan
+	records   map[string]float64    // result of an entitlements record
+}
+
+// record counts a record of usage.entitlements by its result.
+func (m *entMetrics) record(result string) {
+	if m.records == nil {
+		m.records = map[string]float64{}
+	}
+	m.records[result]++
 }
 
 func (m *entMetrics) add(outcome, plan string, cost int64) {
@@ -202,14 +212,17 @@ func (m *entMetrics) add(outcome, plan string, cost int64) {
 	}
 }
 
-func (m *entMetrics) clear() { m.decisions, m.credits = nil, nil }
+func (m *entMetrics) clear() { m.decisions, m.credits, m.records = nil, nil, nil }
 
 // publishEnt counts the decisions of the last flushed transaction, which
 // committed: no Abort came since.
 func (pt *partition) publishEnt() {
 	e := pt.ent
-	if e == nil || e.flushed.decisions == nil {
+	if e == nil || e.flushed.decisions == nil && e.flushed.records == nil {
 		return
+	}
+	for k, v := range e.flushed.records {
+		pt.pr.m.entRecords.WithLabelValues(k).Add(v)
 	}
 	for k, v := range e.flushed.decisions {
 		pt.pr.m.decisions.WithLabelValues(k[0], k[1]).Add(v)
@@ -555,7 +568,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
 		switch {
 		case err != nil:
-			pt.pr.m.entRecords.WithLabelValues("rejected").Inc()
+			pt.ent.pending.record("rejected")
 			if err := pt.reject(tx, r, nil, entitlements.Reason(err), err.Error()); err != nil {
 				return err
 			}
@@ -568,23 +581,23 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			// depends on how far behind this partition is read.
 			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
 			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: pt.pr.now()})
-			pt.pr.m.entRecords.WithLabelValues("rerouted").Inc()
+			pt.ent.pending.record("rerouted")
 			pt.pr.log.Info("entitlements record re-produced to its canonical partition", zap.Int32("partition", pt.p),
 				zap.Int32("canonical_partition", canon), zap.Int64("offset", r.Offset))
 		case rec.IsTick():
-			pt.pr.m.entRecords.WithLabelValues("tick").Inc()
+			pt.ent.pending.record("tick")
 		default:
 			if err := l.Apply(pt.ledger(tx), rec); err != nil {
 				if !errors.Is(err, entitlements.ErrInvalid) {
 					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
 				}
-				pt.pr.m.entRecords.WithLabelValues("rejected").Inc()
+				pt.ent.pending.record("rejected")
 				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, err.Error()); err != nil {
 					return err
 				}
 				break
 			}
-			pt.pr.m.entRecords.WithLabelValues("applied").Inc()
+			pt.ent.pending.record("applied")
 			if rec.Key.Reserved == "" {
 				pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
 				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {

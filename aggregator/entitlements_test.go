@@ -714,3 +714,46 @@ func TestEntitlementsFarFutureDoesNotStallGate(t *testing.T) {
 		t.Errorf("acme counted %d, want the event behind them counted (1)", v)
 	}
 }
+
+// TestEntitlementsRecordsCountedOnce: a record of usage.entitlements read
+// in a transaction that aborts is read again in the next one; the metric
+// counts it once, when its transaction committed.
+func TestEntitlementsRecordsCountedOnce(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newEntHarness(t, brokers, 1)
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1 // no ticks: the records below are the only input
+	cfg.Stream.Registerer = reg
+	testenv.FailNextTxnOffsetCommit(c)
+	run := h.start(cfg)
+	at := time.Now().UnixMilli()
+	h.produce(
+		h.entitlement(1, &schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, at),
+		h.entitlement(1, &schemas.Entitlements{CustomerID: "globex", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, at),
+		h.entitlement(1, &schemas.Entitlements{CustomerID: "initech", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, at))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		tc := transactionCounts(reg)
+		if tc["aborted"] >= 1 && tc["committed"] >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no aborted and then committed transaction with the records: transactions %v", tc)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The next transaction publishes what the committed one counted.
+	h.produce(h.entitlement(1, &schemas.Entitlements{CustomerID: "hooli", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, at))
+	deadline = time.Now().Add(30 * time.Second)
+	for counterOf(reg, "meterline_aggregate_entitlements_records_total") < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if v := counterOf(reg, "meterline_aggregate_entitlements_records_total"); v != 4 && v != 3 {
+		t.Fatalf("entitlements records counted %v times, want 3 or 4 (each record once; the aborted transaction's reads not counted)", v)
+	}
+}
