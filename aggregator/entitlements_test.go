@@ -656,10 +656,7 @@ func TestEntitlementsRefusedByAggregateNotCharged(t *testing.T) {
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	var reasons []string
-	for _, r := range readRejected(t, h) {
-		reasons = append(reasons, r.EventID+":"+r.Reason)
-	}
+	reasons := rejectedReasons(t, h)
 	if fmt.Sprint(reasons) != "[wraps:invalid]" {
 		t.Fatalf("rejected %v, want [wraps:invalid]", reasons)
 	}
@@ -703,10 +700,7 @@ func TestEntitlementsFarFutureDoesNotStallGate(t *testing.T) {
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	var reasons []string
-	for _, r := range readRejected(t, h) {
-		reasons = append(reasons, r.EventID+":"+r.Reason)
-	}
+	reasons := rejectedReasons(t, h)
 	if fmt.Sprint(reasons) != "[far:invalid :invalid]" {
 		t.Errorf("rejected %v, want the far event and the watermark as invalid", reasons)
 	}
@@ -756,4 +750,14 @@ func TestEntitlementsRecordsCountedOnce(t *testing.T) {
 	if v := counterOf(reg, "meterline_aggregate_entitlements_records_total"); v != 4 && v != 3 {
 		t.Fatalf("entitlements records counted %v times, want 3 or 4 (each record once; the aborted transaction's reads not counted)", v)
 	}
+}
+
+// rejectedReasons lists usage.rejected as event_id:reason, in order.
+func rejectedReasons(t testing.TB, h *aggHarness) []string {
+	t.Helper()
+	var reasons []string
+	for _, r := range readRejected(t, h) {
+		reasons = append(reasons, r.EventID+":"+r.Reason)
+	}
+	return reasons
 }
