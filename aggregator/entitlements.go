@@ -194,6 +194,10 @@ type entPart struct {
 	accountBuf    []byte // flushAccounts' encoding, reused
 	// store is the Ledger's store of the partition (ledger).
 	store ledgerStore
+	// labelPlan and label: the plan label (planLabels) of the last plan
+	// a decision named, which never changes for a plan.
+	labelPlan *entitlements.Plan
+	label     string
 	// The metrics of the open transaction's decisions and entitlements
 	// records (pending), and of the transaction that flushed last
 	// (flushed): counted once the next transaction begins without an
@@ -722,7 +726,10 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
 	ch.d = d
-	ch.label = pt.pr.plans.label(d.Plan)
+	if e := pt.ent; e.label == "" || e.labelPlan != d.Plan {
+		e.labelPlan, e.label = d.Plan, pt.pr.plans.label(d.Plan)
+	}
+	ch.label = pt.ent.label
 	// Guarantee: the decision and its charge are in the open transaction
 	// only; a crash here aborts both, and the event is decided again from
 	// the committed balance.
@@ -881,7 +888,7 @@ const maxPlanLabels = 64
 
 // planLabels hands out the plan label of the metrics: the plan's name for
 // the first maxPlanLabels names seen, "other" after; "none" for no plan
-// and "unnamed" for a plan without a name.
+// and "unnamed" for a plan without a name. A name's label never changes.
 type planLabels struct {
 	mu   sync.Mutex
 	seen map[string]bool
