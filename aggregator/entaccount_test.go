@@ -164,3 +164,30 @@ func TestEntitlementsOneRecordPerCustomer(t *testing.T) {
 		t.Fatalf("acme's balance %+v, want 40 units of each meter and 440 micro-credits consumed", b)
 	}
 }
+
+// TestAccountsBoundedKeepChanged: the partition's accounts are bounded:
+// past maxAccounts the unchanged ones are dropped, never one the open
+// transaction changed (Flush has yet to write it).
+func TestAccountsBoundedKeepChanged(t *testing.T) {
+	e := &entPart{accounts: map[string]*heldAccount{}}
+	s := ledgerStore{e: e}
+	changed := &entitlements.Account{}
+	s.KeepAccount("changed", changed)
+	s.ChangedAccount("changed", changed)
+	for i := 1; i < maxAccounts; i++ {
+		s.KeepAccount(fmt.Sprint("c", i), &entitlements.Account{})
+	}
+	if len(e.accounts) != maxAccounts {
+		t.Fatalf("%d accounts kept, want %d", len(e.accounts), maxAccounts)
+	}
+	s.KeepAccount("one more", &entitlements.Account{})
+	if len(e.accounts) != 2 {
+		t.Fatalf("%d accounts kept past the bound, want the changed one and the new one", len(e.accounts))
+	}
+	if a, ok := s.Account("changed"); !ok || a != changed || !e.accounts["changed"].dirty {
+		t.Fatal("the changed account was dropped")
+	}
+	if len(e.dirtyAccounts) != 1 || e.dirtyAccounts[0] != "changed" {
+		t.Fatalf("changed accounts %q", e.dirtyAccounts)
+	}
+}

@@ -550,10 +550,11 @@ func (pt *partition) materialize(tx *stream.Tx) {
 func (pt *partition) Flush(tx *stream.Tx) error {
 	pt.saveKeyCount(tx)
 	if pt.ent != nil {
-		pt.flushAccounts(tx)
 		if err := pt.flushBalances(tx); err != nil {
 			return err
 		}
+		// Last: whatever changed an account in this transaction has.
+		pt.flushAccounts(tx)
 	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {
