@@ -70,7 +70,8 @@ func dayBoundsMs(ms int64) (int64, int64) {
 // customer's events in the partition's in-memory accounts aborts (its
 // offset commit fails) while the partition stays; the events are decided
 // again from the committed state, not from the aborted decisions: all
-// three fit the cap of 3, none is over_limit, and the balance says 3.
+// three fit the cap of 3, none is over_limit, the balance says 3, and the
+// decisions metric counts each committed decision once.
 func TestEntitlementsAbortDropsAccounts(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newEntHarness(t, brokers, 1)
@@ -95,8 +96,19 @@ func TestEntitlementsAbortDropsAccounts(t *testing.T) {
 	}
 	h.caughtUp()
 	awaitDecided(t, h, 3)
+	// The next transaction counts the committed decisions in the metric.
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "next", CustomerID: "other", Meter: "api_calls",
+		Quantity: 1, EventTime: day + 2000, IngestTime: day + 2000}))
+	const decisions = "meterline_aggregate_entitlement_decisions_total"
+	for deadline := time.Now().Add(30 * time.Second); counterOf(reg, decisions) < 3 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
+	}
+	// acme's 3, the aborted transaction's not; other's maybe.
+	if v := counterOf(reg, decisions); v != 3 && v != 4 {
+		t.Errorf("%v decisions counted, want 3 or 4 (each committed decision once)", v)
 	}
 	if after := transactionCounts(reg); after["aborted"] <= before["aborted"] {
 		t.Fatalf("no aborted transaction (before %v, after %v): the test did not test anything", before, after)
@@ -189,5 +201,34 @@ func TestAccountsBoundedKeepChanged(t *testing.T) {
 	}
 	if len(e.dirtyAccounts) != 1 || e.dirtyAccounts[0] != "changed" {
 		t.Fatalf("changed accounts %q", e.dirtyAccounts)
+	}
+}
+
+// TestEntMetricsRuns: the decisions and credits counted in runs add up to
+// what counting each decision in the maps gives, whatever the order.
+func TestEntMetricsRuns(t *testing.T) {
+	var m entMetrics
+	want := map[[2]string]float64{}
+	wantCredits := map[string]float64{}
+	outcomes := []string{"accepted", "over_limit", "no_credit"}
+	plans := []string{"free", "pro", "none"}
+	for i := range 1000 {
+		o, p := outcomes[i*7%11%3], plans[i/3%3]
+		cost := int64(0)
+		if o == "accepted" {
+			cost = int64(i % 5)
+		}
+		m.add(o, p, cost)
+		want[[2]string{o, p}]++
+		if cost > 0 {
+			wantCredits[p] += float64(cost)
+		}
+		if i%97 == 0 {
+			m.fold()
+		}
+	}
+	m.fold()
+	if fmt.Sprint(m.decisions) != fmt.Sprint(want) || fmt.Sprint(m.credits) != fmt.Sprint(wantCredits) {
+		t.Fatalf("decisions %v credits %v, want %v %v", m.decisions, m.credits, want, wantCredits)
 	}
 }

@@ -210,6 +210,11 @@ type entMetrics struct {
 	decisions map[[2]string]float64 // outcome, plan
 	credits   map[string]float64    // plan
 	records   map[string]float64    // result of an entitlements record
+	// A run of decisions of one outcome and plan (the usual case), counted
+	// here and folded into decisions and credits when another comes or
+	// before they are read (fold): no map update per event.
+	run           [2]string
+	runN, runCost float64
 }
 
 // record counts a record of usage.entitlements by its result.
@@ -224,13 +229,27 @@ func (m *entMetrics) add(outcome, plan string, cost int64) {
 	if m.decisions == nil {
 		m.decisions, m.credits = map[[2]string]float64{}, map[string]float64{}
 	}
-	m.decisions[[2]string{outcome, plan}]++
-	if cost > 0 {
-		m.credits[plan] += float64(cost)
+	if m.runN == 0 || m.run[0] != outcome || m.run[1] != plan {
+		m.fold()
+		m.run = [2]string{outcome, plan}
 	}
+	m.runN++
+	m.runCost += float64(cost)
 }
 
-func (m *entMetrics) clear() { m.decisions, m.credits, m.records = nil, nil, nil }
+// fold adds the run to decisions and credits.
+func (m *entMetrics) fold() {
+	if m.runN == 0 {
+		return
+	}
+	m.decisions[m.run] += m.runN
+	if m.runCost > 0 {
+		m.credits[m.run[1]] += m.runCost
+	}
+	m.runN, m.runCost = 0, 0
+}
+
+func (m *entMetrics) clear() { *m = entMetrics{} }
 
 // publishEnt counts the decisions of the last flushed transaction, which
 // committed: no Abort came since.
@@ -239,6 +258,7 @@ func (pt *partition) publishEnt() {
 	if e == nil || e.flushed.decisions == nil && e.flushed.records == nil {
 		return
 	}
+	e.flushed.fold()
 	for k, v := range e.flushed.records {
 		pt.pr.m.entRecords.WithLabelValues(k).Add(v)
 	}
