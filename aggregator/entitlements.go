@@ -180,6 +180,24 @@ type entPart struct {
 	// (entitlements.ResolveCache): dropped whenever a key it comes from is
 	// written (ledgerStore), with the cache, and at every load.
 	resolved map[string]*entitlements.Resolved
+	// accounts keeps the customers' Accounts decoded
+	// (entitlements.AccountCache), as the committed state and the open
+	// transaction have them: the Ledger changes them in place, so a
+	// decision costs no state write and no encoding. dirtyAccounts lists
+	// the customers whose account the open transaction changed, in the
+	// order of its first change: Flush writes each once (flushAccounts),
+	// one changelog record per changed customer. Both are dropped with an
+	// aborted transaction (Abort) and at every load, so an aborted
+	// decision never survives in memory.
+	accounts      map[string]*heldAccount
+	dirtyAccounts []string
+	accountBuf    []byte // flushAccounts' encoding, reused
+	// store is the Ledger's store of the partition (ledger).
+	store ledgerStore
+	// labelPlan and label: the plan label (planLabels) of the last plan
+	// a decision named, which never changes for a plan.
+	labelPlan *entitlements.Plan
+	label     string
 	// The metrics of the open transaction's decisions and entitlements
 	// records (pending), and of the transaction that flushed last
 	// (flushed): counted once the next transaction begins without an
@@ -192,6 +210,11 @@ type entMetrics struct {
 	decisions map[[2]string]float64 // outcome, plan
 	credits   map[string]float64    // plan
 	records   map[string]float64    // result of an entitlements record
+	// A run of decisions of one outcome and plan (the usual case), counted
+	// here and folded into decisions and credits when another comes or
+	// before they are read (fold): no map update per event.
+	run           [2]string
+	runN, runCost float64
 }
 
 // record counts a record of usage.entitlements by its result.
@@ -206,13 +229,27 @@ func (m *entMetrics) add(outcome, plan string, cost int64) {
 	if m.decisions == nil {
 		m.decisions, m.credits = map[[2]string]float64{}, map[string]float64{}
 	}
-	m.decisions[[2]string{outcome, plan}]++
-	if cost > 0 {
-		m.credits[plan] += float64(cost)
+	if m.runN == 0 || m.run[0] != outcome || m.run[1] != plan {
+		m.fold()
+		m.run = [2]string{outcome, plan}
 	}
+	m.runN++
+	m.runCost += float64(cost)
 }
 
-func (m *entMetrics) clear() { m.decisions, m.credits, m.records = nil, nil, nil }
+// fold adds the run to decisions and credits.
+func (m *entMetrics) fold() {
+	if m.runN == 0 {
+		return
+	}
+	m.decisions[m.run] += m.runN
+	if m.runCost > 0 {
+		m.credits[m.run[1]] += m.runCost
+	}
+	m.runN, m.runCost = 0, 0
+}
+
+func (m *entMetrics) clear() { *m = entMetrics{} }
 
 // publishEnt counts the decisions of the last flushed transaction, which
 // committed: no Abort came since.
@@ -221,6 +258,7 @@ func (pt *partition) publishEnt() {
 	if e == nil || e.flushed.decisions == nil && e.flushed.records == nil {
 		return
 	}
+	e.flushed.fold()
 	for k, v := range e.flushed.records {
 		pt.pr.m.entRecords.WithLabelValues(k).Add(v)
 	}
@@ -319,7 +357,7 @@ func decodeRoll(v []byte) (rollState, error) {
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
 	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{},
-		resolved: map[string]*entitlements.Resolved{}}
+		resolved: map[string]*entitlements.Resolved{}, accounts: map[string]*heldAccount{}}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -359,19 +397,32 @@ type cachedValue struct {
 const maxLedgerCache = 50_000
 
 // ledgerStore is the entitlements.Store of the Ledger in tx: the state
-// through the partition's cache, which spares the Ledger's several reads
-// of an event (plan, default plan, rate card, usage, grants) a Pebble
-// lookup each. Every write of the Ledger's keys goes through it.
+// through the partition's cache, which spares the Ledger's reads of an
+// event (plan, default plan, rate card) a Pebble lookup each, and its
+// AccountCache (accounts), which holds the customers' usage, grants and
+// overdraft decoded. Every write of the Ledger's keys goes through it,
+// but the accounts' (flushAccounts).
 type ledgerStore struct {
 	tx *stream.Tx
 	e  *entPart
 	l  *entitlements.Ledger
 }
 
-// ledger returns the Ledger's store in tx.
-func (pt *partition) ledger(tx *stream.Tx) ledgerStore { return ledgerStore{tx, pt.ent, pt.pr.ledger} }
+// ledger returns the Ledger's store in tx: the partition's, so that
+// passing it as an entitlements.Store allocates nothing.
+func (pt *partition) ledger(tx *stream.Tx) *ledgerStore {
+	s := &pt.ent.store
+	*s = ledgerStore{tx, pt.ent, pt.pr.ledger}
+	return s
+}
 
 func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
+	if s.l.IsAccount(k) {
+		// Read once into accounts, written by flushAccounts straight to
+		// the transaction: never in the cache, which would keep them
+		// stale.
+		return s.tx.Get(k)
+	}
 	if c, ok := s.e.cache[string(k)]; ok {
 		return c.v, c.ok, nil
 	}
@@ -387,14 +438,6 @@ func (s ledgerStore) Put(k, v []byte) {
 	s.wrote(k)
 	s.tx.Put(k, v)
 	s.keep(k, cachedValue{bytes.Clone(v), true})
-}
-
-// putOwned is Put of a value nothing changes after: the cache keeps v
-// itself.
-func (s ledgerStore) putOwned(k, v []byte) {
-	s.wrote(k)
-	s.tx.Put(k, v)
-	s.keep(k, cachedValue{v, true})
 }
 
 func (s ledgerStore) Delete(k []byte) {
@@ -440,6 +483,65 @@ func (s ledgerStore) KeepResolved(customer string, r *entitlements.Resolved) {
 		clear(s.e.resolved)
 	}
 	s.e.resolved[customer] = r
+}
+
+// heldAccount is a customer's Account kept decoded; dirty: the open
+// transaction changed it, and it is listed in entPart.dirtyAccounts.
+type heldAccount struct {
+	a     *entitlements.Account
+	dirty bool
+}
+
+// maxAccounts bounds the accounts a partition keeps unchanged across
+// transactions (a few hundred bytes each); past it the unchanged ones are
+// dropped. Changed ones stay until Flush writes them.
+const maxAccounts = 50_000
+
+// Account implements entitlements.AccountCache.
+func (s ledgerStore) Account(customer string) (*entitlements.Account, bool) {
+	if h, ok := s.e.accounts[customer]; ok {
+		return h.a, true
+	}
+	return nil, false
+}
+
+// KeepAccount implements entitlements.AccountCache.
+func (s ledgerStore) KeepAccount(customer string, a *entitlements.Account) {
+	if len(s.e.accounts) >= maxAccounts {
+		for c, h := range s.e.accounts {
+			if !h.dirty {
+				delete(s.e.accounts, c)
+			}
+		}
+	}
+	s.e.accounts[customer] = &heldAccount{a: a}
+}
+
+// ChangedAccount implements entitlements.AccountCache.
+func (s ledgerStore) ChangedAccount(customer string, a *entitlements.Account) {
+	h, ok := s.e.accounts[customer]
+	if !ok {
+		h = &heldAccount{}
+		s.e.accounts[customer] = h
+	}
+	h.a = a
+	if !h.dirty {
+		h.dirty = true
+		s.e.dirtyAccounts = append(s.e.dirtyAccounts, customer)
+	}
+}
+
+// flushAccounts writes each account the open transaction changed to it,
+// once, before its changelog is written (Flush).
+func (pt *partition) flushAccounts(tx *stream.Tx) {
+	e := pt.ent
+	for _, c := range e.dirtyAccounts {
+		h := e.accounts[c]
+		e.accountBuf = pt.pr.ledger.WriteAccount(tx, c, h.a, e.accountBuf)
+		h.dirty = false
+	}
+	clear(e.dirtyAccounts)
+	e.dirtyAccounts = e.dirtyAccounts[:0]
 }
 
 // maxDecoded bounds the decoded values a partition keeps: the plans of
@@ -630,21 +732,24 @@ func (pt *partition) pruneHorizon() int64 {
 // decideEvent decides an event's entitlements (DESIGN §12); it reports
 // whether the event goes on to be counted. A rejected event goes to
 // usage.rejected and changes nothing else. An accepted event's charge is
-// returned, not yet in the transaction: the caller commits it once the
-// event's aggregate has taken the event.
+// returned, not yet recorded: the caller commits it once the event's
+// aggregate has taken the event.
 func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
 	// The partition's charge, reused: an event's charge is committed or
 	// dropped before the next event is decided.
 	ch := &pt.charge
-	*ch = charge{pt: pt, st: chargeStore{ledgerStore: pt.ledger(tx), writes: ch.st.writes[:0]}, customer: e.CustomerID, arrival: e.IngestTime}
-	d, err := l.Decide(&ch.st, e.CustomerID, entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
-		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime})
+	*ch = charge{pt: pt, tx: tx, customer: e.CustomerID, ev: entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}}
+	d, err := l.Evaluate(pt.ledger(tx), e.CustomerID, ch.ev)
 	if err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	ch.label = pt.pr.plans.label(d.Plan)
-	ch.cost = d.Cost
+	ch.d = d
+	if e := pt.ent; e.label == "" || e.labelPlan != d.Plan {
+		e.labelPlan, e.label = d.Plan, pt.pr.plans.label(d.Plan)
+	}
+	ch.label = pt.ent.label
 	// Guarantee: the decision and its charge are in the open transaction
 	// only; a crash here aborts both, and the event is decided again from
 	// the committed balance.
@@ -659,66 +764,29 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	return ch, true, nil
 }
 
-// charge is an accepted event's charge, held until its aggregate takes
-// the event.
+// charge is an accepted event's charge (Ledger.Evaluate's decision), held
+// until its aggregate takes the event.
 type charge struct {
 	pt       *partition
-	st       chargeStore
+	tx       *stream.Tx
 	customer string
-	arrival  int64
+	ev       entitlements.Event
+	d        entitlements.Decision
 	label    string
-	cost     int64
 }
 
-// commit writes the charge to the transaction, and counts it.
-func (ch *charge) commit() {
-	for _, w := range ch.st.writes {
-		if w.ok {
-			ch.st.ledgerStore.putOwned(w.k, w.v)
-		} else {
-			ch.st.ledgerStore.Delete(w.k)
-		}
+// commit records the charge in the customer's account (Ledger.Record: in
+// the partition's accounts, written to the transaction by Flush), and
+// counts it.
+func (ch *charge) commit() error {
+	pt := ch.pt
+	if err := pt.pr.ledger.Record(pt.ledger(ch.tx), ch.customer, ch.ev, ch.d); err != nil {
+		return fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, ch.customer, err)
 	}
-	e := ch.pt.ent
-	e.pending.add(entitlements.Accepted.String(), ch.label, ch.cost)
-	e.changed[ch.customer] = max(e.changed[ch.customer], ch.arrival)
-}
-
-// chargeStore is the Ledger's store for one decision: it reads through
-// the partition's ledger store and keeps the decision's writes aside
-// (charge.commit applies them).
-type chargeStore struct {
-	ledgerStore
-	writes []pendingWrite
-}
-
-type pendingWrite struct {
-	k, v []byte
-	ok   bool // false: a delete
-}
-
-func (s *chargeStore) Get(k []byte) ([]byte, bool, error) {
-	for i := len(s.writes) - 1; i >= 0; i-- {
-		if w := s.writes[i]; bytes.Equal(w.k, k) {
-			return w.v, w.ok, nil
-		}
-	}
-	return s.ledgerStore.Get(k)
-}
-
-// Put keeps k and v, not copies: Ledger.Decide writes keys and values it
-// built for the write and never changes after (and the Ledger's fixed
-// keys, which nothing changes).
-func (s *chargeStore) Put(k, v []byte) {
-	s.writes = append(s.writes, pendingWrite{k, v, true})
-}
-
-func (s *chargeStore) Delete(k []byte) { s.writes = append(s.writes, pendingWrite{k: k}) }
-
-// Scan is the ledger store's: a decision scans nothing (Ledger.Decide
-// reads and writes single keys).
-func (s *chargeStore) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
-	return s.ledgerStore.Scan(lo, hi, fn)
+	e := pt.ent
+	e.pending.add(entitlements.Accepted.String(), ch.label, ch.d.Cost)
+	e.changed[ch.customer] = max(e.changed[ch.customer], ch.ev.Arrival)
+	return nil
 }
 
 // entWatermark starts the work of a period start when the watermark
@@ -840,7 +908,7 @@ const maxPlanLabels = 64
 
 // planLabels hands out the plan label of the metrics: the plan's name for
 // the first maxPlanLabels names seen, "other" after; "none" for no plan
-// and "unnamed" for a plan without a name.
+// and "unnamed" for a plan without a name. A name's label never changes.
 type planLabels struct {
 	mu   sync.Mutex
 	seen map[string]bool

@@ -179,8 +179,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		if err := pt.place(tx, r, e, m, queued, uval); err != nil || pt.refused {
 			return err
 		}
-		ch.commit()
-		return nil
+		return ch.commit()
 	}
 	return pt.place(tx, r, e, m, queued, uval)
 }

@@ -254,14 +254,16 @@ func (pt *partition) checkKeyScheme(st stateReader) error {
 // records the mode (keyEntMode, written in the partition's first
 // transaction); state from before the mode was recorded is recognised by
 // its gate and ledger keys.
+//
+// With entitlements on, it refuses state whose Ledger keeps another
+// layout than this version's (ErrLedgerLayout): a mode other than
+// entModeOn, or no mode and gate or ledger keys (state from before the
+// mode was recorded). Read as this layout, its usage and grants would
+// read as zero: caps and credits would start again.
 func (pt *partition) checkEntMode(st stateReader) error {
 	v, ok, err := st.Get(keyEntMode)
 	if err != nil {
 		return err
-	}
-	if pt.pr.ledger != nil {
-		pt.writeEntMode = !ok || string(v) != entModeOn
-		return nil
 	}
 	found := ok
 	for _, pfx := range []byte{pfxGate, pfxLedger} {
@@ -275,6 +277,27 @@ func (pt *partition) checkEntMode(st stateReader) error {
 		case err != nil:
 			return err
 		}
+	}
+	if pt.pr.ledger != nil {
+		switch {
+		case ok && string(v) == entModeOn:
+			pt.writeEntMode = false
+			return nil
+		case found:
+			mode := "none recorded"
+			if ok {
+				if len(v) > 64 {
+					v = v[:64]
+				}
+				mode = strconv.Quote(string(v))
+			}
+			return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built by an earlier version (entitlements mode %s), "+
+				"which kept a state key per grant state, meter and period; this version keeps one account per customer (%q) and "+
+				"cannot read it; run it on new topic names and a new consumer group (DESIGN §12)",
+				pt.p, ErrLedgerLayout, pt.pr.cfg.Topics.AggregateChangelogTopic(), mode, entModeOn)
+		}
+		pt.writeEntMode = true
+		return nil
 	}
 	if !found {
 		return nil
@@ -292,6 +315,11 @@ func (pt *partition) checkEntMode(st stateReader) error {
 // ErrEntitlementsOff is returned (wrapped) by an aggregator run without
 // entitlements on state built with them (checkEntMode).
 var ErrEntitlementsOff = errors.New("entitlements are off but the state was built with them on")
+
+// ErrLedgerLayout is returned (wrapped) by an aggregator run with
+// entitlements on state whose entitlements Ledger keeps an earlier layout
+// (checkEntMode).
+var ErrLedgerLayout = errors.New("the state keeps the entitlements ledger in a layout this version does not read")
 
 func minWatermark(s []int64) int64 {
 	if len(s) == 0 {
@@ -426,6 +454,9 @@ func (pt *partition) Abort() {
 		clear(pt.ent.changed)
 		clear(pt.ent.cache)
 		clear(pt.ent.resolved)
+		clear(pt.ent.accounts)
+		clear(pt.ent.dirtyAccounts)
+		pt.ent.dirtyAccounts = pt.ent.dirtyAccounts[:0]
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 	}
@@ -522,6 +553,8 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		if err := pt.flushBalances(tx); err != nil {
 			return err
 		}
+		// Last: whatever changed an account in this transaction has.
+		pt.flushAccounts(tx)
 	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {

@@ -31,7 +31,7 @@ import (
 //	's'              the key scheme of usage.deduped this state was built
 //	                 from, schemas.DedupedKeyScheme (processor.go
 //	                 checkKeyScheme); absent only from new state
-//	'm'              "entitlements" when the state was built with
+//	'm'              entModeOn when the state was built with
 //	                 entitlements on (processor.go checkEntMode)
 //	'k'              the number of 'a' and 'f' keys (8 bytes big-endian),
 //	                 written in every transaction that changes it
@@ -55,8 +55,11 @@ var (
 	keyKeyCount  = []byte("k")
 )
 
-// entModeOn is keyEntMode's value.
-const entModeOn = "entitlements"
+// entModeOn is keyEntMode's value: entitlements on, and the Ledger's
+// state in its layout of one Account per customer. Any other value (the
+// earlier "entitlements": a key per grant state, per meter and period and
+// per overdraft) is refused (checkEntMode).
+const entModeOn = "entitlements:accounts"
 
 func periodKey(prefix byte, start int64, rest ...[]byte) []byte {
 	k := make([]byte, 9, 9+32)

@@ -80,7 +80,7 @@ type Draw struct {
 }
 
 // Decision is the decision on one event and, when accepted, the change it
-// makes to the customer's state (Account.apply): a rejected event changes
+// makes to the customer's Account (Ledger.Record): a rejected event changes
 // nothing.
 type Decision struct {
 	Outcome Outcome
@@ -105,6 +105,10 @@ type Decision struct {
 	// error that validation with the meters file refuses; the meter may
 	// have changed aggregation since the record was written).
 	Misconfigured string
+	// start is the start of the event's period, when hasStart
+	// (Ledger.Evaluate computed it, for Ledger.Record).
+	start    int64
+	hasStart bool
 }
 
 // Input is everything a decision depends on.
@@ -123,8 +127,10 @@ type Input struct {
 	// overdrew in that period.
 	Usage     int64
 	Overdrawn int64
-	// Consumed returns what a grant has paid so far.
+	// Consumed returns what a grant has paid so far; nil: what uses
+	// holds (Ledger.Evaluate), else nothing.
 	Consumed func(grant string) int64
+	uses     []grantUse
 }
 
 // Decide decides one event (DESIGN §12): unmetered → accepted, no charge;
@@ -187,7 +193,7 @@ func Decide(in Input) Decision {
 		if ev.EventTime < g.EffectiveFrom || ev.EventTime >= expiry(g) {
 			continue
 		}
-		var used int64
+		used := consumedOf(in.uses, g.ID)
 		if in.Consumed != nil {
 			used = in.Consumed(g.ID)
 		}

@@ -47,6 +47,25 @@ type ResolveCache interface {
 	KeepResolved(customer string, r *Resolved)
 }
 
+// AccountCache is what a Store may also implement: customers' Accounts
+// kept decoded, as the committed state and the open transaction have
+// them. The Ledger reads an account through it (KeepAccount what it
+// decoded on a miss), changes the one it got in place, and then calls
+// ChangedAccount; a changed account reaches the Store only when the
+// cache's owner calls Ledger.WriteAccount for it, which it must do for
+// every account changed before its transaction commits. Every account
+// kept must be dropped with an aborted transaction: the Ledger changes
+// them in place.
+type AccountCache interface {
+	// Account returns the customer's account as kept.
+	Account(customer string) (*Account, bool)
+	// KeepAccount keeps a, read from the Store, for the customer.
+	KeepAccount(customer string, a *Account)
+	// ChangedAccount records that the Ledger changed the customer's
+	// account a (kept already).
+	ChangedAccount(customer string, a *Account)
+}
+
 // Resolved is what Decide resolves for a customer (ResolveCache). Its
 // values are never modified.
 type Resolved struct {
@@ -66,6 +85,14 @@ func (l *Ledger) Resolves(k []byte) bool {
 		return true
 	}
 	return false
+}
+
+// IsAccount reports whether k is a customer's Account key ('A' C), which
+// a Store that is an AccountCache need not keep in any cache of its own:
+// the Ledger reads it only on a miss of the AccountCache.
+func (l *Ledger) IsAccount(k []byte) bool {
+	n := len(l.cfg.Prefix)
+	return len(k) > n+1 && k[n] == subAccount && string(k[:n]) == string(l.cfg.Prefix)
 }
 
 // resolve returns what Decide resolves for a customer, through st's
@@ -155,13 +182,21 @@ func (c *Config) Validate() error {
 //	'D'            the default plan's Timeline
 //	'R'            the RateHistory
 //	'W'            the latest broker time read from the entitlements partition
-//	'G' C          what each grant has paid for the customer (and its expiry)
-//	'U' P C meter  the customer's accepted units of a meter (framed) in P
-//	'O' P C        micro-credits the customer overdrew in P
+//	'A' C          the customer's Account: what each grant has paid (and
+//	               its expiry); per period P still reachable by an event,
+//	               the accepted units of each meter and the overdraft
+//	'P' P C        the customer's Account has usage in P (an index: a
+//	               value of one byte), for CustomersWithUsage and
+//	               PrunePeriods
+//
+// A transaction that changes a customer's usage, grants or overdraft thus
+// writes one key for it ('A' C), plus 'P' P C at its first usage in a
+// period.
 //
 // A Ledger holds no state of its own: every call reads and writes the
-// Store, so the stage's transaction (its overlay, commit and abort) is the
-// whole story. It is not safe for concurrent use on one Store.
+// Store (and the accounts an AccountCache keeps for it), so the stage's
+// transaction (its overlay, commit and abort) is the whole story. It is
+// not safe for concurrent use on one Store.
 type Ledger struct {
 	cfg Config
 	// The keys without a customer, built once.
@@ -185,9 +220,8 @@ const (
 	subDefault  = 'D'
 	subRates    = 'R'
 	subReadTo   = 'W'
-	subGrants   = 'G'
-	subUsage    = 'U'
-	subOverdraw = 'O'
+	subAccount  = 'A'
+	subPeriod   = 'P'
 )
 
 func (l *Ledger) key(sub byte, parts ...[]byte) []byte {
@@ -205,35 +239,21 @@ func (l *Ledger) key(sub byte, parts ...[]byte) []byte {
 
 func period8(start int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(start)) }
 
-// customerKey returns the key sub C, and the keys of one customer's
-// period: sub P C (and a framed meter), each in one allocation (Decide
-// builds several keys an event).
+// customerKey returns the key sub C, in one allocation.
 func (l *Ledger) customerKey(sub byte, customer string) []byte {
 	k := make([]byte, 0, len(l.cfg.Prefix)+1+framedLen(customer))
 	return schemas.AppendFramed(append(append(k, l.cfg.Prefix...), sub), customer)
 }
 
-func (l *Ledger) periodKey(sub byte, start int64, customer string, meter ...string) []byte {
-	n := len(l.cfg.Prefix) + 1 + 8 + framedLen(customer)
-	for _, m := range meter {
-		n += framedLen(m)
-	}
-	k := make([]byte, 0, n)
-	k = binary.BigEndian.AppendUint64(append(append(k, l.cfg.Prefix...), sub), uint64(start))
-	k = schemas.AppendFramed(k, customer)
-	return schemas.AppendFramed(k, meter...)
+// periodIndexKey returns the key 'P' P C.
+func (l *Ledger) periodIndexKey(start int64, customer string) []byte {
+	k := make([]byte, 0, len(l.cfg.Prefix)+1+8+framedLen(customer))
+	k = binary.BigEndian.AppendUint64(append(append(k, l.cfg.Prefix...), subPeriod), uint64(start))
+	return schemas.AppendFramed(k, customer)
 }
 
 // framedLen is the length of s framed (schemas.AppendFramed).
 func framedLen(s string) int { return len(s) + len(strconv.Itoa(len(s))) + 1 }
-
-func (l *Ledger) usageKey(start int64, customer, meter string) []byte {
-	return l.periodKey(subUsage, start, customer, meter)
-}
-
-func (l *Ledger) overdrawKey(start int64, customer string) []byte {
-	return l.periodKey(subOverdraw, start, customer)
-}
 
 func (l *Ledger) getInt(st Store, k []byte) (int64, error) {
 	v, ok, err := st.Get(k)
@@ -395,12 +415,12 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Key.Reserved == "" && r.Plan != nil {
 			// A grant that paid before keeps its balance at least as long
 			// as this version can offer it.
-			uses, err := l.grantUses(st, r.Key.Customer)
+			a, err := l.account(st, r.Key.Customer)
 			if err != nil {
 				return err
 			}
-			if raiseExpiries(uses, r.Plan) {
-				l.putGrantUses(st, r.Key.Customer, uses)
+			if raiseExpiries(a.uses, r.Plan) {
+				l.putAccount(st, r.Key.Customer, a)
 			}
 		}
 	}
@@ -440,42 +460,56 @@ type grantUse struct {
 // decoded.
 const maxGrantUses = 1 << 20
 
-func (l *Ledger) grantUses(st Store, customer string) ([]grantUse, error) {
-	k := l.customerKey(subGrants, customer)
+// account returns the customer's Account as the Store has it (empty when
+// it has none): through st's AccountCache if it has one, where the Ledger
+// may change it in place and must then call putAccount.
+func (l *Ledger) account(st Store, customer string) (*Account, error) {
+	ac, cached := st.(AccountCache)
+	if cached {
+		if a, ok := ac.Account(customer); ok {
+			return a, nil
+		}
+	}
+	k := l.customerKey(subAccount, customer)
+	a := &Account{}
 	v, ok, err := st.Get(k)
-	if err != nil || !ok {
+	if err != nil {
 		return nil, err
 	}
-	d := newDec("grants", v)
-	n := d.count(maxGrantUses)
-	out := make([]grantUse, 0, n)
-	for i := 0; i < n && d.err == nil; i++ {
-		g := grantUse{id: d.str(), consumed: d.int(), expiry: d.int()}
-		if g.consumed < 0 || i > 0 && g.id <= out[i-1].id {
-			d.fail("grants: bad entry")
+	if ok {
+		if err := a.UnmarshalBinary(v); err != nil {
+			return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
 		}
-		out = append(out, g)
 	}
-	if err := d.end(); err != nil {
-		return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
+	if cached {
+		ac.KeepAccount(customer, a)
 	}
-	return out, nil
+	return a, nil
 }
 
-func (l *Ledger) putGrantUses(st Store, customer string, us []grantUse) {
-	k := l.customerKey(subGrants, customer)
-	if len(us) == 0 {
-		st.Delete(k)
+// putAccount records that the Ledger changed the customer's account a
+// (returned by account): the AccountCache is told, else a is written.
+func (l *Ledger) putAccount(st Store, customer string, a *Account) {
+	if ac, ok := st.(AccountCache); ok {
+		ac.ChangedAccount(customer, a)
 		return
 	}
-	e := newEnc(8 + 24*len(us))
-	e.count(len(us))
-	for _, u := range us {
-		e.str(u.id)
-		e.int(u.consumed)
-		e.int(u.expiry)
+	l.WriteAccount(st, customer, a, nil)
+}
+
+// WriteAccount writes a customer's account to st (Put, or Delete when it
+// holds nothing), whatever caches st has: an AccountCache's owner calls
+// it for each account the Ledger changed. scratch is reused for the
+// encoding (Put copies it); the buffer is returned for the next call.
+func (l *Ledger) WriteAccount(st Store, customer string, a *Account, scratch []byte) []byte {
+	k := l.customerKey(subAccount, customer)
+	if a.empty() {
+		st.Delete(k)
+		return scratch
 	}
-	st.Put(k, e.bytes())
+	scratch = appendAccount(scratch[:0], a)
+	st.Put(k, scratch)
+	return scratch
 }
 
 // raiseExpiries raises the stored expiry of every entry whose grant p
@@ -501,61 +535,82 @@ func consumedOf(us []grantUse, id string) int64 {
 
 // Decide decides one event of a customer (the package function Decide on
 // what the Store holds) and, when it is accepted, records its charge in
-// the Store: the usage of its meter in its period, what each grant paid,
-// the overdraft. A rejected event changes nothing. The error is the
-// Store's, or corrupt state, never the event's: a bad event is a
-// Decision with Outcome Invalid.
+// the Store (Record). A rejected event changes nothing. The error is the
+// Store's, or corrupt state, never the event's: a bad event is a Decision
+// with Outcome Invalid.
 func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
+	d, err := l.Evaluate(st, customer, ev)
+	if err != nil || d.Outcome != Accepted {
+		return d, err
+	}
+	return d, l.Record(st, customer, ev, d)
+}
+
+// Evaluate decides one event of a customer as Decide does, and changes
+// nothing: Record records the charge of an accepted decision, with nothing
+// else recorded for the customer in between.
+func (l *Ledger) Evaluate(st Store, customer string, ev Event) (Decision, error) {
 	res, err := l.resolve(st, customer)
 	if err != nil {
 		return Decision{}, err
 	}
 	plan := planAt(res.own, res.def, ev.Arrival)
 	rate, hasRate := res.rates.Rate(ev.Arrival, ev.EventTime, ev.Meter)
-	start, _ := l.cfg.Period(ev.EventTime)
-	// Only what the decision can depend on is read (Decide reads the
-	// usage of SUM and COUNT meters only, the overdraft under a policy
-	// that allows it only, and what grants paid only for an event that
-	// costs something): the same decision, fewer reads.
-	var uk, ok []byte
-	var usage, overdrawn int64
-	if Charged(ev.Aggregation) {
-		uk = l.usageKey(start, customer, ev.Meter)
-		if usage, err = l.getInt(st, uk); err != nil {
+	// The account is read only when the decision can depend on it (the
+	// usage of SUM and COUNT meters, the overdraft under a policy that
+	// allows it, what grants paid for an event that costs something).
+	charged := Charged(ev.Aggregation)
+	in := Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev}
+	var start int64
+	hasStart := false
+	if charged || plan == nil || plan.Overdraft.Policy == schemas.OverdraftAllow {
+		a, err := l.account(st, customer)
+		if err != nil {
 			return Decision{}, err
 		}
-	}
-	if p := plan; p == nil || p.Overdraft.Policy == schemas.OverdraftAllow {
-		ok = l.overdrawKey(start, customer)
-		if overdrawn, err = l.getInt(st, ok); err != nil {
-			return Decision{}, err
+		start, _ = l.cfg.Period(ev.EventTime)
+		hasStart = true
+		p := a.period(start)
+		if charged {
+			in.Usage = p.units(ev.Meter)
 		}
+		in.Overdrawn = p.overdrawnIn()
+		in.uses = a.uses
 	}
-	var uses []grantUse
-	var usesErr error
-	usesRead := false
-	consumed := func(id string) int64 {
-		if !usesRead {
-			usesRead = true
-			uses, usesErr = l.grantUses(st, customer)
+	d := Decide(in)
+	d.Plan, d.start, d.hasStart = plan, start, hasStart
+	return d, nil
+}
+
+// Record records the charge of an accepted decision that Evaluate returned
+// for the event: the usage of its meter in its period, what each grant
+// paid, the overdraft. A period the account gets usage in for the first
+// time is listed in the period's index, for CustomersWithUsage and
+// PrunePeriods.
+func (l *Ledger) Record(st Store, customer string, ev Event, d Decision) error {
+	if d.Outcome != Accepted || d.Units == 0 && d.Overdraft == 0 && len(d.Draws) == 0 {
+		return nil
+	}
+	a, err := l.account(st, customer)
+	if err != nil {
+		return err
+	}
+	if d.Units > 0 || d.Overdraft > 0 {
+		start := d.start
+		if !d.hasStart {
+			start, _ = l.cfg.Period(ev.EventTime)
 		}
-		return consumedOf(uses, id)
-	}
-	d := Decide(Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev, Usage: usage, Overdrawn: overdrawn, Consumed: consumed})
-	if usesErr != nil {
-		return Decision{}, usesErr
-	}
-	d.Plan = plan
-	if d.Outcome != Accepted {
-		return d, nil
-	}
-	if d.Units > 0 {
-		l.putInt(st, uk, usage+d.Units)
-	}
-	if d.Overdraft > 0 {
-		l.putInt(st, ok, overdrawn+d.Overdraft)
+		p, added := a.addPeriod(start)
+		if d.Units > 0 {
+			p.add(ev.Meter, d.Units)
+		}
+		p.overdrawn += d.Overdraft
+		if added {
+			st.Put(l.periodIndexKey(start, customer), indexValue)
+		}
 	}
 	if len(d.Draws) > 0 {
+		uses := a.uses
 		for _, dr := range d.Draws {
 			i := sort.Search(len(uses), func(i int) bool { return uses[i].id >= dr.Grant })
 			if i < len(uses) && uses[i].id == dr.Grant {
@@ -566,11 +621,18 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 			copy(uses[i+1:], uses[i:])
 			uses[i] = grantUse{id: dr.Grant, consumed: dr.Amount, expiry: math.MinInt64}
 		}
-		raiseExpiries(uses, plan)
-		l.putGrantUses(st, customer, uses)
+		if d.Plan != nil {
+			raiseExpiries(uses, d.Plan)
+		}
+		a.uses = uses
 	}
-	return d, nil
+	l.putAccount(st, customer, a)
+	return nil
 }
+
+// indexValue is the value of a period index key (a non-empty value: an
+// empty one is too close to a tombstone for comfort).
+var indexValue = []byte{1}
 
 // Balance returns a customer's balance as of broker time at (the
 // stage's watermark): the plan in effect at at, usage against each of its
@@ -593,33 +655,27 @@ func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schema
 	if plan == nil {
 		plan = noPlan
 	}
-	start, end := l.cfg.Period(at)
-	b := &schemas.Balance{CustomerID: customer, Plan: plan.Name, Unmetered: plan.Unmetered, Revision: revision, UpdatedAt: at,
-		PeriodStart: start, PeriodEnd: end, Meters: []schemas.MeterBalance{}, Grants: []schemas.GrantBalance{},
-		OverdraftPolicy: plan.Overdraft.Policy, OverdraftLimit: plan.Overdraft.Limit}
-	for _, c := range plan.Caps {
-		u, err := l.getInt(st, l.usageKey(start, customer, c.Meter))
-		if err != nil {
-			return nil, err
-		}
-		b.Meters = append(b.Meters, schemas.MeterBalance{Meter: c.Meter, Usage: u, Limit: c.Limit, OnLimit: c.OnLimit})
-	}
-	uses, err := l.grantUses(st, customer)
+	a, err := l.account(st, customer)
 	if err != nil {
 		return nil, err
+	}
+	start, end := l.cfg.Period(at)
+	pu := a.period(start)
+	b := &schemas.Balance{CustomerID: customer, Plan: plan.Name, Unmetered: plan.Unmetered, Revision: revision, UpdatedAt: at,
+		PeriodStart: start, PeriodEnd: end, Meters: []schemas.MeterBalance{}, Grants: []schemas.GrantBalance{},
+		OverdraftPolicy: plan.Overdraft.Policy, OverdraftLimit: plan.Overdraft.Limit, Overdrawn: pu.overdrawnIn()}
+	for _, c := range plan.Caps {
+		b.Meters = append(b.Meters, schemas.MeterBalance{Meter: c.Meter, Usage: pu.units(c.Meter), Limit: c.Limit, OnLimit: c.OnLimit})
 	}
 	for _, g := range plan.Grants {
 		if expiry(g) <= at {
 			continue
 		}
-		used := consumedOf(uses, g.ID)
+		used := consumedOf(a.uses, g.ID)
 		b.Grants = append(b.Grants, schemas.GrantBalance{ID: g.ID, Priority: g.Priority, EffectiveFrom: g.EffectiveFrom,
 			ExpiresAt: g.ExpiresAt, Amount: g.Amount, Consumed: used, Remaining: max(0, g.Amount-used)})
 	}
 	sort.Slice(b.Grants, func(i, j int) bool { return b.Grants[i].ID < b.Grants[j].ID })
-	if b.Overdrawn, err = l.getInt(st, l.overdrawKey(start, customer)); err != nil {
-		return nil, err
-	}
 	return b, nil
 }
 
@@ -683,10 +739,11 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 			l.putTimeline(st, tk, t)
 		}
 	}
-	uses, err := l.grantUses(st, customer)
-	if err != nil || len(uses) == 0 {
+	a, err := l.account(st, customer)
+	if err != nil || len(a.uses) == 0 {
 		return err
 	}
+	uses := a.uses
 	d, err := l.timeline(st, l.keyDefault)
 	if err != nil {
 		return err
@@ -707,37 +764,50 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 		}
 	}
 	if changed || len(kept) != len(uses) {
-		l.putGrantUses(st, customer, kept)
+		a.uses = kept
+		l.putAccount(st, customer, a)
 	}
 	return nil
 }
 
-// PrunePeriods deletes, at most max keys at a time (DESIGN §6 invariant
-// 9), the usage and overdraft of periods no future event can belong to,
-// given that every future event arrives at or after horizon. more reports
-// that keys are left: call it again in a later transaction.
+// PrunePeriods drops, at most max customers at a time (DESIGN §6
+// invariant 9), the usage and overdraft of periods no future event can
+// belong to, given that every future event arrives at or after horizon:
+// it walks the period index ('P' P C) of those periods, drops them from
+// each customer's Account and deletes the index keys. more reports that
+// keys are left: call it again in a later transaction.
 func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err error) {
 	cut, _ := l.cfg.Period(l.eventTimeHorizon(horizon))
-	var doomed [][]byte
-	for _, sub := range []byte{subUsage, subOverdraw} {
-		lo, hi := l.key(sub), l.key(sub, period8(cut))
-		err := st.Scan(lo, hi, func(k, _ []byte) error {
-			if len(doomed) == max {
-				more = true
-				return errStopScan
-			}
-			doomed = append(doomed, append([]byte(nil), k...))
-			return nil
-		})
-		if err != nil && !errors.Is(err, errStopScan) {
+	plen := len(l.key(subPeriod)) + 8
+	type doomed struct {
+		k        []byte
+		customer string
+	}
+	var ds []doomed
+	err = st.Scan(l.key(subPeriod), l.key(subPeriod, period8(cut)), func(k, _ []byte) error {
+		if len(ds) == max {
+			more = true
+			return errStopScan
+		}
+		parts, err := schemas.SplitFramed(k[plen:])
+		if err != nil || len(parts) != 1 {
+			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
+		}
+		ds = append(ds, doomed{append([]byte(nil), k...), parts[0]})
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStopScan) {
+		return false, err
+	}
+	for _, d := range ds {
+		a, err := l.account(st, d.customer)
+		if err != nil {
 			return false, err
 		}
-		if more {
-			break
+		if len(a.dropPeriodsBefore(cut)) > 0 {
+			l.putAccount(st, d.customer, a)
 		}
-	}
-	for _, k := range doomed {
-		st.Delete(k)
+		st.Delete(d.k)
 	}
 	return more, nil
 }
@@ -750,20 +820,16 @@ var errStopScan = errors.New("stop scan")
 // the last one returned. It lets a stage emit every such customer's
 // balance in bounded chunks with a cursor (DESIGN §6 invariant 9).
 func (l *Ledger) CustomersWithUsage(st Store, start int64, after string, max int) (customers []string, more bool, err error) {
-	lo, hi := l.key(subUsage, period8(start)), l.key(subUsage, period8(start+1))
+	lo, hi := l.key(subPeriod, period8(start)), l.key(subPeriod, period8(start+1))
 	if after != "" {
-		// Past every key of after: its framed key, then a byte above any
-		// meter's framing (a framed part starts with a digit).
-		lo = append(l.key(subUsage, period8(start), schemas.CustomerKey(after)), 0xff)
+		// Just past after's key.
+		lo = append(l.periodIndexKey(start, after), 0)
 	}
-	plen := len(l.key(subUsage, period8(start)))
+	plen := len(l.key(subPeriod)) + 8
 	err = st.Scan(lo, hi, func(k, _ []byte) error {
 		parts, err := schemas.SplitFramed(k[plen:])
-		if err != nil || len(parts) != 2 {
-			return fmt.Errorf("entitlements: state key %q: %w: bad usage key", k, ErrCorrupt)
-		}
-		if n := len(customers); n > 0 && customers[n-1] == parts[0] {
-			return nil
+		if err != nil || len(parts) != 1 {
+			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
 		}
 		if len(customers) == max {
 			more = true

@@ -46,10 +46,51 @@ func (s *memStore) snapshot() map[string][]byte {
 
 func (s *memStore) restore(c map[string][]byte) { s.m = (&memStore{m: c}).snapshot() }
 
+func (s *memStore) keys() int { return len(s.m) }
+
 func (s *memStore) bytes() int {
 	n := 0
 	for k, v := range s.m {
 		n += len(k) + len(v)
 	}
 	return n
+}
+
+// cachedStore is a memStore with the Ledger's accounts kept decoded
+// (AccountCache), as the aggregator keeps them: changed in place, written
+// to the store only at commit, dropped at an abort.
+type cachedStore struct {
+	*memStore
+	l        *Ledger
+	accounts map[string]*Account
+	dirty    []string
+	isDirty  map[string]bool
+}
+
+func newCachedStore(l *Ledger) *cachedStore {
+	return &cachedStore{memStore: newMemStore(), l: l, accounts: map[string]*Account{}, isDirty: map[string]bool{}}
+}
+
+func (s *cachedStore) Account(c string) (*Account, bool) { a, ok := s.accounts[c]; return a, ok }
+func (s *cachedStore) KeepAccount(c string, a *Account)  { s.accounts[c] = a }
+func (s *cachedStore) ChangedAccount(c string, a *Account) {
+	s.accounts[c] = a
+	if !s.isDirty[c] {
+		s.isDirty[c] = true
+		s.dirty = append(s.dirty, c)
+	}
+}
+
+// commit writes the changed accounts (a transaction's Flush).
+func (s *cachedStore) commit() {
+	var buf []byte
+	for _, c := range s.dirty {
+		buf = s.l.WriteAccount(s.memStore, c, s.accounts[c], buf)
+	}
+	s.dirty, s.isDirty = nil, map[string]bool{}
+}
+
+// abort drops every account kept (an aborted transaction).
+func (s *cachedStore) abort() {
+	s.accounts, s.dirty, s.isDirty = map[string]*Account{}, nil, map[string]bool{}
 }

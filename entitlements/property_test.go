@@ -240,10 +240,12 @@ func TestLedgerMatchesReference(t *testing.T) {
 	}
 	var decided, rejected, pruned int
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			d, rj, pr := runScenario(t, seed)
-			decided, rejected, pruned = decided+d, rejected+rj, pruned+pr
-		})
+		for _, cached := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d/cached=%v", seed, cached), func(t *testing.T) {
+				d, rj, pr := runScenario(t, seed, cached)
+				decided, rejected, pruned = decided+d, rejected+rj, pruned+pr
+			})
+		}
 	}
 	t.Logf("%d events decided (%d rejected), %d state keys pruned, over %d seeds", decided, rejected, pruned, seeds)
 	if rejected == 0 || rejected == decided {
@@ -260,14 +262,30 @@ func refDraws(ds []Draw) []entref.Draw {
 	return out
 }
 
-func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
+// runScenario runs one scenario; cached: through an AccountCache that the
+// Ledger changes in place, written at random commit points (as the
+// aggregator's transactions do) and dropped with an aborted transaction.
+func runScenario(t *testing.T, seed uint64, cached bool) (decided, rejected, pruned int) {
 	sc := genScenario(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
 	l, err := New(Config{Prefix: []byte("e"), Window: sc.window, Period: sc.period})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := newMemStore()
+	var st interface {
+		Store
+		snapshot() map[string][]byte
+		restore(map[string][]byte)
+		bytes() int
+		keys() int
+	}
+	commit, abort := func() {}, func() {}
+	if cached {
+		cs := newCachedStore(l)
+		st, commit, abort = cs, cs.commit, cs.abort
+	} else {
+		st = newMemStore()
+	}
 	ref := entref.New(sc.period)
 	next := 0 // next record to read
 	read := func(upTo int64) {
@@ -306,12 +324,14 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 			// A transaction decides a few events and aborts: its
 			// state never reaches the store; the events are
 			// decided again from the committed state.
+			commit()
 			snap := st.snapshot()
 			for j := i; j < min(i+1+r.IntN(5), len(sc.events)); j++ {
 				if _, err := l.Decide(st, sc.events[j].customer, sc.events[j].ev); err != nil {
 					t.Fatal(err)
 				}
 			}
+			abort()
 			st.restore(snap)
 		}
 		got, err := l.Decide(st, pe.customer, pe.ev)
@@ -339,7 +359,8 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 			for _, e := range sc.events[i+1:] {
 				h = min(h, e.ev.Arrival)
 			}
-			before := len(st.m)
+			commit()
+			before := st.keys()
 			if err := l.PruneShared(st, h); err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +374,11 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 					t.Fatal(err)
 				}
 			}
-			pruned += max(0, before-len(st.m))
+			commit()
+			pruned += max(0, before-st.keys())
+		}
+		if r.IntN(7) == 0 {
+			commit()
 		}
 	}
 	// Balances as of the end, for every customer.
@@ -368,6 +393,7 @@ func runScenario(t *testing.T, seed uint64) (decided, rejected, pruned int) {
 			t.Fatalf("balance of %s:\n ledger    %+v\n reference %+v", c, got, want)
 		}
 	}
-	t.Logf("seed %d: %v; state %d keys, %d bytes", seed, outcomes, len(st.m), st.bytes())
+	commit()
+	t.Logf("seed %d: %v; state %d keys, %d bytes", seed, outcomes, st.keys(), st.bytes())
 	return decided, rejected, pruned
 }

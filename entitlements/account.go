@@ -1,0 +1,195 @@
+package entitlements
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Account is a customer's mutable ledger state, kept under one state key
+// (Ledger: 'A' C), so that a transaction that changes a customer writes
+// one record for it whatever it changed: what each grant paid (and its
+// latest expiry), and for each period an event can still belong to, the
+// accepted units of each meter and what the customer overdrew. A period
+// appears once it has usage: accepted units of a SUM or COUNT meter.
+//
+// An Account is only ever changed by the Ledger; a Store that keeps
+// accounts decoded (AccountCache) holds them for the Ledger.
+type Account struct {
+	uses    []grantUse  // by id
+	periods []periodUse // by start
+}
+
+// periodUse is an account's usage in one period.
+type periodUse struct {
+	start     int64
+	overdrawn int64
+	meters    []meterUse // by meter
+}
+
+type meterUse struct {
+	meter string
+	units int64
+}
+
+// Bounds on what one account decodes to.
+const (
+	maxAccountPeriods = 1 << 16
+	maxPeriodMeters   = 1 << 16
+)
+
+// empty reports whether the account holds nothing (its key is deleted).
+func (a *Account) empty() bool { return len(a.uses) == 0 && len(a.periods) == 0 }
+
+// period returns the usage of the period starting at start, nil if none.
+func (a *Account) period(start int64) *periodUse {
+	// Events mostly belong to the latest period.
+	for i := len(a.periods) - 1; i >= 0; i-- {
+		switch p := &a.periods[i]; {
+		case p.start == start:
+			return p
+		case p.start < start:
+			return nil
+		}
+	}
+	return nil
+}
+
+// addPeriod returns the usage of the period starting at start, adding it
+// (empty) if needed; added reports that it did.
+func (a *Account) addPeriod(start int64) (p *periodUse, added bool) {
+	i := sort.Search(len(a.periods), func(i int) bool { return a.periods[i].start >= start })
+	if i < len(a.periods) && a.periods[i].start == start {
+		return &a.periods[i], false
+	}
+	a.periods = append(a.periods, periodUse{})
+	copy(a.periods[i+1:], a.periods[i:])
+	a.periods[i] = periodUse{start: start}
+	return &a.periods[i], true
+}
+
+// dropPeriodsBefore drops the periods starting before cut, and returns
+// their starts.
+func (a *Account) dropPeriodsBefore(cut int64) (dropped []int64) {
+	i := 0
+	for i < len(a.periods) && a.periods[i].start < cut {
+		dropped = append(dropped, a.periods[i].start)
+		i++
+	}
+	if i > 0 {
+		a.periods = append(a.periods[:0], a.periods[i:]...)
+	}
+	return dropped
+}
+
+// units returns the accepted units of meter in the period.
+func (p *periodUse) units(meter string) int64 {
+	if p == nil {
+		return 0
+	}
+	for _, m := range p.meters {
+		if m.meter == meter {
+			return m.units
+		}
+	}
+	return 0
+}
+
+// add adds n units of meter.
+func (p *periodUse) add(meter string, n int64) {
+	for i := range p.meters {
+		if p.meters[i].meter == meter {
+			p.meters[i].units += n
+			return
+		}
+	}
+	i := sort.Search(len(p.meters), func(i int) bool { return p.meters[i].meter >= meter })
+	p.meters = append(p.meters, meterUse{})
+	copy(p.meters[i+1:], p.meters[i:])
+	p.meters[i] = meterUse{meter: meter, units: n}
+}
+
+// overdrawnIn returns what the customer overdrew in the period.
+func (p *periodUse) overdrawnIn() int64 {
+	if p == nil {
+		return 0
+	}
+	return p.overdrawn
+}
+
+// appendAccount appends the account's encoding to b.
+func appendAccount(b []byte, a *Account) []byte {
+	e := &enc{b: b}
+	e.byte(stateFormat)
+	e.count(len(a.uses))
+	for _, u := range a.uses {
+		e.str(u.id)
+		e.int(u.consumed)
+		e.int(u.expiry)
+	}
+	e.count(len(a.periods))
+	for _, p := range a.periods {
+		e.int(p.start)
+		e.int(p.overdrawn)
+		e.count(len(p.meters))
+		for _, m := range p.meters {
+			e.str(m.meter)
+			e.int(m.units)
+		}
+	}
+	return e.b
+}
+
+// MarshalBinary encodes the account.
+func (a *Account) MarshalBinary() ([]byte, error) {
+	return appendAccount(make([]byte, 0, 16+24*len(a.uses)+32*len(a.periods)), a), nil
+}
+
+// UnmarshalBinary decodes an account; anything but an account's encoding
+// (strictly ordered entries, no negative amount) is ErrCorrupt.
+func (a *Account) UnmarshalBinary(b []byte) error {
+	*a = Account{}
+	d := newDec("account", b)
+	n := d.count(maxGrantUses)
+	if n > 0 {
+		a.uses = make([]grantUse, 0, n)
+	}
+	for i := 0; i < n && d.err == nil; i++ {
+		g := grantUse{id: d.str(), consumed: d.int(), expiry: d.int()}
+		if g.consumed < 0 || i > 0 && g.id <= a.uses[i-1].id {
+			d.fail("account: bad grant entry")
+		}
+		a.uses = append(a.uses, g)
+	}
+	n = d.count(maxAccountPeriods)
+	if n > 0 {
+		a.periods = make([]periodUse, 0, n)
+	}
+	for i := 0; i < n && d.err == nil; i++ {
+		p := periodUse{start: d.int(), overdrawn: d.int()}
+		if p.overdrawn < 0 || i > 0 && p.start <= a.periods[i-1].start {
+			d.fail("account: bad period entry")
+		}
+		m := d.count(maxPeriodMeters)
+		if m > 0 {
+			p.meters = make([]meterUse, 0, m)
+		}
+		for j := 0; j < m && d.err == nil; j++ {
+			u := meterUse{meter: d.str(), units: d.int()}
+			if u.units < 0 || j > 0 && u.meter <= p.meters[j-1].meter {
+				d.fail("account: bad meter entry")
+			}
+			p.meters = append(p.meters, u)
+		}
+		a.periods = append(a.periods, p)
+	}
+	if err := d.end(); err != nil {
+		*a = Account{}
+		return err
+	}
+	return nil
+}
+
+// String describes the account, for tests and logs.
+func (a *Account) String() string {
+	return fmt.Sprintf("account{uses %v, periods %v}", a.uses, a.periods)
+}
