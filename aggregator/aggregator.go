@@ -84,7 +84,9 @@ type Config struct {
 	// off.
 	Entitlements bool
 	// EntitlementsTick is how often, with Entitlements, a tick is
-	// appended to each owned partition of the entitlements topic: an
+	// appended to each owned partition of the entitlements topic while
+	// the partition needs its read time to move (records wait in its
+	// gate, balances are pending, or input came since its last tick): an
 	// event waits until its entitlements partition has been read up to
 	// its arrival, so this bounds the latency entitlements add. Negative:
 	// no ticks (another process appends them, as tests do). Default:
@@ -99,6 +101,24 @@ type Config struct {
 	// (invalid) when its turn comes instead. Default:
 	// DefaultEntitlementsMaxAhead.
 	EntitlementsMaxAhead time.Duration
+	// BalanceInterval is, with Entitlements, how often in broker time the
+	// balances of changed customers go out (DESIGN §12: a balance at most
+	// once per transaction that changed the customer). A changed customer
+	// is pending, in the state, until the partition's broker time (its
+	// watermark, or the time up to which its entitlements partition has
+	// been read) is BalanceInterval past the start of the last emission of
+	// the pending customers; then every pending customer's balance goes
+	// out, in key order and in chunks of FinalChunk, as of the later of
+	// the watermark and the latest broker time of its changes. A customer
+	// thus gets one balance per emission, emissions start at least
+	// BalanceInterval apart, and ticks keep the broker time moving while
+	// customers are pending: a change reaches the balances topic within
+	// about BalanceInterval plus EntitlementsTick and a few commit
+	// intervals. A period start's balances (usage 0 of the new period) go
+	// out as the period starts, whatever the interval. Negative
+	// (BalanceEveryTransaction): each transaction emits the balance of
+	// every customer it changed. Default: DefaultBalanceInterval.
+	BalanceInterval time.Duration
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's flags show too.
@@ -122,6 +142,15 @@ const (
 	// DefaultEntitlementsMaxAhead is dedup's default skew S: room for
 	// the clocks of two brokers.
 	DefaultEntitlementsMaxAhead = dedup.DefaultSkew
+	// DefaultBalanceInterval: with 10,000 events of 5,000 customers in a
+	// transaction, a balance per transaction that changed a customer is
+	// about one balance per two events; once a second is a few records
+	// per customer and second, and a cap reached shows in the balances
+	// topic (the ingest's quota gate) a second or two later.
+	DefaultBalanceInterval = time.Second
+	// BalanceEveryTransaction is the BalanceInterval that emits, in each
+	// transaction, the balance of every customer it changed.
+	BalanceEveryTransaction time.Duration = -1
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -149,6 +178,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.EntitlementsMaxAhead <= 0 {
 		c.EntitlementsMaxAhead = DefaultEntitlementsMaxAhead
+	}
+	if c.BalanceInterval == 0 {
+		c.BalanceInterval = DefaultBalanceInterval
 	}
 	if c.Entitlements {
 		c.Stream.CopartitionedTopics = []string{c.Topics.EntitlementsTopic()}
@@ -286,6 +318,9 @@ type metrics struct {
 	gated      *prometheus.GaugeVec
 	readTo     *prometheus.GaugeVec
 	balances   prometheus.Counter
+	// pendingBalances: customers whose balance changed and has not gone
+	// out yet (Config.BalanceInterval), per partition.
+	pendingBalances *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -321,9 +356,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
 	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",
-		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward."}, []string{"partition"})
+		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward while the partition has input, records waiting or balances pending; an idle partition's stands still."}, []string{"partition"})
 	m.balances = f.NewCounter(prometheus.CounterOpts{Name: "meterline_aggregate_balances_total",
 		Help: "Balance records emitted (in transactions)."})
+	m.pendingBalances = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_balances_pending",
+		Help: "Customers whose balance changed and has not gone to the balances topic yet, per partition: they go out together once the partition's broker time is --balance-interval past the last time they did."}, []string{"partition"})
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
 	return m

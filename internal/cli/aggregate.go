@@ -30,7 +30,8 @@ type AggregateFlags struct {
 	Grace            time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
 	FinalChunk       int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
 	Entitlements     bool          `help:"Decide caps and credits (DESIGN §12): read usage.entitlements with usage.deduped, reject events over a cap (over_limit) or without credit (no_credit), write usage.balances."`
-	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition: an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
+	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition while it is needed (records waiting for their decision, balances pending, input arriving): an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
+	BalanceInterval  time.Duration `help:"How often, in broker time, the balances of the customers that changed go to usage.balances: a customer gets at most one balance per interval (a period start's aside), as of its latest change. 0: one per transaction that changed it." default:"${aggregate_balance_interval}"`
 }
 
 // MetersFlags name the meters file, which the aggregator and the HTTP
@@ -57,7 +58,10 @@ func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, wind
 	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
 		Period: aggregator.Period(f.Period), Grace: f.Grace, Window: window, FinalChunk: f.FinalChunk,
-		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick}
+		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, BalanceInterval: f.BalanceInterval}
+	if f.BalanceInterval <= 0 {
+		cfg.BalanceInterval = aggregator.BalanceEveryTransaction
+	}
 	if cfg.Meters, err = m.load(); err != nil {
 		return cfg, err
 	}

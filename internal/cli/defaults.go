@@ -41,6 +41,7 @@ func defaultVars() kong.Vars {
 		"aggregate_grace":             flagDuration(aggregator.DefaultGrace),
 		"aggregate_final_chunk":       strconv.Itoa(aggregator.DefaultFinalChunk),
 		"aggregate_entitlements_tick": flagDuration(aggregator.DefaultEntitlementsTick),
+		"aggregate_balance_interval":  flagDuration(aggregator.DefaultBalanceInterval),
 
 		"sink_group":               sink.DefaultGroup,
 		"sink_rebalance_timeout":   flagDuration(sink.DefaultRebalanceTimeout),
