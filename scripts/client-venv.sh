@@ -35,6 +35,12 @@ sys.exit(0 if all(version(k) == v for k, v in want.items()) else 1)
 PY
 }
 
+# Test packages run in parallel and may ask for the virtualenv at once:
+# one makes it, the others wait for it.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9
+
 if ready; then
     echo "$VENV/bin/python"
     exit 0

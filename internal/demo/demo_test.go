@@ -29,8 +29,22 @@ func TestDemoReconciles(t *testing.T) {
 	var out syncBuffer
 	// The curl command the demo prints, run as printed, twice: one event
 	// counted, one duplicate dropped, both apart from the generator's.
+	// Then the README's curl and OpenMeter SDK examples, with the demo's
+	// key and address: two more events.
+	python := testenv.ClientPython(t)
+	curl := testenv.DocBlocks(t, "README.md", "sh", "curl ")
+	sdk := testenv.DocBlocks(t, "README.md", "python", "from openmeter import Client")
+	if len(curl) != 1 || len(sdk) != 1 {
+		t.Fatalf("README.md: %d curl blocks and %d SDK blocks; want one each", len(curl), len(sdk))
+	}
 	posted := make(chan error, 1)
-	go func() { posted <- runPrintedCurl(&out, 2) }()
+	go func() {
+		url, token, err := runPrintedCurl(&out, 2)
+		if err == nil {
+			err = runReadmeClients(url, token, python, curl[0], sdk[0])
+		}
+		posted <- err
+	}()
 	ok, err := Run(context.Background(), Config{Dir: t.TempDir(), Duration: 12 * time.Second, Rate: 300, Seed: 42, Out: &out,
 		IngestAddr: "127.0.0.1:0"})
 	if err != nil {
@@ -45,7 +59,7 @@ func TestDemoReconciles(t *testing.T) {
 	if !strings.Contains(out.String(), "dedup killed in-process at") {
 		t.Fatalf("the demo did not kill and restart dedup:\n%s", out.String())
 	}
-	if want := "posted over HTTP (meter http_tokens, not generated): 1 events counted, 1 duplicates dropped, total 42"; !strings.Contains(out.String(), want) {
+	if want := "posted over HTTP (meter http_tokens, not generated): 3 events counted, 1 duplicates dropped, total 71"; !strings.Contains(out.String(), want) {
 		t.Fatalf("the report does not say %q:\n%s", want, out.String())
 	}
 	// Entitlements: the free-tier customer hit its cap and the prepaid
@@ -99,24 +113,43 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var curlLine = regexp.MustCompile(`(?m)^  (curl -sS http://\S+/api/v1/events .*)$`)
+var curlLine = regexp.MustCompile(`(?m)^  (curl -sS (http://\S+)/api/v1/events -H 'Authorization: Bearer (\S+)' .*)$`)
 
 // runPrintedCurl waits for the demo's curl command and runs it n times
 // with sh, as a reader would paste it; each must answer 204 (OpenMeter's
-// success: every event acknowledged by Kafka).
-func runPrintedCurl(out *syncBuffer, n int) error {
+// success: every event acknowledged by Kafka). It returns the ingest's
+// address and the demo key the command carries.
+func runPrintedCurl(out *syncBuffer, n int) (url, token string, err error) {
 	deadline := time.Now().Add(time.Minute)
 	var m []string
 	for m = curlLine.FindStringSubmatch(out.String()); m == nil; m = curlLine.FindStringSubmatch(out.String()) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the demo printed no curl command")
+			return "", "", fmt.Errorf("the demo printed no curl command")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	for i := 0; i < n; i++ {
 		b, err := exec.Command("sh", "-c", m[1]+` -o /dev/null -w '%{http_code}'`).CombinedOutput()
 		if err != nil || string(b) != "204" {
-			return fmt.Errorf("%s: %v, answered %q; want 204", m[1], err, b)
+			return "", "", fmt.Errorf("%s: %v, answered %q; want 204", m[1], err, b)
+		}
+	}
+	return m[2], m[3], nil
+}
+
+// runReadmeClients runs the README's curl block with bash and its
+// OpenMeter SDK block with python, as a reader would against the demo:
+// TOKEN set to the demo's key, and the demo's address for the README's.
+func runReadmeClients(url, token, python, curl, sdk string) error {
+	const readmeURL = "http://127.0.0.1:8888"
+	env := append(os.Environ(), "TOKEN="+token)
+	for _, c := range []*exec.Cmd{
+		exec.Command("bash", "-euo", "pipefail", "-c", strings.ReplaceAll(curl, readmeURL, url)),
+		exec.Command(python, "-c", strings.ReplaceAll(sdk, readmeURL, url)),
+	} {
+		c.Env = env
+		if b, err := c.CombinedOutput(); err != nil {
+			return fmt.Errorf("the README's example failed against the demo: %v\n%s\n%s", err, strings.Join(c.Args, " "), b)
 		}
 	}
 	return nil
