@@ -28,6 +28,7 @@ type AggregateFlags struct {
 	Group            string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
 	Period           string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
 	Grace            time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
+	MaxBatchRecords  int           `help:"Most input records in one transaction (one ends sooner at --commit-interval): what a transaction writes grows with the aggregates and customers it changed, so larger ones cost less per event." default:"${aggregate_max_batch_records}"`
 	FinalChunk       int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
 	Entitlements     bool          `help:"Decide caps and credits (DESIGN §12): read usage.entitlements with usage.deduped, reject events over a cap (over_limit) or without credit (no_credit), write usage.balances."`
 	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition while it is needed (records waiting for their decision, balances pending, input arriving): an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
@@ -52,7 +53,7 @@ func (f *MetersFlags) load() (*aggregator.Catalog, error) {
 // config builds the aggregator's configuration from its own flags, the
 // stage flags sf, the meters flags m and the dedup window.
 func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, window time.Duration, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
-	sc, err := sf.streamConfig(g, f.Group, "aggregate", log, reg)
+	sc, err := sf.streamConfig(g, f.Group, "aggregate", f.MaxBatchRecords, log, reg)
 	if err != nil {
 		return aggregator.Config{}, err
 	}

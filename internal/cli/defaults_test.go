@@ -31,7 +31,6 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 	stage := func(cmd string, f StageFlags) []check {
 		return []check{
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
-			{cmd + " --max-batch-records", f.MaxBatchRecords, stream.DefaultMaxBatchRecords},
 			{cmd + " --standby-replicas", f.StandbyReplicas, stream.DefaultStandbyReplicas},
 			{cmd + " --session-timeout", f.SessionTimeout, session.DefaultSessionTimeout},
 			{cmd + " --rebalance-timeout", f.RebalanceTimeout, session.DefaultRebalanceTimeout},
@@ -67,6 +66,10 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"aggregate --grace", a.Grace, aggregator.DefaultGrace},
 		{"aggregate --window", a.Window, dedup.DefaultWindow},
 		{"aggregate --final-chunk", a.FinalChunk, aggregator.DefaultFinalChunk},
+		{"dedup --max-batch-records", d.MaxBatchRecords, stream.DefaultMaxBatchRecords},
+		{"aggregate --max-batch-records", a.MaxBatchRecords, aggregator.DefaultMaxBatchRecords},
+		{"run --dedup-max-batch-records", r.Dedup.MaxBatchRecords, stream.DefaultMaxBatchRecords},
+		{"run --aggregate-max-batch-records", r.Aggregate.MaxBatchRecords, aggregator.DefaultMaxBatchRecords},
 		{"aggregate --balance-interval", a.BalanceInterval, aggregator.DefaultBalanceInterval},
 		{"run --dedup-group", r.Dedup.Group, dedup.DefaultGroup},
 		{"run --aggregate-group", r.Aggregate.Group, aggregator.DefaultGroup},
