@@ -49,7 +49,8 @@ import (
 // Config configures the aggregator.
 type Config struct {
 	// Stream configures the runtime; Stage, InputTopic and ChangelogTopic
-	// are set from Topics.
+	// are set from Topics, and a zero MaxBatchRecords is
+	// DefaultMaxBatchRecords.
 	Stream stream.Config
 	// Topics names the topics.
 	Topics topics.Names
@@ -84,7 +85,9 @@ type Config struct {
 	// off.
 	Entitlements bool
 	// EntitlementsTick is how often, with Entitlements, a tick is
-	// appended to each owned partition of the entitlements topic: an
+	// appended to each owned partition of the entitlements topic while
+	// the partition needs its read time to move (records wait in its
+	// gate, balances are pending, or input came since its last tick): an
 	// event waits until its entitlements partition has been read up to
 	// its arrival, so this bounds the latency entitlements add. Negative:
 	// no ticks (another process appends them, as tests do). Default:
@@ -99,6 +102,24 @@ type Config struct {
 	// (invalid) when its turn comes instead. Default:
 	// DefaultEntitlementsMaxAhead.
 	EntitlementsMaxAhead time.Duration
+	// BalanceInterval is, with Entitlements, how often in broker time the
+	// balances of changed customers go out (DESIGN §12: a balance at most
+	// once per transaction that changed the customer). A changed customer
+	// is pending, in the state, until the partition's broker time (its
+	// watermark, or the time up to which its entitlements partition has
+	// been read) is BalanceInterval past the start of the last emission of
+	// the pending customers; then every pending customer's balance goes
+	// out, in key order and in chunks of FinalChunk, as of the later of
+	// the watermark and the latest broker time of its changes. A customer
+	// thus gets one balance per emission, emissions start at least
+	// BalanceInterval apart, and ticks keep the broker time moving while
+	// customers are pending: a change reaches the balances topic within
+	// about BalanceInterval plus EntitlementsTick and a few commit
+	// intervals. A period start's balances (usage 0 of the new period) go
+	// out as the period starts, whatever the interval. Negative
+	// (BalanceEveryTransaction): each transaction emits the balance of
+	// every customer it changed. Default: DefaultBalanceInterval.
+	BalanceInterval time.Duration
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's flags show too.
@@ -115,6 +136,17 @@ const (
 	// DefaultFinalChunk is about what a transaction of
 	// stream.DefaultMaxBatchRecords input records carries.
 	DefaultFinalChunk = 10_000
+	// DefaultMaxBatchRecords is the aggregator's Stream.MaxBatchRecords:
+	// larger than the runtime's default, because what a transaction
+	// writes grows with the keys it changed (an OPEN revision per
+	// aggregate, with entitlements each customer's usage, grants and
+	// pending balance), not with its events: 50,000 events of 5,000
+	// customers a transaction measured 1.4 to 2.6 times the events per
+	// second of 10,000 with entitlements and 1.5 to 1.7 times without
+	// (docs/benchmarks.md). A transaction that meets its commit interval
+	// first (CommitInterval) ends there: live input, far below this rate,
+	// sees the same latency.
+	DefaultMaxBatchRecords = 50_000
 	// DefaultEntitlementsTick: an event waits for the next tick read back
 	// (a commit interval and a fetch later), so that produce to OPEN
 	// revision stays under a second at the 99th percentile.
@@ -122,6 +154,15 @@ const (
 	// DefaultEntitlementsMaxAhead is dedup's default skew S: room for
 	// the clocks of two brokers.
 	DefaultEntitlementsMaxAhead = dedup.DefaultSkew
+	// DefaultBalanceInterval: with 10,000 events of 5,000 customers in a
+	// transaction, a balance per transaction that changed a customer is
+	// about one balance per two events; once a second is a few records
+	// per customer and second, and a cap reached shows in the balances
+	// topic (the ingest's quota gate) a second or two later.
+	DefaultBalanceInterval = time.Second
+	// BalanceEveryTransaction is the BalanceInterval that emits, in each
+	// transaction, the balance of every customer it changed.
+	BalanceEveryTransaction time.Duration = -1
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -142,6 +183,9 @@ func (c *Config) EnsureDefaults() {
 		c.Topics = topics.DefaultNames()
 	}
 	c.Stream.Stage = "aggregate"
+	if c.Stream.MaxBatchRecords == 0 {
+		c.Stream.MaxBatchRecords = DefaultMaxBatchRecords
+	}
 	c.Stream.InputTopic = c.Topics.DedupedTopic()
 	c.Stream.ChangelogTopic = c.Topics.AggregateChangelogTopic()
 	if c.EntitlementsTick == 0 {
@@ -149,6 +193,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.EntitlementsMaxAhead <= 0 {
 		c.EntitlementsMaxAhead = DefaultEntitlementsMaxAhead
+	}
+	if c.BalanceInterval == 0 {
+		c.BalanceInterval = DefaultBalanceInterval
 	}
 	if c.Entitlements {
 		c.Stream.CopartitionedTopics = []string{c.Topics.EntitlementsTopic()}
@@ -286,6 +333,9 @@ type metrics struct {
 	gated      *prometheus.GaugeVec
 	readTo     *prometheus.GaugeVec
 	balances   prometheus.Counter
+	// pendingBalances: customers whose balance changed and has not gone
+	// out yet (Config.BalanceInterval), per partition.
+	pendingBalances *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -321,9 +371,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
 	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",
-		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward."}, []string{"partition"})
+		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward while the partition has input, records waiting or balances pending; an idle partition's stands still."}, []string{"partition"})
 	m.balances = f.NewCounter(prometheus.CounterOpts{Name: "meterline_aggregate_balances_total",
 		Help: "Balance records emitted (in transactions)."})
+	m.pendingBalances = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_balances_pending",
+		Help: "Customers whose balance changed and has not gone to the balances topic yet, per partition: they go out together once the partition's broker time is --balance-interval past the last time they did."}, []string{"partition"})
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
 	return m

@@ -79,6 +79,9 @@ func TestEntitlementsAbortDropsAccounts(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := h.entConfig("a", vfs.NewMem())
 	cfg.EntitlementsTick = -1 // the tick below is the only one: no transaction of the stage's own between
+	// No ticks move the broker time on, so the balance that says 3 goes
+	// out with the transaction that decides the events.
+	cfg.BalanceInterval = BalanceEveryTransaction
 	cfg.Stream.Registerer = reg
 	run := h.start(cfg)
 	h.produce(h.entitlement(1, &schemas.Entitlements{CustomerID: "acme", Plan: "free",

@@ -41,27 +41,83 @@ import (
 // stage is caught up or hours behind. A watermark record waits for its
 // watermark, an event for its ingest_time; a record that decodes as
 // neither waits for nothing (but keeps its place). The stage appends a
-// tick to each entitlements partition it owns every EntitlementsTick, so
-// that the partition's read time keeps up with arrivals.
+// tick to each entitlements partition it owns every EntitlementsTick while
+// it needs the partition's read time to move (needsTick), so that it
+// keeps up with arrivals.
+//
+// Balances (DESIGN §12: at most once per transaction that changed the
+// customer). A customer whose balance a transaction changed is pending:
+// its 'b' key is written in that transaction (once while it stays
+// pending), and the pending customers go out together once the
+// partition's broker time (brokerNow) is Config.BalanceInterval past the
+// start of the last emission: in key order, at most Config.FinalChunk a
+// transaction, each pending key deleted in the transaction that emits its
+// customer's balance. A crash therefore neither loses a pending customer
+// (its key is committed with the change) nor emits one twice (the key
+// goes with the emission). Only transactions that consume the partition's
+// input or carry its Work emit (fenced: a zombie's are fenced by the
+// group generation), and the ticks go on while a customer is pending.
 //
 // State keys, besides the aggregator's (state.go):
 //
 //	'e' …        the Ledger's keys (entitlements.Ledger, prefix "e")
 //	'q' seq      a record of usage.deduped waiting in the gate (gateRecord)
 //	'Q'          the seq of the next record to enter the gate
-//	'B'          the revision of the last balance emitted by the partition
+//	'B'          the emission of balances (balanceState): the revision of
+//	             the last balance emitted by the partition, and the
+//	             emission of the pending customers (its start, cursor)
+//	'b' customer a customer whose balance is pending: the broker time of
+//	             the change that made it pending (varint)
 //	'R'          the period roll (rollState): the current period of the
 //	             watermark, and the chunked work of the last period start
 const (
-	pfxGate   = 'q'
-	pfxLedger = 'e'
+	pfxGate           = 'q'
+	pfxLedger         = 'e'
+	pfxBalancePending = 'b'
 )
 
 var (
-	keyGateNext   = []byte("Q")
-	keyBalanceRev = []byte("B")
-	keyRoll       = []byte("R")
+	keyGateNext = []byte("Q")
+	keyBalances = []byte("B")
+	keyRoll     = []byte("R")
 )
+
+// pendingKey is the state key of a pending customer.
+func pendingKey(customer string) []byte {
+	return append([]byte{pfxBalancePending}, customer...)
+}
+
+// balanceState is the emission of balances of a partition (keyBalances).
+type balanceState struct {
+	rev     int64  // the revision of the last balance emitted
+	roundAt int64  // broker time at which the last emission of the pending customers started; 0: none
+	active  bool   // that emission is going out in chunks
+	cursor  string // the last customer it emitted
+}
+
+func (b *balanceState) encode() []byte {
+	v := binary.BigEndian.AppendUint64(nil, uint64(b.rev))
+	v = binary.BigEndian.AppendUint64(v, uint64(b.roundAt))
+	if b.active {
+		v = append(v, 1)
+	} else {
+		v = append(v, 0)
+	}
+	return append(v, b.cursor...)
+}
+
+// decodeBalanceState reads keyBalances: 8 bytes (the revision alone, as
+// versions before pending customers wrote it), or the whole state.
+func decodeBalanceState(v []byte) (balanceState, error) {
+	switch {
+	case len(v) == 8:
+		return balanceState{rev: int64(binary.BigEndian.Uint64(v))}, nil
+	case len(v) < 17 || v[16] > 1:
+		return balanceState{}, errors.New("aggregator: corrupt balances state")
+	}
+	return balanceState{rev: int64(binary.BigEndian.Uint64(v)), roundAt: int64(binary.BigEndian.Uint64(v[8:])), active: v[16] == 1,
+		cursor: string(v[17:])}, nil
+}
 
 // gateTime returns the broker time a record of usage.deduped waits for
 // in the gate: an event's ingest_time, a watermark's watermark; 0 for
@@ -171,8 +227,28 @@ type entPart struct {
 	roll rollState
 	// changed holds the customers the open transaction decided an event
 	// of, or applied a record of, with the latest arrival (or broker
-	// time) involved: Flush emits each one's balance once.
+	// time) involved: Flush makes each one pending (or, with
+	// BalanceEveryTransaction, emits its balance).
 	changed map[string]int64
+	// emitNow holds the customers whose balance the open transaction
+	// emits whatever the interval (a period start's), with the time it is
+	// as of.
+	emitNow map[string]int64
+	// bal is the emission of balances, as the committed state and the
+	// open transaction have it.
+	bal balanceState
+	// pendingAt holds the pending customers, as the committed state and
+	// the open transaction have them (read at load: a scan of the pending
+	// keys only), with the latest broker time of their changes (the state
+	// keeps the first).
+	pendingAt map[string]int64
+	// fenced: the open transaction consumes the partition's input or
+	// carries its Work, and so is fenced by the group generation: it may
+	// emit pending balances (Flush).
+	fenced bool
+	// sawInput: records of usage.deduped were handled since the last
+	// tick (needsTick).
+	sawInput bool
 	// cache holds the Ledger's state values as the open transaction sees
 	// them (ledgerStore): read from the state once, then kept, written
 	// through. It is dropped with an aborted transaction (Abort) and at
@@ -362,8 +438,9 @@ func decodeRoll(v []byte) (rollState, error) {
 
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
-	e := &entPart{changed: map[string]int64{}, cache: map[string]cachedValue{}, decoded: map[string]any{},
-		resolved: map[string]*entitlements.Resolved{}, accounts: map[string]*heldAccount{}}
+	e := &entPart{changed: map[string]int64{}, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
+		cache: map[string]cachedValue{}, decoded: map[string]any{}, resolved: map[string]*entitlements.Resolved{},
+		accounts: map[string]*heldAccount{}}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -386,6 +463,26 @@ func (pt *partition) loadEnt(st stateReader) error {
 			return fmt.Errorf("%w (partition %d)", err, pt.p)
 		}
 	}
+	if v, ok, err = st.Get(keyBalances); err != nil {
+		return err
+	} else if ok {
+		if e.bal, err = decodeBalanceState(v); err != nil {
+			return fmt.Errorf("%w (partition %d)", err, pt.p)
+		}
+	}
+	// The pending customers: at most those changed in the last
+	// BalanceInterval, and those an emission in chunks has not reached.
+	if err := st.Scan([]byte{pfxBalancePending}, []byte{pfxBalancePending + 1}, func(k, v []byte) error {
+		t, n := binary.Varint(v)
+		if n <= 0 {
+			return fmt.Errorf("aggregator: partition %d: corrupt pending balance %q", pt.p, k)
+		}
+		e.pendingAt[string(k[1:])] = t
+		return nil
+	}); err != nil {
+		return err
+	}
+	pt.pr.m.pendingBalances.WithLabelValues(pt.pl).Set(float64(len(e.pendingAt)))
 	e.more = e.gateN > 0
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
 	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(e.readTo) / 1000)
@@ -817,9 +914,10 @@ func (pt *partition) entWatermark(tx *stream.Tx) {
 }
 
 // entHasWork reports whether the entitlements have chunked work: records
-// of the gate that can go through, or a period start's.
+// of the gate that can go through, a period start's, or pending balances
+// going out (Flush emits their next chunk in Work's transaction).
 func (pt *partition) entHasWork() bool {
-	return pt.ent != nil && (pt.ent.more || pt.ent.roll.phase != rollIdle)
+	return pt.ent != nil && (pt.ent.more || pt.ent.roll.phase != rollIdle || pt.ent.bal.active)
 }
 
 // entWork does one chunk of that work in tx.
@@ -827,6 +925,9 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	e := pt.ent
 	if e.more {
 		return pt.drain(tx)
+	}
+	if e.roll.phase == rollIdle {
+		return nil // pending balances: Flush emits their next chunk
 	}
 	n := pt.pr.cfg.FinalChunk
 	work := "prune"
@@ -838,7 +939,7 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 			return err
 		}
 		for _, c := range cs {
-			e.changed[c] = max(e.changed[c], pt.wm)
+			e.emitNow[c] = max(e.emitNow[c], pt.wm)
 		}
 		if more && len(cs) > 0 {
 			e.roll.cursor = cs[len(cs)-1]
@@ -862,27 +963,46 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	return nil
 }
 
-// flushBalances emits the balance of each customer the transaction
-// changed, once (DESIGN §12), as of the later of the watermark and the
-// latest time involved.
+// flushBalances ends the open transaction's part in balances (DESIGN
+// §12): the customers it changed become pending (BalanceEveryTransaction:
+// go out now); in a transaction fenced by the partition's input or Work,
+// the next chunk of the pending customers goes out (roundChunk); and the
+// balance of each customer going out is emitted once, as of the later of
+// the watermark and the latest time involved, with the partition's next
+// revision.
 func (pt *partition) flushBalances(tx *stream.Tx) error {
 	e := pt.ent
 	e.flushed, e.pending = e.pending, entMetrics{}
-	if len(e.changed) == 0 {
+	defer pt.publishPending()
+	fenced := e.fenced
+	e.fenced = false
+	out := e.emitNow
+	every := pt.pr.cfg.BalanceInterval < 0
+	for c, t := range e.changed {
+		if _, now := out[c]; now || every {
+			out[c] = max(out[c], t)
+			continue
+		}
+		pt.makePending(tx, c, t)
+	}
+	clear(e.changed)
+	if fenced {
+		pt.roundChunk(tx, out)
+	}
+	if len(out) == 0 {
 		return nil
 	}
-	v, ok, err := tx.Get(keyBalanceRev)
-	if err != nil {
-		return err
-	}
-	var rev int64
-	if ok && len(v) == 8 {
-		rev = int64(binary.BigEndian.Uint64(v))
-	}
 	topic := pt.pr.cfg.Topics.BalancesTopic()
-	for _, c := range slices.Sorted(maps.Keys(e.changed)) {
+	rev := e.bal.rev
+	for _, c := range slices.Sorted(maps.Keys(out)) {
+		if t, pending := e.pendingAt[c]; pending {
+			// Its latest change goes out now: it is no longer pending.
+			out[c] = max(out[c], t)
+			tx.Delete(pendingKey(c))
+			delete(e.pendingAt, c)
+		}
 		rev++
-		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, max(pt.wm, e.changed[c]), rev)
+		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, max(pt.wm, out[c]), rev)
 		if err != nil {
 			return fmt.Errorf("aggregator: partition %d: balance of %s: %w", pt.p, c, err)
 		}
@@ -893,16 +1013,101 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 		key := schemas.CustomerKey(c)
 		tx.Emit(&kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val})
 	}
-	tx.Put(keyBalanceRev, binary.BigEndian.AppendUint64(nil, uint64(rev)))
-	pt.pr.m.balances.Add(float64(len(e.changed)))
-	clear(e.changed)
+	e.bal.rev = rev
+	tx.Put(keyBalances, e.bal.encode())
+	pt.pr.m.balances.Add(float64(len(out)))
+	clear(out)
 	return nil
 }
 
-// punctuateEnt appends a tick to the partition's entitlements partition:
-// once read back, its broker time lets the gate through every record that
-// arrived before it.
+// publishPending sets the pending balances gauge.
+func (pt *partition) publishPending() {
+	pt.pr.m.pendingBalances.WithLabelValues(pt.pl).Set(float64(len(pt.ent.pendingAt)))
+}
+
+// makePending records that customer c's balance changed at broker time t
+// and has not gone out: its pending key is written unless it is known to
+// be pending already (then only the time in memory moves).
+func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
+	e := pt.ent
+	if cur, ok := e.pendingAt[c]; ok {
+		e.pendingAt[c] = max(cur, t)
+		return
+	}
+	tx.Put(pendingKey(c), binary.AppendVarint(nil, t))
+	e.pendingAt[c] = t
+}
+
+// brokerNow is the partition's broker time: the later of its watermark
+// and the time up to which its entitlements partition has been read
+// (every event decided arrived before it). It never goes back.
+func (pt *partition) brokerNow() int64 { return max(pt.wm, pt.ent.readTo) }
+
+// roundChunk adds to out the next chunk of the pending customers, and
+// deletes their pending keys: an emission of the pending customers
+// starts when the broker time is Config.BalanceInterval past the start of
+// the last one (at once with BalanceEveryTransaction), and goes through
+// them in key order, at most Config.FinalChunk a transaction (DESIGN §6
+// invariant 9), with a cursor in the state; Work's transactions carry the
+// rest. A customer that becomes pending behind the cursor waits for the
+// next emission. (An empty customer ID, which dedup refuses, would go out
+// in the first chunk only.)
+func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) {
+	e := pt.ent
+	b := &e.bal
+	if !b.active {
+		now := pt.brokerNow()
+		if len(e.pendingAt) == 0 || now < b.roundAt+max(pt.pr.cfg.BalanceInterval.Milliseconds(), 0) {
+			return
+		}
+		b.active, b.roundAt, b.cursor = true, now, ""
+	}
+	// The next customers after the cursor, in key order: pendingAt is
+	// the pending set (loaded with the partition, kept with its keys).
+	n := pt.pr.cfg.FinalChunk
+	next := make([]string, 0, min(n+1, len(e.pendingAt)))
+	for c := range e.pendingAt {
+		if b.cursor == "" || c > b.cursor {
+			next = append(next, c)
+		}
+	}
+	slices.Sort(next)
+	if len(next) > n {
+		next = next[:n]
+		b.cursor = next[n-1]
+	} else {
+		// Left pending: the customers that became pending behind the
+		// cursor, for the next emission.
+		b.active, b.cursor = false, ""
+	}
+	for _, c := range next {
+		// Its latest change goes out now: it is no longer pending.
+		out[c] = max(out[c], e.pendingAt[c])
+		delete(e.pendingAt, c)
+		tx.Delete(pendingKey(c))
+	}
+	tx.Put(keyBalances, b.encode())
+}
+
+// needsTick reports whether the partition's entitlements read time must
+// move: records wait in the gate, balances are pending, or records of
+// usage.deduped came since the last tick (more are likely, and a tick
+// already read lets them through at once). An idle partition appends
+// none: a record that arrives waits in the gate until the next tick is
+// appended and read back, and nothing else depends on the read time
+// (DESIGN §12: it decides only when, never how, an event is decided).
+func (e *entPart) needsTick() bool { return e.gateN > 0 || len(e.pendingAt) > 0 || e.sawInput }
+
+// punctuateEnt appends a tick to the partition's entitlements partition
+// when it needs one (needsTick; always when its in-memory view may be
+// ahead of the state, after an abort): once read back, its broker time
+// lets the gate through every record that arrived before it, and moves
+// the partition's broker time for its pending balances.
 func (pt *partition) punctuateEnt(tx *stream.Tx) error {
+	if !pt.stale && !pt.ent.needsTick() {
+		return nil
+	}
+	pt.ent.sawInput = false
 	v, err := encode(&schemas.Tick{InstanceID: pt.pr.cfg.Stream.InstanceID})
 	if err != nil {
 		return fmt.Errorf("aggregator: encode tick: %w", err)

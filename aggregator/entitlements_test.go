@@ -113,6 +113,12 @@ func TestEntitlementsCapAndCredits(t *testing.T) {
 	for len(readRejected(t, h)) < 4 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The balances of the last changes go out within a BalanceInterval of
+	// broker time (the ticks').
+	awaitBalances(t, h, "free's 10 and paid's 1,000", func(bs map[string]*schemas.Balance) bool {
+		f, p := bs["free"], bs["paid"]
+		return f != nil && len(f.Meters) == 1 && f.Meters[0].Usage == 10 && p != nil && len(p.Grants) == 1 && p.Grants[0].Consumed == 1000
+	})
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +404,10 @@ func testRatesAndCredits(t *testing.T, brokers []string) {
 	run := h.start(cfg)
 	h.caughtUp()
 	awaitDecided(t, h, 2*len(evs))
+	awaitBalances(t, h, "with every charge", func(bs map[string]*schemas.Balance) bool {
+		d, a := bs["deny"], bs["allow"]
+		return d != nil && d.UpdatedAt >= day(20) && a != nil && a.UpdatedAt == day(21)
+	})
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -650,6 +660,9 @@ func TestEntitlementsRefusedByAggregateNotCharged(t *testing.T) {
 	h.produce(ev("wraps", 10, day+2000), ev("fits", 3, day+3000))
 	cfg := h.entConfig("b", vfs.NewMem())
 	cfg.EntitlementsTick = -1
+	// No ticks move the broker time past the one written: a balance
+	// goes out in the transaction that changed it.
+	cfg.BalanceInterval = BalanceEveryTransaction
 	run = h.start(cfg)
 	h.caughtUp()
 	awaitDecided(t, h, 3)

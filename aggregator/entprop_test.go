@@ -49,8 +49,10 @@ type entProp struct {
 
 func newEntProp(r *rand.Rand, h *aggHarness, n int32, st *pStream) *entProp {
 	start := st.events[0].Arrival
-	return &entProp{r: r, h: h, n: n, ent: oracle.Entitlements{Partitions: n}, ticked: start - pDay,
+	ep := &entProp{r: r, h: h, n: n, ent: oracle.Entitlements{Partitions: n}, ticked: start - pDay,
 		start: start, span: st.final - start, custs: []string{"acme", "globex", "initech"}}
+	ep.ent.Nudge = ep.nudge
+	return ep
 }
 
 func (ep *entProp) plan(customer string) *schemas.Entitlements {
@@ -199,6 +201,14 @@ func (ep *entProp) before(steps []pStep) {
 
 // after appends a tick just past the chunk's latest time to every
 // partition: the gate lets through the records of times before it.
+// nudge appends ticks two seconds of broker time after the last ones:
+// the balances still pending when the input ends go out
+// (oracle.Entitlements.Nudge).
+func (ep *entProp) nudge() {
+	ep.last = ep.ticked + 2000
+	ep.after()
+}
+
 func (ep *entProp) after() {
 	if ep.last < ep.ticked {
 		return

@@ -244,6 +244,11 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		}
 		pt.stale = false
 	}
+	if pt.ent != nil {
+		// The transaction commits this partition's offsets (stream.Worker):
+		// the group generation fences it (flushBalances).
+		pt.ent.fenced = true
+	}
 	start, ps := pt.nextWork()
 	if ps == nil {
 		if pt.entHasWork() {

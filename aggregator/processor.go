@@ -371,12 +371,13 @@ func (pt *partition) Close() {
 	pt.pr.m.watermark.DeleteLabelValues(pt.pl)
 	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
 	pt.pr.m.readTo.DeleteLabelValues(pt.pl)
+	pt.pr.m.pendingBalances.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition: with entitlements, it appends a
-// tick to the partition's entitlements partition (entitlements.go). The
-// aggregation is driven by the watermark records in its input, never by a
-// timer.
+// tick to the partition's entitlements partition when the partition needs
+// its read time to move (entitlements.go). The aggregation is driven by
+// the watermark records in its input, never by a timer.
 func (pt *partition) Punctuate(tx *stream.Tx) error {
 	if pt.ent == nil {
 		return nil
@@ -410,6 +411,11 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()
 	}
+	if pt.ent != nil && len(recs) > 0 {
+		// The transaction commits this partition's input offset: the
+		// group generation fences it (flushBalances).
+		pt.ent.fenced = true
+	}
 	if pt.ent != nil && len(recs) > 0 && recs[0].Topic != pt.pr.cfg.Topics.DedupedTopic() {
 		if err := pt.entRecords(tx, recs); err != nil {
 			return err
@@ -417,6 +423,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		recs = nil
 	}
 	if pt.ent != nil && len(recs) > 0 {
+		pt.ent.sawInput = true
 		if err := pt.drainAhead(tx, len(recs)); err != nil {
 			return err
 		}
@@ -452,6 +459,8 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 func (pt *partition) Abort() {
 	if pt.ent != nil {
 		clear(pt.ent.changed)
+		clear(pt.ent.emitNow)
+		pt.ent.fenced = false
 		clear(pt.ent.cache)
 		clear(pt.ent.resolved)
 		clear(pt.ent.accounts)

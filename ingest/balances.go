@@ -17,8 +17,11 @@ import (
 // latest balance of each customer, as the aggregator wrote it. It feeds
 // the advisory quota gate (gate.go). It is safe for concurrent use.
 //
-// Age. A balance is as of its updated_at: broker time (the aggregator
-// partition's watermark) carried in the record. Its age is the broker
+// Age. A balance is as of its updated_at: broker time (the later of the
+// aggregator partition's watermark and the latest arrival it counts)
+// carried in the record; the aggregator writes a customer's balance at
+// most once per its BalanceInterval (1 s by default), so GateMaxAge must
+// stay well above that. Its age is the broker
 // time now minus its updated_at, and the broker time now is estimated
 // from records that arrived live only: records appended after the
 // current read of the topic started, read once it has caught up. The

@@ -61,7 +61,10 @@ const (
 	DefaultLinger         = 2 * time.Millisecond
 	DefaultBalancesTopic  = "usage.balances"
 	// DefaultGateMaxAge is the age (in broker time) past which the quota
-	// gate no longer trusts a balance.
+	// gate no longer trusts a balance: far above the aggregator's
+	// DefaultBalanceInterval (1 s), the most a changed balance waits
+	// before it goes out, so a balance still trusted is at most seconds
+	// behind the customer's usage when the aggregator keeps up.
 	DefaultGateMaxAge = 5 * time.Minute
 	// The HTTP server's timeouts.
 	DefaultReadHeaderTimeout = 5 * time.Second

@@ -55,7 +55,8 @@ func (c *AggregateConfig) event(i int, now time.Time) *schemas.DedupedEvent {
 // benchPlan, capped and paying with credits), against two transactional
 // passthroughs, (a) copying every record and (b) also writing one
 // changelog record per event, each from the start of the same input with
-// its own group and changelog, in rotating order. Each aggregator of the
+// its own group and changelog, in rotating order, all with the
+// aggregator's transaction size (aggregator.DefaultMaxBatchRecords). Each aggregator of the
 // last round stays up for a latency phase: events sent at a steady rate,
 // each for a customer of its own and stamped with its send time as its
 // arrival (as dedup stamps the broker time), timed from their send to
@@ -344,6 +345,8 @@ type aggregatePass struct {
 func (p aggregatePass) Run(ctx context.Context, round int, _ bool) (Result, error) {
 	cfg := p.b.streamConfig(fmt.Sprintf("%s-group-r%d", p.out, round), "b1")
 	cfg.Stage = "bench"
+	// Transactions of the aggregator's size (aggregator.Config's default).
+	cfg.MaxBatchRecords = aggregator.DefaultMaxBatchRecords
 	cfg.InputTopic = p.b.names.DedupedTopic()
 	cfg.ChangelogTopic = passChangelog(p.out, round)
 	return p.b.measurePass(ctx, p.name, cfg, p.out, p.state, p.b.input)

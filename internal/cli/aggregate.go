@@ -28,9 +28,11 @@ type AggregateFlags struct {
 	Group            string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
 	Period           string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
 	Grace            time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace." default:"${aggregate_grace}"`
+	MaxBatchRecords  int           `help:"Most input records in one transaction (one ends sooner at --commit-interval): what a transaction writes grows with the aggregates and customers it changed, so larger ones cost less per event." default:"${aggregate_max_batch_records}"`
 	FinalChunk       int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
 	Entitlements     bool          `help:"Decide caps and credits (DESIGN §12): read usage.entitlements with usage.deduped, reject events over a cap (over_limit) or without credit (no_credit), write usage.balances."`
-	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition: an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
+	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition while it is needed (records waiting for their decision, balances pending, input arriving): an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
+	BalanceInterval  time.Duration `help:"How often, in broker time, the balances of the customers that changed go to usage.balances: a customer gets at most one balance per interval (a period start's aside), as of its latest change. 0: one per transaction that changed it." default:"${aggregate_balance_interval}"`
 }
 
 // MetersFlags name the meters file, which the aggregator and the HTTP
@@ -51,13 +53,16 @@ func (f *MetersFlags) load() (*aggregator.Catalog, error) {
 // config builds the aggregator's configuration from its own flags, the
 // stage flags sf, the meters flags m and the dedup window.
 func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, window time.Duration, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
-	sc, err := sf.streamConfig(g, f.Group, "aggregate", log, reg)
+	sc, err := sf.streamConfig(g, f.Group, "aggregate", f.MaxBatchRecords, log, reg)
 	if err != nil {
 		return aggregator.Config{}, err
 	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
 		Period: aggregator.Period(f.Period), Grace: f.Grace, Window: window, FinalChunk: f.FinalChunk,
-		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick}
+		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, BalanceInterval: f.BalanceInterval}
+	if f.BalanceInterval <= 0 {
+		cfg.BalanceInterval = aggregator.BalanceEveryTransaction
+	}
 	if cfg.Meters, err = m.load(); err != nil {
 		return cfg, err
 	}

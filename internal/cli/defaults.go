@@ -40,7 +40,9 @@ func defaultVars() kong.Vars {
 		"aggregate_period":            string(aggregator.DefaultPeriod),
 		"aggregate_grace":             flagDuration(aggregator.DefaultGrace),
 		"aggregate_final_chunk":       strconv.Itoa(aggregator.DefaultFinalChunk),
+		"aggregate_max_batch_records": strconv.Itoa(aggregator.DefaultMaxBatchRecords),
 		"aggregate_entitlements_tick": flagDuration(aggregator.DefaultEntitlementsTick),
+		"aggregate_balance_interval":  flagDuration(aggregator.DefaultBalanceInterval),
 
 		"sink_group":               sink.DefaultGroup,
 		"sink_rebalance_timeout":   flagDuration(sink.DefaultRebalanceTimeout),

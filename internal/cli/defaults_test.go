@@ -31,7 +31,6 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 	stage := func(cmd string, f StageFlags) []check {
 		return []check{
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
-			{cmd + " --max-batch-records", f.MaxBatchRecords, stream.DefaultMaxBatchRecords},
 			{cmd + " --standby-replicas", f.StandbyReplicas, stream.DefaultStandbyReplicas},
 			{cmd + " --session-timeout", f.SessionTimeout, session.DefaultSessionTimeout},
 			{cmd + " --rebalance-timeout", f.RebalanceTimeout, session.DefaultRebalanceTimeout},
@@ -67,6 +66,11 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"aggregate --grace", a.Grace, aggregator.DefaultGrace},
 		{"aggregate --window", a.Window, dedup.DefaultWindow},
 		{"aggregate --final-chunk", a.FinalChunk, aggregator.DefaultFinalChunk},
+		{"dedup --max-batch-records", d.MaxBatchRecords, stream.DefaultMaxBatchRecords},
+		{"aggregate --max-batch-records", a.MaxBatchRecords, aggregator.DefaultMaxBatchRecords},
+		{"run --dedup-max-batch-records", r.Dedup.MaxBatchRecords, stream.DefaultMaxBatchRecords},
+		{"run --aggregate-max-batch-records", r.Aggregate.MaxBatchRecords, aggregator.DefaultMaxBatchRecords},
+		{"aggregate --balance-interval", a.BalanceInterval, aggregator.DefaultBalanceInterval},
 		{"run --dedup-group", r.Dedup.Group, dedup.DefaultGroup},
 		{"run --aggregate-group", r.Aggregate.Group, aggregator.DefaultGroup},
 		{"run --dedup-window", r.Dedup.Window, dedup.DefaultWindow},
@@ -75,6 +79,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"run --aggregate-period", aggregator.Period(r.Aggregate.Period), aggregator.DefaultPeriod},
 		{"run --aggregate-grace", r.Aggregate.Grace, aggregator.DefaultGrace},
 		{"run --aggregate-final-chunk", r.Aggregate.FinalChunk, aggregator.DefaultFinalChunk},
+		{"run --aggregate-balance-interval", r.Aggregate.BalanceInterval, aggregator.DefaultBalanceInterval},
 		{"topics create --window", tc.Window, dedup.DefaultWindow},
 		{"topics create --skew", tc.Skew, dedup.DefaultSkew},
 		{"topics.DefaultLayout().Window", topics.DefaultLayout().Window, dedup.DefaultWindow},

@@ -23,7 +23,6 @@ type StageFlags struct {
 	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
 	StateDir           string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
 	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
-	MaxBatchRecords    int           `help:"Most input records in one transaction." default:"${stream_max_batch_records}"`
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
@@ -32,7 +31,9 @@ type StageFlags struct {
 	Validate           bool          `help:"Check the configuration and exit."`
 }
 
-func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logger, reg prometheus.Registerer) (stream.Config, error) {
+// streamConfig is the stream configuration of stage, with its own group and
+// the most input records per transaction.
+func (f *StageFlags) streamConfig(g *Globals, group, stage string, maxBatchRecords int, log *zap.Logger, reg prometheus.Registerer) (stream.Config, error) {
 	id, err := resolveInstanceID(f.InstanceID)
 	if err != nil {
 		return stream.Config{}, err
@@ -52,7 +53,7 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, log *zap.Logg
 		},
 		StateDir:        filepath.Join(f.StateDir, stage+"-"+id),
 		CommitInterval:  f.CommitInterval,
-		MaxBatchRecords: f.MaxBatchRecords,
+		MaxBatchRecords: maxBatchRecords,
 		StandbyReplicas: f.StandbyReplicas,
 		Logger:          log,
 		Registerer:      reg,
@@ -150,11 +151,12 @@ type DedupCmd struct {
 // as they are, `meterline run` with the prefix dedup- (--dedup-window,
 // --dedup-group, ...).
 type DedupFlags struct {
-	Group        string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
-	Window       time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival. In meterline run the aggregator keeps the same W." default:"${dedup_window}"`
-	Skew         time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"${dedup_skew}"`
-	TickInterval time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"${dedup_tick_interval}"`
-	Sources      []string      `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
+	Group           string        `help:"Consumer group of the dedup stage." default:"${dedup_group}"`
+	Window          time.Duration `help:"Dedup window W: accept only arrival − W < event_time; keep a key W + S after its first arrival. In meterline run the aggregator keeps the same W." default:"${dedup_window}"`
+	Skew            time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"${dedup_skew}"`
+	TickInterval    time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"${dedup_tick_interval}"`
+	MaxBatchRecords int           `help:"Most input records in one transaction." default:"${stream_max_batch_records}"`
+	Sources         []string      `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
 }
 
 // DedupKeyFlags name the key ring that signs dedup's headers. The flag is
@@ -167,7 +169,7 @@ type DedupKeyFlags struct {
 // config builds the dedup stage's configuration from its own flags, the
 // stage flags sf, the key ring file and the expiry bucket.
 func (f *DedupFlags) config(g *Globals, sf *StageFlags, keysFile string, bucket time.Duration, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
-	sc, err := sf.streamConfig(g, f.Group, "dedup", log, reg)
+	sc, err := sf.streamConfig(g, f.Group, "dedup", f.MaxBatchRecords, log, reg)
 	if err != nil {
 		return dedup.Config{}, err
 	}

@@ -33,6 +33,9 @@ import (
 //     none aborted: the one that let them through has ended. (A gate lets
 //     through Config.FinalChunk records a transaction, and the rest in
 //     the next ones; the demo's gates never hold that many.)
+//  4. and no customer's balance is pending in it (the last changes go
+//     out within a --balance-interval of broker time), seen before two
+//     more committed transactions, with none aborted.
 //
 // The gates themselves are never empty for long: each watermark record
 // waits there for the next tick.
@@ -73,6 +76,10 @@ type catchUp struct {
 	// then.
 	passedAt map[string]float64
 	aborted  float64
+	// Step 4: no balance was seen pending since the last abort, when the
+	// aggregator had committed drainedAt transactions.
+	drained   bool
+	drainedAt float64
 }
 
 func (c *catchUp) stage() string {
@@ -81,8 +88,10 @@ func (c *catchUp) stage() string {
 		return "dedup has not read the generator's events"
 	case !c.reached:
 		return "the aggregator has not read dedup's output"
-	default:
+	case len(c.passedAt) < len(c.aggTo):
 		return fmt.Sprintf("the aggregator has read its entitlements past the generator's end on %d of %d partitions", len(c.passedAt), len(c.aggTo))
+	default:
+		return fmt.Sprintf("the aggregator has customers whose balance has not gone out (%.0f)", metricSum(c.reg, "meterline_aggregate_balances_pending", nil))
 	}
 }
 
@@ -116,13 +125,14 @@ func (c *catchUp) step() (bool, error) {
 	return c.gatesPassed(), nil
 }
 
-// gatesPassed is step 3.
+// gatesPassed is steps 3 and 4.
 func (c *catchUp) gatesPassed() bool {
 	committed := metricSum(c.reg, "meterline_stream_transactions_total", map[string]string{"stage": "aggregate", "outcome": session.Committed})
 	aborted := metricSum(c.reg, "meterline_stream_transactions_total", map[string]string{"stage": "aggregate", "outcome": session.Aborted})
 	if c.passedAt == nil || aborted != c.aborted {
-		// An aborted transaction may have undone what let events through.
-		c.passedAt, c.aborted = map[string]float64{}, aborted
+		// An aborted transaction may have undone what let events through,
+		// or the balances it emitted.
+		c.passedAt, c.aborted, c.drained = map[string]float64{}, aborted, false
 	}
 	stopped := float64(c.stopped.UnixMilli()) / 1000
 	for p := range c.aggTo {
@@ -139,7 +149,13 @@ func (c *catchUp) gatesPassed() bool {
 			return false
 		}
 	}
-	return true
+	if !c.drained {
+		if metricSum(c.reg, "meterline_aggregate_balances_pending", nil) > 0 {
+			return false
+		}
+		c.drained, c.drainedAt = true, committed
+	}
+	return committed >= c.drainedAt+2
 }
 
 // ends returns the end offsets (high watermarks) of topic's partitions.

@@ -34,6 +34,11 @@ type EntRecord struct {
 type Entitlements struct {
 	Partitions int32
 	Records    []EntRecord
+	// Nudge, when set, is called while VerifyEntitlements waits for the
+	// outputs: a test that appends the entitlements ticks itself moves the
+	// broker time on with it, so that the balances still pending go out
+	// (aggregator.Config.BalanceInterval).
+	Nudge func()
 }
 
 // Decide decides every event as the aggregator must: the events of each
@@ -76,6 +81,7 @@ type EntReport struct {
 	Report
 	Accepted int
 	Rejected map[string]int // by reason
+	Balances int            // customers whose last balance was checked
 }
 
 // VerifyEntitlements is Verify with entitlements: the bill of the events
@@ -83,7 +89,9 @@ type EntReport struct {
 // checks), each rejected event exactly once in usage.rejected with its
 // reason and stage aggregator and no other record there, and each
 // customer's last balance in usage.balances equal to the reference's as
-// of that balance's time. It fails the test with every problem found.
+// of that balance's time (waiting for it: a customer's last balance goes
+// out up to an interval of broker time after its last change). It fails
+// the test with every problem found.
 func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *Model, ent *Entitlements, events []*Event) EntReport {
 	t.Helper()
 	outcome, models := ent.Decide(m, events)
@@ -99,16 +107,49 @@ func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *M
 		accepted = append(accepted, ev)
 	}
 	rep.Accepted = len(accepted)
+	charged := map[string]bool{}
+	for _, ev := range accepted {
+		charged[ev.Customer] = true
+	}
 	b := m.Bill(accepted)
+	balances := func() []string {
+		last := map[string]*schemas.Balance{}
+		for _, r := range testenv.ReadAll(t, brokers, names.BalancesTopic()) {
+			var bl schemas.Balance
+			if err := schemas.DecodeInto(r.Value, &bl); err != nil {
+				t.Fatalf("%s %d/%d: %v", names.BalancesTopic(), r.Partition, r.Offset, err)
+			}
+			if cur := last[bl.CustomerID]; cur == nil || bl.Revision > cur.Revision {
+				last[bl.CustomerID] = &bl
+			}
+		}
+		var problems []string
+		for c, got := range last {
+			p := schemas.Partition(schemas.CustomerKey(c), ent.Partitions)
+			if w := models[p].Balance(c, got.UpdatedAt, got.Revision); !reflect.DeepEqual(got, w) {
+				problems = append(problems, fmt.Sprintf("balance of %s:\n    got  %+v\n    want %+v", c, got, w))
+			}
+		}
+		for c := range charged {
+			if last[c] == nil {
+				problems = append(problems, fmt.Sprintf("no balance of %s, which has accepted events", c))
+			}
+		}
+		rep.Balances = len(last)
+		return problems
+	}
 	deadline := time.Now().Add(AwaitTimeout)
 	for {
 		out := read(t, brokers, names)
-		if b.Complete(out) && len(testenv.ReadAll(t, brokers, names.RejectedTopic())) >= len(want) {
+		if b.Complete(out) && len(testenv.ReadAll(t, brokers, names.RejectedTopic())) >= len(want) && len(balances()) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Logf("after %s the outputs are still incomplete", AwaitTimeout)
 			break
+		}
+		if ent.Nudge != nil {
+			ent.Nudge()
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -134,22 +175,7 @@ func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *M
 			problems = append(problems, fmt.Sprintf("%s is in usage.rejected %d times, want once (%s)", id, seen[id], w))
 		}
 	}
-	last := map[string]*schemas.Balance{}
-	for _, r := range testenv.ReadAll(t, brokers, names.BalancesTopic()) {
-		var bl schemas.Balance
-		if err := schemas.DecodeInto(r.Value, &bl); err != nil {
-			t.Fatalf("%s %d/%d: %v", names.BalancesTopic(), r.Partition, r.Offset, err)
-		}
-		if cur := last[bl.CustomerID]; cur == nil || bl.Revision > cur.Revision {
-			last[bl.CustomerID] = &bl
-		}
-	}
-	for c, got := range last {
-		p := schemas.Partition(schemas.CustomerKey(c), ent.Partitions)
-		if w := models[p].Balance(c, got.UpdatedAt, got.Revision); !reflect.DeepEqual(got, w) {
-			problems = append(problems, fmt.Sprintf("balance of %s:\n    got  %+v\n    want %+v", c, got, w))
-		}
-	}
+	problems = append(problems, balances()...)
 	rep.Report = b.Check(out)
 	problems = append(problems, rep.Problems...)
 	if len(problems) > 0 {
@@ -160,6 +186,6 @@ func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *M
 		t.Fatalf("the outputs disagree with the model of DESIGN §3 and §12 (%d events, %d accepted):\n  %s", len(events), len(accepted), strings.Join(problems, "\n  "))
 	}
 	t.Logf("the model agrees: %d events, %d accepted, rejected %v; %d keys, %d FINAL, %d adjustments, %d balances checked",
-		len(events), len(accepted), rep.Rejected, rep.Keys, rep.Finals, rep.Adjustments, len(last))
+		len(events), len(accepted), rep.Rejected, rep.Keys, rep.Finals, rep.Adjustments, rep.Balances)
 	return rep
 }
