@@ -192,3 +192,44 @@ func TestEntitlementsGateForgetsWithinTransaction(t *testing.T) {
 		t.Errorf("OPEN value %d, want 100 api_calls of acme", v)
 	}
 }
+
+// TestEntitlementsStartReadsEntitlementsFirst: a stage starting on a
+// backlog reads its entitlements partition before the records of
+// usage.deduped in the same fetch (stream: co-partitioned topics first in
+// every fetch request), so that events whose arrival the partition has
+// been read past never wait in the gate. 3,000 events wait behind a tick
+// written after their arrival; transactions of 500 records. Without the
+// order, the first polls take events only, gate them and commit them to
+// the changelog, and delete them again once the tick is read.
+func TestEntitlementsStartReadsEntitlementsFirst(t *testing.T) {
+	h := newEntHarness(t, nil, 1)
+	t1 := time.Date(2026, 11, 10, 0, 0, 10, 0, time.UTC).UnixMilli()
+	var recs []*kgo.Record
+	for i := range 3000 {
+		recs = append(recs, h.dedupedEvent(0, &schemas.DedupedEvent{EventID: fmt.Sprintf("e-%04d", i), CustomerID: "acme",
+			Meter: "api_calls", Quantity: 1, EventTime: t1, IngestTime: t1}))
+	}
+	recs = append(recs, &kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: 0, Key: []byte(schemas.TickKey),
+		Value: schemas.MustEncode(&schemas.Tick{InstanceID: "test"}), Timestamp: time.UnixMilli(t1 + 1)})
+	h.produce(recs...)
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1
+	cfg.Stream.MaxBatchRecords = 500
+	run := h.start(cfg)
+	h.caughtUp()
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	gated := 0
+	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregateChangelogTopic()) {
+		if len(r.Key) > 0 && r.Key[0] == pfxGate {
+			gated++
+		}
+	}
+	if gated != 0 {
+		t.Errorf("%d gate records in the changelog, want none: the events were read before the tick", gated)
+	}
+	if v := openValues(t, h)["acme/api_calls"]; v != 3000 {
+		t.Errorf("OPEN value %d, want 3000", v)
+	}
+}
