@@ -42,20 +42,7 @@ func TestEntitlementsGateDrainsAhead(t *testing.T) {
 	cfg.Stream.Registerer = reg
 	run := h.start(cfg)
 	defer run.stop()
-	waitGated := func(want float64) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			if v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0"); v == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0")
-				t.Fatalf("%v records gated, want %v", v, want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	waitGated := func(want float64) { t.Helper(); waitGatedRecords(t, reg, want) }
 	waitGated(300)
 	tick := &kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: 0, Key: []byte(schemas.TickKey),
 		Value: schemas.MustEncode(&schemas.Tick{InstanceID: "test"}), Timestamp: time.UnixMilli(t1 + 1)}
@@ -131,20 +118,7 @@ func TestEntitlementsGateForgetsWithinTransaction(t *testing.T) {
 		cfg.Stream.Registerer = reg
 		return h.start(cfg)
 	}
-	waitGated := func(reg *prometheus.Registry, want float64) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			if v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0"); v == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0")
-				t.Fatalf("%v records gated, want %v", v, want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	waitGated := func(reg *prometheus.Registry, want float64) { t.Helper(); waitGatedRecords(t, reg, want) }
 
 	// First run: 50 events gated and committed, then let through.
 	h.produce(events(0, t1)...)
@@ -231,5 +205,21 @@ func TestEntitlementsStartReadsEntitlementsFirst(t *testing.T) {
 	}
 	if v := openValues(t, h)["acme/api_calls"]; v != 3000 {
 		t.Errorf("OPEN value %d, want 3000", v)
+	}
+}
+
+// waitGatedRecords waits until partition 0's gate holds want records.
+func waitGatedRecords(t *testing.T, reg *prometheus.Registry, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0"); v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			v, _ := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "0")
+			t.Fatalf("%v records gated, want %v", v, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
