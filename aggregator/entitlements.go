@@ -215,6 +215,12 @@ type entPart struct {
 	readTo   int64  // Ledger.ReadTo
 	gateN    int    // records in the gate
 	gateNext uint64 // seq of the next record to enter it
+	// txFirst is gateNext as the committed state has it (set at load and
+	// by Flush): a gated record with a seq ≥ txFirst entered the gate in
+	// the open transaction, so the committed state does not hold it, and
+	// leaving the gate it is forgotten (stream.Tx.Forget), not deleted:
+	// no changelog record at all.
+	txFirst uint64
 	// more: the last drain stopped at its chunk with ready records left;
 	// Work drains on.
 	more bool
@@ -443,6 +449,7 @@ func (pt *partition) loadEnt(st stateReader) error {
 	if ok && len(v) == 8 {
 		e.gateNext = binary.BigEndian.Uint64(v)
 	}
+	e.txFirst = e.gateNext
 	if err := st.Scan([]byte{pfxGate}, []byte{pfxGate + 1}, func(_, _ []byte) error { e.gateN++; return nil }); err != nil {
 		return err
 	}
@@ -739,7 +746,11 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		if !e.passes(t) {
 			break
 		}
-		tx.Delete(kv.k)
+		if len(kv.k) == 9 && binary.BigEndian.Uint64(kv.k[1:]) >= e.txFirst {
+			tx.Forget(kv.k) // gated and released in this transaction
+		} else {
+			tx.Delete(kv.k)
+		}
 		e.gateN--
 		done++
 		if decoded {

@@ -564,6 +564,8 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		}
 		// Last: whatever changed an account in this transaction has.
 		pt.flushAccounts(tx)
+		// The records gated from now on enter it in the next transaction.
+		pt.ent.txFirst = pt.ent.gateNext
 	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {

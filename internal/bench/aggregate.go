@@ -76,16 +76,28 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 		return err
 	}
 	// The plan is in effect for an event that arrived at or after its
-	// broker time: the input's arrivals (now) come after it.
+	// broker time, and the rate card prices an event whose event_time
+	// (and arrival) is at or after its broker time (entitlements.RateHistory:
+	// a version's effective_from is raised to the card's broker time). The
+	// input's arrivals (now) are therefore at least aggregateEventSpread
+	// after both, so that every event is priced, and the grant pays.
 	env.say("writing the default plan %q and the rate card to %s", benchPlan.Plan, s.names.EntitlementsTopic())
-	if err := b.writeEnt(ctx, schemas.DefaultPlanKey, benchPlan); err != nil {
+	written, err := b.writeEnt(ctx, schemas.DefaultPlanKey, benchPlan)
+	if err != nil {
 		return err
 	}
-	if err := b.writeEnt(ctx, schemas.RateCardKey, benchRates); err != nil {
+	if written, err = b.writeEnt(ctx, schemas.RateCardKey, benchRates); err != nil {
 		return err
 	}
-	time.Sleep(10 * time.Millisecond)
-	b.now = time.Now()
+	b.now = time.UnixMilli(written).Add(aggregateEventSpread + time.Millisecond)
+	if now := time.Now(); now.After(b.now) {
+		b.now = now
+	}
+	select { // no arrival after the broker's clock
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(b.now)):
+	}
 	env.say("pre-filling %s with %d events (%d customers × %d meters%s)", s.names.DedupedTopic(), cfg.Events, cfg.Customers, len(aggregateMeterNames),
 		map[bool]string{true: ", skewed"}[cfg.Skewed])
 	if b.input, err = b.prefill(ctx); err != nil {
@@ -94,7 +106,7 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	// As an aggregator with entitlements that ran before would have left
 	// them: ticks after the input's arrivals, so that the input is not
 	// held in the gate until the stage's own first tick.
-	if err := b.writeEnt(ctx, schemas.TickKey, &schemas.Tick{InstanceID: "bench"}); err != nil {
+	if _, err := b.writeEnt(ctx, schemas.TickKey, &schemas.Tick{InstanceID: "bench"}); err != nil {
 		return err
 	}
 	rounds := Rounds{N: cfg.Rounds, Unit: "events", Progress: env.say}
@@ -118,8 +130,10 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	on, off := res.Median(3), res.Median(2)
 	fmt.Fprintf(out, "%-46s %9.0f events/s  (%.2f of (b), %.2f of the aggregator without entitlements; per round %s)\n",
 		res.Runs[3][0].Name, on, on/res.Median(1), on/off, roundRatios(res, 3, 2))
-	fmt.Fprintf(out, "entitlements: every customer on plan %q (caps api_calls %d, tokens %d a month; grant %d micro-credits; overdraft deny), tick %s; last round's decisions: %s\n",
-		benchPlan.Plan, benchPlan.Caps[0].Limit, benchPlan.Caps[1].Limit, benchPlan.Grants[0].Amount, b.entTick(), b.decisions)
+	fmt.Fprintf(out, "entitlements: every customer on plan %q (caps api_calls %d, tokens %d a month; grant %d micro-credits; overdraft deny; rates api_calls %d per unit, tokens %d per %d units), tick %s; last round's decisions: %s; credits consumed %.0f micro-credits\n",
+		benchPlan.Plan, benchPlan.Caps[0].Limit, benchPlan.Caps[1].Limit, benchPlan.Grants[0].Amount,
+		benchRates.Versions[0].Rates[0].MicroCredits, benchRates.Versions[0].Rates[1].MicroCredits, benchRates.Versions[0].Rates[1].PerUnits,
+		b.entTick(), b.decisions, b.credits)
 	fmt.Fprintf(out, "aggregate revisions emitted (last round): without entitlements %.0f, with %.0f\n", b.revisions[0], b.revisions[1])
 	for i, name := range []string{"without entitlements", "with entitlements"} {
 		lat := b.lat[i]
@@ -157,22 +171,30 @@ var benchRates = &schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []sch
 	{Meter: "api_calls", MicroCredits: 1, PerUnits: 1}, {Meter: "tokens", MicroCredits: 15, PerUnits: 1000}}}}}
 
 // writeEnt writes m under key to every partition of the entitlements
-// topic, as `meterline entitlements set-default` and `set-rates` do.
-func (b *aggregateBench) writeEnt(ctx context.Context, key string, m schemas.Message) error {
+// topic, as `meterline entitlements set-default` and `set-rates` do, and
+// returns the latest broker time of the records (in milliseconds).
+func (b *aggregateBench) writeEnt(ctx context.Context, key string, m schemas.Message) (int64, error) {
 	cl, err := b.env.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer cl.Close()
 	v, err := schemas.Encode(m)
 	if err != nil {
-		return fmt.Errorf("bench: encode %s: %w", key, err)
+		return 0, fmt.Errorf("bench: encode %s: %w", key, err)
 	}
 	recs := make([]*kgo.Record, b.cfg.Partitions)
 	for p := range recs {
 		recs[p] = &kgo.Record{Topic: b.names.EntitlementsTopic(), Partition: int32(p), Key: []byte(key), Value: v}
 	}
-	return cl.ProduceSync(ctx, recs...).FirstErr()
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return 0, err
+	}
+	var written int64
+	for _, r := range recs {
+		written = max(written, r.Timestamp.UnixMilli())
+	}
+	return written, nil
 }
 
 // entTick is the entitlements tick of the aggregator with entitlements.
@@ -201,6 +223,9 @@ type aggregateBench struct {
 	lat       [2]latencies
 	revisions [2]float64
 	decisions string
+	// credits is the micro-credits the last round's aggregator with
+	// entitlements drew.
+	credits float64
 }
 
 // passA and passB are the output topics of the baselines. Not "x" and
@@ -386,6 +411,11 @@ func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result
 	b.revisions[i] = sumMetrics(reg, "meterline_aggregate_revisions_total")
 	if a.ent {
 		b.decisions = decisionsOf(reg)
+		// Every event of the input is priced (benchRates) and the grant
+		// pays: an aggregator that drew nothing measured caps alone.
+		if b.credits = sumMetrics(reg, "meterline_aggregate_credits_consumed_micro_total"); b.credits <= 0 {
+			return Result{}, fmt.Errorf("bench: the aggregator with entitlements drew no credits (decisions: %s): the input is not priced by the rate card", b.decisions)
+		}
 	}
 	return res, nil
 }

@@ -101,6 +101,13 @@ const aggregateMeters = `meters:
 
 var aggregateMeterNames = []string{"api_calls", "tokens", "storage_bytes", "active_users", "seats"}
 
+// aggregateEventSpread is how far before its arrival (now) an event of
+// bench aggregate's input can have its event_time: the event times are
+// spread over [now-aggregateEventSpread, now), so that a rate card written
+// at least aggregateEventSpread before now prices every event (a card
+// prices only event times at or after its broker time, DESIGN §12).
+const aggregateEventSpread = time.Second
+
 // aggregateEvent is event i of bench aggregate's input.
 func aggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
 	return aggregateEventOf(i, i%customers, customers, now)
@@ -127,7 +134,7 @@ func aggregateEventOf(i, cust, customers int, now time.Time) *schemas.DedupedEve
 		CustomerID: fmt.Sprintf("cust-%05d", cust),
 		Meter:      aggregateMeterNames[meter],
 		Quantity:   int64(1 + i%100),
-		EventTime:  now.Add(-30 * time.Minute).Add(time.Duration(i%1_000_000) * time.Millisecond).UnixMilli(),
+		EventTime:  now.Add(-aggregateEventSpread).Add(time.Duration(i%int(aggregateEventSpread/time.Millisecond)) * time.Millisecond).UnixMilli(),
 		IngestTime: now.UnixMilli(),
 		Source:     "bench",
 		Properties: []schemas.Property{{Name: "region", Value: []string{"eu-west-1", "us-east-1"}[i%2]},

@@ -80,3 +80,28 @@ func TestAggregateSkewedRuns(t *testing.T) {
 		t.Errorf("left behind: %v", left)
 	}
 }
+
+// TestAggregateBenchPricesItsInput: bench aggregate's input is priced by
+// its rate card and paid from the plan's grant (DESIGN §12: a card prices
+// only event times at or after its broker time), and the result says how
+// many micro-credits the aggregator with entitlements drew.
+func TestAggregateBenchPricesItsInput(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	w := &watcher{}
+	env, out := testEnv(t, brokers, w)
+	cfg := smallStage(filepath.Join(t.TempDir(), "state"))
+	cfg.Rounds = 1
+	if err := Aggregate(context.Background(), env, AggregateConfig{Events: 600, Customers: 20, StageConfig: cfg}); err != nil {
+		t.Fatalf("bench: %v\n%s\nprogress:\n%s", err, out.String(), w.buf.String())
+	}
+	t.Log(out.String())
+	m := regexp.MustCompile(`last round's decisions: accepted (\d+), over_limit (\d+), no_credit (\d+), invalid (\d+); credits consumed (\d+) micro-credits`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no decisions and credits line:\n%s", out.String())
+	}
+	accepted, _ := strconv.Atoi(m[1])
+	credits, _ := strconv.Atoi(m[5])
+	if accepted < 600 || credits <= 0 || m[3] != "0" {
+		t.Errorf("%q: want at least the 600 events of the input accepted, credits drawn and no no_credit", m[0])
+	}
+}

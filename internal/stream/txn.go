@@ -19,8 +19,13 @@ type rangeDel struct{ lo, hi []byte }
 
 // overlay is one partition's uncommitted writes.
 type overlay struct {
-	writes    map[string]entry
-	order     []string // first-write order, for deterministic changelog output
+	writes map[string]entry
+	// order is the keys' first-write order, for deterministic changelog
+	// output. A key removed from writes (Forget, DeleteRangeLocal) stays
+	// in order, listed in dropped, until order is compacted (compact);
+	// a key written again meanwhile keeps its place.
+	order     []string
+	dropped   map[string]struct{}
 	rangeDels []rangeDel
 	// inputNext is the next input offset after this transaction, by the
 	// state key of its topic (Config.inputOffsetKey); nil: none consumed.
@@ -67,13 +72,64 @@ func (tx *Tx) Delete(k []byte) {
 	tx.write(k, entry{del: true})
 }
 
-func (tx *Tx) write(k []byte, e entry) {
+// Forget undoes the open transaction's writes of k, as if it had never
+// written k: Get and Scan see k as they would without them, and k gets no
+// changelog record and no store write from this transaction.
+//
+// It is for a key this transaction created, one the committed state does
+// not hold (the caller knows it, e.g. from a sequence number handed out
+// in this transaction): such a key is then gone without a trace, where
+// Delete would leave a changelog tombstone for a key that never reached
+// the changelog. For a key the committed state holds, Forget does not
+// delete it: its committed value shows again. A write of k after Forget
+// is a new write; k keeps its place in the changelog order.
+func (tx *Tx) Forget(k []byte) {
+	ov := tx.ov
 	ks := string(k)
-	if _, ok := tx.ov.writes[ks]; !ok {
-		tx.ov.order = append(tx.ov.order, ks)
+	if _, ok := ov.writes[ks]; !ok {
+		return
 	}
-	tx.ov.writes[ks] = e
-	tx.ov.touched = true
+	delete(ov.writes, ks)
+	ov.drop(ks)
+}
+
+// drop records that ks, in order, was removed from writes, and compacts
+// order once most of it is dropped keys (amortized O(1) a drop).
+func (ov *overlay) drop(ks string) {
+	if ov.dropped == nil {
+		ov.dropped = map[string]struct{}{}
+	}
+	ov.dropped[ks] = struct{}{}
+	if len(ov.dropped) >= 64 && 2*len(ov.dropped) > len(ov.order) {
+		ov.compact()
+	}
+}
+
+// compact removes the dropped keys from order.
+func (ov *overlay) compact() {
+	live := ov.order[:0]
+	for _, k := range ov.order {
+		if _, ok := ov.writes[k]; ok {
+			live = append(live, k)
+		}
+	}
+	clear(ov.order[len(live):])
+	ov.order = live
+	clear(ov.dropped)
+}
+
+func (tx *Tx) write(k []byte, e entry) {
+	ov := tx.ov
+	ks := string(k)
+	if _, ok := ov.writes[ks]; !ok {
+		if _, was := ov.dropped[ks]; was {
+			delete(ov.dropped, ks) // still in order, at its first write
+		} else {
+			ov.order = append(ov.order, ks)
+		}
+	}
+	ov.writes[ks] = e
+	ov.touched = true
 }
 
 // Scan calls fn for every live key in [lo, hi) in key order, merging the
@@ -138,6 +194,7 @@ func (tx *Tx) DeleteRangeLocal(lo, hi []byte) {
 	for k := range tx.ov.writes {
 		if k >= string(lo) && k < string(hi) {
 			delete(tx.ov.writes, k)
+			tx.ov.drop(k)
 		}
 	}
 	tx.ov.touched = true
@@ -156,7 +213,7 @@ func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
 	for _, k := range ov.order {
 		e, ok := ov.writes[k]
 		if !ok {
-			continue // removed by a DeleteRangeLocal
+			continue // removed by a Forget or a DeleteRangeLocal
 		}
 		r := &kgo.Record{Topic: topic, Partition: p, Key: []byte(k)}
 		if !e.del {

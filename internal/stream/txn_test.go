@@ -1,0 +1,132 @@
+package stream
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+)
+
+// txOver returns a Tx of partition 0 over a store that holds committed.
+func txOver(t *testing.T, committed map[string]string) *Tx {
+	t.Helper()
+	st, err := OpenStore("state", vfs.NewMem(), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	b := st.newBatch()
+	for k, v := range committed {
+		b.set(0, []byte(k), []byte(v))
+	}
+	if err := b.commit(); err != nil {
+		t.Fatal(err)
+	}
+	return &Tx{rt: &Runtime{store: st}, p: 0, ov: newOverlay()}
+}
+
+// changelog returns the transaction's changelog records as "key=value" or
+// "key tombstone", in order, without the input offsets.
+func changelog(tx *Tx) []string {
+	var out []string
+	for _, r := range tx.ov.changelogRecords("cl", 0) {
+		if r.Value == nil {
+			out = append(out, string(r.Key)+" tombstone")
+		} else {
+			out = append(out, string(r.Key)+"="+string(r.Value))
+		}
+	}
+	return out
+}
+
+// view returns what Scan sees of the whole key space.
+func view(t *testing.T, tx *Tx) []string {
+	t.Helper()
+	var out []string
+	if err := tx.Scan(nil, nil, func(k, v []byte) error {
+		out = append(out, string(k)+"="+string(v))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestTxForget: Forget undoes the transaction's writes of a key. A key
+// the transaction created is gone with no changelog record (Delete would
+// leave a tombstone); a committed key shows its committed value again and
+// is not deleted; a key written again after Forget gets one record, at its
+// first write's place.
+func TestTxForget(t *testing.T) {
+	tx := txOver(t, map[string]string{"c": "committed"})
+	tx.Put([]byte("n1"), []byte("1"))
+	tx.Put([]byte("c"), []byte("changed"))
+	tx.Put([]byte("n2"), []byte("2"))
+	tx.Put([]byte("n3"), []byte("3"))
+	tx.Delete([]byte("n3"))
+	tx.Forget([]byte("n1"))
+	tx.Forget([]byte("c"))
+	tx.Forget([]byte("n3"))
+	tx.Forget([]byte("absent")) // never written: nothing to undo
+
+	if _, ok, err := tx.Get([]byte("n1")); err != nil || ok {
+		t.Errorf("Get(n1) after Forget: ok=%v err=%v, want absent", ok, err)
+	}
+	if v, ok, err := tx.Get([]byte("c")); err != nil || !ok || string(v) != "committed" {
+		t.Errorf("Get(c) after Forget = %q, %v, %v; want the committed value", v, ok, err)
+	}
+	if got, want := view(t, tx), []string{"c=committed", "n2=2"}; !slices.Equal(got, want) {
+		t.Errorf("Scan = %v, want %v", got, want)
+	}
+	if got, want := changelog(tx), []string{"n2=2"}; !slices.Equal(got, want) {
+		t.Errorf("changelog = %v, want %v (no record for a forgotten key)", got, want)
+	}
+	tx.Put([]byte("n1"), []byte("again"))
+	if got, want := changelog(tx), []string{"n1=again", "n2=2"}; !slices.Equal(got, want) {
+		t.Errorf("changelog after writing n1 again = %v, want %v", got, want)
+	}
+}
+
+// TestTxForgetMany: forgetting most of a large transaction's keys, with
+// others written in between (the order compacts as it goes), leaves
+// exactly the others in the changelog, in first-write order, each once,
+// also when some forgotten keys are written again.
+func TestTxForgetMany(t *testing.T) {
+	tx := txOver(t, nil)
+	var want []string
+	for i := range 1000 {
+		k := fmt.Sprintf("q%04d", i)
+		tx.Put([]byte(k), []byte("x"))
+		if i%10 == 0 {
+			l := fmt.Sprintf("k%04d", i)
+			tx.Put([]byte(l), []byte("y"))
+			want = append(want, l+"=y")
+		}
+		if i >= 3 {
+			tx.Forget([]byte(fmt.Sprintf("q%04d", i-3)))
+		}
+	}
+	for i := 997; i < 1000; i++ {
+		want = append(want, fmt.Sprintf("q%04d=x", i))
+	}
+	tx.Put([]byte("q0500"), []byte("back"))
+	want = append(want, "q0500=back")
+	if got := changelog(tx); !slices.Equal(got, want) {
+		t.Errorf("changelog has %d records, want %d:\n%v\nwant\n%v", len(got), len(want), got, want)
+	}
+}
+
+// TestTxDeleteRangeLocalRewrite: a key removed by DeleteRangeLocal and
+// written again in the same transaction gets one changelog record, not
+// one per write.
+func TestTxDeleteRangeLocalRewrite(t *testing.T) {
+	tx := txOver(t, nil)
+	tx.Put([]byte("a1"), []byte("1"))
+	tx.DeleteRangeLocal([]byte("a"), []byte("b"))
+	tx.Put([]byte("a1"), []byte("2"))
+	if got, want := changelog(tx), []string{"a1=2"}; !slices.Equal(got, want) {
+		t.Errorf("changelog = %v, want %v", got, want)
+	}
+}
