@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"time"
 
 	"github.com/alecthomas/kong"
 	"go.uber.org/zap"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/sink"
 )
@@ -197,8 +199,28 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	}
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl)
-	return zap.New(core), nil
+	return zap.New(sampled(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl))), nil
+}
+
+// The logger's sampling: of the entries with one message and level, the
+// first logFirst in a second are written, then one in logThereafter (as
+// zap.NewProduction does). A stage logs every record it rejects, and how
+// many it rejects is up to the producers: without sampling, a flood of
+// bad input would flood the logs. Every rejected record is still counted
+// by its metric and written to usage.rejected; what sampling leaves out
+// is counted by service.LogEntriesDropped.
+const (
+	logFirst      = 100
+	logThereafter = 100
+)
+
+func sampled(core zapcore.Core) zapcore.Core {
+	return zapcore.NewSamplerWithOptions(core, time.Second, logFirst, logThereafter,
+		zapcore.SamplerHook(func(_ zapcore.Entry, d zapcore.SamplingDecision) {
+			if d&zapcore.LogDropped != 0 {
+				service.LogEntriesDropped.Inc()
+			}
+		}))
 }
 
 // VersionCmd prints the module version.

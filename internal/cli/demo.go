@@ -41,7 +41,7 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 	defer f.Close()
 	lvl, _ := zapcore.ParseLevel(g.LogLevel)
-	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(f), lvl))
+	log := zap.New(sampled(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(f), lvl)))
 	fmt.Fprintf(stdio.Stderr, "meterline demo: embedded broker and state in %s, logs in %s\n", c.Dir, logPath)
 	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP, IngestAddr: c.Ingest,
 		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry()}

@@ -31,10 +31,17 @@ type Server struct {
 	status *statusPage
 }
 
-// NewRegistry returns a registry with the Go and process collectors.
+// LogEntriesDropped counts the log entries the process's logger left out
+// (the command line's logger samples each message: a flood of rejected
+// records, whose number a producer controls, must not flood the logs).
+var LogEntriesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "meterline_log_entries_dropped_total",
+	Help: "Log entries left out by sampling: past the first 100 entries of one message and level in a second, one in 100 is written."})
+
+// NewRegistry returns a registry with the Go and process collectors and
+// LogEntriesDropped.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), LogEntriesDropped)
 	return reg
 }
 
