@@ -143,6 +143,9 @@ func TestBalancesCoalesced(t *testing.T) {
 		t.Errorf("%d balances, want %d: the four pending changes in one", len(bs), n0+1)
 	}
 	checkRevisions(t, bs)
+	if last := bs[len(bs)-1]; last.UpdatedAt != r.t0+5000 {
+		t.Errorf("the balance with usage %d is as of %d, want its latest change's time %d", last.Meters[0].Usage, last.UpdatedAt, r.t0+5000)
+	}
 }
 
 // TestBalancePendingWhileIdle: a customer changed within the interval of
@@ -207,6 +210,11 @@ func TestBalancePendingSurvivesCrash(t *testing.T) {
 		t.Errorf("%d balances, want %d: the pending changes once, across the crash", len(bs), n0+1)
 	}
 	checkRevisions(t, bs)
+	// As of its latest change, as without the crash: not as of the change
+	// that made acme pending.
+	if last := bs[len(bs)-1]; last.UpdatedAt != r.t0+3000 {
+		t.Errorf("the balance with usage %d is as of %d, want its latest change's time %d", last.Meters[0].Usage, last.UpdatedAt, r.t0+3000)
+	}
 }
 
 // TestBalanceEveryTransaction: with BalanceEveryTransaction each

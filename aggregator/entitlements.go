@@ -1026,12 +1026,15 @@ func (pt *partition) publishPending() {
 }
 
 // makePending records that customer c's balance changed at broker time t
-// and has not gone out: its pending key is written unless it is known to
-// be pending already (then only the time in memory moves).
+// and has not gone out: its pending key holds the latest time of its
+// changes, written when it becomes pending and again when a later change
+// moves that time. The balance goes out as of that time (or the
+// watermark), so after a restart it is the same balance as without one:
+// the plan, period and grants of its latest change, not of the change
+// that made it pending.
 func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
 	e := pt.ent
-	if cur, ok := e.pendingAt[c]; ok {
-		e.pendingAt[c] = max(cur, t)
+	if cur, ok := e.pendingAt[c]; ok && cur >= t {
 		return
 	}
 	tx.Put(pendingKey(c), binary.AppendVarint(nil, t))

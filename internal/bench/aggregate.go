@@ -172,7 +172,10 @@ var benchRates = &schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []sch
 
 // writeEnt writes m under key to every partition of the entitlements
 // topic, as `meterline entitlements set-default` and `set-rates` do, and
-// returns the latest broker time of the records (in milliseconds).
+// returns a time at or after the records' broker time (in milliseconds).
+// The topic stamps LogAppendTime, which the producer's records do not
+// carry back, so it is the time the last acknowledgement came, plus
+// entClockMargin for a broker whose clock runs ahead of this one.
 func (b *aggregateBench) writeEnt(ctx context.Context, key string, m schemas.Message) (int64, error) {
 	cl, err := b.env.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
@@ -190,12 +193,16 @@ func (b *aggregateBench) writeEnt(ctx context.Context, key string, m schemas.Mes
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, err
 	}
-	var written int64
+	written := time.Now().Add(entClockMargin).UnixMilli()
 	for _, r := range recs {
 		written = max(written, r.Timestamp.UnixMilli())
 	}
 	return written, nil
 }
+
+// entClockMargin is how far ahead of this machine's clock writeEnt allows
+// the broker's clock to be.
+const entClockMargin = 250 * time.Millisecond
 
 // entTick is the entitlements tick of the aggregator with entitlements.
 func (b *aggregateBench) entTick() time.Duration {

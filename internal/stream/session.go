@@ -64,8 +64,11 @@ func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
 }
 
 // copartitionedFirst orders the co-partitioned topics before InputTopic in
-// every fetch request. Kafka fills a fetch response in the order of its
-// request, and a poll drains the buffered fetch in that order, up to the
+// every fetch request. Kafka fills a full fetch response (the first of a
+// fetch session, which is the one a start depends on) in the order of its
+// request; later, incremental fetches follow the session's own order,
+// which moves a partition that returned data to its end. A poll drains
+// the buffered fetch in that order, up to the
 // records the transaction can still take: with InputTopic first, a stage
 // starting on a backlog polled up to a whole fetch of InputTopic (16
 // partitions of 256 KiB in bench aggregate, about 100,000 records) before
