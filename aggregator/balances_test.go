@@ -111,6 +111,22 @@ func (r *balanceRun) advance() {
 	r.h.produce(r.h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, time.Now().Add(2*time.Hour).UnixMilli())...)
 }
 
+// checkOneMore waits for the balance of all r.n events, then checks that
+// it is the one balance after the n0 before (why says what that shows),
+// with increasing revisions, as of the latest event's time.
+func (r *balanceRun) checkOneMore(n0 int, why string) {
+	r.t.Helper()
+	awaitBalances(r.t, r.h, fmt.Sprintf("usage %d", r.n), usageIs("acme", int64(r.n)))
+	bs := balancesOf(r.t, r.h, "acme")
+	if len(bs) != n0+1 {
+		r.t.Errorf("%d balances, want %d: %s", len(bs), n0+1, why)
+	}
+	checkRevisions(r.t, bs)
+	if last, at := bs[len(bs)-1], r.t0+int64(r.n)*1000; last.UpdatedAt != at {
+		r.t.Errorf("the balance with usage %d is as of %d, want its latest change's time %d", last.Meters[0].Usage, last.UpdatedAt, at)
+	}
+}
+
 // checkRevisions checks that acme's balances have increasing revisions.
 func checkRevisions(t *testing.T, bs []*schemas.Balance) {
 	t.Helper()
@@ -137,15 +153,7 @@ func TestBalancesCoalesced(t *testing.T) {
 		t.Fatalf("%d balances after four more transactions within the interval, want %d (those four pending)", len(bs), n0)
 	}
 	r.advance()
-	awaitBalances(t, r.h, "usage 5", usageIs("acme", 5))
-	bs := balancesOf(t, r.h, "acme")
-	if len(bs) != n0+1 {
-		t.Errorf("%d balances, want %d: the four pending changes in one", len(bs), n0+1)
-	}
-	checkRevisions(t, bs)
-	if last := bs[len(bs)-1]; last.UpdatedAt != r.t0+5000 {
-		t.Errorf("the balance with usage %d is as of %d, want its latest change's time %d", last.Meters[0].Usage, last.UpdatedAt, r.t0+5000)
-	}
+	r.checkOneMore(n0, "the four pending changes in one")
 }
 
 // TestBalancePendingWhileIdle: a customer changed within the interval of
@@ -204,17 +212,9 @@ func TestBalancePendingSurvivesCrash(t *testing.T) {
 	_ = fault.Arm("")
 	r.h.start(r.config(time.Hour))
 	r.advance()
-	awaitBalances(t, r.h, "usage 3", usageIs("acme", 3))
-	bs := balancesOf(t, r.h, "acme")
-	if len(bs) != n0+1 {
-		t.Errorf("%d balances, want %d: the pending changes once, across the crash", len(bs), n0+1)
-	}
-	checkRevisions(t, bs)
 	// As of its latest change, as without the crash: not as of the change
 	// that made acme pending.
-	if last := bs[len(bs)-1]; last.UpdatedAt != r.t0+3000 {
-		t.Errorf("the balance with usage %d is as of %d, want its latest change's time %d", last.Meters[0].Usage, last.UpdatedAt, r.t0+3000)
-	}
+	r.checkOneMore(n0, "the pending changes once, across the crash")
 }
 
 // TestBalanceEveryTransaction: with BalanceEveryTransaction each
