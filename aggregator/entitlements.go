@@ -846,14 +846,16 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	l := pt.pr.ledger
 	// The partition's charge, reused: an event's charge is committed or
 	// dropped before the next event is decided.
+	// Its decision's Draws are reused too (EvaluateInto).
 	ch := &pt.charge
+	draws := ch.d.Draws
 	*ch = charge{pt: pt, tx: tx, customer: e.CustomerID, ev: entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
 		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}}
-	d, err := l.Evaluate(pt.ledger(tx), e.CustomerID, ch.ev)
-	if err != nil {
+	ch.d.Draws = draws
+	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	ch.d = d
+	d := &ch.d
 	if e := pt.ent; e.label == "" || e.labelPlan != d.Plan {
 		e.labelPlan, e.label = d.Plan, pt.pr.plans.label(d.Plan)
 	}
@@ -893,7 +895,11 @@ func (ch *charge) commit() error {
 	}
 	e := pt.ent
 	e.pending.add(entitlements.Accepted.String(), ch.label, ch.d.Cost)
-	e.changed[ch.customer] = max(e.changed[ch.customer], ch.ev.Arrival)
+	// changed[customer] = max(changed[customer], arrival), written only
+	// when it moves.
+	if t, ok := e.changed[ch.customer]; !ok || ch.ev.Arrival > t {
+		e.changed[ch.customer] = max(t, ch.ev.Arrival)
+	}
 	return nil
 }
 

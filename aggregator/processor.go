@@ -97,6 +97,10 @@ type partition struct {
 	// refused: reject was called; event reads it to keep the charge of
 	// an event its aggregate refused out of the transaction.
 	refused bool
+	// rejCounter counts the rejections of reason rejReason (reject): the
+	// metric's child of the last reason, kept.
+	rejReason  string
+	rejCounter prometheus.Counter
 	// ent is the entitlements view (entitlements.go); nil when they are
 	// off.
 	ent *entPart
