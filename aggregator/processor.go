@@ -568,8 +568,10 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		}
 		// Last: whatever changed an account in this transaction has.
 		pt.flushAccounts(tx)
-		// The records gated from now on enter it in the next transaction.
-		pt.ent.txFirst = pt.ent.gateNext
+		// The records still in the gate that entered it in this
+		// transaction; the records gated from now on enter it in the
+		// next one.
+		pt.flushGate(tx)
 	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {
