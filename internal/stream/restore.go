@@ -61,7 +61,7 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64) (Partition, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
-	warm := rt.sb.take(p)
+	warm := rt.sb.take(ctx, p)
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
 	// either happened already or is skipped.

@@ -116,8 +116,12 @@ type standbys struct {
 
 	mu    sync.Mutex
 	tails map[int32]*tail
-	// stopping holds tails cancelled by a new assignment that may still
-	// write; a restore or a new tail of the partition waits for them.
+	// stopping holds tails cancelled by a new assignment: those that may
+	// still write (a restore or a new tail of the partition waits for
+	// them), and those stopped because the assignment made this instance
+	// the partition's owner (kept), which stay here once done until the
+	// partition's restore takes their warm structures (take) or a later
+	// assignment no longer gives the partition to this instance.
 	stopping  map[int32]*tail
 	deferred  []int32
 	lastForce time.Time
@@ -151,6 +155,9 @@ type tail struct {
 	p      int32
 	cancel context.CancelFunc
 	done   chan struct{}
+	// kept (under standbys.mu): stopped by a promotion, its warm
+	// structures wait in stopping for the partition's restore.
+	kept bool
 	// Set before done is closed.
 	warm WarmState
 	err  error
@@ -190,7 +197,11 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 // assigned runs on kgo's group goroutine with each sync's standby
 // assignment: it stops the tails no longer assigned and starts the new
 // ones. It does not wait for a tail to stop: the restore of a partition
-// waits for its tail (take).
+// waits for its tail (take). The restore runs only after the group's
+// offsets are fetched, by which time the tail may have stopped already: a
+// tail of a partition the assignment gives this instance to own is kept
+// with its warm structures until the restore takes them, whichever of the
+// two ends first.
 func (sb *standbys) assigned(a StandbyAssignment) {
 	sb.rt.revokeUnowned(a.Owned)
 	if sb.rt.cfg.StandbyReplicas <= 0 {
@@ -199,10 +210,23 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.deferred = a.Deferred
+	// A tail kept for a restore that never took it (the partition moved
+	// on first) is dropped once it no longer writes.
+	for p, t := range sb.stopping {
+		if t.kept && !slices.Contains(a.Owned, p) {
+			t.kept = false
+			select {
+			case <-t.done:
+				delete(sb.stopping, p)
+			default: // it deletes itself when done
+			}
+		}
+	}
 	for p, t := range sb.tails {
 		if !slices.Contains(a.Standby, p) {
 			t.cancel()
 			delete(sb.tails, p)
+			t.kept = slices.Contains(a.Owned, p)
 			sb.stopping[p] = t
 			sb.m.lag.DeleteLabelValues(fmt.Sprint(p))
 		}
@@ -240,19 +264,35 @@ func (sb *standbys) start(p int32) {
 		if t.err != nil && ctx.Err() == nil {
 			sb.rt.log.Warn("standby tail stopped; the partition restores normally if it is assigned here", zap.Int32("partition", p), zap.Error(t.err))
 		}
-		sb.mu.Lock()
-		if sb.stopping[p] == t {
-			delete(sb.stopping, p)
-		}
-		sb.mu.Unlock()
+		sb.stopped(t)
 	}()
 }
 
-// take stops partition p's tail, if any, waits until it no longer writes,
-// and returns its warm structures when it stopped cleanly (nil otherwise).
-// The restore of a partition this instance now owns calls it first.
-func (sb *standbys) take(p int32) WarmState {
+// stopped forgets tail t, which no longer writes, unless it is kept for
+// its partition's restore (take).
+func (sb *standbys) stopped(t *tail) {
 	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.stopping[t.p] == t && !t.kept {
+		delete(sb.stopping, t.p)
+	}
+}
+
+// take stops partition p's tail, if any, waits until it no longer writes,
+// and returns its warm structures when it stopped cleanly (nil otherwise),
+// also when the tail had stopped before take was called. The restore of a
+// partition this instance now owns calls it first, with its context: a
+// restore whose context has ended (the partition was revoked, and may be
+// a standby here again by now) takes nothing, and stops no tail.
+func (sb *standbys) take(ctx context.Context, p int32) WarmState {
+	sb.mu.Lock()
+	if ctx.Err() != nil {
+		// The revoke cancels the context before the next assignment
+		// starts a tail (under mu), so a tail seen here is not this
+		// restore's.
+		sb.mu.Unlock()
+		return nil
+	}
 	t, ok := sb.tails[p]
 	if ok {
 		delete(sb.tails, p)
@@ -281,6 +321,11 @@ func (sb *standbys) stopAll() {
 	for p, t := range sb.tails {
 		tails = append(tails, t)
 		delete(sb.tails, p)
+	}
+	for p, t := range sb.stopping {
+		t.kept = false
+		tails = append(tails, t)
+		delete(sb.stopping, p)
 	}
 	sb.mu.Unlock()
 	for _, t := range tails {

@@ -1,12 +1,18 @@
 package stream
 
 import (
+	"context"
+	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 )
 
 // warmProc is countProc with warm state (Warmer): a copy of the partition's
@@ -68,6 +74,20 @@ func (w *warmProc) Open(p int32, st *PartitionState) (Partition, error) {
 // exactly once.
 func TestStandbyFailover(t *testing.T) {
 	t.Parallel()
+	standbyFailover(t, false)
+}
+
+// TestStandbyFailoverTailStoppedFirst: as TestStandbyFailover, but the
+// promoted standby's tail has stopped before the partition's restore
+// starts (the restore waits for the group's offset fetch, which kfake holds
+// here until the tail is done; on a loaded machine either may come first).
+// The warm state is still handed over.
+func TestStandbyFailoverTailStoppedFirst(t *testing.T) {
+	t.Parallel()
+	standbyFailover(t, true)
+}
+
+func standbyFailover(t *testing.T, tailStopsFirst bool) {
 	s := newSuite(t, nil, nil)
 	standby := func(c *Config) { c.StandbyReplicas = 1 }
 	fsA, fsB := vfs.NewMem(), vfs.NewMem()
@@ -97,8 +117,40 @@ func TestStandbyFailover(t *testing.T) {
 	}
 	restoredBefore := b.metric("meterline_stream_restore_records_total")
 
+	var held atomic.Bool
+	if tailStopsFirst {
+		b.rt.sb.mu.Lock()
+		tl := b.rt.sb.tails[aOwns]
+		b.rt.sb.mu.Unlock()
+		// The group's next offset fetch is b's, once the assignment that
+		// promotes it has stopped its tail: it is answered once the tail
+		// is done.
+		s.cluster.ControlKey(kmsg.OffsetFetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			r := req.(*kmsg.OffsetFetchRequest)
+			ours := r.Group == s.group
+			for _, g := range r.Groups {
+				ours = ours || g.Group == s.group
+			}
+			if !ours {
+				s.cluster.KeepControl()
+				return nil, nil, false
+			}
+			s.cluster.SleepControl(func() {
+				select {
+				case <-tl.done:
+					held.Store(true)
+				case <-time.After(10 * time.Second):
+				}
+			})
+			return nil, nil, false
+		})
+	}
+
 	a.shutdown()
 	s.waitFor("b to own both partitions", func() bool { return b.owned() == 2 })
+	if tailStopsFirst && !held.Load() {
+		t.Fatal("b's offset fetch was not held until its tail stopped")
+	}
 	replayed := b.metric("meterline_stream_restore_records_total") - restoredBefore
 	full := ends[aOwns]
 	t.Logf("b took partition %d: replayed %v changelog records of %d", aOwns, replayed, full)
@@ -143,4 +195,108 @@ func TestStandbyJoinDefers(t *testing.T) {
 	}
 	b.shutdown()
 	s.finish(a, fsA)
+}
+
+// TestStandbyTakeKeepsPromotedTail: the handover of a promoted standby's
+// warm state does not depend on whether its tail stops before the
+// partition's restore takes it; a tail kept for a restore that never came
+// is dropped by the next assignment that does not give the partition here;
+// a restore whose context has ended (its partition was revoked) takes
+// nothing and leaves the tail of a later standby assignment running.
+func TestStandbyTakeKeepsPromotedTail(t *testing.T) {
+	t.Parallel()
+	rt := &Runtime{cfg: Config{StandbyReplicas: 1}, log: zap.NewNop(), parts: map[int32]*partState{}}
+	sb := &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{}, m: newStandbyMetrics(prometheus.NewRegistry(), "test")}
+	rt.sb = sb
+	// fake adds a running tail of p whose goroutine, once cancelled,
+	// ends with warm when finish is called.
+	type fakeTail struct {
+		*tail
+		cancelled atomic.Bool
+		warm      WarmState
+	}
+	fake := func(p int32) *fakeTail {
+		f := &fakeTail{warm: &warmKeys{m: map[string]string{"k": fmt.Sprint(p)}}}
+		f.tail = &tail{p: p, done: make(chan struct{}), cancel: func() { f.cancelled.Store(true) }}
+		sb.mu.Lock()
+		sb.tails[p] = f.tail
+		sb.mu.Unlock()
+		return f
+	}
+	finish := func(f *fakeTail) {
+		f.tail.warm, f.tail.err = f.warm, context.Canceled
+		close(f.tail.done)
+		sb.stopped(f.tail)
+	}
+	stopping := func(p int32) bool {
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		_, ok := sb.stopping[p]
+		return ok
+	}
+	ctx := context.Background()
+
+	// Promoted: the tail stops before the restore takes it.
+	t1 := fake(1)
+	sb.assigned(StandbyAssignment{Owned: []int32{1}})
+	if !t1.cancelled.Load() {
+		t.Fatal("the promotion did not stop the tail")
+	}
+	finish(t1)
+	if got := sb.take(ctx, 1); got != t1.warm {
+		t.Fatalf("take after the promoted tail stopped: %v, want its warm state", got)
+	}
+	if stopping(1) {
+		t.Fatal("the taken tail is still held")
+	}
+
+	// Promoted: the restore takes the tail while it is still stopping.
+	t2 := fake(2)
+	sb.assigned(StandbyAssignment{Owned: []int32{2}})
+	got := make(chan WarmState)
+	go func() { got <- sb.take(ctx, 2) }()
+	finish(t2)
+	if w := <-got; w != t2.warm {
+		t.Fatalf("take of the stopping tail: %v, want its warm state", w)
+	}
+
+	// Promoted, but the partition moves on before its restore takes the
+	// tail: the next assignment drops it, whether it was done already or
+	// ends later.
+	t3, t4 := fake(3), fake(4)
+	sb.assigned(StandbyAssignment{Owned: []int32{3, 4}})
+	finish(t3)
+	if !stopping(3) || !stopping(4) {
+		t.Fatal("the promoted tails are not kept for their restores")
+	}
+	sb.assigned(StandbyAssignment{})
+	if stopping(3) {
+		t.Fatal("a kept tail of a partition no longer assigned here is still held after it stopped")
+	}
+	finish(t4)
+	if stopping(4) {
+		t.Fatal("a kept tail of a partition no longer assigned here is still held after it stopped")
+	}
+
+	// A revoked restore's take (its context ended) leaves a standby tail
+	// of its partition running.
+	t5 := fake(5)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	go func() { got <- sb.take(ended, 5) }()
+	select {
+	case w := <-got:
+		if w != nil {
+			t.Fatalf("a revoked restore took %v", w)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a revoked restore's take waits for a standby tail of its partition")
+	}
+	sb.mu.Lock()
+	running := sb.tails[5] == t5.tail
+	sb.mu.Unlock()
+	if !running || t5.cancelled.Load() {
+		t.Fatal("a revoked restore's take stopped a standby tail of its partition")
+	}
+	finish(t5)
 }
