@@ -35,7 +35,9 @@ import (
 // record written in the arrival's millisecond applies to the event and
 // may follow one of that millisecond already read): until then a
 // record of usage.deduped waits in the gate, a queue in the state ('q'
-// keys, in input order). Records leave the gate in input order only: a
+// keys, in input order; the records that enter it in the open
+// transaction are held in memory and written at its end if still there,
+// flushGate). Records leave the gate in input order only: a
 // record behind one that waits waits too, whatever its own time, so that
 // events are decided, and watermarks move, in the same order whether the
 // stage is caught up or hours behind. A watermark record waits for its
