@@ -235,3 +235,50 @@ func TestEntMetricsRuns(t *testing.T) {
 		t.Fatalf("decisions %v credits %v, want %v %v", m.decisions, m.credits, want, wantCredits)
 	}
 }
+
+// TestEntitlementsAbortRereadsGate: a transaction lets records of the
+// gate the committed state holds through (deleted in it) and
+// aborts; the gate is read again from the committed state, so the same
+// records go through again, in order, once: the events that arrived
+// before the tick's broker time are counted, the one after it waits.
+func TestEntitlementsAbortRereadsGate(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newEntHarness(t, brokers, 1)
+	day := ms(t, "2026-05-04")
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsTick = -1 // the ticks below are the only ones
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	h.produce(h.entitlement(1, &schemas.Entitlements{CustomerID: "acme", Plan: "free",
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, day))
+	// Three events that arrived after everything read: they wait in the
+	// gate, which a committed transaction holds.
+	for i, at := range []int64{day + 1000, day + 2000, day + 30_000} {
+		h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: "acme", Meter: "api_calls",
+			Quantity: 1, EventTime: at, IngestTime: at}))
+	}
+	h.caughtUp()
+	testenv.WaitCaughtUp(t, h.brokers, h.group, h.names.EntitlementsTopic(), time.Minute)
+	if v := openValues(t, h)["acme/api_calls"]; v != 0 {
+		t.Fatalf("acme counted %d before any tick, want 0", v)
+	}
+	before := transactionCounts(reg)
+	// The transaction that reads this tick lets the first two through
+	// and aborts; the next one reads it again.
+	testenv.FailNextTxnOffsetCommit(c)
+	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, day+10_000)...)
+	testenv.WaitCaughtUp(t, h.brokers, h.group, h.names.EntitlementsTopic(), time.Minute)
+	for deadline := time.Now().Add(30 * time.Second); openValues(t, h)["acme/api_calls"] < 2 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if after := transactionCounts(reg); after["aborted"] <= before["aborted"] {
+		t.Fatalf("no aborted transaction (before %v, after %v): the test did not test anything", before, after)
+	}
+	if v := openValues(t, h)["acme/api_calls"]; v != 2 {
+		t.Fatalf("acme counted %d, want 2: the events that arrived before the tick, once each", v)
+	}
+}

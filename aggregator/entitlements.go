@@ -35,7 +35,9 @@ import (
 // record written in the arrival's millisecond applies to the event and
 // may follow one of that millisecond already read): until then a
 // record of usage.deduped waits in the gate, a queue in the state ('q'
-// keys, in input order). Records leave the gate in input order only: a
+// keys, in input order; the records that enter it in the open
+// transaction are held in memory and written at its end if still there,
+// flushGate). Records leave the gate in input order only: a
 // record behind one that waits waits too, whatever its own time, so that
 // events are decided, and watermarks move, in the same order whether the
 // stage is caught up or hours behind. A watermark record waits for its
@@ -216,11 +218,18 @@ type entPart struct {
 	gateN    int    // records in the gate
 	gateNext uint64 // seq of the next record to enter it
 	// txFirst is gateNext as the committed state has it (set at load and
-	// by Flush): a gated record with a seq ≥ txFirst entered the gate in
-	// the open transaction, so the committed state does not hold it, and
-	// leaving the gate it is forgotten (stream.Tx.Forget), not deleted:
-	// no changelog record at all.
-	txFirst uint64
+	// by Flush): a record with a seq ≥ txFirst entered the gate in the
+	// open transaction. Such records are held in fresh, in order from
+	// seq freshFirst, not in the state; freshHead of them have left the
+	// gate. Flush writes the others to the state (flushGate): a record
+	// gated and let through in one transaction never reaches it, and
+	// costs no changelog record at all. An aborted transaction drops
+	// them with the partition's view (load).
+	txFirst    uint64
+	fresh      []kgo.Record
+	freshFirst uint64
+	freshHead  int
+	gateKeyBuf []byte
 	// more: the last drain stopped at its chunk with ready records left;
 	// Work drains on.
 	more bool
@@ -274,6 +283,7 @@ type entPart struct {
 	accounts      map[string]*heldAccount
 	dirtyAccounts []string
 	accountBuf    []byte // flushAccounts' encoding, reused
+	pendingBuf    []byte // makePending's key and value, reused
 	// store is the Ledger's store of the partition (ledger).
 	store ledgerStore
 	// labelPlan and label: the plan label (planLabels) of the last plan
@@ -679,12 +689,42 @@ func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) (gated, decoded bool) 
 			return false, dec
 		}
 	}
-	k := binary.BigEndian.AppendUint64([]byte{pfxGate}, e.gateNext)
-	tx.Put(k, encodeGateRecord(r))
+	// It enters the gate in memory (fresh), as the state would give it
+	// back (decodeGateRecord): the state gets it only if it is still in
+	// the gate when the transaction ends (flushGate).
+	if len(e.fresh) == 0 {
+		e.freshFirst = e.gateNext
+	}
+	var key []byte
+	if len(r.Key) > 0 {
+		key = r.Key
+	}
+	e.fresh = append(e.fresh, kgo.Record{Topic: pt.pr.cfg.Topics.DedupedTopic(), Partition: pt.p, Offset: r.Offset,
+		Timestamp: time.UnixMilli(r.Timestamp.UnixMilli()), Key: key, Value: r.Value})
 	e.gateNext++
 	e.gateN++
-	tx.Put(keyGateNext, binary.BigEndian.AppendUint64(nil, e.gateNext))
 	return true, false
+}
+
+// flushGate writes to the transaction the records that entered the gate
+// in it and are still there, under the keys and with the values they
+// would have had written at once ('q' seq: encodeGateRecord), and the seq
+// of the next record to enter (keyGateNext): the committed state holds
+// the gate whole, and a record gated and let through in one transaction
+// never touches the state (Flush).
+func (pt *partition) flushGate(tx *stream.Tx) {
+	e := pt.ent
+	for i := e.freshHead; i < len(e.fresh); i++ {
+		k := binary.BigEndian.AppendUint64(append(e.gateKeyBuf[:0], pfxGate), e.freshFirst+uint64(i))
+		e.gateKeyBuf = k
+		tx.Put(k, encodeGateRecord(&e.fresh[i]))
+	}
+	if e.gateNext != e.txFirst {
+		tx.Put(keyGateNext, binary.BigEndian.AppendUint64(nil, e.gateNext))
+	}
+	clear(e.fresh)
+	e.fresh, e.freshHead = e.fresh[:0], 0
+	e.txFirst = e.gateNext
 }
 
 // passes reports whether a record waiting for broker time t can leave the
@@ -731,28 +771,51 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		e.more = false
 		return 0, nil
 	}
-	kvs, err := scanChunk(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, limit)
-	if err != nil {
-		return 0, err
-	}
-	topic := pt.pr.cfg.Topics.DedupedTopic()
-	done := 0
-	for _, kv := range kvs {
-		r, err := decodeGateRecord(kv.v, topic, pt.p)
+	// The gate is the records the committed state holds ('q' keys), then
+	// those that entered it in this transaction (fresh).
+	done, blocked := 0, false
+	if inState := e.gateN - (len(e.fresh) - e.freshHead); inState > 0 {
+		kvs, err := scanChunk(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, min(limit, inState))
 		if err != nil {
-			return done, err
+			return 0, err
 		}
+		topic := pt.pr.cfg.Topics.DedupedTopic()
+		for _, kv := range kvs {
+			r, err := decodeGateRecord(kv.v, topic, pt.p)
+			if err != nil {
+				return done, err
+			}
+			t, decoded := pt.gateTime(r)
+			if !e.passes(t) {
+				blocked = true
+				break
+			}
+			tx.Delete(kv.k)
+			e.gateN--
+			done++
+			if decoded {
+				err = pt.handleDecoded(tx, r)
+			} else {
+				err = pt.handle(tx, r)
+			}
+			if err != nil {
+				return done, err
+			}
+		}
+	}
+	// Past the state's records only when every one of them went through
+	// (done < limit then means none is left there).
+	for !blocked && done < limit && e.freshHead < len(e.fresh) {
+		r := &e.fresh[e.freshHead]
 		t, decoded := pt.gateTime(r)
 		if !e.passes(t) {
+			blocked = true
 			break
 		}
-		if len(kv.k) == 9 && binary.BigEndian.Uint64(kv.k[1:]) >= e.txFirst {
-			tx.Forget(kv.k) // gated and released in this transaction
-		} else {
-			tx.Delete(kv.k)
-		}
+		e.freshHead++
 		e.gateN--
 		done++
+		var err error
 		if decoded {
 			err = pt.handleDecoded(tx, r)
 		} else {
@@ -762,7 +825,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 			return done, err
 		}
 	}
-	e.more = done == len(kvs) && done == limit && e.gateN > 0
+	e.more = !blocked && done == limit && e.gateN > 0
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
 	return done, nil
 }
@@ -846,14 +909,16 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	l := pt.pr.ledger
 	// The partition's charge, reused: an event's charge is committed or
 	// dropped before the next event is decided.
+	// Its decision's Draws are reused too (EvaluateInto).
 	ch := &pt.charge
+	draws := ch.d.Draws
 	*ch = charge{pt: pt, tx: tx, customer: e.CustomerID, ev: entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
 		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}}
-	d, err := l.Evaluate(pt.ledger(tx), e.CustomerID, ch.ev)
-	if err != nil {
+	ch.d.Draws = draws
+	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
-	ch.d = d
+	d := &ch.d
 	if e := pt.ent; e.label == "" || e.labelPlan != d.Plan {
 		e.labelPlan, e.label = d.Plan, pt.pr.plans.label(d.Plan)
 	}
@@ -893,7 +958,11 @@ func (ch *charge) commit() error {
 	}
 	e := pt.ent
 	e.pending.add(entitlements.Accepted.String(), ch.label, ch.d.Cost)
-	e.changed[ch.customer] = max(e.changed[ch.customer], ch.ev.Arrival)
+	// changed[customer] = max(changed[customer], arrival), written only
+	// when it moves.
+	if t, ok := e.changed[ch.customer]; !ok || ch.ev.Arrival > t {
+		e.changed[ch.customer] = max(t, ch.ev.Arrival)
+	}
 	return nil
 }
 
@@ -1037,7 +1106,11 @@ func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
 	if cur, ok := e.pendingAt[c]; ok && cur >= t {
 		return
 	}
-	tx.Put(pendingKey(c), binary.AppendVarint(nil, t))
+	// One scratch buffer for the key and the value: Put copies both.
+	b := append(append(e.pendingBuf[:0], pfxBalancePending), c...)
+	b = binary.AppendVarint(b, t)
+	e.pendingBuf = b
+	tx.Put(b[:1+len(c)], b[1+len(c):])
 	e.pendingAt[c] = t
 }
 

@@ -92,24 +92,30 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	}
 	// Keyed by the event's identity (DESIGN §4), never by the record's
 	// key, which is the customer (DESIGN §12); null when the record is
-	// no event.
-	var key []byte
+	// no event. The key and the value share one allocation.
+	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
+	var key, buf []byte
 	if e != nil {
-		key = schemas.RejectedKey(schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key())
+		id := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}
+		buf = id.AppendKey(make([]byte, 0, id.KeySize()+schemas.RejectedSizeMax(rej)))
+		key, buf = schemas.RejectedKey(buf[:len(buf):len(buf)]), buf[len(buf):]
 	}
 	part := pt.p % pt.pr.counts.rejected
 	if len(key) > 0 {
 		part = schemas.Partition(key, pt.pr.counts.rejected)
 	}
-	// Raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10).
-	v, err := schemas.EncodeRejected(nil, rej)
+	v, err := schemas.EncodeRejected(buf, rej)
 	if err != nil {
 		return fmt.Errorf("aggregator: partition %d: encode rejected record (%s: %s): %w", pt.p, reason, rej.Detail, err)
 	}
 	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: v})
-	pt.pr.m.rejected.WithLabelValues("aggregator", reason).Inc()
-	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", rej.Detail),
-		zap.ByteString("key", key))
+	if reason != pt.rejReason || pt.rejCounter == nil {
+		pt.rejReason, pt.rejCounter = reason, pt.pr.m.rejected.WithLabelValues("aggregator", reason)
+	}
+	pt.rejCounter.Inc()
+	if ce := pt.pr.log.Check(zap.InfoLevel, "record rejected"); ce != nil {
+		ce.Write(zap.String("reason", reason), zap.String("detail", rej.Detail), zap.ByteString("key", key))
+	}
 	return nil
 }
 

@@ -97,6 +97,10 @@ type partition struct {
 	// refused: reject was called; event reads it to keep the charge of
 	// an event its aggregate refused out of the transaction.
 	refused bool
+	// rejCounter counts the rejections of reason rejReason (reject): the
+	// metric's child of the last reason, kept.
+	rejReason  string
+	rejCounter prometheus.Counter
 	// ent is the entitlements view (entitlements.go); nil when they are
 	// off.
 	ent *entPart
@@ -564,8 +568,10 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		}
 		// Last: whatever changed an account in this transaction has.
 		pt.flushAccounts(tx)
-		// The records gated from now on enter it in the next transaction.
-		pt.ent.txFirst = pt.ent.gateNext
+		// The records still in the gate that entered it in this
+		// transaction; the records gated from now on enter it in the
+		// next one.
+		pt.flushGate(tx)
 	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {

@@ -17,6 +17,10 @@ import (
 type Account struct {
 	uses    []grantUse  // by id
 	periods []periodUse // by start
+	// changed: the Ledger changed the account since it was decoded or
+	// last written (Ledger.WriteAccount), and told the AccountCache
+	// (Ledger.putAccount). Not encoded.
+	changed bool
 }
 
 // periodUse is an account's usage in one period.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/meterline/meterline/schemas"
@@ -14,8 +15,8 @@ import (
 
 // Store is the state a Ledger reads and writes: one partition's state of
 // the aggregator (*stream.Tx has these methods), or a map in tests. Get
-// sees the Store's own writes; Put copies v; Scan visits the live keys of
-// [lo, hi) in order and fn must not write while it runs.
+// sees the Store's own writes; Put copies k and v, Delete k; Scan visits
+// the live keys of [lo, hi) in order and fn must not write while it runs.
 type Store interface {
 	Get(k []byte) ([]byte, bool, error)
 	Put(k, v []byte)
@@ -50,10 +51,11 @@ type ResolveCache interface {
 // AccountCache is what a Store may also implement: customers' Accounts
 // kept decoded, as the committed state and the open transaction have
 // them. The Ledger reads an account through it (KeepAccount what it
-// decoded on a miss), changes the one it got in place, and then calls
-// ChangedAccount; a changed account reaches the Store only when the
-// cache's owner calls Ledger.WriteAccount for it, which it must do for
-// every account changed before its transaction commits. Every account
+// decoded on a miss), changes the one it got in place, and calls
+// ChangedAccount at its first change since it was kept or last written;
+// a changed account reaches the Store only when the cache's owner calls
+// Ledger.WriteAccount for it, which it must do for every account changed
+// before its transaction commits. Every account
 // kept must be dropped with an aborted transaction: the Ledger changes
 // them in place.
 type AccountCache interface {
@@ -62,7 +64,8 @@ type AccountCache interface {
 	// KeepAccount keeps a, read from the Store, for the customer.
 	KeepAccount(customer string, a *Account)
 	// ChangedAccount records that the Ledger changed the customer's
-	// account a (kept already).
+	// account a (kept already), for the first time since it was kept
+	// or last written by WriteAccount.
 	ChangedAccount(customer string, a *Account)
 }
 
@@ -142,7 +145,8 @@ type Config struct {
 	// Default: DefaultWindow.
 	Window time.Duration
 	// Period returns the billing period [start, end) containing an epoch
-	// ms time. Required.
+	// ms time, a function of that time alone (the Ledger remembers the
+	// last period it returned). Required.
 	Period func(ms int64) (start, end int64)
 }
 
@@ -173,6 +177,20 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// period returns the billing period containing ms (Config.Period),
+// remembering the last one it returned: the events of a run mostly fall
+// in one period, and Config.Period is a function of ms alone.
+func (l *Ledger) period(ms int64) (start, end int64) {
+	if p := l.last.Load(); p != nil && ms >= p[0] && ms < p[1] {
+		return p[0], p[1]
+	}
+	start, end = l.cfg.Period(ms)
+	if start <= ms && ms < end {
+		l.last.Store(&[2]int64{start, end})
+	}
+	return start, end
+}
+
 // Ledger decides events against entitlements kept in a Store, one
 // partition's worth (a customer's records and events share a partition).
 // Its keys, after Config.Prefix (C is a customer key, schemas.CustomerKey;
@@ -193,7 +211,8 @@ func (c *Config) Validate() error {
 // writes one key for it ('A' C), plus 'P' P C at its first usage in a
 // period.
 //
-// A Ledger holds no state of its own: every call reads and writes the
+// A Ledger holds no state of its own (but the last billing period it
+// computed, a function of the time alone): every call reads and writes the
 // Store (and the accounts an AccountCache keeps for it), so the stage's
 // transaction (its overlay, commit and abort) is the whole story. It is
 // not safe for concurrent use on one Store.
@@ -201,6 +220,9 @@ type Ledger struct {
 	cfg Config
 	// The keys without a customer, built once.
 	keyDefault, keyRates, keyReadTo []byte
+	// last is the last period period returned, [start, end): the
+	// Ledger's only memory, shared by the goroutines that use it.
+	last atomic.Pointer[[2]int64]
 }
 
 // New returns a Ledger.
@@ -489,9 +511,15 @@ func (l *Ledger) account(st Store, customer string) (*Account, error) {
 
 // putAccount records that the Ledger changed the customer's account a
 // (returned by account): the AccountCache is told, else a is written.
+//
+// The AccountCache hears of an account once between two WriteAccounts of
+// it (Account.changed): its owner writes it once anyway.
 func (l *Ledger) putAccount(st Store, customer string, a *Account) {
 	if ac, ok := st.(AccountCache); ok {
-		ac.ChangedAccount(customer, a)
+		if !a.changed {
+			a.changed = true
+			ac.ChangedAccount(customer, a)
+		}
 		return
 	}
 	l.WriteAccount(st, customer, a, nil)
@@ -499,16 +527,19 @@ func (l *Ledger) putAccount(st Store, customer string, a *Account) {
 
 // WriteAccount writes a customer's account to st (Put, or Delete when it
 // holds nothing), whatever caches st has: an AccountCache's owner calls
-// it for each account the Ledger changed. scratch is reused for the
-// encoding (Put copies it); the buffer is returned for the next call.
+// it for each account the Ledger changed. scratch is reused for the key
+// and the encoding (st's Put and Delete copy them); the buffer is
+// returned for the next call.
 func (l *Ledger) WriteAccount(st Store, customer string, a *Account, scratch []byte) []byte {
-	k := l.customerKey(subAccount, customer)
+	a.changed = false
+	scratch = schemas.AppendFramed(append(append(scratch[:0], l.cfg.Prefix...), subAccount), customer)
+	kn := len(scratch)
 	if a.empty() {
-		st.Delete(k)
+		st.Delete(scratch)
 		return scratch
 	}
-	scratch = appendAccount(scratch[:0], a)
-	st.Put(k, scratch)
+	scratch = appendAccount(scratch, a)
+	st.Put(scratch[:kn:kn], scratch[kn:])
 	return scratch
 }
 
@@ -550,9 +581,19 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 // nothing: Record records the charge of an accepted decision, with nothing
 // else recorded for the customer in between.
 func (l *Ledger) Evaluate(st Store, customer string, ev Event) (Decision, error) {
+	var d Decision
+	err := l.EvaluateInto(st, customer, ev, &d)
+	return d, err
+}
+
+// EvaluateInto is Evaluate into *d, whose Draws' backing array it reuses
+// (what d held before is overwritten): a stage that decides its events
+// one at a time allocates no Draws per event.
+func (l *Ledger) EvaluateInto(st Store, customer string, ev Event, d *Decision) error {
 	res, err := l.resolve(st, customer)
 	if err != nil {
-		return Decision{}, err
+		*d = Decision{Draws: d.Draws[:0]}
+		return err
 	}
 	plan := planAt(res.own, res.def, ev.Arrival)
 	rate, hasRate := res.rates.Rate(ev.Arrival, ev.EventTime, ev.Meter)
@@ -562,14 +603,13 @@ func (l *Ledger) Evaluate(st Store, customer string, ev Event) (Decision, error)
 	charged := Charged(ev.Aggregation)
 	in := Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev}
 	var start int64
-	hasStart := false
+	var a *Account
 	if charged || plan == nil || plan.Overdraft.Policy == schemas.OverdraftAllow {
-		a, err := l.account(st, customer)
-		if err != nil {
-			return Decision{}, err
+		if a, err = l.account(st, customer); err != nil {
+			*d = Decision{Draws: d.Draws[:0]}
+			return err
 		}
-		start, _ = l.cfg.Period(ev.EventTime)
-		hasStart = true
+		start, _ = l.period(ev.EventTime)
 		p := a.period(start)
 		if charged {
 			in.Usage = p.units(ev.Meter)
@@ -577,9 +617,9 @@ func (l *Ledger) Evaluate(st Store, customer string, ev Event) (Decision, error)
 		in.Overdrawn = p.overdrawnIn()
 		in.uses = a.uses
 	}
-	d := Decide(in)
-	d.Plan, d.start, d.hasStart = plan, start, hasStart
-	return d, nil
+	decideInto(in, d)
+	d.Plan, d.start, d.acct = plan, start, a
+	return nil
 }
 
 // Record records the charge of an accepted decision that Evaluate returned
@@ -591,15 +631,15 @@ func (l *Ledger) Record(st Store, customer string, ev Event, d Decision) error {
 	if d.Outcome != Accepted || d.Units == 0 && d.Overdraft == 0 && len(d.Draws) == 0 {
 		return nil
 	}
-	a, err := l.account(st, customer)
-	if err != nil {
-		return err
+	a, start := d.acct, d.start
+	if a == nil {
+		var err error
+		if a, err = l.account(st, customer); err != nil {
+			return err
+		}
+		start, _ = l.period(ev.EventTime)
 	}
 	if d.Units > 0 || d.Overdraft > 0 {
-		start := d.start
-		if !d.hasStart {
-			start, _ = l.cfg.Period(ev.EventTime)
-		}
 		p, added := a.addPeriod(start)
 		if d.Units > 0 {
 			p.add(ev.Meter, d.Units)
@@ -659,7 +699,7 @@ func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schema
 	if err != nil {
 		return nil, err
 	}
-	start, end := l.cfg.Period(at)
+	start, end := l.period(at)
 	pu := a.period(start)
 	b := &schemas.Balance{CustomerID: customer, Plan: plan.Name, Unmetered: plan.Unmetered, Revision: revision, UpdatedAt: at,
 		PeriodStart: start, PeriodEnd: end, Meters: []schemas.MeterBalance{}, Grants: []schemas.GrantBalance{},
@@ -777,7 +817,7 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 // each customer's Account and deletes the index keys. more reports that
 // keys are left: call it again in a later transaction.
 func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err error) {
-	cut, _ := l.cfg.Period(l.eventTimeHorizon(horizon))
+	cut, _ := l.period(l.eventTimeHorizon(horizon))
 	plen := len(l.key(subPeriod)) + 8
 	type doomed struct {
 		k        []byte

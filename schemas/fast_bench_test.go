@@ -48,3 +48,33 @@ func BenchmarkEncodeAggregate(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkEncodeRejected: an aggregator's over_limit rejection of a
+// usage.deduped record (Bound included: its digests of the raw bytes).
+func BenchmarkEncodeRejected(b *testing.B) {
+	ev := MustEncode(samples()["deduped_event"])
+	key := CustomerKey("cust-00042")
+	rej := func() *Rejected {
+		return &Rejected{Reason: ReasonOverLimit, Stage: "aggregator", SourceTopic: "usage.deduped", SourcePartition: 7,
+			SourceOffset: 123456, SourceTimestamp: 1764633600000, CustomerID: "cust-00042", Meter: "api_calls", EventID: "bench-42",
+			Detail: `api_calls: usage in the period 1850 + 57 would pass the cap 1900 of plan "bench"`, RawKey: key, RawValue: ev}
+	}
+	b.Run("hamba", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			r := rej()
+			r.Bound()
+			if _, err := hambaEncode(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fast", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := EncodeRejected(nil, rej()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

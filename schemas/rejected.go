@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"unicode/utf8"
 )
 
@@ -87,7 +88,58 @@ func RejectedKey(k []byte) []byte {
 
 // EncodeRejected bounds r (Bound) and appends its single-object encoding
 // to dst. With RejectedKey's key the record stays within MaxRejectedBytes.
+//
+// The encoding is hand-written, byte for byte what hamba writes (Encode;
+// TestEncodeRejectedMatchesHamba): a stage that refuses many events (the
+// aggregator's over_limit) writes one record each.
 func EncodeRejected(dst []byte, r *Rejected) ([]byte, error) {
 	r.Bound()
-	return AppendEncode(dst, r)
+	reg, err := load()
+	if err != nil {
+		return dst, err
+	}
+	if dst == nil {
+		dst = make([]byte, 0, RejectedSizeMax(r))
+	}
+	return appendRejectedBody(append(dst, reg.headers[KindRejected][:]...), r), nil
+}
+
+// RejectedSizeMax is the most bytes EncodeRejected appends for r once
+// bounded (Bound): a capacity that holds its encoding in one allocation.
+func RejectedSizeMax(r *Rejected) int {
+	return headerSize + 16*maxLongBytes + len(r.Reason) + len(r.Detail) + len(r.Stage) + len(r.SourceTopic) +
+		len(r.CustomerID) + len(r.Meter) + len(r.EventID) + len(r.RawKey) + len(r.RawValue) +
+		len(r.RawKeySHA256) + len(r.RawValueSHA256)
+}
+
+// appendRejectedBody appends r's Avro body as hamba writes it: the fields
+// in schema order; a ["null", "bytes"] union as index 0 for a nil slice,
+// else index 1 and the bytes.
+func appendRejectedBody(dst []byte, r *Rejected) []byte {
+	dst = appendString(dst, r.Reason)
+	dst = appendString(dst, r.Detail)
+	dst = appendString(dst, r.Stage)
+	dst = appendString(dst, r.SourceTopic)
+	dst = binary.AppendVarint(dst, int64(r.SourcePartition))
+	dst = binary.AppendVarint(dst, r.SourceOffset)
+	dst = binary.AppendVarint(dst, r.SourceTimestamp)
+	dst = appendString(dst, r.CustomerID)
+	dst = appendString(dst, r.Meter)
+	dst = appendString(dst, r.EventID)
+	dst = appendNullableBytes(dst, r.RawKey)
+	dst = appendNullableBytes(dst, r.RawValue)
+	dst = binary.AppendVarint(dst, r.RawKeyLength)
+	dst = appendNullableBytes(dst, r.RawKeySHA256)
+	dst = binary.AppendVarint(dst, r.RawValueLength)
+	return appendNullableBytes(dst, r.RawValueSHA256)
+}
+
+// appendNullableBytes appends a ["null", "bytes"] union: null for nil.
+func appendNullableBytes(dst, b []byte) []byte {
+	if b == nil {
+		return append(dst, 0)
+	}
+	dst = append(dst, 2) // index 1, zigzag
+	dst = binary.AppendVarint(dst, int64(len(b)))
+	return append(dst, b...)
 }
