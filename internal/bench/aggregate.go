@@ -130,6 +130,10 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	on, off := res.Median(3), res.Median(2)
 	fmt.Fprintf(out, "%-46s %9.0f events/s  (%.2f of (b), %.2f of the aggregator without entitlements; per round %s)\n",
 		res.Runs[3][0].Name, on, on/res.Median(1), on/off, roundRatios(res, 3, 2))
+	if off, on := median(b.cpu[0]), median(b.cpu[1]); off > 0 && on > 0 {
+		fmt.Fprintf(out, "%-46s without entitlements %.2f µs, with %.2f µs (medians; without ÷ with %.2f)\n",
+			"CPU per event (this process):", off, on, off/on)
+	}
 	fmt.Fprintf(out, "entitlements: every customer on plan %q (caps api_calls %d, tokens %d a month; grant %d micro-credits; overdraft deny; rates api_calls %d per unit, tokens %d per %d units), tick %s; last round's decisions: %s; credits consumed %.0f micro-credits\n",
 		benchPlan.Plan, benchPlan.Caps[0].Limit, benchPlan.Caps[1].Limit, benchPlan.Grants[0].Amount,
 		benchRates.Versions[0].Rates[0].MicroCredits, benchRates.Versions[0].Rates[1].MicroCredits, benchRates.Versions[0].Rates[1].PerUnits,
@@ -233,6 +237,10 @@ type aggregateBench struct {
 	// credits is the micro-credits the last round's aggregator with
 	// entitlements drew.
 	credits float64
+	// cpu holds each round's CPU time of this process per event, in µs,
+	// of the aggregator without [0] and with [1] entitlements, over the
+	// pre-filled input (nothing else runs in the process meanwhile).
+	cpu [2][]float64
 }
 
 // passA and passB are the output topics of the baselines. Not "x" and
@@ -391,11 +399,15 @@ func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result
 	if a.ent {
 		profile = b.cfg.CPUProfile
 	}
+	cpu0 := processCPU()
 	elapsed, err := b.measureStage(ctx, st.Run, processed, b.input, last, profile)
 	if err != nil {
 		return Result{}, err
 	}
-	res = Result{Name: name, Count: b.input, Elapsed: elapsed, Detail: "; " + txnStats(reg, elapsed)}
+	i := map[bool]int{false: 0, true: 1}[a.ent]
+	us := (processCPU() - cpu0).Seconds() * 1e6 / float64(b.input)
+	b.cpu[i] = append(b.cpu[i], us)
+	res = Result{Name: name, Count: b.input, Elapsed: elapsed, Detail: fmt.Sprintf("; %.2f µs CPU per event (this process); %s", us, txnStats(reg, elapsed))}
 	defer func() {
 		if err2 := b.stopLive(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
 			err = err2
@@ -409,7 +421,6 @@ func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result
 	if err := b.waitFor(ctx, processed, int64(b.input+b.sent)); err != nil {
 		return Result{}, err
 	}
-	i := map[bool]int{false: 0, true: 1}[a.ent]
 	b.env.say("latency: %d events/s for %s, %s", b.cfg.LatencyRate, b.cfg.LatencyFor, name)
 	if b.lat[i], err = b.latency(ctx); err != nil {
 		return Result{}, err

@@ -84,7 +84,8 @@ func TestAggregateSkewedRuns(t *testing.T) {
 // TestAggregateBenchPricesItsInput: bench aggregate's input is priced by
 // its rate card and paid from the plan's grant (DESIGN §12: a card prices
 // only event times at or after its broker time), and the result says how
-// many micro-credits the aggregator with entitlements drew.
+// many micro-credits the aggregator with entitlements drew, and the CPU
+// per event of the aggregator without and with entitlements.
 func TestAggregateBenchPricesItsInput(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	w := &watcher{}
@@ -103,5 +104,15 @@ func TestAggregateBenchPricesItsInput(t *testing.T) {
 	credits, _ := strconv.Atoi(m[5])
 	if accepted < 600 || credits <= 0 || m[3] != "0" {
 		t.Errorf("%q: want at least the 600 events of the input accepted, credits drawn and no no_credit", m[0])
+	}
+	// The CPU of each aggregator per event, beside the rates.
+	c := regexp.MustCompile(`CPU per event \(this process\): +without entitlements ([0-9.]+) µs, with ([0-9.]+) µs \(medians; without ÷ with ([0-9.]+)\)`).FindStringSubmatch(out.String())
+	if c == nil {
+		t.Fatalf("no CPU per event line:\n%s", out.String())
+	}
+	for _, v := range c[1:] {
+		if f, err := strconv.ParseFloat(v, 64); err != nil || f <= 0 {
+			t.Errorf("%q: want positive CPU times and ratio", c[0])
+		}
 	}
 }
