@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/testenv"
@@ -281,4 +282,50 @@ func TestEntitlementsAbortRereadsGate(t *testing.T) {
 	if v := openValues(t, h)["acme/api_calls"]; v != 2 {
 		t.Fatalf("acme counted %d, want 2: the events that arrived before the tick, once each", v)
 	}
+}
+
+// TestEntitlementsAbortThenFlushWritesNoGate: records that entered the gate
+// in a transaction that aborts without its Flush (the runtime's abort when
+// records of a partition not ready were polled) are read again with its
+// input. The partition is stale until its next Process or Work reloads it;
+// a transaction that only punctuates it (a stale partition always ticks)
+// still flushes it, and that Flush must write nothing: writing the held
+// records as gate keys would have them decided twice, once from the state
+// and once re-read.
+func TestEntitlementsAbortThenFlushWritesNoGate(t *testing.T) {
+	l, err := entitlements.New(entitlements.Config{Prefix: []byte{pfxLedger}, Period: dayBoundsMs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt := &partition{pr: &processor{counts: partitionCountsT{events: 1}, ledger: l, m: newMetrics(prometheus.NewRegistry())}}
+	// A committed record waits in the gate: the records after it wait too.
+	st := mapState{string(keyKeyScheme): []byte(schemas.DedupedKeyScheme), string(keyEntMode): []byte(entModeOn),
+		"q\x00\x00\x00\x00\x00\x00\x00\x00": encodeGateRecord(&kgo.Record{Offset: 0, Value: []byte{1}}),
+		string(keyGateNext):                 {0, 0, 0, 0, 0, 0, 0, 1}}
+	if err := pt.load(st); err != nil {
+		t.Fatal(err)
+	}
+	if pt.ent.gateN != 1 {
+		t.Fatalf("gate holds %d records, want the committed one", pt.ent.gateN)
+	}
+	for off := int64(1); off <= 3; off++ {
+		if gated, _ := pt.gateIn(nil, &kgo.Record{Offset: off, Value: []byte{2}, Timestamp: time.UnixMilli(off)}); !gated {
+			t.Fatalf("record %d not gated behind the committed one", off)
+		}
+	}
+	pt.Abort()
+	if n := len(pt.ent.fresh) - pt.ent.freshHead; n != 0 {
+		t.Errorf("the aborted transaction's %d gated records are still held", n)
+	}
+	// A nil transaction: any write to it panics.
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				t.Errorf("Flush of the stale partition reached the transaction: %v", v)
+			}
+		}()
+		if err := pt.Flush(nil); err != nil {
+			t.Errorf("Flush of the stale partition: %v", err)
+		}
+	}()
 }

@@ -472,6 +472,10 @@ func (pt *partition) Abort() {
 		pt.ent.dirtyAccounts = pt.ent.dirtyAccounts[:0]
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
+		// The records the aborted transaction put in the gate are read
+		// again with its input.
+		clear(pt.ent.fresh)
+		pt.ent.fresh, pt.ent.freshHead = pt.ent.fresh[:0], 0
 	}
 	clear(pt.dirty)
 	pt.dirty = pt.dirty[:0]
@@ -561,6 +565,15 @@ func (pt *partition) materialize(tx *stream.Tx) {
 // writes its state. The revisions' values share one buffer, and their
 // records one slice.
 func (pt *partition) Flush(tx *stream.Tx) error {
+	if pt.stale {
+		// An aborted transaction's memory, not reloaded yet: the open
+		// transaction neither processed nor worked this partition (both
+		// reload it first), only punctuated it, which changes nothing
+		// here. Its memory (the gate's records held since, the key
+		// count) must not reach the state: the aborted transaction's
+		// input is re-read.
+		return nil
+	}
 	pt.saveKeyCount(tx)
 	if pt.ent != nil {
 		if err := pt.flushBalances(tx); err != nil {
