@@ -77,7 +77,7 @@ func (rt *Runtime) resetTxn() {
 
 // emit produces an output record into the open transaction.
 func (rt *Runtime) emit(r *kgo.Record) {
-	rt.m.recordsOut.WithLabelValues(r.Topic).Inc()
+	rt.m.out(r.Topic).Inc()
 	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }
 

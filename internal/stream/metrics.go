@@ -1,6 +1,8 @@
 package stream
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meterline/meterline/internal/prom"
@@ -10,8 +12,12 @@ import (
 type metrics struct {
 	// session: input records, transactions by outcome, commit time,
 	// session restarts.
-	session        *session.Metrics
-	recordsOut     *prometheus.CounterVec
+	session    *session.Metrics
+	recordsOut *prometheus.CounterVec
+	// outByTopic holds recordsOut's counter of each topic once looked up
+	// (a stage emits to a handful of topics): emit, once a record, from
+	// partitions processing in parallel.
+	outByTopic     sync.Map // topic → prometheus.Counter
 	settleSeconds  prometheus.Observer
 	fenced         prometheus.Counter
 	restoring      *prometheus.GaugeVec
@@ -74,4 +80,14 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 var restoreReasons = map[string][]string{
 	"full": {reasonNoState, reasonBelowLogStart, reasonRetentionUnknown, reasonUndated, reasonFutureCheckpoint, reasonHorizon},
 	"tail": {reasonCurrent, reasonWithinHorizon},
+}
+
+// out returns recordsOut's counter of topic.
+func (m *metrics) out(topic string) prometheus.Counter {
+	if c, ok := m.outByTopic.Load(topic); ok {
+		return c.(prometheus.Counter)
+	}
+	c := m.recordsOut.WithLabelValues(topic)
+	m.outByTopic.Store(topic, c)
+	return c
 }
