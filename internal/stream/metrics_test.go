@@ -1,9 +1,11 @@
 package stream
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestRestoreCountersStartAtZero: every kind/reason series of
@@ -43,5 +45,33 @@ func TestRestoreCountersStartAtZero(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("restores_total series %v, want exactly %v", got, want)
+	}
+}
+
+// TestRecordsOutByTopic: meterline_stream_records_out_total counts every
+// emitted record under its own topic, when partitions emit at once
+// (out keeps each topic's counter once looked up).
+func TestRecordsOutByTopic(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg, "aggregate")
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				topic := "usage.aggregates"
+				if (g+i)%4 == 0 {
+					topic = "usage.rejected"
+				}
+				m.out(topic).Inc()
+			}
+		}()
+	}
+	wg.Wait()
+	for topic, want := range map[string]float64{"usage.aggregates": 3000, "usage.rejected": 1000} {
+		if got := testutil.ToFloat64(m.recordsOut.WithLabelValues(topic)); got != want {
+			t.Errorf("records_out_total{topic=%q} = %v, want %v", topic, got, want)
+		}
 	}
 }
