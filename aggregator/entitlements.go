@@ -785,19 +785,12 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 			if err != nil {
 				return done, err
 			}
-			t, decoded := pt.gateTime(r)
-			if !e.passes(t) {
+			went, err := pt.leave(tx, r, func() { tx.Delete(kv.k) })
+			if !went {
 				blocked = true
 				break
 			}
-			tx.Delete(kv.k)
-			e.gateN--
 			done++
-			if decoded {
-				err = pt.handleDecoded(tx, r)
-			} else {
-				err = pt.handle(tx, r)
-			}
 			if err != nil {
 				return done, err
 			}
@@ -806,21 +799,12 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 	// Past the state's records only when every one of them went through
 	// (done < limit then means none is left there).
 	for !blocked && done < limit && e.freshHead < len(e.fresh) {
-		r := &e.fresh[e.freshHead]
-		t, decoded := pt.gateTime(r)
-		if !e.passes(t) {
+		went, err := pt.leave(tx, &e.fresh[e.freshHead], func() { e.freshHead++ })
+		if !went {
 			blocked = true
 			break
 		}
-		e.freshHead++
-		e.gateN--
 		done++
-		var err error
-		if decoded {
-			err = pt.handleDecoded(tx, r)
-		} else {
-			err = pt.handle(tx, r)
-		}
 		if err != nil {
 			return done, err
 		}
@@ -828,6 +812,19 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 	e.more = !blocked && done == limit && e.gateN > 0
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
 	return done, nil
+}
+
+// leave lets r, the record at the head of the gate, through when the
+// entitlements partition has been read past its time (passes): out takes
+// it out of the gate, then it is handled. It reports whether r went.
+func (pt *partition) leave(tx *stream.Tx, r *kgo.Record, out func()) (bool, error) {
+	t, decoded := pt.gateTime(r)
+	if !pt.ent.passes(t) {
+		return false, nil
+	}
+	out()
+	pt.ent.gateN--
+	return true, pt.dispatch(tx, r, decoded)
 }
 
 // entRecords handles records of usage.entitlements: each is applied to the

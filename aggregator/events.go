@@ -19,6 +19,14 @@ import (
 // into its OPEN aggregate or booked as an adjustment (DESIGN §3), or a
 // watermark, which decides periods final (finalize.go).
 
+// dispatch handles r, already decoded in pt.ev when decoded (gateTime).
+func (pt *partition) dispatch(tx *stream.Tx, r *kgo.Record, decoded bool) error {
+	if decoded {
+		return pt.handleDecoded(tx, r)
+	}
+	return pt.handle(tx, r)
+}
+
 func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	// The common case, a DedupedEvent, is decoded into the partition's
 	// reused event (it does not outlive the call: what is kept is copied or

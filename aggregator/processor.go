@@ -440,13 +440,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 				continue
 			}
 		}
-		var err error
-		if decoded {
-			err = pt.handleDecoded(tx, r)
-		} else {
-			err = pt.handle(tx, r)
-		}
-		if err != nil {
+		if err := pt.dispatch(tx, r, decoded); err != nil {
 			return err
 		}
 	}
