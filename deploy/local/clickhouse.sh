@@ -13,7 +13,7 @@
 #   CLICKHOUSE_HTTP_PORT      HTTP port                 (default 8123)
 #   CLICKHOUSE_DATA_DIR       data dir, holds configs, logs, pid file
 #                             (default /tmp/meterline-clickhouse-$CLICKHOUSE_PORT)
-#   CLICKHOUSE_START_TIMEOUT  seconds to wait for readiness (default 30)
+#   CLICKHOUSE_START_TIMEOUT  seconds to wait for readiness (default 90)
 #   CLICKHOUSE_STOP_TIMEOUT   seconds to wait after SIGTERM before SIGKILL (default 20)
 #   CLICKHOUSE_PASSWORD_FILE  file holding the password of user `default`
 #                             (default: none, no password); only its SHA-256
@@ -41,7 +41,7 @@ LISTEN_HOST=127.0.0.1
 TCP_PORT=${CLICKHOUSE_PORT:-9000}
 HTTP_PORT=${CLICKHOUSE_HTTP_PORT:-8123}
 DATA_DIR=${CLICKHOUSE_DATA_DIR:-/tmp/meterline-clickhouse-$TCP_PORT}
-START_TIMEOUT=${CLICKHOUSE_START_TIMEOUT:-30}
+START_TIMEOUT=${CLICKHOUSE_START_TIMEOUT:-90}
 TLS_PORT=${CLICKHOUSE_TLS_PORT:-}
 PASSWORD_FILE=${CLICKHOUSE_PASSWORD_FILE:-}
 STOP_TIMEOUT=${CLICKHOUSE_STOP_TIMEOUT:-20}
