@@ -397,12 +397,22 @@ func (l *Ledger) Advance(st Store, written int64) error {
 }
 
 // Apply applies a record (ParseRecord) and Advance-s to its broker time.
-// An error wrapping ErrInvalid (ErrTooManyVersions) refuses the record
-// and changes nothing else; any other error is the Store's, or corrupt
-// state.
+// The record takes effect no earlier than ReadTo: a broker time behind it
+// (a broker clock that stepped back) is raised to it, for events that
+// arrived before it may have been decided already, and a stage that read
+// the record before deciding them must decide them alike. An error
+// wrapping ErrInvalid (ErrTooManyVersions) refuses the record and changes
+// nothing else; any other error is the Store's, or corrupt state.
 func (l *Ledger) Apply(st Store, r *Record) error {
+	if r.IsTick() {
+		return l.Advance(st, r.Written)
+	}
+	written, err := l.ReadTo(st)
+	if err != nil {
+		return err
+	}
+	written = max(written, r.Written)
 	switch {
-	case r.IsTick():
 	case r.Key.Reserved == schemas.RateCardKey:
 		h, err := l.rates(st)
 		if err != nil {
@@ -412,7 +422,7 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Tombstone {
 			card = nil
 		}
-		if err := h.Set(r.Written, card); err != nil {
+		if err := h.Set(written, card); err != nil {
 			return err
 		}
 		b, _ := h.MarshalBinary()
@@ -430,7 +440,7 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Entitlements != nil {
 			from = r.Entitlements.EffectiveFrom
 		}
-		if err := t.Set(r.Written, from, r.Plan); err != nil {
+		if err := t.Set(written, from, r.Plan); err != nil {
 			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
 		l.putTimeline(st, k, t)
