@@ -839,6 +839,9 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 			more = true
 			return errStopScan
 		}
+		if len(k) < plen {
+			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
+		}
 		parts, err := schemas.SplitFramed(k[plen:])
 		if err != nil || len(parts) != 1 {
 			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
@@ -877,6 +880,9 @@ func (l *Ledger) CustomersWithUsage(st Store, start int64, after string, max int
 	}
 	plen := len(l.key(subPeriod)) + 8
 	err = st.Scan(lo, hi, func(k, _ []byte) error {
+		if len(k) < plen {
+			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
+		}
 		parts, err := schemas.SplitFramed(k[plen:])
 		if err != nil || len(parts) != 1 {
 			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
