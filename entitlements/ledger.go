@@ -537,6 +537,16 @@ func (l *Ledger) account(st Store, customer string) (*Account, error) {
 	return a, nil
 }
 
+// ChangedAt returns the latest broker time noted in the customer's
+// account (Account.NoteChange), 0 if none.
+func (l *Ledger) ChangedAt(st Store, customer string) (int64, error) {
+	a, err := l.account(st, customer)
+	if err != nil {
+		return 0, err
+	}
+	return a.changedAt, nil
+}
+
 // putAccount records that the Ledger changed the customer's account a
 // (returned by account): the AccountCache is told, else a is written.
 //
