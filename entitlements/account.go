@@ -193,6 +193,38 @@ func (a *Account) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
+// appendGrantExpiries appends the encoding of grant expiries (the
+// default plan's: ids and expiries, by id) to b.
+func appendGrantExpiries(b []byte, es []grantUse) []byte {
+	e := &enc{b: b}
+	e.byte(stateFormat)
+	e.count(len(es))
+	for _, g := range es {
+		e.str(g.id)
+		e.int(g.expiry)
+	}
+	return e.b
+}
+
+// decodeGrantExpiries decodes what appendGrantExpiries encoded; anything
+// else (ids not strictly ordered) is ErrCorrupt.
+func decodeGrantExpiries(b []byte) ([]grantUse, error) {
+	d := newDec("grant expiries", b)
+	n := d.count(maxGrantUses)
+	es := make([]grantUse, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		g := grantUse{id: d.str(), expiry: d.int()}
+		if i > 0 && g.id <= es[i-1].id {
+			d.fail("grant expiries: bad entry")
+		}
+		es = append(es, g)
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return es, nil
+}
+
 // String describes the account, for tests and logs.
 func (a *Account) String() string {
 	return fmt.Sprintf("account{uses %v, periods %v}", a.uses, a.periods)

@@ -1,9 +1,11 @@
 package entitlements
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestCustomersWithUsage: the customers with usage in one period, each
@@ -61,5 +63,50 @@ func TestCustomersWithUsage(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("chunk %d: customers %q, want %q", chunk, got, want)
 		}
+	}
+}
+
+// TestCorruptPeriodIndexKeyIsAnError: a period index key too short to hold
+// a period start (corrupt state) is an error wrapping ErrCorrupt for
+// PrunePeriods and CustomersWithUsage, never a panic.
+func TestCorruptPeriodIndexKeyIsAnError(t *testing.T) {
+	base := time.Date(2026, time.December, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		key  []byte
+		call func(Store) error
+	}{
+		{"PrunePeriods", []byte("eP\x00"), func(st Store) error {
+			_, err := l.PrunePeriods(st, base+365*24*hourMs, 10)
+			return err
+		}},
+		// Just past the index key of every customer of the period
+		// starting at start (0x…00ff), and before the next period's
+		// (0x…0100): a 7-byte start.
+		{"CustomersWithUsage", []byte("eP\x00\x00\x00\x00\x00\x00\x01"), func(st Store) error {
+			_, _, err := l.CustomersWithUsage(st, 0xff, "", 10)
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st := newMemStore()
+			st.Put(c.key, indexValue)
+			var err error
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("panic on the index key %q: %v", c.key, r)
+					}
+				}()
+				err = c.call(st)
+			}()
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("index key %q: %v, want ErrCorrupt", c.key, err)
+			}
+		})
 	}
 }

@@ -9,8 +9,10 @@
 // # Which entitlements decide an event
 //
 // Every record of usage.entitlements has a broker timestamp (its arrival)
-// and an effective_from, raised to that timestamp when earlier. Records
-// are read in partition order. An event is decided by the entitlements in
+// and an effective_from, raised to that timestamp when earlier (a broker
+// timestamp behind what the partition has been read up to, a clock that
+// stepped back, counts as that read-to time). Records are read in
+// partition order. An event is decided by the entitlements in
 // effect at its own arrival (its ingest_time): for the customer, the most
 // recently read record of its key whose effective_from is at or before the
 // arrival; if there is none, or that record is a tombstone, the default
@@ -47,7 +49,8 @@
 //
 // Ledger keeps, per customer, a Timeline of entitlements and an Account
 // (usage per meter and period, what each grant paid, overdraft per
-// period), plus the default plan's Timeline and the RateHistory. Each is
+// period), plus the default plan's Timeline (and the latest expiry each
+// of its grants had in any version) and the RateHistory. Each is
 // serializable (MarshalBinary / Unmarshal*) so that the aggregator can
 // keep it in its changelogged state, and bounded: Prune drops what no
 // future event can need.

@@ -412,3 +412,110 @@ func TestPassesCap(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantBalanceOutlivesPrunedVersions: what a grant paid is kept as long
+// as any version seen could offer the grant, also when the versions that
+// offered it longest were pruned before PruneCustomer first looked at the
+// customer's draw: a default plan's version (PruneShared prunes those),
+// and a version of the customer's own read before the draw that a later
+// one replaced. Records are applied and pruned as the aggregator does:
+// after each record, PruneCustomer (a customer's) or PruneShared (the
+// default plan, the rate card) at the horizon W behind it. Each time the
+// grant is offered again, within the expiry a version seen gave it, after
+// it paid 800 of its 1,000: 500 more are refused.
+func TestGrantBalanceOutlivesPrunedVersions(t *testing.T) {
+	const day = 24 * hourMs
+	base := int64(1796083200000) // 2026-12-01
+	w := DefaultWindow.Milliseconds()
+	withGrant := func(customer string, from, exp int64) *schemas.Entitlements {
+		e := &schemas.Entitlements{CustomerID: customer, EffectiveFrom: from, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
+		if exp != 0 {
+			e.Grants = []schemas.Grant{{ID: "welcome", Amount: 1000, ExpiresAt: exp}}
+		}
+		return e
+	}
+	card := &schemas.RateCard{Versions: []schemas.RateVersion{{EffectiveFrom: base, Rates: []schemas.Rate{{Meter: "m", MicroCredits: 1, PerUnits: 1}}}}}
+	def, acme := []byte(schemas.DefaultPlanKey), schemas.CustomerKey("acme")
+	type step struct {
+		at  int64
+		key []byte
+		m   schemas.Message // nil: a tombstone
+		// draw: instead of a record, an event of q units arriving at at.
+		draw int64
+	}
+	for _, c := range []struct {
+		name  string
+		steps []step
+	}{
+		{"default plan", []step{
+			{at: base, key: def, m: withGrant("", 0, base+10*day)},
+			{at: base + day, draw: 800},
+			{at: base + 2*day, key: def, m: withGrant("", 0, base+200*day)},   // extended
+			{at: base + 3*day, key: def, m: withGrant("", 0, 0)},              // dropped
+			{at: base + 100*day, key: []byte(schemas.RateCardKey), m: card},   // PruneShared drops the versions
+			{at: base + 100*day, key: acme, m: withGrant("acme", 0, 0)},       // PruneCustomer
+			{at: base + 101*day, key: acme},                                   // back on the default plan
+			{at: base + 101*day, key: def, m: withGrant("", 0, base+200*day)}, // offered again
+		}},
+		{"own scheduled version", []step{
+			{at: base, key: acme, m: withGrant("acme", 0, base+10*day)},
+			{at: base + day/2, key: acme, m: withGrant("acme", base+5*day, base+200*day)}, // extended from the 6th
+			{at: base + day*3/4, key: acme, m: withGrant("acme", base+6*day, 0)},          // dropped from the 7th
+			{at: base + day, draw: 800},                                            // decided by the first version
+			{at: base + 110*day, key: acme, m: withGrant("acme", 0, 0)},            // PruneCustomer prunes the first three
+			{at: base + 111*day, key: acme, m: withGrant("acme", 0, base+200*day)}, // offered again
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := New(Config{Prefix: []byte("e"), Period: monthBounds})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := newMemStore()
+			apply := func(at int64, key []byte, m schemas.Message) {
+				t.Helper()
+				var v []byte
+				if m != nil {
+					if v, err = schemas.Encode(m); err != nil {
+						t.Fatal(err)
+					}
+				}
+				rec, err := ParseRecord(key, v, at)
+				if err == nil {
+					err = l.Apply(st, rec)
+				}
+				if err == nil && rec.Key.Reserved == "" {
+					err = l.PruneCustomer(st, rec.Key.Customer, at-w)
+				} else if err == nil {
+					err = l.PruneShared(st, at-w)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			decide := func(at, q int64) Decision {
+				t.Helper()
+				d, err := l.Decide(st, "acme", Event{Meter: "m", Aggregation: "SUM", Quantity: q, EventTime: at, Arrival: at})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			apply(base, []byte(schemas.RateCardKey), card)
+			var last int64
+			for _, s := range c.steps {
+				if s.draw != 0 {
+					if d := decide(s.at, s.draw); d.Outcome != Accepted || len(d.Draws) != 1 {
+						t.Fatalf("first draw: %+v", d)
+					}
+					continue
+				}
+				apply(s.at, s.key, s.m)
+				last = s.at
+			}
+			if d := decide(last+day, 500); d.Outcome != NoCredit {
+				t.Fatalf("500 more from a grant of 1,000 that paid 800: %+v", d)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package entitlements
 import (
 	"bytes"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -28,9 +29,24 @@ func FuzzStateDecode(f *testing.F) {
 	ap.add("m", 2)
 	b, _ = acct.MarshalBinary()
 	f.Add(b)
+	f.Add(appendGrantExpiries(nil, []grantUse{{id: "a", expiry: 9}, {id: "b", expiry: math.MaxInt64}}))
 	f.Add([]byte{stateFormat})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if es, err := decodeGrantExpiries(b); err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("grant expiries: %v", err)
+			}
+		} else {
+			again := appendGrantExpiries(nil, es)
+			es2, err := decodeGrantExpiries(again)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(again, appendGrantExpiries(nil, es2)) {
+				t.Fatal("grant expiries encoding not stable")
+			}
+		}
 		var a Account
 		if err := a.UnmarshalBinary(b); err != nil {
 			if !errors.Is(err, ErrCorrupt) {

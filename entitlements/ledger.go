@@ -199,6 +199,8 @@ func (l *Ledger) period(ms int64) (start, end int64) {
 //	'T' C          the customer's Timeline
 //	'D'            the default plan's Timeline
 //	'R'            the RateHistory
+//	'G'            the latest expiry each grant id had in any version of
+//	               the default plan read, for PruneCustomer
 //	'W'            the latest broker time read from the entitlements partition
 //	'A' C          the customer's Account: what each grant has paid (and
 //	               its expiry); per period P still reachable by an event,
@@ -219,7 +221,7 @@ func (l *Ledger) period(ms int64) (start, end int64) {
 type Ledger struct {
 	cfg Config
 	// The keys without a customer, built once.
-	keyDefault, keyRates, keyReadTo []byte
+	keyDefault, keyRates, keyReadTo, keyDefaultGrants []byte
 	// last is the last period period returned, [start, end): the
 	// Ledger's only memory, shared by the goroutines that use it.
 	last atomic.Pointer[[2]int64]
@@ -234,6 +236,7 @@ func New(cfg Config) (*Ledger, error) {
 	cfg.Prefix = append([]byte(nil), cfg.Prefix...)
 	l := &Ledger{cfg: cfg}
 	l.keyDefault, l.keyRates, l.keyReadTo = l.key(subDefault), l.key(subRates), l.key(subReadTo)
+	l.keyDefaultGrants = l.key(subDefaultGrants)
 	return l, nil
 }
 
@@ -244,6 +247,8 @@ const (
 	subReadTo   = 'W'
 	subAccount  = 'A'
 	subPeriod   = 'P'
+	// subDefaultGrants: the default plan's grant expiries.
+	subDefaultGrants = 'G'
 )
 
 func (l *Ledger) key(sub byte, parts ...[]byte) []byte {
@@ -397,12 +402,22 @@ func (l *Ledger) Advance(st Store, written int64) error {
 }
 
 // Apply applies a record (ParseRecord) and Advance-s to its broker time.
-// An error wrapping ErrInvalid (ErrTooManyVersions) refuses the record
-// and changes nothing else; any other error is the Store's, or corrupt
-// state.
+// The record takes effect no earlier than ReadTo: a broker time behind it
+// (a broker clock that stepped back) is raised to it, for events that
+// arrived before it may have been decided already, and a stage that read
+// the record before deciding them must decide them alike. An error
+// wrapping ErrInvalid (ErrTooManyVersions) refuses the record and changes
+// nothing else; any other error is the Store's, or corrupt state.
 func (l *Ledger) Apply(st Store, r *Record) error {
+	if r.IsTick() {
+		return l.Advance(st, r.Written)
+	}
+	written, err := l.ReadTo(st)
+	if err != nil {
+		return err
+	}
+	written = max(written, r.Written)
 	switch {
-	case r.IsTick():
 	case r.Key.Reserved == schemas.RateCardKey:
 		h, err := l.rates(st)
 		if err != nil {
@@ -412,7 +427,7 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Tombstone {
 			card = nil
 		}
-		if err := h.Set(r.Written, card); err != nil {
+		if err := h.Set(written, card); err != nil {
 			return err
 		}
 		b, _ := h.MarshalBinary()
@@ -430,11 +445,13 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Entitlements != nil {
 			from = r.Entitlements.EffectiveFrom
 		}
-		if err := t.Set(r.Written, from, r.Plan); err != nil {
+		if err := t.Set(written, from, r.Plan); err != nil {
 			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
 		l.putTimeline(st, k, t)
-		if r.Key.Reserved == "" && r.Plan != nil {
+		switch {
+		case r.Plan == nil:
+		case r.Key.Reserved == "":
 			// A grant that paid before keeps its balance at least as long
 			// as this version can offer it.
 			a, err := l.account(st, r.Key.Customer)
@@ -443,6 +460,17 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 			}
 			if raiseExpiries(a.uses, r.Plan) {
 				l.putAccount(st, r.Key.Customer, a)
+			}
+		default:
+			// The same for every customer's grants the default plan
+			// offers, when PruneCustomer looks at them: the versions of
+			// the default plan may be pruned by then.
+			es, err := l.defaultGrants(st)
+			if err != nil {
+				return err
+			}
+			if es, changed := mergeExpiries(es, r.Plan); changed {
+				l.putDefaultGrants(st, es)
 			}
 		}
 	}
@@ -797,7 +825,8 @@ func (l *Ledger) eventTimeHorizon(horizon int64) int64 {
 // PruneShared drops the versions of the default plan and the rate cards no
 // future event can be decided or priced by, given that every future event
 // arrives at or after horizon (for the aggregator: its watermark, less
-// what a re-routed event's arrival may lag).
+// what a re-routed event's arrival may lag), and the default plan's grant
+// expiries no future event's event_time can be before (PruneCustomer).
 func (l *Ledger) PruneShared(st Store, horizon int64) error {
 	k := l.keyDefault
 	t, err := l.timeline(st, k)
@@ -808,6 +837,22 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 		t.Prune(horizon)
 		if t.Len() != n {
 			l.putTimeline(st, k, t)
+		}
+	}
+	es, err := l.defaultGrants(st)
+	if err != nil {
+		return err
+	}
+	if n := len(es); n > 0 {
+		etMin := l.eventTimeHorizon(horizon)
+		kept := es[:0]
+		for _, e := range es {
+			if e.expiry > etMin {
+				kept = append(kept, e)
+			}
+		}
+		if len(kept) != n {
+			l.putDefaultGrants(st, kept)
 		}
 	}
 	h, err := l.rates(st)
@@ -831,11 +876,45 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 // after horizon − W, so that no future event's event_time is in its
 // window. A grant id offered again after that is a new grant. Keys left
 // empty are deleted.
+//
+// The entries are raised first by every version of the customer's still in
+// its timeline, before they are pruned (a version read before the
+// customer's first draw from a grant, which Apply could not raise, may
+// offer it longer than the version that decided the draw), and by the
+// default plan's grant expiries (defaultGrants: every version of the
+// default plan read, which PruneShared may have pruned since).
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	tk := l.customerKey(subTimeline, customer)
 	t, err := l.timeline(st, tk)
 	if err != nil {
 		return err
+	}
+	a, err := l.account(st, customer)
+	if err != nil {
+		return err
+	}
+	if uses := a.uses; len(uses) > 0 {
+		es, err := l.defaultGrants(st)
+		if err != nil {
+			return err
+		}
+		changed := raiseFrom(uses, es)
+		for _, v := range t.Versions() {
+			if v.Plan != nil && raiseExpiries(uses, v.Plan) {
+				changed = true
+			}
+		}
+		etMin := l.eventTimeHorizon(horizon)
+		kept := uses[:0]
+		for _, u := range uses {
+			if u.expiry > etMin {
+				kept = append(kept, u)
+			}
+		}
+		if changed || len(kept) != len(uses) {
+			a.uses = kept
+			l.putAccount(st, customer, a)
+		}
 	}
 	if n := t.Len(); n > 0 {
 		t.Prune(horizon)
@@ -843,35 +922,71 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 			l.putTimeline(st, tk, t)
 		}
 	}
-	a, err := l.account(st, customer)
-	if err != nil || len(a.uses) == 0 {
-		return err
-	}
-	uses := a.uses
-	d, err := l.timeline(st, l.keyDefault)
-	if err != nil {
-		return err
-	}
-	changed := false
-	for _, tl := range []*Timeline{t, d} {
-		for _, v := range tl.Versions() {
-			if v.Plan != nil && raiseExpiries(uses, v.Plan) {
-				changed = true
-			}
-		}
-	}
-	etMin := l.eventTimeHorizon(horizon)
-	kept := uses[:0]
-	for _, u := range uses {
-		if u.expiry > etMin {
-			kept = append(kept, u)
-		}
-	}
-	if changed || len(kept) != len(uses) {
-		a.uses = kept
-		l.putAccount(st, customer, a)
-	}
 	return nil
+}
+
+// defaultGrants returns the default plan's grant expiries: by id, the
+// latest expiry the grant had in any version of the default plan read,
+// until that is more than W behind the prune horizon (PruneShared).
+// Their consumed fields are zero.
+func (l *Ledger) defaultGrants(st Store) ([]grantUse, error) {
+	v, ok, err := st.Get(l.keyDefaultGrants)
+	if err != nil || !ok {
+		return nil, err
+	}
+	es, err := decodeGrantExpiries(v)
+	if err != nil {
+		return nil, fmt.Errorf("entitlements: state key %q: %w", l.keyDefaultGrants, err)
+	}
+	return es, nil
+}
+
+func (l *Ledger) putDefaultGrants(st Store, es []grantUse) {
+	if len(es) == 0 {
+		st.Delete(l.keyDefaultGrants)
+		return
+	}
+	st.Put(l.keyDefaultGrants, appendGrantExpiries(nil, es))
+}
+
+// mergeExpiries adds p's grants to es (by id), keeping each id's later
+// expiry; it reports whether es changed.
+func mergeExpiries(es []grantUse, p *Plan) ([]grantUse, bool) {
+	changed := false
+	for _, g := range p.Grants {
+		i := sort.Search(len(es), func(i int) bool { return es[i].id >= g.ID })
+		switch {
+		case i < len(es) && es[i].id == g.ID:
+			if expiry(g) > es[i].expiry {
+				es[i].expiry, changed = expiry(g), true
+			}
+		default:
+			es = append(es, grantUse{})
+			copy(es[i+1:], es[i:])
+			es[i], changed = grantUse{id: g.ID, expiry: expiry(g)}, true
+		}
+	}
+	return es, changed
+}
+
+// raiseFrom raises the expiry of every entry of us to the later one es
+// has for its id (both by id). It reports whether it changed an entry.
+func raiseFrom(us, es []grantUse) bool {
+	changed := false
+	for i, j := 0, 0; i < len(us) && j < len(es); {
+		switch {
+		case us[i].id < es[j].id:
+			i++
+		case us[i].id > es[j].id:
+			j++
+		default:
+			if es[j].expiry > us[i].expiry {
+				us[i].expiry, changed = es[j].expiry, true
+			}
+			i, j = i+1, j+1
+		}
+	}
+	return changed
 }
 
 // PrunePeriods drops, at most max customers at a time (DESIGN §6
@@ -892,6 +1007,9 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 		if len(ds) == max {
 			more = true
 			return errStopScan
+		}
+		if len(k) < plen {
+			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
 		}
 		parts, err := schemas.SplitFramed(k[plen:])
 		if err != nil || len(parts) != 1 {
@@ -931,6 +1049,9 @@ func (l *Ledger) CustomersWithUsage(st Store, start int64, after string, max int
 	}
 	plen := len(l.key(subPeriod)) + 8
 	err = st.Scan(lo, hi, func(k, _ []byte) error {
+		if len(k) < plen {
+			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
+		}
 		parts, err := schemas.SplitFramed(k[plen:])
 		if err != nil || len(parts) != 1 {
 			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)

@@ -1,16 +1,21 @@
 package aggcrashtest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/entitlements/entref"
+	"github.com/meterline/meterline/internal/cli"
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/testenv/crash"
@@ -407,6 +412,18 @@ func TestEntitlementsCapBoundary(t *testing.T) {
 	}
 	if last == nil || len(last.Meters) != 1 || last.Meters[0].Usage != limit || last.Meters[0].Limit != limit {
 		t.Errorf("last balance %+v, want usage %d of %d", last, limit, limit)
+	}
+	// What support reads of it: `meterline entitlements balance`.
+	var out, errOut bytes.Buffer
+	code := cli.Main(ctx, []string{"entitlements", "balance", cust, "-o", "json", "--brokers", strings.Join(s.Brokers, ","),
+		"--topic-prefix", s.Names.Prefix}, cli.IO{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errOut})
+	var doc entitlements.BalanceDocument
+	if err := json.Unmarshal(out.Bytes(), &doc); code != 0 || err != nil {
+		t.Fatalf("meterline entitlements balance %s: exit %d (%v)\n%s%s", cust, code, err, out.String(), errOut.String())
+	}
+	if last != nil && (doc.Revision != last.Revision || len(doc.Meters) != 1 ||
+		doc.Meters[0] != (entitlements.MeterBalanceDoc{Meter: "s", Usage: limit, Limit: limit, OnLimit: "reject", UsedPercent: 100})) {
+		t.Errorf("meterline entitlements balance %s printed revision %d, meters %+v; want revision %d, 1000 of 1000 (100%%)", cust, doc.Revision, doc.Meters, last.Revision)
 	}
 	t.Logf("%d events and %d copies: %d counted, %d rejected over_limit, across a SIGKILL of the aggregator at %s", n, copies, total, len(rejected), spec)
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -33,6 +34,7 @@ type EntitlementsCmd struct {
 	Delete     EntitlementsDeleteCmd     `cmd:"" help:"Delete a customer's entitlements: from when the broker accepts the delete, the default plan applies to its events."`
 	SetDefault EntitlementsSetDefaultCmd `cmd:"" name:"set-default" help:"Write the default plan, for customers with no record, to every partition."`
 	SetRates   EntitlementsSetRatesCmd   `cmd:"" name:"set-rates" help:"Write the rate card (every version) to every partition."`
+	Balance    EntitlementsBalanceCmd    `cmd:"" help:"Print a customer's latest balance from usage.balances: usage against each cap in the period, credits left per grant, the overdraft."`
 }
 
 // The defaults of the entitlements commands' flags: the writer's
@@ -96,6 +98,12 @@ type EntitlementsGetCmd struct {
 // EntitlementsListCmd is `meterline entitlements list`.
 type EntitlementsListCmd struct {
 	entRead `embed:""`
+}
+
+// EntitlementsBalanceCmd is `meterline entitlements balance`.
+type EntitlementsBalanceCmd struct {
+	Customer string `arg:"" help:"The customer."`
+	entRead  `embed:""`
 }
 
 func (c *entWrite) read(stdio IO) ([]byte, error) {
@@ -508,4 +516,58 @@ func boolCount(bs ...bool) int {
 		}
 	}
 	return n
+}
+
+// Run prints the customer's latest record of usage.balances, read
+// read_committed from the customer's partition only (the aggregator
+// writes a customer's balances there, DESIGN §12).
+func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	kc, err := g.connectKafka(ctx)
+	if err != nil {
+		return err
+	}
+	topic := g.Topic.BalancesTopic()
+	counts, err := topics.PartitionCounts(ctx, kc, topic)
+	if err != nil {
+		return err
+	}
+	n := counts[topic]
+	if n <= 0 {
+		return fmt.Errorf("%s has no partitions", topic)
+	}
+	key := schemas.CustomerKey(c.Customer)
+	p := schemas.Partition(key, n)
+	// The other partitions are read from past their end: not at all.
+	from := map[int32]int64{}
+	for q := range n {
+		if q != p {
+			from[q] = math.MaxInt64
+		}
+	}
+	recs, err := topics.ReadCommittedAs(ctx, kc, topic, from)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", topic, err)
+	}
+	var last *kgo.Record
+	for _, r := range recs {
+		if r.Partition == p && bytes.Equal(r.Key, key) && (last == nil || r.Offset > last.Offset) {
+			last = r
+		}
+	}
+	if last == nil || last.Value == nil {
+		return &ExitError{Code: 1, Err: fmt.Errorf("%s has no balance in %s partition %d: an aggregator running with --entitlements writes one after it decides an event of the customer", c.Customer, topic, p)}
+	}
+	m, err := schemas.Decode(last.Value)
+	if err != nil {
+		return fmt.Errorf("%s partition %d offset %d: %w", topic, p, last.Offset, err)
+	}
+	b, ok := m.(*schemas.Balance)
+	if !ok {
+		return fmt.Errorf("%s partition %d offset %d: a %s record, not a balance", topic, p, last.Offset, m.Kind())
+	}
+	doc := entitlements.BalanceDocumentOf(b)
+	doc.Source = &entitlements.BalanceSourceDoc{Topic: topic, Partition: p, Offset: last.Offset}
+	return c.print(stdio, false, doc)
 }

@@ -14,7 +14,7 @@ import (
 // TestRealSecuredEntitlements runs `meterline entitlements` over SASL_SSL
 // on the broker with the authorizer on: as the operator, with exactly the
 // ACLs docs/operations.md lists for it, set, set-default, set-rates, get,
-// list and delete work; as the producer (usage.events only), set is
+// list, delete and balance work; as the producer (usage.events only), set is
 // refused and writes nothing.
 func TestRealSecuredEntitlements(t *testing.T) {
 	k := testenv.RealKafkaSASL(t)
@@ -56,6 +56,10 @@ func TestRealSecuredEntitlements(t *testing.T) {
 	}
 	if code, out := as("operator", false, "get", "--rates"); code != 0 || !strings.Contains(out, "api_calls: \"1000\"") {
 		t.Fatalf("get --rates as the operator: exit %d\n%s", code, out)
+	}
+	// It may read usage.balances: no aggregator ran, so there is none.
+	if code, out := as("operator", false, "balance", "acme"); code != 1 || !strings.Contains(out, "acme has no balance in "+prefix+"usage.balances") {
+		t.Fatalf("balance as the operator: exit %d, want 1: no balance\n%s", code, out)
 	}
 	code, out := as("producer", true, "set", "initech", "-f", plan)
 	if code == 0 || !strings.Contains(out, "AUTHORIZATION_FAILED") {

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/testenv"
@@ -213,5 +215,122 @@ versions:
 	}
 	if code, _, errOut = read("get", "--default"); code != 1 || !strings.Contains(errOut, "not the same on every partition (missing on [], different from partition 0 on [2])") {
 		t.Fatalf("get --default with partition 2 different: %d %s", code, errOut)
+	}
+}
+
+// TestEntitlementsBalance reads customers' balances back with `meterline
+// entitlements balance`, on kfake and, when METERLINE_TEST_KAFKA is set,
+// on the real broker: the customer's latest record of usage.balances on
+// its partition is printed (usage against each cap with the share used,
+// credits per grant and in all, the overdraft, the record it came from),
+// another customer's records and records of other partitions are not, a
+// customer without a balance exits 1 saying so, and a record that is not
+// a balance is an error naming its offset, not a crash.
+func TestEntitlementsBalance(t *testing.T) {
+	t.Run("kfake", func(t *testing.T) {
+		_, brokers := testenv.KFake(t)
+		testEntitlementsBalance(t, brokers)
+	})
+	t.Run("real-kafka", func(t *testing.T) {
+		brokers := testenv.RealKafka(t)
+		testEntitlementsBalance(t, brokers)
+	})
+}
+
+func testEntitlementsBalance(t *testing.T, brokers []string) {
+	names := testenv.Topics(t, brokers, "bal", testenv.TopicsOpts{})
+	topic := names.BalancesTopic()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	balance := func(args ...string) (int, string, string) {
+		t.Helper()
+		return run(t, "", append(append([]string{"entitlements", "balance"}, args...),
+			"--brokers", strings.Join(brokers, ","), "--topic-prefix", names.Prefix)...)
+	}
+	counts := testenv.Admin(t, brokers)
+	td, err := counts.ListTopics(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int32(len(td[topic].Partitions))
+	if n < 2 {
+		t.Fatalf("%s has %d partitions; the test needs 2 or more", topic, n)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	put := func(p int32, key []byte, m schemas.Message) int64 {
+		t.Helper()
+		var v []byte
+		if m != nil {
+			if v, err = schemas.Encode(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: key, Value: v}).First()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Offset
+	}
+	day := func(d int) int64 { return time.Date(2026, 12, d, 0, 0, 0, 0, time.UTC).UnixMilli() }
+	bal := func(customer string, rev, usage, consumed int64) *schemas.Balance {
+		return &schemas.Balance{CustomerID: customer, Plan: "free", Revision: rev, UpdatedAt: day(2) + rev,
+			PeriodStart: day(1), PeriodEnd: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli(),
+			Meters: []schemas.MeterBalance{{Meter: "api_calls", Usage: usage, Limit: 1000, OnLimit: schemas.OnLimitReject}},
+			Grants: []schemas.GrantBalance{
+				{ID: "welcome", Amount: 5_000_000, Consumed: consumed, Remaining: 5_000_000 - consumed, ExpiresAt: day(31)},
+				{ID: "promo", Priority: 1, EffectiveFrom: day(1), Amount: 1_000, Remaining: 1_000},
+			},
+			OverdraftPolicy: schemas.OverdraftDeny}
+	}
+	acme := schemas.CustomerKey("acme")
+	pa := schemas.Partition(acme, n)
+	other := (pa + 1) % n
+	put(pa, acme, bal("acme", 1, 100, 100_000))
+	latest := put(pa, acme, bal("acme", 2, 875, 875_000))
+	// Not acme's latest: another customer's on acme's partition, and a
+	// stray record under acme's key on another partition.
+	put(pa, schemas.CustomerKey("zed"), bal("zed", 3, 999, 1))
+	put(other, acme, bal("acme", 9, 1, 1))
+
+	code, out, errOut := balance("acme")
+	if code != 0 {
+		t.Fatalf("balance acme: %d\n%s\n%s", code, out, errOut)
+	}
+	var doc entitlements.BalanceDocument
+	if err := yaml.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("balance acme printed no YAML document: %v\n%s", err, out)
+	}
+	want := entitlements.BalanceDocument{Customer: "acme", Plan: "free", AsOf: "2026-12-02T00:00:00.002Z", Revision: 2,
+		PeriodStart: "2026-12-01T00:00:00.000Z", PeriodEnd: "2027-01-01T00:00:00.000Z",
+		Meters: []entitlements.MeterBalanceDoc{{Meter: "api_calls", Usage: 875, Limit: 1000, OnLimit: "reject", UsedPercent: 87}},
+		Grants: []entitlements.GrantBalanceDoc{
+			{ID: "welcome", ExpiresAt: "2026-12-31T00:00:00.000Z", Amount: 5_000_000, Consumed: 875_000, Remaining: 4_125_000},
+			{ID: "promo", Priority: 1, EffectiveFrom: "2026-12-01T00:00:00.000Z", Amount: 1_000, Remaining: 1_000},
+		},
+		Remaining: 4_126_000, Overdraft: entitlements.OverdraftBalanceDoc{Policy: "deny"},
+		Source: &entitlements.BalanceSourceDoc{Topic: topic, Partition: pa, Offset: latest}}
+	got, _ := json.Marshal(doc)
+	if w, _ := json.Marshal(want); string(got) != string(w) {
+		t.Errorf("balance acme:\n got %s\nwant %s", got, w)
+	}
+	if code, out, _ := balance("acme", "-o", "json"); code != 0 || !json.Valid([]byte(out)) || !strings.Contains(out, `"credits_remaining": 4126000`) {
+		t.Errorf("balance acme -o json: %d\n%s", code, out)
+	}
+
+	code, _, errOut = balance("nobody")
+	if code != 1 || !strings.Contains(errOut, "nobody has no balance in "+topic) {
+		t.Errorf("balance nobody: exit %d, want 1 with the reason\n%s", code, errOut)
+	}
+
+	// A record that is not a balance under a customer's key.
+	bad := schemas.CustomerKey("bad")
+	off := put(schemas.Partition(bad, n), bad, &schemas.Watermark{Watermark: 1, SourcePartitions: 1})
+	code, _, errOut = balance("bad")
+	if code != 1 || !strings.Contains(errOut, "not a balance") || !strings.Contains(errOut, fmt.Sprintf("offset %d:", off)) {
+		t.Errorf("balance of a record that is no balance: exit %d, want an error naming the offset\n%s", code, errOut)
 	}
 }
