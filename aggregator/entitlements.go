@@ -963,6 +963,20 @@ func (ch *charge) commit() error {
 	return nil
 }
 
+// refund takes back the charge of a queued event that its booking
+// refused (bookChunk): its decision charged it when it was queued, in an
+// earlier transaction. The customer's balance goes out as for any change.
+func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byte) error {
+	ev := entitlements.Event{Meter: e.Meter, Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}
+	if err := pt.pr.ledger.Refund(pt.ledger(tx), e.CustomerID, ev, charge); err != nil {
+		return fmt.Errorf("aggregator: partition %d: refund the charge of %s's queued event %s: %w", pt.p, e.CustomerID, e.EventID, err)
+	}
+	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
+	pt.pr.log.Info("charge of a queued event refunded: its booking rejected it", zap.Int32("partition", pt.p),
+		zap.String("customer", e.CustomerID), zap.String("event_id", e.EventID))
+	return nil
+}
+
 // entWatermark starts the work of a period start when the watermark
 // entered a new period.
 func (pt *partition) entWatermark(tx *stream.Tx) {
