@@ -139,7 +139,8 @@ func checkRevisions(t *testing.T, bs []*schemas.Balance) {
 
 // TestBalancesCoalesced: five transactions change a customer within one
 // --balance-interval (an hour) of broker time; its first change goes out
-// at once, the next four stay pending, and once the partition's broker
+// at once, the next four stay pending (its pending key written once, the
+// later changes' times kept with its account), and once the partition's broker
 // time is an hour on, one balance carries all of them: two balances in
 // all, not five, the last one right.
 func TestBalancesCoalesced(t *testing.T) {
@@ -151,6 +152,17 @@ func TestBalancesCoalesced(t *testing.T) {
 	}
 	if bs := balancesOf(t, r.h, "acme"); len(bs) != n0 {
 		t.Fatalf("%d balances after four more transactions within the interval, want %d (those four pending)", len(bs), n0)
+	}
+	// The four changes changed acme's account: the first wrote its
+	// pending key, the later three noted their times in the account.
+	pending := 0
+	for _, rec := range testenv.ReadAll(t, r.h.brokers, r.h.names.AggregateChangelogTopic()) {
+		if string(rec.Key) == string(pendingKey("acme")) && rec.Value != nil {
+			pending++
+		}
+	}
+	if pending != 1 {
+		t.Errorf("acme's pending key was written %d times in four transactions within the interval, want once", pending)
 	}
 	r.advance()
 	r.checkOneMore(n0, "the four pending changes in one")

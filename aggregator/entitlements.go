@@ -963,6 +963,20 @@ func (ch *charge) commit() error {
 	return nil
 }
 
+// refund takes back the charge of a queued event that its booking
+// refused (bookChunk): its decision charged it when it was queued, in an
+// earlier transaction. The customer's balance goes out as for any change.
+func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byte) error {
+	ev := entitlements.Event{Meter: e.Meter, Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}
+	if err := pt.pr.ledger.Refund(pt.ledger(tx), e.CustomerID, ev, charge); err != nil {
+		return fmt.Errorf("aggregator: partition %d: refund the charge of %s's queued event %s: %w", pt.p, e.CustomerID, e.EventID, err)
+	}
+	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
+	pt.pr.log.Info("charge of a queued event refunded: its booking rejected it", zap.Int32("partition", pt.p),
+		zap.String("customer", e.CustomerID), zap.String("event_id", e.EventID))
+	return nil
+}
+
 // entWatermark starts the work of a period start when the watermark
 // entered a new period.
 func (pt *partition) entWatermark(tx *stream.Tx) {
@@ -1053,7 +1067,9 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 	}
 	clear(e.changed)
 	if fenced {
-		pt.roundChunk(tx, out)
+		if err := pt.roundChunk(tx, out); err != nil {
+			return err
+		}
 	}
 	if len(out) == 0 {
 		return nil
@@ -1061,8 +1077,12 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 	topic := pt.pr.cfg.Topics.BalancesTopic()
 	rev := e.bal.rev
 	for _, c := range slices.Sorted(maps.Keys(out)) {
-		if t, pending := e.pendingAt[c]; pending {
+		if _, pending := e.pendingAt[c]; pending {
 			// Its latest change goes out now: it is no longer pending.
+			t, err := pt.changeTime(tx, c)
+			if err != nil {
+				return err
+			}
 			out[c] = max(out[c], t)
 			tx.Delete(pendingKey(c))
 			delete(e.pendingAt, c)
@@ -1092,16 +1112,28 @@ func (pt *partition) publishPending() {
 }
 
 // makePending records that customer c's balance changed at broker time t
-// and has not gone out: its pending key holds the latest time of its
-// changes, written when it becomes pending and again when a later change
-// moves that time. The balance goes out as of that time (or the
-// watermark), so after a restart it is the same balance as without one:
-// the plan, period and grants of its latest change, not of the change
-// that made it pending.
+// and has not gone out. The balance goes out as of the latest time of its
+// changes (or the watermark; changeTime), so that after a restart it is
+// the same balance as without one: the plan, period and grants of its
+// latest change, not of the change that made it pending. Its pending key
+// is written when it becomes pending, with that change's time; a later
+// change's time goes with its account when the transaction writes the
+// account anyway (Account.NoteChange: the Ledger changed it, and
+// flushAccounts writes it after this), else in the pending key again. So
+// a customer whose usage changes in every transaction writes one record
+// a transaction, its account, not two.
 func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
 	e := pt.ent
-	if cur, ok := e.pendingAt[c]; ok && cur >= t {
+	cur, pending := e.pendingAt[c]
+	if pending && cur >= t {
 		return
+	}
+	if h, ok := e.accounts[c]; ok && h.dirty && !h.a.Empty() {
+		h.a.NoteChange(t)
+		if pending {
+			e.pendingAt[c] = t
+			return
+		}
 	}
 	// One scratch buffer for the key and the value: Put copies both.
 	b := append(append(e.pendingBuf[:0], pfxBalancePending), c...)
@@ -1109,6 +1141,18 @@ func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
 	e.pendingBuf = b
 	tx.Put(b[:1+len(c)], b[1+len(c):])
 	e.pendingAt[c] = t
+}
+
+// changeTime returns the time of pending customer c's latest change: the
+// later of its pending time and the time its account holds
+// (makePending). After a restart, the pending time is the committed
+// key's, which the account's completes.
+func (pt *partition) changeTime(tx *stream.Tx, c string) (int64, error) {
+	noted, err := pt.pr.ledger.ChangedAt(pt.ledger(tx), c)
+	if err != nil {
+		return 0, fmt.Errorf("aggregator: partition %d: account of %s: %w", pt.p, c, err)
+	}
+	return max(pt.ent.pendingAt[c], noted), nil
 }
 
 // brokerNow is the partition's broker time: the later of its watermark
@@ -1125,13 +1169,13 @@ func (pt *partition) brokerNow() int64 { return max(pt.wm, pt.ent.readTo) }
 // rest. A customer that becomes pending behind the cursor waits for the
 // next emission. (An empty customer ID, which dedup refuses, would go out
 // in the first chunk only.)
-func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) {
+func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 	e := pt.ent
 	b := &e.bal
 	if !b.active {
 		now := pt.brokerNow()
 		if len(e.pendingAt) == 0 || now < b.roundAt+max(pt.pr.cfg.BalanceInterval.Milliseconds(), 0) {
-			return
+			return nil
 		}
 		b.active, b.roundAt, b.cursor = true, now, ""
 	}
@@ -1155,11 +1199,16 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) {
 	}
 	for _, c := range next {
 		// Its latest change goes out now: it is no longer pending.
-		out[c] = max(out[c], e.pendingAt[c])
+		t, err := pt.changeTime(tx, c)
+		if err != nil {
+			return err
+		}
+		out[c] = max(out[c], t)
 		delete(e.pendingAt, c)
 		tx.Delete(pendingKey(c))
 	}
 	tx.Put(keyBalances, b.encode())
+	return nil
 }
 
 // needsTick reports whether the partition's entitlements read time must

@@ -183,11 +183,23 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		// The charge reaches the transaction only if the aggregate takes
 		// the event: one it refuses (a sum that would wrap, an event that
 		// cannot be queued) consumes nothing (DESIGN §12).
-		pt.refused = false
+		pt.refused, pt.queued = false, nil
 		if err := pt.place(tx, r, e, m, queued, uval); err != nil || pt.refused {
 			return err
 		}
-		return ch.commit()
+		if err := ch.commit(); err != nil {
+			return err
+		}
+		if pt.queued != nil {
+			// Queued behind its period's FINALs, charged now: its
+			// booking may still refuse it (a sum that would wrap, a
+			// meter no longer declared), and then refunds this charge
+			// (bookChunk).
+			if v := ch.d.AppendCharge(nil); len(v) > 0 {
+				tx.Put(pt.queued, v)
+			}
+		}
+		return nil
 	}
 	return pt.place(tx, r, e, m, queued, uval)
 }
@@ -236,6 +248,7 @@ func (pt *partition) place(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		var sk [8]byte
 		binary.BigEndian.PutUint64(sk[:], uint64(seq))
 		tx.Put(periodKey(pfxPending, start, sk[:]), v)
+		pt.queued = periodKey(pfxCharge, start, sk[:])
 		return nil
 	default:
 		return pt.late(tx, r, e, m, start, end, ak, uval)

@@ -372,8 +372,29 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 			return fmt.Errorf("aggregator: queued late event: %w", err)
 		}
 		tx.Delete(q.k)
+		// The charge its decision made when it was queued, if any
+		// (entitlements only).
+		var charge []byte
+		charged := false
+		if pt.ent != nil {
+			ck := append([]byte{pfxCharge}, q.k[1:]...)
+			var err error
+			if charge, charged, err = tx.Get(ck); err != nil {
+				return err
+			}
+			if charged {
+				tx.Delete(ck)
+			}
+		}
+		pt.refused = false
 		if err := pt.event(tx, nil, &e, true); err != nil {
 			return err
+		}
+		if pt.refused && charged {
+			// Rejected now, it consumes nothing (DESIGN §12).
+			if err := pt.refund(tx, &e, charge); err != nil {
+				return err
+			}
 		}
 	}
 	if len(queued) > 0 {

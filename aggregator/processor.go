@@ -95,8 +95,13 @@ type partition struct {
 	// (checkEntMode); the next transaction records it.
 	writeEntMode bool
 	// refused: reject was called; event reads it to keep the charge of
-	// an event its aggregate refused out of the transaction.
+	// an event its aggregate refused out of the transaction, and
+	// bookChunk to refund the charge of a queued event its booking
+	// refused.
 	refused bool
+	// queued: the state key of the charge (pfxCharge) of the event place
+	// queued last; nil when the last event was not queued.
+	queued []byte
 	// rejCounter counts the rejections of reason rejReason (reject): the
 	// metric's child of the last reason, kept.
 	rejReason  string

@@ -20,6 +20,10 @@ import (
 //	                 by arrival while P was open, or processed while its
 //	                 FINALs were going out), booked as an adjustment after
 //	                 them, in seq order
+//	'r' P seq        the charge (entitlements.Decision.AppendCharge) of the
+//	                 event queued as 'p' P seq, when entitlements are on
+//	                 and its decision charged something: refunded if its
+//	                 booking refuses it, deleted when it is booked
 //	'F' P            P is final in this partition: periodState, the phase
 //	                 of its chunked work and its cursor (finalize.go);
 //	                 empty when done
@@ -44,6 +48,7 @@ const (
 	pfxFinal   = 'f'
 	pfxUnique  = 'u'
 	pfxPending = 'p'
+	pfxCharge  = 'r'
 	pfxMarker  = 'F'
 	pfxSource  = 'w'
 )

@@ -18,6 +18,11 @@ import (
 type Account struct {
 	uses    []grantUse  // by id
 	periods []periodUse // by start
+	// changedAt is the broker time of the latest change its owner noted
+	// for the customer's balance (NoteChange; 0: none), kept with the
+	// account so that a change needs no state key of its own when the
+	// account is written anyway. It does not keep an empty account.
+	changedAt int64
 	// changed: the Ledger changed the account since it was decoded or
 	// last written (Ledger.WriteAccount), and told the AccountCache
 	// (Ledger.putAccount). Not encoded.
@@ -44,6 +49,20 @@ const (
 
 // empty reports whether the account holds nothing (its key is deleted).
 func (a *Account) empty() bool { return len(a.uses) == 0 && len(a.periods) == 0 }
+
+// Empty reports whether the account holds nothing: written, its key is
+// deleted, and what NoteChange noted is lost.
+func (a *Account) Empty() bool { return a.empty() }
+
+// NoteChange notes that the customer's balance changed at broker time t;
+// ChangedAt returns the latest time noted. The note is written with the
+// account (Ledger.WriteAccount) unless the account is empty, and is not
+// a change of the account: its owner writes the account only if the
+// Ledger changed it too.
+func (a *Account) NoteChange(t int64) { a.changedAt = max(a.changedAt, t) }
+
+// ChangedAt returns the latest time NoteChange noted, 0 if none.
+func (a *Account) ChangedAt() int64 { return a.changedAt }
 
 // period returns the usage of the period starting at start, nil if none.
 func (a *Account) period(start int64) *periodUse {
@@ -141,6 +160,10 @@ func appendAccount(b []byte, a *Account) []byte {
 			e.int(m.units)
 		}
 	}
+	if a.changedAt != 0 {
+		// Optional, last: an account without it encodes as before.
+		e.int(a.changedAt)
+	}
 	return e.b
 }
 
@@ -187,6 +210,11 @@ func (a *Account) UnmarshalBinary(b []byte) error {
 		}
 		a.periods = append(a.periods, p)
 	}
+	if d.err == nil && len(d.b) > 0 {
+		if a.changedAt = d.int(); a.changedAt <= 0 {
+			d.fail("account: bad change time")
+		}
+	}
 	if err := d.end(); err != nil {
 		*a = Account{}
 		return err
@@ -228,5 +256,5 @@ func decodeGrantExpiries(b []byte) ([]grantUse, error) {
 
 // String describes the account, for tests and logs.
 func (a *Account) String() string {
-	return fmt.Sprintf("account{uses %v, periods %v}", a.uses, a.periods)
+	return fmt.Sprintf("account{uses %v, periods %v, changed at %d}", a.uses, a.periods, a.changedAt)
 }

@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"testing"
@@ -134,5 +135,41 @@ func TestAccountEncoding(t *testing.T) {
 	bb, _ := bad.MarshalBinary()
 	if err := new(Account).UnmarshalBinary(bb); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("disordered grants: %v, want ErrCorrupt", err)
+	}
+}
+
+// TestAccountChangeNote: the broker time noted for a customer's balance
+// is kept with its account: encoded only when noted (an account without a
+// note encodes byte for byte as before), never moved back, decoded, and a
+// note that is not a positive time is ErrCorrupt. It does not keep an
+// empty account alive.
+func TestAccountChangeNote(t *testing.T) {
+	a := &Account{uses: []grantUse{{"a", 5, 100}}}
+	plain, _ := a.MarshalBinary()
+	a.NoteChange(2000)
+	a.NoteChange(1500)
+	if a.ChangedAt() != 2000 {
+		t.Fatalf("ChangedAt %d after notes 2000 and 1500, want 2000", a.ChangedAt())
+	}
+	b, _ := a.MarshalBinary()
+	if !bytes.HasPrefix(b, plain) || len(b) == len(plain) {
+		t.Fatalf("an account with a note encodes as %x, want the plain encoding %x and the note after it", b, plain)
+	}
+	var got Account
+	if err := got.UnmarshalBinary(b); err != nil || got.ChangedAt() != 2000 || got.uses[0] != a.uses[0] {
+		t.Fatalf("decoded %v (%v), want the note 2000 back", &got, err)
+	}
+	if err := got.UnmarshalBinary(plain); err != nil || got.ChangedAt() != 0 {
+		t.Fatalf("an account without a note decodes as %v (%v)", &got, err)
+	}
+	for _, bad := range []int64{0, -5} {
+		if err := new(Account).UnmarshalBinary(binary.AppendVarint(bytes.Clone(plain), bad)); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("a note of %d: %v, want ErrCorrupt", bad, err)
+		}
+	}
+	e := &Account{}
+	e.NoteChange(3000)
+	if !e.Empty() {
+		t.Error("an account holding only a note is not Empty")
 	}
 }

@@ -542,6 +542,16 @@ func (l *Ledger) account(st Store, customer string) (*Account, error) {
 	return a, nil
 }
 
+// ChangedAt returns the latest broker time noted in the customer's
+// account (Account.NoteChange), 0 if none.
+func (l *Ledger) ChangedAt(st Store, customer string) (int64, error) {
+	a, err := l.account(st, customer)
+	if err != nil {
+		return 0, err
+	}
+	return a.changedAt, nil
+}
+
 // putAccount records that the Ledger changed the customer's account a
 // (returned by account): the AccountCache is told, else a is written.
 //
@@ -698,6 +708,70 @@ func (l *Ledger) Record(st Store, customer string, ev Event, d Decision) error {
 			raiseExpiries(uses, d.Plan)
 		}
 		a.uses = uses
+	}
+	l.putAccount(st, customer, a)
+	return nil
+}
+
+// AppendCharge appends to b what Record records for the accepted decision
+// d of an event (the units of its meter, what each grant paid, the
+// overdraft), for Refund; it returns b unchanged when Record records
+// nothing.
+func (d *Decision) AppendCharge(b []byte) []byte {
+	if d.Outcome != Accepted || d.Units == 0 && d.Overdraft == 0 && len(d.Draws) == 0 {
+		return b
+	}
+	e := &enc{b: append(b, stateFormat)}
+	e.int(d.Units)
+	e.int(d.Overdraft)
+	e.count(len(d.Draws))
+	for _, dr := range d.Draws {
+		e.str(dr.Grant)
+		e.int(dr.Amount)
+	}
+	return e.b
+}
+
+// Refund takes back, from the customer's account, the charge that Record
+// recorded for the event (charge: Decision.AppendCharge), for a stage that
+// accepted and charged an event and then could not count it (DESIGN §12:
+// a rejected event consumes nothing). What the account no longer holds (a
+// period or a grant pruned since) stays as it is, and nothing goes below
+// zero. The error is the Store's, or a charge that does not decode.
+func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) error {
+	d := newDec("charge", charge)
+	units, overdraft := d.int(), d.int()
+	n := d.count(maxGrantUses)
+	draws := make([]Draw, 0, n)
+	for i := 0; i < n && d.err == nil; i++ {
+		dr := Draw{Grant: d.str(), Amount: d.int()}
+		if dr.Amount < 0 {
+			d.fail("charge: negative draw")
+		}
+		draws = append(draws, dr)
+	}
+	if units < 0 || overdraft < 0 {
+		d.fail("charge: negative units or overdraft")
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	a, err := l.account(st, customer)
+	if err != nil {
+		return err
+	}
+	start, _ := l.period(ev.EventTime)
+	if p := a.period(start); p != nil {
+		if u := p.units(ev.Meter); u > 0 && units > 0 {
+			p.add(ev.Meter, -min(units, u))
+		}
+		p.overdrawn -= min(overdraft, p.overdrawn)
+	}
+	for _, dr := range draws {
+		i := sort.Search(len(a.uses), func(i int) bool { return a.uses[i].id >= dr.Grant })
+		if i < len(a.uses) && a.uses[i].id == dr.Grant {
+			a.uses[i].consumed -= min(dr.Amount, a.uses[i].consumed)
+		}
 	}
 	l.putAccount(st, customer, a)
 	return nil
