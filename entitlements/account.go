@@ -8,7 +8,8 @@ import (
 // Account is a customer's mutable ledger state, kept under one state key
 // (Ledger: 'A' C), so that a transaction that changes a customer writes
 // one record for it whatever it changed: what each grant paid (and its
-// latest expiry), and for each period an event can still belong to, the
+// latest expiry; a grant a version of the customer's offered has an entry
+// before it pays), and for each period an event can still belong to, the
 // accepted units of each meter and what the customer overdrew. A period
 // appears once it has usage: accepted units of a SUM or COUNT meter.
 //

@@ -420,9 +420,11 @@ func TestPassesCap(t *testing.T) {
 // and a version of the customer's own read before the draw that a later
 // one replaced. Records are applied and pruned as the aggregator does:
 // after each record, PruneCustomer (a customer's) or PruneShared (the
-// default plan, the rate card) at the horizon W behind it. Each time the
-// grant is offered again, within the expiry a version seen gave it, after
-// it paid 800 of its 1,000: 500 more are refused.
+// default plan, the rate card) at the horizon W behind it. A version of the
+// customer's pruned before the grant first paid counts too: the expiry it
+// gave the grant outlives it. Each time the grant is offered again, within
+// the expiry a version seen gave it, after it paid 800 of its 1,000: 500
+// more are refused.
 func TestGrantBalanceOutlivesPrunedVersions(t *testing.T) {
 	const day = 24 * hourMs
 	base := int64(1796083200000) // 2026-12-01
@@ -464,6 +466,14 @@ func TestGrantBalanceOutlivesPrunedVersions(t *testing.T) {
 			{at: base + day, draw: 800},                                            // decided by the first version
 			{at: base + 110*day, key: acme, m: withGrant("acme", 0, 0)},            // PruneCustomer prunes the first three
 			{at: base + 111*day, key: acme, m: withGrant("acme", 0, base+200*day)}, // offered again
+		}},
+		{"own version pruned before the first draw", []step{
+			{at: base, key: acme, m: withGrant("acme", 0, base+200*day)},           // the longest offer
+			{at: base + day, key: acme, m: withGrant("acme", 0, base+50*day)},      // shortened
+			{at: base + 40*day, key: acme, m: withGrant("acme", 0, base+50*day)},   // PruneCustomer prunes the first two: nothing paid yet
+			{at: base + 41*day, draw: 800},                                         // decided by the third
+			{at: base + 121*day, key: acme, m: withGrant("acme", 0, 0)},            // PruneCustomer: 50 days + 2W behind
+			{at: base + 122*day, key: acme, m: withGrant("acme", 0, base+200*day)}, // offered again, within 200 days + W
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -203,8 +203,10 @@ func (l *Ledger) period(ms int64) (start, end int64) {
 //	               the default plan read, for PruneCustomer
 //	'W'            the latest broker time read from the entitlements partition
 //	'A' C          the customer's Account: what each grant has paid (and
-//	               its expiry); per period P still reachable by an event,
-//	               the accepted units of each meter and the overdraft
+//	               its expiry; every grant a version of the customer's
+//	               offered, paid or not); per period P still reachable
+//	               by an event, the accepted units of each meter and the
+//	               overdraft
 //	'P' P C        the customer's Account has usage in P (an index: a
 //	               value of one byte), for CustomersWithUsage and
 //	               PrunePeriods
@@ -452,13 +454,16 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		switch {
 		case r.Plan == nil:
 		case r.Key.Reserved == "":
-			// A grant that paid before keeps its balance at least as long
-			// as this version can offer it.
+			// A grant keeps what it paid at least as long as this version
+			// can offer it: the entry is added now, if the grant has not
+			// paid yet, for PruneCustomer may prune this version before
+			// the grant first pays.
 			a, err := l.account(st, r.Key.Customer)
 			if err != nil {
 				return err
 			}
-			if raiseExpiries(a.uses, r.Plan) {
+			if uses, changed := mergeExpiries(a.uses, r.Plan); changed {
+				a.uses = uses
 				l.putAccount(st, r.Key.Customer, a)
 			}
 		default:
@@ -887,10 +892,10 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 // window. A grant id offered again after that is a new grant. Keys left
 // empty are deleted.
 //
-// The entries are raised first by every version of the customer's still in
-// its timeline, before they are pruned (a version read before the
-// customer's first draw from a grant, which Apply could not raise, may
-// offer it longer than the version that decided the draw), and by the
+// Apply adds an entry (nothing paid yet) for every grant a version of the
+// customer's offers, so that a version pruned before the grant first paid
+// still counts. The entries are raised first by every version of the
+// customer's still in its timeline, before they are pruned, and by the
 // default plan's grant expiries (defaultGrants: every version of the
 // default plan read, which PruneShared may have pruned since).
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {

@@ -5,7 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,46 +46,217 @@ type propEvent struct {
 }
 
 // scenario is one generated run: entitlements records in read order
-// (broker times increasing) and events in processing order.
+// (broker times mostly rising, sometimes stepping back) and events in
+// processing order.
 type scenario struct {
 	window  time.Duration
 	period  func(int64) (int64, int64)
 	records []propEntRecord
 	events  []propEvent
+	// What the scenario exercises, for the test's log and its check that
+	// the generator still does: records whose broker time is not after
+	// the latest one read before them (a clock that stepped back, or the
+	// same millisecond), of them those that count as read in the
+	// millisecond of an event's arrival, and grant ids offered again by a
+	// later version.
+	stepBacks, stepBacksAtArrival, reoffers int
 }
 
-const hourMs = int64(time.Hour / time.Millisecond)
+const (
+	hourMs = int64(time.Hour / time.Millisecond)
+	dayMs  = 24 * hourMs
+)
 
+var propCustomers = []string{"acme", "globex", "initech", "umbrella"}
+
+// genScenario generates a scenario: a dedup window W of 10, 3 or 1 days,
+// monthly or daily billing periods, four customers over 60 days.
+//
+// Events: arrivals mostly rising, some behind (another source's
+// watermark, a re-routed event as far back as W behind the latest arrival
+// before it, which is what the aggregator's prune horizon, its watermark
+// less W, allows); event times from just inside W before the arrival to
+// an hour after it.
+//
+// Records: customers' records, the default plan, rate cards and ticks,
+// their broker times mostly rising; some step back behind what was read
+// (a broker clock that stepped back; the records after them continue
+// from there), some to the very millisecond read last, some land in the
+// millisecond of an event's arrival. Customers' records come from five
+// days before the first event, some scheduled (effective_from ahead), so
+// that versions are read before a customer's first draw. Grant ids are
+// offered again by later versions of the customer's record and of the
+// default plan, with the same window, or extended, shortened or moved, and
+// other amounts and priorities.
+//
+// The reference keeps what a grant paid by its id forever: it does not
+// model "an id offered again after the latest expiry any record gave it
+// has been past for W is a new grant" (docs/entitlements.md). So an id is
+// offered again only while the latest expiry any record gave it, to each
+// customer it reaches, is less than 2W behind the time the record counts
+// as read: the Ledger, pruning at its watermark less W (as the aggregator
+// does, the watermark behind what the entitlements partition was read
+// to), may drop what the grant paid only once no future event's
+// event_time can be before that latest expiry, that is when it is more
+// than 2W behind. Otherwise a fresh id takes its place.
 func genScenario(seed uint64) scenario {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	base := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
-	sc := scenario{window: 10 * 24 * time.Hour, period: monthBounds}
+	sc := scenario{window: []time.Duration{10, 3, 1}[r.IntN(3)] * 24 * time.Hour, period: monthBounds}
 	if r.IntN(2) == 0 {
 		sc.period = dayBounds
 	}
 	w := sc.window.Milliseconds()
-	span := 60 * 24 * hourMs
-	customers := []string{"acme", "globex", "initech", "umbrella"}
+	span := 60 * dayMs
+	customers := propCustomers
 	at := func() int64 { return base + r.Int64N(span) } // a time in the run
-	// A grant id keeps its window across records (amounts and
-	// priorities change): an id reused with a new window after its old
-	// one passed is a new grant, which the reference does not model.
-	grantIDs := []string{"promo", "welcome", "topup-1", "topup-2", "annual"}
-	windows := map[string][2]int64{}
-	for _, id := range grantIDs {
-		var w [2]int64
-		if r.IntN(2) == 0 {
-			w[0] = at()
+
+	// Events, in processing order.
+	nev := 300 + r.IntN(500)
+	hi := base // the latest arrival so far
+	var arrivals, his []int64
+	for i := 0; i < nev; i++ {
+		hi += r.Int64N(2 * span / int64(nev)) // 0: the same millisecond
+		a := hi
+		switch k := r.IntN(40); {
+		case k < 4:
+			a -= r.Int64N(min(3*dayMs, w)) // behind another source's watermark
+		case k == 4:
+			a -= w // re-routed: at the prune horizon exactly
+		case k == 5:
+			a -= r.Int64N(w) // re-routed
 		}
-		if r.IntN(2) == 0 {
-			w[1] = max(w[0], base) + 1 + r.Int64N(span)
+		et := a - r.Int64N(hourMs)
+		switch r.IntN(8) {
+		case 0, 1:
+			et = a - w + 1 + r.Int64N(w-1) // late, as late as dedup allows
+		case 2:
+			et = a - w + 1 // the earliest dedup accepts
+		case 3:
+			et = a + r.Int64N(hourMs) // future skew
 		}
-		windows[id] = w
+		m := propMeters[r.IntN(len(propMeters))]
+		q := r.Int64N(40)
+		if r.IntN(200) == 0 {
+			q = math.MaxInt64 - r.Int64N(10) // overflow
+		}
+		sc.events = append(sc.events, propEvent{customer: customers[r.IntN(len(customers))],
+			ev: Event{Meter: m.name, Aggregation: m.agg, Quantity: q, EventTime: et, Arrival: a}})
+		arrivals, his = append(arrivals, a), append(his, hi)
+	}
+	sort.Slice(arrivals, func(i, j int) bool { return arrivals[i] < arrivals[j] })
+
+	// Grants. lastWin: the window an id was last offered with; latest:
+	// by id and offeree (a customer, "" the default plan), the latest
+	// expiry a valid record offered it with (math.MaxInt64: never).
+	grantIDs := []string{"promo", "welcome", "annual"}
+	type window struct{ from, exp int64 }
+	lastWin := map[string]window{}
+	latest := map[string]map[string]int64{}
+	fresh := 0
+	// reofferable: the id offered by offeree's record read at readAt is
+	// the same grant, for every customer it reaches (see above).
+	reofferable := func(id, offeree string, readAt int64) bool {
+		reach := []string{offeree}
+		if offeree == "" {
+			reach = customers
+		}
+		for _, c := range reach {
+			e, own := latest[id][c]
+			d, def := latest[id][""]
+			if (own || def) && max(e, d) <= readAt-2*w {
+				return false
+			}
+		}
+		return true
+	}
+	genGrant := func(id string) schemas.Grant {
+		g := schemas.Grant{ID: id, Amount: 1 + r.Int64N(200_000), Priority: int32(r.IntN(3))}
+		lw, seen := lastWin[id]
+		switch k := r.IntN(6); {
+		case !seen || k == 0: // a window of its own
+			if r.IntN(2) == 0 {
+				g.EffectiveFrom = at()
+			}
+			if r.IntN(4) != 0 {
+				g.ExpiresAt = max(g.EffectiveFrom, base) + 1 + r.Int64N(span)
+			}
+		case k == 1: // the same window
+			g.EffectiveFrom, g.ExpiresAt = lw.from, lw.exp
+		case k == 2: // the same window, a small amount (less than it paid)
+			g.EffectiveFrom, g.ExpiresAt = lw.from, lw.exp
+			g.Amount = 1 + r.Int64N(2000)
+		case k == 3: // extended, maybe to never
+			g.EffectiveFrom = lw.from
+			if lw.exp != 0 && r.IntN(4) != 0 {
+				g.ExpiresAt = lw.exp + 1 + r.Int64N(20*dayMs)
+			}
+		case k == 4: // shortened
+			g.EffectiveFrom = lw.from
+			lo, end := max(lw.from, base-10*dayMs), lw.exp
+			if end == 0 {
+				end = base + span
+			}
+			g.ExpiresAt = lo + 1 + r.Int64N(max(1, end-lo-1))
+		default: // moved
+			d := r.Int64N(20*dayMs) - 10*dayMs
+			if lw.from != 0 {
+				g.EffectiveFrom = max(0, lw.from+d)
+			}
+			if lw.exp != 0 {
+				g.ExpiresAt = max(g.EffectiveFrom+1, lw.exp+d)
+			}
+		}
+		if r.IntN(6) == 0 {
+			// Expiring at the edge of what pruning keeps when the
+			// watermark is at the latest arrival: the earliest event
+			// time of an event still to come is 2W less 1 ms behind it.
+			if x := his[r.IntN(len(his))] - 2*w + r.Int64N(3); x > g.EffectiveFrom {
+				g.ExpiresAt = x
+			}
+		}
+		return g
+	}
+	// genGrants: the grants of a record of offeree read at readAt.
+	genGrants := func(offeree string, readAt int64) []schemas.Grant {
+		gs := []schemas.Grant{}
+		for k, id := range grantIDs {
+			if r.IntN(2) != 0 {
+				continue
+			}
+			if !reofferable(id, offeree, readAt) {
+				fresh++
+				id = fmt.Sprintf("%s~%d", strings.Split(id, "~")[0], fresh)
+				grantIDs[k] = id
+			}
+			g := genGrant(id)
+			if _, seen := lastWin[id]; seen {
+				sc.reoffers++
+			}
+			gs = append(gs, g)
+		}
+		return gs
+	}
+	// offered records the grants of a valid record.
+	offered := func(offeree string, gs []schemas.Grant) {
+		for _, g := range gs {
+			lastWin[g.ID] = window{g.EffectiveFrom, g.ExpiresAt}
+			if latest[g.ID] == nil {
+				latest[g.ID] = map[string]int64{}
+			}
+			x := g.ExpiresAt
+			if x == 0 {
+				x = math.MaxInt64
+			}
+			if e, ok := latest[g.ID][offeree]; !ok || x > e {
+				latest[g.ID][offeree] = x
+			}
+		}
 	}
 
-	genPlan := func(customer string) *schemas.Entitlements {
+	genPlan := func(customer string, readAt int64) *schemas.Entitlements {
 		e := &schemas.Entitlements{CustomerID: customer, Plan: []string{"free", "pro", "team"}[r.IntN(3)],
-			Unmetered: r.IntN(12) == 0, Caps: []schemas.Cap{}, Grants: []schemas.Grant{},
+			Unmetered: r.IntN(12) == 0, Caps: []schemas.Cap{}, Grants: genGrants(customer, readAt),
 			Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 		for _, m := range propMeters {
 			if r.IntN(2) == 0 {
@@ -98,14 +271,6 @@ func genScenario(seed uint64) scenario {
 				e.Caps = append(e.Caps, schemas.Cap{Meter: m.name, Limit: lim, OnLimit: on})
 			}
 		}
-		for _, id := range grantIDs {
-			if r.IntN(3) != 0 {
-				continue
-			}
-			g := schemas.Grant{ID: id, Amount: 1 + r.Int64N(200_000), Priority: int32(r.IntN(3)),
-				EffectiveFrom: windows[id][0], ExpiresAt: windows[id][1]}
-			e.Grants = append(e.Grants, g)
-		}
 		switch r.IntN(3) {
 		case 0:
 			e.Overdraft.Policy = schemas.OverdraftDeny
@@ -119,7 +284,7 @@ func genScenario(seed uint64) scenario {
 		n := 1 + r.IntN(4)
 		var effs []int64
 		for i := 0; i < n; i++ {
-			effs = append(effs, base-30*24*hourMs+r.Int64N(span+30*24*hourMs))
+			effs = append(effs, base-30*dayMs+r.Int64N(span+30*dayMs))
 		}
 		sort.Slice(effs, func(i, j int) bool { return effs[i] < effs[j] })
 		for i, eff := range effs {
@@ -142,30 +307,67 @@ func genScenario(seed uint64) scenario {
 		return c
 	}
 
-	// Entitlements records, broker times increasing (LogAppendTime).
-	ts := base - 5*24*hourMs
-	nrec := 20 + r.IntN(40)
+	// Entitlements records, in read order.
+	clock := base - 5*dayMs // the broker's clock
+	var readTo int64        // the latest broker time of the records so far
+	nrec := 30 + r.IntN(50)
+	lastCustomer := ""
 	for i := 0; i < nrec; i++ {
-		ts += 1 + r.Int64N(span/int64(nrec))
+		// Sometimes a customer's record is written again soon after
+		// (a correction: a grant's window changed before it paid).
+		again := lastCustomer != "" && r.IntN(3) == 0
+		if again {
+			clock += r.Int64N(dayMs)
+		} else {
+			clock += 1 + r.Int64N(span/int64(nrec))
+		}
+		switch k := r.IntN(12); {
+		case k < 2 && readTo > 0:
+			// The broker's clock stepped back behind what was read
+			// (maybe to the very millisecond read last), and goes on
+			// from there.
+			clock = readTo - r.Int64N(2)*r.Int64N(2*dayMs)
+		case k < 4:
+			// In the millisecond of an event's arrival.
+			if j := sort.Search(len(arrivals), func(j int) bool { return arrivals[j] >= clock }); j < len(arrivals) {
+				clock = arrivals[j]
+			}
+		}
+		ts := clock
+		if ts <= readTo {
+			sc.stepBacks++
+			if j := sort.Search(len(arrivals), func(j int) bool { return arrivals[j] >= readTo }); j < len(arrivals) && arrivals[j] == readTo {
+				sc.stepBacksAtArrival++
+			}
+		}
+		readTo = max(readTo, ts)
 		rec := propEntRecord{written: ts, valid: true}
+		prev := lastCustomer
+		lastCustomer = ""
 		switch k := r.IntN(10); {
-		case k < 6: // a customer
+		case k < 6 || again: // a customer
 			c := customers[r.IntN(len(customers))]
+			if again {
+				c = prev
+			}
+			lastCustomer = c
 			rec.key = schemas.CustomerKey(c)
 			rec.ref = entref.Record{Key: c, Written: ts}
 			if r.IntN(6) == 0 {
 				break // tombstone
 			}
-			e := genPlan(c)
+			e := genPlan(c, readTo)
 			switch r.IntN(3) {
 			case 0:
-				e.EffectiveFrom = ts - r.Int64N(10*24*hourMs) // in the past: raised
+				e.EffectiveFrom = ts - r.Int64N(10*dayMs) // in the past: raised
 			case 1:
-				e.EffectiveFrom = ts + r.Int64N(15*24*hourMs) // scheduled
+				e.EffectiveFrom = ts + r.Int64N(15*dayMs) // scheduled
 			}
 			if r.IntN(15) == 0 {
 				e.Caps = append(e.Caps, schemas.Cap{Meter: "zzz", Limit: 0, OnLimit: schemas.OnLimitReject}) // invalid
 				rec.valid = false
+			} else {
+				offered(c, e.Grants)
 			}
 			rec.value, _ = schemas.Encode(e)
 			rec.ref.Ent = e
@@ -175,10 +377,11 @@ func genScenario(seed uint64) scenario {
 			if r.IntN(8) == 0 {
 				break
 			}
-			e := genPlan("")
+			e := genPlan("", readTo)
 			if r.IntN(2) == 0 {
-				e.EffectiveFrom = ts + r.Int64N(5*24*hourMs)
+				e.EffectiveFrom = ts + r.Int64N(5*dayMs)
 			}
+			offered("", e.Grants)
 			rec.value, _ = schemas.Encode(e)
 			rec.ref.Ent = e
 		case k < 9:
@@ -193,63 +396,54 @@ func genScenario(seed uint64) scenario {
 		default:
 			rec.key = []byte(schemas.TickKey)
 			rec.value, _ = schemas.Encode(&schemas.Tick{InstanceID: "a"})
-			rec.valid = false // nothing for the reference
+			rec.valid = false // nothing for the reference but its time
 		}
 		sc.records = append(sc.records, rec)
-	}
-
-	// Events: arrivals mostly increasing, some processed out of arrival
-	// order (re-routed, or behind another source's watermark); event
-	// times up to W before arrival (late) and up to 1h after (skew).
-	nev := 300 + r.IntN(500)
-	arrival := base
-	for i := 0; i < nev; i++ {
-		arrival += r.Int64N(2 * span / int64(nev))
-		a := arrival
-		if r.IntN(10) == 0 {
-			a -= r.Int64N(3 * 24 * hourMs)
-		}
-		et := a - r.Int64N(hourMs)
-		switch r.IntN(6) {
-		case 0:
-			et = a - w + 1 + r.Int64N(w-1) // late, as late as dedup allows
-		case 1:
-			et = a + r.Int64N(hourMs) // future skew
-		}
-		m := propMeters[r.IntN(len(propMeters))]
-		q := r.Int64N(40)
-		if r.IntN(200) == 0 {
-			q = math.MaxInt64 - r.Int64N(10) // overflow
-		}
-		sc.events = append(sc.events, propEvent{customer: customers[r.IntN(len(customers))],
-			ev: Event{Meter: m.name, Aggregation: m.agg, Quantity: q, EventTime: et, Arrival: a}})
 	}
 	return sc
 }
 
-// TestLedgerMatchesReference runs generated scenarios through the Ledger,
-// its state a byte map re-read on every call (as Pebble would hold it),
-// with random lookahead in the entitlements partition, pruning at the
-// horizon of the events still to come, and aborted transactions replayed,
-// and compares every decision and the final balances with the reference
-// model to the micro-credit.
+// TestLedgerMatchesReference runs generated scenarios (genScenario)
+// through the Ledger, its state a byte map re-read on every call (as
+// Pebble would hold it), and compares every decision, and balances at
+// random points and at the end, with the reference model to the
+// micro-credit. The reference reads every record up front and never
+// prunes; the Ledger reads the entitlements partition as the aggregator's
+// gate does (past each event's arrival before deciding it, sometimes
+// further), prunes as the aggregator does (PruneCustomer after a
+// customer's record, PruneShared after a default plan or rate card, at its
+// watermark less W) and at random points between events (PruneShared,
+// PruneCustomer, PrunePeriods in chunks across transactions), and replays
+// aborted transactions. After each PruneCustomer and at random points, what
+// each grant paid a customer must still be the reference's while a record
+// read offered the grant until after the earliest event time an event
+// still to come can have (PruneCustomer's contract): a grant offered again
+// must not pay twice, even when no event shows it.
 func TestLedgerMatchesReference(t *testing.T) {
-	seeds := 60
+	seeds := 300
 	if testing.Short() {
-		seeds = 20
+		seeds = 40
 	}
-	var decided, rejected, pruned int
+	var decided, rejected, pruned, balances, paidChecks, stepBacks, atArrival, reoffers int
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+		sc := genScenario(seed)
+		stepBacks, atArrival, reoffers = stepBacks+sc.stepBacks, atArrival+sc.stepBacksAtArrival, reoffers+sc.reoffers
 		for _, cached := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%d/cached=%v", seed, cached), func(t *testing.T) {
-				d, rj, pr := runScenario(t, seed, cached)
-				decided, rejected, pruned = decided+d, rejected+rj, pruned+pr
+				s := runScenario(t, seed, cached)
+				decided, rejected, pruned, balances = decided+s.decided, rejected+s.rejected, pruned+s.pruned, balances+s.balances
+				paidChecks += s.paidChecks
 			})
 		}
 	}
-	t.Logf("%d events decided (%d rejected), %d state keys pruned, over %d seeds", decided, rejected, pruned, seeds)
+	t.Logf("%d events decided (%d rejected), %d balances and %d times what grants paid compared, %d state keys pruned, %d records stepped back (%d to an event's arrival), %d grants offered again, over %d seeds",
+		decided, rejected, balances, paidChecks, pruned, stepBacks, atArrival, reoffers, seeds)
 	if rejected == 0 || rejected == decided {
 		t.Fatalf("the scenarios do not exercise both outcomes (%d of %d rejected)", rejected, decided)
+	}
+	if pruned == 0 || stepBacks == 0 || atArrival == 0 || reoffers == 0 {
+		t.Fatalf("the scenarios do not exercise pruning (%d keys), stepped-back records (%d, %d at an arrival) or grants offered again (%d)",
+			pruned, stepBacks, atArrival, reoffers)
 	}
 }
 
@@ -262,10 +456,12 @@ func refDraws(ds []Draw) []entref.Draw {
 	return out
 }
 
+type runStats struct{ decided, rejected, pruned, balances, paidChecks int }
+
 // runScenario runs one scenario; cached: through an AccountCache that the
 // Ledger changes in place, written at random commit points (as the
 // aggregator's transactions do) and dropped with an aborted transaction.
-func runScenario(t *testing.T, seed uint64, cached bool) (decided, rejected, pruned int) {
+func runScenario(t *testing.T, seed uint64, cached bool) (s runStats) {
 	sc := genScenario(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
 	l, err := New(Config{Prefix: []byte("e"), Window: sc.window, Period: sc.period})
@@ -286,39 +482,126 @@ func runScenario(t *testing.T, seed uint64, cached bool) (decided, rejected, pru
 	} else {
 		st = newMemStore()
 	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The reference reads every record now: what it decides depends on
+	// the records in effect at an event's arrival, never on how far the
+	// partition had been read when the event was decided.
 	ref := entref.New(sc.period)
-	next := 0 // next record to read
-	read := func(upTo int64) {
-		for next < len(sc.records) && sc.records[next].written <= upTo {
-			pr := sc.records[next]
-			next++
-			rec, err := ParseRecord(pr.key, pr.value, pr.written)
-			if err != nil {
-				if pr.valid {
-					t.Fatalf("record %d: %v", next-1, err)
-				}
-				if err := l.Advance(st, pr.written); err != nil {
-					t.Fatal(err)
-				}
+	for _, pr := range sc.records {
+		if pr.valid {
+			ref.Add(pr.ref)
+		} else {
+			ref.Read(pr.written)
+		}
+	}
+	w := sc.window.Milliseconds()
+	// The stage's watermark: rising, never past the latest arrival
+	// decided. Every event still to come arrives at or after it less W
+	// (genScenario), the aggregator's prune horizon.
+	var wm, latestArrival int64
+	horizon := func() int64 { return wm - w }
+	pruned := int64(math.MinInt64 / 2) // the latest horizon pruned at
+	next := 0                          // next record to read
+	var keptPaid func()
+	readOne := func() {
+		pr := sc.records[next]
+		next++
+		rec, err := ParseRecord(pr.key, pr.value, pr.written)
+		if err != nil {
+			if pr.valid {
+				t.Fatalf("record %d: %v", next-1, err)
+			}
+			must(l.Advance(st, pr.written))
+			return
+		}
+		if err := l.Apply(st, rec); err != nil {
+			t.Fatalf("apply record %d: %v", next-1, err)
+		}
+		// As the aggregator prunes after a record it applied.
+		switch {
+		case rec.IsTick():
+		case rec.Key.Reserved == "":
+			pruned = max(pruned, horizon())
+			must(l.PruneCustomer(st, rec.Key.Customer, horizon()))
+			keptPaid()
+		default:
+			pruned = max(pruned, horizon())
+			must(l.PruneShared(st, horizon()))
+		}
+	}
+	balance := func(c string, at int64) {
+		t.Helper()
+		got, err := l.Balance(st, c, at, 9)
+		must(err)
+		if want := ref.Balance(c, at, 9); !reflect.DeepEqual(got, want) {
+			t.Fatalf("balance of %s at %d (horizon %d):\n ledger    %+v\n reference %+v", c, at, horizon(), got, want)
+		}
+		s.balances++
+	}
+	// What each grant paid is kept while a version read could offer it
+	// to an event still to come (PruneCustomer): while the latest expiry
+	// any record read (the customer's, the default plan's) gave it is
+	// after the earliest event time such an event can have (dedup: more
+	// than W before its arrival, at or after the horizon).
+	keptPaid = func() {
+		t.Helper()
+		latest := map[[2]string]int64{} // key (a customer, schemas.DefaultPlanKey), id
+		for _, pr := range sc.records[:next] {
+			if !pr.valid || pr.ref.Ent == nil {
 				continue
 			}
-			if err := l.Apply(st, rec); err != nil {
-				t.Fatalf("apply record %d: %v", next-1, err)
-			}
-			if pr.valid {
-				ref.Add(pr.ref)
+			for _, g := range pr.ref.Ent.Grants {
+				x := g.ExpiresAt
+				if x == 0 {
+					x = math.MaxInt64
+				}
+				k := [2]string{pr.ref.Key, g.ID}
+				latest[k] = max(latest[k], x)
 			}
 		}
+		var ids []string
+		for k := range latest {
+			ids = append(ids, k[1])
+		}
+		sort.Strings(ids)
+		ids = slices.Compact(ids)
+		for _, c := range propCustomers {
+			a, err := l.account(st, c)
+			must(err)
+			for _, id := range ids {
+				x := max(latest[[2]string{c, id}], latest[[2]string{schemas.DefaultPlanKey, id}])
+				if got, want := consumedOf(a.uses, id), ref.Paid(c, id); x > pruned-w+1 && got != want {
+					t.Fatalf("%s's grant %s, offered until %d, horizon %d: paid %d, the reference %d", c, id, x, pruned, got, want)
+				}
+			}
+		}
+		s.paidChecks++
 	}
 	outcomes := map[Outcome]int{}
 	for i := 0; i < len(sc.events); i++ {
 		pe := sc.events[i]
-		// The stage decides an event only once it has read its
-		// entitlements partition up to the event's arrival; it may
+		if pe.ev.Arrival < horizon() {
+			t.Fatalf("event %d arrived at %d, before the prune horizon %d", i, pe.ev.Arrival, horizon())
+		}
+		// The gate: the stage decides an event only once it has read
+		// its entitlements partition past the event's arrival (every
+		// record read later then applies from a later time); it may
 		// have read further.
-		read(pe.ev.Arrival + r.Int64N(3)*r.Int64N(2*24*hourMs))
-		if got, _ := l.ReadTo(st); next < len(sc.records) && got < pe.ev.Arrival && sc.records[next].written <= pe.ev.Arrival {
-			t.Fatalf("event %d decided before the records up to its arrival were read", i)
+		for next < len(sc.records) {
+			rt, err := l.ReadTo(st)
+			must(err)
+			if rt > pe.ev.Arrival {
+				break
+			}
+			readOne()
+		}
+		for ahead := pe.ev.Arrival + r.Int64N(3)*r.Int64N(2*dayMs); next < len(sc.records) && sc.records[next].written <= ahead; {
+			readOne()
 		}
 		if r.IntN(25) == 0 {
 			// A transaction decides a few events and aborts: its
@@ -335,9 +618,7 @@ func runScenario(t *testing.T, seed uint64, cached bool) (decided, rejected, pru
 			st.restore(snap)
 		}
 		got, err := l.Decide(st, pe.customer, pe.ev)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(err)
 		want := ref.Decide(pe.customer, entref.Event(pe.ev))
 		gotMoney := entref.Decision{Outcome: got.Outcome.String(), Units: got.Units, Cost: got.Cost, Draws: refDraws(got.Draws),
 			Overdraft: got.Overdraft, OverCap: got.OverCap}
@@ -345,55 +626,68 @@ func runScenario(t *testing.T, seed uint64, cached bool) (decided, rejected, pru
 			gotMoney = entref.Decision{Outcome: got.Outcome.String()}
 		}
 		if !reflect.DeepEqual(gotMoney, want) {
-			t.Fatalf("event %d %+v of %s:\n ledger    %+v (%s)\n reference %+v\n plan %+v",
-				i, pe.ev, pe.customer, gotMoney, got.Detail, want, ref.PlanAt(pe.customer, pe.ev.Arrival))
+			t.Fatalf("event %d %+v of %s (horizon %d):\n ledger    %+v (%s)\n reference %+v\n plan %+v",
+				i, pe.ev, pe.customer, horizon(), gotMoney, got.Detail, want, ref.PlanAt(pe.customer, pe.ev.Arrival))
 		}
 		outcomes[got.Outcome]++
 		if got.Outcome != Accepted {
-			rejected++
+			s.rejected++
 		}
-		decided++
-		if r.IntN(40) == 0 {
-			// Prune at the horizon of what is still to come.
-			h := sc.events[len(sc.events)-1].ev.Arrival // the balances at the end
-			for _, e := range sc.events[i+1:] {
-				h = min(h, e.ev.Arrival)
-			}
+		s.decided++
+		latestArrival = max(latestArrival, pe.ev.Arrival)
+		if r.IntN(3) != 0 {
+			wm = max(wm, latestArrival-r.Int64N(2)*r.Int64N(hourMs))
+		}
+		if r.IntN(15) == 0 {
+			// Prune at a random point: what the aggregator does at a
+			// period start, and more.
 			commit()
 			before := st.keys()
-			if err := l.PruneShared(st, h); err != nil {
-				t.Fatal(err)
+			pruned = max(pruned, horizon())
+			if r.IntN(2) == 0 {
+				must(l.PruneShared(st, horizon()))
 			}
-			for _, c := range []string{"acme", "globex", "initech", "umbrella"} {
-				if err := l.PruneCustomer(st, c, h); err != nil {
-					t.Fatal(err)
+			for _, c := range propCustomers {
+				if r.IntN(2) == 0 {
+					must(l.PruneCustomer(st, c, horizon()))
 				}
 			}
-			for more := true; more; {
-				if more, err = l.PrunePeriods(st, h, 3); err != nil {
+			for more, n := true, 1+r.IntN(3); more; {
+				if more, err = l.PrunePeriods(st, horizon(), n); err != nil {
 					t.Fatal(err)
+				}
+				if r.IntN(2) == 0 {
+					commit()
 				}
 			}
 			commit()
-			pruned += max(0, before-st.keys())
+			s.pruned += max(0, before-st.keys())
+			keptPaid()
+		}
+		if r.IntN(10) == 0 {
+			keptPaid()
+		}
+		if r.IntN(20) == 0 {
+			// A balance as of the latest arrival decided: every
+			// record that applies then has been read.
+			balance(propCustomers[r.IntN(len(propCustomers))], latestArrival)
 		}
 		if r.IntN(7) == 0 {
 			commit()
 		}
 	}
-	// Balances as of the end, for every customer.
-	end := sc.events[len(sc.events)-1].ev.Arrival
-	read(end)
-	for _, c := range []string{"acme", "globex", "initech", "umbrella"} {
-		got, err := l.Balance(st, c, end, 9)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := ref.Balance(c, end, 9); !reflect.DeepEqual(got, want) {
-			t.Fatalf("balance of %s:\n ledger    %+v\n reference %+v", c, got, want)
-		}
+	// Balances as of the end, for every customer, and as of the time the
+	// partition was read to, once every record is read.
+	for next < len(sc.records) {
+		readOne()
+	}
+	rt, err := l.ReadTo(st)
+	must(err)
+	for _, c := range propCustomers {
+		balance(c, latestArrival)
+		balance(c, max(latestArrival, rt))
 	}
 	commit()
 	t.Logf("seed %d: %v; state %d keys, %d bytes", seed, outcomes, st.keys(), st.bytes())
-	return decided, rejected, pruned
+	return s
 }

@@ -24,6 +24,7 @@ type Model struct {
 	usage     map[refUsage]int64
 	consumed  map[[2]string]int64 // customer, grant
 	overdrawn map[refPeriod]int64
+	readTo    int64 // the latest broker time read (Add, Read)
 }
 
 // Record is a valid record of usage.entitlements (the reference never sees
@@ -33,6 +34,10 @@ type Record struct {
 	Written int64                 // broker time
 	Ent     *schemas.Entitlements // customer or default plan; nil: tombstone
 	Card    *schemas.RateCard     // rate card; nil: tombstone
+
+	// at is when the record counts as read (Add): its broker time, or the
+	// latest one read before it if that is later.
+	at int64
 }
 
 // Event is what a decision needs of an event.
@@ -51,6 +56,13 @@ const (
 	NoCredit  = schemas.ReasonNoCredit
 	Invalid   = schemas.ReasonInvalid
 )
+
+// Paid returns what a customer's grant id has paid so far. The model keeps
+// it by the id forever: it does not model an id offered again after the
+// latest expiry any record gave it has been past for W, which is a new
+// grant (docs/entitlements.md); a test that offers one must not compare
+// what it pays.
+func (m *Model) Paid(customer, grant string) int64 { return m.consumed[[2]string{customer, grant}] }
 
 // Draw is what one grant paid for an event, in micro-credits.
 type Draw struct {
@@ -74,16 +86,27 @@ func New(period func(int64) (int64, int64)) *Model {
 		overdrawn: map[refPeriod]int64{}}
 }
 
-// Add reads a record.
-func (m *Model) Add(r Record) { m.records = append(m.records, r) }
+// Add reads a record. A broker time behind one read before it, by Add or
+// Read (a broker clock that stepped back), counts as the latest one read:
+// the record applies from then on, never before.
+func (m *Model) Add(r Record) {
+	m.Read(r.Written)
+	r.at = m.readTo
+	m.records = append(m.records, r)
+}
+
+// Read reads a record of the partition that changes no entitlements (a
+// tick, a record the stage refuses): only its broker time counts, for the
+// records read after it.
+func (m *Model) Read(written int64) { m.readTo = max(m.readTo, written) }
 
 // effective is when a record starts to apply: its effective_from, never
-// before its broker time.
+// before it was read (at).
 func (r Record) effective() int64 {
-	if r.Ent != nil && r.Ent.EffectiveFrom > r.Written {
+	if r.Ent != nil && r.Ent.EffectiveFrom > r.at {
 		return r.Ent.EffectiveFrom
 	}
-	return r.Written
+	return r.at
 }
 
 // entAt: the most recently read record of key whose effective time is at
@@ -113,7 +136,7 @@ func (m *Model) rate(arrival, eventTime int64, meter string) (schemas.Rate, bool
 	at := min(arrival, eventTime)
 	var card *schemas.RateCard
 	for _, r := range m.records {
-		if r.Key == schemas.RateCardKey && r.Written <= at {
+		if r.Key == schemas.RateCardKey && r.at <= at {
 			card = r.Card
 		}
 	}
