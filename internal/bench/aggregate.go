@@ -56,8 +56,8 @@ func (c *AggregateConfig) event(i int, now time.Time) *schemas.DedupedEvent {
 // passthroughs, (a) copying every record and (b) also writing one
 // changelog record per event, each from the start of the same input with
 // its own group and changelog, in rotating order, all with the
-// aggregator's transaction size (aggregator.DefaultMaxBatchRecords). Each aggregator of the
-// last round stays up for a latency phase: events sent at a steady rate,
+// aggregator's transaction size (aggregator.DefaultMaxBatchRecords). After
+// the rounds, each aggregator has a latency phase: events sent at a steady rate,
 // each for a customer of its own and stamped with its send time as its
 // arrival (as dedup stamps the broker time), timed from their send to
 // their OPEN revision's visibility in usage.aggregates.
@@ -118,6 +118,11 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	if err != nil {
 		return err
 	}
+	for _, ent := range []bool{false, true} {
+		if err := b.latencyRun(ctx, ent); err != nil {
+			return err
+		}
+	}
 
 	out := env.Out
 	fmt.Fprintf(out, "input: %d records in usage.deduped (%d events, %d customers × %d meters, watermarks), %d partitions, commit interval %s; medians of %d rounds\n",
@@ -138,7 +143,7 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 		benchPlan.Plan, benchPlan.Caps[0].Limit, benchPlan.Caps[1].Limit, benchPlan.Grants[0].Amount,
 		benchRates.Versions[0].Rates[0].MicroCredits, benchRates.Versions[0].Rates[1].MicroCredits, benchRates.Versions[0].Rates[1].PerUnits,
 		b.entTick(), b.decisions, b.credits)
-	fmt.Fprintf(out, "aggregate revisions emitted (last round): without entitlements %.0f, with %.0f\n", b.revisions[0], b.revisions[1])
+	fmt.Fprintf(out, "aggregate revisions emitted (last round, the pre-filled input): without entitlements %.0f, with %.0f\n", b.revisions[0], b.revisions[1])
 	for i, name := range []string{"without entitlements", "with entitlements"} {
 		lat := b.lat[i]
 		fmt.Fprintf(out, "latency produce → OPEN revision visible in usage.aggregates, %s: p50 %s, p99 %s (%d events at %d/s)\n",
@@ -228,9 +233,10 @@ type aggregateBench struct {
 	// sent is the number of events the latency phases added to the input
 	// (after the pre-filled records).
 	sent int
-	// lat and revisions are the last round's latency phase and revisions
-	// emitted, without [0] and with [1] entitlements; decisions the last
-	// round's decisions by outcome.
+	// lat is the latency phase after the rounds and revisions the last
+	// round's revisions emitted (of the pre-filled input), without [0]
+	// and with [1] entitlements; decisions the last round's decisions by
+	// outcome.
 	lat       [2]latencies
 	revisions [2]float64
 	decisions string
@@ -286,11 +292,15 @@ func (b *aggregateBench) specs() []topics.Spec {
 			aggChangelog = s
 		}
 	}
-	for r := range b.cfg.Rounds {
-		specs = append(specs,
-			topics.Spec{Name: passChangelog(b.passA(), r), Partitions: p, Configs: map[string]string{"cleanup.policy": "compact"}},
-			topics.Spec{Name: passChangelog(b.passB(), r), Partitions: p, Configs: map[string]string{"cleanup.policy": "compact"}},
-		)
+	// The aggregators' changelogs: one per round, and one for the
+	// latency phases after them (latencyRun).
+	for r := range b.cfg.Rounds + 1 {
+		if r < b.cfg.Rounds {
+			specs = append(specs,
+				topics.Spec{Name: passChangelog(b.passA(), r), Partitions: p, Configs: map[string]string{"cleanup.policy": "compact"}},
+				topics.Spec{Name: passChangelog(b.passB(), r), Partitions: p, Configs: map[string]string{"cleanup.policy": "compact"}},
+			)
+		}
 		for _, ent := range []bool{false, true} {
 			cl := aggChangelog
 			cl.Name = b.runNames(r, ent).AggregateChangelogTopic()
@@ -368,74 +378,116 @@ func (p aggregatePass) Run(ctx context.Context, round int, _ bool) (Result, erro
 }
 
 // aggregateRun is the aggregator, with entitlements or not, from the start
-// of the input; the last round's runs the latency phase before it stops.
+// of the input. Every run stops once it is measured: the latency phases
+// come after every round (latencyRun), so that no run measures the events
+// a latency phase added to the input.
 type aggregateRun struct {
 	b   *aggregateBench
 	ent bool
 }
 
-func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result, err error) {
-	b := a.b
+// aggStage is an aggregator of the benchmark, not started.
+type aggStage struct {
+	st   *aggregator.Stage
+	reg  *prometheus.Registry
+	name string
+	// processed counts the records of usage.deduped handled: read, less
+	// those waiting in the gate; not the records of usage.entitlements.
+	processed func() int64
+}
+
+// newAgg builds the aggregator of round (its own group and changelog),
+// with entitlements or not.
+func (b *aggregateBench) newAgg(ctx context.Context, round int, ent bool) (*aggStage, error) {
 	reg := prometheus.NewRegistry()
 	group, name := fmt.Sprintf("%saggregate-r%d", b.names.Prefix, round), "aggregate"
-	names := b.runNames(round, a.ent)
-	if a.ent {
+	if ent {
 		group, name = fmt.Sprintf("%saggregate-ent-r%d", b.names.Prefix, round), "aggregate with entitlements"
 	}
-	cfg := aggregator.Config{Stream: b.streamConfig(group, "a1"), Topics: names, Meters: b.meters,
-		Entitlements: a.ent, EntitlementsTick: b.cfg.EntitlementsTick}
+	cfg := aggregator.Config{Stream: b.streamConfig(group, "a1"), Topics: b.runNames(round, ent), Meters: b.meters,
+		Entitlements: ent, EntitlementsTick: b.cfg.EntitlementsTick}
 	cfg.Stream.Registerer = reg
 	st, err := aggregator.New(ctx, cfg)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	// Records of usage.deduped handled: read, less those waiting in the
-	// gate; not the records of usage.entitlements.
-	processed := func() int64 {
+	return &aggStage{st: st, reg: reg, name: name, processed: func() int64 {
 		return int64(metricWith(reg, "meterline_stream_records_in_total", "topic", b.names.DedupedTopic()) -
 			sumMetrics(reg, "meterline_aggregate_gated_records"))
+	}}, nil
+}
+
+func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result, err error) {
+	b := a.b
+	ag, err := b.newAgg(ctx, round, a.ent)
+	if err != nil {
+		return Result{}, err
 	}
 	profile := ""
 	if a.ent {
 		profile = b.cfg.CPUProfile
 	}
 	cpu0 := processCPU()
-	elapsed, err := b.measureStage(ctx, st.Run, processed, b.input, last, profile)
+	elapsed, err := b.measureStage(ctx, ag.st.Run, ag.processed, b.input, last, profile)
+	defer func() {
+		if err2 := b.stopLive(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
+			err = err2
+		}
+	}()
 	if err != nil {
 		return Result{}, err
 	}
 	i := map[bool]int{false: 0, true: 1}[a.ent]
 	us := (processCPU() - cpu0).Seconds() * 1e6 / float64(b.input)
 	b.cpu[i] = append(b.cpu[i], us)
-	res = Result{Name: name, Count: b.input, Elapsed: elapsed, Detail: fmt.Sprintf("; %.2f µs CPU per event (this process); %s", us, txnStats(reg, elapsed))}
+	res = Result{Name: ag.name, Count: b.input, Elapsed: elapsed, Detail: fmt.Sprintf("; %.2f µs CPU per event (this process); %s", us, txnStats(ag.reg, elapsed))}
+	if !last {
+		return res, nil
+	}
+	b.revisions[i] = sumMetrics(ag.reg, "meterline_aggregate_revisions_total")
+	if a.ent {
+		// Decisions are counted once the transaction after theirs begins:
+		// the ticks of the balances still pending make it.
+		decided := func() int64 { return int64(sumMetrics(ag.reg, "meterline_aggregate_entitlement_decisions_total")) }
+		if err := b.waitFor(ctx, decided, int64(b.cfg.Events)); err != nil {
+			return Result{}, fmt.Errorf("bench: decisions counted: %w", err)
+		}
+		b.decisions = decisionsOf(ag.reg)
+		// Every event of the input is priced (benchRates) and the grant
+		// pays: an aggregator that drew nothing measured caps alone.
+		if b.credits = sumMetrics(ag.reg, "meterline_aggregate_credits_consumed_micro_total"); b.credits <= 0 {
+			return Result{}, fmt.Errorf("bench: the aggregator with entitlements drew no credits (decisions: %s): the input is not priced by the rate card", b.decisions)
+		}
+	}
+	return res, nil
+}
+
+// latencyRun runs the latency phase of the aggregator with entitlements
+// or not, after every round: an aggregator of its own (round
+// cfg.Rounds) reads the whole input, earlier latency phases' events
+// included, untimed, then events are sent at a steady rate and timed to
+// their OPEN revisions.
+func (b *aggregateBench) latencyRun(ctx context.Context, ent bool) (err error) {
+	ag, err := b.newAgg(ctx, b.cfg.Rounds, ent)
+	if err != nil {
+		return err
+	}
+	_, err = b.measureStage(ctx, ag.st.Run, ag.processed, b.input+b.sent, false, "")
 	defer func() {
 		if err2 := b.stopLive(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
 			err = err2
 		}
 	}()
-	if !last {
-		return res, nil
+	if err != nil {
+		return err
 	}
-	// The latency phase starts once the stage has read what earlier
-	// phases added to the input.
-	if err := b.waitFor(ctx, processed, int64(b.input+b.sent)); err != nil {
-		return Result{}, err
-	}
-	b.env.say("latency: %d events/s for %s, %s", b.cfg.LatencyRate, b.cfg.LatencyFor, name)
+	b.env.say("latency: %d events/s for %s, %s", b.cfg.LatencyRate, b.cfg.LatencyFor, ag.name)
+	i := map[bool]int{false: 0, true: 1}[ent]
 	if b.lat[i], err = b.latency(ctx); err != nil {
-		return Result{}, err
+		return err
 	}
 	b.sent += int(float64(b.cfg.LatencyRate) * b.cfg.LatencyFor.Seconds())
-	b.revisions[i] = sumMetrics(reg, "meterline_aggregate_revisions_total")
-	if a.ent {
-		b.decisions = decisionsOf(reg)
-		// Every event of the input is priced (benchRates) and the grant
-		// pays: an aggregator that drew nothing measured caps alone.
-		if b.credits = sumMetrics(reg, "meterline_aggregate_credits_consumed_micro_total"); b.credits <= 0 {
-			return Result{}, fmt.Errorf("bench: the aggregator with entitlements drew no credits (decisions: %s): the input is not priced by the rate card", b.decisions)
-		}
-	}
-	return res, nil
+	return nil
 }
 
 // waitFor waits until count reaches want.
