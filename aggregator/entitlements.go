@@ -415,14 +415,18 @@ func (s *Stage) EntitlementsTable() service.Table {
 }
 
 // rollState is the work of a period start: the balance of every customer
-// with usage in the previous period goes out (its usage in the new one is
-// 0), then the usage of periods no event can reach any more is deleted,
-// each in chunks of Config.FinalChunk (DESIGN §6 invariant 9).
+// with usage in the periods that ended since the last roll goes out (its
+// usage in the new one is 0), then the usage of periods no event can
+// reach any more is deleted, each in chunks of Config.FinalChunk (DESIGN
+// §6 invariant 9).
 type rollState struct {
-	cur    int64  // start of the watermark's period; 0: no watermark yet
-	prev   int64  // start of the period that ended
+	cur int64 // start of the watermark's period; 0: no watermark yet
+	// prev: rollBalances: the start of the period whose customers' balances
+	// go out now; those of every period before it are out, those of the
+	// periods after it, up to cur, go out next.
+	prev   int64
 	phase  byte   // rollIdle, rollBalances, rollPrune
-	cursor string // balances: the last customer emitted
+	cursor string // balances: the last customer of prev emitted
 }
 
 const (
@@ -978,20 +982,32 @@ func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byt
 }
 
 // entWatermark starts the work of a period start when the watermark
-// entered a new period.
+// entered a new period: the balances of the customers with usage in every
+// period from the one it left up to the new one (periods the watermark
+// skipped included) go out. A roll whose balances are still going out
+// when the watermark enters yet another period goes on from its cursor,
+// now up to the newer period: no customer it had not reached is dropped.
 func (pt *partition) entWatermark(tx *stream.Tx) {
 	e := pt.ent
 	start, _ := pt.bounds(pt.wm)
 	if start <= e.roll.cur {
 		return
 	}
-	prev := e.roll.cur
-	e.roll = rollState{cur: start, prev: prev, phase: rollBalances}
-	if prev == 0 {
-		e.roll.phase = rollPrune
+	switch prev := e.roll.cur; {
+	case prev == 0:
+		e.roll = rollState{cur: start, phase: rollPrune}
+	case e.roll.phase == rollBalances:
+		e.roll.cur = start
+	default:
+		e.roll = rollState{cur: start, prev: prev, phase: rollBalances}
 	}
 	tx.Put(keyRoll, e.roll.encode())
 }
+
+// maxRollPeriods bounds the periods one chunk of a roll's balances looks
+// at (a watermark that skipped many short periods): each costs a scan of
+// the Ledger's period index, empty for a period without usage.
+const maxRollPeriods = 64
 
 // entHasWork reports whether the entitlements have chunked work: records
 // of the gate that can go through, a period start's, or pending balances
@@ -1014,17 +1030,27 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	switch e.roll.phase {
 	case rollBalances:
 		work = "balances"
-		cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, n)
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			e.emitNow[c] = max(e.emitNow[c], pt.wm)
-		}
-		if more && len(cs) > 0 {
-			e.roll.cursor = cs[len(cs)-1]
-		} else {
-			e.roll.phase, e.roll.cursor = rollPrune, ""
+		// The periods from prev up to cur, in order, at most n customers
+		// and maxRollPeriods periods a chunk.
+		for left, periods := n, 0; left > 0 && periods < maxRollPeriods && e.roll.phase == rollBalances; periods++ {
+			cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, left)
+			if err != nil {
+				return err
+			}
+			for _, c := range cs {
+				e.emitNow[c] = max(e.emitNow[c], pt.wm)
+			}
+			left -= len(cs)
+			if more && len(cs) > 0 {
+				e.roll.cursor = cs[len(cs)-1]
+				continue
+			}
+			e.roll.cursor = ""
+			if _, end := pt.pr.cfg.Period.Bounds(e.roll.prev); end < e.roll.cur {
+				e.roll.prev = end
+			} else {
+				e.roll.phase = rollPrune
+			}
 		}
 	case rollPrune:
 		more, err := pt.pr.ledger.PrunePeriods(pt.ledger(tx), pt.pruneHorizon(), n)
