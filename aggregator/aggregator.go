@@ -286,7 +286,7 @@ func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt
 // at start. events, the partition count of usage.events, is the number of
 // dedup source partitions whose watermarks the aggregator takes the minimum
 // over (DESIGN §3): it never comes from a record.
-type partitionCountsT struct{ events, aggregates, adjustments, rejected, entitlements, balances int32 }
+type partitionCountsT struct{ events, deduped, aggregates, adjustments, rejected, entitlements, balances int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
 	names := []string{cfg.Topics.EventsTopic(), cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
@@ -308,7 +308,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		return partitionCountsT{}, fmt.Errorf("aggregator: %s has %d partitions, %s has %d; they must be co-partitioned (DESIGN §12)",
 			cfg.Topics.EntitlementsTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
-	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
+	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], deduped: n[cfg.Topics.DedupedTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
 		adjustments: n[cfg.Topics.AdjustmentsTopic()], rejected: n[cfg.Topics.RejectedTopic()],
 		entitlements: n[cfg.Topics.EntitlementsTopic()], balances: n[cfg.Topics.BalancesTopic()]}, nil
 }
