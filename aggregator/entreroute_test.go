@@ -1,0 +1,225 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestEntitlementsMisroutedReadAgainFromScratch: a customer's record
+// produced to a wrong partition is re-produced to its canonical partition
+// once by every aggregator that reads it from the start (a new consumer
+// group, or state rebuilt from scratch), long after the first copy. Its
+// copies carry the original's coordinates and broker time, and a copy
+// whose original arrived before a record of its key already read on the
+// canonical partition changes nothing: the customer's newer record
+// (written on the canonical partition after the first copy) keeps
+// deciding its events, for the aggregator that re-produced it again and
+// for the first one, restarted on its state.
+func TestEntitlementsMisroutedReadAgainFromScratch(t *testing.T) {
+	const n = 2
+	h := newEntHarness(t, nil, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	wrong := (canon + 1) % n
+	caps := func(limit int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}, {Meter: "m2", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+	}
+	// acmeRecords returns the records of acme's key on the canonical
+	// partition.
+	acmeRecords := func() []*kgo.Record {
+		var out []*kgo.Record
+		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+			if r.Partition == canon && string(r.Key) == string(key) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	awaitRecords := func(k int, what string) []*kgo.Record {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if rs := acmeRecords(); len(rs) >= k {
+				return rs
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d records of acme on its canonical partition, want %d", what, len(acmeRecords()), k)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	events := func(meter string) {
+		var recs []*kgo.Record
+		for i := range 8 {
+			at := time.Now().UnixMilli()
+			recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprintf("%s-%d", meter, i), CustomerID: "acme",
+				Meter: meter, Quantity: 1, EventTime: at, IngestTime: at}))
+		}
+		h.produce(recs...)
+	}
+
+	// A: the misrouted record (cap 5) is re-produced; then the customer's
+	// record is written where it belongs (cap 100).
+	fsA := vfs.NewMem()
+	a := h.start(h.entConfig("a", fsA))
+	old := &kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: wrong, Key: key, Timestamp: time.Now(), Value: schemas.MustEncode(caps(5))}
+	h.produce(old)
+	awaitRecords(1, "the first aggregator")
+	time.Sleep(5 * time.Millisecond)
+	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
+	awaitRecords(2, "the newer record")
+	time.Sleep(50 * time.Millisecond) // A reads it (its ticks go on)
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// B: a new consumer group with a changelog of its own reads
+	// usage.entitlements from the start.
+	adm := testenv.Admin(t, h.brokers)
+	cfgB := h.entConfig("b", vfs.NewMem())
+	cfgB.Topics.AggregateChangelog += "-b"
+	cfgB.Stream.Group = h.group + "-b"
+	if _, err := adm.CreateTopic(context.Background(), n, 1, map[string]*string{"cleanup.policy": ptr("compact")},
+		cfgB.Topics.AggregateChangelogTopic()); err != nil {
+		t.Fatal(err)
+	}
+	b := h.start(cfgB)
+	rs := awaitRecords(3, "the aggregator reading from scratch")
+	first, again := rs[0], rs[2]
+	if string(first.Value) != string(old.Value) || string(again.Value) != string(old.Value) {
+		t.Fatalf("records of acme on its canonical partition: %d, the first and third are not the misrouted one", len(rs))
+	}
+	for _, c := range []*kgo.Record{first, again} {
+		if got, want := headerOf(c, HeaderRerouted), fmt.Sprintf("%d/%d", old.Partition, old.Offset); got != want {
+			t.Errorf("copy at offset %d: %s %q, want %q", c.Offset, HeaderRerouted, got, want)
+		}
+		if got, want := headerOf(c, HeaderArrival), fmt.Sprint(old.Timestamp.UnixMilli()); got != want {
+			t.Errorf("copy at offset %d: %s %q, want %q", c.Offset, HeaderArrival, got, want)
+		}
+	}
+	events("m1")
+	awaitDecided(t, h, 8)
+	if err := b.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A again, on its state: it reads the second copy, then the events of
+	// both meters (m1's were B's group's only).
+	a = h.start(h.entConfig("a", fsA))
+	events("m2")
+	awaitDecided(t, h, 16)
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range readRejected(t, h) {
+		t.Errorf("%s rejected %s: %s (the misrouted cap of 5 applied again)", r.EventID, r.Reason, r.Detail)
+	}
+	if got := openValues(t, h); got["acme/m1"] != 8 || got["acme/m2"] != 8 {
+		t.Errorf("OPEN values %v, want 8 for m1 and m2", got)
+	}
+}
+
+// TestEntitlementsCopyNeverReroutedTwice: a record marked as re-produced
+// found on another partition than its customer's is rejected (invalid),
+// not re-produced again (DESIGN §2).
+func TestEntitlementsCopyNeverReroutedTwice(t *testing.T) {
+	const n = 2
+	h := newEntHarness(t, nil, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: (canon + 1) % n, Key: key, Timestamp: time.Now(),
+		Headers: []kgo.RecordHeader{{Key: HeaderRerouted, Value: []byte("0/0")}, {Key: HeaderArrival, Value: []byte("1")}},
+		Value:   schemas.MustEncode(&schemas.Entitlements{CustomerID: "acme", Plan: "p", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}})})
+	run := h.start(h.entConfig("a", vfs.NewMem()))
+	deadline := time.Now().Add(30 * time.Second)
+	for len(readRejected(t, h)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rej := readRejected(t, h)
+	if len(rej) != 1 || rej[0].Reason != schemas.ReasonInvalid || !strings.Contains(rej[0].Detail, "never re-routed twice") {
+		t.Fatalf("rejected %+v, want the marked record, invalid", rej)
+	}
+	for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+		if r.Partition == canon && string(r.Key) == string(key) {
+			t.Errorf("the marked record was re-produced to partition %d", canon)
+		}
+	}
+}
+
+func headerOf(r *kgo.Record, k string) string {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestEntitlementsStaleCopy: which records of a customer's key on its
+// canonical partition apply, in the orders compaction and re-reads can
+// leave them: a copy applies unless its original reached the topic no
+// later than the last record of the key applied; a record written on the
+// canonical partition always applies; a copy cannot claim an arrival
+// after its own broker time; malformed headers make an ordinary record.
+func TestEntitlementsStaleCopy(t *testing.T) {
+	rec := func(p int32, off, ts int64, hdr ...string) *kgo.Record {
+		r := &kgo.Record{Partition: p, Offset: off, Timestamp: time.UnixMilli(ts)}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: hdr[i], Value: []byte(hdr[i+1])})
+		}
+		return r
+	}
+	copyOf := func(off, ts int64, from string, arrival int64) *kgo.Record {
+		return rec(1, off, ts, HeaderRerouted, from, HeaderArrival, fmt.Sprint(arrival))
+	}
+	for _, tc := range []struct {
+		name    string
+		recs    []*kgo.Record
+		applied []bool
+	}{
+		{"copy, newer record, copy again", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)},
+			[]bool{true, true, false}},
+		{"first copy compacted away", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)}, []bool{true, false}},
+		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2001, "0/7", 1000)}, []bool{true, false}},
+		{"a newer misrouted record", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 5000, "0/9", 4000)},
+			[]bool{true, true, true}},
+		{"same millisecond, later offset", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2000, "0/8", 1000)}, []bool{true, true}},
+		{"older copies in reverse", []*kgo.Record{copyOf(0, 5000, "0/9", 4000), copyOf(1, 5001, "0/7", 1000)}, []bool{true, false}},
+		{"claimed arrival after its broker time", []*kgo.Record{copyOf(0, 2000, "0/7", 1<<50), copyOf(1, 9000, "0/8", 5000)},
+			[]bool{true, true}},
+		{"malformed headers", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 9000, HeaderRerouted, "0-7", HeaderArrival, "1000"),
+			rec(1, 3, 9001, HeaderRerouted, "0/7", HeaderArrival, "1000", HeaderArrival, "1000")}, []bool{true, true, true}},
+		{"clock stepped back", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 2500), copyOf(3, 9000, "0/7", 2800)}, []bool{true, true, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pt := &partition{p: 1}
+			st := mapState{}
+			for i, r := range tc.recs {
+				o, stale, err := pt.staleCopy(st, r, "acme")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !stale {
+					st[string(originKey("acme"))] = o.encode()
+				}
+				if stale == tc.applied[i] {
+					t.Errorf("record %d (offset %d): applied %v, want %v", i, r.Offset, !stale, tc.applied[i])
+				}
+			}
+		})
+	}
+}
