@@ -897,12 +897,17 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			var from RecordOrigin
 			if rec.Key.Reserved == "" {
 				var stale bool
-				if from, stale, err = pt.staleCopy(tx, r, rec.Key.Customer); err != nil {
+				var restate *kgo.Record
+				if from, stale, restate, err = pt.staleCopy(tx, r, rec.Key.Customer); err != nil {
 					return err
 				} else if stale {
 					pt.ent.pending.record("rerouted_repeat")
 					pt.pr.log.Info("re-produced entitlements record not applied: a record of its customer that arrived after its original was read",
-						zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("customer", rec.Key.Customer))
+						zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("customer", rec.Key.Customer),
+						zap.Bool("restated", restate != nil))
+					if restate != nil {
+						tx.Emit(restate)
+					}
 					break
 				}
 			}
@@ -918,7 +923,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			}
 			pt.ent.pending.record("applied")
 			if rec.Key.Reserved == "" {
-				tx.Put(originKey(rec.Key.Customer), from.encode())
+				tx.Put(originKey(rec.Key.Customer), from.encodeWith(r.Value))
 				pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
 				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
 					return err
@@ -950,10 +955,17 @@ type RecordOrigin struct {
 	Offset    int64
 }
 
-func (o RecordOrigin) encode() []byte {
-	b := binary.BigEndian.AppendUint64(nil, uint64(o.Arrival))
+// encodeWith is the value of an originKey: the origin (20 bytes), then
+// the value of the record applied (1, then the value; 0: a tombstone).
+func (o RecordOrigin) encodeWith(value []byte) []byte {
+	b := make([]byte, 0, 21+len(value))
+	b = binary.BigEndian.AppendUint64(b, uint64(o.Arrival))
 	b = binary.BigEndian.AppendUint32(b, uint32(o.Partition))
-	return binary.BigEndian.AppendUint64(b, uint64(o.Offset))
+	b = binary.BigEndian.AppendUint64(b, uint64(o.Offset))
+	if value == nil {
+		return append(b, 0)
+	}
+	return append(append(b, 1), value...)
 }
 
 // After reports whether o is later than p.
@@ -1017,29 +1029,49 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // version back in effect from its new broker time. It changes nothing but
 // the read time. A record without the headers is always applied.
 //
-// The last origin of each customer key is kept in the state for good
-// (20 bytes a customer with a record), for a misrouted original stays on
-// its compacted partition, and can be read again, for as long as it is
-// not replaced there.
-func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (RecordOrigin, bool, error) {
+// When the stale copy is older than the last record applied, restate is
+// that record again, to go to this partition in the same transaction,
+// marked with its own origin: the last record of the key on the
+// partition, which compaction keeps, is then the one in effect, not the
+// stale copy (a stage that reads the partition from the start after
+// compaction applies it; any other finds its origin equal to the last
+// one applied, and skips it without restating it).
+//
+// The last origin and value of each customer key are kept in the state
+// for good, for a misrouted original stays on its compacted partition,
+// and can be read again, for as long as it is not replaced there.
+func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
 	o, copied := OriginOf(r)
 	v, ok, err := st.Get(originKey(customer))
 	switch {
 	case err != nil:
-		return o, false, err
+		return o, false, nil, err
 	case !ok:
-		return o, false, nil
-	case len(v) != 20:
-		return o, false, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
+		return o, false, nil, nil
+	case len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21:
+		return o, false, nil, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
 	}
 	last := RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
 		Offset: int64(binary.BigEndian.Uint64(v[12:]))}
-	if o.After(last) {
-		return o, false, nil
+	switch {
+	case o.After(last):
+		return o, false, nil, nil
+	case !copied:
+		// A record written here whose broker time is behind the last
+		// origin (a clock that stepped back) applies, and the last
+		// origin stays.
+		return last, false, nil, nil
+	case !last.After(o):
+		return last, true, nil, nil
 	}
-	// A record written here whose broker time is behind the last origin
-	// (a clock that stepped back) applies, and the last origin stays.
-	return last, copied, nil
+	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
+		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
+		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},
+	}}
+	if v[20] == 1 {
+		restate.Value = bytes.Clone(v[21:])
+	}
+	return last, true, restate, nil
 }
 
 // pruneHorizon is the earliest arrival a future event of the partition can

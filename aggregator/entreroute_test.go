@@ -126,6 +126,66 @@ func TestEntitlementsMisroutedReadAgainFromScratch(t *testing.T) {
 	if got := openValues(t, h); got["acme/m1"] != 8 || got["acme/m2"] != 8 {
 		t.Errorf("OPEN values %v, want 8 for m1 and m2", got)
 	}
+
+	// What compaction keeps of acme's key on its canonical partition, its
+	// last record, is the newer record's value (restated), not the stale
+	// copy's.
+	newer := rs[1]
+	last := acmeRecords()
+	if l := last[len(last)-1]; string(l.Value) != string(newer.Value) {
+		t.Errorf("the last of %d records of acme on its canonical partition is not the newer record's value", len(last))
+	} else if o, copied := OriginOf(l); !copied || o.Arrival != newer.Timestamp.UnixMilli() || o.Partition != canon || o.Offset != newer.Offset {
+		t.Errorf("the restated record's origin %+v (a copy: %v), want the newer record's", o, copied)
+	}
+
+	// C: a new group reads the topic as compaction leaves it (the last
+	// record of each key on each partition; ticks and all), with a
+	// changelog of its own: it decides every event, none over the stale
+	// cap of 5.
+	compacted := map[string]*kgo.Record{}
+	var order []string
+	for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+		k := fmt.Sprint(r.Partition, "/", string(r.Key))
+		if _, ok := compacted[k]; !ok {
+			order = append(order, k)
+		}
+		compacted[k] = r
+	}
+	cfgC := h.entConfig("c", vfs.NewMem())
+	cfgC.Topics.AggregateChangelog += "-c"
+	cfgC.Topics.Entitlements += "-compacted"
+	cfgC.Topics.Rejected += "-c"
+	cfgC.Stream.Group = h.group + "-c"
+	for _, topic := range []string{cfgC.Topics.AggregateChangelogTopic(), cfgC.Topics.EntitlementsTopic(), cfgC.Topics.RejectedTopic()} {
+		if _, err := adm.CreateTopic(context.Background(), n, 1, map[string]*string{"message.timestamp.type": ptr("CreateTime")}, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var kept []*kgo.Record
+	for _, k := range order {
+		r := compacted[k]
+		kept = append(kept, &kgo.Record{Topic: cfgC.Topics.EntitlementsTopic(), Partition: r.Partition, Key: r.Key, Value: r.Value,
+			Headers: r.Headers, Timestamp: r.Timestamp})
+	}
+	h.produce(kept...)
+	c := h.start(cfgC)
+	events("m3")
+	hc := *h
+	hc.names, hc.group = cfgC.Topics, cfgC.Stream.Group
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := openValues(t, &hc)
+		if got["acme/m3"] == 8 || len(readRejected(t, &hc)) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range readRejected(t, &hc) {
+		t.Errorf("after compaction: %s rejected %s: %s", r.EventID, r.Reason, r.Detail)
+	}
 }
 
 // TestEntitlementsCopyNeverReroutedTwice: a record marked as re-produced
@@ -175,9 +235,12 @@ func ptr[T any](v T) *T { return &v }
 // later than the last record of the key applied; a record written on the
 // canonical partition always applies; a copy cannot claim an arrival
 // after its own broker time; malformed headers make an ordinary record.
+// A copy older than the last record applied restates that record (its
+// value, marked with its origin); that restated record, read back, is
+// skipped and restates nothing.
 func TestEntitlementsStaleCopy(t *testing.T) {
 	rec := func(p int32, off, ts int64, hdr ...string) *kgo.Record {
-		r := &kgo.Record{Partition: p, Offset: off, Timestamp: time.UnixMilli(ts)}
+		r := &kgo.Record{Partition: p, Offset: off, Timestamp: time.UnixMilli(ts), Value: []byte(fmt.Sprint("v", off))}
 		for i := 0; i+1 < len(hdr); i += 2 {
 			r.Headers = append(r.Headers, kgo.RecordHeader{Key: hdr[i], Value: []byte(hdr[i+1])})
 		}
@@ -186,38 +249,51 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 	copyOf := func(off, ts int64, from string, arrival int64) *kgo.Record {
 		return rec(1, off, ts, HeaderRerouted, from, HeaderArrival, fmt.Sprint(arrival))
 	}
+	// want per record: "applied", "skipped", or "restates <value>".
 	for _, tc := range []struct {
-		name    string
-		recs    []*kgo.Record
-		applied []bool
+		name string
+		recs []*kgo.Record
+		want []string
 	}{
 		{"copy, newer record, copy again", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)},
-			[]bool{true, true, false}},
-		{"first copy compacted away", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)}, []bool{true, false}},
-		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2001, "0/7", 1000)}, []bool{true, false}},
+			[]string{"applied", "applied", "restates v1"}},
+		{"first copy compacted away", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)}, []string{"applied", "restates v1"}},
+		{"restated record read back", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000), copyOf(3, 9001, "1/1", 3000)},
+			[]string{"applied", "restates v1", "skipped"}},
+		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2001, "0/7", 1000)}, []string{"applied", "skipped"}},
 		{"a newer misrouted record", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 5000, "0/9", 4000)},
-			[]bool{true, true, true}},
-		{"same millisecond, later offset", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2000, "0/8", 1000)}, []bool{true, true}},
-		{"older copies in reverse", []*kgo.Record{copyOf(0, 5000, "0/9", 4000), copyOf(1, 5001, "0/7", 1000)}, []bool{true, false}},
+			[]string{"applied", "applied", "applied"}},
+		{"same millisecond, later offset", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2000, "0/8", 1000)}, []string{"applied", "applied"}},
+		{"older copies in reverse", []*kgo.Record{copyOf(0, 5000, "0/9", 4000), copyOf(1, 5001, "0/7", 1000)}, []string{"applied", "restates v0"}},
 		{"claimed arrival after its broker time", []*kgo.Record{copyOf(0, 2000, "0/7", 1<<50), copyOf(1, 9000, "0/8", 5000)},
-			[]bool{true, true}},
+			[]string{"applied", "applied"}},
 		{"malformed headers", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 9000, HeaderRerouted, "0-7", HeaderArrival, "1000"),
-			rec(1, 3, 9001, HeaderRerouted, "0/7", HeaderArrival, "1000", HeaderArrival, "1000")}, []bool{true, true, true}},
-		{"clock stepped back", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 2500), copyOf(3, 9000, "0/7", 2800)}, []bool{true, true, false}},
+			rec(1, 3, 9001, HeaderRerouted, "0/7", HeaderArrival, "1000", HeaderArrival, "1000")}, []string{"applied", "applied", "applied"}},
+		{"clock stepped back", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 2500), copyOf(3, 9000, "0/7", 2800)}, []string{"applied", "applied", "restates v2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pt := &partition{p: 1}
+			pt := &partition{p: 1, pr: &processor{now: time.Now}}
 			st := mapState{}
 			for i, r := range tc.recs {
-				o, stale, err := pt.staleCopy(st, r, "acme")
+				o, stale, restate, err := pt.staleCopy(st, r, "acme")
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !stale {
-					st[string(originKey("acme"))] = o.encode()
+				got := "applied"
+				switch {
+				case !stale:
+					st[string(originKey("acme"))] = o.encodeWith(r.Value)
+				case restate != nil:
+					got = "restates " + string(restate.Value)
+					if ro, copied := OriginOf(restate); !copied || ro != o || restate.Partition != pt.p {
+						t.Errorf("record %d: restated to partition %d with origin %+v (a copy: %v), want partition %d, origin %+v",
+							i, restate.Partition, ro, copied, pt.p, o)
+					}
+				default:
+					got = "skipped"
 				}
-				if stale == tc.applied[i] {
-					t.Errorf("record %d (offset %d): applied %v, want %v", i, r.Offset, !stale, tc.applied[i])
+				if got != tc.want[i] {
+					t.Errorf("record %d (offset %d): %s, want %s", i, r.Offset, got, tc.want[i])
 				}
 			}
 		})

@@ -363,7 +363,12 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 			}
 			o = cur.origin
 		}
-		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: r.Timestamp.UnixMilli(), value: r.Value, origin: o}
+		written := r.Timestamp.UnixMilli()
+		if copied {
+			// A copy's original was written then.
+			written = o.Arrival
+		}
+		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, origin: o}
 	}
 	return latest, counts[topic], nil
 }
