@@ -24,9 +24,15 @@ import (
 // (written on the canonical partition after the first copy) keeps
 // deciding its events, for the aggregator that re-produced it again and
 // for the first one, restarted on its state.
-func TestEntitlementsMisroutedReadAgainFromScratch(t *testing.T) {
+func TestEntitlementsMisroutedReadAgainFromScratch(t *testing.T) { testMisroutedReadAgain(t, nil) }
+
+func TestRealEntitlementsMisroutedReadAgainFromScratch(t *testing.T) {
+	testMisroutedReadAgain(t, testenv.RealKafka(t))
+}
+
+func testMisroutedReadAgain(t *testing.T, brokers []string) {
 	const n = 2
-	h := newEntHarness(t, nil, n)
+	h := newEntHarness(t, brokers, n)
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
 	wrong := (canon + 1) % n

@@ -23,9 +23,13 @@ import (
 // names the counts before and after, before it decides anything: its
 // customers would be routed to other partitions than their caps and
 // credits.
-func TestPartitionCountChangeStops(t *testing.T) {
+func TestPartitionCountChangeStops(t *testing.T) { testPartitionCountChange(t, nil) }
+
+func TestRealPartitionCountChangeStops(t *testing.T) { testPartitionCountChange(t, testenv.RealKafka(t)) }
+
+func testPartitionCountChange(t *testing.T, brokers []string) {
 	const n = 2
-	h := newEntHarness(t, nil, n)
+	h := newEntHarness(t, brokers, n)
 	day := ms(t, "2026-11-10")
 	ev := func(id string) *schemas.DedupedEvent {
 		return &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "api_calls", Quantity: 1, EventTime: day + 1000, IngestTime: day + 2000}
