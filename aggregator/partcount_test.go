@@ -25,7 +25,9 @@ import (
 // credits.
 func TestPartitionCountChangeStops(t *testing.T) { testPartitionCountChange(t, nil) }
 
-func TestRealPartitionCountChangeStops(t *testing.T) { testPartitionCountChange(t, testenv.RealKafka(t)) }
+func TestRealPartitionCountChangeStops(t *testing.T) {
+	testPartitionCountChange(t, testenv.RealKafka(t))
+}
 
 func testPartitionCountChange(t *testing.T, brokers []string) {
 	const n = 2
