@@ -73,8 +73,9 @@ import (
 //	             the change that made it pending (varint)
 //	'R'          the period roll (rollState): the current period of the
 //	             watermark, and the chunked work of the last period start
-//	'o' customer the origin of the last record of the customer's key
-//	             applied (RecordOrigin, staleCopy)
+//	'o' customer the origin and value of the last record of the
+//	             customer's key applied (RecordOrigin.encodeWith,
+//	             staleCopy)
 const (
 	pfxGate           = 'q'
 	pfxLedger         = 'e'
@@ -1001,8 +1002,8 @@ func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
 	return RecordOrigin{Arrival: min(a, own.Arrival), Partition: int32(p), Offset: off}, true
 }
 
-// originKey is the state key of the origin of the last record of a
-// customer's key applied: 'o' customer → RecordOrigin (20 bytes).
+// originKey is the state key of the origin and value of the last record
+// of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
 func originKey(customer string) []byte { return append([]byte{pfxOrigin}, customer...) }
 
 // headerValue returns the value of r's header k; a header given twice
