@@ -7,16 +7,17 @@ import (
 
 // Account is a customer's mutable ledger state, kept under one state key
 // (Ledger: 'A' C), so that a transaction that changes a customer writes
-// one record for it whatever it changed: what each grant paid (and its
-// latest expiry; a grant a version of the customer's offered has an entry
-// before it pays), and for each period an event can still belong to, the
+// one record for it whatever it changed: what each grant generation paid
+// (generation.go; and the latest expiry the customer's own records gave
+// it: a generation they offered has an entry before it pays), and for
+// each period an event can still belong to, the
 // accepted units of each meter and what the customer overdrew. A period
 // appears once it has usage: accepted units of a SUM or COUNT meter.
 //
 // An Account is only ever changed by the Ledger; a Store that keeps
 // accounts decoded (AccountCache) holds them for the Ledger.
 type Account struct {
-	uses    []grantUse  // by id
+	uses    []grantUse  // by id, then generation
 	periods []periodUse // by start
 	// changedAt is the broker time of the latest change its owner noted
 	// for the customer's balance (NoteChange; 0: none), kept with the

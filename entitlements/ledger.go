@@ -199,14 +199,14 @@ func (l *Ledger) period(ms int64) (start, end int64) {
 //	'T' C          the customer's Timeline
 //	'D'            the default plan's Timeline
 //	'R'            the RateHistory
-//	'G'            the latest expiry each grant id had in any version of
-//	               the default plan read, for PruneCustomer
+//	'G'            the default plan's current generation of each grant
+//	               id and its latest expiry, while alive (generation.go)
 //	'W'            the latest broker time read from the entitlements partition
-//	'A' C          the customer's Account: what each grant has paid (and
-//	               its expiry; every grant a version of the customer's
-//	               offered, paid or not); per period P still reachable
-//	               by an event, the accepted units of each meter and the
-//	               overdraft
+//	'A' C          the customer's Account: what each grant generation
+//	               has paid (and the latest expiry the customer's own
+//	               records gave it; every generation they offered, paid
+//	               or not); per period P still reachable by an event,
+//	               the accepted units of each meter and the overdraft
 //	'P' P C        the customer's Account has usage in P (an index: a
 //	               value of one byte), for CustomersWithUsage and
 //	               PrunePeriods
@@ -249,7 +249,7 @@ const (
 	subReadTo   = 'W'
 	subAccount  = 'A'
 	subPeriod   = 'P'
-	// subDefaultGrants: the default plan's grant expiries.
+	// subDefaultGrants: the default plan's grant generations.
 	subDefaultGrants = 'G'
 )
 
