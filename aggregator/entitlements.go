@@ -1030,8 +1030,8 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // version back in effect from its new broker time. It changes nothing but
 // the read time. A record without the headers is always applied.
 //
-// When the stale copy is older than the last record applied, restate is
-// that record again, to go to this partition in the same transaction,
+// When the stale copy is older than the last record applied, or claims
+// its origin with another value, restate is that record again, to go to this partition in the same transaction,
 // marked with its own origin: the last record of the key on the
 // partition, which compaction keeps, is then the one in effect, not the
 // stale copy (a stage that reads the partition from the start after
@@ -1062,9 +1062,15 @@ func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (
 		// origin (a clock that stepped back) applies, and the last
 		// origin stays.
 		return last, false, nil, nil
-	case !last.After(o):
+	case !last.After(o) && (v[20] == 1) == (r.Value != nil) && bytes.Equal(v[21:], r.Value):
+		// Another copy of the record in effect (a second aggregator's,
+		// or a restated one read back).
 		return last, true, nil, nil
 	}
+	// Older than the record in effect, or claiming its origin with
+	// another value (a restated record read back after a record whose
+	// broker time stepped back changed the value; or headers a client
+	// copied): compaction must not keep it as the key's last record.
 	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
 		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
 		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},

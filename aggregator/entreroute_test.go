@@ -255,6 +255,9 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 	copyOf := func(off, ts int64, from string, arrival int64) *kgo.Record {
 		return rec(1, off, ts, HeaderRerouted, from, HeaderArrival, fmt.Sprint(arrival))
 	}
+	// valued gives r the value of the record it copies (a copy of a
+	// record carries its value).
+	valued := func(r *kgo.Record, v string) *kgo.Record { r.Value = []byte(v); return r }
 	// want per record: "applied", "skipped", or "restates <value>".
 	for _, tc := range []struct {
 		name string
@@ -264,9 +267,9 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 		{"copy, newer record, copy again", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)},
 			[]string{"applied", "applied", "restates v1"}},
 		{"first copy compacted away", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)}, []string{"applied", "restates v1"}},
-		{"restated record read back", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000), copyOf(3, 9001, "1/1", 3000)},
+		{"restated record read back", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000), valued(copyOf(3, 9001, "1/1", 3000), "v1")},
 			[]string{"applied", "restates v1", "skipped"}},
-		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2001, "0/7", 1000)}, []string{"applied", "skipped"}},
+		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), valued(copyOf(1, 2001, "0/7", 1000), "v0")}, []string{"applied", "skipped"}},
 		{"a newer misrouted record", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 5000, "0/9", 4000)},
 			[]string{"applied", "applied", "applied"}},
 		{"same millisecond, later offset", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2000, "0/8", 1000)}, []string{"applied", "applied"}},
