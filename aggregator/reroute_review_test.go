@@ -5,7 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
 )
 
 // TestStaleCopyRestatesTheValueInEffect: the last record of a customer's
@@ -59,6 +63,15 @@ func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 		{"a value at the origin of a tombstone", []*kgo.Record{
 			rec(1, 3000, ""), copyOf(2, 9000, "v2", "1/1", 3000),
 		}, []string{"applied", "restates <nil>"}},
+		{"a misrouted record read again after its customer was deleted", []*kgo.Record{
+			rec(1, 1000, "v1"), rec(2, 2000, ""), copyOf(3, 9000, "m", "0/7", 1500),
+		}, []string{"applied", "applied", "restates <nil>"}},
+		{"deleted, created again, then a misrouted record read again", []*kgo.Record{
+			copyOf(0, 1200, "m", "0/7", 1000), rec(1, 2000, ""), rec(2, 3000, "v2"), copyOf(3, 9000, "m", "0/7", 1000),
+		}, []string{"applied", "applied", "applied", "restates v2"}},
+		{"a misrouted tombstone", []*kgo.Record{
+			rec(1, 1000, "v1"), copyOf(2, 2500, "", "0/7", 2000), copyOf(3, 9000, "", "0/7", 2000),
+		}, []string{"applied", "applied", "skipped"}},
 		{"two aggregators' copies of one original", []*kgo.Record{
 			copyOf(0, 2000, "m", "0/7", 1000), copyOf(1, 2001, "m", "0/7", 1000),
 		}, []string{"applied", "skipped"}},
@@ -93,5 +106,69 @@ func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEntitlementsForgedCopyNotKeptByCompaction: a client writes, on a
+// customer's canonical partition, a record carrying the re-route headers
+// of the record in effect (its partition, offset and broker time: anyone
+// who reads the topic knows them) with another value, a cap of 5 instead
+// of 100. Every aggregator reading the topic skips it (the same origin as
+// the record applied); but it must not stay the last record of the key,
+// which is what compaction keeps and a stage reading the compacted topic
+// from the start applies: the value in effect is restated after it.
+func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
+	const n = 2
+	h := newEntHarness(t, nil, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	caps := func(limit int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+	}
+	acmeRecords := func() []*kgo.Record {
+		var out []*kgo.Record
+		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+			if r.Partition == canon && string(r.Key) == string(key) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	decided := 0
+	events := func(k int) {
+		var recs []*kgo.Record
+		for range k {
+			at := time.Now().UnixMilli()
+			recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", decided), CustomerID: "acme",
+				Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
+			decided++
+		}
+		h.produce(recs...)
+		awaitDecided(t, h, decided)
+	}
+	run := h.start(h.entConfig("a", vfs.NewMem()))
+	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
+	events(1)
+	rs := acmeRecords()
+	if len(rs) != 1 {
+		t.Fatalf("%d records of acme, want 1", len(rs))
+	}
+	inEffect := rs[0]
+	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: canon, Key: key, Timestamp: time.Now(),
+		Value: schemas.MustEncode(caps(5)), Headers: []kgo.RecordHeader{
+			{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", inEffect.Partition, inEffect.Offset)},
+			{Key: HeaderArrival, Value: fmt.Append(nil, inEffect.Timestamp.UnixMilli())}}})
+	events(8)
+	time.Sleep(100 * time.Millisecond) // a restated record, if any, is committed with the events' transaction
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range readRejected(t, h) {
+		t.Errorf("%s rejected %s: %s (the forged cap of 5 applied)", r.EventID, r.Reason, r.Detail)
+	}
+	rs = acmeRecords()
+	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
+		t.Errorf("the last of %d records of acme on its canonical partition (what compaction keeps) has the forged value, not the one in effect", len(rs))
 	}
 }
