@@ -1002,6 +1002,20 @@ func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
 	return RecordOrigin{Arrival: min(a, own.Arrival), Partition: int32(p), Offset: off}, true
 }
 
+// compareValues orders record values: a tombstone (nil) first, then by
+// bytes.
+func compareValues(a, b []byte) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return -1
+	case b == nil:
+		return 1
+	}
+	return bytes.Compare(a, b)
+}
+
 // originKey is the state key of the origin and value of the last record
 // of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
 func originKey(customer string) []byte { return append([]byte{pfxOrigin}, customer...) }
@@ -1031,7 +1045,8 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // the read time. A record without the headers is always applied.
 //
 // When the stale copy is older than the last record applied, or claims
-// its origin with another value, restate is that record again, to go to this partition in the same transaction,
+// its origin with a lesser value, restate is that record again, to go to
+// this partition in the same transaction,
 // marked with its own origin: the last record of the key on the
 // partition, which compaction keeps, is then the one in effect, not the
 // stale copy (a stage that reads the partition from the start after
@@ -1059,18 +1074,34 @@ func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (
 		return o, false, nil, nil
 	case !copied:
 		// A record written here whose broker time is behind the last
-		// origin (a clock that stepped back) applies, and the last
-		// origin stays.
-		return last, false, nil, nil
-	case !last.After(o) && (v[20] == 1) == (r.Value != nil) && bytes.Equal(v[21:], r.Value):
-		// Another copy of the record in effect (a second aggregator's,
-		// or a restated one read back).
-		return last, true, nil, nil
+		// origin (a clock that stepped back) applies, and orders as
+		// read a millisecond after it (the Ledger reads it at the latest
+		// broker time read, at least): a copy or restated record of the
+		// last origin read after it is older, and restates it.
+		return RecordOrigin{Arrival: last.Arrival + 1, Partition: o.Partition, Offset: o.Offset}, false, nil, nil
+	case !last.After(o):
+		// The origin of the record in effect. The same value: another
+		// copy of it (a second aggregator's, or a restated one read
+		// back), skipped. Another value: headers a client wrote (or
+		// copied from the record in effect), or a stage that applied
+		// such a record where another did not (the compacted topic read
+		// from the start): the greater value (bytes; a tombstone least)
+		// wins, so that every stage ends with the same one and two never
+		// restate each other's for ever. A client gains nothing it
+		// could not by writing the record without the headers.
+		stored := v[21:]
+		if v[20] == 0 {
+			stored = nil
+		}
+		switch c := compareValues(r.Value, stored); {
+		case c == 0:
+			return last, true, nil, nil
+		case c > 0:
+			return last, false, nil, nil
+		}
 	}
-	// Older than the record in effect, or claiming its origin with
-	// another value (a restated record read back after a record whose
-	// broker time stepped back changed the value; or headers a client
-	// copied): compaction must not keep it as the key's last record.
+	// Older than the record in effect, or claiming its origin with a
+	// lesser value: compaction must not keep it as the key's last record.
 	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
 		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
 		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},

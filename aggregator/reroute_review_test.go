@@ -22,8 +22,11 @@ import (
 // record written on the canonical partition with a broker time that
 // stepped back: the origin stays, the value changed), and with one (a
 // client copying the headers of the last record onto another value:
-// producers set headers too, DESIGN §2). A copy carrying the value in
-// effect at the same origin is skipped and restates nothing (no loop).
+// producers set headers too, DESIGN §2). At the same origin the greater
+// value wins (a tombstone least), so that stages that disagree converge;
+// a copy carrying the value in effect at the same origin is skipped and
+// restates nothing. A record written on the canonical partition whose
+// broker time stepped back orders a millisecond after the last origin.
 func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 	rec := func(off, ts int64, value string, hdr ...string) *kgo.Record {
 		r := &kgo.Record{Partition: 1, Offset: off, Timestamp: time.UnixMilli(ts)}
@@ -52,7 +55,7 @@ func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 			copyOf(4, 9001, "v1", "1/1", 3000),  // the restated record: same origin, not the value in effect
 		}, []string{"applied", "restates v1", "applied", "restates v3"}},
 		{"the value in effect restated again is skipped", []*kgo.Record{
-			rec(1, 3000, "v1"), rec(3, 2500, "v3"), copyOf(4, 9001, "v3", "1/1", 3000),
+			rec(1, 3000, "v1"), rec(3, 2500, "v3"), copyOf(4, 9001, "v3", "1/3", 3001),
 		}, []string{"applied", "applied", "skipped"}},
 		{"headers of the last record copied onto another value", []*kgo.Record{
 			rec(1, 3000, "v1"), copyOf(2, 9000, "forged", "1/1", 3000),
@@ -62,7 +65,10 @@ func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 		}, []string{"applied", "restates v1"}},
 		{"a value at the origin of a tombstone", []*kgo.Record{
 			rec(1, 3000, ""), copyOf(2, 9000, "v2", "1/1", 3000),
-		}, []string{"applied", "restates <nil>"}},
+		}, []string{"applied", "applied"}},
+		{"headers of the last record copied onto a greater value", []*kgo.Record{
+			rec(1, 3000, "v1"), copyOf(2, 9000, "x-forged", "1/1", 3000), copyOf(3, 9001, "v1", "1/1", 3000),
+		}, []string{"applied", "applied", "restates x-forged"}},
 		{"a misrouted record read again after its customer was deleted", []*kgo.Record{
 			rec(1, 1000, "v1"), rec(2, 2000, ""), copyOf(3, 9000, "m", "0/7", 1500),
 		}, []string{"applied", "applied", "restates <nil>"}},
@@ -113,10 +119,11 @@ func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 // customer's canonical partition, a record carrying the re-route headers
 // of the record in effect (its partition, offset and broker time: anyone
 // who reads the topic knows them) with another value, a cap of 5 instead
-// of 100. Every aggregator reading the topic skips it (the same origin as
-// the record applied); but it must not stay the last record of the key,
-// which is what compaction keeps and a stage reading the compacted topic
-// from the start applies: the value in effect is restated after it.
+// of 100 (its encoding sorts before the one in effect's). Every
+// aggregator reading the topic skips it (the same origin as the record
+// applied, a lesser value); but it must not stay the last record of the
+// key, which is what compaction keeps and a stage reading the compacted
+// topic from the start applies: the value in effect is restated after it.
 func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)
@@ -170,5 +177,71 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	rs = acmeRecords()
 	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
 		t.Errorf("the last of %d records of acme on its canonical partition (what compaction keeps) has the forged value, not the one in effect", len(rs))
+	}
+}
+
+// TestRestatesConverge: two stages that hold different values at the same
+// origin of a customer (one applied a client's record with the headers of
+// the record in effect; one read the compacted topic from the start
+// while the stale copy was the key's last record), or different origins,
+// restate each other's records at most a few times before they agree:
+// no storm of restated records.
+func TestRestatesConverge(t *testing.T) {
+	type stage struct {
+		pt *partition
+		st mapState
+	}
+	newStage := func(origin RecordOrigin, value []byte) *stage {
+		s := &stage{pt: &partition{p: 1, pr: &processor{now: time.Now}}, st: mapState{}}
+		s.st[string(originKey("acme"))] = origin.encodeWith(value)
+		return s
+	}
+	o := RecordOrigin{Arrival: 3000, Partition: 1, Offset: 1}
+	for _, tc := range []struct {
+		name string
+		a, b *stage
+	}{
+		{"same origin, values", newStage(o, []byte("v1")), newStage(o, []byte("v2"))},
+		{"same origin, a value and a tombstone", newStage(o, []byte("v1")), newStage(o, nil)},
+		{"origins", newStage(o, []byte("v1")), newStage(RecordOrigin{Arrival: 2999, Partition: 0, Offset: 9}, []byte("v0"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The restated record of a, read by b, and so on: each
+			// restated record read by both (the topic is shared).
+			v, _, _ := tc.a.st.Get(originKey("acme"))
+			r := &kgo.Record{Partition: 1, Offset: 100, Timestamp: time.UnixMilli(9000), Headers: []kgo.RecordHeader{
+				{Key: HeaderRerouted, Value: fmt.Appendf(nil, "1/%d", o.Offset)}, {Key: HeaderArrival, Value: fmt.Append(nil, o.Arrival)}}}
+			if v[20] == 1 {
+				r.Value = v[21:]
+			}
+			queue := []*kgo.Record{r}
+			rounds := 0
+			for len(queue) > 0 {
+				if rounds++; rounds > 6 {
+					t.Fatalf("still restating after %d records", rounds)
+				}
+				r := queue[0]
+				queue = queue[1:]
+				for _, s := range []*stage{tc.a, tc.b} {
+					o, stale, restate, err := s.pt.staleCopy(s.st, r, "acme")
+					if err != nil {
+						t.Fatal(err)
+					}
+					switch {
+					case !stale:
+						s.st[string(originKey("acme"))] = o.encodeWith(r.Value)
+					case restate != nil:
+						restate.Offset = r.Offset + int64(len(queue)) + 1
+						queue = append(queue, restate)
+					}
+				}
+			}
+			va, _, _ := tc.a.st.Get(originKey("acme"))
+			vb, _, _ := tc.b.st.Get(originKey("acme"))
+			if string(va) != string(vb) {
+				t.Errorf("after %d records the stages hold %q and %q", rounds, va, vb)
+			}
+			t.Logf("%d records", rounds)
+		})
 	}
 }
