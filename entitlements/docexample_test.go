@@ -154,3 +154,44 @@ func TestWorkedExampleDecides(t *testing.T) {
 		t.Errorf("acme after its delete: %v by plan %v (%s), want over_limit by the default plan free (1,000 used of its cap 1,000)", d.Outcome, d.Plan, d.Detail)
 	}
 }
+
+// TestNoPlanOverdraws: a customer with no record, and no default plan, is
+// never capped or refused (docs/entitlements.md, "Plans and caps"), but
+// an event of a priced meter still costs its price, overdrawn without
+// limit, and the customer's balance says so.
+func TestNoPlanOverdraws(t *testing.T) {
+	l, err := New(Config{Prefix: []byte{'e'}, Period: monthBounds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	written := mustTime(t, "2026-12-01T00:00:00Z")
+	card, err := schemas.Encode(&schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 1000, PerUnits: 1}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := ParseRecord([]byte(schemas.RateCardKey), card, written)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Apply(st, rec); err != nil {
+		t.Fatal(err)
+	}
+	at := written + 1000
+	for i := range 3 {
+		d, err := l.Decide(st, "acme", Event{Meter: "api_calls", Aggregation: "SUM", Quantity: 1_000_000, EventTime: at + int64(i), Arrival: at + int64(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Outcome != Accepted || d.Plan != nil || d.Cost != 1_000_000_000 || d.Overdraft != d.Cost {
+			t.Fatalf("event %d without a plan: %v, plan %v, cost %d, overdrawn %d; want accepted without a plan, its cost 1000000000 overdrawn", i, d.Outcome, d.Plan, d.Cost, d.Overdraft)
+		}
+	}
+	b, err := l.Balance(st, "acme", at+10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Overdrawn != 3_000_000_000 || b.OverdraftPolicy != schemas.OverdraftAllow || b.OverdraftLimit != 0 {
+		t.Errorf("balance without a plan: overdrawn %d (%s, limit %d), want 3000000000 (ALLOW, no limit)", b.Overdrawn, b.OverdraftPolicy, b.OverdraftLimit)
+	}
+}
