@@ -49,7 +49,7 @@ type entProp struct {
 
 func newEntProp(r *rand.Rand, h *aggHarness, n int32, st *pStream) *entProp {
 	start := st.events[0].Arrival
-	ep := &entProp{r: r, h: h, n: n, ent: oracle.Entitlements{Partitions: n}, ticked: start - pDay,
+	ep := &entProp{r: r, h: h, n: n, ent: oracle.Entitlements{Partitions: n, Window: time.Duration(pWindow) * time.Millisecond}, ticked: start - pDay,
 		start: start, span: st.final - start, custs: []string{"acme", "globex", "initech"}}
 	ep.ent.Nudge = ep.nudge
 	return ep
