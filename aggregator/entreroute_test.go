@@ -280,31 +280,6 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 			rec(1, 3, 9001, HeaderRerouted, "0/7", HeaderArrival, "1000", HeaderArrival, "1000")}, []string{"applied", "applied", "applied"}},
 		{"clock stepped back", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 2500), copyOf(3, 9000, "0/7", 2800)}, []string{"applied", "applied", "restates v2"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			pt := &partition{p: 1, pr: &processor{now: time.Now}}
-			st := mapState{}
-			for i, r := range tc.recs {
-				o, stale, restate, err := pt.staleCopy(st, r, "acme")
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := "applied"
-				switch {
-				case !stale:
-					st[string(originKey("acme"))] = o.encodeWith(r.Value)
-				case restate != nil:
-					got = "restates " + string(restate.Value)
-					if ro, copied := OriginOf(restate); !copied || ro != o || restate.Partition != pt.p {
-						t.Errorf("record %d: restated to partition %d with origin %+v (a copy: %v), want partition %d, origin %+v",
-							i, restate.Partition, ro, copied, pt.p, o)
-					}
-				default:
-					got = "skipped"
-				}
-				if got != tc.want[i] {
-					t.Errorf("record %d (offset %d): %s, want %s", i, r.Offset, got, tc.want[i])
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkStaleCopies(t, tc.recs, tc.want) })
 	}
 }

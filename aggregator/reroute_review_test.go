@@ -82,36 +82,42 @@ func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {
 			copyOf(0, 2000, "m", "0/7", 1000), copyOf(1, 2001, "m", "0/7", 1000),
 		}, []string{"applied", "skipped"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			pt := &partition{p: 1, pr: &processor{now: time.Now}}
-			st := mapState{}
-			for i, r := range tc.recs {
-				o, stale, restate, err := pt.staleCopy(st, r, "acme")
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := "applied"
-				switch {
-				case !stale:
-					st[string(originKey("acme"))] = o.encodeWith(r.Value)
-				case restate != nil:
-					v := string(restate.Value)
-					if restate.Value == nil {
-						v = "<nil>"
-					}
-					got = "restates " + v
-					if ro, copied := OriginOf(restate); !copied || ro != o || restate.Partition != pt.p {
-						t.Errorf("record %d: restated to partition %d with origin %+v (a copy: %v), want partition %d, origin %+v",
-							i, restate.Partition, ro, copied, pt.p, o)
-					}
-				default:
-					got = "skipped"
-				}
-				if got != tc.want[i] {
-					t.Errorf("record %d (offset %d): %s, want %s", i, r.Offset, got, tc.want[i])
-				}
+		t.Run(tc.name, func(t *testing.T) { checkStaleCopies(t, tc.recs, tc.want) })
+	}
+}
+
+// checkStaleCopies reads recs, records of acme's key on partition 1, in
+// order, and checks what staleCopy decides of each: "applied", "skipped",
+// or "restates <value>" ("<nil>": a delete).
+func checkStaleCopies(t *testing.T, recs []*kgo.Record, want []string) {
+	t.Helper()
+	pt := &partition{p: 1, pr: &processor{now: time.Now}}
+	st := mapState{}
+	for i, r := range recs {
+		o, stale, restate, err := pt.staleCopy(st, r, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "applied"
+		switch {
+		case !stale:
+			st[string(originKey("acme"))] = o.encodeWith(r.Value)
+		case restate != nil:
+			v := string(restate.Value)
+			if restate.Value == nil {
+				v = "<nil>"
 			}
-		})
+			got = "restates " + v
+			if ro, copied := OriginOf(restate); !copied || ro != o || restate.Partition != pt.p {
+				t.Errorf("record %d: restated to partition %d with origin %+v (a copy: %v), want partition %d, origin %+v",
+					i, restate.Partition, ro, copied, pt.p, o)
+			}
+		default:
+			got = "skipped"
+		}
+		if got != want[i] {
+			t.Errorf("record %d (offset %d): %s, want %s", i, r.Offset, got, want[i])
+		}
 	}
 }
 
