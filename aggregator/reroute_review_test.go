@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -249,5 +250,87 @@ func TestRestatesConverge(t *testing.T) {
 			}
 			t.Logf("%d records", rounds)
 		})
+	}
+}
+
+// TestEntitlementsTwoGroupsRestateBounded: two aggregators (two consumer
+// groups, each with a changelog of its own) start at once on a topic
+// where a customer's misrouted record is older than its record on the
+// canonical partition. Each re-produces the misrouted one, each finds
+// both copies stale and restates the record in effect after each: 2
+// copies and 4 restated records, then nothing more (no storm), the last
+// record of the key the one in effect, and neither applies the old cap.
+func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
+	const n = 2
+	h := newEntHarness(t, nil, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	caps := func(limit int64) *schemas.Entitlements {
+		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+	}
+	acmeRecords := func() []*kgo.Record {
+		var out []*kgo.Record
+		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+			if r.Partition == canon && string(r.Key) == string(key) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: (canon + 1) % n, Key: key, Timestamp: time.Now(),
+		Value: schemas.MustEncode(caps(5))})
+	time.Sleep(5 * time.Millisecond)
+	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
+	inEffect := acmeRecords()[0]
+
+	adm := testenv.Admin(t, h.brokers)
+	cfgB := h.entConfig("b", vfs.NewMem())
+	cfgB.Topics.AggregateChangelog += "-b"
+	cfgB.Topics.Aggregates += "-b"
+	cfgB.Topics.Rejected += "-b"
+	cfgB.Topics.Balances += "-b"
+	cfgB.Stream.Group = h.group + "-b"
+	for _, topic := range []string{cfgB.Topics.AggregateChangelogTopic(), cfgB.Topics.AggregatesTopic(), cfgB.Topics.RejectedTopic(),
+		cfgB.Topics.BalancesTopic()} {
+		cfg := map[string]*string{}
+		if topic == cfgB.Topics.AggregateChangelogTopic() || topic == cfgB.Topics.BalancesTopic() {
+			cfg["cleanup.policy"] = ptr("compact")
+		}
+		if _, err := adm.CreateTopic(context.Background(), n, 1, cfg, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := h.start(h.entConfig("a", vfs.NewMem()))
+	b := h.start(cfgB)
+	var recs []*kgo.Record
+	for i := range 8 {
+		at := time.Now().UnixMilli()
+		recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: "acme",
+			Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
+	}
+	h.produce(recs...)
+	awaitDecided(t, h, 8)
+	hb := *h
+	hb.names, hb.group = cfgB.Topics, cfgB.Stream.Group
+	awaitDecided(t, &hb, 8)
+	time.Sleep(time.Second) // restated records, if they went on, would pile up meanwhile
+	rs := acmeRecords()
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 7 {
+		t.Errorf("%d records of acme on its canonical partition, want 7 (the record, 2 copies, 4 restated)", len(rs))
+	}
+	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
+		t.Errorf("the last record of acme is not the one in effect")
+	}
+	for _, hh := range []*aggHarness{h, &hb} {
+		for _, r := range readRejected(t, hh) {
+			t.Errorf("%s: %s rejected %s: %s (the misrouted cap of 5 applied)", hh.group, r.EventID, r.Reason, r.Detail)
+		}
 	}
 }
