@@ -983,8 +983,21 @@ func (o RecordOrigin) After(p RecordOrigin) bool {
 // OriginOf returns the origin of r, a record of usage.entitlements, and
 // reports whether r is a copy the aggregator re-produced: its headers
 // HeaderRerouted and HeaderArrival (each once, well formed) give the
-// original's coordinates and broker time, the latter never after r's own.
-// Anything else is an ordinary record of its own origin.
+// original's coordinates and broker time (at most maxArrival). Anything
+// else is an ordinary record of its own origin.
+//
+// A copy's origin is its headers' alone, never capped at r's own broker
+// time: every copy of one original (each group that reads it re-produces
+// it, at its own time) and every restated record of an origin must order
+// alike, and a copy is written after its original by a clock that may be
+// behind the original's (another leader, a clock stepped back). Capped, a
+// copy made early was older than the last record where a later group's
+// was not (the live aggregator then changed its decision when a new group
+// started), and a restated record of an origin after its own broker time
+// read back as older than that origin, and was restated again until the
+// clock caught up (TestDecideRecordModel). So a client that writes the
+// headers can claim a later arrival: misrouted records of its customer
+// that reached the topic before it are then skipped, nothing else.
 func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
 	own := RecordOrigin{Arrival: r.Timestamp.UnixMilli(), Partition: r.Partition, Offset: r.Offset}
 	rv, ok1 := headerValue(r, HeaderRerouted)
@@ -996,11 +1009,16 @@ func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
 	p, err1 := strconv.ParseInt(ps, 10, 32)
 	off, err2 := strconv.ParseInt(os, 10, 64)
 	a, err3 := strconv.ParseInt(string(av), 10, 64)
-	if !cut || err1 != nil || err2 != nil || err3 != nil || p < 0 || off < 0 || a < 0 {
+	if !cut || err1 != nil || err2 != nil || err3 != nil || p < 0 || off < 0 || a < 0 || a > maxArrival {
 		return own, false
 	}
-	return RecordOrigin{Arrival: min(a, own.Arrival), Partition: int32(p), Offset: off}, true
+	return RecordOrigin{Arrival: a, Partition: int32(p), Offset: off}, true
 }
+
+// maxArrival is the latest arrival a copy can claim (9999-12-31, epoch
+// ms): a record ordered after an origin (DecideRecord) is a millisecond
+// later, which must not overflow.
+const maxArrival = 253402300799999
 
 // originKey is the state key of the origin and value of the last record
 // of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
