@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
 )
 
 // A model of one customer's key on usage.entitlements: its canonical
@@ -308,5 +312,54 @@ func TestDecideRecordCopyMadeBehind(t *testing.T) {
 	o, apply, _ := DecideRecord(&kgo.Record{Partition: 1, Offset: 6, Timestamp: time.UnixMilli(11)}, last, []byte("x"), true)
 	if !apply || !o.After(last) {
 		t.Errorf("an ordinary record after a copy claiming %d: origin %+v, applied %v; want applied after it", maxArrival, o, apply)
+	}
+}
+
+// TestEntitlementsRejectedRecordNotKeptByCompaction: a customer's record on
+// its canonical partition that the aggregator rejects (undecodable: a
+// billing system's own writer) leaves the record before it in effect
+// (docs/entitlements.md); it must not stay the last record of the key,
+// which is what compaction keeps and a stage reading the compacted topic
+// from the start applies (it would reject it and apply the default plan):
+// the value in effect is restated after it.
+func TestEntitlementsRejectedRecordNotKeptByCompaction(t *testing.T) {
+	const n = 2
+	h := newEntHarness(t, nil, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	caps := &schemas.Entitlements{CustomerID: "acme", Plan: "cap-100", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps: []schemas.Cap{{Meter: "m1", Limit: 100, OnLimit: schemas.OnLimitReject}}}
+	acmeRecords := func() []*kgo.Record {
+		var out []*kgo.Record
+		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
+			if r.Partition == canon && string(r.Key) == string(key) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	decided := 0
+	events := func() {
+		at := time.Now().UnixMilli()
+		h.produce(h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", decided), CustomerID: "acme",
+			Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
+		decided++
+		awaitDecided(t, h, decided)
+	}
+	run := h.start(h.entConfig("a", vfs.NewMem()))
+	h.produce(h.entitlement(n, caps, time.Now().UnixMilli()))
+	events()
+	inEffect := acmeRecords()[0]
+	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: canon, Key: key, Timestamp: time.Now(), Value: []byte("not an entitlements record")})
+	events()
+	time.Sleep(100 * time.Millisecond) // a restated record, if any, is committed with the event's transaction
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rs := acmeRecords()
+	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
+		t.Errorf("the last of %d records of acme on its canonical partition (what compaction keeps) is %q, not the one in effect", len(rs), l.Value)
+	} else if o, copied := OriginOf(l); !copied || o.Arrival != inEffect.Timestamp.UnixMilli() || o.Offset != inEffect.Offset {
+		t.Errorf("the restated record's origin %+v (a copy: %v), want the record in effect's", o, copied)
 	}
 }

@@ -862,6 +862,9 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			if err := pt.reject(tx, r, nil, entitlements.Reason(err), err.Error()); err != nil {
 				return err
 			}
+			if err := pt.restateRejected(tx, r); err != nil {
+				return err
+			}
 		case rec.Key.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p:
 			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
 			if _, ok := headerValue(r, HeaderRerouted); ok {
@@ -918,6 +921,9 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 				}
 				pt.ent.pending.record("rejected")
 				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, err.Error()); err != nil {
+					return err
+				}
+				if err := pt.restateRejected(tx, r); err != nil {
 					return err
 				}
 				break
@@ -1061,34 +1067,72 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // for good, for a misrouted original stays on its compacted partition,
 // and can be read again, for as long as it is not replaced there.
 func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
-	v, ok, err := st.Get(originKey(customer))
-	switch {
-	case err != nil:
+	last, lastValue, ok, err := pt.lastOrigin(st, customer)
+	if err != nil {
 		return RecordOrigin{}, false, nil, err
-	case ok && (len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21):
-		return RecordOrigin{}, false, nil, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
-	}
-	var last RecordOrigin
-	var lastValue []byte
-	if ok {
-		last = RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
-			Offset: int64(binary.BigEndian.Uint64(v[12:]))}
-		if v[20] == 1 {
-			lastValue = v[21:]
-		}
 	}
 	o, apply, again := DecideRecord(r, last, lastValue, ok)
 	if apply || !again {
 		return o, !apply, nil, nil
 	}
-	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
+	return last, true, pt.restated(r, last, lastValue), nil
+}
+
+// lastOrigin returns the origin and value of the last record of a
+// customer's key applied (originKey); ok is false when there is none.
+func (pt *partition) lastOrigin(st stateReader, customer string) (last RecordOrigin, lastValue []byte, ok bool, err error) {
+	v, ok, err := st.Get(originKey(customer))
+	switch {
+	case err != nil || !ok:
+		return RecordOrigin{}, nil, false, err
+	case len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21:
+		return RecordOrigin{}, nil, false, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
+	}
+	last = RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
+		Offset: int64(binary.BigEndian.Uint64(v[12:]))}
+	if v[20] == 1 {
+		lastValue = v[21:]
+	}
+	return last, lastValue, true, nil
+}
+
+// restated is the record of r's key in effect, last and lastValue, written
+// again to the partition marked with its origin.
+func (pt *partition) restated(r *kgo.Record, last RecordOrigin, lastValue []byte) *kgo.Record {
+	restate := &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
 		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
 		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},
 	}}
 	if lastValue != nil {
 		restate.Value = bytes.Clone(lastValue)
 	}
-	return last, true, restate, nil
+	return restate
+}
+
+// restateRejected restates the record in effect of the customer of r, a
+// record of usage.entitlements just rejected, when r is on its canonical
+// partition and a record of its key was applied: the rejected record
+// leaves it in effect, but would otherwise be the key's last record, which
+// compaction keeps and a stage reading the compacted topic from the start
+// rejects (applying the default plan instead). Every other stage skips the
+// restated record (the origin and value in effect). A rejected record
+// whose key is reserved, not a customer's, or on another partition, or
+// whose value is the one in effect, changes nothing.
+func (pt *partition) restateRejected(tx *stream.Tx, r *kgo.Record) error {
+	k, err := schemas.ParseEntitlementsKey(r.Key)
+	if err != nil || k.Reserved != "" || schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p {
+		return nil
+	}
+	last, lastValue, ok, err := pt.lastOrigin(tx, k.Customer)
+	if err != nil || !ok || compareValues(r.Value, lastValue) == 0 {
+		// The value in effect rejected (a state applied under other
+		// rules): restated, it would be rejected again, for ever.
+		return err
+	}
+	tx.Emit(pt.restated(r, last, lastValue))
+	pt.pr.log.Info("rejected entitlements record followed by the record in effect, restated", zap.Int32("partition", pt.p),
+		zap.Int64("offset", r.Offset), zap.String("customer", k.Customer))
+	return nil
 }
 
 // DecideRecord decides r, a record of a key on its partition, against the
