@@ -331,47 +331,18 @@ func entCrashRun(t *testing.T, point string, hit int, more []string) {
 }
 
 // checkEntExact is entCrashRun's checks against the reference after a
-// kill at spec: killed are the group's committed offsets at the kill,
-// sentAtKill the number of events sent when the kill was seen.
+// kill at spec: killed are the group's committed offsets at the kill
+// (nil: no kill to check around, only the exact counts), sentAtKill the
+// number of events sent when the kill was seen.
 func checkEntExact(t *testing.T, s *entSuite, spec string, start int64, sentAtKill int, killed map[int32]int64) {
-	// What the reference decided, on each side of the kill.
 	s.mu.Lock()
 	events := append([]*oracle.Event(nil), s.events...)
 	s.mu.Unlock()
 	model := &oracle.Model{Meters: meters, Period: oracle.Day, Grace: graceMs}
 	outcome, models := s.ent.Decide(model, events)
 	card := sched0(start)
-	seen := map[string]map[string]int{"before": {}, "after": {}}
-	again := 0 // sent before the kill was seen, decided after the restart
-	s.mu.Lock()
-	for i, e := range events {
-		o := outcome[e.ID]
-		if o == entref.Accepted && cost(card, start-hourMs, e) > 0 && isCreditCustomer(e.Customer) {
-			o = "paid from credits"
-		}
-		p := schemas.Partition(schemas.CustomerKey(e.Customer), partitions)
-		switch off := s.offsets[e.ID]; {
-		case off >= killed[p]:
-			seen["after"][o]++
-			if i < sentAtKill {
-				again++
-			}
-		default:
-			seen["before"][o]++
-		}
-	}
-	s.mu.Unlock()
-	t.Logf("killed at %s: the input committed before the kill %v; decided after the restart %v, %d of them sent before the kill was seen",
-		spec, seen["before"], seen["after"], again)
-	if strings.HasPrefix(spec, fault.ChargeDecided+"@") && again == 0 {
-		t.Errorf("no event the killed instance had decided was decided again after the restart")
-	}
-	for _, sd := range []string{"before", "after"} {
-		for _, o := range []string{"paid from credits", schemas.ReasonOverLimit, schemas.ReasonNoCredit} {
-			if seen[sd][o] == 0 {
-				t.Errorf("no event %s the kill was %s: the run must exercise it on both sides of the kill", sd, o)
-			}
-		}
+	if killed != nil {
+		checkAroundKill(t, s, spec, events, outcome, card, start, sentAtKill, killed)
 	}
 
 	// Per customer: accepted, over_limit and no_credit, counted in the
@@ -439,6 +410,48 @@ func checkEntExact(t *testing.T, s *entSuite, spec string, start int64, sentAtKi
 		checkDrip(t, c, last[c], s.ent.Records, models, events, rejected, func(e *oracle.Event) int64 { return cost(card, start-hourMs, e) })
 		t.Logf("%s: %d accepted, %d no_credit", c, want[c][entref.Accepted], want[c][schemas.ReasonNoCredit])
 	}
+}
+
+// checkAroundKill checks that a run exercised, on each side of the kill
+// (the input committed before it; the input the restart decided), events
+// paid from credits, over_limit and no_credit rejections, by the
+// reference's outcomes.
+func checkAroundKill(t *testing.T, s *entSuite, spec string, events []*oracle.Event, outcome map[string]string, card *schemas.RateCard,
+	start int64, sentAtKill int, killed map[int32]int64) {
+	t.Helper()
+	seen := map[string]map[string]int{"before": {}, "after": {}}
+	again := 0 // sent before the kill was seen, decided after the restart
+	s.mu.Lock()
+	for i, e := range events {
+		o := outcome[e.ID]
+		if o == entref.Accepted && cost(card, start-hourMs, e) > 0 && isCreditCustomer(e.Customer) {
+			o = "paid from credits"
+		}
+		p := schemas.Partition(schemas.CustomerKey(e.Customer), partitions)
+		switch off := s.offsets[e.ID]; {
+		case off >= killed[p]:
+			seen["after"][o]++
+			if i < sentAtKill {
+				again++
+			}
+		default:
+			seen["before"][o]++
+		}
+	}
+	s.mu.Unlock()
+	t.Logf("killed at %s: the input committed before the kill %v; decided after the restart %v, %d of them sent before the kill was seen",
+		spec, seen["before"], seen["after"], again)
+	if strings.HasPrefix(spec, fault.ChargeDecided+"@") && again == 0 {
+		t.Errorf("no event the killed instance had decided was decided again after the restart")
+	}
+	for _, sd := range []string{"before", "after"} {
+		for _, o := range []string{"paid from credits", schemas.ReasonOverLimit, schemas.ReasonNoCredit} {
+			if seen[sd][o] == 0 {
+				t.Errorf("no event %s the kill was %s: the run must exercise it on both sides of the kill", sd, o)
+			}
+		}
+	}
+
 }
 
 // checkDrip checks a dripped customer's last balance: each grant paid
