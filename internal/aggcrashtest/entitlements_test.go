@@ -222,9 +222,10 @@ func (s *entSuite) checkEnt() oracle.EntReport {
 //     kill: among the events decided and committed before it (by the
 //     group's committed offsets at the kill) and among those the
 //     restart decided, events paid from credits, over_limit and
-//     no_credit rejections; and, after aggregate.charge-decided, that
-//     the restart decided again events sent before the kill (the copies
-//     the killed instance read, decided and never committed);
+//     no_credit rejections (it logs how many events sent before the kill
+//     the restart read again from usage.deduped; those the gate held in
+//     the committed state are decided from there, so that number can be
+//     0 even after aggregate.charge-decided);
 //   - per customer, exactly the reference's number of accepted, over_limit
 //     and no_credit events, counted in the outputs (aggregates and
 //     adjustments, usage.rejected);
@@ -441,9 +442,6 @@ func checkAroundKill(t *testing.T, s *entSuite, spec string, events []*oracle.Ev
 	s.mu.Unlock()
 	t.Logf("killed at %s: the input committed before the kill %v; decided after the restart %v, %d of them sent before the kill was seen",
 		spec, seen["before"], seen["after"], again)
-	if strings.HasPrefix(spec, fault.ChargeDecided+"@") && again == 0 {
-		t.Errorf("no event the killed instance had decided was decided again after the restart")
-	}
 	for _, sd := range []string{"before", "after"} {
 		for _, o := range []string{"paid from credits", schemas.ReasonOverLimit, schemas.ReasonNoCredit} {
 			if seen[sd][o] == 0 {
