@@ -261,3 +261,20 @@ func (s *suite) check(periodOf oracle.Period, grace int64) oracle.Report {
 	s.mu.Unlock()
 	return oracle.Verify(s.t, s.Brokers, s.Names, &oracle.Model{Meters: meters, Period: periodOf, Grace: grace}, events)
 }
+
+// checkRestores checks that the partitions moved between the instances of
+// a rebalance test: at least two restores per partition over every
+// instance run.
+func (s *suite) checkRestores() {
+	s.t.Helper()
+	restores := 0
+	procs := s.Procs()
+	for _, p := range procs {
+		_, n := p.Replayed()
+		restores += n
+	}
+	if restores < 2*partitions {
+		s.t.Errorf("only %d partition restores over all instances: the partitions did not move as intended", restores)
+	}
+	s.t.Logf("%d partition restores over %d instance runs", restores, len(procs))
+}
