@@ -273,7 +273,8 @@ type propInst struct {
 }
 
 type propRun struct {
-	ent     bool // Config.Entitlements, with the test's ticks
+	ent     bool      // Config.Entitlements, with the test's ticks
+	clock   propClock // with ent
 	t       *testing.T
 	h       *aggHarness
 	p       propParams
@@ -290,6 +291,7 @@ func (pr *propRun) config(id string, fs vfs.FS) Config {
 	cfg.FinalChunk = propChunk
 	if pr.ent {
 		cfg.Entitlements, cfg.EntitlementsTick = true, -1
+		cfg.Stream.Clock = pr.clock
 	}
 	cfg.Stream.SessionTimeout = pr.p.session
 	lvl := zap.InfoLevel
@@ -385,15 +387,16 @@ func (pr *propRun) settle() {
 }
 
 func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
-	runPropertyWith(t, brokers, seed, p, false)
+	runPropertyWith(t, brokers, seed, p, nil)
 }
 
-// runPropertyWith is runProperty, with entitlements (ent): the aggregator
-// decides them, the test writes random plans, grants and rate cards to
-// usage.entitlements and appends its ticks (entProp), and the outputs are
-// checked with oracle.VerifyEntitlements, whose decisions are the
-// entitlements package's reference model's.
-func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, ent bool) {
+// runPropertyWith is runProperty, with entitlements (ent not nil): the
+// aggregator decides them, the test writes random plans, grants and rate
+// cards to usage.entitlements and appends its ticks (entProp, with the
+// generators ent switches on), and the outputs are checked with
+// oracle.VerifyEntitlements, whose decisions are the entitlements
+// package's reference model's.
+func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, ent *entGen) {
 	fault.SetHandler(fault.CrashHandler)
 	t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
 	r := rand.New(rand.NewSource(seed))
@@ -416,30 +419,47 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 	}
 	pr := &propRun{t: t, p: p, r: r, cat: cat, insts: map[string]*propInst{}, crashes: map[string]int{}}
 	var ep *entProp
-	if ent {
+	var chunks []int // with entitlements, drawn ahead: entGen.behind writes every chunk's records first
+	if ent != nil {
 		if brokers == nil {
 			_, brokers = testenv.KFake(t)
 		}
 		names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: p.partitions, Sources: st.sources, EventsTimestamp: "CreateTime"})
 		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
 		pr.ent = true
-		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st)
+		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st, *ent)
+		pr.clock = propClock{back: time.Since(time.UnixMilli(ep.ticked))}
+		for i := 0; i < len(st.steps); {
+			n := min(10+r.Intn(30), len(st.steps)-i)
+			chunks = append(chunks, n)
+			i += n
+		}
+		if ent.behind {
+			for i, c := 0, 0; i < len(st.steps); c++ {
+				ep.before(st.steps[i : i+chunks[c]])
+				ep.after()
+				i += chunks[c]
+			}
+		}
 	} else {
 		pr.h = newAggHarnessSources(t, brokers, p.partitions, st.sources)
 	}
 	pr.start("a", true)
+	if ent != nil && ent.behind {
+		pr.settle() // every record of usage.entitlements read before any event
+	}
 
 	// Every crash point is armed once per run, in a random order, each at
 	// a random hit; a point that has not fired stays armed over later
 	// chunks.
 	plan := append([]string{}, propPoints...)
-	if ent {
+	if ent != nil {
 		plan = append(plan, fault.ChargeDecided)
 	}
 	r.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
 	armed := ""
 	armedHits := 0
-	for i := 0; i < len(st.steps); {
+	for i, chunk := 0, 0; i < len(st.steps); chunk++ {
 		// Arm the next point once the previous one fired.
 		if armed != "" && pr.crashes[armed] > armedHits {
 			armed = ""
@@ -478,9 +498,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 		if rebalance && !midChunk {
 			toggleB()
 		}
-		n := 10 + r.Intn(30)
-		if i+n > len(st.steps) {
-			n = len(st.steps) - i
+		var n int
+		if chunks != nil {
+			n = chunks[chunk]
+		} else {
+			n = min(10+r.Intn(30), len(st.steps)-i)
 		}
 		var recs []*kgo.Record
 		for _, s := range st.steps[i : i+n] {
@@ -492,11 +514,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 				}
 			}
 		}
-		if ep != nil {
+		if ep != nil && !ent.behind {
 			ep.before(st.steps[i : i+n])
 		}
 		pr.h.produce(recs...)
-		if ep != nil {
+		if ep != nil && !ent.behind {
 			ep.after()
 		}
 		if (rebalance && midChunk) || i+n == len(st.steps) {
@@ -517,6 +539,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 		events[i] = &e.Event
 	}
 	if ep != nil {
+		t.Logf("entitlements (%s): %d records, %d behind their partition's latest broker time, %d on another partition than their customer's",
+			ent, len(ep.ent.Records), ep.steppedBack, ep.misplaced)
+		if ent.outcomes != nil {
+			*ent.outcomes = rejectedOutcomes(t, pr.h)
+		}
 		rep := oracle.VerifyEntitlements(t, pr.h.brokers, pr.h.names, pModel, &ep.ent, events)
 		if len(rep.Rejected) == 0 {
 			t.Fatalf("seed %d rejected nothing: the plans must exercise caps and credits", seed)
