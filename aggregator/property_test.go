@@ -6,12 +6,14 @@ import (
 	"math/rand"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -270,6 +272,10 @@ type propInst struct {
 	id  string
 	fs  vfs.FS
 	run *aggRunning
+	// started is closed once the running instance initialised its
+	// transactional ID (it logs "stage started"): an open transaction of
+	// an earlier run of the instance is aborted by then.
+	started chan struct{}
 }
 
 type propRun struct {
@@ -285,7 +291,7 @@ type propRun struct {
 	starts  int
 }
 
-func (pr *propRun) config(id string, fs vfs.FS) Config {
+func (pr *propRun) config(id string, fs vfs.FS, started func()) Config {
 	cfg := pr.h.config(id, fs)
 	cfg.Period, cfg.Grace, cfg.Window, cfg.Meters = Day, time.Hour, time.Duration(pWindow)*time.Millisecond, pr.cat
 	cfg.FinalChunk = propChunk
@@ -298,7 +304,13 @@ func (pr *propRun) config(id string, fs vfs.FS) Config {
 	if os.Getenv("PROPERTY_DEBUG") != "" {
 		lvl = zap.DebugLevel
 	}
-	cfg.Stream.Logger = zaptest.NewLogger(pr.t, zaptest.Level(lvl)).Named(fmt.Sprintf("%s#%d", id, pr.starts))
+	hook := zap.Hooks(func(e zapcore.Entry) error {
+		if e.Message == "stage started" {
+			started()
+		}
+		return nil
+	})
+	cfg.Stream.Logger = zaptest.NewLogger(pr.t, zaptest.Level(lvl), zaptest.WrapOptions(hook)).Named(fmt.Sprintf("%s#%d", id, pr.starts))
 	return cfg
 }
 
@@ -313,7 +325,10 @@ func (pr *propRun) start(id string, fresh bool) {
 		in.fs = vfs.NewMem()
 	}
 	pr.starts++
-	in.run = pr.h.start(pr.config(id, in.fs))
+	started := make(chan struct{})
+	var once sync.Once
+	in.started = started
+	in.run = pr.h.start(pr.config(id, in.fs, func() { once.Do(func() { close(started) }) }))
 }
 
 func (pr *propRun) stop(id string) {
@@ -322,11 +337,19 @@ func (pr *propRun) stop(id string) {
 	if errors.Is(err, stream.ErrCrashed) {
 		// It crashed while stopping (committing its last transaction):
 		// restart it, which aborts that transaction at once (the same
-		// transactional ID), and stop it again.
+		// transactional ID), and stop it again once it has (stopped
+		// before, the transaction would hold every read_committed read
+		// of its partitions until the transaction timeout, 10s).
 		pr.crashes[crashPoint(err)]++
 		_ = fault.Arm("")
 		pr.t.Logf("instance %s crashed at %s while stopping; restarting it to stop it again", id, crashPoint(err))
 		pr.start(id, pr.r.Intn(3) == 0)
+		select {
+		case <-in.started:
+		case <-in.run.done:
+		case <-time.After(time.Minute):
+			pr.t.Fatalf("instance %s restarted to abort its transaction did not start within a minute", id)
+		}
 		err = in.run.stop()
 	}
 	if err != nil {
