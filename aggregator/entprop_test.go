@@ -18,8 +18,11 @@ import (
 )
 
 // The property test with entitlements (runPropertyWith): seeds 1–3 on
-// kfake, 101 on the real broker, each with some of the generators of
-// entGen switched on.
+// kfake, 101–103 on the real broker, each with some of the generators of
+// entGen switched on: seeds 1 and 101 interleaved, with broker times that
+// step back and records on a wrong partition; 2 and 102 with step-backs,
+// interleaved and behind, compared event by event (runBothWays); 3 and 103
+// behind, with both.
 
 func TestPropertyEntitlementsKFake(t *testing.T) {
 	t.Run("seed=1", func(t *testing.T) {
@@ -32,8 +35,8 @@ func TestPropertyEntitlementsKFake(t *testing.T) {
 	// depends on how far behind it is: docs/entitlements.md).
 	t.Run("seed=2", func(t *testing.T) { runBothWays(t, nil, 2, propKFake, entGen{stepBack: true}) })
 	// Records on a wrong partition with the aggregator behind: their
-	// copies land after every record the test wrote, and apply to nothing
-	// before. Three days of broker time, for the run time.
+	// copies land after every record the test wrote, and apply to no
+	// event of the run. Three days of broker time, for the run time.
 	short := propKFake
 	short.days = 3
 	t.Run("seed=3", func(t *testing.T) {
@@ -47,6 +50,12 @@ func TestPropertyEntitlementsRealKafka(t *testing.T) {
 		runPropertyWith(t, brokers, 101, propReal, &entGen{stepBack: true, misplaced: true})
 	})
 	t.Run("seed=102", func(t *testing.T) { runBothWays(t, brokers, 102, propReal, entGen{stepBack: true}) })
+	// Records on a wrong partition with the aggregator behind: their
+	// copies land after every record the test wrote, and apply to no
+	// event of the run.
+	t.Run("seed=103", func(t *testing.T) {
+		runPropertyWith(t, brokers, 103, propReal, &entGen{stepBack: true, misplaced: true, behind: true})
+	})
 }
 
 // entGen switches on the generators of a property run with entitlements
