@@ -286,7 +286,7 @@ func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt
 // at start. events, the partition count of usage.events, is the number of
 // dedup source partitions whose watermarks the aggregator takes the minimum
 // over (DESIGN §3): it never comes from a record.
-type partitionCountsT struct{ events, aggregates, adjustments, rejected, entitlements, balances int32 }
+type partitionCountsT struct{ events, deduped, aggregates, adjustments, rejected, entitlements, balances int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {
 	names := []string{cfg.Topics.EventsTopic(), cfg.Topics.DedupedTopic(), cfg.Topics.AggregatesTopic(), cfg.Topics.AdjustmentsTopic(),
@@ -308,7 +308,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 		return partitionCountsT{}, fmt.Errorf("aggregator: %s has %d partitions, %s has %d; they must be co-partitioned (DESIGN §12)",
 			cfg.Topics.EntitlementsTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
-	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
+	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], deduped: n[cfg.Topics.DedupedTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],
 		adjustments: n[cfg.Topics.AdjustmentsTopic()], rejected: n[cfg.Topics.RejectedTopic()],
 		entitlements: n[cfg.Topics.EntitlementsTopic()], balances: n[cfg.Topics.BalancesTopic()]}, nil
 }
@@ -367,7 +367,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.credits = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_credits_consumed_micro_total",
 		Help: "Micro-credits charged for accepted events (drawn from grants or overdrawn), by plan."}, []string{"plan"})
 	m.entRecords = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_entitlements_records_total",
-		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition); counted once their transaction committed."}, []string{"result"})
+		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition), rerouted_repeat (a re-produced record whose original is no later than the last record of its customer applied: not applied); counted once their transaction committed."}, []string{"result"})
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
 	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,16 +73,31 @@ import (
 //	             the change that made it pending (varint)
 //	'R'          the period roll (rollState): the current period of the
 //	             watermark, and the chunked work of the last period start
+//	'o' customer the origin and value of the last record of the
+//	             customer's key applied (RecordOrigin.encodeWith,
+//	             staleCopy)
 const (
 	pfxGate           = 'q'
 	pfxLedger         = 'e'
 	pfxBalancePending = 'b'
+	pfxOrigin         = 'o'
 )
 
 var (
 	keyGateNext = []byte("Q")
 	keyBalances = []byte("B")
 	keyRoll     = []byte("R")
+)
+
+// Headers of a record of usage.entitlements that the aggregator
+// re-produced to its canonical partition (DESIGN §12, as dedup's of §2).
+const (
+	// HeaderRerouted marks a re-produced record. Value:
+	// "<partition>/<offset>" of the misrouted original.
+	HeaderRerouted = "meterline-rerouted"
+	// HeaderArrival carries the misrouted original's broker time (epoch
+	// ms).
+	HeaderArrival = "meterline-arrival"
 )
 
 // pendingKey is the state key of a pending customer.
@@ -415,14 +431,18 @@ func (s *Stage) EntitlementsTable() service.Table {
 }
 
 // rollState is the work of a period start: the balance of every customer
-// with usage in the previous period goes out (its usage in the new one is
-// 0), then the usage of periods no event can reach any more is deleted,
-// each in chunks of Config.FinalChunk (DESIGN §6 invariant 9).
+// with usage in the periods that ended since the last roll goes out (its
+// usage in the new one is 0), then the usage of periods no event can
+// reach any more is deleted, each in chunks of Config.FinalChunk (DESIGN
+// §6 invariant 9).
 type rollState struct {
-	cur    int64  // start of the watermark's period; 0: no watermark yet
-	prev   int64  // start of the period that ended
+	cur int64 // start of the watermark's period; 0: no watermark yet
+	// prev: rollBalances: the start of the period whose customers' balances
+	// go out now; those of every period before it are out, those of the
+	// periods after it, up to cur, go out next.
+	prev   int64
 	phase  byte   // rollIdle, rollBalances, rollPrune
-	cursor string // balances: the last customer emitted
+	cursor string // balances: the last customer of prev emitted
 }
 
 const (
@@ -843,20 +863,55 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 				return err
 			}
 		case rec.Key.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p:
-			// DESIGN §12: a client with another partitioner. It is
-			// re-produced now, and the canonical partition's owner
-			// applies it from its new broker time (an effective_from
-			// before that is raised to it): events decided there
-			// before it was read are never reconsidered. How soon
-			// depends on how far behind this partition is read.
 			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
-			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: pt.pr.now()})
+			if _, ok := headerValue(r, HeaderRerouted); ok {
+				// Never re-routed twice (DESIGN §2): a copy is written
+				// to its canonical partition, and the partition count
+				// never changes under a state (checkPartitionCounts).
+				pt.ent.pending.record("rejected")
+				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("a record marked %s on partition %d of %s, not its customer's %d: never re-routed twice",
+					HeaderRerouted, pt.p, r.Topic, canon)); err != nil {
+					return err
+				}
+				break
+			}
+			// DESIGN §12: a client with another partitioner. It is
+			// re-produced now, with the original's coordinates and
+			// broker time, and the canonical partition's owner applies
+			// it from its new broker time (an effective_from before
+			// that is raised to it): events decided there before it
+			// was read are never reconsidered. How soon depends on how
+			// far behind this partition is read. Read again from the
+			// start (a new group, state rebuilt), it is re-produced
+			// again; that copy changes nothing (staleCopy).
+			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: pt.pr.now(),
+				Headers: []kgo.RecordHeader{
+					{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", r.Partition, r.Offset)},
+					{Key: HeaderArrival, Value: strconv.AppendInt(nil, written, 10)},
+				}})
 			pt.ent.pending.record("rerouted")
 			pt.pr.log.Info("entitlements record re-produced to its canonical partition", zap.Int32("partition", pt.p),
 				zap.Int32("canonical_partition", canon), zap.Int64("offset", r.Offset))
 		case rec.IsTick():
 			pt.ent.pending.record("tick")
 		default:
+			var from RecordOrigin
+			if rec.Key.Reserved == "" {
+				var stale bool
+				var restate *kgo.Record
+				if from, stale, restate, err = pt.staleCopy(tx, r, rec.Key.Customer); err != nil {
+					return err
+				} else if stale {
+					pt.ent.pending.record("rerouted_repeat")
+					pt.pr.log.Info("re-produced entitlements record not applied: a record of its customer that arrived after its original was read",
+						zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("customer", rec.Key.Customer),
+						zap.Bool("restated", restate != nil))
+					if restate != nil {
+						tx.Emit(restate)
+					}
+					break
+				}
+			}
 			if err := l.Apply(pt.ledger(tx), rec); err != nil {
 				if !errors.Is(err, entitlements.ErrInvalid) {
 					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
@@ -869,6 +924,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			}
 			pt.ent.pending.record("applied")
 			if rec.Key.Reserved == "" {
+				tx.Put(originKey(rec.Key.Customer), from.encodeWith(r.Value))
 				pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
 				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
 					return err
@@ -888,6 +944,140 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 	pt.ent.readTo = rt
 	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(rt) / 1000)
 	return pt.drain(tx)
+}
+
+// RecordOrigin orders the records of one customer's key by when they
+// reached usage.entitlements: the broker time of the original (a copy's
+// HeaderArrival, else its own), then the partition and offset of the
+// original (ties: the order is arbitrary but the same for every reader).
+type RecordOrigin struct {
+	Arrival   int64
+	Partition int32
+	Offset    int64
+}
+
+// encodeWith is the value of an originKey: the origin (20 bytes), then
+// the value of the record applied (1, then the value; 0: a tombstone).
+func (o RecordOrigin) encodeWith(value []byte) []byte {
+	b := make([]byte, 0, 21+len(value))
+	b = binary.BigEndian.AppendUint64(b, uint64(o.Arrival))
+	b = binary.BigEndian.AppendUint32(b, uint32(o.Partition))
+	b = binary.BigEndian.AppendUint64(b, uint64(o.Offset))
+	if value == nil {
+		return append(b, 0)
+	}
+	return append(append(b, 1), value...)
+}
+
+// After reports whether o is later than p.
+func (o RecordOrigin) After(p RecordOrigin) bool {
+	switch {
+	case o.Arrival != p.Arrival:
+		return o.Arrival > p.Arrival
+	case o.Partition != p.Partition:
+		return o.Partition > p.Partition
+	}
+	return o.Offset > p.Offset
+}
+
+// OriginOf returns the origin of r, a record of usage.entitlements, and
+// reports whether r is a copy the aggregator re-produced: its headers
+// HeaderRerouted and HeaderArrival (each once, well formed) give the
+// original's coordinates and broker time, the latter never after r's own.
+// Anything else is an ordinary record of its own origin.
+func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
+	own := RecordOrigin{Arrival: r.Timestamp.UnixMilli(), Partition: r.Partition, Offset: r.Offset}
+	rv, ok1 := headerValue(r, HeaderRerouted)
+	av, ok2 := headerValue(r, HeaderArrival)
+	if !ok1 || !ok2 {
+		return own, false
+	}
+	ps, os, cut := strings.Cut(string(rv), "/")
+	p, err1 := strconv.ParseInt(ps, 10, 32)
+	off, err2 := strconv.ParseInt(os, 10, 64)
+	a, err3 := strconv.ParseInt(string(av), 10, 64)
+	if !cut || err1 != nil || err2 != nil || err3 != nil || p < 0 || off < 0 || a < 0 {
+		return own, false
+	}
+	return RecordOrigin{Arrival: min(a, own.Arrival), Partition: int32(p), Offset: off}, true
+}
+
+// originKey is the state key of the origin and value of the last record
+// of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
+func originKey(customer string) []byte { return append([]byte{pfxOrigin}, customer...) }
+
+// headerValue returns the value of r's header k; a header given twice
+// counts as absent (it proves nothing).
+func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			if ok {
+				return nil, false
+			}
+			v, ok = h.Value, true
+		}
+	}
+	return v, ok
+}
+
+// staleCopy returns the origin of r, a customer's record on its canonical
+// partition (OriginOf), and reports whether r is a stale copy: a record
+// the stage re-produced whose original reached usage.entitlements no
+// later than the last record of its key applied here. Such a copy is a
+// repeat (its misrouted original read again from the start by a new group
+// or state rebuilt from scratch, or by a second aggregator), or an older
+// version than one already in effect: applied, it would put an old
+// version back in effect from its new broker time. It changes nothing but
+// the read time. A record without the headers is always applied.
+//
+// When the stale copy is older than the last record applied, restate is
+// that record again, to go to this partition in the same transaction,
+// marked with its own origin: the last record of the key on the
+// partition, which compaction keeps, is then the one in effect, not the
+// stale copy (a stage that reads the partition from the start after
+// compaction applies it; any other finds its origin equal to the last
+// one applied, and skips it without restating it).
+//
+// The last origin and value of each customer key are kept in the state
+// for good, for a misrouted original stays on its compacted partition,
+// and can be read again, for as long as it is not replaced there.
+func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
+	o, copied := OriginOf(r)
+	v, ok, err := st.Get(originKey(customer))
+	switch {
+	case err != nil:
+		return o, false, nil, err
+	case !ok:
+		return o, false, nil, nil
+	case len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21:
+		return o, false, nil, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
+	}
+	last := RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
+		Offset: int64(binary.BigEndian.Uint64(v[12:]))}
+	switch {
+	case o.After(last):
+		return o, false, nil, nil
+	case !copied:
+		// A record written here whose broker time is behind the last
+		// origin (a clock that stepped back) applies, and the last
+		// origin stays.
+		return last, false, nil, nil
+	case !last.After(o), o.Partition == last.Partition && o.Offset == last.Offset:
+		// Not newer; or a copy of the record in effect itself (its
+		// restatement, or its original read again), whose arrival a
+		// broker clock that stepped back since made earlier (OriginOf
+		// takes the copy's own broker time then): restated again, it
+		// would be restated for as long as the clock is behind.
+		return last, true, nil, nil
+	}
+	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
+		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
+		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},
+	}}
+	if v[20] == 1 {
+		restate.Value = bytes.Clone(v[21:])
+	}
+	return last, true, restate, nil
 }
 
 // pruneHorizon is the earliest arrival a future event of the partition can
@@ -978,20 +1168,32 @@ func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byt
 }
 
 // entWatermark starts the work of a period start when the watermark
-// entered a new period.
+// entered a new period: the balances of the customers with usage in every
+// period from the one it left up to the new one (periods the watermark
+// skipped included) go out. A roll whose balances are still going out
+// when the watermark enters yet another period goes on from its cursor,
+// now up to the newer period: no customer it had not reached is dropped.
 func (pt *partition) entWatermark(tx *stream.Tx) {
 	e := pt.ent
 	start, _ := pt.bounds(pt.wm)
 	if start <= e.roll.cur {
 		return
 	}
-	prev := e.roll.cur
-	e.roll = rollState{cur: start, prev: prev, phase: rollBalances}
-	if prev == 0 {
-		e.roll.phase = rollPrune
+	switch prev := e.roll.cur; {
+	case prev == 0:
+		e.roll = rollState{cur: start, phase: rollPrune}
+	case e.roll.phase == rollBalances:
+		e.roll.cur = start
+	default:
+		e.roll = rollState{cur: start, prev: prev, phase: rollBalances}
 	}
 	tx.Put(keyRoll, e.roll.encode())
 }
+
+// maxRollPeriods bounds the periods one chunk of a roll's balances looks
+// at (a watermark that skipped many short periods): each costs a scan of
+// the Ledger's period index, empty for a period without usage.
+const maxRollPeriods = 64
 
 // entHasWork reports whether the entitlements have chunked work: records
 // of the gate that can go through, a period start's, or pending balances
@@ -1014,17 +1216,27 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	switch e.roll.phase {
 	case rollBalances:
 		work = "balances"
-		cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, n)
-		if err != nil {
-			return err
-		}
-		for _, c := range cs {
-			e.emitNow[c] = max(e.emitNow[c], pt.wm)
-		}
-		if more && len(cs) > 0 {
-			e.roll.cursor = cs[len(cs)-1]
-		} else {
-			e.roll.phase, e.roll.cursor = rollPrune, ""
+		// The periods from prev up to cur, in order, at most n customers
+		// and maxRollPeriods periods a chunk.
+		for left, periods := n, 0; left > 0 && periods < maxRollPeriods && e.roll.phase == rollBalances; periods++ {
+			cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, left)
+			if err != nil {
+				return err
+			}
+			for _, c := range cs {
+				e.emitNow[c] = max(e.emitNow[c], pt.wm)
+			}
+			left -= len(cs)
+			if more && len(cs) > 0 {
+				e.roll.cursor = cs[len(cs)-1]
+				continue
+			}
+			e.roll.cursor = ""
+			if _, end := pt.pr.cfg.Period.Bounds(e.roll.prev); end < e.roll.cur {
+				e.roll.prev = end
+			} else {
+				e.roll.phase = rollPrune
+			}
 		}
 	case rollPrune:
 		more, err := pt.pr.ledger.PrunePeriods(pt.ledger(tx), pt.pruneHorizon(), n)

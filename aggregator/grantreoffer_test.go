@@ -1,5 +1,3 @@
-//go:build knownbug
-
 package aggregator
 
 import (
@@ -22,17 +20,12 @@ import (
 // caught up or behind. docs/entitlements.md: an id offered again after its
 // window has been past for W is a new grant, so the event is paid.
 //
-// Known to fail (build tag knownbug): the Ledger changes a customer's
-// grant state in the order it reads usage.entitlements (Apply raises the
-// expiry of every grant the record offers; PruneCustomer, when a record is
-// applied, drops grant state with a horizon from the watermark as it is at
-// that moment), not in the order events are decided. Caught up, the
-// customer's record is applied once the watermark has moved on and the
-// old grant state is pruned: the re-offered grant is new and pays. Behind,
-// the entitlements partition is read ahead of usage.deduped, the record is
-// applied while the watermark is still at 0, nothing is pruned, the
-// re-offer raises the old entry's expiry, and the event is rejected
-// no_credit.
+// Caught up, the customer's records are read once the watermark has moved
+// on; behind, the entitlements partition is read ahead of usage.deduped,
+// while the watermark is still at 0. Either way g's generation is given
+// by the records alone: the re-offer is read more than W after the latest
+// expiry any record gave g, so it starts a new generation, and e2 draws
+// from it (entitlements/generation.go).
 func TestEntitlementsGrantReofferedCaughtUpOrBehind(t *testing.T) {
 	liveRej, liveVals := grantReofferRun(t, true)
 	lagRej, lagVals := grantReofferRun(t, false)

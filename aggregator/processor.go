@@ -94,6 +94,10 @@ type partition struct {
 	// writeEntMode: the state does not record entitlements on yet
 	// (checkEntMode); the next transaction records it.
 	writeEntMode bool
+	// writeCounts: the state does not record the partition counts it is
+	// built with yet (checkPartitionCounts); the next transaction records
+	// them.
+	writeCounts bool
 	// refused: reject was called; event reads it to keep the charge of
 	// an event its aggregate refused out of the transaction, and
 	// bookChunk to refund the charge of a queued event its booking
@@ -138,6 +142,9 @@ func (pt *partition) load(st stateReader) error {
 		return err
 	}
 	if err := pt.checkEntMode(st); err != nil {
+		return err
+	}
+	if err := pt.checkPartitionCounts(st); err != nil {
 		return err
 	}
 	pt.keys, pt.finals = 0, map[int64]*periodState{}
@@ -213,6 +220,68 @@ func (pt *partition) saveKeyCount(tx *stream.Tx) {
 	binary.BigEndian.PutUint64(b[:], uint64(pt.keys))
 	tx.Put(keyKeyCount, b[:])
 	pt.keysSaved = pt.keys
+}
+
+// ErrPartitionCountChanged is returned (wrapped) when usage.deduped or
+// usage.entitlements has another partition count than the one the state
+// was built with: customers would be routed to other partitions than the
+// one that holds their aggregates, caps and credits.
+var ErrPartitionCountChanged = errors.New("partition count changed")
+
+// encodeRecorded is keyPartitionCounts' value: the partition count of
+// usage.deduped, then, with entitlements on, usage.entitlements' (4 bytes
+// big-endian each).
+func (c partitionCountsT) encodeRecorded(ent bool) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(c.deduped))
+	if ent {
+		b = binary.BigEndian.AppendUint32(b, uint32(c.entitlements))
+	}
+	return b
+}
+
+// checkPartitionCounts refuses state built with another partition count of
+// usage.deduped or usage.entitlements than the cluster's (DESIGN §12, as
+// dedup does for usage.events in §2): a customer's records are in the
+// partition of its framed ID modulo the count, so with another count its
+// new events and entitlements go to another partition than its
+// aggregates, cap usage and credits, which would start again from zero
+// there. State that does not record the counts (new, or built before they
+// were recorded) gets them in its next transaction; so does the count of
+// usage.entitlements when entitlements are turned on for state that
+// records only usage.deduped's.
+func (pt *partition) checkPartitionCounts(st stateReader) error {
+	v, ok, err := st.Get(keyPartitionCounts)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		pt.writeCounts = true
+		return nil
+	case len(v) != 4 && len(v) != 8:
+		return fmt.Errorf("aggregator: partition %d: corrupt partition counts in the state (%d bytes)", pt.p, len(v))
+	}
+	ent := pt.pr.ledger != nil
+	c := pt.pr.counts
+	deduped, entN := int32(binary.BigEndian.Uint32(v)), int32(-1)
+	if len(v) == 8 {
+		entN = int32(binary.BigEndian.Uint32(v[4:]))
+	}
+	if deduped != c.deduped || ent && entN >= 0 && entN != c.entitlements {
+		was := fmt.Sprintf("%d partitions of %s", deduped, pt.pr.cfg.Topics.DedupedTopic())
+		now := fmt.Sprintf("%d", c.deduped)
+		if entN >= 0 {
+			was += fmt.Sprintf(" and %d of %s", entN, pt.pr.cfg.Topics.EntitlementsTopic())
+			if ent {
+				now += fmt.Sprintf(" and %d", c.entitlements)
+			}
+		}
+		return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built with %s; they now have %s. "+
+			"Customers would move to other partitions than their aggregates, caps and credits (DESIGN §12): "+
+			"put the partition counts back, or run on new topic names and a new consumer group",
+			pt.p, ErrPartitionCountChanged, pt.pr.cfg.Topics.AggregateChangelogTopic(), was, now)
+	}
+	pt.writeCounts = ent && entN < 0
+	return nil
 }
 
 // errStateFound stops checkKeyScheme's scan at the first key.
@@ -416,6 +485,10 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	if pt.writeEntMode {
 		tx.Put(keyEntMode, []byte(entModeOn))
 		pt.writeEntMode = false
+	}
+	if pt.writeCounts {
+		tx.Put(keyPartitionCounts, pt.pr.counts.encodeRecorded(pt.pr.ledger != nil))
+		pt.writeCounts = false
 	}
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()

@@ -279,8 +279,7 @@ type propInst struct {
 }
 
 type propRun struct {
-	ent     bool      // Config.Entitlements, with the test's ticks
-	clock   propClock // with ent
+	ent     bool // Config.Entitlements, with the test's ticks
 	t       *testing.T
 	h       *aggHarness
 	p       propParams
@@ -297,7 +296,6 @@ func (pr *propRun) config(id string, fs vfs.FS, started func()) Config {
 	cfg.FinalChunk = propChunk
 	if pr.ent {
 		cfg.Entitlements, cfg.EntitlementsTick = true, -1
-		cfg.Stream.Clock = pr.clock
 	}
 	cfg.Stream.SessionTimeout = pr.p.session
 	lvl := zap.InfoLevel
@@ -451,7 +449,6 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
 		pr.ent = true
 		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st, *ent)
-		pr.clock = propClock{back: time.Since(time.UnixMilli(ep.ticked))}
 		for i := 0; i < len(st.steps); {
 			n := min(10+r.Intn(30), len(st.steps)-i)
 			chunks = append(chunks, n)

@@ -37,6 +37,10 @@ import (
 //	                 checkKeyScheme); absent only from new state
 //	'm'              entModeOn when the state was built with
 //	                 entitlements on (processor.go checkEntMode)
+//	'N'              the partition count of usage.deduped, then, with
+//	                 entitlements on, of usage.entitlements (4 bytes
+//	                 big-endian each); refused when the cluster's differ
+//	                 (processor.go checkPartitionCounts)
 //	'k'              the number of 'a' and 'f' keys (8 bytes big-endian),
 //	                 written in every transaction that changes it
 //	                 (processor.go saveKeyCount) and read when a
@@ -58,6 +62,9 @@ var (
 	keyKeyScheme = []byte("s")
 	keyEntMode   = []byte("m")
 	keyKeyCount  = []byte("k")
+	// keyPartitionCounts: the partition counts the state was built with
+	// (processor.go checkPartitionCounts).
+	keyPartitionCounts = []byte("N")
 )
 
 // entModeOn is keyEntMode's value: entitlements on, and the Ledger's

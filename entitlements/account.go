@@ -7,16 +7,17 @@ import (
 
 // Account is a customer's mutable ledger state, kept under one state key
 // (Ledger: 'A' C), so that a transaction that changes a customer writes
-// one record for it whatever it changed: what each grant paid (and its
-// latest expiry; a grant a version of the customer's offered has an entry
-// before it pays), and for each period an event can still belong to, the
+// one record for it whatever it changed: what each grant generation paid
+// (generation.go; and the latest expiry the customer's own records gave
+// it: a generation they offered has an entry before it pays), and for
+// each period an event can still belong to, the
 // accepted units of each meter and what the customer overdrew. A period
 // appears once it has usage: accepted units of a SUM or COUNT meter.
 //
 // An Account is only ever changed by the Ledger; a Store that keeps
 // accounts decoded (AccountCache) holds them for the Ledger.
 type Account struct {
-	uses    []grantUse  // by id
+	uses    []grantUse  // by id, then generation
 	periods []periodUse // by start
 	// changedAt is the broker time of the latest change its owner noted
 	// for the customer's balance (NoteChange; 0: none), kept with the
@@ -140,15 +141,16 @@ func (p *periodUse) overdrawnIn() int64 {
 	return p.overdrawn
 }
 
-// appendAccount appends the account's encoding to b.
+// appendAccount appends the account's encoding (stateFormatGen) to b.
 func appendAccount(b []byte, a *Account) []byte {
 	e := &enc{b: b}
-	e.byte(stateFormat)
+	e.byte(stateFormatGen)
 	e.count(len(a.uses))
 	for _, u := range a.uses {
 		e.str(u.id)
+		e.int(u.gen)
 		e.int(u.consumed)
-		e.int(u.expiry)
+		e.int(u.own)
 	}
 	e.count(len(a.periods))
 	for _, p := range a.periods {
@@ -173,17 +175,30 @@ func (a *Account) MarshalBinary() ([]byte, error) {
 }
 
 // UnmarshalBinary decodes an account; anything but an account's encoding
-// (strictly ordered entries, no negative amount) is ErrCorrupt.
+// (strictly ordered entries, no negative amount) is ErrCorrupt. An
+// account written before grants had generations (stateFormat: an entry
+// per id, with the latest expiry any version gave the grant) decodes with
+// every grant of legacyGen, as offered by the customer's own records
+// until that expiry: the versions of that state offer legacyGen, so what
+// a grant paid then still counts, and a record read less than W after
+// that expiry continues it (Ledger.Apply).
 func (a *Account) UnmarshalBinary(b []byte) error {
 	*a = Account{}
-	d := newDec("account", b)
+	d := newDecGens("account", b)
 	n := d.count(maxGrantUses)
 	if n > 0 {
 		a.uses = make([]grantUse, 0, n)
 	}
 	for i := 0; i < n && d.err == nil; i++ {
-		g := grantUse{id: d.str(), consumed: d.int(), expiry: d.int()}
-		if g.consumed < 0 || i > 0 && g.id <= a.uses[i-1].id {
+		g := grantUse{id: d.str(), gen: legacyGen}
+		if d.gens {
+			g.gen = d.int()
+		}
+		g.consumed, g.own = d.int(), d.int()
+		if !d.gens && g.own < 0 {
+			g.own = 0 // paid, and no version seen to offer it
+		}
+		if g.consumed < 0 || g.own < 0 || i > 0 && !a.uses[i-1].before(g.id, g.gen) {
 			d.fail("account: bad grant entry")
 		}
 		a.uses = append(a.uses, g)
@@ -222,29 +237,45 @@ func (a *Account) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
-// appendGrantExpiries appends the encoding of grant expiries (the
-// default plan's: ids and expiries, by id) to b.
-func appendGrantExpiries(b []byte, es []grantUse) []byte {
+// defaultGrant is the default plan's current generation of a grant id:
+// the read time of the record that started it (gen) and the latest
+// expiry (epoch ms, math.MaxInt64: never) the default plan's records gave
+// it since (Ledger.Apply).
+type defaultGrant struct {
+	id       string
+	gen, exp int64
+}
+
+// appendDefaultGrants appends the encoding (stateFormatGen) of the
+// default plan's grant generations (by id) to b.
+func appendDefaultGrants(b []byte, es []defaultGrant) []byte {
 	e := &enc{b: b}
-	e.byte(stateFormat)
+	e.byte(stateFormatGen)
 	e.count(len(es))
 	for _, g := range es {
 		e.str(g.id)
-		e.int(g.expiry)
+		e.int(g.gen)
+		e.int(g.exp)
 	}
 	return e.b
 }
 
-// decodeGrantExpiries decodes what appendGrantExpiries encoded; anything
-// else (ids not strictly ordered) is ErrCorrupt.
-func decodeGrantExpiries(b []byte) ([]grantUse, error) {
-	d := newDec("grant expiries", b)
+// decodeDefaultGrants decodes what appendDefaultGrants encoded, or the
+// default plan's grant expiries written before grants had generations
+// (ids and expiries: legacyGen); anything else (ids not strictly
+// ordered) is ErrCorrupt.
+func decodeDefaultGrants(b []byte) ([]defaultGrant, error) {
+	d := newDecGens("default grants", b)
 	n := d.count(maxGrantUses)
-	es := make([]grantUse, 0, n)
+	es := make([]defaultGrant, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
-		g := grantUse{id: d.str(), expiry: d.int()}
+		g := defaultGrant{id: d.str(), gen: legacyGen}
+		if d.gens {
+			g.gen = d.int()
+		}
+		g.exp = d.int()
 		if i > 0 && g.id <= es[i-1].id {
-			d.fail("grant expiries: bad entry")
+			d.fail("default grants: bad entry")
 		}
 		es = append(es, g)
 	}

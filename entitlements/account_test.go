@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -107,7 +108,7 @@ func TestAccountPrunedKeepsLateEventCap(t *testing.T) {
 // TestAccountEncoding: an account encodes and decodes to itself; a
 // truncated or disordered one is ErrCorrupt.
 func TestAccountEncoding(t *testing.T) {
-	a := &Account{uses: []grantUse{{"a", 5, 100}, {"b", 0, -1}}}
+	a := &Account{uses: []grantUse{{"a", 7, 5, 100}, {"a", 9, 2, 0}, {"b", legacyGen, 0, math.MaxInt64}}}
 	p, _ := a.addPeriod(2000)
 	p.add("tokens", 7)
 	p.add("api_calls", 3)
@@ -131,10 +132,16 @@ func TestAccountEncoding(t *testing.T) {
 			t.Fatalf("%d of %d bytes: %v, want ErrCorrupt", i, len(b), err)
 		}
 	}
-	bad := &Account{uses: []grantUse{{"b", 1, 1}, {"a", 1, 1}}}
-	bb, _ := bad.MarshalBinary()
-	if err := new(Account).UnmarshalBinary(bb); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("disordered grants: %v, want ErrCorrupt", err)
+	for _, uses := range [][]grantUse{
+		{{"b", 1, 1, 1}, {"a", 1, 1, 1}}, // disordered ids
+		{{"a", 2, 1, 1}, {"a", 1, 1, 1}}, // disordered generations
+		{{"a", 1, 1, 1}, {"a", 1, 1, 1}}, // twice
+		{{"a", 1, 1, -1}},                // a negative expiry
+	} {
+		bb, _ := (&Account{uses: uses}).MarshalBinary()
+		if err := new(Account).UnmarshalBinary(bb); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("grants %v: %v, want ErrCorrupt", uses, err)
+		}
 	}
 }
 
@@ -144,7 +151,7 @@ func TestAccountEncoding(t *testing.T) {
 // note that is not a positive time is ErrCorrupt. It does not keep an
 // empty account alive.
 func TestAccountChangeNote(t *testing.T) {
-	a := &Account{uses: []grantUse{{"a", 5, 100}}}
+	a := &Account{uses: []grantUse{{"a", 1, 5, 100}}}
 	plain, _ := a.MarshalBinary()
 	a.NoteChange(2000)
 	a.NoteChange(1500)

@@ -14,8 +14,17 @@ import (
 // every count by what Validate and MaxVersions allow, so corrupt state is
 // an error (ErrCorrupt), never a crash or an allocation without bound.
 
-// stateFormat is the first byte of every encoded state value.
-const stateFormat = 1
+// The first byte of every encoded state value: its format.
+const (
+	// stateFormat: the rate history; and the format in which state
+	// written before grants had generations holds timelines, accounts,
+	// the default plan's grants and charges (still read: their grants
+	// are of legacyGen).
+	stateFormat = 1
+	// stateFormatGen: timelines, accounts, the default plan's grants and
+	// charges, each grant with its generation.
+	stateFormatGen = 2
+)
 
 // ErrCorrupt is returned (wrapped) when a state value does not decode.
 var ErrCorrupt = errors.New("entitlements: corrupt state")
@@ -27,7 +36,12 @@ func (e *enc) uint(v uint64) { e.b = binary.AppendUvarint(e.b, v) }
 func (e *enc) str(s string)  { e.uint(uint64(len(s))); e.b = append(e.b, s...) }
 func (e *enc) bool(v bool)   { e.b = append(e.b, boolByte(v)) }
 func (e *enc) byte(v byte)   { e.b = append(e.b, v) }
-func newEnc(n int) *enc      { e := &enc{b: make([]byte, 0, n)}; e.byte(stateFormat); return e }
+func newEnc(n int) *enc      { return newEncFormat(n, stateFormat) }
+func newEncFormat(n int, format byte) *enc {
+	e := &enc{b: make([]byte, 0, n)}
+	e.byte(format)
+	return e
+}
 func (e *enc) bytes() []byte { return e.b }
 func (e *enc) plan(p *Plan)  { encodePlan(e, p) }
 func (e *enc) count(n int)   { e.uint(uint64(n)) }
@@ -49,8 +63,12 @@ func boolByte(v bool) byte {
 type dec struct {
 	b   []byte
 	err error
+	// gens: the value is in stateFormatGen (its grants have
+	// generations).
+	gens bool
 }
 
+// newDec decodes a value of stateFormat.
 func newDec(what string, b []byte) *dec {
 	d := &dec{b: b}
 	if len(b) == 0 || b[0] != stateFormat {
@@ -59,6 +77,15 @@ func newDec(what string, b []byte) *dec {
 	}
 	d.b = b[1:]
 	return d
+}
+
+// newDecGens decodes a value of stateFormatGen, or of stateFormat as
+// written before grants had generations (dec.gens false).
+func newDecGens(what string, b []byte) *dec {
+	if len(b) > 0 && b[0] == stateFormatGen {
+		return &dec{b: b[1:], gens: true}
+	}
+	return newDec(what, b)
 }
 
 func (d *dec) fail(format string, args ...any) {
@@ -174,8 +201,9 @@ func encodePlan(e *enc, p *Plan) {
 		e.bool(c.OnLimit == schemas.OnLimitAllow)
 	}
 	e.count(len(p.Grants))
-	for _, g := range p.Grants {
+	for i, g := range p.Grants {
 		e.grant(g)
+		e.int(p.gen(i))
 	}
 	e.bool(p.Overdraft.Policy == schemas.OverdraftDeny)
 	e.int(p.Overdraft.Limit)
@@ -192,8 +220,12 @@ func decodePlan(d *dec) *Plan {
 		e.Caps = append(e.Caps, c)
 	}
 	n = d.count(MaxGrants)
+	var gens []int64
 	for i := 0; i < n && d.err == nil; i++ {
 		e.Grants = append(e.Grants, d.grant())
+		if d.gens {
+			gens = append(gens, d.int())
+		}
 	}
 	e.Overdraft.Policy = policies[boolByte(d.bool())]
 	e.Overdraft.Limit = d.int()
@@ -205,12 +237,31 @@ func decodePlan(d *dec) *Plan {
 		d.fail("plan: %v", err)
 		return nil
 	}
+	if gens != nil {
+		// NewPlan sorts the grants in draw order, as they were encoded;
+		// the generations follow them by id if they moved.
+		p.gens = gens
+		for i := range p.Grants {
+			if p.Grants[i].ID == e.Grants[i].ID {
+				continue
+			}
+			byID := make(map[string]int64, len(gens))
+			for j, g := range e.Grants {
+				byID[g.ID] = gens[j]
+			}
+			p.gens = make([]int64, len(p.Grants))
+			for j, g := range p.Grants {
+				p.gens[j] = byID[g.ID]
+			}
+			break
+		}
+	}
 	return p
 }
 
 // MarshalBinary encodes the timeline for the stage's state.
 func (t *Timeline) MarshalBinary() ([]byte, error) {
-	e := newEnc(16 + 64*len(t.versions))
+	e := newEncFormat(16+64*len(t.versions), stateFormatGen)
 	e.count(len(t.versions))
 	for _, v := range t.versions {
 		e.int(v.From)
@@ -225,7 +276,7 @@ func (t *Timeline) MarshalBinary() ([]byte, error) {
 // UnmarshalBinary decodes what MarshalBinary encoded. Errors wrap
 // ErrCorrupt.
 func (t *Timeline) UnmarshalBinary(b []byte) error {
-	d := newDec("timeline", b)
+	d := newDecGens("timeline", b)
 	n := d.count(MaxVersions + 1)
 	vs := make([]Version, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {

@@ -79,6 +79,9 @@ func (o Outcome) Reason() string {
 type Draw struct {
 	Grant  string
 	Amount int64
+	// gen is the grant's generation in the plan that decided the event
+	// (Plan.gen): what it paid is kept under it.
+	gen int64
 }
 
 // Decision is the decision on one event and, when accepted, the change it
@@ -199,14 +202,15 @@ func decideDraws(in Input, draws []Draw) Decision {
 	}
 	d.Cost = cost
 	need := cost
-	for _, g := range p.Grants {
+	for i, g := range p.Grants {
 		if need == 0 {
 			break
 		}
 		if ev.EventTime < g.EffectiveFrom || ev.EventTime >= expiry(g) {
 			continue
 		}
-		used := consumedOf(in.uses, g.ID)
+		gen := p.gen(i)
+		used := consumedOf(in.uses, g.ID, gen)
 		if in.Consumed != nil {
 			used = in.Consumed(g.ID)
 		}
@@ -215,7 +219,7 @@ func decideDraws(in Input, draws []Draw) Decision {
 			continue
 		}
 		take := min(left, need)
-		d.Draws = append(d.Draws, Draw{Grant: g.ID, Amount: take})
+		d.Draws = append(d.Draws, Draw{Grant: g.ID, Amount: take, gen: gen})
 		need -= take
 	}
 	if need == 0 {

@@ -48,9 +48,9 @@
 // # State
 //
 // Ledger keeps, per customer, a Timeline of entitlements and an Account
-// (usage per meter and period, what each grant paid, overdraft per
-// period), plus the default plan's Timeline (and the latest expiry each
-// of its grants had in any version) and the RateHistory. Each is
+// (usage per meter and period, what each grant generation paid, overdraft
+// per period), plus the default plan's Timeline (and the current
+// generation of each of its grants) and the RateHistory. Each is
 // serializable (MarshalBinary / Unmarshal*) so that the aggregator can
 // keep it in its changelogged state, and bounded: Prune drops what no
 // future event can need.

@@ -368,9 +368,10 @@ func TestGrantBalanceOutlivesARemoval(t *testing.T) {
 	if err != nil || d.Outcome != NoCredit {
 		t.Fatalf("500 more from a grant of 1,000 that paid 800: %+v, %v", d, err)
 	}
-	// Once its latest expiry is more than W behind the horizon, the entry
-	// goes: state stays bounded.
-	apply(base+150*day, &schemas.Entitlements{CustomerID: "acme", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}})
+	// Once the partition is read W past its latest expiry (no record can
+	// continue it) and no version that may decide an event still to come
+	// offers it, the entry goes: state stays bounded.
+	apply(base+235*day, &schemas.Entitlements{CustomerID: "acme", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}})
 	if err := l.PruneCustomer(st, "acme", base+300*day); err != nil {
 		t.Fatal(err)
 	}

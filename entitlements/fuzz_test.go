@@ -24,26 +24,26 @@ func FuzzStateDecode(f *testing.F) {
 	_ = h.Set(3, &schemas.RateCard{Versions: []schemas.RateVersion{{EffectiveFrom: 1, Rates: []schemas.Rate{{Meter: "a", MicroCredits: 1, PerUnits: 2}}}}})
 	b, _ = h.MarshalBinary()
 	f.Add(b)
-	acct := &Account{uses: []grantUse{{"g", 3, 9}}}
+	acct := &Account{uses: []grantUse{{"g", 4, 3, 9}}}
 	ap, _ := acct.addPeriod(7)
 	ap.add("m", 2)
 	b, _ = acct.MarshalBinary()
 	f.Add(b)
-	f.Add(appendGrantExpiries(nil, []grantUse{{id: "a", expiry: 9}, {id: "b", expiry: math.MaxInt64}}))
+	f.Add(appendDefaultGrants(nil, []defaultGrant{{id: "a", gen: 4, exp: 9}, {id: "b", gen: 5, exp: math.MaxInt64}}))
 	f.Add([]byte{stateFormat})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if es, err := decodeGrantExpiries(b); err != nil {
+		if es, err := decodeDefaultGrants(b); err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("grant expiries: %v", err)
 			}
 		} else {
-			again := appendGrantExpiries(nil, es)
-			es2, err := decodeGrantExpiries(again)
+			again := appendDefaultGrants(nil, es)
+			es2, err := decodeDefaultGrants(again)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(again, appendGrantExpiries(nil, es2)) {
+			if !bytes.Equal(again, appendDefaultGrants(nil, es2)) {
 				t.Fatal("grant expiries encoding not stable")
 			}
 		}

@@ -199,14 +199,14 @@ func (l *Ledger) period(ms int64) (start, end int64) {
 //	'T' C          the customer's Timeline
 //	'D'            the default plan's Timeline
 //	'R'            the RateHistory
-//	'G'            the latest expiry each grant id had in any version of
-//	               the default plan read, for PruneCustomer
+//	'G'            the default plan's current generation of each grant
+//	               id and its latest expiry, while alive (generation.go)
 //	'W'            the latest broker time read from the entitlements partition
-//	'A' C          the customer's Account: what each grant has paid (and
-//	               its expiry; every grant a version of the customer's
-//	               offered, paid or not); per period P still reachable
-//	               by an event, the accepted units of each meter and the
-//	               overdraft
+//	'A' C          the customer's Account: what each grant generation
+//	               has paid (and the latest expiry the customer's own
+//	               records gave it; every generation they offered, paid
+//	               or not); per period P still reachable by an event,
+//	               the accepted units of each meter and the overdraft
 //	'P' P C        the customer's Account has usage in P (an index: a
 //	               value of one byte), for CustomersWithUsage and
 //	               PrunePeriods
@@ -249,7 +249,7 @@ const (
 	subReadTo   = 'W'
 	subAccount  = 'A'
 	subPeriod   = 'P'
-	// subDefaultGrants: the default plan's grant expiries.
+	// subDefaultGrants: the default plan's grant generations.
 	subDefaultGrants = 'G'
 )
 
@@ -435,8 +435,9 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		b, _ := h.MarshalBinary()
 		st.Put(l.keyRates, b)
 	default:
+		customer := r.Key.Reserved == ""
 		k := l.keyDefault
-		if r.Key.Reserved == "" {
+		if customer {
 			k = l.customerKey(subTimeline, r.Key.Customer)
 		}
 		t, err := l.timeline(st, k)
@@ -447,36 +448,37 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Entitlements != nil {
 			from = r.Entitlements.EffectiveFrom
 		}
-		if err := t.Set(written, from, r.Plan); err != nil {
+		// The grants' generations, by the records read before this one
+		// (generation.go); nothing is changed before the version is.
+		p := r.Plan
+		var a *Account
+		var es []defaultGrant
+		if p != nil && len(p.Grants) > 0 {
+			if es, err = l.defaultGrants(st); err != nil {
+				return err
+			}
+			if customer {
+				if a, err = l.account(st, r.Key.Customer); err != nil {
+					return err
+				}
+				p = p.withGens(l.ownGens(a.uses, es, p, written))
+			} else {
+				p = p.withGens(l.defaultGens(es, p, written))
+			}
+		}
+		if err := t.Set(written, from, p); err != nil {
 			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
 		l.putTimeline(st, k, t)
 		switch {
-		case r.Plan == nil:
-		case r.Key.Reserved == "":
-			// A grant keeps what it paid at least as long as this version
-			// can offer it: the entry is added now, if the grant has not
-			// paid yet, for PruneCustomer may prune this version before
-			// the grant first pays.
-			a, err := l.account(st, r.Key.Customer)
-			if err != nil {
-				return err
-			}
-			if uses, changed := mergeExpiries(a.uses, r.Plan); changed {
+		case p == nil || len(p.Grants) == 0:
+		case customer:
+			if uses, changed := offerOwn(a.uses, p); changed {
 				a.uses = uses
 				l.putAccount(st, r.Key.Customer, a)
 			}
 		default:
-			// The same for every customer's grants the default plan
-			// offers, when PruneCustomer looks at them: the versions of
-			// the default plan may be pruned by then.
-			es, err := l.defaultGrants(st)
-			if err != nil {
-				return err
-			}
-			if es, changed := mergeExpiries(es, r.Plan); changed {
-				l.putDefaultGrants(st, es)
-			}
+			l.putDefaultGrants(st, l.offerDefault(es, p, written))
 		}
 	}
 	return l.Advance(st, r.Written)
@@ -499,16 +501,6 @@ func (l *Ledger) PlanAt(st Store, customer string, arrival int64) (*Plan, error)
 	}
 	p, _ := d.At(arrival)
 	return p, nil
-}
-
-// grantUse is what one grant has paid for a customer, and the latest
-// expiry (epoch ms, math.MaxInt64: never) the grant had in any version
-// seen to offer it to the customer: PruneCustomer drops the entry once no
-// future event's event_time can be before it.
-type grantUse struct {
-	id       string
-	consumed int64
-	expiry   int64
 }
 
 // maxGrantUses bounds the entries of one customer's grant state when it is
@@ -584,27 +576,6 @@ func (l *Ledger) WriteAccount(st Store, customer string, a *Account, scratch []b
 	scratch = appendAccount(scratch, a)
 	st.Put(scratch[:kn:kn], scratch[kn:])
 	return scratch
-}
-
-// raiseExpiries raises the stored expiry of every entry whose grant p
-// offers with a later one. It reports whether it changed an entry.
-func raiseExpiries(us []grantUse, p *Plan) bool {
-	changed := false
-	for _, g := range p.Grants {
-		i := sort.Search(len(us), func(i int) bool { return us[i].id >= g.ID })
-		if i < len(us) && us[i].id == g.ID && expiry(g) > us[i].expiry {
-			us[i].expiry, changed = expiry(g), true
-		}
-	}
-	return changed
-}
-
-func consumedOf(us []grantUse, id string) int64 {
-	i := sort.Search(len(us), func(i int) bool { return us[i].id >= id })
-	if i < len(us) && us[i].id == id {
-		return us[i].consumed
-	}
-	return 0
 }
 
 // Decide decides one event of a customer (the package function Decide on
@@ -695,17 +666,14 @@ func (l *Ledger) Record(st Store, customer string, ev Event, d Decision) error {
 	if len(d.Draws) > 0 {
 		uses := a.uses
 		for _, dr := range d.Draws {
-			i := sort.Search(len(uses), func(i int) bool { return uses[i].id >= dr.Grant })
-			if i < len(uses) && uses[i].id == dr.Grant {
+			i, ok := findUse(uses, dr.Grant, dr.gen)
+			if ok {
 				uses[i].consumed += dr.Amount // ≤ the grant's amount: no overflow
 				continue
 			}
 			uses = append(uses, grantUse{})
 			copy(uses[i+1:], uses[i:])
-			uses[i] = grantUse{id: dr.Grant, consumed: dr.Amount, expiry: math.MinInt64}
-		}
-		if d.Plan != nil {
-			raiseExpiries(uses, d.Plan)
+			uses[i] = grantUse{id: dr.Grant, gen: dr.gen, consumed: dr.Amount}
 		}
 		a.uses = uses
 	}
@@ -721,12 +689,13 @@ func (d *Decision) AppendCharge(b []byte) []byte {
 	if d.Outcome != Accepted || d.Units == 0 && d.Overdraft == 0 && len(d.Draws) == 0 {
 		return b
 	}
-	e := &enc{b: append(b, stateFormat)}
+	e := &enc{b: append(b, stateFormatGen)}
 	e.int(d.Units)
 	e.int(d.Overdraft)
 	e.count(len(d.Draws))
 	for _, dr := range d.Draws {
 		e.str(dr.Grant)
+		e.int(dr.gen)
 		e.int(dr.Amount)
 	}
 	return e.b
@@ -739,12 +708,16 @@ func (d *Decision) AppendCharge(b []byte) []byte {
 // period or a grant pruned since) stays as it is, and nothing goes below
 // zero. The error is the Store's, or a charge that does not decode.
 func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) error {
-	d := newDec("charge", charge)
+	d := newDecGens("charge", charge)
 	units, overdraft := d.int(), d.int()
 	n := d.count(maxGrantUses)
 	draws := make([]Draw, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
-		dr := Draw{Grant: d.str(), Amount: d.int()}
+		dr := Draw{Grant: d.str(), gen: legacyGen}
+		if d.gens {
+			dr.gen = d.int()
+		}
+		dr.Amount = d.int()
 		if dr.Amount < 0 {
 			d.fail("charge: negative draw")
 		}
@@ -768,8 +741,7 @@ func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) erro
 		p.overdrawn -= min(overdraft, p.overdrawn)
 	}
 	for _, dr := range draws {
-		i := sort.Search(len(a.uses), func(i int) bool { return a.uses[i].id >= dr.Grant })
-		if i < len(a.uses) && a.uses[i].id == dr.Grant {
+		if i, ok := findUse(a.uses, dr.Grant, dr.gen); ok {
 			a.uses[i].consumed -= min(dr.Amount, a.uses[i].consumed)
 		}
 	}
@@ -814,11 +786,11 @@ func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schema
 	for _, c := range plan.Caps {
 		b.Meters = append(b.Meters, schemas.MeterBalance{Meter: c.Meter, Usage: pu.units(c.Meter), Limit: c.Limit, OnLimit: c.OnLimit})
 	}
-	for _, g := range plan.Grants {
+	for i, g := range plan.Grants {
 		if expiry(g) <= at {
 			continue
 		}
-		used := consumedOf(a.uses, g.ID)
+		used := consumedOf(a.uses, g.ID, plan.gen(i))
 		b.Grants = append(b.Grants, schemas.GrantBalance{ID: g.ID, Priority: g.Priority, EffectiveFrom: g.EffectiveFrom,
 			ExpiresAt: g.ExpiresAt, Amount: g.Amount, Consumed: used, Remaining: max(0, g.Amount-used)})
 	}
@@ -841,7 +813,7 @@ func (l *Ledger) eventTimeHorizon(horizon int64) int64 {
 // future event can be decided or priced by, given that every future event
 // arrives at or after horizon (for the aggregator: its watermark, less
 // what a re-routed event's arrival may lag), and the default plan's grant
-// expiries no future event's event_time can be before (PruneCustomer).
+// generations no record read later can continue (dead at ReadTo).
 func (l *Ledger) PruneShared(st Store, horizon int64) error {
 	k := l.keyDefault
 	t, err := l.timeline(st, k)
@@ -859,15 +831,12 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 		return err
 	}
 	if n := len(es); n > 0 {
-		etMin := l.eventTimeHorizon(horizon)
-		kept := es[:0]
-		for _, e := range es {
-			if e.expiry > etMin {
-				kept = append(kept, e)
-			}
+		readTo, err := l.ReadTo(st)
+		if err != nil {
+			return err
 		}
-		if len(kept) != n {
-			l.putDefaultGrants(st, kept)
+		if es = l.liveDefaults(es, readTo); len(es) != n {
+			l.putDefaultGrants(st, es)
 		}
 	}
 	h, err := l.rates(st)
@@ -886,50 +855,22 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 
 // PruneCustomer drops what no future event of the customer can need, given
 // that every future event arrives at or after horizon: timeline versions
-// (Timeline.Prune), and what a grant paid once the latest expiry it had in
-// any version seen to offer it (the customer's, the default plan's) is not
-// after horizon − W, so that no future event's event_time is in its
-// window. A grant id offered again after that is a new grant. Keys left
-// empty are deleted.
-//
-// Apply adds an entry (nothing paid yet) for every grant a version of the
-// customer's offers, so that a version pruned before the grant first paid
-// still counts. The entries are raised first by every version of the
-// customer's still in its timeline, before they are pruned, and by the
-// default plan's grant expiries (defaultGrants: every version of the
-// default plan read, which PruneShared may have pruned since).
+// (Timeline.Prune), and the grant generations (generation.go) that no
+// record read later can continue and that can pay for no future event.
+// It keeps a generation while it is alive at ReadTo by the expiries the
+// customer's own records gave it (their next record may continue it),
+// and, if it has paid something, while the default plan's current
+// generation of its id is it and alive at ReadTo, or a version of the
+// customer's or of the default plan that may decide a future event offers
+// it with an expiry after the earliest event time such an event can have
+// (horizon − W). So what a generation paid is dropped only when nothing
+// can read it again, and when PruneCustomer runs changes no decision.
+// Keys left empty are deleted.
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	tk := l.customerKey(subTimeline, customer)
 	t, err := l.timeline(st, tk)
 	if err != nil {
 		return err
-	}
-	a, err := l.account(st, customer)
-	if err != nil {
-		return err
-	}
-	if uses := a.uses; len(uses) > 0 {
-		es, err := l.defaultGrants(st)
-		if err != nil {
-			return err
-		}
-		changed := raiseFrom(uses, es)
-		for _, v := range t.Versions() {
-			if v.Plan != nil && raiseExpiries(uses, v.Plan) {
-				changed = true
-			}
-		}
-		etMin := l.eventTimeHorizon(horizon)
-		kept := uses[:0]
-		for _, u := range uses {
-			if u.expiry > etMin {
-				kept = append(kept, u)
-			}
-		}
-		if changed || len(kept) != len(uses) {
-			a.uses = kept
-			l.putAccount(st, customer, a)
-		}
 	}
 	if n := t.Len(); n > 0 {
 		t.Prune(horizon)
@@ -937,71 +878,89 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 			l.putTimeline(st, tk, t)
 		}
 	}
+	a, err := l.account(st, customer)
+	if err != nil {
+		return err
+	}
+	uses := a.uses
+	if len(uses) == 0 {
+		return nil
+	}
+	readTo, err := l.ReadTo(st)
+	if err != nil {
+		return err
+	}
+	es, err := l.defaultGrants(st)
+	if err != nil {
+		return err
+	}
+	def, err := l.readTimeline(st, l.keyDefault)
+	if err != nil {
+		return err
+	}
+	keep := make([]bool, len(uses))
+	paid := false
+	for k, u := range uses {
+		switch {
+		case l.alive(u.own, readTo):
+			keep[k] = true
+		case u.consumed > 0:
+			if j, ok := findDefault(es, u.id); ok && es[j].gen == u.gen && l.alive(es[j].exp, readTo) {
+				keep[k] = true
+			} else {
+				paid = true
+			}
+		}
+	}
+	if paid {
+		etMin := l.eventTimeHorizon(horizon)
+		for _, vs := range [][]Version{t.Versions(), def.Versions()} {
+			for _, v := range vs {
+				if v.Plan == nil {
+					continue
+				}
+				for i, g := range v.Plan.Grants {
+					if k, ok := findUse(uses, g.ID, v.Plan.gen(i)); ok && uses[k].consumed > 0 && expiry(g) > etMin {
+						keep[k] = true
+					}
+				}
+			}
+		}
+	}
+	kept := uses[:0]
+	for k, u := range uses {
+		if keep[k] {
+			kept = append(kept, u)
+		}
+	}
+	if len(kept) != len(keep) {
+		a.uses = kept
+		l.putAccount(st, customer, a)
+	}
 	return nil
 }
 
-// defaultGrants returns the default plan's grant expiries: by id, the
-// latest expiry the grant had in any version of the default plan read,
-// until that is more than W behind the prune horizon (PruneShared).
-// Their consumed fields are zero.
-func (l *Ledger) defaultGrants(st Store) ([]grantUse, error) {
+// defaultGrants returns the default plan's current grant generations, by
+// id (generation.go); Apply and PruneShared drop those dead at the time
+// the partition was read to.
+func (l *Ledger) defaultGrants(st Store) ([]defaultGrant, error) {
 	v, ok, err := st.Get(l.keyDefaultGrants)
 	if err != nil || !ok {
 		return nil, err
 	}
-	es, err := decodeGrantExpiries(v)
+	es, err := decodeDefaultGrants(v)
 	if err != nil {
 		return nil, fmt.Errorf("entitlements: state key %q: %w", l.keyDefaultGrants, err)
 	}
 	return es, nil
 }
 
-func (l *Ledger) putDefaultGrants(st Store, es []grantUse) {
+func (l *Ledger) putDefaultGrants(st Store, es []defaultGrant) {
 	if len(es) == 0 {
 		st.Delete(l.keyDefaultGrants)
 		return
 	}
-	st.Put(l.keyDefaultGrants, appendGrantExpiries(nil, es))
-}
-
-// mergeExpiries adds p's grants to es (by id), keeping each id's later
-// expiry; it reports whether es changed.
-func mergeExpiries(es []grantUse, p *Plan) ([]grantUse, bool) {
-	changed := false
-	for _, g := range p.Grants {
-		i := sort.Search(len(es), func(i int) bool { return es[i].id >= g.ID })
-		switch {
-		case i < len(es) && es[i].id == g.ID:
-			if expiry(g) > es[i].expiry {
-				es[i].expiry, changed = expiry(g), true
-			}
-		default:
-			es = append(es, grantUse{})
-			copy(es[i+1:], es[i:])
-			es[i], changed = grantUse{id: g.ID, expiry: expiry(g)}, true
-		}
-	}
-	return es, changed
-}
-
-// raiseFrom raises the expiry of every entry of us to the later one es
-// has for its id (both by id). It reports whether it changed an entry.
-func raiseFrom(us, es []grantUse) bool {
-	changed := false
-	for i, j := 0, 0; i < len(us) && j < len(es); {
-		switch {
-		case us[i].id < es[j].id:
-			i++
-		case us[i].id > es[j].id:
-			j++
-		default:
-			if es[j].expiry > us[i].expiry {
-				us[i].expiry, changed = es[j].expiry, true
-			}
-			i, j = i+1, j+1
-		}
-	}
-	return changed
+	st.Put(l.keyDefaultGrants, appendDefaultGrants(nil, es))
 }
 
 // PrunePeriods drops, at most max customers at a time (DESIGN §6

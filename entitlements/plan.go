@@ -72,6 +72,32 @@ type Plan struct {
 	Caps      []schemas.Cap
 	Grants    []schemas.Grant
 	Overdraft schemas.Overdraft
+	// gens[i] is the generation of Grants[i] (the read time of the
+	// record that started it, Ledger.Apply), by which what the grant
+	// paid is kept; nil for a plan no Ledger applied (and for the
+	// versions of state written before generations, legacyGen).
+	gens []int64
+}
+
+// legacyGen is the generation of a grant in state written before grants
+// had generations: what such a grant paid is kept under it, and the
+// versions read then offer it.
+const legacyGen = math.MinInt64
+
+// gen returns the generation of Grants[i].
+func (p *Plan) gen(i int) int64 {
+	if i < len(p.gens) {
+		return p.gens[i]
+	}
+	return legacyGen
+}
+
+// withGens returns a copy of p whose grants have the generations gens
+// (p itself is not modified: a Plan may be shared once applied).
+func (p *Plan) withGens(gens []int64) *Plan {
+	q := *p
+	q.gens = gens
+	return &q
 }
 
 // Cap returns the cap of a meter.

@@ -5,9 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -57,9 +55,12 @@ type scenario struct {
 	// the generator still does: records whose broker time is not after
 	// the latest one read before them (a clock that stepped back, or the
 	// same millisecond), of them those that count as read in the
-	// millisecond of an event's arrival, and grant ids offered again by a
-	// later version.
-	stepBacks, stepBacksAtArrival, reoffers int
+	// millisecond of an event's arrival, grant ids offered again by a
+	// later version, of them those offered again at least W after the
+	// latest expiry any record gave them (a new generation, unless a
+	// customer's own records keep another alive), and records read within
+	// a millisecond of such a latest expiry plus W.
+	stepBacks, stepBacksAtArrival, reoffers, reoffersAfterW, atGenEdge int
 }
 
 const (
@@ -87,18 +88,9 @@ var propCustomers = []string{"acme", "globex", "initech", "umbrella"}
 // that versions are read before a customer's first draw. Grant ids are
 // offered again by later versions of the customer's record and of the
 // default plan, with the same window, or extended, shortened or moved, and
-// other amounts and priorities.
-//
-// The reference keeps what a grant paid by its id forever: it does not
-// model "an id offered again after the latest expiry any record gave it
-// has been past for W is a new grant" (docs/entitlements.md). So an id is
-// offered again only while the latest expiry any record gave it, to each
-// customer it reaches, is less than 2W behind the time the record counts
-// as read: the Ledger, pruning at its watermark less W (as the aggregator
-// does, the watermark behind what the entitlements partition was read
-// to), may drop what the grant paid only once no future event's
-// event_time can be before that latest expiry, that is when it is more
-// than 2W behind. Otherwise a fresh id takes its place.
+// other amounts and priorities, some while the grant is alive, some at
+// least W after the latest expiry any record gave it (a new generation,
+// docs/entitlements.md), some read within a millisecond of that edge.
 func genScenario(seed uint64) scenario {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	base := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
@@ -147,29 +139,14 @@ func genScenario(seed uint64) scenario {
 	sort.Slice(arrivals, func(i, j int) bool { return arrivals[i] < arrivals[j] })
 
 	// Grants. lastWin: the window an id was last offered with; latest:
-	// by id and offeree (a customer, "" the default plan), the latest
-	// expiry a valid record offered it with (math.MaxInt64: never).
-	grantIDs := []string{"promo", "welcome", "annual"}
+	// by id, the latest expiry a valid record offered it with
+	// (math.MaxInt64: never).
+	// "monthly" always has a window of ten days at most, near the time
+	// its record is read: its generations end and new ones start.
+	grantIDs := []string{"promo", "welcome", "annual", "monthly"}
 	type window struct{ from, exp int64 }
 	lastWin := map[string]window{}
-	latest := map[string]map[string]int64{}
-	fresh := 0
-	// reofferable: the id offered by offeree's record read at readAt is
-	// the same grant, for every customer it reaches (see above).
-	reofferable := func(id, offeree string, readAt int64) bool {
-		reach := []string{offeree}
-		if offeree == "" {
-			reach = customers
-		}
-		for _, c := range reach {
-			e, own := latest[id][c]
-			d, def := latest[id][""]
-			if (own || def) && max(e, d) <= readAt-2*w {
-				return false
-			}
-		}
-		return true
-	}
+	latest := map[string]int64{}
 	genGrant := func(id string) schemas.Grant {
 		g := schemas.Grant{ID: id, Amount: 1 + r.Int64N(200_000), Priority: int32(r.IntN(3))}
 		lw, seen := lastWin[id]
@@ -217,46 +194,43 @@ func genScenario(seed uint64) scenario {
 		}
 		return g
 	}
-	// genGrants: the grants of a record of offeree read at readAt.
-	genGrants := func(offeree string, readAt int64) []schemas.Grant {
+	// genGrants: the grants of a record read at readAt.
+	genGrants := func(readAt int64) []schemas.Grant {
 		gs := []schemas.Grant{}
-		for k, id := range grantIDs {
+		for _, id := range grantIDs {
 			if r.IntN(2) != 0 {
 				continue
 			}
-			if !reofferable(id, offeree, readAt) {
-				fresh++
-				id = fmt.Sprintf("%s~%d", strings.Split(id, "~")[0], fresh)
-				grantIDs[k] = id
-			}
 			g := genGrant(id)
+			if id == "monthly" && (g.ExpiresAt == 0 || r.IntN(4) != 0) {
+				g.EffectiveFrom = max(0, readAt-r.Int64N(5*dayMs))
+				g.ExpiresAt = g.EffectiveFrom + 1 + r.Int64N(10*dayMs)
+			}
 			if _, seen := lastWin[id]; seen {
 				sc.reoffers++
+				if latest[id] <= readAt-w {
+					sc.reoffersAfterW++
+				}
 			}
 			gs = append(gs, g)
 		}
 		return gs
 	}
 	// offered records the grants of a valid record.
-	offered := func(offeree string, gs []schemas.Grant) {
+	offered := func(gs []schemas.Grant) {
 		for _, g := range gs {
 			lastWin[g.ID] = window{g.EffectiveFrom, g.ExpiresAt}
-			if latest[g.ID] == nil {
-				latest[g.ID] = map[string]int64{}
-			}
 			x := g.ExpiresAt
 			if x == 0 {
 				x = math.MaxInt64
 			}
-			if e, ok := latest[g.ID][offeree]; !ok || x > e {
-				latest[g.ID][offeree] = x
-			}
+			latest[g.ID] = max(latest[g.ID], x)
 		}
 	}
 
 	genPlan := func(customer string, readAt int64) *schemas.Entitlements {
 		e := &schemas.Entitlements{CustomerID: customer, Plan: []string{"free", "pro", "team"}[r.IntN(3)],
-			Unmetered: r.IntN(12) == 0, Caps: []schemas.Cap{}, Grants: genGrants(customer, readAt),
+			Unmetered: r.IntN(12) == 0, Caps: []schemas.Cap{}, Grants: genGrants(readAt),
 			Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 		for _, m := range propMeters {
 			if r.IntN(2) == 0 {
@@ -332,6 +306,20 @@ func genScenario(seed uint64) scenario {
 			if j := sort.Search(len(arrivals), func(j int) bool { return arrivals[j] >= clock }); j < len(arrivals) {
 				clock = arrivals[j]
 			}
+		case k < 6:
+			// At the edge of a grant's generation: W after the
+			// latest expiry any record gave it, a millisecond
+			// before, at or after.
+			id := "monthly"
+			if r.IntN(2) == 0 {
+				id = grantIDs[r.IntN(len(grantIDs))]
+			}
+			if x, ok := latest[id]; ok && x < math.MaxInt64-w {
+				if edge := x + w - 1 + r.Int64N(3); edge >= clock && edge-clock <= 10*dayMs {
+					clock = edge
+					sc.atGenEdge++
+				}
+			}
 		}
 		ts := clock
 		if ts <= readTo {
@@ -367,7 +355,7 @@ func genScenario(seed uint64) scenario {
 				e.Caps = append(e.Caps, schemas.Cap{Meter: "zzz", Limit: 0, OnLimit: schemas.OnLimitReject}) // invalid
 				rec.valid = false
 			} else {
-				offered(c, e.Grants)
+				offered(e.Grants)
 			}
 			rec.value, _ = schemas.Encode(e)
 			rec.ref.Ent = e
@@ -381,7 +369,7 @@ func genScenario(seed uint64) scenario {
 			if r.IntN(2) == 0 {
 				e.EffectiveFrom = ts + r.Int64N(5*dayMs)
 			}
-			offered("", e.Grants)
+			offered(e.Grants)
 			rec.value, _ = schemas.Encode(e)
 			rec.ref.Ent = e
 		case k < 9:
@@ -424,26 +412,27 @@ func TestLedgerMatchesReference(t *testing.T) {
 	if testing.Short() {
 		seeds = 40
 	}
-	var decided, rejected, pruned, balances, paidChecks, stepBacks, atArrival, reoffers int
+	var decided, rejected, pruned, balances, paidChecks, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws int
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
 		sc := genScenario(seed)
 		stepBacks, atArrival, reoffers = stepBacks+sc.stepBacks, atArrival+sc.stepBacksAtArrival, reoffers+sc.reoffers
-		for _, cached := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%d/cached=%v", seed, cached), func(t *testing.T) {
-				s := runScenario(t, seed, cached)
+		afterW, atEdge = afterW+sc.reoffersAfterW, atEdge+sc.atGenEdge
+		for _, v := range []struct{ cached, ahead bool }{{false, false}, {true, false}, {seed%2 == 0, true}} {
+			t.Run(fmt.Sprintf("%d/cached=%v/ahead=%v", seed, v.cached, v.ahead), func(t *testing.T) {
+				s := runScenario(t, seed, v.cached, v.ahead)
 				decided, rejected, pruned, balances = decided+s.decided, rejected+s.rejected, pruned+s.pruned, balances+s.balances
-				paidChecks += s.paidChecks
+				paidChecks, newGenDraws = paidChecks+s.paidChecks, newGenDraws+s.newGenDraws
 			})
 		}
 	}
-	t.Logf("%d events decided (%d rejected), %d balances and %d times what grants paid compared, %d state keys pruned, %d records stepped back (%d to an event's arrival), %d grants offered again, over %d seeds",
-		decided, rejected, balances, paidChecks, pruned, stepBacks, atArrival, reoffers, seeds)
+	t.Logf("%d events decided (%d rejected), %d balances and %d times what grants paid compared, %d state keys pruned, %d records stepped back (%d to an event's arrival), %d grants offered again (%d at least W after their latest expiry, %d records at a generation's edge), %d draws from a generation after the first of its id, over %d seeds",
+		decided, rejected, balances, paidChecks, pruned, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws, seeds)
 	if rejected == 0 || rejected == decided {
 		t.Fatalf("the scenarios do not exercise both outcomes (%d of %d rejected)", rejected, decided)
 	}
-	if pruned == 0 || stepBacks == 0 || atArrival == 0 || reoffers == 0 {
-		t.Fatalf("the scenarios do not exercise pruning (%d keys), stepped-back records (%d, %d at an arrival) or grants offered again (%d)",
-			pruned, stepBacks, atArrival, reoffers)
+	if pruned == 0 || stepBacks == 0 || atArrival == 0 || reoffers == 0 || afterW == 0 || atEdge == 0 || newGenDraws == 0 {
+		t.Fatalf("the scenarios do not exercise pruning (%d keys), stepped-back records (%d, %d at an arrival), grants offered again (%d, %d after W, %d at the edge) or draws from a later generation (%d)",
+			pruned, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws)
 	}
 }
 
@@ -451,17 +440,21 @@ func TestLedgerMatchesReference(t *testing.T) {
 func refDraws(ds []Draw) []entref.Draw {
 	var out []entref.Draw
 	for _, d := range ds {
-		out = append(out, entref.Draw(d))
+		out = append(out, entref.Draw{Grant: d.Grant, Amount: d.Amount})
 	}
 	return out
 }
 
-type runStats struct{ decided, rejected, pruned, balances, paidChecks int }
+type runStats struct{ decided, rejected, pruned, balances, paidChecks, newGenDraws int }
 
 // runScenario runs one scenario; cached: through an AccountCache that the
 // Ledger changes in place, written at random commit points (as the
-// aggregator's transactions do) and dropped with an aborted transaction.
-func runScenario(t *testing.T, seed uint64, cached bool) (s runStats) {
+// aggregator's transactions do) and dropped with an aborted transaction;
+// ahead: as a stage behind on usage.deduped, which has read (and applied,
+// and pruned after) every record of the entitlements partition before it
+// decides the first event, else as one caught up, which reads the records
+// as its events need them (and sometimes a little further).
+func runScenario(t *testing.T, seed uint64, cached, ahead bool) (s runStats) {
 	sc := genScenario(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
 	l, err := New(Config{Prefix: []byte("e"), Window: sc.window, Period: sc.period})
@@ -491,7 +484,7 @@ func runScenario(t *testing.T, seed uint64, cached bool) (s runStats) {
 	// The reference reads every record now: what it decides depends on
 	// the records in effect at an event's arrival, never on how far the
 	// partition had been read when the event was decided.
-	ref := entref.New(sc.period)
+	ref := entref.New(sc.period).Window(sc.window)
 	for _, pr := range sc.records {
 		if pr.valid {
 			ref.Add(pr.ref)
@@ -543,44 +536,70 @@ func runScenario(t *testing.T, seed uint64, cached bool) (s runStats) {
 		}
 		s.balances++
 	}
-	// What each grant paid is kept while a version read could offer it
-	// to an event still to come (PruneCustomer): while the latest expiry
-	// any record read (the customer's, the default plan's) gave it is
-	// after the earliest event time such an event can have (dedup: more
-	// than W before its arrival, at or after the horizon).
+	// What each grant generation paid is kept while the Ledger may read
+	// it again (PruneCustomer's contract): while a record read next would
+	// continue it (the reference's generation for a customer's record, or
+	// the default plan's, read now), and while a version that may decide
+	// an event still to come offers it with an expiry after the earliest
+	// event time such an event can have (dedup: more than W before its
+	// arrival, at or after the horizon). A grant offered again must not
+	// pay twice, nor a new generation pay less, even when no event shows
+	// it.
 	keptPaid = func() {
 		t.Helper()
-		latest := map[[2]string]int64{} // key (a customer, schemas.DefaultPlanKey), id
+		n := 0 // the records the reference has read that the Ledger has
+		ids := map[string]bool{}
 		for _, pr := range sc.records[:next] {
-			if !pr.valid || pr.ref.Ent == nil {
+			if !pr.valid {
 				continue
 			}
-			for _, g := range pr.ref.Ent.Grants {
-				x := g.ExpiresAt
-				if x == 0 {
-					x = math.MaxInt64
+			n++
+			if pr.ref.Ent != nil {
+				for _, g := range pr.ref.Ent.Grants {
+					ids[g.ID] = true
 				}
-				k := [2]string{pr.ref.Key, g.ID}
-				latest[k] = max(latest[k], x)
 			}
 		}
-		var ids []string
-		for k := range latest {
-			ids = append(ids, k[1])
-		}
-		sort.Strings(ids)
-		ids = slices.Compact(ids)
+		rt, err := l.ReadTo(st)
+		must(err)
+		def, err := l.timeline(st, l.keyDefault)
+		must(err)
+		etMin := pruned - w + 1
 		for _, c := range propCustomers {
 			a, err := l.account(st, c)
 			must(err)
-			for _, id := range ids {
-				x := max(latest[[2]string{c, id}], latest[[2]string{schemas.DefaultPlanKey, id}])
-				if got, want := consumedOf(a.uses, id), ref.Paid(c, id); x > pruned-w+1 && got != want {
-					t.Fatalf("%s's grant %s, offered until %d, horizon %d: paid %d, the reference %d", c, id, x, pruned, got, want)
+			for id := range ids {
+				for _, key := range []string{c, schemas.DefaultPlanKey} {
+					gen := ref.GenAfter(n, key, id, rt)
+					if got, want := consumedOf(a.uses, id, gen), ref.Paid(c, id, gen); got != want {
+						t.Fatalf("%s's grant %s, generation %d (continued by a record of %q read at %d): paid %d, the reference %d",
+							c, id, gen, key, rt, got, want)
+					}
+				}
+			}
+			own, err := l.timeline(st, l.customerKey(subTimeline, c))
+			must(err)
+			for _, vs := range [][]Version{own.Versions(), def.Versions()} {
+				for j, v := range vs {
+					if v.Plan == nil || j+1 < len(vs) && vs[j+1].From <= pruned {
+						continue // decides no event still to come
+					}
+					for i, g := range v.Plan.Grants {
+						gen := v.Plan.gen(i)
+						if got, want := consumedOf(a.uses, g.ID, gen), ref.Paid(c, g.ID, gen); expiry(g) > etMin && got != want {
+							t.Fatalf("%s's grant %s, generation %d, offered until %d from %d, horizon %d: paid %d, the reference %d",
+								c, g.ID, gen, expiry(g), v.From, pruned, got, want)
+						}
+					}
 				}
 			}
 		}
 		s.paidChecks++
+	}
+	if ahead {
+		for next < len(sc.records) {
+			readOne()
+		}
 	}
 	outcomes := map[Outcome]int{}
 	for i := 0; i < len(sc.events); i++ {
@@ -632,6 +651,11 @@ func runScenario(t *testing.T, seed uint64, cached bool) (s runStats) {
 		outcomes[got.Outcome]++
 		if got.Outcome != Accepted {
 			s.rejected++
+		}
+		for _, dr := range got.Draws {
+			if got.Outcome == Accepted && dr.gen != firstGen(sc, dr.Grant) {
+				s.newGenDraws++
+			}
 		}
 		s.decided++
 		latestArrival = max(latestArrival, pe.ev.Arrival)
@@ -690,4 +714,22 @@ func runScenario(t *testing.T, seed uint64, cached bool) (s runStats) {
 	commit()
 	t.Logf("seed %d: %v; state %d keys, %d bytes", seed, outcomes, st.keys(), st.bytes())
 	return s
+}
+
+// firstGen is the generation of a grant id's first offer in a scenario:
+// the read time of the first valid record that offers it.
+func firstGen(sc scenario, id string) int64 {
+	var readTo int64
+	for _, pr := range sc.records {
+		readTo = max(readTo, pr.written)
+		if !pr.valid || pr.ref.Ent == nil {
+			continue
+		}
+		for _, g := range pr.ref.Ent.Grants {
+			if g.ID == id {
+				return readTo
+			}
+		}
+	}
+	return legacyGen
 }

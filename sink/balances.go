@@ -65,7 +65,7 @@ func each[E, T any](es []E, f func(E) T) []T {
 // order, over balances_current. TestBalanceQueries runs each one on real
 // data and checks its numbers.
 var BalanceQueries = []AnalystQuery{
-	{Name: "customers_near_cap", Title: "Customers above 80% of a cap in the current period", SQL: `
+	{Name: "customers_near_cap", Title: "Customers at or above 80% of a cap in the current period", SQL: `
 SELECT customer_id, plan, meter, usage, cap, round(100 * usage / cap, 1) AS percent
 FROM balances_current FINAL
 ARRAY JOIN meter_names AS meter, meter_usage AS usage, meter_limits AS cap

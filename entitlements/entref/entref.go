@@ -11,7 +11,9 @@ package entref
 import (
 	"math"
 	"math/big"
+	"slices"
 	"sort"
+	"time"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -20,11 +22,18 @@ import (
 // read order, and what the events decided so far have charged.
 type Model struct {
 	period    func(ms int64) (start, end int64)
+	window    int64    // W, ms
 	records   []Record // in read order
 	usage     map[refUsage]int64
-	consumed  map[[2]string]int64 // customer, grant
+	consumed  map[refGrant]int64
 	overdrawn map[refPeriod]int64
 	readTo    int64 // the latest broker time read (Add, Read)
+}
+
+// refGrant is a generation of a customer's grant.
+type refGrant struct {
+	customer, id string
+	gen          int64
 }
 
 // Record is a valid record of usage.entitlements (the reference never sees
@@ -38,6 +47,8 @@ type Record struct {
 	// at is when the record counts as read (Add): its broker time, or the
 	// latest one read before it if that is later.
 	at int64
+	// gens: the generation of each grant the record offers, by id (Add).
+	gens map[string]int64
 }
 
 // Event is what a decision needs of an event.
@@ -57,12 +68,19 @@ const (
 	Invalid   = schemas.ReasonInvalid
 )
 
-// Paid returns what a customer's grant id has paid so far. The model keeps
-// it by the id forever: it does not model an id offered again after the
-// latest expiry any record gave it has been past for W, which is a new
-// grant (docs/entitlements.md); a test that offers one must not compare
-// what it pays.
-func (m *Model) Paid(customer, grant string) int64 { return m.consumed[[2]string{customer, grant}] }
+// Paid returns what a generation of a customer's grant id has paid so far
+// (the model keeps every generation forever).
+func (m *Model) Paid(customer, grant string, gen int64) int64 {
+	return m.consumed[refGrant{customer, grant, gen}]
+}
+
+// GenAfter returns the generation a record of key (a customer, or
+// schemas.DefaultPlanKey) would give grant id if it were read at at,
+// right after the first n records Add read: the generation whose paid a
+// stage must still hold for the customers that record reaches.
+func (m *Model) GenAfter(n int, key, id string, at int64) int64 {
+	return m.generation(m.records[:n], key, id, at)
+}
 
 // Draw is what one grant paid for an event, in micro-credits.
 type Draw struct {
@@ -80,19 +98,101 @@ type refPeriod struct {
 	period   int64
 }
 
-// New returns an empty model of billing periods period.
+// DefaultWindow is the dedup window W the model assumes unless Window
+// sets another: dedup's default.
+const DefaultWindow = 35 * 24 * time.Hour
+
+// New returns an empty model of billing periods period, with the dedup
+// window DefaultWindow.
 func New(period func(int64) (int64, int64)) *Model {
-	return &Model{period: period, usage: map[refUsage]int64{}, consumed: map[[2]string]int64{},
-		overdrawn: map[refPeriod]int64{}}
+	return &Model{period: period, window: DefaultWindow.Milliseconds(), usage: map[refUsage]int64{},
+		consumed: map[refGrant]int64{}, overdrawn: map[refPeriod]int64{}}
+}
+
+// Window sets the dedup window W (before any record is added) and returns
+// m.
+func (m *Model) Window(w time.Duration) *Model {
+	m.window = w.Milliseconds()
+	return m
 }
 
 // Add reads a record. A broker time behind one read before it, by Add or
 // Read (a broker clock that stepped back), counts as the latest one read:
-// the record applies from then on, never before.
+// the record applies from then on, never before. Each grant it offers
+// gets its generation (docs/entitlements.md, Credits), from the records
+// read before it.
 func (m *Model) Add(r Record) {
 	m.Read(r.Written)
 	r.at = m.readTo
+	if r.Ent != nil {
+		r.gens = map[string]int64{}
+		for _, g := range r.Ent.Grants {
+			r.gens[g.ID] = m.generation(m.records, r.Key, g.ID, r.at)
+		}
+	}
 	m.records = append(m.records, r)
+}
+
+// expiryOf is a grant's expiry, math.MaxInt64 for never.
+func expiryOf(g schemas.Grant) int64 {
+	if g.ExpiresAt == 0 {
+		return math.MaxInt64
+	}
+	return g.ExpiresAt
+}
+
+// generation is the generation of grant id offered by a record of key
+// read at at, after the records read before it (records). A generation is alive at at
+// while the latest expiry the offers counted for it gave it is after
+// at − W. The default plan continues the generation its records last
+// offered id in if that is alive, by the default plan's offers; a
+// customer continues the one its own records offered id in that is alive
+// by its own records' offers, else the default plan's if alive; else the
+// generation is new, named at.
+func (m *Model) generation(records []Record, key, id string, at int64) int64 {
+	alive := func(exp int64) bool { return exp > at-m.window }
+	// The default plan's: the generation of its latest offer of id, and
+	// the latest expiry its offers gave that generation.
+	var defGen, defExp int64
+	defOffered := false
+	own := map[int64]int64{} // the customer's own: generation → latest expiry
+	for _, r := range records {
+		if r.Ent == nil {
+			continue
+		}
+		for _, g := range r.Ent.Grants {
+			if g.ID != id {
+				continue
+			}
+			gen := r.gens[id]
+			switch r.Key {
+			case schemas.DefaultPlanKey:
+				if !defOffered || gen != defGen {
+					defGen, defExp, defOffered = gen, 0, true
+				}
+				defExp = max(defExp, expiryOf(g))
+			case key:
+				own[gen] = max(own[gen], expiryOf(g))
+			}
+		}
+	}
+	if key != schemas.DefaultPlanKey {
+		// At most one is alive: a generation is started or joined only
+		// when none is. The earliest, to be deterministic regardless.
+		var gens []int64
+		for gen, exp := range own {
+			if alive(exp) {
+				gens = append(gens, gen)
+			}
+		}
+		if len(gens) > 0 {
+			return slices.Min(gens)
+		}
+	}
+	if defOffered && alive(defExp) {
+		return defGen
+	}
+	return at
 }
 
 // Read reads a record of the partition that changes no entitlements (a
@@ -111,23 +211,29 @@ func (r Record) effective() int64 {
 
 // entAt: the most recently read record of key whose effective time is at
 // or before arrival. found false: none.
-func (m *Model) entAt(key string, arrival int64) (e *schemas.Entitlements, found bool) {
-	for _, r := range m.records {
-		if r.Key == key && r.effective() <= arrival {
-			e, found = r.Ent, true
+func (m *Model) entAt(key string, arrival int64) (r Record, found bool) {
+	for _, x := range m.records {
+		if x.Key == key && x.effective() <= arrival {
+			r, found = x, true
 		}
 	}
-	return e, found
+	return r, found
+}
+
+// recordAt returns the record in effect for a customer at arrival: its
+// own, else the default plan's; Ent nil: no plan.
+func (m *Model) recordAt(customer string, arrival int64) Record {
+	if r, _ := m.entAt(customer, arrival); r.Ent != nil {
+		return r
+	}
+	r, _ := m.entAt(schemas.DefaultPlanKey, arrival)
+	return r
 }
 
 // PlanAt returns the record in effect for a customer at arrival: its own,
 // else the default plan's, else nil (no plan).
 func (m *Model) PlanAt(customer string, arrival int64) *schemas.Entitlements {
-	if e, _ := m.entAt(customer, arrival); e != nil {
-		return e
-	}
-	e, _ := m.entAt(schemas.DefaultPlanKey, arrival)
-	return e
+	return m.recordAt(customer, arrival).Ent
 }
 
 // rate: the last card read at or before min(arrival, event time), its
@@ -179,7 +285,8 @@ type Decision struct {
 
 // Decide decides an event of a customer and records its charge.
 func (m *Model) Decide(customer string, ev Event) Decision {
-	plan := m.PlanAt(customer, ev.Arrival)
+	rec := m.recordAt(customer, ev.Arrival)
+	plan := rec.Ent
 	if plan == nil {
 		plan = &schemas.Entitlements{Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 	}
@@ -199,7 +306,7 @@ func (m *Model) Decide(customer string, ev Event) Decision {
 	accept := func() Decision {
 		m.usage[uk] += d.Units
 		for _, dr := range d.Draws {
-			m.consumed[[2]string{customer, dr.Grant}] += dr.Amount
+			m.consumed[refGrant{customer, dr.Grant, rec.gens[dr.Grant]}] += dr.Amount
 		}
 		m.overdrawn[refPeriod{customer, start}] += d.Overdraft
 		return d
@@ -253,7 +360,7 @@ func (m *Model) Decide(customer string, ev Event) Decision {
 	})
 	need := d.Cost
 	for _, g := range grants {
-		left := g.Amount - m.consumed[[2]string{customer, g.ID}]
+		left := g.Amount - m.consumed[refGrant{customer, g.ID, rec.gens[g.ID]}]
 		if need == 0 || left <= 0 {
 			continue
 		}
@@ -278,7 +385,8 @@ func (m *Model) Decide(customer string, ev Event) Decision {
 
 // Balance is the reference's schemas.Balance of a customer as of at.
 func (m *Model) Balance(customer string, at, revision int64) *schemas.Balance {
-	plan := m.PlanAt(customer, at)
+	rec := m.recordAt(customer, at)
+	plan := rec.Ent
 	if plan == nil {
 		plan = &schemas.Entitlements{Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 	}
@@ -295,7 +403,7 @@ func (m *Model) Balance(customer string, at, revision int64) *schemas.Balance {
 		if g.ExpiresAt != 0 && g.ExpiresAt <= at {
 			continue
 		}
-		used := m.consumed[[2]string{customer, g.ID}]
+		used := m.consumed[refGrant{customer, g.ID, rec.gens[g.ID]}]
 		b.Grants = append(b.Grants, schemas.GrantBalance{ID: g.ID, Priority: g.Priority, EffectiveFrom: g.EffectiveFrom,
 			ExpiresAt: g.ExpiresAt, Amount: g.Amount, Consumed: used, Remaining: max(0, g.Amount-used)})
 	}

@@ -327,10 +327,15 @@ type entRecord struct {
 	offset    int64
 	written   int64
 	value     []byte // nil: tombstone
+	origin    aggregator.RecordOrigin
 }
 
 // readEntitlements reads the committed records of the entitlements topic
-// and keeps the latest of each key per partition.
+// and keeps the latest of each key per partition, as the aggregator
+// applies them: a copy it re-produced whose original reached the topic no
+// later than the record kept is skipped (aggregator.OriginOf; a misrouted
+// record read again from the start is re-produced again, after newer
+// records of its key).
 func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]entRecord, int32, error) {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
@@ -351,7 +356,19 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		if latest[k] == nil {
 			latest[k] = map[int32]entRecord{}
 		}
-		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: r.Timestamp.UnixMilli(), value: r.Value}
+		o, copied := aggregator.OriginOf(r)
+		if cur, ok := latest[k][r.Partition]; ok && !o.After(cur.origin) {
+			if copied {
+				continue
+			}
+			o = cur.origin
+		}
+		written := r.Timestamp.UnixMilli()
+		if copied {
+			// A copy's original was written then.
+			written = o.Arrival
+		}
+		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, origin: o}
 	}
 	return latest, counts[topic], nil
 }

@@ -45,7 +45,11 @@ type EntRecord struct {
 // (entref.Model.Add).
 type Entitlements struct {
 	Partitions int32
-	Records    []EntRecord
+	// Window is the aggregator's dedup window W (0: entref.DefaultWindow),
+	// by which a grant id offered again continues its generation or
+	// starts a new one (docs/entitlements.md, Credits).
+	Window  time.Duration
+	Records []EntRecord
 	// Nudge, when set, is called while VerifyEntitlements waits for the
 	// outputs: a test that appends the entitlements ticks itself moves the
 	// broker time on with it, so that the balances still pending go out
@@ -80,6 +84,9 @@ func (e *Entitlements) Decide(m *Model, events []*Event) (map[string]string, []*
 	next := make([]int, e.Partitions)
 	for p := range models {
 		models[p] = entref.New(m.Period)
+		if e.Window != 0 {
+			models[p].Window(e.Window)
+		}
 	}
 	for _, r := range e.Records {
 		recs[r.Partition] = append(recs[r.Partition], r.Record)
