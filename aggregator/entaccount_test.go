@@ -43,7 +43,7 @@ func TestLedgerLayoutRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pt := &partition{pr: &processor{counts: partitionCountsT{events: 1}, ledger: l, m: newMetrics(prometheus.NewRegistry())}}
+			pt := &partition{pr: &processor{counts: partitionCountsT{events: 1, deduped: 1, entitlements: 1}, ledger: l, m: newMetrics(prometheus.NewRegistry())}}
 			err = pt.load(tc.st)
 			switch {
 			case tc.refused && !errors.Is(err, ErrLedgerLayout):
@@ -299,7 +299,7 @@ func TestEntitlementsAbortThenFlushWritesNoGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pt := &partition{pr: &processor{counts: partitionCountsT{events: 1}, ledger: l, m: newMetrics(prometheus.NewRegistry())}}
+	pt := &partition{pr: &processor{counts: partitionCountsT{events: 1, deduped: 1, entitlements: 1}, ledger: l, m: newMetrics(prometheus.NewRegistry())}}
 	// A committed record waits in the gate: the records after it wait too.
 	st := mapState{string(keyKeyScheme): []byte(schemas.DedupedKeyScheme), string(keyEntMode): []byte(entModeOn),
 		"q\x00\x00\x00\x00\x00\x00\x00\x00": encodeGateRecord(&kgo.Record{Offset: 0, Value: []byte{1}}),

@@ -1028,11 +1028,12 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // or state rebuilt from scratch, or by a second aggregator), or an older
 // version than one already in effect: applied, it would put an old
 // version back in effect from its new broker time. It changes nothing but
-// the read time. A record without the headers is always applied.
+// the read time. A record without the headers is always applied
+// (DecideRecord has the rules).
 //
-// When the stale copy is older than the last record applied, restate is
-// that record again, to go to this partition in the same transaction,
-// marked with its own origin: the last record of the key on the
+// When the stale copy is older than the last record applied, or claims
+// its origin with a lesser value, restate is that record again, to go to
+// this partition in the same transaction, marked with its own origin: the last record of the key on the
 // partition, which compaction keeps, is then the one in effect, not the
 // stale copy (a stage that reads the partition from the start after
 // compaction applies it; any other finds its origin equal to the last
@@ -1042,42 +1043,93 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // for good, for a misrouted original stays on its compacted partition,
 // and can be read again, for as long as it is not replaced there.
 func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
-	o, copied := OriginOf(r)
 	v, ok, err := st.Get(originKey(customer))
 	switch {
 	case err != nil:
-		return o, false, nil, err
-	case !ok:
-		return o, false, nil, nil
-	case len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21:
-		return o, false, nil, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
+		return RecordOrigin{}, false, nil, err
+	case ok && (len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21):
+		return RecordOrigin{}, false, nil, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
 	}
-	last := RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
-		Offset: int64(binary.BigEndian.Uint64(v[12:]))}
-	switch {
-	case o.After(last):
-		return o, false, nil, nil
-	case !copied:
-		// A record written here whose broker time is behind the last
-		// origin (a clock that stepped back) applies, and the last
-		// origin stays.
-		return last, false, nil, nil
-	case !last.After(o), o.Partition == last.Partition && o.Offset == last.Offset:
-		// Not newer; or a copy of the record in effect itself (its
-		// restatement, or its original read again), whose arrival a
-		// broker clock that stepped back since made earlier (OriginOf
-		// takes the copy's own broker time then): restated again, it
-		// would be restated for as long as the clock is behind.
-		return last, true, nil, nil
+	var last RecordOrigin
+	var lastValue []byte
+	if ok {
+		last = RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
+			Offset: int64(binary.BigEndian.Uint64(v[12:]))}
+		if v[20] == 1 {
+			lastValue = v[21:]
+		}
+	}
+	o, apply, again := DecideRecord(r, last, lastValue, ok)
+	if apply || !again {
+		return o, !apply, nil, nil
 	}
 	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
 		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
 		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},
 	}}
-	if v[20] == 1 {
-		restate.Value = bytes.Clone(v[21:])
+	if lastValue != nil {
+		restate.Value = bytes.Clone(lastValue)
 	}
 	return last, true, restate, nil
+}
+
+// DecideRecord decides r, a record of a key on its partition, against the
+// last record of the key applied there: its origin last and value
+// lastValue (nil: a delete); have is false when there is none yet. It
+// returns the origin of the key once r is read, and reports whether r is
+// applied and, when it is not, whether the last record is to be written
+// again (restate) so that r is not what compaction keeps. The aggregator
+// (staleCopy) and `meterline entitlements get` decide by it.
+//
+//   - r is later than last (OriginOf): applied.
+//   - r is not a copy (no headers), but earlier (a broker clock that
+//     stepped back): applied, ordered a millisecond after last (the
+//     Ledger reads it at the latest broker time read, at least), so that
+//     a copy or restated record of last read after it is older.
+//   - r is a copy from before last: skipped, last restated.
+//   - r is a copy claiming last's origin (its coordinates; its arrival may
+//     be earlier, stamped after a broker clock stepped back): the same value (another copy of
+//     it: a second aggregator's, a restated one read back) is skipped;
+//     otherwise (headers a client wrote or copied, or a stage that
+//     applied such a record where another did not: the compacted topic
+//     read from the start) the greater value (bytes; a delete least)
+//     wins, so that every reader ends with the same one and two stages
+//     never restate each other's records for ever. A client gains
+//     nothing it could not by writing the record without the headers.
+func DecideRecord(r *kgo.Record, last RecordOrigin, lastValue []byte, have bool) (o RecordOrigin, apply, restate bool) {
+	o, copied := OriginOf(r)
+	switch {
+	case !have || o.After(last):
+		return o, true, false
+	case !copied:
+		return RecordOrigin{Arrival: last.Arrival + 1, Partition: o.Partition, Offset: o.Offset}, true, false
+	case last.After(o) && (o.Partition != last.Partition || o.Offset != last.Offset):
+		return last, false, true
+	}
+	// A copy claiming last's coordinates, at its time or earlier: a copy
+	// stamped after a broker clock stepped back behind last's time has
+	// an earlier arrival (OriginOf), and is still a copy of last (restated,
+	// it would be restated for as long as the clock is behind).
+	switch c := compareValues(r.Value, lastValue); {
+	case c == 0:
+		return last, false, false
+	case c > 0:
+		return last, true, false
+	}
+	return last, false, true
+}
+
+// compareValues orders record values: a delete (nil) first, then by bytes.
+func compareValues(a, b []byte) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return -1
+	case b == nil:
+		return 1
+	}
+	return bytes.Compare(a, b)
 }
 
 // pruneHorizon is the earliest arrival a future event of the partition can

@@ -255,6 +255,9 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 	copyOf := func(off, ts int64, from string, arrival int64) *kgo.Record {
 		return rec(1, off, ts, HeaderRerouted, from, HeaderArrival, fmt.Sprint(arrival))
 	}
+	// valued gives r the value of the record it copies (a copy of a
+	// record carries its value).
+	valued := func(r *kgo.Record, v string) *kgo.Record { r.Value = []byte(v); return r }
 	// want per record: "applied", "skipped", or "restates <value>".
 	for _, tc := range []struct {
 		name string
@@ -264,9 +267,9 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 		{"copy, newer record, copy again", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)},
 			[]string{"applied", "applied", "restates v1"}},
 		{"first copy compacted away", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000)}, []string{"applied", "restates v1"}},
-		{"restated record read back", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000), copyOf(3, 9001, "1/1", 3000)},
+		{"restated record read back", []*kgo.Record{rec(1, 1, 3000), copyOf(2, 9000, "0/7", 1000), valued(copyOf(3, 9001, "1/1", 3000), "v1")},
 			[]string{"applied", "restates v1", "skipped"}},
-		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2001, "0/7", 1000)}, []string{"applied", "skipped"}},
+		{"two aggregators' copies", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), valued(copyOf(1, 2001, "0/7", 1000), "v0")}, []string{"applied", "skipped"}},
 		{"a newer misrouted record", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), rec(1, 1, 3000), copyOf(2, 5000, "0/9", 4000)},
 			[]string{"applied", "applied", "applied"}},
 		{"same millisecond, later offset", []*kgo.Record{copyOf(0, 2000, "0/7", 1000), copyOf(1, 2000, "0/8", 1000)}, []string{"applied", "applied"}},
@@ -277,31 +280,6 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 			rec(1, 3, 9001, HeaderRerouted, "0/7", HeaderArrival, "1000", HeaderArrival, "1000")}, []string{"applied", "applied", "applied"}},
 		{"clock stepped back", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 2500), copyOf(3, 9000, "0/7", 2800)}, []string{"applied", "applied", "restates v2"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			pt := &partition{p: 1, pr: &processor{now: time.Now}}
-			st := mapState{}
-			for i, r := range tc.recs {
-				o, stale, restate, err := pt.staleCopy(st, r, "acme")
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := "applied"
-				switch {
-				case !stale:
-					st[string(originKey("acme"))] = o.encodeWith(r.Value)
-				case restate != nil:
-					got = "restates " + string(restate.Value)
-					if ro, copied := OriginOf(restate); !copied || ro != o || restate.Partition != pt.p {
-						t.Errorf("record %d: restated to partition %d with origin %+v (a copy: %v), want partition %d, origin %+v",
-							i, restate.Partition, ro, copied, pt.p, o)
-					}
-				default:
-					got = "skipped"
-				}
-				if got != tc.want[i] {
-					t.Errorf("record %d (offset %d): %s, want %s", i, r.Offset, got, tc.want[i])
-				}
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkStaleCopies(t, tc.recs, tc.want) })
 	}
 }

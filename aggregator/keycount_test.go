@@ -71,7 +71,7 @@ func TestLoadReadsKeyCount(t *testing.T) {
 		st.kv[string(k)] = nil
 	}
 	const want = 75
-	pr := &processor{counts: partitionCountsT{events: 1}}
+	pr := &processor{counts: partitionCountsT{events: 1, deduped: 1, entitlements: 1}}
 
 	// State from before the count was kept: one scan.
 	pt := &partition{pr: pr, p: 0}

@@ -34,7 +34,7 @@ func TestKeySchemeRefused(t *testing.T) {
 		{"other scheme", mapState{string(keyKeyScheme): []byte("customer+meter"), src: v[:]}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pt := &partition{pr: &processor{counts: partitionCountsT{events: 1}}}
+			pt := &partition{pr: &processor{counts: partitionCountsT{events: 1, deduped: 1, entitlements: 1}}}
 			err := pt.load(tc.st)
 			switch {
 			case tc.refused && !errors.Is(err, schemas.ErrKeyScheme):

@@ -249,7 +249,20 @@ func (c partitionCountsT) encodeRecorded(ent bool) []byte {
 // were recorded) gets them in its next transaction; so does the count of
 // usage.entitlements when entitlements are turned on for state that
 // records only usage.deduped's.
+//
+// A partition past the counts the stage started with (partitions added
+// while it runs, which the group assigns at its next rebalance) is
+// refused too: the stage routes and checks by those counts until it
+// restarts, and the new partition's state is empty.
 func (pt *partition) checkPartitionCounts(st stateReader) error {
+	ent := pt.pr.ledger != nil
+	c := pt.pr.counts
+	if pt.p >= c.deduped || ent && pt.p >= c.entitlements {
+		return fmt.Errorf("aggregator: partition %d: %w: partitions were added to %s or %s while the stage ran (it started with %d and %d). "+
+			"Customers would move to other partitions than their aggregates, caps and credits (DESIGN §12): "+
+			"put the partition counts back, or run on new topic names and a new consumer group",
+			pt.p, ErrPartitionCountChanged, pt.pr.cfg.Topics.DedupedTopic(), pt.pr.cfg.Topics.EntitlementsTopic(), c.deduped, c.entitlements)
+	}
 	v, ok, err := st.Get(keyPartitionCounts)
 	switch {
 	case err != nil:
@@ -260,8 +273,6 @@ func (pt *partition) checkPartitionCounts(st stateReader) error {
 	case len(v) != 4 && len(v) != 8:
 		return fmt.Errorf("aggregator: partition %d: corrupt partition counts in the state (%d bytes)", pt.p, len(v))
 	}
-	ent := pt.pr.ledger != nil
-	c := pt.pr.counts
 	deduped, entN := int32(binary.BigEndian.Uint32(v)), int32(-1)
 	if len(v) == 8 {
 		entN = int32(binary.BigEndian.Uint32(v[4:]))

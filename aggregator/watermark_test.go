@@ -130,7 +130,7 @@ func (m mapState) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
 // MaxInt32 ('n') and watermarks of sources that do not exist. Loading it
 // sizes the sources from the metadata (3 here) and keeps only theirs.
 func TestLoadIgnoresClaimedSourceCount(t *testing.T) {
-	pr := &processor{counts: partitionCountsT{events: 3}}
+	pr := &processor{counts: partitionCountsT{events: 3, deduped: 1}}
 	pt := &partition{pr: pr}
 	st := mapState{}
 	var n [4]byte

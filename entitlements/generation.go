@@ -15,7 +15,12 @@ import (
 // gives every version the same generations, and an event draws from the
 // generations of the version in effect at its arrival.
 //
-// A generation is named by the read time of the record that started it.
+// A generation is named by the read time at of the record that started
+// it: at for the default plan's record, ^at (−1 − at) for a customer's
+// (ownGen). Read times are never negative (ReadTo starts at 0), so a
+// generation the default plan started and one a customer's own records
+// started never share a name, even when both records count as read in one
+// millisecond (one produce batch, a broker clock that stepped back).
 // A generation is alive at time t while the latest expiry its offers gave
 // it is after t − W (W: the dedup window): an event that arrives at t or
 // later has an event time after t − W, so a dead generation can pay for
@@ -30,9 +35,12 @@ import (
 //     generation if that is alive at t (so that a customer who copies the
 //     default plan's grant keeps what it paid), else starts a new one.
 //
-// Two generations of an id can have one name only when the earlier was
-// dead when it started (every expiry it was offered with at least W
-// before its read time): it never pays, so they share nothing but zeros.
+// Two generations of an id that one side (the default plan, or one
+// customer's own records) started can have one name only when the
+// earlier was dead when it started (every expiry it was offered with at
+// least W before its read time): it never pays, so they share nothing but
+// zeros. (A customer's generation started at read time math.MaxInt64
+// would be named legacyGen: no broker clock gets there.)
 
 // grantUse is a customer's grant generation: what it has paid (consumed)
 // and, when the customer's own records offered it, the latest expiry they
@@ -130,7 +138,7 @@ func (l *Ledger) liveDefaults(es []defaultGrant, at int64) []defaultGrant {
 func (l *Ledger) ownGens(us []grantUse, es []defaultGrant, p *Plan, at int64) []int64 {
 	gens := make([]int64, len(p.Grants))
 	for i, g := range p.Grants {
-		gens[i] = at
+		gens[i] = ownGen(at)
 		if k, ok := l.aliveOwn(us, g.ID, at); ok {
 			gens[i] = us[k].gen
 		} else if j, ok := findDefault(es, g.ID); ok && l.alive(es[j].exp, at) {
@@ -139,6 +147,11 @@ func (l *Ledger) ownGens(us []grantUse, es []defaultGrant, p *Plan, at int64) []
 	}
 	return gens
 }
+
+// ownGen is the name of a generation that a customer's own record read
+// at at starts: never the name of one the default plan's records start
+// (at), whose record may count as read in the same millisecond.
+func ownGen(at int64) int64 { return ^at }
 
 // aliveOwn returns the index of the generation of id that the customer's
 // own records keep alive at at, if any. There is at most one: a record

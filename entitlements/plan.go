@@ -72,8 +72,8 @@ type Plan struct {
 	Caps      []schemas.Cap
 	Grants    []schemas.Grant
 	Overdraft schemas.Overdraft
-	// gens[i] is the generation of Grants[i] (the read time of the
-	// record that started it, Ledger.Apply), by which what the grant
+	// gens[i] is the generation of Grants[i] (named by the read time of
+	// the record that started it, generation.go), by which what the grant
 	// paid is kept; nil for a plan no Ledger applied (and for the
 	// versions of state written before generations, legacyGen).
 	gens []int64

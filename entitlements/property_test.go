@@ -717,7 +717,8 @@ func runScenario(t *testing.T, seed uint64, cached, ahead bool) (s runStats) {
 }
 
 // firstGen is the generation of a grant id's first offer in a scenario:
-// the read time of the first valid record that offers it.
+// named by the read time of the first valid record that offers it
+// (ownGen's name for a customer's record).
 func firstGen(sc scenario, id string) int64 {
 	var readTo int64
 	for _, pr := range sc.records {
@@ -726,8 +727,10 @@ func firstGen(sc scenario, id string) int64 {
 			continue
 		}
 		for _, g := range pr.ref.Ent.Grants {
-			if g.ID == id {
+			if g.ID == id && pr.ref.Key == schemas.DefaultPlanKey {
 				return readTo
+			} else if g.ID == id {
+				return ownGen(readTo)
 			}
 		}
 	}

@@ -148,7 +148,8 @@ func expiryOf(g schemas.Grant) int64 {
 // offered id in if that is alive, by the default plan's offers; a
 // customer continues the one its own records offered id in that is alive
 // by its own records' offers, else the default plan's if alive; else the
-// generation is new, named at.
+// generation is new, named at (the default plan's) or −1 − at (a
+// customer's).
 func (m *Model) generation(records []Record, key, id string, at int64) int64 {
 	alive := func(exp int64) bool { return exp > at-m.window }
 	// The default plan's: the generation of its latest offer of id, and
@@ -191,6 +192,13 @@ func (m *Model) generation(records []Record, key, id string, at int64) int64 {
 	}
 	if defOffered && alive(defExp) {
 		return defGen
+	}
+	if key != schemas.DefaultPlanKey {
+		// A customer's new generation is never the default plan's,
+		// even when the default plan's record counts as read in the
+		// same millisecond: the two are named apart (read times are
+		// never negative).
+		return -1 - at
 	}
 	return at
 }

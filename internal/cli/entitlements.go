@@ -332,10 +332,10 @@ type entRecord struct {
 
 // readEntitlements reads the committed records of the entitlements topic
 // and keeps the latest of each key per partition, as the aggregator
-// applies them: a copy it re-produced whose original reached the topic no
-// later than the record kept is skipped (aggregator.OriginOf; a misrouted
-// record read again from the start is re-produced again, after newer
-// records of its key).
+// applies them (aggregator.DecideRecord): a copy it re-produced whose
+// original reached the topic no later than the record kept is skipped (a
+// misrouted record read again from the start is re-produced again, after
+// newer records of its key).
 func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]entRecord, int32, error) {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
@@ -356,15 +356,13 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		if latest[k] == nil {
 			latest[k] = map[int32]entRecord{}
 		}
-		o, copied := aggregator.OriginOf(r)
-		if cur, ok := latest[k][r.Partition]; ok && !o.After(cur.origin) {
-			if copied {
-				continue
-			}
-			o = cur.origin
+		cur, ok := latest[k][r.Partition]
+		o, apply, _ := aggregator.DecideRecord(r, cur.origin, cur.value, ok)
+		if !apply {
+			continue
 		}
 		written := r.Timestamp.UnixMilli()
-		if copied {
+		if _, copied := aggregator.OriginOf(r); copied {
 			// A copy's original was written then.
 			written = o.Arrival
 		}
