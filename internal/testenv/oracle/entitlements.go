@@ -28,7 +28,11 @@ import (
 // customer's (a client with another partitioner, DESIGN §12) changes
 // nothing there but the partition's broker time: the aggregator
 // re-produces it to the customer's partition, where the copy applies by
-// its own broker time and place in that partition (FromTopic finds it). A
+// its own broker time and place in that partition (FromTopic finds it).
+// The model does not know stale copies (one whose original arrived no
+// later than the customer's last record applied is not applied, and the
+// aggregator restates that record: docs/entitlements.md): a test must not
+// write a record to a wrong partition after a later one of its customer. A
 // tick (Key schemas.TickKey) changes nothing either: only its broker time
 // counts, for the records read after it. A test need not list its ticks:
 // VerifyEntitlements reads them from the topic.
