@@ -1149,7 +1149,8 @@ func (pt *partition) restateRejected(tx *stream.Tx, r *kgo.Record) error {
 //     Ledger reads it at the latest broker time read, at least), so that
 //     a copy or restated record of last read after it is older.
 //   - r is a copy from before last: skipped, last restated.
-//   - r is a copy claiming last's origin: the same value (another copy of
+//   - r is a copy claiming last's origin (its coordinates; its arrival may
+//     be earlier, stamped after a broker clock stepped back): the same value (another copy of
 //     it: a second aggregator's, a restated one read back) is skipped;
 //     otherwise (headers a client wrote or copied, or a stage that
 //     applied such a record where another did not: the compacted topic
@@ -1164,9 +1165,13 @@ func DecideRecord(r *kgo.Record, last RecordOrigin, lastValue []byte, have bool)
 		return o, true, false
 	case !copied:
 		return RecordOrigin{Arrival: last.Arrival + 1, Partition: o.Partition, Offset: o.Offset}, true, false
-	case last.After(o):
+	case last.After(o) && (o.Partition != last.Partition || o.Offset != last.Offset):
 		return last, false, true
 	}
+	// A copy claiming last's coordinates, at its time or earlier: a copy
+	// stamped after a broker clock stepped back behind last's time has
+	// an earlier arrival (OriginOf), and is still a copy of last (restated,
+	// it would be restated for as long as the clock is behind).
 	switch c := compareValues(r.Value, lastValue); {
 	case c == 0:
 		return last, false, false

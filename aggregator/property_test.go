@@ -6,12 +6,14 @@ import (
 	"math/rand"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -270,6 +272,10 @@ type propInst struct {
 	id  string
 	fs  vfs.FS
 	run *aggRunning
+	// started is closed once the running instance initialised its
+	// transactional ID (it logs "stage started"): an open transaction of
+	// an earlier run of the instance is aborted by then.
+	started chan struct{}
 }
 
 type propRun struct {
@@ -284,7 +290,7 @@ type propRun struct {
 	starts  int
 }
 
-func (pr *propRun) config(id string, fs vfs.FS) Config {
+func (pr *propRun) config(id string, fs vfs.FS, started func()) Config {
 	cfg := pr.h.config(id, fs)
 	cfg.Period, cfg.Grace, cfg.Window, cfg.Meters = Day, time.Hour, time.Duration(pWindow)*time.Millisecond, pr.cat
 	cfg.FinalChunk = propChunk
@@ -296,7 +302,13 @@ func (pr *propRun) config(id string, fs vfs.FS) Config {
 	if os.Getenv("PROPERTY_DEBUG") != "" {
 		lvl = zap.DebugLevel
 	}
-	cfg.Stream.Logger = zaptest.NewLogger(pr.t, zaptest.Level(lvl)).Named(fmt.Sprintf("%s#%d", id, pr.starts))
+	hook := zap.Hooks(func(e zapcore.Entry) error {
+		if e.Message == "stage started" {
+			started()
+		}
+		return nil
+	})
+	cfg.Stream.Logger = zaptest.NewLogger(pr.t, zaptest.Level(lvl), zaptest.WrapOptions(hook)).Named(fmt.Sprintf("%s#%d", id, pr.starts))
 	return cfg
 }
 
@@ -311,7 +323,10 @@ func (pr *propRun) start(id string, fresh bool) {
 		in.fs = vfs.NewMem()
 	}
 	pr.starts++
-	in.run = pr.h.start(pr.config(id, in.fs))
+	started := make(chan struct{})
+	var once sync.Once
+	in.started = started
+	in.run = pr.h.start(pr.config(id, in.fs, func() { once.Do(func() { close(started) }) }))
 }
 
 func (pr *propRun) stop(id string) {
@@ -320,11 +335,19 @@ func (pr *propRun) stop(id string) {
 	if errors.Is(err, stream.ErrCrashed) {
 		// It crashed while stopping (committing its last transaction):
 		// restart it, which aborts that transaction at once (the same
-		// transactional ID), and stop it again.
+		// transactional ID), and stop it again once it has (stopped
+		// before, the transaction would hold every read_committed read
+		// of its partitions until the transaction timeout, 10s).
 		pr.crashes[crashPoint(err)]++
 		_ = fault.Arm("")
 		pr.t.Logf("instance %s crashed at %s while stopping; restarting it to stop it again", id, crashPoint(err))
 		pr.start(id, pr.r.Intn(3) == 0)
+		select {
+		case <-in.started:
+		case <-in.run.done:
+		case <-time.After(time.Minute):
+			pr.t.Fatalf("instance %s restarted to abort its transaction did not start within a minute", id)
+		}
 		err = in.run.stop()
 	}
 	if err != nil {
@@ -385,15 +408,16 @@ func (pr *propRun) settle() {
 }
 
 func runProperty(t *testing.T, brokers []string, seed int64, p propParams) {
-	runPropertyWith(t, brokers, seed, p, false)
+	runPropertyWith(t, brokers, seed, p, nil)
 }
 
-// runPropertyWith is runProperty, with entitlements (ent): the aggregator
-// decides them, the test writes random plans, grants and rate cards to
-// usage.entitlements and appends its ticks (entProp), and the outputs are
-// checked with oracle.VerifyEntitlements, whose decisions are the
-// entitlements package's reference model's.
-func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, ent bool) {
+// runPropertyWith is runProperty, with entitlements (ent not nil): the
+// aggregator decides them, the test writes random plans, grants and rate
+// cards to usage.entitlements and appends its ticks (entProp, with the
+// generators ent switches on), and the outputs are checked with
+// oracle.VerifyEntitlements, whose decisions are the entitlements
+// package's reference model's.
+func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, ent *entGen) {
 	fault.SetHandler(fault.CrashHandler)
 	t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
 	r := rand.New(rand.NewSource(seed))
@@ -416,30 +440,46 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 	}
 	pr := &propRun{t: t, p: p, r: r, cat: cat, insts: map[string]*propInst{}, crashes: map[string]int{}}
 	var ep *entProp
-	if ent {
+	var chunks []int // with entitlements, drawn ahead: entGen.behind writes every chunk's records first
+	if ent != nil {
 		if brokers == nil {
 			_, brokers = testenv.KFake(t)
 		}
 		names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: p.partitions, Sources: st.sources, EventsTimestamp: "CreateTime"})
 		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
 		pr.ent = true
-		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st)
+		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st, *ent)
+		for i := 0; i < len(st.steps); {
+			n := min(10+r.Intn(30), len(st.steps)-i)
+			chunks = append(chunks, n)
+			i += n
+		}
+		if ent.behind {
+			for i, c := 0, 0; i < len(st.steps); c++ {
+				ep.before(st.steps[i : i+chunks[c]])
+				ep.after()
+				i += chunks[c]
+			}
+		}
 	} else {
 		pr.h = newAggHarnessSources(t, brokers, p.partitions, st.sources)
 	}
 	pr.start("a", true)
+	if ent != nil && ent.behind {
+		pr.settle() // every record of usage.entitlements read before any event
+	}
 
 	// Every crash point is armed once per run, in a random order, each at
 	// a random hit; a point that has not fired stays armed over later
 	// chunks.
 	plan := append([]string{}, propPoints...)
-	if ent {
+	if ent != nil {
 		plan = append(plan, fault.ChargeDecided)
 	}
 	r.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
 	armed := ""
 	armedHits := 0
-	for i := 0; i < len(st.steps); {
+	for i, chunk := 0, 0; i < len(st.steps); chunk++ {
 		// Arm the next point once the previous one fired.
 		if armed != "" && pr.crashes[armed] > armedHits {
 			armed = ""
@@ -478,9 +518,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 		if rebalance && !midChunk {
 			toggleB()
 		}
-		n := 10 + r.Intn(30)
-		if i+n > len(st.steps) {
-			n = len(st.steps) - i
+		var n int
+		if chunks != nil {
+			n = chunks[chunk]
+		} else {
+			n = min(10+r.Intn(30), len(st.steps)-i)
 		}
 		var recs []*kgo.Record
 		for _, s := range st.steps[i : i+n] {
@@ -492,11 +534,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 				}
 			}
 		}
-		if ep != nil {
+		if ep != nil && !ent.behind {
 			ep.before(st.steps[i : i+n])
 		}
 		pr.h.produce(recs...)
-		if ep != nil {
+		if ep != nil && !ent.behind {
 			ep.after()
 		}
 		if (rebalance && midChunk) || i+n == len(st.steps) {
@@ -517,6 +559,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 		events[i] = &e.Event
 	}
 	if ep != nil {
+		t.Logf("entitlements (%s): %d records, %d behind their partition's latest broker time, %d on another partition than their customer's",
+			ent, len(ep.ent.Records), ep.steppedBack, ep.misplaced)
+		if ent.outcomes != nil {
+			*ent.outcomes = rejectedOutcomes(t, pr.h)
+		}
 		rep := oracle.VerifyEntitlements(t, pr.h.brokers, pr.h.names, pModel, &ep.ent, events)
 		if len(rep.Rejected) == 0 {
 			t.Fatalf("seed %d rejected nothing: the plans must exercise caps and credits", seed)

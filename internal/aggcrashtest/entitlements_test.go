@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -126,12 +127,12 @@ func entSchedule(start int64) []entChange {
 			{ID: "welcome", Amount: 1_000, Priority: 0, ExpiresAt: start + dayMs + 6*hourMs},
 			{ID: "topup", Amount: 1_500, Priority: 1}}}
 	}
-	return []entChange{
+	sched := append([]entChange{
 		{start - hourMs, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
 			{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "s", MicroCredits: 10, PerUnits: 1}, {Meter: "c", MicroCredits: 150, PerUnits: 1}}},
 			{EffectiveFrom: start + dayMs, Rates: []schemas.Rate{{Meter: "s", MicroCredits: 25, PerUnits: 2}, {Meter: "c", MicroCredits: 150, PerUnits: 1}}}}}},
 		{start - hourMs, schemas.DefaultPlanKey, &schemas.Entitlements{Plan: "default", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps: []schemas.Cap{{Meter: "c", Limit: 3, OnLimit: schemas.OnLimitReject}, {Meter: "s", Limit: 100, OnLimit: schemas.OnLimitAllow}}}},
+			Caps: []schemas.Cap{{Meter: "c", Limit: 2, OnLimit: schemas.OnLimitReject}, {Meter: "s", Limit: 100, OnLimit: schemas.OnLimitAllow}}}},
 		{start - hourMs, key("cust-00"), capped("cust-00", 80)},
 		{start - hourMs, key("cust-01"), capped("cust-01", 120)},
 		{start - hourMs, key("cust-02"), credits("cust-02", deny)},
@@ -148,7 +149,29 @@ func entSchedule(start int64) []entChange {
 		// cust-05's record is deleted: the default plan applies again.
 		{start - hourMs, key("cust-05"), capped("cust-05", 100)},
 		{start + dayMs + 12*hourMs, key("cust-05"), nil},
+	}, append(drip(start, dripCustomers[0]), drip(start, dripCustomers[1])...)...)
+	// sendEnt writes them in this order.
+	sort.SliceStable(sched, func(i, j int) bool { return sched[i].At < sched[j].At })
+	return sched
+}
+
+// The dripCustomers' credits come 150 micro-credits at a time, a new
+// grant every 6 hours of broker time, which never expire; overdraft is
+// denied. Their events cost more than that on average, so from the first
+// hours on they have events paid from their grants and events refused as
+// no_credit all along the stream, on both sides of any crash point.
+var dripCustomers = []string{"cust-06", "cust-07"}
+
+func drip(start int64, c string) []entChange {
+	var out []entChange
+	e := &schemas.Entitlements{CustomerID: c, Plan: "drip", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
+	for k := range 14 {
+		g := *e
+		g.Grants = append(append([]schemas.Grant(nil), e.Grants...), schemas.Grant{ID: fmt.Sprintf("drip-%02d", k), Amount: 150})
+		e = &g
+		out = append(out, entChange{start - hourMs + int64(k)*6*hourMs, string(schemas.CustomerKey(c)), e})
 	}
+	return out
 }
 
 // sendEnt sends a batch of steps with the schedule's records up to its
@@ -193,78 +216,349 @@ func (s *entSuite) checkEnt() oracle.EntReport {
 // (the last balance of each customer) equals the reference's, which moved
 // once per accepted event and never for a rejected one; every rejected
 // event is in usage.rejected exactly once with its reason; and the bill of
-// the accepted events is exact (oracle.VerifyEntitlements).
+// the accepted events is exact (oracle.VerifyEntitlements). On top of
+// that, each window's run checks (entCrashRun):
+//   - that it exercised what a crash can break, on both sides of the
+//     kill: among the events decided and committed before it (by the
+//     group's committed offsets at the kill) and among those the
+//     restart decided, events paid from credits, over_limit and
+//     no_credit rejections (it logs how many events sent before the kill
+//     the restart read again from usage.deduped; those the gate held in
+//     the committed state are decided from there, so that number can be
+//     0 even after aggregate.charge-decided);
+//   - per customer, exactly the reference's number of accepted, over_limit
+//     and no_credit events, counted in the outputs (aggregates and
+//     adjustments, usage.rejected);
+//   - for the customers on dripped grants (dripCustomers, overdraft
+//     denied), that what each grant paid is exactly the reference's, and
+//     that the grants paid, in all, exactly the price of the events the
+//     outputs accepted, priced by the rate card alone: each accepted
+//     event was charged once, no rejected one was.
 func TestEntitlementsCrashWindows(t *testing.T) {
 	for _, c := range []struct {
 		point string
 		hit   int
 		extra []string
 	}{
-		// The 40th decision of the armed run.
-		{fault.ChargeDecided, 40, nil},
-		{fault.BeforeCommit, 3, nil},
-		{fault.AfterCommit, 3, nil},
-		{fault.DuringApply, 3, nil},
-		{fault.AfterApply, 3, nil},
+		// The 100th decision of the armed run; the stream windows at its
+		// 6th transaction: several batches after the armed run starts,
+		// and well before the end of the stream.
+		{fault.ChargeDecided, 100, nil},
+		{fault.BeforeCommit, 6, nil},
+		{fault.AfterCommit, 6, nil},
+		{fault.DuringApply, 6, nil},
+		{fault.AfterApply, 6, nil},
 		{fault.FinalDecided, 2, nil},
 		{fault.BetweenChunks, 3, []string{"--final-chunk", "2"}},
 		{fault.DuringRestore, 1, nil},
 	} {
 		t.Run(c.point, func(t *testing.T) {
 			t.Parallel()
-			s := newEntSuite(t)
-			seed := int64(len(c.point)) + 100
-			st := genStream(seed, 3, 8, 12, partitions)
-			start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli() + seed*hourMs // genStream's
-			sched := entSchedule(start)
-			extra := append(append([]string(nil), entArgs...), c.extra...)
-			stateDir := filepath.Join(s.Dir, "state")
-			spec := c.point + "@" + strconv.Itoa(c.hit)
-			a := s.startAgg("a", stateDir, aggOpts{extra: extra})
-			next := 0
-			for ; next < len(st.batches)/3; next++ {
-				s.sendEnt(st.batches[next], &sched)
-			}
-			s.waitCaughtUp(a)
-			a.Stop(t)
-			if c.point == fault.DuringRestore {
-				stateDir = filepath.Join(s.Dir, "state-wiped")
-				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
-				a.ExpectFaultKill(t, c.point, exitTimeout)
-				a = s.startAgg("a", stateDir, aggOpts{extra: extra})
-			} else {
-				a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
-			}
-			crashed := c.point == fault.DuringRestore
-			for ; next < len(st.batches); next++ {
-				s.sendEnt(st.batches[next], &sched)
-				time.Sleep(30 * time.Millisecond)
-				if !crashed && a.Exited() {
-					a.ExpectFaultKill(t, c.point, 0)
-					crashed = true
-					a = s.startAgg("a", stateDir, aggOpts{extra: extra})
-				}
-			}
-			if !crashed {
-				if !a.Wait(30 * time.Second) {
-					t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.Name(), spec, a.Tail(30))
-				}
-				a.ExpectFaultKill(t, c.point, 0)
-				a = s.startAgg("a", stateDir, aggOpts{extra: extra})
-			}
-			s.sendEnt(st.final, &sched)
-			s.waitCaughtUp(a)
-			if c.point == fault.AfterCommit || c.point == fault.DuringApply {
-				if n, _ := a.Replayed(); n == 0 {
-					t.Errorf("%s restored no changelog record after a crash at %s", a.Name(), c.point)
-				}
-			}
-			rep := s.checkEnt()
-			if rep.Rejected[schemas.ReasonOverLimit] == 0 || rep.Finals == 0 {
-				t.Fatalf("the stream rejected %v and decided %d FINALs; it must exercise over_limit and FINAL", rep.Rejected, rep.Finals)
-			}
+			entCrashRun(t, c.point, c.hit, c.extra)
 		})
 	}
+}
+
+func entCrashRun(t *testing.T, point string, hit int, more []string) {
+	s := newEntSuite(t)
+	seed := int64(len(point)) + 100
+	st := genStream(seed, 3, 8, 12, partitions)
+	start := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).UnixMilli() + seed*hourMs // genStream's
+	sched := entSchedule(start)
+	extra := append(append([]string(nil), entArgs...), more...)
+	stateDir := filepath.Join(s.Dir, "state")
+	spec := point + "@" + strconv.Itoa(hit)
+	a := s.startAgg("a", stateDir, aggOpts{extra: extra})
+	next := 0
+	for ; next < len(st.batches)/3; next++ {
+		s.sendEnt(st.batches[next], &sched)
+	}
+	s.waitCaughtUp(a)
+	a.Stop(t)
+	// The input decided and committed before the kill: offsets below
+	// the group's committed offsets at the kill (killed), by the clean
+	// run and the armed run; the restart decides the rest, again those
+	// the killed instance had read and not committed.
+	var killed map[int32]int64
+	sentAtKill := 0 // events sent when the kill was seen
+	crashed := func() {
+		a.ExpectFaultKill(t, point, 0)
+		killed = s.committed()
+		s.mu.Lock()
+		sentAtKill = len(s.events)
+		s.mu.Unlock()
+		a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+	}
+	if point == fault.DuringRestore {
+		stateDir = filepath.Join(s.Dir, "state-wiped")
+		a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
+		a.ExpectFaultKill(t, point, exitTimeout)
+		a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+		// Killed restoring what the clean run decided, before the rest
+		// of the stream.
+		killed = s.committed()
+		sentAtKill = len(s.events)
+	} else {
+		a = s.startAgg("a", stateDir, aggOpts{fault: spec, extra: extra})
+	}
+	for ; next < len(st.batches); next++ {
+		s.sendEnt(st.batches[next], &sched)
+		time.Sleep(30 * time.Millisecond)
+		if killed == nil && a.Exited() {
+			crashed()
+		}
+	}
+	if killed == nil {
+		if !a.Wait(30 * time.Second) {
+			t.Fatalf("%s: %s not hit with the whole stream sent\n%s", a.Name(), spec, a.Tail(30))
+		}
+		crashed()
+	}
+	s.sendEnt(st.final, &sched)
+	s.waitCaughtUp(a)
+	if point == fault.AfterCommit || point == fault.DuringApply {
+		if n, _ := a.Replayed(); n == 0 {
+			t.Errorf("%s restored no changelog record after a crash at %s", a.Name(), point)
+		}
+	}
+	// The checks of this test run once the reference's (checkEnt) has
+	// waited for the outputs, and even when it failed.
+	defer func() { checkEntExact(t, s, spec, start, sentAtKill, killed) }()
+	rep := s.checkEnt()
+	if rep.Finals == 0 {
+		t.Errorf("the stream decided no FINAL; it must exercise FINAL")
+	}
+
+}
+
+// checkEntExact is entCrashRun's checks against the reference after a
+// kill at spec: killed are the group's committed offsets at the kill
+// (nil: no kill to check around, only the exact counts), sentAtKill the
+// number of events sent when the kill was seen.
+func checkEntExact(t *testing.T, s *entSuite, spec string, start int64, sentAtKill int, killed map[int32]int64) {
+	s.mu.Lock()
+	events := append([]*oracle.Event(nil), s.events...)
+	s.mu.Unlock()
+	model := &oracle.Model{Meters: meters, Period: oracle.Day, Grace: graceMs}
+	outcome, models := s.ent.Decide(model, events)
+	card := sched0(start)
+	if killed != nil {
+		checkAroundKill(t, s, spec, events, outcome, card, start, sentAtKill, killed)
+	}
+
+	// Per customer: accepted, over_limit and no_credit, counted in the
+	// outputs, against the reference.
+	want, got := map[string]map[string]int{}, map[string]map[string]int{}
+	add := func(m map[string]map[string]int, c, o string) {
+		if m[c] == nil {
+			m[c] = map[string]int{}
+		}
+		m[c][o]++
+	}
+	for _, e := range events {
+		add(want, e.Customer, outcome[e.ID])
+	}
+	rejected := map[string]bool{}
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.RejectedTopic()) {
+		var rj schemas.Rejected
+		if err := schemas.DecodeInto(r.Value, &rj); err != nil {
+			t.Fatal(err)
+		}
+		add(got, rj.CustomerID, rj.Reason)
+		rejected[rj.EventID] = true
+	}
+	latest := map[string]*schemas.Aggregate{}
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.AggregatesTopic()) {
+		var ag schemas.Aggregate
+		if err := schemas.DecodeInto(r.Value, &ag); err != nil {
+			t.Fatal(err)
+		}
+		k := fmt.Sprint(ag.CustomerID, ag.Meter, ag.Group, ag.PeriodStart)
+		if cur := latest[k]; cur == nil || ag.Revision > cur.Revision {
+			latest[k] = &ag
+		}
+	}
+	for _, ag := range latest {
+		for range ag.EventCount {
+			add(got, ag.CustomerID, entref.Accepted)
+		}
+	}
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.AdjustmentsTopic()) {
+		var adj schemas.Adjustment
+		if err := schemas.DecodeInto(r.Value, &adj); err != nil {
+			t.Fatal(err)
+		}
+		add(got, adj.CustomerID, entref.Accepted)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("decisions per customer in the outputs:\n  got  %v\n  want %v", got, want)
+	}
+
+	// The dripped customers' grants: what each paid in the reference,
+	// what the outputs' last balance says, and the price of the events
+	// the outputs accepted.
+	last := map[string]*schemas.Balance{}
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.BalancesTopic()) {
+		var b schemas.Balance
+		if err := schemas.DecodeInto(r.Value, &b); err != nil {
+			t.Fatal(err)
+		}
+		if cur := last[b.CustomerID]; cur == nil || b.Revision > cur.Revision {
+			last[b.CustomerID] = &b
+		}
+	}
+	for _, c := range dripCustomers {
+		checkDrip(t, c, last[c], s.ent.Records, models, events, rejected, func(e *oracle.Event) int64 { return cost(card, start-hourMs, e) })
+		t.Logf("%s: %d accepted, %d no_credit", c, want[c][entref.Accepted], want[c][schemas.ReasonNoCredit])
+	}
+}
+
+// checkAroundKill checks that a run exercised, on each side of the kill
+// (the input committed before it; the input the restart decided), events
+// paid from credits, over_limit and no_credit rejections, by the
+// reference's outcomes.
+func checkAroundKill(t *testing.T, s *entSuite, spec string, events []*oracle.Event, outcome map[string]string, card *schemas.RateCard,
+	start int64, sentAtKill int, killed map[int32]int64) {
+	t.Helper()
+	seen := map[string]map[string]int{"before": {}, "after": {}}
+	again := 0 // sent before the kill was seen, decided after the restart
+	s.mu.Lock()
+	for i, e := range events {
+		o := outcome[e.ID]
+		if o == entref.Accepted && cost(card, start-hourMs, e) > 0 && isCreditCustomer(e.Customer) {
+			o = "paid from credits"
+		}
+		p := schemas.Partition(schemas.CustomerKey(e.Customer), partitions)
+		switch off := s.offsets[e.ID]; {
+		case off >= killed[p]:
+			seen["after"][o]++
+			if i < sentAtKill {
+				again++
+			}
+		default:
+			seen["before"][o]++
+		}
+	}
+	s.mu.Unlock()
+	t.Logf("killed at %s: the input committed before the kill %v; decided after the restart %v, %d of them sent before the kill was seen",
+		spec, seen["before"], seen["after"], again)
+	for _, sd := range []string{"before", "after"} {
+		for _, o := range []string{"paid from credits", schemas.ReasonOverLimit, schemas.ReasonNoCredit} {
+			if seen[sd][o] == 0 {
+				t.Errorf("no event %s the kill was %s: the run must exercise it on both sides of the kill", sd, o)
+			}
+		}
+	}
+
+}
+
+// checkDrip checks a dripped customer's last balance: each grant paid
+// exactly what the reference's paid (models: the reference of each
+// partition after every event), and the grants paid, in all, exactly the
+// price of the customer's events that the outputs did not reject.
+func checkDrip(t *testing.T, c string, last *schemas.Balance, recs []oracle.EntRecord, models []*entref.Model, events []*oracle.Event,
+	rejected map[string]bool, price func(*oracle.Event) int64) {
+	t.Helper()
+	if last == nil {
+		t.Errorf("no balance of %s", c)
+		return
+	}
+	dp := schemas.Partition(schemas.CustomerKey(c), partitions)
+	ref := models[dp]
+	nRecs, lastWritten := 0, int64(0)
+	for _, r := range recs {
+		if r.Partition == dp {
+			nRecs++
+			lastWritten = r.Written
+		}
+	}
+	var want, paid int64
+	for _, e := range events {
+		if e.Customer == c && !rejected[e.ID] {
+			want += price(e)
+		}
+	}
+	var drawn []string
+	for _, g := range last.Grants {
+		// Its generation: the grant is offered by every record since its
+		// first, so the one a record read after the last would continue.
+		refPaid := ref.Paid(c, g.ID, ref.GenAfter(nRecs, c, g.ID, lastWritten))
+		if g.Consumed != refPaid {
+			t.Errorf("%s's grant %s paid %d micro-credits, the reference's %d", c, g.ID, g.Consumed, refPaid)
+		}
+		paid += g.Consumed
+		drawn = append(drawn, fmt.Sprintf("%s:%d", g.ID, g.Consumed))
+	}
+	if paid != want || last.Overdrawn != 0 {
+		t.Errorf("%s's grants paid %d micro-credits (%v), overdrawn %d; the events the outputs accepted cost %d",
+			c, paid, drawn, last.Overdrawn, want)
+	}
+	t.Logf("%s's grants paid %v = %d micro-credits", c, drawn, paid)
+}
+
+// committed returns the aggregator group's committed offset of each
+// usage.deduped partition (0 for none).
+func (s *entSuite) committed() map[int32]int64 {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	offs, err := testenv.Admin(s.t, s.Brokers).FetchOffsets(ctx, s.group)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	for p := int32(0); p < partitions; p++ {
+		if o, ok := offs.Lookup(s.Names.DedupedTopic(), p); ok {
+			out[p] = o.At
+		}
+	}
+	return out
+}
+
+// sched0 is the rate card of entSchedule, written at start − 1h.
+func sched0(start int64) *schemas.RateCard {
+	for _, c := range entSchedule(start) {
+		if c.Key == schemas.RateCardKey {
+			return c.Msg.(*schemas.RateCard)
+		}
+	}
+	return nil
+}
+
+// cost is the price of e by the rate card alone (written at cardWritten;
+// an event with min(arrival, event_time) before it has no rate): the rate
+// in effect at its event_time, quantity × rate, rounded half up; SUM and
+// COUNT meters only.
+func cost(card *schemas.RateCard, cardWritten int64, e *oracle.Event) int64 {
+	m := (&oracle.Model{Meters: meters}).Meter(e.Meter)
+	if !entitlements.Charged(m.Aggregation) {
+		return 0
+	}
+	if min(e.Arrival, e.EventTime) < cardWritten {
+		return 0 // no card yet
+	}
+	var rate *schemas.Rate
+	for _, v := range card.Versions {
+		if v.EffectiveFrom > e.EventTime {
+			break
+		}
+		rate = nil
+		for i := range v.Rates {
+			if v.Rates[i].Meter == e.Meter {
+				rate = &v.Rates[i]
+			}
+		}
+	}
+	if rate == nil {
+		return 0
+	}
+	units := entitlements.Event{Meter: e.Meter, Aggregation: m.Aggregation, Quantity: e.Quantity}.Units()
+	c, _ := entitlements.Cost(units, *rate)
+	return c
+}
+
+func isCreditCustomer(c string) bool {
+	return c == "cust-02" || c == "cust-03" || c == dripCustomers[0] || c == dripCustomers[1]
 }
 
 // TestEntitlementsCapBoundary: a free tier of 1,000 units a month, 1,200

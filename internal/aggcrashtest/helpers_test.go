@@ -54,7 +54,8 @@ type suite struct {
 	cl     *kgo.Client
 
 	mu      sync.Mutex
-	events  []*oracle.Event // acknowledged, in production order
+	events  []*oracle.Event  // acknowledged, in production order
+	offsets map[string]int64 // each acknowledged event's offset in usage.deduped, by ID
 	wmSteps int
 }
 
@@ -183,10 +184,13 @@ func (s *suite) send(steps []step) {
 func (s *suite) trySend(steps []step) error {
 	var recs []*kgo.Record
 	var evs []*oracle.Event
+	ofRec := map[*kgo.Record]*oracle.Event{}
 	for _, st := range steps {
 		if st.ev != nil {
-			recs = append(recs, record(s.Names.DedupedTopic(), st.ev))
+			r := record(s.Names.DedupedTopic(), st.ev)
+			recs = append(recs, r)
 			evs = append(evs, st.ev)
+			ofRec[r] = st.ev
 			continue
 		}
 		v := schemas.MustEncode(st.wm)
@@ -196,10 +200,19 @@ func (s *suite) trySend(steps []step) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := s.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	res := s.cl.ProduceSync(ctx, recs...)
+	if err := res.FirstErr(); err != nil {
 		return fmt.Errorf("produce: %w", err)
 	}
 	s.mu.Lock()
+	if s.offsets == nil {
+		s.offsets = map[string]int64{}
+	}
+	for _, r := range res {
+		if e := ofRec[r.Record]; e != nil {
+			s.offsets[e.ID] = r.Record.Offset
+		}
+	}
 	s.events = append(s.events, evs...)
 	s.wmSteps += len(steps) - len(evs)
 	s.mu.Unlock()
@@ -247,4 +260,21 @@ func (s *suite) check(periodOf oracle.Period, grace int64) oracle.Report {
 	events := append([]*oracle.Event(nil), s.events...)
 	s.mu.Unlock()
 	return oracle.Verify(s.t, s.Brokers, s.Names, &oracle.Model{Meters: meters, Period: periodOf, Grace: grace}, events)
+}
+
+// checkRestores checks that the partitions moved between the instances of
+// a rebalance test: at least two restores per partition over every
+// instance run.
+func (s *suite) checkRestores() {
+	s.t.Helper()
+	restores := 0
+	procs := s.Procs()
+	for _, p := range procs {
+		_, n := p.Replayed()
+		restores += n
+	}
+	if restores < 2*partitions {
+		s.t.Errorf("only %d partition restores over all instances: the partitions did not move as intended", restores)
+	}
+	s.t.Logf("%d partition restores over %d instance runs", restores, len(procs))
 }

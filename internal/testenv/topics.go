@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +36,13 @@ type TopicsOpts struct {
 // Test topics keep every record: retention.ms is -1 on every topic whose
 // cleanup policy deletes (see CreateTopic: test records often carry
 // timestamps months in the past, which the production retention would
-// delete at the broker's next check, in the middle of the test).
+// delete at the broker's next check, in the middle of the test), and a
+// compacted topic whose timestamps the test chooses (EventsTimestamp
+// CreateTime: usage.entitlements, usage.balances) is never compacted:
+// min.compaction.lag.ms counts record time too, so every record of the
+// test would be old enough at once, and the broker rolls a segment by
+// record time (segment.ms), so a test spanning a week of broker time
+// would see the records a later one superseded vanish while it runs.
 func Topics(t testing.TB, brokers []string, base string, o TopicsOpts) topics.Names {
 	t.Helper()
 	names := topics.DefaultNames()
@@ -55,6 +63,9 @@ func Topics(t testing.TB, brokers []string, base string, o TopicsOpts) topics.Na
 		}
 		if strings.Contains(sp.Configs["cleanup.policy"], "delete") {
 			sp.Configs["retention.ms"] = "-1"
+		}
+		if sp.Configs["message.timestamp.type"] == "CreateTime" && strings.Contains(sp.Configs["cleanup.policy"], "compact") {
+			sp.Configs["min.compaction.lag.ms"] = strconv.FormatInt(math.MaxInt64, 10)
 		}
 	}
 	adm := Admin(t, brokers)

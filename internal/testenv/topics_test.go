@@ -76,6 +76,9 @@ func TestTopics(t *testing.T) {
 			if strings.Contains(sp.Configs["cleanup.policy"], "delete") && got["retention.ms"] != "-1" {
 				t.Errorf("%s: retention.ms %q, want -1", sp.Name, got["retention.ms"])
 			}
+			if (sp.Name == names.EntitlementsTopic() || sp.Name == names.BalancesTopic()) && got["min.compaction.lag.ms"] != "9223372036854775807" {
+				t.Errorf("%s: min.compaction.lag.ms %q, want the largest (records of CreateTime months in the past)", sp.Name, got["min.compaction.lag.ms"])
+			}
 		}
 		commit(names.Prefix + "dedup")
 		commit("not-ours")
