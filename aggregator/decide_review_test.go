@@ -281,7 +281,9 @@ func walkModel(t *testing.T, maxLen int, times []int64) {
 //     after a's): both then applied b.
 //   - the restated record of a@20, written at 10, read back as older
 //     than a's origin, and restated again, a record per round trip until
-//     the clock caught up (and as many again per group that read them).
+//     the clock caught up (and as many again per group that read them);
+//     DecideRecord now also takes a copy of last's coordinates as a copy
+//     of last, whatever its arrival.
 //
 // And a copy cannot claim an arrival so late that the millisecond after
 // it overflows.

@@ -998,10 +998,8 @@ func (o RecordOrigin) After(p RecordOrigin) bool {
 // alike, and a copy is written after its original by a clock that may be
 // behind the original's (another leader, a clock stepped back). Capped, a
 // copy made early was older than the last record where a later group's
-// was not (the live aggregator then changed its decision when a new group
-// started), and a restated record of an origin after its own broker time
-// read back as older than that origin, and was restated again until the
-// clock caught up (TestDecideRecordModel). So a client that writes the
+// was not: the running aggregator changed its decision when a new group
+// started (TestDecideRecordModel). So a client that writes the
 // headers can claim a later arrival: misrouted records of its customer
 // that reached the topic before it are then skipped, nothing else.
 func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
