@@ -862,6 +862,9 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			if err := pt.reject(tx, r, nil, entitlements.Reason(err), err.Error()); err != nil {
 				return err
 			}
+			if err := pt.restateRejected(tx, r); err != nil {
+				return err
+			}
 		case rec.Key.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p:
 			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
 			if _, ok := headerValue(r, HeaderRerouted); ok {
@@ -918,6 +921,9 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 				}
 				pt.ent.pending.record("rejected")
 				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, err.Error()); err != nil {
+					return err
+				}
+				if err := pt.restateRejected(tx, r); err != nil {
 					return err
 				}
 				break
@@ -983,8 +989,19 @@ func (o RecordOrigin) After(p RecordOrigin) bool {
 // OriginOf returns the origin of r, a record of usage.entitlements, and
 // reports whether r is a copy the aggregator re-produced: its headers
 // HeaderRerouted and HeaderArrival (each once, well formed) give the
-// original's coordinates and broker time, the latter never after r's own.
-// Anything else is an ordinary record of its own origin.
+// original's coordinates and broker time (at most maxArrival). Anything
+// else is an ordinary record of its own origin.
+//
+// A copy's origin is its headers' alone, never capped at r's own broker
+// time: every copy of one original (each group that reads it re-produces
+// it, at its own time) and every restated record of an origin must order
+// alike, and a copy is written after its original by a clock that may be
+// behind the original's (another leader, a clock stepped back). Capped, a
+// copy made early was older than the last record where a later group's
+// was not: the running aggregator changed its decision when a new group
+// started (TestDecideRecordModel). So a client that writes the
+// headers can claim a later arrival: misrouted records of its customer
+// that reached the topic before it are then skipped, nothing else.
 func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
 	own := RecordOrigin{Arrival: r.Timestamp.UnixMilli(), Partition: r.Partition, Offset: r.Offset}
 	rv, ok1 := headerValue(r, HeaderRerouted)
@@ -996,11 +1013,16 @@ func OriginOf(r *kgo.Record) (o RecordOrigin, copied bool) {
 	p, err1 := strconv.ParseInt(ps, 10, 32)
 	off, err2 := strconv.ParseInt(os, 10, 64)
 	a, err3 := strconv.ParseInt(string(av), 10, 64)
-	if !cut || err1 != nil || err2 != nil || err3 != nil || p < 0 || off < 0 || a < 0 {
+	if !cut || err1 != nil || err2 != nil || err3 != nil || p < 0 || off < 0 || a < 0 || a > maxArrival {
 		return own, false
 	}
-	return RecordOrigin{Arrival: min(a, own.Arrival), Partition: int32(p), Offset: off}, true
+	return RecordOrigin{Arrival: a, Partition: int32(p), Offset: off}, true
 }
+
+// maxArrival is the latest arrival a copy can claim (9999-12-31, epoch
+// ms): a record ordered after an origin (DecideRecord) is a millisecond
+// later, which must not overflow.
+const maxArrival = 253402300799999
 
 // originKey is the state key of the origin and value of the last record
 // of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
@@ -1043,34 +1065,72 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // for good, for a misrouted original stays on its compacted partition,
 // and can be read again, for as long as it is not replaced there.
 func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
-	v, ok, err := st.Get(originKey(customer))
-	switch {
-	case err != nil:
+	last, lastValue, ok, err := pt.lastOrigin(st, customer)
+	if err != nil {
 		return RecordOrigin{}, false, nil, err
-	case ok && (len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21):
-		return RecordOrigin{}, false, nil, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
-	}
-	var last RecordOrigin
-	var lastValue []byte
-	if ok {
-		last = RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
-			Offset: int64(binary.BigEndian.Uint64(v[12:]))}
-		if v[20] == 1 {
-			lastValue = v[21:]
-		}
 	}
 	o, apply, again := DecideRecord(r, last, lastValue, ok)
 	if apply || !again {
 		return o, !apply, nil, nil
 	}
-	restate = &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
+	return last, true, pt.restated(r, last, lastValue), nil
+}
+
+// lastOrigin returns the origin and value of the last record of a
+// customer's key applied (originKey); ok is false when there is none.
+func (pt *partition) lastOrigin(st stateReader, customer string) (last RecordOrigin, lastValue []byte, ok bool, err error) {
+	v, ok, err := st.Get(originKey(customer))
+	switch {
+	case err != nil || !ok:
+		return RecordOrigin{}, nil, false, err
+	case len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21:
+		return RecordOrigin{}, nil, false, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
+	}
+	last = RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
+		Offset: int64(binary.BigEndian.Uint64(v[12:]))}
+	if v[20] == 1 {
+		lastValue = v[21:]
+	}
+	return last, lastValue, true, nil
+}
+
+// restated is the record of r's key in effect, last and lastValue, written
+// again to the partition marked with its origin.
+func (pt *partition) restated(r *kgo.Record, last RecordOrigin, lastValue []byte) *kgo.Record {
+	restate := &kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(), Headers: []kgo.RecordHeader{
 		{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", last.Partition, last.Offset)},
 		{Key: HeaderArrival, Value: strconv.AppendInt(nil, last.Arrival, 10)},
 	}}
 	if lastValue != nil {
 		restate.Value = bytes.Clone(lastValue)
 	}
-	return last, true, restate, nil
+	return restate
+}
+
+// restateRejected restates the record in effect of the customer of r, a
+// record of usage.entitlements just rejected, when r is on its canonical
+// partition and a record of its key was applied: the rejected record
+// leaves it in effect, but would otherwise be the key's last record, which
+// compaction keeps and a stage reading the compacted topic from the start
+// rejects (applying the default plan instead). Every other stage skips the
+// restated record (the origin and value in effect). A rejected record
+// whose key is reserved, not a customer's, or on another partition, or
+// whose value is the one in effect, changes nothing.
+func (pt *partition) restateRejected(tx *stream.Tx, r *kgo.Record) error {
+	k, err := schemas.ParseEntitlementsKey(r.Key)
+	if err != nil || k.Reserved != "" || schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p {
+		return nil
+	}
+	last, lastValue, ok, err := pt.lastOrigin(tx, k.Customer)
+	if err != nil || !ok || compareValues(r.Value, lastValue) == 0 {
+		// The value in effect rejected (a state applied under other
+		// rules): restated, it would be rejected again, for ever.
+		return err
+	}
+	tx.Emit(pt.restated(r, last, lastValue))
+	pt.pr.log.Info("rejected entitlements record followed by the record in effect, restated", zap.Int32("partition", pt.p),
+		zap.Int64("offset", r.Offset), zap.String("customer", k.Customer))
+	return nil
 }
 
 // DecideRecord decides r, a record of a key on its partition, against the

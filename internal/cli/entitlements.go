@@ -363,8 +363,9 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		}
 		written := r.Timestamp.UnixMilli()
 		if _, copied := aggregator.OriginOf(r); copied {
-			// A copy's original was written then.
-			written = o.Arrival
+			// A copy's original was written then (a claimed time
+			// after the copy's own is not shown).
+			written = min(o.Arrival, written)
 		}
 		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, origin: o}
 	}
