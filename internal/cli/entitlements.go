@@ -327,15 +327,31 @@ type entRecord struct {
 	offset    int64
 	written   int64
 	value     []byte // nil: tombstone
+	rec       *entitlements.Record
 	origin    aggregator.RecordOrigin
 }
 
 // readEntitlements reads the committed records of the entitlements topic
-// and keeps the latest of each key per partition, as the aggregator
-// applies them (aggregator.DecideRecord): a copy it re-produced whose
-// original reached the topic no later than the record kept is skipped (a
-// misrouted record read again from the start is re-produced again, after
-// newer records of its key).
+// and keeps, per key and partition, the record the aggregator has in
+// effect once it has read them all, by its rules (aggregator
+// entRecords):
+//   - a record entitlements.ParseRecord refuses (undecodable, invalid) is
+//     rejected: the record before it stays in effect. After one of a
+//     customer on its canonical partition, the aggregator writes the
+//     record in effect again (restated, a copy marked with its origin),
+//     which DecideRecord then skips, for it is the record kept.
+//   - a tick applies nothing.
+//   - a customer's record is decided by aggregator.DecideRecord: a copy
+//     the aggregator re-produced whose original reached the topic no
+//     later than the record kept is skipped (a misrouted record read
+//     again from the start is re-produced again, after newer records of
+//     its key).
+//   - a record of a reserved key (the default plan, the rate card) is
+//     applied in the order of its partition; re-route headers on it
+//     change nothing.
+//
+// Not reproduced: a record the aggregator's Ledger refuses for the state
+// it has (entitlements.ErrTooManyVersions) is shown.
 func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]entRecord, int32, error) {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
@@ -352,22 +368,29 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 	}
 	latest := map[string]map[int32]entRecord{}
 	for _, r := range recs {
+		written := r.Timestamp.UnixMilli()
+		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
+		if err != nil || rec.IsTick() {
+			continue
+		}
 		k := string(r.Key)
 		if latest[k] == nil {
 			latest[k] = map[int32]entRecord{}
 		}
-		cur, ok := latest[k][r.Partition]
-		o, apply, _ := aggregator.DecideRecord(r, cur.origin, cur.value, ok)
-		if !apply {
-			continue
+		var o aggregator.RecordOrigin
+		if rec.Key.Reserved == "" {
+			cur, ok := latest[k][r.Partition]
+			var apply bool
+			if o, apply, _ = aggregator.DecideRecord(r, cur.origin, cur.value, ok); !apply {
+				continue
+			}
+			if _, copied := aggregator.OriginOf(r); copied {
+				// A copy's original was written then (a claimed time
+				// after the copy's own is not shown).
+				written = min(o.Arrival, written)
+			}
 		}
-		written := r.Timestamp.UnixMilli()
-		if _, copied := aggregator.OriginOf(r); copied {
-			// A copy's original was written then (a claimed time
-			// after the copy's own is not shown).
-			written = min(o.Arrival, written)
-		}
-		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, origin: o}
+		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, rec: rec, origin: o}
 	}
 	return latest, counts[topic], nil
 }
@@ -430,11 +453,7 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 			return &ExitError{Code: 1, Err: fmt.Errorf("the entitlements of %s were deleted at %s: the default plan applies",
 				c.Customer, entitlements.FormatTime(r.written))}
 		}
-		rec, err := entitlements.ParseRecord(key, r.value, r.written)
-		if err != nil {
-			return fmt.Errorf("partition %d offset %d: %w", r.partition, r.offset, err)
-		}
-		return c.print(stdio, false, entitlements.DocumentOf(rec.Entitlements, r.written))
+		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
 	key := schemas.RateCardKey
 	if c.Default {
@@ -444,14 +463,10 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 	if err != nil {
 		return &ExitError{Code: 1, Err: err}
 	}
-	rec, err := entitlements.ParseRecord([]byte(key), r.value, r.written)
-	if err != nil {
-		return fmt.Errorf("partition %d offset %d: %w", r.partition, r.offset, err)
-	}
 	if c.Default {
-		return c.print(stdio, false, entitlements.DocumentOf(rec.Entitlements, r.written))
+		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
-	return c.print(stdio, false, entitlements.RatesDocumentOf(rec.RateCard, r.written))
+	return c.print(stdio, false, entitlements.RatesDocumentOf(r.rec.RateCard, r.written))
 }
 
 // samePerPartition returns the record of a key written to every partition,
@@ -510,12 +525,7 @@ func (c *EntitlementsListCmd) Run(ctx context.Context, g *Globals, stdio IO) err
 		if !ok || r.value == nil {
 			continue
 		}
-		rec, err := entitlements.ParseRecord([]byte(k), r.value, r.written)
-		if err != nil {
-			fmt.Fprintf(stdio.Stderr, "partition %d offset %d: %v\n", r.partition, r.offset, err)
-			continue
-		}
-		docs = append(docs, entitlements.DocumentOf(rec.Entitlements, r.written))
+		docs = append(docs, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
 	if len(docs) == 0 && c.Output == "yaml" {
 		fmt.Fprintln(stdio.Stderr, "no customer has entitlements of its own")

@@ -65,3 +65,128 @@ func TestEntitlementsGetDecidesAsTheAggregator(t *testing.T) {
 		t.Errorf("get shows the cap %d, want 100 (the greater value at the origin of the record in effect):\n%s", d.Caps["api_calls"].Limit.V, out)
 	}
 }
+
+// entPlan is the encoded Entitlements record of customer (empty: the
+// default plan) with one cap of limit on api_calls.
+func entPlan(t *testing.T, customer string, limit int64) []byte {
+	t.Helper()
+	v, err := schemas.Encode(&schemas.Entitlements{CustomerID: customer, Plan: fmt.Sprint("cap-", limit),
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// capOf parses a document `entitlements get` (or one of `list`) printed
+// and returns its api_calls cap.
+func capOf(t *testing.T, doc string) int64 {
+	t.Helper()
+	d, err := entitlements.ParseDocument([]byte(doc))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, doc)
+	}
+	return d.Caps["api_calls"].Limit.V
+}
+
+// TestEntitlementsGetSkipsRejectedRecords: a customer's record the
+// aggregator rejects on its canonical partition (undecodable, or invalid:
+// entitlements.ParseRecord) leaves the record before it in effect, and
+// the aggregator restates that record after it (restateRejected).
+// `entitlements get` and `list` show the record in effect, whether the
+// restated copy follows the rejected record yet or not.
+func TestEntitlementsGetSkipsRejectedRecords(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	bad := map[string][]byte{
+		"undecodable":    []byte("not a record"),
+		"wrong customer": entPlan(t, "globex", 7),
+	}
+	for name, x := range bad {
+		for _, restated := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/restated=%v", name, restated), func(t *testing.T) {
+				names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
+				topic := names.EntitlementsTopic()
+				key := schemas.CustomerKey("acme")
+				canon := schemas.Partition(key, 4)
+				ctx := context.Background()
+				v, err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: canon, Key: key, Value: entPlan(t, "acme", 5), Timestamp: time.Now()}).First()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := entitlements.ParseRecord(key, x, 0); err == nil {
+					t.Fatal("the rejected record parses")
+				}
+				recs := []*kgo.Record{{Topic: topic, Partition: canon, Key: key, Value: x, Timestamp: time.Now()}}
+				if restated {
+					// What the aggregator writes after it: the record in
+					// effect, marked with its origin.
+					recs = append(recs, &kgo.Record{Topic: topic, Partition: canon, Key: key, Value: v.Value, Timestamp: time.Now(),
+						Headers: []kgo.RecordHeader{
+							{Key: aggregator.HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", v.Partition, v.Offset)},
+							{Key: aggregator.HeaderArrival, Value: fmt.Append(nil, v.Timestamp.UnixMilli())}}})
+				}
+				if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+				flags := []string{"--brokers", strings.Join(brokers, ","), "--topic-prefix", names.Prefix}
+				code, out, errOut := run(t, "", append([]string{"entitlements", "get", "acme"}, flags...)...)
+				if code != 0 {
+					t.Fatalf("get: %d, want the record in effect (cap 5)\n%s\n%s", code, out, errOut)
+				}
+				if c := capOf(t, out); c != 5 {
+					t.Errorf("get shows the cap %d, want 5 (the record in effect)\n%s", c, out)
+				}
+				code, out, errOut = run(t, "", append([]string{"entitlements", "list"}, flags...)...)
+				if code != 0 || strings.Contains(errOut, "offset") || strings.Count(out, "customer:") != 1 {
+					t.Fatalf("list: %d, want acme's record in effect alone\n%s\n%s", code, out, errOut)
+				}
+				if c := capOf(t, out); c != 5 {
+					t.Errorf("list shows the cap %d, want 5 (the record in effect)\n%s", c, out)
+				}
+			})
+		}
+	}
+}
+
+// TestEntitlementsGetReservedKeysIgnoreOrigins: the aggregator applies
+// every valid record of a reserved key (the default plan, the rate card)
+// in the order of its partition, headers or not: aggregator.DecideRecord
+// decides customers' records alone. A default plan written with forged
+// re-route headers claiming an origin before the one in effect is applied,
+// and `entitlements get --default` shows it.
+func TestEntitlementsGetReservedKeysIgnoreOrigins(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
+	topic := names.EntitlementsTopic()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	key := []byte(schemas.DefaultPlanKey)
+	ctx := context.Background()
+	for p := int32(0); p < 4; p++ {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: key, Value: entPlan(t, "", 5), Timestamp: time.Now()}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: key, Value: entPlan(t, "", 9), Timestamp: time.Now(),
+			Headers: []kgo.RecordHeader{
+				{Key: aggregator.HeaderRerouted, Value: []byte("9/999")},
+				{Key: aggregator.HeaderArrival, Value: []byte("1")}}}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := run(t, "", "entitlements", "get", "--default", "--brokers", strings.Join(brokers, ","), "--topic-prefix", names.Prefix)
+	if code != 0 {
+		t.Fatalf("get --default: %d\n%s\n%s", code, out, errOut)
+	}
+	if c := capOf(t, out); c != 9 {
+		t.Errorf("get --default shows the cap %d, want 9 (the last record of the key, which the aggregator applies)\n%s", c, out)
+	}
+}
