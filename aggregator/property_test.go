@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -382,6 +383,47 @@ func (pr *propRun) reap() {
 	}
 }
 
+// dumpIfStuck logs, if the returned stop is not called within d, which
+// instances are still running and every goroutine's stack: the run loops
+// (stream.(*Runtime).runSession), kgo's group and producer goroutines and
+// what each waits on, which is what a run whose outputs stay incomplete
+// after its input was consumed needs to tell a blocked instance from an
+// idle one. stop waits for a dump under way, so that nothing logs after
+// the test.
+func (pr *propRun) dumpIfStuck(d time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		select {
+		case <-done:
+			return
+		case <-tm.C:
+		}
+		for _, id := range []string{"a", "b"} {
+			state := "stopped"
+			if in := pr.insts[id]; in != nil && in.run != nil {
+				state = "running"
+				select {
+				case <-in.run.done:
+					state = fmt.Sprintf("ended (%v)", in.run.err)
+				default:
+				}
+			}
+			pr.t.Logf("after %s outputs still incomplete: instance %s %s", d, id, state)
+		}
+		buf := make([]byte, 8<<20)
+		pr.t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
 // crashPoint is the point named by a simulated crash's error.
 func crashPoint(err error) string {
 	return err.Error()[strings.LastIndex(err.Error(), " at ")+4:]
@@ -554,6 +596,7 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 	_ = fault.Arm("")
 	pr.settle()
 	t.Logf("crashes: %v (instance starts %d)", pr.crashes, pr.starts)
+	defer pr.dumpIfStuck(oracle.AwaitTimeout - 15*time.Second)()
 	events := make([]*oracle.Event, len(st.events))
 	for i, e := range st.events {
 		events[i] = &e.Event

@@ -1,0 +1,78 @@
+package aggregator
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestFinalChunksAfterAbortedChunkWhileIdle: a period decided final goes
+// out in chunks, one per transaction (Worker); a chunk's transaction is
+// aborted (its TxnOffsetCommit fails as in a rebalance) after some FINAL
+// revisions are out, and no input follows. The remaining chunks still go
+// out: the partition's work does not wait for new input.
+func TestFinalChunksAfterAbortedChunkWhileIdle(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newAggHarnessSources(t, brokers, 1, 1)
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Stream.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("a")
+	cfg.Period, cfg.Grace = Day, time.Hour
+	setFinalChunk(&cfg, 2)
+	reg := prometheus.NewRegistry()
+	cfg.Stream.Registerer = reg
+	h.start(cfg)
+
+	day := ms(t, "2026-05-04")
+	const dayMs, hourMs = 24 * 3600 * 1000, 3600 * 1000
+	const customers = 20
+	for i := 0; i < customers; i++ {
+		h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: fmt.Sprintf("c%02d", i), Meter: "m",
+			Quantity: 1, EventTime: day + 1000, IngestTime: day + 2000}))
+	}
+	h.caughtUp()
+	h.produce(h.watermark(0, 0, 1, day+dayMs+hourMs+1))
+
+	finals := func() int {
+		n := 0
+		for _, r := range readAggregates(t, h) {
+			if r.Status == schemas.StatusFinal {
+				n++
+			}
+		}
+		return n
+	}
+	// Abort a chunk transaction once FINAL revisions started going out.
+	deadline := time.Now().Add(20 * time.Second)
+	for finals() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no FINAL revision went out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	testenv.FailNextTxnOffsetCommit(c)
+	armedAt := finals()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n := finals()
+		if n == customers {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d FINAL revisions after 20s with no new input (commits refused: %v)", n, customers,
+				counterOf(reg, "meterline_stream_commits_refused_total"))
+		}
+	}
+	if n := counterOf(reg, "meterline_stream_commits_refused_total"); n < 1 {
+		t.Fatalf("no transaction was aborted (%v): the test did not exercise the abort", n)
+	}
+	if armedAt == customers {
+		t.Fatalf("every FINAL revision was out before the abort: the test did not exercise an abort between chunks")
+	}
+}
