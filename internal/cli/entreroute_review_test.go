@@ -25,20 +25,8 @@ func TestEntitlementsGetDecidesAsTheAggregator(t *testing.T) {
 	topic := names.EntitlementsTopic()
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, 4)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	value := func(limit int64) []byte {
-		v, err := schemas.Encode(&schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit),
-			Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps:      []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	cl := manualClient(t, brokers)
+	value := func(limit int64) []byte { return entPlan(t, "acme", limit) }
 	if string(value(100)) <= string(value(5)) {
 		t.Fatal("the test wants the value of cap 100 to sort after cap 5's")
 	}
@@ -79,6 +67,18 @@ func entPlan(t *testing.T, customer string, limit int64) []byte {
 	return v
 }
 
+// manualClient is a client of brokers that writes each record to the
+// partition it names.
+func manualClient(t *testing.T, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
 // capOf parses a document `entitlements get` (or one of `list`) printed
 // and returns its api_calls cap.
 func capOf(t *testing.T, doc string) int64 {
@@ -98,11 +98,7 @@ func capOf(t *testing.T, doc string) int64 {
 // restated copy follows the rejected record yet or not.
 func TestEntitlementsGetSkipsRejectedRecords(t *testing.T) {
 	_, brokers := testenv.KFake(t)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := manualClient(t, brokers)
 	bad := map[string][]byte{
 		"undecodable":    []byte("not a record"),
 		"wrong customer": entPlan(t, "globex", 7),
@@ -164,11 +160,7 @@ func TestEntitlementsGetReservedKeysIgnoreOrigins(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
 	topic := names.EntitlementsTopic()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := manualClient(t, brokers)
 	key := []byte(schemas.DefaultPlanKey)
 	ctx := context.Background()
 	for p := int32(0); p < 4; p++ {

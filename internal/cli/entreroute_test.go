@@ -25,20 +25,8 @@ func TestEntitlementsGetSkipsStaleCopies(t *testing.T) {
 	topic := names.EntitlementsTopic()
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, 4)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	value := func(limit int64) []byte {
-		v, err := schemas.Encode(&schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit),
-			Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps:      []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	cl := manualClient(t, brokers)
+	value := func(limit int64) []byte { return entPlan(t, "acme", limit) }
 	now := time.Now()
 	copyOf := func(at time.Time) *kgo.Record {
 		return &kgo.Record{Topic: topic, Partition: canon, Key: key, Value: value(5), Timestamp: at, Headers: []kgo.RecordHeader{
