@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -94,10 +96,7 @@ func testMisroutedReadAgain(t *testing.T, brokers []string) {
 	cfgB := h.entConfig("b", vfs.NewMem())
 	cfgB.Topics.AggregateChangelog += "-b"
 	cfgB.Stream.Group = h.group + "-b"
-	if _, err := adm.CreateTopic(context.Background(), n, 1, map[string]*string{"cleanup.policy": ptr("compact")},
-		cfgB.Topics.AggregateChangelogTopic()); err != nil {
-		t.Fatal(err)
-	}
+	createTopic(t, adm, n, map[string]*string{"cleanup.policy": ptr("compact")}, cfgB.Topics.AggregateChangelogTopic())
 	b := h.start(cfgB)
 	rs := awaitRecords(3, "the aggregator reading from scratch")
 	first, again := rs[0], rs[2]
@@ -163,9 +162,7 @@ func testMisroutedReadAgain(t *testing.T, brokers []string) {
 	cfgC.Topics.Rejected += "-c"
 	cfgC.Stream.Group = h.group + "-c"
 	for _, topic := range []string{cfgC.Topics.AggregateChangelogTopic(), cfgC.Topics.EntitlementsTopic(), cfgC.Topics.RejectedTopic()} {
-		if _, err := adm.CreateTopic(context.Background(), n, 1, map[string]*string{"message.timestamp.type": ptr("CreateTime")}, topic); err != nil {
-			t.Fatal(err)
-		}
+		createTopic(t, adm, n, map[string]*string{"message.timestamp.type": ptr("CreateTime")}, topic)
 	}
 	var kept []*kgo.Record
 	for _, k := range order {
@@ -282,5 +279,20 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 		{"clock stepped back", []*kgo.Record{rec(1, 1, 3000), rec(1, 2, 2500), copyOf(3, 9000, "0/7", 2800)}, []string{"applied", "applied", "restates v2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkStaleCopies(t, tc.recs, tc.want) })
+	}
+}
+
+// createTopic creates a topic of n partitions and waits until the
+// brokers' metadata shows it: a stage started before then (on the real
+// broker) stops on a topic it is told is missing.
+func createTopic(t *testing.T, adm *kadm.Client, n int32, configs map[string]*string, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, n, 1, configs, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := topics.WaitVisible(ctx, adm, name); err != nil {
+		t.Fatal(err)
 	}
 }

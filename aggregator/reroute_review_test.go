@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -297,9 +296,7 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 		if topic == cfgB.Topics.AggregateChangelogTopic() || topic == cfgB.Topics.BalancesTopic() {
 			cfg["cleanup.policy"] = ptr("compact")
 		}
-		if _, err := adm.CreateTopic(context.Background(), n, 1, cfg, topic); err != nil {
-			t.Fatal(err)
-		}
+		createTopic(t, adm, n, cfg, topic)
 	}
 	a := h.start(h.entConfig("a", vfs.NewMem()))
 	b := h.start(cfgB)
