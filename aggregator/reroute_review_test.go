@@ -135,19 +135,6 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	h := newEntHarness(t, nil, n)
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
-	caps := func(limit int64) *schemas.Entitlements {
-		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
-	}
-	acmeRecords := func() []*kgo.Record {
-		var out []*kgo.Record
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			if r.Partition == canon && string(r.Key) == string(key) {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
 	decided := 0
 	events := func(k int) {
 		var recs []*kgo.Record
@@ -161,15 +148,15 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 		awaitDecided(t, h, decided)
 	}
 	run := h.start(h.entConfig("a", vfs.NewMem()))
-	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
+	h.produce(h.entitlement(n, acmeCap(100), time.Now().UnixMilli()))
 	events(1)
-	rs := acmeRecords()
+	rs := h.canonRecords(n, "acme")
 	if len(rs) != 1 {
 		t.Fatalf("%d records of acme, want 1", len(rs))
 	}
 	inEffect := rs[0]
 	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: canon, Key: key, Timestamp: time.Now(),
-		Value: schemas.MustEncode(caps(5)), Headers: []kgo.RecordHeader{
+		Value: schemas.MustEncode(acmeCap(5)), Headers: []kgo.RecordHeader{
 			{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", inEffect.Partition, inEffect.Offset)},
 			{Key: HeaderArrival, Value: fmt.Append(nil, inEffect.Timestamp.UnixMilli())}}})
 	events(8)
@@ -180,7 +167,7 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	for _, r := range readRejected(t, h) {
 		t.Errorf("%s rejected %s: %s (the forged cap of 5 applied)", r.EventID, r.Reason, r.Detail)
 	}
-	rs = acmeRecords()
+	rs = h.canonRecords(n, "acme")
 	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
 		t.Errorf("the last of %d records of acme on its canonical partition (what compaction keeps) has the forged value, not the one in effect", len(rs))
 	}
@@ -264,24 +251,11 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	h := newEntHarness(t, nil, n)
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
-	caps := func(limit int64) *schemas.Entitlements {
-		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
-	}
-	acmeRecords := func() []*kgo.Record {
-		var out []*kgo.Record
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			if r.Partition == canon && string(r.Key) == string(key) {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
 	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: (canon + 1) % n, Key: key, Timestamp: time.Now(),
-		Value: schemas.MustEncode(caps(5))})
+		Value: schemas.MustEncode(acmeCap(5))})
 	time.Sleep(5 * time.Millisecond)
-	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
-	inEffect := acmeRecords()[0]
+	h.produce(h.entitlement(n, acmeCap(100), time.Now().UnixMilli()))
+	inEffect := h.canonRecords(n, "acme")[0]
 
 	adm := testenv.Admin(t, h.brokers)
 	cfgB := h.entConfig("b", vfs.NewMem())
@@ -312,7 +286,7 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	hb.names, hb.group = cfgB.Topics, cfgB.Stream.Group
 	awaitDecided(t, &hb, 8)
 	time.Sleep(time.Second) // restated records, if they went on, would pile up meanwhile
-	rs := acmeRecords()
+	rs := h.canonRecords(n, "acme")
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
 	}
