@@ -330,9 +330,7 @@ func TestEntitlementsRejectedRecordNotKeptByCompaction(t *testing.T) {
 	canon := schemas.Partition(key, n)
 	decided := 0
 	events := func() {
-		at := time.Now().UnixMilli()
-		h.produce(h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", decided), CustomerID: "acme",
-			Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
+		h.produce(h.acmeEvents(canon, "m1", decided, 1)...)
 		decided++
 		awaitDecided(t, h, decided)
 	}

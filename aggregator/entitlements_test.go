@@ -125,6 +125,18 @@ func (h *aggHarness) canonRecords(n int32, customer string) []*kgo.Record {
 	return out
 }
 
+// acmeEvents is acme's events e<from> to e<from+k-1>, one unit of meter
+// each, to partition p, each at the wall clock when it is made.
+func (h *aggHarness) acmeEvents(p int32, meter string, from, k int) []*kgo.Record {
+	var recs []*kgo.Record
+	for i := from; i < from+k; i++ {
+		at := time.Now().UnixMilli()
+		recs = append(recs, h.dedupedEvent(p, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: "acme",
+			Meter: meter, Quantity: 1, EventTime: at, IngestTime: at}))
+	}
+	return recs
+}
+
 // acmeCap is acme's plan "cap-<limit>": limit units of m1, over_limit
 // after; overdraft allowed.
 func acmeCap(limit int64) *schemas.Entitlements {
@@ -351,13 +363,7 @@ func TestEntitlementsMisroutedStillApplies(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	var recs []*kgo.Record
-	for i := range 8 {
-		at := time.Now().UnixMilli()
-		recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprintf("e%d", i), CustomerID: "acme",
-			Meter: "api_calls", Quantity: 1, EventTime: at, IngestTime: at}))
-	}
-	h.produce(recs...)
+	h.produce(h.acmeEvents(canon, "api_calls", 0, 8)...)
 	h.caughtUp()
 	awaitDecided(t, h, 8)
 	if err := run.stop(); err != nil {

@@ -137,14 +137,8 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	canon := schemas.Partition(key, n)
 	decided := 0
 	events := func(k int) {
-		var recs []*kgo.Record
-		for range k {
-			at := time.Now().UnixMilli()
-			recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", decided), CustomerID: "acme",
-				Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
-			decided++
-		}
-		h.produce(recs...)
+		h.produce(h.acmeEvents(canon, "m1", decided, k)...)
+		decided += k
 		awaitDecided(t, h, decided)
 	}
 	run := h.start(h.entConfig("a", vfs.NewMem()))
@@ -274,13 +268,7 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	}
 	a := h.start(h.entConfig("a", vfs.NewMem()))
 	b := h.start(cfgB)
-	var recs []*kgo.Record
-	for i := range 8 {
-		at := time.Now().UnixMilli()
-		recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: "acme",
-			Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
-	}
-	h.produce(recs...)
+	h.produce(h.acmeEvents(canon, "m1", 0, 8)...)
 	awaitDecided(t, h, 8)
 	hb := *h
 	hb.names, hb.group = cfgB.Topics, cfgB.Stream.Group
