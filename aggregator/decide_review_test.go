@@ -11,7 +11,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -329,36 +328,23 @@ func TestEntitlementsRejectedRecordNotKeptByCompaction(t *testing.T) {
 	h := newEntHarness(t, nil, n)
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
-	caps := &schemas.Entitlements{CustomerID: "acme", Plan: "cap-100", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-		Caps: []schemas.Cap{{Meter: "m1", Limit: 100, OnLimit: schemas.OnLimitReject}}}
-	acmeRecords := func() []*kgo.Record {
-		var out []*kgo.Record
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			if r.Partition == canon && string(r.Key) == string(key) {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
 	decided := 0
 	events := func() {
-		at := time.Now().UnixMilli()
-		h.produce(h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", decided), CustomerID: "acme",
-			Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
+		h.produce(h.acmeEvents(canon, "m1", decided, 1)...)
 		decided++
 		awaitDecided(t, h, decided)
 	}
 	run := h.start(h.entConfig("a", vfs.NewMem()))
-	h.produce(h.entitlement(n, caps, time.Now().UnixMilli()))
+	h.produce(h.entitlement(n, acmeCap(100), time.Now().UnixMilli()))
 	events()
-	inEffect := acmeRecords()[0]
+	inEffect := h.canonRecords(n, "acme")[0]
 	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: canon, Key: key, Timestamp: time.Now(), Value: []byte("not an entitlements record")})
 	events()
 	time.Sleep(100 * time.Millisecond) // a restated record, if any, is committed with the event's transaction
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	rs := acmeRecords()
+	rs := h.canonRecords(n, "acme")
 	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
 		t.Errorf("the last of %d records of acme on its canonical partition (what compaction keeps) is %q, not the one in effect", len(rs), l.Value)
 	} else if o, copied := OriginOf(l); !copied || o.Arrival != inEffect.Timestamp.UnixMilli() || o.Offset != inEffect.Offset {

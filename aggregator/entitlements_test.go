@@ -76,6 +76,74 @@ func openValues(t testing.TB, h *aggHarness) map[string]int64 {
 	return out
 }
 
+// capAndCredits is the records of a capped customer (its first 10
+// api_calls accepted, then over_limit) and a prepaid one (a grant of 1,000
+// micro-credits, no overdraft), the rate card (100 micro-credits an
+// api_call) and 12 events of each customer, a second apart after t0.
+func (h *aggHarness) capAndCredits(n int32, t0 int64, capped, prepaid string) []*kgo.Record {
+	var recs []*kgo.Record
+	recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: capped, Plan: "free",
+		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 10, OnLimit: schemas.OnLimitReject}},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, t0))
+	recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: prepaid, Plan: "prepaid",
+		Grants:    []schemas.Grant{{ID: "g1", Amount: 1000}},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, t0))
+	recs = append(recs, h.shared(n, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 100, PerUnits: 1}}}}}, t0)...)
+	for i := range 12 {
+		for _, c := range []string{capped, prepaid} {
+			at := t0 + int64(i+1)*1000
+			e := &schemas.DedupedEvent{EventID: fmt.Sprintf("%s-%02d", c, i), CustomerID: c, Meter: "api_calls", Quantity: 1,
+				EventTime: at, IngestTime: at}
+			recs = append(recs, h.dedupedEvent(schemas.Partition(schemas.CustomerKey(c), n), e))
+		}
+	}
+	return recs
+}
+
+// startMetered starts instance a with entitlements on a fresh state and a
+// registry of its own, which it returns with the running stage.
+func (h *aggHarness) startMetered() (*aggRunning, *prometheus.Registry) {
+	h.t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.Stream.Registerer = reg
+	return h.start(cfg), reg
+}
+
+// canonRecords returns the records of customer's key on its canonical
+// partition among n.
+func (h *aggHarness) canonRecords(n int32, customer string) []*kgo.Record {
+	key := schemas.CustomerKey(customer)
+	canon := schemas.Partition(key, n)
+	var out []*kgo.Record
+	for _, r := range testenv.ReadAll(h.t, h.brokers, h.names.EntitlementsTopic()) {
+		if r.Partition == canon && string(r.Key) == string(key) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// acmeEvents is acme's events e<from> to e<from+k-1>, one unit of meter
+// each, to partition p, each at the wall clock when it is made.
+func (h *aggHarness) acmeEvents(p int32, meter string, from, k int) []*kgo.Record {
+	var recs []*kgo.Record
+	for i := from; i < from+k; i++ {
+		at := time.Now().UnixMilli()
+		recs = append(recs, h.dedupedEvent(p, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: "acme",
+			Meter: meter, Quantity: 1, EventTime: at, IngestTime: at}))
+	}
+	return recs
+}
+
+// acmeCap is acme's plan "cap-<limit>": limit units of m1, over_limit
+// after; overdraft allowed.
+func acmeCap(limit int64) *schemas.Entitlements {
+	return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+}
+
 // TestEntitlementsCapAndCredits: a capped customer gets its first 10 units
 // and then over_limit; a customer with 1,000 micro-credits at 100 a unit
 // gets 10 events and then no_credit. Rejected events go to usage.rejected
@@ -85,28 +153,8 @@ func TestEntitlementsCapAndCredits(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)
 	t0 := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
-	var recs []*kgo.Record
-	recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: "free", Plan: "free",
-		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 10, OnLimit: schemas.OnLimitReject}},
-		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, t0))
-	recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: "paid", Plan: "prepaid",
-		Grants:    []schemas.Grant{{ID: "g1", Amount: 1000}},
-		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, t0))
-	recs = append(recs, h.shared(n, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
-		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 100, PerUnits: 1}}}}}, t0)...)
-	for i := range 12 {
-		for _, c := range []string{"free", "paid"} {
-			at := t0 + int64(i+1)*1000
-			e := &schemas.DedupedEvent{EventID: fmt.Sprintf("%s-%02d", c, i), CustomerID: c, Meter: "api_calls", Quantity: 1,
-				EventTime: at, IngestTime: at}
-			recs = append(recs, h.dedupedEvent(schemas.Partition(schemas.CustomerKey(c), n), e))
-		}
-	}
-	h.produce(recs...)
-	reg := prometheus.NewRegistry()
-	cfg := h.entConfig("a", vfs.NewMem())
-	cfg.Stream.Registerer = reg
-	run := h.start(cfg)
+	h.produce(h.capAndCredits(n, t0, "free", "paid")...)
+	run, reg := h.startMetered()
 	h.caughtUp()
 	// The last events wait for a tick read back: wait for their outcome.
 	deadline := time.Now().Add(30 * time.Second)
@@ -301,20 +349,13 @@ func TestEntitlementsMisroutedStillApplies(t *testing.T) {
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
 	wrong := (canon + 1) % n
-	reg := prometheus.NewRegistry()
-	cfg := h.entConfig("a", vfs.NewMem())
-	cfg.Stream.Registerer = reg
-	run := h.start(cfg)
+	run, reg := h.startMetered()
 	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: wrong, Key: key, Timestamp: time.Now(),
 		Value: schemas.MustEncode(&schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
 			Caps: []schemas.Cap{{Meter: "api_calls", Limit: 5, OnLimit: schemas.OnLimitReject}}})})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		found := false
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			found = found || r.Partition == canon && string(r.Key) == string(key)
-		}
-		if found {
+		if len(h.canonRecords(n, "acme")) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -322,13 +363,7 @@ func TestEntitlementsMisroutedStillApplies(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	var recs []*kgo.Record
-	for i := range 8 {
-		at := time.Now().UnixMilli()
-		recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprintf("e%d", i), CustomerID: "acme",
-			Meter: "api_calls", Quantity: 1, EventTime: at, IngestTime: at}))
-	}
-	h.produce(recs...)
+	h.produce(h.acmeEvents(canon, "api_calls", 0, 8)...)
 	h.caughtUp()
 	awaitDecided(t, h, 8)
 	if err := run.stop(); err != nil {
@@ -398,10 +433,7 @@ func testRatesAndCredits(t *testing.T, brokers []string) {
 		}
 	}
 	h.produce(recs...)
-	reg := prometheus.NewRegistry()
-	cfg := h.entConfig("a", vfs.NewMem())
-	cfg.Stream.Registerer = reg
-	run := h.start(cfg)
+	run, reg := h.startMetered()
 	h.caughtUp()
 	awaitDecided(t, h, 2*len(evs))
 	awaitBalances(t, h, "with every charge", func(bs map[string]*schemas.Balance) bool {

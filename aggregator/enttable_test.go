@@ -9,10 +9,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/entitlements"
-	"github.com/meterline/meterline/schemas"
 )
 
 // TestEntitlementsStatusTable: the status page's table of the
@@ -27,24 +25,7 @@ func TestEntitlementsStatusTable(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)
 	t0 := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
-	var recs []*kgo.Record
-	recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: "cust-free", Plan: "free",
-		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 10, OnLimit: schemas.OnLimitReject}},
-		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, t0))
-	recs = append(recs, h.entitlement(n, &schemas.Entitlements{CustomerID: "cust-paid", Plan: "prepaid",
-		Grants:    []schemas.Grant{{ID: "g1", Amount: 1000}},
-		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, t0))
-	recs = append(recs, h.shared(n, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
-		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 100, PerUnits: 1}}}}}, t0)...)
-	for i := range 12 {
-		for _, c := range []string{"cust-free", "cust-paid"} {
-			at := t0 + int64(i+1)*1000
-			e := &schemas.DedupedEvent{EventID: fmt.Sprintf("%s-%02d", c, i), CustomerID: c, Meter: "api_calls", Quantity: 1,
-				EventTime: at, IngestTime: at}
-			recs = append(recs, h.dedupedEvent(schemas.Partition(schemas.CustomerKey(c), n), e))
-		}
-	}
-	h.produce(recs...)
+	h.produce(h.capAndCredits(n, t0, "cust-free", "cust-paid")...)
 	cfg := h.entConfig("a", vfs.NewMem())
 	reg := prometheus.NewRegistry()
 	cfg.Stream.Registerer = reg

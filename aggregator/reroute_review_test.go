@@ -135,41 +135,22 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	h := newEntHarness(t, nil, n)
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
-	caps := func(limit int64) *schemas.Entitlements {
-		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
-	}
-	acmeRecords := func() []*kgo.Record {
-		var out []*kgo.Record
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			if r.Partition == canon && string(r.Key) == string(key) {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
 	decided := 0
 	events := func(k int) {
-		var recs []*kgo.Record
-		for range k {
-			at := time.Now().UnixMilli()
-			recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", decided), CustomerID: "acme",
-				Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
-			decided++
-		}
-		h.produce(recs...)
+		h.produce(h.acmeEvents(canon, "m1", decided, k)...)
+		decided += k
 		awaitDecided(t, h, decided)
 	}
 	run := h.start(h.entConfig("a", vfs.NewMem()))
-	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
+	h.produce(h.entitlement(n, acmeCap(100), time.Now().UnixMilli()))
 	events(1)
-	rs := acmeRecords()
+	rs := h.canonRecords(n, "acme")
 	if len(rs) != 1 {
 		t.Fatalf("%d records of acme, want 1", len(rs))
 	}
 	inEffect := rs[0]
 	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: canon, Key: key, Timestamp: time.Now(),
-		Value: schemas.MustEncode(caps(5)), Headers: []kgo.RecordHeader{
+		Value: schemas.MustEncode(acmeCap(5)), Headers: []kgo.RecordHeader{
 			{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", inEffect.Partition, inEffect.Offset)},
 			{Key: HeaderArrival, Value: fmt.Append(nil, inEffect.Timestamp.UnixMilli())}}})
 	events(8)
@@ -180,7 +161,7 @@ func TestEntitlementsForgedCopyNotKeptByCompaction(t *testing.T) {
 	for _, r := range readRejected(t, h) {
 		t.Errorf("%s rejected %s: %s (the forged cap of 5 applied)", r.EventID, r.Reason, r.Detail)
 	}
-	rs = acmeRecords()
+	rs = h.canonRecords(n, "acme")
 	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
 		t.Errorf("the last of %d records of acme on its canonical partition (what compaction keeps) has the forged value, not the one in effect", len(rs))
 	}
@@ -264,24 +245,11 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	h := newEntHarness(t, nil, n)
 	key := schemas.CustomerKey("acme")
 	canon := schemas.Partition(key, n)
-	caps := func(limit int64) *schemas.Entitlements {
-		return &schemas.Entitlements{CustomerID: "acme", Plan: fmt.Sprint("cap-", limit), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
-			Caps: []schemas.Cap{{Meter: "m1", Limit: limit, OnLimit: schemas.OnLimitReject}}}
-	}
-	acmeRecords := func() []*kgo.Record {
-		var out []*kgo.Record
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			if r.Partition == canon && string(r.Key) == string(key) {
-				out = append(out, r)
-			}
-		}
-		return out
-	}
 	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: (canon + 1) % n, Key: key, Timestamp: time.Now(),
-		Value: schemas.MustEncode(caps(5))})
+		Value: schemas.MustEncode(acmeCap(5))})
 	time.Sleep(5 * time.Millisecond)
-	h.produce(h.entitlement(n, caps(100), time.Now().UnixMilli()))
-	inEffect := acmeRecords()[0]
+	h.produce(h.entitlement(n, acmeCap(100), time.Now().UnixMilli()))
+	inEffect := h.canonRecords(n, "acme")[0]
 
 	adm := testenv.Admin(t, h.brokers)
 	cfgB := h.entConfig("b", vfs.NewMem())
@@ -300,19 +268,13 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	}
 	a := h.start(h.entConfig("a", vfs.NewMem()))
 	b := h.start(cfgB)
-	var recs []*kgo.Record
-	for i := range 8 {
-		at := time.Now().UnixMilli()
-		recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint("e", i), CustomerID: "acme",
-			Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
-	}
-	h.produce(recs...)
+	h.produce(h.acmeEvents(canon, "m1", 0, 8)...)
 	awaitDecided(t, h, 8)
 	hb := *h
 	hb.names, hb.group = cfgB.Topics, cfgB.Stream.Group
 	awaitDecided(t, &hb, 8)
 	time.Sleep(time.Second) // restated records, if they went on, would pile up meanwhile
-	rs := acmeRecords()
+	rs := h.canonRecords(n, "acme")
 	if err := a.stop(); err != nil {
 		t.Fatal(err)
 	}

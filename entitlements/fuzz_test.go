@@ -32,72 +32,81 @@ func FuzzStateDecode(f *testing.F) {
 	f.Add(appendDefaultGrants(nil, []defaultGrant{{id: "a", gen: 4, exp: 9}, {id: "b", gen: 5, exp: math.MaxInt64}}))
 	f.Add([]byte{stateFormat})
 	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if es, err := decodeDefaultGrants(b); err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("grant expiries: %v", err)
-			}
-		} else {
-			again := appendDefaultGrants(nil, es)
-			es2, err := decodeDefaultGrants(again)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(again, appendDefaultGrants(nil, es2)) {
-				t.Fatal("grant expiries encoding not stable")
-			}
+	f.Fuzz(func(t *testing.T, b []byte) { checkStateDecode(t, b) })
+}
+
+// checkStateDecode is FuzzStateDecode's property of b, read as each kind
+// of state value: what does not decode is ErrCorrupt, never a panic; what
+// decodes re-encodes stably. It returns the timeline b decodes to (nil if
+// none).
+func checkStateDecode(t *testing.T, b []byte) *Timeline {
+	t.Helper()
+	if es, err := decodeDefaultGrants(b); err != nil {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("grant expiries: %v", err)
 		}
-		var a Account
-		if err := a.UnmarshalBinary(b); err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("account: %v", err)
-			}
-		} else {
-			// Varints may be written longer than needed; what decoded
-			// must re-encode stably.
-			again, _ := a.MarshalBinary()
-			var a2 Account
-			if err := a2.UnmarshalBinary(again); err != nil {
-				t.Fatal(err)
-			}
-			if again2, _ := a2.MarshalBinary(); !bytes.Equal(again, again2) {
-				t.Fatal("account encoding not stable")
-			}
+	} else {
+		again := appendDefaultGrants(nil, es)
+		es2, err := decodeDefaultGrants(again)
+		if err != nil {
+			t.Fatal(err)
 		}
-		var tl Timeline
-		if err := tl.UnmarshalBinary(b); err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("timeline: %v", err)
-			}
-		} else if again, _ := tl.MarshalBinary(); !bytes.Equal(again, b) {
-			// A plan is re-validated and its grants re-sorted; the
-			// encoding of what decoded must be stable from then on.
-			var tl2 Timeline
-			if err := tl2.UnmarshalBinary(again); err != nil {
-				t.Fatal(err)
-			}
-			if again2, _ := tl2.MarshalBinary(); !bytes.Equal(again, again2) {
-				t.Fatal("timeline encoding not stable")
-			}
+		if !bytes.Equal(again, appendDefaultGrants(nil, es2)) {
+			t.Fatal("grant expiries encoding not stable")
 		}
-		var h RateHistory
-		if err := h.UnmarshalBinary(b); err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("rates: %v", err)
-			}
-		} else {
-			// Varints may be written longer than needed; what decoded
-			// must re-encode to bytes that decode to the same history.
-			again, _ := h.MarshalBinary()
-			var h2 RateHistory
-			if err := h2.UnmarshalBinary(again); err != nil {
-				t.Fatal(err)
-			}
-			if again2, _ := h2.MarshalBinary(); !bytes.Equal(again, again2) {
-				t.Fatal("rate history encoding not stable")
-			}
+	}
+	var a Account
+	if err := a.UnmarshalBinary(b); err != nil {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("account: %v", err)
 		}
-	})
+	} else {
+		// Varints may be written longer than needed; what decoded
+		// must re-encode stably.
+		again, _ := a.MarshalBinary()
+		var a2 Account
+		if err := a2.UnmarshalBinary(again); err != nil {
+			t.Fatal(err)
+		}
+		if again2, _ := a2.MarshalBinary(); !bytes.Equal(again, again2) {
+			t.Fatal("account encoding not stable")
+		}
+	}
+	tl := new(Timeline)
+	if err := tl.UnmarshalBinary(b); err != nil {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("timeline: %v", err)
+		}
+		tl = nil
+	} else if again, _ := tl.MarshalBinary(); !bytes.Equal(again, b) {
+		// A plan is re-validated and its grants re-sorted; the
+		// encoding of what decoded must be stable from then on.
+		var tl2 Timeline
+		if err := tl2.UnmarshalBinary(again); err != nil {
+			t.Fatal(err)
+		}
+		if again2, _ := tl2.MarshalBinary(); !bytes.Equal(again, again2) {
+			t.Fatal("timeline encoding not stable")
+		}
+	}
+	var h RateHistory
+	if err := h.UnmarshalBinary(b); err != nil {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("rates: %v", err)
+		}
+	} else {
+		// Varints may be written longer than needed; what decoded
+		// must re-encode to bytes that decode to the same history.
+		again, _ := h.MarshalBinary()
+		var h2 RateHistory
+		if err := h2.UnmarshalBinary(again); err != nil {
+			t.Fatal(err)
+		}
+		if again2, _ := h2.MarshalBinary(); !bytes.Equal(again, again2) {
+			t.Fatal("rate history encoding not stable")
+		}
+	}
+	return tl
 }
 
 // FuzzParseDocument: no document crashes the parser or the validation.

@@ -198,11 +198,7 @@ func TestReviewDefaultPlanStateWrittenBeforeGenerations(t *testing.T) {
 				t.Fatal(err)
 			}
 			st := newMemStore()
-			card, _ := schemas.Encode(&schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{{Meter: "m", MicroCredits: 1, PerUnits: 1}}}}})
-			rec, _ := ParseRecord([]byte(schemas.RateCardKey), card, base-1)
-			if err := l.Apply(st, rec); err != nil {
-				t.Fatal(err)
-			}
+			applyCard(t, l, st, unitCard(), base-1)
 			exp := base + 10*day
 			st.Put(l.keyDefault, legacyTimelineBytes(base, []schemas.Grant{{ID: "g", Amount: 1000, ExpiresAt: exp}}))
 			g := newEnc(16)
@@ -226,7 +222,7 @@ func TestReviewDefaultPlanStateWrittenBeforeGenerations(t *testing.T) {
 				key, m = schemas.CustomerKey("acme"), &schemas.Entitlements{CustomerID: "acme", Grants: grant, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
 			}
 			v, _ := schemas.Encode(m)
-			rec, _ = ParseRecord(key, v, c.readAt)
+			rec, _ := ParseRecord(key, v, c.readAt)
 			if err := l.Apply(st, rec); err != nil {
 				t.Fatal(err)
 			}

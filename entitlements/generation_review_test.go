@@ -31,7 +31,7 @@ func runGenSteps(t *testing.T, steps []genStep) {
 	t.Helper()
 	const w = 24 * time.Hour
 	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
-	card := &schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{{Meter: "m", MicroCredits: 1, PerUnits: 1}}}}}
+	card := unitCard()
 	record := func(s genStep) (key []byte, m schemas.Message, ref entref.Record) {
 		switch {
 		case s.def != nil:
@@ -47,33 +47,14 @@ func runGenSteps(t *testing.T, steps []genStep) {
 			t.Fatal(err)
 		}
 		st := newMemStore()
-		cv, _ := schemas.Encode(card)
-		rec, _ := ParseRecord([]byte(schemas.RateCardKey), cv, base-1)
-		if err := l.Apply(st, rec); err != nil {
-			t.Fatal(err)
-		}
+		applyCard(t, l, st, card, base-1)
 		ref := entref.New(monthBounds).Window(w)
 		ref.Add(entref.Record{Key: schemas.RateCardKey, Written: base - 1, Card: card})
 		wm := int64(0)
 		read := func(s genStep) {
 			t.Helper()
 			key, m, r := record(s)
-			var v []byte
-			if m != nil {
-				v, _ = schemas.Encode(m)
-			}
-			rec, err := ParseRecord(key, v, s.at)
-			if err == nil {
-				err = l.Apply(st, rec)
-			}
-			if err == nil && rec.Key.Reserved == "" {
-				err = l.PruneCustomer(st, "acme", wm-w.Milliseconds())
-			} else if err == nil {
-				err = l.PruneShared(st, wm-w.Milliseconds())
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			readRecord(t, l, st, key, m, s.at, wm-w.Milliseconds())
 			ref.Add(r)
 		}
 		if ahead {

@@ -95,28 +95,9 @@ func TestGrantGenerations(t *testing.T) {
 					case s.tomb:
 						m = nil
 					}
-					var v []byte
-					if m != nil {
-						v, _ = schemas.Encode(m)
-					}
-					rec, err := ParseRecord(key, v, s.at)
-					if err == nil {
-						err = l.Apply(st, rec)
-					}
-					if err == nil && rec.Key.Reserved == "" {
-						err = l.PruneCustomer(st, "acme", wm-day)
-					} else if err == nil {
-						err = l.PruneShared(st, wm-day)
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
+					readRecord(t, l, st, key, m, s.at, wm-day)
 				}
-				card, _ := schemas.Encode(&schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{{Meter: "m", MicroCredits: 1, PerUnits: 1}}}}})
-				rec, _ := ParseRecord([]byte(schemas.RateCardKey), card, base-1)
-				if err := l.Apply(st, rec); err != nil {
-					t.Fatal(err)
-				}
+				applyCard(t, l, st, unitCard(), base-1)
 				if ahead {
 					for _, s := range c.steps {
 						if s.draw == 0 {
@@ -162,11 +143,7 @@ func TestStateWrittenBeforeGenerations(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := newMemStore()
-	card, _ := schemas.Encode(&schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{{Meter: "m", MicroCredits: 1, PerUnits: 1}}}}})
-	rec, _ := ParseRecord([]byte(schemas.RateCardKey), card, base-1)
-	if err := l.Apply(st, rec); err != nil {
-		t.Fatal(err)
-	}
+	applyCard(t, l, st, unitCard(), base-1)
 	// The old encodings, as the build before generations wrote them.
 	p, err := NewPlan(&schemas.Entitlements{Grants: []schemas.Grant{{ID: "g", Amount: 1000, ExpiresAt: base + 10*day}},
 		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}})
@@ -227,7 +204,7 @@ func TestStateWrittenBeforeGenerations(t *testing.T) {
 	// Offered again while alive: the same grant, 800 paid.
 	v, _ := schemas.Encode(&schemas.Entitlements{CustomerID: "acme", Grants: []schemas.Grant{{ID: "g", Amount: 1000, ExpiresAt: base + 20*day}},
 		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}})
-	rec, _ = ParseRecord(schemas.CustomerKey("acme"), v, base+2*day)
+	rec, _ := ParseRecord(schemas.CustomerKey("acme"), v, base+2*day)
 	if err := l.Apply(st, rec); err != nil {
 		t.Fatal(err)
 	}

@@ -89,13 +89,5 @@ func TestBalanceQueries(t *testing.T) {
 			{"acme", "free", "7800", "0", "deny", d(cur)},
 		},
 	}
-	if len(want) != len(BalanceQueries) {
-		t.Fatalf("%d queries, %d expectations", len(BalanceQueries), len(want))
-	}
-	for _, q := range BalanceQueries {
-		got := queryStrings(t, e.conn, q.SQL)
-		if render(got) != render(want[q.Name]) {
-			t.Errorf("%s:\ngot:\n%swant:\n%s", q.Name, render(got), render(want[q.Name]))
-		}
-	}
+	checkQueries(t, e.conn, BalanceQueries, want)
 }

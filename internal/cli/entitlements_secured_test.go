@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,14 +22,7 @@ func TestRealSecuredEntitlements(t *testing.T) {
 	docs := documentedACLs(t)
 	grant(t, adm, docs, prefix, "operator", "operator")
 	grant(t, adm, docs, prefix, "producer", "producer")
-	dir := t.TempDir()
-	file := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	file := tempFiles(t)
 	plan := file("acme.yaml", "plan: free\ncaps: {api_calls: {limit: 1000}}\n")
 	rates := file("rates.yaml", "versions: [{effective_from: \"2026-12-01T00:00:00Z\", rates: {api_calls: 1000}}]\n")
 	as := func(user string, write bool, args ...string) (int, string) {

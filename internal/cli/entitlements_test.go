@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,14 +24,17 @@ import (
 // problem named by its field path and nothing written, and delete hides a
 // customer from list and get.
 func TestEntitlementsCommands(t *testing.T) {
+	onKafkas(t, testEntitlementsCommands)
+}
+
+// onKafkas runs fn on kfake, then on the real broker (skipped, saying
+// so, without METERLINE_TEST_KAFKA or with -short).
+func onKafkas(t *testing.T, fn func(t *testing.T, brokers []string)) {
 	t.Run("kfake", func(t *testing.T) {
 		_, brokers := testenv.KFake(t)
-		testEntitlementsCommands(t, brokers)
+		fn(t, brokers)
 	})
-	t.Run("real-kafka", func(t *testing.T) {
-		brokers := testenv.RealKafka(t)
-		testEntitlementsCommands(t, brokers)
-	})
+	t.Run("real-kafka", func(t *testing.T) { fn(t, testenv.RealKafka(t)) })
 }
 
 func testEntitlementsCommands(t *testing.T, brokers []string) {
@@ -41,14 +42,7 @@ func testEntitlementsCommands(t *testing.T, brokers []string) {
 	prefix := names.Prefix
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	file := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	file := tempFiles(t)
 	ent := func(args ...string) (int, string, string) {
 		t.Helper()
 		return run(t, "", append(append([]string{"entitlements"}, args...), "--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix,
@@ -227,14 +221,7 @@ versions:
 // customer without a balance exits 1 saying so, and a record that is not
 // a balance is an error naming its offset, not a crash.
 func TestEntitlementsBalance(t *testing.T) {
-	t.Run("kfake", func(t *testing.T) {
-		_, brokers := testenv.KFake(t)
-		testEntitlementsBalance(t, brokers)
-	})
-	t.Run("real-kafka", func(t *testing.T) {
-		brokers := testenv.RealKafka(t)
-		testEntitlementsBalance(t, brokers)
-	})
+	onKafkas(t, testEntitlementsBalance)
 }
 
 func testEntitlementsBalance(t *testing.T, brokers []string) {

@@ -20,38 +20,67 @@ import (
 // what the aggregator applies (aggregator.DecideRecord), and so what
 // `entitlements get` shows.
 func TestEntitlementsGetDecidesAsTheAggregator(t *testing.T) {
-	_, brokers := testenv.KFake(t)
-	names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
-	topic := names.EntitlementsTopic()
-	key := schemas.CustomerKey("acme")
-	canon := schemas.Partition(key, 4)
-	cl := manualClient(t, brokers)
+	a := newAcmeTopic(t)
 	value := func(limit int64) []byte { return entPlan(t, "acme", limit) }
 	if string(value(100)) <= string(value(5)) {
 		t.Fatal("the test wants the value of cap 100 to sort after cap 5's")
 	}
-	res := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Partition: canon, Key: key, Value: value(5), Timestamp: time.Now()})
+	res := a.cl.ProduceSync(context.Background(), &kgo.Record{Topic: a.topic, Partition: a.canon, Key: a.key, Value: value(5), Timestamp: time.Now()})
 	first, err := res.First()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topic, Partition: canon, Key: key, Value: value(100), Timestamp: time.Now(),
-		Headers: []kgo.RecordHeader{
-			{Key: aggregator.HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", first.Partition, first.Offset)},
-			{Key: aggregator.HeaderArrival, Value: fmt.Append(nil, first.Timestamp.UnixMilli())}}}).FirstErr(); err != nil {
+	if err := a.cl.ProduceSync(context.Background(), &kgo.Record{Topic: a.topic, Partition: a.canon, Key: a.key, Value: value(100), Timestamp: time.Now(),
+		Headers: originHeaders(first)}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := run(t, "", "entitlements", "get", "acme", "--brokers", strings.Join(brokers, ","), "--topic-prefix", names.Prefix)
+	if c, out := a.getCap(t); c != 100 {
+		t.Errorf("get shows the cap %d, want 100 (the greater value at the origin of the record in effect):\n%s", c, out)
+	}
+}
+
+// acmeTopic is a kfake cluster with the entitlements topic of prefix
+// "ent" (4 partitions), acme's key and canonical partition in it, and a
+// client that writes each record to the partition it names.
+type acmeTopic struct {
+	brokers []string
+	prefix  string
+	topic   string
+	key     []byte
+	canon   int32
+	cl      *kgo.Client
+}
+
+func newAcmeTopic(t *testing.T) *acmeTopic {
+	_, brokers := testenv.KFake(t)
+	names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
+	key := schemas.CustomerKey("acme")
+	return &acmeTopic{brokers: brokers, prefix: names.Prefix, topic: names.EntitlementsTopic(), key: key,
+		canon: schemas.Partition(key, 4), cl: manualClient(t, brokers)}
+}
+
+// getCap runs `entitlements get` of acme (args: others, such as
+// --default) and returns the api_calls cap it shows and what it printed.
+func (a *acmeTopic) getCap(t *testing.T, args ...string) (int64, string) {
+	t.Helper()
+	if len(args) == 0 {
+		args = []string{"acme"}
+	}
+	what := "get " + strings.Join(args, " ")
+	code, out, errOut := run(t, "", append(append([]string{"entitlements", "get"}, args...),
+		"--brokers", strings.Join(a.brokers, ","), "--topic-prefix", a.prefix)...)
 	if code != 0 {
-		t.Fatalf("get: %d\n%s\n%s", code, out, errOut)
+		t.Fatalf("%s: %d\n%s\n%s", what, code, out, errOut)
 	}
-	d, err := entitlements.ParseDocument([]byte(out))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	if d.Caps["api_calls"].Limit.V != 100 {
-		t.Errorf("get shows the cap %d, want 100 (the greater value at the origin of the record in effect):\n%s", d.Caps["api_calls"].Limit.V, out)
-	}
+	return capOf(t, out), out
+}
+
+// originHeaders are the re-route headers of a copy of r: its partition,
+// offset and broker time.
+func originHeaders(r *kgo.Record) []kgo.RecordHeader {
+	return []kgo.RecordHeader{
+		{Key: aggregator.HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", r.Partition, r.Offset)},
+		{Key: aggregator.HeaderArrival, Value: fmt.Append(nil, r.Timestamp.UnixMilli())}}
 }
 
 // entPlan is the encoded Entitlements record of customer (empty: the
@@ -123,9 +152,7 @@ func TestEntitlementsGetSkipsRejectedRecords(t *testing.T) {
 					// What the aggregator writes after it: the record in
 					// effect, marked with its origin.
 					recs = append(recs, &kgo.Record{Topic: topic, Partition: canon, Key: key, Value: v.Value, Timestamp: time.Now(),
-						Headers: []kgo.RecordHeader{
-							{Key: aggregator.HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", v.Partition, v.Offset)},
-							{Key: aggregator.HeaderArrival, Value: fmt.Append(nil, v.Timestamp.UnixMilli())}}})
+						Headers: originHeaders(v)})
 				}
 				if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 					t.Fatal(err)
@@ -157,28 +184,21 @@ func TestEntitlementsGetSkipsRejectedRecords(t *testing.T) {
 // re-route headers claiming an origin before the one in effect is applied,
 // and `entitlements get --default` shows it.
 func TestEntitlementsGetReservedKeysIgnoreOrigins(t *testing.T) {
-	_, brokers := testenv.KFake(t)
-	names := testenv.Topics(t, brokers, "ent", testenv.TopicsOpts{})
-	topic := names.EntitlementsTopic()
-	cl := manualClient(t, brokers)
+	a := newAcmeTopic(t)
 	key := []byte(schemas.DefaultPlanKey)
 	ctx := context.Background()
 	for p := int32(0); p < 4; p++ {
-		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: key, Value: entPlan(t, "", 5), Timestamp: time.Now()}).FirstErr(); err != nil {
+		if err := a.cl.ProduceSync(ctx, &kgo.Record{Topic: a.topic, Partition: p, Key: key, Value: entPlan(t, "", 5), Timestamp: time.Now()}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
-		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: key, Value: entPlan(t, "", 9), Timestamp: time.Now(),
+		if err := a.cl.ProduceSync(ctx, &kgo.Record{Topic: a.topic, Partition: p, Key: key, Value: entPlan(t, "", 9), Timestamp: time.Now(),
 			Headers: []kgo.RecordHeader{
 				{Key: aggregator.HeaderRerouted, Value: []byte("9/999")},
 				{Key: aggregator.HeaderArrival, Value: []byte("1")}}}).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	code, out, errOut := run(t, "", "entitlements", "get", "--default", "--brokers", strings.Join(brokers, ","), "--topic-prefix", names.Prefix)
-	if code != 0 {
-		t.Fatalf("get --default: %d\n%s\n%s", code, out, errOut)
-	}
-	if c := capOf(t, out); c != 9 {
+	if c, out := a.getCap(t, "--default"); c != 9 {
 		t.Errorf("get --default shows the cap %d, want 9 (the last record of the key, which the aggregator applies)\n%s", c, out)
 	}
 }

@@ -369,20 +369,6 @@ func requireNoSecrets(t *testing.T, secrets []string, what, text string) {
 	}
 }
 
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestRealSecuredRun is the pipeline on the secured cluster: `topics
 // create` and `check` as the operator, `produce` as the producer (its
 // password in METERLINE_KAFKA_SASL_PASSWORD), `meterline run` with the
@@ -484,7 +470,7 @@ func TestRealSecuredRun(t *testing.T) {
 	outputs.WriteString(out)
 
 	// No secret anywhere.
-	pages := get(t, "http://"+metrics+"/status.json") + get(t, "http://"+metrics+"/") + get(t, "http://"+metrics+"/metrics")
+	pages := scrape(t, "http://"+metrics+"/status.json") + scrape(t, "http://"+metrics+"/") + scrape(t, "http://"+metrics+"/metrics")
 	run.stop(t)
 	logs := run.logs.String()
 	if !strings.Contains(logs, `"level":"debug"`) {
@@ -644,7 +630,7 @@ func TestRealSecuredACLs(t *testing.T) {
 		"--addr", ingestAddr, "--metrics-addr", ingestMetrics}, k.Flags("ingest", kafka.ScramSHA512)...)...)
 	waitHTTP(t, "http://"+ingestMetrics+"/readyz", 200, 2*time.Minute, ing.done, ing.logs)
 	// The quota gate reads usage.balances as User:ingest.
-	for deadline := time.Now().Add(time.Minute); !strings.Contains(get(t, "http://"+ingestMetrics+"/metrics"), "\nmeterline_ingest_balances_loaded 1\n"); {
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(scrape(t, "http://"+ingestMetrics+"/metrics"), "\nmeterline_ingest_balances_loaded 1\n"); {
 		if time.Now().After(deadline) {
 			t.Fatalf("the ingest did not load the balances topic as User:ingest in a minute\n%s", testenv.Tail(ing.logs.String(), 20))
 		}

@@ -3,7 +3,6 @@ package cli
 import (
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -86,14 +85,7 @@ func TestNoSecretFlags(t *testing.T) {
 func TestKafkaPasswordSources(t *testing.T) {
 	const pw = "c0rrect-horse"
 	_, brokers := testenv.KFake(t, kfake.EnableSASL(), kfake.Superuser(kafka.ScramSHA512, "ops", pw))
-	dir := t.TempDir()
-	file := func(name, content string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	file := tempFiles(t)
 	good, wrong, empty := file("good", pw+"\n"), file("wrong", "not-"+pw), file("empty", "\n")
 	base := []string{"topics", "create", "--partitions", "2", "--brokers", strings.Join(brokers, ","),
 		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "ops", "--timeout", "10s"}
