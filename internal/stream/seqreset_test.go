@@ -163,20 +163,30 @@ func refuseSequences(t *testing.T, s *suite, txnID, topic string, armed, once *a
 	return refused
 }
 
+// refusedStage starts instance a, has it count inputs, then has kfake
+// refuse its produce requests to the output with
+// OUT_OF_ORDER_SEQUENCE_NUMBER (refuseSequences: only the first, with
+// once) and sends more inputs.
+func refusedStage(t *testing.T, once bool) (s *suite, fs vfs.FS, a *instance, armed *atomic.Bool, refused *atomic.Int64) {
+	s = newSuite(t, nil, nil)
+	fs = vfs.NewMem()
+	a = s.start("a", fs)
+	s.send(20)
+	s.caughtUp()
+	armed = new(atomic.Bool)
+	var onlyOnce atomic.Bool
+	onlyOnce.Store(once)
+	refused = refuseSequences(t, s, s.group+"-a", s.output, armed, &onlyOnce)
+	armed.Store(true)
+	s.send(20)
+	return s, fs, a, armed, refused
+}
+
 // A transaction whose records the broker refuses with
 // OUT_OF_ORDER_SEQUENCE_NUMBER aborts and the session is rebuilt; the stage
 // goes on and counts every input once.
 func TestOutOfOrderSequenceRebuildsTheSession(t *testing.T) {
-	s := newSuite(t, nil, nil)
-	fs := vfs.NewMem()
-	a := s.start("a", fs)
-	s.send(20)
-	s.caughtUp()
-	var armed, once atomic.Bool
-	once.Store(true)
-	refused := refuseSequences(t, s, s.group+"-a", s.output, &armed, &once)
-	armed.Store(true)
-	s.send(20)
+	s, fs, a, _, refused := refusedStage(t, true)
 	s.waitFor("the session to be rebuilt", func() bool { return a.metric("meterline_stream_session_restarts_total") >= 1 })
 	s.caughtUp()
 	if n := refused.Load(); n != 1 {
@@ -195,15 +205,7 @@ func TestOutOfOrderSequenceRebuildsTheSession(t *testing.T) {
 // maxSequenceRestarts rebuilds, with nothing of those transactions
 // committed; a restart then counts every input once.
 func TestRepeatedOutOfOrderSequenceStops(t *testing.T) {
-	s := newSuite(t, nil, nil)
-	fs := vfs.NewMem()
-	a := s.start("a", fs)
-	s.send(20)
-	s.caughtUp()
-	var armed, once atomic.Bool
-	refuseSequences(t, s, s.group+"-a", s.output, &armed, &once)
-	armed.Store(true)
-	s.send(20)
+	s, fs, a, armed, _ := refusedStage(t, false)
 	err := a.exit()
 	if !errors.Is(err, kerr.OutOfOrderSequenceNumber) {
 		t.Fatalf("a stopped with %v, want OUT_OF_ORDER_SEQUENCE_NUMBER", err)
