@@ -43,9 +43,9 @@ import (
 const producedMetadataWait = 5 * time.Second
 
 // maxSequenceRestarts is how many sessions in a row may end with
-// OUT_OF_ORDER_SEQUENCE_NUMBER before the stage stops with it: a new
-// session starts every sequence at 0, so another one after that is a fault
-// a restart does not repair.
+// OUT_OF_ORDER_SEQUENCE_NUMBER before the stage stops with it: each new
+// session starts every sequence at 0, so the error coming back session
+// after session is a fault that rebuilding does not repair.
 const maxSequenceRestarts = 3
 
 // topicPartition names a partition the transactional client produces to.
