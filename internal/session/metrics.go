@@ -50,6 +50,6 @@ func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
 		CommitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: n.CommitSeconds,
 			Help: "Time to write what is left of a transaction (" + carries + ") and end it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		Restarts: f.NewCounter(prometheus.CounterOpts{Name: n.Restarts,
-			Help: "Kafka sessions rebuilt, with the same transactional ID, after a commit with an unknown outcome."}),
+			Help: "Kafka sessions rebuilt, with the same transactional ID, after a commit with an unknown outcome or a producer state that only a new session repairs."}),
 	}
 }

@@ -43,8 +43,8 @@ import (
 
 // ErrRestart is returned by a session's body (Loop.Run) when ending a
 // transaction failed and its outcome is unknown, or the producer was
-// fenced or lost its transactional state: Run rebuilds the session with
-// the same transactional ID.
+// fenced, lost its transactional state or needs its sequence numbers
+// started again: Run rebuilds the session with the same transactional ID.
 var ErrRestart = errors.New("session: commit outcome unknown: rebuild the session")
 
 // Loop opens a stage instance's sessions, one at a time, and runs them
@@ -148,7 +148,7 @@ func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error 
 			return err
 		}
 		l.m.Restarts.Inc()
-		l.log.Warn("commit outcome unknown: rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction), "+l.recovery,
+		l.log.Warn("rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction), "+l.recovery,
 			zap.String("transactional_id", l.cfg.TransactionalID()))
 		select {
 		case <-ctx.Done():

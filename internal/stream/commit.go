@@ -72,6 +72,7 @@ func (rt *Runtime) resetTxn() {
 	rt.prodMu.Lock()
 	rt.prodErr = nil
 	rt.changeEnd = map[int32]int64{}
+	clear(rt.txProduced)
 	rt.prodMu.Unlock()
 }
 
@@ -92,6 +93,7 @@ func (rt *Runtime) promise(r *kgo.Record, err error) {
 		}
 		return
 	}
+	rt.noteProduced(topicPartition{r.Topic, r.Partition})
 	if r.Topic == rt.cfg.ChangelogTopic {
 		if cur, ok := rt.changeEnd[r.Partition]; !ok || r.Offset > cur {
 			rt.changeEnd[r.Partition] = r.Offset
@@ -139,10 +141,16 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	rt.hit(fault.BeforeCommit)
 	committed, perr, err := rt.end(ctx, abort)
 	rt.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
+	rebuild := rt.seqRebuild
+	rt.seqRebuild = false
 	if err != nil || !committed || perr != nil {
-		return rt.notCommitted(committed, perr, err, abort)
+		if err := rt.notCommitted(committed, perr, err, abort); err != nil || !rebuild {
+			return err
+		}
+		return session.ErrRestart
 	}
 	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
+	rt.seqRestarts = 0
 	// Guarantee: outputs, changelog and offsets are committed; Pebble is
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
@@ -154,6 +162,11 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	rt.hit(fault.AfterApply)
 	rt.resetTxn()
 	rt.reportStateBytes()
+	if rebuild {
+		// Guarantee: the transaction is committed and applied; the next
+		// one runs on a new client, whose sequence numbers start at 0.
+		return session.ErrRestart
+	}
 	return nil
 }
 
@@ -218,6 +231,13 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	rt.prodMu.Unlock()
 	if ferr != nil || failed != nil {
 		try = kgo.TryAbort
+	}
+	// Every partition the transaction wrote to is in the client's stored
+	// metadata now, so that the end of the transaction resets its
+	// sequence numbers (seqreset.go); if one is not, the session is
+	// rebuilt after it.
+	if !rt.awaitProducedMetadata() {
+		rt.seqRebuild = true
 	}
 	// Every changelog record of the transaction is written now: a restore
 	// that begins from here on lists an end past them and replays them if
@@ -294,6 +314,13 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 			if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
 				rt.m.fenced.Inc() // a zombie's commit, refused
 			}
+			return session.ErrRestart
+		}
+		if rt.sequenceRestart(perr) {
+			// A partition's sequence numbers were not reset when the
+			// previous transaction ended (seqreset.go): rebuild the
+			// session, whose new client starts them at 0.
+			rt.log.Warn("transaction aborted: the broker refused a record's sequence number; rebuilding the session", zap.Error(perr))
 			return session.ErrRestart
 		}
 		// kgo retries what can be retried; a record the broker still

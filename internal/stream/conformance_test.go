@@ -327,6 +327,13 @@ func (s *suite) start(id string, fs vfs.FS, mod ...func(*Config, *countProc)) *i
 // starts. The instance's proc is set when the processor is a *countProc.
 func (s *suite) startProc(id string, fs vfs.FS, proc Processor, mod func(*Config)) *instance {
 	s.t.Helper()
+	return s.startRuntime(id, fs, proc, mod, nil)
+}
+
+// startRuntime is startProc with a hook that, when not nil, may change the
+// runtime before it runs.
+func (s *suite) startRuntime(id string, fs vfs.FS, proc Processor, mod func(*Config), hook func(*Runtime)) *instance {
+	s.t.Helper()
 	cfg := s.config(id, fs)
 	mod(&cfg)
 	reg := prometheus.NewRegistry()
@@ -334,6 +341,9 @@ func (s *suite) startProc(id string, fs vfs.FS, proc Processor, mod func(*Config
 	rt, err := New(cfg, proc)
 	if err != nil {
 		s.t.Fatal(err)
+	}
+	if hook != nil {
+		hook(rt)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	in := &instance{t: s.t, id: id, rt: rt, reg: reg, stop: stop, done: make(chan struct{})}

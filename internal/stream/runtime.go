@@ -33,9 +33,10 @@
 // records and punctuation into the open transaction), commit.go (the
 // commit path: flush, changelog, end, apply), processor.go (what a stage
 // implements), txn.go (Tx, the overlay), settle.go (a transaction's records
-// wait for the previous one's end), restore.go, work.go, copartition.go
-// (the group balancer), standby.go and standby_balance.go (standby
-// replicas, DESIGN §10).
+// wait for the previous one's end), seqreset.go (a transaction's partitions
+// are in the client's metadata before it ends), restore.go, work.go,
+// copartition.go (the group balancer), standby.go and standby_balance.go
+// (standby replicas, DESIGN §10).
 package stream
 
 import (
@@ -161,6 +162,23 @@ type Runtime struct {
 	prodMu    sync.Mutex
 	prodErr   error
 	changeEnd map[int32]int64 // max changelog offset produced per partition in this txn
+	// seqKnown holds the partitions the session's client was seen to hold
+	// in its stored metadata; txProduced those the open transaction wrote
+	// to that are not in seqKnown (seqreset.go). Guarded by prodMu.
+	seqKnown   map[topicPartition]struct{}
+	txProduced map[topicPartition]struct{}
+
+	// Run-loop-only (seqreset.go): seqRebuild is set when a partition the
+	// transaction wrote to may keep its sequence numbers past the end of
+	// the transaction, seqRestarts counts the sessions in a row ended by
+	// OUT_OF_ORDER_SEQUENCE_NUMBER.
+	seqRebuild  bool
+	seqRestarts int
+	// Tests: storedFn replaces the client's answer to whether it holds a
+	// partition in its stored metadata, metadataWait the wait for it
+	// (zero: producedMetadataWait).
+	storedFn     func(topicPartition) bool
+	metadataWait time.Duration
 }
 
 type partState struct {

@@ -115,6 +115,9 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	defer rt.joined.Store(false)
 	rt.active = map[int32]*activePart{}
 	rt.resetTxn()
+	rt.prodMu.Lock()
+	rt.seqKnown = map[topicPartition]struct{}{} // a new client holds none yet
+	rt.prodMu.Unlock()
 	close(ready)
 	defer func() {
 		rt.txnEnd.stop()
