@@ -3,27 +3,35 @@ package aggregator
 import (
 	"fmt"
 	"math/rand"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/entitlements/entref"
+	"github.com/meterline/meterline/internal/clock"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/testenv/oracle"
 	"github.com/meterline/meterline/schemas"
 )
 
-// The property test with entitlements (runPropertyWith): seeds 1–3 on
+// The property test with entitlements (runPropertyWith): seeds 1–4 on
 // kfake, 101–102 on the real broker, each with some of the generators of
 // entGen switched on: seeds 1 and 101 interleaved, with broker times that
-// step back; 2 and 102 the same, interleaved and behind, compared event by
-// event (runBothWays); 3 behind.
+// step back and customers' records on a wrong partition; 2 and 102
+// interleaved and behind, with step-backs, compared event by event
+// (runBothWays; a copy of a misplaced record lands when the aggregator
+// reads its original, so behind and interleaved need not agree with
+// them); 3 behind, with step-backs; 4 misplaced records alone.
+// METERLINE_PROPERTY_SEEDS=n adds n kfake seeds from 1000.
 
 func TestPropertyEntitlementsKFake(t *testing.T) {
-	t.Run("seed=1", func(t *testing.T) { runPropertyWith(t, nil, 1, propKFake, &entGen{stepBack: true}) })
+	t.Run("seed=1", func(t *testing.T) { runPropertyWith(t, nil, 1, propKFake, &entGen{stepBack: true, misplaced: true}) })
 	// Behind and caught up alike (DESIGN §12): the same run with the
 	// aggregator reading the entitlements of the whole run first, then the
 	// events, and with both interleaved.
@@ -32,11 +40,22 @@ func TestPropertyEntitlementsKFake(t *testing.T) {
 	short := propKFake
 	short.days = 3
 	t.Run("seed=3", func(t *testing.T) { runPropertyWith(t, nil, 3, short, &entGen{stepBack: true, behind: true}) })
+	// Misplaced records alone, over three days of broker time.
+	t.Run("seed=4", func(t *testing.T) { runPropertyWith(t, nil, 4, short, &entGen{misplaced: true}) })
+	if n, _ := strconv.Atoi(os.Getenv("METERLINE_PROPERTY_SEEDS")); n > 0 {
+		for seed := int64(1000); seed < 1000+int64(n); seed++ {
+			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+				runPropertyWith(t, nil, seed, short, &entGen{stepBack: seed%2 == 0, misplaced: true})
+			})
+		}
+	}
 }
 
 func TestPropertyEntitlementsRealKafka(t *testing.T) {
 	brokers := testenv.RealKafka(t)
-	t.Run("seed=101", func(t *testing.T) { runPropertyWith(t, brokers, 101, propReal, &entGen{stepBack: true}) })
+	t.Run("seed=101", func(t *testing.T) {
+		runPropertyWith(t, brokers, 101, propReal, &entGen{stepBack: true, misplaced: true})
+	})
 	t.Run("seed=102", func(t *testing.T) { runBothWays(t, brokers, 102, propReal, entGen{stepBack: true}) })
 }
 
@@ -53,15 +72,13 @@ type entGen struct {
 	// (entref.Model.Add), for the aggregator as for the model.
 	stepBack bool
 	// misplaced: now and then a customer's record written to another
-	// partition than its customer's (a client with another partitioner).
-	// The aggregator re-produces it to the customer's partition, stamped
-	// with its clock; the model applies the copy by its own broker time
-	// and place there (oracle.Entitlements.FromTopic). No seed turns it on
-	// yet: the model does not know that a copy whose original arrived no
-	// later than the customer's last record applied is not applied, and
-	// that the aggregator then restates that record (docs/entitlements.md,
-	// The aggregator, step 1); and the copies need a clock that reads the
-	// run's broker times (its wall clock is months past them).
+	// partition than its customer's (a client with another partitioner),
+	// before or after other records of its customer. The aggregator
+	// re-produces it to the customer's partition, stamped with its clock
+	// (brokerClock: the run's broker times); the model decides from the
+	// topic which copies apply there, and expects the customer's record in
+	// effect restated after a stale one (oracle.Entitlements.FromTopic,
+	// docs/entitlements.md, The aggregator, step 1).
 	misplaced bool
 	// behind: every record of usage.entitlements, ticks included, is
 	// written, and read by the aggregator, before the first event.
@@ -162,6 +179,7 @@ type entProp struct {
 	custs  []string
 	last   int64   // the latest time of the chunk being sent
 	latest []int64 // each partition's latest broker time written
+	clock  *brokerClock
 	// Counts of what the generators wrote.
 	steppedBack, misplaced int
 }
@@ -169,7 +187,8 @@ type entProp struct {
 func newEntProp(r *rand.Rand, h *aggHarness, n int32, st *pStream, gen entGen) *entProp {
 	start := st.events[0].Arrival
 	ep := &entProp{r: r, h: h, gen: gen, n: n, ent: oracle.Entitlements{Partitions: n, Window: time.Duration(pWindow) * time.Millisecond},
-		ticked: start - pDay, start: start, span: st.final - start, custs: []string{"acme", "globex", "initech"}, latest: make([]int64, n)}
+		ticked: start - pDay, start: start, span: st.final - start, custs: []string{"acme", "globex", "initech"}, latest: make([]int64, n),
+		clock: newBrokerClock(start - pDay)}
 	ep.ent.Nudge = ep.nudge
 	return ep
 }
@@ -261,6 +280,7 @@ func (ep *entProp) write(at int64, key string, m schemas.Message, ps ...int32) {
 			ep.steppedBack++
 		}
 		ep.latest[p] = max(ep.latest[p], at)
+		ep.clock.advance(at)
 	}
 	ep.h.produce(recs...)
 }
@@ -280,7 +300,9 @@ func (ep *entProp) all() []int32 {
 // last tick and the chunk's latest time. With gen.stepBack, a record now
 // and then at a broker time behind its partitions' latest, and now and
 // then a second record in the chunk; with gen.misplaced, a customer's
-// record now and then on another partition than its customer's.
+// record now and then on another partition than its customer's, now and
+// then with another of the customer's on its partition, before it (and
+// later in broker time) or after it.
 func (ep *entProp) before(steps []pStep) {
 	r := ep.r
 	ep.last = ep.ticked
@@ -325,27 +347,53 @@ func (ep *entProp) before(steps []pStep) {
 		case k < 3:
 			c := ep.custs[r.Intn(len(ep.custs))]
 			key := schemas.CustomerKey(c)
-			p := schemas.Partition(key, ep.n)
-			if ep.gen.misplaced && r.Intn(3) == 0 {
-				p = (p + 1 + r.Int31n(ep.n-1)) % ep.n
-				ep.misplaced++
-			}
-			t := at(p)
-			if r.Intn(8) == 0 {
-				ep.write(t, string(key), nil, p)
+			canon := schemas.Partition(key, ep.n)
+			if !ep.gen.misplaced || r.Intn(3) > 0 {
+				ep.customer(c, at(canon), canon)
 				break
 			}
-			pl := ep.plan(c)
-			if r.Intn(2) == 0 {
-				pl.EffectiveFrom = t + r.Int63n(pDay)
+			// On another partition; now and then with a record of the
+			// customer on its own partition in the same chunk: written
+			// before it and later in broker time (its copy is stale: an
+			// older version, which must not come back), or after it and
+			// no earlier (the copy lands before or after it).
+			p := (canon + 1 + r.Int31n(ep.n-1)) % ep.n
+			ep.misplaced++
+			switch r.Intn(3) {
+			case 0:
+				t := at(canon)
+				ep.customer(c, t, canon)
+				ep.customer(c, min(t, ep.ticked+r.Int63n(max(0, t-ep.ticked)+1)), p)
+			case 1:
+				t := at(p)
+				ep.customer(c, t, p)
+				ep.customer(c, t+r.Int63n(max(0, ep.last-t)+1), canon)
+			default:
+				ep.customer(c, at(p), p)
 			}
-			ep.write(t, string(key), pl, p)
 		case k < 4:
 			ep.write(at(ep.all()...), schemas.RateCardKey, ep.card(), ep.all()...)
 		case k < 5:
 			ep.write(at(ep.all()...), schemas.DefaultPlanKey, ep.plan(""), ep.all()...)
 		}
 	}
+}
+
+// customer writes a new plan of customer c (scheduled for later, or
+// effective at once), or now and then its deletion, to partition p at
+// broker time t.
+func (ep *entProp) customer(c string, t int64, p int32) {
+	r := ep.r
+	key := string(schemas.CustomerKey(c))
+	if r.Intn(8) == 0 {
+		ep.write(t, key, nil, p)
+		return
+	}
+	pl := ep.plan(c)
+	if r.Intn(2) == 0 {
+		pl.EffectiveFrom = t + r.Int63n(pDay)
+	}
+	ep.write(t, key, pl, p)
 }
 
 // after appends a tick just past the chunk's latest time to every
@@ -366,8 +414,49 @@ func (ep *entProp) after() {
 	var recs []*kgo.Record
 	for _, p := range ep.all() {
 		ep.latest[p] = max(ep.latest[p], ep.ticked)
+		ep.clock.advance(ep.ticked)
 		recs = append(recs, &kgo.Record{Topic: ep.h.names.EntitlementsTopic(), Partition: p, Key: []byte(schemas.TickKey),
 			Value: schemas.MustEncode(&schemas.Tick{InstanceID: "prop"}), Timestamp: time.UnixMilli(ep.ticked)})
 	}
 	ep.h.produce(recs...)
+}
+
+// brokerClock is the aggregator's clock in a property run with
+// entitlements (Config.Stream.Clock): it reads the run's broker times, the
+// latest one written to usage.entitlements so far, moved on by wall time
+// since, and never goes back. The records the aggregator stamps with it
+// (the copies of misplaced records, restated records) land at broker
+// times of the run, not months past them; its timers are wall time's.
+type brokerClock struct {
+	mu     sync.Mutex
+	latest int64     // the latest broker time written, ms
+	now    time.Time // the time last read
+	at     time.Time // the wall time it was read at
+}
+
+func newBrokerClock(start int64) *brokerClock {
+	return &brokerClock{latest: start, now: time.UnixMilli(start), at: time.Now()}
+}
+
+// advance records a broker time written.
+func (c *brokerClock) advance(ms int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.latest = max(c.latest, ms)
+}
+
+func (c *brokerClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wall := time.Now()
+	n := c.now.Add(max(0, wall.Sub(c.at)))
+	if l := time.UnixMilli(c.latest); l.After(n) {
+		n = l
+	}
+	c.now, c.at = n, wall
+	return n
+}
+
+func (c *brokerClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	return clock.Real{}.AfterFunc(d, f)
 }

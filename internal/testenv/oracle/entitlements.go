@@ -24,21 +24,23 @@ import (
 // usage.rejected once, with its reason and stage aggregator.
 
 // EntRecord is a record a test wrote to partition Partition of
-// usage.entitlements. A customer's record on another partition than its
-// customer's (a client with another partitioner, DESIGN §12) changes
-// nothing there but the partition's broker time: the aggregator
-// re-produces it to the customer's partition, where the copy applies by
-// its own broker time and place in that partition (FromTopic finds it).
-// The model does not know stale copies (one whose original arrived no
-// later than the customer's last record applied is not applied, and the
-// aggregator restates that record: docs/entitlements.md): a test must not
-// write a record to a wrong partition after a later one of its customer. A
-// tick (Key schemas.TickKey) changes nothing either: only its broker time
-// counts, for the records read after it. A test need not list its ticks:
-// VerifyEntitlements reads them from the topic.
+// usage.entitlements, or one the aggregator wrote there (FromTopic). A
+// customer's record on another partition than its customer's (a client
+// with another partitioner, DESIGN §12) changes nothing there but the
+// partition's broker time: the aggregator re-produces it to the
+// customer's partition, where the copy applies by its own broker time and
+// place in that partition, unless the customer's record in effect there
+// reached the topic after its original (FromTopic has the rules). A tick
+// (Key schemas.TickKey) changes nothing either: only its broker time
+// counts, for the records read after it. A test need not list its ticks,
+// nor the copies and restated records: FromTopic reads them from the
+// topic.
 type EntRecord struct {
 	Partition int32
 	entref.Record
+	// Skip: a copy or restated record the aggregator does not apply
+	// (FromTopic); only its broker time counts.
+	Skip bool
 }
 
 // Entitlements are the records of usage.entitlements, in the order each
@@ -59,6 +61,10 @@ type Entitlements struct {
 	// broker time on with it, so that the balances still pending go out
 	// (aggregator.Config.BalanceInterval).
 	Nudge func()
+	// Copies counts what FromTopic found: the copies of misplaced
+	// records applied, those not applied (stale), and the restated
+	// records.
+	Copies struct{ Applied, Stale, Restated int }
 }
 
 // readOnly reports whether r, read from partition p, changes nothing but
@@ -84,7 +90,7 @@ func (e *Entitlements) readOnly(p int32, r entref.Record) bool {
 // and each partition's reference model after the last event.
 func (e *Entitlements) Decide(m *Model, events []*Event) (map[string]string, []*entref.Model) {
 	models := make([]*entref.Model, e.Partitions)
-	recs := make([][]entref.Record, e.Partitions)
+	recs := make([][]EntRecord, e.Partitions)
 	next := make([]int, e.Partitions)
 	for p := range models {
 		models[p] = entref.New(m.Period)
@@ -93,14 +99,14 @@ func (e *Entitlements) Decide(m *Model, events []*Event) (map[string]string, []*
 		}
 	}
 	for _, r := range e.Records {
-		recs[r.Partition] = append(recs[r.Partition], r.Record)
+		recs[r.Partition] = append(recs[r.Partition], r)
 	}
-	read := func(p int32, r entref.Record) {
-		if e.readOnly(p, r) {
+	read := func(p int32, r EntRecord) {
+		if r.Skip || e.readOnly(p, r.Record) {
 			models[p].Read(r.Written)
 			return
 		}
-		models[p].Add(r)
+		models[p].Add(r.Record)
 	}
 	out := map[string]string{}
 	for _, ev := range events {
@@ -121,20 +127,104 @@ func (e *Entitlements) Decide(m *Model, events []*Event) (map[string]string, []*
 	return out, models
 }
 
+// The headers of a copy the aggregator re-produced, and of a record it
+// restated (docs/entitlements.md, The aggregator, step 1): the origin's
+// partition and offset, and its broker time.
+const (
+	headerRerouted = "meterline-rerouted"
+	headerArrival  = "meterline-arrival"
+)
+
+// origin orders the records of a customer's key on its partition by when
+// they reached usage.entitlements (docs/entitlements.md, The aggregator,
+// step 1): the broker time of the original, then its partition and
+// offset.
+type origin struct {
+	arrival   int64
+	partition int32
+	offset    int64
+}
+
+func (o origin) later(p origin) bool {
+	if o.arrival != p.arrival {
+		return o.arrival > p.arrival
+	}
+	if o.partition != p.partition {
+		return o.partition > p.partition
+	}
+	return o.offset > p.offset
+}
+
+// claimedOrigin returns the origin r's headers claim (each once, well
+// formed); ok is false for a record without them.
+func claimedOrigin(r *kgo.Record) (o origin, ok bool) {
+	var rv, av []byte
+	nr, na := 0, 0
+	for _, h := range r.Headers {
+		switch h.Key {
+		case headerRerouted:
+			rv, nr = h.Value, nr+1
+		case headerArrival:
+			av, na = h.Value, na+1
+		}
+	}
+	if nr != 1 || na != 1 {
+		return origin{}, false
+	}
+	var p int32
+	var off, a int64
+	if _, err := fmt.Sscanf(string(rv), "%d/%d", &p, &off); err != nil || fmt.Sprintf("%d/%d", p, off) != string(rv) || p < 0 || off < 0 {
+		return origin{}, false
+	}
+	if _, err := fmt.Sscanf(string(av), "%d", &a); err != nil || fmt.Sprint(a) != string(av) || a < 0 {
+		return origin{}, false
+	}
+	return origin{a, p, off}, true
+}
+
+// lesserValue orders record values: a delete (nil) least, then by bytes.
+func lesserValue(a, b []byte) bool {
+	switch {
+	case a == nil:
+		return b != nil
+	case b == nil:
+		return false
+	}
+	return bytes.Compare(a, b) < 0
+}
+
 // FromTopic returns the records of usage.entitlements (topic) as the
 // aggregator reads them: every record, read_committed, in each
-// partition's order, with its broker time. Each must be a record e lists,
-// in the order e lists the partition's and with the broker time it gives;
-// or a tick; or the copy of a customer's record e lists on another
-// partition than its customer's (the same key and value), which the
-// aggregator re-produced to the customer's partition at a broker time of
-// its own (DESIGN §12), exactly once. problems names every record that is
-// none of these, every record of e the topic lacks, and every misplaced
-// record not copied exactly once.
+// partition's order, with its broker time, and which of them the
+// aggregator applies. Each must be a record e lists, in the order e lists
+// the partition's and with the broker time it gives; or a tick; or the
+// copy of a customer's record e lists on another partition than its
+// customer's (the same key and value, its headers giving the original's
+// partition, offset and broker time), which the aggregator re-produced to
+// the customer's partition at a broker time of its own, exactly once; or
+// a customer's record restated there. problems names every record that is
+// none of these, every record of e the topic lacks, every misplaced
+// record not copied exactly once, and every restated record missing or
+// out of place.
+//
+// On a customer's partition, FromTopic decides by the rules of
+// docs/entitlements.md (The aggregator, step 1), written here apart from
+// the aggregator's code, which customer records apply: a record is
+// ordered by its origin (a copy's headers, else its own broker time,
+// partition and offset); one without the headers always applies, at the
+// earliest just after the one in effect (a broker clock that stepped
+// back); a copy whose origin is before the one in effect is not applied
+// (rerouted_repeat), and the aggregator then restates the record in
+// effect, marked with its origin; a copy of the origin in effect applies
+// only with a greater value (bytes, a delete least), and when it does not
+// and its value differs, the one in effect is restated. A restated record
+// is a copy like any other: read after the record in effect it restates,
+// it changes nothing; read after a later one, it is stale in turn. A
+// record not applied counts only by its broker time (EntRecord.Skip).
 func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (got *Entitlements, problems []string) {
 	t.Helper()
-	type misplaced struct {
-		rec    entref.Record
+	type written struct {
+		rec    EntRecord
 		key    []byte
 		value  []byte
 		copies int
@@ -160,15 +250,10 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 		}
 		return key, value
 	}
-	want := make([][]EntRecord, e.Partitions)
-	copies := make([][]*misplaced, e.Partitions)
+	want := make([][]*written, e.Partitions)
 	for _, r := range e.Records {
-		want[r.Partition] = append(want[r.Partition], r)
-		if r.Key != schemas.TickKey && e.readOnly(r.Partition, r.Record) {
-			c := schemas.Partition(schemas.CustomerKey(r.Key), e.Partitions)
-			k, v := encode(r.Record)
-			copies[c] = append(copies[c], &misplaced{rec: r.Record, key: k, value: v})
-		}
+		k, v := encode(r.Record)
+		want[r.Partition] = append(want[r.Partition], &written{rec: r, key: k, value: v})
 	}
 	byPart := make([][]*kgo.Record, e.Partitions)
 	for _, r := range testenv.ReadAll(t, brokers, topic) {
@@ -177,52 +262,149 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 		}
 		byPart[r.Partition] = append(byPart[r.Partition], r)
 	}
-	got = &Entitlements{Partitions: e.Partitions, Nudge: e.Nudge}
+	hasHeaders := func(r *kgo.Record) bool {
+		for _, h := range r.Headers {
+			if h.Key == headerRerouted || h.Key == headerArrival {
+				return true
+			}
+		}
+		return false
+	}
+	// First the records the test wrote, in each partition's order: the
+	// misplaced ones by their coordinates, for their copies.
+	mine := make([][]*written, e.Partitions) // by partition and index in byPart: the test's record, or nil
+	misplaced := map[origin]*written{}
 	for p := range e.Partitions {
+		mine[p] = make([]*written, len(byPart[p]))
 		next := 0
 	records:
-		for _, r := range byPart[p] {
+		for i, r := range byPart[p] {
 			at := r.Timestamp.UnixMilli()
-			if string(r.Key) == schemas.TickKey {
-				got.Records = append(got.Records, EntRecord{Partition: p, Record: entref.Record{Key: schemas.TickKey, Written: at}})
+			if string(r.Key) == schemas.TickKey || hasHeaders(r) {
 				continue
 			}
 			for j := next; j < len(want[p]); j++ {
 				w := want[p][j]
-				k, v := encode(w.Record)
-				if bytes.Equal(k, r.Key) && bytes.Equal(v, r.Value) && w.Written == at {
+				if bytes.Equal(w.key, r.Key) && bytes.Equal(w.value, r.Value) && w.rec.Written == at {
 					for _, l := range want[p][next:j] {
 						problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d before offset %d",
-							topic, p, l.Key, l.Written, r.Offset))
+							topic, p, l.rec.Key, l.rec.Written, r.Offset))
 					}
-					got.Records = append(got.Records, w)
+					mine[p][i] = w
+					if e.readOnly(p, w.rec.Record) && w.rec.Key != schemas.TickKey {
+						misplaced[origin{at, p, r.Offset}] = w
+					}
 					next = j + 1
 					continue records
 				}
 			}
-			for _, c := range copies[p] {
-				if c.copies == 0 && bytes.Equal(c.key, r.Key) && bytes.Equal(c.value, r.Value) {
-					c.copies++
-					rec := c.rec
-					rec.Written = at
-					got.Records = append(got.Records, EntRecord{Partition: p, Record: rec})
-					continue records
-				}
-			}
-			problems = append(problems, fmt.Sprintf("%s %d/%d (key %q, broker time %d) is no record the test wrote there, nor the one copy of one written to another partition",
-				topic, p, r.Offset, r.Key, at))
+			problems = append(problems, fmt.Sprintf("%s %d/%d (key %q, broker time %d) is no record the test wrote there", topic, p, r.Offset, r.Key, at))
 		}
 		for _, w := range want[p][next:] {
-			problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d at its end", topic, p, w.Key, w.Written))
+			problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d at its end", topic, p, w.rec.Key, w.rec.Written))
 		}
-		for _, c := range copies[p] {
-			if c.copies == 0 {
-				problems = append(problems, fmt.Sprintf("the record of %s written to another partition at %d was not re-produced to its partition %d", c.rec.Key, c.rec.Written, p))
+	}
+	// Then each partition in order, with the copy rules per customer.
+	type applied struct {
+		o     origin
+		value []byte
+		rec   entref.Record
+	}
+	got = &Entitlements{Partitions: e.Partitions, Window: e.Window, Nudge: e.Nudge}
+	for p := range e.Partitions {
+		last := map[string]*applied{}
+		restates := map[string][]applied{} // the restated records due, in order
+		for i, r := range byPart[p] {
+			at := r.Timestamp.UnixMilli()
+			w := mine[p][i]
+			switch {
+			case string(r.Key) == schemas.TickKey:
+				got.Records = append(got.Records, EntRecord{Partition: p, Record: entref.Record{Key: schemas.TickKey, Written: at}})
+				continue
+			case w != nil && (w.rec.Key == schemas.DefaultPlanKey || w.rec.Key == schemas.RateCardKey || e.readOnly(p, w.rec.Record)):
+				got.Records = append(got.Records, w.rec)
+				continue
+			case w == nil && !hasHeaders(r):
+				continue // a problem already
 			}
+			var rec entref.Record
+			var o origin
+			copied, misplacedCopy := w == nil, false
+			if !copied {
+				rec, o = w.rec.Record, origin{at, p, r.Offset}
+			} else {
+				c, err := schemas.ParseCustomerKey(r.Key)
+				claimed, ok := claimedOrigin(r)
+				if err != nil || !ok || schemas.Partition(r.Key, e.Partitions) != p {
+					problems = append(problems, fmt.Sprintf("%s %d/%d (key %q, broker time %d) has headers %v: no copy or restated record of its customer's partition",
+						topic, p, r.Offset, r.Key, at, r.Headers))
+					continue
+				}
+				o = claimed
+				if m := misplaced[o]; m != nil && m.copies == 0 && m.rec.Written == o.arrival && bytes.Equal(m.key, r.Key) && bytes.Equal(m.value, r.Value) {
+					m.copies++
+					rec = m.rec.Record
+					misplacedCopy = true
+				} else if q := restates[c]; len(q) > 0 && q[0].o == o && sameValue(q[0].value, r.Value) {
+					rec = q[0].rec
+					restates[c] = q[1:]
+					got.Copies.Restated++
+				} else {
+					problems = append(problems, fmt.Sprintf("%s %d/%d (customer %s, broker time %d, origin %+v) is neither the one copy of a record written to another partition nor the restated record due",
+						topic, p, r.Offset, c, at, o))
+					continue
+				}
+			}
+			l := last[rec.Key]
+			apply, restate := true, false
+			switch {
+			case l == nil || o.later(l.o):
+			case !copied:
+				o.arrival = l.o.arrival + 1
+			case o.partition != l.o.partition || o.offset != l.o.offset:
+				apply, restate = false, true
+			case sameValue(r.Value, l.value):
+				apply = false
+			case lesserValue(l.value, r.Value):
+				o = l.o
+			default:
+				apply, restate = false, true
+			}
+			switch {
+			case misplacedCopy && apply:
+				got.Copies.Applied++
+			case misplacedCopy:
+				got.Copies.Stale++
+			}
+			if !apply {
+				got.Records = append(got.Records, EntRecord{Partition: p, Record: entref.Record{Key: rec.Key, Written: at}, Skip: true})
+				if restate {
+					restates[rec.Key] = append(restates[rec.Key], *l)
+				}
+				continue
+			}
+			rec.Written = at
+			got.Records = append(got.Records, EntRecord{Partition: p, Record: rec})
+			last[rec.Key] = &applied{o: o, value: r.Value, rec: rec}
+		}
+		for c, q := range restates {
+			for _, a := range q {
+				problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s of origin %+v restated after a stale copy", topic, p, c, a.o))
+			}
+		}
+	}
+	for o, m := range misplaced {
+		if m.copies != 1 {
+			problems = append(problems, fmt.Sprintf("the record of %s written to partition %d at %d (offset %d) was not re-produced to its partition %d",
+				m.rec.Key, o.partition, o.arrival, o.offset, schemas.Partition(schemas.CustomerKey(m.rec.Key), e.Partitions)))
 		}
 	}
 	return got, problems
 }
+
+// sameValue reports whether two record values are the same (a delete
+// only equals a delete).
+func sameValue(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
 
 // EntReport is what VerifyEntitlements found.
 type EntReport struct {
@@ -340,7 +522,7 @@ func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *M
 		}
 		t.Fatalf("the outputs disagree with the model of DESIGN §3 and §12 (%d events, %d accepted):\n  %s", len(events), len(accepted), strings.Join(problems, "\n  "))
 	}
-	t.Logf("the model agrees: %d events, %d accepted, rejected %v; %d keys, %d FINAL, %d adjustments, %d balances checked",
-		len(events), len(accepted), rep.Rejected, rep.Keys, rep.Finals, rep.Adjustments, rep.Balances)
+	t.Logf("the model agrees: %d events, %d accepted, rejected %v; %d keys, %d FINAL, %d adjustments, %d balances checked; copies of misplaced records %+v",
+		len(events), len(accepted), rep.Rejected, rep.Keys, rep.Finals, rep.Adjustments, rep.Balances, inTopic.Copies)
 	return rep
 }
