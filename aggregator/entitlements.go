@@ -98,6 +98,15 @@ const (
 	// HeaderArrival carries the misrouted original's broker time (epoch
 	// ms).
 	HeaderArrival = "meterline-arrival"
+	// HeaderMoved marks the delete (null value) the aggregator writes
+	// after a misrouted customer's record, on the partition where it was
+	// found, in the transaction that re-produces it: compaction then
+	// removes the original there, and a delete of the customer on its
+	// own partition is not undone, once compaction has removed that
+	// delete too, by the original read again from the start. Value: the
+	// original's offset. Found with a null value on another partition
+	// than its customer's, it is skipped.
+	HeaderMoved = "meterline-moved"
 )
 
 // pendingKey is the state key of a pending customer.
@@ -867,6 +876,12 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			}
 		case rec.Key.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p:
 			canon := schemas.Partition(r.Key, pt.pr.counts.entitlements)
+			if IsMovedMark(r) {
+				// The aggregator's own delete after a record it moved
+				// (HeaderMoved): nothing to move.
+				pt.ent.pending.record("moved_mark")
+				break
+			}
 			if _, ok := headerValue(r, HeaderRerouted); ok {
 				// Never re-routed twice (DESIGN §2): a copy is written
 				// to its canonical partition, and the partition count
@@ -892,6 +907,15 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 					{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", r.Partition, r.Offset)},
 					{Key: HeaderArrival, Value: strconv.AppendInt(nil, written, 10)},
 				}})
+			if r.Value != nil {
+				// The original's key is deleted where it was found, so
+				// that compaction removes the original there: only its
+				// copy stays, on the customer's partition, where a
+				// later record or delete of the customer supersedes it
+				// for good (HeaderMoved).
+				tx.Emit(&kgo.Record{Topic: r.Topic, Partition: pt.p, Key: r.Key, Timestamp: pt.pr.now(),
+					Headers: []kgo.RecordHeader{{Key: HeaderMoved, Value: strconv.AppendInt(nil, r.Offset, 10)}}})
+			}
 			pt.ent.pending.record("rerouted")
 			pt.pr.log.Info("entitlements record re-produced to its canonical partition", zap.Int32("partition", pt.p),
 				zap.Int32("canonical_partition", canon), zap.Int64("offset", r.Offset))
@@ -1030,6 +1054,16 @@ func originKey(customer string) []byte { return append([]byte{pfxOrigin}, custom
 
 // headerValue returns the value of r's header k; a header given twice
 // counts as absent (it proves nothing).
+// IsMovedMark reports whether r is a delete the aggregator wrote after
+// moving a misrouted record of r's key (HeaderMoved, a null value). On
+// another partition than its customer's it is skipped, by the aggregator
+// and `meterline entitlements get`; on the customer's own partition (a
+// client wrote it there) it is a delete like any other.
+func IsMovedMark(r *kgo.Record) bool {
+	_, ok := headerValue(r, HeaderMoved)
+	return ok && r.Value == nil
+}
+
 func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 	for _, h := range r.Headers {
 		if h.Key == k {

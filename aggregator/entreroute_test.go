@@ -143,10 +143,35 @@ func testMisroutedReadAgain(t *testing.T, brokers []string) {
 		t.Errorf("the restated record's origin %+v (a copy: %v), want the newer record's", o, copied)
 	}
 
-	// C: a new group reads the topic as compaction leaves it (the last
-	// record of each key on each partition; ticks and all), with a
+	// C: a new group reads the topic as compaction leaves it, with a
 	// changelog of its own: it decides every event, none over the stale
 	// cap of 5.
+	c, hc := h.startCompacted(adm, n, "c")
+	events("m3")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := openValues(t, hc)
+		if got["acme/m3"] == 8 || len(readRejected(t, hc)) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range readRejected(t, hc) {
+		t.Errorf("after compaction: %s rejected %s: %s", r.EventID, r.Reason, r.Detail)
+	}
+}
+
+// startCompacted copies usage.entitlements as compaction leaves it once
+// delete.retention.ms has passed (the last record of each key on each
+// partition, ticks and all, but no delete) to a topic of its own, and
+// starts an aggregator with entitlements on it: a new group, instance
+// and topics suffixed with suffix, and a changelog of its own. It returns
+// the stage and a harness that reads its outputs.
+func (h *aggHarness) startCompacted(adm *kadm.Client, n int32, suffix string) (*aggRunning, *aggHarness) {
+	t := h.t
 	compacted := map[string]*kgo.Record{}
 	var order []string
 	for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
@@ -156,38 +181,119 @@ func testMisroutedReadAgain(t *testing.T, brokers []string) {
 		}
 		compacted[k] = r
 	}
-	cfgC := h.entConfig("c", vfs.NewMem())
-	cfgC.Topics.AggregateChangelog += "-c"
-	cfgC.Topics.Entitlements += "-compacted"
-	cfgC.Topics.Rejected += "-c"
-	cfgC.Stream.Group = h.group + "-c"
-	for _, topic := range []string{cfgC.Topics.AggregateChangelogTopic(), cfgC.Topics.EntitlementsTopic(), cfgC.Topics.RejectedTopic()} {
+	cfg := h.entConfig(suffix, vfs.NewMem())
+	cfg.Topics.AggregateChangelog += "-" + suffix
+	cfg.Topics.Entitlements += "-compacted-" + suffix
+	cfg.Topics.Rejected += "-" + suffix
+	cfg.Topics.Aggregates += "-" + suffix
+	cfg.Stream.Group = h.group + "-" + suffix
+	for _, topic := range []string{cfg.Topics.AggregateChangelogTopic(), cfg.Topics.EntitlementsTopic(), cfg.Topics.RejectedTopic(), cfg.Topics.AggregatesTopic()} {
 		createTopic(t, adm, n, map[string]*string{"message.timestamp.type": ptr("CreateTime")}, topic)
 	}
 	var kept []*kgo.Record
 	for _, k := range order {
-		r := compacted[k]
-		kept = append(kept, &kgo.Record{Topic: cfgC.Topics.EntitlementsTopic(), Partition: r.Partition, Key: r.Key, Value: r.Value,
-			Headers: r.Headers, Timestamp: r.Timestamp})
+		if r := compacted[k]; r.Value != nil {
+			kept = append(kept, &kgo.Record{Topic: cfg.Topics.EntitlementsTopic(), Partition: r.Partition, Key: r.Key, Value: r.Value,
+				Headers: r.Headers, Timestamp: r.Timestamp})
+		}
 	}
 	h.produce(kept...)
-	c := h.start(cfgC)
-	events("m3")
 	hc := *h
-	hc.names, hc.group = cfgC.Topics, cfgC.Stream.Group
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got := openValues(t, &hc)
-		if got["acme/m3"] == 8 || len(readRejected(t, &hc)) > 0 || time.Now().After(deadline) {
-			break
+	hc.names, hc.group = cfg.Topics, cfg.Stream.Group
+	return h.start(cfg), &hc
+}
+
+// TestEntitlementsDeleteAfterMisroutedSurvivesCompaction: a customer's
+// record produced to a wrong partition, then the customer deleted on its
+// own partition. Once compaction has removed the delete (and the copy
+// before it), a new group reading the topic from the start must not bring
+// the misrouted record back: the aggregator deleted the original's key
+// where it found it (HeaderMoved), so compaction removed the original
+// too.
+func TestEntitlementsDeleteAfterMisroutedSurvivesCompaction(t *testing.T) {
+	testDeleteAfterMisrouted(t, nil)
+}
+
+func TestRealEntitlementsDeleteAfterMisroutedSurvivesCompaction(t *testing.T) {
+	testDeleteAfterMisrouted(t, testenv.RealKafka(t))
+}
+
+func testDeleteAfterMisrouted(t *testing.T, brokers []string) {
+	const n = 2
+	h := newEntHarness(t, brokers, n)
+	key := schemas.CustomerKey("acme")
+	canon := schemas.Partition(key, n)
+	wrong := (canon + 1) % n
+	// events writes 8 events of m1 (acme's capped meter) for acme,
+	// arriving ahead (CreateTime) so that the aggregator has read its
+	// entitlements up to then (the gate) before it decides them.
+	events := func(prefix string, ahead time.Duration) {
+		var recs []*kgo.Record
+		for i := range 8 {
+			at := time.Now().Add(ahead).UnixMilli()
+			recs = append(recs, h.dedupedEvent(canon, &schemas.DedupedEvent{EventID: fmt.Sprint(prefix, i), CustomerID: "acme",
+				Meter: "m1", Quantity: 1, EventTime: at, IngestTime: at}))
 		}
-		time.Sleep(50 * time.Millisecond)
+		h.produce(recs...)
 	}
-	if err := c.stop(); err != nil {
+	noneRejected := func(h *aggHarness, decided int) {
+		t.Helper()
+		awaitDecided(t, h, decided)
+		for _, r := range readRejected(t, h) {
+			t.Errorf("%s rejected %s: %s (the misrouted cap of 5 applied after the delete)", r.EventID, r.Reason, r.Detail)
+		}
+		if got := openValues(t, h); got["acme/m1"] != int64(decided) {
+			t.Errorf("OPEN values %v, want %d for acme/m1", got, decided)
+		}
+	}
+
+	a := h.start(h.entConfig("a", vfs.NewMem()))
+	old := &kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: wrong, Key: key, Timestamp: time.Now(),
+		Value: schemas.MustEncode(acmeCap(5))}
+	h.produce(old)
+	for deadline := time.Now().Add(30 * time.Second); len(h.canonRecords(n, "acme")) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the misrouted record was not re-produced to acme's partition")
+		}
+	}
+	h.produce(&kgo.Record{Topic: h.names.EntitlementsTopic(), Partition: canon, Key: key, Timestamp: time.Now()})
+	events("a-", 0)
+	noneRejected(h, 8)
+	if err := a.stop(); err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range readRejected(t, &hc) {
-		t.Errorf("after compaction: %s rejected %s: %s", r.EventID, r.Reason, r.Detail)
+	// The original's key is deleted where it was found, once, marked;
+	// that delete is not moved in turn: the copies on acme's partition
+	// are of the original only.
+	var marks int
+	recs := testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic())
+	for _, r := range recs {
+		if r.Partition == wrong && string(r.Key) == string(key) && r.Offset > old.Offset {
+			if r.Value != nil || headerOf(r, HeaderMoved) != fmt.Sprint(old.Offset) {
+				t.Errorf("record of acme at %d/%d after the misrouted one: value %d bytes, %s %q; want the delete marked moved from offset %d",
+					r.Partition, r.Offset, len(r.Value), HeaderMoved, headerOf(r, HeaderMoved), old.Offset)
+			}
+			marks++
+		}
+	}
+	if marks != 1 {
+		t.Errorf("%d deletes of acme after the misrouted record on partition %d, want 1", marks, wrong)
+	}
+	for _, r := range recs {
+		if o := headerOf(r, HeaderRerouted); o != "" && o != fmt.Sprintf("%d/%d", wrong, old.Offset) {
+			t.Errorf("a copy at %d/%d of %s: only the misrouted record is moved", r.Partition, r.Offset, o)
+		}
+	}
+
+	// Compaction has removed acme's delete and everything before it on
+	// its partition, and the misrouted original with the delete after it
+	// on the wrong one: a new group finds no entitlements of acme and
+	// decides the 8 events above and 8 more alike, none over a cap.
+	c, hc := h.startCompacted(testenv.Admin(t, h.brokers), n, "c")
+	events("c-", 2*time.Second)
+	noneRejected(hc, 16)
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -285,7 +391,7 @@ func TestEntitlementsStaleCopy(t *testing.T) {
 // createTopic creates a topic of n partitions and waits until the
 // brokers' metadata shows it: a stage started before then (on the real
 // broker) stops on a topic it is told is missing.
-func createTopic(t *testing.T, adm *kadm.Client, n int32, configs map[string]*string, name string) {
+func createTopic(t testing.TB, adm *kadm.Client, n int32, configs map[string]*string, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

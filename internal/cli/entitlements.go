@@ -346,6 +346,10 @@ type entRecord struct {
 //     later than the record kept is skipped (a misrouted record read
 //     again from the start is re-produced again, after newer records of
 //     its key).
+//   - the delete the aggregator writes on a wrong partition after a
+//     record it moved from there (aggregator.IsMovedMark) is skipped: the
+//     note that the partition holds a record of the customer stays until
+//     compaction removes both.
 //   - a record of a reserved key (the default plan, the rate card) is
 //     applied in the order of its partition; re-route headers on it
 //     change nothing.
@@ -372,6 +376,9 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
 		if err != nil || rec.IsTick() {
 			continue
+		}
+		if rec.Key.Reserved == "" && aggregator.IsMovedMark(r) && schemas.Partition(r.Key, counts[topic]) != r.Partition {
+			continue // the aggregator's delete after the record it moved
 		}
 		k := string(r.Key)
 		if latest[k] == nil {

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,5 +32,36 @@ func TestEntitlementsGetSkipsStaleCopies(t *testing.T) {
 	}
 	if c, out := a.getCap(t); c != 100 {
 		t.Errorf("get shows the cap %d, want 100 (the record after the first copy; the copy re-produced again is stale):\n%s", c, out)
+	}
+}
+
+// TestEntitlementsGetSkipsMovedMark: the delete the aggregator writes
+// after a record it moved, on the partition where it found it
+// (aggregator.HeaderMoved), is not a delete of the customer: `get` shows
+// the copy on the customer's partition and notes the misrouted record
+// itself, not the delete after it.
+func TestEntitlementsGetSkipsMovedMark(t *testing.T) {
+	a := newAcmeTopic(t)
+	wrong := (a.canon + 1) % 4
+	ctx := context.Background()
+	orig := &kgo.Record{Topic: a.topic, Partition: wrong, Key: a.key, Value: entPlan(t, "acme", 5), Timestamp: time.Now().Add(-time.Minute)}
+	if err := a.cl.ProduceSync(ctx, orig).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cl.ProduceSync(ctx,
+		&kgo.Record{Topic: a.topic, Partition: a.canon, Key: a.key, Value: orig.Value, Timestamp: time.Now(), Headers: originHeaders(orig)},
+		&kgo.Record{Topic: a.topic, Partition: wrong, Key: a.key, Timestamp: time.Now(),
+			Headers: []kgo.RecordHeader{{Key: aggregator.HeaderMoved, Value: fmt.Append(nil, orig.Offset)}}}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "", "entitlements", "get", "acme", "--brokers", strings.Join(a.brokers, ","), "--topic-prefix", a.prefix)
+	if code != 0 {
+		t.Fatalf("get acme: %d\n%s\n%s", code, out, errOut)
+	}
+	if c := capOf(t, out); c != 5 {
+		t.Errorf("get shows the cap %d, want 5 (the copy of the moved record):\n%s", c, out)
+	}
+	if want := fmt.Sprintf("partition %d holds a record of acme at offset %d,", wrong, orig.Offset); !strings.Contains(errOut, want) {
+		t.Errorf("get's note %q does not say %q", errOut, want)
 	}
 }

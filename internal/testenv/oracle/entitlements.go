@@ -133,6 +133,11 @@ func (e *Entitlements) Decide(m *Model, events []*Event) (map[string]string, []*
 const (
 	headerRerouted = "meterline-rerouted"
 	headerArrival  = "meterline-arrival"
+	// headerMoved marks the delete the aggregator writes after a
+	// misplaced record (not a delete) on the partition where it found
+	// it, so that compaction removes the original; its value is the
+	// original's offset.
+	headerMoved = "meterline-moved"
 )
 
 // origin orders the records of a customer's key on its partition by when
@@ -228,6 +233,7 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 		key    []byte
 		value  []byte
 		copies int
+		marks  int
 	}
 	encode := func(r entref.Record) (key, value []byte) {
 		key = []byte(r.Key)
@@ -270,17 +276,30 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 		}
 		return false
 	}
+	// movedFrom returns the offset a delete marked moved names.
+	movedFrom := func(r *kgo.Record) (int64, bool) {
+		if r.Value != nil || len(r.Headers) != 1 || r.Headers[0].Key != headerMoved {
+			return 0, false
+		}
+		var off int64
+		if _, err := fmt.Sscanf(string(r.Headers[0].Value), "%d", &off); err != nil || fmt.Sprint(off) != string(r.Headers[0].Value) {
+			return 0, false
+		}
+		return off, true
+	}
 	// First the records the test wrote, in each partition's order: the
 	// misplaced ones by their coordinates, for their copies.
 	mine := make([][]*written, e.Partitions) // by partition and index in byPart: the test's record, or nil
 	misplaced := map[origin]*written{}
+	misplacedAt := make([]map[int64]*written, e.Partitions) // by partition and offset
 	for p := range e.Partitions {
+		misplacedAt[p] = map[int64]*written{}
 		mine[p] = make([]*written, len(byPart[p]))
 		next := 0
 	records:
 		for i, r := range byPart[p] {
 			at := r.Timestamp.UnixMilli()
-			if string(r.Key) == schemas.TickKey || hasHeaders(r) {
+			if _, moved := movedFrom(r); string(r.Key) == schemas.TickKey || hasHeaders(r) || moved {
 				continue
 			}
 			for j := next; j < len(want[p]); j++ {
@@ -293,6 +312,7 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 					mine[p][i] = w
 					if e.readOnly(p, w.rec.Record) && w.rec.Key != schemas.TickKey {
 						misplaced[origin{at, p, r.Offset}] = w
+						misplacedAt[p][r.Offset] = w
 					}
 					next = j + 1
 					continue records
@@ -325,7 +345,18 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 				got.Records = append(got.Records, w.rec)
 				continue
 			case w == nil && !hasHeaders(r):
-				continue // a problem already
+				if off, moved := movedFrom(r); moved {
+					// The aggregator's delete after a record it moved
+					// from here: it counts by its broker time only.
+					if m := misplacedAt[p][off]; m == nil || off >= r.Offset || !bytes.Equal(m.key, r.Key) || m.value == nil {
+						problems = append(problems, fmt.Sprintf("%s %d/%d (key %q) is marked moved from offset %d, no record of its key written there that is not a delete",
+							topic, p, r.Offset, r.Key, off))
+					} else {
+						m.marks++
+						got.Records = append(got.Records, EntRecord{Partition: p, Record: entref.Record{Key: m.rec.Key, Written: at}, Skip: true})
+					}
+				}
+				continue // else a problem already
 			}
 			var rec entref.Record
 			var o origin
@@ -397,6 +428,10 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 		if m.copies != 1 {
 			problems = append(problems, fmt.Sprintf("the record of %s written to partition %d at %d (offset %d) was not re-produced to its partition %d",
 				m.rec.Key, o.partition, o.arrival, o.offset, schemas.Partition(schemas.CustomerKey(m.rec.Key), e.Partitions)))
+		}
+		if want := min(1, len(m.value)); m.value == nil && m.marks != 0 || m.value != nil && m.marks != 1 {
+			problems = append(problems, fmt.Sprintf("the record of %s written to partition %d at %d (offset %d) is followed there by %d deletes marked moved, want %d",
+				m.rec.Key, o.partition, o.arrival, o.offset, m.marks, want))
 		}
 	}
 	return got, problems
