@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -243,20 +242,28 @@ func decideDraws(in Input, draws []Draw) Decision {
 // overLimitDetail is an OverLimit decision's Detail, as
 // fmt.Sprintf("%s: usage in the period %d + %d would pass the cap %d of
 // plan %q", …) makes it, in one allocation: about one event in twenty is
-// refused this way in a capped run.
+// refused this way in a capped run. It is built on the stack, and the
+// plan quoted by hand when quoting leaves it as it is (printable ASCII,
+// no quote or backslash).
 func overLimitDetail(meter string, usage, units, limit int64, plan string) string {
-	var b strings.Builder
-	var n [24]byte
-	b.Grow(len(meter) + len(plan) + 96)
-	b.WriteString(meter)
-	b.WriteString(": usage in the period ")
-	b.Write(strconv.AppendInt(n[:0], usage, 10))
-	b.WriteString(" + ")
-	b.Write(strconv.AppendInt(n[:0], units, 10))
-	b.WriteString(" would pass the cap ")
-	b.Write(strconv.AppendInt(n[:0], limit, 10))
-	b.WriteString(" of plan ")
-	var q [80]byte
-	b.Write(strconv.AppendQuote(q[:0], plan))
-	return b.String()
+	var buf [192]byte
+	b := append(buf[:0], meter...)
+	b = append(b, ": usage in the period "...)
+	b = strconv.AppendInt(b, usage, 10)
+	b = append(b, " + "...)
+	b = strconv.AppendInt(b, units, 10)
+	b = append(b, " would pass the cap "...)
+	b = strconv.AppendInt(b, limit, 10)
+	b = append(b, " of plan "...)
+	return string(appendQuoted(b, plan))
+}
+
+// appendQuoted appends strconv.Quote(s) to b.
+func appendQuoted(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c > '~' || c == '"' || c == '\\' {
+			return strconv.AppendQuote(b, s)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
 }
