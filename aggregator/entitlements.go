@@ -1231,13 +1231,13 @@ func (pt *partition) pruneHorizon() int64 {
 func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
 	// The partition's charge, reused: an event's charge is committed or
-	// dropped before the next event is decided.
-	// Its decision's Draws are reused too (EvaluateInto).
+	// dropped before the next event is decided. Its decision is written
+	// whole by EvaluateInto, which reuses its Draws; the other fields are
+	// set here, field by field, the decision left alone.
 	ch := &pt.charge
-	draws := ch.d.Draws
-	*ch = charge{pt: pt, tx: tx, customer: e.CustomerID, ev: entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
-		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}}
-	ch.d.Draws = draws
+	ch.pt, ch.tx, ch.customer, ch.label = pt, tx, e.CustomerID, ""
+	ch.ev = entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}
 	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
