@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -78,5 +79,25 @@ func TestRejectedRecordAllocs(t *testing.T) {
 		pt.rej = schemas.Rejected{}
 	}); n > 1 {
 		t.Errorf("a rejected record: %v allocations, want 1", n)
+	}
+}
+
+// TestEntMetricsRunsInterleaved: rejections between accepted events of
+// one plan are counted in runs, not in the maps, until they are read
+// (fold), and then in full.
+func TestEntMetricsRunsInterleaved(t *testing.T) {
+	var m entMetrics
+	for i := range 100 {
+		m.add("accepted", "bench", 3)
+		if i%7 == 0 {
+			m.add(schemas.ReasonOverLimit, "bench", 0)
+		}
+	}
+	if len(m.decisions) != 0 || len(m.credits) != 0 {
+		t.Fatalf("decisions %v credits %v before fold, want none", m.decisions, m.credits)
+	}
+	m.fold()
+	if got, want := fmt.Sprint(m.decisions, m.credits), "map[[accepted bench]:100 [over_limit bench]:15] map[bench:300]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
 	}
 }
