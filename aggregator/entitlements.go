@@ -1445,7 +1445,9 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 			return fmt.Errorf("aggregator: partition %d: encode the balance of %s: %w", pt.p, c, err)
 		}
 		key := schemas.CustomerKey(c)
-		tx.Emit(&kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val})
+		rec := pt.newRecord()
+		*rec = kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val}
+		tx.Emit(rec)
 	}
 	e.bal.rev = rev
 	tx.Put(keyBalances, e.bal.encode())
