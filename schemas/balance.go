@@ -50,13 +50,10 @@ func balanceSizeHint(b *Balance) int {
 		varintLen(b.Revision) + varintLen(b.UpdatedAt) + varintLen(b.PeriodStart) + varintLen(b.PeriodEnd) +
 		1 + varintLen(b.OverdraftLimit) + varintLen(b.Overdrawn)
 	for i := range b.Meters {
-		m := &b.Meters[i]
-		n += varintLen(int64(len(m.Meter))) + len(m.Meter) + varintLen(m.Usage) + varintLen(m.Limit) + 1
+		n += meterBalanceSize(&b.Meters[i])
 	}
 	for i := range b.Grants {
-		g := &b.Grants[i]
-		n += varintLen(int64(len(g.ID))) + len(g.ID) + varintLen(int64(g.Priority)) + varintLen(g.EffectiveFrom) +
-			varintLen(g.ExpiresAt) + varintLen(g.Amount) + varintLen(g.Consumed) + varintLen(g.Remaining)
+		n += grantBalanceSize(&b.Grants[i])
 	}
 	return n + (len(b.Meters)/hambaBlockLength+len(b.Grants)/hambaBlockLength+2)*2*maxLongBytes
 }
@@ -66,62 +63,62 @@ func balanceSizeHint(b *Balance) int {
 func appendBalanceBody(dst []byte, b *Balance) []byte {
 	dst = appendString(dst, b.CustomerID)
 	dst = appendString(dst, b.Plan)
-	if b.Unmetered {
-		dst = append(dst, 1)
-	} else {
-		dst = append(dst, 0)
-	}
+	dst = appendBool(dst, b.Unmetered)
 	dst = binary.AppendVarint(dst, b.Revision)
 	dst = binary.AppendVarint(dst, b.UpdatedAt)
 	dst = binary.AppendVarint(dst, b.PeriodStart)
 	dst = binary.AppendVarint(dst, b.PeriodEnd)
-	// Arrays as hamba writes them: blocks of hambaBlockLength items, each
-	// headed by the negated count and the block's byte size, then 0.
-	for ms := b.Meters; len(ms) > 0; {
-		block := ms[:min(len(ms), hambaBlockLength)]
-		ms = ms[len(block):]
-		size := 0
-		for i := range block {
-			m := &block[i]
-			size += varintLen(int64(len(m.Meter))) + len(m.Meter) + varintLen(m.Usage) + varintLen(m.Limit) + 1
-		}
-		dst = binary.AppendVarint(dst, -int64(len(block)))
-		dst = binary.AppendVarint(dst, int64(size))
-		for i := range block {
-			m := &block[i]
-			o, _ := onLimitIndex(m.OnLimit)
-			dst = appendString(dst, m.Meter)
-			dst = binary.AppendVarint(dst, m.Usage)
-			dst = binary.AppendVarint(dst, m.Limit)
-			dst = binary.AppendVarint(dst, o)
-		}
-	}
-	dst = append(dst, 0)
-	for gs := b.Grants; len(gs) > 0; {
-		block := gs[:min(len(gs), hambaBlockLength)]
-		gs = gs[len(block):]
-		size := 0
-		for i := range block {
-			g := &block[i]
-			size += varintLen(int64(len(g.ID))) + len(g.ID) + varintLen(int64(g.Priority)) + varintLen(g.EffectiveFrom) +
-				varintLen(g.ExpiresAt) + varintLen(g.Amount) + varintLen(g.Consumed) + varintLen(g.Remaining)
-		}
-		dst = binary.AppendVarint(dst, -int64(len(block)))
-		dst = binary.AppendVarint(dst, int64(size))
-		for i := range block {
-			g := &block[i]
-			dst = appendString(dst, g.ID)
-			dst = binary.AppendVarint(dst, int64(g.Priority))
-			dst = binary.AppendVarint(dst, g.EffectiveFrom)
-			dst = binary.AppendVarint(dst, g.ExpiresAt)
-			dst = binary.AppendVarint(dst, g.Amount)
-			dst = binary.AppendVarint(dst, g.Consumed)
-			dst = binary.AppendVarint(dst, g.Remaining)
-		}
-	}
-	dst = append(dst, 0)
+	dst = appendBlocks(dst, b.Meters, meterBalanceSize, appendMeterBalance)
+	dst = appendBlocks(dst, b.Grants, grantBalanceSize, appendGrantBalance)
 	p, _ := overdraftIndex(b.OverdraftPolicy)
 	dst = binary.AppendVarint(dst, p)
 	dst = binary.AppendVarint(dst, b.OverdraftLimit)
 	return binary.AppendVarint(dst, b.Overdrawn)
+}
+
+func meterBalanceSize(m *MeterBalance) int {
+	return varintLen(int64(len(m.Meter))) + len(m.Meter) + varintLen(m.Usage) + varintLen(m.Limit) + 1
+}
+
+func appendMeterBalance(dst []byte, m *MeterBalance) []byte {
+	o, _ := onLimitIndex(m.OnLimit)
+	dst = appendString(dst, m.Meter)
+	dst = binary.AppendVarint(dst, m.Usage)
+	dst = binary.AppendVarint(dst, m.Limit)
+	return binary.AppendVarint(dst, o)
+}
+
+func grantBalanceSize(g *GrantBalance) int {
+	return varintLen(int64(len(g.ID))) + len(g.ID) + varintLen(int64(g.Priority)) + varintLen(g.EffectiveFrom) +
+		varintLen(g.ExpiresAt) + varintLen(g.Amount) + varintLen(g.Consumed) + varintLen(g.Remaining)
+}
+
+func appendGrantBalance(dst []byte, g *GrantBalance) []byte {
+	dst = appendString(dst, g.ID)
+	dst = binary.AppendVarint(dst, int64(g.Priority))
+	dst = binary.AppendVarint(dst, g.EffectiveFrom)
+	dst = binary.AppendVarint(dst, g.ExpiresAt)
+	dst = binary.AppendVarint(dst, g.Amount)
+	dst = binary.AppendVarint(dst, g.Consumed)
+	return binary.AppendVarint(dst, g.Remaining)
+}
+
+// appendBlocks appends an array as hamba writes it: blocks of
+// hambaBlockLength items, each headed by the negated count and the
+// block's byte size (the sum of size over its items), then a count of 0.
+func appendBlocks[T any](dst []byte, items []T, size func(*T) int, appendItem func([]byte, *T) []byte) []byte {
+	for len(items) > 0 {
+		block := items[:min(len(items), hambaBlockLength)]
+		items = items[len(block):]
+		n := 0
+		for i := range block {
+			n += size(&block[i])
+		}
+		dst = binary.AppendVarint(dst, -int64(len(block)))
+		dst = binary.AppendVarint(dst, int64(n))
+		for i := range block {
+			dst = appendItem(dst, &block[i])
+		}
+	}
+	return append(dst, 0)
 }
