@@ -327,11 +327,21 @@ type entMetrics struct {
 	decisions map[[2]string]float64 // outcome, plan
 	credits   map[string]float64    // plan
 	records   map[string]float64    // result of an entitlements record
-	// A run of decisions of one outcome and plan (the usual case), counted
-	// here and folded into decisions and credits when another comes or
-	// before they are read (fold): no map update per event.
-	run           [2]string
-	runN, runCost float64
+	// Runs of decisions of one outcome and plan, counted here and folded
+	// into decisions and credits when a run of another outcome and plan
+	// needs the slot or before they are read (fold): no map update per
+	// event, also when rejections come between accepted events.
+	runs [maxEntRuns]entRun
+}
+
+// maxEntRuns is how many runs entMetrics counts at once: enough for every
+// outcome of one plan.
+const maxEntRuns = 4
+
+// entRun is a run of decisions of one outcome and plan (n > 0: in use).
+type entRun struct {
+	outcome, plan string
+	n, cost       float64
 }
 
 // record counts a record of usage.entitlements by its result.
@@ -346,24 +356,38 @@ func (m *entMetrics) add(outcome, plan string, cost int64) {
 	if m.decisions == nil {
 		m.decisions, m.credits = map[[2]string]float64{}, map[string]float64{}
 	}
-	if m.runN == 0 || m.run[0] != outcome || m.run[1] != plan {
-		m.fold()
-		m.run = [2]string{outcome, plan}
+	free := -1
+	for i := range m.runs {
+		r := &m.runs[i]
+		switch {
+		case r.n > 0 && r.outcome == outcome && r.plan == plan:
+			r.n++
+			r.cost += float64(cost)
+			return
+		case r.n == 0 && free < 0:
+			free = i
+		}
 	}
-	m.runN++
-	m.runCost += float64(cost)
+	if free < 0 {
+		m.fold()
+		free = 0
+	}
+	m.runs[free] = entRun{outcome: outcome, plan: plan, n: 1, cost: float64(cost)}
 }
 
-// fold adds the run to decisions and credits.
+// fold adds the runs to decisions and credits.
 func (m *entMetrics) fold() {
-	if m.runN == 0 {
-		return
+	for i := range m.runs {
+		r := &m.runs[i]
+		if r.n == 0 {
+			continue
+		}
+		m.decisions[[2]string{r.outcome, r.plan}] += r.n
+		if r.cost > 0 {
+			m.credits[r.plan] += r.cost
+		}
+		*r = entRun{}
 	}
-	m.decisions[m.run] += m.runN
-	if m.runCost > 0 {
-		m.credits[m.run[1]] += m.runCost
-	}
-	m.runN, m.runCost = 0, 0
 }
 
 func (m *entMetrics) clear() { *m = entMetrics{} }
@@ -1241,13 +1265,13 @@ func (pt *partition) pruneHorizon() int64 {
 func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
 	// The partition's charge, reused: an event's charge is committed or
-	// dropped before the next event is decided.
-	// Its decision's Draws are reused too (EvaluateInto).
+	// dropped before the next event is decided. Its decision is written
+	// whole by EvaluateInto, which reuses its Draws; the other fields are
+	// set here, field by field, the decision left alone.
 	ch := &pt.charge
-	draws := ch.d.Draws
-	*ch = charge{pt: pt, tx: tx, customer: e.CustomerID, ev: entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
-		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}}
-	ch.d.Draws = draws
+	ch.pt, ch.tx, ch.customer, ch.label = pt, tx, e.CustomerID, ""
+	ch.ev = entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
+		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}
 	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
@@ -1455,7 +1479,9 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 			return fmt.Errorf("aggregator: partition %d: encode the balance of %s: %w", pt.p, c, err)
 		}
 		key := schemas.CustomerKey(c)
-		tx.Emit(&kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val})
+		rec := pt.newRecord()
+		*rec = kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val}
+		tx.Emit(rec)
 	}
 	e.bal.rev = rev
 	tx.Put(keyBalances, e.bal.encode())

@@ -75,7 +75,29 @@ var encode = schemas.Encode
 // encoded, which stops the stage rather than lose the record.
 func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) error {
 	pt.refused = true
-	rej := &schemas.Rejected{Reason: reason, Detail: detail, Stage: "aggregator"}
+	rec, err := pt.rejectedRecord(r, e, reason, detail)
+	if err != nil {
+		return err
+	}
+	tx.Emit(rec)
+	if reason != pt.rejReason || pt.rejCounter == nil {
+		pt.rejReason, pt.rejCounter = reason, pt.pr.m.rejected.WithLabelValues("aggregator", reason)
+	}
+	pt.rejCounter.Inc()
+	if ce := pt.pr.log.Check(zap.InfoLevel, "record rejected"); ce != nil {
+		ce.Write(zap.String("reason", reason), zap.String("detail", pt.rej.Detail), zap.ByteString("key", rec.Key))
+	}
+	pt.rej = schemas.Rejected{} // keeps no reference to r's bytes
+	return nil
+}
+
+// rejectedRecord is reject's record of usage.rejected. The Rejected it
+// encodes is pt.rej (reused; reject clears it), its digests in
+// pt.rejSums, and the record is taken from pt.recs: a rejection costs one
+// allocation of its own, its key and value.
+func (pt *partition) rejectedRecord(r *kgo.Record, e *schemas.DedupedEvent, reason, detail string) (*kgo.Record, error) {
+	rej := &pt.rej
+	*rej = schemas.Rejected{Reason: reason, Detail: detail, Stage: "aggregator"}
 	if r != nil {
 		rej.SourceTopic, rej.SourcePartition, rej.SourceOffset = r.Topic, r.Partition, r.Offset
 		rej.SourceTimestamp, rej.RawKey, rej.RawValue = r.Timestamp.UnixMilli(), r.Key, r.Value
@@ -93,7 +115,9 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	// Keyed by the event's identity (DESIGN §4), never by the record's
 	// key, which is the customer (DESIGN §12); null when the record is
 	// no event. The key and the value share one allocation.
-	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
+	// Raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10), the
+	// digests in scratch memory: they are copied into the encoding.
+	rej.BoundWith(&pt.rejSums)
 	var key, buf []byte
 	if e != nil {
 		id := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}
@@ -106,17 +130,29 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	}
 	v, err := schemas.EncodeRejected(buf, rej)
 	if err != nil {
-		return fmt.Errorf("aggregator: partition %d: encode rejected record (%s: %s): %w", pt.p, reason, rej.Detail, err)
+		return nil, fmt.Errorf("aggregator: partition %d: encode rejected record (%s: %s): %w", pt.p, reason, rej.Detail, err)
 	}
-	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.RejectedTopic(), Partition: part, Key: key, Value: v})
-	if reason != pt.rejReason || pt.rejCounter == nil {
-		pt.rejReason, pt.rejCounter = reason, pt.pr.m.rejected.WithLabelValues("aggregator", reason)
+	if pt.rejTopic == "" {
+		pt.rejTopic = pt.pr.cfg.Topics.RejectedTopic()
 	}
-	pt.rejCounter.Inc()
-	if ce := pt.pr.log.Check(zap.InfoLevel, "record rejected"); ce != nil {
-		ce.Write(zap.String("reason", reason), zap.String("detail", rej.Detail), zap.ByteString("key", key))
+	rec := pt.newRecord()
+	*rec = kgo.Record{Topic: pt.rejTopic, Partition: part, Key: key, Value: v}
+	return rec, nil
+}
+
+// recSlab is how many records newRecord allocates at once.
+const recSlab = 64
+
+// newRecord returns a zero record for tx.Emit, from a slab of records
+// allocated together: the producer holds each until it is acknowledged,
+// and a slab is never handed out twice, so a record is never reused.
+func (pt *partition) newRecord() *kgo.Record {
+	if len(pt.recs) == 0 {
+		pt.recs = make([]kgo.Record, recSlab)
 	}
-	return nil
+	rec := &pt.recs[0]
+	pt.recs = pt.recs[1:]
+	return rec
 }
 
 func msTime(ms int64) string { return time.UnixMilli(ms).UTC().Format(time.RFC3339Nano) }

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -110,6 +111,13 @@ type partition struct {
 	// metric's child of the last reason, kept.
 	rejReason  string
 	rejCounter prometheus.Counter
+	// rej is the Rejected record being encoded (rejectedRecord), reused;
+	// recs the rest of the slab of records newRecord hands out; rejTopic
+	// the full name of usage.rejected, made at the first rejection.
+	rej      schemas.Rejected
+	rejSums  [2 * sha256.Size]byte
+	recs     []kgo.Record
+	rejTopic string
 	// ent is the entitlements view (entitlements.go); nil when they are
 	// off.
 	ent *entPart

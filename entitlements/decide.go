@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -152,26 +151,28 @@ func Decide(in Input) Decision {
 	return d
 }
 
-// decideInto is Decide into *out, reusing its Draws' backing array.
-func decideInto(in Input, out *Decision) { *out = decideDraws(in, out.Draws[:0]) }
-
-// decideDraws is Decide, appending the draws to draws (empty).
-func decideDraws(in Input, draws []Draw) Decision {
+// decideInto is Decide into *d, reusing its Draws' backing array. It
+// writes *d in place: a Decision is too large to be returned and copied
+// for every event.
+func decideInto(in Input, d *Decision) {
+	draws := d.Draws[:0]
 	p := in.Plan
 	if p == nil {
 		p = noPlan
 	}
 	ev := in.Event
 	if ev.Quantity < 0 {
-		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: negative (%d)", ev.Quantity)}
+		*d = Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: negative (%d)", ev.Quantity)}
+		return
 	}
 	units := ev.Units()
 	if units > math.MaxInt64-in.Usage {
-		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the usage of %s in the period would pass 64 bits (%d + %d)", ev.Meter, in.Usage, units)}
+		*d = Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the usage of %s in the period would pass 64 bits (%d + %d)", ev.Meter, in.Usage, units)}
+		return
 	}
-	d := Decision{Units: units, Draws: draws}
+	*d = Decision{Units: units, Draws: draws}
 	if p.Unmetered {
-		return d
+		return
 	}
 	charged := Charged(ev.Aggregation)
 	if c, ok := p.Cap(ev.Meter); ok {
@@ -179,13 +180,14 @@ func decideDraws(in Input, draws []Draw) Decision {
 		case !charged:
 			d.Misconfigured = fmt.Sprintf("cap on %s ignored: a %s meter (caps apply to SUM and COUNT meters only)", ev.Meter, ev.Aggregation)
 		case PassesCap(in.Usage, units, c.Limit) && c.OnLimit == schemas.OnLimitReject:
-			return Decision{Outcome: OverLimit, Detail: overLimitDetail(ev.Meter, in.Usage, units, c.Limit, p.Name), Draws: draws}
+			*d = Decision{Outcome: OverLimit, Detail: overLimitDetail(ev.Meter, in.Usage, units, c.Limit, p.Name), Draws: draws}
+			return
 		case PassesCap(in.Usage, units, c.Limit):
 			d.OverCap = true
 		}
 	}
 	if !in.HasRate {
-		return d
+		return
 	}
 	if !charged {
 		if d.Misconfigured == "" {
@@ -193,12 +195,13 @@ func decideDraws(in Input, draws []Draw) Decision {
 		} else {
 			d.Misconfigured += "; rate ignored too"
 		}
-		return d
+		return
 	}
 	cost, ok := Cost(units, in.Rate)
 	if !ok {
-		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the cost of %d units of %s at %d/%d micro-credits would pass 64 bits",
+		*d = Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the cost of %d units of %s at %d/%d micro-credits would pass 64 bits",
 			units, ev.Meter, in.Rate.MicroCredits, in.Rate.PerUnits)}
+		return
 	}
 	d.Cost = cost
 	need := cost
@@ -223,40 +226,50 @@ func decideDraws(in Input, draws []Draw) Decision {
 		need -= take
 	}
 	if need == 0 {
-		return d
+		return
 	}
 	od := p.Overdraft
 	switch {
 	case od.Policy != schemas.OverdraftAllow:
-		return Decision{Outcome: NoCredit, Detail: fmt.Sprintf("%s: costs %d micro-credits, the grants of plan %q can pay %d, and overdraft is denied",
+		*d = Decision{Outcome: NoCredit, Detail: fmt.Sprintf("%s: costs %d micro-credits, the grants of plan %q can pay %d, and overdraft is denied",
 			ev.Meter, cost, p.Name, cost-need)}
+		return
 	case od.Limit > 0 && need > od.Limit-in.Overdrawn:
-		return Decision{Outcome: NoCredit, Detail: fmt.Sprintf("%s: costs %d micro-credits, the grants of plan %q can pay %d, and overdrawing %d more would pass the overdraft limit %d (overdrawn %d)",
+		*d = Decision{Outcome: NoCredit, Detail: fmt.Sprintf("%s: costs %d micro-credits, the grants of plan %q can pay %d, and overdrawing %d more would pass the overdraft limit %d (overdrawn %d)",
 			ev.Meter, cost, p.Name, cost-need, need, od.Limit, in.Overdrawn)}
+		return
 	case need > math.MaxInt64-in.Overdrawn:
-		return Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the overdraft in the period would pass 64 bits (%d + %d)", in.Overdrawn, need)}
+		*d = Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: the overdraft in the period would pass 64 bits (%d + %d)", in.Overdrawn, need)}
+		return
 	}
 	d.Overdraft = need
-	return d
 }
 
 // overLimitDetail is an OverLimit decision's Detail, as
 // fmt.Sprintf("%s: usage in the period %d + %d would pass the cap %d of
 // plan %q", …) makes it, in one allocation: about one event in twenty is
-// refused this way in a capped run.
+// refused this way in a capped run. It is built on the stack, and the
+// plan quoted by hand when quoting leaves it as it is (printable ASCII,
+// no quote or backslash).
 func overLimitDetail(meter string, usage, units, limit int64, plan string) string {
-	var b strings.Builder
-	var n [24]byte
-	b.Grow(len(meter) + len(plan) + 96)
-	b.WriteString(meter)
-	b.WriteString(": usage in the period ")
-	b.Write(strconv.AppendInt(n[:0], usage, 10))
-	b.WriteString(" + ")
-	b.Write(strconv.AppendInt(n[:0], units, 10))
-	b.WriteString(" would pass the cap ")
-	b.Write(strconv.AppendInt(n[:0], limit, 10))
-	b.WriteString(" of plan ")
-	var q [80]byte
-	b.Write(strconv.AppendQuote(q[:0], plan))
-	return b.String()
+	var buf [192]byte
+	b := append(buf[:0], meter...)
+	b = append(b, ": usage in the period "...)
+	b = strconv.AppendInt(b, usage, 10)
+	b = append(b, " + "...)
+	b = strconv.AppendInt(b, units, 10)
+	b = append(b, " would pass the cap "...)
+	b = strconv.AppendInt(b, limit, 10)
+	b = append(b, " of plan "...)
+	return string(appendQuoted(b, plan))
+}
+
+// appendQuoted appends strconv.Quote(s) to b.
+func appendQuoted(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c > '~' || c == '"' || c == '\\' {
+			return strconv.AppendQuote(b, s)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
 }

@@ -136,7 +136,7 @@ func TestChangedAccountAfterWrite(t *testing.T) {
 // TestOverLimitDetail: the Detail of an OverLimit decision is, byte for
 // byte, what fmt made of it before (usage.rejected records do not change).
 func TestOverLimitDetail(t *testing.T) {
-	for _, plan := range []string{"", "free", `quo"te`, "tab\tand\nnewline", "ünïcode ✓", "\x00\xff bad utf-8", string(make([]byte, 300))} {
+	for _, plan := range []string{"", "free", `quo"te`, "tab\tand\nnewline", "ünïcode ✓", "\x00\xff bad utf-8", `back\slash`, "del\x7f", "~ tilde", string(make([]byte, 300))} {
 		for _, n := range [][3]int64{{0, 1, 0}, {1900, 57, 1900}, {-1, -9223372036854775808, 9223372036854775807}} {
 			want := fmt.Sprintf("%s: usage in the period %d + %d would pass the cap %d of plan %q", "api_calls", n[0], n[1], n[2], plan)
 			if got := overLimitDetail("api_calls", n[0], n[1], n[2], plan); got != want {

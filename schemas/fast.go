@@ -357,11 +357,7 @@ func AppendDuplicate(dst []byte, d *Duplicate) []byte {
 	dst = appendString(dst, d.CustomerID)
 	dst = appendString(dst, d.Meter)
 	dst = appendString(dst, d.Source)
-	if d.Conflict {
-		dst = append(dst, 1)
-	} else {
-		dst = append(dst, 0)
-	}
+	dst = appendBool(dst, d.Conflict)
 	dst = binary.AppendVarint(dst, d.Quantity)
 	dst = binary.AppendVarint(dst, d.EventTime)
 	dst = binary.AppendVarint(dst, int64(d.OriginalPartition))
@@ -413,6 +409,14 @@ func UsageEventSizeMax(e *UsageEvent) int {
 	}
 	// Each block of hambaBlockLength items adds a count and a byte size.
 	return n + (len(e.Properties)/hambaBlockLength+1)*2*maxLongBytes
+}
+
+// appendBool appends an Avro boolean: one byte, 1 or 0.
+func appendBool(dst []byte, b bool) []byte {
+	if b {
+		return append(dst, 1)
+	}
+	return append(dst, 0)
 }
 
 // appendString appends an Avro string: its length as a long, then its bytes.

@@ -78,3 +78,25 @@ func BenchmarkEncodeRejected(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkEncodeBalance(b *testing.B) {
+	bal := &Balance{CustomerID: "cust-01234", Plan: "bench", Revision: 1234, UpdatedAt: 1_790_000_000_000,
+		PeriodStart: 1_788_000_000_000, PeriodEnd: 1_790_600_000_000,
+		Meters: []MeterBalance{{Meter: "api_calls", Usage: 1900, Limit: 1900, OnLimit: OnLimitReject},
+			{Meter: "tokens", Usage: 1500, Limit: 1900, OnLimit: OnLimitReject}},
+		Grants:          []GrantBalance{{ID: "bench", Amount: 1_000_000, Consumed: 4000, Remaining: 996_000}},
+		OverdraftPolicy: OverdraftDeny}
+	for _, c := range []struct {
+		name string
+		enc  func(Message) ([]byte, error)
+	}{{"fast", Encode}, {"hamba", hambaEncode}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.enc(bal); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

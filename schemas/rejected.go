@@ -34,12 +34,22 @@ const (
 // and RawValue holding the whole source bytes. It is idempotent: raw bytes
 // that already carry their digest are left alone. A prefix shares the
 // source's memory.
-func (r *Rejected) Bound() {
+func (r *Rejected) Bound() { r.BoundWith(nil) }
+
+// BoundWith is Bound with the digests it computes written into sums (the
+// key's first, then the value's), which they then share, instead of
+// memory of their own (nil: allocated): a caller that encodes r at once
+// (EncodeRejected) can keep sums in scratch memory, as long as it does
+// not change them while r is in use.
+func (r *Rejected) BoundWith(sums *[2 * sha256.Size]byte) {
+	if sums == nil && (r.RawKeySHA256 == nil && r.RawKey != nil || r.RawValueSHA256 == nil && r.RawValue != nil) {
+		sums = new([2 * sha256.Size]byte) // one allocation for both
+	}
 	if r.RawKeySHA256 == nil {
-		r.RawKey, r.RawKeyLength, r.RawKeySHA256 = boundRaw(r.RawKey)
+		r.RawKey, r.RawKeyLength, r.RawKeySHA256 = boundRaw(r.RawKey, sums, 0)
 	}
 	if r.RawValueSHA256 == nil {
-		r.RawValue, r.RawValueLength, r.RawValueSHA256 = boundRaw(r.RawValue)
+		r.RawValue, r.RawValueLength, r.RawValueSHA256 = boundRaw(r.RawValue, sums, 1)
 	}
 	r.Detail = truncateText(r.Detail, MaxRejectedDetailBytes)
 	for _, s := range []*string{&r.Reason, &r.Stage, &r.SourceTopic, &r.CustomerID, &r.Meter, &r.EventID} {
@@ -47,15 +57,19 @@ func (r *Rejected) Bound() {
 	}
 }
 
-func boundRaw(b []byte) (prefix []byte, n int64, sum []byte) {
+// boundRaw returns b's bounded prefix, its length and its digest, written
+// into the i-th digest of sums.
+func boundRaw(b []byte, sums *[2 * sha256.Size]byte, i int) (prefix []byte, n int64, sum []byte) {
 	if b == nil {
 		return nil, 0, nil
 	}
 	s := sha256.Sum256(b)
+	sum = sums[i*sha256.Size : (i+1)*sha256.Size : (i+1)*sha256.Size]
+	copy(sum, s[:])
 	if len(b) > MaxRejectedRawBytes {
-		return b[:MaxRejectedRawBytes:MaxRejectedRawBytes], int64(len(b)), s[:]
+		return b[:MaxRejectedRawBytes:MaxRejectedRawBytes], int64(len(b)), sum
 	}
-	return b, int64(len(b)), s[:]
+	return b, int64(len(b)), sum
 }
 
 // truncated ends a string Bound cut.

@@ -190,3 +190,30 @@ func TestEncodeRejectedMatchesHamba(t *testing.T) {
 		}
 	}
 }
+
+// TestRejectedBoundWith: BoundWith bounds as Bound does, with the digests
+// in the caller's memory, and allocates nothing; Bound allocates one
+// array for both digests.
+func TestRejectedBoundWith(t *testing.T) {
+	key, value := []byte("cust-01234"), bytes.Repeat([]byte("v"), MaxRejectedRawBytes+5)
+	mk := func() Rejected {
+		return Rejected{Reason: ReasonOverLimit, Stage: "aggregator", RawKey: key, RawValue: value}
+	}
+	want := mk()
+	want.Bound()
+	var sums [2 * sha256.Size]byte
+	got := mk()
+	got.BoundWith(&sums)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("BoundWith gave %+v, Bound %+v", got, want)
+	}
+	if !bytes.Equal(sums[:sha256.Size], sha256Of("cust-01234")) || &got.RawValueSHA256[0] != &sums[sha256.Size] {
+		t.Fatalf("the digests are not in sums")
+	}
+	if n := testing.AllocsPerRun(100, func() { r := mk(); r.BoundWith(&sums) }); n != 0 {
+		t.Errorf("BoundWith: %v allocations, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { r := mk(); r.Bound() }); n != 1 {
+		t.Errorf("Bound: %v allocations, want 1 (both digests in one array)", n)
+	}
+}

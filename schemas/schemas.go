@@ -300,6 +300,13 @@ func AppendEncode(dst []byte, m Message) ([]byte, error) {
 		}
 		return out, nil
 	}
+	if b, ok := m.(*Balance); ok && b != nil && balanceEncodable(b) {
+		// Hand-written, byte-identical to hamba (balance.go).
+		if dst == nil {
+			dst = make([]byte, 0, balanceSizeHint(b))
+		}
+		return appendBalanceBody(append(dst, r.headers[k][:]...), b), nil
+	}
 	body, err := r.api.Marshal(r.current[k], m)
 	if err != nil {
 		return dst, fmt.Errorf("schemas: encode %s: %w", k, err)
