@@ -221,9 +221,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		return http.StatusBadRequest
 	}
 	// The fast path of a valid batch of CloudEvents: its text is valid
-	// UTF-8 and it decodes in one pass. Anything else takes the slow path,
+	// UTF-8 (without surrogate escapes) and it decodes in one pass. Anything else takes the slow path,
 	// which checks each event on its own and names every bad one.
-	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) {
+	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) && (!hasEscape(body) || checkEscapes(body) == nil) {
 		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
 			// Every string of the request is a substring of its text.
 			as, ok := decodeBatch(req.bufs.attrs, b, string(b))
@@ -276,6 +276,10 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			continue
 		}
 		if req.kind == endpointOpenMeter {
+			if fe := checkEscapes(raw); fe != nil {
+				req.errs = append(req.errs, fe.at(i))
+				continue
+			}
 			ce, fe := parseCloudEvent(raw)
 			s.addCloudEvent(req, i, &ce, fe)
 			continue

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"fmt"
 	"unicode/utf8"
 
@@ -22,4 +23,55 @@ func checkText(raw []byte) *fieldError {
 		i += n
 	}
 	return nil
+}
+
+// checkEscapes refuses an event whose JSON text escapes half of a UTF-16
+// surrogate pair (\ud800 alone): encoding/json decodes each such escape
+// to U+FFFD, so that "acme-\ud800" and "acme-\udbff" would become one
+// customer, as invalid UTF-8 would (DESIGN §8). raw is valid UTF-8; a
+// backslash in valid JSON starts an escape inside a string, and invalid
+// JSON is left to the decoder.
+func checkEscapes(raw []byte) *fieldError {
+	for i := bytes.IndexByte(raw, '\\'); i >= 0 && i+1 < len(raw); {
+		n := 2 // \" \\ \n ...
+		if raw[i+1] == 'u' {
+			n = 6
+			if u, ok := hex4(raw[i+2:]); ok && u >= 0xD800 && u < 0xE000 {
+				lo, pair := hex4(raw[min(i+8, len(raw)):])
+				if u >= 0xDC00 || !pair || raw[i+6] != '\\' || raw[i+7] != 'u' || lo < 0xDC00 || lo >= 0xE000 {
+					return &fieldError{"event", schemas.ReasonInvalid, fmt.Sprintf("is not valid text (\\u%04x at offset %d is half of a UTF-16 surrogate pair)", u, i)}
+				}
+				n = 12 // a pair: one code point
+			}
+		}
+		j := bytes.IndexByte(raw[min(i+n, len(raw)):], '\\')
+		if j < 0 {
+			return nil
+		}
+		i += n + j
+	}
+	return nil
+}
+
+// hasEscape reports whether b may hold a surrogate escape (checkEscapes):
+// nearly every request has none, and is not walked.
+func hasEscape(b []byte) bool { return bytes.Contains(b, []byte(`\u`)) }
+
+// hex4 parses four hex digits.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var u rune
+	for _, c := range b[:4] {
+		switch {
+		case isDigit(c):
+			u = u<<4 | rune(c-'0')
+		case (c|0x20) >= 'a' && (c|0x20) <= 'f':
+			u = u<<4 | rune(c|0x20-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return u, true
 }
