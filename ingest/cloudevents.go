@@ -125,14 +125,18 @@ func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 // which the result may share; nil: one is made): the fast path of a valid
 // request. ok is false when any element does not decode into the
 // CloudEvent shape; the caller then checks each element on its own, to
-// name the bad ones. scanBatch reads the plain case; encoding/json the
-// rest.
-func decodeBatch(as []ceAttrs, body []byte, text string) ([]ceAttrs, bool) {
-	as, ok := scanBatch(as, text)
+// name the bad ones, or count them: ok is false, and nothing is decoded
+// beyond limit events, for a batch of more than limit events.
+// scanBatch reads the plain case; encoding/json the rest.
+func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, bool) {
+	as, ok := scanBatch(as, text, limit)
 	if ok {
 		return as, true
 	}
 	clear(as) // what the scan read holds no request's text from now on
+	if len(as) > limit || countEvents(body, false) > limit {
+		return as[:0], false // too many events: not decoded, the caller counts them
+	}
 	var js []ceJSON
 	if err := json.Unmarshal(body, &js); err != nil {
 		return as[:0], false

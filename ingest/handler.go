@@ -226,13 +226,10 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) && (!hasEscape(body) || checkEscapes(body) == nil) {
 		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
 			// Every string of the request is a substring of its text.
-			as, ok := decodeBatch(req.bufs.attrs, b, string(b))
+			as, ok := decodeBatch(req.bufs.attrs, b, string(b), s.cfg.MaxEvents)
 			req.attrs = as
 			if ok && len(as) > 0 {
 				req.inputs = len(as)
-				if req.inputs > s.cfg.MaxEvents {
-					return 0 // answered by the caller
-				}
 				s.grow(req)
 				for i := range as {
 					ce, fe := checkCloudEvent(&as[i])
@@ -241,6 +238,13 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 				return 0
 			}
 		}
+	}
+	// A request of more events than allowed is answered 413 before its
+	// events are split or decoded: a body of tiny elements ("[{},{},...]")
+	// would otherwise cost hundreds of bytes of memory for each byte read.
+	if n := countEvents(body, ndjson); n > s.cfg.MaxEvents && (ndjson || json.Valid(body)) {
+		req.inputs = n
+		return 0 // answered by the caller
 	}
 	var elems []json.RawMessage
 	if ndjson {
