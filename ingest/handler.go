@@ -211,6 +211,12 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	body, tooLarge, err := readBody(req.bufs.body, w, r, s.cfg.MaxBodyBytes)
 	req.body = body
 	req.read = time.Now()
+	// The write timeout counts from here, the end of the body, not from
+	// the request's headers: a body read slowly, within the read timeout,
+	// would otherwise leave no time to answer once its events are written.
+	if d := s.srv.WriteTimeout; d > 0 {
+		_ = http.NewResponseController(w).SetWriteDeadline(req.read.Add(d))
+	}
 	if tooLarge {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
 			fmt.Sprintf("the body is larger than %d bytes: split the batch", s.cfg.MaxBodyBytes), nil, 0)
@@ -556,6 +562,9 @@ func (w *statusWriter) WriteHeader(code int) {
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
