@@ -51,6 +51,8 @@ func TestBadInput(t *testing.T) {
 			`[` + strings.Replace(good, `"id":"g1"`, `"id":"g\ud83d\ude00"`, 1) + `,` + strings.Replace(good, `"id":"g1"`, `"id":"g\udfff"`, 1) + `,` +
 				strings.Replace(good, `"user":"u"`, `"user":"\\ud800\ud83d"`, 1) + `]`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"2 of 3 events are invalid; nothing was sent","errors":[{"index":1,"field":"event","code":"invalid","reason":"is not valid text (\\udfff at offset 28 is half of a UTF-16 surrogate pair)"},{"index":2,"field":"event","code":"invalid","reason":"is not valid text (\\ud83d at offset 153 is half of a UTF-16 surrogate pair)"}]}`},
+		{"control character in id", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + ce(`"id":"g\u0000"`) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"id","code":"invalid","reason":"holds the control character U+0000 at offset 1 (not allowed in identity fields and source)"}]}`},
 		{"body over the limit", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + strings.Repeat(good+",", 30) + good + `]`, 413,
 			`{"type":"urn:meterline:problem:too-large","title":"Body too large","status":413,"detail":"the body is larger than 4096 bytes: split the batch"}`},
 		{"too many events", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + strings.Repeat(good+",", 5) + good + `]`, 413,

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/meterline/meterline/schemas"
 )
 
 // CloudEvent is one event of OpenMeter's event API: a CloudEvents 1.0
@@ -178,6 +180,13 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		}
 	}
 	ev.ID, ev.Source, ev.Type, ev.Subject = a.attr[0], a.attr[1], a.attr[3], a.attr[4]
+	// The id becomes part of every record's identity, hashed
+	// (producer.EventID), where the record's own checks no longer see it:
+	// it follows the rule of identity fields here (DESIGN §8; CloudEvents
+	// strings hold no control characters either).
+	if fe := schemas.CheckText("id", ev.ID, true); fe != nil {
+		return CloudEvent{}, &fieldError{fe.Field, fe.Code, fe.Reason}
+	}
 	if v := a.attr[2]; v != "1.0" {
 		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", v)}
 	}
