@@ -115,3 +115,36 @@ func waitKeys(t *testing.T, srv *Server, n int) {
 	}
 	t.Fatalf("server never saw %d keys", n)
 }
+
+// An answer repeats at most a few dozen bytes of each value it quotes: a
+// request of long values (a type, a subject out of the key's scope, a
+// time) is answered with less than its own size, not several times it
+// (a quoted DEL takes five bytes in the answer).
+func TestLongValuesClipped(t *testing.T) {
+	e := newEnv(t, nil)
+	good := `{"specversion":"1.0","id":"g1","source":"s","type":"prompt","subject":"acme-1","data":{"tokens":{"input":3},"user":"u"}}`
+	long := strings.Repeat("\x7f", 900)
+	for _, c := range []struct {
+		old, new string
+		status   int
+		reason   string
+	}{
+		{`"prompt"`, `"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" feeds no meter`},
+		{`"acme-1"`, `"` + long + `"`, 403, `customer "` + strings.Repeat(`\x7f`, maxEcho) + `…" is not one of tenant acme's customers`},
+		{`"id":"g1"`, `"id":"g1","time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" is not RFC 3339`},
+	} {
+		evs := make([]string, DefaultMaxEvents)
+		for i := range evs {
+			evs[i] = strings.Replace(good, c.old, c.new, 1)
+		}
+		body := "[" + strings.Join(evs, ",") + "]"
+		status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, []byte(body))
+		if status != c.status || len(b) >= len(body) {
+			t.Errorf("%s: %d, an answer of %d bytes to a body of %d", c.old, status, len(b), len(body))
+			continue
+		}
+		if p := problem(t, b); len(p.Errors) != DefaultMaxEvents || !strings.HasPrefix(p.Errors[0].Reason, c.reason) {
+			t.Errorf("%s: %d errors, the first %q; want %d, starting %q", c.old, len(p.Errors), p.Errors[0].Reason, DefaultMaxEvents, c.reason)
+		}
+	}
+}

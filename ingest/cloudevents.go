@@ -188,17 +188,17 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{fe.Field, fe.Code, fe.Reason}
 	}
 	if v := a.attr[2]; v != "1.0" {
-		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", v)}
+		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
 	if a.has&hasTime != 0 {
 		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
 		if err != nil {
-			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", a.attr[5])}
+			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
 		ev.Time = t.UTC()
 	}
 	if a.has&hasDataContentType != 0 && a.attr[6] != "application/json" {
-		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", a.attr[6])}
+		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", clip(a.attr[6]))}
 	}
 	if len(a.dataBase64) > 0 && a.dataBase64 != "null" {
 		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; data must be a JSON object"}

@@ -193,7 +193,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		case "application/json":
 		default:
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", r.Header.Get("Content-Type")), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return http.StatusUnsupportedMediaType
 		}
 	default:
@@ -203,7 +203,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			ndjson = true
 		default:
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", r.Header.Get("Content-Type")), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return http.StatusUnsupportedMediaType
 		}
 	}
@@ -424,7 +424,7 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	}
 	if s.cfg.StrictMeters {
 		if _, ok := s.cfg.Meters.Lookup(e.Meter); !ok {
-			return e, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", e.Meter)}
+			return e, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", clip(e.Meter))}
 		}
 	}
 	return e, nil

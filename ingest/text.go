@@ -25,6 +25,25 @@ func checkText(raw []byte) *fieldError {
 	return nil
 }
 
+// maxEcho bounds the bytes of a value a producer sent that an error's
+// reason repeats (clip).
+const maxEcho = 64
+
+// clip is a value a producer sent, as an error's reason repeats it: at
+// most maxEcho bytes of it, cut at the start of a character, then "…".
+// Unclipped, a request of long values would be answered with several
+// times its own size (a quoted byte can take five in the answer).
+func clip(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	i := maxEcho
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
+}
+
 // checkEscapes refuses an event whose JSON text escapes half of a UTF-16
 // surrogate pair (\ud800 alone): encoding/json decodes each such escape
 // to U+FFFD, so that "acme-\ud800" and "acme-\udbff" would become one
