@@ -132,13 +132,22 @@ func TestLongValuesClipped(t *testing.T) {
 		{`"prompt"`, `"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" feeds no meter`},
 		{`"acme-1"`, `"` + long + `"`, 403, `customer "` + strings.Repeat(`\x7f`, maxEcho) + `…" is not one of tenant acme's customers`},
 		{`"id":"g1"`, `"id":"g1","time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" is not RFC 3339`},
+		// Meterline's format, whose errors come from producer.ParseJSON.
+		{`"event_time":"2026-11-29T12:00:00Z"`, `"event_time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, (maxReason-1)/4)},
 	} {
+		path, ct, sep, ev := "/api/v1/events", "application/cloudevents-batch+json", ",", good
+		if strings.HasPrefix(c.old, `"event_time"`) {
+			path, ct, sep, ev = "/v1/events", "application/x-ndjson", "\n", `{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}`
+		}
 		evs := make([]string, DefaultMaxEvents)
 		for i := range evs {
-			evs[i] = strings.Replace(good, c.old, c.new, 1)
+			evs[i] = strings.Replace(ev, c.old, c.new, 1)
 		}
-		body := "[" + strings.Join(evs, ",") + "]"
-		status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, []byte(body))
+		body := strings.Join(evs, sep)
+		if sep == "," {
+			body = "[" + body + "]"
+		}
+		status, _, b := e.post(path, ct, e.token, []byte(body))
 		if status != c.status || len(b) >= len(body) {
 			t.Errorf("%s: %d, an answer of %d bytes to a body of %d", c.old, status, len(b), len(body))
 			continue

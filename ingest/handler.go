@@ -418,9 +418,9 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	if err != nil {
 		var fe *producer.FieldError
 		if errors.As(err, &fe) {
-			return e, &fieldError{fe.Field, fe.Code, fe.Reason}
+			return e, &fieldError{fe.Field, fe.Code, clipTo(fe.Reason, maxReason)}
 		}
-		return e, &fieldError{"event", schemas.ReasonInvalid, err.Error()}
+		return e, &fieldError{"event", schemas.ReasonInvalid, clipTo(err.Error(), maxReason)}
 	}
 	if s.cfg.StrictMeters {
 		if _, ok := s.cfg.Meters.Lookup(e.Meter); !ok {

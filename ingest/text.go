@@ -33,11 +33,19 @@ const maxEcho = 64
 // most maxEcho bytes of it, cut at the start of a character, then "…".
 // Unclipped, a request of long values would be answered with several
 // times its own size (a quoted byte can take five in the answer).
-func clip(s string) string {
-	if len(s) <= maxEcho {
+func clip(s string) string { return clipTo(s, maxEcho) }
+
+// maxReason bounds the reasons of another package's errors, which may
+// quote a value whole (producer.ParseJSON's event_time).
+const maxReason = 256
+
+// clipTo is s cut to at most n bytes at the start of a character, then
+// "…".
+func clipTo(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	i := maxEcho
+	i := n
 	for i > 0 && !utf8.RuneStart(s[i]) {
 		i--
 	}
