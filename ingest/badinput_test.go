@@ -2,8 +2,10 @@ package ingest
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -155,5 +157,35 @@ func TestLongValuesClipped(t *testing.T) {
 		if p := problem(t, b); len(p.Errors) != DefaultMaxEvents || !strings.HasPrefix(p.Errors[0].Reason, c.reason) {
 			t.Errorf("%s: %d errors, the first %q; want %d, starting %q", c.old, len(p.Errors), p.Errors[0].Reason, DefaultMaxEvents, c.reason)
 		}
+	}
+}
+
+// A compressed body is answered 415 naming its Content-Encoding, not
+// read as JSON and answered "malformed"; nothing is sent.
+func TestCompressedBodyRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(apiCall("gz", "acme-1"))
+	_ = zw.Close()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(gz.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	req.Header.Set("Authorization", "Bearer "+e.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	want := `Content-Encoding "gzip" is not supported: send the body uncompressed`
+	if p := problem(t, b); resp.StatusCode != http.StatusUnsupportedMediaType || p.Detail != want {
+		t.Errorf("%d %s; want 415 %q", resp.StatusCode, b, want)
+	}
+	if recs := e.records(); len(recs) != 0 {
+		t.Errorf("%d records sent", len(recs))
 	}
 }

@@ -207,6 +207,13 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			return http.StatusUnsupportedMediaType
 		}
 	}
+	// A compressed body is refused as such (RFC 9110, 12.5.3), not read as
+	// JSON and answered "malformed".
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", clip(enc)), nil, 0)
+		return http.StatusUnsupportedMediaType
+	}
 	req.bufs = getBuffers()
 	body, tooLarge, err := readBody(req.bufs.body, w, r, s.cfg.MaxBodyBytes)
 	req.body = body
