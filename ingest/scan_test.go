@@ -142,3 +142,24 @@ func TestCEBit(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCheckEscapes: checkEscapes refuses a JSON string exactly when
+// encoding/json would decode one of its escapes to U+FFFD (half of a
+// surrogate pair), and never panics.
+func FuzzCheckEscapes(f *testing.F) {
+	for _, s := range []string{`a`, `\ud800`, `\ud83d\ude00`, `\udfff`, `\\ud800`, `\ud800\u0041`, `\ud800\udc0`, `x\ud83d`, `\u00e9\n`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		raw := []byte(`"` + s + `"`)
+		fe := checkEscapes(raw)
+		var v string
+		if !utf8.ValidString(s) || strings.ContainsRune(s, utf8.RuneError) || strings.Contains(strings.ToLower(s), `\ufffd`) ||
+			json.Unmarshal(raw, &v) != nil {
+			return // only the replacement characters of a surrogate escape are in question
+		}
+		if replaced := strings.ContainsRune(v, utf8.RuneError); replaced != (fe != nil) {
+			t.Fatalf("%s: decodes to %q, checkEscapes says %v", raw, v, fe)
+		}
+	})
+}
