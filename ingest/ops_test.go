@@ -165,16 +165,8 @@ func TestGracefulShutdown(t *testing.T) {
 	e := newEnv(t, nil)
 	// A request whose body arrives slowly is in flight when the shutdown
 	// starts.
-	conn, err := net.Dial("tcp", e.srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	body := apiCall("slow", "acme-1")
-	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e.token, len(body))
-	if _, err := conn.Write(body[:10]); err != nil {
-		t.Fatal(err)
-	}
+	conn := startSlowRequest(t, e.srv.Addr(), e.token, body)
 	time.Sleep(100 * time.Millisecond)
 	stopped := make(chan error, 1)
 	go func() { stopped <- e.stop() }()
@@ -310,16 +302,8 @@ func TestSlowBodyAnswered(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	waitReady(t, srv)
 
-	conn, err := net.Dial("tcp", srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	body := apiCall("slow-body", "acme-1")
-	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e.token, len(body))
-	if _, err := conn.Write(body[:10]); err != nil {
-		t.Fatal(err)
-	}
+	conn := startSlowRequest(t, srv.Addr(), e.token, body)
 	time.Sleep(time.Second) // longer than the write timeout, shorter than the read timeout
 	if _, err := conn.Write(body[10:]); err != nil {
 		t.Fatal(err)
@@ -329,4 +313,21 @@ func TestSlowBodyAnswered(t *testing.T) {
 	if err != nil || string(b) != "HTTP/1.1 202" {
 		t.Fatalf("a slow body was answered %q, %v; want 202", b, err)
 	}
+}
+
+// startSlowRequest sends a POST of body to /v1/events on addr with only
+// the body's first 10 bytes; the caller writes the rest on the connection
+// returned (closed when the test ends).
+func startSlowRequest(t *testing.T, addr, token string, body []byte) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", token, len(body))
+	if _, err := conn.Write(body[:10]); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

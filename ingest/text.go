@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/meterline/meterline/schemas"
@@ -84,21 +85,11 @@ func checkEscapes(raw []byte) *fieldError {
 // nearly every request has none, and is not walked.
 func hasEscape(b []byte) bool { return bytes.Contains(b, []byte(`\u`)) }
 
-// hex4 parses four hex digits.
+// hex4 parses the four hex digits of a \u escape.
 func hex4(b []byte) (rune, bool) {
 	if len(b) < 4 {
 		return 0, false
 	}
-	var u rune
-	for _, c := range b[:4] {
-		switch {
-		case isDigit(c):
-			u = u<<4 | rune(c-'0')
-		case (c|0x20) >= 'a' && (c|0x20) <= 'f':
-			u = u<<4 | rune(c|0x20-'a'+10)
-		default:
-			return 0, false
-		}
-	}
-	return u, true
+	u, err := strconv.ParseUint(string(b[:4]), 16, 16)
+	return rune(u), err == nil
 }
