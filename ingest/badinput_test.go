@@ -2,8 +2,10 @@ package ingest
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -45,6 +47,14 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"data.tokens.input","code":"invalid","reason":"must be a number or a numeric string (meter input_tokens)"}]}`},
 		{"invalid UTF-8", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + strings.Replace(good, `acme-1`, "acme-\xff", 1) + `]`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"event","code":"invalid","reason":"is not valid UTF-8 (byte 0xff at offset 76)"}]}`},
+		{"lone surrogate escape", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `acme-1`, `acme-\ud800`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"event","code":"invalid","reason":"is not valid text (\\ud800 at offset 76 is half of a UTF-16 surrogate pair)"}]}`},
+		{"lone surrogate escapes in a batch", "/api/v1/events", "application/cloudevents-batch+json", e.token,
+			`[` + strings.Replace(good, `"id":"g1"`, `"id":"g\ud83d\ude00"`, 1) + `,` + strings.Replace(good, `"id":"g1"`, `"id":"g\udfff"`, 1) + `,` +
+				strings.Replace(good, `"user":"u"`, `"user":"\\ud800\ud83d"`, 1) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"2 of 3 events are invalid; nothing was sent","errors":[{"index":1,"field":"event","code":"invalid","reason":"is not valid text (\\udfff at offset 28 is half of a UTF-16 surrogate pair)"},{"index":2,"field":"event","code":"invalid","reason":"is not valid text (\\ud83d at offset 153 is half of a UTF-16 surrogate pair)"}]}`},
+		{"control character in id", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + ce(`"id":"g\u0000"`) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"id","code":"invalid","reason":"holds the control character U+0000 at offset 1 (not allowed in identity fields and source)"}]}`},
 		{"body over the limit", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + strings.Repeat(good+",", 30) + good + `]`, 413,
 			`{"type":"urn:meterline:problem:too-large","title":"Body too large","status":413,"detail":"the body is larger than 4096 bytes: split the batch"}`},
 		{"too many events", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + strings.Repeat(good+",", 5) + good + `]`, 413,
@@ -106,4 +116,76 @@ func waitKeys(t *testing.T, srv *Server, n int) {
 		sleepMs(10)
 	}
 	t.Fatalf("server never saw %d keys", n)
+}
+
+// An answer repeats at most a few dozen bytes of each value it quotes: a
+// request of long values (a type, a subject out of the key's scope, a
+// time) is answered with less than its own size, not several times it
+// (a quoted DEL takes five bytes in the answer).
+func TestLongValuesClipped(t *testing.T) {
+	e := newEnv(t, nil)
+	good := `{"specversion":"1.0","id":"g1","source":"s","type":"prompt","subject":"acme-1","data":{"tokens":{"input":3},"user":"u"}}`
+	long := strings.Repeat("\x7f", 900)
+	for _, c := range []struct {
+		old, new string
+		status   int
+		reason   string
+	}{
+		{`"prompt"`, `"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" feeds no meter`},
+		{`"acme-1"`, `"` + long + `"`, 403, `customer "` + strings.Repeat(`\x7f`, maxEcho) + `…" is not one of tenant acme's customers`},
+		{`"id":"g1"`, `"id":"g1","time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" is not RFC 3339`},
+		// Meterline's format, whose errors come from producer.ParseJSON.
+		{`"event_time":"2026-11-29T12:00:00Z"`, `"event_time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, (maxReason-1)/4)},
+	} {
+		path, ct, sep, ev := "/api/v1/events", "application/cloudevents-batch+json", ",", good
+		if strings.HasPrefix(c.old, `"event_time"`) {
+			path, ct, sep, ev = "/v1/events", "application/x-ndjson", "\n", `{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}`
+		}
+		evs := make([]string, DefaultMaxEvents)
+		for i := range evs {
+			evs[i] = strings.Replace(ev, c.old, c.new, 1)
+		}
+		body := strings.Join(evs, sep)
+		if sep == "," {
+			body = "[" + body + "]"
+		}
+		status, _, b := e.post(path, ct, e.token, []byte(body))
+		if status != c.status || len(b) >= len(body) {
+			t.Errorf("%s: %d, an answer of %d bytes to a body of %d", c.old, status, len(b), len(body))
+			continue
+		}
+		if p := problem(t, b); len(p.Errors) != DefaultMaxEvents || !strings.HasPrefix(p.Errors[0].Reason, c.reason) {
+			t.Errorf("%s: %d errors, the first %q; want %d, starting %q", c.old, len(p.Errors), p.Errors[0].Reason, DefaultMaxEvents, c.reason)
+		}
+	}
+}
+
+// A compressed body is answered 415 naming its Content-Encoding, not
+// read as JSON and answered "malformed"; nothing is sent.
+func TestCompressedBodyRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(apiCall("gz", "acme-1"))
+	_ = zw.Close()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(gz.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", "gzip")
+	req.Header.Set("Authorization", "Bearer "+e.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	want := `Content-Encoding "gzip" is not supported: send the body uncompressed`
+	if p := problem(t, b); resp.StatusCode != http.StatusUnsupportedMediaType || p.Detail != want {
+		t.Errorf("%d %s; want 415 %q", resp.StatusCode, b, want)
+	}
+	if recs := e.records(); len(recs) != 0 {
+		t.Errorf("%d records sent", len(recs))
+	}
 }

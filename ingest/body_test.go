@@ -3,7 +3,11 @@ package ingest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -32,5 +36,42 @@ func TestReadAll(t *testing.T) {
 	boom := errors.New("boom")
 	if _, err := readAll(nil, io.MultiReader(strings.NewReader(body), iotest.ErrReader(boom)), int64(len(body))); !errors.Is(err, boom) {
 		t.Fatalf("err %v, want boom", err)
+	}
+}
+
+// TestTooManyTinyEvents: a body within the size limit but of more events
+// than a request may carry is answered 413 with their exact number,
+// without decoding them: a body of tiny elements would otherwise take
+// hundreds of bytes of memory for each byte read (a 1 MiB body of "{},"
+// took 250 MB), on every path.
+func TestTooManyTinyEvents(t *testing.T) {
+	e := newEnv(t, nil)
+	h := e.srv.Handler()
+	const n = 90_000
+	arr := func(elem string) string { return "[" + strings.Repeat(elem+",", n-1) + elem + "]" }
+	for _, c := range []struct{ path, ct, body string }{
+		{"/api/v1/events", "application/cloudevents-batch+json", arr("{}")},
+		{"/api/v1/events", "application/json", arr(" {} ")},
+		{"/api/v1/events", "application/json", arr("1")},
+		{"/api/v1/events", "application/json", arr(`{"ID":""}`)}, // not the scanner's plain case
+		{"/v1/events", "application/json", arr("{}")},
+		{"/v1/events", "application/x-ndjson", strings.Repeat("{}\n", n)},
+	} {
+		req := httptest.NewRequest(http.MethodPost, c.path, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", c.ct)
+		req.Header.Set("Authorization", "Bearer "+e.token)
+		w := httptest.NewRecorder()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		h.ServeHTTP(w, req)
+		runtime.ReadMemStats(&m1)
+		alloc := m1.TotalAlloc - m0.TotalAlloc
+		want := fmt.Sprintf("%d events in one request, more than %d: split the batch", n, DefaultMaxEvents)
+		if w.Code != http.StatusRequestEntityTooLarge || problem(t, w.Body.Bytes()).Detail != want {
+			t.Errorf("%s %s: %d %s; want 413 %q", c.path, c.ct, w.Code, w.Body, want)
+		}
+		if most := uint64(4*len(c.body)) + 4<<20; alloc > most {
+			t.Errorf("%s %s: a body of %d bytes took %d MB to refuse, more than %d MB", c.path, c.ct, len(c.body), alloc>>20, most>>20)
+		}
 	}
 }

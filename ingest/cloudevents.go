@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/meterline/meterline/schemas"
 )
 
 // CloudEvent is one event of OpenMeter's event API: a CloudEvents 1.0
@@ -125,14 +127,18 @@ func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 // which the result may share; nil: one is made): the fast path of a valid
 // request. ok is false when any element does not decode into the
 // CloudEvent shape; the caller then checks each element on its own, to
-// name the bad ones. scanBatch reads the plain case; encoding/json the
-// rest.
-func decodeBatch(as []ceAttrs, body []byte, text string) ([]ceAttrs, bool) {
-	as, ok := scanBatch(as, text)
+// name the bad ones, or count them: ok is false, and nothing is decoded
+// beyond limit events, for a batch of more than limit events.
+// scanBatch reads the plain case; encoding/json the rest.
+func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, bool) {
+	as, ok := scanBatch(as, text, limit)
 	if ok {
 		return as, true
 	}
 	clear(as) // what the scan read holds no request's text from now on
+	if len(as) > limit || countEvents(body, false) > limit {
+		return as[:0], false // too many events: not decoded, the caller counts them
+	}
 	var js []ceJSON
 	if err := json.Unmarshal(body, &js); err != nil {
 		return as[:0], false
@@ -174,18 +180,25 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		}
 	}
 	ev.ID, ev.Source, ev.Type, ev.Subject = a.attr[0], a.attr[1], a.attr[3], a.attr[4]
+	// The id becomes part of every record's identity, hashed
+	// (producer.EventID), where the record's own checks no longer see it:
+	// it follows the rule of identity fields here (DESIGN §8; CloudEvents
+	// strings hold no control characters either).
+	if fe := schemas.CheckText("id", ev.ID, true); fe != nil {
+		return CloudEvent{}, &fieldError{fe.Field, fe.Code, fe.Reason}
+	}
 	if v := a.attr[2]; v != "1.0" {
-		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", v)}
+		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
 	if a.has&hasTime != 0 {
 		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
 		if err != nil {
-			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", a.attr[5])}
+			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
 		ev.Time = t.UTC()
 	}
 	if a.has&hasDataContentType != 0 && a.attr[6] != "application/json" {
-		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", a.attr[6])}
+		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", clip(a.attr[6]))}
 	}
 	if len(a.dataBase64) > 0 && a.dataBase64 != "null" {
 		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; data must be a JSON object"}

@@ -152,7 +152,7 @@ type mapScratch struct {
 func (mp *mapper) events(req *request, i int, ce *CloudEvent, received time.Time) *fieldError {
 	meters := mp.byType[ce.Type]
 	if len(meters) == 0 {
-		return &fieldError{"type", CodeUnknownEventType, fmt.Sprintf("%q feeds no meter (the meters file declares no event_type %q)", ce.Type, ce.Type)}
+		return &fieldError{"type", CodeUnknownEventType, fmt.Sprintf("%q feeds no meter (the meters file declares no event_type %q)", clip(ce.Type), clip(ce.Type))}
 	}
 	sc := &req.scratch
 	sc.data.reset(ce.Data)
@@ -337,13 +337,9 @@ func quantity(v jvalue, scale int, raw, meter string) (int64, *fieldError) {
 	if v.kind != jNumber && v.kind != jString {
 		return bad("must be a number or a numeric string (meter %s)", meter)
 	}
-	s := v.s
-	q, why := decimalQuantity(s, scale)
+	q, why := decimalQuantity(v.s, scale)
 	if why != "" {
-		if len(s) > 64 {
-			s = s[:64] + "…"
-		}
-		return bad("%q %s (meter %s)", s, why, meter)
+		return bad("%q %s (meter %s)", clip(v.s), why, meter)
 	}
 	return q, nil
 }

@@ -193,7 +193,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		case "application/json":
 		default:
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", r.Header.Get("Content-Type")), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return http.StatusUnsupportedMediaType
 		}
 	default:
@@ -203,14 +203,27 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			ndjson = true
 		default:
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", r.Header.Get("Content-Type")), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return http.StatusUnsupportedMediaType
 		}
+	}
+	// A compressed body is refused as such (RFC 9110, 12.5.3), not read as
+	// JSON and answered "malformed".
+	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", clip(enc)), nil, 0)
+		return http.StatusUnsupportedMediaType
 	}
 	req.bufs = getBuffers()
 	body, tooLarge, err := readBody(req.bufs.body, w, r, s.cfg.MaxBodyBytes)
 	req.body = body
 	req.read = time.Now()
+	// The write timeout counts from here, the end of the body, not from
+	// the request's headers: a body read slowly, within the read timeout,
+	// would otherwise leave no time to answer once its events are written.
+	if d := s.srv.WriteTimeout; d > 0 {
+		_ = http.NewResponseController(w).SetWriteDeadline(req.read.Add(d))
+	}
 	if tooLarge {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
 			fmt.Sprintf("the body is larger than %d bytes: split the batch", s.cfg.MaxBodyBytes), nil, 0)
@@ -221,18 +234,15 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		return http.StatusBadRequest
 	}
 	// The fast path of a valid batch of CloudEvents: its text is valid
-	// UTF-8 and it decodes in one pass. Anything else takes the slow path,
+	// UTF-8 (without surrogate escapes) and it decodes in one pass. Anything else takes the slow path,
 	// which checks each event on its own and names every bad one.
-	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) {
+	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) && (!hasEscape(body) || checkEscapes(body) == nil) {
 		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
 			// Every string of the request is a substring of its text.
-			as, ok := decodeBatch(req.bufs.attrs, b, string(b))
+			as, ok := decodeBatch(req.bufs.attrs, b, string(b), s.cfg.MaxEvents)
 			req.attrs = as
 			if ok && len(as) > 0 {
 				req.inputs = len(as)
-				if req.inputs > s.cfg.MaxEvents {
-					return 0 // answered by the caller
-				}
 				s.grow(req)
 				for i := range as {
 					ce, fe := checkCloudEvent(&as[i])
@@ -241,6 +251,13 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 				return 0
 			}
 		}
+	}
+	// A request of more events than allowed is answered 413 before its
+	// events are split or decoded: a body of tiny elements ("[{},{},...]")
+	// would otherwise cost hundreds of bytes of memory for each byte read.
+	if n := countEvents(body, ndjson); n > s.cfg.MaxEvents && (ndjson || json.Valid(body)) {
+		req.inputs = n
+		return 0 // answered by the caller
 	}
 	var elems []json.RawMessage
 	if ndjson {
@@ -276,6 +293,10 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			continue
 		}
 		if req.kind == endpointOpenMeter {
+			if fe := checkEscapes(raw); fe != nil {
+				req.errs = append(req.errs, fe.at(i))
+				continue
+			}
 			ce, fe := parseCloudEvent(raw)
 			s.addCloudEvent(req, i, &ce, fe)
 			continue
@@ -404,13 +425,13 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	if err != nil {
 		var fe *producer.FieldError
 		if errors.As(err, &fe) {
-			return e, &fieldError{fe.Field, fe.Code, fe.Reason}
+			return e, &fieldError{fe.Field, fe.Code, clipTo(fe.Reason, maxReason)}
 		}
-		return e, &fieldError{"event", schemas.ReasonInvalid, err.Error()}
+		return e, &fieldError{"event", schemas.ReasonInvalid, clipTo(err.Error(), maxReason)}
 	}
 	if s.cfg.StrictMeters {
 		if _, ok := s.cfg.Meters.Lookup(e.Meter); !ok {
-			return e, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", e.Meter)}
+			return e, &fieldError{"meter", schemas.ReasonUnknownMeter, fmt.Sprintf("%q is not declared in the meters file (strict meters)", clip(e.Meter))}
 		}
 	}
 	return e, nil
@@ -548,6 +569,9 @@ func (w *statusWriter) WriteHeader(code int) {
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {

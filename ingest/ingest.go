@@ -114,7 +114,8 @@ type Config struct {
 	// the answer is 503. Default: 10s.
 	ProduceTimeout time.Duration
 	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound slow clients.
-	// Defaults: 5s, 30s, 120s. The write timeout is ProduceTimeout + 10s.
+	// Defaults: 5s, 30s, 120s. The write timeout is ProduceTimeout + 10s,
+	// counted from the end of the request's body.
 	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
 	// ShutdownTimeout bounds the graceful shutdown: in-flight requests are
 	// answered (success or 503) before it ends. Default: ProduceTimeout +

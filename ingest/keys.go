@@ -171,11 +171,11 @@ func (k *Key) allows(t *Tenant, c, m string) string {
 	case t == nil:
 		return fmt.Sprintf("the key's tenant %q does not exist", k.Tenant)
 	case !matchCustomer(t.Customers, c):
-		return fmt.Sprintf("customer %q is not one of tenant %s's customers", c, t.Name)
+		return fmt.Sprintf("customer %q is not one of tenant %s's customers", clip(c), t.Name)
 	case !matchCustomer(k.Customers, c):
-		return fmt.Sprintf("customer %q is outside the key's customers", c)
+		return fmt.Sprintf("customer %q is outside the key's customers", clip(c))
 	case len(k.Meters) > 0 && !slices.Contains(k.Meters, m):
-		return fmt.Sprintf("meter %q is outside the key's meters", m)
+		return fmt.Sprintf("meter %q is outside the key's meters", clip(m))
 	}
 	return ""
 }

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"math"
 	"sync"
 	"time"
@@ -44,4 +45,44 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 		return d
 	}
 	return 0
+}
+
+// countEvents counts the events of a body without decoding it or
+// allocating: its non-blank lines (NDJSON), or the elements of a JSON
+// array (at least 1). The count is exact for a valid body of at least one
+// event.
+func countEvents(body []byte, ndjson bool) int {
+	if ndjson {
+		n := 0
+		for l := range bytes.SplitSeq(body, []byte("\n")) {
+			if len(bytes.TrimSpace(l)) > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	b := bytes.TrimSpace(body)
+	if len(b) == 0 || b[0] != '[' {
+		return 1
+	}
+	n, depth := 1, 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			depth++
+		case ']', '}':
+			depth--
+		case ',':
+			if depth == 1 {
+				n++
+			}
+		}
+	}
+	return n
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -164,16 +165,8 @@ func TestGracefulShutdown(t *testing.T) {
 	e := newEnv(t, nil)
 	// A request whose body arrives slowly is in flight when the shutdown
 	// starts.
-	conn, err := net.Dial("tcp", e.srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	body := apiCall("slow", "acme-1")
-	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e.token, len(body))
-	if _, err := conn.Write(body[:10]); err != nil {
-		t.Fatal(err)
-	}
+	conn := startSlowRequest(t, e.srv.Addr(), e.token, body)
 	time.Sleep(100 * time.Millisecond)
 	stopped := make(chan error, 1)
 	go func() { stopped <- e.stop() }()
@@ -288,4 +281,53 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
+}
+
+// A body that arrives slowly, within the read timeout, is still answered:
+// the write timeout counts from the end of the body, not from the
+// request's headers. (Counted from the headers, a body that took longer
+// than the write timeout was read and its events written to Kafka, but
+// the answer was cut off: the client saw the connection close.)
+func TestSlowBodyAnswered(t *testing.T) {
+	var cfg Config
+	e := newEnv(t, func(c *Config) { cfg = *c })
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.srv.WriteTimeout = 500 * time.Millisecond // before Run: no race
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitReady(t, srv)
+
+	body := apiCall("slow-body", "acme-1")
+	conn := startSlowRequest(t, srv.Addr(), e.token, body)
+	time.Sleep(time.Second) // longer than the write timeout, shorter than the read timeout
+	if _, err := conn.Write(body[10:]); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(io.LimitReader(conn, 12))
+	if err != nil || string(b) != "HTTP/1.1 202" {
+		t.Fatalf("a slow body was answered %q, %v; want 202", b, err)
+	}
+}
+
+// startSlowRequest sends a POST of body to /v1/events on addr with only
+// the body's first 10 bytes; the caller writes the rest on the connection
+// returned (closed when the test ends).
+func startSlowRequest(t *testing.T, addr, token string, body []byte) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", token, len(body))
+	if _, err := conn.Write(body[:10]); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

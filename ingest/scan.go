@@ -239,10 +239,10 @@ func ceBit(name string) int {
 // objects; s is valid UTF-8) into the attributes of its events, as
 // decodeBatch would, appended to evs[:0] (a buffer for reuse; nil: one is
 // made). ok is false for anything but the plain case (see the file
-// comment): the caller then decodes with encoding/json, which gives the
-// same events or the same error; the slice returned then holds what was
-// read, for reuse only.
-func scanBatch(evs []ceAttrs, s string) (_ []ceAttrs, ok bool) {
+// comment), and for a batch of more than limit events: the caller then
+// decodes with encoding/json, which gives the same events or the same
+// error; the slice returned then holds what was read, for reuse only.
+func scanBatch(evs []ceAttrs, s string, limit int) (_ []ceAttrs, ok bool) {
 	evs = evs[:0]
 	i := skipSpace(s, 0)
 	if i >= len(s) || s[i] != '[' {
@@ -256,6 +256,9 @@ func scanBatch(evs []ceAttrs, s string) (_ []ceAttrs, ok bool) {
 		evs = make([]ceAttrs, 0, min(len(s)/128+1, DefaultMaxEvents))
 	}
 	for {
+		if len(evs) == limit {
+			return evs, false // more events than a request may carry
+		}
 		evs = append(evs, ceAttrs{})
 		if i = scanCloudEvent(s, i, &evs[len(evs)-1]); i < 0 {
 			return evs, false

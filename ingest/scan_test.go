@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func TestScanBatchTakesPlainBatches(t *testing.T) {
 		"[\n {\"specversion\": \"1.0\", \"id\": \"a\", \"source\": \"s\", \"type\": \"prompt\", \"subject\": \"c\", \"x-ext\": {\"k\": [1, 2.5e3, true, null]}, \"data\": null, \"data_base64\": null, \"time\": null}\n]\n",
 		`[{"id":"é✓","source":"s","specversion":"1.0","type":"t","subject":"c","data":{"a\"b":"\u00e9"}}]`,
 	} {
-		as, ok := scanBatch(nil, body)
+		as, ok := scanBatch(nil, body, math.MaxInt)
 		if !ok {
 			t.Fatalf("scanBatch refused a plain batch: %.200s", body)
 		}
@@ -32,7 +33,7 @@ func TestScanBatchTakesPlainBatches(t *testing.T) {
 		`[{"ID":"a"}]`, `[{"id":"a","id":"b"}]`, `[{"id":"a\u0041"}]`, `[{"id":1}]`, `[{"kſnd":1}]`,
 		`[{"id":"a"}] x`, `[{"id":"a"},]`, `[]`, `[null]`, `[{"x":` + strings.Repeat("[", maxScanDepth) + strings.Repeat("]", maxScanDepth) + `}]`,
 	} {
-		if _, ok := scanBatch(nil, body); ok {
+		if _, ok := scanBatch(nil, body, math.MaxInt); ok {
 			t.Errorf("scanBatch took %.80s; it is for encoding/json", body)
 		}
 	}
@@ -67,7 +68,7 @@ func FuzzScanBatch(f *testing.F) {
 		if !utf8.ValidString(s) {
 			return // the handler only scans valid UTF-8
 		}
-		as, ok := scanBatch(nil, s)
+		as, ok := scanBatch(nil, s, math.MaxInt)
 		if !ok {
 			return
 		}
@@ -140,4 +141,25 @@ func TestCEBit(t *testing.T) {
 			t.Errorf("ceBit(%q) = %d, want -1", n, got)
 		}
 	}
+}
+
+// FuzzCheckEscapes: checkEscapes refuses a JSON string exactly when
+// encoding/json would decode one of its escapes to U+FFFD (half of a
+// surrogate pair), and never panics.
+func FuzzCheckEscapes(f *testing.F) {
+	for _, s := range []string{`a`, `\ud800`, `\ud83d\ude00`, `\udfff`, `\\ud800`, `\ud800\u0041`, `\ud800\udc0`, `x\ud83d`, `\u00e9\n`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		raw := []byte(`"` + s + `"`)
+		fe := checkEscapes(raw)
+		var v string
+		if !utf8.ValidString(s) || strings.ContainsRune(s, utf8.RuneError) || strings.Contains(strings.ToLower(s), `\ufffd`) ||
+			json.Unmarshal(raw, &v) != nil {
+			return // only the replacement characters of a surrogate escape are in question
+		}
+		if replaced := strings.ContainsRune(v, utf8.RuneError); replaced != (fe != nil) {
+			t.Fatalf("%s: decodes to %q, checkEscapes says %v", raw, v, fe)
+		}
+	})
 }

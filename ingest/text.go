@@ -1,7 +1,9 @@
 package ingest
 
 import (
+	"bytes"
 	"fmt"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/meterline/meterline/schemas"
@@ -22,4 +24,72 @@ func checkText(raw []byte) *fieldError {
 		i += n
 	}
 	return nil
+}
+
+// maxEcho bounds the bytes of a value a producer sent that an error's
+// reason repeats (clip).
+const maxEcho = 64
+
+// clip is a value a producer sent, as an error's reason repeats it: at
+// most maxEcho bytes of it, cut at the start of a character, then "…".
+// Unclipped, a request of long values would be answered with several
+// times its own size (a quoted byte can take five in the answer).
+func clip(s string) string { return clipTo(s, maxEcho) }
+
+// maxReason bounds the reasons of another package's errors, which may
+// quote a value whole (producer.ParseJSON's event_time).
+const maxReason = 256
+
+// clipTo is s cut to at most n bytes at the start of a character, then
+// "…".
+func clipTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "…"
+}
+
+// checkEscapes refuses an event whose JSON text escapes half of a UTF-16
+// surrogate pair (\ud800 alone): encoding/json decodes each such escape
+// to U+FFFD, so that "acme-\ud800" and "acme-\udbff" would become one
+// customer, as invalid UTF-8 would (DESIGN §8). raw is valid UTF-8; a
+// backslash in valid JSON starts an escape inside a string, and invalid
+// JSON is left to the decoder.
+func checkEscapes(raw []byte) *fieldError {
+	for i := bytes.IndexByte(raw, '\\'); i >= 0 && i+1 < len(raw); {
+		n := 2 // \" \\ \n ...
+		if raw[i+1] == 'u' {
+			n = 6
+			if u, ok := hex4(raw[i+2:]); ok && u >= 0xD800 && u < 0xE000 {
+				lo, pair := hex4(raw[min(i+8, len(raw)):])
+				if u >= 0xDC00 || !pair || raw[i+6] != '\\' || raw[i+7] != 'u' || lo < 0xDC00 || lo >= 0xE000 {
+					return &fieldError{"event", schemas.ReasonInvalid, fmt.Sprintf("is not valid text (\\u%04x at offset %d is half of a UTF-16 surrogate pair)", u, i)}
+				}
+				n = 12 // a pair: one code point
+			}
+		}
+		j := bytes.IndexByte(raw[min(i+n, len(raw)):], '\\')
+		if j < 0 {
+			return nil
+		}
+		i += n + j
+	}
+	return nil
+}
+
+// hasEscape reports whether b may hold a surrogate escape (checkEscapes):
+// nearly every request has none, and is not walked.
+func hasEscape(b []byte) bool { return bytes.Contains(b, []byte(`\u`)) }
+
+// hex4 parses the four hex digits of a \u escape.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	u, err := strconv.ParseUint(string(b[:4]), 16, 16)
+	return rune(u), err == nil
 }
