@@ -135,10 +135,9 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		s.rateLimited(w, req, wait)
 		return tenant
 	}
-	// A refused request costs the key's bucket as many tokens as the
-	// events it held (at least 1; a body too large, a full request).
+	// A refused request costs the key's bucket (refusalCost).
 	if status := s.readRequest(w, r, req); status != 0 {
-		cost := req.inputs
+		cost := s.refusalCost(req)
 		if status == http.StatusRequestEntityTooLarge {
 			cost = s.cfg.MaxEvents
 		}
@@ -149,7 +148,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Too many events",
 			fmt.Sprintf("%d events in one request, more than %d: split the batch", req.inputs, s.cfg.MaxEvents), nil, 0)
 		s.metrics.refused(tenant, req.inputs)
-		s.limits.charge(req.key, req.inputs, req.received)
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
 	// Every event is validated and encoded (producer.Record: the checks
@@ -161,14 +160,14 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
 			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
 		s.metrics.refused(tenant, req.inputs)
-		s.limits.charge(req.key, req.inputs, req.received)
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
 	if len(req.errs) > 0 {
 		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
 			fmt.Sprintf("%d of %d events are invalid; nothing was sent", countIndexes(req.errs), req.inputs), req.errs, 0)
 		s.metrics.refused(tenant, req.inputs)
-		s.limits.charge(req.key, req.inputs, req.received)
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
 	if wait := s.limits.take(req.key, req.inputs, req.received); wait > 0 {
@@ -208,6 +207,14 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
 	return tenant
+}
+
+// refusalCost is the tokens a refused request takes from its key's
+// bucket: as many as its events, or as its body's share of a full request
+// (MaxBodyBytes for MaxEvents) when that is more, as for a body that is
+// not JSON, whose events are not known; at least 1 (limiters.charge).
+func (s *Server) refusalCost(req *request) int {
+	return max(req.inputs, int(int64(len(req.body))*int64(s.cfg.MaxEvents)/s.cfg.MaxBodyBytes))
 }
 
 // unread closes the connection after an answer given before the body was

@@ -83,6 +83,27 @@ func TestRefusedRequestsCost(t *testing.T) {
 	}
 }
 
+// A body that is not JSON costs its share of a full request: here 5,000
+// of 10,000 bytes, 5 of 10 events.
+func TestMalformedBodyCostsItsSize(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	e := newEnv(t, func(c *Config) { c.MaxEvents = 10; c.MaxBodyBytes = 10_000; c.Clock = func() time.Time { return now } })
+	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 2)
+	garbage := []byte(strings.Repeat("x", 5000))
+	for i := range 2 {
+		if status, _, b := e.post("/v1/events", "application/json", token, garbage); status != http.StatusBadRequest {
+			t.Fatalf("malformed request %d: %d %s, want 400", i, status, b)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", token, apiCall("m", "acme-1")); status != http.StatusTooManyRequests {
+		t.Fatalf("a valid request after two malformed bodies of half the limit: %d %s, want 429", status, b)
+	}
+}
+
 // A request refused 429 for the rate once its events are parsed costs a
 // token: a key keeping its bucket just short of its batches cannot have
 // them parsed without end.
