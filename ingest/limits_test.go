@@ -22,18 +22,32 @@ func answerOf(t *testing.T, r io.Reader) string {
 	return string(b)
 }
 
+// rateEnv is newEnv on a fixed clock (the buckets do not refill), with
+// MaxEvents 10 and a second key of tenant acme with rate, whose token it
+// returns.
+func rateEnv(t *testing.T, rate float64, mod func(*Config)) (*env, string) {
+	t.Helper()
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	e := newEnv(t, func(c *Config) {
+		c.MaxEvents, c.Clock = 10, func() time.Time { return now }
+		if mod != nil {
+			mod(c)
+		}
+	})
+	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 2)
+	return e, token
+}
+
 // A refused request costs its key's bucket as many tokens as the events
 // it held (at least 1): a key that spent its bucket on refused requests
 // is answered 429 before its next body is read, as one that spent it on
 // accepted events. The clock is fixed: the bucket does not refill.
 func TestRefusedRequestsCost(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	e := newEnv(t, func(c *Config) { c.MaxEvents = 10; c.Clock = func() time.Time { return now } })
-	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitKeys(t, e.srv, 2)
+	e, token := rateEnv(t, 10, nil)
 	bad := `{"event_id":"x","customer_id":"acme-1","meter":"api_calls","quantity":"no","event_time":"2026-11-29T12:00:00Z"}`
 	batch := "[" + strings.TrimSuffix(strings.Repeat(bad+",", 5), ",") + "]"
 	// The bucket holds 10 tokens: two requests of 5 invalid events spend it.
@@ -86,13 +100,7 @@ func TestRefusedRequestsCost(t *testing.T) {
 // A body that is not JSON costs its share of a full request: here 5,000
 // of 10,000 bytes, 5 of 10 events.
 func TestMalformedBodyCostsItsSize(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	e := newEnv(t, func(c *Config) { c.MaxEvents = 10; c.MaxBodyBytes = 10_000; c.Clock = func() time.Time { return now } })
-	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitKeys(t, e.srv, 2)
+	e, token := rateEnv(t, 1, func(c *Config) { c.MaxBodyBytes = 10_000 })
 	garbage := []byte(strings.Repeat("x", 5000))
 	for i := range 2 {
 		if status, _, b := e.post("/v1/events", "application/json", token, garbage); status != http.StatusBadRequest {
@@ -108,13 +116,7 @@ func TestMalformedBodyCostsItsSize(t *testing.T) {
 // token: a key keeping its bucket just short of its batches cannot have
 // them parsed without end.
 func TestRateLimitedRequestCosts(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	e := newEnv(t, func(c *Config) { c.MaxEvents = 10; c.Clock = func() time.Time { return now } })
-	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitKeys(t, e.srv, 2)
+	e, token := rateEnv(t, 10, nil)
 	// 9 of the 10 tokens: 1 left.
 	nine := "[" + strings.TrimSuffix(strings.Repeat(string(apiCall("n", "acme-1"))+",", 9), ",") + "]"
 	if status, _, b := e.post("/v1/events", "application/json", token, []byte(nine)); status != http.StatusAccepted {
