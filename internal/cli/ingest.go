@@ -24,7 +24,7 @@ type IngestFlags struct {
 	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
 	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
 	MaxInFlight       int           `help:"Most requests with a valid key served at once, each holding up to --max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
-	MaxInFlightPerKey int           `help:"Most requests of one key served at once (429 too-many-in-flight beyond); -1: no bound." default:"${ingest_max_in_flight_per_key}"`
+	MaxInFlightPerKey int           `name:"max-in-flight-per-client" help:"Most requests of one API key served at once (429 too-many-in-flight beyond); -1: no bound." default:"${ingest_max_in_flight_per_client}"`
 	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
 	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
 	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`

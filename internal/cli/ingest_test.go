@@ -216,7 +216,7 @@ func shellWords(s string) ([]string, error) {
 // negative: 0 would take the default).
 func TestIngestInFlightFlags(t *testing.T) {
 	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
-	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-key=-1").Ingest
+	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-client=-1").Ingest
 	cfg := c.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, zap.NewNop(), prometheus.NewRegistry())
 	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerKey != -1 {
 		t.Errorf("MaxInFlight %d, MaxInFlightPerKey %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerKey)
