@@ -102,22 +102,53 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	}
 	token := bearer(r)
 	if token == "" {
+		unread(w)
 		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "no API key: send Authorization: Bearer <key>", nil, 0)
 		return ""
 	}
 	req.key, req.tenant = s.keys.Authenticate(token)
 	if req.key == nil {
+		unread(w)
 		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "the API key is not known or was revoked", nil, 0)
 		return ""
 	}
 	tenant := req.key.Tenant
+	// Before the body is read: the bounds of requests in flight, and the
+	// key's bucket (spent by accepted events and by refused requests).
+	switch s.inflight.enter(req.key.ID) {
+	case limitGlobal:
+		unread(w)
+		writeProblem(w, http.StatusServiceUnavailable, "overloaded", "Too many requests in flight",
+			fmt.Sprintf("the ingest already serves %d requests; try again later", s.cfg.MaxInFlight), nil, time.Second)
+		s.metrics.inflightRefused(tenant, limitGlobal)
+		return tenant
+	case limitKey:
+		unread(w)
+		writeProblem(w, http.StatusTooManyRequests, "too-many-in-flight", "Too many requests in flight",
+			fmt.Sprintf("key %s already has %d requests in flight; wait for their answers", req.key.ID, s.cfg.MaxInFlightPerKey), nil, time.Second)
+		s.metrics.inflightRefused(tenant, limitKey)
+		return tenant
+	}
+	defer s.inflight.leave(req.key.ID)
+	if wait := s.limits.admit(req.key, req.received); wait > 0 {
+		unread(w)
+		s.rateLimited(w, req, wait)
+		return tenant
+	}
+	// A refused request costs the key's bucket (refusalCost).
 	if status := s.readRequest(w, r, req); status != 0 {
+		cost := s.refusalCost(req)
+		if status == http.StatusRequestEntityTooLarge {
+			cost = s.cfg.MaxEvents
+		}
+		s.limits.charge(req.key, cost, req.received)
 		return tenant
 	}
 	if req.inputs > s.cfg.MaxEvents {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Too many events",
 			fmt.Sprintf("%d events in one request, more than %d: split the batch", req.inputs, s.cfg.MaxEvents), nil, 0)
 		s.metrics.refused(tenant, req.inputs)
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
 	// Every event is validated and encoded (producer.Record: the checks
@@ -129,17 +160,18 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
 			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
 		s.metrics.refused(tenant, req.inputs)
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
 	if len(req.errs) > 0 {
 		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
 			fmt.Sprintf("%d of %d events are invalid; nothing was sent", countIndexes(req.errs), req.inputs), req.errs, 0)
 		s.metrics.refused(tenant, req.inputs)
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
 	if wait := s.limits.take(req.key, req.inputs, req.received); wait > 0 {
-		writeProblem(w, http.StatusTooManyRequests, "rate-limited", "Too many events",
-			fmt.Sprintf("key %s may send %g events per second; try again later", req.key.ID, req.key.Rate), nil, wait)
+		s.rateLimited(w, req, wait)
 		s.metrics.refused(tenant, req.inputs)
 		return tenant
 	}
@@ -175,6 +207,27 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
 	return tenant
+}
+
+// refusalCost is the tokens a refused request takes from its key's
+// bucket: as many as its events, or as its body's share of a full request
+// (MaxBodyBytes for MaxEvents) when that is more, as for a body that is
+// not JSON, whose events are not known; at least 1 (limiters.charge).
+func (s *Server) refusalCost(req *request) int {
+	return max(req.inputs, int(int64(len(req.body))*int64(s.cfg.MaxEvents)/s.cfg.MaxBodyBytes))
+}
+
+// unread closes the connection after an answer given before the body was
+// read: net/http would otherwise read and discard a body of up to 256 KiB
+// before it answers (to keep the connection), as slowly as the client
+// sends it.
+func unread(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
+
+// rateLimited answers 429 rate-limited: the key's bucket does not hold
+// the request's events (or, before the body is read, a token).
+func (s *Server) rateLimited(w http.ResponseWriter, req *request, wait time.Duration) {
+	writeProblem(w, http.StatusTooManyRequests, "rate-limited", "Too many events",
+		fmt.Sprintf("key %s may send %g events per second (a refused request costs its events too); try again later", req.key.ID, req.key.Rate), nil, wait)
 }
 
 // readRequest checks the content type, reads the body and parses its

@@ -70,6 +70,12 @@ const (
 	DefaultReadHeaderTimeout = 5 * time.Second
 	DefaultReadTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
+	// DefaultMaxInFlight bounds the requests served at once (503 beyond):
+	// with DefaultMaxBodyBytes, at most 256 MiB of bodies held.
+	DefaultMaxInFlight = 256
+	// DefaultMaxInFlightPerKey bounds the requests of one key served at
+	// once (429 beyond).
+	DefaultMaxInFlightPerKey = 16
 )
 
 // Config configures a Server.
@@ -110,6 +116,11 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxEvents bounds the events of one request (413). Default: 1000.
 	MaxEvents int
+	// MaxInFlight bounds the requests with a valid key served at once
+	// (503 overloaded beyond); MaxInFlightPerKey bounds those of one key
+	// (429 too-many-in-flight). Each may hold a body of MaxBodyBytes.
+	// Defaults: 256 and 16; negative: no bound.
+	MaxInFlight, MaxInFlightPerKey int
 	// ProduceTimeout bounds the wait for Kafka's acknowledgement; past it
 	// the answer is 503. Default: 10s.
 	ProduceTimeout time.Duration
@@ -173,6 +184,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxEvents == 0 {
 		c.MaxEvents = DefaultMaxEvents
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxInFlightPerKey == 0 {
+		c.MaxInFlightPerKey = DefaultMaxInFlightPerKey
 	}
 	if c.ProduceTimeout == 0 {
 		c.ProduceTimeout = DefaultProduceTimeout
@@ -276,6 +293,7 @@ type Server struct {
 	mapper   *mapper
 	metrics  *metrics
 	limits   *limiters
+	inflight *inflight
 	ln       net.Listener
 	srv      *http.Server
 	scheme   string
@@ -297,11 +315,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents), scheme: "http", maxBuffered: maxBuffered}
+		limits: newLimiters(cfg.MaxEvents), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerKey), scheme: "http", maxBuffered: maxBuffered}
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
 	}
-	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances)
+	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances, s.inflight)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)

@@ -22,6 +22,7 @@ type metrics struct {
 	events   *prometheus.CounterVec   // tenant, outcome
 	records  *prometheus.CounterVec   // tenant
 	gate     *prometheus.CounterVec   // tenant
+	inflight *prometheus.CounterVec   // tenant, limit
 	stage    [5]prometheus.Observer   // read, parse, enqueue, ack, respond
 
 	mu      sync.Mutex
@@ -36,7 +37,7 @@ type tenantTotals struct {
 // noTenant is the tenant label of requests without an accepted key.
 const noTenant = "none"
 
-func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances) *metrics {
+func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, inflight *inflight) *metrics {
 	f := prom.NewFactory(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
@@ -50,8 +51,14 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances) *metr
 			Help: "Usage records written to Kafka by the HTTP ingest, by tenant (a CloudEvent feeds one record per meter of its type)."}, []string{"tenant"}),
 		gate: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_gate_refused_events_total",
 			Help: "Events answered 402 by the advisory quota gate (nothing sent), by tenant."}, []string{"tenant"}),
+		inflight: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_inflight_refused_total",
+			Help: "Requests refused before their body was read because too many were in flight, by tenant and limit: key (429, --max-in-flight-per-client) or global (503, --max-in-flight)."}, []string{"tenant", "limit"}),
 		tenants: map[string]*tenantTotals{},
 	}
+	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_inflight_requests",
+		Help: "Requests with a valid key this ingest replica serves now (bounded by --max-in-flight)."}, func() float64 {
+		return float64(inflight.count())
+	}))
 	stage := prom.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_stage_duration_seconds",
 		Help:    "Stages of the successful HTTP ingest requests (ingest.Timings): read (the body), parse (parse, map, validate, encode, scope, rate, quota gate), enqueue (records to the producer), ack (Kafka's acknowledgement of the last record), respond (the answer written).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"stage"}))
@@ -128,6 +135,11 @@ func (m *metrics) refused(tenant string, events int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.totals(tenant).refused += int64(events)
+}
+
+// inflightRefused counts a request refused by an in-flight bound.
+func (m *metrics) inflightRefused(tenant, limit string) {
+	m.inflight.WithLabelValues(tenant, limit).Inc()
 }
 
 // stages observes the stages of a successful request.

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
+	cut "github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -28,30 +29,20 @@ func checkText(raw []byte) *fieldError {
 
 // maxEcho bounds the bytes of a value a producer sent that an error's
 // reason repeats (clip).
-const maxEcho = 64
+const maxEcho = cut.Echo
 
 // clip is a value a producer sent, as an error's reason repeats it: at
 // most maxEcho bytes of it, cut at the start of a character, then "…".
 // Unclipped, a request of long values would be answered with several
 // times its own size (a quoted byte can take five in the answer).
-func clip(s string) string { return clipTo(s, maxEcho) }
+func clip(s string) string { return cut.To(s, maxEcho) }
 
-// maxReason bounds the reasons of another package's errors, which may
-// quote a value whole (producer.ParseJSON's event_time).
+// maxReason bounds the reasons of another package's errors.
 const maxReason = 256
 
 // clipTo is s cut to at most n bytes at the start of a character, then
 // "…".
-func clipTo(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	i := n
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i] + "…"
-}
+func clipTo(s string, n int) string { return cut.To(s, n) }
 
 // checkEscapes refuses an event whose JSON text escapes half of a UTF-16
 // surrogate pair (\ud800 alone): encoding/json decodes each such escape

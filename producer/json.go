@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -41,7 +42,8 @@ type jsonEvent struct {
 // ParseJSON parses one event in the public JSON format. It checks the
 // format only (required fields present, types right); Producer.Record
 // checks the values. Errors are *FieldError naming the field, or wrap
-// ErrMalformedJSON.
+// ErrMalformedJSON. A value an error quotes is clipped to its first 64
+// bytes (cut at the start of a character, then "…").
 //
 // Text is checked on the raw bytes before it is decoded (DESIGN §8):
 // encoding/json would turn invalid UTF-8, and an unpaired UTF-16 surrogate
@@ -62,7 +64,7 @@ func ParseJSON(b []byte) (Event, error) {
 		}
 		if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
 			name, _ := strconv.Unquote(strings.TrimPrefix(msg, "json: unknown field "))
-			return Event{}, fieldErr(name, "is not a known field")
+			return Event{}, fieldErr(clip.To(name, clip.Echo), "is not a known field")
 		}
 		return Event{}, fmt.Errorf("%w: %v", ErrMalformedJSON, err)
 	}
@@ -116,9 +118,9 @@ func parseQuantity(raw json.RawMessage) (int64, error) {
 	if err != nil {
 		var ne *strconv.NumError
 		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
-			return 0, fieldErr("quantity", "%s is out of the 64-bit range", raw)
+			return 0, fieldErr("quantity", "%s is out of the 64-bit range", clip.To(string(raw), clip.Echo))
 		}
-		return 0, fieldErr("quantity", "must be an integer (got %s)", raw)
+		return 0, fieldErr("quantity", "must be an integer (got %s)", clip.To(string(raw), clip.Echo))
 	}
 	return q, nil
 }
@@ -134,13 +136,13 @@ func parseEventTime(raw json.RawMessage) (time.Time, error) {
 		}
 		t, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {
-			return time.Time{}, fieldErr("event_time", "%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", s)
+			return time.Time{}, fieldErr("event_time", "%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip.To(s, clip.Echo))
 		}
 		return t.UTC(), nil
 	}
 	ms, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
-		return time.Time{}, fieldErr("event_time", "must be an RFC 3339 string or integer epoch milliseconds (got %s)", raw)
+		return time.Time{}, fieldErr("event_time", "must be an RFC 3339 string or integer epoch milliseconds (got %s)", clip.To(string(raw), clip.Echo))
 	}
 	return time.UnixMilli(ms).UTC(), nil
 }

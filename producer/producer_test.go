@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -466,6 +467,32 @@ func BenchmarkParseJSON(b *testing.B) {
 	for b.Loop() {
 		if _, err := ParseJSON(line); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestParseJSONClipsQuotedValues: an error of ParseJSON repeats at most
+// a clipped prefix of a value it quotes (cut at a character's start),
+// never the whole value: a line of a megabyte would otherwise make an
+// error of a megabyte, in the CLI's output as in the ingest's answers.
+func TestParseJSONClipsQuotedValues(t *testing.T) {
+	long := strings.Repeat("é", 5000) // 10,000 bytes
+	for name, line := range map[string]string{
+		"event_time string":  `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":"` + long + `"}`,
+		"event_time object":  `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":{"x":"` + long + `"}}`,
+		"quantity":           `{"event_id":"e","customer_id":"c","meter":"m","quantity":"` + long + `","event_time":1}`,
+		"unknown field name": `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1,"` + long + `":1}`,
+	} {
+		_, err := ParseJSON([]byte(line))
+		if err == nil {
+			t.Fatalf("%s: ParseJSON accepted %.80s…", name, line)
+		}
+		var fe *FieldError
+		if !errors.As(err, &fe) {
+			t.Fatalf("%s: error %v is not a FieldError", name, err)
+		}
+		if msg := err.Error(); len(msg) > 300 || !utf8.ValidString(msg) || !strings.Contains(msg, "…") {
+			t.Errorf("%s: error of %d bytes (valid UTF-8: %t), want a clipped value of at most 300: %.120s", name, len(msg), utf8.ValidString(msg), msg)
 		}
 	}
 }

@@ -8,8 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -207,4 +210,15 @@ func shellWords(s string) ([]string, error) {
 		out = append(out, cur.String())
 	}
 	return out, nil
+}
+
+// The in-flight bounds reach the ingest's config; -1 is no bound (it stays
+// negative: 0 would take the default).
+func TestIngestInFlightFlags(t *testing.T) {
+	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
+	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-client=-1").Ingest
+	cfg := c.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, zap.NewNop(), prometheus.NewRegistry())
+	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerKey != -1 {
+		t.Errorf("MaxInFlight %d, MaxInFlightPerKey %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerKey)
+	}
 }

@@ -1,0 +1,208 @@
+package ingest
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// answerOf reads the status line of the answer on conn within 5s.
+func answerOf(t *testing.T, r io.Reader) string {
+	t.Helper()
+	b, err := io.ReadAll(io.LimitReader(r, 12))
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	return string(b)
+}
+
+// rateEnv is newEnv on a fixed clock (the buckets do not refill), with
+// MaxEvents 10 and a second key of tenant acme with rate, whose token it
+// returns.
+func rateEnv(t *testing.T, rate float64, mod func(*Config)) (*env, string) {
+	t.Helper()
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	e := newEnv(t, func(c *Config) {
+		c.MaxEvents, c.Clock = 10, func() time.Time { return now }
+		if mod != nil {
+			mod(c)
+		}
+	})
+	_, token, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 2)
+	return e, token
+}
+
+// A refused request costs its key's bucket as many tokens as the events
+// it held (at least 1): a key that spent its bucket on refused requests
+// is answered 429 before its next body is read, as one that spent it on
+// accepted events. The clock is fixed: the bucket does not refill.
+func TestRefusedRequestsCost(t *testing.T) {
+	e, token := rateEnv(t, 10, nil)
+	bad := `{"event_id":"x","customer_id":"acme-1","meter":"api_calls","quantity":"no","event_time":"2026-11-29T12:00:00Z"}`
+	batch := "[" + strings.TrimSuffix(strings.Repeat(bad+",", 5), ",") + "]"
+	// The bucket holds 10 tokens: two requests of 5 invalid events spend it.
+	for i := range 2 {
+		if status, _, b := e.post("/v1/events", "application/json", token, []byte(batch)); status != http.StatusBadRequest {
+			t.Fatalf("invalid request %d: %d %s, want 400", i, status, b)
+		}
+	}
+	status, hdr, b := e.post("/v1/events", "application/json", token, apiCall("ok", "acme-1"))
+	if status != http.StatusTooManyRequests {
+		t.Fatalf("a valid request after 10 refused events: %d %s, want 429", status, b)
+	}
+	if p := problem(t, b); p.Type != "urn:meterline:problem:rate-limited" || p.RetryAfter < 1 || hdr.Get("Retry-After") != strconv.Itoa(p.RetryAfter) {
+		t.Errorf("problem %+v, Retry-After %q", p, hdr.Get("Retry-After"))
+	}
+	// Answered before the body is read: a request whose body never comes
+	// is answered at once.
+	conn := startSlowRequest(t, e.srv.Addr(), token, apiCall("slow", "acme-1"))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got := answerOf(t, conn); got != "HTTP/1.1 429" {
+		t.Errorf("a request of a spent key whose body has not arrived was answered %q, want 429 at once", got)
+	}
+	// A request refused as a whole (415) costs a token too.
+	_, token2, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme", Rate: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 3)
+	// Rate 1: the bucket holds 10 (a full request); 10 refusals spend it.
+	for i := range 10 {
+		if status, _, b := e.post("/v1/events", "text/plain", token2, apiCall("p", "acme-1")); status != http.StatusUnsupportedMediaType {
+			t.Fatalf("request %d: %d %s, want 415", i, status, b)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", token2, apiCall("q", "acme-1")); status != http.StatusTooManyRequests {
+		t.Fatalf("a valid request after 10 requests refused 415: %d %s, want 429", status, b)
+	}
+	// A key without a rate is not charged; the tenant's other key has its
+	// own bucket.
+	for i := range 3 {
+		if status, _, _ := e.post("/v1/events", "application/json", e.token, []byte(batch)); status != http.StatusBadRequest {
+			t.Fatalf("unbounded key, invalid request %d: %d", i, status)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("r", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("unbounded key: %d %s, want 202", status, b)
+	}
+}
+
+// A body that is not JSON costs its share of a full request: here 5,000
+// of 10,000 bytes, 5 of 10 events.
+func TestMalformedBodyCostsItsSize(t *testing.T) {
+	e, token := rateEnv(t, 1, func(c *Config) { c.MaxBodyBytes = 10_000 })
+	garbage := []byte(strings.Repeat("x", 5000))
+	for i := range 2 {
+		if status, _, b := e.post("/v1/events", "application/json", token, garbage); status != http.StatusBadRequest {
+			t.Fatalf("malformed request %d: %d %s, want 400", i, status, b)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", token, apiCall("m", "acme-1")); status != http.StatusTooManyRequests {
+		t.Fatalf("a valid request after two malformed bodies of half the limit: %d %s, want 429", status, b)
+	}
+}
+
+// A request refused 429 for the rate once its events are parsed costs a
+// token: a key keeping its bucket just short of its batches cannot have
+// them parsed without end.
+func TestRateLimitedRequestCosts(t *testing.T) {
+	e, token := rateEnv(t, 10, nil)
+	// 9 of the 10 tokens: 1 left.
+	nine := "[" + strings.TrimSuffix(strings.Repeat(string(apiCall("n", "acme-1"))+",", 9), ",") + "]"
+	if status, _, b := e.post("/v1/events", "application/json", token, []byte(nine)); status != http.StatusAccepted {
+		t.Fatalf("9 events: %d %s", status, b)
+	}
+	two := "[" + string(apiCall("a", "acme-1")) + "," + string(apiCall("b", "acme-1")) + "]"
+	if status, _, b := e.post("/v1/events", "application/json", token, []byte(two)); status != http.StatusTooManyRequests {
+		t.Fatalf("2 events with 1 token: %d %s, want 429", status, b)
+	}
+	// The refusal took the last token: a single event no longer passes.
+	if status, _, b := e.post("/v1/events", "application/json", token, apiCall("c", "acme-1")); status != http.StatusTooManyRequests {
+		t.Fatalf("1 event after a 429: %d %s, want 429 (the 429 cost a token)", status, b)
+	}
+	if n := len(e.records()); n != 9 {
+		t.Errorf("%d records, want 9", n)
+	}
+}
+
+// The requests of a key in flight at once are bounded (429
+// too-many-in-flight), and those of every key (503 overloaded), before
+// their bodies are read.
+func TestInFlightBounds(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxInFlightPerKey = 1; c.MaxInFlight = 2 })
+	_, token2, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, token3, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 3)
+	body := apiCall("slow", "acme-1")
+	conn := startSlowRequest(t, e.srv.Addr(), e.token, body)
+	time.Sleep(100 * time.Millisecond) // the slow request is in flight
+	status, hdr, b := e.post("/v1/events", "application/json", e.token, apiCall("k", "acme-1"))
+	if status != http.StatusTooManyRequests {
+		t.Fatalf("a second request of the key: %d %s, want 429", status, b)
+	}
+	if p := problem(t, b); p.Type != "urn:meterline:problem:too-many-in-flight" || p.RetryAfter != 1 || hdr.Get("Retry-After") != "1" {
+		t.Errorf("problem %+v, Retry-After %q", p, hdr.Get("Retry-After"))
+	}
+	// Another key passes; with two in flight, a third key is refused 503.
+	conn2 := startSlowRequest(t, e.srv.Addr(), token2, body)
+	time.Sleep(100 * time.Millisecond)
+	status, _, b = e.post("/v1/events", "application/json", token3, apiCall("g", "acme-1"))
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("a third request in flight: %d %s, want 503", status, b)
+	}
+	if p := problem(t, b); p.Type != "urn:meterline:problem:overloaded" || p.RetryAfter != 1 {
+		t.Errorf("problem %+v", p)
+	}
+	if v := testutil.ToFloat64(e.srv.metrics.inflight.WithLabelValues("acme", limitKey)); v != 1 {
+		t.Errorf("refused by the key's bound: %g, want 1", v)
+	}
+	if v := testutil.ToFloat64(e.srv.metrics.inflight.WithLabelValues("acme", limitGlobal)); v != 1 {
+		t.Errorf("refused by the global bound: %g, want 1", v)
+	}
+	// Once answered, their slots are free again.
+	for _, c := range []interface {
+		io.ReadWriter
+		SetReadDeadline(time.Time) error
+	}{conn, conn2} {
+		if _, err := c.Write(body[10:]); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if got := answerOf(t, c); got != "HTTP/1.1 202" {
+			t.Fatalf("slow request answered %q, want 202", got)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("after", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("after the slow requests: %d %s, want 202", status, b)
+	}
+	if n := e.srv.inflight.count(); n != 0 {
+		t.Errorf("%d requests in flight once all are answered", n)
+	}
+}
+
+// A request with an unknown key is answered 401 before its body is read:
+// it costs no key's budget, and must stay cheap.
+func TestUnknownKeyBeforeBody(t *testing.T) {
+	e := newEnv(t, nil)
+	conn := startSlowRequest(t, e.srv.Addr(), "mlk_unknown", apiCall("x", "acme-1"))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got := answerOf(t, conn); got != "HTTP/1.1 401" {
+		t.Errorf("an unknown key's request whose body has not arrived was answered %q, want 401 at once", got)
+	}
+}
