@@ -74,8 +74,10 @@ const (
 	// with DefaultMaxBodyBytes, at most 256 MiB of bodies held.
 	DefaultMaxInFlight = 256
 	// DefaultMaxInFlightPerKey bounds the requests of one key served at
-	// once (429 beyond).
-	DefaultMaxInFlightPerKey = 16
+	// once (429 beyond): a quarter of DefaultMaxInFlight, so that one key
+	// cannot take every slot, and room for a service that shares one key
+	// among many instances.
+	DefaultMaxInFlightPerKey = 64
 )
 
 // Config configures a Server.

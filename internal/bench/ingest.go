@@ -242,7 +242,10 @@ func (b *ingestBench) record(t ingest.Timings) {
 func (b *ingestBench) ingestConfig(topic string) ingest.Config {
 	cfg := ingest.Config{Addr: "127.0.0.1:0", Kafka: b.env.Kafka, ClientOptions: b.env.ClientOptions, Topic: topic,
 		KeysTopic: b.keysTopic, BalancesTopic: b.balancesTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
-		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record, Linger: b.cfg.Linger}
+		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record, Linger: b.cfg.Linger,
+		// Every connection posts with the bench's one key: none waits
+		// for a slot, as no request is refused.
+		MaxInFlight: max(ingest.DefaultMaxInFlight, b.cfg.Connections), MaxInFlightPerKey: max(ingest.DefaultMaxInFlightPerKey, b.cfg.Connections)}
 	cfg.EnsureDefaults()
 	return cfg
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -47,5 +48,18 @@ func TestIngestConfigValidate(t *testing.T) {
 	err := (&IngestConfig{Events: 150, Batch: 100, Connections: 0, Partitions: 1, Rounds: 1, LatencyFor: time.Second}).Validate()
 	if err == nil || !strings.Contains(err.Error(), "multiple of batch") || !strings.Contains(err.Error(), "connections must be positive") {
 		t.Errorf("Validate: %v", err)
+	}
+}
+
+// TestIngestBoundsFitConnections: the measured ingest serves every
+// connection of the bench at once; its one key is never refused
+// too-many-in-flight (which the bench would take for a failure).
+func TestIngestBoundsFitConnections(t *testing.T) {
+	for _, conns := range []int{4, ingest.DefaultMaxInFlightPerKey + 1, ingest.DefaultMaxInFlight + 1} {
+		b := &ingestBench{env: &Env{}, cfg: IngestConfig{Connections: conns, Batch: 10}}
+		cfg := b.ingestConfig("t")
+		if cfg.MaxInFlightPerKey < conns || cfg.MaxInFlight < conns {
+			t.Errorf("%d connections: in-flight bounds %d per key, %d in all", conns, cfg.MaxInFlightPerKey, cfg.MaxInFlight)
+		}
 	}
 }
