@@ -1076,8 +1076,6 @@ const maxArrival = 253402300799999
 // of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
 func originKey(customer string) []byte { return append([]byte{pfxOrigin}, customer...) }
 
-// headerValue returns the value of r's header k; a header given twice
-// counts as absent (it proves nothing).
 // IsMovedMark reports whether r is a delete the aggregator wrote after
 // moving a misrouted record of r's key (HeaderMoved, a null value). On
 // another partition than its customer's it is skipped, by the aggregator
@@ -1088,6 +1086,8 @@ func IsMovedMark(r *kgo.Record) bool {
 	return ok && r.Value == nil
 }
 
+// headerValue returns the value of r's header k; a header given twice
+// counts as absent (it proves nothing).
 func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 	for _, h := range r.Headers {
 		if h.Key == k {

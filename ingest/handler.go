@@ -230,34 +230,38 @@ func (s *Server) rateLimited(w http.ResponseWriter, req *request, wait time.Dura
 		fmt.Sprintf("key %s may send %g events per second (a refused request costs its events too); try again later", req.key.ID, req.key.Rate), nil, wait)
 }
 
-// readRequest checks the content type, reads the body and parses its
-// events into req. It answers (and returns the status) when the request
-// as a whole is refused: 415, 413, a body that is not JSON.
-func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *request) int {
+// bodyShape is what a request's content type asks of its body: NDJSON,
+// an array or one object (neither: either).
+type bodyShape struct{ ndjson, wantArray, wantObject bool }
+
+// checkContent checks a request's Content-Type for the endpoint kind and
+// its Content-Encoding. It answers 415 (and returns it) when either is
+// refused.
+func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShape, int) {
 	mt := mediaType(r)
-	var ndjson, wantArray, wantObject bool
-	switch req.kind {
+	var b bodyShape
+	switch kind {
 	case endpointOpenMeter:
 		switch mt {
 		case "application/cloudevents+json":
-			wantObject = true
+			b.wantObject = true
 		case "application/cloudevents-batch+json":
-			wantArray = true
+			b.wantArray = true
 		case "application/json":
 		default:
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", clip(r.Header.Get("Content-Type"))), nil, 0)
-			return http.StatusUnsupportedMediaType
+			return b, http.StatusUnsupportedMediaType
 		}
 	default:
 		switch mt {
 		case "application/json":
 		case "application/x-ndjson", "application/ndjson", "application/jsonl":
-			ndjson = true
+			b.ndjson = true
 		default:
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
-			return http.StatusUnsupportedMediaType
+			return b, http.StatusUnsupportedMediaType
 		}
 	}
 	// A compressed body is refused as such (RFC 9110, 12.5.3), not read as
@@ -265,8 +269,20 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", clip(enc)), nil, 0)
-		return http.StatusUnsupportedMediaType
+		return b, http.StatusUnsupportedMediaType
 	}
+	return b, 0
+}
+
+// readRequest checks the content type, reads the body and parses its
+// events into req. It answers (and returns the status) when the request
+// as a whole is refused: 415, 413, a body that is not JSON.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *request) int {
+	shape, status := checkContent(w, r, req.kind)
+	if status != 0 {
+		return status
+	}
+	ndjson, wantArray, wantObject := shape.ndjson, shape.wantArray, shape.wantObject
 	req.bufs = getBuffers()
 	body, tooLarge, err := readBody(req.bufs.body, w, r, s.cfg.MaxBodyBytes)
 	req.body = body

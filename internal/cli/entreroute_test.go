@@ -65,3 +65,26 @@ func TestEntitlementsGetSkipsMovedMark(t *testing.T) {
 		t.Errorf("get's note %q does not say %q", errOut, want)
 	}
 }
+
+// TestEntitlementsGetMovedMarkOnOwnPartitionDeletes: a delete marked
+// moved (aggregator.HeaderMoved) on the customer's own partition is no
+// mark of the aggregator's (it writes them on wrong partitions only): a
+// client wrote it, and it deletes the customer, as the aggregator
+// decides.
+func TestEntitlementsGetMovedMarkOnOwnPartitionDeletes(t *testing.T) {
+	a := newAcmeTopic(t)
+	ctx := context.Background()
+	plan := &kgo.Record{Topic: a.topic, Partition: a.canon, Key: a.key, Value: entPlan(t, "acme", 5), Timestamp: time.Now().Add(-time.Minute)}
+	if err := a.cl.ProduceSync(ctx, plan).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cl.ProduceSync(ctx, &kgo.Record{Topic: a.topic, Partition: a.canon, Key: a.key, Timestamp: time.Now(),
+		Headers: []kgo.RecordHeader{{Key: aggregator.HeaderMoved, Value: fmt.Append(nil, plan.Offset)}}}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, "", "entitlements", "get", "acme", "--brokers", strings.Join(a.brokers, ","), "--topic-prefix", a.prefix)
+	if code != 1 || !strings.Contains(errOut, "the entitlements of acme were deleted at") {
+		t.Errorf("get acme after a delete marked moved on its own partition: exit %d, want 1 and %q\n%s\n%s",
+			code, "the entitlements of acme were deleted at", out, errOut)
+	}
+}

@@ -30,6 +30,7 @@ type function struct {
 	key   string // "<directory>.<name>" or "<directory>.<Type>.<name>"
 	where string // file:line
 	lines int
+	fn    *ast.FuncDecl // its declaration, with its doc comment
 }
 
 // functions parses every non-test Go file below root (skipping testdata
@@ -51,7 +52,7 @@ func functions(t *testing.T, root string) []function {
 		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution|parser.ParseComments)
 		if err != nil {
 			return err
 		}
@@ -70,6 +71,7 @@ func functions(t *testing.T, root string) []function {
 				key:   dir + "." + funcName(fn),
 				where: filepath.ToSlash(rel) + ":" + strconv.Itoa(start.Line),
 				lines: end.Line - start.Line + 1,
+				fn:    fn,
 			})
 		}
 		return nil

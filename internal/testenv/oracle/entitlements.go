@@ -228,103 +228,10 @@ func lesserValue(a, b []byte) bool {
 // record not applied counts only by its broker time (EntRecord.Skip).
 func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (got *Entitlements, problems []string) {
 	t.Helper()
-	type written struct {
-		rec    EntRecord
-		key    []byte
-		value  []byte
-		copies int
-		marks  int
-	}
-	encode := func(r entref.Record) (key, value []byte) {
-		key = []byte(r.Key)
-		if r.Key != schemas.DefaultPlanKey && r.Key != schemas.RateCardKey && r.Key != schemas.TickKey {
-			key = schemas.CustomerKey(r.Key)
-		}
-		var m schemas.Message
-		switch {
-		case r.Ent != nil:
-			m = r.Ent
-		case r.Card != nil:
-			m = r.Card
-		}
-		if m != nil {
-			v, err := schemas.Encode(m)
-			if err != nil {
-				t.Fatalf("oracle: encode the entitlements record of %s: %v", r.Key, err)
-			}
-			value = v
-		}
-		return key, value
-	}
-	want := make([][]*written, e.Partitions)
-	for _, r := range e.Records {
-		k, v := encode(r.Record)
-		want[r.Partition] = append(want[r.Partition], &written{rec: r, key: k, value: v})
-	}
-	byPart := make([][]*kgo.Record, e.Partitions)
-	for _, r := range testenv.ReadAll(t, brokers, topic) {
-		if r.Partition < 0 || r.Partition >= e.Partitions {
-			t.Fatalf("oracle: %s has partition %d, want fewer than %d", topic, r.Partition, e.Partitions)
-		}
-		byPart[r.Partition] = append(byPart[r.Partition], r)
-	}
-	hasHeaders := func(r *kgo.Record) bool {
-		for _, h := range r.Headers {
-			if h.Key == headerRerouted || h.Key == headerArrival {
-				return true
-			}
-		}
-		return false
-	}
-	// movedFrom returns the offset a delete marked moved names.
-	movedFrom := func(r *kgo.Record) (int64, bool) {
-		if r.Value != nil || len(r.Headers) != 1 || r.Headers[0].Key != headerMoved {
-			return 0, false
-		}
-		var off int64
-		if _, err := fmt.Sscanf(string(r.Headers[0].Value), "%d", &off); err != nil || fmt.Sprint(off) != string(r.Headers[0].Value) {
-			return 0, false
-		}
-		return off, true
-	}
-	// First the records the test wrote, in each partition's order: the
-	// misplaced ones by their coordinates, for their copies.
-	mine := make([][]*written, e.Partitions) // by partition and index in byPart: the test's record, or nil
-	misplaced := map[origin]*written{}
-	misplacedAt := make([]map[int64]*written, e.Partitions) // by partition and offset
-	for p := range e.Partitions {
-		misplacedAt[p] = map[int64]*written{}
-		mine[p] = make([]*written, len(byPart[p]))
-		next := 0
-	records:
-		for i, r := range byPart[p] {
-			at := r.Timestamp.UnixMilli()
-			if _, moved := movedFrom(r); string(r.Key) == schemas.TickKey || hasHeaders(r) || moved {
-				continue
-			}
-			for j := next; j < len(want[p]); j++ {
-				w := want[p][j]
-				if bytes.Equal(w.key, r.Key) && bytes.Equal(w.value, r.Value) && w.rec.Written == at {
-					for _, l := range want[p][next:j] {
-						problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d before offset %d",
-							topic, p, l.rec.Key, l.rec.Written, r.Offset))
-					}
-					mine[p][i] = w
-					if e.readOnly(p, w.rec.Record) && w.rec.Key != schemas.TickKey {
-						misplaced[origin{at, p, r.Offset}] = w
-						misplacedAt[p][r.Offset] = w
-					}
-					next = j + 1
-					continue records
-				}
-			}
-			problems = append(problems, fmt.Sprintf("%s %d/%d (key %q, broker time %d) is no record the test wrote there", topic, p, r.Offset, r.Key, at))
-		}
-		for _, w := range want[p][next:] {
-			problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d at its end", topic, p, w.rec.Key, w.rec.Written))
-		}
-	}
-	// Then each partition in order, with the copy rules per customer.
+	m, problems := e.matchWritten(t, brokers, topic)
+	byPart, mine, misplaced, misplacedAt := m.byPart, m.mine, m.misplaced, m.misplacedAt
+	// The records of each partition in order, with the copy rules per
+	// customer.
 	type applied struct {
 		o     origin
 		value []byte
@@ -344,7 +251,7 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 			case w != nil && (w.rec.Key == schemas.DefaultPlanKey || w.rec.Key == schemas.RateCardKey || e.readOnly(p, w.rec.Record)):
 				got.Records = append(got.Records, w.rec)
 				continue
-			case w == nil && !hasHeaders(r):
+			case w == nil && !hasCopyHeaders(r):
 				if off, moved := movedFrom(r); moved {
 					// The aggregator's delete after a record it moved
 					// from here: it counts by its broker time only.
@@ -424,17 +331,147 @@ func (e *Entitlements) FromTopic(t testing.TB, brokers []string, topic string) (
 			}
 		}
 	}
+	return got, append(problems, misplacedProblems(misplaced, e.Partitions)...)
+}
+
+// written is a record the test wrote, as FromTopic matches it to the
+// topic: its encoded key and value, how often it was copied and marked
+// moved.
+type written struct {
+	rec    EntRecord
+	key    []byte
+	value  []byte
+	copies int
+	marks  int
+}
+
+// encodeEntRecord is r's key and value as the test wrote them.
+func encodeEntRecord(t testing.TB, r entref.Record) (key, value []byte) {
+	key = []byte(r.Key)
+	if r.Key != schemas.DefaultPlanKey && r.Key != schemas.RateCardKey && r.Key != schemas.TickKey {
+		key = schemas.CustomerKey(r.Key)
+	}
+	var m schemas.Message
+	switch {
+	case r.Ent != nil:
+		m = r.Ent
+	case r.Card != nil:
+		m = r.Card
+	}
+	if m != nil {
+		v, err := schemas.Encode(m)
+		if err != nil {
+			t.Fatalf("oracle: encode the entitlements record of %s: %v", r.Key, err)
+		}
+		value = v
+	}
+	return key, value
+}
+
+// hasCopyHeaders reports whether r carries a header of a copy.
+func hasCopyHeaders(r *kgo.Record) bool {
+	for _, h := range r.Headers {
+		if h.Key == headerRerouted || h.Key == headerArrival {
+			return true
+		}
+	}
+	return false
+}
+
+// movedFrom returns the offset a delete marked moved names.
+func movedFrom(r *kgo.Record) (int64, bool) {
+	if r.Value != nil || len(r.Headers) != 1 || r.Headers[0].Key != headerMoved {
+		return 0, false
+	}
+	var off int64
+	if _, err := fmt.Sscanf(string(r.Headers[0].Value), "%d", &off); err != nil || fmt.Sprint(off) != string(r.Headers[0].Value) {
+		return 0, false
+	}
+	return off, true
+}
+
+// matched is the topic's records by partition and, for each, the record
+// of the test it is (nil: none), and the test's misplaced records, by
+// origin and by partition and offset.
+type matched struct {
+	byPart      [][]*kgo.Record
+	mine        [][]*written
+	misplaced   map[origin]*written
+	misplacedAt []map[int64]*written
+}
+
+// matchWritten reads topic and finds the records e lists in it, in each
+// partition's order (FromTopic); problems names each missing one and each
+// record without headers that is none of them.
+func (e *Entitlements) matchWritten(t testing.TB, brokers []string, topic string) (m *matched, problems []string) {
+	t.Helper()
+	want := make([][]*written, e.Partitions)
+	for _, r := range e.Records {
+		k, v := encodeEntRecord(t, r.Record)
+		want[r.Partition] = append(want[r.Partition], &written{rec: r, key: k, value: v})
+	}
+	byPart := make([][]*kgo.Record, e.Partitions)
+	for _, r := range testenv.ReadAll(t, brokers, topic) {
+		if r.Partition < 0 || r.Partition >= e.Partitions {
+			t.Fatalf("oracle: %s has partition %d, want fewer than %d", topic, r.Partition, e.Partitions)
+		}
+		byPart[r.Partition] = append(byPart[r.Partition], r)
+	}
+	// First the records the test wrote, in each partition's order: the
+	// misplaced ones by their coordinates, for their copies.
+	mine := make([][]*written, e.Partitions) // by partition and index in byPart: the test's record, or nil
+	misplaced := map[origin]*written{}
+	misplacedAt := make([]map[int64]*written, e.Partitions) // by partition and offset
+	for p := range e.Partitions {
+		misplacedAt[p] = map[int64]*written{}
+		mine[p] = make([]*written, len(byPart[p]))
+		next := 0
+	records:
+		for i, r := range byPart[p] {
+			at := r.Timestamp.UnixMilli()
+			if _, moved := movedFrom(r); string(r.Key) == schemas.TickKey || hasCopyHeaders(r) || moved {
+				continue
+			}
+			for j := next; j < len(want[p]); j++ {
+				w := want[p][j]
+				if bytes.Equal(w.key, r.Key) && bytes.Equal(w.value, r.Value) && w.rec.Written == at {
+					for _, l := range want[p][next:j] {
+						problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d before offset %d",
+							topic, p, l.rec.Key, l.rec.Written, r.Offset))
+					}
+					mine[p][i] = w
+					if e.readOnly(p, w.rec.Record) && w.rec.Key != schemas.TickKey {
+						misplaced[origin{at, p, r.Offset}] = w
+						misplacedAt[p][r.Offset] = w
+					}
+					next = j + 1
+					continue records
+				}
+			}
+			problems = append(problems, fmt.Sprintf("%s %d/%d (key %q, broker time %d) is no record the test wrote there", topic, p, r.Offset, r.Key, at))
+		}
+		for _, w := range want[p][next:] {
+			problems = append(problems, fmt.Sprintf("%s partition %d lacks the record of %s at broker time %d at its end", topic, p, w.rec.Key, w.rec.Written))
+		}
+	}
+	return &matched{byPart: byPart, mine: mine, misplaced: misplaced, misplacedAt: misplacedAt}, problems
+}
+
+// misplacedProblems names each misplaced record not copied exactly once
+// to its customer's partition, and each not followed by exactly one
+// delete marked moved (none after a delete).
+func misplacedProblems(misplaced map[origin]*written, partitions int32) (problems []string) {
 	for o, m := range misplaced {
 		if m.copies != 1 {
 			problems = append(problems, fmt.Sprintf("the record of %s written to partition %d at %d (offset %d) was not re-produced to its partition %d",
-				m.rec.Key, o.partition, o.arrival, o.offset, schemas.Partition(schemas.CustomerKey(m.rec.Key), e.Partitions)))
+				m.rec.Key, o.partition, o.arrival, o.offset, schemas.Partition(schemas.CustomerKey(m.rec.Key), partitions)))
 		}
 		if want := min(1, len(m.value)); m.value == nil && m.marks != 0 || m.value != nil && m.marks != 1 {
 			problems = append(problems, fmt.Sprintf("the record of %s written to partition %d at %d (offset %d) is followed there by %d deletes marked moved, want %d",
 				m.rec.Key, o.partition, o.arrival, o.offset, m.marks, want))
 		}
 	}
-	return got, problems
+	return problems
 }
 
 // sameValue reports whether two record values are the same (a delete
