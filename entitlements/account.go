@@ -82,6 +82,9 @@ func (a *Account) period(start int64) *periodUse {
 // addPeriod returns the usage of the period starting at start, adding it
 // (empty) if needed; added reports that it did.
 func (a *Account) addPeriod(start int64) (p *periodUse, added bool) {
+	if p := a.period(start); p != nil {
+		return p, false
+	}
 	i := sort.Search(len(a.periods), func(i int) bool { return a.periods[i].start >= start })
 	if i < len(a.periods) && a.periods[i].start == start {
 		return &a.periods[i], false

@@ -102,12 +102,26 @@ func (p *Plan) withGens(gens []int64) *Plan {
 
 // Cap returns the cap of a meter.
 func (p *Plan) Cap(meter string) (schemas.Cap, bool) {
+	if len(p.Caps) <= smallCaps {
+		// A plan caps a few meters: comparing them is cheaper than a
+		// search (the caps are sorted by meter, the first equal is the
+		// one the search finds).
+		for _, c := range p.Caps {
+			if c.Meter == meter {
+				return c, true
+			}
+		}
+		return schemas.Cap{}, false
+	}
 	i := sort.Search(len(p.Caps), func(i int) bool { return p.Caps[i].Meter >= meter })
 	if i < len(p.Caps) && p.Caps[i].Meter == meter {
 		return p.Caps[i], true
 	}
 	return schemas.Cap{}, false
 }
+
+// smallCaps is how many caps Cap compares one by one.
+const smallCaps = 8
 
 // PassesCap reports whether an event adding units to a period's usage
 // takes it past a cap's limit (DESIGN §12): usage landing exactly on the
