@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -99,5 +100,25 @@ func TestEntMetricsRunsInterleaved(t *testing.T) {
 	m.fold()
 	if got, want := fmt.Sprint(m.decisions, m.credits), "map[[accepted bench]:100 [over_limit bench]:15] map[bench:300]"; got != want {
 		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// TestLargeRecordsOutsideTheSlab: a record larger than slabMaxBytes is
+// allocated alone, so that the slab of small records, alive while any of
+// them is, never keeps a large value reachable after it was acknowledged.
+func TestLargeRecordsOutsideTheSlab(t *testing.T) {
+	pt := &partition{}
+	small := make([]byte, 100)
+	first := pt.newRecord(nil, small)
+	big := pt.newRecord([]byte("k"), make([]byte, slabMaxBytes))
+	next := pt.newRecord(nil, small)
+	slab := unsafe.Slice(first, recSlab)
+	for i := range slab {
+		if &slab[i] == big {
+			t.Fatalf("a record of %d bytes is slot %d of the slab", len(big.Key)+len(big.Value), i)
+		}
+	}
+	if next != &slab[1] || string(big.Key) != "k" || len(big.Value) != slabMaxBytes || len(first.Value) != 100 {
+		t.Errorf("records: the small ones not in turn from one slab, or keys and values not kept")
 	}
 }

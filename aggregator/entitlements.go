@@ -1479,8 +1479,8 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 			return fmt.Errorf("aggregator: partition %d: encode the balance of %s: %w", pt.p, c, err)
 		}
 		key := schemas.CustomerKey(c)
-		rec := pt.newRecord()
-		*rec = kgo.Record{Topic: topic, Partition: schemas.Partition(key, pt.pr.counts.balances), Key: key, Value: val}
+		rec := pt.newRecord(key, val)
+		rec.Topic, rec.Partition = topic, schemas.Partition(key, pt.pr.counts.balances)
 		tx.Emit(rec)
 	}
 	e.bal.rev = rev

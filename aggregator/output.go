@@ -135,23 +135,36 @@ func (pt *partition) rejectedRecord(r *kgo.Record, e *schemas.DedupedEvent, reas
 	if pt.rejTopic == "" {
 		pt.rejTopic = pt.pr.cfg.Topics.RejectedTopic()
 	}
-	rec := pt.newRecord()
-	*rec = kgo.Record{Topic: pt.rejTopic, Partition: part, Key: key, Value: v}
+	rec := pt.newRecord(key, v)
+	rec.Topic, rec.Partition = pt.rejTopic, part
 	return rec, nil
 }
 
-// recSlab is how many records newRecord allocates at once.
-const recSlab = 64
+// recSlab is how many records newRecord allocates at once, and
+// slabMaxBytes the largest key and value a record from a slab holds.
+const (
+	recSlab      = 64
+	slabMaxBytes = 4 << 10
+)
 
-// newRecord returns a zero record for tx.Emit, from a slab of records
-// allocated together: the producer holds each until it is acknowledged,
-// and a slab is never handed out twice, so a record is never reused.
-func (pt *partition) newRecord() *kgo.Record {
+// newRecord returns a record for tx.Emit of key and value: one of a slab of
+// records allocated together when they are small. The producer holds each
+// until it is acknowledged, and a slab is never handed out twice, so a
+// record is never reused. A slab stays alive while any record of it is,
+// so it keeps the keys and values of up to recSlab-1 acknowledged records
+// reachable; larger records (a balance of many caps and grants) are
+// allocated alone, so that this is at most recSlab × slabMaxBytes a
+// partition.
+func (pt *partition) newRecord(key, value []byte) *kgo.Record {
+	if len(key)+len(value) > slabMaxBytes {
+		return &kgo.Record{Key: key, Value: value}
+	}
 	if len(pt.recs) == 0 {
 		pt.recs = make([]kgo.Record, recSlab)
 	}
 	rec := &pt.recs[0]
 	pt.recs = pt.recs[1:]
+	*rec = kgo.Record{Key: key, Value: value}
 	return rec
 }
 
