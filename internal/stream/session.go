@@ -276,8 +276,18 @@ func (rt *Runtime) closeAll() {
 		}
 		delete(rt.parts, p)
 	}
+	// A partition restored but not installed yet (the session ends before
+	// its run loop handled the event: a failed InitProducerID, a fatal
+	// error) is open too: close it, or what it published (its gauges)
+	// outlives it.
+	evs := rt.events
 	rt.events = nil
 	rt.mu.Unlock()
+	for _, ev := range evs {
+		if ev.kind == evRestored {
+			ev.part.Close()
+		}
+	}
 	rt.m.owned.Set(0)
 }
 

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
 
@@ -128,5 +130,30 @@ func TestTxDeleteRangeLocalRewrite(t *testing.T) {
 	tx.Put([]byte("a1"), []byte("2"))
 	if got, want := changelog(tx), []string{"a1=2"}; !slices.Equal(got, want) {
 		t.Errorf("changelog = %v, want %v", got, want)
+	}
+}
+
+// closeCounter is a Partition that counts its Close calls.
+type closeCounter struct{ closed int }
+
+func (c *closeCounter) Process(*Tx, []*kgo.Record) error { return nil }
+func (c *closeCounter) Punctuate(*Tx) error              { return nil }
+func (c *closeCounter) Close()                           { c.closed++ }
+
+// TestCloseAllClosesRestoredNotInstalled: a session that ends between a
+// partition's restore and its install (its run loop never handled the
+// event: InitProducerID failed, say) closes that partition too, once; the
+// installed ones as before. An aggregator's partition left open kept its
+// gauges (final due, watermark) after another instance took it over.
+func TestCloseAllClosesRestoredNotInstalled(t *testing.T) {
+	installed, restored, revoked := &closeCounter{}, &closeCounter{}, &closeCounter{}
+	rt := &Runtime{m: newMetrics(prometheus.NewRegistry(), "test"), active: map[int32]*activePart{0: {part: installed}}, parts: map[int32]*partState{},
+		events: []event{{kind: evRestored, p: 1, part: restored}, {kind: evRevoked, p: 0, part: revoked}}}
+	rt.closeAll()
+	if installed.closed != 1 || restored.closed != 1 || revoked.closed != 0 {
+		t.Errorf("closed: installed %d, restored %d, revoked event's %d; want 1, 1, 0", installed.closed, restored.closed, revoked.closed)
+	}
+	if len(rt.events) != 0 || len(rt.active) != 0 {
+		t.Errorf("left %d events, %d active partitions", len(rt.events), len(rt.active))
 	}
 }
