@@ -215,16 +215,20 @@ func metricValue(m *dto.Metric) float64 {
 // records per transaction, and the mean time spent ending them (flush,
 // the offset commit and EndTxn; for the aggregator also its OPEN
 // revisions), so that a benchmark shows whether a stage is bound by its
-// own CPU or by the commit round trips.
+// own CPU or by the commit round trips; and how much of that was spent
+// waiting for the coordinator to finish the transaction before (its
+// markers written), which the broker decides, not the stage.
 func txnStats(g prometheus.Gatherer, elapsed time.Duration) string {
 	mfs, _ := g.Gather()
-	var n, sum, in float64
+	var n, sum, wait, in float64
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			switch mf.GetName() {
 			case "meterline_stream_commit_seconds":
 				n += float64(m.GetHistogram().GetSampleCount())
 				sum += m.GetHistogram().GetSampleSum()
+			case "meterline_stream_transaction_settle_wait_seconds":
+				wait += m.GetHistogram().GetSampleSum()
 			case "meterline_stream_records_in_total":
 				in += metricValue(m)
 			}
@@ -233,8 +237,8 @@ func txnStats(g prometheus.Gatherer, elapsed time.Duration) string {
 	if n == 0 {
 		return "no transactions"
 	}
-	return fmt.Sprintf("%.0f transactions, %.0f records each, ending one took %.1f ms on average (%.0f%% of the run)",
-		n, in/n, 1000*sum/n, 100*sum/elapsed.Seconds())
+	return fmt.Sprintf("%.0f transactions, %.0f records each, ending one took %.1f ms on average (%.0f%% of the run; waiting for the coordinator to finish the one before, %.0f%%)",
+		n, in/n, 1000*sum/n, 100*sum/elapsed.Seconds(), 100*wait/elapsed.Seconds())
 }
 
 // StageConfig configures what Dedup and Aggregate do alike.

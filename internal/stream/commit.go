@@ -122,6 +122,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// client (held-back ones after the coordinator finished the previous
 	// transaction, settle.go).
 	rt.txnEnd.wait()
+	rt.m.settleWait.Observe(time.Since(start).Seconds())
 	// Every changelog record of this transaction, and so everything past
 	// the checkpoints apply writes, is appended after this instant: it
 	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).

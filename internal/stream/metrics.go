@@ -19,6 +19,7 @@ type metrics struct {
 	// partitions processing in parallel.
 	outByTopic     sync.Map // topic → prometheus.Counter
 	settleSeconds  prometheus.Observer
+	settleWait     prometheus.Observer
 	fenced         prometheus.Counter
 	restoring      *prometheus.GaugeVec
 	restoreRecords prometheus.Counter
@@ -45,6 +46,8 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Output records produced in transactions (committed or not), by topic."}, []string{"topic"}),
 		settleSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_seconds",
 			Help: "Time from the end of a transaction until the coordinator reported it complete (its markers written); the next transaction produces only then.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		settleWait: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_wait_seconds",
+			Help: "Time the end of a transaction waited for the coordinator to finish the one before it (0 when it had finished while this one processed): the part of meterline_stream_commit_seconds the broker decides.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		fenced: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_commits_refused_total",
 			Help: "Transactions aborted because the group rebalanced or the offset commit was fenced (a zombie's commits)."}),
 		restoring: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_restore_remaining_records",

@@ -469,6 +469,11 @@ func (r *freshStart) run(t *testing.T, brokers []string, n int, outN uint32, rec
 	}
 	seen := obs.observations()
 	readCommits()
+	// Every commit observed how long it waited for the coordinator to
+	// finish the transaction before, a part of its commit time.
+	if wn, wsum := histogramStats(t, reg, "meterline_stream_transaction_settle_wait_seconds"); wn != lastN || wsum > lastSum {
+		t.Errorf("start %d: settle_wait_seconds %d samples, sum %.3fs; commit_seconds %d samples, sum %.3fs", n, wn, wsum, lastN, lastSum)
+	}
 	if want := (records + batch - 1) / batch; len(r.commits) < want {
 		t.Fatalf("start %d: %d transactions, want at least %d", n, len(r.commits), want)
 	}
@@ -501,12 +506,19 @@ func committedSum(t *testing.T, adm *kadm.Client, group, topic string) int64 {
 // commitStats reads the stage's commit-latency histogram.
 func commitStats(t *testing.T, reg *prometheus.Registry) (n uint64, sum float64) {
 	t.Helper()
+	return histogramStats(t, reg, "meterline_stream_commit_seconds")
+}
+
+// histogramStats reads the sample count and sum of the stage's histogram
+// name.
+func histogramStats(t *testing.T, reg *prometheus.Registry, name string) (n uint64, sum float64) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "meterline_stream_commit_seconds" {
+		if mf.GetName() == name {
 			h := mf.GetMetric()[0].GetHistogram()
 			return h.GetSampleCount(), h.GetSampleSum()
 		}
