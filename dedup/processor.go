@@ -410,19 +410,27 @@ func (pt *partition) begin(tx *stream.Tx) error {
 // bucket b holds first arrivals in [b·B, (b+1)·B), all of whose keys may go
 // once the watermark reaches (b+1)·B + W + S.
 func (pt *partition) scheduleExpiry() {
-	if pt.wm <= 0 {
-		return
-	}
-	c := pt.pr.cfg
-	horizon := pt.wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
-	if horizon <= 0 {
-		return
-	}
-	// (b+1)·B ≤ horizon ⇔ b < ⌊horizon/B⌋: buckets below that are expired.
-	below := horizon / c.Bucket.Milliseconds()
-	if below > pt.dropTo {
+	if below := pt.expiredBuckets(); below > 0 && below > pt.dropTo {
 		pt.dropTo = below
 	}
+}
+
+// expiredBuckets returns the first bucket not expired at the watermark:
+// every bucket below it is past W + S (0: none).
+func (pt *partition) expiredBuckets() int64 {
+	c := pt.pr.cfg
+	horizon := pt.wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
+	if pt.wm <= 0 || horizon <= 0 {
+		return 0
+	}
+	// (b+1)·B ≤ horizon ⇔ b < ⌊horizon/B⌋: buckets below that are expired.
+	return horizon / c.Bucket.Milliseconds()
+}
+
+// expiredBefore returns the time, epoch ms, before which the keys of first
+// arrivals have expired at the watermark (0: none).
+func (pt *partition) expiredBefore() int64 {
+	return pt.expiredBuckets() * pt.pr.cfg.Bucket.Milliseconds()
 }
 
 func (pt *partition) publish() {
@@ -621,6 +629,18 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	case e.EventTime > arrival+c.Skew.Milliseconds():
 		return pt.reject(tx, r, e, schemas.ReasonInFuture, fmt.Sprintf("event_time %s is more than %s after its arrival %s (skew S)",
 			msTime(e.EventTime), c.Skew, msTime(arrival)))
+	case e.EventTime-c.Skew.Milliseconds() < pt.expiredBefore():
+		// Any earlier copy first arrived at or after event_time − S, and
+		// the keys of first arrivals before expiredBefore are gone (or go
+		// at the end of this batch): a copy could not be recognised. Only
+		// an arrival older than the watermark gets here (a re-routed
+		// record, which keeps an arrival up to W before its broker
+		// timestamp, or a broker clock that stepped back). Judged by the
+		// watermark, the largest broker timestamp up to this record, so the
+		// decision is the same however the records are batched.
+		return pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf(
+			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark %s is past them + W + S), so a copy could not be recognised",
+			msTime(e.EventTime), c.Skew, msTime(pt.expiredBefore()), msTime(pt.wm)))
 	}
 	sum := sha256.Sum256(canon)
 	kh, verify := sum[:hashLen], sum[hashLen:hashLen+verifyLen]
@@ -647,9 +667,9 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	}
 	b := uint32(arrival / c.Bucket.Milliseconds())
 	if int64(b) < pt.expired {
-		// Arrival older than buckets already dropped: only a re-routed
-		// record can be here (its arrival may be up to W before its
-		// broker timestamp); keep its key in the oldest live bucket.
+		// Arrival older than buckets already dropped. The expiry check
+		// above rejects such an event (its event_time ≤ arrival + S);
+		// should one get here, its key goes to the oldest live bucket.
 		b = uint32(pt.expired)
 	}
 	var key [identityKeyLen]byte

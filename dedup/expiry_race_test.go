@@ -1,0 +1,72 @@
+package dedup
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestLateRerouteAfterExpiry: a re-routed record keeps its original
+// arrival, which may be up to W before its own broker timestamp, while keys
+// expire by the partition watermark (broker time). When dedup re-routes a
+// misrouted copy late (it was down, or its partition lagged), the key of the
+// copy's original may already be gone when the re-routed record is read,
+// although the copy's own arrival is inside the window. That copy cannot be
+// judged: it must be rejected (too_old), never forwarded a second time.
+func TestLateRerouteAfterExpiry(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 2)
+		reg := prometheus.NewRegistry()
+		cfg := h.configWith("a", reg)
+		cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
+		W := cfg.Window.Milliseconds()
+		// Dedup stamps the record it re-routes with the wall clock, so the
+		// times count back from now.
+		now := time.Now().UnixMilli()
+		a := now - W - 10*60_000 // the original's arrival and event time
+		orig := h.event("acme", "api_calls", "late1", 3, a, a)
+		p := orig.Partition
+		// A later tick of the same partition moves its watermark past the
+		// original's bucket + W + S: its key expires.
+		h.produce(orig, h.tick(p, now-2*60_000))
+		h.start(cfg)
+		h.caughtUp()
+
+		// A copy of it that arrived, misrouted, 1 s inside its window (W
+		// after the original's event time) and that dedup re-routes only
+		// now, 10 minutes later.
+		cp := h.event("acme", "api_calls", "late1", 3, a, a+W-1000)
+		cp.Partition = 1 - p
+		h.produce(cp)
+		h.caughtUp()
+		deadline := time.Now().Add(30 * time.Second)
+		var o outputs
+		for {
+			o = h.outputs()
+			if len(o.rejectedOf("late1")) > 0 || len(o.dedupedOf("late1")) > 1 || len(o.duplicates) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the re-routed copy of late1 was not decided within 30s")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if n := len(o.dedupedOf("late1")); n != 1 {
+			t.Fatalf("late1 forwarded %d times, want 1: its re-routed copy was accepted after the original's key had expired", n)
+		}
+		r := o.rejectedOf("late1")
+		if len(r) != 1 || r[0].Reason != schemas.ReasonTooOld || r[0].SourcePartition != p {
+			t.Fatalf("late1's re-routed copy: rejected %+v, want one too_old from partition %d", r, p)
+		}
+		if !strings.Contains(r[0].Detail, "expired") {
+			t.Errorf("detail %q does not say that the keys for its time expired", r[0].Detail)
+		}
+		if got := metricValues(t, reg, "meterline_rejected_total")["reason=too_old,stage=dedup"]; got != 1 {
+			t.Errorf("meterline_rejected_total{stage=dedup,reason=too_old} = %v, want 1", got)
+		}
+	})
+}
