@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -69,4 +70,45 @@ func TestLateRerouteAfterExpiry(t *testing.T) {
 			t.Errorf("meterline_rejected_total{stage=dedup,reason=too_old} = %v, want 1", got)
 		}
 	})
+}
+
+// TestAbortKeepsBucketsAlive: a transaction whose watermark expires a
+// bucket drops it from memory at once, and from the store only if it
+// commits. When it aborts and the partition stays, its records are
+// processed again from the committed state: a copy among them, which the
+// aborted attempt recognised before the bucket expired, must be recognised
+// again, not forwarded as a first copy because the bucket's filter is gone.
+func TestAbortKeepsBucketsAlive(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newHarness(t, brokers, 1)
+	reg := prometheus.NewRegistry()
+	cfg := h.configWith("a", reg)
+	cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
+	W, S, B := 2*hour, int64(60_000), int64(60_000)
+	arr := t0 + 30_000 // inside bucket [t0, t0+B)
+	h.produce(h.event("acme", "api_calls", "x1", 1, arr, arr))
+	st := h.start(cfg)
+	h.caughtUp()
+
+	// One transaction: a copy 1 s inside its window, then a tick that
+	// expires the original's bucket. It aborts.
+	testenv.FailNextTxnOffsetCommit(c)
+	h.produce(h.event("acme", "api_calls", "x1", 1, arr, arr+W-1000), h.tick(0, t0+B+W+S))
+	h.caughtUp()
+	if got := metricValues(t, reg, "meterline_stream_transactions_total")["outcome=aborted,stage=dedup"]; got < 1 {
+		t.Fatalf("no aborted transaction (%v): the test did not test anything", metricValues(t, reg, "meterline_stream_transactions_total"))
+	}
+	if err, done := st.wait(0); done {
+		t.Fatalf("dedup stopped: %v", err)
+	}
+	o := h.outputs()
+	if n := len(o.dedupedOf("x1")); n != 1 {
+		t.Errorf("x1 forwarded %d times, want 1: the copy replayed after the abort missed the bucket the aborted transaction dropped", n)
+	}
+	if len(o.duplicates) != 1 {
+		t.Errorf("%d duplicates, want 1 (the copy)", len(o.duplicates))
+	}
+	if n := identityKeys(t, st.stage, 0); n != 0 {
+		t.Errorf("%d identity keys after the bucket expired, want 0", n)
+	}
 }
