@@ -112,3 +112,29 @@ func TestAbortKeepsBucketsAlive(t *testing.T) {
 		t.Errorf("%d identity keys after the bucket expired, want 0", n)
 	}
 }
+
+// TestClockStepBackAfterExpiry: the broker's clock steps back after the
+// watermark expired a key. A copy stamped with the earlier time is inside
+// the window by its own arrival, but its original's key is gone: it is
+// rejected (too_old), not forwarded a second time.
+func TestClockStepBackAfterExpiry(t *testing.T) {
+	h := newHarness(t, nil, 1)
+	reg := prometheus.NewRegistry()
+	cfg := h.configWith("a", reg)
+	cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
+	W, S, B := 2*hour, int64(60_000), int64(60_000)
+	arr := t0 + 30_000 // inside bucket [t0, t0+B)
+	h.produce(h.event("acme", "api_calls", "s1", 1, arr, arr), h.tick(0, t0+B+W+S))
+	h.start(cfg)
+	h.caughtUp()
+	// The clock steps back 10 minutes: a copy 1 s inside its window.
+	h.produce(h.event("acme", "api_calls", "s1", 1, arr, arr+W-1000))
+	h.caughtUp()
+	o := h.outputs()
+	if n := len(o.dedupedOf("s1")); n != 1 {
+		t.Fatalf("s1 forwarded %d times, want 1", n)
+	}
+	if r := o.rejectedOf("s1"); len(r) != 1 || r[0].Reason != schemas.ReasonTooOld {
+		t.Errorf("s1's copy: rejected %+v, want too_old", r)
+	}
+}
