@@ -72,6 +72,19 @@ func TestLateRerouteAfterExpiry(t *testing.T) {
 	})
 }
 
+// W, S and B of shortWindow, and an arrival inside bucket [t0, t0+B).
+const swW, swS, swB = 2 * hour, int64(60_000), int64(60_000)
+
+var swArr = t0 + 30_000
+
+// shortWindow is a config with W = 2 h, S = B = 1 min, and only the test's
+// ticks.
+func shortWindow(h *harness, reg *prometheus.Registry) Config {
+	cfg := h.configWith("a", reg)
+	cfg.Window, cfg.Skew, cfg.Bucket = time.Duration(swW)*time.Millisecond, time.Duration(swS)*time.Millisecond, time.Duration(swB)*time.Millisecond
+	return cfg
+}
+
 // TestAbortKeepsBucketsAlive: a transaction whose watermark expires a
 // bucket drops it from memory at once, and from the store only if it
 // commits. When it aborts and the partition stays, its records are
@@ -82,18 +95,15 @@ func TestAbortKeepsBucketsAlive(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newHarness(t, brokers, 1)
 	reg := prometheus.NewRegistry()
-	cfg := h.configWith("a", reg)
-	cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
-	W, S, B := 2*hour, int64(60_000), int64(60_000)
-	arr := t0 + 30_000 // inside bucket [t0, t0+B)
-	h.produce(h.event("acme", "api_calls", "x1", 1, arr, arr))
+	cfg := shortWindow(h, reg)
+	h.produce(h.event("acme", "api_calls", "x1", 1, swArr, swArr))
 	st := h.start(cfg)
 	h.caughtUp()
 
 	// One transaction: a copy 1 s inside its window, then a tick that
 	// expires the original's bucket. It aborts.
 	testenv.FailNextTxnOffsetCommit(c)
-	h.produce(h.event("acme", "api_calls", "x1", 1, arr, arr+W-1000), h.tick(0, t0+B+W+S))
+	h.produce(h.event("acme", "api_calls", "x1", 1, swArr, swArr+swW-1000), h.tick(0, t0+swB+swW+swS))
 	h.caughtUp()
 	if got := metricValues(t, reg, "meterline_stream_transactions_total")["outcome=aborted,stage=dedup"]; got < 1 {
 		t.Fatalf("no aborted transaction (%v): the test did not test anything", metricValues(t, reg, "meterline_stream_transactions_total"))
@@ -119,16 +129,12 @@ func TestAbortKeepsBucketsAlive(t *testing.T) {
 // rejected (too_old), not forwarded a second time.
 func TestClockStepBackAfterExpiry(t *testing.T) {
 	h := newHarness(t, nil, 1)
-	reg := prometheus.NewRegistry()
-	cfg := h.configWith("a", reg)
-	cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
-	W, S, B := 2*hour, int64(60_000), int64(60_000)
-	arr := t0 + 30_000 // inside bucket [t0, t0+B)
-	h.produce(h.event("acme", "api_calls", "s1", 1, arr, arr), h.tick(0, t0+B+W+S))
+	cfg := shortWindow(h, prometheus.NewRegistry())
+	h.produce(h.event("acme", "api_calls", "s1", 1, swArr, swArr), h.tick(0, t0+swB+swW+swS))
 	h.start(cfg)
 	h.caughtUp()
 	// The clock steps back 10 minutes: a copy 1 s inside its window.
-	h.produce(h.event("acme", "api_calls", "s1", 1, arr, arr+W-1000))
+	h.produce(h.event("acme", "api_calls", "s1", 1, swArr, swArr+swW-1000))
 	h.caughtUp()
 	o := h.outputs()
 	if n := len(o.dedupedOf("s1")); n != 1 {
