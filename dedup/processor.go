@@ -126,6 +126,14 @@ type partition struct {
 	filters
 	expired int64 // every bucket below this has been dropped; -1: none
 	dropTo  int64 // drop buckets below this in the next transaction
+	// dropping: the filters of the buckets the open transaction dropped.
+	// Their keys leave the store only if it commits: Abort puts them back,
+	// so that its records, processed again at the committed watermark,
+	// still find the copies the buckets hold.
+	dropping []droppedBucket
+	// flushed: the open transaction reached its commit (Flush ran). If no
+	// Abort follows before the next transaction begins, it committed.
+	flushed bool
 
 	// Per-record scratch, reused: Process runs one record at a time.
 	ev    schemas.UsageEvent
@@ -141,6 +149,12 @@ type partition struct {
 	// recs is a slab of output records, handed out one at a time.
 	recs []kgo.Record
 	slab []byte // output key and value bytes (alloc)
+}
+
+type droppedBucket struct {
+	b    uint32
+	f    *bloom
+	keys int
 }
 
 type pendingCount struct {
@@ -345,23 +359,56 @@ func (pt *partition) Punctuate(tx *stream.Tx) error {
 // are consumed again.)
 //
 // A bucket drop the aborted transaction carried (a local range delete,
-// applied only on commit) is lost with it: expired goes back to -1, so the
-// next transaction drops every bucket below dropTo again (a range from the
-// first bucket; dropping one twice does nothing).
+// applied only on commit) is lost with it, and the filters of the buckets
+// it dropped go back: the watermark goes back to the committed one, at
+// which those buckets may still be live, and their keys are still in the
+// store (their records, processed again, must find the copies they hold).
+// begin decides again from that watermark which buckets are due, and drops
+// every bucket below (a range from the first bucket; dropping one twice
+// does nothing).
 func (pt *partition) Abort() {
 	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, 0
-	pt.expired = -1
+	pt.expired, pt.dropTo = -1, -1
+	pt.flushed = false
+	for _, d := range pt.dropping {
+		if f, ok := pt.blooms[d.b]; ok {
+			// A key stored in the bucket since (cannot happen: keys go to
+			// live buckets): keep both filters.
+			f.filters = append(f.filters, d.f.filters...)
+			pt.keys[d.b] += d.keys
+			continue
+		}
+		pt.blooms[d.b], pt.keys[d.b] = d.f, d.keys
+		pt.buckets = append(pt.buckets, d.b)
+	}
+	if len(pt.dropping) > 0 {
+		sort.Slice(pt.buckets, func(i, j int) bool { return pt.buckets[i] > pt.buckets[j] })
+	}
+	pt.dropping = nil
+}
+
+// Flush implements stream.Flusher: the transaction is about to commit.
+func (pt *partition) Flush(*stream.Tx) error {
+	pt.flushed = true
+	return nil
 }
 
 // begin writes what a transaction must carry on its first use: the
 // metadata keys when due, and pending expiry.
 func (pt *partition) begin(tx *stream.Tx) error {
+	if pt.flushed {
+		// The previous transaction committed (an abort would have called
+		// Abort): the buckets it dropped are gone from the store.
+		pt.pr.m.expired.Add(float64(len(pt.dropping)))
+		pt.dropping, pt.flushed = nil, false
+	}
 	if pt.reloadWM {
 		wm, err := readWatermark(tx.Get)
 		if err != nil {
 			return fmt.Errorf("dedup: partition %d: %w", pt.p, err)
 		}
 		pt.wm, pt.reloadWM = wm, false
+		pt.scheduleExpiry()
 	}
 	refresh := false
 	if pt.dropTo > pt.expired {
@@ -374,9 +421,9 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		kept := pt.buckets[:0]
 		for _, b := range pt.buckets {
 			if int64(b) < pt.dropTo {
+				pt.dropping = append(pt.dropping, droppedBucket{b: b, f: pt.blooms[b], keys: pt.keys[b]})
 				delete(pt.blooms, b)
 				delete(pt.keys, b)
-				pt.pr.m.expired.Inc()
 				continue
 			}
 			kept = append(kept, b)
@@ -410,19 +457,27 @@ func (pt *partition) begin(tx *stream.Tx) error {
 // bucket b holds first arrivals in [b·B, (b+1)·B), all of whose keys may go
 // once the watermark reaches (b+1)·B + W + S.
 func (pt *partition) scheduleExpiry() {
-	if pt.wm <= 0 {
-		return
-	}
-	c := pt.pr.cfg
-	horizon := pt.wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
-	if horizon <= 0 {
-		return
-	}
-	// (b+1)·B ≤ horizon ⇔ b < ⌊horizon/B⌋: buckets below that are expired.
-	below := horizon / c.Bucket.Milliseconds()
-	if below > pt.dropTo {
+	if below := pt.expiredBuckets(); below > 0 && below > pt.dropTo {
 		pt.dropTo = below
 	}
+}
+
+// expiredBuckets returns the first bucket not expired at the watermark:
+// every bucket below it is past W + S (0: none).
+func (pt *partition) expiredBuckets() int64 {
+	c := pt.pr.cfg
+	horizon := pt.wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
+	if pt.wm <= 0 || horizon <= 0 {
+		return 0
+	}
+	// (b+1)·B ≤ horizon ⇔ b < ⌊horizon/B⌋: buckets below that are expired.
+	return horizon / c.Bucket.Milliseconds()
+}
+
+// expiredBefore returns the time, epoch ms, before which the keys of first
+// arrivals have expired at the watermark (0: none).
+func (pt *partition) expiredBefore() int64 {
+	return pt.expiredBuckets() * pt.pr.cfg.Bucket.Milliseconds()
 }
 
 func (pt *partition) publish() {
@@ -621,6 +676,18 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	case e.EventTime > arrival+c.Skew.Milliseconds():
 		return pt.reject(tx, r, e, schemas.ReasonInFuture, fmt.Sprintf("event_time %s is more than %s after its arrival %s (skew S)",
 			msTime(e.EventTime), c.Skew, msTime(arrival)))
+	case e.EventTime-c.Skew.Milliseconds() < pt.expiredBefore():
+		// Any earlier copy first arrived at or after event_time − S, and
+		// the keys of first arrivals before expiredBefore are gone (or go
+		// at the end of this batch): a copy could not be recognised. Only
+		// an arrival older than the watermark gets here (a re-routed
+		// record, which keeps an arrival up to W before its broker
+		// timestamp, or a broker clock that stepped back). Judged by the
+		// watermark, the largest broker timestamp up to this record, so the
+		// decision is the same however the records are batched.
+		return pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf(
+			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark %s is past them + W + S), so a copy could not be recognised",
+			msTime(e.EventTime), c.Skew, msTime(pt.expiredBefore()), msTime(pt.wm)))
 	}
 	sum := sha256.Sum256(canon)
 	kh, verify := sum[:hashLen], sum[hashLen:hashLen+verifyLen]
@@ -647,9 +714,9 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	}
 	b := uint32(arrival / c.Bucket.Milliseconds())
 	if int64(b) < pt.expired {
-		// Arrival older than buckets already dropped: only a re-routed
-		// record can be here (its arrival may be up to W before its
-		// broker timestamp); keep its key in the oldest live bucket.
+		// Arrival older than buckets already dropped. The expiry check
+		// above rejects such an event (its event_time ≤ arrival + S);
+		// should one get here, its key goes to the oldest live bucket.
 		b = uint32(pt.expired)
 	}
 	var key [identityKeyLen]byte

@@ -17,6 +17,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -253,6 +254,9 @@ func New(opts ...Option) (*Producer, error) {
 	return p, nil
 }
 
+// The times that epoch milliseconds (an int64) can hold.
+var minMilli, maxMilli = time.UnixMilli(math.MinInt64), time.UnixMilli(math.MaxInt64)
+
 // Record validates e and returns the Kafka record the producer would send.
 // The returned error is a *FieldError for bad input.
 func (p *Producer) Record(e Event) (*kgo.Record, error) {
@@ -299,6 +303,12 @@ func (p *Producer) FillRecord(rec *kgo.Record, ue *schemas.UsageEvent, eventTime
 func (p *Producer) AppendRecord(buf []byte, rec *kgo.Record, ue *schemas.UsageEvent, eventTime, now time.Time) ([]byte, error) {
 	if eventTime.IsZero() {
 		return buf, &FieldError{Field: "event_time", Code: schemas.ReasonInvalid, Reason: "is missing (zero)"}
+	}
+	if eventTime.Before(minMilli) || eventTime.After(maxMilli) {
+		// UnixMilli would wrap it around to a time that may pass every
+		// check below.
+		return buf, &FieldError{Field: "event_time", Code: schemas.ReasonInvalid,
+			Reason: fmt.Sprintf("%s is beyond the range of epoch milliseconds", eventTime.UTC().Format(time.RFC3339Nano))}
 	}
 	ue.EventTime = eventTime.UnixMilli()
 	if ue.Source == "" {

@@ -50,6 +50,11 @@ func TestValidation(t *testing.T) {
 		{"epoch event time", func(e *Event) { e.EventTime = time.UnixMilli(0) }, "event_time", schemas.ReasonInvalid},
 		{"before 2000", func(e *Event) { e.EventTime = time.Date(1999, 12, 31, 23, 59, 59, 0, time.UTC) }, "event_time", schemas.ReasonInvalid},
 		{"too far ahead", func(e *Event) { e.EventTime = now.Add(time.Hour + time.Millisecond) }, "event_time", schemas.ReasonInFuture},
+		// Times outside int64 milliseconds: UnixMilli wraps them around to
+		// a time that looks valid (here in the year 292277026, or, chosen
+		// with care, any time at all).
+		{"year -292277022", func(e *Event) { e.EventTime = time.Date(-292277022, 1, 1, 0, 0, 0, 0, time.UTC) }, "event_time", schemas.ReasonInvalid},
+		{"year -1000000000", func(e *Event) { e.EventTime = time.Date(-1000000000, 1, 1, 0, 0, 0, 0, time.UTC) }, "event_time", schemas.ReasonInvalid},
 		{"too many properties", func(e *Event) { e.Properties = bigProps }, "properties", schemas.ReasonOversized},
 		{"properties too big", func(e *Event) { e.Properties = map[string]string{"p": strings.Repeat("x", schemas.MaxPropertiesBytes)} }, "properties", schemas.ReasonOversized},
 		{"long event id", func(e *Event) { e.EventID = strings.Repeat("x", schemas.MaxIdentityFieldBytes+1) }, "event_id", schemas.ReasonOversized},

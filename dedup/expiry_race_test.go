@@ -1,0 +1,146 @@
+package dedup
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestLateRerouteAfterExpiry: a re-routed record keeps its original
+// arrival, which may be up to W before its own broker timestamp, while keys
+// expire by the partition watermark (broker time). When dedup re-routes a
+// misrouted copy late (it was down, or its partition lagged), the key of the
+// copy's original may already be gone when the re-routed record is read,
+// although the copy's own arrival is inside the window. That copy cannot be
+// judged: it must be rejected (too_old), never forwarded a second time.
+func TestLateRerouteAfterExpiry(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 2)
+		reg := prometheus.NewRegistry()
+		cfg := h.configWith("a", reg)
+		cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
+		W := cfg.Window.Milliseconds()
+		// Dedup stamps the record it re-routes with the wall clock, so the
+		// times count back from now.
+		now := time.Now().UnixMilli()
+		a := now - W - 10*60_000 // the original's arrival and event time
+		orig := h.event("acme", "api_calls", "late1", 3, a, a)
+		p := orig.Partition
+		// A later tick of the same partition moves its watermark past the
+		// original's bucket + W + S: its key expires.
+		h.produce(orig, h.tick(p, now-2*60_000))
+		h.start(cfg)
+		h.caughtUp()
+
+		// A copy of it that arrived, misrouted, 1 s inside its window (W
+		// after the original's event time) and that dedup re-routes only
+		// now, 10 minutes later.
+		cp := h.event("acme", "api_calls", "late1", 3, a, a+W-1000)
+		cp.Partition = 1 - p
+		h.produce(cp)
+		h.caughtUp()
+		deadline := time.Now().Add(30 * time.Second)
+		var o outputs
+		for {
+			o = h.outputs()
+			if len(o.rejectedOf("late1")) > 0 || len(o.dedupedOf("late1")) > 1 || len(o.duplicates) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the re-routed copy of late1 was not decided within 30s")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if n := len(o.dedupedOf("late1")); n != 1 {
+			t.Fatalf("late1 forwarded %d times, want 1: its re-routed copy was accepted after the original's key had expired", n)
+		}
+		r := o.rejectedOf("late1")
+		if len(r) != 1 || r[0].Reason != schemas.ReasonTooOld || r[0].SourcePartition != p {
+			t.Fatalf("late1's re-routed copy: rejected %+v, want one too_old from partition %d", r, p)
+		}
+		if !strings.Contains(r[0].Detail, "expired") {
+			t.Errorf("detail %q does not say that the keys for its time expired", r[0].Detail)
+		}
+		if got := metricValues(t, reg, "meterline_rejected_total")["reason=too_old,stage=dedup"]; got != 1 {
+			t.Errorf("meterline_rejected_total{stage=dedup,reason=too_old} = %v, want 1", got)
+		}
+	})
+}
+
+// W, S and B of shortWindow, and an arrival inside bucket [t0, t0+B).
+const swW, swS, swB = 2 * hour, int64(60_000), int64(60_000)
+
+var swArr = t0 + 30_000
+
+// shortWindow is a config with W = 2 h, S = B = 1 min, and only the test's
+// ticks.
+func shortWindow(h *harness, reg *prometheus.Registry) Config {
+	cfg := h.configWith("a", reg)
+	cfg.Window, cfg.Skew, cfg.Bucket = time.Duration(swW)*time.Millisecond, time.Duration(swS)*time.Millisecond, time.Duration(swB)*time.Millisecond
+	return cfg
+}
+
+// TestAbortKeepsBucketsAlive: a transaction whose watermark expires a
+// bucket drops it from memory at once, and from the store only if it
+// commits. When it aborts and the partition stays, its records are
+// processed again from the committed state: a copy among them, which the
+// aborted attempt recognised before the bucket expired, must be recognised
+// again, not forwarded as a first copy because the bucket's filter is gone.
+func TestAbortKeepsBucketsAlive(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newHarness(t, brokers, 1)
+	reg := prometheus.NewRegistry()
+	cfg := shortWindow(h, reg)
+	h.produce(h.event("acme", "api_calls", "x1", 1, swArr, swArr))
+	st := h.start(cfg)
+	h.caughtUp()
+
+	// One transaction: a copy 1 s inside its window, then a tick that
+	// expires the original's bucket. It aborts.
+	testenv.FailNextTxnOffsetCommit(c)
+	h.produce(h.event("acme", "api_calls", "x1", 1, swArr, swArr+swW-1000), h.tick(0, t0+swB+swW+swS))
+	h.caughtUp()
+	if got := metricValues(t, reg, "meterline_stream_transactions_total")["outcome=aborted,stage=dedup"]; got < 1 {
+		t.Fatalf("no aborted transaction (%v): the test did not test anything", metricValues(t, reg, "meterline_stream_transactions_total"))
+	}
+	if err, done := st.wait(0); done {
+		t.Fatalf("dedup stopped: %v", err)
+	}
+	o := h.outputs()
+	if n := len(o.dedupedOf("x1")); n != 1 {
+		t.Errorf("x1 forwarded %d times, want 1: the copy replayed after the abort missed the bucket the aborted transaction dropped", n)
+	}
+	if len(o.duplicates) != 1 {
+		t.Errorf("%d duplicates, want 1 (the copy)", len(o.duplicates))
+	}
+	if n := identityKeys(t, st.stage, 0); n != 0 {
+		t.Errorf("%d identity keys after the bucket expired, want 0", n)
+	}
+}
+
+// TestClockStepBackAfterExpiry: the broker's clock steps back after the
+// watermark expired a key. A copy stamped with the earlier time is inside
+// the window by its own arrival, but its original's key is gone: it is
+// rejected (too_old), not forwarded a second time.
+func TestClockStepBackAfterExpiry(t *testing.T) {
+	h := newHarness(t, nil, 1)
+	cfg := shortWindow(h, prometheus.NewRegistry())
+	h.produce(h.event("acme", "api_calls", "s1", 1, swArr, swArr), h.tick(0, t0+swB+swW+swS))
+	h.start(cfg)
+	h.caughtUp()
+	// The clock steps back 10 minutes: a copy 1 s inside its window.
+	h.produce(h.event("acme", "api_calls", "s1", 1, swArr, swArr+swW-1000))
+	h.caughtUp()
+	o := h.outputs()
+	if n := len(o.dedupedOf("s1")); n != 1 {
+		t.Fatalf("s1 forwarded %d times, want 1", n)
+	}
+	if r := o.rejectedOf("s1"); len(r) != 1 || r[0].Reason != schemas.ReasonTooOld {
+		t.Errorf("s1's copy: rejected %+v, want too_old", r)
+	}
+}
