@@ -53,15 +53,7 @@ func TestStandbyPausedPastHorizonStartsOver(t *testing.T) {
 	// committed for read_committed readers).
 	put := func(kv ...string) {
 		t.Helper()
-		var recs []*kgo.Record
-		for i := 0; i+1 < len(kv); i += 2 {
-			r := &kgo.Record{Key: []byte(kv[i])}
-			if kv[i+1] != "" {
-				r.Value = []byte(kv[i+1])
-			}
-			recs = append(recs, r)
-		}
-		if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		if err := cl.ProduceSync(context.Background(), kvRecords(kv...)...).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
