@@ -20,10 +20,17 @@ import (
 //   - a record with a value sets its key, a tombstone deletes it, a control
 //     record (transaction marker) only moves the position;
 //   - a commit writes the pending records and the checkpoint (the position
-//     reached, with the date it is given) in one Pebble batch, and only then
+//     reached, with the copy's date) in one Pebble batch, and only then
 //     gives the records to the warm structures and applies their local
 //     deletes (WarmExpirer): the warm structures never reflect a record the
-//     state does not hold.
+//     state does not hold;
+//   - the date (DESIGN §6.8) holds from a position: every tombstone at or
+//     past it is kept until at least the date + delete.retention.ms. A
+//     record read past that deadline may have lost a later tombstone to
+//     compaction, so neither a commit nor a new date may cover a record
+//     read after it: they fail with errBeyondHorizon, and the copy starts
+//     over in full. (The restore plan alone cannot tell: a state at the
+//     changelog's end is trusted however old its date, "current".)
 //
 // It is used by one goroutine.
 type changelogCopy struct {
@@ -36,13 +43,19 @@ type changelogCopy struct {
 	b       *batch
 	applied []*kgo.Record // the records in b, for warm once committed
 	pos     int64         // the next offset to read: everything below it is in b or committed
+	at      time.Time     // the date the checkpoints carry
+	atPos   int64         // the position at dates: every record read past it was read in time only if read before at + the horizon
 }
+
+// errBeyondHorizon is returned (wrapped) by a copy that read a record
+// later than the horizon of its date allows.
+var errBeyondHorizon = errors.New("read changelog records past the horizon of the copy's date: a tombstone may have been compacted away unread")
 
 // newChangelogCopy starts reading changelog partition p from offset from
 // (read_committed, control records kept, so that the position passes the
-// transaction markers). warm, when not nil, receives every record once it
-// is committed. The caller closes it.
-func (rt *Runtime) newChangelogCopy(p int32, what string, from int64, warm WarmState) (*changelogCopy, error) {
+// transaction markers), its checkpoints dated at. warm, when not nil,
+// receives every record once it is committed. The caller closes it.
+func (rt *Runtime) newChangelogCopy(p int32, what string, from int64, at time.Time, warm WarmState) (*changelogCopy, error) {
 	cl, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -55,7 +68,7 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from int64, warm WarmS
 	if err != nil {
 		return nil, err
 	}
-	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from}, nil
+	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from}, nil
 }
 
 // fetch polls the changelog, for at most wait when wait > 0. Once ctx ends
@@ -115,12 +128,49 @@ func (c *changelogCopy) add(fs kgo.Fetches, bound int64) int {
 // pending returns how many records the pending batch holds.
 func (c *changelogCopy) pending() int { return c.b.n }
 
-// commit writes the pending records with the checkpoint {position, at},
+// inTime reports whether every record the copy read since its date was
+// read within the horizon of that date (now − date + margin <
+// delete.retention.ms, the margin a tenth of it, as planRestore's), or it
+// read none. An unknown retention (zero) is not checked: every restore
+// with a tail to replay is then a full one.
+func (c *changelogCopy) inTime(retention time.Duration) bool {
+	if c.pos == c.atPos || retention <= 0 {
+		return true
+	}
+	return c.rt.cfg.Clock.Now().Sub(c.at)+retention/restoreMarginDivisor < retention
+}
+
+// redate dates the copy's checkpoints at from now on: the caller has read
+// up to an end listed at at, so every tombstone it has not read was
+// appended after at. It fails with errBeyondHorizon if the records read
+// under the current date were not read in time (inTime).
+func (c *changelogCopy) redate(at time.Time, retention time.Duration) error {
+	if !at.After(c.at) {
+		return nil
+	}
+	if !c.inTime(retention) {
+		return c.beyondHorizon(retention)
+	}
+	c.at, c.atPos = at, c.pos
+	return nil
+}
+
+func (c *changelogCopy) beyondHorizon(retention time.Duration) error {
+	return fmt.Errorf("stream: %s partition %d: %w (checkpoint dated %s, at offset %d; delete.retention.ms %s)",
+		c.what, c.p, errBeyondHorizon, c.at.Format(time.RFC3339), c.pos, retention)
+}
+
+// commit writes the pending records with the checkpoint {position, date},
 // then gives them to the warm structures and applies their local deletes.
-func (c *changelogCopy) commit(at time.Time) error {
+// It fails with errBeyondHorizon, writing nothing, if the records read
+// under the date were not read in time (inTime).
+func (c *changelogCopy) commit(retention time.Duration) error {
+	if !c.inTime(retention) {
+		return c.beyondHorizon(retention)
+	}
 	b := c.b
 	c.b = c.rt.store.newBatch()
-	b.checkpoint(c.p, Checkpoint{Offset: c.pos, At: at})
+	b.checkpoint(c.p, Checkpoint{Offset: c.pos, At: c.at})
 	if err := b.commit(); err != nil {
 		return fmt.Errorf("stream: %s partition %d: write state: %w", c.what, c.p, err)
 	}

@@ -219,6 +219,14 @@ func newKVWorld(t *testing.T, changelogConfigs map[string]*string) *kvWorld {
 // send produces key=value records (a "" value is a delete).
 func (w *kvWorld) send(kv ...string) {
 	w.t.Helper()
+	if err := w.cl.ProduceSync(context.Background(), kvRecords(kv...)...).FirstErr(); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// kvRecords returns records of the pairs key, value (a "" value: a
+// tombstone).
+func kvRecords(kv ...string) []*kgo.Record {
 	var recs []*kgo.Record
 	for i := 0; i+1 < len(kv); i += 2 {
 		r := &kgo.Record{Key: []byte(kv[i])}
@@ -227,9 +235,7 @@ func (w *kvWorld) send(kv ...string) {
 		}
 		recs = append(recs, r)
 	}
-	if err := w.cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		w.t.Fatal(err)
-	}
+	return recs
 }
 
 // run runs instance id on fs until it has processed the input, then stops

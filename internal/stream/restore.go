@@ -62,68 +62,24 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(ctx, p)
-	// Read the checkpoint under mu so it is ordered against apply (see
-	// apply): any apply of a transaction that began before this epoch
-	// either happened already or is skipped.
-	rt.mu.Lock()
-	cp, has, err := rt.store.Checkpoint(p)
-	if err == nil && !has {
-		// No checkpoint: whatever is there is not known to match the
-		// changelog. Start from nothing.
-		err = rt.store.wipe(p)
-	}
-	rt.mu.Unlock()
-	if err != nil {
-		return nil, 0, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
-	}
-	// DESIGN §6.8: a tail replay only while every tombstone past the
-	// checkpoint is certain to be still in the changelog.
-	cs, err := rt.planCopy(ctx, adm, log, p, "restore", cp, has)
-	if err != nil {
-		return nil, 0, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
-	plan, hw, logStart, retention := cs.plan, cs.end, cs.logStart, cs.retention
-	rt.noteRestore(p, plan)
-	fields := []zap.Field{zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
-		zap.Int64("checkpoint", cp.Offset), zap.Int64("log_start", logStart), zap.Int64("to", hw), zap.Bool("had_state", has),
-		zap.Duration("checkpoint_age", plan.Age), zap.Duration("delete_retention", retention),
-		zap.Duration("tail_estimate", plan.TailEstimate), zap.Duration("full_estimate", plan.FullEstimate)}
-	if retention > 0 && !plan.FullFits {
-		rt.m.restoreHorizonExceeded.Inc()
-		msg := fmt.Sprintf("a full restore of changelog %s partition %d (%d offsets) is expected to take %s at %.0f records/s, more than half of its delete.retention.ms %s: compaction could remove tombstones during it; raise delete.retention.ms of %s to at least %s",
-			rt.cfg.ChangelogTopic, p, hw-logStart, plan.FullEstimate.Round(time.Millisecond), rt.restoreRate(), retention,
-			rt.cfg.ChangelogTopic, (2*plan.FullEstimate+plan.Margin).Round(time.Second)+time.Second)
-		if plan.Full {
-			log.Error("refusing to restore: "+msg, fields...)
-			return nil, 0, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
-		}
-		log.Error(msg, fields...)
-	}
-
-	from, at := cs.from, cs.at
-	if plan.Full {
-		// Wipe and replay from the start (planCopy dates its checkpoints).
-		if has {
-			if err := rt.store.wipe(p); err != nil {
-				return nil, 0, fmt.Errorf("stream: restore partition %d: wipe state: %w", p, err)
-			}
-		}
-		warm = nil // built from the state in Open
-	}
-	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from), zap.Bool("warm", warm != nil))...)
 	var replayed int64
-	if from < hw {
-		start := time.Now()
-		replayed, err = rt.replay(ctx, p, from, hw, at, warm)
+	for {
+		n, w, err := rt.restoreState(ctx, adm, log, p, warm)
+		replayed += n
+		if errors.Is(err, errBeyondHorizon) && !errors.Is(err, ErrRestoreHorizon) {
+			// A tail replay that outlasted the horizon of its checkpoint's
+			// date: it stopped at its last batch in time, and the plan is
+			// now a full restore.
+			log.Warn("the restore read changelog records later than its checkpoint's date allows; planning again", zap.Error(err))
+			warm = nil
+			continue
+		}
 		if err != nil {
 			return nil, replayed, err
 		}
-		rt.observeRestore(replayed, time.Since(start))
+		warm = w
+		break
 	}
-	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 
 	// DESIGN §6.6: the state's input offset of each input topic and the
 	// group's committed offset must agree; otherwise re-processing would
@@ -138,6 +94,81 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 		return nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
 	}
 	return part, replayed, nil
+}
+
+// restoreState plans partition p's copy of the changelog and replays it
+// into the store (DESIGN §6.8). It returns the records replayed and the
+// warm structures, which are warm's if the replay was only the tail past
+// warm's state (nil otherwise). A tail replay that outlasts the horizon of
+// its checkpoint's date fails with errBeyondHorizon, a full one with
+// ErrRestoreHorizon too.
+func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
+	// Read the checkpoint under mu so it is ordered against apply (see
+	// apply): any apply of a transaction that began before this epoch
+	// either happened already or is skipped.
+	rt.mu.Lock()
+	cp, has, err := rt.store.Checkpoint(p)
+	if err == nil && !has {
+		// No checkpoint: whatever is there is not known to match the
+		// changelog. Start from nothing.
+		err = rt.store.wipe(p)
+	}
+	rt.mu.Unlock()
+	if err != nil {
+		return 0, nil, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
+	}
+	// DESIGN §6.8: a tail replay only while every tombstone past the
+	// checkpoint is certain to be still in the changelog.
+	cs, err := rt.planCopy(ctx, adm, log, p, "restore", cp, has)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, nil, err
+	}
+	plan, hw, logStart, retention := cs.plan, cs.end, cs.logStart, cs.retention
+	rt.noteRestore(p, plan)
+	fields := []zap.Field{zap.String("kind", plan.Kind()), zap.String("reason", plan.Reason),
+		zap.Int64("checkpoint", cp.Offset), zap.Int64("log_start", logStart), zap.Int64("to", hw), zap.Bool("had_state", has),
+		zap.Duration("checkpoint_age", plan.Age), zap.Duration("delete_retention", retention),
+		zap.Duration("tail_estimate", plan.TailEstimate), zap.Duration("full_estimate", plan.FullEstimate)}
+	if retention > 0 && !plan.FullFits {
+		rt.m.restoreHorizonExceeded.Inc()
+		msg := fmt.Sprintf("a full restore of changelog %s partition %d (%d offsets) is expected to take %s at %.0f records/s, more than half of its delete.retention.ms %s: compaction could remove tombstones during it; raise delete.retention.ms of %s to at least %s",
+			rt.cfg.ChangelogTopic, p, hw-logStart, plan.FullEstimate.Round(time.Millisecond), rt.restoreRate(), retention,
+			rt.cfg.ChangelogTopic, (2*plan.FullEstimate+plan.Margin).Round(time.Second)+time.Second)
+		if plan.Full {
+			log.Error("refusing to restore: "+msg, fields...)
+			return 0, nil, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
+		}
+		log.Error(msg, fields...)
+	}
+
+	from, at := cs.from, cs.at
+	if plan.Full {
+		// Wipe and replay from the start (planCopy dates its checkpoints).
+		if has {
+			if err := rt.store.wipe(p); err != nil {
+				return 0, nil, fmt.Errorf("stream: restore partition %d: wipe state: %w", p, err)
+			}
+		}
+		warm = nil // built from the state in Open
+	}
+	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from), zap.Bool("warm", warm != nil))...)
+	var replayed int64
+	if from < hw {
+		start := time.Now()
+		replayed, err = rt.replay(ctx, p, from, hw, at, retention, warm)
+		if errors.Is(err, errBeyondHorizon) && plan.Full {
+			err = fmt.Errorf("stream: restore partition %d: %w: the full restore took longer than the changelog's delete.retention.ms %s allows: raise it: %w", p, ErrRestoreHorizon, retention, err)
+		}
+		if err != nil {
+			return replayed, nil, err
+		}
+		rt.observeRestore(replayed, time.Since(start))
+	}
+	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
+	return replayed, warm, nil
 }
 
 // checkInputOffset compares the restored state's next input offset of
@@ -226,10 +257,12 @@ func offsetString(o int64) string {
 // kept so the end is recognised even when the last offsets are markers; a
 // previous owner's transaction still open below hw holds the read at the
 // LSO until it commits or aborts.
-// at dates the checkpoints it writes (Checkpoint.At).
+// at dates the checkpoints it writes (Checkpoint.At); a batch read later
+// than the horizon of that date (retention: delete.retention.ms) is not
+// written, and the replay fails with errBeyondHorizon.
 // warm, when not nil, is given every record once its batch is committed.
-func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time, warm WarmState) (int64, error) {
-	c, err := rt.newChangelogCopy(p, "restore", from, warm)
+func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time, retention time.Duration, warm WarmState) (int64, error) {
+	c, err := rt.newChangelogCopy(p, "restore", from, at, warm)
 	if err != nil {
 		return 0, err
 	}
@@ -246,7 +279,7 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.
 		n += int64(added)
 		rt.m.restoreRecords.Add(float64(added))
 		if c.pending() >= restoreBatch || c.pos >= hw {
-			if err := c.commit(at); err != nil {
+			if err := c.commit(retention); err != nil {
 				return n, err
 			}
 			fault.Hit(fault.DuringRestore)

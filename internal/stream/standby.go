@@ -36,7 +36,11 @@ import (
 // E, every tombstone it has not seen lies at or past E and was appended
 // after T, so the checkpoint is dated T from then on. A standby that keeps
 // up thus keeps a checkpoint a few seconds old, and passes the horizon test
-// however long it has been a standby.
+// however long it has been a standby. That holds only if it read what lies
+// below E within the horizon of its previous date: a tail that read later
+// (paused, stalled) may have missed a tombstone compacted away meanwhile,
+// so it takes no new date and writes no batch (changelogCopy) and starts
+// over with a full copy.
 //
 // A Processor that keeps in-memory structures it would otherwise rebuild
 // from every key in Open (dedup's Bloom filters) implements Warmer: the
@@ -260,7 +264,20 @@ func (sb *standbys) start(p int32) {
 		if prev != nil {
 			<-prev.done
 		}
-		t.warm, t.err = sb.run(ctx, t)
+		for {
+			t.warm, t.err = sb.run(ctx, t)
+			if !errors.Is(t.err, errBeyondHorizon) || ctx.Err() != nil {
+				break
+			}
+			// Its state stays at its last checkpoint, dated before: the
+			// new copy's plan is a full one.
+			sb.rt.log.Warn("standby tail read changelog records later than its checkpoint's date allows (it was paused, or could not keep up); copying the partition again from the changelog's start",
+				zap.Int32("partition", p), zap.Error(t.err))
+			select {
+			case <-ctx.Done():
+			case <-time.After(standbyListInterval):
+			}
+		}
 		if t.err != nil && ctx.Err() == nil {
 			sb.rt.log.Warn("standby tail stopped; the partition restores normally if it is assigned here", zap.Int32("partition", p), zap.Error(t.err))
 		}
@@ -351,19 +368,24 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	if err != nil {
 		return nil, err
 	}
-	at, end, now := cs.at, cs.end, cs.now
+	end, now := cs.end, cs.now
 
-	c, err := rt.newChangelogCopy(p, "standby", cs.from, warm)
+	c, err := rt.newChangelogCopy(p, "standby", cs.from, cs.at, warm)
 	if err != nil {
 		return nil, err
 	}
 	defer c.close()
+	// retention is the changelog's delete.retention.ms, for the copy's
+	// horizon checks (read again once the cache is stale).
+	retention := func() time.Duration { return rt.deleteRetention(ctx, adm, log) }
 
 	t.pos.Store(c.pos)
 	// target: the end listed at targetAt; reaching it dates the checkpoint.
 	target, targetAt := end, now
 	if c.pos >= target {
-		at = targetAt
+		if err := c.redate(targetAt, retention()); err != nil {
+			return nil, err
+		}
 	}
 	t.end.Store(end)
 	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
@@ -380,10 +402,12 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		start := time.Now()
 		n := c.add(fs, -1)
 		if c.pos >= target {
-			at = targetAt
+			if err := c.redate(targetAt, retention()); err != nil {
+				return nil, err
+			}
 		}
 		if n > 0 || c.pos != t.pos.Load() {
-			if err := c.commit(at); err != nil {
+			if err := c.commit(retention()); err != nil {
 				return nil, err
 			}
 			sb.m.records.Add(float64(n))
@@ -396,7 +420,9 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			if e, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end"); err == nil {
 				target, targetAt = e, listedAt
 				if c.pos >= target {
-					at = targetAt
+					if err := c.redate(targetAt, retention()); err != nil {
+						return nil, err
+					}
 				}
 				t.end.Store(e)
 				lagGauge.Set(float64(max(e-c.pos, 0)))
