@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -36,7 +37,11 @@ const ddlTimeout = time.Minute
 // default database) has not applied yet, in order, and records each one
 // after all its statements succeeded. It is idempotent: a second run
 // applies nothing. A migration interrupted half-way is re-run whole, which
-// is why its statements must be re-runnable (package schemas/clickhouse).
+// is why its statements must be re-runnable (package schemas/clickhouse):
+// an ALTER TABLE ... ADD COLUMN that fails because its columns are all
+// there already, with its types, counts as applied (18.16 has no IF NOT
+// EXISTS on ALTER columns; a run killed between that ALTER and its record,
+// or two runs at once, would otherwise fail on it forever).
 func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 	ms, err := chschema.Migrations()
 	if err != nil {
@@ -72,7 +77,12 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 			err := conn.Exec(sctx, stmt)
 			cancel()
 			if err != nil {
-				return out, fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
+				if done, cerr := columnsAdded(ctx, conn, stmt); cerr != nil || !done {
+					return out, fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
+				}
+				// An ALTER ... ADD COLUMN that an earlier run (killed
+				// before it recorded the migration) or a concurrent
+				// one already applied: 18.16 has no IF NOT EXISTS there.
 			}
 		}
 		if err := recordMigration(ctx, conn, m); err != nil {
@@ -81,6 +91,48 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 		out = append(out, MigrationResult{Migration: m, Applied: true})
 	}
 	return out, nil
+}
+
+// addColumn is one ADD COLUMN clause of an ALTER TABLE: its column name
+// and type.
+var (
+	alterTable = regexp.MustCompile(`^ALTER TABLE ([A-Za-z0-9_]+)\s`)
+	addColumn  = regexp.MustCompile(`ADD COLUMN\s+([A-Za-z0-9_]+)\s+([A-Za-z0-9_]+(?:\([^)]*\))?)`)
+)
+
+// columnsAdded reports whether stmt is an ALTER TABLE made of ADD COLUMN
+// clauses whose columns all exist already with the types it names: a
+// statement applied before (one ALTER adds all its columns or none).
+func columnsAdded(ctx context.Context, conn driver.Conn, stmt string) (bool, error) {
+	t := alterTable.FindStringSubmatch(stmt)
+	adds := addColumn.FindAllStringSubmatch(stmt, -1)
+	if t == nil || len(adds) == 0 || len(adds) != strings.Count(stmt, ",")+1 {
+		return false, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := conn.Query(qctx, "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '"+t[1]+"'")
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	have := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return false, err
+		}
+		have[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	for _, a := range adds {
+		if typ, ok := have[a[1]]; !ok || strings.ReplaceAll(typ, " ", "") != strings.ReplaceAll(a[2], " ", "") {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 type appliedMigration struct{ name, checksum string }

@@ -189,3 +189,39 @@ func TestSplitStatements(t *testing.T) {
 		t.Fatal("a gap in the numbering must be an error")
 	}
 }
+
+// TestMigrateAlterReRun: a migration whose ALTER ... ADD COLUMN ran but
+// was not recorded (the process was killed between the two, or another
+// `meterline migrate` applied it concurrently) runs again and succeeds,
+// as every other statement of the migrations does.
+func TestMigrateAlterReRun(t *testing.T) {
+	conn, _ := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 2*time.Minute)
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var alter int
+	for i, m := range ms {
+		if len(m.Statements) == 1 && strings.HasPrefix(m.Statements[0], "ALTER TABLE") {
+			alter = i
+			break
+		}
+	}
+	if alter == 0 {
+		t.Fatal("no migration is a single ALTER TABLE")
+	}
+	if _, err := migrate(ctx, conn, ms[:alter]); err != nil {
+		t.Fatal(err)
+	}
+	// Killed after the ALTER, before its migration was recorded.
+	if err := conn.Exec(ctx, ms[alter].Statements[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatalf("re-running %s after its ALTER succeeded: %v", ms[alter].Name, err)
+	}
+	if err := CheckMigrations(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+}
