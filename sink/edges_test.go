@@ -46,3 +46,37 @@ func TestDateTimeOutOfRange(t *testing.T) {
 		t.Errorf("usage_events event of 1969 ingested in 2200: got %q, want %q", got, want)
 	}
 }
+
+// TestInsertOutlivesItsTimeout: an INSERT that the server is still
+// running when the sink's deadline for it passes (here every row takes
+// 0.1 s to write, so the block takes 2 s against a 1 s deadline) lands
+// after the sink gave up on it. The sink's retry must not write its rows
+// a second time: before it looks up which rows are in the table, the
+// attempt that timed out has ended on the server.
+func TestInsertOutlivesItsTimeout(t *testing.T) {
+	e := newEnv(t, 1)
+	ctx := ctxT(t, time.Minute)
+	if err := e.conn.Exec(ctx, "ALTER TABLE "+e.db+"."+TableEvents+" ADD COLUMN slow UInt8 MATERIALIZED sleepEachRow(0.1)"); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := 0; i < 20; i++ {
+		recs = append(recs, deduped(e.names.DedupedTopic(), 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	e.produce(recs...)
+	r := e.start(func(c *Config) {
+		c.InsertTimeout = time.Second
+		c.MaxBatchWait = 2 * time.Second // one block of 20 rows
+		c.CommitInterval = 3 * time.Second
+	})
+	e.waitCaughtUp(time.Minute, e.names.DedupedTopic())
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Let any INSERT still running on the server finish.
+	time.Sleep(3 * time.Second)
+	e.exact(TableEvents, 20)
+	if got := render(queryStrings(t, e.conn, "SELECT sum(events) FROM "+e.db+"."+TableUsageDaily)); got != "20\n" {
+		t.Errorf("usage_daily counts %s events, want 20", got)
+	}
+}
