@@ -8,6 +8,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -78,5 +81,52 @@ func TestInsertOutlivesItsTimeout(t *testing.T) {
 	e.exact(TableEvents, 20)
 	if got := render(queryStrings(t, e.conn, "SELECT sum(events) FROM "+e.db+"."+TableUsageDaily)); got != "20\n" {
 		t.Errorf("usage_daily counts %s events, want 20", got)
+	}
+}
+
+// TestRejectedRecordsOfOneSource: two records of usage.rejected about one
+// source record (the aggregator rejected an event over_limit, and the sink
+// parked the same record of usage.deduped as uninsertable) are two rows of
+// usage_rejected for good: the ledger's ReplacingMergeTree collapses only a
+// replayed record (same partition and offset), and a merge used to keep
+// one of the two (and verify then dropped the event from unbilled_events).
+func TestRejectedRecordsOfOneSource(t *testing.T) {
+	conn, db := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, time.Minute)
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	names := testTopics()
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "i1"}, Topics: names, Conn: conn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := w.byTopic[names.RejectedTopic()]
+	var rows []*row
+	for i, rej := range []*schemas.Rejected{
+		{Reason: schemas.ReasonOverLimit, Stage: "aggregator"},
+		{Reason: schemas.ReasonUninsertable, Stage: "sink"},
+	} {
+		rej.SourceTopic, rej.SourcePartition, rej.SourceOffset = names.DedupedTopic(), 3, 77
+		rej.CustomerID, rej.Meter, rej.EventID = "acme", "api_calls", "e1"
+		r, err := rt.buildRow(&kgo.Record{Topic: names.RejectedTopic(), Partition: 0, Offset: int64(10 + i), Value: schemas.MustEncode(rej), Timestamp: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	// Written twice: the second INSERT is a replay (a zombie's), which the
+	// merge collapses.
+	for i := 0; i < 2; i++ {
+		if err := w.insert(ctx, rt, rows); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := conn.Exec(ctx, "OPTIMIZE TABLE "+db+"."+TableRejected+" FINAL"); err != nil {
+		t.Fatal(err)
+	}
+	got := render(queryStrings(t, conn, "SELECT kafka_offset, stage, reason FROM "+db+"."+TableRejected+" ORDER BY kafka_offset"))
+	if want := "10 | aggregator | over_limit\n11 | sink | uninsertable\n"; got != want {
+		t.Errorf("usage_rejected after a merge:\n%s\nwant\n%s", got, want)
 	}
 }

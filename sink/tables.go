@@ -389,6 +389,9 @@ func newTables(n topics.Names) []*table {
 				mcol("raw_key_sha256", func(r *rj) string { return hex.EncodeToString(r.RawKeySHA256) }),
 				mcol("raw_value_length", func(r *rj) int64 { return r.RawValueLength }),
 				mcol("raw_value_sha256", func(r *rj) string { return hex.EncodeToString(r.RawValueSHA256) }),
+				// The end of the sort key (007_rejected_record_key.sql):
+				// two records about one source record never collapse.
+				rcol("record_offset", func(r *kgo.Record) int64 { return r.Offset }),
 			),
 			decode: decoder[rj](func(r *rj) identity { return identity{r.CustomerID, r.Meter, r.EventID} }),
 		},
