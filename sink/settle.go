@@ -68,7 +68,7 @@ func (w *Writer) settleWait() time.Duration {
 func (w *Writer) settleInsert(ctx context.Context, id string) {
 	deadline := time.Now().Add(w.settleWait())
 	for {
-		running, err := w.stillRunning(ctx, []string{id})
+		running, err := w.stillRunning(ctx, []string{id}, max(min(w.cfg.QueryTimeout, time.Until(deadline)), 100*time.Millisecond))
 		if err == nil && len(running) == 0 {
 			return
 		}
@@ -97,7 +97,7 @@ func (w *Writer) awaitSettled(ctx context.Context) error {
 	if len(w.unsettled.ids) == 0 {
 		return nil
 	}
-	running, err := w.stillRunning(ctx, w.unsettled.ids)
+	running, err := w.stillRunning(ctx, w.unsettled.ids, w.cfg.QueryTimeout)
 	if answered(err) {
 		w.cannotTell(err, w.unsettled.ids...)
 		w.unsettled.ids = nil
@@ -113,13 +113,14 @@ func (w *Writer) awaitSettled(ctx context.Context) error {
 	return nil
 }
 
-// stillRunning returns those of ids that the server still runs.
-func (w *Writer) stillRunning(ctx context.Context, ids []string) ([]string, error) {
+// stillRunning returns those of ids that the server still runs, asking
+// it for at most timeout.
+func (w *Writer) stillRunning(ctx context.Context, ids []string, timeout time.Duration) ([]string, error) {
 	qs := make([]string, len(ids))
 	for i, id := range ids {
 		qs[i] = quote(id)
 	}
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	rows, err := w.getConn().Query(qctx, "SELECT query_id FROM system.processes WHERE query_id IN ("+strings.Join(qs, ", ")+")")
 	if err != nil {
