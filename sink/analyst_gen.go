@@ -168,10 +168,10 @@ func (g synGen) rejected(stage string, lo, hi int, reasons, idExpr, topic string
 	return func(from, count int64) string {
 		return fmt.Sprintf(`INSERT INTO %[1]s.usage_rejected (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_timestamp_ms,
     reason, detail, stage, source_topic, source_partition, source_offset, source_timestamp, source_timestamp_ms,
-    customer_id, meter, event_id, raw_key, raw_value, record_offset)
+    customer_id, meter, event_id, raw_key, raw_value)
 SELECT 'usage.rejected', part, off, toDateTime(intDiv(its, 1000)), its,
        %[4]s[1 + intDiv(h2, 281474976710656) %% length(%[4]s)], 'synthetic', '%[5]s', '%[7]s', part, off,
-       toDateTime(intDiv(its, 1000)), its, customer, meter_name, %[6]s, NULL, NULL, off
+       toDateTime(intDiv(its, 1000)), its, customer, meter_name, %[6]s, NULL, NULL
 FROM (%[2]s)
 WHERE sel >= %[3]s`, g.db, g.ev(from, count), fmt.Sprintf("%d AND sel < %d", lo, hi), reasons, stage, idExpr, topic)
 	}
