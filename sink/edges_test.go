@@ -8,9 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/meterline/meterline/internal/kafka"
-	"github.com/meterline/meterline/internal/session"
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -91,16 +88,8 @@ func TestInsertOutlivesItsTimeout(t *testing.T) {
 // replayed record (same partition and offset), and a merge used to keep
 // one of the two (and verify then dropped the event from unbilled_events).
 func TestRejectedRecordsOfOneSource(t *testing.T) {
-	conn, db := testenv.ClickHouseDB(t)
-	ctx := ctxT(t, time.Minute)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	w, conn, db, ctx := offlineWriter(t, "i1")
 	names := testTopics()
-	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "i1"}, Topics: names, Conn: conn, Database: db})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rt := w.byTopic[names.RejectedTopic()]
 	var rows []*row
 	for i, rej := range []*schemas.Rejected{
