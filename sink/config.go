@@ -83,7 +83,9 @@ type Config struct {
 	InsertBlockRows int
 	// InsertTimeout is the deadline of one INSERT attempt. It must be
 	// shorter than RebalanceTimeout: a revoke waits for the attempt in
-	// flight. Default: 20s.
+	// flight, and for an attempt that failed without the server's answer
+	// to end on the server, for at most InsertTimeout more and never past
+	// RebalanceTimeout (settle.go). Default: 20s.
 	InsertTimeout time.Duration
 	// QueryTimeout is the deadline of one resume lookup. Default: 10s.
 	QueryTimeout time.Duration

@@ -24,6 +24,24 @@ import (
 
 func testTopics() topics.Names { return topics.DefaultNames() }
 
+// offlineWriter is a Writer on a throwaway database with the migrations
+// applied, never run: tests call its insert directly, as a sink (or a
+// zombie) would.
+func offlineWriter(t *testing.T, instance string) (w *Writer, conn driver.Conn, db string, ctx context.Context) {
+	t.Helper()
+	conn, db = testenv.ClickHouseDB(t)
+	ctx = ctxT(t, time.Minute)
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: instance},
+		Topics: testTopics(), Conn: conn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, conn, db, ctx
+}
+
 // env is one integration test's world: real Kafka topics under a unique
 // prefix, and a throwaway ClickHouse database with the migrations applied.
 type env struct {

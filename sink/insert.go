@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -182,11 +183,36 @@ func (w *Writer) insert(ctx context.Context, t *table, rows []*row) error {
 		ictx = clickhouse.Context(ictx, clickhouse.WithSettings(clickhouse.Settings{
 			"min_insert_block_size_rows": 0, "min_insert_block_size_bytes": 0}))
 	}
+	// Its own query_id: an attempt with an unknown outcome is waited for
+	// on the server before the resume rule looks up its rows (settle.go).
+	id := w.newInsertID()
+	ictx = clickhouse.Context(ictx, clickhouse.WithQueryID(id))
 	b, err := w.getConn().PrepareBatch(ictx, t.insertSQL(w.cfg.Database))
 	if err != nil {
 		// Nothing was sent: never a refusal of these rows.
 		return &prepareError{err}
 	}
+	if err := w.sendBatch(b, t, rows, block); err != nil {
+		if !answered(err) {
+			// No answer from the server: the attempt may still run
+			// there, and write rows after the lookup of the retry.
+			w.settleInsert(ctx, id)
+		}
+		return err
+	}
+	if w.hook != nil {
+		w.hook(hookEvent{kind: hookInsert, table: t.name, topic: t.topic, spans: spansOf(rows)})
+	}
+	w.setUp(nil)
+	w.m.insertSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
+	w.m.insertRows.WithLabelValues(t.name).Observe(float64(len(rows)))
+	w.m.rows.WithLabelValues(t.name, outcomeInserted).Add(float64(len(rows)))
+	return nil
+}
+
+// sendBatch appends rows to the prepared INSERT b, block rows at a time
+// (each block but the last flushed), and sends it.
+func (w *Writer) sendBatch(b driver.Batch, t *table, rows []*row, block int) error {
 	for i := 0; i < len(rows); i += block {
 		chunk := rows[i:min(i+block, len(rows))]
 		for j, c := range t.columns {
@@ -206,17 +232,7 @@ func (w *Writer) insert(ctx context.Context, t *table, rows []*row) error {
 			fault.Hit(FaultMidInsert)
 		}
 	}
-	if err := b.Send(); err != nil {
-		return err
-	}
-	if w.hook != nil {
-		w.hook(hookEvent{kind: hookInsert, table: t.name, topic: t.topic, spans: spansOf(rows)})
-	}
-	w.setUp(nil)
-	w.m.insertSeconds.WithLabelValues(t.name).Observe(time.Since(start).Seconds())
-	w.m.insertRows.WithLabelValues(t.name).Observe(float64(len(rows)))
-	w.m.rows.WithLabelValues(t.name, outcomeInserted).Add(float64(len(rows)))
-	return nil
+	return b.Send()
 }
 
 // driverError is the driver refusing a column's values for the table's

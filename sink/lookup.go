@@ -218,6 +218,10 @@ func (o offsets) has(p int32, off int64) bool {
 // lookup runs a resume query over the OR of conds. With agg (a max), each
 // partition's set holds the one aggregate value.
 func (w *Writer) lookup(ctx context.Context, t *table, what string, conds []string, agg bool) (offsets, error) {
+	// Rows of an INSERT still running would land after the answer.
+	if err := w.awaitSettled(ctx); err != nil {
+		return nil, err
+	}
 	q := "SELECT kafka_partition, " + what + " FROM " + w.cfg.Database + "." + t.name +
 		" WHERE kafka_topic = " + quote(t.topic) + " AND (" + strings.Join(conds, " OR ") + ")"
 	if agg {

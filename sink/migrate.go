@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -36,7 +37,12 @@ const ddlTimeout = time.Minute
 // default database) has not applied yet, in order, and records each one
 // after all its statements succeeded. It is idempotent: a second run
 // applies nothing. A migration interrupted half-way is re-run whole, which
-// is why its statements must be re-runnable (package schemas/clickhouse).
+// is why its statements must be re-runnable (package schemas/clickhouse):
+// an ALTER TABLE ... ADD COLUMN (with at most a MODIFY ORDER BY) that
+// fails because it is applied already (its columns there with its types,
+// the sort key it sets) counts as applied (18.16 has no IF NOT
+// EXISTS on ALTER columns; a run killed between that ALTER and its record,
+// or two runs at once, would otherwise fail on it forever).
 func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 	ms, err := chschema.Migrations()
 	if err != nil {
@@ -72,7 +78,12 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 			err := conn.Exec(sctx, stmt)
 			cancel()
 			if err != nil {
-				return out, fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
+				if done, cerr := columnsAdded(ctx, conn, stmt); cerr != nil || !done {
+					return out, fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
+				}
+				// An ALTER ... ADD COLUMN that an earlier run (killed
+				// before it recorded the migration) or a concurrent
+				// one already applied: 18.16 has no IF NOT EXISTS there.
 			}
 		}
 		if err := recordMigration(ctx, conn, m); err != nil {
@@ -82,6 +93,91 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 	}
 	return out, nil
 }
+
+var (
+	alterTable = regexp.MustCompile(`(?s)^ALTER TABLE ([A-Za-z0-9_]+)\s+(.*)$`)
+	addColumn  = regexp.MustCompile(`(?s)^ADD COLUMN\s+([A-Za-z0-9_]+)\s+([A-Za-z0-9_]+(?:\([^)]*\))?)(?:\s.*)?$`)
+	orderBy    = regexp.MustCompile(`(?s)^MODIFY ORDER BY\s+(.*)$`)
+)
+
+// columnsAdded reports whether stmt is an ALTER TABLE made of ADD COLUMN
+// clauses (and at most a MODIFY ORDER BY) that is applied already: its
+// columns all exist with the types it names, and the table's sort key is
+// the one it sets. One ALTER applies all its clauses or none.
+func columnsAdded(ctx context.Context, conn driver.Conn, stmt string) (bool, error) {
+	t := alterTable.FindStringSubmatch(stmt)
+	if t == nil {
+		return false, nil
+	}
+	cols := map[string]string{}
+	sortKey := ""
+	for _, c := range splitTopLevel(t[2]) {
+		if m := addColumn.FindStringSubmatch(c); m != nil {
+			cols[m[1]] = m[2]
+		} else if m := orderBy.FindStringSubmatch(c); m != nil && sortKey == "" {
+			sortKey = m[1]
+		} else {
+			return false, nil
+		}
+	}
+	if len(cols) == 0 {
+		return false, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := conn.Query(qctx, "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '"+t[1]+"'")
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	have := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return false, err
+		}
+		have[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	for name, typ := range cols {
+		if got, ok := have[name]; !ok || compact(got) != compact(typ) {
+			return false, nil
+		}
+	}
+	if sortKey == "" {
+		return true, nil
+	}
+	var got string
+	if err := conn.QueryRow(qctx, "SELECT sorting_key FROM system.tables WHERE database = currentDatabase() AND name = '"+t[1]+"'").Scan(&got); err != nil {
+		return false, err
+	}
+	return compact(got) == strings.TrimSuffix(strings.TrimPrefix(compact(sortKey), "("), ")"), nil
+}
+
+// splitTopLevel cuts s at the commas outside parentheses, trimmed.
+func splitTopLevel(s string) []string {
+	var out []string
+	depth, from := 0, 0
+	for i, c := range s {
+		switch c {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case ',':
+			if depth == 0 {
+				out = append(out, strings.TrimSpace(s[from:i]))
+				from = i + 1
+			}
+		}
+	}
+	return append(out, strings.TrimSpace(s[from:]))
+}
+
+// compact drops the white space of a type or an expression.
+func compact(s string) string { return strings.Join(strings.Fields(s), "") }
 
 type appliedMigration struct{ name, checksum string }
 

@@ -189,3 +189,42 @@ func TestSplitStatements(t *testing.T) {
 		t.Fatal("a gap in the numbering must be an error")
 	}
 }
+
+// TestMigrateAlterReRun: a migration whose ALTER TABLE ran but was not
+// recorded (the process was killed between the two, or another `meterline
+// migrate` applied it concurrently) runs again and succeeds, as every
+// other statement of the migrations does.
+func TestMigrateAlterReRun(t *testing.T) {
+	conn, _ := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 2*time.Minute)
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alters := 0
+	for i, m := range ms {
+		if len(m.Statements) != 1 || !strings.HasPrefix(m.Statements[0], "ALTER TABLE") {
+			continue
+		}
+		alters++
+		if _, err := migrate(ctx, conn, ms[:i]); err != nil {
+			t.Fatal(err)
+		}
+		// Killed after the ALTER, before its migration was recorded.
+		if err := conn.Exec(ctx, m.Statements[0]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := migrate(ctx, conn, ms[:i+1]); err != nil {
+			t.Errorf("re-running %s after its ALTER succeeded: %v", m.Name, err)
+		}
+	}
+	if alters < 2 {
+		t.Fatalf("%d migrations are a single ALTER TABLE, want 2 (002 and 007)", alters)
+	}
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckMigrations(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,9 +6,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/meterline/meterline/internal/kafka"
-	"github.com/meterline/meterline/internal/session"
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -123,16 +120,8 @@ func TestLostGroupOffsets(t *testing.T) {
 // merge; ReplacingMergeTree's merge then collapses each replayed row, and
 // only those: distinct revisions of one aggregate all stay.
 func TestBackstopCollapsesReplays(t *testing.T) {
-	conn, db := testenv.ClickHouseDB(t)
-	ctx := ctxT(t, time.Minute)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	w, conn, db, ctx := offlineWriter(t, "zombie")
 	names := testTopics()
-	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "zombie"}, Topics: names, Conn: conn, Database: db})
-	if err != nil {
-		t.Fatal(err)
-	}
 	events, aggs := w.byTopic[names.DedupedTopic()], w.byTopic[names.AggregatesTopic()]
 	var evRows, agRows []*row
 	for i := 0; i < 100; i++ {

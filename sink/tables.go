@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -140,13 +141,18 @@ func (t *table) buildRow(rec *kgo.Record) (*row, error) {
 }
 
 // secs converts epoch milliseconds to epoch seconds for a DateTime column,
-// rounding down.
+// rounding down, and saturating at the ends of DateTime's range (an
+// unsigned 32-bit number of seconds: 1970-01-01 00:00:00 to 2106-02-07
+// 06:28:15). The driver would otherwise wrap a time outside it around to
+// another date without an error (a grant expiring in 2200 read 2063, an
+// event of 1969 read 2106); the _ms column beside it keeps the time
+// exactly.
 func secs(ms int64) int64 {
 	s := ms / 1000
 	if ms%1000 < 0 {
 		s--
 	}
-	return s
+	return min(max(s, 0), math.MaxUint32)
 }
 
 func names(ps []schemas.Property) []string {
@@ -383,6 +389,9 @@ func newTables(n topics.Names) []*table {
 				mcol("raw_key_sha256", func(r *rj) string { return hex.EncodeToString(r.RawKeySHA256) }),
 				mcol("raw_value_length", func(r *rj) int64 { return r.RawValueLength }),
 				mcol("raw_value_sha256", func(r *rj) string { return hex.EncodeToString(r.RawValueSHA256) }),
+				// The end of the sort key (007_rejected_record_key.sql):
+				// two records about one source record never collapse.
+				rcol("record_offset", func(r *kgo.Record) int64 { return r.Offset }),
 			),
 			decode: decoder[rj](func(r *rj) identity { return identity{r.CustomerID, r.Meter, r.EventID} }),
 		},

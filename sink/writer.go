@@ -25,7 +25,9 @@
 // the few 65,536-offset chunks it names and nothing else, however large the
 // table. It is correct whatever the crash: between an INSERT and the offset
 // commit (all rows there), during an INSERT that wrote only some of its
-// parts (some rows there), or during a refused block's split.
+// parts (some rows there), or during a refused block's split. An INSERT
+// that failed without an answer from the server may still run there: the
+// lookup waits until the server no longer runs it (settle.go).
 //
 // # Failures
 //
@@ -140,6 +142,9 @@ type Writer struct {
 	// revoked partitions can still be in flight.
 	insertMu sync.Mutex
 	revoked  atomic.Bool
+	// unsettled: INSERT attempts with an unknown outcome that may still
+	// run on the server (settle.go).
+	unsettled unsettled
 
 	running atomic.Bool
 	joined  atomic.Bool
