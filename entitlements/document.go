@@ -2,8 +2,6 @@ package entitlements
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -13,8 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -79,13 +76,35 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 	if u, err := strconv.Unquote(s); err == nil {
 		s = u
 	}
-	v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+	s = strings.ReplaceAll(s, "_", "")
+	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
-		*n = Int{bad: string(b)}
-		return nil
+		// An integer written as a decimal or with an exponent (5e6,
+		// 1000000.0), read exactly: never through a float, which
+		// would round one past 2^53 to another.
+		r, ok := new(big.Rat).SetString(s)
+		if !ok || !decimalText(s) || !r.IsInt() || !r.Num().IsInt64() {
+			*n = Int{bad: clip.To(string(b), clip.Echo)}
+			return nil
+		}
+		v = r.Num().Int64()
 	}
 	*n = Int{V: v}
 	return nil
+}
+
+// decimalText reports whether s is a decimal number, with an optional
+// sign, fraction and exponent (not a fraction a/b, nor 0x...).
+func decimalText(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	mant, exp, hasExp := strings.Cut(strings.ToLower(s), "e")
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := func(d string) bool { return strings.Trim(d, "0123456789") == "" }
+	if whole+frac == "" || !digits(whole) || !digits(frac) {
+		return false
+	}
+	exp = strings.TrimLeft(exp, "+-")
+	return !hasExp || exp != "" && digits(exp)
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -110,7 +129,7 @@ func FormatTime(ms int64) string {
 func ParseTime(s string) (int64, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", s)
+		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", clip.To(s, clip.Echo))
 	}
 	if t.Before(time.UnixMilli(schemas.MinEventTime)) {
 		return 0, fmt.Errorf("%s is before 2000-01-01", s)
@@ -127,23 +146,6 @@ func (f *fieldErrs) time(field, s string) int64 {
 		f.add(field, "%v", err)
 	}
 	return ms
-}
-
-// decodeStrict reads a YAML or JSON document: unknown fields are an error.
-func decodeStrict(b []byte, v any) error {
-	j, err := yaml.YAMLToJSON(b)
-	if err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(j))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if dec.More() {
-		return errors.New("more than one document")
-	}
-	return nil
 }
 
 // ParseDocument reads a Document from YAML or JSON. Unknown fields and
@@ -164,9 +166,9 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 	var f fieldErrs
 	switch {
 	case customer == "" && d.Customer != "":
-		f.add("customer", "the default plan names no customer (got %q)", d.Customer)
+		f.add("customer", "the default plan names no customer (got %q)", clip.To(d.Customer, clip.Echo))
 	case d.Customer != "" && d.Customer != customer:
-		f.add("customer", "%q, but the record is for %q", d.Customer, customer)
+		f.add("customer", "%q, but the record is for %q", clip.To(d.Customer, clip.Echo), clip.To(customer, clip.Echo))
 	}
 	e := &schemas.Entitlements{CustomerID: customer, Plan: d.Plan, Unmetered: d.Unmetered,
 		EffectiveFrom: f.time("effective_from", d.EffectiveFrom), Caps: []schemas.Cap{}, Grants: []schemas.Grant{},
@@ -179,7 +181,7 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		case "allow":
 			cp.OnLimit = schemas.OnLimitAllow
 		default:
-			f.add(at+".on_limit", "must be reject or allow (got %q)", c.OnLimit)
+			f.add(at+".on_limit", "must be reject or allow (got %q)", clip.To(c.OnLimit, clip.Echo))
 		}
 		e.Caps = append(e.Caps, cp)
 	}
@@ -199,7 +201,7 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		case "deny":
 			e.Overdraft.Policy = schemas.OverdraftDeny
 		default:
-			f.add("overdraft.policy", "must be allow or deny (got %q)", o.Policy)
+			f.add("overdraft.policy", "must be allow or deny (got %q)", clip.To(o.Policy, clip.Echo))
 		}
 		e.Overdraft.Limit = f.int("overdraft.limit", o.Limit)
 	}
@@ -277,7 +279,7 @@ func (r *RateDoc) UnmarshalJSON(b []byte) error {
 // per unit.
 func ParseRate(s string) (micro, per int64, err error) {
 	s = strings.ReplaceAll(strings.TrimSpace(s), "_", "")
-	bad := fmt.Errorf("not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit (%q)", s)
+	bad := fmt.Errorf("not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit (%q)", clip.To(s, clip.Echo))
 	if n, d, ok := strings.Cut(s, "/"); ok {
 		micro, err1 := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
 		per, err2 := strconv.ParseInt(strings.TrimSpace(d), 10, 64)
@@ -291,14 +293,14 @@ func ParseRate(s string) (micro, per int64, err error) {
 		return 0, 0, bad
 	}
 	if !r.Num().IsInt64() || !r.Denom().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", s)
+		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
 	}
 	// Keep the written precision (0.250 → 250/1000), so that the card
 	// prints back as written.
 	per = 1
 	if _, frac, ok := strings.Cut(s, "."); ok {
 		if len(frac) > 18 {
-			return 0, 0, fmt.Errorf("%q has too many digits", s)
+			return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
 		}
 		for range frac {
 			per *= 10
@@ -306,7 +308,7 @@ func ParseRate(s string) (micro, per int64, err error) {
 	}
 	num := new(big.Rat).Mul(r, new(big.Rat).SetInt64(per))
 	if !num.IsInt() || !num.Num().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", s)
+		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
 	}
 	return num.Num().Int64(), per, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
@@ -183,7 +184,7 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 		return invalidDocument(stdio, "the document", errors.New("customer: name the customer, as an argument or in the document"))
 	}
 	if fe := schemas.CheckText("customer", customer, true); fe != nil || len(customer) > schemas.MaxIdentityFieldBytes {
-		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", customer))
+		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", clip.To(customer, clip.Echo)))
 	}
 	what := "entitlements record of " + customer
 	e, err := d.Record(customer, meters)
