@@ -82,15 +82,33 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 		// An integer written as a decimal or with an exponent (5e6,
 		// 1000000.0), read exactly: never through a float, which
 		// would round one past 2^53 to another.
-		r, ok := new(big.Rat).SetString(s)
-		if !ok || !decimalText(s) || !r.IsInt() || !r.Num().IsInt64() {
+		r, ok := exactInt(s)
+		if !ok {
 			*n = Int{bad: clip.To(string(b), clip.Echo)}
 			return nil
 		}
-		v = r.Num().Int64()
+		v = r
 	}
 	*n = Int{V: v}
 	return nil
+}
+
+// maxNumberText bounds the text of a number read exactly: an int64 has 19
+// digits.
+const maxNumberText = 64
+
+// exactInt reads an integer written as a decimal number of at most
+// maxNumberText bytes, exactly; ok is false for anything else and for one
+// that does not fit 64 bits.
+func exactInt(s string) (v int64, ok bool) {
+	if len(s) > maxNumberText || !decimalText(s) {
+		return 0, false
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok || !r.IsInt() || !r.Num().IsInt64() {
+		return 0, false
+	}
+	return r.Num().Int64(), true
 }
 
 // decimalText reports whether s is a decimal number, with an optional
@@ -115,7 +133,7 @@ func (n Int) IsZero() bool { return n.V == 0 && n.bad == "" }
 
 func (f *fieldErrs) int(field string, n Int) int64 {
 	if n.bad != "" {
-		f.add(field, "not an integer (%s)", n.bad)
+		f.add(field, "not a 64-bit integer (%s)", n.bad)
 	}
 	return n.V
 }
@@ -280,6 +298,15 @@ func (r *RateDoc) UnmarshalJSON(b []byte) error {
 func ParseRate(s string) (micro, per int64, err error) {
 	s = strings.ReplaceAll(strings.TrimSpace(s), "_", "")
 	bad := fmt.Errorf("not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit (%q)", clip.To(s, clip.Echo))
+	if len(s) > maxNumberText {
+		// Longer than any rate a card can hold (two integers of 19
+		// digits, or 18 decimals): refused before math/big reads it,
+		// which takes seconds for a million digits.
+		if strings.Trim(s, "0123456789./ ") != "" {
+			return 0, 0, bad
+		}
+		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
+	}
 	if n, d, ok := strings.Cut(s, "/"); ok {
 		micro, err1 := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
 		per, err2 := strconv.ParseInt(strings.TrimSpace(d), 10, 64)

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -98,5 +99,17 @@ func TestDocumentErrorsAreBounded(t *testing.T) {
 	}
 	if err == nil || len(err.Error()) > 2000 {
 		t.Errorf("rate card error of %d bytes", len(err.Error()))
+	}
+}
+
+// TestParseRateLongText: a rate of a million digits is refused at once
+// (math/big took seconds to read it, minutes for the 16 MiB set-rates
+// reads).
+func TestParseRateLongText(t *testing.T) {
+	s := "0." + strings.Repeat("3", 1<<20)
+	start := time.Now()
+	_, _, err := ParseRate(s)
+	if took := time.Since(start); err == nil || took > time.Second {
+		t.Errorf("ParseRate of %d digits: %v after %s, want an error at once", len(s), err, took)
 	}
 }

@@ -193,7 +193,7 @@ overdraft: {policy: deny, limit: 10}
 		"caps.api_calls.limit: must be positive (got 0)",
 		`caps.tokens.on_limit: must be reject or allow (got "maybe")`,
 		"caps.peak: peak is a MAX meter: caps apply to SUM and COUNT meters only",
-		`caps."bad meter".limit: not an integer ("x")`,
+		`caps."bad meter".limit: not a 64-bit integer ("x")`,
 		"grants.promo.amount: must be positive (got -1)",
 		"grants.promo.priority: must not be negative (got -2)",
 		"grants.promo.expires_at: must be after effective_from",
