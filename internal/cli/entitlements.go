@@ -107,11 +107,27 @@ type EntitlementsBalanceCmd struct {
 	entRead  `embed:""`
 }
 
+// maxDocumentBytes bounds the document a write command reads: far more
+// than a record at its limits (entitlements.MaxGrants, MaxRates) takes.
+const maxDocumentBytes = 16 << 20
+
+// read reads the document, refusing one larger than maxDocumentBytes
+// (cut there, it could read as another, shorter document).
 func (c *entWrite) read(stdio IO) ([]byte, error) {
-	if c.File == "-" {
-		return io.ReadAll(io.LimitReader(stdio.Stdin, 16<<20))
+	r, name := stdio.Stdin, "standard input"
+	if c.File != "-" {
+		f, err := os.Open(c.File)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r, name = f, c.File
 	}
-	return os.ReadFile(c.File)
+	b, err := io.ReadAll(io.LimitReader(r, maxDocumentBytes+1))
+	if err == nil && len(b) > maxDocumentBytes {
+		err = fmt.Errorf("the document on %s is larger than %d MiB", name, maxDocumentBytes>>20)
+	}
+	return b, err
 }
 
 func (c *entWrite) meters() (entitlements.Meters, error) {
