@@ -1,10 +1,13 @@
 package entitlements
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -111,5 +114,34 @@ func TestParseRateLongText(t *testing.T) {
 	_, _, err := ParseRate(s)
 	if took := time.Since(start); err == nil || took > time.Second {
 		t.Errorf("ParseRate of %d digits: %v after %s, want an error at once", len(s), err, took)
+	}
+}
+
+// TestDocumentRoundTripNames: names that YAML would read as something
+// else unquoted (on, 010, null, 1e3, ...) come back from what get prints,
+// in YAML and JSON, as they were. (A name << does not: a YAML printer
+// writes it unquoted, and it is then a merge key, refused.)
+func TestDocumentRoundTripNames(t *testing.T) {
+	names := []string{"on", "010", "y", "n", "1e3", "null", "~", "2026-01-01", "-", "a: b", "#x", "0x1F", "1_000", ".inf", "=", "true", "NO", "0o17", "+1", "1:20", "!tag", "&a", "*a", "'q'", "\"d\"", "[x]", "{y}", "|", ">", "%", "@", "`"}
+	e := &schemas.Entitlements{CustomerID: "acme", Plan: "010", Caps: []schemas.Cap{}, Grants: []schemas.Grant{}, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	for _, n := range names {
+		e.Caps = append(e.Caps, schemas.Cap{Meter: n, Limit: 1, OnLimit: schemas.OnLimitReject})
+		e.Grants = append(e.Grants, schemas.Grant{ID: n, Amount: 1})
+	}
+	e2, _ := NewPlan(e)
+	e = e2.Record("acme", 0)
+	for _, enc := range []func(any) ([]byte, error){yaml.Marshal, json.Marshal} {
+		y, err := enc(DocumentOf(e, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := ParseDocument(y)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, y)
+		}
+		back, err := d.Record("acme", nil)
+		if err != nil || !reflect.DeepEqual(back, e) {
+			t.Errorf("round trip:\n%s\n got %+v, %v\nwant %+v", y, back, err, e)
+		}
 	}
 }
