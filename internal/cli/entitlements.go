@@ -346,6 +346,52 @@ type entRecord struct {
 	value     []byte // nil: tombstone
 	rec       *entitlements.Record
 	origin    aggregator.RecordOrigin
+	// versions are the records of the key on the partition that still
+	// apply over arrival time, as the aggregator's Timeline keeps them
+	// (a record replaces those effective at or after its own time): the
+	// one in effect now, then those scheduled, the last this record.
+	// Not kept for the rate card, whose versions are by event time.
+	versions []entVersion
+}
+
+// entVersion is a record of entRecord.versions, from its effective time.
+type entVersion struct {
+	from int64
+	r    entRecord // without versions; value nil: a delete
+}
+
+// withVersion returns versions with r added, effective from from, as the
+// aggregator's Timeline.Set does, and those no longer in effect at now
+// dropped.
+func withVersion(versions []entVersion, from int64, r entRecord, now int64) []entVersion {
+	r.versions = nil
+	i := sort.Search(len(versions), func(i int) bool { return versions[i].from >= from })
+	vs := append(versions[:i:i], entVersion{from: from, r: r})
+	j := sort.Search(len(vs), func(i int) bool { return vs[i].from > now }) - 1
+	return vs[max(j, 0):]
+}
+
+// scheduledNote says, when r applies only from a time after now (its
+// effective_from), what applies until then: the key's earlier record in
+// effect now, else fallback. It is "" for a record in effect.
+func scheduledNote(r entRecord, now int64, fallback string) string {
+	n := len(r.versions)
+	if n == 0 || r.versions[n-1].from <= now {
+		return ""
+	}
+	what, between := fallback, n-1
+	if v := r.versions[0]; v.from <= now {
+		between--
+		if v.r.value != nil && v.r.rec != nil && v.r.rec.Entitlements != nil {
+			what = fmt.Sprintf("the record written at %s (plan %q) applies", entitlements.FormatTime(v.r.written),
+				clip.To(v.r.rec.Entitlements.Plan, clip.Echo))
+		}
+	}
+	note := fmt.Sprintf("scheduled from %s: until then, %s", entitlements.FormatTime(r.versions[n-1].from), what)
+	if between > 0 {
+		note += fmt.Sprintf(", then %d other scheduled record(s)", between)
+	}
+	return note
 }
 
 // readEntitlements reads the committed records of the entitlements topic
@@ -388,8 +434,15 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		return nil, 0, fmt.Errorf("read %s: %w", topic, err)
 	}
 	latest := map[string]map[int32]entRecord{}
+	readTo := map[int32]int64{} // per partition, the latest broker time read
+	now := time.Now().UnixMilli()
 	for _, r := range recs {
 		written := r.Timestamp.UnixMilli()
+		// A record applies from its broker time on this partition, or
+		// the latest one read before it (a broker clock that stepped
+		// back), or its effective_from if later.
+		from := max(written, readTo[r.Partition])
+		readTo[r.Partition] = from
 		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
 		if err != nil || rec.IsTick() {
 			continue
@@ -414,7 +467,14 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 				written = min(o.Arrival, written)
 			}
 		}
-		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, rec: rec, origin: o}
+		e := entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, rec: rec, origin: o}
+		if rec.Key.Reserved != schemas.RateCardKey {
+			if rec.Entitlements != nil {
+				from = max(from, rec.Entitlements.EffectiveFrom)
+			}
+			e.versions = withVersion(latest[k][r.Partition].versions, from, e, now)
+		}
+		latest[k][r.Partition] = e
 	}
 	return latest, counts[topic], nil
 }
@@ -477,6 +537,9 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 			return &ExitError{Code: 1, Err: fmt.Errorf("the entitlements of %s were deleted at %s: the default plan applies",
 				c.Customer, entitlements.FormatTime(r.written))}
 		}
+		if note := scheduledNote(r, time.Now().UnixMilli(), "the default plan applies"); note != "" {
+			fmt.Fprintf(stdio.Stderr, "note: %s\n", note)
+		}
 		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
 	key := schemas.RateCardKey
@@ -488,6 +551,9 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 		return &ExitError{Code: 1, Err: err}
 	}
 	if c.Default {
+		if note := scheduledNote(r, time.Now().UnixMilli(), "no default plan applies"); note != "" {
+			fmt.Fprintf(stdio.Stderr, "note: %s\n", note)
+		}
 		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
 	return c.print(stdio, false, entitlements.RatesDocumentOf(r.rec.RateCard, r.written))
@@ -548,6 +614,9 @@ func (c *EntitlementsListCmd) Run(ctx context.Context, g *Globals, stdio IO) err
 		r, ok := latest[k][schemas.Partition([]byte(k), n)]
 		if !ok || r.value == nil {
 			continue
+		}
+		if note := scheduledNote(r, time.Now().UnixMilli(), "the default plan applies"); note != "" {
+			fmt.Fprintf(stdio.Stderr, "note: %s: %s\n", clip.To(ek.Customer, clip.Echo), note)
 		}
 		docs = append(docs, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
