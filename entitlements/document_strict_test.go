@@ -130,18 +130,6 @@ func TestDocumentRoundTripNames(t *testing.T) {
 	}
 	e2, _ := NewPlan(e)
 	e = e2.Record("acme", 0)
-	for _, enc := range []func(any) ([]byte, error){yaml.Marshal, json.Marshal} {
-		y, err := enc(DocumentOf(e, 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := ParseDocument(y)
-		if err != nil {
-			t.Fatalf("%v\n%s", err, y)
-		}
-		back, err := d.Record("acme", nil)
-		if err != nil || !reflect.DeepEqual(back, e) {
-			t.Errorf("round trip:\n%s\n got %+v, %v\nwant %+v", y, back, err, e)
-		}
-	}
+	checkRoundTrip(t, yaml.Marshal, e, 0)
+	checkRoundTrip(t, json.Marshal, e, 0)
 }
