@@ -688,5 +688,14 @@ func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) 
 	}
 	doc := entitlements.BalanceDocumentOf(b)
 	doc.Source = &entitlements.BalanceSourceDoc{Topic: topic, Partition: p, Offset: last.Offset}
+	// The balance lists the grants that had not expired at as_of; one that
+	// expired since pays for nothing now.
+	now := time.Now().UnixMilli()
+	for _, gr := range b.Grants {
+		if gr.ExpiresAt != 0 && gr.ExpiresAt <= now && gr.Remaining > 0 {
+			fmt.Fprintf(stdio.Stderr, "note: grant %s expired at %s, after this balance: it pays for nothing now (%d of credits_remaining)\n",
+				clip.To(gr.ID, clip.Echo), entitlements.FormatTime(gr.ExpiresAt), gr.Remaining)
+		}
+	}
 	return c.print(stdio, false, doc)
 }
