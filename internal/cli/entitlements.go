@@ -174,7 +174,8 @@ func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters
 
 // finish validates (the record in hand) and writes, or with --validate
 // only says so.
-func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool, meters entitlements.Meters) error {
+	noteUndeclared(stdio, meters, m)
 	if c.Validate {
 		fmt.Fprintf(stdio.Stdout, "the %s is valid\n", what)
 		return nil
@@ -207,7 +208,7 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	if err != nil {
 		return invalidDocument(stdio, "the "+what, err)
 	}
-	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false)
+	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters)
 }
 
 // Run writes the default plan.
@@ -221,7 +222,7 @@ func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio I
 	if err != nil {
 		return invalidDocument(stdio, "the default plan", err)
 	}
-	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true)
+	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true, meters)
 }
 
 // Run writes the rate card.
@@ -242,7 +243,45 @@ func (c *EntitlementsSetRatesCmd) Run(ctx context.Context, g *Globals, stdio IO,
 		}
 		fmt.Fprintln(stdio.Stderr, "note: a version can price only events from when this card is written on; time before that keeps the rates of the card in effect then")
 	}
-	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true)
+	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true, meters)
+}
+
+// noteUndeclared names on stderr the meters of m's caps and rates that the
+// meters file (meters, nil: none given) does not declare: valid, for an
+// undeclared meter counts as SUM, but most likely a misspelt name, whose
+// cap or rate never meets an event of the meter meant.
+func noteUndeclared(stdio IO, meters entitlements.Meters, m schemas.Message) {
+	if meters == nil {
+		return
+	}
+	var names []string
+	seen := map[string]bool{}
+	check := func(meter string) {
+		if _, declared := meters(meter); !declared && !seen[meter] {
+			seen[meter] = true
+			names = append(names, clip.To(meter, clip.Echo))
+		}
+	}
+	switch m := m.(type) {
+	case *schemas.Entitlements:
+		for _, c := range m.Caps {
+			check(c.Meter)
+		}
+	case *schemas.RateCard:
+		for _, v := range m.Versions {
+			for _, r := range v.Rates {
+				check(r.Meter)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	if len(names) > 10 {
+		names = append(names[:10], fmt.Sprintf("and %d more", len(names)-10))
+	}
+	fmt.Fprintf(stdio.Stderr, "note: the meters file does not declare %s: an undeclared meter counts as SUM "+
+		"(rejected as unknown_meter with --strict-meters); check the names\n", strings.Join(names, ", "))
 }
 
 func warnPast(stdio IO, effectiveFrom int64) {
