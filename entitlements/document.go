@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -166,12 +167,21 @@ func (f *fieldErrs) time(field, s string) int64 {
 	return ms
 }
 
+// docError is an error of decodeStrict: its field errors as they are, one
+// a line; a syntax error prefixed with the package.
+func docError(err error) error {
+	if errors.Is(err, ErrInvalid) {
+		return err
+	}
+	return fmt.Errorf("entitlements: %w", err)
+}
+
 // ParseDocument reads a Document from YAML or JSON. Unknown fields and
 // malformed syntax are errors; the values are checked by Record.
 func ParseDocument(b []byte) (*Document, error) {
 	var d Document
 	if err := decodeStrict(b, &d); err != nil {
-		return nil, fmt.Errorf("entitlements: %w", err)
+		return nil, docError(err)
 	}
 	return &d, nil
 }
@@ -352,7 +362,7 @@ func FormatRate(r schemas.Rate) RateDoc {
 func ParseRatesDocument(b []byte) (*RatesDocument, error) {
 	var d RatesDocument
 	if err := decodeStrict(b, &d); err != nil {
-		return nil, fmt.Errorf("entitlements: %w", err)
+		return nil, docError(err)
 	}
 	return &d, nil
 }
