@@ -69,7 +69,7 @@ var BalanceQueries = []AnalystQuery{
 SELECT customer_id, plan, meter, usage, cap, round(100 * usage / cap, 1) AS percent
 FROM balances_current FINAL
 ARRAY JOIN meter_names AS meter, meter_usage AS usage, meter_limits AS cap
-WHERE period_end > now() AND usage * 5 >= cap * 4
+WHERE period_end > now() AND unmetered = 0 AND usage * 5 >= cap * 4
 ORDER BY percent DESC, customer_id, meter`},
 
 	{Name: "credits_expiring_this_month", Title: "Credits that expire this month", SQL: `
