@@ -183,7 +183,7 @@ func (s *strictDoc) mapping(n *yaml.Node, t reflect.Type, path string, depth int
 			s.add(path, "a key that is not a name (line %d)", k.Line)
 			continue
 		case k.Tag == "!!merge":
-			s.add(path, "merge keys (<<) are not supported (line %d): write the fields out", k.Line)
+			s.add(path, "merge keys (<<) are not supported (line %d): write the fields out, or quote a name \"<<\"", k.Line)
 			continue
 		}
 		name, at := k.Value, join(path, clip.To(k.Value, clip.Echo))
