@@ -2,7 +2,6 @@ package entitlements
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -13,8 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -79,13 +77,53 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 	if u, err := strconv.Unquote(s); err == nil {
 		s = u
 	}
-	v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
+	s = strings.ReplaceAll(s, "_", "")
+	v, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
-		*n = Int{bad: string(b)}
-		return nil
+		// An integer written as a decimal or with an exponent (5e6,
+		// 1000000.0), read exactly: never through a float, which
+		// would round one past 2^53 to another.
+		r, ok := exactInt(s)
+		if !ok {
+			*n = Int{bad: clip.To(string(b), clip.Echo)}
+			return nil
+		}
+		v = r
 	}
 	*n = Int{V: v}
 	return nil
+}
+
+// maxNumberText bounds the text of a number read exactly: an int64 has 19
+// digits.
+const maxNumberText = 64
+
+// exactInt reads an integer written as a decimal number of at most
+// maxNumberText bytes, exactly; ok is false for anything else and for one
+// that does not fit 64 bits.
+func exactInt(s string) (v int64, ok bool) {
+	if len(s) > maxNumberText || !decimalText(s) {
+		return 0, false
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok || !r.IsInt() || !r.Num().IsInt64() {
+		return 0, false
+	}
+	return r.Num().Int64(), true
+}
+
+// decimalText reports whether s is a decimal number, with an optional
+// sign, fraction and exponent (not a fraction a/b, nor 0x...).
+func decimalText(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	mant, exp, hasExp := strings.Cut(strings.ToLower(s), "e")
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := func(d string) bool { return strings.Trim(d, "0123456789") == "" }
+	if whole+frac == "" || !digits(whole) || !digits(frac) {
+		return false
+	}
+	exp = strings.TrimLeft(exp, "+-")
+	return !hasExp || exp != "" && digits(exp)
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -96,7 +134,7 @@ func (n Int) IsZero() bool { return n.V == 0 && n.bad == "" }
 
 func (f *fieldErrs) int(field string, n Int) int64 {
 	if n.bad != "" {
-		f.add(field, "not an integer (%s)", n.bad)
+		f.add(field, "not a 64-bit integer (%s)", n.bad)
 	}
 	return n.V
 }
@@ -110,7 +148,7 @@ func FormatTime(ms int64) string {
 func ParseTime(s string) (int64, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", s)
+		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", clip.To(s, clip.Echo))
 	}
 	if t.Before(time.UnixMilli(schemas.MinEventTime)) {
 		return 0, fmt.Errorf("%s is before 2000-01-01", s)
@@ -129,21 +167,13 @@ func (f *fieldErrs) time(field, s string) int64 {
 	return ms
 }
 
-// decodeStrict reads a YAML or JSON document: unknown fields are an error.
-func decodeStrict(b []byte, v any) error {
-	j, err := yaml.YAMLToJSON(b)
-	if err != nil {
+// docError is an error of decodeStrict: its field errors as they are, one
+// a line; a syntax error prefixed with the package.
+func docError(err error) error {
+	if errors.Is(err, ErrInvalid) {
 		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(j))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if dec.More() {
-		return errors.New("more than one document")
-	}
-	return nil
+	return fmt.Errorf("entitlements: %w", err)
 }
 
 // ParseDocument reads a Document from YAML or JSON. Unknown fields and
@@ -151,7 +181,7 @@ func decodeStrict(b []byte, v any) error {
 func ParseDocument(b []byte) (*Document, error) {
 	var d Document
 	if err := decodeStrict(b, &d); err != nil {
-		return nil, fmt.Errorf("entitlements: %w", err)
+		return nil, docError(err)
 	}
 	return &d, nil
 }
@@ -164,9 +194,9 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 	var f fieldErrs
 	switch {
 	case customer == "" && d.Customer != "":
-		f.add("customer", "the default plan names no customer (got %q)", d.Customer)
+		f.add("customer", "the default plan names no customer (got %q)", clip.To(d.Customer, clip.Echo))
 	case d.Customer != "" && d.Customer != customer:
-		f.add("customer", "%q, but the record is for %q", d.Customer, customer)
+		f.add("customer", "%q, but the record is for %q", clip.To(d.Customer, clip.Echo), clip.To(customer, clip.Echo))
 	}
 	e := &schemas.Entitlements{CustomerID: customer, Plan: d.Plan, Unmetered: d.Unmetered,
 		EffectiveFrom: f.time("effective_from", d.EffectiveFrom), Caps: []schemas.Cap{}, Grants: []schemas.Grant{},
@@ -179,7 +209,7 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		case "allow":
 			cp.OnLimit = schemas.OnLimitAllow
 		default:
-			f.add(at+".on_limit", "must be reject or allow (got %q)", c.OnLimit)
+			f.add(at+".on_limit", "must be reject or allow (got %q)", clip.To(c.OnLimit, clip.Echo))
 		}
 		e.Caps = append(e.Caps, cp)
 	}
@@ -199,7 +229,7 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		case "deny":
 			e.Overdraft.Policy = schemas.OverdraftDeny
 		default:
-			f.add("overdraft.policy", "must be allow or deny (got %q)", o.Policy)
+			f.add("overdraft.policy", "must be allow or deny (got %q)", clip.To(o.Policy, clip.Echo))
 		}
 		e.Overdraft.Limit = f.int("overdraft.limit", o.Limit)
 	}
@@ -277,7 +307,16 @@ func (r *RateDoc) UnmarshalJSON(b []byte) error {
 // per unit.
 func ParseRate(s string) (micro, per int64, err error) {
 	s = strings.ReplaceAll(strings.TrimSpace(s), "_", "")
-	bad := fmt.Errorf("not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit (%q)", s)
+	bad := fmt.Errorf("not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit (%q)", clip.To(s, clip.Echo))
+	if len(s) > maxNumberText {
+		// Longer than any rate a card can hold (two integers of 19
+		// digits, or 18 decimals): refused before math/big reads it,
+		// which takes seconds for a million digits.
+		if strings.Trim(s, "0123456789./ ") != "" {
+			return 0, 0, bad
+		}
+		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
+	}
 	if n, d, ok := strings.Cut(s, "/"); ok {
 		micro, err1 := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
 		per, err2 := strconv.ParseInt(strings.TrimSpace(d), 10, 64)
@@ -291,14 +330,14 @@ func ParseRate(s string) (micro, per int64, err error) {
 		return 0, 0, bad
 	}
 	if !r.Num().IsInt64() || !r.Denom().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", s)
+		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
 	}
 	// Keep the written precision (0.250 → 250/1000), so that the card
 	// prints back as written.
 	per = 1
 	if _, frac, ok := strings.Cut(s, "."); ok {
 		if len(frac) > 18 {
-			return 0, 0, fmt.Errorf("%q has too many digits", s)
+			return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
 		}
 		for range frac {
 			per *= 10
@@ -306,7 +345,7 @@ func ParseRate(s string) (micro, per int64, err error) {
 	}
 	num := new(big.Rat).Mul(r, new(big.Rat).SetInt64(per))
 	if !num.IsInt() || !num.Num().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", s)
+		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
 	}
 	return num.Num().Int64(), per, nil
 }
@@ -323,7 +362,7 @@ func FormatRate(r schemas.Rate) RateDoc {
 func ParseRatesDocument(b []byte) (*RatesDocument, error) {
 	var d RatesDocument
 	if err := decodeStrict(b, &d); err != nil {
-		return nil, fmt.Errorf("entitlements: %w", err)
+		return nil, docError(err)
 	}
 	return &d, nil
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -198,8 +199,9 @@ func (f *fieldErrs) checkName(field, v string) {
 }
 
 // pathPart is a name as it appears in a field path: itself when it is a
-// plain word, else quoted.
+// plain word, else quoted; a long one cut to its first clip.Echo bytes.
 func pathPart(name string) string {
+	name = clip.To(name, clip.Echo)
 	if name != "" && strings.IndexFunc(name, func(r rune) bool {
 		return !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
 	}) < 0 {

@@ -206,8 +206,9 @@ func head(s string, n int) string {
 
 // balanceTestData inserts balances that every query of BalanceQueries
 // answers with rows at now: two revisions of a customer near its caps
-// with a grant expiring later this month, one overdrawn, and one whose
-// latest period ended last month (INSERT ... SELECT: the native driver
+// with a grant expiring later this month, one overdrawn, one whose
+// latest period ended last month, one whose grant ends with the month and
+// one whose grant expired after its latest balance (INSERT ... SELECT: the native driver
 // would wait for data blocks after INSERT ... VALUES). Times are Unix seconds, so that both
 // servers read the same instants whatever their time zone.
 func balanceTestData(db string, now time.Time) []string {
@@ -271,5 +272,7 @@ func balanceTestData(db string, now time.Time) []string {
 		row(1, "acme", 2, cur, next, calls, []int64{850, 4000}, []int64{1000, 5000}, []grant{{"annual", 10_000, 7500, time.Time{}}, {"promo", 1000, 300, soon}}, 0),
 		row(2, "globex", 1, cur, next, calls[:1], []int64{100}, []int64{1000}, []grant{{"trial", 500, 0, soon}, {"next", 800, 800, next.Add(24 * time.Hour)}}, 1200),
 		row(3, "initech", 7, prev, cur, calls[:1], []int64{990}, []int64{1000}, nil, 0),
+		row(4, "hooli", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"monthly", 1000, 400, next}}, 0),
+		row(5, "soylent", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"spent", 900, 600, now.Add(-time.Minute)}}, 0),
 	}
 }

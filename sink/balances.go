@@ -69,7 +69,7 @@ var BalanceQueries = []AnalystQuery{
 SELECT customer_id, plan, meter, usage, cap, round(100 * usage / cap, 1) AS percent
 FROM balances_current FINAL
 ARRAY JOIN meter_names AS meter, meter_usage AS usage, meter_limits AS cap
-WHERE period_end > now() AND usage * 5 >= cap * 4
+WHERE period_end > now() AND unmetered = 0 AND usage * 5 >= cap * 4
 ORDER BY percent DESC, customer_id, meter`},
 
 	{Name: "credits_expiring_this_month", Title: "Credits that expire this month", SQL: `
@@ -77,11 +77,12 @@ SELECT customer_id, grant_id, remaining, expires_at
 FROM (SELECT * FROM balances_current FINAL ORDER BY customer_id, period_start DESC LIMIT 1 BY customer_id)
 ARRAY JOIN grant_ids AS grant_id, grant_remaining AS remaining, grant_expires_at_ms AS expires_at_ms, grant_expires_at AS expires_at
 WHERE expires_at_ms != 0 AND remaining > 0
-  AND expires_at >= now() AND toStartOfMonth(expires_at) = toStartOfMonth(now())
+  AND expires_at > now() AND toStartOfMonth(expires_at - 1) = toStartOfMonth(now())
 ORDER BY expires_at, customer_id, grant_id`},
 
 	{Name: "credits_left", Title: "Credits left and overdraft per customer", SQL: `
-SELECT customer_id, plan, arraySum(grant_remaining) AS credits_left, overdrawn, overdraft_policy, updated_at
+SELECT customer_id, plan, arraySum(arrayFilter((r, e) -> e = 0 OR e > toUnixTimestamp(now()) * 1000, grant_remaining, grant_expires_at_ms)) AS credits_left,
+       overdrawn, overdraft_policy, updated_at
 FROM (SELECT * FROM balances_current FINAL ORDER BY customer_id, period_start DESC LIMIT 1 BY customer_id)
 ORDER BY credits_left, customer_id`},
 }

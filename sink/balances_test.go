@@ -24,6 +24,7 @@ func TestBalanceQueries(t *testing.T) {
 	// two minutes: then next month, and the query must not list it.
 	soon := now.Add(2 * time.Minute).Truncate(time.Second)
 	soonThisMonth := soon.Before(next)
+	expired := now.Add(-time.Minute).Truncate(time.Second)
 
 	var recs []*kgo.Record
 	add := func(b *schemas.Balance) {
@@ -52,17 +53,24 @@ func TestBalanceQueries(t *testing.T) {
 	capped("globex", 1, cur, next, []schemas.MeterBalance{mb("api_calls", 100, 1000)},
 		[]schemas.GrantBalance{gb("trial", 500, 500, soon), gb("next", 800, 0, next.Add(24*time.Hour))}, 1200)
 	capped("initech", 7, prev, cur, []schemas.MeterBalance{mb("api_calls", 990, 1000)}, nil, 0) // last period
+	// hooli's monthly grant ends with the month (expires_at the first
+	// instant of the next): it expires this month. soylent's grant expired
+	// a minute ago, after its last balance: it has no credits left.
+	capped("hooli", 1, cur, next, nil, []schemas.GrantBalance{gb("monthly", 1000, 600, next)}, 0)
+	capped("soylent", 1, cur, next, nil, []schemas.GrantBalance{gb("spent", 900, 300, expired)}, 0)
+	// umbrella is unmetered: its plan's cap is counted against, never
+	// applied (DESIGN §12), so it is near no cap.
 	add(&schemas.Balance{CustomerID: "umbrella", Plan: "staff", Unmetered: true, Revision: 3, UpdatedAt: ms(cur), PeriodStart: ms(cur),
-		PeriodEnd: ms(next), OverdraftPolicy: schemas.OverdraftAllow})
+		PeriodEnd: ms(next), Meters: []schemas.MeterBalance{mb("api_calls", 1500, 1000)}, OverdraftPolicy: schemas.OverdraftAllow})
 	e.produce(recs...)
 	r := e.start(nil)
 	e.waitCaughtUp(time.Minute)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	e.exact(TableBalances, 5)
-	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "4\n" {
-		t.Errorf("balances_current has %s rows, want one per customer (4)", n)
+	e.exact(TableBalances, 7)
+	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "6\n" {
+		t.Errorf("balances_current has %s rows, want one per customer (6)", n)
 	}
 	row := queryStrings(t, e.conn, "SELECT revision, meter_names, meter_usage, meter_on_limit, grant_ids, grant_remaining, grant_expires_at_ms FROM "+
 		e.db+".balances_current FINAL WHERE customer_id = 'acme'")
@@ -72,9 +80,9 @@ func TestBalanceQueries(t *testing.T) {
 	}
 
 	d := func(t time.Time) string { return t.Format("2006-01-02 15:04:05") }
-	expiring := [][]string{{"acme", "promo", "300", d(soon)}}
+	expiring := [][]string{{"acme", "promo", "300", d(soon)}, {"hooli", "monthly", "400", d(next)}}
 	if !soonThisMonth {
-		expiring = nil
+		expiring = expiring[1:]
 	}
 	want := map[string][][]string{
 		"customers_near_cap": {
@@ -84,7 +92,9 @@ func TestBalanceQueries(t *testing.T) {
 		"credits_expiring_this_month": expiring,
 		"credits_left": {
 			{"initech", "free", "0", "0", "deny", d(prev)},
+			{"soylent", "free", "0", "0", "deny", d(cur)},
 			{"umbrella", "staff", "0", "0", "allow", d(cur)},
+			{"hooli", "free", "400", "0", "deny", d(cur)},
 			{"globex", "free", "800", "1200", "deny", d(cur)},
 			{"acme", "free", "7800", "0", "deny", d(cur)},
 		},

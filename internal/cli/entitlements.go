@@ -20,6 +20,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
@@ -106,11 +107,27 @@ type EntitlementsBalanceCmd struct {
 	entRead  `embed:""`
 }
 
+// maxDocumentBytes bounds the document a write command reads: far more
+// than a record at its limits (entitlements.MaxGrants, MaxRates) takes.
+const maxDocumentBytes = 16 << 20
+
+// read reads the document, refusing one larger than maxDocumentBytes
+// (cut there, it could read as another, shorter document).
 func (c *entWrite) read(stdio IO) ([]byte, error) {
-	if c.File == "-" {
-		return io.ReadAll(io.LimitReader(stdio.Stdin, 16<<20))
+	r, name := stdio.Stdin, "standard input"
+	if c.File != "-" {
+		f, err := os.Open(c.File)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r, name = f, c.File
 	}
-	return os.ReadFile(c.File)
+	b, err := io.ReadAll(io.LimitReader(r, maxDocumentBytes+1))
+	if err == nil && len(b) > maxDocumentBytes {
+		err = fmt.Errorf("the document on %s is larger than %d MiB", name, maxDocumentBytes>>20)
+	}
+	return b, err
 }
 
 func (c *entWrite) meters() (entitlements.Meters, error) {
@@ -157,7 +174,8 @@ func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters
 
 // finish validates (the record in hand) and writes, or with --validate
 // only says so.
-func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool, meters entitlements.Meters) error {
+	noteUndeclared(stdio, meters, m)
 	if c.Validate {
 		fmt.Fprintf(stdio.Stdout, "the %s is valid\n", what)
 		return nil
@@ -183,14 +201,14 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 		return invalidDocument(stdio, "the document", errors.New("customer: name the customer, as an argument or in the document"))
 	}
 	if fe := schemas.CheckText("customer", customer, true); fe != nil || len(customer) > schemas.MaxIdentityFieldBytes {
-		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", customer))
+		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", clip.To(customer, clip.Echo)))
 	}
 	what := "entitlements record of " + customer
 	e, err := d.Record(customer, meters)
 	if err != nil {
 		return invalidDocument(stdio, "the "+what, err)
 	}
-	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false)
+	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters)
 }
 
 // Run writes the default plan.
@@ -204,7 +222,7 @@ func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio I
 	if err != nil {
 		return invalidDocument(stdio, "the default plan", err)
 	}
-	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true)
+	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true, meters)
 }
 
 // Run writes the rate card.
@@ -225,7 +243,45 @@ func (c *EntitlementsSetRatesCmd) Run(ctx context.Context, g *Globals, stdio IO,
 		}
 		fmt.Fprintln(stdio.Stderr, "note: a version can price only events from when this card is written on; time before that keeps the rates of the card in effect then")
 	}
-	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true)
+	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true, meters)
+}
+
+// noteUndeclared names on stderr the meters of m's caps and rates that the
+// meters file (meters, nil: none given) does not declare: valid, for an
+// undeclared meter counts as SUM, but most likely a misspelt name, whose
+// cap or rate never meets an event of the meter meant.
+func noteUndeclared(stdio IO, meters entitlements.Meters, m schemas.Message) {
+	if meters == nil {
+		return
+	}
+	var names []string
+	seen := map[string]bool{}
+	check := func(meter string) {
+		if _, declared := meters(meter); !declared && !seen[meter] {
+			seen[meter] = true
+			names = append(names, clip.To(meter, clip.Echo))
+		}
+	}
+	switch m := m.(type) {
+	case *schemas.Entitlements:
+		for _, c := range m.Caps {
+			check(c.Meter)
+		}
+	case *schemas.RateCard:
+		for _, v := range m.Versions {
+			for _, r := range v.Rates {
+				check(r.Meter)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	if len(names) > 10 {
+		names = append(names[:10], fmt.Sprintf("and %d more", len(names)-10))
+	}
+	fmt.Fprintf(stdio.Stderr, "note: the meters file does not declare %s: an undeclared meter counts as SUM "+
+		"(rejected as unknown_meter with --strict-meters); check the names\n", strings.Join(names, ", "))
 }
 
 func warnPast(stdio IO, effectiveFrom int64) {
@@ -329,6 +385,52 @@ type entRecord struct {
 	value     []byte // nil: tombstone
 	rec       *entitlements.Record
 	origin    aggregator.RecordOrigin
+	// versions are the records of the key on the partition that still
+	// apply over arrival time, as the aggregator's Timeline keeps them
+	// (a record replaces those effective at or after its own time): the
+	// one in effect now, then those scheduled, the last this record.
+	// Not kept for the rate card, whose versions are by event time.
+	versions []entVersion
+}
+
+// entVersion is a record of entRecord.versions, from its effective time.
+type entVersion struct {
+	from int64
+	r    entRecord // without versions; value nil: a delete
+}
+
+// withVersion returns versions with r added, effective from from, as the
+// aggregator's Timeline.Set does, and those no longer in effect at now
+// dropped.
+func withVersion(versions []entVersion, from int64, r entRecord, now int64) []entVersion {
+	r.versions = nil
+	i := sort.Search(len(versions), func(i int) bool { return versions[i].from >= from })
+	vs := append(versions[:i:i], entVersion{from: from, r: r})
+	j := sort.Search(len(vs), func(i int) bool { return vs[i].from > now }) - 1
+	return vs[max(j, 0):]
+}
+
+// scheduledNote says, when r applies only from a time after now (its
+// effective_from), what applies until then: the key's earlier record in
+// effect now, else fallback. It is "" for a record in effect.
+func scheduledNote(r entRecord, now int64, fallback string) string {
+	n := len(r.versions)
+	if n == 0 || r.versions[n-1].from <= now {
+		return ""
+	}
+	what, between := fallback, n-1
+	if v := r.versions[0]; v.from <= now {
+		between--
+		if v.r.value != nil && v.r.rec != nil && v.r.rec.Entitlements != nil {
+			what = fmt.Sprintf("the record written at %s (plan %q) applies", entitlements.FormatTime(v.r.written),
+				clip.To(v.r.rec.Entitlements.Plan, clip.Echo))
+		}
+	}
+	note := fmt.Sprintf("scheduled from %s: until then, %s", entitlements.FormatTime(r.versions[n-1].from), what)
+	if between > 0 {
+		note += fmt.Sprintf(", then %d other scheduled record(s)", between)
+	}
+	return note
 }
 
 // readEntitlements reads the committed records of the entitlements topic
@@ -371,8 +473,15 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		return nil, 0, fmt.Errorf("read %s: %w", topic, err)
 	}
 	latest := map[string]map[int32]entRecord{}
+	readTo := map[int32]int64{} // per partition, the latest broker time read
+	now := time.Now().UnixMilli()
 	for _, r := range recs {
 		written := r.Timestamp.UnixMilli()
+		// A record applies from its broker time on this partition, or
+		// the latest one read before it (a broker clock that stepped
+		// back), or its effective_from if later.
+		from := max(written, readTo[r.Partition])
+		readTo[r.Partition] = from
 		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
 		if err != nil || rec.IsTick() {
 			continue
@@ -397,7 +506,14 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 				written = min(o.Arrival, written)
 			}
 		}
-		latest[k][r.Partition] = entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, rec: rec, origin: o}
+		e := entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, rec: rec, origin: o}
+		if rec.Key.Reserved != schemas.RateCardKey {
+			if rec.Entitlements != nil {
+				from = max(from, rec.Entitlements.EffectiveFrom)
+			}
+			e.versions = withVersion(latest[k][r.Partition].versions, from, e, now)
+		}
+		latest[k][r.Partition] = e
 	}
 	return latest, counts[topic], nil
 }
@@ -460,6 +576,9 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 			return &ExitError{Code: 1, Err: fmt.Errorf("the entitlements of %s were deleted at %s: the default plan applies",
 				c.Customer, entitlements.FormatTime(r.written))}
 		}
+		if note := scheduledNote(r, time.Now().UnixMilli(), "the default plan applies"); note != "" {
+			fmt.Fprintf(stdio.Stderr, "note: %s\n", note)
+		}
 		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
 	key := schemas.RateCardKey
@@ -471,6 +590,9 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 		return &ExitError{Code: 1, Err: err}
 	}
 	if c.Default {
+		if note := scheduledNote(r, time.Now().UnixMilli(), "no default plan applies"); note != "" {
+			fmt.Fprintf(stdio.Stderr, "note: %s\n", note)
+		}
 		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
 	return c.print(stdio, false, entitlements.RatesDocumentOf(r.rec.RateCard, r.written))
@@ -531,6 +653,9 @@ func (c *EntitlementsListCmd) Run(ctx context.Context, g *Globals, stdio IO) err
 		r, ok := latest[k][schemas.Partition([]byte(k), n)]
 		if !ok || r.value == nil {
 			continue
+		}
+		if note := scheduledNote(r, time.Now().UnixMilli(), "the default plan applies"); note != "" {
+			fmt.Fprintf(stdio.Stderr, "note: %s: %s\n", clip.To(ek.Customer, clip.Echo), note)
 		}
 		docs = append(docs, entitlements.DocumentOf(r.rec.Entitlements, r.written))
 	}
@@ -602,5 +727,14 @@ func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) 
 	}
 	doc := entitlements.BalanceDocumentOf(b)
 	doc.Source = &entitlements.BalanceSourceDoc{Topic: topic, Partition: p, Offset: last.Offset}
+	// The balance lists the grants that had not expired at as_of; one that
+	// expired since pays for nothing now.
+	now := time.Now().UnixMilli()
+	for _, gr := range b.Grants {
+		if gr.ExpiresAt != 0 && gr.ExpiresAt <= now && gr.Remaining > 0 {
+			fmt.Fprintf(stdio.Stderr, "note: grant %s expired at %s, after this balance: it pays for nothing now (%d of credits_remaining)\n",
+				clip.To(gr.ID, clip.Echo), entitlements.FormatTime(gr.ExpiresAt), gr.Remaining)
+		}
+	}
 	return c.print(stdio, false, doc)
 }

@@ -1,0 +1,135 @@
+package entitlements
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestDocumentReadAsWritten: a document is read as the operator wrote it.
+// A key given twice, a field in another case, or a second document is
+// refused, never resolved silently to one of the values; names keep their
+// text (YAML 1.1 read `on` as true and `010` as 8); a number is read from
+// its digits, never through a float.
+func TestDocumentReadAsWritten(t *testing.T) {
+	for _, c := range []struct{ name, doc, want string }{
+		{"cap given twice", "customer: acme\ncaps:\n  api_calls: {limit: 10}\n  api_calls: {limit: 1000000}\n", `caps.api_calls: given twice (lines 3 and 4)`},
+		{"field given twice", "customer: acme\nplan: free\nplan: pro\n", `plan: given twice (lines 2 and 3)`},
+		{"JSON key given twice", `{"customer": "acme", "grants": {"g": {"amount": 1, "amount": 5000000}}}`, `grants.g.amount: given twice`},
+		{"field in another case", "customer: acme\ncaps: {a: {limit: 5, Limit: 7}}\n", `caps.a: unknown field "Limit"`},
+		{"field in another case alone", "Customer: globex\n", `unknown field "Customer"`},
+		{"second document", "customer: acme\n---\ncustomer: globex\n", `more than one document`},
+		{"merge key", "customer: acme\ngrants:\n  g:\n    amount: 5\n    <<: {amount: 7}\n", `grants.g: merge keys (<<) are not supported`},
+		{"yes for true", "customer: acme\nunmetered: yes\n", `unmetered: must be true or false (got "yes")`},
+	} {
+		_, err := ParseDocument([]byte(c.doc))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: ParseDocument(%q) = %v, want an error saying %q", c.name, c.doc, err, c.want)
+		}
+	}
+	if _, err := ParseRatesDocument([]byte("versions:\n- effective_from: \"2026-01-01T00:00:00Z\"\n  rates: {a: 1, a: 2}\n")); err == nil ||
+		!strings.Contains(err.Error(), "versions[0].rates.a: given twice") {
+		t.Errorf("a rate given twice: %v", err)
+	}
+
+	d, err := ParseDocument([]byte("customer: acme\nplan: 2026\ncaps:\n  on: {limit: 10}\n  \"007\": {limit: 5}\n  0x10: {limit: 5}\n" +
+		"grants:\n  '010': {amount: 9007199254740993.0}\n  y: {amount: 010}\n  big: {amount: 5e6}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := d.Record("acme", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCaps := []schemas.Cap{{Meter: "007", Limit: 5, OnLimit: schemas.OnLimitReject}, {Meter: "0x10", Limit: 5, OnLimit: schemas.OnLimitReject},
+		{Meter: "on", Limit: 10, OnLimit: schemas.OnLimitReject}}
+	wantGrants := []schemas.Grant{{ID: "010", Amount: 9007199254740993}, {ID: "big", Amount: 5000000}, {ID: "y", Amount: 10}}
+	if e.Plan != "2026" || !reflect.DeepEqual(e.Caps, wantCaps) || !reflect.DeepEqual(e.Grants, wantGrants) {
+		t.Errorf("got plan %q caps %+v grants %+v\nwant plan 2026 caps %+v grants %+v", e.Plan, e.Caps, e.Grants, wantCaps, wantGrants)
+	}
+
+	// A decimal rate with more digits than a float keeps is refused (it
+	// was rounded to 12345678901234568/10^17), one a float would print
+	// with an exponent is read as written.
+	rd, err := ParseRatesDocument([]byte("versions:\n- effective_from: \"2026-01-01T00:00:00Z\"\n  rates: {a: 0.12345678901234567891, b: 0.0000015}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rd.Card(nil)
+	if err == nil || !strings.Contains(err.Error(), `versions[0].rates.a: "0.12345678901234567891" has too many digits`) {
+		t.Errorf("a rate of 20 decimals: %v", err)
+	}
+	if len(rd.Versions) != 1 || rd.Versions[0].Rates["b"] != "0.0000015" {
+		t.Errorf("rate b read as %q, want 0.0000015", rd.Versions[0].Rates["b"])
+	}
+}
+
+// TestDocumentErrorsAreBounded: an error repeats at most a bounded prefix
+// of a value or name the document gave, however long.
+func TestDocumentErrorsAreBounded(t *testing.T) {
+	long := strings.Repeat("x", 100_000)
+	for _, doc := range []string{
+		"customer: acme\ngrants: {g: {amount: " + long + "}}\n",
+		"customer: acme\ngrants: {g: {amount: 1, expires_at: " + long + "}}\n",
+		"customer: acme\ncaps: {m: {limit: 1, on_limit: " + long + "}}\n",
+		"customer: acme\noverdraft: {policy: " + long + "}\n",
+		"customer: " + long + "\n",
+		"customer: acme\ncaps: {" + long + ": {limit: 0}}\n",
+		"customer: acme\nunmetered: " + long + "\n",
+		"customer: acme\ncaps: {m: {limit: 1, " + long + ": 1}}\n",
+	} {
+		var err error
+		if d, perr := ParseDocument([]byte(doc)); perr != nil {
+			err = perr
+		} else {
+			_, err = d.Record("acme", nil)
+		}
+		if err == nil {
+			t.Errorf("accepted %.80q", doc)
+		} else if len(err.Error()) > 2000 {
+			t.Errorf("an error of %d bytes: %.200q", len(err.Error()), err.Error())
+		}
+	}
+	rd, err := ParseRatesDocument([]byte("versions:\n- effective_from: " + long + "\n  rates: {a: " + long + "}\n"))
+	if err == nil {
+		_, err = rd.Card(nil)
+	}
+	if err == nil || len(err.Error()) > 2000 {
+		t.Errorf("rate card error of %d bytes", len(err.Error()))
+	}
+}
+
+// TestParseRateLongText: a rate of a million digits is refused at once
+// (math/big took seconds to read it, minutes for the 16 MiB set-rates
+// reads).
+func TestParseRateLongText(t *testing.T) {
+	s := "0." + strings.Repeat("3", 1<<20)
+	start := time.Now()
+	_, _, err := ParseRate(s)
+	if took := time.Since(start); err == nil || took > time.Second {
+		t.Errorf("ParseRate of %d digits: %v after %s, want an error at once", len(s), err, took)
+	}
+}
+
+// TestDocumentRoundTripNames: names that YAML would read as something
+// else unquoted (on, 010, null, 1e3, ...) come back from what get prints,
+// in YAML and JSON, as they were. (A name << does not: a YAML printer
+// writes it unquoted, and it is then a merge key, refused.)
+func TestDocumentRoundTripNames(t *testing.T) {
+	names := []string{"on", "010", "y", "n", "1e3", "null", "~", "2026-01-01", "-", "a: b", "#x", "0x1F", "1_000", ".inf", "=", "true", "NO", "0o17", "+1", "1:20", "!tag", "&a", "*a", "'q'", "\"d\"", "[x]", "{y}", "|", ">", "%", "@", "`"}
+	e := &schemas.Entitlements{CustomerID: "acme", Plan: "010", Caps: []schemas.Cap{}, Grants: []schemas.Grant{}, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	for _, n := range names {
+		e.Caps = append(e.Caps, schemas.Cap{Meter: n, Limit: 1, OnLimit: schemas.OnLimitReject})
+		e.Grants = append(e.Grants, schemas.Grant{ID: n, Amount: 1})
+	}
+	e2, _ := NewPlan(e)
+	e = e2.Record("acme", 0)
+	checkRoundTrip(t, yaml.Marshal, e, 0)
+	checkRoundTrip(t, json.Marshal, e, 0)
+}

@@ -1,0 +1,222 @@
+package entitlements
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/meterline/meterline/internal/clip"
+)
+
+// Limits of decodeStrict: the nodes one document may expand to (aliases
+// included; a rate card at its limits has about 40,000), how deep they
+// nest, and how many problems it names before it stops.
+const (
+	maxDocNodes  = 1 << 20
+	maxDocDepth  = 64
+	maxDocErrors = 20
+)
+
+// decodeStrict reads one YAML (or JSON) document into v as it is written:
+// a key given twice, a field v does not have (names match exactly, not in
+// any case as encoding/json would), a merge key or a second document is
+// an error; a name keeps its text (YAML 1.2: `on` and `007` are names,
+// not true and 7); a scalar reaches an Int or a rate as its text, so a
+// number is read from its digits, never through a float. Each problem is
+// named by its field path.
+func decodeStrict(b []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // an empty document
+		}
+		return err
+	}
+	var more yaml.Node
+	switch err := dec.Decode(&more); {
+	case err == nil:
+		return fmt.Errorf("line %d: more than one document: write one record at a time", more.Line)
+	case !errors.Is(err, io.EOF):
+		return err
+	}
+	s := strictDoc{budget: maxDocNodes}
+	tree := s.value(&doc, reflect.TypeOf(v).Elem(), "", 0)
+	if err := s.err(); err != nil {
+		return err
+	}
+	j, err := json.Marshal(tree)
+	if err != nil {
+		return err
+	}
+	jd := json.NewDecoder(bytes.NewReader(j))
+	jd.DisallowUnknownFields()
+	return jd.Decode(v)
+}
+
+// strictDoc converts a YAML node tree to the JSON-able tree of a Go type,
+// collecting the problems it finds.
+type strictDoc struct {
+	budget  int
+	errs    fieldErrs
+	dropped int
+}
+
+func (s *strictDoc) add(path, format string, args ...any) {
+	if len(s.errs) >= maxDocErrors {
+		s.dropped++
+		return
+	}
+	if path == "" {
+		path = "document"
+	}
+	s.errs.add(path, format, args...)
+}
+
+func (s *strictDoc) err() error {
+	if s.dropped > 0 {
+		s.errs = append(s.errs, fmt.Errorf("and %d more problems", s.dropped))
+	}
+	return s.errs.err()
+}
+
+// join is the path of a key below path.
+func join(path, name string) string {
+	if path == "" {
+		return pathPart(name)
+	}
+	return path + "." + pathPart(name)
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+// value returns the JSON-able form of n for a value of type t at path: a
+// map for a struct or a map, a slice, a string, a bool or nil.
+func (s *strictDoc) value(n *yaml.Node, t reflect.Type, path string, depth int) any {
+	if s.budget--; s.budget < 0 {
+		if s.budget == -1 {
+			s.add(path, "the document expands to more than %d nodes", maxDocNodes)
+		}
+		return nil
+	}
+	if depth > maxDocDepth {
+		s.add(path, "nested more than %d deep", maxDocDepth)
+		return nil
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		if len(n.Content) == 0 {
+			return nil
+		}
+		return s.value(n.Content[0], t, path, depth+1)
+	case yaml.AliasNode:
+		return s.value(n.Alias, t, path, depth+1)
+	case yaml.MappingNode:
+		return s.mapping(n, t, path, depth)
+	case yaml.SequenceNode:
+		if t.Kind() != reflect.Slice {
+			s.add(path, "a list where %s is expected (line %d)", kindOf(t), n.Line)
+			return nil
+		}
+		out := make([]any, 0, len(n.Content))
+		for i, c := range n.Content {
+			out = append(out, s.value(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), depth+1))
+		}
+		return out
+	}
+	// A scalar.
+	if n.Tag == "!!null" {
+		return nil
+	}
+	switch {
+	case reflect.PointerTo(t).Implements(unmarshalerType) || t.Kind() == reflect.String:
+		return n.Value // its text: an Int or a rate parses it
+	case t.Kind() == reflect.Bool:
+		var b bool
+		if n.Tag != "!!bool" || n.Decode(&b) != nil {
+			s.add(path, "must be true or false (got %q)", clip.To(n.Value, clip.Echo))
+			return nil
+		}
+		return b
+	}
+	s.add(path, "a value where %s is expected (line %d)", kindOf(t), n.Line)
+	return nil
+}
+
+// mapping converts a mapping node for a struct (its keys are the fields'
+// JSON names) or a map (its keys are names, kept as written).
+func (s *strictDoc) mapping(n *yaml.Node, t reflect.Type, path string, depth int) any {
+	var fields map[string]reflect.Type
+	switch t.Kind() {
+	case reflect.Struct:
+		fields = map[string]reflect.Type{}
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if f.IsExported() && name != "" && name != "-" {
+				fields[name] = f.Type
+			}
+		}
+	case reflect.Map:
+	default:
+		s.add(path, "a mapping where %s is expected (line %d)", kindOf(t), n.Line)
+		return nil
+	}
+	out := map[string]any{}
+	lines := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.AliasNode {
+			k = k.Alias
+		}
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			s.add(path, "a key that is not a name (line %d)", k.Line)
+			continue
+		case k.Tag == "!!merge":
+			s.add(path, "merge keys (<<) are not supported (line %d): write the fields out, or quote a name \"<<\"", k.Line)
+			continue
+		}
+		name, at := k.Value, join(path, clip.To(k.Value, clip.Echo))
+		if l, dup := lines[name]; dup {
+			s.add(at, "given twice (lines %d and %d)", l, k.Line)
+			continue
+		}
+		lines[name] = k.Line
+		et := t
+		if fields != nil {
+			ft, ok := fields[name]
+			if !ok {
+				s.add(path, "unknown field %q (line %d)", clip.To(name, clip.Echo), k.Line)
+				continue
+			}
+			et = ft
+		} else {
+			et = t.Elem()
+		}
+		out[name] = s.value(v, et, at, depth+1)
+	}
+	return out
+}
+
+// kindOf names what a value of t is, for an error.
+func kindOf(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "a mapping"
+	case reflect.Slice:
+		return "a list"
+	case reflect.Bool:
+		return "true or false"
+	}
+	return "a value"
+}
