@@ -266,3 +266,43 @@ func TestRestorePausedPastHorizonRestoresInFull(t *testing.T) {
 	}
 	expectRestores(t, "a, back", reg, map[string]float64{"tail/within_horizon": 1, "full/horizon": 1})
 }
+
+// TestFullRestorePausedPastHorizonStartsOver: a full restore whose reads
+// stall for longer than the changelog's delete.retention.ms (a previous
+// owner's open transaction holds the read at its LSO, the process is
+// paused) may have missed a tombstone compacted away meanwhile. It writes
+// nothing more under its date and starts over; the stage does not stop,
+// and the copy that reads in time is installed.
+func TestFullRestorePausedPastHorizonStartsOver(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	w.send("k", "v", "x", "1")
+	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
+		t.Fatal(err)
+	}
+	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := [16]byte(topics[w.changelog].ID)
+	g := gateFetches(w.cluster, &id)
+	g.gated.Store(true)
+	go func() {
+		// b has no state: its restore is a full one, and its first fetch
+		// of the changelog is held while two retentions pass.
+		g.waitHeld(t)
+		clk.skew.Store(int64(2 * time.Minute))
+		g.open()
+	}()
+	w.send("z", "1")
+	fsB := vfs.NewMem()
+	reg, err := w.run("b", fsB, clk)
+	if err != nil {
+		t.Fatalf("b stopped: %v", err)
+	}
+	if got := w.state(fsB); len(got) != 3 || got["k"] != "v" || got["x"] != "1" || got["z"] != "1" {
+		t.Errorf("b's state = %v, want k=v x=1 z=1", got)
+	}
+	expectRestores(t, "b", reg, map[string]float64{"full/no_state": 2})
+}

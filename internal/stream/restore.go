@@ -67,9 +67,12 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 		n, w, err := rt.restoreState(ctx, adm, log, p, warm)
 		replayed += n
 		if errors.Is(err, errBeyondHorizon) && !errors.Is(err, ErrRestoreHorizon) {
-			// A tail replay that outlasted the horizon of its checkpoint's
-			// date: it stopped at its last batch in time, and the plan is
-			// now a full restore.
+			// A replay that outlasted the horizon of its checkpoint's
+			// date (its reads stalled: a previous owner's open
+			// transaction held them at the LSO, the process was paused):
+			// it stopped at its last batch in time. The plan is now a
+			// full restore, dated anew; one expected not to fit the
+			// horizon is refused (ErrRestoreHorizon), as always.
 			log.Warn("the restore read changelog records later than its checkpoint's date allows; planning again", zap.Error(err))
 			warm = nil
 			continue
@@ -99,9 +102,9 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 // restoreState plans partition p's copy of the changelog and replays it
 // into the store (DESIGN §6.8). It returns the records replayed and the
 // warm structures, which are warm's if the replay was only the tail past
-// warm's state (nil otherwise). A tail replay that outlasts the horizon of
-// its checkpoint's date fails with errBeyondHorizon, a full one with
-// ErrRestoreHorizon too.
+// warm's state (nil otherwise). A replay that outlasts the horizon of its
+// checkpoint's date fails with errBeyondHorizon; a full restore expected
+// not to fit the horizon is refused with ErrRestoreHorizon.
 func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
@@ -159,9 +162,6 @@ func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.
 	if from < hw {
 		start := time.Now()
 		replayed, err = rt.replay(ctx, p, from, hw, at, retention, warm)
-		if errors.Is(err, errBeyondHorizon) && plan.Full {
-			err = fmt.Errorf("stream: restore partition %d: %w: the full restore took longer than the changelog's delete.retention.ms %s allows: raise it: %w", p, ErrRestoreHorizon, retention, err)
-		}
 		if err != nil {
 			return replayed, nil, err
 		}
