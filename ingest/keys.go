@@ -195,7 +195,12 @@ func decodeRecord(key string, value []byte) (record, error) {
 	if r.V != recordVersion {
 		return r, fmt.Errorf("ingest: keys topic record %q: version %d, want %d (a newer Meterline wrote it?)", key, r.V, recordVersion)
 	}
+	// A record carries one key or one tenant, the one its record key
+	// names: a second one would change what no record of its own says,
+	// and would outlive that one's compaction.
 	switch {
+	case r.Key != nil && r.Tenant != nil:
+		return r, fmt.Errorf("ingest: keys topic record %q: the value carries both a key and a tenant", key)
 	case r.Key != nil && key == keyRecordKey(r.Key.ID):
 	case r.Tenant != nil && key == tenantRecordKey(r.Tenant.Name):
 	default:
