@@ -166,8 +166,12 @@ func ParseKeys(b []byte) ([]Key, error) {
 }
 
 // LoadKeys reads the key ring from file, or when file is empty from the
-// environment variable KeysEnv. Never pass a secret on a command line.
+// environment variable KeysEnv. Setting both is an error: which one wins
+// would be a guess. Never pass a secret on a command line.
 func LoadKeys(file string) ([]Key, error) {
+	if _, inEnv := os.LookupEnv(KeysEnv); inEnv && file != "" {
+		return nil, fmt.Errorf("dedup: both the key file %s and %s are set; use one", file, KeysEnv)
+	}
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {

@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,5 +45,36 @@ func TestKeyRingErrorsNeverQuoteSecrets(t *testing.T) {
 				t.Errorf("LoadKeys(%s) error shows the secret (or none): %v", KeysEnv, err)
 			}
 		})
+	}
+}
+
+// TestKeyRingFromOnePlace: a ring named both by a file and by
+// METERLINE_DEDUP_KEYS is refused, as a password set both ways is: which
+// one wins would be a guess, and an instance that silently kept the file's
+// ring after the variable moved on to a new signing key would take the
+// others' signatures for forgeries.
+func TestKeyRingFromOnePlace(t *testing.T) {
+	fileKey, err := GenerateKey("file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	envKey, err := GenerateKey("env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "dedup.keys")
+	if err := os.WriteFile(file, FormatKeys(fileKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(KeysEnv, string(FormatKeys(envKey)))
+	keys, err := LoadKeys(file)
+	if err == nil {
+		t.Fatalf("LoadKeys took the ring of %s (key %s) and ignored %s", file, keys[0].ID, KeysEnv)
+	}
+	if !strings.Contains(err.Error(), KeysEnv) || strings.Contains(err.Error(), hex.EncodeToString(envKey.Secret)) {
+		t.Errorf("error %q: want one that names %s and shows no secret", err, KeysEnv)
+	}
+	if keys, err := LoadKeys(""); err != nil || len(keys) != 1 || keys[0].ID != "env" {
+		t.Errorf("LoadKeys from %s alone: %v, %v", KeysEnv, keys, err)
 	}
 }
