@@ -2,7 +2,11 @@ package ingest
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // keyWithToken returns an active key of tenant with every customer, and
@@ -69,6 +73,8 @@ func TestKeysUnreadableRecordRefusesWhatItNames(t *testing.T) {
 	for name, value := range cases {
 		t.Run(name, func(t *testing.T) {
 			ks := NewKeys("meterline.keys", nil)
+			reg := prometheus.NewRegistry()
+			newMetrics(reg, ks, nil, newInflight(1, 1))
 			k, token := keyWithToken(t, "acme")
 			ks.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
 			ks.apply(keyRecordKey(k.ID), encodeRecord(record{Key: &k}))
@@ -81,6 +87,11 @@ func TestKeysUnreadableRecordRefusesWhatItNames(t *testing.T) {
 			}
 			if ks.bad != 1 {
 				t.Errorf("%d records counted unreadable, want 1", ks.bad)
+			}
+			want := "# HELP meterline_ingest_keys_unreadable_total Records of the keys topic this replica could not read; the key or tenant each names is refused until a readable record replaces it.\n" +
+				"# TYPE meterline_ingest_keys_unreadable_total counter\nmeterline_ingest_keys_unreadable_total 1\n"
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meterline_ingest_keys_unreadable_total"); err != nil {
+				t.Error(err)
 			}
 		})
 	}
