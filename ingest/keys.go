@@ -93,11 +93,20 @@ func tokenID(token string) string {
 	if !ok || len(rest) != 16+1+43 || rest[16] != '_' {
 		return ""
 	}
-	id := rest[:16]
-	if _, err := hex.DecodeString(id); err != nil || strings.ToLower(id) != id {
-		return ""
+	if id := rest[:16]; isKeyID(id) {
+		return id
 	}
-	return id
+	return ""
+}
+
+// isKeyID reports whether id is a key ID as newToken makes them: 16
+// lowercase hex digits.
+func isKeyID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil && strings.ToLower(id) == id
 }
 
 func hashToken(token string) [sha256.Size]byte { return sha256.Sum256([]byte(token)) }

@@ -345,11 +345,17 @@ func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 // ErrNoSuchKey is returned by RevokeKey for an ID no key has.
 var ErrNoSuchKey = errors.New("no such key")
 
-// RevokeKey revokes a key by ID (or by a token's ID part). Every replica
-// refuses it from the moment it reads the record.
+// RevokeKey revokes a key by ID (or by a token's ID part; blanks around
+// either are ignored). Every replica refuses it from the moment it reads
+// the record. An argument that is neither is refused unquoted: it may be
+// a mistyped live token.
 func (a *Admin) RevokeKey(ctx context.Context, id string) (Key, error) {
+	id = strings.TrimSpace(id)
 	if tid := tokenID(id); tid != "" {
 		id = tid // a whole token was given; only its ID is used
+	}
+	if !isKeyID(id) {
+		return Key{}, fmt.Errorf("ingest: %w: the argument (%d bytes) is neither a key ID (16 hex digits, as `keys list` shows) nor a whole token", ErrNoSuchKey, len(id))
 	}
 	k, err := a.load(ctx)
 	if err != nil {

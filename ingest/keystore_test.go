@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -109,4 +110,30 @@ func TestKeysUnreadableRecordRefusesWhatItNames(t *testing.T) {
 			t.Error("the key still writes customer acme-2 after an unreadable record replaced its tenant")
 		}
 	})
+}
+
+// TestRevokeNeverQuotesAToken: `keys revoke` takes a key ID or a whole
+// token. A token with a blank pasted around it revokes its key; anything
+// that is neither an ID nor a token — a token with a character too many
+// or too few — is refused with an error that does not quote it, since
+// most of a live token would then land in a terminal, a CI log or a
+// ticket.
+func TestRevokeNeverQuotesAToken(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	secret := strings.SplitN(e.token, "_", 3)[2]
+	for _, arg := range []string{e.token + "x", e.token[:len(e.token)-1], "'" + e.token + "'"} {
+		_, err := e.admin.RevokeKey(ctx, arg)
+		if err == nil {
+			t.Errorf("RevokeKey(%q) revoked a key", arg)
+			continue
+		}
+		if strings.Contains(err.Error(), secret[:20]) {
+			t.Errorf("RevokeKey error quotes the token: %v", err)
+		}
+	}
+	k, err := e.admin.RevokeKey(ctx, " "+e.token+"\n")
+	if err != nil || k.Active() || k.ID != tokenID(e.token) {
+		t.Fatalf("RevokeKey of the token with blanks around it: %+v, %v", k, err)
+	}
 }
