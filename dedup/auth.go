@@ -106,18 +106,30 @@ func validateKeys(keys []Key) error {
 	var errs []error
 	seen := map[string]bool{}
 	for i, k := range keys {
+		name := keyName(i+1, k.ID)
 		if !validKeyID(k.ID) {
-			errs = append(errs, fmt.Errorf("dedup: key %d: ID %q must be 1 to %d bytes of [A-Za-z0-9._-]", i+1, k.ID, maxKeyIDBytes))
-		}
-		if seen[k.ID] {
-			errs = append(errs, fmt.Errorf("dedup: key %d: ID %q is used twice", i+1, k.ID))
+			errs = append(errs, fmt.Errorf("dedup: %s: its ID (%d bytes) must be 1 to %d bytes of [A-Za-z0-9._-]; a key is \"<id> <secret as hex>\"", name, len(k.ID), maxKeyIDBytes))
+		} else if seen[k.ID] {
+			errs = append(errs, fmt.Errorf("dedup: %s: its ID is used twice", name))
 		}
 		seen[k.ID] = true
 		if len(k.Secret) < MinSecretBytes {
-			errs = append(errs, fmt.Errorf("dedup: key %q: secret of %d bytes, want at least %d; %s", k.ID, len(k.Secret), MinSecretBytes, keysHelp))
+			errs = append(errs, fmt.Errorf("dedup: %s: secret of %d bytes, want at least %d; %s", name, len(k.Secret), MinSecretBytes, keysHelp))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// keyName names key n of a ring in an error: by its position, and by its
+// ID only when that is a valid key ID. A field that is not one may be a
+// secret typed in the wrong place (the two fields swapped), and an error
+// must never show a secret; a valid ID is at most maxKeyIDBytes long, too
+// short to hold one.
+func keyName(n int, id string) string {
+	if validKeyID(id) {
+		return fmt.Sprintf("key %d (%q)", n, id)
+	}
+	return fmt.Sprintf("key %d", n)
 }
 
 // ParseKeys reads a key ring: one key per line (or comma-separated), each
@@ -139,7 +151,7 @@ func ParseKeys(b []byte) ([]Key, error) {
 		}
 		secret, err := hex.DecodeString(f[1])
 		if err != nil {
-			errs = append(errs, fmt.Errorf("dedup: key %q: secret is not hex", f[0]))
+			errs = append(errs, fmt.Errorf("dedup: %s: secret is not hex (a key is \"<id> <secret as hex>\")", keyName(i+1, f[0])))
 			continue
 		}
 		keys = append(keys, Key{ID: f[0], Secret: secret})
@@ -154,8 +166,12 @@ func ParseKeys(b []byte) ([]Key, error) {
 }
 
 // LoadKeys reads the key ring from file, or when file is empty from the
-// environment variable KeysEnv. Never pass a secret on a command line.
+// environment variable KeysEnv. Setting both is an error: which one wins
+// would be a guess. Never pass a secret on a command line.
 func LoadKeys(file string) ([]Key, error) {
+	if _, inEnv := os.LookupEnv(KeysEnv); inEnv && file != "" {
+		return nil, fmt.Errorf("dedup: both the key file %s and %s are set; use one", file, KeysEnv)
+	}
 	if file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {

@@ -93,11 +93,20 @@ func tokenID(token string) string {
 	if !ok || len(rest) != 16+1+43 || rest[16] != '_' {
 		return ""
 	}
-	id := rest[:16]
-	if _, err := hex.DecodeString(id); err != nil || strings.ToLower(id) != id {
-		return ""
+	if id := rest[:16]; isKeyID(id) {
+		return id
 	}
-	return id
+	return ""
+}
+
+// isKeyID reports whether id is a key ID as newToken makes them: 16
+// lowercase hex digits.
+func isKeyID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil && strings.ToLower(id) == id
 }
 
 func hashToken(token string) [sha256.Size]byte { return sha256.Sum256([]byte(token)) }
@@ -195,7 +204,12 @@ func decodeRecord(key string, value []byte) (record, error) {
 	if r.V != recordVersion {
 		return r, fmt.Errorf("ingest: keys topic record %q: version %d, want %d (a newer Meterline wrote it?)", key, r.V, recordVersion)
 	}
+	// A record carries one key or one tenant, the one its record key
+	// names: a second one would change what no record of its own says,
+	// and would outlive that one's compaction.
 	switch {
+	case r.Key != nil && r.Tenant != nil:
+		return r, fmt.Errorf("ingest: keys topic record %q: the value carries both a key and a tenant", key)
 	case r.Key != nil && key == keyRecordKey(r.Key.ID):
 	case r.Tenant != nil && key == tenantRecordKey(r.Tenant.Name):
 	default:

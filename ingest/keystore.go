@@ -47,8 +47,9 @@ var ErrNoKeysTopic = errors.New("keys topic does not exist")
 // Follow reads the keys topic from its start with the client's brokers
 // and applies each record, until ctx ends. opts are added to the client
 // (TLS, SASL). Loaded is closed once the records present at the start are
-// applied. A record that cannot be read is logged and counted, and
-// changes nothing.
+// applied. A record that cannot be read is logged and counted; the key
+// or tenant its record key names is then forgotten (refused), as it is by
+// a replica that starts once compaction left only that record.
 func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.markLoaded)
 	if errors.Is(err, errNoTopic) {
@@ -127,17 +128,20 @@ func (k *Keys) apply(key string, value []byte) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if value == nil { // a tombstone
-		if id, ok := strings.CutPrefix(key, "key/"); ok {
-			delete(k.keys, id)
-		} else if name, ok := strings.CutPrefix(key, "tenant/"); ok {
-			delete(k.tenants, name)
-		}
+		k.forget(key)
 		return
 	}
 	r, err := decodeRecord(key, value)
 	if err != nil {
+		// The last record of a key in the compacted topic is what the key
+		// is: one that cannot be read (a revocation by a newer Meterline, a
+		// damaged value) leaves it refused, never in the state of the
+		// record before, which a replica starting after compaction would
+		// not have seen either.
 		k.bad++
-		k.log.Error("unreadable record in the keys topic; it changes nothing", zap.String("record", key), zap.Error(err))
+		k.forget(key)
+		k.log.Error("unreadable record in the keys topic; the key or tenant it names is refused until a readable record replaces it",
+			zap.String("record", key), zap.Error(err))
 		return
 	}
 	if r.Key != nil {
@@ -145,6 +149,15 @@ func (k *Keys) apply(key string, value []byte) {
 	}
 	if r.Tenant != nil {
 		k.tenants[r.Tenant.Name] = r.Tenant
+	}
+}
+
+// forget drops the key or tenant that a record key names. k.mu is held.
+func (k *Keys) forget(key string) {
+	if id, ok := strings.CutPrefix(key, "key/"); ok {
+		delete(k.keys, id)
+	} else if name, ok := strings.CutPrefix(key, "tenant/"); ok {
+		delete(k.tenants, name)
 	}
 }
 
@@ -332,11 +345,17 @@ func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 // ErrNoSuchKey is returned by RevokeKey for an ID no key has.
 var ErrNoSuchKey = errors.New("no such key")
 
-// RevokeKey revokes a key by ID (or by a token's ID part). Every replica
-// refuses it from the moment it reads the record.
+// RevokeKey revokes a key by ID (or by a token's ID part; blanks around
+// either are ignored). Every replica refuses it from the moment it reads
+// the record. An argument that is neither is refused unquoted: it may be
+// a mistyped live token.
 func (a *Admin) RevokeKey(ctx context.Context, id string) (Key, error) {
+	id = strings.TrimSpace(id)
 	if tid := tokenID(id); tid != "" {
 		id = tid // a whole token was given; only its ID is used
+	}
+	if !isKeyID(id) {
+		return Key{}, fmt.Errorf("ingest: %w: the argument (%d bytes) is neither a key ID (16 hex digits, as `keys list` shows) nor a whole token", ErrNoSuchKey, len(id))
 	}
 	k, err := a.load(ctx)
 	if err != nil {

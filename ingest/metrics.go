@@ -89,6 +89,12 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		}
 		return float64(n)
 	}))
+	prom.GetOrRegister(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "meterline_ingest_keys_unreadable_total",
+		Help: "Records of the keys topic this replica could not read; the key or tenant each names is refused until a readable record replaces it."}, func() float64 {
+		keys.mu.RLock()
+		defer keys.mu.RUnlock()
+		return float64(keys.bad)
+	}))
 	return m
 }
 

@@ -225,9 +225,15 @@ func (c *DedupKeyCmd) Run(stdio IO) error {
 		_, err := stdio.Stdout.Write(dedup.FormatKeys(k))
 		return err
 	}
+	// The file alone, not dedup.LoadKeys: METERLINE_DEDUP_KEYS may be set
+	// where the ring is made.
 	if _, err := os.Stat(c.Out); err == nil {
-		if _, err := dedup.LoadKeys(c.Out); err != nil {
-			return err
+		b, err := os.ReadFile(c.Out)
+		if err != nil {
+			return fmt.Errorf("read key file: %w", err)
+		}
+		if _, err := dedup.ParseKeys(b); err != nil {
+			return fmt.Errorf("key file %s: %w", c.Out, err)
 		}
 		fmt.Fprintf(stdio.Stdout, "%s already holds a key ring; kept\n", c.Out)
 		return nil

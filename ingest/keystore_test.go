@@ -1,0 +1,139 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// keyWithToken returns an active key of tenant with every customer, and
+// its token.
+func keyWithToken(t *testing.T, tenant string) (Key, string) {
+	t.Helper()
+	id, token, err := newToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hashToken(token)
+	return Key{ID: id, Tenant: tenant, Customers: []string{"*"}, Hash: fmt.Sprintf("%x", h[:])}, token
+}
+
+// TestKeysRecordCarriesOneThing: a record of the keys topic changes only
+// what its own record key names. A "key/<id>" record that also carries a
+// tenant, or a "tenant/<name>" record that also carries a key, is refused
+// whole: otherwise it would widen a tenant (or make a key) that the
+// tenant's (the key's) own records never said, and that compaction of
+// those records never removes.
+func TestKeysRecordCarriesOneThing(t *testing.T) {
+	ks := NewKeys("meterline.keys", nil)
+	acme, acmeToken := keyWithToken(t, "acme")
+	ks.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"acme-*"}}}))
+	ks.apply(keyRecordKey(acme.ID), encodeRecord(record{Key: &acme}))
+
+	// A key record that smuggles a wider tenant acme.
+	other, _ := keyWithToken(t, "other")
+	ks.apply(keyRecordKey(other.ID), encodeRecord(record{Key: &other, Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
+	k, tn := ks.Authenticate(acmeToken)
+	if k == nil || tn == nil {
+		t.Fatal("the acme key does not authenticate")
+	}
+	if why := k.allows(tn, "globex-1", "api_calls"); why == "" {
+		t.Errorf("a key/%s record rewrote tenant acme: its key may now write customer globex-1", other.ID)
+	}
+
+	// A tenant record that smuggles a key.
+	smuggled, smuggledToken := keyWithToken(t, "acme")
+	ks.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"acme-*"}}, Key: &smuggled}))
+	if k, _ := ks.Authenticate(smuggledToken); k != nil {
+		t.Errorf("a key carried by a tenant/acme record authenticates (key %s)", smuggled.ID)
+	}
+	if ks.bad != 2 {
+		t.Errorf("%d records counted unreadable, want 2", ks.bad)
+	}
+}
+
+// TestKeysUnreadableRecordRefusesWhatItNames: the last record of a key (a
+// tenant) in the compacted keys topic is what the key (the tenant) is.
+// When that record cannot be read — a revocation written by a newer
+// Meterline, a damaged value — a replica refuses the key (drops the
+// tenant) instead of keeping the state of the record before: that is what
+// a replica that starts after compaction sees, and a revocation it cannot
+// read must not leave the key working.
+func TestKeysUnreadableRecordRefusesWhatItNames(t *testing.T) {
+	cases := map[string]func(k Key) []byte{
+		"newer version": func(k Key) []byte {
+			return []byte(fmt.Sprintf(`{"v":2,"key":{"id":%q,"tenant":"acme","revoked":"2026-12-01T00:00:00Z"}}`, k.ID))
+		},
+		"not JSON":         func(Key) []byte { return []byte("\x00garbage") },
+		"another key's ID": func(Key) []byte { o, _ := keyWithToken(t, "acme"); return encodeRecord(record{Key: &o}) },
+	}
+	for name, value := range cases {
+		t.Run(name, func(t *testing.T) {
+			ks := NewKeys("meterline.keys", nil)
+			reg := prometheus.NewRegistry()
+			newMetrics(reg, ks, nil, newInflight(1, 1))
+			k, token := keyWithToken(t, "acme")
+			ks.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
+			ks.apply(keyRecordKey(k.ID), encodeRecord(record{Key: &k}))
+			if got, _ := ks.Authenticate(token); got == nil {
+				t.Fatal("the key does not authenticate before the unreadable record")
+			}
+			ks.apply(keyRecordKey(k.ID), value(k))
+			if got, _ := ks.Authenticate(token); got != nil {
+				t.Errorf("the key still authenticates after an unreadable record replaced its own")
+			}
+			if ks.bad != 1 {
+				t.Errorf("%d records counted unreadable, want 1", ks.bad)
+			}
+			want := "# HELP meterline_ingest_keys_unreadable_total Records of the keys topic this replica could not read; the key or tenant each names is refused until a readable record replaces it.\n" +
+				"# TYPE meterline_ingest_keys_unreadable_total counter\nmeterline_ingest_keys_unreadable_total 1\n"
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meterline_ingest_keys_unreadable_total"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Run("tenant", func(t *testing.T) {
+		ks := NewKeys("meterline.keys", nil)
+		k, token := keyWithToken(t, "acme")
+		ks.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
+		ks.apply(keyRecordKey(k.ID), encodeRecord(record{Key: &k}))
+		ks.apply(tenantRecordKey("acme"), []byte(`{"v":2,"tenant":{"name":"acme","customers":["acme-1"]}}`))
+		got, tn := ks.Authenticate(token)
+		if got == nil {
+			t.Fatal("the key does not authenticate")
+		}
+		if why := got.allows(tn, "acme-2", "api_calls"); why == "" {
+			t.Error("the key still writes customer acme-2 after an unreadable record replaced its tenant")
+		}
+	})
+}
+
+// TestRevokeNeverQuotesAToken: `keys revoke` takes a key ID or a whole
+// token. A token with a blank pasted around it revokes its key; anything
+// that is neither an ID nor a token — a token with a character too many
+// or too few — is refused with an error that does not quote it, since
+// most of a live token would then land in a terminal, a CI log or a
+// ticket.
+func TestRevokeNeverQuotesAToken(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	secret := strings.SplitN(e.token, "_", 3)[2]
+	for _, arg := range []string{e.token + "x", e.token[:len(e.token)-1], "'" + e.token + "'"} {
+		_, err := e.admin.RevokeKey(ctx, arg)
+		if err == nil {
+			t.Errorf("RevokeKey(%q) revoked a key", arg)
+			continue
+		}
+		if strings.Contains(err.Error(), secret[:20]) {
+			t.Errorf("RevokeKey error quotes the token: %v", err)
+		}
+	}
+	k, err := e.admin.RevokeKey(ctx, " "+e.token+"\n")
+	if err != nil || k.Active() || k.ID != tokenID(e.token) {
+		t.Fatalf("RevokeKey of the token with blanks around it: %+v, %v", k, err)
+	}
+}
