@@ -84,8 +84,9 @@ type Config struct {
 	// InsertTimeout is the deadline of one INSERT attempt. It must be
 	// shorter than RebalanceTimeout: a revoke waits for the attempt in
 	// flight, and for an attempt that failed without the server's answer
-	// to end on the server, for at most InsertTimeout more and never past
-	// RebalanceTimeout (settle.go). Default: 20s.
+	// to end on the server, for at most InsertTimeout more, the whole
+	// ending a tenth of RebalanceTimeout before it (settle.go). Default:
+	// 20s.
 	InsertTimeout time.Duration
 	// QueryTimeout is the deadline of one resume lookup. Default: 10s.
 	QueryTimeout time.Duration

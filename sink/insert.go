@@ -196,7 +196,7 @@ func (w *Writer) insert(ctx context.Context, t *table, rows []*row) error {
 		if !answered(err) {
 			// No answer from the server: the attempt may still run
 			// there, and write rows after the lookup of the retry.
-			w.settleInsert(ctx, id)
+			w.settleInsert(ctx, id, start)
 		}
 		return err
 	}

@@ -26,7 +26,7 @@ import (
 // Guarantee kept here: every INSERT carries a query_id of its own; an
 // attempt with an unknown outcome is waited for, holding insertMu (so a
 // revoke, and the next owner's lookup, wait for it too) until the server
-// no longer lists it in system.processes, for at most settleWait; one
+// no longer lists it in system.processes, at most until settleDeadline; one
 // that outlasts that wait is remembered, and no resume lookup runs until
 // the server no longer lists it. (A user that may not read
 // system.processes loses this wait: see cannotTell.)
@@ -55,28 +55,29 @@ func answered(err error) bool {
 	return errors.As(err, &ex)
 }
 
-// settleWait bounds how long a failed INSERT waits for its attempt to end
-// on the server, while holding insertMu: a revoke waits for it, and must
-// end within the rebalance timeout.
-func (w *Writer) settleWait() time.Duration {
-	return max(min(w.cfg.InsertTimeout, w.cfg.RebalanceTimeout-w.cfg.InsertTimeout), 0)
+// settleDeadline bounds how long a failed INSERT, begun at start, waits
+// for its attempt to end on the server, while holding insertMu: a revoke
+// waits for it, and must end within the rebalance timeout with room to
+// rejoin the group. The wait lasts at most InsertTimeout, and the attempt
+// and its wait together end a tenth of RebalanceTimeout before it.
+func (w *Writer) settleDeadline(start time.Time) time.Time {
+	r := w.cfg.RebalanceTimeout
+	d := time.Now().Add(w.cfg.InsertTimeout)
+	if end := start.Add(r - r/10); end.Before(d) {
+		return end
+	}
+	return d
 }
 
-// settleInsert waits until the server no longer runs the INSERT id, whose
-// outcome is unknown, for at most settleWait; if it may still run then,
-// it is remembered for awaitSettled.
-func (w *Writer) settleInsert(ctx context.Context, id string) {
-	deadline := time.Now().Add(w.settleWait())
+// settleInsert waits until the server no longer runs the INSERT id, begun
+// at start, whose outcome is unknown, until settleDeadline (no query runs
+// past it); if it may still run then, it is remembered for awaitSettled.
+func (w *Writer) settleInsert(ctx context.Context, id string, start time.Time) {
+	deadline := w.settleDeadline(start)
+	var err error
 	for {
-		running, err := w.stillRunning(ctx, []string{id}, max(min(w.cfg.QueryTimeout, time.Until(deadline)), 100*time.Millisecond))
-		if err == nil && len(running) == 0 {
-			return
-		}
-		if answered(err) {
-			w.cannotTell(err, id)
-			return
-		}
-		if !time.Now().Before(deadline) || ctx.Err() != nil {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
 			w.log.Warn("an INSERT whose outcome is unknown may still run on the server: no resume lookup until it has ended",
 				zap.String("query_id", id), zap.Error(err))
 			w.unsettled.mu.Lock()
@@ -84,7 +85,16 @@ func (w *Writer) settleInsert(ctx context.Context, id string) {
 			w.unsettled.mu.Unlock()
 			return
 		}
-		_ = sleep(ctx, 50*time.Millisecond)
+		var running []string
+		running, err = w.stillRunning(ctx, []string{id}, min(w.cfg.QueryTimeout, left))
+		if err == nil && len(running) == 0 {
+			return
+		}
+		if answered(err) {
+			w.cannotTell(err, id)
+			return
+		}
+		_ = sleep(ctx, min(50*time.Millisecond, max(time.Until(deadline), 0)))
 	}
 }
 
