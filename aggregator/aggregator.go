@@ -65,10 +65,20 @@ type Config struct {
 	// DefaultGrace.
 	Grace time.Duration
 	// Window is the dedup window W: a period's working state is kept until
-	// its end + W, after which no event for it can arrive. It must not be
+	// its end + W + Bucket, after which no event for it can arrive. It must not be
 	// shorter than dedup's: a watermark record that states a longer W stops
 	// the stage (ErrWindowTooShort). Default: dedup's, dedup.DefaultWindow.
 	Window time.Duration
+	// Bucket is dedup's expiry bucket B (dedup.Config.Bucket). A
+	// re-routed event keeps its original arrival (DESIGN §2), so it can
+	// reach the aggregator after the watermark passed its period's end +
+	// W; dedup accepts it as long as the keys of its event_time − S may
+	// still be there, which it judges by whole buckets: while its
+	// watermark is below event_time + W + B. A final period's working
+	// state (what MAX, UNIQUE_COUNT and LATEST adjustments are measured
+	// against) is therefore kept until its end + W + B. It must not be
+	// shorter than dedup's. Default: dedup.DefaultBucket.
+	Bucket time.Duration
 	// FinalChunk is the most aggregates one transaction finalizes (emits
 	// the FINAL revision of), books queued adjustments for, or expires, at
 	// a period's end: that work scales with the state, not the input, and
@@ -176,6 +186,9 @@ func (c *Config) EnsureDefaults() {
 	if c.Window == 0 {
 		c.Window = dedup.DefaultWindow
 	}
+	if c.Bucket == 0 {
+		c.Bucket = dedup.DefaultBucket
+	}
 	if c.FinalChunk == 0 {
 		c.FinalChunk = DefaultFinalChunk
 	}
@@ -220,6 +233,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Window <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: window must be positive (got %s)", c.Window))
+	}
+	if c.Bucket < 0 {
+		errs = append(errs, fmt.Errorf("aggregator: bucket must not be negative (got %s)", c.Bucket))
 	}
 	if c.FinalChunk <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))

@@ -111,7 +111,7 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 			pt.entWatermark(tx)
 		}
 		// Periods whose end + grace it passed are decided final now;
-		// their FINAL revisions, and the expiry of periods past end + W,
+		// their FINAL revisions, and the expiry of periods at end + W + B,
 		// go out in chunks (Work).
 		return pt.finalize(tx)
 	}

@@ -33,8 +33,9 @@ import (
 //	        against); then
 //	book    the queued events of P after the cursor, as adjustments; then
 //	done    the marker's value is empty (what earlier versions wrote);
-//	expire  once the watermark passes end + W: tombstones for 'f' P and
-//	        'u' P keys after the cursor, then for the marker.
+//	expire  once the watermark reaches end + W + B (expiresAt):
+//	        tombstones for 'f' P and 'u' P keys after the cursor, then
+//	        for the marker.
 //
 // A crash between chunks leaves the cursor of the last committed chunk: the
 // next chunk goes on after it, so every key gets exactly one FINAL.
@@ -198,6 +199,16 @@ func (pt *partition) decide(tx *stream.Tx, start int64) {
 		zap.Int("chunk", pt.pr.cfg.FinalChunk))
 }
 
+// expiresAt returns when, in watermark time, the working state of a final
+// period ending at end expires: end + W + B (Config.Bucket). Dedup accepts
+// no event of the period once its own watermark reaches it, a re-routed
+// one with its original arrival included (dedup's rejection of a copy it
+// could not recognise, judged by whole buckets), so no event can be
+// measured against state already dropped.
+func (pt *partition) expiresAt(end int64) int64 {
+	return end + pt.pr.cfg.Window.Milliseconds() + pt.pr.cfg.Bucket.Milliseconds()
+}
+
 // HasWork implements stream.Worker: a period of this partition has FINAL
 // revisions to emit, queued events to book, or state to expire.
 func (pt *partition) HasWork() bool {
@@ -212,7 +223,6 @@ func (pt *partition) HasWork() bool {
 // lowest one with FINAL revisions or queued adjustments to go out (what a
 // bill waits for), else the lowest one to expire.
 func (pt *partition) nextWork() (int64, *periodState) {
-	w := pt.pr.cfg.Window.Milliseconds()
 	var best int64
 	var found *periodState
 	rank := func(ps *periodState) int { // lower goes first
@@ -223,7 +233,7 @@ func (pt *partition) nextWork() (int64, *periodState) {
 	}
 	for s, ps := range pt.finals {
 		if ps.phase == phaseDone {
-			if _, end := pt.pr.cfg.Period.Bounds(s); pt.wm < end+w {
+			if _, end := pt.pr.cfg.Period.Bounds(s); pt.wm < pt.expiresAt(end) {
 				continue
 			}
 		}
@@ -268,7 +278,7 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		err = pt.emitChunk(tx, start, ps)
 	case phaseBook:
 		err = pt.bookChunk(tx, start, ps, pt.pr.cfg.FinalChunk)
-	default: // done, with the watermark past end + W; or expiring
+	default: // done, with the watermark at end + W + B; or expiring
 		err = pt.expireChunk(tx, start, ps)
 	}
 	pt.publish()
@@ -414,8 +424,9 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 // expireChunk deletes up to FinalChunk keys of the period's final working
 // state ('f', then 'u') after the cursor, with tombstones, so that the
 // compacted changelog does not keep them; when none is left, the marker.
-// No event for the period can arrive any more: dedup rejects event times
-// older than W before their arrival, and the watermark passed end + W.
+// No event for the period can arrive any more (expiresAt): dedup rejects
+// event times older than W before their arrival, and a re-routed event,
+// which keeps its original arrival, once its keys could have expired.
 func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) error {
 	n := pt.pr.cfg.FinalChunk
 	if ps.phase != phaseExpire {

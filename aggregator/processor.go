@@ -51,7 +51,7 @@ type partition struct {
 	// scanning them.
 	keys, keysSaved int
 	// finals holds the marker of every period final in this partition
-	// (few: one per period until its end + W), as the state and the open
+	// (few: one per period until its end + W + B), as the state and the open
 	// transaction have them.
 	finals map[int64]*periodState
 	// open caches OPEN aggregates (keyed by their state key) across
@@ -95,6 +95,9 @@ type partition struct {
 	// writeEntMode: the state does not record entitlements on yet
 	// (checkEntMode); the next transaction records it.
 	writeEntMode bool
+	// writePeriod: the state does not record its billing period yet
+	// (checkPeriod); the next transaction records it.
+	writePeriod bool
 	// writeCounts: the state does not record the partition counts it is
 	// built with yet (checkPartitionCounts); the next transaction records
 	// them.
@@ -153,6 +156,9 @@ func (pt *partition) load(st stateReader) error {
 		return err
 	}
 	if err := pt.checkPartitionCounts(st); err != nil {
+		return err
+	}
+	if err := pt.checkPeriod(st); err != nil {
 		return err
 	}
 	pt.keys, pt.finals = 0, map[int64]*periodState{}
@@ -300,6 +306,37 @@ func (pt *partition) checkPartitionCounts(st stateReader) error {
 			pt.p, ErrPartitionCountChanged, pt.pr.cfg.Topics.AggregateChangelogTopic(), was, now)
 	}
 	pt.writeCounts = ent && entN < 0
+	return nil
+}
+
+// ErrPeriodChanged is returned (wrapped) when the configured billing
+// period is not the one the state was built with (checkPeriod).
+var ErrPeriodChanged = errors.New("the billing period is not the one the state was built with")
+
+// checkPeriod refuses state built with another billing period than
+// Config.Period: its keys hold period starts whose ends come from the
+// configured period, so a month's aggregate would be finalized as the day
+// it starts with, carrying the month's usage so far, and the rest of the
+// month counted into other periods. State without a period (new, or
+// built before the period was recorded) gets it in its next transaction
+// (writePeriod).
+func (pt *partition) checkPeriod(st stateReader) error {
+	v, ok, err := st.Get(keyPeriod)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		pt.writePeriod = true
+		return nil
+	case string(v) != string(pt.pr.cfg.Period):
+		if len(v) > 64 {
+			v = v[:64]
+		}
+		return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built with --period %q, this aggregator runs with %q; "+
+			"run it with --period %q, or with the new period on new topic names and a new consumer group",
+			pt.p, ErrPeriodChanged, pt.pr.cfg.Topics.AggregateChangelogTopic(), v, pt.pr.cfg.Period, v)
+	}
+	pt.writePeriod = false
 	return nil
 }
 
@@ -508,6 +545,10 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	if pt.writeCounts {
 		tx.Put(keyPartitionCounts, pt.pr.counts.encodeRecorded(pt.pr.ledger != nil))
 		pt.writeCounts = false
+	}
+	if pt.writePeriod {
+		tx.Put(keyPeriod, []byte(pt.pr.cfg.Period))
+		pt.writePeriod = false
 	}
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()

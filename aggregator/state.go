@@ -14,7 +14,7 @@ import (
 // aggregate key: the framed customer, meter and group name/value pairs.
 //
 //	'a' P K          open aggregate (aggState)
-//	'f' P K          final aggregate's working state, kept until end + W
+//	'f' P K          final aggregate's working state, kept until end + W + B
 //	'u' P framed(K) framed(value)  a value UNIQUE_COUNT has seen in P
 //	'p' P seq        an event of P queued behind P's FINAL revisions (late
 //	                 by arrival while P was open, or processed while its
@@ -41,6 +41,11 @@ import (
 //	                 entitlements on, of usage.entitlements (4 bytes
 //	                 big-endian each); refused when the cluster's differ
 //	                 (processor.go checkPartitionCounts)
+//	'P'              the billing period (Config.Period: month, day or
+//	                 hour) the state was built with; refused when the
+//	                 configured one differs (processor.go checkPeriod);
+//	                 absent only from new state or state built before it
+//	                 was recorded
 //	'k'              the number of 'a' and 'f' keys (8 bytes big-endian),
 //	                 written in every transaction that changes it
 //	                 (processor.go saveKeyCount) and read when a
@@ -65,6 +70,9 @@ var (
 	// keyPartitionCounts: the partition counts the state was built with
 	// (processor.go checkPartitionCounts).
 	keyPartitionCounts = []byte("N")
+	// keyPeriod: the billing period the state was built with
+	// (processor.go checkPeriod).
+	keyPeriod = []byte("P")
 )
 
 // entModeOn is keyEntMode's value: entitlements on, and the Ledger's

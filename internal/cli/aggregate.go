@@ -17,7 +17,7 @@ type AggregateCmd struct {
 	StageFlags     `embed:""`
 	AggregateFlags `embed:""`
 	MetersFlags    `embed:""`
-	Window         time.Duration `help:"Dedup window W: a period's working state is kept until end + W. Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
+	Window         time.Duration `help:"Dedup window W: a period's working state is kept until end + W + dedup's expiry bucket (24h). Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
 }
 
 // AggregateFlags are the aggregator's own flags: `meterline aggregate`
