@@ -119,3 +119,56 @@ func TestReasonCodesDocumented(t *testing.T) {
 		}
 	}
 }
+
+// codeSpan is a Markdown code span.
+var codeSpan = regexp.MustCompile("`([^`]+)`")
+
+// TestFastLoopNamesEveryPackage requires the table of docs/testing.md's
+// "The fast loop" to name every package that has tests, so that what a
+// newcomer's `go test -short ./...` runs is all on the page.
+func TestFastLoopNamesEveryPackage(t *testing.T) {
+	root, files, _ := docs(t)
+	_, section, ok := strings.Cut(files["docs/testing.md"], "\n## The fast loop\n")
+	if !ok {
+		t.Fatal(`docs/testing.md has no section "## The fast loop"`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	named := map[string]bool{}
+	for _, l := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(l, "| `") {
+			continue
+		}
+		first, _, _ := strings.Cut(strings.TrimPrefix(l, "|"), "|")
+		for _, m := range codeSpan.FindAllStringSubmatch(first, -1) {
+			named[m[1]] = true
+		}
+	}
+	tested := map[string]bool{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, "_test.go") {
+			rel, err := filepath.Rel(root, filepath.Dir(path))
+			if err != nil {
+				return err
+			}
+			tested[filepath.ToSlash(rel)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tested) == 0 {
+		t.Fatal("no package with tests: the walk found no _test.go file")
+	}
+	for p := range tested {
+		if !named[p] {
+			t.Errorf("docs/testing.md, The fast loop: the table does not name %s, which has tests", p)
+		}
+	}
+}
