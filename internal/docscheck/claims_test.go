@@ -14,7 +14,8 @@ import (
 
 // history matches text about how the software changed, which belongs in
 // CHANGELOG.md only: the other documents describe the software as it is.
-var history = regexp.MustCompile(`(?i)\bas before\b|\bthis page (gave|said)\b|\bno deployment exists\b|\bused to be\b`)
+// A phrase may be broken across lines.
+var history = regexp.MustCompile(`(?i)\bas\s+before\b|\b(as|like)\s+(earlier|previous|older)\s+(versions|builds)\b|\bthis\s+page\s+(gave|said)\b|\bno\s+deployment\s+exists\b|\bused\s+to\s+be\b`)
 
 func TestNoHistoryOutsideChangelog(t *testing.T) {
 	_, files, _ := docs(t)
@@ -22,10 +23,9 @@ func TestNoHistoryOutsideChangelog(t *testing.T) {
 		if name == "CHANGELOG.md" {
 			continue
 		}
-		for i, l := range strings.Split(c, "\n") {
-			if history.MatchString(l) {
-				t.Errorf("%s:%d speaks of the software's history (describe it as it is; date changes in CHANGELOG.md): %s", name, i+1, l)
-			}
+		for _, m := range history.FindAllStringIndex(c, -1) {
+			line := strings.Count(c[:m[0]], "\n") + 1
+			t.Errorf("%s:%d speaks of the software's history (describe it as it is; date changes in CHANGELOG.md): %q", name, line, c[m[0]:m[1]])
 		}
 	}
 }
