@@ -15,7 +15,7 @@ import (
 // history matches text about how the software changed, which belongs in
 // CHANGELOG.md only: the other documents describe the software as it is.
 // A phrase may be broken across lines.
-var history = regexp.MustCompile(`(?i)\bas\s+before\b|\b(as|like)\s+(earlier|previous|older)\s+(versions|builds)\b|\bthis\s+page\s+(gave|said)\b|\bno\s+deployment\s+exists\b|\bused\s+to\s+be\b`)
+var history = regexp.MustCompile(`(?i)\bas\s+before\b|\b(as|like)\s+(earlier|previous|older)\s+(versions|builds)\b|\bthis\s+page\s+(gave|said)\b|\bno\s+deployment\s+exists\b|\bused\s+to\s+be\b|\(before:`)
 
 func TestNoHistoryOutsideChangelog(t *testing.T) {
 	_, files, _ := docs(t)
