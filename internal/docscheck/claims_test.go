@@ -89,6 +89,18 @@ func TestMeterlineNamesExist(t *testing.T) {
 	}
 }
 
+// section returns the lines of file's section "## heading", up to the
+// next section.
+func section(t *testing.T, files map[string]string, file, heading string) []string {
+	t.Helper()
+	_, text, ok := strings.Cut(files[file], "\n## "+heading+"\n")
+	if !ok {
+		t.Fatalf("%s has no section %q", file, "## "+heading)
+	}
+	text, _, _ = strings.Cut(text, "\n## ")
+	return strings.Split(text, "\n")
+}
+
 // reasonRow is a row of the reason-code table of docs/design.md.
 var reasonRow = regexp.MustCompile("^\\| `([a-z_]+)` \\|")
 
@@ -97,13 +109,8 @@ var reasonRow = regexp.MustCompile("^\\| `([a-z_]+)` \\|")
 // no other.
 func TestReasonCodesDocumented(t *testing.T) {
 	_, files, _ := docs(t)
-	_, section, ok := strings.Cut(files["docs/design.md"], "\n## Bad input\n")
-	if !ok {
-		t.Fatal(`docs/design.md has no section "## Bad input"`)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
 	var listed []string
-	for _, l := range strings.Split(section, "\n") {
+	for _, l := range section(t, files, "docs/design.md", "Bad input") {
 		if m := reasonRow.FindStringSubmatch(l); m != nil {
 			listed = append(listed, m[1])
 		}
@@ -128,13 +135,8 @@ var codeSpan = regexp.MustCompile("`([^`]+)`")
 // newcomer's `go test -short ./...` runs is all on the page.
 func TestFastLoopNamesEveryPackage(t *testing.T) {
 	root, files, _ := docs(t)
-	_, section, ok := strings.Cut(files["docs/testing.md"], "\n## The fast loop\n")
-	if !ok {
-		t.Fatal(`docs/testing.md has no section "## The fast loop"`)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
 	named := map[string]bool{}
-	for _, l := range strings.Split(section, "\n") {
+	for _, l := range section(t, files, "docs/testing.md", "The fast loop") {
 		if !strings.HasPrefix(l, "| `") {
 			continue
 		}
