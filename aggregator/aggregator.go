@@ -79,6 +79,14 @@ type Config struct {
 	// against) is therefore kept until its end + W + B. It must not be
 	// shorter than dedup's. Default: dedup.DefaultBucket.
 	Bucket time.Duration
+	// Skew is dedup's skew S (dedup.Config.Skew): dedup accepts an event
+	// whose event_time is up to S after its arrival, so a re-routed event
+	// it accepts (event_time − S not before the keys it has expired, see
+	// Bucket) can have arrived up to W + B + S before its watermark. With
+	// Entitlements, the versions and rate cards that may decide or price
+	// such an event are kept that long (pruneHorizon). It must not be
+	// shorter than dedup's. Default: dedup.DefaultSkew.
+	Skew time.Duration
 	// FinalChunk is the most aggregates one transaction finalizes (emits
 	// the FINAL revision of), books queued adjustments for, or expires, at
 	// a period's end: that work scales with the state, not the input, and
@@ -189,6 +197,9 @@ func (c *Config) EnsureDefaults() {
 	if c.Bucket == 0 {
 		c.Bucket = dedup.DefaultBucket
 	}
+	if c.Skew == 0 {
+		c.Skew = dedup.DefaultSkew
+	}
 	if c.FinalChunk == 0 {
 		c.FinalChunk = DefaultFinalChunk
 	}
@@ -236,6 +247,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Bucket < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: bucket must not be negative (got %s)", c.Bucket))
+	}
+	if c.Skew < 0 {
+		errs = append(errs, fmt.Errorf("aggregator: skew must not be negative (got %s)", c.Skew))
 	}
 	if c.FinalChunk <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))

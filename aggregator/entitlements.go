@@ -1251,10 +1251,15 @@ func compareValues(a, b []byte) int {
 }
 
 // pruneHorizon is the earliest arrival a future event of the partition can
-// have: a re-routed event keeps an arrival up to W before its broker time
-// (DESIGN §2), which is after the watermark its source had then.
+// have: wm − (W + B + S). A re-routed event keeps its original arrival
+// (DESIGN §2), and dedup accepts it as long as its event_time − S is not
+// before the keys it has expired, ⌊(wm' − W − S)/B⌋·B at its own watermark
+// wm' (never behind this partition's wm): so its event_time can be as
+// early as just after wm − W − B, and its arrival, at most S before its
+// event_time, just after wm − W − B − S.
 func (pt *partition) pruneHorizon() int64 {
-	return pt.wm - pt.pr.cfg.Window.Milliseconds()
+	c := pt.pr.cfg
+	return pt.wm - c.Window.Milliseconds() - c.Bucket.Milliseconds() - c.Skew.Milliseconds()
 }
 
 // decideEvent decides an event's entitlements (DESIGN §12); it reports
