@@ -187,6 +187,20 @@ func (g *fetchGate) open() {
 // compactTombstones compacts the changelog as Kafka does once its
 // tombstones are older than delete.retention.ms: it sets that to 0 for
 // kfake's compaction, then back to 60 s, which is what the runtime reads.
+// gateChangelog holds the fetches of w's changelog from now on, until
+// open.
+func gateChangelog(t *testing.T, w *kvWorld) *fetchGate {
+	t.Helper()
+	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := [16]byte(topics[w.changelog].ID)
+	g := gateFetches(w.cluster, &id)
+	g.gated.Store(true)
+	return g
+}
+
 func compactTombstones(t *testing.T, w *kvWorld) {
 	t.Helper()
 	adm := kadm.NewClient(w.cl)
@@ -233,13 +247,7 @@ func TestRestorePausedPastHorizonRestoresInFull(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := [16]byte(topics[w.changelog].ID)
-	g := gateFetches(w.cluster, &id)
-	g.gated.Store(true)
+	g := gateChangelog(t, w)
 	go func() {
 		// a's restore plans a tail replay (its checkpoint is recent), and
 		// its first fetch of the changelog is held: meanwhile compaction
@@ -281,13 +289,7 @@ func TestFullRestorePausedPastHorizonStartsOver(t *testing.T) {
 	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
 		t.Fatal(err)
 	}
-	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := [16]byte(topics[w.changelog].ID)
-	g := gateFetches(w.cluster, &id)
-	g.gated.Store(true)
+	g := gateChangelog(t, w)
 	go func() {
 		// b has no state: its restore is a full one, and its first fetch
 		// of the changelog is held while two retentions pass.
