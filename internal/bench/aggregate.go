@@ -423,9 +423,9 @@ func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result
 	if err != nil {
 		return Result{}, err
 	}
-	profile := ""
-	if a.ent {
-		profile = b.cfg.CPUProfile
+	profile := b.cfg.CPUProfile
+	if !a.ent && profile != "" {
+		profile += ".without"
 	}
 	cpu0 := processCPU()
 	elapsed, err := b.measureStage(ctx, ag.st.Run, ag.processed, b.input, last, profile)

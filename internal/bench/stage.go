@@ -260,7 +260,8 @@ type StageConfig struct {
 	// order.
 	Rounds int
 	// CPUProfile, when set, receives a CPU profile of the last round's
-	// run of the stage.
+	// run of the stage (bench aggregate: of the aggregator with
+	// entitlements; the one without goes to CPUProfile+".without").
 	CPUProfile string
 }
 

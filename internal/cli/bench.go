@@ -119,7 +119,7 @@ type BenchAggregateCmd struct {
 	EntTick         time.Duration `name:"entitlements-tick" help:"Entitlements tick of the aggregator with entitlements (aggregate --entitlements-tick)." default:"200ms"`
 	BenchStageFlags `embed:""`
 	Rounds          int    `help:"Rounds; each measures (a), (b) and the aggregator once, in a rotating order. Medians are reported." default:"3"`
-	CPUProfile      string `help:"Write a CPU profile of the last round's aggregate phase to this file." hidden:"" type:"path"`
+	CPUProfile      string `help:"Write a CPU profile of the last round's aggregator with entitlements to this file, and of the one without to this file with .without appended." hidden:"" type:"path"`
 }
 
 // Run runs the benchmark.
