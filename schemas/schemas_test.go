@@ -129,20 +129,8 @@ func TestGoldenBytes(t *testing.T) {
 func TestOldSchemaFixture(t *testing.T) {
 	path := filepath.Join("testdata", "usage_event.v0.hex")
 	if *update {
-		old, err := avro.ParseBytes(mustRead(t, "history/usage_event.v0.avsc"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := avro.Marshal(old, map[string]any{"event_id": "req-1", "customer_id": "acme",
+		writeOldFixture(t, "history/usage_event.v0.avsc", path, map[string]any{"event_id": "req-1", "customer_id": "acme",
 			"meter": "api_calls", "quantity": int64(7), "event_time": int64(1795003200000)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
-		msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
-		if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -188,19 +176,7 @@ func TestOldWatermarkFixture(t *testing.T) {
 		t.Run(c.version, func(t *testing.T) {
 			path := filepath.Join("testdata", "watermark."+c.version+".hex")
 			if *update {
-				old, err := avro.ParseBytes(mustRead(t, "history/watermark."+c.version+".avsc"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				body, err := avro.Marshal(old, c.fields)
-				if err != nil {
-					t.Fatal(err)
-				}
-				fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
-				msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
-				if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				writeOldFixture(t, "history/watermark."+c.version+".avsc", path, c.fields)
 			}
 			b, err := hex.DecodeString(strings.TrimSpace(string(mustReadFile(t, path))))
 			if err != nil {
@@ -225,6 +201,25 @@ func TestOldWatermarkFixture(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// writeOldFixture writes to path, in hex, the single-object encoding of
+// fields with the history schema file (go test ./schemas -update).
+func writeOldFixture(t *testing.T, schemaFile, path string, fields map[string]any) {
+	t.Helper()
+	old, err := avro.ParseBytes(mustRead(t, schemaFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := avro.Marshal(old, fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
+	msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
