@@ -77,7 +77,8 @@ type Config struct {
 	// watermark is below event_time + W + B. A final period's working
 	// state (what MAX, UNIQUE_COUNT and LATEST adjustments are measured
 	// against) is therefore kept until its end + W + B. It must not be
-	// shorter than dedup's. Default: dedup.DefaultBucket.
+	// shorter than dedup's: a watermark record that states a longer B
+	// stops the stage (ErrBucketTooShort). Default: dedup.DefaultBucket.
 	Bucket time.Duration
 	// Skew is dedup's skew S (dedup.Config.Skew): dedup accepts an event
 	// whose event_time is up to S after its arrival, so a re-routed event
@@ -85,7 +86,10 @@ type Config struct {
 	// Bucket) can have arrived up to W + B + S before its watermark. With
 	// Entitlements, the versions and rate cards that may decide or price
 	// such an event are kept that long (pruneHorizon). It must not be
-	// shorter than dedup's. Default: dedup.DefaultSkew.
+	// shorter than dedup's: a watermark record that states a longer S
+	// stops the stage (ErrSkewTooShort), with Entitlements or without, so
+	// that turning them on later needs no other change. Default:
+	// dedup.DefaultSkew.
 	Skew time.Duration
 	// FinalChunk is the most aggregates one transaction finalizes (emits
 	// the FINAL revision of), books queued adjustments for, or expires, at
@@ -262,6 +266,20 @@ func (c *Config) Validate() error {
 // drop a period's working state while dedup still accepts events for it, so
 // it stops rather than compute adjustments against missing state.
 var ErrWindowTooShort = errors.New("aggregator: window shorter than dedup's")
+
+// ErrBucketTooShort is returned (wrapped) by Run when a watermark record
+// states a dedup expiry bucket B longer than Config.Bucket: the aggregator
+// would drop a final period's working state while dedup still accepts a
+// re-routed event for it, so it stops rather than compute adjustments
+// against missing state.
+var ErrBucketTooShort = errors.New("aggregator: expiry bucket shorter than dedup's")
+
+// ErrSkewTooShort is returned (wrapped) by Run when a watermark record
+// states a dedup skew S longer than Config.Skew: with Entitlements, the
+// aggregator would prune the entitlements history that may decide and
+// price a re-routed event dedup still accepts, so it stops rather than
+// decide such an event against versions already gone.
+var ErrSkewTooShort = errors.New("aggregator: skew shorter than dedup's")
 
 // Stage is an aggregator instance.
 type Stage struct {

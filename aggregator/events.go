@@ -85,15 +85,8 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 		pt.ignoreWatermark(w, "source_partition")
 		return nil
 	}
-	if own := pt.pr.cfg.Window; w.WindowMs > own.Milliseconds() {
-		// The working state of a final period is dropped at end + own W;
-		// dedup accepts events for it until end + its W. A MAX,
-		// UNIQUE_COUNT or LATEST adjustment in between would be measured
-		// against nothing. Refuse, before anything of this record counts.
-		theirs := time.Duration(w.WindowMs) * time.Millisecond
-		return fmt.Errorf("%w: dedup's W is %s (watermark record of usage.events partition %d), the aggregator's %s; "+
-			"run the aggregator with --window %s or more (partition %d is processed no further)",
-			ErrWindowTooShort, theirs, w.SourcePartition, own, theirs, pt.p)
+	if err := pt.checkDedupTimes(w); err != nil {
+		return err
 	}
 	s := w.SourcePartition
 	if w.Watermark <= pt.sources[s] {
@@ -116,6 +109,52 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 		return pt.finalize(tx)
 	}
 	return nil
+}
+
+// checkDedupTimes refuses a watermark record that states a dedup W, B or
+// S longer than the aggregator's own, before anything of the record counts
+// (its watermark could finalize a period or expire state). The working
+// state of a final period is dropped at end + own W + B, while dedup
+// accepts events for it until end + its W + B: a MAX, UNIQUE_COUNT or
+// LATEST adjustment in between would be measured against nothing. The
+// entitlements history is pruned at wm − (own W + B + S), while dedup
+// accepts a re-routed event that arrived up to its W + B + S before: it
+// would be decided and priced against versions already gone. Each
+// parameter is checked on its own (a longer one of the aggregator does
+// not make up for a shorter other), and every shortfall is reported at
+// once, naming the flag to set. 0 is not stated (an earlier schema).
+func (pt *partition) checkDedupTimes(w *schemas.Watermark) error {
+	c := &pt.pr.cfg
+	var errs []error
+	for _, d := range []struct {
+		name, flag string
+		stated     int64
+		own        time.Duration
+		err        error
+	}{
+		{"W", "--window", w.WindowMs, c.Window, ErrWindowTooShort},
+		{"expiry bucket B", "--bucket", w.BucketMs, c.Bucket, ErrBucketTooShort},
+		{"skew S", "--skew", w.SkewMs, c.Skew, ErrSkewTooShort},
+	} {
+		if d.stated <= d.own.Milliseconds() {
+			continue
+		}
+		theirs := statedDuration(d.stated)
+		errs = append(errs, fmt.Errorf("%w: dedup's %s is %s (watermark record of usage.events partition %d), the aggregator's %s; "+
+			"run the aggregator with %s %s or more (partition %d is processed no further)",
+			d.err, d.name, theirs, w.SourcePartition, d.own, d.flag, theirs, pt.p))
+	}
+	return errors.Join(errs...)
+}
+
+// statedDuration formats a duration a record states in milliseconds; one
+// too large for a time.Duration (a corrupt record) is shown in
+// milliseconds rather than wrapped.
+func statedDuration(ms int64) string {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return fmt.Sprintf("%dms", ms)
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
 }
 
 // ignoredLogEvery spaces the log lines of ignored watermark records of one

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -152,49 +153,94 @@ func TestLoadIgnoresClaimedSourceCount(t *testing.T) {
 	}
 }
 
-// TestWindowShorterThanDedupRefused: dedup states its W in every watermark
-// record. A record stating no W (written before the field), the
-// aggregator's own W or a shorter one is taken; one stating a longer W
-// stops the stage with ErrWindowTooShort before the record counts (the
-// watermark it carries would have finalized the period), and the stage
-// stops again on the same record after a restart.
-func TestWindowShorterThanDedupRefused(t *testing.T) {
-	h := newAggHarnessSources(t, nil, 1, 1)
-	cfg := h.config("a", vfs.NewMem())
-	cfg.Period, cfg.Grace, cfg.Window = Day, time.Hour, 30*24*time.Hour
-	run := h.start(cfg)
+// TestDedupTimesLongerRefused: dedup states its W, B and S in every
+// watermark record. A record stating none of them (written before the
+// fields), the aggregator's own or shorter ones is taken; one stating a
+// longer W, B or S stops the stage with ErrWindowTooShort,
+// ErrBucketTooShort or ErrSkewTooShort, naming the flag to set (every one
+// that is short), before the record counts (the watermark it carries would
+// have finalized the period); the stage stops again on the same record
+// after a restart.
+func TestDedupTimesLongerRefused(t *testing.T) {
+	const day = 24 * time.Hour
+	type times struct{ w, b, s time.Duration }
+	type want struct {
+		err  error
+		flag string
+	}
+	all := []error{ErrWindowTooShort, ErrBucketTooShort, ErrSkewTooShort}
+	for _, c := range []struct {
+		name    string
+		taken   []times
+		refused times
+		want    []want
+	}{
+		{"window", []times{{}, {30 * day, 0, 0}, {7 * day, 0, 0}}, times{35 * day, 0, 0},
+			[]want{{ErrWindowTooShort, "--window 840h0m0s or more"}}},
+		{"bucket", []times{{30 * day, day, time.Hour}, {30 * day, time.Hour, time.Hour}}, times{30 * day, 2 * day, time.Hour},
+			[]want{{ErrBucketTooShort, "--bucket 48h0m0s or more"}}},
+		{"skew", []times{{30 * day, day, time.Hour}, {30 * day, day, time.Minute}}, times{7 * day, day, 3 * time.Hour},
+			[]want{{ErrSkewTooShort, "--skew 3h0m0s or more"}}},
+		{"bucket and skew", []times{{30 * day, day, time.Hour}}, times{30 * day, 2 * day, 3 * time.Hour},
+			[]want{{ErrBucketTooShort, "--bucket 48h0m0s or more"}, {ErrSkewTooShort, "--skew 3h0m0s or more"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newAggHarnessSources(t, nil, 1, 1)
+			cfg := h.config("a", vfs.NewMem())
+			cfg.Period, cfg.Grace = Day, time.Hour
+			cfg.Window, cfg.Bucket, cfg.Skew = 30*day, day, time.Hour
+			run := h.start(cfg)
 
-	day := ms(t, "2026-05-04")
-	const dayMs = 24 * 3600 * 1000
-	wm := func(at int64, w time.Duration) *kgo.Record {
-		return &kgo.Record{Topic: h.names.DedupedTopic(), Partition: 0, Value: schemas.MustEncode(&schemas.Watermark{
-			SourcePartition: 0, SourcePartitions: 1, Watermark: at, WindowMs: w.Milliseconds()})}
-	}
-	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "m", Quantity: 7,
-		EventTime: day + 1000, IngestTime: day + 2000}))
-	h.produce(wm(day+3000, 0), wm(day+4000, 30*24*time.Hour), wm(day+5000, 7*24*time.Hour))
-	h.caughtUp()
-	h.produce(wm(day+dayMs+3600*1000+1, 35*24*time.Hour))
-	select {
-	case <-run.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the aggregator kept running on a watermark record of a longer dedup window")
-	}
-	if !errors.Is(run.err, ErrWindowTooShort) || !strings.Contains(run.err.Error(), "--window 840h0m0s or more") {
-		t.Fatalf("Run returned %v, want ErrWindowTooShort naming the --window to set", run.err)
-	}
-	for _, a := range readAggregates(t, h) {
-		if a.Status == schemas.StatusFinal {
-			t.Fatal("the refused record's watermark finalized the period")
-		}
-	}
-	again := h.start(cfg)
-	select {
-	case <-again.done:
-		if !errors.Is(again.err, ErrWindowTooShort) {
-			t.Fatalf("after a restart Run returned %v, want ErrWindowTooShort", again.err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("after a restart the aggregator took the record of a longer dedup window")
+			dayStart := ms(t, "2026-05-04")
+			wm := func(at int64, d times) *kgo.Record {
+				return &kgo.Record{Topic: h.names.DedupedTopic(), Partition: 0, Value: schemas.MustEncode(&schemas.Watermark{
+					SourcePartition: 0, SourcePartitions: 1, Watermark: at,
+					WindowMs: d.w.Milliseconds(), BucketMs: d.b.Milliseconds(), SkewMs: d.s.Milliseconds()})}
+			}
+			h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "m", Quantity: 7,
+				EventTime: dayStart + 1000, IngestTime: dayStart + 2000}))
+			for i, d := range c.taken {
+				h.produce(wm(dayStart+3000+int64(i), d))
+			}
+			h.caughtUp()
+			select {
+			case <-run.done:
+				t.Fatalf("the aggregator stopped on a record it should take: %v", run.err)
+			default:
+			}
+			h.produce(wm(dayStart+day.Milliseconds()+time.Hour.Milliseconds()+1, c.refused))
+			checkErr := func(when string, err error) {
+				t.Helper()
+				for _, sentinel := range all {
+					wanted := slices.ContainsFunc(c.want, func(w want) bool { return w.err == sentinel })
+					if errors.Is(err, sentinel) != wanted {
+						t.Fatalf("%s Run returned %v; want it to be %v: %v", when, err, sentinel, wanted)
+					}
+				}
+				for _, w := range c.want {
+					if !strings.Contains(err.Error(), w.flag) {
+						t.Fatalf("%s Run returned %v, not naming %q", when, err, w.flag)
+					}
+				}
+			}
+			select {
+			case <-run.done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the aggregator kept running on a watermark record of a longer dedup time")
+			}
+			checkErr("", run.err)
+			for _, a := range readAggregates(t, h) {
+				if a.Status == schemas.StatusFinal {
+					t.Fatal("the refused record's watermark finalized the period")
+				}
+			}
+			again := h.start(cfg)
+			select {
+			case <-again.done:
+				checkErr("after a restart", again.err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("after a restart the aggregator took the record of a longer dedup time")
+			}
+		})
 	}
 }

@@ -634,8 +634,11 @@ func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int6
 // partition; the aggregator takes the minimum over all sources.
 func (pt *partition) forwardWatermark(tx *stream.Tx) error {
 	c := pt.pr.counts
+	// Each record states W, B and S: the aggregator keeps state by them and
+	// refuses to run with shorter ones (DESIGN §3).
+	cfg := &pt.pr.cfg
 	v, err := schemas.Encode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm,
-		WindowMs: pt.pr.cfg.Window.Milliseconds()})
+		WindowMs: cfg.Window.Milliseconds(), BucketMs: cfg.Bucket.Milliseconds(), SkewMs: cfg.Skew.Milliseconds()})
 	if err != nil {
 		return fmt.Errorf("dedup: partition %d: encode watermark: %w", pt.p, err)
 	}

@@ -25,11 +25,13 @@ func (h *harness) tick(p int32, arrival int64) *kgo.Record {
 }
 
 // TestWatermarkForwarding: each tick forwards the partition watermark — the
-// largest arrival seen, event or tick — to every usage.deduped partition.
+// largest arrival seen, event or tick — to every usage.deduped partition,
+// stating dedup's W, B and S.
 func TestWatermarkForwarding(t *testing.T) {
 	h := newHarness(t, nil, 2)
 	cfg := h.config("a", vfs.NewMem())
-	cfg.TickInterval = time.Hour // only the test's ticks
+	cfg.TickInterval = time.Hour                     // only the test's ticks
+	cfg.Bucket, cfg.Skew = 12*time.Hour, 3*time.Hour // not the defaults, which the aggregator assumes
 	cfg.WatermarkEvery = time.Millisecond
 	h.start(cfg)
 	e := h.event("acme", "api_calls", "w1", 1, t0-hour, t0+5000)
@@ -38,7 +40,8 @@ func TestWatermarkForwarding(t *testing.T) {
 	h.produce(h.tick(e.Partition, t0+9000))    // newer tick
 	h.caughtUp()
 
-	// Each record states dedup's W, for the aggregator to check its own.
+	// Each record states dedup's W, B and S, for the aggregator to check
+	// its own.
 	wc := cfg
 	wc.EnsureDefaults()
 	wantW := wc.Window
@@ -57,6 +60,9 @@ func TestWatermarkForwarding(t *testing.T) {
 		}
 		if w.WindowMs != wantW.Milliseconds() {
 			t.Errorf("window_ms %d, want dedup's W %s", w.WindowMs, wantW)
+		}
+		if w.BucketMs != cfg.Bucket.Milliseconds() || w.SkewMs != cfg.Skew.Milliseconds() {
+			t.Errorf("bucket_ms %d, skew_ms %d; want dedup's B %s and S %s", w.BucketMs, w.SkewMs, cfg.Bucket, cfg.Skew)
 		}
 		k := [2]int32{r.Partition, w.SourcePartition}
 		got[k] = append(got[k], w.Watermark)

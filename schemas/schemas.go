@@ -91,6 +91,7 @@ var historyFiles = []struct {
 }{
 	{KindUsageEvent, "history/usage_event.v0.avsc"},
 	{KindWatermark, "history/watermark.v0.avsc"},
+	{KindWatermark, "history/watermark.v1.avsc"},
 	{KindRejected, "history/rejected.v0.avsc"},
 }
 

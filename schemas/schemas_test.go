@@ -30,7 +30,8 @@ func samples() map[string]Message {
 		"deduped_event": &DedupedEvent{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Quantity: 3,
 			EventTime: 1795003200250, Source: "api-gateway", Properties: props, IngestTime: 1795003201000,
 			SourcePartition: 7, SourceOffset: 123456},
-		"watermark": &Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000, WindowMs: 3024000000},
+		"watermark": &Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000, WindowMs: 3024000000,
+			BucketMs: 86400000, SkewMs: 3600000},
 		"duplicate": &Duplicate{EventID: "req-42", CustomerID: "acme", Meter: "api_calls", Source: "api-gateway",
 			Conflict: true, Quantity: 4, EventTime: 1795003200250, OriginalPartition: 7, OriginalOffset: 123456,
 			OriginalArrival: 1795003201000, DuplicatePartition: 7, DuplicateOffset: 123999, DuplicateArrival: 1795003260000},
@@ -128,20 +129,8 @@ func TestGoldenBytes(t *testing.T) {
 func TestOldSchemaFixture(t *testing.T) {
 	path := filepath.Join("testdata", "usage_event.v0.hex")
 	if *update {
-		old, err := avro.ParseBytes(mustRead(t, "history/usage_event.v0.avsc"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := avro.Marshal(old, map[string]any{"event_id": "req-1", "customer_id": "acme",
+		writeOldFixture(t, "history/usage_event.v0.avsc", path, map[string]any{"event_id": "req-1", "customer_id": "acme",
 			"meter": "api_calls", "quantity": int64(7), "event_time": int64(1795003200000)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
-		msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
-		if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -168,46 +157,69 @@ func TestOldSchemaFixture(t *testing.T) {
 	}
 }
 
-// TestOldWatermarkFixture reads a Watermark written with the first schema
-// (history/watermark.v0.avsc, before window_ms) with the current one: the
-// window is 0, not stated.
+// TestOldWatermarkFixture reads Watermarks written with the earlier
+// schemas with the current one: the fields added since are 0, not stated.
+// v0 (history/watermark.v0.avsc) is from before window_ms, v1
+// (history/watermark.v1.avsc) from before bucket_ms and skew_ms.
 func TestOldWatermarkFixture(t *testing.T) {
-	path := filepath.Join("testdata", "watermark.v0.hex")
-	if *update {
-		old, err := avro.ParseBytes(mustRead(t, "history/watermark.v0.avsc"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := avro.Marshal(old, map[string]any{"source_partition": int32(3), "source_partitions": int32(16),
-			"watermark": int64(1795003205000)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
-		msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
-		if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	for _, c := range []struct {
+		version string
+		fields  map[string]any
+		want    *Watermark
+	}{
+		{"v0", map[string]any{"source_partition": int32(3), "source_partitions": int32(16), "watermark": int64(1795003205000)},
+			&Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000}},
+		{"v1", map[string]any{"source_partition": int32(3), "source_partitions": int32(16), "watermark": int64(1795003205000),
+			"window_ms": int64(3024000000)},
+			&Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000, WindowMs: 3024000000}},
+	} {
+		t.Run(c.version, func(t *testing.T) {
+			path := filepath.Join("testdata", "watermark."+c.version+".hex")
+			if *update {
+				writeOldFixture(t, "history/watermark."+c.version+".avsc", path, c.fields)
+			}
+			b, err := hex.DecodeString(strings.TrimSpace(string(mustReadFile(t, path))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if binary.LittleEndian.Uint64(b[2:10]) == Fingerprint(KindWatermark) {
+				t.Fatal("fixture carries the current fingerprint; it must be written with the old schema")
+			}
+			if k, err := PeekKind(b); err != nil || k != KindWatermark {
+				t.Fatalf("PeekKind = %v, %v; want Watermark (the sink skips watermark records of every version)", k, err)
+			}
+			for name, dec := range map[string]func() (Message, error){
+				"Decode":     func() (Message, error) { return Decode(b) },
+				"DecodeInto": func() (Message, error) { var w Watermark; return &w, DecodeInto(b, &w) },
+			} {
+				m, err := dec()
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if !reflect.DeepEqual(m, c.want) {
+					t.Fatalf("%s of the old fixture:\n got %#v\nwant %#v", name, m, c.want)
+				}
+			}
+		})
 	}
-	b, err := hex.DecodeString(strings.TrimSpace(string(mustReadFile(t, path))))
+}
+
+// writeOldFixture writes to path, in hex, the single-object encoding of
+// fields with the history schema file (go test ./schemas -update).
+func writeOldFixture(t *testing.T, schemaFile, path string, fields map[string]any) {
+	t.Helper()
+	old, err := avro.ParseBytes(mustRead(t, schemaFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if binary.LittleEndian.Uint64(b[2:10]) == Fingerprint(KindWatermark) {
-		t.Fatal("fixture carries the current fingerprint; it must be written with the old schema")
+	body, err := avro.Marshal(old, fields)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for name, dec := range map[string]func() (Message, error){
-		"Decode":     func() (Message, error) { return Decode(b) },
-		"DecodeInto": func() (Message, error) { var w Watermark; return &w, DecodeInto(b, &w) },
-	} {
-		m, err := dec()
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		want := &Watermark{SourcePartition: 3, SourcePartitions: 16, Watermark: 1795003205000}
-		if !reflect.DeepEqual(m, want) {
-			t.Fatalf("%s of the old fixture:\n got %#v\nwant %#v", name, m, want)
-		}
+	fp, _ := old.FingerprintUsing(avro.CRC64AvroLE)
+	msg := append(append([]byte{0xC3, 0x01}, fp...), body...)
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(msg)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -60,6 +60,12 @@ type Watermark struct {
 	// WindowMs is the writer's dedup window W in milliseconds; 0: not
 	// stated (written before the field existed).
 	WindowMs int64 `avro:"window_ms"`
+	// BucketMs is the writer's expiry bucket B in milliseconds; 0: not
+	// stated (written before the field existed).
+	BucketMs int64 `avro:"bucket_ms"`
+	// SkewMs is the writer's skew S in milliseconds; 0: not stated
+	// (written before the field existed).
+	SkewMs int64 `avro:"skew_ms"`
 }
 
 // Kind implements Message.

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/service"
 )
 
@@ -17,13 +18,16 @@ type AggregateCmd struct {
 	StageFlags     `embed:""`
 	AggregateFlags `embed:""`
 	MetersFlags    `embed:""`
-	Window         time.Duration `help:"Dedup window W: a period's working state is kept until end + W + dedup's expiry bucket (24h). Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
+	Window         time.Duration `help:"Dedup window W: a period's working state is kept until end + W + B (--bucket). Must be at least dedup's --window: the aggregator stops on a watermark record that states a longer one." default:"${dedup_window}"`
+	Bucket         time.Duration `help:"Dedup's expiry bucket B: a period's working state is kept until end + W + B. Must be at least dedup's --bucket: the aggregator stops on a watermark record that states a longer one." default:"${dedup_bucket}" hidden:""`
+	Skew           time.Duration `help:"Dedup's skew S: with --entitlements, their history is kept W + B + S behind the watermark. Must be at least dedup's --skew: the aggregator stops on a watermark record that states a longer one." default:"${dedup_skew}"`
 }
 
 // AggregateFlags are the aggregator's own flags: `meterline aggregate`
 // takes them as they are, `meterline run` with the prefix aggregate-
-// (--aggregate-period, --aggregate-group, ...). The dedup window is not
-// among them: `meterline run` gives the aggregator dedup's.
+// (--aggregate-period, --aggregate-group, ...). Dedup's window, expiry
+// bucket and skew are not among them: `meterline run` gives the aggregator
+// dedup's.
 type AggregateFlags struct {
 	Group            string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
 	Period           string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
@@ -51,14 +55,16 @@ func (f *MetersFlags) load() (*aggregator.Catalog, error) {
 }
 
 // config builds the aggregator's configuration from its own flags, the
-// stage flags sf, the meters flags m and the dedup window.
-func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, window time.Duration, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
+// stage flags sf, the meters flags m and dedup's time parameters (the
+// Window, Bucket and Skew of d; its other fields are not read).
+func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, d dedup.Config, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
 	sc, err := sf.streamConfig(g, f.Group, "aggregate", f.MaxBatchRecords, log, reg)
 	if err != nil {
 		return aggregator.Config{}, err
 	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
-		Period: aggregator.Period(f.Period), Grace: f.Grace, Window: window, FinalChunk: f.FinalChunk,
+		Period: aggregator.Period(f.Period), Grace: f.Grace, FinalChunk: f.FinalChunk,
+		Window: d.Window, Bucket: d.Bucket, Skew: d.Skew,
 		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, BalanceInterval: f.BalanceInterval}
 	if f.BalanceInterval <= 0 {
 		cfg.BalanceInterval = aggregator.BalanceEveryTransaction
@@ -71,7 +77,7 @@ func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, wind
 }
 
 func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (aggregator.Config, error) {
-	return c.AggregateFlags.config(g, &c.StageFlags, &c.MetersFlags, c.Window, log, reg)
+	return c.AggregateFlags.config(g, &c.StageFlags, &c.MetersFlags, dedup.Config{Window: c.Window, Bucket: c.Bucket, Skew: c.Skew}, log, reg)
 }
 
 // Run runs the aggregator.

@@ -65,6 +65,8 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"aggregate --period", aggregator.Period(a.Period), aggregator.DefaultPeriod},
 		{"aggregate --grace", a.Grace, aggregator.DefaultGrace},
 		{"aggregate --window", a.Window, dedup.DefaultWindow},
+		{"aggregate --bucket", a.Bucket, dedup.DefaultBucket},
+		{"aggregate --skew", a.Skew, dedup.DefaultSkew},
 		{"aggregate --final-chunk", a.FinalChunk, aggregator.DefaultFinalChunk},
 		{"dedup --max-batch-records", d.MaxBatchRecords, stream.DefaultMaxBatchRecords},
 		{"aggregate --max-batch-records", a.MaxBatchRecords, aggregator.DefaultMaxBatchRecords},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
@@ -32,17 +33,28 @@ type RunCmd struct {
 	DedupKeyFlags `embed:""`
 	MetersFlags   `embed:""`
 	Dedup         DedupFlags     `embed:"" prefix:"dedup-" group:"Dedup"`
-	Aggregate     AggregateFlags `embed:"" prefix:"aggregate-" group:"Aggregator (its window is --dedup-window)"`
+	Aggregate     AggregateFlags `embed:"" prefix:"aggregate-" group:"Aggregator (its window and skew are --dedup-window and --dedup-skew)"`
 	NoSink        bool           `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink          SinkFlags      `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 	Ingest        bool           `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
 	IngestFlags   IngestFlags    `embed:"" prefix:"ingest-" group:"HTTP ingest (with --ingest)"`
 }
 
+// stageConfigs builds the configurations of dedup and the aggregator; the
+// aggregator's W, B and S are dedup's own.
+func (c *RunCmd) stageConfigs(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, aggregator.Config, error) {
+	dcfg, err := c.Dedup.config(g, &c.StageFlags, c.KeysFile, dedup.DefaultBucket, log, reg)
+	if err != nil {
+		return dcfg, aggregator.Config{}, err
+	}
+	acfg, err := c.Aggregate.config(g, &c.StageFlags, &c.MetersFlags, dcfg, log, reg)
+	return dcfg, acfg, err
+}
+
 // Run runs the stages until ctx ends or one of them fails.
 //
-// The aggregator keeps dedup's window (--dedup-window), which it must be
-// at least. The sink shares the stage flags' instance ID and session,
+// The aggregator keeps dedup's window, expiry bucket and skew
+// (--dedup-window, --dedup-skew), which it must be at least. The sink shares the stage flags' instance ID and session,
 // rebalance and transaction timeouts; its batching and commit interval are
 // its own (--sink-*). As with `meterline sink`, an unreachable ClickHouse
 // does not stop the process: the sink waits for it (dedup and the
@@ -51,11 +63,7 @@ type RunCmd struct {
 // start.
 func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
-	dcfg, err := c.Dedup.config(g, &c.StageFlags, c.KeysFile, dedup.DefaultBucket, log, reg)
-	if err != nil {
-		return &ExitError{Code: 2, Err: err}
-	}
-	acfg, err := c.Aggregate.config(g, &c.StageFlags, &c.MetersFlags, c.Dedup.Window, log, reg)
+	dcfg, acfg, err := c.stageConfigs(g, log, reg)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}

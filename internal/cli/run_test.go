@@ -48,8 +48,8 @@ func TestRunValidate(t *testing.T) {
 // TestRunStageFlagsPrefixed: `meterline run` takes each stage's own flags
 // with the stage's prefix (--dedup-window, --aggregate-period, as
 // --sink-database and --ingest-addr) and the flags the stages share once,
-// unprefixed; the aggregator keeps dedup's window. The names of `meterline
-// dedup` and `meterline aggregate` stay unprefixed.
+// unprefixed; the aggregator keeps dedup's window, bucket and skew. The
+// names of `meterline dedup` and `meterline aggregate` stay unprefixed.
 func TestRunStageFlagsPrefixed(t *testing.T) {
 	dir := t.TempDir()
 	meters := filepath.Join(dir, "meters.yaml")
@@ -63,11 +63,7 @@ func TestRunStageFlagsPrefixed(t *testing.T) {
 		"--dedup-group", "dg", "--dedup-window", "1000h", "--dedup-tick-interval", "3s", "--dedup-sources", "api,batch",
 		"--aggregate-group", "ag", "--aggregate-period", "day", "--aggregate-grace", "90m", "--aggregate-final-chunk", "7").Run
 	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
-	dcfg, err := c.Dedup.config(g, &c.StageFlags, c.KeysFile, dedup.DefaultBucket, zap.NewNop(), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg, err := c.Aggregate.config(g, &c.StageFlags, &c.MetersFlags, c.Dedup.Window, zap.NewNop(), prometheus.NewRegistry())
+	dcfg, acfg, err := c.stageConfigs(g, zap.NewNop(), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +79,8 @@ func TestRunStageFlagsPrefixed(t *testing.T) {
 		{"dedup commit interval", dcfg.Stream.CommitInterval, 200 * time.Millisecond},
 		{"aggregate group", acfg.Stream.Group, "ag"},
 		{"aggregate window (dedup's)", acfg.Window, 1000 * time.Hour},
+		{"aggregate skew (dedup's)", acfg.Skew, 2 * time.Hour},
+		{"aggregate bucket (dedup's)", acfg.Bucket, dedup.DefaultBucket},
 		{"aggregate period", acfg.Period, aggregator.Period("day")},
 		{"aggregate grace", acfg.Grace, 90 * time.Minute},
 		{"aggregate final chunk", acfg.FinalChunk, 7},
@@ -102,8 +100,10 @@ func TestRunStageFlagsPrefixed(t *testing.T) {
 	if d := parseCLI(t, "dedup", "--window", "1000h", "--sources", "api").Dedup; d.Window != 1000*time.Hour || len(d.Sources) != 1 {
 		t.Errorf("dedup --window/--sources: %v %v", d.Window, d.Sources)
 	}
-	if a := parseCLI(t, "aggregate", "--period", "day", "--window", "1000h").Aggregate; a.Period != "day" || a.Window != 1000*time.Hour {
-		t.Errorf("aggregate --period/--window: %v %v", a.Period, a.Window)
+	if a := parseCLI(t, "aggregate", "--period", "day", "--window", "1000h", "--bucket", "48h", "--skew", "3h").Aggregate; a.Period != "day" || a.Window != 1000*time.Hour || a.Bucket != 48*time.Hour || a.Skew != 3*time.Hour {
+		t.Errorf("aggregate --period/--window/--bucket/--skew: %v %v %v %v", a.Period, a.Window, a.Bucket, a.Skew)
+	} else if acfg, err := a.config(g, zap.NewNop(), prometheus.NewRegistry()); err != nil || acfg.Window != a.Window || acfg.Bucket != a.Bucket || acfg.Skew != a.Skew {
+		t.Errorf("aggregate config: W %s, B %s, S %s (%v); want the flags' %s, %s, %s", acfg.Window, acfg.Bucket, acfg.Skew, err, a.Window, a.Bucket, a.Skew)
 	}
 }
 
