@@ -154,6 +154,11 @@ func (w *Writer) endUnknownSpell() {
 }
 
 func (w *Writer) unavailable(t *table, err error, what string) {
+	if errors.Is(err, errInsertRunning) {
+		// ClickHouse answers: counted and logged by awaitInserts.
+		w.setBlocked(fmt.Sprintf("cannot look up the rows of %s: %v; fetching paused, backing off, committing nothing", t.name, err))
+		return
+	}
 	kind := "unavailable"
 	if what != "resume lookup" && classify(err) == classUnknown {
 		kind = "unknown"

@@ -183,9 +183,11 @@ func (w *Writer) insert(ctx context.Context, t *table, rows []*row) error {
 		ictx = clickhouse.Context(ictx, clickhouse.WithSettings(clickhouse.Settings{
 			"min_insert_block_size_rows": 0, "min_insert_block_size_bytes": 0}))
 	}
-	// Its own query_id: an attempt with an unknown outcome is waited for
-	// on the server before the resume rule looks up its rows (settle.go).
-	id := w.newInsertID()
+	// Its own query_id, naming the rows' topic and partitions: an attempt
+	// with an unknown outcome is waited for on the server before the
+	// resume rule looks up its rows, by this instance and by the next
+	// owner of the partitions (settle.go).
+	id := w.newInsertID(t.topic, spansOf(rows))
 	ictx = clickhouse.Context(ictx, clickhouse.WithQueryID(id))
 	b, err := w.getConn().PrepareBatch(ictx, t.insertSQL(w.cfg.Database))
 	if err != nil {

@@ -147,6 +147,11 @@ func (w *Writer) dirtyParts(t *table, spans map[int32][2]int64) (dirty map[int32
 // the table holds for each partition of unknown, into dirty and into the
 // partition's state (unless it changed meanwhile).
 func (w *Writer) lookupMax(ctx context.Context, t *table, dirty map[int32]*dirtyPart, unknown []int32) error {
+	// The first lookup of a dirty spell: rows of an INSERT still running,
+	// another instance's included, would land after the answer.
+	if err := w.awaitInserts(ctx, t, unknown); err != nil {
+		return err
+	}
 	conds := make([]string, len(unknown))
 	for i, p := range unknown {
 		c := dirty[p].committed

@@ -21,6 +21,15 @@ const (
 	outcomeQuarantined = "quarantined"
 )
 
+// Outcomes of meterline_sink_insert_waits_total.
+const (
+	// waitEnded: the INSERTs the resume lookup waited for ended.
+	waitEnded = "ended"
+	// waitStillRunning: one still ran at the bound; the lookup backs off
+	// and waits again.
+	waitStillRunning = "still_running"
+)
+
 // stage is the stage label of meterline_rejected_total.
 const stage = "sink"
 
@@ -33,6 +42,7 @@ type metrics struct {
 	rejected      *prometheus.CounterVec // meterline_rejected_total{stage,reason}, shared by the stages
 	quarantined   *prometheus.CounterVec
 	lookupSeconds *prometheus.HistogramVec
+	insertWaits   *prometheus.CounterVec
 	// session: records polled, transactions (commit windows) by outcome,
 	// commit time, session restarts.
 	session *session.Metrics
@@ -66,6 +76,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lookupSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_resume_lookup_seconds",
 			Help:    "Latency of resume lookups (rows already in the table at or after the committed offset), by table.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"table"}),
+		insertWaits: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_insert_waits_total",
+			Help: "Resume lookups that found INSERTs of their partitions still running on the server (an instance's that lost the partitions, or this one's of unknown outcome), by table and outcome: ended (waited until they ended), still_running (one still ran at the bound: the lookup backs off and waits again, writing nothing of those partitions)."}, []string{"table", "outcome"}),
 		up: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_clickhouse_up",
 			Help: "1 when the last ping of ClickHouse answered."}),
 		blocked: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_blocked",

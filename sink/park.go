@@ -131,6 +131,12 @@ func quarantineRow(r *kgo.Record, reason, detail string) *row {
 // quarantineMissing returns the rows whose (partition, offset) is not in
 // usage_quarantine yet.
 func (w *Writer) quarantineMissing(ctx context.Context, rows []*row) ([]*row, error) {
+	// This lookup runs for every write, not once per dirty spell as the
+	// resume rule's: each waits for INSERTs of the rows' partitions that
+	// still run (an instance's that lost them).
+	if err := w.awaitInserts(ctx, w.quarantine, sortedKeys(spansOf(rows))); err != nil {
+		return nil, err
+	}
 	present, err := w.lookup(ctx, w.quarantine, "kafka_offset", offsetConds(rows, nil), false)
 	if err != nil {
 		return nil, err

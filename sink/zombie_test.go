@@ -1,0 +1,317 @@
+package sink
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// instanceOn is a Writer of another instance on the database db of
+// offlineWriter, never run, with its metrics in reg.
+func instanceOn(t *testing.T, conn driver.Conn, db, instance string, mod func(*Config)) (*Writer, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: instance},
+		Topics: testTopics(), Conn: conn, Database: db, Logger: zaptest.NewLogger(t), Registerer: reg}
+	if mod != nil {
+		mod(&cfg)
+	}
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, reg
+}
+
+// slowEventRows makes every row of usage_events take 0.1 s to write on
+// the server and returns n rows of usage.deduped partition p at offsets
+// 0…n-1, built by w.
+func slowEventRows(t *testing.T, w *Writer, conn driver.Conn, db string, p int32, n int) []*row {
+	t.Helper()
+	if conn != nil {
+		if err := conn.Exec(ctxT(t, time.Minute), "ALTER TABLE "+db+"."+TableEvents+" ADD COLUMN slow UInt8 MATERIALIZED sleepEachRow(0.1)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	topic := testTopics().DedupedTopic()
+	var rows []*row
+	for i := 0; i < n; i++ {
+		rec := deduped(topic, p, i, base.Add(time.Duration(i)*time.Second))
+		rec.Offset = int64(i)
+		r, err := w.byTopic[topic].buildRow(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// insertRunning waits until the server runs an INSERT into db's
+// usage_events (found by its text, whatever its query_id).
+func insertRunning(t *testing.T, conn driver.Conn, db string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := queryStrings(t, conn, "SELECT query_id FROM system.processes WHERE query LIKE "+quote("INSERT INTO "+db+"."+TableEvents+"%"))
+		if len(got) > 0 {
+			return got[0][0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the zombie's INSERT is not running on the server after 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// assign gives w partition p of the deduped topic at committed offset
+// committed, as the group's assignment does (every partition assigned
+// starts dirty).
+func assign(t *testing.T, w *Writer, p int32, committed int64) {
+	t.Helper()
+	offs := map[string]map[int32]kgo.Offset{testTopics().DedupedTopic(): {p: kgo.NewOffset().At(committed)}}
+	if _, err := w.adjustOffsets(context.Background(), offs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestZombieInsertBeforeResume: a zombie sink (it lost partition 0, to a
+// rebalance or a pause, but has an INSERT of its rows in flight) is still
+// writing when the new owner resumes the partition. The new owner's resume
+// lookup must not run before the zombie's INSERT ended on the server:
+// otherwise it finds none of the rows, writes them again, and plain
+// count() and the daily rollup count them twice.
+func TestZombieInsertBeforeResume(t *testing.T) {
+	zombie, conn, db, ctx := offlineWriter(t, "zombie")
+	owner, reg := instanceOn(t, conn, db, "owner", nil)
+	zrows := slowEventRows(t, zombie, conn, db, 0, 20) // 2 s on the server
+	orows := slowEventRows(t, owner, nil, db, 0, 20)
+	et := owner.byTopic[testTopics().DedupedTopic()]
+
+	zdone := make(chan error, 1)
+	go func() { zdone <- zombie.insert(ctx, zombie.byTopic[et.topic], zrows) }()
+	id := insertRunning(t, conn, db)
+	t.Logf("the zombie's INSERT runs on the server: query_id %s", id)
+
+	assign(t, owner, 0, 0)
+	start := time.Now()
+	if _, err := owner.writeTable(ctx, et, orows, nil); err != nil {
+		t.Fatalf("the new owner's write: %v", err)
+	}
+	t.Logf("the new owner's write took %s", time.Since(start).Round(time.Millisecond))
+	if err := <-zdone; err != nil {
+		t.Fatalf("the zombie's INSERT: %v", err)
+	}
+	if got := render(queryStrings(t, conn, "SELECT count(), uniqExact(kafka_partition, kafka_offset) FROM "+db+"."+TableEvents)); got != "20 | 20\n" {
+		t.Errorf("usage_events: count(), distinct (partition, offset) = %s; want 20 | 20 (the zombie's rows written again by the new owner)", strings.TrimSpace(got))
+	}
+	if got := render(queryStrings(t, conn, "SELECT sum(events) FROM "+db+"."+TableUsageDaily)); got != "20\n" {
+		t.Errorf("usage_daily counts %s events, want 20", strings.TrimSpace(got))
+	}
+	if got := metric(t, reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomePresent); got != 20 {
+		t.Errorf("the new owner skipped %v rows as already present, want 20", got)
+	}
+	if got := metric(t, reg, "meterline_sink_insert_waits_total", "table", TableEvents, "outcome", waitEnded); got != 1 {
+		t.Errorf("insert waits that ended: %v, want 1", got)
+	}
+}
+
+// TestZombieInsertOutlivesTheWait: a zombie's INSERT that still runs when
+// the new owner's wait ends (a tenth of the zombie's 2 s here) fails the
+// resume lookup, naming the query_id, counted as still_running; nothing is
+// looked up or written meanwhile. Retried once the INSERT ended, the lookup
+// finds every row.
+func TestZombieInsertOutlivesTheWait(t *testing.T) {
+	zombie, conn, db, ctx := offlineWriter(t, "zombie")
+	owner, reg := instanceOn(t, conn, db, "owner", func(c *Config) { c.InsertTimeout = 200 * time.Millisecond })
+	zrows := slowEventRows(t, zombie, conn, db, 3, 20)
+	orows := slowEventRows(t, owner, nil, db, 3, 20)
+	et := owner.byTopic[testTopics().DedupedTopic()]
+
+	zdone := make(chan error, 1)
+	go func() { zdone <- zombie.insert(ctx, zombie.byTopic[et.topic], zrows) }()
+	id := insertRunning(t, conn, db)
+	assign(t, owner, 3, 0)
+	start := time.Now()
+	todo, err := owner.filterPresent(ctx, et, orows)
+	waited := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "still runs on the server") || !strings.Contains(err.Error(), id) {
+		t.Fatalf("resume lookup while the zombie's INSERT %s runs past the wait: %d rows, %v; want an error naming it", id, len(todo), err)
+	}
+	t.Logf("after %s: %v", waited.Round(time.Millisecond), err)
+	if waited > time.Second {
+		t.Errorf("the wait took %s; its bound is the insert timeout, %s", waited, owner.cfg.InsertTimeout)
+	}
+	if got := metric(t, reg, "meterline_sink_insert_waits_total", "table", TableEvents, "outcome", waitStillRunning); got != 1 {
+		t.Errorf("insert waits still running at the bound: %v, want 1", got)
+	}
+	if got := metric(t, reg, "meterline_sink_resume_lookup_seconds", "table", TableEvents); got != 0 {
+		t.Errorf("%v resume lookups ran while the zombie's INSERT did", got)
+	}
+	if err := <-zdone; err != nil {
+		t.Fatalf("the zombie's INSERT: %v", err)
+	}
+	todo, err = owner.filterPresent(ctx, et, orows)
+	if err != nil || len(todo) != 0 {
+		t.Fatalf("resume lookup after the zombie's INSERT ended: %d rows to write, %v; want none (all present)", len(todo), err)
+	}
+}
+
+// TestInsertIDNamesPartitions: an INSERT's query_id is unique and names
+// its database, topic and partitions, so that another instance finds it by
+// prefix and partition (awaitInserts), and no other partition's or
+// topic's.
+func TestInsertIDNamesPartitions(t *testing.T) {
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "i/1"},
+		Topics: testTopics(), ClickHouse: "unused:9000", Database: "meter_line"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := testTopics().DedupedTopic()
+	spans := map[int32][2]int64{12: {5, 9}, 0: {1, 1}, 3: {7, 8}}
+	a, b := w.newInsertID(topic, spans), w.newInsertID(topic, spans)
+	if a == b {
+		t.Fatalf("two INSERTs share the query_id %s", a)
+	}
+	prefix := insertIDPrefix("meter_line", topic)
+	if !strings.HasPrefix(a, prefix+"0,3,12/i/1/") {
+		t.Fatalf("query_id %s; want it to begin %s0,3,12/i/1/", a, prefix)
+	}
+	for p, want := range map[int32]bool{0: true, 3: true, 12: true, 1: false, 2: false, 4: false} {
+		if got := namesPartition(a, prefix, map[int32]bool{p: true}); got != want {
+			t.Errorf("query_id %s names partition %d: %v, want %v", a, p, got, want)
+		}
+	}
+	for _, other := range []string{insertIDPrefix("meter_line", topic+".x"), insertIDPrefix("meter_lin", topic), insertIDPrefix("meter_line2", topic)} {
+		if strings.HasPrefix(a, other) {
+			t.Errorf("query_id %s begins with %s, another database's or topic's prefix", a, other)
+		}
+	}
+	many := map[int32][2]int64{}
+	for p := int32(0); p < 100; p++ {
+		many[p] = [2]int64{0, 0}
+	}
+	all := w.newInsertID(topic, many)
+	if len(all) > 150 || !namesPartition(all, prefix, map[int32]bool{999: true}) {
+		t.Errorf("an INSERT of 100 partitions: query_id %s (%d bytes); want a short one naming every partition", all, len(all))
+	}
+}
+
+// TestInsertWaitSQLTwoVersions: the queries of the wait for INSERTs of
+// other instances run on ClickHouse 18.16 and on chdb (26.x) alike, and
+// the prefix condition picks the same query_ids on both: those of the
+// database and topic, no other's.
+func TestInsertWaitSQLTwoVersions(t *testing.T) {
+	python := testenv.Chdb(t)
+	conn, db := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 2*time.Minute)
+	topic := testTopics().DedupedTopic()
+	prefix := insertIDPrefix("meter_line", topic)
+	var ids []string
+	for _, id := range []string{
+		prefix + "0,3/i1/1/1", prefix + "*/i2/1/2",
+		insertIDPrefix("meterXline", topic) + "0/i1/1/3", insertIDPrefix("meter_line", topic+"x") + "0/i1/1/4",
+		insertIDPrefix("meter_line2", topic) + "0/i1/1/5", "meterline-sink-i1-1-6",
+	} {
+		ids = append(ids, quote(id))
+	}
+	queries := []string{
+		processesQuery(idHasPrefix(prefix)),
+		"SELECT query_id FROM (SELECT arrayJoin([" + strings.Join(ids, ", ") + "]) AS query_id) WHERE " + idHasPrefix(prefix) + " ORDER BY query_id",
+	}
+	ch, err := runChdb(ctx, python, chdbRequest{Path: t.TempDir(), Database: db, Statements: []string{}, Queries: queries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"", prefix + "*/i2/1/2\n" + prefix + "0,3/i1/1/1\n"}
+	for i, q := range queries {
+		got, err := tsv(ctx, conn, q)
+		if err != nil {
+			t.Fatalf("18.16: %v\n%s", err, q)
+		}
+		if got != want[i] || ch.Results[i] != want[i] {
+			t.Errorf("%s\n18.16: %q\n%s: %q\nwant %q", q, got, ch.Version, ch.Results[i], want[i])
+		}
+	}
+}
+
+// TestZombieInsertHoldsTheResume: on a real broker, a running sink that is
+// assigned a partition while a zombie's INSERT of its rows is held open
+// on the server for 3 s (well past the sink's wait, its 500 ms insert
+// timeout) backs off, /readyz naming the zombie's query_id, and writes
+// nothing of the partition until the INSERT has ended; then it skips every
+// row the zombie wrote.
+func TestZombieInsertHoldsTheResume(t *testing.T) {
+	e := newEnv(t, 1)
+	var recs []*kgo.Record
+	for i := 0; i < 20; i++ {
+		recs = append(recs, deduped(e.names.DedupedTopic(), 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	e.produce(recs...)
+	zombie, _ := instanceOn(t, e.conn, e.db, "zombie", func(c *Config) { c.Topics = e.names })
+	zt := zombie.byTopic[e.names.DedupedTopic()]
+	var zrows []*row
+	for i, rec := range recs {
+		rec.Offset = int64(i)
+		r, err := zt.buildRow(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zrows = append(zrows, r)
+	}
+	ctx := ctxT(t, 2*time.Minute)
+	id := zombie.newInsertID(zt.topic, spansOf(zrows))
+	b, err := e.conn.PrepareBatch(clickhouse.Context(ctx, clickhouse.WithQueryID(id)), zt.insertSQL(e.db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, c := range zt.columns {
+		if err := b.Column(j).Append(c.slice(zrows)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	zdone := make(chan error, 1)
+	go func() {
+		time.Sleep(3 * time.Second)
+		zdone <- b.Send()
+	}()
+	insertRunning(t, e.conn, e.db)
+
+	r := e.start(func(c *Config) { c.InsertTimeout = 500 * time.Millisecond })
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for err := r.w.Ready(); err == nil || !strings.Contains(err.Error(), id); err = r.w.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz does not name the zombie's INSERT while it runs: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("while the zombie's INSERT runs, Ready() = %v", r.w.Ready())
+	if n := e.count(TableEvents); n != 0 {
+		t.Fatalf("%d rows in usage_events while the zombie's INSERT runs; want none", n)
+	}
+	if err := <-zdone; err != nil {
+		t.Fatalf("the zombie's INSERT: %v", err)
+	}
+	e.waitCaughtUp(time.Minute, e.names.DedupedTopic())
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, 20)
+	if got := metric(t, r.reg, "meterline_sink_insert_waits_total", "table", TableEvents, "outcome", waitStillRunning); got < 1 {
+		t.Errorf("insert waits still running at the bound: %v, want at least 1", got)
+	}
+	if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomePresent); got != 20 {
+		t.Errorf("the sink skipped %v rows as already present, want 20", got)
+	}
+}
