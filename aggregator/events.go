@@ -424,6 +424,9 @@ func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if !fresh && overflows(&a.st, e, m) {
 		return pt.rejectOverflow(tx, r, e, m, start, &a.st)
 	}
+	if fresh {
+		pt.recordDef(tx, start, e.Meter, m)
+	}
 	isNew := false
 	if m.Aggregation == UniqueCount {
 		if isNew, err = pt.seeUniqueOpen(tx, a, ak, uval); err != nil {
@@ -481,6 +484,7 @@ func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent,
 	}
 	if !ok {
 		pt.keys++
+		pt.recordDef(tx, start, e.Meter, m)
 	}
 	tx.Put(k, st.encode())
 	key := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key()

@@ -35,7 +35,8 @@ import (
 //	done    the marker's value is empty (what earlier versions wrote);
 //	expire  once the watermark reaches end + W + B (expiresAt):
 //	        tombstones for 'f' P and 'u' P keys after the cursor, then
-//	        for the marker.
+//	        for the period's meter definitions ('M' P, meterdef.go)
+//	        and the marker.
 //
 // A crash between chunks leaves the cursor of the last committed chunk: the
 // next chunk goes on after it, so every key gets exactly one FINAL.
@@ -254,6 +255,10 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		}
 		pt.stale = false
 	}
+	// A chunk may write a meter's first state key of a period (an
+	// adjustment's working state): what state built before definitions
+	// were recorded holds is recorded first.
+	pt.writeMeterDefs(tx)
 	if pt.ent != nil {
 		// The transaction commits this partition's offsets (stream.Worker):
 		// the group generation fences it (flushBalances).
@@ -423,7 +428,8 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 
 // expireChunk deletes up to FinalChunk keys of the period's final working
 // state ('f', then 'u') after the cursor, with tombstones, so that the
-// compacted changelog does not keep them; when none is left, the marker.
+// compacted changelog does not keep them; when none is left, the period's
+// meter definitions (one key per meter) and the marker.
 // No event for the period can arrive any more (expiresAt): dedup rejects
 // event times older than W before their arrival, and a re-routed event,
 // which keeps its original arrival, once its keys could have expired.
@@ -459,6 +465,10 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 		}
 	}
 	pt.pr.m.chunks.WithLabelValues("expire").Inc()
+	// One key per meter of the period: deleted with the marker.
+	if err := pt.expireDefs(tx, start); err != nil {
+		return err
+	}
 	tx.Delete(periodKey(pfxMarker, start))
 	delete(pt.finals, start)
 	pt.pr.log.Info("period state expired", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),

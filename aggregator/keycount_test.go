@@ -85,8 +85,10 @@ func TestLoadReadsKeyCount(t *testing.T) {
 		t.Fatal("legacy state: the count is taken as recorded; the next transaction would not write it")
 	}
 
-	// State with the count: no 'a' or 'f' key visited.
+	// State with the count (and its meters' definitions, meterdef.go):
+	// no 'a' or 'f' key visited.
 	st.kv[string(keyKeyCount)] = countValue(want)
+	st.kv[string(keyMeterDefs)] = []byte(meterDefsVersion)
 	st.visited = map[byte]int{}
 	pt = &partition{pr: pr, p: 0}
 	if err := pt.load(st); err != nil {

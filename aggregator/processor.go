@@ -102,6 +102,14 @@ type partition struct {
 	// built with yet (checkPartitionCounts); the next transaction records
 	// them.
 	writeCounts bool
+	// defs holds the periods and meters whose definition the state and
+	// the open transaction record ('M' P meter, meterdef.go);
+	// defsPending those of state built before definitions were recorded,
+	// and writeDefsMark that keyMeterDefs is not written yet: the next
+	// transaction records them (writeMeterDefs).
+	defs          map[defKey]struct{}
+	defsPending   []defKey
+	writeDefsMark bool
 	// refused: reject was called; event reads it to keep the charge of
 	// an event its aggregate refused out of the transaction, and
 	// bookChunk to refund the charge of a queued event its booking
@@ -170,6 +178,9 @@ func (pt *partition) load(st stateReader) error {
 		pt.finals[int64(binary.BigEndian.Uint64(k[1:9]))] = ps
 		return nil
 	}); err != nil {
+		return err
+	}
+	if err := pt.loadMeterDefs(st); err != nil {
 		return err
 	}
 	// One slot per partition of usage.events, as the cluster's metadata
@@ -550,6 +561,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		tx.Put(keyPeriod, []byte(pt.pr.cfg.Period))
 		pt.writePeriod = false
 	}
+	pt.writeMeterDefs(tx)
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()
 	}

@@ -46,6 +46,14 @@ import (
 //	                 configured one differs (processor.go checkPeriod);
 //	                 absent only from new state or state built before it
 //	                 was recorded
+//	'M' P meter      the definition (meterDef, JSON) the state of meter in
+//	                 P was built with, written with its first state key
+//	                 there, deleted when P expires; refused when the
+//	                 meters file defines the meter otherwise
+//	                 (meterdef.go)
+//	'd'              present once the state records the definitions of
+//	                 its meters (meterdef.go); absent from new state and
+//	                 state built before they were recorded
 //	'k'              the number of 'a' and 'f' keys (8 bytes big-endian),
 //	                 written in every transaction that changes it
 //	                 (processor.go saveKeyCount) and read when a
@@ -60,6 +68,9 @@ const (
 	pfxCharge  = 'r'
 	pfxMarker  = 'F'
 	pfxSource  = 'w'
+	// pfxMeterDef: the definition of a meter's state in a period
+	// (meterdef.go).
+	pfxMeterDef = 'M'
 )
 
 var (
@@ -73,6 +84,9 @@ var (
 	// keyPeriod: the billing period the state was built with
 	// (processor.go checkPeriod).
 	keyPeriod = []byte("P")
+	// keyMeterDefs: the state records its meters' definitions
+	// (meterdef.go).
+	keyMeterDefs = []byte("d")
 )
 
 // entModeOn is keyEntMode's value: entitlements on, and the Ledger's
