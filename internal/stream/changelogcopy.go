@@ -30,7 +30,7 @@ import (
 //     record read past that deadline may have lost a later tombstone to
 //     compaction, so neither a commit nor a new date may cover a record
 //     read after it: they fail with errBeyondHorizon, and the copy starts
-//     over in full. (The restore plan alone cannot tell: a state at the
+//     over in full (up to maxHorizonAttempts copies in a row). (The restore plan alone cannot tell: a state at the
 //     changelog's end is trusted however old its date, "current".)
 //
 // It is used by one goroutine.

@@ -130,7 +130,7 @@ func (rt *Runtime) horizonAdvice(p int32, n int, e *horizonError) (msg string, n
 		return msg + ": the changelog grows faster than the copy reads it, and no delete.retention.ms is enough; give the instance more read throughput (disk, CPU, network)", 0
 	}
 	needed = retentionFor(d, e.retention)
-	return msg + fmt.Sprintf(": at that pace a full copy takes %s; raise delete.retention.ms of %s to at least %s",
+	return msg + fmt.Sprintf(": at that pace the copy takes %s to the end; raise delete.retention.ms of %s to at least %s",
 		d.Round(time.Second), rt.cfg.ChangelogTopic, needed), needed
 }
 

@@ -12,15 +12,11 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/meterline/meterline/internal/kafka"
-	"github.com/meterline/meterline/internal/session"
 )
 
 // slowCopies makes every fetch of w's changelog from an offset below end
@@ -30,11 +26,7 @@ import (
 // fetches it slowed.
 func slowCopies(t *testing.T, w *kvWorld, clk *skewClock, end int64, skew time.Duration) *atomic.Int64 {
 	t.Helper()
-	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := [16]byte(topics[w.changelog].ID)
+	id := w.changelogID()
 	var n atomic.Int64
 	w.cluster.ControlKey(kmsg.Fetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		w.cluster.KeepControl()
@@ -103,24 +95,7 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 	clk := &skewClock{}
 	obs, logs := observer.New(zap.WarnLevel)
 	reg := prometheus.NewRegistry()
-	rt, err := New(Config{Stage: "kv",
-		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "s"},
-		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk, StandbyReplicas: 1,
-		Logger:     zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)),
-		Registerer: reg}, kvProc{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		rt.sb.stopAll()
-		rt.restores.Wait()
-		_ = rt.store.Close()
-	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(w.brokers...), kgo.DefaultProduceTopic(w.changelog))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	rt, cl := w.standbyRuntime(clk, zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)), reg)
 	if err := cl.ProduceSync(context.Background(), kvRecords("k", "v", "x", "1")...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -240,10 +215,10 @@ func TestHorizonAdvice(t *testing.T) {
 		says   string
 	}{
 		// 3 min for the copy: 6 min + 6 s + 1 s.
-		{"restore", copyPace{Read: 1000, Left: 2000, Elapsed: r}, 6*r + 7*time.Second, "a full copy takes 3m0s; raise delete.retention.ms of c to at least 6m7s"},
+		{"restore", copyPace{Read: 1000, Left: 2000, Elapsed: r}, 6*r + 7*time.Second, "the copy takes 3m0s to the end; raise delete.retention.ms of c to at least 6m7s"},
 		// Reads 3000 offsets/min, the end moves 1000/min: it gains 2000
 		// a minute on the 3000 left, 2.5 min in all.
-		{"moving target", copyPace{Read: 3000, Left: 3000, Grown: 1000, Elapsed: r}, 5*r + 7*time.Second, "a full copy takes 2m30s"},
+		{"moving target", copyPace{Read: 3000, Left: 3000, Grown: 1000, Elapsed: r}, 5*r + 7*time.Second, "the copy takes 2m30s to the end"},
 		{"no gain", copyPace{Read: 1000, Left: 5000, Grown: 1000, Elapsed: r}, 0, "the changelog grows faster than the copy reads it"},
 		{"stalled", copyPace{Read: 0, Left: 5000, Elapsed: r}, 0, "its reads stall"},
 	} {

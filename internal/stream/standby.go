@@ -40,7 +40,9 @@ import (
 // below E within the horizon of its previous date: a tail that read later
 // (paused, stalled) may have missed a tombstone compacted away meanwhile,
 // so it takes no new date and writes no batch (changelogCopy) and starts
-// over with a full copy.
+// over with a full copy. After maxHorizonAttempts copies in a row that
+// outlasted the horizon it stops copying until the changelog's
+// delete.retention.ms changes, and says what to set it to (horizonAdvice).
 //
 // A Processor that keeps in-memory structures it would otherwise rebuild
 // from every key in Open (dedup's Bloom filters) implements Warmer: the
