@@ -80,6 +80,11 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 			msg, needed := rt.horizonAdvice(p, attempts, he)
 			fields := []zap.Field{zap.Int("copies", attempts), zap.Duration("delete_retention_needed", needed), zap.Error(err)}
 			if attempts >= maxHorizonAttempts {
+				// The pace of these copies is the restore rate this
+				// instance achieves: kept, so that a restart plans with
+				// it and refuses the full restore at once rather than
+				// copy for as long again.
+				rt.observeRestore(he.pace.Read, he.pace.Elapsed)
 				rt.m.restoreHorizonExceeded.Inc()
 				log.Error("refusing to restore: "+msg, fields...)
 				return nil, replayed, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
