@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -29,7 +30,7 @@ import (
 //     record read past that deadline may have lost a later tombstone to
 //     compaction, so neither a commit nor a new date may cover a record
 //     read after it: they fail with errBeyondHorizon, and the copy starts
-//     over in full. (The restore plan alone cannot tell: a state at the
+//     over in full (up to maxHorizonAttempts copies in a row). (The restore plan alone cannot tell: a state at the
 //     changelog's end is trusted however old its date, "current".)
 //
 // It is used by one goroutine.
@@ -45,17 +46,62 @@ type changelogCopy struct {
 	pos     int64         // the next offset to read: everything below it is in b or committed
 	at      time.Time     // the date the checkpoints carry
 	atPos   int64         // the position at dates: every record read past it was read in time only if read before at + the horizon
+
+	// The copy's pace, for a copy refused for the horizon (copyPace).
+	from, firstEnd, end int64     // where it started, the changelog's end then, and the last end listed
+	started             time.Time // when it started (Config.Clock)
 }
 
-// errBeyondHorizon is returned (wrapped) by a copy that read a record
-// later than the horizon of its date allows.
+// errBeyondHorizon is returned (wrapped, in a *horizonError) by a copy
+// that read a record later than the horizon of its date allows.
 var errBeyondHorizon = errors.New("read changelog records past the horizon of the copy's date: a tombstone may have been compacted away unread")
+
+// horizonError is a copy's errBeyondHorizon, with the pace the copy kept.
+type horizonError struct {
+	what      string
+	p         int32
+	at        time.Time
+	pos       int64
+	retention time.Duration
+	pace      copyPace
+}
+
+func (e *horizonError) Error() string {
+	return fmt.Sprintf("stream: %s partition %d: %s (checkpoint dated %s, at offset %d; delete.retention.ms %s)",
+		e.what, e.p, errBeyondHorizon, e.at.Format(time.RFC3339), e.pos, e.retention)
+}
+
+func (e *horizonError) Unwrap() error { return errBeyondHorizon }
+
+// copyPace is how a copy went until it was refused for the horizon: the
+// offsets it read, how far it still was from the changelog's end, how far
+// that end moved meanwhile, and in how long (Config.Clock).
+type copyPace struct {
+	Read, Left, Grown int64
+	Elapsed           time.Duration
+}
+
+// projected returns how long a copy at this pace takes from its start to
+// the changelog's end: Elapsed + Left / (read rate − growth rate). ok is
+// false when the copy read nothing, or did not gain on the end.
+func (c copyPace) projected() (d time.Duration, ok bool) {
+	if c.Read <= 0 || c.Elapsed <= 0 || c.Read <= c.Grown {
+		return 0, false
+	}
+	gain := float64(c.Read-c.Grown) / c.Elapsed.Seconds() // offsets/s
+	s := c.Elapsed.Seconds() + float64(max(c.Left, 0))/gain
+	if s >= float64(math.MaxInt64/int64(time.Second)) {
+		return time.Duration(math.MaxInt64), true
+	}
+	return time.Duration(s * float64(time.Second)), true
+}
 
 // newChangelogCopy starts reading changelog partition p from offset from
 // (read_committed, control records kept, so that the position passes the
-// transaction markers), its checkpoints dated at. warm, when not nil,
-// receives every record once it is committed. The caller closes it.
-func (rt *Runtime) newChangelogCopy(p int32, what string, from int64, at time.Time, warm WarmState) (*changelogCopy, error) {
+// transaction markers) towards the changelog's end, end, its checkpoints
+// dated at. warm, when not nil, receives every record once it is
+// committed. The caller closes it.
+func (rt *Runtime) newChangelogCopy(p int32, what string, from, end int64, at time.Time, warm WarmState) (*changelogCopy, error) {
 	cl, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -68,8 +114,12 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from int64, at time.Ti
 	if err != nil {
 		return nil, err
 	}
-	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from}, nil
+	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from,
+		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now()}, nil
 }
+
+// listed records a later listing of the changelog's end, for the pace.
+func (c *changelogCopy) listed(end int64) { c.end = max(c.end, end) }
 
 // fetch polls the changelog, for at most wait when wait > 0. Once ctx ends
 // it returns ctx's error; otherwise the first fetch error other than the
@@ -156,8 +206,8 @@ func (c *changelogCopy) redate(at time.Time, retention time.Duration) error {
 }
 
 func (c *changelogCopy) beyondHorizon(retention time.Duration) error {
-	return fmt.Errorf("stream: %s partition %d: %w (checkpoint dated %s, at offset %d; delete.retention.ms %s)",
-		c.what, c.p, errBeyondHorizon, c.at.Format(time.RFC3339), c.pos, retention)
+	return &horizonError{what: c.what, p: c.p, at: c.at, pos: c.pos, retention: retention, pace: copyPace{
+		Read: c.pos - c.from, Left: c.end - c.pos, Grown: c.end - c.firstEnd, Elapsed: c.rt.cfg.Clock.Now().Sub(c.started)}}
 }
 
 // commit writes the pending records with the checkpoint {position, date},

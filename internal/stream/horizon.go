@@ -74,10 +74,75 @@ const (
 
 // ErrRestoreHorizon is returned (wrapped) when a partition needs a full
 // restore that is not expected to finish well inside (within half of) the
-// changelog's delete.retention.ms: compaction could remove tombstones
-// while it replays, and the state would keep deleted keys. Raise the
-// topic's delete.retention.ms.
+// changelog's delete.retention.ms, or when maxHorizonAttempts replays of
+// the partition in a row did not finish inside its horizon: compaction
+// could remove tombstones while it replays, and the state would keep
+// deleted keys. Raise the topic's delete.retention.ms (the error names the
+// value).
 var ErrRestoreHorizon = errors.New("a full restore would not finish well inside the changelog's delete.retention.ms")
+
+// Copies that outlast the horizon. A copy that reads a record later than
+// its date's horizon allows starts over (changelogCopy); one whose every
+// attempt takes longer than the horizon (a big changelog, a slow disk, a
+// low delete.retention.ms) would start over for ever, never correct:
+// compaction removes a tombstone together with the values it deleted, so
+// what such a copy missed leaves no record to read again, and only a copy
+// read inside the horizon can be trusted. So the attempts are bounded.
+const (
+	// maxHorizonAttempts is how many copies of a partition in a row (a
+	// restore's replays, a standby's copies) may outlast the horizon
+	// before the copy is given up: one is a pause, several in a row are a
+	// copy that does not fit the horizon. A restore is then refused
+	// (ErrRestoreHorizon); a standby stops copying.
+	maxHorizonAttempts = 3
+	// A standby that gave up copies again once the changelog's
+	// delete.retention.ms changes (looked at every standbyRetentionPoll,
+	// read from the broker every retentionTTL), or after
+	// standbyHorizonRetry.
+	standbyRetentionPoll = 5 * time.Second
+	standbyHorizonRetry  = 30 * time.Minute
+)
+
+// retentionFor returns the delete.retention.ms under which a full copy that
+// takes d is planned (at most half of it, planRestore) and so fits the
+// horizon, with the margin of the current retention.
+func retentionFor(d, retention time.Duration) time.Duration {
+	d = min(d, time.Duration(math.MaxInt64/4))
+	return (2*d + retention/restoreMarginDivisor).Round(time.Second) + time.Second
+}
+
+// horizonAdvice explains n copies in a row of partition p that outlasted
+// the horizon, the last one refused with e, and says what to change. needed
+// is the delete.retention.ms a full copy at e's pace fits; zero when none
+// does (the copy read nothing, or did not gain on the changelog's end).
+func (rt *Runtime) horizonAdvice(p int32, n int, e *horizonError) (msg string, needed time.Duration) {
+	copies := "copies in a row"
+	if n == 1 {
+		copies = "copy"
+	}
+	msg = fmt.Sprintf("%d %s of changelog %s partition %d outlasted the restore horizon (nine tenths of delete.retention.ms %s): the last read %d offsets in %s, and was %d offsets short of the changelog's end, which moved %d offsets meanwhile",
+		n, copies, rt.cfg.ChangelogTopic, p, e.retention, e.pace.Read, e.pace.Elapsed.Round(time.Millisecond), max(e.pace.Left, 0), e.pace.Grown)
+	d, ok := e.pace.projected()
+	switch {
+	case e.pace.Read <= 0:
+		return msg + ": its reads stall (a previous owner's open transaction holds the changelog at its last stable offset, or the brokers do not answer), and no delete.retention.ms helps until they read", 0
+	case !ok:
+		return msg + ": the changelog grows faster than the copy reads it, and no delete.retention.ms is enough; give the instance more read throughput (disk, CPU, network)", 0
+	}
+	needed = retentionFor(d, e.retention)
+	return msg + fmt.Sprintf(": at that pace the copy takes %s to the end; raise delete.retention.ms of %s to at least %s",
+		d.Round(time.Second), rt.cfg.ChangelogTopic, needed), needed
+}
+
+// noteHorizonAttempts exports n, the copies of partition p in a row that
+// outlasted the horizon (n = 0: a copy fitted, the series goes).
+func (rt *Runtime) noteHorizonAttempts(p int32, n int) {
+	if n == 0 {
+		rt.m.horizonAttempts.DeleteLabelValues(fmt.Sprint(p))
+		return
+	}
+	rt.m.horizonAttempts.WithLabelValues(fmt.Sprint(p)).Set(float64(n))
+}
 
 // restoreInput is what a restore plan is decided from.
 type restoreInput struct {

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/meterline/meterline/internal/clock"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/session"
 )
@@ -31,23 +32,7 @@ func TestStandbyPausedPastHorizonStartsOver(t *testing.T) {
 	t.Parallel()
 	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
 	clk := &skewClock{}
-	rt, err := New(Config{Stage: "kv",
-		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "s"},
-		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk, StandbyReplicas: 1,
-		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), Registerer: prometheus.NewRegistry()}, kvProc{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		rt.sb.stopAll()
-		rt.restores.Wait()
-		_ = rt.store.Close()
-	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(w.brokers...), kgo.DefaultProduceTopic(w.changelog))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	rt, cl := w.standbyRuntime(clk, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), prometheus.NewRegistry())
 	adm := kadm.NewClient(cl)
 	// The owner's changelog, written here directly (plain records are
 	// committed for read_committed readers).
@@ -135,6 +120,33 @@ func TestStandbyPausedPastHorizonStartsOver(t *testing.T) {
 	}
 }
 
+// standbyRuntime returns a runtime of instance "s" on w, with one standby
+// replica, whose tails the test starts, and a client that produces to w's
+// changelog as its owner would (plain records are committed for
+// read_committed readers).
+func (w *kvWorld) standbyRuntime(clk clock.Clock, log *zap.Logger, reg prometheus.Registerer) (*Runtime, *kgo.Client) {
+	t := w.t
+	t.Helper()
+	rt, err := New(Config{Stage: "kv",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "s"},
+		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk, StandbyReplicas: 1,
+		Logger: log, Registerer: reg}, kvProc{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rt.sb.stopAll()
+		rt.restores.Wait()
+		_ = rt.store.Close()
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.brokers...), kgo.DefaultProduceTopic(w.changelog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return rt, cl
+}
+
 // fetchGate holds Fetch requests while gated (SleepControl: the cluster
 // serves other requests meanwhile), all of them or those naming topic ID
 // id, until open.
@@ -191,14 +203,20 @@ func (g *fetchGate) open() {
 // open.
 func gateChangelog(t *testing.T, w *kvWorld) *fetchGate {
 	t.Helper()
-	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := [16]byte(topics[w.changelog].ID)
+	id := w.changelogID()
 	g := gateFetches(w.cluster, &id)
 	g.gated.Store(true)
 	return g
+}
+
+// changelogID returns the topic ID of w's changelog.
+func (w *kvWorld) changelogID() [16]byte {
+	w.t.Helper()
+	topics, err := kadm.NewClient(w.cl).ListTopics(context.Background(), w.changelog)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return [16]byte(topics[w.changelog].ID)
 }
 
 func compactTombstones(t *testing.T, w *kvWorld) {

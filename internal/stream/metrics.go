@@ -27,6 +27,7 @@ type metrics struct {
 	// Restore horizon (DESIGN §6.8, horizon.go).
 	restores               *prometheus.CounterVec
 	restoreHorizonExceeded prometheus.Counter
+	horizonAttempts        *prometheus.GaugeVec
 	restoreRate            prometheus.Gauge
 	owned                  prometheus.Gauge
 	stateBytes             prometheus.Gauge
@@ -60,7 +61,9 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Partition restores, by kind (full: state wiped, changelog replayed from its start; tail: from the checkpoint) and reason (full: no_state, below_log_start, retention_unknown, undated_checkpoint, checkpoint_in_future, horizon; tail: current, within_horizon)."},
 			[]string{"kind", "reason"}),
 		restoreHorizonExceeded: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_restore_horizon_exceeded_total",
-			Help: "Restores that found a full restore of the partition expected to take more than half of the changelog's delete.retention.ms (compaction could drop tombstones during it). A full restore is then refused and the stage stops: raise delete.retention.ms."}),
+			Help: "Restores that found a full restore of the partition expected to take more than half of the changelog's delete.retention.ms (compaction could drop tombstones during it), and copies (restores, standbys) given up after 3 attempts in a row outlasted the restore horizon. A full restore is then refused and the stage stops, a standby stops copying: raise delete.retention.ms (the log line names the value)."}),
+		horizonAttempts: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_horizon_attempts",
+			Help: "Copies in a row of a partition's changelog (a restore's replays, a standby's copies) that outlasted the restore horizon, per partition; at 3 the copy is given up. Not exported once a copy fits."}, []string{"partition"}),
 		restoreRate: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_restore_rate_records_per_second",
 			Help: "Restore throughput estimate (changelog records/s) used to plan restores: measured on replays of 10,000 records or more, lowered at once by a slower one."}),
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_owned_partitions",

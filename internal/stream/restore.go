@@ -63,20 +63,37 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(ctx, p)
 	var replayed int64
-	for {
+	for attempts := 1; ; attempts++ {
 		n, w, err := rt.restoreState(ctx, adm, log, p, warm)
 		replayed += n
-		if errors.Is(err, errBeyondHorizon) && !errors.Is(err, ErrRestoreHorizon) {
+		var he *horizonError
+		if errors.As(err, &he) && !errors.Is(err, ErrRestoreHorizon) {
 			// A replay that outlasted the horizon of its checkpoint's
 			// date (its reads stalled: a previous owner's open
 			// transaction held them at the LSO, the process was paused):
 			// it stopped at its last batch in time. The plan is now a
 			// full restore, dated anew; one expected not to fit the
-			// horizon is refused (ErrRestoreHorizon), as always.
-			log.Warn("the restore read changelog records later than its checkpoint's date allows; planning again", zap.Error(err))
+			// horizon is refused (ErrRestoreHorizon), as always, and so
+			// is one that outlasted it maxHorizonAttempts times in a
+			// row: it would start over for ever.
+			rt.noteHorizonAttempts(p, attempts)
+			msg, needed := rt.horizonAdvice(p, attempts, he)
+			fields := []zap.Field{zap.Int("copies", attempts), zap.Duration("delete_retention_needed", needed), zap.Error(err)}
+			if attempts >= maxHorizonAttempts {
+				// The pace of these copies is the restore rate this
+				// instance achieves: kept, so that a restart plans with
+				// it and refuses the full restore at once rather than
+				// copy for as long again.
+				rt.observeRestore(he.pace.Read, he.pace.Elapsed)
+				rt.m.restoreHorizonExceeded.Inc()
+				log.Error("refusing to restore: "+msg, fields...)
+				return nil, replayed, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
+			}
+			log.Warn("the restore read changelog records later than its checkpoint's date allows; planning again: "+msg, fields...)
 			warm = nil
 			continue
 		}
+		rt.noteHorizonAttempts(p, 0)
 		if err != nil {
 			return nil, replayed, err
 		}
@@ -139,7 +156,7 @@ func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.
 		rt.m.restoreHorizonExceeded.Inc()
 		msg := fmt.Sprintf("a full restore of changelog %s partition %d (%d offsets) is expected to take %s at %.0f records/s, more than half of its delete.retention.ms %s: compaction could remove tombstones during it; raise delete.retention.ms of %s to at least %s",
 			rt.cfg.ChangelogTopic, p, hw-logStart, plan.FullEstimate.Round(time.Millisecond), rt.restoreRate(), retention,
-			rt.cfg.ChangelogTopic, (2*plan.FullEstimate+plan.Margin).Round(time.Second)+time.Second)
+			rt.cfg.ChangelogTopic, retentionFor(plan.FullEstimate, retention))
 		if plan.Full {
 			log.Error("refusing to restore: "+msg, fields...)
 			return 0, nil, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
@@ -262,7 +279,7 @@ func offsetString(o int64) string {
 // written, and the replay fails with errBeyondHorizon.
 // warm, when not nil, is given every record once its batch is committed.
 func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time, retention time.Duration, warm WarmState) (int64, error) {
-	c, err := rt.newChangelogCopy(p, "restore", from, at, warm)
+	c, err := rt.newChangelogCopy(p, "restore", from, hw, at, warm)
 	if err != nil {
 		return 0, err
 	}

@@ -40,7 +40,9 @@ import (
 // below E within the horizon of its previous date: a tail that read later
 // (paused, stalled) may have missed a tombstone compacted away meanwhile,
 // so it takes no new date and writes no batch (changelogCopy) and starts
-// over with a full copy.
+// over with a full copy. After maxHorizonAttempts copies in a row that
+// outlasted the horizon it stops copying until the changelog's
+// delete.retention.ms changes, and says what to set it to (horizonAdvice).
 //
 // A Processor that keeps in-memory structures it would otherwise rebuild
 // from every key in Open (dedup's Bloom filters) implements Warmer: the
@@ -167,6 +169,8 @@ type tail struct {
 	err  error
 	// Progress, for the status page.
 	pos, end atomic.Int64
+	// dated: the current copy took a new date (it caught up in time).
+	dated atomic.Bool
 }
 
 func newStandbys(rt *Runtime) *standbys {
@@ -264,18 +268,44 @@ func (sb *standbys) start(p int32) {
 		if prev != nil {
 			<-prev.done
 		}
+		// attempts: copies in a row that outlasted the horizon.
+		attempts := 0
+		defer sb.rt.noteHorizonAttempts(p, 0)
 		for {
 			t.warm, t.err = sb.run(ctx, t)
-			if !errors.Is(t.err, errBeyondHorizon) || ctx.Err() != nil {
+			var he *horizonError
+			if !errors.As(t.err, &he) || ctx.Err() != nil {
 				break
 			}
-			// Its state stays at its last checkpoint, dated before: the
-			// new copy's plan is a full one.
-			sb.rt.log.Warn("standby tail read changelog records later than its checkpoint's date allows (it was paused, or could not keep up); copying the partition again from the changelog's start",
-				zap.Int32("partition", p), zap.Error(t.err))
-			select {
-			case <-ctx.Done():
-			case <-time.After(standbyListInterval):
+			if t.dated.Swap(false) {
+				attempts = 0 // it kept up for a while: a new series
+			}
+			attempts++
+			sb.rt.noteHorizonAttempts(p, attempts)
+			msg, needed := sb.rt.horizonAdvice(p, attempts, he)
+			fields := []zap.Field{zap.Int32("partition", p), zap.Int("copies", attempts), zap.Duration("delete_retention_needed", needed), zap.Error(t.err)}
+			if attempts < maxHorizonAttempts {
+				// Its state stays at its last checkpoint, dated before:
+				// the new copy's plan is a full one.
+				sb.rt.log.Warn("standby tail read changelog records later than its checkpoint's date allows (it was paused, or could not keep up); copying the partition again from the changelog's start: "+msg, fields...)
+				select {
+				case <-ctx.Done():
+				case <-time.After(standbyListInterval):
+				}
+				continue
+			}
+			// Starting over would repeat it for ever: the standby stops
+			// copying until delete.retention.ms changes, or for
+			// standbyHorizonRetry. Its state, dated before, is no warm
+			// copy: a restore of the partition here plans a full one.
+			sb.rt.m.restoreHorizonExceeded.Inc()
+			sb.rt.log.Error(fmt.Sprintf("standby stops copying the partition until the changelog's delete.retention.ms changes (or for %s): %s", standbyHorizonRetry, msg), fields...)
+			if sb.waitRetention(ctx, he.retention) {
+				attempts = 0
+			}
+			if ctx.Err() != nil {
+				t.err = ctx.Err()
+				break
 			}
 		}
 		if t.err != nil && ctx.Err() == nil {
@@ -370,7 +400,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	}
 	end, now := cs.end, cs.now
 
-	c, err := rt.newChangelogCopy(p, "standby", cs.from, cs.at, warm)
+	c, err := rt.newChangelogCopy(p, "standby", cs.from, end, cs.at, warm)
 	if err != nil {
 		return nil, err
 	}
@@ -379,13 +409,27 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	// horizon checks (read again once the cache is stale).
 	retention := func() time.Duration { return rt.deleteRetention(ctx, adm, log) }
 
+	// redate dates the copy targetAt once it has read up to target, the
+	// end listed then.
+	redate := func(target int64, targetAt time.Time) error {
+		if c.pos < target {
+			return nil
+		}
+		was := c.at
+		if err := c.redate(targetAt, retention()); err != nil {
+			return err
+		}
+		if c.at != was && !t.dated.Swap(true) {
+			rt.noteHorizonAttempts(p, 0) // this copy fits
+		}
+		return nil
+	}
+
 	t.pos.Store(c.pos)
 	// target: the end listed at targetAt; reaching it dates the checkpoint.
 	target, targetAt := end, now
-	if c.pos >= target {
-		if err := c.redate(targetAt, retention()); err != nil {
-			return nil, err
-		}
+	if err := redate(target, targetAt); err != nil {
+		return nil, err
 	}
 	t.end.Store(end)
 	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
@@ -401,10 +445,8 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		}
 		start := time.Now()
 		n := c.add(fs, -1)
-		if c.pos >= target {
-			if err := c.redate(targetAt, retention()); err != nil {
-				return nil, err
-			}
+		if err := redate(target, targetAt); err != nil {
+			return nil, err
 		}
 		if n > 0 || c.pos != t.pos.Load() {
 			if err := c.commit(retention()); err != nil {
@@ -419,14 +461,48 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			listedAt := rt.cfg.Clock.Now()
 			if e, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end"); err == nil {
 				target, targetAt = e, listedAt
-				if c.pos >= target {
-					if err := c.redate(targetAt, retention()); err != nil {
-						return nil, err
-					}
+				c.listed(e)
+				if err := redate(target, targetAt); err != nil {
+					return nil, err
 				}
 				t.end.Store(e)
 				lagGauge.Set(float64(max(e-c.pos, 0)))
 				sb.maybeForce()
+			}
+		}
+	}
+}
+
+// waitRetention waits, once a standby gave up copying partition p's
+// changelog for the horizon, until the changelog's delete.retention.ms
+// differs from retention (the value the copies were refused under),
+// standbyHorizonRetry passes, or ctx ends. It reports whether the
+// retention changed.
+func (sb *standbys) waitRetention(ctx context.Context, retention time.Duration) bool {
+	rt := sb.rt
+	retry := time.NewTimer(standbyHorizonRetry)
+	defer retry.Stop()
+	poll := time.NewTicker(standbyRetentionPoll)
+	defer poll.Stop()
+	cl, err := rt.newClient()
+	if err != nil {
+		rt.log.Warn("standby cannot watch the changelog's delete.retention.ms", zap.Error(err))
+	} else {
+		defer cl.Close()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-retry.C:
+			return false
+		case <-poll.C:
+			if cl == nil {
+				continue
+			}
+			if d := rt.deleteRetention(ctx, kadm.NewClient(cl), rt.log); d > 0 && d != retention {
+				rt.log.Info("the changelog's delete.retention.ms changed: standby copies again", zap.Duration("delete_retention", d), zap.Duration("was", retention))
+				return true
 			}
 		}
 	}

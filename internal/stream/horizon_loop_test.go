@@ -1,0 +1,250 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// slowCopies makes every fetch of w's changelog from an offset below end
+// take skew on clk, the runtime's clock: a copy of the changelog's first
+// end offsets (a full copy) takes that long, as on a slow disk or with a
+// big changelog; reading past them (a tail) does not. It returns how many
+// fetches it slowed.
+func slowCopies(t *testing.T, w *kvWorld, clk *skewClock, end int64, skew time.Duration) *atomic.Int64 {
+	t.Helper()
+	id := w.changelogID()
+	var n atomic.Int64
+	w.cluster.ControlKey(kmsg.Fetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		w.cluster.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			if tp.TopicID != id && tp.Topic != w.changelog {
+				continue
+			}
+			for _, pt := range tp.Partitions {
+				if pt.FetchOffset < end {
+					clk.skew.Add(int64(skew))
+					n.Add(1)
+					return nil, nil, false
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	return &n
+}
+
+// changelogEnd lists w's changelog's end offset.
+func (w *kvWorld) changelogEnd() int64 {
+	w.t.Helper()
+	offs, err := kadm.NewClient(w.cl).ListEndOffsets(context.Background(), w.changelog)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	o, _ := offs.Lookup(w.changelog, 0)
+	return o.Offset
+}
+
+// gaugeValue returns the value of gauge name with label partition="0"
+// in reg, and whether it is there.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "partition" && l.GetValue() == "0" {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// TestStandbyCopyOutlastingHorizonGivesUp: a standby whose full copy of
+// the changelog always takes longer than the restore horizon (here each
+// copy's one fetch takes 100 s of a 54 s horizon) never dates a copy, and
+// used to start over every second for ever. After maxHorizonAttempts
+// copies in a row it stops copying, says so (the attempts gauge, the
+// horizon-exceeded counter, a log line naming the delete.retention.ms a
+// copy at the measured pace needs), and copies again once the changelog's
+// delete.retention.ms is raised: to the value it named, the copy fits.
+func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	obs, logs := observer.New(zap.WarnLevel)
+	reg := prometheus.NewRegistry()
+	rt, cl := w.standbyRuntime(clk, zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)), reg)
+	if err := cl.ProduceSync(context.Background(), kvRecords("k", "v", "x", "1")...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	e0 := w.changelogEnd()
+	slow := slowCopies(t, w, clk, e0, 100*time.Second)
+
+	rt.sb.mu.Lock()
+	rt.sb.start(0)
+	rt.sb.mu.Unlock()
+
+	gaveUp := func() []observer.LoggedEntry {
+		return logs.FilterField(zap.Int("copies", maxHorizonAttempts)).FilterLevelExact(zap.ErrorLevel).All()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(gaveUp()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby did not give up in 20 s: it started its copy %d times, each outlasting the horizon (%d restarts logged)",
+				slow.Load(), logs.FilterMessageSnippet("copying the partition again").Len())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n := slow.Load()
+	time.Sleep(3 * time.Second)
+	if m := slow.Load(); m != n || n != maxHorizonAttempts {
+		t.Fatalf("the standby made %d slow copies by the time it gave up, %d three seconds later; want %d, and no more", n, m, maxHorizonAttempts)
+	}
+	if v, ok := gaugeValue(t, reg, "meterline_stream_horizon_attempts"); !ok || v != maxHorizonAttempts {
+		t.Errorf("meterline_stream_horizon_attempts{partition=0} = %v (exported: %v), want %d", v, ok, maxHorizonAttempts)
+	}
+	if got := restores(t, reg)["horizon_exceeded"]; got != 1 {
+		t.Errorf("meterline_stream_restore_horizon_exceeded_total = %v, want 1", got)
+	}
+	e := gaveUp()[0]
+	needed, ok := e.ContextMap()["delete_retention_needed"].(time.Duration)
+	// Each copy took 100 s (and a little): twice that, and the margin.
+	if !ok || needed < 200*time.Second || needed > 220*time.Second {
+		t.Fatalf("the give-up log line names delete_retention_needed %v (%v); want about 2 × 100 s + 6 s: %s %v", needed, ok, e.Message, e.ContextMap())
+	}
+	if !strings.Contains(e.Message, "raise delete.retention.ms") {
+		t.Errorf("the give-up log line does not say what to change: %s", e.Message)
+	}
+
+	// The operator raises delete.retention.ms to the value named; once the
+	// cached value is stale the standby copies again, and that copy fits.
+	rs, err := kadm.NewClient(w.cl).AlterTopicConfigs(context.Background(),
+		[]kadm.AlterConfig{{Name: "delete.retention.ms", Value: ptr(fmt.Sprint(needed.Milliseconds()))}}, w.changelog)
+	if err == nil {
+		_, err = rs.On(w.changelog, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.skew.Add(int64(retentionTTL))
+	resumed := clk.Now()
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		cp, _, err := rt.store.Checkpoint(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := gaugeValue(t, reg, "meterline_stream_horizon_attempts"); cp.Offset >= e0 && cp.At.After(resumed) && !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			v, ok := gaugeValue(t, reg, "meterline_stream_horizon_attempts")
+			t.Fatalf("the standby did not date a copy in 20 s after delete.retention.ms was raised to %s (checkpoint %+v, resumed at %s, %d slow copies, attempts gauge %v exported %v)",
+				needed, cp, resumed, slow.Load(), v, ok)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, k := range []string{"k", "x"} {
+		if _, ok, err := rt.store.Get(0, []byte(k)); err != nil || !ok {
+			t.Fatalf("the standby's copy lacks %s (err %v)", k, err)
+		}
+	}
+}
+
+// TestFullRestoreOutlastingHorizonIsRefused: a full restore whose copy
+// always takes longer than the restore horizon (each copy takes 100 s of a
+// 54 s horizon) used to start over for ever, back to back, its partition
+// never processed. After maxHorizonAttempts copies in a row it is refused
+// as one expected not to fit (ErrRestoreHorizon), with the
+// delete.retention.ms to set; the copies' pace becomes the restore rate
+// estimate, so the stage started again refuses at once.
+func TestFullRestoreOutlastingHorizonIsRefused(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	// Enough records for a copy to measure the restore rate.
+	kv := make([]string, 0, 2*minRateSample)
+	for i := range minRateSample {
+		kv = append(kv, fmt.Sprint("k", i), "v")
+	}
+	w.send(kv...)
+	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
+		t.Fatal(err)
+	}
+	slow := slowCopies(t, w, clk, w.changelogEnd(), 100*time.Second)
+	w.send("z", "1")
+	fsB := vfs.NewMem()
+	reg, err := w.run("b", fsB, clk)
+	if !errors.Is(err, ErrRestoreHorizon) || !strings.Contains(err.Error(), "raise delete.retention.ms") {
+		t.Fatalf("b's Run: %v; want ErrRestoreHorizon naming the delete.retention.ms to set", err)
+	}
+	if n := slow.Load(); n < maxHorizonAttempts {
+		t.Errorf("b made %d slow fetches, want at least one a copy (%d)", n, maxHorizonAttempts)
+	}
+	expectRestores(t, "b", reg, map[string]float64{"full/no_state": maxHorizonAttempts, "horizon_exceeded": 1})
+
+	// Started again, b expects a full restore at that pace to take about
+	// 100 s, more than half of delete.retention.ms: it refuses before
+	// copying.
+	n := slow.Load()
+	reg, err = w.run("b", fsB, clk)
+	if !errors.Is(err, ErrRestoreHorizon) || !strings.Contains(err.Error(), "expected to take") {
+		t.Fatalf("b's Run, again: %v; want ErrRestoreHorizon for a full restore expected not to fit", err)
+	}
+	if m := slow.Load(); m != n {
+		t.Errorf("b, started again, made %d slow fetches; want none", m-n)
+	}
+	expectRestores(t, "b, again", reg, map[string]float64{"full/no_state": 1, "horizon_exceeded": 1})
+}
+
+// TestHorizonAdvice: what a copy refused for the horizon tells the
+// operator, from its pace. A copy that read a third of the changelog in
+// the horizon needs three times as long; one chasing a growing changelog
+// needs the time to close the gap at what it gains on the end; one that
+// does not gain, or reads nothing, is not helped by any
+// delete.retention.ms.
+func TestHorizonAdvice(t *testing.T) {
+	rt := &Runtime{cfg: Config{ChangelogTopic: "c"}}
+	const r = time.Minute
+	for _, tc := range []struct {
+		name   string
+		pace   copyPace
+		needed time.Duration
+		says   string
+	}{
+		// 3 min for the copy: 6 min + 6 s + 1 s.
+		{"restore", copyPace{Read: 1000, Left: 2000, Elapsed: r}, 6*r + 7*time.Second, "the copy takes 3m0s to the end; raise delete.retention.ms of c to at least 6m7s"},
+		// Reads 3000 offsets/min, the end moves 1000/min: it gains 2000
+		// a minute on the 3000 left, 2.5 min in all.
+		{"moving target", copyPace{Read: 3000, Left: 3000, Grown: 1000, Elapsed: r}, 5*r + 7*time.Second, "the copy takes 2m30s to the end"},
+		{"no gain", copyPace{Read: 1000, Left: 5000, Grown: 1000, Elapsed: r}, 0, "the changelog grows faster than the copy reads it"},
+		{"stalled", copyPace{Read: 0, Left: 5000, Elapsed: r}, 0, "its reads stall"},
+	} {
+		msg, needed := rt.horizonAdvice(0, 2, &horizonError{retention: r, pace: tc.pace})
+		if needed != tc.needed || !strings.Contains(msg, tc.says) || !strings.Contains(msg, "2 copies in a row") {
+			t.Errorf("%s: needed %s, %q; want %s, saying %q", tc.name, needed, msg, tc.needed, tc.says)
+		}
+	}
+}
