@@ -50,7 +50,8 @@ type unsettled struct {
 const queryIDPrefix = "meterline-sink/"
 
 // maxIDPartitions caps the length of the partition list in a query_id: an
-// INSERT of rows of more partitions names them all ("*").
+// INSERT of rows of partitions that no list of this length names is taken
+// to be of every partition ("*").
 const maxIDPartitions = 200
 
 // newInsertID is the query_id of an INSERT of rows of topic's partitions
@@ -58,23 +59,56 @@ const maxIDPartitions = 200
 //
 //	meterline-sink/<database>/<topic>/<partitions>/<instance>/<process start>/<n>
 //
-// <partitions> is a comma-separated list, or "*" for every partition of the
-// topic when the list would be long. The instance, the process's start and
-// a counter make it unique; the database, topic and partitions let another
-// instance find, with a prefix match in system.processes, every INSERT
-// still running of a partition it resumes (awaitInserts). Neither a
-// database name nor a Kafka topic name can hold a '/'.
+// <partitions> is idPartitions of them. The instance, the process's start
+// and a counter make it unique; the database, topic and partitions let
+// another instance find, with a prefix match in system.processes, every
+// INSERT still running of a partition it resumes (awaitInserts), and none
+// of other partitions. Neither a database name (letters, digits,
+// underscores: Config.Validate) nor a Kafka topic name can hold a '/'.
 func (w *Writer) newInsertID(topic string, spans map[int32][2]int64) string {
-	ps := sortedKeys(spans)
-	list := make([]string, len(ps))
-	for i, p := range ps {
-		list[i] = strconv.Itoa(int(p))
+	return fmt.Sprintf("%s%s/%s/%d/%d", insertIDPrefix(w.cfg.Database, topic), idPartitions(sortedKeys(spans)),
+		w.cfg.InstanceID, processStart, insertIDs.Add(1))
+}
+
+// idPartitions names the partitions ps (sorted, distinct) in at most
+// maxIDPartitions bytes: as a comma-separated list of partitions and runs
+// of them ("0-31,40,42-50"), or, when that is longer, as a bitmap, "x" and
+// hex digits, digit i holding partitions 4i to 4i+3, the lowest in its
+// lowest bit ("x5" is 0 and 2), or, when neither fits, "*" (every
+// partition). An instance writes all of its partitions in one INSERT: a
+// list that named more than those (a "*") would hold every other
+// instance's resume lookups while it writes, which is most of the time.
+func idPartitions(ps []int32) string {
+	var b strings.Builder
+	for i := 0; i < len(ps); {
+		j := i
+		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(int(ps[i])))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(int(ps[j])))
+		}
+		i = j + 1
 	}
-	parts := strings.Join(list, ",")
-	if len(parts) > maxIDPartitions {
-		parts = "*"
+	if b.Len() <= maxIDPartitions {
+		return b.String()
 	}
-	return fmt.Sprintf("%s%s/%s/%d/%d", insertIDPrefix(w.cfg.Database, topic), parts, w.cfg.InstanceID, processStart, insertIDs.Add(1))
+	if len(ps) > 0 && int(ps[len(ps)-1])/4+2 <= maxIDPartitions {
+		digits := make([]byte, ps[len(ps)-1]/4+1)
+		for _, p := range ps {
+			digits[p/4] |= 1 << (p % 4)
+		}
+		for i, d := range digits {
+			digits[i] = "0123456789abcdef"[d]
+		}
+		return "x" + string(digits)
+	}
+	return "*"
 }
 
 // insertIDPrefix is what the query_id of every INSERT of rows of topic into
@@ -84,18 +118,45 @@ func insertIDPrefix(database, topic string) string {
 }
 
 // namesPartition reports whether the query_id id, which begins with prefix
-// (insertIDPrefix), names one of the partitions of want.
+// (insertIDPrefix), names one of the partitions of want (idPartitions).
+// A list the sink cannot read is taken to name every partition: waiting
+// too long is safe, not waiting is not.
 func namesPartition(id, prefix string, want map[int32]bool) bool {
 	list, _, _ := strings.Cut(strings.TrimPrefix(id, prefix), "/")
 	if list == "*" {
 		return true
 	}
+	if bits, ok := strings.CutPrefix(list, "x"); ok {
+		for p := range want {
+			if p < 0 || int(p/4) >= len(bits) {
+				continue
+			}
+			d, err := strconv.ParseUint(bits[p/4:p/4+1], 16, 8)
+			if err != nil || d&(1<<(p%4)) != 0 {
+				return true
+			}
+		}
+		for i := 0; i < len(bits); i++ {
+			if _, err := strconv.ParseUint(bits[i:i+1], 16, 8); err != nil {
+				return true
+			}
+		}
+		return false
+	}
 	for _, s := range strings.Split(list, ",") {
-		p, err := strconv.ParseInt(s, 10, 32)
-		if err != nil || want[int32(p)] {
-			// A list the sink cannot read is taken to name every
-			// partition: waiting too long is safe, not waiting is not.
+		from, to, isRun := strings.Cut(s, "-")
+		lo, err := strconv.ParseInt(from, 10, 32)
+		hi := lo
+		if err == nil && isRun {
+			hi, err = strconv.ParseInt(to, 10, 32)
+		}
+		if err != nil {
 			return true
+		}
+		for p := range want {
+			if int64(p) >= lo && int64(p) <= hi {
+				return true
+			}
 		}
 	}
 	return false

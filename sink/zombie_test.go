@@ -198,13 +198,109 @@ func TestInsertIDNamesPartitions(t *testing.T) {
 			t.Errorf("query_id %s begins with %s, another database's or topic's prefix", a, other)
 		}
 	}
-	many := map[int32][2]int64{}
-	for p := int32(0); p < 100; p++ {
-		many[p] = [2]int64{0, 0}
+}
+
+// TestInsertIDManyPartitionsNamesOnlyThem: an INSERT of many partitions
+// (an instance that owns a hundred of them writes each batch of all of
+// them in one INSERT) still names only its own, in a short query_id, so
+// that another instance's resume lookup of a partition it does not write
+// never waits for it: those INSERTs follow each other all the time, and a
+// lookup that waited for them could wait until its bound again and again.
+func TestInsertIDManyPartitionsNamesOnlyThem(t *testing.T) {
+	w, err := New(Config{Config: session.Config{Kafka: kafka.Config{Brokers: []string{"unused:9092"}}, InstanceID: "i1"},
+		Topics: testTopics(), ClickHouse: "unused:9000", Database: "meterline"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	all := w.newInsertID(topic, many)
-	if len(all) > 150 || !namesPartition(all, prefix, map[int32]bool{999: true}) {
-		t.Errorf("an INSERT of 100 partitions: query_id %s (%d bytes); want a short one naming every partition", all, len(all))
+	topic := testTopics().DedupedTopic()
+	prefix := insertIDPrefix("meterline", topic)
+	for _, c := range []struct {
+		name  string
+		parts func(p int32) bool // which of 0…999 the INSERT has rows of
+	}{
+		{"contiguous 0-99", func(p int32) bool { return p < 100 }},
+		{"every other of 0-399", func(p int32) bool { return p < 400 && p%2 == 0 }},
+		{"0-49 and 300-349", func(p int32) bool { return p < 50 || (p >= 300 && p < 350) }},
+		{"every third of 0-599", func(p int32) bool { return p < 600 && p%3 == 0 }},
+	} {
+		spans := map[int32][2]int64{}
+		for p := int32(0); p < 1000; p++ {
+			if c.parts(p) {
+				spans[p] = [2]int64{0, 0}
+			}
+		}
+		id := w.newInsertID(topic, spans)
+		if len(id) > len(prefix)+maxIDPartitions+40 {
+			t.Errorf("%s: query_id of %d bytes: %s", c.name, len(id), id)
+		}
+		for p := int32(0); p < 1000; p++ {
+			if got := namesPartition(id, prefix, map[int32]bool{p: true}); got != c.parts(p) {
+				t.Fatalf("%s: query_id %s names partition %d: %v, want %v", c.name, id, p, got, c.parts(p))
+			}
+		}
+	}
+	// Past what a bitmap of maxIDPartitions bytes holds, and a list the
+	// sink cannot read: every partition.
+	spans := map[int32][2]int64{}
+	for p := int32(0); p < 2000; p += 2 {
+		spans[p] = [2]int64{0, 0}
+	}
+	if id := w.newInsertID(topic, spans); !namesPartition(id, prefix, map[int32]bool{1: true}) || len(id) > len(prefix)+40 {
+		t.Errorf("an INSERT of every other of 2,000 partitions: query_id %s; want a short one naming every partition", id)
+	}
+	for _, list := range []string{"1-x", "x1g", "a", "", "3-"} {
+		if !namesPartition(prefix+list+"/i1/1/1", prefix, map[int32]bool{7: true}) {
+			t.Errorf("partition list %q taken to name none of 7", list)
+		}
+	}
+}
+
+// TestInsertOfOtherPartitionsNotWaitedFor: another instance's INSERT of
+// a hundred partitions, running on the server, does not hold the resume
+// lookup of a partition it has no rows of.
+func TestInsertOfOtherPartitionsNotWaitedFor(t *testing.T) {
+	other, conn, db, ctx := offlineWriter(t, "other")
+	owner, reg := instanceOn(t, conn, db, "owner", nil)
+	if err := conn.Exec(ctxT(t, time.Minute), "ALTER TABLE "+db+"."+TableEvents+" ADD COLUMN slow UInt8 MATERIALIZED sleepEachRow(0.03)"); err != nil {
+		t.Fatal(err)
+	}
+	topic := testTopics().DedupedTopic()
+	build := func(w *Writer, p int32, off int) *row {
+		rec := deduped(topic, p, off, base.Add(time.Duration(off)*time.Second))
+		rec.Offset = int64(off)
+		r, err := w.byTopic[topic].buildRow(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	var orows, mine []*row
+	for p := int32(0); p < 100; p++ {
+		orows = append(orows, build(other, p, 0)) // 3 s on the server
+	}
+	for i := 0; i < 5; i++ {
+		mine = append(mine, build(owner, 100, i))
+	}
+	odone := make(chan error, 1)
+	go func() { odone <- other.insert(ctx, other.byTopic[topic], orows) }()
+	id := insertRunning(t, conn, db)
+	assign(t, owner, 100, 0)
+	start := time.Now()
+	todo, err := owner.filterPresent(ctx, owner.byTopic[topic], mine)
+	took := time.Since(start)
+	if err != nil || len(todo) != len(mine) {
+		t.Fatalf("resume lookup of partition 100: %d rows to write, %v; want all %d", len(todo), err, len(mine))
+	}
+	if got := metric(t, reg, "meterline_sink_insert_waits_total"); got != 0 {
+		t.Fatalf("the lookup of partition 100 waited %s for the INSERT %s of partitions 0-99 (%v waits)", took.Round(time.Millisecond), id, got)
+	}
+	select {
+	case <-odone:
+		t.Fatalf("the other instance's INSERT %s ended before the lookup did: the test shows nothing", id)
+	default:
+	}
+	if err := <-odone; err != nil {
+		t.Fatal(err)
 	}
 }
 

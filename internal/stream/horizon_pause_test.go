@@ -196,9 +196,6 @@ func (g *fetchGate) open() {
 	close(g.release)
 }
 
-// compactTombstones compacts the changelog as Kafka does once its
-// tombstones are older than delete.retention.ms: it sets that to 0 for
-// kfake's compaction, then back to 60 s, which is what the runtime reads.
 // gateChangelog holds the fetches of w's changelog from now on, until
 // open.
 func gateChangelog(t *testing.T, w *kvWorld) *fetchGate {
@@ -219,6 +216,9 @@ func (w *kvWorld) changelogID() [16]byte {
 	return [16]byte(topics[w.changelog].ID)
 }
 
+// compactTombstones compacts the changelog as Kafka does once its
+// tombstones are older than delete.retention.ms: it sets that to 0 for
+// kfake's compaction, then back to 60 s, which is what the runtime reads.
 func compactTombstones(t *testing.T, w *kvWorld) {
 	t.Helper()
 	adm := kadm.NewClient(w.cl)
