@@ -10,7 +10,8 @@
 #
 # Environment:
 #   CLICKHOUSE_PORT           native port               (default 9000)
-#   CLICKHOUSE_HTTP_PORT      HTTP port                 (default 8123)
+#   CLICKHOUSE_HTTP_PORT      HTTP port                 (default 8123, or that of
+#                             the server running from the data dir)
 #   CLICKHOUSE_DATA_DIR       data dir, holds configs, logs, pid file
 #                             (default /tmp/meterline-clickhouse-$CLICKHOUSE_PORT)
 #   CLICKHOUSE_START_TIMEOUT  seconds to wait for readiness (default 90)
@@ -446,6 +447,14 @@ cmd_clean() {
     rm -rf -- "$DATA_DIR"
     log "removed $DATA_DIR"
 }
+
+# Without CLICKHOUSE_HTTP_PORT, a server running from this data dir keeps the
+# HTTP port it was started with, which its config names: start, status and
+# stop probe that port rather than 8123.
+if [[ -z ${CLICKHOUSE_HTTP_PORT:-} ]] && running_pid >/dev/null 2>&1; then
+    running_http=$(sed -n 's|.*<http_port>\([0-9][0-9]*\)</http_port>.*|\1|p' "$CONFIG_FILE" | head -n 1)
+    [[ -n $running_http ]] && HTTP_PORT=$running_http
+fi
 
 case ${1:-} in
     start) cmd_start ;;

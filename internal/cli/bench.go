@@ -135,7 +135,7 @@ type BenchSinkCmd struct {
 	Rows           int      `help:"usage.deduped records (rows) per run." default:"1000000"`
 	Partitions     int      `help:"Partitions of the benchmark topic." default:"16"`
 	Rounds         int      `help:"Rounds; each runs the baseline and the sink once, in alternating order. Medians are reported." default:"3"`
-	BatchRows      int      `help:"Rows per INSERT, the same for both (the sink's --max-batch-records)." default:"${sink_max_batch_records}"`
+	BatchRows      int      `help:"Rows per INSERT, the same for both (meterline sink --max-batch-records)." default:"${sink_max_batch_records}"`
 	Customers      int      `help:"Distinct customers in the generated rows." default:"10000"`
 	JSON           bool     `help:"Print the result as JSON too."`
 	CPUProfile     string   `help:"Write a CPU profile of the last round's sink run to this file." hidden:"" type:"path"`

@@ -11,11 +11,15 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -105,6 +109,10 @@ func yamlLoader(r io.Reader) (kong.Resolver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(j, &top); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
 	// kong applies environment variables before resolvers, so the file
 	// would win over the environment; step aside for any flag whose
 	// variable is set, giving flag > env > file > default.
@@ -116,7 +124,44 @@ func yamlLoader(r io.Reader) (kong.Resolver, error) {
 		}
 		return file.Resolve(ctx, parent, flag)
 	}
-	return res, nil
+	return configResolver{ResolverFunc: res, keys: slices.Sorted(maps.Keys(top))}, nil
+}
+
+// configResolver is the --config file's resolver, which refuses a key that
+// names no flag of any command: a misspelt key would otherwise leave its
+// flag at the default. One file may hold the flags of every command.
+type configResolver struct {
+	kong.ResolverFunc
+	keys []string
+}
+
+// Validate reports every key of the file that is no flag's name, as kong's
+// JSON resolver reads names (log_level or logLevel for --log-level).
+func (r configResolver) Validate(app *kong.Application) error {
+	known := map[string]bool{}
+	_ = kong.Visit(app, func(n kong.Visitable, next kong.Next) error {
+		if f, ok := n.(*kong.Flag); ok {
+			known[strings.ReplaceAll(f.Name, "-", "_")] = true
+			parts := strings.Split(f.Name, "-")
+			for i := 1; i < len(parts); i++ {
+				if parts[i] != "" {
+					parts[i] = strings.ToUpper(parts[i][:1]) + parts[i][1:]
+				}
+			}
+			known[strings.Join(parts, "")] = true
+		}
+		return next(nil)
+	})
+	var unknown []string
+	for _, k := range r.keys {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("config: no command has a flag for the key(s) %s (keys are flag names with _ for -: log_level, topic_prefix, aggregate_period)", strings.Join(unknown, ", "))
+	}
+	return nil
 }
 
 // Parser builds the kong parser. Exported for tests that check command

@@ -22,6 +22,10 @@ import (
 // that value.
 func defaultVars() kong.Vars {
 	return kong.Vars{
+		// flag_prefix is the prefix of an embedded flag group, for help
+		// texts that name a flag of the group; none by default.
+		"flag_prefix": "",
+
 		"session_timeout":             flagDuration(session.DefaultSessionTimeout),
 		"session_rebalance_timeout":   flagDuration(session.DefaultRebalanceTimeout),
 		"session_transaction_timeout": flagDuration(session.DefaultTransactionTimeout),

@@ -29,6 +29,13 @@ type DemoCmd struct {
 	SinkDatabase string `help:"ClickHouse database of the demo's sink; dropped and created again, migrated, at the start of each run (a database the demo did not make is refused)." default:"meterline_demo"`
 }
 
+// Help is the text of `meterline demo --help` below its summary: which of
+// the flags every command lists apply to the demo.
+func (c *DemoCmd) Help() string {
+	return "The demo runs its own embedded Kafka-protocol broker: --brokers, the topic names and the Kafka SASL and TLS flags do not apply to it. " +
+		"--clickhouse and its login and TLS flags apply only with --sink."
+}
+
 // Run runs the demo.
 func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {

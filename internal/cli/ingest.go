@@ -15,15 +15,17 @@ import (
 )
 
 // IngestFlags are the flags of the HTTP ingest, in `meterline ingest` and
-// (prefixed --ingest-) in `meterline run`.
+// (prefixed --ingest-) in `meterline run`. A help text names another of
+// these flags as --${flag_prefix}name: the embedding sets the variable
+// flag_prefix to its prefix.
 type IngestFlags struct {
 	Addr              string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
-	TLSCertFile       string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --tls-key-file." placeholder:"FILE" type:"existingfile"`
-	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." placeholder:"FILE" type:"existingfile"`
+	TLSCertFile       string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
+	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" type:"existingfile"`
 	RequireTime       bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
 	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
 	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
-	MaxInFlight       int           `help:"Most requests with a valid key served at once, each holding up to --max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
+	MaxInFlight       int           `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
 	MaxInFlightPerKey int           `name:"max-in-flight-per-client" help:"Most requests of one API key served at once (429 too-many-in-flight beyond); -1: no bound." default:"${ingest_max_in_flight_per_client}"`
 	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
 	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`

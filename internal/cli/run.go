@@ -37,7 +37,7 @@ type RunCmd struct {
 	NoSink        bool           `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
 	Sink          SinkFlags      `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
 	Ingest        bool           `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
-	IngestFlags   IngestFlags    `embed:"" prefix:"ingest-" group:"HTTP ingest (with --ingest)"`
+	IngestFlags   IngestFlags    `embed:"" prefix:"ingest-" set:"flag_prefix=ingest-" group:"HTTP ingest (with --ingest)"`
 }
 
 // stageConfigs builds the configurations of dedup and the aggregator; the

@@ -88,5 +88,17 @@ func printVerify(stdio IO, rep *sink.VerifyReport) {
 	if rep.RunID != "" {
 		fmt.Fprintf(stdio.Stdout, "rebuild %q: %d month(s) rebuilt\n", rep.RunID, rep.Rebuilt)
 	}
-	fmt.Fprintf(stdio.Stdout, "%d month(s) compared, %d differ\n", len(rep.Months), rep.Differs)
+	// A skipped month was not compared: counting it would report a
+	// database whose months are all skipped as verified.
+	skipped := 0
+	for _, m := range rep.Months {
+		if m.Status == sink.MonthSkipped {
+			skipped++
+		}
+	}
+	fmt.Fprintf(stdio.Stdout, "%d month(s) compared, %d differ", len(rep.Months)-skipped, rep.Differs)
+	if skipped > 0 {
+		fmt.Fprintf(stdio.Stdout, "; %d skipped (not compared: --since to include them)", skipped)
+	}
+	fmt.Fprintln(stdio.Stdout)
 }

@@ -566,6 +566,21 @@ func (r *recovery) String() string {
 	return "no crash yet (dedup will be killed once, at a random moment)"
 }
 
+// ended describes the recovery for the final report: a run stopped before
+// dedup's crash point had no crash, rather than one still to come.
+func (r *recovery) ended() string {
+	r.mu.Lock()
+	crashes, point := r.crashes, r.point
+	r.mu.Unlock()
+	switch {
+	case crashes > 0:
+		return r.String()
+	case point != "":
+		return "no crash in this run: it stopped while dedup was armed to die at " + point
+	}
+	return "no crash in this run: it stopped before dedup's crash point (about 20 s in, or midway through --duration)"
+}
+
 // aggView keeps the latest revision of each key of usage.aggregates, fed
 // by follow.
 type aggView struct {

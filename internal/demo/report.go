@@ -26,7 +26,7 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 	defer tr.mu.Unlock()
 	r := &reconciler{w: w, ok: true}
 	fmt.Fprintf(w, "\n== Reconciliation: committed output topics against the generator's ground truth\n")
-	fmt.Fprintf(w, "   (%s)\n", rec)
+	fmt.Fprintf(w, "   (%s)\n", rec.ended())
 	r.checkTopics(tr, t)
 	if ent != nil {
 		r.checkEntitlements(tr, t, ent)

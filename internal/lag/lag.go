@@ -57,7 +57,7 @@ func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, group
 	var rows []Row
 	for _, g := range groups {
 		byTopic := map[string]map[int32]int64{}
-		offs, err := adm.FetchOffsets(ctx, g)
+		offs, err := fetchOffsets(ctx, adm, g)
 		switch {
 		case errors.Is(err, kerr.GroupIDNotFound): // never committed
 		case err != nil:
@@ -193,4 +193,33 @@ func firstUnconsumed(ctx context.Context, conn kafka.Config, topic string, commi
 		})
 	}
 	return out, nil
+}
+
+// coordinatorWait bounds how long fetchOffsets waits for a group
+// coordinator that is not available yet.
+var coordinatorWait = 30 * time.Second
+
+// fetchOffsets is FetchOffsets of group g, waiting up to coordinatorWait
+// (and ctx) while the group's coordinator is not available: a broker that
+// has never served a consumer group answers so for the few seconds it
+// takes to create __consumer_offsets, and a coordinator moving to another
+// broker for a moment.
+func fetchOffsets(ctx context.Context, adm *kadm.Client, g string) (kadm.OffsetResponses, error) {
+	deadline := time.Now().Add(coordinatorWait)
+	backoff := 100 * time.Millisecond
+	for {
+		offs, err := adm.FetchOffsets(ctx, g)
+		if !errors.Is(err, kerr.CoordinatorNotAvailable) && !errors.Is(err, kerr.CoordinatorLoadInProgress) && !errors.Is(err, kerr.NotCoordinator) {
+			return offs, err
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return nil, fmt.Errorf("no coordinator for the group after %s (a broker that has never served a consumer group creates __consumer_offsets first, which takes seconds; else the brokers cannot place it): %w", coordinatorWait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (waiting for the group's coordinator: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }

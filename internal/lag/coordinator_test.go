@@ -1,0 +1,78 @@
+package lag
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestLagWaitsForCoordinator: a broker that has never served a consumer
+// group answers COORDINATOR_NOT_AVAILABLE for a few seconds while it
+// creates __consumer_offsets, so `meterline lag` run just after the
+// broker started waits for the coordinator rather than fail; a group with
+// no committed offsets then has no rows.
+func TestLagWaitsForCoordinator(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	until := time.Now().Add(1500 * time.Millisecond)
+	var refused atomic.Int32
+	c.ControlKey(int16(kmsg.FindCoordinator), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if time.Now().After(until) {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return coordinatorNotAvailable(kr), nil, true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rows, err := Compute(ctx, kafka.Config{Brokers: brokers}, []string{"meterline-dedup"}, time.Now())
+	if err != nil {
+		t.Fatalf("lag while the coordinator was coming up: %v", err)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("no FindCoordinator was refused: the test did not exercise the wait")
+	}
+	t.Logf("%d FindCoordinator requests refused", refused.Load())
+	if len(rows) != 0 {
+		t.Fatalf("rows of a group that never committed: %+v", rows)
+	}
+}
+
+// TestLagNoCoordinatorSaysWhy: a coordinator that stays unavailable ends
+// the wait with an error that gives the likely cause.
+func TestLagNoCoordinatorSaysWhy(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	defer func(w time.Duration) { coordinatorWait = w }(coordinatorWait)
+	coordinatorWait = 300 * time.Millisecond
+	c.ControlKey(int16(kmsg.FindCoordinator), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		return coordinatorNotAvailable(kr), nil, true
+	})
+	_, err := Compute(context.Background(), kafka.Config{Brokers: brokers}, []string{"meterline-dedup"}, time.Now())
+	if err == nil || !errors.Is(err, kerr.CoordinatorNotAvailable) || !strings.Contains(err.Error(), "__consumer_offsets") {
+		t.Fatalf("error %v, want COORDINATOR_NOT_AVAILABLE with its likely cause", err)
+	}
+}
+
+// coordinatorNotAvailable answers a FindCoordinator request as a broker
+// creating __consumer_offsets does.
+func coordinatorNotAvailable(kr kmsg.Request) kmsg.Response {
+	req := kr.(*kmsg.FindCoordinatorRequest)
+	resp := req.ResponseKind().(*kmsg.FindCoordinatorResponse)
+	resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+	for _, k := range req.CoordinatorKeys {
+		co := kmsg.NewFindCoordinatorResponseCoordinator()
+		co.Key, co.ErrorCode = k, kerr.CoordinatorNotAvailable.Code
+		resp.Coordinators = append(resp.Coordinators, co)
+	}
+	return resp
+}
