@@ -16,8 +16,12 @@ export KAFKA_PORT CLICKHOUSE_PORT
 
 all: build
 
+# The version `meterline version` and meterline_build_info report: the
+# checkout's `git describe`, when it is a git checkout.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+
 build:
-	$(GO) build -o bin/meterline ./cmd/meterline
+	$(GO) build -ldflags "-X github.com/meterline/meterline/internal/service.version=$(VERSION)" -o bin/meterline ./cmd/meterline
 
 vet:
 	$(GO) vet ./...

@@ -17,7 +17,6 @@ import (
 	"io"
 	"maps"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -176,7 +175,6 @@ func Parser(cli *CLI, stdio IO, exit func(int)) (*kong.Kong, error) {
 		kong.Writers(stdio.Stdout, stdio.Stderr),
 		kong.Exit(exit),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true, FlagsLast: true}),
-		kong.Vars{"version": version()},
 		defaultVars(),
 	)
 }
@@ -273,13 +271,6 @@ type VersionCmd struct{}
 
 // Run prints the version.
 func (VersionCmd) Run(stdio IO) error {
-	fmt.Fprintln(stdio.Stdout, "meterline", version())
+	fmt.Fprintln(stdio.Stdout, "meterline", service.BuildOf())
 	return nil
-}
-
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }

@@ -37,11 +37,12 @@ type Server struct {
 var LogEntriesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "meterline_log_entries_dropped_total",
 	Help: "Log entries left out by sampling: past the first 100 entries of one message and level in a second, one in 100 is written."})
 
-// NewRegistry returns a registry with the Go and process collectors and
-// LogEntriesDropped.
+// NewRegistry returns a registry with the Go and process collectors,
+// LogEntriesDropped and meterline_build_info.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), LogEntriesDropped)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), LogEntriesDropped,
+		newBuildInfo(BuildOf()))
 	return reg
 }
 
