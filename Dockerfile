@@ -9,8 +9,11 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-# Pure Go (Pebble, franz-go, clickhouse-go): a static binary.
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/meterline ./cmd/meterline
+# Pure Go (Pebble, franz-go, clickhouse-go): a static binary. VERSION is
+# what `meterline version` and meterline_build_info report
+# (docker build --build-arg VERSION=$(git describe --tags --always --dirty)).
+ARG VERSION=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/meterline/meterline/internal/service.version=${VERSION}" -o /out/meterline ./cmd/meterline
 
 # Alpine rather than distroless: the compose health checks need wget.
 FROM alpine:3.22
