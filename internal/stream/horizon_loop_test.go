@@ -122,6 +122,29 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 	if m := slow.Load(); m != n || n != maxHorizonAttempts {
 		t.Fatalf("the standby made %d slow copies by the time it gave up, %d three seconds later; want %d, and no more", n, m, maxHorizonAttempts)
 	}
+	// Not copying, its copy is not caught up: neither the status page nor
+	// the lag gauge says so, and a deferred partition is not taken for it
+	// (maybeForce would make this member own it, to restore it in full).
+	rt.EachStandbyStatus(func(p int32, off, lag int64) {
+		if lag >= 0 {
+			t.Errorf("the standby that gave up reports partition %d at offset %d, %d behind; want the lag not known", p, off, lag)
+		}
+	})
+	if v, ok := gaugeValue(t, reg, "meterline_stream_standby_lag_records"); ok {
+		t.Errorf("meterline_stream_standby_lag_records{partition=0} = %v after the standby gave up; want it not exported", v)
+	}
+	rt.sb.mu.Lock()
+	rt.sb.deferred = []int32{0}
+	rt.sb.mu.Unlock()
+	rt.sb.client.Store(cl)
+	rt.sb.maybeForce()
+	rt.sb.mu.Lock()
+	forced := rt.sb.deferred == nil
+	rt.sb.deferred = nil
+	rt.sb.mu.Unlock()
+	if forced {
+		t.Error("the standby that gave up counts as caught up: a rebalance was forced to take its partition")
+	}
 	if v, ok := gaugeValue(t, reg, "meterline_stream_horizon_attempts"); !ok || v != maxHorizonAttempts {
 		t.Errorf("meterline_stream_horizon_attempts{partition=0} = %v (exported: %v), want %d", v, ok, maxHorizonAttempts)
 	}
