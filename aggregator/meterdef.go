@@ -34,7 +34,8 @@ import (
 // event_type added or removed brings or takes its value_property: that is
 // not a change (sameDef); a value_property changed to another path is.
 // Adding a meter changes no state. Removing one makes it undeclared, which
-// counts as a SUM without groups: allowed if that is what it was, refused
+// counts as a SUM without groups or scale: allowed if that is what it was
+// (its value_property, if any, goes with its event_type), refused
 // while it has state otherwise.
 //
 // A record lives as long as its period's state: written with the first

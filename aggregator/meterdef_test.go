@@ -215,6 +215,7 @@ func TestMeterDefinitionChanges(t *testing.T) {
 		{"event_type removed with its scale", "{name: m, " + ingest + ", scale: 2}", "{name: m}", `now declares {"aggregation":"SUM"}`},
 		{"scale", "{name: m, " + ingest + "}", "{name: m, " + ingest + ", scale: 3}", `{"aggregation":"SUM","value_property":"$.tokens","scale":3}`},
 		{"a SUM removed", "{name: m, aggregation: SUM, unit: tokens}", "{name: other}", ""},
+		{"a SUM the HTTP ingest fed removed", "{name: m, aggregation: SUM, " + ingest + "}", "{name: other}", ""},
 		{"a MAX removed", "{name: m, aggregation: MAX}", "{name: other}", `no longer declares it, and an undeclared meter counts as {"aggregation":"SUM"}`},
 		{"declared as it counted undeclared", "", "{name: m, aggregation: SUM}", ""},
 		{"declared otherwise", "", "{name: m, aggregation: COUNT}", `now declares {"aggregation":"COUNT"}`},
