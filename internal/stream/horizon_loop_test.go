@@ -293,21 +293,7 @@ func TestStandbyPauseAdviceFromItsDate(t *testing.T) {
 	}
 	waitDated := func(what string, after time.Time) {
 		t.Helper()
-		e := w.changelogEnd()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			cp, _, err := rt.store.Checkpoint(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if cp.Offset >= e && !cp.At.Before(after) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s (checkpoint %+v, end %d)", what, cp, e)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		awaitCheckpoint(t, w, rt, what, func(cp Checkpoint, end int64) bool { return cp.Offset >= end && !cp.At.Before(after) })
 	}
 	put("k", "v", "x", "1")
 	g := gateFetches(w.cluster, nil)
@@ -345,5 +331,26 @@ func TestStandbyPauseAdviceFromItsDate(t *testing.T) {
 	// About 2 × 2 min, and the margin.
 	if !ok || needed < 4*time.Minute || needed > 5*time.Minute {
 		t.Fatalf("a standby paused for 2 min names delete_retention_needed %v (%v); want about 4 min: %s", needed, ok, e.Message)
+	}
+}
+
+// awaitCheckpoint waits up to 20 s until ok holds for rt's checkpoint of
+// partition 0 and w's changelog end.
+func awaitCheckpoint(t *testing.T, w *kvWorld, rt *Runtime, what string, ok func(cp Checkpoint, end int64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cp, _, err := rt.store.Checkpoint(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := w.changelogEnd()
+		if ok(cp, e) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (checkpoint %+v, end %d)", what, cp, e)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
