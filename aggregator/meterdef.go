@@ -30,9 +30,12 @@ import (
 // places: its unit). A meter's name is the key; its unit and description
 // document it, its event_type and the JSONPaths of its group_by values
 // say which CloudEvents feed it and where their group values are: none of
-// them changes what a state holds, and they may change at any time.
+// them changes what a state holds, and they may change at any time. An
+// event_type added or removed brings or takes its value_property: that is
+// not a change (sameDef); a value_property changed to another path is.
 // Adding a meter changes no state. Removing one makes it undeclared, which
-// counts as a SUM without groups: allowed if that is what it was, refused
+// counts as a SUM without groups or scale: allowed if that is what it was
+// (its value_property, if any, goes with its event_type), refused
 // while it has state otherwise.
 //
 // A record lives as long as its period's state: written with the first
@@ -67,13 +70,36 @@ type meterDef struct {
 // definition returns the meter's definition as the state records it, for
 // example {"aggregation":"UNIQUE_COUNT","property":"user_id","group_by":["model"]}.
 func (m *Meter) definition() []byte {
+	return meterDef{Aggregation: m.Aggregation, Property: m.Property, GroupBy: m.GroupBy,
+		ValueProperty: m.ValueProperty, Scale: m.Scale}.encode()
+}
+
+func (d meterDef) encode() []byte {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	// A struct of strings, ints and a slice of strings always encodes.
-	_ = enc.Encode(meterDef{Aggregation: m.Aggregation, Property: m.Property, GroupBy: m.GroupBy,
-		ValueProperty: m.ValueProperty, Scale: m.Scale})
+	_ = enc.Encode(d)
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// sameDef reports whether the recorded definition was and m's, now, give
+// a state the same meaning. A value_property recorded or configured
+// alone is the event_type that came or went with it: which CloudEvents
+// feed the meter, as producers naming it fed it before or after. Only a
+// value_property changed from one path to another is a change.
+func sameDef(was, now []byte) bool {
+	if bytes.Equal(was, now) {
+		return true
+	}
+	var a, b meterDef
+	if json.Unmarshal(was, &a) != nil || json.Unmarshal(now, &b) != nil {
+		return false
+	}
+	if a.ValueProperty == "" || b.ValueProperty == "" {
+		a.ValueProperty, b.ValueProperty = "", ""
+	}
+	return bytes.Equal(a.encode(), b.encode())
 }
 
 // defKey is a period and a meter whose definition the state records.
@@ -97,7 +123,7 @@ func (pt *partition) loadMeterDefs(st stateReader) error {
 		dk := defKey{start: int64(binary.BigEndian.Uint64(k[1:9])), meter: string(k[9:])}
 		pt.defs[dk] = struct{}{}
 		m, declared := pt.pr.cfg.Meters.Lookup(dk.meter)
-		if now := m.definition(); !bytes.Equal(v, now) {
+		if now := m.definition(); !sameDef(v, now) {
 			changed = append(changed, defChange{defKey: dk, was: string(v), now: string(now), declared: declared})
 		}
 		return nil

@@ -207,8 +207,15 @@ func TestMeterDefinitionChanges(t *testing.T) {
 			`{"aggregation":"UNIQUE_COUNT","property":"session"}`},
 		{"value_property", "{name: m, " + ingest + "}", "{name: m, event_type: prompt, value_property: $.output_tokens}",
 			`{"aggregation":"SUM","value_property":"$.output_tokens"}`},
+		// A meter fed by producers that name it gets an event_type (the
+		// HTTP ingest feeds it too), or loses it: value_property comes
+		// and goes with it.
+		{"event_type added", "{name: m, aggregation: SUM}", "{name: m, aggregation: SUM, " + ingest + "}", ""},
+		{"event_type removed", "{name: m, aggregation: SUM, " + ingest + "}", "{name: m, aggregation: SUM}", ""},
+		{"event_type removed with its scale", "{name: m, " + ingest + ", scale: 2}", "{name: m}", `now declares {"aggregation":"SUM"}`},
 		{"scale", "{name: m, " + ingest + "}", "{name: m, " + ingest + ", scale: 3}", `{"aggregation":"SUM","value_property":"$.tokens","scale":3}`},
 		{"a SUM removed", "{name: m, aggregation: SUM, unit: tokens}", "{name: other}", ""},
+		{"a SUM the HTTP ingest fed removed", "{name: m, aggregation: SUM, " + ingest + "}", "{name: other}", ""},
 		{"a MAX removed", "{name: m, aggregation: MAX}", "{name: other}", `no longer declares it, and an undeclared meter counts as {"aggregation":"SUM"}`},
 		{"declared as it counted undeclared", "", "{name: m, aggregation: SUM}", ""},
 		{"declared otherwise", "", "{name: m, aggregation: COUNT}", `now declares {"aggregation":"COUNT"}`},

@@ -47,9 +47,11 @@ type changelogCopy struct {
 	at      time.Time     // the date the checkpoints carry
 	atPos   int64         // the position at dates: every record read past it was read in time only if read before at + the horizon
 
-	// The copy's pace, for a copy refused for the horizon (copyPace).
-	from, firstEnd, end int64     // where it started, the changelog's end then, and the last end listed
-	started             time.Time // when it started (Config.Clock)
+	// The copy's pace, for a copy refused for the horizon (copyPace):
+	// since it started or last took a date (redate), as the horizon only
+	// concerns what it read since.
+	from, firstEnd, end int64     // where it started (or was dated), the changelog's end then, and the last end listed
+	started             time.Time // when it started (or was dated; Config.Clock)
 }
 
 // errBeyondHorizon is returned (wrapped, in a *horizonError) by a copy
@@ -73,9 +75,11 @@ func (e *horizonError) Error() string {
 
 func (e *horizonError) Unwrap() error { return errBeyondHorizon }
 
-// copyPace is how a copy went until it was refused for the horizon: the
-// offsets it read, how far it still was from the changelog's end, how far
-// that end moved meanwhile, and in how long (Config.Clock).
+// copyPace is how a copy went until it was refused for the horizon, since
+// it started or last took a date (a standby tail that kept up for days and
+// was then paused is measured over the pause): the offsets it read, how
+// far it still was from the changelog's end, how far that end moved
+// meanwhile, and in how long (Config.Clock).
 type copyPace struct {
 	Read, Left, Grown int64
 	Elapsed           time.Duration
@@ -202,6 +206,7 @@ func (c *changelogCopy) redate(at time.Time, retention time.Duration) error {
 		return c.beyondHorizon(retention)
 	}
 	c.at, c.atPos = at, c.pos
+	c.from, c.firstEnd, c.started = c.pos, c.end, c.rt.cfg.Clock.Now()
 	return nil
 }
 

@@ -122,6 +122,29 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 	if m := slow.Load(); m != n || n != maxHorizonAttempts {
 		t.Fatalf("the standby made %d slow copies by the time it gave up, %d three seconds later; want %d, and no more", n, m, maxHorizonAttempts)
 	}
+	// Not copying, its copy is not caught up: neither the status page nor
+	// the lag gauge says so, and a deferred partition is not taken for it
+	// (maybeForce would make this member own it, to restore it in full).
+	rt.EachStandbyStatus(func(p int32, off, lag int64) {
+		if lag >= 0 {
+			t.Errorf("the standby that gave up reports partition %d at offset %d, %d behind; want the lag not known", p, off, lag)
+		}
+	})
+	if v, ok := gaugeValue(t, reg, "meterline_stream_standby_lag_records"); ok {
+		t.Errorf("meterline_stream_standby_lag_records{partition=0} = %v after the standby gave up; want it not exported", v)
+	}
+	rt.sb.mu.Lock()
+	rt.sb.deferred = []int32{0}
+	rt.sb.mu.Unlock()
+	rt.sb.client.Store(cl)
+	rt.sb.maybeForce()
+	rt.sb.mu.Lock()
+	forced := rt.sb.deferred == nil
+	rt.sb.deferred = nil
+	rt.sb.mu.Unlock()
+	if forced {
+		t.Error("the standby that gave up counts as caught up: a rebalance was forced to take its partition")
+	}
 	if v, ok := gaugeValue(t, reg, "meterline_stream_horizon_attempts"); !ok || v != maxHorizonAttempts {
 		t.Errorf("meterline_stream_horizon_attempts{partition=0} = %v (exported: %v), want %d", v, ok, maxHorizonAttempts)
 	}
@@ -246,5 +269,88 @@ func TestHorizonAdvice(t *testing.T) {
 		if needed != tc.needed || !strings.Contains(msg, tc.says) || !strings.Contains(msg, "2 copies in a row") {
 			t.Errorf("%s: needed %s, %q; want %s, saying %q", tc.name, needed, msg, tc.needed, tc.says)
 		}
+	}
+}
+
+// TestStandbyPauseAdviceFromItsDate: a standby tail that kept up with the
+// changelog for ten days and was then paused for two minutes (past the 54 s
+// horizon) starts over, and says what a copy at its pace needs. Its pace
+// is that of the records read since its last date, over the time since:
+// the two minutes, about 4 min of delete.retention.ms, not ten days of
+// following the changelog (which made it name 20 days).
+func TestStandbyPauseAdviceFromItsDate(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	obs, logs := observer.New(zap.WarnLevel)
+	rt, cl := w.standbyRuntime(clk, zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)),
+		prometheus.NewRegistry())
+	put := func(kv ...string) {
+		t.Helper()
+		if err := cl.ProduceSync(context.Background(), kvRecords(kv...)...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitDated := func(what string, after time.Time) {
+		t.Helper()
+		awaitCheckpoint(t, w, rt, what, func(cp Checkpoint, end int64) bool { return cp.Offset >= end && !cp.At.Before(after) })
+	}
+	put("k", "v", "x", "1")
+	g := gateFetches(w.cluster, nil)
+	rt.sb.mu.Lock()
+	rt.sb.start(0)
+	rt.sb.mu.Unlock()
+	waitDated("the standby to copy the changelog", time.Time{})
+	time.Sleep(1500 * time.Millisecond) // a listing of the end dates the copy
+
+	// Ten days of keeping up: its listings date it as they go.
+	clk.skew.Add(int64(10 * 24 * time.Hour))
+	followed := clk.Now()
+	time.Sleep(1500 * time.Millisecond) // a listing of the end, dated now
+	put("a", "1")
+	waitDated("the standby to date its copy ten days on", followed)
+	time.Sleep(1500 * time.Millisecond) // a listing, at the position read
+
+	// Then paused for two minutes.
+	g.gated.Store(true)
+	put("dummy", "1")
+	g.waitHeld(t)
+	put("y", "1")
+	clk.skew.Add(int64(2 * time.Minute))
+	g.open()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for logs.FilterField(zap.Int("copies", 1)).Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby paused past its horizon did not start over in 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e := logs.FilterField(zap.Int("copies", 1)).All()[0]
+	needed, ok := e.ContextMap()["delete_retention_needed"].(time.Duration)
+	// About 2 × 2 min, and the margin.
+	if !ok || needed < 4*time.Minute || needed > 5*time.Minute {
+		t.Fatalf("a standby paused for 2 min names delete_retention_needed %v (%v); want about 4 min: %s", needed, ok, e.Message)
+	}
+}
+
+// awaitCheckpoint waits up to 20 s until ok holds for rt's checkpoint of
+// partition 0 and w's changelog end.
+func awaitCheckpoint(t *testing.T, w *kvWorld, rt *Runtime, what string, ok func(cp Checkpoint, end int64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cp, _, err := rt.store.Checkpoint(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := w.changelogEnd()
+		if ok(cp, e) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (checkpoint %+v, end %d)", what, cp, e)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

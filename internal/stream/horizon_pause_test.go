@@ -62,13 +62,7 @@ func TestStandbyPausedPastHorizonStartsOver(t *testing.T) {
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s (checkpoint %+v, end %d)", what, checkpoint(), end())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		awaitCheckpoint(t, w, rt, what, func(Checkpoint, int64) bool { return cond() })
 	}
 	put("k", "v", "x", "1")
 	// The standby's fetches are held while gated: it stops reading, as a

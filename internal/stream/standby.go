@@ -298,6 +298,11 @@ func (sb *standbys) start(p int32) {
 			// copying until delete.retention.ms changes, or for
 			// standbyHorizonRetry. Its state, dated before, is no warm
 			// copy: a restore of the partition here plans a full one.
+			// Nor is it catching up: its lag is not known (the status
+			// page, the lag gauge), so that maybeForce does not take a
+			// deferred partition for it.
+			t.end.Store(-1)
+			sb.m.lag.DeleteLabelValues(fmt.Sprint(p))
 			sb.rt.m.restoreHorizonExceeded.Inc()
 			sb.rt.log.Error(fmt.Sprintf("standby stops copying the partition until the changelog's delete.retention.ms changes (or for %s): %s", standbyHorizonRetry, msg), fields...)
 			if sb.waitRetention(ctx, he.retention) {
