@@ -248,7 +248,10 @@ func (pt *partition) meterChangedError(changed []defChange) error {
 			status = "final, its working state kept for adjustments"
 		}
 		now := "the meters file now declares " + c.now
-		if !c.declared {
+		switch {
+		case !c.declared && pt.pr.cfg.StrictMeters:
+			now = "the meters file no longer declares it (its state would be finalized and adjusted as an undeclared meter's, " + c.now + ")"
+		case !c.declared:
 			now = "the meters file no longer declares it, and an undeclared meter counts as " + c.now
 		}
 		fmt.Fprintf(&b, "meter %q: its state of period %s (%s) was built as %s, %s", c.meter, msTime(c.start), status, c.was, now)

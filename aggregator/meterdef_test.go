@@ -125,7 +125,7 @@ func TestMeterChangeRefused(t *testing.T) {
 // meter m, stops it, and starts it again on the same state with meters
 // after (either may be empty: no meters file), one more event waiting. It
 // returns the second run once it either stopped (refused) or caught up.
-func restartWith(t *testing.T, before, after string) (*aggHarness, *aggRunning, bool) {
+func restartWith(t *testing.T, before, after string, afterCfg ...func(*Config)) (*aggHarness, *aggRunning, bool) {
 	t.Helper()
 	h := newAggHarness(t, nil, 1)
 	cfg := h.config("a", vfs.NewMem())
@@ -152,6 +152,9 @@ func restartWith(t *testing.T, before, after string) (*aggHarness, *aggRunning, 
 	}
 	h.produce(ev("e2"))
 	cfg.Meters = catalog(after)
+	for _, f := range afterCfg {
+		f(&cfg)
+	}
 	run = h.start(cfg)
 	select {
 	case <-run.done:
@@ -387,4 +390,18 @@ func TestMeterDefsLegacyState(t *testing.T) {
 	sum := cfg
 	sum.Meters = mustMeters(t, "meters:\n  - {name: peak, aggregation: SUM}\n")
 	awaitRefused(t, h.start(sum), "meter peak declared SUM on state built with it MAX")
+}
+
+// TestMeterRemovedUnderStrictMeters: with StrictMeters an undeclared
+// meter's events are rejected, so the refusal of a removed MAX meter does
+// not say that it counts as a SUM, only how its state would be treated.
+func TestMeterRemovedUnderStrictMeters(t *testing.T) {
+	_, run, stopped := restartWith(t, "{name: m, aggregation: MAX}", "{name: other}", func(c *Config) { c.StrictMeters = true })
+	if !stopped || !errors.Is(run.err, ErrMeterChanged) {
+		t.Fatalf("stopped %v, Run = %v; want ErrMeterChanged", stopped, run.err)
+	}
+	msg := run.err.Error()
+	if strings.Contains(msg, "counts as") || !strings.Contains(msg, `no longer declares it (its state would be finalized and adjusted as an undeclared meter's, {"aggregation":"SUM"})`) {
+		t.Fatalf("the error under StrictMeters: %v", run.err)
+	}
 }
