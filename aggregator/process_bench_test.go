@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"fmt"
 	"sync"
 	"syscall"
 	"testing"
@@ -12,33 +11,25 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/internal/benchinput"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
 // The input of BenchmarkPartitionProcess is bench aggregate's
-// (internal/bench/inputs.go: aggregateMeters, aggregateEventOf, benchPlan,
-// benchRates), the records of one partition of usage.deduped of
+// (internal/benchinput), the records of partition 0 of usage.deduped of
 // procBenchPartitions: procBenchEvents events of procBenchCustomers
 // customers, five meters, every customer on the default plan "bench".
 const (
 	procBenchEvents     = 1_000_000
 	procBenchCustomers  = 5_000
 	procBenchPartitions = 8
-	procBenchMeters     = `meters:
-  - {name: api_calls, aggregation: SUM, group_by: [region]}
-  - {name: tokens, aggregation: SUM}
-  - {name: storage_bytes, aggregation: MAX}
-  - {name: active_users, aggregation: UNIQUE_COUNT, property: user}
-  - {name: seats, aggregation: LATEST}
-`
 )
 
-var procBenchMeterNames = []string{"api_calls", "tokens", "storage_bytes", "active_users", "seats"}
-
-// procBenchNow is the input's arrival; the plan and the rate card are a
-// second and a millisecond older, the tick a millisecond younger.
+// procBenchNow is the input's arrival; the plan and the rate card are
+// benchinput.EventSpread and a millisecond older, the tick a millisecond
+// younger.
 var procBenchNow = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
 type procInput struct {
@@ -63,19 +54,12 @@ func makeProcInput() (procInput, error) {
 	in := procInput{names: topics.DefaultNames()}
 	in.names.Prefix = "bench."
 	now := procBenchNow
-	plan := &schemas.Entitlements{Plan: "bench",
-		Caps: []schemas.Cap{{Meter: "api_calls", Limit: 1900, OnLimit: schemas.OnLimitReject},
-			{Meter: "tokens", Limit: 1900, OnLimit: schemas.OnLimitReject}},
-		Grants:    []schemas.Grant{{ID: "bench", Amount: 1_000_000}},
-		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
-	rates := &schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{
-		{Meter: "api_calls", MicroCredits: 1, PerUnits: 1}, {Meter: "tokens", MicroCredits: 15, PerUnits: 1000}}}}}
-	written := now.Add(-time.Second - time.Millisecond)
+	written := now.Add(-benchinput.EventSpread - time.Millisecond)
 	for i, kv := range []struct {
 		key string
 		m   schemas.Message
 		at  time.Time
-	}{{schemas.DefaultPlanKey, plan, written}, {schemas.RateCardKey, rates, written},
+	}{{schemas.DefaultPlanKey, benchinput.Plan(), written}, {schemas.RateCardKey, benchinput.Rates(), written},
 		{schemas.TickKey, &schemas.Tick{InstanceID: "bench"}, now.Add(time.Millisecond)}} {
 		v, err := schemas.Encode(kv.m)
 		if err != nil {
@@ -94,17 +78,11 @@ func makeProcInput() (procInput, error) {
 		if i%100_000 == 0 {
 			add(nil, wm)
 		}
-		cust := i % procBenchCustomers
-		key := schemas.CustomerKey(fmt.Sprintf("cust-%05d", cust))
+		e := benchinput.Event(i, i%procBenchCustomers, procBenchCustomers, now)
+		key := schemas.CustomerKey(e.CustomerID)
 		if schemas.Partition(key, procBenchPartitions) != 0 {
 			continue
 		}
-		e := &schemas.DedupedEvent{EventID: fmt.Sprintf("bench-%d", i), CustomerID: fmt.Sprintf("cust-%05d", cust),
-			Meter:    procBenchMeterNames[(i/procBenchCustomers)%len(procBenchMeterNames)],
-			Quantity: int64(1 + i%100), EventTime: now.Add(-time.Second).Add(time.Duration(i%1000) * time.Millisecond).UnixMilli(),
-			IngestTime: now.UnixMilli(), Source: "bench",
-			Properties: []schemas.Property{{Name: "region", Value: []string{"eu-west-1", "us-east-1"}[i%2]},
-				{Name: "user", Value: fmt.Sprintf("user-%d", i%50)}}}
 		v, err := schemas.Encode(e)
 		if err != nil {
 			return in, err
@@ -119,7 +97,7 @@ func makeProcInput() (procInput, error) {
 // procBenchPartitions, with entitlements or not, on a registry of its own.
 func procBenchProcessor(tb testing.TB, names topics.Names, ent bool) *processor {
 	tb.Helper()
-	cat, err := ParseMeters([]byte(procBenchMeters))
+	cat, err := ParseMeters([]byte(benchinput.Meters))
 	if err != nil {
 		tb.Fatal(err)
 	}
