@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/internal/benchinput"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
@@ -164,20 +165,10 @@ func roundRatios(res *Results, i, j int) string {
 	return b.String()
 }
 
-// benchPlan is the default plan of the aggregator with entitlements: every
-// customer capped on its two SUM meters and paying from a grant, with no
-// overdraft. The default input gives a customer 40 events of each meter
-// (quantities 1 to 100, about 2,000 a meter): the caps reject the events
-// that would take a customer past 1,900; benchRates prices api_calls at 1
-// micro-credit a unit and tokens at 15 per 1,000, which the grant pays.
-var benchPlan = &schemas.Entitlements{Plan: "bench",
-	Caps: []schemas.Cap{{Meter: "api_calls", Limit: 1900, OnLimit: schemas.OnLimitReject},
-		{Meter: "tokens", Limit: 1900, OnLimit: schemas.OnLimitReject}},
-	Grants:    []schemas.Grant{{ID: "bench", Amount: 1_000_000}},
-	Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
-
-var benchRates = &schemas.RateCard{Versions: []schemas.RateVersion{{Rates: []schemas.Rate{
-	{Meter: "api_calls", MicroCredits: 1, PerUnits: 1}, {Meter: "tokens", MicroCredits: 15, PerUnits: 1000}}}}}
+// benchPlan and benchRates are the default plan and the rate card of the
+// aggregator with entitlements (benchinput.Plan): every customer capped
+// on its two SUM meters and paying from a grant, with no overdraft.
+var benchPlan, benchRates = benchinput.Plan(), benchinput.Rates()
 
 // writeEnt writes m under key to every partition of the entitlements
 // topic, as `meterline entitlements set-default` and `set-rates` do, and

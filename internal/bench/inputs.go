@@ -9,6 +9,7 @@ import (
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/benchinput"
 	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
 )
@@ -91,22 +92,13 @@ func (in dedupInput) each(f func(producer.Event) error) (unique int, err error) 
 }
 
 // aggregateMeters are bench aggregate's five meters: every aggregation.
-const aggregateMeters = `meters:
-  - {name: api_calls, aggregation: SUM, group_by: [region]}
-  - {name: tokens, aggregation: SUM}
-  - {name: storage_bytes, aggregation: MAX}
-  - {name: active_users, aggregation: UNIQUE_COUNT, property: user}
-  - {name: seats, aggregation: LATEST}
-`
+const aggregateMeters = benchinput.Meters
 
-var aggregateMeterNames = []string{"api_calls", "tokens", "storage_bytes", "active_users", "seats"}
+var aggregateMeterNames = benchinput.MeterNames
 
-// aggregateEventSpread is how far before its arrival (now) an event of
-// bench aggregate's input can have its event_time: the event times are
-// spread over [now-aggregateEventSpread, now), so that a rate card written
-// at least aggregateEventSpread before now prices every event (a card
-// prices only event times at or after its broker time, DESIGN §12).
-const aggregateEventSpread = time.Second
+// aggregateEventSpread is how far before its arrival an event of bench
+// aggregate's input can have its event_time (benchinput.EventSpread).
+const aggregateEventSpread = benchinput.EventSpread
 
 // aggregateEvent is event i of bench aggregate's input.
 func aggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
@@ -128,18 +120,7 @@ func skewedAggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent
 // aggregateEventOf is event i of customer cust, with aggregateEvent's
 // meters, quantities and times.
 func aggregateEventOf(i, cust, customers int, now time.Time) *schemas.DedupedEvent {
-	meter := (i / customers) % len(aggregateMeterNames)
-	return &schemas.DedupedEvent{
-		EventID:    fmt.Sprintf("bench-%d", i),
-		CustomerID: fmt.Sprintf("cust-%05d", cust),
-		Meter:      aggregateMeterNames[meter],
-		Quantity:   int64(1 + i%100),
-		EventTime:  now.Add(-aggregateEventSpread).Add(time.Duration(i%int(aggregateEventSpread/time.Millisecond)) * time.Millisecond).UnixMilli(),
-		IngestTime: now.UnixMilli(),
-		Source:     "bench",
-		Properties: []schemas.Property{{Name: "region", Value: []string{"eu-west-1", "us-east-1"}[i%2]},
-			{Name: "user", Value: fmt.Sprintf("user-%d", i%50)}},
-	}
+	return benchinput.Event(i, cust, customers, now)
 }
 
 // dedupedRecord places an event as dedup does: keyed and partitioned by

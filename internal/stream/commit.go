@@ -78,6 +78,10 @@ func (rt *Runtime) resetTxn() {
 
 // emit produces an output record into the open transaction.
 func (rt *Runtime) emit(r *kgo.Record) {
+	if rt.sink != nil {
+		rt.sink(r) // a Local's
+		return
+	}
 	rt.m.out(r.Topic).Inc()
 	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }

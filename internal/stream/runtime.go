@@ -158,6 +158,9 @@ type Runtime struct {
 	// txnEnd holds a transaction's records back until the coordinator
 	// finished the previous one (settle.go).
 	txnEnd txnEndWatch
+	// sink takes the emitted records instead of the session (Local); nil
+	// in a Runtime.
+	sink func(*kgo.Record)
 
 	prodMu    sync.Mutex
 	prodErr   error
