@@ -333,8 +333,10 @@ func (ep *entProp) before(steps []pStep) {
 		d := ep.plan("")
 		d.Caps = d.Caps[:0]
 		ep.write(t, schemas.DefaultPlanKey, d, ep.all()...)
-		for _, c := range ep.custs[:2] {
-			ep.write(t, string(schemas.CustomerKey(c)), ep.plan(c), schemas.Partition(schemas.CustomerKey(c), ep.n))
+		plans := []*schemas.Entitlements{ep.plan(ep.custs[0]), ep.plan(ep.custs[1])}
+		capCount(plans)
+		for i, c := range ep.custs[:2] {
+			ep.write(t, string(schemas.CustomerKey(c)), plans[i], schemas.Partition(schemas.CustomerKey(c), ep.n))
 		}
 		return
 	}
@@ -377,6 +379,37 @@ func (ep *entProp) before(steps []pStep) {
 			ep.write(at(ep.all()...), schemas.DefaultPlanKey, ep.plan(""), ep.all()...)
 		}
 	}
+}
+
+// capCount makes sure that one of the first plans, metered, rejects past
+// a cap of at most 2 events a day on the COUNT meter "c", so that every
+// run rejects some events (the check after it): with caps and quantities
+// drawn at random, about one seed in a hundred rejected nothing. If none
+// does, the first metered plan gets a cap of 1 on "c" that rejects (in
+// place of its own cap on "c"); if both are unmetered, the first is made
+// metered. It draws nothing from the run's random source, so a seed's
+// records and events stay as they were.
+func capCount(plans []*schemas.Entitlements) {
+	for _, e := range plans {
+		for _, c := range e.Caps {
+			if !e.Unmetered && c.Meter == "c" && c.Limit <= 2 && c.OnLimit == schemas.OnLimitReject {
+				return
+			}
+		}
+	}
+	e := plans[0]
+	if e.Unmetered && !plans[1].Unmetered {
+		e = plans[1]
+	}
+	e.Unmetered = false
+	tight := schemas.Cap{Meter: "c", Limit: 1, OnLimit: schemas.OnLimitReject}
+	for i := range e.Caps {
+		if e.Caps[i].Meter == "c" {
+			e.Caps[i] = tight
+			return
+		}
+	}
+	e.Caps = append(e.Caps, tight)
 }
 
 // customer writes a new plan of customer c (scheduled for later, or
