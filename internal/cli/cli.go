@@ -17,6 +17,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -139,7 +140,10 @@ type configResolver struct {
 func (r configResolver) Validate(app *kong.Application) error {
 	known := map[string]bool{}
 	_ = kong.Visit(app, func(n kong.Visitable, next kong.Next) error {
-		if f, ok := n.(*kong.Flag); ok {
+		// --config and --help are flags kong does not take from the
+		// file: the file is loaded first, and help acts on the command
+		// line only. Such a key would be accepted and do nothing.
+		if f, ok := n.(*kong.Flag); ok && f.Name != "help" && f.Target.Type() != reflect.TypeFor[kong.ConfigFlag]() {
 			known[strings.ReplaceAll(f.Name, "-", "_")] = true
 			parts := strings.Split(f.Name, "-")
 			for i := 1; i < len(parts); i++ {

@@ -31,3 +31,21 @@ func TestConfigUnknownKey(t *testing.T) {
 		t.Errorf("keys of other commands' flags: exit %d\n%s", code, errOut)
 	}
 }
+
+// TestConfigKeysKongIgnores: config and help name flags, but kong reads
+// neither from the file (the file is loaded before resolvers run, and help
+// acts only on the command line): such a key would pass yet do nothing, so
+// it is refused like a misspelt one.
+func TestConfigKeysKongIgnores(t *testing.T) {
+	for _, body := range []string{"config: other.yaml\n", "help: true\n"} {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		key := strings.SplitN(body, ":", 2)[0]
+		code, _, errOut := run(t, "", "version", "--config", p)
+		if code != 2 || !strings.Contains(errOut, key) {
+			t.Errorf("key %s: exit %d, want 2 naming it:\n%s", key, code, errOut)
+		}
+	}
+}
