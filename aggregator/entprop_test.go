@@ -3,9 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math/rand"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +26,8 @@ import (
 // (runBothWays; a copy of a misplaced record lands when the aggregator
 // reads its original, so behind and interleaved need not agree with
 // them); 3 behind, with step-backs; 4 misplaced records alone.
-// METERLINE_PROPERTY_SEEDS=n adds n kfake seeds from 1000.
+// METERLINE_PROPERTY_SEEDS=n adds n kfake seeds from 1000 (misplaced
+// records, step-backs in every other), and n from 2000 run both ways.
 
 func TestPropertyEntitlementsKFake(t *testing.T) {
 	t.Run("seed=1", func(t *testing.T) { runPropertyWith(t, nil, 1, propKFake, &entGen{stepBack: true, misplaced: true}) })
@@ -42,12 +41,15 @@ func TestPropertyEntitlementsKFake(t *testing.T) {
 	t.Run("seed=3", func(t *testing.T) { runPropertyWith(t, nil, 3, short, &entGen{stepBack: true, behind: true}) })
 	// Misplaced records alone, over three days of broker time.
 	t.Run("seed=4", func(t *testing.T) { runPropertyWith(t, nil, 4, short, &entGen{misplaced: true}) })
-	if n, _ := strconv.Atoi(os.Getenv("METERLINE_PROPERTY_SEEDS")); n > 0 {
-		for seed := int64(1000); seed < 1000+int64(n); seed++ {
-			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-				runPropertyWith(t, nil, seed, short, &entGen{stepBack: seed%2 == 0, misplaced: true})
-			})
-		}
+	n := int64(testenv.PropertySeeds())
+	for seed := int64(1000); seed < 1000+n; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			runPropertyWith(t, nil, seed, short, &entGen{stepBack: seed%2 == 0, misplaced: true})
+		})
+	}
+	// And as many compared caught up and behind, with step-backs.
+	for seed := int64(2000); seed < 2000+n; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runBothWays(t, nil, seed, propKFake, entGen{stepBack: true}) })
 	}
 }
 

@@ -36,7 +36,12 @@ import (
 // the real broker (METERLINE_TEST_KAFKA, without -short).
 
 func TestPropertyKFake(t *testing.T) {
-	for seed := int64(1); seed <= 5; seed++ {
+	seeds := []int64{1, 2, 3, 4, 5}
+	// METERLINE_PROPERTY_SEEDS=n adds n seeds from 1000.
+	for i := range int64(testenv.PropertySeeds()) {
+		seeds = append(seeds, 1000+i)
+	}
+	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			runProperty(t, nil, seed, propKFake)
 		})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meterline/meterline/entitlements/entref"
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -412,6 +413,7 @@ func TestLedgerMatchesReference(t *testing.T) {
 	if testing.Short() {
 		seeds = 40
 	}
+	seeds += testenv.PropertySeeds() // METERLINE_PROPERTY_SEEDS
 	var decided, rejected, pruned, balances, paidChecks, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws int
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
 		sc := genScenario(seed)
