@@ -85,7 +85,8 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) (float64, b
 // the changelog always takes longer than the restore horizon (here each
 // copy's one fetch takes 100 s of a 54 s horizon) never dates a copy, and
 // used to start over every second for ever. After maxHorizonAttempts
-// copies in a row it stops copying, says so (the attempts gauge, the
+// copies in a row it stops copying, wipes its copy (no warm copy for the
+// group's balancer), says so (the attempts gauge, the
 // horizon-exceeded counter, a log line naming the delete.retention.ms a
 // copy at the measured pace needs), and copies again once the changelog's
 // delete.retention.ms is raised: to the value it named, the copy fits.
@@ -144,6 +145,16 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 	rt.sb.mu.Unlock()
 	if forced {
 		t.Error("the standby that gave up counts as caught up: a rebalance was forced to take its partition")
+	}
+	// Nor is its copy warm for the group's balancer: a member it told of
+	// a checkpoint (even one at the log start) would rank above a member
+	// without one, and take the partition to restore it in full at the
+	// pace that just failed.
+	if off, ok := rt.sb.warmCopies()[0]; ok {
+		t.Errorf("the standby that gave up advertises a warm copy of partition 0 at offset %d; want none", off)
+	}
+	if _, ok, err := rt.store.Checkpoint(0); err != nil || ok {
+		t.Errorf("the standby that gave up keeps a checkpoint of partition 0 (err %v); want none", err)
 	}
 	if v, ok := gaugeValue(t, reg, "meterline_stream_horizon_attempts"); !ok || v != maxHorizonAttempts {
 		t.Errorf("meterline_stream_horizon_attempts{partition=0} = %v (exported: %v), want %d", v, ok, maxHorizonAttempts)

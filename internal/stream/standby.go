@@ -41,7 +41,8 @@ import (
 // (paused, stalled) may have missed a tombstone compacted away meanwhile,
 // so it takes no new date and writes no batch (changelogCopy) and starts
 // over with a full copy. After maxHorizonAttempts copies in a row that
-// outlasted the horizon it stops copying until the changelog's
+// outlasted the horizon it wipes its copy, so that the group's balancer
+// does not count it warm, and stops copying until the changelog's
 // delete.retention.ms changes, and says what to set it to (horizonAdvice).
 //
 // A Processor that keeps in-memory structures it would otherwise rebuild
@@ -297,10 +298,17 @@ func (sb *standbys) start(p int32) {
 			// Starting over would repeat it for ever: the standby stops
 			// copying until delete.retention.ms changes, or for
 			// standbyHorizonRetry. Its state, dated before, is no warm
-			// copy: a restore of the partition here plans a full one.
+			// copy: a restore of the partition here would plan a full one,
+			// at the pace that just failed. It is wiped, checkpoint and
+			// all, so that the group's balancer is not told of a copy
+			// (warmCopies) and hands the partition to a member that can
+			// do better; the next copy starts from the log start anyway.
 			// Nor is it catching up: its lag is not known (the status
 			// page, the lag gauge), so that maybeForce does not take a
 			// deferred partition for it.
+			if err := sb.rt.store.wipe(p); err != nil {
+				sb.rt.log.Warn("standby cannot wipe the copy it gave up; the group's balancer may still count it as warm", zap.Int32("partition", p), zap.Error(err))
+			}
 			t.end.Store(-1)
 			sb.m.lag.DeleteLabelValues(fmt.Sprint(p))
 			sb.rt.m.restoreHorizonExceeded.Inc()
