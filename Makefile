@@ -55,27 +55,9 @@ FAILOVER_KEYS ?= 5000000,20000000
 bench-failover:
 	@GOFLAGS=-tags=failoverbench PACKAGES=./internal/standbytest METERLINE_FAILOVER_BENCH=$(FAILOVER_KEYS) TEST_TIMEOUT=60m bash scripts/test.sh
 
+# Every fuzz target, FUZZTIME each (scripts/fuzz.sh).
 fuzz:
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeAggregate$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzFastEncodeUsageEvent$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzDecodeUsageOr$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzBoundRejected$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 60s
-	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzRerouteHeaders$$' -fuzztime 60s
-	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzReplayedHeaders$$' -fuzztime 60s
-	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzTickAuth$$' -fuzztime 60s
-	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseDec$$' -fuzztime 60s
-	$(GO) test ./dedup -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzSplitFramed$$' -fuzztime 60s
-	$(GO) test ./schemas -run '^$$' -fuzz '^FuzzParseEntitlementsKey$$' -fuzztime 60s
-	$(GO) test ./entitlements -run '^$$' -fuzz '^FuzzStateDecode$$' -fuzztime 60s
-	$(GO) test ./entitlements -run '^$$' -fuzz '^FuzzParseDocument$$' -fuzztime 60s
-	$(GO) test ./entitlements -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime 60s
-	$(GO) test ./producer -run '^$$' -fuzz '^FuzzParseJSON$$' -fuzztime 60s
-	$(GO) test ./internal/cli -run '^$$' -fuzz '^FuzzProduceLines$$' -fuzztime 60s
-	$(GO) test ./sink -run '^$$' -fuzz '^FuzzRowDecode$$' -fuzztime 60s
+	@GO=$(GO) bash scripts/fuzz.sh
 
 services-start:
 	deploy/local/kafka.sh start
