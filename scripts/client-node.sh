@@ -17,20 +17,18 @@
 # Environment:
 #   METERLINE_CLIENT_NODE  where the SDK is installed
 #                          (default ~/.cache/meterline/node-clients-<stamp>)
-#   NODE, NPM              the node and npm to use (default node and npm)
+# node and npm are those on PATH (the tests run that node).
 set -euo pipefail
 
 OPENMETER_SDK_VERSION=1.0.0-beta.232   # npm @openmeter/sdk: prereleases only ("latest"), so pinned
 STAMP=om$OPENMETER_SDK_VERSION
 DIR=${METERLINE_CLIENT_NODE:-$HOME/.cache/meterline/node-clients-$STAMP}
-NODE=${NODE:-node}
-NPM=${NPM:-npm}
 
 log() { printf 'client-node: %s\n' "$*" >&2; }
 
 ready() {
     [ -f "$DIR/node_modules/@openmeter/sdk/package.json" ] &&
-        (cd "$DIR" && "$NODE" --input-type=module - "$OPENMETER_SDK_VERSION" <<'JS' >/dev/null 2>&1)
+        (cd "$DIR" && node --input-type=module - "$OPENMETER_SDK_VERSION" <<'JS' >/dev/null 2>&1)
 import { readFileSync } from 'node:fs'
 import { OpenMeter } from '@openmeter/sdk'
 const want = process.argv[2]
@@ -39,9 +37,9 @@ if (typeof OpenMeter !== 'function' || got !== want) process.exit(1)
 JS
 }
 
-command -v "$NODE" >/dev/null || { log "$NODE not found (Node 20 or later is needed)"; exit 1; }
-major=$("$NODE" -p 'process.versions.node.split(".")[0]')
-(( major >= 20 )) || { log "$NODE is Node $major; Node 20 or later is needed"; exit 1; }
+command -v node >/dev/null || { log "node not found (Node 20 or later is needed)"; exit 1; }
+major=$(node -p 'process.versions.node.split(".")[0]')
+(( major >= 20 )) || { log "node is Node $major; Node 20 or later is needed"; exit 1; }
 
 # Test packages run in parallel and may ask for the SDK at once: one
 # installs it, the others wait for it.
@@ -54,14 +52,14 @@ if ready; then
     exit 0
 fi
 
-command -v "$NPM" >/dev/null || { log "$NPM not found"; exit 1; }
+command -v npm >/dev/null || { log "npm not found"; exit 1; }
 [[ -n $DIR && $DIR != / ]] || { log "refusing to use '$DIR'"; exit 1; }
 start=$(date +%s)
 log "installing @openmeter/sdk $OPENMETER_SDK_VERSION into $DIR"
 rm -rf "$DIR"
 mkdir -p "$DIR"
 printf '{"private": true, "type": "module"}\n' >"$DIR/package.json"
-"$NPM" install --prefix "$DIR" --no-audit --no-fund --no-update-notifier \
+npm install --prefix "$DIR" --no-audit --no-fund --no-update-notifier \
     --save-exact --legacy-peer-deps --engine-strict=false --loglevel=error \
     "@openmeter/sdk@$OPENMETER_SDK_VERSION" >&2
 ready || { log "@openmeter/sdk does not import after the install"; exit 1; }
