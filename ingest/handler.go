@@ -343,7 +343,12 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 			err = fmt.Errorf("%w: application/cloudevents+json carries one event (an object); send a batch as application/cloudevents-batch+json", errMalformed)
 		case wantArray && single:
 			err = fmt.Errorf("%w: application/cloudevents-batch+json carries an array of events", errMalformed)
-		case len(elems) == 0:
+		case len(elems) == 0 && !(req.kind == endpointOpenMeter && wantArray):
+			// An empty application/cloudevents-batch+json is a request of
+			// no events, answered 204 as OpenMeter does: its SDKs send one
+			// for an empty list. OpenMeter refuses an empty
+			// application/json array ("no events found"), and so does
+			// this.
 			err = fmt.Errorf("%w: the batch is empty", errMalformed)
 		}
 	}

@@ -70,6 +70,31 @@ func TestCloudEventsSingleAndBatch(t *testing.T) {
 	}
 }
 
+// An empty batch of application/cloudevents-batch+json is a request of no
+// events, answered 204 as OpenMeter answers it: both OpenMeter SDKs send
+// one for an empty list. OpenMeter refuses an empty application/json
+// array ("no events found"), and so does the ingest.
+func TestCloudEventsEmptyBatch(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, body := range []string{"[]", " [ ]\n"} {
+		if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, []byte(body)); status != http.StatusNoContent || len(b) != 0 {
+			t.Errorf("batch %q: %d %s, want 204 and no body", body, status, b)
+		}
+	}
+	for _, ct := range []string{"application/json", "application/cloudevents+json"} {
+		status, _, b := e.post("/api/v1/events", ct, e.token, []byte("[]"))
+		if p := problem(t, b); status != http.StatusBadRequest || p.Type != problemTypePrefix+"malformed" {
+			t.Errorf("%s []: %d %s, want 400 malformed", ct, status, b)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", e.token, []byte("[]")); status != http.StatusBadRequest {
+		t.Errorf("/v1/events []: %d %s, want 400", status, b)
+	}
+	if recs := e.records(); len(recs) != 0 {
+		t.Errorf("%d records written, want none", len(recs))
+	}
+}
+
 // A CloudEvent without time gets the time the request was received (as
 // OpenMeter does), unless the server requires a time.
 func TestCloudEventWithoutTime(t *testing.T) {

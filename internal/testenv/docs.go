@@ -60,12 +60,28 @@ func DocBlocks(t testing.TB, file, lang, needle string) []string {
 // fastavro), making it on first use.
 func ClientPython(t testing.TB) string {
 	t.Helper()
-	cmd := exec.Command("bash", filepath.Join(RepoRoot(t), "scripts", "client-venv.sh"))
+	return clientScript(t, "client-venv.sh")
+}
+
+// ClientNode returns the directory of OpenMeter's Node SDK
+// (scripts/client-node.sh: @openmeter/sdk), installing it on first use.
+// An ES module that `node --input-type=module` runs there, from its
+// standard input, imports '@openmeter/sdk' from that directory.
+func ClientNode(t testing.TB) string {
+	t.Helper()
+	return clientScript(t, "client-node.sh")
+}
+
+// clientScript runs one of the scripts that install the third-party
+// clients and returns the path it prints.
+func clientScript(t testing.TB, name string) string {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(RepoRoot(t), "scripts", name))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("scripts/client-venv.sh: %v\n%s", err, stderr.String())
+		t.Fatalf("scripts/%s: %v\n%s", name, err, stderr.String())
 	}
 	return strings.TrimSpace(string(out))
 }
