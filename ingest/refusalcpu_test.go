@@ -2,13 +2,10 @@ package ingest
 
 import (
 	"bytes"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/meterline/meterline/internal/kafka"
 )
 
 // BenchmarkRefusalCPU measures the CPU the ingest spends on a refused
@@ -30,19 +27,7 @@ func BenchmarkRefusalCPU(b *testing.B) {
 		{"valid-1000-503", "application/json", []byte("[" + strings.TrimSuffix(strings.Repeat(`{"event_id":"x","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"},`, 1000), ",") + "]"), 503},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			srv, err := New(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}, Meters: mustCatalog(b), MaxSkew: 1 << 62, RefusalRate: -1})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer srv.close()
-			srv.maxBuffered = -1
-			id, token, _ := newToken()
-			h := hashToken(token)
-			k := Key{ID: id, Tenant: "acme", Customers: []string{"acme-*"}, Hash: fmt.Sprintf("%x", h[:])}
-			srv.keys.apply(keyRecordKey(id), encodeRecord(record{Key: &k}))
-			srv.keys.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"acme-*"}}}))
-			srv.keys.markLoaded()
-			handler := srv.Handler()
+			handler, token := benchServer(b, Config{MaxSkew: 1 << 62, RefusalRate: -1}, "acme-*")
 			b.SetBytes(int64(len(c.body)))
 			var answer int
 			cpu0 := cpuTime(b)
