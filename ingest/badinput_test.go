@@ -123,7 +123,7 @@ func waitKeys(t *testing.T, srv *Server, n int) {
 // time) is answered with less than its own size, not several times it
 // (a quoted DEL takes five bytes in the answer).
 func TestLongValuesClipped(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, func(c *Config) { c.RefusalRate = -1 }) // every request is refused: no refusal budget (TestRefusalBudget)
 	good := `{"specversion":"1.0","id":"g1","source":"s","type":"prompt","subject":"acme-1","data":{"tokens":{"input":3},"user":"u"}}`
 	long := strings.Repeat("\x7f", 900)
 	for _, c := range []struct {

@@ -22,20 +22,8 @@ import (
 // included) per request, which a loaded machine disturbs less than the
 // wall clock.
 func BenchmarkBatchCPU(b *testing.B) {
-	srv, err := New(Config{Addr: "127.0.0.1:0", Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}, Meters: mustCatalog(b)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.close()
-	srv.maxBuffered = -1 // every request stops before its records are produced
-	id, token, _ := newToken()
-	h := hashToken(token)
-	k := Key{ID: id, Tenant: "acme", Customers: []string{"*"}, Hash: fmt.Sprintf("%x", h[:])}
-	srv.keys.apply(keyRecordKey(id), encodeRecord(record{Key: &k}))
-	srv.keys.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
-	srv.keys.markLoaded()
+	handler, token := benchServer(b, Config{}, "*")
 	body := benchBody(100)
-	handler := srv.Handler()
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	cpu0 := cpuTime(b)
@@ -50,6 +38,28 @@ func BenchmarkBatchCPU(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// benchServer is a server with cfg that produces nothing (every request
+// stops before its records are produced, 503), and a key of tenant acme
+// whose customers are customers, whose token it returns; closed when b
+// ends.
+func benchServer(b *testing.B, cfg Config, customers string) (http.Handler, string) {
+	b.Helper()
+	cfg.Addr, cfg.Kafka, cfg.Meters = "127.0.0.1:0", kafka.Config{Brokers: []string{"127.0.0.1:1"}}, mustCatalog(b)
+	srv, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.close)
+	srv.maxBuffered = -1
+	id, token, _ := newToken()
+	h := hashToken(token)
+	k := Key{ID: id, Tenant: "acme", Customers: []string{customers}, Hash: fmt.Sprintf("%x", h[:])}
+	srv.keys.apply(keyRecordKey(id), encodeRecord(record{Key: &k}))
+	srv.keys.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{customers}}}))
+	srv.keys.markLoaded()
+	return srv.Handler(), token
 }
 
 // cpuTime is the CPU time (user and system) the process has used.

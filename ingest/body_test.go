@@ -45,7 +45,7 @@ func TestReadAll(t *testing.T) {
 // hundreds of bytes of memory for each byte read (a 1 MiB body of "{},"
 // took 250 MB), on every path.
 func TestTooManyTinyEvents(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, func(c *Config) { c.RefusalRate = -1 }) // every request is refused: no refusal budget (TestRefusalBudget)
 	h := e.srv.Handler()
 	const n = 90_000
 	arr := func(elem string) string { return "[" + strings.Repeat(elem+",", n-1) + elem + "]" }

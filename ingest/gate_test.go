@@ -596,3 +596,20 @@ func TestGateLaggingAggregator(t *testing.T) {
 		t.Fatalf("caught up: %d %s, want 402", status, b)
 	}
 }
+
+// A 402 does not spend the refusal budget of a key without a rate: its
+// events are well-formed and the key's to write, and one customer at its
+// cap must not get the key's other customers refused.
+func TestGateRefusalsAreNotCharged(t *testing.T) {
+	e, _, _ := gateEnv(t, func(c *Config) { c.RefusalRate = 1 }) // a bucket of one full request, 1000 events
+	e.putBalances(balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
+	over := batchOf(jobAt("j1", "acme-1", nov29), jobAt("j2", "acme-1", nov29), jobAt("j3", "acme-1", nov29))
+	for i := range 400 { // 1200 events refused 402
+		if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, over); status != http.StatusPaymentRequired {
+			t.Fatalf("request %d over the cap: %d %s, want 402", i, status, b)
+		}
+	}
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, batchOf(jobAt("k1", "acme-2", nov29))); status != http.StatusNoContent {
+		t.Fatalf("another customer of the key after 1200 events refused 402: %d %s, want 204", status, b)
+	}
+}

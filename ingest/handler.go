@@ -224,8 +224,14 @@ func (s *Server) refusalCost(req *request) int {
 func unread(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
 
 // rateLimited answers 429 rate-limited: the key's bucket does not hold
-// the request's events (or, before the body is read, a token).
+// the request's events (or, before the body is read, a token); for a key
+// without a rate, its refusal budget is spent.
 func (s *Server) rateLimited(w http.ResponseWriter, req *request, wait time.Duration) {
+	if req.key.Rate <= 0 {
+		writeProblem(w, http.StatusTooManyRequests, "rate-limited", "Too many refused events",
+			fmt.Sprintf("key %s has had more than %g events per second refused (400, 403, 413, 415): fix what those answers name; try again later", req.key.ID, s.cfg.RefusalRate), nil, wait)
+		return
+	}
 	writeProblem(w, http.StatusTooManyRequests, "rate-limited", "Too many events",
 		fmt.Sprintf("key %s may send %g events per second (a refused request costs its events too); try again later", req.key.ID, req.key.Rate), nil, wait)
 }

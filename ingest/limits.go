@@ -9,17 +9,32 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// limiters hold one token bucket per key with a rate, counting events.
-// The bound is per replica: N replicas behind a load balancer let a key
-// send up to N times its rate.
+// limiters hold one token bucket per key, counting events. A key with a
+// rate spends its bucket on accepted events and on refused requests. A
+// key without one has a bucket of refusalRate that only refused requests
+// spend (its refusal budget): its accepted events are not bounded, but a
+// refused request costs the replica its parse without a Kafka
+// acknowledgement to wait for, so refusals, unbounded, would come as fast
+// as the replica can refuse them. The bound is per replica: N replicas
+// behind a load balancer let a key send up to N times its rate.
 type limiters struct {
-	maxEvents int
-	mu        sync.Mutex
-	byKey     map[string]*rate.Limiter
+	maxEvents   int
+	refusalRate float64 // <= 0: keys without a rate have no refusal budget
+	mu          sync.Mutex
+	byKey       map[string]*rate.Limiter
 }
 
-func newLimiters(maxEvents int) *limiters {
-	return &limiters{maxEvents: maxEvents, byKey: map[string]*rate.Limiter{}}
+func newLimiters(maxEvents int, refusalRate float64) *limiters {
+	return &limiters{maxEvents: maxEvents, refusalRate: refusalRate, byKey: map[string]*rate.Limiter{}}
+}
+
+// rate is the rate of the key's bucket: its own, or the refusal budget
+// for a key without one; 0: no bucket.
+func (l *limiters) rate(k *Key) float64 {
+	if k.Rate > 0 {
+		return k.Rate
+	}
+	return max(l.refusalRate, 0)
 }
 
 // bucket is the key's token bucket, made on its first use.
@@ -28,7 +43,8 @@ func (l *limiters) bucket(k *Key) *rate.Limiter {
 	defer l.mu.Unlock()
 	lim := l.byKey[k.ID]
 	if lim == nil {
-		lim = rate.NewLimiter(rate.Limit(k.Rate), max(int(math.Ceil(k.Rate)), l.maxEvents))
+		r := l.rate(k)
+		lim = rate.NewLimiter(rate.Limit(r), max(int(math.Ceil(r)), l.maxEvents))
 		l.byKey[k.ID] = lim
 	}
 	return lim
@@ -39,6 +55,7 @@ func (l *limiters) bucket(k *Key) *rate.Limiter {
 // token (its parse was not free): otherwise a key that keeps its bucket
 // short of a batch could have batches parsed and refused without end.
 // The bucket holds a second of the rate, and at least one full request.
+// A key without a rate takes nothing: its bucket is for refusals only.
 func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 	if k.Rate <= 0 {
 		return 0
@@ -61,17 +78,18 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 
 // admit is checked before a request's body is read: it returns how long
 // to wait until the key's bucket holds a token again (0: it does, or the
-// key has no rate). Nothing is taken. A request that would pass take
+// key has no bucket). Nothing is taken. A request that would pass take
 // passes admit, so accepted traffic is not changed by it; a key that has
 // spent its bucket, on accepted events or on refused requests (charge),
 // is answered 429 before its body costs anything.
 func (l *limiters) admit(k *Key, now time.Time) time.Duration {
-	if k.Rate <= 0 {
+	r := l.rate(k)
+	if r <= 0 {
 		return 0
 	}
 	lim := l.bucket(k)
 	if t := lim.TokensAt(now); t < 1 {
-		return time.Duration((1 - t) / k.Rate * float64(time.Second))
+		return time.Duration((1 - t) / r * float64(time.Second))
 	}
 	return 0
 }
@@ -82,7 +100,7 @@ func (l *limiters) admit(k *Key, now time.Time) time.Duration {
 // the key wait out). It returns how long to wait until the bucket holds
 // a token again.
 func (l *limiters) charge(k *Key, n int, now time.Time) time.Duration {
-	if k.Rate <= 0 {
+	if l.rate(k) <= 0 {
 		return 0
 	}
 	lim := l.bucket(k)

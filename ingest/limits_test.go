@@ -85,8 +85,9 @@ func TestRefusedRequestsCost(t *testing.T) {
 	if status, _, b := e.post("/v1/events", "application/json", token2, apiCall("q", "acme-1")); status != http.StatusTooManyRequests {
 		t.Fatalf("a valid request after 10 requests refused 415: %d %s, want 429", status, b)
 	}
-	// A key without a rate is not charged; the tenant's other key has its
-	// own bucket.
+	// A key without a rate is charged only to its refusal budget (1000
+	// events by default, TestRefusalBudget), far from spent; the tenant's
+	// other key has its own bucket.
 	for i := range 3 {
 		if status, _, _ := e.post("/v1/events", "application/json", e.token, []byte(batch)); status != http.StatusBadRequest {
 			t.Fatalf("unbounded key, invalid request %d: %d", i, status)
@@ -94,6 +95,59 @@ func TestRefusedRequestsCost(t *testing.T) {
 	}
 	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("r", "acme-1")); status != http.StatusAccepted {
 		t.Fatalf("unbounded key: %d %s, want 202", status, b)
+	}
+}
+
+// A key without a rate has a refusal budget (Config.RefusalRate): its
+// refused requests take from a bucket that its accepted events do not
+// touch, and once they have spent it the key is answered 429 before its
+// bodies are read, as a key that spent its rate; a negative RefusalRate
+// is no budget. The clock is fixed: the buckets do not refill.
+func TestRefusalBudget(t *testing.T) {
+	e, _ := rateEnv(t, 10, func(c *Config) { c.RefusalRate = 10 })
+	bad := `{"event_id":"x","customer_id":"acme-1","meter":"api_calls","quantity":"no","event_time":"2026-11-29T12:00:00Z"}`
+	batch := []byte("[" + strings.TrimSuffix(strings.Repeat(bad+",", 5), ",") + "]")
+	ten := []byte("[" + strings.TrimSuffix(strings.Repeat(string(apiCall("v", "acme-1"))+",", 10), ",") + "]")
+	// Accepted events take nothing from it: 30 events, three times the
+	// bucket.
+	for i := range 3 {
+		if status, _, b := e.post("/v1/events", "application/json", e.token, ten); status != http.StatusAccepted {
+			t.Fatalf("valid request %d of a key without a rate: %d %s, want 202", i, status, b)
+		}
+	}
+	// The bucket holds 10: two requests of 5 invalid events spend it.
+	for i := range 2 {
+		if status, _, b := e.post("/v1/events", "application/json", e.token, batch); status != http.StatusBadRequest {
+			t.Fatalf("invalid request %d: %d %s, want 400", i, status, b)
+		}
+	}
+	status, hdr, b := e.post("/v1/events", "application/json", e.token, apiCall("after", "acme-1"))
+	if status != http.StatusTooManyRequests {
+		t.Fatalf("a valid request after 10 refused events of a key without a rate: %d %s, want 429", status, b)
+	}
+	p := problem(t, b)
+	if p.Type != "urn:meterline:problem:rate-limited" || p.RetryAfter < 1 || hdr.Get("Retry-After") != strconv.Itoa(p.RetryAfter) ||
+		!strings.Contains(p.Detail, "refused") {
+		t.Errorf("problem %+v, Retry-After %q", p, hdr.Get("Retry-After"))
+	}
+	conn := startSlowRequest(t, e.srv.Addr(), e.token, apiCall("slow", "acme-1"))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got := answerOf(t, conn); got != "HTTP/1.1 429" {
+		t.Errorf("a request of a key whose refusal budget is spent, its body not arrived, was answered %q, want 429 at once", got)
+	}
+	if n := len(e.records()); n != 30 {
+		t.Errorf("%d records, want the 30 accepted", n)
+	}
+
+	// No budget: refusals are bounded by the in-flight limits only.
+	e, _ = rateEnv(t, 10, func(c *Config) { c.RefusalRate = -1 })
+	for i := range 5 {
+		if status, _, b := e.post("/v1/events", "application/json", e.token, batch); status != http.StatusBadRequest {
+			t.Fatalf("no budget, invalid request %d: %d %s, want 400", i, status, b)
+		}
+	}
+	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("nobudget", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("no budget, after 25 refused events: %d %s, want 202", status, b)
 	}
 }
 

@@ -31,7 +31,10 @@ type Server struct {
 	Addr string
 	// User is the ClickHouse user. Default: "default".
 	User string
-	// Password is the user's password. Default: none.
+	// Password is the user's password. Default: none. The native protocol
+	// sends it in the clear: Validate refuses one without TLS unless Addr
+	// is a loopback address (localhost, 127.0.0.0/8, ::1), as kafka.Config
+	// refuses SASL/PLAIN without TLS.
 	Password secret.Secret
 	// TLS encrypts the connection and verifies the server's certificate
 	// (ClickHouse's tcp_port_secure). Default: off.
@@ -47,7 +50,25 @@ func (s Server) Validate() error {
 	if err := s.TLS.Validate("sink: clickhouse-tls"); err != nil {
 		errs = append(errs, err)
 	}
+	if !s.Password.IsZero() && !s.TLS.On() && s.Addr != "" && !loopback(s.Addr) {
+		errs = append(errs, fmt.Errorf("sink: clickhouse-password: the native protocol sends the password in the clear; to %s it needs TLS (--clickhouse-tls, and the server's tcp_port_secure)", s.Addr))
+	}
 	return errors.Join(errs...)
+}
+
+// loopback reports whether addr's host is this machine: localhost or a
+// loopback IP. A password sent there in the clear never leaves it.
+// Another name is not resolved: what it resolves to may change.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s Server) user() string {

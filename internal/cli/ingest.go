@@ -27,6 +27,7 @@ type IngestFlags struct {
 	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
 	MaxInFlight       int           `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
 	MaxInFlightPerKey int           `name:"max-in-flight-per-client" help:"Most requests of one API key served at once (429 too-many-in-flight beyond); -1: no bound." default:"${ingest_max_in_flight_per_client}"`
+	RefusalRate       float64       `help:"Refusal budget of a key without a rate: events per second it may have refused (400, 403, 413, 415) on this replica; past it, 429 before bodies are read; -1: no budget." default:"${ingest_refusal_rate}"`
 	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
 	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
 	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
@@ -42,7 +43,7 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
 		BalancesTopic: g.Topic.BalancesTopic(), NoGate: !f.QuotaGate, GateMaxAge: f.GateMaxAge,
 		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
-		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerKey: f.MaxInFlightPerKey, ProduceTimeout: f.ProduceTimeout,
+		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerKey: f.MaxInFlightPerKey, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
 		Logger: log, Registerer: reg,
 	}

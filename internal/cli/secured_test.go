@@ -616,14 +616,16 @@ func TestRealSecuredACLs(t *testing.T) {
 		}
 	}
 
-	// The HTTP ingest, as its own principal, with a key the operator made.
-	grant(t, adm, docs, prefix, "operator", "operator")
+	// The HTTP ingest, as its own principal, with a key the key
+	// administrator made.
+	k = k.AddUser(t, "keyadmin")
+	grant(t, adm, docs, prefix, "keyadmin", "keyadmin")
 	grant(t, adm, docs, prefix, "ingest", "ingest")
 	code, token, errOut := run(t, "", append([]string{"keys", "create", "--tenant", "acme", "--customers", "c*", "--topic-prefix", prefix},
-		k.Flags("operator", kafka.ScramSHA512)...)...)
+		k.Flags("keyadmin", kafka.ScramSHA512)...)...)
 	token = strings.TrimSpace(token)
 	if code != 0 || !strings.HasPrefix(token, "mlk_") {
-		t.Fatalf("keys create as the operator: exit %d, stdout %q\n%s", code, token, errOut)
+		t.Fatalf("keys create as the key administrator: exit %d, stdout %q\n%s", code, token, errOut)
 	}
 	ingestAddr, ingestMetrics := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	ing := start(t, "meterline ingest", append([]string{"ingest", "--log-level", "info", "--topic-prefix", prefix,

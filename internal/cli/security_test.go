@@ -131,3 +131,34 @@ func TestPlainNeedsTLS(t *testing.T) {
 		t.Fatalf("exit %d, want 2 saying PLAIN needs TLS: %s", code, errOut)
 	}
 }
+
+// TestClickHousePasswordNeedsTLS: ClickHouse's native protocol sends the
+// password in the clear, so a command refuses one without TLS to another
+// machine (exit status 2, before connecting), as it refuses SASL/PLAIN
+// without TLS; to a loopback address it is allowed.
+func TestClickHousePasswordNeedsTLS(t *testing.T) {
+	const pw = "ch-password-not-to-show"
+	t.Setenv(EnvClickHousePassword, pw)
+	for _, args := range [][]string{
+		{"migrate", "--clickhouse", "clickhouse.internal:9000"},
+		{"sink", "--validate", "--instance-id", "a", "--clickhouse", "10.1.2.3:9000"},
+		{"run", "--validate", "--instance-id", "a", "--clickhouse", "clickhouse.internal:9000", "--dedup-keys-file", testenv.DedupKeysFile(t)},
+	} {
+		code, out, errOut := run(t, "", args...)
+		if code != 2 || !strings.Contains(errOut, "in the clear") || !strings.Contains(errOut, "--clickhouse-tls") {
+			t.Errorf("%s: exit %d, want 2 saying the password needs TLS:\n%s%s", args, code, out, errOut)
+		}
+		if strings.Contains(out+errOut, pw) {
+			t.Errorf("%s: the output shows the password", args)
+		}
+	}
+	// Over TLS, or to this machine, the configuration is valid.
+	for _, args := range [][]string{
+		{"sink", "--validate", "--instance-id", "a", "--clickhouse", "clickhouse.internal:9440", "--clickhouse-tls"},
+		{"sink", "--validate", "--instance-id", "a", "--clickhouse", "127.0.0.1:9000"},
+	} {
+		if code, out, errOut := run(t, "", args...); code != 0 {
+			t.Errorf("%s: exit %d, want 0:\n%s%s", args, code, out, errOut)
+		}
+	}
+}
