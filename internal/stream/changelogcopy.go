@@ -52,6 +52,13 @@ type changelogCopy struct {
 	// concerns what it read since.
 	from, firstEnd, end int64     // where it started (or was dated), the changelog's end then, and the last end listed
 	started             time.Time // when it started (or was dated; Config.Clock)
+	// stalled is the part of that time the copy spent waiting at the
+	// changelog's last stable offset (stall), not reading.
+	stalled time.Duration
+	// lso and hw are the changelog's last stable offset and high
+	// watermark, as listed when the copy started and then as each fetch of
+	// the partition reports them.
+	lso, hw int64
 }
 
 // errBeyondHorizon is returned (wrapped, in a *horizonError) by a copy
@@ -79,33 +86,45 @@ func (e *horizonError) Unwrap() error { return errBeyondHorizon }
 // it started or last took a date (a standby tail that kept up for days and
 // was then paused is measured over the pause): the offsets it read, how
 // far it still was from the changelog's end, how far that end moved
-// meanwhile, and in how long (Config.Clock).
+// meanwhile, in how long (Config.Clock), and how much of that time it
+// stalled at the changelog's last stable offset (changelogCopy.stall).
 type copyPace struct {
 	Read, Left, Grown int64
-	Elapsed           time.Duration
+	Elapsed, Stalled  time.Duration
 }
 
-// projected returns how long a copy at this pace takes from its start to
-// the changelog's end: Elapsed + Left / (read rate − growth rate). ok is
-// false when the copy read nothing, or did not gain on the end.
+// reading is the time the copy spent reading: Elapsed without its stalls.
+func (c copyPace) reading() time.Duration { return max(c.Elapsed-c.Stalled, 0) }
+
+// projected returns how long a copy at this pace, without its stalls,
+// takes from its start to the changelog's end: the offsets between them
+// when it started, at the read rate (offsets read per second of reading)
+// less the rate the end grows at (per second of Elapsed, stalls included:
+// the end moves whether the copy reads or waits). ok is false when the
+// copy read nothing, or would not gain on the end.
 func (c copyPace) projected() (d time.Duration, ok bool) {
-	if c.Read <= 0 || c.Elapsed <= 0 || c.Read <= c.Grown {
+	r := c.reading()
+	if c.Read <= 0 || r <= 0 || c.Elapsed <= 0 {
 		return 0, false
 	}
-	gain := float64(c.Read-c.Grown) / c.Elapsed.Seconds() // offsets/s
-	s := c.Elapsed.Seconds() + float64(max(c.Left, 0))/gain
+	gain := float64(c.Read)/r.Seconds() - float64(c.Grown)/c.Elapsed.Seconds() // offsets/s
+	if gain <= 0 {
+		return 0, false
+	}
+	s := float64(c.Read+max(c.Left, 0)-c.Grown) / gain
 	if s >= float64(math.MaxInt64/int64(time.Second)) {
 		return time.Duration(math.MaxInt64), true
 	}
-	return time.Duration(s * float64(time.Second)), true
+	return time.Duration(max(s, 0) * float64(time.Second)), true
 }
 
 // newChangelogCopy starts reading changelog partition p from offset from
 // (read_committed, control records kept, so that the position passes the
 // transaction markers) towards the changelog's end, end, its checkpoints
-// dated at. warm, when not nil, receives every record once it is
+// dated at; lso is the changelog's last stable offset listed with end (-1:
+// not known). warm, when not nil, receives every record once it is
 // committed. The caller closes it.
-func (rt *Runtime) newChangelogCopy(p int32, what string, from, end int64, at time.Time, warm WarmState) (*changelogCopy, error) {
+func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, at time.Time, warm WarmState) (*changelogCopy, error) {
 	cl, err := rt.newClient(
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -119,15 +138,28 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from, end int64, at ti
 		return nil, err
 	}
 	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from,
-		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now()}, nil
+		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now(), lso: lso, hw: end}, nil
 }
 
 // listed records a later listing of the changelog's end, for the pace.
 func (c *changelogCopy) listed(end int64) { c.end = max(c.end, end) }
 
+// stall reports whether the copy has read up to the changelog's last
+// stable offset while the log goes on past it: read_committed returns
+// nothing more until the transaction open there (a previous owner's, not
+// yet timed out) commits or aborts, so the copy waits rather than reads.
+// The LSO is the last one a fetch reported, or listed when the copy
+// started; the log's end, the last one a fetch reported or listed (the
+// standby lists it every second).
+func (c *changelogCopy) stall() bool {
+	return c.lso >= 0 && c.pos >= c.lso && max(c.hw, c.end) > c.lso
+}
+
 // fetch polls the changelog, for at most wait when wait > 0. Once ctx ends
 // it returns ctx's error; otherwise the first fetch error other than the
-// end of the poll's own wait.
+// end of the poll's own wait. A poll that starts while the copy stalls at
+// the last stable offset counts as stalled time, not reading, in the
+// copy's pace: a copy held up by an open transaction is not a slow one.
 func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetches, error) {
 	pctx := ctx
 	if wait > 0 {
@@ -135,10 +167,19 @@ func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetc
 		pctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
+	stalled, t0 := c.stall(), c.rt.cfg.Clock.Now()
 	fs := c.cl.PollFetches(pctx)
+	if stalled {
+		c.stalled += max(c.rt.cfg.Clock.Now().Sub(t0), 0)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if fp.Topic == c.rt.cfg.ChangelogTopic && fp.Partition == c.p && fp.Err == nil && len(fp.Records) > 0 {
+			c.lso, c.hw = fp.LastStableOffset, fp.HighWatermark
+		}
+	})
 	var ferr error
 	fs.EachError(func(_ string, _ int32, err error) {
 		if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -206,13 +247,18 @@ func (c *changelogCopy) redate(at time.Time, retention time.Duration) error {
 		return c.beyondHorizon(retention)
 	}
 	c.at, c.atPos = at, c.pos
-	c.from, c.firstEnd, c.started = c.pos, c.end, c.rt.cfg.Clock.Now()
+	c.from, c.firstEnd, c.started, c.stalled = c.pos, c.end, c.rt.cfg.Clock.Now(), 0
 	return nil
 }
 
+// pace returns the copy's pace since it started or last took a date.
+func (c *changelogCopy) pace() copyPace {
+	return copyPace{Read: c.pos - c.from, Left: c.end - c.pos, Grown: c.end - c.firstEnd,
+		Elapsed: c.rt.cfg.Clock.Now().Sub(c.started), Stalled: c.stalled}
+}
+
 func (c *changelogCopy) beyondHorizon(retention time.Duration) error {
-	return &horizonError{what: c.what, p: c.p, at: c.at, pos: c.pos, retention: retention, pace: copyPace{
-		Read: c.pos - c.from, Left: c.end - c.pos, Grown: c.end - c.firstEnd, Elapsed: c.rt.cfg.Clock.Now().Sub(c.started)}}
+	return &horizonError{what: c.what, p: c.p, at: c.at, pos: c.pos, retention: retention, pace: c.pace()}
 }
 
 // commit writes the pending records with the checkpoint {position, date},
@@ -252,6 +298,7 @@ func (c *changelogCopy) close() {
 type copyStart struct {
 	plan      restorePlan
 	end       int64 // the changelog's end offset, listed at now
+	lso       int64 // its last stable offset, listed then
 	logStart  int64
 	retention time.Duration // zero when unknown
 	now       time.Time
@@ -272,6 +319,10 @@ func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logg
 	if err != nil {
 		return copyStart{}, err
 	}
+	lso, err := rt.changelogOffset(ctx, adm.ListCommittedOffsets, p, "last stable")
+	if err != nil {
+		return copyStart{}, err
+	}
 	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
 	if err != nil {
 		return copyStart{}, err
@@ -286,7 +337,7 @@ func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logg
 	now := rt.cfg.Clock.Now()
 	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
 		Retention: retention, Rate: rt.restoreRate()})
-	cs := copyStart{plan: plan, end: end, logStart: logStart, retention: retention, now: now, from: cp.Offset, at: cp.At}
+	cs := copyStart{plan: plan, end: end, lso: lso, logStart: logStart, retention: retention, now: now, from: cp.Offset, at: cp.At}
 	if plan.Full {
 		cs.from, cs.at = logStart, now
 	}

@@ -275,6 +275,18 @@ func TestHorizonAdvice(t *testing.T) {
 		{"moving target", copyPace{Read: 3000, Left: 3000, Grown: 1000, Elapsed: r}, 5*r + 7*time.Second, "the copy takes 2m30s to the end"},
 		{"no gain", copyPace{Read: 1000, Left: 5000, Grown: 1000, Elapsed: r}, 0, "the changelog grows faster than the copy reads it"},
 		{"stalled", copyPace{Read: 0, Left: 5000, Elapsed: r}, 0, "its reads stall"},
+		// The "restore" copy, after waiting 2 min at an open
+		// transaction's LSO: its pace is that of its minute of reading.
+		{"slow and stalled", copyPace{Read: 1000, Left: 2000, Elapsed: 3 * r, Stalled: 2 * r}, 6*r + 7*time.Second, "the copy takes 3m0s to the end; raise delete.retention.ms of c to at least 6m7s"},
+		// Growth is per second of Elapsed (the end moves while the copy
+		// waits): it reads 3000 offsets per minute of reading, the end
+		// moves 1000 per minute of the two; it gains 2000 a minute on the
+		// 4000 between its start and the end then, 2 min in all.
+		{"moving target, stalled", copyPace{Read: 3000, Left: 3000, Grown: 2000, Elapsed: 2 * r, Stalled: r}, 4*r + 7*time.Second, "the copy takes 2m0s to the end"},
+		// A copy that read everything in a second and waited the rest:
+		// the wait, not delete.retention.ms, made it outlast the horizon.
+		{"fast, stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r - time.Second}, 0, "without the wait the copy takes 1s to the end, which delete.retention.ms fits; a previous owner's open transaction"},
+		{"only stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r}, 0, "it spent the time waiting"},
 	} {
 		msg, needed := rt.horizonAdvice(0, 2, &horizonError{retention: r, pace: tc.pace})
 		if needed != tc.needed || !strings.Contains(msg, tc.says) || !strings.Contains(msg, "2 copies in a row") {

@@ -413,7 +413,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	}
 	end, now := cs.end, cs.now
 
-	c, err := rt.newChangelogCopy(p, "standby", cs.from, end, cs.at, warm)
+	c, err := rt.newChangelogCopy(p, "standby", cs.from, end, cs.lso, cs.at, warm)
 	if err != nil {
 		return nil, err
 	}
