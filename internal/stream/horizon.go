@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -254,6 +255,9 @@ type restoreHorizon struct {
 	cfgMu           sync.Mutex
 	retention       time.Duration // zero: unknown
 	retentionReadAt time.Time
+	// known is the last delete.retention.ms read (ns; zero: none yet),
+	// for warmCopies, which must not wait on cfgMu (held during a read).
+	known atomic.Int64
 
 	mu   sync.Mutex
 	rate float64 // records/s; zero: not loaded yet
@@ -290,8 +294,37 @@ func (rt *Runtime) deleteRetention(ctx context.Context, adm *kadm.Client, log *z
 		log.Warn("cannot read the changelog's delete.retention.ms: restoring partitions in full (grant DescribeConfigs on the topic)",
 			zap.String("changelog", rt.cfg.ChangelogTopic), zap.Error(err))
 	}
+	if err == nil && d > 0 && time.Duration(h.known.Swap(int64(d))) != d {
+		if err := rt.store.SetRetention(d); err != nil {
+			log.Warn("cannot persist the changelog's delete.retention.ms", zap.Error(err))
+		}
+	}
 	h.retention, h.retentionReadAt = d, now
 	return d
+}
+
+// knownRetention returns the changelog's delete.retention.ms as last read,
+// by this process or, until it reads it, by an earlier one (persisted);
+// zero when it was never read. It does not wait for the broker.
+func (rt *Runtime) knownRetention() time.Duration {
+	h := &rt.horizon
+	if d := h.known.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	d, ok, err := rt.store.Retention()
+	if err != nil || !ok {
+		return 0
+	}
+	h.known.CompareAndSwap(0, int64(d))
+	return time.Duration(h.known.Load())
+}
+
+// withinHorizon reports whether a restore from checkpoint cp would replay
+// only its tail if it had one (planRestore, with a tail of one offset):
+// the copy is dated, and its horizon, under delete.retention.ms retention,
+// has not passed at now. A copy older than that is restored in full.
+func withinHorizon(cp Checkpoint, now time.Time, retention time.Duration) bool {
+	return !planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: true, End: cp.Offset + 1, Retention: retention}).Full
 }
 
 func readDeleteRetention(ctx context.Context, adm *kadm.Client, topic string) (time.Duration, error) {

@@ -29,7 +29,7 @@ import (
 //
 //	0x00 | partition (2 bytes, big-endian) | user key   state
 //	0x01 | partition                                     checkpoint (Checkpoint: 16 bytes)
-//	0x02 | name                                          instance metadata (restore rate)
+//	0x02 | name                                          instance metadata (restore rate, delete retention)
 type Store struct {
 	db *pebble.DB
 }
@@ -44,6 +44,11 @@ const (
 // (records/s, float64 bits), kept across restarts so that the first
 // restore after one is not planned on the default.
 var keyRestoreRate = []byte{prefixMeta, 'r', 'a', 't', 'e'}
+
+// keyRetention holds the changelog's delete.retention.ms (ms, int64) as
+// last read, so that a restarted instance knows which of its copies are
+// within the restore horizon before it reads it again (warmCopies).
+var keyRetention = []byte{prefixMeta, 'd', 'r', 'e', 't'}
 
 // pebbleLogger sends Pebble's messages to zap: its routine messages at
 // debug, its errors at error.
@@ -178,6 +183,14 @@ func (s *Store) Checkpoint(p int32) (cp Checkpoint, ok bool, err error) {
 		return Checkpoint{}, false, err
 	}
 	defer closer.Close()
+	cp, err = decodeCheckpoint(v)
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("stream: partition %d: %w", p, err)
+	}
+	return cp, true, nil
+}
+
+func decodeCheckpoint(v []byte) (cp Checkpoint, err error) {
 	switch len(v) {
 	case 16:
 		if ms := int64(binary.BigEndian.Uint64(v[8:])); ms > 0 {
@@ -186,9 +199,9 @@ func (s *Store) Checkpoint(p int32) (cp Checkpoint, ok bool, err error) {
 		fallthrough
 	case 8: // an undated checkpoint of an older version
 		cp.Offset = int64(binary.BigEndian.Uint64(v[:8]))
-		return cp, true, nil
+		return cp, nil
 	}
-	return Checkpoint{}, false, fmt.Errorf("stream: partition %d: corrupt checkpoint (%d bytes)", p, len(v))
+	return Checkpoint{}, fmt.Errorf("corrupt checkpoint (%d bytes)", len(v))
 }
 
 // RestoreRate returns the persisted restore-throughput estimate in
@@ -214,6 +227,31 @@ func (s *Store) SetRestoreRate(rate float64) error {
 	var v [8]byte
 	binary.BigEndian.PutUint64(v[:], math.Float64bits(rate))
 	return s.db.Set(keyRestoreRate, v[:], pebble.NoSync)
+}
+
+// Retention returns the persisted delete.retention.ms of the changelog;
+// ok is false when none was read yet.
+func (s *Store) Retention() (d time.Duration, ok bool, err error) {
+	v, closer, err := s.db.Get(keyRetention)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, false, fmt.Errorf("stream: corrupt delete retention (%d bytes)", len(v))
+	}
+	ms := int64(binary.BigEndian.Uint64(v))
+	return time.Duration(ms) * time.Millisecond, ms > 0, nil
+}
+
+// SetRetention persists the changelog's delete.retention.ms.
+func (s *Store) SetRetention(d time.Duration) error {
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(d.Milliseconds()))
+	return s.db.Set(keyRetention, v[:], pebble.NoSync)
 }
 
 // batch accumulates state writes of several partitions.
