@@ -216,17 +216,7 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 // estimate, so the stage started again refuses at once.
 func TestFullRestoreOutlastingHorizonIsRefused(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
-	clk := &skewClock{}
-	// Enough records for a copy to measure the restore rate.
-	kv := make([]string, 0, 2*minRateSample)
-	for i := range minRateSample {
-		kv = append(kv, fmt.Sprint("k", i), "v")
-	}
-	w.send(kv...)
-	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
-		t.Fatal(err)
-	}
+	w, clk := rateSampleWorld(t)
 	slow := slowCopies(t, w, clk, w.changelogEnd(), 100*time.Second)
 	w.send("z", "1")
 	fsB := vfs.NewMem()
@@ -251,6 +241,24 @@ func TestFullRestoreOutlastingHorizonIsRefused(t *testing.T) {
 		t.Errorf("b, started again, made %d slow fetches; want none", m-n)
 	}
 	expectRestores(t, "b, again", reg, map[string]float64{"full/no_state": 1, "horizon_exceeded": 1})
+}
+
+// rateSampleWorld returns a kvWorld whose changelog (delete.retention.ms
+// 60 s) instance "a" wrote minRateSample records to, enough for a copy to
+// measure the restore rate, and the skewable clock a ran on.
+func rateSampleWorld(t *testing.T) (*kvWorld, *skewClock) {
+	t.Helper()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	kv := make([]string, 0, 2*minRateSample)
+	for i := range minRateSample {
+		kv = append(kv, fmt.Sprint("k", i), "v")
+	}
+	w.send(kv...)
+	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
+		t.Fatal(err)
+	}
+	return w, clk
 }
 
 // TestHorizonAdvice: what a copy refused for the horizon tells the

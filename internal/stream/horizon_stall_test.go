@@ -30,17 +30,7 @@ import (
 // refused at once after a restart: TestFullRestoreOutlastingHorizonIsRefused.)
 func TestRestoreStalledAtOpenTransactionKeepsItsPace(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
-	clk := &skewClock{}
-	// Enough records for a copy to measure the restore rate.
-	kv := make([]string, 0, 2*minRateSample)
-	for i := range minRateSample {
-		kv = append(kv, fmt.Sprint("k", i), "v")
-	}
-	w.send(kv...)
-	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
-		t.Fatal(err)
-	}
+	w, clk := rateSampleWorld(t)
 
 	// A previous owner's transactions on the changelog, one at a time,
 	// each left open until b's copy waits at it.

@@ -207,7 +207,18 @@ func decodeCheckpoint(v []byte) (cp Checkpoint, err error) {
 // RestoreRate returns the persisted restore-throughput estimate in
 // records/s; ok is false when none was measured yet.
 func (s *Store) RestoreRate() (rate float64, ok bool, err error) {
-	v, closer, err := s.db.Get(keyRestoreRate)
+	v, ok, err := s.meta8(keyRestoreRate, "restore rate")
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	rate = math.Float64frombits(v)
+	return rate, rate > 0 && !math.IsInf(rate, 0) && !math.IsNaN(rate), nil
+}
+
+// meta8 reads the 8-byte instance metadata at key (what names it in
+// errors); ok is false when there is none.
+func (s *Store) meta8(key []byte, what string) (v uint64, ok bool, err error) {
+	b, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, false, nil
 	}
@@ -215,11 +226,10 @@ func (s *Store) RestoreRate() (rate float64, ok bool, err error) {
 		return 0, false, err
 	}
 	defer closer.Close()
-	if len(v) != 8 {
-		return 0, false, fmt.Errorf("stream: corrupt restore rate (%d bytes)", len(v))
+	if len(b) != 8 {
+		return 0, false, fmt.Errorf("stream: corrupt %s (%d bytes)", what, len(b))
 	}
-	rate = math.Float64frombits(binary.BigEndian.Uint64(v))
-	return rate, rate > 0 && !math.IsInf(rate, 0) && !math.IsNaN(rate), nil
+	return binary.BigEndian.Uint64(b), true, nil
 }
 
 // SetRestoreRate persists the restore-throughput estimate (records/s).
@@ -232,18 +242,11 @@ func (s *Store) SetRestoreRate(rate float64) error {
 // Retention returns the persisted delete.retention.ms of the changelog;
 // ok is false when none was read yet.
 func (s *Store) Retention() (d time.Duration, ok bool, err error) {
-	v, closer, err := s.db.Get(keyRetention)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, false, nil
-	}
-	if err != nil {
+	v, ok, err := s.meta8(keyRetention, "delete retention")
+	if !ok || err != nil {
 		return 0, false, err
 	}
-	defer closer.Close()
-	if len(v) != 8 {
-		return 0, false, fmt.Errorf("stream: corrupt delete retention (%d bytes)", len(v))
-	}
-	ms := int64(binary.BigEndian.Uint64(v))
+	ms := int64(v)
 	return time.Duration(ms) * time.Millisecond, ms > 0, nil
 }
 
