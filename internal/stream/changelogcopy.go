@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/clock"
 )
 
 // changelogCopy copies one changelog partition into the store: a
@@ -52,13 +57,69 @@ type changelogCopy struct {
 	// concerns what it read since.
 	from, firstEnd, end int64     // where it started (or was dated), the changelog's end then, and the last end listed
 	started             time.Time // when it started (or was dated; Config.Clock)
-	// stalled is the part of that time the copy spent waiting at the
-	// changelog's last stable offset (stall), not reading.
+	// stalled is the part of that time the copy spent waiting, not
+	// reading: at the changelog's last stable offset (stall), or on
+	// brokers that did not answer (out).
 	stalled time.Duration
 	// lso and hw are the changelog's last stable offset and high
 	// watermark, as listed when the copy started and then as each fetch of
 	// the partition reports them.
 	lso, hw int64
+	// out is the time the brokers did not answer the copy's reader.
+	out *outage
+}
+
+// outage measures, from the hooks of a copy's reader, the time its brokers
+// do not answer: from a failed connection or request until the next
+// answered fetch (Config.Clock). It is called from the client's goroutines.
+type outage struct {
+	clock clock.Clock
+	mu    sync.Mutex
+	since time.Time // zero: answering
+	total time.Duration
+}
+
+func (o *outage) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		o.down()
+	}
+}
+
+func (o *outage) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	switch {
+	case e2e.Err() != nil:
+		o.down()
+	case key == kmsg.Fetch.Int16():
+		o.up()
+	}
+}
+
+func (o *outage) down() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		o.since = o.clock.Now()
+	}
+}
+
+func (o *outage) up() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.since.IsZero() {
+		o.total += max(o.clock.Now().Sub(o.since), 0)
+		o.since = time.Time{}
+	}
+}
+
+// sofar returns the time the brokers have not answered, until now.
+func (o *outage) sofar() time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	d := o.total
+	if !o.since.IsZero() {
+		d += max(o.clock.Now().Sub(o.since), 0)
+	}
+	return d
 }
 
 // errBeyondHorizon is returned (wrapped, in a *horizonError) by a copy
@@ -125,7 +186,9 @@ func (c copyPace) projected() (d time.Duration, ok bool) {
 // not known). warm, when not nil, receives every record once it is
 // committed. The caller closes it.
 func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, at time.Time, warm WarmState) (*changelogCopy, error) {
+	out := &outage{clock: rt.cfg.Clock}
 	cl, err := rt.newClient(
+		kgo.WithHooks(out),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
@@ -138,7 +201,7 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, 
 		return nil, err
 	}
 	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from,
-		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now(), lso: lso, hw: end}, nil
+		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now(), lso: lso, hw: end, out: out}, nil
 }
 
 // listed records a later listing of the changelog's end, for the pace.
@@ -157,9 +220,11 @@ func (c *changelogCopy) stall() bool {
 
 // fetch polls the changelog, for at most wait when wait > 0. Once ctx ends
 // it returns ctx's error; otherwise the first fetch error other than the
-// end of the poll's own wait. A poll that starts while the copy stalls at
-// the last stable offset counts as stalled time, not reading, in the
-// copy's pace: a copy held up by an open transaction is not a slow one.
+// end of the poll's own wait. In the copy's pace, a poll that starts while
+// the copy stalls at the last stable offset counts as stalled time, not
+// reading, and so does the time during a poll that the brokers did not
+// answer (outage): a copy held up by an open transaction or an outage is
+// not a slow one.
 func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetches, error) {
 	pctx := ctx
 	if wait > 0 {
@@ -167,10 +232,13 @@ func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetc
 		pctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
-	stalled, t0 := c.stall(), c.rt.cfg.Clock.Now()
+	stalled, t0, out0 := c.stall(), c.rt.cfg.Clock.Now(), c.out.sofar()
 	fs := c.cl.PollFetches(pctx)
+	polled := max(c.rt.cfg.Clock.Now().Sub(t0), 0)
 	if stalled {
-		c.stalled += max(c.rt.cfg.Clock.Now().Sub(t0), 0)
+		c.stalled += polled
+	} else {
+		c.stalled += min(max(c.out.sofar()-out0, 0), polled)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

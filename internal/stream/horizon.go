@@ -123,7 +123,7 @@ func (rt *Runtime) horizonAdvice(p int32, n int, e *horizonError) (msg string, n
 	}
 	stalled := ""
 	if e.pace.Stalled > 0 {
-		stalled = fmt.Sprintf(" (%s of it waiting at the changelog's last stable offset for an open transaction's outcome)", e.pace.Stalled.Round(time.Millisecond))
+		stalled = fmt.Sprintf(" (%s of it waiting, not reading: at the changelog's last stable offset for an open transaction's outcome, or for brokers that did not answer)", e.pace.Stalled.Round(time.Millisecond))
 	}
 	msg = fmt.Sprintf("%d %s of changelog %s partition %d outlasted the restore horizon (nine tenths of delete.retention.ms %s): the last read %d offsets in %s%s, and was %d offsets short of the changelog's end, which moved %d offsets meanwhile",
 		n, copies, rt.cfg.ChangelogTopic, p, e.retention, e.pace.Read, e.pace.Elapsed.Round(time.Millisecond), stalled, max(e.pace.Left, 0), e.pace.Grown)
@@ -133,14 +133,14 @@ func (rt *Runtime) horizonAdvice(p int32, n int, e *horizonError) (msg string, n
 	case e.pace.Read <= 0:
 		return msg + ": its reads stall (" + openTxn + ", or the brokers do not answer), and no delete.retention.ms helps until they read", 0
 	case !ok && e.pace.Stalled > 0 && e.pace.reading() <= 0:
-		return msg + ": it spent the time waiting (" + openTxn + "), and no delete.retention.ms helps until that transaction ends", 0
+		return msg + ": it spent the time waiting (" + openTxn + ", or the brokers do not answer), and no delete.retention.ms helps until the wait ends", 0
 	case !ok:
 		return msg + ": the changelog grows faster than the copy reads it, and no delete.retention.ms is enough; give the instance more read throughput (disk, CPU, network)", 0
 	}
 	needed = retentionFor(d, e.retention)
 	if e.pace.Stalled > 0 && needed <= e.retention {
 		// Reading, the copy fits: the wait made it outlast the horizon.
-		return msg + fmt.Sprintf(": without the wait the copy takes %s to the end, which delete.retention.ms fits; %s, and the next copy after it fits",
+		return msg + fmt.Sprintf(": without the wait the copy takes %s to the end, which delete.retention.ms fits, and a copy fits once the wait ends (%s, or the brokers do not answer)",
 			d.Round(time.Millisecond), openTxn), 0
 	}
 	return msg + fmt.Sprintf(": at that pace the copy takes %s to the end; raise delete.retention.ms of %s to at least %s",

@@ -291,9 +291,10 @@ func TestHorizonAdvice(t *testing.T) {
 		// moves 1000 per minute of the two; it gains 2000 a minute on the
 		// 4000 between its start and the end then, 2 min in all.
 		{"moving target, stalled", copyPace{Read: 3000, Left: 3000, Grown: 2000, Elapsed: 2 * r, Stalled: r}, 4*r + 7*time.Second, "the copy takes 2m0s to the end"},
-		// A copy that read everything in a second and waited the rest:
-		// the wait, not delete.retention.ms, made it outlast the horizon.
-		{"fast, stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r - time.Second}, 0, "without the wait the copy takes 1s to the end, which delete.retention.ms fits; a previous owner's open transaction"},
+		// A copy that read everything in a second and waited the rest
+		// (an open transaction, an outage): the wait, not
+		// delete.retention.ms, made it outlast the horizon.
+		{"fast, stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r - time.Second}, 0, "without the wait the copy takes 1s to the end, which delete.retention.ms fits, and a copy fits once the wait ends (a previous owner's open transaction"},
 		{"only stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r}, 0, "it spent the time waiting"},
 	} {
 		msg, needed := rt.horizonAdvice(0, 2, &horizonError{retention: r, pace: tc.pace})

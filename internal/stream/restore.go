@@ -85,8 +85,9 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 				// it and refuses the full restore at once rather than
 				// copy for as long again. Only the time they read counts:
 				// the time they waited at an open transaction's last
-				// stable offset says nothing of how fast a copy reads,
-				// and a restart once it ended copies at the reading pace.
+				// stable offset, or for brokers that did not answer, says
+				// nothing of how fast a copy reads, and a restart once the
+				// wait ended copies at the reading pace.
 				rt.observeRestore(he.pace.Read, he.pace.reading())
 				rt.m.restoreHorizonExceeded.Inc()
 				log.Error("refusing to restore: "+msg, fields...)
