@@ -148,7 +148,8 @@ func (e *horizonError) Unwrap() error { return errBeyondHorizon }
 // was then paused is measured over the pause): the offsets it read, how
 // far it still was from the changelog's end, how far that end moved
 // meanwhile, in how long (Config.Clock), and how much of that time it
-// stalled at the changelog's last stable offset (changelogCopy.stall).
+// waited rather than read: at the changelog's last stable offset
+// (changelogCopy.stall), or for brokers that did not answer (outage).
 type copyPace struct {
 	Read, Left, Grown int64
 	Elapsed, Stalled  time.Duration
