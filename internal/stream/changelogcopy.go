@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/clock"
 )
 
 // changelogCopy copies one changelog partition into the store: a
@@ -52,6 +57,69 @@ type changelogCopy struct {
 	// concerns what it read since.
 	from, firstEnd, end int64     // where it started (or was dated), the changelog's end then, and the last end listed
 	started             time.Time // when it started (or was dated; Config.Clock)
+	// stalled is the part of that time the copy spent waiting, not
+	// reading: at the changelog's last stable offset (stall), or on
+	// brokers that did not answer (out).
+	stalled time.Duration
+	// lso and hw are the changelog's last stable offset and high
+	// watermark, as listed when the copy started and then as each fetch of
+	// the partition reports them.
+	lso, hw int64
+	// out is the time the brokers did not answer the copy's reader.
+	out *outage
+}
+
+// outage measures, from the hooks of a copy's reader, the time its brokers
+// do not answer: from a failed connection or request until the next
+// answered fetch (Config.Clock). It is called from the client's goroutines.
+type outage struct {
+	clock clock.Clock
+	mu    sync.Mutex
+	since time.Time // zero: answering
+	total time.Duration
+}
+
+func (o *outage) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		o.down()
+	}
+}
+
+func (o *outage) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	switch {
+	case e2e.Err() != nil:
+		o.down()
+	case key == kmsg.Fetch.Int16():
+		o.up()
+	}
+}
+
+func (o *outage) down() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		o.since = o.clock.Now()
+	}
+}
+
+func (o *outage) up() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.since.IsZero() {
+		o.total += max(o.clock.Now().Sub(o.since), 0)
+		o.since = time.Time{}
+	}
+}
+
+// sofar returns the time the brokers have not answered, until now.
+func (o *outage) sofar() time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	d := o.total
+	if !o.since.IsZero() {
+		d += max(o.clock.Now().Sub(o.since), 0)
+	}
+	return d
 }
 
 // errBeyondHorizon is returned (wrapped, in a *horizonError) by a copy
@@ -79,34 +147,49 @@ func (e *horizonError) Unwrap() error { return errBeyondHorizon }
 // it started or last took a date (a standby tail that kept up for days and
 // was then paused is measured over the pause): the offsets it read, how
 // far it still was from the changelog's end, how far that end moved
-// meanwhile, and in how long (Config.Clock).
+// meanwhile, in how long (Config.Clock), and how much of that time it
+// waited rather than read: at the changelog's last stable offset
+// (changelogCopy.stall), or for brokers that did not answer (outage).
 type copyPace struct {
 	Read, Left, Grown int64
-	Elapsed           time.Duration
+	Elapsed, Stalled  time.Duration
 }
 
-// projected returns how long a copy at this pace takes from its start to
-// the changelog's end: Elapsed + Left / (read rate − growth rate). ok is
-// false when the copy read nothing, or did not gain on the end.
+// reading is the time the copy spent reading: Elapsed without its stalls.
+func (c copyPace) reading() time.Duration { return max(c.Elapsed-c.Stalled, 0) }
+
+// projected returns how long a copy at this pace, without its stalls,
+// takes from its start to the changelog's end: the offsets between them
+// when it started, at the read rate (offsets read per second of reading)
+// less the rate the end grows at (per second of Elapsed, stalls included:
+// the end moves whether the copy reads or waits). ok is false when the
+// copy read nothing, or would not gain on the end.
 func (c copyPace) projected() (d time.Duration, ok bool) {
-	if c.Read <= 0 || c.Elapsed <= 0 || c.Read <= c.Grown {
+	r := c.reading()
+	if c.Read <= 0 || r <= 0 || c.Elapsed <= 0 {
 		return 0, false
 	}
-	gain := float64(c.Read-c.Grown) / c.Elapsed.Seconds() // offsets/s
-	s := c.Elapsed.Seconds() + float64(max(c.Left, 0))/gain
+	gain := float64(c.Read)/r.Seconds() - float64(c.Grown)/c.Elapsed.Seconds() // offsets/s
+	if gain <= 0 {
+		return 0, false
+	}
+	s := float64(c.Read+max(c.Left, 0)-c.Grown) / gain
 	if s >= float64(math.MaxInt64/int64(time.Second)) {
 		return time.Duration(math.MaxInt64), true
 	}
-	return time.Duration(s * float64(time.Second)), true
+	return time.Duration(max(s, 0) * float64(time.Second)), true
 }
 
 // newChangelogCopy starts reading changelog partition p from offset from
 // (read_committed, control records kept, so that the position passes the
 // transaction markers) towards the changelog's end, end, its checkpoints
-// dated at. warm, when not nil, receives every record once it is
+// dated at; lso is the changelog's last stable offset listed with end (-1:
+// not known). warm, when not nil, receives every record once it is
 // committed. The caller closes it.
-func (rt *Runtime) newChangelogCopy(p int32, what string, from, end int64, at time.Time, warm WarmState) (*changelogCopy, error) {
+func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, at time.Time, warm WarmState) (*changelogCopy, error) {
+	out := &outage{clock: rt.cfg.Clock}
 	cl, err := rt.newClient(
+		kgo.WithHooks(out),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
@@ -119,15 +202,30 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from, end int64, at ti
 		return nil, err
 	}
 	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from,
-		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now()}, nil
+		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now(), lso: lso, hw: end, out: out}, nil
 }
 
 // listed records a later listing of the changelog's end, for the pace.
 func (c *changelogCopy) listed(end int64) { c.end = max(c.end, end) }
 
+// stall reports whether the copy has read up to the changelog's last
+// stable offset while the log goes on past it: read_committed returns
+// nothing more until the transaction open there (a previous owner's, not
+// yet timed out) commits or aborts, so the copy waits rather than reads.
+// The LSO is the last one a fetch reported, or listed when the copy
+// started; the log's end, the last one a fetch reported or listed (the
+// standby lists it every second).
+func (c *changelogCopy) stall() bool {
+	return c.lso >= 0 && c.pos >= c.lso && max(c.hw, c.end) > c.lso
+}
+
 // fetch polls the changelog, for at most wait when wait > 0. Once ctx ends
 // it returns ctx's error; otherwise the first fetch error other than the
-// end of the poll's own wait.
+// end of the poll's own wait. In the copy's pace, a poll that starts while
+// the copy stalls at the last stable offset counts as stalled time, not
+// reading, and so does the time during a poll that the brokers did not
+// answer (outage): a copy held up by an open transaction or an outage is
+// not a slow one.
 func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetches, error) {
 	pctx := ctx
 	if wait > 0 {
@@ -135,10 +233,22 @@ func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetc
 		pctx, cancel = context.WithTimeout(ctx, wait)
 		defer cancel()
 	}
+	stalled, t0, out0 := c.stall(), c.rt.cfg.Clock.Now(), c.out.sofar()
 	fs := c.cl.PollFetches(pctx)
+	polled := max(c.rt.cfg.Clock.Now().Sub(t0), 0)
+	if stalled {
+		c.stalled += polled
+	} else {
+		c.stalled += min(max(c.out.sofar()-out0, 0), polled)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if fp.Topic == c.rt.cfg.ChangelogTopic && fp.Partition == c.p && fp.Err == nil && len(fp.Records) > 0 {
+			c.lso, c.hw = fp.LastStableOffset, fp.HighWatermark
+		}
+	})
 	var ferr error
 	fs.EachError(func(_ string, _ int32, err error) {
 		if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -206,13 +316,18 @@ func (c *changelogCopy) redate(at time.Time, retention time.Duration) error {
 		return c.beyondHorizon(retention)
 	}
 	c.at, c.atPos = at, c.pos
-	c.from, c.firstEnd, c.started = c.pos, c.end, c.rt.cfg.Clock.Now()
+	c.from, c.firstEnd, c.started, c.stalled = c.pos, c.end, c.rt.cfg.Clock.Now(), 0
 	return nil
 }
 
+// pace returns the copy's pace since it started or last took a date.
+func (c *changelogCopy) pace() copyPace {
+	return copyPace{Read: c.pos - c.from, Left: c.end - c.pos, Grown: c.end - c.firstEnd,
+		Elapsed: c.rt.cfg.Clock.Now().Sub(c.started), Stalled: c.stalled}
+}
+
 func (c *changelogCopy) beyondHorizon(retention time.Duration) error {
-	return &horizonError{what: c.what, p: c.p, at: c.at, pos: c.pos, retention: retention, pace: copyPace{
-		Read: c.pos - c.from, Left: c.end - c.pos, Grown: c.end - c.firstEnd, Elapsed: c.rt.cfg.Clock.Now().Sub(c.started)}}
+	return &horizonError{what: c.what, p: c.p, at: c.at, pos: c.pos, retention: retention, pace: c.pace()}
 }
 
 // commit writes the pending records with the checkpoint {position, date},
@@ -252,6 +367,7 @@ func (c *changelogCopy) close() {
 type copyStart struct {
 	plan      restorePlan
 	end       int64 // the changelog's end offset, listed at now
+	lso       int64 // its last stable offset, listed then
 	logStart  int64
 	retention time.Duration // zero when unknown
 	now       time.Time
@@ -272,6 +388,10 @@ func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logg
 	if err != nil {
 		return copyStart{}, err
 	}
+	lso, err := rt.changelogOffset(ctx, adm.ListCommittedOffsets, p, "last stable")
+	if err != nil {
+		return copyStart{}, err
+	}
 	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
 	if err != nil {
 		return copyStart{}, err
@@ -286,7 +406,7 @@ func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logg
 	now := rt.cfg.Clock.Now()
 	plan := planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: has, LogStart: logStart, End: end,
 		Retention: retention, Rate: rt.restoreRate()})
-	cs := copyStart{plan: plan, end: end, logStart: logStart, retention: retention, now: now, from: cp.Offset, at: cp.At}
+	cs := copyStart{plan: plan, end: end, lso: lso, logStart: logStart, retention: retention, now: now, from: cp.Offset, at: cp.At}
 	if plan.Full {
 		cs.from, cs.at = logStart, now
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -120,16 +121,28 @@ func (rt *Runtime) horizonAdvice(p int32, n int, e *horizonError) (msg string, n
 	if n == 1 {
 		copies = "copy"
 	}
-	msg = fmt.Sprintf("%d %s of changelog %s partition %d outlasted the restore horizon (nine tenths of delete.retention.ms %s): the last read %d offsets in %s, and was %d offsets short of the changelog's end, which moved %d offsets meanwhile",
-		n, copies, rt.cfg.ChangelogTopic, p, e.retention, e.pace.Read, e.pace.Elapsed.Round(time.Millisecond), max(e.pace.Left, 0), e.pace.Grown)
+	stalled := ""
+	if e.pace.Stalled > 0 {
+		stalled = fmt.Sprintf(" (%s of it waiting, not reading: at the changelog's last stable offset for an open transaction's outcome, or for brokers that did not answer)", e.pace.Stalled.Round(time.Millisecond))
+	}
+	msg = fmt.Sprintf("%d %s of changelog %s partition %d outlasted the restore horizon (nine tenths of delete.retention.ms %s): the last read %d offsets in %s%s, and was %d offsets short of the changelog's end, which moved %d offsets meanwhile",
+		n, copies, rt.cfg.ChangelogTopic, p, e.retention, e.pace.Read, e.pace.Elapsed.Round(time.Millisecond), stalled, max(e.pace.Left, 0), e.pace.Grown)
+	const openTxn = "a previous owner's open transaction holds the changelog at its last stable offset until it commits, aborts or times out (transaction.timeout.ms)"
 	d, ok := e.pace.projected()
 	switch {
 	case e.pace.Read <= 0:
-		return msg + ": its reads stall (a previous owner's open transaction holds the changelog at its last stable offset, or the brokers do not answer), and no delete.retention.ms helps until they read", 0
+		return msg + ": its reads stall (" + openTxn + ", or the brokers do not answer), and no delete.retention.ms helps until they read", 0
+	case !ok && e.pace.Stalled > 0 && e.pace.reading() <= 0:
+		return msg + ": it spent the time waiting (" + openTxn + ", or the brokers do not answer), and no delete.retention.ms helps until the wait ends", 0
 	case !ok:
 		return msg + ": the changelog grows faster than the copy reads it, and no delete.retention.ms is enough; give the instance more read throughput (disk, CPU, network)", 0
 	}
 	needed = retentionFor(d, e.retention)
+	if e.pace.Stalled > 0 && needed <= e.retention {
+		// Reading, the copy fits: the wait made it outlast the horizon.
+		return msg + fmt.Sprintf(": without the wait the copy takes %s to the end, which delete.retention.ms fits, and a copy fits once the wait ends (%s, or the brokers do not answer)",
+			d.Round(time.Millisecond), openTxn), 0
+	}
 	return msg + fmt.Sprintf(": at that pace the copy takes %s to the end; raise delete.retention.ms of %s to at least %s",
 		d.Round(time.Second), rt.cfg.ChangelogTopic, needed), needed
 }
@@ -242,6 +255,9 @@ type restoreHorizon struct {
 	cfgMu           sync.Mutex
 	retention       time.Duration // zero: unknown
 	retentionReadAt time.Time
+	// known is the last delete.retention.ms read (ns; zero: none yet),
+	// for warmCopies, which must not wait on cfgMu (held during a read).
+	known atomic.Int64
 
 	mu   sync.Mutex
 	rate float64 // records/s; zero: not loaded yet
@@ -278,8 +294,37 @@ func (rt *Runtime) deleteRetention(ctx context.Context, adm *kadm.Client, log *z
 		log.Warn("cannot read the changelog's delete.retention.ms: restoring partitions in full (grant DescribeConfigs on the topic)",
 			zap.String("changelog", rt.cfg.ChangelogTopic), zap.Error(err))
 	}
+	if err == nil && d > 0 && time.Duration(h.known.Swap(int64(d))) != d {
+		if err := rt.store.SetRetention(d); err != nil {
+			log.Warn("cannot persist the changelog's delete.retention.ms", zap.Error(err))
+		}
+	}
 	h.retention, h.retentionReadAt = d, now
 	return d
+}
+
+// knownRetention returns the changelog's delete.retention.ms as last read,
+// by this process or, until it reads it, by an earlier one (persisted);
+// zero when it was never read. It does not wait for the broker.
+func (rt *Runtime) knownRetention() time.Duration {
+	h := &rt.horizon
+	if d := h.known.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	d, ok, err := rt.store.Retention()
+	if err != nil || !ok {
+		return 0
+	}
+	h.known.CompareAndSwap(0, int64(d))
+	return time.Duration(h.known.Load())
+}
+
+// withinHorizon reports whether a restore from checkpoint cp would replay
+// only its tail if it had one (planRestore, with a tail of one offset):
+// the copy is dated, and its horizon, under delete.retention.ms retention,
+// has not passed at now. A copy older than that is restored in full.
+func withinHorizon(cp Checkpoint, now time.Time, retention time.Duration) bool {
+	return !planRestore(restoreInput{Now: now, Checkpoint: cp, HasState: true, End: cp.Offset + 1, Retention: retention}).Full
 }
 
 func readDeleteRetention(ctx context.Context, adm *kadm.Client, topic string) (time.Duration, error) {

@@ -216,17 +216,7 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 // estimate, so the stage started again refuses at once.
 func TestFullRestoreOutlastingHorizonIsRefused(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
-	clk := &skewClock{}
-	// Enough records for a copy to measure the restore rate.
-	kv := make([]string, 0, 2*minRateSample)
-	for i := range minRateSample {
-		kv = append(kv, fmt.Sprint("k", i), "v")
-	}
-	w.send(kv...)
-	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
-		t.Fatal(err)
-	}
+	w, clk := rateSampleWorld(t)
 	slow := slowCopies(t, w, clk, w.changelogEnd(), 100*time.Second)
 	w.send("z", "1")
 	fsB := vfs.NewMem()
@@ -253,6 +243,24 @@ func TestFullRestoreOutlastingHorizonIsRefused(t *testing.T) {
 	expectRestores(t, "b, again", reg, map[string]float64{"full/no_state": 1, "horizon_exceeded": 1})
 }
 
+// rateSampleWorld returns a kvWorld whose changelog (delete.retention.ms
+// 60 s) instance "a" wrote minRateSample records to, enough for a copy to
+// measure the restore rate, and the skewable clock a ran on.
+func rateSampleWorld(t *testing.T) (*kvWorld, *skewClock) {
+	t.Helper()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	kv := make([]string, 0, 2*minRateSample)
+	for i := range minRateSample {
+		kv = append(kv, fmt.Sprint("k", i), "v")
+	}
+	w.send(kv...)
+	if _, err := w.run("a", vfs.NewMem(), clk); err != nil {
+		t.Fatal(err)
+	}
+	return w, clk
+}
+
 // TestHorizonAdvice: what a copy refused for the horizon tells the
 // operator, from its pace. A copy that read a third of the changelog in
 // the horizon needs three times as long; one chasing a growing changelog
@@ -275,6 +283,19 @@ func TestHorizonAdvice(t *testing.T) {
 		{"moving target", copyPace{Read: 3000, Left: 3000, Grown: 1000, Elapsed: r}, 5*r + 7*time.Second, "the copy takes 2m30s to the end"},
 		{"no gain", copyPace{Read: 1000, Left: 5000, Grown: 1000, Elapsed: r}, 0, "the changelog grows faster than the copy reads it"},
 		{"stalled", copyPace{Read: 0, Left: 5000, Elapsed: r}, 0, "its reads stall"},
+		// The "restore" copy, after waiting 2 min at an open
+		// transaction's LSO: its pace is that of its minute of reading.
+		{"slow and stalled", copyPace{Read: 1000, Left: 2000, Elapsed: 3 * r, Stalled: 2 * r}, 6*r + 7*time.Second, "the copy takes 3m0s to the end; raise delete.retention.ms of c to at least 6m7s"},
+		// Growth is per second of Elapsed (the end moves while the copy
+		// waits): it reads 3000 offsets per minute of reading, the end
+		// moves 1000 per minute of the two; it gains 2000 a minute on the
+		// 4000 between its start and the end then, 2 min in all.
+		{"moving target, stalled", copyPace{Read: 3000, Left: 3000, Grown: 2000, Elapsed: 2 * r, Stalled: r}, 4*r + 7*time.Second, "the copy takes 2m0s to the end"},
+		// A copy that read everything in a second and waited the rest
+		// (an open transaction, an outage): the wait, not
+		// delete.retention.ms, made it outlast the horizon.
+		{"fast, stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r - time.Second}, 0, "without the wait the copy takes 1s to the end, which delete.retention.ms fits, and a copy fits once the wait ends (a previous owner's open transaction"},
+		{"only stalled", copyPace{Read: 1000, Elapsed: r, Stalled: r}, 0, "it spent the time waiting"},
 	} {
 		msg, needed := rt.horizonAdvice(0, 2, &horizonError{retention: r, pace: tc.pace})
 		if needed != tc.needed || !strings.Contains(msg, tc.says) || !strings.Contains(msg, "2 copies in a row") {

@@ -244,6 +244,12 @@ func kvRecords(kv ...string) []*kgo.Record {
 func (w *kvWorld) run(id string, fs vfs.FS, clk clock.Clock) (*prometheus.Registry, error) {
 	w.t.Helper()
 	reg := prometheus.NewRegistry()
+	return reg, w.runOn(id, fs, clk, reg)
+}
+
+// runOn is run, the instance's metrics in reg.
+func (w *kvWorld) runOn(id string, fs vfs.FS, clk clock.Clock, reg *prometheus.Registry) error {
+	w.t.Helper()
 	rt, err := New(Config{Stage: "kv",
 		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: id, SessionTimeout: 6 * time.Second},
 		InputTopic: w.input, ChangelogTopic: w.changelog, FS: fs, Clock: clk,
@@ -259,7 +265,7 @@ func (w *kvWorld) run(id string, fs vfs.FS, clk clock.Clock) (*prometheus.Regist
 	for {
 		select {
 		case err := <-done:
-			return reg, err
+			return err
 		case <-time.After(20 * time.Millisecond):
 		}
 		if ok, err := testenv.CaughtUp(w.brokers, w.group, w.input); err == nil && ok {
@@ -273,7 +279,7 @@ func (w *kvWorld) run(id string, fs vfs.FS, clk clock.Clock) (*prometheus.Regist
 	if err := <-done; err != nil {
 		w.t.Fatalf("instance %s: Run: %v", id, err)
 	}
-	return reg, nil
+	return nil
 }
 
 // state returns the instance's local state of partition 0.

@@ -83,8 +83,12 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 				// The pace of these copies is the restore rate this
 				// instance achieves: kept, so that a restart plans with
 				// it and refuses the full restore at once rather than
-				// copy for as long again.
-				rt.observeRestore(he.pace.Read, he.pace.Elapsed)
+				// copy for as long again. Only the time they read counts:
+				// the time they waited at an open transaction's last
+				// stable offset, or for brokers that did not answer, says
+				// nothing of how fast a copy reads, and a restart once the
+				// wait ended copies at the reading pace.
+				rt.observeRestore(he.pace.Read, he.pace.reading())
 				rt.m.restoreHorizonExceeded.Inc()
 				log.Error("refusing to restore: "+msg, fields...)
 				return nil, replayed, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
@@ -177,12 +181,12 @@ func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.
 	log.Info("restoring partition from the changelog", append(fields, zap.Int64("from", from), zap.Bool("warm", warm != nil))...)
 	var replayed int64
 	if from < hw {
-		start := time.Now()
-		replayed, err = rt.replay(ctx, p, from, hw, at, retention, warm)
+		var reading time.Duration
+		replayed, reading, err = rt.replay(ctx, p, from, hw, cs.lso, at, retention, warm)
 		if err != nil {
 			return replayed, nil, err
 		}
-		rt.observeRestore(replayed, time.Since(start))
+		rt.observeRestore(replayed, reading)
 	}
 	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 	return replayed, warm, nil
@@ -278,10 +282,14 @@ func offsetString(o int64) string {
 // than the horizon of that date (retention: delete.retention.ms) is not
 // written, and the replay fails with errBeyondHorizon.
 // warm, when not nil, is given every record once its batch is committed.
-func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.Time, retention time.Duration, warm WarmState) (int64, error) {
-	c, err := rt.newChangelogCopy(p, "restore", from, hw, at, warm)
+// lso is the changelog's last stable offset listed with hw. It returns the
+// records replayed and the time it spent reading them (Config.Clock),
+// without the time it waited at the last stable offset for a transaction's
+// outcome (changelogCopy.stall).
+func (rt *Runtime) replay(ctx context.Context, p int32, from, hw, lso int64, at time.Time, retention time.Duration, warm WarmState) (int64, time.Duration, error) {
+	c, err := rt.newChangelogCopy(p, "restore", from, hw, lso, at, warm)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer c.close()
 	gauge := rt.m.restoring.WithLabelValues(fmt.Sprint(p))
@@ -290,17 +298,17 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw int64, at time.
 		gauge.Set(float64(hw - c.pos))
 		fs, err := c.fetch(ctx, 0)
 		if err != nil {
-			return n, err
+			return n, 0, err
 		}
 		added := c.add(fs, hw)
 		n += int64(added)
 		rt.m.restoreRecords.Add(float64(added))
 		if c.pending() >= restoreBatch || c.pos >= hw {
 			if err := c.commit(retention); err != nil {
-				return n, err
+				return n, 0, err
 			}
 			fault.Hit(fault.DuringRestore)
 		}
 	}
-	return n, nil
+	return n, c.pace().reading(), nil
 }

@@ -2,7 +2,6 @@ package stream
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -192,13 +191,36 @@ func (rt *Runtime) Balancer(topics ...string) kgo.GroupBalancer {
 // setClient records the current session's client.
 func (sb *standbys) setClient(cl *kgo.Client) { sb.client.Store(cl) }
 
-// warmCopies lists the checkpoints in the store, for the join metadata.
-// An unreadable store advertises nothing: it costs only warmth.
+// warmCopies lists the checkpoints in the store that are within the
+// restore horizon, for the join metadata. A copy dated longer ago than the
+// changelog's delete.retention.ms allows (an instance stopped for long, a
+// standby stalled) is restored in full, like no copy: it is not
+// advertised, so that the group's balancer does not prefer this member for
+// the partition. The horizon is judged with delete.retention.ms as last
+// read (knownRetention): the join does not wait for the broker. Unknown
+// (never read), no copy is advertised, as every restore with a tail to
+// replay would be a full one. An unreadable store advertises nothing: it
+// costs only warmth.
 func (sb *standbys) warmCopies() map[int32]int64 {
-	out, err := sb.rt.store.checkpoints()
+	cps, err := sb.rt.store.checkpoints()
 	if err != nil {
 		sb.rt.log.Warn("cannot list the local checkpoints for the group's balancer", zap.Error(err))
 		return nil
+	}
+	retention, now := sb.rt.knownRetention(), sb.rt.cfg.Clock.Now()
+	out := make(map[int32]int64, len(cps))
+	var old []int32
+	for p, cp := range cps {
+		if withinHorizon(cp, now, retention) {
+			out[p] = cp.Offset
+		} else {
+			old = append(old, p)
+		}
+	}
+	if len(old) > 0 {
+		slices.Sort(old)
+		sb.rt.log.Info("not telling the group's balancer of local copies beyond the restore horizon: a restore from them starts over from the changelog's start",
+			zap.Int32s("partitions", old), zap.Duration("delete_retention", retention))
 	}
 	return out
 }
@@ -413,7 +435,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	}
 	end, now := cs.end, cs.now
 
-	c, err := rt.newChangelogCopy(p, "standby", cs.from, end, cs.at, warm)
+	c, err := rt.newChangelogCopy(p, "standby", cs.from, end, cs.lso, cs.at, warm)
 	if err != nil {
 		return nil, err
 	}
@@ -573,13 +595,13 @@ func (rt *Runtime) EachStandbyStatus(fn func(p int32, offset, lag int64)) {
 	}
 }
 
-// checkpoints returns every partition's checkpoint offset in the store.
-func (s *Store) checkpoints() (map[int32]int64, error) {
+// checkpoints returns every partition's checkpoint in the store.
+func (s *Store) checkpoints() (map[int32]Checkpoint, error) {
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixCheckpoint}, UpperBound: []byte{prefixCheckpoint + 1}})
 	if err != nil {
 		return nil, err
 	}
-	out := map[int32]int64{}
+	out := map[int32]Checkpoint{}
 	for it.First(); it.Valid(); it.Next() {
 		k := it.Key()
 		v, err := it.ValueAndErr()
@@ -587,10 +609,12 @@ func (s *Store) checkpoints() (map[int32]int64, error) {
 			_ = it.Close()
 			return nil, err
 		}
-		if len(k) != 3 || len(v) < 8 {
+		if len(k) != 3 {
 			continue
 		}
-		out[int32(k[1])<<8|int32(k[2])] = int64(binary.BigEndian.Uint64(v[:8]))
+		if cp, err := decodeCheckpoint(v); err == nil {
+			out[int32(k[1])<<8|int32(k[2])] = cp
+		}
 	}
 	return out, it.Close()
 }

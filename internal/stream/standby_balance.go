@@ -18,8 +18,8 @@ import (
 //	"mlw1" | count (int32) | count × (partition number int32, checkpoint offset int64)
 //
 // listing every partition number of which its store holds state with a
-// checkpoint (the changelog offset the state reflects), the ones it owns
-// included. kmsg's sticky reader ignores bytes past the generation, so a
+// checkpoint (the changelog offset the state reflects) within the restore
+// horizon (warmCopies), the ones it owns included. kmsg's sticky reader ignores bytes past the generation, so a
 // member of an earlier version reads the claims and skips the section.
 //
 // The leader decides the standby assignment and carries it in each member's

@@ -29,7 +29,7 @@ import (
 //
 //	0x00 | partition (2 bytes, big-endian) | user key   state
 //	0x01 | partition                                     checkpoint (Checkpoint: 16 bytes)
-//	0x02 | name                                          instance metadata (restore rate)
+//	0x02 | name                                          instance metadata (restore rate, delete retention)
 type Store struct {
 	db *pebble.DB
 }
@@ -44,6 +44,11 @@ const (
 // (records/s, float64 bits), kept across restarts so that the first
 // restore after one is not planned on the default.
 var keyRestoreRate = []byte{prefixMeta, 'r', 'a', 't', 'e'}
+
+// keyRetention holds the changelog's delete.retention.ms (ms, int64) as
+// last read, so that a restarted instance knows which of its copies are
+// within the restore horizon before it reads it again (warmCopies).
+var keyRetention = []byte{prefixMeta, 'd', 'r', 'e', 't'}
 
 // pebbleLogger sends Pebble's messages to zap: its routine messages at
 // debug, its errors at error.
@@ -178,6 +183,14 @@ func (s *Store) Checkpoint(p int32) (cp Checkpoint, ok bool, err error) {
 		return Checkpoint{}, false, err
 	}
 	defer closer.Close()
+	cp, err = decodeCheckpoint(v)
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("stream: partition %d: %w", p, err)
+	}
+	return cp, true, nil
+}
+
+func decodeCheckpoint(v []byte) (cp Checkpoint, err error) {
 	switch len(v) {
 	case 16:
 		if ms := int64(binary.BigEndian.Uint64(v[8:])); ms > 0 {
@@ -186,15 +199,26 @@ func (s *Store) Checkpoint(p int32) (cp Checkpoint, ok bool, err error) {
 		fallthrough
 	case 8: // an undated checkpoint of an older version
 		cp.Offset = int64(binary.BigEndian.Uint64(v[:8]))
-		return cp, true, nil
+		return cp, nil
 	}
-	return Checkpoint{}, false, fmt.Errorf("stream: partition %d: corrupt checkpoint (%d bytes)", p, len(v))
+	return Checkpoint{}, fmt.Errorf("corrupt checkpoint (%d bytes)", len(v))
 }
 
 // RestoreRate returns the persisted restore-throughput estimate in
 // records/s; ok is false when none was measured yet.
 func (s *Store) RestoreRate() (rate float64, ok bool, err error) {
-	v, closer, err := s.db.Get(keyRestoreRate)
+	v, ok, err := s.meta8(keyRestoreRate, "restore rate")
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	rate = math.Float64frombits(v)
+	return rate, rate > 0 && !math.IsInf(rate, 0) && !math.IsNaN(rate), nil
+}
+
+// meta8 reads the 8-byte instance metadata at key (what names it in
+// errors); ok is false when there is none.
+func (s *Store) meta8(key []byte, what string) (v uint64, ok bool, err error) {
+	b, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, false, nil
 	}
@@ -202,11 +226,10 @@ func (s *Store) RestoreRate() (rate float64, ok bool, err error) {
 		return 0, false, err
 	}
 	defer closer.Close()
-	if len(v) != 8 {
-		return 0, false, fmt.Errorf("stream: corrupt restore rate (%d bytes)", len(v))
+	if len(b) != 8 {
+		return 0, false, fmt.Errorf("stream: corrupt %s (%d bytes)", what, len(b))
 	}
-	rate = math.Float64frombits(binary.BigEndian.Uint64(v))
-	return rate, rate > 0 && !math.IsInf(rate, 0) && !math.IsNaN(rate), nil
+	return binary.BigEndian.Uint64(b), true, nil
 }
 
 // SetRestoreRate persists the restore-throughput estimate (records/s).
@@ -214,6 +237,24 @@ func (s *Store) SetRestoreRate(rate float64) error {
 	var v [8]byte
 	binary.BigEndian.PutUint64(v[:], math.Float64bits(rate))
 	return s.db.Set(keyRestoreRate, v[:], pebble.NoSync)
+}
+
+// Retention returns the persisted delete.retention.ms of the changelog;
+// ok is false when none was read yet.
+func (s *Store) Retention() (d time.Duration, ok bool, err error) {
+	v, ok, err := s.meta8(keyRetention, "delete retention")
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	ms := int64(v)
+	return time.Duration(ms) * time.Millisecond, ms > 0, nil
+}
+
+// SetRetention persists the changelog's delete.retention.ms.
+func (s *Store) SetRetention(d time.Duration) error {
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(d.Milliseconds()))
+	return s.db.Set(keyRetention, v[:], pebble.NoSync)
 }
 
 // batch accumulates state writes of several partitions.
