@@ -101,18 +101,29 @@ func TestChangelogOffsetWaitsForALeader(t *testing.T) {
 		t.Errorf("leader down, then back: offset %d, err %v after %d listings; want 42 after 3", off, err, *calls)
 	}
 
+	// A partition just created, missing from the first listings.
+	list, calls = answers(
+		answer{listed(4, 7, nil), nil},
+		answer{listed(4, 7, nil), nil},
+		answer{listed(5, 0, nil), nil},
+	)
+	if off, err := rt.changelogOffset(ctx, list, 5, "end"); err != nil || off != 0 || *calls != 3 {
+		t.Errorf("partition missing, then listed: offset %d, err %v after %d listings; want 0 after 3", off, err, *calls)
+	}
+
 	for _, c := range []struct {
-		name string
-		a    answer
-		want string
+		name  string
+		a     answer
+		want  string
+		calls int
 	}{
-		{"no such partition", answer{listed(4, 7, nil), nil}, "has no partition 5"},
-		{"not authorized", answer{nil, &kadm.AuthError{Err: kerr.TopicAuthorizationFailed}}, "TOPIC_AUTHORIZATION_FAILED"},
-		{"partition error", answer{listed(5, -1, kerr.UnsupportedVersion), nil}, "UNSUPPORTED_VERSION"},
+		{"no such partition", answer{listed(4, 7, nil), nil}, "has no partition 5", missingAttempts},
+		{"not authorized", answer{nil, &kadm.AuthError{Err: kerr.TopicAuthorizationFailed}}, "TOPIC_AUTHORIZATION_FAILED", 1},
+		{"partition error", answer{listed(5, -1, kerr.UnsupportedVersion), nil}, "UNSUPPORTED_VERSION", 1},
 	} {
 		list, calls := answers(c.a)
-		if _, err := rt.changelogOffset(ctx, list, 5, "end"); err == nil || !strings.Contains(err.Error(), c.want) || *calls != 1 {
-			t.Errorf("%s: err %v after %d listings; want %q after 1", c.name, err, *calls, c.want)
+		if _, err := rt.changelogOffset(ctx, list, 5, "end"); err == nil || !strings.Contains(err.Error(), c.want) || *calls != c.calls {
+			t.Errorf("%s: err %v after %d listings; want %q after %d", c.name, err, *calls, c.want, c.calls)
 		}
 	}
 

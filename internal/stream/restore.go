@@ -225,6 +225,13 @@ func (rt *Runtime) mismatchHint(state, committed int64) string {
 	}
 }
 
+// missingAttempts is how many listings of the changelog may lack the
+// partition before a restore stops on it: a partition just created (the
+// input's and the changelog's together, by CreatePartitions) can be missing
+// from the broker's metadata for a moment after the group assigned it, and
+// the stage's own check of the partition count must get to say so.
+const missingAttempts = 6
+
 // changelogOffset lists the start or end offset of changelog partition p.
 // A new or moving changelog partition answers with retriable errors (no
 // leader yet) for a moment, and on a cluster a listing fails outright
@@ -246,7 +253,7 @@ func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Contex
 			return 0, ctx.Err()
 		case errors.As(err, new(*kadm.AuthError)):
 			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset: %w", p, rt.cfg.ChangelogTopic, which, err)
-		case err == nil && !ok:
+		case err == nil && !ok && attempt >= missingAttempts:
 			return 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s)",
 				p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic)
 		case ok && !kerr.IsRetriable(lo.Err):
