@@ -112,3 +112,69 @@ func TestIdleStandbyStaysWarm(t *testing.T) {
 		t.Errorf("a current standby of a partition idle for two retentions advertises %v, want {0: %d}", got, end)
 	}
 }
+
+// TestWarmCopiesFollowLoweredRetention: a running member judges the copies
+// it advertises with delete.retention.ms as the broker has it now, not as
+// it was when its last restore read it. An instance that owns its
+// partitions and tails none reads it no other way: lowered on the broker,
+// the old value kept copies past the new horizon advertised at every
+// later join (and persisted, at the next start too), and the group's
+// balancer handed this member partitions it can only restore in full.
+func TestWarmCopiesFollowLoweredRetention(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	w.send("k", "v")
+	clk := &skewClock{}
+	rt, err := New(Config{Stage: "kv",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "a", SessionTimeout: 6 * time.Second},
+		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))}, kvProc{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok := rt.sb.warmCopies()[0]; ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the instance did not process its input and advertise its copy of partition 0 in 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The operator lowers delete.retention.ms to 20 s; the copy, idle, is
+	// then 31 s old: within the old horizon (54 s), past the new (18 s).
+	rs, err := kadm.NewClient(w.cl).AlterTopicConfigs(context.Background(),
+		[]kadm.AlterConfig{{Name: "delete.retention.ms", Value: ptr("20000")}}, w.changelog)
+	if err == nil {
+		_, err = rs.On(w.changelog, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.skew.Add(int64(retentionTTL + time.Second))
+	deadline = time.Now().Add(3 * standbyRetentionPoll)
+	for {
+		cps := rt.sb.warmCopies()
+		if _, ok := cps[0]; !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s after delete.retention.ms was lowered to 20 s, a copy dated %s ago is still advertised: %v",
+				3*standbyRetentionPoll, retentionTTL+time.Second, cps)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d, ok, err := rt.store.Retention(); err != nil || !ok || d != 20*time.Second {
+		t.Errorf("persisted delete.retention.ms %s (%v, %v), want 20s", d, ok, err)
+	}
+}
