@@ -197,7 +197,8 @@ func (sb *standbys) setClient(cl *kgo.Client) { sb.client.Store(cl) }
 // standby stalled) is restored in full, like no copy: it is not
 // advertised, so that the group's balancer does not prefer this member for
 // the partition. The horizon is judged with delete.retention.ms as last
-// read (knownRetention): the join does not wait for the broker. Unknown
+// read (knownRetention; watchRetention reads it while the stage runs):
+// the join does not wait for the broker. Unknown
 // (never read), no copy is advertised, as every restore with a tail to
 // replay would be a full one. An unreadable store advertises nothing: it
 // costs only warmth.
