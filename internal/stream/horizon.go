@@ -311,6 +311,21 @@ func (rt *Runtime) knowRetention(d time.Duration, log *zap.Logger) {
 	}
 }
 
+// startWatchRetention runs watchRetention until ctx ends or the returned
+// function is called, which returns once it stopped.
+func (rt *Runtime) startWatchRetention(ctx context.Context, adm *kadm.Client) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rt.watchRetention(ctx, adm)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 // watchRetention reads the changelog's delete.retention.ms every
 // standbyRetentionPoll, from the broker once the cached value is older
 // than retentionTTL, until ctx ends. Restores and standby tails read it

@@ -153,14 +153,7 @@ func TestWarmCopiesFollowLoweredRetention(t *testing.T) {
 	}
 	// The operator lowers delete.retention.ms to 20 s; the copy, idle, is
 	// then 31 s old: within the old horizon (54 s), past the new (18 s).
-	rs, err := kadm.NewClient(w.cl).AlterTopicConfigs(context.Background(),
-		[]kadm.AlterConfig{{Name: "delete.retention.ms", Value: ptr("20000")}}, w.changelog)
-	if err == nil {
-		_, err = rs.On(w.changelog, nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	w.setDeleteRetention("20000")
 	clk.skew.Add(int64(retentionTTL + time.Second))
 	deadline = time.Now().Add(3 * standbyRetentionPoll)
 	for {

@@ -111,16 +111,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	rt.sess = sess
 	rt.sb.setClient(sess.Client())
 	rt.adm = kadm.NewClient(sess.Client())
-	wctx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		rt.watchRetention(wctx, rt.adm)
-	}()
-	defer func() {
-		stopWatch()
-		<-watched
-	}()
+	defer rt.startWatchRetention(ctx, rt.adm)()
 	rt.joined.Store(true)
 	defer rt.joined.Store(false)
 	rt.active = map[int32]*activePart{}
