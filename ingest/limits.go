@@ -37,15 +37,22 @@ func (l *limiters) rate(k *Key) float64 {
 	return max(l.refusalRate, 0)
 }
 
-// bucket is the key's token bucket, made on its first use.
-func (l *limiters) bucket(k *Key) *rate.Limiter {
+// bucket is the key's token bucket, made on its first use. A key whose
+// rate changed since (its record in the keys topic rewritten, with a rate
+// or without one) has its bucket set to the new rate at now, its tokens
+// kept (at most the new size).
+func (l *limiters) bucket(k *Key, now time.Time) *rate.Limiter {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	r := l.rate(k)
+	burst := max(int(math.Ceil(r)), l.maxEvents)
 	lim := l.byKey[k.ID]
 	if lim == nil {
-		r := l.rate(k)
-		lim = rate.NewLimiter(rate.Limit(r), max(int(math.Ceil(r)), l.maxEvents))
+		lim = rate.NewLimiter(rate.Limit(r), burst)
 		l.byKey[k.ID] = lim
+	} else if lim.Limit() != rate.Limit(r) {
+		lim.SetLimitAt(now, rate.Limit(r))
+		lim.SetBurstAt(now, burst)
 	}
 	return lim
 }
@@ -60,7 +67,7 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 	if k.Rate <= 0 {
 		return 0
 	}
-	lim := l.bucket(k)
+	lim := l.bucket(k, now)
 	r := lim.ReserveN(now, n)
 	if !r.OK() {
 		return time.Second // more than a full bucket: never passes (not reached: the bucket holds a full request)
@@ -87,7 +94,7 @@ func (l *limiters) admit(k *Key, now time.Time) time.Duration {
 	if r <= 0 {
 		return 0
 	}
-	lim := l.bucket(k)
+	lim := l.bucket(k, now)
 	if t := lim.TokensAt(now); t < 1 {
 		return time.Duration((1 - t) / r * float64(time.Second))
 	}
@@ -103,7 +110,7 @@ func (l *limiters) charge(k *Key, n int, now time.Time) time.Duration {
 	if l.rate(k) <= 0 {
 		return 0
 	}
-	lim := l.bucket(k)
+	lim := l.bucket(k, now)
 	lim.ReserveN(now, min(max(n, 1), lim.Burst())) // kept: the tokens are spent
 	return l.admit(k, now)
 }

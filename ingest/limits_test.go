@@ -260,3 +260,31 @@ func TestUnknownKeyBeforeBody(t *testing.T) {
 		t.Errorf("an unknown key's request whose body has not arrived was answered %q, want 401 at once", got)
 	}
 }
+
+// TestBucketFollowsKeyRate: a key's bucket is made on its first request,
+// with the rate the key had then: for a key without a rate, the refusal
+// budget. A key record rewritten with a rate of its own (the keys topic is
+// the key's only truth, read again by every replica) must be bounded by
+// that rate from then on, not by the bucket its first request made; and
+// the other way, a key whose rate is taken away has the refusal budget.
+func TestBucketFollowsKeyRate(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	l := newLimiters(10, 1000)
+	k := &Key{ID: "k"}
+	if d := l.admit(k, now); d != 0 {
+		t.Fatalf("a key without a rate, first request: wait %s", d)
+	}
+	k = &Key{ID: "k", Rate: 1}
+	// Rate 1: the bucket holds one full request (10 events).
+	if d := l.take(k, 10, now); d != 0 {
+		t.Fatalf("first full request at rate 1: wait %s, want none", d)
+	}
+	if d := l.take(k, 10, now); d == 0 {
+		t.Fatalf("a second full request in the same instant at rate 1 passed: the key's bucket is still the refusal budget's (1000/s)")
+	}
+	k = &Key{ID: "k"}
+	l.admit(k, now.Add(time.Second)) // the bucket back at 0 tokens, at 1/s
+	if d := l.admit(k, now.Add(time.Second+10*time.Millisecond)); d != 0 {
+		t.Fatalf("the key's rate taken away: 10ms later, at a 1000/s refusal budget, wait %s, want none", d)
+	}
+}

@@ -188,6 +188,9 @@ func (c copyPace) projected() (d time.Duration, ok bool) {
 // committed. The caller closes it.
 func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, at time.Time, warm WarmState) (*changelogCopy, error) {
 	out := &outage{clock: rt.cfg.Clock}
+	// The copy's time starts before its reader: the client fetches from
+	// the moment it is made, and the pace must count that time.
+	started := rt.cfg.Clock.Now()
 	cl, err := rt.newClient(
 		kgo.WithHooks(out),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
@@ -202,7 +205,7 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, 
 		return nil, err
 	}
 	return &changelogCopy{rt: rt, p: p, what: what, cl: cl, warm: warm, b: rt.store.newBatch(), pos: from, at: at, atPos: from,
-		from: from, firstEnd: end, end: end, started: rt.cfg.Clock.Now(), lso: lso, hw: end, out: out}, nil
+		from: from, firstEnd: end, end: end, started: started, lso: lso, hw: end, out: out}, nil
 }
 
 // listed records a later listing of the changelog's end, for the pace.

@@ -294,13 +294,72 @@ func (rt *Runtime) deleteRetention(ctx context.Context, adm *kadm.Client, log *z
 		log.Warn("cannot read the changelog's delete.retention.ms: restoring partitions in full (grant DescribeConfigs on the topic)",
 			zap.String("changelog", rt.cfg.ChangelogTopic), zap.Error(err))
 	}
-	if err == nil && d > 0 && time.Duration(h.known.Swap(int64(d))) != d {
+	if err == nil {
+		rt.knowRetention(d, log)
+	}
+	h.retention, h.retentionReadAt = d, now
+	return d
+}
+
+// knowRetention records d, read from the broker, as the changelog's
+// delete.retention.ms known to warmCopies, persisted when it changed.
+func (rt *Runtime) knowRetention(d time.Duration, log *zap.Logger) {
+	if d > 0 && time.Duration(rt.horizon.known.Swap(int64(d))) != d {
 		if err := rt.store.SetRetention(d); err != nil {
 			log.Warn("cannot persist the changelog's delete.retention.ms", zap.Error(err))
 		}
 	}
-	h.retention, h.retentionReadAt = d, now
-	return d
+}
+
+// startWatchRetention runs watchRetention until ctx ends or the returned
+// function is called, which returns once it stopped.
+func (rt *Runtime) startWatchRetention(ctx context.Context, adm *kadm.Client) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rt.watchRetention(ctx, adm)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// watchRetention reads the changelog's delete.retention.ms every
+// standbyRetentionPoll, from the broker once the cached value is older
+// than retentionTTL, until ctx ends. Restores and standby tails read it
+// when they need it; this keeps the value warmCopies judges the join
+// metadata with as current for an instance that restores nothing and
+// tails nothing (it owns its partitions): lowered on the broker, the value
+// its last restore read would keep advertising copies past the new
+// horizon. A failed read changes nothing and is not logged here: the
+// restores that need the value log it (deleteRetention).
+func (rt *Runtime) watchRetention(ctx context.Context, adm *kadm.Client) {
+	h := &rt.horizon
+	poll := time.NewTicker(standbyRetentionPoll)
+	defer poll.Stop()
+	for {
+		h.cfgMu.Lock()
+		now := rt.cfg.Clock.Now()
+		if age := now.Sub(h.retentionReadAt); h.retentionReadAt.IsZero() || age < 0 || age >= retentionTTL {
+			rctx, cancel := context.WithTimeout(ctx, standbyRetentionPoll)
+			d, err := readDeleteRetention(rctx, adm, rt.cfg.ChangelogTopic)
+			cancel()
+			if err == nil {
+				rt.knowRetention(d, rt.log)
+				h.retention, h.retentionReadAt = d, now
+			} else {
+				rt.log.Debug("cannot read the changelog's delete.retention.ms", zap.Error(err))
+			}
+		}
+		h.cfgMu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-poll.C:
+		}
+	}
 }
 
 // knownRetention returns the changelog's delete.retention.ms as last read,

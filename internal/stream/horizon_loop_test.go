@@ -174,14 +174,7 @@ func TestStandbyCopyOutlastingHorizonGivesUp(t *testing.T) {
 
 	// The operator raises delete.retention.ms to the value named; once the
 	// cached value is stale the standby copies again, and that copy fits.
-	rs, err := kadm.NewClient(w.cl).AlterTopicConfigs(context.Background(),
-		[]kadm.AlterConfig{{Name: "delete.retention.ms", Value: ptr(fmt.Sprint(needed.Milliseconds()))}}, w.changelog)
-	if err == nil {
-		_, err = rs.On(w.changelog, nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	w.setDeleteRetention(fmt.Sprint(needed.Milliseconds()))
 	clk.skew.Add(int64(retentionTTL))
 	resumed := clk.Now()
 	deadline = time.Now().Add(20 * time.Second)

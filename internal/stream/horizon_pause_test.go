@@ -114,6 +114,18 @@ func TestStandbyPausedPastHorizonStartsOver(t *testing.T) {
 	}
 }
 
+// setDeleteRetention sets delete.retention.ms of w's changelog to ms.
+func (w *kvWorld) setDeleteRetention(ms string) {
+	w.t.Helper()
+	rs, err := kadm.NewClient(w.cl).AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "delete.retention.ms", Value: ptr(ms)}}, w.changelog)
+	if err == nil {
+		_, err = rs.On(w.changelog, nil)
+	}
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
 // standbyRuntime returns a runtime of instance "s" on w, with one standby
 // replica, whose tails the test starts, and a client that produces to w's
 // changelog as its owner would (plain records are committed for
@@ -215,21 +227,10 @@ func (w *kvWorld) changelogID() [16]byte {
 // kfake's compaction, then back to 60 s, which is what the runtime reads.
 func compactTombstones(t *testing.T, w *kvWorld) {
 	t.Helper()
-	adm := kadm.NewClient(w.cl)
-	set := func(ms string) {
-		t.Helper()
-		rs, err := adm.AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "delete.retention.ms", Value: ptr(ms)}}, w.changelog)
-		if err == nil {
-			_, err = rs.On(w.changelog, nil)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	set("0")
+	w.setDeleteRetention("0")
 	time.Sleep(10 * time.Millisecond)
 	w.cluster.Compact()
-	set("60000")
+	w.setDeleteRetention("60000")
 }
 
 // TestRestorePausedPastHorizonRestoresInFull: a restore that plans a tail

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -73,4 +74,100 @@ func TestWarmCopiesWithinHorizon(t *testing.T) {
 	expect("started again", rt, map[int32]int64{0: 10})
 	clk.skew.Add(int64(time.Minute))
 	expect("started again a minute later", rt, map[int32]int64{})
+}
+
+// TestIdleStandbyStaysWarm: a standby tail of a changelog nobody writes
+// to is as current as a copy can be, and it dates its copy at every
+// listing of the changelog's end. That date must reach the store, whose
+// checkpoints warmCopies advertises: kept in memory only, a standby of an
+// idle partition fell out of the group's warm copies once the partition
+// had been idle for most of delete.retention.ms, and a failover restored
+// the partition in full elsewhere instead of promoting the standby.
+func TestIdleStandbyStaysWarm(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	clk := &skewClock{}
+	rt, cl := w.standbyRuntime(clk, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), prometheus.NewRegistry())
+	if err := cl.ProduceSync(context.Background(), kvRecords("k", "v", "x", "1")...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	rt.sb.mu.Lock()
+	rt.sb.start(0)
+	rt.sb.mu.Unlock()
+	awaitCheckpoint(t, w, rt, "the standby to copy the changelog", func(cp Checkpoint, end int64) bool { return cp.Offset >= end })
+	end := w.changelogEnd()
+	if got := rt.sb.warmCopies(); !maps.Equal(got, map[int32]int64{0: end}) {
+		t.Fatalf("a standby that just copied the changelog advertises %v, want {0: %d}", got, end)
+	}
+	// Nothing is written for two retentions: the standby, current all
+	// along, lists the end every second and dates its copy by it. (It
+	// lists the end once first, so that the records it read are dated
+	// before the clock moves: a jump of the clock over unlisted reads is a
+	// pause, TestStandbyPausedPastHorizonStartsOver.)
+	time.Sleep(1500 * time.Millisecond)
+	clk.skew.Store(int64(2 * time.Minute))
+	moved := clk.Now()
+	awaitCheckpoint(t, w, rt, "the standby to write the date of its idle copy", func(cp Checkpoint, _ int64) bool { return !cp.At.Before(moved) })
+	if got := rt.sb.warmCopies(); !maps.Equal(got, map[int32]int64{0: end}) {
+		t.Errorf("a current standby of a partition idle for two retentions advertises %v, want {0: %d}", got, end)
+	}
+}
+
+// TestWarmCopiesFollowLoweredRetention: a running member judges the copies
+// it advertises with delete.retention.ms as the broker has it now, not as
+// it was when its last restore read it. An instance that owns its
+// partitions and tails none reads it no other way: lowered on the broker,
+// the old value kept copies past the new horizon advertised at every
+// later join (and persisted, at the next start too), and the group's
+// balancer handed this member partitions it can only restore in full.
+func TestWarmCopiesFollowLoweredRetention(t *testing.T) {
+	t.Parallel()
+	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
+	w.send("k", "v")
+	clk := &skewClock{}
+	rt, err := New(Config{Stage: "kv",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "a", SessionTimeout: 6 * time.Second},
+		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))}, kvProc{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok := rt.sb.warmCopies()[0]; ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the instance did not process its input and advertise its copy of partition 0 in 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The operator lowers delete.retention.ms to 20 s; the copy, idle, is
+	// then 31 s old: within the old horizon (54 s), past the new (18 s).
+	w.setDeleteRetention("20000")
+	clk.skew.Add(int64(retentionTTL + time.Second))
+	deadline = time.Now().Add(3 * standbyRetentionPoll)
+	for {
+		cps := rt.sb.warmCopies()
+		if _, ok := cps[0]; !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s after delete.retention.ms was lowered to 20 s, a copy dated %s ago is still advertised: %v",
+				3*standbyRetentionPoll, retentionTTL+time.Second, cps)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d, ok, err := rt.store.Retention(); err != nil || !ok || d != 20*time.Second {
+		t.Errorf("persisted delete.retention.ms %s (%v, %v), want 20s", d, ok, err)
+	}
 }

@@ -111,6 +111,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	rt.sess = sess
 	rt.sb.setClient(sess.Client())
 	rt.adm = kadm.NewClient(sess.Client())
+	defer rt.startWatchRetention(ctx, rt.adm)()
 	rt.joined.Store(true)
 	defer rt.joined.Store(false)
 	rt.active = map[int32]*activePart{}

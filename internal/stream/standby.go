@@ -197,7 +197,8 @@ func (sb *standbys) setClient(cl *kgo.Client) { sb.client.Store(cl) }
 // standby stalled) is restored in full, like no copy: it is not
 // advertised, so that the group's balancer does not prefer this member for
 // the partition. The horizon is judged with delete.retention.ms as last
-// read (knownRetention): the join does not wait for the broker. Unknown
+// read (knownRetention; watchRetention reads it while the stage runs):
+// the join does not wait for the broker. Unknown
 // (never read), no copy is advertised, as every restore with a tail to
 // replay would be a full one. An unreadable store advertises nothing: it
 // costs only warmth.
@@ -461,6 +462,8 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	}
 
 	t.pos.Store(c.pos)
+	// written: the date of the checkpoint last written.
+	written := c.at
 	// target: the end listed at targetAt; reaching it dates the checkpoint.
 	target, targetAt := end, now
 	if err := redate(target, targetAt); err != nil {
@@ -487,6 +490,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			if err := c.commit(retention()); err != nil {
 				return nil, err
 			}
+			written = c.at
 			sb.m.records.Add(float64(n))
 			sb.m.busy.Add(time.Since(start).Seconds())
 		}
@@ -499,6 +503,19 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 				c.listed(e)
 				if err := redate(target, targetAt); err != nil {
 					return nil, err
+				}
+				// A copy that read nothing new (the changelog is idle)
+				// writes its new date now and then all the same: the
+				// stored checkpoint is what warmCopies advertises and a
+				// restore plans from, and left at the date of its last
+				// record an idle copy, current, would fall outside the
+				// restore horizon. Once per margin of the horizon, so
+				// that the stored date is never more than that behind.
+				if d := retention(); d > 0 && c.at.Sub(written) >= d/restoreMarginDivisor {
+					if err := c.commit(d); err != nil {
+						return nil, err
+					}
+					written = c.at
 				}
 				t.end.Store(e)
 				lagGauge.Set(float64(max(e-c.pos, 0)))
