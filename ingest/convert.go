@@ -384,6 +384,11 @@ func decimalQuantity(s string, scale int) (int64, string) {
 		if e == "" || !allDigits(e) {
 			return 0, "is not a decimal number"
 		}
+		// JSON allows leading zeros in an exponent ("1e007"): they do
+		// not make it large.
+		if e = strings.TrimLeft(e, "0"); e == "" {
+			e = "0"
+		}
 		if len(e) > 6 {
 			e = "999999" // beyond any 64-bit quantity either way
 		}

@@ -44,7 +44,7 @@ const testMeters = `meters:
 
 // env is one ingest server on a broker, with its topics and a key.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	brokers  []string
 	topic    string
 	keys     string
@@ -58,7 +58,7 @@ type env struct {
 
 // newEnv starts an ingest server on kfake (or on the real broker with
 // real set), with a key for tenant acme (customers acme-*).
-func newEnv(t *testing.T, mod func(*Config)) *env {
+func newEnv(t testing.TB, mod func(*Config)) *env {
 	t.Helper()
 	c, brokers := testenv.KFake(t)
 	return newEnvOn(t, brokers, c, mod)
@@ -66,7 +66,7 @@ func newEnv(t *testing.T, mod func(*Config)) *env {
 
 // newEnvOn is newEnv on brokers: a kfake cluster's (its topics go with
 // it), or the real broker's (its topics are deleted when the test ends).
-func newEnvOn(t *testing.T, brokers []string, cluster *kfake.Cluster, mod func(*Config)) *env {
+func newEnvOn(t testing.TB, brokers []string, cluster *kfake.Cluster, mod func(*Config)) *env {
 	t.Helper()
 	e := &env{t: t, brokers: brokers, topic: testenv.Name(t, "events"), keys: testenv.Name(t, "keys"),
 		balances: testenv.Name(t, "balances"), cluster: cluster}
@@ -139,7 +139,7 @@ func (e *env) start(cfg Config) {
 	waitReady(t, srv)
 }
 
-func waitReady(t *testing.T, srv *Server) {
+func waitReady(t testing.TB, srv *Server) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for srv.Ready() != nil {

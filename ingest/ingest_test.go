@@ -155,6 +155,9 @@ func TestDecimalQuantity(t *testing.T) {
 		{"1.5", 0, 0, "is not an integer"}, {"1.255", 2, 0, "more than 2 decimal places"},
 		{"-1", 0, 0, "negative"}, {"9223372036854775808", 0, 0, "64-bit"}, {"1e19", 0, 0, "64-bit"},
 		{"1e999999999", 0, 0, "64-bit"}, {"1e-999999999", 0, 0, "is not an integer"},
+		// JSON allows leading zeros in an exponent: they do not make it large.
+		{"1E+0000000", 0, 1, ""}, {"1e0000002", 0, 100, ""}, {"10e-0000001", 0, 1, ""}, {"25e-00000000000000000001", 1, 25, ""},
+		{"1e00000000000000000019", 0, 0, "64-bit"}, {"1e-00000000000000000001", 0, 0, "is not an integer"},
 		{"", 0, 0, "not a decimal"}, {" 1", 0, 0, "not a decimal"}, {"01", 0, 0, "not a decimal"}, {"1.", 0, 0, "not a decimal"},
 		{"0x10", 0, 0, "not a decimal"}, {"NaN", 0, 0, "not a decimal"}, {"+1", 0, 0, "not a decimal"}, {"1e", 0, 0, "not a decimal"},
 	} {

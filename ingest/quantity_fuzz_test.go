@@ -1,0 +1,69 @@
+package ingest
+
+import (
+	"encoding/json"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// FuzzDecimalQuantity: decimalQuantity, which reads the quantity of every
+// CloudEvent (the text of a JSON number, or a numeric string, that the
+// client wrote), accepts exactly the JSON numbers whose value × 10^scale
+// is an integer in [0, 2^63), and returns that integer (math/big is the
+// oracle). Everything else is refused with a reason.
+func FuzzDecimalQuantity(f *testing.F) {
+	for _, s := range []string{"0", "12", "1e3", "1.5e1", "12.000", "-0", "1.25", "1000e-3", "1.5", "-1",
+		"9223372036854775807", "9223372036854775808", "1e19", "1e999999999", "1e-999999999", "1E+02", "10e-01",
+		"", "01", "1.", "0x10", "+1", "1e", "0.0e5", "5e-0"} {
+		for _, scale := range []uint8{0, 2, 3} {
+			f.Add(s, scale)
+		}
+	}
+	ten := big.NewInt(10)
+	f.Fuzz(func(t *testing.T, s string, scaleByte uint8) {
+		scale := int(scaleByte % 10)
+		got, why := decimalQuantity(s, scale)
+		if why != "" && got != 0 {
+			t.Fatalf("decimalQuantity(%q, %d) = %d with reason %q", s, scale, got, why)
+		}
+		// A JSON number, and only one, is a decimal here.
+		isNumber := s != "" && (s[0] == '-' || isDigit(s[0])) && isDigit(s[len(s)-1]) && json.Valid([]byte(s))
+		if !isNumber {
+			if why == "" {
+				t.Fatalf("decimalQuantity(%q, %d) = %d, accepting what is not a JSON number", s, scale, got)
+			}
+			return
+		}
+		// The oracle: the exact value, unless its exponent is too large
+		// for math/big to be quick (no 64-bit quantity has one).
+		mant, exp := s, 0
+		if i := strings.IndexAny(s, "eE"); i >= 0 {
+			e, err := strconv.Atoi(s[i+1:])
+			if err != nil || e > 1000 || e < -1000 {
+				return
+			}
+			mant, exp = s[:i], e
+		}
+		r, ok := new(big.Rat).SetString(mant)
+		if !ok {
+			t.Fatalf("math/big refuses the mantissa %q of the JSON number %q", mant, s)
+		}
+		shift := exp + scale
+		p := new(big.Int).Exp(ten, big.NewInt(int64(max(shift, -shift))), nil)
+		if shift >= 0 {
+			r.Mul(r, new(big.Rat).SetInt(p))
+		} else {
+			r.Quo(r, new(big.Rat).SetInt(p))
+		}
+		accept := r.Sign() >= 0 && r.IsInt() && r.Num().Cmp(big.NewInt(math.MaxInt64)) <= 0
+		switch {
+		case accept && (why != "" || got != r.Num().Int64()):
+			t.Fatalf("decimalQuantity(%q, %d) = %d, %q; want %s", s, scale, got, why, r.Num())
+		case !accept && why == "":
+			t.Fatalf("decimalQuantity(%q, %d) = %d; want it refused (%s)", s, scale, got, r.RatString())
+		}
+	})
+}
