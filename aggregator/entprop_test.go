@@ -27,7 +27,8 @@ import (
 // reads its original, so behind and interleaved need not agree with
 // them); 3 behind, with step-backs; 4 misplaced records alone.
 // METERLINE_PROPERTY_SEEDS=n adds n kfake seeds from 1000 (misplaced
-// records, step-backs in every other), and n from 2000 run both ways.
+// records, step-backs in every other), n from 2000 run both ways, and n
+// real-broker seeds from 5000.
 
 func TestPropertyEntitlementsKFake(t *testing.T) {
 	t.Run("seed=1", func(t *testing.T) { runPropertyWith(t, nil, 1, propKFake, &entGen{stepBack: true, misplaced: true}) })
@@ -59,6 +60,21 @@ func TestPropertyEntitlementsRealKafka(t *testing.T) {
 		runPropertyWith(t, brokers, 101, propReal, &entGen{stepBack: true, misplaced: true})
 	})
 	t.Run("seed=102", func(t *testing.T) { runBothWays(t, brokers, 102, propReal, entGen{stepBack: true}) })
+	// METERLINE_PROPERTY_SEEDS=n adds n seeds from 5000, taking turns:
+	// step-backs and misplaced records; both ways with step-backs;
+	// misplaced records alone.
+	for seed := int64(5000); seed < 5000+int64(testenv.PropertySeeds()); seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			switch seed % 3 {
+			case 0:
+				runPropertyWith(t, brokers, seed, propReal, &entGen{stepBack: true, misplaced: true})
+			case 1:
+				runBothWays(t, brokers, seed, propReal, entGen{stepBack: true})
+			default:
+				runPropertyWith(t, brokers, seed, propReal, &entGen{misplaced: true})
+			}
+		})
+	}
 }
 
 // entGen switches on the generators of a property run with entitlements

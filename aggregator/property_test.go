@@ -34,6 +34,8 @@ import (
 //
 // Seeds 1–5 run on kfake, always (go test -short); seeds 101–103 run on
 // the real broker (METERLINE_TEST_KAFKA, without -short).
+// METERLINE_PROPERTY_SEEDS=n adds n seeds to each: from 1000 on kfake,
+// from 5000 on the real broker.
 
 func TestPropertyKFake(t *testing.T) {
 	seeds := []int64{1, 2, 3, 4, 5}
@@ -50,7 +52,12 @@ func TestPropertyKFake(t *testing.T) {
 
 func TestPropertyRealKafka(t *testing.T) {
 	brokers := testenv.RealKafka(t)
-	for seed := int64(101); seed <= 103; seed++ {
+	seeds := []int64{101, 102, 103}
+	// METERLINE_PROPERTY_SEEDS=n adds n seeds from 5000.
+	for i := range int64(testenv.PropertySeeds()) {
+		seeds = append(seeds, 5000+i)
+	}
+	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			runProperty(t, brokers, seed, propReal)
 		})
