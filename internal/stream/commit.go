@@ -398,6 +398,7 @@ func (rt *Runtime) apply(at time.Time) error {
 		}
 		if produced {
 			b.checkpoint(p, Checkpoint{Offset: end + 1, At: at})
+			st.marker = end + 1
 		}
 		if i == len(ps)/2 {
 			// Guarantee: the batch is not committed; a crash here leaves

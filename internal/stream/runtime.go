@@ -34,7 +34,8 @@
 // commit path: flush, changelog, end, apply), processor.go (what a stage
 // implements), txn.go (Tx, the overlay), settle.go (a transaction's records
 // wait for the previous one's end), seqreset.go (a transaction's partitions
-// are in the client's metadata before it ends), restore.go, work.go,
+// are in the client's metadata before it ends), restore.go, redate.go
+// (the checkpoints of idle owned partitions keep a date), work.go,
 // copartition.go (the group balancer), standby.go and standby_balance.go
 // (standby replicas, DESIGN §10).
 package stream
@@ -182,12 +183,19 @@ type Runtime struct {
 	// (zero: producedMetadataWait).
 	storedFn     func(topicPartition) bool
 	metadataWait time.Duration
+	// Tests: how often the run loop looks for idle owned partitions to
+	// re-date (zero: ownerRedatePoll).
+	redatePoll time.Duration
 }
 
 type partState struct {
 	epoch     uint64
 	committed map[string]int64 // group's committed offset per input topic at assignment; -1: none
 	cancel    context.CancelFunc
+	// marker is the checkpoint offset the last transaction applied in
+	// this epoch wrote, where its commit marker sits (-1: none yet): an
+	// end one past it is that marker (redate.go).
+	marker int64
 }
 
 type activePart struct {

@@ -129,6 +129,9 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		// aborts it).
 		sess.Close()
 	}()
+	// Stopped before the session's client closes (deferred above).
+	redates, stopRedates := rt.startOwnerRedates(ctx, rt.adm)
+	defer stopRedates()
 	// Initialise the transactional ID now, not at the first produce: it
 	// fences a previous incarnation of this instance and aborts (or
 	// completes) its open transaction, which a restore of our own
@@ -203,6 +206,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 				return err
 			}
 		}
+		rt.redateIdle(redates)
 	}
 }
 
@@ -360,7 +364,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			old.cancel()
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		ps := &partState{epoch: epochSeq.Add(1), committed: committed, cancel: cancel}
+		ps := &partState{epoch: epochSeq.Add(1), committed: committed, cancel: cancel, marker: -1}
 		rt.parts[p] = ps
 		if held {
 			// Assigned anew without its revoke (kgo's transact session

@@ -196,7 +196,10 @@ func (sb *standbys) setClient(cl *kgo.Client) { sb.client.Store(cl) }
 // changelog's delete.retention.ms allows (an instance stopped for long, a
 // standby stalled) is restored in full, like no copy: it is not
 // advertised, so that the group's balancer does not prefer this member for
-// the partition. The horizon is judged with delete.retention.ms as last
+// the partition. A current copy keeps a recent date: a standby's tail
+// dates it by its listings of the changelog's end, an owner re-dates the
+// checkpoints of its partitions without input (redate.go). The horizon is
+// judged with delete.retention.ms as last
 // read (knownRetention; watchRetention reads it while the stage runs):
 // the join does not wait for the broker. Unknown
 // (never read), no copy is advertised, as every restore with a tail to
