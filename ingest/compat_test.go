@@ -129,9 +129,10 @@ func TestCloudEventDataNotObject(t *testing.T) {
 				`4 data.tokens is missing: the event has no data; meter tokens reads its value from $.tokens|` +
 				`5 data.tokens is missing: data is a JSON string, not an object; meter tokens reads its value from $.tokens|` +
 				`6 data[0] is missing: meter firsts reads its value from $[0]`},
-		{"application/json", // the slow path: each event decoded on its own
-			"[" + ev("ok", "call", `"x"`) + ",\n" + ev("p6", "prompt", `false`) + "]",
-			`1 data.tokens is missing: data is a JSON boolean, not an object; meter tokens reads its value from $.tokens`},
+		{"application/json", // the slow path (an id of the wrong type fails the batch's decoding): each event decoded on its own
+			"[" + ev("ok", "call", `"x"`) + "," + ev("p6", "prompt", `false`) + "," + strings.Replace(ev("x", "call", `1`), `"x"`, `7`, 1) + "]",
+			`1 data.tokens is missing: data is a JSON boolean, not an object; meter tokens reads its value from $.tokens|` +
+				`2 id must be a string, not a JSON number`},
 		{"application/cloudevents+json", ev("p7", "prompt", `"x"`),
 			`0 data.tokens is missing: data is a JSON string, not an object; meter tokens reads its value from $.tokens`},
 	} {

@@ -292,6 +292,11 @@ func TestBucketFollowsKeyRate(t *testing.T) {
 	}
 }
 
+// apiCalls is a batch of n events of Meterline's format (apiCall).
+func apiCalls(n int) []byte {
+	return []byte("[" + strings.TrimSuffix(strings.Repeat(string(apiCall("a", "acme-1"))+",", n), ",") + "]")
+}
+
 // clockEnv is newEnv with MaxEvents 10 on a clock that moves only when
 // the test moves it (the buckets refill by it); move advances it.
 func clockEnv(t *testing.T) (e *env, move func(time.Duration)) {
@@ -357,8 +362,8 @@ func TestKeyBucketsPruned(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitKeys(t, e.srv, 4)
-	ten := "[" + strings.TrimSuffix(strings.Repeat(string(apiCall("a", "acme-1"))+",", 10), ",") + "]"
-	if status, _, b := e.post("/v1/events", "application/json", spentToken, []byte(ten)); status != http.StatusAccepted {
+	ten := apiCalls(10)
+	if status, _, b := e.post("/v1/events", "application/json", spentToken, ten); status != http.StatusAccepted {
 		t.Fatalf("10 events at rate 10: %d %s", status, b)
 	}
 	if status, _, b := e.post("/v1/events", "application/json", deletedToken, apiCall("b", "acme-1")); status != http.StatusAccepted {
@@ -408,8 +413,8 @@ func TestReinstatedKeyKeepsItsBudget(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitKeys(t, e.srv, 2)
-			ten := "[" + strings.TrimSuffix(strings.Repeat(string(apiCall("a", "acme-1"))+",", 10), ",") + "]"
-			if status, _, b := e.post("/v1/events", "application/json", token, []byte(ten)); status != http.StatusAccepted {
+			ten := apiCalls(10)
+			if status, _, b := e.post("/v1/events", "application/json", token, ten); status != http.StatusAccepted {
 				t.Fatalf("10 events: %d %s", status, b)
 			}
 			if how == "revoked" {
@@ -439,12 +444,12 @@ func TestReinstatedKeyKeepsItsBudget(t *testing.T) {
 			}
 			move(time.Second)
 			// 2 s after its bucket was spent, at 1 event a second: 2 tokens.
-			status, _, b := e.post("/v1/events", "application/json", token, []byte(ten))
+			status, _, b := e.post("/v1/events", "application/json", token, ten)
 			if status != http.StatusTooManyRequests {
 				t.Fatalf("10 events 2s after 10 at rate 1, the key %s and reinstated: %d %s, want 429", how, status, b)
 			}
 			move(10 * time.Second)
-			if status, _, b := e.post("/v1/events", "application/json", token, []byte(ten)); status != http.StatusAccepted {
+			if status, _, b := e.post("/v1/events", "application/json", token, ten); status != http.StatusAccepted {
 				t.Fatalf("10 events once the bucket refilled: %d %s", status, b)
 			}
 		})
