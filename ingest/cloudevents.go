@@ -18,10 +18,11 @@ type CloudEvent struct {
 	Source  string
 	Type    string
 	Subject string
-	// Time is when the usage happened; zero when the event has none.
+	// Time is when the usage happened; zero when the event has none (no
+	// time attribute, null, or "").
 	Time time.Time
-	// Data is the text of the event's data, a JSON object; "" when it has
-	// none.
+	// Data is the text of the event's data, any JSON value but null (an
+	// object, as a rule; see dataKind); "" when it has none.
 	Data string
 }
 
@@ -102,8 +103,10 @@ func firstRune(b []byte) string {
 
 // parseCloudEvent decodes one CloudEvent in the JSON format and checks its
 // attributes as OpenMeter's API does: id, source, specversion (1.0), type
-// and subject are required non-empty strings; time, when present, is RFC
-// 3339; data, when present, is a JSON object (or null), and
+// and subject are required non-empty strings; time, when present and not
+// "" (which the CloudEvents SDK OpenMeter decodes with reads as absent),
+// is RFC 3339; data, when present, is any JSON value (OpenMeter takes
+// them all: whether a meter can use it is the mapper's question), and
 // datacontenttype, when present, application/json. The error is a
 // *fieldError naming the attribute.
 func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
@@ -190,7 +193,7 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 	if v := a.attr[2]; v != "1.0" {
 		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
-	if a.has&hasTime != 0 {
+	if a.has&hasTime != 0 && a.attr[5] != "" {
 		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
 		if err != nil {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
@@ -201,15 +204,28 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", clip(a.attr[6]))}
 	}
 	if len(a.dataBase64) > 0 && a.dataBase64 != "null" {
-		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; data must be a JSON object"}
+		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; send the data as JSON, in data"}
 	}
 	if d := trimSpace(a.data); len(d) > 0 && d != "null" {
-		if d[0] != '{' {
-			return CloudEvent{}, &fieldError{"data", "invalid", "must be a JSON object"}
-		}
 		ev.Data = d
 	}
 	return ev, nil
+}
+
+// dataKind names the JSON type of a CloudEvent's data (its text, trimmed
+// and not null), for the reason of a value a path does not find in it.
+func dataKind(d string) string {
+	switch d[0] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "boolean"
+	}
+	return "number"
 }
 
 // trimSpace trims JSON's whitespace (the only kind a JSON value's text

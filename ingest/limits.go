@@ -2,7 +2,9 @@ package ingest
 
 import (
 	"bytes"
+	"cmp"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,15 +19,37 @@ import (
 // acknowledgement to wait for, so refusals, unbounded, would come as fast
 // as the replica can refuse them. The bound is per replica: N replicas
 // behind a load balancer let a key send up to N times its rate.
+//
+// A bucket is kept only while it differs from a new one, which is full:
+// a full bucket is dropped (sweep), so the buckets of keys revoked, or
+// gone from the keys topic, do not stay for ever. A spent one is kept
+// until it has refilled, whatever became of its key: a key reinstated
+// with its ID (its record written back) goes on with the bucket it had,
+// and cannot pass its rate by a round trip through revocation. At most
+// maxBuckets are kept (evict).
 type limiters struct {
 	maxEvents   int
 	refusalRate float64 // <= 0: keys without a rate have no refusal budget
-	mu          sync.Mutex
+	maxBuckets  int
+	mu          sync.Mutex // held across each operation on a bucket: sweep never drops one in use
 	byKey       map[string]*rate.Limiter
+	// swept is when sweep last ran.
+	swept time.Time
+	// floor is when the last bucket evicted before it refilled would have
+	// been full: a bucket made before then starts as spent as that one.
+	floor time.Time
 }
 
+// defaultMaxBuckets bounds the buckets a replica keeps (about 150 bytes
+// each): far more than the keys that spend their buckets within one
+// refill of each other in any deployment the ingest is sized for.
+const defaultMaxBuckets = 100_000
+
+// sweepEvery is how often sweep looks for full buckets.
+const sweepEvery = time.Second
+
 func newLimiters(maxEvents int, refusalRate float64) *limiters {
-	return &limiters{maxEvents: maxEvents, refusalRate: refusalRate, byKey: map[string]*rate.Limiter{}}
+	return &limiters{maxEvents: maxEvents, refusalRate: refusalRate, maxBuckets: defaultMaxBuckets, byKey: map[string]*rate.Limiter{}}
 }
 
 // rate is the rate of the key's bucket: its own, or the refusal budget
@@ -37,24 +61,86 @@ func (l *limiters) rate(k *Key) float64 {
 	return max(l.refusalRate, 0)
 }
 
-// bucket is the key's token bucket, made on its first use. A key whose
-// rate changed since (its record in the keys topic rewritten, with a rate
-// or without one) has its bucket set to the new rate at now, its tokens
-// kept (at most the new size).
+// bucket is the key's token bucket, made on its first use (or its first
+// use since sweep dropped it, full). A key whose rate changed since (its
+// record in the keys topic rewritten, with a rate or without one) has its
+// bucket set to the new rate at now, its tokens kept (at most the new
+// size). l.mu is held.
 func (l *limiters) bucket(k *Key, now time.Time) *rate.Limiter {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.sweep(now)
 	r := l.rate(k)
 	burst := max(int(math.Ceil(r)), l.maxEvents)
 	lim := l.byKey[k.ID]
 	if lim == nil {
+		if len(l.byKey) >= l.maxBuckets {
+			l.evict(now)
+		}
 		lim = rate.NewLimiter(rate.Limit(r), burst)
+		if l.floor.After(now) {
+			// It may be the bucket of an evicted key: as spent as that one.
+			spent := math.Ceil(r * l.floor.Sub(now).Seconds())
+			lim.ReserveN(now, int(min(spent, float64(burst))))
+		}
 		l.byKey[k.ID] = lim
 	} else if lim.Limit() != rate.Limit(r) {
 		lim.SetLimitAt(now, rate.Limit(r))
 		lim.SetBurstAt(now, burst)
 	}
 	return lim
+}
+
+// full reports whether lim holds its whole size at now: it is then the
+// same as a new bucket.
+func full(lim *rate.Limiter, now time.Time) bool {
+	return lim.TokensAt(now) >= float64(lim.Burst())
+}
+
+// sweep drops the full buckets, at most once every sweepEvery: dropping
+// one changes nothing (the next use makes it again, full), and the
+// buckets of keys no longer used (revoked, deleted) go. l.mu is held.
+func (l *limiters) sweep(now time.Time) {
+	// Requests come with their own times, a little out of order: only a
+	// second forward, or back (a clock set back), sweeps again.
+	if d := now.Sub(l.swept); d < sweepEvery && d > -sweepEvery {
+		return
+	}
+	l.swept = now
+	for id, lim := range l.byKey {
+		if full(lim, now) {
+			delete(l.byKey, id)
+		}
+	}
+}
+
+// evict makes room for a bucket when maxBuckets are kept and none is
+// full: it drops the eighth of the buckets that will be full the soonest,
+// and raises floor to when the last of them will, so that none of their
+// keys gets a fuller bucket by coming back (nor does any key, until
+// then). l.mu is held.
+func (l *limiters) evict(now time.Time) {
+	l.swept = time.Time{}
+	if l.sweep(now); len(l.byKey) < l.maxBuckets {
+		return
+	}
+	type due struct {
+		id   string
+		when time.Duration
+	}
+	dues := make([]due, 0, len(l.byKey))
+	for id, lim := range l.byKey {
+		var when time.Duration // a bucket that does not refill (none is made) is as good as new
+		if r := float64(lim.Limit()); r > 0 {
+			when = time.Duration(math.Ceil((float64(lim.Burst()) - lim.TokensAt(now)) / r * float64(time.Second)))
+		}
+		dues = append(dues, due{id, when})
+	}
+	slices.SortFunc(dues, func(a, b due) int { return cmp.Compare(a.when, b.when) })
+	for _, d := range dues[:max(len(dues)/8, 1)] {
+		delete(l.byKey, d.id)
+		if f := now.Add(d.when); f.After(l.floor) {
+			l.floor = f
+		}
+	}
 }
 
 // take takes n events from the key's bucket at now, or returns how long
@@ -67,6 +153,8 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 	if k.Rate <= 0 {
 		return 0
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	lim := l.bucket(k, now)
 	r := lim.ReserveN(now, n)
 	if !r.OK() {
@@ -90,6 +178,13 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 // spent its bucket, on accepted events or on refused requests (charge),
 // is answered 429 before its body costs anything.
 func (l *limiters) admit(k *Key, now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.wait(k, now)
+}
+
+// wait is admit with l.mu held.
+func (l *limiters) wait(k *Key, now time.Time) time.Duration {
 	r := l.rate(k)
 	if r <= 0 {
 		return 0
@@ -110,9 +205,11 @@ func (l *limiters) charge(k *Key, n int, now time.Time) time.Duration {
 	if l.rate(k) <= 0 {
 		return 0
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	lim := l.bucket(k, now)
 	lim.ReserveN(now, min(max(n, 1), lim.Burst())) // kept: the tokens are spent
-	return l.admit(k, now)
+	return l.wait(k, now)
 }
 
 // countEvents counts the events of a body without decoding it or

@@ -2,14 +2,17 @@ package ingest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // answerOf reads the status line of the answer on conn within 5s.
@@ -286,5 +289,212 @@ func TestBucketFollowsKeyRate(t *testing.T) {
 	l.admit(k, now.Add(time.Second)) // the bucket back at 0 tokens, at 1/s
 	if d := l.admit(k, now.Add(time.Second+10*time.Millisecond)); d != 0 {
 		t.Fatalf("the key's rate taken away: 10ms later, at a 1000/s refusal budget, wait %s, want none", d)
+	}
+}
+
+// apiCalls is a batch of n events of Meterline's format (apiCall).
+func apiCalls(n int) []byte {
+	return []byte("[" + strings.TrimSuffix(strings.Repeat(string(apiCall("a", "acme-1"))+",", n), ",") + "]")
+}
+
+// clockEnv is newEnv with MaxEvents 10 on a clock that moves only when
+// the test moves it (the buckets refill by it); move advances it.
+func clockEnv(t *testing.T) (e *env, move func(time.Duration)) {
+	t.Helper()
+	var now atomic.Int64
+	now.Store(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).UnixNano())
+	e = newEnv(t, func(c *Config) {
+		c.MaxEvents, c.Clock = 10, func() time.Time { return time.Unix(0, now.Load()).UTC() }
+	})
+	return e, func(d time.Duration) { now.Add(int64(d)) }
+}
+
+// hasBucket reports whether the server keeps a bucket for key id.
+func (e *env) hasBucket(id string) bool {
+	l := e.srv.limits
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.byKey[id] != nil
+}
+
+// tombstone deletes key id from the keys topic.
+func (e *env) tombstone(id string) {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: e.keys, Key: []byte(keyRecordKey(id))}).FirstErr(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// waitKeyGone waits until the server no longer authenticates token.
+func waitKeyGone(t *testing.T, srv *Server, token string) {
+	t.Helper()
+	for range 2000 {
+		if k, _ := srv.Keys().Authenticate(token); k == nil {
+			return
+		}
+		sleepMs(10)
+	}
+	t.Fatal("the server still authenticates a revoked key")
+}
+
+// The buckets of keys revoked or gone from the keys topic are not kept
+// for ever: each is dropped once it has refilled (then a new bucket is
+// the same), so that a replica's memory does not grow with every key it
+// ever served. Until then it is kept (TestReinstatedKeyKeepsItsBudget).
+func TestKeyBucketsPruned(t *testing.T) {
+	e, move := clockEnv(t)
+	ctx := context.Background()
+	spent, spentToken, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme", Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted, deletedToken, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme", Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, refusedToken, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme"}) // no rate: a refusal budget
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 4)
+	ten := apiCalls(10)
+	if status, _, b := e.post("/v1/events", "application/json", spentToken, ten); status != http.StatusAccepted {
+		t.Fatalf("10 events at rate 10: %d %s", status, b)
+	}
+	if status, _, b := e.post("/v1/events", "application/json", deletedToken, apiCall("b", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("1 event at rate 10: %d %s", status, b)
+	}
+	if status, _, b := e.post("/v1/events", "application/json", refusedToken, []byte(`{"event_id":"c"}`)); status != http.StatusBadRequest {
+		t.Fatalf("a bad event: %d %s", status, b)
+	}
+	if _, err := e.admin.RevokeKey(ctx, spent.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.RevokeKey(ctx, refused.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.tombstone(deleted.ID)
+	for _, tok := range []string{spentToken, refusedToken, deletedToken} {
+		waitKeyGone(t, e.srv, tok)
+	}
+	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("d", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("another key: %d %s", status, b)
+	}
+	if !e.hasBucket(spent.ID) {
+		t.Fatal("the spent bucket of a revoked key was dropped at once: a key reinstated with its ID would have a full bucket")
+	}
+	move(2 * time.Second) // every bucket refilled
+	if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("e", "acme-1")); status != http.StatusAccepted {
+		t.Fatalf("another key, 2s later: %d %s", status, b)
+	}
+	for _, k := range []Key{spent, deleted, refused} {
+		if e.hasBucket(k.ID) {
+			t.Errorf("key %s, revoked or deleted, keeps its bucket once it has refilled", k.ID)
+		}
+	}
+}
+
+// A key revoked, or deleted from the keys topic, and then reinstated
+// (its record written back, with the same ID and token) goes on with its
+// bucket as it was: its budget is not reset by the round trip, so it
+// cannot send more than its rate by being revoked and reinstated.
+func TestReinstatedKeyKeepsItsBudget(t *testing.T) {
+	for _, how := range []string{"revoked", "deleted"} {
+		t.Run(how, func(t *testing.T) {
+			e, move := clockEnv(t)
+			ctx := context.Background()
+			key, token, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme", Rate: 1}) // the bucket holds 10 (MaxEvents)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitKeys(t, e.srv, 2)
+			ten := apiCalls(10)
+			if status, _, b := e.post("/v1/events", "application/json", token, ten); status != http.StatusAccepted {
+				t.Fatalf("10 events: %d %s", status, b)
+			}
+			if how == "revoked" {
+				if _, err := e.admin.RevokeKey(ctx, key.ID); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				e.tombstone(key.ID)
+			}
+			waitKeyGone(t, e.srv, token)
+			move(time.Second)
+			// Other keys' requests go on meanwhile (and sweep the buckets).
+			if status, _, b := e.post("/v1/events", "application/json", e.token, apiCall("b", "acme-1")); status != http.StatusAccepted {
+				t.Fatalf("another key: %d %s", status, b)
+			}
+			if err := e.admin.write(ctx, keyRecordKey(key.ID), record{Key: &key}); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; ; i++ {
+				if k, _ := e.srv.Keys().Authenticate(token); k != nil {
+					break
+				}
+				if i == 2000 {
+					t.Fatal("the reinstated key is not authenticated")
+				}
+				sleepMs(10)
+			}
+			move(time.Second)
+			// 2 s after its bucket was spent, at 1 event a second: 2 tokens.
+			status, _, b := e.post("/v1/events", "application/json", token, ten)
+			if status != http.StatusTooManyRequests {
+				t.Fatalf("10 events 2s after 10 at rate 1, the key %s and reinstated: %d %s, want 429", how, status, b)
+			}
+			move(10 * time.Second)
+			if status, _, b := e.post("/v1/events", "application/json", token, ten); status != http.StatusAccepted {
+				t.Fatalf("10 events once the bucket refilled: %d %s", status, b)
+			}
+		})
+	}
+}
+
+// At most maxBuckets buckets are kept. Past it, the spent buckets that
+// refill the soonest are dropped, and a bucket made before the last of
+// them would have refilled starts as spent as it: neither a key whose
+// bucket was dropped nor a new one can send more than its rate by it.
+func TestBucketsBounded(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	l := newLimiters(10, 1000)
+	l.maxBuckets = 4
+	keys := make([]*Key, 12)
+	for i := range keys {
+		keys[i] = &Key{ID: fmt.Sprintf("k%02d", i), Rate: 1} // buckets of 10, refilled in 10s
+		// The first 4 fill the limiter; a 5th bucket evicts one of them
+		// spent, and starts as spent.
+		if d := l.take(keys[i], 10, now); (d == 0) != (i < 4) {
+			t.Fatalf("key %d: a full request on a new bucket waits %s", i, d)
+		}
+		if n := len(l.byKey); n > 4 {
+			t.Fatalf("%d buckets kept, want at most 4", n)
+		}
+	}
+	// One second on: every key has one token, kept or not.
+	later := now.Add(time.Second)
+	for i, k := range keys {
+		if d := l.take(k, 2, later); d == 0 {
+			t.Errorf("key %d: 2 events passed 1s after its bucket of rate 1 was spent", i)
+		}
+	}
+	if d := l.take(&Key{ID: "new", Rate: 1}, 2, later); d == 0 {
+		t.Error("a new key passed 2 events while evicted buckets would still be spent")
+	}
+	// Once the buckets have refilled, they are as new: a key a minute
+	// passes a full request (the last one's bucket has refilled, and
+	// the floor is behind).
+	for i, k := range keys {
+		if d := l.take(k, 10, now.Add(time.Duration(i+1)*time.Minute)); d != 0 {
+			t.Errorf("key %d: a full request once refilled waits %s", i, d)
+		}
+		if n := len(l.byKey); n != 1 {
+			t.Errorf("%d buckets kept, want 1: the others were full", n)
+		}
 	}
 }
