@@ -27,17 +27,21 @@
 #   KAFKA_STOP_TIMEOUT     seconds to wait after SIGTERM        (default 30)
 #   KAFKA_SECURITY         plaintext, or sasl_ssl               (default plaintext)
 #   KAFKA_SASL_USERS       with sasl_ssl: SASL users to create besides admin
-#                                       (default "meterline producer ingest dedup aggregate sink operator")
+#                                       (default "meterline producer ingest dedup aggregate sink operator billing keyadmin")
 #
 # KAFKA_SECURITY=sasl_ssl starts a broker whose only client listener is SASL_SSL
 # on KAFKA_PORT (SCRAM-SHA-512 and PLAIN; a client certificate is required) with
 # ACLs on (StandardAuthorizer, super user admin). When it formats a new data dir
 # it makes a CA and certificates (openssl) and a random password per user, and
-# creates the SCRAM users (kafka-storage format --add-scram). Everything a client
-# needs is in $KAFKA_DATA_DIR/security: ca.pem, client.pem, client-key.pem and
-# passwords/<user> (one password per file, no newline). `credentials` prints
-# that directory. A data dir keeps the mode it was formatted with: `clean` first
-# to switch. Example:
+# creates the SCRAM users (kafka-storage format --add-scram). On every start,
+# once the broker serves, kafka/SecuritySetup.java (one JVM, as admin) creates
+# the users of KAFKA_SASL_USERS the storage lacks (a data dir formatted with
+# fewer; a user added to a running broker gets PLAIN at its next start) and the
+# ACLs of kafka/acls (docs/operations.md's) it lacks. Everything
+# a client needs is in $KAFKA_DATA_DIR/security: ca.pem, client.pem,
+# client-key.pem and passwords/<user> (one password per file, no newline).
+# `credentials` prints that directory. A data dir keeps the mode it was
+# formatted with: `clean` first to switch. Example:
 #   KAFKA_PORT=9292 KAFKA_SECURITY=sasl_ssl deploy/local/kafka.sh start
 #
 # Progress goes to stderr; `status` and `libs` print their answer on stdout.
@@ -50,6 +54,8 @@ POM="$CONF_DIR/pom.xml"
 TEMPLATE="$CONF_DIR/server.properties.template"
 SASL_SSL_TEMPLATE="$CONF_DIR/sasl_ssl.properties.template"
 CLUSTER_TEMPLATE="$CONF_DIR/cluster.properties.template"
+SECURITY_SETUP="$CONF_DIR/SecuritySetup.java"
+ACLS="$CONF_DIR/acls"
 # shellcheck source=deploy/local/lib.sh
 . "$SCRIPT_DIR/lib.sh"
 LOG4J_CONF="$CONF_DIR/log4j2.properties"
@@ -70,7 +76,7 @@ KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 KAFKA_STOP_TIMEOUT=${KAFKA_STOP_TIMEOUT:-30}
 CACHE_ROOT=${METERLINE_CACHE_DIR:-${HOME:-/root}/.cache/meterline}
 KAFKA_SECURITY=${KAFKA_SECURITY:-plaintext}
-KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer ingest dedup aggregate sink operator}
+KAFKA_SASL_USERS=${KAFKA_SASL_USERS:-meterline producer ingest dedup aggregate sink operator billing keyadmin}
 
 # Logged by kafka.server.KafkaRaftServer once broker + controller are fully up:
 #   [KafkaRaftServer nodeId=1] Kafka Server started (kafka.server.KafkaRaftServer)
@@ -89,7 +95,6 @@ node_paths() {
   OWNER_MARK="$KAFKA_DATA_DIR/.meterline-kafka"
   SECURITY_DIR="$KAFKA_DATA_DIR/security"
   MODE_FILE="$KAFKA_DATA_DIR/security.mode"   # the KAFKA_SECURITY the storage was formatted with
-  USERS_FILE="$KAFKA_DATA_DIR/security.users" # sasl_ssl: the SCRAM users it was formatted with
   if ((KAFKA_CLUSTER > 1)); then
     SECURITY_DIR="$CLUSTER_DIR/security"   # one CA and one set of users for every node
   fi
@@ -386,12 +391,28 @@ check_mode() {
   [[ -f $MODE_FILE ]] && formatted=$(<"$MODE_FILE")
   [[ $formatted == "$KAFKA_SECURITY" ]] ||
     die "$KAFKA_DATA_DIR was formatted with KAFKA_SECURITY=$formatted, not $KAFKA_SECURITY; run '$0 clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
+}
+
+# setup_security BOOTSTRAP — sasl_ssl, once the brokers serve: as admin, in
+# one JVM (a single-file Java program, hence the jdk.compiler module), creates
+# the SCRAM users of KAFKA_SASL_USERS the cluster lacks and the ACLs of
+# kafka/acls it lacks, and waits until the broker lists them all. Idempotent:
+# every start runs it.
+setup_security() {
   [[ $KAFKA_SECURITY == sasl_ssl ]] || return 0
-  local u
-  for u in $KAFKA_SASL_USERS; do
-    grep -qx -- "$u" "$USERS_FILE" 2>/dev/null ||
-      die "$KAFKA_DATA_DIR was formatted without the SCRAM user $u; run '$0 clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
-  done
+  ensure_libs
+  ensure_credentials   # a user new to a broker that was already running
+  "$JAVA" --list-modules 2>/dev/null | grep -q '^jdk\.compiler@' ||
+    die "$JAVA has no jdk.compiler module, needed to run $SECURITY_SETUP (Debian's openjdk-17-jre-headless has it; elsewhere install a JDK 17+)"
+  local t0 out log="$KAFKA_DATA_DIR/security-setup.log"
+  t0=$(now)
+  # shellcheck disable=SC2086 # one argument per user
+  if ! out=$("$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$LIBS/*" "$SECURITY_SETUP" \
+      "$1" "$SECURITY_DIR" "$ACLS" $KAFKA_SASL_USERS </dev/null 2>"$log"); then
+    cat "$log" >&2
+    die "creating the users and ACLs as admin on $1 failed (log: $log)"
+  fi
+  say "$out, in $(elapsed "$t0")s"
 }
 
 # True if the data dir holds files but not our marker (someone else's directory).
@@ -478,7 +499,6 @@ launch_node() {
       die "formatting $LOG_DIRS failed"
     fi
     printf '%s\n' "$KAFKA_SECURITY" >"$MODE_FILE"
-    [[ $KAFKA_SECURITY == sasl_ssl ]] && printf '%s\n' $KAFKA_SASL_USERS >"$USERS_FILE"
   fi
 
   local offset=0
@@ -515,6 +535,7 @@ cmd_start() {
   if [[ -n $LAUNCHED ]]; then
     wait_ready "$LAUNCHED" "$LAUNCH_OFFSET" "$t0"
   fi
+  setup_security "127.0.0.1:$KAFKA_PORT"
 }
 
 # True if the process is stopped (SIGSTOP: state T in /proc/PID/stat).
@@ -679,6 +700,7 @@ cmd_cluster_start() {
       wait_ready "${pids[n]}" "${offsets[n]}" "$t0"
     fi
   done
+  setup_security "$(bootstrap)"
   say "cluster of $KAFKA_CLUSTER brokers ready on $(bootstrap) in $(elapsed "$t0")s"
 }
 

@@ -22,7 +22,6 @@ func TestRealSecuredEntitlements(t *testing.T) {
 	securedTopics(t, k, prefix, 2)
 	adm := k.Admin(t)
 	docs := documentedACLs(t)
-	k = k.AddUser(t, "billing").AddUser(t, "keyadmin")
 	grant(t, adm, docs, prefix, "billing", "billing")
 	grant(t, adm, docs, prefix, "keyadmin", "keyadmin")
 	grant(t, adm, docs, prefix, "producer", "producer")

@@ -618,7 +618,6 @@ func TestRealSecuredACLs(t *testing.T) {
 
 	// The HTTP ingest, as its own principal, with a key the key
 	// administrator made.
-	k = k.AddUser(t, "keyadmin")
 	grant(t, adm, docs, prefix, "keyadmin", "keyadmin")
 	grant(t, adm, docs, prefix, "ingest", "ingest")
 	code, token, errOut := run(t, "", append([]string{"keys", "create", "--tenant", "acme", "--customers", "c*", "--topic-prefix", prefix},

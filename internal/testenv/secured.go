@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,8 +44,6 @@ const (
 type SecuredKafka struct {
 	Brokers []string
 	Dir     string
-	// added names the password files of the users AddUser made.
-	added map[string]string
 }
 
 // RealKafkaSASL returns the secured broker, or skips the test, saying so
@@ -61,64 +58,10 @@ func RealKafkaSASL(t testing.TB) SecuredKafka {
 	return SecuredKafka{Brokers: strings.Split(addr, ","), Dir: dir}
 }
 
-// PasswordFile is the file holding user's password.
+// PasswordFile is the file holding user's password: kafka.sh makes one
+// for admin and each user of KAFKA_SASL_USERS.
 func (k SecuredKafka) PasswordFile(user string) string {
-	if f, ok := k.added[user]; ok {
-		return f
-	}
 	return filepath.Join(k.Dir, "passwords", user)
-}
-
-// AddUser returns k with the SCRAM-SHA-512 user made, as admin, with a
-// random password in a file of the test's own, for a principal that
-// kafka.sh's KAFKA_SASL_USERS does not make (a broker's data directory
-// keeps the users it was formatted with); a user kafka.sh made is used as
-// it is. The user is deleted when the test ends. It returns once the
-// broker accepts the password.
-func (k SecuredKafka) AddUser(t testing.TB, user string) SecuredKafka {
-	t.Helper()
-	if _, err := os.Stat(filepath.Join(k.Dir, "passwords", user)); err == nil {
-		return k // one of kafka.sh's users
-	}
-	pw := rand.Text()
-	file := filepath.Join(t.TempDir(), user+".password")
-	if err := os.WriteFile(file, []byte(pw), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	adm := k.Admin(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := adm.AlterUserSCRAMs(ctx, nil, []kadm.UpsertSCRAM{{User: user, Mechanism: kadm.ScramSha512, Iterations: 4096, Password: pw}})
-	if err == nil {
-		err = res.Error()
-	}
-	if err != nil {
-		t.Fatalf("create SCRAM user %s: %v", user, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = adm.AlterUserSCRAMs(ctx, []kadm.DeleteSCRAM{{User: user, Mechanism: kadm.ScramSha512}}, nil)
-	})
-	out := k
-	out.added = map[string]string{user: file}
-	for u, f := range k.added {
-		out.added[u] = f
-	}
-	// The credential reaches the broker through the metadata log.
-	cfg := out.Config(t, user, kafka.ScramSHA512)
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := kafka.CheckCredentials(cctx, cfg)
-		cancel()
-		if err == nil {
-			return out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the broker does not accept the new user %s after 30 s: %v", user, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // Password is user's password.
