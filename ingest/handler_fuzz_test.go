@@ -42,11 +42,16 @@ func FuzzHandler(f *testing.F) {
 		{0, good}, {1, "[" + good + "," + job + "]"}, {2, "[" + good + "]"}, {2, job},
 		{1, "[" + good + `,{"id":"x"},` + strings.Replace(good, `"input":3`, `"input":1e0000001`, 1) + "]"},
 		{1, "[" + strings.Replace(good, `"g1"`, `"g\u00e9\ud83d\ude00"`, 1) + "," + strings.Replace(job, `"1.5"`, `2.25e1`, 1) + "]"},
+		// data of any JSON type, and "time": "" (no time).
+		{1, "[" + strings.Replace(good, `{"tokens":{"input":3},"model":"m","user":"u"}`, `"x"`, 1) + "," + strings.Replace(job, `{"seconds":"1.5"}`, `[1.5]`, 1) + "]"},
+		{2, "[" + strings.Replace(good, `"2026-11-29T12:00:00Z","data":{"tokens":{"input":3},"model":"m","user":"u"}`, `"","data":7`, 1) + "," + strings.Replace(job, `{"seconds":"1.5"}`, `null`, 1) + "," + strings.Replace(job, `{"seconds":"1.5"}`, `true`, 1) + "]"},
 		{3, ml}, {3, "[" + ml + "," + strings.Replace(ml, `"quantity":1`, `"quantity":-1`, 1) + "]"}, {4, ml + "\n\n" + ml + "\n"},
 	} {
 		f.Add(c.kind, []byte(c.body))
 	}
-	e := newEnv(f, nil)
+	// No refusal budget: the fuzzer sends far more refused events a
+	// second than it allows, and would be answered 429.
+	e := newEnv(f, func(c *Config) { c.RefusalRate = -1 })
 	h := e.srv.Handler()
 	codes := []string{schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonInFuture, schemas.ReasonUnknownMeter,
 		CodeUnknownEventType, CodeOutOfScope}

@@ -33,6 +33,8 @@ type limiters struct {
 	maxBuckets  int
 	mu          sync.Mutex // held across each operation on a bucket: sweep never drops one in use
 	byKey       map[string]*rate.Limiter
+	// latest is the latest time a bucket was used at (at).
+	latest time.Time
 	// swept is when sweep last ran.
 	swept time.Time
 	// floor is when the last bucket evicted before it refilled would have
@@ -89,6 +91,20 @@ func (l *limiters) bucket(k *Key, now time.Time) *rate.Limiter {
 	return lim
 }
 
+// at is the time to use the buckets at for a request received at now:
+// now, or the latest time they were used at when that is later. Requests
+// come to the buckets out of the order of their times (each after its
+// body was read, which a slow client stretches up to the read timeout):
+// a bucket used at a time before its last use would start its refill
+// again from that time, and refill the time between twice. l.mu is held.
+func (l *limiters) at(now time.Time) time.Time {
+	if now.Before(l.latest) {
+		return l.latest
+	}
+	l.latest = now
+	return now
+}
+
 // full reports whether lim holds its whole size at now: it is then the
 // same as a new bucket.
 func full(lim *rate.Limiter, now time.Time) bool {
@@ -99,9 +115,7 @@ func full(lim *rate.Limiter, now time.Time) bool {
 // one changes nothing (the next use makes it again, full), and the
 // buckets of keys no longer used (revoked, deleted) go. l.mu is held.
 func (l *limiters) sweep(now time.Time) {
-	// Requests come with their own times, a little out of order: only a
-	// second forward, or back (a clock set back), sweeps again.
-	if d := now.Sub(l.swept); d < sweepEvery && d > -sweepEvery {
+	if now.Sub(l.swept) < sweepEvery {
 		return
 	}
 	l.swept = now
@@ -155,6 +169,7 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now = l.at(now)
 	lim := l.bucket(k, now)
 	r := lim.ReserveN(now, n)
 	if !r.OK() {
@@ -180,7 +195,7 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 func (l *limiters) admit(k *Key, now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.wait(k, now)
+	return l.wait(k, l.at(now))
 }
 
 // wait is admit with l.mu held.
@@ -207,6 +222,7 @@ func (l *limiters) charge(k *Key, n int, now time.Time) time.Duration {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now = l.at(now)
 	lim := l.bucket(k, now)
 	lim.ReserveN(now, min(max(n, 1), lim.Burst())) // kept: the tokens are spent
 	return l.wait(k, now)

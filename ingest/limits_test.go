@@ -498,3 +498,38 @@ func TestBucketsBounded(t *testing.T) {
 		}
 	}
 }
+
+// Requests reach the bucket out of the order of their times: each takes
+// from it at the time it was received, after its body was read, which a
+// slow client stretches up to the read timeout. A request received
+// before the bucket was last spent must not give the key that time's
+// refill a second time: 100 events at rate 1 (a bucket of 100), spent at
+// 12:00:30, then a refused request received at 12:00:00 (a slow upload),
+// leave nothing at 12:00:30 and less than 30 tokens at 12:00:58, not the
+// 57 that 12:00:00 to 12:00:58 would refill.
+func TestBucketTimesOutOfOrder(t *testing.T) {
+	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	spent := start.Add(30 * time.Second)
+	for _, how := range []string{"take", "charge"} {
+		t.Run(how, func(t *testing.T) {
+			l := newLimiters(100, 1000)
+			k := &Key{ID: "k", Rate: 1}
+			if d := l.take(k, 100, spent); d != 0 {
+				t.Fatalf("a full request on a new bucket waits %s", d)
+			}
+			if how == "take" {
+				if d := l.take(k, 5, start); d == 0 {
+					t.Fatal("5 events passed on a bucket spent")
+				}
+			} else {
+				l.charge(k, 1, start)
+			}
+			if d := l.take(k, 1, spent); d == 0 {
+				t.Fatalf("an event passed at the time the bucket was spent, after a request received 30 s before (%s)", how)
+			}
+			if d := l.take(k, 30, spent.Add(28*time.Second)); d == 0 {
+				t.Fatalf("30 events passed 28 s after the bucket of rate 1 was spent (%s)", how)
+			}
+		})
+	}
+}
