@@ -2,10 +2,12 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/meterline/meterline/schemas"
@@ -22,7 +24,8 @@ type CloudEvent struct {
 	// time attribute, null, or "").
 	Time time.Time
 	// Data is the text of the event's data, any JSON value but null (an
-	// object, as a rule; see dataKind); "" when it has none.
+	// object, as a rule; see dataKind), given as JSON in data or as
+	// base64 of JSON in data_base64; "" when it has none.
 	Data string
 }
 
@@ -106,8 +109,9 @@ func firstRune(b []byte) string {
 // and subject are required non-empty strings; time, when present and not
 // "" (which the CloudEvents SDK OpenMeter decodes with reads as absent),
 // is RFC 3339; data, when present, is any JSON value (OpenMeter takes
-// them all: whether a meter can use it is the mapper's question), and
-// datacontenttype, when present, application/json. The error is a
+// them all: whether a meter can use it is the mapper's question), or
+// data_base64 base64 of one (checkDataBase64); datacontenttype, when
+// present, is a JSON media type (checkDataContentType). The error is a
 // *fieldError naming the attribute.
 func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 	if b = bytes.TrimSpace(b); len(b) == 0 || b[0] != '{' {
@@ -200,16 +204,88 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		}
 		ev.Time = t.UTC()
 	}
-	if a.has&hasDataContentType != 0 && a.attr[6] != "application/json" {
-		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", clip(a.attr[6]))}
-	}
-	if len(a.dataBase64) > 0 && a.dataBase64 != "null" {
-		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; send the data as JSON, in data"}
+	if a.has&hasDataContentType != 0 {
+		if fe := checkDataContentType(a.attr[6]); fe != nil {
+			return CloudEvent{}, fe
+		}
 	}
 	if d := trimSpace(a.data); len(d) > 0 && d != "null" {
 		ev.Data = d
 	}
+	if b := trimSpace(a.dataBase64); len(b) > 0 && b != "null" {
+		if ev.Data != "" {
+			return CloudEvent{}, &fieldError{"data_base64", "invalid", "must not be sent with data: an event carries one of them"}
+		}
+		d, fe := checkDataBase64(b)
+		if fe != nil {
+			return CloudEvent{}, fe
+		}
+		ev.Data = d
+	}
 	return ev, nil
+}
+
+// checkDataContentType checks a CloudEvent's datacontenttype: a media
+// type whose data the CloudEvents SDK OpenMeter decodes with reads as
+// JSON (application/json, text/json, application/cloudevents+json,
+// application/cloudevents-batch+json; the SDK strips parameters), in any
+// case as RFC 9110 has it. A charset, when given, must be UTF-8: data is
+// JSON text of the request. (OpenMeter's own server, its OpenAPI
+// validation before the SDK, takes only "application/json".)
+func checkDataContentType(v string) *fieldError {
+	if v == "application/json" {
+		return nil // nearly every event that has one
+	}
+	mt, isUTF8 := parseMediaType(v)
+	switch mt {
+	case "application/json", "text/json", "application/cloudevents+json", "application/cloudevents-batch+json":
+		if isUTF8 {
+			return nil
+		}
+		return &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data is JSON, in UTF-8", clip(v))}
+	}
+	return &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", clip(v))}
+}
+
+// checkDataBase64 decodes a CloudEvent's data_base64 (its JSON text, not
+// null) as the CloudEvents SDK OpenMeter decodes with does: a string of
+// standard, padded base64 (encoding/base64's StdEncoding, which skips
+// line breaks), whose bytes OpenMeter then decodes as JSON, the only data
+// it takes. The bytes are checked as a request's own text is (DESIGN §8:
+// valid UTF-8, no half of a surrogate pair escaped) and must be JSON;
+// their text, trimmed, is the event's data, "" for none (no bytes, or
+// null). They are fewer than the request's, so its size bounds them.
+func checkDataBase64(raw string) (string, *fieldError) {
+	if raw[0] != '"' {
+		return "", &fieldError{"data_base64", "invalid", "must be a string, not a JSON " + dataKind(raw)}
+	}
+	s := raw[1 : len(raw)-1]
+	if strings.IndexByte(s, '\\') >= 0 {
+		if err := json.Unmarshal([]byte(raw), &s); err != nil {
+			return "", &fieldError{"data_base64", "invalid", "is not a JSON string: " + err.Error()}
+		}
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return "", &fieldError{"data_base64", "invalid", "is not base64 (standard, padded): " + err.Error()}
+	}
+	if len(b) == 0 {
+		return "", nil
+	}
+	fe := checkText(b)
+	if fe == nil && hasEscape(b) {
+		fe = checkEscapes(b)
+	}
+	if fe != nil { // "is not valid ...", of the decoded bytes
+		return "", &fieldError{"data_base64", fe.Code, "does not hold " + strings.TrimPrefix(fe.Reason, "is not ")}
+	}
+	if !json.Valid(b) {
+		return "", &fieldError{"data_base64", "invalid", "does not hold JSON: " + syntaxError(b)}
+	}
+	if d := trimSpace(string(b)); d != "null" {
+		return d, nil
+	}
+	return "", nil
 }
 
 // dataKind names the JSON type of a CloudEvent's data (its text, trimmed
