@@ -189,3 +189,38 @@ func TestCompressedBodyRefused(t *testing.T) {
 		t.Errorf("%d records sent", len(recs))
 	}
 }
+
+// A request's Content-Type is read as RFC 9110 has it: the media type in
+// any case, parameters after it. A charset, when given, must be UTF-8 (the
+// body is read as UTF-8, as JSON is): another is answered 415 naming it,
+// as is a missing or unparsable Content-Type.
+func TestContentTypeParameters(t *testing.T) {
+	e := newEnv(t, nil)
+	batch := `[{"specversion":"1.0","id":"c1","source":"s","type":"prompt","subject":"acme-1","data":{"tokens":{"input":2},"user":"u1"}}]`
+	for _, ct := range []string{
+		"application/cloudevents-batch+json; charset=utf-8", "Application/CloudEvents-Batch+JSON;Charset=\"UTF-8\"",
+		"application/json; charset=utf-8", "APPLICATION/JSON",
+	} {
+		if status, _, b := e.post("/api/v1/events", ct, e.token, []byte(batch)); status != http.StatusNoContent {
+			t.Errorf("%s: %d %s, want 204", ct, status, b)
+		}
+	}
+	for _, c := range []struct{ path, ct, detail string }{
+		{"/api/v1/events", "application/cloudevents-batch+json; charset=iso-8859-1",
+			`Content-Type "application/cloudevents-batch+json; charset=iso-8859-1": the body must be UTF-8 (charset=utf-8, or none)`},
+		{"/v1/events", "application/x-ndjson; charset=latin1",
+			`Content-Type "application/x-ndjson; charset=latin1": the body must be UTF-8 (charset=utf-8, or none)`},
+		{"/api/v1/events", "",
+			`Content-Type "": want application/cloudevents+json, application/cloudevents-batch+json or application/json`},
+		{"/api/v1/events", "application/json; charset",
+			`Content-Type "application/json; charset": want application/cloudevents+json, application/cloudevents-batch+json or application/json`},
+	} {
+		status, _, b := e.post(c.path, c.ct, e.token, []byte(batch))
+		if p := problem(t, b); status != http.StatusUnsupportedMediaType || p.Detail != c.detail {
+			t.Errorf("%s %q: %d %s, want 415 %q", c.path, c.ct, status, b, c.detail)
+		}
+	}
+	if n := len(e.records()); n != 4*3 {
+		t.Errorf("%d records, want 12 (4 requests of an event feeding 3 meters)", n)
+	}
+}

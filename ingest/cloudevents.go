@@ -2,10 +2,12 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/meterline/meterline/schemas"
@@ -19,10 +21,10 @@ type CloudEvent struct {
 	Type    string
 	Subject string
 	// Time is when the usage happened; zero when the event has none (no
-	// time attribute, null, or "").
+	// time attribute, or null).
 	Time time.Time
-	// Data is the text of the event's data, any JSON value but null (an
-	// object, as a rule; see dataKind); "" when it has none.
+	// Data is the text of the event's data, a JSON object, given as JSON
+	// in data or as base64 of JSON in data_base64; "" when it has none.
 	Data string
 }
 
@@ -102,13 +104,14 @@ func firstRune(b []byte) string {
 }
 
 // parseCloudEvent decodes one CloudEvent in the JSON format and checks its
-// attributes as OpenMeter's API does: id, source, specversion (1.0), type
-// and subject are required non-empty strings; time, when present and not
-// "" (which the CloudEvents SDK OpenMeter decodes with reads as absent),
-// is RFC 3339; data, when present, is any JSON value (OpenMeter takes
-// them all: whether a meter can use it is the mapper's question), and
-// datacontenttype, when present, application/json. The error is a
-// *fieldError naming the attribute.
+// attributes as OpenMeter's API does (its OpenAPI schema, which its server
+// checks every request against before decoding it): id, source,
+// specversion (1.0), type and subject are required non-empty strings;
+// time, when present and not null, is RFC 3339 ("" is not); data, when
+// present and not null, is a JSON object, or data_base64 base64 of one
+// (checkDataBase64); datacontenttype, when present and not null, is
+// exactly application/json. The error is a *fieldError naming the
+// attribute.
 func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 	if b = bytes.TrimSpace(b); len(b) == 0 || b[0] != '{' {
 		return CloudEvent{}, &fieldError{"event", "invalid", "is not a JSON object"}
@@ -193,29 +196,90 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 	if v := a.attr[2]; v != "1.0" {
 		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
-	if a.has&hasTime != 0 && a.attr[5] != "" {
+	if a.has&hasTime != 0 {
 		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
 		if err != nil {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
 		ev.Time = t.UTC()
 	}
+	// OpenMeter's schema takes only this type, exactly (no parameters,
+	// no other case).
 	if a.has&hasDataContentType != 0 && a.attr[6] != "application/json" {
 		return CloudEvent{}, &fieldError{"datacontenttype", "invalid", fmt.Sprintf("%q is not supported; data must be JSON (application/json)", clip(a.attr[6]))}
 	}
-	if len(a.dataBase64) > 0 && a.dataBase64 != "null" {
-		return CloudEvent{}, &fieldError{"data_base64", "invalid", "is not supported; send the data as JSON, in data"}
-	}
 	if d := trimSpace(a.data); len(d) > 0 && d != "null" {
+		if d[0] != '{' {
+			return CloudEvent{}, &fieldError{"data", "invalid", "must be a JSON object"}
+		}
+		ev.Data = d
+	}
+	if a.has&hasDataBase64 != 0 { // null included: OpenMeter refuses it
+		d, fe := checkDataBase64(trimSpace(a.dataBase64))
+		if fe != nil {
+			return CloudEvent{}, fe
+		}
+		if ev.Data != "" {
+			return CloudEvent{}, &fieldError{"data_base64", "invalid", "must not be sent with data: an event carries one of them"}
+		}
 		ev.Data = d
 	}
 	return ev, nil
 }
 
-// dataKind names the JSON type of a CloudEvent's data (its text, trimmed
-// and not null), for the reason of a value a path does not find in it.
+// checkDataBase64 decodes a CloudEvent's data_base64 (its JSON text,
+// trimmed) as the CloudEvents SDK OpenMeter decodes with does: a string
+// (not null, which OpenMeter refuses too) of standard, padded base64
+// (encoding/base64's StdEncoding, which skips line breaks). The bytes are
+// checked as a request's own text is (DESIGN §8: valid UTF-8, no half of
+// a surrogate pair escaped) and must be JSON, an object as data must be
+// (OpenMeter takes any JSON there, past its schema's rule for data, and
+// fails the request at bytes that are not JSON); their text, trimmed, is
+// the event's data, "" for none (no bytes, or null, as data null is).
+// They are fewer than the request's, so its size bounds them.
+func checkDataBase64(raw string) (string, *fieldError) {
+	if raw[0] != '"' {
+		return "", &fieldError{"data_base64", "invalid", "must be a string, not a JSON " + dataKind(raw)}
+	}
+	s := raw[1 : len(raw)-1]
+	if strings.IndexByte(s, '\\') >= 0 {
+		if err := json.Unmarshal([]byte(raw), &s); err != nil {
+			return "", &fieldError{"data_base64", "invalid", "is not a JSON string: " + err.Error()}
+		}
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return "", &fieldError{"data_base64", "invalid", "is not base64 (standard, padded): " + err.Error()}
+	}
+	if len(b) == 0 {
+		return "", nil
+	}
+	fe := checkText(b)
+	if fe == nil && hasEscape(b) {
+		fe = checkEscapes(b)
+	}
+	if fe != nil { // "is not valid ...", of the decoded bytes
+		return "", &fieldError{"data_base64", fe.Code, "does not hold " + strings.TrimPrefix(fe.Reason, "is not ")}
+	}
+	if !json.Valid(b) {
+		return "", &fieldError{"data_base64", "invalid", "does not hold JSON: " + syntaxError(b)}
+	}
+	switch d := trimSpace(string(b)); {
+	case d == "null":
+		return "", nil
+	case d[0] != '{':
+		return "", &fieldError{"data_base64", "invalid", "must hold a JSON object, not a JSON " + dataKind(d)}
+	default:
+		return d, nil
+	}
+}
+
+// dataKind names the JSON type of a JSON value's text (trimmed), for the
+// reason it is refused.
 func dataKind(d string) string {
 	switch d[0] {
+	case 'n':
+		return "null"
 	case '{':
 		return "object"
 	case '[':

@@ -57,9 +57,6 @@ type dataPath struct {
 	path   *jsonpath.Path
 	simple bool
 	names  []string
-	// member: the path starts by selecting a member by name, which
-	// selects nothing in data that is not an object.
-	member bool
 }
 
 func compilePath(raw string) (*dataPath, error) {
@@ -68,14 +65,6 @@ func compilePath(raw string) (*dataPath, error) {
 		return nil, err
 	}
 	dp := &dataPath{path: p, simple: true}
-	if segs := p.Query().Segments(); len(segs) > 0 && !segs[0].IsDescendant() {
-		dp.member = true
-		for _, sel := range segs[0].Selectors() {
-			if _, ok := sel.(spec.Name); !ok {
-				dp.member = false
-			}
-		}
-	}
 	for _, seg := range p.Query().Segments() {
 		sels := seg.Selectors()
 		name, ok := spec.Selector(nil), false
@@ -325,16 +314,11 @@ func anyJValue(v any) jvalue {
 
 // missingValue is the reason of a value the meter's path does not find
 // in data (an event's data text; "" for none): OpenMeter's meter
-// processing cannot use such an event either. Data that is not an object
-// is named when the path starts with a member's name, which selects
-// nothing in it.
+// processing cannot use such an event either.
 func (mm *meterMap) missingValue(data string) string {
 	name, raw := mm.m.Name, mm.m.ValueProperty
-	switch {
-	case data == "":
+	if data == "" {
 		return fmt.Sprintf("is missing: the event has no data; meter %s reads its value from %s", name, raw)
-	case data[0] != '{' && mm.value.member:
-		return fmt.Sprintf("is missing: data is a JSON %s, not an object; meter %s reads its value from %s", dataKind(data), name, raw)
 	}
 	return fmt.Sprintf("is missing: meter %s reads its value from %s", name, raw)
 }

@@ -244,7 +244,7 @@ type bodyShape struct{ ndjson, wantArray, wantObject bool }
 // its Content-Encoding. It answers 415 (and returns it) when either is
 // refused.
 func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShape, int) {
-	mt := mediaType(r)
+	mt, isUTF8 := mediaType(r)
 	var b bodyShape
 	switch kind {
 	case endpointOpenMeter:
@@ -269,6 +269,13 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return b, http.StatusUnsupportedMediaType
 		}
+	}
+	// A body declared in another charset is refused, not read as UTF-8:
+	// its bytes could be valid UTF-8 and mean other text.
+	if !isUTF8 {
+		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+			fmt.Sprintf("Content-Type %q: the body must be UTF-8 (charset=utf-8, or none)", clip(r.Header.Get("Content-Type"))), nil, 0)
+		return b, http.StatusUnsupportedMediaType
 	}
 	// A compressed body is refused as such (RFC 9110, 12.5.3), not read as
 	// JSON and answered "malformed".

@@ -42,9 +42,12 @@ func FuzzHandler(f *testing.F) {
 		{0, good}, {1, "[" + good + "," + job + "]"}, {2, "[" + good + "]"}, {2, job},
 		{1, "[" + good + `,{"id":"x"},` + strings.Replace(good, `"input":3`, `"input":1e0000001`, 1) + "]"},
 		{1, "[" + strings.Replace(good, `"g1"`, `"g\u00e9\ud83d\ude00"`, 1) + "," + strings.Replace(job, `"1.5"`, `2.25e1`, 1) + "]"},
-		// data of any JSON type, and "time": "" (no time).
+		// data that is not an object, and "time": "": refused.
 		{1, "[" + strings.Replace(good, `{"tokens":{"input":3},"model":"m","user":"u"}`, `"x"`, 1) + "," + strings.Replace(job, `{"seconds":"1.5"}`, `[1.5]`, 1) + "]"},
 		{2, "[" + strings.Replace(good, `"2026-11-29T12:00:00Z","data":{"tokens":{"input":3},"model":"m","user":"u"}`, `"","data":7`, 1) + "," + strings.Replace(job, `{"seconds":"1.5"}`, `null`, 1) + "," + strings.Replace(job, `{"seconds":"1.5"}`, `true`, 1) + "]"},
+		{1, "[" + strings.Replace(good, `"data":{"tokens":{"input":3},"model":"m","user":"u"}`, `"data_base64":"eyJ0b2tlbnMiOnsiaW5wdXQiOjN9LCJ1c2VyIjoidSJ9"`, 1) + "," +
+			strings.Replace(good, `"data":`, `"datacontenttype":"Application/JSON; charset=utf-8","data":`, 1) + "," +
+			strings.Replace(good, `"data":`, `"data_base64":"eA==","data":`, 1) + "]"},
 		{3, ml}, {3, "[" + ml + "," + strings.Replace(ml, `"quantity":1`, `"quantity":-1`, 1) + "]"}, {4, ml + "\n\n" + ml + "\n"},
 	} {
 		f.Add(c.kind, []byte(c.body))

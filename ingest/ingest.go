@@ -504,13 +504,23 @@ func bearer(r *http.Request) string {
 }
 
 // mediaType returns the request's media type, lower case, without
-// parameters; "" when it has none or it cannot be parsed.
-func mediaType(r *http.Request) string {
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+// parameters ("" when it has none or it cannot be parsed), and whether its
+// charset, if it names one, is UTF-8.
+func mediaType(r *http.Request) (mt string, isUTF8 bool) {
+	return parseMediaType(r.Header.Get("Content-Type"))
+}
+
+// parseMediaType parses a media type as RFC 9110 has it (the type and
+// subtype in any case, then parameters): the type, lower case, ("" when v
+// cannot be parsed), and whether its charset, if it names one, is UTF-8:
+// the only text JSON may be in (RFC 8259), and the only text this reads.
+func parseMediaType(v string) (mt string, isUTF8 bool) {
+	mt, params, err := mime.ParseMediaType(v)
 	if err != nil {
-		return ""
+		return "", false
 	}
-	return mt
+	cs, ok := params["charset"]
+	return mt, !ok || strings.EqualFold(cs, "utf-8")
 }
 
 // readBody reads the whole body, at most max bytes, into buf[:0] (a

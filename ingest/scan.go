@@ -359,10 +359,9 @@ func indexByte(s string, c byte) int {
 	return -1
 }
 
-// dataView is an event's data (the text of a JSON value, an object as a
-// rule) for the lookups of simple paths. An object's top-level members are
-// listed once per event, on the first lookup; a request reuses one
-// dataView for all its events.
+// dataView is an event's data (a JSON object's text) for the lookups of
+// simple paths. Its top-level members are listed once per event, on the
+// first lookup; a request reuses one dataView for all its events.
 type dataView struct {
 	text    string
 	indexed bool
@@ -385,12 +384,6 @@ func (d *dataView) reset(text string) {
 func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
 	if d.text == "" {
 		return jvalue{}, true // no data: nothing is selected
-	}
-	if d.text[0] != '{' { // a string, number, boolean or array
-		if len(names) == 0 {
-			return toJValue(d.text)
-		}
-		return jvalue{}, true // a name selects nothing in it
 	}
 	if !d.indexed {
 		d.indexed = true

@@ -86,7 +86,6 @@ func FuzzDataView(f *testing.F) {
 		`{"a":1,"a":{"b":"x"},"geo":{"region":"eu","region":null}}`,
 		`{"a":{"b":{"c":"\u00e9\n"}},"b":true,"c":false,"d":null,"e":-1.5e3}`,
 		`{"a\u0062":"esc","ab":"plain"}`, `{}`, ` { "a" : [ ] } `, `{"a":"x\"y"}`,
-		`"x"`, `"a\u00e9"`, `12.5`, `true`, `[{"a":1}]`, `null`,
 	} {
 		for _, p := range []string{`$.a`, `$.a.b`, `$['a']['b']['c']`, `$.geo.region`, `$.tokens.input`, `$`, `$.ab`, `$.a.b.c.d`} {
 			f.Add(s, p)
@@ -98,8 +97,8 @@ func FuzzDataView(f *testing.F) {
 			return
 		}
 		data = trimSpace(data)
-		if !utf8.ValidString(data) || !json.Valid([]byte(data)) || data == "null" {
-			return // the data of a CloudEvent that passed checkCloudEvent: any JSON value but null
+		if !utf8.ValidString(data) || !json.Valid([]byte(data)) || len(data) == 0 || data[0] != '{' {
+			return // the data of a CloudEvent that passed checkCloudEvent
 		}
 		var d dataView
 		d.reset(data)

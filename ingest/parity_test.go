@@ -1,0 +1,135 @@
+package ingest
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/meterline/meterline/aggregator"
+)
+
+// TestOpenMeterParity sends the requests whose answers OpenMeter's own
+// request path was seen to give, and wants Meterline's answer of the same
+// class: 2xx where OpenMeter accepts, 4xx where it refuses (and where it
+// fails with a 500, on data_base64 whose bytes are not JSON or that is not
+// a string, a 400 naming data_base64).
+//
+// How the answers were obtained: OpenMeter's server checks every
+// /api/v1/events request against its api/openapi.yaml with oapi-codegen's
+// OapiRequestValidator (kin-openapi; options as in
+// openmeter/server/server.go) before its handler
+// (openmeter/ingest/httpdriver/ingest.go) decodes the events with the
+// CloudEvents Go SDK (v2.16.2) and its Kafka serializer reads each
+// event's data with DataAs. A rebuild of that path (validator, handler's
+// Content-Type switch, serializer) was run on each request below; om is
+// its status. The cases are those of that rebuild, in its order; the
+// cases after "CT xml" were added to a copy of it and run the same way
+// (the SDK's panic on a data_base64 that is not a string taken as a
+// 500). The only
+// change here: the subject is a customer of the test key (acme-1, for
+// "c"), and type t feeds a COUNT meter, so that every event OpenMeter
+// takes can be metered.
+//
+// Where Meterline answers another class, on purpose, meterline is that
+// class and the comment says why.
+func TestOpenMeterParity(t *testing.T) {
+	cat, err := aggregator.ParseMeters([]byte("meters:\n  - name: ts\n    aggregation: COUNT\n    event_type: t\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, func(c *Config) { c.Meters = cat })
+	ev := func(extra string) string {
+		return `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1"` + extra + `}`
+	}
+	const ce, batch, js = "application/cloudevents+json", "application/cloudevents-batch+json", "application/json"
+	cases := []struct {
+		name, ct, body string
+		om             int    // OpenMeter's status
+		meterline      int    // Meterline's class (200 or 400) where it differs on purpose; 0: OpenMeter's
+		field          string // the event field Meterline's 400 names, if any
+	}{
+		{"time empty", ce, ev(`,"time":"","data":{"a":1}`), 400, 0, "time"},
+		{"time null", ce, ev(`,"time":null,"data":{"a":1}`), 204, 0, ""},
+		{"time bad", ce, ev(`,"time":"yesterday","data":{"a":1}`), 400, 0, "time"},
+		{"data null", ce, ev(`,"data":null`), 204, 0, ""},
+		{"plain obj", ce, ev(`,"data":{"a":1}`), 204, 0, ""},
+		{"dct application/json", ce, ev(`,"datacontenttype":"application/json","data":{"a":1}`), 204, 0, ""},
+		{"dct charset", ce, ev(`,"datacontenttype":"application/json; charset=utf-8","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"dct text/json", ce, ev(`,"datacontenttype":"text/json","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"dct ce+json", ce, ev(`,"datacontenttype":"application/cloudevents+json","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"dct APPLICATION/JSON", ce, ev(`,"datacontenttype":"APPLICATION/JSON","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"dct null", ce, ev(`,"datacontenttype":null,"data":{"a":1}`), 204, 0, ""},
+		{"data string", ce, ev(`,"data":"x"`), 400, 0, "data"},
+		{"data number", ce, ev(`,"data":5`), 400, 0, "data"},
+		{"data array", ce, ev(`,"data":[1]`), 400, 0, "data"},
+		{"data_base64 json no dct", ce, ev(`,"data_base64":"eyJhIjoxfQ=="`), 204, 0, ""},
+		{"data_base64 json dct json", ce, ev(`,"datacontenttype":"application/json","data_base64":"eyJhIjoxfQ=="`), 204, 0, ""},
+		{"data_base64 not json", ce, ev(`,"datacontenttype":"application/json","data_base64":"aGVsbG8="`), 500, 0, "data_base64"},
+		{"data_base64 bad b64", ce, ev(`,"data_base64":"!!!"`), 400, 0, "data_base64"},
+		{"data_base64 null", ce, ev(`,"data_base64":null`), 400, 0, "data_base64"},
+		{"batch dct charset", batch, "[" + ev(`,"datacontenttype":"application/json; charset=utf-8","data":{"a":1}`) + "]", 400, 0, "datacontenttype"},
+		{"batch data_base64", batch, "[" + ev(`,"data_base64":"eyJhIjoxfQ=="`) + "]", 204, 0, ""},
+		{"json obj data_base64", js, ev(`,"data_base64":"eyJhIjoxfQ=="`), 204, 0, ""},
+		{"json arr data string", js, "[" + ev(`,"data":"x"`) + "]", 400, 0, "data"},
+		// The request's Content-Type: Meterline reads it as RFC 9110 has
+		// it (any case, a charset parameter of utf-8), a superset.
+		{"CT batch charset", batch + "; charset=utf-8", "[" + ev(`,"data":{"a":1}`) + "]", 400, 200, ""},
+		{"CT json charset", js + "; charset=utf-8", ev(`,"data":{"a":1}`), 400, 200, ""},
+		{"CT ce+json charset", ce + "; charset=utf-8", ev(`,"data":{"a":1}`), 400, 200, ""},
+		{"CT upper", "Application/JSON", ev(`,"data":{"a":1}`), 400, 200, ""},
+		{"CT missing", "", ev(`,"data":{"a":1}`), 400, 0, ""},
+		{"CT text/plain", "text/plain", ev(`,"data":{"a":1}`), 400, 0, ""},
+		{"CT xml", "application/xml", ev(`,"data":{"a":1}`), 400, 0, ""},
+
+		{"data true", ce, ev(`,"data":true`), 400, 0, "data"},
+		{"data null with data_base64", ce, ev(`,"data":null,"data_base64":"eyJhIjoxfQ=="`), 204, 0, ""},
+		{"data_base64 empty", ce, ev(`,"data_base64":""`), 204, 0, ""},
+		{"data_base64 of null", ce, ev(`,"data_base64":"bnVsbA=="`), 204, 0, ""},
+		{"data_base64 a number", ce, ev(`,"data_base64":5`), 500, 0, "data_base64"}, // the SDK panics
+		{"dct empty", ce, ev(`,"datacontenttype":"","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"time space", ce, ev(`,"time":" ","data":{"a":1}`), 400, 0, "time"},
+		{"time good", ce, ev(`,"time":"2026-11-29T12:00:00Z","data":{"a":1}`), 204, 0, ""},
+		// OpenMeter takes both (the data of data_base64); an event
+		// carries one of them, and which one was meant is a guess.
+		{"data with data_base64 null", ce, ev(`,"data":{"a":1},"data_base64":null`), 400, 0, "data_base64"},
+		// OpenMeter takes both (the data of data_base64, even none); an
+		// event carries one of them, and which one was meant is a guess.
+		{"data with data_base64", ce, ev(`,"data":{"a":1},"data_base64":"eyJhIjoxfQ=="`), 204, 400, "data_base64"},
+		{"data with data_base64 empty", ce, ev(`,"data":{"a":1},"data_base64":""`), 204, 400, "data_base64"},
+		// OpenMeter takes base64 of any JSON, past its schema, which
+		// wants data an object: data_base64 is held to that rule too.
+		{"data_base64 of an array", ce, ev(`,"data_base64":"WzFd"`), 204, 400, "data_base64"},
+		{"data_base64 of a string", ce, ev(`,"data_base64":"IngiCg=="`), 204, 400, "data_base64"},
+	}
+	class := func(status int) int { return status / 100 * 100 }
+	accepted := 0
+	for _, c := range cases {
+		want := c.meterline
+		if want == 0 {
+			want = min(class(c.om), 400) // OpenMeter's 500s are its bugs: bad input, 400 here
+		}
+		status, _, b := e.post("/api/v1/events", c.ct, e.token, []byte(c.body))
+		if class(status) != want {
+			t.Errorf("%s: %d %s, want %dx (OpenMeter: %d)", c.name, status, b, want/100, c.om)
+			continue
+		}
+		if want == 200 {
+			accepted++
+			continue
+		}
+		if c.field != "" {
+			p := problem(t, b)
+			var fields []string
+			for _, fe := range p.Errors {
+				fields = append(fields, fmt.Sprintf("%d %s", fe.Index, fe.Field))
+			}
+			if status != http.StatusBadRequest || strings.Join(fields, ",") != "0 "+c.field {
+				t.Errorf("%s: %d %s, want 400 naming %s", c.name, status, b, c.field)
+			}
+		}
+	}
+	if n := len(e.records()); n != accepted {
+		t.Errorf("%d records, want %d (one per accepted request)", n, accepted)
+	}
+}
