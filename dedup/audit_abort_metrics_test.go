@@ -1,0 +1,54 @@
+package dedup
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestAuditAbortedTransactionCountsOnce (audit, EXPECTED TO FAIL on main):
+// DESIGN §9 asks for records accepted, duplicates and rejections by reason,
+// and the state's key count. A transaction that aborts (here: its offset
+// commit refused) is processed again from the committed state; each
+// record must then be counted once, as the outputs are, and the key count
+// must be the state's. The counters and the gauge are changed while a
+// record is processed, not when its transaction commits, and Abort does
+// not take them back.
+func TestAuditAbortedTransactionCountsOnce(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newHarness(t, brokers, 1)
+	reg := prometheus.NewRegistry()
+	arr := t0 + 10*day
+	testenv.FailNextTxnOffsetCommit(c)
+	h.produce(
+		h.event("acme", "api_calls", "a1", 1, arr-hour, arr),
+		h.event("acme", "api_calls", "a1", 1, arr-hour, arr+1),    // exact copy
+		h.event("acme", "api_calls", "old", 1, arr-40*day, arr+2), // too_old
+	)
+	st := h.start(h.configWith("a", reg))
+	h.caughtUp()
+	if got := metricValues(t, reg, "meterline_stream_transactions_total")["outcome=aborted,stage=dedup"]; got < 1 {
+		t.Fatalf("no aborted transaction (%v): the test did not test anything", metricValues(t, reg, "meterline_stream_transactions_total"))
+	}
+	if err, done := st.wait(0); done {
+		t.Fatalf("dedup stopped: %v", err)
+	}
+	o := h.outputs()
+	if n := len(o.dedupedOf("a1")); n != 1 || len(o.duplicates) != 1 || len(o.rejectedOf("old")) != 1 {
+		t.Fatalf("outputs: a1 forwarded %d, %d duplicates, old rejected %d; want 1, 1, 1", n, len(o.duplicates), len(o.rejectedOf("old")))
+	}
+	if got := metricSum(t, reg, "meterline_dedup_accepted_total"); got != 1 {
+		t.Errorf("meterline_dedup_accepted_total = %v, want 1 (one event accepted)", got)
+	}
+	if got := metricSum(t, reg, "meterline_dedup_duplicates_total"); got != 1 {
+		t.Errorf("meterline_dedup_duplicates_total = %v, want 1 (one copy in usage.duplicates)", got)
+	}
+	if got := metricValues(t, reg, "meterline_rejected_total")["reason=too_old,stage=dedup"]; got != 1 {
+		t.Errorf("meterline_rejected_total{stage=dedup,reason=too_old} = %v, want 1 (one record in usage.rejected)", got)
+	}
+	if got, want := metricSum(t, reg, "meterline_dedup_state_keys"), float64(identityKeys(t, st.stage, 0)); got != want {
+		t.Errorf("meterline_dedup_state_keys = %v, the state holds %v identity keys", got, want)
+	}
+}
