@@ -11,20 +11,6 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// counterTotal sums every series of a counter.
-func counterTotal(reg *prometheus.Registry, name string) float64 {
-	mfs, _ := reg.Gather()
-	s := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				s += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return s
-}
-
 // TestAuditAbortedTransactionCountsOnce (audit, EXPECTED TO FAIL on main):
 // DESIGN §9's rejections by reason and the late-event count must match
 // usage.rejected and usage.adjustments. A transaction that aborts (its
@@ -61,10 +47,10 @@ func TestAuditAbortedTransactionCountsOnce(t *testing.T) {
 	if a, r := len(testenv.ReadAll(t, h.brokers, h.names.AdjustmentsTopic())), len(testenv.ReadAll(t, h.brokers, h.names.RejectedTopic())); a != 1 || r != 1 {
 		t.Fatalf("%d adjustments and %d rejected records (read_committed), want 1 and 1", a, r)
 	}
-	if got := counterTotal(reg, "meterline_rejected_total"); got != 1 {
+	if got := counterOf(reg, "meterline_rejected_total"); got != 1 {
 		t.Errorf("meterline_rejected_total = %v, want 1 (one record in usage.rejected)", got)
 	}
-	if got := counterTotal(reg, "meterline_aggregate_late_events_total"); got != 1 {
+	if got := counterOf(reg, "meterline_aggregate_late_events_total"); got != 1 {
 		t.Errorf("meterline_aggregate_late_events_total = %v, want 1 (one adjustment)", got)
 	}
 }
