@@ -156,6 +156,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	}
 	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
 	rt.seqRestarts = 0
+	rt.committed()
 	// Guarantee: outputs, changelog and offsets are committed; Pebble is
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
@@ -173,6 +174,18 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		return session.ErrRestart
 	}
 	return nil
+}
+
+// committed calls Committed on the committed transaction's partitions
+// that are Committers and still current.
+func (rt *Runtime) committed() {
+	for p := range rt.ovs {
+		if a, ok := rt.active[p]; ok && a.epoch == rt.txEpoch[p] {
+			if c, ok := a.part.(Committer); ok {
+				c.Committed()
+			}
+		}
+	}
 }
 
 // flushPartitions calls Flush on the transaction's partitions that are

@@ -11,12 +11,12 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestAuditAbortedTransactionCountsOnce (audit, EXPECTED TO FAIL on main):
-// DESIGN §9's rejections by reason and the late-event count must match
-// usage.rejected and usage.adjustments. A transaction that aborts (its
-// offset commit refused) is processed again; the counters are changed
-// while a record is processed, and count the aborted attempt too.
-func TestAuditAbortedTransactionCountsOnce(t *testing.T) {
+// TestAbortedTransactionCountsOnce: DESIGN §9's rejections by reason and
+// the late-event count match usage.rejected and usage.adjustments. A
+// transaction that aborts (its offset commit refused) is processed again;
+// the counters count only the committed attempt (added when a transaction
+// commits, dropped when it aborts).
+func TestAbortedTransactionCountsOnce(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newAggHarnessSources(t, brokers, 1, 1)
 	reg := prometheus.NewRegistry()

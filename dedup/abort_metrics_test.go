@@ -8,15 +8,14 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// TestAuditAbortedTransactionCountsOnce (audit, EXPECTED TO FAIL on main):
-// DESIGN §9 asks for records accepted, duplicates and rejections by reason,
-// and the state's key count. A transaction that aborts (here: its offset
-// commit refused) is processed again from the committed state; each
-// record must then be counted once, as the outputs are, and the key count
-// must be the state's. The counters and the gauge are changed while a
-// record is processed, not when its transaction commits, and Abort does
-// not take them back.
-func TestAuditAbortedTransactionCountsOnce(t *testing.T) {
+// TestAbortedTransactionCountsOnce: DESIGN §9 asks for records accepted,
+// duplicates and rejections by reason, and the state's key count. A
+// transaction that aborts (here: its offset commit refused) is processed
+// again from the committed state; each record is then counted once, as the
+// outputs are (the counts are added when a transaction commits, dropped
+// when it aborts), and the key count is the state's (Abort takes back the
+// keys the transaction added).
+func TestAbortedTransactionCountsOnce(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newHarness(t, brokers, 1)
 	reg := prometheus.NewRegistry()
