@@ -14,7 +14,7 @@ import (
 // again from the committed state; each record is then counted once, as the
 // outputs are (the counts are added when a transaction commits, dropped
 // when it aborts), and the key count is the state's (Abort takes back the
-// keys the transaction added).
+// keys the transaction added). So do the runtime's records in and out.
 func TestAbortedTransactionCountsOnce(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newHarness(t, brokers, 1)
@@ -49,5 +49,26 @@ func TestAbortedTransactionCountsOnce(t *testing.T) {
 	}
 	if got, want := metricSum(t, reg, "meterline_dedup_state_keys"), float64(identityKeys(t, st.stage, 0)); got != want {
 		t.Errorf("meterline_dedup_state_keys = %v, the state holds %v identity keys", got, want)
+	}
+	// The runtime's records in and out count committed transactions only:
+	// after a stop (an open transaction is aborted), the records out of
+	// each topic are those the topic holds (read_committed) besides the
+	// test's, and no input record counts twice.
+	if err := st.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := metricValues(t, reg, "meterline_stream_records_out_total")
+	for topic, want := range map[string]int{
+		h.names.DuplicatesTopic(): 1,
+		h.names.RejectedTopic():   1,
+		h.names.EventsTopic():     len(testenv.ReadAll(t, h.brokers, h.names.EventsTopic())) - 3, // its ticks
+	} {
+		if got := out["stage=dedup,topic="+topic]; got != float64(want) {
+			t.Errorf("meterline_stream_records_out_total{topic=%s} = %v, want %d", topic, got, want)
+		}
+	}
+	in := metricValues(t, reg, "meterline_stream_records_in_total")["stage=dedup,topic="+h.names.EventsTopic()]
+	if all := len(testenv.ReadAll(t, h.brokers, h.names.EventsTopic())); in < 3 || in > float64(all) {
+		t.Errorf("meterline_stream_records_in_total{topic=events} = %v, want at least the 3 events and at most the topic's %d records", in, all)
 	}
 }
