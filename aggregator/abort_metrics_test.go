@@ -1,14 +1,11 @@
 package aggregator
 
 import (
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
@@ -68,31 +65,8 @@ func TestAbortedDecisionsCountedOnce(t *testing.T) {
 	h := newEntHarness(t, brokers, n)
 	t0 := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
 	h.produce(h.capAndCredits(n, t0, "free", "paid")...)
-	var mu sync.Mutex
-	calls, failed := 0, 0
-	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		mu.Lock()
-		defer mu.Unlock()
-		calls++
-		if calls%2 == 0 || failed >= 8 {
-			return nil, nil, false
-		}
-		failed++
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+	// Every other offset commit refused, the first 8 times.
+	testenv.FailTxnOffsetCommits(c, func(n int) bool { return n%2 == 1 && n <= 15 })
 	run, reg := h.startMetered()
 	deadline := time.Now().Add(30 * time.Second)
 	for len(readRejected(t, h)) < 4 && time.Now().Before(deadline) {
@@ -109,33 +83,14 @@ func TestAbortedDecisionsCountedOnce(t *testing.T) {
 	for _, r := range readRejected(t, h) {
 		reasons[r.Reason]++
 	}
-	rejected := labelled(reg, "meterline_rejected_total", "reason")
-	decisions := labelled(reg, "meterline_aggregate_entitlement_decisions_total", "outcome")
+	const decisions = "meterline_aggregate_entitlement_decisions_total"
 	for _, r := range []string{schemas.ReasonOverLimit, schemas.ReasonNoCredit} {
-		if reasons[r] != 2 || rejected[r] != 2 || decisions[r] != 2 {
-			t.Errorf("%s: %v in usage.rejected, %v in meterline_rejected_total, %v decisions; want 2 each", r, reasons[r], rejected[r], decisions[r])
+		rejected, decided := counterWith(reg, "meterline_rejected_total", "reason", r), counterWith(reg, decisions, "outcome", r)
+		if reasons[r] != 2 || rejected != 2 || decided != 2 {
+			t.Errorf("%s: %v in usage.rejected, %v in meterline_rejected_total, %v decisions; want 2 each", r, reasons[r], rejected, decided)
 		}
 	}
-	if got := decisions["accepted"]; got != 20 {
-		t.Errorf("%v accepted decisions, want 20", got)
+	if got := counterOf(reg, decisions); got != 24 {
+		t.Errorf("%v decisions, want 24 (each of the 24 events decided once)", got)
 	}
-}
-
-// labelled sums counter name by the value of its label.
-func labelled(reg *prometheus.Registry, name, label string) map[string]float64 {
-	out := map[string]float64{}
-	mfs, _ := reg.Gather()
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					out[l.GetValue()] += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
 }
