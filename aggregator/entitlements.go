@@ -1426,7 +1426,7 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 		}
 	}
 	tx.Put(keyRoll, e.roll.encode())
-	pt.pr.m.chunks.WithLabelValues(work).Inc()
+	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues(work))
 	return nil
 }
 
@@ -1490,7 +1490,7 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 	}
 	e.bal.rev = rev
 	tx.Put(keyBalances, e.bal.encode())
-	pt.pr.m.balances.Add(float64(len(out)))
+	pt.txc.Add(pt.pr.m.balances, float64(len(out)))
 	clear(out)
 	return nil
 }

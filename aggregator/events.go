@@ -166,7 +166,7 @@ const ignoredLogEvery = time.Minute
 // cluster's metadata and logs it (at most once a minute per partition,
 // with the number of records ignored since the last line).
 func (pt *partition) ignoreWatermark(w *schemas.Watermark, reason string) {
-	pt.pr.m.wmIgnored.WithLabelValues(reason).Inc()
+	pt.txc.Inc(pt.pr.m.wmIgnored.WithLabelValues(reason))
 	pt.wmIgnored++
 	// Wall time spaces log lines only; it decides nothing.
 	now := pt.pr.now()
@@ -490,7 +490,7 @@ func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent,
 	key := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key()
 	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.AdjustmentsTopic(), Partition: schemas.Partition(key, pt.pr.counts.adjustments),
 		Key: key, Value: v})
-	pt.pr.m.late.WithLabelValues(string(m.Aggregation)).Inc()
+	pt.txc.Inc(pt.pr.m.late.WithLabelValues(string(m.Aggregation)))
 	pt.pr.log.Info("late event booked as an adjustment", zap.ByteString("key", key), zap.Int64("delta", delta),
 		zap.String("original_period", msTime(start)), zap.String("booked_period", msTime(bStart)))
 	return nil

@@ -345,8 +345,8 @@ func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) erro
 		fk := append([]byte{pfxFinal}, o.k[1:]...)
 		tx.Put(fk, st.encode())
 	}
-	pt.pr.m.emittedFinal.Add(float64(len(keys)))
-	pt.pr.m.chunks.WithLabelValues("final").Inc()
+	pt.txc.Add(pt.pr.m.emittedFinal, float64(len(keys)))
+	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("final"))
 	ps.emitted += int64(len(keys))
 	ps.chunks++
 	if len(keys) > 0 {
@@ -359,7 +359,7 @@ func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) erro
 	// Every FINAL of the period is out.
 	_, end := pt.bounds(start)
 	if ps.emitted > 0 {
-		pt.pr.m.finalDelay.Observe(pt.pr.now().Sub(time.UnixMilli(end + pt.pr.cfg.Grace.Milliseconds())).Seconds())
+		pt.finalDelays = append(pt.finalDelays, pt.pr.now().Sub(time.UnixMilli(end+pt.pr.cfg.Grace.Milliseconds())).Seconds())
 	}
 	pt.pr.log.Info("period finalized", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),
 		zap.Int64("aggregates", ps.emitted), zap.Int64("transactions", ps.chunks), zap.String("decided_at", msTime(ps.decidedAt)))
@@ -413,7 +413,7 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 		}
 	}
 	if len(queued) > 0 {
-		pt.pr.m.chunks.WithLabelValues("book").Inc()
+		pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("book"))
 		ps.chunks++
 		ps.cursor = queued[len(queued)-1].k
 	}
@@ -458,13 +458,13 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 			ps.cursor = keys[len(keys)-1].k
 		}
 		if deleted == n {
-			pt.pr.m.chunks.WithLabelValues("expire").Inc()
+			pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("expire"))
 			ps.chunks++
 			pt.putMarker(tx, start, ps)
 			return nil
 		}
 	}
-	pt.pr.m.chunks.WithLabelValues("expire").Inc()
+	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("expire"))
 	// One key per meter of the period: deleted with the marker.
 	if err := pt.expireDefs(tx, start); err != nil {
 		return err

@@ -83,7 +83,7 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if reason != pt.rejReason || pt.rejCounter == nil {
 		pt.rejReason, pt.rejCounter = reason, pt.pr.m.rejected.WithLabelValues("aggregator", reason)
 	}
-	pt.rejCounter.Inc()
+	pt.txc.Inc(pt.rejCounter)
 	if ce := pt.pr.log.Check(zap.InfoLevel, "record rejected"); ce != nil {
 		ce.Write(zap.String("reason", reason), zap.String("detail", pt.rej.Detail), zap.ByteString("key", rec.Key))
 	}

@@ -122,6 +122,13 @@ type partition struct {
 	// metric's child of the last reason, kept.
 	rejReason  string
 	rejCounter prometheus.Counter
+	// txc: the open transaction's counts (rejections, late events,
+	// revisions, balances, chunks, ignored watermarks), and finalDelays its
+	// finalization delays: added to the metrics when it commits
+	// (Committed), dropped when it aborts (DESIGN §9: a record processed
+	// again after an abort is counted once).
+	txc         prom.TxCounts
+	finalDelays []float64
 	// rej is the Rejected record being encoded (rejectedRecord), reused;
 	// recs the rest of the slab of records newRecord hands out; rejTopic
 	// the full name of usage.rejected, made at the first rejection.
@@ -602,9 +609,23 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	return nil
 }
 
-// Abort forgets the aggregates an aborted transaction changed, and marks
-// the in-memory watermarks for a reload from the committed state.
+// Committed implements stream.Committer: the committed transaction's
+// counts go to the metrics.
+func (pt *partition) Committed() {
+	pt.txc.Commit()
+	for _, d := range pt.finalDelays {
+		pt.pr.m.finalDelay.Observe(d)
+	}
+	pt.finalDelays = pt.finalDelays[:0]
+	pt.publishEnt()
+}
+
+// Abort forgets the aggregates an aborted transaction changed and its
+// counts, and marks the in-memory watermarks for a reload from the
+// committed state.
 func (pt *partition) Abort() {
+	pt.txc.Drop()
+	pt.finalDelays = pt.finalDelays[:0]
 	if pt.ent != nil {
 		clear(pt.ent.changed)
 		clear(pt.ent.emitNow)
@@ -758,7 +779,7 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		}
 		i++
 	}
-	pt.pr.m.emittedOpen.Add(float64(n))
+	pt.txc.Add(pt.pr.m.emittedOpen, float64(n))
 	clear(pt.dirty)
 	pt.dirty = pt.dirty[:0]
 	return nil

@@ -139,16 +139,28 @@ type partition struct {
 	ev    schemas.UsageEvent
 	canon []byte
 	// accepted counts accepted events per source label, added to the
-	// counters at the end of each Process: WithLabelValues hashes the label
-	// on every call, and an increment per event on a counter shared by the
-	// partitions' goroutines contends for its cache line. It holds at most
-	// the configured sources and "other".
+	// transaction's counts (txc) at the end of each Process:
+	// WithLabelValues hashes the label on every call. It holds at most the
+	// configured sources and "other".
 	accepted     map[string]*pendingCount
 	lastSource   string        // the source of the last accepted event
 	lastAccepted *pendingCount // the entry of that source's label
+	// txc: the open transaction's counts of records (accepted, duplicates,
+	// rejected, re-routed, forged, ticks), added to the counters when it
+	// commits and dropped when it aborts (DESIGN §9: a record processed
+	// again after an abort is counted once).
+	txc prom.TxCounts
+	// txKeys: the identity keys the open transaction added, per bucket
+	// (runs, in the order added); Abort takes them back from keys.
+	txKeys []bucketKeys
 	// recs is a slab of output records, handed out one at a time.
 	recs []kgo.Record
 	slab []byte // output key and value bytes (alloc)
+}
+
+type bucketKeys struct {
+	b uint32
+	n int
 }
 
 type droppedBucket struct {
@@ -163,14 +175,22 @@ type pendingCount struct {
 	n      int
 }
 
-// flushCounts adds the accepted counts gathered since the last call.
+// flushCounts adds the accepted counts gathered since the last call to
+// the transaction's.
 func (pt *partition) flushCounts() {
 	for _, pc := range pt.accepted {
 		if pc.n > 0 {
-			pc.c.Add(float64(pc.n))
+			pt.txc.Add(pc.c, float64(pc.n))
 			pc.n = 0
 		}
 	}
+}
+
+// Committed implements stream.Committer: the transaction's counts go to
+// the counters.
+func (pt *partition) Committed() {
+	pt.txc.Commit()
+	pt.txKeys = pt.txKeys[:0]
 }
 
 // newRecord returns a zero record from the partition's slab: one
@@ -370,6 +390,7 @@ func (pt *partition) Abort() {
 	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, 0
 	pt.expired, pt.dropTo = -1, -1
 	pt.flushed = false
+	pt.txc.Drop()
 	for _, d := range pt.dropping {
 		if f, ok := pt.blooms[d.b]; ok {
 			// A key stored in the bucket since (cannot happen: keys go to
@@ -385,6 +406,15 @@ func (pt *partition) Abort() {
 		sort.Slice(pt.buckets, func(i, j int) bool { return pt.buckets[i] > pt.buckets[j] })
 	}
 	pt.dropping = nil
+	// The keys the transaction stored are not in the state (their Bloom
+	// bits stay: a filter that says maybe is still correct).
+	for _, k := range pt.txKeys {
+		if _, ok := pt.keys[k.b]; ok {
+			pt.keys[k.b] -= k.n
+		}
+	}
+	pt.txKeys = pt.txKeys[:0]
+	pt.publish()
 }
 
 // Flush implements stream.Flusher: the transaction is about to commit.
@@ -547,7 +577,7 @@ func (pt *partition) arrivalOf(r *kgo.Record, h *dedupHeaders, ts int64) (arriva
 
 // forged counts and logs a record whose dedup headers are not proven.
 func (pt *partition) forged(r *kgo.Record, why string) {
-	pt.pr.m.forged.Inc()
+	pt.txc.Inc(pt.pr.m.forged)
 	pt.pr.log.Warn("dedup headers not proven; handled as an ordinary producer record", zap.String("why", why),
 		zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset), zap.ByteString("key", boundLogKey(r.Key)))
 }
@@ -618,12 +648,12 @@ func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int6
 			if h.any {
 				pt.forged(r, why)
 			}
-			pt.pr.m.unauthTicks.Inc()
+			pt.txc.Inc(pt.pr.m.unauthTicks)
 			return nil
 		}
 	}
 	if pt.lastForward != 0 && ts < pt.lastForward+pt.pr.cfg.WatermarkEvery.Milliseconds() {
-		pt.pr.m.throttledTicks.Inc()
+		pt.txc.Inc(pt.pr.m.throttledTicks)
 		return nil
 	}
 	pt.lastForward = ts
@@ -730,6 +760,11 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	tx.Put(key[:], appendValue(val[:0], verify, ph[:], arrival-int64(b)*c.Bucket.Milliseconds(), r.Offset))
 	pt.bloomFor(b).add(kh)
 	pt.keys[b]++
+	if n := len(pt.txKeys); n > 0 && pt.txKeys[n-1].b == b {
+		pt.txKeys[n-1].n++
+	} else {
+		pt.txKeys = append(pt.txKeys, bucketKeys{b: b, n: 1})
+	}
 	return nil
 }
 
@@ -924,7 +959,7 @@ func (pt *partition) duplicate(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEve
 	if !ok {
 		return err
 	}
-	pt.pr.m.duplicates.WithLabelValues(pt.pr.sourceLabel(e.Source), strconv.FormatBool(conflict)).Inc()
+	pt.txc.Inc(pt.pr.m.duplicates.WithLabelValues(pt.pr.sourceLabel(e.Source), strconv.FormatBool(conflict)))
 	pt.pr.log.Info("duplicate dropped", zap.ByteString("key", canon), zap.Bool("conflict", conflict),
 		zap.String("source", e.Source), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset),
 		zap.Int64("original_offset", o.offset))
@@ -948,7 +983,7 @@ func (pt *partition) reroute(tx *stream.Tx, r *kgo.Record, canon []byte, e *sche
 	if !ok {
 		return err
 	}
-	pt.pr.m.rerouted.Inc()
+	pt.txc.Inc(pt.pr.m.rerouted)
 	pt.pr.log.Info("misrouted record re-routed", zap.ByteString("key", boundLogKey(r.Key)), zap.ByteString("canonical_key", canon),
 		zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset), zap.Int32("to_partition", to))
 	return nil
@@ -984,7 +1019,7 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent,
 		}
 	}
 	tx.Emit(rec)
-	pt.pr.m.rejected.WithLabelValues("dedup", reason).Inc()
+	pt.txc.Inc(pt.pr.m.rejected.WithLabelValues("dedup", reason))
 	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", rej.Detail),
 		zap.ByteString("key", boundLogKey(r.Key)), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset))
 	return nil

@@ -137,6 +137,7 @@ func (s *Server) answerGate(w http.ResponseWriter, req *request, errs []EventErr
 		fmt.Sprintf("every event of the request is for a meter whose limit is used up in the event's period, by the latest balances; nothing was sent (%d of %d events)",
 			countIndexes(errs), req.inputs), errs, 0)
 	s.metrics.gateRefused(tenant, req.inputs)
+	s.metrics.refusedEvents(tenant, errs)
 	s.log.Info("ingest: quota gate answered 402; nothing was sent",
 		zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("events", req.inputs), zap.Array("refused", refused))
 }

@@ -148,6 +148,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Too many events",
 			fmt.Sprintf("%d events in one request, more than %d: split the batch", req.inputs, s.cfg.MaxEvents), nil, 0)
 		s.metrics.refused(tenant, req.inputs)
+		s.metrics.tooManyEvents(tenant, req.inputs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
@@ -160,6 +161,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
 			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
 		s.metrics.refused(tenant, req.inputs)
+		s.metrics.refusedEvents(tenant, req.denied)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
@@ -167,6 +169,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
 			fmt.Sprintf("%d of %d events are invalid; nothing was sent", countIndexes(req.errs), req.inputs), req.errs, 0)
 		s.metrics.refused(tenant, req.inputs)
+		s.metrics.refusedEvents(tenant, req.errs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/schemas"
 )
 
 // metrics are the ingest's Prometheus metrics and the totals its status
@@ -20,6 +21,7 @@ type metrics struct {
 	requests *prometheus.CounterVec   // tenant, code
 	duration *prometheus.HistogramVec // endpoint
 	events   *prometheus.CounterVec   // tenant, outcome
+	byReason *prometheus.CounterVec   // tenant, reason (refusedReasons)
 	records  *prometheus.CounterVec   // tenant
 	gate     *prometheus.CounterVec   // tenant
 	inflight *prometheus.CounterVec   // tenant, limit
@@ -47,6 +49,9 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15}}, []string{"endpoint"})),
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_events_total",
 			Help: "Events received over HTTP, by tenant and outcome: accepted (acknowledged by Kafka) or refused (in a request answered with an error)."}, []string{"tenant", "outcome"}),
+		byReason: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_refused_events_total",
+			Help: "Events the HTTP ingest refused that its answer names, by tenant and reason code: invalid, oversized, in_future, unknown_meter, unknown_event_type (400), out_of_scope (403), over_limit (402, the quota gate), too_many_events (413, each event of a request of more than --max-events), other (a code not listed here). An event with several errors counts once, under its first; the valid events of a refused request count only in meterline_ingest_events_total{outcome=\"refused\"}."},
+			[]string{"tenant", "reason"}),
 		records: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_records_total",
 			Help: "Usage records written to Kafka by the HTTP ingest, by tenant (a CloudEvent feeds one record per meter of its type)."}, []string{"tenant"}),
 		gate: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_gate_refused_events_total",
@@ -141,6 +146,53 @@ func (m *metrics) refused(tenant string, events int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.totals(tenant).refused += int64(events)
+}
+
+// Reason labels of meterline_ingest_refused_events_total besides the
+// codes of EventError.
+const (
+	// reasonTooManyEvents: an event of a request of more than MaxEvents
+	// (413), which names no event.
+	reasonTooManyEvents = "too_many_events"
+	// reasonOther: a code not in refusedReasons (none today): the label
+	// set stays bounded whatever code an error carries.
+	reasonOther = "other"
+)
+
+// refusedReasons are the reason labels of refused events, the last
+// reasonOther.
+var refusedReasons = [...]string{schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonInFuture,
+	schemas.ReasonUnknownMeter, CodeUnknownEventType, CodeOutOfScope, schemas.ReasonOverLimit, reasonTooManyEvents, reasonOther}
+
+// refusedEvents counts the events errs names (sorted by index), each once
+// under the code of its first error.
+func (m *metrics) refusedEvents(tenant string, errs []EventError) {
+	var n [len(refusedReasons)]int
+	prev := -1
+	for i := range errs {
+		if errs[i].Index == prev {
+			continue
+		}
+		prev = errs[i].Index
+		r := len(refusedReasons) - 1
+		for j, code := range refusedReasons[:r] {
+			if errs[i].Code == code {
+				r = j
+				break
+			}
+		}
+		n[r]++
+	}
+	for r, k := range n {
+		if k > 0 {
+			m.byReason.WithLabelValues(tenant, refusedReasons[r]).Add(float64(k))
+		}
+	}
+}
+
+// tooManyEvents counts the events of a request of more than MaxEvents.
+func (m *metrics) tooManyEvents(tenant string, events int) {
+	m.byReason.WithLabelValues(tenant, reasonTooManyEvents).Add(float64(events))
 }
 
 // inflightRefused counts a request refused by an in-flight bound.

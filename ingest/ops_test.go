@@ -331,3 +331,39 @@ func startSlowRequest(t *testing.T, addr, token string, body []byte) net.Conn {
 	}
 	return conn
 }
+
+// Refused events are counted by reason code (DESIGN §8): each event an
+// answer names under the code of its first error, never by producer text.
+func TestRefusedEventsByReason(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, func(c *Config) { c.Registerer = reg })
+	big := strings.Repeat("x", 1000)
+	props := make([]string, 20)
+	for i := range props {
+		props[i] = fmt.Sprintf("%q:%q", fmt.Sprintf("p%d", i), big)
+	}
+	oversized := fmt.Sprintf(`{"event_id":"big","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z","properties":{%s}}`,
+		strings.Join(props, ","))
+	invalid := `{"event_id":"neg","customer_id":"acme-1","meter":"api_calls","quantity":-1,"event_time":"2026-11-29T12:00:00Z"}`
+	for _, body := range []string{oversized, invalid, "[" + invalid + "," + string(apiCall("ok", "acme-1")) + "]"} {
+		if status, _, b := e.post("/v1/events", "application/json", e.token, []byte(body)); status != http.StatusBadRequest {
+			t.Fatalf("%d %s, want 400", status, b)
+		}
+	}
+	// The answer goes out before the request's bookkeeping.
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err = testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP meterline_ingest_refused_events_total Events the HTTP ingest refused that its answer names, by tenant and reason code: invalid, oversized, in_future, unknown_meter, unknown_event_type (400), out_of_scope (403), over_limit (402, the quota gate), too_many_events (413, each event of a request of more than --max-events), other (a code not listed here). An event with several errors counts once, under its first; the valid events of a refused request count only in meterline_ingest_events_total{outcome="refused"}.
+# TYPE meterline_ingest_refused_events_total counter
+meterline_ingest_refused_events_total{reason="invalid",tenant="acme"} 2
+meterline_ingest_refused_events_total{reason="oversized",tenant="acme"} 1
+`), "meterline_ingest_refused_events_total")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Error(err)
+	}
+}

@@ -98,3 +98,53 @@ func (o *Owners) Release(p int32, who any) bool {
 	delete(o.m, p)
 	return true
 }
+
+// TxCounts gathers a transaction's counts (DESIGN §9): Add keeps them in
+// memory, Commit adds them to their counters once the transaction
+// committed, and Drop forgets them when it aborts, so that a record
+// processed again after an abort is counted once, as its outputs are.
+// Counts of one counter in a row cost a comparison and an addition, no
+// atomic operation on a counter shared by the partitions' goroutines. The
+// zero value is ready; a TxCounts belongs to one partition (not safe for
+// concurrent use).
+type TxCounts struct {
+	cs   []prometheus.Counter
+	ns   []float64
+	last int // index of the counter of the last Add
+}
+
+// Add counts n into c in the open transaction.
+func (t *TxCounts) Add(c prometheus.Counter, n float64) {
+	if t.last < len(t.cs) && t.cs[t.last] == c {
+		t.ns[t.last] += n
+		return
+	}
+	for i, x := range t.cs {
+		if x == c {
+			t.ns[i] += n
+			t.last = i
+			return
+		}
+	}
+	t.cs, t.ns, t.last = append(t.cs, c), append(t.ns, n), len(t.cs)
+}
+
+// Inc counts 1 into c in the open transaction.
+func (t *TxCounts) Inc(c prometheus.Counter) { t.Add(c, 1) }
+
+// Commit adds the transaction's counts to their counters and starts the
+// next transaction's.
+func (t *TxCounts) Commit() {
+	for i, c := range t.cs {
+		if t.ns[i] != 0 {
+			c.Add(t.ns[i])
+		}
+	}
+	t.Drop()
+}
+
+// Drop forgets the transaction's counts.
+func (t *TxCounts) Drop() {
+	clear(t.cs)
+	t.cs, t.ns, t.last = t.cs[:0], t.ns[:0], 0
+}

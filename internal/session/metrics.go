@@ -20,13 +20,16 @@ const (
 // registered.
 type Names struct {
 	RecordsIn, Transactions, CommitSeconds, Restarts string
+	// RecordsInHelp is RecordsIn's help text; "": input records polled,
+	// counted again when re-consumed after an aborted transaction.
+	RecordsInHelp string
 }
 
 // Metrics are a stage's session metrics. The stage counts its input and
 // its transactions; Loop.Run counts the restarts.
 type Metrics struct {
-	// RecordsIn is Names.RecordsIn{topic}: input records polled, by topic
-	// (counted again when re-consumed after an aborted transaction).
+	// RecordsIn is Names.RecordsIn{topic}: input records, by topic, as
+	// the stage counts them (Names.RecordsInHelp).
 	RecordsIn *prometheus.CounterVec
 	// Transactions is Names.Transactions{outcome}: transactions ended, by
 	// outcome (Committed, Aborted, Unknown).
@@ -42,9 +45,11 @@ type Metrics struct {
 // carries says what one of its transactions carries, for the help text.
 func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
 	f := prom.NewFactory(reg)
+	if n.RecordsInHelp == "" {
+		n.RecordsInHelp = "Input records polled, by topic (counted again when re-consumed after an aborted transaction)."
+	}
 	return &Metrics{
-		RecordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: n.RecordsIn,
-			Help: "Input records polled, by topic (counted again when re-consumed after an aborted transaction)."}, []string{"topic"}),
+		RecordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: n.RecordsIn, Help: n.RecordsInHelp}, []string{"topic"}),
 		Transactions: f.NewCounterVec(prometheus.CounterOpts{Name: n.Transactions,
 			Help: "Transactions ended (" + carries + "), by outcome: committed, aborted, unknown."}, []string{"outcome"}),
 		CommitSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: n.CommitSeconds,

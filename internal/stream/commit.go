@@ -82,7 +82,6 @@ func (rt *Runtime) emit(r *kgo.Record) {
 		rt.sink(r) // a Local's
 		return
 	}
-	rt.m.out(r.Topic).Inc()
 	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }
 
@@ -156,6 +155,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	}
 	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
 	rt.seqRestarts = 0
+	rt.committed()
 	// Guarantee: outputs, changelog and offsets are committed; Pebble is
 	// behind the changelog. A crash here is repaired by replaying the
 	// changelog tail from the checkpoint on restore.
@@ -173,6 +173,25 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		return session.ErrRestart
 	}
 	return nil
+}
+
+// committed counts the committed transaction's records in and out, and
+// calls Committed on its partitions that are Committers and still
+// current.
+func (rt *Runtime) committed() {
+	for p, ov := range rt.ovs {
+		for _, c := range ov.in {
+			rt.m.session.RecordsIn.WithLabelValues(c.topic).Add(float64(c.n))
+		}
+		for _, c := range ov.out {
+			rt.m.out(c.topic).Add(float64(c.n))
+		}
+		if a, ok := rt.active[p]; ok && a.epoch == rt.txEpoch[p] {
+			if c, ok := a.part.(Committer); ok {
+				c.Committed()
+			}
+		}
+	}
 }
 
 // flushPartitions calls Flush on the transaction's partitions that are

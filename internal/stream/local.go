@@ -11,7 +11,7 @@ import (
 // Local runs one partition of a Processor on an in-memory store, without
 // a broker or a session: the per-partition work of a stage (Process,
 // Flush, the changelog records and the store writes of a committed
-// transaction), for benchmarks. It is not a Runtime: there are no
+// transaction, Committed), for benchmarks. It is not a Runtime: there are no
 // transactions on a broker, no restore, no Punctuate or Work, and the
 // records the partition emits are only counted.
 type Local struct {
@@ -60,8 +60,8 @@ func (l *Local) Process(recs []*kgo.Record) error {
 }
 
 // Commit ends the open transaction as a committed one: the partition's
-// Flush, its changelog records (made, then dropped) and the store's batch
-// of its writes.
+// Flush, its changelog records (made, then dropped), the store's batch of
+// its writes and the partition's Committed.
 func (l *Local) Commit() error {
 	if f, ok := l.part.(Flusher); ok {
 		if err := f.Flush(&Tx{rt: l.rt, p: l.p, ov: l.ov}); err != nil {
@@ -89,6 +89,9 @@ func (l *Local) Commit() error {
 	}
 	if err := b.commit(); err != nil {
 		return fmt.Errorf("stream: local: apply: %w", err)
+	}
+	if c, ok := l.part.(Committer); ok {
+		c.Committed()
 	}
 	l.ov = newOverlay()
 	return nil

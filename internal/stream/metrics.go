@@ -15,8 +15,7 @@ type metrics struct {
 	session    *session.Metrics
 	recordsOut *prometheus.CounterVec
 	// outByTopic holds recordsOut's counter of each topic once looked up
-	// (a stage emits to a handful of topics): emit, once a record, from
-	// partitions processing in parallel.
+	// (a stage emits to a handful of topics).
 	outByTopic     sync.Map // topic → prometheus.Counter
 	settleSeconds  prometheus.Observer
 	settleWait     prometheus.Observer
@@ -42,9 +41,10 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Transactions:  "meterline_stream_transactions_total",
 			CommitSeconds: "meterline_stream_commit_seconds",
 			Restarts:      "meterline_stream_session_restarts_total",
+			RecordsInHelp: "Input records consumed in committed transactions, by topic (input consumed again after an abort counts once).",
 		}, "outputs, changelog records and consumed offsets"),
 		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",
-			Help: "Output records produced in transactions (committed or not), by topic."}, []string{"topic"}),
+			Help: "Output records produced in committed transactions, by topic."}, []string{"topic"}),
 		settleSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_seconds",
 			Help: "Time from the end of a transaction until the coordinator reported it complete (its markers written); the next transaction produces only then.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		settleWait: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_wait_seconds",

@@ -74,10 +74,10 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 				return
 			}
 		}
-		rt.m.session.RecordsIn.WithLabelValues(fp.Topic).Add(float64(len(fp.Records)))
+		ov := rt.overlayFor(fp.Partition, a.epoch)
+		ov.in.add(fp.Topic, len(fp.Records))
 		j, ok := byPart[fp.Partition]
 		if !ok {
-			ov := rt.overlayFor(fp.Partition, a.epoch)
 			j = &job{a: a, tx: &Tx{rt: rt, p: fp.Partition, ov: ov}}
 			byPart[fp.Partition] = j
 			jobs = append(jobs, j)

@@ -5,7 +5,8 @@ import "github.com/twmb/franz-go/pkg/kgo"
 // The interfaces a stage implements: a Processor opens a Partition for each
 // input partition the instance owns, once its state is restored; the
 // runtime calls the Partition with the records and the transaction that
-// carries them. A Partition may also be a Flusher, an Aborter or a Worker.
+// carries them. A Partition may also be a Flusher, an Aborter, a Committer
+// or a Worker.
 
 // Partition is a processor's handle on one input partition, created by
 // Processor.Open once the partition's state is restored. The runtime calls
@@ -39,6 +40,16 @@ type Flusher interface {
 // aborted or discarded.
 type Aborter interface {
 	Abort()
+}
+
+// Committer is implemented by a Partition that counts what a transaction
+// did only once it is committed (DESIGN §9: a record re-processed after an
+// abort is counted once): Committed runs after a transaction it took part
+// in committed, before the next one begins. A transaction that aborts, or
+// whose outcome is unknown, calls Abort instead (what it did is then not
+// counted, even if it did commit).
+type Committer interface {
+	Committed()
 }
 
 // Processor is the logic of a stateful stage.

@@ -31,9 +31,39 @@ type overlay struct {
 	// state key of its topic (Config.inputOffsetKey); nil: none consumed.
 	inputNext map[string]int64
 	touched   bool
+	// in and out count the records this transaction consumed and emitted
+	// for the partition, by topic: added to records_in and records_out
+	// when it commits (Runtime.committed), dropped with the overlay when
+	// it does not (DESIGN §9: input consumed again after an abort is
+	// counted once).
+	in, out topicCounts
 }
 
 func newOverlay() *overlay { return &overlay{writes: map[string]entry{}} }
+
+// topicCounts counts records by topic: a partition reads and writes a
+// handful of topics, mostly one after another.
+type topicCounts []topicCount
+
+type topicCount struct {
+	topic string
+	n     int
+}
+
+func (tc *topicCounts) add(topic string, n int) {
+	c := *tc
+	if k := len(c); k > 0 && c[k-1].topic == topic {
+		c[k-1].n += n
+		return
+	}
+	for i := range c {
+		if c[i].topic == topic {
+			c[i].n += n
+			return
+		}
+	}
+	*tc = append(c, topicCount{topic, n})
+}
 
 // Tx is the view of one partition inside the current transaction.
 type Tx struct {
@@ -203,7 +233,10 @@ func (tx *Tx) DeleteRangeLocal(lo, hi []byte) {
 // Emit produces an output record in the transaction. Topic and Partition
 // must be set: the runtime partitions manually, so placement never depends
 // on a client's partitioner.
-func (tx *Tx) Emit(r *kgo.Record) { tx.rt.emit(r) }
+func (tx *Tx) Emit(r *kgo.Record) {
+	tx.ov.out.add(r.Topic, 1)
+	tx.rt.emit(r)
+}
 
 // changelogRecords returns the overlay's changelog records in first-write
 // order, plus the input-offset records (one per input topic consumed, in

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"sync"
+
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -12,18 +14,42 @@ import (
 // commits are answered as usual (kfake drops the control after one use).
 func FailNextTxnOffsetCommit(c *kfake.Cluster) {
 	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refuseTxnOffsetCommit(kr), nil, true
 	})
+}
+
+// FailTxnOffsetCommits fails the cluster's TxnOffsetCommits as
+// FailNextTxnOffsetCommit does, each for which fail returns true; fail is
+// called with the number of the commit (1, 2, ...), one call at a time.
+func FailTxnOffsetCommits(c *kfake.Cluster, fail func(n int) bool) {
+	var mu sync.Mutex
+	n := 0
+	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		if !fail(n) {
+			return nil, nil, false
+		}
+		return refuseTxnOffsetCommit(kr), nil, true
+	})
+}
+
+// refuseTxnOffsetCommit answers a TxnOffsetCommit with
+// CONCURRENT_TRANSACTIONS for every partition.
+func refuseTxnOffsetCommit(kr kmsg.Request) kmsg.Response {
+	req := kr.(*kmsg.TxnOffsetCommitRequest)
+	resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewTxnOffsetCommitResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+			sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
