@@ -251,14 +251,7 @@ func TestProgressAdoptsExistingDatabase(t *testing.T) {
 	e.runOnce(topic)
 	// As before migration 008: no progress table. Then apply it.
 	e.exec("DROP TABLE " + e.db + "." + ProgressTable)
-	ms, err := chschema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := ms[len(ms)-1]
-	if !strings.Contains(m.Name, ProgressTable) {
-		t.Fatalf("the last migration is %s, want the one creating %s", m.Name, ProgressTable)
-	}
+	m, _ := progressMigration(t)
 	for _, stmt := range m.Statements {
 		if err := e.conn.Exec(ctxT(t, time.Minute), stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
@@ -285,18 +278,7 @@ func TestProgressAdoptsExistingDatabase(t *testing.T) {
 // leaves one, and max(next_offset) reads a partition's progress.
 func TestProgressMigrationOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
-	ms, err := chschema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	last := ms[len(ms)-1]
-	if !strings.Contains(last.Name, ProgressTable) {
-		t.Fatalf("the last migration is %s, want the one creating %s", last.Name, ProgressTable)
-	}
-	var before []string
-	for _, m := range ms[:len(ms)-1] {
-		before = append(before, m.Statements...)
-	}
+	last, before := progressMigration(t)
 	markers := "SELECT count() FROM " + ProgressTable + " WHERE kafka_topic = ''"
 	progress := "INSERT INTO " + ProgressTable + " (consumer_group, kafka_topic, kafka_partition, next_offset, written_at) VALUES " +
 		"('g', 't', 0, 10, now()), ('g', 't', 0, 30, now()), ('g', 't', 0, 20, now())"
@@ -323,4 +305,23 @@ func TestProgressMigrationOnChdb(t *testing.T) {
 		}
 		t.Logf("%s database on chdb %s: %d markers, progress 30", c.name, resp.Version, strings.Count(c.wantM, "1"))
 	}
+}
+
+// progressMigration returns the migration that creates sink_progress and
+// the statements of the migrations before it.
+func progressMigration(t *testing.T) (chschema.Migration, []string) {
+	t.Helper()
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for _, m := range ms {
+		if strings.Contains(m.Name, ProgressTable) {
+			return m, before
+		}
+		before = append(before, m.Statements...)
+	}
+	t.Fatalf("no migration creates %s", ProgressTable)
+	return chschema.Migration{}, nil
 }
