@@ -131,24 +131,26 @@ func (w *Writer) readProgress(ctx context.Context) (recorded, error) {
 }
 
 // uncheckedParts returns the assigned partitions whose committed offset
-// was not compared with the recorded progress yet.
-func (w *Writer) uncheckedParts() map[tp]int64 {
+// was not compared with the recorded progress yet, with their state.
+func (w *Writer) uncheckedParts() map[tp]*pstate {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := map[tp]int64{}
+	out := map[tp]*pstate{}
 	for k, ps := range w.parts {
 		if !ps.checked {
-			out[k] = ps.committed
+			out[k] = ps
 		}
 	}
 	return out
 }
 
-func (w *Writer) markChecked(parts map[tp]int64) {
+// markChecked marks the partitions checked, unless one was revoked and
+// assigned again meanwhile (a new state, whose offset was not checked).
+func (w *Writer) markChecked(parts map[tp]*pstate) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for k := range parts {
-		if ps, ok := w.parts[k]; ok {
+	for k, ps := range parts {
+		if w.parts[k] == ps {
 			ps.checked = true
 		}
 	}
@@ -166,10 +168,17 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 		if len(parts) == 0 {
 			return nil
 		}
-		err := w.checkOffsets(ctx, parts)
+		committed := make(map[tp]int64, len(parts))
+		w.mu.Lock()
+		for k, ps := range parts {
+			committed[k] = ps.committed
+		}
+		w.mu.Unlock()
+		err := w.checkOffsets(ctx, committed)
 		if err == nil {
+			// Again: a partition may have been assigned meanwhile.
 			w.markChecked(parts)
-			return nil
+			continue
 		}
 		if errors.Is(err, ErrOffsetsAhead) || ctx.Err() != nil {
 			return err
