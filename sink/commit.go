@@ -47,6 +47,15 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		// kgo did not take the offsets: commit nothing, re-consume.
 		abandon = true
 	}
+	if !abandon {
+		// Guarantee: the progress recorded in ClickHouse reaches the
+		// offsets this transaction commits before they are committed
+		// (progress.go).
+		if err := w.recordProgress(ctx, windowProgress(win, stops)); err != nil {
+			w.log.Warn("not committing the window: its progress could not be recorded; its records are re-consumed", zap.Error(err))
+			abandon = true
+		}
+	}
 	start := time.Now()
 	if err := w.sess.Begin(); err != nil {
 		return fmt.Errorf("sink: begin transaction: %w", err)

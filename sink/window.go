@@ -177,6 +177,13 @@ func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
 		if err := session.FetchError(w.log, fs); err != nil {
 			return fmt.Errorf("sink: %w", err)
 		}
+		// Newly assigned partitions (their records may be in these
+		// fetches) are checked against the recorded progress first.
+		// On an error the window in hand is not committed: the records
+		// just polled are in none of its batches.
+		if err := w.checkAssigned(ctx); err != nil {
+			return err
+		}
 		var derr error
 		polled := time.Now()
 		fs.EachRecord(func(r *kgo.Record) {

@@ -177,6 +177,9 @@ type pstate struct {
 	// table (-1: none). Cleared whenever more rows may have landed.
 	maxKnown   bool
 	presentMax int64
+	// checked: committed was compared with the progress recorded in
+	// ClickHouse (progress.go); no record of the partition is used before.
+	checked bool
 }
 
 // New prepares a Writer; Run starts it.

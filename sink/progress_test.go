@@ -1,0 +1,327 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+	chschema "github.com/meterline/meterline/schemas/clickhouse"
+)
+
+// setOffset commits offset for the env's group on partition p of topic,
+// as kafka-consumer-groups --reset-offsets does while no sink runs.
+func (e *env) setOffset(topic string, p int32, offset int64) {
+	e.t.Helper()
+	adm := testenv.Admin(e.t, e.brokers)
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: topic, Partition: p, At: offset, LeaderEpoch: -1})
+	if resp, err := adm.CommitOffsets(ctxT(e.t, 30*time.Second), e.group, os); err != nil || resp.Error() != nil {
+		e.t.Fatalf("set the group's offset: %v %v", err, resp.Error())
+	}
+}
+
+// endOffset is the partition's high watermark.
+func (e *env) endOffset(topic string, p int32) int64 {
+	e.t.Helper()
+	ends, err := testenv.Admin(e.t, e.brokers).ListEndOffsets(ctxT(e.t, 30*time.Second), topic)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	end, _ := ends.Lookup(topic, p)
+	return end.Offset
+}
+
+// expectRefusal waits for the sink to stop with ErrOffsetsAhead and
+// checks that its error says each of want.
+func expectRefusal(t *testing.T, r *running, want ...string) {
+	t.Helper()
+	select {
+	case <-r.exited:
+	case <-time.After(time.Minute):
+		t.Fatal("the sink did not stop within a minute")
+	}
+	if !errors.Is(r.err, ErrOffsetsAhead) {
+		t.Fatalf("the sink stopped with %v, want ErrOffsetsAhead", r.err)
+	}
+	for _, s := range want {
+		if !strings.Contains(r.err.Error(), s) {
+			t.Errorf("the error does not say %q: %v", s, r.err)
+		}
+	}
+}
+
+// runOnce runs the sink until the group has committed every record of
+// topics and checks that it did not stop on its own.
+func (e *env) runOnce(topics ...string) {
+	e.t.Helper()
+	r := e.start(nil)
+	e.waitCaughtUp(time.Minute, topics...)
+	select {
+	case <-r.exited:
+		e.t.Fatalf("the sink stopped: %v", r.err)
+	default:
+	}
+	if err := r.stop(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestCommittedOffsetAheadOfProgress: DESIGN §6.6. The group's committed
+// offset is moved past ten records that are in no table (an operator's
+// kafka-consumer-groups --reset-offsets --to-latest). The sink stops
+// before writing anything of the partition, naming it, both offsets and
+// the command; once the offset is set back as it says, every row arrives.
+func TestCommittedOffsetAheadOfProgress(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	start := time.Date(2026, 5, 4, 0, 0, 0, 0, time.UTC)
+	var first, second []*kgo.Record
+	for i := 0; i < 10; i++ {
+		first = append(first, deduped(topic, 0, i, start.Add(time.Duration(i)*time.Second)))
+		second = append(second, deduped(topic, 0, 10+i, start.Add(time.Duration(10+i)*time.Second)))
+	}
+	e.produce(first...)
+	e.runOnce(topic)
+	e.exact(TableEvents, 10)
+
+	e.produce(second...)
+	e.setOffset(topic, 0, e.endOffset(topic, 0))
+	expectRefusal(t, e.start(nil), topic+" partition 0", "committed offset 20", "below offset 10",
+		"--group "+e.group+" --topic "+topic+":0 --reset-offsets --to-offset 10 --execute")
+	e.exact(TableEvents, 10)
+
+	e.setOffset(topic, 0, 10)
+	e.runOnce(topic)
+	e.exact(TableEvents, 20)
+}
+
+// TestNewDatabaseBehindExistingGroup: the sink is pointed at a new
+// database with the group of an existing one. The database has no
+// progress and the committed offset is above the partition's start: the
+// sink stops, telling to reset to the earliest offset; after that reset
+// the new database gets every row.
+func TestNewDatabaseBehindExistingGroup(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	recs, n := e.events(10, base)
+	e.produce(recs...)
+	e.runOnce(topic)
+	e.exact(TableEvents, uint64(n))
+
+	conn, db := testenv.ClickHouseDB(t)
+	if _, err := Migrate(ctxT(t, time.Minute), conn); err != nil {
+		t.Fatal(err)
+	}
+	if got := countIn(t, e, db, ProgressTable); got != 0 {
+		t.Fatalf("a new database has %d rows in %s, want none (no adoption marker)", got, ProgressTable)
+	}
+	e.db = db
+	expectRefusal(t, e.start(nil), "database "+db+" has no progress", topic+" partition 0",
+		fmt.Sprintf("committed offset %d", len(recs)), "--reset-offsets --to-earliest --execute")
+	e.exact(TableEvents, 0)
+
+	e.setOffset(topic, 0, 0)
+	e.runOnce(topic)
+	e.exact(TableEvents, uint64(n))
+}
+
+func countIn(t *testing.T, e *env, db, table string) uint64 {
+	t.Helper()
+	var n uint64
+	if err := e.conn.QueryRow(ctxT(t, 30*time.Second), "SELECT count() FROM "+db+"."+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestProgressWatermarkTail: the partition ends with records that make no
+// row (watermarks). The committed offset is past the last row; the
+// recorded progress is at the committed offset, and a restart goes on.
+func TestProgressWatermarkTail(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	var recs []*kgo.Record
+	for i := 0; i < 10; i++ {
+		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	for i := 0; i < 5; i++ {
+		recs = append(recs, watermark(topic, 0, base.Add(time.Duration(10+i)*time.Second)))
+	}
+	e.produce(recs...)
+	e.runOnce(topic)
+	e.exact(TableEvents, 10)
+	if c := e.committed(topic); c[0] != 15 {
+		t.Fatalf("committed offset %d, want 15 (past the watermarks)", c[0])
+	}
+	e.produce(deduped(topic, 0, 15, base.Add(15*time.Second)))
+	e.runOnce(topic)
+	e.exact(TableEvents, 11)
+}
+
+// TestProgressParkedRowAtEnd: the partition's last record is a row
+// ClickHouse refuses; it is parked in the transaction that commits past
+// it (the topic it is parked to gets transaction markers). A restart is
+// not refused and parks nothing twice.
+func TestProgressParkedRowAtEnd(t *testing.T) {
+	e := newEnv(t, 1)
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
+	topic := e.names.DedupedTopic()
+	var recs []*kgo.Record
+	for i := 0; i < 10; i++ {
+		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	var ev schemas.DedupedEvent
+	if err := schemas.DecodeInto(recs[9].Value, &ev); err != nil {
+		t.Fatal(err)
+	}
+	ev.CustomerID = "poison"
+	recs[9].Value = schemas.MustEncode(&ev)
+	e.produce(recs...)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	if c := e.committed(topic); c[0] != 10 {
+		t.Fatalf("committed offset %d, want 10 (past the parked row)", c[0])
+	}
+	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)))
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 10)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 9 {
+		t.Fatalf("parked records %+v, want the row at offset 9 once", got)
+	}
+}
+
+// TestCrashAfterProgress kills the real binary after a window's progress
+// row is written and before its offsets are committed: the progress is
+// ahead of the committed offsets, which is normal; the restart goes on
+// and every row is written once.
+func TestCrashAfterProgress(t *testing.T) {
+	e := newEnv(t, 2)
+	topic := e.names.DedupedTopic()
+	first, n1 := e.events(100, base)
+	e.produce(first...)
+	e.runOnce(topic)
+	second, n2 := e.events(200, base.Add(time.Hour))
+	e.produce(second...)
+	p := e.spawn(FaultAfterProgress, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterProgress, 2*time.Minute)
+	committed := e.committed(topic)
+	q := fmt.Sprintf("SELECT kafka_partition, toInt64(max(next_offset)) FROM %s.%s WHERE kafka_topic = '%s' GROUP BY kafka_partition", e.db, ProgressTable, topic)
+	rows, err := e.conn.Query(ctxT(t, 30*time.Second), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := 0
+	for rows.Next() {
+		var p int32
+		var progress int64
+		if err := rows.Scan(&p, &progress); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("killed after recording progress: partition %d progress %d, committed %d", p, progress, committed[p])
+		if progress > committed[p] {
+			ahead++
+		}
+	}
+	rows.Close()
+	if ahead == 0 {
+		t.Fatal("no partition's progress ahead of its committed offset after the kill")
+	}
+	p = e.spawn("", e.sinkArgs()...)
+	e.waitCaughtUp(2*time.Minute, topic)
+	p.Stop(t)
+	e.exact(TableEvents, uint64(n1+n2))
+}
+
+// TestProgressAdoptsExistingDatabase: a database that held rows before
+// sink_progress existed (migration 008 applied to an existing deployment)
+// carries the adoption marker: committed offsets without progress are
+// accepted, and progress is recorded from then on.
+func TestProgressAdoptsExistingDatabase(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	recs, _ := e.events(10, base)
+	e.produce(recs...)
+	e.runOnce(topic)
+	// As before migration 008: no progress table. Then apply it.
+	e.exec("DROP TABLE " + e.db + "." + ProgressTable)
+	m, _ := progressMigration(t)
+	for _, stmt := range m.Statements {
+		if err := e.conn.Exec(ctxT(t, time.Minute), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	if got := e.count(ProgressTable, "kafka_topic = ''"); got != 1 {
+		t.Fatalf("%d adoption markers, want 1", got)
+	}
+	// The first ten events again, then ten more: only the new ones are
+	// produced.
+	more, total := e.events(20, base)
+	e.produce(more[len(recs):]...)
+	e.runOnce(topic)
+	e.exact(TableEvents, uint64(total))
+
+	if got := e.count(ProgressTable, "kafka_topic = '"+topic+"'"); got == 0 {
+		t.Fatal("no progress recorded after the adoption")
+	}
+}
+
+// TestProgressMigrationOnChdb runs migration 008 on current ClickHouse
+// (chdb, 26.x) as on 18.16 (the tests above): on a database created empty
+// it leaves no adoption marker, on one whose ledger tables hold rows it
+// leaves one, and max(next_offset) reads a partition's progress.
+func TestProgressMigrationOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	last, before := progressMigration(t)
+	markers := "SELECT count() FROM " + ProgressTable + " WHERE kafka_topic = ''"
+	progress := "INSERT INTO " + ProgressTable + " (consumer_group, kafka_topic, kafka_partition, next_offset, written_at) VALUES " +
+		"('g', 't', 0, 10, now()), ('g', 't', 0, 30, now()), ('g', 't', 0, 20, now())"
+	read := "SELECT kafka_partition, max(next_offset) FROM " + ProgressTable + " WHERE consumer_group IN ('g', '') AND kafka_topic = 't' GROUP BY kafka_partition"
+	row := "INSERT INTO usage_quarantine (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_timestamp_ms, reason, detail, raw_key, raw_value, header_keys, header_values) " +
+		"VALUES ('t', 0, 5, now(), 0, 'undecodable', '', NULL, NULL, [], [])"
+	for _, c := range []struct {
+		name  string
+		rows  []string
+		wantM string
+	}{
+		{"empty", nil, "0\n"},
+		{"existing", []string{row}, "1\n"},
+	} {
+		stmts := append(append(append([]string{}, before...), c.rows...), last.Statements...)
+		stmts = append(stmts, progress)
+		resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: "progress_" + c.name,
+			Statements: stmts, Queries: []string{markers, read}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Results) != 2 || resp.Results[0] != c.wantM || resp.Results[1] != "0\t30\n" {
+			t.Fatalf("%s database on chdb %s: markers %q, progress %q; want %q and \"0\\t30\\n\"", c.name, resp.Version, resp.Results[0], resp.Results[1], c.wantM)
+		}
+		t.Logf("%s database on chdb %s: %d markers, progress 30", c.name, resp.Version, strings.Count(c.wantM, "1"))
+	}
+}
+
+// progressMigration returns the migration that creates sink_progress and
+// the statements of the migrations before it.
+func progressMigration(t *testing.T) (chschema.Migration, []string) {
+	t.Helper()
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for _, m := range ms {
+		if strings.Contains(m.Name, ProgressTable) {
+			return m, before
+		}
+		before = append(before, m.Statements...)
+	}
+	t.Fatalf("no migration creates %s", ProgressTable)
+	return chschema.Migration{}, nil
+}
