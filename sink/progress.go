@@ -29,6 +29,23 @@ import (
 // no table, and the sink stops before it consumes anything of that
 // partition, naming the partition, both offsets and the command that
 // repairs it.
+//
+// A partition with recorded progress and no committed offset at all is
+// read from its start: normal after a crash before the group's first
+// commit (the progress of a window cut before its commit). When the
+// group's offsets were lost instead (expired after
+// offsets.retention.minutes, or the group deleted), the resume lookup
+// skips the rows already in the tables, but rows ClickHouse refused and
+// the sink parked would be parked a second time (DESIGN §7). Resuming at
+// the recorded progress is not always sound either: a window cut between
+// its progress row and its commit leaves progress above the offset really
+// committed, and a row refused in between was parked in the aborted
+// transaction only. So when usage_rejected holds a row the sink parked
+// from such a partition below its progress, the sink stops before it
+// consumes anything of the partition (ErrOffsetsLost), naming it, its
+// progress and the command that sets the offset; unless the partition's
+// log now starts at or past the progress (nothing below it is read
+// again).
 
 // ProgressTable is the table of the sink's progress (migration 008).
 const ProgressTable = "sink_progress"
@@ -40,6 +57,12 @@ const FaultAfterProgress = "sink.after-progress"
 // ErrOffsetsAhead is returned (wrapped) by Run when the group's committed
 // offset of an assigned partition is ahead of what the database holds.
 var ErrOffsetsAhead = errors.New("committed offsets ahead of the database")
+
+// ErrOffsetsLost is returned (wrapped) by Run when an assigned partition
+// has no committed offset but the database records progress for it, and
+// rows parked from it below the progress that reading it again would
+// park twice.
+var ErrOffsetsLost = errors.New("committed offsets lost")
 
 // windowProgress is the offset the window's transaction commits for each
 // of its partitions: past its last polled record, or, for a partition
@@ -180,7 +203,7 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 			w.markChecked(parts)
 			continue
 		}
-		if errors.Is(err, ErrOffsetsAhead) || ctx.Err() != nil {
+		if errors.Is(err, ErrOffsetsAhead) || errors.Is(err, ErrOffsetsLost) || ctx.Err() != nil {
 			return err
 		}
 		w.log.Warn("cannot compare the committed offsets of newly assigned partitions with the recorded progress; retrying", zap.Error(err))
@@ -194,11 +217,48 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 }
 
 // ahead is a partition whose committed offset is past what the database
-// holds; progress -1: none recorded.
+// holds (progress -1: none recorded), or, committed -1, one with recorded
+// progress and no committed offset.
 type ahead struct {
 	k                   tp
 	committed, progress int64
 	logStart            int64
+	parked              uint64
+}
+
+// parkedBelow counts, per partition of parts, the rows of usage_rejected
+// the sink parked from it below its progress.
+func (w *Writer) parkedBelow(ctx context.Context, parts []tp, progress map[tp]int64) (map[tp]uint64, error) {
+	out := map[tp]uint64{}
+	if len(parts) == 0 {
+		return out, nil
+	}
+	conds := make([]string, len(parts))
+	for i, k := range parts {
+		conds[i] = fmt.Sprintf("(source_topic = %s AND source_partition = %d AND source_offset < %d)", quote(k.topic), k.p, progress[k])
+	}
+	q := "SELECT source_topic, source_partition, count() FROM " + w.cfg.Database + "." + TableRejected +
+		" WHERE stage = 'sink' AND (" + strings.Join(conds, " OR ") + ") GROUP BY source_topic, source_partition"
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := w.getConn().Query(qctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var topic string
+		var p int32
+		var n uint64
+		if err := rows.Scan(&topic, &p, &n); err != nil {
+			return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+		}
+		out[tp{topic, p}] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+	}
+	return out, nil
 }
 
 func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
@@ -208,9 +268,11 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 	}
 	// Partitions with a committed offset and no progress: compare with
 	// their log start offset (a committed offset there skips nothing).
+	// Partitions with progress and no committed offset: likewise (a log
+	// starting at or past the progress reads nothing again).
 	var missing []tp
 	for k, committed := range parts {
-		if _, ok := rec.progress[k]; !ok && committed > 0 {
+		if _, ok := rec.progress[k]; !ok && committed > 0 || ok && committed < 0 {
 			missing = append(missing, k)
 		}
 	}
@@ -241,13 +303,34 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 			starts[k] = o.Offset
 		}
 	}
+	// Partitions with progress, no committed offset and records below the
+	// progress: how many rows the sink parked from them below it.
+	var lost []tp
+	for k, committed := range parts {
+		if progress, ok := rec.progress[k]; ok && committed < 0 && starts[k] < progress {
+			lost = append(lost, k)
+		}
+	}
+	parked, err := w.parkedBelow(ctx, lost, rec.progress)
+	if err != nil {
+		return err
+	}
 	var bad []ahead
 	var adopted []string
 	for k, committed := range parts {
 		progress, ok := rec.progress[k]
 		switch {
+		case committed < 0 && parked[k] > 0:
+			// The group's offset was lost: reading from the start would
+			// park refused rows again, resuming at the progress could
+			// skip the parking of a row refused in a window cut before
+			// its commit.
+			bad = append(bad, ahead{k: k, committed: -1, progress: progress, logStart: starts[k], parked: parked[k]})
 		case committed < 0:
-			// A first start: it reads from the earliest offset.
+			// A first start (or one after a crash before the first
+			// commit), no row parked below the progress, or a log that
+			// starts past it: it reads from the earliest offset, and the
+			// resume lookup skips the rows already in the tables.
 		case ok && committed > progress:
 			bad = append(bad, ahead{k: k, committed: committed, progress: progress})
 		case ok:
@@ -274,12 +357,25 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 		return bad[i].k.topic < bad[j].k.topic || bad[i].k.topic == bad[j].k.topic && bad[i].k.p < bad[j].k.p
 	})
 	msgs := make([]string, len(bad))
+	kinds := map[error]bool{}
 	for i, b := range bad {
 		msgs[i] = w.describeAhead(b)
-		w.log.Error("committed offset ahead of the database: stopping", zap.String("topic", b.k.topic), zap.Int32("partition", b.k.p),
+		what, kind := "committed offset ahead of the database: stopping", ErrOffsetsAhead
+		if b.committed < 0 {
+			what, kind = "no committed offset for a partition with recorded progress: stopping", ErrOffsetsLost
+		}
+		kinds[kind] = true
+		w.log.Error(what, zap.String("topic", b.k.topic), zap.Int32("partition", b.k.p),
 			zap.Int64("committed", b.committed), zap.Int64("recorded_progress", b.progress), zap.String("what_to_do", msgs[i]))
 	}
-	return fmt.Errorf("sink: %w: %s", ErrOffsetsAhead, strings.Join(msgs, "; "))
+	switch all := strings.Join(msgs, "; "); {
+	case kinds[ErrOffsetsAhead] && kinds[ErrOffsetsLost]:
+		return fmt.Errorf("sink: %w, %w: %s", ErrOffsetsAhead, ErrOffsetsLost, all)
+	case kinds[ErrOffsetsLost]:
+		return fmt.Errorf("sink: %w: %s", ErrOffsetsLost, all)
+	default:
+		return fmt.Errorf("sink: %w: %s", ErrOffsetsAhead, all)
+	}
 }
 
 // describeAhead says what is wrong with one partition and the command that
@@ -287,6 +383,10 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 func (w *Writer) describeAhead(b ahead) string {
 	reset := fmt.Sprintf("stop every sink of the group, then run: kafka-consumer-groups.sh --bootstrap-server %s --group %s --topic %s:%d --reset-offsets",
 		strings.Join(w.cfg.Kafka.Brokers, ","), w.cfg.Group, b.k.topic, b.k.p)
+	if b.committed < 0 {
+		return fmt.Sprintf("group %s has no committed offset for %s partition %d (offsets expired after offsets.retention.minutes, or the group was deleted), but database %s records progress %d for it in %s, the partition starts at %d and %d of its rows below the progress are parked in %s: reading it again from the start would park them a second time. Records below %d are in their tables; a row refused below it was parked unless the sink's last window was cut between its progress row and its commit (see docs/operations.md). To resume at the recorded progress, %s --to-offset %d --execute",
+			w.cfg.Group, b.k.topic, b.k.p, w.cfg.Database, b.progress, ProgressTable, b.logStart, b.parked, TableRejected, b.progress, reset, b.progress)
+	}
 	if b.progress < 0 {
 		return fmt.Sprintf("group %s has committed offset %d for %s partition %d, but database %s has no progress recorded for it (a new database behind an existing group?) and the partition starts at %d: records %d..%d are in no table of this database. To fill this database from the start of the partition, %s --to-earliest --execute (or use a new --group)",
 			w.cfg.Group, b.committed, b.k.topic, b.k.p, w.cfg.Database, b.logStart, b.logStart, b.committed-1, reset)

@@ -42,13 +42,21 @@ func (e *env) endOffset(topic string, p int32) int64 {
 // checks that its error says each of want.
 func expectRefusal(t *testing.T, r *running, want ...string) {
 	t.Helper()
+	expectStop(t, r, ErrOffsetsAhead, want...)
+}
+
+// expectStop waits for the sink to stop with an error wrapping target and
+// checks that its error says each of want.
+func expectStop(t *testing.T, r *running, target error, want ...string) {
+	t.Helper()
 	select {
 	case <-r.exited:
 	case <-time.After(time.Minute):
-		t.Fatal("the sink did not stop within a minute")
+		_ = r.stop()
+		t.Fatalf("the sink did not stop on its own within a minute, want %v", target)
 	}
-	if !errors.Is(r.err, ErrOffsetsAhead) {
-		t.Fatalf("the sink stopped with %v, want ErrOffsetsAhead", r.err)
+	if !errors.Is(r.err, target) {
+		t.Fatalf("the sink stopped with %v, want %v", r.err, target)
 	}
 	for _, s := range want {
 		if !strings.Contains(r.err.Error(), s) {
@@ -171,19 +179,8 @@ func TestProgressWatermarkTail(t *testing.T) {
 // not refused and parks nothing twice.
 func TestProgressParkedRowAtEnd(t *testing.T) {
 	e := newEnv(t, 1)
-	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
 	topic := e.names.DedupedTopic()
-	var recs []*kgo.Record
-	for i := 0; i < 10; i++ {
-		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
-	}
-	var ev schemas.DedupedEvent
-	if err := schemas.DecodeInto(recs[9].Value, &ev); err != nil {
-		t.Fatal(err)
-	}
-	ev.CustomerID = "poison"
-	recs[9].Value = schemas.MustEncode(&ev)
-	e.produce(recs...)
+	e.producePoisoned(topic, 10, 9)
 	e.runOnce(topic, e.names.RejectedTopic())
 	e.exact(TableEvents, 9)
 	if c := e.committed(topic); c[0] != 10 {
@@ -324,4 +321,130 @@ func progressMigration(t *testing.T) (chschema.Migration, []string) {
 	}
 	t.Fatalf("no migration creates %s", ProgressTable)
 	return chschema.Migration{}, nil
+}
+
+// deleteGroup deletes the env's consumer group (no sink runs), as an
+// operator does or as offsets.retention.minutes does to its offsets.
+func (e *env) deleteGroup() {
+	e.t.Helper()
+	resp, err := testenv.Admin(e.t, e.brokers).DeleteGroup(ctxT(e.t, 30*time.Second), e.group)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		e.t.Fatalf("delete group %s: %v", e.group, err)
+	}
+}
+
+// TestLostGroupOffsets: the tables hold every row and sink_progress
+// records how far, but the group has no committed offsets any more
+// (deleted, or expired after offsets.retention.minutes) and the sink
+// parked no row. It reads the topic again from the start and the resume
+// rule skips every row it finds: nothing is written twice.
+func TestLostGroupOffsets(t *testing.T) {
+	e := newEnv(t, 4)
+	topic := e.names.DedupedTopic()
+	recs, n := e.events(500, base)
+	e.produce(recs...)
+	e.runOnce(topic)
+	e.exact(TableEvents, uint64(n))
+	e.deleteGroup()
+	if c := e.committed(topic); len(c) != 0 {
+		t.Fatalf("committed offsets %v after deleting the group, want none", c)
+	}
+	r := e.start(nil)
+	e.waitCaughtUp(time.Minute, topic)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableEvents, uint64(n))
+	if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomePresent); got != float64(n) {
+		t.Errorf("rows skipped as already present = %v, want %d", got, n)
+	}
+}
+
+// TestLostGroupOffsetsParkedRow: DESIGN §7, a row parked is never parked
+// twice. A row ClickHouse refuses is parked in usage.rejected; then the
+// group's offsets are lost. Read again from the start, the row would be
+// refused and parked a second time: the sink stops instead, and after
+// the offset is set to the recorded progress the row is still parked
+// once.
+func TestLostGroupOffsetsParkedRow(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.producePoisoned(topic, 10, 4)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
+		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
+	}
+
+	e.deleteGroup()
+	r := e.start(nil)
+	expectStop(t, r, ErrOffsetsLost, "group "+e.group+" has no committed offset for "+topic+" partition 0",
+		"records progress 10 ", "1 of its rows below the progress are parked",
+		"--group "+e.group+" --topic "+topic+":0 --reset-offsets --to-offset 10 --execute")
+	if errors.Is(r.err, ErrOffsetsAhead) || strings.Contains(r.err.Error(), e.names.RejectedTopic()) {
+		t.Errorf("the error wraps ErrOffsetsAhead or names %s (it parks nothing): %v", e.names.RejectedTopic(), r.err)
+	}
+	if got := e.parkedRecords(); len(got) != 1 {
+		t.Fatalf("parked records %+v after the stop, want the row at offset 4 once", got)
+	}
+
+	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)))
+	e.setOffset(topic, 0, 10)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 10)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
+		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
+	}
+	e.exact(TableRejected, 1)
+}
+
+// TestLostGroupOffsetsLogPastProgress: the group's offsets are lost and
+// the sink parked a row, but the partition's log now starts past the
+// recorded progress (retention deleted every record below it): nothing
+// can be read again, so the sink goes on from the log start.
+func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.producePoisoned(topic, 10, 4)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	e.deleteGroup()
+
+	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)), deduped(topic, 0, 11, base.Add(11*time.Second)))
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: topic, Partition: 0, At: 10, LeaderEpoch: -1})
+	resp, err := testenv.Admin(t, e.brokers).DeleteRecords(ctxT(t, 30*time.Second), os)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records below offset 10: %v", err)
+	}
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 11)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
+		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
+	}
+}
+
+// producePoisoned makes usage_events refuse rows of customer "poison" and
+// produces n records to partition 0 of topic, the one at offset bad of
+// that customer.
+func (e *env) producePoisoned(topic string, n, bad int) {
+	e.t.Helper()
+	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
+	var recs []*kgo.Record
+	for i := 0; i < n; i++ {
+		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	var ev schemas.DedupedEvent
+	if err := schemas.DecodeInto(recs[bad].Value, &ev); err != nil {
+		e.t.Fatal(err)
+	}
+	ev.CustomerID = "poison"
+	recs[bad].Value = schemas.MustEncode(&ev)
+	e.produce(recs...)
 }

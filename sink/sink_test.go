@@ -89,32 +89,6 @@ func TestSinkAllTopics(t *testing.T) {
 	}
 }
 
-// TestLostGroupOffsets: the table already holds every row, but the group
-// has no committed offsets (a new group name, or offsets expired). The sink
-// reads the topics from the start and the resume rule skips every row it
-// finds: nothing is written twice.
-func TestLostGroupOffsets(t *testing.T) {
-	e := newEnv(t, 4)
-	recs, n := e.events(500, base)
-	e.produce(recs...)
-	r := e.start(nil)
-	e.waitCaughtUp(time.Minute, e.names.DedupedTopic())
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	e.exact(TableEvents, uint64(n))
-	e.group += "-new"
-	r = e.start(nil)
-	e.waitCaughtUp(time.Minute, e.names.DedupedTopic())
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	e.exact(TableEvents, uint64(n))
-	if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomePresent); got != float64(n) {
-		t.Errorf("rows skipped as already present = %v, want %d", got, n)
-	}
-}
-
 // TestBackstopCollapsesReplays: a zombie's INSERT of rows already written
 // (same records, so byte-identical rows) doubles plain count() until a
 // merge; ReplacingMergeTree's merge then collapses each replayed row, and
