@@ -284,18 +284,7 @@ func TestChunkTransactionsAreFenced(t *testing.T) {
 		// The 3rd chunk's offset commit is a zombie's.
 		refused = true
 		c.KeepControl() // and go on observing
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.IllegalGeneration.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return testenv.RefuseTxnOffsetCommit(req, kerr.IllegalGeneration.Code), nil, true
 	})
 	c.ControlKey(int16(kmsg.EndTxn), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		if kr.(*kmsg.EndTxnRequest).Commit {

@@ -14,7 +14,7 @@ import (
 // commits are answered as usual (kfake drops the control after one use).
 func FailNextTxnOffsetCommit(c *kfake.Cluster) {
 	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		return refuseTxnOffsetCommit(kr), nil, true
+		return RefuseTxnOffsetCommit(kr, kerr.ConcurrentTransactions.Code), nil, true
 	})
 }
 
@@ -32,13 +32,13 @@ func FailTxnOffsetCommits(c *kfake.Cluster, fail func(n int) bool) {
 		if !fail(n) {
 			return nil, nil, false
 		}
-		return refuseTxnOffsetCommit(kr), nil, true
+		return RefuseTxnOffsetCommit(kr, kerr.ConcurrentTransactions.Code), nil, true
 	})
 }
 
-// refuseTxnOffsetCommit answers a TxnOffsetCommit with
-// CONCURRENT_TRANSACTIONS for every partition.
-func refuseTxnOffsetCommit(kr kmsg.Request) kmsg.Response {
+// RefuseTxnOffsetCommit answers a TxnOffsetCommit (kr) with the error
+// code for every partition.
+func RefuseTxnOffsetCommit(kr kmsg.Request, code int16) kmsg.Response {
 	req := kr.(*kmsg.TxnOffsetCommitRequest)
 	resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
 	for _, rt := range req.Topics {
@@ -46,7 +46,7 @@ func refuseTxnOffsetCommit(kr kmsg.Request) kmsg.Response {
 		st.Topic, st.TopicID = rt.Topic, rt.TopicID
 		for _, rp := range rt.Partitions {
 			sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-			sp.Partition, sp.ErrorCode = rp.Partition, kerr.ConcurrentTransactions.Code
+			sp.Partition, sp.ErrorCode = rp.Partition, code
 			st.Partitions = append(st.Partitions, sp)
 		}
 		resp.Topics = append(resp.Topics, st)
