@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -20,6 +21,9 @@ import (
 type Keys struct {
 	topic string
 	log   *zap.Logger
+	// fatal, when set, names the fetch errors that end Follow; any other
+	// is logged and the read goes on. Unset (the ingest): every one.
+	fatal func(error) bool
 
 	mu      sync.RWMutex
 	keys    map[string]*Key
@@ -51,7 +55,7 @@ var ErrNoKeysTopic = errors.New("keys topic does not exist")
 // or tenant its record key names is then forgotten (refused), as it is by
 // a replica that starts once compaction left only that record.
 func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
-	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.markLoaded)
+	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.markLoaded, k.fatal)
 	if errors.Is(err, errNoTopic) {
 		return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
 	}
@@ -66,9 +70,11 @@ var errNoTopic = errors.New("topic does not exist")
 // until ctx ends (then it returns nil). caughtUp is called once, when
 // every record the topic held as tail started has been applied (at once
 // for an empty topic). what names the topic in errors and logs. It
-// returns an error wrapping errNoTopic when the topic does not exist.
+// returns an error wrapping errNoTopic when the topic does not exist. A
+// fetch error is logged and the read goes on, unless fatal (when not nil)
+// says it ends the read: tail then returns it.
 // The keys and the balances of the ingest are followed this way.
-func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.Opt, apply func(*kgo.Record), caughtUp func()) error {
+func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.Opt, apply func(*kgo.Record), caughtUp func(), fatal func(error) bool) error {
 	// Read committed: a balance of an aborted transaction is never
 	// applied. Control records are kept, so that a partition whose last
 	// offset is a transaction's marker is seen caught up; they are not
@@ -104,9 +110,17 @@ func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.O
 		if err := ctx.Err(); err != nil {
 			return nil
 		}
+		var end error
 		fs.EachError(func(t string, p int32, err error) {
+			if fatal != nil && fatal(err) {
+				end = fmt.Errorf("ingest: reading the %s topic %s: %w", what, t, err)
+				return
+			}
 			log.Warn("reading the "+what+" topic", zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 		})
+		if end != nil {
+			return end
+		}
 		fs.EachRecord(func(r *kgo.Record) {
 			if !r.Attrs.IsControl() {
 				apply(r)
@@ -227,6 +241,9 @@ func NewAdmin(cl *kgo.Client, topic string) *Admin {
 func (a *Admin) load(ctx context.Context) (*Keys, error) {
 	opts := a.cl.Opts()
 	k := NewKeys(a.topic, nil)
+	// A command ends at once on a refusal rather than at its deadline:
+	// a principal without Read on the topic (the operator's) never will.
+	k.fatal = func(err error) bool { return errors.Is(err, kerr.TopicAuthorizationFailed) }
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)

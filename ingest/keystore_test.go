@@ -2,12 +2,21 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // keyWithToken returns an active key of tenant with every customer, and
@@ -135,5 +144,35 @@ func TestRevokeNeverQuotesAToken(t *testing.T) {
 	k, err := e.admin.RevokeKey(ctx, " "+e.token+"\n")
 	if err != nil || k.Active() || k.ID != tokenID(e.token) {
 		t.Fatalf("RevokeKey of the token with blanks around it: %+v, %v", k, err)
+	}
+}
+
+// TestAdminEndsOnARefusedRead: a principal that may describe the keys
+// topic but not read it (the operator's ACLs) gets the broker's refusal
+// from List at once, not the end of its context: it never will read it.
+func TestAdminEndsOnARefusedRead(t *testing.T) {
+	const topic = "meterline.keys"
+	_, brokers := testenv.KFake(t, kfake.EnableSASL(), kfake.EnableACLs(), kfake.SeedTopics(1, topic),
+		kfake.Superuser(kafka.ScramSHA512, "keyadmin", "pw-keyadmin"),
+		kfake.User(kafka.ScramSHA512, "operator", "pw-operator", kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: topic,
+			Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationDescribe, Allow: true}))
+	admin := func(user string) *Admin {
+		cl, err := kafka.NewClient(kafka.Config{Brokers: brokers,
+			SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: user, Password: secret.New("pw-" + user)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		return NewAdmin(cl, topic)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, _, err := admin("keyadmin").CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme"}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	keys, _, err := admin("operator").List(ctx)
+	if !errors.Is(err, kerr.TopicAuthorizationFailed) || len(keys) > 0 {
+		t.Fatalf("List as a principal without Read: %d keys, %v after %s; want %v", len(keys), err, time.Since(start).Round(time.Millisecond), kerr.TopicAuthorizationFailed)
 	}
 }

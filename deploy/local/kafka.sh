@@ -37,7 +37,9 @@
 # once the broker serves, kafka/SecuritySetup.java (one JVM, as admin) creates
 # the users of KAFKA_SASL_USERS the storage lacks (a data dir formatted with
 # fewer; a user added to a running broker gets PLAIN at its next start) and the
-# ACLs of kafka/acls (docs/operations.md's) it lacks. Everything
+# ACLs of kafka/acls (docs/operations.md's) it lacks, and deletes any other ACL
+# of the principals kafka/acls names (removed from the file, or granted by
+# hand; each is logged); other principals' ACLs are left alone. Everything
 # a client needs is in $KAFKA_DATA_DIR/security: ca.pem, client.pem,
 # client-key.pem and passwords/<user> (one password per file, no newline).
 # `credentials` prints that directory. A data dir keeps the mode it was
@@ -396,8 +398,9 @@ check_mode() {
 # setup_security BOOTSTRAP — sasl_ssl, once the brokers serve: as admin, in
 # one JVM (a single-file Java program, hence the jdk.compiler module), creates
 # the SCRAM users of KAFKA_SASL_USERS the cluster lacks and the ACLs of
-# kafka/acls it lacks, and waits until the broker lists them all. Idempotent:
-# every start runs it.
+# kafka/acls it lacks, deletes (and names) every other ACL of the principals
+# kafka/acls names, and waits until the broker lists exactly that.
+# Idempotent: every start runs it.
 setup_security() {
   [[ $KAFKA_SECURITY == sasl_ssl ]] || return 0
   ensure_libs
@@ -412,7 +415,11 @@ setup_security() {
     cat "$log" >&2
     die "creating the users and ACLs as admin on $1 failed (log: $log)"
   fi
-  say "$out, in $(elapsed "$t0")s"
+  local last=${out##*$'\n'} line
+  if [[ $out == *$'\n'* ]]; then
+    while IFS= read -r line; do say "$line"; done <<<"${out%$'\n'*}"   # the ACLs removed
+  fi
+  say "$last, in $(elapsed "$t0")s"
 }
 
 # True if the data dir holds files but not our marker (someone else's directory).

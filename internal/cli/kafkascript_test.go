@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,8 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/sink"
 )
 
 // The tests of this file check what deploy/local/kafka.sh gives the users
@@ -88,15 +96,21 @@ func TestKafkaScriptACLsAreDocumented(t *testing.T) {
 			}
 		}
 	}
-	got := scriptACLs(t)
+	sameACLs(t, want, scriptACLs(t), "deploy/local/kafka/acls lacks %s", "deploy/local/kafka/acls has %s, which docs/operations.md does not list")
+}
+
+// sameACLs reports, with the format lacks, each ACL of want that got
+// lacks, and with extra each of got that want lacks.
+func sameACLs(t *testing.T, want, got map[string]bool, lacks, extra string) {
+	t.Helper()
 	for a := range want {
 		if !got[a] {
-			t.Errorf("deploy/local/kafka/acls lacks %s", a)
+			t.Errorf(lacks, a)
 		}
 	}
 	for a := range got {
 		if !want[a] {
-			t.Errorf("deploy/local/kafka/acls has %s, which docs/operations.md does not list", a)
+			t.Errorf(extra, a)
 		}
 	}
 }
@@ -110,39 +124,10 @@ func TestKafkaScriptACLsAreDocumented(t *testing.T) {
 // billing system may not write meterline.keys and the operator (who
 // creates the topics) may write neither.
 func TestRealSecuredKafkaScriptUsers(t *testing.T) {
-	_, p, err := net.SplitHostPort(testenv.RealKafkaSASL(t).Brokers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(base + 2)
-	dir := t.TempDir()
-	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + strconv.Itoa(base+3), "KAFKA_DATA_DIR=" + dir,
-		"KAFKA_SECURITY=sasl_ssl", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KAFKA_") { // make exports KAFKA_PORT
-			env = append(env, kv)
-		}
-	}
-	script := func(extra []string, args ...string) {
-		t.Helper()
-		start := time.Now()
-		c := exec.Command(filepath.Join("..", "..", "deploy", "local", "kafka.sh"), args...)
-		c.Env = append(slices.Clone(env), extra...)
-		out, err := c.CombinedOutput()
-		if err != nil {
-			t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		t.Logf("kafka.sh %s (%s):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), out)
-	}
+	script, k := scriptBroker(t)
 	script([]string{"KAFKA_SASL_USERS=meterline producer ingest dedup aggregate sink operator"}, "start")
-	t.Cleanup(func() { script(nil, "stop") })
 	script(nil, "restart")
 
-	k := testenv.SecuredKafka{Brokers: []string{"127.0.0.1:" + port}, Dir: filepath.Join(dir, "security")}
 	as := func(user string, args ...string) (int, string) {
 		t.Helper()
 		return command(t, time.Minute, "", append(args, k.Flags(user, kafka.ScramSHA512)...)...)
@@ -164,5 +149,256 @@ func TestRealSecuredKafkaScriptUsers(t *testing.T) {
 	}
 	if code, out := as("operator", "entitlements", "set", "initech", "-f", plan); code == 0 || !strings.Contains(out, "AUTHORIZATION_FAILED") {
 		t.Errorf("entitlements set as the operator: exit %d, want a refusal\n%s", code, out)
+	}
+}
+
+// scriptBroker is a secured broker of the test's own, run by
+// deploy/local/kafka.sh on the secured test broker's port + 2 (its
+// controller + 3) in a data dir of the test's, and stopped when the test
+// ends: script runs the script (start, restart) with extra environment
+// and returns its output; k connects to the broker once started.
+func scriptBroker(t *testing.T) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
+	t.Helper()
+	_, p, err := net.SplitHostPort(testenv.RealKafkaSASL(t).Brokers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(base + 2)
+	dir := t.TempDir()
+	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + strconv.Itoa(base+3), "KAFKA_DATA_DIR=" + dir,
+		"KAFKA_SECURITY=sasl_ssl", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KAFKA_") { // make exports KAFKA_PORT
+			env = append(env, kv)
+		}
+	}
+	script = func(extra []string, args ...string) string {
+		t.Helper()
+		start := time.Now()
+		c := exec.Command(filepath.Join("..", "..", "deploy", "local", "kafka.sh"), args...)
+		c.Env = append(slices.Clone(env), extra...)
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("kafka.sh %s (%s):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), out)
+		return string(out)
+	}
+	t.Cleanup(func() { script(nil, "stop") })
+	return script, testenv.SecuredKafka{Brokers: []string{"127.0.0.1:" + port}, Dir: filepath.Join(dir, "security")}
+}
+
+// TestRealSecuredKafkaScriptACLs: each start of a secured broker makes
+// the ACLs of the principals deploy/local/kafka/acls names exactly the
+// file's, and with them the operator does its documented work and reads
+// no secret. On a broker of its own (scriptBroker) it grants as admin ACLs
+// the file does not list to principals it names: the operator's Read on
+// every meterline.-prefixed topic (what an older file granted, so a data
+// dir made with it still holds it), a producer's Read on usage.events and
+// a deny of the sink's Write from one host; and a Read of meterline.keys
+// to User:outsider, whom the file does not name. After a restart the
+// broker lists every ACL of the file, the outsider's, and no other, and
+// the script names the three it removed. Then the operator creates and
+// checks the topics, shows the lag of every group on each of its input
+// topics (reading a record of each) and describes the sink's group (what
+// `verify` does before a rebuild); a fetch of meterline.keys or of either
+// changelog is refused (TOPIC_AUTHORIZATION_FAILED), and so is `keys
+// list`, at once.
+func TestRealSecuredKafkaScriptACLs(t *testing.T) {
+	script, k := scriptBroker(t)
+	script(nil, "start")
+	adm := k.Admin(t)
+	stale := []*kadm.ACLBuilder{
+		kadm.NewACLs().Allow("User:operator").AllowHosts("*").Operations(kadm.OpRead).
+			Topics("meterline.").ResourcePatternType(kadm.ACLPatternPrefixed),
+		kadm.NewACLs().Allow("User:producer").AllowHosts("*").Operations(kadm.OpRead).
+			Topics("usage.events").ResourcePatternType(kadm.ACLPatternLiteral),
+		kadm.NewACLs().Deny("User:sink").DenyHosts("127.0.0.1").Operations(kadm.OpWrite).
+			Topics("usage.rejected").ResourcePatternType(kadm.ACLPatternLiteral),
+	}
+	outsider := kadm.NewACLs().Allow("User:outsider").AllowHosts("*").Operations(kadm.OpRead).
+		Topics("meterline.keys").ResourcePatternType(kadm.ACLPatternLiteral)
+	for _, b := range append(slices.Clone(stale), outsider) {
+		res, err := adm.CreateACLs(ctxT(t, 30*time.Second), b)
+		if err == nil {
+			err = res[0].Err
+		}
+		if err != nil {
+			t.Fatalf("create ACL: %v", err)
+		}
+	}
+	const outsiderACL = "User:outsider READ topic meterline.keys literal"
+	handGranted := []string{"User:operator READ topic meterline. prefixed", "User:producer READ topic usage.events literal",
+		"User:sink WRITE topic usage.rejected literal DENY from 127.0.0.1", outsiderACL}
+	waitACLs(t, k, handGranted...)
+
+	out := script(nil, "restart")
+	for _, removed := range []string{
+		"removed the ACL --allow-principal User:operator --operation Read --topic meterline. --resource-pattern-type prefixed",
+		"removed the ACL --allow-principal User:producer --operation Read --topic usage.events\n",
+		"removed the ACL --deny-principal User:sink --deny-host 127.0.0.1 --operation Write --topic usage.rejected\n",
+		"removed 3 ACLs",
+	} {
+		if !strings.Contains(out, removed) {
+			t.Errorf("kafka.sh restart does not say %q", strings.TrimSpace(removed))
+		}
+	}
+	want := scriptACLs(t)
+	want[outsiderACL] = true
+	sameACLs(t, want, brokerACLs(t, k), "after a restart the broker lacks %s",
+		"after a restart the broker still lists %s, which deploy/local/kafka/acls does not")
+
+	// The operator's work.
+	as := func(user string, args ...string) (int, string) {
+		t.Helper()
+		return command(t, time.Minute, "", append(args, k.Flags(user, kafka.ScramSHA512)...)...)
+	}
+	for _, cmd := range []string{"create", "check"} {
+		if code, out := as("operator", "topics", cmd, "--partitions", "1"); code != 0 || !strings.Contains(out, "topics match") {
+			t.Fatalf("topics %s as the operator: exit %d\n%s", cmd, code, out)
+		}
+	}
+	names := topics.DefaultNames()
+	inputs := map[string][]string{"meterline-dedup": {names.EventsTopic()},
+		"meterline-aggregate-v2": {names.DedupedTopic(), names.EntitlementsTopic()}, "meterline-sink": sinkInputs(names)}
+	cl, err := kafka.NewClient(k.Config(t, "admin", kafka.ScramSHA512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// One record on each input, and each group's offset before it: every
+	// group is one record behind on each, which lag reads to age it.
+	n := 0
+	for group, tps := range inputs {
+		offs := kadm.Offsets{}
+		for _, tp := range tps {
+			if err := cl.ProduceSync(ctxT(t, 30*time.Second), &kgo.Record{Topic: tp, Key: []byte("k"), Value: []byte("v")}).FirstErr(); err != nil {
+				t.Fatalf("produce to %s: %v", tp, err)
+			}
+			offs.Add(kadm.Offset{Topic: tp, Partition: 0, At: 0, LeaderEpoch: -1})
+			n++
+		}
+		res, err := adm.CommitOffsets(ctxT(t, 30*time.Second), group, offs)
+		if err == nil {
+			err = res.Error()
+		}
+		if err != nil {
+			t.Fatalf("commit offsets of %s: %v", group, err)
+		}
+	}
+	code, out := as("operator", "lag")
+	if m := lagSummary.FindStringSubmatch(out); code != 0 || m == nil || m[1] != strconv.Itoa(n) || m[2] != strconv.Itoa(n) {
+		t.Fatalf("lag as the operator: exit %d, want every one of the %d partitions behind\n%s", code, n, out)
+	}
+	opcl, err := kafka.NewClient(k.Config(t, "operator", kafka.ScramSHA512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opcl.Close()
+	if _, err := sink.GroupMembers(kadm.NewClient(opcl), "meterline-sink")(ctxT(t, 30*time.Second)); err != nil {
+		t.Errorf("describe the sink's group as the operator (verify): %v", err)
+	}
+
+	// And no secret.
+	if code, out := as("keyadmin", "keys", "create", "--tenant", "acme", "--customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
+		t.Fatalf("keys create as the key administrator: exit %d\n%s", code, out)
+	}
+	if code, out := as("operator", "keys", "list", "--timeout", "20s"); code == 0 || !strings.Contains(out, "TOPIC_AUTHORIZATION_FAILED") || strings.Contains(out, "acme") {
+		t.Errorf("keys list as the operator: exit %d, want a refusal\n%s", code, out)
+	}
+	if err := firstRecord(t, k, "operator", names.EventsTopic()); err != nil {
+		t.Errorf("read %s as the operator: %v", names.EventsTopic(), err)
+	}
+	for _, tp := range []string{names.KeysTopic(), names.DedupChangelogTopic(), names.AggregateChangelogTopic()} {
+		if tp != names.KeysTopic() {
+			if err := cl.ProduceSync(ctxT(t, 30*time.Second), &kgo.Record{Topic: tp, Key: []byte("k"), Value: []byte("v")}).FirstErr(); err != nil {
+				t.Fatalf("produce to %s: %v", tp, err)
+			}
+		}
+		if err := firstRecord(t, k, "operator", tp); !errors.Is(err, kerr.TopicAuthorizationFailed) {
+			t.Errorf("read %s as the operator: %v, want %v", tp, err, kerr.TopicAuthorizationFailed)
+		}
+	}
+}
+
+// firstRecord reads the first record of partition 0 of topic as user:
+// nil once it has, or the first error a fetch returns.
+func firstRecord(t *testing.T, k testenv.SecuredKafka, user, topic string) error {
+	t.Helper()
+	cl, err := kafka.NewClient(k.Config(t, user, kafka.ScramSHA512),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := ctxT(t, 30*time.Second)
+	for {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return fmt.Errorf("no record and no error after 30 s: %w", ctx.Err())
+		}
+		if err := fs.Err0(); err != nil {
+			return err
+		}
+		if fs.NumRecords() > 0 {
+			return nil
+		}
+	}
+}
+
+// brokerACLs are the ACLs the broker lists, as scriptACLs spells them;
+// a deny, or a host other than *, follows as "DENY from <host>".
+func brokerACLs(t *testing.T, k testenv.SecuredKafka) map[string]bool {
+	t.Helper()
+	cl, err := kafka.NewClient(k.Config(t, "admin", kafka.ScramSHA512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrDescribeACLsRequest()
+	req.ResourceType = kmsg.ACLResourceTypeAny
+	req.ResourcePatternType = kmsg.ACLResourcePatternTypeAny
+	req.Operation = kmsg.ACLOperationAny
+	req.PermissionType = kmsg.ACLPermissionTypeAny
+	resp, err := req.RequestWith(ctxT(t, 30*time.Second), cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if err != nil {
+		t.Fatalf("describe ACLs: %v", err)
+	}
+	out := map[string]bool{}
+	for _, r := range resp.Resources {
+		typ := strings.ReplaceAll(strings.ToLower(r.ResourceType.String()), "_", "-")
+		for _, a := range r.ACLs {
+			s := fmt.Sprintf("%s %v %s %s %s", a.Principal, a.Operation, typ, r.ResourceName, strings.ToLower(r.ResourcePatternType.String()))
+			if a.PermissionType != kmsg.ACLPermissionTypeAllow || a.Host != "*" {
+				s += fmt.Sprintf(" %v from %s", a.PermissionType, a.Host)
+			}
+			out[s] = true
+		}
+	}
+	return out
+}
+
+// waitACLs waits until the broker lists every ACL of want (brokerACLs's
+// spelling): ACLs reach it through the metadata log.
+func waitACLs(t *testing.T, k testenv.SecuredKafka, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := brokerACLs(t, k)
+		missing := slices.DeleteFunc(slices.Clone(want), func(a string) bool { return got[a] })
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker does not list %v after 30 s", missing)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -8,10 +8,16 @@
 //    KAFKA_SASL_USERS), each with the password in SECURITY_DIR/passwords/<user>;
 // 2. creates the ACLs of ACL_FILE (one kafka-acls.sh --add command a line,
 //    without the connection arguments) that the cluster does not have yet;
-// 3. waits until the broker lists every user and every ACL.
+// 3. deletes every other ACL of the principals ACL_FILE names (one removed
+//    from the file, or granted by hand), allow or deny, on any host: the
+//    file is all they hold. ACLs of other principals are left alone;
+// 4. waits until the broker lists every user and every ACL of the file,
+//    and none of those it deleted.
 //
 // Passwords are read from their files, never taken from the command line.
-// It prints one line saying what it created; errors go to stderr, exit 1.
+// It prints a line per ACL it deleted, as the kafka-acls.sh arguments that
+// would grant it again, then one line saying what it did; errors go to
+// stderr, exit 1.
 
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -19,6 +25,7 @@ import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.LinkedHashSet;
 import java.util.List;
+import java.util.Locale;
 import java.util.Properties;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
@@ -57,22 +64,45 @@ public class SecuritySetup {
                 }
                 admin.alterUserScramCredentials(upserts).all().get(60, TimeUnit.SECONDS);
             }
+            Set<AclBinding> have = acls(admin);
             Set<AclBinding> absent = new LinkedHashSet<>(acls);
-            absent.removeAll(acls(admin));
+            absent.removeAll(have);
             if (!absent.isEmpty()) {
                 admin.createAcls(absent).all().get(60, TimeUnit.SECONDS);
             }
-            // Both reach the broker through the metadata log.
+            Set<String> managed = new HashSet<>();
+            for (AclBinding b : acls) {
+                managed.add(b.entry().principal());
+            }
+            List<AclBinding> stale = new ArrayList<>();
+            for (AclBinding b : have) {
+                if (managed.contains(b.entry().principal()) && !acls.contains(b)) {
+                    stale.add(b);
+                }
+            }
+            stale.sort((a, b) -> grant(a).compareTo(grant(b)));
+            if (!stale.isEmpty()) {
+                // An exact filter of each: it matches that ACL and no other.
+                admin.deleteAcls(stale.stream().map(AclBinding::toFilter).toList()).all().get(60, TimeUnit.SECONDS);
+                for (AclBinding b : stale) {
+                    System.out.println("removed the ACL " + grant(b));
+                }
+            }
+            // All of it reaches the broker through the metadata log.
             long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-            while (!scramUsers(admin).containsAll(users) || !acls(admin).containsAll(acls)) {
+            while (true) {
+                Set<AclBinding> now = acls(admin);
+                if (scramUsers(admin).containsAll(users) && now.containsAll(acls) && stale.stream().noneMatch(now::contains)) {
+                    break;
+                }
                 if (System.nanoTime() > deadline) {
-                    throw new IllegalStateException("the broker does not list every user and ACL after 60 s");
+                    throw new IllegalStateException("the broker does not list every user and ACL, or still lists one deleted, after 60 s");
                 }
                 Thread.sleep(100);
             }
-            System.out.printf("created %s; created %d of the %d ACLs%n",
+            System.out.printf("created %s; created %d of the %d ACLs; removed %d ACLs of their principals that the file does not list%n",
                     missing.isEmpty() ? "no SCRAM user" : "the SCRAM users " + String.join(" ", missing),
-                    absent.size(), acls.size());
+                    absent.size(), acls.size(), stale.size());
         }
     }
 
@@ -167,6 +197,40 @@ public class SecuritySetup {
             }
         }
         return out;
+    }
+
+    // grant is b as the kafka-acls.sh --add arguments that create it, in
+    // the file's form (plus --allow-host/--deny-host when not every host).
+    static String grant(AclBinding b) {
+        AccessControlEntry e = b.entry();
+        ResourcePattern r = b.pattern();
+        boolean deny = e.permissionType() == AclPermissionType.DENY;
+        StringBuilder s = new StringBuilder(deny ? "--deny-principal " : "--allow-principal ").append(e.principal());
+        if (!e.host().equals("*")) {
+            s.append(deny ? " --deny-host " : " --allow-host ").append(e.host());
+        }
+        s.append(" --operation ").append(camel(e.operation().name()));
+        switch (r.resourceType()) {
+            case CLUSTER -> s.append(" --cluster");
+            case TOPIC -> s.append(" --topic ").append(r.name());
+            case GROUP -> s.append(" --group ").append(r.name());
+            case TRANSACTIONAL_ID -> s.append(" --transactional-id ").append(r.name());
+            case USER -> s.append(" --user-principal ").append(r.name());
+            default -> s.append(" --").append(r.resourceType().name().toLowerCase(Locale.ROOT).replace('_', '-')).append(' ').append(r.name());
+        }
+        if (r.patternType() != PatternType.LITERAL) {
+            s.append(" --resource-pattern-type ").append(r.patternType().name().toLowerCase(Locale.ROOT));
+        }
+        return s.toString();
+    }
+
+    // camel turns DESCRIBE_CONFIGS into DescribeConfigs, kafka-acls.sh's name.
+    static String camel(String name) {
+        StringBuilder s = new StringBuilder();
+        for (String w : name.toLowerCase(Locale.ROOT).split("_")) {
+            s.append(Character.toUpperCase(w.charAt(0))).append(w.substring(1));
+        }
+        return s.toString();
     }
 
     // operation maps kafka-acls.sh's names (Read, DescribeConfigs) to the enum.
