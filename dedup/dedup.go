@@ -294,16 +294,26 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 	return c, nil
 }
 
-// endOffset reads the end offset of partition p of the events topic.
-func endOffset(cfg Config, p int32) (int64, error) {
+// withAdmin calls fn with an admin client of its own, for at most 30s:
+// Open's rare questions to the brokers.
+func withAdmin(cfg Config, fn func(context.Context, *kadm.Client) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cl, err := kafka.NewClient(cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, cfg.Topics.EventsTopic())
+	return fn(ctx, kadm.NewClient(cl))
+}
+
+// endOffset reads the end offset of partition p of the events topic.
+func endOffset(cfg Config, p int32) (int64, error) {
+	var ends kadm.ListedOffsets
+	err := withAdmin(cfg, func(ctx context.Context, adm *kadm.Client) (err error) {
+		ends, err = adm.ListEndOffsets(ctx, cfg.Topics.EventsTopic())
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -320,39 +330,22 @@ func endOffset(cfg Config, p int32) (int64, error) {
 // eventsRetention reads the events topic's retention.ms; negative:
 // infinite.
 func eventsRetention(cfg Config) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl, err := kafka.NewClient(cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
+	var v string
+	err := withAdmin(cfg, func(ctx context.Context, adm *kadm.Client) (err error) {
+		v, err = topics.ConfigValue(ctx, adm, cfg.Topics.EventsTopic(), "retention.ms")
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
-	defer cl.Close()
-	topic := cfg.Topics.EventsTopic()
-	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
-	if err != nil {
-		return 0, err
+	ms, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("retention.ms %q is not a number of ms", v)
+	case ms < 0 || ms > math.MaxInt64/int64(time.Millisecond):
+		return -1, nil // infinite, or longer than a Duration holds
 	}
-	rc, err := rcs.On(topic, nil)
-	if err == nil {
-		err = rc.Err
-	}
-	if err != nil {
-		return 0, err
-	}
-	for _, c := range rc.Configs {
-		if c.Key != "retention.ms" || c.Value == nil {
-			continue
-		}
-		ms, err := strconv.ParseInt(*c.Value, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("retention.ms %q is not a number of ms", *c.Value)
-		}
-		if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
-			return -1, nil // infinite, or longer than a Duration holds
-		}
-		return time.Duration(ms) * time.Millisecond, nil
-	}
-	return 0, errors.New("the broker reported no retention.ms")
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 type metrics struct {
