@@ -10,7 +10,9 @@ package dedup
 // and be billed in another period). So each partition's state records every
 // key ID the partition signed with and the broker time of its last use,
 // and Open refuses a ring that lacks a key whose last use is within the
-// retention of the events topic.
+// retention of the events topic. A key is recorded with a check value of
+// its secret (keyCheck), so that an ID given another secret counts as
+// missing: it would not verify what the former secret signed.
 //
 // The last use is the partition watermark (the largest broker arrival time
 // dedup has read on the partition, DESIGN §3) when the partition signed,
@@ -27,6 +29,7 @@ package dedup
 // stops dedup or, past the retention, is deleted at once.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -39,15 +42,15 @@ import (
 )
 
 // ErrKeyStillNeeded is returned when the key ring lacks a key that signed
-// records of the events topic which its retention may still hold: without
-// the key, re-routed records it signed would lose their arrival time. Put
-// the key back in the ring (after the signing key, where it only
-// verifies) until the time the error names; or, if its secret leaked,
-// name it in Config.ForgetKeys.
-var ErrKeyStillNeeded = errors.New("a key removed from the ring is still needed")
+// records of the events topic which its retention may still hold, or has
+// its ID with another secret: without the key, re-routed records it signed
+// would lose their arrival time. Put the key back in the ring (after the
+// signing key, where it only verifies) until the time the error names; or,
+// if its secret leaked, name it in Config.ForgetKeys.
+var ErrKeyStillNeeded = errors.New("a key that signed records the events topic may still hold is missing from the ring")
 
 // keyUsePrefix starts the state key of a key ID's last signing use:
-// "mS" | key ID → epoch ms (8 bytes BE).
+// "mS" | key ID → epoch ms (8 bytes BE) | keyCheck of its secret.
 var keyUsePrefix = []byte("mS")
 
 // keyUseStep is the granularity of a recorded last use (rounded up).
@@ -69,22 +72,24 @@ func roundUpUse(ms int64) int64 {
 // none: nothing is refused, and recording starts.
 func (pr *processor) openKeyUses(p int32, st *stream.PartitionState, pt *partition) error {
 	type use struct {
-		id string
-		at int64
+		id       string
+		at       int64
+		replaced bool // the ring has the ID with another secret
 	}
 	var gone []use
 	end := append(append([]byte(nil), keyUsePrefix[:len(keyUsePrefix)-1]...), keyUsePrefix[len(keyUsePrefix)-1]+1)
 	err := st.Scan(keyUsePrefix, end, func(k, v []byte) error {
 		id := string(k[len(keyUsePrefix):])
-		if !validKeyID(id) || len(v) != 8 {
+		if !validKeyID(id) || len(v) != keyUseLen {
 			return fmt.Errorf("dedup: partition %d: corrupt last use of a key (%d-byte ID, %d-byte value)", p, len(id), len(v))
 		}
 		at := int64(binary.BigEndian.Uint64(v))
-		if _, ok := pr.keys.byID[id]; ok {
+		c, ok := pr.keys.check[id]
+		if ok && bytes.Equal(c[:], v[8:]) {
 			pt.keyUses[id] = at
 			return nil
 		}
-		gone = append(gone, use{id, at})
+		gone = append(gone, use{id: id, at: at, replaced: ok})
 		return nil
 	})
 	if err != nil {
@@ -112,8 +117,8 @@ func (pr *processor) openKeyUses(p int32, st *stream.PartitionState, pt *partiti
 			read = true
 		}
 		if retErr != nil {
-			errs = append(errs, fmt.Errorf("dedup: partition %d: key %q is not in the ring, and it last signed a record of %s at %s: read that topic's retention.ms to see whether they are gone: %w; grant DescribeConfigs on the topic, or put the key back in the ring",
-				p, u.id, pr.eventsTopic, msTime(u.at), retErr))
+			errs = append(errs, fmt.Errorf("dedup: partition %d: key %q %s, and it last signed a record of %s at %s: read that topic's retention.ms to see whether they are gone: %w; grant DescribeConfigs on the topic, or put the key back in the ring",
+				p, u.id, absent(u.replaced), pr.eventsTopic, msTime(u.at), retErr))
 			continue
 		}
 		if retention >= 0 && u.at+retention.Milliseconds() <= pt.wm {
@@ -123,7 +128,7 @@ func (pr *processor) openKeyUses(p int32, st *stream.PartitionState, pt *partiti
 			pt.dropUses = append(pt.dropUses, u.id)
 			continue
 		}
-		errs = append(errs, pr.keyStillNeeded(p, u.id, u.at, retention, pt.wm))
+		errs = append(errs, pr.keyStillNeeded(p, u.id, u.replaced, u.at, retention, pt.wm))
 	}
 	if len(pt.dropUses) > 0 {
 		pt.writeMeta = true
@@ -133,18 +138,41 @@ func (pr *processor) openKeyUses(p int32, st *stream.PartitionState, pt *partiti
 
 // keyStillNeeded says which key is missing, since when and until when it
 // must stay, and what to do.
-func (pr *processor) keyStillNeeded(p int32, id string, at int64, retention time.Duration, wm int64) error {
-	const todo = "put it back in the ring after the signing key (there it only verifies)"
-	const leaked = "if its secret leaked, name it in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Rotation"
+func (pr *processor) keyStillNeeded(p int32, id string, replaced bool, at int64, retention time.Duration, wm int64) error {
+	todo := "put it back in the ring after the signing key (there it only verifies)"
+	leaked := "if its secret leaked, name it in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Rotation"
+	if replaced {
+		todo = "give the ID its former secret back, after the signing key (there it only verifies), and the new secret an ID of its own"
+		leaked = "if the former secret leaked, give the new secret an ID of its own and name this one in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Rotation"
+	}
 	if retention < 0 {
-		return fmt.Errorf("dedup: partition %d: %w: key %q is not in the ring, but it last signed a record of %s at %s (broker time, to the minute), and %s keeps records for ever (retention.ms -1): "+
+		return fmt.Errorf("dedup: partition %d: %w: key %q %s, but it last signed a record of %s at %s (broker time, to the minute), and %s keeps records for ever (retention.ms -1): "+
 			"the key must stay in the ring for as long as that retention is infinite; %s; it may go once retention.ms is finite and the partition watermark has passed %s plus that retention; %s",
-			p, ErrKeyStillNeeded, id, pr.eventsTopic, msTime(at), pr.eventsTopic, todo, msTime(at), leaked)
+			p, ErrKeyStillNeeded, id, absent(replaced), pr.eventsTopic, msTime(at), pr.eventsTopic, todo, msTime(at), leaked)
 	}
 	until := at + retention.Milliseconds()
-	return fmt.Errorf("dedup: partition %d: %w: key %q is not in the ring, but it last signed a record of %s at %s (broker time, to the minute), and %s keeps records for %s (retention.ms): "+
+	return fmt.Errorf("dedup: partition %d: %w: key %q %s, but it last signed a record of %s at %s (broker time, to the minute), and %s keeps records for %s (retention.ms): "+
 		"the key must stay in the ring until the partition watermark passes %s (it is at %s); %s, and remove it after that; %s",
-		p, ErrKeyStillNeeded, id, pr.eventsTopic, msTime(at), pr.eventsTopic, retention, msTime(until), msTime(wm), todo, leaked)
+		p, ErrKeyStillNeeded, id, absent(replaced), pr.eventsTopic, msTime(at), pr.eventsTopic, retention, msTime(until), msTime(wm), todo, leaked)
+}
+
+// absent says how a key that signed is missing from the ring.
+func absent(replaced bool) string {
+	if replaced {
+		return "has another secret in the ring than the one it signed with"
+	}
+	return "is not in the ring"
+}
+
+// keyUseLen is the length of a last-use value: the time and the key check.
+const keyUseLen = 8 + keyCheckLen
+
+// keyUseValue encodes a last use of the ring's key id.
+func (kr *keyring) keyUseValue(id string, at int64) []byte {
+	v := make([]byte, 8, keyUseLen)
+	binary.BigEndian.PutUint64(v, uint64(at))
+	c := kr.check[id]
+	return append(v, c[:]...)
 }
 
 // noteSigned records that the open transaction signed a record with the
@@ -163,9 +191,7 @@ func (pt *partition) noteSigned(tx *stream.Tx) {
 	}
 	pt.signUse = u
 	pt.keyUses[pt.pr.keys.signID] = u
-	var v [8]byte
-	binary.BigEndian.PutUint64(v[:], uint64(u))
-	tx.Put(pt.pr.signUseKey, v[:])
+	tx.Put(pt.pr.signUseKey, pt.pr.keys.keyUseValue(pt.pr.keys.signID, u))
 }
 
 // writeKeyUses writes every recorded last use of a key of the ring, and
@@ -173,17 +199,17 @@ func (pt *partition) noteSigned(tx *stream.Tx) {
 // After an aborted transaction a use may be written that the abort took
 // back: later than the truth, which keeps the key longer, never shorter.
 func (pt *partition) writeKeyUses(tx *stream.Tx) {
+	for _, id := range pt.dropUses {
+		if _, ok := pt.keyUses[id]; !ok { // not an ID the ring's key has signed under since
+			tx.Delete(keyUseKey(id))
+		}
+	}
 	ids := make([]string, 0, len(pt.keyUses))
 	for id := range pt.keyUses {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		var v [8]byte
-		binary.BigEndian.PutUint64(v[:], uint64(pt.keyUses[id]))
-		tx.Put(keyUseKey(id), v[:])
-	}
-	for _, id := range pt.dropUses {
-		tx.Delete(keyUseKey(id))
+		tx.Put(keyUseKey(id), pt.pr.keys.keyUseValue(id, pt.keyUses[id]))
 	}
 }

@@ -44,7 +44,7 @@ func keyUse(t *testing.T, h *harness, id string) (int64, bool) {
 			v = r.Value
 		}
 	}
-	if len(v) != 8 {
+	if len(v) != keyUseLen {
 		return 0, false
 	}
 	return int64(binary.BigEndian.Uint64(v)), true
@@ -207,6 +207,32 @@ func TestRetiredKeyForgotten(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "forget-ids") {
 		t.Errorf("Validate with a forgotten key in the ring = %v, want a forget-ids error", err)
 	}
+}
+
+// TestReplacedKeySecret: a key ID given another secret is not the key
+// that signed under it: dedup refuses the ring as if the key were gone.
+func TestReplacedKeySecret(t *testing.T) {
+	h := newHarness(t, nil, 1)
+	setEventsRetention(t, h, time.Hour.Milliseconds())
+	now := time.Now().UnixMilli()
+	st := h.start(h.config("a", vfs.NewMem()))
+	h.produce(h.event("acme", "api_calls", "e1", 1, now-hour, now))
+	h.caughtUp()
+	waitKeyUse(t, h, h.keys[0].ID, now)
+	if err := st.stop(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := GenerateKey(h.keys[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Keys = []Key{again}
+	err = refused(t, h, cfg)
+	if !errors.Is(err, ErrKeyStillNeeded) || !strings.Contains(err.Error(), "another secret") {
+		t.Fatalf("Run = %v, want ErrKeyStillNeeded saying the key has another secret", err)
+	}
+	t.Log(err)
 }
 
 // TestKeyUseUpgrade: state written before last uses were recorded has
