@@ -24,6 +24,14 @@ package dedup
 // watermark too, never with a wall clock: a partition whose watermark
 // stopped while dedup was down keeps a key longer, never shorter.
 //
+// A record signed at a watermark is stamped later, by the partition's lag
+// at most (its broker time is when it was written, the watermark when what
+// dedup read was written). A key may therefore go up to that long before
+// the last record it signed leaves the topic: dedup has read that record
+// by then, unless a partition lags by the whole retention, and a record
+// read is not read again (the group's offsets move past it, and dedup
+// stops rather than re-read when they are lost, DESIGN §6.6).
+//
 // The entries stay few: the ring is the operator's, an entry of a key in
 // the ring is kept, and an entry of a key no longer in the ring either
 // stops dedup or, past the retention, is deleted at once.
@@ -53,6 +61,9 @@ var ErrKeyStillNeeded = errors.New("a key that signed records the events topic m
 // "mS" | key ID → epoch ms (8 bytes BE) | keyCheck of its secret.
 var keyUsePrefix = []byte("mS")
 
+// keyUseEnd is the first state key after those of keyUsePrefix.
+var keyUseEnd = []byte("mT")
+
 // keyUseStep is the granularity of a recorded last use (rounded up).
 const keyUseStep = time.Minute
 
@@ -77,8 +88,7 @@ func (pr *processor) openKeyUses(p int32, st *stream.PartitionState, pt *partiti
 		replaced bool // the ring has the ID with another secret
 	}
 	var gone []use
-	end := append(append([]byte(nil), keyUsePrefix[:len(keyUsePrefix)-1]...), keyUsePrefix[len(keyUsePrefix)-1]+1)
-	err := st.Scan(keyUsePrefix, end, func(k, v []byte) error {
+	err := st.Scan(keyUsePrefix, keyUseEnd, func(k, v []byte) error {
 		id := string(k[len(keyUsePrefix):])
 		if !validKeyID(id) || len(v) != keyUseLen {
 			return fmt.Errorf("dedup: partition %d: corrupt last use of a key (%d-byte ID, %d-byte value)", p, len(id), len(v))
