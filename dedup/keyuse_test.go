@@ -172,6 +172,76 @@ func TestRetiredKeyStillNeeded(t *testing.T) {
 	})
 }
 
+// TestKeyUseOutlivesRetention: the last use of a key that no longer signs
+// is written again with the other metadata keys, so that after the
+// changelog's retention removed the records that first carried it, a
+// restore still refuses a ring without the key.
+func TestKeyUseOutlivesRetention(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 1)
+		setEventsRetention(t, h, time.Hour.Milliseconds())
+		k1 := h.keys[0]
+		k2, err := GenerateKey("test-2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now().UnixMilli()
+		cfg := h.config("a", vfs.NewMem())
+		st := h.start(cfg)
+		h.produce(h.event("acme", "api_calls", "e1", 1, now-hour, now))
+		h.caughtUp()
+		used := waitKeyUse(t, h, k1.ID, now)
+		if err := st.stop(); err != nil {
+			t.Fatal(err)
+		}
+		adm := testenv.Admin(t, h.brokers)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		ends, err := adm.ListEndOffsets(ctx, h.names.DedupChangelogTopic())
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ := ends.Lookup(h.names.DedupChangelogTopic(), 0)
+
+		// Rotated: k2 signs, k1 only verifies; ten minutes of broker time
+		// later, buckets expire and the metadata is written again.
+		h.keys = []Key{k2, k1}
+		cfg.Keys, cfg.Window, cfg.Skew, cfg.Bucket = h.keys, 2*time.Hour, time.Minute, time.Minute
+		st = h.start(cfg)
+		h.produce(h.tick(0, now+10*time.Minute.Milliseconds()))
+		h.caughtUp()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			rewritten := false
+			for _, r := range readTopic(t, h, h.names.DedupChangelogTopic()) {
+				rewritten = rewritten || (r.Offset >= first.Offset && bytes.Equal(r.Key, keyUseKey(k1.ID)))
+			}
+			if rewritten {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("k1's last use was not written again within 30 s")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := st.stop(); err != nil {
+			t.Fatal(err)
+		}
+		// Retention removes what the first run wrote.
+		var del kadm.Offsets
+		del.AddOffset(h.names.DedupChangelogTopic(), 0, first.Offset, -1)
+		if _, err := adm.DeleteRecords(ctx, del); err != nil {
+			t.Fatal(err)
+		}
+		cfg = h.config("b", vfs.NewMem()) // a full restore from what is left
+		cfg.Keys = []Key{k2}
+		err = refused(t, h, cfg)
+		if !errors.Is(err, ErrKeyStillNeeded) || !strings.Contains(err.Error(), msTime(used)) {
+			t.Fatalf("Run = %v, want ErrKeyStillNeeded naming k1's last use %s", err, msTime(used))
+		}
+	})
+}
+
 // TestRetiredKeyForgotten: a key named in ForgetKeys may leave the ring
 // within the retention (a leaked secret): dedup runs, and deletes its
 // entry.
