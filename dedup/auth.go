@@ -222,21 +222,40 @@ type keyring struct {
 	signID string
 	sign   []byte
 	byID   map[string][]byte
+	check  map[string][keyCheckLen]byte // keyCheck of each key
 }
 
 func newKeyring(keys []Key) *keyring {
-	kr := &keyring{signID: keys[0].ID, sign: keys[0].Secret, byID: make(map[string][]byte, len(keys))}
+	kr := &keyring{signID: keys[0].ID, sign: keys[0].Secret, byID: make(map[string][]byte, len(keys)),
+		check: make(map[string][keyCheckLen]byte, len(keys))}
 	for _, k := range keys {
 		kr.byID[k.ID] = k.Secret
+		kr.check[k.ID] = keyCheck(k.Secret)
 	}
 	return kr
+}
+
+// keyCheckLen is the length of a key check value.
+const keyCheckLen = 8
+
+// keyCheck tells secrets apart without revealing them: the first bytes of
+// an HMAC under the secret of a fixed message. The state keeps it beside a
+// key's last use (keyuse.go), so that a key ID given another secret is not
+// taken for the key that signed under that ID.
+func keyCheck(secret []byte) (c [keyCheckLen]byte) {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(domainKeyCheck))
+	copy(c[:], m.Sum(nil))
+	return c
 }
 
 // Domains separate the two kinds of signed records.
 const (
 	domainReroute = "meterline/reroute/v1\x00"
 	domainTick    = "meterline/tick/v1\x00"
-	authVersion   = "v1:"
+	// domainKeyCheck is the message of keyCheck.
+	domainKeyCheck = "meterline/key-check/v1\x00"
+	authVersion    = "v1:"
 )
 
 // macInput writes the fields a signature covers, each with a fixed width

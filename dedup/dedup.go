@@ -24,6 +24,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -63,11 +66,20 @@ type Config struct {
 	Bucket time.Duration
 	// Keys authenticate the headers dedup writes on re-routed records and
 	// ticks (DESIGN §2): HMAC-SHA256 under Keys[0]; any of Keys verifies.
-	// Every dedup instance of a deployment must hold the same keys; keep a
-	// retired key for the retention of the events topic, so that a record
-	// it signed keeps its arrival. Required: LoadKeys reads them from a
-	// file or from METERLINE_DEDUP_KEYS, GenerateKey makes one.
+	// Every dedup instance of a deployment must hold the same keys. A
+	// retired key stays for the retention of the events topic, so that a
+	// record it signed keeps its arrival: the state records the broker
+	// time each key last signed at, and dedup refuses to run
+	// (ErrKeyStillNeeded) without a key whose last use is within that
+	// retention. Required: LoadKeys reads them from a file or from
+	// METERLINE_DEDUP_KEYS, GenerateKey makes one.
 	Keys []Key
+	// ForgetKeys are key IDs removed from Keys on purpose while records
+	// they signed may remain in the events topic (a leaked secret):
+	// dedup then runs without them, and those records are ordinary
+	// producer records (their arrival is their broker timestamp). None
+	// may be in Keys. Default: none.
+	ForgetKeys []string
 	// Sources are the event sources that get their own label on dedup's
 	// per-source metrics (meterline_dedup_accepted_total,
 	// meterline_dedup_duplicates_total); every other source is counted as
@@ -162,6 +174,14 @@ func (c *Config) Validate() error {
 	if err := validateKeys(c.Keys); err != nil {
 		errs = append(errs, err)
 	}
+	for _, id := range c.ForgetKeys {
+		switch {
+		case !validKeyID(id):
+			errs = append(errs, fmt.Errorf("dedup: forget-ids: a key ID (%d bytes) must be 1 to %d bytes of [A-Za-z0-9._-]", len(id), maxKeyIDBytes))
+		case slices.ContainsFunc(c.Keys, func(k Key) bool { return k.ID == id }):
+			errs = append(errs, fmt.Errorf("dedup: forget-ids: %q is in the key ring; forget only a key removed from it", id))
+		}
+	}
 	if len(c.Sources) > MaxSources {
 		errs = append(errs, fmt.Errorf("dedup: sources: %d listed, at most %d", len(c.Sources), MaxSources))
 	}
@@ -203,19 +223,25 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		return nil, fmt.Errorf("dedup: encode tick: %w", err)
 	}
 	p := &processor{
-		cfg:       cfg,
-		log:       cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID)),
-		counts:    counts,
-		m:         newMetrics(cfg.Stream.Registerer),
-		now:       cfg.Stream.Clock.Now,
-		keys:      newKeyring(cfg.Keys),
-		sources:   make(map[string]string, len(cfg.Sources)),
-		tickValue: tick,
+		cfg:        cfg,
+		log:        cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID)),
+		counts:     counts,
+		m:          newMetrics(cfg.Stream.Registerer),
+		now:        cfg.Stream.Clock.Now,
+		keys:       newKeyring(cfg.Keys),
+		forget:     make(map[string]bool, len(cfg.ForgetKeys)),
+		signUseKey: keyUseKey(cfg.Keys[0].ID),
+		sources:    make(map[string]string, len(cfg.Sources)),
+		tickValue:  tick,
 	}
 	for _, s := range cfg.Sources {
 		p.sources[s] = s
 	}
+	for _, id := range cfg.ForgetKeys {
+		p.forget[id] = true
+	}
 	p.endOffset = func(part int32) (int64, error) { return endOffset(cfg, part) }
+	p.eventsRetention = func() (time.Duration, error) { return eventsRetention(cfg) }
 	p.setTopics()
 	rt, err := stream.New(cfg.Stream, p)
 	if err != nil {
@@ -268,16 +294,26 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 	return c, nil
 }
 
-// endOffset reads the end offset of partition p of the events topic.
-func endOffset(cfg Config, p int32) (int64, error) {
+// withAdmin calls fn with an admin client of its own, for at most 30s:
+// Open's rare questions to the brokers.
+func withAdmin(cfg Config, fn func(context.Context, *kadm.Client) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cl, err := kafka.NewClient(cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, cfg.Topics.EventsTopic())
+	return fn(ctx, kadm.NewClient(cl))
+}
+
+// endOffset reads the end offset of partition p of the events topic.
+func endOffset(cfg Config, p int32) (int64, error) {
+	var ends kadm.ListedOffsets
+	err := withAdmin(cfg, func(ctx context.Context, adm *kadm.Client) (err error) {
+		ends, err = adm.ListEndOffsets(ctx, cfg.Topics.EventsTopic())
+		return err
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -289,6 +325,27 @@ func endOffset(cfg Config, p int32) (int64, error) {
 		return 0, o.Err
 	}
 	return o.Offset, nil
+}
+
+// eventsRetention reads the events topic's retention.ms; negative:
+// infinite.
+func eventsRetention(cfg Config) (time.Duration, error) {
+	var v string
+	err := withAdmin(cfg, func(ctx context.Context, adm *kadm.Client) (err error) {
+		v, err = topics.ConfigValue(ctx, adm, cfg.Topics.EventsTopic(), "retention.ms")
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("retention.ms %q is not a number of ms", v)
+	case ms < 0 || ms > math.MaxInt64/int64(time.Millisecond):
+		return -1, nil // infinite, or longer than a Duration holds
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 type metrics struct {

@@ -248,7 +248,9 @@ func TestGenuineRerouteAndReplay(t *testing.T) {
 // out of signing, and kept in the ring to verify, keeps its arrival; the
 // new key signs. A ring without the old key treats the record as an
 // ordinary one (which is why a retired key is kept for the retention of
-// the events topic).
+// the events topic, and why dedup refuses a ring without a key its state
+// saw sign within it, TestRetiredKeyStillNeeded; the state here is new and
+// records no key).
 func TestKeyRotation(t *testing.T) {
 	arr := t0 + 10*day
 	for _, c := range []struct {

@@ -57,6 +57,8 @@ var (
 	// partition count but no scheme was written keying by customer and
 	// meter; dedup refuses it (schemas.ErrKeyScheme).
 	keyKeyScheme = []byte("mK")
+	// keyUsePrefix (keyuse.go): "mS" | key ID, the last signing use of
+	// a key.
 )
 
 // An identity is stored under the first 16 bytes of SHA-256 of its
@@ -84,6 +86,14 @@ type processor struct {
 	// endOffset returns the end offset of an events partition (the upgrade
 	// offset of a partition that ran before signatures existed).
 	endOffset func(p int32) (int64, error)
+	// eventsRetention returns the events topic's retention.ms, negative
+	// when infinite: how long a key that left the ring stays needed
+	// (keyuse.go).
+	eventsRetention func() (time.Duration, error)
+	// forget: Config.ForgetKeys.
+	forget map[string]bool
+	// signUseKey is the state key of the signing key's last use.
+	signUseKey []byte
 	// sources maps each configured source to itself: the label values of
 	// the per-source metrics; any other source is labelled "other".
 	sources map[string]string
@@ -117,6 +127,13 @@ type partition struct {
 	// the committed state again before the next use.
 	reloadWM bool
 	upgrade  int64 // unsigned re-route headers are honoured below this offset
+	// keyUses: the last signing use of each key of the ring this
+	// partition's state records (keyuse.go), epoch ms; signUse is the
+	// signing key's. dropUses: keys that left the ring, whose entries the
+	// next transaction deletes.
+	keyUses  map[string]int64
+	signUse  int64
+	dropUses []string
 	// lastForward is the broker timestamp of the tick that last forwarded
 	// the watermark; at most one tick per WatermarkEvery forwards.
 	lastForward int64
@@ -190,6 +207,7 @@ func (pt *partition) flushCounts() {
 // the counters.
 func (pt *partition) Committed() {
 	pt.txc.Commit()
+	pt.dropUses = nil // deleted by the first transaction, now committed
 	pt.txKeys = pt.txKeys[:0]
 }
 
@@ -223,10 +241,11 @@ func (pt *partition) alloc(n int) []byte {
 }
 
 // Open rebuilds the in-memory filters from the restored state, checks the
-// partition count and finds the upgrade offset.
+// partition count and the key ring (keyuse.go), and finds the upgrade
+// offset.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), filters: newFilters(),
-		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{},
+		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{}, keyUses: map[string]int64{},
 		tickHeaders: pr.keys.tickHeaders(pr.eventsTopic, p, pr.tickValue)}
 	pr.owners.Own(p, part)
 	v, hasN, err := st.Get(keyPartitions)
@@ -250,6 +269,9 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	}
 	if part.wm, err = readWatermark(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	if err := pr.openKeyUses(p, st, part); err != nil {
+		return nil, err
 	}
 	switch v, ok, err := st.Get(keyUpgrade); {
 	case err != nil:
@@ -366,6 +388,7 @@ func (pt *partition) Punctuate(tx *stream.Tx) error {
 		Value:     pt.pr.tickValue,
 		Headers:   pt.tickHeaders,
 	})
+	pt.noteSigned(tx)
 	if pt.wm > 0 {
 		pt.pr.m.wmDelay.WithLabelValues(pt.pl).Set(pt.pr.now().Sub(time.UnixMilli(pt.wm)).Seconds())
 	}
@@ -465,7 +488,8 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		// Written when missing and re-written with every bucket expiry,
 		// about once a Bucket of broker time, so that the changelog's
 		// retention never deletes the only copy (a restore would then lose
-		// the partition-count guard and the upgrade offset).
+		// the partition-count guard, the upgrade offset or the last use of
+		// a key).
 		var n [4]byte
 		binary.BigEndian.PutUint32(n[:], uint32(pt.pr.counts.events))
 		tx.Put(keyPartitions, n[:])
@@ -473,6 +497,7 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		binary.BigEndian.PutUint64(u[:], uint64(pt.upgrade))
 		tx.Put(keyUpgrade, u[:])
 		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
+		pt.writeKeyUses(tx)
 		if pt.wm > 0 {
 			var w [8]byte
 			binary.BigEndian.PutUint64(w[:], uint64(pt.wm))
@@ -983,6 +1008,7 @@ func (pt *partition) reroute(tx *stream.Tx, r *kgo.Record, canon []byte, e *sche
 	if !ok {
 		return err
 	}
+	pt.noteSigned(tx)
 	pt.txc.Inc(pt.pr.m.rerouted)
 	pt.pr.log.Info("misrouted record re-routed", zap.ByteString("key", boundLogKey(r.Key)), zap.ByteString("canonical_key", canon),
 		zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset), zap.Int32("to_partition", to))

@@ -43,7 +43,7 @@ type RunCmd struct {
 // stageConfigs builds the configurations of dedup and the aggregator; the
 // aggregator's W, B and S are dedup's own.
 func (c *RunCmd) stageConfigs(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, aggregator.Config, error) {
-	dcfg, err := c.Dedup.config(g, &c.StageFlags, c.KeysFile, dedup.DefaultBucket, log, reg)
+	dcfg, err := c.Dedup.config(g, &c.StageFlags, &c.DedupKeyFlags, dedup.DefaultBucket, log, reg)
 	if err != nil {
 		return dcfg, aggregator.Config{}, err
 	}

@@ -159,32 +159,33 @@ type DedupFlags struct {
 	Sources         []string      `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
 }
 
-// DedupKeyFlags name the key ring that signs dedup's headers. The flag is
-// --dedup-keys-file in `meterline dedup` and `meterline run` alike, so it
-// is not among the prefixed DedupFlags.
+// DedupKeyFlags name the key ring that signs dedup's headers. The flags are
+// --dedup-keys-file and --dedup-forget-ids in `meterline dedup` and
+// `meterline run` alike, so they are not among the prefixed DedupFlags.
 type DedupKeyFlags struct {
-	KeysFile string `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE." type:"path" placeholder:"FILE"`
+	KeysFile   string   `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE. A key that signed records the events topic may still hold cannot leave the ring: dedup refuses to start without it (docs/operations.md, Rotation)." type:"path" placeholder:"FILE"`
+	ForgetKeys []string `name:"dedup-forget-ids" help:"Key IDs removed from the ring on purpose although records they signed may remain in the events topic (a leaked secret): dedup runs without them, and those records lose their re-routed arrival time." placeholder:"ID,..."`
 }
 
 // config builds the dedup stage's configuration from its own flags, the
-// stage flags sf, the key ring file and the expiry bucket.
-func (f *DedupFlags) config(g *Globals, sf *StageFlags, keysFile string, bucket time.Duration, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
+// stage flags sf, the key ring flags and the expiry bucket.
+func (f *DedupFlags) config(g *Globals, sf *StageFlags, kf *DedupKeyFlags, bucket time.Duration, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
 	sc, err := sf.streamConfig(g, f.Group, "dedup", f.MaxBatchRecords, log, reg)
 	if err != nil {
 		return dedup.Config{}, err
 	}
-	keys, err := dedup.LoadKeys(keysFile)
+	keys, err := dedup.LoadKeys(kf.KeysFile)
 	if err != nil {
 		return dedup.Config{}, err
 	}
 	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: f.Window, Skew: f.Skew, TickInterval: f.TickInterval, Bucket: bucket,
-		Keys: keys, Sources: f.Sources}
+		Keys: keys, ForgetKeys: kf.ForgetKeys, Sources: f.Sources}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
 }
 
 func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
-	return c.DedupFlags.config(g, &c.StageFlags, c.KeysFile, c.Bucket, log, reg)
+	return c.DedupFlags.config(g, &c.StageFlags, &c.DedupKeyFlags, c.Bucket, log, reg)
 }
 
 // Run runs the dedup stage.

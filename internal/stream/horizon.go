@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/topics"
 )
 
 // The restore horizon (DESIGN §6.8).
@@ -387,28 +389,15 @@ func withinHorizon(cp Checkpoint, now time.Time, retention time.Duration) bool {
 }
 
 func readDeleteRetention(ctx context.Context, adm *kadm.Client, topic string) (time.Duration, error) {
-	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	v, err := topics.ConfigValue(ctx, adm, topic, "delete.retention.ms")
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("stream: changelog %s: %w", topic, err)
 	}
-	rc, err := rcs.On(topic, nil)
-	if err == nil {
-		err = rc.Err
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 {
+		return 0, fmt.Errorf("stream: changelog %s: delete.retention.ms %q is not a duration in ms", topic, v)
 	}
-	if err != nil {
-		return 0, err
-	}
-	for _, c := range rc.Configs {
-		if c.Key != "delete.retention.ms" || c.Value == nil {
-			continue
-		}
-		ms, err := strconv.ParseInt(*c.Value, 10, 64)
-		if err != nil || ms < 0 {
-			return 0, fmt.Errorf("stream: changelog %s: delete.retention.ms %q is not a duration in ms", topic, *c.Value)
-		}
-		return time.Duration(ms) * time.Millisecond, nil
-	}
-	return 0, fmt.Errorf("stream: changelog %s: the broker reported no delete.retention.ms", topic)
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // restoreRate returns the restore throughput estimate (records/s): the

@@ -110,3 +110,26 @@ func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (m
 	}
 	return n, nil
 }
+
+// ConfigValue returns the value the brokers report for config key of
+// topic: the topic's own, or the default it inherits. A config the brokers
+// do not report, or one without a value (a sensitive one), is an error.
+func ConfigValue(ctx context.Context, adm *kadm.Client, topic, key string) (string, error) {
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return "", err
+	}
+	rc, err := rcs.On(topic, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	if err != nil {
+		return "", err
+	}
+	for _, c := range rc.Configs {
+		if c.Key == key && c.Value != nil {
+			return *c.Value, nil
+		}
+	}
+	return "", fmt.Errorf("the brokers reported no %s for topic %s", key, topic)
+}
