@@ -231,7 +231,7 @@ func (cfg *AcceptOffsetsConfig) insertSkips(ctx context.Context, acc []AcceptedO
 	ictx, cancel := context.WithTimeout(ctx, cfg.QueryTimeout)
 	defer cancel()
 	b, err := cfg.Conn.PrepareBatch(ictx, "INSERT INTO "+cfg.Database+"."+SkipsTable+
-		" (consumer_group, kafka_topic, kafka_partition, from_offset, to_offset, had_progress, accepted_at, accepted_by)")
+		" (consumer_group, kafka_topic, kafka_partition, from_offset, to_offset, had_progress, progress_group, accepted_at, accepted_by)")
 	if err != nil {
 		return fmt.Errorf("sink: accept offsets: record in %s: %w", SkipsTable, err)
 	}
@@ -240,7 +240,7 @@ func (cfg *AcceptOffsetsConfig) insertSkips(ctx context.Context, acc []AcceptedO
 		if a.HadProgress {
 			had = 1
 		}
-		if err := b.Append(cfg.Group, a.Topic, a.Partition, uint64(a.From), uint64(a.To), had, now.UTC(), cfg.By); err != nil {
+		if err := b.Append(cfg.Group, a.Topic, a.Partition, uint64(a.From), uint64(a.To), had, a.RecordedBy, now.UTC(), cfg.By); err != nil {
 			_ = b.Abort()
 			return fmt.Errorf("sink: accept offsets: record in %s: %w", SkipsTable, err)
 		}

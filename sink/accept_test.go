@@ -144,15 +144,15 @@ func TestOffsetSkipsOnChdb(t *testing.T) {
 	stmts := migrationStatements(t)
 	const db = "offset_skips"
 	stmts = append(stmts,
-		"INSERT INTO "+SkipsTable+" (consumer_group, kafka_topic, kafka_partition, from_offset, to_offset, had_progress, accepted_at, accepted_by) VALUES ('g', 't', 3, 10, 20, 1, now(), 'me@host')",
+		"INSERT INTO "+SkipsTable+" (consumer_group, kafka_topic, kafka_partition, from_offset, to_offset, had_progress, progress_group, accepted_at, accepted_by) VALUES ('g', 't', 3, 10, 20, 1, 'h', now(), 'me@host')",
 		"INSERT INTO "+ProgressTable+" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at) VALUES "+
 			"('g', 't', 3, 10, now()), ('g', 't', 3, 20, now()), ('h', 't', 3, 30, now())")
 	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts,
-		Queries: []string{"SELECT kafka_partition, from_offset, to_offset, had_progress, accepted_by FROM " + SkipsTable, progressQuery(db)}})
+		Queries: []string{"SELECT kafka_partition, from_offset, to_offset, had_progress, progress_group, accepted_by FROM " + SkipsTable, progressQuery(db)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"3\t10\t20\t1\tme@host\n", "g\tt\t3\t20\nh\tt\t3\t30\n"}
+	want := []string{"3\t10\t20\t1\th\tme@host\n", "g\tt\t3\t20\nh\tt\t3\t30\n"}
 	if fmt.Sprint(resp.Results) != fmt.Sprint(want) {
 		t.Fatalf("on chdb %s: %q, want %q", resp.Version, resp.Results, want)
 	}
@@ -172,4 +172,39 @@ func migrationStatements(t *testing.T) []string {
 		stmts = append(stmts, m.Statements...)
 	}
 	return stmts
+}
+
+// TestAcceptOffsetsOtherGroupProgress: the database's progress of the
+// partition was recorded by another group (the sink ran under an old
+// group name). The new group's committed offset is compared with it: two
+// records past it, the sink stops naming the old group, and the audit
+// row of the acceptance names it too.
+func TestAcceptOffsetsOtherGroupProgress(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	var recs []*kgo.Record
+	for i := 0; i < 15; i++ {
+		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	e.produce(recs[:10]...)
+	e.runOnce(topic)
+	e.produce(recs[10:]...)
+	old := e.group
+	e.group = testenv.Name(t, "sink-renamed")
+	e.setOffset(topic, 0, 12)
+	expectRefusal(t, e.start(nil), "committed offset 12", "below offset 10", "recorded by group "+old)
+
+	got, err := AcceptOffsets(ctxT(t, time.Minute), e.acceptConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []AcceptedOffset{{Topic: topic, Partition: 0, From: 10, To: 12, HadProgress: true, RecordedBy: old}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("accepted %+v, want %+v", got, want)
+	}
+	if n := e.count(SkipsTable, fmt.Sprintf("progress_group = '%s' AND from_offset = 10 AND to_offset = 12", old)); n != 1 {
+		t.Fatalf("%d audit rows naming group %s, want 1", n, old)
+	}
+	e.runOnce(topic)
+	e.exact(TableEvents, 13)
 }

@@ -4,7 +4,9 @@
 -- per partition and acceptance: records from_offset .. to_offset - 1 of
 -- the partition are in no table of this database. from_offset is the
 -- partition's recorded progress in sink_progress before the acceptance,
--- or, with none recorded (had_progress = 0), its log start offset then.
+-- or, with none recorded (had_progress = 0), its log start offset then;
+-- progress_group names the group that recorded that progress when it was
+-- another one (a database written under another group name), else ''.
 -- The same command then writes to_offset into sink_progress, so the sink
 -- starts; this table is what an analyst reads to see the gap later.
 --
@@ -18,6 +20,7 @@ CREATE TABLE IF NOT EXISTS sink_offset_skips (
     from_offset      UInt64,
     to_offset        UInt64,
     had_progress     UInt8,
+    progress_group   String,
     accepted_at      DateTime,
     accepted_by      String
 ) ENGINE = MergeTree
