@@ -16,7 +16,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/meterline/meterline/internal/testenv"
-	chschema "github.com/meterline/meterline/schemas/clickhouse"
 )
 
 // chdbRequest is what scripts/chdb-run.py reads.
@@ -115,14 +114,7 @@ func TestClickHouseTwoVersions(t *testing.T) {
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 10*time.Minute)
 
-	ms, err := chschema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stmts []string
-	for _, m := range ms {
-		stmts = append(stmts, m.Statements...)
-	}
+	stmts := migrationStatements(t)
 	data := versionTestData.Statements(db)
 	params := []QueryParams{
 		{Customer: "cust-0", Meter: "api_calls", Month: SyntheticStart},

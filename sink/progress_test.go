@@ -372,12 +372,7 @@ func TestLostGroupOffsets(t *testing.T) {
 func TestLostGroupOffsetsParkedRow(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
-	e.producePoisoned(topic, 10, 4)
-	e.runOnce(topic, e.names.RejectedTopic())
-	e.exact(TableEvents, 9)
-	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
-		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
-	}
+	e.parkOne(topic)
 
 	e.deleteGroup()
 	r := e.start(nil)
@@ -427,6 +422,19 @@ func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
 	e.exact(TableEvents, 11)
 	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
 		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
+	}
+}
+
+// parkOne produces ten records to partition 0 of topic, ClickHouse
+// refusing the one at offset 4, and runs the sink until it has written
+// nine rows and parked that one.
+func (e *env) parkOne(topic string) {
+	e.t.Helper()
+	e.producePoisoned(topic, 10, 4)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
+		e.t.Fatalf("parked records %+v, want the row at offset 4 once", got)
 	}
 }
 

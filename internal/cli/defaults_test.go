@@ -49,7 +49,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("unknown-error-limit"), f.UnknownErrorLimit, sink.DefaultUnknownErrorLimit},
 		}
 	}
-	s := parse("sink").Sink
+	s := parse("sink").Sink.Run
 	d := parse("dedup").Dedup
 	a := parse("aggregate").Aggregate
 	r := parse("run").Run
@@ -104,6 +104,8 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"migrate --database", parse("migrate").Migrate.Database, sink.DefaultDatabase},
 		{"verify --database", parse("verify").Verify.Database, sink.DefaultDatabase},
 		{"verify --group", parse("verify").Verify.Group, sink.DefaultGroup},
+		{"sink accept-offsets --group", parse("sink", "accept-offsets").Sink.AcceptOffsets.Group, sink.DefaultGroup},
+		{"sink accept-offsets --database", parse("sink", "accept-offsets").Sink.AcceptOffsets.Database, sink.DefaultDatabase},
 		{"bench sink --batch-rows", parse("bench", "sink").Bench.Sink.BatchRows, sink.DefaultMaxBatchRecords},
 	}
 	ingestFlags := func(cmd, prefix string, f IngestFlags) []check {

@@ -55,8 +55,15 @@ func (f *SinkFlags) config(g *Globals, instanceID string, sessionTimeout, rebala
 	return cfg, cfg.Validate()
 }
 
-// SinkCmd is `meterline sink`.
+// SinkCmd is `meterline sink`: it runs the sink unless a subcommand is
+// named.
 type SinkCmd struct {
+	Run           SinkRunCmd           `cmd:"" default:"withargs" help:"Run the sink (what meterline sink does without a subcommand)."`
+	AcceptOffsets SinkAcceptOffsetsCmd `cmd:"" name:"accept-offsets" help:"Skip records on purpose: record the group's committed offsets that are ahead of the database as its progress, with an audit row each in sink_offset_skips, so the sink starts. Refuses while the group has members."`
+}
+
+// SinkRunCmd is `meterline sink [run]`.
+type SinkRunCmd struct {
 	SinkFlags          `embed:""`
 	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
@@ -67,7 +74,7 @@ type SinkCmd struct {
 }
 
 // Run runs the sink.
-func (c *SinkCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
 	cfg, err := c.config(g, c.InstanceID, c.SessionTimeout, c.RebalanceTimeout, c.TransactionTimeout, log, reg)
 	if err != nil {
@@ -140,6 +147,48 @@ func migrate(ctx context.Context, srv sink.Server, db string, stdio IO, log *zap
 		fmt.Fprintf(stdio.Stdout, "derived tables need a backfill before a sink may start: %v\n", err)
 	} else if err != nil {
 		return err
+	}
+	return nil
+}
+
+// SinkAcceptOffsetsCmd is `meterline sink accept-offsets`.
+type SinkAcceptOffsetsCmd struct {
+	Group     string        `help:"Consumer group of the sink." default:"${sink_group}"`
+	Database  string        `help:"ClickHouse database holding the tables." default:"${sink_database}"`
+	Topic     string        `help:"Accept only this topic's offsets (one the sink consumes). Default: every topic's."`
+	Partition []int32       `help:"Accept only these partitions of --topic, comma-separated; each must have a committed offset. Default: every partition ahead."`
+	By        string        `help:"Who accepts, recorded in sink_offset_skips. Default: user@host of this process."`
+	Timeout   time.Duration `help:"Deadline of each query." default:"30s"`
+}
+
+// Run records the group's committed offsets that are ahead of the database
+// as its progress.
+func (c *SinkAcceptOffsetsCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+	if len(c.Partition) > 0 && c.Topic == "" {
+		return &ExitError{Code: 2, Err: errors.New("sink accept-offsets: --partition needs --topic")}
+	}
+	conn, err := g.dialDatabase(ctx, c.Database)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	adm, closeAdm, err := adminClient(ctx, g)
+	if err != nil {
+		return err
+	}
+	defer closeAdm()
+	acc, err := sink.AcceptOffsets(ctx, sink.AcceptOffsetsConfig{Conn: conn, Database: c.Database, Group: c.Group, Admin: adm,
+		Topics: sinkInputs(g.Topic), Topic: c.Topic, Partitions: c.Partition, By: c.By, Logger: log, QueryTimeout: c.Timeout})
+	if err != nil {
+		return err
+	}
+	if len(acc) == 0 {
+		fmt.Fprintf(stdio.Stdout, "no committed offset of group %s is ahead of database %s: nothing accepted\n", c.Group, c.Database)
+		return nil
+	}
+	for _, a := range acc {
+		fmt.Fprintf(stdio.Stdout, "%s partition %d: accepted committed offset %d; records %d..%d are in no table (recorded in %s)\n",
+			a.Topic, a.Partition, a.To, a.From, a.To-1, sink.SkipsTable)
 	}
 	return nil
 }

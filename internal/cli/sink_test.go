@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
 	"github.com/meterline/meterline/sink"
 )
@@ -62,5 +66,53 @@ func TestSinkValidate(t *testing.T) {
 	code, _, errOut = run(t, "", "sink", "--validate", "--instance-id", "a", "--insert-timeout", "2m", "--database", "bad-name")
 	if code != 2 || !strings.Contains(errOut, "sink: insert-timeout: 2m0s") || !strings.Contains(errOut, "sink: database: \"bad-name\"") {
 		t.Fatalf("exit %d, want 2 naming insert-timeout and database:\n%s", code, errOut)
+	}
+}
+
+// TestSinkAcceptOffsetsCommand: `meterline sink accept-offsets` on a
+// database with no progress, whose group's committed offset is three
+// records past the partition's start, records that offset and prints the
+// skipped records; run again, it accepts nothing. --partition without
+// --topic is a usage error.
+func TestSinkAcceptOffsetsCommand(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	addr := testenv.RealClickHouse(t)
+	conn, db := testenv.ClickHouseDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := sink.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	prefix := testenv.Name(t, "accept") + "."
+	topic := prefix + topics.DefaultNames().DedupedTopic()
+	testenv.CreateTopic(t, brokers, topic, 1, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := 0; i < 3; i++ {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	group := testenv.Name(t, "accept-group")
+	var offs kadm.Offsets
+	offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 3, LeaderEpoch: -1})
+	if resp, err := testenv.Admin(t, brokers).CommitOffsets(ctx, group, offs); err != nil || resp.Error() != nil {
+		t.Fatalf("commit offset: %v %v", err, resp.Error())
+	}
+	args := []string{"sink", "accept-offsets", "--brokers", strings.Join(brokers, ","), "--clickhouse", addr,
+		"--topic-prefix", prefix, "--database", db, "--group", group, "--by", "cli-test"}
+	code, out, errOut := run(t, "", args...)
+	if want := topic + " partition 0: accepted committed offset 3; records 0..2 are in no table"; code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("accept-offsets: exit %d, want 0 and %q\n%s\n%s", code, want, out, errOut)
+	}
+	code, out, errOut = run(t, "", args...)
+	if code != 0 || !strings.Contains(out, "nothing accepted") {
+		t.Fatalf("accept-offsets again: exit %d, want 0 and nothing accepted\n%s\n%s", code, out, errOut)
+	}
+	if code, _, errOut := run(t, "", append(args, "--partition", "0")...); code != 2 || !strings.Contains(errOut, "--partition needs --topic") {
+		t.Fatalf("--partition without --topic: exit %d, want 2\n%s", code, errOut)
 	}
 }

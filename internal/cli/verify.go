@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/sink"
@@ -39,11 +40,7 @@ func (c *VerifyCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	if c.DryRun && c.Backfill {
 		return &ExitError{Code: 2, Err: fmt.Errorf("verify: --dry-run and --backfill exclude each other")}
 	}
-	srv, err := g.clickHouse()
-	if err != nil {
-		return err
-	}
-	conn, err := srv.Dial(ctx, c.Database, false)
+	conn, err := g.dialDatabase(ctx, c.Database)
 	if err != nil {
 		return err
 	}
@@ -101,4 +98,13 @@ func printVerify(stdio IO, rep *sink.VerifyReport) {
 		fmt.Fprintf(stdio.Stdout, "; %d skipped (not compared: --since to include them)", skipped)
 	}
 	fmt.Fprintln(stdio.Stdout)
+}
+
+// dialDatabase connects to an existing ClickHouse database of the sink.
+func (g *Globals) dialDatabase(ctx context.Context, db string) (driver.Conn, error) {
+	srv, err := g.clickHouse()
+	if err != nil {
+		return nil, err
+	}
+	return srv.Dial(ctx, db, false)
 }
