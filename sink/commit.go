@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -42,6 +43,16 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		fault.Hit(FaultAfterInsert)
 	}
 	decodeParks := win.parksBefore(stops)
+	if !abandon && len(decodeParks) > 0 {
+		// Guarantee: a record that did not decode, read again below the
+		// recorded progress and parked already, is not parked again.
+		var err error
+		if decodeParks, err = w.unparkedDecodes(ctx, decodeParks); errors.Is(err, errAbandon) {
+			abandon = true
+		} else if err != nil {
+			return err
+		}
+	}
 	if !abandon && len(stops) > 0 && !w.rewind(win, stops) {
 		// Revoked meanwhile (the transaction could not commit anyway), or
 		// kgo did not take the offsets: commit nothing, re-consume.

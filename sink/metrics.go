@@ -15,6 +15,9 @@ const (
 	outcomePresent = "already_present"
 	// outcomeParked: refused by ClickHouse, parked in usage.rejected.
 	outcomeParked = "parked"
+	// outcomeParkedBefore: refused by ClickHouse on a re-read below the
+	// recorded progress, and parked already (reread.go): not parked again.
+	outcomeParkedBefore = "parked_before"
 	// outcomeQuarantined: a record of usage.rejected that does not decode
 	// or that ClickHouse refused: never parked again (DESIGN §7), it is
 	// written to usage_quarantine with its raw bytes instead.
@@ -63,7 +66,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		committed: f.NewCounter(prometheus.CounterOpts{Name: "meterline_sink_records_committed_total",
 			Help: "Kafka records whose offsets a committed transaction moved past (rows, watermarks, parked records)."}),
 		rows: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_rows_total",
-			Help: "Rows by table and outcome: inserted, already_present (skipped by the resume rule), parked, quarantined."}, []string{"table", "outcome"}),
+			Help: "Rows by table and outcome: inserted, already_present (skipped by the resume rule), parked, parked_before (refused again on a re-read, parked already), quarantined."}, []string{"table", "outcome"}),
 		insertSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_insert_seconds",
 			Help: "Latency of successful INSERTs, by table.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"table"}),
 		insertRows: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_insert_rows",

@@ -63,6 +63,19 @@ func (w *Writer) refuse(ctx context.Context, ft *batchTable, r *row, cause error
 		// resume rule then never writes it to usage_rejected too.
 		return w.writeQuarantine(ctx, []*row{quarantineRow(r.rec, schemas.ReasonUninsertable, detail)})
 	}
+	k := tp{ft.t.topic, r.partition()}
+	if before, err := w.parkedBefore(ctx, k, r.offset()); err != nil {
+		return err
+	} else if before {
+		// A re-read below the recorded progress (an operator moved the
+		// group's offset back): the row was parked in a committed
+		// transaction. It is not parked again and does not stop its
+		// partition.
+		w.m.rows.WithLabelValues(ft.t.name, outcomeParkedBefore).Inc()
+		w.log.Warn("row refused again on a re-read below the recorded progress: parked already, not parked again",
+			zap.String("table", ft.t.name), zap.String("record", describe(ft.t, r.rec)), zap.Error(cause))
+		return nil
+	}
 	rec, err := w.parkRecord(r.rec, r.id, schemas.ReasonUninsertable, detail)
 	if err != nil {
 		return err
@@ -70,7 +83,7 @@ func (w *Writer) refuse(ctx context.Context, ft *batchTable, r *row, cause error
 	ft.parks = append(ft.parks, parked{table: ft.t, row: r, rec: rec, err: cause.Error()})
 	// Rows are tried in offset order per partition and held back behind a
 	// stop, so this is the partition's first refused row of the window.
-	ft.stops[tp{ft.t.topic, r.partition()}] = stop{offset: r.offset(), epoch: r.rec.LeaderEpoch}
+	ft.stops[k] = stop{offset: r.offset(), epoch: r.rec.LeaderEpoch}
 	w.log.Info("row refused: its partition's later rows are held back until it is parked",
 		zap.String("table", ft.t.name), zap.Int32("partition", r.partition()), zap.Int64("offset", r.offset()))
 	return nil

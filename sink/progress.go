@@ -31,6 +31,9 @@ import (
 // partition, naming the partition, both offsets, the command that
 // repairs it and `meterline sink accept-offsets`, which records the
 // committed offset as progress on purpose (AcceptOffsets, accept.go).
+// A committed offset below the recorded progress is read again from
+// there, parking only the rows refused there that no committed park
+// covers (reread.go).
 //
 // The progress a committed offset is compared with is the highest any
 // group recorded for the partition: records below it are in the tables,
@@ -228,13 +231,15 @@ func (w *Writer) uncheckedParts() map[tp]*pstate {
 }
 
 // markChecked marks the partitions checked, unless one was revoked and
-// assigned again meanwhile (a new state, whose offset was not checked).
-func (w *Writer) markChecked(parts map[tp]*pstate) {
+// assigned again meanwhile (a new state, whose offset was not checked),
+// with the progress below which rereads are read again.
+func (w *Writer) markChecked(parts map[tp]*pstate, rereads map[tp]int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for k, ps := range parts {
 		if w.parts[k] == ps {
 			ps.checked = true
+			ps.reread = rereadState{progress: rereads[k]}
 		}
 	}
 }
@@ -257,10 +262,10 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 			committed[k] = ps.committed
 		}
 		w.mu.Unlock()
-		err := w.checkOffsets(ctx, committed)
+		rereads, err := w.checkOffsets(ctx, committed)
 		if err == nil {
 			// Again: a partition may have been assigned meanwhile.
-			w.markChecked(parts)
+			w.markChecked(parts, rereads)
 			continue
 		}
 		if errors.Is(err, ErrOffsetsAhead) || errors.Is(err, ErrOffsetsLost) || errors.Is(err, ErrOtherGroup) || ctx.Err() != nil {
@@ -433,10 +438,12 @@ func logStarts(ctx context.Context, adm *kadm.Client, parts []tp, timeout time.D
 	return starts, nil
 }
 
-func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
+// checkOffsets checks the committed offsets of parts (-1: none) against
+// the recorded progress and returns those read again below it (rereads).
+func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]int64, error) {
 	rec, err := w.readProgress(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Partitions with a committed offset and no progress: compare with
 	// their log start offset (a committed offset there skips nothing).
@@ -451,7 +458,7 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 	}
 	starts, err := logStarts(ctx, kadm.NewClient(w.sess.Client()), missing, w.cfg.QueryTimeout)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Partitions with progress, no committed offset and records below the
 	// progress: how many rows the sink parked from them below it.
@@ -463,7 +470,7 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 	}
 	parked, err := w.parkedBelow(ctx, lost, rec.progress)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var bad []ahead
 	var adopted []string
@@ -481,7 +488,7 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 			zap.Strings("partitions", adopted))
 	}
 	if len(bad) == 0 {
-		return nil
+		return w.rereads(rec, parts), nil
 	}
 	sort.Slice(bad, func(i, j int) bool { return bad[i].k.less(bad[j].k) })
 	msgs := make([]string, len(bad))
@@ -508,7 +515,7 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) error {
 			verbs = append(verbs, "%w")
 		}
 	}
-	return fmt.Errorf("sink: "+strings.Join(verbs, ", ")+": %s", append(wrapped, strings.Join(msgs, "; "))...)
+	return nil, fmt.Errorf("sink: "+strings.Join(verbs, ", ")+": %s", append(wrapped, strings.Join(msgs, "; "))...)
 }
 
 // describeAhead says what is wrong with one partition and the command that

@@ -55,6 +55,11 @@
 // records; Client.SetOffsets moves P's tracked offset, and its fetch
 // cursor, back to O+1 before End: see rewind.)
 //
+// A partition read again below its recorded progress (a crash between a
+// window's progress row and its commit, or an operator's move of the
+// group's offset back) parks a row refused there only if no committed
+// park of it exists (reread.go).
+//
 // A table that refuses more than MaxRefusedInARow rows in a row, with no
 // row accepted in between, is treated as broken: nothing more is parked
 // and the sink backs off.
@@ -180,6 +185,9 @@ type pstate struct {
 	// checked: committed was compared with the progress recorded in
 	// ClickHouse (progress.go); no record of the partition is used before.
 	checked bool
+	// reread: set when the check finds the partition read again below its
+	// recorded progress (reread.go).
+	reread rereadState
 }
 
 // New prepares a Writer; Run starts it.

@@ -1,0 +1,235 @@
+package sink
+
+import (
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+// rereadRun runs the sink until the group has committed every record of
+// the topic and of the rejected topic, and checks that it parked nothing
+// and found want rows parked already.
+func (e *env) rereadRun(topic string, want float64) {
+	e.t.Helper()
+	r := e.start(nil)
+	e.waitCaughtUp(time.Minute, topic, e.names.RejectedTopic())
+	if err := r.stop(); err != nil {
+		e.t.Fatal(err)
+	}
+	if got := metric(e.t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomeParked); got != 0 {
+		e.t.Errorf("rows parked on the re-read = %v, want 0", got)
+	}
+	if got := metric(e.t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomeParkedBefore); got != want {
+		e.t.Errorf("rows found parked already on the re-read = %v, want %v", got, want)
+	}
+}
+
+// parkedOnce checks that the sink parked exactly one record, the one at
+// offset off of the test's partition, and that usage_rejected holds it
+// once.
+func (e *env) parkedOnce(off int64, when string) {
+	e.t.Helper()
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != off {
+		e.t.Fatalf("parked records %+v %s, want the one at offset %d once", got, when, off)
+	}
+	e.exact(TableRejected, 1)
+}
+
+// TestBackwardResetParksNothingTwice: DESIGN §7, a row parked is never
+// parked twice. ClickHouse refuses the row at offset 4, which is parked;
+// later rows are written. Then an operator moves the group's offset back
+// below the recorded progress (kafka-consumer-groups --reset-offsets
+// --to-earliest, to replay). The re-read skips the rows in the table and
+// refuses the row at offset 4 again: it is not parked a second time, and
+// usage_rejected holds it once.
+func TestBackwardResetParksNothingTwice(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.parkOne(topic)
+	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)), deduped(topic, 0, 11, base.Add(11*time.Second)))
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 11)
+	e.exact(TableRejected, 1)
+
+	e.setOffset(topic, 0, 0)
+	e.rereadRun(topic, 1)
+	e.exact(TableEvents, 11)
+	e.parkedOnce(4, "after the backward reset")
+}
+
+// TestBackwardResetParkedRowAtProgress: as above, but the refused row is
+// the partition's last record, so the recorded progress is just past it
+// (as after a crash between its park and the commit, when it must be
+// parked on the re-read). Its park committed: the re-read does not park
+// it again.
+func TestBackwardResetParkedRowAtProgress(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.producePoisoned(topic, 10, 9)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	e.parkedOnce(9, "before the backward reset")
+
+	e.setOffset(topic, 0, 5)
+	e.rereadRun(topic, 1)
+	e.exact(TableEvents, 9)
+	e.parkedOnce(9, "after the backward reset")
+}
+
+// TestBackwardResetParkNotInTableYet: the sink is killed right after the
+// transaction that parked the partition's last record committed, before
+// it read the park back into usage_rejected; then the group's offset is
+// moved back. The lookup finds the park in usage.rejected past its
+// recorded progress, and the re-read does not park the row again.
+func TestBackwardResetParkNotInTableYet(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.producePoisoned(topic, 10, 9)
+	p := e.spawn(FaultAfterParkCommit, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterParkCommit, 2*time.Minute)
+	for deadline := time.Now().Add(30 * time.Second); e.committed(topic)[0] != 10; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("committed offset after the park = %d, want 10", e.committed(topic)[0])
+		}
+	}
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 9 {
+		t.Fatalf("parked records %+v, want the row at offset 9 once", got)
+	}
+	e.exact(TableRejected, 0) // the park is not in the table yet
+
+	// The killed member holds the group until its session times out.
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: topic, Partition: 0, At: 5, LeaderEpoch: -1})
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		resp, err := testenv.Admin(t, e.brokers).CommitOffsets(ctxT(t, 30*time.Second), e.group, os)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("set the group's offset: %v", err)
+		}
+	}
+
+	cfg := e.config("lookup")
+	cfg.Conn = e.conn
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.lookupParked(ctxT(t, time.Minute), tp{topic, 0}, 5, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got[9]; len(got) != 1 || !ok {
+		t.Fatalf("rows parked below the progress found: %v, want offset 9 (from %s)", got, e.names.RejectedTopic())
+	}
+
+	e.rereadRun(topic, 1)
+	e.exact(TableEvents, 9)
+	e.parkedOnce(9, "after the backward reset")
+}
+
+// TestBackwardResetUndecodableParkedOnce: a record of usage.deduped that
+// does not decode is parked; after the group's offset is moved back, the
+// re-read does not park it again.
+func TestBackwardResetUndecodableParkedOnce(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	var recs []*kgo.Record
+	for i := 0; i < 10; i++ {
+		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	recs[4].Value = []byte("not avro")
+	e.produce(recs...)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 || got[0].Reason != schemas.ReasonUndecodable {
+		t.Fatalf("parked records %+v, want the record at offset 4 once, undecodable", got)
+	}
+
+	e.setOffset(topic, 0, 0)
+	e.rereadRun(topic, 0)
+	e.exact(TableEvents, 9)
+	e.parkedOnce(4, "after the backward reset")
+}
+
+// TestBackwardResetIntoAcceptedGap: records 10..19 were skipped on purpose
+// (accept-offsets), so the progress is past them though none was read.
+// The operator then moves the offset back into the gap to write them:
+// the row ClickHouse refuses there was never parked and is parked now,
+// once, although the sink is killed between its park and the commit; a
+// second move back does not park it again.
+func TestBackwardResetIntoAcceptedGap(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.producePoisoned(topic, 10, 4)
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	var gap []*kgo.Record
+	for i := 10; i < 20; i++ {
+		gap = append(gap, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+	}
+	var ev schemas.DedupedEvent
+	if err := schemas.DecodeInto(gap[4].Value, &ev); err != nil {
+		t.Fatal(err)
+	}
+	ev.CustomerID = "poison"
+	gap[4].Value = schemas.MustEncode(&ev)
+	e.produce(gap...)
+	e.setOffset(topic, 0, 20)
+	if _, err := AcceptOffsets(ctxT(t, time.Minute), e.acceptConfig()); err != nil {
+		t.Fatal(err)
+	}
+
+	e.setOffset(topic, 0, 0)
+	p := e.spawn(FaultAfterPark, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterPark, 2*time.Minute)
+	p = e.spawn("", e.sinkArgs()...)
+	e.waitCaughtUp(2*time.Minute, topic, e.names.RejectedTopic())
+	p.Stop(t)
+	e.exact(TableEvents, 18)
+	check := func(when string) {
+		t.Helper()
+		got := e.parkedRecords()
+		if len(got) != 2 || got[0].SourceOffset+got[1].SourceOffset != 4+14 || got[0].SourceOffset == got[1].SourceOffset {
+			t.Fatalf("parked records %+v %s, want the rows at offsets 4 and 14 once each", got, when)
+		}
+		e.exact(TableRejected, 2)
+	}
+	check("after the first move back")
+
+	e.setOffset(topic, 0, 0)
+	e.rereadRun(topic, 2)
+	e.exact(TableEvents, 18)
+	check("after the second move back")
+}
+
+// TestParkedQueryOnChdb runs the lookup of the rows parked below the
+// recorded progress on current ClickHouse (chdb, 26.x) as on 18.16 (the
+// tests above): it finds the sink's parks of the partition in the range,
+// not another stage's rejection, another partition's park, or one at the
+// progress.
+func TestParkedQueryOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	stmts := append(migrationStatements(t), "INSERT INTO "+TableRejected+" (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, reason, stage, source_topic, source_partition, source_offset) VALUES "+
+		"('r', 0, 0, now(), 'uninsertable', 'sink', 't', 0, 7), ('r', 0, 1, now(), 'uninsertable', 'sink', 't', 0, 4), "+
+		"('r', 1, 0, now(), 'invalid', 'dedup', 't', 0, 5), ('r', 1, 1, now(), 'uninsertable', 'sink', 't', 1, 6), "+
+		"('r', 0, 2, now(), 'uninsertable', 'sink', 't', 0, 10), ('r', 0, 3, now(), 'undecodable', 'sink', 'u', 0, 6)")
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: "parked",
+		Statements: stmts, Queries: []string{parkedQuery("parked", tp{"t", 0}, 2, 10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Results) != 1 || resp.Results[0] != "4\n7\n" {
+		t.Fatalf("rows parked below the progress on chdb %s: %q, want \"4\\n7\\n\"", resp.Version, resp.Results)
+	}
+	t.Logf("rows parked below the progress on chdb %s: offsets 4 and 7", resp.Version)
+}
