@@ -116,7 +116,7 @@ func TestRealKafkaMonthEndAtScale(t *testing.T) {
 
 	// The month end: the same instance (its state kept) with the
 	// transaction timeout and the chunk.
-	meter := newTxnMeter(h.names.AggregatesTopic(), h.names.AggregateChangelogTopic())
+	meter := newTxnMeter(h.names)
 	reg := prometheus.NewRegistry()
 	cfg := config(reg)
 	cfg.Stream.TransactionTimeout = txnTimeout
