@@ -138,7 +138,9 @@ type Config struct {
 	// customers are pending: a change reaches the balances topic within
 	// about BalanceInterval plus EntitlementsTick and a few commit
 	// intervals. A period start's balances (usage 0 of the new period) go
-	// out as the period starts, whatever the interval. Negative
+	// out as the period starts, whatever the interval, after the FINAL
+	// revisions of the period that ended and in chunks of FinalChunk; the
+	// pending customers wait for them (most are among them). Negative
 	// (BalanceEveryTransaction): each transaction emits the balance of
 	// every customer it changed. Default: DefaultBalanceInterval.
 	BalanceInterval time.Duration

@@ -79,7 +79,7 @@ func TestFinalInChunks(t *testing.T) {
 	const chunk = 7
 	h := newAggHarnessSources(t, nil, 1, 1)
 	fs := vfs.NewMem()
-	meter := newTxnMeter(h.names.AggregatesTopic(), h.names.AggregateChangelogTopic())
+	meter := newTxnMeter(h.names)
 	cat, err := ParseMeters([]byte("meters:\n  - {name: s, aggregation: SUM}\n  - {name: u, aggregation: UNIQUE_COUNT, property: user}\n"))
 	if err != nil {
 		t.Fatal(err)

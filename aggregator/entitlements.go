@@ -60,6 +60,9 @@ import (
 // goes with the emission). Only transactions that consume the partition's
 // input or carry its Work emit (fenced: a zombie's are fenced by the
 // group generation), and the ticks go on while a customer is pending.
+// While a period start's balances go out (rollState), the emission of the
+// pending customers waits: those chunks reach the pending customers with
+// usage in the periods that ended, and the rest go out after them.
 //
 // State keys, besides the aggregator's (state.go):
 //
@@ -1560,6 +1563,16 @@ func (pt *partition) brokerNow() int64 { return max(pt.wm, pt.ent.readTo) }
 // in the first chunk only.)
 func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 	e := pt.ent
+	if e.roll.phase == rollBalances {
+		// A period start's balances go out first (entWork, from the
+		// transaction whose watermark entered the period): they reach
+		// every customer with usage in the periods that ended, pending
+		// ones included, each with its latest change and its pending key
+		// deleted. Emitted here too, such a customer would get a second
+		// balance of the new period, and a transaction a chunk of each.
+		// The others wait for the end of those chunks.
+		return nil
+	}
 	b := &e.bal
 	if !b.active {
 		now := pt.brokerNow()

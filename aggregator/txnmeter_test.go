@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -16,18 +17,20 @@ import (
 // only between its Begin and its End, from one run loop), and the time from
 // its first record to the EndTxn response.
 type txnMeter struct {
-	aggregates, changelog string
+	aggregates, changelog, balances string
 
-	mu       sync.Mutex
-	cur      txnCount
-	first    time.Time // first record of the current transaction
-	ends     int       // EndTxn responses
-	finalTxs int       // transactions that carried a FINAL revision
-	max      txnCount  // the largest of each count over the transactions
-	longest  time.Duration
-	finals   int       // FINAL revisions buffered, in all transactions
-	lastEnd  time.Time // EndTxn response of the last transaction with a FINAL
-	spans    []txnSpan // every transaction with records, in order
+	mu          sync.Mutex
+	cur         txnCount
+	first       time.Time // first record of the current transaction
+	ends        int       // EndTxn responses
+	finalTxs    int       // transactions that carried a FINAL revision
+	balanceTxs  int       // transactions that carried a balance
+	max         txnCount  // the largest of each count over the transactions
+	longest     time.Duration
+	finals      int       // FINAL revisions buffered, in all transactions
+	lastEnd     time.Time // EndTxn response of the last transaction with a FINAL
+	lastBalance time.Time // EndTxn response of the last transaction with a balance
+	spans       []txnSpan // every transaction with records, in order
 }
 
 // txnSpan is one transaction: its records, and the time from its first
@@ -39,11 +42,13 @@ type txnSpan struct {
 
 // txnCount counts one transaction's records.
 type txnCount struct {
-	records, finals, changelog, tombstones int
+	records, finals, balances, changelog, tombstones int
 }
 
-func newTxnMeter(aggregates, changelog string) *txnMeter {
-	return &txnMeter{aggregates: aggregates, changelog: changelog}
+// newTxnMeter measures the transactions of an aggregator on the topics of
+// names.
+func newTxnMeter(names topics.Names) *txnMeter {
+	return &txnMeter{aggregates: names.AggregatesTopic(), changelog: names.AggregateChangelogTopic(), balances: names.BalancesTopic()}
 }
 
 // OnProduceRecordBuffered implements kgo.HookProduceRecordBuffered.
@@ -62,6 +67,9 @@ func (m *txnMeter) OnProduceRecordBuffered(r *kgo.Record) {
 	if final {
 		m.cur.finals++
 		m.finals++
+	}
+	if r.Topic == m.balances {
+		m.cur.balances++
 	}
 	if r.Topic == m.changelog {
 		m.cur.changelog++
@@ -84,6 +92,10 @@ func (m *txnMeter) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ tim
 		m.finalTxs++
 		m.lastEnd = time.Now()
 	}
+	if m.cur.balances > 0 {
+		m.balanceTxs++
+		m.lastBalance = time.Now()
+	}
 	if m.cur.records > 0 {
 		d := time.Since(m.first)
 		if d > m.longest {
@@ -93,6 +105,7 @@ func (m *txnMeter) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ tim
 	}
 	m.max.records = max(m.max.records, m.cur.records)
 	m.max.finals = max(m.max.finals, m.cur.finals)
+	m.max.balances = max(m.max.balances, m.cur.balances)
 	m.max.changelog = max(m.max.changelog, m.cur.changelog)
 	m.max.tombstones = max(m.max.tombstones, m.cur.tombstones)
 	m.cur = txnCount{}
@@ -102,7 +115,7 @@ func (m *txnMeter) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ tim
 func (m *txnMeter) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.ends, m.finalTxs, m.finals, m.longest, m.max, m.spans = 0, 0, 0, 0, txnCount{}, nil
+	m.ends, m.finalTxs, m.balanceTxs, m.finals, m.longest, m.max, m.spans = 0, 0, 0, 0, 0, txnCount{}, nil
 }
 
 // crashed forgets the records of a transaction that never ended (its
@@ -115,16 +128,23 @@ func (m *txnMeter) crashed() {
 }
 
 type txnReport struct {
-	ends, finalTxs, finals int
-	max                    txnCount
-	longest                time.Duration
-	lastEnd                time.Time
-	spans                  []txnSpan
+	ends, finalTxs, balanceTxs, finals int
+	// balances counts the balances of the transactions that ended.
+	balances    int
+	max         txnCount
+	longest     time.Duration
+	lastEnd     time.Time
+	lastBalance time.Time
+	spans       []txnSpan
 }
 
 func (m *txnMeter) report() txnReport {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return txnReport{ends: m.ends, finalTxs: m.finalTxs, finals: m.finals, max: m.max, longest: m.longest, lastEnd: m.lastEnd,
-		spans: append([]txnSpan(nil), m.spans...)}
+	rep := txnReport{ends: m.ends, finalTxs: m.finalTxs, balanceTxs: m.balanceTxs, finals: m.finals, max: m.max, longest: m.longest,
+		lastEnd: m.lastEnd, lastBalance: m.lastBalance, spans: append([]txnSpan(nil), m.spans...)}
+	for _, sp := range m.spans {
+		rep.balances += sp.balances
+	}
+	return rep
 }

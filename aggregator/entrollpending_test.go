@@ -1,0 +1,107 @@
+package aggregator
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestEntitlementsPeriodStartWithPendingBalances: the watermark enters a
+// new period while customers with usage in the period that ended are
+// pending (their last change's balance waits for the balance interval),
+// as at any month end with live input. Each such customer gets exactly
+// one balance of the new period (usage 0), whichever of the period
+// start's chunks and the emission of the pending customers reaches it
+// first; and no transaction carries more balances than the chunk (DESIGN
+// §6 invariant 9), the two together included. The broker time is the
+// test's: it appends the ticks itself. A customer pending with usage in the
+// new period only (n01) gets its balance too, once the period start's
+// chunks are out.
+func TestEntitlementsPeriodStartWithPendingBalances(t *testing.T) {
+	const chunk = 2
+	h := newEntHarness(t, nil, 1)
+	d := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
+	day := int64(24 * time.Hour / time.Millisecond)
+	tick := func(at int64) []*kgo.Record {
+		return h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, at)
+	}
+	event := func(c string, at int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: c, CustomerID: c, Meter: "api_calls", Quantity: 3, EventTime: at, IngestTime: at})
+	}
+	recs := h.shared(1, schemas.DefaultPlanKey, &schemas.Entitlements{Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps: []schemas.Cap{{Meter: "api_calls", Limit: 100, OnLimit: schemas.OnLimitReject}}}, d-day)
+	// c00's balance starts an emission at broker time d+600.
+	recs = append(recs, h.watermark(0, 0, 1, d+1), event("c00", d+500))
+	h.produce(append(recs, tick(d+600)...)...)
+	meter := newTxnMeter(h.names)
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.Period, cfg.EntitlementsTick = Day, -1
+	cfg.Stream.Registerer = reg
+	cfg.Stream.ClientOptions = []kgo.Opt{kgo.WithHooks(meter)}
+	setFinalChunk(&cfg, chunk)
+	run := h.start(cfg)
+	awaitBalances(t, h, "c00's usage 3", usageIs("c00", 3))
+	// c01–c07 change at d+700, within the interval of that emission:
+	// pending when the watermark enters the next day.
+	recs = recs[:0]
+	custs := []string{"c00"}
+	for i := 1; i <= 7; i++ {
+		c := fmt.Sprintf("c%02d", i)
+		custs = append(custs, c)
+		recs = append(recs, event(c, d+700+int64(i)))
+	}
+	h.produce(append(recs, tick(d+800)...)...)
+	for deadline := time.Now().Add(30 * time.Second); pendingBalances(reg) != 7; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v customers pending, want 7", pendingBalances(reg))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	meter.reset()
+	prunes := counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune")
+	wm := d + day + 5000
+	h.produce(append([]*kgo.Record{h.watermark(0, 0, 1, wm), event("n01", wm+1)}, tick(wm+2)...)...)
+	// The period start's balances are out once its prune phase has run,
+	// and the pending customers once none is left.
+	for deadline := time.Now().Add(30 * time.Second); counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune") == prunes || pendingBalances(reg) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the period start's work not done: %v customers pending", pendingBalances(reg))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	starts := map[string]int{}
+	for _, b := range readTopic[schemas.Balance](t, h.brokers, h.names.BalancesTopic()) {
+		if b.PeriodStart != d+day {
+			continue
+		}
+		starts[b.CustomerID]++
+		if want := map[bool]int64{true: 3}[b.CustomerID == "n01"]; len(b.Meters) != 1 || b.Meters[0].Usage != want {
+			t.Errorf("%s's balance of the new day %+v, want usage %d", b.CustomerID, b, want)
+		}
+	}
+	for _, c := range append(custs, "n01") {
+		if starts[c] != 1 {
+			t.Errorf("%s: %d balances of the new day, want 1", c, starts[c])
+		}
+	}
+	if rep := meter.report(); rep.max.balances > chunk {
+		t.Errorf("a transaction carried %d balances, more than the chunk of %d", rep.max.balances, chunk)
+	}
+}
+
+// pendingBalances returns the number of customers of partition 0 whose
+// balance is pending.
+func pendingBalances(reg *prometheus.Registry) float64 {
+	v, _ := gaugeOf(reg, "meterline_aggregate_balances_pending", "partition", "0")
+	return v
+}
