@@ -81,6 +81,11 @@ func TestOpenMeterParity(t *testing.T) {
 		{"CT missing", "", ev(`,"data":{"a":1}`), 400, 0, ""},
 		{"CT text/plain", "text/plain", ev(`,"data":{"a":1}`), 400, 0, ""},
 		{"CT xml", "application/xml", ev(`,"data":{"a":1}`), 400, 0, ""},
+		// Structured-syntax suffixes (RFC 6839) are not JSON enough for
+		// either: OpenMeter's spec names its three media types only.
+		{"CT vnd+json", "application/vnd.x+json", ev(`,"data":{"a":1}`), 400, 0, ""},
+		{"dct vnd+json", ce, ev(`,"datacontenttype":"application/vnd.x+json","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"dct ld+json", ce, ev(`,"datacontenttype":"application/ld+json","data":{"a":1}`), 400, 0, "datacontenttype"},
 
 		{"data true", ce, ev(`,"data":true`), 400, 0, "data"},
 		{"data null with data_base64", ce, ev(`,"data":null,"data_base64":"eyJhIjoxfQ=="`), 204, 0, ""},
