@@ -279,6 +279,10 @@ type entPart struct {
 	// keys only), with the latest broker time of their changes (the state
 	// keeps the first).
 	pendingAt map[string]int64
+	// visited counts the pending customers roundChunk looked at, in
+	// all: a transaction's share is bounded by its chunk, whatever the
+	// number pending (TestPendingEmissionBoundedByChunk).
+	visited int
 	// fenced: the open transaction consumes the partition's input or
 	// carries its Work, and so is fenced by the group generation: it may
 	// emit pending balances (Flush).
@@ -1586,6 +1590,7 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 	n := pt.pr.cfg.FinalChunk
 	next := make([]string, 0, min(n+1, len(e.pendingAt)))
 	for c := range e.pendingAt {
+		e.visited++
 		if b.cursor == "" || c > b.cursor {
 			next = append(next, c)
 		}
