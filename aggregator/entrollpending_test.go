@@ -70,12 +70,7 @@ func TestEntitlementsPeriodStartWithPendingBalances(t *testing.T) {
 	h.produce(append([]*kgo.Record{h.watermark(0, 0, 1, wm), event("n01", wm+1)}, tick(wm+2)...)...)
 	// The period start's balances are out once its prune phase has run,
 	// and the pending customers once none is left.
-	for deadline := time.Now().Add(30 * time.Second); counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune") == prunes || pendingBalances(reg) != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the period start's work not done: %v customers pending", pendingBalances(reg))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitPeriodStartDone(t, reg, prunes)
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +91,19 @@ func TestEntitlementsPeriodStartWithPendingBalances(t *testing.T) {
 	}
 	if rep := meter.report(); rep.max.balances > chunk {
 		t.Errorf("a transaction carried %d balances, more than the chunk of %d", rep.max.balances, chunk)
+	}
+}
+
+// awaitPeriodStartDone waits until the period start's balances are out
+// (its prune phase has run since prunes were counted) and no customer's
+// balance is pending.
+func awaitPeriodStartDone(t *testing.T, reg *prometheus.Registry, prunes float64) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune") == prunes || pendingBalances(reg) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the period start's work not done: %v customers pending", pendingBalances(reg))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -146,12 +154,7 @@ func TestEntitlementsPeriodStartAfterNewPeriodBalance(t *testing.T) {
 	prunes := counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune")
 	wm := d + day + 5000
 	h.produce(append([]*kgo.Record{h.watermark(0, 0, 1, wm)}, tick(wm+1)...)...)
-	for deadline := time.Now().Add(30 * time.Second); counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune") == prunes || pendingBalances(reg) != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the period start's work not done: %v customers pending", pendingBalances(reg))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitPeriodStartDone(t, reg, prunes)
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
