@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/RaduBerinde/btreemap"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -279,6 +280,15 @@ type entPart struct {
 	// keys only), with the latest broker time of their changes (the state
 	// keeps the first).
 	pendingAt map[string]int64
+	// pendingOrder holds the customers of pendingAt in key order
+	// (setPending, dropPending), so that a chunk of an emission finds the
+	// next ones after its cursor in O(log pending + chunk), never by
+	// sorting every pending customer.
+	pendingOrder *btreemap.BTreeMap[string, struct{}]
+	// visited counts the pending customers roundChunk looked at, in
+	// all: a transaction's share is bounded by its chunk, whatever the
+	// number pending (TestPendingEmissionBoundedByChunk).
+	visited int
 	// fenced: the open transaction consumes the partition's input or
 	// carries its Work, and so is fenced by the group generation: it may
 	// emit pending balances (Flush).
@@ -506,7 +516,7 @@ func decodeRoll(v []byte) (rollState, error) {
 func (pt *partition) loadEnt(st stateReader) error {
 	e := &entPart{changed: map[string]int64{}, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
 		cache: map[string]cachedValue{}, decoded: map[string]any{}, resolved: map[string]*entitlements.Resolved{},
-		accounts: map[string]*heldAccount{}}
+		accounts: map[string]*heldAccount{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -543,7 +553,7 @@ func (pt *partition) loadEnt(st stateReader) error {
 		if n <= 0 {
 			return fmt.Errorf("aggregator: partition %d: corrupt pending balance %q", pt.p, k)
 		}
-		e.pendingAt[string(k[1:])] = t
+		e.setPending(string(k[1:]), t)
 		return nil
 	}); err != nil {
 		return err
@@ -1402,6 +1412,11 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 				return err
 			}
 			for _, c := range cs {
+				if out, err := pt.balanceOutSince(tx, c, e.roll.cur); err != nil {
+					return err
+				} else if out {
+					continue
+				}
 				e.emitNow[c] = max(e.emitNow[c], pt.wm)
 			}
 			left -= len(cs)
@@ -1431,6 +1446,26 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	tx.Put(keyRoll, e.roll.encode())
 	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues(work))
 	return nil
+}
+
+// balanceOutSince reports whether customer c's balance as of start or
+// later is out and nothing changed c since: c is not pending, and its
+// account notes a change at or after start (makePending), whose balance,
+// as of that change or later, went out when c stopped being pending. A
+// period start's chunks skip such a customer: its balance of the new
+// period (start: the period's) is out, and another would be one more
+// balance than transactions that changed it (DESIGN §12). A change noted
+// only in the pending key (its account unchanged) is not seen: such a
+// customer gets the period start's balance all the same.
+func (pt *partition) balanceOutSince(tx *stream.Tx, c string, start int64) (bool, error) {
+	if _, pending := pt.ent.pendingAt[c]; pending {
+		return false, nil
+	}
+	at, err := pt.pr.ledger.ChangedAt(pt.ledger(tx), c)
+	if err != nil {
+		return false, fmt.Errorf("aggregator: partition %d: account of %s: %w", pt.p, c, err)
+	}
+	return at >= start, nil
 }
 
 // flushBalances ends the open transaction's part in balances (DESIGN
@@ -1475,7 +1510,7 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 			}
 			out[c] = max(out[c], t)
 			tx.Delete(pendingKey(c))
-			delete(e.pendingAt, c)
+			e.dropPending(c)
 		}
 		rev++
 		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, max(pt.wm, out[c]), rev)
@@ -1532,7 +1567,26 @@ func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
 	b = binary.AppendVarint(b, t)
 	e.pendingBuf = b
 	tx.Put(b[:1+len(c)], b[1+len(c):])
+	e.setPending(c, t)
+}
+
+// pendingDegree is the degree of entPart.pendingOrder's B-tree.
+const pendingDegree = 32
+
+// setPending makes c pending with time t, or sets the time of pending c.
+func (e *entPart) setPending(c string, t int64) {
+	if _, ok := e.pendingAt[c]; !ok {
+		e.pendingOrder.ReplaceOrInsert(c, struct{}{})
+	}
 	e.pendingAt[c] = t
+}
+
+// dropPending makes c no longer pending.
+func (e *entPart) dropPending(c string) {
+	if _, ok := e.pendingAt[c]; ok {
+		delete(e.pendingAt, c)
+		e.pendingOrder.Delete(c)
+	}
 }
 
 // changeTime returns the time of pending customer c's latest change: the
@@ -1581,18 +1635,24 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 		}
 		b.active, b.roundAt, b.cursor = true, now, ""
 	}
-	// The next customers after the cursor, in key order: pendingAt is
-	// the pending set (loaded with the partition, kept with its keys).
+	// The next customers after the cursor, in key order (pendingOrder:
+	// the pending set, loaded with the partition, kept with its keys),
+	// and whether one is left after them.
 	n := pt.pr.cfg.FinalChunk
-	next := make([]string, 0, min(n+1, len(e.pendingAt)))
-	for c := range e.pendingAt {
-		if b.cursor == "" || c > b.cursor {
-			next = append(next, c)
-		}
+	from := btreemap.Min[string]()
+	if b.cursor != "" {
+		from = btreemap.GT(b.cursor)
 	}
-	slices.Sort(next)
-	if len(next) > n {
-		next = next[:n]
+	next, more := make([]string, 0, min(n, len(e.pendingAt))), false
+	for c := range e.pendingOrder.Ascend(from, btreemap.Max[string]()) {
+		e.visited++
+		if len(next) == n {
+			more = true
+			break
+		}
+		next = append(next, c)
+	}
+	if more {
 		b.cursor = next[n-1]
 	} else {
 		// Left pending: the customers that became pending behind the
@@ -1606,7 +1666,7 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 			return err
 		}
 		out[c] = max(out[c], t)
-		delete(e.pendingAt, c)
+		e.dropPending(c)
 		tx.Delete(pendingKey(c))
 	}
 	tx.Put(keyBalances, b.encode())

@@ -70,12 +70,7 @@ func TestEntitlementsPeriodStartWithPendingBalances(t *testing.T) {
 	h.produce(append([]*kgo.Record{h.watermark(0, 0, 1, wm), event("n01", wm+1)}, tick(wm+2)...)...)
 	// The period start's balances are out once its prune phase has run,
 	// and the pending customers once none is left.
-	for deadline := time.Now().Add(30 * time.Second); counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune") == prunes || pendingBalances(reg) != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the period start's work not done: %v customers pending", pendingBalances(reg))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	awaitPeriodStartDone(t, reg, prunes)
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,9 +94,77 @@ func TestEntitlementsPeriodStartWithPendingBalances(t *testing.T) {
 	}
 }
 
+// awaitPeriodStartDone waits until the period start's balances are out
+// (its prune phase has run since prunes were counted) and no customer's
+// balance is pending.
+func awaitPeriodStartDone(t *testing.T, reg *prometheus.Registry, prunes float64) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune") == prunes || pendingBalances(reg) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the period start's work not done: %v customers pending", pendingBalances(reg))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // pendingBalances returns the number of customers of partition 0 whose
 // balance is pending.
 func pendingBalances(reg *prometheus.Registry) float64 {
 	v, _ := gaugeOf(reg, "meterline_aggregate_balances_pending", "partition", "0")
 	return v
+}
+
+// TestEntitlementsPeriodStartAfterNewPeriodBalance: a customer whose
+// change in the new period (an event that arrived there while the
+// watermark was still in the period before) went out before the
+// watermark entered the new period already has its balance of the new
+// period, and nothing changed it since: the period start's chunks, which
+// reach it for its usage in the period that ended, emit no second one
+// (DESIGN §12: at most one balance per transaction that changed the
+// customer). A customer with usage in the period that ended only gets its
+// balance of the new period from them, once.
+func TestEntitlementsPeriodStartAfterNewPeriodBalance(t *testing.T) {
+	h := newEntHarness(t, nil, 1)
+	d := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
+	day := int64(24 * time.Hour / time.Millisecond)
+	tick := func(at int64) []*kgo.Record {
+		return h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, at)
+	}
+	event := func(id, c string, at int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: c, Meter: "api_calls", Quantity: 3, EventTime: at, IngestTime: at})
+	}
+	recs := h.shared(1, schemas.DefaultPlanKey, &schemas.Entitlements{Plan: "free", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps: []schemas.Cap{{Meter: "api_calls", Limit: 100, OnLimit: schemas.OnLimitReject}}}, d-day)
+	recs = append(recs, h.watermark(0, 0, 1, d+1), event("a", "c00", d+500), event("b", "c01", d+501))
+	h.produce(append(recs, tick(d+600)...)...)
+	reg := prometheus.NewRegistry()
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.Period, cfg.EntitlementsTick = Day, -1
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	awaitBalances(t, h, "c00's and c01's usage 3", func(bs map[string]*schemas.Balance) bool {
+		return usageIs("c00", 3)(bs) && usageIs("c01", 3)(bs)
+	})
+	// c00's event of the next day, with the watermark still in this one:
+	// its balance of the next day goes out.
+	h.produce(append([]*kgo.Record{event("c", "c00", d+day+100)}, tick(d+day+200)...)...)
+	awaitBalances(t, h, "c00's of the next day", func(bs map[string]*schemas.Balance) bool {
+		return bs["c00"] != nil && bs["c00"].PeriodStart == d+day
+	})
+	prunes := counterWith(reg, "meterline_aggregate_chunks_total", "work", "prune")
+	wm := d + day + 5000
+	h.produce(append([]*kgo.Record{h.watermark(0, 0, 1, wm)}, tick(wm+1)...)...)
+	awaitPeriodStartDone(t, reg, prunes)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	starts := map[string][]int64{}
+	for _, b := range readTopic[schemas.Balance](t, h.brokers, h.names.BalancesTopic()) {
+		if b.PeriodStart == d+day && len(b.Meters) == 1 {
+			starts[b.CustomerID] = append(starts[b.CustomerID], b.Meters[0].Usage)
+		}
+	}
+	if got, want := fmt.Sprint(starts), "map[c00:[3] c01:[0]]"; got != want {
+		t.Errorf("the usage of each balance of the next day by customer: %s, want %s", got, want)
+	}
 }

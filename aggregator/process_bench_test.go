@@ -54,19 +54,9 @@ func makeProcInput() (procInput, error) {
 	in := procInput{names: topics.DefaultNames()}
 	in.names.Prefix = "bench."
 	now := procBenchNow
-	written := now.Add(-benchinput.EventSpread - time.Millisecond)
-	for i, kv := range []struct {
-		key string
-		m   schemas.Message
-		at  time.Time
-	}{{schemas.DefaultPlanKey, benchinput.Plan(), written}, {schemas.RateCardKey, benchinput.Rates(), written},
-		{schemas.TickKey, &schemas.Tick{InstanceID: "bench"}, now.Add(time.Millisecond)}} {
-		v, err := schemas.Encode(kv.m)
-		if err != nil {
-			return in, err
-		}
-		in.ent = append(in.ent, &kgo.Record{Topic: in.names.EntitlementsTopic(), Partition: 0, Offset: int64(i),
-			Key: []byte(kv.key), Value: v, Timestamp: kv.at})
+	var err error
+	if in.ent, err = procBenchEnt(in.names, now); err != nil {
+		return in, err
 	}
 	wm := schemas.MustEncode(&schemas.Watermark{SourcePartition: 0, SourcePartitions: 1, Watermark: now.Add(-time.Hour).UnixMilli()})
 	topic := in.names.DedupedTopic()
@@ -91,6 +81,28 @@ func makeProcInput() (procInput, error) {
 		in.n++
 	}
 	return in, nil
+}
+
+// procBenchEnt is partition 0 of usage.entitlements of the input arriving
+// at now: the default plan and the rate card benchinput.EventSpread and a
+// millisecond older, a tick a millisecond younger.
+func procBenchEnt(names topics.Names, now time.Time) ([]*kgo.Record, error) {
+	var recs []*kgo.Record
+	written := now.Add(-benchinput.EventSpread - time.Millisecond)
+	for i, kv := range []struct {
+		key string
+		m   schemas.Message
+		at  time.Time
+	}{{schemas.DefaultPlanKey, benchinput.Plan(), written}, {schemas.RateCardKey, benchinput.Rates(), written},
+		{schemas.TickKey, &schemas.Tick{InstanceID: "bench"}, now.Add(time.Millisecond)}} {
+		v, err := schemas.Encode(kv.m)
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, &kgo.Record{Topic: names.EntitlementsTopic(), Partition: 0, Offset: int64(i),
+			Key: []byte(kv.key), Value: v, Timestamp: kv.at})
+	}
+	return recs, nil
 }
 
 // procBenchProcessor is the aggregator's processor of partition counts
