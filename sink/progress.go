@@ -449,8 +449,8 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]i
 	// Partitions with a committed offset and no progress: compare with
 	// their log start offset (a committed offset there skips nothing).
 	// Partitions with progress (or another group's) and no committed
-	// offset: likewise (a log starting at or past the progress reads
-	// nothing again).
+	// offset: likewise (the error names it; for another group's, a log
+	// starting at or past that progress reads nothing again).
 	var missing []tp
 	for k, committed := range parts {
 		if rec.needsStart(k, committed) {

@@ -247,10 +247,12 @@ func TestProgressAdoptsExistingDatabase(t *testing.T) {
 	recs, _ := e.events(10, base)
 	e.produce(recs...)
 	e.runOnce(topic)
-	// As before migration 008: no progress table. Then apply it.
+	// As before migration 008: no progress table. Then apply it, and the
+	// migration that adds from_committed.
 	e.exec("DROP TABLE " + e.db + "." + ProgressTable)
 	m, _ := progressMigration(t)
-	for _, stmt := range m.Statements {
+	_, fc := fromCommittedMigration(t)
+	for _, stmt := range append(m.Statements, fc.Statements...) {
 		if err := e.conn.Exec(ctxT(t, time.Minute), stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
 		}
@@ -391,20 +393,20 @@ func (e *env) expectLost(r *running, topic string, p int32, progress, start int6
 	}
 }
 
-// resetToEarliest sets the group's offset of every partition of topic to
-// its log start, as kafka-consumer-groups --reset-offsets --to-earliest
-// --execute does while no sink runs.
-func (e *env) resetToEarliest(topic string) {
+// resetToEarliest sets the group's offset of every partition of topics
+// to its log start, as kafka-consumer-groups --reset-offsets
+// --to-earliest --execute does while no sink runs.
+func (e *env) resetToEarliest(topics ...string) {
 	e.t.Helper()
 	adm := testenv.Admin(e.t, e.brokers)
-	starts, err := adm.ListStartOffsets(ctxT(e.t, 30*time.Second), topic)
+	starts, err := adm.ListStartOffsets(ctxT(e.t, 30*time.Second), topics...)
 	if err == nil {
 		err = starts.Error()
 	}
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	starts.Each(func(o kadm.ListedOffset) { e.setOffset(topic, o.Partition, o.Offset) })
+	starts.Each(func(o kadm.ListedOffset) { e.setOffset(o.Topic, o.Partition, o.Offset) })
 }
 
 // TestLostGroupOffsetsParkedRow: DESIGN §7, a row parked is never parked
@@ -423,7 +425,7 @@ func TestLostGroupOffsetsParkedRow(t *testing.T) {
 	e.parkedOnce(4, "after the stop")
 
 	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)))
-	e.resetToEarliest(topic)
+	e.resetToEarliest(topic, e.names.RejectedTopic())
 	r := e.runOnce(topic, e.names.RejectedTopic())
 	for outcome, want := range map[string]float64{outcomeParked: 0, outcomeParkedBefore: 1, outcomePresent: 9, outcomeInserted: 1} {
 		if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcome); got != want {
@@ -460,7 +462,7 @@ func TestLostGroupOffsetsCrashes(t *testing.T) {
 	e.waitDeleteGroup()
 	e.expectLost(e.start(nil), topic, 0, 15, 0)
 
-	e.resetToEarliest(topic)
+	e.resetToEarliest(topic, e.names.RejectedTopic())
 	p = e.spawn(FaultAfterPark, e.sinkArgs()...)
 	p.ExpectFaultKill(t, FaultAfterPark, 2*time.Minute)
 	p = e.spawn("", e.sinkArgs()...)
@@ -484,9 +486,7 @@ func TestLostGroupOffsetsCrashes(t *testing.T) {
 func TestCrashBeforeFirstCommit(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
-	e.producePoisoned(topic, 10, 4)
-	p := e.spawn(FaultAfterProgress, e.sinkArgs()...)
-	p.ExpectFaultKill(t, FaultAfterProgress, 2*time.Minute)
+	e.poisonedKill(topic, 4, FaultAfterProgress)
 	if c := e.committed(topic); len(c) != 0 {
 		t.Fatalf("committed offsets %v after the kill, want none", c)
 	}
@@ -546,7 +546,7 @@ func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
 		t.Fatalf("delete records below offset 10: %v", err)
 	}
 	e.expectLost(e.start(nil), topic, 0, 10, 10)
-	e.resetToEarliest(topic)
+	e.resetToEarliest(topic, e.names.RejectedTopic())
 	e.runOnce(topic, e.names.RejectedTopic())
 	e.exact(TableEvents, 11)
 	e.parkedOnce(4, "after the reset")
@@ -572,6 +572,16 @@ func (e *env) producePoisoned(topic string, n, bad int) {
 	e.t.Helper()
 	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
 	e.produce(e.poisonedRange(topic, 0, n, bad)...)
+}
+
+// poisonedKill produces ten records to partition 0 of topic, ClickHouse
+// refusing the one at offset bad, and runs the sink until it kills itself
+// at fault point faultSpec.
+func (e *env) poisonedKill(topic string, bad int, faultSpec string) {
+	e.t.Helper()
+	e.producePoisoned(topic, 10, bad)
+	p := e.spawn(faultSpec, e.sinkArgs()...)
+	p.ExpectFaultKill(e.t, faultSpec, 2*time.Minute)
 }
 
 // poisonedRange returns the records at offsets from..to-1 of partition 0 of
