@@ -600,3 +600,37 @@ func (e *env) poisonedRange(topic string, from, to, bad int) []*kgo.Record {
 	recs[bad-from].Value = schemas.MustEncode(&ev)
 	return recs
 }
+
+// TestFirstCommitRecordedOnAssignment: the sink is killed after the
+// progress row of a fresh group's first window, and the group's offset
+// then stands at that progress (as if the commit had landed and the sink
+// died before recording it with from_committed = 1). The next sink
+// records it on assignment, with no record to consume: the group's
+// offsets lost afterwards stop the sink instead of reading again.
+func TestFirstCommitRecordedOnAssignment(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	recs, _ := e.events(10, base)
+	e.produce(recs...)
+	p := e.spawn(FaultAfterProgress, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterProgress, 2*time.Minute)
+	end := e.endOffset(topic, 0)
+	if got := e.count(ProgressTable, fmt.Sprintf("kafka_topic = '%s' AND next_offset = %d AND from_committed = 0", topic, end)); got != 1 {
+		t.Fatalf("progress rows at %d from no committed offset after the kill = %d, want 1", end, got)
+	}
+	e.waitDeleteGroup()
+	e.setOffset(topic, 0, end)
+
+	r := e.start(nil)
+	for deadline := time.Now().Add(time.Minute); e.count(ProgressTable, fmt.Sprintf("kafka_topic = '%s' AND next_offset = %d AND from_committed = 1", topic, end)) == 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = r.stop()
+			t.Fatalf("no progress row at %d from a committed offset a minute after the assignment", end)
+		}
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.deleteGroup()
+	e.expectLost(e.start(nil), topic, 0, end, 0)
+}
