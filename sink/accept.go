@@ -110,7 +110,7 @@ func AcceptOffsets(ctx context.Context, cfg AcceptOffsetsConfig) ([]AcceptedOffs
 	var out []AcceptedOffset
 	progress := map[tp]int64{}
 	for _, k := range sortedParts(committed) {
-		v, b := rec.classify(k, committed[k], starts[k], 0)
+		v, b := rec.classify(k, committed[k], starts[k])
 		if v != verdictBad {
 			continue
 		}
@@ -138,7 +138,7 @@ func AcceptOffsets(ctx context.Context, cfg AcceptOffsetsConfig) ([]AcceptedOffs
 	}
 	ictx, cancel := context.WithTimeout(ctx, cfg.QueryTimeout)
 	defer cancel()
-	if err := insertProgress(ictx, cfg.Conn, cfg.Database, cfg.Group, progress, now); err != nil {
+	if err := insertProgress(ictx, cfg.Conn, cfg.Database, cfg.Group, progress, committedParts(progress), now); err != nil {
 		return nil, err
 	}
 	for _, a := range out {
@@ -262,4 +262,14 @@ func whoami() string {
 		host = "unknown"
 	}
 	return name + "@" + host
+}
+
+// committedParts marks every partition of progress as read from a
+// committed offset: accept-offsets records a committed offset.
+func committedParts(progress map[tp]int64) map[tp]bool {
+	out := make(map[tp]bool, len(progress))
+	for k := range progress {
+		out[k] = true
+	}
+	return out
 }

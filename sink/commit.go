@@ -109,7 +109,8 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	// partition, the offset just past its parked row — and the parked
 	// rows are committed together.
 	w.m.session.Transactions.WithLabelValues(session.Committed).Inc()
-	w.afterCommit(win, decodeParks, parks, stops, held)
+	first := w.afterCommit(win, decodeParks, parks, stops, held)
+	w.recordFirstCommits(ctx, first)
 	return nil
 }
 
@@ -163,11 +164,12 @@ func (w *Writer) produceParks(decodeParks []decodePark, parks []parked, produced
 
 // afterCommit records a committed window: the partitions' committed
 // offsets (advance), the metrics and log lines of what it parked, and the
-// test hook.
-func (w *Writer) afterCommit(win *window, decodeParks []decodePark, parks []parked, stops map[tp]stop, held int) {
+// test hook. It returns the partitions the group committed for the first
+// time (advance).
+func (w *Writer) afterCommit(win *window, decodeParks []decodePark, parks []parked, stops map[tp]stop, held int) (first map[tp]int64) {
 	heldRecs := win.heldRecords(stops)
 	w.m.committed.Add(float64(win.records - heldRecs))
-	w.advance(win.last, stops)
+	first = w.advance(win.last, stops)
 	if w.hook != nil {
 		ev := hookEvent{kind: hookCommit}
 		for _, p := range parks {
@@ -208,6 +210,7 @@ func (w *Writer) afterCommit(win *window, decodeParks []decodePark, parks []park
 		// again, and the resume rule skips what is present.
 		fault.Hit(FaultAfterParkCommit)
 	}
+	return first
 }
 
 // rewind moves each stopped partition's consumed offset back to just past
@@ -274,10 +277,12 @@ func reasonOf(r *kgo.Record) string {
 // advance records a committed window: each partition's committed offset
 // moves past its last polled record (a stopped partition's: past its
 // parked row), and a partition whose present rows all lie below it is
-// clean again.
-func (w *Writer) advance(last map[tp]int64, stops map[tp]stop) {
+// clean again. It returns the partitions that had no committed offset of
+// the group before this window, with their new committed offset.
+func (w *Writer) advance(last map[tp]int64, stops map[tp]stop) map[tp]int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	first := map[tp]int64{}
 	for k, off := range last {
 		ps, ok := w.parts[k]
 		if !ok {
@@ -287,11 +292,16 @@ func (w *Writer) advance(last map[tp]int64, stops map[tp]stop) {
 			off = st.offset
 		}
 		ps.committed = off + 1
+		if !ps.fromCommitted {
+			first[k] = ps.committed
+		}
+		ps.fromCommitted = true
 		if ps.dirty && ps.maxKnown && ps.presentMax < ps.committed {
 			ps.dirty = false
 			ps.maxKnown = false
 		}
 	}
+	return first
 }
 
 // markDirty marks partitions as possibly holding rows past their committed

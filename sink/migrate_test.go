@@ -219,7 +219,7 @@ func TestMigrateAlterReRun(t *testing.T) {
 		}
 	}
 	if alters < 2 {
-		t.Fatalf("%d migrations are a single ALTER TABLE, want 2 (002 and 007)", alters)
+		t.Fatalf("%d migrations are a single ALTER TABLE, want at least 2 (002, 007 and 010)", alters)
 	}
 	if _, err := Migrate(ctx, conn); err != nil {
 		t.Fatal(err)

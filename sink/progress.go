@@ -48,21 +48,24 @@ import (
 // progress.
 //
 // A partition with recorded progress and no committed offset at all is
-// read from its start: normal after a crash before the group's first
-// commit (the progress of a window cut before its commit). When the
-// group's offsets were lost instead (expired after
-// offsets.retention.minutes, or the group deleted), the resume lookup
-// skips the rows already in the tables, but rows ClickHouse refused and
-// the sink parked would be parked a second time (DESIGN §7). Resuming at
-// the recorded progress is not always sound either: a window cut between
-// its progress row and its commit leaves progress above the offset really
-// committed, and a row refused in between was parked in the aborted
-// transaction only. So when usage_rejected holds a row the sink parked
-// from such a partition below its progress, the sink stops before it
-// consumes anything of the partition (ErrOffsetsLost), naming it, its
-// progress and the command that sets the offset; unless the partition's
-// log now starts at or past the progress (nothing below it is read
-// again).
+// either a crash before the partition's first commit (the progress of a
+// window cut before its commit) or the group's offsets lost (expired
+// after offsets.retention.minutes, or the group deleted). Each progress
+// row says which: from_committed (migration 010) is 0 when its window
+// started with no committed offset of the group, 1 otherwise, and the
+// row of the highest next_offset decides (1 on a tie). 0: the partition
+// is read from its start, as on a first start; the resume lookup skips
+// the rows already in the tables and reread.go parks no refused row
+// twice. 1: the offsets were lost, and the sink stops before it consumes
+// anything of the partition (ErrOffsetsLost, DESIGN §6.6: never reset
+// silently), naming it, its progress, its log start and the repairs: a
+// reset to the earliest offset, or to an offset at or below the
+// progress (both safe: reread.go parks nothing twice). Not a reset to
+// exactly the progress as a rule: a window cut between its progress row
+// and its commit leaves the progress past the offset really committed,
+// and a row refused there was parked in the aborted transaction only.
+// Rows written before migration 010 read 1: they stop rather than
+// re-read.
 
 // ProgressTable is the table of the sink's progress (migration 008).
 const ProgressTable = "sink_progress"
@@ -76,9 +79,9 @@ const FaultAfterProgress = "sink.after-progress"
 var ErrOffsetsAhead = errors.New("committed offsets ahead of the database")
 
 // ErrOffsetsLost is returned (wrapped) by Run when an assigned partition
-// has no committed offset but the database records progress for it, and
-// rows parked from it below the progress that reading it again would
-// park twice.
+// has no committed offset but the group recorded progress for it from a
+// window that started from a committed offset: the group's offsets were
+// lost.
 var ErrOffsetsLost = errors.New("committed offsets lost")
 
 // ErrOtherGroup is returned (wrapped) by Run when an assigned partition
@@ -109,9 +112,18 @@ func (w *Writer) recordProgress(ctx context.Context, progress map[tp]int64) erro
 	if len(progress) == 0 {
 		return nil
 	}
+	fromCommitted := make(map[tp]bool, len(progress))
+	w.mu.Lock()
+	for k := range progress {
+		// A partition revoked meanwhile (its window cannot commit)
+		// records 1: a stop rather than a re-read.
+		ps, ok := w.parts[k]
+		fromCommitted[k] = !ok || ps.fromCommitted
+	}
+	w.mu.Unlock()
 	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.InsertTimeout)
 	defer cancel()
-	if err := insertProgress(ictx, w.getConn(), w.cfg.Database, w.cfg.Group, progress, time.Now()); err != nil {
+	if err := insertProgress(ictx, w.getConn(), w.cfg.Database, w.cfg.Group, progress, fromCommitted, time.Now()); err != nil {
 		return err
 	}
 	// Guarantee: the progress is recorded, the offsets not committed yet
@@ -121,16 +133,39 @@ func (w *Writer) recordProgress(ctx context.Context, progress map[tp]int64) erro
 	return nil
 }
 
+// recordFirstCommits writes, once the first window of partitions that
+// had no committed offset of the group committed, their progress again
+// with from_committed = 1: that window's row says 0, and the group's
+// offsets, lost later, would otherwise read as a crash before the first
+// commit. On a tie of next_offset, 1 wins (progressQuery). A failure
+// only delays it: the partition's next window, or the next check on
+// assignment, records 1.
+func (w *Writer) recordFirstCommits(ctx context.Context, first map[tp]int64) {
+	if len(first) == 0 {
+		return
+	}
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.InsertTimeout)
+	defer cancel()
+	if err := insertProgress(ictx, w.getConn(), w.cfg.Database, w.cfg.Group, first, committedParts(first), time.Now()); err != nil {
+		w.log.Warn("cannot record that the group committed these partitions for the first time; the next window of each records it", zap.Error(err))
+	}
+}
+
 // insertProgress writes one progress row of group per partition, in one
-// INSERT.
-func insertProgress(ctx context.Context, conn driver.Conn, db, group string, progress map[tp]int64, now time.Time) error {
+// INSERT; fromCommitted says, per partition, whether its window started
+// from a committed offset of the group.
+func insertProgress(ctx context.Context, conn driver.Conn, db, group string, progress map[tp]int64, fromCommitted map[tp]bool, now time.Time) error {
 	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+"."+ProgressTable+
-		" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at)")
+		" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed)")
 	if err != nil {
 		return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
 	}
 	for _, k := range sortedParts(progress) {
-		if err := b.Append(group, k.topic, k.p, uint64(progress[k]), now.UTC()); err != nil {
+		fc := uint8(0)
+		if fromCommitted[k] {
+			fc = 1
+		}
+		if err := b.Append(group, k.topic, k.p, uint64(progress[k]), now.UTC(), fc); err != nil {
 			_ = b.Abort()
 			return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
 		}
@@ -154,13 +189,15 @@ func sortedParts[V any](m map[tp]V) []tp {
 func (k tp) less(o tp) bool { return k.topic < o.topic || k.topic == o.topic && k.p < o.p }
 
 // recorded is what sink_progress says: each partition's progress recorded
-// by the group, the highest recorded by another group (a database written
-// under another group name), and whether the database carries the
-// adoption marker.
+// by the group, and whether its window started from a committed offset of
+// the group (fromCommitted), the highest recorded by another group (a
+// database written under another group name), and whether the database
+// carries the adoption marker.
 type recorded struct {
-	progress map[tp]int64
-	others   map[tp]groupProgress
-	adopt    bool
+	progress      map[tp]int64
+	fromCommitted map[tp]bool
+	others        map[tp]groupProgress
+	adopt         bool
 }
 
 // groupProgress is a partition's progress recorded by another group.
@@ -173,9 +210,10 @@ func (w *Writer) readProgress(ctx context.Context) (recorded, error) {
 	return readProgress(ctx, w.getConn(), w.cfg.Database, w.cfg.Group, w.cfg.QueryTimeout)
 }
 
-// progressQuery reads the progress of every group and partition.
+// progressQuery reads the progress of every group and partition, and the
+// from_committed of its row (1 when two rows of that progress differ).
 func progressQuery(db string) string {
-	return "SELECT consumer_group, kafka_topic, kafka_partition, max(next_offset) FROM " + db + "." + ProgressTable +
+	return "SELECT consumer_group, kafka_topic, kafka_partition, max(next_offset), argMax(from_committed, (next_offset, from_committed)) FROM " + db + "." + ProgressTable +
 		" GROUP BY consumer_group, kafka_topic, kafka_partition ORDER BY consumer_group, kafka_topic, kafka_partition"
 }
 
@@ -189,12 +227,13 @@ func readProgress(ctx context.Context, conn driver.Conn, db, group string, timeo
 		return recorded{}, fmt.Errorf("sink: read %s: %w", ProgressTable, err)
 	}
 	defer rows.Close()
-	out := recorded{progress: map[tp]int64{}, others: map[tp]groupProgress{}}
+	out := recorded{progress: map[tp]int64{}, fromCommitted: map[tp]bool{}, others: map[tp]groupProgress{}}
 	for rows.Next() {
 		var g, topic string
 		var p int32
 		var off uint64
-		if err := rows.Scan(&g, &topic, &p, &off); err != nil {
+		var fc uint8
+		if err := rows.Scan(&g, &topic, &p, &off, &fc); err != nil {
 			return recorded{}, fmt.Errorf("sink: read %s: %w", ProgressTable, err)
 		}
 		k := tp{topic, p}
@@ -204,6 +243,7 @@ func readProgress(ctx context.Context, conn driver.Conn, db, group string, timeo
 		case topic == "":
 		case g == group:
 			out.progress[k] = int64(off)
+			out.fromCommitted[k] = fc != 0
 		default:
 			if o, ok := out.others[k]; !ok || int64(off) > o.progress || int64(off) == o.progress && g < o.group {
 				out.others[k] = groupProgress{group: g, progress: int64(off)}
@@ -290,42 +330,6 @@ type ahead struct {
 	// by is the group that recorded progress, when another group did.
 	by       string
 	logStart int64
-	parked   uint64
-}
-
-// parkedBelow counts, per partition of parts, the rows of usage_rejected
-// the sink parked from it below its progress.
-func (w *Writer) parkedBelow(ctx context.Context, parts []tp, progress map[tp]int64) (map[tp]uint64, error) {
-	out := map[tp]uint64{}
-	if len(parts) == 0 {
-		return out, nil
-	}
-	conds := make([]string, len(parts))
-	for i, k := range parts {
-		conds[i] = fmt.Sprintf("(source_topic = %s AND source_partition = %d AND source_offset < %d)", quote(k.topic), k.p, progress[k])
-	}
-	q := "SELECT source_topic, source_partition, count() FROM " + w.cfg.Database + "." + TableRejected +
-		" WHERE stage = 'sink' AND (" + strings.Join(conds, " OR ") + ") GROUP BY source_topic, source_partition"
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
-	defer cancel()
-	rows, err := w.getConn().Query(qctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var topic string
-		var p int32
-		var n uint64
-		if err := rows.Scan(&topic, &p, &n); err != nil {
-			return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
-		}
-		out[tp{topic, p}] = n
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
-	}
-	return out, nil
 }
 
 // effective is the progress that a committed offset of partition k is
@@ -360,25 +364,22 @@ const (
 )
 
 // classify compares partition k's committed offset (-1: none) with what
-// the database records, given its log start offset (when needsStart) and
-// the number of rows the sink parked from it below the group's own
-// progress (when the offset is missing).
-func (rec recorded) classify(k tp, committed, start int64, parked uint64) (verdict, ahead) {
+// the database records, given its log start offset (when needsStart).
+func (rec recorded) classify(k tp, committed, start int64) (verdict, ahead) {
 	own, hasOwn := rec.progress[k]
 	other, hasOther := rec.others[k]
 	progress, by, ok := rec.effective(k)
 	switch {
-	case committed < 0 && hasOwn && parked > 0:
-		// The group's offset was lost: reading from the start would
-		// park refused rows again, resuming at the progress could
-		// skip the parking of a row refused in a window cut before
-		// its commit.
-		return verdictBad, ahead{k: k, committed: -1, progress: own, logStart: start, parked: parked}
+	case committed < 0 && hasOwn && rec.fromCommitted[k]:
+		// The group's offsets were lost: its progress was recorded
+		// by a window that started from a committed offset (DESIGN
+		// §6.6: no silent reset).
+		return verdictBad, ahead{k: k, committed: -1, progress: own, logStart: start}
 	case committed < 0 && hasOwn:
-		// A first start (or one after a crash before the first
-		// commit), no row parked below the progress, or a log that
-		// starts past it: it reads from the earliest offset, and the
-		// resume lookup skips the rows already in the tables.
+		// A restart after a crash before the partition's first
+		// commit: it reads from the earliest offset, the resume
+		// lookup skips the rows already in the tables, and reread.go
+		// parks no refused row twice.
 		return verdictOK, ahead{}
 	case committed < 0 && hasOther && start < other.progress:
 		// Another group wrote this partition's records into this
@@ -448,8 +449,8 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]i
 	// Partitions with a committed offset and no progress: compare with
 	// their log start offset (a committed offset there skips nothing).
 	// Partitions with progress (or another group's) and no committed
-	// offset: likewise (a log starting at or past the progress reads
-	// nothing again).
+	// offset: likewise (the error names it; for another group's, a log
+	// starting at or past that progress reads nothing again).
 	var missing []tp
 	for k, committed := range parts {
 		if rec.needsStart(k, committed) {
@@ -460,22 +461,10 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]i
 	if err != nil {
 		return nil, err
 	}
-	// Partitions with progress, no committed offset and records below the
-	// progress: how many rows the sink parked from them below it.
-	var lost []tp
-	for k, committed := range parts {
-		if progress, ok := rec.progress[k]; ok && committed < 0 && starts[k] < progress {
-			lost = append(lost, k)
-		}
-	}
-	parked, err := w.parkedBelow(ctx, lost, rec.progress)
-	if err != nil {
-		return nil, err
-	}
 	var bad []ahead
 	var adopted []string
 	for k, committed := range parts {
-		switch v, b := rec.classify(k, committed, starts[k], parked[k]); v {
+		switch v, b := rec.classify(k, committed, starts[k]); v {
 		case verdictAdopted:
 			adopted = append(adopted, fmt.Sprintf("%s/%d@%d", k.topic, k.p, committed))
 		case verdictBad:
@@ -488,6 +477,16 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]i
 			zap.Strings("partitions", adopted))
 	}
 	if len(bad) == 0 {
+		// A first commit whose progress row with from_committed = 1 was
+		// not written (recordFirstCommits failed, or a crash came
+		// first): the group has an offset now.
+		first := map[tp]int64{}
+		for k, committed := range parts {
+			if own, ok := rec.progress[k]; ok && committed >= 0 && !rec.fromCommitted[k] {
+				first[k] = own
+			}
+		}
+		w.recordFirstCommits(ctx, first)
 		return w.rereads(rec, parts), nil
 	}
 	sort.Slice(bad, func(i, j int) bool { return bad[i].k.less(bad[j].k) })
@@ -529,8 +528,12 @@ func (w *Writer) describeAhead(b ahead) string {
 		return fmt.Sprintf("group %s has no committed offset and no progress for %s partition %d, but in database %s group %s recorded progress %d for it in %s (a new group name on an existing database?), and the partition starts at %d: reading it again from the start would park the rows refused below %d in %s a second time, and two groups writing one database write every new row twice. Run the sink with --group %s; or, if group %s is retired, stop every sink of both groups, then run: kafka-consumer-groups.sh --bootstrap-server %s --group %s --topic %s:%d --reset-offsets --to-offset %d --execute",
 			w.cfg.Group, b.k.topic, b.k.p, w.cfg.Database, b.by, b.progress, ProgressTable, b.logStart, b.progress, TableRejected, b.by, b.by, brokers, w.cfg.Group, b.k.topic, b.k.p, b.progress)
 	case b.committed < 0:
-		return fmt.Sprintf("group %s has no committed offset for %s partition %d (offsets expired after offsets.retention.minutes, or the group was deleted), but database %s records progress %d for it in %s, the partition starts at %d and %d of its rows below the progress are parked in %s: reading it again from the start would park them a second time. Records below %d are in their tables; a row refused below it was parked unless the sink's last window was cut between its progress row and its commit (see docs/operations.md). To resume at the recorded progress, %s --to-offset %d --execute",
-			w.cfg.Group, b.k.topic, b.k.p, w.cfg.Database, b.progress, ProgressTable, b.logStart, b.parked, TableRejected, b.progress, reset, b.progress)
+		gone := ""
+		if b.logStart > b.progress {
+			gone = fmt.Sprintf(" Records %d..%d are no longer in the log and in no table: after the reset the sink stops on them (committed offset ahead of the database) until they are accepted with meterline sink accept-offsets.", b.progress, b.logStart-1)
+		}
+		return fmt.Sprintf("group %s has no committed offset for %s partition %d (offsets expired after offsets.retention.minutes, or the group was deleted), but database %s records progress %d for it in %s from a committed offset, and the partition starts at %d: not reading it from the start without being told. Reading it again is safe (the rows in the tables are skipped, no refused row is parked twice). To read it from its start, %s --to-earliest --execute; or, to read it from an offset N at or below %d, %s --to-offset N --execute.%s",
+			w.cfg.Group, b.k.topic, b.k.p, w.cfg.Database, b.progress, ProgressTable, b.logStart, reset, b.progress, reset, gone)
 	}
 	accept := fmt.Sprintf("To skip them on purpose instead, stop every sink of the group, then run: meterline sink accept-offsets --group %s --database %s --topic %s --partition %d (it records the gap in %s)",
 		w.cfg.Group, w.cfg.Database, b.k.topic, b.k.p, SkipsTable)

@@ -66,8 +66,8 @@ func expectStop(t *testing.T, r *running, target error, want ...string) {
 }
 
 // runOnce runs the sink until the group has committed every record of
-// topics and checks that it did not stop on its own.
-func (e *env) runOnce(topics ...string) {
+// topics, checks that it did not stop on its own, and returns it stopped.
+func (e *env) runOnce(topics ...string) *running {
 	e.t.Helper()
 	r := e.start(nil)
 	e.waitCaughtUp(time.Minute, topics...)
@@ -79,6 +79,7 @@ func (e *env) runOnce(topics ...string) {
 	if err := r.stop(); err != nil {
 		e.t.Fatal(err)
 	}
+	return r
 }
 
 // TestCommittedOffsetAheadOfProgress: DESIGN §6.6. The group's committed
@@ -246,10 +247,12 @@ func TestProgressAdoptsExistingDatabase(t *testing.T) {
 	recs, _ := e.events(10, base)
 	e.produce(recs...)
 	e.runOnce(topic)
-	// As before migration 008: no progress table. Then apply it.
+	// As before migration 008: no progress table. Then apply it, and the
+	// migration that adds from_committed.
 	e.exec("DROP TABLE " + e.db + "." + ProgressTable)
 	m, _ := progressMigration(t)
-	for _, stmt := range m.Statements {
+	_, fc := fromCommittedMigration(t)
+	for _, stmt := range append(m.Statements, fc.Statements...) {
 		if err := e.conn.Exec(ctxT(t, time.Minute), stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
 		}
@@ -336,11 +339,14 @@ func (e *env) deleteGroup() {
 	}
 }
 
-// TestLostGroupOffsets: the tables hold every row and sink_progress
-// records how far, but the group has no committed offsets any more
-// (deleted, or expired after offsets.retention.minutes) and the sink
-// parked no row. It reads the topic again from the start and the resume
-// rule skips every row it finds: nothing is written twice.
+// TestLostGroupOffsets: DESIGN §6.6, offsets are never reset silently.
+// The tables hold every row and sink_progress records how far, but the
+// group has no committed offsets any more (deleted, or expired after
+// offsets.retention.minutes) and the sink parked no row. It stops before
+// writing anything, naming each partition, its progress, its log start
+// and the repairs; after the documented reset to the earliest offset it
+// reads the topic again and the resume rule skips every row it finds:
+// nothing is written twice.
 func TestLostGroupOffsets(t *testing.T) {
 	e := newEnv(t, 4)
 	topic := e.names.DedupedTopic()
@@ -352,54 +358,175 @@ func TestLostGroupOffsets(t *testing.T) {
 	if c := e.committed(topic); len(c) != 0 {
 		t.Fatalf("committed offsets %v after deleting the group, want none", c)
 	}
+	end := e.endOffset(topic, 0)
 	r := e.start(nil)
-	e.waitCaughtUp(time.Minute, topic)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
+	e.expectLost(r, topic, 0, end, 0)
+	for p := int32(1); p < 4; p++ {
+		if want := topic + fmt.Sprintf(" partition %d ", p); !strings.Contains(r.err.Error(), want) {
+			t.Errorf("the error does not name %q: %v", want, r.err)
+		}
 	}
+	e.exact(TableEvents, uint64(n))
+
+	e.resetToEarliest(topic)
+	r = e.runOnce(topic)
 	e.exact(TableEvents, uint64(n))
 	if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomePresent); got != float64(n) {
 		t.Errorf("rows skipped as already present = %v, want %d", got, n)
 	}
 }
 
+// expectLost waits for the sink to stop with ErrOffsetsLost for partition
+// p of topic, recorded progress progress and log start start, and checks
+// that it names both repairs and not a reset to exactly the progress.
+func (e *env) expectLost(r *running, topic string, p int32, progress, start int64) {
+	e.t.Helper()
+	reset := fmt.Sprintf("--group %s --topic %s:%d --reset-offsets", e.group, topic, p)
+	expectStop(e.t, r, ErrOffsetsLost, fmt.Sprintf("group %s has no committed offset for %s partition %d ", e.group, topic, p),
+		fmt.Sprintf("records progress %d ", progress), fmt.Sprintf("the partition starts at %d", start),
+		reset+" --to-earliest --execute", fmt.Sprintf("from an offset N at or below %d", progress), reset+" --to-offset N --execute")
+	if errors.Is(r.err, ErrOffsetsAhead) || errors.Is(r.err, ErrOtherGroup) {
+		e.t.Errorf("the error wraps ErrOffsetsAhead or ErrOtherGroup: %v", r.err)
+	}
+	if s := fmt.Sprintf("--to-offset %d ", progress); strings.Contains(r.err.Error(), s) {
+		e.t.Errorf("the error advises %q (a reset to exactly the progress can skip a park aborted with its window): %v", s, r.err)
+	}
+}
+
+// resetToEarliest sets the group's offset of every partition of topics
+// to its log start, as kafka-consumer-groups --reset-offsets
+// --to-earliest --execute does while no sink runs.
+func (e *env) resetToEarliest(topics ...string) {
+	e.t.Helper()
+	adm := testenv.Admin(e.t, e.brokers)
+	starts, err := adm.ListStartOffsets(ctxT(e.t, 30*time.Second), topics...)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	starts.Each(func(o kadm.ListedOffset) { e.setOffset(o.Topic, o.Partition, o.Offset) })
+}
+
 // TestLostGroupOffsetsParkedRow: DESIGN §7, a row parked is never parked
 // twice. A row ClickHouse refuses is parked in usage.rejected; then the
-// group's offsets are lost. Read again from the start, the row would be
-// refused and parked a second time: the sink stops instead, and after
-// the offset is set to the recorded progress the row is still parked
-// once.
+// group's offsets are lost. The sink stops; after the documented reset to
+// the earliest offset it reads the partition again: the rows in the table
+// are skipped, the refused row is refused again and found parked
+// already, and nothing is written or parked twice.
 func TestLostGroupOffsetsParkedRow(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.parkOne(topic)
 
 	e.deleteGroup()
-	r := e.start(nil)
-	expectStop(t, r, ErrOffsetsLost, "group "+e.group+" has no committed offset for "+topic+" partition 0",
-		"records progress 10 ", "1 of its rows below the progress are parked",
-		"--group "+e.group+" --topic "+topic+":0 --reset-offsets --to-offset 10 --execute")
-	if errors.Is(r.err, ErrOffsetsAhead) || strings.Contains(r.err.Error(), e.names.RejectedTopic()) {
-		t.Errorf("the error wraps ErrOffsetsAhead or names %s (it parks nothing): %v", e.names.RejectedTopic(), r.err)
-	}
-	if got := e.parkedRecords(); len(got) != 1 {
-		t.Fatalf("parked records %+v after the stop, want the row at offset 4 once", got)
-	}
+	e.expectLost(e.start(nil), topic, 0, 10, 0)
+	e.parkedOnce(4, "after the stop")
 
 	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)))
-	e.setOffset(topic, 0, 10)
-	e.runOnce(topic, e.names.RejectedTopic())
-	e.exact(TableEvents, 10)
-	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
-		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
+	e.resetToEarliest(topic, e.names.RejectedTopic())
+	r := e.runOnce(topic, e.names.RejectedTopic())
+	for outcome, want := range map[string]float64{outcomeParked: 0, outcomeParkedBefore: 1, outcomePresent: 9, outcomeInserted: 1} {
+		if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcome); got != want {
+			t.Errorf("rows %s on the re-read = %v, want %v", outcome, got, want)
+		}
 	}
-	e.exact(TableRejected, 1)
+	e.exact(TableEvents, 10)
+	e.parkedOnce(4, "after the re-read from the start")
+}
+
+// TestLostGroupOffsetsCrashes: DESIGN §6.6 and §7 across crashes. Row 4 is
+// parked and committed. The sink is then killed after the progress row of
+// the window that refused row 14 and before its commit, so row 14's park
+// is aborted while the progress (15) is past it; then the group's offsets
+// are lost. The sink stops; after the documented reset to the earliest
+// offset, row 4 is found parked and row 14 is parked, and the sink is
+// killed again between that park and its commit. The next run parks row
+// 14 once: each refused row is parked once, every other row is written
+// once.
+func TestLostGroupOffsetsCrashes(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.parkOne(topic)
+	e.produce(e.poisonedRange(topic, 10, 20, 14)...)
+
+	p := e.spawn(FaultAfterProgress, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterProgress, 2*time.Minute)
+	if c := e.committed(topic)[0]; c != 10 {
+		t.Fatalf("committed offset after the kill = %d, want 10", c)
+	}
+	if got := e.count(ProgressTable, "kafka_topic = '"+topic+"' AND next_offset = 15 AND from_committed = 1"); got != 1 {
+		t.Fatalf("progress rows at 15 from a committed offset after the kill = %d, want 1 (the window cut before its commit)", got)
+	}
+	e.waitDeleteGroup()
+	e.expectLost(e.start(nil), topic, 0, 15, 0)
+
+	e.resetToEarliest(topic, e.names.RejectedTopic())
+	p = e.spawn(FaultAfterPark, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterPark, 2*time.Minute)
+	p = e.spawn("", e.sinkArgs()...)
+	e.waitCaughtUp(2*time.Minute, topic, e.names.RejectedTopic())
+	p.Stop(t)
+	e.exact(TableEvents, 18)
+	got := e.parkedRecords()
+	if len(got) != 2 || got[0].SourceOffset+got[1].SourceOffset != 4+14 || got[0].SourceOffset == got[1].SourceOffset {
+		t.Fatalf("parked records %+v, want the rows at offsets 4 and 14 once each", got)
+	}
+	e.exact(TableRejected, 2)
+}
+
+// TestCrashBeforeFirstCommit: a fresh group's sink is killed after the
+// progress row of its first window (ClickHouse refused row 4: progress 5)
+// and before that window's commit, so the group never committed the
+// partition. That is no lost offset: the restart reads the partition from
+// its start without stopping, skips the rows in the table, parks row 4
+// once and writes every other row once. Once the group committed, its
+// offsets lost stop the sink.
+func TestCrashBeforeFirstCommit(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.poisonedKill(topic, 4, FaultAfterProgress)
+	if c := e.committed(topic); len(c) != 0 {
+		t.Fatalf("committed offsets %v after the kill, want none", c)
+	}
+	if got := e.count(ProgressTable, "kafka_topic = '"+topic+"' AND from_committed = 0"); got != 1 {
+		t.Fatalf("progress rows from no committed offset after the kill = %d, want 1", got)
+	}
+	if got := e.count(ProgressTable, "kafka_topic = '"+topic+"' AND from_committed = 1"); got != 0 {
+		t.Fatalf("progress rows from a committed offset after the kill = %d, want 0", got)
+	}
+	e.runOnce(topic, e.names.RejectedTopic())
+	e.exact(TableEvents, 9)
+	e.parkedOnce(4, "after the restart")
+
+	// The group has committed now: offsets lost from here stop the sink.
+	e.deleteGroup()
+	e.expectLost(e.start(nil), topic, 0, 10, 0)
+}
+
+// waitDeleteGroup deletes the group once a killed member's session timed
+// out (until then the group is not empty).
+func (e *env) waitDeleteGroup() {
+	e.t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		resp, err := testenv.Admin(e.t, e.brokers).DeleteGroup(ctxT(e.t, 30*time.Second), e.group)
+		if err == nil {
+			err = resp.Err
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("delete group %s: %v", e.group, err)
+		}
+	}
 }
 
 // TestLostGroupOffsetsLogPastProgress: the group's offsets are lost and
-// the sink parked a row, but the partition's log now starts past the
-// recorded progress (retention deleted every record below it): nothing
-// can be read again, so the sink goes on from the log start.
+// the partition's log now starts at the recorded progress (retention
+// deleted every record below it). The sink stops all the same; the reset
+// to the earliest offset then reads nothing again.
 func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
@@ -418,11 +545,11 @@ func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
 	if err != nil {
 		t.Fatalf("delete records below offset 10: %v", err)
 	}
+	e.expectLost(e.start(nil), topic, 0, 10, 10)
+	e.resetToEarliest(topic, e.names.RejectedTopic())
 	e.runOnce(topic, e.names.RejectedTopic())
 	e.exact(TableEvents, 11)
-	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
-		t.Fatalf("parked records %+v, want the row at offset 4 once", got)
-	}
+	e.parkedOnce(4, "after the reset")
 }
 
 // parkOne produces ten records to partition 0 of topic, ClickHouse
@@ -444,15 +571,66 @@ func (e *env) parkOne(topic string) {
 func (e *env) producePoisoned(topic string, n, bad int) {
 	e.t.Helper()
 	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
+	e.produce(e.poisonedRange(topic, 0, n, bad)...)
+}
+
+// poisonedKill produces ten records to partition 0 of topic, ClickHouse
+// refusing the one at offset bad, and runs the sink until it kills itself
+// at fault point faultSpec.
+func (e *env) poisonedKill(topic string, bad int, faultSpec string) {
+	e.t.Helper()
+	e.producePoisoned(topic, 10, bad)
+	p := e.spawn(faultSpec, e.sinkArgs()...)
+	p.ExpectFaultKill(e.t, faultSpec, 2*time.Minute)
+}
+
+// poisonedRange returns the records at offsets from..to-1 of partition 0 of
+// topic, the one at offset bad of customer "poison".
+func (e *env) poisonedRange(topic string, from, to, bad int) []*kgo.Record {
+	e.t.Helper()
 	var recs []*kgo.Record
-	for i := 0; i < n; i++ {
+	for i := from; i < to; i++ {
 		recs = append(recs, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
 	}
 	var ev schemas.DedupedEvent
-	if err := schemas.DecodeInto(recs[bad].Value, &ev); err != nil {
+	if err := schemas.DecodeInto(recs[bad-from].Value, &ev); err != nil {
 		e.t.Fatal(err)
 	}
 	ev.CustomerID = "poison"
-	recs[bad].Value = schemas.MustEncode(&ev)
+	recs[bad-from].Value = schemas.MustEncode(&ev)
+	return recs
+}
+
+// TestFirstCommitRecordedOnAssignment: the sink is killed after the
+// progress row of a fresh group's first window, and the group's offset
+// then stands at that progress (as if the commit had landed and the sink
+// died before recording it with from_committed = 1). The next sink
+// records it on assignment, with no record to consume: the group's
+// offsets lost afterwards stop the sink instead of reading again.
+func TestFirstCommitRecordedOnAssignment(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	recs, _ := e.events(10, base)
 	e.produce(recs...)
+	p := e.spawn(FaultAfterProgress, e.sinkArgs()...)
+	p.ExpectFaultKill(t, FaultAfterProgress, 2*time.Minute)
+	end := e.endOffset(topic, 0)
+	if got := e.count(ProgressTable, fmt.Sprintf("kafka_topic = '%s' AND next_offset = %d AND from_committed = 0", topic, end)); got != 1 {
+		t.Fatalf("progress rows at %d from no committed offset after the kill = %d, want 1", end, got)
+	}
+	e.waitDeleteGroup()
+	e.setOffset(topic, 0, end)
+
+	r := e.start(nil)
+	for deadline := time.Now().Add(time.Minute); e.count(ProgressTable, fmt.Sprintf("kafka_topic = '%s' AND next_offset = %d AND from_committed = 1", topic, end)) == 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = r.stop()
+			t.Fatalf("no progress row at %d from a committed offset a minute after the assignment", end)
+		}
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.deleteGroup()
+	e.expectLost(e.start(nil), topic, 0, end, 0)
 }

@@ -89,9 +89,7 @@ func TestBackwardResetParkedRowAtProgress(t *testing.T) {
 func TestBackwardResetParkNotInTableYet(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
-	e.producePoisoned(topic, 10, 9)
-	p := e.spawn(FaultAfterParkCommit, e.sinkArgs()...)
-	p.ExpectFaultKill(t, FaultAfterParkCommit, 2*time.Minute)
+	e.poisonedKill(topic, 9, FaultAfterParkCommit)
 	for deadline := time.Now().Add(30 * time.Second); e.committed(topic)[0] != 10; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("committed offset after the park = %d, want 10", e.committed(topic)[0])

@@ -60,15 +60,15 @@ func (w *Writer) adjustOffsets(_ context.Context, offsets map[string]map[int32]k
 			committed := o.EpochOffset().Offset
 			if committed < 0 {
 				// A first start reads from the earliest offset. The table
-				// may still hold rows (a crash before the first commit, or
-				// the group's offsets were lost): the lookup then starts at
-				// the first row consumed (see filterPresent). Rows parked
-				// from the partition make checkAssigned stop the sink
-				// first (progress.go).
+				// may still hold rows (a crash before the first commit):
+				// the lookup then starts at the first row consumed (see
+				// filterPresent). When the group's offsets were lost
+				// instead, checkAssigned stops the sink first
+				// (progress.go).
 				committed = -1
 				parts[p] = kgo.NoResetOffset().AtStart()
 			}
-			w.parts[tp{topic, p}] = &pstate{committed: committed, dirty: true}
+			w.parts[tp{topic, p}] = &pstate{committed: committed, dirty: true, fromCommitted: committed >= 0}
 			assigned[topic] = append(assigned[topic], fmt.Sprintf("%d@%d", p, committed))
 		}
 	}

@@ -188,6 +188,10 @@ type pstate struct {
 	// reread: set when the check finds the partition read again below its
 	// recorded progress (reread.go).
 	reread rereadState
+	// fromCommitted: the group has a committed offset for the partition
+	// (at assignment, or since a window of it committed); its progress
+	// rows record it (progress.go).
+	fromCommitted bool
 }
 
 // New prepares a Writer; Run starts it.

@@ -1,0 +1,16 @@
+-- sink_progress.from_committed: whether the window that wrote the progress
+-- row started from a committed offset of its group (1), or read its
+-- partition from the start because the group had none (0: a first start,
+-- or a restart after a crash before the partition's first commit).
+--
+-- On assignment, a partition with recorded progress and no committed
+-- offset reads the row of its highest next_offset: 0 is the crash before
+-- the first commit, and the sink reads the partition from its start; 1
+-- means the group's offsets were lost (expired, or the group deleted), and
+-- the sink stops (DESIGN §6.6; docs/operations.md, "Committed offsets
+-- lost"). Rows written before this migration read 1: they stop rather
+-- than re-read.
+--
+-- 18.16 has no IF NOT EXISTS on ALTER ... ADD COLUMN: one statement, which
+-- the migrator counts as applied when the column is already there.
+ALTER TABLE sink_progress ADD COLUMN from_committed UInt8 DEFAULT 1;
