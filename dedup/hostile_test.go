@@ -36,6 +36,30 @@ func onBrokers(t *testing.T, fn func(t *testing.T, brokers []string)) {
 	t.Run("kafka", func(t *testing.T) { fn(t, testenv.RealKafka(t)) })
 }
 
+// within polls cond every 100 ms until it holds, and fails the test
+// saying what did not happen when it does not hold within d.
+func within(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// deleteChangelogBelow deletes partition 0 of topic below offset, as its
+// retention would.
+func deleteChangelogBelow(ctx context.Context, t *testing.T, adm *kadm.Client, topic string, offset int64) {
+	t.Helper()
+	var del kadm.Offsets
+	del.AddOffset(topic, 0, offset, -1)
+	if _, err := adm.DeleteRecords(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // metricValues returns the values of a metric family by label set
 // ("name=value,..."; "" for none).
 func metricValues(t testing.TB, reg *prometheus.Registry, name string) map[string]float64 {
@@ -547,22 +571,14 @@ func TestMetadataOutlivesRetention(t *testing.T) {
 		// The expiry goes out in transactions of its own after the input
 		// that decided it: wait until it rewrote the partition count past
 		// the records retention will remove.
-		deadline := time.Now().Add(30 * time.Second)
-		for !metadataAtOrAfter(t, h.brokers, h.names.DedupChangelogTopic(), first.Offset) {
-			if time.Now().After(deadline) {
-				t.Fatal("the bucket expiry did not rewrite the partition count within 30 s")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		within(t, 30*time.Second, "the bucket expiry rewrote the partition count", func() bool {
+			return metadataAtOrAfter(t, h.brokers, h.names.DedupChangelogTopic(), first.Offset)
+		})
 		if err := a.stop(); err != nil {
 			t.Fatal(err)
 		}
 		// Retention removes everything written in the first minutes.
-		var del kadm.Offsets
-		del.AddOffset(h.names.DedupChangelogTopic(), 0, first.Offset, -1)
-		if _, err := adm.DeleteRecords(ctx, del); err != nil {
-			t.Fatal(err)
-		}
+		deleteChangelogBelow(ctx, t, adm, h.names.DedupChangelogTopic(), first.Offset)
 		if _, err := adm.CreatePartitions(ctx, 1, h.names.EventsTopic(), h.names.DedupChangelogTopic()); err != nil {
 			t.Fatal(err)
 		}
