@@ -49,6 +49,17 @@ func within(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// changelogEnd returns the end offset of partition 0 of topic.
+func changelogEnd(ctx context.Context, t *testing.T, adm *kadm.Client, topic string) int64 {
+	t.Helper()
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, _ := ends.Lookup(topic, 0)
+	return end.Offset
+}
+
 // deleteChangelogBelow deletes partition 0 of topic below offset, as its
 // retention would.
 func deleteChangelogBelow(ctx context.Context, t *testing.T, adm *kadm.Client, topic string, offset int64) {
@@ -560,11 +571,7 @@ func TestMetadataOutlivesRetention(t *testing.T) {
 		adm := testenv.Admin(t, h.brokers)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		ends, err := adm.ListEndOffsets(ctx, h.names.DedupChangelogTopic())
-		if err != nil {
-			t.Fatal(err)
-		}
-		first, _ := ends.Lookup(h.names.DedupChangelogTopic(), 0)
+		first := changelogEnd(ctx, t, adm, h.names.DedupChangelogTopic())
 		// Ten minutes of broker time later (ten buckets expire).
 		h.produce(h.tick(0, arr+10*60_000))
 		h.caughtUp()
@@ -572,13 +579,13 @@ func TestMetadataOutlivesRetention(t *testing.T) {
 		// that decided it: wait until it rewrote the partition count past
 		// the records retention will remove.
 		within(t, 30*time.Second, "the bucket expiry rewrote the partition count", func() bool {
-			return metadataAtOrAfter(t, h.brokers, h.names.DedupChangelogTopic(), first.Offset)
+			return metadataAtOrAfter(t, h.brokers, h.names.DedupChangelogTopic(), first)
 		})
 		if err := a.stop(); err != nil {
 			t.Fatal(err)
 		}
 		// Retention removes everything written in the first minutes.
-		deleteChangelogBelow(ctx, t, adm, h.names.DedupChangelogTopic(), first.Offset)
+		deleteChangelogBelow(ctx, t, adm, h.names.DedupChangelogTopic(), first)
 		if _, err := adm.CreatePartitions(ctx, 1, h.names.EventsTopic(), h.names.DedupChangelogTopic()); err != nil {
 			t.Fatal(err)
 		}
