@@ -289,9 +289,15 @@ func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Re
 
 // WaitVisible waits until every named topic appears with all its
 // partitions in the brokers' metadata, or ctx ends.
+//
+// Each look asks a broker. kadm answers metadata from the client's cache,
+// for up to MetadataMinAge (5 s by default), so a topic seen missing once
+// (a broker that had not published it yet) would stay missing that long;
+// a metadata request for authorized operations is never served from that
+// cache.
 func WaitVisible(ctx context.Context, adm *kadm.Client, names ...string) error {
 	for {
-		details, err := adm.ListTopics(ctx, names...)
+		details, err := adm.ListTopics(kadm.WithAuthorizedOps(ctx), names...)
 		if err == nil {
 			missing := ""
 			for _, n := range names {

@@ -88,3 +88,44 @@ func TestCreateRefusesUnnamedSpec(t *testing.T) {
 		t.Fatalf("Create with an unnamed spec: %v, want an error naming it", err)
 	}
 }
+
+// TestWaitVisibleAsksTheBroker: WaitVisible sees a topic as soon as the
+// broker has it, even after the client was told it is missing. kadm's
+// metadata answers from the client's cache for MetadataMinAge (5 s by
+// default, a minute here), so a topic first seen missing (a broker slow to
+// publish a new topic) stayed missing that long: 5 s per topic in a test
+// that creates its topics one by one.
+func TestWaitVisibleAsksTheBroker(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.MetadataMinAge(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The client learns that the topic is missing.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if err := WaitVisible(short, adm, "late"); err == nil {
+		t.Fatal("WaitVisible found a topic nobody created")
+	}
+	other, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := kadm.NewClient(other).CreateTopic(ctx, 2, 1, nil, "late"); err != nil {
+		t.Fatal(err)
+	}
+	wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelWait()
+	if err := WaitVisible(wait, adm, "late"); err != nil {
+		t.Fatalf("the broker has the topic, but WaitVisible: %v", err)
+	}
+}
