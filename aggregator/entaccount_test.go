@@ -210,6 +210,36 @@ func TestAccountsBoundedKeepChanged(t *testing.T) {
 	}
 }
 
+// TestAccountsSweptOncePerQuarter: a transaction that changes more than
+// maxAccounts accounts (a month end's balances for a large partition)
+// keeps them all, and KeepAccount does not sweep the map again for each
+// account it keeps (which made such a transaction quadratic): once per
+// maxAccounts/4 unchanged accounts at most.
+func TestAccountsSweptOncePerQuarter(t *testing.T) {
+	e := &entPart{accounts: map[string]*heldAccount{}}
+	s := ledgerStore{e: e}
+	const changed = maxAccounts + maxAccounts/2
+	for i := range changed {
+		c, a := fmt.Sprint("d", i), &entitlements.Account{}
+		s.KeepAccount(c, a)
+		s.ChangedAccount(c, a)
+	}
+	for i := range maxAccounts {
+		s.KeepAccount(fmt.Sprint("c", i), &entitlements.Account{})
+	}
+	if e.accountSweeps > 4 {
+		t.Fatalf("%d sweeps for %d accounts kept, want at most 4", e.accountSweeps, changed+maxAccounts)
+	}
+	for i := range changed {
+		if h := e.accounts[fmt.Sprint("d", i)]; h == nil || !h.dirty {
+			t.Fatalf("changed account d%d was dropped", i)
+		}
+	}
+	if len(e.accounts) > changed+maxAccounts/4 {
+		t.Fatalf("%d accounts kept, want at most the %d changed and %d unchanged", len(e.accounts), changed, maxAccounts/4)
+	}
+}
+
 // TestEntMetricsRuns: the decisions and credits counted in runs add up to
 // what counting each decision in the maps gives, whatever the order.
 func TestEntMetricsRuns(t *testing.T) {

@@ -320,6 +320,8 @@ type entPart struct {
 	// decision never survives in memory.
 	accounts      map[string]*heldAccount
 	dirtyAccounts []string
+	// accountSweeps counts KeepAccount's sweeps of the unchanged accounts.
+	accountSweeps int
 	accountBuf    []byte // flushAccounts' encoding, reused
 	pendingBuf    []byte // makePending's key and value, reused
 	// store is the Ledger's store of the partition (ledger).
@@ -674,7 +676,10 @@ type heldAccount struct {
 
 // maxAccounts bounds the accounts a partition keeps unchanged across
 // transactions (a few hundred bytes each); past it the unchanged ones are
-// dropped. Changed ones stay until Flush writes them.
+// dropped. Changed ones stay until Flush writes them, so a transaction
+// that changes more than maxAccounts holds them all; the sweep waits until
+// at least maxAccounts/4 of those kept are unchanged, and its cost is
+// spread over the accounts kept since.
 const maxAccounts = 50_000
 
 // Account implements entitlements.AccountCache.
@@ -687,7 +692,8 @@ func (s ledgerStore) Account(customer string) (*entitlements.Account, bool) {
 
 // KeepAccount implements entitlements.AccountCache.
 func (s ledgerStore) KeepAccount(customer string, a *entitlements.Account) {
-	if len(s.e.accounts) >= maxAccounts {
+	if n := len(s.e.accounts); n >= maxAccounts && n-len(s.e.dirtyAccounts) >= maxAccounts/4 {
+		s.e.accountSweeps++
 		for c, h := range s.e.accounts {
 			if !h.dirty {
 				delete(s.e.accounts, c)
