@@ -117,5 +117,10 @@ if grep -q 'SKIP: real' "$log"; then
 fi
 echo "== make test took $(( $(date +%s) - start ))s"
 echo "summary: $(grep -c -E '^\s*--- PASS' "$log") passed, $(grep -c -E '^\s*--- FAIL' "$log") failed, $(grep -c -E '^\s*--- SKIP' "$log") skipped"
+if grep -q -E '^\s*--- FAIL|^panic: ' "$log"; then
+  # Last, so that the reasons are in the tail of a long run's output.
+  echo "== what the failed tests said"
+  MAX_LINES=40 scripts/test-failures.sh "$log" || true
+fi
 rm -f "$log"
 exit "$status"
