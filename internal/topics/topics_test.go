@@ -15,17 +15,7 @@ import (
 // many partitions as usage.deduped, and check reports a count that
 // differs (the aggregator reads partition p of both in one transaction).
 func TestEntitlementsCoPartitioned(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	adm := adminOf(t, fakeCluster(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l := DefaultLayout()
@@ -96,17 +86,8 @@ func TestCreateRefusesUnnamedSpec(t *testing.T) {
 // publish a new topic) stayed missing that long: 5 s per topic in a test
 // that creates its topics one by one.
 func TestWaitVisibleAsksTheBroker(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.MetadataMinAge(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	c := fakeCluster(t)
+	adm := adminOf(t, c, kgo.MetadataMinAge(time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The client learns that the topic is missing.
@@ -115,12 +96,7 @@ func TestWaitVisibleAsksTheBroker(t *testing.T) {
 	if err := WaitVisible(short, adm, "late"); err == nil {
 		t.Fatal("WaitVisible found a topic nobody created")
 	}
-	other, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	if _, err := kadm.NewClient(other).CreateTopic(ctx, 2, 1, nil, "late"); err != nil {
+	if _, err := adminOf(t, c).CreateTopic(ctx, 2, 1, nil, "late"); err != nil {
 		t.Fatal(err)
 	}
 	wait, cancelWait := context.WithTimeout(ctx, 10*time.Second)
@@ -128,4 +104,26 @@ func TestWaitVisibleAsksTheBroker(t *testing.T) {
 	if err := WaitVisible(wait, adm, "late"); err != nil {
 		t.Fatalf("the broker has the topic, but WaitVisible: %v", err)
 	}
+}
+
+// fakeCluster is a kfake cluster of one broker, closed when the test ends.
+func fakeCluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// adminOf is an admin client of c, with opts, closed when the test ends.
+func adminOf(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kadm.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
 }
