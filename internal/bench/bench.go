@@ -221,17 +221,7 @@ func (l *leftovers) deleteTopics(ctx context.Context, names []string) error {
 	if l.keepTopics || len(names) == 0 {
 		return nil
 	}
-	resps, err := l.adm.DeleteTopics(ctx, names...)
-	if err != nil {
-		return fmt.Errorf("delete topics %v: %w", names, err)
-	}
-	var errs []error
-	for _, r := range resps.Sorted() {
-		if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
-			errs = append(errs, fmt.Errorf("delete topic %s: %w", r.Topic, r.Err))
-		}
-	}
-	return errors.Join(errs...)
+	return topics.Delete(ctx, l.adm, names...)
 }
 
 // deleteGroups deletes groups, waiting (within ctx) for any that still

@@ -16,6 +16,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 )
 
 // blockTimeout bounds one block; the longest (a shortened benchmark) takes
@@ -225,12 +226,8 @@ func dropTopics(t *testing.T, brokers []string, prefix string) {
 	if len(mine) == 0 {
 		return
 	}
-	resp, err := adm.DeleteTopics(ctx, mine...)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Errorf("delete topics %v: %v", mine, err)
+	if err := topics.Delete(ctx, adm, mine...); err != nil {
+		t.Error(err)
 	}
 }
 

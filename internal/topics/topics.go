@@ -287,6 +287,26 @@ func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Re
 	return out, WaitVisible(ctx, adm, names...)
 }
 
+// Delete deletes the named topics. A topic already gone is no error: a
+// deleted topic stays in a broker's metadata a moment after DeleteTopics
+// returns, so a list read then still names it.
+func Delete(ctx context.Context, adm *kadm.Client, names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	resps, err := adm.DeleteTopics(ctx, names...)
+	if err != nil {
+		return fmt.Errorf("delete topics %v: %w", names, err)
+	}
+	var errs []error
+	for _, r := range resps.Sorted() {
+		if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
+			errs = append(errs, fmt.Errorf("delete topic %s: %w", r.Topic, r.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // WaitVisible waits until every named topic appears with all its
 // partitions in the brokers' metadata, or ctx ends.
 //

@@ -127,3 +127,25 @@ func adminOf(t *testing.T, c *kfake.Cluster, opts ...kgo.Opt) *kadm.Client {
 	t.Cleanup(cl.Close)
 	return kadm.NewClient(cl)
 }
+
+// TestDeleteGoneTopic: Delete deletes the topics named, and one already
+// gone is no error (a deleted topic is still listed a moment after its
+// deletion, and a cleanup that read that list deletes it again).
+func TestDeleteGoneTopic(t *testing.T) {
+	adm := adminOf(t, fakeCluster(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, "here"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Delete(ctx, adm, "here", "gone"); err != nil {
+		t.Fatalf("Delete of a topic and of one already gone: %v", err)
+	}
+	td, err := adm.ListTopics(kadm.WithAuthorizedOps(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if td.Has("here") {
+		t.Error("the topic was not deleted")
+	}
+}
