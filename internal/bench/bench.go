@@ -218,7 +218,7 @@ func (l *leftovers) remove() error {
 }
 
 func (l *leftovers) deleteTopics(ctx context.Context, names []string) error {
-	if l.keepTopics || len(names) == 0 {
+	if l.keepTopics {
 		return nil
 	}
 	return topics.Delete(ctx, l.adm, names...)
