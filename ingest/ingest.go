@@ -130,7 +130,7 @@ type Config struct {
 	// MaxInFlight bounds the requests with a valid key served at once
 	// (503 overloaded beyond); MaxInFlightPerKey bounds those of one key
 	// (429 too-many-in-flight). Each may hold a body of MaxBodyBytes.
-	// Defaults: 256 and 16; negative: no bound.
+	// Defaults: 256 and 64; negative: no bound.
 	MaxInFlight, MaxInFlightPerKey int
 	// RefusalRate is the refusal budget of a key without a rate of its
 	// own, in events per second on this replica: its refused requests
