@@ -136,9 +136,12 @@ func TestLongValuesClipped(t *testing.T) {
 		{`"id":"g1"`, `"id":"g1","time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, maxEcho) + `…" is not RFC 3339`},
 		// Meterline's format, whose errors come from producer.ParseJSON.
 		{`"event_time":"2026-11-29T12:00:00Z"`, `"event_time":"` + long + `"`, 400, `"` + strings.Repeat(`\x7f`, (maxReason-1)/4)},
+		// A field an error names is a producer's text too: a property's
+		// name, whose value is not valid text.
+		{`"quantity":1`, `"quantity":1,"properties":{"` + long + `":"\ud800"}`, 400, `is not valid text (\ud800`},
 	} {
 		path, ct, sep, ev := "/api/v1/events", "application/cloudevents-batch+json", ",", good
-		if strings.HasPrefix(c.old, `"event_time"`) {
+		if strings.HasPrefix(c.old, `"event_time"`) || strings.HasPrefix(c.old, `"quantity"`) {
 			path, ct, sep, ev = "/v1/events", "application/x-ndjson", "\n", `{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}`
 		}
 		evs := make([]string, DefaultMaxEvents)
@@ -156,6 +159,8 @@ func TestLongValuesClipped(t *testing.T) {
 		}
 		if p := problem(t, b); len(p.Errors) != DefaultMaxEvents || !strings.HasPrefix(p.Errors[0].Reason, c.reason) {
 			t.Errorf("%s: %d errors, the first %q; want %d, starting %q", c.old, len(p.Errors), p.Errors[0].Reason, DefaultMaxEvents, c.reason)
+		} else if f := p.Errors[0].Field; len(f) > maxEcho+len("…") {
+			t.Errorf("%s: the field is named in %d bytes: %.80q…", c.old, len(f), f)
 		}
 	}
 }

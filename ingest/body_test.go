@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -57,15 +58,7 @@ func TestTooManyTinyEvents(t *testing.T) {
 		{"/v1/events", "application/json", arr("{}")},
 		{"/v1/events", "application/x-ndjson", strings.Repeat("{}\n", n)},
 	} {
-		req := httptest.NewRequest(http.MethodPost, c.path, strings.NewReader(c.body))
-		req.Header.Set("Content-Type", c.ct)
-		req.Header.Set("Authorization", "Bearer "+e.token)
-		w := httptest.NewRecorder()
-		var m0, m1 runtime.MemStats
-		runtime.ReadMemStats(&m0)
-		h.ServeHTTP(w, req)
-		runtime.ReadMemStats(&m1)
-		alloc := m1.TotalAlloc - m0.TotalAlloc
+		w, alloc := serveMeasured(h, e.token, c.path, c.ct, c.body)
 		want := fmt.Sprintf("%d events in one request, more than %d: split the batch", n, DefaultMaxEvents)
 		if w.Code != http.StatusRequestEntityTooLarge || problem(t, w.Body.Bytes()).Detail != want {
 			t.Errorf("%s %s: %d %s; want 413 %q", c.path, c.ct, w.Code, w.Body, want)
@@ -74,4 +67,68 @@ func TestTooManyTinyEvents(t *testing.T) {
 			t.Errorf("%s %s: a body of %d bytes took %d MB to refuse, more than %d MB", c.path, c.ct, len(c.body), alloc>>20, most>>20)
 		}
 	}
+}
+
+// TestLargeDataCostsLittle: the members a meter's simple paths read are
+// found in an event's data without decoding it or indexing every member,
+// whatever its shape: a data of a megabyte nested deeper than a scanner's
+// recursion, of many members, or of escaped member names, is accepted at
+// a cost of a few times its size in memory (they took 35 to 65 times it,
+// for a request accepted and costing a key one event).
+func TestLargeDataCostsLittle(t *testing.T) {
+	e := newEnv(t, nil)
+	h := e.srv.Handler()
+	event := func(i int, rest string) string {
+		return fmt.Sprintf(`{"specversion":"1.0","id":"big-%d","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z",`+
+			`"data":{"tokens":{"input":3},"model":"m1","user":"u",%s}}`, i, rest)
+	}
+	small := strings.TrimSuffix(strings.Repeat("0,", 400_000), ",")
+	for i, rest := range []string{
+		// An array of small values, and a value nested deeper than
+		// maxScanDepth after it.
+		`"x":[` + small + `],"deep":` + strings.Repeat("[", 2000) + strings.Repeat("]", 2000),
+		// Many members (a duplicate of a name read: the last one wins).
+		strings.TrimSuffix(strings.Repeat(`"":0,`, 190_000), ",") + `,"model":"m2"`,
+		// Many escaped member names.
+		strings.TrimSuffix(strings.Repeat(`"\u0061":0,`, 90_000), ","),
+	} {
+		body := event(i, rest)
+		w, alloc := serveMeasured(h, e.token, "/api/v1/events", "application/cloudevents+json", body)
+		if w.Code != http.StatusNoContent {
+			t.Fatalf("event %d: %d %.300s", i, w.Code, w.Body)
+		}
+		if most := uint64(4*len(body)) + 4<<20; alloc > most {
+			t.Errorf("event %d: a body of %d bytes took %d MB to accept, more than %d MB", i, len(body), alloc>>20, most>>20)
+		}
+	}
+	models := map[string]int{}
+	for _, ue := range e.records() {
+		if ue.Meter == "input_tokens" {
+			if ue.Quantity != 3 {
+				t.Errorf("%s: quantity %d, want 3", ue.EventID, ue.Quantity)
+			}
+			for _, p := range ue.Properties {
+				if p.Name == "model" {
+					models[p.Value]++
+				}
+			}
+		}
+	}
+	if want := map[string]int{"m1": 2, "m2": 1}; !maps.Equal(models, want) {
+		t.Errorf("models %v, want %v", models, want)
+	}
+}
+
+// serveMeasured serves a request of body with the token through h, and
+// returns the answer and the bytes allocated meanwhile.
+func serveMeasured(h http.Handler, token, path, contentType, body string) (*httptest.ResponseRecorder, uint64) {
+	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Authorization", "Bearer "+token)
+	w := httptest.NewRecorder()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	h.ServeHTTP(w, req)
+	runtime.ReadMemStats(&m1)
+	return w, m1.TotalAlloc - m0.TotalAlloc
 }

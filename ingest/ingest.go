@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"math"
 	"mime"
 	"net"
@@ -35,11 +36,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/kafka"
@@ -130,7 +133,7 @@ type Config struct {
 	// MaxInFlight bounds the requests with a valid key served at once
 	// (503 overloaded beyond); MaxInFlightPerKey bounds those of one key
 	// (429 too-many-in-flight). Each may hold a body of MaxBodyBytes.
-	// Defaults: 256 and 16; negative: no bound.
+	// Defaults: 256 and 64; negative: no bound.
 	MaxInFlight, MaxInFlightPerKey int
 	// RefusalRate is the refusal budget of a key without a rate of its
 	// own, in events per second on this replica: its refused requests
@@ -376,9 +379,44 @@ func New(cfg Config) (*Server, error) {
 		WriteTimeout:      cfg.ProduceTimeout + 10*time.Second,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          zap.NewStdLog(cfg.Logger.WithOptions(zap.IncreaseLevel(zap.WarnLevel))),
+		ErrorLog:          newErrorLog(cfg.Logger),
 	}
 	return s, nil
+}
+
+// errorLogBurst and errorLogRate bound the lines of the HTTP server's
+// error log: at most errorLogBurst at once, then errorLogRate a second.
+const (
+	errorLogBurst = 10
+	errorLogRate  = 1
+)
+
+// errorLog is where net/http reports what it does not answer through the
+// handler (a TLS handshake that failed, a handler's panic), at Warn. A
+// client can cause one line per connection it opens, so the lines are
+// bounded (errorLogBurst, errorLogRate); the next line written counts
+// those left out.
+type errorLog struct {
+	log     *zap.Logger
+	lim     *rate.Limiter
+	leftOut atomic.Int64
+}
+
+func newErrorLog(log *zap.Logger) *stdlog.Logger {
+	return stdlog.New(&errorLog{log: log, lim: rate.NewLimiter(errorLogRate, errorLogBurst)}, "", 0)
+}
+
+func (e *errorLog) Write(p []byte) (int, error) {
+	if !e.lim.Allow() {
+		e.leftOut.Add(1)
+		return len(p), nil
+	}
+	var fs []zap.Field
+	if n := e.leftOut.Swap(0); n > 0 {
+		fs = append(fs, zap.Int64("left_out", n))
+	}
+	e.log.Warn("ingest: HTTP server: "+strings.TrimSpace(string(p)), fs...)
+	return len(p), nil
 }
 
 // Addr is the bound address.

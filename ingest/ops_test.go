@@ -24,6 +24,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/meterline/meterline/internal/kafka"
 )
@@ -365,5 +367,28 @@ meterline_ingest_refused_events_total{reason="oversized",tenant="acme"} 1
 	}
 	if err != nil {
 		t.Error(err)
+	}
+}
+
+// TestServerErrorLog: what net/http reports besides the handler's answers
+// (a TLS handshake that failed, a panic) reaches the logger at Warn, at
+// most errorLogBurst lines at once, since a client can cause one per
+// connection; the next line counts those left out.
+func TestServerErrorLog(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	e := newEnv(t, func(c *Config) { c.Logger = zap.New(core) })
+	for i := range 5 * errorLogBurst {
+		e.srv.srv.ErrorLog.Printf("http: TLS handshake error from 192.0.2.1:%d: EOF", 1000+i)
+	}
+	got := logs.FilterLevelExact(zap.WarnLevel).All()
+	if len(got) != errorLogBurst || !strings.Contains(got[0].Message, "TLS handshake error from 192.0.2.1:1000") {
+		t.Fatalf("%d lines at Warn, the first %+v; want %d, of the first handshake", len(got), got, errorLogBurst)
+	}
+	time.Sleep(time.Second + 100*time.Millisecond) // a line's worth of the rate
+	e.srv.srv.ErrorLog.Print("http: panic serving 192.0.2.1:9: boom")
+	got = logs.FilterLevelExact(zap.WarnLevel).All()
+	last := got[len(got)-1]
+	if len(got) != errorLogBurst+1 || !strings.Contains(last.Message, "panic serving") || last.ContextMap()["left_out"] != int64(4*errorLogBurst) {
+		t.Fatalf("after a second: %d lines, the last %+v; want the panic, counting %d left out", len(got), last, 4*errorLogBurst)
 	}
 }

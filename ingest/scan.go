@@ -1,6 +1,11 @@
 package ingest
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
+)
 
 // The fast paths of a request's JSON, which take the plain case and say
 // "not mine" for anything else:
@@ -359,22 +364,31 @@ func indexByte(s string, c byte) int {
 	return -1
 }
 
-// dataView is an event's data (a JSON object's text) for the lookups of
+// dataView is an event's data (a JSON object's text, valid JSON: the
+// data of a CloudEvent that passed checkCloudEvent) for the lookups of
 // simple paths. Its top-level members are listed once per event, on the
-// first lookup; a request reuses one dataView for all its events.
+// first lookup, when they are at most maxIndexed; the data of more is
+// walked again by each lookup instead, so that neither the memory of a
+// lookup nor its allocations grow with the data's members. A request
+// reuses one dataView for all its events.
 type dataView struct {
 	text    string
 	indexed bool
 	bad     bool // the text did not scan: lookups fall back to decoding
+	all     bool // members lists every member of the data
 	members []member
 }
+
+// maxIndexed bounds the members a dataView lists: far more than the data
+// of an event usually has.
+const maxIndexed = 64
 
 // member is one member of an object: its name (unescaped) and its value's
 // text.
 type member struct{ name, value string }
 
 func (d *dataView) reset(text string) {
-	d.text, d.indexed, d.bad, d.members = text, false, false, d.members[:0]
+	d.text, d.indexed, d.bad, d.all, d.members = text, false, false, false, d.members[:0]
 }
 
 // lookup returns the value that the path of names selects, as a JSONPath
@@ -388,7 +402,7 @@ func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
 	if !d.indexed {
 		d.indexed = true
 		var ok bool
-		d.members, ok = appendMembers(d.members[:0], d.text)
+		d.members, d.all, ok = appendMembers(d.members[:0], d.text, maxIndexed)
 		d.bad = !ok
 	}
 	if d.bad {
@@ -398,11 +412,15 @@ func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
 		return toJValue(d.text)
 	}
 	text, found := "", false
-	for k := len(d.members) - 1; k >= 0; k-- {
-		if d.members[k].name == names[0] {
-			text, found = d.members[k].value, true
-			break
+	if d.all {
+		for k := len(d.members) - 1; k >= 0; k-- {
+			if d.members[k].name == names[0] {
+				text, found = d.members[k].value, true
+				break
+			}
 		}
+	} else if text, found, ok = lastMember(d.text, names[0]); !ok {
+		return jvalue{}, false
 	}
 	for _, name := range names[1:] {
 		if !found {
@@ -422,20 +440,35 @@ func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
 	return toJValue(text)
 }
 
-// appendMembers appends the members of the object text obj.
-func appendMembers(ms []member, obj string) ([]member, bool) {
-	ok := eachMember(obj, func(name, value string) bool {
+// appendMembers appends the members of the object text obj, names
+// unescaped, unless it has more than most: all reports whether every one
+// was appended.
+func appendMembers(ms []member, obj string, most int) (_ []member, all, ok bool) {
+	all = true
+	ok = eachMember(obj, func(lit string, escaped bool, value string) bool {
+		if len(ms) == most {
+			all = false
+			return false
+		}
+		name := lit[1 : len(lit)-1]
+		if escaped {
+			var ok bool
+			if name, ok = unquote(lit); !ok {
+				all = false
+				return false // lookups walk the text, and find it does not scan
+			}
+		}
 		ms = append(ms, member{name, value})
 		return true
 	})
-	return ms, ok
+	return ms, all, ok
 }
 
 // lastMember returns the value of the last member called name in the
-// object text obj.
+// object text obj. It allocates nothing, escaped names included.
 func lastMember(obj, name string) (value string, found, ok bool) {
-	ok = eachMember(obj, func(n, v string) bool {
-		if n == name {
+	ok = eachMember(obj, func(lit string, escaped bool, v string) bool {
+		if n := lit[1 : len(lit)-1]; n == name || escaped && unescapedIs(n, name) {
 			value, found = v, true
 		}
 		return true
@@ -443,9 +476,11 @@ func lastMember(obj, name string) (value string, found, ok bool) {
 	return value, found, ok
 }
 
-// eachMember calls fn with each member of the object text obj, names
-// unescaped; ok is false when obj does not scan as one JSON object.
-func eachMember(obj string, fn func(name, value string) bool) bool {
+// eachMember calls fn with each member of the object text obj (valid
+// JSON): its name's literal, quotes included, whether that has escapes,
+// and its value's text; fn returns false to stop. ok is false when obj
+// does not scan as one JSON object.
+func eachMember(obj string, fn func(lit string, escaped bool, value string) bool) bool {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
 		return false
@@ -462,22 +497,16 @@ func eachMember(obj string, fn func(name, value string) bool) bool {
 		if end < 0 {
 			return false
 		}
-		name := obj[i+1 : end-1]
-		if escaped {
-			var ok bool
-			if name, ok = unquote(obj[i:end]); !ok {
-				return false
-			}
-		}
+		lit := obj[i:end]
 		if i = skipSpace(obj, end); i >= len(obj) || obj[i] != ':' {
 			return false
 		}
 		i = skipSpace(obj, i+1)
 		start := i
-		if i = skipValue(obj, i, 1); i < 0 {
+		if i = skipValid(obj, i); i < 0 {
 			return false
 		}
-		if !fn(name, obj[start:i]) {
+		if !fn(lit, escaped, obj[start:i]) {
 			return true
 		}
 		i = skipSpace(obj, i)
@@ -491,6 +520,115 @@ func eachMember(obj string, fn func(name, value string) bool) bool {
 		}
 		i = skipSpace(obj, i+1)
 	}
+}
+
+// skipValid returns the end of the JSON value starting at s[i], in text
+// known to be valid JSON (a dataView's). It follows an object's or an
+// array's brackets in one loop, without recursion, so that a value nested
+// however deep is skipped as any other, not left to a decode of the whole
+// data (some 60 times its size in memory).
+func skipValid(s string, i int) int {
+	if i >= len(s) {
+		return -1
+	}
+	if c := s[i]; c != '{' && c != '[' {
+		return skipValue(s, i, 0) // a scalar
+	}
+	depth := 0
+	for ; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			end, _ := scanString(s, i)
+			if end < 0 {
+				return -1
+			}
+			i = end - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
+}
+
+// hexRune parses the four hex digits that start s.
+func hexRune(s string) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(s[:4]) {
+		switch {
+		case isDigit(c):
+			r = r<<4 | rune(c-'0')
+		case isHex(c):
+			r = r<<4 | rune(c|0x20-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// unescapedIs reports whether the text of a JSON string with escapes
+// (lit, without its quotes) is want, as encoding/json decodes it (half
+// of a surrogate pair becomes U+FFFD), without allocating.
+func unescapedIs(lit, want string) bool {
+	var buf [utf8.UTFMax]byte
+	j := 0
+	for i := 0; i < len(lit); {
+		if c := lit[i]; c != '\\' {
+			if j >= len(want) || want[j] != c {
+				return false
+			}
+			i, j = i+1, j+1
+			continue
+		}
+		if i+1 >= len(lit) {
+			return false
+		}
+		var r rune
+		switch c := lit[i+1]; c {
+		case 'b':
+			r = '\b'
+		case 'f':
+			r = '\f'
+		case 'n':
+			r = '\n'
+		case 'r':
+			r = '\r'
+		case 't':
+			r = '\t'
+		case 'u':
+			u, ok := hexRune(lit[i+2:])
+			if !ok {
+				return false
+			}
+			r, i = u, i+4
+			if utf16.IsSurrogate(r) {
+				r = unicode.ReplacementChar
+				if i+8 <= len(lit) && lit[i+2] == '\\' && lit[i+3] == 'u' {
+					if lo, ok := hexRune(lit[i+4:]); ok {
+						if d := utf16.DecodeRune(u, lo); d != unicode.ReplacementChar {
+							r, i = d, i+6
+						}
+					}
+				}
+			}
+		default: // " \\ / '
+			r = rune(c)
+		}
+		i += 2
+		n := utf8.EncodeRune(buf[:], r)
+		if len(want)-j < n || want[j:j+n] != string(buf[:n]) {
+			return false
+		}
+		j += n
+	}
+	return j == len(want)
 }
 
 // unquote decodes a JSON string literal with escapes as encoding/json

@@ -3,7 +3,6 @@ package ingest
 import (
 	"bytes"
 	"fmt"
-	"strconv"
 	"unicode/utf8"
 
 	cut "github.com/meterline/meterline/internal/clip"
@@ -81,6 +80,5 @@ func hex4(b []byte) (rune, bool) {
 	if len(b) < 4 {
 		return 0, false
 	}
-	u, err := strconv.ParseUint(string(b[:4]), 16, 16)
-	return rune(u), err == nil
+	return hexRune(string(b[:4]))
 }

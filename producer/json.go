@@ -42,8 +42,9 @@ type jsonEvent struct {
 // ParseJSON parses one event in the public JSON format. It checks the
 // format only (required fields present, types right); Producer.Record
 // checks the values. Errors are *FieldError naming the field, or wrap
-// ErrMalformedJSON. A value an error quotes is clipped to its first 64
-// bytes (cut at the start of a character, then "…").
+// ErrMalformedJSON. A value an error quotes, and a field it names by the
+// line's own member names, is clipped to its first 64 bytes (cut at the
+// start of a character, then "…").
 //
 // Text is checked on the raw bytes before it is decoded (DESIGN §8):
 // encoding/json would turn invalid UTF-8, and an unpaired UTF-16 surrogate
@@ -190,7 +191,9 @@ func checkJSONText(b []byte) *FieldError {
 		if len(parts) == 0 {
 			return "event"
 		}
-		return strings.Join(parts, ".")
+		// The names are the producer's text, as long as the line: the
+		// field is clipped as a quoted value is.
+		return clip.To(strings.Join(parts, "."), clip.Echo)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()

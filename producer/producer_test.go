@@ -487,6 +487,10 @@ func TestParseJSONClipsQuotedValues(t *testing.T) {
 		"event_time object":  `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":{"x":"` + long + `"}}`,
 		"quantity":           `{"event_id":"e","customer_id":"c","meter":"m","quantity":"` + long + `","event_time":1}`,
 		"unknown field name": `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1,"` + long + `":1}`,
+		// The field of a string that is not valid text is named by the
+		// member names on its way: the producer's text too.
+		"property name": `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1,"properties":{"` + long + `":"\ud800"}}`,
+		"nested names":  `{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1,"x":` + strings.Repeat(`{"ab":`, 2000) + `"\udc00"` + strings.Repeat("}", 2000) + `}`,
 	} {
 		_, err := ParseJSON([]byte(line))
 		if err == nil {
