@@ -292,3 +292,59 @@ func TestKeptPartitionAssignedAnewOpenTransaction(t *testing.T) {
 	close(release)
 	s.finishSeq(a, fs)
 }
+
+// TestAssignedAnewAsRestoreEndsStaysPaused: a partition assigned anew just
+// as its previous restore ends (that restore has queued its install, and
+// is about to resume the partition's fetching) stays paused until its new
+// restore ends. Resumed by the previous restore, its records would be
+// polled before its new instance is installed, and every transaction,
+// those of the other partitions included, would abort to rewind them
+// until the new restore ends (a full one can take minutes).
+func TestAssignedAnewAsRestoreEndsStaysPaused(t *testing.T) {
+	t.Parallel()
+	s, proc, a, fs := startSeq(t)
+	var release chan struct{}
+	reassigned := make(chan error, 1)
+	var once sync.Once
+	hook := func(p int32) {
+		if p != 0 {
+			return
+		}
+		once.Do(func() {
+			// The partition is assigned anew while this restore is about
+			// to resume it: on kgo's group goroutine, as a rebalance's
+			// adjustOffsets, given time to run.
+			release = proc.arm(proc.holdOpen, 0)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				offs, err := s.adm.FetchOffsets(ctx, s.group)
+				if err == nil {
+					o, _ := offs.Lookup(s.input, 0)
+					_, err = a.rt.adjustOffsets(ctx, map[string]map[int32]kgo.Offset{s.input: {0: kgo.NewOffset().At(o.At)}})
+				}
+				reassigned <- err
+			}()
+			time.Sleep(100 * time.Millisecond)
+		})
+	}
+	a.rt.restoredHook.Store(&hook)
+	s.assignAnew(a, 0)
+	if err := <-reassigned; err != nil {
+		t.Fatal(err)
+	}
+	proc.opened(t, 0) // the first restore's Open
+	proc.opened(t, 0) // the new restore's, held
+	aborted := a.metric("meterline_stream_transactions_total", "outcome", "aborted")
+	_, before := s.seqCommitted(1)
+	s.send(20) // input for partition 0 too
+	time.Sleep(1500 * time.Millisecond)
+	_, after := s.seqCommitted(1)
+	abortedAfter := a.metric("meterline_stream_transactions_total", "outcome", "aborted")
+	close(release)
+	s.finishSeq(a, fs)
+	if after <= before || abortedAfter > aborted+1 {
+		t.Fatalf("while partition 0's new restore ran, %v transactions aborted (partition 0's records were polled before its restore ended, each aborted to rewind) and partition 1 committed %d sequence numbers",
+			abortedAfter-aborted, after-before)
+	}
+}
