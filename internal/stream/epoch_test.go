@@ -162,6 +162,25 @@ func (sp *seqProc) opened(t *testing.T, p int32) {
 	}
 }
 
+// punctuating waits until the hold of partition p's Punctuate armed last
+// is taken: the run loop waits in that Punctuate.
+func (sp *seqProc) punctuating(t *testing.T, p int32) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sp.mu.Lock()
+		_, waiting := sp.holdPunct[p]
+		sp.mu.Unlock()
+		if !waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition %d was not punctuated", p)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // seqCommitted returns the committed sequence numbers: how often each was
 // emitted, and how many partition p has.
 func (s *suite) seqCommitted(p int32) (times map[string]int, ofP int) {
@@ -274,19 +293,7 @@ func TestKeptPartitionAssignedAnewOpenTransaction(t *testing.T) {
 	// Partitions punctuate in order: once partition 1's punctuation is
 	// held, partition 0's is in the open transaction.
 	release := proc.arm(proc.holdPunct, 1)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		proc.mu.Lock()
-		_, waiting := proc.holdPunct[1]
-		proc.mu.Unlock()
-		if !waiting {
-			break // taken: partition 1's Punctuate waits
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("partition 1 was not punctuated")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	proc.punctuating(t, 1)
 	s.assignAnew(a, 0)
 	proc.opened(t, 0) // the restore listed the end and replayed to it
 	close(release)

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // TestZombiePunctuationFenced: "zombie instance after a rebalance" (DESIGN
@@ -21,19 +20,7 @@ func TestZombiePunctuationFenced(t *testing.T) {
 	t.Parallel()
 	s, proc, a, fsA := startSeq(t)
 	release := proc.arm(proc.holdPunct, 0)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		proc.mu.Lock()
-		_, waiting := proc.holdPunct[0]
-		proc.mu.Unlock()
-		if !waiting {
-			break // taken: a's run loop waits in partition 0's Punctuate
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("partition 0 was not punctuated")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	proc.punctuating(t, 0)
 	committed := a.metric("meterline_stream_transactions_total", "outcome", "committed")
 	ended := func() float64 {
 		return a.metric("meterline_stream_transactions_total", "outcome", "committed") +
@@ -44,23 +31,8 @@ func TestZombiePunctuationFenced(t *testing.T) {
 
 	// Hold a's heartbeats until its transaction ended: it does not learn
 	// that the group moved on.
-	member := s.onlyMember()
 	wake := make(chan struct{})
-	woken := func() bool {
-		select {
-		case <-wake:
-			return true
-		default:
-			return false
-		}
-	}
-	s.cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		s.cluster.KeepControl()
-		if req.(*kmsg.HeartbeatRequest).MemberID == member && !woken() {
-			s.cluster.SleepControl(func() { <-wake })
-		}
-		return nil, nil, false
-	})
+	woken := s.holdHeartbeats(s.onlyMember(), wake)
 	defer func() {
 		if !woken() {
 			close(wake)
