@@ -279,7 +279,7 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	// the deadline bounds it.
 	ectx, cancel := rt.cfg.EndContext(ctx)
 	defer cancel()
-	committed, err = rt.sess.End(rt.fenceWork(ectx), try)
+	committed, err = rt.sess.End(rt.fence(ectx), try)
 	if err == nil {
 		rt.txnEnd.start(context.WithoutCancel(ctx), rt, rt.adm)
 	}

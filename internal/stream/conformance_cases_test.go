@@ -313,22 +313,7 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 
 	// Hold a's heartbeats until it wakes: it does not learn that the group
 	// moved on.
-	member := s.onlyMember()
-	woken := func() bool {
-		select {
-		case <-wake:
-			return true
-		default:
-			return false
-		}
-	}
-	s.cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		s.cluster.KeepControl()
-		if req.(*kmsg.HeartbeatRequest).MemberID == member && !woken() {
-			s.cluster.SleepControl(func() { <-wake })
-		}
-		return nil, nil, false
-	})
+	woken := s.holdHeartbeats(s.onlyMember(), wake)
 	defer func() {
 		if !woken() {
 			close(wake)
@@ -349,6 +334,28 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 	s.send(20)
 	s.caughtUp()
 	s.finish(a, fsA, b)
+}
+
+// holdHeartbeats holds the heartbeats of group member at the broker until
+// wake is closed, as a paused process's would stop: the member does not
+// learn that the group moved on. It returns whether wake is closed.
+func (s *suite) holdHeartbeats(member string, wake <-chan struct{}) (woken func() bool) {
+	woken = func() bool {
+		select {
+		case <-wake:
+			return true
+		default:
+			return false
+		}
+	}
+	s.cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		s.cluster.KeepControl()
+		if req.(*kmsg.HeartbeatRequest).MemberID == member && !woken() {
+			s.cluster.SleepControl(func() { <-wake })
+		}
+		return nil, nil, false
+	})
+	return woken
 }
 
 // commitOutcomeUnknown: "commit outcome unknown — re-initialise, rejoin,

@@ -162,6 +162,25 @@ func (sp *seqProc) opened(t *testing.T, p int32) {
 	}
 }
 
+// punctuating waits until the hold of partition p's Punctuate armed last
+// is taken: the run loop waits in that Punctuate.
+func (sp *seqProc) punctuating(t *testing.T, p int32) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sp.mu.Lock()
+		_, waiting := sp.holdPunct[p]
+		sp.mu.Unlock()
+		if !waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition %d was not punctuated", p)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // seqCommitted returns the committed sequence numbers: how often each was
 // emitted, and how many partition p has.
 func (s *suite) seqCommitted(p int32) (times map[string]int, ofP int) {
@@ -274,21 +293,65 @@ func TestKeptPartitionAssignedAnewOpenTransaction(t *testing.T) {
 	// Partitions punctuate in order: once partition 1's punctuation is
 	// held, partition 0's is in the open transaction.
 	release := proc.arm(proc.holdPunct, 1)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		proc.mu.Lock()
-		_, waiting := proc.holdPunct[1]
-		proc.mu.Unlock()
-		if !waiting {
-			break // taken: partition 1's Punctuate waits
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("partition 1 was not punctuated")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	proc.punctuating(t, 1)
 	s.assignAnew(a, 0)
 	proc.opened(t, 0) // the restore listed the end and replayed to it
 	close(release)
 	s.finishSeq(a, fs)
+}
+
+// TestAssignedAnewAsRestoreEndsStaysPaused: a partition assigned anew just
+// as its previous restore ends (that restore has queued its install, and
+// is about to resume the partition's fetching) stays paused until its new
+// restore ends. Resumed by the previous restore, its records would be
+// polled before its new instance is installed, and every transaction,
+// those of the other partitions included, would abort to rewind them
+// until the new restore ends (a full one can take minutes).
+func TestAssignedAnewAsRestoreEndsStaysPaused(t *testing.T) {
+	t.Parallel()
+	s, proc, a, fs := startSeq(t)
+	var release chan struct{}
+	reassigned := make(chan error, 1)
+	var once sync.Once
+	hook := func(p int32) {
+		if p != 0 {
+			return
+		}
+		once.Do(func() {
+			// The partition is assigned anew while this restore is about
+			// to resume it: on kgo's group goroutine, as a rebalance's
+			// adjustOffsets, given time to run.
+			release = proc.arm(proc.holdOpen, 0)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				offs, err := s.adm.FetchOffsets(ctx, s.group)
+				if err == nil {
+					o, _ := offs.Lookup(s.input, 0)
+					_, err = a.rt.adjustOffsets(ctx, map[string]map[int32]kgo.Offset{s.input: {0: kgo.NewOffset().At(o.At)}})
+				}
+				reassigned <- err
+			}()
+			time.Sleep(100 * time.Millisecond)
+		})
+	}
+	a.rt.restoredHook.Store(&hook)
+	s.assignAnew(a, 0)
+	if err := <-reassigned; err != nil {
+		t.Fatal(err)
+	}
+	proc.opened(t, 0) // the first restore's Open
+	proc.opened(t, 0) // the new restore's, held
+	aborted := a.metric("meterline_stream_transactions_total", "outcome", "aborted")
+	_, before := s.seqCommitted(1)
+	s.send(20) // input for partition 0 too
+	time.Sleep(1500 * time.Millisecond)
+	_, after := s.seqCommitted(1)
+	abortedAfter := a.metric("meterline_stream_transactions_total", "outcome", "aborted")
+	close(release)
+	s.finishSeq(a, fs)
+	if after <= before || abortedAfter > aborted+1 {
+		t.Fatalf("while partition 0's new restore ran, %v transactions aborted (partition 0's records were polled before its restore ended, each aborted to rewind) and partition 1 committed %d sequence numbers",
+			abortedAfter-aborted, after-before)
+	}
 }

@@ -22,7 +22,11 @@ type Partition interface {
 	// are emitted and state changed through tx. An error stops the stage;
 	// bad input must be handled (rejected), not returned.
 	Process(tx *Tx, recs []*kgo.Record) error
-	// Punctuate runs every punctuate interval for a ready partition.
+	// Punctuate runs every punctuate interval for a ready partition. The
+	// transaction commits the partition's offsets too, unchanged when it
+	// consumed none of its input, so that the group generation fences a
+	// zombie's punctuation as it fences its input (DESIGN §3); until the
+	// partition has a committed offset, nothing can fence it.
 	Punctuate(tx *Tx) error
 	// Close releases the partition when it is revoked or the stage stops.
 	Close()

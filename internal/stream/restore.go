@@ -47,14 +47,21 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	}
 	ps.cancel = nil
 	rt.events = append(rt.events, event{kind: evRestored, p: p, epoch: epoch, part: part})
-	rt.mu.Unlock()
 	// Queue the install before resuming: the run loop handles events
-	// before it processes the records of a poll.
+	// before it processes the records of a poll. Resume under mu, as
+	// adjustOffsets pauses: a partition assigned anew once this restore
+	// checked its epoch is paused after this resume, and stays paused
+	// until its new restore ends (its records, polled before its new
+	// instance is installed, would abort every transaction meanwhile).
 	resume := map[string][]int32{}
 	for _, t := range rt.cfg.inputs() {
 		resume[t] = []int32{p}
 	}
+	if h := rt.restoredHook.Load(); h != nil {
+		(*h)(p)
+	}
 	sess.Client().ResumeFetchPartitions(resume)
+	rt.mu.Unlock()
 	rt.notify()
 }
 

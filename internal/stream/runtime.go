@@ -186,6 +186,10 @@ type Runtime struct {
 	// Tests: how often the run loop looks for idle owned partitions to
 	// re-date (zero: ownerRedatePoll).
 	redatePoll time.Duration
+	// Tests: restoredHook, when set, runs when a restore of partition p has
+	// queued its install, just before it resumes the partition's fetching
+	// (with mu held).
+	restoredHook atomic.Pointer[func(p int32)]
 }
 
 type partState struct {

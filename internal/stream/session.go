@@ -338,9 +338,11 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			pause[t] = append(pause[t], p)
 		}
 	}
-	rt.sess.Client().PauseFetchPartitions(pause)
 	var reassigned []int32
 	rt.mu.Lock()
+	// Paused under mu, which orders it against a previous restore's
+	// resume of the partition (restore).
+	rt.sess.Client().PauseFetchPartitions(pause)
 	for p := range parts {
 		committed := make(map[string]int64, len(inputs))
 		for _, t := range inputs {

@@ -82,26 +82,39 @@ func (rt *Runtime) work() error {
 	return nil
 }
 
-// fenceWork returns ctx for ending the open transaction: if a partition
-// worked in it, its TxnOffsetCommit also carries that partition's offset of
-// every input topic (the one committed before, for a topic of which the
-// transaction consumed none of its input; a topic with no committed offset
-// yet is left out). The offsets are read here, not in the hook, which runs
-// under kgo's transaction lock.
-func (rt *Runtime) fenceWork(ctx context.Context) context.Context {
-	if rt.txWorked == noWorker {
-		return ctx
-	}
-	p := rt.txWorked
+// fence returns ctx for ending the open transaction: its TxnOffsetCommit
+// carries, for every partition the transaction wrote for (state or outputs:
+// it consumed the partition's input, or a punctuation had an effect) or did
+// Work of, the partition's offset of every input topic, the one committed
+// before for a topic of which it consumed no input. So the group generation
+// fences every transaction of a zombie, one that only punctuated an idle
+// partition (dedup's ticks and metadata) or did a chunk of work included,
+// as it fences one that consumed input (DESIGN §3, §6): a transaction
+// without an offset is not checked against the group, and a member that
+// has not heard yet that the group moved on would commit state and outputs
+// of a partition another member owns now. A partition punctuated without
+// an effect needs no fence (the aggregator punctuates every partition, and
+// most of its punctuations do nothing). A topic with no committed offset
+// yet is left out; a transaction with none at all (its partitions never
+// had input committed) is not fenced, which is why Work waits for one. The
+// offsets are read here, not in the hook, which runs under kgo's
+// transaction lock.
+func (rt *Runtime) fence(ctx context.Context) context.Context {
 	all := rt.sess.Client().CommittedOffsets()
 	type fence struct {
 		topic string
+		p     int32
 		eo    kgo.EpochOffset
 	}
 	var fences []fence
-	for _, topic := range rt.cfg.inputs() {
-		if eo, ok := all[topic][p]; ok {
-			fences = append(fences, fence{topic, eo})
+	for _, p := range sortedPartitions(rt.ovs) {
+		if ov := rt.ovs[p]; !ov.touched && len(ov.out) == 0 && p != rt.txWorked {
+			continue
+		}
+		for _, topic := range rt.cfg.inputs() {
+			if eo, ok := all[topic][p]; ok {
+				fences = append(fences, fence{topic, p, eo})
+			}
 		}
 	}
 	if len(fences) == 0 {
@@ -109,7 +122,7 @@ func (rt *Runtime) fenceWork(ctx context.Context) context.Context {
 	}
 	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
 		for _, f := range fences {
-			addFence(req, f.topic, p, f.eo)
+			addFence(req, f.topic, f.p, f.eo)
 		}
 		return nil
 	})
