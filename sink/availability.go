@@ -21,8 +21,8 @@ import (
 // may be fine.
 
 // connect dials ClickHouse (retrying while it is unreachable) and checks
-// that the migrations are applied and that no rebuild of the derived
-// tables is unfinished.
+// that the server runs in UTC, that the migrations are applied and that
+// no rebuild of the derived tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
 	for attempt := 0; conn == nil; attempt++ {
@@ -45,6 +45,20 @@ func (w *Writer) connect(ctx context.Context) error {
 	w.connMu.Lock()
 	w.conn = conn
 	w.connMu.Unlock()
+	// The tables' months and days are the server's: it must run in UTC.
+	for attempt := 0; ; attempt++ {
+		err := CheckTimeZone(ctx, conn)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrServerTimeZone) {
+			return err
+		}
+		w.log.Warn("reading the server's time zone failed; retrying", zap.Error(err))
+		if err := sleep(ctx, w.backoff(attempt)); err != nil {
+			return err
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		err := CheckMigrations(ctx, conn)
 		if err == nil {
