@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"go.uber.org/zap"
 )
@@ -21,8 +22,8 @@ import (
 // may be fine.
 
 // connect dials ClickHouse (retrying while it is unreachable) and checks
-// that the migrations are applied and that no rebuild of the derived
-// tables is unfinished.
+// that the server runs in UTC, that the migrations are applied and that
+// no rebuild of the derived tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
 	for attempt := 0; conn == nil; attempt++ {
@@ -45,32 +46,34 @@ func (w *Writer) connect(ctx context.Context) error {
 	w.connMu.Lock()
 	w.conn = conn
 	w.connMu.Unlock()
-	for attempt := 0; ; attempt++ {
-		err := CheckMigrations(ctx, conn)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, ErrMigrationsPending) || errors.Is(err, ErrMigrationChanged) {
-			return err
-		}
-		w.log.Warn("checking migrations failed; retrying", zap.Error(err))
-		if err := sleep(ctx, w.backoff(attempt)); err != nil {
-			return err
-		}
+	checks := []struct {
+		what  string
+		check func(context.Context, driver.Conn) error
+		fatal []error
+	}{
+		// The tables' months and days are the server's: it must run in UTC.
+		{"reading the server's time zone", CheckTimeZone, []error{ErrServerTimeZone}},
+		{"checking migrations", CheckMigrations, []error{ErrMigrationsPending, ErrMigrationChanged}},
+		// A rebuild of the derived tables swaps whole months: rows the
+		// views wrote meanwhile would be lost, so no sink starts until it
+		// finished.
+		{"checking for unfinished rebuilds", CheckRebuilds, []error{ErrRebuildUnfinished}},
 	}
-	// A rebuild of the derived tables swaps whole months: rows the views
-	// wrote meanwhile would be lost, so no sink starts until it finished.
-	for attempt := 0; ; attempt++ {
-		err := CheckRebuilds(ctx, conn)
-		if err == nil {
-			break
-		}
-		if errors.Is(err, ErrRebuildUnfinished) {
-			return err
-		}
-		w.log.Warn("checking for unfinished rebuilds failed; retrying", zap.Error(err))
-		if err := sleep(ctx, w.backoff(attempt)); err != nil {
-			return err
+	for _, c := range checks {
+		for attempt := 0; ; attempt++ {
+			err := c.check(ctx, conn)
+			if err == nil {
+				break
+			}
+			for _, f := range c.fatal {
+				if errors.Is(err, f) {
+					return err
+				}
+			}
+			w.log.Warn(c.what+" failed; retrying", zap.Error(err))
+			if err := sleep(ctx, w.backoff(attempt)); err != nil {
+				return err
+			}
 		}
 	}
 	w.up.Store(true)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,27 +20,19 @@ import (
 // committed offset and names the 65,536-offset chunks of the tables' sort
 // key, so it reads a bounded number of rows at any table size.
 
-// offsetConds returns one lookup condition per partition naming the rows'
-// exact offsets (and their chunks, for the primary index), for the rows
-// keep accepts (all when nil).
-func offsetConds(rows []*row, keep func(*row) bool) []string {
-	byPart := map[int32][]int64{}
-	for _, r := range rows {
-		if keep == nil || keep(r) {
-			byPart[r.partition()] = append(byPart[r.partition()], r.offset())
-		}
-	}
-	var conds []string
-	for _, p := range sortedKeys(byPart) {
-		offs := byPart[p]
-		lo, hi := offs[0], offs[0]
-		list := make([]string, len(offs))
-		for i, o := range offs {
-			lo, hi = min(lo, o), max(hi, o)
-			list[i] = strconv.FormatInt(o, 10)
-		}
-		conds = append(conds, fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) BETWEEN %d AND %d AND kafka_offset IN (%s))",
-			p, resumeChunk, lo/resumeChunk, hi/resumeChunk, strings.Join(list, ", ")))
+// rangeConds returns one lookup condition per partition of spans (spansOf)
+// covering its rows' offsets: the range from the lowest to the highest,
+// and its chunks, for the primary index. The lookup's answer may hold
+// offsets in between that are not the rows'; the caller checks each row.
+// A range, not a list of every offset: a batch of 50,000 offsets in an IN
+// list is a query longer than the server's max_query_size (256 KiB),
+// refused on every retry.
+func rangeConds(spans map[int32][2]int64) []string {
+	conds := make([]string, 0, len(spans))
+	for _, p := range sortedKeys(spans) {
+		lo, hi := spans[p][0], spans[p][1]
+		conds = append(conds, fmt.Sprintf("(kafka_partition = %d AND intDiv(kafka_offset, %d) BETWEEN %d AND %d AND kafka_offset BETWEEN %d AND %d)",
+			p, resumeChunk, lo/resumeChunk, hi/resumeChunk, lo, hi))
 	}
 	return conds
 }

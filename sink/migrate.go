@@ -42,10 +42,14 @@ const ddlTimeout = time.Minute
 // fails because it is applied already (its columns there with its types,
 // the sort key it sets) counts as applied (18.16 has no IF NOT
 // EXISTS on ALTER columns; a run killed between that ALTER and its record,
-// or two runs at once, would otherwise fail on it forever).
+// or two runs at once, would otherwise fail on it forever). It applies
+// nothing on a server whose time zone is not UTC (ErrServerTimeZone).
 func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 	ms, err := chschema.Migrations()
 	if err != nil {
+		return nil, err
+	}
+	if err := CheckTimeZone(ctx, conn); err != nil {
 		return nil, err
 	}
 	return migrate(ctx, conn, ms)

@@ -147,10 +147,11 @@ func (w *Writer) quarantineMissing(ctx context.Context, rows []*row) ([]*row, er
 	// This lookup runs for every write, not once per dirty spell as the
 	// resume rule's: each waits for INSERTs of the rows' partitions that
 	// still run (an instance's that lost them).
-	if err := w.awaitInserts(ctx, w.quarantine, sortedKeys(spansOf(rows))); err != nil {
+	spans := spansOf(rows)
+	if err := w.awaitInserts(ctx, w.quarantine, sortedKeys(spans)); err != nil {
 		return nil, err
 	}
-	present, err := w.lookup(ctx, w.quarantine, "kafka_offset", offsetConds(rows, nil), false)
+	present, err := w.lookup(ctx, w.quarantine, "kafka_offset", rangeConds(spans), false)
 	if err != nil {
 		return nil, err
 	}

@@ -163,3 +163,31 @@ func TestCrashAfterQuarantineRefused(t *testing.T) {
 	e.exact(TableQuarantine, 1)
 	e.checkQuarantined(poison, schemas.ReasonUninsertable, "code: 395")
 }
+
+// TestQuarantineManyRows: a batch of tens of thousands of records of
+// usage.rejected that do not decode (a newer stage writing a schema this
+// sink does not know yet, while the sink catches up) is written to
+// usage_quarantine, each once, and the sink moves on. Its lookup of the
+// rows already there names a range of offsets per partition, not every
+// offset: 50,000 offsets in an IN list made a query longer than the
+// server's max_query_size (256 KiB), which failed on every retry, and the
+// sink backed off forever, taking ClickHouse for unavailable.
+func TestQuarantineManyRows(t *testing.T) {
+	e := newEnv(t, 1)
+	const n = 50_000
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: e.names.RejectedTopic(), Value: []byte{0xC3, 0x01, 9, 9, 9, 9, 9, 9, 9, 9}, Timestamp: base}
+	}
+	e.produce(recs...)
+	r := e.start(func(c *Config) {
+		// One INSERT batch: the records are all there when it starts.
+		c.MaxBatchRecords, c.MaxBatchWait, c.CommitInterval = n, 10*time.Second, 10*time.Second
+	})
+	e.waitCaughtUp(2*time.Minute, e.names.RejectedTopic())
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.exact(TableQuarantine, n)
+	e.exact(TableRejected, 0)
+}

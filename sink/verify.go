@@ -132,6 +132,10 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Months are the server's: compared and swapped in UTC only.
+	if err := CheckTimeZone(ctx, cfg.Conn); err != nil {
+		return nil, err
+	}
 	v := &verifier{cfg: cfg, log: cfg.Logger}
 	names := cfg.Tables
 	var unfinished []rebuildRun
