@@ -173,7 +173,12 @@ func values(ps []schemas.Property) []string {
 
 // groupKey is the canonical text of a group: a JSON object with the
 // properties in their (sorted) order, "{}" for none. Analysts can read it
-// with visitParamExtractString(group_key, 'region').
+// with visitParamExtractString(group_key, 'region'). Names and values are
+// quoted as Go quotes them, which is JSON for printable text; a value with
+// another control character than \b \f \n \r \t, or an unprintable rune
+// past U+FFFF, gets an escape JSON lacks (docs/analysts.md says to read
+// group_values then). It stays so: it is part of the aggregate's key, and
+// another quoting would give existing aggregates a second row.
 func groupKey(ps []schemas.Property) string {
 	var b strings.Builder
 	b.WriteByte('{')
