@@ -25,6 +25,13 @@ import (
 // map to the partitions their earlier copies are in, so dedup refuses to run.
 var ErrPartitionCountChanged = errors.New("partition count of the events topic changed")
 
+// ErrBucketChanged is returned when Config.Bucket differs from the expiry
+// bucket recorded in the state: identity keys are stored under the number
+// of the arrival bucket of their first copy, which means another time with
+// another bucket (a shorter one would expire every key at once, a longer
+// one none for years), so dedup refuses to run.
+var ErrBucketChanged = errors.New("expiry bucket changed")
+
 // Headers of a re-routed record (DESIGN §2). They are trusted only with a
 // valid HeaderAuth signature (auth.go), or, for records re-routed before
 // signatures existed, below the partition's upgrade offset.
@@ -57,6 +64,11 @@ var (
 	// partition count but no scheme was written keying by customer and
 	// meter; dedup refuses it (schemas.ErrKeyScheme).
 	keyKeyScheme = []byte("mK")
+	// keyBucket: the expiry bucket B (Config.Bucket) in ms, the unit of
+	// the bucket numbers of the identity keys. State that has a partition
+	// count but no bucket was written before it was recorded: it gets the
+	// configured one.
+	keyBucket = []byte("mB")
 	// keyUsePrefix (keyuse.go): "mS" | key ID, the last signing use of
 	// a key.
 )
@@ -266,6 +278,19 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	}
 	if err := pr.checkKeyScheme(p, st, hasN); err != nil {
 		return nil, err
+	}
+	switch v, ok, err := st.Get(keyBucket); {
+	case err != nil:
+		return nil, err
+	case ok && len(v) != 8:
+		return nil, fmt.Errorf("dedup: partition %d: corrupt expiry bucket (%d bytes)", p, len(v))
+	case ok && int64(binary.BigEndian.Uint64(v)) != pr.cfg.Bucket.Milliseconds():
+		was := time.Duration(binary.BigEndian.Uint64(v)) * time.Millisecond
+		return nil, fmt.Errorf("dedup: partition %d: %w: the state in %s stores its keys by arrival buckets of %s, the configuration says %s; "+
+			"a state's keys cannot be regrouped: run with --bucket %s, or with the new bucket on new topic names and a new consumer group",
+			p, ErrBucketChanged, pr.cfg.Topics.DedupChangelogTopic(), was, pr.cfg.Bucket, was)
+	case !ok:
+		part.writeMeta = true
 	}
 	if part.wm, err = readWatermark(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
@@ -497,6 +522,9 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		binary.BigEndian.PutUint64(u[:], uint64(pt.upgrade))
 		tx.Put(keyUpgrade, u[:])
 		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(pt.pr.cfg.Bucket.Milliseconds()))
+		tx.Put(keyBucket, b[:])
 		pt.writeKeyUses(tx)
 		if pt.wm > 0 {
 			var w [8]byte
