@@ -64,6 +64,13 @@ var (
 	// partition count but no scheme was written keying by customer and
 	// meter; dedup refuses it (schemas.ErrKeyScheme).
 	keyKeyScheme = []byte("mK")
+	// keyDropped: epoch ms before which the keys of first arrivals have
+	// been dropped (the end of the last bucket dropped), written with every
+	// bucket expiry. The expiry check never goes below it, so that a W or
+	// S raised after keys expired under the shorter one does not admit
+	// copies of events whose keys are gone; and alike whether the local
+	// store deleted them or a restore from the changelog brought them back.
+	keyDropped = []byte("mE")
 	// keyBucket: the expiry bucket B (Config.Bucket) in ms, the unit of
 	// the bucket numbers of the identity keys. State that has a partition
 	// count but no bucket was written before it was recorded: it gets the
@@ -155,6 +162,9 @@ type partition struct {
 	filters
 	expired int64 // every bucket below this has been dropped; -1: none
 	dropTo  int64 // drop buckets below this in the next transaction
+	// dropped is keyDropped as the open transaction sees it: the keys of
+	// first arrivals before it are gone (epoch ms; 0: none).
+	dropped int64
 	// dropping: the filters of the buckets the open transaction dropped.
 	// Their keys leave the store only if it commits: Abort puts them back,
 	// so that its records, processed again at the committed watermark,
@@ -295,6 +305,9 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	if part.wm, err = readWatermark(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
+	if part.dropped, err = readDropped(st.Get); err != nil {
+		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
 	if err := pr.openKeyUses(p, st, part); err != nil {
 		return nil, err
 	}
@@ -358,6 +371,20 @@ func (pr *processor) checkKeyScheme(p int32, st *stream.PartitionState, hasN boo
 			p, schemas.ErrKeyScheme, pr.cfg.Topics.DedupChangelogTopic(), pr.dedupedTopic, schemas.DedupedKeyScheme)
 	}
 	return nil
+}
+
+// readDropped reads keyDropped through get (0 when absent).
+func readDropped(get func([]byte) ([]byte, bool, error)) (int64, error) {
+	v, ok, err := get(keyDropped)
+	switch {
+	case err != nil:
+		return 0, err
+	case !ok:
+		return 0, nil
+	case len(v) != 8:
+		return 0, fmt.Errorf("corrupt dropped-keys time (%d bytes)", len(v))
+	}
+	return int64(binary.BigEndian.Uint64(v)), nil
 }
 
 // readWatermark reads the watermark key through get (0 when absent).
@@ -485,7 +512,11 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		if err != nil {
 			return fmt.Errorf("dedup: partition %d: %w", pt.p, err)
 		}
-		pt.wm, pt.reloadWM = wm, false
+		dropped, err := readDropped(tx.Get)
+		if err != nil {
+			return fmt.Errorf("dedup: partition %d: %w", pt.p, err)
+		}
+		pt.wm, pt.dropped, pt.reloadWM = wm, dropped, false
 		pt.scheduleExpiry()
 	}
 	refresh := false
@@ -508,6 +539,7 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		}
 		pt.buckets = kept
 		pt.expired = pt.dropTo
+		pt.dropped = max(pt.dropped, pt.dropTo*pt.pr.cfg.Bucket.Milliseconds())
 	}
 	if pt.writeMeta || refresh {
 		// Written when missing and re-written with every bucket expiry,
@@ -530,6 +562,11 @@ func (pt *partition) begin(tx *stream.Tx) error {
 			var w [8]byte
 			binary.BigEndian.PutUint64(w[:], uint64(pt.wm))
 			tx.Put(keyWatermark, w[:])
+		}
+		if pt.dropped > 0 {
+			var d [8]byte
+			binary.BigEndian.PutUint64(d[:], uint64(pt.dropped))
+			tx.Put(keyDropped, d[:])
 		}
 		pt.writeMeta = false
 	}
@@ -558,9 +595,11 @@ func (pt *partition) expiredBuckets() int64 {
 }
 
 // expiredBefore returns the time, epoch ms, before which the keys of first
-// arrivals have expired at the watermark (0: none).
+// arrivals have expired (0: none): at the watermark, and never before the
+// keys already dropped (keyDropped: under a shorter W or S, they expired
+// earlier).
 func (pt *partition) expiredBefore() int64 {
-	return pt.expiredBuckets() * pt.pr.cfg.Bucket.Milliseconds()
+	return max(pt.expiredBuckets()*pt.pr.cfg.Bucket.Milliseconds(), pt.dropped)
 }
 
 func (pt *partition) publish() {
@@ -768,11 +807,12 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 		// at the end of this batch): a copy could not be recognised. Only
 		// an arrival older than the watermark gets here (a re-routed
 		// record, which keeps an arrival up to W before its broker
-		// timestamp, or a broker clock that stepped back). Judged by the
-		// watermark, the largest broker timestamp up to this record, so the
-		// decision is the same however the records are batched.
+		// timestamp, or a broker clock that stepped back), or one that a
+		// W or S raised since admits. Judged by the watermark, the largest
+		// broker timestamp up to this record, and by the committed state,
+		// so the decision is the same however the records are batched.
 		return pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf(
-			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark %s is past them + W + S), so a copy could not be recognised",
+			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark is %s), so a copy could not be recognised",
 			msTime(e.EventTime), c.Skew, msTime(pt.expiredBefore()), msTime(pt.wm)))
 	}
 	sum := sha256.Sum256(canon)
