@@ -154,41 +154,36 @@ func TestClockStepBackAfterExpiry(t *testing.T) {
 // the changelog still holds it (Pebble is a cache of the changelog: the
 // decision must not depend on which one is read).
 func TestWindowRaisedAfterExpiry(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		keep bool // restart on the same local state
-	}{{"local state", true}, {"restored", false}} {
-		t.Run(c.name, func(t *testing.T) {
-			h := newHarness(t, nil, 1)
-			fs := vfs.NewMem()
-			cfg := shortWindow(h, prometheus.NewRegistry())
-			cfg.Stream.FS = fs
-			a := h.start(cfg)
-			h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
-			h.caughtUp() // the key is in the changelog
-			h.produce(h.tick(0, t0+swB+swW+swS))
-			h.caughtUp()
-			within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
-			if err := a.stop(); err != nil {
-				t.Fatal(err)
-			}
-			if !c.keep {
-				fs = vfs.NewMem()
-			}
-			cfg = shortWindow(h, prometheus.NewRegistry())
-			cfg.Stream.FS = fs
-			cfg.Window *= 2
-			h.start(cfg)
-			// 2.5 h after the original: inside the new window of 4 h.
-			h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr+swW+30*60_000))
-			h.caughtUp()
-			o := h.outputs()
-			if n := len(o.dedupedOf("w1")); n != 1 {
-				t.Fatalf("w1 forwarded %d times, want 1: a copy whose key expired under the shorter window was accepted", n)
-			}
-			if r := o.rejectedOf("w1"); len(r) != 1 || r[0].Reason != schemas.ReasonTooOld {
-				t.Errorf("w1's copy: rejected %+v (duplicates %d), want too_old", r, len(o.duplicates))
-			}
-		})
-	}
+	localOrRestored(t, func(t *testing.T, keep bool) {
+		h := newHarness(t, nil, 1)
+		fs := vfs.NewMem()
+		cfg := shortWindow(h, prometheus.NewRegistry())
+		cfg.Stream.FS = fs
+		a := h.start(cfg)
+		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
+		h.caughtUp() // the key is in the changelog
+		h.produce(h.tick(0, t0+swB+swW+swS))
+		h.caughtUp()
+		within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !keep {
+			fs = vfs.NewMem()
+		}
+		cfg = shortWindow(h, prometheus.NewRegistry())
+		cfg.Stream.FS = fs
+		cfg.Window *= 2
+		h.start(cfg)
+		// 2.5 h after the original: inside the new window of 4 h.
+		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr+swW+30*60_000))
+		h.caughtUp()
+		o := h.outputs()
+		if n := len(o.dedupedOf("w1")); n != 1 {
+			t.Fatalf("w1 forwarded %d times, want 1: a copy whose key expired under the shorter window was accepted", n)
+		}
+		if r := o.rejectedOf("w1"); len(r) != 1 || r[0].Reason != schemas.ReasonTooOld {
+			t.Errorf("w1's copy: rejected %+v (duplicates %d), want too_old", r, len(o.duplicates))
+		}
+	})
 }

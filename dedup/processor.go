@@ -375,28 +375,25 @@ func (pr *processor) checkKeyScheme(p int32, st *stream.PartitionState, hasN boo
 
 // readDropped reads keyDropped through get (0 when absent).
 func readDropped(get func([]byte) ([]byte, bool, error)) (int64, error) {
-	v, ok, err := get(keyDropped)
-	switch {
-	case err != nil:
-		return 0, err
-	case !ok:
-		return 0, nil
-	case len(v) != 8:
-		return 0, fmt.Errorf("corrupt dropped-keys time (%d bytes)", len(v))
-	}
-	return int64(binary.BigEndian.Uint64(v)), nil
+	return readTime(get, keyDropped, "dropped-keys time")
 }
 
 // readWatermark reads the watermark key through get (0 when absent).
 func readWatermark(get func([]byte) ([]byte, bool, error)) (int64, error) {
-	v, ok, err := get(keyWatermark)
+	return readTime(get, keyWatermark, "watermark")
+}
+
+// readTime reads an 8-byte time (epoch ms) at key through get (0 when
+// absent).
+func readTime(get func([]byte) ([]byte, bool, error), key []byte, what string) (int64, error) {
+	v, ok, err := get(key)
 	switch {
 	case err != nil:
 		return 0, err
 	case !ok:
 		return 0, nil
 	case len(v) != 8:
-		return 0, fmt.Errorf("corrupt watermark (%d bytes)", len(v))
+		return 0, fmt.Errorf("corrupt %s (%d bytes)", what, len(v))
 	}
 	return int64(binary.BigEndian.Uint64(v)), nil
 }
