@@ -62,7 +62,10 @@ type Config struct {
 	// Bucket is the granularity of expiry: keys are grouped by the bucket
 	// of their first arrival and a whole bucket is dropped once all its keys
 	// are past W + S, so a key lives at most one bucket longer than
-	// required. Default: DefaultBucket.
+	// required. The state records it: identity keys are stored under the
+	// number of their arrival bucket, which means another time with another
+	// bucket, so dedup refuses to run on a state recorded with another one
+	// (ErrBucketChanged). Default: DefaultBucket.
 	Bucket time.Duration
 	// Keys authenticate the headers dedup writes on re-routed records and
 	// ticks (DESIGN §2): HMAC-SHA256 under Keys[0]; any of Keys verifies.

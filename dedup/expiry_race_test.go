@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -143,4 +144,46 @@ func TestClockStepBackAfterExpiry(t *testing.T) {
 	if r := o.rejectedOf("s1"); len(r) != 1 || r[0].Reason != schemas.ReasonTooOld {
 		t.Errorf("s1's copy: rejected %+v, want too_old", r)
 	}
+}
+
+// TestWindowRaisedAfterExpiry: W (or S) raised on a state whose keys
+// already expired under the shorter one. A copy that the longer window
+// admits, of an event whose key is gone, cannot be recognised: it is
+// rejected (too_old), never forwarded again; and alike from the local
+// state, where the expired bucket is deleted, and from a restore, where
+// the changelog still holds it (Pebble is a cache of the changelog: the
+// decision must not depend on which one is read).
+func TestWindowRaisedAfterExpiry(t *testing.T) {
+	localOrRestored(t, func(t *testing.T, keep bool) {
+		h := newHarness(t, nil, 1)
+		fs := vfs.NewMem()
+		cfg := shortWindow(h, prometheus.NewRegistry())
+		cfg.Stream.FS = fs
+		a := h.start(cfg)
+		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
+		h.caughtUp() // the key is in the changelog
+		h.produce(h.tick(0, t0+swB+swW+swS))
+		h.caughtUp()
+		within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !keep {
+			fs = vfs.NewMem()
+		}
+		cfg = shortWindow(h, prometheus.NewRegistry())
+		cfg.Stream.FS = fs
+		cfg.Window *= 2
+		h.start(cfg)
+		// 2.5 h after the original: inside the new window of 4 h.
+		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr+swW+30*60_000))
+		h.caughtUp()
+		o := h.outputs()
+		if n := len(o.dedupedOf("w1")); n != 1 {
+			t.Fatalf("w1 forwarded %d times, want 1: a copy whose key expired under the shorter window was accepted", n)
+		}
+		if r := o.rejectedOf("w1"); len(r) != 1 || r[0].Reason != schemas.ReasonTooOld {
+			t.Errorf("w1's copy: rejected %+v (duplicates %d), want too_old", r, len(o.duplicates))
+		}
+	})
 }

@@ -186,7 +186,11 @@ func TestKeyUseOutlivesRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 		now := time.Now().UnixMilli()
-		cfg := h.config("a", vfs.NewMem())
+		short := func(cfg Config) Config { // buckets that expire in minutes
+			cfg.Window, cfg.Skew, cfg.Bucket = 2*time.Hour, time.Minute, time.Minute
+			return cfg
+		}
+		cfg := short(h.config("a", vfs.NewMem()))
 		st := h.start(cfg)
 		h.produce(h.event("acme", "api_calls", "e1", 1, now-hour, now))
 		h.caughtUp()
@@ -202,7 +206,7 @@ func TestKeyUseOutlivesRetention(t *testing.T) {
 		// Rotated: k2 signs, k1 only verifies; ten minutes of broker time
 		// later, buckets expire and the metadata is written again.
 		h.keys = []Key{k2, k1}
-		cfg.Keys, cfg.Window, cfg.Skew, cfg.Bucket = h.keys, 2*time.Hour, time.Minute, time.Minute
+		cfg.Keys = h.keys
 		st = h.start(cfg)
 		h.produce(h.tick(0, now+10*time.Minute.Milliseconds()))
 		h.caughtUp()
@@ -219,7 +223,7 @@ func TestKeyUseOutlivesRetention(t *testing.T) {
 		}
 		// Retention removes what the first run wrote.
 		deleteChangelogBelow(ctx, t, adm, h.names.DedupChangelogTopic(), first)
-		cfg = h.config("b", vfs.NewMem()) // a full restore from what is left
+		cfg = short(h.config("b", vfs.NewMem())) // a full restore from what is left
 		cfg.Keys = []Key{k2}
 		err = refused(t, h, cfg)
 		if !errors.Is(err, ErrKeyStillNeeded) || !strings.Contains(err.Error(), msTime(used)) {

@@ -25,6 +25,13 @@ import (
 // map to the partitions their earlier copies are in, so dedup refuses to run.
 var ErrPartitionCountChanged = errors.New("partition count of the events topic changed")
 
+// ErrBucketChanged is returned when Config.Bucket differs from the expiry
+// bucket recorded in the state: identity keys are stored under the number
+// of the arrival bucket of their first copy, which means another time with
+// another bucket (a shorter one would expire every key at once, a longer
+// one none for years), so dedup refuses to run.
+var ErrBucketChanged = errors.New("expiry bucket changed")
+
 // Headers of a re-routed record (DESIGN §2). They are trusted only with a
 // valid HeaderAuth signature (auth.go), or, for records re-routed before
 // signatures existed, below the partition's upgrade offset.
@@ -57,6 +64,18 @@ var (
 	// partition count but no scheme was written keying by customer and
 	// meter; dedup refuses it (schemas.ErrKeyScheme).
 	keyKeyScheme = []byte("mK")
+	// keyDropped: epoch ms before which the keys of first arrivals have
+	// been dropped (the end of the last bucket dropped), written with every
+	// bucket expiry. The expiry check never goes below it, so that a W or
+	// S raised after keys expired under the shorter one does not admit
+	// copies of events whose keys are gone; and alike whether the local
+	// store deleted them or a restore from the changelog brought them back.
+	keyDropped = []byte("mE")
+	// keyBucket: the expiry bucket B (Config.Bucket) in ms, the unit of
+	// the bucket numbers of the identity keys. State that has a partition
+	// count but no bucket was written before it was recorded: it gets the
+	// configured one.
+	keyBucket = []byte("mB")
 	// keyUsePrefix (keyuse.go): "mS" | key ID, the last signing use of
 	// a key.
 )
@@ -143,6 +162,9 @@ type partition struct {
 	filters
 	expired int64 // every bucket below this has been dropped; -1: none
 	dropTo  int64 // drop buckets below this in the next transaction
+	// dropped is keyDropped as the open transaction sees it: the keys of
+	// first arrivals before it are gone (epoch ms; 0: none).
+	dropped int64
 	// dropping: the filters of the buckets the open transaction dropped.
 	// Their keys leave the store only if it commits: Abort puts them back,
 	// so that its records, processed again at the committed watermark,
@@ -267,7 +289,23 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	if err := pr.checkKeyScheme(p, st, hasN); err != nil {
 		return nil, err
 	}
+	switch v, ok, err := st.Get(keyBucket); {
+	case err != nil:
+		return nil, err
+	case ok && len(v) != 8:
+		return nil, fmt.Errorf("dedup: partition %d: corrupt expiry bucket (%d bytes)", p, len(v))
+	case ok && int64(binary.BigEndian.Uint64(v)) != pr.cfg.Bucket.Milliseconds():
+		was := time.Duration(binary.BigEndian.Uint64(v)) * time.Millisecond
+		return nil, fmt.Errorf("dedup: partition %d: %w: the state in %s stores its keys by arrival buckets of %s, the configuration says %s; "+
+			"a state's keys cannot be regrouped: run with --bucket %s, or with the new bucket on new topic names and a new consumer group",
+			p, ErrBucketChanged, pr.cfg.Topics.DedupChangelogTopic(), was, pr.cfg.Bucket, was)
+	case !ok:
+		part.writeMeta = true
+	}
 	if part.wm, err = readWatermark(st.Get); err != nil {
+		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	if part.dropped, err = readDropped(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
 	if err := pr.openKeyUses(p, st, part); err != nil {
@@ -335,16 +373,27 @@ func (pr *processor) checkKeyScheme(p int32, st *stream.PartitionState, hasN boo
 	return nil
 }
 
+// readDropped reads keyDropped through get (0 when absent).
+func readDropped(get func([]byte) ([]byte, bool, error)) (int64, error) {
+	return readTime(get, keyDropped, "dropped-keys time")
+}
+
 // readWatermark reads the watermark key through get (0 when absent).
 func readWatermark(get func([]byte) ([]byte, bool, error)) (int64, error) {
-	v, ok, err := get(keyWatermark)
+	return readTime(get, keyWatermark, "watermark")
+}
+
+// readTime reads an 8-byte time (epoch ms) at key through get (0 when
+// absent).
+func readTime(get func([]byte) ([]byte, bool, error), key []byte, what string) (int64, error) {
+	v, ok, err := get(key)
 	switch {
 	case err != nil:
 		return 0, err
 	case !ok:
 		return 0, nil
 	case len(v) != 8:
-		return 0, fmt.Errorf("corrupt watermark (%d bytes)", len(v))
+		return 0, fmt.Errorf("corrupt %s (%d bytes)", what, len(v))
 	}
 	return int64(binary.BigEndian.Uint64(v)), nil
 }
@@ -460,7 +509,11 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		if err != nil {
 			return fmt.Errorf("dedup: partition %d: %w", pt.p, err)
 		}
-		pt.wm, pt.reloadWM = wm, false
+		dropped, err := readDropped(tx.Get)
+		if err != nil {
+			return fmt.Errorf("dedup: partition %d: %w", pt.p, err)
+		}
+		pt.wm, pt.dropped, pt.reloadWM = wm, dropped, false
 		pt.scheduleExpiry()
 	}
 	refresh := false
@@ -483,6 +536,7 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		}
 		pt.buckets = kept
 		pt.expired = pt.dropTo
+		pt.dropped = max(pt.dropped, pt.dropTo*pt.pr.cfg.Bucket.Milliseconds())
 	}
 	if pt.writeMeta || refresh {
 		// Written when missing and re-written with every bucket expiry,
@@ -497,11 +551,19 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		binary.BigEndian.PutUint64(u[:], uint64(pt.upgrade))
 		tx.Put(keyUpgrade, u[:])
 		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(pt.pr.cfg.Bucket.Milliseconds()))
+		tx.Put(keyBucket, b[:])
 		pt.writeKeyUses(tx)
 		if pt.wm > 0 {
 			var w [8]byte
 			binary.BigEndian.PutUint64(w[:], uint64(pt.wm))
 			tx.Put(keyWatermark, w[:])
+		}
+		if pt.dropped > 0 {
+			var d [8]byte
+			binary.BigEndian.PutUint64(d[:], uint64(pt.dropped))
+			tx.Put(keyDropped, d[:])
 		}
 		pt.writeMeta = false
 	}
@@ -530,9 +592,11 @@ func (pt *partition) expiredBuckets() int64 {
 }
 
 // expiredBefore returns the time, epoch ms, before which the keys of first
-// arrivals have expired at the watermark (0: none).
+// arrivals have expired (0: none): at the watermark, and never before the
+// keys already dropped (keyDropped: under a shorter W or S, they expired
+// earlier).
 func (pt *partition) expiredBefore() int64 {
-	return pt.expiredBuckets() * pt.pr.cfg.Bucket.Milliseconds()
+	return max(pt.expiredBuckets()*pt.pr.cfg.Bucket.Milliseconds(), pt.dropped)
 }
 
 func (pt *partition) publish() {
@@ -740,11 +804,12 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 		// at the end of this batch): a copy could not be recognised. Only
 		// an arrival older than the watermark gets here (a re-routed
 		// record, which keeps an arrival up to W before its broker
-		// timestamp, or a broker clock that stepped back). Judged by the
-		// watermark, the largest broker timestamp up to this record, so the
-		// decision is the same however the records are batched.
+		// timestamp, or a broker clock that stepped back), or one that a
+		// W or S raised since admits. Judged by the watermark, the largest
+		// broker timestamp up to this record, and by the committed state,
+		// so the decision is the same however the records are batched.
 		return pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf(
-			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark %s is past them + W + S), so a copy could not be recognised",
+			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark is %s), so a copy could not be recognised",
 			msTime(e.EventTime), c.Skew, msTime(pt.expiredBefore()), msTime(pt.wm)))
 	}
 	sum := sha256.Sum256(canon)

@@ -254,3 +254,49 @@ func TestPartitionCountChangeStops(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestBucketChangeStops: identity keys are stored under the arrival bucket
+// of their first copy, a number of Config.Bucket intervals; with another
+// bucket those numbers mean other times (a shorter bucket expired every key
+// at once, and each copy was forwarded again; a longer one never expired
+// them). The state records the bucket, and dedup refuses to run on another,
+// whether the state is local or restored from the changelog.
+func TestBucketChangeStops(t *testing.T) {
+	localOrRestored(t, func(t *testing.T, keep bool) {
+		h := newHarness(t, nil, 1)
+		fs := vfs.NewMem()
+		a := h.start(h.config("a", fs))
+		arr := t0 + 10*day
+		h.produce(h.event("c", "m", "b1", 1, arr-hour, arr))
+		h.caughtUp()
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !keep {
+			fs = vfs.NewMem()
+		}
+		cfg := h.config("a", fs)
+		cfg.Bucket = time.Hour // the default is 24 h
+		b := h.start(cfg)
+		h.produce(h.event("c", "m", "b1", 1, arr-hour, arr+1000))
+		err, ok := b.wait(30 * time.Second)
+		if !ok {
+			h.caughtUp()
+			t.Fatalf("dedup runs on a state built with another bucket: b1 forwarded %d times", h.outputs().byID()["b1"])
+		}
+		if !errors.Is(err, ErrBucketChanged) || !strings.Contains(err.Error(), "24h0m0s") {
+			t.Fatalf("Run = %v, want ErrBucketChanged naming the state's bucket", err)
+		}
+		if n := h.outputs().byID()["b1"]; n != 1 {
+			t.Errorf("b1 forwarded %d times, want 1", n)
+		}
+	})
+}
+
+// localOrRestored runs fn twice, as subtests: restarting the stage on the
+// same local state (keep), and on an empty one restored from the
+// changelog.
+func localOrRestored(t *testing.T, fn func(t *testing.T, keep bool)) {
+	t.Run("local state", func(t *testing.T) { fn(t, true) })
+	t.Run("restored", func(t *testing.T) { fn(t, false) })
+}
