@@ -177,6 +177,41 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 	}
 }
 
+// undecidedDue reports whether st, as opened, holds OPEN aggregates or
+// queued events of a period that is not decided final although the
+// watermark passed its end + the configured grace: never, unless the state
+// was built with a longer grace (--grace shortened across a restart),
+// since the transaction that moves the watermark decides every period it
+// passes (finalize). Left so, such a period would be final by DESIGN §3
+// without its FINAL revisions: an event of it would mark it final with
+// nothing to emit (place), and its aggregates would never get one.
+func (pt *partition) undecidedDue(st stateReader) (bool, error) {
+	grace := pt.pr.cfg.Grace.Milliseconds()
+	for _, pfx := range []byte{pfxOpen, pfxPending} {
+		// finalize decides the lowest period first: the lowest tells.
+		s, ok, err := firstPeriodFrom(st, pfx, pt.finalLow(pfx))
+		if err != nil {
+			return false, err
+		}
+		if _, end := pt.pr.cfg.Period.Bounds(s); ok && pt.wm > end+grace {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// decideLoaded decides final, in the first transaction this partition
+// takes part in after its state was opened or reloaded, the periods
+// undecidedDue finds (finalize: none unless the state was built with a
+// longer grace).
+func (pt *partition) decideLoaded(tx *stream.Tx) error {
+	if !pt.decideDue {
+		return nil
+	}
+	pt.decideDue = false
+	return pt.finalize(tx)
+}
+
 // decide records in the open transaction that period start is final: its
 // OPEN states are the values of its FINAL revisions (materialized), and
 // its aggregates leave the cache, so that Flush emits no OPEN revision of
@@ -213,8 +248,10 @@ func (pt *partition) expiresAt(end int64) int64 {
 // HasWork implements stream.Worker: a period of this partition has FINAL
 // revisions to emit, queued events to book, or state to expire.
 func (pt *partition) HasWork() bool {
-	if pt.stale {
-		return true // Work reloads the committed state, and decides then
+	if pt.stale || pt.decideDue {
+		// Work reloads the committed state, and decides then; or decides
+		// the periods its loaded state left due (decideLoaded).
+		return true
 	}
 	_, ps := pt.nextWork()
 	return ps != nil || pt.entHasWork()
@@ -253,12 +290,15 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		if err := pt.load(tx); err != nil {
 			return err
 		}
-		pt.stale = false
+		pt.stale, pt.decideDue = false, true // as in Process
 	}
 	// A chunk may write a meter's first state key of a period (an
 	// adjustment's working state): what state built before definitions
 	// were recorded holds is recorded first.
 	pt.writeMeterDefs(tx)
+	if err := pt.decideLoaded(tx); err != nil {
+		return err
+	}
 	if pt.ent != nil {
 		// The transaction commits this partition's offsets (stream.Worker):
 		// the group generation fences it (flushBalances).

@@ -89,6 +89,12 @@ type partition struct {
 	// ahead of the committed state. Process reloads them from the state
 	// before the re-consumed records are handled.
 	stale bool
+	// decideDue: the state opened (or reloaded after an abort) may hold
+	// OPEN aggregates or queued events of a period the watermark already
+	// passed by end + the configured grace (undecidedDue); the next
+	// transaction this partition takes part in decides it final
+	// (decideLoaded).
+	decideDue bool
 	// writeScheme: the state is new; the next transaction records the key
 	// scheme (keyKeyScheme) in it.
 	writeScheme bool
@@ -154,6 +160,10 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	pt.keysGauge = pr.m.keys.WithLabelValues(pt.pl)
 	pt.pendingGauge = pr.m.finalizing.WithLabelValues(pt.pl)
 	if err := pt.load(st); err != nil {
+		return nil, err
+	}
+	var err error
+	if pt.decideDue, err = pt.undecidedDue(st); err != nil {
 		return nil, err
 	}
 	pt.publish()
@@ -550,7 +560,9 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		if err := pt.load(tx); err != nil {
 			return err
 		}
-		pt.stale = false
+		// The aborted transaction may have been the one that decided
+		// what the loaded state left due (decideLoaded).
+		pt.stale, pt.decideDue = false, true
 	}
 	if pt.writeScheme {
 		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
@@ -569,6 +581,9 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		pt.writePeriod = false
 	}
 	pt.writeMeterDefs(tx)
+	if err := pt.decideLoaded(tx); err != nil {
+		return err
+	}
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()
 	}
