@@ -46,6 +46,7 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/secret"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -248,11 +249,17 @@ func (c *Config) Validate() error {
 	if err := c.Kafka.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}
+	// The key file is named by secret.ReadFile only when its name is one:
+	// a key set where its file's name belongs is never shown.
 	switch {
 	case c.TLSCertFile != "" && c.TLSKeyFile == "":
 		bad("tls-key-file: required with tls-cert-file %q (give both, or neither)", c.TLSCertFile)
 	case c.TLSKeyFile != "" && c.TLSCertFile == "":
-		bad("tls-cert-file: required with tls-key-file %q (give both, or neither)", c.TLSKeyFile)
+		bad("tls-cert-file: required with tls-key-file (give both, or neither)")
+	case c.TLSKeyFile != "":
+		if _, err := secret.ReadFile(c.TLSKeyFile); err != nil {
+			bad("tls-key-file: %w", err)
+		}
 	}
 	if c.MaxBodyBytes < 1024 {
 		bad("max-body-bytes %d: want at least 1024", c.MaxBodyBytes)
@@ -349,9 +356,9 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances, s.inflight)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		cert, err := loadKeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("ingest: tls: %w", err)
+			return nil, err
 		}
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		s.scheme = "https"
@@ -593,4 +600,23 @@ func readAll(buf []byte, rd io.Reader, sizeHint int64) ([]byte, error) {
 			b = append(b, 0)[:len(b)] // grow
 		}
 	}
+}
+
+// loadKeyPair is tls.LoadX509KeyPair with errors that never show a key set
+// where the name of its file belongs (secret.ReadFile).
+func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := secret.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("ingest: tls-cert-file: %w", err)
+	}
+	keyPEM, err := secret.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("ingest: tls-key-file: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		// The standard library's message quotes no key material.
+		return tls.Certificate{}, fmt.Errorf("ingest: tls: certificate %s with key %s: %w", certFile, keyFile, err)
+	}
+	return cert, nil
 }
