@@ -47,6 +47,7 @@ import (
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/tlsconfig"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -356,9 +357,10 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances, s.inflight)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
-		cert, err := loadKeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		// The errors never show a key set where its file's name belongs.
+		cert, err := tlsconfig.LoadKeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("ingest: %w", err)
 		}
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		s.scheme = "https"
@@ -600,23 +602,4 @@ func readAll(buf []byte, rd io.Reader, sizeHint int64) ([]byte, error) {
 			b = append(b, 0)[:len(b)] // grow
 		}
 	}
-}
-
-// loadKeyPair is tls.LoadX509KeyPair with errors that never show a key set
-// where the name of its file belongs (secret.ReadFile).
-func loadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
-	certPEM, err := secret.ReadFile(certFile)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("ingest: tls-cert-file: %w", err)
-	}
-	keyPEM, err := secret.ReadFile(keyFile)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("ingest: tls-key-file: %w", err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		// The standard library's message quotes no key material.
-		return tls.Certificate{}, fmt.Errorf("ingest: tls: certificate %s with key %s: %w", certFile, keyFile, err)
-	}
-	return cert, nil
 }

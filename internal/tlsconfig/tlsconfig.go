@@ -73,22 +73,33 @@ func (f Files) Load() (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	if f.CertFile != "" {
-		certPEM, err := secret.ReadFile(f.CertFile)
+		cert, err := LoadKeyPair(f.CertFile, f.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("tls: client certificate file: %w", err)
-		}
-		keyPEM, err := secret.ReadFile(f.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls: client key file: %w", err)
-		}
-		cert, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			// Both files exist, so their names are names. The standard
-			// library's message names neither and never quotes key
-			// material.
-			return nil, fmt.Errorf("tls: client certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
+			return nil, err
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// LoadKeyPair is tls.LoadX509KeyPair (a client's certificate, or a
+// server's: the HTTP ingest's) with errors that never show a key
+// (or a certificate) set where the name of its file belongs: a file is
+// named only when its name is one (secret.ReadFile).
+func LoadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := secret.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("tls: certificate file: %w", err)
+	}
+	keyPEM, err := secret.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("tls: key file: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		// Both files exist, so their names are names. The standard
+		// library's message names neither and never quotes key material.
+		return tls.Certificate{}, fmt.Errorf("tls: certificate %s with key %s: %w", certFile, keyFile, err)
+	}
+	return cert, nil
 }
