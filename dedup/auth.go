@@ -33,6 +33,8 @@ import (
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/secret"
 )
 
 // HeaderAuth carries the signature of a record dedup wrote: a re-routed
@@ -173,7 +175,9 @@ func LoadKeys(file string) ([]Key, error) {
 		return nil, fmt.Errorf("dedup: both the key file %s and %s are set; use one", file, KeysEnv)
 	}
 	if file != "" {
-		b, err := os.ReadFile(file)
+		// secret.ReadFile: a ring set where its file's name belongs is
+		// not quoted by the error.
+		b, err := secret.ReadFile(file)
 		if err != nil {
 			return nil, fmt.Errorf("dedup: read key file: %w", err)
 		}

@@ -48,6 +48,22 @@ func TestKeyRingErrorsNeverQuoteSecrets(t *testing.T) {
 	}
 }
 
+// TestKeyRingGivenAsItsFileName: a ring set where its file's name belongs
+// (--dedup-keys-file, METERLINE_DEDUP_KEYS_FILE) names no file; the error
+// says so without showing the ring.
+func TestKeyRingGivenAsItsFileName(t *testing.T) {
+	k, err := GenerateKey("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hexSecret := hex.EncodeToString(k.Secret)
+	for _, v := range []string{string(FormatKeys(k)), "k1 " + hexSecret, hexSecret} {
+		if _, err := LoadKeys(v); err == nil || strings.Contains(err.Error(), hexSecret[:16]) {
+			t.Errorf("LoadKeys(the ring as its file name): %v; want an error without the secret", err)
+		}
+	}
+}
+
 // TestKeyRingFromOnePlace: a ring named both by a file and by
 // METERLINE_DEDUP_KEYS is refused, as a password set both ways is: which
 // one wins would be a guess, and an instance that silently kept the file's

@@ -46,6 +46,8 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/secret"
+	"github.com/meterline/meterline/internal/tlsconfig"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -248,11 +250,17 @@ func (c *Config) Validate() error {
 	if err := c.Kafka.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}
+	// The key file is named by secret.ReadFile only when its name is one:
+	// a key set where its file's name belongs is never shown.
 	switch {
 	case c.TLSCertFile != "" && c.TLSKeyFile == "":
 		bad("tls-key-file: required with tls-cert-file %q (give both, or neither)", c.TLSCertFile)
 	case c.TLSKeyFile != "" && c.TLSCertFile == "":
-		bad("tls-cert-file: required with tls-key-file %q (give both, or neither)", c.TLSKeyFile)
+		bad("tls-cert-file: required with tls-key-file (give both, or neither)")
+	case c.TLSKeyFile != "":
+		if _, err := secret.ReadFile(c.TLSKeyFile); err != nil {
+			bad("tls-key-file: %w", err)
+		}
 	}
 	if c.MaxBodyBytes < 1024 {
 		bad("max-body-bytes %d: want at least 1024", c.MaxBodyBytes)
@@ -349,9 +357,10 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances, s.inflight)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		// The errors never show a key set where its file's name belongs.
+		cert, err := tlsconfig.LoadKeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("ingest: tls: %w", err)
+			return nil, fmt.Errorf("ingest: %w", err)
 		}
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		s.scheme = "https"

@@ -3,6 +3,7 @@ package cli
 import (
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,6 +160,47 @@ func TestClickHousePasswordNeedsTLS(t *testing.T) {
 	} {
 		if code, out, errOut := run(t, "", args...); code != 0 {
 			t.Errorf("%s: exit %d, want 0:\n%s%s", args, code, out, errOut)
+		}
+	}
+}
+
+// TestSecretGivenAsItsFileName: a secret set where the name of its file
+// belongs — a flag's value, or its METERLINE_*_FILE variable set where
+// the secret's own variable was meant — names no file. The command ends
+// with an error that names the setting and never shows the secret, kong's
+// expansion of a path flag included.
+func TestSecretGivenAsItsFileName(t *testing.T) {
+	t.Chdir(t.TempDir()) // a relative name resolves to a directory that exists
+	keys := testenv.DedupKeysFile(t)
+	ring := "k1 " + strings.Repeat("5ec7", 16)
+	pem := "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgKat5/ON697XatOCF\n-----END PRIVATE KEY-----\n"
+	validate := []string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys}
+	// lag reads the TLS files before it connects (run --validate does not).
+	certs := testenv.NewCerts(t)
+	lag := []string{"lag", "--brokers", "127.0.0.1:1", "--kafka-tls-ca-file", certs.CAFile, "--kafka-tls-cert-file", certs.ClientCertFile}
+	for _, c := range []struct {
+		flag, env, secret, shown string
+		cmd                      []string
+	}{
+		{"--kafka-sasl-password-file", "METERLINE_KAFKA_SASL_PASSWORD_FILE", "hunter2-Secret", "hunter2", validate},
+		{"--clickhouse-password-file", "METERLINE_CLICKHOUSE_PASSWORD_FILE", "hunter3-Secret", "hunter3", validate},
+		{"--dedup-keys-file", "METERLINE_DEDUP_KEYS_FILE", ring, "5ec75ec7", validate[:4]},
+		{"--kafka-tls-key-file", "METERLINE_KAFKA_TLS_KEY_FILE", pem, "MIGHAgEA", lag},
+		{"--tls-key-file", "METERLINE_TLS_KEY_FILE", pem, "MIGHAgEA", []string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile}},
+		{"--ingest-tls-key-file", "METERLINE_INGEST_TLS_KEY_FILE", pem, "MIGHAgEA",
+			append(slices.Clone(validate), "--ingest", "--ingest-tls-cert-file", certs.ServerCertFile)},
+	} {
+		for _, how := range []string{"flag", "env"} {
+			args := append(slices.Clone(c.cmd), c.flag+"="+c.secret)
+			if how == "env" {
+				args = c.cmd
+				t.Setenv(c.env, c.secret)
+			}
+			code, out, errOut := run(t, "", args...)
+			os.Unsetenv(c.env)
+			if code == 0 || strings.Contains(out+errOut, c.shown) || !strings.Contains(errOut, "is not shown") {
+				t.Errorf("%s by %s: exit %d, want an error that does not show the secret:\n%s%s", c.flag, how, code, out, errOut)
+			}
 		}
 	}
 }

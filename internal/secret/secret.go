@@ -7,7 +7,9 @@ package secret
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -59,11 +61,19 @@ var ErrEmpty = errors.New("secret: empty")
 
 // FromFile reads a secret from a file. One trailing line break ("\n" or
 // "\r\n") is dropped, as `echo pw > file` adds it; every other byte is
-// kept. The error names the file, never its content.
+// kept. The error names the file (as ReadFile does), never its content.
 func FromFile(path string) (Secret, error) {
-	b, err := os.ReadFile(path)
+	s, err := fromFile(path)
+	if err != nil && !errors.Is(err, ErrEmpty) {
+		return Secret{}, fmt.Errorf("secret: %w", err)
+	}
+	return s, err
+}
+
+func fromFile(path string) (Secret, error) {
+	b, err := ReadFile(path)
 	if err != nil {
-		return Secret{}, fmt.Errorf("secret: read %s: %w", path, err)
+		return Secret{}, err
 	}
 	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 	if v == "" {
@@ -85,11 +95,46 @@ func Load(file, flag, env string, lookupEnv func(string) (string, bool)) (Secret
 	case file != "" && inEnv:
 		return Secret{}, fmt.Errorf("secret: both %s and %s are set; use one", flag, env)
 	case file != "":
-		return FromFile(file)
+		s, err := fromFile(file)
+		if err != nil && !errors.Is(err, ErrEmpty) {
+			return Secret{}, fmt.Errorf("secret: %s: %w", flag, err)
+		}
+		return s, err
 	case inEnv && v == "":
 		return Secret{}, fmt.Errorf("%w: %s is set but empty", ErrEmpty, env)
 	case inEnv:
 		return New(v), nil
 	}
 	return Secret{}, nil
+}
+
+// ReadFile is os.ReadFile, except that its error names path only when
+// path looks like one: it exists, or it has a directory part that exists
+// (a file missing from /run/secrets/). Any other value may be a secret set
+// where the name of its file belongs (a password in
+// --kafka-sasl-password-file, a PEM key in METERLINE_KAFKA_TLS_KEY_FILE):
+// the error then gives its length, never the value. It still wraps the
+// cause (errors.Is(err, fs.ErrNotExist)).
+func ReadFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		return b, nil
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Path == path && !looksLikePath(path) {
+		return nil, fmt.Errorf("%s a file whose name (%d bytes) is not shown, as it may be a secret given where the name of its file belongs: %w", pe.Op, len(path), pe.Err)
+	}
+	return nil, err
+}
+
+func looksLikePath(path string) bool {
+	if _, err := os.Lstat(path); err == nil {
+		return true
+	}
+	dir := filepath.Dir(path)
+	if dir == "." || !strings.ContainsRune(path, filepath.Separator) {
+		return false
+	}
+	fi, err := os.Stat(dir)
+	return err == nil && fi.IsDir()
 }

@@ -100,3 +100,24 @@ func TestLoad(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+// TestLoadNeverQuotesASecretGivenAsAFileName: a password set where its
+// file's name belongs (--pw-file hunter2, or PW_FILE=hunter2 for PW) names
+// no file; the error says so and names the flag, never the value. A path
+// that is one (a missing file in a directory that exists) is still named.
+func TestLoadNeverQuotesASecretGivenAsAFileName(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	for _, v := range []string{pw, "pw/with+slash=", "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBg/kqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n"} {
+		_, err := Load(v, "--pw-file", "PW", none)
+		if err == nil || strings.Contains(err.Error(), v) || strings.Contains(err.Error(), "MIIEvQ") || !strings.Contains(err.Error(), "--pw-file") {
+			t.Errorf("Load(%q as the file): %v; want an error naming --pw-file and not the value", v, err)
+		}
+		if _, err := ReadFile(v); err == nil || !errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "MIIEvQ") || strings.Contains(err.Error(), v) {
+			t.Errorf("ReadFile(%q): %v; want os.ErrNotExist, without the value", v, err)
+		}
+	}
+	missing := filepath.Join(t.TempDir(), "kafka.pw")
+	if _, err := Load(missing, "--pw-file", "PW", none); err == nil || !strings.Contains(err.Error(), missing) || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file in an existing directory: %v; want its path named", err)
+	}
+}

@@ -7,7 +7,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"os"
+
+	"github.com/meterline/meterline/internal/secret"
 )
 
 // Files are the TLS settings of one connection. The zero value is TLS
@@ -36,8 +37,13 @@ func (f Files) On() bool {
 // Validate reports every inconsistency, each prefixed with field, the
 // settings' name in errors ("kafka TLS").
 func (f Files) Validate(field string) error {
-	if (f.CertFile == "") != (f.KeyFile == "") {
-		return fmt.Errorf("%s: a client certificate needs both the certificate and the key file (got cert %q, key %q)", field, f.CertFile, f.KeyFile)
+	// The error names the one given by its role, never its value: a key
+	// pasted where its file's name belongs would be shown.
+	if f.CertFile == "" && f.KeyFile != "" {
+		return fmt.Errorf("%s: a client certificate needs both the certificate and the key file (got the key file, no certificate file)", field)
+	}
+	if f.CertFile != "" && f.KeyFile == "" {
+		return fmt.Errorf("%s: a client certificate needs both the certificate and the key file (got the certificate file, no key file)", field)
 	}
 	return nil
 }
@@ -53,8 +59,10 @@ func (f Files) Load() (*tls.Config, error) {
 		return nil, err
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.ServerName}
+	// secret.ReadFile names a file only when its name is one: a key (or
+	// a certificate) set where its file's name belongs is not shown.
 	if f.CAFile != "" {
-		pem, err := os.ReadFile(f.CAFile)
+		pem, err := secret.ReadFile(f.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("tls: CA file: %w", err)
 		}
@@ -65,13 +73,33 @@ func (f Files) Load() (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	if f.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
+		cert, err := LoadKeyPair(f.CertFile, f.KeyFile)
 		if err != nil {
-			// The standard library's message names neither file and
-			// never quotes key material.
-			return nil, fmt.Errorf("tls: client certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
+			return nil, err
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// LoadKeyPair is tls.LoadX509KeyPair (a client's certificate, or a
+// server's: the HTTP ingest's) with errors that never show a key
+// (or a certificate) set where the name of its file belongs: a file is
+// named only when its name is one (secret.ReadFile).
+func LoadKeyPair(certFile, keyFile string) (tls.Certificate, error) {
+	certPEM, err := secret.ReadFile(certFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("tls: certificate file: %w", err)
+	}
+	keyPEM, err := secret.ReadFile(keyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("tls: key file: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		// Both files exist, so their names are names. The standard
+		// library's message names neither and never quotes key material.
+		return tls.Certificate{}, fmt.Errorf("tls: certificate %s with key %s: %w", certFile, keyFile, err)
+	}
+	return cert, nil
 }

@@ -80,3 +80,29 @@ func TestLoad(t *testing.T) {
 		t.Errorf("mismatched key: %v", err)
 	}
 }
+
+// TestKeyGivenInPlaceOfItsFile: a PEM key set where its file's name
+// belongs (METERLINE_KAFKA_TLS_KEY_FILE="$(cat client-key.pem)") is
+// refused by Validate and Load with errors that never show the key.
+func TestKeyGivenInPlaceOfItsFile(t *testing.T) {
+	certs := testenv.NewCerts(t)
+	pem, err := os.ReadFile(certs.ClientKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := string(pem)
+	body := strings.Split(key, "\n")[1] // a line of the key's base64
+	for name, f := range map[string]tlsconfig.Files{
+		"key without certificate":              {KeyFile: key},
+		"key as certificate":                   {CertFile: key},
+		"key in place of its file":             {CAFile: certs.CAFile, CertFile: certs.ClientCertFile, KeyFile: key},
+		"key in place of the certificate file": {CAFile: certs.CAFile, CertFile: key, KeyFile: certs.ClientKeyFile},
+	} {
+		if err := f.Validate("kafka: tls"); err != nil && strings.Contains(err.Error(), body) {
+			t.Errorf("%s: Validate shows the key: %v", name, err)
+		}
+		if _, err := f.Load(); err == nil || strings.Contains(err.Error(), body) {
+			t.Errorf("%s: Load: %v; want an error that does not show the key", name, err)
+		}
+	}
+}
