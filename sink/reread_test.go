@@ -31,6 +31,23 @@ func (e *env) rereadRun(topic string, want float64) {
 	}
 }
 
+// lookupParked runs the lookup of the rows of partition k parked in
+// [from, progress) by a Writer that is not running.
+func (e *env) lookupParked(k tp, from, progress int64) parkedLookup {
+	e.t.Helper()
+	cfg := e.config("lookup")
+	cfg.Conn = e.conn
+	w, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	found, err := w.lookupParked(ctxT(e.t, time.Minute), k, from, progress)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return found
+}
+
 // parkedOnce checks that the sink parked exactly one record, the one at
 // offset off of the test's partition, and that usage_rejected holds it
 // once.
@@ -118,16 +135,7 @@ func TestBackwardResetParkNotInTableYet(t *testing.T) {
 		}
 	}
 
-	cfg := e.config("lookup")
-	cfg.Conn = e.conn
-	w, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found, err := w.lookupParked(ctxT(t, time.Minute), tp{topic, 0}, 5, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	found := e.lookupParked(tp{topic, 0}, 5, 10)
 	if _, ok := found.parked[9]; len(found.parked) != 1 || !ok {
 		t.Fatalf("rows parked below the progress found: %v, want offset 9 (from %s)", found.parked, e.names.RejectedTopic())
 	}
@@ -265,16 +273,7 @@ func TestLookupParkedKeepsOnlyItsParks(t *testing.T) {
 		park(0, tp{topic, 1}, 20), park(1, tp{topic, 0}, 4), park(0, tp{topic, 0}, 100),
 		&kgo.Record{Topic: rejected, Partition: 1, Value: []byte("not avro"), Timestamp: base})
 	e.produce(recs...)
-	cfg := e.config("lookup")
-	cfg.Conn = e.conn
-	w, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found, err := w.lookupParked(ctxT(t, time.Minute), tp{topic, 0}, 5, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
+	found := e.lookupParked(tp{topic, 0}, 5, 100)
 	want := map[int64]struct{}{10: {}, 20: {}, 30: {}, 40: {}}
 	if !maps.Equal(found.parked, want) {
 		t.Errorf("rows parked below the progress found: %v, want offsets 10, 20, 30 and 40", found.parked)
