@@ -24,6 +24,7 @@ const (
 const (
 	DefaultDatabase          = "meterline"
 	DefaultMaxBatchRecords   = 50_000
+	DefaultMaxBatchBytes     = 64 << 20
 	DefaultMaxBatchWait      = time.Second
 	DefaultCommitInterval    = time.Second
 	DefaultInsertTimeout     = 20 * time.Second
@@ -70,6 +71,15 @@ type Config struct {
 	// (docs/benchmarks.md, "The analyst views"). MaxBatchWait and
 	// CommitInterval bound how long a record waits, whatever this is.
 	MaxBatchRecords int
+	// MaxBatchBytes caps the bytes of the Kafka records (key, value and
+	// headers) of one INSERT batch: a batch closes before the record that
+	// would take it past this, or at MaxBatchRecords, whichever comes
+	// first (a record larger than this is a batch of its own). The sink
+	// holds at most three batches (one being written, one queued, one
+	// being filled) and the records of one poll, each batch as decoded
+	// rows and, while written, as the INSERT's columns: a small multiple
+	// of this. Default: 64 MiB.
+	MaxBatchBytes int64
 	// MaxBatchWait is the longest a polled record waits for its INSERT.
 	// Default: 1s.
 	MaxBatchWait time.Duration
@@ -151,6 +161,9 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxBatchRecords == 0 {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
 	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	if c.MaxBatchWait == 0 {
 		c.MaxBatchWait = DefaultMaxBatchWait
 	}
@@ -219,6 +232,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatchRecords < 1 {
 		bad("max-batch-records", "%d: must be at least 1", c.MaxBatchRecords)
+	}
+	if c.MaxBatchBytes < 1 {
+		bad("max-batch-bytes", "%d: must be at least 1", c.MaxBatchBytes)
 	}
 	if c.MaxBatchWait <= 0 {
 		bad("max-batch-wait", "%s: must be positive", c.MaxBatchWait)

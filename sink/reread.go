@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/topics"
@@ -84,9 +85,9 @@ func (w *Writer) parkedBefore(ctx context.Context, k tp, off int64) (bool, error
 	}
 	if rr.parked == nil {
 		for attempt := 0; ; attempt++ {
-			parked, err := w.lookupParked(ctx, k, from, rr.progress)
+			found, err := w.lookupParked(ctx, k, from, rr.progress)
 			if err == nil {
-				rr.parked = parked
+				rr.parked = found.parked
 				break
 			}
 			w.setBlocked(fmt.Sprintf("cannot look up which rows of %s partition %d below its recorded progress %d are parked: %v; backing off, committing nothing", k.topic, k.p, rr.progress, err))
@@ -107,10 +108,21 @@ func (w *Writer) parkedBefore(ctx context.Context, k tp, off int64) (bool, error
 	return parked, nil
 }
 
+// parkedLookup is what lookupParked found.
+type parkedLookup struct {
+	// parked: the offsets of the rows parked below the progress.
+	parked map[int64]struct{}
+	// read: the records of usage.rejected read past its recorded
+	// progress; kept: those of them the lookup kept (as an offset in
+	// parked: the sink's parks of the partition in the range), each other
+	// one dropped as it was read.
+	read, kept int
+}
+
 // lookupParked returns the offsets in [from, progress) (from -1: the
 // partition's start) of the rows of partition k the sink parked in
 // committed transactions.
-func (w *Writer) lookupParked(ctx context.Context, k tp, from, progress int64) (map[int64]struct{}, error) {
+func (w *Writer) lookupParked(ctx context.Context, k tp, from, progress int64) (parkedLookup, error) {
 	from = max(from, 0)
 	out := map[int64]struct{}{}
 	// The records of usage.rejected below each partition's recorded
@@ -118,7 +130,7 @@ func (w *Writer) lookupParked(ctx context.Context, k tp, from, progress int64) (
 	// so that the table holds at least those.
 	rec, err := w.readProgress(ctx)
 	if err != nil {
-		return nil, err
+		return parkedLookup{}, err
 	}
 	rejected := w.cfg.Topics.RejectedTopic()
 	tail := map[int32]int64{}
@@ -137,41 +149,46 @@ func (w *Writer) lookupParked(ctx context.Context, k tp, from, progress int64) (
 	defer cancel()
 	rows, err := w.getConn().Query(qctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+		return parkedLookup{}, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var off int64
 		if err := rows.Scan(&off); err != nil {
-			return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+			return parkedLookup{}, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
 		}
 		out[off] = struct{}{}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+		return parkedLookup{}, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
 	}
+	// The tail of usage.rejected may be long (a flood of rejections
+	// during an outage): each record is filtered as it is read, and only
+	// the offsets of this partition's parks in the range are kept.
 	start := time.Now()
+	inTable := len(out)
+	found := parkedLookup{parked: out}
 	rctx, rcancel := context.WithTimeout(ctx, rereadTailTimeout)
 	defer rcancel()
-	recs, err := topics.ReadCommittedAs(rctx, w.cfg.Kafka, rejected, tail)
-	if err != nil {
-		return nil, fmt.Errorf("sink: read %s past its recorded progress: %w", rejected, err)
-	}
-	inTable := len(out)
-	for _, r := range recs {
+	err = topics.ScanCommittedAs(rctx, w.cfg.Kafka, rejected, tail, func(r *kgo.Record) {
+		found.read++
 		var rej schemas.Rejected
 		if schemas.DecodeInto(r.Value, &rej) != nil {
-			continue // not a park of the sink's: those decode
+			return // not a park of the sink's: those decode
 		}
 		if rej.Stage == stage && rej.SourceTopic == k.topic && rej.SourcePartition == k.p && rej.SourceOffset >= from && rej.SourceOffset < progress {
 			out[rej.SourceOffset] = struct{}{}
+			found.kept++
 		}
+	})
+	if err != nil {
+		return parkedLookup{}, fmt.Errorf("sink: read %s past its recorded progress: %w", rejected, err)
 	}
 	w.log.Info("partition read again below its recorded progress: looked up its rows parked there",
 		zap.String("topic", k.topic), zap.Int32("partition", k.p), zap.Int64("from", from), zap.Int64("progress", progress),
 		zap.Int("parked_in_table", inTable), zap.Int("parked", len(out)),
-		zap.Int("records_read_from_rejected_topic", len(recs)), zap.Duration("took", time.Since(start)))
-	return out, nil
+		zap.Int("records_read_from_rejected_topic", found.read), zap.Int("records_kept", found.kept), zap.Duration("took", time.Since(start)))
+	return found, nil
 }
 
 // unparkedDecodes drops from parks (records that did not decode) those

@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +29,23 @@ func (e *env) rereadRun(topic string, want float64) {
 	if got := metric(e.t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomeParkedBefore); got != want {
 		e.t.Errorf("rows found parked already on the re-read = %v, want %v", got, want)
 	}
+}
+
+// lookupParked runs the lookup of the rows of partition k parked in
+// [from, progress) by a Writer that is not running.
+func (e *env) lookupParked(k tp, from, progress int64) parkedLookup {
+	e.t.Helper()
+	cfg := e.config("lookup")
+	cfg.Conn = e.conn
+	w, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	found, err := w.lookupParked(ctxT(e.t, time.Minute), k, from, progress)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return found
 }
 
 // parkedOnce checks that the sink parked exactly one record, the one at
@@ -116,18 +135,9 @@ func TestBackwardResetParkNotInTableYet(t *testing.T) {
 		}
 	}
 
-	cfg := e.config("lookup")
-	cfg.Conn = e.conn
-	w, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := w.lookupParked(ctxT(t, time.Minute), tp{topic, 0}, 5, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := got[9]; len(got) != 1 || !ok {
-		t.Fatalf("rows parked below the progress found: %v, want offset 9 (from %s)", got, e.names.RejectedTopic())
+	found := e.lookupParked(tp{topic, 0}, 5, 10)
+	if _, ok := found.parked[9]; len(found.parked) != 1 || !ok {
+		t.Fatalf("rows parked below the progress found: %v, want offset 9 (from %s)", found.parked, e.names.RejectedTopic())
 	}
 
 	e.rereadRun(topic, 1)
@@ -230,4 +240,46 @@ func TestParkedQueryOnChdb(t *testing.T) {
 		t.Fatalf("rows parked below the progress on chdb %s: %q, want \"4\\n7\\n\"", resp.Version, resp.Results)
 	}
 	t.Logf("rows parked below the progress on chdb %s: offsets 4 and 7", resp.Version)
+}
+
+// TestLookupParkedKeepsOnlyItsParks: the lookup of the rows parked below
+// a partition's recorded progress reads usage.rejected from its recorded
+// progress to its end, which after a flood of rejections is large. It
+// keeps only the records that are the sink's parks of the partition
+// looked up, in its range: 4 of 2,008 records here (dedup's rejections
+// with their raw events, the sink's parks of another partition and
+// outside the range, a record that does not decode), so its memory is
+// bounded by its answer, not by the topic's tail.
+func TestLookupParkedKeepsOnlyItsParks(t *testing.T) {
+	e := newEnv(t, 2)
+	topic, rejected := e.names.DedupedTopic(), e.names.RejectedTopic()
+	rec := func(p int32, rej *schemas.Rejected) *kgo.Record {
+		return &kgo.Record{Topic: rejected, Partition: p, Value: schemas.MustEncode(rej), Timestamp: base}
+	}
+	park := func(p int32, src tp, off int64) *kgo.Record {
+		return rec(p, &schemas.Rejected{Reason: schemas.ReasonUninsertable, Stage: stage,
+			SourceTopic: src.topic, SourcePartition: src.p, SourceOffset: off, RawKeyLength: -1, RawValueLength: -1})
+	}
+	raw := []byte(strings.Repeat("r", 1<<10))
+	var recs []*kgo.Record
+	for i := 0; i < 2000; i++ {
+		recs = append(recs, rec(int32(i%2), &schemas.Rejected{Reason: schemas.ReasonInvalid, Stage: "dedup",
+			SourceTopic: e.names.EventsTopic(), SourcePartition: 0, SourceOffset: int64(i), RawValue: raw, RawValueLength: int64(len(raw))}))
+		if i%500 == 0 {
+			recs = append(recs, park(int32(i/500%2), tp{topic, 0}, int64(10+i/50)))
+		}
+	}
+	recs = append(recs,
+		park(0, tp{topic, 1}, 20), park(1, tp{topic, 0}, 4), park(0, tp{topic, 0}, 100),
+		&kgo.Record{Topic: rejected, Partition: 1, Value: []byte("not avro"), Timestamp: base})
+	e.produce(recs...)
+	found := e.lookupParked(tp{topic, 0}, 5, 100)
+	want := map[int64]struct{}{10: {}, 20: {}, 30: {}, 40: {}}
+	if !maps.Equal(found.parked, want) {
+		t.Errorf("rows parked below the progress found: %v, want offsets 10, 20, 30 and 40", found.parked)
+	}
+	if found.read != len(recs) || found.kept != len(want) {
+		t.Errorf("the lookup read %d records of %s and kept %d; want %d read and %d kept (the parks it answers with)",
+			found.read, rejected, found.kept, len(recs), len(want))
+	}
 }

@@ -89,6 +89,7 @@ func (win *window) heldRecords(stops map[tp]stop) int {
 // pending is the rows of one INSERT batch (per table) being filled.
 type pending struct {
 	records int
+	bytes   int64 // of its records (recordBytes)
 	start   time.Time
 	rows    map[*table][]*row
 	// quarantine: records of the rejected topic that did not decode, for
@@ -97,6 +98,30 @@ type pending struct {
 }
 
 func newPending() *pending { return &pending{rows: map[*table][]*row{}} }
+
+// recordBytes is what a record counts towards MaxBatchBytes: its key,
+// value and headers.
+func recordBytes(r *kgo.Record) int64 {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return int64(n)
+}
+
+// full reports whether the batch must close before r is added: the
+// record would take it past MaxBatchBytes (r nil: it is at either bound).
+// A batch closes for either bound alike; the window, the progress and the
+// parks do not depend on where batches end, only on their order.
+func (w *Writer) full(cur *pending, r *kgo.Record) bool {
+	if cur.records == 0 {
+		return false
+	}
+	if r == nil {
+		return cur.records >= w.cfg.MaxBatchRecords || cur.bytes >= w.cfg.MaxBatchBytes
+	}
+	return cur.bytes+recordBytes(r) > w.cfg.MaxBatchBytes
+}
 
 // add decodes one polled record into the window and the pending batch.
 func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) error {
@@ -112,6 +137,7 @@ func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) er
 	}
 	win.records++
 	cur.records++
+	cur.bytes += recordBytes(r)
 	k := tp{r.Topic, r.Partition}
 	win.last[k] = r.Offset
 	win.offs[k] = append(win.offs[k], r.Offset)
@@ -187,15 +213,23 @@ func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
 		var derr error
 		polled := time.Now()
 		fs.EachRecord(func(r *kgo.Record) {
-			if derr == nil {
-				derr = w.add(win, cur, r, polled)
+			if derr != nil {
+				return
 			}
+			// A poll returns up to the records the batch lacks, whatever
+			// their bytes: the batch closes before the record that would
+			// take it past MaxBatchBytes, in the middle of the poll.
+			if w.full(cur, r) {
+				ins.dispatch(cur)
+				cur = newPending()
+			}
+			derr = w.add(win, cur, r, polled)
 		})
 		if derr != nil {
 			return derr
 		}
 		now := time.Now()
-		if cur.records > 0 && (cur.records >= w.cfg.MaxBatchRecords || !now.Before(cur.start.Add(w.cfg.MaxBatchWait))) {
+		if cur.records > 0 && (w.full(cur, nil) || !now.Before(cur.start.Add(w.cfg.MaxBatchWait))) {
 			// Blocks while the inserter has a batch in hand and one
 			// queued: polling stops, so a slow or unavailable ClickHouse
 			// holds back fetching.

@@ -52,6 +52,7 @@ func defaultVars() kong.Vars {
 		"sink_rebalance_timeout":   flagDuration(sink.DefaultRebalanceTimeout),
 		"sink_database":            sink.DefaultDatabase,
 		"sink_max_batch_records":   strconv.Itoa(sink.DefaultMaxBatchRecords),
+		"sink_max_batch_bytes":     strconv.FormatInt(sink.DefaultMaxBatchBytes, 10),
 		"sink_max_batch_wait":      flagDuration(sink.DefaultMaxBatchWait),
 		"sink_commit_interval":     flagDuration(sink.DefaultCommitInterval),
 		"sink_insert_timeout":      flagDuration(sink.DefaultInsertTimeout),

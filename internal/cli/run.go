@@ -35,7 +35,7 @@ type RunCmd struct {
 	Dedup         DedupFlags     `embed:"" prefix:"dedup-" group:"Dedup"`
 	Aggregate     AggregateFlags `embed:"" prefix:"aggregate-" group:"Aggregator (its window and skew are --dedup-window and --dedup-skew)"`
 	NoSink        bool           `help:"Leave the ClickHouse sink out: run dedup and the aggregator only."`
-	Sink          SinkFlags      `embed:"" prefix:"sink-" group:"Sink (ClickHouse at --clickhouse)"`
+	Sink          SinkFlags      `embed:"" prefix:"sink-" set:"flag_prefix=sink-" group:"Sink (ClickHouse at --clickhouse)"`
 	Ingest        bool           `help:"Also serve the HTTP ingest (--ingest-*; the meters file gives the CloudEvent types). Off by default."`
 	IngestFlags   IngestFlags    `embed:"" prefix:"ingest-" set:"flag_prefix=ingest-" group:"HTTP ingest (with --ingest)"`
 }

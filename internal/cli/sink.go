@@ -22,6 +22,7 @@ type SinkFlags struct {
 	Database          string        `help:"ClickHouse database holding the tables." default:"${sink_database}"`
 	Migrate           bool          `help:"Apply pending ClickHouse migrations before starting (as meterline migrate)."`
 	MaxBatchRecords   int           `help:"Most Kafka records in one INSERT batch (one INSERT per table)." default:"${sink_max_batch_records}"`
+	MaxBatchBytes     int64         `help:"Most bytes of Kafka records (key, value, headers) in one INSERT batch; a batch closes at this or --${flag_prefix}max-batch-records, whichever comes first." default:"${sink_max_batch_bytes}"`
 	MaxBatchWait      time.Duration `help:"Longest a record waits for its INSERT." default:"${sink_max_batch_wait}"`
 	CommitInterval    time.Duration `help:"Longest a record waits for its offset commit (one transaction after the window's INSERTs)." default:"${sink_commit_interval}"`
 	InsertBlockRows   int           `help:"Send each INSERT as blocks of at most this many rows; 0: one block." default:"0"`
@@ -48,7 +49,7 @@ func (f *SinkFlags) config(g *Globals, instanceID string, sessionTimeout, rebala
 		Config: session.Config{Kafka: kc, Group: f.Group, InstanceID: id,
 			SessionTimeout: sessionTimeout, RebalanceTimeout: rebalance, TransactionTimeout: txn},
 		Topics: g.Topic, ClickHouseServer: srv, Database: f.Database,
-		MaxBatchRecords: f.MaxBatchRecords, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
+		MaxBatchRecords: f.MaxBatchRecords, MaxBatchBytes: f.MaxBatchBytes, MaxBatchWait: f.MaxBatchWait, CommitInterval: f.CommitInterval, InsertBlockRows: f.InsertBlockRows,
 		InsertTimeout: f.InsertTimeout, UnknownErrorLimit: f.UnknownErrorLimit, Logger: log, Registerer: reg,
 	}
 	cfg.EnsureDefaults()

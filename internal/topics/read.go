@@ -22,14 +22,27 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, from map
 
 // ReadCommittedAs is ReadCommitted connected as conn says (SASL, TLS).
 func ReadCommittedAs(ctx context.Context, conn kafka.Config, topic string, from map[int32]int64) ([]*kgo.Record, error) {
+	var out []*kgo.Record
+	if err := ScanCommittedAs(ctx, conn, topic, from, func(r *kgo.Record) { out = append(out, r) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ScanCommittedAs reads what ReadCommittedAs returns, handing each record
+// to fn as it is read instead of keeping it, so that its memory is the
+// client's fetch buffers and what fn keeps, however many records it reads.
+// A record fn keeps, or a slice of one, holds its fetch's buffer. fn is
+// called from one goroutine, each partition's records in offset order.
+func ScanCommittedAs(ctx context.Context, conn kafka.Config, topic string, from map[int32]int64, fn func(*kgo.Record)) error {
 	acl, err := kafka.NewClient(conn)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer acl.Close()
 	ends, err := kadm.NewClient(acl).ListEndOffsets(ctx, topic)
 	if err != nil {
-		return nil, fmt.Errorf("end offsets: %w", err)
+		return fmt.Errorf("end offsets: %w", err)
 	}
 	want := map[int32]int64{}
 	start := map[int32]kgo.Offset{}
@@ -44,26 +57,25 @@ func ReadCommittedAs(ctx context.Context, conn kafka.Config, topic string, from 
 		}
 	})
 	if len(want) == 0 {
-		return nil, nil
+		return nil
 	}
 	cl, err := kafka.NewClient(conn,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer cl.Close()
-	var out []*kgo.Record
 	for len(want) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("%w (still waiting on partitions→end %v)", err, want)
+			return fmt.Errorf("%w (still waiting on partitions→end %v)", err, want)
 		}
 		var ferr error
 		fs.EachError(func(_ string, p int32, err error) { ferr = fmt.Errorf("fetch %s/%d: %w", topic, p, err) })
 		if ferr != nil {
-			return nil, ferr
+			return ferr
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			end, ok := want[r.Partition]
@@ -78,14 +90,14 @@ func ReadCommittedAs(ctx context.Context, conn kafka.Config, topic string, from 
 				return
 			}
 			if !r.Attrs.IsControl() {
-				out = append(out, r)
+				fn(r)
 			}
 			if r.Offset+1 >= end {
 				delete(want, r.Partition)
 			}
 		})
 	}
-	return out, nil
+	return nil
 }
 
 // PartitionCounts returns the partition count of each named topic, or an
