@@ -81,6 +81,16 @@ func TestBadInput(t *testing.T) {
 				`{"event_id":"c","customer_id":"acme-1","meter":"api_calls","quantity":"x","event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"d","customer_id":"acme-1","meter":"api_calls","quantity":1}`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"3 of 4 events are invalid; nothing was sent","errors":[{"index":1,"field":"quantity","code":"invalid","reason":"must not be negative (got -1)"},{"index":2,"field":"quantity","code":"invalid","reason":"must be an integer (got \"x\")"},{"index":3,"field":"event_time","code":"invalid","reason":"is missing"}]}`},
+		// A repeated member name, of the event or of its properties, is
+		// refused naming it (producer.ParseJSON), not read last-wins.
+		{"repeated member names", "/v1/events", "application/json", e.token,
+			`[{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"},` +
+				`{"event_id":"b","customer_id":"acme-1","meter":"api_calls","quantity":1,"quantity":100,"event_time":"2026-11-29T12:00:00Z"},` +
+				`{"event_id":"c","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z","properties":{"region":"eu","region":"us"}}]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"2 of 3 events are invalid; nothing was sent","errors":[{"index":1,"field":"quantity","code":"invalid","reason":"appears twice"},{"index":2,"field":"properties.region","code":"invalid","reason":"appears twice"}]}`},
+		{"repeated member name in one event", "/v1/events", "application/json", e.token,
+			`{"event_id":"a","customer_id":"acme-1","customer_id":"acme-2","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"customer_id","code":"invalid","reason":"appears twice"}]}`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

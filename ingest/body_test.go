@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/meterline/meterline/schemas"
 )
 
 // TestReadAll: readAll reads every byte whatever the size hint (exact,
@@ -65,6 +67,43 @@ func TestTooManyTinyEvents(t *testing.T) {
 		}
 		if most := uint64(4*len(c.body)) + 4<<20; alloc > most {
 			t.Errorf("%s %s: a body of %d bytes took %d MB to refuse, more than %d MB", c.path, c.ct, len(c.body), alloc>>20, most>>20)
+		}
+	}
+}
+
+// TestManyPropertiesCostLittle: an event of Meterline's format whose
+// properties have more members than an event may carry is refused naming
+// properties (oversized) at a cost of about its size in memory, on every
+// body shape: its properties are counted while its bytes are scanned,
+// before encoding/json makes a map of them (a body of 90,000 properties
+// took 19 times its size, some 16 MB, to be refused).
+func TestManyPropertiesCostLittle(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.RefusalRate = -1 }) // every request is refused: no refusal budget (TestRefusalBudget)
+	h := e.srv.Handler()
+	const n = 90_000
+	var props strings.Builder
+	for i := range n {
+		if i > 0 {
+			props.WriteByte(',')
+		}
+		fmt.Fprintf(&props, `"%d":""`, i)
+	}
+	event := `{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z","properties":{` + props.String() + `}}`
+	for _, c := range []struct{ ct, body string }{
+		{"application/json", event},
+		{"application/json", "[" + event + "]"},
+		{"application/x-ndjson", event + "\n"},
+	} {
+		w, alloc := serveMeasured(h, e.token, "/v1/events", c.ct, c.body)
+		p := problem(t, w.Body.Bytes())
+		want := fmt.Sprintf("%d properties, more than %d", n, schemas.MaxProperties)
+		if w.Code != http.StatusBadRequest || len(p.Errors) != 1 || p.Errors[0].Field != "properties" || p.Errors[0].Code != schemas.ReasonOversized || p.Errors[0].Reason != want {
+			t.Errorf("%s: %d %s; want 400, properties oversized: %s", c.ct, w.Code, w.Body, want)
+		}
+		if most := uint64(2*len(c.body)) + 1<<20; alloc > most {
+			t.Errorf("%s: a body of %d bytes took %d KiB to refuse, more than %d KiB", c.ct, len(c.body), alloc>>10, most>>10)
+		} else {
+			t.Logf("%s: a body of %d KiB took %d KiB to refuse", c.ct, len(c.body)>>10, alloc>>10)
 		}
 	}
 }

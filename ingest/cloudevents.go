@@ -116,6 +116,9 @@ func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 	if b = bytes.TrimSpace(b); len(b) == 0 || b[0] != '{' {
 		return CloudEvent{}, &fieldError{"event", "invalid", "is not a JSON object"}
 	}
+	if fe := repeatedAttr(string(b)); fe != nil {
+		return CloudEvent{}, fe
+	}
 	var j ceJSON
 	if err := json.Unmarshal(b, &j); err != nil {
 		var te *json.UnmarshalTypeError
@@ -146,7 +149,7 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 		return as[:0], false // too many events: not decoded, the caller counts them
 	}
 	var js []ceJSON
-	if err := json.Unmarshal(body, &js); err != nil {
+	if err := json.Unmarshal(body, &js); err != nil || anyRepeatedAttr(text) {
 		return as[:0], false
 	}
 	as = slices.Grow(as[:0], len(js))[:len(js)]
@@ -154,6 +157,61 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 		as[i] = js[i].attrs()
 	}
 	return as, true
+}
+
+// repeatedAttrs are the attributes an event may not name twice: the
+// CloudEvents SDK OpenMeter decodes with refuses a second specversion
+// ("specversion was already provided") and a second datacontenttype after
+// it, where encoding/json would keep the last of them without a word.
+// (It keeps the last of the others, id, source, type, subject and time,
+// and so does this ingest: OpenMeter takes them.)
+var repeatedAttrs = [...]string{"specversion", "datacontenttype"}
+
+// repeatedAttr refuses the event obj (the text of a valid JSON object)
+// when it names one of repeatedAttrs twice, as encoding/json matches names:
+// escapes decoded and without regard to case.
+func repeatedAttr(obj string) *fieldError {
+	var seen [len(repeatedAttrs)]bool
+	var fe *fieldError
+	eachMember(obj, func(lit string, escaped bool, _ string) bool {
+		name := lit[1 : len(lit)-1]
+		if escaped {
+			name, _ = unquote(lit)
+		}
+		for k, a := range repeatedAttrs {
+			if strings.EqualFold(name, a) {
+				if seen[k] {
+					fe = &fieldError{a, "invalid", "appears twice"}
+					return false
+				}
+				seen[k] = true
+			}
+		}
+		return true
+	})
+	return fe
+}
+
+// anyRepeatedAttr reports whether an event of the batch text (a valid
+// JSON array) names one of repeatedAttrs twice (repeatedAttr).
+func anyRepeatedAttr(text string) bool {
+	i := skipSpace(text, 0)
+	if i >= len(text) || text[i] != '[' {
+		return false
+	}
+	for i = skipSpace(text, i+1); i < len(text) && text[i] != ']'; {
+		end := skipValid(text, i)
+		if end < 0 {
+			return false
+		}
+		if text[i] == '{' && repeatedAttr(text[i:end]) != nil {
+			return true
+		}
+		if i = skipSpace(text, end); i < len(text) && text[i] == ',' {
+			i = skipSpace(text, i+1)
+		}
+	}
+	return false
 }
 
 // attrs are the attributes j holds.

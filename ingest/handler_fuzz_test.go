@@ -49,6 +49,10 @@ func FuzzHandler(f *testing.F) {
 			strings.Replace(good, `"data":`, `"datacontenttype":"Application/JSON; charset=utf-8","data":`, 1) + "," +
 			strings.Replace(good, `"data":`, `"data_base64":"eA==","data":`, 1) + "]"},
 		{3, ml}, {3, "[" + ml + "," + strings.Replace(ml, `"quantity":1`, `"quantity":-1`, 1) + "]"}, {4, ml + "\n\n" + ml + "\n"},
+		// Names repeated: the last id counts; a second specversion, and a
+		// property named twice, are refused.
+		{1, "[" + strings.Replace(good, `"g1"`, `"g1","id":"g2"`, 1) + "," + strings.Replace(job, `"j"`, `"j","specversion":"1.0"`, 1) + "]"},
+		{3, strings.Replace(ml, `"gw"`, `"gw","properties":{"r":"eu","\u0072":"us"}`, 1)},
 	} {
 		f.Add(c.kind, []byte(c.body))
 	}

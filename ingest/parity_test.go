@@ -106,6 +106,31 @@ func TestOpenMeterParity(t *testing.T) {
 		// wants data an object: data_base64 is held to that rule too.
 		{"data_base64 of an array", ce, ev(`,"data_base64":"WzFd"`), 204, 400, "data_base64"},
 		{"data_base64 of a string", ce, ev(`,"data_base64":"IngiCg=="`), 204, 400, "data_base64"},
+		// An attribute named twice: OpenMeter's validator decodes the body
+		// last-wins, and the CloudEvents SDK keeps the last id, source,
+		// type, subject and time, as encoding/json does here; it refuses a
+		// second specversion, and a second datacontenttype after the
+		// specversion, as Meterline does (repeatedAttr; a second
+		// datacontenttype before it too, which the SDK reads last-wins).
+		{"id twice", ce, ev(`,"id":"2"`), 204, 0, ""},
+		{"source twice", ce, ev(`,"source":"s2"`), 204, 0, ""},
+		{"type twice", ce, `{"specversion":"1.0","id":"1","source":"s","type":"u","subject":"acme-1","type":"t"}`, 204, 0, ""},
+		{"subject twice", ce, `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"globex-1","subject":"acme-1"}`, 204, 0, ""},
+		{"time twice", ce, ev(`,"time":"2026-11-29T12:00:00Z","time":"2026-11-30T12:00:00Z"`), 204, 0, ""},
+		{"id twice before specversion", ce, `{"id":"1","id":"2","specversion":"1.0","source":"s","type":"t","subject":"acme-1"}`, 204, 0, ""},
+		{"batch id twice", batch, "[" + ev(`,"id":"2"`) + "]", 204, 0, ""},
+		{"json subject twice", js, ev(`,"subject":"acme-1"`), 204, 0, ""},
+		{"id twice, the second null", ce, ev(`,"id":null`), 400, 0, "id"},
+		{"id twice, the second a number", ce, ev(`,"id":7`), 400, 0, "id"},
+		{"subject twice, the second empty", ce, ev(`,"subject":""`), 400, 0, "subject"},
+		{"specversion twice", ce, ev(`,"specversion":"1.0"`), 400, 0, "specversion"},
+		{"datacontenttype twice", ce, ev(`,"datacontenttype":"application/json","datacontenttype":"application/json","data":{"a":1}`), 400, 0, "datacontenttype"},
+		{"batch specversion twice", batch, "[" + ev(`,"specversion":"1.0"`) + "," + ev("") + "]", 400, 0, "specversion"},
+		{"json array specversion twice", js, "[" + ev(`,"specversion":"1.0"`) + "]", 400, 0, "specversion"},
+		{"specversion twice, escaped", ce, ev(`,"spec\u0076ersion":"1.0"`), 400, 0, "specversion"},
+		// The SDK reads a datacontenttype repeated before the specversion
+		// last-wins; an event carries one, and which was meant is a guess.
+		{"datacontenttype twice before specversion", ce, `{"datacontenttype":"application/json","datacontenttype":"application/json","specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","data":{"a":1}}`, 204, 400, "datacontenttype"},
 	}
 	class := func(status int) int { return status / 100 * 100 }
 	accepted := 0

@@ -23,6 +23,7 @@ func FuzzParseJSON(f *testing.F) {
 		`{"event_id":"e","customer_id":"acme\ud800","meter":"m","quantity":1,"event_time":1795003200250}`,
 		`{"event_id":"e","customer_id":"acme\ud83d\ude00","meter":"m","quantity":1,"event_time":1795003200250,"properties":{"a\ufffd":"\\ud800"}}`,
 		`{"event_id":`, `[1,2]`, `{} {}`, `"\udc00"`, `{"properties":{"a":{"b":["\ud800"]}}}`,
+		`{"event_id":"a","event_id":"b","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250,"properties":{"r":"eu","\u0072":"us"}}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/schemas"
@@ -46,13 +45,24 @@ type jsonEvent struct {
 // line's own member names, is clipped to its first 64 bytes (cut at the
 // start of a character, then "…").
 //
-// Text is checked on the raw bytes before it is decoded (DESIGN §8):
-// encoding/json would turn invalid UTF-8, and an unpaired UTF-16 surrogate
-// escape such as \ud800, into U+FFFD, so that "acme\xff" and "acme\xfe"
-// became one customer and the second event a copy of the first. Such a
-// string is an error naming its field.
+// The line's raw bytes are scanned before it is decoded (scanLine), for
+// what encoding/json would hide (DESIGN §8):
+//   - text: it would turn invalid UTF-8, and an unpaired UTF-16 surrogate
+//     escape such as \ud800, into U+FFFD, so that "acme\xff" and
+//     "acme\xfe" became one customer and the second event a copy of the
+//     first. Such a string is an error naming its field.
+//   - a repeated member name, of the event or of its properties: it would
+//     keep the last one, and the producer be billed on a value it may not
+//     have meant. The error names the member ("properties.region: appears
+//     twice"). Names are compared as the decoder reads them: escapes
+//     decoded, and the event's own fields without regard to case, as
+//     encoding/json matches them.
+//   - properties of more than schemas.MaxProperties members are refused
+//     (oversized, as Producer.Record would) before they are decoded, so
+//     that refusing a line costs about its size in memory, not a map of
+//     every member.
 func ParseJSON(b []byte) (Event, error) {
-	if fe := checkJSONText(b); fe != nil {
+	if fe := scanLine(b); fe != nil {
 		return Event{}, fe
 	}
 	var j jsonEvent
@@ -160,142 +170,6 @@ func (e Event) MarshalJSON() ([]byte, error) {
 		Source     string            `json:"source,omitempty"`
 		Properties map[string]string `json:"properties,omitempty"`
 	}{e.EventID, e.CustomerID, e.Meter, e.Quantity, e.EventTime.UTC().Format("2006-01-02T15:04:05.000Z07:00"), e.Source, e.Properties})
-}
-
-// checkJSONText returns a *FieldError naming the first string of the JSON
-// text b whose raw bytes are not valid text: invalid UTF-8, or a \u escape
-// of a UTF-16 surrogate that is not part of a pair. Invalid JSON is left to
-// the decoder, which reports it.
-func checkJSONText(b []byte) *FieldError {
-	if utf8.Valid(b) && !mayHaveSurrogateEscape(b) {
-		return nil // nearly every line
-	}
-	// Walk the tokens; the bytes between two decoder offsets are one token
-	// and the ASCII separators before it.
-	type level struct {
-		object bool
-		key    string // the object's current key
-		isKey  bool   // the object's next string is a key
-	}
-	var stack []level
-	path := func(last string) string {
-		var parts []string
-		for _, l := range stack {
-			if l.object && !l.isKey && l.key != "" {
-				parts = append(parts, l.key)
-			}
-		}
-		if last != "" {
-			parts = append(parts, last)
-		}
-		if len(parts) == 0 {
-			return "event"
-		}
-		// The names are the producer's text, as long as the line: the
-		// field is clipped as a quoted value is.
-		return clip.To(strings.Join(parts, "."), clip.Echo)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	for {
-		start := dec.InputOffset()
-		tok, err := dec.Token()
-		if err != nil {
-			return nil // the end, or malformed: the decoder reports it
-		}
-		raw := b[start:dec.InputOffset()]
-		var top *level
-		if len(stack) > 0 {
-			top = &stack[len(stack)-1]
-		}
-		switch t := tok.(type) {
-		case json.Delim:
-			switch t {
-			case '{':
-				stack = append(stack, level{object: true, isKey: true})
-			case '[':
-				stack = append(stack, level{})
-			default:
-				stack = stack[:len(stack)-1]
-				if len(stack) > 0 && stack[len(stack)-1].object {
-					stack[len(stack)-1].isKey = true
-				}
-			}
-			continue
-		case string:
-			if top != nil && top.object && top.isKey {
-				if why := badJSONString(raw, int(start)); why != "" {
-					return fieldErr(path(""), "a key %s", why)
-				}
-				top.key, top.isKey = t, false
-				continue
-			}
-			if why := badJSONString(raw, int(start)); why != "" {
-				return fieldErr(path(""), "%s", why)
-			}
-		}
-		if top != nil && top.object {
-			top.isKey = true
-		}
-	}
-}
-
-// mayHaveSurrogateEscape reports whether b holds "\u" followed by a hex
-// digit sequence in D800–DFFF (it may be a false alarm: an escaped
-// backslash followed by the letter u).
-func mayHaveSurrogateEscape(b []byte) bool {
-	for {
-		i := bytes.Index(b, []byte(`\u`))
-		if i < 0 || i+3 >= len(b) {
-			return false
-		}
-		if c, d := b[i+2], b[i+3]; (c == 'd' || c == 'D') && strings.IndexByte("89abcdefABCDEF", d) >= 0 {
-			return true
-		}
-		b = b[i+2:]
-	}
-}
-
-// badJSONString says why the raw bytes of one JSON string token (with the
-// separators before it), at offset base of the line, are not valid text,
-// or returns "".
-func badJSONString(raw []byte, base int) string {
-	if !utf8.Valid(raw) {
-		for i := 0; i < len(raw); {
-			r, n := utf8.DecodeRune(raw[i:])
-			if r == utf8.RuneError && n == 1 {
-				return fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at column %d)", raw[i], base+i+1)
-			}
-			i += n
-		}
-	}
-	for i := 0; i < len(raw); i++ {
-		if raw[i] != '\\' || i+1 >= len(raw) {
-			continue
-		}
-		if raw[i+1] != 'u' {
-			i++ // a two-byte escape: \\, \", \n, ...
-			continue
-		}
-		u, ok := hex4(raw[i+2:])
-		if !ok {
-			return "" // malformed: the decoder reports it
-		}
-		switch {
-		case u >= 0xD800 && u < 0xDC00:
-			if len(raw) >= i+12 && raw[i+6] == '\\' && raw[i+7] == 'u' {
-				if lo, ok := hex4(raw[i+8:]); ok && lo >= 0xDC00 && lo < 0xE000 {
-					i += 11 // a pair: one code point
-					continue
-				}
-			}
-			return fmt.Sprintf("is not valid text (\\u%04x at column %d is half of a UTF-16 surrogate pair)", u, base+i+1)
-		case u >= 0xDC00 && u < 0xE000:
-			return fmt.Sprintf("is not valid text (\\u%04x at column %d is half of a UTF-16 surrogate pair)", u, base+i+1)
-		}
-		i += 5
-	}
-	return ""
 }
 
 // hex4 parses four hex digits.
