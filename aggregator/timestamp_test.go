@@ -21,9 +21,18 @@ import (
 // their writers' clocks, so New refuses the topic with an error naming it,
 // the setting and the fix, unless AllowCreateTime is set (then it warns
 // once at start). Without entitlements the topic is not read, and a
-// LogAppendTime topic needs no allowance.
+// LogAppendTime topic needs no allowance. On kfake and, when
+// METERLINE_TEST_KAFKA is set, on the real broker.
 func TestNewRefusesCreateTimeEntitlements(t *testing.T) {
-	h := newEntHarness(t, nil, 1) // usage.entitlements with CreateTime
+	t.Run("kfake", func(t *testing.T) {
+		_, brokers := testenv.KFake(t)
+		testNewRefusesCreateTimeEntitlements(t, brokers)
+	})
+	t.Run("real", func(t *testing.T) { testNewRefusesCreateTimeEntitlements(t, testenv.RealKafka(t)) })
+}
+
+func testNewRefusesCreateTimeEntitlements(t *testing.T, brokers []string) {
+	h := newEntHarness(t, brokers, 1) // usage.entitlements with CreateTime
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -57,7 +66,6 @@ func TestNewRefusesCreateTimeEntitlements(t *testing.T) {
 		t.Errorf("%d warnings naming the topic, want 1: %v", n, logs.All())
 	}
 
-	_, brokers := testenv.KFake(t)
 	prod := newAggHarness(t, brokers, 1) // LogAppendTime, as in production
 	cfg = prod.config("a", vfs.NewMem())
 	cfg.Entitlements = true

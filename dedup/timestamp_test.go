@@ -21,7 +21,15 @@ import (
 // setting and the fix, unless AllowCreateTime is set (then it warns once at
 // start); a LogAppendTime topic needs no allowance.
 func TestNewRefusesCreateTimeEvents(t *testing.T) {
-	h := newHarness(t, nil, 1) // usage.events with CreateTime
+	t.Run("kfake", func(t *testing.T) {
+		_, brokers := testenv.KFake(t)
+		testNewRefusesCreateTimeEvents(t, brokers)
+	})
+	t.Run("real", func(t *testing.T) { testNewRefusesCreateTimeEvents(t, testenv.RealKafka(t)) })
+}
+
+func testNewRefusesCreateTimeEvents(t *testing.T, brokers []string) {
+	h := newHarness(t, brokers, 1) // usage.events with CreateTime
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -49,7 +57,6 @@ func TestNewRefusesCreateTimeEvents(t *testing.T) {
 		t.Errorf("%d warnings naming the topic, want 1: %v", n, logs.All())
 	}
 
-	_, brokers := testenv.KFake(t)
 	prod := newHarnessWith(t, brokers, 1, "LogAppendTime")
 	cfg = prod.config("i1", vfs.NewMem())
 	cfg.AllowCreateTime = false
