@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 )
 
@@ -20,13 +19,7 @@ import (
 // producer's clock, so New refuses the topic with an error naming it, the
 // setting and the fix, unless AllowCreateTime is set (then it warns once at
 // start); a LogAppendTime topic needs no allowance.
-func TestNewRefusesCreateTimeEvents(t *testing.T) {
-	t.Run("kfake", func(t *testing.T) {
-		_, brokers := testenv.KFake(t)
-		testNewRefusesCreateTimeEvents(t, brokers)
-	})
-	t.Run("real", func(t *testing.T) { testNewRefusesCreateTimeEvents(t, testenv.RealKafka(t)) })
-}
+func TestNewRefusesCreateTimeEvents(t *testing.T) { onBrokers(t, testNewRefusesCreateTimeEvents) }
 
 func testNewRefusesCreateTimeEvents(t *testing.T, brokers []string) {
 	h := newHarness(t, brokers, 1) // usage.events with CreateTime
