@@ -2,17 +2,13 @@ package aggregator
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/meterline/meterline/internal/testenv"
-	"github.com/meterline/meterline/internal/topics"
 )
 
 // TestNewRefusesCreateTimeEntitlements: with entitlements, an event is
@@ -35,35 +31,17 @@ func testNewRefusesCreateTimeEntitlements(t *testing.T, brokers []string) {
 	h := newEntHarness(t, brokers, 1) // usage.entitlements with CreateTime
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	testenv.CreateTimeRefused(t, h.names.EntitlementsTopic(), func(allow bool, log *zap.Logger) error {
+		cfg := h.entConfig("a", vfs.NewMem())
+		cfg.AllowCreateTime, cfg.Stream.Logger = allow, log
+		_, err := New(ctx, cfg)
+		return err
+	})
 
-	cfg := h.entConfig("a", vfs.NewMem())
-	cfg.AllowCreateTime = false
-	_, err := New(ctx, cfg)
-	var te *topics.TimestampTypeError
-	if !errors.As(err, &te) || te.Topic != h.names.EntitlementsTopic() || te.Have != "CreateTime" {
-		t.Fatalf("New on a CreateTime entitlements topic: %v, want a *topics.TimestampTypeError naming %s", err, h.names.EntitlementsTopic())
-	}
-	for _, want := range []string{h.names.EntitlementsTopic(), "message.timestamp.type=CreateTime", "LogAppendTime", "--allow-create-time"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not say %q", err, want)
-		}
-	}
-
-	cfg = h.config("a", vfs.NewMem()) // entitlements off
+	cfg := h.config("a", vfs.NewMem()) // entitlements off
 	cfg.AllowCreateTime = false
 	if _, err := New(ctx, cfg); err != nil {
 		t.Fatalf("New without entitlements: %v", err)
-	}
-
-	core, logs := observer.New(zap.WarnLevel)
-	cfg = h.entConfig("a", vfs.NewMem())
-	cfg.AllowCreateTime = true
-	cfg.Stream.Logger = zap.New(core)
-	if _, err := New(ctx, cfg); err != nil {
-		t.Fatalf("New with AllowCreateTime: %v", err)
-	}
-	if n := logs.FilterField(zap.String("topic", h.names.EntitlementsTopic())).FilterMessageSnippet("LogAppendTime").Len(); n != 1 {
-		t.Errorf("%d warnings naming the topic, want 1: %v", n, logs.All())
 	}
 
 	prod := newAggHarness(t, brokers, 1) // LogAppendTime, as in production

@@ -2,16 +2,13 @@ package dedup
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestNewRefusesCreateTimeEvents: dedup takes a usage.events record's
@@ -25,33 +22,15 @@ func testNewRefusesCreateTimeEvents(t *testing.T, brokers []string) {
 	h := newHarness(t, brokers, 1) // usage.events with CreateTime
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-
-	cfg := h.config("i1", vfs.NewMem())
-	cfg.AllowCreateTime = false
-	_, err := New(ctx, cfg)
-	var te *topics.TimestampTypeError
-	if !errors.As(err, &te) || te.Topic != h.names.EventsTopic() || te.Have != "CreateTime" {
-		t.Fatalf("New on a CreateTime events topic: %v, want a *topics.TimestampTypeError naming %s", err, h.names.EventsTopic())
-	}
-	for _, want := range []string{h.names.EventsTopic(), "message.timestamp.type=CreateTime", "LogAppendTime", "--allow-create-time"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not say %q", err, want)
-		}
-	}
-
-	core, logs := observer.New(zap.WarnLevel)
-	cfg = h.config("i1", vfs.NewMem())
-	cfg.AllowCreateTime = true
-	cfg.Stream.Logger = zap.New(core)
-	if _, err := New(ctx, cfg); err != nil {
-		t.Fatalf("New with AllowCreateTime: %v", err)
-	}
-	if n := logs.FilterField(zap.String("topic", h.names.EventsTopic())).FilterMessageSnippet("LogAppendTime").Len(); n != 1 {
-		t.Errorf("%d warnings naming the topic, want 1: %v", n, logs.All())
-	}
+	testenv.CreateTimeRefused(t, h.names.EventsTopic(), func(allow bool, log *zap.Logger) error {
+		cfg := h.config("i1", vfs.NewMem())
+		cfg.AllowCreateTime, cfg.Stream.Logger = allow, log
+		_, err := New(ctx, cfg)
+		return err
+	})
 
 	prod := newHarnessWith(t, brokers, 1, "LogAppendTime")
-	cfg = prod.config("i1", vfs.NewMem())
+	cfg := prod.config("i1", vfs.NewMem())
 	cfg.AllowCreateTime = false
 	if _, err := New(ctx, cfg); err != nil {
 		t.Fatalf("New on a LogAppendTime events topic: %v", err)
