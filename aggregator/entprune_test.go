@@ -131,8 +131,10 @@ func TestConfigSkew(t *testing.T) {
 	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "skew") {
 		t.Fatalf("defaults: %v", err)
 	}
-	c.Skew = -time.Second
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "skew must not be negative") {
-		t.Errorf("Validate with a negative skew: %v", err)
+	for _, skew := range []time.Duration{-time.Second, 0} {
+		c.Skew = skew
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "skew must be positive") {
+			t.Errorf("Validate with skew %s: %v", skew, err)
+		}
 	}
 }
