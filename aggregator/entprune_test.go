@@ -121,7 +121,7 @@ func TestEntitlementsPruneKeepsReroutedEventsVersions(t *testing.T) {
 	}
 }
 
-// TestConfigSkew: Skew defaults to dedup's and must not be negative.
+// TestConfigSkew: Skew defaults to dedup's and must be positive.
 func TestConfigSkew(t *testing.T) {
 	var c Config
 	c.EnsureDefaults()
