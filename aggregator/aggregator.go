@@ -144,6 +144,16 @@ type Config struct {
 	// (BalanceEveryTransaction): each transaction emits the balance of
 	// every customer it changed. Default: DefaultBalanceInterval.
 	BalanceInterval time.Duration
+	// AllowCreateTime lets the aggregator start, with Entitlements, on an
+	// entitlements topic whose message.timestamp.type is not
+	// LogAppendTime. An entitlement is in effect from its broker timestamp
+	// and an event is decided by the entitlements in effect at its
+	// arrival (DESIGN §12); with CreateTime every writer of the topic
+	// would choose which entitlements decide which events. New reads the
+	// topic's setting once and refuses it (*topics.TimestampTypeError)
+	// unless this is set; then it logs a warning. For tests and replays
+	// that choose broker times, never for production. Default: false.
+	AllowCreateTime bool
 }
 
 // The defaults of Config (EnsureDefaults), which the CLI's flags show too.
@@ -254,8 +264,8 @@ func (c *Config) Validate() error {
 	if c.Bucket < 0 {
 		errs = append(errs, fmt.Errorf("aggregator: bucket must not be negative (got %s)", c.Bucket))
 	}
-	if c.Skew < 0 {
-		errs = append(errs, fmt.Errorf("aggregator: skew must not be negative (got %s)", c.Skew))
+	if c.Skew <= 0 {
+		errs = append(errs, fmt.Errorf("aggregator: skew must be positive (got %s)", c.Skew))
 	}
 	if c.FinalChunk <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))
@@ -299,8 +309,12 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
+	log := cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID))
 	var ledger *entitlements.Ledger
 	if cfg.Entitlements {
+		if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "aggregator", cfg.AllowCreateTime, log, cfg.Topics.EntitlementsTopic()); err != nil {
+			return nil, err
+		}
 		if ledger, err = entitlements.New(entitlements.Config{Prefix: []byte{pfxLedger}, Window: cfg.Window, Period: cfg.Period.Bounds}); err != nil {
 			return nil, fmt.Errorf("aggregator: %w", err)
 		}
@@ -309,7 +323,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		ledger:          ledger,
 		cfg:             cfg,
 		aggregatesTopic: cfg.Topics.AggregatesTopic(),
-		log:             cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID)),
+		log:             log,
 		counts:          counts,
 		m:               newMetrics(cfg.Stream.Registerer),
 		now:             cfg.Stream.Clock.Now,

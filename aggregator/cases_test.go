@@ -132,6 +132,9 @@ type aggHarness struct {
 	brokers []string
 	names   topics.Names
 	group   string
+	// createTime: usage.entitlements uses CreateTime (the test chooses
+	// its broker times), which config allows.
+	createTime bool
 }
 
 // newAggHarness creates the topics with partitions partitions each, and
@@ -186,7 +189,8 @@ func (h *aggHarness) start(cfg Config) *aggRunning {
 
 func (h *aggHarness) config(instance string, fs vfs.FS) Config {
 	return Config{
-		Topics: h.names,
+		Topics:          h.names,
+		AllowCreateTime: h.createTime,
 		Stream: stream.Config{
 			Config: session.Config{Kafka: kafka.Config{Brokers: h.brokers}, Group: h.group, InstanceID: instance,
 				SessionTimeout: 6 * time.Second, RestartBackoff: 100 * time.Millisecond},

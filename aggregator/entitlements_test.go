@@ -24,7 +24,7 @@ func newEntHarness(t testing.TB, brokers []string, partitions int32) *aggHarness
 		_, brokers = testenv.KFake(t)
 	}
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: partitions, EventsTimestamp: "CreateTime"})
-	return &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
+	return &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate", createTime: true}
 }
 
 func (h *aggHarness) entConfig(instance string, fs vfs.FS) Config {

@@ -121,7 +121,7 @@ func TestEntitlementsPruneKeepsReroutedEventsVersions(t *testing.T) {
 	}
 }
 
-// TestConfigSkew: Skew defaults to dedup's and must not be negative.
+// TestConfigSkew: Skew defaults to dedup's and must be positive.
 func TestConfigSkew(t *testing.T) {
 	var c Config
 	c.EnsureDefaults()
@@ -131,8 +131,10 @@ func TestConfigSkew(t *testing.T) {
 	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "skew") {
 		t.Fatalf("defaults: %v", err)
 	}
-	c.Skew = -time.Second
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "skew must not be negative") {
-		t.Errorf("Validate with a negative skew: %v", err)
+	for _, skew := range []time.Duration{-time.Second, 0} {
+		c.Skew = skew
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "skew must be positive") {
+			t.Errorf("Validate with skew %s: %v", skew, err)
+		}
 	}
 }

@@ -24,7 +24,7 @@ import (
 func TestEntitlementsQueuedRefusedAtBookingNotCharged(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: 1, Sources: 2, EventsTimestamp: "CreateTime"})
-	h := &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
+	h := &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate", createTime: true}
 	day := ms(t, "2026-05-04")
 	cutoff := day + 25*3600*1000 // the day's end + grace
 	ev := func(id string, q, arrival int64) *kgo.Record {

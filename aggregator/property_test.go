@@ -504,7 +504,7 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 			_, brokers = testenv.KFake(t)
 		}
 		names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: p.partitions, Sources: st.sources, EventsTimestamp: "CreateTime"})
-		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate"}
+		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate", createTime: true}
 		pr.ent = true
 		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st, *ent)
 		if ent.misplaced {

@@ -112,7 +112,7 @@ func newScaleRun(t *testing.T, h *aggHarness, n int, ent bool) *scaleRun {
 }
 
 func (s *scaleRun) config(reg prometheus.Registerer) Config {
-	cfg := Config{Topics: s.h.names, Entitlements: s.ent}
+	cfg := Config{Topics: s.h.names, Entitlements: s.ent, AllowCreateTime: s.h.createTime}
 	if s.ent {
 		cfg.EntitlementsTick = -1 // the test's ticks are the broker time
 	}

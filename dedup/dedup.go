@@ -54,7 +54,10 @@ type Config struct {
 	// DefaultWindow.
 	Window time.Duration
 	// Skew is S: an event is accepted only if event_time ≤ arrival + S.
-	// Default: DefaultSkew.
+	// Zero is the default, DefaultSkew, as it is for Window and Bucket; S
+	// cannot be 0, which would reject as in_future every event of a
+	// producer whose clock runs ahead of the broker's (the CLI refuses a
+	// flag set to 0). Default: DefaultSkew.
 	Skew time.Duration
 	// TickInterval is how often a tick record is appended to each owned
 	// usage.events partition. Default: DefaultTickInterval.
@@ -101,6 +104,15 @@ type Config struct {
 	// flood of ticks cannot fan out one watermark record per usage.deduped
 	// partition each. Default: TickInterval / 2.
 	WatermarkEvery time.Duration
+	// AllowCreateTime lets dedup start on an events topic whose
+	// message.timestamp.type is not LogAppendTime. Dedup takes a record's
+	// timestamp as its arrival (DESIGN §3); with CreateTime that is the
+	// producer's clock, so every producer could place its events outside
+	// the window and move the watermarks. New reads the topic's setting
+	// once and refuses it (*topics.TimestampTypeError) unless this is set;
+	// then it logs a warning. For tests and replays that choose arrival
+	// times, never for production. Default: false.
+	AllowCreateTime bool
 }
 
 // MaxSources bounds Config.Sources.
@@ -165,8 +177,8 @@ func (c *Config) Validate() error {
 	if c.Window <= 0 {
 		errs = append(errs, fmt.Errorf("dedup: window must be positive (got %s)", c.Window))
 	}
-	if c.Skew < 0 {
-		errs = append(errs, fmt.Errorf("dedup: skew must not be negative (got %s)", c.Skew))
+	if c.Skew <= 0 {
+		errs = append(errs, fmt.Errorf("dedup: skew must be positive (got %s)", c.Skew))
 	}
 	if c.TickInterval <= 0 {
 		errs = append(errs, fmt.Errorf("dedup: tick-interval must be positive (got %s)", c.TickInterval))
@@ -221,13 +233,17 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
+	log := cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID))
+	if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "dedup", cfg.AllowCreateTime, log, cfg.Topics.EventsTopic()); err != nil {
+		return nil, err
+	}
 	tick, err := schemas.Encode(&schemas.Tick{InstanceID: cfg.Stream.InstanceID})
 	if err != nil {
 		return nil, fmt.Errorf("dedup: encode tick: %w", err)
 	}
 	p := &processor{
 		cfg:        cfg,
-		log:        cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID)),
+		log:        log,
 		counts:     counts,
 		m:          newMetrics(cfg.Stream.Registerer),
 		now:        cfg.Stream.Clock.Now,

@@ -36,20 +36,30 @@ type harness struct {
 	n       int32
 	group   string
 	keys    []Key // the ring every instance of the test shares
+	// createTime: usage.events uses CreateTime, which config allows.
+	createTime bool
 }
 
 // newHarness creates the topics on brokers (kfake when nil) with n
-// partitions; usage.events uses CreateTime so tests choose arrival times.
+// partitions; usage.events uses CreateTime so tests choose arrival times
+// (and the harness's configs allow it: AllowCreateTime).
 func newHarness(t testing.TB, brokers []string, n int32) *harness {
+	return newHarnessWith(t, brokers, n, "CreateTime")
+}
+
+// newHarnessWith is newHarness with usage.events' message.timestamp.type
+// ts.
+func newHarnessWith(t testing.TB, brokers []string, n int32, ts string) *harness {
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}
-	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: n, EventsTimestamp: "CreateTime"})
+	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: n, EventsTimestamp: ts})
 	k, err := GenerateKey("test-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, brokers: brokers, names: names, n: n, group: names.Prefix + "dedup", keys: []Key{k}}
+	return &harness{t: t, brokers: brokers, names: names, n: n, group: names.Prefix + "dedup", keys: []Key{k},
+		createTime: ts == "CreateTime"}
 }
 
 func (h *harness) config(instance string, fs vfs.FS) Config {
@@ -57,6 +67,8 @@ func (h *harness) config(instance string, fs vfs.FS) Config {
 		Topics:       h.names,
 		TickInterval: 200 * time.Millisecond,
 		Keys:         h.keys,
+		// The test chooses arrival times (CreateTime).
+		AllowCreateTime: h.createTime,
 		Stream: stream.Config{
 			Config: session.Config{
 				Kafka:              kafka.Config{Brokers: h.brokers},

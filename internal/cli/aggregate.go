@@ -62,10 +62,14 @@ func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, d de
 	if err != nil {
 		return aggregator.Config{}, err
 	}
+	if err := refuseZeroTimes("aggregator", d.Window, d.Skew, d.Bucket); err != nil {
+		return aggregator.Config{}, err
+	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
 		Period: aggregator.Period(f.Period), Grace: f.Grace, FinalChunk: f.FinalChunk,
 		Window: d.Window, Bucket: d.Bucket, Skew: d.Skew,
-		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, BalanceInterval: f.BalanceInterval}
+		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, BalanceInterval: f.BalanceInterval,
+		AllowCreateTime: sf.AllowCreateTime}
 	if f.BalanceInterval <= 0 {
 		cfg.BalanceInterval = aggregator.BalanceEveryTransaction
 	}

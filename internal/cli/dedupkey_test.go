@@ -64,3 +64,35 @@ func TestDedupKeyCommand(t *testing.T) {
 		t.Errorf("dedup-key to stdout: exit %d, %d fields", code, len(strings.Fields(out)))
 	}
 }
+
+// TestTimeParametersRefuseZero: a stage's Config takes a zero W, S or B as
+// "the default", so a flag set to 0 would silently run with the default
+// (--skew 0 with an hour). Dedup, run, the aggregator and the topics
+// commands refuse 0 instead, naming the flag's field.
+func TestTimeParametersRefuseZero(t *testing.T) {
+	keys := testenv.DedupKeysFile(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dedup", "--skew", "0"}, "dedup: skew must be positive (got 0s)"},
+		{[]string{"dedup", "--window", "0"}, "dedup: window must be positive (got 0s)"},
+		{[]string{"dedup", "--bucket", "0"}, "dedup: bucket must be positive (got 0s)"},
+		{[]string{"run", "--dedup-skew", "0"}, "dedup: skew must be positive (got 0s)"},
+		{[]string{"aggregate", "--skew", "0"}, "aggregator: skew must be positive (got 0s)"},
+		{[]string{"aggregate", "--window", "0"}, "aggregator: window must be positive (got 0s)"},
+	} {
+		args := append(c.args, "--validate", "--instance-id", "a", "--dedup-keys-file", keys)
+		if c.args[0] == "aggregate" {
+			args = append(c.args, "--validate", "--instance-id", "a")
+		}
+		code, out, errOut := run(t, "", args...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, want 2 saying %q\n%s%s", c.args, code, c.want, out, errOut)
+		}
+	}
+	// A positive skew is honoured as given.
+	if code, out, errOut := run(t, "", "dedup", "--skew", "1ms", "--validate", "--instance-id", "a", "--dedup-keys-file", keys); code != 0 {
+		t.Errorf("dedup --skew 1ms: exit %d\n%s%s", code, out, errOut)
+	}
+}

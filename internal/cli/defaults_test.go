@@ -87,6 +87,8 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		{"topics create --skew", tc.Skew, dedup.DefaultSkew},
 		{"topics.DefaultLayout().Window", topics.DefaultLayout().Window, dedup.DefaultWindow},
 		{"topics.DefaultLayout().Skew", topics.DefaultLayout().Skew, dedup.DefaultSkew},
+		{"topics create --bucket", tc.Bucket, dedup.DefaultBucket},
+		{"topics.DefaultLayout().Bucket", topics.DefaultLayout().Bucket, dedup.DefaultBucket},
 		{"produce --max-skew", p.MaxSkew, producer.DefaultMaxSkew},
 		{"produce --linger", p.Linger, producer.DefaultLinger},
 		{"entitlements.DefaultWindow", entitlements.DefaultWindow, dedup.DefaultWindow},

@@ -2,11 +2,15 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/meterline/meterline/internal/topics"
 )
@@ -95,4 +99,31 @@ func Topics(t testing.TB, brokers []string, base string, o TopicsOpts) topics.Na
 		_, _ = adm.DeleteTopics(ctx, ns...)
 	})
 	return names
+}
+
+// CreateTimeRefused checks a stage's start on topic, whose record
+// timestamps the stage takes as arrival times and whose
+// message.timestamp.type is CreateTime: start(false, log) must fail with a
+// *topics.TimestampTypeError that names the topic, the setting and the
+// fix, and start(true, log), the stage allowing CreateTime, must succeed
+// and log one warning naming the topic.
+func CreateTimeRefused(t testing.TB, topic string, start func(allow bool, log *zap.Logger) error) {
+	t.Helper()
+	err := start(false, zap.NewNop())
+	var te *topics.TimestampTypeError
+	if !errors.As(err, &te) || te.Topic != topic || te.Have != "CreateTime" {
+		t.Fatalf("start on CreateTime topic %s: %v, want a *topics.TimestampTypeError naming it", topic, err)
+	}
+	for _, want := range []string{topic, "message.timestamp.type=CreateTime", "LogAppendTime", "--allow-create-time"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	if err := start(true, zap.New(core)); err != nil {
+		t.Fatalf("start allowing CreateTime: %v", err)
+	}
+	if n := logs.FilterField(zap.String("topic", topic)).FilterMessageSnippet("LogAppendTime").Len(); n != 1 {
+		t.Errorf("%d warnings naming %s, want 1: %v", n, topic, logs.All())
+	}
 }

@@ -64,25 +64,28 @@ func (n Names) BalancesTopic() string           { return n.name(n.Balances) }
 func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 
 // Layout says how many partitions and what retention the topics get. As
-// flags, Window and Skew default to dedup's W and S (the kong variables
-// dedup_window and dedup_skew, from dedup.DefaultWindow and
-// dedup.DefaultSkew; this package is below dedup).
+// flags, Window, Skew and Bucket default to dedup's W, S and B (the kong
+// variables dedup_window, dedup_skew and dedup_bucket, from
+// dedup.DefaultWindow, dedup.DefaultSkew and dedup.DefaultBucket; this
+// package is below dedup).
 type Layout struct {
 	Partitions        int32         `help:"Partitions of every topic; changelogs always match their input topic." default:"16"`
 	ReplicationFactor int16         `help:"Replication factor of every topic; -1: 3 on a cluster of three or more brokers, else as many as it has (DESIGN §10)." default:"-1"`
 	MinInsyncReplicas int16         `name:"min-insync-replicas" help:"min.insync.replicas of every topic: how many replicas must have a write before acks=all succeeds; -1: 2 when the replication factor is 3 or more, else 1." default:"-1"`
 	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"${dedup_window}"`
 	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"${dedup_skew}"`
-	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S for the dedup changelog)." default:"168h"`
+	Bucket            time.Duration `help:"Dedup's expiry bucket B: a key is dropped with its whole first-arrival bucket, up to W + S + B after that arrival, so the dedup changelog keeps at least W + S + B." default:"${dedup_bucket}" hidden:""`
+	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S+B for the dedup changelog)." default:"168h"`
 	EventsTimestamp   string        `help:"message.timestamp.type of the events, entitlements and balances topics, whose record timestamps are arrival times. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
 }
 
-// DefaultLayout returns the defaults of the flags above. Window and Skew
-// are dedup.DefaultWindow and dedup.DefaultSkew, which this package cannot
-// import: internal/cli's TestFlagDefaultsAreThePackages holds them equal.
+// DefaultLayout returns the defaults of the flags above. Window, Skew and
+// Bucket are dedup.DefaultWindow, dedup.DefaultSkew and dedup.DefaultBucket,
+// which this package cannot import: internal/cli's
+// TestFlagDefaultsAreThePackages holds them equal.
 func DefaultLayout() Layout {
 	return Layout{Partitions: 16, ReplicationFactor: -1, MinInsyncReplicas: -1, Window: 35 * 24 * time.Hour, Skew: time.Hour,
-		RetentionMargin: 7 * 24 * time.Hour, EventsTimestamp: "LogAppendTime"}
+		Bucket: 24 * time.Hour, RetentionMargin: 7 * 24 * time.Hour, EventsTimestamp: "LogAppendTime"}
 }
 
 // DefaultReplication returns the replication of DESIGN §10 for a cluster of
@@ -108,8 +111,9 @@ func DefaultMinInsync(rf int16) int16 {
 // Resolve returns l with its replication decided for a cluster of the
 // given number of brokers: a ReplicationFactor or MinInsyncReplicas ≤ 0
 // takes DefaultReplication's value. It fails when the replication factor
-// needs more brokers than the cluster has, or min.insync.replicas exceeds
-// the replication factor (no write could ever succeed).
+// needs more brokers than the cluster has, min.insync.replicas exceeds
+// the replication factor (no write could ever succeed), or Window, Skew or
+// Bucket is not positive.
 func (l Layout) Resolve(brokers int) (Layout, error) {
 	if l.ReplicationFactor <= 0 {
 		l.ReplicationFactor, _ = DefaultReplication(brokers)
@@ -118,6 +122,16 @@ func (l Layout) Resolve(brokers int) (Layout, error) {
 		l.MinInsyncReplicas = DefaultMinInsync(l.ReplicationFactor)
 	}
 	var errs []error
+	// Dedup refuses a zero W, S or B (a zero in its Config is the
+	// default), so retentions computed from one would be too short.
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{{"window", l.Window}, {"skew", l.Skew}, {"bucket", l.Bucket}} {
+		if p.d <= 0 {
+			errs = append(errs, fmt.Errorf("topics: --%s must be positive, as dedup's (got %s)", p.name, p.d))
+		}
+	}
 	if int(l.ReplicationFactor) > brokers {
 		errs = append(errs, fmt.Errorf("topics: --replication-factor %d needs %d brokers, the cluster has %d", l.ReplicationFactor, l.ReplicationFactor, brokers))
 	}
@@ -190,7 +204,12 @@ func Specs(n Names, l Layout) (specs []Spec) {
 	adjCfg, adjRet := del(ret)
 	dedCfg, _ := del(0)
 	dupCfg, _ := del(0)
-	clRet := l.Window + l.Skew + l.RetentionMargin
+	// Dedup keeps a key until the watermark passes the end of its first
+	// arrival's bucket + W + S: up to W + S + B after that arrival. The
+	// changelog must hold the key that long, or a restore loses it while
+	// dedup would still recognise a copy.
+	clNeed := l.Window + l.Skew + l.Bucket
+	clRet := clNeed + l.RetentionMargin
 	specs = []Spec{
 		spec(n.EventsTopic(), eventsCfg, eventsRet),
 		spec(n.DedupedTopic(), dedCfg, 0),
@@ -199,7 +218,7 @@ func Specs(n Names, l Layout) (specs []Spec) {
 		spec(n.AggregatesTopic(), map[string]string{"cleanup.policy": "compact"}, 0),
 		spec(n.AdjustmentsTopic(), adjCfg, adjRet),
 		{Name: n.DedupChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.EventsTopic(),
-			Configs: map[string]string{"cleanup.policy": "compact,delete", "retention.ms": ms(clRet)}, MinRetention: l.Window + l.Skew},
+			Configs: map[string]string{"cleanup.policy": "compact,delete", "retention.ms": ms(clRet)}, MinRetention: clNeed},
 		{Name: n.AggregateChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(),
 			Configs: map[string]string{"cleanup.policy": "compact"}},
 		// Entitlements are read by the aggregator in the transactions of

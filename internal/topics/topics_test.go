@@ -2,6 +2,7 @@ package topics
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,5 +148,92 @@ func TestDeleteGoneTopic(t *testing.T) {
 	}
 	if td.Has("here") {
 		t.Error("the topic was not deleted")
+	}
+}
+
+// TestDedupChangelogKeepsBucket: dedup drops a key with its whole
+// first-arrival bucket, once its watermark passes the bucket's end + W +
+// S, so a key is needed up to W + S + B after its arrival. Create gives
+// the dedup changelog that plus the margin, and Check reports a retention
+// of W + S + B less a millisecond (W + S, what it once required, among
+// them).
+func TestDedupChangelogKeepsBucket(t *testing.T) {
+	adm := adminOf(t, fakeCluster(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := DefaultLayout()
+	l.Partitions = 1
+	need := l.Window + l.Skew + l.Bucket
+	names := DefaultNames()
+	specs := Specs(names, l)
+	var cl *Spec
+	for i := range specs {
+		if specs[i].Name == names.DedupChangelogTopic() {
+			cl = &specs[i]
+		}
+	}
+	if cl == nil {
+		t.Fatal("no dedup changelog spec")
+	}
+	if want := strconv.FormatInt((need + l.RetentionMargin).Milliseconds(), 10); cl.Configs["retention.ms"] != want {
+		t.Errorf("created with retention.ms %s, want W + S + B + margin = %s", cl.Configs["retention.ms"], want)
+	}
+	if _, err := Create(ctx, adm, specs, 1); err != nil {
+		t.Fatal(err)
+	}
+	retentionDrift := func() string {
+		t.Helper()
+		drifts, err := Check(ctx, adm, specs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range drifts {
+			if d.Topic == cl.Name && d.What == "retention.ms" {
+				return d.String()
+			}
+		}
+		return ""
+	}
+	if d := retentionDrift(); d != "" {
+		t.Fatalf("drift right after create: %s", d)
+	}
+	for _, short := range []time.Duration{l.Window + l.Skew, need - time.Millisecond} {
+		v := strconv.FormatInt(short.Milliseconds(), 10)
+		if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "retention.ms", Value: &v}}, cl.Name); err != nil {
+			t.Fatal(err)
+		}
+		if d := retentionDrift(); !strings.Contains(d, "want at least "+strconv.FormatInt(need.Milliseconds(), 10)) {
+			t.Errorf("retention.ms %s (%s): drift %q, want one asking for W + S + B", v, short, d)
+		}
+	}
+	v := strconv.FormatInt(need.Milliseconds(), 10)
+	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "retention.ms", Value: &v}}, cl.Name); err != nil {
+		t.Fatal(err)
+	}
+	if d := retentionDrift(); d != "" {
+		t.Errorf("retention.ms of exactly W + S + B: %s", d)
+	}
+}
+
+// TestResolveRefusesZeroTimes: dedup refuses a zero W, S or B, so
+// `topics create --skew 0` is refused too instead of creating retentions
+// from it.
+func TestResolveRefusesZeroTimes(t *testing.T) {
+	for _, name := range []string{"window", "skew", "bucket"} {
+		l := DefaultLayout()
+		switch name {
+		case "window":
+			l.Window = 0
+		case "skew":
+			l.Skew = 0
+		case "bucket":
+			l.Bucket = 0
+		}
+		if _, err := l.Resolve(1); err == nil || !strings.Contains(err.Error(), "--"+name+" must be positive") {
+			t.Errorf("--%s 0: %v, want it refused", name, err)
+		}
+	}
+	if _, err := DefaultLayout().Resolve(1); err != nil {
+		t.Errorf("the default layout: %v", err)
 	}
 }

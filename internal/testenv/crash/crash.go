@@ -116,6 +116,9 @@ type Suite struct {
 
 	keysOnce sync.Once
 	keys     string // dedup's key file, shared by every dedup instance
+	// createTime: usage.events and usage.entitlements use CreateTime,
+	// which Stage allows (--allow-create-time).
+	createTime bool
 }
 
 // New makes the suite of the test, named name (topic prefix, log
@@ -136,6 +139,7 @@ func NewWith(t *testing.T, name string, o testenv.TopicsOpts) *Suite {
 	s.Children = NewChildren(t, "meterline-"+name+"-logs")
 	o.Partitions = Partitions
 	s.Names = testenv.Topics(t, brokers, name, o)
+	s.createTime = o.EventsTimestamp == "CreateTime"
 	return s
 }
 
@@ -160,7 +164,8 @@ var tailSkip = map[string]string{
 // Stage runs `meterline <stage>` (dedup or aggregate) as instance id, in
 // the stage's group, with its Pebble state under stateDir, the suite's
 // timings and JSON logs at info level; dedup with the suite's key file and
-// TickInterval.
+// TickInterval; with --allow-create-time when the suite's topics use
+// CreateTime (NewWith).
 func (s *Suite) Stage(stage, id, stateDir string, o StageOpts) *testenv.Process {
 	s.T.Helper()
 	txt := TransactionTimeout
@@ -183,6 +188,9 @@ func (s *Suite) Stage(stage, id, stateDir string, o StageOpts) *testenv.Process 
 	if stage == "dedup" {
 		s.keysOnce.Do(func() { s.keys = testenv.DedupKeysFile(s.T) })
 		args = append(args, "--tick-interval", TickInterval.String(), "--dedup-keys-file", s.keys)
+	}
+	if s.createTime {
+		args = append(args, "--allow-create-time")
 	}
 	return s.Start(id, StartOpts{Fault: o.Fault, TailSkip: tailSkip[stage]}, append(args, o.Args...)...)
 }

@@ -1,0 +1,53 @@
+package aggregator
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestNewRefusesCreateTimeEntitlements: with entitlements, an event is
+// decided by the entitlements in effect at its arrival, by the broker
+// timestamps of usage.entitlements (DESIGN §12). With CreateTime those are
+// their writers' clocks, so New refuses the topic with an error naming it,
+// the setting and the fix, unless AllowCreateTime is set (then it warns
+// once at start). Without entitlements the topic is not read, and a
+// LogAppendTime topic needs no allowance. On kfake and, when
+// METERLINE_TEST_KAFKA is set, on the real broker.
+func TestNewRefusesCreateTimeEntitlements(t *testing.T) {
+	t.Run("kfake", func(t *testing.T) {
+		_, brokers := testenv.KFake(t)
+		testNewRefusesCreateTimeEntitlements(t, brokers)
+	})
+	t.Run("real", func(t *testing.T) { testNewRefusesCreateTimeEntitlements(t, testenv.RealKafka(t)) })
+}
+
+func testNewRefusesCreateTimeEntitlements(t *testing.T, brokers []string) {
+	h := newEntHarness(t, brokers, 1) // usage.entitlements with CreateTime
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testenv.CreateTimeRefused(t, h.names.EntitlementsTopic(), func(allow bool, log *zap.Logger) error {
+		cfg := h.entConfig("a", vfs.NewMem())
+		cfg.AllowCreateTime, cfg.Stream.Logger = allow, log
+		_, err := New(ctx, cfg)
+		return err
+	})
+
+	cfg := h.config("a", vfs.NewMem()) // entitlements off
+	cfg.AllowCreateTime = false
+	if _, err := New(ctx, cfg); err != nil {
+		t.Fatalf("New without entitlements: %v", err)
+	}
+
+	prod := newAggHarness(t, brokers, 1) // LogAppendTime, as in production
+	cfg = prod.config("a", vfs.NewMem())
+	cfg.Entitlements = true
+	if _, err := New(ctx, cfg); err != nil {
+		t.Fatalf("New on a LogAppendTime entitlements topic: %v", err)
+	}
+}
