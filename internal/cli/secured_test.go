@@ -866,3 +866,25 @@ func TestRealSecuredWrongPassword(t *testing.T) {
 	expectRefused("topics check with a wrong password", 30*time.Second, []string{"authentication failed", `"operator"`},
 		append([]string{"topics", "check", "--topic-prefix", prefix, "--partitions", "2"}, kafkaFlags("operator")...)...)
 }
+
+// TestRealSecuredAggregatorEntitlements: `meterline aggregate
+// --entitlements`, as User:aggregate with exactly the ACLs
+// docs/operations.md lists for it, starts and gets ready: it reads the
+// message.timestamp.type of usage.entitlements at start (DescribeConfigs),
+// and refuses a topic it cannot describe.
+func TestRealSecuredAggregatorEntitlements(t *testing.T) {
+	k := testenv.RealKafkaSASL(t)
+	prefix := testenv.Name(t, "secent") + "."
+	securedTopics(t, k, prefix, 1)
+	grant(t, k.Admin(t), documentedACLs(t), prefix, "aggregate", "aggregate")
+	meters := filepath.Join(t.TempDir(), "meters.yaml")
+	if err := os.WriteFile(meters, []byte("meters:\n  - {name: tokens, aggregation: SUM}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	metrics := testenv.FreeAddr(t)
+	args := append([]string{"aggregate", "--log-level", "info", "--topic-prefix", prefix, "--instance-id", "node-1",
+		"--session-timeout", "6s", "--group", prefix + "meterline-aggregate-v2", "--state-dir", t.TempDir(),
+		"--metrics-addr", metrics, "--meters", meters, "--entitlements"}, k.Flags("aggregate", kafka.ScramSHA512)...)
+	agg := start(t, "meterline aggregate --entitlements", args...)
+	waitHTTP(t, "http://"+metrics+"/readyz", 200, 2*time.Minute, agg.done, agg.logs)
+}

@@ -2,10 +2,12 @@ package topics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -46,9 +48,15 @@ func CheckArrivalTimestamps(ctx context.Context, conn kafka.Config, stage string
 		return err
 	}
 	defer cl.Close()
+	describeErr := func(what any, err error) error {
+		if errors.Is(err, kerr.TopicAuthorizationFailed) {
+			return fmt.Errorf("%s: describe the configs of %v, to check that it uses LogAppendTime: %w (the principal needs DescribeConfigs on the topic: docs/operations.md, Security and ACLs)", stage, what, err)
+		}
+		return fmt.Errorf("%s: describe the configs of %v: %w", stage, what, err)
+	}
 	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, names...)
 	if err != nil {
-		return fmt.Errorf("%s: describe the configs of %v: %w", stage, names, err)
+		return describeErr(names, err)
 	}
 	for _, name := range names {
 		rc, err := rcs.On(name, nil)
@@ -56,7 +64,7 @@ func CheckArrivalTimestamps(ctx context.Context, conn kafka.Config, stage string
 			err = rc.Err
 		}
 		if err != nil {
-			return fmt.Errorf("%s: describe the configs of %s: %w", stage, name, err)
+			return describeErr(name, err)
 		}
 		have := "(unset)"
 		for _, c := range rc.Configs {
