@@ -41,11 +41,13 @@ stop_services() {
 trap stop_services EXIT
 
 start=$(date +%s)
-# The two brokers start side by side (a JVM start is mostly waiting).
-deploy/local/kafka.sh start &
+# The two brokers start side by side (a JVM start is mostly waiting), each
+# on a new data dir unless it runs already (start-fresh): the topics of
+# earlier runs would only slow its start.
+deploy/local/kafka.sh start-fresh &
 plain_kafka=$!
 (
-  KAFKA_PORT=$KAFKA_SASL_PORT KAFKA_SECURITY=sasl_ssl deploy/local/kafka.sh start
+  KAFKA_PORT=$KAFKA_SASL_PORT KAFKA_SECURITY=sasl_ssl deploy/local/kafka.sh start-fresh
 ) &
 sasl_kafka=$!
 # The cluster's three JVMs start beside them; they run idle until
@@ -53,7 +55,7 @@ sasl_kafka=$!
 cluster_kafka=
 if [ -n "$WITH_CLUSTER" ]; then
   (
-    KAFKA_CLUSTER=3 KAFKA_PORT=$KAFKA_CLUSTER_PORT deploy/local/kafka.sh start
+    KAFKA_CLUSTER=3 KAFKA_PORT=$KAFKA_CLUSTER_PORT deploy/local/kafka.sh start-fresh
   ) &
   cluster_kafka=$!
 fi

@@ -4,9 +4,12 @@
 # (process.roles=broker,controller) bound to 127.0.0.1. No Docker needed: the jars
 # come from Maven Central via `mvn` once and are cached for later runs.
 #
-# Usage: deploy/local/kafka.sh start|stop|restart|status|clean|libs
+# Usage: deploy/local/kafka.sh start|start-fresh|stop|restart|status|clean|libs
 #   start    fetch jars (first run only), format the data dir if new, start the
 #            broker in the background and wait until it serves; no-op if running
+#   start-fresh  start, on a new data dir unless the broker is running: what
+#            `make test` does, so that the topics earlier runs left behind
+#            (hundreds, whose loading can outlast the start timeout) are gone
 #   stop     SIGTERM, wait up to KAFKA_STOP_TIMEOUT s, then SIGKILL; no-op if stopped
 #   restart  stop + start
 #   status   print running/stopped; exit 0 if running, 3 if not
@@ -804,8 +807,8 @@ signal_broker() {
 
 usage() {
   cat >&2 <<USAGE
-usage: $0 start|stop|restart|status|clean|libs|credentials
-       KAFKA_CLUSTER=3 $0 start|stop|restart|status|clean|libs|credentials|brokers
+usage: $0 start|start-fresh|stop|restart|status|clean|libs|credentials
+       KAFKA_CLUSTER=3 $0 start|start-fresh|stop|restart|status|clean|libs|credentials|brokers
        KAFKA_CLUSTER=3 $0 start-broker|stop-broker|kill-broker|pause-broker|resume-broker N
   (env: KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DATA_DIR, KAFKA_SECURITY, KAFKA_CLUSTER, METERLINE_CACHE_DIR)
 USAGE
@@ -816,6 +819,9 @@ main() {
   if ((KAFKA_CLUSTER > 1)); then
     case "${1:-}" in
       start) cmd_cluster_start ;;
+      start-fresh)
+        cmd_cluster_status >/dev/null 2>&1 || { cmd_cluster_clean; exec 9>&- || true; }
+        cmd_cluster_start ;;
       stop) cmd_cluster_stop ;;
       restart) cmd_cluster_stop; exec 9>&-; cmd_cluster_start ;;
       status) cmd_cluster_status ;;
@@ -835,6 +841,9 @@ main() {
   fi
   case "${1:-}" in
     start) cmd_start ;;
+    start-fresh)
+      cmd_status >/dev/null 2>&1 || { cmd_clean; exec 9>&- || true; }
+      cmd_start ;;
     stop) cmd_stop ;;
     restart) cmd_stop; cmd_start ;;
     status) cmd_status ;;

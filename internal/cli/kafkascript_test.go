@@ -402,3 +402,36 @@ func waitACLs(t *testing.T, k testenv.SecuredKafka, want ...string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestRealKafkaScriptStartFresh: `kafka.sh start-fresh` (what make test
+// starts its brokers with) leaves a running broker and its topics alone,
+// and starts a stopped one on a new data dir, without the topics an
+// earlier run left there.
+func TestRealKafkaScriptStartFresh(t *testing.T) {
+	script, k := scriptBroker(t)
+	script(nil, "start-fresh")
+	const stale = "left-by-an-earlier-run"
+	topicsNow := func() kadm.TopicDetails {
+		t.Helper()
+		adm := k.Admin(t)
+		defer adm.Close()
+		td, err := adm.ListTopics(ctxT(t, 30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return td
+	}
+	adm := k.Admin(t)
+	if _, err := adm.CreateTopic(ctxT(t, 30*time.Second), 1, 1, nil, stale); err != nil {
+		t.Fatal(err)
+	}
+	adm.Close()
+	if out := script(nil, "start-fresh"); !topicsNow().Has(stale) {
+		t.Fatalf("start-fresh of a running broker lost its topic %s:\n%s", stale, out)
+	}
+	script(nil, "stop")
+	out := script(nil, "start-fresh")
+	if td := topicsNow(); td.Has(stale) {
+		t.Errorf("start-fresh of a stopped broker kept the topic %s of its old data dir:\n%s", stale, out)
+	}
+}
