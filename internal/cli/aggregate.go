@@ -65,6 +65,10 @@ func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, d de
 	if err := refuseZeroTimes("aggregator", d.Window, d.Skew, d.Bucket); err != nil {
 		return aggregator.Config{}, err
 	}
+	if f.Grace == 0 {
+		// The Config takes 0 as the default: --grace 0 would run with 48h.
+		return aggregator.Config{}, fmt.Errorf("aggregator: grace must be positive (got 0s): a period is final once the watermark passes end + grace, and the shortest grace is 1ms; leave the flag out for the default (%s)", aggregator.DefaultGrace)
+	}
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
 		Period: aggregator.Period(f.Period), Grace: f.Grace, FinalChunk: f.FinalChunk,
 		Window: d.Window, Bucket: d.Bucket, Skew: d.Skew,

@@ -65,9 +65,9 @@ func TestDedupKeyCommand(t *testing.T) {
 	}
 }
 
-// TestTimeParametersRefuseZero: a stage's Config takes a zero W, S or B as
-// "the default", so a flag set to 0 would silently run with the default
-// (--skew 0 with an hour). Dedup, run, the aggregator and the topics
+// TestTimeParametersRefuseZero: a stage's Config takes a zero W, S, B or
+// grace as "the default", so a flag set to 0 would silently run with the
+// default (--skew 0 with an hour, --grace 0 with 48 hours). Dedup, run, the aggregator and the topics
 // commands refuse 0 instead, naming the flag's field.
 func TestTimeParametersRefuseZero(t *testing.T) {
 	keys := testenv.DedupKeysFile(t)
@@ -81,6 +81,8 @@ func TestTimeParametersRefuseZero(t *testing.T) {
 		{[]string{"run", "--dedup-skew", "0"}, "dedup: skew must be positive (got 0s)"},
 		{[]string{"aggregate", "--skew", "0"}, "aggregator: skew must be positive (got 0s)"},
 		{[]string{"aggregate", "--window", "0"}, "aggregator: window must be positive (got 0s)"},
+		{[]string{"aggregate", "--grace", "0"}, "aggregator: grace must be positive (got 0s)"},
+		{[]string{"run", "--aggregate-grace", "0"}, "aggregator: grace must be positive (got 0s)"},
 	} {
 		args := append(c.args, "--validate", "--instance-id", "a", "--dedup-keys-file", keys)
 		if c.args[0] == "aggregate" {
