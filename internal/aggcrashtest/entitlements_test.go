@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/entitlements"
@@ -196,6 +197,40 @@ func (s *entSuite) sendEnt(steps []step, sched *[]entChange) {
 	s.tick(last + 1)
 }
 
+// keepUp waits until a has committed every event sent (crash.CaughtUp)
+// and has read usage.entitlements up to its end when keepUp was called
+// (the test's last tick: what the gate lets through), or has exited.
+func (s *entSuite) keepUp(a *testenv.Process) {
+	s.t.Helper()
+	ents := s.Names.EntitlementsTopic()
+	ctx, cancel := context.WithTimeout(context.Background(), crash.CaughtUpTimeout)
+	defer cancel()
+	ends, err := kadm.NewClient(s.cl).ListEndOffsets(ctx, ents)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	read := func() bool {
+		got, err := testenv.Committed(ctx, s.Brokers, s.group, ents)
+		if err != nil {
+			return false
+		}
+		ok := true
+		ends.Each(func(o kadm.ListedOffset) { ok = ok && got[o.Partition] >= o.Offset })
+		return ok
+	}
+	start := time.Now()
+	for !a.Exited() {
+		if ok, err := crash.CaughtUp(s.Brokers, s.group, s.Names.DedupedTopic()); err == nil && ok && read() {
+			return
+		}
+		if time.Since(start) > crash.CaughtUpTimeout {
+			s.t.Fatalf("%s not caught up on %s and %s after %s\n%s", a.Name(), s.Names.DedupedTopic(), ents, crash.CaughtUpTimeout,
+				crash.LagReport(s.Brokers, s.group, s.Names.DedupedTopic()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func (s *entSuite) checkEnt() oracle.EntReport {
 	s.t.Helper()
 	s.mu.Lock()
@@ -303,7 +338,17 @@ func entCrashRun(t *testing.T, point string, hit int, more []string) {
 	}
 	for ; next < len(st.batches); next++ {
 		s.sendEnt(st.batches[next], &sched)
-		time.Sleep(30 * time.Millisecond)
+		if killed == nil {
+			// Until the kill the armed instance keeps up batch by batch,
+			// so the hit falls at one place in the stream however busy
+			// the machine is: an instance that lags reads many batches
+			// per transaction, and the chunked work of a period (where
+			// aggregate.between-chunks is hit) waits for them, so the
+			// kill came with nearly the whole stream committed.
+			s.keepUp(a)
+		} else {
+			time.Sleep(30 * time.Millisecond)
+		}
 		if killed == nil && a.Exited() {
 			crashed()
 		}
