@@ -78,3 +78,38 @@ func benchBody(n int) []byte {
 			Time: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano), Data: map[string]any{"tokens": map[string]any{"input": i}, "model": "m1", "user": "u"}}
 	})
 }
+
+// BenchmarkParseCloudEvent measures the decoding and checks of one
+// CloudEvent off the fast path (application/cloudevents+json, or an
+// element of a batch the scan does not take), with an extension
+// attribute.
+func BenchmarkParseCloudEvent(b *testing.B) {
+	ev := []byte(`{"specversion":"1.0","id":"req-1","source":"bench","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00.250Z","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","data":{"tokens":{"input":12},"model":"m1","user":"u"}}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ev)))
+	cpu0 := cpuTime(b)
+	for b.Loop() {
+		if _, fe := parseCloudEvent(ev); fe != nil {
+			b.Fatal(fe)
+		}
+	}
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkDecodeBatch measures the fast path's decoding of a batch of 100
+// CloudEvents, each with an extension attribute.
+func BenchmarkDecodeBatch(b *testing.B) {
+	body := bytes.ReplaceAll(benchBody(100), []byte(`"specversion"`), []byte(`"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01","specversion"`))
+	text := string(body)
+	var as []ceAttrs
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	cpu0 := cpuTime(b)
+	for b.Loop() {
+		var ok bool
+		if as, ok = decodeBatch(as, body, text, DefaultMaxEvents); !ok || len(as) != 100 {
+			b.Fatal("not decoded")
+		}
+	}
+	b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+}

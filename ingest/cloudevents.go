@@ -39,7 +39,9 @@ type ceAttrs struct {
 
 // ceJSON is the JSON shape of a CloudEvent. Pointers tell a missing or
 // null attribute from an empty one. Extension attributes are allowed and
-// ignored, as OpenMeter does.
+// ignored, as OpenMeter does. encoding/json matches names without regard
+// to case: it decodes only objects whose names checkNames took, which
+// are then the attributes' exact names, or other names.
 type ceJSON struct {
 	ID              *string         `json:"id"`
 	Source          *string         `json:"source"`
@@ -110,13 +112,14 @@ func firstRune(b []byte) string {
 // time, when present and not null, is RFC 3339 ("" is not); data, when
 // present and not null, is a JSON object, or data_base64 base64 of one
 // (checkDataBase64); datacontenttype, when present and not null, is
-// exactly application/json. The error is a *fieldError naming the
-// attribute.
+// exactly application/json. Member names are checked first (checkNames):
+// attributes' exactly, extensions' in lowercase a-z and 0-9. The error is
+// a *fieldError naming the attribute, or the member.
 func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
 	if b = bytes.TrimSpace(b); len(b) == 0 || b[0] != '{' {
 		return CloudEvent{}, &fieldError{"event", "invalid", "is not a JSON object"}
 	}
-	if fe := repeatedAttr(string(b)); fe != nil {
+	if fe := checkNames(string(b)); fe != nil {
 		return CloudEvent{}, fe
 	}
 	var j ceJSON
@@ -149,7 +152,7 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 		return as[:0], false // too many events: not decoded, the caller counts them
 	}
 	var js []ceJSON
-	if err := json.Unmarshal(body, &js); err != nil || anyRepeatedAttr(text) {
+	if err := json.Unmarshal(body, &js); err != nil || anyBadNames(text) {
 		return as[:0], false
 	}
 	as = slices.Grow(as[:0], len(js))[:len(js)]
@@ -159,42 +162,78 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 	return as, true
 }
 
-// repeatedAttrs are the attributes an event may not name twice: the
-// CloudEvents SDK OpenMeter decodes with refuses a second specversion
-// ("specversion was already provided") and a second datacontenttype after
-// it, where encoding/json would keep the last of them without a word.
-// (It keeps the last of the others, id, source, type, subject and time,
-// and so does this ingest: OpenMeter takes them.)
-var repeatedAttrs = [...]string{"specversion", "datacontenttype"}
-
-// repeatedAttr refuses the event obj (the text of a valid JSON object)
-// when it names one of repeatedAttrs twice, as encoding/json matches names:
-// escapes decoded and without regard to case.
-func repeatedAttr(obj string) *fieldError {
-	var seen [len(repeatedAttrs)]bool
+// checkNames refuses the event obj (the text of a valid JSON object) for
+// its first member whose name, escapes decoded, is neither an attribute's
+// nor an extension's:
+//   - An attribute is named exactly as the CloudEvents spec names it, in
+//     lowercase. encoding/json would take "ID" or "Subject" for id or
+//     subject (it matches names without regard to case, Unicode folding
+//     included), and keep the last of two spellings: an event's identity
+//     would then depend on which spelling came last. The CloudEvents SDK
+//     OpenMeter decodes with matches names exactly and refuses such a
+//     member ("bad key: CloudEvents spec attribute MUST NOT be
+//     overwritten by extension").
+//   - Any other member is an extension attribute (ignored), whose name
+//     must be lowercase letters a-z and digits 0-9, the spec's rule for
+//     every attribute name. (The SDK takes upper case there too, and
+//     lowercases it; see TestOpenMeterParity.)
+//
+// It also refuses a second specversion, or datacontenttype: the SDK
+// refuses them ("specversion was already provided"), where encoding/json
+// would keep the last without a word. (It keeps the last of the other
+// attributes, id, source, type, subject and time, and so does this ingest:
+// OpenMeter takes them.)
+func checkNames(obj string) *fieldError {
+	var seen uint16
 	var fe *fieldError
 	eachMember(obj, func(lit string, escaped bool, _ string) bool {
 		name := lit[1 : len(lit)-1]
 		if escaped {
 			name, _ = unquote(lit)
 		}
-		for k, a := range repeatedAttrs {
-			if strings.EqualFold(name, a) {
-				if seen[k] {
-					fe = &fieldError{a, "invalid", "appears twice"}
-					return false
-				}
-				seen[k] = true
+		switch bit := ceBit(name); {
+		case bit < 0:
+			if !isExtensionName(name) {
+				fe = badName(name)
+				return false
 			}
+		case 1<<bit&(hasSpecVersion|hasDataContentType) != 0:
+			if seen&(1<<bit) != 0 {
+				fe = &fieldError{name, "invalid", "appears twice"}
+				return false
+			}
+			seen |= 1 << bit
 		}
 		return true
 	})
 	return fe
 }
 
-// anyRepeatedAttr reports whether an event of the batch text (a valid
-// JSON array) names one of repeatedAttrs twice (repeatedAttr).
-func anyRepeatedAttr(text string) bool {
+// isExtensionName reports whether name is a valid name of an extension
+// attribute: lowercase letters a-z and digits 0-9, at least one.
+func isExtensionName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// badName is the error of a member whose name is neither an attribute's
+// nor a valid extension's (checkNames), naming it (clipped).
+func badName(name string) *fieldError {
+	for _, a := range ceNames {
+		if strings.EqualFold(name, a) {
+			return &fieldError{clip(name), "invalid", fmt.Sprintf("is not the attribute %q: CloudEvents attribute names are lowercase, and are matched exactly", a)}
+		}
+	}
+	return &fieldError{clip(name), "invalid", "is not a valid extension attribute name: CloudEvents attribute names are lowercase letters a-z and digits 0-9"}
+}
+
+// anyBadNames reports whether an event of the batch text (a valid JSON
+// array) has a member checkNames refuses.
+func anyBadNames(text string) bool {
 	i := skipSpace(text, 0)
 	if i >= len(text) || text[i] != '[' {
 		return false
@@ -204,7 +243,7 @@ func anyRepeatedAttr(text string) bool {
 		if end < 0 {
 			return false
 		}
-		if text[i] == '{' && repeatedAttr(text[i:end]) != nil {
+		if text[i] == '{' && checkNames(text[i:end]) != nil {
 			return true
 		}
 		if i = skipSpace(text, end); i < len(text) && text[i] == ',' {

@@ -110,7 +110,7 @@ func TestOpenMeterParity(t *testing.T) {
 		// last-wins, and the CloudEvents SDK keeps the last id, source,
 		// type, subject and time, as encoding/json does here; it refuses a
 		// second specversion, and a second datacontenttype after the
-		// specversion, as Meterline does (repeatedAttr; a second
+		// specversion, as Meterline does (checkNames; a second
 		// datacontenttype before it too, which the SDK reads last-wins).
 		{"id twice", ce, ev(`,"id":"2"`), 204, 0, ""},
 		{"source twice", ce, ev(`,"source":"s2"`), 204, 0, ""},
@@ -131,6 +131,40 @@ func TestOpenMeterParity(t *testing.T) {
 		// The SDK reads a datacontenttype repeated before the specversion
 		// last-wins; an event carries one, and which was meant is a guess.
 		{"datacontenttype twice before specversion", ce, `{"datacontenttype":"application/json","datacontenttype":"application/json","specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","data":{"a":1}}`, 204, 400, "datacontenttype"},
+		// Attribute names. These answers were not run on the rebuild: the
+		// body was decoded with the CloudEvents SDK v2.16.2
+		// (json.Unmarshal into event.Event, as OpenMeter's handler
+		// does), and the validator's part read from api/openapi.yaml (its
+		// Event schema requires id, source, specversion, type and subject,
+		// exactly so named, and allows other members). The SDK matches an
+		// attribute's name exactly; any other member is an extension,
+		// whose name it checks (a-z, A-Z, 0-9) and lowercases, refusing
+		// one that is then an attribute's name ("bad key \"ID\":
+		// CloudEvents spec attribute MUST NOT be overwritten by
+		// extension"), and whose value must be a string, a boolean or a
+		// number (v2/event/eventcontext_v1.go SetExtension,
+		// v2/event/extensions.go validateExtensionName).
+		{"ID instead of id", ce, `{"specversion":"1.0","ID":"1","source":"s","type":"t","subject":"acme-1"}`, 400, 0, "ID"}, // the validator: id is missing
+		{"id and ID", ce, ev(`,"ID":"2"`), 400, 0, "ID"},
+		{"ID and id before specversion", ce, `{"ID":"2","id":"1","specversion":"1.0","source":"s","type":"t","subject":"acme-1"}`, 400, 0, "ID"},
+		{"Subject and subject", ce, `{"specversion":"1.0","id":"1","source":"s","type":"t","Subject":"globex-1","subject":"acme-1"}`, 400, 0, "Subject"},
+		{"batch id and ID", batch, "[" + ev(`,"ID":"2"`) + "]", 400, 0, "ID"},
+		{"json Time", js, ev(`,"Time":"2026-11-29T12:00:00Z"`), 400, 0, "Time"},
+		{"Data an object", ce, ev(`,"Data":{"a":1}`), 400, 0, "Data"}, // an extension's value may not be an object
+		{"Data_Base64", ce, ev(`,"Data_Base64":"eyJhIjoxfQ=="`), 400, 0, "Data_Base64"},
+		{"extension with an underscore", ce, ev(`,"my_ext":"x"`), 400, 0, "my_ext"},
+		{"extension lowercase", ce, ev(`,"myext":"x","ext2":true`), 204, 0, ""},
+		// The CloudEvents spec: attribute names "MUST consist of
+		// lower-case letters ('a' to 'z') or digits ('0' to '9')".
+		// OpenMeter's SDK takes upper case in an extension's name, and
+		// lowercases it (Data becomes an extension named data), so that
+		// two members may be one extension; Meterline holds every name
+		// to the spec.
+		{"extension upper case", ce, ev(`,"Foo":"x"`), 204, 400, "Foo"},
+		{"Data a string", ce, ev(`,"Data":"x"`), 204, 400, "Data"},
+		// The SDK's reader stops at a member named "" and ignores the
+		// rest of the event (a subject after it, say).
+		{"extension named empty", ce, ev(`,"":"x"`), 204, 400, ""},
 	}
 	class := func(status int) int { return status / 100 * 100 }
 	accepted := 0

@@ -13,10 +13,10 @@ import (
 //   - scanBatch reads a batch of CloudEvents in one pass over its text, as
 //     encoding/json would decode it into []ceJSON, without reflection and
 //     with every string a substring of the request's text. Anything it does
-//     not take (an escape in an attribute, a name that encoding/json would
-//     match without regard to case, a duplicate attribute, a value of a
-//     wrong type, invalid JSON) sends the request to encoding/json, which
-//     answers as it always did.
+//     not take (an escape in a name or an attribute, a name that is neither
+//     an attribute's nor an extension's, a duplicate attribute, a value of a
+//     wrong type, invalid JSON) sends the request to encoding/json and
+//     checkNames, which answer as they always did.
 //   - dataView finds the members a simple path ($.a.b, $['a']) selects in
 //     an event's data by walking its text, instead of decoding the data into
 //     maps for a JSONPath evaluation.
@@ -309,13 +309,11 @@ func scanCloudEvent(s string, i int, a *ceAttrs) int {
 		i = skipSpace(s, i+1)
 		bit := ceBit(name)
 		if bit < 0 {
-			// An extension attribute, ignored, unless encoding/json would
-			// take it for an attribute: it matches names without regard to
-			// case (and Unicode folding), so leave any such name to it.
-			for k := 0; k < len(name); k++ {
-				if c := name[k]; c >= 'A' && c <= 'Z' || c >= 0x80 {
-					return -1
-				}
+			// An extension attribute, ignored. A name that is not an
+			// extension's (checkNames: "ID", "my_ext") is the slow path's
+			// to refuse, naming it.
+			if !isExtensionName(name) {
+				return -1
 			}
 			if i = skipValue(s, i, 1); i < 0 {
 				return -1
