@@ -193,8 +193,7 @@ func checkNames(obj string) *fieldError {
 		}
 		switch bit := ceBit(name); {
 		case bit < 0:
-			if !isExtensionName(name) {
-				fe = badName(name)
+			if fe = badName(name); fe != nil {
 				return false
 			}
 		case 1<<bit&(hasSpecVersion|hasDataContentType) != 0:
@@ -210,8 +209,23 @@ func checkNames(obj string) *fieldError {
 }
 
 // isExtensionName reports whether name is a valid name of an extension
-// attribute: lowercase letters a-z and digits 0-9, at least one.
+// attribute: letters a-z and digits 0-9, at least one (the CloudEvents
+// spec's rule for every attribute name), or A-Z, which OpenMeter's SDK
+// takes in an extension's name (and lowercases): extensions are ignored,
+// so their case changes nothing here.
 func isExtensionName(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return name != ""
+}
+
+// isLowerExtensionName is isExtensionName without upper case: a name
+// scanBatch can ignore without asking whether encoding/json would take it
+// for an attribute.
+func isLowerExtensionName(name string) bool {
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') {
 			return false
@@ -220,15 +234,20 @@ func isExtensionName(name string) bool {
 	return name != ""
 }
 
-// badName is the error of a member whose name is neither an attribute's
-// nor a valid extension's (checkNames), naming it (clipped).
+// badName is the error of a member, not an attribute's exact name, whose
+// name is an attribute's in another case (Unicode folding included) or
+// not a valid extension's (checkNames), naming it (clipped); nil for a
+// valid extension name.
 func badName(name string) *fieldError {
 	for _, a := range ceNames {
 		if strings.EqualFold(name, a) {
 			return &fieldError{clip(name), "invalid", fmt.Sprintf("is not the attribute %q: CloudEvents attribute names are lowercase, and are matched exactly", a)}
 		}
 	}
-	return &fieldError{clip(name), "invalid", "is not a valid extension attribute name: CloudEvents attribute names are lowercase letters a-z and digits 0-9"}
+	if isExtensionName(name) {
+		return nil
+	}
+	return &fieldError{clip(name), "invalid", "is not a valid extension attribute name: CloudEvents attribute names are letters a-z and digits 0-9"}
 }
 
 // anyBadNames reports whether an event of the batch text (a valid JSON

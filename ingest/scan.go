@@ -309,10 +309,10 @@ func scanCloudEvent(s string, i int, a *ceAttrs) int {
 		i = skipSpace(s, i+1)
 		bit := ceBit(name)
 		if bit < 0 {
-			// An extension attribute, ignored. A name that is not an
-			// extension's (checkNames: "ID", "my_ext") is the slow path's
-			// to refuse, naming it.
-			if !isExtensionName(name) {
+			// An extension attribute, ignored. A name that is not a
+			// lowercase extension's ("ID", "my_ext", "Foo") is the slow
+			// path's: checkNames refuses it, naming it, or takes it.
+			if !isLowerExtensionName(name) {
 				return -1
 			}
 			if i = skipValue(s, i, 1); i < 0 {
