@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,17 +158,10 @@ func TestRealSecuredKafkaScriptUsers(t *testing.T) {
 // and returns its output; k connects to the broker once started.
 func scriptBroker(t *testing.T) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
 	t.Helper()
-	_, p, err := net.SplitHostPort(testenv.RealKafkaSASL(t).Brokers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(base + 2)
+	seed := testenv.RealKafkaSASL(t).Brokers[0]
+	port := testenv.PortAbove(t, seed, 2)
 	dir := t.TempDir()
-	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + strconv.Itoa(base+3), "KAFKA_DATA_DIR=" + dir,
+	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, 3), "KAFKA_DATA_DIR=" + dir,
 		"KAFKA_SECURITY=sasl_ssl", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KAFKA_") { // make exports KAFKA_PORT
