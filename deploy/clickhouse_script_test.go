@@ -1,15 +1,39 @@
 package deploy
 
 import (
-	"net"
+	"bytes"
+	"context"
 	"os"
 	"os/exec"
-	"strconv"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/meterline/meterline/internal/cli"
 	"github.com/meterline/meterline/internal/testenv"
 )
+
+// clickHouseScript runs deploy/local/clickhouse.sh for a server of the
+// test's own, in a data dir of the test's, with env and then a command's
+// extra variables added to the environment, and stops the server when the
+// test ends.
+func clickHouseScript(t *testing.T, env ...string) func(cmd string, extra ...string) (string, error) {
+	t.Helper()
+	env = append(append(os.Environ(), "CLICKHOUSE_DATA_DIR="+t.TempDir(), "CLICKHOUSE_START_TIMEOUT=30"), env...)
+	script := func(cmd string, extra ...string) (string, error) {
+		c := exec.Command("local/clickhouse.sh", cmd)
+		c.Env = append(append([]string(nil), env...), extra...)
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	t.Cleanup(func() {
+		if out, err := script("stop"); err != nil {
+			t.Errorf("stop: %v\n%s", err, out)
+		}
+	})
+	return script
+}
 
 // TestRealClickHouseScriptKeepsHTTPPort: a server that
 // deploy/local/clickhouse.sh started with CLICKHOUSE_HTTP_PORT is found
@@ -20,40 +44,45 @@ import (
 func TestRealClickHouseScriptKeepsHTTPPort(t *testing.T) {
 	// Ports 120 and 121 above the test server's native port: the block of
 	// ports its runner owns.
-	_, p, err := net.SplitHostPort(testenv.RealClickHouse(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	native, httpPort := strconv.Itoa(base+120), strconv.Itoa(base+121)
-	dir := t.TempDir()
-	script := func(cmd string, withHTTP bool) (string, error) {
-		c := exec.Command("local/clickhouse.sh", cmd)
-		c.Env = append(os.Environ(), "CLICKHOUSE_PORT="+native, "CLICKHOUSE_DATA_DIR="+dir, "CLICKHOUSE_START_TIMEOUT=30")
-		if withHTTP {
-			c.Env = append(c.Env, "CLICKHOUSE_HTTP_PORT="+httpPort)
-		} else {
-			c.Env = append(c.Env, "CLICKHOUSE_HTTP_PORT=")
-		}
-		out, err := c.CombinedOutput()
-		return string(out), err
-	}
-	if out, err := script("start", true); err != nil {
+	addr := testenv.RealClickHouse(t)
+	native, httpPort := testenv.PortAbove(t, addr, 120), testenv.PortAbove(t, addr, 121)
+	script := clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+httpPort)
+	if out, err := script("start"); err != nil {
 		t.Fatalf("start: %v\n%s", err, out)
 	}
-	t.Cleanup(func() {
-		if out, err := script("stop", true); err != nil {
-			t.Errorf("stop: %v\n%s", err, out)
-		}
-	})
-	out, err := script("status", false)
+	out, err := script("status", "CLICKHOUSE_HTTP_PORT=")
 	if err != nil || !strings.Contains(out, "http 127.0.0.1:"+httpPort+", answering /ping") {
 		t.Errorf("status without CLICKHOUSE_HTTP_PORT: %v\n%s", err, out)
 	}
-	if out, err := script("start", false); err != nil || !strings.Contains(out, "already running") {
+	if out, err := script("start", "CLICKHOUSE_HTTP_PORT="); err != nil || !strings.Contains(out, "already running") {
 		t.Errorf("start without CLICKHOUSE_HTTP_PORT: %v\n%s", err, out)
+	}
+}
+
+// TestRealClickHouseScriptCRLFPassword: a ClickHouse that
+// deploy/local/clickhouse.sh starts with a password file whose line ends
+// in "\r\n" (written on Windows, or by a tool that does) requires the
+// password Meterline reads from that file (secret.FromFile drops one
+// "\n", then one "\r"), so `meterline migrate --clickhouse-password-file`
+// logs in with the same file. On the test server's port + 122 and + 123.
+func TestRealClickHouseScriptCRLFPassword(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	native := testenv.PortAbove(t, addr, 122)
+	pwFile := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(pwFile, []byte("crlf-Passw0rd\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+testenv.PortAbove(t, addr, 123),
+		"CLICKHOUSE_PASSWORD_FILE="+pwFile, "CLICKHOUSE_TLS_PORT=")
+	if out, err := script("start"); err != nil {
+		t.Fatalf("clickhouse.sh start with a CRLF password file: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	code := cli.Main(ctx, []string{"migrate", "--clickhouse", "127.0.0.1:" + native, "--database", "crlf_password",
+		"--clickhouse-password-file", pwFile}, cli.IO{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &out})
+	if code != 0 || !strings.Contains(out.String(), "applied now") {
+		t.Fatalf("migrate with the password file clickhouse.sh started the server with: exit %d\n%s", code, out.String())
 	}
 }

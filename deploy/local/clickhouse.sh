@@ -17,8 +17,10 @@
 #   CLICKHOUSE_START_TIMEOUT  seconds to wait for readiness (default 90)
 #   CLICKHOUSE_STOP_TIMEOUT   seconds to wait after SIGTERM before SIGKILL (default 20)
 #   CLICKHOUSE_PASSWORD_FILE  file holding the password of user `default`
-#                             (default: none, no password); only its SHA-256
-#                             is written to the server's users.xml
+#                             (default: none, no password), read as Meterline
+#                             reads --clickhouse-password-file: one trailing
+#                             "\n" or "\r\n" dropped; only its SHA-256 is
+#                             written to the server's users.xml
 #   CLICKHOUSE_TLS_PORT       also serve the native protocol over TLS on this port
 #                             (tcp_port_secure), a client certificate required;
 #                             the CA, server and client certificates are made
@@ -67,8 +69,15 @@ if [[ -n $TLS_PORT ]]; then
     is_port "$TLS_PORT" || die "CLICKHOUSE_TLS_PORT '$TLS_PORT' is not a port number"
     [[ $TLS_PORT != "$TCP_PORT" && $TLS_PORT != "$HTTP_PORT" ]] || die "CLICKHOUSE_TLS_PORT must differ from the other ports"
 fi
+# The password, read as Meterline reads --clickhouse-password-file (lib.sh
+# read_secret), so that the server requires the one Meterline sends.
+PASSWORD=
 if [[ -n $PASSWORD_FILE ]]; then
-    [[ -s $PASSWORD_FILE ]] || die "CLICKHOUSE_PASSWORD_FILE '$PASSWORD_FILE' is missing or empty"
+    read_secret "$PASSWORD_FILE" || die "CLICKHOUSE_PASSWORD_FILE '$PASSWORD_FILE': $SECRET_ERROR"
+    PASSWORD=$SECRET
+    # clickhouse-client, which the script checks the server with, refuses them.
+    [[ $PASSWORD != *[[:cntrl:]]* ]] ||
+        die "CLICKHOUSE_PASSWORD_FILE '$PASSWORD_FILE': the password holds a control character (a line break inside it?), which clickhouse-client refuses"
 fi
 [[ $START_TIMEOUT =~ ^[0-9]+$ ]] || die "CLICKHOUSE_START_TIMEOUT must be whole seconds"
 [[ $STOP_TIMEOUT =~ ^[0-9]+$ ]] || die "CLICKHOUSE_STOP_TIMEOUT must be whole seconds"
@@ -253,19 +262,15 @@ render() { # template -> dest
     mv -f "$tmp" "$2"
 }
 
-# The SHA-256 of the password in PASSWORD_FILE, without its trailing newline
-# (as Meterline reads it).
+# The SHA-256 of the password in PASSWORD_FILE.
 password_sha256() {
-    local pw
-    pw=$(<"$PASSWORD_FILE")
-    printf '%s' "$pw" | sha256sum | cut -d' ' -f1
+    printf '%s' "$PASSWORD" | sha256sum | cut -d' ' -f1
 }
 
 # The client config of the script's own checks: user default and, with
 # CLICKHOUSE_PASSWORD_FILE, its password (mode 0600).
 write_client_config() {
-    local pw=""
-    [[ -n $PASSWORD_FILE ]] && pw=$(<"$PASSWORD_FILE")
+    local pw=$PASSWORD
     pw=${pw//&/&amp;}
     pw=${pw//</&lt;}
     (umask 077 && printf '<config>\n    <user>default</user>\n    <password>%s</password>\n</config>\n' "$pw" >"$CLIENT_CONFIG")

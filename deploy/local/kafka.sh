@@ -36,7 +36,8 @@
 # on KAFKA_PORT (SCRAM-SHA-512 and PLAIN; a client certificate is required) with
 # ACLs on (StandardAuthorizer, super user admin). When it formats a new data dir
 # it makes a CA and certificates (openssl) and a random password per user, and
-# creates the SCRAM users (kafka-storage format --add-scram). On every start,
+# creates the SCRAM users (kafka-storage format --add-scram, read from a file
+# of the data dir: no password is ever on a command line). On every start,
 # once the broker serves, kafka/SecuritySetup.java (one JVM, as admin) creates
 # the users of KAFKA_SASL_USERS the storage lacks (a data dir formatted with
 # fewer; a user added to a running broker gets PLAIN at its next start) and the
@@ -378,14 +379,17 @@ ensure_credentials() {
   done
 }
 
-# The --add-scram arguments of kafka-storage format: one SCRAM-SHA-512 user per
-# password file.
-scram_args() {
-  [[ $KAFKA_SECURITY == sasl_ssl ]] || return 0
-  local u
+# write_scram_args FILE — the --add-scram arguments of kafka-storage format,
+# one SCRAM-SHA-512 user per password file, into FILE (mode 0600), one
+# argument a line: the storage tool reads them from @FILE (argparse4j's
+# fromFilePrefix), so that no password is on its command line, which every
+# user of the machine can read (ps, /proc/<pid>/cmdline).
+write_scram_args() {
+  local u out=""
   for u in admin $KAFKA_SASL_USERS; do
-    printf '%s\0' --add-scram "SCRAM-SHA-512=[name=$u,password=$(<"$SECURITY_DIR/passwords/$u")]"
+    out+=$'--add-scram\n'"SCRAM-SHA-512=[name=$u,password=$(<"$SECURITY_DIR/passwords/$u")]"$'\n'
   done
+  (umask 077 && printf '%s' "$out" >"$1")
 }
 
 # Refuses to start a data dir formatted with another KAFKA_SECURITY: its SCRAM
@@ -502,12 +506,18 @@ launch_node() {
       cluster_id=$(new_cluster_id)
     fi
     local -a scram=()
-    mapfile -d '' -t scram < <(scram_args)
+    local scram_file="$KAFKA_DATA_DIR/format-scram.args"
+    if [[ $KAFKA_SECURITY == sasl_ssl ]]; then
+      write_scram_args "$scram_file"
+      scram=("@$scram_file")
+    fi
     if ! "$JAVA" "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool format \
         -t "$cluster_id" -c "$PROPS" "${scram[@]}" </dev/null >>"$fmtlog" 2>&1; then
+      rm -f "$scram_file"
       cat "$fmtlog" >&2
       die "formatting $LOG_DIRS failed"
     fi
+    rm -f "$scram_file"
     printf '%s\n' "$KAFKA_SECURITY" >"$MODE_FILE"
   fi
 

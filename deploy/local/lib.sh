@@ -116,5 +116,34 @@ make_certs() {
     ) || die "making TLS certificates in $dir failed"
 }
 
+# read_secret FILE — sets SECRET to the content of FILE as Meterline reads a
+# secret file (internal/secret FromFile): one trailing "\n" dropped, then one
+# trailing "\r" (so "pw\r\n" is pw, and "pw\n\n" is pw and a newline);
+# every other byte kept. Returns 1, with the reason in SECRET_ERROR (never
+# the content), if FILE cannot be read, holds a NUL byte (a shell variable
+# cannot) or holds nothing else.
+read_secret() {
+    SECRET=
+    SECRET_ERROR=
+    local v size
+    if ! size=$(wc -c <"$1" 2>/dev/null); then
+        SECRET_ERROR="cannot read it"
+        return 1
+    fi
+    if (( $(tr -d '\000' <"$1" | wc -c) != size )); then
+        SECRET_ERROR="it holds a NUL byte"
+        return 1
+    fi
+    v=$(cat -- "$1" && printf x) || { SECRET_ERROR="cannot read it"; return 1; }
+    v=${v%x}
+    v=${v%$'\n'}
+    v=${v%$'\r'}
+    if [[ -z $v ]]; then
+        SECRET_ERROR="it is empty (or holds a line break only)"
+        return 1
+    fi
+    SECRET=$v
+}
+
 # random_password — 32 random hex digits.
 random_password() { openssl rand -hex 16; }

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/secret"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/sink"
@@ -216,6 +217,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 2
 	}
 	defer func() { _ = logger.Sync() }()
+	warnReadableSecrets(kctx, logger)
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	kctx.Bind(&cli.Globals, stdio, logger)
 	if err := kctx.Run(); err != nil {
@@ -230,6 +232,39 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 1
 	}
 	return 0
+}
+
+// warnReadableSecrets logs a warning for each secret file of the command
+// (a flag tagged secretfile, from the command line, the environment or
+// --config) that every user of the machine may read: once per file,
+// naming the file, its mode and the flags that name it, never its
+// content. The command still runs: Kubernetes mounts a secret with mode
+// 0644 unless its volume sets defaultMode, and refusing that would stop
+// every such deployment. A value that names no regular file (missing, or
+// a secret given where its file's name belongs) draws no warning, so a
+// secret is never shown here; reading it reports it.
+func warnReadableSecrets(kctx *kong.Context, log *zap.Logger) {
+	var files []string
+	flags := map[string][]string{}
+	for _, f := range kctx.Flags() {
+		if !f.Tag.Has("secretfile") {
+			continue
+		}
+		path, _ := kctx.FlagValue(f).(string)
+		if path == "" {
+			continue
+		}
+		if _, seen := flags[path]; !seen {
+			files = append(files, path)
+		}
+		flags[path] = append(flags[path], "--"+f.Name)
+	}
+	for _, path := range files {
+		if mode, ok := secret.ReadableByOthers(path); ok {
+			log.Warn("secret file is readable by every user of this machine: chmod 600 it, or in Kubernetes give its secret volume defaultMode: 0400 and the pod an fsGroup (docs/operations.md, Secrets)",
+				zap.String("file", path), zap.String("mode", fmt.Sprintf("%04o", mode)), zap.Strings("flags", flags[path]))
+		}
+	}
 }
 
 // OSIO returns the process's standard streams.

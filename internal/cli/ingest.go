@@ -21,7 +21,7 @@ import (
 type IngestFlags struct {
 	Addr              string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
 	TLSCertFile       string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
-	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE"` // not kong's existingfile: its error would quote a key set here by mistake
+	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" secretfile:""` // not kong's existingfile: its error would quote a key set here by mistake
 	RequireTime       bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
 	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
 	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`

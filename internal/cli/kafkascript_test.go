@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,17 +158,10 @@ func TestRealSecuredKafkaScriptUsers(t *testing.T) {
 // and returns its output; k connects to the broker once started.
 func scriptBroker(t *testing.T) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
 	t.Helper()
-	_, p, err := net.SplitHostPort(testenv.RealKafkaSASL(t).Brokers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(base + 2)
+	seed := testenv.RealKafkaSASL(t).Brokers[0]
+	port := testenv.PortAbove(t, seed, 2)
 	dir := t.TempDir()
-	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + strconv.Itoa(base+3), "KAFKA_DATA_DIR=" + dir,
+	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, 3), "KAFKA_DATA_DIR=" + dir,
 		"KAFKA_SECURITY=sasl_ssl", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KAFKA_") { // make exports KAFKA_PORT
@@ -433,5 +425,65 @@ func TestRealKafkaScriptStartFresh(t *testing.T) {
 	out := script(nil, "start-fresh")
 	if td := topicsNow(); td.Has(stale) {
 		t.Errorf("start-fresh of a stopped broker kept the topic %s of its old data dir:\n%s", stale, out)
+	}
+}
+
+// TestRealSecuredKafkaScriptPasswordsOffCommandLine: no JVM that
+// kafka.sh starts for a secured broker carries a password in its
+// arguments, which every user of the machine can read (ps,
+// /proc/<pid>/cmdline): the script, given a JAVA_HOME whose java records
+// its arguments and then runs the real one, formats a new data dir with
+// its SCRAM users, starts the broker and creates the users and ACLs; no
+// password of passwords/ is among the arguments. (The script's other
+// children are openssl, which makes the passwords on its output, and text
+// tools given none.) Then admin and every user log in with SCRAM-SHA-512
+// and PLAIN.
+func TestRealSecuredKafkaScriptPasswordsOffCommandLine(t *testing.T) {
+	java, err := exec.LookPath("java")
+	if err != nil {
+		t.Skip("SKIP: no java")
+	}
+	if java, err = filepath.EvalSymlinks(java); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	argsLog := filepath.Join(home, "args")
+	if err := os.Mkdir(filepath.Join(home, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wrapper := "#!/bin/sh\n{ for a in \"$@\"; do printf '%s\\n' \"$a\"; done; echo =====; } >>'" + argsLog + "'\nexec '" + java + "' \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(home, "bin", "java"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script, k := scriptBroker(t)
+	script([]string{"JAVA_HOME=" + home}, "start")
+
+	b, err := os.ReadFile(argsLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := string(b)
+	for _, main := range []string{"kafka.tools.StorageTool\nformat\n", "kafka.Kafka\n", "SecuritySetup.java\n"} {
+		if !strings.Contains(args, main) {
+			t.Fatalf("the script ran no %s through JAVA_HOME's java; its arguments:\n%s", strings.TrimSpace(main), args)
+		}
+	}
+	entries, err := os.ReadDir(filepath.Join(k.Dir, "passwords"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) < 10 {
+		t.Fatalf("%d password files, want admin and the 9 default users", len(entries))
+	}
+	for _, e := range entries {
+		user := e.Name()
+		if strings.Contains(args, k.Password(t, user)) {
+			t.Errorf("the password of %s is on the command line of a JVM the script started", user)
+		}
+		for _, mech := range []string{kafka.ScramSHA512, kafka.Plain} {
+			if err := kafka.CheckCredentials(ctxT(t, 30*time.Second), k.Config(t, user, mech)); err != nil {
+				t.Errorf("%s with %s: %v", user, mech, err)
+			}
+		}
 	}
 }

@@ -28,7 +28,7 @@ type TLSFlags struct {
 	Enabled    bool   `name:"tls" help:"Connect over TLS (implied by any other TLS flag of this connection)."`
 	CAFile     string `name:"tls-ca-file" help:"PEM file of the CA certificates the server's certificate must chain to (default: the system's)." placeholder:"FILE"`
 	CertFile   string `name:"tls-cert-file" help:"PEM client certificate, for a server that asks for one." placeholder:"FILE"`
-	KeyFile    string `name:"tls-key-file" help:"PEM private key of the client certificate (unencrypted; keep the file private)." placeholder:"FILE"`
+	KeyFile    string `name:"tls-key-file" help:"PEM private key of the client certificate (unencrypted; keep the file private)." placeholder:"FILE" secretfile:""`
 	ServerName string `name:"tls-server-name" help:"Name the server's certificate must carry (default: the host dialled)." placeholder:"NAME"`
 }
 
@@ -40,14 +40,14 @@ func (f TLSFlags) files() tlsconfig.Files {
 type KafkaFlags struct {
 	SASLMechanism    string   `name:"sasl-mechanism" help:"SASL mechanism: SCRAM-SHA-512 or PLAIN (PLAIN only with TLS); empty: no SASL." enum:",SCRAM-SHA-512,PLAIN" default:""`
 	SASLUser         string   `name:"sasl-user" help:"SASL user name (the principal User:<name> in ACLs)." placeholder:"NAME"`
-	SASLPasswordFile string   `name:"sasl-password-file" help:"File holding the SASL password; or set METERLINE_KAFKA_SASL_PASSWORD. There is no flag for the password itself." placeholder:"FILE"`
+	SASLPasswordFile string   `name:"sasl-password-file" help:"File holding the SASL password; or set METERLINE_KAFKA_SASL_PASSWORD. There is no flag for the password itself." placeholder:"FILE" secretfile:""`
 	TLS              TLSFlags `embed:""`
 }
 
 // ClickHouseFlags secure the ClickHouse connection: --clickhouse-*.
 type ClickHouseFlags struct {
 	User         string   `help:"ClickHouse user." default:"default"`
-	PasswordFile string   `help:"File holding the ClickHouse password; or set METERLINE_CLICKHOUSE_PASSWORD. There is no flag for the password itself." placeholder:"FILE"`
+	PasswordFile string   `help:"File holding the ClickHouse password; or set METERLINE_CLICKHOUSE_PASSWORD. There is no flag for the password itself." placeholder:"FILE" secretfile:""`
 	TLS          TLSFlags `embed:""`
 }
 

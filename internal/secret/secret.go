@@ -138,3 +138,18 @@ func looksLikePath(path string) bool {
 	fi, err := os.Stat(dir)
 	return err == nil && fi.IsDir()
 }
+
+// ReadableByOthers reports whether the regular file at path may be read
+// by every user of the machine (its mode has o+r, 0o004), and its
+// permission bits. It follows symbolic links: the files of a Kubernetes
+// secret volume are links to files of mode defaultMode (0644 unless set).
+// A path that does not name a regular file (missing, or a secret given
+// where the name of its file belongs) is not reported: reading it fails
+// on its own.
+func ReadableByOthers(path string) (fs.FileMode, bool) {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.Mode().IsRegular() {
+		return 0, false
+	}
+	return fi.Mode().Perm(), fi.Mode().Perm()&0o004 != 0
+}

@@ -121,3 +121,35 @@ func TestLoadNeverQuotesASecretGivenAsAFileName(t *testing.T) {
 		t.Errorf("missing file in an existing directory: %v; want its path named", err)
 	}
 }
+
+// TestReadableByOthers: a file every user may read (0644, 0604, through
+// a symbolic link as in a Kubernetes secret volume) is reported with its
+// mode; one of mode 0600, 0640 or 0400, a directory, a missing file and a
+// secret given as the name are not.
+func TestReadableByOthers(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(pw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(file("target", 0o644), link); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{file("a", 0o644): 0o644, file("b", 0o604): 0o604, link: 0o644} {
+		if mode, ok := ReadableByOthers(path); !ok || mode != want {
+			t.Errorf("%s: %v, %v; want %v, true", path, mode, ok, want)
+		}
+	}
+	for _, path := range []string{file("c", 0o600), file("d", 0o640), file("e", 0o400), dir, filepath.Join(dir, "missing"), pw} {
+		if mode, ok := ReadableByOthers(path); ok {
+			t.Errorf("%s: %v, reported readable by others", path, mode)
+		}
+	}
+}

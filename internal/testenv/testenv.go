@@ -8,8 +8,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -42,6 +44,23 @@ func RealKafka(t testing.TB) []string {
 		t.Skipf("SKIP: real Kafka integration test; set %s=host:port (make test does) and drop -short", EnvKafka)
 	}
 	return strings.Split(v, ",")
+}
+
+// PortAbove returns the port n above that of addr (host:port). A test
+// that starts a server of its own (with a deploy/local script) takes its
+// ports at fixed offsets above a real test service's, from the block of
+// ports that service's runner owns.
+func PortAbove(t testing.TB, addr string, n int) string {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatalf("port of %s: %v", addr, err)
+	}
+	return strconv.Itoa(port + n)
 }
 
 // RealClickHouse returns the native address of the real test ClickHouse,

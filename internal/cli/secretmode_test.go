@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestWarnsOfSecretFilesOthersCanRead: at start, a command logs one
+// warning for each secret file that every user of the machine may read
+// (o+r: Kubernetes mounts secrets 0644 unless told otherwise), naming the
+// file, its mode and the flag or flags that name it, never its content;
+// it still runs. A file of mode 0600 or 0640 draws none, and neither do
+// non-secret files (a certificate) nor a secret given where the name of
+// its file belongs. The flags here are every secret file flag of
+// `meterline run --ingest`, one through its environment variable.
+func TestWarnsOfSecretFilesOthersCanRead(t *testing.T) {
+	file := tempFiles(t)
+	chmod := func(p string, mode os.FileMode) string {
+		t.Helper()
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const kafkaPW, chPW, keyPEM = "kafka-Secret-1", "ch-Secret-2", "-----BEGIN PRIVATE KEY-----\nKEYMATERIAL\n-----END PRIVATE KEY-----\n"
+	ring, err := os.ReadFile(testenv.DedupKeysFile(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kafkaPWFile := chmod(file("kafka.pw", kafkaPW+"\n"), 0o644)
+	chPWFile := chmod(file("ch.pw", chPW+"\n"), 0o600)
+	keys := chmod(file("dedup.keys", string(ring)), 0o604)
+	key := chmod(file("ingest-key.pem", keyPEM), 0o640)
+	cert := chmod(file("ingest.pem", "-----BEGIN CERTIFICATE-----\nCERT\n-----END CERTIFICATE-----\n"), 0o644)
+	t.Setenv("METERLINE_KAFKA_SASL_PASSWORD_FILE", kafkaPWFile)
+	args := []string{"run", "--validate", "--instance-id", "a", "--ingest",
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "u",
+		"--clickhouse-password-file", chPWFile, "--dedup-keys-file", keys,
+		"--ingest-tls-cert-file", cert, "--ingest-tls-key-file", key}
+	code, out, errOut := run(t, "", args...)
+	if code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	type warning struct {
+		Level, Msg, File, Mode string
+		Flags                  []string
+	}
+	var got []warning
+	for _, l := range strings.Split(strings.TrimSpace(errOut), "\n") {
+		var w warning
+		if err := json.Unmarshal([]byte(l), &w); err != nil || !strings.Contains(w.Msg, "secret file") {
+			continue
+		}
+		got = append(got, w)
+	}
+	want := []warning{
+		{Level: "warn", File: kafkaPWFile, Mode: "0644", Flags: []string{"--kafka-sasl-password-file"}},
+		{Level: "warn", File: keys, Mode: "0604", Flags: []string{"--dedup-keys-file"}},
+	}
+	slices.SortFunc(got, func(a, b warning) int { return strings.Compare(a.File, b.File) })
+	slices.SortFunc(want, func(a, b warning) int { return strings.Compare(a.File, b.File) })
+	if len(got) != len(want) {
+		t.Fatalf("%d warnings about secret files, want %d:\n%s", len(got), len(want), errOut)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Level != w.Level || g.File != w.File || g.Mode != w.Mode || !slices.Equal(g.Flags, w.Flags) ||
+			!strings.Contains(g.Msg, "chmod 600") || !strings.Contains(g.Msg, "defaultMode") {
+			t.Errorf("warning %+v, want %+v and a message that says how to fix it", g, w)
+		}
+	}
+	for _, s := range []string{kafkaPW, chPW, "KEYMATERIAL", strings.Fields(string(ring))[1]} {
+		if strings.Contains(out+errOut, s) {
+			t.Errorf("the output shows a secret's content %q:\n%s", s, errOut)
+		}
+	}
+
+	// One file under two flags: one warning naming both. A secret given
+	// as a file's name: none. Any command warns, before it runs.
+	chmod(chPWFile, 0o644)
+	code, out, errOut = run(t, "", "version", "--clickhouse-password-file", chPWFile,
+		"--kafka-sasl-password-file", chPWFile, "--clickhouse-tls-key-file", chPW)
+	if code != 0 || strings.Count(errOut, "secret file") != 1 || !strings.Contains(errOut, `"flags":["--kafka-sasl-password-file","--clickhouse-password-file"]`) {
+		t.Errorf("one file under two flags: exit %d, want one warning naming both flags\n%s%s", code, out, errOut)
+	}
+}
