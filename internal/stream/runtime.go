@@ -205,6 +205,14 @@ type partState struct {
 type activePart struct {
 	epoch uint64
 	part  Partition
+	// start holds, for each input topic the group had no committed offset
+	// of when the partition was assigned, the offset its reading starts
+	// from (listed by the restore before the partition resumed); nil:
+	// none. The first transaction that writes for the partition commits
+	// these offsets (fenceFirst), and later ones fence with them
+	// (startCommitted) until the group's offsets say more.
+	start          map[string]int64
+	startCommitted bool
 }
 
 type eventKind int
@@ -219,6 +227,7 @@ type event struct {
 	p     int32
 	epoch uint64
 	part  Partition
+	start map[string]int64 // evRestored: activePart.start
 }
 
 // New opens the state store and prepares the runtime; Run starts it.
