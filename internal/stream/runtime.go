@@ -26,7 +26,10 @@
 //     runSession in session.go).
 //  6. Offsets are never reset silently: no automatic offset reset, the last
 //     input offset kept in state and checked against the group's committed
-//     offset on every restore.
+//     offset on every restore. A partition the group has no committed
+//     offset of is read from its start, which the first transaction that
+//     writes for it commits, state included, so that a zombie's
+//     transactions for it are fenced too (fenceFirst in work.go).
 //
 // Files: runtime.go (Runtime, Run), session.go (one Kafka session: its
 // loop, the group's assign and revoke callbacks), process.go (polled

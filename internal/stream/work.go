@@ -20,9 +20,10 @@ const noWorker = -1
 // assigned gets its first Work once one of its transactions committed an
 // offset: its first that consumed input, or one that committed the offset
 // its reading starts from (fenceFirst). Any transaction for it is fenced
-// before that too (fence); Work waits so that a chunk is never the
-// partition's first transaction, whose input decides its work
-// (TestFinalAfterAbortedTransaction aborts such a deciding transaction).
+// before that too (fence); the wait keeps the partition's first
+// transaction, whose input decides its first work, free of chunks: it
+// commits at the commit interval, as one without work does
+// (TestFinalAfterAbortedTransaction has a rebalance abort it).
 func (rt *Runtime) nextWorker() (p int32, a *activePart, w Worker, ok bool) {
 	some := false // the common case, after every poll: nobody has work
 	for _, a := range rt.active {
