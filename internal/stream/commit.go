@@ -136,6 +136,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 			rt.abortOpen()
 			return err
 		}
+		rt.fenceFirst()
 	}
 	rt.produceChangelog()
 	// Guarantee: nothing of this transaction is visible to read_committed
@@ -187,6 +188,9 @@ func (rt *Runtime) committed() {
 			rt.m.out(c.topic).Add(float64(c.n))
 		}
 		if a, ok := rt.active[p]; ok && a.epoch == rt.txEpoch[p] {
+			if ov.startFenced {
+				a.startCommitted = true // the group has the start offsets now
+			}
 			if c, ok := a.part.(Committer); ok {
 				c.Committed()
 			}

@@ -340,14 +340,7 @@ func zombieAfterRebalance(t *testing.T, s *suite) {
 // wake is closed, as a paused process's would stop: the member does not
 // learn that the group moved on. It returns whether wake is closed.
 func (s *suite) holdHeartbeats(member string, wake <-chan struct{}) (woken func() bool) {
-	woken = func() bool {
-		select {
-		case <-wake:
-			return true
-		default:
-			return false
-		}
-	}
+	woken = closed(wake)
 	s.cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		s.cluster.KeepControl()
 		if req.(*kmsg.HeartbeatRequest).MemberID == member && !woken() {
@@ -356,6 +349,18 @@ func (s *suite) holdHeartbeats(member string, wake <-chan struct{}) (woken func(
 		return nil, nil, false
 	})
 	return woken
+}
+
+// closed returns whether ch is closed.
+func closed(ch <-chan struct{}) func() bool {
+	return func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
 }
 
 // commitOutcomeUnknown: "commit outcome unknown — re-initialise, rejoin,

@@ -22,11 +22,12 @@ type Partition interface {
 	// are emitted and state changed through tx. An error stops the stage;
 	// bad input must be handled (rejected), not returned.
 	Process(tx *Tx, recs []*kgo.Record) error
-	// Punctuate runs every punctuate interval for a ready partition. The
-	// transaction commits the partition's offsets too, unchanged when it
-	// consumed none of its input, so that the group generation fences a
-	// zombie's punctuation as it fences its input (DESIGN §3); until the
-	// partition has a committed offset, nothing can fence it.
+	// Punctuate runs every punctuate interval for a ready partition. A
+	// transaction in which it wrote state or emitted commits the
+	// partition's offsets too, unchanged when it consumed none of its
+	// input (the offset its reading starts from, for a topic the group has
+	// none of yet), so that the group generation fences a zombie's
+	// punctuation as it fences its input (DESIGN §3).
 	Punctuate(tx *Tx) error
 	// Close releases the partition when it is revoked or the stage stops.
 	Close()
@@ -94,10 +95,12 @@ func (ps *PartitionState) Scan(lower, upper []byte, fn func(k, v []byte) error) 
 //     partition's chunk, plus the input polled with it.
 //
 // A transaction that carries a chunk commits its partition's offset too,
-// unchanged when it consumed no input of that partition, so that the group
-// generation fences a zombie's chunk as it fences its input (DESIGN §3:
-// every transaction consumes offsets). Until the partition has a committed
-// offset, its work waits.
+// unchanged when it consumed no input of that partition (the offset its
+// reading starts from, for a topic the group has none of yet), so that
+// the group generation fences a zombie's chunk as it fences its input
+// (DESIGN §3: every transaction consumes offsets). A partition whose
+// input the group had no committed offset of gets its first Work once a
+// transaction of it committed one (Runtime.nextWorker).
 type Worker interface {
 	// HasWork reports whether Work has something to do. The run loop
 	// calls it after every poll: it must be cheap.

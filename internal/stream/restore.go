@@ -20,13 +20,15 @@ import (
 const restoreBatch = 5000
 
 // restore rebuilds partition p's state from the changelog, checks it
-// against the group's committed offset, opens the processor's partition
-// and resumes fetching. It runs on its own goroutine while p is paused, so
-// a long restore never holds up the rebalance.
-func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed map[string]int64) {
+// against the group's committed offset, lists the start offset of each
+// input topic in fromStart (those the group has no committed offset of,
+// read from their start), opens the processor's partition and resumes
+// fetching. It runs on its own goroutine while p is paused, so a long
+// restore never holds up the rebalance.
+func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed map[string]int64, fromStart []string) {
 	start := time.Now()
 	log := rt.log.With(zap.Int32("partition", p))
-	part, replayed, err := rt.restorePartition(ctx, adm, log, p, committed)
+	part, starts, replayed, err := rt.restorePartition(ctx, adm, log, p, committed, fromStart)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("restore abandoned: partition revoked")
@@ -36,8 +38,12 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 		return
 	}
 	rt.m.restoreSeconds.Observe(time.Since(start).Seconds())
-	log.Info("partition restored", zap.Int64("changelog_records", replayed), zap.Duration("took", time.Since(start)),
-		zap.Any("committed_offsets", committed))
+	fields := []zap.Field{zap.Int64("changelog_records", replayed), zap.Duration("took", time.Since(start)),
+		zap.Any("committed_offsets", committed)}
+	if len(starts) > 0 {
+		fields = append(fields, zap.Any("start_offsets", starts))
+	}
+	log.Info("partition restored", fields...)
 	rt.mu.Lock()
 	ps, ok := rt.parts[p]
 	if !ok || ps.epoch != epoch {
@@ -46,7 +52,7 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 		return
 	}
 	ps.cancel = nil
-	rt.events = append(rt.events, event{kind: evRestored, p: p, epoch: epoch, part: part})
+	rt.events = append(rt.events, event{kind: evRestored, p: p, epoch: epoch, part: part, start: starts})
 	// Queue the install before resuming: the run loop handles events
 	// before it processes the records of a poll. Resume under mu, as
 	// adjustOffsets pauses: a partition assigned anew once this restore
@@ -65,7 +71,7 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	rt.notify()
 }
 
-func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64) (Partition, int64, error) {
+func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64, fromStart []string) (Partition, map[string]int64, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(ctx, p)
@@ -98,7 +104,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 				rt.observeRestore(he.pace.Read, he.pace.reading())
 				rt.m.restoreHorizonExceeded.Inc()
 				log.Error("refusing to restore: "+msg, fields...)
-				return nil, replayed, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
+				return nil, nil, replayed, fmt.Errorf("stream: restore partition %d: %w: %s", p, ErrRestoreHorizon, msg)
 			}
 			log.Warn("the restore read changelog records later than its checkpoint's date allows; planning again: "+msg, fields...)
 			warm = nil
@@ -106,7 +112,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 		}
 		rt.noteHorizonAttempts(p, 0)
 		if err != nil {
-			return nil, replayed, err
+			return nil, nil, replayed, err
 		}
 		warm = w
 		break
@@ -117,14 +123,40 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 	// re-count.
 	for _, topic := range rt.cfg.inputs() {
 		if err := rt.checkInputOffset(p, topic, committed[topic]); err != nil {
-			return nil, replayed, err
+			return nil, nil, replayed, err
 		}
+	}
+	// Listed before the partition resumes: kgo reads from the start it
+	// lists itself, at or below this one (a start offset only grows), so
+	// every record the partition will be given is at or past it.
+	starts, err := rt.startOffsets(ctx, adm, p, fromStart)
+	if err != nil {
+		return nil, nil, replayed, err
 	}
 	part, err := rt.proc.Open(p, &PartitionState{s: rt.store, p: p, warm: warm})
 	if err != nil {
-		return nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
+		return nil, nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
 	}
-	return part, replayed, nil
+	return part, starts, replayed, nil
+}
+
+// startOffsets lists the start offset of partition p of each topic in
+// topics: where the partition's reading of a topic the group has no
+// committed offset of starts, the offset its first transaction commits
+// (fenceFirst). nil if topics is empty.
+func (rt *Runtime) startOffsets(ctx context.Context, adm *kadm.Client, p int32, topics []string) (map[string]int64, error) {
+	if len(topics) == 0 {
+		return nil, nil
+	}
+	starts := make(map[string]int64, len(topics))
+	for _, t := range topics {
+		o, err := rt.listedOffset(ctx, adm.ListStartOffsets, t, "topic "+t, p, "start")
+		if err != nil {
+			return nil, err
+		}
+		starts[t] = o
+	}
+	return starts, nil
 }
 
 // restoreState plans partition p's copy of the changelog and replays it
@@ -239,37 +271,44 @@ func (rt *Runtime) mismatchHint(state, committed int64) string {
 // the stage's own check of the partition count must get to say so.
 const missingAttempts = 6
 
-// changelogOffset lists the start or end offset of changelog partition p.
-// A new or moving changelog partition answers with retriable errors (no
-// leader yet) for a moment, and on a cluster a listing fails outright
-// while the partition's leader is a broker that died or paused and the
-// controller has not moved its leadership yet (a shard error: the dial is
-// refused or times out, and the partition is missing from the answer):
-// both are retried, every 500 ms for up to a minute. An authorization
-// failure is not, and neither is a listing that succeeds without p (the
-// changelog has fewer partitions than the input).
+// changelogOffset lists the start or end offset of changelog partition p
+// (listedOffset).
 func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
+	return rt.listedOffset(ctx, list, rt.cfg.ChangelogTopic, "changelog "+rt.cfg.ChangelogTopic, p, which)
+}
+
+// listedOffset lists an offset (which: start, end, last stable) of
+// partition p of topic, named what in errors. A new or moving partition
+// answers with retriable errors (no leader yet) for a moment, and on a
+// cluster a listing fails outright while the partition's leader is a
+// broker that died or paused and the controller has not moved its
+// leadership yet (a shard error: the dial is refused or times out, and the
+// partition is missing from the answer): both are retried, every 500 ms
+// for up to a minute. An authorization failure is not, and neither is a
+// listing that succeeds without p (the topic has fewer partitions than the
+// input).
+func (rt *Runtime) listedOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), topic, what string, p int32, which string) (int64, error) {
 	const attempts = 120
 	for attempt := 1; ; attempt++ {
-		offs, err := list(ctx, rt.cfg.ChangelogTopic)
-		lo, ok := offs.Lookup(rt.cfg.ChangelogTopic, p)
+		offs, err := list(ctx, topic)
+		lo, ok := offs.Lookup(topic, p)
 		switch {
 		case ok && lo.Err == nil:
 			return lo.Offset, nil
 		case ctx.Err() != nil:
 			return 0, ctx.Err()
 		case errors.As(err, new(*kadm.AuthError)):
-			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset: %w", p, rt.cfg.ChangelogTopic, which, err)
+			return 0, fmt.Errorf("stream: restore partition %d: %s %s offset: %w", p, what, which, err)
 		case err == nil && !ok && attempt >= missingAttempts:
-			return 0, fmt.Errorf("stream: restore partition %d: changelog %s has no partition %d (it must have as many partitions as %s)",
-				p, rt.cfg.ChangelogTopic, p, rt.cfg.InputTopic)
+			return 0, fmt.Errorf("stream: restore partition %d: %s has no partition %d (it must have as many partitions as %s)",
+				p, what, p, rt.cfg.InputTopic)
 		case ok && !kerr.IsRetriable(lo.Err):
-			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset: %w", p, rt.cfg.ChangelogTopic, which, lo.Err)
+			return 0, fmt.Errorf("stream: restore partition %d: %s %s offset: %w", p, what, which, lo.Err)
 		case attempt >= attempts:
 			if err == nil {
 				err = lo.Err
 			}
-			return 0, fmt.Errorf("stream: restore partition %d: changelog %s %s offset, %d attempts: %w", p, rt.cfg.ChangelogTopic, which, attempt, err)
+			return 0, fmt.Errorf("stream: restore partition %d: %s %s offset, %d attempts: %w", p, what, which, attempt, err)
 		}
 		select {
 		case <-ctx.Done():

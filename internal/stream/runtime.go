@@ -26,7 +26,10 @@
 //     runSession in session.go).
 //  6. Offsets are never reset silently: no automatic offset reset, the last
 //     input offset kept in state and checked against the group's committed
-//     offset on every restore.
+//     offset on every restore. A partition the group has no committed
+//     offset of is read from its start, which the first transaction that
+//     writes for it commits, state included, so that a zombie's
+//     transactions for it are fenced too (fenceFirst in work.go).
 //
 // Files: runtime.go (Runtime, Run), session.go (one Kafka session: its
 // loop, the group's assign and revoke callbacks), process.go (polled
@@ -205,6 +208,14 @@ type partState struct {
 type activePart struct {
 	epoch uint64
 	part  Partition
+	// start holds, for each input topic the group had no committed offset
+	// of when the partition was assigned, the offset its reading starts
+	// from (listed by the restore before the partition resumed); nil:
+	// none. The first transaction that writes for the partition commits
+	// these offsets (fenceFirst), and later ones fence with them
+	// (startCommitted) until the group's offsets say more.
+	start          map[string]int64
+	startCommitted bool
 }
 
 type eventKind int
@@ -219,6 +230,7 @@ type event struct {
 	p     int32
 	epoch uint64
 	part  Partition
+	start map[string]int64 // evRestored: activePart.start
 }
 
 // New opens the state store and prepares the runtime; Run starts it.

@@ -262,7 +262,7 @@ func (rt *Runtime) handleEvents() {
 			if a, ok := rt.active[ev.p]; ok {
 				a.part.Close()
 			}
-			rt.active[ev.p] = &activePart{epoch: ev.epoch, part: ev.part}
+			rt.active[ev.p] = &activePart{epoch: ev.epoch, part: ev.part, start: ev.start}
 		}
 	}
 	rt.m.owned.Set(float64(len(rt.active)))
@@ -345,6 +345,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 	rt.sess.Client().PauseFetchPartitions(pause)
 	for p := range parts {
 		committed := make(map[string]int64, len(inputs))
+		var fromStart []string // the topics of p the group has no committed offset of
 		for _, t := range inputs {
 			committed[t] = -1 // not assigned with p: the restore's check says so
 			o, ok := offsets[t][p]
@@ -358,8 +359,11 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			// The group has none. A first start reads from the earliest
 			// offset (DESIGN §6.6). kgo passes the reset offset here,
 			// and NoResetOffset means the end of the partition, which
-			// would skip existing input.
+			// would skip existing input. The restore lists that offset
+			// too, and the partition's first transaction commits it
+			// (fenceFirst in work.go).
 			offsets[t][p] = kgo.NoResetOffset().AtStart()
+			fromStart = append(fromStart, t)
 		}
 		old, held := rt.parts[p]
 		if held && old.cancel != nil {
@@ -389,7 +393,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 					rt.setFatal(fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point))
 				}
 			}()
-			rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed)
+			rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed, fromStart)
 		}()
 	}
 	rt.mu.Unlock()

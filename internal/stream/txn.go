@@ -30,7 +30,10 @@ type overlay struct {
 	// inputNext is the next input offset after this transaction, by the
 	// state key of its topic (Config.inputOffsetKey); nil: none consumed.
 	inputNext map[string]int64
-	touched   bool
+	// startFenced: inputNext holds a start offset fenceFirst recorded
+	// (work.go), committed with the transaction.
+	startFenced bool
+	touched     bool
 	// in and out count the records this transaction consumed and emitted
 	// for the partition, by topic: added to records_in and records_out
 	// when it commits (Runtime.committed), dropped with the overlay when

@@ -15,8 +15,15 @@ import (
 const noWorker = -1
 
 // nextWorker returns the next partition, in turn from workNext, whose
-// Worker has work and that has a committed offset to fence it with; ok is
-// false if there is none.
+// Worker has work and that has an offset committed; ok is false if there
+// is none. A partition the group had no committed offset of when it was
+// assigned gets its first Work once one of its transactions committed an
+// offset: its first that consumed input, or one that committed the offset
+// its reading starts from (fenceFirst). Any transaction for it is fenced
+// before that too (fence); the wait keeps the partition's first
+// transaction, whose input decides its first work, free of chunks: it
+// commits at the commit interval, as one without work does
+// (TestFinalAfterAbortedTransaction has a rebalance abort it).
 func (rt *Runtime) nextWorker() (p int32, a *activePart, w Worker, ok bool) {
 	some := false // the common case, after every poll: nobody has work
 	for _, a := range rt.active {
@@ -45,8 +52,8 @@ func (rt *Runtime) nextWorker() (p int32, a *activePart, w Worker, ok bool) {
 		if !read {
 			committed, read = rt.sess.Client().CommittedOffsets()[rt.cfg.InputTopic], true
 		}
-		if _, fenced := committed[p]; !fenced {
-			continue // nothing to fence its chunks with yet: wait for input
+		if _, ok := committed[p]; !ok && !a.startCommitted {
+			continue // no transaction of it committed yet: wait for one
 		}
 		return p, a, w, true
 	}
@@ -82,23 +89,73 @@ func (rt *Runtime) work() error {
 	return nil
 }
 
+// fenced reports whether the open transaction must be fenced for
+// partition p, whose overlay is ov: it writes state or outputs for it (it
+// consumed its input, or a punctuation had an effect), or did its Work.
+func (rt *Runtime) fenced(p int32, ov *overlay) bool {
+	return ov.touched || len(ov.out) > 0 || p == rt.txWorked
+}
+
+// fenceFirst runs before the open transaction's changelog is produced. For
+// each partition it is fenced for, it records, for each input topic the
+// group had no committed offset of at the partition's assignment and that
+// has none yet, the offset the partition's reading of it starts from
+// (activePart.start) as the topic's next input offset, as if the
+// transaction had consumed up to there: the state and the changelog carry
+// it, and fence commits it. A topic whose input the transaction consumed
+// keeps the offset after its records. So the partition's first
+// transaction commits an offset of every input topic, which every later
+// transaction for it fences with, and the restore's check of the state's
+// offset against the group's holds.
+func (rt *Runtime) fenceFirst() {
+	var committed map[string]map[int32]kgo.EpochOffset
+	read := false
+	for _, p := range sortedPartitions(rt.ovs) {
+		ov := rt.ovs[p]
+		a, ok := rt.active[p]
+		if !ok || a.epoch != rt.txEpoch[p] || len(a.start) == 0 || a.startCommitted || !rt.fenced(p, ov) {
+			continue
+		}
+		if !read {
+			committed, read = rt.sess.Client().CommittedOffsets(), true
+		}
+		for _, topic := range rt.cfg.inputs() {
+			start, fromStart := a.start[topic]
+			k := rt.cfg.inputOffsetKey(topic)
+			if _, consumed := ov.inputNext[k]; !fromStart || consumed {
+				continue
+			}
+			if _, ok := committed[topic][p]; ok {
+				continue
+			}
+			if ov.inputNext == nil {
+				ov.inputNext = map[string]int64{}
+			}
+			ov.inputNext[k] = start
+			ov.touched = true
+			ov.startFenced = true
+		}
+	}
+}
+
 // fence returns ctx for ending the open transaction: its TxnOffsetCommit
-// carries, for every partition the transaction wrote for (state or outputs:
-// it consumed the partition's input, or a punctuation had an effect) or did
-// Work of, the partition's offset of every input topic, the one committed
-// before for a topic of which it consumed no input. So the group generation
-// fences every transaction of a zombie, one that only punctuated an idle
-// partition (dedup's ticks and metadata) or did a chunk of work included,
-// as it fences one that consumed input (DESIGN §3, §6): a transaction
-// without an offset is not checked against the group, and a member that
-// has not heard yet that the group moved on would commit state and outputs
-// of a partition another member owns now. A partition punctuated without
-// an effect needs no fence (the aggregator punctuates every partition, and
-// most of its punctuations do nothing). A topic with no committed offset
-// yet is left out; a transaction with none at all (its partitions never
-// had input committed) is not fenced, which is why Work waits for one. The
-// offsets are read here, not in the hook, which runs under kgo's
-// transaction lock.
+// carries, for every partition the transaction is fenced for (fenced), the
+// partition's offset of every input topic: the new one of a topic it
+// consumed input of, the one committed before for any other. So the group
+// generation fences every transaction of a zombie, one that only
+// punctuated an idle partition (dedup's ticks and metadata) or did a chunk
+// of work included, as it fences one that consumed input (DESIGN §3, §6):
+// a transaction without an offset is not checked against the group, and a
+// member that has not heard yet that the group moved on would commit state
+// and outputs of a partition another member owns now. A partition
+// punctuated without an effect needs no fence (the aggregator punctuates
+// every partition, and most of its punctuations do nothing). A topic the
+// group had no committed offset of when the partition was assigned has
+// one from the partition's first transaction on: that transaction commits
+// the offset the partition's reading starts from (fenceFirst), and later
+// ones fence with it (activePart.start: kgo's committed offsets do not
+// show an offset it did not consume). The offsets are read here, not in
+// the hook, which runs under kgo's transaction lock.
 func (rt *Runtime) fence(ctx context.Context) context.Context {
 	all := rt.sess.Client().CommittedOffsets()
 	type fence struct {
@@ -108,12 +165,27 @@ func (rt *Runtime) fence(ctx context.Context) context.Context {
 	}
 	var fences []fence
 	for _, p := range sortedPartitions(rt.ovs) {
-		if ov := rt.ovs[p]; !ov.touched && len(ov.out) == 0 && p != rt.txWorked {
+		ov := rt.ovs[p]
+		if !rt.fenced(p, ov) {
 			continue
 		}
+		a := rt.active[p]
 		for _, topic := range rt.cfg.inputs() {
 			if eo, ok := all[topic][p]; ok {
 				fences = append(fences, fence{topic, p, eo})
+				continue
+			}
+			// A topic it consumed is in the request already (addFence
+			// keeps that one); otherwise this is the start offset
+			// fenceFirst recorded in this transaction.
+			if o, ok := ov.inputNext[rt.cfg.inputOffsetKey(topic)]; ok {
+				fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}})
+				continue
+			}
+			if a != nil && a.epoch == rt.txEpoch[p] && a.startCommitted {
+				if o, ok := a.start[topic]; ok {
+					fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}})
+				}
 			}
 		}
 	}
