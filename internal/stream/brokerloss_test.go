@@ -79,9 +79,9 @@ func TestChangelogOffsetWaitsForALeader(t *testing.T) {
 		offs kadm.ListedOffsets
 		err  error
 	}
-	answers := func(steps ...answer) (func(context.Context, ...string) (kadm.ListedOffsets, error), *int) {
+	answers := func(steps ...answer) (func(context.Context) (kadm.ListedOffsets, error), *int) {
 		calls := 0
-		return func(context.Context, ...string) (kadm.ListedOffsets, error) {
+		return func(context.Context) (kadm.ListedOffsets, error) {
 			a := steps[min(calls, len(steps)-1)]
 			calls++
 			return a.offs, a.err

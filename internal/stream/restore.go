@@ -23,10 +23,10 @@ const restoreBatch = 5000
 // against the group's committed offset, opens the processor's partition
 // and resumes fetching. It runs on its own goroutine while p is paused, so
 // a long restore never holds up the rebalance.
-func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed map[string]int64) {
+func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, p int32, epoch uint64, committed map[string]int64) {
 	start := time.Now()
 	log := rt.log.With(zap.Int32("partition", p))
-	part, replayed, err := rt.restorePartition(ctx, adm, log, p, committed)
+	part, replayed, err := rt.restorePartition(ctx, sess.Client(), log, p, committed)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("restore abandoned: partition revoked")
@@ -65,13 +65,13 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	rt.notify()
 }
 
-func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64) (Partition, int64, error) {
+func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, committed map[string]int64) (Partition, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(ctx, p)
 	var replayed int64
 	for attempts := 1; ; attempts++ {
-		n, w, err := rt.restoreState(ctx, adm, log, p, warm)
+		n, w, err := rt.restoreState(ctx, cl, log, p, warm)
 		replayed += n
 		var he *horizonError
 		if errors.As(err, &he) && !errors.Is(err, ErrRestoreHorizon) {
@@ -133,7 +133,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 // warm's state (nil otherwise). A replay that outlasts the horizon of its
 // checkpoint's date fails with errBeyondHorizon; a full restore expected
 // not to fit the horizon is refused with ErrRestoreHorizon.
-func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
+func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
 	// either happened already or is skipped.
@@ -150,7 +150,7 @@ func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.
 	}
 	// DESIGN §6.8: a tail replay only while every tombstone past the
 	// checkpoint is certain to be still in the changelog.
-	cs, err := rt.planCopy(ctx, adm, log, p, "restore", cp, has)
+	cs, err := rt.planCopy(ctx, cl, log, p, "restore", cp, has)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -239,7 +239,10 @@ func (rt *Runtime) mismatchHint(state, committed int64) string {
 // the stage's own check of the partition count must get to say so.
 const missingAttempts = 6
 
-// changelogOffset lists the start or end offset of changelog partition p.
+// changelogOffset lists the start or end offset of changelog partition p
+// (list: changelogLister's, fenced by the partition's leader epoch; a
+// broker that lost the leadership answers NOT_LEADER_OR_FOLLOWER,
+// FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, retried as the others).
 // A new or moving changelog partition answers with retriable errors (no
 // leader yet) for a moment, and on a cluster a listing fails outright
 // while the partition's leader is a broker that died or paused and the
@@ -248,10 +251,10 @@ const missingAttempts = 6
 // both are retried, every 500 ms for up to a minute. An authorization
 // failure is not, and neither is a listing that succeeds without p (the
 // changelog has fewer partitions than the input).
-func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
+func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
 	const attempts = 120
 	for attempt := 1; ; attempt++ {
-		offs, err := list(ctx, rt.cfg.ChangelogTopic)
+		offs, err := list(ctx)
 		lo, ok := offs.Lookup(rt.cfg.ChangelogTopic, p)
 		switch {
 		case ok && lo.Err == nil:
