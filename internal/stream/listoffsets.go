@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -27,9 +28,9 @@ import (
 // or a punctuation.
 //
 // So the runtime lists a changelog partition's offsets with its current
-// leader epoch: the highest that the brokers holding its replicas report
-// (the new leader knows its epoch; the stale broker, asked alone, would
-// report its own), sent to the leader named with that epoch. A broker
+// leader epoch: the highest that the brokers report (the new leader knows
+// its epoch; the stale broker, asked alone, would report its own), sent to
+// the leader named with that epoch. A broker
 // behind that epoch answers UNKNOWN_LEADER_EPOCH, one ahead of it
 // FENCED_LEADER_EPOCH, one that no longer leads NOT_LEADER_OR_FOLLOWER: all
 // retriable, and changelogOffset lists again, from fresh metadata.
@@ -47,9 +48,9 @@ var (
 	listStart      = offsetQuery{isolation: 0, timestamp: -2} // the log start
 )
 
-// replicaMetadataWait bounds how long a listing waits for the metadata of
-// a partition's replicas: a broker that is paused answers nothing, and the
-// others' answers are enough.
+// replicaMetadataWait bounds how long a listing waits for the brokers'
+// metadata: a broker that is paused answers nothing, and the others'
+// answers are enough.
 const replicaMetadataWait = 2 * time.Second
 
 // changelogLister returns a listing of q's offset of changelog partition p
@@ -134,60 +135,67 @@ func isAuthErr(err error) bool {
 }
 
 // currentLeaders returns the leader and current leader epoch of topic's
-// partitions ps: the topic's metadata from any broker names the replicas
-// of each partition, and every replica is asked in turn (at once, for up
-// to replicaMetadataWait); a partition's leader is the one named with the
-// highest epoch any of them reports. A partition the first metadata lacks
-// is missing from the answer.
+// partitions ps: every broker the client knows is asked the topic's
+// metadata at once, and the answers that come within replicaMetadataWait
+// count (a paused broker answers nothing; asking any one broker alone, the
+// listing would wait for its request timeout when it is that one); a
+// partition's leader is the one named with the highest epoch any of them
+// reports. A partition no answer has is missing from the result; no
+// answer at all is an error.
 func currentLeaders(ctx context.Context, cl *kgo.Client, topic string, ps []int32) (map[int32]partitionLeader, error) {
-	first, err := topicMetadata(topic).RequestWith(ctx, cl)
-	if err != nil {
-		return nil, err
-	}
 	want := map[int32]bool{}
 	for _, p := range ps {
 		want[p] = true
 	}
 	leaders := map[int32]partitionLeader{}
-	replicas := map[int32]bool{}
-	found, err := mergeLeaders(leaders, first, topic, want)
-	if err != nil || !found {
-		return leaders, err
-	}
-	for _, t := range first.Topics {
-		if t.Topic == nil || *t.Topic != topic {
-			continue
+	bs := cl.DiscoveredBrokers()
+	if len(bs) == 0 { // a new client: the brokers come with a first answer
+		first, err := topicMetadata(topic).RequestWith(ctx, cl)
+		if err != nil {
+			return nil, err
 		}
-		for _, pt := range t.Partitions {
-			if want[pt.Partition] {
-				for _, r := range pt.Replicas {
-					replicas[r] = true
-				}
-			}
+		if _, err := mergeLeaders(leaders, first, topic, want); err != nil {
+			return nil, err
 		}
+		bs = cl.DiscoveredBrokers()
 	}
 
 	wctx, cancel := context.WithTimeout(ctx, replicaMetadataWait)
 	defer cancel()
 	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		answered int
+		authErr  error
+		lastErr  error
 	)
-	for r := range replicas {
+	for _, b := range bs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := topicMetadata(topic).RequestWith(wctx, cl.Broker(int(r)))
-			if err != nil {
-				return // paused, dead or unknown: the others answer
-			}
+			resp, err := topicMetadata(topic).RequestWith(wctx, b)
 			mu.Lock()
 			defer mu.Unlock()
-			_, _ = mergeLeaders(leaders, resp, topic, want)
+			if err != nil {
+				lastErr = err // paused, dead or gone: the others answer
+				return
+			}
+			answered++
+			if _, err := mergeLeaders(leaders, resp, topic, want); err != nil {
+				authErr = err
+			}
 		}()
 	}
 	wg.Wait()
-	return leaders, ctx.Err()
+	switch {
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case authErr != nil:
+		return nil, authErr
+	case answered == 0 && len(leaders) == 0:
+		return nil, fmt.Errorf("no broker answered the metadata of %s: %w", topic, lastErr)
+	}
+	return leaders, nil
 }
 
 // topicMetadata returns a request for topic's metadata (one for each

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -241,5 +242,153 @@ func TestCurrentLeaderFromReplicas(t *testing.T) {
 	}
 	if _, err := mergeLeaders(map[int32]partitionLeader{}, meta(kerr.TopicAuthorizationFailed), topic, want); !errors.As(err, new(*kadm.AuthError)) {
 		t.Errorf("not authorized: err %v; want a *kadm.AuthError", err)
+	}
+}
+
+// TestListFencedAsksEveryBroker: on three brokers, the changelog
+// partition's leadership moved from broker 0 to broker 1 (epoch + 1) while
+// broker 0, resumed and behind, still names itself the leader at the old
+// epoch in its metadata and answers its stale end to any listing at that
+// epoch. A fenced listing takes the epoch of the brokers that know the
+// move and gets the true end from the new leader, every time.
+func TestListFencedAsksEveryBroker(t *testing.T) {
+	t.Parallel()
+	cluster, brokers := testenv.KFake(t, kfake.NumBrokers(3))
+	topic := testenv.Name(t, "changelog")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 3, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.MoveTopicPartition(topic, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, kvRecords("a", "1", "b", "2")...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := topicMetadata(topic).RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staleMeta := meta // broker 0's view: leader 0 at the old epoch
+	oldEpoch := meta.Topics[0].Partitions[0].LeaderEpoch
+	if err := cluster.MoveTopicPartition(topic, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, kvRecords("c", "3")...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	const staleEnd, trueEnd = 2, 3
+
+	var staleAnswers atomic.Int64
+	cluster.ControlKey(kmsg.Metadata.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		req := kreq.(*kmsg.MetadataRequest)
+		if cluster.CurrentNode() != 0 || len(req.Topics) != 1 || req.Topics[0].Topic == nil || *req.Topics[0].Topic != topic {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.MetadataResponse)
+		resp.Brokers, resp.ClusterID, resp.ControllerID = staleMeta.Brokers, staleMeta.ClusterID, staleMeta.ControllerID
+		resp.Topics = staleMeta.Topics
+		staleAnswers.Add(1)
+		return resp, nil, true
+	})
+	cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		if cluster.CurrentNode() != 0 || len(req.Topics) != 1 || req.Topics[0].Topic != topic {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		rt := kmsg.NewListOffsetsResponseTopic()
+		rt.Topic = topic
+		for _, rp := range req.Topics[0].Partitions {
+			sp := kmsg.NewListOffsetsResponseTopicPartition()
+			sp.Partition = rp.Partition
+			switch le := rp.CurrentLeaderEpoch; {
+			case le == -1 || le == oldEpoch:
+				sp.Offset, sp.LeaderEpoch = staleEnd, oldEpoch
+			default:
+				sp.ErrorCode = kerr.UnknownLeaderEpoch.Code
+			}
+			rt.Partitions = append(rt.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+		return resp, nil, true
+	})
+
+	for i := range 12 {
+		offs, err := listFenced(ctx, cl, topic, []int32{0}, listEnd)
+		if err != nil {
+			t.Fatalf("listing %d: %v", i, err)
+		}
+		o, ok := offs.Lookup(topic, 0)
+		if !ok || o.Err != nil || o.Offset != trueEnd {
+			t.Fatalf("listing %d: %+v (listed: %v); want the true end %d, not broker 0's %d", i, o, ok, trueEnd, staleEnd)
+		}
+	}
+	if staleAnswers.Load() == 0 {
+		t.Error("broker 0 never answered the metadata: the test shows nothing")
+	}
+}
+
+// TestListFencedPausedReplica: a broker that does not answer (paused)
+// holds a listing up for replicaMetadataWait, not longer: the others'
+// metadata names the leader.
+func TestListFencedPausedReplica(t *testing.T) {
+	t.Parallel()
+	cluster, brokers := testenv.KFake(t, kfake.NumBrokers(3))
+	topic := testenv.Name(t, "changelog")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 3, nil, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.MoveTopicPartition(topic, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, kvRecords("a", "1")...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	// Broker 2 is paused: it answers nothing about the topic until the
+	// test ends.
+	paused := make(chan struct{})
+	t.Cleanup(func() { close(paused) })
+	cluster.ControlKey(kmsg.Metadata.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		req := kreq.(*kmsg.MetadataRequest)
+		if cluster.CurrentNode() == 2 && len(req.Topics) == 1 && req.Topics[0].Topic != nil && *req.Topics[0].Topic == topic {
+			cluster.SleepControl(func() { <-paused })
+		}
+		return nil, nil, false
+	})
+	for i := range 2 {
+		start := time.Now()
+		offs, err := listFenced(ctx, cl, topic, []int32{0}, listEnd)
+		took := time.Since(start)
+		if o, ok := offs.Lookup(topic, 0); err != nil || !ok || o.Err != nil || o.Offset != 1 {
+			t.Fatalf("listing %d: %+v, %v; want the end 1", i, o, err)
+		}
+		if took > replicaMetadataWait+time.Second {
+			t.Errorf("listing %d took %s with a paused replica; want about %s at most", i, took, replicaMetadataWait)
+		}
 	}
 }
