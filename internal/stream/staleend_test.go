@@ -85,6 +85,20 @@ func commitToChangelog(t *testing.T, w *kvWorld, key, value string) {
 	}
 }
 
+// ranOnce returns a kvWorld whose instance "a" has processed a=1 on the
+// returned clock and state, then stopped.
+func ranOnce(t *testing.T) (*kvWorld, *skewClock, vfs.FS) {
+	t.Helper()
+	w := newKVWorld(t, nil)
+	clk := &skewClock{}
+	fsA := vfs.NewMem()
+	w.send("a", "1")
+	if _, err := w.run("a", fsA, clk); err != nil {
+		t.Fatal(err)
+	}
+	return w, clk, fsA
+}
+
 // TestRestoreReplaysPastStaleChangelogEnd: a restore planned while the
 // changelog's former leader, paused and just resumed, answers listings
 // with its stale end reads the changelog to its true end. The state's
@@ -95,13 +109,7 @@ func commitToChangelog(t *testing.T, w *kvWorld, key, value string) {
 // them.
 func TestRestoreReplaysPastStaleChangelogEnd(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, nil)
-	clk := &skewClock{}
-	fsA := vfs.NewMem()
-	w.send("a", "1")
-	if _, err := w.run("a", fsA, clk); err != nil {
-		t.Fatal(err)
-	}
+	w, clk, fsA := ranOnce(t)
 	stale := w.changelogEnd()
 	commitToChangelog(t, w, "z", "2")
 	w.send("b", "1")
@@ -131,13 +139,7 @@ func TestRestoreIgnoresStaleEndBelowCheckpoint(t *testing.T) {
 	}{{"fenced listing refused", false}, {"fenced listing stale too", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			w := newKVWorld(t, nil)
-			clk := &skewClock{}
-			fsA := vfs.NewMem()
-			w.send("a", "1")
-			if _, err := w.run("a", fsA, clk); err != nil {
-				t.Fatal(err)
-			}
+			w, clk, fsA := ranOnce(t)
 			stale := w.changelogEnd()
 			w.send("b", "1")
 			if _, err := w.run("a", fsA, clk); err != nil {
@@ -160,13 +162,7 @@ func TestRestoreIgnoresStaleEndBelowCheckpoint(t *testing.T) {
 // the stage, once the end was listed again for the truncation wait.
 func TestRestoreOnTruncatedChangelogStops(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, nil)
-	clk := &skewClock{}
-	fsA := vfs.NewMem()
-	w.send("a", "1")
-	if _, err := w.run("a", fsA, clk); err != nil {
-		t.Fatal(err)
-	}
+	w, clk, fsA := ranOnce(t)
 	adm := kadm.NewClient(w.cl)
 	if _, err := adm.DeleteTopics(context.Background(), w.changelog); err != nil {
 		t.Fatal(err)
@@ -245,14 +241,10 @@ func TestCurrentLeaderFromReplicas(t *testing.T) {
 	}
 }
 
-// TestListFencedAsksEveryBroker: on three brokers, the changelog
-// partition's leadership moved from broker 0 to broker 1 (epoch + 1) while
-// broker 0, resumed and behind, still names itself the leader at the old
-// epoch in its metadata and answers its stale end to any listing at that
-// epoch. A fenced listing takes the epoch of the brokers that know the
-// move and gets the true end from the new leader, every time.
-func TestListFencedAsksEveryBroker(t *testing.T) {
-	t.Parallel()
+// threeReplicas returns three kfake brokers, a client and a topic of one
+// partition with three replicas, led by broker 0.
+func threeReplicas(t *testing.T) (*kfake.Cluster, *kgo.Client, string) {
+	t.Helper()
 	cluster, brokers := testenv.KFake(t, kfake.NumBrokers(3))
 	topic := testenv.Name(t, "changelog")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
@@ -272,6 +264,20 @@ func TestListFencedAsksEveryBroker(t *testing.T) {
 	if err := cluster.MoveTopicPartition(topic, 0, 0); err != nil {
 		t.Fatal(err)
 	}
+	return cluster, cl, topic
+}
+
+// TestListFencedAsksEveryBroker: on three brokers, the changelog
+// partition's leadership moved from broker 0 to broker 1 (epoch + 1) while
+// broker 0, resumed and behind, still names itself the leader at the old
+// epoch in its metadata and answers its stale end to any listing at that
+// epoch. A fenced listing takes the epoch of the brokers that know the
+// move and gets the true end from the new leader, every time.
+func TestListFencedAsksEveryBroker(t *testing.T) {
+	t.Parallel()
+	cluster, cl, topic := threeReplicas(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if err := cl.ProduceSync(ctx, kvRecords("a", "1", "b", "2")...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -346,25 +352,9 @@ func TestListFencedAsksEveryBroker(t *testing.T) {
 // metadata names the leader.
 func TestListFencedPausedReplica(t *testing.T) {
 	t.Parallel()
-	cluster, brokers := testenv.KFake(t, kfake.NumBrokers(3))
-	topic := testenv.Name(t, "changelog")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	cluster, cl, topic := threeReplicas(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 3, nil, topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cluster.MoveTopicPartition(topic, 0, 0); err != nil {
-		t.Fatal(err)
-	}
 	if err := cl.ProduceSync(ctx, kvRecords("a", "1")...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
