@@ -79,9 +79,9 @@ func TestChangelogOffsetWaitsForALeader(t *testing.T) {
 		offs kadm.ListedOffsets
 		err  error
 	}
-	answers := func(steps ...answer) (func(context.Context, ...string) (kadm.ListedOffsets, error), *int) {
+	answers := func(steps ...answer) (func(context.Context) (kadm.ListedOffsets, error), *int) {
 		calls := 0
-		return func(context.Context, ...string) (kadm.ListedOffsets, error) {
+		return func(context.Context) (kadm.ListedOffsets, error) {
 			a := steps[min(calls, len(steps)-1)]
 			calls++
 			return a.offs, a.err
@@ -99,6 +99,18 @@ func TestChangelogOffsetWaitsForALeader(t *testing.T) {
 	)
 	if off, err := rt.changelogOffset(ctx, list, 5, "end"); err != nil || off != 42 || *calls != 3 {
 		t.Errorf("leader down, then back: offset %d, err %v after %d listings; want 42 after 3", off, err, *calls)
+	}
+
+	// A broker that lost the leadership, or is behind the epoch the
+	// listing carries (listoffsets.go), then the leader.
+	list, calls = answers(
+		answer{listed(5, -1, kerr.NotLeaderForPartition), nil},
+		answer{listed(5, -1, kerr.UnknownLeaderEpoch), nil},
+		answer{listed(5, -1, kerr.FencedLeaderEpoch), nil},
+		answer{listed(5, 42, nil), nil},
+	)
+	if off, err := rt.changelogOffset(ctx, list, 5, "end"); err != nil || off != 42 || *calls != 4 {
+		t.Errorf("fenced listings, then the leader: offset %d, err %v after %d listings; want 42 after 4", off, err, *calls)
 	}
 
 	// A partition just created, missing from the first listings.

@@ -385,17 +385,11 @@ type copyStart struct {
 // drops older values with the tombstone), so every tombstone it has still
 // to read is kept until at least now + delete.retention.ms. The caller
 // wipes the state first. A checkpoint beyond the changelog's end is an
-// error: the changelog was recreated or truncated.
-func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, what string, cp Checkpoint, has bool) (copyStart, error) {
-	end, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end")
-	if err != nil {
-		return copyStart{}, err
-	}
-	lso, err := rt.changelogOffset(ctx, adm.ListCommittedOffsets, p, "last stable")
-	if err != nil {
-		return copyStart{}, err
-	}
-	logStart, err := rt.changelogOffset(ctx, adm.ListStartOffsets, p, "start")
+// error: the changelog was recreated or truncated (confirmEnd: once the
+// end, listed again for truncationWait, stays below it).
+func (rt *Runtime) planCopy(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, what string, cp Checkpoint, has bool) (copyStart, error) {
+	adm := kadm.NewClient(cl)
+	end, err := rt.changelogOffset(ctx, rt.changelogLister(cl, p, listEnd), p, "end")
 	if err != nil {
 		return copyStart{}, err
 	}
@@ -403,7 +397,17 @@ func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logg
 		cp = Checkpoint{}
 	}
 	if cp.Offset > end {
-		return copyStart{}, fmt.Errorf("stream: %s partition %d: checkpoint %d beyond changelog end %d: the changelog was recreated or truncated; delete the state directory to rebuild from it", what, p, cp.Offset, end)
+		if end, err = rt.confirmEnd(ctx, cl, log, p, what, cp, end); err != nil {
+			return copyStart{}, err
+		}
+	}
+	lso, err := rt.changelogOffset(ctx, rt.changelogLister(cl, p, listLastStable), p, "last stable")
+	if err != nil {
+		return copyStart{}, err
+	}
+	logStart, err := rt.changelogOffset(ctx, rt.changelogLister(cl, p, listStart), p, "start")
+	if err != nil {
+		return copyStart{}, err
 	}
 	retention := rt.deleteRetention(ctx, adm, log)
 	now := rt.cfg.Clock.Now()
@@ -414,4 +418,49 @@ func (rt *Runtime) planCopy(ctx context.Context, adm *kadm.Client, log *zap.Logg
 		cs.from, cs.at = logStart, now
 	}
 	return cs, nil
+}
+
+// truncationWait is how long a copy whose checkpoint is beyond the
+// changelog's listed end lists the end again before it concludes that the
+// changelog was recreated or truncated; truncationPoll, how often.
+const (
+	truncationWait = 30 * time.Second
+	truncationPoll = time.Second
+)
+
+// confirmEnd lists changelog partition p's end again, every
+// truncationPoll for up to truncationWait (Runtime.truncationWait in
+// tests), while it is below checkpoint cp, and returns the first end at or
+// past it. A listing is fenced by the partition's leader epoch, but the
+// epoch comes from the brokers' metadata: a broker that was paused, still
+// behind, can be the only one to answer it and name itself the leader. The
+// true end of a log never moves back, so an end below a checkpoint that
+// stays is a changelog that was recreated or truncated: the error, as
+// before.
+func (rt *Runtime) confirmEnd(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, what string, cp Checkpoint, end int64) (int64, error) {
+	wait := rt.truncationWait
+	if wait <= 0 {
+		wait = truncationWait
+	}
+	log.Warn("the changelog's end is listed below the checkpoint: listing it again before concluding the changelog was recreated or truncated",
+		zap.String("copy", what), zap.Int64("checkpoint", cp.Offset), zap.Int64("changelog_end", end), zap.Duration("for", wait))
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(min(truncationPoll, wait)):
+		}
+		e, err := rt.changelogOffset(ctx, rt.changelogLister(cl, p, listEnd), p, "end")
+		if err != nil {
+			return 0, err
+		}
+		if e >= cp.Offset {
+			log.Info("the changelog's end, listed again, is at or past the checkpoint: the earlier listing was stale",
+				zap.String("copy", what), zap.Int64("checkpoint", cp.Offset), zap.Int64("changelog_end", e), zap.Int64("listed_before", end))
+			return e, nil
+		}
+		end = e
+	}
+	return 0, fmt.Errorf("stream: %s partition %d: checkpoint %d beyond changelog end %d (listed for %s): the changelog was recreated or truncated; delete the state directory to rebuild from it", what, p, cp.Offset, end, wait)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
@@ -259,7 +258,7 @@ func startReplay(t *testing.T, brokers []string, input, changelog string, cl *kg
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	cs, err := rt.planCopy(ctx, kadm.NewClient(cl), rt.log, 0, "restore", Checkpoint{}, false)
+	cs, err := rt.planCopy(ctx, cl, rt.log, 0, "restore", Checkpoint{}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

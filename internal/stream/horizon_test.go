@@ -250,12 +250,22 @@ func (w *kvWorld) run(id string, fs vfs.FS, clk clock.Clock) (*prometheus.Regist
 // runOn is run, the instance's metrics in reg.
 func (w *kvWorld) runOn(id string, fs vfs.FS, clk clock.Clock, reg *prometheus.Registry) error {
 	w.t.Helper()
+	return w.runWith(id, fs, clk, reg, nil)
+}
+
+// runWith is runOn, with hook (when not nil) called on the runtime before
+// it runs.
+func (w *kvWorld) runWith(id string, fs vfs.FS, clk clock.Clock, reg *prometheus.Registry, hook func(*Runtime)) error {
+	w.t.Helper()
 	rt, err := New(Config{Stage: "kv",
 		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: id, SessionTimeout: 6 * time.Second},
 		InputTopic: w.input, ChangelogTopic: w.changelog, FS: fs, Clock: clk,
 		Logger: zaptest.NewLogger(w.t, zaptest.Level(zap.InfoLevel)).Named(id), Registerer: reg}, kvProc{})
 	if err != nil {
 		w.t.Fatal(err)
+	}
+	if hook != nil {
+		hook(rt)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
 
@@ -63,7 +64,7 @@ type ownerRedates struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	adm    *kadm.Client
+	cl     *kgo.Client // the session's
 	// Run-loop-only.
 	next  time.Time // wall clock: when to look again
 	busy  bool      // a listing is under way
@@ -87,11 +88,11 @@ type redateListing struct {
 	err      error
 }
 
-// startOwnerRedates prepares one session's re-dating (adm: the session's
-// admin client); stop ends it and waits for its listing.
-func (rt *Runtime) startOwnerRedates(ctx context.Context, adm *kadm.Client) (r *ownerRedates, stop func()) {
+// startOwnerRedates prepares one session's re-dating (cl: the session's
+// client); stop ends it and waits for its listing.
+func (rt *Runtime) startOwnerRedates(ctx context.Context, cl *kgo.Client) (r *ownerRedates, stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
-	r = &ownerRedates{ctx: ctx, cancel: cancel, adm: adm, retry: map[int32]time.Time{}, done: make(chan redateListing, 1)}
+	r = &ownerRedates{ctx: ctx, cancel: cancel, cl: cl, retry: map[int32]time.Time{}, done: make(chan redateListing, 1)}
 	return r, func() {
 		cancel()
 		r.wg.Wait()
@@ -145,10 +146,17 @@ func (rt *Runtime) redateIdle(r *ownerRedates) {
 		l := redateListing{at: rt.cfg.Clock.Now(), cands: cands}
 		ctx, cancel := context.WithTimeout(r.ctx, ownerRedateTimeout)
 		defer cancel()
-		// The LSO first: see the comment at the top of the file.
-		l.lso, l.err = r.adm.ListCommittedOffsets(ctx, rt.cfg.ChangelogTopic)
+		// The LSO first: see the comment at the top of the file. Both
+		// fenced by the partitions' leader epochs (listoffsets.go): a
+		// paused broker's stale end could equal the checkpoint while the
+		// changelog moved on.
+		ps := make([]int32, 0, len(cands))
+		for p := range cands {
+			ps = append(ps, p)
+		}
+		l.lso, l.err = listFenced(ctx, r.cl, rt.cfg.ChangelogTopic, ps, listLastStable)
 		if l.err == nil {
-			l.end, l.err = r.adm.ListEndOffsets(ctx, rt.cfg.ChangelogTopic)
+			l.end, l.err = listFenced(ctx, r.cl, rt.cfg.ChangelogTopic, ps, listEnd)
 		}
 		r.done <- l
 		rt.notify()

@@ -146,14 +146,19 @@ func TestIdleOwnerStaysWarm(t *testing.T) {
 // checkpoint + 1 after a restore: one record, not its own marker). A
 // record written outside a transaction (end = checkpoint + 1 after a
 // restore, no transaction open) is not taken for its own marker either.
+// Nor is the stale end of the changelog's former leader, paused and just
+// resumed, which still lists the owner's own commit as the end (the
+// listing is fenced by the leader epoch).
 func TestFencedOwnerNotRedated(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name    string
 		restart bool // restored: the checkpoint is the end; the other's transaction stays open
 		plain   bool // the other writes without a transaction (restart)
+		stale   bool // the former leader lists the end of the owner's own commit
 	}{
 		{name: "committed past its own commit"},
+		{name: "committed past its own commit, listed by a stale leader", stale: true},
 		{name: "open past its restore", restart: true},
 		{name: "plain record past its restore", restart: true, plain: true},
 	} {
@@ -206,6 +211,9 @@ func TestFencedOwnerNotRedated(t *testing.T) {
 			}
 			if end := w.changelogEnd(); end != want {
 				t.Fatalf("changelog end %d after the other member wrote, checkpoint %d", end, cp0.Offset)
+			}
+			if c.stale {
+				staleLeader(w, cp0.Offset+1, 2, false)
 			}
 
 			clk.skew.Store(int64(2 * time.Minute))

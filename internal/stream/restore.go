@@ -25,10 +25,10 @@ const restoreBatch = 5000
 // read from their start), opens the processor's partition and resumes
 // fetching. It runs on its own goroutine while p is paused, so a long
 // restore never holds up the rebalance.
-func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, adm *kadm.Client, p int32, epoch uint64, committed map[string]int64, fromStart []string) {
+func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, p int32, epoch uint64, committed map[string]int64, fromStart []string) {
 	start := time.Now()
 	log := rt.log.With(zap.Int32("partition", p))
-	part, starts, replayed, err := rt.restorePartition(ctx, adm, log, p, committed, fromStart)
+	part, starts, replayed, err := rt.restorePartition(ctx, sess.Client(), log, p, committed, fromStart)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("restore abandoned: partition revoked")
@@ -71,13 +71,13 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	rt.notify()
 }
 
-func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, committed map[string]int64, fromStart []string) (Partition, map[string]int64, int64, error) {
+func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, committed map[string]int64, fromStart []string) (Partition, map[string]int64, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(ctx, p)
 	var replayed int64
 	for attempts := 1; ; attempts++ {
-		n, w, err := rt.restoreState(ctx, adm, log, p, warm)
+		n, w, err := rt.restoreState(ctx, cl, log, p, warm)
 		replayed += n
 		var he *horizonError
 		if errors.As(err, &he) && !errors.Is(err, ErrRestoreHorizon) {
@@ -127,9 +127,10 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 		}
 	}
 	// Listed before the partition resumes: kgo reads from the start it
-	// lists itself, at or below this one (a start offset only grows), so
-	// every record the partition will be given is at or past it.
-	starts, err := rt.startOffsets(ctx, adm, p, fromStart)
+	// lists itself later, at or past this one (a start offset only
+	// grows), so every record the partition will be given is at or past
+	// it.
+	starts, err := rt.startOffsets(ctx, cl, p, fromStart)
 	if err != nil {
 		return nil, nil, replayed, err
 	}
@@ -144,13 +145,16 @@ func (rt *Runtime) restorePartition(ctx context.Context, adm *kadm.Client, log *
 // topics: where the partition's reading of a topic the group has no
 // committed offset of starts, the offset its first transaction commits
 // (fenceFirst). nil if topics is empty.
-func (rt *Runtime) startOffsets(ctx context.Context, adm *kadm.Client, p int32, topics []string) (map[string]int64, error) {
+func (rt *Runtime) startOffsets(ctx context.Context, cl *kgo.Client, p int32, topics []string) (map[string]int64, error) {
 	if len(topics) == 0 {
 		return nil, nil
 	}
 	starts := make(map[string]int64, len(topics))
 	for _, t := range topics {
-		o, err := rt.listedOffset(ctx, adm.ListStartOffsets, t, "topic "+t, p, "start")
+		list := func(ctx context.Context) (kadm.ListedOffsets, error) {
+			return listFenced(ctx, cl, t, []int32{p}, listStart)
+		}
+		o, err := rt.listedOffset(ctx, list, t, "topic "+t, p, "start")
 		if err != nil {
 			return nil, err
 		}
@@ -165,7 +169,7 @@ func (rt *Runtime) startOffsets(ctx context.Context, adm *kadm.Client, p int32, 
 // warm's state (nil otherwise). A replay that outlasts the horizon of its
 // checkpoint's date fails with errBeyondHorizon; a full restore expected
 // not to fit the horizon is refused with ErrRestoreHorizon.
-func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
+func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
 	// either happened already or is skipped.
@@ -182,7 +186,7 @@ func (rt *Runtime) restoreState(ctx context.Context, adm *kadm.Client, log *zap.
 	}
 	// DESIGN §6.8: a tail replay only while every tombstone past the
 	// checkpoint is certain to be still in the changelog.
-	cs, err := rt.planCopy(ctx, adm, log, p, "restore", cp, has)
+	cs, err := rt.planCopy(ctx, cl, log, p, "restore", cp, has)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -272,25 +276,28 @@ func (rt *Runtime) mismatchHint(state, committed int64) string {
 const missingAttempts = 6
 
 // changelogOffset lists the start or end offset of changelog partition p
-// (listedOffset).
-func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
+// (listedOffset; list: changelogLister's, fenced by the partition's
+// leader epoch).
+func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Context) (kadm.ListedOffsets, error), p int32, which string) (int64, error) {
 	return rt.listedOffset(ctx, list, rt.cfg.ChangelogTopic, "changelog "+rt.cfg.ChangelogTopic, p, which)
 }
 
 // listedOffset lists an offset (which: start, end, last stable) of
-// partition p of topic, named what in errors. A new or moving partition
-// answers with retriable errors (no leader yet) for a moment, and on a
-// cluster a listing fails outright while the partition's leader is a
-// broker that died or paused and the controller has not moved its
-// leadership yet (a shard error: the dial is refused or times out, and the
-// partition is missing from the answer): both are retried, every 500 ms
-// for up to a minute. An authorization failure is not, and neither is a
-// listing that succeeds without p (the topic has fewer partitions than the
-// input).
-func (rt *Runtime) listedOffset(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), topic, what string, p int32, which string) (int64, error) {
+// partition p of topic, named what in errors, with list (listFenced's: a
+// broker that lost the leadership answers NOT_LEADER_OR_FOLLOWER,
+// FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH, retried as the others). A
+// new or moving partition answers with retriable errors (no leader yet)
+// for a moment, and on a cluster a listing fails outright while the
+// partition's leader is a broker that died or paused and the controller
+// has not moved its leadership yet (a shard error: the dial is refused or
+// times out, and the partition is missing from the answer): both are
+// retried, every 500 ms for up to a minute. An authorization failure is
+// not, and neither is a listing that succeeds without p (the topic has
+// fewer partitions than the input).
+func (rt *Runtime) listedOffset(ctx context.Context, list func(context.Context) (kadm.ListedOffsets, error), topic, what string, p int32, which string) (int64, error) {
 	const attempts = 120
 	for attempt := 1; ; attempt++ {
-		offs, err := list(ctx, topic)
+		offs, err := list(ctx)
 		lo, ok := offs.Lookup(topic, p)
 		switch {
 		case ok && lo.Err == nil:

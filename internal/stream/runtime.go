@@ -189,6 +189,9 @@ type Runtime struct {
 	// Tests: how often the run loop looks for idle owned partitions to
 	// re-date (zero: ownerRedatePoll).
 	redatePoll time.Duration
+	// truncationWait replaces the package's truncationWait when positive
+	// (tests).
+	truncationWait time.Duration
 	// Tests: restoredHook, when set, runs when a restore of partition p has
 	// queued its install, just before it resumes the partition's fetching
 	// (with mu held).

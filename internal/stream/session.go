@@ -130,7 +130,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		sess.Close()
 	}()
 	// Stopped before the session's client closes (deferred above).
-	redates, stopRedates := rt.startOwnerRedates(ctx, rt.adm)
+	redates, stopRedates := rt.startOwnerRedates(ctx, sess.Client())
 	defer stopRedates()
 	// Initialise the transactional ID now, not at the first produce: it
 	// fences a previous incarnation of this instance and aborts (or
@@ -393,7 +393,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 					rt.setFatal(fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point))
 				}
 			}()
-			rt.restore(ctx, rt.sess, rt.adm, p, ps.epoch, committed, fromStart)
+			rt.restore(ctx, rt.sess, p, ps.epoch, committed, fromStart)
 		}()
 	}
 	rt.mu.Unlock()

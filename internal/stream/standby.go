@@ -433,7 +433,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	adm := kadm.NewClient(cl)
 	defer cl.Close()
 
-	cs, warm, err := sb.begin(ctx, p, adm, log)
+	cs, warm, err := sb.begin(ctx, p, cl, log)
 	if err != nil {
 		return nil, err
 	}
@@ -501,7 +501,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		if time.Now().After(nextList) {
 			nextList = time.Now().Add(standbyListInterval)
 			listedAt := rt.cfg.Clock.Now()
-			if e, err := rt.changelogOffset(ctx, adm.ListEndOffsets, p, "end"); err == nil {
+			if e, err := rt.changelogOffset(ctx, rt.changelogLister(cl, p, listEnd), p, "end"); err == nil {
 				target, targetAt = e, listedAt
 				c.listed(e)
 				if err := redate(target, targetAt); err != nil {
@@ -668,13 +668,13 @@ func (rt *Runtime) revokeUnowned(owned []int32) {
 // §6.8: from the checkpoint while within the horizon, otherwise from the
 // log start on wiped state) and builds the processor's warm structures
 // from the state (nil when it keeps none).
-func (sb *standbys) begin(ctx context.Context, p int32, adm *kadm.Client, log *zap.Logger) (copyStart, WarmState, error) {
+func (sb *standbys) begin(ctx context.Context, p int32, cl *kgo.Client, log *zap.Logger) (copyStart, WarmState, error) {
 	rt := sb.rt
 	cp, has, err := rt.store.Checkpoint(p)
 	if err != nil {
 		return copyStart{}, nil, fmt.Errorf("stream: standby partition %d: read checkpoint: %w", p, err)
 	}
-	cs, err := rt.planCopy(ctx, adm, log, p, "standby", cp, has)
+	cs, err := rt.planCopy(ctx, cl, log, p, "standby", cp, has)
 	if err != nil {
 		return copyStart{}, nil, err
 	}
