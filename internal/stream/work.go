@@ -156,12 +156,22 @@ func (rt *Runtime) fenceFirst() {
 // ones fence with it (activePart.start: kgo's committed offsets do not
 // show an offset it did not consume). The offsets are read here, not in
 // the hook, which runs under kgo's transaction lock.
+//
+// A topic the transaction consumed nothing of is committed at the state's
+// offset even where kgo's request has the partition already: kgo
+// commits its own position when that differs from what it last saw
+// committed, and a start offset committed here moves what kgo saw
+// committed under a position it kept from an aborted transaction (the
+// first record it polled, past the start when aborted transactions or
+// control records open the log), so kgo's would differ from the state's
+// (TestStartOffsetAfterAbortedFirstRead).
 func (rt *Runtime) fence(ctx context.Context) context.Context {
 	all := rt.sess.Client().CommittedOffsets()
 	type fence struct {
-		topic string
-		p     int32
-		eo    kgo.EpochOffset
+		topic   string
+		p       int32
+		eo      kgo.EpochOffset
+		replace bool // the state's offset of a topic not consumed
 	}
 	var fences []fence
 	for _, p := range sortedPartitions(rt.ovs) {
@@ -171,20 +181,22 @@ func (rt *Runtime) fence(ctx context.Context) context.Context {
 		}
 		a := rt.active[p]
 		for _, topic := range rt.cfg.inputs() {
+			// A topic it consumed is in the request already (addFence
+			// keeps that one).
+			keep := ov.in.has(topic)
 			if eo, ok := all[topic][p]; ok {
-				fences = append(fences, fence{topic, p, eo})
+				fences = append(fences, fence{topic, p, eo, !keep})
 				continue
 			}
-			// A topic it consumed is in the request already (addFence
-			// keeps that one); otherwise this is the start offset
-			// fenceFirst recorded in this transaction.
+			// Otherwise this is the start offset fenceFirst recorded in
+			// this transaction.
 			if o, ok := ov.inputNext[rt.cfg.inputOffsetKey(topic)]; ok {
-				fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}})
+				fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}, !keep})
 				continue
 			}
 			if a != nil && a.epoch == rt.txEpoch[p] && a.startCommitted {
 				if o, ok := a.start[topic]; ok {
-					fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}})
+					fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}, !keep})
 				}
 			}
 		}
@@ -194,23 +206,27 @@ func (rt *Runtime) fence(ctx context.Context) context.Context {
 	}
 	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
 		for _, f := range fences {
-			addFence(req, f.topic, f.p, f.eo)
+			addFence(req, f.topic, f.p, f.eo, f.replace)
 		}
 		return nil
 	})
 }
 
-// addFence adds partition p of topic at eo to req, unless req commits it
-// already (the transaction consumed its input: its new offset is there).
-func addFence(req *kmsg.TxnOffsetCommitRequest, topic string, p int32, eo kgo.EpochOffset) {
+// addFence adds partition p of topic at eo to req. If req commits it
+// already (the transaction consumed its input: its new offset is there),
+// that offset stays, unless replace.
+func addFence(req *kmsg.TxnOffsetCommitRequest, topic string, p int32, eo kgo.EpochOffset, replace bool) {
 	ti := -1
 	for i := range req.Topics {
 		if req.Topics[i].Topic != topic {
 			continue
 		}
 		ti = i
-		for _, rp := range req.Topics[i].Partitions {
-			if rp.Partition == p {
+		for j := range req.Topics[i].Partitions {
+			if rp := &req.Topics[i].Partitions[j]; rp.Partition == p {
+				if replace {
+					rp.Offset, rp.LeaderEpoch = eo.Offset, eo.Epoch
+				}
 				return
 			}
 		}
