@@ -68,16 +68,6 @@ func (tc *topicCounts) add(topic string, n int) {
 	*tc = append(c, topicCount{topic, n})
 }
 
-// has reports whether tc counts records of topic.
-func (tc topicCounts) has(topic string) bool {
-	for _, c := range tc {
-		if c.topic == topic && c.n > 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // Tx is the view of one partition inside the current transaction.
 type Tx struct {
 	rt *Runtime

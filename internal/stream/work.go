@@ -157,76 +157,94 @@ func (rt *Runtime) fenceFirst() {
 // show an offset it did not consume). The offsets are read here, not in
 // the hook, which runs under kgo's transaction lock.
 //
-// A topic the transaction consumed nothing of is committed at the state's
-// offset even where kgo's request has the partition already: kgo
-// commits its own position when that differs from what it last saw
-// committed, and a start offset committed here moves what kgo saw
-// committed under a position it kept from an aborted transaction (the
-// first record it polled, past the start when aborted transactions or
-// control records open the log), so kgo's would differ from the state's
+// kgo's request carries a partition of a topic only where the
+// transaction consumed records of it: kgo also puts in its own position
+// where that differs from what it last saw committed, and a start offset
+// committed here moves what kgo saw committed under a position it kept
+// from an aborted transaction (the first record it polled, past the start
+// when aborted transactions or control records open the log). Committed,
+// that position would differ from the state's offset
 // (TestStartOffsetAfterAbortedFirstRead).
 func (rt *Runtime) fence(ctx context.Context) context.Context {
 	all := rt.sess.Client().CommittedOffsets()
 	type fence struct {
-		topic   string
-		p       int32
-		eo      kgo.EpochOffset
-		replace bool // the state's offset of a topic not consumed
+		topic string
+		p     int32
+		eo    kgo.EpochOffset
 	}
 	var fences []fence
+	consumed := map[string]map[int32]bool{}
 	for _, p := range sortedPartitions(rt.ovs) {
 		ov := rt.ovs[p]
+		for _, c := range ov.in {
+			if c.n > 0 {
+				if consumed[c.topic] == nil {
+					consumed[c.topic] = map[int32]bool{}
+				}
+				consumed[c.topic][p] = true
+			}
+		}
 		if !rt.fenced(p, ov) {
 			continue
 		}
 		a := rt.active[p]
 		for _, topic := range rt.cfg.inputs() {
-			// A topic it consumed is in the request already (addFence
-			// keeps that one).
-			keep := ov.in.has(topic)
 			if eo, ok := all[topic][p]; ok {
-				fences = append(fences, fence{topic, p, eo, !keep})
+				fences = append(fences, fence{topic, p, eo})
 				continue
 			}
-			// Otherwise this is the start offset fenceFirst recorded in
-			// this transaction.
+			// A topic it consumed is in the request already (addFence
+			// keeps that one); otherwise this is the start offset
+			// fenceFirst recorded in this transaction.
 			if o, ok := ov.inputNext[rt.cfg.inputOffsetKey(topic)]; ok {
-				fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}, !keep})
+				fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}})
 				continue
 			}
 			if a != nil && a.epoch == rt.txEpoch[p] && a.startCommitted {
 				if o, ok := a.start[topic]; ok {
-					fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}, !keep})
+					fences = append(fences, fence{topic, p, kgo.EpochOffset{Epoch: -1, Offset: o}})
 				}
 			}
 		}
 	}
-	if len(fences) == 0 {
-		return ctx
-	}
 	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
+		keepConsumed(req, consumed)
 		for _, f := range fences {
-			addFence(req, f.topic, f.p, f.eo, f.replace)
+			addFence(req, f.topic, f.p, f.eo)
 		}
 		return nil
 	})
 }
 
-// addFence adds partition p of topic at eo to req. If req commits it
-// already (the transaction consumed its input: its new offset is there),
-// that offset stays, unless replace.
-func addFence(req *kmsg.TxnOffsetCommitRequest, topic string, p int32, eo kgo.EpochOffset, replace bool) {
+// keepConsumed drops from req every partition of a topic that consumed
+// does not name it under.
+func keepConsumed(req *kmsg.TxnOffsetCommitRequest, consumed map[string]map[int32]bool) {
+	topics := req.Topics[:0]
+	for _, t := range req.Topics {
+		ps := t.Partitions[:0]
+		for _, rp := range t.Partitions {
+			if consumed[t.Topic][rp.Partition] {
+				ps = append(ps, rp)
+			}
+		}
+		if t.Partitions = ps; len(ps) > 0 {
+			topics = append(topics, t)
+		}
+	}
+	req.Topics = topics
+}
+
+// addFence adds partition p of topic at eo to req, unless req commits it
+// already (the transaction consumed its input: its new offset is there).
+func addFence(req *kmsg.TxnOffsetCommitRequest, topic string, p int32, eo kgo.EpochOffset) {
 	ti := -1
 	for i := range req.Topics {
 		if req.Topics[i].Topic != topic {
 			continue
 		}
 		ti = i
-		for j := range req.Topics[i].Partitions {
-			if rp := &req.Topics[i].Partitions[j]; rp.Partition == p {
-				if replace {
-					rp.Offset, rp.LeaderEpoch = eo.Offset, eo.Epoch
-				}
+		for _, rp := range req.Topics[i].Partitions {
+			if rp.Partition == p {
 				return
 			}
 		}
