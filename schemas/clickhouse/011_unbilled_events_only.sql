@@ -14,19 +14,12 @@
 -- reason codes would not either: invalid and undecodable apply to events
 -- and to other records alike.
 --
--- The view is replaced by dropping it and creating it again, and the rows
--- it wrote before are removed by rebuilding the table from the ledger: on
--- a database that holds rejections of the aggregator this migration
--- records a backfill of unbilled_events (as 006_compact_views.sql does),
--- and a sink refuses to start until `meterline verify --backfill` has
--- rebuilt it through the new view. Every statement can run again.
-
-INSERT INTO meterline_rebuilds (run_id, recorded_at, tables, reason, finished, version)
-SELECT 'backfill 011_unbilled_events_only.sql', now(),
-       ['unbilled_events'],
-       'migration 011_unbilled_events_only.sql replaced the view of unbilled_events on a database that holds rejections of the aggregator', 0, 1
-FROM system.one
-WHERE (SELECT count() FROM usage_rejected WHERE stage = 'aggregator') > 0;
+-- The view is replaced by dropping it and creating it again (with the
+-- sinks stopped, as every migration runs), and then the rows it wrote of
+-- records that are no event are deleted: a mutation (ALTER ... DELETE,
+-- which 18.16 has), done by the server in the background, that matches
+-- only rows with an empty event_id, which no row of an event has. Every
+-- statement can run again: the delete then matches nothing.
 
 DROP TABLE IF EXISTS unbilled_events_mv;
 
@@ -35,3 +28,5 @@ SELECT customer_id, meter, event_id, source_partition, source_offset, reason, de
        kafka_timestamp, kafka_partition, kafka_offset
 FROM usage_rejected
 WHERE stage = 'aggregator' AND event_id != '';
+
+ALTER TABLE unbilled_events DELETE WHERE event_id = '';
