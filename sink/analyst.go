@@ -138,7 +138,7 @@ FROM (
 		Derived: `SELECT toYYYYMM(kafka_timestamp) AS month, count(), sum(cityHash64(customer_id, meter, event_id, source_partition, source_offset))
 FROM %[1]s.unbilled_events FINAL GROUP BY month`,
 		Ledger: `SELECT toYYYYMM(kafka_timestamp) AS month, count(), sum(cityHash64(customer_id, meter, event_id, source_partition, source_offset))
-FROM %[1]s.usage_rejected FINAL WHERE stage = 'aggregator' GROUP BY month`,
+FROM %[1]s.usage_rejected FINAL WHERE stage = 'aggregator' AND event_id != '' GROUP BY month`,
 	},
 	{
 		Name:            TableSourceDaily,

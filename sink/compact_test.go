@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -110,22 +111,7 @@ func dailySum(c, d int) int {
 func TestCompactViewsMigrationBackfill(t *testing.T) {
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 5*time.Minute)
-	ms, err := chschema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := -1
-	for i, m := range ms {
-		if m.Name == "006_compact_views.sql" {
-			before = i
-		}
-	}
-	if before < 0 {
-		t.Fatal("no migration 006_compact_views.sql")
-	}
-	if _, err := migrate(ctx, conn, ms[:before]); err != nil {
-		t.Fatal(err)
-	}
+	before := migrateUpTo(ctx, t, conn, "006_compact_views.sql")
 	data := SyntheticData{Events: 40_000, Revisions: 30_000, Customers: 60, Months: 3, Partitions: 4}
 	for _, s := range data.Statements(db) {
 		if err := conn.Exec(ctx, s); err != nil {
@@ -164,12 +150,48 @@ func TestCompactViewsMigrationBackfill(t *testing.T) {
 	}
 	want := answers()
 
+	migrateAndBackfill(ctx, t, conn, db, before, "006_compact_views.sql")
+	aggs, current, lines, events, daily = rows()
+	if current != aggs || lines != aggs || daily != events {
+		t.Errorf("after the backfill: %d aggregates in %d rows of aggregates_current and %d usage lines; %d customer days in %d rows of usage_daily: want one row per key",
+			aggs, current, lines, events, daily)
+	}
+	got := answers()
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("query %d answers differently after the migration:\nbefore:\n%s\nafter:\n%s", i, head(want[i], 5), head(got[i], 5))
+		}
+	}
+	verifyEqual(ctx, t, conn, db, 202401)
+}
+
+// verifyEqual runs verify from month since: every month of every derived
+// table must equal the ledger.
+func verifyEqual(ctx context.Context, t *testing.T, conn driver.Conn, db string, since uint32) {
+	t.Helper()
+	rep, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: since, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range rep.Months {
+		if m.Status != MonthEqual {
+			t.Errorf("verify: %s %d %s", m.Table, m.Month, m.Status)
+		}
+	}
+}
+
+// migrateAndBackfill applies the migrations from ms[before], which must be
+// name, on a database that holds data: the sink then refuses to start
+// until `verify --backfill` ran, which rebuilds months and leaves them
+// equal to the ledger.
+func migrateAndBackfill(ctx context.Context, t *testing.T, conn driver.Conn, db string, before int, name string) {
+	t.Helper()
 	res, err := Migrate(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := res[before]; m.Migration.Name != "006_compact_views.sql" || !m.Applied {
-		t.Fatalf("migration %s applied %v, want 006_compact_views.sql applied", m.Migration.Name, m.Applied)
+	if m := res[before]; m.Migration.Name != name || !m.Applied {
+		t.Fatalf("migration %s applied %v, want %s applied", m.Migration.Name, m.Applied, name)
 	}
 	if err := CheckRebuilds(ctx, conn); !errors.Is(err, ErrRebuildUnfinished) {
 		t.Fatalf("after migrating a database with data: %v, want ErrRebuildUnfinished", err)
@@ -185,24 +207,24 @@ func TestCompactViewsMigrationBackfill(t *testing.T) {
 	if err := CheckRebuilds(ctx, conn); err != nil {
 		t.Fatalf("after the backfill: %v", err)
 	}
-	aggs, current, lines, events, daily = rows()
-	if current != aggs || lines != aggs || daily != events {
-		t.Errorf("after the backfill: %d aggregates in %d rows of aggregates_current and %d usage lines; %d customer days in %d rows of usage_daily: want one row per key",
-			aggs, current, lines, events, daily)
-	}
-	got := answers()
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("query %d answers differently after the migration:\nbefore:\n%s\nafter:\n%s", i, head(want[i], 5), head(got[i], 5))
-		}
-	}
-	rep, err = Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: 202401, Logger: zaptest.NewLogger(t)})
+}
+
+// migrateUpTo applies the migrations before the one called name, and
+// returns its index.
+func migrateUpTo(ctx context.Context, t *testing.T, conn driver.Conn, name string) int {
+	t.Helper()
+	ms, err := chschema.Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range rep.Months {
-		if m.Status != MonthEqual {
-			t.Errorf("after the backfill: %s %d %s", m.Table, m.Month, m.Status)
+	for i, m := range ms {
+		if m.Name == name {
+			if _, err := migrate(ctx, conn, ms[:i]); err != nil {
+				t.Fatal(err)
+			}
+			return i
 		}
 	}
+	t.Fatalf("no migration %s", name)
+	return -1
 }
