@@ -305,21 +305,27 @@ type entPart struct {
 	// decoded keeps the Ledger's decoded plans and rate cards by their
 	// bytes (entitlements.DecodeCache): right whatever the state holds.
 	decoded map[string]any
-	// resolved keeps what the Ledger resolves for a customer's decisions
-	// (entitlements.ResolveCache): dropped whenever a key it comes from is
-	// written (ledgerStore), with the cache, and at every load.
-	resolved map[string]*entitlements.Resolved
-	// accounts keeps the customers' Accounts decoded
-	// (entitlements.AccountCache), as the committed state and the open
-	// transaction have them: the Ledger changes them in place, so a
-	// decision costs no state write and no encoding. dirtyAccounts lists
-	// the customers whose account the open transaction changed, in the
-	// order of its first change: Flush writes each once (flushAccounts),
-	// one changelog record per changed customer. Both are dropped with an
-	// aborted transaction (Abort) and at every load, so an aborted
-	// decision never survives in memory.
+	// accounts keeps, per customer, its Account decoded
+	// (entitlements.AccountCache) and what the Ledger resolves for its
+	// decisions (entitlements.ResolveCache), in one entry, so that a
+	// decision looks its customer up once (held). The Accounts are as the
+	// committed state and the open transaction have them: the Ledger
+	// changes them in place, so a decision costs no state write and no
+	// encoding. dirtyAccounts lists the customers whose account the open
+	// transaction changed, in the order of its first change: Flush writes
+	// each once (flushAccounts), one changelog record per changed
+	// customer. Both are dropped with an aborted transaction (Abort) and
+	// at every load, so an aborted decision never survives in memory.
+	// A Resolved is kept only while resolvedGen is the entry's: it is
+	// dropped, for every customer at once (dropResolved), whenever a key
+	// it comes from is written (ledgerStore), with the cache.
 	accounts      map[string]*heldAccount
 	dirtyAccounts []string
+	resolvedGen   uint64
+	// lastHeld is accounts' entry of customer lastCustomer, the last one
+	// looked up (held), or nil.
+	lastCustomer string
+	lastHeld     *heldAccount
 	// accountSweeps counts KeepAccount's sweeps of the unchanged accounts.
 	accountSweeps int
 	accountBuf    []byte // flushAccounts' encoding, reused
@@ -517,7 +523,7 @@ func decodeRoll(v []byte) (rollState, error) {
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
 	e := &entPart{changed: map[string]int64{}, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
-		cache: map[string]cachedValue{}, decoded: map[string]any{}, resolved: map[string]*entitlements.Resolved{},
+		cache: map[string]cachedValue{}, decoded: map[string]any{},
 		accounts: map[string]*heldAccount{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
@@ -649,42 +655,91 @@ func (s ledgerStore) KeepDecoded(v []byte, x any) {
 // wrote drops every Resolved when k is a key they come from.
 func (s ledgerStore) wrote(k []byte) {
 	if s.l.Resolves(k) {
-		clear(s.e.resolved)
+		s.e.dropResolved()
 	}
+}
+
+// dropResolved drops every customer's Resolved.
+func (e *entPart) dropResolved() { e.resolvedGen++ }
+
+// held returns the customer's entry of accounts, or nil.
+func (e *entPart) held(customer string) *heldAccount {
+	if e.lastHeld != nil && customer == e.lastCustomer {
+		return e.lastHeld
+	}
+	h := e.accounts[customer]
+	if h != nil {
+		e.lastCustomer, e.lastHeld = customer, h
+	}
+	return h
+}
+
+// hold returns the customer's entry of accounts, added if need be: past
+// maxAccounts entries, the ones whose account the open transaction did
+// not change are dropped first.
+func (e *entPart) hold(customer string) *heldAccount {
+	if h := e.held(customer); h != nil {
+		return h
+	}
+	if n := len(e.accounts); n >= maxAccounts && n-len(e.dirtyAccounts) >= maxAccounts/4 {
+		e.accountSweeps++
+		for c, h := range e.accounts {
+			if !h.dirty {
+				delete(e.accounts, c)
+			}
+		}
+		e.lastHeld = nil
+	}
+	h := &heldAccount{}
+	e.accounts[customer] = h
+	e.lastCustomer, e.lastHeld = customer, h
+	return h
+}
+
+// dropHeld drops every entry of accounts.
+func (e *entPart) dropHeld() {
+	clear(e.accounts)
+	clear(e.dirtyAccounts)
+	e.dirtyAccounts = e.dirtyAccounts[:0]
+	e.lastCustomer, e.lastHeld = "", nil
 }
 
 // Resolved implements entitlements.ResolveCache.
 func (s ledgerStore) Resolved(customer string) (*entitlements.Resolved, bool) {
-	r, ok := s.e.resolved[customer]
-	return r, ok
+	if h := s.e.held(customer); h != nil && h.res != nil && h.resGen == s.e.resolvedGen {
+		return h.res, true
+	}
+	return nil, false
 }
 
 // KeepResolved implements entitlements.ResolveCache.
 func (s ledgerStore) KeepResolved(customer string, r *entitlements.Resolved) {
-	if len(s.e.resolved) >= maxLedgerCache {
-		clear(s.e.resolved)
-	}
-	s.e.resolved[customer] = r
+	h := s.e.hold(customer)
+	h.res, h.resGen = r, s.e.resolvedGen
 }
 
-// heldAccount is a customer's Account kept decoded; dirty: the open
-// transaction changed it, and it is listed in entPart.dirtyAccounts.
+// heldAccount is a customer's entry of entPart.accounts: its Account
+// kept decoded (nil: not kept); dirty: the open transaction changed it,
+// and it is listed in entPart.dirtyAccounts; res: what the Ledger
+// resolved for it, if resGen is entPart.resolvedGen.
 type heldAccount struct {
-	a     *entitlements.Account
-	dirty bool
+	a      *entitlements.Account
+	dirty  bool
+	res    *entitlements.Resolved
+	resGen uint64
 }
 
-// maxAccounts bounds the accounts a partition keeps unchanged across
-// transactions (a few hundred bytes each); past it the unchanged ones are
-// dropped. Changed ones stay until Flush writes them, so a transaction
-// that changes more than maxAccounts holds them all; the sweep waits until
-// at least maxAccounts/4 of those kept are unchanged, and its cost is
-// spread over the accounts kept since.
+// maxAccounts bounds the customers a partition keeps (accounts) with no
+// account changed across transactions (a few hundred bytes each); past
+// it the unchanged ones are dropped. Changed ones stay until Flush writes
+// them, so a transaction that changes more than maxAccounts holds them
+// all; the sweep waits until at least maxAccounts/4 of those kept are
+// unchanged, and its cost is spread over the accounts kept since.
 const maxAccounts = 50_000
 
 // Account implements entitlements.AccountCache.
 func (s ledgerStore) Account(customer string) (*entitlements.Account, bool) {
-	if h, ok := s.e.accounts[customer]; ok {
+	if h := s.e.held(customer); h != nil && h.a != nil {
 		return h.a, true
 	}
 	return nil, false
@@ -692,24 +747,12 @@ func (s ledgerStore) Account(customer string) (*entitlements.Account, bool) {
 
 // KeepAccount implements entitlements.AccountCache.
 func (s ledgerStore) KeepAccount(customer string, a *entitlements.Account) {
-	if n := len(s.e.accounts); n >= maxAccounts && n-len(s.e.dirtyAccounts) >= maxAccounts/4 {
-		s.e.accountSweeps++
-		for c, h := range s.e.accounts {
-			if !h.dirty {
-				delete(s.e.accounts, c)
-			}
-		}
-	}
-	s.e.accounts[customer] = &heldAccount{a: a}
+	s.e.hold(customer).a = a
 }
 
 // ChangedAccount implements entitlements.AccountCache.
 func (s ledgerStore) ChangedAccount(customer string, a *entitlements.Account) {
-	h, ok := s.e.accounts[customer]
-	if !ok {
-		h = &heldAccount{}
-		s.e.accounts[customer] = h
-	}
+	h := s.e.hold(customer)
 	h.a = a
 	if !h.dirty {
 		h.dirty = true
@@ -737,7 +780,7 @@ const maxDecoded = 10_000
 func (s ledgerStore) keep(k []byte, c cachedValue) {
 	if len(s.e.cache) >= maxLedgerCache {
 		clear(s.e.cache)
-		clear(s.e.resolved)
+		s.e.dropResolved()
 	}
 	s.e.cache[string(k)] = c
 }

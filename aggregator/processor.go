@@ -646,10 +646,7 @@ func (pt *partition) Abort() {
 		clear(pt.ent.emitNow)
 		pt.ent.fenced = false
 		clear(pt.ent.cache)
-		clear(pt.ent.resolved)
-		clear(pt.ent.accounts)
-		clear(pt.ent.dirtyAccounts)
-		pt.ent.dirtyAccounts = pt.ent.dirtyAccounts[:0]
+		pt.ent.dropHeld()
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 		// The records the aborted transaction put in the gate are read
