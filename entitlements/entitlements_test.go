@@ -3,6 +3,7 @@ package entitlements
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -535,5 +536,78 @@ func TestGrantBalanceOutlivesPrunedVersions(t *testing.T) {
 				t.Fatalf("500 more from a grant of 1,000 that paid 800: %+v", d)
 			}
 		})
+	}
+}
+
+// TestRateMatchesSearch: Rate's written-out binary searches find what
+// the definition says (the last card read at or before min(arrival,
+// event time), its last version in effect at the event time, the meter's
+// rate in it), on random histories, including equal times and meters
+// absent from a version.
+func TestRateMatchesSearch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	meters := []string{"a", "b", "bb", "c", "d", "e"}
+	for range 200 {
+		var h RateHistory
+		type card struct {
+			written  int64
+			versions []schemas.RateVersion
+		}
+		var cards []card
+		written := int64(0)
+		for range 1 + rng.IntN(5) {
+			written += int64(rng.IntN(3)) * 10
+			if rng.IntN(6) == 0 {
+				if err := h.Set(written, nil); err != nil {
+					t.Fatal(err)
+				}
+				cards = append(cards, card{written: written})
+				continue
+			}
+			c := &schemas.RateCard{}
+			from := int64(rng.IntN(3)) * 10
+			for range 1 + rng.IntN(4) {
+				v := schemas.RateVersion{EffectiveFrom: from}
+				for _, m := range meters {
+					if rng.IntN(2) == 0 {
+						v.Rates = append(v.Rates, schemas.Rate{Meter: m, MicroCredits: 1 + rng.Int64N(100), PerUnits: 1})
+					}
+				}
+				if len(v.Rates) == 0 {
+					v.Rates = append(v.Rates, schemas.Rate{Meter: "a", MicroCredits: 1, PerUnits: 1})
+				}
+				c.Versions = append(c.Versions, v)
+				from += 1 + int64(rng.IntN(3))*10
+			}
+			if err := h.Set(written, c); err != nil {
+				t.Fatal(err)
+			}
+			cards = append(cards, card{written, h.cards[len(h.cards)-1].versions})
+		}
+		for range 100 {
+			arrival, et, m := int64(rng.IntN(80))-5, int64(rng.IntN(80))-5, meters[rng.IntN(len(meters))]
+			var want schemas.Rate
+			wantOK := false
+			for _, c := range cards {
+				if c.written > min(arrival, et) {
+					break
+				}
+				want, wantOK = schemas.Rate{}, false
+				for _, v := range c.versions {
+					if v.EffectiveFrom > et {
+						break
+					}
+					want, wantOK = schemas.Rate{}, false
+					for _, r := range v.Rates {
+						if r.Meter == m {
+							want, wantOK = r, true
+						}
+					}
+				}
+			}
+			if got, ok := h.Rate(arrival, et, m); ok != wantOK || !reflect.DeepEqual(got, want) {
+				t.Fatalf("Rate(%d, %d, %q) = %+v %v, want %+v %v; cards %+v", arrival, et, m, got, ok, want, wantOK, cards)
+			}
+		}
 	}
 }

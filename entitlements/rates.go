@@ -136,20 +136,43 @@ func (h *RateHistory) Set(written int64, c *schemas.RateCard) error {
 // earlier of the two, the version in effect at eventTime. ok is false when
 // there is none (the event costs nothing).
 func (h *RateHistory) Rate(arrival, eventTime int64, meter string) (r schemas.Rate, ok bool) {
+	// Binary searches written out: this runs once per event decided, and
+	// sort.Search's closures cost more than the search.
 	at := min(arrival, eventTime)
-	k := sort.Search(len(h.cards), func(i int) bool { return h.cards[i].written > at }) - 1
-	if k < 0 {
+	lo, hi := 0, len(h.cards)
+	for lo < hi {
+		if m := int(uint(lo+hi) >> 1); h.cards[m].written > at {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	if lo == 0 {
 		return schemas.Rate{}, false
 	}
-	vs := h.cards[k].versions
-	v := sort.Search(len(vs), func(i int) bool { return vs[i].EffectiveFrom > eventTime }) - 1
-	if v < 0 {
+	vs := h.cards[lo-1].versions
+	lo, hi = 0, len(vs)
+	for lo < hi {
+		if m := int(uint(lo+hi) >> 1); vs[m].EffectiveFrom > eventTime {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	if lo == 0 {
 		return schemas.Rate{}, false
 	}
-	rs := vs[v].Rates
-	i := sort.Search(len(rs), func(i int) bool { return rs[i].Meter >= meter })
-	if i < len(rs) && rs[i].Meter == meter {
-		return rs[i], true
+	rs := vs[lo-1].Rates
+	lo, hi = 0, len(rs)
+	for lo < hi {
+		if m := int(uint(lo+hi) >> 1); rs[m].Meter < meter {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(rs) && rs[lo].Meter == meter {
+		return rs[lo], true
 	}
 	return schemas.Rate{}, false
 }
