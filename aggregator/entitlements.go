@@ -268,6 +268,10 @@ type entPart struct {
 	// time) involved: Flush makes each one pending (or, with
 	// BalanceEveryTransaction, emits its balance).
 	changed map[string]int64
+	// changedGen changes whenever changed is cleared: a customer's entry
+	// of accounts with chGen changedGen (never 0) knows that changed
+	// holds it with a time of chAt or later (charge.commit).
+	changedGen uint64
 	// emitNow holds the customers whose balance the open transaction
 	// emits whatever the interval (a period start's), with the time it is
 	// as of.
@@ -522,7 +526,7 @@ func decodeRoll(v []byte) (rollState, error) {
 
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
-	e := &entPart{changed: map[string]int64{}, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
+	e := &entPart{changed: map[string]int64{}, changedGen: 1, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
 		cache: map[string]cachedValue{}, decoded: map[string]any{},
 		accounts: map[string]*heldAccount{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
 	pt.ent = e
@@ -727,6 +731,8 @@ type heldAccount struct {
 	dirty  bool
 	res    *entitlements.Resolved
 	resGen uint64
+	chAt   int64
+	chGen  uint64
 }
 
 // maxAccounts bounds the customers a partition keeps (accounts) with no
@@ -1383,9 +1389,19 @@ func (ch *charge) commit() error {
 	e := pt.ent
 	e.pending.add(entitlements.Accepted.String(), ch.label, ch.d.Cost)
 	// changed[customer] = max(changed[customer], arrival), written only
-	// when it moves.
-	if t, ok := e.changed[ch.customer]; !ok || ch.ev.Arrival > t {
-		e.changed[ch.customer] = max(t, ch.ev.Arrival)
+	// when it moves, and looked up only when the customer's entry does
+	// not know it holds as much already.
+	h := e.held(ch.customer)
+	if h != nil && e.changedGen != 0 && h.chGen == e.changedGen && ch.ev.Arrival <= h.chAt {
+		return nil
+	}
+	t, ok := e.changed[ch.customer]
+	if !ok || ch.ev.Arrival > t {
+		t = max(t, ch.ev.Arrival)
+		e.changed[ch.customer] = t
+	}
+	if h != nil {
+		h.chAt, h.chGen = t, e.changedGen
 	}
 	return nil
 }
@@ -1540,6 +1556,7 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 		pt.makePending(tx, c, t)
 	}
 	clear(e.changed)
+	e.changedGen++
 	if fenced {
 		if err := pt.roundChunk(tx, out); err != nil {
 			return err

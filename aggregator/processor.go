@@ -643,6 +643,7 @@ func (pt *partition) Abort() {
 	pt.finalDelays = pt.finalDelays[:0]
 	if pt.ent != nil {
 		clear(pt.ent.changed)
+		pt.ent.changedGen++
 		clear(pt.ent.emitNow)
 		pt.ent.fenced = false
 		clear(pt.ent.cache)
