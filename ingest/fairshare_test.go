@@ -120,7 +120,7 @@ func slowBodies(t *testing.T, e *env, reg *prometheus.Registry) {
 	var wg sync.WaitGroup
 	for k, c := range conns {
 		wg.Go(func() {
-			_ = c.conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second)) // the read timeout is 30s
 			b, err := io.ReadAll(c.conn)
 			// Closed: EOF, or a reset when the server closed with
 			// bytes of the body unread. Not a timeout.
