@@ -115,21 +115,10 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	tenant := req.key.Tenant
 	// Before the body is read: the bounds of requests in flight, and the
 	// key's bucket (spent by accepted events and by refused requests).
-	switch s.inflight.enter(req.key.ID) {
-	case limitGlobal:
-		unread(w)
-		writeProblem(w, http.StatusServiceUnavailable, "overloaded", "Too many requests in flight",
-			fmt.Sprintf("the ingest already serves %d requests; try again later", s.cfg.MaxInFlight), nil, time.Second)
-		s.metrics.inflightRefused(tenant, limitGlobal)
-		return tenant
-	case limitKey:
-		unread(w)
-		writeProblem(w, http.StatusTooManyRequests, "too-many-in-flight", "Too many requests in flight",
-			fmt.Sprintf("key %s already has %d requests in flight; wait for their answers", req.key.ID, s.cfg.MaxInFlightPerKey), nil, time.Second)
-		s.metrics.inflightRefused(tenant, limitKey)
+	if !s.enterInflight(w, tenant) {
 		return tenant
 	}
-	defer s.inflight.leave(req.key.ID)
+	defer s.inflight.leave(tenant)
 	if wait := s.limits.admit(req.key, req.received); wait > 0 {
 		unread(w)
 		s.rateLimited(w, req, wait)
@@ -220,11 +209,50 @@ func (s *Server) refusalCost(req *request) int {
 	return max(req.inputs, int(int64(len(req.body))*int64(s.cfg.MaxEvents)/s.cfg.MaxBodyBytes))
 }
 
+// enterInflight takes one of the in-flight slots for a request of tenant
+// before its body is read (inflight.enter), or answers the request with
+// the bound it would pass (503 overloaded, 429 too-many-in-flight) and
+// counts it. When it returns true, inflight.leave must follow.
+func (s *Server) enterInflight(w http.ResponseWriter, tenant string) bool {
+	limit, held, free := s.inflight.enter(tenant)
+	if limit == "" {
+		return true
+	}
+	unread(w)
+	switch limit {
+	case limitGlobal:
+		writeProblem(w, http.StatusServiceUnavailable, "overloaded", "Too many requests in flight",
+			fmt.Sprintf("the ingest already serves %d requests; try again later", s.cfg.MaxInFlight), nil, time.Second)
+	case limitTenant:
+		writeProblem(w, http.StatusTooManyRequests, "too-many-in-flight", "Too many requests in flight",
+			fmt.Sprintf("tenant %s already has %d requests in flight (its keys together); wait for their answers", tenant, held), nil, time.Second)
+	case limitShare:
+		writeProblem(w, http.StatusTooManyRequests, "too-many-in-flight", "Too many requests in flight",
+			fmt.Sprintf("tenant %s already has %d requests in flight, and %d of the ingest's %d slots are free: the last ones are kept for tenants with fewer; wait for their answers",
+				tenant, held, free, s.cfg.MaxInFlight), nil, time.Second)
+	}
+	s.metrics.inflightRefused(tenant, limit)
+	return false
+}
+
+// unreadGrace is how long net/http may still read the body of a request
+// answered before its body was read (unread).
+const unreadGrace = time.Second
+
 // unread closes the connection after an answer given before the body was
 // read: net/http would otherwise read and discard a body of up to 256 KiB
 // before it answers (to keep the connection), as slowly as the client
-// sends it.
-func unread(w http.ResponseWriter) { w.Header().Set("Connection", "close") }
+// sends it. With Connection: close it answers first, but still reads
+// that much of the body once the handler returns (to close the body): a
+// read deadline of unreadGrace ends that read, so that a refused client
+// that trickles its body keeps its connection, and a goroutine, for a
+// second, not until the read timeout. A body sent at once is still read
+// to its end within it, and the connection closed cleanly (a close with
+// unread bytes would reset it, and could cost the client the answer).
+func unread(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(unreadGrace))
+}
 
 // rateLimited answers 429 rate-limited: the key's bucket does not hold
 // the request's events (or, before the body is read, a token); for a key

@@ -79,11 +79,14 @@ const (
 	// DefaultMaxInFlight bounds the requests served at once (503 beyond):
 	// with DefaultMaxBodyBytes, at most 256 MiB of bodies held.
 	DefaultMaxInFlight = 256
-	// DefaultMaxInFlightPerKey bounds the requests of one key served at
-	// once (429 beyond): a quarter of DefaultMaxInFlight, so that one key
-	// cannot take every slot, and room for a service that shares one key
-	// among many instances.
-	DefaultMaxInFlightPerKey = 64
+	// DefaultMaxInFlightPerTenant bounds the requests of one tenant (all
+	// its keys) served at once (429 beyond): a sixteenth of
+	// DefaultMaxInFlight, so that it takes at least 16 tenants holding
+	// their bound (clients that trickle their bodies, say) to leave none
+	// for the others, 20 with the fair share (inflight); at a few
+	// milliseconds a request, still thousands of requests a second of one
+	// tenant per replica.
+	DefaultMaxInFlightPerTenant = 16
 	// DefaultRefusalRate is the refusal budget of a key without a rate:
 	// the events of one full request (DefaultMaxEvents) refused per
 	// second, per replica. A refused request costs the replica about as
@@ -133,10 +136,14 @@ type Config struct {
 	// MaxEvents bounds the events of one request (413). Default: 1000.
 	MaxEvents int
 	// MaxInFlight bounds the requests with a valid key served at once
-	// (503 overloaded beyond); MaxInFlightPerKey bounds those of one key
-	// (429 too-many-in-flight). Each may hold a body of MaxBodyBytes.
-	// Defaults: 256 and 64; negative: no bound.
-	MaxInFlight, MaxInFlightPerKey int
+	// (503 overloaded beyond); MaxInFlightPerTenant bounds those of one
+	// tenant, all its keys together (429 too-many-in-flight). Each may
+	// hold a body of MaxBodyBytes. Besides, a tenant is admitted only
+	// while it holds fewer requests than there are free slots of
+	// MaxInFlight (429 too-many-in-flight): the last slots go to the
+	// tenants that hold the fewest. Defaults: 256 and 16; negative: no
+	// bound (a negative MaxInFlight: no share either).
+	MaxInFlight, MaxInFlightPerTenant int
 	// RefusalRate is the refusal budget of a key without a rate of its
 	// own, in events per second on this replica: its refused requests
 	// (400, 403, 413, 415) take from a bucket of this rate, as a key's
@@ -211,8 +218,8 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
-	if c.MaxInFlightPerKey == 0 {
-		c.MaxInFlightPerKey = DefaultMaxInFlightPerKey
+	if c.MaxInFlightPerTenant == 0 {
+		c.MaxInFlightPerTenant = DefaultMaxInFlightPerTenant
 	}
 	if c.RefusalRate == 0 {
 		c.RefusalRate = DefaultRefusalRate
@@ -350,7 +357,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerKey), scheme: "http", maxBuffered: maxBuffered}
+		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered}
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
 	}

@@ -271,48 +271,70 @@ func countEvents(body []byte, ndjson bool) int {
 // Which in-flight bound refused a request (inflight.enter, and the label
 // of meterline_ingest_inflight_refused_total).
 const (
-	limitGlobal = "global"
-	limitKey    = "key"
+	limitGlobal = "global" // every slot is taken (503)
+	limitTenant = "tenant" // the tenant holds MaxInFlightPerTenant (429)
+	limitShare  = "share"  // the tenant holds as many as are free (429)
 )
 
-// inflight bounds the requests being served at once, in all and per key:
-// each may hold a body of up to MaxBodyBytes while it arrives and is
-// parsed, and wait for Kafka's acknowledgement. A bound of 0 or less is
-// none.
+// inflight bounds the requests being served at once, in all and per
+// tenant (all its keys together): each may hold a body of up to
+// MaxBodyBytes while it arrives and is parsed, and wait for Kafka's
+// acknowledgement. A client that trickles its body holds its slot until
+// the read timeout, so the slots are shared out among tenants:
+//
+//   - a tenant holds at most perTenant;
+//   - a tenant is admitted only while it holds fewer requests than there
+//     are free slots (its fair share of what is left): the last slots go
+//     to the tenants that hold the fewest, so that filling every slot
+//     takes many tenants, not a few that hold their bound each (with 256
+//     slots and 16 a tenant, 20 tenants; with no bound per tenant, one
+//     tenant holds at most half the slots, two three quarters, and so
+//     on).
+//
+// A bound of 0 or less is none (with no bound in all, there is no share
+// either).
 type inflight struct {
-	max, perKey int
-	mu          sync.Mutex
-	total       int
-	byKey       map[string]int
+	max, perTenant int
+	mu             sync.Mutex
+	total          int
+	byTenant       map[string]int
 }
 
-func newInflight(max, perKey int) *inflight {
-	return &inflight{max: max, perKey: perKey, byKey: map[string]int{}}
+func newInflight(max, perTenant int) *inflight {
+	return &inflight{max: max, perTenant: perTenant, byTenant: map[string]int{}}
 }
 
-// enter admits a request of key id ("": admitted, and leave must follow)
-// or names the bound it would pass (limitGlobal, limitKey).
-func (f *inflight) enter(id string) string {
+// enter admits a request of tenant ("": admitted, and leave must follow)
+// or names the bound it would pass (limitGlobal, limitTenant,
+// limitShare); held is the tenant's requests in flight, free the free
+// slots (-1: no bound in all).
+func (f *inflight) enter(tenant string) (limit string, held, free int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	held, free = f.byTenant[tenant], -1
+	if f.max > 0 {
+		free = f.max - f.total
+	}
 	switch {
-	case f.max > 0 && f.total >= f.max:
-		return limitGlobal
-	case f.perKey > 0 && f.byKey[id] >= f.perKey:
-		return limitKey
+	case f.max > 0 && free <= 0:
+		return limitGlobal, held, free
+	case f.perTenant > 0 && held >= f.perTenant:
+		return limitTenant, held, free
+	case f.max > 0 && held >= free:
+		return limitShare, held, free
 	}
 	f.total++
-	f.byKey[id]++
-	return ""
+	f.byTenant[tenant]++
+	return "", held, free
 }
 
-// leave ends a request enter admitted.
-func (f *inflight) leave(id string) {
+// leave ends a request of tenant that enter admitted.
+func (f *inflight) leave(tenant string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.total--
-	if f.byKey[id]--; f.byKey[id] <= 0 {
-		delete(f.byKey, id)
+	if f.byTenant[tenant]--; f.byTenant[tenant] <= 0 {
+		delete(f.byTenant, tenant)
 	}
 }
 

@@ -192,52 +192,61 @@ func TestRateLimitedRequestCosts(t *testing.T) {
 	}
 }
 
-// The requests of a key in flight at once are bounded (429
-// too-many-in-flight), and those of every key (503 overloaded), before
-// their bodies are read.
+// The requests of a tenant in flight at once, all its keys together, are
+// bounded (429 too-many-in-flight), and those of every tenant (503
+// overloaded), before their bodies are read.
 func TestInFlightBounds(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.MaxInFlightPerKey = 1; c.MaxInFlight = 2 })
+	e := newEnv(t, func(c *Config) { c.MaxInFlightPerTenant = 1; c.MaxInFlight = 2 })
 	_, token2, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, token3, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "acme"})
+	_, beta, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "beta", Customers: []string{"beta-*"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitKeys(t, e.srv, 3)
+	_, gamma, err := e.admin.CreateKey(context.Background(), KeySpec{Tenant: "gamma", Customers: []string{"gamma-*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 4)
 	body := apiCall("slow", "acme-1")
 	conn := startSlowRequest(t, e.srv.Addr(), e.token, body)
 	time.Sleep(100 * time.Millisecond) // the slow request is in flight
-	status, hdr, b := e.post("/v1/events", "application/json", e.token, apiCall("k", "acme-1"))
-	if status != http.StatusTooManyRequests {
-		t.Fatalf("a second request of the key: %d %s, want 429", status, b)
+	// A second request of the tenant is refused, by another of its keys too.
+	for _, token := range []string{e.token, token2} {
+		status, hdr, b := e.post("/v1/events", "application/json", token, apiCall("k", "acme-1"))
+		if status != http.StatusTooManyRequests {
+			t.Fatalf("a second request of the tenant: %d %s, want 429", status, b)
+		}
+		if p := problem(t, b); p.Type != "urn:meterline:problem:too-many-in-flight" || p.RetryAfter != 1 || hdr.Get("Retry-After") != "1" ||
+			p.Detail != "tenant acme already has 1 requests in flight (its keys together); wait for their answers" {
+			t.Errorf("problem %+v, Retry-After %q", p, hdr.Get("Retry-After"))
+		}
 	}
-	if p := problem(t, b); p.Type != "urn:meterline:problem:too-many-in-flight" || p.RetryAfter != 1 || hdr.Get("Retry-After") != "1" {
-		t.Errorf("problem %+v, Retry-After %q", p, hdr.Get("Retry-After"))
-	}
-	// Another key passes; with two in flight, a third key is refused 503.
-	conn2 := startSlowRequest(t, e.srv.Addr(), token2, body)
+	// Another tenant passes; with two in flight, a third tenant is refused 503.
+	betaBody := apiCall("slow", "beta-1")
+	conn2 := startSlowRequest(t, e.srv.Addr(), beta, betaBody)
 	time.Sleep(100 * time.Millisecond)
-	status, _, b = e.post("/v1/events", "application/json", token3, apiCall("g", "acme-1"))
+	status, _, b := e.post("/v1/events", "application/json", gamma, apiCall("g", "gamma-1"))
 	if status != http.StatusServiceUnavailable {
 		t.Fatalf("a third request in flight: %d %s, want 503", status, b)
 	}
 	if p := problem(t, b); p.Type != "urn:meterline:problem:overloaded" || p.RetryAfter != 1 {
 		t.Errorf("problem %+v", p)
 	}
-	if v := testutil.ToFloat64(e.srv.metrics.inflight.WithLabelValues("acme", limitKey)); v != 1 {
-		t.Errorf("refused by the key's bound: %g, want 1", v)
+	if v := testutil.ToFloat64(e.srv.metrics.inflight.WithLabelValues("acme", limitTenant)); v != 2 {
+		t.Errorf("refused by the tenant's bound: %g, want 2", v)
 	}
-	if v := testutil.ToFloat64(e.srv.metrics.inflight.WithLabelValues("acme", limitGlobal)); v != 1 {
+	if v := testutil.ToFloat64(e.srv.metrics.inflight.WithLabelValues("gamma", limitGlobal)); v != 1 {
 		t.Errorf("refused by the global bound: %g, want 1", v)
 	}
 	// Once answered, their slots are free again.
-	for _, c := range []interface {
+	for i, c := range []interface {
 		io.ReadWriter
 		SetReadDeadline(time.Time) error
 	}{conn, conn2} {
-		if _, err := c.Write(body[10:]); err != nil {
+		if _, err := c.Write([][]byte{body, betaBody}[i][10:]); err != nil {
 			t.Fatal(err)
 		}
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))

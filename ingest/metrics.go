@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		gate: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_gate_refused_events_total",
 			Help: "Events answered 402 by the advisory quota gate (nothing sent), by tenant."}, []string{"tenant"}),
 		inflight: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_inflight_refused_total",
-			Help: "Requests refused before their body was read because too many were in flight, by tenant and limit: key (429, --max-in-flight-per-client) or global (503, --max-in-flight)."}, []string{"tenant", "limit"}),
+			Help: "Requests refused before their body was read because too many were in flight, by tenant and limit: tenant (429, the tenant's keys together hold --max-in-flight-per-client), share (429, the tenant holds as many as there are free slots) or global (503, --max-in-flight)."}, []string{"tenant", "limit"}),
 		tenants: map[string]*tenantTotals{},
 	}
 	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_inflight_requests",

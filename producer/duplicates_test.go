@@ -14,8 +14,7 @@ import (
 // disappears silently). encoding/json kept the last of them, so that a
 // producer whose serializer repeated a name was billed on a value it may
 // not have meant. A name is the same member as the JSON decoder reads it:
-// escapes decoded, and the event's own fields matched without regard to
-// case, as encoding/json matches them; property names are exact.
+// escapes decoded; names are matched exactly.
 func TestParseJSONDuplicates(t *testing.T) {
 	const rest = `"customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250`
 	for _, c := range []struct{ line, field, reason string }{
@@ -30,8 +29,9 @@ func TestParseJSONDuplicates(t *testing.T) {
 		{`{"event_id":"a",` + rest + `,"properties":{"region":"eu","re\u0067ion":"us"}}`, "properties.region", "appears twice"},
 		{`{"event_id":"a",` + rest + `,"properties":{"a":"1"},"properties":{"b":"2"}}`, "properties", "appears twice"},
 		{`{"event_id":"a",` + rest + `,"event\u005fid":"b"}`, "event_id", "appears twice"},
-		{`{"event_id":"a",` + rest + `,"EVENT_ID":"b"}`, "event_id", `appears twice ("EVENT_ID" is the same member`},
-		{"{\"event_id\":\"a\"," + rest + ",\"\u017fource\":\"x\",\"source\":\"y\"}", "source", "appears twice"}, // ſ folds to s
+		// A case variant of a field is no field (TestParseJSONExactNames).
+		{`{"event_id":"a",` + rest + `,"EVENT_ID":"b"}`, "EVENT_ID", `is not the field "event_id"`},
+		{"{\"event_id\":\"a\"," + rest + ",\"\u017fource\":\"x\",\"source\":\"y\"}", "\u017fource", `is not the field "source"`}, // ſ folds to s
 	} {
 		_, err := ParseJSON([]byte(c.line))
 		var fe *FieldError
@@ -97,5 +97,38 @@ func BenchmarkParseJSONManyProperties(b *testing.B) {
 		if _, err := ParseJSON(line); err == nil {
 			b.Fatal("accepted")
 		}
+	}
+}
+
+// TestParseJSONExactNames: the event's fields are named exactly, in
+// lowercase. encoding/json matches a struct's fields without regard to
+// case (Unicode folding included), so a lone "EVENT_ID" was taken for
+// event_id, and an event's identity could be spelled several ways; the
+// HTTP ingest's CloudEvents refuse such names (checkNames) as the
+// CloudEvents SDK does. A case variant is refused naming the member as
+// the line spells it, wherever it stands and whether or not the field
+// itself is there too.
+func TestParseJSONExactNames(t *testing.T) {
+	const rest = `"customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250`
+	for _, c := range []struct{ line, field, want string }{
+		{`{"EVENT_ID":"a",` + rest + `}`, "EVENT_ID", "event_id"},
+		{`{"Event_Id":"a",` + rest + `}`, "Event_Id", "event_id"},
+		{`{"event_id":"a","Customer_ID":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "Customer_ID", "customer_id"},
+		{`{"event_id":"a",` + rest + `,"Source":"gw"}`, "Source", "source"},
+		{`{"event_id":"a",` + rest + `,"PROPERTIES":{"a":"b"}}`, "PROPERTIES", "properties"},
+		{`{"event_id":"a","customer_id":"c","METER":"m","quantity":1,"event_time":1795003200250}`, "METER", "meter"},
+		{`{"\u0045VENT_ID":"a",` + rest + `}`, "EVENT_ID", "event_id"},                        // escapes decoded
+		{"{\"\u017fource\":\"gw\",\"event_id\":\"a\"," + rest + "}", "\u017fource", "source"}, // ſ folds to s
+	} {
+		_, err := ParseJSON([]byte(c.line))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field || fe.Code != schemas.ReasonInvalid ||
+			fe.Reason != fmt.Sprintf("is not the field %q: field names are lowercase, and are matched exactly", c.want) {
+			t.Errorf("ParseJSON(%s) = %v; want an invalid error naming %q as not the field %q", c.line, err, c.field, c.want)
+		}
+	}
+	// Property names are the producer's own: any case is a property.
+	if e, err := ParseJSON([]byte(`{"event_id":"a",` + rest + `,"properties":{"EVENT_ID":"x","Region":"eu"}}`)); err != nil || e.Properties["EVENT_ID"] != "x" {
+		t.Errorf("properties in upper case: %+v, %v", e, err)
 	}
 }

@@ -54,9 +54,13 @@ type jsonEvent struct {
 //   - a repeated member name, of the event or of its properties: it would
 //     keep the last one, and the producer be billed on a value it may not
 //     have meant. The error names the member ("properties.region: appears
-//     twice"). Names are compared as the decoder reads them: escapes
-//     decoded, and the event's own fields without regard to case, as
-//     encoding/json matches them.
+//     twice"). Names are compared with their escapes decoded.
+//   - a member named as one of the event's fields in another case
+//     ("EVENT_ID"): encoding/json matches names without regard to case
+//     and would decode it into the field. Fields are named exactly, as
+//     the HTTP ingest matches CloudEvent attributes; the error names the
+//     member as the line spells it ("EVENT_ID: is not the field
+//     \"event_id\"").
 //   - properties of more than schemas.MaxProperties members are refused
 //     (oversized, as Producer.Record would) before they are decoded, so
 //     that refusing a line costs about its size in memory, not a map of

@@ -17,6 +17,8 @@ import (
 //   - a string that is not valid text: invalid UTF-8, or a \u escape of a
 //     UTF-16 surrogate that is not part of a pair (named by the member
 //     names on its way, "event" at the top);
+//   - a member of the event named as a field in another case ("EVENT_ID",
+//     which encoding/json would decode into event_id);
 //   - a member of the event named twice, or a property named twice;
 //   - properties of more than schemas.MaxProperties members (oversized),
 //     counted without storing them.
@@ -190,14 +192,13 @@ func (s *lineScan) member(top *frame, lit []byte, escaped bool) *FieldError {
 		}
 		top.field = eventField(n)
 		if top.field < 0 {
+			if k := foldedField(n); k >= 0 {
+				return fieldErr(clip.To(string(n), clip.Echo), "is not the field %q: field names are lowercase, and are matched exactly", eventFields[k])
+			}
 			return nil // not a field: the decoder refuses it
 		}
-		f := eventFields[top.field]
 		if s.seen&(1<<top.field) != 0 {
-			if string(n) != f {
-				return fieldErr(f, "appears twice (%q is the same member: the event's members are matched without regard to case)", n)
-			}
-			return fieldErr(f, "appears twice")
+			return fieldErr(eventFields[top.field], "appears twice")
 		}
 		s.seen |= 1 << top.field
 	case objProperties:
@@ -218,15 +219,22 @@ func (s *lineScan) member(top *frame, lit []byte, escaped bool) *FieldError {
 	return nil
 }
 
-// eventField is the index in eventFields of the field that encoding/json
-// decodes a member called name into: an exact match, else one without
-// regard to case (Unicode simple folding, as bytes.EqualFold); -1 for none.
+// eventField is the index in eventFields of the field named exactly
+// name; -1 for none.
 func eventField(name []byte) int {
 	for k, f := range eventFields {
 		if string(name) == f {
 			return k
 		}
 	}
+	return -1
+}
+
+// foldedField is the index in eventFields of the field that name, not a
+// field's exact name, is in another case (Unicode simple folding, as
+// bytes.EqualFold); -1 for none. encoding/json would decode such a
+// member into the field: ParseJSON refuses it first.
+func foldedField(name []byte) int {
 	for k, f := range eventFields {
 		if bytes.EqualFold(name, []byte(f)) {
 			return k

@@ -244,8 +244,10 @@ func (b *ingestBench) ingestConfig(topic string) ingest.Config {
 		KeysTopic: b.keysTopic, BalancesTopic: b.balancesTopic, Meters: b.meters, MaxEvents: b.cfg.Batch, MaxBodyBytes: 16 << 20,
 		Logger: b.env.Logger, Registerer: prometheus.NewRegistry(), Trace: b.record, Linger: b.cfg.Linger,
 		// Every connection posts with the bench's one key: none waits
-		// for a slot, as no request is refused.
-		MaxInFlight: max(ingest.DefaultMaxInFlight, b.cfg.Connections), MaxInFlightPerKey: max(ingest.DefaultMaxInFlightPerKey, b.cfg.Connections)}
+		// for a slot, as no request is refused. One tenant holds at most
+		// half the slots (its fair share of those free), so there are
+		// twice as many as connections.
+		MaxInFlight: max(ingest.DefaultMaxInFlight, 2*b.cfg.Connections), MaxInFlightPerTenant: max(ingest.DefaultMaxInFlightPerTenant, b.cfg.Connections)}
 	cfg.EnsureDefaults()
 	return cfg
 }

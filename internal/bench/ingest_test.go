@@ -55,11 +55,13 @@ func TestIngestConfigValidate(t *testing.T) {
 // connection of the bench at once; its one key is never refused
 // too-many-in-flight (which the bench would take for a failure).
 func TestIngestBoundsFitConnections(t *testing.T) {
-	for _, conns := range []int{4, ingest.DefaultMaxInFlightPerKey + 1, ingest.DefaultMaxInFlight + 1} {
+	for _, conns := range []int{4, ingest.DefaultMaxInFlightPerTenant + 1, ingest.DefaultMaxInFlight + 1} {
 		b := &ingestBench{env: &Env{}, cfg: IngestConfig{Connections: conns, Batch: 10}}
 		cfg := b.ingestConfig("t")
-		if cfg.MaxInFlightPerKey < conns || cfg.MaxInFlight < conns {
-			t.Errorf("%d connections: in-flight bounds %d per key, %d in all", conns, cfg.MaxInFlightPerKey, cfg.MaxInFlight)
+		// The tenant's last request is admitted while it holds fewer
+		// than are free: conns-1 < MaxInFlight-(conns-1).
+		if cfg.MaxInFlightPerTenant < conns || cfg.MaxInFlight < 2*conns-1 {
+			t.Errorf("%d connections: in-flight bounds %d per tenant, %d in all", conns, cfg.MaxInFlightPerTenant, cfg.MaxInFlight)
 		}
 	}
 }

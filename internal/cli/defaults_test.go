@@ -118,7 +118,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("max-body-bytes"), f.MaxBodyBytes, int64(ingest.DefaultMaxBodyBytes)},
 			{flag("max-events"), f.MaxEvents, ingest.DefaultMaxEvents},
 			{flag("max-in-flight"), f.MaxInFlight, ingest.DefaultMaxInFlight},
-			{flag("max-in-flight-per-client"), f.MaxInFlightPerKey, ingest.DefaultMaxInFlightPerKey},
+			{flag("max-in-flight-per-client"), f.MaxInFlightPerTenant, ingest.DefaultMaxInFlightPerTenant},
 			{flag("produce-timeout"), f.ProduceTimeout, ingest.DefaultProduceTimeout},
 			{flag("read-header-timeout"), f.ReadHeaderTimeout, ingest.DefaultReadHeaderTimeout},
 			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},

@@ -19,22 +19,22 @@ import (
 // these flags as --${flag_prefix}name: the embedding sets the variable
 // flag_prefix to its prefix.
 type IngestFlags struct {
-	Addr              string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
-	TLSCertFile       string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
-	TLSKeyFile        string        `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" secretfile:""` // not kong's existingfile: its error would quote a key set here by mistake
-	RequireTime       bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
-	MaxBodyBytes      int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
-	MaxEvents         int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
-	MaxInFlight       int           `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
-	MaxInFlightPerKey int           `name:"max-in-flight-per-client" help:"Most requests of one API key served at once (429 too-many-in-flight beyond); -1: no bound." default:"${ingest_max_in_flight_per_client}"`
-	RefusalRate       float64       `help:"Refusal budget of a key without a rate: events per second it may have refused (400, 403, 413, 415) on this replica; past it, 429 before bodies are read; -1: no budget." default:"${ingest_refusal_rate}"`
-	ProduceTimeout    time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
-	ReadHeaderTimeout time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
-	ReadTimeout       time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
-	IdleTimeout       time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
-	MaxSkew           time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
-	QuotaGate         bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
-	GateMaxAge        time.Duration `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
+	Addr                 string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
+	TLSCertFile          string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
+	TLSKeyFile           string        `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" secretfile:""` // not kong's existingfile: its error would quote a key set here by mistake
+	RequireTime          bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
+	MaxBodyBytes         int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
+	MaxEvents            int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
+	MaxInFlight          int           `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
+	MaxInFlightPerTenant int           `name:"max-in-flight-per-client" help:"Most requests of one tenant (all its API keys together) served at once (429 too-many-in-flight beyond); -1: no bound. A tenant is also refused 429 once it holds as many as there are free slots of --${flag_prefix}max-in-flight." default:"${ingest_max_in_flight_per_client}"`
+	RefusalRate          float64       `help:"Refusal budget of a key without a rate: events per second it may have refused (400, 403, 413, 415) on this replica; past it, 429 before bodies are read; -1: no budget." default:"${ingest_refusal_rate}"`
+	ProduceTimeout       time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
+	ReadHeaderTimeout    time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
+	ReadTimeout          time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
+	IdleTimeout          time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
+	MaxSkew              time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
+	QuotaGate            bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
+	GateMaxAge           time.Duration `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
 }
 
 func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
@@ -43,7 +43,7 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
 		BalancesTopic: g.Topic.BalancesTopic(), NoGate: !f.QuotaGate, GateMaxAge: f.GateMaxAge,
 		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
-		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerKey: f.MaxInFlightPerKey, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
+		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerTenant: f.MaxInFlightPerTenant, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
 		Logger: log, Registerer: reg,
 	}

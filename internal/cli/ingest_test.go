@@ -218,7 +218,7 @@ func TestIngestInFlightFlags(t *testing.T) {
 	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
 	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-client=-1").Ingest
 	cfg := c.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, zap.NewNop(), prometheus.NewRegistry())
-	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerKey != -1 {
-		t.Errorf("MaxInFlight %d, MaxInFlightPerKey %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerKey)
+	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerTenant != -1 {
+		t.Errorf("MaxInFlight %d, MaxInFlightPerTenant %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerTenant)
 	}
 }

@@ -69,6 +69,48 @@ func TestProduceInvalidText(t *testing.T) {
 	}
 }
 
+// TestProduceExactNames: `meterline produce` matches the fields of a line
+// exactly. A lone "EVENT_ID" was taken for event_id (encoding/json
+// matches names without regard to case), though "EVENT_ID" next to
+// "event_id" was refused; each case variant is now a bad line naming the
+// member as the line spells it, and nothing of it is sent.
+func TestProduceExactNames(t *testing.T) {
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
+	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	rest := `"customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` + ts + `"`
+	in := strings.Join([]string{
+		`{"EVENT_ID":"req-1",` + rest + `}`,
+		`{"event_id":"req-2",` + rest + `,"Source":"gw"}`,
+		`{"event_id":"req-3",` + rest + `}`,
+	}, "\n") + "\n"
+	code, stdout, stderr := run(t, in, "produce", "--brokers", brokers[0])
+	if code == 0 {
+		t.Fatalf("exit 0; want non-zero\nstdout: %s\nstderr: %s", stdout, stderr)
+	}
+	for _, re := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^line 1: EVENT_ID: is not the field "event_id": field names are lowercase, and are matched exactly$`),
+		regexp.MustCompile(`(?m)^line 2: Source: is not the field "source": field names are lowercase, and are matched exactly$`),
+	} {
+		if !re.MatchString(stderr) {
+			t.Errorf("stderr lacks %s:\n%s", re, stderr)
+		}
+	}
+	if !strings.Contains(stdout, "3 lines, 1 sent, 2 bad, 0 failed") {
+		t.Errorf("summary: %s", stdout)
+	}
+	recs := testenv.ReadAll(t, brokers, "usage.events")
+	if len(recs) != 1 {
+		t.Fatalf("topic has %d records, want only req-3's", len(recs))
+	}
+	var ue schemas.UsageEvent
+	if err := schemas.DecodeInto(recs[0].Value, &ue); err != nil {
+		t.Fatal(err)
+	}
+	if ue.EventID != "req-3" {
+		t.Fatalf("sent event %q, want req-3", ue.EventID)
+	}
+}
+
 // FuzzProduceLines feeds arbitrary input to the decoding half of
 // `meterline produce`: the line reader and each line's parse, validation
 // and encoding. It must never panic; every line is either empty, a record
