@@ -180,10 +180,10 @@ func fill(t *testing.T, f *inflight) []int {
 // cannot take them all: each holds at most its bound, and is admitted
 // only while it holds fewer than are free.
 func TestInflightShares(t *testing.T) {
-	// The defaults: 16 tenants take 16 each, and the last 16 slots go to
-	// 4 more, 8, 4, 2, 1, and 1 to a fifth.
+	// The defaults: 3 tenants take 64 each, and the last 64 slots go to
+	// 7 more: 32, 16, 8, 4, 2, 1 and 1.
 	held := fill(t, newInflight(DefaultMaxInFlight, DefaultMaxInFlightPerTenant))
-	if want := []int{16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 8, 4, 2, 1, 1}; fmt.Sprint(held) != fmt.Sprint(want) {
+	if want := []int{64, 64, 64, 32, 16, 8, 4, 2, 1, 1}; fmt.Sprint(held) != fmt.Sprint(want) {
 		t.Errorf("with the default bounds, tenants one after another hold %v, want %v", held, want)
 	}
 	// With no bound per tenant, one tenant holds half, and so on.

@@ -80,13 +80,12 @@ const (
 	// with DefaultMaxBodyBytes, at most 256 MiB of bodies held.
 	DefaultMaxInFlight = 256
 	// DefaultMaxInFlightPerTenant bounds the requests of one tenant (all
-	// its keys) served at once (429 beyond): a sixteenth of
-	// DefaultMaxInFlight, so that it takes at least 16 tenants holding
-	// their bound (clients that trickle their bodies, say) to leave none
-	// for the others, 20 with the fair share (inflight); at a few
-	// milliseconds a request, still thousands of requests a second of one
-	// tenant per replica.
-	DefaultMaxInFlightPerTenant = 16
+	// its keys) served at once (429 beyond): a quarter of
+	// DefaultMaxInFlight, room for a fleet of services that share one
+	// tenant, sending an event a request; with the fair share (inflight)
+	// it takes 10 tenants holding their bound (clients that trickle their
+	// bodies, say) to leave no slot for the others.
+	DefaultMaxInFlightPerTenant = 64
 	// DefaultRefusalRate is the refusal budget of a key without a rate:
 	// the events of one full request (DefaultMaxEvents) refused per
 	// second, per replica. A refused request costs the replica about as

@@ -287,7 +287,7 @@ const (
 //     are free slots (its fair share of what is left): the last slots go
 //     to the tenants that hold the fewest, so that filling every slot
 //     takes many tenants, not a few that hold their bound each (with 256
-//     slots and 16 a tenant, 20 tenants; with no bound per tenant, one
+//     slots and 64 a tenant, 10 tenants; with no bound per tenant, one
 //     tenant holds at most half the slots, two three quarters, and so
 //     on).
 //
