@@ -73,7 +73,13 @@ func addOK(a, b int64) (int64, bool) {
 }
 
 func (pt *partition) loadInvoice(tx stateReader, start int64, ak []byte) (invState, error) {
-	v, ok, err := tx.Get(periodKey(pfxInvoice, start, ak))
+	// The key is built in a scratch buffer: an OPEN aggregate loaded
+	// into the cache reads it (openAggregate).
+	k := append(pt.ikBuf[:0], pfxInvoice)
+	k = binary.BigEndian.AppendUint64(k, uint64(start))
+	k = append(k, ak...)
+	pt.ikBuf = k
+	v, ok, err := tx.Get(k)
 	if err != nil || !ok {
 		return invState{}, err
 	}

@@ -71,6 +71,7 @@ type partition struct {
 	// Scratch buffers: the aggregate key K of the event being handled, its
 	// state key, a unique-value key and an encoded state (tx.Put copies).
 	akBuf, okBuf, uBuf, stBuf []byte
+	ikBuf                     []byte // an invoice key (loadInvoice)
 	// The period of the last Bounds call: events arrive in runs of one
 	// period.
 	bStart, bEnd int64
