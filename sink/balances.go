@@ -66,10 +66,10 @@ func each[E, T any](es []E, f func(E) T) []T {
 // data and checks its numbers.
 var BalanceQueries = []AnalystQuery{
 	{Name: "customers_near_cap", Title: "Customers at or above 80% of a cap in the current period", SQL: `
-SELECT customer_id, plan, meter, usage, cap, round(100 * usage / cap, 1) AS percent
+SELECT customer_id, plan, meter, usage, cap, round(100 * toFloat64(usage) / cap, 1) AS percent
 FROM balances_current FINAL
 ARRAY JOIN meter_names AS meter, meter_usage AS usage, meter_limits AS cap
-WHERE period_end > now() AND unmetered = 0 AND usage * 5 >= cap * 4
+WHERE period_end > now() AND unmetered = 0 AND toDecimal128(usage, 0) * 5 >= toDecimal128(cap, 0) * 4
 ORDER BY percent DESC, customer_id, meter`},
 
 	{Name: "credits_expiring_this_month", Title: "Credits that expire this month", SQL: `

@@ -135,3 +135,81 @@ func TestAnalystSumsDoNotWrapOnChdb(t *testing.T) {
 		}
 	}
 }
+
+// nearCapInserts: balances of this month (the query reads the current
+// period) whose usage or cap times 5 exceeds 64 bits. big uses 2·10¹⁸ of
+// a cap of 2.2·10¹⁸ (90.9 %); unlimited 10 of a cap of MaxInt64 (0 %);
+// small 850 of 1000 (85 %).
+func nearCapInserts(db string, now time.Time) []string {
+	cur := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	next := cur.AddDate(0, 1, 0)
+	row := func(off int, cust string, usage, limit string) string {
+		return fmt.Sprintf("SELECT 'usage.balances' AS t, toInt32(0) AS p, toInt64(%d) AS o, toDateTime(%d) AS ts, '%s' AS c, 'free' AS pl, "+
+			"toInt64(1) AS r, toDateTime(%d) AS ps, toDateTime(%d) AS pe, ['api_calls'] AS mn, [toInt64(%s)] AS mu, [toInt64(%s)] AS ml, ['reject'] AS mo",
+			off, cur.Unix(), cust, cur.Unix(), next.Unix(), usage, limit)
+	}
+	return []string{"INSERT INTO " + db + ".usage_balances (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, customer_id, plan, " +
+		"revision, period_start, period_end, meter_names, meter_usage, meter_limits, meter_on_limit) SELECT * FROM (" +
+		row(1, "big", "2000000000000000000", "2200000000000000000") + " UNION ALL " + row(2, "unlimited", "10", maxInt64) +
+		" UNION ALL " + row(3, "small", "850", "1000") + ")"}
+}
+
+const nearCapWant = "big\tfree\tapi_calls\t2000000000000000000\t2200000000000000000\t90.9\n" +
+	"small\tfree\tapi_calls\t850\t1000\t85\n"
+
+func nearCapQuery(t *testing.T) string {
+	for _, q := range BalanceQueries {
+		if q.Name == "customers_near_cap" {
+			return q.SQL
+		}
+	}
+	t.Fatal("no query customers_near_cap")
+	return ""
+}
+
+// TestNearCapDoesNotWrap: customers_near_cap lists the customers at 80 %
+// of a cap or more, and only those, whatever the size of the cap and the
+// usage (a cap of MaxInt64 stands for no practical limit), on ClickHouse
+// 18.16 and on chdb.
+func TestNearCapDoesNotWrap(t *testing.T) {
+	conn, db := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 5*time.Minute)
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range nearCapInserts(db, time.Now()) {
+		if err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	got, err := tsv(ctx, conn, nearCapQuery(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != nearCapWant {
+		t.Errorf("customers_near_cap on 18.16:\n%q\nwant\n%q", got, nearCapWant)
+	}
+}
+
+// TestNearCapDoesNotWrapOnChdb is TestNearCapDoesNotWrap on current
+// ClickHouse (chdb, 26.x).
+func TestNearCapDoesNotWrapOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stmts []string
+	for _, m := range ms {
+		stmts = append(stmts, m.Statements...)
+	}
+	const db = "nearcap"
+	stmts = append(stmts, nearCapInserts(db, time.Now())...)
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts, Queries: []string{nearCapQuery(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Results) != 1 || resp.Results[0] != nearCapWant {
+		t.Errorf("customers_near_cap on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, nearCapWant)
+	}
+}
