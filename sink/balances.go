@@ -81,7 +81,9 @@ WHERE expires_at_ms != 0 AND remaining > 0
 ORDER BY expires_at, customer_id, grant_id`},
 
 	{Name: "credits_left", Title: "Credits left and overdraft per customer", SQL: `
-SELECT customer_id, plan, arraySum(arrayFilter((r, e) -> e = 0 OR e > toUnixTimestamp(now()) * 1000, grant_remaining, grant_expires_at_ms)) AS credits_left,
+SELECT customer_id, plan,
+       arrayReduce('sum', arrayMap(r -> toDecimal128(r, 0),
+           arrayFilter((r, e) -> e = 0 OR e > toUnixTimestamp(now()) * 1000, grant_remaining, grant_expires_at_ms))) AS credits_left,
        overdrawn, overdraft_policy, updated_at
 FROM (SELECT * FROM balances_current FINAL ORDER BY customer_id, period_start DESC LIMIT 1 BY customer_id)
 ORDER BY credits_left, customer_id`},

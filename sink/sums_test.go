@@ -2,6 +2,7 @@ package sink
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -151,26 +152,40 @@ func nearCapInserts(db string, now time.Time) []string {
 	return []string{"INSERT INTO " + db + ".usage_balances (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, customer_id, plan, " +
 		"revision, period_start, period_end, meter_names, meter_usage, meter_limits, meter_on_limit) SELECT * FROM (" +
 		row(1, "big", "2000000000000000000", "2200000000000000000") + " UNION ALL " + row(2, "unlimited", "10", maxInt64) +
-		" UNION ALL " + row(3, "small", "850", "1000") + ")"}
+		" UNION ALL " + row(3, "small", "850", "1000") + ")",
+		// rich has two grants of MaxInt64 credits left, which never expire.
+		fmt.Sprintf("INSERT INTO %s.usage_balances (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, customer_id, plan, revision, "+
+			"period_start, period_end, grant_ids, grant_priorities, grant_effective_from_ms, grant_expires_at, grant_expires_at_ms, grant_amounts, "+
+			"grant_consumed, grant_remaining) SELECT 'usage.balances', toInt32(0), toInt64(4), toDateTime(%[2]d), 'rich', 'prepaid', toInt64(1), "+
+			"toDateTime(%[2]d), toDateTime(%[3]d), ['a', 'b'], [toInt32(1), toInt32(1)], [toInt64(0), toInt64(0)], [toDateTime(0), toDateTime(0)], "+
+			"[toInt64(0), toInt64(0)], [toInt64(%[4]s), toInt64(%[4]s)], [toInt64(0), toInt64(0)], [toInt64(%[4]s), toInt64(%[4]s)]",
+			db, cur.Unix(), next.Unix(), maxInt64),
+	}
 }
+
+const creditsLeftWant = "big\tfree\t0\t0\t\t1970-01-01 00:00:00\n" +
+	"small\tfree\t0\t0\t\t1970-01-01 00:00:00\n" +
+	"unlimited\tfree\t0\t0\t\t1970-01-01 00:00:00\n" +
+	"rich\tprepaid\t18446744073709551614\t0\t\t1970-01-01 00:00:00\n"
 
 const nearCapWant = "big\tfree\tapi_calls\t2000000000000000000\t2200000000000000000\t90.9\n" +
 	"small\tfree\tapi_calls\t850\t1000\t85\n"
 
-func nearCapQuery(t *testing.T) string {
+func balanceQuery(t *testing.T, name string) string {
 	for _, q := range BalanceQueries {
-		if q.Name == "customers_near_cap" {
+		if q.Name == name {
 			return q.SQL
 		}
 	}
-	t.Fatal("no query customers_near_cap")
+	t.Fatal("no query " + name)
 	return ""
 }
 
 // TestNearCapDoesNotWrap: customers_near_cap lists the customers at 80 %
 // of a cap or more, and only those, whatever the size of the cap and the
-// usage (a cap of MaxInt64 stands for no practical limit), on ClickHouse
-// 18.16 and on chdb.
+// usage (a cap of MaxInt64 stands for no practical limit), and
+// credits_left adds up a customer's grants exactly, on ClickHouse 18.16
+// and on chdb.
 func TestNearCapDoesNotWrap(t *testing.T) {
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 5*time.Minute)
@@ -182,12 +197,14 @@ func TestNearCapDoesNotWrap(t *testing.T) {
 			t.Fatalf("%v\n%s", err, s)
 		}
 	}
-	got, err := tsv(ctx, conn, nearCapQuery(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != nearCapWant {
-		t.Errorf("customers_near_cap on 18.16:\n%q\nwant\n%q", got, nearCapWant)
+	for name, want := range map[string]string{"customers_near_cap": nearCapWant, "credits_left": creditsLeftWant} {
+		got, err := tsv(ctx, conn, balanceQuery(t, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s on 18.16:\n%q\nwant\n%q", name, got, want)
+		}
 	}
 }
 
@@ -205,11 +222,12 @@ func TestNearCapDoesNotWrapOnChdb(t *testing.T) {
 	}
 	const db = "nearcap"
 	stmts = append(stmts, nearCapInserts(db, time.Now())...)
-	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts, Queries: []string{nearCapQuery(t)}})
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts, Queries: []string{
+		balanceQuery(t, "customers_near_cap"), balanceQuery(t, "credits_left")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Results) != 1 || resp.Results[0] != nearCapWant {
-		t.Errorf("customers_near_cap on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, nearCapWant)
+	if want := []string{nearCapWant, creditsLeftWant}; !reflect.DeepEqual(resp.Results, want) {
+		t.Errorf("customers_near_cap and credits_left on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, want)
 	}
 }
