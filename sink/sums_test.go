@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	chschema "github.com/meterline/meterline/schemas/clickhouse"
-
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -108,14 +106,7 @@ func TestAnalystSumsDoNotWrap(t *testing.T) {
 // ClickHouse (chdb, 26.x).
 func TestAnalystSumsDoNotWrapOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
-	ms, err := chschema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stmts []string
-	for _, m := range ms {
-		stmts = append(stmts, m.Statements...)
-	}
+	stmts := migrationStatements(t)
 	const db = "sums"
 	stmts = append(stmts, hostileSumsInserts(db)...)
 	qs := hostileSumsQueries(t)
@@ -212,14 +203,7 @@ func TestNearCapDoesNotWrap(t *testing.T) {
 // ClickHouse (chdb, 26.x).
 func TestNearCapDoesNotWrapOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
-	ms, err := chschema.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stmts []string
-	for _, m := range ms {
-		stmts = append(stmts, m.Statements...)
-	}
+	stmts := migrationStatements(t)
 	const db = "nearcap"
 	stmts = append(stmts, nearCapInserts(db, time.Now())...)
 	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts, Queries: []string{
