@@ -81,7 +81,7 @@ FROM %[1]s.usage_events FINAL GROUP BY month`,
 		Measures:        []string{"events", "quantity", "day_hash"},
 		Derived: `SELECT toYYYYMM(day) AS month, sum(events), sum(quantity), sum(cityHash64(customer_id, meter, day) * events)
 FROM %[1]s.usage_daily GROUP BY month`,
-		Ledger: `SELECT toYYYYMM(event_time) AS month, count(), sum(quantity), sum(cityHash64(customer_id, meter, toDate(event_time)))
+		Ledger: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, toDate(event_time)))
 FROM %[1]s.usage_events FINAL GROUP BY month`,
 	},
 	{

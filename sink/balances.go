@@ -66,10 +66,10 @@ func each[E, T any](es []E, f func(E) T) []T {
 // data and checks its numbers.
 var BalanceQueries = []AnalystQuery{
 	{Name: "customers_near_cap", Title: "Customers at or above 80% of a cap in the current period", SQL: `
-SELECT customer_id, plan, meter, usage, cap, round(100 * usage / cap, 1) AS percent
+SELECT customer_id, plan, meter, usage, cap, round(100 * toFloat64(usage) / cap, 1) AS percent
 FROM balances_current FINAL
 ARRAY JOIN meter_names AS meter, meter_usage AS usage, meter_limits AS cap
-WHERE period_end > now() AND unmetered = 0 AND usage * 5 >= cap * 4
+WHERE period_end > now() AND unmetered = 0 AND toDecimal128(usage, 0) * 5 >= toDecimal128(cap, 0) * 4
 ORDER BY percent DESC, customer_id, meter`},
 
 	{Name: "credits_expiring_this_month", Title: "Credits that expire this month", SQL: `
@@ -81,7 +81,9 @@ WHERE expires_at_ms != 0 AND remaining > 0
 ORDER BY expires_at, customer_id, grant_id`},
 
 	{Name: "credits_left", Title: "Credits left and overdraft per customer", SQL: `
-SELECT customer_id, plan, arraySum(arrayFilter((r, e) -> e = 0 OR e > toUnixTimestamp(now()) * 1000, grant_remaining, grant_expires_at_ms)) AS credits_left,
+SELECT customer_id, plan,
+       arrayReduce('sum', arrayMap(r -> toDecimal128(r, 0),
+           arrayFilter((r, e) -> e = 0 OR e > toUnixTimestamp(now()) * 1000, grant_remaining, grant_expires_at_ms))) AS credits_left,
        overdrawn, overdraft_policy, updated_at
 FROM (SELECT * FROM balances_current FINAL ORDER BY customer_id, period_start DESC LIMIT 1 BY customer_id)
 ORDER BY credits_left, customer_id`},

@@ -70,7 +70,7 @@ FROM
     FROM usage_daily
     WHERE customer_id = 'acme' AND day >= '2024-01-01' AND day < '2024-02-01'
     UNION ALL
-    SELECT toDate(event_time) AS day, meter, -count() AS events, -sum(quantity) AS quantity
+    SELECT toDate(event_time) AS day, meter, -count() AS events, -sum(toDecimal128(quantity, 0)) AS quantity
     FROM events_by_customer
     PREWHERE event_id IN (SELECT event_id FROM unbilled_events WHERE customer_id = 'acme')
     WHERE customer_id = 'acme' AND event_time >= '2024-01-01 00:00:00' AND event_time < '2024-02-01 00:00:00'
@@ -102,7 +102,7 @@ GROUP BY customer_id, meter, group_key
 ORDER BY customer_id, meter, group_key`},
 
 	{Name: "top_customers", Title: "Top 20 customers of a meter, for one month", SQL: `
-SELECT customer_id, sum(value) AS usage
+SELECT customer_id, sum(toDecimal128(value, 0)) AS usage
 FROM aggregates_current FINAL
 WHERE meter = 'api_calls' AND aggregation IN ('SUM', 'COUNT')
   AND period_start >= '2024-01-01 00:00:00' AND period_start < '2024-02-01 00:00:00'
@@ -111,7 +111,7 @@ ORDER BY usage DESC, customer_id
 LIMIT 20`},
 
 	{Name: "late_usage", Title: "Late usage booked as adjustments into a period", SQL: `
-SELECT original_period_start, customer_id, meter, count() AS late_events, sum(delta) AS booked_delta
+SELECT original_period_start, customer_id, meter, count() AS late_events, sum(toDecimal128(delta, 0)) AS booked_delta
 FROM invoice_lines FINAL
 WHERE period_start = '2024-02-01 00:00:00' AND line_kind = 'adjustment'
 GROUP BY original_period_start, customer_id, meter

@@ -366,9 +366,10 @@ func TestBackfillKilledAndRerun(t *testing.T) {
 	member.Close()
 	waitMembers(t, brokers, group, 0)
 	// The migrations that create or replace analyst views on a database
-	// with data each record one (004_analyst_tables.sql, 006_compact_views.sql).
-	if runs, err := unfinishedRebuilds(ctx, conn, db); err != nil || len(runs) != 2 {
-		t.Fatalf("unfinished rebuilds after the refused backfill: %v, %v; want only the migrations' two", runs, err)
+	// with data each record one (004_analyst_tables.sql, 006_compact_views.sql,
+	// 012_usage_daily_wide_quantity.sql).
+	if runs, err := unfinishedRebuilds(ctx, conn, db); err != nil || len(runs) != 3 {
+		t.Fatalf("unfinished rebuilds after the refused backfill: %v, %v; want only the migrations' three", runs, err)
 	}
 
 	// 1. Killed at a fault point: after the second month swapped in.
