@@ -15,7 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/clock"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -272,7 +274,8 @@ func threeReplicas(t *testing.T) (*kfake.Cluster, *kgo.Client, string) {
 // broker 0, resumed and behind, still names itself the leader at the old
 // epoch in its metadata and answers its stale end to any listing at that
 // epoch. A fenced listing takes the epoch of the brokers that know the
-// move and gets the true end from the new leader, every time.
+// move and gets the true end from the new leader, every time; so does
+// the standbys' shared listing (endLister).
 func TestListFencedAsksEveryBroker(t *testing.T) {
 	t.Parallel()
 	cluster, cl, topic := threeReplicas(t)
@@ -341,6 +344,23 @@ func TestListFencedAsksEveryBroker(t *testing.T) {
 		if !ok || o.Err != nil || o.Offset != trueEnd {
 			t.Fatalf("listing %d: %+v (listed: %v); want the true end %d, not broker 0's %d", i, o, ok, trueEnd, staleEnd)
 		}
+	}
+	// The standbys' shared listing is as fenced.
+	l := newEndLister(topic, func() (*kgo.Client, error) { return kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...)) }, clock.Real{}, zap.NewNop())
+	l.interval = 50 * time.Millisecond
+	defer l.stop()
+	sub := l.subscribe(0)
+	for i := 0; i < 6; {
+		if ctx.Err() != nil {
+			t.Fatal("the standbys' listing gave too few ends")
+		}
+		if le, ok := sub.take(); ok {
+			if le.end != trueEnd {
+				t.Fatalf("standbys' listing %d: end %d; want the true end %d, not broker 0's %d", i, le.end, trueEnd, staleEnd)
+			}
+			i++
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if staleAnswers.Load() == 0 {
 		t.Error("broker 0 never answered the metadata: the test shows nothing")
