@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -282,5 +283,74 @@ func standbyListingFailingLeader(t *testing.T, pause bool) {
 	l.stop()
 	if took := time.Since(start); took > time.Second {
 		t.Fatalf("stopping the listing took %s", took)
+	}
+}
+
+// BenchmarkStandbyInterval measures what one interval of the standbys'
+// listing costs on 3 kfake brokers, with n standby partitions: each
+// partition listed by its own tail (per_partition, n fenced listings) or
+// all of them in the shared one (shared, one listing, as endLister's
+// round). It reports the metadata and ListOffsets requests per interval.
+func BenchmarkStandbyInterval(b *testing.B) {
+	for _, n := range []int32{1, 8, 32} {
+		cluster, brokers := testenv.KFake(b, kfake.NumBrokers(listBrokers))
+		topic := testenv.Name(b, "changelog")
+		testenv.CreateTopic(b, brokers, topic, n, nil)
+		for p := range n {
+			if err := cluster.MoveTopicPartition(topic, p, p%listBrokers); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var metadata, listings atomic.Int64
+		cluster.ControlKey(kmsg.Metadata.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+			cluster.KeepControl()
+			metadata.Add(1)
+			return nil, nil, false
+		})
+		cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+			cluster.KeepControl()
+			listings.Add(1)
+			return nil, nil, false
+		})
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ps := make([]int32, n)
+		for p := range n {
+			ps[p] = p
+		}
+		ctx := context.Background()
+		if _, err := listFenced(ctx, cl, topic, ps, listEnd); err != nil { // the client knows the brokers
+			b.Fatal(err)
+		}
+		list := func(ps []int32) {
+			offs, err := listFenced(ctx, cl, topic, ps, listEnd)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, p := range ps {
+				if o, ok := offs.Lookup(topic, p); !ok || o.Err != nil {
+					b.Fatalf("partition %d: %+v (listed %v)", p, o, ok)
+				}
+			}
+		}
+		for _, mode := range []string{"per_partition", "shared"} {
+			b.Run(fmt.Sprintf("%s/partitions=%d", mode, n), func(b *testing.B) {
+				md0, lo0 := metadata.Load(), listings.Load()
+				for b.Loop() {
+					if mode == "shared" {
+						list(ps)
+						continue
+					}
+					for _, p := range ps {
+						list([]int32{p})
+					}
+				}
+				b.ReportMetric(float64(metadata.Load()-md0)/float64(b.N), "metadata/op")
+				b.ReportMetric(float64(listings.Load()-lo0)/float64(b.N), "listoffsets/op")
+			})
+		}
+		cl.Close()
 	}
 }
