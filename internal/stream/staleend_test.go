@@ -402,3 +402,45 @@ func TestListFencedPausedReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestListFencedPausedLeader: the leader of one of three partitions does
+// not answer its ListOffsets (paused): the leaders are asked at once, so
+// the other two partitions are listed all the same, passed on before the
+// listing gives up on the paused one.
+func TestListFencedPausedLeader(t *testing.T) {
+	t.Parallel()
+	cluster, brokers, topic := spreadTopic(t, listBrokers)
+	paused := make(chan struct{})
+	t.Cleanup(func() { close(paused) })
+	cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if cluster.CurrentNode() == 2 {
+			cluster.SleepControl(func() { <-paused })
+		}
+		return nil, nil, false
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	// The leaders' order varies from one listing to the next: three
+	// listings, each given up after a while.
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), replicaMetadataWait+time.Second)
+		got := map[int32]kadm.ListedOffset{}
+		err := listFencedEach(ctx, cl, topic, []int32{0, 1, 2}, listEnd, func(o kadm.ListedOffset) { got[o.Partition] = o })
+		cancel()
+		for _, p := range []int32{0, 1} {
+			if o, ok := got[p]; !ok || o.Err != nil || o.Offset != 0 {
+				t.Fatalf("listing %d: partition %d: %+v (listed %v; the listing's error %v); want its end 0 despite partition 2's paused leader", i, p, o, ok, err)
+			}
+		}
+		if o, ok := got[2]; ok && o.Err == nil {
+			t.Fatalf("listing %d: partition 2 listed %+v from its paused leader", i, o)
+		}
+		if err == nil {
+			t.Fatalf("listing %d: no error for the paused leader", i)
+		}
+	}
+}

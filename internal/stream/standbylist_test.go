@@ -31,41 +31,58 @@ type standbyListWorld struct {
 	cluster            *kfake.Cluster
 	rt                 *Runtime
 	changelog          string
-	metadata, listings atomic.Int64
+	metadata, listings *atomic.Int64
 	n                  int32
 	stopped            bool
 }
 
 const listBrokers = 3
 
-func newStandbyListWorld(t *testing.T, n int32) *standbyListWorld {
-	t.Helper()
-	cluster, brokers := testenv.KFake(t, kfake.NumBrokers(listBrokers))
-	w := &standbyListWorld{cluster: cluster, changelog: testenv.Name(t, "changelog"), n: n}
-	input := testenv.Name(t, "in")
-	testenv.CreateTopic(t, brokers, input, n, nil)
-	testenv.CreateTopic(t, brokers, w.changelog, n, nil)
+// spreadTopic starts listBrokers kfake brokers with a topic of n
+// partitions, partition p led by broker p % listBrokers.
+func spreadTopic(tb testing.TB, n int32) (*kfake.Cluster, []string, string) {
+	tb.Helper()
+	cluster, brokers := testenv.KFake(tb, kfake.NumBrokers(listBrokers))
+	topic := testenv.Name(tb, "changelog")
+	testenv.CreateTopic(tb, brokers, topic, n, nil)
 	for p := range n {
-		if err := cluster.MoveTopicPartition(w.changelog, p, p%listBrokers); err != nil {
-			t.Fatal(err)
+		if err := cluster.MoveTopicPartition(topic, p, p%listBrokers); err != nil {
+			tb.Fatal(err)
 		}
 	}
+	return cluster, brokers, topic
+}
+
+// countListings counts the metadata and ListOffsets requests of topic
+// that cluster answers.
+func countListings(cluster *kfake.Cluster, topic string) (metadata, listings *atomic.Int64) {
+	metadata, listings = new(atomic.Int64), new(atomic.Int64)
 	cluster.ControlKey(kmsg.Metadata.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		cluster.KeepControl()
 		req := kreq.(*kmsg.MetadataRequest)
-		if len(req.Topics) == 1 && req.Topics[0].Topic != nil && *req.Topics[0].Topic == w.changelog {
-			w.metadata.Add(1)
+		if len(req.Topics) == 1 && req.Topics[0].Topic != nil && *req.Topics[0].Topic == topic {
+			metadata.Add(1)
 		}
 		return nil, nil, false
 	})
 	cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		cluster.KeepControl()
 		req := kreq.(*kmsg.ListOffsetsRequest)
-		if len(req.Topics) == 1 && req.Topics[0].Topic == w.changelog {
-			w.listings.Add(1)
+		if len(req.Topics) == 1 && req.Topics[0].Topic == topic {
+			listings.Add(1)
 		}
 		return nil, nil, false
 	})
+	return metadata, listings
+}
+
+func newStandbyListWorld(t *testing.T, n int32) *standbyListWorld {
+	t.Helper()
+	cluster, brokers, changelog := spreadTopic(t, n)
+	w := &standbyListWorld{cluster: cluster, changelog: changelog, n: n}
+	w.metadata, w.listings = countListings(cluster, changelog)
+	input := testenv.Name(t, "in")
+	testenv.CreateTopic(t, brokers, input, n, nil)
 	cfg := Config{Stage: "count",
 		Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: testenv.Name(t, "group"), InstanceID: "a",
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second},
@@ -212,14 +229,7 @@ func TestStandbyListingHoldsNoPartitionBack(t *testing.T) {
 }
 
 func standbyListingFailingLeader(t *testing.T, pause bool) {
-	cluster, brokers := testenv.KFake(t, kfake.NumBrokers(listBrokers))
-	topic := testenv.Name(t, "changelog")
-	testenv.CreateTopic(t, brokers, topic, listBrokers, nil)
-	for p := range int32(listBrokers) {
-		if err := cluster.MoveTopicPartition(topic, p, p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cluster, brokers, topic := spreadTopic(t, listBrokers)
 	paused := make(chan struct{})
 	var unpause sync.Once
 	t.Cleanup(func() { unpause.Do(func() { close(paused) }) })
@@ -293,25 +303,8 @@ func standbyListingFailingLeader(t *testing.T, pause bool) {
 // round). It reports the metadata and ListOffsets requests per interval.
 func BenchmarkStandbyInterval(b *testing.B) {
 	for _, n := range []int32{1, 8, 32} {
-		cluster, brokers := testenv.KFake(b, kfake.NumBrokers(listBrokers))
-		topic := testenv.Name(b, "changelog")
-		testenv.CreateTopic(b, brokers, topic, n, nil)
-		for p := range n {
-			if err := cluster.MoveTopicPartition(topic, p, p%listBrokers); err != nil {
-				b.Fatal(err)
-			}
-		}
-		var metadata, listings atomic.Int64
-		cluster.ControlKey(kmsg.Metadata.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
-			cluster.KeepControl()
-			metadata.Add(1)
-			return nil, nil, false
-		})
-		cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
-			cluster.KeepControl()
-			listings.Add(1)
-			return nil, nil, false
-		})
+		cluster, brokers, topic := spreadTopic(b, n)
+		metadata, listings := countListings(cluster, topic)
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 		if err != nil {
 			b.Fatal(err)
