@@ -228,13 +228,29 @@ func (c *changelogCopy) stall() bool {
 // the copy stalls at the last stable offset counts as stalled time, not
 // reading, and so does the time during a poll that the brokers did not
 // answer (outage): a copy held up by an open transaction or an outage is
-// not a slow one.
-func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration) (kgo.Fetches, error) {
+// not a slow one. A receive on wake, when not nil, ends the poll as the end
+// of its wait does (a standby's listing of the changelog's end arrived).
+func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration, wake <-chan struct{}) (kgo.Fetches, error) {
 	pctx := ctx
-	if wait > 0 {
+	if wait > 0 || wake != nil {
 		var cancel context.CancelFunc
-		pctx, cancel = context.WithTimeout(ctx, wait)
+		if wait > 0 {
+			pctx, cancel = context.WithTimeout(ctx, wait)
+		} else {
+			pctx, cancel = context.WithCancel(ctx)
+		}
 		defer cancel()
+		if wake != nil {
+			polled := make(chan struct{})
+			defer close(polled)
+			go func() {
+				select {
+				case <-wake:
+					cancel()
+				case <-polled:
+				}
+			}()
+		}
 	}
 	stalled, t0, out0 := c.stall(), c.rt.cfg.Clock.Now(), c.out.sofar()
 	fs := c.cl.PollFetches(pctx)

@@ -75,16 +75,31 @@ type partitionLeader struct {
 // that failed (a broker that did not answer) is the error, its partitions
 // missing; an authorization failure is a *kadm.AuthError.
 func listFenced(ctx context.Context, cl *kgo.Client, topic string, ps []int32, q offsetQuery) (kadm.ListedOffsets, error) {
-	leaders, err := currentLeaders(ctx, cl, topic, ps)
-	if err != nil {
-		return nil, err
-	}
 	out := kadm.ListedOffsets{}
-	set := func(p int32, offset int64, epoch int32, err error) {
+	err := listFencedEach(ctx, cl, topic, ps, q, func(o kadm.ListedOffset) {
 		if out[topic] == nil {
 			out[topic] = map[int32]kadm.ListedOffset{}
 		}
-		out[topic][p] = kadm.ListedOffset{Topic: topic, Partition: p, Offset: offset, LeaderEpoch: epoch, Err: err}
+		out[topic][o.Partition] = o
+	})
+	if errors.As(err, new(*kadm.AuthError)) {
+		return nil, err
+	}
+	return out, err
+}
+
+// listFencedEach is listFenced, each partition's answer passed to each as
+// soon as its leader's answer arrives (the leaders are asked at once, so
+// that one that does not answer holds back only its own partitions): a
+// partition whose metadata names no leader at once, with its error. Calls
+// of each do not overlap; none follows listFencedEach's return. A
+// partition missing from every answer is not passed on. The error is an
+// authorization failure (*kadm.AuthError) if any, else the first request's
+// that failed.
+func listFencedEach(ctx context.Context, cl *kgo.Client, topic string, ps []int32, q offsetQuery, each func(kadm.ListedOffset)) error {
+	leaders, err := currentLeaders(ctx, cl, topic, ps)
+	if err != nil {
+		return err
 	}
 	byLeader := map[int32][]kmsg.ListOffsetsRequestTopicPartition{}
 	for _, p := range ps {
@@ -92,14 +107,19 @@ func listFenced(ctx context.Context, cl *kgo.Client, topic string, ps []int32, q
 		switch {
 		case !ok:
 		case l.err != nil:
-			set(p, -1, -1, l.err)
+			each(kadm.ListedOffset{Topic: topic, Partition: p, Offset: -1, LeaderEpoch: -1, Err: l.err})
 		default:
 			rp := kmsg.NewListOffsetsRequestTopicPartition()
 			rp.Partition, rp.CurrentLeaderEpoch, rp.Timestamp = p, l.epoch, q.timestamp
 			byLeader[l.leader] = append(byLeader[l.leader], rp)
 		}
 	}
-	var firstErr error
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		firstErr error
+		authErr  error
+	)
 	for leader, rps := range byLeader {
 		req := kmsg.NewPtrListOffsetsRequest()
 		req.ReplicaID = -1
@@ -107,27 +127,37 @@ func listFenced(ctx context.Context, cl *kgo.Client, topic string, ps []int32, q
 		rt := kmsg.NewListOffsetsRequestTopic()
 		rt.Topic, rt.Partitions = topic, rps
 		req.Topics = append(req.Topics, rt)
-		resp, err := req.RequestWith(ctx, cl.Broker(int(leader)))
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
-		}
-		for _, t := range resp.Topics {
-			if t.Topic != topic {
-				continue
-			}
-			for _, rp := range t.Partitions {
-				err := kerr.ErrorForCode(rp.ErrorCode)
-				if isAuthErr(err) {
-					return nil, &kadm.AuthError{Err: err}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := req.RequestWith(ctx, cl.Broker(int(leader)))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
 				}
-				set(rp.Partition, rp.Offset, rp.LeaderEpoch, err)
+				return
 			}
-		}
+			for _, t := range resp.Topics {
+				if t.Topic != topic {
+					continue
+				}
+				for _, rp := range t.Partitions {
+					err := kerr.ErrorForCode(rp.ErrorCode)
+					if isAuthErr(err) && authErr == nil {
+						authErr = &kadm.AuthError{Err: err}
+					}
+					each(kadm.ListedOffset{Topic: topic, Partition: rp.Partition, Offset: rp.Offset, LeaderEpoch: rp.LeaderEpoch, Err: err})
+				}
+			}
+		}()
 	}
-	return out, firstErr
+	wg.Wait()
+	if authErr != nil {
+		return authErr
+	}
+	return firstErr
 }
 
 func isAuthErr(err error) bool {

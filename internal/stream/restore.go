@@ -356,7 +356,7 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw, lso int64, at 
 	var n int64
 	for c.pos < hw {
 		gauge.Set(float64(hw - c.pos))
-		fs, err := c.fetch(ctx, 0)
+		fs, err := c.fetch(ctx, 0, nil)
 		if err != nil {
 			return n, 0, err
 		}

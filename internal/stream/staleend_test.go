@@ -15,7 +15,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/clock"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -272,7 +274,8 @@ func threeReplicas(t *testing.T) (*kfake.Cluster, *kgo.Client, string) {
 // broker 0, resumed and behind, still names itself the leader at the old
 // epoch in its metadata and answers its stale end to any listing at that
 // epoch. A fenced listing takes the epoch of the brokers that know the
-// move and gets the true end from the new leader, every time.
+// move and gets the true end from the new leader, every time; so does
+// the standbys' shared listing (endLister).
 func TestListFencedAsksEveryBroker(t *testing.T) {
 	t.Parallel()
 	cluster, cl, topic := threeReplicas(t)
@@ -342,6 +345,23 @@ func TestListFencedAsksEveryBroker(t *testing.T) {
 			t.Fatalf("listing %d: %+v (listed: %v); want the true end %d, not broker 0's %d", i, o, ok, trueEnd, staleEnd)
 		}
 	}
+	// The standbys' shared listing is as fenced.
+	l := newEndLister(topic, func() (*kgo.Client, error) { return kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...)) }, clock.Real{}, zap.NewNop())
+	l.interval = 50 * time.Millisecond
+	defer l.stop()
+	sub := l.subscribe(0)
+	for i := 0; i < 6; {
+		if ctx.Err() != nil {
+			t.Fatal("the standbys' listing gave too few ends")
+		}
+		if le, ok := sub.take(); ok {
+			if le.end != trueEnd {
+				t.Fatalf("standbys' listing %d: end %d; want the true end %d, not broker 0's %d", i, le.end, trueEnd, staleEnd)
+			}
+			i++
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if staleAnswers.Load() == 0 {
 		t.Error("broker 0 never answered the metadata: the test shows nothing")
 	}
@@ -379,6 +399,48 @@ func TestListFencedPausedReplica(t *testing.T) {
 		}
 		if took > replicaMetadataWait+time.Second {
 			t.Errorf("listing %d took %s with a paused replica; want about %s at most", i, took, replicaMetadataWait)
+		}
+	}
+}
+
+// TestListFencedPausedLeader: the leader of one of three partitions does
+// not answer its ListOffsets (paused): the leaders are asked at once, so
+// the other two partitions are listed all the same, passed on before the
+// listing gives up on the paused one.
+func TestListFencedPausedLeader(t *testing.T) {
+	t.Parallel()
+	cluster, brokers, topic := spreadTopic(t, listBrokers)
+	paused := make(chan struct{})
+	t.Cleanup(func() { close(paused) })
+	cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if cluster.CurrentNode() == 2 {
+			cluster.SleepControl(func() { <-paused })
+		}
+		return nil, nil, false
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	// The leaders' order varies from one listing to the next: three
+	// listings, each given up after a while.
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), replicaMetadataWait+time.Second)
+		got := map[int32]kadm.ListedOffset{}
+		err := listFencedEach(ctx, cl, topic, []int32{0, 1, 2}, listEnd, func(o kadm.ListedOffset) { got[o.Partition] = o })
+		cancel()
+		for _, p := range []int32{0, 1} {
+			if o, ok := got[p]; !ok || o.Err != nil || o.Offset != 0 {
+				t.Fatalf("listing %d: partition %d: %+v (listed %v; the listing's error %v); want its end 0 despite partition 2's paused leader", i, p, o, ok, err)
+			}
+		}
+		if o, ok := got[2]; ok && o.Err == nil {
+			t.Fatalf("listing %d: partition 2 listed %+v from its paused leader", i, o)
+		}
+		if err == nil {
+			t.Fatalf("listing %d: no error for the paused leader", i)
 		}
 	}
 }

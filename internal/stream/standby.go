@@ -31,7 +31,8 @@ import (
 //
 // Checkpoint dates. A tail keeps the date of the checkpoint it started from
 // (or, when it started over from the log start, the time it did). Every
-// second it lists the changelog's end E at time T; once it has read up to
+// second it is given the changelog's end E, listed at time T (one listing
+// for all the runtime's standbys: standbylist.go); once it has read up to
 // E, every tombstone it has not seen lies at or past E and was appended
 // after T, so the checkpoint is dated T from then on. A standby that keeps
 // up thus keeps a checkpoint a few seconds old, and passes the horizon test
@@ -132,6 +133,10 @@ type standbys struct {
 	deferred  []int32
 	lastForce time.Time
 
+	// ends lists the changelog's end for every tail at once
+	// (standbylist.go).
+	ends *endLister
+
 	m *standbyMetrics
 }
 
@@ -174,7 +179,9 @@ type tail struct {
 }
 
 func newStandbys(rt *Runtime) *standbys {
-	return &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{}, m: newStandbyMetrics(rt.cfg.Registerer, rt.cfg.Stage)}
+	return &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{},
+		ends: newEndLister(rt.cfg.ChangelogTopic, func() (*kgo.Client, error) { return rt.newClient() }, rt.cfg.Clock, rt.log),
+		m:    newStandbyMetrics(rt.cfg.Registerer, rt.cfg.Stage)}
 }
 
 // Balancer returns the runtime's group balancer: CopartitionStandbyBalancer
@@ -418,6 +425,9 @@ func (sb *standbys) stopAll() {
 		t.cancel()
 		<-t.done
 	}
+	if sb.ends != nil {
+		sb.ends.stop()
+	}
 	sb.m.partitions.Set(0)
 }
 
@@ -475,9 +485,12 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	t.end.Store(end)
 	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
 	lagGauge.Set(float64(end - c.pos))
-	nextList := time.Now().Add(standbyListInterval)
+	// The changelog's end comes every standbyListInterval from the
+	// listing the runtime's tails share (standbylist.go).
+	ends := sb.ends.subscribe(p)
+	defer sb.ends.unsubscribe(ends)
 	for {
-		fs, err := c.fetch(ctx, standbyListInterval)
+		fs, err := c.fetch(ctx, standbyListInterval, ends.ready)
 		if ctx.Err() != nil {
 			return warm, ctx.Err()
 		}
@@ -498,32 +511,29 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			sb.m.busy.Add(time.Since(start).Seconds())
 		}
 		t.pos.Store(c.pos)
-		if time.Now().After(nextList) {
-			nextList = time.Now().Add(standbyListInterval)
-			listedAt := rt.cfg.Clock.Now()
-			if e, err := rt.changelogOffset(ctx, rt.changelogLister(cl, p, listEnd), p, "end"); err == nil {
-				target, targetAt = e, listedAt
-				c.listed(e)
-				if err := redate(target, targetAt); err != nil {
+		if l, ok := ends.take(); ok {
+			e := l.end
+			target, targetAt = e, l.at
+			c.listed(e)
+			if err := redate(target, targetAt); err != nil {
+				return nil, err
+			}
+			// A copy that read nothing new (the changelog is idle)
+			// writes its new date now and then all the same: the
+			// stored checkpoint is what warmCopies advertises and a
+			// restore plans from, and left at the date of its last
+			// record an idle copy, current, would fall outside the
+			// restore horizon. Once per margin of the horizon, so
+			// that the stored date is never more than that behind.
+			if d := retention(); d > 0 && c.at.Sub(written) >= d/restoreMarginDivisor {
+				if err := c.commit(d); err != nil {
 					return nil, err
 				}
-				// A copy that read nothing new (the changelog is idle)
-				// writes its new date now and then all the same: the
-				// stored checkpoint is what warmCopies advertises and a
-				// restore plans from, and left at the date of its last
-				// record an idle copy, current, would fall outside the
-				// restore horizon. Once per margin of the horizon, so
-				// that the stored date is never more than that behind.
-				if d := retention(); d > 0 && c.at.Sub(written) >= d/restoreMarginDivisor {
-					if err := c.commit(d); err != nil {
-						return nil, err
-					}
-					written = c.at
-				}
-				t.end.Store(e)
-				lagGauge.Set(float64(max(e-c.pos, 0)))
-				sb.maybeForce()
+				written = c.at
 			}
+			t.end.Store(e)
+			lagGauge.Set(float64(max(e-c.pos, 0)))
+			sb.maybeForce()
 		}
 	}
 }
