@@ -108,8 +108,21 @@ func touchFiles(t *testing.T, args []string) {
 	}
 }
 
-// parseArgs parses args with meterline's own parser, in an environment
-// without METERLINE_ variables; it runs nothing.
+// clearMeterlineEnv unsets every METERLINE_ variable for the test, so that
+// only the arguments decide what parses.
+func clearMeterlineEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "METERLINE_") {
+			t.Setenv(k, "") // restored after the test
+			os.Unsetenv(k)
+		}
+	}
+}
+
+// parseArgs parses args with meterline's own parser (clearMeterlineEnv
+// first); it runs nothing.
 func parseArgs(t *testing.T, args []string) error {
 	t.Helper()
 	var root cli.CLI
@@ -138,13 +151,7 @@ func (e errExited) Error() string { return "the parser exited: " + string(e) }
 // any service.
 func TestDocCommandsParse(t *testing.T) {
 	_, _, blocks := docs(t)
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "METERLINE_") {
-			t.Setenv(k, "")
-			os.Unsetenv(k)
-		}
-	}
+	clearMeterlineEnv(t)
 	t.Chdir(t.TempDir())
 	n := 0
 	for _, b := range blocks {
@@ -180,6 +187,7 @@ func TestDocCommandsParse(t *testing.T) {
 // out, and a flag of another command fails to parse although it is a
 // meterline flag.
 func TestCommandParsing(t *testing.T) {
+	clearMeterlineEnv(t)
 	line := `TOKEN=$(bin/meterline keys create --tenant acme --customers 'acme-*') && X=1 meterline entitlements balance acme 2>/dev/null | grep -q 'a|b' # meterline nope`
 	var got [][]string
 	for _, seg := range segments(line) {
