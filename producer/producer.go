@@ -147,7 +147,7 @@ func WithMaxBufferedRecords(n int) Option { return func(c *config) { c.maxBuffer
 // or PLAIN (plain.Auth{User: u, Pass: p}.AsMechanism(), only over TLS: it
 // sends the password in the clear). Read the password from a file or the
 // environment, never from a command-line argument. The principal needs
-// only Write and Describe on the events topic (docs/security.md). A nil
+// only Write and Describe on the events topic (docs/operations.md, ACLs). A nil
 // mechanism is no SASL. Default: no SASL.
 func WithSASL(m sasl.Mechanism) Option { return func(c *config) { c.sasl = m } }
 

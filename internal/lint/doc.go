@@ -4,9 +4,10 @@
 // with the reason it may be longer (a declaration, not logic), and
 // TestExportedFunctionDocs requires the doc comment of each exported
 // function outside tests to begin with its name, and
-// TestMessagesCiteNoMissingDocument keeps the strings outside tests (errors,
-// log lines, help) from citing sections of a design document that is not
-// in the repository.
+// TestMessagesCiteNoMissingDocument requires the strings outside tests
+// (errors, log lines, help) and the client library's comments to cite
+// files and headings of docs/ that exist, never sections of a design
+// document that is not in the repository.
 //
 // The package has no code outside its tests.
 package lint
