@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/meterline/meterline/internal/cli"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // segments splits a shell command line at its unquoted control operators
@@ -108,21 +109,8 @@ func touchFiles(t *testing.T, args []string) {
 	}
 }
 
-// clearMeterlineEnv unsets every METERLINE_ variable for the test, so that
-// only the arguments decide what parses.
-func clearMeterlineEnv(t *testing.T) {
-	t.Helper()
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "METERLINE_") {
-			t.Setenv(k, "") // restored after the test
-			os.Unsetenv(k)
-		}
-	}
-}
-
-// parseArgs parses args with meterline's own parser (clearMeterlineEnv
-// first); it runs nothing.
+// parseArgs parses args with meterline's own parser (after
+// testenv.ClearMeterlineEnv); it runs nothing.
 func parseArgs(t *testing.T, args []string) error {
 	t.Helper()
 	var root cli.CLI
@@ -151,7 +139,7 @@ func (e errExited) Error() string { return "the parser exited: " + string(e) }
 // any service.
 func TestDocCommandsParse(t *testing.T) {
 	_, _, blocks := docs(t)
-	clearMeterlineEnv(t)
+	testenv.ClearMeterlineEnv(t)
 	t.Chdir(t.TempDir())
 	n := 0
 	for _, b := range blocks {
@@ -187,7 +175,7 @@ func TestDocCommandsParse(t *testing.T) {
 // out, and a flag of another command fails to parse although it is a
 // meterline flag.
 func TestCommandParsing(t *testing.T) {
-	clearMeterlineEnv(t)
+	testenv.ClearMeterlineEnv(t)
 	line := `TOKEN=$(bin/meterline keys create --tenant acme --customers 'acme-*') && X=1 meterline entitlements balance acme 2>/dev/null | grep -q 'a|b' # meterline nope`
 	var got [][]string
 	for _, seg := range segments(line) {

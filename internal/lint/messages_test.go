@@ -3,10 +3,9 @@ package lint
 import (
 	"fmt"
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -81,30 +80,8 @@ func TestMessagesCiteNoMissingDocument(t *testing.T) {
 		t.Fatal(err)
 	}
 	docs := headings(t, root)
-	fset := token.NewFileSet()
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && (d.Name() == "testdata" || d.Name() == "vendor" || strings.HasPrefix(d.Name(), ".")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution|parser.ParseComments)
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, path)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		if filepath.Dir(rel) == "producer" {
+	goFiles(t, root, func(rel string, fset *token.FileSet, f *ast.File) {
+		if path.Dir(rel) == "producer" {
 			for _, c := range f.Comments {
 				for _, p := range citationProblems(c.Text(), docs) {
 					t.Errorf("%s:%d: a comment of the client library (go doc shows it) %s", rel, fset.Position(c.Pos()).Line, p)
@@ -119,11 +96,7 @@ func TestMessagesCiteNoMissingDocument(t *testing.T) {
 			}
 			return true
 		})
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestCitationProblems: the citations found and judged.
