@@ -369,7 +369,7 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 			cfg.Topics.AggregateChangelogTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
 	if a, b := n[cfg.Topics.EntitlementsTopic()], n[cfg.Topics.DedupedTopic()]; cfg.Entitlements && a != b {
-		return partitionCountsT{}, fmt.Errorf("aggregator: %s has %d partitions, %s has %d; they must be co-partitioned (DESIGN §12)",
+		return partitionCountsT{}, fmt.Errorf("aggregator: %s has %d partitions, %s has %d; they must be co-partitioned (docs/entitlements.md, Topics)",
 			cfg.Topics.EntitlementsTopic(), a, cfg.Topics.DedupedTopic(), b)
 	}
 	return partitionCountsT{events: n[cfg.Topics.EventsTopic()], deduped: n[cfg.Topics.DedupedTopic()], aggregates: n[cfg.Topics.AggregatesTopic()],

@@ -302,7 +302,7 @@ func (pt *partition) checkPartitionCounts(st stateReader) error {
 	c := pt.pr.counts
 	if pt.p >= c.deduped || ent && pt.p >= c.entitlements {
 		return fmt.Errorf("aggregator: partition %d: %w: partitions were added to %s or %s while the stage ran (it started with %d and %d). "+
-			"Customers would move to other partitions than their aggregates, caps and credits (DESIGN §12): "+
+			"Customers would move to other partitions than their aggregates, caps and credits (docs/entitlements.md, Topics): "+
 			"put the partition counts back, or run on new topic names and a new consumer group",
 			pt.p, ErrPartitionCountChanged, pt.pr.cfg.Topics.DedupedTopic(), pt.pr.cfg.Topics.EntitlementsTopic(), c.deduped, c.entitlements)
 	}
@@ -330,7 +330,7 @@ func (pt *partition) checkPartitionCounts(st stateReader) error {
 			}
 		}
 		return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built with %s; they now have %s. "+
-			"Customers would move to other partitions than their aggregates, caps and credits (DESIGN §12): "+
+			"Customers would move to other partitions than their aggregates, caps and credits (docs/entitlements.md, Topics): "+
 			"put the partition counts back, or run on new topic names and a new consumer group",
 			pt.p, ErrPartitionCountChanged, pt.pr.cfg.Topics.AggregateChangelogTopic(), was, now)
 	}
@@ -392,7 +392,7 @@ func (pt *partition) checkKeyScheme(st stateReader) error {
 			v = v[:64]
 		}
 		return fmt.Errorf("aggregator: partition %d: %w: the state in %s records the key scheme %q, this version reads %s keyed by %q; "+
-			"run it on new topic names and a new consumer group (DESIGN §12)",
+			"run it on new topic names and a new consumer group (docs/design.md, Topics)",
 			pt.p, schemas.ErrKeyScheme, pt.pr.cfg.Topics.AggregateChangelogTopic(), v, pt.pr.cfg.Topics.DedupedTopic(), schemas.DedupedKeyScheme)
 	}
 	// The runtime's own keys start with 0xFF (stream.keyInputOffset).
@@ -400,7 +400,7 @@ func (pt *partition) checkKeyScheme(st stateReader) error {
 	switch {
 	case errors.Is(err, errStateFound):
 		return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built from %s keyed by customer and meter, this version reads it keyed by %q; "+
-			"run it on new topic names (the default names changed with the key) and a new consumer group (DESIGN §12)",
+			"run it on new topic names (the default names changed with the key) and a new consumer group (docs/design.md, Topics)",
 			pt.p, schemas.ErrKeyScheme, pt.pr.cfg.Topics.AggregateChangelogTopic(), pt.pr.cfg.Topics.DedupedTopic(), schemas.DedupedKeyScheme)
 	case err != nil:
 		return err
@@ -456,7 +456,7 @@ func (pt *partition) checkEntMode(st stateReader) error {
 			}
 			return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built by an earlier version (entitlements mode %s), "+
 				"which kept a state key per grant state, meter and period; this version keeps one account per customer (%q) and "+
-				"cannot read it; run it on new topic names and a new consumer group (DESIGN §12)",
+				"cannot read it; run it on new topic names and a new consumer group (docs/entitlements.md, The aggregator)",
 				pt.p, ErrLedgerLayout, pt.pr.cfg.Topics.AggregateChangelogTopic(), mode, entModeOn)
 		}
 		pt.writeEntMode = true
@@ -471,7 +471,7 @@ func (pt *partition) checkEntMode(st stateReader) error {
 	}
 	return fmt.Errorf("aggregator: partition %d: %w: the state in %s was built with --entitlements and holds %d records of %s "+
 		"waiting for their decision and the entitlements usage of the period; run the aggregator with --entitlements "+
-		"(turning entitlements off needs a new consumer group and topic names, DESIGN §12)",
+		"(turning entitlements off needs a new consumer group and topic names: docs/entitlements.md, The aggregator)",
 		pt.p, ErrEntitlementsOff, pt.pr.cfg.Topics.AggregateChangelogTopic(), gated, pt.pr.cfg.Topics.DedupedTopic())
 }
 

@@ -150,10 +150,10 @@ func (pr *processor) openKeyUses(p int32, st *stream.PartitionState, pt *partiti
 // must stay, and what to do.
 func (pr *processor) keyStillNeeded(p int32, id string, replaced bool, at int64, retention time.Duration, wm int64) error {
 	todo := "put it back in the ring after the signing key (there it only verifies)"
-	leaked := "if its secret leaked, name it in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Rotation"
+	leaked := "if its secret leaked, name it in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Dedup keys"
 	if replaced {
 		todo = "give the ID its former secret back, after the signing key (there it only verifies), and the new secret an ID of its own"
-		leaked = "if the former secret leaked, give the new secret an ID of its own and name this one in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Rotation"
+		leaked = "if the former secret leaked, give the new secret an ID of its own and name this one in --dedup-forget-ids (Config.ForgetKeys) to drop it anyway (the re-routed records it signed then lose their arrival time); see docs/operations.md, Dedup keys"
 	}
 	if retention < 0 {
 		return fmt.Errorf("dedup: partition %d: %w: key %q %s, but it last signed a record of %s at %s (broker time, to the minute), and %s keeps records for ever (retention.ms -1): "+

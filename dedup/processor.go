@@ -280,7 +280,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		}
 		n := int32(binary.BigEndian.Uint32(v))
 		if n != pr.counts.events {
-			return nil, fmt.Errorf("dedup: partition %d: %w: the state was built with %d partitions of %s, it now has %d; adding partitions moves keys away from their earlier copies (DESIGN §2)",
+			return nil, fmt.Errorf("dedup: partition %d: %w: the state was built with %d partitions of %s, it now has %d; adding partitions moves keys away from their earlier copies (docs/design.md, Event identity and keys)",
 				p, ErrPartitionCountChanged, n, pr.eventsTopic, pr.counts.events)
 		}
 	} else {
@@ -363,11 +363,11 @@ func (pr *processor) checkKeyScheme(p int32, st *stream.PartitionState, hasN boo
 			v = v[:64]
 		}
 		return fmt.Errorf("dedup: partition %d: %w: the state in %s records the key scheme %q, this version keys %s by %q; "+
-			"run it on new topic names and a new consumer group (DESIGN §12)",
+			"run it on new topic names and a new consumer group (docs/design.md, Topics)",
 			p, schemas.ErrKeyScheme, pr.cfg.Topics.DedupChangelogTopic(), v, pr.dedupedTopic, schemas.DedupedKeyScheme)
 	case !ok && hasN:
 		return fmt.Errorf("dedup: partition %d: %w: the state in %s was built keying %s by customer and meter, this version keys it by %q; "+
-			"run it on new topic names (the default names changed with the key) and a new consumer group (DESIGN §12)",
+			"run it on new topic names (the default names changed with the key) and a new consumer group (docs/design.md, Topics)",
 			p, schemas.ErrKeyScheme, pr.cfg.Topics.DedupChangelogTopic(), pr.dedupedTopic, schemas.DedupedKeyScheme)
 	}
 	return nil

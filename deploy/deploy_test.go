@@ -425,13 +425,7 @@ type parsedCommand struct {
 // no other METERLINE_* variable), with the real meterline flag parser.
 func parseMeterline(t *testing.T, args []string, env map[string]string) (parsedCommand, error) {
 	t.Helper()
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "METERLINE_") {
-			t.Setenv(k, "") // restored after the test
-			os.Unsetenv(k)
-		}
-	}
+	testenv.ClearMeterlineEnv(t)
 	for k, v := range env {
 		t.Setenv(k, v)
 	}

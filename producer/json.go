@@ -46,7 +46,7 @@ type jsonEvent struct {
 // start of a character, then "…").
 //
 // The line's raw bytes are scanned before it is decoded (scanLine), for
-// what encoding/json would hide (DESIGN §8):
+// what encoding/json would hide (docs/design.md, Bad input):
 //   - text: it would turn invalid UTF-8, and an unpaired UTF-16 surrogate
 //     escape such as \ud800, into U+FFFD, so that "acme\xff" and
 //     "acme\xfe" became one customer and the second event a copy of the

@@ -1,8 +1,9 @@
 // Package producer is the client library services use to report usage to
 // Meterline. It validates each event, builds its canonical identity key
-// (DESIGN §2) and produces it to usage.events with acks=all on an
-// idempotent Kafka producer, so that every copy of an event lands in the
-// same partition and the dedup stage can count it exactly once.
+// (docs/design.md, Event identity and keys) and produces it to
+// usage.events with acks=all on an idempotent Kafka producer, so that every
+// copy of an event lands in the same partition and the dedup stage can
+// count it exactly once.
 //
 // An event's identity is (customer_id, meter, event_id). The event ID must
 // be chosen from facts that stay the same on every retry of the same usage —
@@ -70,7 +71,8 @@ func (e Event) Identity() schemas.Identity {
 	return schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}
 }
 
-// Key returns the canonical Kafka record key of the event (DESIGN §2).
+// Key returns the canonical Kafka record key of the event (docs/design.md,
+// Event identity and keys).
 func (e Event) Key() []byte { return e.Identity().Key() }
 
 // EventID derives a deterministic event ID from facts that are the same on
@@ -119,7 +121,7 @@ func WithTopic(topic string) Option { return func(c *config) { c.topic = topic }
 func WithSource(source string) Option { return func(c *config) { c.source = source } }
 
 // WithMaxSkew sets how far after now an event time may be. Default: 1 hour,
-// the dedup stage's skew S (DESIGN §3); a later event would be rejected
+// the dedup stage's skew S (docs/design.md, Time); a later event would be rejected
 // there as in_future, so the producer refuses it up front.
 func WithMaxSkew(d time.Duration) Option { return func(c *config) { c.maxSkew = d } }
 
@@ -145,7 +147,7 @@ func WithMaxBufferedRecords(n int) Option { return func(c *config) { c.maxBuffer
 // or PLAIN (plain.Auth{User: u, Pass: p}.AsMechanism(), only over TLS: it
 // sends the password in the clear). Read the password from a file or the
 // environment, never from a command-line argument. The principal needs
-// only Write and Describe on the events topic (docs/security.md). A nil
+// only Write and Describe on the events topic (docs/operations.md, ACLs). A nil
 // mechanism is no SASL. Default: no SASL.
 func WithSASL(m sasl.Mechanism) Option { return func(c *config) { c.sasl = m } }
 

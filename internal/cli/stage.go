@@ -168,7 +168,7 @@ type DedupFlags struct {
 // a ring set there by mistake would then look like a path and be shown by
 // the error that it names no file (secret.ReadFile).
 type DedupKeyFlags struct {
-	KeysFile   string   `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE. A key that signed records the events topic may still hold cannot leave the ring: dedup refuses to start without it (docs/operations.md, Rotation)." placeholder:"FILE" secretfile:""`
+	KeysFile   string   `name:"dedup-keys-file" help:"File of the keys that sign dedup's re-route and tick headers, one \"<id> <secret hex>\" per line; the first signs, all verify. Every dedup instance needs the same file. Without it the keys are read from METERLINE_DEDUP_KEYS (never pass a secret as a flag). Make one with: meterline dedup-key --out FILE. A key that signed records the events topic may still hold cannot leave the ring: dedup refuses to start without it (docs/operations.md, Dedup keys)." placeholder:"FILE" secretfile:""`
 	ForgetKeys []string `name:"dedup-forget-ids" help:"Key IDs removed from the ring on purpose although records they signed may remain in the events topic (a leaked secret): dedup runs without them, and those records lose their re-routed arrival time." placeholder:"ID,..."`
 }
 

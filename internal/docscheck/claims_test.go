@@ -30,6 +30,25 @@ func TestNoHistoryOutsideChangelog(t *testing.T) {
 	}
 }
 
+// foreignSection matches a reference to a numbered section of a document
+// that is not in the repository (DESIGN §12, §6.4): a reader cannot follow
+// it. The docs link to their own headings instead.
+var foreignSection = regexp.MustCompile(`§|\bDESIGN\b`)
+
+func TestNoForeignSectionReferences(t *testing.T) {
+	_, files, _ := docs(t)
+	for name, c := range files {
+		if name == "CHANGELOG.md" {
+			continue
+		}
+		for i, l := range strings.Split(c, "\n") {
+			if m := foreignSection.FindString(l); m != "" {
+				t.Errorf("%s:%d cites %q, a section of no document in the repository: link to a heading of docs/ instead: %s", name, i+1, m, l)
+			}
+		}
+	}
+}
+
 var (
 	// meterlineName is a metric, table or database name in the docs.
 	meterlineName = regexp.MustCompile(`\bmeterline_[a-z0-9_]*[a-z0-9]\b`)

@@ -2,9 +2,11 @@ package docscheck
 
 import (
 	"bytes"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kong"
 
@@ -88,3 +90,80 @@ func TestUnknownFlags(t *testing.T) {
 		t.Errorf("unknown flags %v, want --brokres --dedup-window", got)
 	}
 }
+
+// flagKind is what a flag's value is, as a config file or a variable
+// writes it: a list, a number, a switch or a text.
+func flagKind(f *kong.Flag) string {
+	switch f.Target.Kind() {
+	case reflect.Slice, reflect.Map:
+		return "list"
+	case reflect.Bool:
+		return "switch"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		if f.Target.Type() == reflect.TypeOf(time.Duration(0)) {
+			return "duration"
+		}
+		return "number"
+	}
+	return "text"
+}
+
+// conflictingFlags returns the flag names that commands give values of
+// different kinds (a file name here, a list there), with the commands of
+// each kind.
+func conflictingFlags(t *testing.T) map[string]map[string][]string {
+	t.Helper()
+	var c cli.CLI
+	k, err := cli.Parser(&c, cli.IO{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}, func(int) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]map[string][]string{}
+	var walk func(n *kong.Node)
+	walk = func(n *kong.Node) {
+		for _, f := range n.Flags {
+			if kinds[f.Name] == nil {
+				kinds[f.Name] = map[string][]string{}
+			}
+			kinds[f.Name][flagKind(f)] = append(kinds[f.Name][flagKind(f)], n.Path())
+		}
+		for _, ch := range n.Children {
+			walk(ch)
+		}
+	}
+	walk(k.Model.Node)
+	for name, ks := range kinds {
+		if len(ks) < 2 {
+			delete(kinds, name)
+		}
+	}
+	return kinds
+}
+
+// TestConflictingConfigKeysDocumented: a config file or an environment
+// shared by several commands sets a flag of one name in each, so a name
+// whose value is of another kind in another command (a meters file here,
+// a list of meters there) must be in the list of such names in
+// docs/operations.md, "Configuration and environment".
+func TestConflictingConfigKeysDocumented(t *testing.T) {
+	_, files, _ := docs(t)
+	listed := map[string]bool{}
+	for _, l := range section(t, files, "docs/operations.md", "Configuration and environment") {
+		if m := listedKey.FindStringSubmatch(l); m != nil {
+			listed[m[1]] = true
+		}
+	}
+	conflicts := conflictingFlags(t)
+	if len(conflicts) == 0 {
+		t.Fatal("no flag name with values of two kinds: the walk of the commands found nothing")
+	}
+	for name, ks := range conflicts {
+		if !listed[name] {
+			t.Errorf("--%s takes values of different kinds in different commands (%v), and docs/operations.md, Configuration and environment, does not list it (\"- `%s`: ...\")", name, ks, name)
+		}
+	}
+}
+
+// listedKey is an item of that list: "- `meters`: ...".
+var listedKey = regexp.MustCompile("^- `([a-z0-9-]+)`:")

@@ -3,7 +3,11 @@
 // each function outside tests at most 120 lines long, unless it is listed
 // with the reason it may be longer (a declaration, not logic), and
 // TestExportedFunctionDocs requires the doc comment of each exported
-// function outside tests to begin with its name.
+// function outside tests to begin with its name, and
+// TestMessagesCiteNoMissingDocument requires the strings outside tests
+// (errors, log lines, help) and the client library's comments to cite
+// files and headings of docs/ that exist, never sections of a design
+// document that is not in the repository.
 //
 // The package has no code outside its tests.
 package lint

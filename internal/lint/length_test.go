@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -33,11 +34,11 @@ type function struct {
 	fn    *ast.FuncDecl // its declaration, with its doc comment
 }
 
-// functions parses every non-test Go file below root (skipping testdata
-// and hidden directories) and returns its function declarations.
-func functions(t *testing.T, root string) []function {
+// goFiles parses every non-test Go file below root (skipping testdata,
+// vendor and hidden directories), with its comments, and calls fn with its
+// path relative to root, in slashes.
+func goFiles(t *testing.T, root string, fn func(rel string, fset *token.FileSet, f *ast.File)) {
 	t.Helper()
-	var out []function
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -60,7 +61,21 @@ func functions(t *testing.T, root string) []function {
 		if err != nil {
 			return err
 		}
-		dir := filepath.ToSlash(filepath.Dir(rel))
+		fn(filepath.ToSlash(rel), fset, f)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// functions returns the function declarations of every non-test Go file
+// below root.
+func functions(t *testing.T, root string) []function {
+	t.Helper()
+	var out []function
+	goFiles(t, root, func(rel string, fset *token.FileSet, f *ast.File) {
+		dir := path.Dir(rel)
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {
@@ -69,16 +84,12 @@ func functions(t *testing.T, root string) []function {
 			start, end := fset.Position(fn.Pos()), fset.Position(fn.End())
 			out = append(out, function{
 				key:   dir + "." + funcName(fn),
-				where: filepath.ToSlash(rel) + ":" + strconv.Itoa(start.Line),
+				where: rel + ":" + strconv.Itoa(start.Line),
 				lines: end.Line - start.Line + 1,
 				fn:    fn,
 			})
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return out
 }
 

@@ -182,7 +182,7 @@ func FetchError(log *zap.Logger, fs kgo.Fetches) error {
 			return
 		}
 		if ferr == nil {
-			ferr = fmt.Errorf("fetch %s/%d: %w (offsets are never reset automatically; see DESIGN §6.6)", t, p, err)
+			ferr = fmt.Errorf("fetch %s/%d: %w (offsets are never reset automatically; see docs/design.md, Exactly-once, point 6)", t, p, err)
 		}
 	})
 	return ferr

@@ -253,3 +253,17 @@ func GroupAssignment(t testing.TB, adm *kadm.Client, group, topic string) []int3
 	slices.Sort(out)
 	return out
 }
+
+// ClearMeterlineEnv unsets every METERLINE_ variable for the rest of the
+// test (they are restored after it), so that only what the test sets
+// configures meterline's flag parser.
+func ClearMeterlineEnv(t testing.TB) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "METERLINE_") {
+			t.Setenv(k, "") // restored after the test
+			os.Unsetenv(k)
+		}
+	}
+}

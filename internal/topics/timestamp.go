@@ -29,7 +29,7 @@ type TimestampTypeError struct {
 
 func (e *TimestampTypeError) Error() string {
 	return fmt.Sprintf("%s: topic %s has message.timestamp.type=%s, so its record timestamps are the producers' clocks, "+
-		"yet %s takes them as arrival times (DESIGN §3): every producer could choose its records' arrival. "+
+		"yet %s takes them as arrival times (docs/operations.md, Arrival time): every producer could choose its records' arrival. "+
 		"Set it to LogAppendTime (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config message.timestamp.type=LogAppendTime; "+
 		"meterline topics check reports it), or, for tests and replays only, start with --allow-create-time",
 		e.Stage, e.Topic, e.Have, e.Stage, e.Topic)

@@ -70,7 +70,7 @@ func (n Names) KeysTopic() string               { return n.name(n.Keys) }
 // package is below dedup).
 type Layout struct {
 	Partitions        int32         `help:"Partitions of every topic; changelogs always match their input topic." default:"16"`
-	ReplicationFactor int16         `help:"Replication factor of every topic; -1: 3 on a cluster of three or more brokers, else as many as it has (DESIGN §10)." default:"-1"`
+	ReplicationFactor int16         `help:"Replication factor of every topic; -1: 3 on a cluster of three or more brokers, else as many as it has (docs/operations.md, Replication)." default:"-1"`
 	MinInsyncReplicas int16         `name:"min-insync-replicas" help:"min.insync.replicas of every topic: how many replicas must have a write before acks=all succeeds; -1: 2 when the replication factor is 3 or more, else 1." default:"-1"`
 	Window            time.Duration `help:"Dedup window W: topics that must hold W keep at least this plus the margin." default:"${dedup_window}"`
 	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"${dedup_skew}"`

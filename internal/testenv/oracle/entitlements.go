@@ -592,7 +592,7 @@ func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *M
 		if len(problems) > maxProblems {
 			problems = problems[:maxProblems]
 		}
-		t.Fatalf("the outputs disagree with the model of DESIGN §3 and §12 (%d events, %d accepted):\n  %s", len(events), len(accepted), strings.Join(problems, "\n  "))
+		t.Fatalf("the outputs disagree with the model of docs/design.md (Time) and docs/entitlements.md (%d events, %d accepted):\n  %s", len(events), len(accepted), strings.Join(problems, "\n  "))
 	}
 	t.Logf("the model agrees: %d events, %d accepted, rejected %v; %d keys, %d FINAL, %d adjustments, %d balances checked; copies of misplaced records %+v",
 		len(events), len(accepted), rep.Rejected, rep.Keys, rep.Finals, rep.Adjustments, rep.Balances, inTopic.Copies)

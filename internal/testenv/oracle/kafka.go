@@ -61,7 +61,7 @@ func Verify(t testing.TB, brokers []string, names topics.Names, m *Model, events
 	}
 	rep := b.Check(Read(t, brokers, names))
 	if len(rep.Problems) > 0 {
-		t.Fatalf("the outputs disagree with the model of DESIGN §3 (%d events):\n  %s", len(events), strings.Join(rep.Problems, "\n  "))
+		t.Fatalf("the outputs disagree with the model of docs/design.md (Time) (%d events):\n  %s", len(events), strings.Join(rep.Problems, "\n  "))
 	}
 	t.Logf("the model agrees: %d events, %d keys, %d FINAL (one each), %d OPEN revisions, %d adjustments",
 		len(events), rep.Keys, rep.Finals, rep.OpenRevisions, rep.Adjustments)
