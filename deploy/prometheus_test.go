@@ -80,7 +80,7 @@ func TestRealDashboardQueriesReturnData(t *testing.T) {
 
 	// A key for the HTTP ingest's panels: the run serves it too.
 	token := createKey(t, bin, filepath.Join(work, "keys.log"), "keys", "create", "--brokers", strings.Join(brokers, ","),
-		"--topic-prefix", prefix, "--tenant", "dash", "--customers", "*")
+		"--topic-prefix", prefix, "--tenant", "dash", "--allow-customers", "*")
 	ingestAddr := testenv.FreeAddr(t)
 	metricsAddr := testenv.FreeAddr(t)
 	testenv.StartProcess(t, "meterline", filepath.Join(work, "meterline.log"), bin, "run",

@@ -325,7 +325,7 @@ func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 	customers := spec.Customers
 	switch {
 	case t == nil && len(customers) == 0:
-		return Key{}, "", fmt.Errorf("ingest: tenant %q does not exist: name its customers (--customers) to make it with the key", spec.Tenant)
+		return Key{}, "", fmt.Errorf("ingest: tenant %q does not exist: name its customers (--allow-customers) to make it with the key", spec.Tenant)
 	case t == nil:
 		if _, err := a.SetTenant(ctx, spec.Tenant, customers); err != nil {
 			return Key{}, "", err

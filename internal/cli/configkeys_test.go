@@ -49,3 +49,35 @@ func TestConfigKeysKongIgnores(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedConfigMeansTheSameToEach: one config file holding a stage's
+// keys (its meters file, the bench's customers, run's ingest switch and
+// the ingest's address) serves every command with the same meaning:
+// `keys create` and `tenants set` take a key's scope from their own
+// flags (allow_customers, allow_meters), never from a stage's meters
+// file (which made every key able to write only a meter named
+// "meters.yaml") or the bench's number of customers, and the demo's
+// ingest address is ingest_addr, as for run.
+func TestSharedConfigMeansTheSameToEach(t *testing.T) {
+	dir := t.TempDir()
+	meters, p := filepath.Join(dir, "meters.yaml"), filepath.Join(dir, "meterline.yaml")
+	body := "meters: " + meters + "\ncustomers: 5000\ningest: true\ningest_addr: 127.0.0.1:9999\n"
+	for name, b := range map[string]string{meters: "meters: []\n", p: body} {
+		if err := os.WriteFile(name, []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := parseCLI(t, "keys", "create", "--tenant", "acme", "--config", p).Keys.Create
+	if len(k.Meters) != 0 || len(k.Customers) != 0 {
+		t.Errorf("keys create with a shared config: meters %q, customers %q; want no scope from it", k.Meters, k.Customers)
+	}
+	if ts := parseCLI(t, "tenants", "set", "acme", "--allow-customers", "acme-*", "--config", p).Tenants.Set; strings.Join(ts.Customers, ",") != "acme-*" {
+		t.Errorf("tenants set with a shared config: customers %q, want acme-*", ts.Customers)
+	}
+	if d := parseCLI(t, "demo", "--config", p).Demo; d.Ingest != "127.0.0.1:9999" {
+		t.Errorf("demo with a shared config: ingest address %q, want 127.0.0.1:9999", d.Ingest)
+	}
+	if r := parseCLI(t, "run", "--config", p).Run; !r.Ingest || r.IngestFlags.Addr != "127.0.0.1:9999" {
+		t.Errorf("run with a shared config: ingest %v at %q, want on at 127.0.0.1:9999", r.Ingest, r.IngestFlags.Addr)
+	}
+}

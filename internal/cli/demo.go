@@ -22,7 +22,7 @@ type DemoCmd struct {
 	Rate     int           `help:"Generated events per second." default:"200"`
 	Seed     int64         `help:"Seed of the generator and of the crash point (0: random)."`
 	HTTP     string        `help:"Address of the status page (/), /status.json and /metrics while the demo runs; empty: none." default:"${metrics_addr}"`
-	Ingest   string        `help:"Address of the HTTP ingest while the demo runs: a key for meter http_tokens is made and a curl command that uses it printed (its events are reported apart from the generator's); empty: none." default:"${ingest_addr}"`
+	Ingest   string        `name:"ingest-addr" help:"Address of the HTTP ingest while the demo runs: a key for meter http_tokens is made and a curl command that uses it printed (its events are reported apart from the generator's); empty: none." default:"${ingest_addr}"`
 	Sink     bool          `help:"Also run the sink into the ClickHouse at --clickhouse, check its tables in the report and print a query to try."`
 	// SinkDatabase is emptied at the start of every run; the demo refuses
 	// a database it did not make.

@@ -69,13 +69,13 @@ func TestRealSecuredEntitlements(t *testing.T) {
 		args = append(append([]string{"keys"}, args...), "--topic-prefix", prefix, "--timeout", "20s")
 		return command(t, time.Minute, "", append(args, k.Flags(user, kafka.ScramSHA512)...)...)
 	}
-	if code, out := keys("billing", "create", "--tenant", "acme", "--customers", "acme"); code == 0 || !strings.Contains(out, "AUTHORIZATION_FAILED") || strings.Contains(out, "mlk_") {
+	if code, out := keys("billing", "create", "--tenant", "acme", "--allow-customers", "acme"); code == 0 || !strings.Contains(out, "AUTHORIZATION_FAILED") || strings.Contains(out, "mlk_") {
 		t.Fatalf("keys create as the billing system: exit %d, want a refusal\n%s", code, out)
 	}
 	if code, out := keys("keyadmin", "list"); code != 0 || !strings.Contains(out, "0 keys, 0 tenants") {
 		t.Fatalf("keys list as the key administrator after the billing system's refused create: exit %d, want no key\n%s", code, out)
 	}
-	if code, out := keys("keyadmin", "create", "--tenant", "acme", "--customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
+	if code, out := keys("keyadmin", "create", "--tenant", "acme", "--allow-customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
 		t.Fatalf("keys create as the key administrator: exit %d\n%s", code, out)
 	}
 	if code, out := keys("keyadmin", "list"); code != 0 || !strings.Contains(out, "1 keys, 1 tenants") {

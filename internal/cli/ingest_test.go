@@ -23,11 +23,11 @@ import (
 func TestKeysCommands(t *testing.T) {
 	_, brokers := testenv.KFake(t, kfake.SeedTopics(1, "meterline.keys"))
 	b := "--brokers=" + strings.Join(brokers, ",")
-	code, out, errOut := run(t, "", "tenants", "set", "acme", "--customers", "acme-*", "--customers", "acme", b)
+	code, out, errOut := run(t, "", "tenants", "set", "acme", "--allow-customers", "acme-*", "--allow-customers", "acme", b)
 	if code != 0 || !strings.Contains(out, "tenant acme: customers acme-*,acme") {
 		t.Fatalf("tenants set: %d %s %s", code, out, errOut)
 	}
-	code, token, errOut := run(t, "", "keys", "create", "--tenant", "acme", "--customers", "acme-eu-*", "--meters", "tokens,prompts", "--rate", "500", "--note", "chat-api", b)
+	code, token, errOut := run(t, "", "keys", "create", "--tenant", "acme", "--allow-customers", "acme-eu-*", "--allow-meters", "tokens,prompts", "--rate", "500", "--note", "chat-api", b)
 	token = strings.TrimSpace(token)
 	if code != 0 || !regexp.MustCompile(`^mlk_[0-9a-f]{16}_[A-Za-z0-9_-]{43}$`).MatchString(token) {
 		t.Fatalf("keys create: %d stdout %q stderr %s", code, token, errOut)
@@ -36,7 +36,7 @@ func TestKeysCommands(t *testing.T) {
 	if !strings.Contains(errOut, "key "+id+" of tenant acme: customers acme-eu-*; meters tokens,prompts; rate 500 events/s per replica") {
 		t.Errorf("keys create stderr: %s", errOut)
 	}
-	code, out, errOut = run(t, "", "keys", "create", "--tenant", "acme", "--customers", "globex-*", b)
+	code, out, errOut = run(t, "", "keys", "create", "--tenant", "acme", "--allow-customers", "globex-*", b)
 	if code == 0 || !strings.Contains(errOut, `customers "globex-*" is not within tenant acme's customers`) {
 		t.Errorf("a key outside its tenant: %d %s %s", code, out, errOut)
 	}

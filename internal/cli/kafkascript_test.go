@@ -138,11 +138,11 @@ func TestRealSecuredKafkaScriptUsers(t *testing.T) {
 	if code, out := as("billing", "entitlements", "set", "acme", "-f", plan); code != 0 {
 		t.Fatalf("entitlements set as the billing system: exit %d\n%s", code, out)
 	}
-	if code, out := as("keyadmin", "keys", "create", "--tenant", "acme", "--customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
+	if code, out := as("keyadmin", "keys", "create", "--tenant", "acme", "--allow-customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
 		t.Fatalf("keys create as the key administrator: exit %d\n%s", code, out)
 	}
 	for _, user := range []string{"billing", "operator"} {
-		if code, out := as(user, "keys", "create", "--tenant", "acme", "--customers", "acme", "--timeout", "20s"); code == 0 || !strings.Contains(out, "AUTHORIZATION_FAILED") || strings.Contains(out, "mlk_") {
+		if code, out := as(user, "keys", "create", "--tenant", "acme", "--allow-customers", "acme", "--timeout", "20s"); code == 0 || !strings.Contains(out, "AUTHORIZATION_FAILED") || strings.Contains(out, "mlk_") {
 			t.Errorf("keys create as %s: exit %d, want a refusal\n%s", user, code, out)
 		}
 	}
@@ -296,7 +296,7 @@ func TestRealSecuredKafkaScriptACLs(t *testing.T) {
 	}
 
 	// And no secret.
-	if code, out := as("keyadmin", "keys", "create", "--tenant", "acme", "--customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
+	if code, out := as("keyadmin", "keys", "create", "--tenant", "acme", "--allow-customers", "acme"); code != 0 || !strings.Contains(out, "mlk_") {
 		t.Fatalf("keys create as the key administrator: exit %d\n%s", code, out)
 	}
 	if code, out := as("operator", "keys", "list", "--timeout", "20s"); code == 0 || !strings.Contains(out, "TOPIC_AUTHORIZATION_FAILED") || strings.Contains(out, "acme") {

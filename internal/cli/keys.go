@@ -45,9 +45,9 @@ func withKeysAdmin(ctx context.Context, g *Globals, timeout time.Duration, f fun
 
 // KeysCreateCmd is `meterline keys create`.
 type KeysCreateCmd struct {
-	Tenant    string        `required:"" help:"The tenant the key belongs to; made with --customers when it does not exist."`
-	Customers []string      `help:"Customers the key may write: IDs, prefixes ending in * (team-*), or * (all of the tenant's). Default: all of the tenant's."`
-	Meters    []string      `help:"Meters the key may write. Default: any."`
+	Tenant    string        `required:"" help:"The tenant the key belongs to; made with --allow-customers when it does not exist."`
+	Customers []string      `name:"allow-customers" help:"Customers the key may write: IDs, prefixes ending in * (team-*), or * (all of the tenant's). Default: all of the tenant's."`
+	Meters    []string      `name:"allow-meters" help:"Meters the key may write. Default: any."`
 	Rate      float64       `help:"Events per second the key may send to each ingest replica; 0: no bound (its refused requests are bounded by the ingest's refusal budget)." default:"0"`
 	Note      string        `help:"A note kept with the key: who or what it is for."`
 	Timeout   time.Duration `help:"Deadline for the whole command." default:"30s"`
@@ -136,7 +136,7 @@ func (c *KeysRevokeCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 // TenantsSetCmd is `meterline tenants set`.
 type TenantsSetCmd struct {
 	Name      string        `arg:"" help:"Tenant name."`
-	Customers []string      `required:"" help:"The tenant's customers: IDs, prefixes ending in * (team-*), or *."`
+	Customers []string      `name:"allow-customers" required:"" help:"The tenant's customers (those its keys may write): IDs, prefixes ending in * (team-*), or *."`
 	Timeout   time.Duration `help:"Deadline for the whole command." default:"30s"`
 }
 

@@ -620,7 +620,7 @@ func TestRealSecuredACLs(t *testing.T) {
 	// administrator made.
 	grant(t, adm, docs, prefix, "keyadmin", "keyadmin")
 	grant(t, adm, docs, prefix, "ingest", "ingest")
-	code, token, errOut := run(t, "", append([]string{"keys", "create", "--tenant", "acme", "--customers", "c*", "--topic-prefix", prefix},
+	code, token, errOut := run(t, "", append([]string{"keys", "create", "--tenant", "acme", "--allow-customers", "c*", "--topic-prefix", prefix},
 		k.Flags("keyadmin", kafka.ScramSHA512)...)...)
 	token = strings.TrimSpace(token)
 	if code != 0 || !strings.HasPrefix(token, "mlk_") {

@@ -439,7 +439,7 @@ func (d *demoRun) serveIngest(ctx context.Context) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case err != nil:
-		fmt.Fprintf(d.cfg.Out, "HTTP ingest not served: %v (choose another address with --ingest)\n", err)
+		fmt.Fprintf(d.cfg.Out, "HTTP ingest not served: %v (choose another address with --ingest-addr)\n", err)
 		d.cfg.Logger.Warn("demo HTTP ingest not served", zap.Error(err))
 	default:
 		d.cfg.IngestAddr, d.cfg.curl = srv.Addr(), curl // the bound address, for the live view

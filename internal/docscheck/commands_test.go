@@ -176,7 +176,7 @@ func TestDocCommandsParse(t *testing.T) {
 // meterline flag.
 func TestCommandParsing(t *testing.T) {
 	testenv.ClearMeterlineEnv(t)
-	line := `TOKEN=$(bin/meterline keys create --tenant acme --customers 'acme-*') && X=1 meterline entitlements balance acme 2>/dev/null | grep -q 'a|b' # meterline nope`
+	line := `TOKEN=$(bin/meterline keys create --tenant acme --allow-customers 'acme-*') && X=1 meterline entitlements balance acme 2>/dev/null | grep -q 'a|b' # meterline nope`
 	var got [][]string
 	for _, seg := range segments(line) {
 		args, ok, err := meterlineArgs(seg)
@@ -187,7 +187,7 @@ func TestCommandParsing(t *testing.T) {
 			got = append(got, args)
 		}
 	}
-	want := "keys create --tenant acme --customers acme-*|entitlements balance acme"
+	want := "keys create --tenant acme --allow-customers acme-*|entitlements balance acme"
 	var joined []string
 	for _, a := range got {
 		joined = append(joined, strings.Join(a, " "))
