@@ -424,13 +424,6 @@ func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	if !fresh && overflows(&a.st, e, m) {
 		return pt.rejectOverflow(tx, r, e, m, start, &a.st)
 	}
-	if a.adj != 0 {
-		// Adjustments are booked into this period for this key: its value
-		// and theirs must stay within 64 bits (invoice.go).
-		if rejected, err := pt.checkOpenInvoice(tx, r, e, m, a, fresh, ak, uval); err != nil || rejected {
-			return err
-		}
-	}
 	if fresh {
 		pt.recordDef(tx, start, e.Meter, m)
 	}
@@ -473,24 +466,8 @@ func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent,
 	}
 	// st is this call's copy: nothing of the event is in the transaction
 	// until its adjustment is encoded.
-	before := *st
 	delta := apply(st, !ok, e, m, isNew)
 	bStart, bEnd := pt.bounds(e.IngestTime)
-	if delta != 0 {
-		// The line it is booked into must stay within 64 bits (invoice.go);
-		// the FINAL value of this period is recorded before its working
-		// state changes.
-		if err := pt.recordFinal(tx, start, ak, &before, ok); err != nil {
-			return err
-		}
-		inv, base, fits, err := pt.bookInvoice(tx, bStart, ak, delta)
-		if err != nil {
-			return err
-		}
-		if !fits {
-			return pt.rejectInvoiceOverflow(tx, r, e, m, bStart, base, inv.adj, delta)
-		}
-	}
 	parts, _ := schemas.SplitFramed(ak)
 	adj := &schemas.Adjustment{
 		EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter, Group: groupOf(parts),

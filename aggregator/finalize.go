@@ -34,7 +34,7 @@ import (
 //	book    the queued events of P after the cursor, as adjustments; then
 //	done    the marker's value is empty (what earlier versions wrote);
 //	expire  once the watermark reaches end + W + B (expiresAt):
-//	        tombstones for 'f' P, 'i' P and 'u' P keys after the cursor, then
+//	        tombstones for 'f' P and 'u' P keys after the cursor, then
 //	        for the period's meter definitions ('M' P, meterdef.go)
 //	        and the marker.
 //
@@ -162,23 +162,12 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 		if err != nil {
 			return err
 		}
-		// A period with adjustments booked into it ('i', invoice.go) and
-		// no aggregate is decided too: its keys expire with it.
-		s3, ok3, err := firstPeriodFrom(tx, pfxInvoice, pt.finalLow(pfxInvoice))
-		if err != nil {
-			return err
-		}
-		if !ok1 && !ok2 && !ok3 {
+		if !ok1 && !ok2 {
 			return nil
 		}
-		start, found := int64(0), false
-		for _, c := range []struct {
-			s  int64
-			ok bool
-		}{{s1, ok1}, {s2, ok2}, {s3, ok3}} {
-			if c.ok && (!found || c.s < start) {
-				start, found = c.s, true
-			}
+		start := s1
+		if !ok1 || (ok2 && s2 < s1) {
+			start = s2
 		}
 		_, end := pt.bounds(start)
 		if pt.wm <= end+grace {
@@ -198,7 +187,7 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 // nothing to emit (place), and its aggregates would never get one.
 func (pt *partition) undecidedDue(st stateReader) (bool, error) {
 	grace := pt.pr.cfg.Grace.Milliseconds()
-	for _, pfx := range []byte{pfxOpen, pfxPending, pfxInvoice} {
+	for _, pfx := range []byte{pfxOpen, pfxPending} {
 		// finalize decides the lowest period first: the lowest tells.
 		s, ok, err := firstPeriodFrom(st, pfx, pt.finalLow(pfx))
 		if err != nil {
@@ -478,7 +467,7 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 }
 
 // expireChunk deletes up to FinalChunk keys of the period's final working
-// state ('f', 'i', then 'u') after the cursor, with tombstones, so that the
+// state ('f', then 'u') after the cursor, with tombstones, so that the
 // compacted changelog does not keep them; when none is left, the period's
 // meter definitions (one key per meter) and the marker.
 // No event for the period can arrive any more (expiresAt): dedup rejects
@@ -490,7 +479,7 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 		ps.phase, ps.cursor, ps.chunks = phaseExpire, nil, 0
 	}
 	deleted := 0
-	for _, pfx := range []byte{pfxFinal, pfxInvoice, pfxUnique} { // in key order: the cursor's prefix tells which are done
+	for _, pfx := range []byte{pfxFinal, pfxUnique} {
 		if ps.cursor != nil && ps.cursor[0] > pfx {
 			continue // this prefix is done
 		}

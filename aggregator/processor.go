@@ -71,7 +71,6 @@ type partition struct {
 	// Scratch buffers: the aggregate key K of the event being handled, its
 	// state key, a unique-value key and an encoded state (tx.Put copies).
 	akBuf, okBuf, uBuf, stBuf []byte
-	ikBuf                     []byte // an invoice key (loadInvoice)
 	// The period of the last Bounds call: events arrive in runs of one
 	// period.
 	bStart, bEnd int64
@@ -686,10 +685,6 @@ type openAgg struct {
 	// only an abort (which drops the cache) or the period's expiry (long
 	// after its aggregates left the cache at FINAL) undo.
 	seen map[string]struct{}
-	// adj is the sum of the adjustments booked into the period for the
-	// aggregate's key ('i' P K, invoice.go): the value must stay within 64
-	// bits of it.
-	adj int64
 }
 
 // evictClean drops the aggregates the open transaction did not change.
@@ -725,11 +720,7 @@ func (pt *partition) openAggregate(tx *stream.Tx, k []byte, start int64) (a *ope
 	if err != nil {
 		return nil, false, err
 	}
-	inv, err := pt.loadInvoice(tx, start, k[9:])
-	if err != nil {
-		return nil, false, err
-	}
-	a = &openAgg{key: bytes.Clone(k), start: start, st: *st, out: out, adj: inv.adj}
+	a = &openAgg{key: bytes.Clone(k), start: start, st: *st, out: out}
 	pt.open[string(a.key)] = a
 	return a, !ok, nil
 }

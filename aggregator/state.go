@@ -15,10 +15,6 @@ import (
 //
 //	'a' P K          open aggregate (aggState)
 //	'f' P K          final aggregate's working state, kept until end + W + B
-//	'i' P K          the invoice line of K in P: the sum of the deltas of
-//	                 the adjustments booked into P for K, and K's FINAL
-//	                 value in P once a late event changed 'f' P K
-//	                 (invState, invoice.go); kept until end + W + B
 //	'u' P framed(K) framed(value)  a value UNIQUE_COUNT has seen in P
 //	'p' P seq        an event of P queued behind P's FINAL revisions (late
 //	                 by arrival while P was open, or processed while its

@@ -89,8 +89,8 @@ ORDER BY meter, period_start, group_key`},
 
 	{Name: "invoice_lines", Title: "Invoice lines for one period, all customers", SQL: `
 SELECT customer_id, meter, group_key,
-       sum(value)                  AS usage_value,
-       sum(delta)                  AS adjustments,
+       sum(toDecimal128(value, 0)) AS usage_value,
+       sum(toDecimal128(delta, 0)) AS adjustments,
        usage_value + adjustments   AS invoice_quantity,
        if(countIf(status = 'FINAL') > 0
           OR (countIf(line_kind = 'usage') = 0

@@ -10,14 +10,15 @@ import (
 )
 
 // Sums of untrusted quantities in the analyst queries (DESIGN §8: sums
-// never wrap). The aggregator bounds one aggregate's value, and one invoice
-// line's FINAL value plus its adjustments, to 64 bits; nothing bounds a sum
-// across groups, periods or events. The data below is what the aggregator
+// never wrap). The aggregator bounds one aggregate's value, and one
+// adjustment's delta, to 64 bits; nothing bounds a sum across groups,
+// periods, adjustments or events. The data below is what the aggregator
 // may write: acme's api_calls in two groups, each of MaxInt64 in January
-// 2024 (each line of the invoice exactly MaxInt64), and in two groups an
-// adjustment of MaxInt64 - 7 booked into February from January; usage_events
-// holds two accepted events of MaxInt64 on one day (two groups of one
-// meter, or hour periods, take both).
+// 2024, an adjustment of MaxInt64 - 7 booked into January from December
+// for one of them (its invoice line is then past 64 bits), and in two
+// groups an adjustment of MaxInt64 - 7 booked into February from January;
+// usage_events holds two accepted events of MaxInt64 on one day (two
+// groups of one meter, or hour periods, take both).
 
 const maxInt64 = "9223372036854775807"
 
@@ -28,12 +29,15 @@ func hostileSumsInserts(db string) []string {
 			"toDateTime('2024-02-01 00:00:00') AS pe, toInt64(1) AS r, 'FINAL' AS s, toInt64(%s) AS v, toInt64(1) AS n",
 			TableAggregates, off, group, maxInt64)
 	}
-	adj := func(off int, id, group string) string {
-		return fmt.Sprintf("SELECT '%s' AS t, toInt32(0) AS p, toInt64(%d) AS o, toDateTime('2024-02-10 00:00:00') AS ts, "+
-			"'%s' AS e, 'acme' AS c, 'api_calls' AS m, '%s' AS g, 'SUM' AS a, toDateTime('2024-01-01 00:00:00') AS ops, "+
-			"toDateTime('2024-02-01 00:00:00') AS ope, toDateTime('2024-02-01 00:00:00') AS bps, toDateTime('2024-03-01 00:00:00') AS bpe, "+
+	adjInto := func(off int, id, group, orig, origEnd, booked, bookedEnd string) string {
+		return fmt.Sprintf("SELECT '%s' AS t, toInt32(0) AS p, toInt64(%d) AS o, toDateTime('%s') + 864000 AS ts, "+
+			"'%s' AS e, 'acme' AS c, 'api_calls' AS m, '%s' AS g, 'SUM' AS a, toDateTime('%s') AS ops, "+
+			"toDateTime('%s') AS ope, toDateTime('%s') AS bps, toDateTime('%s') AS bpe, "+
 			"toInt64(%s - 7) AS d, toInt64(%s - 7) AS q",
-			TableAdjustments, off, id, group, maxInt64, maxInt64)
+			TableAdjustments, off, booked, id, group, orig, origEnd, booked, bookedEnd, maxInt64, maxInt64)
+	}
+	adj := func(off int, id, group string) string {
+		return adjInto(off, id, group, "2024-01-01 00:00:00", "2024-02-01 00:00:00", "2024-02-01 00:00:00", "2024-03-01 00:00:00")
 	}
 	ev := func(off int, id string) string {
 		return fmt.Sprintf("SELECT '%s' AS t, toInt32(0) AS p, toInt64(%d) AS o, toDateTime('2024-01-05 10:00:00') AS ts, "+
@@ -46,7 +50,8 @@ func hostileSumsInserts(db string) []string {
 			agg(1, `{"region":"eu"}`) + " UNION ALL " + agg(2, `{"region":"us"}`) + ")",
 		"INSERT INTO " + db + ".usage_adjustments (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, event_id, customer_id, meter, " +
 			"group_key, aggregation, original_period_start, original_period_end, booked_period_start, booked_period_end, delta, quantity) SELECT * FROM (" +
-			adj(1, "late-eu", `{"region":"eu"}`) + " UNION ALL " + adj(2, "late-us", `{"region":"us"}`) + ")",
+			adj(1, "late-eu", `{"region":"eu"}`) + " UNION ALL " + adj(2, "late-us", `{"region":"us"}`) + " UNION ALL " +
+			adjInto(3, "december-eu", `{"region":"eu"}`, "2023-12-01 00:00:00", "2024-01-01 00:00:00", "2024-01-01 00:00:00", "2024-02-01 00:00:00") + ")",
 		"INSERT INTO " + db + ".usage_events (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, event_id, customer_id, meter, quantity, event_time, ingest_time) " +
 			"SELECT * FROM (" + ev(1, "big-1") + " UNION ALL " + ev(2, "big-2") + ")",
 	}
@@ -59,7 +64,7 @@ var hostileSumsWant = map[string]string{
 	"top_customers": "acme\t18446744073709551614\n",
 	"late_usage":    "2024-01-01 00:00:00\tacme\tapi_calls\t2\t18446744073709551600\n",
 	"usage_by_day":  "2024-01-05\tapi_calls\t2\t18446744073709551614\n",
-	"invoice_lines": "acme\tapi_calls\t{\"region\":\"eu\"}\t" + maxInt64 + "\t0\t" + maxInt64 + "\tfinal\n" +
+	"invoice_lines": "acme\tapi_calls\t{\"region\":\"eu\"}\t" + maxInt64 + "\t9223372036854775800\t18446744073709551607\tfinal\n" +
 		"acme\tapi_calls\t{\"region\":\"us\"}\t" + maxInt64 + "\t0\t" + maxInt64 + "\tfinal\n",
 }
 
