@@ -265,6 +265,13 @@ func TestStateKeyCountExact(t *testing.T) {
 	if live != 0 || !recorded {
 		t.Errorf("at the end: %d live keys, count recorded %v; want 0 and a recorded 0", live, recorded)
 	}
+	// Nor is any other key of a period left: the count covers the
+	// aggregates, and the state a period keeps beside them (UNIQUE_COUNT
+	// values, queued events, meter definitions, its marker) expires with
+	// it.
+	if left := periodKeysLeft(t, h); len(left) > 0 {
+		t.Errorf("at the end, with every period expired, live keys of periods by prefix: %v", left)
+	}
 	if aborted < 3 || restarts < 2 || txns < 28 || maxLive < 10 || finals < 20 || adjustments < 20 {
 		t.Errorf("the run exercised too little: %v aborted transactions, %d restarts, %d transactions checked, at most %d keys, "+
 			"%d FINAL revisions, %d adjustments", aborted, restarts, txns, maxLive, finals, adjustments)
@@ -342,4 +349,27 @@ func foldChangelog(t testing.TB, h *aggHarness) (live int, recorded bool, n int)
 		}
 	}
 	return live, state[string(keyKeyCount)], len(state)
+}
+
+// periodKeysLeft folds the changelog of partition 0 and counts its live
+// keys of a period (every prefix that a period start follows), by prefix.
+func periodKeysLeft(t testing.TB, h *aggHarness) map[string]int {
+	t.Helper()
+	state := map[string]bool{}
+	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregateChangelogTopic()) {
+		if r.Partition == 0 {
+			state[string(r.Key)] = r.Value != nil
+		}
+	}
+	left := map[string]int{}
+	for k, ok := range state {
+		if !ok {
+			continue
+		}
+		switch k[0] {
+		case pfxOpen, pfxFinal, pfxUnique, pfxPending, pfxCharge, pfxMarker, pfxMeterDef:
+			left[string(k[0])]++
+		}
+	}
+	return left
 }
