@@ -170,7 +170,8 @@ func isAuthErr(err error) bool {
 // count (a paused broker answers nothing; asking any one broker alone, the
 // listing would wait for its request timeout when it is that one); a
 // partition's leader is the one named with the highest epoch any of them
-// reports. A partition no answer has is missing from the result; no
+// reports, and it has none (an error) when none is named at that epoch. A
+// partition no answer has is missing from the result; no
 // answer at all is an error.
 func currentLeaders(ctx context.Context, cl *kgo.Client, topic string, ps []int32) (map[int32]partitionLeader, error) {
 	want := map[int32]bool{}
@@ -239,9 +240,13 @@ func topicMetadata(topic string) *kmsg.MetadataRequest {
 }
 
 // mergeLeaders merges one broker's metadata of topic into leaders: for
-// each partition in want, the leader named with the highest epoch so far
-// (an error only while no broker named one). found reports whether the
-// topic was in the answer; an authorization failure is a *kadm.AuthError.
+// each partition in want, what the highest epoch so far names, the leader
+// or, when no broker named one at that epoch, the error that it has none
+// (a broker that reports the partition leaderless at a later epoch than
+// another names itself, say a resumed one behind the cluster, is right:
+// the one named at the old epoch may still answer at it, stale). found
+// reports whether the topic was in the answer; an authorization failure is
+// a *kadm.AuthError.
 func mergeLeaders(leaders map[int32]partitionLeader, resp *kmsg.MetadataResponse, topic string, want map[int32]bool) (found bool, err error) {
 	for _, t := range resp.Topics {
 		if t.Topic == nil || *t.Topic != topic {
@@ -264,9 +269,9 @@ func mergeLeaders(leaders map[int32]partitionLeader, resp *kmsg.MetadataResponse
 			}
 			was, ok := leaders[pt.Partition]
 			switch {
-			case !ok, was.err != nil && l.err == nil:
+			case !ok, l.epoch > was.epoch:
 				leaders[pt.Partition] = l
-			case l.err == nil && l.epoch > was.epoch:
+			case l.epoch == was.epoch && was.err != nil && l.err == nil:
 				leaders[pt.Partition] = l
 			}
 		}

@@ -243,6 +243,57 @@ func TestCurrentLeaderFromReplicas(t *testing.T) {
 	}
 }
 
+// TestCurrentLeaderNoneAtHighestEpoch: a resumed broker, behind, names
+// itself leader at its old epoch while the others report the partition
+// leaderless at a later one (its next leader was lost too): the partition
+// has no leader, whatever the order of the answers. Taking the old leader
+// instead would ask the stale broker at the epoch it still believes in,
+// and pass on its end, behind the records its successor committed.
+func TestCurrentLeaderNoneAtHighestEpoch(t *testing.T) {
+	const topic = "cl"
+	meta := func(leader, epoch int32, err *kerr.Error) *kmsg.MetadataResponse {
+		resp := kmsg.NewPtrMetadataResponse()
+		rt := kmsg.NewMetadataResponseTopic()
+		rt.Topic = kmsg.StringPtr(topic)
+		pt := kmsg.NewMetadataResponseTopicPartition()
+		pt.Partition, pt.Leader, pt.LeaderEpoch = 0, leader, epoch
+		if err != nil {
+			pt.ErrorCode = err.Code
+		}
+		rt.Partitions = append(rt.Partitions, pt)
+		resp.Topics = append(resp.Topics, rt)
+		return resp
+	}
+	want := map[int32]bool{0: true}
+	stale := meta(1, 4, nil)
+	leaderless := meta(-1, 6, kerr.LeaderNotAvailable)
+	sameEpoch := meta(-1, 4, kerr.LeaderNotAvailable)
+	for name, order := range map[string][]*kmsg.MetadataResponse{"stale first": {stale, leaderless}, "stale last": {leaderless, stale}} {
+		leaders := map[int32]partitionLeader{}
+		for _, m := range order {
+			if _, err := mergeLeaders(leaders, m, topic, want); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if l := leaders[0]; !errors.Is(l.err, kerr.LeaderNotAvailable) {
+			t.Errorf("%s: %+v; want LEADER_NOT_AVAILABLE, not broker 1 at its old epoch 4", name, l)
+		}
+	}
+	// At the same epoch a broker that names the leader wins over one that
+	// does not know it.
+	for name, order := range map[string][]*kmsg.MetadataResponse{"named first": {stale, sameEpoch}, "named last": {sameEpoch, stale}} {
+		leaders := map[int32]partitionLeader{}
+		for _, m := range order {
+			if _, err := mergeLeaders(leaders, m, topic, want); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if l := leaders[0]; l.err != nil || l.leader != 1 || l.epoch != 4 {
+			t.Errorf("%s: %+v; want leader 1 at epoch 4", name, l)
+		}
+	}
+}
+
 // threeReplicas returns three kfake brokers, a client and a topic of one
 // partition with three replicas, led by broker 0.
 func threeReplicas(t *testing.T) (*kfake.Cluster, *kgo.Client, string) {

@@ -99,11 +99,17 @@ type endLister struct {
 	subs    map[*endSub]struct{}
 	running bool               // a loop runs
 	cancel  context.CancelFunc // the loop's
-	wg      sync.WaitGroup     // the loops
+	// loops holds the done channel of each loop that has not returned
+	// yet: the running one, and those ended (by stop or for want of
+	// tails) still closing their client. A stop waits for those it saw,
+	// not for a loop a later subscribe starts (a WaitGroup's Wait would
+	// race that subscribe's Add).
+	loops map[chan struct{}]struct{}
 }
 
 func newEndLister(topic string, newClient func() (*kgo.Client, error), clk clock.Clock, log *zap.Logger) *endLister {
-	return &endLister{topic: topic, newClient: newClient, clock: clk, log: log, interval: standbyListInterval, subs: map[*endSub]struct{}{}}
+	return &endLister{topic: topic, newClient: newClient, clock: clk, log: log, interval: standbyListInterval,
+		subs: map[*endSub]struct{}{}, loops: map[chan struct{}]struct{}{}}
 }
 
 // subscribe registers a tail of partition p; its listings arrive from the
@@ -116,8 +122,9 @@ func (l *endLister) subscribe(p int32) *endSub {
 	if !l.running {
 		ctx, cancel := context.WithCancel(context.Background())
 		l.running, l.cancel = true, cancel
-		l.wg.Add(1)
-		go l.loop(ctx)
+		done := make(chan struct{})
+		l.loops[done] = struct{}{}
+		go l.loop(ctx, done)
 	}
 	return s
 }
@@ -129,15 +136,22 @@ func (l *endLister) unsubscribe(s *endSub) {
 	delete(l.subs, s)
 }
 
-// stop ends the lister and waits for it: its requests are cancelled.
+// stop ends the lister and waits for it: its requests are cancelled and
+// its client closed. A tail that registers afterwards starts it again.
 func (l *endLister) stop() {
 	l.mu.Lock()
 	if l.running {
 		l.cancel()
 		l.running = false
 	}
+	loops := make([]chan struct{}, 0, len(l.loops))
+	for done := range l.loops {
+		loops = append(loops, done)
+	}
 	l.mu.Unlock()
-	l.wg.Wait()
+	for _, done := range loops {
+		<-done
+	}
 }
 
 // due returns the registered tails no round is listing, marked busy, and
@@ -174,8 +188,7 @@ func (l *endLister) release(ss []*endSub) {
 	}
 }
 
-func (l *endLister) loop(ctx context.Context) {
-	defer l.wg.Done()
+func (l *endLister) loop(ctx context.Context, done chan struct{}) {
 	var rounds sync.WaitGroup
 	var cl *kgo.Client
 	defer func() {
@@ -183,6 +196,10 @@ func (l *endLister) loop(ctx context.Context) {
 		if cl != nil {
 			cl.Close()
 		}
+		l.mu.Lock()
+		delete(l.loops, done)
+		l.mu.Unlock()
+		close(done)
 	}()
 	tick := time.NewTicker(l.interval)
 	defer tick.Stop()
