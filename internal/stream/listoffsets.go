@@ -264,6 +264,11 @@ func mergeLeaders(leaders map[int32]partitionLeader, resp *kmsg.MetadataResponse
 				continue
 			}
 			l := partitionLeader{leader: pt.Leader, epoch: pt.LeaderEpoch, err: kerr.ErrorForCode(pt.ErrorCode)}
+			if l.leader >= 0 && errors.Is(l.err, kerr.ReplicaNotAvailable) {
+				// A follower is offline; the leader it names serves
+				// ListOffsets all the same.
+				l.err = nil
+			}
 			if l.err == nil && l.leader < 0 {
 				l.err = kerr.LeaderNotAvailable
 			}

@@ -279,6 +279,19 @@ func TestCurrentLeaderNoneAtHighestEpoch(t *testing.T) {
 			t.Errorf("%s: %+v; want LEADER_NOT_AVAILABLE, not broker 1 at its old epoch 4", name, l)
 		}
 	}
+	// A leader named with REPLICA_NOT_AVAILABLE (a follower offline) is
+	// the leader: at the highest epoch, it is listed from.
+	for name, order := range map[string][]*kmsg.MetadataResponse{"first": {meta(2, 6, kerr.ReplicaNotAvailable), stale}, "last": {stale, meta(2, 6, kerr.ReplicaNotAvailable)}} {
+		leaders := map[int32]partitionLeader{}
+		for _, m := range order {
+			if _, err := mergeLeaders(leaders, m, topic, want); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if l := leaders[0]; l.err != nil || l.leader != 2 || l.epoch != 6 {
+			t.Errorf("a follower offline, its answer %s: %+v; want leader 2 at epoch 6", name, l)
+		}
+	}
 	// At the same epoch a broker that names the leader wins over one that
 	// does not know it.
 	for name, order := range map[string][]*kmsg.MetadataResponse{"named first": {stale, sameEpoch}, "named last": {sameEpoch, stale}} {
