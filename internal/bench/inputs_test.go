@@ -44,7 +44,7 @@ func TestInputsAreTheSame(t *testing.T) {
 	golden := map[string]string{
 		"produce":   "904080877b93e8a40ca30d70cbb0950b635ea1ccecb079d3876412996b5ed73b",
 		"dedup":     "7e0642e6651413839ea6d969837954b4a6037e8ef561cb6747ca78d2ece00c58",
-		"aggregate": "d7c33f1da82a60a4b163bb3ba80ce75634af7d040cfcc96fcadaf7e0e7031259",
+		"aggregate": "e14dc7b2b313666b456ba2f98e807bcab7bda40d9c2ac1a893b878da5bbd3a18",
 		"sink":      "4f38452fa0a147291724382e2ca8a9dcd324a1b20865563be3dcd79863922b9b",
 	}
 	got := map[string]string{}

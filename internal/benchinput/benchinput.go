@@ -32,14 +32,19 @@ const EventSpread = time.Second
 
 // Event is event i of the input, of customer cust of customers, arriving
 // at now: customer cust's meter changes every customers events, its
-// quantity is 1 to 100.
+// quantity is 1 to 100. The quantities of a customer's meter go round
+// 1 to 100 in steps of 37 from an offset of the customer's own, so that
+// its first 40 events add up to about 2,000 whatever the number of
+// customers (Plan).
 func Event(i, cust, customers int, now time.Time) *schemas.DedupedEvent {
-	meter := (i / customers) % len(MeterNames)
+	k := i / customers // the customer's k-th event, when cust is i%customers
+	meter := k % len(MeterNames)
+	quantity := 1 + (cust+37*(k/len(MeterNames)))%100
 	return &schemas.DedupedEvent{
 		EventID:    fmt.Sprintf("bench-%d", i),
 		CustomerID: fmt.Sprintf("cust-%05d", cust),
 		Meter:      MeterNames[meter],
-		Quantity:   int64(1 + i%100),
+		Quantity:   int64(quantity),
 		EventTime:  now.Add(-EventSpread).Add(time.Duration(i%int(EventSpread/time.Millisecond)) * time.Millisecond).UnixMilli(),
 		IngestTime: now.UnixMilli(),
 		Source:     "bench",
