@@ -244,30 +244,13 @@ func twoCopiesInserts(db string) []string {
 // (7); Jan 11 bills "keep" (1) alone.
 const twoCopiesWant = "2024-01-10\tapi_calls\t2\t10\n2024-01-11\tapi_calls\t1\t1\n"
 
-func usageByDay(t *testing.T) string {
-	for _, q := range AnalystQueries {
-		if q.Name == "usage_by_day" {
-			return q.SQL
-		}
-	}
-	t.Fatal("no query usage_by_day")
-	return ""
-}
+func usageByDay(t *testing.T) string { return namedQuery(t, AnalystQueries, "usage_by_day") }
 
 // TestUsageByDayTwoCopies: usage_by_day takes back exactly the copy of an
 // event that the aggregator rejected, not every accepted copy of its
 // identity, on ClickHouse 18.16.
 func TestUsageByDayTwoCopies(t *testing.T) {
-	conn, db := testenv.ClickHouseDB(t)
-	ctx := ctxT(t, 5*time.Minute)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range twoCopiesInserts(db) {
-		if err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
+	conn, _, ctx := migratedDB(t, twoCopiesInserts)
 	got, err := tsv(ctx, conn, usageByDay(t))
 	if err != nil {
 		t.Fatal(err)

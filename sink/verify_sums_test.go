@@ -96,18 +96,10 @@ func checkFlipped(t *testing.T, key string, ledger, derived []string) {
 // whose sums differ by a multiple of 2^64 as differing, with the exact
 // sums.
 func TestVerifySumsExactly(t *testing.T) {
-	conn, db := testenv.ClickHouseDB(t)
-	ctx := ctxT(t, 5*time.Minute)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
 	flip, restore := flippedViews(t)
-	stmts := append(append(flip, hostileSumsInserts(db)...), restore...)
-	for _, s := range stmts {
-		if err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
+	conn, db, ctx := migratedDB(t, func(db string) []string {
+		return append(append(flip, hostileSumsInserts(db)...), restore...)
+	})
 	rep, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: 202312, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
