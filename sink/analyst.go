@@ -26,7 +26,10 @@ const (
 //
 // Verify compares, per month of the table's partition key, a few measures
 // (counts, sums, and a sum of key hashes that catches rows moved between
-// keys) computed twice: from the derived table as readers read it (FINAL
+// keys) computed twice. Sums of quantities, values and deltas are taken as
+// Decimal128(0), exact: each is an untrusted Int64, and an Int64 sum
+// wraps on both sides alike, hiding a difference of a multiple of 2^64.
+// The measures are computed from the derived table as readers read it (FINAL
 // for the ReplacingMergeTree tables), and from the ledger tables with the
 // same collapsing the derived table applies (FINAL on the ledger, so that a
 // zombie sink's duplicate row, which the ledger collapses, is counted once;
@@ -69,9 +72,9 @@ var derivedSpecs = []DerivedTable{
 		PartitionColumn: "event_time",
 		Sources:         []string{TableEvents},
 		Measures:        []string{"rows", "quantity", "key_hash"},
-		Derived: `SELECT toYYYYMM(event_time) AS month, count(), sum(quantity), sum(cityHash64(customer_id, meter, event_id))
+		Derived: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, event_id))
 FROM %[1]s.events_by_customer FINAL GROUP BY month`,
-		Ledger: `SELECT toYYYYMM(event_time) AS month, count(), sum(quantity), sum(cityHash64(customer_id, meter, event_id))
+		Ledger: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, event_id))
 FROM %[1]s.usage_events FINAL GROUP BY month`,
 	},
 	{
@@ -89,10 +92,10 @@ FROM %[1]s.usage_events FINAL GROUP BY month`,
 		PartitionColumn: "period_start",
 		Sources:         []string{TableAggregates},
 		Measures:        []string{"aggregates", "value", "revisions", "final", "key_hash"},
-		Derived: `SELECT toYYYYMM(period_start) AS month, count(), sum(value), sum(revision), countIf(status = 'FINAL'),
+		Derived: `SELECT toYYYYMM(period_start) AS month, count(), sum(toDecimal128(value, 0)), sum(revision), countIf(status = 'FINAL'),
        sum(cityHash64(customer_id, meter, group_key, period_start))
 FROM %[1]s.aggregates_current FINAL GROUP BY month`,
-		Ledger: `SELECT toYYYYMM(period_start) AS month, count(), sum(v), sum(r), countIf(s = 'FINAL'),
+		Ledger: `SELECT toYYYYMM(period_start) AS month, count(), sum(toDecimal128(v, 0)), sum(r), countIf(s = 'FINAL'),
        sum(cityHash64(customer_id, meter, group_key, period_start))
 FROM (
     SELECT customer_id, meter, group_key, period_start,
@@ -106,15 +109,15 @@ FROM (
 		PartitionColumn: "period_start",
 		Sources:         []string{TableAggregates, TableAdjustments},
 		Measures:        []string{"usage_lines", "usage_value", "final_lines", "final_value", "adjustments", "delta", "key_hash"},
-		Derived: `SELECT toYYYYMM(period_start) AS month, countIf(line_kind = 'usage'), sumIf(value, line_kind = 'usage'),
-       countIf(status = 'FINAL'), sumIf(value, status = 'FINAL'),
-       countIf(line_kind = 'adjustment'), sumIf(delta, line_kind = 'adjustment'),
+		Derived: `SELECT toYYYYMM(period_start) AS month, countIf(line_kind = 'usage'), sumIf(toDecimal128(value, 0), line_kind = 'usage'),
+       countIf(status = 'FINAL'), sumIf(toDecimal128(value, 0), status = 'FINAL'),
+       countIf(line_kind = 'adjustment'), sumIf(toDecimal128(delta, 0), line_kind = 'adjustment'),
        sum(cityHash64(period_start, customer_id, meter, group_key, line_kind, event_id))
 FROM %[1]s.invoice_lines FINAL GROUP BY month`,
 		Ledger: `SELECT month, sum(ul), sum(uv), sum(fl), sum(fv), sum(al), sum(ad), sum(h)
 FROM (
-    SELECT toYYYYMM(period_start) AS month, count() AS ul, sum(v) AS uv, countIf(s = 'FINAL') AS fl,
-           sumIf(v, s = 'FINAL') AS fv, toUInt64(0) AS al, toInt64(0) AS ad,
+    SELECT toYYYYMM(period_start) AS month, count() AS ul, sum(toDecimal128(v, 0)) AS uv, countIf(s = 'FINAL') AS fl,
+           sumIf(toDecimal128(v, 0), s = 'FINAL') AS fv, toUInt64(0) AS al, toDecimal128(0, 0) AS ad,
            sum(cityHash64(period_start, customer_id, meter, group_key, 'usage', '')) AS h
     FROM (
         SELECT customer_id, meter, group_key, period_start,
@@ -123,8 +126,8 @@ FROM (
         GROUP BY customer_id, meter, group_key, period_start
     ) GROUP BY month
     UNION ALL
-    SELECT toYYYYMM(booked_period_start) AS month, toUInt64(0) AS ul, toInt64(0) AS uv, toUInt64(0) AS fl,
-           toInt64(0) AS fv, count() AS al, sum(delta) AS ad,
+    SELECT toYYYYMM(booked_period_start) AS month, toUInt64(0) AS ul, toDecimal128(0, 0) AS uv, toUInt64(0) AS fl,
+           toDecimal128(0, 0) AS fv, count() AS al, sum(toDecimal128(delta, 0)) AS ad,
            sum(cityHash64(booked_period_start, customer_id, meter, group_key, 'adjustment', event_id)) AS h
     FROM %[1]s.usage_adjustments FINAL
     GROUP BY month

@@ -74,7 +74,8 @@ FROM
     FROM events_by_customer
     PREWHERE event_id IN (SELECT event_id FROM unbilled_events WHERE customer_id = 'acme')
     WHERE customer_id = 'acme' AND event_time >= '2024-01-01 00:00:00' AND event_time < '2024-02-01 00:00:00'
-      AND (meter, event_id) IN (SELECT meter, event_id FROM unbilled_events WHERE customer_id = 'acme')
+      AND (meter, event_id, kafka_partition, kafka_offset) IN
+          (SELECT meter, event_id, source_partition, source_offset FROM unbilled_events WHERE customer_id = 'acme')
     GROUP BY day, meter
 )
 GROUP BY day, meter

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -202,4 +204,74 @@ func TestAnalystQueries(t *testing.T) {
 		},
 	}
 	checkQueries(t, e.conn, AnalystQueries, want)
+}
+
+// twoCopiesInserts: acme's events of January 2024 in usage.deduped's
+// partition 0, each INSERT one row (as the sink writes them, in blocks):
+// "twice" accepted twice (its key expired: the second copy, at offset 20,
+// is counted as a new event), and its first copy (offset 10) rejected by
+// the aggregator; "both" accepted twice (offsets 12 and 22) and both
+// copies rejected; "once" and "keep" accepted and billed. A copy's row of
+// events_by_customer carries its offset in kafka_offset, its rejection in
+// source_offset. The copies have different event times, so no merge
+// collapses them in events_by_customer.
+func twoCopiesInserts(db string) []string {
+	var out []string
+	ev := func(off int, id, at string, q int) {
+		out = append(out, fmt.Sprintf("INSERT INTO %s.usage_events (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, event_id, "+
+			"customer_id, meter, quantity, event_time, ingest_time) SELECT 'usage.deduped', toInt32(0), toInt64(%d), toDateTime('%s') + 60, "+
+			"'%s', 'acme', 'api_calls', toInt64(%d), toDateTime('%s'), toDateTime('%s') + 60", db, off, at, id, q, at, at))
+	}
+	rej := func(rec, off int, id, at string) {
+		out = append(out, fmt.Sprintf("INSERT INTO %s.usage_rejected (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, reason, stage, "+
+			"source_topic, source_partition, source_offset, customer_id, meter, event_id, record_offset) SELECT 'usage.rejected', toInt32(0), "+
+			"toInt64(%d), toDateTime('%s') + 120, 'over_limit', 'aggregator', 'usage.deduped', toInt32(0), toInt64(%d), 'acme', 'api_calls', '%s', toInt64(%d)",
+			db, rec, at, off, id, rec))
+	}
+	ev(10, "twice", "2024-01-10 09:00:00", 5)
+	ev(11, "once", "2024-01-10 12:00:00", 3)
+	ev(12, "both", "2024-01-11 08:00:00", 2)
+	ev(13, "keep", "2024-01-11 09:00:00", 1)
+	ev(20, "twice", "2024-01-10 09:30:00", 7)
+	ev(22, "both", "2024-01-11 08:30:00", 4)
+	rej(1, 10, "twice", "2024-01-10 09:00:00")
+	rej(2, 12, "both", "2024-01-11 08:00:00")
+	rej(3, 22, "both", "2024-01-11 08:30:00")
+	return out
+}
+
+// twoCopiesWant: Jan 10 bills "once" (3) and the second copy of "twice"
+// (7); Jan 11 bills "keep" (1) alone.
+const twoCopiesWant = "2024-01-10\tapi_calls\t2\t10\n2024-01-11\tapi_calls\t1\t1\n"
+
+func usageByDay(t *testing.T) string { return namedQuery(t, AnalystQueries, "usage_by_day") }
+
+// TestUsageByDayTwoCopies: usage_by_day takes back exactly the copy of an
+// event that the aggregator rejected, not every accepted copy of its
+// identity, on ClickHouse 18.16.
+func TestUsageByDayTwoCopies(t *testing.T) {
+	conn, _, ctx := migratedDB(t, twoCopiesInserts)
+	got, err := tsv(ctx, conn, usageByDay(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != twoCopiesWant {
+		t.Errorf("usage_by_day on 18.16:\n%q\nwant\n%q", got, twoCopiesWant)
+	}
+}
+
+// TestUsageByDayTwoCopiesOnChdb is TestUsageByDayTwoCopies on current
+// ClickHouse (chdb, 26.x).
+func TestUsageByDayTwoCopiesOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	const db = "twocopies"
+	stmts := append(migrationStatements(t), twoCopiesInserts(db)...)
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts,
+		Queries: []string{usageByDay(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Results) != 1 || resp.Results[0] != twoCopiesWant {
+		t.Errorf("usage_by_day on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, twoCopiesWant)
+	}
 }

@@ -1,10 +1,13 @@
 package sink
 
 import (
+	"context"
 	"fmt"
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -85,16 +88,7 @@ func hostileSumsQueries(t *testing.T) []AnalystQuery {
 // quantities on data whose sums exceed 64 bits, on the test server
 // (ClickHouse 18.16), and requires the exact sums.
 func TestAnalystSumsDoNotWrap(t *testing.T) {
-	conn, db := testenv.ClickHouseDB(t)
-	ctx := ctxT(t, 5*time.Minute)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range hostileSumsInserts(db) {
-		if err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
+	conn, db, ctx := migratedDB(t, hostileSumsInserts)
 	for _, q := range hostileSumsQueries(t) {
 		got, err := tsv(ctx, conn, q.SQL)
 		if err != nil {
@@ -167,8 +161,12 @@ const creditsLeftWant = "big\tfree\t0\t0\t\t1970-01-01 00:00:00\n" +
 const nearCapWant = "big\tfree\tapi_calls\t2000000000000000000\t2200000000000000000\t90.9\n" +
 	"small\tfree\tapi_calls\t850\t1000\t85\n"
 
-func balanceQuery(t *testing.T, name string) string {
-	for _, q := range BalanceQueries {
+func balanceQuery(t *testing.T, name string) string { return namedQuery(t, BalanceQueries, name) }
+
+// namedQuery returns the SQL of the query of qs named name.
+func namedQuery(t *testing.T, qs []AnalystQuery, name string) string {
+	t.Helper()
+	for _, q := range qs {
 		if q.Name == name {
 			return q.SQL
 		}
@@ -177,22 +175,30 @@ func balanceQuery(t *testing.T, name string) string {
 	return ""
 }
 
+// migratedDB returns a new database of the test server with every
+// migration applied and the statements of inserts(database) run.
+func migratedDB(t *testing.T, inserts func(db string) []string) (driver.Conn, string, context.Context) {
+	t.Helper()
+	conn, db := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 5*time.Minute)
+	if _, err := Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range inserts(db) {
+		if err := conn.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	return conn, db, ctx
+}
+
 // TestNearCapDoesNotWrap: customers_near_cap lists the customers at 80 %
 // of a cap or more, and only those, whatever the size of the cap and the
 // usage (a cap of MaxInt64 stands for no practical limit), and
 // credits_left adds up a customer's grants exactly, on ClickHouse 18.16
 // and on chdb.
 func TestNearCapDoesNotWrap(t *testing.T) {
-	conn, db := testenv.ClickHouseDB(t)
-	ctx := ctxT(t, 5*time.Minute)
-	if _, err := Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range nearCapInserts(db, time.Now()) {
-		if err := conn.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
+	conn, _, ctx := migratedDB(t, func(db string) []string { return nearCapInserts(db, time.Now()) })
 	for name, want := range map[string]string{"customers_near_cap": nearCapWant, "credits_left": creditsLeftWant} {
 		got, err := tsv(ctx, conn, balanceQuery(t, name))
 		if err != nil {
