@@ -601,6 +601,20 @@ func (s *suite) changelogState() []map[string]string {
 	return out
 }
 
+// changelogRecords counts the changelog's committed records of partition p
+// at offsets in [from, to): what a copy of the partition reading that range
+// applies.
+func (s *suite) changelogRecords(p int32, from, to int64) int {
+	s.t.Helper()
+	n := 0
+	for _, r := range s.readChangelog() {
+		if r.Partition == p && r.Offset >= from && r.Offset < to {
+			n++
+		}
+	}
+	return n
+}
+
 // storeState returns partition p's keys and values in st.
 func (s *suite) storeState(st *Store, p int32) map[string]string {
 	s.t.Helper()
