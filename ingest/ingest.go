@@ -531,6 +531,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /api/v1/events", s.endpoint(endpointOpenMeter))
 	mux.Handle("POST /v1/events", s.endpoint(endpointMeterline))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		unread(w)
 		if r.URL.Path == "/api/v1/events" || r.URL.Path == "/v1/events" {
 			w.Header().Set("Allow", "POST")
 			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", r.Method+" is not allowed; POST events", nil, 0)
