@@ -534,7 +534,7 @@ func (s *Server) Handler() http.Handler {
 		unread(w)
 		if r.URL.Path == "/api/v1/events" || r.URL.Path == "/v1/events" {
 			w.Header().Set("Allow", "POST")
-			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", r.Method+" is not allowed; POST events", nil, 0)
+			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", fmt.Sprintf("%q is not allowed; POST events", clip(r.Method)), nil, 0)
 			return
 		}
 		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
