@@ -140,8 +140,9 @@ type Config struct {
 	// hold a body of MaxBodyBytes. Besides, a tenant is admitted only
 	// while it holds fewer requests than there are free slots of
 	// MaxInFlight (429 too-many-in-flight): the last slots go to the
-	// tenants that hold the fewest. Defaults: 256 and 16; negative: no
-	// bound (a negative MaxInFlight: no share either).
+	// tenants that hold the fewest. Defaults: DefaultMaxInFlight (256)
+	// and DefaultMaxInFlightPerTenant (64); negative: no bound (a
+	// negative MaxInFlight: no share either).
 	MaxInFlight, MaxInFlightPerTenant int
 	// RefusalRate is the refusal budget of a key without a rate of its
 	// own, in events per second on this replica: its refused requests
