@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Each kind of bad input gets its exact status and body, and nothing is
@@ -237,5 +239,26 @@ func TestContentTypeParameters(t *testing.T) {
 	}
 	if n := len(e.records()); n != 4*3 {
 		t.Errorf("%d records, want 12 (4 requests of an event feeding 3 meters)", n)
+	}
+}
+
+// A 405 quotes the request's method clipped, as every other value an
+// answer repeats: a method is any token the client sends, as long as the
+// headers' bound lets it be.
+func TestLongMethodClipped(t *testing.T) {
+	e := newEnv(t, nil)
+	method := strings.Repeat("X", 4000)
+	conn := slowRequest(t, e.srv.Addr(), method, "/api/v1/events", "", 10) // the whole body: 10 bytes
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("%d %s, want 405", resp.StatusCode, b)
+	}
+	if p := problem(t, b); !strings.HasPrefix(p.Detail, `"`+method[:maxEcho]+`…" is not allowed`) || len(p.Detail) > 200 {
+		t.Errorf("detail of %d bytes: %.120q", len(p.Detail), p.Detail)
 	}
 }

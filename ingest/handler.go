@@ -97,6 +97,7 @@ type Timings struct {
 func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	kind := req.kind
 	if err := s.Ready(); err != nil {
+		unread(w)
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", "the API keys are not loaded yet", nil, time.Second)
 		return ""
 	}
@@ -286,6 +287,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 			b.wantArray = true
 		case "application/json":
 		default:
+			unread(w)
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return b, http.StatusUnsupportedMediaType
@@ -296,6 +298,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 		case "application/x-ndjson", "application/ndjson", "application/jsonl":
 			b.ndjson = true
 		default:
+			unread(w)
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return b, http.StatusUnsupportedMediaType
@@ -304,6 +307,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 	// A body declared in another charset is refused, not read as UTF-8:
 	// its bytes could be valid UTF-8 and mean other text.
 	if !isUTF8 {
+		unread(w)
 		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 			fmt.Sprintf("Content-Type %q: the body must be UTF-8 (charset=utf-8, or none)", clip(r.Header.Get("Content-Type"))), nil, 0)
 		return b, http.StatusUnsupportedMediaType
@@ -311,6 +315,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 	// A compressed body is refused as such (RFC 9110, 12.5.3), not read as
 	// JSON and answered "malformed".
 	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+		unread(w)
 		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", clip(enc)), nil, 0)
 		return b, http.StatusUnsupportedMediaType
@@ -338,6 +343,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		_ = http.NewResponseController(w).SetWriteDeadline(req.read.Add(d))
 	}
 	if tooLarge {
+		unread(w) // a Content-Length over the bound: the body is not read
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Body too large",
 			fmt.Sprintf("the body is larger than %d bytes: split the batch", s.cfg.MaxBodyBytes), nil, 0)
 		return http.StatusRequestEntityTooLarge

@@ -140,8 +140,9 @@ type Config struct {
 	// hold a body of MaxBodyBytes. Besides, a tenant is admitted only
 	// while it holds fewer requests than there are free slots of
 	// MaxInFlight (429 too-many-in-flight): the last slots go to the
-	// tenants that hold the fewest. Defaults: 256 and 16; negative: no
-	// bound (a negative MaxInFlight: no share either).
+	// tenants that hold the fewest. Defaults: DefaultMaxInFlight (256)
+	// and DefaultMaxInFlightPerTenant (64); negative: no bound (a
+	// negative MaxInFlight: no share either).
 	MaxInFlight, MaxInFlightPerTenant int
 	// RefusalRate is the refusal budget of a key without a rate of its
 	// own, in events per second on this replica: its refused requests
@@ -531,9 +532,10 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /api/v1/events", s.endpoint(endpointOpenMeter))
 	mux.Handle("POST /v1/events", s.endpoint(endpointMeterline))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		unread(w)
 		if r.URL.Path == "/api/v1/events" || r.URL.Path == "/v1/events" {
 			w.Header().Set("Allow", "POST")
-			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", r.Method+" is not allowed; POST events", nil, 0)
+			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", fmt.Sprintf("%q is not allowed; POST events", clip(r.Method)), nil, 0)
 			return
 		}
 		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
