@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The alert rules (docs/operations.md, Health, metrics and logs):
+// The alert rules (docs/operations.md, Alerts):
 // deploy/prometheus/alerts.yml, with its promtool unit tests in
 // deploy/prometheus/alerts_test.yml. The real test, TestRealAlertsFire, is
 // in alerts_real_test.go.
