@@ -8,13 +8,14 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// TestAbortedTransactionCountsOnce: DESIGN §9 asks for records accepted,
-// duplicates and rejections by reason, and the state's key count. A
-// transaction that aborts (here: its offset commit refused) is processed
-// again from the committed state; each record is then counted once, as the
-// outputs are (the counts are added when a transaction commits, dropped
-// when it aborts), and the key count is the state's (Abort takes back the
-// keys the transaction added). So do the runtime's records in and out.
+// TestAbortedTransactionCountsOnce: docs/operations.md, Health, metrics and
+// logs, lists records accepted, duplicates and rejections by reason, and
+// the state's key count. A transaction that aborts (here: its offset commit
+// refused) is processed again from the committed state; each record is then
+// counted once, as the outputs are (the counts are added when a transaction
+// commits, dropped when it aborts), and the key count is the state's (Abort
+// takes back the keys the transaction added). So do the runtime's records
+// in and out.
 func TestAbortedTransactionCountsOnce(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newHarness(t, brokers, 1)

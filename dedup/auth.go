@@ -1,7 +1,7 @@
 package dedup
 
-// Authentication of the headers dedup writes (DESIGN §2, "Producers can
-// set headers too").
+// Authentication of the headers dedup writes (docs/design.md, Event
+// identity and keys, "Signed headers").
 //
 // Dedup writes two kinds of records into usage.events: re-routed events and
 // ticks. Anything a producer can write, it can also forge, so dedup signs

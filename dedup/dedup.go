@@ -1,5 +1,5 @@
 // Package dedup drops duplicate copies of usage events, exactly once
-// (DESIGN §2, §3, §8).
+// (docs/design.md, Dedup).
 //
 // It reads usage.events in order per partition and, for each record:
 //
@@ -71,12 +71,12 @@ type Config struct {
 	// (ErrBucketChanged). Default: DefaultBucket.
 	Bucket time.Duration
 	// Keys authenticate the headers dedup writes on re-routed records and
-	// ticks (DESIGN §2): HMAC-SHA256 under Keys[0]; any of Keys verifies.
-	// Every dedup instance of a deployment must hold the same keys. A
-	// retired key stays for the retention of the events topic, so that a
-	// record it signed keeps its arrival: the state records the broker
-	// time each key last signed at, and dedup refuses to run
-	// (ErrKeyStillNeeded) without a key whose last use is within that
+	// ticks (docs/design.md, Event identity and keys): HMAC-SHA256 under
+	// Keys[0]; any of Keys verifies. Every dedup instance of a deployment
+	// must hold the same keys. A retired key stays for the retention of the
+	// events topic, so that a record it signed keeps its arrival: the state
+	// records the broker time each key last signed at, and dedup refuses to
+	// run (ErrKeyStillNeeded) without a key whose last use is within that
 	// retention. Required: LoadKeys reads them from a file or from
 	// METERLINE_DEDUP_KEYS, GenerateKey makes one.
 	Keys []Key
@@ -89,15 +89,16 @@ type Config struct {
 	// Sources are the event sources that get their own label on dedup's
 	// per-source metrics (meterline_dedup_accepted_total,
 	// meterline_dedup_duplicates_total); every other source is counted as
-	// "other", so producers cannot create unbounded label sets (DESIGN
-	// §13). At most MaxSources. Default: none (all "other").
+	// "other", so producers cannot create unbounded label sets
+	// (docs/operations.md, Dedup keys). At most MaxSources. Default: none
+	// (all "other").
 	Sources []string
 	// MaxRecordBytes bounds every record dedup derives from one input (a
 	// rejection, a duplicate, a re-route), key, value and headers: it is
 	// checked before the record is emitted, and an input whose derived
-	// record would exceed it is rejected as oversized instead (DESIGN §6,
-	// invariant 10). At least schemas.MaxRejectedBytes. Default:
-	// DefaultMaxRecordBytes.
+	// record would exceed it is rejected as oversized instead
+	// (docs/design.md, Bad input). At least schemas.MaxRejectedBytes.
+	// Default: DefaultMaxRecordBytes.
 	MaxRecordBytes int
 	// WatermarkEvery is the least broker time between two ticks that
 	// forward the watermark; ticks closer together forward nothing, so a
@@ -106,12 +107,12 @@ type Config struct {
 	WatermarkEvery time.Duration
 	// AllowCreateTime lets dedup start on an events topic whose
 	// message.timestamp.type is not LogAppendTime. Dedup takes a record's
-	// timestamp as its arrival (DESIGN §3); with CreateTime that is the
-	// producer's clock, so every producer could place its events outside
-	// the window and move the watermarks. New reads the topic's setting
-	// once and refuses it (*topics.TimestampTypeError) unless this is set;
-	// then it logs a warning. For tests and replays that choose arrival
-	// times, never for production. Default: false.
+	// timestamp as its arrival (docs/design.md, Time); with CreateTime that
+	// is the producer's clock, so every producer could place its events
+	// outside the window and move the watermarks. New reads the topic's
+	// setting once and refuses it (*topics.TimestampTypeError) unless this
+	// is set; then it logs a warning. For tests and replays that choose
+	// arrival times, never for production. Default: false.
 	AllowCreateTime bool
 }
 

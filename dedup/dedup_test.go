@@ -42,7 +42,7 @@ func TestRules(t *testing.T) {
 		Timestamp: time.UnixMilli(arr)}
 
 	// Input that exists before the first start is read from the earliest
-	// offset (DESIGN §6.6).
+	// offset (docs/design.md, Exactly-once, 6).
 	h.produce(first)
 	h.start(h.config("a", vfs.NewMem()))
 	h.produce(exact, qty, etime, other, sameIDOtherMeter, atOld, justIn, atSkew, future, negative, emptyMeter,

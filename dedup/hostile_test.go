@@ -25,9 +25,10 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Tests of what a hostile or careless producer can send (DESIGN §2, §3,
-// §6.10, §13), each on kfake and, where Kafka's behaviour matters, on the
-// real broker of METERLINE_TEST_KAFKA.
+// Tests of what a hostile or careless producer can send (docs/design.md,
+// Event identity and keys; docs/design.md, Time; docs/design.md, Bad input;
+// docs/operations.md, Dedup keys), each on kfake and, where Kafka's
+// behaviour matters, on the real broker of METERLINE_TEST_KAFKA.
 
 // onBrokers runs fn on kfake, then on the real broker (skipped, saying so,
 // without METERLINE_TEST_KAFKA or with -short).
@@ -439,7 +440,7 @@ func TestTicks(t *testing.T) {
 }
 
 // TestSourceLabelsBounded: 20,000 distinct sources make at most the
-// configured sources plus "other" series (DESIGN §13).
+// configured sources plus "other" series (docs/operations.md, Dedup keys).
 func TestSourceLabelsBounded(t *testing.T) {
 	h := newHarness(t, nil, 4)
 	reg := prometheus.NewRegistry()
@@ -488,8 +489,8 @@ func limit(m map[string]float64) map[string]float64 {
 // TestPoisonRecord: a legal record of ~900 KiB (a 400 KiB key, a 500 KiB
 // value) is rejected with a bounded Rejected record (prefixes, whole
 // lengths, digests) that the broker accepts, and the partition goes on: no
-// crash loop (DESIGN §6.10). On the real broker with its default
-// message.max.bytes.
+// crash loop (docs/design.md, Bad input). On the real broker with its
+// default message.max.bytes.
 func TestPoisonRecord(t *testing.T) {
 	onBrokers(t, func(t *testing.T, brokers []string) {
 		h := newHarness(t, brokers, 1)
@@ -528,7 +529,8 @@ func TestPoisonRecord(t *testing.T) {
 
 // TestAbortedTransactionRewritesMetadata: the first transaction carries
 // the partition count (and the upgrade offset); when it aborts and the
-// partition stays, the next transaction carries them again (DESIGN §2).
+// partition stays, the next transaction carries them again (docs/design.md,
+// Event identity and keys).
 func TestAbortedTransactionRewritesMetadata(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newHarness(t, brokers, 1)

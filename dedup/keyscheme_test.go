@@ -15,8 +15,8 @@ import (
 )
 
 // TestDedupedKeyedByCustomer: usage.deduped is keyed by the framed
-// customer (DESIGN §12), so every meter of a customer lands in one
-// partition, the one Kafka's default partitioner picks for that key.
+// customer (docs/design.md, Topics), so every meter of a customer lands in
+// one partition, the one Kafka's default partitioner picks for that key.
 func TestDedupedKeyedByCustomer(t *testing.T) {
 	h := newHarness(t, nil, 8)
 	h.start(h.config("a", vfs.NewMem()))

@@ -1,7 +1,7 @@
 package dedup
 
-// Retired keys (DESIGN §2: "retired keys stay valid for the retention of
-// usage.events").
+// Retired keys (docs/design.md, Event identity and keys: a retired key
+// stays in the ring for the retention of usage.events).
 //
 // A record dedup signed keeps its arrival only while a key of the ring
 // verifies it; a key removed from the ring too early turns the re-routed
@@ -15,14 +15,14 @@ package dedup
 // missing: it would not verify what the former secret signed.
 //
 // The last use is the partition watermark (the largest broker arrival time
-// dedup has read on the partition, DESIGN §3) when the partition signed,
-// rounded up to keyUseStep: a record signed then is stamped by the broker
-// at or after it. The entry is written when that rounded time grows (at
-// most once a keyUseStep of broker time per partition), and with the other
-// metadata keys at every bucket expiry, so that the changelog's retention
-// never deletes the only copy. A key is compared with the partition
-// watermark too, never with a wall clock: a partition whose watermark
-// stopped while dedup was down keeps a key longer, never shorter.
+// dedup has read on the partition; docs/design.md, Time) when the partition
+// signed, rounded up to keyUseStep: a record signed then is stamped by the
+// broker at or after it. The entry is written when that rounded time grows
+// (at most once a keyUseStep of broker time per partition), and with the
+// other metadata keys at every bucket expiry, so that the changelog's
+// retention never deletes the only copy. A key is compared with the
+// partition watermark too, never with a wall clock: a partition whose
+// watermark stopped while dedup was down keeps a key longer, never shorter.
 //
 // A record signed at a watermark is stamped later, by the partition's lag
 // at most (its broker time is when it was written, the watermark when what
@@ -30,7 +30,8 @@ package dedup
 // the last record it signed leaves the topic: dedup has read that record
 // by then, unless a partition lags by the whole retention, and a record
 // read is not read again (the group's offsets move past it, and dedup
-// stops rather than re-read when they are lost, DESIGN §6.6).
+// stops rather than re-read when they are lost; docs/design.md,
+// Exactly-once, 6).
 //
 // The entries stay few: the ring is the operator's, an entry of a key in
 // the ring is kept, and an entry of a key no longer in the ring either

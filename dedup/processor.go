@@ -32,9 +32,10 @@ var ErrPartitionCountChanged = errors.New("partition count of the events topic c
 // one none for years), so dedup refuses to run.
 var ErrBucketChanged = errors.New("expiry bucket changed")
 
-// Headers of a re-routed record (DESIGN §2). They are trusted only with a
-// valid HeaderAuth signature (auth.go), or, for records re-routed before
-// signatures existed, below the partition's upgrade offset.
+// Headers of a re-routed record (docs/design.md, Event identity and keys).
+// They are trusted only with a valid HeaderAuth signature (auth.go), or,
+// for records re-routed before signatures existed, below the partition's
+// upgrade offset.
 const (
 	// HeaderRerouted marks a record dedup re-produced to its canonical
 	// partition. Value: "<partition>/<offset>" of the misrouted original.
@@ -186,8 +187,9 @@ type partition struct {
 	lastAccepted *pendingCount // the entry of that source's label
 	// txc: the open transaction's counts of records (accepted, duplicates,
 	// rejected, re-routed, forged, ticks), added to the counters when it
-	// commits and dropped when it aborts (DESIGN §9: a record processed
-	// again after an abort is counted once).
+	// commits and dropped when it aborts (docs/operations.md, Health,
+	// metrics and logs: a record processed again after an abort is counted
+	// once).
 	txc prom.TxCounts
 	// txKeys: the identity keys the open transaction added, per bucket
 	// (runs, in the order added); Abort takes them back from keys.
@@ -335,7 +337,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	}
 	if w, ok := st.Warm().(*filters); ok {
 		// A promoted standby's filters, in step with the state: no scan
-		// of every key (DESIGN §10).
+		// of every key (docs/design.md, Exactly-once, 4).
 		part.filters = *w
 	} else if err := part.filters.load(p, st); err != nil {
 		return nil, err
@@ -348,11 +350,12 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 }
 
 // checkKeyScheme refuses state of another key scheme of usage.deduped
-// than schemas.DedupedKeyScheme (DESIGN §12): its records in the deduped
-// topic are keyed, and so partitioned, differently, and a run that added
-// records of this scheme would split customers across partitions. hasN:
-// the state is not new (it has the partition count). A new state gets the
-// scheme with the other metadata keys in its first transaction.
+// than schemas.DedupedKeyScheme (docs/design.md, Topics): its records in
+// the deduped topic are keyed, and so partitioned, differently, and a run
+// that added records of this scheme would split customers across
+// partitions. hasN: the state is not new (it has the partition count). A
+// new state gets the scheme with the other metadata keys in its first
+// transaction.
 func (pr *processor) checkKeyScheme(p int32, st *stream.PartitionState, hasN bool) error {
 	v, ok, err := st.Get(keyKeyScheme)
 	switch {
@@ -426,7 +429,7 @@ func (pt *partition) Close() {
 
 // Punctuate appends a signed tick to the partition's usage.events
 // partition. Its broker timestamp, when read back, advances the watermark
-// (DESIGN §3).
+// (docs/design.md, Time).
 func (pt *partition) Punctuate(tx *stream.Tx) error {
 	if err := pt.begin(tx); err != nil {
 		return err
@@ -636,12 +639,12 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 }
 
 // arrivalOf returns an event record's arrival time and whether its
-// re-route headers are proven (DESIGN §2). A record without dedup's
-// headers arrived at its broker timestamp ts. A re-routed record keeps the
-// original's arrival, carried in a header, when its signature verifies (or,
-// unsigned, when it lies below the upgrade offset); that arrival is
-// clamped to [ts − W, ts]. Headers that fail are counted and change
-// nothing: the record is an ordinary producer record.
+// re-route headers are proven (docs/design.md, Event identity and keys). A
+// record without dedup's headers arrived at its broker timestamp ts. A
+// re-routed record keeps the original's arrival, carried in a header, when
+// its signature verifies (or, unsigned, when it lies below the upgrade
+// offset); that arrival is clamped to [ts − W, ts]. Headers that fail are
+// counted and change nothing: the record is an ordinary producer record.
 func (pt *partition) arrivalOf(r *kgo.Record, h *dedupHeaders, ts int64) (arrival int64, proven bool) {
 	if !h.any {
 		return ts, false
@@ -683,7 +686,7 @@ func boundLogKey(k []byte) []byte {
 // error means the local state could not be read, and stops the stage.
 func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	// The watermark is the largest broker timestamp seen: no header moves
-	// it (DESIGN §2).
+	// it (docs/design.md, Event identity and keys).
 	ts := r.Timestamp.UnixMilli()
 	if ts > pt.wm {
 		pt.wm = ts
@@ -729,8 +732,8 @@ func (pt *partition) notEvent(r *kgo.Record, h *dedupHeaders) {
 // tick forwards the watermark on a tick that dedup signed (or, unsigned,
 // one below the upgrade offset), at most once per WatermarkEvery of broker
 // time: a producer's ticks, or a flood of replayed ones, fan out nothing
-// more (DESIGN §3). Every tick's timestamp has already advanced the
-// watermark, as any record's does.
+// more (docs/design.md, Time). Every tick's timestamp has already advanced
+// the watermark, as any record's does.
 func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int64) error {
 	if h.hasAuth || r.Offset >= pt.upgrade {
 		if why := pt.pr.keys.verifyTick(pt.pr.eventsTopic, r, h); why != "" {
@@ -754,7 +757,7 @@ func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int6
 func (pt *partition) forwardWatermark(tx *stream.Tx) error {
 	c := pt.pr.counts
 	// Each record states W, B and S: the aggregator keeps state by them and
-	// refuses to run with shorter ones (DESIGN §3).
+	// refuses to run with shorter ones (docs/design.md, Time).
 	cfg := &pt.pr.cfg
 	v, err := schemas.Encode(&schemas.Watermark{SourcePartition: pt.p, SourcePartitions: c.events, Watermark: pt.wm,
 		WindowMs: cfg.Window.Milliseconds(), BucketMs: cfg.Bucket.Milliseconds(), SkewMs: cfg.Skew.Milliseconds()})
@@ -922,7 +925,8 @@ func decodeValue(v []byte) (original, error) {
 }
 
 // payloadHash covers what makes two copies conflict: quantity, event_time
-// and properties (DESIGN §2). source is not part of it.
+// and properties (docs/design.md, Event identity and keys). source is not
+// part of it.
 func payloadHash(e *schemas.UsageEvent) [payloadLen]byte {
 	// One pass over quantity, event_time and the framed properties: the
 	// same hash as writing them to a digest one after another.
@@ -948,11 +952,12 @@ var encode = schemas.Encode
 func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, arrival int64) (bool, error) {
 	// Key and value share one allocation; each is capped so that neither
 	// append can run into the other.
-	// The key is the framed customer_id (schemas.CustomerKey, DESIGN §12:
-	// one partition owns all of a customer's meters), which is how the
-	// canonical key (pt.canon, framed customer_id, meter, event_id) of
-	// this event starts. The record is bounded by construction: the input
-	// was at most MaxEventBytes, and MaxRecordBytes is far more.
+	// The key is the framed customer_id (schemas.CustomerKey;
+	// docs/design.md, Topics: one partition owns all of a customer's
+	// meters), which is how the canonical key (pt.canon, framed
+	// customer_id, meter, event_id) of this event starts. The record is
+	// bounded by construction: the input was at most MaxEventBytes, and
+	// MaxRecordBytes is far more.
 	klen := framedLen(e.CustomerID)
 	buf := pt.alloc(klen + len(r.Value) + 3*binary.MaxVarintLen64)
 	key := append(buf, pt.canon[:klen]...)
@@ -988,8 +993,8 @@ func (pt *partition) forward(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent
 }
 
 // OtherSource is the source label of dedup's per-source metrics for every
-// source not in Config.Sources (DESIGN §13: producer-set values never make
-// unbounded label sets).
+// source not in Config.Sources (docs/operations.md, Dedup keys:
+// producer-set values never make unbounded label sets).
 const OtherSource = "other"
 
 // sourceLabel returns the metric label of a source: itself when
@@ -1021,10 +1026,10 @@ func recordBytes(r *kgo.Record) int {
 }
 
 // emitDerived emits rec, which dedup derived from input r, after checking
-// it against MaxRecordBytes (DESIGN §6.10): a derived record that would be
-// too large is not emitted, and r is rejected as oversized (bounded)
-// instead, so that no input can make its own output unwritable and stop
-// the partition.
+// it against MaxRecordBytes (docs/design.md, Bad input): a derived record
+// that would be too large is not emitted, and r is rejected as oversized
+// (bounded) instead, so that no input can make its own output unwritable
+// and stop the partition.
 func (pt *partition) emitDerived(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, rec *kgo.Record, what string) (bool, error) {
 	if n := recordBytes(rec); n > pt.pr.cfg.MaxRecordBytes {
 		return false, pt.reject(tx, r, e, schemas.ReasonOversized,

@@ -12,12 +12,12 @@ import (
 
 // TestRestoreWaitsForInFlightTransaction: a previous owner's transaction
 // is open on the changelog when the new owner's restore reads the high
-// watermark (DESIGN §6.4). The restore must wait for its outcome and then
-// finish: with a commit, its records are restored; with an abort, they are
-// not — and the abort marker lands at or past the high watermark the
-// restore read, while the aborted records below it are never delivered to
-// a read_committed reader (regression: the restore waited for them
-// forever and the partition never resumed).
+// watermark (docs/design.md, Exactly-once, 3). The restore must wait for
+// its outcome and then finish: with a commit, its records are restored;
+// with an abort, they are not — and the abort marker lands at or past the
+// high watermark the restore read, while the aborted records below it are
+// never delivered to a read_committed reader (regression: the restore
+// waited for them forever and the partition never resumed).
 func TestRestoreWaitsForInFlightTransaction(t *testing.T) {
 	for _, commit := range []bool{false, true} {
 		name := "abort"

@@ -12,10 +12,10 @@ import (
 )
 
 // TestInvalidText: Avro strings can carry any bytes, so dedup checks the
-// text of every event from any client (DESIGN §8): invalid UTF-8 anywhere,
-// and C0 control characters in customer_id, meter, event_id and source,
-// are rejected as invalid with the field named in the detail, and never
-// merge with another identity.
+// text of every event from any client (docs/design.md, Event identity and
+// keys): invalid UTF-8 anywhere, and C0 control characters in customer_id,
+// meter, event_id and source, are rejected as invalid with the field named
+// in the detail, and never merge with another identity.
 func TestInvalidText(t *testing.T) {
 	h := newHarness(t, nil, 4)
 	arr := t0 + 10*day

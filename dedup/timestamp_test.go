@@ -12,10 +12,10 @@ import (
 )
 
 // TestNewRefusesCreateTimeEvents: dedup takes a usage.events record's
-// timestamp as its arrival (DESIGN §3). With CreateTime that is the
-// producer's clock, so New refuses the topic with an error naming it, the
-// setting and the fix, unless AllowCreateTime is set (then it warns once at
-// start); a LogAppendTime topic needs no allowance.
+// timestamp as its arrival (docs/design.md, Time). With CreateTime that is
+// the producer's clock, so New refuses the topic with an error naming it,
+// the setting and the fix, unless AllowCreateTime is set (then it warns
+// once at start); a LogAppendTime topic needs no allowance.
 func TestNewRefusesCreateTimeEvents(t *testing.T) { onBrokers(t, testNewRefusesCreateTimeEvents) }
 
 func testNewRefusesCreateTimeEvents(t *testing.T, brokers []string) {

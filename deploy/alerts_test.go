@@ -17,9 +17,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The alert rules (DESIGN §9): deploy/prometheus/alerts.yml, with its
-// promtool unit tests in deploy/prometheus/alerts_test.yml. The real test,
-// TestRealAlertsFire, is in alerts_real_test.go.
+// The alert rules (docs/operations.md, Alerts):
+// deploy/prometheus/alerts.yml, with its promtool unit tests in
+// deploy/prometheus/alerts_test.yml. The real test, TestRealAlertsFire, is
+// in alerts_real_test.go.
 const (
 	alertsFile     = "prometheus/alerts.yml"
 	alertsTestFile = "prometheus/alerts_test.yml"

@@ -754,9 +754,9 @@ func TestClickHouseConfig(t *testing.T) {
 }
 
 // TestComposePublishesOnLoopbackOnly: the stack publishes every port on
-// the host's 127.0.0.1 only (DESIGN §13): Kafka and ClickHouse without
-// passwords, the stages' status pages and Prometheus have no
-// authentication, and none of them is for the network.
+// the host's 127.0.0.1 only (docs/operations.md, HTTP servers): Kafka and
+// ClickHouse without passwords, the stages' status pages and Prometheus
+// have no authentication, and none of them is for the network.
 func TestComposePublishesOnLoopbackOnly(t *testing.T) {
 	c := loadCompose(t)
 	n := 0

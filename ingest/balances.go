@@ -13,9 +13,10 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Balances is an ingest replica's view of usage.balances (DESIGN §12): the
-// latest balance of each customer, as the aggregator wrote it. It feeds
-// the advisory quota gate (gate.go). It is safe for concurrent use.
+// Balances is an ingest replica's view of usage.balances (docs/ingest.md,
+// The quota gate): the latest balance of each customer, as the aggregator
+// wrote it. It feeds the advisory quota gate (gate.go). It is safe for
+// concurrent use.
 //
 // Age. A balance is as of its updated_at: broker time (the later of the
 // aggregator partition's watermark and the latest arrival it counts)

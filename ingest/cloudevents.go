@@ -304,8 +304,9 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 	ev.ID, ev.Source, ev.Type, ev.Subject = a.attr[0], a.attr[1], a.attr[3], a.attr[4]
 	// The id becomes part of every record's identity, hashed
 	// (producer.EventID), where the record's own checks no longer see it:
-	// it follows the rule of identity fields here (DESIGN §8; CloudEvents
-	// strings hold no control characters either).
+	// it follows the rule of identity fields here (docs/design.md, Event
+	// identity and keys; CloudEvents strings hold no control characters
+	// either).
 	if fe := schemas.CheckText("id", ev.ID, true); fe != nil {
 		return CloudEvent{}, &fieldError{fe.Field, fe.Code, fe.Reason}
 	}
@@ -347,12 +348,13 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 // trimmed) as the CloudEvents SDK OpenMeter decodes with does: a string
 // (not null, which OpenMeter refuses too) of standard, padded base64
 // (encoding/base64's StdEncoding, which skips line breaks). The bytes are
-// checked as a request's own text is (DESIGN §8: valid UTF-8, no half of
-// a surrogate pair escaped) and must be JSON, an object as data must be
-// (OpenMeter takes any JSON there, past its schema's rule for data, and
-// fails the request at bytes that are not JSON); their text, trimmed, is
-// the event's data, "" for none (no bytes, or null, as data null is).
-// They are fewer than the request's, so its size bounds them.
+// checked as a request's own text is (docs/design.md, Event identity and
+// keys: valid UTF-8, no half of a surrogate pair escaped) and must be JSON,
+// an object as data must be (OpenMeter takes any JSON there, past its
+// schema's rule for data, and fails the request at bytes that are not
+// JSON); their text, trimmed, is the event's data, "" for none (no bytes,
+// or null, as data null is). They are fewer than the request's, so its size
+// bounds them.
 func checkDataBase64(raw string) (string, *fieldError) {
 	if raw[0] != '"' {
 		return "", &fieldError{"data_base64", "invalid", "must be a string, not a JSON " + dataKind(raw)}

@@ -18,7 +18,8 @@ import (
 )
 
 // mapper turns a CloudEvent into usage events, one per meter its type
-// feeds, by the meters file (DESIGN §11).
+// feeds, by the meters file (docs/ingest.md, Meters: from a CloudEvent to
+// usage).
 type mapper struct {
 	byType map[string][]*meterMap
 	// maxMeters and maxProps are the most meters a type feeds and the

@@ -13,11 +13,11 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// The advisory quota gate (DESIGN §11). It is a courtesy, not the
-// decision: the aggregator decides every event exactly once (DESIGN §12).
-// The gate answers 402 only when it is sure of the aggregator's answer for
-// every usage event of the request, and lets the request through in every
-// other case (fail open):
+// The advisory quota gate (docs/ingest.md, The quota gate). It is a
+// courtesy, not the decision: the aggregator decides every event exactly
+// once (docs/entitlements.md, The aggregator). The gate answers 402 only
+// when it is sure of the aggregator's answer for every usage event of the
+// request, and lets the request through in every other case (fail open):
 //
 //   - the view of usage.balances is loaded (Balances.Loaded);
 //   - for every usage event: its customer has a balance younger than

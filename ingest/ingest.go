@@ -1,6 +1,6 @@
-// Package ingest is Meterline's HTTP ingest (DESIGN §11): usage over HTTP
-// for services that do not speak Kafka, compatible with OpenMeter's event
-// API so that its published SDKs work unchanged.
+// Package ingest is Meterline's HTTP ingest (docs/ingest.md): usage over
+// HTTP for services that do not speak Kafka, compatible with OpenMeter's
+// event API so that its published SDKs work unchanged.
 //
 //   - POST /api/v1/events takes one CloudEvent (application/cloudevents+json)
 //     or a batch (application/cloudevents-batch+json, or application/json
@@ -98,8 +98,8 @@ const (
 
 // Config configures a Server.
 type Config struct {
-	// Addr is the listen address. Default: 127.0.0.1:8888 (loopback only,
-	// DESIGN §13).
+	// Addr is the listen address. Default: 127.0.0.1:8888 (loopback only;
+	// docs/ingest.md, Running it).
 	Addr string
 	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS.
 	TLSCertFile, TLSKeyFile string

@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// API keys and tenants (DESIGN §11, §13).
+// API keys and tenants (docs/ingest.md, API keys and tenants).
 //
 // A key is a bearer token of 256 random bits. Only its SHA-256 is stored:
 // the token is shown once, when the key is made. A slow password hash

@@ -334,8 +334,9 @@ func startSlowRequest(t *testing.T, addr, token string, body []byte) net.Conn {
 	return conn
 }
 
-// Refused events are counted by reason code (DESIGN §8): each event an
-// answer names under the code of its first error, never by producer text.
+// Refused events are counted by reason code (docs/design.md, Bad input):
+// each event an answer names under the code of its first error, never by
+// producer text.
 func TestRefusedEventsByReason(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := newEnv(t, func(c *Config) { c.Registerer = reg })

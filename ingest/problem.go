@@ -39,8 +39,8 @@ type EventError struct {
 	Reason string `json:"reason"`
 }
 
-// Reason codes of EventError besides those of DESIGN §8 (invalid,
-// oversized, in_future, unknown_meter).
+// Reason codes of EventError besides those of docs/design.md, Bad input
+// (invalid, oversized, in_future, unknown_meter).
 const (
 	// CodeUnknownEventType: no meter declares the CloudEvent's type, so it
 	// would become no usage at all.

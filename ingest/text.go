@@ -10,8 +10,9 @@ import (
 )
 
 // checkText refuses an event whose raw bytes are not valid UTF-8
-// (DESIGN §8): a JSON decoder would turn each bad byte into U+FFFD, so
-// that two different customers or IDs could become one.
+// (docs/design.md, Event identity and keys): a JSON decoder would turn each
+// bad byte into U+FFFD, so that two different customers or IDs could become
+// one.
 func checkText(raw []byte) *fieldError {
 	if utf8.Valid(raw) {
 		return nil
@@ -46,9 +47,9 @@ func clipTo(s string, n int) string { return cut.To(s, n) }
 // checkEscapes refuses an event whose JSON text escapes half of a UTF-16
 // surrogate pair (\ud800 alone): encoding/json decodes each such escape
 // to U+FFFD, so that "acme-\ud800" and "acme-\udbff" would become one
-// customer, as invalid UTF-8 would (DESIGN §8). raw is valid UTF-8; a
-// backslash in valid JSON starts an escape inside a string, and invalid
-// JSON is left to the decoder.
+// customer, as invalid UTF-8 would (docs/design.md, Event identity and
+// keys). raw is valid UTF-8; a backslash in valid JSON starts an escape
+// inside a string, and invalid JSON is left to the decoder.
 func checkEscapes(raw []byte) *fieldError {
 	for i := bytes.IndexByte(raw, '\\'); i >= 0 && i+1 < len(raw); {
 		n := 2 // \" \\ \n ...

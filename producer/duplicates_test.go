@@ -10,11 +10,11 @@ import (
 )
 
 // TestParseJSONDuplicates: a line that repeats a member name, of the event
-// or of its properties, is refused naming the member (DESIGN §8: nothing
-// disappears silently). encoding/json kept the last of them, so that a
-// producer whose serializer repeated a name was billed on a value it may
-// not have meant. A name is the same member as the JSON decoder reads it:
-// escapes decoded; names are matched exactly.
+// or of its properties, is refused naming the member (docs/design.md, Event
+// identity and keys: nothing disappears silently). encoding/json kept the
+// last of them, so that a producer whose serializer repeated a name was
+// billed on a value it may not have meant. A name is the same member as the
+// JSON decoder reads it: escapes decoded; names are matched exactly.
 func TestParseJSONDuplicates(t *testing.T) {
 	const rest = `"customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250`
 	for _, c := range []struct{ line, field, reason string }{

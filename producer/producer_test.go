@@ -59,9 +59,10 @@ func TestValidation(t *testing.T) {
 		{"properties too big", func(e *Event) { e.Properties = map[string]string{"p": strings.Repeat("x", schemas.MaxPropertiesBytes)} }, "properties", schemas.ReasonOversized},
 		{"long event id", func(e *Event) { e.EventID = strings.Repeat("x", schemas.MaxIdentityFieldBytes+1) }, "event_id", schemas.ReasonOversized},
 		{"bad utf8", func(e *Event) { e.CustomerID = "\xff" }, "customer_id", schemas.ReasonInvalid},
-		// DESIGN §8: text is checked on its bytes, so acme\xff and acme\xfe
-		// are both refused rather than merged into acme\uFFFD; identity
-		// fields and source refuse C0 control characters too.
+		// docs/design.md, Event identity and keys: text is checked on its
+		// bytes, so acme\xff and acme\xfe are both refused rather than
+		// merged into acme\uFFFD; identity fields and source refuse C0
+		// control characters too.
 		{"bad utf8 acme ff", func(e *Event) { e.CustomerID = "acme\xff" }, "customer_id", schemas.ReasonInvalid},
 		{"bad utf8 acme fe", func(e *Event) { e.CustomerID = "acme\xfe" }, "customer_id", schemas.ReasonInvalid},
 		{"bad utf8 meter", func(e *Event) { e.Meter = "api\xc3" }, "meter", schemas.ReasonInvalid},
@@ -385,11 +386,11 @@ func TestParseJSON(t *testing.T) {
 	}
 }
 
-// TestParseJSONText: text is checked on the raw bytes of the line (DESIGN
-// §8). encoding/json turns invalid UTF-8 and unpaired surrogate escapes
-// into U+FFFD, which merged "acme\xff" and "acme\xfe" into one customer;
-// each is now an error naming its field, and a real U+FFFD (literal or
-// escaped) and a surrogate pair still decode.
+// TestParseJSONText: text is checked on the raw bytes of the line
+// (docs/design.md, Event identity and keys). encoding/json turns invalid
+// UTF-8 and unpaired surrogate escapes into U+FFFD, which merged "acme\xff"
+// and "acme\xfe" into one customer; each is now an error naming its field,
+// and a real U+FFFD (literal or escaped) and a surrogate pair still decode.
 func TestParseJSONText(t *testing.T) {
 	line := func(customer, rest string) string {
 		return `{"event_id":"e","customer_id":"` + customer + `","meter":"m","quantity":1,"event_time":1795003200250` + rest + `}`

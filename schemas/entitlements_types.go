@@ -1,8 +1,9 @@
 package schemas
 
-// The records of usage.entitlements and usage.balances (DESIGN §12).
-// Their meaning (which record applies to an event, how a grant is drawn)
-// is the entitlements package's; these are the wire types.
+// The records of usage.entitlements and usage.balances
+// (docs/entitlements.md). Their meaning (which record applies to an event,
+// how a grant is drawn) is the entitlements package's; these are the wire
+// types.
 
 // OnLimit says what a cap does with an event that would pass it.
 type OnLimit string

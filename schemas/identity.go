@@ -8,7 +8,8 @@ import (
 	"strconv"
 )
 
-// An event's identity is (customer_id, meter, event_id) (DESIGN §2).
+// An event's identity is (customer_id, meter, event_id) (docs/design.md,
+// Event identity and keys).
 
 // Identity is the triple that names one usage event.
 type Identity struct {
@@ -188,12 +189,12 @@ func SplitFramed(b []byte) ([]string, error) {
 	return parts, nil
 }
 
-// Keys of usage.entitlements and usage.balances (DESIGN §12). A customer's
-// records are keyed by its framed customer_id (CustomerKey), so that the
-// default partitioner places them with the customer's events. The records
-// that apply to every customer are written to every partition under
-// reserved keys, which start with '!' and so are never a framed customer
-// (a framed part starts with a digit).
+// Keys of usage.entitlements and usage.balances (docs/entitlements.md,
+// Topics). A customer's records are keyed by its framed customer_id
+// (CustomerKey), so that the default partitioner places them with the
+// customer's events. The records that apply to every customer are written
+// to every partition under reserved keys, which start with '!' and so are
+// never a framed customer (a framed part starts with a digit).
 const (
 	// DefaultPlanKey keys the default plan: an Entitlements record with
 	// an empty CustomerID, for customers with no record of their own.
@@ -211,9 +212,9 @@ func CustomerKey(customer string) []byte { return AppendFramed(nil, customer) }
 
 // DedupedKeyScheme names the key of the records of usage.deduped: the
 // customer (CustomerKey), so that Kafka's default partitioner places all of
-// a customer's meters in one partition (DESIGN §12). Dedup and the
-// aggregator record it in their state and refuse state of another scheme
-// (ErrKeyScheme). State written before schemes were recorded used
+// a customer's meters in one partition (docs/design.md, Topics). Dedup and
+// the aggregator record it in their state and refuse state of another
+// scheme (ErrKeyScheme). State written before schemes were recorded used
 // "customer+meter" (AppendFramed of customer_id and meter), on other topic
 // names.
 const DedupedKeyScheme = "customer"

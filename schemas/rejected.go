@@ -6,7 +6,7 @@ import (
 	"unicode/utf8"
 )
 
-// Bounds of a Rejected record (DESIGN §6, invariant 10): whatever a stage
+// Bounds of a Rejected record (docs/design.md, Bad input): whatever a stage
 // derives from one input stays far under the broker's size limit, so one
 // input can never make its own rejection unwritable.
 const (
@@ -26,8 +26,8 @@ const (
 	MaxRejectedBytes = 64 << 10
 )
 
-// Bound makes r fit MaxRejectedBytes (DESIGN §6, invariant 10): RawKey and
-// RawValue keep at most their first MaxRejectedRawBytes, with the whole
+// Bound makes r fit MaxRejectedBytes (docs/design.md, Bad input): RawKey
+// and RawValue keep at most their first MaxRejectedRawBytes, with the whole
 // lengths in RawKeyLength and RawValueLength and SHA-256 digests of the
 // whole bytes in RawKeySHA256 and RawValueSHA256; Detail and the other
 // strings are cut to their bounds on a UTF-8 boundary. Call it with RawKey

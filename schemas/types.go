@@ -119,8 +119,8 @@ type Rejected struct {
 // Kind implements Message.
 func (*Rejected) Kind() Kind { return KindRejected }
 
-// Stable rejection reason codes (DESIGN §8), used alike in topics, metrics
-// and ClickHouse.
+// Stable rejection reason codes (docs/design.md, Bad input), used alike in
+// topics, metrics and ClickHouse.
 const (
 	ReasonUndecodable   = "undecodable"
 	ReasonUnknownSchema = "unknown_schema"
@@ -131,10 +131,11 @@ const (
 	ReasonUnknownMeter  = "unknown_meter"
 	ReasonUninsertable  = "uninsertable"
 	// ReasonOverLimit: the event would take its meter past the customer's
-	// cap for the period (DESIGN §12).
+	// cap for the period (docs/entitlements.md, Rejections).
 	ReasonOverLimit = "over_limit"
 	// ReasonNoCredit: the customer's credits cannot pay for the event and
-	// the plan allows no (more) overdraft (DESIGN §12).
+	// the plan allows no (more) overdraft (docs/entitlements.md,
+	// Rejections).
 	ReasonNoCredit = "no_credit"
 )
 

@@ -51,10 +51,11 @@ func oversized(field, format string, args ...any) *FieldError {
 }
 
 // CheckText returns a *FieldError naming field when v is not acceptable
-// text (DESIGN §8): not valid UTF-8, or, with identity (customer_id, meter,
-// event_id and source), holding a C0 control character (U+0000–U+001F).
-// The check is on the bytes themselves, so two byte strings that a lenient
-// decoder would both turn into U+FFFD can never become one identity.
+// text (docs/design.md, Event identity and keys): not valid UTF-8, or, with
+// identity (customer_id, meter, event_id and source), holding a C0 control
+// character (U+0000–U+001F). The check is on the bytes themselves, so two
+// byte strings that a lenient decoder would both turn into U+FFFD can never
+// become one identity.
 func CheckText(field, v string, identity bool) *FieldError {
 	// The common case, ASCII without control characters, in one pass.
 	i := 0

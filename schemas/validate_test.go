@@ -10,9 +10,9 @@ import (
 )
 
 // TestValidateText: text is valid UTF-8, checked on its bytes, and the
-// identity fields and source hold no C0 control character (DESIGN §8).
-// Events travel as Avro, whose strings may carry any bytes, so the check
-// runs on what the decoder returns.
+// identity fields and source hold no C0 control character (docs/design.md,
+// Event identity and keys). Events travel as Avro, whose strings may carry
+// any bytes, so the check runs on what the decoder returns.
 func TestValidateText(t *testing.T) {
 	good := func() *UsageEvent {
 		return &UsageEvent{EventID: "req-1", CustomerID: "acme", Meter: "api_calls", Quantity: 1,

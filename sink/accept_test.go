@@ -17,14 +17,15 @@ func (e *env) acceptConfig() AcceptOffsetsConfig {
 		Topics: e.allTopics(), By: "test"}
 }
 
-// TestAcceptOffsets: DESIGN §6.6, a skip on purpose. Partition 0's
-// committed offset is moved ten records past its progress, partition 1's
-// five records past its start, with no progress. The sink stops, naming
-// `meterline sink accept-offsets` besides the reset; the command refuses
-// while a sink of the group runs, then records both offsets as progress,
-// with one audit row each in sink_offset_skips (from, to, whether there
-// was progress), and leaves the other topics alone. The sink then starts
-// and the skipped records are in no table.
+// TestAcceptOffsets: a skip on purpose (docs/design.md, The ClickHouse
+// ledger, "Offsets ahead of the tables"). Partition 0's committed offset is
+// moved ten records past its progress, partition 1's five records past its
+// start, with no progress. The sink stops, naming `meterline sink
+// accept-offsets` besides the reset; the command refuses while a sink of
+// the group runs, then records both offsets as progress, with one audit row
+// each in sink_offset_skips (from, to, whether there was progress), and
+// leaves the other topics alone. The sink then starts and the skipped
+// records are in no table.
 func TestAcceptOffsets(t *testing.T) {
 	e := newEnv(t, 2)
 	topic := e.names.DedupedTopic()

@@ -8,10 +8,10 @@ import (
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
 )
 
-// The analyst tables (DESIGN §7), derived from the ledger tables by the
-// materialized views of schemas/clickhouse. The sink never writes them:
-// ClickHouse does, in the same INSERT as the ledger table, and
-// `meterline verify` keeps them equal to the ledger (verify.go).
+// The analyst tables (docs/design.md, The ClickHouse ledger), derived from
+// the ledger tables by the materialized views of schemas/clickhouse. The
+// sink never writes them: ClickHouse does, in the same INSERT as the ledger
+// table, and `meterline verify` keeps them equal to the ledger (verify.go).
 const (
 	TableEventsByCustomer  = "events_by_customer"
 	TableUsageDaily        = "usage_daily"

@@ -11,8 +11,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// ClickHouse availability and back-off (DESIGN §7, "Refused blocks": tell
-// an unreachable server apart from a refused block).
+// ClickHouse availability and back-off (docs/design.md, The ClickHouse
+// ledger, "Refused blocks": tell an unreachable server apart from a refused
+// block).
 //
 // Guarantee kept here: while ClickHouse cannot take rows (unreachable,
 // or unable to take any block), fetching is paused, the sink backs off,

@@ -7,8 +7,9 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TableBalances is the ledger table of usage.balances (DESIGN §12); the
-// view balances_current keeps the latest balance of each customer
+// TableBalances is the ledger table of usage.balances
+// (docs/entitlements.md, Balances in ClickHouse); the view balances_current
+// keeps the latest balance of each customer
 // (schemas/clickhouse/005_balances.sql).
 const TableBalances = "usage_balances"
 

@@ -59,7 +59,7 @@ func TestBalanceQueries(t *testing.T) {
 	capped("hooli", 1, cur, next, nil, []schemas.GrantBalance{gb("monthly", 1000, 600, next)}, 0)
 	capped("soylent", 1, cur, next, nil, []schemas.GrantBalance{gb("spent", 900, 300, expired)}, 0)
 	// umbrella is unmetered: its plan's cap is counted against, never
-	// applied (DESIGN §12), so it is near no cap.
+	// applied (docs/entitlements.md, Plans and caps), so it is near no cap.
 	add(&schemas.Balance{CustomerID: "umbrella", Plan: "staff", Unmetered: true, Revision: 3, UpdatedAt: ms(cur), PeriodStart: ms(cur),
 		PeriodEnd: ms(next), Meters: []schemas.MeterBalance{mb("api_calls", 1500, 1000)}, OverdraftPolicy: schemas.OverdraftAllow})
 	e.produce(recs...)

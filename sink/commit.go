@@ -15,8 +15,9 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Commit and rewind: the end of a commit window (DESIGN §7 and the sink's
-// crash windows of §6).
+// Commit and rewind: the end of a commit window (docs/design.md, The
+// ClickHouse ledger; the sink's crash windows: docs/design.md,
+// Exactly-once, "Crash windows").
 //
 // Guarantees kept here, each stated at its step in commit: the offsets of
 // a window are committed only after its rows are in their tables; a row

@@ -109,8 +109,9 @@ type Config struct {
 	// broken MATERIALIZED column): past it nothing more is parked, the
 	// sink backs off and retries, and /readyz says why. Refused rows found
 	// before the cap is reached are parked (at most one per partition per
-	// commit window: DESIGN §7 parks a row before any higher offset of its
-	// partition is inserted, so the rows after it cannot be tried first).
+	// commit window: a row is parked before any higher offset of its
+	// partition is inserted, so the rows after it cannot be tried first;
+	// docs/design.md, The ClickHouse ledger, "Refused blocks").
 	// Default: 100.
 	MaxRefusedInARow int
 	// UnknownErrorLimit bounds how long the sink retries a table whose

@@ -13,8 +13,8 @@ import (
 	"github.com/meterline/meterline/internal/fault"
 )
 
-// Insert and split: writing one table's rows of a batch (DESIGN §7,
-// "Refused blocks").
+// Insert and split: writing one table's rows of a batch (docs/design.md,
+// The ClickHouse ledger, "Refused blocks").
 //
 // Guarantees kept here: an unreachable ClickHouse is told apart from a
 // refused block (classify); while unreachable, the sink backs off and
@@ -95,8 +95,9 @@ func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row, prior ma
 // writeRows writes rows, retrying while ClickHouse is unavailable, and
 // splitting a refused block in two, first half first, so that each
 // partition's rows are handled in offset order: once a partition's first
-// refused row is found, its later rows are held back (DESIGN §7: the row is
-// parked before any higher offset of its partition is inserted).
+// refused row is found, its later rows are held back (docs/design.md, The
+// ClickHouse ledger: the row is parked before any higher offset of its
+// partition is inserted).
 func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) error {
 	t := ft.t
 	for attempt := 0; ; attempt++ {

@@ -10,9 +10,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// The resume lookup (DESIGN §7, "Exactly-once"): on assignment, and
-// whenever rows at or after a partition's committed offset may already be
-// in its table, skip each row whose (partition, offset) the table holds.
+// The resume lookup (docs/design.md, The ClickHouse ledger, "Exactly once
+// into ClickHouse"): on assignment, and whenever rows at or after a
+// partition's committed offset may already be in its table, skip each row
+// whose (partition, offset) the table holds.
 //
 // Guarantee kept here: no row is written twice, whatever the crash —
 // between an INSERT and the offset commit, or during an INSERT that wrote

@@ -19,8 +19,9 @@ const (
 	// recorded progress, and parked already (reread.go): not parked again.
 	outcomeParkedBefore = "parked_before"
 	// outcomeQuarantined: a record of usage.rejected that does not decode
-	// or that ClickHouse refused: never parked again (DESIGN §7), it is
-	// written to usage_quarantine with its raw bytes instead.
+	// or that ClickHouse refused: never parked again (docs/design.md, The
+	// ClickHouse ledger), it is written to usage_quarantine with its raw
+	// bytes instead.
 	outcomeQuarantined = "quarantined"
 )
 

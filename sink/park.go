@@ -11,16 +11,17 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Park and quarantine: where a row that cannot be inserted goes (DESIGN
-// §7, "Refused blocks", and §8).
+// Park and quarantine: where a row that cannot be inserted goes
+// (docs/design.md, The ClickHouse ledger, "Refused blocks"; docs/design.md,
+// Bad input).
 //
 // Guarantees kept here: a refused row is parked in usage.rejected with
-// reason uninsertable, bounded (DESIGN §6.10), and stops its partition for
-// the rest of the window (commit.go commits the offset just past it).
-// Rows read from usage.rejected are never parked again: one that does not
-// decode or that ClickHouse refuses is written whole to usage_quarantine,
-// once across crashes (looked up before each write), before its offset is
-// committed.
+// reason uninsertable, bounded (docs/design.md, Bad input), and stops its
+// partition for the rest of the window (commit.go commits the offset just
+// past it). Rows read from usage.rejected are never parked again: one that
+// does not decode or that ClickHouse refuses is written whole to
+// usage_quarantine, once across crashes (looked up before each write),
+// before its offset is committed.
 
 func (w *Writer) parkRecord(r *kgo.Record, id identity, reason, detail string) (*kgo.Record, error) {
 	rej := &schemas.Rejected{
@@ -29,7 +30,7 @@ func (w *Writer) parkRecord(r *kgo.Record, id identity, reason, detail string) (
 		CustomerID: id.customer, Meter: id.meter, EventID: id.eventID,
 		RawKey: r.Key, RawValue: r.Value,
 	}
-	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10)
+	rej.Bound() // raw bytes: a prefix, the length and a SHA-256 (docs/design.md, Bad input)
 	v, err := schemas.Encode(rej)
 	if err != nil {
 		return nil, fmt.Errorf("sink: encode rejected record for %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)

@@ -38,10 +38,11 @@ func (e *env) poisonAt(n int, at ...[2]int) ([]*kgo.Record, int, map[[2]int]*kgo
 	return recs, rows, targets
 }
 
-// TestParkBeforeHigherOffsets checks DESIGN §7's order: a refused row is
-// parked (its transaction committed) before any higher offset of its
-// partition is inserted. Partition 2 has two refused rows in the middle of
-// its block, partition 1 one. Evidence, from two sides:
+// TestParkBeforeHigherOffsets checks the order of docs/design.md, The
+// ClickHouse ledger, "Refused blocks": a refused row is parked (its
+// transaction committed) before any higher offset of its partition is
+// inserted. Partition 2 has two refused rows in the middle of its block,
+// partition 1 one. Evidence, from two sides:
 //   - ClickHouse: when the transaction that parks (p, o) has committed, the
 //     table holds no row of partition p above o (queried from the commit
 //     hook, while the sink inserts nothing);

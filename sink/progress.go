@@ -17,8 +17,9 @@ import (
 
 // Progress: the sink's own record, in ClickHouse, of how far its tables
 // reflect each partition (table sink_progress, migration 008), and the
-// check of the group's committed offsets against it on assignment (DESIGN
-// §6.6: offsets are never reset silently).
+// check of the group's committed offsets against it on assignment
+// (docs/design.md, The ClickHouse ledger, "Offsets ahead of the tables":
+// offsets are never reset silently).
 //
 // Guarantees kept here: a window's progress row is written after its rows
 // are in their tables and before its offsets are committed, with exactly
@@ -57,15 +58,15 @@ import (
 // is read from its start, as on a first start; the resume lookup skips
 // the rows already in the tables and reread.go parks no refused row
 // twice. 1: the offsets were lost, and the sink stops before it consumes
-// anything of the partition (ErrOffsetsLost, DESIGN §6.6: never reset
-// silently), naming it, its progress, its log start and the repairs: a
-// reset to the earliest offset, or to an offset at or below the
-// progress (both safe: reread.go parks nothing twice). Not a reset to
-// exactly the progress as a rule: a window cut between its progress row
-// and its commit leaves the progress past the offset really committed,
-// and a row refused there was parked in the aborted transaction only.
-// Rows written before migration 010 read 1: they stop rather than
-// re-read.
+// anything of the partition (ErrOffsetsLost; docs/design.md, The ClickHouse
+// ledger, "Offsets ahead of the tables": never reset silently), naming it,
+// its progress, its log start and the repairs: a reset to the earliest
+// offset, or to an offset at or below the progress (both safe: reread.go
+// parks nothing twice). Not a reset to exactly the progress as a rule: a
+// window cut between its progress row and its commit leaves the progress
+// past the offset really committed, and a row refused there was parked in
+// the aborted transaction only. Rows written before migration 010 read 1:
+// they stop rather than re-read.
 
 // ProgressTable is the table of the sink's progress (migration 008).
 const ProgressTable = "sink_progress"
@@ -372,8 +373,9 @@ func (rec recorded) classify(k tp, committed, start int64) (verdict, ahead) {
 	switch {
 	case committed < 0 && hasOwn && rec.fromCommitted[k]:
 		// The group's offsets were lost: its progress was recorded
-		// by a window that started from a committed offset (DESIGN
-		// §6.6: no silent reset).
+		// by a window that started from a committed offset (docs/design.md,
+		// The ClickHouse ledger, "Offsets ahead of the tables": no silent
+		// reset).
 		return verdictBad, ahead{k: k, committed: -1, progress: own, logStart: start}
 	case committed < 0 && hasOwn:
 		// A restart after a crash before the partition's first

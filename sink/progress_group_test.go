@@ -11,9 +11,10 @@ import (
 // TestNewGroupOnExistingDatabase: the sink of a database that holds rows
 // and a parked row is started under a new group name. Left alone it would
 // read the topic again from the start and park the refused row in
-// usage.rejected a second time (DESIGN §7). It stops instead, naming the
-// group that recorded the progress and the command; once the new group's
-// offset is set to that progress it goes on, and the row is parked once.
+// usage.rejected a second time (docs/design.md, The ClickHouse ledger). It
+// stops instead, naming the group that recorded the progress and the
+// command; once the new group's offset is set to that progress it goes on,
+// and the row is parked once.
 func TestNewGroupOnExistingDatabase(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()

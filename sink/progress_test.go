@@ -82,11 +82,12 @@ func (e *env) runOnce(topics ...string) *running {
 	return r
 }
 
-// TestCommittedOffsetAheadOfProgress: DESIGN §6.6. The group's committed
-// offset is moved past ten records that are in no table (an operator's
-// kafka-consumer-groups --reset-offsets --to-latest). The sink stops
-// before writing anything of the partition, naming it, both offsets and
-// the command; once the offset is set back as it says, every row arrives.
+// TestCommittedOffsetAheadOfProgress: docs/design.md, The ClickHouse
+// ledger, "Offsets ahead of the tables". The group's committed offset is
+// moved past ten records that are in no table (an operator's
+// kafka-consumer-groups --reset-offsets --to-latest). The sink stops before
+// writing anything of the partition, naming it, both offsets and the
+// command; once the offset is set back as it says, every row arrives.
 func TestCommittedOffsetAheadOfProgress(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
@@ -339,14 +340,15 @@ func (e *env) deleteGroup() {
 	}
 }
 
-// TestLostGroupOffsets: DESIGN §6.6, offsets are never reset silently.
-// The tables hold every row and sink_progress records how far, but the
-// group has no committed offsets any more (deleted, or expired after
+// TestLostGroupOffsets: offsets are never reset silently (docs/design.md,
+// The ClickHouse ledger, "Offsets ahead of the tables"). The tables hold
+// every row and sink_progress records how far, but the group has no
+// committed offsets any more (deleted, or expired after
 // offsets.retention.minutes) and the sink parked no row. It stops before
-// writing anything, naming each partition, its progress, its log start
-// and the repairs; after the documented reset to the earliest offset it
-// reads the topic again and the resume rule skips every row it finds:
-// nothing is written twice.
+// writing anything, naming each partition, its progress, its log start and
+// the repairs; after the documented reset to the earliest offset it reads
+// the topic again and the resume rule skips every row it finds: nothing is
+// written twice.
 func TestLostGroupOffsets(t *testing.T) {
 	e := newEnv(t, 4)
 	topic := e.names.DedupedTopic()
@@ -409,12 +411,13 @@ func (e *env) resetToEarliest(topics ...string) {
 	starts.Each(func(o kadm.ListedOffset) { e.setOffset(o.Topic, o.Partition, o.Offset) })
 }
 
-// TestLostGroupOffsetsParkedRow: DESIGN §7, a row parked is never parked
-// twice. A row ClickHouse refuses is parked in usage.rejected; then the
-// group's offsets are lost. The sink stops; after the documented reset to
-// the earliest offset it reads the partition again: the rows in the table
-// are skipped, the refused row is refused again and found parked
-// already, and nothing is written or parked twice.
+// TestLostGroupOffsetsParkedRow: a row parked is never parked twice
+// (docs/design.md, The ClickHouse ledger, "Refused blocks"). A row
+// ClickHouse refuses is parked in usage.rejected; then the group's offsets
+// are lost. The sink stops; after the documented reset to the earliest
+// offset it reads the partition again: the rows in the table are skipped,
+// the refused row is refused again and found parked already, and nothing is
+// written or parked twice.
 func TestLostGroupOffsetsParkedRow(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
@@ -436,15 +439,15 @@ func TestLostGroupOffsetsParkedRow(t *testing.T) {
 	e.parkedOnce(4, "after the re-read from the start")
 }
 
-// TestLostGroupOffsetsCrashes: DESIGN §6.6 and §7 across crashes. Row 4 is
+// TestLostGroupOffsetsCrashes: docs/design.md, The ClickHouse ledger,
+// "Offsets ahead of the tables", and parking, across crashes. Row 4 is
 // parked and committed. The sink is then killed after the progress row of
-// the window that refused row 14 and before its commit, so row 14's park
-// is aborted while the progress (15) is past it; then the group's offsets
-// are lost. The sink stops; after the documented reset to the earliest
-// offset, row 4 is found parked and row 14 is parked, and the sink is
-// killed again between that park and its commit. The next run parks row
-// 14 once: each refused row is parked once, every other row is written
-// once.
+// the window that refused row 14 and before its commit, so row 14's park is
+// aborted while the progress (15) is past it; then the group's offsets are
+// lost. The sink stops; after the documented reset to the earliest offset,
+// row 4 is found parked and row 14 is parked, and the sink is killed again
+// between that park and its commit. The next run parks row 14 once: each
+// refused row is parked once, every other row is written once.
 func TestLostGroupOffsetsCrashes(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()

@@ -66,9 +66,9 @@ func (e *env) rejectedInput() (good []*kgo.Record, garbage, unknown *kgo.Record)
 }
 
 // TestQuarantineUndecodable: a record of usage.rejected that does not
-// decode is never parked again (DESIGN §7); the sink writes it whole to
-// usage_quarantine, counts it and commits past it. A second run changes
-// nothing.
+// decode is never parked again (docs/design.md, The ClickHouse ledger); the
+// sink writes it whole to usage_quarantine, counts it and commits past it.
+// A second run changes nothing.
 func TestQuarantineUndecodable(t *testing.T) {
 	e := newEnv(t, 2)
 	_, garbage, unknown := e.rejectedInput()

@@ -143,7 +143,7 @@ func TestAnalystQueries(t *testing.T) {
 	rejected(schemas.ReasonTooOld, "dedup", day(4, 2), "")
 	rejected(schemas.ReasonInvalid, "dedup", day(4, 3), "")
 	rejected(schemas.ReasonInvalid, "aggregator", day(5, 11), "e4")
-	rejected("over_limit", "aggregator", day(7, 11), "e8") // DESIGN §8; raised once caps land (§12)
+	rejected("over_limit", "aggregator", day(7, 11), "e8") // docs/design.md, Bad input; raised by caps (docs/entitlements.md, Rejections)
 	rejected(schemas.ReasonUninsertable, "sink", feb.Add(24*time.Hour), "")
 
 	e.produce(recs...)

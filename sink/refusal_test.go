@@ -150,9 +150,9 @@ func TestDriverRefusal(t *testing.T) {
 // whole stream. Past MaxRefusedInARow rows refused in a row the sink stops
 // parking, backs off and is not ready; once the table is fixed every row
 // is written. Before the cap, a refused row cannot be told from a broken
-// table (the rows after it are not tried until it is parked: DESIGN §7),
-// so at most MaxRefusedInARow rows were parked, each exactly once, none
-// of them in the table.
+// table (the rows after it are not tried until it is parked;
+// docs/design.md, The ClickHouse ledger), so at most MaxRefusedInARow rows
+// were parked, each exactly once, none of them in the table.
 func TestTableRefusesEverything(t *testing.T) {
 	e := newEnv(t, 2)
 	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN broken UInt8 MATERIALIZED throwIf(quantity > 0)")

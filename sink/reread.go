@@ -23,11 +23,11 @@ import (
 // progress were parked already, in committed transactions.
 //
 // Guarantee kept here: a row refused on such a re-read is parked unless a
-// committed park of it exists (DESIGN §7: a row parked is never parked
-// twice, and nothing is dropped). Whether one exists is looked up, once
-// per partition and assignment, at its first refused row below the
-// progress: the rows the sink parked from the partition between its
-// committed offset and its progress, in usage_rejected, and in the
+// committed park of it exists (docs/design.md, The ClickHouse ledger: a row
+// parked is never parked twice, and nothing is dropped). Whether one exists
+// is looked up, once per partition and assignment, at its first refused row
+// below the progress: the rows the sink parked from the partition between
+// its committed offset and its progress, in usage_rejected, and in the
 // records of usage.rejected not in usage_rejected yet (read_committed,
 // from each of its partitions' recorded progress, below which its records
 // are in their tables, to its end). A park aborted with its window is in

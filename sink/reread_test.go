@@ -59,13 +59,14 @@ func (e *env) parkedOnce(off int64, when string) {
 	e.exact(TableRejected, 1)
 }
 
-// TestBackwardResetParksNothingTwice: DESIGN §7, a row parked is never
-// parked twice. ClickHouse refuses the row at offset 4, which is parked;
-// later rows are written. Then an operator moves the group's offset back
-// below the recorded progress (kafka-consumer-groups --reset-offsets
-// --to-earliest, to replay). The re-read skips the rows in the table and
-// refuses the row at offset 4 again: it is not parked a second time, and
-// usage_rejected holds it once.
+// TestBackwardResetParksNothingTwice: a row parked is never parked twice
+// (docs/design.md, The ClickHouse ledger, "Refused blocks"). ClickHouse
+// refuses the row at offset 4, which is parked; later rows are written.
+// Then an operator moves the group's offset back below the recorded
+// progress (kafka-consumer-groups --reset-offsets --to-earliest, to
+// replay). The re-read skips the rows in the table and refuses the row at
+// offset 4 again: it is not parked a second time, and usage_rejected holds
+// it once.
 func TestBackwardResetParksNothingTwice(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()

@@ -14,14 +14,15 @@ import (
 // Session lifecycle: one Kafka session of the sink at a time
 // (internal/session: a consumer-group member and a transactional
 // producer, rebuilt with the same transactional ID after a commit with an
-// unknown outcome, DESIGN §6.5), its assignment and its revokes.
+// unknown outcome; docs/design.md, Exactly-once, "One Kafka session"), its
+// assignment and its revokes.
 //
-// Guarantees kept here (DESIGN §7, "Exactly-once"): every partition
-// assigned starts dirty, so that the resume rule (lookup.go) checks its
-// rows against the table before any is inserted, whoever wrote them; and
-// a revoke returns only once no ClickHouse write of this instance can
-// still be in flight, so that the next owner's lookup sees every row this
-// instance wrote.
+// Guarantees kept here (docs/design.md, The ClickHouse ledger, "Exactly
+// once into ClickHouse"): every partition assigned starts dirty, so that
+// the resume rule (lookup.go) checks its rows against the table before any
+// is inserted, whoever wrote them; and a revoke returns only once no
+// ClickHouse write of this instance can still be in flight, so that the
+// next owner's lookup sees every row this instance wrote.
 
 // runSession runs one Kafka session: the group member and transactional
 // producer of internal/session, and the inserter goroutine, until ctx

@@ -14,7 +14,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// INSERT attempts whose outcome is unknown (DESIGN §7, "Exactly-once").
+// INSERT attempts whose outcome is unknown (docs/design.md, The ClickHouse
+// ledger, "Exactly once into ClickHouse").
 //
 // An INSERT that fails without an answer from the server (the sink's
 // deadline passed, the connection broke) may still be running there, and
@@ -286,8 +287,8 @@ func (w *Writer) cannotTell(err error, ids ...string) {
 		zap.Strings("query_ids", ids), zap.Error(err))
 }
 
-// INSERTs of another instance (DESIGN §7: a zombie sink's INSERT in
-// flight).
+// INSERTs of another instance (docs/design.md, The ClickHouse ledger: a
+// zombie sink's INSERT in flight).
 //
 // An instance that lost its partitions (a rebalance, or a network pause or
 // GC stall past the session timeout, after which the group gave them to

@@ -12,16 +12,16 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// Sums of untrusted quantities in the analyst queries (DESIGN §8: sums
-// never wrap). The aggregator bounds one aggregate's value, and one
-// adjustment's delta, to 64 bits; nothing bounds a sum across groups,
-// periods, adjustments or events. The data below is what the aggregator
-// may write: acme's api_calls in two groups, each of MaxInt64 in January
-// 2024, an adjustment of MaxInt64 - 7 booked into January from December
-// for one of them (its invoice line is then past 64 bits), and in two
-// groups an adjustment of MaxInt64 - 7 booked into February from January;
-// usage_events holds two accepted events of MaxInt64 on one day (two
-// groups of one meter, or hour periods, take both).
+// Sums of untrusted quantities in the analyst queries (docs/analysts.md,
+// Reading them exactly: sums never wrap). The aggregator bounds one
+// aggregate's value, and one adjustment's delta, to 64 bits; nothing bounds
+// a sum across groups, periods, adjustments or events. The data below is
+// what the aggregator may write: acme's api_calls in two groups, each of
+// MaxInt64 in January 2024, an adjustment of MaxInt64 - 7 booked into
+// January from December for one of them (its invoice line is then past 64
+// bits), and in two groups an adjustment of MaxInt64 - 7 booked into
+// February from January; usage_events holds two accepted events of MaxInt64
+// on one day (two groups of one meter, or hour periods, take both).
 
 const maxInt64 = "9223372036854775807"
 

@@ -15,7 +15,8 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Table names, one per topic (DESIGN §1). The DDL is in schemas/clickhouse.
+// Table names, one per topic (docs/design.md, The ClickHouse ledger). The
+// DDL is in schemas/clickhouse.
 const (
 	TableEvents      = "usage_events"
 	TableAggregates  = "usage_aggregates"
@@ -25,8 +26,9 @@ const (
 	// TableQuarantine holds the records of usage.rejected that cannot be
 	// rows of usage_rejected (their value does not decode, or ClickHouse
 	// refused the row), with their raw bytes, Kafka coordinates and the
-	// reason. Such records are never parked again (DESIGN §7); without it
-	// they would be gone with the topic's retention.
+	// reason. Such records are never parked again (docs/design.md, The
+	// ClickHouse ledger); without it they would be gone with the topic's
+	// retention.
 	TableQuarantine = "usage_quarantine"
 )
 
@@ -226,7 +228,7 @@ func decoder[M any, PM interface {
 // unreadable is the message of a usage_quarantine row: why the record
 // could not be a row of its own table.
 type unreadable struct {
-	reason string // a reason code of DESIGN §8: undecodable, unknown_schema, uninsertable
+	reason string // a reason code (docs/design.md, Bad input): undecodable, unknown_schema, uninsertable
 	detail string
 }
 
@@ -404,7 +406,8 @@ func newTables(n topics.Names) []*table {
 	}
 }
 
-// decodeReason maps a decode error to a reason code of DESIGN §8.
+// decodeReason maps a decode error to a reason code (docs/design.md, Bad
+// input).
 func decodeReason(err error) string {
 	if errors.Is(err, schemas.ErrUnknownSchema) {
 		return schemas.ReasonUnknownSchema

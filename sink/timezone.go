@@ -9,7 +9,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
-// The server's time zone (DESIGN §3: billing periods are UTC).
+// The server's time zone (docs/design.md, Time: billing periods are UTC).
 //
 // The DateTime columns of the tables carry no time zone of their own, so
 // ClickHouse computes everything calendar-shaped about them in its server

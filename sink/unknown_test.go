@@ -13,8 +13,8 @@ import (
 
 // TestErrorClasses pins the classification of INSERT errors: the names of
 // the codes in both lists are ClickHouse's, no code is in both, and a code
-// in neither is unknown (never a refusal: DESIGN §7 parks only rows the
-// server refused).
+// in neither is unknown (never a refusal: only rows the server refused are
+// parked; docs/design.md, The ClickHouse ledger, "Refused blocks").
 func TestErrorClasses(t *testing.T) {
 	for name, codes := range map[string]map[int32]string{"transient": transientCodes, "refusal": refusalCodes} {
 		for code, want := range codes {

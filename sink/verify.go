@@ -419,9 +419,9 @@ func queryText(ctx context.Context, conn driver.Conn, timeout time.Duration, q s
 // source tables holds. Every source row of a derived month from the floor
 // on is still in the ledger whatever older months were dropped: a derived
 // row's month (event time, period, arrival) is never more than the
-// producer clock skew (DESIGN §3, S ≤ 1 hour) after the Kafka timestamp of
-// the ledger row it comes from. With no ledger data at all, nothing is
-// compared.
+// producer clock skew (docs/design.md, Time: S ≤ 1 hour) after the Kafka
+// timestamp of the ledger row it comes from. With no ledger data at all,
+// nothing is compared.
 func (v *verifier) floor(ctx context.Context, d DerivedTable) (uint32, error) {
 	q := fmt.Sprintf("SELECT min(toUInt32(partition)), count() FROM system.parts WHERE database = %s AND table IN ('%s') AND active",
 		quote(v.cfg.Database), strings.Join(d.Sources, "', '"))

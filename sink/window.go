@@ -12,15 +12,15 @@ import (
 )
 
 // Commit windows: the records polled since the last commit, which one
-// Kafka transaction commits (DESIGN §7), and the INSERT batches they are
-// decoded into.
+// Kafka transaction commits (docs/design.md, The ClickHouse ledger), and
+// the INSERT batches they are decoded into.
 //
 // Guarantee kept here: a window's offsets are committed only after every
 // INSERT batch of the window was written (the inserter, inserter.go) and
 // in the same transaction as the rows it parks (commit.go). A record that
-// does not decode is parked in that transaction too (DESIGN §8: bad input
-// never disappears); one of usage.rejected is quarantined instead
-// (park.go), never parked again.
+// does not decode is parked in that transaction too (docs/design.md, Bad
+// input: bad input never disappears); one of usage.rejected is quarantined
+// instead (park.go), never parked again.
 
 // window is the records polled since the last commit: one transaction.
 type window struct {

@@ -1,5 +1,5 @@
 // Package sink writes the pipeline's topics into ClickHouse, one table per
-// topic, exactly once (DESIGN §7).
+// topic, exactly once (docs/design.md, The ClickHouse ledger).
 //
 // # Delivery guarantee
 //
@@ -45,15 +45,15 @@
 // half first, so that each partition's rows are tried in offset order. The
 // first refused row of a partition P, at offset O, is parked in
 // usage.rejected with reason "uninsertable" before any higher offset of P
-// is inserted (DESIGN §7): the rows of P after O polled in this commit
-// window are held back (never inserted), and the window ends early, in a
-// Kafka transaction that produces the parked row and commits P's offset
-// at O+1 — not at the last polled offset — so a crash never parks a row
-// twice. After that commit the held-back rows are fetched again, from
-// O+1, in the next window. Other partitions are not affected. (kgo's
-// GroupTransactSession commits the offsets it tracks for the polled
-// records; Client.SetOffsets moves P's tracked offset, and its fetch
-// cursor, back to O+1 before End: see rewind.)
+// is inserted (docs/design.md, The ClickHouse ledger): the rows of P after
+// O polled in this commit window are held back (never inserted), and the
+// window ends early, in a Kafka transaction that produces the parked row
+// and commits P's offset at O+1 — not at the last polled offset — so a
+// crash never parks a row twice. After that commit the held-back rows are
+// fetched again, from O+1, in the next window. Other partitions are not
+// affected. (kgo's GroupTransactSession commits the offsets it tracks for
+// the polled records; Client.SetOffsets moves P's tracked offset, and its
+// fetch cursor, back to O+1 before End: see rewind.)
 //
 // A partition read again below its recorded progress (a crash between a
 // window's progress row and its commit, or an operator's move of the
@@ -64,14 +64,15 @@
 // row accepted in between, is treated as broken: nothing more is parked
 // and the sink backs off.
 //
-// Records read from usage.rejected are never parked again (DESIGN §7: it
-// would loop). One that does not decode, or that ClickHouse refuses, is
-// written whole (coordinates, key, value, headers, reason and error) to
-// the usage_quarantine table instead, before its offset is committed, with
-// an error log line and meterline_sink_quarantined_total. It is written
-// once across crashes: the quarantine is looked up before each write, and
-// the resume rule of usage_rejected also looks in it, so a record is a row
-// of one of the two tables, once.
+// Records read from usage.rejected are never parked again (docs/design.md,
+// The ClickHouse ledger: it would loop). One that does not decode, or that
+// ClickHouse refuses, is written whole (coordinates, key, value, headers,
+// reason and error) to the usage_quarantine table instead, before its
+// offset is committed, with an error log line and
+// meterline_sink_quarantined_total. It is written once across crashes: the
+// quarantine is looked up before each write, and the resume rule of
+// usage_rejected also looks in it, so a record is a row of one of the two
+// tables, once.
 package sink
 
 import (
@@ -89,8 +90,9 @@ import (
 	"github.com/meterline/meterline/internal/session"
 )
 
-// Fault points of the sink's crash windows (DESIGN §6), armed in the real
-// binary with METERLINE_FAULT=<point>[@n].
+// Fault points of the sink's crash windows (docs/design.md, Exactly-once,
+// "Crash windows"), armed in the real binary with
+// METERLINE_FAULT=<point>[@n].
 const (
 	// FaultMidInsert: one block of a multi-block INSERT sent (its parts
 	// written), the next not. Needs InsertBlockRows.

@@ -11,11 +11,11 @@ import (
 )
 
 // TestCrashWindows kills `meterline aggregate` (SIGKILL, from inside, via
-// METERLINE_FAULT) in each crash window of DESIGN §6 — including the
-// aggregator's own: between deciding FINAL and committing it, and between
-// two chunks of a period's FINAL revisions — restarts it
-// and lets it finish the stream: every key has exactly one FINAL, with the
-// exact value, and every late event exactly one adjustment.
+// METERLINE_FAULT) in each crash window (docs/design.md, Exactly-once,
+// "Crash windows") — including the aggregator's own: between deciding FINAL
+// and committing it, and between two chunks of a period's FINAL revisions —
+// restarts it and lets it finish the stream: every key has exactly one
+// FINAL, with the exact value, and every late event exactly one adjustment.
 func TestCrashWindows(t *testing.T) {
 	for _, c := range []struct {
 		point string

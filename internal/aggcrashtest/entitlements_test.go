@@ -246,13 +246,14 @@ func (s *entSuite) checkEnt() oracle.EntReport {
 // TestEntitlementsCrashWindows is the test to steal from billing
 // post-mortems (issue 14): `meterline aggregate --entitlements` is killed
 // (SIGKILL, via METERLINE_FAULT) after an event's charge is decided and
-// before its transaction commits, and in every other crash window of
-// DESIGN §6, restarted, and then every cap counter and credit balance
-// (the last balance of each customer) equals the reference's, which moved
-// once per accepted event and never for a rejected one; every rejected
-// event is in usage.rejected exactly once with its reason; and the bill of
-// the accepted events is exact (oracle.VerifyEntitlements). On top of
-// that, each window's run checks (entCrashRun):
+// before its transaction commits, and in every other crash window
+// (docs/design.md, Exactly-once, "Crash windows"), restarted, and then
+// every cap counter and credit balance (the last balance of each customer)
+// equals the reference's, which moved once per accepted event and never for
+// a rejected one; every rejected event is in usage.rejected exactly once
+// with its reason; and the bill of the accepted events is exact
+// (oracle.VerifyEntitlements). On top of that, each window's run checks
+// (entCrashRun):
 //   - that it exercised what a crash can break, on both sides of the
 //     kill: among the events decided and committed before it (by the
 //     group's committed offsets at the kill) and among those the

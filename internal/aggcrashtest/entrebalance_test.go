@@ -11,16 +11,16 @@ import (
 )
 
 // TestEntitlementsRebalanceAndZombie is TestRebalanceMidPeriod's crash
-// windows with entitlements (DESIGN §6: partition moved to another
-// instance, previous owner's transaction in flight, zombie after a
-// rebalance): three `meterline aggregate --entitlements` instances join
-// and leave the group while the stream of TestEntitlementsCrashWindows
-// flows — one leaves cleanly, one is killed (SIGKILL) mid-transaction
-// and comes back on its kept state, one is frozen (SIGSTOP) for longer
-// than the session and transaction timeouts while the others take its
-// partitions over, then thawed (a zombie whose commits must be refused),
-// and one comes back on wiped state. Then every check of the crash
-// windows' holds: the reference's bill, rejections and last balances,
+// windows with entitlements (docs/design.md, Exactly-once, "Crash windows":
+// partition moved to another instance, previous owner's transaction in
+// flight, zombie after a rebalance): three `meterline aggregate
+// --entitlements` instances join and leave the group while the stream of
+// TestEntitlementsCrashWindows flows — one leaves cleanly, one is killed
+// (SIGKILL) mid-transaction and comes back on its kept state, one is frozen
+// (SIGSTOP) for longer than the session and transaction timeouts while the
+// others take its partitions over, then thawed (a zombie whose commits must
+// be refused), and one comes back on wiped state. Then every check of the
+// crash windows' holds: the reference's bill, rejections and last balances,
 // the exact decisions per customer, and each dripped grant's draws.
 func TestEntitlementsRebalanceAndZombie(t *testing.T) {
 	t.Parallel()

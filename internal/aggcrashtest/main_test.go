@@ -3,11 +3,12 @@
 // the idle-partition test, `meterline dedup`) binary as child processes
 // against the real Kafka broker named by METERLINE_TEST_KAFKA, kills them
 // at the named fault points (METERLINE_FAULT) or from outside, restarts
-// them, and then checks every aggregate against the reference model of
-// DESIGN §3 in internal/testenv/oracle: exactly one FINAL per key, with the
-// exact value, and the late events as adjustments whose deltas add up to
-// the period's value. The scaffolding (topics, children, timings) is
-// internal/testenv/crash, as for the dedup suite in internal/crashtest.
+// them, and then checks every aggregate against the reference model of the
+// bill in internal/testenv/oracle (docs/design.md, Time): exactly one FINAL
+// per key, with the exact value, and the late events as adjustments whose
+// deltas add up to the period's value. The scaffolding (topics, children,
+// timings) is internal/testenv/crash, as for the dedup suite in
+// internal/crashtest.
 //
 // Every test calls testenv.RealKafka, so `go test -short ./...` skips the
 // package.

@@ -21,14 +21,14 @@ import (
 // in TestStaleStateAfterCompaction: short, so the broker removes
 // tombstones within the test, and still long enough that a full restore
 // of the test's changelog (a few hundred records) fits well inside it, as
-// the restore horizon rule requires (DESIGN §6.8).
+// the restore horizon rule requires (docs/design.md, Exactly-once, 4).
 const staleDeleteRetention = 4 * time.Second
 
 // TestStaleStateAfterCompaction is issue 11's finding 3 on the real broker
-// (DESIGN §6.8). Instance a aggregates day P; the partitions move to b,
-// which adds to P's aggregates, finalizes P (one FINAL each, and
-// tombstones for the OPEN aggregates in the changelog) and keeps
-// processing watermarks, while the broker compacts the changelog
+// (docs/design.md, Exactly-once, 4). Instance a aggregates day P; the
+// partitions move to b, which adds to P's aggregates, finalizes P (one
+// FINAL each, and tombstones for the OPEN aggregates in the changelog) and
+// keeps processing watermarks, while the broker compacts the changelog
 // (segment.ms 200 ms, min.cleanable.dirty.ratio 0.01, delete.retention.ms
 // 4 s, log.cleaner.backoff.ms 1 s on the test broker) until the tombstones
 // are gone. Then the partitions return to a, on its old state. A replay of
@@ -166,7 +166,7 @@ func TestStaleStateAfterCompaction(t *testing.T) {
 		errs = append(errs, fmt.Sprintf("%d aggregates in %s, want 16", len(revs), s.Names.AggregatesTopic()))
 	}
 	if len(errs) > 0 {
-		t.Fatalf("a restored stale state (DESIGN §6.8):\n  %s", strings.Join(errs, "\n  "))
+		t.Fatalf("a restored stale state (docs/design.md, Exactly-once, 4):\n  %s", strings.Join(errs, "\n  "))
 	}
 
 	// How a restored: in full, each partition, because of the horizon.

@@ -27,7 +27,7 @@ import (
 )
 
 // EntitlementsCmd is `meterline entitlements`: it reads and writes the
-// records of usage.entitlements (DESIGN §12).
+// records of usage.entitlements (docs/entitlements.md).
 type EntitlementsCmd struct {
 	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document."`
 	Get        EntitlementsGetCmd        `cmd:"" help:"Print a customer's entitlements, the default plan (--default) or the rate card (--rates)."`
@@ -678,7 +678,7 @@ func boolCount(bs ...bool) int {
 
 // Run prints the customer's latest record of usage.balances, read
 // read_committed from the customer's partition only (the aggregator
-// writes a customer's balances there, DESIGN §12).
+// writes a customer's balances there; docs/entitlements.md, Topics).
 func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()

@@ -18,10 +18,11 @@ import (
 )
 
 // TestProduceInvalidText: `meterline produce` checks text on the raw bytes
-// of each line (DESIGN §8). "acme\xff" and "acme\xfe" used to become one
-// customer "acme\uFFFD" (encoding/json's replacement), so the second event
-// was a copy of the first; each is now a bad line naming customer_id, as
-// are C0 controls in identity fields and source. A real U+FFFD is text.
+// of each line (docs/design.md, Event identity and keys). "acme\xff" and
+// "acme\xfe" used to become one customer "acme\uFFFD" (encoding/json's
+// replacement), so the second event was a copy of the first; each is now a
+// bad line naming customer_id, as are C0 controls in identity fields and
+// source. A real U+FFFD is text.
 func TestProduceInvalidText(t *testing.T) {
 	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
 	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)

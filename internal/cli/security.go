@@ -15,8 +15,8 @@ import (
 // Environment variables that hold secrets. They have no flag: a value on
 // the command line is visible to every user of the machine (ps,
 // /proc/<pid>/cmdline) and lands in shell histories, so a secret comes
-// from a file (the *-password-file flags) or from one of these (DESIGN
-// §13).
+// from a file (the *-password-file flags) or from one of these
+// (docs/operations.md, Secrets).
 const (
 	EnvKafkaSASLPassword  = "METERLINE_KAFKA_SASL_PASSWORD"
 	EnvClickHousePassword = "METERLINE_CLICKHOUSE_PASSWORD"

@@ -37,7 +37,8 @@ func flagsOf(t *testing.T) map[string][]*kong.Flag {
 
 // TestHTTPServersBindLoopbackByDefault: every HTTP server of the command
 // (a stage's, run's and the sink's metrics and status server, the demo's
-// page) listens on 127.0.0.1 unless told otherwise (DESIGN §13).
+// page) listens on 127.0.0.1 unless told otherwise (docs/operations.md,
+// HTTP servers).
 func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 	flags := flagsOf(t)
 	n := 0
@@ -58,7 +59,7 @@ func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 // TestNoSecretFlags: no flag takes a secret's value. A password on the
 // command line is visible to every user of the machine (ps,
 // /proc/<pid>/cmdline); the flags name files instead, and the
-// environment holds the rest (DESIGN §13).
+// environment holds the rest (docs/operations.md, Secrets).
 func TestNoSecretFlags(t *testing.T) {
 	for name := range flagsOf(t) {
 		if strings.HasPrefix(name, "topic-") {

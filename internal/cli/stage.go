@@ -196,8 +196,9 @@ func (f *DedupFlags) config(g *Globals, sf *StageFlags, kf *DedupKeyFlags, bucke
 // to 0 by a flag: in the stages' Configs a zero means the default, so
 // --skew 0 would silently run with an hour. None of them can be 0: W and B
 // must be positive, and S = 0 would reject as in_future every event of a
-// producer whose clock runs a millisecond ahead of the broker's (DESIGN
-// §3: arrival is broker time, event_time the producer's).
+// producer whose clock runs a millisecond ahead of the broker's
+// (docs/design.md, Time: arrival is broker time, event_time the
+// producer's).
 func refuseZeroTimes(stage string, window, skew, bucket time.Duration) error {
 	var errs []error
 	for _, p := range []struct {

@@ -17,8 +17,8 @@ type brokerFault struct {
 	stop   bool                 // SIGTERM (stop-broker), instead of kill -9
 }
 
-// The faults of DESIGN §10: the pipeline survives the loss of any one
-// broker, the transaction and group coordinators included.
+// The faults of docs/operations.md, Replication: the pipeline survives the
+// loss of any one broker, the transaction and group coordinators included.
 var brokerFaults = []brokerFault{
 	{name: "the broker leading the most partitions", target: func(s *suite) int32 {
 		return s.cluster.MostLeader(s.t, s.topicNames()...)

@@ -217,7 +217,8 @@ func (s *suite) topicsCheck() (int, string) {
 
 func (s *suite) group(stage string) string { return s.names.Prefix + stage }
 
-// txnID is the transactional ID of a stage instance (DESIGN §1).
+// txnID is the transactional ID of a stage instance (docs/design.md,
+// Exactly-once, "One Kafka session").
 func (s *suite) txnID(stage, id string) string { return s.group(stage) + "-" + id }
 
 // ---- stage instances ----
@@ -724,8 +725,8 @@ func (s *suite) truth(g *generator) *truth {
 	return tr
 }
 
-// onTime reports whether an identity counts in its period's FINAL (DESIGN
-// §3): it arrived at or before its period's end + grace.
+// onTime reports whether an identity counts in its period's FINAL
+// (docs/design.md, Time): it arrived at or before its period's end + grace.
 func (s *suite) onTime(id *ident) bool {
 	start := id.et - id.et%dayMs
 	return id.arrival <= start+dayMs+s.grace.Milliseconds()
@@ -747,11 +748,11 @@ func (s *suite) readAll(topic string) []*kgo.Record {
 }
 
 // caughtUp reports whether a read_committed read of the topic from the
-// group's committed offsets returns no records (DESIGN §6.7), other than
-// those skip accepts (ticks, which running dedup instances append all the
-// time). When it does not, pending says which partitions hold records past
-// their committed offset: each with its committed offset, how many records
-// follow it and the first one's offset and kind.
+// group's committed offsets returns no records (docs/operations.md, Lag),
+// other than those skip accepts (ticks, which running dedup instances
+// append all the time). When it does not, pending says which partitions
+// hold records past their committed offset: each with its committed offset,
+// how many records follow it and the first one's offset and kind.
 func (s *suite) caughtUp(group, topic string, skip func(schemas.Kind) bool) (ok bool, pending string, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -848,12 +849,12 @@ func (s *suite) waitCaughtUp(group string, skip func(schemas.Kind) bool, topicNa
 // waitFinalsOut waits until the aggregator has emitted everything due by
 // P's cutoff. Its input offsets do not say so: a period decided final
 // sends its FINAL revisions, and the adjustments queued behind them, in
-// chunks of their own transactions after the input that decided it (DESIGN
-// §6 invariant 9), so an aggregator caught up on usage.deduped may still
-// have some to send. The running instances' metrics do: between them every
-// partition has a watermark past the cutoff (it is owned and has seen the
-// ticks that decide P) and none has a final-due time at or before the
-// cutoff.
+// chunks of their own transactions after the input that decided it
+// (docs/design.md, Exactly-once, 7), so an aggregator caught up on
+// usage.deduped may still have some to send. The running instances' metrics
+// do: between them every partition has a watermark past the cutoff (it is
+// owned and has seen the ticks that decide P) and none has a final-due time
+// at or before the cutoff.
 func (s *suite) waitFinalsOut() {
 	s.t.Helper()
 	start := time.Now()

@@ -1,13 +1,13 @@
-// Package clustertest is the real-cluster suite of DESIGN §10: the whole
-// pipeline (2 instances each of `meterline dedup`, `aggregate` and `sink`,
-// the real binary as child processes) on a cluster of three brokers with
-// replication factor 3 and min.insync.replicas 2, under a generator of
-// usage with copies, conflicts, misrouted records, late events and bad
-// records, while brokers are killed, paused and restarted and stage
-// instances are killed, or come and go in a rebalance storm. Afterwards
-// every output reconciles exactly with the generator's truth, read back
-// from what the brokers stamped: ClickHouse's plain count() and sums, FINAL
-// plus adjustments, duplicates and rejections.
+// Package clustertest is the real-cluster suite (docs/operations.md,
+// Replication): the whole pipeline (2 instances each of `meterline dedup`,
+// `aggregate` and `sink`, the real binary as child processes) on a cluster
+// of three brokers with replication factor 3 and min.insync.replicas 2,
+// under a generator of usage with copies, conflicts, misrouted records,
+// late events and bad records, while brokers are killed, paused and
+// restarted and stage instances are killed, or come and go in a rebalance
+// storm. Afterwards every output reconciles exactly with the generator's
+// truth, read back from what the brokers stamped: ClickHouse's plain
+// count() and sums, FINAL plus adjustments, duplicates and rejections.
 //
 // It needs the cluster (METERLINE_TEST_KAFKA_CLUSTER, started with
 // KAFKA_CLUSTER=3 deploy/local/kafka.sh start) and ClickHouse

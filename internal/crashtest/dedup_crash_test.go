@@ -41,13 +41,14 @@ func growingFeed(r *rand.Rand, next *int, limit, fresh, copies int) func(int) []
 	}
 }
 
-// TestRealDedupCrashWindows kills `meterline dedup` at each crash window of
-// DESIGN §6 (the fault point SIGKILLs the process on its 3rd hit, so
-// earlier transactions committed) while events and copies flow; restarts
-// it with the same instance ID and state; feeds more copies of the same
-// events and new ones; and asserts exactly-once. Where the crash leaves
-// the changelog ahead of Pebble (after-commit, during-apply), the restart
-// must have replayed the changelog tail.
+// TestRealDedupCrashWindows kills `meterline dedup` at each crash window
+// (docs/design.md, Exactly-once, "Crash windows"; the fault point SIGKILLs
+// the process on its 3rd hit, so earlier transactions committed) while
+// events and copies flow; restarts it with the same instance ID and state;
+// feeds more copies of the same events and new ones; and asserts
+// exactly-once. Where the crash leaves the changelog ahead of Pebble
+// (after-commit, during-apply), the restart must have replayed the
+// changelog tail.
 func TestRealDedupCrashWindows(t *testing.T) {
 	cases := []struct {
 		point string
@@ -188,9 +189,10 @@ func TestRealDedupCrashDuringRestore(t *testing.T) {
 // transaction timeout keeps it open); instance b (another instance ID and
 // state dir) takes over once a's session times out and restores while
 // that transaction is still open, so its restore must wait until the
-// broker aborts it at the transaction timeout (DESIGN §6.4, "previous
-// owner's transaction still in flight at assignment"). Copies fed
-// meanwhile must stay exactly-once: no copy accepted twice, none lost.
+// broker aborts it at the transaction timeout (docs/design.md,
+// Exactly-once, "Crash windows": "partition moved; previous owner's
+// transaction in flight"). Copies fed meanwhile must stay exactly-once: no
+// copy accepted twice, none lost.
 //
 // a's changelog records are produced asynchronously just before the fault
 // point, so whether they reached the broker before the SIGKILL is left to

@@ -201,9 +201,9 @@ const (
 	msgDropped      = "dropped from the consumer group; rejoining"
 )
 
-// waitCaughtUp waits until the group is caught up on usage.events (DESIGN
-// §6.7, ticks aside: crash.CaughtUp), failing at once if one of the live
-// children exits.
+// waitCaughtUp waits until the group is caught up on usage.events
+// (docs/operations.md, Lag, ticks aside: crash.CaughtUp), failing at once
+// if one of the live children exits.
 func (s *suite) waitCaughtUp(live ...*testenv.Process) {
 	s.t.Helper()
 	s.WaitCaughtUp(s.group, s.Names.EventsTopic(), live...)

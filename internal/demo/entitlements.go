@@ -14,11 +14,11 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// The demo's entitlements (DESIGN §12): a free-tier customer capped on
-// api_calls, and a prepaid customer whose grant runs out, both sized from
-// the rate and the duration so that the cap is hit and the grant spent
-// about half-way through the run. Every other customer has no plan and is
-// never capped or refused. The rate card prices api_calls only.
+// The demo's entitlements (docs/entitlements.md): a free-tier customer
+// capped on api_calls, and a prepaid customer whose grant runs out, both
+// sized from the rate and the duration so that the cap is hit and the grant
+// spent about half-way through the run. Every other customer has no plan
+// and is never capped or refused. The rate card prices api_calls only.
 //
 // The generator's truth decides each event with the entitlements
 // reference model (entitlements/entref), in the order it sends them. The

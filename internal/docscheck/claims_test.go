@@ -31,8 +31,9 @@ func TestNoHistoryOutsideChangelog(t *testing.T) {
 }
 
 // foreignSection matches a reference to a numbered section of a document
-// that is not in the repository (DESIGN §12, §6.4): a reader cannot follow
-// it. The docs link to their own headings instead.
+// that is not in the repository (a section sign, or the word DESIGN): a
+// reader cannot follow it. The docs link to their own headings instead, as
+// the code's comments and messages cite them (internal/lint).
 var foreignSection = regexp.MustCompile(`§|\bDESIGN\b`)
 
 func TestNoForeignSectionReferences(t *testing.T) {

@@ -1,4 +1,5 @@
-// Package fault puts named crash points at the crash windows of DESIGN §6.
+// Package fault puts named crash points at the crash windows
+// (docs/design.md, Exactly-once, "Crash windows").
 //
 // A point costs one atomic load when nothing is armed. In the real binary,
 // METERLINE_FAULT=<point>[@<n>] arms one point: its n-th hit (default 1)
@@ -20,8 +21,8 @@ import (
 // EnvVar arms a point in the real binary.
 const EnvVar = "METERLINE_FAULT"
 
-// The points, one per crash window of DESIGN §6 (stage windows) plus the
-// restore path.
+// The points, one per crash window of a stage (docs/design.md,
+// Exactly-once, "Crash windows") plus the restore path.
 const (
 	// BeforeCommit: outputs and changelog produced, transaction not ended.
 	BeforeCommit = "stream.before-commit"

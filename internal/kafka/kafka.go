@@ -1,9 +1,10 @@
 // Package kafka is the connection to a Kafka cluster that every Meterline
 // client uses: the seed brokers, SASL (SCRAM-SHA-512 or PLAIN) and TLS
-// (DESIGN §13). One Config is built per process, from the command line or
-// a service's config, and every client made from it — a stage's
-// transactional session, a restore reader, an admin client, the lag
-// collector, a producer — connects and authenticates the same way.
+// (docs/operations.md, Kafka: SASL and TLS). One Config is built per
+// process, from the command line or a service's config, and every client
+// made from it — a stage's transactional session, a restore reader, an
+// admin client, the lag collector, a producer — connects and authenticates
+// the same way.
 //
 // Secrets are never part of a Config's printed form: the password is a
 // secret.Secret, and the TLS key is only ever named by its file.

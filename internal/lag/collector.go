@@ -34,7 +34,8 @@ var (
 
 // Collector is a prometheus.Collector that exports the lag of consumer
 // groups, per group, topic and partition, as MetricRecords and
-// MetricSeconds (DESIGN §9), computed as Compute does.
+// MetricSeconds (docs/operations.md, Health, metrics and logs), computed as
+// Compute does.
 //
 // It is a collector rather than a periodic updater of gauges so that lag is
 // computed only when something scrapes, and so that a partition that leaves
@@ -95,10 +96,11 @@ func WithClock(now func() time.Time) Option { return func(c *Collector) { c.now 
 
 // WithInputTopics names the topics a group consumes. A partition of one
 // of them where the group has no committed offset counts as behind from the
-// partition's start, where a stage's first start reads (DESIGN §6.6), so a
-// stage stuck before its first commit (a sink that never reached
-// ClickHouse) shows its lag instead of no series at all. Default: only the
-// topics the group has committed offsets on, as `meterline lag` shows.
+// partition's start, where a stage's first start reads (docs/design.md,
+// Exactly-once, 6), so a stage stuck before its first commit (a sink that
+// never reached ClickHouse) shows its lag instead of no series at all.
+// Default: only the topics the group has committed offsets on, as
+// `meterline lag` shows.
 func WithInputTopics(group string, topics ...string) Option {
 	return func(c *Collector) { c.inputs[group] = append(c.inputs[group], topics...) }
 }

@@ -6,9 +6,9 @@
 // markers sit after the last record, so a caught-up exactly-once group
 // would show a lag of one per partition forever. A partition is behind only
 // when a read_committed fetch from its committed offset returns a record
-// (DESIGN §6.7); its lag is then the last stable offset minus the committed
-// offset, and its age is wall time minus that first unconsumed record's
-// broker timestamp.
+// (docs/operations.md, Lag); its lag is then the last stable offset minus
+// the committed offset, and its age is wall time minus that first
+// unconsumed record's broker timestamp.
 package lag
 
 import (
@@ -51,8 +51,8 @@ func Compute(ctx context.Context, conn kafka.Config, groups []string, now time.T
 // computeWith is Compute on an existing admin client. inputs names, per
 // group, topics it consumes: a partition of one of them without a
 // committed offset counts from the partition's start, where the stage's
-// first start reads (DESIGN §6.6), even when the group has committed
-// nothing at all.
+// first start reads (docs/design.md, Exactly-once, 6), even when the group
+// has committed nothing at all.
 func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
 	var rows []Row
 	for _, g := range groups {

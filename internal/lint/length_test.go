@@ -39,6 +39,12 @@ type function struct {
 // path relative to root, in slashes.
 func goFiles(t *testing.T, root string, fn func(rel string, fset *token.FileSet, f *ast.File)) {
 	t.Helper()
+	walkGoFiles(t, root, false, fn)
+}
+
+// walkGoFiles is goFiles, with the _test.go files too when tests is set.
+func walkGoFiles(t *testing.T, root string, tests bool, fn func(rel string, fset *token.FileSet, f *ast.File)) {
+	t.Helper()
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -50,7 +56,7 @@ func goFiles(t *testing.T, root string, fn func(rel string, fset *token.FileSet,
 			}
 			return nil
 		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+		if !strings.HasSuffix(path, ".go") || (!tests && strings.HasSuffix(path, "_test.go")) {
 			return nil
 		}
 		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution|parser.ParseComments)

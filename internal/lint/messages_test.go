@@ -5,7 +5,6 @@ import (
 	"go/ast"
 	"go/token"
 	"os"
-	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -13,11 +12,15 @@ import (
 )
 
 // designSection matches a citation of a numbered section of a design
-// document that is not in the repository ("DESIGN §12", "§6.6").
+// document that is not in the repository: the word DESIGN and a section
+// sign, or a section sign and a number.
 var designSection = regexp.MustCompile(`DESIGN §|§[0-9]`)
 
 // docCitation matches a citation of a file of docs/, with the heading that
-// may follow it after a comma ("docs/operations.md, Replication").
+// may follow it after a comma ("docs/operations.md, Replication"). The
+// heading ends at a comma, a semicolon, a colon or a parenthesis, unless a
+// heading of the file that holds one of these follows there whole
+// (citationProblems).
 var docCitation = regexp.MustCompile(`docs/([a-z-]+)\.md(?:, ([A-Z][^,;:()"\x60]*[^,;:()"\x60 .]))?`)
 
 // headings returns the headings of every file of docs/, by file name.
@@ -56,24 +59,36 @@ func citationProblems(text string, docs map[string]map[string]bool) []string {
 	if m := designSection.FindString(text); m != "" {
 		out = append(out, fmt.Sprintf("cites %q, a section of no document in the repository: name a file of docs/ and its heading", m))
 	}
-	for _, m := range docCitation.FindAllStringSubmatch(text, -1) {
-		hs, ok := docs[m[1]]
+	for _, m := range docCitation.FindAllStringSubmatchIndex(text, -1) {
+		file := text[m[2]:m[3]]
+		hs, ok := docs[file]
 		switch {
 		case !ok:
-			out = append(out, fmt.Sprintf("cites docs/%s.md, which does not exist", m[1]))
-		case m[2] != "" && !hs[m[2]]:
-			out = append(out, fmt.Sprintf("cites docs/%s.md, %s: the file has no such heading", m[1], m[2]))
+			out = append(out, fmt.Sprintf("cites docs/%s.md, which does not exist", file))
+		case m[4] >= 0 && !hs[text[m[4]:m[5]]] && !headingAt(text[m[4]:], hs):
+			out = append(out, fmt.Sprintf("cites docs/%s.md, %s: the file has no such heading", file, text[m[4]:m[5]]))
 		}
 	}
 	return out
 }
 
+// headingAt reports whether text begins with one of the headings hs, whole:
+// followed by the end of the text or by punctuation, so that a heading
+// holding a comma or a colon ("Health, metrics and logs") can be cited.
+func headingAt(text string, hs map[string]bool) bool {
+	for h := range hs {
+		if rest, ok := strings.CutPrefix(text, h); ok && (rest == "" || strings.ContainsRune(",;:().\"`", rune(rest[0]))) {
+			return true
+		}
+	}
+	return false
+}
+
 // TestMessagesCiteNoMissingDocument: a string of the code outside tests (an
-// error, a log line, a flag's help) is read by operators, and the comments
-// of producer, the client library, by its users (go doc), who have
-// README.md and docs/ but no design document numbered in sections: they
-// name a file of docs/ and a heading instead ("docs/operations.md,
-// Replication"), which must exist. Other comments may cite what they like.
+// error, a log line, a flag's help) is read by operators, who have
+// README.md and docs/ but no design document numbered in sections: it
+// names a file of docs/ and a heading instead ("docs/operations.md,
+// Replication"), which must exist.
 func TestMessagesCiteNoMissingDocument(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -81,13 +96,6 @@ func TestMessagesCiteNoMissingDocument(t *testing.T) {
 	}
 	docs := headings(t, root)
 	goFiles(t, root, func(rel string, fset *token.FileSet, f *ast.File) {
-		if path.Dir(rel) == "producer" {
-			for _, c := range f.Comments {
-				for _, p := range citationProblems(c.Text(), docs) {
-					t.Errorf("%s:%d: a comment of the client library (go doc shows it) %s", rel, fset.Position(c.Pos()).Line, p)
-				}
-			}
-		}
 		ast.Inspect(f, func(n ast.Node) bool {
 			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
 				for _, p := range citationProblems(lit.Value, docs) {
@@ -99,9 +107,46 @@ func TestMessagesCiteNoMissingDocument(t *testing.T) {
 	})
 }
 
+// uncheckedComments are the directories whose comments
+// TestCommentsCiteNoMissingDocument does not check yet: their citations of
+// the design document's numbered sections are still to be turned into
+// files and headings of docs/. Empty the list as they are; never add to it.
+var uncheckedComments = []string{
+	"aggregator/",
+	"entitlements/",
+	"internal/bench/",
+	"internal/benchinput/",
+}
+
+// TestCommentsCiteNoMissingDocument: the comments of every Go file, tests
+// included, are read by users of the client library (go doc) and by
+// whoever works on the code, who have README.md and docs/ but no design
+// document numbered in sections: a comment names a file of docs/ and a
+// heading instead ("docs/design.md, Exactly-once"), which must exist.
+// The directories of uncheckedComments are skipped.
+func TestCommentsCiteNoMissingDocument(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := headings(t, root)
+	walkGoFiles(t, root, true, func(rel string, fset *token.FileSet, f *ast.File) {
+		for _, dir := range uncheckedComments {
+			if strings.HasPrefix(rel, dir) {
+				return
+			}
+		}
+		for _, c := range f.Comments {
+			for _, p := range citationProblems(c.Text(), docs) {
+				t.Errorf("%s:%d: a comment %s", rel, fset.Position(c.Pos()).Line, p)
+			}
+		}
+	})
+}
+
 // TestCitationProblems: the citations found and judged.
 func TestCitationProblems(t *testing.T) {
-	docs := map[string]map[string]bool{"operations": {"Dedup keys": true, "Replication": true}}
+	docs := map[string]map[string]bool{"operations": {"Dedup keys": true, "Replication": true, "Health, metrics and logs": true, "Kafka: SASL and TLS": true}}
 	for text, want := range map[string]int{
 		"see docs/operations.md, Dedup keys":                       0,
 		"(docs/operations.md, Replication).":                       0,
@@ -111,6 +156,13 @@ func TestCitationProblems(t *testing.T) {
 		"(docs/security.md)":                                       1,
 		"(DESIGN §12)":                                             1,
 		"docs/operations.md, Rotation; docs/nope.md, Topics, §6.4": 3,
+		"(docs/operations.md, Health, metrics and logs)":           0,
+		"docs/operations.md, Health, metrics and logs, lists":      0,
+		"(docs/operations.md, Kafka: SASL and TLS)":                0,
+		"(docs/operations.md, Health)":                             1,
+		"(docs/operations.md, Health, metrics)":                    1,
+		"(docs/operations.md, Replication. Then more, text)":       0,
+		"(docs/operations.md, Replication and more)":               1,
 	} {
 		if got := citationProblems(text, docs); len(got) != want {
 			t.Errorf("%q: %d problems %v, want %d", text, len(got), got, want)

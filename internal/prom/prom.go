@@ -99,14 +99,14 @@ func (o *Owners) Release(p int32, who any) bool {
 	return true
 }
 
-// TxCounts gathers a transaction's counts (DESIGN §9): Add keeps them in
-// memory, Commit adds them to their counters once the transaction
-// committed, and Drop forgets them when it aborts, so that a record
-// processed again after an abort is counted once, as its outputs are.
-// Counts of one counter in a row cost a comparison and an addition, no
-// atomic operation on a counter shared by the partitions' goroutines. The
-// zero value is ready; a TxCounts belongs to one partition (not safe for
-// concurrent use).
+// TxCounts gathers a transaction's counts (docs/operations.md, Health,
+// metrics and logs): Add keeps them in memory, Commit adds them to their
+// counters once the transaction committed, and Drop forgets them when it
+// aborts, so that a record processed again after an abort is counted once,
+// as its outputs are. Counts of one counter in a row cost a comparison and
+// an addition, no atomic operation on a counter shared by the partitions'
+// goroutines. The zero value is ready; a TxCounts belongs to one partition
+// (not safe for concurrent use).
 type TxCounts struct {
 	cs   []prometheus.Counter
 	ns   []float64

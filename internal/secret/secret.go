@@ -1,7 +1,7 @@
 // Package secret holds passwords and keys so that they do not leak: a
 // Secret prints, formats and marshals as "[redacted]", and Load reads one
 // from a file or an environment variable, never from a command-line value
-// (DESIGN §13).
+// (docs/operations.md, Secrets).
 package secret
 
 import (

@@ -1,6 +1,6 @@
 // Package service runs the HTTP side of a Meterline process: Prometheus
 // metrics, liveness and readiness, and a status page, on one port
-// (DESIGN §9).
+// (docs/operations.md, Health, metrics and logs).
 package service
 
 import (

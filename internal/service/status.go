@@ -21,7 +21,8 @@ import (
 // Partition states on the status page.
 const (
 	// PartitionRestoring: assigned, its state is being rebuilt from the
-	// changelog; none of its input is processed yet (DESIGN §6.4).
+	// changelog; none of its input is processed yet (docs/design.md,
+	// Exactly-once, 3).
 	PartitionRestoring = "restoring"
 	// PartitionProcessing: restored, its input is being processed.
 	PartitionProcessing = "processing"
@@ -36,10 +37,11 @@ type PartitionStatus struct {
 	// not started yet).
 	RestoreRemaining *int64 `json:"restore_remaining_records,omitempty"`
 	// RestoreKind and RestoreReason describe the partition's last restore
-	// on this instance (DESIGN §6.8): "full" (state wiped, changelog
-	// replayed from its start) or "tail" (from the checkpoint), and why, as
-	// the meterline_stream_restores_total metric names them. Empty when the
-	// stage does not report them or no restore has been planned yet.
+	// on this instance (docs/design.md, Exactly-once, 4): "full" (state
+	// wiped, changelog replayed from its start) or "tail" (from the
+	// checkpoint), and why, as the meterline_stream_restores_total metric
+	// names them. Empty when the stage does not report them or no restore
+	// has been planned yet.
 	RestoreKind   string `json:"restore_kind,omitempty"`
 	RestoreReason string `json:"restore_reason,omitempty"`
 	// LagRecords and LagSeconds are the group's lag on this partition of
@@ -73,8 +75,8 @@ type StageStatus struct {
 	Owned     int `json:"owned_partitions"`
 	Restoring int `json:"restoring_partitions"`
 	// Standbys are the partitions this instance keeps warm as a standby
-	// replica (DESIGN §10), sorted; empty when it keeps none or the stage
-	// does not report them (StandbyStage).
+	// replica (docs/operations.md, Standby replicas), sorted; empty when it
+	// keeps none or the stage does not report them (StandbyStage).
 	Standbys []StandbyStatus `json:"standbys,omitempty"`
 	// Replayed is the number of changelog records replayed by restores
 	// since the process started (meterline_stream_restore_records_total).
@@ -170,11 +172,11 @@ type Stage interface {
 	// EachPartitionStatus calls fn for every input partition assigned to
 	// the instance, in partition order. restoring is true until the
 	// partition's state is rebuilt and checked against the committed
-	// offset (DESIGN §6.4); remaining is the number of changelog offsets
-	// left to replay, negative when not known; kind ("full" or "tail") and
-	// reason describe the partition's last restore on this instance (the
-	// labels of meterline_stream_restores_total), empty when none was
-	// planned yet.
+	// offset (docs/design.md, Exactly-once, 3); remaining is the number of
+	// changelog offsets left to replay, negative when not known; kind
+	// ("full" or "tail") and reason describe the partition's last restore
+	// on this instance (the labels of meterline_stream_restores_total),
+	// empty when none was planned yet.
 	EachPartitionStatus(fn func(p int32, restoring bool, remaining int64, kind, reason string))
 }
 

@@ -100,7 +100,8 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// TransactionalID is "<Group>-<InstanceID>" (DESIGN §1).
+// TransactionalID is "<Group>-<InstanceID>" (docs/design.md, Exactly-once,
+// "One Kafka session").
 func (c *Config) TransactionalID() string { return c.Group + "-" + c.InstanceID }
 
 // EndContext returns the context of a GroupTransactSession.End under ctx: it is not cancelled with ctx, because

@@ -5,26 +5,27 @@
 // commit's outcome is unknown. The connection itself (brokers, SASL, TLS)
 // is kafka.Config; the stage decides what its transactions carry.
 //
-// What a session guarantees, and where (DESIGN §6):
+// What a session guarantees, and where (docs/design.md, Exactly-once: "One
+// Kafka session", and the numbered items cited below):
 //
 //   - The transactions of the session commit the consumed offsets with
-//     whatever the stage produced in them, or neither (§6.2): kgo's
+//     whatever the stage produced in them, or neither (item 1): kgo's
 //     GroupTransactSession adds the polled offsets to the transaction, and
 //     a revoke marks an open transaction as failed, so it can only abort.
 //   - Input is read read_committed, from the group's committed offsets
 //     once they are stable (RequireStableFetchOffsets: no transaction of a
-//     previous owner still pending, §6.4), and never from an automatic
-//     offset reset (§6.6): the stage's Assigned hook sees every newly
+//     previous owner still pending, item 3), and never from an automatic
+//     offset reset (item 6): the stage's Assigned hook sees every newly
 //     assigned partition's committed offset and says where one without an
 //     offset starts.
 //   - The transactional ID is "<Group>-<InstanceID>", the same in every
 //     session of an instance and across restarts, so that a new session
 //     fences the old one's producer and aborts or completes its open
-//     transaction (§6.5, steps 1 and 2).
+//     transaction (item 5).
 //   - A session whose commit outcome is unknown ends with ErrRestart; Run
 //     then closes it and opens a new one after RestartBackoff, which
-//     rejoins the group (§6.5, step 3); the stage restores on the new
-//     assignment (step 4).
+//     rejoins the group (item 5); the stage restores on the new
+//     assignment (item 3).
 package session
 
 import (
@@ -104,7 +105,8 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 		kgo.RequireStableFetchOffsets(),
 		// No automatic reset: an out-of-range offset (retention deleted
 		// records the stage never read) is an error, never a silent jump
-		// (DESIGN §6.6). Assigned sets where a first start reads from.
+		// (docs/design.md, Exactly-once, 6). Assigned sets where a first
+		// start reads from.
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.SessionTimeout(c.SessionTimeout),
 		kgo.RebalanceTimeout(c.RebalanceTimeout),
@@ -168,8 +170,8 @@ func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error 
 // (an open transaction can only abort) and keeps rejoining; the next
 // assignment restores or resumes as usual. It is logged at warn level.
 // Any other error, such as an authorization failure or an offset out of
-// range, stops the stage: offsets are never reset automatically (DESIGN
-// §6.6).
+// range, stops the stage: offsets are never reset automatically
+// (docs/design.md, Exactly-once, 6).
 func FetchError(log *zap.Logger, fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {

@@ -30,13 +30,14 @@ import (
 //     gives the records to the warm structures and applies their local
 //     deletes (WarmExpirer): the warm structures never reflect a record the
 //     state does not hold;
-//   - the date (DESIGN §6.8) holds from a position: every tombstone at or
-//     past it is kept until at least the date + delete.retention.ms. A
-//     record read past that deadline may have lost a later tombstone to
-//     compaction, so neither a commit nor a new date may cover a record
-//     read after it: they fail with errBeyondHorizon, and the copy starts
-//     over in full (up to maxHorizonAttempts copies in a row). (The restore plan alone cannot tell: a state at the
-//     changelog's end is trusted however old its date, "current".)
+//   - the date (docs/design.md, Exactly-once, 4) holds from a position:
+//     every tombstone at or past it is kept until at least the date +
+//     delete.retention.ms. A record read past that deadline may have lost a
+//     later tombstone to compaction, so neither a commit nor a new date may
+//     cover a record read after it: they fail with errBeyondHorizon, and
+//     the copy starts over in full (up to maxHorizonAttempts copies in a
+//     row). (The restore plan alone cannot tell: a state at the changelog's
+//     end is trusted however old its date, "current".)
 //
 // It is used by one goroutine.
 type changelogCopy struct {
@@ -381,8 +382,9 @@ func (c *changelogCopy) close() {
 
 // copyStart is where a copy of a changelog partition starts, for a restore
 // or a standby tail alike: the changelog's bounds, its delete retention,
-// the plan (DESIGN §6.8) and, from it, the offset to read from and the date
-// the checkpoints carry until the copy reaches a listed end.
+// the plan (docs/design.md, Exactly-once, 4) and, from it, the offset to
+// read from and the date the checkpoints carry until the copy reaches a
+// listed end.
 type copyStart struct {
 	plan      restorePlan
 	end       int64 // the changelog's end offset, listed at now

@@ -128,7 +128,8 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	rt.m.settleWait.Observe(time.Since(start).Seconds())
 	// Every changelog record of this transaction, and so everything past
 	// the checkpoints apply writes, is appended after this instant: it
-	// dates those checkpoints (Checkpoint.At, DESIGN §6.8).
+	// dates those checkpoints (Checkpoint.At; docs/design.md, Exactly-once,
+	// 4).
 	at := rt.cfg.Clock.Now()
 	abort := rt.mustAbort
 	if !abort {
@@ -316,8 +317,8 @@ func (rt *Runtime) staleEpochs() []int32 {
 // failed, it aborted, or it committed although a record failed): it
 // counts the outcome, discards the transaction and returns what the run
 // loop does next: nil (re-consume from the committed offsets),
-// session.ErrRestart (rebuild the session, DESIGN §6.5) or an error that
-// stops the stage.
+// session.ErrRestart (rebuild the session; docs/design.md, Exactly-once, 5)
+// or an error that stops the stage.
 func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) error {
 	switch {
 	case err != nil:
@@ -337,7 +338,8 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 		if producerStateError(perr) {
 			// Fenced (a zombie whose group moved on) or the producer's
 			// transactional state is gone: rebuild the session with the
-			// same transactional ID, rejoin and restore (DESIGN §6).
+			// same transactional ID, rejoin and restore (docs/design.md,
+			// Exactly-once, 5).
 			rt.log.Warn("transaction aborted: the producer was fenced or lost its state; rebuilding the session", zap.Error(perr))
 			if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
 				rt.m.fenced.Inc() // a zombie's commit, refused

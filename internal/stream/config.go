@@ -38,7 +38,7 @@ type Config struct {
 	// and within one poll the co-partitioned topics' records come before
 	// InputTopic's. Each topic's next input offset is kept in the state and
 	// checked against the group's committed offset on every restore
-	// (DESIGN §6.6). Default: none.
+	// (docs/design.md, Exactly-once, 6). Default: none.
 	CopartitionedTopics []string
 	// ChangelogTopic holds every state change; it must have exactly as many
 	// partitions as InputTopic. Required.
@@ -61,14 +61,14 @@ type Config struct {
 	PunctuateInterval time.Duration
 
 	// StandbyReplicas is how many instances besides its owner keep each
-	// partition's state warm by tailing its changelog (DESIGN §10,
-	// standby.go); the group's leader assigns them. Default: 0
-	// (DefaultStandbyReplicas).
+	// partition's state warm by tailing its changelog (docs/operations.md,
+	// Standby replicas; standby.go); the group's leader assigns them.
+	// Default: 0 (DefaultStandbyReplicas).
 	StandbyReplicas int
 
 	// Clock drives the commit and punctuate timers and dates checkpoints
-	// for the restore horizon (DESIGN §6.8), never billing decisions.
-	// Default: the system clock.
+	// for the restore horizon (docs/design.md, Exactly-once, 4), never
+	// billing decisions. Default: the system clock.
 	Clock clock.Clock
 	// Logger is the structured logger. Default: no logging.
 	Logger *zap.Logger

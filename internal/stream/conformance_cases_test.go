@@ -16,9 +16,10 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// conformanceCases walk the crash windows of DESIGN §6 that the runtime
-// owns (the aggregator's and the sink's are theirs). Each ends with one
-// instance owning every partition and suite.verify counting.
+// conformanceCases walk the crash windows that the runtime owns
+// (docs/design.md, Exactly-once, "Crash windows"; the aggregator's and the
+// sink's are theirs). Each ends with one instance owning every partition
+// and suite.verify counting.
 var conformanceCases = []struct {
 	name string
 	// changelog holds the changelog topic's configs (nil: defaults).
@@ -441,11 +442,12 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 	}
 }
 
-// restoreHorizonCase: DESIGN §6.8. a counts bucket b0 of partition 0; the
-// partition moves to b, which resets b0 (a tombstone) and goes on; the
-// changelog is compacted and the tombstone, older than delete.retention.ms,
-// removed. a comes back: a replay of the tail from its checkpoint would
-// keep its stale b0, so it must restore in full, and count b0 from 1.
+// restoreHorizonCase: docs/design.md, Exactly-once, 4. a counts bucket b0
+// of partition 0; the partition moves to b, which resets b0 (a tombstone)
+// and goes on; the changelog is compacted and the tombstone, older than
+// delete.retention.ms, removed. a comes back: a replay of the tail from its
+// checkpoint would keep its stale b0, so it must restore in full, and count
+// b0 from 1.
 func restoreHorizonCase(t *testing.T, s *suite) {
 	fsA, fsB := vfs.NewMem(), vfs.NewMem()
 	a := s.start("a", fsA)

@@ -27,10 +27,11 @@ import (
 
 // The runtime's conformance suite: one processor that counts, one world
 // (an input, an output and a changelog topic on kfake, and a model of
-// every input sent), and the crash windows of DESIGN §6 that the runtime
-// owns, each a named case that drives instances through the window and
-// then checks that every input was counted exactly once — in the committed
-// outputs, in the changelog and in the local state of the last owner.
+// every input sent), and the crash windows that the runtime owns
+// (docs/design.md, Exactly-once, "Crash windows"), each a named case that
+// drives instances through the window and then checks that every input was
+// counted exactly once — in the committed outputs, in the changelog and in
+// the local state of the last owner.
 //
 // The Processor contract it relies on (txn.go): Process sees each input
 // record in exactly one committed transaction; state written through Tx is

@@ -54,10 +54,10 @@ func (e *CopartitionError) Unwrap() error { return ErrNotCopartitioned }
 // CopartitionBalancer returns a group balancer that assigns co-partitioned
 // topics by partition number: each member gets a set of numbers and, for
 // each number p, partition p of every topic, so that one member reads the
-// same keys from all of them (DESIGN §12: partition p of usage.deduped and
-// of usage.entitlements in the same transactions). kgo's range, round-robin
-// and sticky balancers place each topic's partitions independently and do
-// not guarantee this.
+// same keys from all of them (docs/design.md, Exactly-once, "Co-partitioned
+// inputs": partition p of usage.deduped and of usage.entitlements in the
+// same transactions). kgo's range, round-robin and sticky balancers place
+// each topic's partitions independently and do not guarantee this.
 //
 // topics is the co-partitioned set. Every member must subscribe to exactly
 // these topics, and all of them must have the same partition count; if not,

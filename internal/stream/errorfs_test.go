@@ -9,8 +9,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 )
 
-// A failing apply, with Pebble's vfs/errorfs (DESIGN §6.1: Pebble is a
-// cache of the changelog, never the authority).
+// A failing apply, with Pebble's vfs/errorfs (docs/design.md, Exactly-once,
+// 2: Pebble is a cache of the changelog, never the authority).
 //
 // What Pebble does when the disk fails under the runtime's apply: the
 // runtime commits its batches without fsync (store.go), and such a commit

@@ -17,7 +17,7 @@ import (
 	"github.com/meterline/meterline/internal/topics"
 )
 
-// The restore horizon (DESIGN §6.8).
+// The restore horizon (docs/design.md, Exactly-once, 4).
 //
 // Compaction removes a tombstone once it is older than the changelog's
 // delete.retention.ms: Kafka dates a tombstone when the cleaner first cleans
@@ -197,7 +197,8 @@ func (p restorePlan) Kind() string {
 	return "tail"
 }
 
-// planRestore decides between a tail and a full restore (DESIGN §6.8).
+// planRestore decides between a tail and a full restore (docs/design.md,
+// Exactly-once, 4).
 func planRestore(in restoreInput) restorePlan {
 	rate := in.Rate
 	if !(rate > 0) || math.IsInf(rate, 0) {

@@ -370,12 +370,13 @@ func expectRestores(t *testing.T, who string, reg *prometheus.Registry, want map
 	}
 }
 
-// TestStaleStateRestoredInFull is DESIGN §6.8 on kfake, with the changelog
-// really compacted: instance a keeps k, the partition moves to b, which
-// deletes k; compaction then removes the tombstone (delete.retention.ms
-// 1 s) and the partition returns to a. A replay of the tail from a's
-// checkpoint would keep its stale k; a is past the horizon, so it wipes its
-// state and replays the changelog from the start.
+// TestStaleStateRestoredInFull is the stale-state rule (docs/design.md,
+// Exactly-once, 4) on kfake, with the changelog really compacted: instance
+// a keeps k, the partition moves to b, which deletes k; compaction then
+// removes the tombstone (delete.retention.ms 1 s) and the partition returns
+// to a. A replay of the tail from a's checkpoint would keep its stale k; a
+// is past the horizon, so it wipes its state and replays the changelog from
+// the start.
 func TestStaleStateRestoredInFull(t *testing.T) {
 	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("1000")})
 	fsA, fsB := vfs.NewMem(), vfs.NewMem()

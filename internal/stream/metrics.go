@@ -23,7 +23,7 @@ type metrics struct {
 	restoring      *prometheus.GaugeVec
 	restoreRecords prometheus.Counter
 	restoreSeconds prometheus.Observer
-	// Restore horizon (DESIGN §6.8, horizon.go).
+	// Restore horizon (docs/design.md, Exactly-once, 4; horizon.go).
 	restores               *prometheus.CounterVec
 	restoreHorizonExceeded prometheus.Counter
 	horizonAttempts        *prometheus.GaugeVec

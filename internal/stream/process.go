@@ -22,8 +22,8 @@ import (
 // the transaction for an abort, which rewinds them.
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	// A lost group or coordinator is a rejoin, not a stop: the next
-	// assignment restores as usual (DESIGN §6, "zombie instance after a
-	// rebalance"; session.FetchError).
+	// assignment restores as usual (docs/design.md, Exactly-once, "Crash
+	// windows": "zombie after a rebalance"; session.FetchError).
 	if err := session.FetchError(rt.log, fs); err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}

@@ -27,7 +27,7 @@ type Partition interface {
 	// partition's offsets too, unchanged when it consumed none of its
 	// input (the offset its reading starts from, for a topic the group has
 	// none of yet), so that the group generation fences a zombie's
-	// punctuation as it fences its input (DESIGN §3).
+	// punctuation as it fences its input (docs/design.md, Time).
 	Punctuate(tx *Tx) error
 	// Close releases the partition when it is revoked or the stage stops.
 	Close()
@@ -48,11 +48,11 @@ type Aborter interface {
 }
 
 // Committer is implemented by a Partition that counts what a transaction
-// did only once it is committed (DESIGN §9: a record re-processed after an
-// abort is counted once): Committed runs after a transaction it took part
-// in committed, before the next one begins. A transaction that aborts, or
-// whose outcome is unknown, calls Abort instead (what it did is then not
-// counted, even if it did commit).
+// did only once it is committed (docs/operations.md, Health, metrics and
+// logs: a record re-processed after an abort is counted once): Committed
+// runs after a transaction it took part in committed, before the next one
+// begins. A transaction that aborts, or whose outcome is unknown, calls
+// Abort instead (what it did is then not counted, even if it did commit).
 type Committer interface {
 	Committed()
 }
@@ -84,9 +84,9 @@ func (ps *PartitionState) Scan(lower, upper []byte, fn func(k, v []byte) error) 
 }
 
 // Worker is implemented by a Partition that has work of its own, work that
-// scales with its state rather than with its input (DESIGN §6 invariant 9:
-// the FINAL revisions of a period, emitted in chunks). It proceeds without
-// waiting for input:
+// scales with its state rather than with its input (docs/design.md,
+// Exactly-once, 7: the FINAL revisions of a period, emitted in chunks). It
+// proceeds without waiting for input:
 //
 //   - while any partition reports work, the run loop polls without waiting;
 //   - after the input of each poll is handled, one partition with work (in
@@ -98,9 +98,9 @@ func (ps *PartitionState) Scan(lower, upper []byte, fn func(k, v []byte) error) 
 // unchanged when it consumed no input of that partition (the offset its
 // reading starts from, for a topic the group has none of yet), so that
 // the group generation fences a zombie's chunk as it fences its input
-// (DESIGN §3: every transaction consumes offsets). A partition whose
-// input the group had no committed offset of gets its first Work once a
-// transaction of it committed one (Runtime.nextWorker).
+// (docs/design.md, Time: every transaction consumes offsets). A partition
+// whose input the group had no committed offset of gets its first Work once
+// a transaction of it committed one (Runtime.nextWorker).
 type Worker interface {
 	// HasWork reports whether Work has something to do. The run loop
 	// calls it after every poll: it must be cheap.

@@ -11,7 +11,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// Idle owned partitions keep their checkpoints dated (DESIGN §6.8).
+// Idle owned partitions keep their checkpoints dated (docs/design.md,
+// Exactly-once, 4).
 //
 // An owned partition's checkpoint is dated when a transaction that wrote
 // its changelog is applied (apply). A partition without input writes

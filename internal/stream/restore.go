@@ -118,9 +118,9 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 		break
 	}
 
-	// DESIGN §6.6: the state's input offset of each input topic and the
-	// group's committed offset must agree; otherwise re-processing would
-	// re-count.
+	// docs/design.md, Exactly-once, 6: the state's input offset of each
+	// input topic and the group's committed offset must agree; otherwise
+	// re-processing would re-count.
 	for _, topic := range rt.cfg.inputs() {
 		if err := rt.checkInputOffset(p, topic, committed[topic]); err != nil {
 			return nil, nil, replayed, err
@@ -164,11 +164,12 @@ func (rt *Runtime) startOffsets(ctx context.Context, cl *kgo.Client, p int32, to
 }
 
 // restoreState plans partition p's copy of the changelog and replays it
-// into the store (DESIGN §6.8). It returns the records replayed and the
-// warm structures, which are warm's if the replay was only the tail past
-// warm's state (nil otherwise). A replay that outlasts the horizon of its
-// checkpoint's date fails with errBeyondHorizon; a full restore expected
-// not to fit the horizon is refused with ErrRestoreHorizon.
+// into the store (docs/design.md, Exactly-once, 4). It returns the records
+// replayed and the warm structures, which are warm's if the replay was only
+// the tail past warm's state (nil otherwise). A replay that outlasts the
+// horizon of its checkpoint's date fails with errBeyondHorizon; a full
+// restore expected not to fit the horizon is refused with
+// ErrRestoreHorizon.
 func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, warm WarmState) (int64, WarmState, error) {
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
@@ -184,8 +185,9 @@ func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Lo
 	if err != nil {
 		return 0, nil, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
 	}
-	// DESIGN §6.8: a tail replay only while every tombstone past the
-	// checkpoint is certain to be still in the changelog.
+	// docs/design.md, Exactly-once, 4: a tail replay only while every
+	// tombstone past the checkpoint is certain to be still in the
+	// changelog.
 	cs, err := rt.planCopy(ctx, cl, log, p, "restore", cp, has)
 	if err != nil {
 		return 0, nil, err

@@ -1,7 +1,7 @@
 // Package stream is the exactly-once runtime shared by Meterline's stateful
 // stages (dedup, aggregator): consume → update state → produce, with the
 // outputs, the changelog of every state change and the consumed offsets in
-// one Kafka transaction (DESIGN §6).
+// one Kafka transaction (docs/design.md, Exactly-once, 1).
 //
 // Invariants, and where they are kept:
 //
@@ -40,7 +40,7 @@
 // are in the client's metadata before it ends), restore.go, redate.go
 // (the checkpoints of idle owned partitions keep a date), work.go,
 // copartition.go (the group balancer), standby.go and standby_balance.go
-// (standby replicas, DESIGN §10).
+// (docs/operations.md, Standby replicas).
 package stream
 
 import (
@@ -96,7 +96,7 @@ func decodeOffset(b []byte) (int64, error) {
 
 // ErrOffsetMismatch is returned (wrapped) when a partition's restored state
 // and the group's committed offset disagree: re-processing would re-count,
-// so the stage stops instead (DESIGN §6.6).
+// so the stage stops instead (docs/design.md, Exactly-once, 6).
 var ErrOffsetMismatch = errors.New("state and committed offset disagree")
 
 // CrashAt makes this instance crash in-process the next time it reaches
@@ -143,7 +143,8 @@ type Runtime struct {
 	// restores tracks restore goroutines: the store is closed only after
 	// all of them returned.
 	restores sync.WaitGroup
-	// horizon plans restores against delete.retention.ms (DESIGN §6.8).
+	// horizon plans restores against delete.retention.ms (docs/design.md,
+	// Exactly-once, 4).
 	horizon restoreHorizon
 	// sb runs the standby tails (standby.go).
 	sb *standbys

@@ -96,10 +96,11 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	ready := make(chan struct{})
 	inputs := rt.cfg.inputs()
 	// One balancer for every stage: partition p of each input topic goes
-	// to one member (DESIGN §12), and partitions follow warm copies
-	// (standby.go, DESIGN §10); eager, so a group that ran kgo's
-	// cooperative-sticky balancer before needs every member stopped first,
-	// or a new group name.
+	// to one member (docs/design.md, Exactly-once, "Co-partitioned
+	// inputs"), and partitions follow warm copies (standby.go;
+	// docs/operations.md, Standby replicas); eager, so a group that ran
+	// kgo's cooperative-sticky balancer before needs every member stopped
+	// first, or a new group name.
 	opts := append(sessionOptions(), kgo.Balancers(rt.Balancer(inputs...)))
 	if len(rt.cfg.CopartitionedTopics) > 0 {
 		opts = append(opts, kgo.ConsumePreferringLagFn(copartitionedFirst(rt.cfg.CopartitionedTopics)))
@@ -136,7 +137,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	// fences a previous incarnation of this instance and aborts (or
 	// completes) its open transaction, which a restore of our own
 	// partitions would otherwise wait on until the transaction timeout
-	// (DESIGN §6.5).
+	// (docs/design.md, Exactly-once, 5).
 	ictx, cancel := context.WithTimeout(ctx, rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
 	_, _, perr := sess.Client().ProducerID(ictx)
 	cancel()
@@ -357,11 +358,11 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 				continue
 			}
 			// The group has none. A first start reads from the earliest
-			// offset (DESIGN §6.6). kgo passes the reset offset here,
-			// and NoResetOffset means the end of the partition, which
-			// would skip existing input. The restore lists that offset
-			// too, and the partition's first transaction commits it
-			// (fenceFirst in work.go).
+			// offset (docs/design.md, Exactly-once, 6). kgo passes the
+			// reset offset here, and NoResetOffset means the end of the
+			// partition, which would skip existing input. The restore lists
+			// that offset too, and the partition's first transaction
+			// commits it (fenceFirst in work.go).
 			offsets[t][p] = kgo.NoResetOffset().AtStart()
 			fromStart = append(fromStart, t)
 		}

@@ -18,7 +18,7 @@ import (
 	"github.com/meterline/meterline/internal/prom"
 )
 
-// Standby replicas (DESIGN §10).
+// Standby replicas (docs/operations.md, Standby replicas).
 //
 // With Config.StandbyReplicas = N, the group's leader (CopartitionStandbyBalancer)
 // gives each partition number N standby members besides its owner. A
@@ -26,8 +26,8 @@ import (
 // store, as a restore does, and moves the partition's checkpoint with every
 // batch: its copy is warm state like any other. When it becomes the owner,
 // the restore stops the tail and replays only what lies past the
-// checkpoint, after the same horizon test (DESIGN §6.8) as any warm state,
-// so failover does not wait for a full restore.
+// checkpoint, after the same horizon test (docs/design.md, Exactly-once, 4)
+// as any warm state, so failover does not wait for a full restore.
 //
 // Checkpoint dates. A tail keeps the date of the checkpoint it started from
 // (or, when it started over from the log start, the time it did). Every
@@ -674,10 +674,10 @@ func (rt *Runtime) revokeUnowned(owned []int32) {
 	rt.onRevoked(context.Background(), nil, map[string][]int32{rt.cfg.InputTopic: gone})
 }
 
-// begin plans partition p's tail as a restore plans (planCopy, DESIGN
-// §6.8: from the checkpoint while within the horizon, otherwise from the
-// log start on wiped state) and builds the processor's warm structures
-// from the state (nil when it keeps none).
+// begin plans partition p's tail as a restore plans (planCopy;
+// docs/design.md, Exactly-once, 4: from the checkpoint while within the
+// horizon, otherwise from the log start on wiped state) and builds the
+// processor's warm structures from the state (nil when it keeps none).
 func (sb *standbys) begin(ctx context.Context, p int32, cl *kgo.Client, log *zap.Logger) (copyStart, WarmState, error) {
 	rt := sb.rt
 	cp, has, err := rt.store.Checkpoint(p)

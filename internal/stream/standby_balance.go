@@ -9,7 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// The balancer's side of standby replicas (DESIGN §10).
+// The balancer's side of standby replicas (docs/operations.md, Standby
+// replicas).
 //
 // A member advertises its warm copies in its join metadata: after the
 // sticky userdata (kmsg.StickyMemberMetadata, always with its generation,

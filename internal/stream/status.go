@@ -27,11 +27,11 @@ func (rt *Runtime) Fatal() error { return rt.takeFatal() }
 // EachPartitionStatus calls fn for every input partition assigned to this
 // instance, in partition order. A partition is restoring from its
 // assignment until its state is rebuilt and checked against the committed
-// offset (DESIGN §6.4), processing after. remaining is the number of
-// changelog offsets its restore has left to replay, negative when not known
-// (before the replay has read the changelog's end, and once it reached it);
-// kind and reason are its last restore's plan (horizon.go), empty before
-// the first. fn runs after the runtime's locks are released.
+// offset (docs/design.md, Exactly-once, 3), processing after. remaining is
+// the number of changelog offsets its restore has left to replay, negative
+// when not known (before the replay has read the changelog's end, and once
+// it reached it); kind and reason are its last restore's plan (horizon.go),
+// empty before the first. fn runs after the runtime's locks are released.
 func (rt *Runtime) EachPartitionStatus(fn func(p int32, restoring bool, remaining int64, kind, reason string)) {
 	type partStatus struct {
 		p            int32

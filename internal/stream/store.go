@@ -21,9 +21,9 @@ import (
 // memtables for the instance.
 //
 // The store is a cache of the changelog topic, never the authority
-// (DESIGN §6). Each partition carries a checkpoint: the changelog offset its
-// state reflects. Writes are not fsynced: a lost tail is replayed from the
-// changelog, and a batch is atomic either way.
+// (docs/design.md, Exactly-once, 2). Each partition carries a checkpoint:
+// the changelog offset its state reflects. Writes are not fsynced: a lost
+// tail is replayed from the changelog, and a batch is atomic either way.
 //
 // Key layout:
 //
@@ -148,7 +148,7 @@ func (s *Store) Scan(p int32, lower, upper []byte, fn func(k, v []byte) error) e
 }
 
 // Checkpoint is where a partition's state stands in its changelog, and
-// since when (DESIGN §6.8).
+// since when (docs/design.md, Exactly-once, 4).
 type Checkpoint struct {
 	// Offset is the next changelog offset to replay: the state reflects
 	// every changelog record below it.

@@ -37,8 +37,8 @@ type overlay struct {
 	// in and out count the records this transaction consumed and emitted
 	// for the partition, by topic: added to records_in and records_out
 	// when it commits (Runtime.committed), dropped with the overlay when
-	// it does not (DESIGN §9: input consumed again after an abort is
-	// counted once).
+	// it does not (docs/operations.md, Health, metrics and logs: input
+	// consumed again after an abort is counted once).
 	in, out topicCounts
 }
 

@@ -144,18 +144,18 @@ func (rt *Runtime) fenceFirst() {
 // consumed input of, the one committed before for any other. So the group
 // generation fences every transaction of a zombie, one that only
 // punctuated an idle partition (dedup's ticks and metadata) or did a chunk
-// of work included, as it fences one that consumed input (DESIGN §3, §6):
-// a transaction without an offset is not checked against the group, and a
-// member that has not heard yet that the group moved on would commit state
-// and outputs of a partition another member owns now. A partition
-// punctuated without an effect needs no fence (the aggregator punctuates
-// every partition, and most of its punctuations do nothing). A topic the
-// group had no committed offset of when the partition was assigned has
-// one from the partition's first transaction on: that transaction commits
-// the offset the partition's reading starts from (fenceFirst), and later
-// ones fence with it (activePart.start: kgo's committed offsets do not
-// show an offset it did not consume). The offsets are read here, not in
-// the hook, which runs under kgo's transaction lock.
+// of work included, as it fences one that consumed input (docs/design.md,
+// Exactly-once, 7): a transaction without an offset is not checked against
+// the group, and a member that has not heard yet that the group moved on
+// would commit state and outputs of a partition another member owns now. A
+// partition punctuated without an effect needs no fence (the aggregator
+// punctuates every partition, and most of its punctuations do nothing). A
+// topic the group had no committed offset of when the partition was
+// assigned has one from the partition's first transaction on: that
+// transaction commits the offset the partition's reading starts from
+// (fenceFirst), and later ones fence with it (activePart.start: kgo's
+// committed offsets do not show an offset it did not consume). The offsets
+// are read here, not in the hook, which runs under kgo's transaction lock.
 //
 // kgo's request carries a partition of a topic only where the
 // transaction consumed records of it: kgo also puts in its own position

@@ -13,15 +13,16 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// TestZombiePunctuationFenced: "zombie instance after a rebalance" (DESIGN
-// §6) for a transaction that consumed no input, only a punctuation's state
-// writes and outputs (dedup's ticks and metadata, the shape of seqProc).
-// DESIGN §3: the group generation fences a zombie even on an idle
-// partition. a stalls in a punctuation of partition 0 and its heartbeats
-// stop, as a paused process's would; the group moves on to b, which
-// restores and punctuates. When a's punctuation returns, its transaction
-// must not commit (b took the same sequence numbers, from the changelog),
-// however late a hears of the rebalance.
+// TestZombiePunctuationFenced: "zombie after a rebalance"
+// (docs/design.md, Exactly-once, "Crash windows") for a transaction that
+// consumed no input, only a punctuation's state writes and outputs
+// (dedup's ticks and metadata, the shape of seqProc). docs/design.md, Exactly-once, 7: the
+// group generation fences a zombie even on an idle partition. a stalls in a
+// punctuation of partition 0 and its heartbeats stop, as a paused process's
+// would; the group moves on to b, which restores and punctuates. When a's
+// punctuation returns, its transaction must not commit (b took the same
+// sequence numbers, from the changelog), however late a hears of the
+// rebalance.
 func TestZombiePunctuationFenced(t *testing.T) {
 	t.Parallel()
 	s, proc, a, fsA := startSeq(t)
@@ -133,12 +134,12 @@ func (s *suite) answerHeartbeats(member string, wake <-chan struct{}) (woken fun
 
 // TestFirstTransactionCommitsStartOffset: a partition of an input topic
 // the group has no committed offset of is read from the partition's start
-// (DESIGN §6.6), and the first transaction that writes for the partition
-// (punctuations here, no input) commits that start offset for every input
-// topic, with the state's offset: the start listed when the partition was
-// assigned, not 0, where retention (DeleteRecords here) moved it. A
-// restart then checks the state's offsets against the group's and reads
-// on from there.
+// (docs/design.md, Exactly-once, 6), and the first transaction that writes
+// for the partition (punctuations here, no input) commits that start offset
+// for every input topic, with the state's offset: the start listed when the
+// partition was assigned, not 0, where retention (DeleteRecords here) moved
+// it. A restart then checks the state's offsets against the group's and
+// reads on from there.
 func TestFirstTransactionCommitsStartOffset(t *testing.T) {
 	t.Parallel()
 	firstTransactionCommitsStartOffset(t, nil)

@@ -175,10 +175,11 @@ func readRange(brokers []string, topic string, from map[int32]int64) ([]*kgo.Rec
 	return topics.ReadCommitted(ctx, brokers, topic, from)
 }
 
-// CaughtUp reports whether the group has processed the topic (DESIGN
-// §6.7): a read_committed read from the group's committed offsets returns no
-// data records. Committed offsets are not compared with high watermarks:
-// transaction markers sit after the last record.
+// CaughtUp reports whether the group has processed the topic
+// (docs/operations.md, Lag): a read_committed read from the group's
+// committed offsets returns no data records. Committed offsets are not
+// compared with high watermarks: transaction markers sit after the last
+// record.
 func CaughtUp(brokers []string, group, topic string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -31,11 +31,11 @@ type TopicsOpts struct {
 	EventsTimestamp string
 }
 
-// Topics creates every topic of DESIGN §4 (topics.Specs of the layout that
-// o describes) under a prefix unique to the test, "<Name(t, base)>.", and
-// returns their names. The topics, and every consumer group whose name
-// starts with the prefix (name the test's groups Prefix + "dedup", …), are
-// deleted when the test ends.
+// Topics creates every topic of docs/design.md, Topics (topics.Specs of the
+// layout that o describes) under a prefix unique to the test, "<Name(t,
+// base)>.", and returns their names. The topics, and every consumer group
+// whose name starts with the prefix (name the test's groups Prefix +
+// "dedup", …), are deleted when the test ends.
 //
 // Test topics keep every record: retention.ms is -1 on every topic whose
 // cleanup policy deletes (see CreateTopic: test records often carry

@@ -11,10 +11,11 @@ import (
 	"github.com/meterline/meterline/internal/topics"
 )
 
-// TestTopics: every topic of DESIGN §4 under the test's own prefix, with
-// the partitions asked for (usage.events and its changelog with Sources),
-// the production cleanup policies, every record kept; the topics and the
-// groups under the prefix deleted when the test ends, other groups left.
+// TestTopics: every topic of docs/design.md, Topics, under the test's own
+// prefix, with the partitions asked for (usage.events and its changelog
+// with Sources), the production cleanup policies, every record kept; the
+// topics and the groups under the prefix deleted when the test ends, other
+// groups left.
 func TestTopics(t *testing.T) {
 	_, brokers := KFake(t)
 	adm := Admin(t, brokers)

@@ -15,7 +15,7 @@ import (
 
 // LogAppendTime is the message.timestamp.type of a topic whose record
 // timestamps are arrival times: the broker stamps each record when it
-// accepts it (DESIGN §3).
+// accepts it (docs/design.md, Time).
 const LogAppendTime = "LogAppendTime"
 
 // TimestampTypeError is returned by CheckArrivalTimestamps when a topic

@@ -1,6 +1,6 @@
-// Package topics knows the topics of DESIGN §4: their names, partitions
-// and configs. It creates them and reports drift between what a cluster has
-// and what Meterline needs.
+// Package topics knows the topics of docs/design.md, Topics: their names,
+// partitions and configs. It creates them and reports drift between what a
+// cluster has and what Meterline needs.
 package topics
 
 import (
@@ -36,11 +36,11 @@ type Names struct {
 	Keys               string `help:"API keys and tenants of the HTTP ingest (compacted)." default:"meterline.keys"`
 }
 
-// DefaultNames returns the default names of DESIGN §4. The deduped topic
-// and the two changelogs carry ".v2"/"-v2": usage.deduped is keyed by
-// customer (DESIGN §12), a key scheme that starts on new topics rather
-// than mix with the records and state of the earlier one (customer and
-// meter), which the stages refuse (schemas.ErrKeyScheme).
+// DefaultNames returns the default names (docs/design.md, Topics). The
+// deduped topic and the two changelogs carry ".v2"/"-v2": usage.deduped is
+// keyed by customer (docs/design.md, Topics), a key scheme that starts on
+// new topics rather than mix with the records and state of the earlier one
+// (customer and meter), which the stages refuse (schemas.ErrKeyScheme).
 func DefaultNames() Names {
 	return Names{Events: "usage.events", Deduped: "usage.deduped.v2", Duplicates: "usage.duplicates",
 		Rejected: "usage.rejected", Aggregates: "usage.aggregates", Adjustments: "usage.adjustments",
@@ -88,11 +88,12 @@ func DefaultLayout() Layout {
 		Bucket: 24 * time.Hour, RetentionMargin: 7 * 24 * time.Hour, EventsTimestamp: "LogAppendTime"}
 }
 
-// DefaultReplication returns the replication of DESIGN §10 for a cluster of
-// the given number of brokers: a replication factor of 3 and
-// min.insync.replicas 2 from three brokers on (a write acknowledged with
-// acks=all survives the loss of any one broker, and writes go on without
-// it); on fewer, one replica per broker and min.insync.replicas 1.
+// DefaultReplication returns the replication (docs/operations.md,
+// Replication) for a cluster of the given number of brokers: a replication
+// factor of 3 and min.insync.replicas 2 from three brokers on (a write
+// acknowledged with acks=all survives the loss of any one broker, and
+// writes go on without it); on fewer, one replica per broker and
+// min.insync.replicas 1.
 func DefaultReplication(brokers int) (rf, minInsync int16) {
 	rf = int16(max(1, min(brokers, 3)))
 	return rf, DefaultMinInsync(rf)
@@ -169,9 +170,9 @@ type Spec struct {
 	ReplicationFactor int16
 }
 
-// Specs returns every topic of DESIGN §4 in a stable order. A layout's
-// replication factor and min.insync.replicas > 0 go into every spec
-// (Resolve decides them for a cluster); ≤ 0 leaves them to Create.
+// Specs returns every topic (docs/design.md, Topics) in a stable order. A
+// layout's replication factor and min.insync.replicas > 0 go into every
+// spec (Resolve decides them for a cluster); ≤ 0 leaves them to Create.
 func Specs(n Names, l Layout) (specs []Spec) {
 	ret := l.Window + l.RetentionMargin
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
@@ -222,10 +223,10 @@ func Specs(n Names, l Layout) (specs []Spec) {
 		{Name: n.AggregateChangelogTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(),
 			Configs: map[string]string{"cleanup.policy": "compact"}},
 		// Entitlements are read by the aggregator in the transactions of
-		// the deduped partition of the same number (DESIGN §12), and
-		// their timestamps are arrivals. A stage that lags must still
-		// read every record: compaction keeps each record, tombstones
-		// included, for W plus the margin.
+		// the deduped partition of the same number (docs/entitlements.md,
+		// Topics), and their timestamps are arrivals. A stage that lags
+		// must still read every record: compaction keeps each record,
+		// tombstones included, for W plus the margin.
 		{Name: n.EntitlementsTopic(), Partitions: l.Partitions, PartitionsOf: n.DedupedTopic(), CoPartitioned: true,
 			Configs: map[string]string{"cleanup.policy": "compact", "message.timestamp.type": l.EventsTimestamp,
 				"min.compaction.lag.ms": ms(ret), "delete.retention.ms": ms(ret)}},
@@ -592,9 +593,9 @@ var internalTopics = []string{"__consumer_offsets", "__transaction_state"}
 // CheckInternal reports Kafka's internal topics (group offsets, transaction
 // state) with fewer than rf replicas, or with under-replicated or leaderless
 // partitions: losing one broker must not lose a group coordinator or a
-// transaction coordinator (DESIGN §10). A topic the brokers have not created
-// yet (it appears with the first group or transactional producer) is
-// skipped.
+// transaction coordinator (docs/operations.md, Replication). A topic the
+// brokers have not created yet (it appears with the first group or
+// transactional producer) is skipped.
 //
 // A principal that may not describe them (the operator of
 // docs/operations.md holds no ACL on Kafka's internal topics) gets

@@ -1,6 +1,6 @@
 // Package clickhouse holds Meterline's ClickHouse DDL as numbered
-// migrations (DESIGN §5): files NNN_name.sql in this directory, embedded in
-// the binary. sink.Migrate applies them.
+// migrations (docs/design.md, The ClickHouse ledger): files NNN_name.sql in
+// this directory, embedded in the binary. sink.Migrate applies them.
 //
 // A migration is one or more statements, each ended by a semicolon at the
 // end of a line. Lines starting with "--" are comments. Every statement

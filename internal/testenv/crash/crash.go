@@ -1,9 +1,9 @@
-// Package crash is the scaffolding of the real-binary crash suites (DESIGN
-// §6, "Crash windows"; STYLE: "crash tests kill the stage at a named point,
-// restart it, and count the money"): it runs the real meterline binary as
-// child processes with a fault point armed (METERLINE_FAULT), kills and
-// restarts them, and waits for their consumer group to catch up, so that
-// the suite can count the outputs.
+// Package crash is the scaffolding of the real-binary crash suites
+// (docs/design.md, Exactly-once, "Crash windows"; docs/testing.md, Crash
+// tests): it runs the real meterline binary as child processes with a fault
+// point armed (METERLINE_FAULT), kills and restarts them, and waits for
+// their consumer group to catch up, so that the suite can count the
+// outputs.
 //
 // A Suite is one test's world on the real broker named by
 // METERLINE_TEST_KAFKA: its own topics (testenv.Topics), groups, state and
@@ -102,9 +102,9 @@ func (c *Children) Procs() []*testenv.Process {
 }
 
 // Suite is one crash test's world: topics under a prefix of its own (every
-// topic of DESIGN §4, Partitions each, usage.events with LogAppendTime),
-// groups named Prefix + stage, a state directory and the children. The
-// topics and groups are deleted when the test ends.
+// topic of docs/design.md, Topics, with Partitions each, usage.events with
+// LogAppendTime), groups named Prefix + stage, a state directory and the
+// children. The topics and groups are deleted when the test ends.
 type Suite struct {
 	*Children
 	T       *testing.T
@@ -222,7 +222,8 @@ func (s *Suite) WaitCaughtUp(group, topic string, live ...*testenv.Process) {
 }
 
 // CaughtUp reports whether a read_committed read of topic from the group's
-// committed offsets returns no records (DESIGN §6.7) other than ticks.
+// committed offsets returns no records (docs/operations.md, Lag) other than
+// ticks.
 //
 // Each dedup instance appends a tick to each partition of usage.events it
 // owns every tick interval, and the broker answers a read_committed fetch

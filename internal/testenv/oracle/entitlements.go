@@ -17,24 +17,23 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Entitlements (DESIGN §12) in the model: which events the aggregator
-// accepts, decided by the entitlements package's reference model
-// (entitlements/entref), which shares no code with the Ledger. The bill is
-// then the bill of the accepted events; each rejected one is in
-// usage.rejected once, with its reason and stage aggregator.
+// Entitlements (docs/entitlements.md, The aggregator) in the model: which
+// events the aggregator accepts, decided by the entitlements package's
+// reference model (entitlements/entref), which shares no code with the
+// Ledger. The bill is then the bill of the accepted events; each rejected
+// one is in usage.rejected once, with its reason and stage aggregator.
 
 // EntRecord is a record a test wrote to partition Partition of
 // usage.entitlements, or one the aggregator wrote there (FromTopic). A
-// customer's record on another partition than its customer's (a client
-// with another partitioner, DESIGN §12) changes nothing there but the
-// partition's broker time: the aggregator re-produces it to the
+// customer's record on another partition than its customer's (a client with
+// another partitioner; docs/entitlements.md, Topics) changes nothing there
+// but the partition's broker time: the aggregator re-produces it to the
 // customer's partition, where the copy applies by its own broker time and
 // place in that partition, unless the customer's record in effect there
 // reached the topic after its original (FromTopic has the rules). A tick
 // (Key schemas.TickKey) changes nothing either: only its broker time
 // counts, for the records read after it. A test need not list its ticks,
-// nor the copies and restated records: FromTopic reads them from the
-// topic.
+// nor the copies and restated records: FromTopic reads them from the topic.
 type EntRecord struct {
 	Partition int32
 	entref.Record

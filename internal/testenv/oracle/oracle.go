@@ -1,13 +1,14 @@
-// Package oracle is the reference model of the bill (DESIGN §3) that the
-// aggregator's tests check its outputs against: per customer, meter, group
-// and period, the value of the on-time events (the FINAL revision), one
-// adjustment per late event with the change it makes to the period's value,
-// and FINAL + Σ deltas equal to the value over every event of the period.
+// Package oracle is the reference model of the bill (docs/design.md, Time)
+// that the aggregator's tests check its outputs against: per customer,
+// meter, group and period, the value of the on-time events (the FINAL
+// revision), one adjustment per late event with the change it makes to the
+// period's value, and FINAL + Σ deltas equal to the value over every event
+// of the period.
 //
-// It calls no aggregator code: it is written from DESIGN §3 alone, so that a
-// bug in the aggregator cannot hide by being copied into the model. Only
-// tests import it (the in-process property test in aggregator and the
-// real-binary crash suite in internal/aggcrashtest).
+// It calls no aggregator code: it is written from docs/design.md, Time,
+// alone, so that a bug in the aggregator cannot hide by being copied into
+// the model. Only tests import it (the in-process property test in
+// aggregator and the real-binary crash suite in internal/aggcrashtest).
 package oracle
 
 import (
@@ -74,7 +75,7 @@ type Event struct {
 	// Watermark is the aggregator partition's watermark when the event is
 	// processed, where the test knows it (0 otherwise). An event processed
 	// when its period is already final is an adjustment even if it arrived
-	// on time (DESIGN §3).
+	// on time (docs/design.md, Time).
 	Watermark int64
 }
 
@@ -90,7 +91,8 @@ type Key struct {
 // grace.
 type Model struct {
 	// Meters are the declared meters; an event of an undeclared meter
-	// counts as a SUM without groups (DESIGN §3, non-strict).
+	// counts as a SUM without groups (docs/design.md, Meters and
+	// aggregations: without --strict-meters).
 	Meters Meters
 	Period Period
 	Grace  int64 // ms
@@ -227,7 +229,7 @@ type Outputs struct {
 // has keys with an on-time event, and as many adjustments as it has late
 // events: the count a test waits for before it checks (FINAL revisions,
 // and the adjustments queued behind them, go out in chunks without input,
-// after the group caught up; DESIGN §6 invariant 9).
+// after the group caught up; docs/design.md, Exactly-once, 7).
 func (b *Bill) Complete(out Outputs) bool {
 	finals := 0
 	for _, a := range out.Aggregates {
