@@ -299,6 +299,9 @@ func newTables(n topics.Names) []*table {
 				mcol("ingest_time_ms", func(e *ev) int64 { return e.IngestTime }),
 				mcol("source_partition", func(e *ev) int32 { return e.SourcePartition }),
 				mcol("source_offset", func(e *ev) int64 { return e.SourceOffset }),
+				// The end of the sort key (013_ledger_copy_keys.sql): two
+				// accepted copies of one identity never collapse.
+				rcol("record_offset", func(r *kgo.Record) int64 { return r.Offset }),
 			),
 			decode: func(v []byte) (any, identity, bool, error) {
 				k, err := schemas.PeekKind(v)
@@ -352,6 +355,9 @@ func newTables(n topics.Names) []*table {
 				mcol("event_time_ms", func(a *ad) int64 { return a.EventTime }),
 				mcol("ingest_time", func(a *ad) int64 { return secs(a.IngestTime) }),
 				mcol("ingest_time_ms", func(a *ad) int64 { return a.IngestTime }),
+				// The end of the sort key (013_ledger_copy_keys.sql): two
+				// late copies of one identity never collapse.
+				rcol("record_offset", func(r *kgo.Record) int64 { return r.Offset }),
 			),
 			decode: decoder[ad](func(a *ad) identity { return identity{a.CustomerID, a.Meter, a.EventID} }),
 		},

@@ -132,21 +132,7 @@ func TestVerifySumsExactlyOnChdb(t *testing.T) {
 	flip, restore := flippedViews(t)
 	stmts := append(migrationStatements(t), flip...)
 	stmts = append(append(stmts, hostileSumsInserts(db)...), restore...)
-	ds, err := DerivedTables()
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts}
-	for _, d := range ds {
-		req.Queries = append(req.Queries, fmt.Sprintf(d.Ledger, db), fmt.Sprintf(d.Derived, db))
-	}
-	resp, err := runChdb(ctxT(t, 5*time.Minute), python, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.Results) != len(req.Queries) {
-		t.Fatalf("chdb %s answered %d queries of %d", resp.Version, len(resp.Results), len(req.Queries))
-	}
+	resp, ds := chdbMeasures(t, python, db, stmts, nil)
 	months := func(tsv string) map[string][]string {
 		out := map[string][]string{}
 		for _, line := range strings.Split(strings.TrimSuffix(tsv, "\n"), "\n") {
@@ -174,4 +160,27 @@ func TestVerifySumsExactlyOnChdb(t *testing.T) {
 			t.Errorf("%s not compared on chdb %s", key, resp.Version)
 		}
 	}
+}
+
+// chdbMeasures runs stmts in chdb, then queries, then verify's Ledger and
+// Derived measures of each derived table: resp.Results holds the answers
+// to queries, then those of the measures, two per table of ds.
+func chdbMeasures(t *testing.T, python, db string, stmts, queries []string) (resp chdbResponse, ds []DerivedTable) {
+	t.Helper()
+	ds, err := DerivedTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts, Queries: queries}
+	for _, d := range ds {
+		req.Queries = append(req.Queries, fmt.Sprintf(d.Ledger, db), fmt.Sprintf(d.Derived, db))
+	}
+	resp, err = runChdb(ctxT(t, 5*time.Minute), python, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Results) != len(req.Queries) {
+		t.Fatalf("chdb %s answered %d queries of %d", resp.Version, len(resp.Results), len(req.Queries))
+	}
+	return resp, ds
 }

@@ -6,10 +6,12 @@
 // end of a line. Lines starting with "--" are comments. Every statement
 // must be safe to run again (CREATE TABLE IF NOT EXISTS, ...): a migration
 // interrupted half-way is re-run from its first statement. ClickHouse 18.16
-// has no IF [NOT] EXISTS on ALTER ... COLUMN, so a migration that alters
-// columns holds exactly one such statement, made of ADD COLUMN clauses
-// only: the migrator counts it as applied when it fails because every
-// column it adds is there already with its type.
+// has no IF [NOT] EXISTS on ALTER ... COLUMN, so an ALTER TABLE of a
+// migration is made of ADD COLUMN clauses and at most a MODIFY ORDER BY:
+// the migrator counts it as applied when it fails because every column it
+// adds is there already with its type, and the sort key is the one it
+// sets. One ALTER applies all its clauses or none; a migration may hold
+// several.
 //
 // Applied migrations are never edited: the migrator records each one's
 // checksum and refuses to run when an applied file has changed.
