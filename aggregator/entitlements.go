@@ -1031,7 +1031,19 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 					break
 				}
 			}
-			if err := l.Apply(pt.ledger(tx), rec); err != nil {
+			err := l.Apply(pt.ledger(tx), rec)
+			if errors.Is(err, entitlements.ErrTooManyVersions) && rec.Key.Reserved == "" {
+				// A customer's versions are pruned after each record of
+				// it applied: once full, they would never be again (the
+				// default plan's are pruned with the periods too). Those
+				// no future event needs go first, then the record is
+				// tried once more.
+				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
+					return err
+				}
+				err = l.Apply(pt.ledger(tx), rec)
+			}
+			if err != nil {
 				if !errors.Is(err, entitlements.ErrInvalid) {
 					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
 				}
