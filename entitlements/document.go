@@ -356,9 +356,6 @@ func ParseRate(s string) (micro, per int64, err error) {
 	if !ok || strings.ContainsAny(s, "eE") {
 		return 0, 0, bad
 	}
-	if !r.Num().IsInt64() || !r.Denom().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
-	}
 	// Keep the written precision (0.250 → 250/1000), so that the card
 	// prints back as written.
 	per = 1
@@ -370,9 +367,10 @@ func ParseRate(s string) (micro, per int64, err error) {
 			per *= 10
 		}
 	}
+	// With at most 18 decimals, what does not fit is the magnitude.
 	num := new(big.Rat).Mul(r, new(big.Rat).SetInt64(per))
 	if !num.IsInt() || !num.Num().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
+		return 0, 0, fmt.Errorf("%q is out of range: a rate's numbers are 64-bit integers", clip.To(s, clip.Echo))
 	}
 	return num.Num().Int64(), per, nil
 }

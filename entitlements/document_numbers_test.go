@@ -44,3 +44,20 @@ grants:
 		}
 	}
 }
+
+// A rate whose number does not fit 64 bits is refused as out of range,
+// not as having too many digits (2^63 has as many as the largest rate).
+func TestRateOutOfRangeSaysSo(t *testing.T) {
+	for s, want := range map[string]string{
+		"9223372036854775808":   `"9223372036854775808" is out of range: a rate's numbers are 64-bit integers`,
+		"9223372036854775807.5": `"9223372036854775807.5" is out of range: a rate's numbers are 64-bit integers`,
+		"0.0000000000000000001": `"0.0000000000000000001" has too many digits`,
+	} {
+		if _, _, err := ParseRate(s); err == nil || err.Error() != want {
+			t.Errorf("ParseRate(%s) = %v, want %s", s, err, want)
+		}
+	}
+	if m, p, err := ParseRate("9223372036854775807"); err != nil || m != 9223372036854775807 || p != 1 {
+		t.Errorf("ParseRate(MaxInt64) = %d/%d, %v", m, p, err)
+	}
+}
