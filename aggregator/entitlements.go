@@ -259,6 +259,9 @@ type entPart struct {
 	freshFirst uint64
 	freshHead  int
 	gateKeyBuf []byte
+	// warned holds the meters a misconfigured cap or rate was logged
+	// for.
+	warned map[string]bool
 	// more: the last drain stopped at its chunk with ready records left;
 	// Work drains on.
 	more bool
@@ -1031,7 +1034,19 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 					break
 				}
 			}
-			if err := l.Apply(pt.ledger(tx), rec); err != nil {
+			err := l.Apply(pt.ledger(tx), rec)
+			if errors.Is(err, entitlements.ErrTooManyVersions) && rec.Key.Reserved == "" {
+				// A customer's versions are pruned after each record of
+				// it applied: once full, they would never be again (the
+				// default plan's are pruned with the periods too). Those
+				// no future event needs go first, then the record is
+				// tried once more.
+				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
+					return err
+				}
+				err = l.Apply(pt.ledger(tx), rec)
+			}
+			if err != nil {
 				if !errors.Is(err, entitlements.ErrInvalid) {
 					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
 				}
@@ -1361,8 +1376,15 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 		pt.ent.pending.add(d.Outcome.String(), ch.label, 0)
 		return nil, false, pt.reject(tx, r, e, d.Outcome.Reason(), d.Detail)
 	}
-	if d.Misconfigured != "" {
-		pt.pr.log.Warn("entitlements misconfigured for a meter", zap.String("meter", e.Meter), zap.String("detail", d.Misconfigured))
+	if d.Misconfigured != "" && !pt.ent.warned[e.Meter] {
+		// Once per meter and partition: the same cap or rate would
+		// otherwise log with each of the meter's events.
+		if pt.ent.warned == nil {
+			pt.ent.warned = map[string]bool{}
+		}
+		pt.ent.warned[e.Meter] = true
+		pt.pr.log.Warn("entitlements misconfigured for a meter (said once per meter and partition)", zap.String("meter", e.Meter),
+			zap.Int32("partition", pt.p), zap.String("detail", d.Misconfigured))
 	}
 	return ch, true, nil
 }

@@ -134,7 +134,7 @@ func (n Int) IsZero() bool { return n.V == 0 && n.bad == "" }
 
 func (f *fieldErrs) int(field string, n Int) int64 {
 	if n.bad != "" {
-		f.add(field, "not a 64-bit integer (%s)", n.bad)
+		f.add(field, notInt64+" (%s)", n.bad)
 	}
 	return n.V
 }
@@ -234,12 +234,39 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		e.Overdraft.Limit = f.int("overdraft.limit", o.Limit)
 	}
 	if err := Validate(e, meters); err != nil {
-		f = append(f, err)
+		f = append(f, f.unreported(err)...)
 	}
 	if err := f.err(); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// notInt64 begins the error of a number that is not a 64-bit integer.
+const notInt64 = "not a 64-bit integer"
+
+// unreported is the errors of Validate's err but those of a field that f
+// reports as not a 64-bit integer: such a number is reported as that,
+// not also as the 0 it was read as.
+func (f fieldErrs) unreported(err error) []error {
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	reported := map[string]bool{}
+	for _, e := range f {
+		if fe, ok := e.(*FieldError); ok && strings.HasPrefix(fe.Reason, notInt64) {
+			reported[fe.Field] = true
+		}
+	}
+	var out []error
+	for _, e := range errs {
+		if fe, ok := e.(*FieldError); ok && reported[fe.Field] {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // DocumentOf returns the document of a record; writtenAt (its broker
@@ -329,9 +356,6 @@ func ParseRate(s string) (micro, per int64, err error) {
 	if !ok || strings.ContainsAny(s, "eE") {
 		return 0, 0, bad
 	}
-	if !r.Num().IsInt64() || !r.Denom().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
-	}
 	// Keep the written precision (0.250 → 250/1000), so that the card
 	// prints back as written.
 	per = 1
@@ -343,9 +367,10 @@ func ParseRate(s string) (micro, per int64, err error) {
 			per *= 10
 		}
 	}
+	// With at most 18 decimals, what does not fit is the magnitude.
 	num := new(big.Rat).Mul(r, new(big.Rat).SetInt64(per))
 	if !num.IsInt() || !num.Num().IsInt64() {
-		return 0, 0, fmt.Errorf("%q has too many digits", clip.To(s, clip.Echo))
+		return 0, 0, fmt.Errorf("%q is out of range: a rate's numbers are 64-bit integers", clip.To(s, clip.Echo))
 	}
 	return num.Num().Int64(), per, nil
 }

@@ -58,6 +58,10 @@ func TestBalanceQueries(t *testing.T) {
 	// a minute ago, after its last balance: it has no credits left.
 	capped("hooli", 1, cur, next, nil, []schemas.GrantBalance{gb("monthly", 1000, 600, next)}, 0)
 	capped("soylent", 1, cur, next, nil, []schemas.GrantBalance{gb("spent", 900, 300, expired)}, 0)
+	// wonka's grant pays for the first millisecond of next month too: it
+	// expires next month, not this one (grant_expires_at has whole
+	// seconds, grant_expires_at_ms the millisecond).
+	capped("wonka", 1, cur, next, nil, []schemas.GrantBalance{gb("overlap", 500, 0, next.Add(time.Millisecond))}, 0)
 	// umbrella is unmetered: its plan's cap is counted against, never
 	// applied (docs/entitlements.md, Plans and caps), so it is near no cap.
 	add(&schemas.Balance{CustomerID: "umbrella", Plan: "staff", Unmetered: true, Revision: 3, UpdatedAt: ms(cur), PeriodStart: ms(cur),
@@ -68,9 +72,9 @@ func TestBalanceQueries(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	e.exact(TableBalances, 7)
-	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "6\n" {
-		t.Errorf("balances_current has %s rows, want one per customer (6)", n)
+	e.exact(TableBalances, 8)
+	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "7\n" {
+		t.Errorf("balances_current has %s rows, want one per customer (7)", n)
 	}
 	row := queryStrings(t, e.conn, "SELECT revision, meter_names, meter_usage, meter_on_limit, grant_ids, grant_remaining, grant_expires_at_ms FROM "+
 		e.db+".balances_current FINAL WHERE customer_id = 'acme'")
@@ -95,6 +99,7 @@ func TestBalanceQueries(t *testing.T) {
 			{"soylent", "free", "0", "0", "deny", d(cur)},
 			{"umbrella", "staff", "0", "0", "allow", d(cur)},
 			{"hooli", "free", "400", "0", "deny", d(cur)},
+			{"wonka", "free", "500", "0", "deny", d(cur)},
 			{"globex", "free", "800", "1200", "deny", d(cur)},
 			{"acme", "free", "7800", "0", "deny", d(cur)},
 		},
