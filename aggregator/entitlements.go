@@ -1017,56 +1017,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 		case rec.IsTick():
 			pt.ent.pending.record("tick")
 		default:
-			var from RecordOrigin
-			if rec.Key.Reserved == "" {
-				var stale bool
-				var restate *kgo.Record
-				if from, stale, restate, err = pt.staleCopy(tx, r, rec.Key.Customer); err != nil {
-					return err
-				} else if stale {
-					pt.ent.pending.record("rerouted_repeat")
-					pt.pr.log.Info("re-produced entitlements record not applied: a record of its customer that arrived after its original was read",
-						zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("customer", rec.Key.Customer),
-						zap.Bool("restated", restate != nil))
-					if restate != nil {
-						tx.Emit(restate)
-					}
-					break
-				}
-			}
-			err := l.Apply(pt.ledger(tx), rec)
-			if errors.Is(err, entitlements.ErrTooManyVersions) && rec.Key.Reserved == "" {
-				// A customer's versions are pruned after each record of
-				// it applied: once full, they would never be again (the
-				// default plan's are pruned with the periods too). Those
-				// no future event needs go first, then the record is
-				// tried once more.
-				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
-					return err
-				}
-				err = l.Apply(pt.ledger(tx), rec)
-			}
-			if err != nil {
-				if !errors.Is(err, entitlements.ErrInvalid) {
-					return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
-				}
-				pt.ent.pending.record("rejected")
-				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, err.Error()); err != nil {
-					return err
-				}
-				if err := pt.restateRejected(tx, r); err != nil {
-					return err
-				}
-				break
-			}
-			pt.ent.pending.record("applied")
-			if rec.Key.Reserved == "" {
-				tx.Put(originKey(rec.Key.Customer), from.encodeWith(r.Value))
-				pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
-				if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
-					return err
-				}
-			} else if err := l.PruneShared(pt.ledger(tx), pt.pruneHorizon()); err != nil {
+			if err := pt.applyEntRecord(tx, r, rec, written); err != nil {
 				return err
 			}
 		}
@@ -1081,6 +1032,64 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 	pt.ent.readTo = rt
 	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(rt) / 1000)
 	return pt.drain(tx)
+}
+
+// applyEntRecord applies a record of a customer, or a shared record
+// (the default plan, the rate card), read from the partition's
+// usage.entitlements, or rejects it when it is invalid: r is the record
+// read, rec its parse and written its broker time.
+func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitlements.Record, written int64) (err error) {
+	l := pt.pr.ledger
+	var from RecordOrigin
+	if rec.Key.Reserved == "" {
+		var stale bool
+		var restate *kgo.Record
+		if from, stale, restate, err = pt.staleCopy(tx, r, rec.Key.Customer); err != nil {
+			return err
+		} else if stale {
+			pt.ent.pending.record("rerouted_repeat")
+			pt.pr.log.Info("re-produced entitlements record not applied: a record of its customer that arrived after its original was read",
+				zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("customer", rec.Key.Customer),
+				zap.Bool("restated", restate != nil))
+			if restate != nil {
+				tx.Emit(restate)
+			}
+			return nil
+		}
+	}
+	err = l.Apply(pt.ledger(tx), rec)
+	if errors.Is(err, entitlements.ErrTooManyVersions) && rec.Key.Reserved == "" {
+		// A customer's versions are pruned after each record of
+		// it applied: once full, they would never be again (the
+		// default plan's are pruned with the periods too). Those
+		// no future event needs go first, then the record is
+		// tried once more.
+		if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
+			return err
+		}
+		err = l.Apply(pt.ledger(tx), rec)
+	}
+	if err != nil {
+		if !errors.Is(err, entitlements.ErrInvalid) {
+			return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
+		}
+		pt.ent.pending.record("rejected")
+		if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, err.Error()); err != nil {
+			return err
+		}
+		return pt.restateRejected(tx, r)
+	}
+	pt.ent.pending.record("applied")
+	if rec.Key.Reserved == "" {
+		tx.Put(originKey(rec.Key.Customer), from.encodeWith(r.Value))
+		pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
+		if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
+			return err
+		}
+	} else if err := l.PruneShared(pt.ledger(tx), pt.pruneHorizon()); err != nil {
+		return err
+	}
+	return nil
 }
 
 // RecordOrigin orders the records of one customer's key by when they
