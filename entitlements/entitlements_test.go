@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -99,7 +100,7 @@ func TestTimeline(t *testing.T) {
 		t.Fatalf("a lone tombstone before the horizon is dropped: %+v", tl.Versions())
 	}
 	for i := 0; i < MaxVersions; i++ {
-		must(tl.Set(int64(1000+i), 0, plan("x")))
+		must(tl.Set(int64(1000+i), 0, plan(fmt.Sprintf("x%d", i))))
 	}
 	if err := tl.Set(5000, 0, plan("y")); !errors.Is(err, ErrTooManyVersions) || !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Set past MaxVersions = %v", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -78,6 +79,17 @@ type Plan struct {
 	// paid is kept; nil for a plan no Ledger applied (and for the
 	// versions of state written before generations, legacyGen).
 	gens []int64
+}
+
+// same reports whether p and q decide every event alike: the same plan,
+// caps, grants with the same generations, and overdraft; two nil plans
+// (tombstones) are the same.
+func (p *Plan) same(q *Plan) bool {
+	if p == nil || q == nil {
+		return p == q
+	}
+	return p.Name == q.Name && p.Unmetered == q.Unmetered && p.Overdraft == q.Overdraft &&
+		slices.Equal(p.Caps, q.Caps) && slices.Equal(p.Grants, q.Grants) && slices.Equal(p.gens, q.gens)
 }
 
 // legacyGen is the generation of a grant in state written before grants

@@ -8,8 +8,9 @@ import (
 // MaxVersions bounds the versions a Timeline keeps: the records of one key
 // read within the prune horizon (about the dedup window W), plus those
 // scheduled for later. A record past it is refused (ErrTooManyVersions):
-// an operator writing a customer's entitlements thousands of times a
-// month is a runaway script, and the state must stay bounded.
+// an operator changing a customer's entitlements thousands of times a
+// month is a runaway script, and the state must stay bounded. A record
+// that changes nothing takes no version (Set).
 const MaxVersions = 256
 
 // ErrTooManyVersions is returned (wrapped) by Timeline.Set when the
@@ -37,12 +38,21 @@ type Timeline struct {
 // from (raised to written when earlier); p nil is a tombstone, effective
 // at written. The record replaces every version whose From is at or after
 // its own, so that At(t) is the most recently read record whose effective
-// time is at or before t.
+// time is at or before t. A record whose plan is the same as that of the
+// version in effect at its effective time takes no version of its own.
 func (t *Timeline) Set(written, from int64, p *Plan) error {
 	if from < written || p == nil {
 		from = written
 	}
 	i := sort.Search(len(t.versions), func(i int) bool { return t.versions[i].From >= from })
+	if i > 0 && t.versions[i-1].Plan.same(p) {
+		// The version in effect at from already says what the record
+		// says (a record written again unchanged, a billing system's
+		// periodic sync): At answers alike without a version of its
+		// own, so it takes none, and is never refused for the bound.
+		t.versions = t.versions[:i]
+		return nil
+	}
 	if i >= MaxVersions {
 		return fmt.Errorf("%w: %d versions (the most is %d)", ErrTooManyVersions, i, MaxVersions)
 	}
