@@ -1360,7 +1360,7 @@ func (pt *partition) pruneHorizon() int64 {
 }
 
 // decideEvent decides an event's entitlements (docs/entitlements.md, The
-// aggregator); it reports whether the event goes on to be counted. A
+// aggregator, 3); it reports whether the event goes on to be counted. A
 // rejected event goes to usage.rejected and changes nothing else. An
 // accepted event's charge is returned, not yet recorded: the caller commits
 // it once the event's aggregate has taken the event.

@@ -213,7 +213,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	}
 	if pt.ent != nil && !queued {
 		// Decided once, here, in input order (docs/entitlements.md, The
-		// aggregator); an event queued behind its period's FINALs was
+		// aggregator, 3); an event queued behind its period's FINALs was
 		// decided when it was queued.
 		ch, ok, err := pt.decideEvent(tx, r, e, m)
 		if !ok || err != nil {

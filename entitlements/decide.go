@@ -139,7 +139,7 @@ type Input struct {
 	uses     []grantUse
 }
 
-// Decide decides one event (docs/entitlements.md, The aggregator):
+// Decide decides one event (docs/entitlements.md, The aggregator, 3):
 // unmetered → accepted, no charge; a cap it would pass → OverLimit
 // (on_limit REJECT); credits → drawn from the grants whose window holds its
 // event_time, by priority, then earliest expiry, then id; what they cannot
