@@ -11,11 +11,12 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestAbortedTransactionCountsOnce: DESIGN §9's rejections by reason and
-// the late-event count match usage.rejected and usage.adjustments. A
-// transaction that aborts (its offset commit refused) is processed again;
-// the counters count only the committed attempt (added when a transaction
-// commits, dropped when it aborts).
+// TestAbortedTransactionCountsOnce: the rejections by reason of
+// docs/operations.md, Health, metrics and logs, and the late-event count
+// match usage.rejected and usage.adjustments. A transaction that aborts
+// (its offset commit refused) is processed again; the counters count only
+// the committed attempt (added when a transaction commits, dropped when it
+// aborts).
 func TestAbortedTransactionCountsOnce(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newAggHarnessSources(t, brokers, 1, 1)

@@ -57,9 +57,10 @@ func customersByPartition(t testing.TB, n int32) []string {
 // instance joins and the cooperative rebalance takes the other partition,
 // which fails the open transaction). The input is re-consumed from the
 // committed offset, so the same watermark record is processed again and
-// must decide FINAL again (DESIGN §6, "aggregator between deciding FINAL
-// and commit": the watermark is re-read and FINAL decided again). Exactly
-// one FINAL per key, on both partitions, with no further watermark.
+// must decide FINAL again (docs/design.md, Exactly-once, "Crash windows",
+// the aggregator between deciding FINAL and commit: the watermark is
+// re-read and FINAL decided again). Exactly one FINAL per key, on both
+// partitions, with no further watermark.
 func TestFinalAfterAbortedTransaction(t *testing.T) {
 	h := newAggHarnessSources(t, nil, 2, 1) // one dedup source partition
 	cfg := h.config("a", vfs.NewMem())

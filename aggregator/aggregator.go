@@ -1,6 +1,6 @@
 // Package aggregator sums usage per customer, meter and billing period by
 // event time, closes each period after a finalization cutoff, and books
-// late events as adjustments (DESIGN §3).
+// late events as adjustments (docs/design.md, Time).
 //
 // It reads usage.deduped (events and watermarks) and, in the same
 // transaction as its state changes:
@@ -69,16 +69,17 @@ type Config struct {
 	// shorter than dedup's: a watermark record that states a longer W stops
 	// the stage (ErrWindowTooShort). Default: dedup's, dedup.DefaultWindow.
 	Window time.Duration
-	// Bucket is dedup's expiry bucket B (dedup.Config.Bucket). A
-	// re-routed event keeps its original arrival (DESIGN §2), so it can
-	// reach the aggregator after the watermark passed its period's end +
-	// W; dedup accepts it as long as the keys of its event_time − S may
-	// still be there, which it judges by whole buckets: while its
-	// watermark is below event_time + W + B. A final period's working
-	// state (what MAX, UNIQUE_COUNT and LATEST adjustments are measured
-	// against) is therefore kept until its end + W + B. It must not be
-	// shorter than dedup's: a watermark record that states a longer B
-	// stops the stage (ErrBucketTooShort). Default: dedup.DefaultBucket.
+	// Bucket is dedup's expiry bucket B (dedup.Config.Bucket). A re-routed
+	// event keeps its original arrival (docs/design.md, Event identity and
+	// keys, "Misrouted records"), so it can reach the aggregator after the
+	// watermark passed its period's end + W; dedup accepts it as long as
+	// the keys of its event_time − S may still be there, which it judges by
+	// whole buckets: while its watermark is below event_time + W + B. A
+	// final period's working state (what MAX, UNIQUE_COUNT and LATEST
+	// adjustments are measured against) is therefore kept until its
+	// end + W + B. It must not be shorter than dedup's: a watermark record
+	// that states a longer B stops the stage (ErrBucketTooShort). Default:
+	// dedup.DefaultBucket.
 	Bucket time.Duration
 	// Skew is dedup's skew S (dedup.Config.Skew): dedup accepts an event
 	// whose event_time is up to S after its arrival, so a re-routed event
@@ -95,16 +96,16 @@ type Config struct {
 	// the FINAL revision of), books queued adjustments for, or expires, at
 	// a period's end: that work scales with the state, not the input, and
 	// is done in chunks over several transactions so that none outlasts the
-	// transaction timeout (DESIGN §6 invariant 9). Default:
+	// transaction timeout (docs/design.md, Exactly-once, 7). Default:
 	// DefaultFinalChunk.
 	FinalChunk int
-	// Entitlements turns on caps and credits (DESIGN §12): the aggregator
-	// consumes Topics' entitlements topic with the deduped topic (same
-	// partition count, partition p of both in the same transactions),
-	// decides each event against the customer's entitlements before it
-	// counts it, rejects it as over_limit or no_credit otherwise, and
-	// emits balances to the balances topic (entitlements.go). Default:
-	// off.
+	// Entitlements turns on caps and credits (docs/entitlements.md, The
+	// aggregator): the aggregator consumes Topics' entitlements topic with
+	// the deduped topic (same partition count, partition p of both in the
+	// same transactions), decides each event against the customer's
+	// entitlements before it counts it, rejects it as over_limit or
+	// no_credit otherwise, and emits balances to the balances topic
+	// (entitlements.go). Default: off.
 	Entitlements bool
 	// EntitlementsTick is how often, with Entitlements, a tick is
 	// appended to each owned partition of the entitlements topic while
@@ -125,34 +126,35 @@ type Config struct {
 	// DefaultEntitlementsMaxAhead.
 	EntitlementsMaxAhead time.Duration
 	// BalanceInterval is, with Entitlements, how often in broker time the
-	// balances of changed customers go out (DESIGN §12: a balance at most
-	// once per transaction that changed the customer). A changed customer
-	// is pending, in the state, until the partition's broker time (its
-	// watermark, or the time up to which its entitlements partition has
-	// been read) is BalanceInterval past the start of the last emission of
-	// the pending customers; then every pending customer's balance goes
-	// out, in key order and in chunks of FinalChunk, as of the later of
-	// the watermark and the latest broker time of its changes. A customer
-	// thus gets one balance per emission, emissions start at least
-	// BalanceInterval apart, and ticks keep the broker time moving while
-	// customers are pending: a change reaches the balances topic within
-	// about BalanceInterval plus EntitlementsTick and a few commit
-	// intervals. A period start's balances (usage 0 of the new period) go
-	// out as the period starts, whatever the interval, after the FINAL
-	// revisions of the period that ended and in chunks of FinalChunk; the
-	// pending customers wait for them (most are among them). Negative
+	// balances of changed customers go out (docs/entitlements.md, The
+	// aggregator, 4: a balance at most once per transaction that changed
+	// the customer). A changed customer is pending, in the state, until the
+	// partition's broker time (its watermark, or the time up to which its
+	// entitlements partition has been read) is BalanceInterval past the
+	// start of the last emission of the pending customers; then every
+	// pending customer's balance goes out, in key order and in chunks of
+	// FinalChunk, as of the later of the watermark and the latest broker
+	// time of its changes. A customer thus gets one balance per emission,
+	// emissions start at least BalanceInterval apart, and ticks keep the
+	// broker time moving while customers are pending: a change reaches the
+	// balances topic within about BalanceInterval plus EntitlementsTick and
+	// a few commit intervals. A period start's balances (usage 0 of the new
+	// period) go out as the period starts, whatever the interval, after the
+	// FINAL revisions of the period that ended and in chunks of FinalChunk;
+	// the pending customers wait for them (most are among them). Negative
 	// (BalanceEveryTransaction): each transaction emits the balance of
 	// every customer it changed. Default: DefaultBalanceInterval.
 	BalanceInterval time.Duration
 	// AllowCreateTime lets the aggregator start, with Entitlements, on an
-	// entitlements topic whose message.timestamp.type is not
-	// LogAppendTime. An entitlement is in effect from its broker timestamp
-	// and an event is decided by the entitlements in effect at its
-	// arrival (DESIGN §12); with CreateTime every writer of the topic
-	// would choose which entitlements decide which events. New reads the
-	// topic's setting once and refuses it (*topics.TimestampTypeError)
-	// unless this is set; then it logs a warning. For tests and replays
-	// that choose broker times, never for production. Default: false.
+	// entitlements topic whose message.timestamp.type is not LogAppendTime.
+	// An entitlement is in effect from its broker timestamp and an event is
+	// decided by the entitlements in effect at its arrival
+	// (docs/entitlements.md, The ordering rule: broker time); with
+	// CreateTime every writer of the topic would choose which entitlements
+	// decide which events. New reads the topic's setting once and refuses
+	// it (*topics.TimestampTypeError) unless this is set; then it logs a
+	// warning. For tests and replays that choose broker times, never for
+	// production. Default: false.
 	AllowCreateTime bool
 }
 
@@ -349,7 +351,7 @@ func (s *Stage) Status() service.StageStatus { return service.StageStatusOf(s.rt
 // partitionCountsT holds partition counts read from the cluster's metadata
 // at start. events, the partition count of usage.events, is the number of
 // dedup source partitions whose watermarks the aggregator takes the minimum
-// over (DESIGN §3): it never comes from a record.
+// over (docs/design.md, Time): it never comes from a record.
 type partitionCountsT struct{ events, deduped, aggregates, adjustments, rejected, entitlements, balances int32 }
 
 func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) {

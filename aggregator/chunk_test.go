@@ -61,7 +61,7 @@ func liveStateKeys(t testing.TB, h *aggHarness, start int64) [][]byte {
 }
 
 // TestFinalInChunks: a period of 50 aggregates, with a FINAL chunk of 7
-// (DESIGN §6 invariant 9).
+// (docs/design.md, Exactly-once, 7).
 //
 //   - The transaction whose watermark passes end + grace decides; the FINAL
 //     revisions go out 7 per transaction at most, over 8 transactions or
@@ -232,12 +232,13 @@ func TestFinalInChunks(t *testing.T) {
 
 // TestChunkTransactionsAreFenced: a transaction that carries a chunk and no
 // input still commits the partition's offset (unchanged), so the group
-// generation fences a zombie's chunk as it fences its input (DESIGN §3:
-// every transaction consumes offsets). On kfake, every committed
-// transaction after the deciding watermark sends a TxnOffsetCommit for the
-// input partition before its EndTxn; and when the broker refuses one of
-// them as a zombie's (ILLEGAL_GENERATION), that chunk commits nothing and
-// is done again: exactly one FINAL per aggregate.
+// generation fences a zombie's chunk as it fences its input
+// (docs/design.md, Exactly-once, 7: every transaction commits its
+// partition's offset). On kfake, every committed transaction after the
+// deciding watermark sends a TxnOffsetCommit for the input partition before
+// its EndTxn; and when the broker refuses one of them as a zombie's
+// (ILLEGAL_GENERATION), that chunk commits nothing and is done again:
+// exactly one FINAL per aggregate.
 func TestChunkTransactionsAreFenced(t *testing.T) {
 	const chunk = 5
 	c, brokers := testenv.KFake(t)

@@ -11,15 +11,16 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestEntitlementsDecidedAtArrival (kfake; DESIGN §12): an event is decided
-// by the entitlements in effect at its arrival (its ingest_time), not at
-// its event_time; a late event, whose event_time is in a period already
-// final, is decided by the version in effect at its arrival, checked
-// against its own period's cap, and priced by the rate in effect at its
-// event_time. Every event below has a plan change between its event_time
-// and its arrival that decides its outcome, so an aggregator that decided
-// by the version in effect at event_time, or checked a late event against
-// the current period, or priced it at its arrival, decides differently:
+// TestEntitlementsDecidedAtArrival (kfake; docs/entitlements.md, The
+// ordering rule: broker time): an event is decided by the entitlements in
+// effect at its arrival (its ingest_time), not at its event_time; a late
+// event, whose event_time is in a period already final, is decided by the
+// version in effect at its arrival, checked against its own period's cap,
+// and priced by the rate in effect at its event_time. Every event below has
+// a plan change between its event_time and its arrival that decides its
+// outcome, so an aggregator that decided by the version in effect at
+// event_time, or checked a late event against the current period, or priced
+// it at its arrival, decides differently:
 //
 //   - lowered: a cap of 100 lowered to 5 at 12:00; 3 units at 09:00 and
 //     then 4 units of event_time 11:00 arriving at 13:00: over_limit.

@@ -23,13 +23,14 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Entitlements (DESIGN §12), when Config.Entitlements is on: the partition
-// of usage.entitlements with the number of its usage.deduped partition is
-// consumed in the same transactions (stream.Config.CopartitionedTopics);
-// its records feed the entitlements Ledger, kept in this partition's state
-// under pfxLedger; every event is decided by the Ledger before it is
-// aggregated, and a rejected one (over_limit, no_credit) goes to
-// usage.rejected and into no aggregate.
+// Entitlements (docs/entitlements.md, The aggregator), when
+// Config.Entitlements is on: the partition of usage.entitlements with the
+// number of its usage.deduped partition is consumed in the same
+// transactions (stream.Config.CopartitionedTopics); its records feed the
+// entitlements Ledger, kept in this partition's state under pfxLedger;
+// every event is decided by the Ledger before it is aggregated, and a
+// rejected one (over_limit, no_credit) goes to usage.rejected and into no
+// aggregate.
 //
 // The gate. An event is decided by the entitlements in effect at its
 // arrival, so only once the entitlements partition has been read up to a
@@ -49,21 +50,22 @@ import (
 // it needs the partition's read time to move (needsTick), so that it
 // keeps up with arrivals.
 //
-// Balances (DESIGN §12: at most once per transaction that changed the
-// customer). A customer whose balance a transaction changed is pending:
-// its 'b' key is written in that transaction (once while it stays
-// pending), and the pending customers go out together once the
-// partition's broker time (brokerNow) is Config.BalanceInterval past the
-// start of the last emission: in key order, at most Config.FinalChunk a
-// transaction, each pending key deleted in the transaction that emits its
-// customer's balance. A crash therefore neither loses a pending customer
-// (its key is committed with the change) nor emits one twice (the key
-// goes with the emission). Only transactions that consume the partition's
-// input or carry its Work emit (fenced: a zombie's are fenced by the
-// group generation), and the ticks go on while a customer is pending.
-// While a period start's balances go out (rollState), the emission of the
-// pending customers waits: those chunks reach the pending customers with
-// usage in the periods that ended, and the rest go out after them.
+// Balances (docs/entitlements.md, The aggregator, 4: at most once per
+// transaction that changed the customer). A customer whose balance a
+// transaction changed is pending: its 'b' key is written in that
+// transaction (once while it stays pending), and the pending customers go
+// out together once the partition's broker time (brokerNow) is
+// Config.BalanceInterval past the start of the last emission: in key order,
+// at most Config.FinalChunk a transaction, each pending key deleted in the
+// transaction that emits its customer's balance. A crash therefore neither
+// loses a pending customer (its key is committed with the change) nor emits
+// one twice (the key goes with the emission). Only transactions that
+// consume the partition's input or carry its Work emit (fenced: a zombie's
+// are fenced by the group generation), and the ticks go on while a customer
+// is pending. While a period start's balances go out (rollState), the
+// emission of the pending customers waits: those chunks reach the pending
+// customers with usage in the periods that ended, and the rest go out after
+// them.
 //
 // State keys, besides the aggregator's (state.go):
 //
@@ -93,8 +95,9 @@ var (
 	keyRoll     = []byte("R")
 )
 
-// Headers of a record of usage.entitlements that the aggregator
-// re-produced to its canonical partition (DESIGN §12, as dedup's of §2).
+// Headers of a record of usage.entitlements that the aggregator re-produced
+// to its canonical partition (docs/entitlements.md, The aggregator, 1, as
+// dedup's: docs/design.md, Event identity and keys).
 const (
 	// HeaderRerouted marks a re-produced record. Value:
 	// "<partition>/<offset>" of the misrouted original.
@@ -493,9 +496,9 @@ func (s *Stage) EntitlementsTable() service.Table {
 
 // rollState is the work of a period start: the balance of every customer
 // with usage in the periods that ended since the last roll goes out (its
-// usage in the new one is 0), then the usage of periods no event can
-// reach any more is deleted, each in chunks of Config.FinalChunk (DESIGN
-// §6 invariant 9).
+// usage in the new one is 0), then the usage of periods no event can reach
+// any more is deleted, each in chunks of Config.FinalChunk (docs/design.md,
+// Exactly-once, 7).
 type rollState struct {
 	cur int64 // start of the watermark's period; 0: no watermark yet
 	// prev: rollBalances: the start of the period whose customers' balances
@@ -978,9 +981,10 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 				break
 			}
 			if _, ok := headerValue(r, HeaderRerouted); ok {
-				// Never re-routed twice (DESIGN §2): a copy is written
-				// to its canonical partition, and the partition count
-				// never changes under a state (checkPartitionCounts).
+				// Never re-routed twice (docs/entitlements.md, The
+				// aggregator, 1): a copy is written to its canonical
+				// partition, and the partition count never changes under a
+				// state (checkPartitionCounts).
 				pt.ent.pending.record("rejected")
 				if err := pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("a record marked %s on partition %d of %s, not its customer's %d: never re-routed twice",
 					HeaderRerouted, pt.p, r.Topic, canon)); err != nil {
@@ -988,15 +992,15 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 				}
 				break
 			}
-			// DESIGN §12: a client with another partitioner. It is
-			// re-produced now, with the original's coordinates and
-			// broker time, and the canonical partition's owner applies
-			// it from its new broker time (an effective_from before
-			// that is raised to it): events decided there before it
-			// was read are never reconsidered. How soon depends on how
-			// far behind this partition is read. Read again from the
-			// start (a new group, state rebuilt), it is re-produced
-			// again; that copy changes nothing (staleCopy).
+			// A client with another partitioner (docs/entitlements.md, The
+			// aggregator, 1). It is re-produced now, with the original's
+			// coordinates and broker time, and the canonical partition's
+			// owner applies it from its new broker time (an effective_from
+			// before that is raised to it): events decided there before it
+			// was read are never reconsidered. How soon depends on how far
+			// behind this partition is read. Read again from the start (a
+			// new group, state rebuilt), it is re-produced again; that copy
+			// changes nothing (staleCopy).
 			tx.Emit(&kgo.Record{Topic: r.Topic, Partition: canon, Key: r.Key, Value: r.Value, Timestamp: pt.pr.now(),
 				Headers: []kgo.RecordHeader{
 					{Key: HeaderRerouted, Value: fmt.Appendf(nil, "%d/%d", r.Partition, r.Offset)},
@@ -1344,21 +1348,22 @@ func compareValues(a, b []byte) int {
 
 // pruneHorizon is the earliest arrival a future event of the partition can
 // have: wm − (W + B + S). A re-routed event keeps its original arrival
-// (DESIGN §2), and dedup accepts it as long as its event_time − S is not
-// before the keys it has expired, ⌊(wm' − W − S)/B⌋·B at its own watermark
-// wm' (never behind this partition's wm): so its event_time can be as
-// early as just after wm − W − B, and its arrival, at most S before its
-// event_time, just after wm − W − B − S.
+// (docs/design.md, Event identity and keys, "Misrouted records"), and dedup
+// accepts it as long as its event_time − S is not before the keys it has
+// expired, ⌊(wm' − W − S)/B⌋·B at its own watermark wm' (never behind this
+// partition's wm): so its event_time can be as early as just after
+// wm − W − B, and its arrival, at most S before its event_time, just after
+// wm − W − B − S.
 func (pt *partition) pruneHorizon() int64 {
 	c := pt.pr.cfg
 	return pt.wm - c.Window.Milliseconds() - c.Bucket.Milliseconds() - c.Skew.Milliseconds()
 }
 
-// decideEvent decides an event's entitlements (DESIGN §12); it reports
-// whether the event goes on to be counted. A rejected event goes to
-// usage.rejected and changes nothing else. An accepted event's charge is
-// returned, not yet recorded: the caller commits it once the event's
-// aggregate has taken the event.
+// decideEvent decides an event's entitlements (docs/entitlements.md, The
+// aggregator, 3); it reports whether the event goes on to be counted. A
+// rejected event goes to usage.rejected and changes nothing else. An
+// accepted event's charge is returned, not yet recorded: the caller commits
+// it once the event's aggregate has taken the event.
 func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter) (*charge, bool, error) {
 	l := pt.pr.ledger
 	// The partition's charge, reused: an event's charge is committed or
@@ -1544,13 +1549,13 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	return nil
 }
 
-// balanceOutSince reports whether customer c's balance as of start or
-// later is out and nothing changed c since: c is not pending, and its
-// account notes a change at or after start (makePending), whose balance,
-// as of that change or later, went out when c stopped being pending. A
-// period start's chunks skip such a customer: its balance of the new
-// period (start: the period's) is out, and another would be one more
-// balance than transactions that changed it (DESIGN §12). A change noted
+// balanceOutSince reports whether customer c's balance as of start or later
+// is out and nothing changed c since: c is not pending, and its account
+// notes a change at or after start (makePending), whose balance, as of that
+// change or later, went out when c stopped being pending. A period start's
+// chunks skip such a customer: its balance of the new period (start: the
+// period's) is out, and another would be one more balance than transactions
+// that changed it (docs/entitlements.md, The aggregator, 4). A change noted
 // only in the pending key (its account unchanged) is not seen: such a
 // customer gets the period start's balance all the same.
 func (pt *partition) balanceOutSince(tx *stream.Tx, c string, start int64) (bool, error) {
@@ -1564,13 +1569,13 @@ func (pt *partition) balanceOutSince(tx *stream.Tx, c string, start int64) (bool
 	return at >= start, nil
 }
 
-// flushBalances ends the open transaction's part in balances (DESIGN
-// §12): the customers it changed become pending (BalanceEveryTransaction:
-// go out now); in a transaction fenced by the partition's input or Work,
-// the next chunk of the pending customers goes out (roundChunk); and the
-// balance of each customer going out is emitted once, as of the later of
-// the watermark and the latest time involved, with the partition's next
-// revision.
+// flushBalances ends the open transaction's part in balances
+// (docs/entitlements.md, The aggregator, 4): the customers it changed
+// become pending (BalanceEveryTransaction: go out now); in a transaction
+// fenced by the partition's input or Work, the next chunk of the pending
+// customers goes out (roundChunk); and the balance of each customer going
+// out is emitted once, as of the later of the watermark and the latest time
+// involved, with the partition's next revision.
 func (pt *partition) flushBalances(tx *stream.Tx) error {
 	e := pt.ent
 	e.flushed, e.pending = e.pending, entMetrics{}
@@ -1704,12 +1709,12 @@ func (pt *partition) changeTime(tx *stream.Tx, c string) (int64, error) {
 func (pt *partition) brokerNow() int64 { return max(pt.wm, pt.ent.readTo) }
 
 // roundChunk adds to out the next chunk of the pending customers, and
-// deletes their pending keys: an emission of the pending customers
-// starts when the broker time is Config.BalanceInterval past the start of
-// the last one (at once with BalanceEveryTransaction), and goes through
-// them in key order, at most Config.FinalChunk a transaction (DESIGN §6
-// invariant 9), with a cursor in the state; Work's transactions carry the
-// rest. A customer that becomes pending behind the cursor waits for the
+// deletes their pending keys: an emission of the pending customers starts
+// when the broker time is Config.BalanceInterval past the start of the last
+// one (at once with BalanceEveryTransaction), and goes through them in key
+// order, at most Config.FinalChunk a transaction (docs/design.md,
+// Exactly-once, 7), with a cursor in the state; Work's transactions carry
+// the rest. A customer that becomes pending behind the cursor waits for the
 // next emission. (An empty customer ID, which dedup refuses, would go out
 // in the first chunk only.)
 func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
@@ -1773,10 +1778,11 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 // needsTick reports whether the partition's entitlements read time must
 // move: records wait in the gate, balances are pending, or records of
 // usage.deduped came since the last tick (more are likely, and a tick
-// already read lets them through at once). An idle partition appends
-// none: a record that arrives waits in the gate until the next tick is
-// appended and read back, and nothing else depends on the read time
-// (DESIGN §12: it decides only when, never how, an event is decided).
+// already read lets them through at once). An idle partition appends none:
+// a record that arrives waits in the gate until the next tick is appended
+// and read back, and nothing else depends on the read time
+// (docs/entitlements.md, The aggregator, 2: a tick decides only when, never
+// how, an event is decided).
 func (e *entPart) needsTick() bool { return e.gateN > 0 || len(e.pendingAt) > 0 || e.sawInput }
 
 // punctuateEnt appends a tick to the partition's entitlements partition

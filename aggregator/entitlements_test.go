@@ -471,7 +471,7 @@ func testRatesAndCredits(t *testing.T, brokers []string) {
 // TestEntitlementsPeriodStartBalancesInChunks: when the watermark enters a
 // new period, the balance of every customer with usage in the period that
 // ended goes out (its usage in the new one is 0), at most FinalChunk
-// customers per transaction (DESIGN §6 invariant 9).
+// customers per transaction (docs/design.md, Exactly-once, 7).
 func TestEntitlementsPeriodStartBalancesInChunks(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)
@@ -611,11 +611,11 @@ func sameMilliRun(t *testing.T, live bool) string {
 }
 
 // TestEntitlementsSameMillisecondGate: an event that arrived in the
-// millisecond of an entitlements record is decided with that record
-// whether the stage was caught up (and read a tick of that millisecond
-// before the record) or behind (DESIGN §12: the same decisions however
-// far behind): the gate lets an event through only once the partition
-// has been read past its arrival.
+// millisecond of an entitlements record is decided with that record whether
+// the stage was caught up (and read a tick of that millisecond before the
+// record) or behind (docs/entitlements.md, The ordering rule: broker time:
+// the same decisions however far behind): the gate lets an event through
+// only once the partition has been read past its arrival.
 func TestEntitlementsSameMillisecondGate(t *testing.T) {
 	live, lag := sameMilliRun(t, true), sameMilliRun(t, false)
 	if live != lag {

@@ -13,9 +13,10 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestMisconfiguredCapWarnsOncePerMeter (kfake; §12): a cap on a MAX
-// meter (written without --meters) is ignored, every event counted; the
-// aggregator says so once per meter and partition, not with each event.
+// TestMisconfiguredCapWarnsOncePerMeter (kfake; docs/entitlements.md, Plans
+// and caps): a cap on a MAX meter (written without --meters) is ignored,
+// every event counted; the aggregator says so once per meter and partition,
+// not with each event.
 func TestMisconfiguredCapWarnsOncePerMeter(t *testing.T) {
 	const n = 1
 	h := newEntHarness(t, nil, n)

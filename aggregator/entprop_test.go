@@ -32,9 +32,10 @@ import (
 
 func TestPropertyEntitlementsKFake(t *testing.T) {
 	t.Run("seed=1", func(t *testing.T) { runPropertyWith(t, nil, 1, propKFake, &entGen{stepBack: true, misplaced: true}) })
-	// Behind and caught up alike (DESIGN §12): the same run with the
-	// aggregator reading the entitlements of the whole run first, then the
-	// events, and with both interleaved.
+	// Behind and caught up alike (docs/entitlements.md, The ordering rule:
+	// broker time): the same run with the aggregator reading the
+	// entitlements of the whole run first, then the events, and with both
+	// interleaved.
 	t.Run("seed=2", func(t *testing.T) { runBothWays(t, nil, 2, propKFake, entGen{stepBack: true}) })
 	// Behind, over three days of broker time (for the run time).
 	short := propKFake
@@ -152,7 +153,7 @@ func runBothWays(t *testing.T, brokers []string, seed int64, p propParams, gen e
 	}
 	if len(diff) > 0 {
 		sort.Strings(diff)
-		t.Fatalf("seed %d decided %d events differently behind than interleaved (DESIGN §12):\n  %s", seed, len(diff), strings.Join(diff, "\n  "))
+		t.Fatalf("seed %d decided %d events differently behind than interleaved (docs/entitlements.md, The ordering rule: broker time):\n  %s", seed, len(diff), strings.Join(diff, "\n  "))
 	}
 	t.Logf("seed %d: behind and interleaved rejected the same %d events alike", seed, len(got[0]))
 }

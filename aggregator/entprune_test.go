@@ -13,14 +13,15 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestEntitlementsPruneKeepsReroutedEventsVersions (kfake; DESIGN §2,
-// §12): pruning keeps the plan version in effect at the arrival, and the
-// rate card as it stood at the earlier of the arrival and the event_time,
-// of every event dedup can still accept, a re-routed one included. Dedup (W 24h, S 1h, B 24h) at a
-// watermark of 16 October 00:59 has expired the keys before
-// ⌊(wm − W − S)/B⌋·B = 14 October 00:00, so it accepts a re-routed event
-// of event_time 14 October 01:00 (event_time − S not before that) that
-// arrived at 14 October 00:00 (S before its event_time): its arrival is
+// TestEntitlementsPruneKeepsReroutedEventsVersions (kfake; docs/design.md,
+// Event identity and keys; docs/entitlements.md, The aggregator): pruning
+// keeps the plan version in effect at the arrival, and the rate card as it
+// stood at the earlier of the arrival and the event_time, of every event
+// dedup can still accept, a re-routed one included. Dedup (W 24h, S 1h, B
+// 24h) at a watermark of 16 October 00:59 has expired the keys before
+// ⌊(wm − W − S)/B⌋·B = 14 October 00:00, so it accepts a re-routed event of
+// event_time 14 October 01:00 (event_time − S not before that) that arrived
+// at 14 October 00:00 (S before its event_time): its arrival is
 // W + B + S − 1 min before the watermark, more than W.
 //
 //   - lowered: a cap of 100 lowered to 5 on 14 October at 00:30; the

@@ -14,13 +14,13 @@ import (
 )
 
 // TestEntitlementsQueuedRefusedAtBookingNotCharged: events late by their
-// arrival while their period is not final yet (one source's watermark
-// lags) are decided, charged and queued behind the period's FINALs. When
-// they are booked, the aggregate refuses the first (a sum that would wrap,
-// counted before entitlements were turned on) and takes the second. A
-// rejected event consumes nothing (DESIGN §12): the grant keeps the
-// second's charge only, and no charge of a queued event stays in the
-// state.
+// arrival while their period is not final yet (one source's watermark lags)
+// are decided, charged and queued behind the period's FINALs. When they are
+// booked, the aggregate refuses the first (a sum that would wrap, counted
+// before entitlements were turned on) and takes the second. A rejected
+// event consumes nothing (docs/entitlements.md, Plans and caps): the grant
+// keeps the second's charge only, and no charge of a queued event stays in
+// the state.
 func TestEntitlementsQueuedRefusedAtBookingNotCharged(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: 1, Sources: 2, EventsTimestamp: "CreateTime"})

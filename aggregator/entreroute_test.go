@@ -299,7 +299,7 @@ func testDeleteAfterMisrouted(t *testing.T, brokers []string) {
 
 // TestEntitlementsCopyNeverReroutedTwice: a record marked as re-produced
 // found on another partition than its customer's is rejected (invalid),
-// not re-produced again (DESIGN §2).
+// not re-produced again (docs/entitlements.md, The aggregator, 1).
 func TestEntitlementsCopyNeverReroutedTwice(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)

@@ -14,12 +14,12 @@ import (
 
 // TestEntitlementsPeriodStartWithPendingBalances: the watermark enters a
 // new period while customers with usage in the period that ended are
-// pending (their last change's balance waits for the balance interval),
-// as at any month end with live input. Each such customer gets exactly
-// one balance of the new period (usage 0), whichever of the period
-// start's chunks and the emission of the pending customers reaches it
-// first; and no transaction carries more balances than the chunk (DESIGN
-// §6 invariant 9), the two together included. The broker time is the
+// pending (their last change's balance waits for the balance interval), as
+// at any month end with live input. Each such customer gets exactly one
+// balance of the new period (usage 0), whichever of the period start's
+// chunks and the emission of the pending customers reaches it first; and no
+// transaction carries more balances than the chunk (docs/design.md,
+// Exactly-once, 7), the two together included. The broker time is the
 // test's: it appends the ticks itself. A customer pending with usage in the
 // new period only (n01) gets its balance too, once the period start's
 // chunks are out.
@@ -114,13 +114,13 @@ func pendingBalances(reg *prometheus.Registry) float64 {
 	return v
 }
 
-// TestEntitlementsPeriodStartAfterNewPeriodBalance: a customer whose
-// change in the new period (an event that arrived there while the
-// watermark was still in the period before) went out before the
-// watermark entered the new period already has its balance of the new
-// period, and nothing changed it since: the period start's chunks, which
-// reach it for its usage in the period that ended, emit no second one
-// (DESIGN §12: at most one balance per transaction that changed the
+// TestEntitlementsPeriodStartAfterNewPeriodBalance: a customer whose change
+// in the new period (an event that arrived there while the watermark was
+// still in the period before) went out before the watermark entered the new
+// period already has its balance of the new period, and nothing changed it
+// since: the period start's chunks, which reach it for its usage in the
+// period that ended, emit no second one (docs/entitlements.md, The
+// aggregator, 4: at most one balance per transaction that changed the
 // customer). A customer with usage in the period that ended only gets its
 // balance of the new period from them, once.
 func TestEntitlementsPeriodStartAfterNewPeriodBalance(t *testing.T) {

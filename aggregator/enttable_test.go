@@ -13,14 +13,14 @@ import (
 	"github.com/meterline/meterline/entitlements"
 )
 
-// TestEntitlementsStatusTable: the status page's table of the
-// entitlements decisions (DESIGN §12, "status page ... for rejections by
-// over_limit/no_credit and credits consumed") counts, by plan and never
-// by customer, what the metrics count: a capped customer's 10 accepted
-// events and 2 over_limit, a prepaid customer's 10 accepted and 2
-// no_credit, and the micro-credits each plan consumed; and so do the
-// metrics, whose plan label never holds a customer. An aggregator
-// without --entitlements says it decides nothing.
+// TestEntitlementsStatusTable: the status page's table of the entitlements
+// decisions (docs/operations.md, Status page: refused over_limit or
+// no_credit, and the micro-credits consumed) counts, by plan and never by
+// customer, what the metrics count: a capped customer's 10 accepted events
+// and 2 over_limit, a prepaid customer's 10 accepted and 2 no_credit, and
+// the micro-credits each plan consumed; and so do the metrics, whose plan
+// label never holds a customer. An aggregator without --entitlements says
+// it decides nothing.
 func TestEntitlementsStatusTable(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)

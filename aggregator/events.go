@@ -15,9 +15,9 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Event handling: each record of usage.deduped is an event, aggregated
-// into its OPEN aggregate or booked as an adjustment (DESIGN §3), or a
-// watermark, which decides periods final (finalize.go).
+// Event handling: each record of usage.deduped is an event, aggregated into
+// its OPEN aggregate or booked as an adjustment (docs/design.md, Time), or
+// a watermark, which decides periods final (finalize.go).
 
 // dispatch handles r, already decoded in pt.ev when decoded (gateTime).
 func (pt *partition) dispatch(tx *stream.Tx, r *kgo.Record, decoded bool) error {
@@ -75,7 +75,7 @@ func (pt *partition) rejectUndecodable(tx *stream.Tx, r *kgo.Record, err error) 
 func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 	// The number of sources is usage.events' partition count from the
 	// cluster's metadata, never the record's claim: a record that disagrees
-	// is counted, logged and ignored (DESIGN §3).
+	// is counted, logged and ignored (docs/design.md, Time).
 	n := pt.pr.counts.events
 	switch {
 	case w.SourcePartitions != n:
@@ -212,16 +212,17 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		uval = v
 	}
 	if pt.ent != nil && !queued {
-		// DESIGN §12: decided once, here, in input order; an event
-		// queued behind its period's FINALs was decided when it was
-		// queued.
+		// Decided once, here, in input order (docs/entitlements.md, The
+		// aggregator, 3); an event queued behind its period's FINALs was
+		// decided when it was queued.
 		ch, ok, err := pt.decideEvent(tx, r, e, m)
 		if !ok || err != nil {
 			return err
 		}
 		// The charge reaches the transaction only if the aggregate takes
 		// the event: one it refuses (a sum that would wrap, an event that
-		// cannot be queued) consumes nothing (DESIGN §12).
+		// cannot be queued) consumes nothing (docs/entitlements.md, Plans
+		// and caps).
 		pt.refused, pt.queued = false, nil
 		if err := pt.place(tx, r, e, m, queued, uval); err != nil || pt.refused {
 			return err
@@ -256,14 +257,14 @@ func (pt *partition) place(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	}
 	ps := pt.finals[start]
 	if ps == nil && pt.wm > end+c.Grace.Milliseconds() {
-		// DESIGN §3: the period is final once the watermark passed end +
-		// grace, whether or not it had aggregates here (no marker:
-		// finalize only decides periods with open or queued keys). An
-		// event processed now (a re-routed event with its original
-		// arrival, a broker clock that stepped back) is an adjustment,
-		// not an OPEN aggregate that a later watermark would turn into a
-		// second-round FINAL. Mark it, so that its state expires at end +
-		// W.
+		// The period is final (docs/design.md, Time) once the watermark
+		// passed end + grace, whether or not it had aggregates here (no
+		// marker: finalize only decides periods with open or queued keys).
+		// An event processed now (a re-routed event with its original
+		// arrival, a broker clock that stepped back) is an adjustment, not
+		// an OPEN aggregate that a later watermark would turn into a
+		// second-round FINAL. Mark it, so that its state expires at
+		// end + W.
 		ps = pt.markFinal(tx, start)
 	}
 	switch {
@@ -275,7 +276,8 @@ func (pt *partition) place(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		// value is not known yet. Or the period is final and its FINAL
 		// revisions are still going out in chunks: the event is an
 		// adjustment, booked behind them and behind the events queued
-		// before it (DESIGN §3: deltas are against the final, in order).
+		// before it (docs/design.md, Time: deltas are against the final, in
+		// order).
 		v, err := encode(e)
 		if err != nil {
 			return pt.reject(tx, r, e, schemas.ReasonInvalid, "the event cannot be queued for its adjustment: "+err.Error())
@@ -367,8 +369,8 @@ func overflows(st *aggState, e *schemas.DedupedEvent, m *Meter) bool {
 	return st.Count == math.MaxInt64 || (m.Aggregation == Sum && e.Quantity > math.MaxInt64-st.Value)
 }
 
-// rejectOverflow rejects an event that would wrap its aggregate (DESIGN
-// §8: invalid, and counted in no aggregate).
+// rejectOverflow rejects an event that would wrap its aggregate
+// (docs/design.md, Bad input: invalid, and counted in no aggregate).
 func (pt *partition) rejectOverflow(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, st *aggState) error {
 	what := "the " + string(m.Aggregation) + " of its aggregate"
 	if st.Count == math.MaxInt64 {

@@ -15,7 +15,8 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// Finalization and expiry of a period (DESIGN §3, §6 invariant 9).
+// Finalization and expiry of a period (docs/design.md, Time;
+// docs/design.md, Exactly-once, 7).
 //
 // The decision is one transaction: the one whose watermark passes the
 // period's end + grace writes the period's marker ('F' P) in phase emit,
@@ -180,11 +181,12 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 // undecidedDue reports whether st, as opened, holds OPEN aggregates or
 // queued events of a period that is not decided final although the
 // watermark passed its end + the configured grace: never, unless the state
-// was built with a longer grace (--grace shortened across a restart),
-// since the transaction that moves the watermark decides every period it
-// passes (finalize). Left so, such a period would be final by DESIGN §3
-// without its FINAL revisions: an event of it would mark it final with
-// nothing to emit (place), and its aggregates would never get one.
+// was built with a longer grace (--grace shortened across a restart), since
+// the transaction that moves the watermark decides every period it passes
+// (finalize). Left so, such a period would be final by the rule of
+// docs/design.md, Time, without its FINAL revisions: an event of it would
+// mark it final with nothing to emit (place), and its aggregates would
+// never get one.
 func (pt *partition) undecidedDue(st stateReader) (bool, error) {
 	grace := pt.pr.cfg.Grace.Milliseconds()
 	for _, pfx := range []byte{pfxOpen, pfxPending} {
@@ -446,7 +448,8 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 			return err
 		}
 		if pt.refused && charged {
-			// Rejected now, it consumes nothing (DESIGN §12).
+			// Rejected now, it consumes nothing (docs/entitlements.md,
+			// Plans and caps).
 			if err := pt.refund(tx, &e, charge); err != nil {
 				return err
 			}

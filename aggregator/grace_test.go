@@ -11,16 +11,16 @@ import (
 )
 
 // TestGraceShortenedOnRestart: an aggregator restarted with a shorter
-// --grace on state whose watermark is already past a period's end + the
-// new grace (but not the old one) holds OPEN aggregates of a period that
-// is final (DESIGN §3: final once the watermark passes end + grace). Its
-// first transaction decides it: the period gets its FINAL revisions, and
-// an event of it processed after the restart is an adjustment measured
-// against them. Before, such an event marked the period final with
-// nothing to emit: its aggregates never got a FINAL (November had no
-// invoice quantity), their state was never pruned, and a MAX adjustment
-// was measured against nothing (delta 7 under a maximum of 10). Idle after
-// the restart (no input), the partition decides it all the same.
+// --grace on state whose watermark is already past a period's end + the new
+// grace (but not the old one) holds OPEN aggregates of a period that is
+// final (docs/design.md, Time: final once the watermark passes
+// end + grace). Its first transaction decides it: the period gets its FINAL
+// revisions, and an event of it processed after the restart is an
+// adjustment measured against them. Before, such an event marked the period
+// final with nothing to emit: its aggregates never got a FINAL (November
+// had no invoice quantity), their state was never pruned, and a MAX
+// adjustment was measured against nothing (delta 7 under a maximum of 10).
+// Idle after the restart (no input), the partition decides it all the same.
 func TestGraceShortenedOnRestart(t *testing.T) {
 	t.Run("event", func(t *testing.T) { testGraceShortened(t, true) })
 	t.Run("idle", func(t *testing.T) { testGraceShortened(t, false) })

@@ -12,13 +12,14 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestEntitlementsGrantReofferedCaughtUpOrBehind: a grant that paid for
-// an event expires; long after its window has passed (more than 2W, W one
-// hour here) the customer gets a record again, then the grant's id is
-// offered anew with a later expiry, and an event draws from it. DESIGN
-// §12: the same input gives the same decisions whether the aggregator is
-// caught up or behind. docs/entitlements.md: an id offered again after its
-// window has been past for W is a new grant, so the event is paid.
+// TestEntitlementsGrantReofferedCaughtUpOrBehind: a grant that paid for an
+// event expires; long after its window has passed (more than 2W, W one hour
+// here) the customer gets a record again, then the grant's id is offered
+// anew with a later expiry, and an event draws from it. The same input
+// gives the same decisions whether the aggregator is caught up or behind
+// (docs/entitlements.md, The ordering rule: broker time), and an id offered
+// again after its window has been past for W is a new grant
+// (docs/entitlements.md, Credits), so the event is paid.
 //
 // Caught up, the customer's records are read once the watermark has moved
 // on; behind, the entitlements partition is read ahead of usage.deduped,

@@ -92,8 +92,8 @@ func TestKeySchemeInState(t *testing.T) {
 }
 
 // TestRejectedKeyedByIdentity: the aggregator keys what it rejects by the
-// event's identity (DESIGN §4), not by the record's key, which is the
-// customer.
+// event's identity (docs/design.md, Topics), not by the record's key, which
+// is the customer.
 func TestRejectedKeyedByIdentity(t *testing.T) {
 	h := newAggHarness(t, nil, 2)
 	h.start(h.config("a", vfs.NewMem()))

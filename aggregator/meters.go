@@ -18,7 +18,7 @@ import (
 // Aggregation is how a meter's events combine within a period.
 type Aggregation string
 
-// The aggregations (DESIGN §5).
+// The aggregations (docs/design.md, Meters and aggregations).
 const (
 	Sum         Aggregation = "SUM"
 	Count       Aggregation = "COUNT"
@@ -47,8 +47,9 @@ type Meter struct {
 	Description string `json:"description,omitempty"`
 
 	// The fields below map CloudEvents received by the HTTP ingest
-	// (DESIGN §11) to this meter, as OpenMeter's meter definitions do.
-	// They do not change how the aggregator counts.
+	// (docs/ingest.md, Meters: from a CloudEvent to usage) to this meter,
+	// as OpenMeter's meter definitions do. They do not change how the
+	// aggregator counts.
 
 	// EventType is the CloudEvents type whose events feed this meter.
 	// Several meters may share one: a CloudEvent then feeds each of them.

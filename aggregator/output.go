@@ -112,11 +112,12 @@ func (pt *partition) rejectedRecord(r *kgo.Record, e *schemas.DedupedEvent, reas
 			rej.RawValue = v
 		}
 	}
-	// Keyed by the event's identity (DESIGN §4), never by the record's
-	// key, which is the customer (DESIGN §12); null when the record is
-	// no event. The key and the value share one allocation.
-	// Raw bytes: a prefix, the length and a SHA-256 (DESIGN §6.10), the
-	// digests in scratch memory: they are copied into the encoding.
+	// Keyed by the event's identity (docs/design.md, Topics), never by the
+	// record's key, which is the customer (docs/design.md, Topics); null
+	// when the record is no event. The key and the value share one
+	// allocation. Raw bytes: a prefix, the length and a SHA-256
+	// (docs/design.md, Bad input), the digests in scratch memory: they are
+	// copied into the encoding.
 	rej.BoundWith(&pt.rejSums)
 	var key, buf []byte
 	if e != nil {

@@ -12,13 +12,13 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestPendingBalancesInChunks: the emission of pending balances is
-// chunked (DESIGN §6 invariant 9: "emitting balances" is work that scales
+// TestPendingBalancesInChunks: the emission of pending balances is chunked
+// (docs/design.md, Exactly-once, 7: emitting balances is work that scales
 // with state): seven customers changed in one transaction go out at most
 // Config.FinalChunk (2) a transaction, each once. Transactions are told
-// apart by the commit marker each leaves between its records and the
-// next transaction's on the one partition of usage.balances (the
-// aggregator is its only writer).
+// apart by the commit marker each leaves between its records and the next
+// transaction's on the one partition of usage.balances (the aggregator is
+// its only writer).
 func TestPendingBalancesInChunks(t *testing.T) {
 	const n = 1
 	h := newEntHarness(t, nil, n)

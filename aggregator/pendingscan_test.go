@@ -131,15 +131,15 @@ func pendingCustomers(n int) []int {
 	return cs
 }
 
-// TestPendingEmissionBoundedByChunk: a transaction of the emission of
-// the pending customers looks at no more of them than its chunk and the
-// one after it, however many are pending (DESIGN §6 invariant 9: the
+// TestPendingEmissionBoundedByChunk: a transaction of the emission of the
+// pending customers looks at no more of them than its chunk and the one
+// after it, however many are pending (docs/design.md, Exactly-once, 7: the
 // records a transaction emits are bounded, and so is its work), and the
-// emission goes through them in key order after its cursor, each chunk
-// the next FinalChunk customers; a customer that becomes pending ahead of
-// the cursor goes out in that emission, one that becomes pending behind
-// it (its balance just went out) waits for the next emission, a balance
-// interval after the start of this one.
+// emission goes through them in key order after its cursor, each chunk the
+// next FinalChunk customers; a customer that becomes pending ahead of the
+// cursor goes out in that emission, one that becomes pending behind it (its
+// balance just went out) waits for the next emission, a balance interval
+// after the start of this one.
 func TestPendingEmissionBoundedByChunk(t *testing.T) {
 	const chunk = 50
 	for _, n := range []int{500, 5000} {

@@ -131,8 +131,9 @@ type partition struct {
 	// txc: the open transaction's counts (rejections, late events,
 	// revisions, balances, chunks, ignored watermarks), and finalDelays its
 	// finalization delays: added to the metrics when it commits
-	// (Committed), dropped when it aborts (DESIGN §9: a record processed
-	// again after an abort is counted once).
+	// (Committed), dropped when it aborts (docs/operations.md, Health,
+	// metrics and logs: a record processed again after an abort is counted
+	// once).
 	txc         prom.TxCounts
 	finalDelays []float64
 	// rej is the Rejected record being encoded (rejectedRecord), reused;
@@ -201,8 +202,8 @@ func (pt *partition) load(st stateReader) error {
 		return err
 	}
 	// One slot per partition of usage.events, as the cluster's metadata
-	// says (DESIGN §3). A source watermark of another count (state written
-	// before the count came from metadata) is left out.
+	// says (docs/design.md, Time). A source watermark of another count
+	// (state written before the count came from metadata) is left out.
 	pt.sources = make([]int64, pt.pr.counts.events)
 	err := st.Scan([]byte{pfxSource}, []byte{pfxSource + 1}, func(k, v []byte) error {
 		if len(k) != 5 || len(v) != 8 {
@@ -282,15 +283,16 @@ func (c partitionCountsT) encodeRecorded(ent bool) []byte {
 }
 
 // checkPartitionCounts refuses state built with another partition count of
-// usage.deduped or usage.entitlements than the cluster's (DESIGN §12, as
-// dedup does for usage.events in §2): a customer's records are in the
+// usage.deduped or usage.entitlements than the cluster's (docs/design.md,
+// Exactly-once, "Co-partitioned inputs"; dedup does so for usage.events,
+// docs/design.md, Event identity and keys): a customer's records are in the
 // partition of its framed ID modulo the count, so with another count its
-// new events and entitlements go to another partition than its
-// aggregates, cap usage and credits, which would start again from zero
-// there. State that does not record the counts (new, or built before they
-// were recorded) gets them in its next transaction; so does the count of
-// usage.entitlements when entitlements are turned on for state that
-// records only usage.deduped's.
+// new events and entitlements go to another partition than its aggregates,
+// cap usage and credits, which would start again from zero there. State
+// that does not record the counts (new, or built before they were recorded)
+// gets them in its next transaction; so does the count of
+// usage.entitlements when entitlements are turned on for state that records
+// only usage.deduped's.
 //
 // A partition past the counts the stage started with (partitions added
 // while it runs, which the group assigns at its next rebalance) is
@@ -372,11 +374,12 @@ func (pt *partition) checkPeriod(st stateReader) error {
 var errStateFound = errors.New("state found")
 
 // checkKeyScheme refuses state built from another key scheme of
-// usage.deduped than schemas.DedupedKeyScheme (DESIGN §12): a customer's
-// aggregates would then sit in other partitions than its new events. State
-// without a scheme and with any key of its own was built before schemes
-// were recorded (keyed by customer and meter), and is refused too; new
-// state gets the scheme in its first transaction (writeScheme).
+// usage.deduped than schemas.DedupedKeyScheme (docs/design.md, Topics): a
+// customer's aggregates would then sit in other partitions than its new
+// events. State without a scheme and with any key of its own was built
+// before schemes were recorded (keyed by customer and meter), and is
+// refused too; new state gets the scheme in its first transaction
+// (writeScheme).
 func (pt *partition) checkKeyScheme(st stateReader) error {
 	v, ok, err := st.Get(keyKeyScheme)
 	if err != nil {
@@ -409,13 +412,13 @@ func (pt *partition) checkKeyScheme(st stateReader) error {
 }
 
 // checkEntMode refuses to open, with entitlements off, a partition whose
-// state was built with them on (DESIGN §12): its gated records would stay
-// in the state forever with their input offsets committed (their usage
-// lost), and its cap and credit usage would miss every event counted
-// meanwhile if they were turned on again. State with entitlements on
-// records the mode (keyEntMode, written in the partition's first
-// transaction); state from before the mode was recorded is recognised by
-// its gate and ledger keys.
+// state was built with them on (docs/entitlements.md, The aggregator): its
+// gated records would stay in the state forever with their input offsets
+// committed (their usage lost), and its cap and credit usage would miss
+// every event counted meanwhile if they were turned on again. State with
+// entitlements on records the mode (keyEntMode, written in the partition's
+// first transaction); state from before the mode was recorded is recognised
+// by its gate and ledger keys.
 //
 // With entitlements on, it refuses state whose Ledger keeps another
 // layout than this version's (ErrLedgerLayout): a mode other than

@@ -28,7 +28,7 @@ import (
 // in-process crashes at every crash point, restarts on kept or wiped state,
 // and a second instance joining and leaving (rebalances). At the end, with
 // every source's watermark past every period's end + grace, the outputs
-// must agree with the independent model of DESIGN §3 in
+// must agree with the independent model of docs/design.md, Time, in
 // internal/testenv/oracle (it calls no aggregator code), which the
 // real-binary suite internal/aggcrashtest checks against too.
 //
@@ -107,8 +107,8 @@ func pDayStart(ms int64) int64 { s, _ := oracle.Day(ms); return s }
 // Watermark is the aggregator partition watermark when the event is
 // processed: the minimum over the sources of the latest watermark sent
 // before it (0 until every source sent one). Every partition gets every
-// watermark record, so it is the same in all partitions. The one event
-// that it makes late although it arrived on time (DESIGN §3) is a
+// watermark record, so it is the same in all partitions. The one event that
+// it makes late although it arrived on time (docs/design.md, Time) is a
 // re-routed one here: it carries an arrival from before the latest
 // watermarks.
 type pEvent struct {

@@ -14,17 +14,17 @@ import (
 
 // TestStaleCopyRestatesTheValueInEffect: the last record of a customer's
 // key on its canonical partition (what compaction keeps, and all that an
-// aggregator reading the compacted topic from the start applies) must
-// carry the value in effect. A copy that claims the origin of the last
-// record applied but carries another value is skipped; it must then
-// restate the value in effect, or it would be what compaction keeps. It
-// happens without any forged header (a restated record read back after a
-// record written on the canonical partition with a broker time that
-// stepped back: the origin stays, the value changed), and with one (a
-// client copying the headers of the last record onto another value:
-// producers set headers too, DESIGN §2). At the same origin the greater
-// value wins (a tombstone least), so that stages that disagree converge;
-// a copy carrying the value in effect at the same origin is skipped and
+// aggregator reading the compacted topic from the start applies) must carry
+// the value in effect. A copy that claims the origin of the last record
+// applied but carries another value is skipped; it must then restate the
+// value in effect, or it would be what compaction keeps. It happens without
+// any forged header (a restated record read back after a record written on
+// the canonical partition with a broker time that stepped back: the origin
+// stays, the value changed), and with one (a client copying the headers of
+// the last record onto another value: producers set headers too,
+// docs/entitlements.md, The aggregator, 1). At the same origin the greater
+// value wins (a tombstone least), so that stages that disagree converge; a
+// copy carrying the value in effect at the same origin is skipped and
 // restates nothing. A record written on the canonical partition whose
 // broker time stepped back orders a millisecond after the last origin.
 func TestStaleCopyRestatesTheValueInEffect(t *testing.T) {

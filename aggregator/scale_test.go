@@ -235,8 +235,8 @@ func (s *scaleRun) awaitFinals() txnReport {
 }
 
 // checkTransactions logs what the month end's transactions measured and
-// checks DESIGN §6 invariant 9 on them: no transaction carried more FINAL
-// revisions, or balances, than the chunk; and the session never
+// checks docs/design.md, Exactly-once, 7, on them: no transaction carried
+// more FINAL revisions, or balances, than the chunk; and the session never
 // restarted: no transaction aborted, refused or of unknown outcome, no
 // session rebuilt.
 func (s *scaleRun) checkTransactions(rep txnReport) {
@@ -327,8 +327,8 @@ func notOnce(t *testing.T, counts []uint8, what string) int {
 
 // TestRealKafkaMonthEndAtScale (real broker): one partition holds N OPEN
 // aggregates (N events of N customers), then one watermark passes the
-// month's end + grace, with no input after it. DESIGN
-// §6 invariant 9: exactly one FINAL per aggregate; no transaction carries
+// month's end + grace, with no input after it. docs/design.md,
+// Exactly-once, 7: exactly one FINAL per aggregate; no transaction carries
 // more FINAL revisions than the chunk (measured per transaction by kgo
 // hooks); and the session never restarts: no transaction aborted, refused
 // or of unknown outcome, no session rebuilt (the runtime's metrics). It
@@ -344,22 +344,22 @@ func TestRealKafkaMonthEndAtScale(t *testing.T) {
 }
 
 // TestRealKafkaMonthEndEntitlementsAtScale (real broker) is
-// TestRealKafkaMonthEndAtScale with entitlements on (DESIGN §12): the N
-// customers are on the default plan, capped at 1 unit of their meter a
-// month (reject) with a grant of 1,000 micro-credits at 100 a unit, and
-// each used its unit in the month that ends, so recently that its balance
-// is still pending (setUp). The watermark past end + grace enters the next
-// month, where the aggregator resets the caps and emits the balance of
-// every customer with usage in the month that ended, in chunks
+// TestRealKafkaMonthEndAtScale with entitlements on (docs/entitlements.md,
+// The aggregator): the N customers are on the default plan, capped at 1
+// unit of their meter a month (reject) with a grant of 1,000 micro-credits
+// at 100 a unit, and each used its unit in the month that ends, so recently
+// that its balance is still pending (setUp). The watermark past end + grace
+// enters the next month, where the aggregator resets the caps and emits the
+// balance of every customer with usage in the month that ended, in chunks
 // (rollState), after the FINAL revisions; the broker time has passed the
-// balance interval, so the pending customers could go out too. DESIGN §6
-// invariant 9: exactly one FINAL per aggregate; each customer's balance of
-// the new month goes out exactly once (usage 0, 900 micro-credits left, as
-// of the watermark); no transaction carries more FINAL revisions, or more
-// balances, than the chunk; the session never restarts. Then a customer's
-// first event of the new month is accepted (its usage of the old month
-// would refuse it) and its second refused over_limit: decided against the
-// new month's cap.
+// balance interval, so the pending customers could go out too.
+// docs/design.md, Exactly-once, 7: exactly one FINAL per aggregate; each
+// customer's balance of the new month goes out exactly once (usage 0, 900
+// micro-credits left, as of the watermark); no transaction carries more
+// FINAL revisions, or more balances, than the chunk; the session never
+// restarts. Then a customer's first event of the new month is accepted (its
+// usage of the old month would refuse it) and its second refused
+// over_limit: decided against the new month's cap.
 func TestRealKafkaMonthEndEntitlementsAtScale(t *testing.T) {
 	brokers := testenv.RealKafka(t)
 	h := newEntHarness(t, brokers, 1)

@@ -13,12 +13,13 @@ import (
 
 // TestNewRefusesCreateTimeEntitlements: with entitlements, an event is
 // decided by the entitlements in effect at its arrival, by the broker
-// timestamps of usage.entitlements (DESIGN §12). With CreateTime those are
-// their writers' clocks, so New refuses the topic with an error naming it,
-// the setting and the fix, unless AllowCreateTime is set (then it warns
-// once at start). Without entitlements the topic is not read, and a
-// LogAppendTime topic needs no allowance. On kfake and, when
-// METERLINE_TEST_KAFKA is set, on the real broker.
+// timestamps of usage.entitlements (docs/entitlements.md, The ordering
+// rule: broker time). With CreateTime those are their writers' clocks, so
+// New refuses the topic with an error naming it, the setting and the fix,
+// unless AllowCreateTime is set (then it warns once at start). Without
+// entitlements the topic is not read, and a LogAppendTime topic needs no
+// allowance. On kfake and, when METERLINE_TEST_KAFKA is set, on the real
+// broker.
 func TestNewRefusesCreateTimeEntitlements(t *testing.T) {
 	t.Run("kfake", func(t *testing.T) {
 		_, brokers := testenv.KFake(t)

@@ -38,12 +38,12 @@ func counterWith(reg *prometheus.Registry, name, label, value string) float64 {
 
 // TestWatermarkSourceCountFromMetadata: the number of dedup source
 // partitions is usage.events' partition count in the cluster's metadata
-// (here 2), never a record's claim (DESIGN §3). Records that claim 1 source
-// (which would close the period on one source's watermark), 0, a negative
-// count or MaxInt32 (a 16 GiB slice, re-read from state on every restart),
-// or name a source partition outside [0, 2), are counted by reason and
-// ignored: the period stays open, across a restart, until both real sources
-// passed end + grace.
+// (here 2), never a record's claim (docs/design.md, Time). Records that
+// claim 1 source (which would close the period on one source's watermark),
+// 0, a negative count or MaxInt32 (a 16 GiB slice, re-read from state on
+// every restart), or name a source partition outside [0, 2), are counted by
+// reason and ignored: the period stays open, across a restart, until both
+// real sources passed end + grace.
 func TestWatermarkSourceCountFromMetadata(t *testing.T) {
 	h := newAggHarnessSources(t, nil, 1, 2)
 	fs := vfs.NewMem()

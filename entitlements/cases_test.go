@@ -13,9 +13,9 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// A case is written by hand from DESIGN §12: entitlements records as an
-// operator writes them (the YAML of `meterline entitlements`), each read
-// at a broker time, and runs of events with their arrival and event
+// A case is written by hand from docs/entitlements.md: entitlements records
+// as an operator writes them (the YAML of `meterline entitlements`), each
+// read at a broker time, and runs of events with their arrival and event
 // times, with the outcomes, charges and balances expected. Steps run in
 // order: a record is read when its step comes, so a record placed before
 // events that arrived earlier than it is a stage that has read ahead. The

@@ -65,8 +65,8 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", uint8(o))
 }
 
-// Reason returns the rejection reason code of DESIGN §8 ("" when
-// accepted).
+// Reason returns the rejection reason code of docs/design.md, Bad input (""
+// when accepted).
 func (o Outcome) Reason() string {
 	if o == Accepted {
 		return ""
@@ -139,12 +139,13 @@ type Input struct {
 	uses     []grantUse
 }
 
-// Decide decides one event (DESIGN §12): unmetered → accepted, no charge;
-// a cap it would pass → OverLimit (on_limit REJECT); credits → drawn from
-// the grants whose window holds its event_time, by priority, then earliest
-// expiry, then id; what they cannot pay is overdrawn when the policy
-// allows, else NoCredit. Decide is pure: it reads in and returns the
-// change; nothing is consumed by a rejected event.
+// Decide decides one event (docs/entitlements.md, The aggregator, 3):
+// unmetered → accepted, no charge; a cap it would pass → OverLimit
+// (on_limit REJECT); credits → drawn from the grants whose window holds its
+// event_time, by priority, then earliest expiry, then id; what they cannot
+// pay is overdrawn when the policy allows, else NoCredit. Decide is pure:
+// it reads in and returns the change; nothing is consumed by a rejected
+// event.
 func Decide(in Input) Decision {
 	var d Decision
 	decideInto(in, &d)

@@ -1,10 +1,11 @@
 // Package entitlements holds the model and the per-event decision of
-// DESIGN §12: free-tier caps and credit balances, decided exactly once in
-// the aggregator's transaction. It knows nothing of Kafka or Pebble: the
-// aggregator feeds it the records of usage.entitlements and the events of
-// usage.deduped, keeps what it returns in its state and emits what it
-// decides. Everything here is deterministic: the same records and events
-// give the same decisions, whenever and however often they are replayed.
+// docs/entitlements.md: free-tier caps and credit balances, decided exactly
+// once in the aggregator's transaction. It knows nothing of Kafka or
+// Pebble: the aggregator feeds it the records of usage.entitlements and the
+// events of usage.deduped, keeps what it returns in its state and emits
+// what it decides. Everything here is deterministic: the same records and
+// events give the same decisions, whenever and however often they are
+// replayed.
 //
 // # Which entitlements decide an event
 //

@@ -141,8 +141,8 @@ type Config struct {
 	// a stage's state with other keys. Required.
 	Prefix []byte
 	// Window is the dedup window W: an event's event_time is less than W
-	// before its arrival (DESIGN §3). It bounds what Prune keeps.
-	// Default: DefaultWindow.
+	// before its arrival (docs/design.md, Time). It bounds what Prune
+	// keeps. Default: DefaultWindow.
 	Window time.Duration
 	// Period returns the billing period [start, end) containing an epoch
 	// ms time, a function of that time alone (the Ledger remembers the
@@ -703,10 +703,11 @@ func (d *Decision) AppendCharge(b []byte) []byte {
 
 // Refund takes back, from the customer's account, the charge that Record
 // recorded for the event (charge: Decision.AppendCharge), for a stage that
-// accepted and charged an event and then could not count it (DESIGN §12:
-// a rejected event consumes nothing). What the account no longer holds (a
-// period or a grant pruned since) stays as it is, and nothing goes below
-// zero. The error is the Store's, or a charge that does not decode.
+// accepted and charged an event and then could not count it
+// (docs/entitlements.md, Plans and caps: a rejected event consumes
+// nothing). What the account no longer holds (a period or a grant pruned
+// since) stays as it is, and nothing goes below zero. The error is the
+// Store's, or a charge that does not decode.
 func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) error {
 	d := newDecGens("charge", charge)
 	units, overdraft := d.int(), d.int()
@@ -963,12 +964,12 @@ func (l *Ledger) putDefaultGrants(st Store, es []defaultGrant) {
 	st.Put(l.keyDefaultGrants, appendDefaultGrants(nil, es))
 }
 
-// PrunePeriods drops, at most max customers at a time (DESIGN §6
-// invariant 9), the usage and overdraft of periods no future event can
-// belong to, given that every future event arrives at or after horizon:
-// it walks the period index ('P' P C) of those periods, drops them from
-// each customer's Account and deletes the index keys. more reports that
-// keys are left: call it again in a later transaction.
+// PrunePeriods drops, at most max customers at a time (docs/design.md,
+// Exactly-once, 7), the usage and overdraft of periods no future event can
+// belong to, given that every future event arrives at or after horizon: it
+// walks the period index ('P' P C) of those periods, drops them from each
+// customer's Account and deletes the index keys. more reports that keys are
+// left: call it again in a later transaction.
 func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err error) {
 	cut, _ := l.period(l.eventTimeHorizon(horizon))
 	plen := len(l.key(subPeriod)) + 8
@@ -1011,10 +1012,10 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 var errStopScan = errors.New("stop scan")
 
 // CustomersWithUsage returns, in key order, up to max customers that have
-// usage recorded in the period starting at start, after the customer
-// after ("" for the first); more reports that there may be others after
-// the last one returned. It lets a stage emit every such customer's
-// balance in bounded chunks with a cursor (DESIGN §6 invariant 9).
+// usage recorded in the period starting at start, after the customer after
+// ("" for the first); more reports that there may be others after the last
+// one returned. It lets a stage emit every such customer's balance in
+// bounded chunks with a cursor (docs/design.md, Exactly-once, 7).
 func (l *Ledger) CustomersWithUsage(st Store, start int64, after string, max int) (customers []string, more bool, err error) {
 	lo, hi := l.key(subPeriod, period8(start)), l.key(subPeriod, period8(start+1))
 	if after != "" {

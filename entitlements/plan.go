@@ -136,11 +136,11 @@ func (p *Plan) Cap(meter string) (schemas.Cap, bool) {
 // smallCaps is how many caps Cap compares one by one.
 const smallCaps = 8
 
-// PassesCap reports whether an event adding units to a period's usage
-// takes it past a cap's limit (DESIGN §12): usage landing exactly on the
-// limit is within it. A sum that does not fit 64 bits is not this rule's
-// (Decide refuses the event as invalid before): false. Decide and the
-// ingest's quota gate both decide a cap by it.
+// PassesCap reports whether an event adding units to a period's usage takes
+// it past a cap's limit (docs/entitlements.md, Plans and caps): usage
+// landing exactly on the limit is within it. A sum that does not fit 64
+// bits is not this rule's (Decide refuses the event as invalid before):
+// false. Decide and the ingest's quota gate both decide a cap by it.
 func PassesCap(usage, units, limit int64) bool {
 	if units > 0 && usage > math.MaxInt64-units {
 		return false
@@ -224,9 +224,9 @@ func pathPart(name string) string {
 
 // Validate checks an Entitlements record and returns every problem at once
 // (FieldErrors joined), each named by its field path. With meters, caps on
-// meters whose aggregation is not SUM or COUNT are refused (a
-// configuration error, DESIGN §12). It does not check the customer_id
-// against the record key (ParseRecord does).
+// meters whose aggregation is not SUM or COUNT are refused (a configuration
+// error, docs/entitlements.md, Plans and caps). It does not check the
+// customer_id against the record key (ParseRecord does).
 func Validate(e *schemas.Entitlements, meters Meters) error {
 	var f fieldErrs
 	if e.CustomerID != "" {

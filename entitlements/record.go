@@ -98,8 +98,8 @@ func describeKey(k schemas.EntitlementsKey) string {
 	return "customer " + k.Customer
 }
 
-// Reason returns the rejection reason code of DESIGN §8 for an error of
-// ParseRecord: undecodable, unknown_schema or invalid.
+// Reason returns the rejection reason code of docs/design.md, Bad input,
+// for an error of ParseRecord: undecodable, unknown_schema or invalid.
 func Reason(err error) string {
 	switch {
 	case errors.Is(err, schemas.ErrUnknownSchema):

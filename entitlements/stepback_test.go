@@ -10,13 +10,14 @@ import (
 
 // TestStepBackRecordDecidesAlike: a record of usage.entitlements whose
 // broker time is earlier than what the partition has been read up to (a
-// broker clock that stepped back, or a leader moved to a broker whose
-// clock is behind) takes effect no earlier than that read-to time. An
-// event that arrived before it may have been decided already (a stage
-// caught up), or not yet (a stage that lags, or a replay that read the
-// entitlements partition further first): both decide it alike (DESIGN
-// §12, "a replay or a lagging stage therefore makes the same decisions").
-// For a customer's record, the default plan and the rate card.
+// broker clock that stepped back, or a leader moved to a broker whose clock
+// is behind) takes effect no earlier than that read-to time. An event that
+// arrived before it may have been decided already (a stage caught up), or
+// not yet (a stage that lags, or a replay that read the entitlements
+// partition further first): both decide it alike (docs/entitlements.md, The
+// ordering rule: broker time: "a replay, or an aggregator an hour behind,
+// decides alike"). For a customer's record, the default plan and the rate
+// card.
 func TestStepBackRecordDecidesAlike(t *testing.T) {
 	base := time.Date(2026, time.December, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 	const minute = int64(time.Minute / time.Millisecond)

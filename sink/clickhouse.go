@@ -91,8 +91,8 @@ func Dial(ctx context.Context, addr, database string, create bool) (driver.Conn,
 // Dial opens a native-protocol connection pool to the server whose
 // default database is database, and pings it. With create, the database
 // is created first when it does not exist. Every call on the returned
-// connection must carry a deadline (PLATFORM.md). A refused user or
-// password is an error wrapping ErrAuthentication.
+// connection must carry a deadline (a context with a timeout). A refused
+// user or password is an error wrapping ErrAuthentication.
 func (s Server) Dial(ctx context.Context, database string, create bool) (driver.Conn, error) {
 	if !databaseName.MatchString(database) {
 		return nil, fmt.Errorf("sink: database name %q: want letters, digits and underscores", database)

@@ -1,11 +1,11 @@
 // Package entref is the reference model the entitlements package, and the
-// aggregator's tests (internal/testenv/oracle), are checked against: DESIGN
-// §12 written as plainly as possible. It keeps every record ever read and
-// every counter forever, finds what is in effect by scanning all records,
-// and does its arithmetic in big integers. It shares no code with the
-// entitlements package, only the schema types, so that a bug there cannot
-// hide by being copied here. Only tests, and the ground truth of meterline
-// demo (internal/demo), import it.
+// aggregator's tests (internal/testenv/oracle), are checked against:
+// docs/entitlements.md written as plainly as possible. It keeps every
+// record ever read and every counter forever, finds what is in effect by
+// scanning all records, and does its arithmetic in big integers. It shares
+// no code with the entitlements package, only the schema types, so that a
+// bug there cannot hide by being copied here. Only tests, and the ground
+// truth of meterline demo (internal/demo), import it.
 package entref
 
 import (
@@ -60,7 +60,8 @@ type Event struct {
 	Arrival     int64
 }
 
-// Outcomes of Decision: Accepted or a reason code of DESIGN §8.
+// Outcomes of Decision: Accepted or a reason code of docs/design.md, Bad
+// input.
 const (
 	Accepted  = "accepted"
 	OverLimit = schemas.ReasonOverLimit

@@ -24,8 +24,8 @@ type AggregateConfig struct {
 	// Events pre-filled in usage.deduped.
 	Events int
 	// Skewed gives one customer half of the events: with usage.deduped
-	// keyed by customer (DESIGN §12), half of the input is then in one
-	// partition.
+	// keyed by customer (docs/design.md, Topics), half of the input is then
+	// in one partition.
 	Skewed bool
 	// EntitlementsTick is the entitlements tick of the aggregator with
 	// entitlements (aggregator.Config.EntitlementsTick). Default:
@@ -52,16 +52,16 @@ func (c *AggregateConfig) event(i int, now time.Time) *schemas.DedupedEvent {
 }
 
 // Aggregate measures the aggregator on pre-filled usage.deduped, without
-// and with entitlements (DESIGN §12: every customer on the default plan
-// benchPlan, capped and paying with credits), against two transactional
-// passthroughs, (a) copying every record and (b) also writing one
-// changelog record per event, each from the start of the same input with
-// its own group and changelog, in rotating order, all with the
-// aggregator's transaction size (aggregator.DefaultMaxBatchRecords). After
-// the rounds, each aggregator has a latency phase: events sent at a steady rate,
-// each for a customer of its own and stamped with its send time as its
-// arrival (as dedup stamps the broker time), timed from their send to
-// their OPEN revision's visibility in usage.aggregates.
+// and with entitlements (docs/entitlements.md, Plans and caps: every
+// customer on the default plan benchPlan, capped and paying with credits),
+// against two transactional passthroughs, (a) copying every record and (b)
+// also writing one changelog record per event, each from the start of the
+// same input with its own group and changelog, in rotating order, all with
+// the aggregator's transaction size (aggregator.DefaultMaxBatchRecords).
+// After the rounds, each aggregator has a latency phase: events sent at a
+// steady rate, each for a customer of its own and stamped with its send
+// time as its arrival (as dedup stamps the broker time), timed from their
+// send to their OPEN revision's visibility in usage.aggregates.
 func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 	cat, err := aggregator.ParseMeters([]byte(aggregateMeters))
 	if err != nil {

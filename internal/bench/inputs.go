@@ -107,7 +107,7 @@ func aggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
 
 // skewedAggregateEvent is event i of bench aggregate's skewed input: every
 // other event is customer 0's (half of the input, in one partition of
-// usage.deduped, DESIGN §12); the others go round the remaining
+// usage.deduped, docs/design.md, Topics); the others go round the remaining
 // customers-1 (at least 2 customers).
 func skewedAggregateEvent(i, customers int, now time.Time) *schemas.DedupedEvent {
 	cust := 0
@@ -124,7 +124,7 @@ func aggregateEventOf(i, cust, customers int, now time.Time) *schemas.DedupedEve
 }
 
 // dedupedRecord places an event as dedup does: keyed and partitioned by
-// customer (schemas.CustomerKey, DESIGN §12).
+// customer (schemas.CustomerKey, docs/design.md, Topics).
 func dedupedRecord(topic string, partitions int32, e *schemas.DedupedEvent) (*kgo.Record, error) {
 	key := schemas.CustomerKey(e.CustomerID)
 	v, err := schemas.Encode(e)

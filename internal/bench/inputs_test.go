@@ -32,14 +32,14 @@ func hashRecord(h hash.Hash, r *kgo.Record) {
 }
 
 // TestInputsAreTheSame pins each benchmark's input, generated for a fixed
-// now, to the bytes b9acd11 generated (aggregate: the bytes since its
-// event times lie in the second before their arrival, so that the rate
-// card prices them, DESIGN §12; numbers of earlier binaries are not
-// comparable with later ones): scripts/bench-ab.sh
-// compares two binaries each on its own input, which is only fair while
-// the inputs are the same. A change to an input fails here; if it is
-// meant, every earlier measurement stops being comparable, so say so where
-// the numbers are kept, and update the hash.
+// now, to the bytes b9acd11 generated (aggregate: the bytes since its event
+// times lie in the second before their arrival, so that the rate card
+// prices them, docs/entitlements.md, The rate card; numbers of earlier
+// binaries are not comparable with later ones): scripts/bench-ab.sh
+// compares two binaries each on its own input, which is only fair while the
+// inputs are the same. A change to an input fails here; if it is meant,
+// every earlier measurement stops being comparable, so say so where the
+// numbers are kept, and update the hash.
 func TestInputsAreTheSame(t *testing.T) {
 	golden := map[string]string{
 		"produce":   "904080877b93e8a40ca30d70cbb0950b635ea1ccecb079d3876412996b5ed73b",

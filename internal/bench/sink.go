@@ -103,10 +103,10 @@ func Sink(ctx context.Context, env *Env, cfg SinkConfig) (err error) {
 		"round_ratio_median": mr, "baseline": res.JSON(0, "baseline"), "sink": res.JSON(1, "sink")})
 }
 
-// sinkViewsCompare runs the sink into a database without the analyst
-// views and into one with views (all of them, or those named), in
-// alternating rounds, and prints both medians and their ratio (goal of
-// DESIGN §7's analyst layer: with ≥ 0.7 × without).
+// sinkViewsCompare runs the sink into a database without the analyst views
+// and into one with views (all of them, or those named), in alternating
+// rounds, and prints both medians and their ratio (goal of
+// docs/benchmarks.md, The analyst views: with ≥ 0.7 × without).
 func sinkViewsCompare(ctx context.Context, env *Env, rounds Rounds, b *sinkBench, views []string, asJSON bool) error {
 	res, err := rounds.Run(ctx, sinkRun{b: b, views: []string{}}, sinkRun{b: b, views: views})
 	if err != nil {

@@ -82,11 +82,12 @@ func TestAggregateSkewedRuns(t *testing.T) {
 }
 
 // TestAggregateBenchPricesItsInput: bench aggregate's input is priced by
-// its rate card and paid from the plan's grant (DESIGN §12: a card prices
-// only event times at or after its broker time), and the result says how
-// many micro-credits the aggregator with entitlements drew, and the CPU
-// per event of the aggregator without and with entitlements. The measured
-// run decides exactly the pre-filled input: no latency phase ran before it.
+// its rate card and paid from the plan's grant (docs/entitlements.md, The
+// rate card: a card prices only event times at or after its broker time),
+// and the result says how many micro-credits the aggregator with
+// entitlements drew, and the CPU per event of the aggregator without and
+// with entitlements. The measured run decides exactly the pre-filled input:
+// no latency phase ran before it.
 func TestAggregateBenchPricesItsInput(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	w := &watcher{}

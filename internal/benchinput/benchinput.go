@@ -1,7 +1,8 @@
 // Package benchinput is the input of bench aggregate (internal/bench) and
-// of the aggregator's Go benchmarks, which cannot import internal/bench
-// (it imports the aggregator): its meters, its events and the default
-// plan and rate card of its aggregator with entitlements (DESIGN §12).
+// of the aggregator's Go benchmarks, which cannot import internal/bench (it
+// imports the aggregator): its meters, its events and the default plan and
+// rate card of its aggregator with entitlements (docs/entitlements.md,
+// Plans and caps; docs/entitlements.md, The rate card).
 package benchinput
 
 import (
@@ -27,7 +28,7 @@ var MeterNames = []string{"api_calls", "tokens", "storage_bytes", "active_users"
 // can have its event_time: the event times are spread over
 // [now-EventSpread, now), so that a rate card written at least EventSpread
 // before now prices every event (a card prices only event times at or
-// after its broker time, DESIGN §12).
+// after its broker time, docs/entitlements.md, The rate card).
 const EventSpread = time.Second
 
 // Event is event i of the input, of customer cust of customers, arriving

@@ -6,9 +6,9 @@
 // function outside tests to begin with its name, and
 // TestMessagesCiteNoMissingDocument requires the strings outside tests
 // (errors, log lines, help), and TestCommentsCiteNoMissingDocument the
-// comments of every Go file outside the directories uncheckedComments
-// lists, to cite files and headings of docs/ that exist, never sections of
-// a design document that is not in the repository.
+// comments of every Go file, to cite files and headings of docs/ that
+// exist, never sections of a design document or other documents that are
+// not in the repository.
 //
 // The package has no code outside its tests.
 package lint

@@ -23,6 +23,26 @@ var designSection = regexp.MustCompile(`DESIGN §|§[0-9]`)
 // (citationProblems).
 var docCitation = regexp.MustCompile(`docs/([a-z-]+)\.md(?:, ([A-Z][^,;:()"\x60]*[^,;:()"\x60 .]))?`)
 
+// rootDocument matches the name of a document cited bare, as at the top
+// of the repository: capitals and ".md" ("README.md"), not after a slash
+// or a word character ("docs/README.md" is judged by docCitation).
+var rootDocument = regexp.MustCompile(`(?:^|[^/\w.])([A-Z][A-Z0-9_-]*\.md)\b`)
+
+// rootDocuments returns the names of the files of root that rootDocument
+// matches (README.md, CHANGELOG.md).
+func rootDocuments(t *testing.T, root string) map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(root, "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, f := range files {
+		out[filepath.Base(f)] = true
+	}
+	return out
+}
+
 // headings returns the headings of every file of docs/, by file name.
 func headings(t *testing.T, root string) map[string]map[string]bool {
 	t.Helper()
@@ -51,13 +71,20 @@ func headings(t *testing.T, root string) map[string]map[string]bool {
 }
 
 // citationProblems returns what is wrong with the citations of text: a
-// section of a design document the repository does not hold, a file of
-// docs/ that does not exist, or a heading the file does not have.
-func citationProblems(text string, docs map[string]map[string]bool) []string {
+// section of a design document the repository does not hold, a document
+// named bare (capitals and ".md") that is not one of rootDocs, the files
+// at the top of the repository, a file of docs/ that does not exist, or a
+// heading the file does not have.
+func citationProblems(text string, docs map[string]map[string]bool, rootDocs map[string]bool) []string {
 	text = strings.Join(strings.Fields(text), " ")
 	var out []string
 	if m := designSection.FindString(text); m != "" {
 		out = append(out, fmt.Sprintf("cites %q, a section of no document in the repository: name a file of docs/ and its heading", m))
+	}
+	for _, m := range rootDocument.FindAllStringSubmatch(text, -1) {
+		if !rootDocs[m[1]] {
+			out = append(out, fmt.Sprintf("cites %s, a document the repository does not hold: name a file of docs/ and its heading, or say it", m[1]))
+		}
 	}
 	for _, m := range docCitation.FindAllStringSubmatchIndex(text, -1) {
 		file := text[m[2]:m[3]]
@@ -94,11 +121,11 @@ func TestMessagesCiteNoMissingDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs := headings(t, root)
+	docs, rootDocs := headings(t, root), rootDocuments(t, root)
 	goFiles(t, root, func(rel string, fset *token.FileSet, f *ast.File) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
-				for _, p := range citationProblems(lit.Value, docs) {
+				for _, p := range citationProblems(lit.Value, docs, rootDocs) {
 					t.Errorf("%s:%d: a message %s", rel, fset.Position(lit.Pos()).Line, p)
 				}
 			}
@@ -107,37 +134,20 @@ func TestMessagesCiteNoMissingDocument(t *testing.T) {
 	})
 }
 
-// uncheckedComments are the directories whose comments
-// TestCommentsCiteNoMissingDocument does not check yet: their citations of
-// the design document's numbered sections are still to be turned into
-// files and headings of docs/. Empty the list as they are; never add to it.
-var uncheckedComments = []string{
-	"aggregator/",
-	"entitlements/",
-	"internal/bench/",
-	"internal/benchinput/",
-}
-
 // TestCommentsCiteNoMissingDocument: the comments of every Go file, tests
 // included, are read by users of the client library (go doc) and by
 // whoever works on the code, who have README.md and docs/ but no design
 // document numbered in sections: a comment names a file of docs/ and a
 // heading instead ("docs/design.md, Exactly-once"), which must exist.
-// The directories of uncheckedComments are skipped.
 func TestCommentsCiteNoMissingDocument(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	docs := headings(t, root)
+	docs, rootDocs := headings(t, root), rootDocuments(t, root)
 	walkGoFiles(t, root, true, func(rel string, fset *token.FileSet, f *ast.File) {
-		for _, dir := range uncheckedComments {
-			if strings.HasPrefix(rel, dir) {
-				return
-			}
-		}
 		for _, c := range f.Comments {
-			for _, p := range citationProblems(c.Text(), docs) {
+			for _, p := range citationProblems(c.Text(), docs, rootDocs) {
 				t.Errorf("%s:%d: a comment %s", rel, fset.Position(c.Pos()).Line, p)
 			}
 		}
@@ -163,8 +173,11 @@ func TestCitationProblems(t *testing.T) {
 		"(docs/operations.md, Health, metrics)":                    1,
 		"(docs/operations.md, Replication. Then more, text)":       0,
 		"(docs/operations.md, Replication and more)":               1,
+		"must carry a deadline (PLATFORM.md).":                     1,
+		"see STYLE.md, DESIGN.md and README.md":                    2,
+		"See README.md.":                                           0,
 	} {
-		if got := citationProblems(text, docs); len(got) != want {
+		if got := citationProblems(text, docs, map[string]bool{"README.md": true}); len(got) != want {
 			t.Errorf("%q: %d problems %v, want %d", text, len(got), got, want)
 		}
 	}
