@@ -177,15 +177,21 @@ func TestLongValuesClipped(t *testing.T) {
 	}
 }
 
+// gzipped returns b compressed with gzip.
+func gzipped(b []byte) []byte {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(b)
+	_ = zw.Close()
+	return gz.Bytes()
+}
+
 // A compressed body is answered 415 naming its Content-Encoding, not
 // read as JSON and answered "malformed"; nothing is sent.
 func TestCompressedBodyRefused(t *testing.T) {
 	e := newEnv(t, nil)
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	_, _ = zw.Write(apiCall("gz", "acme-1"))
-	_ = zw.Close()
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(gz.Bytes()))
+	gz := gzipped(apiCall("gz", "acme-1"))
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(gz))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,10 +219,7 @@ func TestCompressedBodyRefused(t *testing.T) {
 // Identity alone, in any case or repeated, is read as no encoding.
 func TestCompressedBodyRefusedAfterIdentity(t *testing.T) {
 	e := newEnv(t, nil)
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	_, _ = zw.Write(apiCall("gz", "acme-1"))
-	_ = zw.Close()
+	gz := gzipped(apiCall("gz", "acme-1"))
 	post := func(body []byte, encodings ...string) (int, []byte) {
 		req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(body))
 		if err != nil {
@@ -243,7 +246,7 @@ func TestCompressedBodyRefusedAfterIdentity(t *testing.T) {
 		{"identity", "identity, deflate"},
 		{"gzip, identity"},
 	} {
-		code, b := post(gz.Bytes(), encs...)
+		code, b := post(gz, encs...)
 		if p := problem(t, b); code != http.StatusUnsupportedMediaType || !strings.Contains(p.Detail, "is not supported: send the body uncompressed") {
 			t.Errorf("Content-Encoding %q: %d %s; want 415", encs, code, b)
 		}

@@ -34,11 +34,7 @@ import (
 // Where Meterline answers another class, on purpose, meterline is that
 // class and the comment says why.
 func TestOpenMeterParity(t *testing.T) {
-	cat, err := aggregator.ParseMeters([]byte("meters:\n  - name: ts\n    aggregation: COUNT\n    event_type: t\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, func(c *Config) { c.Meters = cat })
+	e := parityEnv(t)
 	ev := func(extra string) string {
 		return `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1"` + extra + `}`
 	}
@@ -196,6 +192,16 @@ func TestOpenMeterParity(t *testing.T) {
 	}
 }
 
+// parityEnv is an ingest whose meter ts counts the events of type t.
+func parityEnv(t *testing.T) *env {
+	t.Helper()
+	cat, err := aggregator.ParseMeters([]byte("meters:\n  - name: ts\n    aggregation: COUNT\n    event_type: t\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEnv(t, func(c *Config) { c.Meters = cat })
+}
+
 // TestTrailingDataRefused: a JSON body with anything but blanks after its
 // first value is refused 400 malformed on every JSON endpoint, and nothing
 // is sent. OpenMeter differs on purpose here: its handler
@@ -207,11 +213,7 @@ func TestOpenMeterParity(t *testing.T) {
 // client's mistake that would otherwise lose events without a word.
 // Trailing blanks (a file's last newline) are taken, as by both.
 func TestTrailingDataRefused(t *testing.T) {
-	cat, err := aggregator.ParseMeters([]byte("meters:\n  - name: ts\n    aggregation: COUNT\n    event_type: t\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, func(c *Config) { c.Meters = cat })
+	e := parityEnv(t)
 	ev := func(id string) string {
 		return `{"specversion":"1.0","id":"` + id + `","source":"s","type":"t","subject":"acme-1"}`
 	}
