@@ -90,8 +90,8 @@ type Config struct {
 	// per-source metrics (meterline_dedup_accepted_total,
 	// meterline_dedup_duplicates_total); every other source is counted as
 	// "other", so producers cannot create unbounded label sets
-	// (docs/operations.md, Dedup keys). At most MaxSources. Default: none
-	// (all "other").
+	// (docs/operations.md, Dedup keys). At most MaxSources; "other"
+	// itself is refused. Default: none (all "other").
 	Sources []string
 	// MaxRecordBytes bounds every record dedup derives from one input (a
 	// rejection, a duplicate, a re-route), key, value and headers: it is
@@ -204,6 +204,8 @@ func (c *Config) Validate() error {
 	for _, s := range c.Sources {
 		if s == "" || len(s) > schemas.MaxSourceBytes || !utf8.ValidString(s) {
 			errs = append(errs, fmt.Errorf("dedup: sources: %q must be 1 to %d bytes of UTF-8", s, schemas.MaxSourceBytes))
+		} else if s == OtherSource {
+			errs = append(errs, fmt.Errorf("dedup: sources: %q is reserved: it is the source label of every source not listed", s))
 		}
 	}
 	if c.MaxRecordBytes < schemas.MaxRejectedBytes {

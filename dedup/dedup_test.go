@@ -182,3 +182,15 @@ func TestMisrouted(t *testing.T) {
 func readEvents(t *testing.T, h *harness) []*kgo.Record {
 	return readTopic(t, h, h.names.EventsTopic())
 }
+
+// TestSourcesRefuseTheCatchAllLabel: every source not in Sources is
+// labelled OtherSource on the per-source metrics, so a source of that
+// name would be counted with them: Validate refuses it, naming the field.
+func TestSourcesRefuseTheCatchAllLabel(t *testing.T) {
+	var cfg Config
+	cfg.EnsureDefaults()
+	cfg.Sources = []string{"api", OtherSource}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `sources: "other"`) {
+		t.Errorf("Validate with source %q = %v, want a sources error naming it", OtherSource, err)
+	}
+}

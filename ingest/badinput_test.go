@@ -177,15 +177,21 @@ func TestLongValuesClipped(t *testing.T) {
 	}
 }
 
+// gzipped returns b compressed with gzip.
+func gzipped(b []byte) []byte {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(b)
+	_ = zw.Close()
+	return gz.Bytes()
+}
+
 // A compressed body is answered 415 naming its Content-Encoding, not
 // read as JSON and answered "malformed"; nothing is sent.
 func TestCompressedBodyRefused(t *testing.T) {
 	e := newEnv(t, nil)
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	_, _ = zw.Write(apiCall("gz", "acme-1"))
-	_ = zw.Close()
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(gz.Bytes()))
+	gz := gzipped(apiCall("gz", "acme-1"))
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(gz))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +210,54 @@ func TestCompressedBodyRefused(t *testing.T) {
 	}
 	if recs := e.records(); len(recs) != 0 {
 		t.Errorf("%d records sent", len(recs))
+	}
+}
+
+// Every coding a request's Content-Encoding names, on any of its header
+// lines and in comma-separated lists, must be identity: one that is not
+// is answered 415 naming it, even after an identity, and nothing is sent.
+// Identity alone, in any case or repeated, is read as no encoding.
+func TestCompressedBodyRefusedAfterIdentity(t *testing.T) {
+	e := newEnv(t, nil)
+	gz := gzipped(apiCall("gz", "acme-1"))
+	post := func(body []byte, encodings ...string) (int, []byte) {
+		req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+e.token)
+		for _, enc := range encodings {
+			req.Header.Add("Content-Encoding", enc)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	for _, encs := range [][]string{
+		{"identity", "gzip"},
+		{"Identity", "identity", "br"},
+		{"identity, gzip"},
+		{"identity,gzip"},
+		{"identity", "identity, deflate"},
+		{"gzip, identity"},
+	} {
+		code, b := post(gz, encs...)
+		if p := problem(t, b); code != http.StatusUnsupportedMediaType || !strings.Contains(p.Detail, "is not supported: send the body uncompressed") {
+			t.Errorf("Content-Encoding %q: %d %s; want 415", encs, code, b)
+		}
+	}
+	for _, encs := range [][]string{{"identity", "IDENTITY"}, {"identity, identity"}} {
+		if code, b := post(apiCall("id-"+strings.Join(encs, ""), "acme-1"), encs...); code != http.StatusAccepted {
+			t.Errorf("Content-Encoding %q on a plain body: %d %s; want 202", encs, code, b)
+		}
+	}
+	if recs := e.records(); len(recs) != 2 {
+		t.Errorf("%d records sent, want the 2 plain ones", len(recs))
 	}
 }
 

@@ -314,13 +314,28 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 	}
 	// A compressed body is refused as such (RFC 9110, 12.5.3), not read as
 	// JSON and answered "malformed".
-	if enc := r.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+	if enc := encoding(r.Header.Values("Content-Encoding")); enc != "" {
 		unread(w)
 		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
 			fmt.Sprintf("Content-Encoding %q is not supported: send the body uncompressed", clip(enc)), nil, 0)
 		return b, http.StatusUnsupportedMediaType
 	}
 	return b, 0
+}
+
+// encoding returns the first coding of a request's Content-Encoding
+// header lines that is not identity, "" when there is none. Each line is
+// a comma-separated list (RFC 9110, 5.3 and 8.4): a coding on any line,
+// after any number of identity ones, is the body's.
+func encoding(lines []string) string {
+	for _, line := range lines {
+		for c := range strings.SplitSeq(line, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return c
+			}
+		}
+	}
+	return ""
 }
 
 // readRequest checks the content type, reads the body and parses its

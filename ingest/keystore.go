@@ -280,7 +280,7 @@ func (a *Admin) write(ctx context.Context, key string, r record) error {
 // SetTenant makes or replaces a tenant. Its keys keep their own customer
 // lists, but write only customers the tenant still has.
 func (a *Admin) SetTenant(ctx context.Context, name string, customers []string) (Tenant, error) {
-	if err := errors.Join(checkName("tenant", name), CheckPatterns("customers", customers)); err != nil {
+	if err := errors.Join(checkTenant(name), CheckPatterns("customers", customers)); err != nil {
 		return Tenant{}, err
 	}
 	t := Tenant{Name: name, Customers: customers, Updated: a.now().UTC()}
@@ -305,7 +305,7 @@ type KeySpec struct {
 // token, which is shown this once: only its hash is stored. A tenant that
 // does not exist yet is made with the key's customers.
 func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error) {
-	if err := checkName("tenant", spec.Tenant); err != nil {
+	if err := checkTenant(spec.Tenant); err != nil {
 		return Key{}, "", err
 	}
 	if spec.Rate < 0 {
@@ -392,6 +392,16 @@ func (a *Admin) RevokeKey(ctx context.Context, id string) (Key, error) {
 		}
 	}
 	return r, nil
+}
+
+// checkTenant refuses a tenant name checkName refuses, and noTenant: the
+// ingest metrics' tenant label of requests without a valid key, which a
+// tenant of that name could not be told from.
+func checkTenant(name string) error {
+	if name == noTenant {
+		return fmt.Errorf("ingest: tenant %q is reserved: it is the tenant label of requests without a valid key in the ingest metrics", name)
+	}
+	return checkName("tenant", name)
 }
 
 func checkName(field, v string) error {

@@ -176,3 +176,27 @@ func TestAdminEndsOnARefusedRead(t *testing.T) {
 		t.Fatalf("List as a principal without Read: %d keys, %v after %s; want %v", len(keys), err, time.Since(start).Round(time.Millisecond), kerr.TopicAuthorizationFailed)
 	}
 }
+
+// TestTenantNameNotAReservedLabel: "none" is the tenant label of the
+// ingest metrics for requests without a valid key, so a tenant of that
+// name would be counted with them. SetTenant and CreateKey refuse it,
+// naming the field, and write nothing.
+func TestTenantNameNotAReservedLabel(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	if _, err := e.admin.SetTenant(ctx, noTenant, []string{"x"}); err == nil || !strings.Contains(err.Error(), `tenant "none"`) {
+		t.Errorf("SetTenant(%q) = %v, want an error naming the tenant", noTenant, err)
+	}
+	if _, _, err := e.admin.CreateKey(ctx, KeySpec{Tenant: noTenant, Customers: []string{"x"}}); err == nil || !strings.Contains(err.Error(), `tenant "none"`) {
+		t.Errorf("CreateKey for tenant %q = %v, want an error naming the tenant", noTenant, err)
+	}
+	_, tenants, err := e.admin.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range tenants {
+		if tn.Name == noTenant {
+			t.Errorf("tenant %q written: %+v", noTenant, tn)
+		}
+	}
+}

@@ -34,11 +34,7 @@ import (
 // Where Meterline answers another class, on purpose, meterline is that
 // class and the comment says why.
 func TestOpenMeterParity(t *testing.T) {
-	cat, err := aggregator.ParseMeters([]byte("meters:\n  - name: ts\n    aggregation: COUNT\n    event_type: t\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, func(c *Config) { c.Meters = cat })
+	e := parityEnv(t)
 	ev := func(extra string) string {
 		return `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1"` + extra + `}`
 	}
@@ -193,5 +189,64 @@ func TestOpenMeterParity(t *testing.T) {
 	}
 	if n := len(e.records()); n != accepted {
 		t.Errorf("%d records, want %d (one per accepted request)", n, accepted)
+	}
+}
+
+// parityEnv is an ingest whose meter ts counts the events of type t.
+func parityEnv(t *testing.T) *env {
+	t.Helper()
+	cat, err := aggregator.ParseMeters([]byte("meters:\n  - name: ts\n    aggregation: COUNT\n    event_type: t\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEnv(t, func(c *Config) { c.Meters = cat })
+}
+
+// TestTrailingDataRefused: a JSON body with anything but blanks after its
+// first value is refused 400 malformed on every JSON endpoint, and nothing
+// is sent. OpenMeter differs on purpose here: its handler
+// (openmeter/ingest/httpdriver/ingest.go) decodes the body with one
+// json.NewDecoder(r.Body).Decode, as its request validator's JSON body
+// decoder (kin-openapi's openapi3filter) does, so both read the first
+// value and ignore the rest: it takes `{event}{event}` as its first event
+// alone, and `{event} garbage` as the event. A body read in part is a
+// client's mistake that would otherwise lose events without a word.
+// Trailing blanks (a file's last newline) are taken, as by both.
+func TestTrailingDataRefused(t *testing.T) {
+	e := parityEnv(t)
+	ev := func(id string) string {
+		return `{"specversion":"1.0","id":"` + id + `","source":"s","type":"t","subject":"acme-1"}`
+	}
+	ml := func(id string) string { return string(apiCall(id, "acme-1")) }
+	const ce, batch, js = "application/cloudevents+json", "application/cloudevents-batch+json", "application/json"
+	for _, c := range []struct{ path, ct, body string }{
+		{"/api/v1/events", ce, ev("1") + ev("2")},
+		{"/api/v1/events", ce, ev("1") + " garbage"},
+		{"/api/v1/events", ce, ev("1") + "\n,"},
+		{"/api/v1/events", batch, "[" + ev("1") + "][" + ev("2") + "]"},
+		{"/api/v1/events", batch, "[" + ev("1") + "] garbage"},
+		{"/api/v1/events", js, ev("1") + ev("2")},
+		{"/api/v1/events", js, "[" + ev("1") + "]x"},
+		{"/v1/events", js, ml("1") + ml("2")},
+		{"/v1/events", js, ml("1") + " garbage"},
+		{"/v1/events", js, "[" + ml("1") + "][]"},
+		{"/v1/events", js, "[" + ml("1") + "]\x00"},
+	} {
+		code, _, b := e.post(c.path, c.ct, e.token, []byte(c.body))
+		if code != http.StatusBadRequest || problem(t, b).Type != "urn:meterline:problem:malformed" {
+			t.Errorf("%s %s %q: %d %s; want 400 malformed", c.path, c.ct, c.body, code, b)
+		}
+	}
+	if recs := e.records(); len(recs) != 0 {
+		t.Fatalf("%d records sent for refused bodies", len(recs))
+	}
+	for _, c := range []struct{ path, ct, body string }{
+		{"/api/v1/events", ce, ev("b1") + "\n"},
+		{"/api/v1/events", batch, "[" + ev("b2") + "] \r\n\t"},
+		{"/v1/events", js, ml("b3") + "\n\n"},
+	} {
+		if code, _, b := e.post(c.path, c.ct, e.token, []byte(c.body)); code/100 != 2 {
+			t.Errorf("%s %s %q: %d %s; want it taken", c.path, c.ct, c.body, code, b)
+		}
 	}
 }

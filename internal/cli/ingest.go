@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +53,31 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 	return cfg
 }
 
+// refuseZeroBounds refuses a bound of the ingest set to 0 by a flag:
+// ingest.Config takes a zero as the default, so --max-in-flight 0 would
+// silently serve 256 requests at once. As with the stages' times
+// (refuseZeroTimes), 0 is refused rather than read as "none" or "no
+// bound": -1 already says no bound where there can be none.
+func (f *IngestFlags) refuseZeroBounds() error {
+	var errs []error
+	for _, b := range []struct {
+		name string
+		zero bool
+		def  string
+	}{
+		{"max-body-bytes", f.MaxBodyBytes == 0, strconv.Itoa(ingest.DefaultMaxBodyBytes)},
+		{"max-events", f.MaxEvents == 0, strconv.Itoa(ingest.DefaultMaxEvents)},
+		{"max-in-flight", f.MaxInFlight == 0, strconv.Itoa(ingest.DefaultMaxInFlight) + "; -1: no bound"},
+		{"max-in-flight-per-client", f.MaxInFlightPerTenant == 0, strconv.Itoa(ingest.DefaultMaxInFlightPerTenant) + "; -1: no bound"},
+		{"refusal-rate", f.RefusalRate == 0, strconv.Itoa(ingest.DefaultRefusalRate) + "; -1: no budget"},
+	} {
+		if b.zero {
+			errs = append(errs, fmt.Errorf("ingest: %s must not be 0; leave the flag out for the default (%s)", b.name, b.def))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // IngestCmd is `meterline ingest`.
 type IngestCmd struct {
 	IngestFlags `embed:""`
@@ -71,7 +98,7 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	}
 	reg := service.NewRegistry()
 	cfg := c.config(kc, g, cat, c.StrictMeters, log, reg)
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(c.refuseZeroBounds(), cfg.Validate()); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
 	if c.Validate {

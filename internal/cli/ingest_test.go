@@ -222,3 +222,38 @@ func TestIngestInFlightFlags(t *testing.T) {
 		t.Errorf("MaxInFlight %d, MaxInFlightPerTenant %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerTenant)
 	}
 }
+
+// TestIngestBoundsRefuseZero: ingest.Config takes a zero bound as "the
+// default", so --max-in-flight 0 would silently serve 256 requests at
+// once, and --max-in-flight-per-client 0 64 per tenant. As with the
+// stages' time parameters (TestTimeParametersRefuseZero), ingest and run
+// refuse 0 for each such bound, naming the flag's field, and still take
+// -1 where it means no bound.
+func TestIngestBoundsRefuseZero(t *testing.T) {
+	dir := t.TempDir()
+	meters := filepath.Join(dir, "meters.yaml")
+	if err := os.WriteFile(meters, []byte(docBlock(t, "yaml", "event_type: prompt")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys := writeDedupKeys(t, dir)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ingest", "--max-in-flight", "0"}, "ingest: max-in-flight must not be 0"},
+		{[]string{"ingest", "--max-in-flight-per-client", "0"}, "ingest: max-in-flight-per-client must not be 0"},
+		{[]string{"ingest", "--max-events", "0"}, "ingest: max-events must not be 0"},
+		{[]string{"ingest", "--max-body-bytes", "0"}, "ingest: max-body-bytes must not be 0"},
+		{[]string{"ingest", "--refusal-rate", "0"}, "ingest: refusal-rate must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight", "0"}, "--ingest-* flags: ingest: max-in-flight must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight-per-client", "0"}, "--ingest-* flags: ingest: max-in-flight-per-client must not be 0"},
+	} {
+		code, out, errOut := run(t, "", append(c.args, "--meters", meters, "--validate")...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, want 2 saying %q\n%s%s", c.args, code, c.want, out, errOut)
+		}
+	}
+	if code, out, errOut := run(t, "", "ingest", "--meters", meters, "--validate", "--max-in-flight=-1", "--max-in-flight-per-client=-1", "--refusal-rate=-1"); code != 0 {
+		t.Errorf("ingest with -1 bounds: exit %d\n%s%s", code, out, errOut)
+	}
+}

@@ -157,7 +157,7 @@ type DedupFlags struct {
 	Skew            time.Duration `help:"Allowed skew S: accept only event_time ≤ arrival + S." default:"${dedup_skew}"`
 	TickInterval    time.Duration `help:"How often a tick record is appended to each owned usage.events partition." default:"${dedup_tick_interval}"`
 	MaxBatchRecords int           `help:"Most input records in one transaction." default:"${stream_max_batch_records}"`
-	Sources         []string      `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other." placeholder:"NAME,..."`
+	Sources         []string      `help:"Sources that get their own label on dedup's per-source metrics; any other source is counted as other (itself refused)." placeholder:"NAME,..."`
 }
 
 // DedupKeyFlags name the key ring that signs dedup's headers. The flags are
