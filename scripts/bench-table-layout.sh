@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures why the sink's tables are sorted by (kafka_partition,
 # intDiv(kafka_offset, 65536), identity…) and not by identity alone
-# (README "The sink and ClickHouse", DESIGN §7).
+# (docs/design.md, The ClickHouse ledger).
 #
 # On ClickHouse 18.16 (no data-skipping indexes) the only way to bound the
 # sink's resume lookup "which offsets >= c of partition P are in the table"

@@ -17,7 +17,7 @@ CLICKHOUSE_SECURE_PORT=${CLICKHOUSE_SECURE_PORT:-$((CLICKHOUSE_PORT + 400))}
 CLICKHOUSE_SECURE_HTTP_PORT=${CLICKHOUSE_SECURE_HTTP_PORT:-$((CLICKHOUSE_PORT + 401))}
 CLICKHOUSE_SECURE_TLS_PORT=${CLICKHOUSE_SECURE_TLS_PORT:-$((CLICKHOUSE_PORT + 440))}
 CLICKHOUSE_SECURE_PASSWORD_FILE=${CLICKHOUSE_SECURE_PASSWORD_FILE:-/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT.password}
-# The cluster of three brokers (DESIGN §10; internal/clustertest): node n on
+# The cluster of three brokers (docs/operations.md, Replication; internal/clustertest): node n on
 # KAFKA_CLUSTER_PORT+n-1, its controller on KAFKA_CLUSTER_PORT+100+n-1.
 KAFKA_CLUSTER_PORT=${KAFKA_CLUSTER_PORT:-$((KAFKA_PORT + 300))}
 # Only internal/clustertest uses the cluster: its three JVMs are started
