@@ -380,7 +380,7 @@ type aggregateRun struct {
 // aggStage is an aggregator of the benchmark, not started.
 type aggStage struct {
 	st   *aggregator.Stage
-	reg  *prometheus.Registry
+	reg  *watchedRegistry
 	name string
 	// processed counts the records of usage.deduped handled: read, less
 	// those waiting in the gate; not the records of usage.entitlements.
@@ -390,7 +390,7 @@ type aggStage struct {
 // newAgg builds the aggregator of round (its own group and changelog),
 // with entitlements or not.
 func (b *aggregateBench) newAgg(ctx context.Context, round int, ent bool) (*aggStage, error) {
-	reg := prometheus.NewRegistry()
+	reg := newWatchedRegistry(metricRecordsIn, metricGated)
 	group, name := fmt.Sprintf("%saggregate-r%d", b.names.Prefix, round), "aggregate"
 	if ent {
 		group, name = fmt.Sprintf("%saggregate-ent-r%d", b.names.Prefix, round), "aggregate with entitlements"
@@ -402,9 +402,12 @@ func (b *aggregateBench) newAgg(ctx context.Context, round int, ent bool) (*aggS
 	if err != nil {
 		return nil, err
 	}
+	if err := reg.check(); err != nil {
+		return nil, err
+	}
 	return &aggStage{st: st, reg: reg, name: name, processed: func() int64 {
-		return int64(metricWith(reg, "meterline_stream_records_in_total", "topic", b.names.DedupedTopic()) -
-			sumMetrics(reg, "meterline_aggregate_gated_records"))
+		w := reg.watched()
+		return int64(metricWith(w, metricRecordsIn, "topic", b.names.DedupedTopic()) - sumMetrics(w, metricGated))
 	}}, nil
 }
 
@@ -505,6 +508,13 @@ func decisionsOf(reg prometheus.Gatherer) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// The metrics the benchmark polls while an aggregator runs (its records
+// of usage.deduped handled: read, less those waiting in the gate).
+const (
+	metricRecordsIn = "meterline_stream_records_in_total"
+	metricGated     = "meterline_aggregate_gated_records"
+)
 
 // metricWith sums the series of name in g whose label has value.
 func metricWith(g prometheus.Gatherer, name, label, value string) float64 {

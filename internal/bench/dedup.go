@@ -242,15 +242,17 @@ func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error)
 		return Result{}, err
 	}
 	cfg := dedup.Config{Stream: b.streamConfig(rp+"bench-dedup", "d1"), Topics: names, Keys: []dedup.Key{key}}
-	reg := prometheus.NewRegistry()
+	decisions := []string{"meterline_dedup_accepted_total", "meterline_dedup_duplicates_total", "meterline_rejected_total"}
+	reg := newWatchedRegistry(decisions...)
 	cfg.Stream.Registerer = reg
 	st, err := dedup.New(ctx, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	decided := func() int64 {
-		return int64(sumMetrics(reg, "meterline_dedup_accepted_total", "meterline_dedup_duplicates_total", "meterline_rejected_total"))
+	if err := reg.check(); err != nil {
+		return Result{}, err
 	}
+	decided := func() int64 { return int64(sumMetrics(reg.watched(), decisions...)) }
 	elapsed, err := b.measureStage(ctx, st.Run, decided, b.cfg.Events, last, b.cfg.CPUProfile)
 	if err != nil {
 		return Result{}, err
