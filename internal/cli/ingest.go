@@ -14,6 +14,7 @@ import (
 	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/producer"
 )
 
 // IngestFlags are the flags of the HTTP ingest, in `meterline ingest` and
@@ -57,7 +58,8 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 // ingest.Config takes a zero as the default, so --max-in-flight 0 would
 // silently serve 256 requests at once. As with the stages' times
 // (refuseZeroTimes), 0 is refused rather than read as "none" or "no
-// bound": -1 already says no bound where there can be none.
+// bound": -1 already says no bound where there can be none. The same goes
+// for its timeouts and times (--read-timeout 0 would otherwise be 30s).
 func (f *IngestFlags) refuseZeroBounds() error {
 	var errs []error
 	for _, b := range []struct {
@@ -70,6 +72,14 @@ func (f *IngestFlags) refuseZeroBounds() error {
 		{"max-in-flight", f.MaxInFlight == 0, strconv.Itoa(ingest.DefaultMaxInFlight) + "; -1: no bound"},
 		{"max-in-flight-per-client", f.MaxInFlightPerTenant == 0, strconv.Itoa(ingest.DefaultMaxInFlightPerTenant) + "; -1: no bound"},
 		{"refusal-rate", f.RefusalRate == 0, strconv.Itoa(ingest.DefaultRefusalRate) + "; -1: no budget"},
+		// A zero timeout would read as "none" in net/http; it is the
+		// default in ingest.Config.
+		{"produce-timeout", f.ProduceTimeout == 0, ingest.DefaultProduceTimeout.String()},
+		{"read-header-timeout", f.ReadHeaderTimeout == 0, ingest.DefaultReadHeaderTimeout.String()},
+		{"read-timeout", f.ReadTimeout == 0, ingest.DefaultReadTimeout.String()},
+		{"idle-timeout", f.IdleTimeout == 0, ingest.DefaultIdleTimeout.String()},
+		{"max-skew", f.MaxSkew == 0, producer.DefaultMaxSkew.String()},
+		{"gate-max-age", f.GateMaxAge == 0, ingest.DefaultGateMaxAge.String()},
 	} {
 		if b.zero {
 			errs = append(errs, fmt.Errorf("ingest: %s must not be 0; leave the flag out for the default (%s)", b.name, b.def))

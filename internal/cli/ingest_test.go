@@ -225,7 +225,8 @@ func TestIngestInFlightFlags(t *testing.T) {
 
 // TestIngestBoundsRefuseZero: ingest.Config takes a zero bound as "the
 // default", so --max-in-flight 0 would silently serve 256 requests at
-// once, and --max-in-flight-per-client 0 64 per tenant. As with the
+// once, --max-in-flight-per-client 0 64 per tenant, and --read-timeout 0
+// (read as "no timeout" by net/http) 30s. As with the
 // stages' time parameters (TestTimeParametersRefuseZero), ingest and run
 // refuse 0 for each such bound, naming the flag's field, and still take
 // -1 where it means no bound.
@@ -245,6 +246,13 @@ func TestIngestBoundsRefuseZero(t *testing.T) {
 		{[]string{"ingest", "--max-events", "0"}, "ingest: max-events must not be 0"},
 		{[]string{"ingest", "--max-body-bytes", "0"}, "ingest: max-body-bytes must not be 0"},
 		{[]string{"ingest", "--refusal-rate", "0"}, "ingest: refusal-rate must not be 0"},
+		{[]string{"ingest", "--read-timeout", "0s"}, "ingest: read-timeout must not be 0"},
+		{[]string{"ingest", "--read-header-timeout", "0"}, "ingest: read-header-timeout must not be 0"},
+		{[]string{"ingest", "--idle-timeout", "0s"}, "ingest: idle-timeout must not be 0"},
+		{[]string{"ingest", "--produce-timeout", "0s"}, "ingest: produce-timeout must not be 0"},
+		{[]string{"ingest", "--max-skew", "0s"}, "ingest: max-skew must not be 0"},
+		{[]string{"ingest", "--gate-max-age", "0s"}, "ingest: gate-max-age must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-read-timeout", "0s"}, "--ingest-* flags: ingest: read-timeout must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight", "0"}, "--ingest-* flags: ingest: max-in-flight must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight-per-client", "0"}, "--ingest-* flags: ingest: max-in-flight-per-client must not be 0"},
 	} {
