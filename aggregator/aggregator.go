@@ -301,6 +301,13 @@ type Stage struct {
 	pr *processor
 }
 
+// ledgerConfig is the configuration of the aggregator's Ledger: its
+// versions count within W + B + S of a record's broker time, the span
+// the partitions prune to below their watermarks (pruneHorizon).
+func (c *Config) ledgerConfig() entitlements.Config {
+	return entitlements.Config{Prefix: []byte{pfxLedger}, Window: c.Window, Span: c.Window + c.Bucket + c.Skew, Period: c.Period.Bounds}
+}
+
 // New prepares an aggregator instance.
 func New(ctx context.Context, cfg Config) (*Stage, error) {
 	cfg.EnsureDefaults()
@@ -317,7 +324,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "aggregator", cfg.AllowCreateTime, log, cfg.Topics.EntitlementsTopic()); err != nil {
 			return nil, err
 		}
-		if ledger, err = entitlements.New(entitlements.Config{Prefix: []byte{pfxLedger}, Window: cfg.Window, Period: cfg.Period.Bounds}); err != nil {
+		if ledger, err = entitlements.New(cfg.ledgerConfig()); err != nil {
 			return nil, fmt.Errorf("aggregator: %w", err)
 		}
 	}

@@ -1061,19 +1061,10 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 			return nil
 		}
 	}
-	err = l.Apply(pt.ledger(tx), rec)
-	if errors.Is(err, entitlements.ErrTooManyVersions) && rec.Key.Reserved == "" {
-		// A customer's versions are pruned after each record of
-		// it applied: once full, they would never be again (the
-		// default plan's are pruned with the periods too). Those
-		// no future event needs go first, then the record is
-		// tried once more.
-		if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
-			return err
-		}
-		err = l.Apply(pt.ledger(tx), rec)
-	}
-	if err != nil {
+	// A record refused for too many versions of its key is refused alike
+	// however far the partition has pruned (entitlements.Config.Span):
+	// only the versions within W + B + S of its broker time count.
+	if err = l.Apply(pt.ledger(tx), rec); err != nil {
 		if !errors.Is(err, entitlements.ErrInvalid) {
 			return fmt.Errorf("aggregator: partition %d: entitlements offset %d: %w", pt.p, r.Offset, err)
 		}

@@ -16,10 +16,10 @@ import (
 // docs/entitlements.md, The aggregator, 1): a key (a customer, the default
 // plan) whose record was written entitlements.MaxVersions times within the
 // window has its next record refused (invalid), but only while those
-// versions may still decide an event: once the watermark is W + B + S past
-// them, a new record of the key is applied (a customer's versions before
-// the horizon are pruned first; the default plan's are pruned with the
-// periods too).
+// versions take effect within W + B + S of a record's broker time: a
+// record of the key written hours after them is applied (the versions
+// before that span no longer count, pruned or not:
+// entitlements.TestVersionBoundSameWhenLagging).
 func TestEntitlementsFullTimelineTakesRecordsPastTheHorizon(t *testing.T) {
 	for _, name := range []string{"customer", "default plan"} {
 		t.Run(name, func(t *testing.T) { testFullTimeline(t, name == "default plan") })

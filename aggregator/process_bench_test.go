@@ -117,7 +117,7 @@ func procBenchProcessor(tb testing.TB, names topics.Names, ent bool) *processor 
 	cfg.EnsureDefaults()
 	var ledger *entitlements.Ledger
 	if ent {
-		if ledger, err = entitlements.New(entitlements.Config{Prefix: []byte{pfxLedger}, Window: cfg.Window, Period: cfg.Period.Bounds}); err != nil {
+		if ledger, err = entitlements.New(cfg.ledgerConfig()); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -11,8 +11,9 @@ import (
 
 // State values are versioned binary encodings: a format byte, then
 // varints and length-prefixed strings. Decoders never panic and bound
-// every count by what Validate and MaxVersions allow, so corrupt state is
-// an error (ErrCorrupt), never a crash or an allocation without bound.
+// every count by what Validate allows and by the bytes left, so corrupt
+// state is an error (ErrCorrupt), never a crash or an allocation without
+// bound.
 
 // The first byte of every encoded state value: its format.
 const (
@@ -277,7 +278,10 @@ func (t *Timeline) MarshalBinary() ([]byte, error) {
 // ErrCorrupt.
 func (t *Timeline) UnmarshalBinary(b []byte) error {
 	d := newDecGens("timeline", b)
-	n := d.count(MaxVersions + 1)
+	// MaxVersions bounds the versions within a span of a record's time,
+	// not those kept: a stage far behind keeps the older ones as well.
+	// count still bounds n by the bytes left (a version takes several).
+	n := d.count(math.MaxInt32)
 	vs := make([]Version, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
 		v := Version{From: d.int()}

@@ -144,6 +144,14 @@ type Config struct {
 	// before its arrival (docs/design.md, Time). It bounds what Prune
 	// keeps. Default: DefaultWindow.
 	Window time.Duration
+	// Span is how far before a stage's watermark a future event's arrival
+	// can be (the horizon the stage prunes to is its watermark less Span;
+	// the aggregator's is W + B + S), at least Window. A record is refused
+	// when MaxVersions versions of its key take effect within Span before
+	// its broker time (Timeline.SetWithin): since a stage's watermark is
+	// behind the broker time of every record it reads, the count is the
+	// same in a stage that lags and keeps older versions. Default: Window.
+	Span time.Duration
 	// Period returns the billing period [start, end) containing an epoch
 	// ms time, a function of that time alone (the Ledger remembers the
 	// last period it returned). Required.
@@ -160,6 +168,9 @@ func (c *Config) EnsureDefaults() {
 	if c.Window == 0 {
 		c.Window = DefaultWindow
 	}
+	if c.Span == 0 {
+		c.Span = c.Window
+	}
 }
 
 // Validate reports every problem at once.
@@ -170,6 +181,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Window <= 0 {
 		errs = append(errs, fmt.Errorf("entitlements: window must be positive (got %s)", c.Window))
+	}
+	if c.Span < c.Window {
+		errs = append(errs, fmt.Errorf("entitlements: span %s must be at least the window %s", c.Span, c.Window))
 	}
 	if c.Period == nil {
 		errs = append(errs, errors.New("entitlements: period is required"))
@@ -466,7 +480,7 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 				p = p.withGens(l.defaultGens(es, p, written))
 			}
 		}
-		if err := t.Set(written, from, p); err != nil {
+		if err := t.SetWithin(written, from, p, written-l.cfg.Span.Milliseconds()); err != nil {
 			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
 		l.putTimeline(st, k, t)

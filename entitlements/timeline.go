@@ -2,15 +2,20 @@ package entitlements
 
 import (
 	"fmt"
+	"math"
 	"sort"
 )
 
-// MaxVersions bounds the versions a Timeline keeps: the records of one key
-// read within the prune horizon (about the dedup window W), plus those
-// scheduled for later. A record past it is refused (ErrTooManyVersions):
-// an operator changing a customer's entitlements thousands of times a
-// month is a runaway script, and the state must stay bounded. A record
-// that changes nothing takes no version (Set).
+// MaxVersions bounds the versions of one key that take effect within a
+// span before a record's broker time (SetWithin; for the Ledger,
+// Config.Span), the one in effect at its start and those scheduled for
+// later included. A record past it is refused (ErrTooManyVersions): an
+// operator changing a customer's entitlements thousands of times a month
+// is a runaway script, and the state must stay bounded. A record that
+// changes nothing takes no version (Set). The count depends on the
+// records alone, never on how far a stage has pruned: a stage that lags
+// keeps older versions too, and refuses the same records as one that is
+// caught up.
 const MaxVersions = 256
 
 // ErrTooManyVersions is returned (wrapped) by Timeline.Set when the
@@ -41,6 +46,16 @@ type Timeline struct {
 // time is at or before t. A record whose plan is the same as that of the
 // version in effect at its effective time takes no version of its own.
 func (t *Timeline) Set(written, from int64, p *Plan) error {
+	return t.SetWithin(written, from, p, math.MinInt64)
+}
+
+// SetWithin is Set, counting against MaxVersions only the versions in
+// effect at or after since (the one in effect at since, and those from
+// since on): the versions before it are kept (Prune drops them), but
+// they do not refuse the record. With since at most the horizon the
+// timeline has been pruned to, the count is the same however far it has
+// been pruned.
+func (t *Timeline) SetWithin(written, from int64, p *Plan, since int64) error {
 	if from < written || p == nil {
 		from = written
 	}
@@ -53,8 +68,11 @@ func (t *Timeline) Set(written, from int64, p *Plan) error {
 		t.versions = t.versions[:i]
 		return nil
 	}
-	if i >= MaxVersions {
-		return fmt.Errorf("%w: %d versions (the most is %d)", ErrTooManyVersions, i, MaxVersions)
+	// The versions that stay (before i) and count: from the one in
+	// effect at since on.
+	first := sort.Search(i, func(k int) bool { return t.versions[k].From > since }) - 1
+	if n := i - max(first, 0); n >= MaxVersions {
+		return fmt.Errorf("%w: %d versions (the most is %d)", ErrTooManyVersions, n, MaxVersions)
 	}
 	t.versions = append(t.versions[:i], Version{From: from, Plan: p})
 	return nil
