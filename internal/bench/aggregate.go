@@ -272,6 +272,16 @@ func (b *aggregateBench) runNames(round int, ent bool) topics.Names {
 // specs are every topic of the benchmark, made before the first round.
 func (b *aggregateBench) specs() []topics.Spec {
 	specs := topics.Specs(b.names, b.layout)
+	for i := range specs {
+		if specs[i].Name == b.names.EventsTopic() {
+			// Nothing is produced to usage.events here; its partition
+			// count is the number of dedup sources the aggregator takes
+			// from the cluster's metadata, and the input's watermarks
+			// (aggregateWatermark) claim one source: with more, the
+			// aggregator would ignore each of them, with a warning.
+			specs[i].Partitions = 1
+		}
+	}
 	p := b.cfg.Partitions
 	specs = append(specs,
 		topics.Spec{Name: b.passA(), Partitions: p, Configs: map[string]string{"cleanup.policy": "delete"}},

@@ -143,8 +143,8 @@ const aggregateWatermarkEvery = 100_000
 // the bytes b9acd11 wrote, in the first Watermark schema
 // (history/watermark.v0.avsc, before window_ms), so that every binary
 // compared reads the same input (TestInputsAreTheSame). It claims one
-// source partition: an aggregator that takes the count from usage.events'
-// metadata ignores it (and counts it); it finalizes nothing either way.
+// source partition, and bench aggregate's usage.events has one (specs):
+// the aggregator applies it. It finalizes nothing.
 func aggregateWatermark(now time.Time) ([]byte, error) {
 	v0, err := avro.Parse(string(schemas.SchemaFiles()["history/watermark.v0.avsc"]))
 	if err != nil {

@@ -12,7 +12,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/schemas"
 )
 
 // inputNow is the fixed "now" of the golden inputs.
@@ -111,5 +113,43 @@ func TestInputsAreTheSame(t *testing.T) {
 		if got[name] != want {
 			t.Errorf("%s input: sha256 %s, want %s", name, got[name], want)
 		}
+	}
+}
+
+// TestAggregateWatermarksClaimTheEventsPartitions: the aggregator takes
+// the number of dedup sources from usage.events' partition count, and
+// ignores, with a warning, a watermark that claims another. bench
+// aggregate's usage.events has as many partitions as its input's
+// watermark records claim sources, whatever --partitions is, so that the
+// aggregators measured apply them.
+func TestAggregateWatermarksClaimTheEventsPartitions(t *testing.T) {
+	layout := topics.DefaultLayout()
+	layout.Partitions = 16
+	b := &aggregateBench{stageBench: &stageBench{names: topics.DefaultNames(), layout: layout},
+		cfg: AggregateConfig{StageConfig: StageConfig{Partitions: 16, Rounds: 1}}}
+	v, err := aggregateWatermark(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := schemas.Decode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, ok := m.(*schemas.Watermark)
+	if !ok {
+		t.Fatalf("the input's watermark decodes as %T", m)
+	}
+	found := false
+	for _, s := range b.specs() {
+		if s.Name != b.names.EventsTopic() {
+			continue
+		}
+		found = true
+		if s.Partitions != w.SourcePartitions {
+			t.Errorf("usage.events has %d partitions, the input's watermarks claim %d sources", s.Partitions, w.SourcePartitions)
+		}
+	}
+	if !found {
+		t.Error("bench aggregate makes no usage.events")
 	}
 }
