@@ -26,6 +26,9 @@ type filters struct {
 	pr      *processor
 	dropped int64
 	pending [][2][]byte // ranges to delete (stream.WarmExpirer)
+	// keptSkew: the S the owner records its keys were accepted under
+	// (skew.go), so that the standby expires by the same S.
+	keptSkew skewKeep
 }
 
 func newFilters() filters {
@@ -61,6 +64,12 @@ func (fs *filters) Apply(k, v []byte) {
 		fs.expire(int64(binary.BigEndian.Uint64(v)))
 		return
 	}
+	if fs.pr != nil && v != nil && bytes.Equal(k, keySkew) {
+		if sk, ok, err := readSkew(func([]byte) ([]byte, bool, error) { return v, true, nil }); err == nil && ok {
+			fs.keptSkew = sk
+		}
+		return
+	}
 	if v == nil || len(k) != identityKeyLen || k[0] != prefixIdentity {
 		return
 	}
@@ -73,7 +82,7 @@ func (fs *filters) Apply(k, v []byte) {
 // the standby never drops a bucket its owner still holds.
 func (fs *filters) expire(wm int64) {
 	c := fs.pr.cfg
-	horizon := wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
+	horizon := wm - c.Window.Milliseconds() - expirySkew(&c, fs.keptSkew, wm)
 	if horizon <= 0 {
 		return
 	}
@@ -116,6 +125,9 @@ func (pr *processor) Warm(p int32, st *stream.PartitionState) (stream.WarmState,
 	}
 	wm, err := readWatermark(st.Get)
 	if err != nil {
+		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	if fs.keptSkew, _, err = readSkew(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
 	fs.expire(wm)
