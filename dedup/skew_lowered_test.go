@@ -18,49 +18,53 @@ import (
 // by its own arrival, is a duplicate (or too_old), never a second first
 // copy; alike from the local state and from a restore.
 func TestSkewLoweredAfterAccept(t *testing.T) {
-	localOrRestored(t, func(t *testing.T, keep bool) {
-		h := newHarness(t, nil, 1)
-		fs := vfs.NewMem()
-		cfg := shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		cfg.Skew = 30 * time.Minute
-		a := h.start(cfg)
-		et := swArr + 20*60_000 // 20 min ahead of its arrival: inside S = 30 min
-		h.produce(h.event("acme", "api_calls", "k1", 1, et, swArr))
-		h.caughtUp()
-		if err := a.stop(); err != nil {
-			t.Fatal(err)
-		}
-		if !keep {
-			fs = vfs.NewMem()
-		}
-		cfg = shortWindow(h, prometheus.NewRegistry()) // S = 1 min
-		cfg.Stream.FS = fs
-		b := h.start(cfg)
-		// The watermark passes the bucket's end + W + the new S, then an
-		// exact copy arrives: inside the window by its own arrival (its
-		// event time is less than W before it).
-		arr2 := t0 + swB + swW + swS + 1000
-		h.produce(h.tick(0, t0+swB+swW+swS))
-		h.caughtUp()
-		h.produce(h.event("acme", "api_calls", "k1", 1, et, arr2))
-		h.caughtUp()
-		o := h.outputs()
-		if n := len(o.dedupedOf("k1")); n != 1 {
-			t.Fatalf("k1 forwarded %d times, want 1: its copy was accepted after the key, stored under the longer S, expired by the shorter one", n)
-		}
-		if len(o.duplicates) != 1 && len(o.rejectedOf("k1")) != 1 {
-			t.Errorf("k1's copy: duplicates %d, rejected %+v; want a duplicate or a too_old", len(o.duplicates), o.rejectedOf("k1"))
-		}
-		if r := o.rejectedOf("k1"); len(r) == 1 && r[0].Reason != schemas.ReasonTooOld {
-			t.Errorf("k1's copy rejected as %s, want a duplicate or too_old", r[0].Reason)
-		}
-		// The key goes once the watermark passes its bucket's end + W +
-		// the S it was accepted under.
-		h.produce(h.tick(0, t0+swB+swW+30*60_000))
-		h.caughtUp()
-		within(t, 10*time.Second, "the key expired by the longer S", func() bool { return identityKeys(t, b.stage, 0) == 0 })
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		localOrRestored(t, func(t *testing.T, keep bool) { skewLowered(t, brokers, keep) })
 	})
+}
+
+func skewLowered(t *testing.T, brokers []string, keep bool) {
+	h := newHarness(t, brokers, 1)
+	fs := vfs.NewMem()
+	cfg := shortWindow(h, prometheus.NewRegistry())
+	cfg.Stream.FS = fs
+	cfg.Skew = 30 * time.Minute
+	a := h.start(cfg)
+	et := swArr + 20*60_000 // 20 min ahead of its arrival: inside S = 30 min
+	h.produce(h.event("acme", "api_calls", "k1", 1, et, swArr))
+	h.caughtUp()
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !keep {
+		fs = vfs.NewMem()
+	}
+	cfg = shortWindow(h, prometheus.NewRegistry()) // S = 1 min
+	cfg.Stream.FS = fs
+	b := h.start(cfg)
+	// The watermark passes the bucket's end + W + the new S, then an
+	// exact copy arrives: inside the window by its own arrival (its
+	// event time is less than W before it).
+	arr2 := t0 + swB + swW + swS + 1000
+	h.produce(h.tick(0, t0+swB+swW+swS))
+	h.caughtUp()
+	h.produce(h.event("acme", "api_calls", "k1", 1, et, arr2))
+	h.caughtUp()
+	o := h.outputs()
+	if n := len(o.dedupedOf("k1")); n != 1 {
+		t.Fatalf("k1 forwarded %d times, want 1: its copy was accepted after the key, stored under the longer S, expired by the shorter one", n)
+	}
+	if len(o.duplicates) != 1 && len(o.rejectedOf("k1")) != 1 {
+		t.Errorf("k1's copy: duplicates %d, rejected %+v; want a duplicate or a too_old", len(o.duplicates), o.rejectedOf("k1"))
+	}
+	if r := o.rejectedOf("k1"); len(r) == 1 && r[0].Reason != schemas.ReasonTooOld {
+		t.Errorf("k1's copy rejected as %s, want a duplicate or too_old", r[0].Reason)
+	}
+	// The key goes once the watermark passes its bucket's end + W +
+	// the S it was accepted under.
+	h.produce(h.tick(0, t0+swB+swW+30*60_000))
+	h.caughtUp()
+	within(t, 10*time.Second, "the key expired by the longer S", func() bool { return identityKeys(t, b.stage, 0) == 0 })
 }
 
 // TestStandbySkewLowered: a standby expires by the S its owner records

@@ -13,7 +13,11 @@ import (
 // own shorter W, it dropped keys its owner keeps; promoted, it forwarded
 // a copy of their events again.
 func TestStandbyFollowsOwnerExpiry(t *testing.T) {
-	h := newHarness(t, nil, 1)
+	onBrokers(t, standbyFollowsOwnerExpiry)
+}
+
+func standbyFollowsOwnerExpiry(t *testing.T, brokers []string) {
+	h := newHarness(t, brokers, 1)
 	cfg := func(id string, w time.Duration) Config {
 		c := shortWindow(h, prometheus.NewRegistry())
 		c.Stream.InstanceID = id
