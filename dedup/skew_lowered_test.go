@@ -67,18 +67,26 @@ func skewLowered(t *testing.T, brokers []string, keep bool) {
 	within(t, 10*time.Second, "the key expired by the longer S", func() bool { return identityKeys(t, b.stage, 0) == 0 })
 }
 
-// TestStandbySkewLowered: a standby expires by the S its owner records
-// (skew.go), not by its own shorter one: it keeps a key accepted under a
-// longer S as long as the owner does.
+// standbyConfig is shortWindow for instance id, with W and S (0: its
+// own) and a standby replica.
+func standbyConfig(h *harness, id string, w, s time.Duration) Config {
+	c := shortWindow(h, prometheus.NewRegistry())
+	c.Stream.InstanceID = id
+	if w != 0 {
+		c.Window = w
+	}
+	if s != 0 {
+		c.Skew = s
+	}
+	c.Stream.StandbyReplicas = 1
+	return c
+}
+
+// TestStandbySkewLowered: a standby keeps a key accepted under a longer S
+// as long as its owner does, whatever its own S.
 func TestStandbySkewLowered(t *testing.T) {
 	h := newHarness(t, nil, 1)
-	cfg := func(id string, skew time.Duration) Config {
-		c := shortWindow(h, prometheus.NewRegistry())
-		c.Stream.InstanceID = id
-		c.Skew = skew
-		c.Stream.StandbyReplicas = 1
-		return c
-	}
+	cfg := func(id string, skew time.Duration) Config { return standbyConfig(h, id, 0, skew) }
 	first := h.start(cfg("a", 30*time.Minute))
 	et := swArr + 20*60_000
 	h.produce(h.event("acme", "api_calls", "k1", 1, et, swArr))

@@ -3,8 +3,6 @@ package dedup
 import (
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestStandbyFollowsOwnerExpiry: a standby drops the buckets its owner
@@ -18,13 +16,7 @@ func TestStandbyFollowsOwnerExpiry(t *testing.T) {
 
 func standbyFollowsOwnerExpiry(t *testing.T, brokers []string) {
 	h := newHarness(t, brokers, 1)
-	cfg := func(id string, w time.Duration) Config {
-		c := shortWindow(h, prometheus.NewRegistry())
-		c.Stream.InstanceID = id
-		c.Window = w
-		c.Stream.StandbyReplicas = 1
-		return c
-	}
+	cfg := func(id string, w time.Duration) Config { return standbyConfig(h, id, w, 0) }
 	longW := 4 * time.Hour
 	a := h.start(cfg("a", longW))
 	h.produce(h.event("acme", "api_calls", "f1", 1, swArr, swArr))
