@@ -79,6 +79,7 @@ var (
 	keyBucket = []byte("mB")
 	// keyUsePrefix (keyuse.go): "mS" | key ID, the last signing use of
 	// a key.
+	// keySkew (skew.go): the S the state's keys were accepted under.
 )
 
 // An identity is stored under the first 16 bytes of SHA-256 of its
@@ -147,6 +148,8 @@ type partition struct {
 	// the committed state again before the next use.
 	reloadWM bool
 	upgrade  int64 // unsigned re-route headers are honoured below this offset
+	// skew: the S the state's keys were accepted under (skew.go).
+	skew skewKeep
 	// keyUses: the last signing use of each key of the ring this
 	// partition's state records (keyuse.go), epoch ms; signUse is the
 	// signing key's. dropUses: keys that left the ring, whose entries the
@@ -309,6 +312,13 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	}
 	if part.dropped, err = readDropped(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	k, hasSkew, err := readSkew(st.Get)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
+	}
+	if part.skew = keepSkew(&pr.cfg, k, hasSkew, part.wm); !hasSkew || part.skew != k {
+		part.writeMeta = true
 	}
 	if err := pr.openKeyUses(p, st, part); err != nil {
 		return nil, err
@@ -563,6 +573,7 @@ func (pt *partition) begin(tx *stream.Tx) error {
 			binary.BigEndian.PutUint64(w[:], uint64(pt.wm))
 			tx.Put(keyWatermark, w[:])
 		}
+		tx.Put(keySkew, pt.skew.encode())
 		if pt.dropped > 0 {
 			var d [8]byte
 			binary.BigEndian.PutUint64(d[:], uint64(pt.dropped))
@@ -586,7 +597,7 @@ func (pt *partition) scheduleExpiry() {
 // every bucket below it is past W + S (0: none).
 func (pt *partition) expiredBuckets() int64 {
 	c := pt.pr.cfg
-	horizon := pt.wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
+	horizon := pt.wm - c.Window.Milliseconds() - expirySkew(&pt.pr.cfg, pt.skew, pt.wm)
 	if pt.wm <= 0 || horizon <= 0 {
 		return 0
 	}
@@ -801,7 +812,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 	case e.EventTime > arrival+c.Skew.Milliseconds():
 		return pt.reject(tx, r, e, schemas.ReasonInFuture, fmt.Sprintf("event_time %s is more than %s after its arrival %s (skew S)",
 			msTime(e.EventTime), c.Skew, msTime(arrival)))
-	case e.EventTime-c.Skew.Milliseconds() < pt.expiredBefore():
+	case e.EventTime-expirySkew(&c, pt.skew, pt.wm) < pt.expiredBefore():
 		// Any earlier copy first arrived at or after event_time − S, and
 		// the keys of first arrivals before expiredBefore are gone (or go
 		// at the end of this batch): a copy could not be recognised. Only
@@ -813,7 +824,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 		// so the decision is the same however the records are batched.
 		return pt.reject(tx, r, e, schemas.ReasonTooOld, fmt.Sprintf(
 			"event_time %s is within %s of %s, before which the keys of first arrivals have expired (the partition watermark is %s), so a copy could not be recognised",
-			msTime(e.EventTime), c.Skew, msTime(pt.expiredBefore()), msTime(pt.wm)))
+			msTime(e.EventTime), time.Duration(expirySkew(&c, pt.skew, pt.wm))*time.Millisecond, msTime(pt.expiredBefore()), msTime(pt.wm)))
 	}
 	sum := sha256.Sum256(canon)
 	kh, verify := sum[:hashLen], sum[hashLen:hashLen+verifyLen]

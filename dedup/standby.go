@@ -22,7 +22,7 @@ type filters struct {
 	buckets []uint32 // live buckets, descending
 
 	// On a standby (Warm): the processor, and the buckets below dropped,
-	// following the watermark the owner records in the changelog.
+	// following the keyDropped the owner records in the changelog.
 	pr      *processor
 	dropped int64
 	pending [][2][]byte // ranges to delete (stream.WarmExpirer)
@@ -57,7 +57,7 @@ func (fs *filters) add(k []byte) {
 // Open's scan would refuse a malformed one, and so does the promoted
 // partition's first lookup of it, never a wrong answer.
 func (fs *filters) Apply(k, v []byte) {
-	if fs.pr != nil && v != nil && bytes.Equal(k, keyWatermark) && len(v) == 8 {
+	if fs.pr != nil && v != nil && bytes.Equal(k, keyDropped) && len(v) == 8 {
 		fs.expire(int64(binary.BigEndian.Uint64(v)))
 		return
 	}
@@ -67,17 +67,18 @@ func (fs *filters) Apply(k, v []byte) {
 	fs.add(k)
 }
 
-// expire drops, on a standby, the buckets the owner drops at watermark wm
-// (partition.scheduleExpiry): their filters now, their keys through
-// LocalDeletes. The owner's watermark is at least the one it recorded, so
-// the standby never drops a bucket its owner still holds.
-func (fs *filters) expire(wm int64) {
-	c := fs.pr.cfg
-	horizon := wm - c.Window.Milliseconds() - c.Skew.Milliseconds()
-	if horizon <= 0 {
-		return
-	}
-	below := horizon / c.Bucket.Milliseconds()
+// expire drops, on a standby, the buckets its owner dropped: those below
+// dropped (epoch ms), the keyDropped the owner records in the transaction
+// that drops them (partition.begin). Their filters go now, their keys
+// through LocalDeletes. The standby follows what the owner recorded, not a
+// horizon of its own: its W or S may differ from the owner's (a rolling
+// restart that changes them), and expiring by a shorter one would drop
+// keys the owner keeps, which the standby, promoted, would then miss. A
+// bucket below keyDropped may still be in the owner's store (a restore
+// brought it back); its keys are never needed: the expiry check rejects
+// an event that could be a copy of one (partition.expiredBefore).
+func (fs *filters) expire(dropped int64) {
+	below := dropped / fs.pr.cfg.Bucket.Milliseconds()
 	if below <= fs.dropped {
 		return
 	}
@@ -114,11 +115,11 @@ func (pr *processor) Warm(p int32, st *stream.PartitionState) (stream.WarmState,
 	if err := fs.load(p, st); err != nil {
 		return nil, err
 	}
-	wm, err := readWatermark(st.Get)
+	dropped, err := readDropped(st.Get)
 	if err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
-	fs.expire(wm)
+	fs.expire(dropped)
 	return &fs, nil
 }
 
