@@ -112,6 +112,66 @@ func TestCommittedOffsetAheadOfProgress(t *testing.T) {
 	e.exact(TableEvents, 20)
 }
 
+// TestCommittedOffsetAheadPastLogStart: the sink fell behind until
+// retention deleted records it had not written, stopped with
+// OFFSET_OUT_OF_RANGE, and its group's offset was reset to the earliest
+// offset (docs/operations.md, Outages). The records between the progress
+// and the log start are gone: the sink stops, and its error says so and
+// names accept-offsets, never a reset to the progress, which would only
+// stop it with OFFSET_OUT_OF_RANGE again. With the committed offset past
+// the log start, it names the reset to the log start first. Following
+// the error, the records the log still holds are written.
+func TestCommittedOffsetAheadPastLogStart(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	var first, second []*kgo.Record
+	for i := 0; i < 10; i++ {
+		first = append(first, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
+		second = append(second, deduped(topic, 0, 10+i, base.Add(time.Duration(10+i)*time.Second)))
+	}
+	e.produce(first...)
+	e.runOnce(topic)
+	e.exact(TableEvents, 10)
+
+	e.produce(second...)
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: topic, Partition: 0, At: 15, LeaderEpoch: -1})
+	resp, err := testenv.Admin(t, e.brokers).DeleteRecords(ctxT(t, 30*time.Second), os)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records below offset 15: %v", err)
+	}
+	accept := fmt.Sprintf("meterline sink accept-offsets --group %s --database %s --topic %s --partition 0", e.group, e.db, topic)
+	notToProgress := func(r *running) {
+		t.Helper()
+		if strings.Contains(r.err.Error(), "--to-offset 10 --execute") {
+			t.Errorf("the error tells to reset to the progress, whose records are gone: %v", r.err)
+		}
+	}
+
+	e.setOffset(topic, 0, 15)
+	r := e.start(nil)
+	expectRefusal(t, r, "committed offset 15", "below offset 10", "the partition now starts at 15",
+		"records 10..14 are no longer in the log", "OFFSET_OUT_OF_RANGE", accept)
+	notToProgress(r)
+
+	e.setOffset(topic, 0, 18)
+	r = e.start(nil)
+	expectRefusal(t, r, "records 10..14 are no longer in the log", "To write records 15..17",
+		"--group "+e.group+" --topic "+topic+":0 --reset-offsets --to-offset 15 --execute", accept)
+	notToProgress(r)
+	e.exact(TableEvents, 10)
+
+	e.setOffset(topic, 0, 15)
+	if _, err := AcceptOffsets(ctxT(t, time.Minute), e.acceptConfig()); err != nil {
+		t.Fatal(err)
+	}
+	e.runOnce(topic)
+	e.exact(TableEvents, 15)
+}
+
 // TestNewDatabaseBehindExistingGroup: the sink is pointed at a new
 // database with the group of an existing one. The database has no
 // progress and the committed offset is above the partition's start: the
