@@ -350,7 +350,11 @@ func (rec recorded) effective(k tp) (progress int64, by string, ok bool) {
 func (rec recorded) needsStart(k tp, committed int64) bool {
 	_, own := rec.progress[k]
 	_, other := rec.others[k]
-	return !own && committed > 0 || own && committed < 0 || !own && other && committed < 0
+	// A committed offset ahead of the progress: the error says whether
+	// the records in between are still in the log to be written.
+	progress, _, ok := rec.effective(k)
+	return !own && committed > 0 || own && committed < 0 || !own && other && committed < 0 ||
+		ok && committed > progress
 }
 
 // verdict is what the check on assignment makes of one partition.
@@ -392,7 +396,7 @@ func (rec recorded) classify(k tp, committed, start int64) (verdict, ahead) {
 	case committed < 0:
 		return verdictOK, ahead{}
 	case ok && committed > progress:
-		return verdictBad, ahead{k: k, committed: committed, progress: progress, by: by}
+		return verdictBad, ahead{k: k, committed: committed, progress: progress, by: by, logStart: start}
 	case ok:
 		// Progress at or past the committed offset: normal (a window
 		// recorded its progress, then its commit failed or was never
@@ -547,6 +551,21 @@ func (w *Writer) describeAhead(b ahead) string {
 	if b.by != "" {
 		recordedBy = ", recorded by group " + b.by
 	}
-	return fmt.Sprintf("group %s has committed offset %d for %s partition %d, but database %s holds that partition's records only below offset %d (its progress in %s%s): records %d..%d are in no table (was the group's offset moved forward?). To write them, %s --to-offset %d --execute. %s",
-		w.cfg.Group, b.committed, b.k.topic, b.k.p, w.cfg.Database, b.progress, ProgressTable, recordedBy, b.progress, b.committed-1, reset, b.progress, accept)
+	head := fmt.Sprintf("group %s has committed offset %d for %s partition %d, but database %s holds that partition's records only below offset %d (its progress in %s%s): records %d..%d are in no table",
+		w.cfg.Group, b.committed, b.k.topic, b.k.p, w.cfg.Database, b.progress, ProgressTable, recordedBy, b.progress, b.committed-1)
+	if b.logStart <= b.progress {
+		return fmt.Sprintf("%s (was the group's offset moved forward?). To write them, %s --to-offset %d --execute. %s",
+			head, reset, b.progress, accept)
+	}
+	// The log no longer holds the records from the progress on: a reset
+	// to the progress would only stop the sink with OFFSET_OUT_OF_RANGE.
+	gone := fmt.Sprintf("%s, and the partition now starts at %d: records %d..%d are no longer in the log (retention or a deletion removed them) and cannot be written; a reset to %d would stop the sink with OFFSET_OUT_OF_RANGE.",
+		head, b.logStart, b.progress, min(b.logStart, b.committed)-1, b.progress)
+	skip := fmt.Sprintf("stop every sink of the group, then run: meterline sink accept-offsets --group %s --database %s --topic %s --partition %d (it records the gap in %s)",
+		w.cfg.Group, w.cfg.Database, b.k.topic, b.k.p, SkipsTable)
+	if b.committed > b.logStart {
+		return fmt.Sprintf("%s To write records %d..%d, which the log still holds, %s --to-offset %d --execute, then skip the records that are gone: %s. To skip every record up to the committed offset instead, %s",
+			gone, b.logStart, b.committed-1, reset, b.logStart, skip, skip)
+	}
+	return fmt.Sprintf("%s To go on without them, %s", gone, skip)
 }

@@ -82,6 +82,37 @@ func (e *env) runOnce(topics ...string) *running {
 	return r
 }
 
+// writtenThenMore produces ten records to partition 0 of topic, event
+// times a second apart from start, runs the sink until it has written
+// them, then produces ten more that it has not.
+func (e *env) writtenThenMore(topic string, start time.Time) {
+	e.t.Helper()
+	var first, second []*kgo.Record
+	for i := 0; i < 10; i++ {
+		first = append(first, deduped(topic, 0, i, start.Add(time.Duration(i)*time.Second)))
+		second = append(second, deduped(topic, 0, 10+i, start.Add(time.Duration(10+i)*time.Second)))
+	}
+	e.produce(first...)
+	e.runOnce(topic)
+	e.exact(TableEvents, 10)
+	e.produce(second...)
+}
+
+// deleteRecordsBelow deletes the records of partition p of topic below
+// offset, as retention does.
+func (e *env) deleteRecordsBelow(topic string, p int32, offset int64) {
+	e.t.Helper()
+	var os kadm.Offsets
+	os.Add(kadm.Offset{Topic: topic, Partition: p, At: offset, LeaderEpoch: -1})
+	resp, err := testenv.Admin(e.t, e.brokers).DeleteRecords(ctxT(e.t, 30*time.Second), os)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		e.t.Fatalf("delete records below offset %d: %v", offset, err)
+	}
+}
+
 // TestCommittedOffsetAheadOfProgress: docs/design.md, The ClickHouse
 // ledger, "Offsets ahead of the tables". The group's committed offset is
 // moved past ten records that are in no table (an operator's
@@ -91,17 +122,7 @@ func (e *env) runOnce(topics ...string) *running {
 func TestCommittedOffsetAheadOfProgress(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
-	start := time.Date(2026, 5, 4, 0, 0, 0, 0, time.UTC)
-	var first, second []*kgo.Record
-	for i := 0; i < 10; i++ {
-		first = append(first, deduped(topic, 0, i, start.Add(time.Duration(i)*time.Second)))
-		second = append(second, deduped(topic, 0, 10+i, start.Add(time.Duration(10+i)*time.Second)))
-	}
-	e.produce(first...)
-	e.runOnce(topic)
-	e.exact(TableEvents, 10)
-
-	e.produce(second...)
+	e.writtenThenMore(topic, time.Date(2026, 5, 4, 0, 0, 0, 0, time.UTC))
 	e.setOffset(topic, 0, e.endOffset(topic, 0))
 	expectRefusal(t, e.start(nil), topic+" partition 0", "committed offset 20", "below offset 10",
 		"--group "+e.group+" --topic "+topic+":0 --reset-offsets --to-offset 10 --execute")
@@ -110,6 +131,49 @@ func TestCommittedOffsetAheadOfProgress(t *testing.T) {
 	e.setOffset(topic, 0, 10)
 	e.runOnce(topic)
 	e.exact(TableEvents, 20)
+}
+
+// TestCommittedOffsetAheadPastLogStart: the sink fell behind until
+// retention deleted records it had not written, stopped with
+// OFFSET_OUT_OF_RANGE, and its group's offset was reset to the earliest
+// offset (docs/operations.md, Outages). The records between the progress
+// and the log start are gone: the sink stops, and its error says so and
+// names accept-offsets, never a reset to the progress, which would only
+// stop it with OFFSET_OUT_OF_RANGE again. With the committed offset past
+// the log start, it names the reset to the log start first. Following
+// the error, the records the log still holds are written.
+func TestCommittedOffsetAheadPastLogStart(t *testing.T) {
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.writtenThenMore(topic, base)
+	e.deleteRecordsBelow(topic, 0, 15)
+	accept := fmt.Sprintf("meterline sink accept-offsets --group %s --database %s --topic %s --partition 0", e.group, e.db, topic)
+	notToProgress := func(r *running) {
+		t.Helper()
+		if strings.Contains(r.err.Error(), "--to-offset 10 --execute") {
+			t.Errorf("the error tells to reset to the progress, whose records are gone: %v", r.err)
+		}
+	}
+
+	e.setOffset(topic, 0, 15)
+	r := e.start(nil)
+	expectRefusal(t, r, "committed offset 15", "below offset 10", "the partition now starts at 15",
+		"records 10..14 are no longer in the log", "OFFSET_OUT_OF_RANGE", accept)
+	notToProgress(r)
+
+	e.setOffset(topic, 0, 18)
+	r = e.start(nil)
+	expectRefusal(t, r, "records 10..14 are no longer in the log", "To write records 15..17",
+		"--group "+e.group+" --topic "+topic+":0 --reset-offsets --to-offset 15 --execute", accept)
+	notToProgress(r)
+	e.exact(TableEvents, 10)
+
+	e.setOffset(topic, 0, 15)
+	if _, err := AcceptOffsets(ctxT(t, time.Minute), e.acceptConfig()); err != nil {
+		t.Fatal(err)
+	}
+	e.runOnce(topic)
+	e.exact(TableEvents, 15)
 }
 
 // TestNewDatabaseBehindExistingGroup: the sink is pointed at a new
@@ -539,15 +603,7 @@ func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
 	e.deleteGroup()
 
 	e.produce(deduped(topic, 0, 10, base.Add(10*time.Second)), deduped(topic, 0, 11, base.Add(11*time.Second)))
-	var os kadm.Offsets
-	os.Add(kadm.Offset{Topic: topic, Partition: 0, At: 10, LeaderEpoch: -1})
-	resp, err := testenv.Admin(t, e.brokers).DeleteRecords(ctxT(t, 30*time.Second), os)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("delete records below offset 10: %v", err)
-	}
+	e.deleteRecordsBelow(topic, 0, 10)
 	e.expectLost(e.start(nil), topic, 0, 10, 10)
 	e.resetToEarliest(topic, e.names.RejectedTopic())
 	e.runOnce(topic, e.names.RejectedTopic())

@@ -167,26 +167,10 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 		}
 		rep.Months = append(rep.Months, checks...)
 	}
-	if len(planned) > 0 && (cfg.Repair || cfg.Backfill) {
-		kind, reason := "verify", "months differ from the ledger"
-		if cfg.Backfill {
-			kind, reason = "backfill", "backfill of every month the ledger holds"
-		}
-		run, err := v.rebuild(ctx, planned, plan, kind, reason, unfinished)
-		rep.RunID = run
-		if err != nil {
-			return rep, err
-		}
-		// Compare the rebuilt months again: the report says what is there now.
-		if err := v.recheck(ctx, planned, rep); err != nil {
-			return rep, err
-		}
-	} else if len(unfinished) > 0 && cfg.Backfill {
-		// Nothing to rebuild (an empty ledger): the unfinished runs are done.
-		if err := v.finishRuns(ctx, unfinished, tables); err != nil {
-			return rep, err
-		}
-	}
+	// The report counts what the months' statuses say even when a
+	// rebuild stopped (a sink joined, a query failed): a refused rebuild
+	// leaves the months that differ counted as differing.
+	err = v.repair(ctx, rep, planned, plan, unfinished, tables)
 	for _, c := range rep.Months {
 		switch c.Status {
 		case MonthDiffers:
@@ -195,7 +179,32 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 			rep.Rebuilt++
 		}
 	}
-	return rep, nil
+	return rep, err
+}
+
+// repair rebuilds the planned months (with Repair or Backfill) and
+// compares them again into rep, or, with nothing to rebuild, finishes the
+// unfinished backfills.
+func (v *verifier) repair(ctx context.Context, rep *VerifyReport, planned []DerivedTable, plan map[string][]uint32, unfinished []rebuildRun, tables []DerivedTable) error {
+	cfg := v.cfg
+	if len(planned) > 0 && (cfg.Repair || cfg.Backfill) {
+		kind, reason := "verify", "months differ from the ledger"
+		if cfg.Backfill {
+			kind, reason = "backfill", "backfill of every month the ledger holds"
+		}
+		run, err := v.rebuild(ctx, planned, plan, kind, reason, unfinished)
+		rep.RunID = run
+		if err != nil {
+			return err
+		}
+		// Compare the rebuilt months again: the report says what is there now.
+		return v.recheck(ctx, planned, rep)
+	}
+	if len(unfinished) > 0 && cfg.Backfill {
+		// Nothing to rebuild (an empty ledger): the unfinished runs are done.
+		return v.finishRuns(ctx, unfinished, tables)
+	}
+	return nil
 }
 
 // ensureDefaults fills in the defaults of the fields left zero.

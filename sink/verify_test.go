@@ -140,8 +140,13 @@ func TestVerifyRepairsAFailedView(t *testing.T) {
 	if st["events_by_customer/202401"] != MonthSkipped {
 		t.Fatalf("January is the ledger's oldest month: want it skipped by default, got %q", st["events_by_customer/202401"])
 	}
-	if _, err := Verify(ctx, e.verifyConfig(true)); !errors.Is(err, ErrSinkRunning) {
+	refused, err := Verify(ctx, e.verifyConfig(true))
+	if !errors.Is(err, ErrSinkRunning) {
 		t.Fatalf("repair while the sink runs: %v, want ErrSinkRunning", err)
+	}
+	// What meterline verify prints then: the months that differ, counted.
+	if refused == nil || refused.Differs != rep.Differs || refused.Rebuilt != 0 {
+		t.Fatalf("the refused repair's report: %+v, want %d month(s) differing and none rebuilt", refused, rep.Differs)
 	}
 	if err := CheckRebuilds(ctx, e.conn); err != nil {
 		t.Fatalf("a refused rebuild must not block the sink: %v", err)

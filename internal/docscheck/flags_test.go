@@ -25,7 +25,7 @@ var otherToolsFlags = map[string]bool{
 	"topic": true, "operation": true, "command-config": true, "bootstrap-server": true, "allow-principal": true,
 	"add": true, "resource-pattern-type": true, "entity-type": true, "entity-name": true, "alter": true,
 	"add-scram": true, "add-config": true, "fail-with-body": true, "query": true, "detach": true, "build": true,
-	"reset-offsets": true, "to-offset": true, "to-earliest": true, "to-latest": true, "execute": true,
+	"reset-offsets": true, "to-offset": true, "to-earliest": true, "to-latest": true, "execute": true, "delete": true,
 }
 
 // meterlineFlags returns the name of every flag of every meterline
