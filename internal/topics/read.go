@@ -3,9 +3,12 @@ package topics
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/kafka"
 )
@@ -108,19 +111,51 @@ func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (m
 		return nil, err
 	}
 	defer cl.Close()
-	td, err := kadm.NewClient(cl).ListTopics(ctx, names...)
+	req := kmsg.NewPtrMetadataRequest()
+	for _, name := range names {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, rt)
+	}
+	// The request is sent as is rather than through kadm, whose error for a
+	// topic the principal may not describe names no topic.
+	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		return nil, fmt.Errorf("read topic metadata: %w", err)
 	}
+	got := make(map[string]kmsg.MetadataResponseTopic, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if t.Topic != nil {
+			got[*t.Topic] = t
+		}
+	}
+	var refused []string
+	for _, name := range names {
+		if t, ok := got[name]; ok && t.ErrorCode == kerr.TopicAuthorizationFailed.Code {
+			refused = append(refused, name)
+		}
+	}
+	if len(refused) > 0 {
+		return nil, fmt.Errorf("read topic metadata: %s may not describe %s (grant it the ACLs of docs/operations.md, Security and ACLs: Read or Write on a topic implies Describe): %w",
+			principal(conn), strings.Join(refused, ", "), kerr.TopicAuthorizationFailed)
+	}
 	n := make(map[string]int32, len(names))
 	for _, name := range names {
-		d, ok := td[name]
-		if !ok || d.Err != nil {
-			return nil, fmt.Errorf("topic %s is missing (run meterline topics create): %v", name, d.Err)
+		t, ok := got[name]
+		if !ok || t.ErrorCode != 0 {
+			return nil, fmt.Errorf("topic %s is missing (run meterline topics create): %v", name, kerr.ErrorForCode(t.ErrorCode))
 		}
-		n[name] = int32(len(d.Partitions))
+		n[name] = int32(len(t.Partitions))
 	}
 	return n, nil
+}
+
+// principal names the principal conn authenticates as, for an error.
+func principal(conn kafka.Config) string {
+	if conn.SASL.User != "" {
+		return "User:" + conn.SASL.User
+	}
+	return "this client's principal"
 }
 
 // ConfigValue returns the value the brokers report for config key of
