@@ -70,7 +70,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	}
 	start := time.Now()
 	if err := w.sess.Begin(); err != nil {
-		return fmt.Errorf("sink: begin transaction: %w", err)
+		return fmt.Errorf("sink: begin transaction: %w", w.cfg.TransactionalIDError(err))
 	}
 	var produced firstError
 	if !abandon {

@@ -86,3 +86,22 @@ func TestFetchErrorNamesMissingACL(t *testing.T) {
 		t.Errorf("offset out of range: error %v, want the offsets hint", got)
 	}
 }
+
+// TestTransactionalIDNotAuthorized: an error of a principal without Write
+// on the instance's transactional ID names the ID, its prefix and the
+// documented ACLs; other errors are returned as they are.
+func TestTransactionalIDNotAuthorized(t *testing.T) {
+	c := &Config{Group: "meterline-sink", InstanceID: "sink-1"}
+	err := c.TransactionalIDError(fmt.Errorf("producer ID has a fatal, unrecoverable error, err: %w", kerr.TransactionalIDAuthorizationFailed))
+	if !errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		t.Fatalf("error %v does not wrap the cause", err)
+	}
+	for _, want := range []string{"Write on transactional ID meterline-sink-sink-1", "prefix meterline-sink-", "Security and ACLs"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if err := c.TransactionalIDError(kerr.OffsetOutOfRange); err != kerr.OffsetOutOfRange {
+		t.Errorf("another error became %v", err)
+	}
+}

@@ -149,9 +149,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		}
 		if errors.Is(perr, kerr.TransactionalIDAuthorizationFailed) {
 			// A missing ACL: no retry grants it.
-			id := rt.cfg.TransactionalID()
-			return fmt.Errorf("stream: initialise transactional ID %s: %w (the principal needs Write on transactional ID %s, as the prefix %s-: docs/operations.md, Security and ACLs)",
-				id, perr, id, rt.cfg.Group)
+			return fmt.Errorf("stream: initialise %w", rt.cfg.TransactionalIDError(perr))
 		}
 		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
 		return session.ErrRestart
