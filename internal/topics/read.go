@@ -3,6 +3,8 @@ package topics
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -148,6 +150,49 @@ func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (m
 		n[name] = int32(len(t.Partitions))
 	}
 	return n, nil
+}
+
+// MayWrite returns an error naming the topics of names that conn's
+// principal may not write (no Write ACL), or nil. It asks the brokers for
+// the operations the principal is allowed on each topic; a topic that does
+// not exist, or brokers that do not report the operations, pass: the
+// writes themselves then fail or wait as they would.
+func MayWrite(ctx context.Context, conn kafka.Config, names ...string) error {
+	cl, err := kafka.NewClient(conn)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	req.IncludeTopicAuthorizedOperations = true
+	for _, name := range names {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("read topic metadata: %w", err)
+	}
+	var refused []string
+	for _, t := range resp.Topics {
+		if t.Topic == nil {
+			continue
+		}
+		switch {
+		case t.ErrorCode == kerr.TopicAuthorizationFailed.Code:
+			refused = append(refused, *t.Topic)
+		case t.ErrorCode != 0 || t.AuthorizedOperations == math.MinInt32:
+			// Missing, or operations not reported.
+		case !slices.Contains(kadm.DecodeACLOperations(t.AuthorizedOperations), kmsg.ACLOperationWrite):
+			refused = append(refused, *t.Topic)
+		}
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("%s may not write %s (it needs Write on topic %s: docs/operations.md, Security and ACLs): %w",
+			principal(conn), strings.Join(refused, ", "), strings.Join(refused, ", topic "), kerr.TopicAuthorizationFailed)
+	}
+	return nil
 }
 
 // principal names the principal conn authenticates as, for an error.
