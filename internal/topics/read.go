@@ -108,22 +108,11 @@ func ScanCommittedAs(ctx context.Context, conn kafka.Config, topic string, from 
 // PartitionCounts returns the partition count of each named topic, or an
 // error naming the first topic that is missing.
 func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (map[string]int32, error) {
-	cl, err := kafka.NewClient(conn)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrMetadataRequest()
-	for _, name := range names {
-		rt := kmsg.NewMetadataRequestTopic()
-		rt.Topic = kmsg.StringPtr(name)
-		req.Topics = append(req.Topics, rt)
-	}
 	// The request is sent as is rather than through kadm, whose error for a
 	// topic the principal may not describe names no topic.
-	resp, err := req.RequestWith(ctx, cl)
+	resp, err := metadata(ctx, conn, false, names)
 	if err != nil {
-		return nil, fmt.Errorf("read topic metadata: %w", err)
+		return nil, err
 	}
 	got := make(map[string]kmsg.MetadataResponseTopic, len(resp.Topics))
 	for _, t := range resp.Topics {
@@ -158,21 +147,9 @@ func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (m
 // not exist, or brokers that do not report the operations, pass: the
 // writes themselves then fail or wait as they would.
 func MayWrite(ctx context.Context, conn kafka.Config, names ...string) error {
-	cl, err := kafka.NewClient(conn)
+	resp, err := metadata(ctx, conn, true, names)
 	if err != nil {
 		return err
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrMetadataRequest()
-	req.IncludeTopicAuthorizedOperations = true
-	for _, name := range names {
-		rt := kmsg.NewMetadataRequestTopic()
-		rt.Topic = kmsg.StringPtr(name)
-		req.Topics = append(req.Topics, rt)
-	}
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil {
-		return fmt.Errorf("read topic metadata: %w", err)
 	}
 	var refused []string
 	for _, t := range resp.Topics {
@@ -193,6 +170,28 @@ func MayWrite(ctx context.Context, conn kafka.Config, names ...string) error {
 			principal(conn), strings.Join(refused, ", "), strings.Join(refused, ", topic "), kerr.TopicAuthorizationFailed)
 	}
 	return nil
+}
+
+// metadata asks the brokers for the metadata of the named topics, with
+// the operations the principal is allowed on each when authOps.
+func metadata(ctx context.Context, conn kafka.Config, authOps bool, names []string) (*kmsg.MetadataResponse, error) {
+	cl, err := kafka.NewClient(conn)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	req.IncludeTopicAuthorizedOperations = authOps
+	for _, name := range names {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("read topic metadata: %w", err)
+	}
+	return resp, nil
 }
 
 // principal names the principal conn authenticates as, for an error.
