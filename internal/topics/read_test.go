@@ -62,3 +62,35 @@ func TestPartitionCountsNamesTopicsNotAuthorized(t *testing.T) {
 		t.Errorf("a missing topic: error %v, want one naming it missing", err)
 	}
 }
+
+// TestMayWrite: on brokers without an authorizer every topic may be
+// written; with ACLs, a principal that may read a topic but not write it
+// is refused, named with the topic; a missing topic passes.
+func TestMayWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	open := fakeCluster(t)
+	if _, err := adminOf(t, open).CreateTopics(ctx, 1, 1, nil, "usage.events"); err != nil {
+		t.Fatal(err)
+	}
+	if err := MayWrite(ctx, kafka.Config{Brokers: open.ListenAddrs()}, "usage.events", "usage.nonesuch"); err != nil {
+		t.Errorf("no authorizer: %v", err)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.SeedTopics(1, "usage.events", "usage.rejected"),
+		kfake.Superuser(kafka.ScramSHA512, "admin", "pw-admin"),
+		kfake.User(kafka.ScramSHA512, "sink", "pw-sink",
+			kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "usage.rejected",
+				Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationRead, Allow: true},
+			kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "usage.events",
+				Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationWrite, Allow: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	sink := kafka.Config{Brokers: c.ListenAddrs(), SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "sink", Password: secret.New("pw-sink")}}
+	err = MayWrite(ctx, sink, "usage.events", "usage.rejected")
+	if err == nil || !strings.Contains(err.Error(), "User:sink may not write usage.rejected") || strings.Contains(err.Error(), "usage.events") {
+		t.Errorf("Read without Write: %v, want usage.rejected refused, and only it", err)
+	}
+}
