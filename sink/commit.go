@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -70,7 +71,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	}
 	start := time.Now()
 	if err := w.sess.Begin(); err != nil {
-		return fmt.Errorf("sink: begin transaction: %w", err)
+		return fmt.Errorf("sink: begin transaction: %w", w.cfg.TransactionalIDError(err))
 	}
 	var produced firstError
 	if !abandon {
@@ -84,6 +85,16 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	// invalid state); the deadline bounds it.
 	ectx, cancel := w.cfg.EndContext(ctx)
 	defer cancel()
+	if !abandon && (len(decodeParks) > 0 || len(parks) > 0) {
+		// Guarantee: offsets past a record are committed only with its
+		// parked copy. kgo commits a transaction whose records failed
+		// (its End does not look at them): wait for every parked record's
+		// answer, and abort when one failed.
+		_ = w.sess.Client().Flush(ectx) // an error is ectx's end; End then fails too
+		if produced.get() != nil {
+			try = kgo.TryAbort
+		}
+	}
 	committed, err := w.sess.End(ectx, try)
 	w.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
 	w.revoked.Store(false)
@@ -96,6 +107,10 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		w.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 		w.markDirty(win.last)
 		switch perr := produced.get(); {
+		case errors.Is(perr, kerr.TopicAuthorizationFailed):
+			// A missing ACL: re-consuming would fail the same way, for ever.
+			return fmt.Errorf("sink: park refused records in %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)",
+				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Topics.RejectedTopic())
 		case perr != nil:
 			w.log.Warn("transaction aborted: producing a parked row failed; re-consuming from the committed offsets", zap.Error(perr))
 		case abandon && ctx.Err() != nil:

@@ -200,7 +200,7 @@ func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
 			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
 		}
 		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
-		if err := session.FetchError(w.log, fs); err != nil {
+		if err := session.FetchError(w.log, w.cfg.Group, fs); err != nil {
 			return fmt.Errorf("sink: %w", err)
 		}
 		// Newly assigned partitions (their records may be in these

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -117,6 +119,14 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	}
 	if _, err := g.connectKafka(ctx); err != nil {
 		return err
+	}
+	// Without Write on the events topic every request would be answered
+	// 503 "retry", for ever: stop here, naming the missing ACL.
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = topics.MayWrite(wctx, kc, cfg.Topic)
+	cancel()
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return &ExitError{Code: 1, Err: fmt.Errorf("ingest: %w", err)}
 	}
 	if cat == nil || len(cat.EventTypes()) == 0 {
 		log.Warn("no meter declares an event_type: /api/v1/events refuses every CloudEvent (unknown_event_type); give --meters")

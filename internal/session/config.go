@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -110,4 +111,16 @@ func (c *Config) TransactionalID() string { return c.Group + "-" + c.InstanceID 
 // broker answering at all needs no more than.
 func (c *Config) EndContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), c.TransactionTimeout+c.SessionTimeout)
+}
+
+// TransactionalIDError returns err, naming the ACL the principal lacks
+// when err is a refusal of the transactional ID (a missing ACL, which no
+// retry grants).
+func (c *Config) TransactionalIDError(err error) error {
+	if !errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		return err
+	}
+	id := c.TransactionalID()
+	return fmt.Errorf("transactional ID %s: %w (the principal needs Write on transactional ID %s, as the prefix %s-: docs/operations.md, Security and ACLs)",
+		id, err, id, c.Group)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -36,7 +37,7 @@ func TestFetchErrorRejoins(t *testing.T) {
 		"connection reset": session(&net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}),
 		"eof":              session(io.EOF),
 	} {
-		if got := FetchError(zap.NewNop(), fetchesWith(err)); got != nil {
+		if got := FetchError(zap.NewNop(), "g", fetchesWith(err)); got != nil {
 			t.Errorf("%s: the stage stops with %v; it must rejoin", name, got)
 		}
 	}
@@ -45,9 +46,62 @@ func TestFetchErrorRejoins(t *testing.T) {
 		"topic not authorized": kerr.TopicAuthorizationFailed,
 		"offset out of range":  kerr.OffsetOutOfRange,
 	} {
-		got := FetchError(zap.NewNop(), fetchesWith(err))
+		got := FetchError(zap.NewNop(), "g", fetchesWith(err))
 		if got == nil || !errors.Is(got, errors.Unwrap(err)) && !errors.Is(got, err) {
 			t.Errorf("%s: FetchError = %v, want the stage to stop with it", name, got)
 		}
+	}
+}
+
+// TestFetchErrorNamesMissingACL: a fetch refused for want of an ACL says
+// which (Read on the topic, or on the consumer group) and points to the
+// documented ACLs, and does not send the operator to offsets, which an
+// authorization failure has nothing to do with.
+func TestFetchErrorNamesMissingACL(t *testing.T) {
+	topicFetch := kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: "usage.events",
+		Partitions: []kgo.FetchPartition{{Partition: 3, Err: kerr.TopicAuthorizationFailed}}}}}}
+	groupFetch := fetchesWith(&kgo.ErrGroupSession{Err: kerr.GroupAuthorizationFailed})
+	for name, tc := range map[string]struct {
+		fs   kgo.Fetches
+		want []string
+	}{
+		"topic": {topicFetch, []string{"usage.events/3", "Read on topic usage.events", "Security and ACLs"}},
+		"group": {groupFetch, []string{"Read on group meterline-dedup", "Security and ACLs"}},
+	} {
+		got := FetchError(zap.NewNop(), "meterline-dedup", tc.fs)
+		if got == nil {
+			t.Fatalf("%s: no error", name)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(got.Error(), w) {
+				t.Errorf("%s: error %q does not say %q", name, got, w)
+			}
+		}
+		if strings.Contains(got.Error(), "offsets are never reset") {
+			t.Errorf("%s: error %q points to offsets", name, got)
+		}
+	}
+	got := FetchError(zap.NewNop(), "meterline-dedup", fetchesWith(kerr.OffsetOutOfRange))
+	if got == nil || !strings.Contains(got.Error(), "offsets are never reset automatically") {
+		t.Errorf("offset out of range: error %v, want the offsets hint", got)
+	}
+}
+
+// TestTransactionalIDNotAuthorized: an error of a principal without Write
+// on the instance's transactional ID names the ID, its prefix and the
+// documented ACLs; other errors are returned as they are.
+func TestTransactionalIDNotAuthorized(t *testing.T) {
+	c := &Config{Group: "meterline-sink", InstanceID: "sink-1"}
+	err := c.TransactionalIDError(fmt.Errorf("producer ID has a fatal, unrecoverable error, err: %w", kerr.TransactionalIDAuthorizationFailed))
+	if !errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+		t.Fatalf("error %v does not wrap the cause", err)
+	}
+	for _, want := range []string{"Write on transactional ID meterline-sink-sink-1", "prefix meterline-sink-", "Security and ACLs"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if err := c.TransactionalIDError(kerr.OffsetOutOfRange); err != kerr.OffsetOutOfRange {
+		t.Errorf("another error became %v", err)
 	}
 }

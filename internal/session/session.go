@@ -35,6 +35,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
@@ -171,8 +172,9 @@ func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error 
 // assignment restores or resumes as usual. It is logged at warn level.
 // Any other error, such as an authorization failure or an offset out of
 // range, stops the stage: offsets are never reset automatically
-// (docs/design.md, Exactly-once, 6).
-func FetchError(log *zap.Logger, fs kgo.Fetches) error {
+// (docs/design.md, Exactly-once, 6). An authorization failure names the
+// ACL the principal lacks: Read on the topic, or on group.
+func FetchError(log *zap.Logger, group string, fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
 		if Interrupted(err) {
@@ -183,7 +185,19 @@ func FetchError(log *zap.Logger, fs kgo.Fetches) error {
 			log.Warn("lost the consumer group or its coordinator; rejoining", zap.Error(err))
 			return
 		}
-		if ferr == nil {
+		if ferr != nil {
+			return
+		}
+		switch {
+		case errors.As(err, &gs) && errors.Is(err, kerr.GroupAuthorizationFailed):
+			ferr = fmt.Errorf("consumer group %s: %w (the principal needs Read on group %s: docs/operations.md, Security and ACLs)", group, err, group)
+		case errors.Is(err, kerr.TopicAuthorizationFailed):
+			where := fmt.Sprintf("%s/%d", t, p)
+			if p < 0 { // the topic's error, not a partition's
+				where = t
+			}
+			ferr = fmt.Errorf("fetch %s: %w (the principal needs Read on topic %s: docs/operations.md, Security and ACLs)", where, err, t)
+		default:
 			ferr = fmt.Errorf("fetch %s/%d: %w (offsets are never reset automatically; see docs/design.md, Exactly-once, point 6)", t, p, err)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
@@ -273,6 +274,9 @@ func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration, wake <-ch
 	fs.EachError(func(_ string, _ int32, err error) {
 		if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			ferr = fmt.Errorf("stream: %s partition %d: fetch changelog: %w", c.what, c.p, err)
+			if errors.Is(err, kerr.TopicAuthorizationFailed) {
+				ferr = fmt.Errorf("%w (the principal needs Read on topic %s: docs/operations.md, Security and ACLs)", ferr, c.rt.cfg.ChangelogTopic)
+			}
 		}
 	})
 	return fs, ferr

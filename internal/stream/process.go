@@ -24,7 +24,7 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	// A lost group or coordinator is a rejoin, not a stop: the next
 	// assignment restores as usual (docs/design.md, Exactly-once, "Crash
 	// windows": "zombie after a rebalance"; session.FetchError).
-	if err := session.FetchError(rt.log, fs); err != nil {
+	if err := session.FetchError(rt.log, rt.cfg.Group, fs); err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
 	// First, serially: which partitions can take their records, the open

@@ -2,12 +2,14 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -144,6 +146,10 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	if perr != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(perr, kerr.TransactionalIDAuthorizationFailed) {
+			// A missing ACL: no retry grants it.
+			return fmt.Errorf("stream: initialise %w", rt.cfg.TransactionalIDError(perr))
 		}
 		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
 		return session.ErrRestart

@@ -3,9 +3,14 @@ package topics
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/kafka"
 )
@@ -103,24 +108,98 @@ func ScanCommittedAs(ctx context.Context, conn kafka.Config, topic string, from 
 // PartitionCounts returns the partition count of each named topic, or an
 // error naming the first topic that is missing.
 func PartitionCounts(ctx context.Context, conn kafka.Config, names ...string) (map[string]int32, error) {
+	// The request is sent as is rather than through kadm, whose error for a
+	// topic the principal may not describe names no topic.
+	resp, err := metadata(ctx, conn, false, names)
+	if err != nil {
+		return nil, err
+	}
+	got := make(map[string]kmsg.MetadataResponseTopic, len(resp.Topics))
+	for _, t := range resp.Topics {
+		if t.Topic != nil {
+			got[*t.Topic] = t
+		}
+	}
+	var refused []string
+	for _, name := range names {
+		if t, ok := got[name]; ok && t.ErrorCode == kerr.TopicAuthorizationFailed.Code {
+			refused = append(refused, name)
+		}
+	}
+	if len(refused) > 0 {
+		return nil, fmt.Errorf("read topic metadata: %s may not describe %s (grant it the ACLs of docs/operations.md, Security and ACLs: Read or Write on a topic implies Describe): %w",
+			principal(conn), strings.Join(refused, ", "), kerr.TopicAuthorizationFailed)
+	}
+	n := make(map[string]int32, len(names))
+	for _, name := range names {
+		t, ok := got[name]
+		if !ok || t.ErrorCode != 0 {
+			return nil, fmt.Errorf("topic %s is missing (run meterline topics create): %v", name, kerr.ErrorForCode(t.ErrorCode))
+		}
+		n[name] = int32(len(t.Partitions))
+	}
+	return n, nil
+}
+
+// MayWrite returns an error naming the topics of names that conn's
+// principal may not write (no Write ACL), or nil. It asks the brokers for
+// the operations the principal is allowed on each topic; a topic that does
+// not exist, or brokers that do not report the operations, pass: the
+// writes themselves then fail or wait as they would.
+func MayWrite(ctx context.Context, conn kafka.Config, names ...string) error {
+	resp, err := metadata(ctx, conn, true, names)
+	if err != nil {
+		return err
+	}
+	var refused []string
+	for _, t := range resp.Topics {
+		if t.Topic == nil {
+			continue
+		}
+		switch {
+		case t.ErrorCode == kerr.TopicAuthorizationFailed.Code:
+			refused = append(refused, *t.Topic)
+		case t.ErrorCode != 0 || t.AuthorizedOperations == math.MinInt32:
+			// Missing, or operations not reported.
+		case !slices.Contains(kadm.DecodeACLOperations(t.AuthorizedOperations), kmsg.ACLOperationWrite):
+			refused = append(refused, *t.Topic)
+		}
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("%s may not write %s (it needs Write on topic %s: docs/operations.md, Security and ACLs): %w",
+			principal(conn), strings.Join(refused, ", "), strings.Join(refused, ", topic "), kerr.TopicAuthorizationFailed)
+	}
+	return nil
+}
+
+// metadata asks the brokers for the metadata of the named topics, with
+// the operations the principal is allowed on each when authOps.
+func metadata(ctx context.Context, conn kafka.Config, authOps bool, names []string) (*kmsg.MetadataResponse, error) {
 	cl, err := kafka.NewClient(conn)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	td, err := kadm.NewClient(cl).ListTopics(ctx, names...)
+	req := kmsg.NewPtrMetadataRequest()
+	req.IncludeTopicAuthorizedOperations = authOps
+	for _, name := range names {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		return nil, fmt.Errorf("read topic metadata: %w", err)
 	}
-	n := make(map[string]int32, len(names))
-	for _, name := range names {
-		d, ok := td[name]
-		if !ok || d.Err != nil {
-			return nil, fmt.Errorf("topic %s is missing (run meterline topics create): %v", name, d.Err)
-		}
-		n[name] = int32(len(d.Partitions))
+	return resp, nil
+}
+
+// principal names the principal conn authenticates as, for an error.
+func principal(conn kafka.Config) string {
+	if conn.SASL.User != "" {
+		return "User:" + conn.SASL.User
 	}
-	return n, nil
+	return "this client's principal"
 }
 
 // ConfigValue returns the value the brokers report for config key of
