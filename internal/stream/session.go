@@ -135,24 +135,8 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	// Stopped before the session's client closes (deferred above).
 	redates, stopRedates := rt.startOwnerRedates(ctx, sess.Client())
 	defer stopRedates()
-	// Initialise the transactional ID now, not at the first produce: it
-	// fences a previous incarnation of this instance and aborts (or
-	// completes) its open transaction, which a restore of our own
-	// partitions would otherwise wait on until the transaction timeout
-	// (docs/design.md, Exactly-once, 5).
-	ictx, cancel := context.WithTimeout(ctx, rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
-	_, _, perr := sess.Client().ProducerID(ictx)
-	cancel()
-	if perr != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if errors.Is(perr, kerr.TransactionalIDAuthorizationFailed) {
-			// A missing ACL: no retry grants it.
-			return fmt.Errorf("stream: initialise %w", rt.cfg.TransactionalIDError(perr))
-		}
-		rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
-		return session.ErrRestart
+	if err := rt.initProducerID(ctx, sess.Client()); err != nil {
+		return err
 	}
 	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.Strings("inputs", inputs),
 		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
@@ -215,6 +199,28 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		}
 		rt.redateIdle(redates)
 	}
+}
+
+// initProducerID initialises the transactional ID now, not at the first
+// produce: it fences a previous incarnation of this instance and aborts (or
+// completes) its open transaction, which a restore of our own partitions
+// would otherwise wait on until the transaction timeout (docs/design.md,
+// Exactly-once, 5). A failure restarts the session (session.ErrRestart),
+// but a missing ACL stops the stage: no retry grants it.
+func (rt *Runtime) initProducerID(ctx context.Context, cl *kgo.Client) error {
+	ictx, cancel := context.WithTimeout(ctx, rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
+	_, _, perr := cl.ProducerID(ictx)
+	cancel()
+	switch {
+	case perr == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(perr, kerr.TransactionalIDAuthorizationFailed):
+		return fmt.Errorf("stream: initialise %w", rt.cfg.TransactionalIDError(perr))
+	}
+	rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
+	return session.ErrRestart
 }
 
 // poll waits up to d for records, waking early for a restored partition.
