@@ -19,9 +19,11 @@ import (
 // TestRealDemoSink runs `meterline demo --sink` (embedded broker, real
 // ClickHouse): the report must reconcile the sink's tables too (plain
 // count() of usage_events = unique events, and the others), and the query
-// it prints must run against the demo's database and count the same
-// events. A second run on the same database starts it afresh; a database
-// the demo did not make is refused.
+// it prints must run against the demo's database and answer, per customer
+// and meter, the billed totals the report reconciled (aggregates plus
+// adjustments; the events the caps and credits refused left out). A second
+// run on the same database starts it afresh; a database the demo did not
+// make is refused.
 func TestRealDemoSink(t *testing.T) {
 	addr := testenv.RealClickHouse(t)
 	db := fmt.Sprintf("t%d_demo_%d", os.Getpid(), time.Now().UnixNano()%1e9)
@@ -85,21 +87,25 @@ func TestRealDemoSink(t *testing.T) {
 	} else {
 		tsv = queryTSV(t, ctx, addr, db, m[5])
 	}
-	var events int64
+	// Each row ends with a customer's quantity of a meter, which must be
+	// the total the report reconciled for them.
+	billed := regexp.MustCompile(`(?m)^\s+ok\s+total (\S+) (\S+) \(aggregates \+ adjustments\)\s+generated\s+\d+\s+counted\s+(\d+)\s*$`).FindAllStringSubmatch(out, -1)
+	want := map[string]string{}
+	for _, b := range billed {
+		want[b[1]+" "+b[2]] = b[3]
+	}
 	lines := strings.Split(strings.TrimSpace(tsv), "\n")
+	if len(want) < 8 || len(lines) != len(want) {
+		t.Fatalf("the printed query answers %d rows, the report reconciles %d totals per customer and meter:\n%s\n%s", len(lines), len(want), tsv, out)
+	}
 	for _, l := range lines {
 		f := strings.Split(l, "\t")
-		if len(f) != 4 {
-			t.Fatalf("printed query: row %q, want customer, meter, events, quantity", l)
+		if len(f) < 3 {
+			t.Fatalf("printed query: row %q, want customer, meter, ..., quantity", l)
 		}
-		n, err := strconv.ParseInt(f[2], 10, 64)
-		if err != nil {
-			t.Fatal(err)
+		if got, w := f[len(f)-1], want[f[0]+" "+f[1]]; got != w {
+			t.Errorf("printed query: %s %s quantity %s, the report reconciled %q", f[0], f[1], got, w)
 		}
-		events += n
-	}
-	if events != unique || len(lines) < 8 {
-		t.Fatalf("the printed query counts %d events in %d rows, want %d unique events:\n%s", events, len(lines), unique, tsv)
 	}
 
 	// Again on the same database: it is emptied first, so the counts
