@@ -17,9 +17,20 @@ var fromCommittedCase = struct {
 	want          string
 }{
 	before: []string{"INSERT INTO " + ProgressTable + " (consumer_group, kafka_topic, kafka_partition, next_offset, written_at) SELECT 'g', 't', 1, 7, now()"},
-	after: []string{"INSERT INTO " + ProgressTable + " (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed) " +
-		progressRows("'g', 't', 1, 5, now(), 0", "'g', 't', 2, 10, now(), 1", "'g', 't', 2, 20, now(), 0", "'g', 't', 3, 9, now(), 0", "'g', 't', 3, 9, now(), 1")},
+	after: []string{
+		progressInsert("'g', 't', 1, 5, now(), 0", "'g', 't', 2, 10, now(), 1", "'g', 't', 2, 20, now(), 0", "'g', 't', 3, 9, now(), 0"),
+		progressInsert("'g', 't', 3, 9, now(), 1"),
+	},
 	want: "g\tt\t1\t7\t1\ng\tt\t2\t20\t0\ng\tt\t3\t9\t1\n",
+}
+
+// progressInsert inserts rows into the progress table in one INSERT. The
+// tie of partition 3 is two INSERTs, in the order the sink writes them (a
+// window's row, then recordFirstCommits' row): within one INSERT, current
+// ClickHouse applies ReplacingMergeTree to the block (optimize_on_insert)
+// and keeps whichever tied row the SELECT happened to yield last.
+func progressInsert(rows ...string) string {
+	return "INSERT INTO " + ProgressTable + " (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed) " + progressRows(rows...)
 }
 
 // progressRows is a SELECT of rows (INSERT ... VALUES does not run
