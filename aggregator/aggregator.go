@@ -319,6 +319,11 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		return nil, err
 	}
 	log := cfg.Stream.Logger.With(zap.String("stage", "aggregate"), zap.String("instance", cfg.Stream.InstanceID))
+	// Open aggregates, final periods and accounts live as long as their
+	// keys: a restore must read every record the changelog holds.
+	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.AggregateChangelogTopic(), 0); err != nil {
+		return nil, err
+	}
 	var ledger *entitlements.Ledger
 	if cfg.Entitlements {
 		if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "aggregator", cfg.AllowCreateTime, log, cfg.Topics.EntitlementsTopic()); err != nil {

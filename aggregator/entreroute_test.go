@@ -187,9 +187,10 @@ func (h *aggHarness) startCompacted(adm *kadm.Client, n int32, suffix string) (*
 	cfg.Topics.Rejected += "-" + suffix
 	cfg.Topics.Aggregates += "-" + suffix
 	cfg.Stream.Group = h.group + "-" + suffix
-	for _, topic := range []string{cfg.Topics.AggregateChangelogTopic(), cfg.Topics.EntitlementsTopic(), cfg.Topics.RejectedTopic(), cfg.Topics.AggregatesTopic()} {
+	for _, topic := range []string{cfg.Topics.EntitlementsTopic(), cfg.Topics.RejectedTopic(), cfg.Topics.AggregatesTopic()} {
 		createTopic(t, adm, n, map[string]*string{"message.timestamp.type": ptr("CreateTime")}, topic)
 	}
+	createTopic(t, adm, n, map[string]*string{"cleanup.policy": ptr("compact")}, cfg.Topics.AggregateChangelogTopic())
 	var kept []*kgo.Record
 	for _, k := range order {
 		if r := compacted[k]; r.Value != nil {

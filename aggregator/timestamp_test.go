@@ -52,3 +52,28 @@ func testNewRefusesCreateTimeEntitlements(t *testing.T, brokers []string) {
 		t.Fatalf("New on a LogAppendTime entitlements topic: %v", err)
 	}
 }
+
+// TestNewRefusesDeletingChangelog: the aggregator's state (open
+// aggregates, final periods, accounts) lives as long as its keys, so New
+// refuses a changelog whose cleanup policy deletes records after a finite
+// retention.
+func TestNewRefusesDeletingChangelog(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		brokers func(t testing.TB) []string
+	}{
+		{"kfake", func(t testing.TB) []string { _, b := testenv.KFake(t); return b }},
+		{"real", testenv.RealKafka},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := c.brokers(t)
+			h := newAggHarness(t, b, 1)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			testenv.ShortChangelogRefused(t, b, h.names.AggregateChangelogTopic(), 0, func() error {
+				_, err := New(ctx, h.config("a", vfs.NewMem()))
+				return err
+			})
+		})
+	}
+}

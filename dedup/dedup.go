@@ -240,6 +240,11 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "dedup", cfg.AllowCreateTime, log, cfg.Topics.EventsTopic()); err != nil {
 		return nil, err
 	}
+	// A key lives up to W + S + B after its first arrival (docs/operations.md,
+	// Topics); a restore reads it from the changelog.
+	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "dedup", log, cfg.Topics.DedupChangelogTopic(), cfg.Window+cfg.Skew+cfg.Bucket); err != nil {
+		return nil, err
+	}
 	tick, err := schemas.Encode(&schemas.Tick{InstanceID: cfg.Stream.InstanceID})
 	if err != nil {
 		return nil, fmt.Errorf("dedup: encode tick: %w", err)

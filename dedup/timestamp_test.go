@@ -36,3 +36,21 @@ func testNewRefusesCreateTimeEvents(t *testing.T, brokers []string) {
 		t.Fatalf("New on a LogAppendTime events topic: %v", err)
 	}
 }
+
+// TestNewRefusesShortChangelog: dedup may need a key up to W + S + B
+// after its first arrival, and a restore reads it from the changelog; New
+// refuses a changelog whose retention deletes it sooner (docs/operations.md,
+// Topics).
+func TestNewRefusesShortChangelog(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cfg := h.config("i1", vfs.NewMem())
+		cfg.Window, cfg.Skew, cfg.Bucket = 48*time.Hour, time.Hour, 2*time.Hour
+		testenv.ShortChangelogRefused(t, h.brokers, h.names.DedupChangelogTopic(), 51*time.Hour, func() error {
+			_, err := New(ctx, cfg)
+			return err
+		})
+	})
+}

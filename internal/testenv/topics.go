@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -125,5 +127,59 @@ func CreateTimeRefused(t testing.TB, topic string, start func(allow bool, log *z
 	}
 	if n := logs.FilterField(zap.String("topic", topic)).FilterMessageSnippet("LogAppendTime").Len(); n != 1 {
 		t.Errorf("%d warnings naming %s, want 1: %v", n, topic, logs.All())
+	}
+}
+
+// ShortChangelogRefused sets the changelog topic's cleanup.policy to
+// compact,delete with a retention.ms of one hour on brokers, and checks
+// that start fails with a *topics.ChangelogRetentionError naming the
+// topic; after the retention is set back to need (0: -1, infinite),
+// start must succeed.
+func ShortChangelogRefused(t testing.TB, brokers []string, topic string, need time.Duration, start func() error) {
+	t.Helper()
+	set := func(retention time.Duration) {
+		t.Helper()
+		ms := int64(-1)
+		if retention > 0 {
+			ms = retention.Milliseconds()
+		}
+		AlterTopicConfigs(t, brokers, topic, map[string]string{"cleanup.policy": "compact,delete", "retention.ms": strconv.FormatInt(ms, 10)})
+	}
+	set(time.Hour)
+	err := start()
+	var ce *topics.ChangelogRetentionError
+	if !errors.As(err, &ce) || ce.Topic != topic || ce.Have != time.Hour || ce.Need != need {
+		t.Fatalf("start with changelog %s kept 1h: %v, want a *topics.ChangelogRetentionError naming it, 1h and %s", topic, err, need)
+	}
+	set(need)
+	if err := start(); err != nil {
+		t.Fatalf("start with changelog %s kept %s: %v", topic, need, err)
+	}
+}
+
+// AlterTopicConfigs sets configs of topic on brokers.
+func AlterTopicConfigs(t testing.TB, brokers []string, topic string, configs map[string]string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var alters []kadm.AlterConfig
+	for k, v := range configs {
+		alters = append(alters, kadm.AlterConfig{Op: kadm.SetConfig, Name: k, Value: kadm.StringPtr(v)})
+	}
+	rs, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, alters, topic)
+	if err == nil {
+		for _, r := range rs {
+			if r.Err != nil {
+				err = r.Err
+			}
+		}
+	}
+	if err != nil {
+		t.Fatalf("alter the configs of %s: %v", topic, err)
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -41,20 +44,13 @@ func (e *TimestampTypeError) Error() string {
 // is a *TimestampTypeError, unless allow is set: then log gets a warning
 // naming it, and there is no error.
 func CheckArrivalTimestamps(ctx context.Context, conn kafka.Config, stage string, allow bool, log *zap.Logger, names ...string) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	cl, err := kafka.NewClient(conn)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
 	describeErr := func(what any, err error) error {
 		if errors.Is(err, kerr.TopicAuthorizationFailed) {
 			return fmt.Errorf("%s: describe the configs of %v, to check that it uses LogAppendTime: %w (the principal needs DescribeConfigs on the topic: docs/operations.md, Security and ACLs)", stage, what, err)
 		}
 		return fmt.Errorf("%s: describe the configs of %v: %w", stage, what, err)
 	}
-	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, names...)
+	rcs, err := describeConfigs(ctx, conn, names...)
 	if err != nil {
 		return describeErr(names, err)
 	}
@@ -82,4 +78,86 @@ func CheckArrivalTimestamps(ctx context.Context, conn kafka.Config, stage string
 			zap.String("topic", name), zap.String("message.timestamp.type", have))
 	}
 	return nil
+}
+
+// ChangelogRetentionError is returned by CheckChangelogKeeps when a
+// changelog's cleanup policy deletes records sooner than its stage may
+// need them on a restore.
+type ChangelogRetentionError struct {
+	Stage  string // the stage that refused to start: "dedup", "aggregator"
+	Topic  string
+	Policy string        // the topic's cleanup.policy
+	Have   time.Duration // its retention.ms
+	Need   time.Duration // the least retention.ms; 0: records must be kept for ever
+}
+
+func (e *ChangelogRetentionError) Error() string {
+	need, set := "for ever", "cleanup.policy=compact"
+	if e.Need > 0 {
+		need = "for at least " + e.Need.String()
+		set = fmt.Sprintf("retention.ms=%d", e.Need.Milliseconds())
+	}
+	return fmt.Sprintf("%s: changelog %s has cleanup.policy=%s and retention.ms=%d (%s), so the brokers delete its records after that; "+
+		"a restore must read them %s, or it loses state the running stage still holds (docs/operations.md, Topics). "+
+		"Set it (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config %s; meterline topics check reports it)",
+		e.Stage, e.Topic, e.Policy, e.Have.Milliseconds(), e.Have, need, e.Topic, set)
+}
+
+// CheckChangelogKeeps reads, at a stage's start, the cleanup.policy and
+// retention.ms of its changelog topic: a policy with delete and a finite
+// retention shorter than need (need 0: any finite retention) is a
+// *ChangelogRetentionError. The stage's restores read the topic's
+// delete.retention.ms with the same DescribeConfigs; without that ACL,
+// or with a topic the brokers do not describe, log gets a warning and
+// there is no error.
+func CheckChangelogKeeps(ctx context.Context, conn kafka.Config, stage string, log *zap.Logger, topic string, need time.Duration) error {
+	rcs, err := describeConfigs(ctx, conn, topic)
+	var rc kadm.ResourceConfig
+	if err == nil {
+		if rc, err = rcs.On(topic, nil); err == nil {
+			err = rc.Err
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: describe the configs of changelog %s: %w", stage, topic, err)
+		}
+		log.Warn("cannot read the changelog's cleanup.policy and retention.ms to check that it keeps the state a restore reads (grant DescribeConfigs on the topic)",
+			zap.String("changelog", topic), zap.Error(err))
+		return nil
+	}
+	policy, retention := "(unset)", "(unset)"
+	for _, c := range rc.Configs {
+		switch {
+		case c.Value == nil:
+		case c.Key == "cleanup.policy":
+			policy = *c.Value
+		case c.Key == "retention.ms":
+			retention = *c.Value
+		}
+	}
+	if !strings.Contains(policy, "delete") {
+		return nil
+	}
+	ms, err := strconv.ParseInt(retention, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%s: changelog %s: retention.ms %q is not a number of ms", stage, topic, retention)
+	}
+	if ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) || need > 0 && time.Duration(ms)*time.Millisecond >= need {
+		return nil
+	}
+	return &ChangelogRetentionError{Stage: stage, Topic: topic, Policy: policy, Have: time.Duration(ms) * time.Millisecond, Need: need}
+}
+
+// describeConfigs describes the configs of the named topics with a client
+// of its own, within 30 s.
+func describeConfigs(ctx context.Context, conn kafka.Config, names ...string) (kadm.ResourceConfigs, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cl, err := kafka.NewClient(conn)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	return kadm.NewClient(cl).DescribeTopicConfigs(ctx, names...)
 }
