@@ -1453,21 +1453,35 @@ func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byt
 // skipped included) go out. A roll whose balances are still going out
 // when the watermark enters yet another period goes on from its cursor,
 // now up to the newer period: no customer it had not reached is dropped.
-func (pt *partition) entWatermark(tx *stream.Tx) {
+//
+// The partition's first period (no roll recorded: a new partition, or
+// state from before rolls were recorded) has no balances to send, only
+// periods to prune; its first chunk of pruning goes in this transaction,
+// and Work's transactions take the rest. A new partition then has none:
+// Work would commit a transaction of its own for it, at once, and a new
+// aggregator's partitions each would (a transaction's chunk is bounded
+// either way, and when the pruning runs does not change a decision:
+// Work runs between any two transactions).
+func (pt *partition) entWatermark(tx *stream.Tx) error {
 	e := pt.ent
 	start, _ := pt.bounds(pt.wm)
 	if start <= e.roll.cur {
-		return
+		return nil
 	}
 	switch prev := e.roll.cur; {
 	case prev == 0:
 		e.roll = rollState{cur: start, phase: rollPrune}
+		if err := pt.pruneChunk(tx, pt.pr.cfg.FinalChunk); err != nil {
+			return err
+		}
+		pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("prune"))
 	case e.roll.phase == rollBalances:
 		e.roll.cur = start
 	default:
 		e.roll = rollState{cur: start, prev: prev, phase: rollBalances}
 	}
 	tx.Put(keyRoll, e.roll.encode())
+	return nil
 }
 
 // maxRollPeriods bounds the periods one chunk of a roll's balances looks
@@ -1524,20 +1538,27 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 			}
 		}
 	case rollPrune:
-		more, err := pt.pr.ledger.PrunePeriods(pt.ledger(tx), pt.pruneHorizon(), n)
-		if err != nil {
-			return err
-		}
-		if !more {
-			e.roll.phase = rollIdle
-		}
-		if err := pt.pr.ledger.PruneShared(pt.ledger(tx), pt.pruneHorizon()); err != nil {
+		if err := pt.pruneChunk(tx, n); err != nil {
 			return err
 		}
 	}
 	tx.Put(keyRoll, e.roll.encode())
 	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues(work))
 	return nil
+}
+
+// pruneChunk prunes at most n periods of the Ledger below the partition's
+// prune horizon, and its shared versions; the roll is idle once no period
+// is left to prune.
+func (pt *partition) pruneChunk(tx *stream.Tx, n int) error {
+	more, err := pt.pr.ledger.PrunePeriods(pt.ledger(tx), pt.pruneHorizon(), n)
+	if err != nil {
+		return err
+	}
+	if !more {
+		pt.ent.roll.phase = rollIdle
+	}
+	return pt.pr.ledger.PruneShared(pt.ledger(tx), pt.pruneHorizon())
 }
 
 // balanceOutSince reports whether customer c's balance as of start or later

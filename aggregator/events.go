@@ -101,7 +101,9 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 	if wm := minWatermark(pt.sources); wm > pt.wm {
 		pt.wm = wm
 		if pt.ent != nil {
-			pt.entWatermark(tx)
+			if err := pt.entWatermark(tx); err != nil {
+				return err
+			}
 		}
 		// Periods whose end + grace it passed are decided final now;
 		// their FINAL revisions, and the expiry of periods at end + W + B,

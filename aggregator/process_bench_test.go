@@ -122,8 +122,10 @@ func procBenchProcessor(tb testing.TB, names topics.Names, ent bool) *processor 
 		}
 	}
 	n := int32(procBenchPartitions)
+	// One source partition of usage.events: the input's watermarks claim
+	// one (with more, the partition would ignore each of them).
 	return &processor{ledger: ledger, cfg: cfg, aggregatesTopic: cfg.Topics.AggregatesTopic(), log: zap.NewNop(),
-		counts: partitionCountsT{events: n, deduped: n, aggregates: n, adjustments: n, rejected: n, entitlements: n, balances: n},
+		counts: partitionCountsT{events: 1, deduped: n, aggregates: n, adjustments: n, rejected: n, entitlements: n, balances: n},
 		m:      newMetrics(prometheus.NewRegistry()), now: func() time.Time { return procBenchNow }}
 }
 
@@ -219,4 +221,22 @@ func TestPartitionProcessBenchInput(t *testing.T) {
 	}
 	t.Logf("%d events: %d rejected, %d revisions, %d balances", in.n, rejected,
 		l.Emitted(in.names.AggregatesTopic()), l.Emitted(in.names.BalancesTopic()))
+}
+
+// TestNewPartitionNoWorkAfterFirstWatermark: the first watermark of a new
+// partition with entitlements starts its first roll, which has periods to
+// prune only (no balances). Its first chunk goes in the watermark's
+// transaction, so a new partition has no chunked work left: Work would
+// commit a transaction of its own for it at once, one per partition of a
+// new aggregator.
+func TestNewPartitionNoWorkAfterFirstWatermark(t *testing.T) {
+	in, err := procBenchInput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := runProcInput(t, in, true, func() {})
+	defer l.Close()
+	if l.HasWork() {
+		t.Fatal("a new partition has chunked work after its input")
+	}
 }

@@ -105,3 +105,10 @@ func (l *Local) Close() error {
 	l.part.Close()
 	return l.rt.store.Close()
 }
+
+// HasWork reports whether the partition, a Worker, has chunked work that
+// a Runtime would give it a transaction of its own for (Worker.HasWork).
+func (l *Local) HasWork() bool {
+	w, ok := l.part.(Worker)
+	return ok && w.HasWork()
+}
