@@ -187,3 +187,43 @@ func TestWindowRaisedAfterExpiry(t *testing.T) {
 		}
 	})
 }
+
+// TestWindowRaisedConflictAfterExpiry: as TestWindowRaisedAfterExpiry, a
+// copy of an event whose key expired under the shorter W, but with a
+// different, recent event_time: the expiry check admits it, and no copy
+// can be recognised, the key being gone. A restore must not bring the key
+// back from the changelog: it would flag as a conflict what the local
+// state forwards. Both forward it.
+func TestWindowRaisedConflictAfterExpiry(t *testing.T) {
+	localOrRestored(t, func(t *testing.T, keep bool) {
+		h := newHarness(t, nil, 1)
+		fs := vfs.NewMem()
+		cfg := shortWindow(h, prometheus.NewRegistry())
+		cfg.Stream.FS = fs
+		a := h.start(cfg)
+		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
+		h.caughtUp() // the key is in the changelog
+		h.produce(h.tick(0, t0+swB+swW+swS))
+		h.caughtUp()
+		within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
+		if err := a.stop(); err != nil {
+			t.Fatal(err)
+		}
+		if !keep {
+			fs = vfs.NewMem()
+		}
+		cfg = shortWindow(h, prometheus.NewRegistry())
+		cfg.Stream.FS = fs
+		cfg.Window *= 2
+		h.start(cfg)
+		// 2.5 h after the original, inside the new window of 4 h, with an
+		// event_time of its own.
+		arr := swArr + swW + 30*60_000
+		h.produce(h.event("acme", "api_calls", "w1", 1, arr-1000, arr))
+		h.caughtUp()
+		o := h.outputs()
+		if n, d := len(o.dedupedOf("w1")), len(o.duplicates); n != 2 || d != 0 {
+			t.Fatalf("w1 forwarded %d times and %d copies dropped, want 2 and 0: the key expired under the shorter window, from the local state as from a restore", n, d)
+		}
+	})
+}

@@ -586,9 +586,13 @@ func (pt *partition) begin(tx *stream.Tx) error {
 
 // scheduleExpiry computes which buckets are past W + S at the watermark:
 // bucket b holds first arrivals in [b·B, (b+1)·B), all of whose keys may go
-// once the watermark reaches (b+1)·B + W + S.
+// once the watermark reaches (b+1)·B + W + S. The buckets below keyDropped
+// go too, whatever W and S are now: a restore from the changelog brings
+// back the keys of buckets dropped under a shorter W or S, and a copy
+// must be judged alike from the local state, where they are gone.
 func (pt *partition) scheduleExpiry() {
-	if below := pt.expiredBuckets(); below > 0 && below > pt.dropTo {
+	below := max(pt.expiredBuckets(), pt.dropped/pt.pr.cfg.Bucket.Milliseconds())
+	if below > 0 && below > pt.dropTo {
 		pt.dropTo = below
 	}
 }
