@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
@@ -29,17 +31,7 @@ func TestRealSinkStatus(t *testing.T) {
 	names := topics.DefaultNames()
 	names.Prefix = prefix
 	group := prefix + "sink"
-	adm := testenv.Admin(t, brokers)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var ns []string
-		for _, sp := range topics.Specs(names, topics.DefaultLayout()) {
-			ns = append(ns, sp.Name)
-		}
-		_, _ = adm.DeleteGroups(ctx, group)
-		_, _ = adm.DeleteTopics(ctx, ns...)
-	})
+	deleteAfter(t, brokers, names, group)
 	if out, err := exec.Command(bin, "topics", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--partitions", "2").CombinedOutput(); err != nil {
 		t.Fatalf("meterline topics create: %v\n%s", err, out)
@@ -76,4 +68,21 @@ func TestRealSinkStatus(t *testing.T) {
 	if sg.Owned == 0 || sg.LagRecords == nil || *sg.LagRecords != 0 {
 		t.Errorf("sink's status: %d partitions owned, lag %v; want its partitions and a lag of 0", sg.Owned, sg.LagRecords)
 	}
+}
+
+// deleteAfter returns an admin client of the brokers, and deletes the
+// test's topics and groups when the test ends.
+func deleteAfter(t *testing.T, brokers []string, names topics.Names, groups ...string) *kadm.Client {
+	adm := testenv.Admin(t, brokers)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		var ns []string
+		for _, sp := range topics.Specs(names, topics.DefaultLayout()) {
+			ns = append(ns, sp.Name)
+		}
+		_, _ = adm.DeleteGroups(ctx, groups...)
+		_, _ = adm.DeleteTopics(ctx, ns...)
+	})
+	return adm
 }
