@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,7 +101,14 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run)
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run, sinkStatus(cfg, g.Topic))
+}
+
+// sinkStatus reports the sink's group, instance ID and input topics on the
+// status page; its partition count, records and lag come from the metrics.
+func sinkStatus(cfg sink.Config, n topics.Names) func() service.StageStatus {
+	st := service.StageStatus{Stage: "sink", Group: cfg.Group, Instance: cfg.InstanceID, Input: strings.Join(sinkInputs(n), ", ")}
+	return func() service.StageStatus { return st }
 }
 
 // sinkInputs are the topics the sink consumes (package sink).

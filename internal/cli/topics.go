@@ -63,7 +63,7 @@ func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		return err
 	}
 	defer cl.Close()
-	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
+	layout, err := resolveLayout(ctx, adm, cl, c.Layout, stdio)
 	if err != nil {
 		return err
 	}
@@ -97,30 +97,31 @@ func (c *TopicsCreateCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 func (c *TopicsCheckCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	adm, closeFn, err := adminClient(ctx, g)
+	adm, cl, err := kafkaClients(ctx, g)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	layout, err := resolveLayout(ctx, adm, c.Layout, stdio)
+	defer cl.Close()
+	layout, err := resolveLayout(ctx, adm, cl, c.Layout, stdio)
 	if err != nil {
 		return err
 	}
 	return reportDrift(ctx, adm, topics.Specs(g.Topic, layout), layout.ReplicationFactor, stdio)
 }
 
-// resolveLayout decides the replication for the cluster's broker count
-// (topics.Layout.Resolve) and says what it decided.
-func resolveLayout(ctx context.Context, adm *kadm.Client, l topics.Layout, stdio IO) (topics.Layout, error) {
-	n, err := topics.BrokerCount(ctx, adm)
+// resolveLayout decides the replication for the cluster's broker count,
+// the brokers that are down included (topics.Layout.Resolve), and says
+// what it decided.
+func resolveLayout(ctx context.Context, adm *kadm.Client, cl *kgo.Client, l topics.Layout, stdio IO) (topics.Layout, error) {
+	b, err := topics.ClusterBrokers(ctx, adm, cl)
 	if err != nil {
 		return l, err
 	}
-	l, err = l.Resolve(n)
+	l, err = l.Resolve(b.Registered)
 	if err != nil {
 		return l, &ExitError{Code: 2, Err: err}
 	}
-	fmt.Fprintf(stdio.Stdout, "cluster  %d brokers: replication factor %d, min.insync.replicas %d\n", n, l.ReplicationFactor, l.MinInsyncReplicas)
+	fmt.Fprintf(stdio.Stdout, "cluster  %s: replication factor %d, min.insync.replicas %d\n", b, l.ReplicationFactor, l.MinInsyncReplicas)
 	return l, nil
 }
 

@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -99,4 +100,80 @@ func configValue(c kadm.ResourceConfig, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestRealClusterTopicsBrokerDown: with one broker of three killed, the
+// cluster still has three brokers. `topics check` keeps choosing
+// replication factor 3 and min.insync.replicas 2, so it reports the
+// under-replicated partitions and no replication drift of topics made
+// right, and `topics create` makes no topic with fewer replicas (Kafka
+// places a replica on the broker that is down; it joins the ISR when the
+// broker returns).
+func TestRealClusterTopicsBrokerDown(t *testing.T) {
+	cluster := testenv.RealCluster(t)
+	bin := testenv.Meterline(t)
+	brokers := strings.Join(cluster.Brokers, ",")
+	adm := testenv.Admin(t, cluster.Brokers)
+	good := testenv.Name(t, "down") + "."
+	late := testenv.Name(t, "late") + "."
+	var made []string
+	for _, prefix := range []string{good, late} {
+		names := topics.DefaultNames()
+		names.Prefix = prefix
+		for _, sp := range topics.Specs(names, topics.DefaultLayout()) {
+			made = append(made, sp.Name)
+		}
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = adm.DeleteTopics(ctx, made...)
+	})
+	if code, out := meterline(t, bin, "topics", "create", "--brokers", brokers, "--topic-prefix", good, "--partitions", "3"); code != 0 {
+		t.Fatalf("topics create: exit %d\n%s", code, out)
+	}
+	cluster.WaitHealthy(t, healthyTimeout)
+
+	down := int32(len(cluster.Brokers))
+	cluster.Kill(t, down)
+	// The controller fences the broker and takes it out of the ISRs once
+	// its session (9 s) expires.
+	var code int
+	var out string
+	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Second) {
+		code, out = meterline(t, bin, "topics", "check", "--brokers", brokers, "--topic-prefix", good, "--partitions", "3")
+		if code == 1 && strings.Contains(out, "under-replicated partitions is ") && strings.Contains(out, " down: broker ") {
+			break
+		}
+	}
+	if code != 1 || !strings.Contains(out, "under-replicated partitions is ") {
+		t.Errorf("topics check with broker %d down: exit %d, want 1 and under-replicated partitions\n%s", down, code, out)
+	}
+	if !strings.Contains(out, "3 brokers (1 down: broker "+fmt.Sprint(down)+"): replication factor 3, min.insync.replicas 2") {
+		t.Errorf("topics check with broker %d down: want the three brokers, the one down named, and replication factor 3\n%s", down, out)
+	}
+	if strings.Contains(out, "replication factor is 3, want") || strings.Contains(out, "min.insync.replicas is 2, want") {
+		t.Errorf("topics check with broker %d down reports topics made with replication factor 3 as drift\n%s", down, out)
+	}
+
+	// A topic created with fewer replicas now would keep them for good.
+	code, out = meterline(t, bin, "topics", "create", "--brokers", brokers, "--topic-prefix", late, "--partitions", "3")
+	t.Logf("topics create with broker %d down: exit %d\n%s", down, code, out)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	td, err := adm.ListTopics(ctx, late+"usage.events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	td.EachPartition(func(p kadm.PartitionDetail) {
+		if len(p.Replicas) < 3 {
+			t.Errorf("topics create with broker %d down made %s/%d with replicas %v (exit %d)\n%s", down, p.Topic, p.Partition, p.Replicas, code, out)
+		}
+	})
+	if code != 1 || !strings.Contains(out, "cluster  3 brokers (1 down: broker "+fmt.Sprint(down)+"): replication factor 3") {
+		t.Errorf("topics create with broker %d down: exit %d, want 1 (its partitions under-replicated) and replication factor 3\n%s", down, code, out)
+	}
+
+	cluster.Start(t, down)
+	cluster.WaitHealthy(t, healthyTimeout)
 }

@@ -42,17 +42,7 @@ func TestRealStatusPage(t *testing.T) {
 	names := topics.DefaultNames()
 	names.Prefix = prefix
 	dedupGroup, aggGroup := prefix+"dedup", prefix+"aggregate"
-	adm := testenv.Admin(t, brokers)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		var ns []string
-		for _, sp := range topics.Specs(names, topics.DefaultLayout()) {
-			ns = append(ns, sp.Name)
-		}
-		_, _ = adm.DeleteGroups(ctx, dedupGroup, aggGroup)
-		_, _ = adm.DeleteTopics(ctx, ns...)
-	})
+	adm := deleteAfter(t, brokers, names, dedupGroup, aggGroup)
 	if out, err := exec.Command(bin, "topics", "create", "--brokers", strings.Join(brokers, ","),
 		"--topic-prefix", prefix, "--partitions", strconv.Itoa(partitions)).CombinedOutput(); err != nil {
 		t.Fatalf("meterline topics create: %v\n%s", err, out)

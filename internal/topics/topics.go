@@ -142,13 +142,82 @@ func (l Layout) Resolve(brokers int) (Layout, error) {
 	return l, errors.Join(errs...)
 }
 
-// BrokerCount returns how many brokers the cluster's metadata lists.
-func BrokerCount(ctx context.Context, adm *kadm.Client) (int, error) {
-	m, err := adm.BrokerMetadata(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("topics: broker metadata: %w", err)
+// Brokers are the brokers of a cluster: every one registered with it,
+// and those of them that are down.
+type Brokers struct {
+	Registered int
+	Down       []int32 // sorted
+}
+
+// String says how many brokers the cluster has and which are down:
+// "3 brokers", "3 brokers (1 down: broker 2)".
+func (b Brokers) String() string {
+	if len(b.Down) == 0 {
+		return fmt.Sprintf("%d brokers", b.Registered)
 	}
-	return len(m.Brokers), nil
+	ids := make([]string, len(b.Down))
+	for i, id := range b.Down {
+		ids[i] = fmt.Sprint(id)
+	}
+	return fmt.Sprintf("%d brokers (%d down: broker %s)", b.Registered, len(b.Down), strings.Join(ids, ", "))
+}
+
+// ClusterBrokers returns the brokers registered with the cluster, live or
+// not. A broker that is down (killed, paused, restarting) is still one of
+// the cluster's: the replication chosen for it, and the topics' drift, must
+// not change while it is away. Metadata lists only the live brokers; the
+// controller's registrations (DescribeCluster v2 with its fenced brokers,
+// Kafka 4.0 on) and the replicas of the cluster's partitions name the
+// others; req (nil: none) sends the DescribeCluster.
+func ClusterBrokers(ctx context.Context, adm *kadm.Client, req kmsg.Requestor) (Brokers, error) {
+	m, err := adm.Metadata(ctx)
+	if err != nil {
+		return Brokers{}, fmt.Errorf("topics: broker metadata: %w", err)
+	}
+	live := make(map[int32]bool, len(m.Brokers))
+	all := make(map[int32]bool, len(m.Brokers))
+	for _, b := range m.Brokers {
+		live[b.NodeID] = true
+		all[b.NodeID] = true
+	}
+	for _, td := range m.Topics {
+		for _, p := range td.Partitions {
+			for _, r := range p.Replicas {
+				all[r] = true
+			}
+		}
+	}
+	// Older brokers answer without the fenced ones, or not at all: the
+	// metadata's brokers and replicas stand then.
+	if req != nil {
+		dc := kmsg.NewPtrDescribeClusterRequest()
+		dc.IncludeFencedBrokers = true
+		resp, err := dc.RequestWith(ctx, req)
+		if err != nil || resp.ErrorCode != 0 {
+			resp = &kmsg.DescribeClusterResponse{}
+		}
+		for _, b := range resp.Brokers {
+			all[b.NodeID] = true
+			if !b.IsFenced {
+				live[b.NodeID] = true
+			}
+		}
+	}
+	out := Brokers{Registered: len(all)}
+	for id := range all {
+		if !live[id] {
+			out.Down = append(out.Down, id)
+		}
+	}
+	slices.Sort(out.Down)
+	return out, nil
+}
+
+// BrokerCount returns how many brokers the cluster has, live or down
+// (ClusterBrokers, from the metadata's brokers and replicas).
+func BrokerCount(ctx context.Context, adm *kadm.Client) (int, error) {
+	b, err := ClusterBrokers(ctx, adm, nil)
+	return b.Registered, err
 }
 
 // Spec is one topic as Meterline needs it.
