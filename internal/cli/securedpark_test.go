@@ -30,19 +30,7 @@ func TestRealSecuredSinkCannotPark(t *testing.T) {
 	defer cancel()
 	noWrite := kadm.NewACLs().Allow("User:sink").AllowHosts("*").Operations(kadm.OpWrite).
 		Topics(names.RejectedTopic()).ResourcePatternType(kadm.ACLPatternLiteral)
-	if _, err := adm.DeleteACLs(ctx, noWrite); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		res, err := adm.DescribeACLs(ctx, noWrite)
-		if err == nil && len(res) == 1 && res[0].Err == nil && len(res[0].Described) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Write on %s still listed after 30 s: %v", names.RejectedTopic(), err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	revokeACL(t, ctx, adm, noWrite)
 	if code, out := command(t, time.Minute, "", append([]string{"migrate", "--database", db}, ch.Flags()...)...); code != 0 {
 		t.Fatalf("migrate: exit %d\n%s", code, out)
 	}
@@ -79,5 +67,24 @@ func TestRealSecuredSinkCannotPark(t *testing.T) {
 	}
 	if o, ok := offsets.Lookup(names.DuplicatesTopic(), 0); ok && o.At > 0 {
 		t.Errorf("the group committed offset %d of %s/0 past the record it could not park", o.At, names.DuplicatesTopic())
+	}
+}
+
+// revokeACL deletes the ACLs b matches, as admin, and waits until the
+// broker lists none of them.
+func revokeACL(t *testing.T, ctx context.Context, adm *kadm.Client, b *kadm.ACLBuilder) {
+	t.Helper()
+	if _, err := adm.DeleteACLs(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err := adm.DescribeACLs(ctx, b)
+		if err == nil && len(res) == 1 && res[0].Err == nil && len(res[0].Described) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ACL still listed after 30 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

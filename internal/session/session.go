@@ -126,6 +126,30 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 	return sess, nil
 }
 
+// InitProducerID initialises the session's transactional ID now, not at
+// its first transaction: it fences a previous incarnation of the instance
+// and aborts (or completes) its open transaction (docs/design.md,
+// Exactly-once, 5), and a principal without Write on the transactional ID
+// is refused at start, not at the first transaction, which an idle stage
+// may reach only hours later. A failure returns ErrRestart, so Run
+// rebuilds the session, but a missing ACL is an error naming the ID and
+// the ACL (Config.TransactionalIDError): no retry grants it.
+func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
+	ictx, cancel := context.WithTimeout(ctx, l.cfg.TransactionTimeout+l.cfg.SessionTimeout)
+	_, _, perr := cl.ProducerID(ictx)
+	cancel()
+	switch {
+	case perr == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(perr, kerr.TransactionalIDAuthorizationFailed):
+		return fmt.Errorf("initialise %w", l.cfg.TransactionalIDError(perr))
+	}
+	l.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
+	return ErrRestart
+}
+
 // kgoLevel logs kgo's own messages at warn and above, unless the stage's
 // logger is at debug level.
 func kgoLevel(l *zap.Logger) kgo.LogLevel {
