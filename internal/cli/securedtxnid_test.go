@@ -8,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -18,24 +17,13 @@ import (
 // as dedup and the aggregator do; it does not wait for its first
 // transaction, which a sink with no input to write never reaches.
 func TestRealSecuredSinkNoTransactionalIDWrite(t *testing.T) {
-	k := testenv.RealKafkaSASL(t)
-	ch := testenv.RealClickHouseSecure(t)
-	_, db := ch.DB(t)
-	prefix := testenv.Name(t, "sectxn") + "."
-	securedTopics(t, k, prefix, 1)
-	adm := k.Admin(t)
-	grant(t, adm, documentedACLs(t), prefix, "sink", "sink")
-	group := prefix + "meterline-sink"
+	w := newSecuredSink(t, "sectxn")
+	group := w.group
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	revokeACL(t, ctx, adm, kadm.NewACLs().Allow("User:sink").AllowHosts("*").Operations(kadm.OpWrite).
+	revokeACL(t, ctx, w.adm, kadm.NewACLs().Allow("User:sink").AllowHosts("*").Operations(kadm.OpWrite).
 		TransactionalIDs(group+"-").ResourcePatternType(kadm.ACLPatternPrefixed))
-	if code, out := command(t, time.Minute, "", append([]string{"migrate", "--database", db}, ch.Flags()...)...); code != 0 {
-		t.Fatalf("migrate: exit %d\n%s", code, out)
-	}
-	sink := start(t, "meterline sink", append(append([]string{"sink", "--log-level", "info", "--topic-prefix", prefix,
-		"--instance-id", "node-1", "--session-timeout", "6s", "--group", group, "--metrics-addr", testenv.FreeAddr(t),
-		"--database", db, "--commit-interval", "300ms"}, ch.Flags()...), k.Flags("sink", kafka.ScramSHA512)...)...)
+	sink := w.start(t)
 	select {
 	case code := <-sink.done:
 		sink.cancel = nil
