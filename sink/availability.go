@@ -138,9 +138,11 @@ func (w *Writer) unknownSpell(t *table, err error) error {
 	now := time.Now()
 	if w.unknownSince.IsZero() {
 		w.unknownSince = now
-		w.log.Warn("clickhouse failed an INSERT with an error code the sink does not know: not parking the rows (they may be fine), backing off as if unavailable",
+		w.log.Error("clickhouse fails with an error code the sink does not know: not an unavailable server, and not a refusal of the rows (they may be fine, so none is parked); backing off, committing nothing, and stopping after stop_after unless it clears",
 			zap.String("table", t.name), zap.Int32("code", ex.Code), zap.String("code_name", codeName(ex.Code)),
-			zap.Duration("stop_after", w.cfg.UnknownErrorLimit), zap.Error(err))
+			zap.Duration("stop_after", w.cfg.UnknownErrorLimit),
+			zap.String("action", "fix what the server says (a dictionary, a column expression, a setting); the sink resumes by itself if it clears in time, else start it again (docs/operations.md, Outages)"),
+			zap.Error(err))
 	}
 	if spell := now.Sub(w.unknownSince); spell >= w.cfg.UnknownErrorLimit {
 		return fmt.Errorf("sink: %w: INSERTs into %s failing for %s, now with code %d (%s): %v; stopping rather than parking rows that may be fine: nothing is committed past them. Fix the server or the table (or, if the rows are at fault, add the code to the sink's refusal codes) and restart",
@@ -163,8 +165,9 @@ func (w *Writer) unavailable(t *table, err error, what string) {
 		w.setBlocked(fmt.Sprintf("cannot look up the rows of %s: %v; fetching paused, backing off, committing nothing", t.name, err))
 		return
 	}
+	unknown := classify(err) == classUnknown
 	kind := "unavailable"
-	if what != "resume lookup" && classify(err) == classUnknown {
+	if unknown {
 		kind = "unknown"
 	}
 	w.m.insertErrors.WithLabelValues(t.name, kind).Inc()
@@ -172,9 +175,15 @@ func (w *Writer) unavailable(t *table, err error, what string) {
 		w.setUp(err)
 	}
 	reason := fmt.Sprintf("clickhouse cannot take rows of %s (%s): %v; fetching paused, backing off, committing nothing", t.name, what, err)
-	if w.blocked.Load().(string) == "" {
-		w.log.Warn("clickhouse unavailable: pausing fetching and backing off; no offset is committed until the rows are written",
-			zap.String("table", t.name), zap.String("during", what), zap.Error(err))
+	// An unknown code was logged as such by unknownSpell: it is no
+	// unavailable server.
+	if w.blocked.Load().(string) == "" && !unknown {
+		fields := []zap.Field{zap.String("table", t.name), zap.String("during", what)}
+		if ex := (*proto.Exception)(nil); errors.As(err, &ex) {
+			fields = append(fields, zap.Int32("code", ex.Code), zap.String("code_name", codeName(ex.Code)))
+		}
+		fields = append(fields, zap.String("action", operatorAction(err)), zap.Error(err))
+		w.log.Warn("clickhouse unavailable: pausing fetching and backing off; no offset is committed until the rows are written", fields...)
 	}
 	w.setBlocked(reason)
 }

@@ -302,10 +302,6 @@ var refusalCodes = map[int32]string{
 // errors, timeouts, a closed connection, transient server codes) means
 // "unavailable".
 func classify(err error) errClass {
-	var pe *prepareError
-	if errors.As(err, &pe) {
-		return classUnavailable
-	}
 	var de *driverError
 	if errors.As(err, &de) {
 		return classRefused
@@ -316,11 +312,41 @@ func classify(err error) errClass {
 			return classUnavailable
 		}
 		if _, ok := refusalCodes[ex.Code]; ok {
+			// Nothing was sent when the INSERT failed to start: never a
+			// refusal of these rows.
+			if errors.As(err, new(*prepareError)) {
+				return classUnavailable
+			}
 			return classRefused
 		}
+		// Also when the INSERT failed to start, or a resume lookup
+		// failed: a code the sink does not know is never taken for an
+		// unavailable server that will come back by itself.
 		return classUnknown
 	}
 	return classUnavailable
+}
+
+// operatorAction says what the operator should do about a ClickHouse
+// error that keeps the sink backing off (docs/operations.md, Outages).
+func operatorAction(err error) string {
+	var ex *proto.Exception
+	if !errors.As(err, &ex) {
+		return "none if ClickHouse is restarting or the network recovers: the sink resumes by itself; otherwise check that the server runs and answers on its native port (docs/operations.md, Outages)"
+	}
+	switch ex.Code {
+	case 8, 16, 60, 81: // THERE_IS_NO_COLUMN, NO_SUCH_COLUMN_IN_TABLE, UNKNOWN_TABLE, UNKNOWN_DATABASE
+		return "the sink's tables differ from what it writes: run `meterline migrate` against this database; the sink resumes by itself"
+	case 164, 242: // READONLY, TABLE_IS_READ_ONLY
+		return "make the server or table writable again (readonly setting, replica or disk state); the sink resumes by itself"
+	case 192, 193, 194, 497, 516: // UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, ACCESS_DENIED, AUTHENTICATION_FAILED
+		return "grant the sink's ClickHouse user what it needs, or fix its password (docs/operations.md, Security and ACLs); the sink resumes by itself"
+	case 243: // NOT_ENOUGH_SPACE
+		return "free disk space on the server; the sink resumes by itself"
+	case 252: // TOO_MANY_PARTS
+		return "let merges catch up (check system.merges, parts_to_throw_insert); the sink resumes by itself"
+	}
+	return "none if the server's load or restart passes: the sink resumes by itself (docs/operations.md, Outages)"
 }
 
 // ErrUnknownServerError is returned (wrapped) by Writer.Run when ClickHouse

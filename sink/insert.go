@@ -110,6 +110,11 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			return err
 		}
 		if err != nil {
+			// A lookup failing with a code the sink does not know is bounded
+			// as an INSERT failing with one is.
+			if err := w.unknownSpell(t, err); err != nil {
+				return err
+			}
 			w.unavailable(t, err, "resume lookup")
 			if err := w.backoffSleep(ctx, attempt); err != nil {
 				return err

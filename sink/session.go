@@ -33,6 +33,15 @@ func (w *Writer) runSession(ctx context.Context) error {
 		return fmt.Errorf("sink: %w", err)
 	}
 	w.sess = sess
+	// The transactional ID is initialised before any window: a principal
+	// without Write on it stops the sink here, as it stops dedup and the
+	// aggregator, not at the first transaction, which an idle sink may
+	// reach hours later; and a previous incarnation is fenced at once.
+	if err := w.loop.InitProducerID(ctx, sess.Client()); err != nil {
+		sess.Close()
+		w.clearParts()
+		return fmt.Errorf("sink: %w", err)
+	}
 	w.revoked.Store(false)
 	w.joined.Store(true)
 	ins := w.startInserter(ctx)

@@ -40,7 +40,8 @@ func TestErrorClasses(t *testing.T) {
 		{&proto.Exception{Code: 99999}, classUnknown},   // a code from a newer server
 		{fmt.Errorf("send: %w", &proto.Exception{Code: 36}), classUnknown},
 		{&driverError{column: "source", err: errors.New("too long")}, classRefused},
-		{&prepareError{&proto.Exception{Code: 395}}, classUnavailable},
+		{&prepareError{&proto.Exception{Code: 395}}, classUnavailable}, // nothing sent: never a refusal
+		{&prepareError{&proto.Exception{Code: 36}}, classUnknown},      // nor an unavailable server
 		{errors.New("connection reset"), classUnavailable},
 	} {
 		if got := classify(c.err); got != c.want {

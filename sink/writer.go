@@ -229,7 +229,8 @@ func New(cfg Config) (*Writer, error) {
 	return w, nil
 }
 
-// Ready returns nil when the sink is in its consumer group, ClickHouse
+// Ready returns nil when the sink is a member of its consumer group
+// (session.Loop.InGroup: not while Kafka is unreachable), ClickHouse
 // answers and no table is backing off; otherwise why not. It backs /readyz.
 func (w *Writer) Ready() error {
 	w.mu.Lock()
@@ -247,7 +248,8 @@ func (w *Writer) Ready() error {
 	if !w.joined.Load() {
 		return errors.New("not in the consumer group")
 	}
-	return nil
+	// The rule of dedup and the aggregator (stream.Runtime.Ready).
+	return w.loop.InGroup()
 }
 
 func (w *Writer) getConn() driver.Conn {

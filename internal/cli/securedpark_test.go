@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 )
 
 // TestRealSecuredSinkCannotPark: a sink whose principal lacks Write on
@@ -19,33 +21,12 @@ import (
 // would lose it (neither in ClickHouse nor parked): it stops, naming the
 // ACL, and the group's offset stays below the record.
 func TestRealSecuredSinkCannotPark(t *testing.T) {
-	k := testenv.RealKafkaSASL(t)
-	ch := testenv.RealClickHouseSecure(t)
-	_, db := ch.DB(t)
-	prefix := testenv.Name(t, "secpark") + "."
-	names := securedTopics(t, k, prefix, 1)
-	adm := k.Admin(t)
-	grant(t, adm, documentedACLs(t), prefix, "sink", "sink")
+	w := newSecuredSink(t, "secpark")
+	k, names, adm, group := w.k, w.names, w.adm, w.group
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	noWrite := kadm.NewACLs().Allow("User:sink").AllowHosts("*").Operations(kadm.OpWrite).
-		Topics(names.RejectedTopic()).ResourcePatternType(kadm.ACLPatternLiteral)
-	if _, err := adm.DeleteACLs(ctx, noWrite); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		res, err := adm.DescribeACLs(ctx, noWrite)
-		if err == nil && len(res) == 1 && res[0].Err == nil && len(res[0].Described) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Write on %s still listed after 30 s: %v", names.RejectedTopic(), err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if code, out := command(t, time.Minute, "", append([]string{"migrate", "--database", db}, ch.Flags()...)...); code != 0 {
-		t.Fatalf("migrate: exit %d\n%s", code, out)
-	}
+	revokeACL(t, ctx, adm, kadm.NewACLs().Allow("User:sink").AllowHosts("*").Operations(kadm.OpWrite).
+		Topics(names.RejectedTopic()).ResourcePatternType(kadm.ACLPatternLiteral))
 	// A record of the duplicates topic that does not decode: the sink
 	// parks such a record in usage.rejected.
 	cl, err := kafka.NewClient(k.Config(t, "admin", kafka.ScramSHA512))
@@ -56,10 +37,7 @@ func TestRealSecuredSinkCannotPark(t *testing.T) {
 	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: names.DuplicatesTopic(), Value: []byte("not avro")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	group := prefix + "meterline-sink"
-	sink := start(t, "meterline sink", append(append([]string{"sink", "--log-level", "info", "--topic-prefix", prefix,
-		"--instance-id", "node-1", "--session-timeout", "6s", "--group", group, "--metrics-addr", testenv.FreeAddr(t),
-		"--database", db, "--max-batch-wait", "200ms", "--commit-interval", "300ms"}, ch.Flags()...), k.Flags("sink", kafka.ScramSHA512)...)...)
+	sink := w.start(t, "--max-batch-wait", "200ms")
 	select {
 	case code := <-sink.done:
 		sink.cancel = nil
@@ -80,4 +58,57 @@ func TestRealSecuredSinkCannotPark(t *testing.T) {
 	if o, ok := offsets.Lookup(names.DuplicatesTopic(), 0); ok && o.At > 0 {
 		t.Errorf("the group committed offset %d of %s/0 past the record it could not park", o.At, names.DuplicatesTopic())
 	}
+}
+
+// revokeACL deletes the ACLs b matches, as admin, and waits until the
+// broker lists none of them.
+func revokeACL(t *testing.T, ctx context.Context, adm *kadm.Client, b *kadm.ACLBuilder) {
+	t.Helper()
+	if _, err := adm.DeleteACLs(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		res, err := adm.DescribeACLs(ctx, b)
+		if err == nil && len(res) == 1 && res[0].Err == nil && len(res[0].Described) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ACL still listed after 30 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// securedSink is a sink's world on the secured broker and ClickHouse:
+// topics under a prefix of its own, User:sink's documented ACLs under it,
+// and a migrated database.
+type securedSink struct {
+	k          testenv.SecuredKafka
+	ch         testenv.SecuredClickHouse
+	db, prefix string
+	group      string // the sink's consumer group, under prefix
+	names      topics.Names
+	adm        *kadm.Client
+}
+
+func newSecuredSink(t *testing.T, base string) *securedSink {
+	t.Helper()
+	w := &securedSink{k: testenv.RealKafkaSASL(t), ch: testenv.RealClickHouseSecure(t), prefix: testenv.Name(t, base) + "."}
+	_, w.db = w.ch.DB(t)
+	w.group = w.prefix + "meterline-sink"
+	w.names = securedTopics(t, w.k, w.prefix, 1)
+	w.adm = w.k.Admin(t)
+	grant(t, w.adm, documentedACLs(t), w.prefix, "sink", "sink")
+	if code, out := command(t, time.Minute, "", append([]string{"migrate", "--database", w.db}, w.ch.Flags()...)...); code != 0 {
+		t.Fatalf("migrate: exit %d\n%s", code, out)
+	}
+	return w
+}
+
+// start runs `meterline sink` as User:sink, instance node-1, with args.
+func (w *securedSink) start(t *testing.T, args ...string) *background {
+	t.Helper()
+	return start(t, "meterline sink", slices.Concat([]string{"sink", "--log-level", "info", "--topic-prefix", w.prefix,
+		"--instance-id", "node-1", "--session-timeout", "6s", "--group", w.group, "--metrics-addr", testenv.FreeAddr(t),
+		"--database", w.db, "--commit-interval", "300ms"}, args, w.ch.Flags(), w.k.Flags("sink", kafka.ScramSHA512))...)
 }

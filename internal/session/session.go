@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -57,6 +58,9 @@ type Loop struct {
 	log      *zap.Logger
 	m        *Metrics
 	recovery string
+	// notMember is why the open session is not a member of its consumer
+	// group; nil while it is (InGroup).
+	notMember atomic.Pointer[string]
 }
 
 // NewLoop returns the loop of one stage instance. cfg must have its
@@ -70,8 +74,27 @@ func NewLoop(cfg Config, log *zap.Logger, m *Metrics, recovery string) (*Loop, e
 	if err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
-	return &Loop{cfg: cfg, conn: conn, log: log, m: m, recovery: recovery}, nil
+	l := &Loop{cfg: cfg, conn: conn, log: log, m: m, recovery: recovery}
+	l.setNotMember("no session open")
+	return l, nil
 }
+
+// InGroup returns nil while the open session is a member of its consumer
+// group: kgo has assigned it its partitions (none, with more members than
+// partitions) and not lost them since; otherwise why not. The group is
+// lost when kgo cannot reach it for its session (the brokers down or
+// unreachable, the coordinator gone): kgo then drops the assignment (the
+// Revoked hook) and rejoins, and the stage has nothing to process until it
+// is back. Dedup, the aggregator and the sink are not ready meanwhile
+// (docs/operations.md, Health, metrics and logs).
+func (l *Loop) InGroup() error {
+	if why := l.notMember.Load(); why != nil {
+		return fmt.Errorf("not in consumer group %s: %s", l.cfg.Group, *why)
+	}
+	return nil
+}
+
+func (l *Loop) setNotMember(why string) { l.notMember.Store(&why) }
 
 // Conn returns the client options of the connection (seed brokers, SASL,
 // TLS), for the stage's other clients.
@@ -115,15 +138,47 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ProducerLinger(0),
 		kgo.AdjustFetchOffsetsFn(h.Assigned),
+		// kgo calls OnPartitionsAssigned after every join of the group,
+		// with nothing assigned too, and OnPartitionsLost when it lost the
+		// group (InGroup).
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.notMember.Store(nil) }),
 		kgo.OnPartitionsRevoked(h.Revoked),
-		kgo.OnPartitionsLost(h.Revoked),
+		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
+			l.setNotMember("lost the group or its coordinator (brokers unreachable?); rejoining")
+			h.Revoked(ctx, cl, lost)
+		}),
 		kgo.WithLogger(kzap.New(l.log.Named("kgo"), kzap.Level(kgoLevel(l.log)))),
 	}
+	l.setNotMember("joining")
 	sess, err := kgo.NewGroupTransactSession(slices.Concat(l.conn, base, opts, c.ClientOptions)...)
 	if err != nil {
 		return nil, fmt.Errorf("session: kafka client for group %s: %w", c.Group, err)
 	}
 	return sess, nil
+}
+
+// InitProducerID initialises the session's transactional ID now, not at
+// its first transaction: it fences a previous incarnation of the instance
+// and aborts (or completes) its open transaction (docs/design.md,
+// Exactly-once, 5), and a principal without Write on the transactional ID
+// is refused at start, not at the first transaction, which an idle stage
+// may reach only hours later. A failure returns ErrRestart, so Run
+// rebuilds the session, but a missing ACL is an error naming the ID and
+// the ACL (Config.TransactionalIDError): no retry grants it.
+func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
+	ictx, cancel := context.WithTimeout(ctx, l.cfg.TransactionTimeout+l.cfg.SessionTimeout)
+	_, _, perr := cl.ProducerID(ictx)
+	cancel()
+	switch {
+	case perr == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(perr, kerr.TransactionalIDAuthorizationFailed):
+		return fmt.Errorf("initialise %w", l.cfg.TransactionalIDError(perr))
+	}
+	l.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
+	return ErrRestart
 }
 
 // kgoLevel logs kgo's own messages at warn and above, unless the stage's

@@ -267,11 +267,16 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	return rt, nil
 }
 
-// Ready returns nil when the stage runs a session and no partition it
-// owns is restoring; otherwise why not. It backs /readyz.
+// Ready returns nil when the stage runs a session that is a member of its
+// consumer group (session.Loop.InGroup: not while the brokers cannot be
+// reached) and no partition it owns is restoring; otherwise why not. It
+// backs /readyz.
 func (rt *Runtime) Ready() error {
 	if !rt.joined.Load() {
 		return errors.New("not connected to the group")
+	}
+	if err := rt.loop.InGroup(); err != nil {
+		return err
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()

@@ -2,14 +2,12 @@ package stream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -202,25 +200,15 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 }
 
 // initProducerID initialises the transactional ID now, not at the first
-// produce: it fences a previous incarnation of this instance and aborts (or
-// completes) its open transaction, which a restore of our own partitions
-// would otherwise wait on until the transaction timeout (docs/design.md,
-// Exactly-once, 5). A failure restarts the session (session.ErrRestart),
-// but a missing ACL stops the stage: no retry grants it.
+// produce (session.Loop.InitProducerID): a restore of our own partitions
+// would otherwise wait on a previous incarnation's open transaction until
+// the transaction timeout. A failure restarts the session
+// (session.ErrRestart), but a missing ACL stops the stage.
 func (rt *Runtime) initProducerID(ctx context.Context, cl *kgo.Client) error {
-	ictx, cancel := context.WithTimeout(ctx, rt.cfg.TransactionTimeout+rt.cfg.SessionTimeout)
-	_, _, perr := cl.ProducerID(ictx)
-	cancel()
-	switch {
-	case perr == nil:
-		return nil
-	case ctx.Err() != nil:
-		return ctx.Err()
-	case errors.Is(perr, kerr.TransactionalIDAuthorizationFailed):
-		return fmt.Errorf("stream: initialise %w", rt.cfg.TransactionalIDError(perr))
+	if err := rt.loop.InitProducerID(ctx, cl); err != nil {
+		return fmt.Errorf("stream: %w", err)
 	}
-	rt.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
-	return session.ErrRestart
+	return nil
 }
 
 // poll waits up to d for records, waking early for a restored partition.
