@@ -116,6 +116,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		{"dedup", ds.Run, ds.Ready},
 		{"aggregate", as.Run, as.Ready},
 	}
+	statuses := []func() service.StageStatus{ds.Status, as.Status}
 	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, acfg.Stream.CopartitionedTopics...)}}
 	if !c.NoSink {
 		w, err := sink.New(scfg)
@@ -124,6 +125,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		}
 		stages = append(stages, namedStage{"sink", w.Run, w.Ready})
 		groups = append(groups, lagGroup{scfg.Group, sinkInputs(g.Topic)})
+		statuses = append(statuses, sinkStatus(scfg))
 	}
 	setup := func(s *service.Server) { s.AddTable(as.EntitlementsTable) }
 	if c.Ingest {
@@ -136,7 +138,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	}
 	return runStageWith(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
-	}, setup, ds.Status, as.Status)
+	}, setup, statuses...)
 }
 
 type namedStage struct {

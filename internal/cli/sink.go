@@ -100,7 +100,17 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run)
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run, sinkStatus(cfg))
+}
+
+// sinkStatus is the sink's row of the status page: its group and instance,
+// with which the page joins the group's lag. The sink lists no partitions
+// and reads six topics, so the page counts them from
+// meterline_sink_owned_partitions and names no input topic.
+func sinkStatus(cfg sink.Config) func() service.StageStatus {
+	return func() service.StageStatus {
+		return service.StageStatus{Stage: "sink", Group: cfg.Group, Instance: cfg.InstanceID}
+	}
 }
 
 // sinkInputs are the topics the sink consumes (package sink).
