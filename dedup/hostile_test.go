@@ -457,6 +457,38 @@ func TestTicks(t *testing.T) {
 	})
 }
 
+// TestCountersAtZeroFromStart: before any record, dedup exports its
+// rejections for every reason it can give, and its first copies and
+// copies for every source label, at 0. A series born at its first
+// increment hides that increment from rate() and increase(): a single
+// burst of rejections or copies would fire no alert
+// (MeterlineRejectionSpike, MeterlineDuplicateSpike) and show on no panel.
+func TestCountersAtZeroFromStart(t *testing.T) {
+	h := newHarness(t, nil, 2)
+	reg := prometheus.NewRegistry()
+	cfg := h.configWith("a", reg)
+	cfg.Sources = []string{"src-1"}
+	h.start(cfg)
+	rej := metricValues(t, reg, "meterline_rejected_total")
+	for _, r := range []string{schemas.ReasonUndecodable, schemas.ReasonUnknownSchema, schemas.ReasonInvalid,
+		schemas.ReasonOversized, schemas.ReasonTooOld, schemas.ReasonInFuture} {
+		if v, ok := rej["reason="+r+",stage=dedup"]; !ok || v != 0 {
+			t.Errorf("meterline_rejected_total{stage=dedup,reason=%s} = %v (present %v), want 0", r, v, ok)
+		}
+	}
+	acc, dup := metricValues(t, reg, "meterline_dedup_accepted_total"), metricValues(t, reg, "meterline_dedup_duplicates_total")
+	for _, s := range []string{"src-1", OtherSource} {
+		if v, ok := acc["source="+s]; !ok || v != 0 {
+			t.Errorf("meterline_dedup_accepted_total{source=%s} = %v (present %v), want 0", s, v, ok)
+		}
+		for _, c := range []string{"false", "true"} {
+			if v, ok := dup["conflict="+c+",source="+s]; !ok || v != 0 {
+				t.Errorf("meterline_dedup_duplicates_total{source=%s,conflict=%s} = %v (present %v), want 0", s, c, v, ok)
+			}
+		}
+	}
+}
+
 // TestSourceLabelsBounded: 20,000 distinct sources make at most the
 // configured sources plus "other" series (docs/operations.md, Dedup keys).
 func TestSourceLabelsBounded(t *testing.T) {
