@@ -58,7 +58,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
-	return &metrics{
+	m := &metrics{
 		session: session.NewMetrics(reg, session.Names{
 			RecordsIn:     "meterline_sink_records_in_total",
 			Transactions:  "meterline_sink_transactions_total",
@@ -90,4 +90,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_owned_partitions",
 			Help: "Topic partitions assigned to this instance."}),
 	}
+	// At 0 from the start, as the rejections (prom.RejectedCounter): the
+	// first records quarantined must count in increase().
+	for _, r := range []string{schemas.ReasonUndecodable, schemas.ReasonUnknownSchema, schemas.ReasonUninsertable} {
+		m.quarantined.WithLabelValues(r)
+	}
+	return m
 }
