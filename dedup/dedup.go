@@ -264,6 +264,13 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	for _, s := range cfg.Sources {
 		p.sources[s] = s
 	}
+	// Every source label at 0 from the start, as the rejections: a
+	// source's first copies must count in rate() (MeterlineDuplicateSpike).
+	for _, s := range append(slices.Clone(cfg.Sources), OtherSource) {
+		p.m.accepted.WithLabelValues(s)
+		p.m.duplicates.WithLabelValues(s, "false")
+		p.m.duplicates.WithLabelValues(s, "true")
+	}
 	for _, id := range cfg.ForgetKeys {
 		p.forget[id] = true
 	}
@@ -396,7 +403,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "First copies forwarded to usage.deduped, by source (the configured sources, or other)."}, []string{"source"}),
 		duplicates: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_dedup_duplicates_total",
 			Help: "Copies dropped to usage.duplicates, by source (the configured sources, or other) and conflict (payload differs)."}, []string{"source", "conflict"}),
-		rejected: prom.RejectedCounter(reg),
+		rejected: prom.RejectedCounter(reg, "dedup", schemas.ReasonUndecodable, schemas.ReasonUnknownSchema,
+			schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonTooOld, schemas.ReasonInFuture),
 		rerouted: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_rerouted_total",
 			Help: "Misrouted records re-produced to their canonical partition."}),
 		forged: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_forged_headers_total",

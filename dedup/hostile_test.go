@@ -401,21 +401,26 @@ func TestUpgradeOffset(t *testing.T) {
 }
 
 // TestTicks: a producer's unsigned ticks forward no watermark and are
-// counted; signed ticks (replayed, or a flood) forward at most one
-// watermark per WatermarkEvery of broker time. Every tick's broker
-// timestamp still advances the watermark.
+// counted, and each is logged with its partition, offset and the instance
+// it names (the runbook's way to the writer: a producer, or a dedup
+// instance with another key ring); signed ticks (replayed, or a flood)
+// forward at most one watermark per WatermarkEvery of broker time. Every
+// tick's broker timestamp still advances the watermark.
 func TestTicks(t *testing.T) {
 	onBrokers(t, func(t *testing.T, brokers []string) {
 		h := newHarness(t, brokers, 2)
 		reg := prometheus.NewRegistry()
 		cfg := h.configWith("a", reg)
 		cfg.WatermarkEvery = time.Second
+		var logs testenv.SyncBuffer
+		cfg.Stream.Logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&logs), zap.InfoLevel))
 		h.start(cfg)
 		arr := t0 + 10*day
 		var recs []*kgo.Record
 		for i := int64(0); i < 50; i++ {
 			tk := h.tick(0, arr+i)
 			tk.Headers = nil
+			tk.Value = schemas.MustEncode(&schemas.Tick{InstanceID: "intruder"})
 			recs = append(recs, tk)
 		}
 		for i := int64(0); i < 50; i++ {
@@ -436,7 +441,52 @@ func TestTicks(t *testing.T) {
 		if got := metricSum(t, reg, "meterline_dedup_ticks_throttled_total"); got != 49 {
 			t.Errorf("throttled ticks %v, want 49", got)
 		}
+		var unsigned []map[string]any
+		for _, line := range strings.Split(logs.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "tick not authenticated; it forwards no watermark" {
+				unsigned = append(unsigned, m)
+			}
+		}
+		if len(unsigned) != 50 {
+			t.Fatalf("%d log lines of unauthenticated ticks, want 50", len(unsigned))
+		}
+		if m := unsigned[0]; m["partition"] != 0.0 || m["offset"] == nil || m["tick_instance"] != "intruder" || m["why"] == "" {
+			t.Errorf("log line %v, want partition 0, the offset, why and tick_instance intruder", m)
+		}
 	})
+}
+
+// TestCountersAtZeroFromStart: before any record, dedup exports its
+// rejections for every reason it can give, and its first copies and
+// copies for every source label, at 0. A series born at its first
+// increment hides that increment from rate() and increase(): a single
+// burst of rejections or copies would fire no alert
+// (MeterlineRejectionSpike, MeterlineDuplicateSpike) and show on no panel.
+func TestCountersAtZeroFromStart(t *testing.T) {
+	h := newHarness(t, nil, 2)
+	reg := prometheus.NewRegistry()
+	cfg := h.configWith("a", reg)
+	cfg.Sources = []string{"src-1"}
+	h.start(cfg)
+	rej := metricValues(t, reg, "meterline_rejected_total")
+	for _, r := range []string{schemas.ReasonUndecodable, schemas.ReasonUnknownSchema, schemas.ReasonInvalid,
+		schemas.ReasonOversized, schemas.ReasonTooOld, schemas.ReasonInFuture} {
+		if v, ok := rej["reason="+r+",stage=dedup"]; !ok || v != 0 {
+			t.Errorf("meterline_rejected_total{stage=dedup,reason=%s} = %v (present %v), want 0", r, v, ok)
+		}
+	}
+	acc, dup := metricValues(t, reg, "meterline_dedup_accepted_total"), metricValues(t, reg, "meterline_dedup_duplicates_total")
+	for _, s := range []string{"src-1", OtherSource} {
+		if v, ok := acc["source="+s]; !ok || v != 0 {
+			t.Errorf("meterline_dedup_accepted_total{source=%s} = %v (present %v), want 0", s, v, ok)
+		}
+		for _, c := range []string{"false", "true"} {
+			if v, ok := dup["conflict="+c+",source="+s]; !ok || v != 0 {
+				t.Errorf("meterline_dedup_duplicates_total{source=%s,conflict=%s} = %v (present %v), want 0", s, c, v, ok)
+			}
+		}
+	}
 }
 
 // TestSourceLabelsBounded: 20,000 distinct sources make at most the

@@ -727,7 +727,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	}
 	switch m := msg.(type) {
 	case *schemas.Tick:
-		return pt.tick(tx, r, &h, ts)
+		return pt.tick(tx, r, m, &h, ts)
 	case *schemas.UsageEvent:
 		arrival, proven := pt.arrivalOf(r, &h, ts)
 		return pt.event(tx, r, m, arrival, proven)
@@ -749,13 +749,18 @@ func (pt *partition) notEvent(r *kgo.Record, h *dedupHeaders) {
 // time: a producer's ticks, or a flood of replayed ones, fan out nothing
 // more (docs/design.md, Time). Every tick's timestamp has already advanced
 // the watermark, as any record's does.
-func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, h *dedupHeaders, ts int64) error {
+func (pt *partition) tick(tx *stream.Tx, r *kgo.Record, m *schemas.Tick, h *dedupHeaders, ts int64) error {
 	if h.hasAuth || r.Offset >= pt.upgrade {
 		if why := pt.pr.keys.verifyTick(pt.pr.eventsTopic, r, h); why != "" {
 			if h.any {
 				pt.forged(r, why)
 			}
 			pt.txc.Inc(pt.pr.m.unauthTicks)
+			// The instance the tick names tells a producer's ticks from a
+			// dedup instance's signed with another key ring.
+			pt.pr.log.Warn("tick not authenticated; it forwards no watermark", zap.String("why", why),
+				zap.ByteString("tick_instance", boundLogKey([]byte(m.InstanceID))),
+				zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset))
 			return nil
 		}
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/internal/session"
+	"github.com/meterline/meterline/schemas"
 )
 
 // Row outcomes of meterline_sink_rows_total.
@@ -57,7 +58,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
-	return &metrics{
+	m := &metrics{
 		session: session.NewMetrics(reg, session.Names{
 			RecordsIn:     "meterline_sink_records_in_total",
 			Transactions:  "meterline_sink_transactions_total",
@@ -74,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Rows per successful INSERT, by table.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}, []string{"table"}),
 		insertErrors: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_insert_errors_total",
 			Help: "Failed INSERT attempts, by table and kind: unavailable (retried), refused (block split) or unknown (an error code the sink does not know: retried for at most the unknown-error limit, then the sink stops)."}, []string{"table", "kind"}),
-		rejected: prom.RejectedCounter(reg),
+		rejected: prom.RejectedCounter(reg, stage, schemas.ReasonUndecodable, schemas.ReasonUnknownSchema, schemas.ReasonUninsertable),
 		quarantined: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_quarantined_total",
 			Help: "Records of usage.rejected written to usage_quarantine with their raw bytes, because they cannot be rows of usage_rejected, by reason: undecodable, unknown_schema (the value does not decode), uninsertable (ClickHouse refused the row)."}, []string{"reason"}),
 		lookupSeconds: f.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_sink_resume_lookup_seconds",
@@ -89,4 +90,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_sink_owned_partitions",
 			Help: "Topic partitions assigned to this instance."}),
 	}
+	// At 0 from the start, as the rejections (prom.RejectedCounter): the
+	// first records quarantined must count in increase().
+	for _, r := range []string{schemas.ReasonUndecodable, schemas.ReasonUnknownSchema, schemas.ReasonUninsertable} {
+		m.quarantined.WithLabelValues(r)
+	}
+	return m
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/lag"
+	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
@@ -473,5 +475,22 @@ func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 || !strings.Contains(string(b), "127.0.0.1:1") {
 		t.Errorf("/readyz: %d %s, want 503 naming the unreachable ClickHouse", resp.StatusCode, b)
+	}
+	// The status page names the sink's group and instance, and shows its
+	// lag (docs/operations.md, Status page): the 7 records it has not
+	// written.
+	var st service.Status
+	if err := json.Unmarshal([]byte(scrape(t, "http://"+metrics+"/status.json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Stages) != 1 || st.Stages[0].Stage != "sink" {
+		t.Fatalf("status.json stages: %+v, want the sink alone", st.Stages)
+	}
+	sg := st.Stages[0]
+	if sg.Group != group || sg.Instance != "node-1" {
+		t.Errorf("status.json: the sink's group %q and instance %q, want %q and node-1", sg.Group, sg.Instance, group)
+	}
+	if sg.LagRecords == nil || *sg.LagRecords != 7 {
+		t.Errorf("status.json: the sink's lag %v records, want 7", sg.LagRecords)
 	}
 }

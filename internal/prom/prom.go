@@ -29,10 +29,17 @@ func GetOrRegister[T prometheus.Collector](reg prometheus.Registerer, c T) T {
 }
 
 // RejectedCounter returns meterline_rejected_total{stage,reason}, shared by
-// every stage of a process.
-func RejectedCounter(reg prometheus.Registerer) *prometheus.CounterVec {
-	return GetOrRegister(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meterline_rejected_total",
+// every stage of a process, with a series at 0 for each of the reasons the
+// stage can give: a series born at its first increment hides that
+// increment from rate() and increase(), so a single burst of rejections of
+// a new reason would show on no dashboard and fire no alert.
+func RejectedCounter(reg prometheus.Registerer, stage string, reasons ...string) *prometheus.CounterVec {
+	c := GetOrRegister(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meterline_rejected_total",
 		Help: "Records parked in usage.rejected, by stage and reason."}, []string{"stage", "reason"}))
+	for _, r := range reasons {
+		c.WithLabelValues(stage, r)
+	}
+	return c
 }
 
 // Factory makes metrics like promauto.With, but with GetOrRegister.
