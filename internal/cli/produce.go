@@ -221,7 +221,10 @@ func (r *produceRun) read(ctx context.Context, in io.Reader, jobs, ordered chan<
 		if len(b) > 0 || err == nil || errors.Is(err, errLineTooLong) {
 			line++
 			cur.lines = append(cur.lines, inputLine{b: bytes.Clone(b), tooLong: errors.Is(err, errLineTooLong)})
-			if len(cur.lines) == chunkLines {
+			// A full chunk goes to the encoders; so does a partial one
+			// when no more input is waiting (a slow stream, `tail -f |`):
+			// its lines are sent now, not once 512 have arrived.
+			if len(cur.lines) == chunkLines || br.Buffered() == 0 {
 				flush()
 			}
 		}

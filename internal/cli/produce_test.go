@@ -3,7 +3,9 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
@@ -165,4 +167,37 @@ func FuzzProduceLines(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestProduceSendsWhatAPipeHasWritten: a line read from a slow stream
+// (`tail -f events.ndjson | meterline produce`) is sent once no more input
+// is waiting, not when 512 lines have arrived.
+func TestProduceSendsWhatAPipeHasWritten(t *testing.T) {
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
+	p, err := producer.New(producer.WithBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	pr, pw := io.Pipe()
+	done := make(chan ProduceSummary, 1)
+	go func() { done <- Produce(context.Background(), pr, p, ProduceOptions{}) }()
+	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	for i := 1; i <= 2; i++ {
+		line := fmt.Sprintf(`{"event_id":"req-%d","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"%s"}`+"\n", i, ts)
+		if _, err := pw.Write([]byte(line)); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(testenv.ReadAll(t, brokers, "usage.events")) < i {
+			if time.Now().After(deadline) {
+				t.Fatalf("line %d, written to the pipe, not sent within 10 s", i)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	_ = pw.Close()
+	if s := <-done; s.Sent != 2 || s.Err != nil {
+		t.Errorf("summary %+v, want 2 sent", s)
+	}
 }
