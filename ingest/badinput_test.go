@@ -77,6 +77,14 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"text/plain\": want application/cloudevents+json, application/cloudevents-batch+json or application/json"}`},
 		{"event time in the future", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `2999-01-01T00:00:00Z`, 1), 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"in_future","reason":"2999-01-01T00:00:00Z is more than 1h0m0s after now"}]}`},
+		// Go's zero time, written out, is a time: refused as any time
+		// before 2000 is, not taken for a missing one (which gets the
+		// time the request was received), alone or in a batch.
+		{"event time of the year 1", "/api/v1/events", "application/cloudevents-batch+json", e.token,
+			`[` + good + `,` + strings.Replace(good, `2026-11-29T12:00:00Z`, `0001-01-01T00:00:00Z`, 1) + `,` + strings.Replace(good, `2026-11-29T12:00:00Z`, `0000-12-31T23:00:00-01:00`, 1) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"2 of 3 events are invalid; nothing was sent","errors":[{"index":1,"field":"time","code":"invalid","reason":"\"0001-01-01T00:00:00Z\" is before 2000-01-01"},{"index":2,"field":"time","code":"invalid","reason":"\"0000-12-31T23:00:00-01:00\" is before 2000-01-01"}]}`},
+		{"event time of the year 1, one event", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `0001-01-01T00:00:00.000Z`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"invalid","reason":"\"0001-01-01T00:00:00.000Z\" is before 2000-01-01"}]}`},
 		{"every bad event listed", "/v1/events", "application/x-ndjson", e.token,
 			`{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"b","customer_id":"acme-1","meter":"api_calls","quantity":-1,"event_time":"2026-11-29T12:00:00Z"}` + "\n" +
