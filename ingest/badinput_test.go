@@ -91,6 +91,10 @@ func TestBadInput(t *testing.T) {
 				`{"event_id":"c","customer_id":"acme-1","meter":"api_calls","quantity":"x","event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"d","customer_id":"acme-1","meter":"api_calls","quantity":1}`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"3 of 4 events are invalid; nothing was sent","errors":[{"index":1,"field":"quantity","code":"invalid","reason":"must not be negative (got -1)"},{"index":2,"field":"quantity","code":"invalid","reason":"must be an integer (got \"x\")"},{"index":3,"field":"event_time","code":"invalid","reason":"is missing"}]}`},
+		// An element that is no object is named as such, not with the
+		// name of the Go type it would have been decoded into.
+		{"events that are not objects", "/v1/events", "application/json", e.token, `[1,"x",[],true]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"4 of 4 events are invalid; nothing was sent","errors":[{"index":0,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON number"},{"index":1,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON string"},{"index":2,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON array"},{"index":3,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON bool"}]}`},
 		// A repeated member name, of the event or of its properties, is
 		// refused naming it (producer.ParseJSON), not read last-wins.
 		{"repeated member names", "/v1/events", "application/json", e.token,
