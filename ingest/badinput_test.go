@@ -77,12 +77,24 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"text/plain\": want application/cloudevents+json, application/cloudevents-batch+json or application/json"}`},
 		{"event time in the future", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `2999-01-01T00:00:00Z`, 1), 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"in_future","reason":"2999-01-01T00:00:00Z is more than 1h0m0s after now"}]}`},
+		// Go's zero time, written out, is a time: refused as any time
+		// before 2000 is, not taken for a missing one (which gets the
+		// time the request was received), alone or in a batch.
+		{"event time of the year 1", "/api/v1/events", "application/cloudevents-batch+json", e.token,
+			`[` + good + `,` + strings.Replace(good, `2026-11-29T12:00:00Z`, `0001-01-01T00:00:00Z`, 1) + `,` + strings.Replace(good, `2026-11-29T12:00:00Z`, `0000-12-31T23:00:00-01:00`, 1) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"2 of 3 events are invalid; nothing was sent","errors":[{"index":1,"field":"time","code":"invalid","reason":"\"0001-01-01T00:00:00Z\" is before 2000-01-01"},{"index":2,"field":"time","code":"invalid","reason":"\"0000-12-31T23:00:00-01:00\" is before 2000-01-01"}]}`},
+		{"event time of the year 1, one event", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `0001-01-01T00:00:00.000Z`, 1), 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"invalid","reason":"\"0001-01-01T00:00:00.000Z\" is before 2000-01-01"}]}`},
 		{"every bad event listed", "/v1/events", "application/x-ndjson", e.token,
 			`{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"b","customer_id":"acme-1","meter":"api_calls","quantity":-1,"event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"c","customer_id":"acme-1","meter":"api_calls","quantity":"x","event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"d","customer_id":"acme-1","meter":"api_calls","quantity":1}`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"3 of 4 events are invalid; nothing was sent","errors":[{"index":1,"field":"quantity","code":"invalid","reason":"must not be negative (got -1)"},{"index":2,"field":"quantity","code":"invalid","reason":"must be an integer (got \"x\")"},{"index":3,"field":"event_time","code":"invalid","reason":"is missing"}]}`},
+		// An element that is no object is named as such, not with the
+		// name of the Go type it would have been decoded into.
+		{"events that are not objects", "/v1/events", "application/json", e.token, `[1,"x",[],true]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"4 of 4 events are invalid; nothing was sent","errors":[{"index":0,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON number"},{"index":1,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON string"},{"index":2,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON array"},{"index":3,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not a JSON bool"}]}`},
 		// A repeated member name, of the event or of its properties, is
 		// refused naming it (producer.ParseJSON), not read last-wins.
 		{"repeated member names", "/v1/events", "application/json", e.token,

@@ -318,6 +318,13 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		if err != nil {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
+		// A zero Time is an event without time, which gets the time the
+		// request was received: Go's zero time written out
+		// (0001-01-01T00:00:00Z) is a time before 2000, refused as the
+		// producer refuses any such time, not billed as now.
+		if t.IsZero() {
+			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is before 2000-01-01", clip(a.attr[5]))}
+		}
 		ev.Time = t.UTC()
 	}
 	// OpenMeter's schema takes only this type, exactly (no parameters,

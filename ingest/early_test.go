@@ -1,11 +1,13 @@
 package ingest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -91,4 +93,38 @@ func TestEarlyAnswersCloseTheConnection(t *testing.T) {
 	t.Cleanup(func() { _ = srv.srv.Close(); srv.close() })
 	answeredAndClosed(t, "503, keys not loaded", slowRequest(t, srv.Addr(), "POST", "/v1/events", auth+"Content-Type: application/json\r\n", 1000),
 		http.StatusServiceUnavailable)
+}
+
+// TestUnreadableBodyNamesNoAddress: a body that does not arrive within
+// --read-timeout, or that breaks off, is answered 400 unreadable-body
+// saying why, without the error of the connection's read, which names
+// the replica's own address and port ("read tcp 10.0.3.7:8888->…"):
+// behind a load balancer, that is the inside of the network.
+func TestUnreadableBodyNamesNoAddress(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.ReadTimeout = 500 * time.Millisecond })
+	cases := []struct{ name, extra, body, want string }{
+		{"timeout", "Content-Length: 100\r\n", "[{", "the body did not arrive within the read timeout (500ms)"},
+		{"bad chunk", "Transfer-Encoding: chunked\r\n", "zz\r\n", "reading the body: invalid byte in chunk length"},
+	}
+	for _, c := range cases {
+		conn, err := net.Dial("tcp", e.srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /api/v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n%s\r\n%s", e.token, c.extra, c.body)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		p := problem(t, b)
+		if resp.StatusCode != http.StatusBadRequest || p.Type != "urn:meterline:problem:unreadable-body" || p.Detail != c.want {
+			t.Errorf("%s: %d %s, want 400 unreadable-body %q", c.name, resp.StatusCode, b, c.want)
+		}
+		if host, _, _ := net.SplitHostPort(e.srv.Addr()); strings.Contains(p.Detail, host) {
+			t.Errorf("%s: the answer names the replica's address: %s", c.name, p.Detail)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -364,7 +365,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		return http.StatusRequestEntityTooLarge
 	}
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Unreadable body", "reading the body: "+err.Error(), nil, 0)
+		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Unreadable body", s.unreadable(err), nil, 0)
 		return http.StatusBadRequest
 	}
 	// The fast path of a valid batch of CloudEvents: its text is valid
@@ -443,6 +444,22 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		s.addMeterlineEvent(req, i, raw)
 	}
 	return 0
+}
+
+// unreadable says why reading a request's body failed, for its answer:
+// the read timeout passed, or what broke, without the connection's
+// addresses (a *net.OpError names the replica's own, "read tcp
+// 10.0.3.7:8888->…", which is no client's business).
+func (s *Server) unreadable(err error) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Sprintf("the body did not arrive within the read timeout (%s)", s.cfg.ReadTimeout)
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err
+	}
+	return "reading the body: " + err.Error()
 }
 
 // grow sizes the request's usage events and their properties for its

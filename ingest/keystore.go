@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -308,8 +309,10 @@ func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 	if err := checkTenant(spec.Tenant); err != nil {
 		return Key{}, "", err
 	}
-	if spec.Rate < 0 {
-		return Key{}, "", fmt.Errorf("ingest: rate must not be negative (got %g)", spec.Rate)
+	// NaN and infinities are no JSON numbers: the key's record would not
+	// encode.
+	if spec.Rate < 0 || math.IsNaN(spec.Rate) || math.IsInf(spec.Rate, 0) {
+		return Key{}, "", fmt.Errorf("ingest: rate must be a non-negative number of events per second (got %g)", spec.Rate)
 	}
 	k, err := a.load(ctx)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -198,5 +200,33 @@ func TestTenantNameNotAReservedLabel(t *testing.T) {
 		if tn.Name == noTenant {
 			t.Errorf("tenant %q written: %+v", noTenant, tn)
 		}
+	}
+}
+
+// TestCreateKeyRefusesRateNotANumber: a rate of NaN or ±Inf (which
+// `keys create --rate` parses) is refused. JSON has no such number: the
+// key's record would not encode, and a token would be printed for a key
+// that no replica ever reads.
+func TestCreateKeyRefusesRateNotANumber(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	keys := testenv.Name(t, "keys")
+	adm := testenv.Admin(t, brokers)
+	if _, err := adm.CreateTopic(context.Background(), 1, 1, nil, keys); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	a := NewAdmin(cl, keys)
+	for _, r := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		k, token, err := a.CreateKey(context.Background(), KeySpec{Tenant: "acme", Customers: []string{"acme-*"}, Rate: r})
+		if err == nil {
+			t.Errorf("rate %g: key %s made (token of %d bytes), want an error", r, k.ID, len(token))
+		}
+	}
+	if ks, _, err := a.List(context.Background()); err != nil || len(ks) != 0 {
+		t.Errorf("keys %v (%v), want none", ks, err)
 	}
 }

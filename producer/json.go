@@ -77,6 +77,11 @@ func ParseJSON(b []byte) (Event, error) {
 		if errors.As(err, &te) && te.Field != "" {
 			return Event{}, fieldErr(te.Field, "must be a %s, not a JSON %s", jsonType(te.Type.String()), te.Value)
 		}
+		if te != nil {
+			// Not encoding/json's text, which names the Go type the
+			// event would have been decoded into.
+			return Event{}, fmt.Errorf("%w: an event is a JSON object, not a JSON %s", ErrMalformedJSON, te.Value)
+		}
 		if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
 			name, _ := strconv.Unquote(strings.TrimPrefix(msg, "json: unknown field "))
 			return Event{}, fieldErr(clip.To(name, clip.Echo), "is not a known field")
