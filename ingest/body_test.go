@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -153,21 +154,32 @@ func TestLargeDataCostsLittle(t *testing.T) {
 			}
 		}
 	}
-	if want := map[string]int{"m1": 2, "m2": 1}; !maps.Equal(models, want) {
+	if want := map[string]int{"m1": 2 * measureReps, "m2": measureReps}; !maps.Equal(models, want) {
 		t.Errorf("models %v, want %v", models, want)
 	}
 }
 
-// serveMeasured serves a request of body with the token through h, and
-// returns the answer and the bytes allocated meanwhile.
+// measureReps is how many times serveMeasured serves a request.
+const measureReps = 3
+
+// serveMeasured serves a request of body with the token through h
+// measureReps times, and returns the last answer and the fewest bytes
+// allocated meanwhile. The count is the process's: the test's broker and
+// producer allocate too, the more the longer a request takes on a busy
+// machine, and only add to it.
 func serveMeasured(h http.Handler, token, path, contentType, body string) (*httptest.ResponseRecorder, uint64) {
-	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
-	req.Header.Set("Content-Type", contentType)
-	req.Header.Set("Authorization", "Bearer "+token)
-	w := httptest.NewRecorder()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	h.ServeHTTP(w, req)
-	runtime.ReadMemStats(&m1)
-	return w, m1.TotalAlloc - m0.TotalAlloc
+	var w *httptest.ResponseRecorder
+	least := uint64(math.MaxUint64)
+	for range measureReps {
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		req.Header.Set("Content-Type", contentType)
+		req.Header.Set("Authorization", "Bearer "+token)
+		w = httptest.NewRecorder()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		h.ServeHTTP(w, req)
+		runtime.ReadMemStats(&m1)
+		least = min(least, m1.TotalAlloc-m0.TotalAlloc)
+	}
+	return w, least
 }
