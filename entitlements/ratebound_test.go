@@ -1,0 +1,135 @@
+package entitlements
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// syncCard is a rate card as a billing system keeps it: meters at rates
+// that changed twice, with the past versions kept (docs/entitlements.md,
+// The rate card). gen changes the latest version's rates.
+func syncCard(meters int, gen int64) *schemas.RateCard {
+	c := &schemas.RateCard{}
+	for v, from := range []int64{
+		time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC).UnixMilli(),
+		time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli(),
+		time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMilli(),
+	} {
+		rv := schemas.RateVersion{EffectiveFrom: from}
+		for m := range meters {
+			rate := int64(1000 + 10*v + m)
+			if v == 2 {
+				rate += gen
+			}
+			rv.Rates = append(rv.Rates, schemas.Rate{Meter: fmt.Sprintf("meter_%02d", m), MicroCredits: rate, PerUnits: 1000})
+		}
+		c.Versions = append(c.Versions, rv)
+	}
+	return c
+}
+
+// TestRateCardWrittenAgainUnchangedTakesNoState: a billing system that
+// writes its rate card every hour, unchanged, as it may a customer's
+// record (docs/entitlements.md, Limits), leaves the state as the first
+// write did. The rate history is one state value, written in the
+// changelog whole with every card read: kept per write, a card of 40
+// meters written hourly for the 71 days the history spans would make it
+// megabytes, past the broker's record size, and no transaction of the
+// partition (every partition: the card is on each) could commit.
+func TestRateCardWrittenAgainUnchangedTakesNoState(t *testing.T) {
+	span := DefaultWindow + 25*time.Hour
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds, Span: span})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	base := time.Date(2026, 12, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
+	var first int
+	for i := range int64(30 * 24) {
+		at := base + i*time.Hour.Milliseconds()
+		// A stage caught up: its watermark at the record's time.
+		readRecord(t, l, st, []byte(schemas.RateCardKey), syncCard(40, 0), at, at-span.Milliseconds())
+		v, _, _ := st.Get(l.keyRates)
+		if i == 0 {
+			first = len(v)
+		} else if len(v) != first {
+			t.Fatalf("write %d of the same card: the rate history is %d bytes, %d after the first", i+1, len(v), first)
+		}
+	}
+	d, err := l.Evaluate(st, "acme", Event{Meter: "meter_03", Aggregation: "SUM", Quantity: 1000, EventTime: base + 5, Arrival: base + 6})
+	if err != nil || d.Cost != 1023 {
+		t.Fatalf("an event priced %d (%v), want 1023", d.Cost, err)
+	}
+}
+
+// TestRateCardBoundSameWhenLagging: rate cards that change every 15
+// minutes are refused, as a customer's records are (Timeline), once
+// MaxVersions cards take effect within the span before one; whether one
+// is refused depends on the records alone. One ledger is pruned after
+// each card to the span before it (a stage caught up), the other never
+// (a stage far behind on usage.deduped keeps every card): both refuse
+// the same cards and price alike. The caught-up one keeps at most
+// 2·MaxVersions + 1 cards: those of the span, and of the window W before
+// it, since a late event is priced by the card of its event time.
+func TestRateCardBoundSameWhenLagging(t *testing.T) {
+	const span = 3 * 24 * time.Hour
+	const step = 15 * time.Minute
+	mk := func() (*Ledger, Store) {
+		l, err := New(Config{Prefix: []byte("e"), Period: monthBounds, Window: span, Span: span})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, newMemStore()
+	}
+	caught, caughtSt := mk()
+	lagging, laggingSt := mk()
+	base := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	refused := [2]int{}
+	n := int64(7 * 24 * time.Hour / step)
+	for i := range n {
+		at := base + i*step.Milliseconds()
+		v, _ := schemas.Encode(syncCard(3, i))
+		var errs [2]error
+		for k, side := range []struct {
+			l  *Ledger
+			st Store
+		}{{caught, caughtSt}, {lagging, laggingSt}} {
+			rec, err := ParseRecord([]byte(schemas.RateCardKey), v, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if errs[k] = side.l.Apply(side.st, rec); errs[k] != nil && !errors.Is(errs[k], ErrTooManyVersions) {
+				t.Fatalf("card %d: %v", i, errs[k])
+			}
+			if errs[k] != nil {
+				refused[k]++
+			}
+			if k == 0 {
+				if err := side.l.PruneShared(side.st, at-span.Milliseconds()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if (errs[0] == nil) != (errs[1] == nil) {
+			t.Fatalf("card %d at +%s: caught up: %v; lagging: %v", i, time.Duration(i)*step, errs[0], errs[1])
+		}
+		ev := Event{Meter: "meter_01", Aggregation: "SUM", Quantity: 1000, EventTime: at + 1, Arrival: at + 1}
+		d0, err0 := caught.Evaluate(caughtSt, "acme", ev)
+		d1, err1 := lagging.Evaluate(laggingSt, "acme", ev)
+		if err0 != nil || err1 != nil || d0.Cost != d1.Cost {
+			t.Fatalf("card %d: an event cost %d (%v) caught up, %d (%v) lagging", i, d0.Cost, err0, d1.Cost, err1)
+		}
+	}
+	if refused[0] == 0 || refused[0] != refused[1] {
+		t.Errorf("refused %d caught up and %d lagging: want the same, more than 0", refused[0], refused[1])
+	}
+	h, err := caught.rates(caughtSt)
+	if err != nil || h.Len() > 2*MaxVersions+1 {
+		t.Errorf("the caught-up stage keeps %d cards (%v), want at most %d", h.Len(), err, 2*MaxVersions+1)
+	}
+	t.Logf("refused %d of %d cards on both", refused[0], n)
+}
