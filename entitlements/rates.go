@@ -1,6 +1,7 @@
 package entitlements
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
@@ -148,11 +149,32 @@ func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64)
 	if n > 0 && samePricing(h.cards[n-1].versions, versions, written) {
 		return nil
 	}
-	if k := n - max(sort.Search(n, func(i int) bool { return h.cards[i].written > since })-1, 0); k >= MaxVersions {
+	first := max(sort.Search(n, func(i int) bool { return h.cards[i].written > since })-1, 0)
+	if k := n - first; k >= MaxVersions {
 		return fmt.Errorf("%w: %d rate cards (the most is %d)", ErrTooManyVersions, k, MaxVersions)
+	}
+	size := versionsBytes(versions)
+	for _, c := range h.cards[first:] {
+		size += versionsBytes(c.versions)
+	}
+	if size > MaxVersionBytes {
+		return fmt.Errorf("%w: %d bytes of rate cards (the most is %d)", ErrTooManyVersions, size, MaxVersionBytes)
 	}
 	h.cards = append(h.cards, rateCard{written: written, versions: versions})
 	return nil
+}
+
+// versionsBytes returns about the size of a card's versions in the
+// encoding of a RateHistory (MarshalBinary), at least their size.
+func versionsBytes(vs []schemas.RateVersion) int {
+	n := 0
+	for _, v := range vs {
+		n += binary.MaxVarintLen64 * 2
+		for _, r := range v.Rates {
+			n += len(r.Meter) + binary.MaxVarintLen64*3
+		}
+	}
+	return n
 }
 
 // samePricing reports whether the versions a and b (each in

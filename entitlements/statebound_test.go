@@ -3,6 +3,7 @@ package entitlements
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,4 +133,76 @@ func TestRateCardBoundSameWhenLagging(t *testing.T) {
 		t.Errorf("the caught-up stage keeps %d cards (%v), want at most %d", h.Len(), err, 2*MaxVersions+1)
 	}
 	t.Logf("refused %d of %d cards on both", refused[0], n)
+}
+
+// bigPlan is a customer's record of MaxCaps caps and MaxGrants grants
+// with names of MaxNameBytes: about 530 KB, valid on its own.
+func bigPlan(name string) *schemas.Entitlements {
+	e := &schemas.Entitlements{CustomerID: "acme", Plan: name, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	for i := range MaxCaps {
+		e.Caps = append(e.Caps, schemas.Cap{Meter: fmt.Sprintf("%04d", i) + strings.Repeat("m", MaxNameBytes-4), Limit: 1, OnLimit: schemas.OnLimitReject})
+	}
+	for i := range MaxGrants {
+		e.Grants = append(e.Grants, schemas.Grant{ID: fmt.Sprintf("%04d", i) + strings.Repeat("g", MaxNameBytes-4), Amount: 1})
+	}
+	return e
+}
+
+// TestVersionsBoundedInBytes: a key's versions are one state value,
+// written whole to the changelog, which refuses a record past the
+// broker's size (1 MB by default): two versions of a customer's record of
+// about 530 KB would make the partition's every transaction fail. The
+// second is refused (ErrTooManyVersions) while the first counts, and the
+// state value stays under MaxVersionBytes; a smaller record is applied.
+// Rate cards alike.
+func TestVersionsBoundedInBytes(t *testing.T) {
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	apply := func(key []byte, m schemas.Message) error {
+		t.Helper()
+		at += 1000
+		v, err := schemas.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := ParseRecord(key, v, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Apply(st, rec)
+	}
+	key := schemas.CustomerKey("acme")
+	if err := apply(key, bigPlan("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(key, bigPlan("two")); !errors.Is(err, ErrTooManyVersions) {
+		t.Fatalf("a second record of about 530 KB: %v, want ErrTooManyVersions", err)
+	}
+	small := &schemas.Entitlements{CustomerID: "acme", Plan: "small", Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}
+	if err := apply(key, small); err != nil {
+		t.Fatalf("a small record after it: %v", err)
+	}
+	if v, _, _ := st.Get(l.customerKey(subTimeline, "acme")); len(v) > MaxVersionBytes {
+		t.Errorf("the timeline is %d bytes, more than %d", len(v), MaxVersionBytes)
+	}
+	card := func(price int64) *schemas.RateCard {
+		v := schemas.RateVersion{}
+		for i := range 400 {
+			v.Rates = append(v.Rates, schemas.Rate{Meter: fmt.Sprintf("%04d", i) + strings.Repeat("m", MaxNameBytes-4), MicroCredits: price, PerUnits: 1})
+		}
+		return &schemas.RateCard{Versions: []schemas.RateVersion{v}}
+	}
+	if err := apply([]byte(schemas.RateCardKey), card(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply([]byte(schemas.RateCardKey), card(2)); !errors.Is(err, ErrTooManyVersions) {
+		t.Fatalf("a second rate card of about 420 KB: %v, want ErrTooManyVersions", err)
+	}
+	if v, _, _ := st.Get(l.keyRates); len(v) > MaxVersionBytes {
+		t.Errorf("the rate history is %d bytes, more than %d", len(v), MaxVersionBytes)
+	}
 }
