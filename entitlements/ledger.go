@@ -443,11 +443,16 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		if r.Tombstone {
 			card = nil
 		}
-		if err := h.Set(written, card); err != nil {
-			return err
+		n := h.Len()
+		// Only the cards read within the span before it count against
+		// the bound, whatever has been pruned (Timeline.SetWithin).
+		if err := h.SetWithin(written, card, written-l.cfg.Span.Milliseconds()); err != nil {
+			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
-		b, _ := h.MarshalBinary()
-		st.Put(l.keyRates, b)
+		if h.Len() != n {
+			b, _ := h.MarshalBinary()
+			st.Put(l.keyRates, b)
+		}
 	default:
 		customer := r.Key.Reserved == ""
 		k := l.keyDefault

@@ -72,7 +72,13 @@ const (
 var propCustomers = []string{"acme", "globex", "initech", "umbrella"}
 
 // genScenario generates a scenario: a dedup window W of 10, 3 or 1 days,
-// monthly or daily billing periods, four customers over 60 days.
+// monthly, daily or hourly billing periods, four customers over 60 days.
+// Amounts at the edges of 64 bits: some grants, caps and overdraft limits
+// within 3 of math.MaxInt64, some rates of math.MaxInt64 micro-credits or
+// per math.MaxInt64 units, some quantities about math.MaxInt64/2; and some
+// events of tokens decided as COUNT, MAX, UNIQUE_COUNT or LATEST (a meter
+// whose aggregation changed: its caps and rates apply to SUM and COUNT
+// only).
 //
 // Events: arrivals mostly rising, some behind (another source's
 // watermark, a re-routed event as far back as W behind the latest arrival
@@ -96,8 +102,11 @@ func genScenario(seed uint64) scenario {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	base := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 	sc := scenario{window: []time.Duration{10, 3, 1}[r.IntN(3)] * 24 * time.Hour, period: monthBounds}
-	if r.IntN(2) == 0 {
+	switch r.IntN(3) {
+	case 0:
 		sc.period = dayBounds
+	case 1:
+		sc.period = func(ms int64) (int64, int64) { s := ms - ((ms%hourMs)+hourMs)%hourMs; return s, s + hourMs }
 	}
 	w := sc.window.Milliseconds()
 	span := 60 * dayMs
@@ -129,7 +138,13 @@ func genScenario(seed uint64) scenario {
 			et = a + r.Int64N(hourMs) // future skew
 		}
 		m := propMeters[r.IntN(len(propMeters))]
+		if m.name == "tokens" && r.IntN(3) == 0 {
+			m.agg = []string{"COUNT", "MAX", "UNIQUE_COUNT", "LATEST"}[r.IntN(4)]
+		}
 		q := r.Int64N(40)
+		if r.IntN(50) == 0 {
+			q = math.MaxInt64/2 + r.Int64N(3)
+		}
 		if r.IntN(200) == 0 {
 			q = math.MaxInt64 - r.Int64N(10) // overflow
 		}
@@ -150,6 +165,9 @@ func genScenario(seed uint64) scenario {
 	latest := map[string]int64{}
 	genGrant := func(id string) schemas.Grant {
 		g := schemas.Grant{ID: id, Amount: 1 + r.Int64N(200_000), Priority: int32(r.IntN(3))}
+		if r.IntN(8) == 0 {
+			g.Amount = math.MaxInt64 - r.Int64N(3)
+		}
 		lw, seen := lastWin[id]
 		switch k := r.IntN(6); {
 		case !seen || k == 0: // a window of its own
@@ -239,6 +257,9 @@ func genScenario(seed uint64) scenario {
 				if m.agg == "SUM" && r.IntN(3) == 0 {
 					lim = 1 + r.Int64N(3000)
 				}
+				if r.IntN(10) == 0 {
+					lim = math.MaxInt64 - r.Int64N(3)
+				}
 				on := schemas.OnLimitReject
 				if r.IntN(3) == 0 {
 					on = schemas.OnLimitAllow
@@ -251,6 +272,9 @@ func genScenario(seed uint64) scenario {
 			e.Overdraft.Policy = schemas.OverdraftDeny
 		case 1:
 			e.Overdraft.Limit = r.Int64N(50_000)
+			if r.IntN(4) == 0 {
+				e.Overdraft.Limit = math.MaxInt64 - r.Int64N(3)
+			}
 		}
 		return e
 	}
@@ -274,6 +298,14 @@ func genScenario(seed uint64) scenario {
 				rt := schemas.Rate{Meter: m.name, MicroCredits: r.Int64N(2000), PerUnits: []int64{1, 3, 10, 1000}[r.IntN(4)]}
 				if r.IntN(40) == 0 {
 					rt.MicroCredits, rt.PerUnits = math.MaxInt64/2, 1 // overflows on big quantities
+				}
+				switch r.IntN(30) {
+				case 0:
+					rt.MicroCredits, rt.PerUnits = math.MaxInt64, math.MaxInt64
+				case 1:
+					rt.MicroCredits, rt.PerUnits = math.MaxInt64, 3
+				case 2:
+					rt.MicroCredits, rt.PerUnits = 1, math.MaxInt64
 				}
 				v.Rates = append(v.Rates, rt)
 			}

@@ -1,9 +1,11 @@
 package entitlements
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sort"
 
 	"github.com/meterline/meterline/schemas"
@@ -101,14 +103,34 @@ type RateHistory struct {
 // Set adds the card read at broker time written; nil is a tombstone (no
 // card from written on). A card whose broker time is earlier than the
 // previous card's (a broker clock that stepped back) counts as written at
-// the previous card's time, so that cards stay in read order. An invalid
-// card returns the FieldErrors of ValidateRateCard and changes nothing.
+// the previous card's time, so that cards stay in read order. A card that
+// prices every event it could price as the previous card does (the same
+// card written again: a billing system's periodic sync) is not kept: Rate
+// answers alike without it. An invalid card returns the FieldErrors of
+// ValidateRateCard and changes nothing.
 func (h *RateHistory) Set(written int64, c *schemas.RateCard) error {
-	var versions []schemas.RateVersion
+	return h.SetWithin(written, c, math.MinInt64)
+}
+
+// SetWithin is Set, refusing the card (ErrTooManyVersions) when the
+// history already holds MaxVersions cards in effect at or after since
+// (the one in effect at since, and those read after it), as
+// Timeline.SetWithin does a key's versions: the history is one state
+// value, written whole with each card. With since at most the horizon the
+// history has been pruned to (Prune), the count is the same however far
+// it has been pruned.
+func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64) error {
 	if c != nil {
 		if err := ValidateRateCard(c, nil); err != nil {
 			return err
 		}
+	}
+	n := len(h.cards)
+	if n > 0 && written < h.cards[n-1].written {
+		written = h.cards[n-1].written
+	}
+	var versions []schemas.RateVersion
+	if c != nil {
 		// Versions before the last one in effect at written can price
 		// no event with this card: an event is priced by it only at
 		// event times at or after written.
@@ -124,11 +146,62 @@ func (h *RateHistory) Set(written int64, c *schemas.RateCard) error {
 			versions = append(versions, schemas.RateVersion{EffectiveFrom: v.EffectiveFrom, Rates: rates})
 		}
 	}
-	if n := len(h.cards); n > 0 && written < h.cards[n-1].written {
-		written = h.cards[n-1].written
+	if n > 0 && samePricing(h.cards[n-1].versions, versions, written) {
+		return nil
+	}
+	first := max(sort.Search(n, func(i int) bool { return h.cards[i].written > since })-1, 0)
+	if k := n - first; k >= MaxVersions {
+		return fmt.Errorf("%w: %d rate cards (the most is %d)", ErrTooManyVersions, k, MaxVersions)
+	}
+	size := versionsBytes(versions)
+	for _, c := range h.cards[first:] {
+		size += versionsBytes(c.versions)
+	}
+	if size > MaxVersionBytes {
+		return fmt.Errorf("%w: %d bytes of rate cards (the most is %d)", ErrTooManyVersions, size, MaxVersionBytes)
 	}
 	h.cards = append(h.cards, rateCard{written: written, versions: versions})
 	return nil
+}
+
+// versionsBytes returns about the size of a card's versions in the
+// encoding of a RateHistory (MarshalBinary), at least their size.
+func versionsBytes(vs []schemas.RateVersion) int {
+	n := 0
+	for _, v := range vs {
+		n += binary.MaxVarintLen64 * 2
+		for _, r := range v.Rates {
+			n += len(r.Meter) + binary.MaxVarintLen64*3
+		}
+	}
+	return n
+}
+
+// samePricing reports whether the versions a and b (each in
+// EffectiveFrom order, rates sorted by meter) give every meter the same
+// rate, or none alike, at every event time from on.
+func samePricing(a, b []schemas.RateVersion, from int64) bool {
+	sa, sb := pricingFrom(a, from), pricingFrom(b, from)
+	return slices.EqualFunc(sa, sb, func(x, y schemas.RateVersion) bool {
+		return x.EffectiveFrom == y.EffectiveFrom && slices.Equal(x.Rates, y.Rates)
+	})
+}
+
+// pricingFrom returns what the versions price from event time from on,
+// as versions: the first from from (no rates if none is in effect then),
+// and each later one that changes a rate.
+func pricingFrom(vs []schemas.RateVersion, from int64) []schemas.RateVersion {
+	out := []schemas.RateVersion{{EffectiveFrom: from}}
+	for _, v := range vs {
+		last := &out[len(out)-1]
+		switch {
+		case v.EffectiveFrom <= from:
+			last.Rates = v.Rates
+		case !slices.Equal(v.Rates, last.Rates):
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // Rate returns the rate of a meter for an event that arrived at arrival

@@ -23,6 +23,26 @@ const MaxVersions = 256
 // need. The record is refused as invalid; what was in effect stays.
 var ErrTooManyVersions = fmt.Errorf("%w: too many versions of one key within the window", ErrInvalid)
 
+// MaxVersionBytes bounds the encoded size of the versions of one key
+// that count against MaxVersions, the record's own included (a rate card
+// counts its cards alike). A key's versions are one state value, written
+// whole to the changelog: under the broker's record size (1 MB by
+// default) with room for the versions a stage keeps from before the
+// span, a plan of MaxCaps caps and MaxGrants grants of MaxNameBytes names
+// (about 530 KB) fits, and two such do not. A record past it is refused
+// as ErrTooManyVersions.
+const MaxVersionBytes = 768 << 10
+
+// planBytes returns the size of p's encoding in a Timeline.
+func planBytes(p *Plan) int {
+	if p == nil {
+		return 0
+	}
+	e := &enc{}
+	encodePlan(e, p)
+	return len(e.b)
+}
+
 // Version is one entry of a Timeline: from arrival time From on, Plan
 // applies; a nil Plan is a tombstone (the customer's record was deleted:
 // the default plan applies).
@@ -73,6 +93,13 @@ func (t *Timeline) SetWithin(written, from int64, p *Plan, since int64) error {
 	first := sort.Search(i, func(k int) bool { return t.versions[k].From > since }) - 1
 	if n := i - max(first, 0); n >= MaxVersions {
 		return fmt.Errorf("%w: %d versions (the most is %d)", ErrTooManyVersions, n, MaxVersions)
+	}
+	size := planBytes(p)
+	for _, v := range t.versions[max(first, 0):i] {
+		size += planBytes(v.Plan)
+	}
+	if size > MaxVersionBytes {
+		return fmt.Errorf("%w: %d bytes of versions (the most is %d)", ErrTooManyVersions, size, MaxVersionBytes)
 	}
 	t.versions = append(t.versions[:i], Version{From: from, Plan: p})
 	return nil

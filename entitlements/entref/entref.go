@@ -339,7 +339,7 @@ func (m *Model) Decide(customer string, ev Event) Decision {
 	// cost = round_half_up(units × micro / per) = ⌊(2·units·micro + per) / (2·per)⌋
 	num := new(big.Int).Mul(big.NewInt(units), big.NewInt(rate.MicroCredits))
 	num.Add(num.Mul(num, big.NewInt(2)), big.NewInt(rate.PerUnits))
-	cost := num.Quo(num, big.NewInt(2*rate.PerUnits))
+	cost := num.Quo(num, new(big.Int).Mul(big.NewInt(rate.PerUnits), big.NewInt(2)))
 	if bigOver(cost) {
 		return Decision{Outcome: Invalid}
 	}
