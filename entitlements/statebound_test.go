@@ -35,7 +35,7 @@ func syncCard(meters int, gen int64) *schemas.RateCard {
 
 // TestRateCardWrittenAgainUnchangedTakesNoState: a billing system that
 // writes its rate card every hour, unchanged, as it may a customer's
-// record (docs/entitlements.md, Limits), leaves the state as the first
+// record (docs/entitlements.md, The aggregator), leaves the state as the first
 // write did. The rate history is one state value, written in the
 // changelog whole with every card read: kept per write, a card of 40
 // meters written hourly for the 71 days the history spans would make it
