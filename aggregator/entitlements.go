@@ -1364,7 +1364,7 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	ch := &pt.charge
 	ch.pt, ch.tx, ch.customer, ch.label = pt, tx, e.CustomerID, ""
 	ch.ev = entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
-		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}
+		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime, Undeclared: m == undeclared}
 	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}

@@ -18,6 +18,11 @@ type Event struct {
 	Quantity    int64
 	EventTime   int64 // epoch ms
 	Arrival     int64 // ingest_time: broker time, epoch ms
+	// Undeclared: the meter is not in the aggregator's catalog (counted
+	// as SUM). Its usage is kept only while the plan caps it or the rate
+	// card prices it: a producer chooses undeclared meter names, and each
+	// one kept is an entry of the customer's account, one state value.
+	Undeclared bool
 }
 
 // Units returns what the event adds to its period's usage: SUM the
@@ -172,11 +177,17 @@ func decideInto(in Input, d *Decision) {
 		return
 	}
 	*d = Decision{Units: units, Draws: draws}
+	c, capped := p.Cap(ev.Meter)
+	if ev.Undeclared && (p.Unmetered || !capped && !in.HasRate) {
+		// Nothing decides by this meter's usage: keep none.
+		d.Units = 0
+		return
+	}
 	if p.Unmetered {
 		return
 	}
 	charged := Charged(ev.Aggregation)
-	if c, ok := p.Cap(ev.Meter); ok {
+	if capped {
 		switch {
 		case !charged:
 			d.Misconfigured = fmt.Sprintf("cap on %s ignored: a %s meter (caps apply to SUM and COUNT meters only)", ev.Meter, ev.Aggregation)

@@ -3,6 +3,7 @@ package entitlements
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -202,5 +203,50 @@ func TestVersionsBoundedInBytes(t *testing.T) {
 	}
 	if v, _, _ := st.Get(l.keyRates); len(v) > MaxVersionBytes {
 		t.Errorf("the rate history is %d bytes, more than %d", len(v), MaxVersionBytes)
+	}
+}
+
+// TestUndeclaredMetersKeepNoUsage: a customer's usage account is one
+// state value, with an entry per meter it used in a period. A producer
+// chooses undeclared meter names (counted as SUM without strict meters):
+// 40,000 of them made an account of 1.4 MB, past the broker's record
+// size. An undeclared meter's usage is kept only while the plan caps it
+// or the rate card prices it; a capped one is still stopped at its cap.
+func TestUndeclaredMetersKeepNoUsage(t *testing.T) {
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds, Span: DefaultWindow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	base := time.Date(2026, 12, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
+	readRecord(t, l, st, schemas.CustomerKey("acme"), &schemas.Entitlements{CustomerID: "acme", Plan: "free",
+		Caps:      []schemas.Cap{{Meter: "capped_undeclared", Limit: 10, OnLimit: schemas.OnLimitReject}},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}, base, base-DefaultWindow.Milliseconds())
+	decide := func(meter string, at int64) Decision {
+		t.Helper()
+		ev := Event{Meter: meter, Aggregation: "SUM", Quantity: 4, EventTime: at, Arrival: at, Undeclared: true}
+		d, err := l.Evaluate(st, "acme", ev)
+		if err == nil && d.Outcome == Accepted {
+			err = l.Record(st, "acme", ev, d)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for i := range 2000 {
+		if d := decide(fmt.Sprintf("api_call_%08d_from_a_buggy_sdk", i), base+int64(i)+1); d.Outcome != Accepted {
+			t.Fatalf("event %d: %s, want accepted", i, d.Outcome)
+		}
+	}
+	if v, _, _ := st.Get(l.customerKey(subAccount, "acme")); len(v) > 64 {
+		t.Fatalf("2,000 undeclared meters, neither capped nor priced: the account is %d bytes", len(v))
+	}
+	var outcomes []Outcome
+	for i := range 3 {
+		outcomes = append(outcomes, decide("capped_undeclared", base+10_000+int64(i)).Outcome)
+	}
+	if want := []Outcome{Accepted, Accepted, OverLimit}; !slices.Equal(outcomes, want) {
+		t.Errorf("an undeclared meter capped at 10, events of 4: %v, want %v", outcomes, want)
 	}
 }

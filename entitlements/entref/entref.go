@@ -58,6 +58,9 @@ type Event struct {
 	Quantity    int64
 	EventTime   int64
 	Arrival     int64
+	// Undeclared: the meter is not declared; its usage is kept only while
+	// the plan caps it or the rate card prices it.
+	Undeclared bool
 }
 
 // Outcomes of Decision: Accepted or a reason code of docs/design.md, Bad
@@ -319,6 +322,14 @@ func (m *Model) Decide(customer string, ev Event) Decision {
 		}
 		m.overdrawn[refPeriod{customer, start}] += d.Overdraft
 		return d
+	}
+	capped := false
+	for _, c := range plan.Caps {
+		capped = capped || c.Meter == ev.Meter
+	}
+	if _, priced := m.rate(ev.Arrival, ev.EventTime, ev.Meter); ev.Undeclared && (plan.Unmetered || !capped && !priced) {
+		d.Units = 0
+		return accept()
 	}
 	if plan.Unmetered {
 		return accept()

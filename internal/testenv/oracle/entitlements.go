@@ -115,7 +115,7 @@ func (e *Entitlements) Decide(m *Model, events []*Event) (map[string]string, []*
 			next[p]++
 		}
 		d := models[p].Decide(ev.Customer, entref.Event{Meter: ev.Meter, Aggregation: m.Meter(ev.Meter).Aggregation,
-			Quantity: ev.Quantity, EventTime: ev.EventTime, Arrival: ev.Arrival})
+			Quantity: ev.Quantity, EventTime: ev.EventTime, Arrival: ev.Arrival, Undeclared: !m.Declared(ev.Meter)})
 		out[ev.ID] = d.Outcome
 	}
 	for p := range models {

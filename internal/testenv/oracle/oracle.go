@@ -108,6 +108,12 @@ func (m *Model) Meter(name string) Meter {
 	return Meter{Name: name, Aggregation: "SUM"}
 }
 
+// Declared reports whether the meter is in m.Meters (an undeclared one
+// counts as SUM).
+func (m *Model) Declared(name string) bool {
+	return slices.ContainsFunc(m.Meters, func(mt Meter) bool { return mt.Name == name })
+}
+
 // Key returns the aggregate e counts in.
 func (m *Model) Key(e *Event) Key {
 	names := slices.Clone(m.Meter(e.Meter).GroupBy)
