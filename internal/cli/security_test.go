@@ -3,6 +3,7 @@ package cli
 import (
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -203,5 +204,39 @@ func TestSecretGivenAsItsFileName(t *testing.T) {
 				t.Errorf("%s by %s: exit %d, want an error that does not show the secret:\n%s%s", c.flag, how, code, out, errOut)
 			}
 		}
+	}
+}
+
+// TestValidateReadsTLSFiles: --validate reads the TLS files of the Kafka
+// and ClickHouse connections, as a start does: a CA file that is missing
+// or holds no certificate, or a client key that is not the certificate's,
+// is a configuration error (exit 2) naming the connection, not
+// "configuration ok" followed by a failed start.
+func TestValidateReadsTLSFiles(t *testing.T) {
+	certs := testenv.NewCerts(t)
+	file := tempFiles(t)
+	notPEM := file("ca.txt", "not a certificate\n")
+	keys := testenv.DedupKeysFile(t)
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dedup", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--kafka-tls-ca-file", missing}, "kafka: tls: CA file"},
+		{[]string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--kafka-tls-ca-file", notPEM}, "holds no PEM certificate"},
+		{[]string{"aggregate", "--validate", "--instance-id", "a", "--kafka-tls-cert-file", certs.ClientCertFile, "--kafka-tls-key-file", missing}, "kafka: tls: key file"},
+		{[]string{"sink", "--validate", "--instance-id", "a", "--clickhouse-tls-ca-file", missing}, "clickhouse: tls: CA file"},
+		{[]string{"sink", "--validate", "--instance-id", "a", "--clickhouse-tls-cert-file", certs.ClientCertFile, "--clickhouse-tls-key-file", certs.CAFile}, "clickhouse: tls: certificate"},
+	} {
+		code, out, errOut := run(t, "", c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Contains(out, "configuration ok") {
+			t.Errorf("%s: exit %d, want 2 and an error with %q:\n%s%s", c.args, code, c.want, out, errOut)
+		}
+	}
+	// Files that load pass.
+	ok := []string{"sink", "--validate", "--instance-id", "a", "--kafka-tls-ca-file", certs.CAFile,
+		"--clickhouse-tls-ca-file", certs.CAFile, "--clickhouse-tls-cert-file", certs.ClientCertFile, "--clickhouse-tls-key-file", certs.ClientKeyFile}
+	if code, out, errOut := run(t, "", ok...); code != 0 {
+		t.Errorf("%s: exit %d, want 0:\n%s%s", ok, code, out, errOut)
 	}
 }
