@@ -227,6 +227,11 @@ func TestValidateReadsTLSFiles(t *testing.T) {
 		{[]string{"aggregate", "--validate", "--instance-id", "a", "--kafka-tls-cert-file", certs.ClientCertFile, "--kafka-tls-key-file", missing}, "kafka: tls: key file"},
 		{[]string{"sink", "--validate", "--instance-id", "a", "--clickhouse-tls-ca-file", missing}, "clickhouse: tls: CA file"},
 		{[]string{"sink", "--validate", "--instance-id", "a", "--clickhouse-tls-cert-file", certs.ClientCertFile, "--clickhouse-tls-key-file", certs.CAFile}, "clickhouse: tls: certificate"},
+		// The HTTP ingest's own certificate and key.
+		{[]string{"ingest", "--validate", "--tls-cert-file", missing, "--tls-key-file", certs.ServerKeyFile}, "--tls-cert-file: stat"},
+		{[]string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile, "--tls-key-file", certs.ClientKeyFile}, "ingest: tls: certificate"},
+		{[]string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--ingest",
+			"--ingest-tls-cert-file", notPEM, "--ingest-tls-key-file", certs.ServerKeyFile}, "ingest: tls: certificate"},
 	} {
 		code, out, errOut := run(t, "", c.args...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Contains(out, "configuration ok") {
@@ -236,7 +241,10 @@ func TestValidateReadsTLSFiles(t *testing.T) {
 	// Files that load pass.
 	ok := []string{"sink", "--validate", "--instance-id", "a", "--kafka-tls-ca-file", certs.CAFile,
 		"--clickhouse-tls-ca-file", certs.CAFile, "--clickhouse-tls-cert-file", certs.ClientCertFile, "--clickhouse-tls-key-file", certs.ClientKeyFile}
-	if code, out, errOut := run(t, "", ok...); code != 0 {
-		t.Errorf("%s: exit %d, want 0:\n%s%s", ok, code, out, errOut)
+	ingest := []string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile, "--tls-key-file", certs.ServerKeyFile}
+	for _, args := range [][]string{ok, ingest} {
+		if code, out, errOut := run(t, "", args...); code != 0 {
+			t.Errorf("%s: exit %d, want 0:\n%s%s", args, code, out, errOut)
+		}
 	}
 }
