@@ -248,3 +248,53 @@ func TestValidateReadsTLSFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsNeverShownByCommands runs `--help` and, where a command has
+// it, `--validate` of every command at debug log level with every secret
+// set (the SASL and ClickHouse passwords and dedup's ring in the
+// environment, SASL on in --config), and finds none of them in the output:
+// no default, help text, validation message or log line shows one
+// (docs/operations.md, Secrets).
+func TestSecretsNeverShownByCommands(t *testing.T) {
+	const kafkaPW, chPW = "kafka-pw-Never-Shown-1", "ch-pw-Never-Shown-2"
+	ring := "k1 " + strings.Repeat("5ec7e7", 11) // 33 bytes
+	t.Setenv(EnvKafkaSASLPassword, kafkaPW)
+	t.Setenv(EnvClickHousePassword, chPW)
+	t.Setenv("METERLINE_DEDUP_KEYS", ring)
+	file := tempFiles(t)
+	config := file("meterline.yaml", "kafka_sasl_mechanism: SCRAM-SHA-512\nkafka_sasl_user: u\nlog_level: debug\ninstance_id: node-1\n")
+	var cli CLI
+	p, err := Parser(&cli, IO{}, func(int) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var walk func(path []string, node *kong.Node)
+	walk = func(path []string, node *kong.Node) {
+		if len(node.Children) == 0 {
+			n++
+			runs := [][]string{append(slices.Clone(path), "--help")}
+			for _, f := range node.Flags {
+				if f.Name == "validate" {
+					runs = append(runs, append(slices.Clone(path), "--validate", "--config", config))
+				}
+			}
+			for _, args := range runs {
+				_, out, errOut := run(t, "", args...)
+				for _, s := range []string{kafkaPW, chPW, strings.Fields(ring)[1][:16]} {
+					if strings.Contains(out+errOut, s) {
+						t.Errorf("%s shows a secret:\n%s%s", args, out, errOut)
+					}
+				}
+			}
+			return
+		}
+		for _, c := range node.Children {
+			walk(append(slices.Clone(path), c.Name), c)
+		}
+	}
+	walk(nil, p.Model.Node)
+	if n < 20 {
+		t.Fatalf("%d commands run, want every one", n)
+	}
+}
