@@ -192,9 +192,17 @@ func TestSecretGivenAsItsFileName(t *testing.T) {
 		{"--ingest-tls-key-file", "METERLINE_INGEST_TLS_KEY_FILE", pem, "MIGHAgEA",
 			append(slices.Clone(validate), "--ingest", "--ingest-tls-cert-file", certs.ServerCertFile)},
 	} {
-		for _, how := range []string{"flag", "env"} {
+		// "flag arg": the secret as the flag's next argument. One that
+		// starts with "-" (every PEM key, a password such as "-x9…") is
+		// refused by the parser, whose error would quote it.
+		for _, how := range []string{"flag", "flag arg", "flag arg -", "env"} {
 			args := append(slices.Clone(c.cmd), c.flag+"="+c.secret)
-			if how == "env" {
+			switch how {
+			case "flag arg":
+				args = append(slices.Clone(c.cmd), c.flag, c.secret)
+			case "flag arg -":
+				args = append(slices.Clone(c.cmd), c.flag, "-"+c.secret)
+			case "env":
 				args = c.cmd
 				t.Setenv(c.env, c.secret)
 			}
