@@ -38,12 +38,12 @@ func flagsOf(t *testing.T) map[string][]*kong.Flag {
 
 // TestHTTPServersBindLoopbackByDefault: every HTTP server of the command
 // (a stage's, run's and the sink's metrics and status server, the demo's
-// page) listens on 127.0.0.1 unless told otherwise (docs/operations.md,
+// page, the HTTP ingest's API) listens on 127.0.0.1 unless told otherwise (docs/operations.md,
 // HTTP servers).
 func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 	flags := flagsOf(t)
 	n := 0
-	for _, name := range []string{"metrics-addr", "http"} {
+	for _, name := range []string{"metrics-addr", "http", "addr", "ingest-addr"} {
 		for _, f := range flags[name] {
 			n++
 			host, _, err := net.SplitHostPort(f.Default)
@@ -52,7 +52,7 @@ func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 			}
 		}
 	}
-	if n < 5 { // dedup, aggregate, sink, run, demo
+	if n < 9 { // dedup, aggregate, sink, run, demo, ingest; the ingest's API of ingest, run, demo
 		t.Fatalf("found %d HTTP address flags, want every command's", n)
 	}
 }
