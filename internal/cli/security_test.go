@@ -188,6 +188,8 @@ func TestSecretGivenAsItsFileName(t *testing.T) {
 		{"--clickhouse-password-file", "METERLINE_CLICKHOUSE_PASSWORD_FILE", "hunter3-Secret", "hunter3", validate},
 		{"--dedup-keys-file", "METERLINE_DEDUP_KEYS_FILE", ring, "5ec75ec7", validate[:4]},
 		{"--kafka-tls-key-file", "METERLINE_KAFKA_TLS_KEY_FILE", pem, "MIGHAgEA", lag},
+		{"--clickhouse-tls-key-file", "METERLINE_CLICKHOUSE_TLS_KEY_FILE", pem, "MIGHAgEA",
+			[]string{"sink", "run", "--validate", "--instance-id", "a", "--clickhouse-tls-cert-file", certs.ClientCertFile}},
 		{"--tls-key-file", "METERLINE_TLS_KEY_FILE", pem, "MIGHAgEA", []string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile}},
 		{"--ingest-tls-key-file", "METERLINE_INGEST_TLS_KEY_FILE", pem, "MIGHAgEA",
 			append(slices.Clone(validate), "--ingest", "--ingest-tls-cert-file", certs.ServerCertFile)},
