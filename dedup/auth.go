@@ -172,7 +172,9 @@ func ParseKeys(b []byte) ([]Key, error) {
 // would be a guess. Never pass a secret on a command line.
 func LoadKeys(file string) ([]Key, error) {
 	if _, inEnv := os.LookupEnv(KeysEnv); inEnv && file != "" {
-		return nil, fmt.Errorf("dedup: both the key file %s and %s are set; use one", file, KeysEnv)
+		// The file is not named: its name may be a ring set where the
+		// name belongs (secret.ReadFile).
+		return nil, fmt.Errorf("dedup: both a key file (--dedup-keys-file) and %s are set; use one", KeysEnv)
 	}
 	if file != "" {
 		// secret.ReadFile: a ring set where its file's name belongs is

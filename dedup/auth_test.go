@@ -62,6 +62,14 @@ func TestKeyRingGivenAsItsFileName(t *testing.T) {
 			t.Errorf("LoadKeys(the ring as its file name): %v; want an error without the secret", err)
 		}
 	}
+	// The ring in METERLINE_DEDUP_KEYS_FILE and METERLINE_DEDUP_KEYS both
+	// set: the error that refuses both shows neither.
+	t.Setenv(KeysEnv, "other "+strings.Repeat("ab", 32))
+	for _, v := range []string{string(FormatKeys(k)), "k1 " + hexSecret} {
+		if _, err := LoadKeys(v); err == nil || strings.Contains(err.Error(), hexSecret[:16]) || !strings.Contains(err.Error(), KeysEnv) {
+			t.Errorf("LoadKeys(the ring as its file name) with %s set: %v; want an error naming %[1]s without the secret", KeysEnv, err)
+		}
+	}
 }
 
 // TestKeyRingFromOnePlace: a ring named both by a file and by

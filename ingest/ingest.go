@@ -46,7 +46,6 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/internal/kafka"
-	"github.com/meterline/meterline/internal/secret"
 	"github.com/meterline/meterline/internal/tlsconfig"
 	"github.com/meterline/meterline/producer"
 )
@@ -257,16 +256,18 @@ func (c *Config) Validate() error {
 	if err := c.Kafka.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: %w", err))
 	}
-	// The key file is named by secret.ReadFile only when its name is one:
-	// a key set where its file's name belongs is never shown.
+	// The certificate and key are loaded as Run loads them (a start, and
+	// --validate, find a key that is not the certificate's). The key file
+	// is named only when its name is one (tlsconfig.LoadKeyPair): a key
+	// set where its file's name belongs is never shown.
 	switch {
 	case c.TLSCertFile != "" && c.TLSKeyFile == "":
 		bad("tls-key-file: required with tls-cert-file %q (give both, or neither)", c.TLSCertFile)
 	case c.TLSKeyFile != "" && c.TLSCertFile == "":
 		bad("tls-cert-file: required with tls-key-file (give both, or neither)")
 	case c.TLSKeyFile != "":
-		if _, err := secret.ReadFile(c.TLSKeyFile); err != nil {
-			bad("tls-key-file: %w", err)
+		if _, err := tlsconfig.LoadKeyPair(c.TLSCertFile, c.TLSKeyFile); err != nil {
+			bad("%w", err)
 		}
 	}
 	if c.MaxBodyBytes < 1024 {

@@ -22,8 +22,8 @@ import (
 type Keys struct {
 	topic string
 	log   *zap.Logger
-	// fatal, when set, names the fetch errors that end Follow; any other
-	// is logged and the read goes on. Unset (the ingest): every one.
+	// fatal names the fetch errors that end Follow; any other is logged
+	// and the read goes on.
 	fatal func(error) bool
 
 	mu      sync.RWMutex
@@ -39,8 +39,15 @@ func NewKeys(topic string, log *zap.Logger) *Keys {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Keys{topic: topic, log: log, keys: map[string]*Key{}, tenants: map[string]*Tenant{}, loaded: make(chan struct{})}
+	return &Keys{topic: topic, log: log, keys: map[string]*Key{}, tenants: map[string]*Tenant{}, loaded: make(chan struct{}),
+		fatal: refusedRead}
 }
+
+// refusedRead reports a fetch refused for want of Read on the topic. It
+// ends a read of the keys topic: a principal refused it will not read a
+// revocation either, and an ingest that went on with the keys it holds
+// would accept a revoked key for ever.
+func refusedRead(err error) bool { return errors.Is(err, kerr.TopicAuthorizationFailed) }
 
 // Loaded is closed once the set holds every record the topic had when
 // Follow started.
@@ -59,6 +66,9 @@ func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.markLoaded, k.fatal)
 	if errors.Is(err, errNoTopic) {
 		return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
+	}
+	if refusedRead(err) {
+		return fmt.Errorf("%w: the principal needs Read on the keys topic %s (docs/operations.md, ACLs)", err, k.topic)
 	}
 	return err
 }
@@ -244,7 +254,6 @@ func (a *Admin) load(ctx context.Context) (*Keys, error) {
 	k := NewKeys(a.topic, nil)
 	// A command ends at once on a refusal rather than at its deadline:
 	// a principal without Read on the topic (the operator's) never will.
-	k.fatal = func(err error) bool { return errors.Is(err, kerr.TopicAuthorizationFailed) }
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)

@@ -19,6 +19,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -205,7 +206,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 	}
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		fmt.Fprintf(stdio.Stderr, "meterline: %v\n", err)
+		fmt.Fprintf(stdio.Stderr, "meterline: %s\n", hideSecretArgs(err.Error(), parser, args))
 		if pe := (*kong.ParseError)(nil); errors.As(err, &pe) && pe.Context != nil {
 			_ = pe.Context.PrintUsage(true)
 		}
@@ -232,6 +233,40 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 1
 	}
 	return 0
+}
+
+// hideSecretArgs returns msg, a parse error, or in its place one that does
+// not quote it when msg quotes the value of a secret file's flag (tagged
+// secretfile) given on the command line. The parser refuses a value that
+// starts with "-" as a flag's next argument, and its error quotes it
+// whole: a PEM key or a password set where the name of its file belongs.
+func hideSecretArgs(msg string, k *kong.Kong, args []string) string {
+	secretFlags, flags := map[string]bool{}, map[string]bool{}
+	_ = kong.Visit(k.Model, func(n kong.Visitable, next kong.Next) error {
+		if f, ok := n.(*kong.Flag); ok {
+			flags["--"+f.Name] = true
+			secretFlags["--"+f.Name] = f.Tag.Has("secretfile")
+		}
+		return next(nil)
+	})
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		flag, v, ok := strings.Cut(a, "=")
+		if !ok && secretFlags[a] && i+1 < len(args) {
+			v = args[i+1]
+		}
+		if name, _, _ := strings.Cut(v, "="); !secretFlags[flag] || v == "" || flags[name] {
+			continue // a flag after one whose value was left out is no value
+		}
+		// A short value is looked for quoted only: unquoted, it could be
+		// any word of the message.
+		if strings.Contains(msg, strconv.Quote(v)) || (len(v) >= 8 && strings.Contains(msg, v)) {
+			return fmt.Sprintf("%s: its value (%d bytes) is not shown, as it may be a secret given where the name of its file belongs; give the file's name (as %s=FILE if it starts with \"-\")", flag, len(v), flag)
+		}
+	}
+	return msg
 }
 
 // warnReadableSecrets logs a warning for each secret file of the command

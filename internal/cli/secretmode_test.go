@@ -27,7 +27,18 @@ func TestWarnsOfSecretFilesOthersCanRead(t *testing.T) {
 		}
 		return p
 	}
-	const kafkaPW, chPW, keyPEM = "kafka-Secret-1", "ch-Secret-2", "-----BEGIN PRIVATE KEY-----\nKEYMATERIAL\n-----END PRIVATE KEY-----\n"
+	const kafkaPW, chPW = "kafka-Secret-1", "ch-Secret-2"
+	// The ingest's certificate and key load (--validate loads them).
+	certs := testenv.NewCerts(t)
+	keyPEM, err := os.ReadFile(certs.ServerKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, err := os.ReadFile(certs.ServerCertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyMaterial := strings.Split(string(keyPEM), "\n")[1]
 	ring, err := os.ReadFile(testenv.DedupKeysFile(t))
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +46,8 @@ func TestWarnsOfSecretFilesOthersCanRead(t *testing.T) {
 	kafkaPWFile := chmod(file("kafka.pw", kafkaPW+"\n"), 0o644)
 	chPWFile := chmod(file("ch.pw", chPW+"\n"), 0o600)
 	keys := chmod(file("dedup.keys", string(ring)), 0o604)
-	key := chmod(file("ingest-key.pem", keyPEM), 0o640)
-	cert := chmod(file("ingest.pem", "-----BEGIN CERTIFICATE-----\nCERT\n-----END CERTIFICATE-----\n"), 0o644)
+	key := chmod(file("ingest-key.pem", string(keyPEM)), 0o640)
+	cert := chmod(file("ingest.pem", string(certPEM)), 0o644)
 	t.Setenv("METERLINE_KAFKA_SASL_PASSWORD_FILE", kafkaPWFile)
 	args := []string{"run", "--validate", "--instance-id", "a", "--ingest",
 		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "u",
@@ -74,7 +85,7 @@ func TestWarnsOfSecretFilesOthersCanRead(t *testing.T) {
 			t.Errorf("warning %+v, want %+v and a message that says how to fix it", g, w)
 		}
 	}
-	for _, s := range []string{kafkaPW, chPW, "KEYMATERIAL", strings.Fields(string(ring))[1]} {
+	for _, s := range []string{kafkaPW, chPW, keyMaterial, strings.Fields(string(ring))[1]} {
 		if strings.Contains(out+errOut, s) {
 			t.Errorf("the output shows a secret's content %q:\n%s", s, errOut)
 		}

@@ -53,8 +53,8 @@ type ClickHouseFlags struct {
 
 // kafka returns the Kafka connection the flags describe, its password
 // read from --kafka-sasl-password-file or METERLINE_KAFKA_SASL_PASSWORD
-// (once: later calls return the same). Errors are configuration errors
-// (exit status 2).
+// (once: later calls return the same), its TLS files read and checked.
+// Errors are configuration errors (exit status 2).
 func (g *Globals) kafka() (kafka.Config, error) {
 	if g.kafkaConn != nil {
 		return *g.kafkaConn, nil
@@ -70,6 +70,12 @@ func (g *Globals) kafka() (kafka.Config, error) {
 	}
 	if err := c.Validate(); err != nil {
 		return kafka.Config{}, &ExitError{Code: 2, Err: err}
+	}
+	// The TLS files are read here, as every connection will read them:
+	// --validate then finds a missing CA file or a key that is not its
+	// certificate's.
+	if _, err := c.TLS.Load(); err != nil {
+		return kafka.Config{}, &ExitError{Code: 2, Err: fmt.Errorf("kafka: %w", err)}
 	}
 	g.kafkaConn = &c
 	return c, nil
@@ -94,8 +100,9 @@ func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
 
 // clickHouse returns the ClickHouse server the flags describe, its
 // password read from --clickhouse-password-file or
-// METERLINE_CLICKHOUSE_PASSWORD (once: later calls return the same).
-// Errors are configuration errors (exit status 2).
+// METERLINE_CLICKHOUSE_PASSWORD (once: later calls return the same), its
+// TLS files read and checked. Errors are configuration errors (exit
+// status 2).
 func (g *Globals) clickHouse() (sink.Server, error) {
 	if g.chServer != nil {
 		return *g.chServer, nil
@@ -107,6 +114,9 @@ func (g *Globals) clickHouse() (sink.Server, error) {
 	s := sink.Server{Addr: g.ClickHouse, User: g.ClickHouseAuth.User, Password: pw, TLS: g.ClickHouseAuth.TLS.files()}
 	if err := s.Validate(); err != nil {
 		return sink.Server{}, &ExitError{Code: 2, Err: err}
+	}
+	if _, err := s.TLS.Load(); err != nil { // as for Kafka
+		return sink.Server{}, &ExitError{Code: 2, Err: fmt.Errorf("clickhouse: %w", err)}
 	}
 	g.chServer = &s
 	return s, nil

@@ -3,6 +3,7 @@ package cli
 import (
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -37,12 +38,12 @@ func flagsOf(t *testing.T) map[string][]*kong.Flag {
 
 // TestHTTPServersBindLoopbackByDefault: every HTTP server of the command
 // (a stage's, run's and the sink's metrics and status server, the demo's
-// page) listens on 127.0.0.1 unless told otherwise (docs/operations.md,
+// page, the HTTP ingest's API) listens on 127.0.0.1 unless told otherwise (docs/operations.md,
 // HTTP servers).
 func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 	flags := flagsOf(t)
 	n := 0
-	for _, name := range []string{"metrics-addr", "http"} {
+	for _, name := range []string{"metrics-addr", "http", "addr", "ingest-addr"} {
 		for _, f := range flags[name] {
 			n++
 			host, _, err := net.SplitHostPort(f.Default)
@@ -51,7 +52,7 @@ func TestHTTPServersBindLoopbackByDefault(t *testing.T) {
 			}
 		}
 	}
-	if n < 5 { // dedup, aggregate, sink, run, demo
+	if n < 9 { // dedup, aggregate, sink, run, demo, ingest; the ingest's API of ingest, run, demo
 		t.Fatalf("found %d HTTP address flags, want every command's", n)
 	}
 }
@@ -187,13 +188,23 @@ func TestSecretGivenAsItsFileName(t *testing.T) {
 		{"--clickhouse-password-file", "METERLINE_CLICKHOUSE_PASSWORD_FILE", "hunter3-Secret", "hunter3", validate},
 		{"--dedup-keys-file", "METERLINE_DEDUP_KEYS_FILE", ring, "5ec75ec7", validate[:4]},
 		{"--kafka-tls-key-file", "METERLINE_KAFKA_TLS_KEY_FILE", pem, "MIGHAgEA", lag},
+		{"--clickhouse-tls-key-file", "METERLINE_CLICKHOUSE_TLS_KEY_FILE", pem, "MIGHAgEA",
+			[]string{"sink", "run", "--validate", "--instance-id", "a", "--clickhouse-tls-cert-file", certs.ClientCertFile}},
 		{"--tls-key-file", "METERLINE_TLS_KEY_FILE", pem, "MIGHAgEA", []string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile}},
 		{"--ingest-tls-key-file", "METERLINE_INGEST_TLS_KEY_FILE", pem, "MIGHAgEA",
 			append(slices.Clone(validate), "--ingest", "--ingest-tls-cert-file", certs.ServerCertFile)},
 	} {
-		for _, how := range []string{"flag", "env"} {
+		// "flag arg": the secret as the flag's next argument. One that
+		// starts with "-" (every PEM key, a password such as "-x9…") is
+		// refused by the parser, whose error would quote it.
+		for _, how := range []string{"flag", "flag arg", "flag arg -", "env"} {
 			args := append(slices.Clone(c.cmd), c.flag+"="+c.secret)
-			if how == "env" {
+			switch how {
+			case "flag arg":
+				args = append(slices.Clone(c.cmd), c.flag, c.secret)
+			case "flag arg -":
+				args = append(slices.Clone(c.cmd), c.flag, "-"+c.secret)
+			case "env":
 				args = c.cmd
 				t.Setenv(c.env, c.secret)
 			}
@@ -203,5 +214,97 @@ func TestSecretGivenAsItsFileName(t *testing.T) {
 				t.Errorf("%s by %s: exit %d, want an error that does not show the secret:\n%s%s", c.flag, how, code, out, errOut)
 			}
 		}
+	}
+}
+
+// TestValidateReadsTLSFiles: --validate reads the TLS files of the Kafka
+// and ClickHouse connections, as a start does: a CA file that is missing
+// or holds no certificate, or a client key that is not the certificate's,
+// is a configuration error (exit 2) naming the connection, not
+// "configuration ok" followed by a failed start.
+func TestValidateReadsTLSFiles(t *testing.T) {
+	certs := testenv.NewCerts(t)
+	file := tempFiles(t)
+	notPEM := file("ca.txt", "not a certificate\n")
+	keys := testenv.DedupKeysFile(t)
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dedup", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--kafka-tls-ca-file", missing}, "kafka: tls: CA file"},
+		{[]string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--kafka-tls-ca-file", notPEM}, "holds no PEM certificate"},
+		{[]string{"aggregate", "--validate", "--instance-id", "a", "--kafka-tls-cert-file", certs.ClientCertFile, "--kafka-tls-key-file", missing}, "kafka: tls: key file"},
+		{[]string{"sink", "--validate", "--instance-id", "a", "--clickhouse-tls-ca-file", missing}, "clickhouse: tls: CA file"},
+		{[]string{"sink", "--validate", "--instance-id", "a", "--clickhouse-tls-cert-file", certs.ClientCertFile, "--clickhouse-tls-key-file", certs.CAFile}, "clickhouse: tls: certificate"},
+		// The HTTP ingest's own certificate and key.
+		{[]string{"ingest", "--validate", "--tls-cert-file", missing, "--tls-key-file", certs.ServerKeyFile}, "--tls-cert-file: stat"},
+		{[]string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile, "--tls-key-file", certs.ClientKeyFile}, "ingest: tls: certificate"},
+		{[]string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--ingest",
+			"--ingest-tls-cert-file", notPEM, "--ingest-tls-key-file", certs.ServerKeyFile}, "ingest: tls: certificate"},
+	} {
+		code, out, errOut := run(t, "", c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Contains(out, "configuration ok") {
+			t.Errorf("%s: exit %d, want 2 and an error with %q:\n%s%s", c.args, code, c.want, out, errOut)
+		}
+	}
+	// Files that load pass.
+	ok := []string{"sink", "--validate", "--instance-id", "a", "--kafka-tls-ca-file", certs.CAFile,
+		"--clickhouse-tls-ca-file", certs.CAFile, "--clickhouse-tls-cert-file", certs.ClientCertFile, "--clickhouse-tls-key-file", certs.ClientKeyFile}
+	ingest := []string{"ingest", "--validate", "--tls-cert-file", certs.ServerCertFile, "--tls-key-file", certs.ServerKeyFile}
+	for _, args := range [][]string{ok, ingest} {
+		if code, out, errOut := run(t, "", args...); code != 0 {
+			t.Errorf("%s: exit %d, want 0:\n%s%s", args, code, out, errOut)
+		}
+	}
+}
+
+// TestSecretsNeverShownByCommands runs `--help` and, where a command has
+// it, `--validate` of every command at debug log level with every secret
+// set (the SASL and ClickHouse passwords and dedup's ring in the
+// environment, SASL on in --config), and finds none of them in the output:
+// no default, help text, validation message or log line shows one
+// (docs/operations.md, Secrets).
+func TestSecretsNeverShownByCommands(t *testing.T) {
+	const kafkaPW, chPW = "kafka-pw-Never-Shown-1", "ch-pw-Never-Shown-2"
+	ring := "k1 " + strings.Repeat("5ec7e7", 11) // 33 bytes
+	t.Setenv(EnvKafkaSASLPassword, kafkaPW)
+	t.Setenv(EnvClickHousePassword, chPW)
+	t.Setenv("METERLINE_DEDUP_KEYS", ring)
+	file := tempFiles(t)
+	config := file("meterline.yaml", "kafka_sasl_mechanism: SCRAM-SHA-512\nkafka_sasl_user: u\nlog_level: debug\ninstance_id: node-1\n")
+	var cli CLI
+	p, err := Parser(&cli, IO{}, func(int) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var walk func(path []string, node *kong.Node)
+	walk = func(path []string, node *kong.Node) {
+		if len(node.Children) == 0 {
+			n++
+			runs := [][]string{append(slices.Clone(path), "--help")}
+			for _, f := range node.Flags {
+				if f.Name == "validate" {
+					runs = append(runs, append(slices.Clone(path), "--validate", "--config", config))
+				}
+			}
+			for _, args := range runs {
+				_, out, errOut := run(t, "", args...)
+				for _, s := range []string{kafkaPW, chPW, strings.Fields(ring)[1][:16]} {
+					if strings.Contains(out+errOut, s) {
+						t.Errorf("%s shows a secret:\n%s%s", args, out, errOut)
+					}
+				}
+			}
+			return
+		}
+		for _, c := range node.Children {
+			walk(append(slices.Clone(path), c.Name), c)
+		}
+	}
+	walk(nil, p.Model.Node)
+	if n < 20 {
+		t.Fatalf("%d commands run, want every one", n)
 	}
 }
