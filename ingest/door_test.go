@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -80,3 +81,58 @@ func TestTooOldRefused(t *testing.T) {
 	}
 }
 
+// A member named twice in a CloudEvent's data, at any depth, is refused
+// naming its path, as /v1/events refuses one in an event or its
+// properties: read last-wins, the quantity billed would be whichever
+// copy came last. Names are compared with their escapes decoded. The
+// batch's fast path and the slow path of one event answer alike.
+func TestDataDuplicateMembers(t *testing.T) {
+	e := newEnv(t, nil)
+	ce := func(id, data string) string {
+		return fmt.Sprintf(`{"specversion":"1.0","id":%q,"source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":%s}`, id, data)
+	}
+	ok := `{"tokens":{"input":3},"user":"u","model":"m"}`
+	for _, c := range []struct{ name, data, field string }{
+		{"value", `{"tokens":{"input":1,"input":5},"user":"u"}`, "data.tokens.input"},
+		{"object", `{"tokens":{"input":1},"user":"u","tokens":{"input":5}}`, "data.tokens"},
+		{"escaped", `{"tokens":{"input":1},"user":"u","\u0075ser":"v"}`, "data.user"},
+		{"in an array", `{"tokens":{"input":1},"user":"u","items":[{"a":1},{"b":[{"c":1,"c":2}]}]}`, "data.items[1].b[0].c"},
+		{"unread member", `{"tokens":{"input":1},"user":"u","x":{"y":{"z":1,"z":1}}}`, "data.x.y.z"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"` +
+				c.field + `","code":"invalid","reason":"appears twice"}]}`
+			status, got := e.compactProblem("/api/v1/events", "application/cloudevents-batch+json", "["+ce("a", ok)+","+ce("b", c.data)+"]")
+			if status != 400 || got != want {
+				t.Errorf("batch: got %d %s\nwant 400 %s", status, got, want)
+			}
+			// One event per request, and the slow path of a batch (an
+			// upper-case extension name sends it to encoding/json).
+			one := strings.Replace(want, "1 of 2", "1 of 1", 1)
+			one = strings.Replace(one, `"index":1`, `"index":0`, 1)
+			status, got = e.compactProblem("/api/v1/events", "application/cloudevents+json", ce("b", c.data))
+			if status != 400 || got != one {
+				t.Errorf("one event: got %d %s\nwant 400 %s", status, got, one)
+			}
+			slow := strings.Replace(ce("b", c.data), `"id"`, `"Ext":1,"id"`, 1)
+			status, got = e.compactProblem("/api/v1/events", "application/cloudevents-batch+json", "["+ce("a", ok)+","+slow+"]")
+			if status != 400 || got != want {
+				t.Errorf("slow batch: got %d %s\nwant 400 %s", status, got, want)
+			}
+		})
+	}
+	// In data_base64 alike.
+	b64 := strings.Replace(ce("b", "null"), `"data":null`, `"data_base64":"`+base64.StdEncoding.EncodeToString([]byte(`{"tokens":{"input":1,"input":2},"user":"u"}`))+`"`, 1)
+	status, got := e.compactProblem("/api/v1/events", "application/cloudevents+json", b64)
+	if want := `"field":"data.tokens.input","code":"invalid","reason":"appears twice"`; status != 400 || !strings.Contains(got, want) {
+		t.Errorf("data_base64: got %d %s, want 400 with %s", status, got, want)
+	}
+	// The same names in different objects are no duplicates.
+	if status, got := e.compactProblem("/api/v1/events", "application/cloudevents+json",
+		ce("c", `{"tokens":{"input":1,"user":"x"},"user":"u","l":[{"user":1},{"user":2}]}`)); status != 204 {
+		t.Errorf("distinct objects: got %d %s", status, got)
+	}
+	if n := len(e.records()); n != 3 {
+		t.Errorf("%d records, want 3", n)
+	}
+}
