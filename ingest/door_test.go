@@ -136,3 +136,39 @@ func TestDataDuplicateMembers(t *testing.T) {
 		t.Errorf("%d records, want 3", n)
 	}
 }
+
+// Identifiers holding DEL, C1 controls, bidirectional controls or
+// invisible characters are refused on both endpoints, as the producer
+// and dedup refuse them (schemas.CheckText): "acme-\u202e1x" shows as
+// "acme-x1" in a table, another customer's look.
+func TestIdentityInvisibleCharacters(t *testing.T) {
+	e := newEnv(t, nil)
+	ce := func(id, source, subject string) string {
+		return fmt.Sprintf(`{"specversion":"1.0","id":"%s","source":"%s","type":"prompt","subject":"%s","time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":3},"user":"u"}}`, id, source, subject)
+	}
+	ml := func(id, customer, meter string) string {
+		return fmt.Sprintf(`{"event_id":"%s","customer_id":"%s","meter":"%s","quantity":1,"event_time":"2026-11-29T12:00:00Z"}`, id, customer, meter)
+	}
+	// The characters are written out, or escaped (a JSON string's text).
+	for _, c := range []struct{ name, path, ct, body, field, why string }{
+		{"subject RLO", "/api/v1/events", "application/cloudevents+json", ce("a", "s", "acme-\u202e1x"), "subject", "bidirectional control U+202E at offset 5"},
+		{"subject DEL", "/api/v1/events", "application/cloudevents+json", ce("a", "s", `acme-1\u007f`), "subject", "control character U+007F at offset 6"},
+		{"subject NEL", "/api/v1/events", "application/cloudevents-batch+json", "[" + ce("a", "s", "acme-\u00851") + "]", "subject", "control character U+0085 at offset 5"},
+		{"id", "/api/v1/events", "application/cloudevents-batch+json", "[" + ce(`a\u200f`, "s", "acme-1") + "]", "id", "bidirectional control U+200F at offset 1"},
+		{"source", "/api/v1/events", "application/cloudevents+json", ce("a", "s\u2066", "acme-1"), "source", "bidirectional control U+2066 at offset 1"},
+		{"customer_id", "/v1/events", "application/json", ml("a", "acme-\u202d1", "api_calls"), "customer_id", "bidirectional control U+202D at offset 5"},
+		{"meter", "/v1/events", "application/x-ndjson", ml("a", "acme-1", `api_calls\u009f`), "meter", "control character U+009F at offset 9"},
+		{"event_id", "/v1/events", "application/x-ndjson", ml("a\u200b", "acme-1", "api_calls"), "event_id", "invisible character U+200B at offset 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"` +
+				c.field + `","code":"invalid","reason":"holds the ` + c.why + ` (not allowed in identity fields and source)"}]}`
+			if status, got := e.compactProblem(c.path, c.ct, c.body); status != 400 || got != want {
+				t.Errorf("got %d %s\nwant 400 %s", status, got, want)
+			}
+		})
+	}
+	if n := len(e.records()); n != 0 {
+		t.Errorf("%d records sent", n)
+	}
+}
