@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -167,6 +169,37 @@ func TestIdentityInvisibleCharacters(t *testing.T) {
 				t.Errorf("got %d %s\nwant 400 %s", status, got, want)
 			}
 		})
+	}
+	if n := len(e.records()); n != 0 {
+		t.Errorf("%d records sent", n)
+	}
+}
+
+// A POST to a path that is not clean (a double slash, a . or ..
+// segment) is answered 404 naming the endpoints, never redirected: a
+// client that follows a 301 sends its retry as a GET, without the body.
+func TestUncleanPathNotRedirected(t *testing.T) {
+	e := newEnv(t, nil)
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	body := []byte(`{"specversion":"1.0","id":"a","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":3},"user":"u"}}`)
+	for _, p := range []string{"//api/v1/events", "/api//v1/events", "/api/v1/./events", "/api/v1/x/../events", "//v1/events", "/v1/events/."} {
+		for _, method := range []string{http.MethodPost, http.MethodGet} {
+			req, err := http.NewRequest(method, e.srv.URL()+p, bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/cloudevents+json")
+			req.Header.Set("Authorization", "Bearer "+e.token)
+			resp, err := noFollow.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Location") != "" || problem(t, b).Type != "urn:meterline:problem:not-found" {
+				t.Errorf("%s %s: %d (Location %q) %s; want 404 not-found", method, p, resp.StatusCode, resp.Header.Get("Location"), b)
+			}
+		}
 	}
 	if n := len(e.records()); n != 0 {
 		t.Errorf("%d records sent", n)

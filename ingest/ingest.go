@@ -33,6 +33,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -560,7 +561,33 @@ func (s *Server) Handler() http.Handler {
 		}
 		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
 	})
-	return mux
+	// ServeMux redirects a path that is not clean ("//api/v1/events",
+	// "/api/v1/./events") to its clean form: a client that follows the
+	// redirect as a GET loses the body, and one that does not is left
+	// with an answer that is neither a success nor a problem. Such a
+	// path is answered 404 instead, naming it.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; p != "" && p != cleanPath(p) {
+			unread(w)
+			writeProblem(w, http.StatusNotFound, "not-found", "Not found",
+				fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p)), nil, 0)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// cleanPath is p as ServeMux cleans it before it routes: path.Clean,
+// keeping a trailing slash.
+func cleanPath(p string) string {
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // endpoint kinds.
