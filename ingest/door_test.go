@@ -205,3 +205,48 @@ func TestUncleanPathNotRedirected(t *testing.T) {
 		t.Errorf("%d records sent", n)
 	}
 }
+
+// A request with two Content-Type lines, or two Authorization lines, is
+// refused (415, 401) before its body is read, not read by the first line
+// only: a proxy or gateway in front may act on the last one (RFC 9110
+// makes each a singleton field).
+func TestRepeatedHeadersRefused(t *testing.T) {
+	e := newEnv(t, nil)
+	body := `{"specversion":"1.0","id":"a","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":3},"user":"u"}}`
+	_, other, err := e.admin.CreateKey(t.Context(), KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKeys(t, e.srv, 2)
+	for _, c := range []struct {
+		name   string
+		header http.Header
+		status int
+		typ    string
+	}{
+		{"two content types", http.Header{"Content-Type": {"application/cloudevents+json", "application/cloudevents-batch+json"}, "Authorization": {"Bearer " + e.token}},
+			http.StatusUnsupportedMediaType, "unsupported-media-type"},
+		{"two keys", http.Header{"Content-Type": {"application/cloudevents+json"}, "Authorization": {"Bearer " + e.token, "Bearer " + other}},
+			http.StatusUnauthorized, "unauthorized"},
+		{"a key twice", http.Header{"Content-Type": {"application/cloudevents+json"}, "Authorization": {"Bearer " + e.token, "Bearer " + e.token}},
+			http.StatusUnauthorized, "unauthorized"},
+	} {
+		req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/api/v1/events", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header = c.header
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || problem(t, b).Type != "urn:meterline:problem:"+c.typ {
+			t.Errorf("%s: %d %s; want %d %s", c.name, resp.StatusCode, b, c.status, c.typ)
+		}
+	}
+	if n := len(e.records()); n != 0 {
+		t.Errorf("%d records sent", n)
+	}
+}
