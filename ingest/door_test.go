@@ -14,7 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/schemas"
 )
 
 // compactProblem posts body and returns the status and the answer,
@@ -248,5 +250,43 @@ func TestRepeatedHeadersRefused(t *testing.T) {
 	}
 	if n := len(e.records()); n != 0 {
 		t.Errorf("%d records sent", n)
+	}
+}
+
+// On the real broker, whose clock stamps arrival (LogAppendTime), the
+// door and dedup agree: an event inside the window is counted; one
+// between W and W + the max skew old is sent and rejected by dedup as
+// too_old (the door's margin for its clock being ahead of the broker's);
+// one older than that is refused at the door and never sent.
+func TestRealTooOldAgreesWithDedup(t *testing.T) {
+	p := newPipeline(t)
+	p.startDedup()
+	e := p.server() // MaxAge: the default, W + max skew
+	now := time.Now()
+	ml := func(id string, age time.Duration) string {
+		return fmt.Sprintf(`{"event_id":%q,"customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":%q}`, id, now.Add(-age).UTC().Format(time.RFC3339Nano))
+	}
+	w := dedup.DefaultWindow
+	if status, _, b := e.post("/v1/events", "application/x-ndjson", p.token, []byte(ml("in", w-10*time.Minute)+"\n"+ml("edge", w+30*time.Minute))); status != 202 {
+		t.Fatalf("within W + max skew: %d %s", status, b)
+	}
+	status, _, b := e.post("/v1/events", "application/x-ndjson", p.token, []byte(ml("old", w+producer.DefaultMaxSkew+10*time.Minute)))
+	if p := problem(t, b); status != 400 || len(p.Errors) != 1 || p.Errors[0].Code != "too_old" {
+		t.Fatalf("beyond W + max skew: %d %s", status, b)
+	}
+	ids, _, _ := p.counted()
+	if len(ids) != 1 || ids["acme-1/api_calls/in"] != 1 {
+		t.Errorf("counted %v, want only acme-1/api_calls/in", ids)
+	}
+	var rejected []string
+	for _, r := range testenv.ReadAll(t, p.brokers, p.names.RejectedTopic()) {
+		var rj schemas.Rejected
+		if err := schemas.DecodeInto(r.Value, &rj); err != nil {
+			t.Fatal(err)
+		}
+		rejected = append(rejected, rj.EventID+" "+rj.Reason)
+	}
+	if len(rejected) != 1 || rejected[0] != "edge too_old" {
+		t.Errorf("rejected %v, want [edge too_old]", rejected)
 	}
 }
