@@ -80,8 +80,8 @@ func TestValidateText(t *testing.T) {
 	for _, edit := range []func(*UsageEvent){
 		func(e *UsageEvent) { e.CustomerID = "acme\uFFFD" },
 		func(e *UsageEvent) { e.CustomerID = "Zürich 😀 عربى 中文" },
-		func(e *UsageEvent) { e.CustomerID = "👩\u200d💻" }, // a zero-width joiner makes one emoji of two
-		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" }, // past C1, between the format characters
+		func(e *UsageEvent) { e.CustomerID = "👩\u200d💻" },                                // a zero-width joiner makes one emoji of two
+		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" },                // past C1, between the format characters
 		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00\x7f\u202e" }, // controls are fine in properties
 	} {
 		e := good()
