@@ -140,7 +140,7 @@ func TestRestartAndWipedState(t *testing.T) {
 	batch := func(arrival int64) []*kgo.Record {
 		var rs []*kgo.Record
 		for i := 0; i < 40; i++ {
-			rs = append(rs, h.event("cust", "api_calls", "r"+strings.Repeat("x", i%5)+string(rune('a'+i)), 1, arr-hour, arrival))
+			rs = append(rs, h.event("cust", "api_calls", "r"+strings.Repeat("x", i%5)+string(rune('A'+i)), 1, arr-hour, arrival))
 		}
 		return rs
 	}

@@ -13,8 +13,9 @@ import (
 
 // TestInvalidText: Avro strings can carry any bytes, so dedup checks the
 // text of every event from any client (docs/design.md, Event identity and
-// keys): invalid UTF-8 anywhere, and C0 control characters in customer_id,
-// meter, event_id and source, are rejected as invalid with the field named
+// keys): invalid UTF-8 anywhere, and control characters (C0, DEL, C1),
+// bidirectional controls and invisible characters in customer_id, meter,
+// event_id and source, are rejected as invalid with the field named
 // in the detail, and never merge with another identity.
 func TestInvalidText(t *testing.T) {
 	h := newHarness(t, nil, 4)
@@ -36,6 +37,11 @@ func TestInvalidText(t *testing.T) {
 		"newline\n": "event_id",
 		"src":       "source",
 		"prop":      "properties.model",
+		"del":       "customer_id",
+		"nel":       "customer_id",
+		"rlo":       "customer_id",
+		"lri":       "source",
+		"rlm":       "meter",
 	}
 	h.produce(
 		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "ok"}),
@@ -47,6 +53,11 @@ func TestInvalidText(t *testing.T) {
 		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "newline\n"}),
 		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "src", Source: "gw\x1b"}),
 		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "prop", Properties: []schemas.Property{{Name: "model", Value: "m\xc3"}}}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\x7f", EventID: "del"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\u0085", EventID: "nel"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme\u202e1-", EventID: "rlo"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme", EventID: "lri", Source: "gw\u2066"}),
+		rec(&schemas.UsageEvent{CustomerID: "acme", Meter: "api_calls\u200f", EventID: "rlm"}),
 	)
 	h.start(h.config("a", vfs.NewMem()))
 	h.caughtUp()

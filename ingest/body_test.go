@@ -116,7 +116,7 @@ func TestManyPropertiesCostLittle(t *testing.T) {
 // a cost of a few times its size in memory (they took 35 to 65 times it,
 // for a request accepted and costing a key one event).
 func TestLargeDataCostsLittle(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, func(c *Config) { c.RefusalRate = -1 })
 	h := e.srv.Handler()
 	event := func(i int, rest string) string {
 		return fmt.Sprintf(`{"specversion":"1.0","id":"big-%d","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z",`+
@@ -127,10 +127,10 @@ func TestLargeDataCostsLittle(t *testing.T) {
 		// An array of small values, and a value nested deeper than
 		// maxScanDepth after it.
 		`"x":[` + small + `],"deep":` + strings.Repeat("[", 2000) + strings.Repeat("]", 2000),
-		// Many members (a duplicate of a name read: the last one wins).
-		strings.TrimSuffix(strings.Repeat(`"":0,`, 190_000), ",") + `,"model":"m2"`,
+		// Many members.
+		members(90_000, `"k%d":0`),
 		// Many escaped member names.
-		strings.TrimSuffix(strings.Repeat(`"\u0061":0,`, 90_000), ","),
+		members(55_000, `"\u0061%d":0`),
 	} {
 		body := event(i, rest)
 		w, alloc := serveMeasured(h, e.token, "/api/v1/events", "application/cloudevents+json", body)
@@ -154,9 +154,33 @@ func TestLargeDataCostsLittle(t *testing.T) {
 			}
 		}
 	}
-	if want := map[string]int{"m1": 2 * measureReps, "m2": measureReps}; !maps.Equal(models, want) {
+	if want := map[string]int{"m1": 3 * measureReps}; !maps.Equal(models, want) {
 		t.Errorf("models %v, want %v", models, want)
 	}
+	// A name repeated after many members, escaped or not, is found at a
+	// cost of a few times the data's size too (duplicateMember).
+	for i, rest := range []string{members(90_000, `"k%d":0`) + `,"model":"m2"`, members(55_000, `"\u0061%d":0`) + `,"a7":1`} {
+		body := event(i, rest)
+		w, alloc := serveMeasured(h, e.token, "/api/v1/events", "application/cloudevents+json", body)
+		if p := problem(t, w.Body.Bytes()); w.Code != http.StatusBadRequest || len(p.Errors) != 1 || p.Errors[0].Reason != "appears twice" {
+			t.Errorf("repeated name %d: %d %.300s", i, w.Code, w.Body)
+		}
+		if most := uint64(4*len(body)) + 4<<20; alloc > most {
+			t.Errorf("repeated name %d: a body of %d bytes took %d MB to refuse, more than %d MB", i, len(body), alloc>>20, most>>20)
+		}
+	}
+}
+
+// members is n members of an object, the kth written by format with k.
+func members(n int, format string) string {
+	var b strings.Builder
+	for k := range n {
+		if k > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, format, k)
+	}
+	return b.String()
 }
 
 // measureReps is how many times serveMeasured serves a request.

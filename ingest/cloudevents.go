@@ -348,6 +348,11 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		}
 		ev.Data = d
 	}
+	if ev.Data != "" {
+		if fe := duplicateMember(ev.Data); fe != nil {
+			return CloudEvent{}, fe
+		}
+	}
 	return ev, nil
 }
 

@@ -102,6 +102,14 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", "the API keys are not loaded yet", nil, time.Second)
 		return ""
 	}
+	// One key: a request of two Authorization lines is not read by one
+	// of them, which a proxy in front may not have taken (RFC 9110 makes
+	// it a singleton field).
+	if len(r.Header.Values("Authorization")) > 1 {
+		unread(w)
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "more than one Authorization header: send one key", nil, 0)
+		return ""
+	}
 	token := bearer(r)
 	if token == "" {
 		unread(w)
@@ -279,6 +287,14 @@ type bodyShape struct{ ndjson, wantArray, wantObject bool }
 func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShape, int) {
 	mt, isUTF8 := mediaType(r)
 	var b bodyShape
+	// A singleton field (RFC 9110): of two lines, a proxy in front may
+	// have read the body by the other.
+	if len(r.Header.Values("Content-Type")) > 1 {
+		unread(w)
+		writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
+			"more than one Content-Type header: send one", nil, 0)
+		return b, http.StatusUnsupportedMediaType
+	}
 	switch kind {
 	case endpointOpenMeter:
 		switch mt {

@@ -60,7 +60,7 @@ func FuzzHandler(f *testing.F) {
 	// second than it allows, and would be answered 429.
 	e := newEnv(f, func(c *Config) { c.RefusalRate = -1 })
 	h := e.srv.Handler()
-	codes := []string{schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonInFuture, schemas.ReasonUnknownMeter,
+	codes := []string{schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonInFuture, schemas.ReasonTooOld, schemas.ReasonUnknownMeter,
 		CodeUnknownEventType, CodeOutOfScope}
 	serve := func(t *testing.T, kind uint8, body []byte) (int, Problem) {
 		ep := fuzzEndpoints[int(kind)%len(fuzzEndpoints)]

@@ -33,6 +33,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -45,6 +46,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/tlsconfig"
 	"github.com/meterline/meterline/producer"
@@ -95,6 +97,11 @@ const (
 	DefaultRefusalRate = 1000
 )
 
+// DefaultMaxAge is Config.MaxAge for dedup's window and the ingest's
+// max skew: the window plus the skew, the margin for the ingest's clock
+// being ahead of the broker's (Config.MaxAge).
+func DefaultMaxAge(window, maxSkew time.Duration) time.Duration { return window + maxSkew }
+
 // Config configures a Server.
 type Config struct {
 	// Addr is the listen address. Default: 127.0.0.1:8888 (loopback only;
@@ -128,6 +135,16 @@ type Config struct {
 	RequireTime bool
 	// MaxSkew is how far after now an event time may be. Default: 1h.
 	MaxSkew time.Duration
+	// MaxAge is how far before now an event time may be (too_old beyond).
+	// Default: dedup's default window W plus MaxSkew (DefaultMaxAge);
+	// negative: no bound. Dedup rejects an event W or more before its
+	// arrival, judged by the broker's clock (docs/design.md, Time); the
+	// ingest judges by its own, which the broker's may be behind. MaxSkew,
+	// the most an event time may be ahead of the broker's clock, is the
+	// margin: an event is refused only when it is more than W + MaxSkew
+	// before the ingest's clock, so that no event dedup would accept is
+	// refused while the two clocks are within MaxSkew of each other.
+	MaxAge time.Duration
 
 	// MaxBodyBytes bounds a request body (413). Default: 1 MiB.
 	MaxBodyBytes int64
@@ -207,6 +224,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxSkew == 0 {
 		c.MaxSkew = producer.DefaultMaxSkew
+	}
+	if c.MaxAge == 0 {
+		c.MaxAge = DefaultMaxAge(dedup.DefaultWindow, c.MaxSkew)
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
@@ -319,6 +339,7 @@ func (c *Config) ProducerOptions() ([]producer.Option, error) {
 		producer.WithTopic(c.Topic),
 		producer.WithLinger(c.Linger),
 		producer.WithMaxSkew(c.MaxSkew),
+		producer.WithMaxAge(c.MaxAge), // negative: no bound
 		producer.WithClock(c.Clock),
 		producer.WithLogger(c.Logger),
 		producer.WithClientOptions(append([]kgo.Opt{kgo.RecordDeliveryTimeout(c.ProduceTimeout)}, opts...)...),
@@ -541,7 +562,33 @@ func (s *Server) Handler() http.Handler {
 		}
 		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
 	})
-	return mux
+	// ServeMux redirects a path that is not clean ("//api/v1/events",
+	// "/api/v1/./events") to its clean form: a client that follows the
+	// redirect as a GET loses the body, and one that does not is left
+	// with an answer that is neither a success nor a problem. Such a
+	// path is answered 404 instead, naming it.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; p != "" && p != cleanPath(p) {
+			unread(w)
+			writeProblem(w, http.StatusNotFound, "not-found", "Not found",
+				fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p)), nil, 0)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// cleanPath is p as ServeMux cleans it before it routes: path.Clean,
+// keeping a trailing slash.
+func cleanPath(p string) string {
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	np := path.Clean(p)
+	if p[len(p)-1] == '/' && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // endpoint kinds.

@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		events: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_events_total",
 			Help: "Events received over HTTP, by tenant and outcome: accepted (acknowledged by Kafka) or refused (in a request answered with an error)."}, []string{"tenant", "outcome"}),
 		byReason: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_refused_events_total",
-			Help: "Events the HTTP ingest refused that its answer names, by tenant and reason code: invalid, oversized, in_future, unknown_meter, unknown_event_type (400), out_of_scope (403), over_limit (402, the quota gate), too_many_events (413, each event of a request of more than --max-events), other (a code not listed here). An event with several errors counts once, under its first; the valid events of a refused request count only in meterline_ingest_events_total{outcome=\"refused\"}."},
+			Help: "Events the HTTP ingest refused that its answer names, by tenant and reason code: invalid, oversized, in_future, too_old, unknown_meter, unknown_event_type (400), out_of_scope (403), over_limit (402, the quota gate), too_many_events (413, each event of a request of more than --max-events), other (a code not listed here). An event with several errors counts once, under its first; the valid events of a refused request count only in meterline_ingest_events_total{outcome=\"refused\"}."},
 			[]string{"tenant", "reason"}),
 		records: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_records_total",
 			Help: "Usage records written to Kafka by the HTTP ingest, by tenant (a CloudEvent feeds one record per meter of its type)."}, []string{"tenant"}),
@@ -161,7 +161,7 @@ const (
 
 // refusedReasons are the reason labels of refused events, the last
 // reasonOther.
-var refusedReasons = [...]string{schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonInFuture,
+var refusedReasons = [...]string{schemas.ReasonInvalid, schemas.ReasonOversized, schemas.ReasonInFuture, schemas.ReasonTooOld,
 	schemas.ReasonUnknownMeter, CodeUnknownEventType, CodeOutOfScope, schemas.ReasonOverLimit, reasonTooManyEvents, reasonOther}
 
 // refusedEvents counts the events errs names (sorted by index), each once

@@ -357,7 +357,7 @@ func TestRefusedEventsByReason(t *testing.T) {
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		err = testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP meterline_ingest_refused_events_total Events the HTTP ingest refused that its answer names, by tenant and reason code: invalid, oversized, in_future, unknown_meter, unknown_event_type (400), out_of_scope (403), over_limit (402, the quota gate), too_many_events (413, each event of a request of more than --max-events), other (a code not listed here). An event with several errors counts once, under its first; the valid events of a refused request count only in meterline_ingest_events_total{outcome="refused"}.
+# HELP meterline_ingest_refused_events_total Events the HTTP ingest refused that its answer names, by tenant and reason code: invalid, oversized, in_future, too_old, unknown_meter, unknown_event_type (400), out_of_scope (403), over_limit (402, the quota gate), too_many_events (413, each event of a request of more than --max-events), other (a code not listed here). An event with several errors counts once, under its first; the valid events of a refused request count only in meterline_ingest_events_total{outcome="refused"}.
 # TYPE meterline_ingest_refused_events_total counter
 meterline_ingest_refused_events_total{reason="invalid",tenant="acme"} 2
 meterline_ingest_refused_events_total{reason="oversized",tenant="acme"} 1

@@ -577,12 +577,41 @@ func hexRune(s string) (rune, bool) {
 func unescapedIs(lit, want string) bool {
 	var buf [utf8.UTFMax]byte
 	j := 0
-	for i := 0; i < len(lit); {
-		if c := lit[i]; c != '\\' {
-			if j >= len(want) || want[j] != c {
+	ok := eachUnescaped(lit, func(plain string, r rune) bool {
+		if r >= 0 {
+			n := utf8.EncodeRune(buf[:], r)
+			if len(want)-j < n || want[j:j+n] != string(buf[:n]) {
 				return false
 			}
-			i, j = i+1, j+1
+			j += n
+			return true
+		}
+		if len(want)-j < len(plain) || want[j:j+len(plain)] != plain {
+			return false
+		}
+		j += len(plain)
+		return true
+	})
+	return ok && j == len(want)
+}
+
+// eachUnescaped calls fn with the text of a JSON string with escapes
+// (lit, without its quotes), as encoding/json decodes it (half of a
+// surrogate pair becomes U+FFFD), piece by piece, without allocating: a
+// run of bytes without escapes (r is -1), or the rune of one escape
+// (plain is ""). fn returns false to stop; ok is false when it did, or
+// when an escape is not valid.
+func eachUnescaped(lit string, fn func(plain string, r rune) bool) bool {
+	for i := 0; i < len(lit); {
+		if lit[i] != '\\' {
+			j := i + 1
+			for j < len(lit) && lit[j] != '\\' {
+				j++
+			}
+			if !fn(lit[i:j], -1) {
+				return false
+			}
+			i = j
 			continue
 		}
 		if i+1 >= len(lit) {
@@ -620,13 +649,11 @@ func unescapedIs(lit, want string) bool {
 			r = rune(c)
 		}
 		i += 2
-		n := utf8.EncodeRune(buf[:], r)
-		if len(want)-j < n || want[j:j+n] != string(buf[:n]) {
+		if !fn("", r) {
 			return false
 		}
-		j += n
 	}
-	return j == len(want)
+	return true
 }
 
 // unquote decodes a JSON string literal with escapes as encoding/json

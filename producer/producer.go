@@ -97,6 +97,7 @@ type config struct {
 	topic       string
 	source      string
 	maxSkew     time.Duration
+	maxAge      time.Duration
 	now         func() time.Time
 	logger      *zap.Logger
 	linger      time.Duration
@@ -124,6 +125,14 @@ func WithSource(source string) Option { return func(c *config) { c.source = sour
 // the dedup stage's skew S (docs/design.md, Time); a later event would be rejected
 // there as in_future, so the producer refuses it up front.
 func WithMaxSkew(d time.Duration) Option { return func(c *config) { c.maxSkew = d } }
+
+// WithMaxAge sets how far before now an event time may be: an older event
+// is refused as too_old. Default: 0, no bound. Dedup rejects an event W or
+// more before its arrival (docs/design.md, Time), and the producer's clock
+// is not the broker's: a bound that refuses only events dedup would reject
+// is W plus the most the broker's clock may be behind this one (the HTTP
+// ingest takes W + its max skew).
+func WithMaxAge(d time.Duration) Option { return func(c *config) { c.maxAge = d } }
 
 // WithClock sets the clock the skew check reads. Default: time.Now. It
 // affects only validation; the billing time of an event is its event_time
@@ -322,6 +331,10 @@ func (p *Producer) AppendRecord(buf []byte, rec *kgo.Record, ue *schemas.UsageEv
 	if limit := now.Add(p.cfg.maxSkew); eventTime.After(limit) {
 		return buf, &FieldError{Field: "event_time", Code: schemas.ReasonInFuture,
 			Reason: fmt.Sprintf("%s is more than %s after now", eventTime.UTC().Format(time.RFC3339Nano), p.cfg.maxSkew)}
+	}
+	if p.cfg.maxAge > 0 && eventTime.Before(now.Add(-p.cfg.maxAge)) {
+		return buf, &FieldError{Field: "event_time", Code: schemas.ReasonTooOld,
+			Reason: fmt.Sprintf("%s is more than %s before now: dedup would reject it as too old", eventTime.UTC().Format(time.RFC3339Nano), p.cfg.maxAge)}
 	}
 	id := ue.Identity()
 	k := id.KeySize()

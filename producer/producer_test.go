@@ -116,7 +116,8 @@ func TestValidation(t *testing.T) {
 		func(e *Event) { e.Quantity = 0 },
 		func(e *Event) { e.Properties = nil },
 		func(e *Event) { e.CustomerID = "acme\uFFFD" },                                  // a real U+FFFD is text like any other
-		func(e *Event) { e.CustomerID = "Zürich\x7f" },                                  // DEL is not a C0 control
+		func(e *Event) { e.CustomerID = "Zürich" },                                      // text beyond ASCII
+		func(e *Event) { e.CustomerID = "👩\u200d💻" },                                    // a zero-width joiner makes one emoji of two
 		func(e *Event) { e.Properties = map[string]string{"note": "line 1\nline 2\t"} }, // controls are fine in properties
 	} {
 		e := goodEvent()
@@ -433,6 +434,13 @@ func TestParseJSONText(t *testing.T) {
 		{line(`acme\t`, ""), "customer_id"},
 		{line(`c`, `,"source":"gw\n"`), "source"},
 		{`{"event_id":"e\u001f","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "event_id"},
+		// DEL, C1 and bidirectional controls too, escaped or not.
+		{line(`acme\u007f`, ""), "customer_id"},
+		{line("acme\u0085", ""), "customer_id"},
+		{line(`acme\u202e1-`, ""), "customer_id"},
+		{line("c", `,"source":"gw\u2067"`), "source"},
+		{`{"event_id":"e\u200f","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "event_id"},
+		{`{"event_id":"e","customer_id":"c","meter":"m\u009b","quantity":1,"event_time":1795003200250}`, "meter"},
 	} {
 		e, err := ParseJSON([]byte(c.line))
 		if err != nil {
@@ -440,7 +448,7 @@ func TestParseJSONText(t *testing.T) {
 		}
 		_, err = p.Record(e)
 		var fe *FieldError
-		if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(err.Error(), "control character") {
+		if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(err.Error(), "control") {
 			t.Errorf("Record(%q) = %v, want a control character error naming %q", c.line, err, c.field)
 		}
 	}

@@ -52,14 +52,19 @@ func oversized(field, format string, args ...any) *FieldError {
 
 // CheckText returns a *FieldError naming field when v is not acceptable
 // text (docs/design.md, Event identity and keys): not valid UTF-8, or, with
-// identity (customer_id, meter, event_id and source), holding a C0 control
-// character (U+0000–U+001F). The check is on the bytes themselves, so two
-// byte strings that a lenient decoder would both turn into U+FFFD can never
-// become one identity.
+// identity (customer_id, meter, event_id and source), holding a character
+// that hides or disguises what the text shows (identityRefused): a control
+// character (C0, U+0000–U+001F; DEL, U+007F; C1, U+0080–U+009F), a
+// bidirectional control (U+061C, U+200E, U+200F, U+202A–U+202E,
+// U+2066–U+2069), an invisible character (U+200B, U+2060, U+FEFF) or a
+// line or paragraph separator (U+2028, U+2029). With them, one customer's
+// ID could be shown as another's ("acme-\u202e1x" shows as "acme-x1").
+// The check is on the bytes themselves, so two byte strings that a lenient
+// decoder would both turn into U+FFFD can never become one identity.
 func CheckText(field, v string, identity bool) *FieldError {
-	// The common case, ASCII without control characters, in one pass.
+	// The common case, printable ASCII, in one pass.
 	i := 0
-	for i < len(v) && v[i] >= 0x20 && v[i] < utf8.RuneSelf {
+	for i < len(v) && v[i] >= 0x20 && v[i] < 0x7f {
 		i++
 	}
 	if i == len(v) {
@@ -70,13 +75,44 @@ func CheckText(field, v string, identity bool) *FieldError {
 		return invalid(field, "is not valid UTF-8 (byte 0x%02x at offset %d)", v[i], i)
 	}
 	if identity {
-		for i := 0; i < len(v); i++ {
-			if v[i] < 0x20 {
-				return invalid(field, "holds the control character U+%04X at offset %d (not allowed in identity fields and source)", v[i], i)
+		for i, r := range v {
+			if identityRefused(r) {
+				return invalid(field, "holds the %s U+%04X at offset %d (not allowed in identity fields and source)", charKind(r), r, i)
 			}
 		}
 	}
 	return nil
+}
+
+// identityRefused reports whether r is refused in identity fields and
+// source (CheckText).
+func identityRefused(r rune) bool {
+	switch {
+	case r < 0x20 || r >= 0x7f && r <= 0x9f:
+		return true
+	case r < 0x061c:
+		return false
+	}
+	switch r {
+	case 0x061c, 0x200b, 0x200e, 0x200f, 0x2028, 0x2029, 0x2060, 0xfeff:
+		return true
+	}
+	return r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069
+}
+
+// charKind names the kind of a character identityRefused refuses.
+func charKind(r rune) string {
+	switch {
+	case r <= 0x9f:
+		return "control character"
+	case r == 0x200b || r == 0x2060 || r == 0xfeff:
+		return "invisible character"
+	case r == 0x2028:
+		return "line separator"
+	case r == 0x2029:
+		return "paragraph separator"
+	}
+	return "bidirectional control"
 }
 
 // firstInvalidUTF8 returns the offset of the first byte of s that does not
@@ -93,9 +129,9 @@ func firstInvalidUTF8(s string) int {
 }
 
 // Validate checks the rules that do not depend on time of arrival: identity
-// fields present, bounded, valid UTF-8 without C0 control characters;
-// quantity non-negative; event_time on or after 2000-01-01; source valid
-// UTF-8 without C0 controls; properties sorted, unique, valid UTF-8 and
+// fields present, bounded, valid UTF-8 without control, bidirectional or
+// invisible characters (CheckText); quantity non-negative; event_time on
+// or after 2000-01-01; source valid UTF-8 without them either; properties sorted, unique, valid UTF-8 and
 // bounded. It returns the first *FieldError found, or nil. The window rules
 // (too_old, in_future) are dedup's and depend on the arrival time.
 func (e *UsageEvent) Validate() error {

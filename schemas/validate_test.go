@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -33,6 +34,25 @@ func TestValidateText(t *testing.T) {
 		{"unit separator", "meter", "U+001F at offset 3", func(e *UsageEvent) { e.Meter = "api\x1fcalls" }},
 		{"CR", "event_id", "U+000D at offset 5", func(e *UsageEvent) { e.EventID = "req-1\r" }},
 		{"ESC", "source", "U+001B at offset 0", func(e *UsageEvent) { e.Source = "\x1b[0m" }},
+		// DEL, C1 controls and the invisible format characters (bidi
+		// controls, zero-width ones) make one ID look like another in an
+		// analyst's table: "acme\u202e1-" shows as "acme-1".
+		{"DEL", "customer_id", "U+007F at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\x7f" }},
+		{"NEL", "customer_id", "U+0085 at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\u0085" }},
+		{"C1 first", "meter", "U+0080 at offset 3", func(e *UsageEvent) { e.Meter = "api\u0080" }},
+		{"C1 last", "event_id", "U+009F at offset 0", func(e *UsageEvent) { e.EventID = "\u009f" }},
+		{"RLO", "customer_id", "U+202E at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\u202e1-" }},
+		{"LRE", "customer_id", "U+202A at offset 0", func(e *UsageEvent) { e.CustomerID = "\u202aacme" }},
+		{"PDF", "customer_id", "U+202C at offset 1", func(e *UsageEvent) { e.CustomerID = "a\u202c" }},
+		{"LRI", "source", "U+2066 at offset 2", func(e *UsageEvent) { e.Source = "gw\u2066" }},
+		{"PDI", "meter", "U+2069 at offset 0", func(e *UsageEvent) { e.Meter = "\u2069m" }},
+		{"LRM", "event_id", "U+200E at offset 3", func(e *UsageEvent) { e.EventID = "req\u200e" }},
+		{"RLM", "customer_id", "U+200F at offset 2", func(e *UsageEvent) { e.CustomerID = "ac\u200fme" }},
+		{"ALM", "customer_id", "U+061C at offset 2", func(e *UsageEvent) { e.CustomerID = "ac\u061cme" }},
+		{"ZWSP", "customer_id", "U+200B at offset 2", func(e *UsageEvent) { e.CustomerID = "ac\u200bme" }},
+		{"word joiner", "customer_id", "U+2060 at offset 2", func(e *UsageEvent) { e.CustomerID = "ac\u2060me" }},
+		{"BOM", "customer_id", "U+FEFF at offset 0", func(e *UsageEvent) { e.CustomerID = "\ufeffacme" }},
+		{"line separator", "source", "U+2028 at offset 2", func(e *UsageEvent) { e.Source = "gw\u2028x" }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -59,8 +79,10 @@ func TestValidateText(t *testing.T) {
 	}
 	for _, edit := range []func(*UsageEvent){
 		func(e *UsageEvent) { e.CustomerID = "acme\uFFFD" },
-		func(e *UsageEvent) { e.CustomerID = "Zürich 😀\x7f" },
-		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00" }, // controls are fine in properties
+		func(e *UsageEvent) { e.CustomerID = "Zürich 😀 عربى 中文" },
+		func(e *UsageEvent) { e.CustomerID = "👩\u200d💻" },                                // a zero-width joiner makes one emoji of two
+		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" },                // past C1, between the format characters
+		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00\x7f\u202e" }, // controls are fine in properties
 	} {
 		e := good()
 		edit(e)
@@ -91,20 +113,21 @@ func TestCheckTextFastPath(t *testing.T) {
 			return fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at offset %d)", v[i], i)
 		}
 		if identity {
-			for i := 0; i < len(v); i++ {
-				if v[i] < 0x20 {
-					return fmt.Sprintf("holds the control character U+%04X at offset %d (not allowed in identity fields and source)", v[i], i)
+			for i, r := range v {
+				if unicode.Is(unicode.Cc, r) || unicode.Is(unicode.Bidi_Control, r) || strings.ContainsRune("\u200b\u2060\ufeff\u2028\u2029", r) {
+					return fmt.Sprintf("holds the %s U+%04X at offset %d (not allowed in identity fields and source)", charKind(r), r, i)
 				}
 			}
 		}
 		return ""
 	}
-	cases := []string{"", "acme", "Zürich", "a\x00", "\x1f", "a\x7f", "\x00\xff", "a\tb\xc3", "é\n", "\ufffd", strings.Repeat("x", 100) + "\x01"}
+	cases := []string{"", "acme", "Zürich", "a\x00", "\x1f", "a\x7f", "\x00\xff", "a\tb\xc3", "é\n", "\ufffd", strings.Repeat("x", 100) + "\x01",
+		"a\u0085", "\u009f\xff", "x\u202e", "\u2066", "\u200f", "\u200d", "\u00a0"}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 20000 {
 		b := make([]byte, rng.IntN(12))
 		for i := range b {
-			b[i] = []byte{'a', 0, 0x1f, 0x20, 0x7f, 0x80, 0xc3, 0xa9, 0xe2, 0xff}[rng.IntN(10)]
+			b[i] = []byte{'a', 0, 0x1f, 0x20, 0x7f, 0x80, 0xc3, 0xa9, 0xe2, 0xff, 0xc2, 0x85, 0x9f, 0x81, 0xaa, 0xd8, 0x9c}[rng.IntN(17)]
 		}
 		cases = append(cases, string(b))
 	}

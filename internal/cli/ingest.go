@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
@@ -24,25 +25,28 @@ import (
 // these flags as --${flag_prefix}name: the embedding sets the variable
 // flag_prefix to its prefix.
 type IngestFlags struct {
-	Addr                 string        `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
-	TLSCertFile          string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
-	TLSKeyFile           string        `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" secretfile:""` // not kong's existingfile: its error would quote a key set here by mistake
-	RequireTime          bool          `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
-	MaxBodyBytes         int64         `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
-	MaxEvents            int           `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
-	MaxInFlight          int           `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
-	MaxInFlightPerTenant int           `name:"max-in-flight-per-client" help:"Most requests of one tenant (all its API keys together) served at once (429 too-many-in-flight beyond); -1: no bound. A tenant is also refused 429 once it holds as many as there are free slots of --${flag_prefix}max-in-flight." default:"${ingest_max_in_flight_per_client}"`
-	RefusalRate          float64       `help:"Refusal budget of a key without a rate: events per second it may have refused (400, 403, 413, 415) on this replica; past it, 429 before bodies are read; -1: no budget." default:"${ingest_refusal_rate}"`
-	ProduceTimeout       time.Duration `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
-	ReadHeaderTimeout    time.Duration `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
-	ReadTimeout          time.Duration `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
-	IdleTimeout          time.Duration `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
-	MaxSkew              time.Duration `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
-	QuotaGate            bool          `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
-	GateMaxAge           time.Duration `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
+	Addr                 string         `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
+	TLSCertFile          string         `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
+	TLSKeyFile           string         `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" secretfile:""` // not kong's existingfile: its error would quote a key set here by mistake
+	RequireTime          bool           `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
+	MaxBodyBytes         int64          `help:"Largest request body (413 beyond)." default:"${ingest_max_body_bytes}"`
+	MaxEvents            int            `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
+	MaxInFlight          int            `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
+	MaxInFlightPerTenant int            `name:"max-in-flight-per-client" help:"Most requests of one tenant (all its API keys together) served at once (429 too-many-in-flight beyond); -1: no bound. A tenant is also refused 429 once it holds as many as there are free slots of --${flag_prefix}max-in-flight." default:"${ingest_max_in_flight_per_client}"`
+	RefusalRate          float64        `help:"Refusal budget of a key without a rate: events per second it may have refused (400, 403, 413, 415) on this replica; past it, 429 before bodies are read; -1: no budget." default:"${ingest_refusal_rate}"`
+	ProduceTimeout       time.Duration  `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
+	ReadHeaderTimeout    time.Duration  `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
+	ReadTimeout          time.Duration  `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
+	IdleTimeout          time.Duration  `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
+	MaxSkew              time.Duration  `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
+	MaxAge               *time.Duration `help:"How far before now an event time may be (400 too_old beyond); -1: no bound. Default: the dedup window W (in meterline run --dedup-window, else 35 days) plus --${flag_prefix}max-skew, the margin for this clock being ahead of the broker's, so that no event dedup would accept is refused."`
+	QuotaGate            bool           `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
+	GateMaxAge           time.Duration  `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
 }
 
-func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
+// window is dedup's window W: the default bound on an event's age is W
+// plus the max skew (ingest.Config.MaxAge).
+func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Catalog, strict bool, window time.Duration, log *zap.Logger, reg prometheus.Registerer) ingest.Config {
 	cfg := ingest.Config{
 		Addr: f.Addr, TLSCertFile: f.TLSCertFile, TLSKeyFile: f.TLSKeyFile,
 		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
@@ -51,6 +55,11 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerTenant: f.MaxInFlightPerTenant, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
 		Logger: log, Registerer: reg,
+	}
+	if f.MaxAge != nil {
+		cfg.MaxAge = *f.MaxAge
+	} else if f.MaxSkew > 0 {
+		cfg.MaxAge = ingest.DefaultMaxAge(window, f.MaxSkew)
 	}
 	cfg.EnsureDefaults()
 	return cfg
@@ -82,6 +91,7 @@ func (f *IngestFlags) refuseZeroBounds() error {
 		{"idle-timeout", f.IdleTimeout == 0, ingest.DefaultIdleTimeout.String()},
 		{"max-skew", f.MaxSkew == 0, producer.DefaultMaxSkew.String()},
 		{"gate-max-age", f.GateMaxAge == 0, ingest.DefaultGateMaxAge.String()},
+		{"max-age", f.MaxAge != nil && *f.MaxAge == 0, "the dedup window plus --max-skew; -1: no bound"},
 	} {
 		if b.zero {
 			errs = append(errs, fmt.Errorf("ingest: %s must not be 0; leave the flag out for the default (%s)", b.name, b.def))
@@ -109,7 +119,7 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 		return err
 	}
 	reg := service.NewRegistry()
-	cfg := c.config(kc, g, cat, c.StrictMeters, log, reg)
+	cfg := c.config(kc, g, cat, c.StrictMeters, dedup.DefaultWindow, log, reg)
 	if err := errors.Join(c.refuseZeroBounds(), cfg.Validate()); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}

@@ -7,13 +7,17 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/ingest"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/producer"
 )
 
 // TestKeysCommands runs tenants and keys commands on kfake: a tenant, a
@@ -217,9 +221,43 @@ func shellWords(s string) ([]string, error) {
 func TestIngestInFlightFlags(t *testing.T) {
 	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
 	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-client=-1").Ingest
-	cfg := c.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, zap.NewNop(), prometheus.NewRegistry())
+	cfg := c.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, dedup.DefaultWindow, zap.NewNop(), prometheus.NewRegistry())
 	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerTenant != -1 {
 		t.Errorf("MaxInFlight %d, MaxInFlightPerTenant %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerTenant)
+	}
+}
+
+// The bound on an event's age is, by default, dedup's window plus the max
+// skew: in meterline run, --dedup-window, so that a wider window never
+// has the ingest refuse events dedup accepts; alone, the default window.
+// -1s is no bound.
+func TestIngestMaxAgeFlag(t *testing.T) {
+	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
+	kc := kafka.Config{Brokers: g.Brokers}
+	cfg := func(f IngestFlags, window time.Duration) ingest.Config {
+		return f.config(kc, g, nil, false, window, zap.NewNop(), prometheus.NewRegistry())
+	}
+	for _, c := range []struct {
+		name string
+		got  ingest.Config
+		want time.Duration
+	}{
+		{"ingest", cfg(parseCLI(t, "ingest").Ingest.IngestFlags, dedup.DefaultWindow), dedup.DefaultWindow + producer.DefaultMaxSkew},
+		{"ingest --max-skew 2h", cfg(parseCLI(t, "ingest", "--max-skew", "2h").Ingest.IngestFlags, dedup.DefaultWindow), dedup.DefaultWindow + 2*time.Hour},
+		{"ingest --max-age 100h", cfg(parseCLI(t, "ingest", "--max-age", "100h").Ingest.IngestFlags, dedup.DefaultWindow), 100 * time.Hour},
+		{"ingest --max-age -1s", cfg(parseCLI(t, "ingest", "--max-age=-1s").Ingest.IngestFlags, dedup.DefaultWindow), -time.Second},
+	} {
+		if c.got.MaxAge != c.want {
+			t.Errorf("%s: MaxAge %s, want %s", c.name, c.got.MaxAge, c.want)
+		}
+	}
+	r := parseCLI(t, "run", "--ingest", "--dedup-window", "1440h", "--dedup-keys-file", writeDedupKeys(t, t.TempDir())).Run
+	dcfg, _, err := r.stageConfigs(g, zap.NewNop(), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg(r.IngestFlags, dcfg.Window).MaxAge; got != 1441*time.Hour {
+		t.Errorf("run --dedup-window 1440h: MaxAge %s, want 1441h", got)
 	}
 }
 
@@ -252,6 +290,8 @@ func TestIngestBoundsRefuseZero(t *testing.T) {
 		{[]string{"ingest", "--produce-timeout", "0s"}, "ingest: produce-timeout must not be 0"},
 		{[]string{"ingest", "--max-skew", "0s"}, "ingest: max-skew must not be 0"},
 		{[]string{"ingest", "--gate-max-age", "0s"}, "ingest: gate-max-age must not be 0"},
+		{[]string{"ingest", "--max-age", "0s"}, "ingest: max-age must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-age", "0s"}, "--ingest-* flags: ingest: max-age must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-read-timeout", "0s"}, "--ingest-* flags: ingest: read-timeout must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight", "0"}, "--ingest-* flags: ingest: max-in-flight must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight-per-client", "0"}, "--ingest-* flags: ingest: max-in-flight-per-client must not be 0"},

@@ -23,8 +23,9 @@ import (
 // of each line (docs/design.md, Event identity and keys). "acme\xff" and
 // "acme\xfe" used to become one customer "acme\uFFFD" (encoding/json's
 // replacement), so the second event was a copy of the first; each is now a
-// bad line naming customer_id, as are C0 controls in identity fields and
-// source. A real U+FFFD is text.
+// bad line naming customer_id, as are control characters (C0, DEL, C1)
+// and bidirectional controls in identity fields and source. A real U+FFFD
+// is text.
 func TestProduceInvalidText(t *testing.T) {
 	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
 	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
@@ -39,6 +40,9 @@ func TestProduceInvalidText(t *testing.T) {
 		ev("acme", `req-3\u0000`, ""),
 		ev("acme", "req-4", `,"source":"gw\r"`),
 		ev("acme", "req-5", "\x2c\"properties\":{\"model\":\"m\xc3\"}"),
+		ev("acme\u202e1-", "req-6", ""),
+		ev(`acme\u007f`, "req-7", ""),
+		ev("acme", "req-8", `,"source":"gw\u0085"`),
 	}, "\n") + "\n"
 	code, stdout, stderr := run(t, in, "produce", "--brokers", brokers[0])
 	if code == 0 {
@@ -51,12 +55,15 @@ func TestProduceInvalidText(t *testing.T) {
 		regexp.MustCompile(`(?m)^line 5: event_id: holds the control character U\+0000 at offset 5`),
 		regexp.MustCompile(`(?m)^line 6: source: holds the control character U\+000D`),
 		regexp.MustCompile(`(?m)^line 7: properties.model: is not valid UTF-8`),
+		regexp.MustCompile(`(?m)^line 8: customer_id: holds the bidirectional control U\+202E at offset 4`),
+		regexp.MustCompile(`(?m)^line 9: customer_id: holds the control character U\+007F at offset 4`),
+		regexp.MustCompile(`(?m)^line 10: source: holds the control character U\+0085 at offset 2`),
 	} {
 		if !re.MatchString(stderr) {
 			t.Errorf("stderr lacks %s:\n%s", re, stderr)
 		}
 	}
-	if !strings.Contains(stdout, "7 lines, 1 sent, 6 bad, 0 failed") {
+	if !strings.Contains(stdout, "10 lines, 1 sent, 9 bad, 0 failed") {
 		t.Errorf("summary: %s", stdout)
 	}
 	recs := testenv.ReadAll(t, brokers, "usage.events")
