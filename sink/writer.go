@@ -224,6 +224,7 @@ func New(cfg Config) (*Writer, error) {
 		w.byTopic[t.topic] = t
 		t.recordsIn = w.m.session.RecordsIn.WithLabelValues(t.topic)
 	}
+	w.m.initSeries(w.tables, w.quarantine)
 	w.blocked.Store("")
 	w.lastUp.Store("not connected yet")
 	return w, nil
