@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -30,93 +31,82 @@ func TestSurvivesDroppedConnections(t *testing.T) {
 	h.produce(h.event("c1", "m", "warm", 1, t0, t0))
 	h.caughtUp()
 
-	keys := []int16{kmsg.Produce.Int16(), kmsg.Fetch.Int16(), kmsg.EndTxn.Int16(), kmsg.AddPartitionsToTxn.Int16(),
-		kmsg.AddOffsetsToTxn.Int16(), kmsg.TxnOffsetCommit.Int16(), kmsg.Heartbeat.Int16(), kmsg.ListOffsets.Int16(),
-		kmsg.Metadata.Int16(), kmsg.OffsetFetch.Int16(), kmsg.FindCoordinator.Int16(), kmsg.JoinGroup.Int16(),
-		kmsg.SyncGroup.Int16(), kmsg.InitProducerID.Int16(), kmsg.DescribeConfigs.Int16()}
-	var dropped atomic.Int64
-	var armed atomic.Bool
-	armed.Store(true)
-	// The test's own producer (idempotent, not transactional) is spared.
-	stages := func(req kmsg.Request) bool {
-		switch r := req.(type) {
-		case *kmsg.ProduceRequest:
-			return r.TransactionID != nil
-		case *kmsg.InitProducerIDRequest:
-			return r.TransactionalID != nil
-		}
-		return true
-	}
-	for _, k := range keys {
-		left := atomic.Int64{}
-		left.Store(3)
-		c.ControlKey(k, func(req kmsg.Request) (kmsg.Response, error, bool) {
-			c.KeepControl()
-			if !armed.Load() || !stages(req) || left.Add(-1) < 0 {
-				return nil, nil, false
+	d := &dropper{c: c}
+	// Events e[from, to) flow while the dropper is armed; r must keep
+	// running.
+	flow := func(r *running, from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			h.produce(h.event(fmt.Sprintf("c%d", i%5), "m", fmt.Sprintf("e%d", i), 1, t0, t0+int64(i)))
+			time.Sleep(50 * time.Millisecond)
+			if err, done := r.wait(0); done {
+				t.Fatalf("the stage stopped after %d dropped connections: %v", d.dropped.Load(), err)
 			}
-			dropped.Add(1)
-			return nil, errors.New("connection dropped by the test"), true
-		})
-	}
-	for i := range 40 {
-		h.produce(h.event(fmt.Sprintf("c%d", i%5), "m", fmt.Sprintf("e%d", i), 1, t0, t0+int64(i)))
-		time.Sleep(50 * time.Millisecond)
+		}
+		d.armed.Store(false)
+		h.caughtUp()
 		if err, done := r.wait(0); done {
-			t.Fatalf("the stage stopped after %d dropped connections: %v", dropped.Load(), err)
+			t.Fatalf("the stage stopped after %d dropped connections: %v", d.dropped.Load(), err)
+		}
+		ids := h.outputs().byID()
+		for i := range to {
+			if n := ids[fmt.Sprintf("e%d", i)]; n != 1 {
+				t.Errorf("event e%d deduped %d times, want once", i, n)
+			}
 		}
 	}
-	armed.Store(false)
-	h.caughtUp()
-	if err, done := r.wait(0); done {
-		t.Fatalf("the stage stopped after %d dropped connections: %v", dropped.Load(), err)
-	}
-	if dropped.Load() == 0 {
+	d.arm()
+	flow(r, 0, 40)
+	if d.dropped.Load() == 0 {
 		t.Fatal("no connection was dropped")
-	}
-	ids := h.outputs().byID()
-	for i := range 40 {
-		if n := ids[fmt.Sprintf("e%d", i)]; n != 1 {
-			t.Errorf("event e%d deduped %d times, want once", i, n)
-		}
 	}
 	if err := r.stop(); err != nil {
 		t.Errorf("stop: %v", err)
 	}
+	// A new instance on empty state reads the topics' metadata and
+	// configs (New) and restores every partition from the changelog while
+	// its connections are dropped.
+	d.arm()
+	flow(h.start(h.config("i2", vfs.NewMem())), 40, 60)
+	t.Logf("%d connections dropped", d.dropped.Load())
+}
 
-	// A new instance on empty state restores every partition from the
-	// changelog while its fetches lose their connections.
+// dropper closes the connections of the stage's requests (kfake's
+// control functions: an error closes the client's connection instead of
+// answering), 3 of each kind per arm, while armed. The test's own
+// producer (idempotent, not transactional) is spared.
+type dropper struct {
+	c       *kfake.Cluster
+	armed   atomic.Bool
+	dropped atomic.Int64
+}
+
+func (d *dropper) arm() {
+	keys := []kmsg.Key{kmsg.Produce, kmsg.Fetch, kmsg.EndTxn, kmsg.AddPartitionsToTxn, kmsg.AddOffsetsToTxn, kmsg.TxnOffsetCommit,
+		kmsg.Heartbeat, kmsg.ListOffsets, kmsg.Metadata, kmsg.OffsetFetch, kmsg.FindCoordinator, kmsg.JoinGroup,
+		kmsg.SyncGroup, kmsg.InitProducerID, kmsg.DescribeConfigs}
 	for _, k := range keys {
 		left := atomic.Int64{}
 		left.Store(3)
-		c.ControlKey(k, func(req kmsg.Request) (kmsg.Response, error, bool) {
-			c.KeepControl()
-			if !armed.Load() || !stages(req) || left.Add(-1) < 0 {
+		d.c.ControlKey(k.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			d.c.KeepControl()
+			if !d.armed.Load() || !stagesRequest(req) || left.Add(-1) < 0 {
 				return nil, nil, false
 			}
-			dropped.Add(1)
+			d.dropped.Add(1)
 			return nil, errors.New("connection dropped by the test"), true
 		})
 	}
-	armed.Store(true)
-	r2 := h.start(h.config("i2", vfs.NewMem()))
-	for i := 40; i < 60; i++ {
-		h.produce(h.event(fmt.Sprintf("c%d", i%5), "m", fmt.Sprintf("e%d", i), 1, t0, t0+int64(i)))
-		time.Sleep(50 * time.Millisecond)
-		if err, done := r2.wait(0); done {
-			t.Fatalf("the restoring stage stopped after %d dropped connections: %v", dropped.Load(), err)
-		}
+	d.armed.Store(true)
+}
+
+// stagesRequest reports whether req is not the test producer's.
+func stagesRequest(req kmsg.Request) bool {
+	switch r := req.(type) {
+	case *kmsg.ProduceRequest:
+		return r.TransactionID != nil
+	case *kmsg.InitProducerIDRequest:
+		return r.TransactionalID != nil
 	}
-	armed.Store(false)
-	h.caughtUp()
-	if err, done := r2.wait(0); done {
-		t.Fatalf("the restoring stage stopped after %d dropped connections: %v", dropped.Load(), err)
-	}
-	ids = h.outputs().byID()
-	for i := range 60 {
-		if n := ids[fmt.Sprintf("e%d", i)]; n != 1 {
-			t.Errorf("event e%d deduped %d times, want once", i, n)
-		}
-	}
-	t.Logf("%d connections dropped", dropped.Load())
+	return true
 }

@@ -285,5 +285,9 @@ func GroupRejoins(err error) bool {
 	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
 		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
 		errors.Is(err, kerr.StaleMemberEpoch) || kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) ||
-		errors.As(err, new(*net.OpError)) // a coordinator that cannot be dialled is looked up again
+		errors.As(err, new(*net.OpError)) || // a coordinator that cannot be dialled is looked up again
+		// A connection closed at its first request: kgo retries it only
+		// with kgo.AlwaysRetryEOF (Opts), and the group session of a
+		// client without it ends on it; kgo rejoins all the same.
+		errors.As(err, new(*kgo.ErrFirstReadEOF))
 }
