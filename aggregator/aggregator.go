@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -239,7 +240,11 @@ func (c *Config) EnsureDefaults() {
 	if c.BalanceInterval == 0 {
 		c.BalanceInterval = DefaultBalanceInterval
 	}
+	// With entitlements, misrouted records of the entitlements topic (and
+	// its ticks) are produced to it.
+	c.Stream.OutputTopics = []string{c.Topics.AggregatesTopic(), c.Topics.AdjustmentsTopic(), c.Topics.RejectedTopic()}
 	if c.Entitlements {
+		c.Stream.OutputTopics = append(c.Stream.OutputTopics, c.Topics.EntitlementsTopic(), c.Topics.BalancesTopic())
 		c.Stream.CopartitionedTopics = []string{c.Topics.EntitlementsTopic()}
 		if c.EntitlementsTick > 0 {
 			c.Stream.PunctuateInterval = c.EntitlementsTick
@@ -342,6 +347,7 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 		m:               newMetrics(cfg.Stream.Registerer),
 		now:             cfg.Stream.Clock.Now,
 	}
+	p.m.initSeries(cfg.Entitlements)
 	rt, err := stream.New(cfg.Stream, p)
 	if err != nil {
 		return nil, err
@@ -458,4 +464,41 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.emittedOpen = m.emitted.WithLabelValues(string(schemas.StatusOpen))
 	m.emittedFinal = m.emitted.WithLabelValues(string(schemas.StatusFinal))
 	return m
+}
+
+// Label values of the aggregator's counters, every one exported at 0 from
+// the start (initSeries).
+var (
+	aggregations     = []Aggregation{Sum, Count, Max, UniqueCount, Latest}
+	chunkWork        = []string{"final", "book", "expire"}
+	entChunkWork     = []string{"balances", "prune"}
+	ignoredWatermark = []string{"source_partitions", "source_partition"}
+	entRecordResults = []string{"applied", "tick", "rejected", "rerouted", "rerouted_repeat", "moved_mark"}
+)
+
+// initSeries exports at 0, from the start, every series of the
+// aggregator's counters whose labels are known then: aggregations, kinds
+// of work, reasons and results, as the rejections (prom.RejectedCounter).
+// A series born at its first increment hides that increment from rate()
+// and increase(), and an alert on a ratio or on absent() misreads a
+// series that is not there. Those of the entitlements only with them; the
+// decisions and credits are labelled by plan, known only from the
+// entitlements topic, and appear with their plan.
+func (m *metrics) initSeries(entitlements bool) {
+	for _, a := range aggregations {
+		m.late.WithLabelValues(string(a))
+	}
+	work := chunkWork
+	if entitlements {
+		work = append(slices.Clone(work), entChunkWork...)
+		for _, r := range entRecordResults {
+			m.entRecords.WithLabelValues(r)
+		}
+	}
+	for _, w := range work {
+		m.chunks.WithLabelValues(w)
+	}
+	for _, r := range ignoredWatermark {
+		m.wmIgnored.WithLabelValues(r)
+	}
 }

@@ -165,6 +165,8 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.Stage = "dedup"
 	c.Stream.InputTopic = c.Topics.EventsTopic()
 	c.Stream.ChangelogTopic = c.Topics.DedupChangelogTopic()
+	// Re-routed records go back to the events topic.
+	c.Stream.OutputTopics = []string{c.Topics.DedupedTopic(), c.Topics.DuplicatesTopic(), c.Topics.RejectedTopic(), c.Topics.EventsTopic()}
 	c.Stream.PunctuateInterval = c.TickInterval
 	if c.Stream.Group == "" {
 		c.Stream.Group = DefaultGroup

@@ -70,6 +70,13 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 	for i, name := range []string{"read", "parse", "enqueue", "ack", "respond"} {
 		m.stage[i] = stage.WithLabelValues(name)
 	}
+	// Each endpoint's latency is exported from the start, with no request
+	// yet, as the stages': a series born at its first request hides that
+	// request from rate(). Tenants are not known at start (keys arrive on
+	// the keys topic): their series appear with their first request.
+	for _, e := range []string{endpointOpenMeter, endpointMeterline} {
+		m.duration.WithLabelValues(e)
+	}
 	if balances != nil {
 		prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_balances",
 			Help: "Customers with a balance in this ingest replica's view of the balances topic (the quota gate's)."}, func() float64 {

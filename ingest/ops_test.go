@@ -242,8 +242,9 @@ meterline_ingest_requests_total{code="403",tenant="acme"} 1
 	if err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(reg, "meterline_ingest_request_duration_seconds"); n != 1 {
-		t.Errorf("%d latency series, want 1 (endpoint meterline)", n)
+	// One series per endpoint, from the start: openmeter's at 0.
+	if n := testutil.CollectAndCount(reg, "meterline_ingest_request_duration_seconds"); n != 2 {
+		t.Errorf("%d latency series, want 2 (endpoints meterline and openmeter)", n)
 	}
 	mfs, _ := reg.Gather()
 	if strings.Contains(fmt.Sprint(mfs), e.token) || strings.Contains(fmt.Sprint(mfs), tokenID(e.token)) {

@@ -166,9 +166,9 @@ func (w *Writer) unavailable(t *table, err error, what string) {
 		return
 	}
 	unknown := classify(err) == classUnknown
-	kind := "unavailable"
+	kind := errUnavailable
 	if unknown {
-		kind = "unknown"
+		kind = errUnknown
 	}
 	w.m.insertErrors.WithLabelValues(t.name, kind).Inc()
 	if isNetErr(err) {

@@ -137,7 +137,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			// first partition's part, or after the first of several
 			// blocks): the partitions are dirty.
 			w.markRowsDirty(t, todo)
-			w.m.insertErrors.WithLabelValues(t.name, "refused").Inc()
+			w.m.insertErrors.WithLabelValues(t.name, errRefused).Inc()
 			if len(todo) == 1 {
 				return w.refuse(ctx, ft, todo[0], err)
 			}

@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
@@ -96,4 +98,49 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.quarantined.WithLabelValues(r)
 	}
 	return m
+}
+
+// Kinds of meterline_sink_insert_errors_total.
+const (
+	// errUnavailable: ClickHouse unreachable or unable to take a block
+	// (retried).
+	errUnavailable = "unavailable"
+	// errRefused: the block's data refused (the block is split).
+	errRefused = "refused"
+	// errUnknown: an error code the sink does not know.
+	errUnknown = "unknown"
+)
+
+var insertErrorKinds = []string{errUnavailable, errRefused, errUnknown}
+
+// initSeries exports at 0, from the start, every series of the tables'
+// metrics whose labels are known then (tables, outcomes, kinds), as the
+// rejections (prom.RejectedCounter): a series born at its first
+// increment hides that increment from rate() and increase(), and an
+// alert on a ratio or on absent() misreads a series that is not there.
+// Rows from usage.rejected are never parked (they are quarantined
+// instead); the other tables' rows are never quarantined.
+func (m *metrics) initSeries(tables []*table, quarantine *table) {
+	for _, t := range append(slices.Clone(tables), quarantine) {
+		m.insertSeconds.WithLabelValues(t.name)
+		m.insertRows.WithLabelValues(t.name)
+		m.lookupSeconds.WithLabelValues(t.name)
+		m.rows.WithLabelValues(t.name, outcomeInserted)
+		for _, k := range insertErrorKinds {
+			m.insertErrors.WithLabelValues(t.name, k)
+		}
+		for _, o := range []string{waitEnded, waitStillRunning} {
+			m.insertWaits.WithLabelValues(t.name, o)
+		}
+		switch t.name {
+		case TableQuarantine:
+		case TableRejected:
+			m.rows.WithLabelValues(t.name, outcomePresent)
+			m.rows.WithLabelValues(t.name, outcomeQuarantined)
+		default:
+			m.rows.WithLabelValues(t.name, outcomePresent)
+			m.rows.WithLabelValues(t.name, outcomeParked)
+			m.rows.WithLabelValues(t.name, outcomeParkedBefore)
+		}
+	}
 }

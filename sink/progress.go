@@ -283,6 +283,25 @@ func (w *Writer) markChecked(parts map[tp]*pstate, rereads map[tp]int64) {
 			ps.reread = rereadState{progress: rereads[k]}
 		}
 	}
+	w.checkErr = ""
+}
+
+// anyUnchecked reports whether an assigned partition is not checked yet.
+// w.mu is held.
+func (w *Writer) anyUnchecked() bool {
+	for _, ps := range w.parts {
+		if !ps.checked {
+			return true
+		}
+	}
+	return false
+}
+
+// checkFailed records why an attempt of checkAssigned failed, for Ready.
+func (w *Writer) checkFailed(err error) {
+	w.mu.Lock()
+	w.checkErr = err.Error()
+	w.mu.Unlock()
 }
 
 // checkAssigned compares the committed offset of every newly assigned
@@ -313,6 +332,7 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 			return err
 		}
 		w.log.Warn("cannot compare the committed offsets of newly assigned partitions with the recorded progress; retrying", zap.Error(err))
+		w.checkFailed(err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -64,6 +64,9 @@ func (w *Writer) runSession(ctx context.Context) error {
 func (w *Writer) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.anyUnchecked() {
+		w.checkSince, w.checkErr = time.Now(), ""
+	}
 	assigned := map[string][]string{}
 	for topic, parts := range offsets {
 		for p, o := range parts {

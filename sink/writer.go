@@ -153,6 +153,13 @@ type Writer struct {
 	// run on the server (settle.go).
 	unsettled unsettled
 
+	// checkSince is when the oldest assigned partition not checked yet
+	// against the recorded progress was assigned (zero: none), and
+	// checkErr why the last attempt of that check failed ("" when none):
+	// Ready reports both (guarded by mu).
+	checkSince time.Time
+	checkErr   string
+
 	running atomic.Bool
 	joined  atomic.Bool
 	up      atomic.Bool
@@ -224,6 +231,7 @@ func New(cfg Config) (*Writer, error) {
 		w.byTopic[t.topic] = t
 		t.recordsIn = w.m.session.RecordsIn.WithLabelValues(t.topic)
 	}
+	w.m.initSeries(w.tables, w.quarantine)
 	w.blocked.Store("")
 	w.lastUp.Store("not connected yet")
 	return w, nil
@@ -231,7 +239,9 @@ func New(cfg Config) (*Writer, error) {
 
 // Ready returns nil when the sink is a member of its consumer group
 // (session.Loop.InGroup: not while Kafka is unreachable), ClickHouse
-// answers and no table is backing off; otherwise why not. It backs /readyz.
+// answers, no table is backing off and every assigned partition has been
+// checked against the recorded progress (checking); otherwise why not. It
+// backs /readyz.
 func (w *Writer) Ready() error {
 	w.mu.Lock()
 	fatal := w.fatal
@@ -249,7 +259,37 @@ func (w *Writer) Ready() error {
 		return errors.New("not in the consumer group")
 	}
 	// The rule of dedup and the aggregator (stream.Runtime.Ready).
-	return w.loop.InGroup()
+	if err := w.loop.InGroup(); err != nil {
+		return err
+	}
+	return w.checking()
+}
+
+// checking returns why the sink is not ready while newly assigned
+// partitions are not checked against the progress recorded in
+// ClickHouse (checkAssigned): none of their rows is inserted before. It
+// stays so across the check's retries, saying why the last attempt failed
+// and since when the partitions wait, so that a slow or failing
+// ClickHouse shows as one spell of not ready with its reason, not as
+// readiness that comes and goes.
+func (w *Writer) checking() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, ps := range w.parts {
+		if !ps.checked {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("checking %d newly assigned partitions against the progress recorded in ClickHouse before inserting their rows (for %s)",
+		n, time.Since(w.checkSince).Round(time.Millisecond))
+	if w.checkErr != "" {
+		msg += "; the last attempt failed, retrying: " + w.checkErr
+	}
+	return errors.New(msg)
 }
 
 func (w *Writer) getConn() driver.Conn {

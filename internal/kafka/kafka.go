@@ -104,7 +104,24 @@ func (c Config) Validate() error {
 // Opts returns the client options that connect as c says: the seed
 // brokers, the TLS dialer and the SASL mechanism. It reads the TLS files.
 // Callers append their own options (group, transactions, ...).
+//
+// The options retry a connection that closes on its first request
+// (kgo.AlwaysRetryEOF), as kgo retries one that closes later: a broker
+// restarting, or one dropping connections, closes new connections too,
+// and kgo's default takes that for a SASL or TLS mismatch and fails the
+// request at once, which stopped stages on a transient error. Such a
+// mismatch is found at start by CheckCredentials, which keeps kgo's
+// default.
 func (c Config) Opts() ([]kgo.Opt, error) {
+	opts, err := c.opts()
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, kgo.AlwaysRetryEOF()), nil
+}
+
+// opts are Opts without kgo.AlwaysRetryEOF.
+func (c Config) opts() ([]kgo.Opt, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -186,9 +203,15 @@ var ErrTLS = errors.New("kafka: TLS handshake failed")
 // listener, no route before ctx ends) are not its business: it returns
 // nil, and the caller's own requests wait or fail as they would.
 func CheckCredentials(ctx context.Context, c Config) error {
-	cl, err := NewClient(c)
+	// Without kgo.AlwaysRetryEOF: a connection closed at its first
+	// request is reported here at once, as the mismatch it usually is.
+	base, err := c.opts()
 	if err != nil {
 		return err
+	}
+	cl, err := kgo.NewClient(base...)
+	if err != nil {
+		return fmt.Errorf("kafka: client: %w", err)
 	}
 	defer cl.Close()
 	err = cl.Ping(ctx)
@@ -262,5 +285,9 @@ func GroupRejoins(err error) bool {
 	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
 		errors.Is(err, kerr.RebalanceInProgress) || errors.Is(err, kerr.FencedMemberEpoch) ||
 		errors.Is(err, kerr.StaleMemberEpoch) || kerr.IsRetriable(err) || kgo.IsRetryableBrokerErr(err) ||
-		errors.As(err, new(*net.OpError)) // a coordinator that cannot be dialled is looked up again
+		errors.As(err, new(*net.OpError)) || // a coordinator that cannot be dialled is looked up again
+		// A connection closed at its first request: kgo retries it only
+		// with kgo.AlwaysRetryEOF (Opts), and the group session of a
+		// client without it ends on it; kgo rejoins all the same.
+		errors.As(err, new(*kgo.ErrFirstReadEOF))
 }

@@ -36,6 +36,9 @@ func TestFetchErrorRejoins(t *testing.T) {
 			&net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}})),
 		"connection reset": session(&net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}),
 		"eof":              session(io.EOF),
+		// kgo does not retry it without kgo.AlwaysRetryEOF: a broker
+		// dropping connections (kfake in the demo) closes new ones too.
+		"closed at the first request": session(&kgo.ErrFirstReadEOF{}),
 	} {
 		if got := FetchError(zap.NewNop(), "g", fetchesWith(err)); got != nil {
 			t.Errorf("%s: the stage stops with %v; it must rejoin", name, got)

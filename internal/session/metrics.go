@@ -48,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
 	if n.RecordsInHelp == "" {
 		n.RecordsInHelp = "Input records polled, by topic (counted again when re-consumed after an aborted transaction)."
 	}
-	return &Metrics{
+	m := &Metrics{
 		RecordsIn: f.NewCounterVec(prometheus.CounterOpts{Name: n.RecordsIn, Help: n.RecordsInHelp}, []string{"topic"}),
 		Transactions: f.NewCounterVec(prometheus.CounterOpts{Name: n.Transactions,
 			Help: "Transactions ended (" + carries + "), by outcome: committed, aborted, unknown."}, []string{"outcome"}),
@@ -57,4 +57,11 @@ func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
 		Restarts: f.NewCounter(prometheus.CounterOpts{Name: n.Restarts,
 			Help: "Kafka sessions rebuilt, with the same transactional ID, after a commit with an unknown outcome or a producer state that only a new session repairs."}),
 	}
+	// Every outcome at 0 from the start: a series born at its first
+	// increment hides that increment from rate() and increase(). The
+	// stage exports RecordsIn of each of its input topics.
+	for _, o := range []string{Committed, Aborted, Unknown} {
+		m.Transactions.WithLabelValues(o)
+	}
+	return m
 }

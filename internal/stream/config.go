@@ -40,6 +40,12 @@ type Config struct {
 	// checked against the group's committed offset on every restore
 	// (docs/design.md, Exactly-once, 6). Default: none.
 	CopartitionedTopics []string
+	// OutputTopics are the topics the processor emits to: their series of
+	// meterline_stream_records_out_total, like those of the input topics'
+	// records in, are exported at 0 from the start (a series born at its
+	// first increment hides it from rate()). Optional: a topic not listed
+	// gets its series at its first record.
+	OutputTopics []string
 	// ChangelogTopic holds every state change; it must have exactly as many
 	// partitions as InputTopic. Required.
 	ChangelogTopic string

@@ -245,6 +245,12 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	}
 	log := cfg.Logger.With(zap.String("stage", cfg.Stage), zap.String("instance", cfg.InstanceID))
 	m := newMetrics(cfg.Registerer, cfg.Stage)
+	for _, t := range cfg.inputs() {
+		m.session.RecordsIn.WithLabelValues(t)
+	}
+	for _, t := range cfg.OutputTopics {
+		m.out(t)
+	}
 	loop, err := session.NewLoop(cfg.Config, log, m.session, "then restoring")
 	if err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
