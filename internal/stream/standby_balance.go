@@ -85,7 +85,12 @@ type StandbyOptions struct {
 //
 //   - A number whose owner left goes to a member holding a warm copy of it,
 //     the most caught-up one (highest checkpoint offset) first, among the
-//     members below their quota.
+//     members below their quota. With Replicas > 0, when none of those has
+//     a caught-up copy but a member at its quota does, that member takes
+//     it, one over its quota (at most one, and only a member that gives no
+//     number up); the balance is then restored as when a member joins: a
+//     member left below its quota takes one of its numbers at once if its
+//     copy of it is caught up, otherwise gets it deferred.
 //   - With Replicas > 0, a number an owner over its quota gives up (a member
 //     joined) moves only to a member whose copy is caught up (within
 //     AcceptableLag of the most advanced copy); if no member below quota is,
@@ -100,7 +105,9 @@ type StandbyOptions struct {
 //
 // Every decision is deterministic in the members' metadata; the balance
 // rules of CopartitionBalancer hold otherwise (with Replicas > 0, quotas
-// may be exceeded while a deferred number waits for its copy).
+// may be exceeded while a deferred number waits for its copy, and an
+// owner over its quota gives up first the numbers a member below its
+// quota has a caught-up copy of).
 func CopartitionStandbyBalancer(o StandbyOptions, topics ...string) kgo.GroupBalancer {
 	b := CopartitionBalancer(topics...).(*copartitionBalancer)
 	if o.AcceptableLag <= 0 {
@@ -370,11 +377,15 @@ func (wb *warmBalance) quotas() {
 	}
 }
 
-// assign decides the owners: each member keeps its lowest claimed numbers
-// up to its quota; a free number goes to the member below quota with the
-// most advanced copy (a live owner's only to a caught-up copy, with
-// standbys on; otherwise the owner keeps it, deferred); the rest is dealt
-// in ascending order to the members below quota, in member order.
+// assign decides the owners: each member keeps its claimed numbers up to
+// its quota (keep); a number whose owner left goes to the member below
+// quota with the most advanced copy, or, with standbys on, to a member
+// with a caught-up copy one over its quota (orphan); a number a live
+// owner gives up goes to the member below quota with the most advanced
+// caught-up copy (any copy without standbys), otherwise its owner keeps
+// it, deferred; the rest is dealt in ascending order to the members below
+// quota, in member order; a member one over its quota then gives a number
+// back (giveBack).
 func (wb *warmBalance) assign() {
 	n, m, out := wb.n, wb.m, &wb.out
 	// prev[p]: the live owner that gives p up (over its quota); -1 for a
@@ -386,9 +397,9 @@ func (wb *warmBalance) assign() {
 		prev[p] = -1
 	}
 	for i := range m {
-		keep := min(len(wb.owned[i]), wb.quota[i])
-		out.numbers[i] = append(make([]int32, 0, wb.quota[i]), wb.owned[i][:keep]...)
-		for _, p := range wb.owned[i][keep:] {
+		kept, given := wb.keep(i)
+		out.numbers[i] = append(make([]int32, 0, wb.quota[i]+1), kept...)
+		for _, p := range given {
 			free[p], prev[p] = true, i
 		}
 	}
@@ -396,40 +407,23 @@ func (wb *warmBalance) assign() {
 	for p := range wb.deferredTo {
 		wb.deferredTo[p] = -1
 	}
+	over := make([]bool, m) // took an orphan over its quota
 	for p := range n {
-		if !free[p] {
-			continue
-		}
-		cand := -1
-		for i := range m {
-			if len(out.numbers[i]) >= wb.quota[i] || i == prev[p] || wb.offset(i, p) < 0 {
-				continue
-			}
-			if prev[p] >= 0 && wb.replicas > 0 && !wb.caughtUp(i, p) {
-				continue
-			}
-			if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
-				cand = i
+		if free[p] && prev[p] < 0 {
+			if i := wb.orphan(p, over); i >= 0 {
+				out.numbers[i] = append(out.numbers[i], p)
+				free[p] = false
 			}
 		}
-		switch {
-		case cand >= 0:
-			out.numbers[cand] = append(out.numbers[cand], p)
-			free[p] = false
-		case prev[p] >= 0 && wb.replicas > 0 && wb.best[p] >= 0:
-			// No member below quota is caught up: the owner keeps it, and
-			// the first member below quota warms up for it. (A number of
-			// which nobody has a copy, not even its owner, has nothing to
-			// restore: it is dealt below.)
-			out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
-			free[p] = false
-			for i := range m {
-				if len(out.numbers[i]) < wb.quota[i] && i != prev[p] {
-					wb.deferredTo[p] = i
-					break
-				}
-			}
+	}
+	var given []int32
+	for p := range n {
+		if free[p] && prev[p] >= 0 {
+			given = append(given, p)
 		}
+	}
+	for _, p := range wb.moves(given, prev) {
+		free[p] = false
 	}
 	next := int32(0)
 	for i := range m {
@@ -443,8 +437,255 @@ func (wb *warmBalance) assign() {
 			free[next] = false
 			out.numbers[i] = append(out.numbers[i], next)
 		}
+	}
+	wb.giveBack(over)
+	for i := range m {
 		slices.Sort(out.numbers[i])
 	}
+}
+
+// keep returns the claimed numbers member i keeps and those it gives up:
+// its lowest up to its quota; with standbys on, it gives up first the
+// numbers a member claiming fewer than its quota has a caught-up copy of
+// (the highest first), so that a member a deferred standby or a copy of
+// its own made ready takes that one.
+func (wb *warmBalance) keep(i int) (kept, given []int32) {
+	owned, q := wb.owned[i], wb.quota[i]
+	if len(owned) <= q {
+		return owned, nil
+	}
+	if wb.replicas <= 0 {
+		return owned[:q], owned[q:]
+	}
+	wanted := func(p int32) bool {
+		for j := range wb.m {
+			if j != i && len(wb.owned[j]) < wb.quota[j] && wb.caughtUp(j, p) {
+				return true
+			}
+		}
+		return false
+	}
+	give := make([]bool, len(owned))
+	k := len(owned) - q
+	for pass := range 2 {
+		for x := len(owned) - 1; x >= 0 && k > 0; x-- {
+			if !give[x] && (pass == 1 || wanted(owned[x])) {
+				give[x] = true
+				k--
+			}
+		}
+	}
+	for x, p := range owned {
+		if give[x] {
+			given = append(given, p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	return kept, given
+}
+
+// orphan returns the member that takes number p, whose owner left: the
+// one below quota with the most advanced copy when that copy is caught up
+// (any copy without standbys); otherwise, with standbys on, the one with
+// the most advanced caught-up copy among those at their quota that give
+// nothing up and have not taken one over it yet (over), which goes one
+// over its quota; otherwise the one below quota with the most advanced
+// copy; -1: none (p is dealt).
+func (wb *warmBalance) orphan(p int32, over []bool) int {
+	out := &wb.out
+	cand := -1
+	for i := range wb.m {
+		if len(out.numbers[i]) >= wb.quota[i] || wb.offset(i, p) < 0 {
+			continue
+		}
+		if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
+			cand = i
+		}
+	}
+	if wb.replicas <= 0 || (cand >= 0 && wb.caughtUp(cand, p)) {
+		return cand
+	}
+	o := -1
+	for i := range wb.m {
+		if over[i] || len(out.numbers[i]) != wb.quota[i] || len(wb.owned[i]) > wb.quota[i] || !wb.caughtUp(i, p) {
+			continue
+		}
+		if o < 0 || wb.offset(i, p) > wb.offset(o, p) {
+			o = i
+		}
+	}
+	if o >= 0 {
+		over[o] = true
+		return o
+	}
+	return cand
+}
+
+// moves places the numbers live owners give up (prev: the owner of
+// each): as many as can go to a member below quota with a caught-up copy
+// (any copy without standbys) do, each to the most advanced such copy
+// unless another number needs that member's room (a matching, by
+// augmenting paths in ascending number order); with standbys on, each of
+// the others of which some member has a copy stays with its owner, and a
+// member below quota (the first with room left) warms up for it
+// (deferredTo). It returns the numbers placed; a number of which nobody
+// has a copy, not even its owner, has nothing to restore and is dealt.
+func (wb *warmBalance) moves(given []int32, prev []int) []int32 {
+	out := &wb.out
+	room := make([]int, wb.m)
+	for i := range wb.m {
+		room[i] = wb.quota[i] - len(out.numbers[i])
+	}
+	takers := func(p int32) []int {
+		var ts []int
+		for i := range wb.m {
+			if room[i] <= 0 || i == prev[p] || wb.offset(i, p) < 0 || (wb.replicas > 0 && !wb.caughtUp(i, p)) {
+				continue
+			}
+			ts = append(ts, i)
+		}
+		slices.SortStableFunc(ts, func(a, b int) int { return cmp.Compare(wb.offset(b, p), wb.offset(a, p)) })
+		return ts
+	}
+	held := make([][]int32, wb.m)
+	var try func(p int32, seen []bool) bool
+	try = func(p int32, seen []bool) bool {
+		ts := takers(p)
+		for _, i := range ts {
+			if !seen[i] && len(held[i]) < room[i] {
+				held[i] = append(held[i], p)
+				return true
+			}
+		}
+		for _, i := range ts {
+			if seen[i] {
+				continue
+			}
+			seen[i] = true
+			for k, q := range held[i] {
+				if try(q, seen) {
+					held[i][k] = p
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var placed, rest []int32
+	for _, p := range given {
+		if try(p, make([]bool, wb.m)) {
+			placed = append(placed, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	for i := range wb.m {
+		out.numbers[i] = append(out.numbers[i], held[i]...)
+		room[i] -= len(held[i])
+	}
+	for _, p := range rest {
+		if wb.replicas <= 0 || wb.best[p] < 0 {
+			continue
+		}
+		out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
+		placed = append(placed, p)
+		for i := range wb.m {
+			if room[i] > 0 && i != prev[p] {
+				wb.deferredTo[p] = i
+				room[i]--
+				break
+			}
+		}
+	}
+	return placed
+}
+
+// giveBack restores the balance after orphan let members take a number
+// over their quota. The target is what the next plan's quotas make of
+// these holdings (the n mod m extra ones to the members holding the most,
+// the first on a tie, as quotas does when no number is orphaned): each member over it gives numbers to the members
+// below it, at once to a member with a caught-up copy (its highest such
+// number), otherwise deferred: the first member below it warms up for
+// the giver's highest number, and takes it once caught up (keep gives
+// that one up first).
+func (wb *warmBalance) giveBack(over []bool) {
+	if !slices.Contains(over, true) {
+		return
+	}
+	out := &wb.out
+	for pass := range 2 {
+		surplus, short := wb.nextQuotas()
+		for x := range wb.m {
+			for surplus[x] > 0 {
+				q, y := wb.giveOne(x, short, pass == 1)
+				if q < 0 {
+					break
+				}
+				surplus[x]--
+				short[y]--
+				if pass == 0 {
+					out.numbers[x] = slices.DeleteFunc(out.numbers[x], func(p int32) bool { return p == q })
+					out.numbers[y] = append(out.numbers[y], q)
+				} else {
+					wb.deferredTo[q] = y
+				}
+			}
+		}
+	}
+}
+
+// nextQuotas returns how far each member's holding is over and under the
+// quota the next plan would give it, less the numbers already deferred
+// from and to it.
+func (wb *warmBalance) nextQuotas() (surplus, short []int) {
+	out := &wb.out
+	base, extra := int(wb.n)/wb.m, int(wb.n)%wb.m
+	order := make([]int, wb.m)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(len(out.numbers[b]), len(out.numbers[a]))
+	})
+	surplus, short = make([]int, wb.m), make([]int, wb.m)
+	for rank, i := range order {
+		q := base
+		if rank < extra {
+			q++
+		}
+		surplus[i] = max(len(out.numbers[i])-q, 0)
+		short[i] = max(q-len(out.numbers[i]), 0)
+	}
+	for p, d := range wb.deferredTo {
+		if d >= 0 {
+			short[d]--
+			for i := range wb.m {
+				if slices.Contains(out.numbers[i], int32(p)) {
+					surplus[i]--
+				}
+			}
+		}
+	}
+	return surplus, short
+}
+
+// giveOne picks a number of member x for a member y short of numbers: its
+// highest number y has a caught-up copy of, or, when deferring, its
+// highest number not deferred yet to the first member short; -1: none.
+func (wb *warmBalance) giveOne(x int, short []int, deferring bool) (int32, int) {
+	ps := slices.Sorted(slices.Values(wb.out.numbers[x]))
+	for k := len(ps) - 1; k >= 0; k-- {
+		if wb.deferredTo[ps[k]] >= 0 {
+			continue
+		}
+		for y := range wb.m {
+			if y != x && short[y] > 0 && (deferring || wb.caughtUp(y, ps[k])) {
+				return ps[k], y
+			}
+		}
+	}
+	return -1, -1
 }
 
 // standbys gives each number min(replicas, m−1) standby members, never its
