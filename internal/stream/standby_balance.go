@@ -27,6 +27,11 @@ import (
 // assignment userdata (kmsg.ConsumerMemberAssignment.UserData):
 //
 //	"mls1" | count (int32) | count × int32 standby numbers | count2 (int32) | count2 × int32 deferred numbers
+//	       | count3 (int32) | count3 × int32 warm-up numbers
+//
+// (a member of an earlier version reads the first two lists and ignores
+// the third: it keeps its warm-up copies as standbys without asking for a
+// rebalance when they are caught up).
 //
 // It is carried rather than recomputed by each member because a member of
 // the consumer protocol receives only its own assignment: nobody but the
@@ -59,6 +64,12 @@ type StandbyAssignment struct {
 	// up, the member asks for a rebalance (kgo's ForceRebalance) to take
 	// them.
 	Deferred []int32
+	// Warmup are partition numbers this member copies to take over a
+	// standby copy from another member, which keeps its copy meanwhile:
+	// they are among Standby, beyond the Replicas standbys of their
+	// number. Once they (and the Deferred ones) are caught up, the member
+	// asks for a rebalance, which moves the standby copy to it.
+	Warmup []int32
 }
 
 // StandbyOptions configure the standby side of CopartitionStandbyBalancer.
@@ -100,8 +111,13 @@ type StandbyOptions struct {
 //     thus never takes a partition away from a warm owner to restore it
 //     cold.
 //   - Every number gets min(Replicas, members−1) standby members, never its
-//     owner: its deferred taker first, then the members holding the most
-//     caught-up copies, then the members with the fewest standbys.
+//     owner: its deferred taker first, then the members with the fewest
+//     standbys of its owner's numbers (spread), then the members holding
+//     a copy, the most advanced first, then the members with the fewest
+//     standbys. A member without a copy does not displace one with a
+//     copy: that one stays, and the other gets the number as an extra
+//     warm-up standby (at most one per number), asks for a rebalance once
+//     caught up, and then replaces it.
 //
 // Every decision is deterministic in the members' metadata; the balance
 // rules of CopartitionBalancer hold otherwise (with Replicas > 0, quotas
@@ -199,7 +215,8 @@ func readInt32s(src []byte) ([]int32, []byte, bool) {
 func encodeStandby(a StandbyAssignment) []byte {
 	dst := []byte(standbyMagic)
 	dst = appendInt32s(dst, a.Standby)
-	return appendInt32s(dst, a.Deferred)
+	dst = appendInt32s(dst, a.Deferred)
+	return appendInt32s(dst, a.Warmup)
 }
 
 // parseStandby reads a member's standby assignment from its assignment
@@ -212,17 +229,22 @@ func parseStandby(userdata []byte, owned []int32) StandbyAssignment {
 	if !ok {
 		return StandbyAssignment{}
 	}
-	def, _, ok := readInt32s(rest)
+	def, rest, ok := readInt32s(rest)
 	if !ok {
-		def = nil
+		def, rest = nil, nil
+	}
+	wu, _, ok := readInt32s(rest)
+	if !ok {
+		wu = nil
 	}
 	clean := func(s []int32) []int32 {
 		s = slices.DeleteFunc(s, func(p int32) bool { return p < 0 || slices.Contains(owned, p) })
 		slices.Sort(s)
 		return slices.Compact(s)
 	}
-	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def)}
+	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def), Warmup: clean(wu)}
 	a.Deferred = slices.DeleteFunc(a.Deferred, func(p int32) bool { return !slices.Contains(a.Standby, p) })
+	a.Warmup = slices.DeleteFunc(a.Warmup, func(p int32) bool { return !slices.Contains(a.Standby, p) })
 	return a
 }
 
@@ -260,6 +282,7 @@ type warmPlan struct {
 	numbers  [][]int32 // owned numbers per member, sorted
 	standby  [][]int32 // standby numbers per member, sorted
 	deferred [][]int32 // deferred numbers per member, sorted (a subset of standby)
+	warmup   [][]int32 // warm-up numbers per member, sorted (a subset of standby)
 }
 
 // assignWarm assigns the partition numbers [0, n) to the members (in kgo's
@@ -268,7 +291,7 @@ type warmPlan struct {
 func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64) warmPlan {
 	m := len(claims)
 	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag,
-		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m)}}
+		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m), warmup: make([][]int32, m)}}
 	if m == 0 || n <= 0 {
 		return wb.out
 	}
@@ -689,10 +712,15 @@ func (wb *warmBalance) giveOne(x int, short []int, deferring bool) (int32, int) 
 }
 
 // standbys gives each number min(replicas, m−1) standby members, never its
-// owner: its deferred taker first, then the most advanced copies, then the
-// members holding the fewest standbys of that owner's numbers (so that
-// when it leaves, its numbers have warm copies on several members, each
-// with room under its new quota), then the fewest in all.
+// owner: its deferred taker first, then the members holding the fewest
+// standbys of that owner's numbers (so that when it leaves, its numbers
+// have warm copies on several members, each with room under its new
+// quota), then those with a copy of it (the most advanced first), then the
+// fewest in all. A member without a copy that this choice prefers to a
+// member with one (a copy would move: a full copy read) does not displace
+// it yet: the member with the copy stays a standby, and the other warms up
+// as an extra standby (warmup; at most one per number), asks for a
+// rebalance once caught up, and then replaces it.
 func (wb *warmBalance) standbys() {
 	n, m, out := wb.n, wb.m, &wb.out
 	newOwner := make([]int, n)
@@ -709,31 +737,61 @@ func (wb *warmBalance) standbys() {
 	}
 	for p := range n {
 		o := newOwner[p]
-		chosen := make([]int, 0, r)
+		chosen := make([]int, 0, r+1)
 		taken := func(i int) bool { return i == o || slices.Contains(chosen, i) }
 		if d := wb.deferredTo[p]; d >= 0 && !taken(d) {
 			chosen = append(chosen, d)
 			out.deferred[d] = append(out.deferred[d], p)
 		}
+		forced := len(chosen)
 		cands := make([]int, 0, m)
 		for i := range m {
 			if !taken(i) {
 				cands = append(cands, i)
 			}
 		}
+		has := func(i int) int { return b2i(wb.offset(i, p) >= 0) }
 		slices.SortStableFunc(cands, func(a, b int) int {
-			return cmp.Or(cmp.Compare(wb.offset(b, p), wb.offset(a, p)), cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(load[a], load[b]))
+			return cmp.Or(cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(has(b), has(a)),
+				cmp.Compare(wb.offset(b, p), wb.offset(a, p)), cmp.Compare(load[a], load[b]))
 		})
-		for _, i := range cands {
-			if len(chosen) >= r {
-				break
-			}
-			chosen = append(chosen, i)
-		}
-		for _, i := range chosen {
-			out.standby[i] = append(out.standby[i], p)
+		target := append(chosen, cands[:min(max(r-len(chosen), 0), len(cands))]...)
+		for _, i := range target {
 			load[i]++
 			perOwner[i][o]++
 		}
+		// Copies the target would drop, the most advanced first.
+		var kept []int
+		for _, i := range cands {
+			if !slices.Contains(target, i) && has(i) == 1 {
+				kept = append(kept, i)
+			}
+		}
+		slices.SortStableFunc(kept, func(a, b int) int { return cmp.Compare(wb.offset(b, p), wb.offset(a, p)) })
+		standby := slices.Clone(target)
+		warmup := -1
+		for x := len(standby) - 1; x >= forced && len(kept) > 0; x-- {
+			if has(standby[x]) == 1 {
+				continue
+			}
+			if warmup < 0 {
+				warmup = standby[x]
+			}
+			standby[x], kept = kept[0], kept[1:]
+		}
+		if warmup >= 0 {
+			standby = append(standby, warmup)
+			out.warmup[warmup] = append(out.warmup[warmup], p)
+		}
+		for _, i := range standby {
+			out.standby[i] = append(out.standby[i], p)
+		}
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -24,6 +24,7 @@ type placeCase struct {
 	owns     [][]int32
 	deferred [][]int32
 	standby  [][]int32
+	warmup   [][]int32
 }
 
 func (c placeCase) run(t *testing.T) warmPlan {
@@ -49,6 +50,7 @@ func (c placeCase) run(t *testing.T) warmPlan {
 	check("owns", wp.numbers, c.owns)
 	check("deferred", wp.deferred, c.deferred)
 	check("standby", wp.standby, c.standby)
+	check("warmup", wp.warmup, c.warmup)
 	return wp
 }
 
@@ -138,7 +140,8 @@ func TestStandbyPlaceOverQuotaSettles(t *testing.T) {
 
 // TestStandbyPlaceKillOwnerOfTwo: 4 numbers, three members, one standby
 // each, the third member joined a warm group: the member owning two
-// numbers dies, and both return on members with a caught-up copy.
+// numbers dies, and both return on members with a caught-up copy, one on
+// each (their standbys were on different members).
 func TestStandbyPlaceKillOwnerOfTwo(t *testing.T) {
 	const n = 4
 	end := make([]int64, n)
@@ -152,10 +155,18 @@ func TestStandbyPlaceKillOwnerOfTwo(t *testing.T) {
 	owners = g.rebalance(t, []string{"a", "b"}, n)
 	g.warmUp(rng, owners, end, 0)
 	all := []string{"a", "b", "c"}
-	for range 3 { // c joins, catches up on its deferred standby, takes it
+	// c joins, catches up on its deferred and warm-up standbys, and asks
+	// for a rebalance until it has none left.
+	for round := 0; ; round++ {
 		owners = g.rebalance(t, all, n)
 		g.checkStandbys(t, owners, n)
 		g.warmUp(rng, owners, end, 0)
+		if len(g.assigned["c"].Deferred)+len(g.assigned["c"].Warmup) == 0 {
+			break
+		}
+		if round > 3 {
+			t.Fatalf("still warming up after %d rounds: %v", round, g.assigned)
+		}
 	}
 	var victim string
 	for _, id := range all {
@@ -184,5 +195,56 @@ func TestStandbyPlaceKillOwnerOfTwo(t *testing.T) {
 				}
 			}
 		}
+	}
+	for _, id := range rest {
+		if len(after[id]) != 2 {
+			t.Fatalf("not balanced after the death of %s: %v (before %v)", victim, after, owners)
+		}
+	}
+}
+
+// TestStandbyPlaceSpread: the standbys of one owner's numbers go to
+// different members; a member without a copy that would take a standby
+// from a member with one first warms up beside it, and takes it over once
+// its copy is caught up.
+func TestStandbyPlaceSpread(t *testing.T) {
+	for _, c := range []placeCase{{
+		// c joined and took 3; b keeps the copies of both of a's numbers.
+		name: "a joiner warms up for one of two copies on one member", n: 4, replicas: 1,
+		members: []placeMember{
+			{owns: []int32{0, 1}, warm: copies(1000, 0, 1, 2)},
+			{owns: []int32{2}, warm: copies(1000, 0, 1, 2, 3)},
+			{owns: []int32{3}, warm: copies(1000, 3)},
+		},
+		owns:    [][]int32{{0, 1}, {2}, {3}},
+		standby: [][]int32{{2}, {0, 1, 3}, {1}},
+		warmup:  [][]int32{nil, nil, {1}},
+	}, {
+		name: "caught up, the copy moves", n: 4, replicas: 1,
+		members: []placeMember{
+			{owns: []int32{0, 1}, warm: copies(1000, 0, 1, 2)},
+			{owns: []int32{2}, warm: copies(1000, 0, 1, 2, 3)},
+			{owns: []int32{3}, warm: copies(1000, 1, 3)},
+		},
+		owns:    [][]int32{{0, 1}, {2}, {3}},
+		standby: [][]int32{{2}, {0, 3}, {1}},
+		warmup:  [][]int32{nil, nil, nil},
+	}, {
+		name: "between members with copies, spread first", n: 4, replicas: 1,
+		members: []placeMember{
+			{owns: []int32{0, 1}, warm: copies(1000, 0, 1, 2)},
+			{owns: []int32{2}, warm: copies(1000, 0, 1, 2, 3)},
+			{owns: []int32{3}, warm: map[int32]int64{1: 900, 3: 1000}},
+		},
+		standby: [][]int32{{2}, {0, 3}, {1}},
+		warmup:  [][]int32{nil, nil, nil},
+	}, {
+		name: "a fresh group spreads without warm-ups", n: 4, replicas: 1,
+		members: []placeMember{{}, {}, {}},
+		owns:    [][]int32{{0, 1}, {2}, {3}},
+		standby: [][]int32{{2, 3}, {0}, {1}},
+		warmup:  [][]int32{nil, nil, nil},
+	}} {
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
 	}
 }
