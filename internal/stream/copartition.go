@@ -273,7 +273,7 @@ func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[strin
 	}
 	sp := &standbyPlan{plan: plan, userdata: map[string][]byte{}}
 	for i := range members {
-		sp.userdata[members[i].MemberID] = encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i]})
+		sp.userdata[members[i].MemberID] = encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i], Warmup: wp.warmup[i]})
 	}
 	return sp, nil
 }

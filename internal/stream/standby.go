@@ -112,7 +112,7 @@ func (ps *PartitionState) Warm() WarmState { return ps.warm }
 const standbyListInterval = time.Second
 
 // standbyForceInterval is the least time between two rebalances a member
-// asks for to take its deferred partitions.
+// asks for to take its deferred partitions and warm-up copies.
 const standbyForceInterval = 10 * time.Second
 
 // standbys runs the instance's standby tails.
@@ -130,7 +130,7 @@ type standbys struct {
 	// partition's restore takes their warm structures (take) or a later
 	// assignment no longer gives the partition to this instance.
 	stopping  map[int32]*tail
-	deferred  []int32
+	deferred  []int32 // deferred and warm-up numbers: caught up, maybeForce asks for a rebalance
 	lastForce time.Time
 
 	// ends lists the changelog's end for every tail at once
@@ -251,7 +251,7 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	sb.deferred = a.Deferred
+	sb.deferred = slices.Concat(a.Deferred, a.Warmup)
 	// A tail kept for a restore that never took it (the partition moved
 	// on first) is dropped once it no longer writes.
 	for p, t := range sb.stopping {
@@ -280,8 +280,8 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 		sb.start(p)
 	}
 	sb.m.partitions.Set(float64(len(sb.tails)))
-	if len(a.Standby) > 0 || len(a.Deferred) > 0 {
-		sb.rt.log.Info("standby assignment", zap.Int32s("standby", a.Standby), zap.Int32s("deferred", a.Deferred))
+	if len(a.Standby) > 0 || len(a.Deferred) > 0 || len(a.Warmup) > 0 {
+		sb.rt.log.Info("standby assignment", zap.Int32s("standby", a.Standby), zap.Int32s("deferred", a.Deferred), zap.Int32s("warmup", a.Warmup))
 	}
 }
 
@@ -573,9 +573,10 @@ func (sb *standbys) waitRetention(ctx context.Context, retention time.Duration) 
 	}
 }
 
-// maybeForce asks for a rebalance when every deferred partition's copy is
-// caught up (within DefaultAcceptableLag of the changelog's end), so that
-// this member takes them; at most once per standbyForceInterval.
+// maybeForce asks for a rebalance when every deferred partition's and
+// warm-up copy's copy is caught up (within DefaultAcceptableLag of the
+// changelog's end), so that this member takes them (the partitions, the
+// standby copies); at most once per standbyForceInterval.
 func (sb *standbys) maybeForce() {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -597,7 +598,7 @@ func (sb *standbys) maybeForce() {
 		return
 	}
 	sb.lastForce = time.Now()
-	sb.rt.log.Info("standby copies of deferred partitions caught up: asking for a rebalance to take them", zap.Int32s("deferred", sb.deferred))
+	sb.rt.log.Info("standby copies of deferred partitions (and warm-up copies) caught up: asking for a rebalance to take them", zap.Int32s("deferred", sb.deferred))
 	sb.deferred = nil
 	cl.ForceRebalance()
 }

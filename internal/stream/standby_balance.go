@@ -27,6 +27,11 @@ import (
 // assignment userdata (kmsg.ConsumerMemberAssignment.UserData):
 //
 //	"mls1" | count (int32) | count × int32 standby numbers | count2 (int32) | count2 × int32 deferred numbers
+//	       | count3 (int32) | count3 × int32 warm-up numbers
+//
+// (a member of an earlier version reads the first two lists and ignores
+// the third: it keeps its warm-up copies as standbys without asking for a
+// rebalance when they are caught up).
 //
 // It is carried rather than recomputed by each member because a member of
 // the consumer protocol receives only its own assignment: nobody but the
@@ -59,6 +64,12 @@ type StandbyAssignment struct {
 	// up, the member asks for a rebalance (kgo's ForceRebalance) to take
 	// them.
 	Deferred []int32
+	// Warmup are partition numbers this member copies to take over a
+	// standby copy from another member, which keeps its copy meanwhile:
+	// they are among Standby, beyond the Replicas standbys of their
+	// number. Once they (and the Deferred ones) are caught up, the member
+	// asks for a rebalance, which moves the standby copy to it.
+	Warmup []int32
 }
 
 // StandbyOptions configure the standby side of CopartitionStandbyBalancer.
@@ -85,7 +96,12 @@ type StandbyOptions struct {
 //
 //   - A number whose owner left goes to a member holding a warm copy of it,
 //     the most caught-up one (highest checkpoint offset) first, among the
-//     members below their quota.
+//     members below their quota. With Replicas > 0, when none of those has
+//     a caught-up copy but a member at its quota does, that member takes
+//     it, one over its quota (at most one, and only a member that gives no
+//     number up); the balance is then restored as when a member joins: a
+//     member left below its quota takes one of its numbers at once if its
+//     copy of it is caught up, otherwise gets it deferred.
 //   - With Replicas > 0, a number an owner over its quota gives up (a member
 //     joined) moves only to a member whose copy is caught up (within
 //     AcceptableLag of the most advanced copy); if no member below quota is,
@@ -95,12 +111,19 @@ type StandbyOptions struct {
 //     thus never takes a partition away from a warm owner to restore it
 //     cold.
 //   - Every number gets min(Replicas, members−1) standby members, never its
-//     owner: its deferred taker first, then the members holding the most
-//     caught-up copies, then the members with the fewest standbys.
+//     owner: its deferred taker first, then the members with the fewest
+//     standbys of its owner's numbers (spread), then the members holding
+//     a copy, the most advanced first, then the members with the fewest
+//     standbys. A member without a copy does not displace one with a
+//     copy: that one stays, and the other gets the number as an extra
+//     warm-up standby (at most one per number), asks for a rebalance once
+//     caught up, and then replaces it.
 //
 // Every decision is deterministic in the members' metadata; the balance
 // rules of CopartitionBalancer hold otherwise (with Replicas > 0, quotas
-// may be exceeded while a deferred number waits for its copy).
+// may be exceeded while a deferred number waits for its copy, and an
+// owner over its quota gives up first the numbers a member below its
+// quota has a caught-up copy of).
 func CopartitionStandbyBalancer(o StandbyOptions, topics ...string) kgo.GroupBalancer {
 	b := CopartitionBalancer(topics...).(*copartitionBalancer)
 	if o.AcceptableLag <= 0 {
@@ -192,7 +215,8 @@ func readInt32s(src []byte) ([]int32, []byte, bool) {
 func encodeStandby(a StandbyAssignment) []byte {
 	dst := []byte(standbyMagic)
 	dst = appendInt32s(dst, a.Standby)
-	return appendInt32s(dst, a.Deferred)
+	dst = appendInt32s(dst, a.Deferred)
+	return appendInt32s(dst, a.Warmup)
 }
 
 // parseStandby reads a member's standby assignment from its assignment
@@ -205,17 +229,22 @@ func parseStandby(userdata []byte, owned []int32) StandbyAssignment {
 	if !ok {
 		return StandbyAssignment{}
 	}
-	def, _, ok := readInt32s(rest)
+	def, rest, ok := readInt32s(rest)
 	if !ok {
-		def = nil
+		def, rest = nil, nil
+	}
+	wu, _, ok := readInt32s(rest)
+	if !ok {
+		wu = nil
 	}
 	clean := func(s []int32) []int32 {
 		s = slices.DeleteFunc(s, func(p int32) bool { return p < 0 || slices.Contains(owned, p) })
 		slices.Sort(s)
 		return slices.Compact(s)
 	}
-	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def)}
+	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def), Warmup: clean(wu)}
 	a.Deferred = slices.DeleteFunc(a.Deferred, func(p int32) bool { return !slices.Contains(a.Standby, p) })
+	a.Warmup = slices.DeleteFunc(a.Warmup, func(p int32) bool { return !slices.Contains(a.Standby, p) })
 	return a
 }
 
@@ -253,6 +282,7 @@ type warmPlan struct {
 	numbers  [][]int32 // owned numbers per member, sorted
 	standby  [][]int32 // standby numbers per member, sorted
 	deferred [][]int32 // deferred numbers per member, sorted (a subset of standby)
+	warmup   [][]int32 // warm-up numbers per member, sorted (a subset of standby)
 }
 
 // assignWarm assigns the partition numbers [0, n) to the members (in kgo's
@@ -261,7 +291,7 @@ type warmPlan struct {
 func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64) warmPlan {
 	m := len(claims)
 	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag,
-		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m)}}
+		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m), warmup: make([][]int32, m)}}
 	if m == 0 || n <= 0 {
 		return wb.out
 	}
@@ -370,11 +400,15 @@ func (wb *warmBalance) quotas() {
 	}
 }
 
-// assign decides the owners: each member keeps its lowest claimed numbers
-// up to its quota; a free number goes to the member below quota with the
-// most advanced copy (a live owner's only to a caught-up copy, with
-// standbys on; otherwise the owner keeps it, deferred); the rest is dealt
-// in ascending order to the members below quota, in member order.
+// assign decides the owners: each member keeps its claimed numbers up to
+// its quota (keep); a number whose owner left goes to the member below
+// quota with the most advanced copy, or, with standbys on, to a member
+// with a caught-up copy one over its quota (orphan); a number a live
+// owner gives up goes to the member below quota with the most advanced
+// caught-up copy (any copy without standbys), otherwise its owner keeps
+// it, deferred; the rest is dealt in ascending order to the members below
+// quota, in member order; a member one over its quota then gives a number
+// back (giveBack).
 func (wb *warmBalance) assign() {
 	n, m, out := wb.n, wb.m, &wb.out
 	// prev[p]: the live owner that gives p up (over its quota); -1 for a
@@ -386,9 +420,9 @@ func (wb *warmBalance) assign() {
 		prev[p] = -1
 	}
 	for i := range m {
-		keep := min(len(wb.owned[i]), wb.quota[i])
-		out.numbers[i] = append(make([]int32, 0, wb.quota[i]), wb.owned[i][:keep]...)
-		for _, p := range wb.owned[i][keep:] {
+		kept, given := wb.keep(i)
+		out.numbers[i] = append(make([]int32, 0, wb.quota[i]+1), kept...)
+		for _, p := range given {
 			free[p], prev[p] = true, i
 		}
 	}
@@ -396,40 +430,23 @@ func (wb *warmBalance) assign() {
 	for p := range wb.deferredTo {
 		wb.deferredTo[p] = -1
 	}
+	over := make([]bool, m) // took an orphan over its quota
 	for p := range n {
-		if !free[p] {
-			continue
-		}
-		cand := -1
-		for i := range m {
-			if len(out.numbers[i]) >= wb.quota[i] || i == prev[p] || wb.offset(i, p) < 0 {
-				continue
-			}
-			if prev[p] >= 0 && wb.replicas > 0 && !wb.caughtUp(i, p) {
-				continue
-			}
-			if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
-				cand = i
+		if free[p] && prev[p] < 0 {
+			if i := wb.orphan(p, over); i >= 0 {
+				out.numbers[i] = append(out.numbers[i], p)
+				free[p] = false
 			}
 		}
-		switch {
-		case cand >= 0:
-			out.numbers[cand] = append(out.numbers[cand], p)
-			free[p] = false
-		case prev[p] >= 0 && wb.replicas > 0 && wb.best[p] >= 0:
-			// No member below quota is caught up: the owner keeps it, and
-			// the first member below quota warms up for it. (A number of
-			// which nobody has a copy, not even its owner, has nothing to
-			// restore: it is dealt below.)
-			out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
-			free[p] = false
-			for i := range m {
-				if len(out.numbers[i]) < wb.quota[i] && i != prev[p] {
-					wb.deferredTo[p] = i
-					break
-				}
-			}
+	}
+	var given []int32
+	for p := range n {
+		if free[p] && prev[p] >= 0 {
+			given = append(given, p)
 		}
+	}
+	for _, p := range wb.moves(given, prev) {
+		free[p] = false
 	}
 	next := int32(0)
 	for i := range m {
@@ -443,15 +460,267 @@ func (wb *warmBalance) assign() {
 			free[next] = false
 			out.numbers[i] = append(out.numbers[i], next)
 		}
+	}
+	wb.giveBack(over)
+	for i := range m {
 		slices.Sort(out.numbers[i])
 	}
 }
 
+// keep returns the claimed numbers member i keeps and those it gives up:
+// its lowest up to its quota; with standbys on, it gives up first the
+// numbers a member claiming fewer than its quota has a caught-up copy of
+// (the highest first), so that a member a deferred standby or a copy of
+// its own made ready takes that one.
+func (wb *warmBalance) keep(i int) (kept, given []int32) {
+	owned, q := wb.owned[i], wb.quota[i]
+	if len(owned) <= q {
+		return owned, nil
+	}
+	if wb.replicas <= 0 {
+		return owned[:q], owned[q:]
+	}
+	wanted := func(p int32) bool {
+		for j := range wb.m {
+			if j != i && len(wb.owned[j]) < wb.quota[j] && wb.caughtUp(j, p) {
+				return true
+			}
+		}
+		return false
+	}
+	give := make([]bool, len(owned))
+	k := len(owned) - q
+	for pass := range 2 {
+		for x := len(owned) - 1; x >= 0 && k > 0; x-- {
+			if !give[x] && (pass == 1 || wanted(owned[x])) {
+				give[x] = true
+				k--
+			}
+		}
+	}
+	for x, p := range owned {
+		if give[x] {
+			given = append(given, p)
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	return kept, given
+}
+
+// orphan returns the member that takes number p, whose owner left: the
+// one below quota with the most advanced copy when that copy is caught up
+// (any copy without standbys); otherwise, with standbys on, the one with
+// the most advanced caught-up copy among those at their quota that give
+// nothing up and have not taken one over it yet (over), which goes one
+// over its quota; otherwise the one below quota with the most advanced
+// copy; -1: none (p is dealt).
+func (wb *warmBalance) orphan(p int32, over []bool) int {
+	out := &wb.out
+	cand := -1
+	for i := range wb.m {
+		if len(out.numbers[i]) >= wb.quota[i] || wb.offset(i, p) < 0 {
+			continue
+		}
+		if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
+			cand = i
+		}
+	}
+	if wb.replicas <= 0 || (cand >= 0 && wb.caughtUp(cand, p)) {
+		return cand
+	}
+	o := -1
+	for i := range wb.m {
+		if over[i] || len(out.numbers[i]) != wb.quota[i] || len(wb.owned[i]) > wb.quota[i] || !wb.caughtUp(i, p) {
+			continue
+		}
+		if o < 0 || wb.offset(i, p) > wb.offset(o, p) {
+			o = i
+		}
+	}
+	if o >= 0 {
+		over[o] = true
+		return o
+	}
+	return cand
+}
+
+// moves places the numbers live owners give up (prev: the owner of
+// each): as many as can go to a member below quota with a caught-up copy
+// (any copy without standbys) do, each to the most advanced such copy
+// unless another number needs that member's room (a matching, by
+// augmenting paths in ascending number order); with standbys on, each of
+// the others of which some member has a copy stays with its owner, and a
+// member below quota (the first with room left) warms up for it
+// (deferredTo). It returns the numbers placed; a number of which nobody
+// has a copy, not even its owner, has nothing to restore and is dealt.
+func (wb *warmBalance) moves(given []int32, prev []int) []int32 {
+	out := &wb.out
+	room := make([]int, wb.m)
+	for i := range wb.m {
+		room[i] = wb.quota[i] - len(out.numbers[i])
+	}
+	takers := func(p int32) []int {
+		var ts []int
+		for i := range wb.m {
+			if room[i] <= 0 || i == prev[p] || wb.offset(i, p) < 0 || (wb.replicas > 0 && !wb.caughtUp(i, p)) {
+				continue
+			}
+			ts = append(ts, i)
+		}
+		slices.SortStableFunc(ts, func(a, b int) int { return cmp.Compare(wb.offset(b, p), wb.offset(a, p)) })
+		return ts
+	}
+	held := make([][]int32, wb.m)
+	var try func(p int32, seen []bool) bool
+	try = func(p int32, seen []bool) bool {
+		ts := takers(p)
+		for _, i := range ts {
+			if !seen[i] && len(held[i]) < room[i] {
+				held[i] = append(held[i], p)
+				return true
+			}
+		}
+		for _, i := range ts {
+			if seen[i] {
+				continue
+			}
+			seen[i] = true
+			for k, q := range held[i] {
+				if try(q, seen) {
+					held[i][k] = p
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var placed, rest []int32
+	for _, p := range given {
+		if try(p, make([]bool, wb.m)) {
+			placed = append(placed, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	for i := range wb.m {
+		out.numbers[i] = append(out.numbers[i], held[i]...)
+		room[i] -= len(held[i])
+	}
+	for _, p := range rest {
+		if wb.replicas <= 0 || wb.best[p] < 0 {
+			continue
+		}
+		out.numbers[prev[p]] = append(out.numbers[prev[p]], p)
+		placed = append(placed, p)
+		for i := range wb.m {
+			if room[i] > 0 && i != prev[p] {
+				wb.deferredTo[p] = i
+				room[i]--
+				break
+			}
+		}
+	}
+	return placed
+}
+
+// giveBack restores the balance after orphan let members take a number
+// over their quota. The target is what the next plan's quotas make of
+// these holdings (the n mod m extra ones to the members holding the most,
+// the first on a tie, as quotas does when no number is orphaned): each member over it gives numbers to the members
+// below it, at once to a member with a caught-up copy (its highest such
+// number), otherwise deferred: the first member below it warms up for
+// the giver's highest number, and takes it once caught up (keep gives
+// that one up first).
+func (wb *warmBalance) giveBack(over []bool) {
+	if !slices.Contains(over, true) {
+		return
+	}
+	out := &wb.out
+	for pass := range 2 {
+		surplus, short := wb.nextQuotas()
+		for x := range wb.m {
+			for surplus[x] > 0 {
+				q, y := wb.giveOne(x, short, pass == 1)
+				if q < 0 {
+					break
+				}
+				surplus[x]--
+				short[y]--
+				if pass == 0 {
+					out.numbers[x] = slices.DeleteFunc(out.numbers[x], func(p int32) bool { return p == q })
+					out.numbers[y] = append(out.numbers[y], q)
+				} else {
+					wb.deferredTo[q] = y
+				}
+			}
+		}
+	}
+}
+
+// nextQuotas returns how far each member's holding is over and under the
+// quota the next plan would give it, less the numbers already deferred
+// from and to it.
+func (wb *warmBalance) nextQuotas() (surplus, short []int) {
+	out := &wb.out
+	base, extra := int(wb.n)/wb.m, int(wb.n)%wb.m
+	order := make([]int, wb.m)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(len(out.numbers[b]), len(out.numbers[a]))
+	})
+	surplus, short = make([]int, wb.m), make([]int, wb.m)
+	for rank, i := range order {
+		q := base
+		if rank < extra {
+			q++
+		}
+		surplus[i] = max(len(out.numbers[i])-q, 0)
+		short[i] = max(q-len(out.numbers[i]), 0)
+	}
+	for p, d := range wb.deferredTo {
+		if d >= 0 {
+			short[d]--
+			for i := range wb.m {
+				if slices.Contains(out.numbers[i], int32(p)) {
+					surplus[i]--
+				}
+			}
+		}
+	}
+	return surplus, short
+}
+
+// giveOne picks a number of member x for a member y short of numbers: its
+// highest number y has a caught-up copy of, or, when deferring, its
+// highest number not deferred yet to the first member short; -1: none.
+func (wb *warmBalance) giveOne(x int, short []int, deferring bool) (int32, int) {
+	ps := slices.Sorted(slices.Values(wb.out.numbers[x]))
+	for k := len(ps) - 1; k >= 0; k-- {
+		if wb.deferredTo[ps[k]] >= 0 {
+			continue
+		}
+		for y := range wb.m {
+			if y != x && short[y] > 0 && (deferring || wb.caughtUp(y, ps[k])) {
+				return ps[k], y
+			}
+		}
+	}
+	return -1, -1
+}
+
 // standbys gives each number min(replicas, m−1) standby members, never its
-// owner: its deferred taker first, then the most advanced copies, then the
-// members holding the fewest standbys of that owner's numbers (so that
-// when it leaves, its numbers have warm copies on several members, each
-// with room under its new quota), then the fewest in all.
+// owner: its deferred taker first, then the members holding the fewest
+// standbys of that owner's numbers (so that when it leaves, its numbers
+// have warm copies on several members, each with room under its new
+// quota), then those with a copy of it (the most advanced first), then the
+// fewest in all. A member without a copy that this choice prefers to a
+// member with one (a copy would move: a full copy read) does not displace
+// it yet: the member with the copy stays a standby, and the other warms up
+// as an extra standby (warmup; at most one per number), asks for a
+// rebalance once caught up, and then replaces it.
 func (wb *warmBalance) standbys() {
 	n, m, out := wb.n, wb.m, &wb.out
 	newOwner := make([]int, n)
@@ -468,31 +737,61 @@ func (wb *warmBalance) standbys() {
 	}
 	for p := range n {
 		o := newOwner[p]
-		chosen := make([]int, 0, r)
+		chosen := make([]int, 0, r+1)
 		taken := func(i int) bool { return i == o || slices.Contains(chosen, i) }
 		if d := wb.deferredTo[p]; d >= 0 && !taken(d) {
 			chosen = append(chosen, d)
 			out.deferred[d] = append(out.deferred[d], p)
 		}
+		forced := len(chosen)
 		cands := make([]int, 0, m)
 		for i := range m {
 			if !taken(i) {
 				cands = append(cands, i)
 			}
 		}
+		has := func(i int) int { return b2i(wb.offset(i, p) >= 0) }
 		slices.SortStableFunc(cands, func(a, b int) int {
-			return cmp.Or(cmp.Compare(wb.offset(b, p), wb.offset(a, p)), cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(load[a], load[b]))
+			return cmp.Or(cmp.Compare(perOwner[a][o], perOwner[b][o]), cmp.Compare(has(b), has(a)),
+				cmp.Compare(wb.offset(b, p), wb.offset(a, p)), cmp.Compare(load[a], load[b]))
 		})
-		for _, i := range cands {
-			if len(chosen) >= r {
-				break
-			}
-			chosen = append(chosen, i)
-		}
-		for _, i := range chosen {
-			out.standby[i] = append(out.standby[i], p)
+		target := append(chosen, cands[:min(max(r-len(chosen), 0), len(cands))]...)
+		for _, i := range target {
 			load[i]++
 			perOwner[i][o]++
 		}
+		// Copies the target would drop, the most advanced first.
+		var kept []int
+		for _, i := range cands {
+			if !slices.Contains(target, i) && has(i) == 1 {
+				kept = append(kept, i)
+			}
+		}
+		slices.SortStableFunc(kept, func(a, b int) int { return cmp.Compare(wb.offset(b, p), wb.offset(a, p)) })
+		standby := slices.Clone(target)
+		warmup := -1
+		for x := len(standby) - 1; x >= forced && len(kept) > 0; x-- {
+			if has(standby[x]) == 1 {
+				continue
+			}
+			if warmup < 0 {
+				warmup = standby[x]
+			}
+			standby[x], kept = kept[0], kept[1:]
+		}
+		if warmup >= 0 {
+			standby = append(standby, warmup)
+			out.warmup[warmup] = append(out.warmup[warmup], p)
+		}
+		for _, i := range standby {
+			out.standby[i] = append(out.standby[i], p)
+		}
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -59,12 +59,13 @@ func (g *standbySim) rebalance(t *testing.T, members []string, n int32) map[stri
 }
 
 // checkStandbys checks the standby rules: each number has min(replicas,
-// m−1) distinct standby members, never its owner; deferred ⊆ standby.
+// m−1) distinct standby members, never its owner, and at most one more
+// warming up; deferred ⊆ standby, warm-up ⊆ standby.
 func (g *standbySim) checkStandbys(t *testing.T, owners map[string][]int32, n int32) {
 	t.Helper()
 	m := len(owners)
 	want := min(g.replicas, m-1)
-	per := make([]int, n)
+	per, warmups := make([]int, n), make([]int, n)
 	for id, a := range g.assigned {
 		for _, p := range a.Standby {
 			if slices.Contains(owners[id], p) {
@@ -77,10 +78,16 @@ func (g *standbySim) checkStandbys(t *testing.T, owners map[string][]int32, n in
 				t.Fatalf("member %s: deferred %d is not among its standbys %v", id, p, a.Standby)
 			}
 		}
+		for _, p := range a.Warmup {
+			if !slices.Contains(a.Standby, p) {
+				t.Fatalf("member %s: warm-up %d is not among its standbys %v", id, p, a.Standby)
+			}
+			warmups[p]++
+		}
 	}
 	for p, c := range per {
-		if c != want {
-			t.Fatalf("number %d has %d standbys, want %d (%v)", p, c, want, g.assigned)
+		if c-warmups[p] != want || warmups[p] > 1 {
+			t.Fatalf("number %d has %d standbys (%d warming up), want %d and at most one more (%v)", p, c, warmups[p], want, g.assigned)
 		}
 	}
 }
@@ -109,7 +116,8 @@ func (g *standbySim) warmUp(rng *rand.Rand, owners map[string][]int32, end []int
 //     of those;
 //   - a live owner's number never moves to a member whose copy is not
 //     caught up (a joiner takes nothing cold): it gets it deferred instead,
-//     and once its copies are caught up the group is balanced again.
+//     and once its copies are caught up the group is balanced again;
+//   - warm-up copies end: a few rounds of catching up later, none is left.
 func TestStandbyBalancerProperty(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 10))
 	for iter := range 300 {
@@ -234,6 +242,16 @@ func TestStandbyBalancerProperty(t *testing.T) {
 					t.Fatalf("%s: after warming up, %s still has deferred %v", ctx, id, a.Deferred)
 				}
 			}
+			// Warm-up copies catch up and take over their standbys: a
+			// few rounds later, none is left.
+			for round := 0; slices.ContainsFunc(slices.Collect(maps.Values(g.assigned)), func(a StandbyAssignment) bool { return len(a.Warmup) > 0 }); round++ {
+				if round == 3 {
+					t.Fatalf("%s: warm-ups left after %d rounds: %v", ctx, round, g.assigned)
+				}
+				g.warmUp(rng, owners, end, 0)
+				owners = g.rebalance(t, members, n)
+				g.checkStandbys(t, owners, n)
+			}
 			g.warmUp(rng, owners, end, 2*DefaultAcceptableLag)
 		}
 	}
@@ -332,8 +350,8 @@ func TestStandbyUserdataHostile(t *testing.T) {
 			t.Fatal("standby of an owned number")
 		}
 	}
-	a := parseStandby(encodeStandby(StandbyAssignment{Standby: []int32{2, 1, 2, -3}, Deferred: []int32{2, 7}}), []int32{1})
-	if !slices.Equal(a.Standby, []int32{2}) || !slices.Equal(a.Deferred, []int32{2}) {
+	a := parseStandby(encodeStandby(StandbyAssignment{Standby: []int32{2, 1, 2, -3}, Deferred: []int32{2, 7}, Warmup: []int32{7, 2, 1}}), []int32{1})
+	if !slices.Equal(a.Standby, []int32{2}) || !slices.Equal(a.Deferred, []int32{2}) || !slices.Equal(a.Warmup, []int32{2}) {
 		t.Fatalf("parsed %+v", a)
 	}
 }

@@ -13,7 +13,8 @@ import (
 // copies are in range, a canonical re-encoding of what was read parses
 // back to the same, and the plan keeps the balancer's rules (every number
 // owned once; balanced without standbys; min(replicas, m−1) standbys per
-// number, never its owner; deferred ⊆ standby), and every member's standby
+// number and at most one more warming up, never its owner; deferred and
+// warm-up ⊆ standby), and every member's standby
 // assignment survives its assignment userdata. Any assignment userdata (as
 // from another leader) reads as a clean standby assignment.
 func FuzzStandbyBalance(f *testing.F) {
@@ -82,9 +83,9 @@ func FuzzStandbyBalance(f *testing.F) {
 					t.Fatalf("standby %d from %x: negative or owned (%v)", p, ud0, claims[1].numbers)
 				}
 			}
-			for _, p := range a.Deferred {
+			for _, p := range slices.Concat(a.Deferred, a.Warmup) {
 				if !slices.Contains(a.Standby, p) {
-					t.Fatalf("deferred %d from %x is not among the standbys %v", p, ud0, a.Standby)
+					t.Fatalf("deferred or warm-up %d from %x is not among the standbys %v", p, ud0, a.Standby)
 				}
 			}
 		}
@@ -117,7 +118,7 @@ func FuzzStandbyBalance(f *testing.F) {
 				}
 			}
 		}
-		per := make([]int, n)
+		per, warmups := make([]int, n), make([]int, n)
 		for i := range m {
 			for _, p := range wp.standby[i] {
 				if owner[p] == i {
@@ -130,9 +131,15 @@ func FuzzStandbyBalance(f *testing.F) {
 					t.Fatalf("member %d: deferred %d is not among its standbys %v", i, p, wp.standby[i])
 				}
 			}
-			a := parseStandby(encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i]}), wp.numbers[i])
-			if !slices.Equal(a.Standby, wp.standby[i]) || !slices.Equal(a.Deferred, wp.deferred[i]) {
-				t.Fatalf("member %d: standby %v deferred %v read back as %+v", i, wp.standby[i], wp.deferred[i], a)
+			for _, p := range wp.warmup[i] {
+				if !slices.Contains(wp.standby[i], p) {
+					t.Fatalf("member %d: warm-up %d is not among its standbys %v", i, p, wp.standby[i])
+				}
+				warmups[p]++
+			}
+			a := parseStandby(encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i], Warmup: wp.warmup[i]}), wp.numbers[i])
+			if !slices.Equal(a.Standby, wp.standby[i]) || !slices.Equal(a.Deferred, wp.deferred[i]) || !slices.Equal(a.Warmup, wp.warmup[i]) {
+				t.Fatalf("member %d: standby %v deferred %v warm-up %v read back as %+v", i, wp.standby[i], wp.deferred[i], wp.warmup[i], a)
 			}
 		}
 		want := 0
@@ -140,8 +147,8 @@ func FuzzStandbyBalance(f *testing.F) {
 			want = min(replicas, m-1)
 		}
 		for p, c := range per {
-			if c != want {
-				t.Fatalf("number %d has %d standbys, want %d", p, c, want)
+			if c-warmups[p] != want || warmups[p] > 1 {
+				t.Fatalf("number %d has %d standbys (%d warming up), want %d and at most one more", p, c, warmups[p], want)
 			}
 		}
 	})
