@@ -129,24 +129,15 @@ var ErrNoKeysTopic = errors.New("keys topic does not exist")
 // (TLS, SASL). Loaded is closed once the records present at the start are
 // applied. A record that cannot be read is logged and counted; the key
 // or tenant its record key names is then forgotten (refused), as it is by
-// a replica that starts once compaction left only that record.
+// a replica that starts once compaction left only that record. Every
+// probe interval it lists the topic's ends again, which the read must
+// reach to confirm the keys current (Staleness).
 func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 	if k.maxAge > 0 {
 		// The turn to stale is logged when it happens, requests or not.
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go func() {
-			t := time.NewTicker(k.probe)
-			defer t.Stop()
-			for {
-				select {
-				case <-wctx.Done():
-					return
-				case <-t.C:
-					k.Staleness()
-				}
-			}
-		}()
+		go every(wctx, k.probe, func() { k.Staleness() })
 	}
 	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.confirm, k.probe, k.fatal)
 	if errors.Is(err, errNoTopic) {
@@ -248,26 +239,33 @@ func listEnds(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int6
 // listing a mark for the read to reach. A listing gets as long as the
 // interval twice; one that fails is logged at debug (the age of the last
 // mark reached tells of it).
-func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap.Logger, every time.Duration, marks *readMarks) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap.Logger, interval time.Duration, marks *readMarks) {
+	every(ctx, interval, func() {
 		at := time.Now()
-		lctx, cancel := context.WithTimeout(ctx, 2*every)
+		lctx, cancel := context.WithTimeout(ctx, 2*interval)
 		ends, err := listEnds(lctx, cl, topic)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Debug("listing the ends of the "+what+" topic", zap.String("topic", topic), zap.Error(err))
 			}
-			continue
+			return
 		}
 		marks.add(ends, at)
+	})
+}
+
+// every calls fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
 	}
 }
 
