@@ -97,7 +97,7 @@ func (b *Balances) Follow(ctx context.Context, opts ...kgo.Opt) error {
 		// A read from the start replays old records: they are not live
 		// until it has caught up again.
 		b.setLive(false)
-		err := tail(ctx, b.topic, "balances", b.log, opts, b.applyRecord, b.caughtUp, nil)
+		err := tail(ctx, b.topic, "balances", b.log, opts, b.applyRecord, func(time.Time) { b.caughtUp() }, 0, nil)
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -97,9 +97,10 @@ type Timings struct {
 // ("" when no key was accepted).
 func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	kind := req.kind
-	if err := s.Ready(); err != nil {
+	// Before the key: keys not loaded, or stale, are not known wrong.
+	if detail, retry, err := s.keysUnavailable(); err != nil {
 		unread(w)
-		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", "the API keys are not loaded yet", nil, time.Second)
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", detail, nil, retry)
 		return ""
 	}
 	// One key: a request of two Authorization lines is not read by one

@@ -73,6 +73,12 @@ const (
 	// before it goes out, so a balance still trusted is at most seconds
 	// behind the customer's usage when the aggregator keeps up.
 	DefaultGateMaxAge = 5 * time.Minute
+	// DefaultAuthMaxAge is how long a replica serves with keys it has not
+	// confirmed current (Config.AuthMaxAge): minutes, well beyond a
+	// leader election or a broker's restart (seconds), so that these do
+	// not turn into 503s, and short enough that a revoked key stops
+	// working on every replica within a few minutes whatever happens.
+	DefaultAuthMaxAge = 2 * time.Minute
 	// The HTTP server's timeouts.
 	DefaultReadHeaderTimeout = 5 * time.Second
 	DefaultReadTimeout       = 30 * time.Second
@@ -121,6 +127,14 @@ type Config struct {
 	// KeysTopic is the compacted topic of API keys and tenants. Default:
 	// meterline.keys.
 	KeysTopic string
+	// AuthMaxAge bounds the age of the keys: the time since the replica
+	// last confirmed it had read the keys topic to its end (its ends
+	// listed, then reached by the read; every 5 s, or a quarter of the
+	// bound when less). Past it every request is answered 503 with
+	// Retry-After, and the replica is not ready, until it confirms again:
+	// a key revoked meanwhile is never accepted past the bound.
+	// Default: DefaultAuthMaxAge; negative: no bound.
+	AuthMaxAge time.Duration
 	// Linger is the producer's linger. Default: 2ms.
 	Linger time.Duration
 
@@ -221,6 +235,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.GateMaxAge == 0 {
 		c.GateMaxAge = DefaultGateMaxAge
+	}
+	if c.AuthMaxAge == 0 {
+		c.AuthMaxAge = DefaultAuthMaxAge
 	}
 	if c.MaxSkew == 0 {
 		c.MaxSkew = producer.DefaultMaxSkew
@@ -380,6 +397,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
 		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered}
+	s.keys.SetMaxAge(cfg.AuthMaxAge)
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
 	}
@@ -466,14 +484,26 @@ func (s *Server) URL() string { return s.scheme + "://" + s.Addr() }
 // Keys is the server's key set.
 func (s *Server) Keys() *Keys { return s.keys }
 
-// Ready returns nil once the keys are loaded, or why not.
+// Ready returns nil once the keys are loaded, while they are not older
+// than AuthMaxAge, or why not.
 func (s *Server) Ready() error {
+	_, _, err := s.keysUnavailable()
+	return err
+}
+
+// keysUnavailable returns why no request can be served with the keys
+// held, with the detail and Retry-After of the 503; nil when they can.
+func (s *Server) keysUnavailable() (detail string, retry time.Duration, err error) {
 	select {
 	case <-s.keys.Loaded():
-		return nil
 	default:
-		return errors.New("ingest: API keys not loaded yet")
+		return "the API keys are not loaded yet", time.Second, errors.New("ingest: API keys not loaded yet")
 	}
+	if age, stale := s.keys.Staleness(); stale {
+		return "the API keys could not be confirmed current (the keys topic is out of reach); retry", s.keys.probe, fmt.Errorf("ingest: API keys stale: the keys topic %s not confirmed read to its end for %s (--auth-max-age %s); a key revoked since may not be known here",
+			s.cfg.KeysTopic, age.Round(time.Second), s.cfg.AuthMaxAge)
+	}
+	return "", 0, nil
 }
 
 // Run follows the keys topic (and the balances topic, unless NoGate) and serves until ctx ends, then shuts down
@@ -505,7 +535,8 @@ func (s *Server) Run(ctx context.Context) error {
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- s.srv.Serve(s.ln) }()
 	s.log.Info("ingest serving", zap.String("url", s.URL()), zap.String("topic", s.cfg.Topic), zap.String("keys_topic", s.cfg.KeysTopic),
-		zap.Bool("quota_gate", s.balances != nil), zap.String("balances_topic", s.cfg.BalancesTopic), zap.Duration("gate_max_age", s.cfg.GateMaxAge))
+		zap.Duration("keys_max_age", s.cfg.AuthMaxAge), zap.Bool("quota_gate", s.balances != nil), zap.String("balances_topic", s.cfg.BalancesTopic),
+		zap.Duration("gate_max_age", s.cfg.GateMaxAge))
 
 	var errs []error
 	select {

@@ -32,7 +32,27 @@ type Keys struct {
 	bad     int // records that could not be read
 	loaded  chan struct{}
 	once    sync.Once
+
+	// maxAge bounds the age of the keys (Staleness); ≤ 0: no bound.
+	maxAge time.Duration
+	// probe is how often Follow lists the topic's ends to confirm it has
+	// read them (keysProbe; a quarter of maxAge when that is less).
+	probe time.Duration
+	clock func() time.Time
+	// fresh guards confirmed and stale.
+	fresh sync.Mutex
+	// confirmed is when the topic's ends were last listed that the read
+	// has since reached: every record acknowledged before it is applied.
+	// Before the first, when the set was made.
+	confirmed time.Time
+	stale     bool // the age was past maxAge when last looked at
 }
+
+// keysProbe is how often a replica lists the keys topic's ends to
+// confirm it has read them (Keys.Staleness): one ListOffsets request per
+// replica every 5 s, and a replica serves again at most 5 s after the
+// topic answers.
+const keysProbe = 5 * time.Second
 
 // NewKeys returns an empty key set for topic; Follow fills it.
 func NewKeys(topic string, log *zap.Logger) *Keys {
@@ -40,7 +60,55 @@ func NewKeys(topic string, log *zap.Logger) *Keys {
 		log = zap.NewNop()
 	}
 	return &Keys{topic: topic, log: log, keys: map[string]*Key{}, tenants: map[string]*Tenant{}, loaded: make(chan struct{}),
-		fatal: refusedRead}
+		fatal: refusedRead, probe: keysProbe, clock: time.Now, confirmed: time.Now()}
+}
+
+// SetMaxAge bounds the age of the keys (Staleness); ≤ 0: no bound. Call
+// before Follow.
+func (k *Keys) SetMaxAge(d time.Duration) {
+	k.maxAge = d
+	k.probe = keysProbe
+	if d > 0 && d/4 < k.probe {
+		k.probe = d / 4
+	}
+}
+
+// confirm records that the read reached the ends the topic had at at:
+// every key revoked before at is refused.
+func (k *Keys) confirm(at time.Time) {
+	k.markLoaded()
+	k.fresh.Lock()
+	defer k.fresh.Unlock()
+	if at.After(k.confirmed) {
+		k.confirmed = at
+	}
+	if k.stale && k.maxAge > 0 && k.clock().Sub(k.confirmed) <= k.maxAge {
+		k.stale = false
+		k.log.Info("keys topic read to its end again: serving", zap.String("topic", k.topic))
+	}
+}
+
+// Staleness returns the age of the keys: the time since the topic's
+// ends were last listed that the read has since reached (before the
+// first, since the set was made). Stale reports it past the bound
+// (SetMaxAge) on a loaded set: a key revoked since may not be known here.
+// The first look that finds the set stale logs it.
+func (k *Keys) Staleness() (age time.Duration, stale bool) {
+	k.fresh.Lock()
+	defer k.fresh.Unlock()
+	age = k.clock().Sub(k.confirmed)
+	select {
+	case <-k.loaded:
+	default:
+		return age, false
+	}
+	stale = k.maxAge > 0 && age > k.maxAge
+	if stale && !k.stale {
+		k.log.Error("keys topic not confirmed read to its end within the bound: every request is answered 503 until it is (--auth-max-age)",
+			zap.String("topic", k.topic), zap.Duration("age", age), zap.Duration("max_age", k.maxAge))
+	}
+	k.stale = stale
+	return age, stale
 }
 
 // refusedRead reports a fetch refused for want of Read on the topic. It
@@ -61,9 +129,17 @@ var ErrNoKeysTopic = errors.New("keys topic does not exist")
 // (TLS, SASL). Loaded is closed once the records present at the start are
 // applied. A record that cannot be read is logged and counted; the key
 // or tenant its record key names is then forgotten (refused), as it is by
-// a replica that starts once compaction left only that record.
+// a replica that starts once compaction left only that record. Every
+// probe interval it lists the topic's ends again, which the read must
+// reach to confirm the keys current (Staleness).
 func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
-	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.markLoaded, k.fatal)
+	if k.maxAge > 0 {
+		// The turn to stale is logged when it happens, requests or not.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go every(wctx, k.probe, func() { k.Staleness() })
+	}
+	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.confirm, k.probe, k.fatal)
 	if errors.Is(err, errNoTopic) {
 		return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
 	}
@@ -78,14 +154,18 @@ var errNoTopic = errors.New("topic does not exist")
 
 // tail reads every partition of topic from its start with a client of
 // opts and gives each record to apply, in offset order per partition,
-// until ctx ends (then it returns nil). caughtUp is called once, when
-// every record the topic held as tail started has been applied (at once
-// for an empty topic). what names the topic in errors and logs. It
+// until ctx ends (then it returns nil). reached(at) is called each time
+// the read has reached the ends the topic had at at: first for those it
+// had as tail started (at once for an empty topic), then, every probe
+// (when probe > 0), for a new listing of its ends. A listing that fails
+// (the partition's leader offline or out of reach) is not reached: the
+// last at then ages. what names the topic in errors and logs. It
 // returns an error wrapping errNoTopic when the topic does not exist. A
 // fetch error is logged and the read goes on, unless fatal (when not nil)
 // says it ends the read: tail then returns it.
 // The keys and the balances of the ingest are followed this way.
-func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.Opt, apply func(*kgo.Record), caughtUp func(), fatal func(error) bool) error {
+func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.Opt, apply func(*kgo.Record), reached func(at time.Time),
+	probe time.Duration, fatal func(error) bool) error {
 	// Read committed: a balance of an aborted transaction is never
 	// applied. Control records are kept, so that a partition whose last
 	// offset is a transaction's marker is seen caught up; they are not
@@ -97,24 +177,23 @@ func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.O
 		return fmt.Errorf("ingest: %s client: %w", what, err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
+	marks := &readMarks{next: map[int32]int64{}, reached: reached}
+	at := time.Now()
+	ends, err := listEnds(ctx, cl, topic)
 	if err != nil {
 		if strings.Contains(err.Error(), "UNKNOWN_TOPIC_OR_PARTITION") {
 			return fmt.Errorf("ingest: %s topic %s: %w", what, topic, errNoTopic)
 		}
 		return fmt.Errorf("ingest: %s topic %s: end offsets: %w", what, topic, err)
 	}
-	pending := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			pending[o.Partition] = o.Offset
-		}
-	})
-	if len(pending) == 0 {
-		caughtUp()
+	marks.add(ends, at)
+	if probe > 0 {
+		pctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); probeEnds(pctx, cl, topic, what, log, probe, marks) }()
+		defer wg.Wait()
+		defer stop()
 	}
 	for {
 		fs := cl.PollFetches(ctx)
@@ -136,14 +215,123 @@ func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.O
 			if !r.Attrs.IsControl() {
 				apply(r)
 			}
-			if end, ok := pending[r.Partition]; ok && r.Offset+1 >= end {
-				delete(pending, r.Partition)
-				if len(pending) == 0 {
-					caughtUp()
-				}
-			}
+			marks.read(r.Partition, r.Offset)
 		})
 	}
+}
+
+// listEnds lists the ends of topic's partitions as a read-committed
+// consumer sees them (the last stable offsets).
+func listEnds(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int64, error) {
+	listed, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
+	if err == nil {
+		err = listed.Error()
+	}
+	if err != nil {
+		return nil, err
+	}
+	ends := map[int32]int64{}
+	listed.Each(func(o kadm.ListedOffset) { ends[o.Partition] = o.Offset })
+	return ends, nil
+}
+
+// probeEnds lists topic's ends every interval until ctx ends, each
+// listing a mark for the read to reach. A listing gets as long as the
+// interval twice; one that fails is logged at debug (the age of the last
+// mark reached tells of it).
+func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap.Logger, interval time.Duration, marks *readMarks) {
+	every(ctx, interval, func() {
+		at := time.Now()
+		lctx, cancel := context.WithTimeout(ctx, 2*interval)
+		ends, err := listEnds(lctx, cl, topic)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Debug("listing the ends of the "+what+" topic", zap.String("topic", topic), zap.Error(err))
+			}
+			return
+		}
+		marks.add(ends, at)
+	})
+}
+
+// every calls fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
+// readMarks is how far a read has got in each partition, and the
+// listings of the topic's ends it has yet to reach, oldest first.
+type readMarks struct {
+	mu      sync.Mutex
+	next    map[int32]int64 // per partition, the offset after the last record read
+	pending []readMark
+	reached func(at time.Time)
+}
+
+// maxReadMarks bounds the listings a read has yet to reach.
+const maxReadMarks = 64
+
+// readMark is a listing of the topic's ends, made at at.
+type readMark struct {
+	ends map[int32]int64
+	at   time.Time
+}
+
+func (m *readMarks) add(ends map[int32]int64, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// A read that does not move while the listings succeed keeps its
+	// oldest marks and the newest.
+	if len(m.pending) >= maxReadMarks {
+		m.pending = m.pending[:maxReadMarks-1]
+	}
+	m.pending = append(m.pending, readMark{ends: ends, at: at})
+	m.check()
+}
+
+func (m *readMarks) read(partition int32, offset int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if offset+1 > m.next[partition] {
+		m.next[partition] = offset + 1
+	}
+	if len(m.pending) > 0 {
+		m.check()
+	}
+}
+
+// check calls reached with the newest listing the read has reached, and
+// drops it and those before. m.mu is held.
+func (m *readMarks) check() {
+	var at time.Time
+	n := 0
+	for n < len(m.pending) && m.covers(m.pending[n].ends) {
+		at = m.pending[n].at
+		n++
+	}
+	if n > 0 {
+		m.pending = m.pending[n:]
+		m.reached(at)
+	}
+}
+
+func (m *readMarks) covers(ends map[int32]int64) bool {
+	for p, end := range ends {
+		if m.next[p] < end {
+			return false
+		}
+	}
+	return true
 }
 
 func (k *Keys) markLoaded() { k.once.Do(func() { close(k.loaded) }) }

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
 	"sync"
@@ -106,6 +107,11 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		keys.mu.RLock()
 		defer keys.mu.RUnlock()
 		return float64(keys.bad)
+	}))
+	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_keys_age_seconds",
+		Help: "Seconds since this replica last confirmed it had read the keys topic to its end (its ends listed, then reached); past --auth-max-age it answers every request 503."}, func() float64 {
+		age, _ := keys.Staleness()
+		return age.Seconds()
 	}))
 	return m
 }
@@ -246,7 +252,7 @@ func (s *Server) Status() service.Table {
 	}
 	sort.Strings(sorted)
 	tab := service.Table{ID: "ingest", Title: "HTTP ingest",
-		Note:    "Requests since the start by tenant (\"none\": no valid key). Success is answered only once Kafka acknowledged every event. " + s.URL(),
+		Note:    "Requests since the start by tenant (\"none\": no valid key). Success is answered only once Kafka acknowledged every event. " + s.URL() + ". " + s.keysNote(),
 		Columns: []string{"tenant", "success", "4xx", "5xx", "events accepted", "events refused", "records", "active keys"}}
 	for _, n := range sorted {
 		t := m.tenants[n]
@@ -257,6 +263,20 @@ func (s *Server) Status() service.Table {
 	}
 	m.mu.Unlock()
 	return tab
+}
+
+// keysNote says how old the keys are, for the status page.
+func (s *Server) keysNote() string {
+	age, stale := s.keys.Staleness()
+	bound := "no bound"
+	if s.cfg.AuthMaxAge > 0 {
+		bound = "bound " + s.cfg.AuthMaxAge.String()
+	}
+	note := fmt.Sprintf("Keys topic last confirmed read to its end %s ago (%s)", age.Round(time.Second), bound)
+	if stale {
+		note += ": STALE, every request is answered 503 until the keys topic is read to its end again"
+	}
+	return note + "."
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -72,6 +72,7 @@ func defaultVars() kong.Vars {
 		"ingest_read_timeout":             flagDuration(ingest.DefaultReadTimeout),
 		"ingest_idle_timeout":             flagDuration(ingest.DefaultIdleTimeout),
 		"ingest_gate_max_age":             flagDuration(ingest.DefaultGateMaxAge),
+		"ingest_auth_max_age":             flagDuration(ingest.DefaultAuthMaxAge),
 		"ingest_linger":                   flagDuration(ingest.DefaultLinger),
 
 		"metrics_addr": defaultMetricsAddr,

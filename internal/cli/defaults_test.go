@@ -124,6 +124,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},
 			{flag("idle-timeout"), f.IdleTimeout, ingest.DefaultIdleTimeout},
 			{flag("gate-max-age"), f.GateMaxAge, ingest.DefaultGateMaxAge},
+			{flag("auth-max-age"), f.AuthMaxAge, ingest.DefaultAuthMaxAge},
 			{flag("quota-gate"), f.QuotaGate, true},
 			{flag("max-skew"), f.MaxSkew, producer.DefaultMaxSkew},
 		}

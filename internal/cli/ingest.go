@@ -40,6 +40,7 @@ type IngestFlags struct {
 	IdleTimeout          time.Duration  `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
 	MaxSkew              time.Duration  `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
 	MaxAge               *time.Duration `help:"How far before now an event time may be (400 too_old beyond); -1: no bound. Default: the dedup window W (in meterline run --dedup-window, else 35 days) plus --${flag_prefix}max-skew, the margin for this clock being ahead of the broker's, so that no event dedup would accept is refused."`
+	AuthMaxAge           time.Duration  `help:"How long this replica serves with API keys it has not confirmed current (the keys topic's end listed, then read; checked every 5 s, or a quarter of this when less): past it every request is answered 503 with Retry-After and /readyz fails, so that a key revoked while the keys topic is out of reach stops working here within it. Minutes: beyond a leader election or a broker restart, which take seconds, and the ingest cannot write events while the cluster is down anyway; -1s: no bound." default:"${ingest_auth_max_age}"`
 	QuotaGate            bool           `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
 	GateMaxAge           time.Duration  `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
 }
@@ -50,7 +51,7 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 	cfg := ingest.Config{
 		Addr: f.Addr, TLSCertFile: f.TLSCertFile, TLSKeyFile: f.TLSKeyFile,
 		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
-		BalancesTopic: g.Topic.BalancesTopic(), NoGate: !f.QuotaGate, GateMaxAge: f.GateMaxAge,
+		BalancesTopic: g.Topic.BalancesTopic(), NoGate: !f.QuotaGate, GateMaxAge: f.GateMaxAge, AuthMaxAge: f.AuthMaxAge,
 		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
 		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerTenant: f.MaxInFlightPerTenant, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
@@ -91,6 +92,7 @@ func (f *IngestFlags) refuseZeroBounds() error {
 		{"idle-timeout", f.IdleTimeout == 0, ingest.DefaultIdleTimeout.String()},
 		{"max-skew", f.MaxSkew == 0, producer.DefaultMaxSkew.String()},
 		{"gate-max-age", f.GateMaxAge == 0, ingest.DefaultGateMaxAge.String()},
+		{"auth-max-age", f.AuthMaxAge == 0, ingest.DefaultAuthMaxAge.String() + "; -1s: no bound"},
 		{"max-age", f.MaxAge != nil && *f.MaxAge == 0, "the dedup window plus --max-skew; -1: no bound"},
 	} {
 		if b.zero {

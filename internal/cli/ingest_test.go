@@ -290,6 +290,8 @@ func TestIngestBoundsRefuseZero(t *testing.T) {
 		{[]string{"ingest", "--produce-timeout", "0s"}, "ingest: produce-timeout must not be 0"},
 		{[]string{"ingest", "--max-skew", "0s"}, "ingest: max-skew must not be 0"},
 		{[]string{"ingest", "--gate-max-age", "0s"}, "ingest: gate-max-age must not be 0"},
+		{[]string{"ingest", "--auth-max-age", "0s"}, "ingest: auth-max-age must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-auth-max-age", "0s"}, "--ingest-* flags: ingest: auth-max-age must not be 0"},
 		{[]string{"ingest", "--max-age", "0s"}, "ingest: max-age must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-age", "0s"}, "--ingest-* flags: ingest: max-age must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-read-timeout", "0s"}, "--ingest-* flags: ingest: read-timeout must not be 0"},
