@@ -189,9 +189,10 @@ func newStandbys(rt *Runtime) *standbys {
 // checkpoints in its store) and its standby tails.
 func (rt *Runtime) Balancer(topics ...string) kgo.GroupBalancer {
 	return CopartitionStandbyBalancer(StandbyOptions{
-		Replicas: rt.cfg.StandbyReplicas,
-		Warm:     rt.sb.warmCopies,
-		Assigned: rt.sb.assigned,
+		Replicas:   rt.cfg.StandbyReplicas,
+		MaxWarmups: rt.cfg.StandbyMaxWarmups,
+		Warm:       rt.sb.warmCopies,
+		Assigned:   rt.sb.assigned,
 	}, topics...)
 }
 
