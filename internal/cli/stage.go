@@ -27,6 +27,7 @@ type StageFlags struct {
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
 	StandbyReplicas    int           `help:"Instances besides its owner that keep each partition's state warm by tailing its changelog, so that a failover restores only the changelog's tail (every instance of the group should use the same value)." default:"${stream_standby_replicas}"`
+	StandbyMaxWarmups  int           `help:"Most standby copies one rebalance has instances make at once, group-wide, beyond the copies in place: partitions a joining instance copies before it takes them count first, then copies made to spread the standbys (the others wait for later rebalances; the instance that leads the group applies its own value)." default:"${stream_standby_max_warmups}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	AllowCreateTime    bool          `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
 	Validate           bool          `help:"Check the configuration and exit."`
@@ -52,12 +53,13 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, maxBatchRecor
 			RebalanceTimeout:   f.RebalanceTimeout,
 			TransactionTimeout: f.TransactionTimeout,
 		},
-		StateDir:        filepath.Join(f.StateDir, stage+"-"+id),
-		CommitInterval:  f.CommitInterval,
-		MaxBatchRecords: maxBatchRecords,
-		StandbyReplicas: f.StandbyReplicas,
-		Logger:          log,
-		Registerer:      reg,
+		StateDir:          filepath.Join(f.StateDir, stage+"-"+id),
+		CommitInterval:    f.CommitInterval,
+		MaxBatchRecords:   maxBatchRecords,
+		StandbyReplicas:   f.StandbyReplicas,
+		StandbyMaxWarmups: f.StandbyMaxWarmups,
+		Logger:            log,
+		Registerer:        reg,
 	}, nil
 }
 

@@ -71,6 +71,11 @@ type Config struct {
 	// Standby replicas; standby.go); the group's leader assigns them.
 	// Default: 0 (DefaultStandbyReplicas).
 	StandbyReplicas int
+	// StandbyMaxWarmups bounds the copies one assignment has instances
+	// make at once, group-wide, beyond the standbys in place (deferred
+	// partitions and warm-up copies; StandbyOptions.MaxWarmups); the
+	// group's leader applies its own. Default: DefaultMaxWarmups.
+	StandbyMaxWarmups int
 
 	// Clock drives the commit and punctuate timers and dates checkpoints
 	// for the restore horizon (docs/design.md, Exactly-once, 4), never
@@ -99,6 +104,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.StandbyMaxWarmups == 0 {
+		c.StandbyMaxWarmups = DefaultMaxWarmups
 	}
 	if c.MaxBatchRecords == 0 {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
@@ -152,6 +160,9 @@ func (c *Config) Validate() error {
 	}
 	if c.StandbyReplicas < 0 {
 		errs = append(errs, fmt.Errorf("stream: standby-replicas must not be negative (got %d)", c.StandbyReplicas))
+	}
+	if c.StandbyMaxWarmups < 0 {
+		errs = append(errs, fmt.Errorf("stream: standby-max-warmups must not be negative (got %d)", c.StandbyMaxWarmups))
 	}
 	if c.MaxBatchRecords <= 0 {
 		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))

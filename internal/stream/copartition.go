@@ -257,7 +257,7 @@ func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[strin
 		_, meta := cb.MemberAt(i)
 		claims[i], warm[i] = parseClaimWarm(meta.UserData, topics, n)
 	}
-	wp := assignWarm(claims, warm, n, b.standby.Replicas, b.standby.AcceptableLag)
+	wp := assignWarm(claims, warm, n, b.standby.Replicas, b.standby.AcceptableLag, b.standby.MaxWarmups)
 
 	plan := cb.NewPlan()
 	for i := range members {
@@ -343,5 +343,5 @@ func parseClaimWarm(userdata []byte, topics []string, n int32) (memberClaim, war
 // quota; the rest are dealt in ascending order to the members below quota,
 // in member order. The result is deterministic.
 func assignNumbers(claims []memberClaim, n int32) [][]int32 {
-	return assignWarm(claims, nil, n, 0, 0).numbers
+	return assignWarm(claims, nil, n, 0, 0, 0).numbers
 }

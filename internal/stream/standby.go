@@ -115,6 +115,11 @@ const standbyListInterval = time.Second
 // asks for to take its deferred partitions and warm-up copies.
 const standbyForceInterval = 10 * time.Second
 
+// standbyForceMaxInterval bounds the interval between the rebalances a
+// member asks for when they leave its numbers deferred (setPending): Kafka
+// Streams' probing.rebalance.interval.ms default.
+const standbyForceMaxInterval = 10 * time.Minute
+
 // standbys runs the instance's standby tails.
 type standbys struct {
 	rt *Runtime
@@ -132,6 +137,12 @@ type standbys struct {
 	stopping  map[int32]*tail
 	deferred  []int32 // deferred and warm-up numbers: caught up, maybeForce asks for a rebalance
 	lastForce time.Time
+	// forced: the numbers the last rebalance this member asked for was
+	// to take; forceEvery: the least time between two (zero:
+	// standbyForceInterval), doubled by each such rebalance that left
+	// one of them deferred (setPending).
+	forced     []int32
+	forceEvery time.Duration
 
 	// ends lists the changelog's end for every tail at once
 	// (standbylist.go).
@@ -189,9 +200,10 @@ func newStandbys(rt *Runtime) *standbys {
 // checkpoints in its store) and its standby tails.
 func (rt *Runtime) Balancer(topics ...string) kgo.GroupBalancer {
 	return CopartitionStandbyBalancer(StandbyOptions{
-		Replicas: rt.cfg.StandbyReplicas,
-		Warm:     rt.sb.warmCopies,
-		Assigned: rt.sb.assigned,
+		Replicas:   rt.cfg.StandbyReplicas,
+		MaxWarmups: rt.cfg.StandbyMaxWarmups,
+		Warm:       rt.sb.warmCopies,
+		Assigned:   rt.sb.assigned,
 	}, topics...)
 }
 
@@ -251,7 +263,7 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	sb.deferred = slices.Concat(a.Deferred, a.Warmup)
+	sb.setPending(slices.Concat(a.Deferred, a.Warmup))
 	// A tail kept for a restore that never took it (the partition moved
 	// on first) is dropped once it no longer writes.
 	for p, t := range sb.stopping {
@@ -573,14 +585,40 @@ func (sb *standbys) waitRetention(ctx context.Context, retention time.Duration) 
 	}
 }
 
+// setPending records the deferred and warm-up numbers of a new
+// assignment; sb.mu is held.
+//
+// The member judges its copies caught up by the changelog's end, the
+// leader by the owner's checkpoint as of the owner's join, which the
+// owner writes until it hears of the rebalance: on a busy changelog the
+// leader may find the copy behind each time, and a member that asked
+// again every standbyForceInterval would stop the whole group that often
+// for as long as the load lasts. Each rebalance it asked for that leaves
+// one of those numbers deferred doubles the interval, up to
+// standbyForceMaxInterval; one that takes them all resets it.
+func (sb *standbys) setPending(ps []int32) {
+	if len(sb.forced) > 0 {
+		if slices.ContainsFunc(sb.forced, func(p int32) bool { return slices.Contains(ps, p) }) {
+			sb.forceEvery = min(2*max(sb.forceEvery, standbyForceInterval), standbyForceMaxInterval)
+			sb.rt.log.Warn("the rebalance this instance asked for left partitions deferred (the group's leader found their copies behind the owner's): asking again later",
+				zap.Int32s("deferred", ps), zap.Duration("next_in", sb.forceEvery))
+		} else {
+			sb.forceEvery = 0
+		}
+		sb.forced = nil
+	}
+	sb.deferred = ps
+}
+
 // maybeForce asks for a rebalance when every deferred partition's and
 // warm-up copy's copy is caught up (within DefaultAcceptableLag of the
 // changelog's end), so that this member takes them (the partitions, the
-// standby copies); at most once per standbyForceInterval.
+// standby copies); at most once per standbyForceInterval, or longer after
+// rebalances that left them deferred (setPending).
 func (sb *standbys) maybeForce() {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if len(sb.deferred) == 0 || time.Since(sb.lastForce) < standbyForceInterval {
+	if len(sb.deferred) == 0 || time.Since(sb.lastForce) < max(sb.forceEvery, standbyForceInterval) {
 		return
 	}
 	for _, p := range sb.deferred {
@@ -599,7 +637,7 @@ func (sb *standbys) maybeForce() {
 	}
 	sb.lastForce = time.Now()
 	sb.rt.log.Info("standby copies of deferred partitions (and warm-up copies) caught up: asking for a rebalance to take them", zap.Int32s("deferred", sb.deferred))
-	sb.deferred = nil
+	sb.forced, sb.deferred = sb.deferred, nil
 	cl.ForceRebalance()
 }
 

@@ -47,6 +47,11 @@ const (
 	// partition whose state it would first have to restore in full. Kafka
 	// Streams' acceptable.recovery.lag has the same default.
 	DefaultAcceptableLag = 10_000
+	// DefaultMaxWarmups is the most copies a plan has members make at
+	// once, group-wide, beyond the standbys in place: deferred numbers
+	// and warm-up copies (see StandbyOptions.MaxWarmups). Kafka Streams'
+	// max.warmup.replicas has the same default.
+	DefaultMaxWarmups = 2
 )
 
 // StandbyAssignment is what the leader assigned to this member besides its
@@ -89,6 +94,12 @@ type StandbyOptions struct {
 	Assigned func(StandbyAssignment)
 	// AcceptableLag: see DefaultAcceptableLag (zero takes it).
 	AcceptableLag int64
+	// MaxWarmups bounds the copies one plan has members make, group-wide:
+	// the deferred numbers count first (a member below its quota copies
+	// each), and warm-up copies are assigned only while their sum is
+	// below it; the other moves of standby copies wait for later plans.
+	// Zero takes DefaultMaxWarmups.
+	MaxWarmups int
 }
 
 // CopartitionStandbyBalancer is CopartitionBalancer with standby replicas:
@@ -117,7 +128,9 @@ type StandbyOptions struct {
 //     standbys. A member without a copy does not displace one with a
 //     copy: that one stays, and the other gets the number as an extra
 //     warm-up standby (at most one per number), asks for a rebalance once
-//     caught up, and then replaces it.
+//     caught up, and then replaces it. Warm-up copies are assigned only
+//     while the plan's deferred numbers and warm-ups number fewer than
+//     MaxWarmups: the others stay with the member that has the copy.
 //
 // Every decision is deterministic in the members' metadata; the balance
 // rules of CopartitionBalancer hold otherwise (with Replicas > 0, quotas
@@ -131,6 +144,9 @@ func CopartitionStandbyBalancer(o StandbyOptions, topics ...string) kgo.GroupBal
 	}
 	if o.Replicas < 0 {
 		o.Replicas = 0
+	}
+	if o.MaxWarmups <= 0 {
+		o.MaxWarmups = DefaultMaxWarmups
 	}
 	b.standby = o
 	return b
@@ -288,9 +304,9 @@ type warmPlan struct {
 // assignWarm assigns the partition numbers [0, n) to the members (in kgo's
 // order) and their standbys, by the rules of CopartitionStandbyBalancer.
 // With no warm copies and replicas == 0 it is exactly assignNumbers.
-func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64) warmPlan {
+func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64, maxWarmups int) warmPlan {
 	m := len(claims)
-	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag,
+	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag, maxWarmups: maxWarmups,
 		out: warmPlan{numbers: make([][]int32, m), standby: make([][]int32, m), deferred: make([][]int32, m), warmup: make([][]int32, m)}}
 	if m == 0 || n <= 0 {
 		return wb.out
@@ -311,6 +327,7 @@ type warmBalance struct {
 	warm          []warmInput
 	replicas      int
 	acceptableLag int64
+	maxWarmups    int // copies a plan has members make: deferred and warm-up ones
 
 	owner      []int     // claimed owner of each number; -1: none
 	owned      [][]int32 // each member's claimed numbers, ascending
@@ -720,7 +737,8 @@ func (wb *warmBalance) giveOne(x int, short []int, deferring bool) (int32, int) 
 // member with one (a copy would move: a full copy read) does not displace
 // it yet: the member with the copy stays a standby, and the other warms up
 // as an extra standby (warmup; at most one per number), asks for a
-// rebalance once caught up, and then replaces it.
+// rebalance once caught up, and then replaces it; only while the plan's
+// deferred numbers and warm-ups are fewer than maxWarmups (warmupBudget).
 func (wb *warmBalance) standbys() {
 	n, m, out := wb.n, wb.m, &wb.out
 	newOwner := make([]int, n)
@@ -730,6 +748,7 @@ func (wb *warmBalance) standbys() {
 		}
 	}
 	r := min(wb.replicas, m-1)
+	budget := wb.warmupBudget()
 	load := make([]int, m)
 	perOwner := make([][]int, m)
 	for i := range perOwner {
@@ -774,8 +793,9 @@ func (wb *warmBalance) standbys() {
 			if has(standby[x]) == 1 {
 				continue
 			}
-			if warmup < 0 {
+			if warmup < 0 && budget > 0 {
 				warmup = standby[x]
+				budget--
 			}
 			standby[x], kept = kept[0], kept[1:]
 		}
@@ -787,6 +807,18 @@ func (wb *warmBalance) standbys() {
 			out.standby[i] = append(out.standby[i], p)
 		}
 	}
+}
+
+// warmupBudget returns how many warm-up copies the plan may add: maxWarmups
+// less the numbers deferred (each a copy a member makes, to take it).
+func (wb *warmBalance) warmupBudget() int {
+	budget := wb.maxWarmups
+	for _, d := range wb.deferredTo {
+		if d >= 0 {
+			budget--
+		}
+	}
+	return max(budget, 0)
 }
 
 func b2i(b bool) int {

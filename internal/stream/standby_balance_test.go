@@ -245,7 +245,7 @@ func TestStandbyBalancerProperty(t *testing.T) {
 			// Warm-up copies catch up and take over their standbys: a
 			// few rounds later, none is left.
 			for round := 0; slices.ContainsFunc(slices.Collect(maps.Values(g.assigned)), func(a StandbyAssignment) bool { return len(a.Warmup) > 0 }); round++ {
-				if round == 3 {
+				if round == int(n)*replicas {
 					t.Fatalf("%s: warm-ups left after %d rounds: %v", ctx, round, g.assigned)
 				}
 				g.warmUp(rng, owners, end, 0)

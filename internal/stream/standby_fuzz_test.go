@@ -89,7 +89,7 @@ func FuzzStandbyBalance(f *testing.F) {
 				}
 			}
 		}
-		wp := assignWarm(claims, warm, n, replicas, DefaultAcceptableLag)
+		wp := assignWarm(claims, warm, n, replicas, DefaultAcceptableLag, DefaultMaxWarmups)
 		m := len(uds)
 		owner := make([]int, n)
 		for p := range owner {

@@ -35,7 +35,7 @@ func (c placeCase) run(t *testing.T) warmPlan {
 		claims[i] = memberClaim{numbers: slices.Sorted(slices.Values(m.owns)), generation: 1}
 		warm[i] = warmInput{warm: m.warm}
 	}
-	wp := assignWarm(claims, warm, c.n, c.replicas, DefaultAcceptableLag)
+	wp := assignWarm(claims, warm, c.n, c.replicas, DefaultAcceptableLag, DefaultMaxWarmups)
 	check := func(what string, got, want [][]int32) {
 		t.Helper()
 		if want == nil {
@@ -246,5 +246,43 @@ func TestStandbyPlaceSpread(t *testing.T) {
 		warmup:  [][]int32{nil, nil, nil},
 	}} {
 		t.Run(c.name, func(t *testing.T) { c.run(t) })
+	}
+}
+
+// TestStandbyPlaceWarmupsBounded: a member joining a group whose copies
+// all sit on the other members would warm up a copy of most numbers at
+// once, each a full read of a changelog. The plan holds at most
+// DefaultMaxWarmups copies being made group-wide, deferred numbers first:
+// the other warm-ups come in later plans, as these end.
+func TestStandbyPlaceWarmupsBounded(t *testing.T) {
+	const n = 24
+	all := make([]int32, n)
+	for p := range all {
+		all[p] = int32(p)
+	}
+	var members []placeMember
+	for k := range 3 {
+		// Its own numbers and the copies of the previous member's.
+		prev := (k + 2) % 3
+		members = append(members, placeMember{owns: all[8*k : 8*k+8], warm: copies(1000, slices.Concat(all[8*k:8*k+8], all[8*prev:8*prev+8])...)})
+	}
+	count := func(wp warmPlan) (deferred, warmups int) {
+		for i := range wp.warmup {
+			deferred += len(wp.deferred[i])
+			warmups += len(wp.warmup[i])
+		}
+		return deferred, warmups
+	}
+	// Balanced, each owner's copies on one member: warm-ups only.
+	c := placeCase{name: "spread", n: n, replicas: 1, members: members}
+	if _, w := count(c.run(t)); w == 0 || w > DefaultMaxWarmups {
+		t.Fatalf("%d warm-ups, want 1..%d", w, DefaultMaxWarmups)
+	}
+	// A cold joiner: its deferred numbers (a quota's worth) and no
+	// warm-up beyond the bound.
+	c = placeCase{name: "join", n: n, replicas: 1, members: append(slices.Clone(members), placeMember{})}
+	wp := c.run(t)
+	if d, w := count(wp); d != n/4 || w > max(DefaultMaxWarmups-d, 0) {
+		t.Fatalf("%d deferred and %d warm-ups (%v), want %d and at most %d", d, w, wp.warmup, n/4, max(DefaultMaxWarmups-d, 0))
 	}
 }
