@@ -146,6 +146,34 @@ func TestClockStepBackAfterExpiry(t *testing.T) {
 	}
 }
 
+// restartWithWindowRaised runs dedup with shortWindow's W on event w1 of
+// acme until w1's expiry bucket is deleted, then restarts it with twice
+// the W, on its local state (keep) or restored from the changelog.
+func restartWithWindowRaised(t *testing.T, keep bool) *harness {
+	t.Helper()
+	h := newHarness(t, nil, 1)
+	fs := vfs.NewMem()
+	cfg := shortWindow(h, prometheus.NewRegistry())
+	cfg.Stream.FS = fs
+	a := h.start(cfg)
+	h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
+	h.caughtUp() // the key is in the changelog
+	h.produce(h.tick(0, t0+swB+swW+swS))
+	h.caughtUp()
+	within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !keep {
+		fs = vfs.NewMem()
+	}
+	cfg = shortWindow(h, prometheus.NewRegistry())
+	cfg.Stream.FS = fs
+	cfg.Window *= 2
+	h.start(cfg)
+	return h
+}
+
 // TestWindowRaisedAfterExpiry: W (or S) raised on a state whose keys
 // already expired under the shorter one. A copy that the longer window
 // admits, of an event whose key is gone, cannot be recognised: it is
@@ -155,26 +183,7 @@ func TestClockStepBackAfterExpiry(t *testing.T) {
 // decision must not depend on which one is read).
 func TestWindowRaisedAfterExpiry(t *testing.T) {
 	localOrRestored(t, func(t *testing.T, keep bool) {
-		h := newHarness(t, nil, 1)
-		fs := vfs.NewMem()
-		cfg := shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		a := h.start(cfg)
-		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
-		h.caughtUp() // the key is in the changelog
-		h.produce(h.tick(0, t0+swB+swW+swS))
-		h.caughtUp()
-		within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
-		if err := a.stop(); err != nil {
-			t.Fatal(err)
-		}
-		if !keep {
-			fs = vfs.NewMem()
-		}
-		cfg = shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		cfg.Window *= 2
-		h.start(cfg)
+		h := restartWithWindowRaised(t, keep)
 		// 2.5 h after the original: inside the new window of 4 h.
 		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr+swW+30*60_000))
 		h.caughtUp()
@@ -196,26 +205,7 @@ func TestWindowRaisedAfterExpiry(t *testing.T) {
 // state forwards. Both forward it.
 func TestWindowRaisedConflictAfterExpiry(t *testing.T) {
 	localOrRestored(t, func(t *testing.T, keep bool) {
-		h := newHarness(t, nil, 1)
-		fs := vfs.NewMem()
-		cfg := shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		a := h.start(cfg)
-		h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
-		h.caughtUp() // the key is in the changelog
-		h.produce(h.tick(0, t0+swB+swW+swS))
-		h.caughtUp()
-		within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
-		if err := a.stop(); err != nil {
-			t.Fatal(err)
-		}
-		if !keep {
-			fs = vfs.NewMem()
-		}
-		cfg = shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		cfg.Window *= 2
-		h.start(cfg)
+		h := restartWithWindowRaised(t, keep)
 		// 2.5 h after the original, inside the new window of 4 h, with an
 		// event_time of its own.
 		arr := swArr + swW + 30*60_000
