@@ -191,7 +191,7 @@ type BenchQueriesCmd struct {
 	Months     int           `help:"Months of event time, from January 2024." default:"3"`
 	Partitions int64         `help:"Kafka partitions of the generated rows." default:"16"`
 	Runs       int           `help:"Timed runs of each query, after one warm-up run; median and max are reported." default:"5"`
-	SinkRows   int           `help:"Rows of the sink comparison with and without the analyst views; 0 skips it." default:"1000000"`
+	SinkRows   int           `help:"Rows of the sink comparison with and without the analyst views; 0 skips it." default:"1000000" zero:""`
 	SinkRounds int           `help:"Rounds of the sink comparison." default:"3"`
 	Database   string        `help:"ClickHouse database for the generated data. Default: a new one, dropped at the end."`
 	Keep       bool          `help:"Keep the database (for --reuse)."`

@@ -58,7 +58,7 @@ func TestBenchProduce(t *testing.T) {
 // TestBenchFlagsOutOfRange: a benchmark with nonsense flags exits 2 at once,
 // naming every flag at fault, before it touches a broker.
 func TestBenchFlagsOutOfRange(t *testing.T) {
-	code, _, errOut := run(t, "", "bench", "dedup", "--brokers", "127.0.0.1:1", "--rounds", "0", "--events=-1", "--duplicate-rate", "2")
+	code, _, errOut := run(t, "", "bench", "dedup", "--brokers", "127.0.0.1:1", "--rounds=-1", "--events=-1", "--duplicate-rate", "2")
 	if code != 2 {
 		t.Fatalf("exit %d, want 2\n%s", code, errOut)
 	}

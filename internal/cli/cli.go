@@ -218,6 +218,10 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 2
 	}
 	defer func() { _ = logger.Sync() }()
+	if err := refuseZeroFlags(kctx); err != nil {
+		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
+		return 2
+	}
 	warnReadableSecrets(kctx, logger)
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	kctx.Bind(&cli.Globals, stdio, logger)
@@ -233,6 +237,40 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 1
 	}
 	return 0
+}
+
+// refuseZeroFlags returns an error naming each numeric flag of the
+// command that is 0 (set so on the command line, in the environment or in
+// --config) although its default is not, unless the flag is tagged zero
+// (its help says what 0 means). The stages' Configs read a zero field as
+// "the default" (EnsureDefaults), so such a 0 would run silently with the
+// default: --standby-max-warmups 0 with 2 copies, --ingest-read-timeout 0
+// with 30s.
+func refuseZeroFlags(kctx *kong.Context) error {
+	var errs []error
+	for _, f := range kctx.Flags() {
+		if f.Tag.Has("zero") || !f.Target.IsValid() || !f.Target.IsZero() || !numericNonZero(f.Target.Type(), f.Default) {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("--%s must not be 0: leave the flag out for its default (%s)", f.Name, f.Default))
+	}
+	return errors.Join(errs...)
+}
+
+// numericNonZero reports whether t is a number or a time.Duration and def,
+// a flag's default, a value of it other than 0.
+func numericNonZero(t reflect.Type, def string) bool {
+	if t == reflect.TypeFor[time.Duration]() {
+		d, err := time.ParseDuration(def)
+		return err == nil && d != 0
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		v, err := strconv.ParseFloat(def, 64)
+		return err == nil && v != 0
+	}
+	return false
 }
 
 // hideSecretArgs returns msg, a parse error, or in its place one that does

@@ -67,22 +67,22 @@ func TestDedupKeyCommand(t *testing.T) {
 
 // TestTimeParametersRefuseZero: a stage's Config takes a zero W, S, B or
 // grace as "the default", so a flag set to 0 would silently run with the
-// default (--skew 0 with an hour, --grace 0 with 48 hours). Dedup, run, the aggregator and the topics
-// commands refuse 0 instead, naming the flag's field.
+// default (--skew 0 with an hour, --grace 0 with 48 hours). Dedup, run and
+// the aggregator refuse 0 instead, naming the flag (refuseZeroFlags).
 func TestTimeParametersRefuseZero(t *testing.T) {
 	keys := testenv.DedupKeysFile(t)
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"dedup", "--skew", "0"}, "dedup: skew must be positive (got 0s)"},
-		{[]string{"dedup", "--window", "0"}, "dedup: window must be positive (got 0s)"},
-		{[]string{"dedup", "--bucket", "0"}, "dedup: bucket must be positive (got 0s)"},
-		{[]string{"run", "--dedup-skew", "0"}, "dedup: skew must be positive (got 0s)"},
-		{[]string{"aggregate", "--skew", "0"}, "aggregator: skew must be positive (got 0s)"},
-		{[]string{"aggregate", "--window", "0"}, "aggregator: window must be positive (got 0s)"},
-		{[]string{"aggregate", "--grace", "0"}, "aggregator: grace must be positive (got 0s)"},
-		{[]string{"run", "--aggregate-grace", "0"}, "aggregator: grace must be positive (got 0s)"},
+		{[]string{"dedup", "--skew", "0"}, "--skew must not be 0"},
+		{[]string{"dedup", "--window", "0"}, "--window must not be 0"},
+		{[]string{"dedup", "--bucket", "0"}, "--bucket must not be 0"},
+		{[]string{"run", "--dedup-skew", "0"}, "--dedup-skew must not be 0"},
+		{[]string{"aggregate", "--skew", "0"}, "--skew must not be 0"},
+		{[]string{"aggregate", "--window", "0"}, "--window must not be 0"},
+		{[]string{"aggregate", "--grace", "0"}, "--grace must not be 0"},
+		{[]string{"run", "--aggregate-grace", "0"}, "--aggregate-grace must not be 0"},
 	} {
 		args := append(c.args, "--validate", "--instance-id", "a", "--dedup-keys-file", keys)
 		if c.args[0] == "aggregate" {

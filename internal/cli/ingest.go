@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,7 +16,6 @@ import (
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/topics"
-	"github.com/meterline/meterline/producer"
 )
 
 // IngestFlags are the flags of the HTTP ingest, in `meterline ingest` and
@@ -66,40 +64,17 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 	return cfg
 }
 
-// refuseZeroBounds refuses a bound of the ingest set to 0 by a flag:
-// ingest.Config takes a zero as the default, so --max-in-flight 0 would
-// silently serve 256 requests at once. As with the stages' times
-// (refuseZeroTimes), 0 is refused rather than read as "none" or "no
-// bound": -1 already says no bound where there can be none. The same goes
-// for its timeouts and times (--read-timeout 0 would otherwise be 30s).
-func (f *IngestFlags) refuseZeroBounds() error {
-	var errs []error
-	for _, b := range []struct {
-		name string
-		zero bool
-		def  string
-	}{
-		{"max-body-bytes", f.MaxBodyBytes == 0, strconv.Itoa(ingest.DefaultMaxBodyBytes)},
-		{"max-events", f.MaxEvents == 0, strconv.Itoa(ingest.DefaultMaxEvents)},
-		{"max-in-flight", f.MaxInFlight == 0, strconv.Itoa(ingest.DefaultMaxInFlight) + "; -1: no bound"},
-		{"max-in-flight-per-client", f.MaxInFlightPerTenant == 0, strconv.Itoa(ingest.DefaultMaxInFlightPerTenant) + "; -1: no bound"},
-		{"refusal-rate", f.RefusalRate == 0, strconv.Itoa(ingest.DefaultRefusalRate) + "; -1: no budget"},
-		// A zero timeout would read as "none" in net/http; it is the
-		// default in ingest.Config.
-		{"produce-timeout", f.ProduceTimeout == 0, ingest.DefaultProduceTimeout.String()},
-		{"read-header-timeout", f.ReadHeaderTimeout == 0, ingest.DefaultReadHeaderTimeout.String()},
-		{"read-timeout", f.ReadTimeout == 0, ingest.DefaultReadTimeout.String()},
-		{"idle-timeout", f.IdleTimeout == 0, ingest.DefaultIdleTimeout.String()},
-		{"max-skew", f.MaxSkew == 0, producer.DefaultMaxSkew.String()},
-		{"gate-max-age", f.GateMaxAge == 0, ingest.DefaultGateMaxAge.String()},
-		{"auth-max-age", f.AuthMaxAge == 0, ingest.DefaultAuthMaxAge.String() + "; -1s: no bound"},
-		{"max-age", f.MaxAge != nil && *f.MaxAge == 0, "the dedup window plus --max-skew; -1: no bound"},
-	} {
-		if b.zero {
-			errs = append(errs, fmt.Errorf("ingest: %s must not be 0; leave the flag out for the default (%s)", b.name, b.def))
-		}
+// refuseZeroMaxAge refuses --max-age 0: the flag has no default of its
+// own (it is derived from the dedup window), so refuseZeroFlags leaves it,
+// and ingest.Config takes 0 as the derived default; -1 says no bound.
+// The ingest's other bounds and timeouts set to 0 are refused by
+// refuseZeroFlags (ingest.Config takes 0 as their defaults, and net/http
+// would read a zero timeout as none).
+func (f *IngestFlags) refuseZeroMaxAge() error {
+	if f.MaxAge != nil && *f.MaxAge == 0 {
+		return errors.New("ingest: max-age must not be 0; leave the flag out for the default (the dedup window plus --max-skew; -1: no bound)")
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // IngestCmd is `meterline ingest`.
@@ -122,7 +97,7 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	}
 	reg := service.NewRegistry()
 	cfg := c.config(kc, g, cat, c.StrictMeters, dedup.DefaultWindow, log, reg)
-	if err := errors.Join(c.refuseZeroBounds(), cfg.Validate()); err != nil {
+	if err := errors.Join(c.refuseZeroMaxAge(), cfg.Validate()); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
 	if c.Validate {

@@ -264,10 +264,10 @@ func TestIngestMaxAgeFlag(t *testing.T) {
 // TestIngestBoundsRefuseZero: ingest.Config takes a zero bound as "the
 // default", so --max-in-flight 0 would silently serve 256 requests at
 // once, --max-in-flight-per-client 0 64 per tenant, and --read-timeout 0
-// (read as "no timeout" by net/http) 30s. As with the
-// stages' time parameters (TestTimeParametersRefuseZero), ingest and run
-// refuse 0 for each such bound, naming the flag's field, and still take
-// -1 where it means no bound.
+// (read as "no timeout" by net/http) 30s. Ingest and run refuse 0 for each
+// such bound, naming the flag (refuseZeroFlags; --max-age, which has no
+// default of its own, refuseZeroMaxAge), and still take -1 where it means
+// no bound.
 func TestIngestBoundsRefuseZero(t *testing.T) {
 	dir := t.TempDir()
 	meters := filepath.Join(dir, "meters.yaml")
@@ -279,24 +279,24 @@ func TestIngestBoundsRefuseZero(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"ingest", "--max-in-flight", "0"}, "ingest: max-in-flight must not be 0"},
-		{[]string{"ingest", "--max-in-flight-per-client", "0"}, "ingest: max-in-flight-per-client must not be 0"},
-		{[]string{"ingest", "--max-events", "0"}, "ingest: max-events must not be 0"},
-		{[]string{"ingest", "--max-body-bytes", "0"}, "ingest: max-body-bytes must not be 0"},
-		{[]string{"ingest", "--refusal-rate", "0"}, "ingest: refusal-rate must not be 0"},
-		{[]string{"ingest", "--read-timeout", "0s"}, "ingest: read-timeout must not be 0"},
-		{[]string{"ingest", "--read-header-timeout", "0"}, "ingest: read-header-timeout must not be 0"},
-		{[]string{"ingest", "--idle-timeout", "0s"}, "ingest: idle-timeout must not be 0"},
-		{[]string{"ingest", "--produce-timeout", "0s"}, "ingest: produce-timeout must not be 0"},
-		{[]string{"ingest", "--max-skew", "0s"}, "ingest: max-skew must not be 0"},
-		{[]string{"ingest", "--gate-max-age", "0s"}, "ingest: gate-max-age must not be 0"},
-		{[]string{"ingest", "--auth-max-age", "0s"}, "ingest: auth-max-age must not be 0"},
-		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-auth-max-age", "0s"}, "--ingest-* flags: ingest: auth-max-age must not be 0"},
+		{[]string{"ingest", "--max-in-flight", "0"}, "--max-in-flight must not be 0"},
+		{[]string{"ingest", "--max-in-flight-per-client", "0"}, "--max-in-flight-per-client must not be 0"},
+		{[]string{"ingest", "--max-events", "0"}, "--max-events must not be 0"},
+		{[]string{"ingest", "--max-body-bytes", "0"}, "--max-body-bytes must not be 0"},
+		{[]string{"ingest", "--refusal-rate", "0"}, "--refusal-rate must not be 0"},
+		{[]string{"ingest", "--read-timeout", "0s"}, "--read-timeout must not be 0"},
+		{[]string{"ingest", "--read-header-timeout", "0"}, "--read-header-timeout must not be 0"},
+		{[]string{"ingest", "--idle-timeout", "0s"}, "--idle-timeout must not be 0"},
+		{[]string{"ingest", "--produce-timeout", "0s"}, "--produce-timeout must not be 0"},
+		{[]string{"ingest", "--max-skew", "0s"}, "--max-skew must not be 0"},
+		{[]string{"ingest", "--gate-max-age", "0s"}, "--gate-max-age must not be 0"},
+		{[]string{"ingest", "--auth-max-age", "0s"}, "--auth-max-age must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-auth-max-age", "0s"}, "--ingest-auth-max-age must not be 0"},
 		{[]string{"ingest", "--max-age", "0s"}, "ingest: max-age must not be 0"},
 		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-age", "0s"}, "--ingest-* flags: ingest: max-age must not be 0"},
-		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-read-timeout", "0s"}, "--ingest-* flags: ingest: read-timeout must not be 0"},
-		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight", "0"}, "--ingest-* flags: ingest: max-in-flight must not be 0"},
-		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight-per-client", "0"}, "--ingest-* flags: ingest: max-in-flight-per-client must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-read-timeout", "0s"}, "--ingest-read-timeout must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight", "0"}, "--ingest-max-in-flight must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-in-flight-per-client", "0"}, "--ingest-max-in-flight-per-client must not be 0"},
 	} {
 		code, out, errOut := run(t, "", append(c.args, "--meters", meters, "--validate")...)
 		if code != 2 || !strings.Contains(errOut, c.want) {

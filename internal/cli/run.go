@@ -81,7 +81,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 			return err
 		}
 		icfg = c.IngestFlags.config(kc, g, acfg.Meters, c.StrictMeters, dcfg.Window, log, reg)
-		if err := errors.Join(c.IngestFlags.refuseZeroBounds(), icfg.Validate()); err != nil {
+		if err := errors.Join(c.IngestFlags.refuseZeroMaxAge(), icfg.Validate()); err != nil {
 			return &ExitError{Code: 2, Err: fmt.Errorf("--ingest-* flags: %w", err)}
 		}
 	}

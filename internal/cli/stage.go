@@ -185,33 +185,10 @@ func (f *DedupFlags) config(g *Globals, sf *StageFlags, kf *DedupKeyFlags, bucke
 	if err != nil {
 		return dedup.Config{}, err
 	}
-	if err := refuseZeroTimes("dedup", f.Window, f.Skew, bucket); err != nil {
-		return dedup.Config{}, err
-	}
 	cfg := dedup.Config{Stream: sc, Topics: g.Topic, Window: f.Window, Skew: f.Skew, TickInterval: f.TickInterval, Bucket: bucket,
 		Keys: keys, ForgetKeys: kf.ForgetKeys, Sources: f.Sources, AllowCreateTime: sf.AllowCreateTime}
 	cfg.EnsureDefaults()
 	return cfg, cfg.Validate()
-}
-
-// refuseZeroTimes refuses dedup's window W, skew S or expiry bucket B set
-// to 0 by a flag: in the stages' Configs a zero means the default, so
-// --skew 0 would silently run with an hour. None of them can be 0: W and B
-// must be positive, and S = 0 would reject as in_future every event of a
-// producer whose clock runs a millisecond ahead of the broker's
-// (docs/design.md, Time: arrival is broker time, event_time the
-// producer's).
-func refuseZeroTimes(stage string, window, skew, bucket time.Duration) error {
-	var errs []error
-	for _, p := range []struct {
-		name string
-		d    time.Duration
-	}{{"window", window}, {"skew", skew}, {"bucket", bucket}} {
-		if p.d == 0 {
-			errs = append(errs, fmt.Errorf("%s: %s must be positive (got 0s); leave the flag out for the default", stage, p.name))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer) (dedup.Config, error) {
