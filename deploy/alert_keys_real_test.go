@@ -61,23 +61,16 @@ func TestRealIngestKeysStaleAlert(t *testing.T) {
 	ingest := testenv.StartProcess(t, "ingest", filepath.Join(work, "ingest.log"), bin, "ingest",
 		"--brokers", strings.Join(brokers, ","), "--topic-prefix", prefix, "--log-level", "info",
 		"--addr", ingestAddr, "--metrics-addr", metricsAddr, "--auth-max-age", realKeysAuthMaxAge.String())
+	sent := 0
 	post := func() int {
 		t.Helper()
-		body := fmt.Sprintf(`[{"event_id":"e-%d","customer_id":"cust-1","meter":"tokens","quantity":1,"event_time":%q,"source":"http"}]`,
-			time.Now().UnixNano(), time.Now().UTC().Format(time.RFC3339Nano))
-		req, err := http.NewRequest(http.MethodPost, "http://"+ingestAddr+"/v1/events", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
+		sent++
+		resp, answer, err := postEvent(context.Background(), "http://"+ingestAddr+"/v1/events", token, fmt.Sprintf("e-%d", sent), "cust-1", 1)
 		if err != nil {
 			t.Fatalf("post: %v", err)
 		}
-		resp.Body.Close()
 		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
-			t.Errorf("503 without Retry-After")
+			t.Errorf("503 without Retry-After: %s", answer)
 		}
 		return resp.StatusCode
 	}
