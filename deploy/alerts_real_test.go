@@ -36,6 +36,9 @@ var realScale = map[string]ruleScale{
 	// More than 5 s of input gated (rates over 20 s) while the lag is
 	// under 5 s.
 	"MeterlineEntitlementsStalled": {Expr: map[string]string{"60": "5", "5m": "20s"}, For: "2s"},
+	// A minute to 4 s: above 4 s for 4 s, past the 8 s --auth-max-age of
+	// TestRealIngestKeysStaleAlert's ingest (realKeysAuthMaxAge).
+	"MeterlineIngestKeysStale": {Expr: map[string]string{"60": "4"}, For: "4s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -49,6 +52,15 @@ var realAlertsFired = []string{
 // realEntAlertsFired lists the alerts TestRealEntitlementsStalledAlert
 // fires (alert_ent_real_test.go).
 var realEntAlertsFired = []string{"MeterlineEntitlementsStalled"}
+
+// realKeysAlertsFired lists the alerts TestRealIngestKeysStaleAlert fires
+// (alert_keys_real_test.go).
+var realKeysAlertsFired = []string{"MeterlineIngestKeysStale"}
+
+// realFired lists the alerts the real tests fire, all together.
+func realFired() []string {
+	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired)
+}
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled
 // down, realScale) in Debian's Prometheus against a real `meterline dedup`
@@ -554,7 +566,7 @@ func (w *alertWatch) ruleState(name string) string {
 func (w *alertWatch) expectRulesHealthy() {
 	w.t.Helper()
 	rs := w.rules()
-	if want := len(realAlertsFired) + len(realEntAlertsFired); len(rs) != want {
+	if want := len(realFired()); len(rs) != want {
 		w.t.Errorf("%d rules loaded, want %d", len(rs), want)
 	}
 	for _, r := range rs {

@@ -391,29 +391,39 @@ func postContinuously(ctx context.Context, t *testing.T, url, token string) {
 		if i%5 == 4 {
 			customer = ""
 		}
-		body := fmt.Sprintf(`[{"event_id":"http-%d","customer_id":%q,"meter":"tokens","quantity":%d,"event_time":%q,"source":"http"}]`,
-			i, customer, 1+i%7, time.Now().UTC().Format(time.RFC3339Nano))
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-		if err != nil {
-			t.Errorf("ingest feed: %v", err)
-			return
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
+		resp, answer, err := postEvent(ctx, url, token, fmt.Sprintf("http-%d", i), customer, int64(1+i%7))
 		if err != nil {
 			if ctx.Err() == nil {
 				t.Errorf("ingest feed: %v", err)
 			}
 			return
 		}
-		answer, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
 		if want := map[bool]int{true: http.StatusBadRequest, false: http.StatusAccepted}[customer == ""]; resp.StatusCode != want {
 			t.Errorf("ingest feed: %d %s, want %d", resp.StatusCode, answer, want)
 			return
 		}
 	}
+}
+
+// postEvent posts one event of meter tokens, now, to the HTTP ingest's
+// /v1/events at url with token, and returns its answer (the body read and
+// closed).
+func postEvent(ctx context.Context, url, token, id, customer string, quantity int64) (*http.Response, []byte, error) {
+	body := fmt.Sprintf(`[{"event_id":%q,"customer_id":%q,"meter":"tokens","quantity":%d,"event_time":%q,"source":"http"}]`,
+		id, customer, quantity, time.Now().UTC().Format(time.RFC3339Nano))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	return resp, answer, err
 }
 
 func waitHTTP(t *testing.T, u string, d time.Duration) {

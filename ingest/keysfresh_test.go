@@ -180,6 +180,31 @@ func TestKeysNoBound(t *testing.T) {
 	}
 }
 
+// TestKeysAgeBeforeFirstLoad: before its first load a replica's
+// meterline_ingest_keys_age_seconds is the time since its key set was
+// made, near 0 at its start and growing while it does not load, so that
+// MeterlineIngestKeysStale (docs/operations.md, MeterlineIngestKeysStale)
+// fires for a replica that never loads its keys, not for one starting. The
+// set is not stale meanwhile: the replica answers 503 "not loaded yet".
+func TestKeysAgeBeforeFirstLoad(t *testing.T) {
+	k := NewKeys("k", nil)
+	k.SetMaxAge(time.Minute)
+	reg := prometheus.NewRegistry()
+	newMetrics(reg, k, nil, newInflight(1, 1))
+	now := time.Now()
+	k.clock = func() time.Time { return now }
+	if age := gauge(t, reg, "meterline_ingest_keys_age_seconds"); age < 0 || age > 1 {
+		t.Errorf("age %g at the start; want about 0", age)
+	}
+	now = now.Add(3 * time.Minute)
+	if age := gauge(t, reg, "meterline_ingest_keys_age_seconds"); age < 180 || age > 181 {
+		t.Errorf("age %g 3 minutes after the start, keys never loaded; want about 180", age)
+	}
+	if _, stale := k.Staleness(); stale {
+		t.Error("a set not loaded yet is stale")
+	}
+}
+
 // TestReadMarks: a listing of the ends is reached once every partition is
 // read up to its end there; the newest reached is reported, once.
 func TestReadMarks(t *testing.T) {
