@@ -53,6 +53,15 @@ func (s *Server) endpoint(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock()}
 		rw := &statusWriter{ResponseWriter: w}
+		// A chunked request's connection is closed after its answer. A
+		// request with both Transfer-Encoding and Content-Length may be a
+		// smuggling attempt, and RFC 9112 (6.1) requires the connection
+		// closed after it; net/http keeps it (golang/go#80942) and drops
+		// the Content-Length before the handler could tell. Clients send
+		// a body they hold whole with a Content-Length.
+		if len(r.TransferEncoding) > 0 {
+			w.Header().Set("Connection", "close")
+		}
 		tenant := s.serve(rw, r, req)
 		req.release(req.enqueued.IsZero() || !req.acked.IsZero())
 		// The answer goes out now; the bookkeeping below (metrics, Trace)
