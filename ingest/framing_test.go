@@ -75,3 +75,40 @@ func TestChunkedWithContentLengthClosesConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestPathsAnsweredAsProblems: a path the endpoints' routes do not take
+// is 404, and only a method other than POST on an endpoint's path is
+// 405. "/api%2Fv1/events" is "/api/v1/events" decoded, but no route
+// (ServeMux matches "%2F" as a character of a segment): a POST to it was
+// answered 405 `"POST" is not allowed; POST events`. A CONNECT, whose
+// target has no path, was answered by ServeMux in plain text, not as
+// problem details, and without closing the connection.
+func TestPathsAnsweredAsProblems(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, c := range []struct {
+		name, req string
+		status    int
+	}{
+		{"POST escaped slash", "POST /api%2Fv1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + e.token + "\r\nContent-Type: application/cloudevents+json\r\nContent-Length: 2\r\n\r\n{}", http.StatusNotFound},
+		{"POST escaped slash, /v1", "POST /v1%2Fevents HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", http.StatusNotFound},
+		{"GET escaped slash", "GET /api%2Fv1/events HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusNotFound},
+		{"GET escaped letter", "GET /api/v1/%65vents HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusMethodNotAllowed},
+		{"HEAD", "HEAD /v1/events HTTP/1.1\r\nHost: x\r\n\r\n", http.StatusMethodNotAllowed},
+		{"CONNECT", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", http.StatusNotFound},
+	} {
+		resp, body, closed := rawExchange(t, e, c.req)
+		if resp.StatusCode != c.status {
+			t.Errorf("%s: %d %s, want %d", c.name, resp.StatusCode, body, c.status)
+			continue
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
+			t.Errorf("%s: Content-Type %q, want problem details", c.name, ct)
+		}
+		if resp.Request.Method != http.MethodHead && !strings.Contains(body, fmt.Sprintf(`"status":%d`, c.status)) {
+			t.Errorf("%s: body %s", c.name, body)
+		}
+		if !closed {
+			t.Errorf("%s: connection kept", c.name)
+		}
+	}
+}

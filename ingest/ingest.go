@@ -586,7 +586,11 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/events", s.endpoint(endpointMeterline))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		unread(w)
-		if r.URL.Path == "/api/v1/events" || r.URL.Path == "/v1/events" {
+		// 405 only where a POST would be routed to an endpoint: the
+		// decoded path alone would take "/api%2Fv1/events", which no
+		// route matches, for one (and answer a POST "POST is not
+		// allowed").
+		if r.Method != http.MethodPost && routesPost(mux, r) {
 			w.Header().Set("Allow", "POST")
 			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", fmt.Sprintf("%q is not allowed; POST events", clip(r.Method)), nil, 0)
 			return
@@ -598,15 +602,28 @@ func (s *Server) Handler() http.Handler {
 	// redirect as a GET loses the body, and one that does not is left
 	// with an answer that is neither a success nor a problem. Such a
 	// path is answered 404 instead, naming it.
+	// A request without a path (CONNECT host:port) is answered here too:
+	// ServeMux would answer it in plain text.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p := r.URL.Path; p != "" && p != cleanPath(p) {
+		if p := r.URL.Path; p == "" || p != cleanPath(p) {
 			unread(w)
-			writeProblem(w, http.StatusNotFound, "not-found", "Not found",
-				fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p)), nil, 0)
+			detail := "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)"
+			if p != "" {
+				detail = fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p))
+			}
+			writeProblem(w, http.StatusNotFound, "not-found", "Not found", detail, nil, 0)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// routesPost reports whether mux routes r, as a POST, to an endpoint.
+func routesPost(mux *http.ServeMux, r *http.Request) bool {
+	post := r.WithContext(r.Context())
+	post.Method = http.MethodPost
+	_, pattern := mux.Handler(post)
+	return strings.HasPrefix(pattern, "POST ")
 }
 
 // cleanPath is p as ServeMux cleans it before it routes: path.Clean,
