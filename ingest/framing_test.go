@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // rawExchange sends req as written on a new connection to the server and
@@ -109,6 +111,34 @@ func TestPathsAnsweredAsProblems(t *testing.T) {
 		}
 		if !closed {
 			t.Errorf("%s: connection kept", c.name)
+		}
+	}
+}
+
+// TestUnroutedRequestsCounted: a request no endpoint takes (404, 405) is
+// counted in meterline_ingest_requests_total under tenant none, as every
+// other answer is: a client posting to a wrong path (an SDK given a base
+// URL that already ends in /api/v1) was answered 404 and showed in no
+// metric, so the dashboard's requests by status showed nothing of it.
+func TestUnroutedRequestsCounted(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, path := range []string{"/api/v1/api/v1/events", "//api/v1/events"} {
+		if status, _, b := e.post(path, "application/cloudevents+json", e.token, []byte(`{}`)); status != http.StatusNotFound {
+			t.Fatalf("%s: %d %s", path, status, b)
+		}
+	}
+	req, err := http.NewRequest(http.MethodGet, e.srv.URL()+"/api/v1/events", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for code, want := range map[string]float64{"404": 2, "405": 1} {
+		if got := testutil.ToFloat64(e.srv.metrics.requests.WithLabelValues(noTenant, code)); got != want {
+			t.Errorf("requests_total{tenant=none,code=%s} = %v, want %v", code, got, want)
 		}
 	}
 }
