@@ -380,6 +380,8 @@ type Server struct {
 	scheme   string
 	// maxBuffered: see the constant.
 	maxBuffered int64
+	// gateLog bounds the quota gate's lines, one a 402 (answerGate).
+	gateLog *logBound
 
 	closeOnce sync.Once
 }
@@ -396,7 +398,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered}
+		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered, gateLog: newLogBound()}
 	s.keys.SetMaxAge(cfg.AuthMaxAge)
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
@@ -440,38 +442,54 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// errorLogBurst and errorLogRate bound the lines of the HTTP server's
-// error log: at most errorLogBurst at once, then errorLogRate a second.
+// errorLogBurst and errorLogRate bound the lines a client can cause, one
+// a connection or a request (logBound): at most errorLogBurst at once,
+// then errorLogRate a second.
 const (
 	errorLogBurst = 10
 	errorLogRate  = 1
 )
 
-// errorLog is where net/http reports what it does not answer through the
-// handler (a TLS handshake that failed, a handler's panic), at Warn. A
-// client can cause one line per connection it opens, so the lines are
-// bounded (errorLogBurst, errorLogRate); the next line written counts
-// those left out.
-type errorLog struct {
-	log     *zap.Logger
+// logBound bounds a kind of log line that a client can cause at will
+// (errorLogBurst, errorLogRate); the next line written counts those left
+// out.
+type logBound struct {
 	lim     *rate.Limiter
 	leftOut atomic.Int64
 }
 
+func newLogBound() *logBound { return &logBound{lim: rate.NewLimiter(errorLogRate, errorLogBurst)} }
+
+// allow reports whether a line may be written now, and the fields it
+// adds to it: the count of the lines left out before it, if any.
+func (b *logBound) allow() ([]zap.Field, bool) {
+	if !b.lim.Allow() {
+		b.leftOut.Add(1)
+		return nil, false
+	}
+	if n := b.leftOut.Swap(0); n > 0 {
+		return []zap.Field{zap.Int64("left_out", n)}, true
+	}
+	return nil, true
+}
+
+// errorLog is where net/http reports what it does not answer through the
+// handler (a TLS handshake that failed, a handler's panic), at Warn. A
+// client can cause one line per connection it opens, so the lines are
+// bounded (logBound).
+type errorLog struct {
+	log   *zap.Logger
+	bound *logBound
+}
+
 func newErrorLog(log *zap.Logger) *stdlog.Logger {
-	return stdlog.New(&errorLog{log: log, lim: rate.NewLimiter(errorLogRate, errorLogBurst)}, "", 0)
+	return stdlog.New(&errorLog{log: log, bound: newLogBound()}, "", 0)
 }
 
 func (e *errorLog) Write(p []byte) (int, error) {
-	if !e.lim.Allow() {
-		e.leftOut.Add(1)
-		return len(p), nil
+	if fs, ok := e.bound.allow(); ok {
+		e.log.Warn("ingest: HTTP server: "+strings.TrimSpace(string(p)), fs...)
 	}
-	var fs []zap.Field
-	if n := e.leftOut.Swap(0); n > 0 {
-		fs = append(fs, zap.Int64("left_out", n))
-	}
-	e.log.Warn("ingest: HTTP server: "+strings.TrimSpace(string(p)), fs...)
 	return len(p), nil
 }
 
