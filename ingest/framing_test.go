@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // rawExchange sends req as written on a new connection to the server and
@@ -140,5 +142,26 @@ func TestUnroutedRequestsCounted(t *testing.T) {
 		if got := testutil.ToFloat64(e.srv.metrics.requests.WithLabelValues(noTenant, code)); got != want {
 			t.Errorf("requests_total{tenant=none,code=%s} = %v, want %v", code, got, want)
 		}
+	}
+}
+
+// TestUnacknowledgedLogBounded: the warning of a request answered 503
+// because Kafka did not take its records is bounded as the HTTP server's
+// error log is. With the producer's buffer full every request is answered
+// at once, and each wrote a line: as many lines a second as requests, at
+// the moment an operator reads the log to find what is wrong.
+func TestUnacknowledgedLogBounded(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	e := newEnv(t, func(c *Config) { c.Logger = zap.New(core) })
+	e.srv.maxBuffered = -1 // every request finds the producer's buffer full
+	ev := `{"specversion":"1.0","id":"k","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":5},"user":"u"}}`
+	const n = 40
+	for i := range n {
+		if status, _, b := e.post("/api/v1/events", "application/cloudevents+json", e.token, []byte(ev)); status != http.StatusServiceUnavailable {
+			t.Fatalf("request %d: %d %s, want 503", i, status, b)
+		}
+	}
+	if lines := logs.FilterMessageSnippet("Kafka did not acknowledge").Len(); lines > errorLogBurst+2 {
+		t.Fatalf("%d requests answered 503 logged %d lines, want at most about %d", n, lines, errorLogBurst)
 	}
 }

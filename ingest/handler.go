@@ -194,8 +194,12 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	req.ready = time.Now()
 	var err error
 	if req.enqueued, err = s.send(recs); err != nil {
-		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
-			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))
+		// One line a request, as fast as they come while Kafka is out of
+		// reach: bounded.
+		if fs, ok := s.kafkaLog.allow(); ok {
+			s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503", append(fs,
+				zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))...)
+		}
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
 			"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)", nil, 5*time.Second)
 		s.metrics.refused(tenant, req.inputs)

@@ -380,8 +380,9 @@ type Server struct {
 	scheme   string
 	// maxBuffered: see the constant.
 	maxBuffered int64
-	// gateLog bounds the quota gate's lines, one a 402 (answerGate).
-	gateLog *logBound
+	// gateLog and kafkaLog bound the lines of a 402 (answerGate) and of a
+	// 503 for records Kafka did not take.
+	gateLog, kafkaLog *logBound
 
 	closeOnce sync.Once
 }
@@ -398,7 +399,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered, gateLog: newLogBound()}
+		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered,
+		gateLog: newLogBound(), kafkaLog: newLogBound()}
 	s.keys.SetMaxAge(cfg.AuthMaxAge)
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
