@@ -290,3 +290,39 @@ func TestRealTooOldAgreesWithDedup(t *testing.T) {
 		t.Errorf("rejected %v, want [edge too_old]", rejected)
 	}
 }
+
+// TestDataNamedTwiceLastCounts: `data` or `data_base64` named twice in
+// an event is read as OpenMeter's CloudEvents SDK reads it, the last
+// counts (docs/ingest.md, Meters: from a CloudEvent to usage), in one
+// event and in a batch; a last `"data":null` leaves the event no data.
+func TestDataNamedTwiceLastCounts(t *testing.T) {
+	e := newEnv(t, nil)
+	head := `{"specversion":"1.0","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z",`
+	b64 := func(n int) string {
+		return base64.StdEncoding.EncodeToString(fmt.Appendf(nil, `{"tokens":{"input":%d},"user":"u"}`, n))
+	}
+	for _, c := range []struct{ id, ct, body string }{
+		{"one", "application/cloudevents+json", head + `"id":"one","data":{"tokens":{"input":1},"user":"u"},"data":{"tokens":{"input":7},"user":"u"}}`},
+		{"batch", "application/cloudevents-batch+json", "[" + head + `"id":"batch","data":{"tokens":{"input":1},"user":"u"},"data":{"tokens":{"input":7},"user":"u"}}]`},
+		{"base64", "application/cloudevents+json", head + `"id":"base64","data_base64":"` + b64(1) + `","data_base64":"` + b64(7) + `"}`},
+	} {
+		if status, _, b := e.post("/api/v1/events", c.ct, e.token, []byte(c.body)); status != http.StatusNoContent {
+			t.Fatalf("%s: %d %s", c.id, status, b)
+		}
+	}
+	got := map[string]int64{}
+	for _, r := range e.records() {
+		if r.Meter == "input_tokens" {
+			got[r.EventID] = r.Quantity
+		}
+	}
+	for _, id := range []string{"one", "batch", "base64"} {
+		if q := got[producer.EventID("s", id)]; q != 7 {
+			t.Errorf("%s: quantity %d, want the last data's 7", id, q)
+		}
+	}
+	status, got2 := e.compactProblem("/api/v1/events", "application/cloudevents+json", head+`"id":"null","data":{"tokens":{"input":1},"user":"u"},"data":null}`)
+	if status != 400 || !strings.Contains(got2, `"field":"data.tokens.input"`) || !strings.Contains(got2, "the event has no data") {
+		t.Errorf("data then null: %d %s, want 400: no data", status, got2)
+	}
+}

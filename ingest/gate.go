@@ -138,6 +138,9 @@ func (s *Server) answerGate(w http.ResponseWriter, req *request, errs []EventErr
 			countIndexes(errs), req.inputs), errs, 0)
 	s.metrics.gateRefused(tenant, req.inputs)
 	s.metrics.refusedEvents(tenant, errs)
-	s.log.Info("ingest: quota gate answered 402; nothing was sent",
-		zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("events", req.inputs), zap.Array("refused", refused))
+	// One line a request, which a client can send in a loop: bounded.
+	if fs, ok := s.gateLog.allow(); ok {
+		s.log.Info("ingest: quota gate answered 402; nothing was sent", append(fs,
+			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("events", req.inputs), zap.Array("refused", refused))...)
+	}
 }

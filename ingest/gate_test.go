@@ -615,3 +615,35 @@ func TestGateRefusalsAreNotCharged(t *testing.T) {
 		t.Fatalf("another customer of the key after 1200 events refused 402: %d %s, want 204", status, b)
 	}
 }
+
+// TestGateLogBounded: the 402's log line, one a request naming each of
+// its events, is bounded as the HTTP server's error log is: a client that
+// sends a capped customer's batches in a loop (a 402 costs no refusal
+// budget, and a key without a rate has no bound) wrote a line of up to a
+// thousand entries for every request, as fast as it sent them. At most
+// errorLogBurst lines at once, then errorLogRate a second; the next line
+// counts those left out.
+func TestGateLogBounded(t *testing.T) {
+	e, logs, _ := gateEnv(t, nil)
+	e.putBalances(balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject))
+	over := batchOf(jobAt("j1", "acme-1", nov29), jobAt("j2", "acme-1", nov29))
+	const n = 40
+	for i := range n {
+		if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, over); status != http.StatusPaymentRequired {
+			t.Fatalf("request %d: %d %s, want 402", i, status, b)
+		}
+	}
+	lines := logs.FilterMessageSnippet("quota gate answered 402").Len()
+	if lines > errorLogBurst+2 {
+		t.Fatalf("%d requests answered 402 logged %d lines, want at most about %d", n, lines, errorLogBurst)
+	}
+	time.Sleep(time.Second + 100*time.Millisecond)
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, over); status != http.StatusPaymentRequired {
+		t.Fatalf("%d %s, want 402", status, b)
+	}
+	all := logs.FilterMessageSnippet("quota gate answered 402").All()
+	last := all[len(all)-1].ContextMap()
+	if got, want := last["left_out"], int64(n-lines); got != want {
+		t.Errorf("the line after the pause: left_out %v, want %d (%v)", got, want, last)
+	}
+}

@@ -53,6 +53,15 @@ func (s *Server) endpoint(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock()}
 		rw := &statusWriter{ResponseWriter: w}
+		// A chunked request's connection is closed after its answer. A
+		// request with both Transfer-Encoding and Content-Length may be a
+		// smuggling attempt, and RFC 9112 (6.1) requires the connection
+		// closed after it; net/http keeps it (golang/go#80942) and drops
+		// the Content-Length before the handler could tell. Clients send
+		// a body they hold whole with a Content-Length.
+		if len(r.TransferEncoding) > 0 {
+			w.Header().Set("Connection", "close")
+		}
 		tenant := s.serve(rw, r, req)
 		req.release(req.enqueued.IsZero() || !req.acked.IsZero())
 		// The answer goes out now; the bookkeeping below (metrics, Trace)
@@ -185,8 +194,12 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	req.ready = time.Now()
 	var err error
 	if req.enqueued, err = s.send(recs); err != nil {
-		s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503",
-			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))
+		// One line a request, as fast as they come while Kafka is out of
+		// reach: bounded.
+		if fs, ok := s.kafkaLog.allow(); ok {
+			s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503", append(fs,
+				zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))...)
+		}
 		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
 			"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)", nil, 5*time.Second)
 		s.metrics.refused(tenant, req.inputs)

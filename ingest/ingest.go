@@ -380,6 +380,9 @@ type Server struct {
 	scheme   string
 	// maxBuffered: see the constant.
 	maxBuffered int64
+	// gateLog and kafkaLog bound the lines of a 402 (answerGate) and of a
+	// 503 for records Kafka did not take.
+	gateLog, kafkaLog *logBound
 
 	closeOnce sync.Once
 }
@@ -396,7 +399,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
-		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered}
+		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered,
+		gateLog: newLogBound(), kafkaLog: newLogBound()}
 	s.keys.SetMaxAge(cfg.AuthMaxAge)
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
@@ -440,38 +444,54 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// errorLogBurst and errorLogRate bound the lines of the HTTP server's
-// error log: at most errorLogBurst at once, then errorLogRate a second.
+// errorLogBurst and errorLogRate bound the lines a client can cause, one
+// a connection or a request (logBound): at most errorLogBurst at once,
+// then errorLogRate a second.
 const (
 	errorLogBurst = 10
 	errorLogRate  = 1
 )
 
-// errorLog is where net/http reports what it does not answer through the
-// handler (a TLS handshake that failed, a handler's panic), at Warn. A
-// client can cause one line per connection it opens, so the lines are
-// bounded (errorLogBurst, errorLogRate); the next line written counts
-// those left out.
-type errorLog struct {
-	log     *zap.Logger
+// logBound bounds a kind of log line that a client can cause at will
+// (errorLogBurst, errorLogRate); the next line written counts those left
+// out.
+type logBound struct {
 	lim     *rate.Limiter
 	leftOut atomic.Int64
 }
 
+func newLogBound() *logBound { return &logBound{lim: rate.NewLimiter(errorLogRate, errorLogBurst)} }
+
+// allow reports whether a line may be written now, and the fields it
+// adds to it: the count of the lines left out before it, if any.
+func (b *logBound) allow() ([]zap.Field, bool) {
+	if !b.lim.Allow() {
+		b.leftOut.Add(1)
+		return nil, false
+	}
+	if n := b.leftOut.Swap(0); n > 0 {
+		return []zap.Field{zap.Int64("left_out", n)}, true
+	}
+	return nil, true
+}
+
+// errorLog is where net/http reports what it does not answer through the
+// handler (a TLS handshake that failed, a handler's panic), at Warn. A
+// client can cause one line per connection it opens, so the lines are
+// bounded (logBound).
+type errorLog struct {
+	log   *zap.Logger
+	bound *logBound
+}
+
 func newErrorLog(log *zap.Logger) *stdlog.Logger {
-	return stdlog.New(&errorLog{log: log, lim: rate.NewLimiter(errorLogRate, errorLogBurst)}, "", 0)
+	return stdlog.New(&errorLog{log: log, bound: newLogBound()}, "", 0)
 }
 
 func (e *errorLog) Write(p []byte) (int, error) {
-	if !e.lim.Allow() {
-		e.leftOut.Add(1)
-		return len(p), nil
+	if fs, ok := e.bound.allow(); ok {
+		e.log.Warn("ingest: HTTP server: "+strings.TrimSpace(string(p)), fs...)
 	}
-	var fs []zap.Field
-	if n := e.leftOut.Swap(0); n > 0 {
-		fs = append(fs, zap.Int64("left_out", n))
-	}
-	e.log.Warn("ingest: HTTP server: "+strings.TrimSpace(string(p)), fs...)
 	return len(p), nil
 }
 
@@ -586,27 +606,47 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/events", s.endpoint(endpointMeterline))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		unread(w)
-		if r.URL.Path == "/api/v1/events" || r.URL.Path == "/v1/events" {
+		// 405 only where a POST would be routed to an endpoint: the
+		// decoded path alone would take "/api%2Fv1/events", which no
+		// route matches, for one (and answer a POST "POST is not
+		// allowed").
+		if r.Method != http.MethodPost && routesPost(mux, r) {
 			w.Header().Set("Allow", "POST")
 			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", fmt.Sprintf("%q is not allowed; POST events", clip(r.Method)), nil, 0)
+			s.metrics.observe("", "", http.StatusMethodNotAllowed, 0)
 			return
 		}
 		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
+		s.metrics.observe("", "", http.StatusNotFound, 0)
 	})
 	// ServeMux redirects a path that is not clean ("//api/v1/events",
 	// "/api/v1/./events") to its clean form: a client that follows the
 	// redirect as a GET loses the body, and one that does not is left
 	// with an answer that is neither a success nor a problem. Such a
 	// path is answered 404 instead, naming it.
+	// A request without a path (CONNECT host:port) is answered here too:
+	// ServeMux would answer it in plain text.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p := r.URL.Path; p != "" && p != cleanPath(p) {
+		if p := r.URL.Path; p == "" || p != cleanPath(p) {
 			unread(w)
-			writeProblem(w, http.StatusNotFound, "not-found", "Not found",
-				fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p)), nil, 0)
+			detail := "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)"
+			if p != "" {
+				detail = fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p))
+			}
+			writeProblem(w, http.StatusNotFound, "not-found", "Not found", detail, nil, 0)
+			s.metrics.observe("", "", http.StatusNotFound, 0)
 			return
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// routesPost reports whether mux routes r, as a POST, to an endpoint.
+func routesPost(mux *http.ServeMux, r *http.Request) bool {
+	post := r.WithContext(r.Context())
+	post.Method = http.MethodPost
+	_, pattern := mux.Handler(post)
+	return strings.HasPrefix(pattern, "POST ")
 }
 
 // cleanPath is p as ServeMux cleans it before it routes: path.Clean,

@@ -130,7 +130,9 @@ func (m *metrics) observe(endpoint, tenant string, status int, d time.Duration) 
 		tenant = noTenant
 	}
 	m.requests.WithLabelValues(tenant, strconv.Itoa(status)).Inc()
-	m.duration.WithLabelValues(endpoint).Observe(d.Seconds())
+	if endpoint != "" { // "": a request no endpoint takes (404, 405)
+		m.duration.WithLabelValues(endpoint).Observe(d.Seconds())
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.totals(tenant)

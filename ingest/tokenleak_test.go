@@ -34,6 +34,7 @@ func TestTokensNeverShown(t *testing.T) {
 	ev := func(subject string, tokens any) []byte {
 		return fmt.Appendf(nil, `{"specversion":"1.0","id":"e1","source":"s","type":"prompt","subject":%q,"time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":%v},"model":"m","user":"u"}}`, subject, tokens)
 	}
+	waitKeys(t, e.srv, 2) // the record reaches the replica after CreateKey returns
 	if status, _, b := e.post("/api/v1/events", "application/cloudevents+json", revoked, ev("acme-1", 1)); status/100 != 2 {
 		t.Fatalf("the second key before its revocation: %d %s", status, b)
 	}

@@ -18,6 +18,7 @@ import (
 	"maps"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -252,10 +253,19 @@ func refuseZeroFlags(kctx *kong.Context) error {
 		if f.Tag.Has("zero") || !f.Target.IsValid() || !f.Target.IsZero() || !numericNonZero(f.Target.Type(), f.Default) {
 			continue
 		}
-		errs = append(errs, fmt.Errorf("--%s must not be 0: leave the flag out for its default (%s)", f.Name, f.Default))
+		def := f.Default
+		if m := negativeMeaning.FindString(f.Help); m != "" {
+			def += "; " + m
+		}
+		errs = append(errs, fmt.Errorf("--%s must not be 0: leave the flag out for its default (%s)", f.Name, def))
 	}
 	return errors.Join(errs...)
 }
+
+// negativeMeaning is what a flag's help says a negative value means
+// ("-1: no bound", "-1s: no bound", "-1: no budget"), repeated by
+// refuseZeroFlags' error.
+var negativeMeaning = regexp.MustCompile(`-1s?: no [a-z]+`)
 
 // numericNonZero reports whether t is a number or a time.Duration and def,
 // a flag's default, a value of it other than 0.

@@ -37,7 +37,7 @@ type IngestFlags struct {
 	ReadTimeout          time.Duration  `help:"Longest a client may take to send a whole request." default:"${ingest_read_timeout}"`
 	IdleTimeout          time.Duration  `help:"How long an idle keep-alive connection stays open." default:"${ingest_idle_timeout}"`
 	MaxSkew              time.Duration  `help:"How far after now an event time may be (the dedup skew S)." default:"${producer_max_skew}"`
-	MaxAge               *time.Duration `help:"How far before now an event time may be (400 too_old beyond); -1: no bound. Default: the dedup window W (in meterline run --dedup-window, else 35 days) plus --${flag_prefix}max-skew, the margin for this clock being ahead of the broker's, so that no event dedup would accept is refused."`
+	MaxAge               *time.Duration `help:"How far before now an event time may be (400 too_old beyond); -1s: no bound. Default: the dedup window W (in meterline run --dedup-window, else 35 days) plus --${flag_prefix}max-skew, the margin for this clock being ahead of the broker's, so that no event dedup would accept is refused."`
 	AuthMaxAge           time.Duration  `help:"How long this replica serves with API keys it has not confirmed current (the keys topic's end listed, then read; checked every 5 s, or a quarter of this when less): past it every request is answered 503 with Retry-After and /readyz fails, so that a key revoked while the keys topic is out of reach stops working here within it. Minutes: beyond a leader election or a broker restart, which take seconds, and the ingest cannot write events while the cluster is down anyway; -1s: no bound." default:"${ingest_auth_max_age}"`
 	QuotaGate            bool           `help:"Answer 402 to a request whose every event is for a reject-policy meter exhausted in the event's period, per the balances topic (advisory; fails open); on by default." default:"true" negatable:""`
 	GateMaxAge           time.Duration  `help:"Age past which the quota gate no longer trusts a balance: the broker time now (the timestamps of balances that arrived live, plus the time since) minus its updated_at; none is trusted until one has arrived live." default:"${ingest_gate_max_age}"`
@@ -66,13 +66,13 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 
 // refuseZeroMaxAge refuses --max-age 0: the flag has no default of its
 // own (it is derived from the dedup window), so refuseZeroFlags leaves it,
-// and ingest.Config takes 0 as the derived default; -1 says no bound.
+// and ingest.Config takes 0 as the derived default; -1s says no bound.
 // The ingest's other bounds and timeouts set to 0 are refused by
 // refuseZeroFlags (ingest.Config takes 0 as their defaults, and net/http
 // would read a zero timeout as none).
 func (f *IngestFlags) refuseZeroMaxAge() error {
 	if f.MaxAge != nil && *f.MaxAge == 0 {
-		return errors.New("ingest: max-age must not be 0; leave the flag out for the default (the dedup window plus --max-skew; -1: no bound)")
+		return errors.New("ingest: max-age must not be 0; leave the flag out for the default (the dedup window plus --max-skew; -1s: no bound)")
 	}
 	return nil
 }

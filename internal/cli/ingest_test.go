@@ -307,3 +307,36 @@ func TestIngestBoundsRefuseZero(t *testing.T) {
 		t.Errorf("ingest with -1 bounds: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// TestIngestNoBoundAsTold: the value an ingest flag's help, and its error
+// for 0, give for "no bound" is one the flag takes. --max-age's said
+// "-1", which a duration flag refuses ("missing unit in duration").
+func TestIngestNoBoundAsTold(t *testing.T) {
+	dir := t.TempDir()
+	meters := filepath.Join(dir, "meters.yaml")
+	if err := os.WriteFile(meters, []byte(docBlock(t, "yaml", "event_type: prompt")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, help, _ := run(t, "", "ingest", "--help")
+	help = strings.Join(strings.Fields(help), " ")
+	told := regexp.MustCompile(`(-1s?): no (?:bound|budget)`)
+	for _, c := range []struct{ flag, zero string }{
+		{"max-age", "0s"}, {"auth-max-age", "0s"}, {"max-in-flight", "0"}, {"max-in-flight-per-client", "0"}, {"refusal-rate", "0"},
+	} {
+		_, _, errOut := run(t, "", "ingest", "--meters", meters, "--validate", "--"+c.flag, c.zero)
+		i := strings.Index(help, "--"+c.flag+"=")
+		if i < 0 {
+			t.Fatalf("--%s is not in the help", c.flag)
+		}
+		for where, text := range map[string]string{"its error for 0": errOut, "its help": help[i:]} {
+			m := told.FindStringSubmatch(text)
+			if m == nil {
+				t.Errorf("--%s: %s names no value for no bound: %s", c.flag, where, text)
+				continue
+			}
+			if code, out, errOut := run(t, "", "ingest", "--meters", meters, "--validate", "--"+c.flag+"="+m[1]); code != 0 {
+				t.Errorf("--%s=%s, as %s says: exit %d\n%s%s", c.flag, m[1], where, code, out, errOut)
+			}
+		}
+	}
+}
