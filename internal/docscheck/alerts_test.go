@@ -27,6 +27,26 @@ var (
 	constLabel = regexp.MustCompile(`(\w+)="`)
 )
 
+// newRecordingRegistry wraps reg, recording what reg already exports.
+func newRecordingRegistry(t *testing.T, reg *prometheus.Registry) *recordingRegistry {
+	t.Helper()
+	r := &recordingRegistry{Registry: reg, descs: map[string][]string{}}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		var labels []string
+		if ms := mf.GetMetric(); len(ms) > 0 {
+			for _, lp := range ms[0].GetLabel() {
+				labels = append(labels, lp.GetName())
+			}
+		}
+		r.descs[mf.GetName()] = labels
+	}
+	return r
+}
+
 // Register registers c and records its metrics' names and label names.
 func (r *recordingRegistry) Register(c prometheus.Collector) error {
 	if err := r.Registry.Register(c); err != nil {
@@ -34,9 +54,6 @@ func (r *recordingRegistry) Register(c prometheus.Collector) error {
 	}
 	ch := make(chan *prometheus.Desc)
 	go func() { c.Describe(ch); close(ch) }()
-	if r.descs == nil {
-		r.descs = map[string][]string{}
-	}
 	for d := range ch {
 		s := d.String()
 		n, l := descName.FindStringSubmatch(s), descConst.FindStringSubmatch(s)

@@ -179,7 +179,7 @@ func startedStages(t *testing.T) (map[string]*recordingRegistry, topics.Names) {
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: 2})
 	regs := map[string]*recordingRegistry{}
 	for _, s := range []string{"dedup", "aggregate", "sink", "ingest", "process"} {
-		regs[s] = &recordingRegistry{Registry: service.NewRegistry()}
+		regs[s] = newRecordingRegistry(t, service.NewRegistry())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -338,4 +338,50 @@ func sameSet(a, b []string) bool {
 	slices.Sort(a)
 	slices.Sort(b)
 	return slices.Equal(a, b)
+}
+
+// TestDocsMetricLabels: every metric that a document (the README, docs/)
+// writes with its labels in braces, `meterline_x{a,b}`, is registered by a
+// stage with exactly those label names. A query or an alert written from
+// the docs with a label the metric lacks selects nothing.
+func TestDocsMetricLabels(t *testing.T) {
+	regs, _ := startedStages(t)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withLabels := regexp.MustCompile(`\b(meterline_[a-z_]+)\{([a-z_]+(?:,[a-z_]+)*)\}`)
+	n := 0
+	for _, path := range append(docs, filepath.Join(root, "README.md")) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, m := range withLabels.FindAllStringSubmatch(string(b), -1) {
+			n++
+			name, labels := m[1], strings.Split(m[2], ",")
+			found := false
+			for s, reg := range regs {
+				got, ok := reg.descs[name]
+				if !ok {
+					continue
+				}
+				found = true
+				if !sameSet(got, labels) {
+					t.Errorf("%s: %s{%s}; %s registers it with {%s}", rel, name, m[2], s, strings.Join(got, ","))
+				}
+			}
+			if !found {
+				t.Errorf("%s: %s{%s} is registered by no stage", rel, name, m[2])
+			}
+		}
+	}
+	if n < 40 {
+		t.Fatalf("found %d metrics with labels in the docs", n)
+	}
 }
