@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -25,17 +24,7 @@ func TestStopBoundedWhenLeaveHangs(t *testing.T) {
 	}
 	cluster, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: 2})
-	release, hang := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	cluster.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		select {
-		case <-hang:
-			cluster.SleepControl(func() { <-release })
-		default:
-		}
-		return nil, nil, false
-	})
+	hang := testenv.HangLeaveGroup(t, cluster)
 	w, err := New(Config{
 		Config: session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: names.Prefix + "sink", InstanceID: "i1",
 			SessionTimeout: 6 * time.Second},
@@ -50,17 +39,6 @@ func TestStopBoundedWhenLeaveHangs(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	waitReadyIs(t, w, func(err error) bool { return err == nil }, "ready")
-	close(hang)
-	start := time.Now()
-	cancel()
-	bound := session.LeaveTimeout + 5*time.Second
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		t.Logf("stopped in %s with the LeaveGroup unanswered", time.Since(start).Round(time.Millisecond))
-	case <-time.After(bound):
-		t.Fatalf("Run still running %s after the stop, its LeaveGroup unanswered", bound)
-	}
+	hang()
+	testenv.StopsWithin(t, cancel, done, session.LeaveTimeout+5*time.Second)
 }

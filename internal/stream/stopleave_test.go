@@ -7,7 +7,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -26,18 +25,7 @@ func TestStopBoundedWhenLeaveHangs(t *testing.T) {
 	input, changelog := testenv.Name(t, "in"), testenv.Name(t, "changelog")
 	testenv.CreateTopic(t, brokers, input, 2, nil)
 	testenv.CreateTopic(t, brokers, changelog, 2, nil)
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	hang := make(chan struct{})
-	cluster.ControlKey(int16(kmsg.LeaveGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		select {
-		case <-hang:
-			cluster.SleepControl(func() { <-release })
-		default:
-		}
-		return nil, nil, false
-	})
+	hang := testenv.HangLeaveGroup(t, cluster)
 	rt, err := New(Config{Stage: "keep",
 		Config:     session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: testenv.Name(t, "group"), InstanceID: "i1", SessionTimeout: 6 * time.Second},
 		InputTopic: input, ChangelogTopic: changelog, FS: vfs.NewMem(),
@@ -56,17 +44,6 @@ func TestStopBoundedWhenLeaveHangs(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	close(hang)
-	start := time.Now()
-	stop()
-	bound := session.LeaveTimeout + 5*time.Second
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		t.Logf("stopped in %s with the LeaveGroup unanswered", time.Since(start).Round(time.Millisecond))
-	case <-time.After(bound):
-		t.Fatalf("Run still running %s after the stop, its LeaveGroup unanswered", bound)
-	}
+	hang()
+	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+5*time.Second)
 }
