@@ -27,10 +27,17 @@ import (
 	"github.com/meterline/meterline/sink"
 )
 
-// documentedMetrics returns the metric names of the metrics table
+// documentedMetric is a metric of the metrics table, with the label names
+// the table gives it in braces (nil when it gives none).
+type documentedMetric struct {
+	name   string
+	labels []string
+}
+
+// documentedMetrics returns the metrics of the metrics table
 // (docs/operations.md, Health, metrics and logs). A cell's "..._x" is x with the prefix
 // (meterline_<part>_) of the cell's first name.
-func documentedMetrics(t *testing.T) []string {
+func documentedMetrics(t *testing.T) []documentedMetric {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
@@ -45,8 +52,8 @@ func documentedMetrics(t *testing.T) []string {
 	if i < 0 {
 		t.Fatal("docs/operations.md has no metrics table")
 	}
-	name := regexp.MustCompile("`((?:meterline_|\\.\\.\\._)[a-z_]+)")
-	var out []string
+	name := regexp.MustCompile("`((?:meterline_|\\.\\.\\._)[a-z_]+)(?:\\{([a-z_,]*)\\})?")
+	var out []documentedMetric
 	for _, line := range strings.Split(text[i+1:], "\n")[2:] {
 		if !strings.HasPrefix(line, "| ") {
 			break
@@ -61,7 +68,11 @@ func documentedMetrics(t *testing.T) []string {
 				parts := strings.SplitN(n, "_", 3)
 				prefix = parts[0] + "_" + parts[1] + "_"
 			}
-			out = append(out, n)
+			var labels []string
+			if m[2] != "" {
+				labels = strings.Split(m[2], ",")
+			}
+			out = append(out, documentedMetric{n, labels})
 		}
 	}
 	if len(out) < 40 {
@@ -118,11 +129,57 @@ func stageOf(name string) []string {
 // New leaves them (every series of theirs is made there; the sink's Run
 // needs ClickHouse). So the table and the code cannot drift apart.
 func TestDocumentedMetricsAtStart(t *testing.T) {
+	regs, names := startedStages(t)
+	exported := map[string][]string{}
+	for s, reg := range regs {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		for _, mf := range mfs {
+			exported[s] = append(exported[s], mf.GetName())
+		}
+	}
+	for _, w := range wantSeries(names) {
+		if !hasSeries(t, regs[w.reg].Registry, w.name, w.labels) {
+			t.Errorf("%s: no series %s%v right after the start", w.reg, w.name, w.labels)
+		}
+	}
+	for _, dm := range documentedMetrics(t) {
+		n := dm.name
+		for s, reg := range regs {
+			if got, ok := reg.descs[n]; ok && dm.labels != nil && !sameSet(got, dm.labels) {
+				t.Errorf("%s (docs/operations.md) has labels {%s}; %s exports it with {%s}", n,
+					strings.Join(dm.labels, ","), s, strings.Join(got, ","))
+			}
+		}
+		stages := stageOf(n)
+		if len(stages) == 0 {
+			t.Errorf("%s (docs/operations.md): no stage known to export it; add it to stageOf", n)
+			continue
+		}
+		if _, ok := notAtStart[n]; ok {
+			continue
+		}
+		for _, s := range stages {
+			if !slices.Contains(exported[s], n) {
+				t.Errorf("%s (docs/operations.md) is not exported by %s right after its start", n, s)
+			}
+		}
+	}
+}
+
+// startedStages starts dedup and the aggregator (with entitlements) on
+// kfake until they are ready, and makes the sink and the HTTP ingest as
+// New leaves them, each with a registry of its own; "process" holds what
+// the command line adds (service.NewRegistry, the lag collector).
+func startedStages(t *testing.T) (map[string]*recordingRegistry, topics.Names) {
+	t.Helper()
 	_, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: 2})
-	regs := map[string]*prometheus.Registry{}
+	regs := map[string]*recordingRegistry{}
 	for _, s := range []string{"dedup", "aggregate", "sink", "ingest", "process"} {
-		regs[s] = service.NewRegistry()
+		regs[s] = newRecordingRegistry(t, service.NewRegistry())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -169,44 +226,15 @@ func TestDocumentedMetricsAtStart(t *testing.T) {
 		KeysTopic: names.KeysTopic(), BalancesTopic: names.BalancesTopic(), Registerer: regs["ingest"]}); err != nil {
 		t.Fatal(err)
 	}
-	lc, err := lag.NewCollector(kafka.Config{Brokers: brokers}, []string{names.Prefix + "dedup"},
-		lag.WithInputTopics(names.Prefix+"dedup", names.EventsTopic()))
+	lc, err := lag.NewCollector(kafka.Config{Brokers: brokers}, []string{names.Prefix + "dedup", names.Prefix + "aggregate"},
+		lag.WithInputTopics(names.Prefix+"dedup", names.EventsTopic()),
+		lag.WithInputTopics(names.Prefix+"aggregate", names.DedupedTopic(), names.EntitlementsTopic()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(lc.Close)
 	regs["process"].MustRegister(lc)
-
-	exported := map[string][]string{}
-	for s, reg := range regs {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-		for _, mf := range mfs {
-			exported[s] = append(exported[s], mf.GetName())
-		}
-	}
-	for _, w := range wantSeries(names) {
-		if !hasSeries(t, regs[w.reg], w.name, w.labels) {
-			t.Errorf("%s: no series %s%v right after the start", w.reg, w.name, w.labels)
-		}
-	}
-	for _, n := range documentedMetrics(t) {
-		stages := stageOf(n)
-		if len(stages) == 0 {
-			t.Errorf("%s (docs/operations.md): no stage known to export it; add it to stageOf", n)
-			continue
-		}
-		if _, ok := notAtStart[n]; ok {
-			continue
-		}
-		for _, s := range stages {
-			if !slices.Contains(exported[s], n) {
-				t.Errorf("%s (docs/operations.md) is not exported by %s right after its start", n, s)
-			}
-		}
-	}
+	return regs, names
 }
 
 type series struct {
@@ -302,4 +330,58 @@ func hasSeries(t *testing.T, reg *prometheus.Registry, name string, labels map[s
 		}
 	}
 	return false
+}
+
+// sameSet reports whether a and b hold the same strings.
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// TestDocsMetricLabels: every metric that a document (the README, docs/)
+// writes with its labels in braces, `meterline_x{a,b}`, is registered by a
+// stage with exactly those label names. A query or an alert written from
+// the docs with a label the metric lacks selects nothing.
+func TestDocsMetricLabels(t *testing.T) {
+	regs, _ := startedStages(t)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withLabels := regexp.MustCompile(`\b(meterline_[a-z_]+)\{([a-z_]+(?:,[a-z_]+)*)\}`)
+	n := 0
+	for _, path := range append(docs, filepath.Join(root, "README.md")) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, m := range withLabels.FindAllStringSubmatch(string(b), -1) {
+			n++
+			name, labels := m[1], strings.Split(m[2], ",")
+			found := false
+			for s, reg := range regs {
+				got, ok := reg.descs[name]
+				if !ok {
+					continue
+				}
+				found = true
+				if !sameSet(got, labels) {
+					t.Errorf("%s: %s{%s}; %s registers it with {%s}", rel, name, m[2], s, strings.Join(got, ","))
+				}
+			}
+			if !found {
+				t.Errorf("%s: %s{%s} is registered by no stage", rel, name, m[2])
+			}
+		}
+	}
+	if n < 40 {
+		t.Fatalf("found %d metrics with labels in the docs", n)
+	}
 }

@@ -50,6 +50,23 @@ import (
 // started again: Run rebuilds the session with the same transactional ID.
 var ErrRestart = errors.New("session: commit outcome unknown: rebuild the session")
 
+// LeaveTimeout bounds how long Close waits for the group's coordinator to
+// answer the session's LeaveGroup.
+const LeaveTimeout = 5 * time.Second
+
+// Close closes sess. It leaves the group first, waiting at most
+// LeaveTimeout for the coordinator: kgo's Close waits for the LeaveGroup
+// without a bound and retries it, so a stage told to stop while a broker
+// hangs (or drops its packets) would outlast any grace period before
+// SIGKILL. A member whose leave was not heard is dropped from the group at
+// its session timeout, as a killed one.
+func Close(sess *kgo.GroupTransactSession) {
+	ctx, cancel := context.WithTimeout(context.Background(), LeaveTimeout)
+	_ = sess.Client().LeaveGroupContext(ctx)
+	cancel()
+	sess.Close()
+}
+
 // Loop opens a stage instance's sessions, one at a time, and runs them
 // until the stage stops (Run).
 type Loop struct {

@@ -128,7 +128,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		// was already ended (or the client is being abandoned after an
 		// unknown outcome, in which case the next session's InitProducerID
 		// aborts it).
-		sess.Close()
+		session.Close(sess)
 	}()
 	// Stopped before the session's client closes (deferred above).
 	redates, stopRedates := rt.startOwnerRedates(ctx, sess.Client())

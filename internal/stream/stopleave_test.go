@@ -1,0 +1,49 @@
+package stream
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestStopBoundedWhenLeaveHangs: a stage told to stop while the group's
+// coordinator does not answer (a hung broker, packets dropped on the way)
+// returns within session.LeaveTimeout of its LeaveGroup, not after kgo's
+// retries of it (over a minute on a stopped broker, beyond an
+// orchestrator's grace period; docs/operations.md, Running the stages).
+// The group drops the member at its session timeout anyway.
+func TestStopBoundedWhenLeaveHangs(t *testing.T) {
+	cluster, brokers := testenv.KFake(t)
+	input, changelog := testenv.Name(t, "in"), testenv.Name(t, "changelog")
+	testenv.CreateTopic(t, brokers, input, 2, nil)
+	testenv.CreateTopic(t, brokers, changelog, 2, nil)
+	hang := testenv.HangLeaveGroup(t, cluster)
+	rt, err := New(Config{Stage: "keep",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: testenv.Name(t, "group"), InstanceID: "i1", SessionTimeout: 6 * time.Second},
+		InputTopic: input, ChangelogTopic: changelog, FS: vfs.NewMem(),
+		Logger: zaptest.NewLogger(t), Registerer: prometheus.NewRegistry()}, keepProc{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for rt.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready within 30 s: %v", rt.Ready())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	hang()
+	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+5*time.Second)
+}
