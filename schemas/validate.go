@@ -3,6 +3,7 @@ package schemas
 import (
 	"errors"
 	"fmt"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -54,13 +55,17 @@ func oversized(field, format string, args ...any) *FieldError {
 // text (docs/design.md, Event identity and keys): not valid UTF-8, or, with
 // identity (customer_id, meter, event_id and source), holding a character
 // that hides or disguises what the text shows (identityRefused): a control
-// character (C0, U+0000–U+001F; DEL, U+007F; C1, U+0080–U+009F), a
-// bidirectional control (U+061C, U+200E, U+200F, U+202A–U+202E,
-// U+2066–U+2069), an invisible character (U+200B, U+2060, U+FEFF) or a
-// line or paragraph separator (U+2028, U+2029). With them, one customer's
-// ID could be shown as another's ("acme-\u202e1x" shows as "acme-x1").
-// The check is on the bytes themselves, so two byte strings that a lenient
-// decoder would both turn into U+FFFD can never become one identity.
+// character (C0, U+0000–U+001F; DEL, U+007F; C1, U+0080–U+009F), a format
+// character (general category Cf: the bidirectional controls, U+200B,
+// U+2060, U+FEFF, the soft hyphen U+00AD, tags …) but the zero-width
+// joiner and non-joiner (U+200D, U+200C: emoji sequences, Persian and
+// Indic words), another default-ignorable code point (U+034F, the Hangul
+// fillers, the variation selectors) or a line or paragraph separator
+// (U+2028, U+2029). With them, one customer's ID could be shown as
+// another's ("acme-\u202e1x" shows as "acme-x1", "acme-1\u00ad" as
+// "acme-1"). The check is on the bytes themselves, so two byte strings
+// that a lenient decoder would both turn into U+FFFD can never become one
+// identity.
 func CheckText(field, v string, identity bool) *FieldError {
 	// The common case, printable ASCII, in one pass.
 	i := 0
@@ -90,14 +95,14 @@ func identityRefused(r rune) bool {
 	switch {
 	case r < 0x20 || r >= 0x7f && r <= 0x9f:
 		return true
-	case r < 0x061c:
+	case r < 0xad:
 		return false
-	}
-	switch r {
-	case 0x061c, 0x200b, 0x200e, 0x200f, 0x2028, 0x2029, 0x2060, 0xfeff:
+	case r == 0x200c || r == 0x200d:
+		return false
+	case r == 0x2028 || r == 0x2029:
 		return true
 	}
-	return r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069
+	return unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
 }
 
 // charKind names the kind of a character identityRefused refuses.
@@ -105,14 +110,14 @@ func charKind(r rune) string {
 	switch {
 	case r <= 0x9f:
 		return "control character"
-	case r == 0x200b || r == 0x2060 || r == 0xfeff:
-		return "invisible character"
 	case r == 0x2028:
 		return "line separator"
 	case r == 0x2029:
 		return "paragraph separator"
+	case unicode.Is(unicode.Bidi_Control, r):
+		return "bidirectional control"
 	}
-	return "bidirectional control"
+	return "invisible character"
 }
 
 // firstInvalidUTF8 returns the offset of the first byte of s that does not

@@ -53,6 +53,18 @@ func TestValidateText(t *testing.T) {
 		{"word joiner", "customer_id", "U+2060 at offset 2", func(e *UsageEvent) { e.CustomerID = "ac\u2060me" }},
 		{"BOM", "customer_id", "U+FEFF at offset 0", func(e *UsageEvent) { e.CustomerID = "\ufeffacme" }},
 		{"line separator", "source", "U+2028 at offset 2", func(e *UsageEvent) { e.Source = "gw\u2028x" }},
+		// The other format and default-ignorable characters: "acme-1\u00ad"
+		// shows as "acme-1", a Hangul filler as a blank.
+		{"soft hyphen", "customer_id", "invisible character U+00AD at offset 6", func(e *UsageEvent) { e.CustomerID = "acme-1\u00ad" }},
+		{"function application", "customer_id", "U+2061 at offset 1", func(e *UsageEvent) { e.CustomerID = "a\u2061" }},
+		{"inhibit swapping", "meter", "U+206A at offset 0", func(e *UsageEvent) { e.Meter = "\u206am" }},
+		{"grapheme joiner", "event_id", "U+034F at offset 1", func(e *UsageEvent) { e.EventID = "r\u034f" }},
+		{"Mongolian vowel separator", "customer_id", "U+180E at offset 1", func(e *UsageEvent) { e.CustomerID = "a\u180e" }},
+		{"Hangul filler", "customer_id", "U+3164 at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\u3164" }},
+		{"halfwidth Hangul filler", "source", "U+FFA0 at offset 2", func(e *UsageEvent) { e.Source = "gw\uffa0" }},
+		{"variation selector", "customer_id", "U+FE0F at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\ufe0f" }},
+		{"tag", "customer_id", "U+E0041 at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\U000e0041" }},
+		{"interlinear annotation", "customer_id", "U+FFF9 at offset 1", func(e *UsageEvent) { e.CustomerID = "a\ufff9" }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -80,9 +92,10 @@ func TestValidateText(t *testing.T) {
 	for _, edit := range []func(*UsageEvent){
 		func(e *UsageEvent) { e.CustomerID = "acme\uFFFD" },
 		func(e *UsageEvent) { e.CustomerID = "Zürich 😀 عربى 中文" },
-		func(e *UsageEvent) { e.CustomerID = "👩\u200d💻" },                                // a zero-width joiner makes one emoji of two
-		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" },                // past C1, between the format characters
-		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00\x7f\u202e" }, // controls are fine in properties
+		func(e *UsageEvent) { e.CustomerID = "👩\u200d💻" },                                         // a zero-width joiner makes one emoji of two
+		func(e *UsageEvent) { e.CustomerID = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645" }, // a zero-width non-joiner in a Persian word
+		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" },                         // past C1, between the format characters
+		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00\x7f\u202e" },          // controls are fine in properties
 	} {
 		e := good()
 		edit(e)
@@ -114,7 +127,7 @@ func TestCheckTextFastPath(t *testing.T) {
 		}
 		if identity {
 			for i, r := range v {
-				if unicode.Is(unicode.Cc, r) || unicode.Is(unicode.Bidi_Control, r) || strings.ContainsRune("\u200b\u2060\ufeff\u2028\u2029", r) {
+				if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) && r != 0x200c && r != 0x200d {
 					return fmt.Sprintf("holds the %s U+%04X at offset %d (not allowed in identity fields and source)", charKind(r), r, i)
 				}
 			}
