@@ -219,6 +219,12 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 2
 	}
 	defer func() { _ = logger.Sync() }()
+	// A stop can take seconds (docs/operations.md, Running the stages):
+	// say when it was asked for, so that a slow one is not silent until
+	// the stages report they stopped.
+	defer context.AfterFunc(ctx, func() {
+		logger.Info("stop requested: stopping (a second signal exits at once)", zap.String("command", kctx.Command()))
+	})()
 	if err := refuseZeroFlags(kctx); err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
 		return 2

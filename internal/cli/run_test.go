@@ -258,6 +258,10 @@ func TestRealRunAllStages(t *testing.T) {
 	}
 	waitHTTP(t, "http://"+metrics+"/readyz", 200, 10*time.Second, done, &logs)
 	stop()
+	// The stop is logged when it is asked for, before the stages stop.
+	if l := logs.String(); !strings.Contains(l, "stop requested") {
+		t.Errorf("no line says the stop was requested:\n%s", testenv.Tail(l, 20))
+	}
 }
 
 func createTopics(t *testing.T, brokers []string, names topics.Names, parts int) {
