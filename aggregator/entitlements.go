@@ -610,7 +610,10 @@ type ledgerStore struct {
 // passing it as an entitlements.Store allocates nothing.
 func (pt *partition) ledger(tx *stream.Tx) *ledgerStore {
 	s := &pt.ent.store
-	*s = ledgerStore{tx, pt.ent, pt.pr.ledger}
+	if s.tx != tx || s.e != pt.ent || s.l != pt.pr.ledger {
+		// Written only when it changes: twice an event otherwise.
+		*s = ledgerStore{tx, pt.ent, pt.pr.ledger}
+	}
 	return s
 }
 
@@ -1410,7 +1413,7 @@ type charge struct {
 // counts it.
 func (ch *charge) commit() error {
 	pt := ch.pt
-	if err := pt.pr.ledger.Record(pt.ledger(ch.tx), ch.customer, ch.ev, ch.d); err != nil {
+	if err := pt.pr.ledger.RecordDecided(pt.ledger(ch.tx), ch.customer, &ch.ev, &ch.d); err != nil {
 		return fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, ch.customer, err)
 	}
 	e := pt.ent

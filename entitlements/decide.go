@@ -153,20 +153,20 @@ type Input struct {
 // event.
 func Decide(in Input) Decision {
 	var d Decision
-	decideInto(in, &d)
+	decideInto(&in, &d)
 	return d
 }
 
 // decideInto is Decide into *d, reusing its Draws' backing array. It
-// writes *d in place: a Decision is too large to be returned and copied
-// for every event.
-func decideInto(in Input, d *Decision) {
+// reads *in and writes *d in place: an Input and a Decision are too large
+// to be copied for every event.
+func decideInto(in *Input, d *Decision) {
 	draws := d.Draws[:0]
 	p := in.Plan
 	if p == nil {
 		p = noPlan
 	}
-	ev := in.Event
+	ev := &in.Event
 	if ev.Quantity < 0 {
 		*d = Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: negative (%d)", ev.Quantity)}
 		return
@@ -177,7 +177,8 @@ func decideInto(in Input, d *Decision) {
 		return
 	}
 	*d = Decision{Units: units, Draws: draws}
-	c, capped := p.Cap(ev.Meter)
+	c := p.capOf(ev.Meter)
+	capped := c != nil
 	if ev.Undeclared && (p.Unmetered || !capped && !in.HasRate) {
 		// Nothing decides by this meter's usage: keep none.
 		d.Units = 0

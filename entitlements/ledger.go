@@ -650,7 +650,7 @@ func (l *Ledger) EvaluateInto(st Store, customer string, ev Event, d *Decision) 
 		in.Overdrawn = p.overdrawnIn()
 		in.uses = a.uses
 	}
-	decideInto(in, d)
+	decideInto(&in, d)
 	d.Plan, d.start, d.acct = plan, start, a
 	return nil
 }
@@ -661,6 +661,12 @@ func (l *Ledger) EvaluateInto(st Store, customer string, ev Event, d *Decision) 
 // time is listed in the period's index, for CustomersWithUsage and
 // PrunePeriods.
 func (l *Ledger) Record(st Store, customer string, ev Event, d Decision) error {
+	return l.RecordDecided(st, customer, &ev, &d)
+}
+
+// RecordDecided is Record of *d for *ev, which it does not modify: a stage
+// that decides its events one at a time copies neither per event.
+func (l *Ledger) RecordDecided(st Store, customer string, ev *Event, d *Decision) error {
 	if d.Outcome != Accepted || d.Units == 0 && d.Overdraft == 0 && len(d.Draws) == 0 {
 		return nil
 	}

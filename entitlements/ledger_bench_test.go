@@ -188,7 +188,7 @@ func BenchmarkLedgerEvaluateRecord(b *testing.B) {
 			b.Fatal(err)
 		}
 		if d.Outcome == Accepted {
-			if err := l.Record(st, c, ev, d); err != nil {
+			if err := l.RecordDecided(st, c, &ev, &d); err != nil {
 				b.Fatal(err)
 			}
 		} else {

@@ -115,22 +115,32 @@ func (p *Plan) withGens(gens []int64) *Plan {
 
 // Cap returns the cap of a meter.
 func (p *Plan) Cap(meter string) (schemas.Cap, bool) {
-	if len(p.Caps) <= smallCaps {
+	if c := p.capOf(meter); c != nil {
+		return *c, true
+	}
+	return schemas.Cap{}, false
+}
+
+// capOf returns the cap of a meter, nil if none: Cap without copying it,
+// once per event decided.
+func (p *Plan) capOf(meter string) *schemas.Cap {
+	caps := p.Caps
+	if len(caps) <= smallCaps {
 		// A plan caps a few meters: comparing them is cheaper than a
 		// search (the caps are sorted by meter, the first equal is the
 		// one the search finds).
-		for _, c := range p.Caps {
-			if c.Meter == meter {
-				return c, true
+		for i := range caps {
+			if caps[i].Meter == meter {
+				return &caps[i]
 			}
 		}
-		return schemas.Cap{}, false
+		return nil
 	}
-	i := sort.Search(len(p.Caps), func(i int) bool { return p.Caps[i].Meter >= meter })
-	if i < len(p.Caps) && p.Caps[i].Meter == meter {
-		return p.Caps[i], true
+	i := sort.Search(len(caps), func(i int) bool { return caps[i].Meter >= meter })
+	if i < len(caps) && caps[i].Meter == meter {
+		return &caps[i]
 	}
-	return schemas.Cap{}, false
+	return nil
 }
 
 // smallCaps is how many caps Cap compares one by one.

@@ -236,6 +236,17 @@ func (h *RateHistory) Rate(arrival, eventTime int64, meter string) (r schemas.Ra
 		return schemas.Rate{}, false
 	}
 	rs := vs[lo-1].Rates
+	if len(rs) <= smallRates {
+		// A card prices a few meters: comparing them is cheaper than a
+		// search (the rates are sorted by meter, the first equal is the
+		// one the search finds).
+		for i := range rs {
+			if rs[i].Meter == meter {
+				return rs[i], true
+			}
+		}
+		return schemas.Rate{}, false
+	}
 	lo, hi = 0, len(rs)
 	for lo < hi {
 		if m := int(uint(lo+hi) >> 1); rs[m].Meter < meter {
@@ -249,6 +260,9 @@ func (h *RateHistory) Rate(arrival, eventTime int64, meter string) (r schemas.Ra
 	}
 	return schemas.Rate{}, false
 }
+
+// smallRates is how many rates Rate compares one by one.
+const smallRates = 8
 
 // Prune drops the cards no future event can be priced by, given that every
 // future event has min(arrival, event_time) ≥ horizon: it keeps the last

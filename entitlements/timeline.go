@@ -109,6 +109,11 @@ func (t *Timeline) SetWithin(written, from int64, p *Plan, since int64) error {
 // when no version is (no record yet, as far as this timeline knows); p is
 // nil when that version is a tombstone.
 func (t *Timeline) At(arrival int64) (p *Plan, ok bool) {
+	// Events mostly arrive after the latest version's start: it is
+	// looked at first, once per event decided.
+	if n := len(t.versions); n > 0 && t.versions[n-1].From <= arrival {
+		return t.versions[n-1].Plan, true
+	}
 	i := sort.Search(len(t.versions), func(i int) bool { return t.versions[i].From > arrival }) - 1
 	if i < 0 {
 		return nil, false

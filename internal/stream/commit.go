@@ -30,7 +30,7 @@ func producerStateError(err error) bool {
 func (rt *Runtime) overlayFor(p int32, epoch uint64) *overlay {
 	ov, ok := rt.ovs[p]
 	if !ok {
-		ov = newOverlay()
+		ov = newOverlaySized(rt.ovHint[p])
 		rt.ovs[p] = ov
 		rt.txEpoch[p] = epoch
 	}
@@ -67,6 +67,12 @@ func (rt *Runtime) resetTxn() {
 	rt.txRecs = 0
 	rt.txWorked = noWorker
 	rt.mustAbort = false
+	if rt.ovHint == nil {
+		rt.ovHint = map[int32]int{}
+	}
+	for p, ov := range rt.ovs {
+		rt.ovHint[p] = ov.sizeHint()
+	}
 	rt.ovs = map[int32]*overlay{}
 	rt.txEpoch = map[int32]uint64{}
 	rt.prodMu.Lock()

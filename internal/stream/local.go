@@ -93,7 +93,7 @@ func (l *Local) Commit() error {
 	if c, ok := l.part.(Committer); ok {
 		c.Committed()
 	}
-	l.ov = newOverlay()
+	l.ov = newOverlaySized(l.ov.sizeHint())
 	return nil
 }
 

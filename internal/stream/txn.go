@@ -42,7 +42,25 @@ type overlay struct {
 	in, out topicCounts
 }
 
-func newOverlay() *overlay { return &overlay{writes: map[string]entry{}} }
+func newOverlay() *overlay { return newOverlaySized(0) }
+
+// newOverlaySized returns an overlay with room for n keys: a partition's
+// transactions mostly write as many keys as its previous one
+// (overlay.sizeHint), and a map grown key by key to that many rehashes
+// every key a few times over, in every transaction.
+func newOverlaySized(n int) *overlay {
+	n = min(n, maxOverlayHint)
+	return &overlay{writes: make(map[string]entry, n), order: make([]string, 0, n)}
+}
+
+// maxOverlayHint bounds the room an overlay is made with: a transaction
+// that wrote many more keys (a chunk of Work) leaves the next one no more
+// than this to allocate, and clear, that it may not use.
+const maxOverlayHint = 1 << 14
+
+// sizeHint is the room for the next overlay of the partition: the keys
+// this one wrote.
+func (ov *overlay) sizeHint() int { return len(ov.order) }
 
 // topicCounts counts records by topic: a partition reads and writes a
 // handful of topics, mostly one after another.

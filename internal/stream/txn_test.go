@@ -157,3 +157,23 @@ func TestCloseAllClosesRestoredNotInstalled(t *testing.T) {
 		t.Errorf("left %d events, %d active partitions", len(rt.events), len(rt.active))
 	}
 }
+
+// TestOverlaySizedByThePrevious: a partition's next overlay has room for
+// the keys its previous one wrote, up to maxOverlayHint, whether the
+// transaction committed or not; a partition without a previous one starts
+// empty.
+func TestOverlaySizedByThePrevious(t *testing.T) {
+	rt := &Runtime{ovs: map[int32]*overlay{}, txEpoch: map[int32]uint64{}}
+	for _, c := range []struct{ p, keys int32 }{{0, 300}, {1, maxOverlayHint + 5}} {
+		tx := &Tx{rt: rt, p: c.p, ov: rt.overlayFor(c.p, 1)}
+		for i := range c.keys {
+			tx.Put(fmt.Appendf(nil, "k%d", i), []byte("v"))
+		}
+	}
+	rt.resetTxn()
+	for _, c := range []struct{ p, want int32 }{{0, 300}, {1, maxOverlayHint}, {2, 0}} {
+		if got := cap(rt.overlayFor(c.p, 2).order); got != int(c.want) {
+			t.Errorf("partition %d: next overlay has room for %d keys, want %d", c.p, got, c.want)
+		}
+	}
+}
