@@ -147,19 +147,28 @@ type namedStage struct {
 	ready service.Check
 }
 
+// allReady is ready when every stage is; otherwise its error names each
+// stage that is not, with its reason.
 func allReady(stages []namedStage) service.Check {
 	return func() error {
+		var errs []error
 		for _, s := range stages {
 			if err := s.ready(); err != nil {
-				return fmt.Errorf("%s: %w", s.name, err)
+				errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
 			}
 		}
-		return nil
+		return errors.Join(errs...)
 	}
 }
 
+// errStoppedEarly is the error of a stage that returned, without an
+// error, while the process was not stopping.
+var errStoppedEarly = errors.New("stopped although the process was not told to stop")
+
 // runAll runs every stage; the first to fail stops the others, and all
-// errors are returned.
+// errors are returned. A stage that returns before the process is told
+// to stop has failed, whatever it returned: the others would otherwise
+// run on without it.
 func runAll(ctx context.Context, log *zap.Logger, stages []namedStage) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -172,7 +181,11 @@ func runAll(ctx context.Context, log *zap.Logger, stages []namedStage) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			err := s.run(ctx)
+			if ctx.Err() == nil && (err == nil || errors.Is(err, context.Canceled)) {
+				err = errStoppedEarly
+			}
+			if err != nil && !errors.Is(err, context.Canceled) {
 				log.Error("stage failed; stopping the others", zap.String("stage", s.name), zap.Error(err))
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("%s: %w", s.name, err))

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -496,5 +497,48 @@ func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
 	}
 	if sg.LagRecords == nil || *sg.LagRecords != 7 {
 		t.Errorf("status.json: the sink's lag %v records, want 7", sg.LagRecords)
+	}
+}
+
+// TestRunAllStageStoppedEarly: in `meterline run`, a stage that returns
+// while the process runs, without an error (or with context.Canceled of
+// its own), has failed: the others stop and the error names it. Stages
+// stopped because the process was told to stop return no error.
+func TestRunAllStageStoppedEarly(t *testing.T) {
+	blocks := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	for name, run := range map[string]func(context.Context) error{
+		"nil":      func(context.Context) error { return nil },
+		"canceled": func(context.Context) error { return context.Canceled },
+	} {
+		done := make(chan error, 1)
+		go func() {
+			done <- runAll(context.Background(), zap.NewNop(), []namedStage{{name: "dedup", run: blocks}, {name: "sink", run: run}})
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, errStoppedEarly) || !strings.Contains(err.Error(), "sink") {
+				t.Errorf("%s: runAll = %v, want the sink's early stop", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the other stages ran on after one stopped", name)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := runAll(ctx, zap.NewNop(), []namedStage{{name: "dedup", run: blocks}, {name: "sink", run: func(context.Context) error { return nil }}}); err != nil {
+		t.Errorf("runAll told to stop = %v, want nil", err)
+	}
+}
+
+// TestAllReadyNamesEveryStage: /readyz of `meterline run` names every
+// stage that is not ready, not only the first.
+func TestAllReadyNamesEveryStage(t *testing.T) {
+	err := allReady([]namedStage{
+		{name: "dedup", ready: func() error { return errors.New("restoring") }},
+		{name: "aggregator", ready: func() error { return nil }},
+		{name: "sink", ready: func() error { return errors.New("clickhouse down") }},
+	})()
+	if err == nil || !strings.Contains(err.Error(), "dedup: restoring") || !strings.Contains(err.Error(), "sink: clickhouse down") || strings.Contains(err.Error(), "aggregator") {
+		t.Errorf("allReady = %v, want dedup's and the sink's reasons only", err)
 	}
 }
