@@ -43,3 +43,15 @@ func TestEntitlementsEmptyDocumentRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestEntitlementsDeleteInvalidCustomer: delete refuses, before it
+// connects, a customer_id that no record can have (set refuses it too),
+// rather than write a delete the aggregator refuses.
+func TestEntitlementsDeleteInvalidCustomer(t *testing.T) {
+	for _, c := range []string{"ac\x1bme", "a\u202eb", strings.Repeat("x", 1025)} {
+		code, out, errs := run(t, "", "entitlements", "delete", c, "--brokers", "127.0.0.1:1", "--timeout", "2s")
+		if code != 1 || !strings.Contains(errs, "is not a valid customer_id") {
+			t.Errorf("delete %.40q: exit %d, stdout %q, stderr %.300q; want exit 1, not a valid customer_id", c, code, out, errs)
+		}
+	}
+}
