@@ -352,8 +352,12 @@ func ParseRate(s string) (micro, per int64, err error) {
 		}
 		return micro, per, nil
 	}
+	// Decimal digits only: math/big also reads 0x10, 0b11 and 0o17.
+	if !decimalText(s) || strings.ContainsAny(s, "eE") {
+		return 0, 0, bad
+	}
 	r, ok := new(big.Rat).SetString(s)
-	if !ok || strings.ContainsAny(s, "eE") {
+	if !ok {
 		return 0, 0, bad
 	}
 	// Keep the written precision (0.250 → 250/1000), so that the card

@@ -51,6 +51,15 @@ func ParseRecord(key, value []byte, written int64) (*Record, error) {
 		if k.Reserved == schemas.TickKey {
 			return nil, fmt.Errorf("entitlements: %w: a tick with a null value", ErrWrongKind)
 		}
+		if k.Reserved == "" {
+			// A delete of a customer no record can name (Validate):
+			// applied, it would keep state for its key and delete nothing.
+			var f fieldErrs
+			f.checkName("customer", k.Customer)
+			if err := f.err(); err != nil {
+				return nil, fmt.Errorf("entitlements: a delete under the key of a customer_id no record can have: %w", err)
+			}
+		}
 		return r, nil
 	}
 	m, err := schemas.Decode(value)

@@ -23,10 +23,16 @@ const (
 	maxDocErrors = 20
 )
 
+// errEmptyDocument refuses a document with no content (an empty or
+// truncated file, comments alone, null): written, it would be a record
+// with no fields, a default plan that caps nothing or a rate card that
+// prices nothing. A record with no fields is written {}.
+var errEmptyDocument = errors.New("the document is empty (a record with no fields is written {})")
+
 // decodeStrict reads one YAML (or JSON) document into v as it is written:
 // a key given twice, a field v does not have (names match exactly, not in
-// any case as encoding/json would), a merge key or a second document is
-// an error; a name keeps its text (YAML 1.2: `on` and `007` are names,
+// any case as encoding/json would), a merge key, a second document or an
+// empty one (errEmptyDocument) is an error; a name keeps its text (YAML 1.2: `on` and `007` are names,
 // not true and 7); a scalar reaches an Int or a rate as its text, so a
 // number is read from its digits, never through a float. Each problem is
 // named by its field path.
@@ -35,9 +41,12 @@ func decodeStrict(b []byte, v any) error {
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil // an empty document
+			return errEmptyDocument
 		}
 		return err
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null" {
+		return errEmptyDocument
 	}
 	var more yaml.Node
 	switch err := dec.Decode(&more); {

@@ -23,3 +23,35 @@ func TestEntitlementsDocumentTooLarge(t *testing.T) {
 		}
 	}
 }
+
+// TestEntitlementsEmptyDocumentRefused: set-default and set-rates refuse
+// an empty document (an empty file, a pipe that carried nothing) with
+// exit 1, rather than write a default plan that caps nothing or a rate
+// card that prices nothing for every customer.
+func TestEntitlementsEmptyDocumentRefused(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{{"set-default"}, {"set-rates"}, {"set", "acme"}} {
+		for _, src := range []string{f, "-"} {
+			args := append(append([]string{"entitlements"}, cmd...), "-f", src, "--validate")
+			code, out, errs := run(t, "", args...)
+			if code != 1 || !strings.Contains(errs, "the document is empty") {
+				t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 1, refused as empty", args, code, out, errs)
+			}
+		}
+	}
+}
+
+// TestEntitlementsDeleteInvalidCustomer: delete refuses, before it
+// connects, a customer_id that no record can have (set refuses it too),
+// rather than write a delete the aggregator refuses.
+func TestEntitlementsDeleteInvalidCustomer(t *testing.T) {
+	for _, c := range []string{"ac\x1bme", "a\u202eb", strings.Repeat("x", 1025)} {
+		code, out, errs := run(t, "", "entitlements", "delete", c, "--brokers", "127.0.0.1:1", "--timeout", "2s")
+		if code != 1 || !strings.Contains(errs, "is not a valid customer_id") {
+			t.Errorf("delete %.40q: exit %d, stdout %q, stderr %.300q; want exit 1, not a valid customer_id", c, code, out, errs)
+		}
+	}
+}

@@ -200,8 +200,8 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	if customer == "" {
 		return invalidDocument(stdio, "the document", errors.New("customer: name the customer, as an argument or in the document"))
 	}
-	if fe := schemas.CheckText("customer", customer, true); fe != nil || len(customer) > schemas.MaxIdentityFieldBytes {
-		return invalidDocument(stdio, "the document", fmt.Errorf("customer: %q is not a valid customer_id", clip.To(customer, clip.Echo)))
+	if err := checkCustomer(customer); err != nil {
+		return invalidDocument(stdio, "the document", err)
 	}
 	what := "entitlements record of " + customer
 	e, err := d.Record(customer, meters)
@@ -209,6 +209,15 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 		return invalidDocument(stdio, "the "+what, err)
 	}
 	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters)
+}
+
+// checkCustomer refuses a customer_id that no record can have (and no
+// event: ingest refuses it too).
+func checkCustomer(customer string) error {
+	if fe := schemas.CheckText("customer", customer, true); fe != nil || len(customer) > schemas.MaxIdentityFieldBytes {
+		return fmt.Errorf("customer: %q is not a valid customer_id", clip.To(customer, clip.Echo))
+	}
+	return nil
 }
 
 // Run writes the default plan.
@@ -295,6 +304,9 @@ func warnPast(stdio IO, effectiveFrom int64) {
 func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	if c.Customer == "" {
 		return &ExitError{Code: 2, Err: errors.New("name the customer")}
+	}
+	if err := checkCustomer(c.Customer); err != nil {
+		return &ExitError{Code: 1, Err: err}
 	}
 	return c.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
 }
