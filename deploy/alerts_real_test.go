@@ -39,6 +39,12 @@ var realScale = map[string]ruleScale{
 	// A minute to 4 s: above 4 s for 4 s, past the 8 s --auth-max-age of
 	// TestRealIngestKeysStaleAlert's ingest (realKeysAuthMaxAge).
 	"MeterlineIngestKeysStale": {Expr: map[string]string{"60": "4"}, For: "4s"},
+	// Five minutes out of the group to 8 s: longer than a first join
+	// (TestRealKafkaOutageAlert).
+	"MeterlineStageNotInGroup": {For: "8s"},
+	// More than 5 restarts in 45 s: two dedups with one instance ID
+	// fence each other about every 3 s (TestRealDuplicateInstanceAlert).
+	"MeterlineSessionRestarts": {Expr: map[string]string{"15m": "45s"}},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -57,9 +63,13 @@ var realEntAlertsFired = []string{"MeterlineEntitlementsStalled"}
 // (alert_keys_real_test.go).
 var realKeysAlertsFired = []string{"MeterlineIngestKeysStale"}
 
+// realOutageAlertsFired lists the alerts TestRealKafkaOutageAlert and
+// TestRealDuplicateInstanceAlert fire (alert_outage_real_test.go).
+var realOutageAlertsFired = []string{"MeterlineStageNotInGroup", "MeterlineSessionRestarts"}
+
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
-	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired)
+	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

@@ -102,7 +102,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	case err != nil:
 		w.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		w.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
-		return session.ErrRestart
+		return session.Restart(err)
 	case !committed:
 		w.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 		w.markDirty(win.last)

@@ -66,6 +66,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Transactions:  "meterline_sink_transactions_total",
 			CommitSeconds: "meterline_sink_commit_seconds",
 			Restarts:      "meterline_sink_session_restarts_total",
+			Member:        "meterline_sink_group_member",
 		}, "one commit window: the offsets of every batch inserted since the last one, and the rows parked"),
 		committed: f.NewCounter(prometheus.CounterOpts{Name: "meterline_sink_records_committed_total",
 			Help: "Kafka records whose offsets a committed transaction moved past (rows, watermarks, parked records)."}),

@@ -20,6 +20,8 @@ const (
 // registered.
 type Names struct {
 	RecordsIn, Transactions, CommitSeconds, Restarts string
+	// Member is the gauge of group membership (Metrics.Member).
+	Member string
 	// RecordsInHelp is RecordsIn's help text; "": input records polled,
 	// counted again when re-consumed after an aborted transaction.
 	RecordsInHelp string
@@ -39,6 +41,11 @@ type Metrics struct {
 	CommitSeconds prometheus.Histogram
 	// Restarts is Names.Restarts: sessions rebuilt after ErrRestart.
 	Restarts prometheus.Counter
+	// Member is Names.Member: 1 while the open session is a member of
+	// its consumer group (Loop.InGroup), 0 from the start until it first
+	// joins and whenever it has lost the group (the brokers or the
+	// group's coordinator unreachable) until it has joined again.
+	Member prometheus.Gauge
 }
 
 // NewMetrics gets or registers the session metrics of a stage, named n.
@@ -56,6 +63,8 @@ func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
 			Help: "Time to write what is left of a transaction (" + carries + ") and end it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		Restarts: f.NewCounter(prometheus.CounterOpts{Name: n.Restarts,
 			Help: "Kafka sessions rebuilt, with the same transactional ID, after a commit with an unknown outcome or a producer state that only a new session repairs."}),
+		Member: f.NewGauge(prometheus.GaugeOpts{Name: n.Member,
+			Help: "1 while the instance is a member of its consumer group (assigned its partitions, or none with more members than partitions); 0 until it first joins and while it has lost the group (brokers or coordinator unreachable), as /readyz says."}),
 	}
 	// Every outcome at 0 from the start: a series born at its first
 	// increment hides that increment from rate() and increase(). The

@@ -50,6 +50,30 @@ import (
 // started again: Run rebuilds the session with the same transactional ID.
 var ErrRestart = errors.New("session: commit outcome unknown: rebuild the session")
 
+// Restart returns ErrRestart with its cause: the error that ended the
+// transaction, or the record's. Run tells a fenced producer by it
+// (Fenced).
+func Restart(cause error) error { return fmt.Errorf("%w: %w", ErrRestart, cause) }
+
+// Fenced reports whether err says that the session's producer was fenced:
+// another producer with its transactional ID initialised it since (its
+// epoch is newer), or the coordinator aborted a transaction that outlasted
+// the transaction timeout.
+func Fenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.InvalidProducerEpoch)
+}
+
+// Repeated fencing: a producer fenced fenceHintAfter times within
+// fenceWindow is most likely fenced by another process with the same
+// transactional ID (two instances started with one --instance-id): each
+// session's start fences the other's. Run then says so, at most once per
+// fenceHintEvery.
+const (
+	fenceHintAfter = 3
+	fenceWindow    = 10 * time.Minute
+	fenceHintEvery = time.Minute
+)
+
 // LeaveTimeout bounds how long Close waits for the group's coordinator to
 // answer the session's LeaveGroup.
 const LeaveTimeout = 5 * time.Second
@@ -78,6 +102,11 @@ type Loop struct {
 	// notMember is why the open session is not a member of its consumer
 	// group; nil while it is (InGroup).
 	notMember atomic.Pointer[string]
+	// fences are the times of the restarts after a fenced producer in
+	// the last fenceWindow, and fenceHinted when Run last said what
+	// repeated fencing likely means (Run's goroutine only).
+	fences      []time.Time
+	fenceHinted time.Time
 }
 
 // NewLoop returns the loop of one stage instance. cfg must have its
@@ -111,7 +140,15 @@ func (l *Loop) InGroup() error {
 	return nil
 }
 
-func (l *Loop) setNotMember(why string) { l.notMember.Store(&why) }
+func (l *Loop) setNotMember(why string) {
+	l.notMember.Store(&why)
+	l.m.Member.Set(0)
+}
+
+func (l *Loop) setMember() {
+	l.notMember.Store(nil)
+	l.m.Member.Set(1)
+}
 
 // Conn returns the client options of the connection (seed brokers, SASL,
 // TLS), for the stage's other clients.
@@ -158,7 +195,7 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 		// kgo calls OnPartitionsAssigned after every join of the group,
 		// with nothing assigned too, and OnPartitionsLost when it lost the
 		// group (InGroup).
-		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.notMember.Store(nil) }),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.setMember() }),
 		kgo.OnPartitionsRevoked(h.Revoked),
 		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
 			l.setNotMember("lost the group or its coordinator (brokers unreachable?); rejoining")
@@ -225,12 +262,34 @@ func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error 
 		l.m.Restarts.Inc()
 		l.log.Warn("rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction), "+l.recovery,
 			zap.String("transactional_id", l.cfg.TransactionalID()))
+		if Fenced(err) {
+			l.fenced(time.Now())
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(l.cfg.RestartBackoff):
 		}
 	}
+}
+
+// fenced counts a restart after a fenced producer at now and, from the
+// fenceHintAfter-th within fenceWindow, logs what repeated fencing likely
+// means (docs/operations.md, MeterlineSessionRestarts).
+func (l *Loop) fenced(now time.Time) {
+	l.fences = append(l.fences, now)
+	for len(l.fences) > 0 && now.Sub(l.fences[0]) > fenceWindow {
+		l.fences = l.fences[1:]
+	}
+	if len(l.fences) < fenceHintAfter || (!l.fenceHinted.IsZero() && now.Sub(l.fenceHinted) < fenceHintEvery) {
+		return
+	}
+	l.fenceHinted = now
+	l.log.Error("the producer was fenced again and again: another process is most likely running with the same --group and "+
+		"--instance-id (the same transactional ID), and each one's new session fences the other's; give every instance its own "+
+		"--instance-id (rarer fencing: transactions outlasting --transaction-timeout)",
+		zap.String("transactional_id", l.cfg.TransactionalID()), zap.String("instance_id", l.cfg.InstanceID),
+		zap.Int("fenced", len(l.fences)), zap.Duration("within", fenceWindow))
 }
 
 // FetchError returns the first error of a poll's fetches that stops the

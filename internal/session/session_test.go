@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,9 +11,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/testenv"
@@ -51,7 +54,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 var testNames = Names{RecordsIn: "test_records_in_total", Transactions: "test_transactions_total",
-	CommitSeconds: "test_commit_seconds", Restarts: "test_session_restarts_total"}
+	CommitSeconds: "test_commit_seconds", Restarts: "test_session_restarts_total", Member: "test_group_member"}
 
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
@@ -100,6 +103,54 @@ func TestRunRestarts(t *testing.T) {
 	}
 	if got := counterValue(m.Restarts); got != 2 {
 		t.Errorf("test_session_restarts_total %v, want 2", got)
+	}
+}
+
+// TestRunNamesDuplicateInstance: a producer fenced again and again (two
+// processes with the same --group and --instance-id fence each other at
+// each new session) makes Run log, at error level, that another process
+// most likely runs with the same instance ID, naming the transactional ID;
+// once per minute at most. Restarts for another cause (an unknown outcome
+// without fencing), however many, and fewer fences, do not.
+func TestRunNamesDuplicateInstance(t *testing.T) {
+	run := func(causes ...error) []observer.LoggedEntry {
+		t.Helper()
+		core, logs := observer.New(zap.InfoLevel)
+		c := Config{Kafka: kafka.Config{Brokers: []string{"127.0.0.1:1"}}, Group: "g", InstanceID: "i", RestartBackoff: time.Millisecond}
+		c.EnsureDefaults()
+		l, err := NewLoop(c, zap.New(core), NewMetrics(prometheus.NewRegistry(), testNames, "test records"), "then nothing")
+		if err != nil {
+			t.Fatal(err)
+		}
+		boom := errors.New("boom")
+		n := 0
+		if err := l.Run(context.Background(), func(context.Context) error {
+			if n++; n <= len(causes) {
+				return Restart(causes[n-1])
+			}
+			return boom
+		}); !errors.Is(err, boom) {
+			t.Fatalf("Run returned %v, want boom", err)
+		}
+		return logs.FilterMessageSnippet("--instance-id").AllUntimed()
+	}
+	fenced := fmt.Errorf("end: %w", kerr.ProducerFenced)
+	epoch := fmt.Errorf("produce to t/0: %w", kerr.InvalidProducerEpoch)
+	unknown := errors.New("i/o timeout")
+
+	hints := run(fenced, unknown, epoch, unknown, fenced, fenced, epoch)
+	if len(hints) != 1 {
+		t.Fatalf("%d log lines name the instance ID after 5 fences, want 1 (once a minute): %v", len(hints), hints)
+	}
+	h := hints[0]
+	if h.Level != zap.ErrorLevel || !strings.Contains(h.Message, "another process") || !strings.Contains(h.Message, "same --group and --instance-id") {
+		t.Errorf("hint %s %q, want an error naming another process with the same instance ID", h.Level, h.Message)
+	}
+	if f := h.ContextMap(); f["transactional_id"] != "g-i" || f["instance_id"] != "i" || f["fenced"] != int64(3) {
+		t.Errorf("hint fields %v, want transactional_id g-i, instance_id i, fenced 3", f)
+	}
+	if hints := run(unknown, unknown, unknown, unknown, fenced, fenced); len(hints) != 0 {
+		t.Errorf("restarts without fencing and 2 fences: %v, want no hint", hints)
 	}
 }
 

@@ -331,7 +331,7 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 		rt.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
 		rt.discardTxn()
-		return session.ErrRestart
+		return session.Restart(err)
 	case committed:
 		// A record failed after the flush in end, which only a concurrent
 		// producer error can do: the transaction is committed without it.
@@ -350,7 +350,7 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 			if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
 				rt.m.fenced.Inc() // a zombie's commit, refused
 			}
-			return session.ErrRestart
+			return session.Restart(perr)
 		}
 		if rt.sequenceRestart(perr) {
 			// A partition's sequence numbers were not reset when the

@@ -41,6 +41,7 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Transactions:  "meterline_stream_transactions_total",
 			CommitSeconds: "meterline_stream_commit_seconds",
 			Restarts:      "meterline_stream_session_restarts_total",
+			Member:        "meterline_stream_group_member",
 			RecordsInHelp: "Input records consumed in committed transactions, by topic (input consumed again after an abort counts once).",
 		}, "outputs, changelog records and consumed offsets"),
 		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",

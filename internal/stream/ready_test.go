@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -16,7 +17,8 @@ import (
 // and cannot join it again is not ready until it is a member again, as
 // docs/operations.md's /readyz says ("ready once it has joined its
 // group"); through a real broker's 20 s outage it was ready, owning
-// nothing.
+// nothing. meterline_stream_group_member says the same (1 while a
+// member, 0 while not), for the alert MeterlineStageNotInGroup.
 func TestReadyFollowsGroupMembership(t *testing.T) {
 	t.Parallel()
 	s := newSuite(t, nil, nil)
@@ -62,12 +64,21 @@ func TestReadyFollowsGroupMembership(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	member := func(what string, want float64) {
+		t.Helper()
+		if got := testutil.ToFloat64(in.rt.m.session.Member); got != want {
+			t.Errorf("%s: meterline_stream_group_member = %v, want %v", what, got, want)
+		}
+	}
 	waitReady("started", true)
+	member("started", 1)
 	down.Store(true)
 	err := waitReady("brokers down", false)
 	if !strings.Contains(err.Error(), "not in consumer group "+s.group) {
 		t.Errorf("Ready() = %v, want it to say the stage is not in its group", err)
 	}
+	member("brokers down", 0)
 	down.Store(false)
 	waitReady("brokers back", true)
+	member("brokers back", 1)
 }
