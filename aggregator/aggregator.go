@@ -452,7 +452,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.credits = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_credits_consumed_micro_total",
 		Help: "Micro-credits charged for accepted events (drawn from grants or overdrawn), by plan."}, []string{"plan"})
 	m.entRecords = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_entitlements_records_total",
-		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition), rerouted_repeat (a re-produced record whose original is no later than the last record of its customer applied: not applied), moved_mark (the delete written after a record moved, on its wrong partition: skipped); counted once their transaction committed."}, []string{"result"})
+		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition), rerouted_repeat (a re-produced or restated record whose original is no later than the last record of its key applied: not applied), moved_mark (the delete written after a record moved, on its wrong partition: skipped); counted once their transaction committed."}, []string{"result"})
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
 	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",

@@ -76,7 +76,7 @@ func (r *modelReader) read(t *testing.T, m *modelTopic, clock int64, limit int) 
 		}
 		rec := m.logs[0][r.pos[0]]
 		r.pos[0]++
-		o, stale, restate, err := pt.staleCopy(r.st, rec, "acme")
+		o, stale, restate, err := pt.staleCopy(r.st, rec, originKey("acme"))
 		if err != nil {
 			t.Fatal(err)
 		}

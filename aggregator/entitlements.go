@@ -82,11 +82,14 @@ import (
 //	'o' customer the origin and value of the last record of the
 //	             customer's key applied (RecordOrigin.encodeWith,
 //	             staleCopy)
+//	'O' key      the same of a shared key (schemas.DefaultPlanKey,
+//	             schemas.RateCardKey)
 const (
 	pfxGate           = 'q'
 	pfxLedger         = 'e'
 	pfxBalancePending = 'b'
 	pfxOrigin         = 'o'
+	pfxSharedOrigin   = 'O'
 )
 
 var (
@@ -1047,22 +1050,19 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 // read, rec its parse and written its broker time.
 func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitlements.Record, written int64) (err error) {
 	l := pt.pr.ledger
-	var from RecordOrigin
-	if rec.Key.Reserved == "" {
-		var stale bool
-		var restate *kgo.Record
-		if from, stale, restate, err = pt.staleCopy(tx, r, rec.Key.Customer); err != nil {
-			return err
-		} else if stale {
-			pt.ent.pending.record("rerouted_repeat")
-			pt.pr.log.Info("re-produced entitlements record not applied: a record of its customer that arrived after its original was read",
-				zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("customer", rec.Key.Customer),
-				zap.Bool("restated", restate != nil))
-			if restate != nil {
-				tx.Emit(restate)
-			}
-			return nil
+	okey := originKeyOf(rec.Key)
+	from, stale, restate, err := pt.staleCopy(tx, r, okey)
+	if err != nil {
+		return err
+	} else if stale {
+		pt.ent.pending.record("rerouted_repeat")
+		pt.pr.log.Info("re-produced entitlements record not applied: a record of its key that arrived after its original was read",
+			zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("key", string(okey[1:])),
+			zap.Bool("restated", restate != nil))
+		if restate != nil {
+			tx.Emit(restate)
 		}
+		return nil
 	}
 	// A record refused for too many versions of its key is refused alike
 	// however far the partition has pruned (entitlements.Config.Span):
@@ -1078,8 +1078,8 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 		return pt.restateRejected(tx, r)
 	}
 	pt.ent.pending.record("applied")
+	tx.Put(okey, from.encodeWith(r.Value))
 	if rec.Key.Reserved == "" {
-		tx.Put(originKey(rec.Key.Customer), from.encodeWith(r.Value))
 		pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
 		if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
 			return err
@@ -1166,6 +1166,16 @@ const maxArrival = 253402300799999
 // of a customer's key applied ('o' customer; RecordOrigin.encodeWith).
 func originKey(customer string) []byte { return append([]byte{pfxOrigin}, customer...) }
 
+// originKeyOf is the state key of the origin and value of the last record
+// of k applied: originKey of a customer's key, 'O' and the key of a shared
+// one (written to every partition: each keeps its own).
+func originKeyOf(k schemas.EntitlementsKey) []byte {
+	if k.Reserved == "" {
+		return originKey(k.Customer)
+	}
+	return append([]byte{pfxSharedOrigin}, k.Reserved...)
+}
+
 // IsMovedMark reports whether r is a delete the aggregator wrote after
 // moving a misrouted record of r's key (HeaderMoved, a null value). On
 // another partition than its customer's it is skipped, by the aggregator
@@ -1191,9 +1201,10 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 }
 
 // staleCopy returns the origin of r, a customer's record on its canonical
-// partition (OriginOf), and reports whether r is a stale copy: a record
-// the stage re-produced whose original reached usage.entitlements no
-// later than the last record of its key applied here. Such a copy is a
+// partition or a shared one (OriginOf), and reports whether r is a stale
+// copy: a record the stage re-produced or restated whose original reached
+// usage.entitlements no later than the last record of its key applied
+// here (okey: originKeyOf). Such a copy is a
 // repeat (its misrouted original read again from the start by a new group
 // or state rebuilt from scratch, or by a second aggregator), or an older
 // version than one already in effect: applied, it would put an old
@@ -1212,8 +1223,8 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 // The last origin and value of each customer key are kept in the state
 // for good, for a misrouted original stays on its compacted partition,
 // and can be read again, for as long as it is not replaced there.
-func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
-	last, lastValue, ok, err := pt.lastOrigin(st, customer)
+func (pt *partition) staleCopy(st stateReader, r *kgo.Record, okey []byte) (o RecordOrigin, stale bool, restate *kgo.Record, err error) {
+	last, lastValue, ok, err := pt.lastOrigin(st, okey)
 	if err != nil {
 		return RecordOrigin{}, false, nil, err
 	}
@@ -1224,15 +1235,15 @@ func (pt *partition) staleCopy(st stateReader, r *kgo.Record, customer string) (
 	return last, true, pt.restated(r, last, lastValue), nil
 }
 
-// lastOrigin returns the origin and value of the last record of a
-// customer's key applied (originKey); ok is false when there is none.
-func (pt *partition) lastOrigin(st stateReader, customer string) (last RecordOrigin, lastValue []byte, ok bool, err error) {
-	v, ok, err := st.Get(originKey(customer))
+// lastOrigin returns the origin and value of the last record of a key
+// applied (okey: originKeyOf); ok is false when there is none.
+func (pt *partition) lastOrigin(st stateReader, okey []byte) (last RecordOrigin, lastValue []byte, ok bool, err error) {
+	v, ok, err := st.Get(okey)
 	switch {
 	case err != nil || !ok:
 		return RecordOrigin{}, nil, false, err
 	case len(v) < 21 || v[20] > 1 || v[20] == 0 && len(v) > 21:
-		return RecordOrigin{}, nil, false, fmt.Errorf("aggregator: partition %d: corrupt record origin of %s (%d bytes)", pt.p, customer, len(v))
+		return RecordOrigin{}, nil, false, fmt.Errorf("aggregator: partition %d: corrupt record origin of %q (%d bytes)", pt.p, okey[1:], len(v))
 	}
 	last = RecordOrigin{Arrival: int64(binary.BigEndian.Uint64(v)), Partition: int32(binary.BigEndian.Uint32(v[8:])),
 		Offset: int64(binary.BigEndian.Uint64(v[12:]))}
@@ -1255,21 +1266,24 @@ func (pt *partition) restated(r *kgo.Record, last RecordOrigin, lastValue []byte
 	return restate
 }
 
-// restateRejected restates the record in effect of the customer of r, a
-// record of usage.entitlements just rejected, when r is on its canonical
-// partition and a record of its key was applied: the rejected record
-// leaves it in effect, but would otherwise be the key's last record, which
-// compaction keeps and a stage reading the compacted topic from the start
-// rejects (applying the default plan instead). Every other stage skips the
-// restated record (the origin and value in effect). A rejected record
-// whose key is reserved, not a customer's, or on another partition, or
-// whose value is the one in effect, changes nothing.
+// restateRejected restates the record in effect of the key of r, a
+// record of usage.entitlements just rejected, when r is a customer's on
+// its canonical partition, or a shared one (the default plan, the rate
+// card, on any partition), and a record of its key was applied: the
+// rejected record leaves it in effect, but would otherwise be the key's
+// last record, which compaction keeps and a stage reading the compacted
+// topic from the start rejects (applying the default plan instead, or no
+// default plan, no rate card). Every other stage skips the restated
+// record (the origin and value in effect). A rejected record whose key is
+// a tick's or not an entitlements key, or a customer's on another
+// partition, or whose value is the one in effect, changes nothing.
 func (pt *partition) restateRejected(tx *stream.Tx, r *kgo.Record) error {
 	k, err := schemas.ParseEntitlementsKey(r.Key)
-	if err != nil || k.Reserved != "" || schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p {
+	if err != nil || k.Reserved == schemas.TickKey || k.Reserved == "" && schemas.Partition(r.Key, pt.pr.counts.entitlements) != pt.p {
 		return nil
 	}
-	last, lastValue, ok, err := pt.lastOrigin(tx, k.Customer)
+	okey := originKeyOf(k)
+	last, lastValue, ok, err := pt.lastOrigin(tx, okey)
 	if err != nil || !ok || compareValues(r.Value, lastValue) == 0 {
 		// The value in effect rejected (a state applied under other
 		// rules): restated, it would be rejected again, for ever.
@@ -1277,7 +1291,7 @@ func (pt *partition) restateRejected(tx *stream.Tx, r *kgo.Record) error {
 	}
 	tx.Emit(pt.restated(r, last, lastValue))
 	pt.pr.log.Info("rejected entitlements record followed by the record in effect, restated", zap.Int32("partition", pt.p),
-		zap.Int64("offset", r.Offset), zap.String("customer", k.Customer))
+		zap.Int64("offset", r.Offset), zap.String("key", string(okey[1:])))
 	return nil
 }
 

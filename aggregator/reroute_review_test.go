@@ -94,7 +94,7 @@ func checkStaleCopies(t *testing.T, recs []*kgo.Record, want []string) {
 	pt := &partition{p: 1, pr: &processor{now: time.Now}}
 	st := mapState{}
 	for i, r := range recs {
-		o, stale, restate, err := pt.staleCopy(st, r, "acme")
+		o, stale, restate, err := pt.staleCopy(st, r, originKey("acme"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +210,7 @@ func TestRestatesConverge(t *testing.T) {
 				r := queue[0]
 				queue = queue[1:]
 				for _, s := range []*stage{tc.a, tc.b} {
-					o, stale, restate, err := s.pt.staleCopy(s.st, r, "acme")
+					o, stale, restate, err := s.pt.staleCopy(s.st, r, originKey("acme"))
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -451,22 +451,20 @@ func scheduledNote(r entRecord, now int64, fallback string) string {
 // entRecords):
 //   - a record entitlements.ParseRecord refuses (undecodable, invalid) is
 //     rejected: the record before it stays in effect. After one of a
-//     customer on its canonical partition, the aggregator writes the
-//     record in effect again (restated, a copy marked with its origin),
-//     which DecideRecord then skips, for it is the record kept.
+//     customer on its canonical partition, or of a reserved key (the
+//     default plan, the rate card), the aggregator writes the record in
+//     effect again (restated, a copy marked with its origin), which
+//     DecideRecord then skips, for it is the record kept.
 //   - a tick applies nothing.
-//   - a customer's record is decided by aggregator.DecideRecord: a copy
-//     the aggregator re-produced whose original reached the topic no
-//     later than the record kept is skipped (a misrouted record read
+//   - a record is decided by aggregator.DecideRecord: a copy the
+//     aggregator re-produced or restated whose original reached the topic
+//     no later than the record kept is skipped (a misrouted record read
 //     again from the start is re-produced again, after newer records of
 //     its key).
 //   - the delete the aggregator writes on a wrong partition after a
 //     record it moved from there (aggregator.IsMovedMark) is skipped: the
 //     note that the partition holds a record of the customer stays until
 //     compaction removes both.
-//   - a record of a reserved key (the default plan, the rate card) is
-//     applied in the order of its partition; re-route headers on it
-//     change nothing.
 //
 // Not reproduced: a record the aggregator's Ledger refuses for the state
 // it has (entitlements.ErrTooManyVersions) is shown.
@@ -505,18 +503,15 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 		if latest[k] == nil {
 			latest[k] = map[int32]entRecord{}
 		}
-		var o aggregator.RecordOrigin
-		if rec.Key.Reserved == "" {
-			cur, ok := latest[k][r.Partition]
-			var apply bool
-			if o, apply, _ = aggregator.DecideRecord(r, cur.origin, cur.value, ok); !apply {
-				continue
-			}
-			if _, copied := aggregator.OriginOf(r); copied {
-				// A copy's original was written then (a claimed time
-				// after the copy's own is not shown).
-				written = min(o.Arrival, written)
-			}
+		cur, ok := latest[k][r.Partition]
+		o, apply, _ := aggregator.DecideRecord(r, cur.origin, cur.value, ok)
+		if !apply {
+			continue
+		}
+		if _, copied := aggregator.OriginOf(r); copied {
+			// A copy's original was written then (a claimed time after
+			// the copy's own is not shown).
+			written = min(o.Arrival, written)
 		}
 		e := entRecord{partition: r.Partition, offset: r.Offset, written: written, value: r.Value, rec: rec, origin: o}
 		if rec.Key.Reserved != schemas.RateCardKey {

@@ -177,13 +177,13 @@ func TestEntitlementsGetSkipsRejectedRecords(t *testing.T) {
 	}
 }
 
-// TestEntitlementsGetReservedKeysIgnoreOrigins: the aggregator applies
-// every valid record of a reserved key (the default plan, the rate card)
-// in the order of its partition, headers or not: aggregator.DecideRecord
-// decides customers' records alone. A default plan written with forged
-// re-route headers claiming an origin before the one in effect is applied,
-// and `entitlements get --default` shows it.
-func TestEntitlementsGetReservedKeysIgnoreOrigins(t *testing.T) {
+// TestEntitlementsGetReservedKeysDecidedByOrigin: the aggregator decides
+// the records of a reserved key (the default plan, the rate card) as a
+// customer's, by aggregator.DecideRecord, for it restates them after a
+// record it rejects. A default plan written with forged re-route headers
+// claiming an origin before the one in effect is a stale copy, not
+// applied, and `entitlements get --default` shows the one in effect.
+func TestEntitlementsGetReservedKeysDecidedByOrigin(t *testing.T) {
 	a := newAcmeTopic(t)
 	key := []byte(schemas.DefaultPlanKey)
 	ctx := context.Background()
@@ -198,7 +198,7 @@ func TestEntitlementsGetReservedKeysIgnoreOrigins(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c, out := a.getCap(t, "--default"); c != 9 {
-		t.Errorf("get --default shows the cap %d, want 9 (the last record of the key, which the aggregator applies)\n%s", c, out)
+	if c, out := a.getCap(t, "--default"); c != 5 {
+		t.Errorf("get --default shows the cap %d, want 5 (the record in effect: the aggregator skips the stale copy)\n%s", c, out)
 	}
 }
