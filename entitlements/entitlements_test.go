@@ -329,6 +329,15 @@ func TestParseRecord(t *testing.T) {
 		if got != c.reason {
 			t.Errorf("ParseRecord(%q, %x) = %v (reason %q), want reason %q", c.key, c.value, err, got, c.reason)
 		}
+		// The detail goes to usage.rejected as it is: the package named
+		// once, a kind named in plain words.
+		if err != nil && (strings.Count(err.Error(), "entitlements:") > 1 || strings.Contains(err.Error(), "a Aggregate")) {
+			t.Errorf("ParseRecord(%q, %x): %q", c.key, c.value, err)
+		}
+	}
+	agg := schemas.MustEncode(&schemas.Aggregate{CustomerID: "acme", Meter: "m", Aggregation: "SUM", Status: schemas.StatusOpen})
+	if _, err := ParseRecord(schemas.CustomerKey("acme"), agg, 1); err == nil || strings.Count(err.Error(), "entitlements:") > 1 || !strings.Contains(err.Error(), "Aggregate") || strings.Contains(err.Error(), "a Aggregate") {
+		t.Errorf("an Aggregate under a customer's key: %v", err)
 	}
 }
 

@@ -31,7 +31,7 @@ const (
 // ErrInvalid is wrapped by every FieldError: a record of usage.entitlements
 // that breaks a rule. The aggregator rejects such a record (reason
 // invalid) and keeps what was in effect before it.
-var ErrInvalid = errors.New("entitlements: invalid")
+var ErrInvalid = errors.New("invalid")
 
 // FieldError names the field of a record that is wrong, by a path an
 // operator reads in the YAML document: "caps.api_calls.limit",

@@ -97,7 +97,7 @@ func ParseRecord(key, value []byte, written int64) (*Record, error) {
 		r.Entitlements, r.Plan = v, p
 		return r, nil
 	}
-	return nil, fmt.Errorf("entitlements: %w: a %s record", ErrWrongKind, m.Kind())
+	return nil, fmt.Errorf("entitlements: %w: a record of kind %s", ErrWrongKind, m.Kind())
 }
 
 func describeKey(k schemas.EntitlementsKey) string {
