@@ -33,6 +33,7 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		}
 		printLag(stdio.Stdout, rows, c.All, time.Now())
 		if c.Watch <= 0 {
+			noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
 			return nil
 		}
 		select {
@@ -65,4 +66,19 @@ func printLag(w io.Writer, rows []lag.Row, all bool, now time.Time) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "%d partitions, %d behind, %d records behind in total (%s)\n", len(rows), behind, total, now.UTC().Format(time.RFC3339))
+}
+
+// noteGroupsWithoutRows names on w each of groups that has no row: a
+// misspelt --group, or a group that has committed no offset yet, would
+// otherwise be missing from the table without a word.
+func noteGroupsWithoutRows(w io.Writer, groups []string, rows []lag.Row) {
+	seen := map[string]bool{}
+	for _, r := range rows {
+		seen[r.Group] = true
+	}
+	for _, g := range groups {
+		if !seen[g] {
+			fmt.Fprintf(w, "note: group %q has no committed offsets: no such group, or it has committed none yet\n", g)
+		}
+	}
 }

@@ -260,6 +260,9 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := st.BindChangelog(cfg.ChangelogTopic, cfg.StateDir); err != nil {
+		return nil, errors.Join(err, st.Close())
+	}
 	rt := &Runtime{
 		cfg:   cfg,
 		loop:  loop,

@@ -50,6 +50,10 @@ var keyRestoreRate = []byte{prefixMeta, 'r', 'a', 't', 'e'}
 // within the restore horizon before it reads it again (warmCopies).
 var keyRetention = []byte{prefixMeta, 'd', 'r', 'e', 't'}
 
+// keyChangelog holds the name of the changelog topic the store caches,
+// recorded by the first runtime that opens it (BindChangelog).
+var keyChangelog = []byte{prefixMeta, 'c', 'l', 'o', 'g'}
+
 // pebbleLogger sends Pebble's messages to zap: its routine messages at
 // debug, its errors at error.
 type pebbleLogger struct{ s *zap.SugaredLogger }
@@ -255,6 +259,30 @@ func (s *Store) SetRetention(d time.Duration) error {
 	var v [8]byte
 	binary.BigEndian.PutUint64(v[:], uint64(d.Milliseconds()))
 	return s.db.Set(keyRetention, v[:], pebble.NoSync)
+}
+
+// BindChangelog records topic as the changelog the store caches, or
+// returns an error when it caches another. A store is a cache of one
+// changelog: its checkpoints are offsets of that log, and a restore from
+// another would replay that log's tail onto this state (a topic prefix or
+// a changelog name changed, another pipeline's state directory given). A
+// store that records no changelog (made before the name was recorded) is
+// bound to topic.
+func (s *Store) BindChangelog(topic, dir string) error {
+	b, closer, err := s.db.Get(keyChangelog)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return s.db.Set(keyChangelog, []byte(topic), pebble.Sync)
+	}
+	if err != nil {
+		return fmt.Errorf("stream: read the changelog of the state in %s: %w", dir, err)
+	}
+	defer closer.Close()
+	if string(b) != topic {
+		return fmt.Errorf("stream: the state in %s is a cache of changelog %q, not of this stage's changelog %q: "+
+			"give the stage a --state-dir of its own, or delete %s to rebuild it from %q",
+			dir, b, topic, dir, topic)
+	}
+	return nil
 }
 
 // batch accumulates state writes of several partitions.
