@@ -1385,9 +1385,12 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	// set here, field by field, the decision left alone.
 	ch := &pt.charge
 	ch.pt, ch.tx, ch.customer, ch.label = pt, tx, e.CustomerID, ""
-	ch.ev = entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
-		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime, Undeclared: m == undeclared}
-	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
+	// Its event too, every field of it: a composite literal would be
+	// built in a temporary and copied.
+	ev := &ch.ev
+	ev.Meter, ev.Aggregation, ev.Quantity = e.Meter, string(m.Aggregation), e.Quantity
+	ev.EventTime, ev.Arrival, ev.Undeclared = e.EventTime, e.IngestTime, m == undeclared
+	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, &ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
 	d := &ch.d
