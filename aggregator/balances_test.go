@@ -307,3 +307,38 @@ func TestIdleTicksStop(t *testing.T) {
 	awaitDecided(t, h, 2)
 	t.Logf("%d ticks before idling; an event after it decided in %s", before, time.Since(start))
 }
+
+// TestBalancePendingKeyWrittenOnlyWhilePending: a customer whose balance
+// goes out in the transaction that made it pending (the partition's first
+// emission, one whose interval has passed) leaves no record of its pending
+// key in the changelog, neither the key nor its delete; one left pending
+// across transactions has its key written, then deleted with its balance.
+// So every delete of the key follows a write of it, and the key is gone
+// once nothing is pending.
+func TestBalancePendingKeyWrittenOnlyWhilePending(t *testing.T) {
+	r := newBalanceRun(t)
+	r.h.start(r.config(time.Hour))
+	n0 := r.first()
+	r.event()
+	r.advance()
+	r.checkOneMore(n0, "the pending change")
+	var seq []string
+	for _, rec := range testenv.ReadAll(t, r.h.brokers, r.h.names.AggregateChangelogTopic()) {
+		if string(rec.Key) != string(pendingKey("acme")) {
+			continue
+		}
+		if rec.Value == nil {
+			seq = append(seq, "delete")
+		} else {
+			seq = append(seq, "put")
+		}
+	}
+	if len(seq) == 0 || seq[len(seq)-1] != "delete" {
+		t.Fatalf("acme's pending key in the changelog: %v, want it deleted last (its balance out)", seq)
+	}
+	for i, op := range seq {
+		if want := []string{"put", "delete"}[i%2]; op != want {
+			t.Fatalf("acme's pending key in the changelog: %v: record %d is a %s, want a %s (a delete only of a key written)", seq, i, op, want)
+		}
+	}
+}

@@ -298,6 +298,11 @@ type entPart struct {
 	// next ones after its cursor in O(log pending + chunk), never by
 	// sorting every pending customer.
 	pendingOrder *btreemap.BTreeMap[string, struct{}]
+	// madePending holds the customers that makePending made pending in
+	// the open transaction's flushBalances, whose pending key the
+	// committed state does not hold: one whose balance goes out in the
+	// same flushBalances leaves no trace of the key (unpend).
+	madePending map[string]struct{}
 	// visited counts the pending customers roundChunk looked at, in
 	// all: a transaction's share is bounded by its chunk, whatever the
 	// number pending (TestPendingEmissionBoundedByChunk).
@@ -537,7 +542,7 @@ func decodeRoll(v []byte) (rollState, error) {
 func (pt *partition) loadEnt(st stateReader) error {
 	e := &entPart{changed: map[string]int64{}, changedGen: 1, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
 		cache: map[string]cachedValue{}, decoded: map[string]any{},
-		accounts: map[string]*heldAccount{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
+		accounts: map[string]*heldAccount{}, madePending: map[string]struct{}{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {
@@ -1380,9 +1385,12 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	// set here, field by field, the decision left alone.
 	ch := &pt.charge
 	ch.pt, ch.tx, ch.customer, ch.label = pt, tx, e.CustomerID, ""
-	ch.ev = entitlements.Event{Meter: e.Meter, Aggregation: string(m.Aggregation),
-		Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime, Undeclared: m == undeclared}
-	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, ch.ev, &ch.d); err != nil {
+	// Its event too, every field of it: a composite literal would be
+	// built in a temporary and copied.
+	ev := &ch.ev
+	ev.Meter, ev.Aggregation, ev.Quantity = e.Meter, string(m.Aggregation), e.Quantity
+	ev.EventTime, ev.Arrival, ev.Undeclared = e.EventTime, e.IngestTime, m == undeclared
+	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, &ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
 	}
 	d := &ch.d
@@ -1609,6 +1617,7 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 	e := pt.ent
 	e.flushed, e.pending = e.pending, entMetrics{}
 	defer pt.publishPending()
+	defer clear(e.madePending)
 	fenced := e.fenced
 	e.fenced = false
 	out := e.emitNow
@@ -1640,8 +1649,7 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 				return err
 			}
 			out[c] = max(out[c], t)
-			tx.Delete(pendingKey(c))
-			e.dropPending(c)
+			pt.unpend(tx, c)
 		}
 		rev++
 		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, max(pt.wm, out[c]), rev)
@@ -1698,7 +1706,31 @@ func (pt *partition) makePending(tx *stream.Tx, c string, t int64) {
 	b = binary.AppendVarint(b, t)
 	e.pendingBuf = b
 	tx.Put(b[:1+len(c)], b[1+len(c):])
+	if !pending {
+		// Every pending key the transaction deletes, it deletes after
+		// this (flushBalances, once a transaction): the committed state
+		// does not hold c's.
+		e.madePending[c] = struct{}{}
+	}
 	e.setPending(c, t)
+}
+
+// unpend makes pending customer c no longer pending, its balance going out
+// in the open transaction: its pending key is deleted, or, when this
+// flushBalances wrote it and the committed state does not hold it
+// (madePending), forgotten: the key then costs no changelog record at all,
+// neither its value nor a tombstone, and the state after the transaction
+// is the same. A crash before the commit loses neither the change (its
+// account and its balance are in the transaction, or neither is) nor the
+// pending customer (the committed state holds it as it did).
+func (pt *partition) unpend(tx *stream.Tx, c string) {
+	e := pt.ent
+	if _, made := e.madePending[c]; made {
+		tx.Forget(pendingKey(c))
+	} else {
+		tx.Delete(pendingKey(c))
+	}
+	e.dropPending(c)
 }
 
 // pendingDegree is the degree of entPart.pendingOrder's B-tree.
@@ -1797,8 +1829,7 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 			return err
 		}
 		out[c] = max(out[c], t)
-		e.dropPending(c)
-		tx.Delete(pendingKey(c))
+		pt.unpend(tx, c)
 	}
 	tx.Put(keyBalances, b.encode())
 	return nil

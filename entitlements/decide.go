@@ -153,20 +153,20 @@ type Input struct {
 // event.
 func Decide(in Input) Decision {
 	var d Decision
-	decideInto(&in, &d)
+	decideInto(&in, &in.Event, &d)
 	return d
 }
 
-// decideInto is Decide into *d, reusing its Draws' backing array. It
-// reads *in and writes *d in place: an Input and a Decision are too large
-// to be copied for every event.
-func decideInto(in *Input, d *Decision) {
+// decideInto is Decide of *in for the event *ev (in.Event is not read)
+// into *d, reusing its Draws' backing array. It reads *in and *ev and
+// writes *d in place: an Input, an Event and a Decision are too large to
+// be copied for every event.
+func decideInto(in *Input, ev *Event, d *Decision) {
 	draws := d.Draws[:0]
 	p := in.Plan
 	if p == nil {
 		p = noPlan
 	}
-	ev := &in.Event
 	if ev.Quantity < 0 {
 		*d = Decision{Outcome: Invalid, Detail: fmt.Sprintf("quantity: negative (%d)", ev.Quantity)}
 		return

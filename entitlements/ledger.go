@@ -615,14 +615,15 @@ func (l *Ledger) Decide(st Store, customer string, ev Event) (Decision, error) {
 // else recorded for the customer in between.
 func (l *Ledger) Evaluate(st Store, customer string, ev Event) (Decision, error) {
 	var d Decision
-	err := l.EvaluateInto(st, customer, ev, &d)
+	err := l.EvaluateInto(st, customer, &ev, &d)
 	return d, err
 }
 
-// EvaluateInto is Evaluate into *d, whose Draws' backing array it reuses
-// (what d held before is overwritten): a stage that decides its events
-// one at a time allocates no Draws per event.
-func (l *Ledger) EvaluateInto(st Store, customer string, ev Event, d *Decision) error {
+// EvaluateInto is Evaluate of *ev, which it does not modify, into *d,
+// whose Draws' backing array it reuses (what d held before is
+// overwritten): a stage that decides its events one at a time allocates
+// no Draws per event, and copies no Event.
+func (l *Ledger) EvaluateInto(st Store, customer string, ev *Event, d *Decision) error {
 	res, err := l.resolve(st, customer)
 	if err != nil {
 		*d = Decision{Draws: d.Draws[:0]}
@@ -634,7 +635,11 @@ func (l *Ledger) EvaluateInto(st Store, customer string, ev Event, d *Decision) 
 	// usage of SUM and COUNT meters, the overdraft under a policy that
 	// allows it, what grants paid for an event that costs something).
 	charged := Charged(ev.Aggregation)
-	in := Input{Plan: plan, Rate: rate, HasRate: hasRate, Event: ev}
+	// Set field by field: a composite literal is built in a temporary
+	// and copied, a cost seen per event. decideInto reads ev, not
+	// in.Event.
+	var in Input
+	in.Plan, in.Rate, in.HasRate = plan, rate, hasRate
 	var start int64
 	var a *Account
 	if charged || plan == nil || plan.Overdraft.Policy == schemas.OverdraftAllow {
@@ -650,7 +655,7 @@ func (l *Ledger) EvaluateInto(st Store, customer string, ev Event, d *Decision) 
 		in.Overdrawn = p.overdrawnIn()
 		in.uses = a.uses
 	}
-	decideInto(&in, d)
+	decideInto(&in, ev, d)
 	d.Plan, d.start, d.acct = plan, start, a
 	return nil
 }

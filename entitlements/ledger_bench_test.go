@@ -184,7 +184,7 @@ func BenchmarkLedgerEvaluateRecord(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		c, ev := in.event(i)
-		if err := l.EvaluateInto(st, c, ev, &d); err != nil {
+		if err := l.EvaluateInto(st, c, &ev, &d); err != nil {
 			b.Fatal(err)
 		}
 		if d.Outcome == Accepted {

@@ -158,7 +158,7 @@ func TestEvaluateIntoReusesDraws(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.EvaluateInto(st, "acme", ev, &d); err != nil {
+		if err := l.EvaluateInto(st, "acme", &ev, &d); err != nil {
 			t.Fatal(err)
 		}
 		if fmt.Sprint(d.Draws) != fmt.Sprint(want.Draws) || d.Cost != want.Cost || len(d.Draws) != 1 {
