@@ -22,7 +22,8 @@ import (
 // most UnknownErrorLimit, then the sink stops rather than park rows that
 // may be fine.
 
-// connect dials ClickHouse (retrying while it is unreachable) and checks
+// connect dials ClickHouse (retrying while it is unreachable, not when it
+// refuses the login or the TLS session) and checks
 // that the server runs in UTC, that the migrations are applied and that
 // no rebuild of the derived tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
@@ -35,6 +36,11 @@ func (w *Writer) connect(ctx context.Context) error {
 		}
 		if ex := (*proto.Exception)(nil); errors.As(err, &ex) && ex.Code == 81 { // UNKNOWN_DATABASE
 			return fmt.Errorf("%w (run `meterline migrate --database %s`)", err, w.cfg.Database)
+		}
+		// A refused user or password, a failed TLS handshake, a port
+		// that speaks only TLS: no retry makes them right (CheckLogin).
+		if errors.Is(err, ErrAuthentication) || errors.Is(err, errSpeaksTLS) || isTLSErr(err) {
+			return err
 		}
 		w.lastUp.Store(err.Error())
 		if attempt == 0 {
