@@ -113,16 +113,22 @@ func (w *Writer) setUp(err error) {
 		if w.up.Swap(false) {
 			w.log.Warn("clickhouse stopped answering", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
 		}
+		if isAuthErr(err) && !w.loginRefused.Swap(true) {
+			w.log.Error(fmt.Sprintf("clickhouse refuses the sink's user %q: the sink stops at its next write; it reads its password at start only: restart it with the current one",
+				w.cfg.ClickHouseServer.user()), zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		}
 		w.m.up.Set(0)
 		return
 	}
+	w.loginRefused.Store(false)
 	if !w.up.Swap(true) {
 		w.log.Info("clickhouse answers again", zap.String("addr", w.cfg.ClickHouse))
 	}
 	w.m.up.Set(1)
 }
 
-// unknownSpell handles an INSERT failure of t. For an error code the sink
+// unknownSpell handles an INSERT failure of t. A refused login stops the
+// sink (ErrAuthentication). For an error code the sink
 // does not know (classUnknown) it starts or continues the spell of such
 // failures, and returns an error wrapping ErrUnknownServerError once the
 // spell has lasted UnknownErrorLimit; otherwise it returns nil and the
@@ -136,6 +142,14 @@ func (w *Writer) setUp(err error) {
 // alerts one. Nothing is lost: no offset was committed past these rows,
 // and the restart's resume rule skips any that did land.
 func (w *Writer) unknownSpell(t *table, err error) error {
+	// A login the server refuses now, having taken it at start (a
+	// password changed on the server): no back-off makes the sink's
+	// password right, as it reads it at start only.
+	if isAuthErr(err) {
+		s := w.cfg.ClickHouseServer
+		return fmt.Errorf("%w: %s refused user %q while the sink runs (writing %s): %v; the password is read at start only: restart the sink with the current one",
+			ErrAuthentication, s.Addr, s.user(), t.name, err)
+	}
 	if classify(err) != classUnknown {
 		return nil
 	}
