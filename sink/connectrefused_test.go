@@ -2,7 +2,6 @@ package sink
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"testing"
 	"time"
@@ -37,26 +36,7 @@ func connectWith(t *testing.T, server Server) error {
 // error, instead of retrying for ever as for an unreachable server: no
 // retry makes either right.
 func TestConnectStopsOnRefusal(t *testing.T) {
-	certs := testenv.NewCerts(t)
-	l, err := tls.Listen("tcp", "127.0.0.1:0", certs.ServerTLS(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				_ = c.(*tls.Conn).Handshake()
-				_ = c.Close()
-			}()
-		}
-	}()
-	if err := connectWith(t, Server{Addr: l.Addr().String()}); !errors.Is(err, errSpeaksTLS) {
+	if err := connectWith(t, Server{Addr: tlsOnlyServer(t)}); !errors.Is(err, errSpeaksTLS) {
 		t.Errorf("plain client at a TLS port: %v, want the error saying it speaks TLS", err)
 	}
 
