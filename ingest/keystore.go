@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 // Keys holds the API keys and tenants of the keys topic, following it.
@@ -22,8 +24,8 @@ import (
 type Keys struct {
 	topic string
 	log   *zap.Logger
-	// fatal names the fetch errors that end Follow; any other is logged
-	// and the read goes on.
+	// fatal names the fetch and listing errors that end Follow; any
+	// other is logged and the read goes on.
 	fatal func(error) bool
 
 	mu      sync.RWMutex
@@ -60,7 +62,7 @@ func NewKeys(topic string, log *zap.Logger) *Keys {
 		log = zap.NewNop()
 	}
 	return &Keys{topic: topic, log: log, keys: map[string]*Key{}, tenants: map[string]*Tenant{}, loaded: make(chan struct{}),
-		fatal: refusedRead, probe: keysProbe, clock: time.Now, confirmed: time.Now()}
+		fatal: keysFatal, probe: keysProbe, clock: time.Now, confirmed: time.Now()}
 }
 
 // SetMaxAge bounds the age of the keys (Staleness); ≤ 0: no bound. Call
@@ -117,6 +119,12 @@ func (k *Keys) Staleness() (age time.Duration, stale bool) {
 // would accept a revoked key for ever.
 func refusedRead(err error) bool { return errors.Is(err, kerr.TopicAuthorizationFailed) }
 
+// keysFatal names the errors that end a read of the keys topic: a refused
+// Read (refusedRead), and a refused SASL login, which no retry makes
+// right, as the password is read at start only; an ingest that went on
+// would answer every request 503 for ever.
+func keysFatal(err error) bool { return refusedRead(err) || kafka.SASLRefused(err) }
+
 // Loaded is closed once the set holds every record the topic had when
 // Follow started.
 func (k *Keys) Loaded() <-chan struct{} { return k.loaded }
@@ -146,6 +154,10 @@ func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 	if refusedRead(err) {
 		return fmt.Errorf("%w: the principal needs Read on the keys topic %s (docs/operations.md, ACLs)", err, k.topic)
 	}
+	if kafka.SASLRefused(err) {
+		return fmt.Errorf("%w: the brokers refuse the ingest's SASL user, password or mechanism: %w (the password is read at start only: restart the ingest with the current one)",
+			kafka.ErrAuthentication, err)
+	}
 	return err
 }
 
@@ -162,7 +174,8 @@ var errNoTopic = errors.New("topic does not exist")
 // last at then ages. what names the topic in errors and logs. It
 // returns an error wrapping errNoTopic when the topic does not exist. A
 // fetch error is logged and the read goes on, unless fatal (when not nil)
-// says it ends the read: tail then returns it.
+// says it ends the read: tail then returns it, as it does a listing's
+// error that fatal names.
 // The keys and the balances of the ingest are followed this way.
 func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.Opt, apply func(*kgo.Record), reached func(at time.Time),
 	probe time.Duration, fatal func(error) bool) error {
@@ -187,18 +200,32 @@ func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.O
 		return fmt.Errorf("ingest: %s topic %s: end offsets: %w", what, topic, err)
 	}
 	marks.add(ends, at)
+	// A listing of the ends that fails as fatal says ends the read: the
+	// poll is cut short with it as the cause.
+	rctx, refused := context.WithCancelCause(ctx)
+	defer refused(nil)
 	if probe > 0 {
-		pctx, stop := context.WithCancel(ctx)
+		pctx, stop := context.WithCancel(rctx)
 		var wg sync.WaitGroup
 		wg.Add(1)
-		go func() { defer wg.Done(); probeEnds(pctx, cl, topic, what, log, probe, marks) }()
+		go func() {
+			defer wg.Done()
+			probeEnds(pctx, cl, topic, what, log, probe, marks, func(err error) {
+				if fatal != nil && fatal(err) {
+					refused(err)
+				}
+			})
+		}()
 		defer wg.Wait()
 		defer stop()
 	}
 	for {
-		fs := cl.PollFetches(ctx)
+		fs := cl.PollFetches(rctx)
 		if err := ctx.Err(); err != nil {
 			return nil
+		}
+		if rctx.Err() != nil {
+			return fmt.Errorf("ingest: %s topic %s: end offsets: %w", what, topic, context.Cause(rctx))
 		}
 		var end error
 		fs.EachError(func(t string, p int32, err error) {
@@ -238,8 +265,9 @@ func listEnds(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int6
 // probeEnds lists topic's ends every interval until ctx ends, each
 // listing a mark for the read to reach. A listing gets as long as the
 // interval twice; one that fails is logged at debug (the age of the last
-// mark reached tells of it).
-func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap.Logger, interval time.Duration, marks *readMarks) {
+// mark reached tells of it) and given to failed.
+func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap.Logger, interval time.Duration, marks *readMarks,
+	failed func(error)) {
 	every(ctx, interval, func() {
 		at := time.Now()
 		lctx, cancel := context.WithTimeout(ctx, 2*interval)
@@ -248,6 +276,7 @@ func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Debug("listing the ends of the "+what+" topic", zap.String("topic", topic), zap.Error(err))
+				failed(err)
 			}
 			return
 		}

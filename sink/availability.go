@@ -22,7 +22,8 @@ import (
 // most UnknownErrorLimit, then the sink stops rather than park rows that
 // may be fine.
 
-// connect dials ClickHouse (retrying while it is unreachable) and checks
+// connect dials ClickHouse (retrying while it is unreachable, not when it
+// refuses the login or the TLS session) and checks
 // that the server runs in UTC, that the migrations are applied and that
 // no rebuild of the derived tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
@@ -35,6 +36,11 @@ func (w *Writer) connect(ctx context.Context) error {
 		}
 		if ex := (*proto.Exception)(nil); errors.As(err, &ex) && ex.Code == 81 { // UNKNOWN_DATABASE
 			return fmt.Errorf("%w (run `meterline migrate --database %s`)", err, w.cfg.Database)
+		}
+		// A refused user or password, a failed TLS handshake, a port
+		// that speaks only TLS: no retry makes them right (CheckLogin).
+		if errors.Is(err, ErrAuthentication) || errors.Is(err, errSpeaksTLS) || isTLSErr(err) {
+			return err
 		}
 		w.lastUp.Store(err.Error())
 		if attempt == 0 {
@@ -107,16 +113,22 @@ func (w *Writer) setUp(err error) {
 		if w.up.Swap(false) {
 			w.log.Warn("clickhouse stopped answering", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
 		}
+		if isAuthErr(err) && !w.loginRefused.Swap(true) {
+			w.log.Error(fmt.Sprintf("clickhouse refuses the sink's user %q: the sink stops at its next write; it reads its password at start only: restart it with the current one",
+				w.cfg.ClickHouseServer.user()), zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		}
 		w.m.up.Set(0)
 		return
 	}
+	w.loginRefused.Store(false)
 	if !w.up.Swap(true) {
 		w.log.Info("clickhouse answers again", zap.String("addr", w.cfg.ClickHouse))
 	}
 	w.m.up.Set(1)
 }
 
-// unknownSpell handles an INSERT failure of t. For an error code the sink
+// unknownSpell handles an INSERT failure of t. A refused login stops the
+// sink (ErrAuthentication). For an error code the sink
 // does not know (classUnknown) it starts or continues the spell of such
 // failures, and returns an error wrapping ErrUnknownServerError once the
 // spell has lasted UnknownErrorLimit; otherwise it returns nil and the
@@ -130,6 +142,14 @@ func (w *Writer) setUp(err error) {
 // alerts one. Nothing is lost: no offset was committed past these rows,
 // and the restart's resume rule skips any that did land.
 func (w *Writer) unknownSpell(t *table, err error) error {
+	// A login the server refuses now, having taken it at start (a
+	// password changed on the server): no back-off makes the sink's
+	// password right, as it reads it at start only.
+	if isAuthErr(err) {
+		s := w.cfg.ClickHouseServer
+		return fmt.Errorf("%w: %s refused user %q while the sink runs (writing %s): %v; the password is read at start only: restart the sink with the current one",
+			ErrAuthentication, s.Addr, s.user(), t.name, err)
+	}
 	if classify(err) != classUnknown {
 		return nil
 	}

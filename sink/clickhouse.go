@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -145,6 +146,10 @@ func (s Server) open(ctx context.Context, database string) (driver.Conn, error) 
 		if isTLSErr(err) {
 			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w", s.Addr, err)
 		}
+		if tc == nil && speaksTLS(ctx, s.Addr) {
+			return nil, fmt.Errorf("sink: clickhouse %s %w (its tcp_port_secure?) and drops a connection without it: connect with --clickhouse-tls (and --clickhouse-tls-ca-file), or to its tcp_port: %v",
+				s.Addr, errSpeaksTLS, err)
+		}
 		return nil, fmt.Errorf("sink: clickhouse %s (database %s) does not answer: %w", s.Addr, database, err)
 	}
 	return conn, nil
@@ -174,7 +179,7 @@ func (s Server) CheckLogin(ctx context.Context) error {
 		_ = conn.Close()
 		return nil
 	}
-	if errors.Is(err, ErrAuthentication) || isTLSErr(err) {
+	if errors.Is(err, ErrAuthentication) || isTLSErr(err) || errors.Is(err, errSpeaksTLS) {
 		return err
 	}
 	tc, terr := s.TLS.Load()
@@ -188,6 +193,34 @@ func (s Server) CheckLogin(ctx context.Context) error {
 		return fmt.Errorf("sink: clickhouse %s: TLS session failed (CA, client certificate or server name?): %w", s.Addr, err)
 	}
 	return nil
+}
+
+// errSpeaksTLS is wrapped by open's error when the server, dialled
+// without TLS, dropped the connection and answers a TLS hello.
+var errSpeaksTLS = errors.New("speaks TLS")
+
+// speaksTLS reports whether the server at addr answers a TLS hello with a
+// certificate or a TLS alert: a port that serves only TLS
+// (tcp_port_secure), which drops a plain client's connection without a
+// ClickHouse answer. No certificate is trusted: the probe only asks
+// whether the server speaks TLS, and sends nothing else.
+func speaksTLS(ctx context.Context, addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second},
+		Config: &tls.Config{ServerName: host, RootCAs: x509.NewCertPool(), MinVersion: tls.VersionTLS12}}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err == nil {
+		_ = c.Close()
+		return true
+	}
+	var (
+		verr *tls.CertificateVerificationError
+		aerr tls.AlertError
+	)
+	return errors.As(err, &verr) || errors.As(err, &aerr)
 }
 
 // reachable reports whether addr accepts a TCP connection.

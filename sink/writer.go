@@ -164,8 +164,11 @@ type Writer struct {
 	joined  atomic.Bool
 	up      atomic.Bool
 	lastUp  atomic.Value // string: why ClickHouse is down
-	blocked atomic.Value // string: why the sink is backing off; "" when not
-	paused  atomic.Bool  // fetching paused by the inserter
+	// loginRefused: the refusal of the login since ClickHouse last
+	// answered is logged.
+	loginRefused atomic.Bool
+	blocked      atomic.Value // string: why the sink is backing off; "" when not
+	paused       atomic.Bool  // fetching paused by the inserter
 
 	// unknownSince is when the current spell of INSERTs failing with a
 	// server error code the sink does not know began; zero when none.

@@ -218,14 +218,11 @@ func CheckCredentials(ctx context.Context, c Config) error {
 	if err == nil {
 		return nil
 	}
+	if rerr := c.Refused(err); rerr != nil {
+		return rerr
+	}
 	brokers := strings.Join(c.Brokers, ",")
 	switch {
-	case errors.Is(err, kerr.SaslAuthenticationFailed):
-		return fmt.Errorf("%w: brokers %s refused user %q with %s (wrong user or password?): %v",
-			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
-	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
-		return fmt.Errorf("%w: brokers %s do not accept SASL %s on this listener: %v",
-			ErrAuthentication, brokers, c.SASL.Mechanism, err)
 	case isTLSError(err):
 		return fmt.Errorf("%w: brokers %s: %v", ErrTLS, brokers, err)
 	case unreachable(err) || ctx.Err() != nil:
@@ -237,6 +234,30 @@ func CheckCredentials(ctx context.Context, c Config) error {
 			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
 	}
 	return fmt.Errorf("kafka: brokers %s refused the connection (SASL or TLS settings that do not match the listener?): %w", brokers, err)
+}
+
+// Refused returns the error CheckCredentials reports when err, of a
+// client connected as c, is the brokers' refusal of its SASL user or
+// password, or of its mechanism, wrapping ErrAuthentication; nil for any
+// other err. No retry helps there: the password is read at start.
+func (c Config) Refused(err error) error {
+	brokers := strings.Join(c.Brokers, ",")
+	switch {
+	case errors.Is(err, kerr.SaslAuthenticationFailed):
+		return fmt.Errorf("%w: brokers %s refused user %q with %s (wrong user or password?): %v",
+			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
+	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
+		return fmt.Errorf("%w: brokers %s do not accept SASL %s on this listener: %v",
+			ErrAuthentication, brokers, c.SASL.Mechanism, err)
+	}
+	return nil
+}
+
+// SASLRefused reports whether err is the brokers' refusal of a client's
+// SASL user, password or mechanism.
+func SASLRefused(err error) bool {
+	return errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.UnsupportedSaslMechanism) ||
+		errors.Is(err, kerr.IllegalSaslState)
 }
 
 // unreachable reports a failure to open a TCP connection at all.

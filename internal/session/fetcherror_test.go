@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/kafka"
 )
 
 func fetchesWith(err error) kgo.Fetches {
@@ -106,5 +108,24 @@ func TestTransactionalIDNotAuthorized(t *testing.T) {
 	}
 	if err := c.TransactionalIDError(kerr.OffsetOutOfRange); err != kerr.OffsetOutOfRange {
 		t.Errorf("another error became %v", err)
+	}
+}
+
+// TestFetchErrorNamesRefusedCredentials: brokers that refuse the stage's
+// SASL user or password while it runs (a password changed on the cluster)
+// stop it with an authentication error that says the password is read at
+// start, not with the offsets hint.
+func TestFetchErrorNamesRefusedCredentials(t *testing.T) {
+	for _, cause := range []error{kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism} {
+		got := FetchError(zap.NewNop(), "meterline-dedup", fetchesWith(&kgo.ErrGroupSession{Err: cause}))
+		if got == nil {
+			t.Fatalf("%v: no error", cause)
+		}
+		if !errors.Is(got, kafka.ErrAuthentication) || !strings.Contains(got.Error(), "read at start") {
+			t.Errorf("%v: error %q is not an authentication error saying the password is read at start", cause, got)
+		}
+		if strings.Contains(got.Error(), "offsets are never reset") {
+			t.Errorf("%v: error %q points to offsets", cause, got)
+		}
 	}
 }

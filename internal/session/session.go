@@ -218,7 +218,8 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 // is refused at start, not at the first transaction, which an idle stage
 // may reach only hours later. A failure returns ErrRestart, so Run
 // rebuilds the session, but a missing ACL is an error naming the ID and
-// the ACL (Config.TransactionalIDError): no retry grants it.
+// the ACL (Config.TransactionalIDError): no retry grants it; nor does one
+// make a refused user or password right (kafka.Config.Refused).
 func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 	ictx, cancel := context.WithTimeout(ctx, l.cfg.TransactionTimeout+l.cfg.SessionTimeout)
 	_, _, perr := cl.ProducerID(ictx)
@@ -230,6 +231,12 @@ func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 		return ctx.Err()
 	case errors.Is(perr, kerr.TransactionalIDAuthorizationFailed):
 		return fmt.Errorf("initialise %w", l.cfg.TransactionalIDError(perr))
+	}
+	// Credentials the brokers accepted at start and refuse now (a
+	// password changed on the cluster): the stage stops as it would at
+	// start, since it reads its password at start only.
+	if rerr := l.cfg.Kafka.Refused(perr); rerr != nil {
+		return fmt.Errorf("session: %w; the password is read at start only: restart the stage with the current one", rerr)
 	}
 	l.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
 	return ErrRestart
@@ -304,7 +311,8 @@ func (l *Loop) fenced(now time.Time) {
 // Any other error, such as an authorization failure or an offset out of
 // range, stops the stage: offsets are never reset automatically
 // (docs/design.md, Exactly-once, 6). An authorization failure names the
-// ACL the principal lacks: Read on the topic, or on group.
+// ACL the principal lacks: Read on the topic, or on group; a refused SASL
+// login wraps kafka.ErrAuthentication.
 func FetchError(log *zap.Logger, group string, fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
@@ -328,6 +336,11 @@ func FetchError(log *zap.Logger, group string, fs kgo.Fetches) error {
 				where = t
 			}
 			ferr = fmt.Errorf("fetch %s: %w (the principal needs Read on topic %s: docs/operations.md, Security and ACLs)", where, err, t)
+		case kafka.SASLRefused(err):
+			// Accepted at start, refused now (a password changed on the
+			// cluster): no retry makes the stage's password right.
+			ferr = fmt.Errorf("%w: the brokers refuse the stage's SASL user, password or mechanism: %v (the password is read at start only: restart the stage with the current one)",
+				kafka.ErrAuthentication, err)
 		default:
 			ferr = fmt.Errorf("fetch %s/%d: %w (offsets are never reset automatically; see docs/design.md, Exactly-once, point 6)", t, p, err)
 		}
