@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -200,7 +201,8 @@ func head(s string, n int) string {
 // answers with rows at now: two revisions of a customer near its caps
 // with a grant expiring later this month, one overdrawn, one whose
 // latest period ended last month, one whose grant ends with the month and
-// one whose grant expired after its latest balance (INSERT ... SELECT: the native driver
+// one whose grant expired after its latest balance, and one whose grant
+// expires past DateTime's range (INSERT ... SELECT: the native driver
 // would wait for data blocks after INSERT ... VALUES). Times are Unix seconds, so that both
 // servers read the same instants whatever their time zone.
 func balanceTestData(db string, now time.Time) []string {
@@ -220,7 +222,7 @@ func balanceTestData(db string, now time.Time) []string {
 			if !g.expires.IsZero() {
 				e = g.expires.Unix()
 			}
-			exp = append(exp, fmt.Sprintf("toDateTime(%d)", e))
+			exp = append(exp, fmt.Sprintf("toDateTime(%d)", min(e, math.MaxUint32))) // as the sink writes it
 			expMs = append(expMs, strconv.FormatInt(e*1000, 10))
 			amounts = append(amounts, strconv.FormatInt(g.amount, 10))
 			consumed = append(consumed, strconv.FormatInt(g.amount-g.remaining, 10))
@@ -266,5 +268,8 @@ func balanceTestData(db string, now time.Time) []string {
 		row(3, "initech", 7, prev, cur, calls[:1], []int64{990}, []int64{1000}, nil, 0),
 		row(4, "hooli", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"monthly", 1000, 400, next}}, 0),
 		row(5, "soylent", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"spent", 900, 600, now.Add(-time.Minute)}}, 0),
+		// A grant of 2163, whose expiry in seconds wraps to this month in a
+		// UInt32: in no month's expiring credits, on either version.
+		row(6, "tyrell", 1, cur, next, nil, nil, nil, []grant{{"centennial", 700, 700, soon.Add(1 << 32 * time.Second)}}, 0),
 	}
 }

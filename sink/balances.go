@@ -79,7 +79,7 @@ FROM (SELECT * FROM balances_current FINAL ORDER BY customer_id, period_start DE
 ARRAY JOIN grant_ids AS grant_id, grant_remaining AS remaining, grant_expires_at_ms AS expires_at_ms, grant_expires_at AS expires_at
 WHERE expires_at_ms != 0 AND remaining > 0
   AND expires_at_ms > toUnixTimestamp(now()) * 1000
-  AND toStartOfMonth(toDateTime(intDiv(expires_at_ms - 1, 1000))) = toStartOfMonth(now())
+  AND expires_at_ms <= toUnixTimestamp(toDateTime(addMonths(toStartOfMonth(now()), 1))) * 1000
 ORDER BY expires_at, customer_id, grant_id`},
 
 	{Name: "credits_left", Title: "Credits left and overdraft per customer", SQL: `

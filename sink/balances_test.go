@@ -66,15 +66,21 @@ func TestBalanceQueries(t *testing.T) {
 	// applied (docs/entitlements.md, Plans and caps), so it is near no cap.
 	add(&schemas.Balance{CustomerID: "umbrella", Plan: "staff", Unmetered: true, Revision: 3, UpdatedAt: ms(cur), PeriodStart: ms(cur),
 		PeriodEnd: ms(next), Meters: []schemas.MeterBalance{mb("api_calls", 1500, 1000)}, OverdraftPolicy: schemas.OverdraftAllow})
+	// tyrell's grant expires in this month's middle plus 2³² seconds
+	// (in 2163): a time past DateTime's range. Its grant_expires_at_ms is
+	// exact, and converted to a DateTime on 18.16 it would wrap to this
+	// month: it expires in a century, not this month.
+	wrapped := now.Add(next.Sub(now) / 2).Truncate(time.Second)
+	capped("tyrell", 1, cur, next, nil, []schemas.GrantBalance{gb("centennial", 700, 0, wrapped.Add(1<<32*time.Second))}, 0)
 	e.produce(recs...)
 	r := e.start(nil)
 	e.waitCaughtUp(time.Minute)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	e.exact(TableBalances, 8)
-	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "7\n" {
-		t.Errorf("balances_current has %s rows, want one per customer (7)", n)
+	e.exact(TableBalances, 9)
+	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "8\n" {
+		t.Errorf("balances_current has %s rows, want one per customer (8)", n)
 	}
 	row := queryStrings(t, e.conn, "SELECT revision, meter_names, meter_usage, meter_on_limit, grant_ids, grant_remaining, grant_expires_at_ms FROM "+
 		e.db+".balances_current FINAL WHERE customer_id = 'acme'")
@@ -100,6 +106,7 @@ func TestBalanceQueries(t *testing.T) {
 			{"umbrella", "staff", "0", "0", "allow", d(cur)},
 			{"hooli", "free", "400", "0", "deny", d(cur)},
 			{"wonka", "free", "500", "0", "deny", d(cur)},
+			{"tyrell", "free", "700", "0", "deny", d(cur)},
 			{"globex", "free", "800", "1200", "deny", d(cur)},
 			{"acme", "free", "7800", "0", "deny", d(cur)},
 		},

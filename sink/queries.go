@@ -10,7 +10,7 @@ import (
 // analysts page, docs/analysts.md, which shows them verbatim (checked by
 // internal/docscheck). Each one is run against real data with numbers
 // worked out by hand (TestAnalystQueries), on ClickHouse 18.16 and on a
-// current release with the same answers (TestAnalystQueriesTwoVersions),
+// current release with the same answers (TestClickHouseTwoVersions),
 // and timed at 100 million events by `meterline bench queries`. Table
 // names are unqualified: run them with the sink's database as the
 // session's default (clickhouse-client --database meterline).
