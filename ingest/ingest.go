@@ -16,7 +16,9 @@
 // nothing is sent (400 naming each bad event). When Kafka does not
 // acknowledge in time the answer is 503, never a success; some events may
 // still have been written, and a retry is safe, since every copy has the
-// same identity and dedup counts it once.
+// same identity and dedup counts it once. When Kafka refuses every record
+// because the ingest may not write the topic, the answer is 503
+// not-authorized: none was written.
 //
 // Keys (keys.go) are per tenant and stored hashed in a compacted topic
 // that every replica follows.
