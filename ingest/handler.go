@@ -715,7 +715,7 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 	// One callback for every record; the last acknowledgement closes done.
 	acked := func(err error) {
 		if err != nil {
-			if errors.Is(err, kerr.TopicAuthorizationFailed) {
+			if refusedAuth(err) {
 				denied.Add(1)
 			}
 			mu.Lock()
@@ -749,6 +749,15 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 // request because the ingest's principal may not write the events topic:
 // none was written (the broker authorizes a produce before it appends).
 var errNotAuthorized = fmt.Errorf("ingest: %w", kerr.TopicAuthorizationFailed)
+
+// refusedAuth tells whether a record's error is Kafka's refusal to let
+// the ingest write: TOPIC_AUTHORIZATION_FAILED on its produce (or on the
+// topic's metadata), or CLUSTER_AUTHORIZATION_FAILED on the idempotent
+// producer's InitProducerID, refused to a principal with Write on no
+// topic, before any record is sent.
+func refusedAuth(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
 
 // maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'
 // default): a request that would not fit is answered 503 at once instead

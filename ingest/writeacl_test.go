@@ -25,14 +25,27 @@ import (
 // a broker or a principal; it logs the topic and the ACL, counts the
 // refusal apart, and serves again once the ACL is granted again
 // (docs/ingest.md, Answers; docs/operations.md, Security and ACLs).
+//
+// A principal that never had Write (Read on the topic only) is refused
+// its idempotent producer's ID (CLUSTER_AUTHORIZATION_FAILED), which the
+// client keeps for good: Run stops at start, naming the ACL.
 func TestWriteRevokedIsNamed(t *testing.T) {
+	t.Run("revoked", func(t *testing.T) { testWriteRefused(t, true) })
+	t.Run("never granted", func(t *testing.T) { testWriteRefused(t, false) })
+}
+
+func testWriteRefused(t *testing.T, revoke bool) {
 	const events, keys, balances = "usage.events", "meterline.keys", "usage.balances"
 	acl := func(topic string, op kmsg.ACLOperation) kfake.ACL {
 		return kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: topic, Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
 	}
+	first := kmsg.ACLOperationWrite
+	if !revoke {
+		first = kmsg.ACLOperationRead
+	}
 	_, brokers := testenv.KFake(t, kfake.EnableSASL(), kfake.EnableACLs(), kfake.SeedTopics(4, events), kfake.SeedTopics(1, keys, balances),
 		kfake.Superuser(kafka.ScramSHA512, "admin", "pw-admin"),
-		kfake.User(kafka.ScramSHA512, "ingest", "pw-ingest", acl(events, kmsg.ACLOperationWrite), acl(keys, kmsg.ACLOperationRead),
+		kfake.User(kafka.ScramSHA512, "ingest", "pw-ingest", acl(events, first), acl(keys, kmsg.ACLOperationRead),
 			acl(balances, kmsg.ACLOperationRead)))
 	as := func(user string) kafka.Config {
 		return kafka.Config{Brokers: brokers, SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: user, Password: secret.New("pw-" + user)}}
@@ -49,17 +62,29 @@ func TestWriteRevokedIsNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.DebugLevel)
+	cfg := Config{Addr: "127.0.0.1:0", Kafka: as("ingest"), Meters: mustCatalog(t), ProduceTimeout: 2 * time.Second, MaxAge: -1,
+		Logger: zap.New(core)}
+	if !revoke {
+		srv, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = srv.Run(ctx)
+		if err == nil || !strings.Contains(err.Error(), "Write on topic "+events) || !strings.Contains(err.Error(), "Security and ACLs") {
+			t.Fatalf("Run without Write: %v; want it to stop naming the ACL", err)
+		}
+		return
+	}
 	e := &env{t: t, brokers: brokers, topic: events, keys: keys, balances: balances, token: token}
-	e.start(Config{Addr: "127.0.0.1:0", Kafka: as("ingest"), Meters: mustCatalog(t), ProduceTimeout: 2 * time.Second, MaxAge: -1,
-		Logger: zap.New(core)})
+	e.start(cfg)
 	body := func(id string) []byte {
 		return mustJSON(t, prompt(t, id, "acme-1", map[string]any{"tokens": map[string]any{"input": 1}, "model": "m1", "user": "u1"}))
 	}
+	write := kadm.NewACLs().Topics(events).ResourcePatternType(kadm.ACLPatternLiteral).Operations(kadm.OpWrite).Allow("User:ingest").AllowHosts()
+	adm := kadm.NewClient(cl)
 	if status, _, b := e.post("/api/v1/events", "application/cloudevents+json", token, body("w-1")); status != http.StatusNoContent {
 		t.Fatalf("with Write: %d %s", status, b)
 	}
-	write := kadm.NewACLs().Topics(events).ResourcePatternType(kadm.ACLPatternLiteral).Operations(kadm.OpWrite).Allow("User:ingest").AllowHosts()
-	adm := kadm.NewClient(cl)
 	if res, err := adm.DeleteACLs(ctx, write); err != nil || len(res) == 0 || len(res[0].Deleted) != 1 {
 		t.Fatalf("deleting the Write ACL: %+v %v", res, err)
 	}
