@@ -167,6 +167,10 @@ type Writer struct {
 	// loginRefused: the refusal of the login since ClickHouse last
 	// answered is logged.
 	loginRefused atomic.Bool
+	// wakeIdle ends the poll of a sink with no record in hand (idleCtx),
+	// for the health check's refusal of the login; nil between polls.
+	wakeMu   sync.Mutex
+	wakeIdle context.CancelFunc
 	blocked      atomic.Value // string: why the sink is backing off; "" when not
 	paused       atomic.Bool  // fetching paused by the inserter
 
