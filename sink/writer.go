@@ -171,8 +171,8 @@ type Writer struct {
 	// for the health check's refusal of the login; nil between polls.
 	wakeMu   sync.Mutex
 	wakeIdle context.CancelFunc
-	blocked      atomic.Value // string: why the sink is backing off; "" when not
-	paused       atomic.Bool  // fetching paused by the inserter
+	blocked  atomic.Value // string: why the sink is backing off; "" when not
+	paused   atomic.Bool  // fetching paused by the inserter
 
 	// unknownSince is when the current spell of INSERTs failing with a
 	// server error code the sink does not know began; zero when none.
