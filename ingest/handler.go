@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -194,15 +195,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	req.ready = time.Now()
 	var err error
 	if req.enqueued, err = s.send(recs); err != nil {
-		// One line a request, as fast as they come while Kafka is out of
-		// reach: bounded.
-		if fs, ok := s.kafkaLog.allow(); ok {
-			s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503", append(fs,
-				zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", len(recs)), zap.Error(err))...)
-		}
-		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
-			"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)", nil, 5*time.Second)
-		s.metrics.refused(tenant, req.inputs)
+		s.notSent(w, req, len(recs), err)
 		return tenant
 	}
 	// Every record of the request is acknowledged (acks=all): only now is
@@ -223,6 +216,36 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
 	return tenant
+}
+
+// notSent answers a request whose records Kafka did not take (send's
+// err): 503 not-authorized when Kafka refused every record because the
+// ingest may not write the events topic (nothing was written; the ACL is
+// named in the log, never to the client, and a grant heals it: the next
+// request is produced again), else 503 unavailable, the outcome unknown.
+func (s *Server) notSent(w http.ResponseWriter, req *request, records int, err error) {
+	tenant := req.key.Tenant
+	// One line a request, as fast as they come while Kafka is out of
+	// reach: bounded.
+	fs, logIt := s.kafkaLog.allow()
+	fs = append(fs, zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", records), zap.Error(err))
+	if errors.Is(err, errNotAuthorized) {
+		if logIt {
+			s.log.Warn(fmt.Sprintf("ingest: Kafka refused a request: not authorized to write (the principal needs Write on topic %s: docs/operations.md, Security and ACLs); answered 503",
+				s.cfg.Topic), append(fs, zap.String("topic", s.cfg.Topic))...)
+		}
+		writeProblem(w, http.StatusServiceUnavailable, "not-authorized", "Ingest not authorized to write",
+			"Kafka refused every event: this ingest is not authorized to write them, and none was written; retry the same request later", nil, 5*time.Second)
+		s.metrics.kafkaFailure(reasonNotAuthorized)
+	} else {
+		if logIt {
+			s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503", fs...)
+		}
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
+			"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)", nil, 5*time.Second)
+		s.metrics.kafkaFailure(reasonNotAcknowledged)
+	}
+	s.metrics.refused(tenant, req.inputs)
 }
 
 // refusalCost is the tokens a refused request takes from its key's
@@ -682,15 +705,19 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 		return time.Now(), nil
 	}
 	var (
-		left  atomic.Int64
-		mu    sync.Mutex
-		first error
-		done  = make(chan struct{})
+		left   atomic.Int64
+		denied atomic.Int64 // records Kafka refused: not authorized
+		mu     sync.Mutex
+		first  error
+		done   = make(chan struct{})
 	)
 	left.Store(int64(len(recs)))
 	// One callback for every record; the last acknowledgement closes done.
 	acked := func(err error) {
 		if err != nil {
+			if refusedAuth(err) {
+				denied.Add(1)
+			}
 			mu.Lock()
 			if first == nil {
 				first = err
@@ -710,9 +737,26 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 	case <-t.C:
 		return enqueued, fmt.Errorf("ingest: no acknowledgement within %s", s.cfg.ProduceTimeout+time.Second)
 	}
+	if denied.Load() == int64(len(recs)) {
+		return enqueued, errNotAuthorized
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	return enqueued, first
+}
+
+// errNotAuthorized is send's error when Kafka refused every record of a
+// request because the ingest's principal may not write the events topic:
+// none was written (the broker authorizes a produce before it appends).
+var errNotAuthorized = fmt.Errorf("ingest: %w", kerr.TopicAuthorizationFailed)
+
+// refusedAuth tells whether a record's error is Kafka's refusal to let
+// the ingest write: TOPIC_AUTHORIZATION_FAILED on its produce (or on the
+// topic's metadata), or CLUSTER_AUTHORIZATION_FAILED on the idempotent
+// producer's InitProducerID, refused to a principal with Write on no
+// topic, before any record is sent.
+func refusedAuth(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
 }
 
 // maxBuffered is the producer's buffer (producer.WithMaxBufferedRecords'

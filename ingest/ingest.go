@@ -16,7 +16,9 @@
 // nothing is sent (400 naming each bad event). When Kafka does not
 // acknowledge in time the answer is 503, never a success; some events may
 // still have been written, and a retry is safe, since every copy has the
-// same identity and dedup counts it once.
+// same identity and dedup counts it once. When Kafka refuses every record
+// because the ingest may not write the topic, the answer is 503
+// not-authorized: none was written.
 //
 // Keys (keys.go) are per tenant and stored hashed in a compacted topic
 // that every replica follows.
@@ -532,6 +534,9 @@ func (s *Server) keysUnavailable() (detail string, retry time.Duration, err erro
 // producer. It returns every error, including those of the shutdown.
 func (s *Server) Run(ctx context.Context) error {
 	defer s.close()
+	if err := s.initProducerID(ctx); err != nil {
+		return err
+	}
 	keysCtx, stopKeys := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopKeys()
 	keysDone := make(chan error, 1)
@@ -587,6 +592,26 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("ingest stopped")
 	return errors.Join(errs...)
+}
+
+// initProducerID loads the idempotent producer's ID before the ingest
+// serves. The client keeps a refusal of it for good
+// (CLUSTER_AUTHORIZATION_FAILED: a principal with Write on no topic),
+// where a grant would not heal it: Run stops instead, naming the ACL.
+// Once it holds an ID, a Write taken away and granted again heals
+// without a restart (the records are refused, then written again). Any
+// other error is left to the first request, which loads it again.
+func (s *Server) initProducerID(ctx context.Context) error {
+	ictx, cancel := context.WithTimeout(ctx, s.cfg.ProduceTimeout)
+	defer cancel()
+	_, _, err := s.p.Client().ProducerID(ictx)
+	if refusedAuth(err) {
+		return fmt.Errorf("ingest: producer ID: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)", err, s.cfg.Topic)
+	}
+	if err != nil {
+		s.log.Warn("ingest: cannot load the producer ID yet; the first request loads it", zap.Error(err))
+	}
+	return nil
 }
 
 // close flushes and closes the producer once.

@@ -26,7 +26,9 @@ type metrics struct {
 	records  *prometheus.CounterVec   // tenant
 	gate     *prometheus.CounterVec   // tenant
 	inflight *prometheus.CounterVec   // tenant, limit
-	stage    [5]prometheus.Observer   // read, parse, enqueue, ack, respond
+	// kafkaFailed: reason (reasonNotAcknowledged, reasonNotAuthorized)
+	kafkaFailed *prometheus.CounterVec
+	stage       [5]prometheus.Observer // read, parse, enqueue, ack, respond
 
 	mu      sync.Mutex
 	tenants map[string]*tenantTotals
@@ -59,6 +61,9 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 			Help: "Events answered 402 by the advisory quota gate (nothing sent), by tenant."}, []string{"tenant"}),
 		inflight: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_inflight_refused_total",
 			Help: "Requests refused before their body was read because too many were in flight, by tenant and limit: tenant (429, the tenant's keys together hold --max-in-flight-per-client), share (429, the tenant holds as many as there are free slots) or global (503, --max-in-flight)."}, []string{"tenant", "limit"}),
+		kafkaFailed: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_kafka_failed_requests_total",
+			Help: "Requests answered 503 because Kafka did not take their records, by reason: not_acknowledged (503 unavailable: no acknowledgement within --produce-timeout, or a Kafka error; some records may have been written) or not_authorized (503 not-authorized: Kafka refused every record, the ingest's principal lacking Write on the events topic; none was written)."},
+			[]string{"reason"}),
 		tenants: map[string]*tenantTotals{},
 	}
 	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_inflight_requests",
@@ -77,6 +82,9 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 	// the keys topic): their series appear with their first request.
 	for _, e := range []string{endpointOpenMeter, endpointMeterline} {
 		m.duration.WithLabelValues(e)
+	}
+	for _, r := range []string{reasonNotAcknowledged, reasonNotAuthorized} {
+		m.kafkaFailed.WithLabelValues(r)
 	}
 	if balances != nil {
 		prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_balances",
@@ -144,6 +152,16 @@ func (m *metrics) observe(endpoint, tenant string, status int, d time.Duration) 
 	default:
 		t.serverErr++
 	}
+}
+
+// The reasons of meterline_ingest_kafka_failed_requests_total.
+const (
+	reasonNotAcknowledged = "not_acknowledged"
+	reasonNotAuthorized   = "not_authorized"
+)
+
+func (m *metrics) kafkaFailure(reason string) {
+	m.kafkaFailed.WithLabelValues(reason).Inc()
 }
 
 func (m *metrics) accepted(tenant string, events, records int) {

@@ -113,9 +113,12 @@ func (w *Writer) setUp(err error) {
 		if w.up.Swap(false) {
 			w.log.Warn("clickhouse stopped answering", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
 		}
-		if isAuthErr(err) && !w.loginRefused.Swap(true) {
-			w.log.Error(fmt.Sprintf("clickhouse refuses the sink's user %q: the sink stops at its next write; it reads its password at start only: restart it with the current one",
-				w.cfg.ClickHouseServer.user()), zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+		if isAuthErr(err) {
+			if !w.loginRefused.Swap(true) {
+				w.log.Error(fmt.Sprintf("clickhouse refuses the sink's user %q: the sink stops (when idle at once, else at its next write); it reads its password at start only: restart it with the current one",
+					w.cfg.ClickHouseServer.user()), zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
+			}
+			w.wakeIdlePoll()
 		}
 		w.m.up.Set(0)
 		return
@@ -125,6 +128,51 @@ func (w *Writer) setUp(err error) {
 		w.log.Info("clickhouse answers again", zap.String("addr", w.cfg.ClickHouse))
 	}
 	w.m.up.Set(1)
+}
+
+// idleCtx is the context of a poll with no record in hand: the health
+// check's refusal of the login ends it (setUp), so that an idle sink
+// stops within a ping interval, not at its next write (refusedIdle). The
+// returned func must be called once the poll returned.
+func (w *Writer) idleCtx(ctx context.Context) (context.Context, func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	w.wakeMu.Lock()
+	w.wakeIdle = cancel
+	w.wakeMu.Unlock()
+	if w.loginRefused.Load() { // refused since refusedIdle looked
+		cancel()
+	}
+	return pctx, func() {
+		w.wakeMu.Lock()
+		w.wakeIdle = nil
+		w.wakeMu.Unlock()
+		cancel()
+	}
+}
+
+func (w *Writer) wakeIdlePoll() {
+	w.wakeMu.Lock()
+	defer w.wakeMu.Unlock()
+	if w.wakeIdle != nil {
+		w.wakeIdle()
+	}
+}
+
+// refusedIdle is the error that stops a sink with no record in hand once
+// the health check found its login refused (setUp). With nothing in hand
+// no write is in flight or due (every INSERT of the last window was
+// waited for, and its transaction ended), so stopping here leaves the
+// group as a shutdown does, and the resume rule has nothing to settle. A
+// sink with records in hand goes on to write them: that write stops it
+// (unknownSpell), or, on a connection the server still takes, commits.
+func (w *Writer) refusedIdle() error {
+	if !w.loginRefused.Load() {
+		return nil
+	}
+	s := w.cfg.ClickHouseServer
+	reason, _ := w.lastUp.Load().(string)
+	return fmt.Errorf("%w: %s refused user %q while the sink runs (health check, nothing in hand): %s; the password is read at start only: restart the sink with the current one",
+		ErrAuthentication, s.Addr, s.user(), reason)
 }
 
 // unknownSpell handles an INSERT failure of t. A refused login stops the

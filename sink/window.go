@@ -192,14 +192,21 @@ func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
 			}
 			return ctx.Err()
 		}
-		wait := w.cfg.CommitInterval
+		wait, pctx, endPoll := w.cfg.CommitInterval, ctx, func() {}
 		if win.records > 0 {
 			wait = time.Until(win.start.Add(w.cfg.CommitInterval))
+		} else {
+			// Nothing in hand: a login refused stops the sink here.
+			if err := w.refusedIdle(); err != nil {
+				return err
+			}
+			pctx, endPoll = w.idleCtx(ctx)
 		}
 		if cur.records > 0 {
 			wait = min(wait, time.Until(cur.start.Add(w.cfg.MaxBatchWait)))
 		}
-		fs := w.poll(ctx, wait, w.cfg.MaxBatchRecords-cur.records)
+		fs := w.poll(pctx, wait, w.cfg.MaxBatchRecords-cur.records)
+		endPoll()
 		if err := session.FetchError(w.log, w.cfg.Group, fs); err != nil {
 			return fmt.Errorf("sink: %w", err)
 		}

@@ -167,8 +167,12 @@ type Writer struct {
 	// loginRefused: the refusal of the login since ClickHouse last
 	// answered is logged.
 	loginRefused atomic.Bool
-	blocked      atomic.Value // string: why the sink is backing off; "" when not
-	paused       atomic.Bool  // fetching paused by the inserter
+	// wakeIdle ends the poll of a sink with no record in hand (idleCtx),
+	// for the health check's refusal of the login; nil between polls.
+	wakeMu   sync.Mutex
+	wakeIdle context.CancelFunc
+	blocked  atomic.Value // string: why the sink is backing off; "" when not
+	paused   atomic.Bool  // fetching paused by the inserter
 
 	// unknownSince is when the current spell of INSERTs failing with a
 	// server error code the sink does not know began; zero when none.

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -266,7 +267,7 @@ func (r *produceRun) send(ordered <-chan *chunk) {
 			r.p.ProduceRecord(rec, func(err error) {
 				if err != nil {
 					r.failed.Add(1)
-					r.report(ln, err)
+					r.report(ln, refusedWrite(err, rec.Topic))
 					return
 				}
 				r.sent.Add(1)
@@ -279,6 +280,18 @@ func (r *produceRun) send(ordered <-chan *chunk) {
 			return
 		}
 	}
+}
+
+// refusedWrite names the topic and the ACL a produce refused for want of
+// authorization needs: TOPIC_AUTHORIZATION_FAILED (no Write, or not even
+// Describe, on the topic), or CLUSTER_AUTHORIZATION_FAILED from the
+// idempotent producer's InitProducerID, which a principal may send once it
+// has Write on some topic (or IdempotentWrite on the cluster).
+func refusedWrite(err error, topic string) error {
+	if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+		return fmt.Errorf("topic %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)", topic, err, topic)
+	}
+	return err
 }
 
 var errLineTooLong = errors.New("line too long")
