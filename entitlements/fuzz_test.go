@@ -2,10 +2,14 @@ package entitlements
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"math"
+	"reflect"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/schemas"
 )
@@ -109,16 +113,40 @@ func checkStateDecode(t *testing.T, b []byte) *Timeline {
 	return tl
 }
 
-// FuzzParseDocument: no document crashes the parser or the validation.
+// FuzzParseDocument: no document crashes the parser or the validation;
+// what a document that validates makes, the stage accepts as it is
+// written (ParseRecord of its encoding gives the same record), and the
+// document printed back (`entitlements get`, YAML and JSON) makes the
+// same record again (`entitlements set`).
 func FuzzParseDocument(f *testing.F) {
 	f.Add([]byte("plan: free\ncaps: {api_calls: {limit: 1000}}\ngrants: {p: {amount: 5, expires_at: \"2027-01-01T00:00:00Z\"}}\n"))
 	f.Add([]byte("versions: [{effective_from: \"2026-12-01T00:00:00Z\", rates: {a: 15/1000}}]\n"))
 	f.Add([]byte("caps: {x: {limit: \"1\"}}"))
+	f.Add([]byte("customer: c\neffective_from: \"2026-12-01T00:00:00.5Z\"\nunmetered: true\ncaps: {a: {limit: 1, on_limit: Allow}}\n" +
+		"grants: {g: {amount: 9, priority: 3, effective_from: \"2026-12-01T00:00:00Z\"}}\noverdraft: {policy: DENY}\n"))
+	f.Add([]byte(`{"versions":[{"effective_from":"2026-12-01T00:00:00Z","rates":{"a":"0.015","b":7}},{"effective_from":"2027-01-01T00:00:00Z","rates":{}}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if d, err := ParseDocument(b); err == nil {
 			if e, err := d.Record("c", nil); err == nil {
 				if _, err := NewPlan(e); err != nil {
 					t.Fatalf("a document that validates makes an invalid plan: %v", err)
+				}
+				r, err := ParseRecord(schemas.CustomerKey("c"), schemas.MustEncode(e), 1)
+				if err != nil {
+					t.Fatalf("the stage refuses the record of a document that validates: %v", err)
+				}
+				if !reflect.DeepEqual(r.Entitlements, e) {
+					t.Fatalf("the stage reads\n%#v\nfor the record\n%#v", r.Entitlements, e)
+				}
+				for _, out := range printed(t, DocumentOf(e, 1)) {
+					d2, err := ParseDocument(out)
+					if err != nil {
+						t.Fatalf("the printed document %s does not parse: %v", out, err)
+					}
+					e2, err := d2.Record("c", nil)
+					if err != nil || !reflect.DeepEqual(e2, e) {
+						t.Fatalf("the printed document %s makes\n%#v (%v), not\n%#v", out, e2, err, e)
+					}
 				}
 			}
 		}
@@ -128,9 +156,36 @@ func FuzzParseDocument(f *testing.F) {
 				if err := h.Set(1, c); err != nil {
 					t.Fatalf("a card that validates is refused: %v", err)
 				}
+				if _, err := ParseRecord([]byte(schemas.RateCardKey), schemas.MustEncode(c), 1); err != nil {
+					t.Fatalf("the stage refuses the rate card of a document that validates: %v", err)
+				}
+				for _, out := range printed(t, RatesDocumentOf(c, 1)) {
+					d2, err := ParseRatesDocument(out)
+					if err != nil {
+						t.Fatalf("the printed rates %s do not parse: %v", out, err)
+					}
+					c2, err := d2.Card(nil)
+					if err != nil || !reflect.DeepEqual(c2, c) {
+						t.Fatalf("the printed rates %s make\n%#v (%v), not\n%#v", out, c2, err, c)
+					}
+				}
 			}
 		}
 	})
+}
+
+// printed is a document as `entitlements get` prints it, in YAML and in
+// JSON.
+func printed(t *testing.T, doc any) [][]byte {
+	y, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return [][]byte{y, j}
 }
 
 // FuzzParseRecord: any key and value of usage.entitlements (any client may

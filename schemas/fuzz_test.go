@@ -9,7 +9,8 @@ import (
 
 // FuzzDecode feeds arbitrary bytes to the decoder. It must never panic and
 // must fail only with ErrUndecodable or ErrUnknownSchema; whatever it
-// accepts must re-encode to a message that decodes to the same value.
+// accepts must re-encode to a message that decodes to the same value
+// (deeply equal) and encodes to the same bytes.
 func FuzzDecode(f *testing.F) {
 	for _, m := range samples() {
 		b := MustEncode(m)
@@ -36,6 +37,9 @@ func FuzzDecode(f *testing.F) {
 		}
 		if !bytes.Equal(MustEncode(m2), again) {
 			t.Fatal("encoding is not stable after a decode")
+		}
+		if !reflect.DeepEqual(m2, m) {
+			t.Fatalf("decode(encode(m)) differs from m:\n got %#v\nwant %#v", m2, m)
 		}
 	})
 }
