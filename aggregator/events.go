@@ -491,6 +491,9 @@ func (pt *partition) late(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent,
 		pt.recordDef(tx, start, e.Meter, m)
 	}
 	tx.Put(k, st.encode())
+	if err := pt.bookLine(tx, bStart, ak, e.Meter, m); err != nil {
+		return err
+	}
 	key := schemas.Identity{CustomerID: e.CustomerID, Meter: e.Meter, EventID: e.EventID}.Key()
 	tx.Emit(&kgo.Record{Topic: pt.pr.cfg.Topics.AdjustmentsTopic(), Partition: schemas.Partition(key, pt.pr.counts.adjustments),
 		Key: key, Value: v})

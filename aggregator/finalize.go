@@ -155,20 +155,9 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 	// changed so far, and the decision freezes their values.
 	pt.materialize(tx)
 	for {
-		s1, ok1, err := firstPeriodFrom(tx, pfxOpen, pt.finalLow(pfxOpen))
-		if err != nil {
+		start, ok, err := pt.firstUndecided(tx)
+		if err != nil || !ok {
 			return err
-		}
-		s2, ok2, err := firstPeriodFrom(tx, pfxPending, pt.finalLow(pfxPending))
-		if err != nil {
-			return err
-		}
-		if !ok1 && !ok2 {
-			return nil
-		}
-		start := s1
-		if !ok1 || (ok2 && s2 < s1) {
-			start = s2
 		}
 		_, end := pt.bounds(start)
 		if pt.wm <= end+grace {
@@ -176,6 +165,28 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 		}
 		pt.decide(tx, start)
 	}
+}
+
+// undecidedPfx are the prefixes of the state keys that make a period not
+// final yet wait for its decision: OPEN aggregates, queued events, and
+// lines adjustments were booked into.
+var undecidedPfx = [...]byte{pfxOpen, pfxPending, pfxLine}
+
+// firstUndecided returns the lowest period not final yet with a key of
+// undecidedPfx.
+func (pt *partition) firstUndecided(tx stateReader) (int64, bool, error) {
+	var start int64
+	found := false
+	for _, pfx := range undecidedPfx {
+		s, ok, err := firstPeriodFrom(tx, pfx, pt.finalLow(pfx))
+		if err != nil {
+			return 0, false, err
+		}
+		if ok && (!found || s < start) {
+			start, found = s, true
+		}
+	}
+	return start, found, nil
 }
 
 // undecidedDue reports whether st, as opened, holds OPEN aggregates or
@@ -189,7 +200,7 @@ func (pt *partition) finalize(tx *stream.Tx) error {
 // never get one.
 func (pt *partition) undecidedDue(st stateReader) (bool, error) {
 	grace := pt.pr.cfg.Grace.Milliseconds()
-	for _, pfx := range []byte{pfxOpen, pfxPending} {
+	for _, pfx := range undecidedPfx {
 		// finalize decides the lowest period first: the lowest tells.
 		s, ok, err := firstPeriodFrom(st, pfx, pt.finalLow(pfx))
 		if err != nil {
@@ -361,40 +372,35 @@ func scanChunk(tx *stream.Tx, lo, hi, cursor []byte, n int) ([]kv, error) {
 
 // emitChunk emits the FINAL revision of up to FinalChunk OPEN aggregates
 // of the period after the cursor, and moves their state to the final
-// working state; when none is left, the queued events are next.
+// working state; then, in key order after them, a FINAL revision of value
+// 0 for each line an adjustment was booked into ('l' P K) that has no
+// aggregate of its own; when none is left, the queued events are next.
 func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) error {
 	n := pt.pr.cfg.FinalChunk
-	keys, err := scanChunk(tx, periodKey(pfxOpen, start), periodKey(pfxOpen, start+1), ps.cursor, n)
-	if err != nil {
-		return err
-	}
-	// Emitted records are the producer's until their promise: one each.
-	recs := make([]kgo.Record, len(keys))
-	for i, o := range keys {
-		st, err := decodeState(o.v)
+	// The keys handled in this chunk: OPEN aggregates, then lines, in
+	// key order.
+	done := 0
+	for _, pfx := range []byte{pfxOpen, pfxLine} {
+		keys, err := scanChunk(tx, periodKey(pfx, start), periodKey(pfx, start+1), ps.cursor, n-done)
 		if err != nil {
 			return err
 		}
-		st.Revision++
-		out, err := pt.aggOutput(o.k)
+		emitted, err := pt.emitFinals(tx, keys, ps.decidedAt)
 		if err != nil {
 			return err
 		}
-		if _, err := pt.emitRevision(tx, &recs[i], nil, &out, ps.decidedAt, st, schemas.StatusFinal); err != nil {
-			return err
+		ps.emitted += int64(emitted)
+		done += len(keys)
+		if len(keys) > 0 {
+			ps.cursor = keys[len(keys)-1].k
 		}
-		tx.Delete(o.k)
-		fk := append([]byte{pfxFinal}, o.k[1:]...)
-		tx.Put(fk, st.encode())
+		if done == n {
+			break
+		}
 	}
-	pt.txc.Add(pt.pr.m.emittedFinal, float64(len(keys)))
 	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("final"))
-	ps.emitted += int64(len(keys))
 	ps.chunks++
-	if len(keys) > 0 {
-		ps.cursor = keys[len(keys)-1].k
-	}
-	if len(keys) == n {
+	if done == n {
 		pt.putMarker(tx, start, ps)
 		return nil
 	}
@@ -407,7 +413,96 @@ func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) erro
 		zap.Int64("aggregates", ps.emitted), zap.Int64("transactions", ps.chunks), zap.String("decided_at", msTime(ps.decidedAt)))
 	ps.phase, ps.cursor, ps.chunks = phaseBook, nil, 0
 	// What is left of this transaction's chunk books queued events.
-	return pt.bookChunk(tx, start, ps, n-len(keys))
+	return pt.bookChunk(tx, start, ps, n-done)
+}
+
+// emitFinals emits the FINAL revisions of keys, all of one prefix: of an
+// OPEN aggregate ('a' P K), whose state moves to the final working state
+// ('f' P K); of a line adjustments were booked into ('l' P K), value 0,
+// unless K has a FINAL of its own ('f' P K). It returns how many it
+// emitted.
+func (pt *partition) emitFinals(tx *stream.Tx, keys []kv, decidedAt int64) (int, error) {
+	// Emitted records are the producer's until their promise: one each.
+	recs := make([]kgo.Record, len(keys))
+	emitted := 0
+	for _, o := range keys {
+		fk := append([]byte{pfxFinal}, o.k[1:]...)
+		st := &aggState{} // a line's: no usage of its own in the period
+		if o.k[0] == pfxOpen {
+			var err error
+			if st, err = decodeState(o.v); err != nil {
+				return emitted, err
+			}
+		} else if own, err := hasFinal(tx, fk); err != nil {
+			return emitted, err
+		} else if own {
+			continue
+		}
+		st.Revision++
+		out, err := pt.aggOutput(o.k)
+		if err != nil {
+			return emitted, err
+		}
+		if _, err := pt.emitRevision(tx, &recs[emitted], nil, &out, decidedAt, st, schemas.StatusFinal); err != nil {
+			return emitted, err
+		}
+		emitted++
+		if o.k[0] == pfxOpen {
+			tx.Delete(o.k)
+			tx.Put(fk, st.encode())
+		}
+	}
+	pt.txc.Add(pt.pr.m.emittedFinal, float64(emitted))
+	return emitted, nil
+}
+
+// hasFinal reports whether the final working state fk ('f' P K) is that of
+// an aggregate that had its FINAL revision: one an adjustment of P made
+// (late, no FINAL for the key) has revision 0.
+func hasFinal(tx *stream.Tx, fk []byte) (bool, error) {
+	v, ok, err := tx.Get(fk)
+	if err != nil || !ok {
+		return false, err
+	}
+	st, err := decodeState(v)
+	return err == nil && st.Revision > 0, err
+}
+
+// bookLine sees to it that the line of aggregate key ak in period b, which
+// an adjustment of meter m is booked into, has a FINAL revision in this
+// partition: with b's FINAL revisions ('l' b ak, emitFinals) unless they
+// already went past the line; else now, value 0, unless the line has a
+// FINAL of its own. A FINAL revision thus says, line by line, that the
+// partition that books into the line decided its period final
+// (docs/design.md, Time).
+func (pt *partition) bookLine(tx *stream.Tx, b int64, ak []byte, meter string, m *Meter) error {
+	lk := periodKey(pfxLine, b, ak)
+	if _, ok, err := tx.Get(lk); err != nil || ok {
+		return err
+	}
+	pt.recordDef(tx, b, meter, m)
+	tx.Put(lk, nil)
+	ps := pt.finals[b]
+	_, end := pt.bounds(b)
+	if (ps == nil && pt.wm <= end+pt.pr.cfg.Grace.Milliseconds()) ||
+		(ps != nil && ps.phase == phaseEmit && (ps.cursor == nil || bytes.Compare(lk, ps.cursor) > 0)) {
+		return nil // b's FINAL revisions are still to reach it
+	}
+	// b is final here and its FINALs are out (an adjustment booked into a
+	// final period: docs/design.md, Time).
+	if own, err := hasFinal(tx, periodKey(pfxFinal, b, ak)); err != nil || own {
+		return err
+	}
+	if ps == nil {
+		pt.markFinal(tx, b) // so that the line expires with the period
+	}
+	out, err := pt.aggOutput(lk)
+	if err != nil {
+		return err
+	}
+	_, err = pt.emitRevision(tx, new(kgo.Record), nil, &out, pt.wm, &aggState{Revision: 1}, schemas.StatusFinal)
+	pt.txc.Add(pt.pr.m.emittedFinal, 1)
+	return err
 }
 
 // bookChunk books up to n events of the period queued behind its
@@ -482,7 +577,7 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 		ps.phase, ps.cursor, ps.chunks = phaseExpire, nil, 0
 	}
 	deleted := 0
-	for _, pfx := range []byte{pfxFinal, pfxUnique} {
+	for _, pfx := range []byte{pfxFinal, pfxLine, pfxUnique} { // in key order
 		if ps.cursor != nil && ps.cursor[0] > pfx {
 			continue // this prefix is done
 		}

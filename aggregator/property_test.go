@@ -257,11 +257,14 @@ func genStream(r *rand.Rand, p propParams) *pStream {
 			emitWM(src, at)
 		}
 	}
-	// The last watermarks: past every period's end + grace.
+	// The last watermarks: past every period's end + grace, those late
+	// events are booked into (the period of their arrival) included.
 	final := now
 	for _, e := range s.events {
-		if c := pDayStart(e.EventTime) + pDay + pGrace + 1; c > final {
-			final = c
+		for _, t := range []int64{e.EventTime, e.Arrival} {
+			if c := pDayStart(t) + pDay + pGrace + 1; c > final {
+				final = c
+			}
 		}
 	}
 	for src := int32(0); src < s.sources; src++ {

@@ -24,6 +24,11 @@ import (
 //	                 event queued as 'p' P seq, when entitlements are on
 //	                 and its decision charged something: refunded if its
 //	                 booking refuses it, deleted when it is booked
+//	'l' P K          an adjustment was booked into P for aggregate key K:
+//	                 P's FINAL emission gives K a FINAL revision (value 0)
+//	                 unless K has one of its own, so that every invoice
+//	                 line of P turns final in the partition that books
+//	                 into it (finalize.go); deleted when P expires
 //	'F' P            P is final in this partition: periodState, the phase
 //	                 of its chunked work and its cursor (finalize.go);
 //	                 empty when done
@@ -65,6 +70,7 @@ const (
 	pfxFinal   = 'f'
 	pfxUnique  = 'u'
 	pfxPending = 'p'
+	pfxLine    = 'l'
 	pfxCharge  = 'r'
 	pfxMarker  = 'F'
 	pfxSource  = 'w'

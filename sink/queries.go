@@ -93,10 +93,7 @@ SELECT customer_id, meter, group_key,
        sum(toDecimal128(value, 0)) AS usage_value,
        sum(toDecimal128(delta, 0)) AS adjustments,
        usage_value + adjustments   AS invoice_quantity,
-       if(countIf(status = 'FINAL') > 0
-          OR (countIf(line_kind = 'usage') = 0
-              AND (SELECT count() FROM invoice_lines WHERE period_start = '2024-01-01 00:00:00' AND status = 'FINAL') > 0),
-          'final', 'open')         AS line_status
+       if(countIf(status = 'FINAL') > 0, 'final', 'open') AS line_status
 FROM invoice_lines FINAL
 WHERE period_start = '2024-01-01 00:00:00'
 GROUP BY customer_id, meter, group_key

@@ -108,6 +108,8 @@ func TestAnalystQueries(t *testing.T) {
 	aggr("globex", "api_calls", "SUM", nil, jan, feb, 2, schemas.StatusFinal, 7)
 	aggr("initech", "api_calls", "SUM", nil, jan, feb, 1, schemas.StatusOpen, 20) // its FINAL is not out yet
 	aggr("initech", "peak_conn", "MAX", nil, jan, feb, 1, schemas.StatusFinal, 9) // MAX: not ranked
+	// The FINAL of a line of adjustments only (docs/design.md, Time).
+	aggr("hooli", "api_calls", "SUM", nil, jan, feb, 1, schemas.StatusFinal, 0)
 	// A replayed revision (a zombie sink's duplicate row): collapses.
 	aggr("acme", "api_calls", "SUM", nil, jan, feb, 2, schemas.StatusOpen, 6)
 
@@ -119,6 +121,9 @@ func TestAnalystQueries(t *testing.T) {
 	adjust("late-1", "acme", dec, jan, 4)
 	adjust("late-2", "initech", dec, jan, 2)
 	adjust("late-3", "hooli", dec, jan, 6) // a line of adjustments only
+	// A line of adjustments only whose partition has not decided January
+	// final, while others have: open.
+	adjust("late-7", "umbrella", dec, jan, 5)
 	adjust("late-4", "acme", jan, feb, 1)
 	adjust("late-5", "globex", jan, feb, 2)
 	adjust("late-6", "acme", jan, feb, 3)
@@ -172,14 +177,16 @@ func TestAnalystQueries(t *testing.T) {
 			{"acme", "api_calls", "{}", "6", "4", "10", "final"},
 			{"acme", "tokens", `{"region":"eu"}`, "100", "0", "100", "final"},
 			{"globex", "api_calls", "{}", "7", "0", "7", "final"},
-			{"hooli", "api_calls", "{}", "0", "6", "6", "final"}, // adjustments only, in a final period
+			{"hooli", "api_calls", "{}", "0", "6", "6", "final"}, // adjustments only, its FINAL of value 0 out
 			{"initech", "api_calls", "{}", "20", "2", "22", "open"},
 			{"initech", "peak_conn", "{}", "9", "0", "9", "final"},
+			{"umbrella", "api_calls", "{}", "0", "5", "5", "open"}, // adjustments only, its partition not final yet
 		},
 		"top_customers": {
 			{"initech", "20"},
 			{"globex", "7"},
 			{"acme", "6"},
+			{"hooli", "0"},
 		},
 		"late_usage": {
 			{d(jan), "acme", "api_calls", "2", "4"},

@@ -159,10 +159,14 @@ func genStream(seed int64, days, customers, batch int, sources int32) *stream {
 	for i := 0; i < len(steps); i += batch {
 		st.batches = append(st.batches, steps[i:min(i+batch, len(steps))])
 	}
+	// Past every period's end + grace, those late events are booked into
+	// (the period of their arrival) included.
 	final := now
 	for _, e := range evs {
-		if c := e.EventTime - e.EventTime%dayMs + dayMs + graceMs + 1; c > final {
-			final = c
+		for _, t := range []int64{e.EventTime, e.Arrival} {
+			if c := t - t%dayMs + dayMs + graceMs + 1; c > final {
+				final = c
+			}
 		}
 	}
 	for src := int32(0); src < sources; src++ {

@@ -192,12 +192,17 @@ type Bill struct {
 	Delta  map[string]int64
 	Events []*Event
 	Late   int
+	// Lines are the invoice lines late events were booked into (the key
+	// of the period of their arrival) that have no on-time event: each
+	// has one FINAL revision of value 0, revision 1, so that every line
+	// turns final (docs/design.md, Time).
+	Lines map[Key]bool
 }
 
 // Bill computes the bill of events, given in processing order.
 func (m *Model) Bill(events []*Event) *Bill {
 	b := &Bill{m: m, OnTime: map[Key][]*Event{}, All: map[Key][]*Event{}, ByID: map[string]*Event{},
-		Delta: map[string]int64{}, Events: events}
+		Delta: map[string]int64{}, Events: events, Lines: map[Key]bool{}}
 	for _, e := range events {
 		k := m.Key(e)
 		b.All[k] = append(b.All[k], e)
@@ -205,8 +210,15 @@ func (m *Model) Bill(events []*Event) *Bill {
 			b.OnTime[k] = append(b.OnTime[k], e)
 		} else {
 			b.Late++
+			k.PeriodStart, _ = m.Period(e.Arrival)
+			b.Lines[k] = true
 		}
 		b.ByID[e.ID] = e
+	}
+	for k := range b.Lines {
+		if len(b.OnTime[k]) > 0 {
+			delete(b.Lines, k)
+		}
 	}
 	for k, evs := range b.All {
 		seen := slices.Clone(b.OnTime[k])
@@ -243,7 +255,7 @@ func (b *Bill) Complete(out Outputs) bool {
 			finals++
 		}
 	}
-	return finals >= len(b.OnTime) && len(out.Adjustments) >= b.Late
+	return finals >= len(b.OnTime)+len(b.Lines) && len(out.Adjustments) >= b.Late
 }
 
 // Report is what Check found.
@@ -319,7 +331,7 @@ func (c *check) aggregates(aggs []*schemas.Aggregate) {
 	for k, rs := range revs {
 		ot := b.OnTime[k]
 		if len(ot) == 0 {
-			c.fail("%v: %d aggregate revisions, but no event of it arrived on time", k, len(rs))
+			c.line(k, rs)
 			continue
 		}
 		mt := m.Meter(k.Meter)
@@ -376,7 +388,27 @@ func (c *check) aggregates(aggs []*schemas.Aggregate) {
 			c.fail("%v: FINAL updated_at %d is not past end + grace %d", k, f.UpdatedAt, cut)
 		}
 	}
+	for k := range b.Lines {
+		if revs[k] == nil {
+			c.fail("%v: no FINAL for a line late events were booked into", k)
+		}
+	}
 	c.rep.Finals = len(c.finals)
+}
+
+// line checks the revisions rs of key k, which has no on-time event: a
+// line late events were booked into has one FINAL, revision 1, value 0.
+func (c *check) line(k Key, rs []*schemas.Aggregate) {
+	if !c.b.Lines[k] {
+		c.fail("%v: %d aggregate revisions, but no event of it arrived on time and no late event was booked into it", k, len(rs))
+		return
+	}
+	a := rs[0]
+	if len(rs) != 1 || a.Status != schemas.StatusFinal || a.Revision != 1 || a.Value != 0 || a.EventCount != 0 {
+		c.fail("%v: %d revisions, the first %s revision %d value %d count %d; want one FINAL, revision 1, value 0, count 0, for a line late events were booked into",
+			k, len(rs), a.Status, a.Revision, a.Value, a.EventCount)
+	}
+	c.finals[k] = a
 }
 
 // adjustments checks one adjustment per late event, booked into the period

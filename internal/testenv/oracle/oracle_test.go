@@ -75,6 +75,14 @@ func agg(meter, agg, group string, rev int64, status schemas.AggregateStatus, co
 	return a
 }
 
+// line is the FINAL revision of a line late events were booked into,
+// period start, with no on-time event of its own.
+func line(meter, aggregation, group string, start int64) *schemas.Aggregate {
+	a := agg(meter, aggregation, group, 1, schemas.StatusFinal, 0, 0, 0, 0)
+	a.PeriodStart, a.PeriodEnd = start, start+d
+	return a
+}
+
 func adj(e *Event, aggregation, group string, booked, delta int64) *schemas.Adjustment {
 	a := &schemas.Adjustment{EventID: e.ID, CustomerID: e.Customer, Meter: e.Meter, Aggregation: aggregation,
 		OriginalPeriodStart: day, OriginalPeriodEnd: day + d, BookedPeriodStart: booked, BookedPeriodEnd: booked + d,
@@ -101,6 +109,12 @@ func correctOutputs(evs []*Event) Outputs {
 			agg("l", "LATEST", "", 1, final, 2, 3, day+5*h, day+5*h),
 			agg("u", "UNIQUE_COUNT", "", 1, final, 2, 2, day+h, day+h),
 			agg("x", "SUM", "", 1, final, 1, 4, day+h, day+h),
+			// The lines the late events were booked into.
+			line("s", "SUM", "region=eu", day+d),
+			line("mx", "MAX", "", day+2*d),
+			line("l", "LATEST", "", day+2*d),
+			line("u", "UNIQUE_COUNT", "", day+2*d),
+			line("s", "SUM", "region=us", day),
 		},
 		Adjustments: []*schemas.Adjustment{
 			adj(by["s3"], "SUM", "region=eu", day+d, 2),
@@ -125,8 +139,8 @@ func TestCheckAcceptsTheBill(t *testing.T) {
 	if len(rep.Problems) > 0 {
 		t.Fatalf("problems in a correct bill:\n  %s", strings.Join(rep.Problems, "\n  "))
 	}
-	if rep.Keys != 6 || rep.Finals != 5 || rep.OpenRevisions != 1 || rep.Adjustments != 7 {
-		t.Errorf("report %+v, want 6 keys, 5 FINAL, 1 OPEN revision, 7 adjustments", rep)
+	if rep.Keys != 6 || rep.Finals != 10 || rep.OpenRevisions != 1 || rep.Adjustments != 7 {
+		t.Errorf("report %+v, want 6 keys, 10 FINAL (5 of lines late events were booked into), 1 OPEN revision, 7 adjustments", rep)
 	}
 }
 
@@ -165,8 +179,14 @@ func TestCheckFindsEveryWrongOutput(t *testing.T) {
 		{"first/last event time", func(o *Outputs) { o.Aggregates[1].LastEventTime = day + h }, "first/last event time", false},
 		{"wrong period end", func(o *Outputs) { o.Aggregates[2].PeriodEnd = day + 2*d }, "period end", false},
 		{"aggregate without an on-time event", func(o *Outputs) {
-			o.Aggregates = append(o.Aggregates, agg("s", "SUM", "region=us", 1, schemas.StatusOpen, 1, 1, day+h, day+h))
+			o.Aggregates = append(o.Aggregates, agg("s", "SUM", "region=ap", 1, schemas.StatusOpen, 1, 1, day+h, day+h))
 		}, "no event of it arrived on time", false},
+		{"line without its FINAL", func(o *Outputs) {
+			o.Aggregates = o.Aggregates[:len(o.Aggregates)-1]
+		}, "no FINAL for a line late events were booked into", true},
+		{"line FINAL with a value", func(o *Outputs) {
+			o.Aggregates[len(o.Aggregates)-1].Value = 1
+		}, "want one FINAL, revision 1, value 0", false},
 		{"MAX delta", func(o *Outputs) { find(*o, "m3").Delta = 12 }, "delta 12, want 2", false},
 		{"UNIQUE_COUNT delta", func(o *Outputs) { find(*o, "u3").Delta = 1 }, "delta 1, want 0", false},
 		{"LATEST delta", func(o *Outputs) { find(*o, "l3").Delta = 97 }, "delta 97, want 0", false},
