@@ -65,13 +65,8 @@ func TestRealIngestKafkaFailingAlert(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rulesFile := filepath.Join(work, "alerts.yml")
-	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	ingestAddr, metricsAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
-	prom := startPrometheus(t, promBin, work, rulesFile, metricsAddr)
-	w := &alertWatch{t: t, prom: prom, fired: map[string]bool{}}
+	w := watchScaledRules(t, promBin, work, metricsAddr)
 	proc := testenv.StartProcess(t, "ingest", filepath.Join(work, "ingest.log"), bin, "ingest",
 		"--brokers", strings.Join(brokers, ","), "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "ingest",
 		"--kafka-sasl-password-file", pwFile, "--log-level", "info", "--produce-timeout", "2s",

@@ -425,6 +425,18 @@ type alertWatch struct {
 
 const alertWait = 60 * time.Second
 
+// watchScaledRules writes the shipped rules, scaled (realScale), to work,
+// starts promBin on them scraping targets (startPrometheus), and returns
+// a watch of its alerts.
+func watchScaledRules(t *testing.T, promBin, work string, targets ...string) *alertWatch {
+	t.Helper()
+	rulesFile := filepath.Join(work, "alerts.yml")
+	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return &alertWatch{t: t, prom: startPrometheus(t, promBin, work, rulesFile, targets...), fired: map[string]bool{}}
+}
+
 func (w *alertWatch) active() []activeAlert {
 	w.t.Helper()
 	as, err := w.prom.alerts()
