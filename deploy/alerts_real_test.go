@@ -45,6 +45,9 @@ var realScale = map[string]ruleScale{
 	// More than 5 restarts in 45 s: two dedups with one instance ID
 	// fence each other about every 3 s (TestRealDuplicateInstanceAlert).
 	"MeterlineSessionRestarts": {Expr: map[string]string{"15m": "45s"}},
+	// More than 5 % of the requests failing in every 4 s window, for 4 s
+	// (TestRealIngestKafkaFailingAlert: 10 requests a second).
+	"MeterlineIngestKafkaFailing": {Expr: map[string]string{"2m": "4s"}, For: "4s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -67,9 +70,13 @@ var realKeysAlertsFired = []string{"MeterlineIngestKeysStale"}
 // TestRealDuplicateInstanceAlert fire (alert_outage_real_test.go).
 var realOutageAlertsFired = []string{"MeterlineStageNotInGroup", "MeterlineSessionRestarts"}
 
+// realIngestKafkaAlertsFired lists the alerts TestRealIngestKafkaFailingAlert
+// fires (alert_ingkafka_real_test.go).
+var realIngestKafkaAlertsFired = []string{"MeterlineIngestKafkaFailing"}
+
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
-	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired)
+	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled
@@ -417,6 +424,18 @@ type alertWatch struct {
 }
 
 const alertWait = 60 * time.Second
+
+// watchScaledRules writes the shipped rules, scaled (realScale), to work,
+// starts promBin on them scraping targets (startPrometheus), and returns
+// a watch of its alerts.
+func watchScaledRules(t *testing.T, promBin, work string, targets ...string) *alertWatch {
+	t.Helper()
+	rulesFile := filepath.Join(work, "alerts.yml")
+	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return &alertWatch{t: t, prom: startPrometheus(t, promBin, work, rulesFile, targets...), fired: map[string]bool{}}
+}
 
 func (w *alertWatch) active() []activeAlert {
 	w.t.Helper()
