@@ -43,17 +43,9 @@ func TestProducerLoginRefusedStopsIngest(t *testing.T) {
 	as := func(user, pw string) kafka.Config {
 		return kafka.Config{Brokers: brokers, SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: user, Password: secret.New(pw)}}
 	}
-	cl, err := kafka.NewClient(as("admin", "pw-admin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	_, token := adminWithKey(t, as("admin", "pw-admin"), keys)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, token, err := NewAdmin(cl, keys).CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme-*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{Addr: "127.0.0.1:0", Kafka: as("ingest", "pw-ingest"), Meters: mustCatalog(t), ProduceTimeout: 2 * time.Second,
 		MaxAge: -1, Logger: zaptest.NewLogger(t)}
 	e := &env{t: t, brokers: brokers, topic: events, keys: keys, balances: balances, token: token}
