@@ -385,6 +385,9 @@ type Server struct {
 	// gateLog and kafkaLog bound the lines of a 402 (answerGate) and of a
 	// 503 for records Kafka did not take.
 	gateLog, kafkaLog *logBound
+	// loginRefused holds the error that stops Run when the brokers refuse
+	// the producer's SASL login (refusedLogin).
+	loginRefused chan error
 
 	closeOnce sync.Once
 }
@@ -402,7 +405,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
 		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered,
-		gateLog: newLogBound(), kafkaLog: newLogBound()}
+		gateLog: newLogBound(), kafkaLog: newLogBound(), loginRefused: make(chan error, 1)}
 	s.keys.SetMaxAge(cfg.AuthMaxAge)
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
@@ -422,6 +425,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The producer's connections report a refused login (refusedLogin):
+	// its records then only time out.
+	popts = append(popts, producer.WithClientOptions(kgo.WithHooks(producerLogin{s})))
 	if s.p, err = producer.New(popts...); err != nil {
 		return nil, err
 	}
@@ -574,6 +580,8 @@ func (s *Server) Run(ctx context.Context) error {
 		if err != nil {
 			errs = append(errs, err)
 		}
+	case err := <-s.loginRefused:
+		errs = append(errs, err)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
@@ -592,6 +600,35 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("ingest stopped")
 	return errors.Join(errs...)
+}
+
+// producerLogin hands the errors of the producer's connections to
+// refusedLogin.
+type producerLogin struct{ s *Server }
+
+func (h producerLogin) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err != nil {
+		h.s.refusedLogin(err)
+	}
+}
+
+// refusedLogin stops Run when err, of a connection of the producer, is the
+// brokers' refusal of the ingest's SASL user, password or mechanism. The
+// producer connects on its own: to a broker that restarted, or after a
+// connection the broker closed as idle, it is asked for the password
+// again while the reader of the keys topic, on connections of its own,
+// may never be (Keys.Follow stops on its refusal). The refused records
+// only time out, and the password is read at start only: no retry makes
+// it right, and every request would be answered 503 for ever.
+func (s *Server) refusedLogin(err error) {
+	rerr := s.cfg.Kafka.Refused(err)
+	if rerr == nil {
+		return
+	}
+	select {
+	case s.loginRefused <- fmt.Errorf("ingest: producer: %w; the password is read at start only: restart the ingest with the current one", rerr):
+	default:
+	}
 }
 
 // initProducerID loads the idempotent producer's ID before the ingest

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -50,17 +51,9 @@ func testWriteRefused(t *testing.T, revoke bool) {
 	as := func(user string) kafka.Config {
 		return kafka.Config{Brokers: brokers, SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: user, Password: secret.New("pw-" + user)}}
 	}
-	cl, err := kafka.NewClient(as("admin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
+	cl, token := adminWithKey(t, as("admin"), keys)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, token, err := NewAdmin(cl, keys).CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme-*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := Config{Addr: "127.0.0.1:0", Kafka: as("ingest"), Meters: mustCatalog(t), ProduceTimeout: 2 * time.Second, MaxAge: -1,
 		Logger: zap.New(core)}
@@ -125,4 +118,23 @@ func testWriteRefused(t *testing.T, revoke bool) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// adminWithKey returns a client connected as admin, closed when the test
+// ends, and the token of a key it made in the keys topic for tenant acme
+// (customers acme-*).
+func adminWithKey(t *testing.T, admin kafka.Config, keys string) (*kgo.Client, string) {
+	t.Helper()
+	cl, err := kafka.NewClient(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, token, err := NewAdmin(cl, keys).CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme-*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, token
 }

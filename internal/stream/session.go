@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -58,9 +59,26 @@ func (rt *Runtime) hooks(ready <-chan struct{}) session.Hooks {
 }
 
 // newClient returns a client on the runtime's cluster connection (seed
-// brokers, SASL, TLS) with opts.
+// brokers, SASL, TLS) with opts. A login the brokers refuse it stops the
+// stage (refusedLogin).
 func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
-	return kgo.NewClient(append(rt.loop.Conn(), opts...)...)
+	return kgo.NewClient(append(append(rt.loop.Conn(), kgo.WithHooks(refusedLogin{rt})), opts...)...)
+}
+
+// refusedLogin stops the stage when a connection of a client of the
+// runtime's own (a restore's or a standby's copy of the changelog, a
+// listing of its ends) is refused its SASL user, password or mechanism:
+// the password changed on the cluster, and the stage reads it at start
+// only. Such a client sees nothing but polls that end empty, as while the
+// brokers are down, so a restore would wait for ever; the session's own
+// clients stop the stage on the same refusal (session.FetchError,
+// Loop.InitProducerID).
+type refusedLogin struct{ rt *Runtime }
+
+func (h refusedLogin) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if rerr := h.rt.cfg.Kafka.Refused(err); err != nil && rerr != nil {
+		h.rt.setFatal(fmt.Errorf("stream: %w; the password is read at start only: restart the stage with the current one", rerr))
+	}
 }
 
 // copartitionedFirst orders the co-partitioned topics before InputTopic in
