@@ -234,7 +234,7 @@ func (h *recordHarness) run(prog []byte) {
 }
 
 // opRecord gives a raw record: partition, clock step, key (length 255:
-// none), value, headers, and padding of the value by KiB.
+// none), value, headers, and padding of the value or the key by KiB.
 func (h *recordHarness) opRecord(r *progReader) {
 	p := int32(r.byte()) % frEvents
 	h.step(r)
@@ -256,7 +256,10 @@ func (h *recordHarness) opRecord(r *progReader) {
 		}
 		hs = append(hs, kgo.RecordHeader{Key: k, Value: r.bytes(r.u16())})
 	}
-	if pad := int(r.byte()); pad > 0 {
+	switch pad := int(r.byte()); {
+	case pad >= 0x80: // the key, by KiB of '0'
+		key = append(key, bytes.Repeat([]byte{'0'}, (pad&0x7f)<<10)...)
+	case pad > 0: // the value, by KiB of zeros
 		val = append(val, make([]byte, pad<<10)...)
 	}
 	h.give(&kgo.Record{Partition: p, Key: key, Value: val, Headers: hs})
@@ -434,6 +437,7 @@ func fuzzRecordSeeds(tb testing.TB) [][]byte {
 		p, k, v := placed(ev("acme", "m", "big", 1, at))
 		b.record(p, 0, k, v, nil, 20)
 		b.record(p, 0, bytes.Repeat([]byte("k"), 250), v, nil, 0)
+		b.record(p, 0, k, v, nil, 0x80|17)
 		b.record(0, 0, nil, []byte{0xc3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8, 0}, nil, 0)
 		b.record(1, 0, []byte("k"), []byte{0xc3, 0x01}, nil, 0)
 		b.record(2, 0, nil, []byte("not avro"), nil, 0)
