@@ -43,6 +43,8 @@ import (
 //   - a re-routed record, delivered, is never re-routed again;
 //   - the records of an aborted transaction, processed again, give the
 //     outputs they gave before, watermarks aside;
+//   - a partition restored from its changelog gives the outputs it gives
+//     without the restore, watermarks aside;
 //   - no identity reaches usage.deduped twice, across aborts and
 //     restores, unless a conflicting copy arrives W or more after the
 //     first or is read once the first one's key may have expired
@@ -57,7 +59,34 @@ func FuzzDedupRecord(f *testing.F) {
 		h := newRecordHarness(t)
 		defer h.close()
 		h.run(prog)
+		if !h.restored {
+			return
+		}
+		// The same program without the restores: a partition restored
+		// from its changelog decides as the one that kept its store.
+		kept := newRecordHarness(t)
+		defer kept.close()
+		kept.noRestore = true
+		kept.run(prog)
+		for p := range h.outputs {
+			a, b := h.outputs[p], kept.outputs[p]
+			if len(a) != len(b) {
+				t.Fatalf("partition %d: %d outputs with restores, %d without", p, len(a), len(b))
+			}
+			for i := range a {
+				if !sameRecord(a[i], b[i]) {
+					t.Fatalf("partition %d: output %d is %s/%d key %q with restores, %s/%d key %q without",
+						p, i, a[i].Topic, a[i].Partition, a[i].Key, b[i].Topic, b[i].Partition, b[i].Key)
+				}
+			}
+		}
 	})
+}
+
+// sameRecord reports whether two output records are the same.
+func sameRecord(x, y *kgo.Record) bool {
+	return x.Topic == y.Topic && x.Partition == y.Partition && bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value) &&
+		fmt.Sprint(x.Headers) == fmt.Sprint(y.Headers)
 }
 
 // The harness's configuration: a short window and bucket, so that a
@@ -108,6 +137,11 @@ type recordHarness struct {
 	// aborted: the outputs of each aborted attempt of the open
 	// transactions.
 	aborted [frEvents][][]*kgo.Record
+	// noRestore: opRestore only commits. restored: a partition was
+	// restored. outputs: each partition's committed outputs but
+	// watermarks, to compare a run with restores with one without.
+	noRestore, restored bool
+	outputs             [frEvents][]*kgo.Record
 	// wm is each partition's watermark (its largest broker timestamp),
 	// wmAt the watermark when each input was read.
 	wm   [frEvents]int64
@@ -209,7 +243,9 @@ func (h *recordHarness) run(prog []byte) {
 			h.abort()
 		case opRestore:
 			h.commit()
-			h.restore(int32(r.byte()) % frEvents)
+			if p := int32(r.byte()) % frEvents; !h.noRestore {
+				h.restore(p)
+			}
 		case opDeliver:
 			h.deliver()
 		case opTick:
@@ -304,6 +340,7 @@ func (h *recordHarness) commit() {
 			h.t.Fatalf("partition %d: commit: %v", p, err)
 		}
 		outs := l.TakeOutput()
+		h.outputs[p] = append(h.outputs[p], h.noWatermarks(outs)...)
 		h.checkReplayed(int32(p), h.aborted[p], outs)
 		h.check(int32(p), h.open[p], outs)
 		h.open[p], h.aborted[p] = nil, nil
@@ -341,6 +378,7 @@ func (h *recordHarness) restore(p int32) {
 		h.t.Fatalf("restore partition %d from its changelog: %v", p, err)
 	}
 	h.parts[p] = l
+	h.restored = true
 }
 
 // deliver gives the committed re-routes to their partitions, stamped by
@@ -497,6 +535,19 @@ func fuzzRecordSeeds(tb testing.TB) [][]byte {
 		b.op(opTick, byte(p), 480>>8, 480&0xff)
 		b.op(opCommit)
 		b.op(opDeliver)
+	})
+	// A restore after the original's key expired, then a conflicting
+	// copy: it finds no key, as in the store that dropped it.
+	add(func() {
+		o := ev("acme", "m", "gone", 1, at)
+		p, k, v := placed(o)
+		b.record(p, 0, k, v, nil, 0)
+		b.op(opCommit)
+		b.op(opTick, byte(p), 3300>>8, 3300&0xff)
+		b.op(opRestore, byte(p))
+		c := *o
+		c.Quantity, c.EventTime = 2, at+50*3600_000
+		b.record(p, 0, k, schemas.MustEncode(&c), nil, 0)
 	})
 	// Invalid UTF-8, control characters, empty and long identity fields.
 	add(func() {
@@ -667,8 +718,7 @@ func (h *recordHarness) checkReplayed(p int32, attempts [][]*kgo.Record, outs []
 		}
 		for j := range a {
 			x, y := a[j], got[j]
-			if x.Topic != y.Topic || x.Partition != y.Partition || !bytes.Equal(x.Key, y.Key) || !bytes.Equal(x.Value, y.Value) ||
-				fmt.Sprint(x.Headers) != fmt.Sprint(y.Headers) {
+			if !sameRecord(x, y) {
 				h.t.Fatalf("partition %d: output %d of aborted attempt %d (%s/%d key %q) differs when processed again (%s/%d key %q)",
 					p, j, i, x.Topic, x.Partition, x.Key, y.Topic, y.Partition, y.Key)
 			}
