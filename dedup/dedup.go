@@ -247,6 +247,24 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "dedup", log, cfg.Topics.DedupChangelogTopic(), cfg.Window+cfg.Skew+cfg.Bucket); err != nil {
 		return nil, err
 	}
+	p, err := newProcessor(cfg, counts, log)
+	if err != nil {
+		return nil, err
+	}
+	p.endOffset = func(part int32) (int64, error) { return endOffset(cfg, part) }
+	p.eventsRetention = func() (time.Duration, error) { return eventsRetention(cfg) }
+	rt, err := stream.New(cfg.Stream, p)
+	if err != nil {
+		return nil, err
+	}
+	return &Stage{cfg: cfg, rt: rt, proc: p}, nil
+}
+
+// newProcessor builds the processor of a stage whose topics have the
+// partition counts counts, from cfg with its defaults. The questions it
+// asks the brokers later (endOffset, eventsRetention) are the caller's to
+// set.
+func newProcessor(cfg Config, counts partitionCountsT, log *zap.Logger) (*processor, error) {
 	tick, err := schemas.Encode(&schemas.Tick{InstanceID: cfg.Stream.InstanceID})
 	if err != nil {
 		return nil, fmt.Errorf("dedup: encode tick: %w", err)
@@ -276,14 +294,8 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	for _, id := range cfg.ForgetKeys {
 		p.forget[id] = true
 	}
-	p.endOffset = func(part int32) (int64, error) { return endOffset(cfg, part) }
-	p.eventsRetention = func() (time.Duration, error) { return eventsRetention(cfg) }
 	p.setTopics()
-	rt, err := stream.New(cfg.Stream, p)
-	if err != nil {
-		return nil, err
-	}
-	return &Stage{cfg: cfg, rt: rt, proc: p}, nil
+	return p, nil
 }
 
 // Run runs until ctx ends or a fatal error; see stream.Runtime.Run.

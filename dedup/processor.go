@@ -591,10 +591,17 @@ func (pt *partition) begin(tx *stream.Tx) error {
 // back the keys of buckets dropped under a shorter W or S, and a copy
 // must be judged alike from the local state, where they are gone.
 func (pt *partition) scheduleExpiry() {
-	below := max(pt.expiredBuckets(), pt.dropped/pt.pr.cfg.Bucket.Milliseconds())
+	below := pt.liveFrom()
 	if below > 0 && below > pt.dropTo {
 		pt.dropTo = below
 	}
+}
+
+// liveFrom returns the first bucket that is live at the watermark: every
+// bucket below it is past W + S, or below the keys already dropped
+// (keyDropped), and goes with the next bucket drop (0: none).
+func (pt *partition) liveFrom() int64 {
+	return max(pt.expiredBuckets(), pt.dropped/pt.pr.cfg.Bucket.Milliseconds())
 }
 
 // expiredBuckets returns the first bucket not expired at the watermark:
@@ -887,11 +894,21 @@ type original struct {
 	offset          int64
 }
 
+// lookup finds the stored first copy of the identity whose key hash is
+// kh, in the buckets live at the watermark. A bucket that expired at the
+// watermark is not searched even while it is still in the store (it is
+// dropped when the batch ends): a copy is judged by the watermark up to
+// it, never by where a batch of records ends, so that the decision does
+// not depend on how far behind the stage ran (docs/design.md, Time).
 func (pt *partition) lookup(tx *stream.Tx, kh []byte) (original, bool, error) {
 	var key [identityKeyLen]byte
 	key[0] = prefixIdentity
 	copy(key[5:], kh)
+	live := pt.liveFrom()
 	for _, b := range pt.buckets {
+		if int64(b) < live {
+			break // pt.buckets is in descending order
+		}
 		if !pt.blooms[b].mayContain(kh) {
 			continue
 		}

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -11,9 +12,11 @@ import (
 // Local runs one partition of a Processor on an in-memory store, without
 // a broker or a session: the per-partition work of a stage (Process,
 // Flush, the changelog records and the store writes of a committed
-// transaction, Committed), for benchmarks. It is not a Runtime: there are no
-// transactions on a broker, no restore, no Punctuate or Work, and the
-// records the partition emits are only counted.
+// transaction, Committed, or an Abort), for benchmarks and fuzz tests. It is
+// not a Runtime: there are no transactions on a broker, no Punctuate or
+// Work, and the records the partition emits are only counted unless Keep
+// was called; a restore is RestoreLocal, from the changelog records Keep
+// kept.
 type Local struct {
 	rt      *Runtime
 	p       int32
@@ -21,18 +24,57 @@ type Local struct {
 	ov      *overlay
 	inputs  Config // for the input offsets' state keys
 	emitted map[string]int
+	// keep: Keep was called. pending holds the open transaction's emitted
+	// records, out those of committed transactions not yet taken
+	// (TakeOutput), changelog the changelog records of every committed
+	// transaction since Keep, in order.
+	keep         bool
+	pending, out []*kgo.Record
+	changelog    []*kgo.Record
 }
 
 // NewLocal opens partition p of proc on an empty in-memory store. The
 // input offsets are kept under the keys a Runtime with InputTopic input
 // would use.
 func NewLocal(proc Processor, p int32, input string) (*Local, error) {
+	return openLocal(proc, p, input, nil)
+}
+
+// RestoreLocal opens partition p of proc on an in-memory store restored
+// from changelog, the changelog records of a Local (Changelog) in order, as
+// a restore from the start of the changelog topic leaves it. The new Local
+// keeps its records (Keep), and its changelog continues the one given.
+func RestoreLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (*Local, error) {
+	return openLocal(proc, p, input, changelog)
+}
+
+func openLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (*Local, error) {
 	st, err := OpenStore("local", vfs.NewMem(), zap.NewNop())
 	if err != nil {
 		return nil, err
 	}
 	l := &Local{p: p, ov: newOverlay(), inputs: Config{InputTopic: input}, emitted: map[string]int{}}
-	l.rt = &Runtime{store: st, sink: func(r *kgo.Record) { l.emitted[r.Topic]++ }}
+	l.rt = &Runtime{store: st, sink: func(r *kgo.Record) {
+		l.emitted[r.Topic]++
+		if l.keep {
+			l.pending = append(l.pending, r)
+		}
+	}}
+	if changelog != nil {
+		b := st.newBatch()
+		for _, r := range changelog {
+			if r.Value == nil {
+				b.del(p, r.Key)
+			} else {
+				b.set(p, r.Key, r.Value)
+			}
+		}
+		if err := b.commit(); err != nil {
+			_ = st.Close()
+			return nil, fmt.Errorf("stream: local: restore partition %d: %w", p, err)
+		}
+		l.keep, l.changelog = true, slices.Clone(changelog)
+	}
 	part, err := proc.Open(p, &PartitionState{s: st, p: p})
 	if err != nil {
 		_ = st.Close()
@@ -69,7 +111,10 @@ func (l *Local) Commit() error {
 		}
 	}
 	if l.ov.touched {
-		_ = l.ov.changelogRecords("changelog", l.p)
+		cl := l.ov.changelogRecords("changelog", l.p)
+		if l.keep {
+			l.changelog = append(l.changelog, cl...)
+		}
 	}
 	b := l.rt.store.newBatch()
 	for _, rd := range l.ov.rangeDels {
@@ -94,8 +139,41 @@ func (l *Local) Commit() error {
 		c.Committed()
 	}
 	l.ov = newOverlaySized(l.ov.sizeHint())
+	l.out, l.pending = append(l.out, l.pending...), nil
 	return nil
 }
+
+// Abort ends the open transaction as an aborted one: its writes and the
+// records it emitted are dropped, and the partition's Abort runs, as the
+// runtime does before the input is consumed again from the committed
+// offset. It returns the records the transaction emitted (Keep; nil
+// without), which never reach a reader.
+func (l *Local) Abort() []*kgo.Record {
+	l.ov = newOverlaySized(l.ov.sizeHint())
+	dropped := l.pending
+	l.pending = nil
+	if a, ok := l.part.(Aborter); ok {
+		a.Abort()
+	}
+	return dropped
+}
+
+// Keep makes the Local keep, from now on, the records the partition emits
+// (TakeOutput: those of committed transactions) and the changelog records
+// of every committed transaction (Changelog).
+func (l *Local) Keep() { l.keep = true }
+
+// TakeOutput returns the records emitted by the transactions committed
+// since the last call, in order (Keep).
+func (l *Local) TakeOutput() []*kgo.Record {
+	out := l.out
+	l.out = nil
+	return out
+}
+
+// Changelog returns the changelog records of every committed transaction
+// since Keep, in order: the input of RestoreLocal.
+func (l *Local) Changelog() []*kgo.Record { return l.changelog }
 
 // Emitted returns how many records the partition emitted to topic.
 func (l *Local) Emitted(topic string) int { return l.emitted[topic] }
