@@ -21,7 +21,8 @@ type dueRefresh struct {
 // to end + grace of the oldest period whose FINAL revisions have not all
 // gone out: one decided final whose chunks (FINALs, or the adjustments
 // queued behind them) are still going out, or one not decided yet with
-// OPEN aggregates or queued events in st. No series when there is none. It
+// OPEN aggregates, queued events or lines adjustments were booked into
+// (undecidedPfx) in st. No series when there is none. It
 // is a metric only: the FINAL decision is the watermark's (finalize). now
 // (the processor's clock) only bounds the refresh rate; force refreshes
 // regardless.
@@ -53,7 +54,7 @@ func (pt *partition) refreshFinalDue(st stateReader, force bool) {
 		}
 	}
 	// Periods not final yet: none below the latest final one (finalLow).
-	for _, pfx := range []byte{pfxOpen, pfxPending} {
+	for _, pfx := range undecidedPfx {
 		s, ok, err := firstPeriodFrom(st, pfx, pt.finalLow(pfx))
 		if err != nil {
 			pt.pr.log.Warn("final-due metric: read the oldest open period", zap.Int32("partition", pt.p), zap.Error(err))

@@ -95,3 +95,53 @@ func TestFinalDueGauge(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestFinalDueGaugeAdjustmentOnlyLine: a period whose only state here is
+// a line adjustments were booked into ('l' P K), no usage of its own, has
+// its FINAL revision still to go out (docs/design.md, Time: every invoice
+// line has a FINAL revision): the final-due gauge shows its end + grace,
+// and the FINAL-overdue alert fires if its watermark stops.
+func TestFinalDueGaugeAdjustmentOnlyLine(t *testing.T) {
+	h := newAggHarness(t, nil, 1)
+	const (
+		hour  = int64(3600 * 1000)
+		dayMs = 24 * hour
+	)
+	day0 := ms(t, "2026-03-10")
+	due := func(day int64) float64 { return float64(day0+(day+1)*dayMs+hour) / 1000 }
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Period, cfg.Grace = Day, time.Hour
+	reg := prometheus.NewRegistry()
+	cfg.Stream.Registerer = reg
+	h.start(cfg)
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "d0", CustomerID: "acme", Meter: "m", Quantity: 1,
+		EventTime: day0 + 1000, IngestTime: day0 + 2000}), h.watermark(0, 0, 1, int64(due(0)*1000)+1))
+	// A late event of day 0, arrived in day 1: booked into acme's line of
+	// day 1, which has no usage of its own. Day 1 is not final yet.
+	late := int64(due(0)*1000) + 5000
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "late0", CustomerID: "acme", Meter: "m", Quantity: 2,
+		EventTime: day0 + 3000, IngestTime: late}), h.watermark(0, 0, 1, late))
+	h.caughtUp()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, ok := gaugeOf(reg, "meterline_aggregate_final_due_seconds", "partition", "0")
+		if ok && got == due(1) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("final-due %v (present %v), want %v: day 1's line of adjustments only waits for its FINAL", got, ok, due(1))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Past day 1's end + grace: the line's FINAL is out, nothing is due.
+	h.produce(h.watermark(0, 0, 1, int64(due(1)*1000)+1))
+	h.caughtUp()
+	for deadline = time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, ok := gaugeOf(reg, "meterline_aggregate_final_due_seconds", "partition", "0"); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("final-due still present after day 1's FINALs went out")
+		}
+	}
+}

@@ -39,8 +39,9 @@ import (
 // while it has state otherwise.
 //
 // A record lives as long as its period's state: written with the first
-// state key of the meter in the period (an OPEN aggregate, or the working
-// state of an adjustment in a final period), deleted with the period's
+// state key of the meter in the period (an OPEN aggregate, the working
+// state of an adjustment in a final period, or a line an adjustment was
+// booked into), deleted with the period's
 // marker when its state expires at end + W + B (expireChunk). A meter's
 // definition can therefore change once the partition holds no state of
 // it; until then a new definition goes under a new meter name.

@@ -397,16 +397,28 @@ func (c *check) aggregates(aggs []*schemas.Aggregate) {
 }
 
 // line checks the revisions rs of key k, which has no on-time event: a
-// line late events were booked into has one FINAL, revision 1, value 0.
+// line late events were booked into has one FINAL, revision 1, value 0,
+// count 0, first/last event time 0, of its meter's aggregation and its
+// period, emitted once its period is final there (updated_at past end +
+// grace: docs/design.md, Time).
 func (c *check) line(k Key, rs []*schemas.Aggregate) {
 	if !c.b.Lines[k] {
 		c.fail("%v: %d aggregate revisions, but no event of it arrived on time and no late event was booked into it", k, len(rs))
 		return
 	}
 	a := rs[0]
-	if len(rs) != 1 || a.Status != schemas.StatusFinal || a.Revision != 1 || a.Value != 0 || a.EventCount != 0 {
-		c.fail("%v: %d revisions, the first %s revision %d value %d count %d; want one FINAL, revision 1, value 0, count 0, for a line late events were booked into",
-			k, len(rs), a.Status, a.Revision, a.Value, a.EventCount)
+	if len(rs) != 1 || a.Status != schemas.StatusFinal || a.Revision != 1 || a.Value != 0 || a.EventCount != 0 ||
+		a.FirstEventTime != 0 || a.LastEventTime != 0 {
+		c.fail("%v: %d revisions, the first %s revision %d value %d count %d first/last event time %d/%d; "+
+			"want one FINAL, revision 1, value 0, count 0, event times 0, for a line late events were booked into",
+			k, len(rs), a.Status, a.Revision, a.Value, a.EventCount, a.FirstEventTime, a.LastEventTime)
+	}
+	_, end := c.b.m.Period(k.PeriodStart)
+	if mt := c.b.m.Meter(k.Meter); a.PeriodEnd != end || a.Aggregation != mt.Aggregation {
+		c.fail("%v: line FINAL period end %d aggregation %s, want %d %s", k, a.PeriodEnd, a.Aggregation, end, mt.Aggregation)
+	}
+	if cut := end + c.b.m.Grace; a.UpdatedAt <= cut {
+		c.fail("%v: line FINAL updated_at %d is not past its period's end + grace %d", k, a.UpdatedAt, cut)
 	}
 	c.finals[k] = a
 }

@@ -79,7 +79,7 @@ func agg(meter, agg, group string, rev int64, status schemas.AggregateStatus, co
 // period start, with no on-time event of its own.
 func line(meter, aggregation, group string, start int64) *schemas.Aggregate {
 	a := agg(meter, aggregation, group, 1, schemas.StatusFinal, 0, 0, 0, 0)
-	a.PeriodStart, a.PeriodEnd = start, start+d
+	a.PeriodStart, a.PeriodEnd, a.UpdatedAt = start, start+d, start+d+h+1
 	return a
 }
 
@@ -187,6 +187,19 @@ func TestCheckFindsEveryWrongOutput(t *testing.T) {
 		{"line FINAL with a value", func(o *Outputs) {
 			o.Aggregates[len(o.Aggregates)-1].Value = 1
 		}, "want one FINAL, revision 1, value 0", false},
+		{"line FINAL twice", func(o *Outputs) {
+			f := *o.Aggregates[len(o.Aggregates)-1]
+			o.Aggregates = append(o.Aggregates, &f)
+		}, "want one FINAL, revision 1, value 0", false},
+		{"line FINAL before its period is final", func(o *Outputs) {
+			o.Aggregates[len(o.Aggregates)-1].UpdatedAt = day + d + h
+		}, "line FINAL updated_at", false},
+		{"line FINAL with event times", func(o *Outputs) {
+			o.Aggregates[len(o.Aggregates)-1].LastEventTime = day + h
+		}, "want one FINAL, revision 1, value 0", false},
+		{"line FINAL of another aggregation", func(o *Outputs) {
+			o.Aggregates[len(o.Aggregates)-1].Aggregation = "MAX"
+		}, "line FINAL period end", false},
 		{"MAX delta", func(o *Outputs) { find(*o, "m3").Delta = 12 }, "delta 12, want 2", false},
 		{"UNIQUE_COUNT delta", func(o *Outputs) { find(*o, "u3").Delta = 1 }, "delta 1, want 0", false},
 		{"LATEST delta", func(o *Outputs) { find(*o, "l3").Delta = 97 }, "delta 97, want 0", false},
