@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/meterline/meterline/schemas"
@@ -78,18 +80,21 @@ func expectAccepted(cust, meter string, n int64) (int64, string) {
 	return n, ""
 }
 
-// writeEntitlements writes the default plan, the rate card and the
-// limited customers' records with `meterline entitlements`, before any
-// stage runs.
-func (s *suite) writeEntitlements() {
+// writeEntitlements starts writing the default plan, the rate card and
+// the limited customers' records with `meterline entitlements`, each
+// command with a transactional ID of its own, all at once, while the suite
+// goes on setting up; the function it returns waits for them (before any
+// stage starts) and fails the test if one failed.
+func (s *suite) writeEntitlements() (wait func()) {
 	s.t.Helper()
 	start := time.Now()
+	today := start.UnixMilli() - start.UnixMilli()%dayMs
 	docs := map[string]string{
 		"default.yaml": "plan: standard\ncaps:\n  tokens: {limit: 1000000000000000}\noverdraft: {policy: allow}\n",
 		// Dated at P's start: it prices only from its broker time on
 		// (docs/entitlements.md, The rate card), so no event of P.
 		"rates.yaml": fmt.Sprintf("versions:\n  - effective_from: %q\n    rates: {%s: %d, tokens: 15/1000}\n",
-			time.UnixMilli(s.periodP).UTC().Format(time.RFC3339), creditMeter, creditRate),
+			time.UnixMilli(today-dayMs).UTC().Format(time.RFC3339), creditMeter, creditRate),
 		creditCustomer + ".yaml": fmt.Sprintf("customer: %s\nplan: prepaid\ngrants:\n  trial: {amount: %d}\noverdraft: {policy: deny}\n",
 			creditCustomer, creditGrant),
 	}
@@ -102,7 +107,9 @@ func (s *suite) writeEntitlements() {
 		}
 		docs[cust+".yaml"] = b.String()
 	}
-	for _, name := range sortedKeys(docs) {
+	var wg sync.WaitGroup
+	errs := make([]string, len(docs))
+	for i, name := range sortedKeys(docs) {
 		path := filepath.Join(s.dir, name)
 		if err := os.WriteFile(path, []byte(docs[name]), 0o600); err != nil {
 			s.t.Fatal(err)
@@ -114,12 +121,32 @@ func (s *suite) writeEntitlements() {
 		case "rates.yaml":
 			cmd = "set-rates"
 		}
-		s.command("entitlements", cmd, "-f", path, "--brokers", strings.Join(s.brokers, ","), "--topic-prefix", s.names.Prefix,
-			"--transactional-id", s.names.Prefix+"entitlements")
+		args := []string{"entitlements", cmd, "-f", path, "--brokers", strings.Join(s.brokers, ","), "--topic-prefix", s.names.Prefix,
+			"--transactional-id", s.names.Prefix + "entitlements-" + strings.TrimSuffix(name, ".yaml")}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := exec.Command(s.bin, args...)
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, "METERLINE_") {
+					c.Env = append(c.Env, kv)
+				}
+			}
+			if out, err := c.CombinedOutput(); err != nil {
+				errs[i] = fmt.Sprintf("meterline %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}()
 	}
-	s.entWritten = time.Now().UnixMilli()
-	s.note("entitlements written in %s: default plan, rate card, %s (credits for %d events), capped %v", time.Since(start).Round(time.Millisecond),
-		creditCustomer, creditEvents, sortedKeys(capped))
+	return func() {
+		s.t.Helper()
+		wg.Wait()
+		if msg := strings.Join(slices.DeleteFunc(errs, func(e string) bool { return e == "" }), "\n"); msg != "" {
+			s.fatalf("writing the entitlements: %s", msg)
+		}
+		s.entWritten = time.Now().UnixMilli()
+		s.note("entitlements written in %s: default plan, rate card, %s (credits for %d events), capped %v", time.Since(start).Round(time.Millisecond),
+			creditCustomer, creditEvents, sortedKeys(capped))
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -140,6 +140,7 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 	if !strings.Contains(out, "3 brokers: replication factor 3, min.insync.replicas 2") || !strings.Contains(out, fmt.Sprintf("all %d topics match", len(s.topicNames()))) {
 		t.Fatalf("meterline topics create on the cluster:\n%s", out)
 	}
+	entWritten := s.writeEntitlements()
 	s.command("migrate", "--clickhouse", chAddr, "--database", db)
 
 	now := time.Now().UnixMilli()
@@ -149,7 +150,7 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 	s.grace = time.Duration(s.cutoff-today) * time.Millisecond
 	s.note("period P = %s, cutoff (end + grace %s) = %s", time.UnixMilli(s.periodP).UTC().Format(time.DateOnly), s.grace,
 		time.UnixMilli(s.cutoff).UTC().Format(time.TimeOnly))
-	s.writeEntitlements()
+	entWritten()
 	return s
 }
 
