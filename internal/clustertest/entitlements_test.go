@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -101,7 +100,7 @@ func (s *suite) writeEntitlements() (wait func()) {
 	for cust, meters := range capped {
 		var b strings.Builder
 		fmt.Fprintf(&b, "customer: %s\nplan: capped\ncaps:\n", cust)
-		for _, m := range sortedKeys(meters) {
+		for _, m := range slices.Sorted(maps.Keys(meters)) {
 			l := meters[m]
 			fmt.Fprintf(&b, "  %s: {limit: %d, on_limit: %s}\n", m, l.cap, map[bool]string{true: "allow", false: "reject"}[l.allow])
 		}
@@ -109,7 +108,7 @@ func (s *suite) writeEntitlements() (wait func()) {
 	}
 	var wg sync.WaitGroup
 	errs := make([]string, len(docs))
-	for i, name := range sortedKeys(docs) {
+	for i, name := range slices.Sorted(maps.Keys(docs)) {
 		path := filepath.Join(s.dir, name)
 		if err := os.WriteFile(path, []byte(docs[name]), 0o600); err != nil {
 			s.t.Fatal(err)
@@ -145,17 +144,8 @@ func (s *suite) writeEntitlements() (wait func()) {
 		}
 		s.entWritten = time.Now().UnixMilli()
 		s.note("entitlements written in %s: default plan, rate card, %s (credits for %d events), capped %v", time.Since(start).Round(time.Millisecond),
-			creditCustomer, creditEvents, sortedKeys(capped))
+			creditCustomer, creditEvents, slices.Sorted(maps.Keys(capped)))
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // queryFunc runs a ClickHouse query, scanning each row into dest and
@@ -208,7 +198,7 @@ func (s *suite) reconcileEntitlements(tr *truth, query queryFunc, add func(strin
 	)
 	ms := func(secs uint32) int64 { return int64(secs) * 1000 }
 	in := func(col string) string {
-		return fmt.Sprintf("%s IN ('%s')", col, strings.Join(append(sortedKeys(capped), creditCustomer), "', '"))
+		return fmt.Sprintf("%s IN ('%s')", col, strings.Join(append(slices.Sorted(maps.Keys(capped)), creditCustomer), "', '"))
 	}
 
 	// What was accepted: the latest revision of each aggregate, and each
@@ -355,11 +345,11 @@ func (s *suite) reconcileBalances(accepted map[aggKey]sumCount, query queryFunc,
 			}
 		}
 		if len(names) != len(capped[cust]) {
-			add("entitlements: the latest balance of %s has caps %v, want %v", cust, names, sortedKeys(capped[cust]))
+			add("entitlements: the latest balance of %s has caps %v, want %v", cust, names, slices.Sorted(maps.Keys(capped[cust])))
 		}
 		return nil
 	}, &cust, &periodStart, &names, &usage, &grants, &consumed, &remain, &policy, &overdrawn)
-	for _, c := range append(sortedKeys(capped), creditCustomer) {
+	for _, c := range append(slices.Sorted(maps.Keys(capped)), creditCustomer) {
 		if !seen[c] {
 			add("entitlements: usage_balances has no balance of %s", c)
 		}
