@@ -59,6 +59,10 @@ type sumCount struct{ n, sum int64 }
 //     events; the latest revision of every aggregate equal to its on-time
 //     events; FINAL + adjustments equal to every event of the period; and as
 //     many rows as usage.aggregates has records.
+//
+// The limited customers' aggregates and adjustments hold only the events
+// their entitlements accepted: reconcileEntitlements checks them, and the
+// aggregator's refusals.
 func (s *suite) reconcile(tr *truth) {
 	s.t.Helper()
 	var problems []string
