@@ -75,6 +75,8 @@ type suite struct {
 	periodP int64 // ms
 	cutoff  int64 // ms
 	grace   time.Duration
+	// entWritten is a time after the entitlements' broker times (ms).
+	entWritten int64
 
 	mu     sync.Mutex
 	live   map[string]*testenv.Process // "dedup/i1" → its current process
@@ -138,6 +140,7 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 	if !strings.Contains(out, "3 brokers: replication factor 3, min.insync.replicas 2") || !strings.Contains(out, fmt.Sprintf("all %d topics match", len(s.topicNames()))) {
 		t.Fatalf("meterline topics create on the cluster:\n%s", out)
 	}
+	entWritten := s.writeEntitlements()
 	s.command("migrate", "--clickhouse", chAddr, "--database", db)
 
 	now := time.Now().UnixMilli()
@@ -147,6 +150,7 @@ func newSuite(t *testing.T, cutoffIn time.Duration) *suite {
 	s.grace = time.Duration(s.cutoff-today) * time.Millisecond
 	s.note("period P = %s, cutoff (end + grace %s) = %s", time.UnixMilli(s.periodP).UTC().Format(time.DateOnly), s.grace,
 		time.UnixMilli(s.cutoff).UTC().Format(time.TimeOnly))
+	entWritten()
 	return s
 }
 
@@ -254,7 +258,7 @@ func (s *suite) start(stage, id string) *testenv.Process {
 			"--tick-interval", tickInterval.String(), "--dedup-keys-file", s.keys)
 	case "aggregate":
 		args = append(args, "--state-dir", filepath.Join(s.dir, "state"), "--commit-interval", commitInterval.String(),
-			"--period", "day", "--grace", s.grace.String())
+			"--period", "day", "--grace", s.grace.String(), "--entitlements")
 	case "sink":
 		args = append(args, "--clickhouse", s.chAddr, "--database", s.db, "--max-batch-wait", "200ms", "--commit-interval", "200ms",
 			"--insert-timeout", "10s")
@@ -541,6 +545,18 @@ func (g *generator) one() {
 	case r < 33:
 		in.kind, in.et = kindOld, g.s.periodP-2*dayMs+g.rng.Int63n(dayMs)
 	}
+	// The limited customers' events (entitlements_test.go): one quantity
+	// per capped meter; the credit customer's of one meter, today, with
+	// an event time the rate card prices.
+	if l, ok := capped[in.cust][in.meter]; ok {
+		in.qty = l.qty
+	}
+	if in.cust == creditCustomer {
+		in.meter, in.qty, in.et = creditMeter, creditQty, max(now, g.s.entWritten)
+		if in.kind != kindMisrouted {
+			in.kind = kindEvent
+		}
+	}
 	g.sendEvent(in, fmt.Sprintf("ev-%d-%d", now, g.rng.Int63()))
 }
 
@@ -658,7 +674,8 @@ type truth struct {
 	copies    int
 	conflicts int
 	rejected  map[string]int
-	sent      int // records in usage.events from the generator
+	sent      int            // records in usage.events from the generator
+	copiesOf  map[string]int // identity → its copies
 }
 
 // truth reads the generator's records back from usage.events, with the
@@ -694,7 +711,7 @@ func (s *suite) truth(g *generator) *truth {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	tr := &truth{idents: map[string]*ident{}, rejected: map[string]int{}}
+	tr := &truth{idents: map[string]*ident{}, rejected: map[string]int{}, copiesOf: map[string]int{}}
 	lost := 0
 	lostBy := map[int32]int{} // by canonical partition (a misrouted record was sent elsewhere)
 	for seq, in := range g.intents {
@@ -712,6 +729,7 @@ func (s *suite) truth(g *generator) *truth {
 			tr.rejected[in.reason]++
 		case kindCopy:
 			tr.copies++
+			tr.copiesOf[in.identity]++
 			if in.conflict {
 				tr.conflicts++
 			}
@@ -772,13 +790,15 @@ func (s *suite) caughtUp(group, topic string, skip func(schemas.Kind) bool) (ok 
 		}
 	})
 	if len(from) < partitions {
-		var missing []int32
+		// A partition without a committed offset is read from its start
+		// (the stages reset to the earliest offset): caught up if it is
+		// empty (usage.balances: no customer of the partition has a
+		// balance), else its records are pending.
 		for p := range int32(partitions) {
 			if _, ok := from[p]; !ok {
-				missing = append(missing, p)
+				from[p] = 0
 			}
 		}
-		return false, "", fmt.Errorf("%s has no committed offset for partitions %v of %s", group, missing, topic)
 	}
 	recs, err := topics.ReadCommitted(ctx, s.brokers, topic, from)
 	if err != nil {
@@ -853,8 +873,9 @@ func (s *suite) waitCaughtUp(group string, skip func(schemas.Kind) bool, topicNa
 // (docs/design.md, Exactly-once, 7), so an aggregator caught up on
 // usage.deduped may still have some to send. The running instances' metrics
 // do: between them every partition has a watermark past the cutoff (it is
-// owned and has seen the ticks that decide P) and none has a final-due time
-// at or before the cutoff.
+// owned and has seen the ticks that decide P), none has a final-due time
+// at or before the cutoff, and none has a customer's balance pending
+// (docs/entitlements.md, The aggregator, 4).
 func (s *suite) waitFinalsOut() {
 	s.t.Helper()
 	start := time.Now()
@@ -886,6 +907,9 @@ func (s *suite) waitFinalsOut() {
 				}
 				if p, found := strings.CutPrefix(series, `meterline_aggregate_final_due_seconds{partition="`); found && v <= cutoff {
 					due = append(due, fmt.Sprintf("partition %s due %s (aggregate %s)", strings.TrimSuffix(p, `"}`), clock(v), id))
+				}
+				if p, found := strings.CutPrefix(series, `meterline_aggregate_balances_pending{partition="`); found && v > 0 {
+					due = append(due, fmt.Sprintf("partition %s: %.0f balances pending (aggregate %s)", strings.TrimSuffix(p, `"}`), v, id))
 				}
 			}
 		}
@@ -952,7 +976,7 @@ func (s *suite) finish(g *generator) {
 	s.waitCaughtUp(s.group("aggregate"), nil, s.names.DedupedTopic())
 	s.waitFinalsOut()
 	s.waitCaughtUp(s.group("sink"), nil, s.names.DedupedTopic(), s.names.AggregatesTopic(), s.names.AdjustmentsTopic(),
-		s.names.DuplicatesTopic(), s.names.RejectedTopic())
+		s.names.DuplicatesTopic(), s.names.RejectedTopic(), s.names.BalancesTopic())
 	s.reconcile(tr)
 	s.checkNoSelfExits()
 }

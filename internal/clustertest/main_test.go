@@ -7,7 +7,10 @@
 // restarted and stage instances are killed, or come and go in a rebalance
 // storm. Afterwards every output reconciles exactly with the generator's
 // truth, read back from what the brokers stamped: ClickHouse's plain
-// count() and sums, FINAL plus adjustments, duplicates and rejections.
+// count() and sums, FINAL plus adjustments, duplicates and rejections. The
+// aggregators decide entitlements: caps and a credit grant that the load
+// exhausts, reconciled per customer, meter and period with the refusals
+// and the balances (entitlements_test.go).
 //
 // It needs the cluster (METERLINE_TEST_KAFKA_CLUSTER, started with
 // KAFKA_CLUSTER=3 deploy/local/kafka.sh start) and ClickHouse
