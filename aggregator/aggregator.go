@@ -437,7 +437,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: prom.RejectedCounter(reg, "aggregator", schemas.ReasonUndecodable, schemas.ReasonUnknownSchema,
 			schemas.ReasonInvalid, schemas.ReasonUnknownMeter, schemas.ReasonOverLimit, schemas.ReasonNoCredit),
 		keys: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_state_keys",
-			Help: "Aggregates held in state (open and final), per partition."}, []string{"partition"}),
+			Help: "Aggregates held in state, per partition: OPEN aggregates, and those of periods decided final until the period expires. Lines of adjustments only are not counted (they have no aggregate), nor the state beside the aggregates (UNIQUE_COUNT values, queued events)."}, []string{"partition"}),
 		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",
 			Help: "Watermark records ignored because they disagree with the cluster's metadata, by reason: source_partitions (the count is not usage.events' partition count), source_partition (outside [0, that count))."}, []string{"reason"}),
 		chunks: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_chunks_total",

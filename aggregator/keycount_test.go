@@ -355,14 +355,8 @@ func foldChangelog(t testing.TB, h *aggHarness) (live int, recorded bool, n int)
 // keys of a period (every prefix that a period start follows), by prefix.
 func periodKeysLeft(t testing.TB, h *aggHarness) map[string]int {
 	t.Helper()
-	state := map[string]bool{}
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregateChangelogTopic()) {
-		if r.Partition == 0 {
-			state[string(r.Key)] = r.Value != nil
-		}
-	}
 	left := map[string]int{}
-	for k, ok := range state {
+	for k, ok := range changelogKeys(t, h) {
 		if !ok {
 			continue
 		}
@@ -372,4 +366,63 @@ func periodKeysLeft(t testing.TB, h *aggHarness) map[string]int {
 		}
 	}
 	return left
+}
+
+// TestStateKeysGaugeLeavesOutLines: the state keys gauge counts
+// aggregates (the 'a' and 'f' keys), as its help says, and not the line
+// an adjustment was booked into that has no aggregate of its own ('l'
+// key): a late event of day 1 booked into day 2 leaves day 1's final
+// aggregate, counted, and day 2's line, not counted.
+func TestStateKeysGaugeLeavesOutLines(t *testing.T) {
+	h := newAggHarnessSources(t, nil, 1, 1)
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Period, cfg.Grace = Day, time.Hour
+	reg := prometheus.NewRegistry()
+	cfg.Stream.Registerer = reg
+	run := h.start(cfg)
+	defer func() { _ = run.stop() }()
+	const dayMs, hourMs = 24 * 3600 * 1000, 3600 * 1000
+	d1 := ms(t, "2026-05-04")
+	h.produce(
+		h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "c", Meter: "m", Quantity: 5,
+			EventTime: d1 + 1000, IngestTime: d1 + 2000}),
+		h.watermark(0, 0, 1, d1+dayMs+hourMs+1),
+		h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e2", CustomerID: "c", Meter: "m", Quantity: 7,
+			EventTime: d1 + 3000, IngestTime: d1 + dayMs + 2*hourMs}),
+	)
+	h.caughtUp()
+	if n := awaitKeysGauge(t, h, &reg, "after the adjustment"); n != 1 {
+		t.Fatalf("%d 'a' and 'f' keys, want 1 (day 1's aggregate)", n)
+	}
+	lines := 0
+	for k, live := range changelogKeys(t, h) {
+		if live && k[0] == pfxLine {
+			lines++
+		}
+	}
+	if lines != 1 {
+		t.Fatalf("%d line keys, want 1 (day 2's line of adjustments only)", lines)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "meterline_aggregate_state_keys" && !strings.Contains(mf.GetHelp(), "adjustments only are not counted") {
+			t.Errorf("the gauge counts no line of adjustments only; its help does not say so: %q", mf.GetHelp())
+		}
+	}
+}
+
+// changelogKeys folds the changelog of partition 0: each key, and whether
+// it is live.
+func changelogKeys(t testing.TB, h *aggHarness) map[string]bool {
+	t.Helper()
+	state := map[string]bool{}
+	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregateChangelogTopic()) {
+		if r.Partition == 0 {
+			state[string(r.Key)] = r.Value != nil
+		}
+	}
+	return state
 }

@@ -105,6 +105,7 @@ FROM aggregates_current FINAL
 WHERE meter = 'api_calls' AND aggregation IN ('SUM', 'COUNT')
   AND period_start >= '2024-01-01 00:00:00' AND period_start < '2024-02-01 00:00:00'
 GROUP BY customer_id
+HAVING usage > 0
 ORDER BY usage DESC, customer_id
 LIMIT 20`},
 

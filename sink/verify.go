@@ -109,7 +109,42 @@ type VerifyReport struct {
 	Rebuilt int
 	// RunID names the rebuild, if one ran.
 	RunID string
+	// DoubleFinals are the aggregate keys with more than one FINAL
+	// revision in usage_aggregates (doubleFinalsSQL): the invoice query
+	// reads one of them, whichever ClickHouse read last. No rebuild
+	// mends it: the ledger itself holds both.
+	DoubleFinals []DoubleFinal
 }
+
+// DoubleFinal is an aggregate key with more than one FINAL revision.
+type DoubleFinal struct {
+	// Month is that of PeriodStart, the month of its invoice line.
+	Month                    uint32
+	CustomerID, Meter, Group string
+	PeriodStart              string
+	// Finals are its FINAL rows, each "revision R value V at
+	// partition/offset" (the record of usage.aggregates it came from).
+	Finals []string
+}
+
+// doubleFinalsSQL lists the aggregate keys with FINAL rows of more than
+// one record of usage.aggregates (a zombie sink's copy of a row has the
+// record's partition and offset, and is not counted twice): the
+// aggregator emits one FINAL revision per key, and the analyst tables
+// keep one of two, silently. Only FINAL rows are grouped, one per key; it
+// runs on ClickHouse 18.16 and current releases alike
+// (TestVerifyDoubleFinalsOnChdb). %[1]s is the database.
+const doubleFinalsSQL = `SELECT toYYYYMM(period_start) AS month, customer_id, meter, group_key, period_start,
+       arraySort(groupArray(concat('revision ', toString(revision), ' value ', toString(value),
+                                   ' at ', toString(kafka_partition), '/', toString(kafka_offset)))) AS finals
+FROM (
+    SELECT DISTINCT customer_id, meter, group_key, period_start, revision, value, kafka_partition, kafka_offset
+    FROM %[1]s.usage_aggregates
+    WHERE status = 'FINAL'
+)
+GROUP BY month, customer_id, meter, group_key, period_start
+HAVING count() > 1
+ORDER BY month, customer_id, meter, group_key, period_start`
 
 // Verify compares each derived table with the ledger per month, and with
 // Repair (or Backfill) rebuilds the months that differ: each table's
@@ -154,6 +189,9 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 		return nil, err
 	}
 	rep := &VerifyReport{}
+	if rep.DoubleFinals, err = v.doubleFinals(ctx, tables); err != nil {
+		return nil, err
+	}
 	plan := map[string][]uint32{}
 	var planned []DerivedTable
 	for _, d := range tables {
@@ -205,6 +243,44 @@ func (v *verifier) repair(ctx context.Context, rep *VerifyReport, planned []Deri
 		return v.finishRuns(ctx, unfinished, tables)
 	}
 	return nil
+}
+
+// doubleFinals returns the aggregate keys with more than one FINAL
+// revision in usage_aggregates, when tables include one derived from it.
+func (v *verifier) doubleFinals(ctx context.Context, tables []DerivedTable) ([]DoubleFinal, error) {
+	reads := false
+	for _, d := range tables {
+		for _, s := range d.Sources {
+			reads = reads || s == TableAggregates
+		}
+	}
+	if !reads {
+		return nil, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, v.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := v.cfg.Conn.Query(qctx, fmt.Sprintf(doubleFinalsSQL, v.cfg.Database))
+	if err != nil {
+		return nil, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
+	}
+	defer rows.Close()
+	var out []DoubleFinal
+	for rows.Next() {
+		var d DoubleFinal
+		var start time.Time
+		if err := rows.Scan(&d.Month, &d.CustomerID, &d.Meter, &d.Group, &start, &d.Finals); err != nil {
+			return nil, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
+		}
+		d.PeriodStart = start.UTC().Format("2006-01-02 15:04:05")
+		out = append(out, d)
+		v.log.Error("verify: an aggregate key has more than one FINAL revision", zap.Uint32("month", d.Month),
+			zap.String("customer", d.CustomerID), zap.String("meter", d.Meter), zap.String("group", d.Group),
+			zap.String("period_start", d.PeriodStart), zap.Strings("finals", d.Finals))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
+	}
+	return out, nil
 }
 
 // ensureDefaults fills in the defaults of the fields left zero.

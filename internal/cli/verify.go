@@ -68,8 +68,21 @@ func (c *VerifyCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	if err != nil {
 		return err
 	}
+	return verifyFailure(rep)
+}
+
+// verifyFailure is the exit status of a report: 1 when a month still
+// differs or an aggregate key has more than one FINAL revision.
+func verifyFailure(rep *sink.VerifyReport) error {
+	var why []string
 	if rep.Differs > 0 {
-		return &ExitError{Code: 1, Err: fmt.Errorf("verify: %d month(s) differ from the ledger", rep.Differs)}
+		why = append(why, fmt.Sprintf("%d month(s) differ from the ledger", rep.Differs))
+	}
+	if n := len(rep.DoubleFinals); n > 0 {
+		why = append(why, fmt.Sprintf("%d aggregate key(s) have more than one FINAL revision in %s", n, sink.TableAggregates))
+	}
+	if len(why) > 0 {
+		return &ExitError{Code: 1, Err: fmt.Errorf("verify: %s", strings.Join(why, "; "))}
 	}
 	return nil
 }
@@ -98,6 +111,10 @@ func printVerify(stdio IO, rep *sink.VerifyReport) {
 		fmt.Fprintf(stdio.Stdout, "; %d skipped (not compared: --since to include them)", skipped)
 	}
 	fmt.Fprintln(stdio.Stdout)
+	for _, d := range rep.DoubleFinals {
+		fmt.Fprintf(stdio.Stdout, "%s: customer %q meter %q group %q period %s: %d FINAL revisions (%s), one per key expected\n",
+			sink.TableAggregates, d.CustomerID, d.Meter, d.Group, d.PeriodStart, len(d.Finals), strings.Join(d.Finals, "; "))
+	}
 }
 
 // dialDatabase connects to an existing ClickHouse database of the sink.

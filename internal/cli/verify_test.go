@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
@@ -37,4 +38,28 @@ func TestVerifySummaryCountsSkippedApart(t *testing.T) {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return lines[len(lines)-1]
+}
+
+// TestVerifyDoubleFinalFails: an aggregate key with two FINAL revisions is
+// printed, named with both rows, and verify exits 1, as for a month that
+// differs; a report without one exits 0.
+func TestVerifyDoubleFinalFails(t *testing.T) {
+	rep := &sink.VerifyReport{Months: []sink.MonthCheck{{Table: "invoice_lines", Month: 202401, Status: sink.MonthEqual}},
+		DoubleFinals: []sink.DoubleFinal{{Month: 202401, CustomerID: "acme", Meter: "api_calls", Group: "{}", PeriodStart: "2024-01-01 00:00:00",
+			Finals: []string{"revision 1 value 0 at 0/70000", "revision 1 value 10 at 0/5"}}}}
+	var out bytes.Buffer
+	printVerify(IO{Stdout: &out}, rep)
+	want := `usage_aggregates: customer "acme" meter "api_calls" group "{}" period 2024-01-01 00:00:00: 2 FINAL revisions ` +
+		`(revision 1 value 0 at 0/70000; revision 1 value 10 at 0/5), one per key expected`
+	if last := lastLine(out.String()); last != want {
+		t.Errorf("printed %q, want %q", last, want)
+	}
+	var ee *ExitError
+	if err := verifyFailure(rep); !errors.As(err, &ee) || ee.Code != 1 || !strings.Contains(err.Error(), "1 aggregate key(s) have more than one FINAL revision") {
+		t.Errorf("exit: %v, want code 1 naming the key count", err)
+	}
+	rep.DoubleFinals = nil
+	if err := verifyFailure(rep); err != nil {
+		t.Errorf("exit without a double FINAL: %v", err)
+	}
 }
