@@ -585,7 +585,9 @@ func (pt *partition) loadEnt(st stateReader) error {
 		return err
 	}
 	pt.pr.m.pendingBalances.WithLabelValues(pt.pl).Set(float64(len(e.pendingAt)))
-	e.more = e.gateN > 0
+	if e.more, err = pt.gateHeadPasses(st); err != nil {
+		return err
+	}
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
 	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(e.readTo) / 1000)
 	return nil
@@ -947,9 +949,50 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 			return done, err
 		}
 	}
-	e.more = !blocked && done == limit && e.gateN > 0
+	e.more = false
+	if !blocked && done == limit {
+		var err error
+		if e.more, err = pt.gateHeadPasses(tx); err != nil {
+			return done, err
+		}
+	}
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
 	return done, nil
+}
+
+// gateHeadPasses reports whether the record at the head of the gate (the
+// first the state holds, else the first that entered it in this
+// transaction) can leave it now (passes): whether Work has records to
+// drain. It is the same whether the partition kept its memory or loaded
+// its state (a restart, an aborted transaction): a gate whose head waits
+// for the entitlements partition gives Work nothing to do either way, and
+// the chunks of a period's roll and FINALs go in the same transactions.
+func (pt *partition) gateHeadPasses(st stateReader) (bool, error) {
+	e := pt.ent
+	if e.gateN <= 0 {
+		return false, nil
+	}
+	var head *kgo.Record
+	if e.gateN > len(e.fresh)-e.freshHead {
+		var v []byte
+		err := st.Scan([]byte{pfxGate}, []byte{pfxGate + 1}, func(_, val []byte) error {
+			v = bytes.Clone(val)
+			return errStop
+		})
+		if err != nil && !errors.Is(err, errStop) {
+			return false, err
+		}
+		if v == nil {
+			return false, fmt.Errorf("aggregator: partition %d: %d gated records, none in the state", pt.p, e.gateN)
+		}
+		if head, err = decodeGateRecord(v, pt.pr.cfg.Topics.DedupedTopic(), pt.p); err != nil {
+			return false, err
+		}
+	} else {
+		head = &e.fresh[e.freshHead]
+	}
+	t, _ := pt.gateTime(head)
+	return e.passes(t), nil
 }
 
 // leave lets r, the record at the head of the gate, through when the

@@ -11,12 +11,12 @@ import (
 
 // Local runs one partition of a Processor on an in-memory store, without
 // a broker or a session: the per-partition work of a stage (Process,
-// Flush, the changelog records and the store writes of a committed
-// transaction, Committed, or an Abort), for benchmarks and fuzz tests. It is
-// not a Runtime: there are no transactions on a broker, no Punctuate or
-// Work, and the records the partition emits are only counted unless Keep
-// was called; a restore is RestoreLocal, from the changelog records Keep
-// kept.
+// Work when asked, Flush, the changelog records and the store writes of a
+// committed transaction, Committed, or an Abort), for benchmarks and fuzz
+// tests. It is not a Runtime: there are no transactions on a broker and no
+// Punctuate, and the records the partition emits are only counted unless
+// Keep was called; a restore is RestoreLocal, from the changelog records
+// Keep kept.
 type Local struct {
 	rt      *Runtime
 	p       int32
@@ -182,6 +182,17 @@ func (l *Local) Emitted(topic string) int { return l.emitted[topic] }
 func (l *Local) Close() error {
 	l.part.Close()
 	return l.rt.store.Close()
+}
+
+// Work gives the partition, a Worker with work (HasWork), one call of
+// Work in the open transaction, as the runtime's run loop does; it reports
+// whether it did.
+func (l *Local) Work() (bool, error) {
+	w, ok := l.part.(Worker)
+	if !ok || !w.HasWork() {
+		return false, nil
+	}
+	return true, w.Work(&Tx{rt: l.rt, p: l.p, ov: l.ov})
 }
 
 // HasWork reports whether the partition, a Worker, has chunked work that
