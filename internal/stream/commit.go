@@ -25,6 +25,15 @@ func producerStateError(err error) bool {
 		errors.Is(err, kgo.ErrAborting) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// errUnwritten marks the record error of a transaction whose records the
+// client could not write within the transaction timeout (the partitions'
+// leaders unreachable: a broker outage). The transaction aborts, and kgo
+// then fails the records it never sent with the error of its last attempt
+// (a refused dial, LEADER_NOT_AVAILABLE): the broker refused nothing, so
+// the session is rebuilt rather than the stage stopped (docs/design.md,
+// Exactly-once, 5).
+var errUnwritten = errors.New("records not written within the transaction timeout")
+
 // overlayFor returns partition p's overlay in the open transaction,
 // creating it for the partition's current epoch.
 func (rt *Runtime) overlayFor(p int32, epoch uint64) *overlay {
@@ -267,6 +276,7 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	if ferr != nil || failed != nil {
 		try = kgo.TryAbort
 	}
+	unwritten := ferr != nil && failed == nil
 	// Every partition the transaction wrote to is in the client's stored
 	// metadata now, so that the end of the transaction resets its
 	// sequence numbers (seqreset.go); if one is not, the session is
@@ -297,6 +307,9 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	rt.prodMu.Lock()
 	perr = rt.prodErr
 	rt.prodMu.Unlock()
+	if perr != nil && unwritten {
+		perr = fmt.Errorf("%w: %w", errUnwritten, perr)
+	}
 	return committed, perr, err
 }
 
@@ -358,6 +371,12 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 			// session, whose new client starts them at 0.
 			rt.log.Warn("transaction aborted: the broker refused a record's sequence number; rebuilding the session", zap.Error(perr))
 			return session.ErrRestart
+		}
+		if errors.Is(perr, errUnwritten) {
+			// The broker was unreachable for the whole transaction
+			// timeout: rebuild the session, which waits for it.
+			rt.log.Warn("transaction aborted: its records could not be written within the transaction timeout; rebuilding the session", zap.Error(perr))
+			return session.Restart(perr)
 		}
 		// kgo retries what can be retried; a record the broker still
 		// refused (INVALID_RECORD, a topic that is gone) would fail
