@@ -114,7 +114,18 @@ type VerifyReport struct {
 	// reads one of them, whichever ClickHouse read last. No rebuild
 	// mends it: the ledger itself holds both.
 	DoubleFinals []DoubleFinal
+	// DoubleFinalKeys counts every such key; DoubleFinals lists the first
+	// maxDoubleFinals of them (by month, customer, meter, group, period).
+	DoubleFinalKeys int
 }
+
+// maxDoubleFinals bounds the keys a report lists, and maxFinalsListed the
+// FINAL rows it lists of one key: a ledger broken at scale is reported
+// with its counts, not in full.
+const (
+	maxDoubleFinals = 100
+	maxFinalsListed = 10
+)
 
 // DoubleFinal is an aggregate key with more than one FINAL revision.
 type DoubleFinal struct {
@@ -123,8 +134,10 @@ type DoubleFinal struct {
 	CustomerID, Meter, Group string
 	PeriodStart              string
 	// Finals are its FINAL rows, each "revision R value V at
-	// partition/offset" (the record of usage.aggregates it came from).
+	// partition/offset" (the record of usage.aggregates it came from),
+	// sorted, the first maxFinalsListed of them; Count counts them all.
 	Finals []string
+	Count  uint64
 }
 
 // doubleFinalsSQL lists the aggregate keys with FINAL rows of more than
@@ -133,18 +146,28 @@ type DoubleFinal struct {
 // aggregator emits one FINAL revision per key, and the analyst tables
 // keep one of two, silently. Only FINAL rows are grouped, one per key; it
 // runs on ClickHouse 18.16 and current releases alike
-// (TestVerifyDoubleFinalsOnChdb). %[1]s is the database.
+// (TestVerifyDoubleFinalsOnChdb). %[1]s is the database, %[2]d the most
+// keys listed (doubleFinalsCountSQL counts them all), %[3]d the most FINAL
+// rows listed of one key.
 const doubleFinalsSQL = `SELECT toYYYYMM(period_start) AS month, customer_id, meter, group_key, period_start,
-       arraySort(groupArray(concat('revision ', toString(revision), ' value ', toString(value),
-                                   ' at ', toString(kafka_partition), '/', toString(kafka_offset)))) AS finals
-FROM (
+       arraySlice(arraySort(groupArray(concat('revision ', toString(revision), ' value ', toString(value),
+                                   ' at ', toString(kafka_partition), '/', toString(kafka_offset)))), 1, %[3]d) AS finals,
+       count() AS n
+` + doubleFinalsFrom + `
+ORDER BY month, customer_id, meter, group_key, period_start
+LIMIT %[2]d`
+
+// doubleFinalsCountSQL counts the keys doubleFinalsSQL lists.
+const doubleFinalsCountSQL = `SELECT count() FROM (SELECT 1 ` + doubleFinalsFrom + `)`
+
+// doubleFinalsFrom is the FROM, GROUP BY and HAVING of doubleFinalsSQL.
+const doubleFinalsFrom = `FROM (
     SELECT DISTINCT customer_id, meter, group_key, period_start, revision, value, kafka_partition, kafka_offset
     FROM %[1]s.usage_aggregates
     WHERE status = 'FINAL'
 )
-GROUP BY month, customer_id, meter, group_key, period_start
-HAVING count() > 1
-ORDER BY month, customer_id, meter, group_key, period_start`
+GROUP BY toYYYYMM(period_start), customer_id, meter, group_key, period_start
+HAVING count() > 1`
 
 // Verify compares each derived table with the ledger per month, and with
 // Repair (or Backfill) rebuilds the months that differ: each table's
@@ -189,7 +212,7 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 		return nil, err
 	}
 	rep := &VerifyReport{}
-	if rep.DoubleFinals, err = v.doubleFinals(ctx, tables); err != nil {
+	if rep.DoubleFinals, rep.DoubleFinalKeys, err = v.doubleFinals(ctx, tables); err != nil {
 		return nil, err
 	}
 	plan := map[string][]uint32{}
@@ -245,9 +268,10 @@ func (v *verifier) repair(ctx context.Context, rep *VerifyReport, planned []Deri
 	return nil
 }
 
-// doubleFinals returns the aggregate keys with more than one FINAL
-// revision in usage_aggregates, when tables include one derived from it.
-func (v *verifier) doubleFinals(ctx context.Context, tables []DerivedTable) ([]DoubleFinal, error) {
+// doubleFinals returns the first maxDoubleFinals aggregate keys with more
+// than one FINAL revision in usage_aggregates, and how many there are,
+// when tables include one derived from it.
+func (v *verifier) doubleFinals(ctx context.Context, tables []DerivedTable) ([]DoubleFinal, int, error) {
 	reads := false
 	for _, d := range tables {
 		for _, s := range d.Sources {
@@ -255,32 +279,42 @@ func (v *verifier) doubleFinals(ctx context.Context, tables []DerivedTable) ([]D
 		}
 	}
 	if !reads {
-		return nil, nil
+		return nil, 0, nil
+	}
+	fail := func(err error) ([]DoubleFinal, int, error) {
+		return nil, 0, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
 	}
 	qctx, cancel := context.WithTimeout(ctx, v.cfg.QueryTimeout)
 	defer cancel()
-	rows, err := v.cfg.Conn.Query(qctx, fmt.Sprintf(doubleFinalsSQL, v.cfg.Database))
+	rows, err := v.cfg.Conn.Query(qctx, fmt.Sprintf(doubleFinalsSQL, v.cfg.Database, maxDoubleFinals, maxFinalsListed))
 	if err != nil {
-		return nil, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
+		return fail(err)
 	}
 	defer rows.Close()
 	var out []DoubleFinal
 	for rows.Next() {
 		var d DoubleFinal
 		var start time.Time
-		if err := rows.Scan(&d.Month, &d.CustomerID, &d.Meter, &d.Group, &start, &d.Finals); err != nil {
-			return nil, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
+		if err := rows.Scan(&d.Month, &d.CustomerID, &d.Meter, &d.Group, &start, &d.Finals, &d.Count); err != nil {
+			return fail(err)
 		}
 		d.PeriodStart = start.UTC().Format("2006-01-02 15:04:05")
 		out = append(out, d)
 		v.log.Error("verify: an aggregate key has more than one FINAL revision", zap.Uint32("month", d.Month),
 			zap.String("customer", d.CustomerID), zap.String("meter", d.Meter), zap.String("group", d.Group),
-			zap.String("period_start", d.PeriodStart), zap.Strings("finals", d.Finals))
+			zap.String("period_start", d.PeriodStart), zap.Uint64("finals", d.Count), zap.Strings("first_finals", d.Finals))
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sink: verify: FINAL revisions of %s: %w", TableAggregates, err)
+		return fail(err)
 	}
-	return out, nil
+	if len(out) < maxDoubleFinals {
+		return out, len(out), nil
+	}
+	var n uint64
+	if err := v.cfg.Conn.QueryRow(qctx, fmt.Sprintf(doubleFinalsCountSQL, v.cfg.Database)).Scan(&n); err != nil {
+		return fail(err)
+	}
+	return out, int(n), nil
 }
 
 // ensureDefaults fills in the defaults of the fields left zero.

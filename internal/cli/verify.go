@@ -78,7 +78,7 @@ func verifyFailure(rep *sink.VerifyReport) error {
 	if rep.Differs > 0 {
 		why = append(why, fmt.Sprintf("%d month(s) differ from the ledger", rep.Differs))
 	}
-	if n := len(rep.DoubleFinals); n > 0 {
+	if n := rep.DoubleFinalKeys; n > 0 {
 		why = append(why, fmt.Sprintf("%d aggregate key(s) have more than one FINAL revision in %s", n, sink.TableAggregates))
 	}
 	if len(why) > 0 {
@@ -112,8 +112,16 @@ func printVerify(stdio IO, rep *sink.VerifyReport) {
 	}
 	fmt.Fprintln(stdio.Stdout)
 	for _, d := range rep.DoubleFinals {
-		fmt.Fprintf(stdio.Stdout, "%s: customer %q meter %q group %q period %s: %d FINAL revisions (%s), one per key expected\n",
-			sink.TableAggregates, d.CustomerID, d.Meter, d.Group, d.PeriodStart, len(d.Finals), strings.Join(d.Finals, "; "))
+		more := ""
+		if n := int(d.Count) - len(d.Finals); n > 0 {
+			more = fmt.Sprintf("; %d more", n)
+		}
+		fmt.Fprintf(stdio.Stdout, "%s: customer %q meter %q group %q period %s: %d FINAL revisions (%s%s), one per key expected\n",
+			sink.TableAggregates, d.CustomerID, d.Meter, d.Group, d.PeriodStart, d.Count, strings.Join(d.Finals, "; "), more)
+	}
+	if n := rep.DoubleFinalKeys - len(rep.DoubleFinals); n > 0 {
+		fmt.Fprintf(stdio.Stdout, "%s: %d more aggregate keys have more than one FINAL revision (the first %d listed)\n",
+			sink.TableAggregates, n, len(rep.DoubleFinals))
 	}
 }
 

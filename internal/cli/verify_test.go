@@ -46,7 +46,7 @@ func lastLine(s string) string {
 func TestVerifyDoubleFinalFails(t *testing.T) {
 	rep := &sink.VerifyReport{Months: []sink.MonthCheck{{Table: "invoice_lines", Month: 202401, Status: sink.MonthEqual}},
 		DoubleFinals: []sink.DoubleFinal{{Month: 202401, CustomerID: "acme", Meter: "api_calls", Group: "{}", PeriodStart: "2024-01-01 00:00:00",
-			Finals: []string{"revision 1 value 0 at 0/70000", "revision 1 value 10 at 0/5"}}}}
+			Finals: []string{"revision 1 value 0 at 0/70000", "revision 1 value 10 at 0/5"}, Count: 2}}, DoubleFinalKeys: 1}
 	var out bytes.Buffer
 	printVerify(IO{Stdout: &out}, rep)
 	want := `usage_aggregates: customer "acme" meter "api_calls" group "{}" period 2024-01-01 00:00:00: 2 FINAL revisions ` +
@@ -58,7 +58,22 @@ func TestVerifyDoubleFinalFails(t *testing.T) {
 	if err := verifyFailure(rep); !errors.As(err, &ee) || ee.Code != 1 || !strings.Contains(err.Error(), "1 aggregate key(s) have more than one FINAL revision") {
 		t.Errorf("exit: %v, want code 1 naming the key count", err)
 	}
-	rep.DoubleFinals = nil
+	// A report bounded at scale: the key's rows and the keys not listed
+	// are counted.
+	rep.DoubleFinals[0].Count, rep.DoubleFinalKeys = 12, 250
+	out.Reset()
+	printVerify(IO{Stdout: &out}, rep)
+	lines := strings.Split(strings.TrimRight(out.String(), "\n"), "\n")
+	if got := lines[len(lines)-2]; !strings.Contains(got, ": 12 FINAL revisions (revision 1 value 0 at 0/70000; revision 1 value 10 at 0/5; 10 more)") {
+		t.Errorf("bounded key printed %q", got)
+	}
+	if last := lastLine(out.String()); last != "usage_aggregates: 249 more aggregate keys have more than one FINAL revision (the first 1 listed)" {
+		t.Errorf("bounded report ends %q", last)
+	}
+	if err := verifyFailure(rep); err == nil || !strings.Contains(err.Error(), "250 aggregate key(s)") {
+		t.Errorf("bounded exit: %v, want the 250 keys counted", err)
+	}
+	rep.DoubleFinals, rep.DoubleFinalKeys = nil, 0
 	if err := verifyFailure(rep); err != nil {
 		t.Errorf("exit without a double FINAL: %v", err)
 	}
