@@ -111,7 +111,16 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 			// A missing ACL: re-consuming would fail the same way, for ever.
 			return fmt.Errorf("sink: park refused records in %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)",
 				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Topics.RejectedTopic())
+		case refusedForGood(perr):
+			// The same parked record would be refused at every attempt,
+			// and its window aborted with every partition's rows: stop
+			// rather than re-consume for ever. Nothing is committed.
+			return fmt.Errorf("sink: park refused records in %s: %w (the broker refuses the parked record for good: check the topic's max.message.bytes and the brokers' logs; nothing of the window was committed)",
+				w.cfg.Topics.RejectedTopic(), perr)
 		case perr != nil:
+			// A transient error (the topic's leader unreachable until
+			// the records timed out or the transaction aborted: kgo fails
+			// records it never sent with its last attempt's error).
 			w.log.Warn("transaction aborted: producing a parked row failed; re-consuming from the committed offsets", zap.Error(perr))
 		case abandon && ctx.Err() != nil:
 			w.log.Info("window abandoned while stopping; its records are re-consumed on restart")
@@ -128,6 +137,16 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	first := w.afterCommit(win, decodeParks, parks, stops, held)
 	w.recordFirstCommits(ctx, first)
 	return nil
+}
+
+// refusedForGood reports whether a parked record's error is a broker's
+// refusal of the record itself, which no retry changes: a record larger
+// than the topic's max.message.bytes (or the client's batch bound), or
+// one the broker cannot take (INVALID_RECORD, CORRUPT_MESSAGE). Anything
+// else, a refused dial, a missing leader, a timeout, is re-consumed.
+func refusedForGood(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
 }
 
 // firstError keeps the first error of the records produced in a
