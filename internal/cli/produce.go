@@ -103,10 +103,10 @@ type ProduceOptions struct {
 
 // ProduceSummary closes a run.
 type ProduceSummary struct {
-	Lines   int64 // non-empty lines read
-	Sent    int64 // acknowledged by the brokers
-	Bad     int64 // lines refused before sending
-	Failed  int64 // sends the brokers did not acknowledge
+	Lines  int64 // non-empty lines read
+	Sent   int64 // acknowledged by the brokers
+	Bad    int64 // lines refused before sending
+	Failed int64 // sends the brokers did not acknowledge
 	// Unacked are the sends neither acknowledged nor failed when the
 	// command was told to stop (produceStopGrace): they may have been
 	// written.
@@ -211,7 +211,7 @@ type produceRun struct {
 	opts     ProduceOptions
 	start    time.Time
 	sum      ProduceSummary // Bad and Lines are updated atomically
-	queued   atomic.Int64 // handed to the producer
+	queued   atomic.Int64   // handed to the producer
 	sent     atomic.Int64
 	failed   atomic.Int64
 	errMu    sync.Mutex // serializes writes to opts.Errors and the progress line
