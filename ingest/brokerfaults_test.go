@@ -76,3 +76,28 @@ func TestTransientBrokerErrorsHeal(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordsRefusedForGood: Kafka refusing every record of a request
+// for good (MESSAGE_TOO_LARGE: the events topic's max.message.bytes set
+// below an event; INVALID_RECORD) is answered 503 kafka-refused, saying
+// that none was written and that retrying does not help until the
+// topic is fixed, not "not acknowledged in time"; counted under reason
+// refused. Once the topic is fixed the server serves again.
+func TestRecordsRefusedForGood(t *testing.T) {
+	for _, refusal := range []*kerr.Error{kerr.MessageTooLarge, kerr.InvalidRecord} {
+		t.Run(refusal.Message, func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.ProduceTimeout = 2 * time.Second })
+			h := e.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: e.topic, Err: refusal, Count: -1})
+			s, _, b := e.post("/v1/events", "application/json", e.token, apiCall("refused", "acme-1"))
+			p := problem(t, b)
+			if s != http.StatusServiceUnavailable || !strings.HasSuffix(p.Type, ":kafka-refused") ||
+				!strings.Contains(p.Detail, "none was written") {
+				t.Fatalf("refused for good: %d %s; want 503 kafka-refused saying none was written", s, b)
+			}
+			h.Remove()
+			if s, _, b := e.post("/v1/events", "application/json", e.token, apiCall("fixed", "acme-1")); s != http.StatusAccepted {
+				t.Fatalf("after the fix: %d %s", s, b)
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/schemas"
 )
@@ -111,7 +112,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 			// A missing ACL: re-consuming would fail the same way, for ever.
 			return fmt.Errorf("sink: park refused records in %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)",
 				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Topics.RejectedTopic())
-		case refusedForGood(perr):
+		case kafka.RecordRefused(perr):
 			// The same parked record would be refused at every attempt,
 			// and its window aborted with every partition's rows: stop
 			// rather than re-consume for ever. Nothing is committed.
@@ -137,16 +138,6 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	first := w.afterCommit(win, decodeParks, parks, stops, held)
 	w.recordFirstCommits(ctx, first)
 	return nil
-}
-
-// refusedForGood reports whether a parked record's error is a broker's
-// refusal of the record itself, which no retry changes: a record larger
-// than the topic's max.message.bytes (or the client's batch bound), or
-// one the broker cannot take (INVALID_RECORD, CORRUPT_MESSAGE). Anything
-// else, a refused dial, a missing leader, a timeout, is re-consumed.
-func refusedForGood(err error) bool {
-	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
-		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
 }
 
 // firstError keeps the first error of the records produced in a
