@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/producer"
 	"github.com/meterline/meterline/schemas"
 )
@@ -222,7 +223,9 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 // err): 503 not-authorized when Kafka refused every record because the
 // ingest may not write the events topic (nothing was written; the ACL is
 // named in the log, never to the client, and a grant heals it: the next
-// request is produced again), else 503 unavailable, the outcome unknown.
+// request is produced again); 503 kafka-refused when Kafka refused every
+// record for good (kafka.RecordRefused: nothing was written, and only a
+// fix of the topic heals it); else 503 unavailable, the outcome unknown.
 func (s *Server) notSent(w http.ResponseWriter, req *request, records int, err error) {
 	tenant := req.key.Tenant
 	// One line a request, as fast as they come while Kafka is out of
@@ -237,6 +240,14 @@ func (s *Server) notSent(w http.ResponseWriter, req *request, records int, err e
 		writeProblem(w, http.StatusServiceUnavailable, "not-authorized", "Ingest not authorized to write",
 			"Kafka refused every event: this ingest is not authorized to write them, and none was written; retry the same request later", nil, 5*time.Second)
 		s.metrics.kafkaFailure(reasonNotAuthorized)
+	} else if errors.Is(err, errRefused) {
+		if logIt {
+			s.log.Warn(fmt.Sprintf("ingest: Kafka refused every record of a request for good (check topic %s: its max.message.bytes, the brokers' logs); answered 503",
+				s.cfg.Topic), append(fs, zap.String("topic", s.cfg.Topic))...)
+		}
+		writeProblem(w, http.StatusServiceUnavailable, "kafka-refused", "Kafka refused the events",
+			"Kafka refused every event, and none was written; retrying does not help until the ingest's operator fixes its events topic: retry the same request later", nil, 60*time.Second)
+		s.metrics.kafkaFailure(reasonRefused)
 	} else {
 		if logIt {
 			s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503", fs...)
@@ -707,6 +718,7 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 	var (
 		left   atomic.Int64
 		denied atomic.Int64 // records Kafka refused: not authorized
+		bad    atomic.Int64 // records Kafka refused for good (kafka.RecordRefused)
 		mu     sync.Mutex
 		first  error
 		done   = make(chan struct{})
@@ -717,6 +729,9 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 		if err != nil {
 			if refusedAuth(err) {
 				denied.Add(1)
+			}
+			if kafka.RecordRefused(err) {
+				bad.Add(1)
 			}
 			mu.Lock()
 			if first == nil {
@@ -742,8 +757,16 @@ func (s *Server) send(recs []*kgo.Record) (enqueued time.Time, err error) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	if bad.Load() == int64(len(recs)) {
+		return enqueued, fmt.Errorf("%w: %w", errRefused, first)
+	}
 	return enqueued, first
 }
+
+// errRefused marks send's error when Kafka refused every record of a
+// request for good (kafka.RecordRefused): none was written, and sending
+// them again fails the same way until the topic is fixed.
+var errRefused = errors.New("ingest: Kafka refused the records")
 
 // errNotAuthorized is send's error when Kafka refused every record of a
 // request because the ingest's principal may not write the events topic:

@@ -18,7 +18,8 @@
 // still have been written, and a retry is safe, since every copy has the
 // same identity and dedup counts it once. When Kafka refuses every record
 // because the ingest may not write the topic, the answer is 503
-// not-authorized: none was written.
+// not-authorized, and when it refuses every record for good
+// (MESSAGE_TOO_LARGE, INVALID_RECORD) 503 kafka-refused: none was written.
 //
 // Keys (keys.go) are per tenant and stored hashed in a compacted topic
 // that every replica follows.

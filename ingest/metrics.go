@@ -26,7 +26,7 @@ type metrics struct {
 	records  *prometheus.CounterVec   // tenant
 	gate     *prometheus.CounterVec   // tenant
 	inflight *prometheus.CounterVec   // tenant, limit
-	// kafkaFailed: reason (reasonNotAcknowledged, reasonNotAuthorized)
+	// kafkaFailed: reason (reasonNotAcknowledged, reasonNotAuthorized, reasonRefused)
 	kafkaFailed *prometheus.CounterVec
 	stage       [5]prometheus.Observer // read, parse, enqueue, ack, respond
 
@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		inflight: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_inflight_refused_total",
 			Help: "Requests refused before their body was read because too many were in flight, by tenant and limit: tenant (429, the tenant's keys together hold --max-in-flight-per-client), share (429, the tenant holds as many as there are free slots) or global (503, --max-in-flight)."}, []string{"tenant", "limit"}),
 		kafkaFailed: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_kafka_failed_requests_total",
-			Help: "Requests answered 503 because Kafka did not take their records, by reason: not_acknowledged (503 unavailable: no acknowledgement within --produce-timeout, or a Kafka error; some records may have been written) or not_authorized (503 not-authorized: Kafka refused every record, the ingest's principal lacking Write on the events topic; none was written)."},
+			Help: "Requests answered 503 because Kafka did not take their records, by reason: not_acknowledged (503 unavailable: no acknowledgement within --produce-timeout, or a Kafka error; some records may have been written), not_authorized (503 not-authorized: Kafka refused every record, the ingest's principal lacking Write on the events topic; none was written) or refused (503 kafka-refused: Kafka refused every record for good, MESSAGE_TOO_LARGE or INVALID_RECORD; none was written)."},
 			[]string{"reason"}),
 		tenants: map[string]*tenantTotals{},
 	}
@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 	for _, e := range []string{endpointOpenMeter, endpointMeterline} {
 		m.duration.WithLabelValues(e)
 	}
-	for _, r := range []string{reasonNotAcknowledged, reasonNotAuthorized} {
+	for _, r := range []string{reasonNotAcknowledged, reasonNotAuthorized, reasonRefused} {
 		m.kafkaFailed.WithLabelValues(r)
 	}
 	if balances != nil {
@@ -158,6 +158,7 @@ func (m *metrics) observe(endpoint, tenant string, status int, d time.Duration) 
 const (
 	reasonNotAcknowledged = "not_acknowledged"
 	reasonNotAuthorized   = "not_authorized"
+	reasonRefused         = "refused"
 )
 
 func (m *metrics) kafkaFailure(reason string) {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/schemas"
 )
@@ -111,7 +112,16 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 			// A missing ACL: re-consuming would fail the same way, for ever.
 			return fmt.Errorf("sink: park refused records in %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)",
 				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Topics.RejectedTopic())
+		case kafka.RecordRefused(perr):
+			// The same parked record would be refused at every attempt,
+			// and its window aborted with every partition's rows: stop
+			// rather than re-consume for ever. Nothing is committed.
+			return fmt.Errorf("sink: park refused records in %s: %w (the broker refuses the parked record for good: check the topic's max.message.bytes and the brokers' logs; nothing of the window was committed)",
+				w.cfg.Topics.RejectedTopic(), perr)
 		case perr != nil:
+			// A transient error (the topic's leader unreachable until
+			// the records timed out or the transaction aborted: kgo fails
+			// records it never sent with its last attempt's error).
 			w.log.Warn("transaction aborted: producing a parked row failed; re-consuming from the committed offsets", zap.Error(perr))
 		case abandon && ctx.Err() != nil:
 			w.log.Info("window abandoned while stopping; its records are re-consumed on restart")

@@ -61,6 +61,7 @@ func defaultVars() kong.Vars {
 
 		"producer_max_skew": flagDuration(producer.DefaultMaxSkew),
 		"producer_linger":   flagDuration(producer.DefaultLinger),
+		"produce_timeout":   flagDuration(defaultProduceTimeout),
 
 		"ingest_addr":                     ingest.DefaultAddr,
 		"ingest_max_body_bytes":           strconv.Itoa(ingest.DefaultMaxBodyBytes),

@@ -362,9 +362,16 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 		commit = kgo.TryAbort
 	}
 	if err := cl.EndTransaction(ctx, commit); err != nil && perr == nil {
-		perr = fmt.Errorf("commit: %w", err)
+		// The coordinator may have committed (a broker that stalled, or
+		// stopped, after it had the EndTxn): the outcome is unknown.
+		return fmt.Errorf("write the %s to %s: commit: %w; the outcome is unknown: the record may have been written. "+
+			"Check with `%s` once Kafka answers, before running this command again",
+			what, topic, err, checkCommand(key))
 	}
 	if perr != nil {
+		// No record was written, so none can be committed: aborted, or
+		// left open for the coordinator to abort at the transaction
+		// timeout.
 		return fmt.Errorf("write the %s to %s: %w (nothing was written)", what, topic, perr)
 	}
 	for _, r := range res {
@@ -382,6 +389,20 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 	// is not.
 	fmt.Fprintln(stdio.Stderr, entitlementsOffHint)
 	return nil
+}
+
+// checkCommand is the command that shows the record under key.
+func checkCommand(key []byte) string {
+	switch string(key) {
+	case schemas.DefaultPlanKey:
+		return "meterline entitlements get --default"
+	case schemas.RateCardKey:
+		return "meterline entitlements get --rates"
+	}
+	if c, err := schemas.ParseCustomerKey(key); err == nil {
+		return "meterline entitlements get " + c
+	}
+	return "meterline entitlements list"
 }
 
 // entitlementsOffHint is what every write of `meterline entitlements`

@@ -29,7 +29,18 @@ type ProduceCmd struct {
 	Source  string        `help:"Source of events that name none (the producing service)."`
 	MaxSkew time.Duration `help:"How far after now an event_time may be." default:"${producer_max_skew}"`
 	Linger  time.Duration `help:"How long a partition batch waits for more events." default:"${producer_linger}"`
+	Timeout time.Duration `help:"How long an event may wait for Kafka's acknowledgement (brokers unreachable) before it is reported failed; 0: no bound." default:"${produce_timeout}"`
 }
+
+// defaultProduceTimeout is --timeout's default: an outage of brokers this
+// long fails the events still waiting, rather than hold the command for
+// ever.
+const defaultProduceTimeout = 2 * time.Minute
+
+// produceStopGrace bounds the wait for the acknowledgement of the events
+// already handed to Kafka once the command is told to stop (SIGINT,
+// SIGTERM): past it, they are counted as not acknowledged.
+const produceStopGrace = 10 * time.Second
 
 // maxLineBytes bounds one input line; a longer one is reported and skipped.
 const maxLineBytes = 1 << 20
@@ -55,6 +66,7 @@ func (c *ProduceCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 		producer.WithMaxSkew(c.MaxSkew),
 		producer.WithLinger(c.Linger),
 		producer.WithLogger(log),
+		producer.WithClientOptions(kgo.RecordDeliveryTimeout(c.Timeout)),
 	)
 	if err != nil {
 		return err
@@ -66,7 +78,7 @@ func (c *ProduceCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 		Progress: progressWriter(stdio, c.Quiet),
 	})
 	fmt.Fprintln(stdio.Stdout, sum)
-	if sum.Bad > 0 || sum.Failed > 0 || sum.Err != nil {
+	if sum.Bad > 0 || sum.Failed > 0 || sum.Unacked > 0 || sum.Err != nil {
 		return &ExitError{Code: 1, Silent: true, Err: errors.New(sum.String())}
 	}
 	return nil
@@ -91,10 +103,14 @@ type ProduceOptions struct {
 
 // ProduceSummary closes a run.
 type ProduceSummary struct {
-	Lines   int64 // non-empty lines read
-	Sent    int64 // acknowledged by the brokers
-	Bad     int64 // lines refused before sending
-	Failed  int64 // sends the brokers did not acknowledge
+	Lines  int64 // non-empty lines read
+	Sent   int64 // acknowledged by the brokers
+	Bad    int64 // lines refused before sending
+	Failed int64 // sends the brokers did not acknowledge
+	// Unacked are the sends neither acknowledged nor failed when the
+	// command was told to stop (produceStopGrace): they may have been
+	// written.
+	Unacked int64
 	Elapsed time.Duration
 	Err     error // reading the input or flushing failed
 }
@@ -106,6 +122,9 @@ func (s ProduceSummary) String() string {
 	}
 	out := fmt.Sprintf("produce: %d lines, %d sent, %d bad, %d failed in %s (%.0f events/s)",
 		s.Lines, s.Sent, s.Bad, s.Failed, s.Elapsed.Round(time.Millisecond), rate)
+	if s.Unacked > 0 {
+		out += fmt.Sprintf("; stopped with %d not acknowledged by Kafka: they may have been written; sending the same lines again is safe (dedup drops the copies)", s.Unacked)
+	}
 	if s.Err != nil {
 		out += "; " + s.Err.Error()
 	}
@@ -157,8 +176,17 @@ func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts Produ
 	}
 	r.send(ordered)
 	wg.Wait()
-	if err := p.Flush(context.WithoutCancel(ctx)); err != nil {
-		r.sum.Err = err
+	// The events already handed to Kafka are waited for, also once ctx
+	// ended, but then for produceStopGrace at most: brokers that do not
+	// answer would hold the command for ever (--timeout, when set, fails
+	// them sooner).
+	fctx, fcancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopFlush := context.AfterFunc(ctx, func() { time.AfterFunc(produceStopGrace, fcancel) })
+	ferr := p.Flush(fctx)
+	stopFlush()
+	fcancel()
+	if ferr != nil && ctx.Err() == nil {
+		r.sum.Err = ferr
 	}
 	select {
 	case err := <-readErr:
@@ -169,6 +197,9 @@ func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts Produ
 		stopProgress()
 	}
 	r.sum.Sent, r.sum.Failed = r.sent.Load(), r.failed.Load()
+	if ferr != nil {
+		r.sum.Unacked = max(0, r.queued.Load()-r.sum.Sent-r.sum.Failed)
+	}
 	r.sum.Elapsed = time.Since(r.start)
 	return r.sum
 }
@@ -180,6 +211,7 @@ type produceRun struct {
 	opts     ProduceOptions
 	start    time.Time
 	sum      ProduceSummary // Bad and Lines are updated atomically
+	queued   atomic.Int64   // handed to the producer
 	sent     atomic.Int64
 	failed   atomic.Int64
 	errMu    sync.Mutex // serializes writes to opts.Errors and the progress line
@@ -264,6 +296,7 @@ func (r *produceRun) send(ordered <-chan *chunk) {
 				continue // empty line
 			}
 			atomic.AddInt64(&r.sum.Lines, 1)
+			r.queued.Add(1)
 			r.p.ProduceRecord(rec, func(err error) {
 				if err != nil {
 					r.failed.Add(1)

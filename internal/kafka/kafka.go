@@ -312,3 +312,15 @@ func GroupRejoins(err error) bool {
 		// client without it ends on it; kgo rejoins all the same.
 		errors.As(err, new(*kgo.ErrFirstReadEOF))
 }
+
+// RecordRefused reports whether a produced record's error is the broker's
+// (or the client's) refusal of the record itself, which no retry changes:
+// a record larger than the topic's max.message.bytes or the client's batch
+// bound (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE), or one the broker
+// cannot take (INVALID_RECORD, CORRUPT_MESSAGE). A refused dial, a missing
+// leader or a timeout is not: kgo fails a record it never sent with such
+// an error when its delivery timeout passes or its transaction aborts.
+func RecordRefused(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.CorruptMessage)
+}
