@@ -22,6 +22,7 @@ import (
 func TestTransientBrokerErrorsHeal(t *testing.T) {
 	for _, kerrErr := range []*kerr.Error{kerr.NotLeaderForPartition, kerr.RequestTimedOut, kerr.NotEnoughReplicas, kerr.LeaderNotAvailable} {
 		t.Run(kerrErr.Message, func(t *testing.T) {
+			t.Parallel() // each on its own kfake cluster
 			e := newEnv(t, func(c *Config) { c.ProduceTimeout = time.Second })
 			if s, _, b := e.post("/v1/events", "application/json", e.token, apiCall("before", "acme-1")); s != http.StatusAccepted {
 				t.Fatalf("before: %d %s", s, b)
