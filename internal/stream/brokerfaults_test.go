@@ -165,7 +165,7 @@ func (s *suite) hold(rq faultRequest, err *kerr.Error) (hits func() int, remove 
 // condition a broker answers a request of the runtime with for longer than
 // the transaction timeout, then removes it: the stage does not stop, and
 // afterwards every input is counted once (docs/design.md, Exactly-once,
-// item 5).
+// 5).
 func TestTransientBrokerFaultsNeverStopTheStage(t *testing.T) {
 	t.Parallel()
 	for _, name := range sortedKeys(transientFaults) {
