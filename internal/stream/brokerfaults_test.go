@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -168,7 +169,7 @@ func (s *suite) hold(rq faultRequest, err *kerr.Error) (hits func() int, remove 
 // 5).
 func TestTransientBrokerFaultsNeverStopTheStage(t *testing.T) {
 	t.Parallel()
-	for _, name := range sortedKeys(transientFaults) {
+	for _, name := range slices.Sorted(maps.Keys(transientFaults)) {
 		for _, err := range transientFaults[name] {
 			c := name + "/" + faultName(err)
 			t.Run(strings.ReplaceAll(c, " ", "_"), func(t *testing.T) {
@@ -182,22 +183,31 @@ func TestTransientBrokerFaultsNeverStopTheStage(t *testing.T) {
 	}
 }
 
-func transientFault(t *testing.T, rq faultRequest, err *kerr.Error) {
-	s := newSuite(t, nil, nil)
+// shortTxn is the broker-fault table's instances' configuration.
+func shortTxn(c *Config, _ *countProc) { c.TransactionTimeout = faultTxnTimeout }
+
+// faultWorld starts instance a on fs, which counts 20 inputs, and stops
+// it when the condition of rq is to be held at start.
+func faultWorld(t *testing.T, rq faultRequest) (s *suite, a *instance, fs vfs.FS) {
+	s = newSuite(t, nil, nil)
 	s.registerTopicIDs()
-	short := func(c *Config, _ *countProc) { c.TransactionTimeout = faultTxnTimeout }
-	fs := vfs.NewMem()
-	last := s.start("a", fs, short)
+	fs = vfs.NewMem()
+	a = s.start("a", fs, shortTxn)
 	s.send(20)
 	s.caughtUp()
 	if rq.at == "start" {
-		last.shutdown()
+		a.shutdown()
 	}
+	return s, a, fs
+}
+
+func transientFault(t *testing.T, rq faultRequest, err *kerr.Error) {
+	s, last, fs := faultWorld(t, rq)
 	s.send(20)
 	hits, remove := s.hold(rq, err)
 	if rq.at == "start" {
 		fs = vfs.NewMem() // a restore from the changelog
-		last = s.start("b", fs, short)
+		last = s.start("b", fs, shortTxn)
 	}
 	s.waitFor("the condition to answer a request", func() bool { return hits() > 0 })
 	until := time.Now().Add(faultTxnTimeout + faultTxnTimeout/2)
@@ -240,21 +250,12 @@ func TestPermanentBrokerFaultsStopTheStage(t *testing.T) {
 }
 
 func permanentFault(t *testing.T, rq faultRequest, err *kerr.Error) {
-	s := newSuite(t, nil, nil)
-	s.registerTopicIDs()
-	short := func(c *Config, _ *countProc) { c.TransactionTimeout = faultTxnTimeout }
-	fs := vfs.NewMem()
-	a := s.start("a", fs, short)
-	s.send(20)
-	s.caughtUp()
-	if rq.at == "start" {
-		a.shutdown()
-	}
+	s, a, fs := faultWorld(t, rq)
 	before := s.committedOutputs()
 	s.send(20)
 	_, remove := s.hold(rq, err)
 	if rq.at == "start" {
-		a = s.start("a", fs, short)
+		a = s.start("a", fs, shortTxn)
 	}
 	got := a.exit()
 	if got == nil || !strings.Contains(got.Error(), err.Message) {
@@ -264,7 +265,7 @@ func permanentFault(t *testing.T, rq faultRequest, err *kerr.Error) {
 	if after := s.committedOutputs(); after != before {
 		t.Errorf("%d outputs committed before the condition, %d after the stage stopped on it; want none committed", before, after)
 	}
-	a = s.start("a", fs, short)
+	a = s.start("a", fs, shortTxn)
 	s.caughtUp()
 	s.finish(a, fs)
 }
@@ -306,11 +307,30 @@ func (s *suite) registerTopicIDs() {
 	}
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
+// TestRestoreWaitsOutALeaderlessChangelog: a restore whose changelog
+// partition has no leader (its only replica on a broker that is down)
+// waits for one for as long as it takes, as a running stage waits for the
+// leaders of its outputs, rather than stop the stage after its listings
+// ran out; once the leader is back, every input is counted once. Not
+// parallel: it shortens listRetry, so that the wait outlasts what were a
+// minute of listings in a few seconds.
+func TestRestoreWaitsOutALeaderlessChangelog(t *testing.T) {
+	defer func(d time.Duration) { listRetry = d }(listRetry)
+	listRetry = 5 * time.Millisecond
+	s := newSuite(t, nil, nil)
+	a := s.start("a", vfs.NewMem())
+	s.send(20)
+	s.caughtUp()
+	a.shutdown()
+	s.send(20)
+	gone := s.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.ListOffsets}, Topic: s.changelog, Err: kerr.LeaderNotAvailable, Count: -1})
+	fs := vfs.NewMem()
+	b := s.start("b", fs)
+	// Longer than 240 listings (both partitions' restores list), each
+	// answered at once.
+	until := time.Now().Add(240*listRetry + 3*time.Second)
+	s.waitFor("the changelog's leader to be gone for a while", func() bool { return gone.Hits() > 240 && time.Now().After(until) })
+	gone.Remove()
+	s.caughtUp()
+	s.finish(b, fs)
 }
