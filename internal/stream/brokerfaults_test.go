@@ -95,16 +95,16 @@ var (
 // transientFaults are the transient conditions held on each request, the
 // ones a broker answers that request with.
 var transientFaults = map[string][]*kerr.Error{
-	"Produce":         {leaderNotAvailable, notLeader, timedOut, notEnoughReplicas, dropped},
+	"Produce":         {leaderNotAvailable, notLeader, timedOut, notEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.KafkaStorageError, kerr.UnknownTopicOrPartition, dropped},
 	"Metadata":        {leaderNotAvailable, dropped},
 	"TxnOffsetCommit": {coordNotAvailable, notCoord, coordLoading, timedOut, dropped},
-	"EndTxn":          {coordNotAvailable, notCoord, coordLoading, concurrent, dropped},
-	"InitProducerID":  {coordNotAvailable, notCoord, coordLoading, concurrent, dropped},
+	"EndTxn":          {coordNotAvailable, notCoord, coordLoading, concurrent, timedOut, dropped},
+	"InitProducerID":  {coordNotAvailable, notCoord, coordLoading, concurrent, timedOut, dropped},
 	"FindCoordinator": {coordNotAvailable, dropped},
 	"ListOffsets":     {leaderNotAvailable, notLeader, timedOut, dropped},
-	"Fetch input":     {notLeader, dropped},
-	"Fetch changelog": {notLeader, dropped},
-	"OffsetFetch":     {coordNotAvailable, notCoord, coordLoading, dropped},
+	"Fetch input":     {notLeader, kerr.UnknownTopicOrPartition, kerr.FencedLeaderEpoch, kerr.KafkaStorageError, dropped},
+	"Fetch changelog": {notLeader, kerr.UnknownTopicOrPartition, kerr.FencedLeaderEpoch, kerr.KafkaStorageError, dropped},
+	"OffsetFetch":     {coordNotAvailable, notCoord, coordLoading, timedOut, dropped},
 	"Heartbeat":       {coordNotAvailable, notCoord, dropped},
 	"JoinGroup":       {coordNotAvailable, notCoord, coordLoading, dropped},
 	"SyncGroup":       {coordNotAvailable, notCoord, dropped},
