@@ -252,8 +252,10 @@ func TestPermanentBrokerFaultsStopTheStage(t *testing.T) {
 func permanentFault(t *testing.T, rq faultRequest, err *kerr.Error) {
 	s, a, fs := faultWorld(t, rq)
 	before := s.committedOutputs()
-	s.send(20)
+	// Held before the inputs are sent, or a running stage could commit
+	// them first.
 	_, remove := s.hold(rq, err)
+	s.send(20)
 	if rq.at == "start" {
 		a = s.start("a", fs, shortTxn)
 	}
