@@ -332,6 +332,23 @@ func (rt *Runtime) staleEpochs() []int32 {
 	return out
 }
 
+// endRefused reports whether ending a transaction failed because the
+// broker refused the principal (TxnOffsetCommit or EndTxn answered with an
+// authorization failure): the transaction did not commit, and no retry
+// grants an ACL.
+func endRefused(err error) bool {
+	return errors.Is(err, kerr.TransactionalIDAuthorizationFailed) || errors.Is(err, kerr.GroupAuthorizationFailed) ||
+		errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
+}
+
+// endRefusal names the ACL the principal lacks for a refused end.
+func (rt *Runtime) endRefusal(err error) error {
+	if errors.Is(err, kerr.GroupAuthorizationFailed) {
+		return fmt.Errorf("consumer group %s: %w (the principal needs Read on group %s: docs/operations.md, Security and ACLs)", rt.cfg.Group, err, rt.cfg.Group)
+	}
+	return rt.cfg.TransactionalIDError(err)
+}
+
 // notCommitted handles a transaction that did not commit cleanly (End
 // failed, it aborted, or it committed although a record failed): it
 // counts the outcome, discards the transaction and returns what the run
@@ -340,6 +357,15 @@ func (rt *Runtime) staleEpochs() []int32 {
 // or an error that stops the stage.
 func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) error {
 	switch {
+	case err != nil && endRefused(err):
+		// The broker refused the end itself (a missing ACL): it did not
+		// commit, and no rebuilt session is granted the ACL. The
+		// transaction stays open until the transaction timeout aborts it,
+		// or the next start's InitProducerID does.
+		rt.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
+		rt.discardTxn()
+		rt.log.Error("ending the transaction was refused; stopping (nothing committed)", zap.Error(err))
+		return fmt.Errorf("stream: ending the transaction was refused (nothing committed): %w", rt.endRefusal(err))
 	case err != nil:
 		rt.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))

@@ -277,6 +277,9 @@ func (rt *Runtime) mismatchHint(state, committed int64) string {
 // the stage's own check of the partition count must get to say so.
 const missingAttempts = 6
 
+// listRetry is how long listedOffset waits before listing again.
+var listRetry = 500 * time.Millisecond
+
 // changelogOffset lists the start or end offset of changelog partition p
 // (listedOffset; list: changelogLister's, fenced by the partition's
 // leader epoch).
@@ -292,12 +295,17 @@ func (rt *Runtime) changelogOffset(ctx context.Context, list func(context.Contex
 // for a moment, and on a cluster a listing fails outright while the
 // partition's leader is a broker that died or paused and the controller
 // has not moved its leadership yet (a shard error: the dial is refused or
-// times out, and the partition is missing from the answer): both are
-// retried, every 500 ms for up to a minute. An authorization failure is
-// not, and neither is a listing that succeeds without p (the topic has
-// fewer partitions than the input).
+// times out, and the partition is missing from the answer), or for as
+// long as that broker is down when it held the only replica: both are
+// retried every 500 ms for as long as the restore lasts (a revoke or the
+// session's end cancels it), with a warning a minute, as a running stage
+// waits for the leaders of its outputs (docs/design.md, Exactly-once, 5).
+// A topic that is gone (UNKNOWN_TOPIC_OR_PARTITION) is retried for a
+// minute. An authorization failure is not retried, and neither is a
+// listing that succeeds without p (the topic has fewer partitions than the
+// input).
 func (rt *Runtime) listedOffset(ctx context.Context, list func(context.Context) (kadm.ListedOffsets, error), topic, what string, p int32, which string) (int64, error) {
-	const attempts = 120
+	const attempts = 120 // a minute
 	for attempt := 1; ; attempt++ {
 		offs, err := list(ctx)
 		lo, ok := offs.Lookup(topic, p)
@@ -313,16 +321,21 @@ func (rt *Runtime) listedOffset(ctx context.Context, list func(context.Context) 
 				p, what, p, rt.cfg.InputTopic)
 		case ok && !kerr.IsRetriable(lo.Err):
 			return 0, fmt.Errorf("stream: restore partition %d: %s %s offset: %w", p, what, which, lo.Err)
-		case attempt >= attempts:
-			if err == nil {
-				err = lo.Err
+		}
+		if err == nil {
+			err = lo.Err
+		}
+		if attempt%attempts == 0 {
+			if errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID) {
+				return 0, fmt.Errorf("stream: restore partition %d: %s %s offset, %d attempts: %w", p, what, which, attempt, err)
 			}
-			return 0, fmt.Errorf("stream: restore partition %d: %s %s offset, %d attempts: %w", p, what, which, attempt, err)
+			rt.log.Warn("restore waiting for the partition's leader", zap.Int32("partition", p), zap.String("topic", topic),
+				zap.String("offset", which), zap.Int("attempts", attempt), zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(listRetry):
 		}
 	}
 }
