@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -127,6 +128,40 @@ func (c *Cluster) Stop(t testing.TB, n int32) { t.Helper(); c.run(t, "stop-broke
 
 // Start starts broker n and waits until it serves.
 func (c *Cluster) Start(t testing.TB, n int32) { t.Helper(); c.run(t, "start-broker", fmt.Sprint(n)) }
+
+// KillAll SIGKILLs every broker at once: the whole cluster lost, the
+// controller quorum with it (each node is a broker and a controller).
+func (c *Cluster) KillAll(t testing.TB) {
+	t.Helper()
+	start := time.Now()
+	outs := make([]string, len(c.Brokers))
+	errs := make([]error, len(c.Brokers))
+	var wg sync.WaitGroup
+	for n := range c.Brokers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command("bash", c.script, "kill-broker", fmt.Sprint(n+1))
+			cmd.Env = c.env
+			out, err := cmd.CombinedOutput()
+			outs[n], errs[n] = strings.TrimSpace(lastLine(string(out))), err
+		}()
+	}
+	wg.Wait()
+	for n, err := range errs {
+		if err != nil {
+			t.Fatalf("kafka.sh kill-broker %d: %v\n%s", n+1, err, outs[n])
+		}
+	}
+	t.Logf("kafka.sh kill-broker of every broker at once (%s): %s", time.Since(start).Round(time.Millisecond), strings.Join(outs, "; "))
+}
+
+// StopAll stops every broker at once with SIGTERM (kafka.sh stop).
+func (c *Cluster) StopAll(t testing.TB) { t.Helper(); c.run(t, "stop") }
+
+// StartAll starts every broker that is not running, side by side, and
+// waits until each serves (kafka.sh start).
+func (c *Cluster) StartAll(t testing.TB) { t.Helper(); c.run(t, "start") }
 
 // Pause SIGSTOPs broker n: it keeps its connections but answers nothing.
 func (c *Cluster) Pause(t testing.TB, n int32) { t.Helper(); c.run(t, "pause-broker", fmt.Sprint(n)) }
