@@ -1,7 +1,10 @@
 package clustertest
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"net/http"
 	"sort"
 	"strings"
@@ -82,6 +85,35 @@ func TestRealClusterOutage(t *testing.T) {
 	}
 	s.note("outages done after %s", time.Since(start).Round(time.Second))
 	s.finish(g)
+	s.noteWarnings()
+}
+
+// noteWarnings notes, per stage, how often each warning and error message
+// appears in the logs of all its instances: the ways of recovering the
+// outage went through.
+func (s *suite) noteWarnings() {
+	s.t.Helper()
+	files, _ := filepath.Glob(filepath.Join(s.logs, "*-i*-*.log"))
+	counts := map[string]int{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		stage, _, _ := strings.Cut(filepath.Base(f), "-")
+		for _, line := range strings.Split(string(b), "\n") {
+			var l struct{ Level, Msg string }
+			if json.Unmarshal([]byte(line), &l) == nil && (l.Level == "warn" || l.Level == "error" || l.Level == "fatal") {
+				counts[fmt.Sprintf("%s %s: %s", stage, l.Level, l.Msg)]++
+			}
+		}
+	}
+	var lines []string
+	for k, n := range counts {
+		lines = append(lines, fmt.Sprintf("%dx %s", n, k))
+	}
+	sort.Strings(lines)
+	s.note("warnings and errors of the stages:\n  %s", strings.Join(lines, "\n  "))
 }
 
 // waitReady waits until every running stage instance answers /readyz with
