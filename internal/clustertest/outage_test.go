@@ -3,9 +3,9 @@ package clustertest
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
-	"net/http"
 	"sort"
 	"strings"
 	"testing"
