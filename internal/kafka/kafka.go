@@ -196,6 +196,20 @@ var ErrAuthentication = errors.New("kafka: authentication failed")
 // not speak TLS.
 var ErrTLS = errors.New("kafka: TLS handshake failed")
 
+// pingClient returns a client with c's connection options only, for
+// CheckCredentials and WaitReachable; the caller closes it.
+func (c Config) pingClient() (*kgo.Client, error) {
+	base, err := c.opts()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(base...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	return cl, nil
+}
+
 // CheckCredentials connects to the seed brokers, authenticating as c
 // says, and asks for cluster metadata. It returns an error wrapping
 // ErrAuthentication or ErrTLS, or another error, when a broker answered
@@ -206,13 +220,9 @@ var ErrTLS = errors.New("kafka: TLS handshake failed")
 func CheckCredentials(ctx context.Context, c Config) error {
 	// Without kgo.AlwaysRetryEOF: a connection closed at its first
 	// request is reported here at once, as the mismatch it usually is.
-	base, err := c.opts()
+	cl, err := c.pingClient()
 	if err != nil {
 		return err
-	}
-	cl, err := kgo.NewClient(base...)
-	if err != nil {
-		return fmt.Errorf("kafka: client: %w", err)
 	}
 	defer cl.Close()
 	err = cl.Ping(ctx)
@@ -246,13 +256,9 @@ func CheckCredentials(ctx context.Context, c Config) error {
 // attempt failed otherwise (CheckCredentials reports those refusals; the
 // caller's own requests then fail as they would).
 func WaitReachable(ctx context.Context, c Config, waiting func(error)) error {
-	base, err := c.opts()
+	cl, err := c.pingClient()
 	if err != nil {
 		return err
-	}
-	cl, err := kgo.NewClient(base...)
-	if err != nil {
-		return fmt.Errorf("kafka: client: %w", err)
 	}
 	defer cl.Close()
 	for backoff := 500 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
