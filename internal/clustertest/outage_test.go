@@ -14,8 +14,9 @@ import (
 
 // clusterOutage is one loss of the whole cluster.
 type clusterOutage struct {
-	name string
-	stop bool // SIGTERM to every broker at once (kafka.sh stop), instead of kill -9
+	name  string
+	stop  bool // SIGTERM to every broker at once (kafka.sh stop), instead of kill -9
+	pause bool // SIGSTOP every broker, and SIGCONT after the outage, instead of kill -9
 	// restartStage kill -9s an instance of the stage during the outage and
 	// starts it again while no broker serves.
 	restartStage string
@@ -28,8 +29,8 @@ type clusterOutage struct {
 // every one must be ready again once the cluster serves; and every output
 // reconciles exactly with the generator's truth. The short version (make
 // test) kills the brokers with kill -9 once; the long one (make chaos)
-// also stops them with SIGTERM, for longer, and restarts a stage instance
-// while the cluster is down.
+// also stops them with SIGTERM and freezes them with SIGSTOP, for longer,
+// and restarts a stage instance while the cluster is down.
 func TestRealClusterOutage(t *testing.T) {
 	// Down for 11 s, and then for as long as the brokers take to start
 	// (20 s on a loaded 2-core machine): longer than every timeout above.
@@ -38,7 +39,7 @@ func TestRealClusterOutage(t *testing.T) {
 		outages = []clusterOutage{
 			{name: "kill -9", restartStage: "aggregate"},
 			{name: "SIGTERM (a controlled shutdown of every broker)", stop: true, restartStage: "dedup"},
-			{name: "kill -9", restartStage: "sink"},
+			{name: "SIGSTOP (every broker frozen, its connections open)", pause: true, restartStage: "sink"},
 		}
 		down, rate, cutoffIn = 40*time.Second, 300, 2*time.Minute
 	}
@@ -52,9 +53,12 @@ func TestRealClusterOutage(t *testing.T) {
 	start := time.Now()
 	for i, o := range outages {
 		s.note("outage %d: every broker, %s (at %s)", i+1, o.name, time.Since(start).Round(time.Second))
-		if o.stop {
+		switch {
+		case o.stop:
 			s.cluster.StopAll(t)
-		} else {
+		case o.pause:
+			s.cluster.PauseAll(t)
+		default:
 			s.cluster.KillAll(t)
 		}
 		if code, out := s.cluster.Status(t); code != 3 || strings.Count(out, ": running pid=") != 0 {
@@ -66,7 +70,11 @@ func TestRealClusterOutage(t *testing.T) {
 			s.start(o.restartStage, "i1")
 		}
 		s.sleep(down) // an exit meanwhile is recorded and restarted (checkAlive)
-		s.cluster.StartAll(t)
+		if o.pause {
+			s.cluster.ResumeAll(t)
+		} else {
+			s.cluster.StartAll(t)
+		}
 		back := time.Now()
 		if code, out := s.cluster.Status(t); code != 0 || strings.Count(out, ": running pid=") != len(s.brokers) {
 			t.Errorf("kafka.sh status after the outage: exit %d\n%s", code, out)

@@ -131,7 +131,19 @@ func (c *Cluster) Start(t testing.TB, n int32) { t.Helper(); c.run(t, "start-bro
 
 // KillAll SIGKILLs every broker at once: the whole cluster lost, the
 // controller quorum with it (each node is a broker and a controller).
-func (c *Cluster) KillAll(t testing.TB) {
+func (c *Cluster) KillAll(t testing.TB) { t.Helper(); c.everyBroker(t, "kill-broker") }
+
+// PauseAll SIGSTOPs every broker at once: the cluster keeps its
+// connections and answers nothing (a frozen host, a network that drops
+// everything).
+func (c *Cluster) PauseAll(t testing.TB) { t.Helper(); c.everyBroker(t, "pause-broker") }
+
+// ResumeAll SIGCONTs every broker at once.
+func (c *Cluster) ResumeAll(t testing.TB) { t.Helper(); c.everyBroker(t, "resume-broker") }
+
+// everyBroker runs the script's verb (kill-broker, pause-broker, ...) on
+// every broker at once, failing the test if one fails.
+func (c *Cluster) everyBroker(t testing.TB, verb string) {
 	t.Helper()
 	start := time.Now()
 	outs := make([]string, len(c.Brokers))
@@ -141,7 +153,7 @@ func (c *Cluster) KillAll(t testing.TB) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := exec.Command("bash", c.script, "kill-broker", fmt.Sprint(n+1))
+			cmd := exec.Command("bash", c.script, verb, fmt.Sprint(n+1))
 			cmd.Env = c.env
 			out, err := cmd.CombinedOutput()
 			outs[n], errs[n] = strings.TrimSpace(lastLine(string(out))), err
@@ -150,10 +162,10 @@ func (c *Cluster) KillAll(t testing.TB) {
 	wg.Wait()
 	for n, err := range errs {
 		if err != nil {
-			t.Fatalf("kafka.sh kill-broker %d: %v\n%s", n+1, err, outs[n])
+			t.Fatalf("kafka.sh %s %d: %v\n%s", verb, n+1, err, outs[n])
 		}
 	}
-	t.Logf("kafka.sh kill-broker of every broker at once (%s): %s", time.Since(start).Round(time.Millisecond), strings.Join(outs, "; "))
+	t.Logf("kafka.sh %s of every broker at once (%s): %s", verb, time.Since(start).Round(time.Millisecond), strings.Join(outs, "; "))
 }
 
 // StopAll stops every broker at once with SIGTERM (kafka.sh stop).
