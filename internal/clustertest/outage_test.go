@@ -1,6 +1,7 @@
 package clustertest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // clusterOutage is one loss of the whole cluster.
@@ -146,7 +150,8 @@ func (s *suite) waitReady(d time.Duration) {
 		}
 		if time.Now().After(end) {
 			sort.Strings(notReady)
-			s.fatalf("every stage instance ready again: after %s still not:\n  %s", d, strings.Join(notReady, "\n  "))
+			s.fatalf("every stage instance ready again: after %s still not:\n  %s\nopen transactions: %s", d, strings.Join(notReady, "\n  "),
+				s.openTransactions())
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -173,4 +178,48 @@ func ready(c *http.Client, s *suite, stage, id string) string {
 		return fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(b[:n])))
 	}
 	return ""
+}
+
+// openTransactions describes the partitions of the suite's topics whose
+// last stable offset is behind their high watermark (a transaction open
+// on them holds read_committed readers, a restore among them) and the
+// producers with a transaction open there.
+func (s *suite) openTransactions() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
+	if err != nil {
+		return err.Error()
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	hw, err := adm.ListEndOffsets(ctx, s.topicNames()...)
+	if err != nil {
+		return err.Error()
+	}
+	lso, err := adm.ListCommittedOffsets(ctx, s.topicNames()...)
+	if err != nil {
+		return err.Error()
+	}
+	var held []string
+	set := kadm.TopicsSet{}
+	lso.Each(func(o kadm.ListedOffset) {
+		if h, ok := hw.Lookup(o.Topic, o.Partition); ok && o.Err == nil && o.Offset < h.Offset {
+			held = append(held, fmt.Sprintf("%s/%d: last stable offset %d, high watermark %d", o.Topic, o.Partition, o.Offset, h.Offset))
+			set.Add(o.Topic, o.Partition)
+		}
+	})
+	if len(held) == 0 {
+		return "none"
+	}
+	if ps, err := adm.DescribeProducers(ctx, set); err == nil {
+		ps.EachProducer(func(p kadm.DescribedProducer) {
+			if p.CurrentTxnStartOffset >= 0 {
+				held = append(held, fmt.Sprintf("%s/%d: producer %d epoch %d has a transaction open since offset %d, last produced %s",
+					p.Topic, p.Partition, p.ProducerID, p.ProducerEpoch, p.CurrentTxnStartOffset, time.UnixMilli(p.LastTimestamp).UTC().Format("15:04:05.000")))
+			}
+		})
+	}
+	sort.Strings(held)
+	return "\n  " + strings.Join(held, "\n  ")
 }
