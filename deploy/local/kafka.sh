@@ -810,7 +810,16 @@ signal_broker() {
     KILL)
       wait_gone 30 "$pid" || die "pid $pid still alive 30s after SIGKILL"
       say "killed broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGKILL" ;;
-    STOP) say "paused broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGSTOP" ;;
+    STOP)
+      # The JVM's threads stop as each is scheduled: return once the
+      # process is stopped, so that status says "paused" at once after.
+      local tries
+      for ((tries = 0; tries < 100; tries++)); do
+        is_paused "$pid" && break
+        sleep 0.05
+      done
+      is_paused "$pid" || die "pid $pid not stopped 5s after SIGSTOP"
+      say "paused broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGSTOP" ;;
     CONT) say "resumed broker $n (pid $pid, 127.0.0.1:$KAFKA_PORT) with SIGCONT" ;;
   esac
 }

@@ -95,6 +95,9 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	if _, err := g.connectKafka(ctx); err != nil {
 		return err
 	}
+	if ok, err := g.awaitKafka(ctx, log); !ok {
+		return err
+	}
 	st, err := aggregator.New(ctx, cfg)
 	if err != nil {
 		return err

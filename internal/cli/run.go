@@ -94,6 +94,9 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	if _, err := g.connectKafka(ctx); err != nil {
 		return err
 	}
+	if ok, err := g.awaitKafka(ctx, log); !ok {
+		return err
+	}
 	if !c.NoSink {
 		if err := checkClickHouse(ctx, scfg.ClickHouseServer); err != nil {
 			return err

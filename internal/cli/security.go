@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/secret"
 	"github.com/meterline/meterline/internal/tlsconfig"
@@ -96,6 +98,27 @@ func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
 		return c, &ExitError{Code: 1, Err: err}
 	}
 	return c, nil
+}
+
+// awaitKafka waits until a broker answers (kafka.WaitReachable), logging
+// while none does: a stage started during an outage of the whole cluster
+// waits for it (docs/operations.md, Outages). It reports false, with no
+// error, when ctx ends first (the process was stopped: a clean exit).
+func (g *Globals) awaitKafka(ctx context.Context, log *zap.Logger) (bool, error) {
+	c, err := g.kafka()
+	if err != nil {
+		return false, err
+	}
+	err = kafka.WaitReachable(ctx, c, func(err error) {
+		log.Warn("no broker reachable; waiting for the cluster", zap.Strings("brokers", c.Brokers), zap.Error(err))
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case ctx.Err() != nil:
+		return false, nil
+	}
+	return false, &ExitError{Code: 1, Err: err}
 }
 
 // clickHouse returns the ClickHouse server the flags describe, its

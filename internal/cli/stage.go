@@ -209,6 +209,9 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if _, err := g.connectKafka(ctx); err != nil {
 		return err
 	}
+	if ok, err := g.awaitKafka(ctx, log); !ok {
+		return err
+	}
 	st, err := dedup.New(ctx, cfg)
 	if err != nil {
 		return err

@@ -344,7 +344,8 @@ func (s *suite) checkAlive() {
 	for key, p := range s.live {
 		if p.Exited() && !s.killed[p] {
 			s.killed[p] = true
-			s.selfExits = append(s.selfExits, fmt.Sprintf("%s exited by itself (%s): %s", p.Name(), p.ExitString(), lastError(p)))
+			s.selfExits = append(s.selfExits, fmt.Sprintf("%s exited by itself (%s): %s; its last log lines:\n    %s", p.Name(), p.ExitString(), lastError(p),
+				strings.ReplaceAll(p.Tail(8), "\n", "\n    ")))
 			dead = append(dead, key)
 			s.exitsOf[key]++
 			if strings.Contains(p.ExitString(), "exit status 2") || s.exitsOf[key] > 5 {

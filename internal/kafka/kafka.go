@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -195,6 +196,20 @@ var ErrAuthentication = errors.New("kafka: authentication failed")
 // not speak TLS.
 var ErrTLS = errors.New("kafka: TLS handshake failed")
 
+// pingClient returns a client with c's connection options only, for
+// CheckCredentials and WaitReachable; the caller closes it.
+func (c Config) pingClient() (*kgo.Client, error) {
+	base, err := c.opts()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(base...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: client: %w", err)
+	}
+	return cl, nil
+}
+
 // CheckCredentials connects to the seed brokers, authenticating as c
 // says, and asks for cluster metadata. It returns an error wrapping
 // ErrAuthentication or ErrTLS, or another error, when a broker answered
@@ -205,13 +220,9 @@ var ErrTLS = errors.New("kafka: TLS handshake failed")
 func CheckCredentials(ctx context.Context, c Config) error {
 	// Without kgo.AlwaysRetryEOF: a connection closed at its first
 	// request is reported here at once, as the mismatch it usually is.
-	base, err := c.opts()
+	cl, err := c.pingClient()
 	if err != nil {
 		return err
-	}
-	cl, err := kgo.NewClient(base...)
-	if err != nil {
-		return fmt.Errorf("kafka: client: %w", err)
 	}
 	defer cl.Close()
 	err = cl.Ping(ctx)
@@ -234,6 +245,41 @@ func CheckCredentials(ctx context.Context, c Config) error {
 			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
 	}
 	return fmt.Errorf("kafka: brokers %s refused the connection (SASL or TLS settings that do not match the listener?): %w", brokers, err)
+}
+
+// WaitReachable waits, for as long as ctx lasts, until a seed broker
+// answers: a stage started while no broker serves (every broker restarted
+// or down) waits for the cluster, as its clients do once it runs, rather
+// than fail the first request it makes and exit. waiting is called with
+// the error of each attempt that found no broker to connect to. It returns
+// ctx's error if ctx ends first, and nil once a broker answered or an
+// attempt failed otherwise (CheckCredentials reports those refusals; the
+// caller's own requests then fail as they would).
+func WaitReachable(ctx context.Context, c Config, waiting func(error)) error {
+	cl, err := c.pingClient()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for backoff := 500 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := cl.Ping(pctx)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !unreachable(err) && !errors.Is(err, context.DeadlineExceeded):
+			return nil
+		}
+		waiting(err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+	}
 }
 
 // Refused returns the error CheckCredentials reports when err, of a

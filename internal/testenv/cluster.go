@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -127,6 +128,52 @@ func (c *Cluster) Stop(t testing.TB, n int32) { t.Helper(); c.run(t, "stop-broke
 
 // Start starts broker n and waits until it serves.
 func (c *Cluster) Start(t testing.TB, n int32) { t.Helper(); c.run(t, "start-broker", fmt.Sprint(n)) }
+
+// KillAll SIGKILLs every broker at once: the whole cluster lost, the
+// controller quorum with it (each node is a broker and a controller).
+func (c *Cluster) KillAll(t testing.TB) { t.Helper(); c.everyBroker(t, "kill-broker") }
+
+// PauseAll SIGSTOPs every broker at once: the cluster keeps its
+// connections and answers nothing (a frozen host, a network that drops
+// everything).
+func (c *Cluster) PauseAll(t testing.TB) { t.Helper(); c.everyBroker(t, "pause-broker") }
+
+// ResumeAll SIGCONTs every broker at once.
+func (c *Cluster) ResumeAll(t testing.TB) { t.Helper(); c.everyBroker(t, "resume-broker") }
+
+// everyBroker runs the script's verb (kill-broker, pause-broker, ...) on
+// every broker at once, failing the test if one fails.
+func (c *Cluster) everyBroker(t testing.TB, verb string) {
+	t.Helper()
+	start := time.Now()
+	outs := make([]string, len(c.Brokers))
+	errs := make([]error, len(c.Brokers))
+	var wg sync.WaitGroup
+	for n := range c.Brokers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := exec.Command("bash", c.script, verb, fmt.Sprint(n+1))
+			cmd.Env = c.env
+			out, err := cmd.CombinedOutput()
+			outs[n], errs[n] = strings.TrimSpace(lastLine(string(out))), err
+		}()
+	}
+	wg.Wait()
+	for n, err := range errs {
+		if err != nil {
+			t.Fatalf("kafka.sh %s %d: %v\n%s", verb, n+1, err, outs[n])
+		}
+	}
+	t.Logf("kafka.sh %s of every broker at once (%s): %s", verb, time.Since(start).Round(time.Millisecond), strings.Join(outs, "; "))
+}
+
+// StopAll stops every broker at once with SIGTERM (kafka.sh stop).
+func (c *Cluster) StopAll(t testing.TB) { t.Helper(); c.run(t, "stop") }
+
+// StartAll starts every broker that is not running, side by side, and
+// waits until each serves (kafka.sh start).
+func (c *Cluster) StartAll(t testing.TB) { t.Helper(); c.run(t, "start") }
 
 // Pause SIGSTOPs broker n: it keeps its connections but answers nothing.
 func (c *Cluster) Pause(t testing.TB, n int32) { t.Helper(); c.run(t, "pause-broker", fmt.Sprint(n)) }
