@@ -273,13 +273,16 @@ type entPart struct {
 	more bool
 	roll rollState
 	// changed holds the customers the open transaction decided an event
-	// of, or applied a record of, with the latest arrival (or broker
-	// time) involved: Flush makes each one pending (or, with
-	// BalanceEveryTransaction, emits its balance).
-	changed map[string]int64
+	// of, or applied a record of, each with the index in changedAt of the
+	// latest arrival (or broker time) involved: Flush makes each one
+	// pending (or, with BalanceEveryTransaction, emits its balance).
+	// Written through change, cleared by clearChanged.
+	changed   map[string]int
+	changedAt []int64
 	// changedGen changes whenever changed is cleared: a customer's entry
 	// of accounts with chGen changedGen (never 0) knows that changed
-	// holds it with a time of chAt or later (charge.commit).
+	// holds it with its time at changedAt[chIdx] (charge.commit), so that
+	// an accepted event's later arrival is noted with no map lookup.
 	changedGen uint64
 	// emitNow holds the customers whose balance the open transaction
 	// emits whatever the interval (a period start's), with the time it is
@@ -540,7 +543,7 @@ func decodeRoll(v []byte) (rollState, error) {
 
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
-	e := &entPart{changed: map[string]int64{}, changedGen: 1, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
+	e := &entPart{changed: map[string]int{}, changedGen: 1, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
 		cache: map[string]cachedValue{}, decoded: map[string]any{},
 		accounts: map[string]*heldAccount{}, madePending: map[string]struct{}{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
 	pt.ent = e
@@ -750,7 +753,7 @@ type heldAccount struct {
 	dirty  bool
 	res    *entitlements.Resolved
 	resGen uint64
-	chAt   int64
+	chIdx  int
 	chGen  uint64
 }
 
@@ -1128,7 +1131,7 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 	pt.ent.pending.record("applied")
 	tx.Put(okey, from.encodeWith(r.Value))
 	if rec.Key.Reserved == "" {
-		pt.ent.changed[rec.Key.Customer] = max(pt.ent.changed[rec.Key.Customer], written)
+		pt.ent.change(rec.Key.Customer, written)
 		if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
 			return err
 		}
@@ -1483,22 +1486,44 @@ func (ch *charge) commit() error {
 	}
 	e := pt.ent
 	e.pending.add(entitlements.Accepted.String(), ch.label, ch.d.Cost)
-	// changed[customer] = max(changed[customer], arrival), written only
-	// when it moves, and looked up only when the customer's entry does
-	// not know it holds as much already.
+	// changed[customer] = max(changed[customer], arrival), looked up
+	// only when the customer's entry does not know where changed keeps
+	// its time.
 	h := e.held(ch.customer)
-	if h != nil && e.changedGen != 0 && h.chGen == e.changedGen && ch.ev.Arrival <= h.chAt {
+	if h != nil && e.changedGen != 0 && h.chGen == e.changedGen {
+		if at := &e.changedAt[h.chIdx]; ch.ev.Arrival > *at {
+			*at = ch.ev.Arrival
+		}
 		return nil
 	}
-	t, ok := e.changed[ch.customer]
-	if !ok || ch.ev.Arrival > t {
-		t = max(t, ch.ev.Arrival)
-		e.changed[ch.customer] = t
-	}
+	i := e.change(ch.customer, ch.ev.Arrival)
 	if h != nil {
-		h.chAt, h.chGen = t, e.changedGen
+		h.chIdx, h.chGen = i, e.changedGen
 	}
 	return nil
+}
+
+// change notes that customer c changed at time t: changed[c] =
+// max(changed[c], t), a customer not in changed counting as 0. It
+// returns the index of c's time in changedAt.
+func (e *entPart) change(c string, t int64) int {
+	i, ok := e.changed[c]
+	if !ok {
+		i = len(e.changedAt)
+		e.changed[c] = i
+		e.changedAt = append(e.changedAt, max(0, t))
+		return i
+	}
+	e.changedAt[i] = max(e.changedAt[i], t)
+	return i
+}
+
+// clearChanged empties changed, and so forgets every entry's index into
+// it (changedGen).
+func (e *entPart) clearChanged() {
+	clear(e.changed)
+	e.changedAt = e.changedAt[:0]
+	e.changedGen++
 }
 
 // refund takes back the charge of a queued event that its booking
@@ -1509,7 +1534,7 @@ func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byt
 	if err := pt.pr.ledger.Refund(pt.ledger(tx), e.CustomerID, ev, charge); err != nil {
 		return fmt.Errorf("aggregator: partition %d: refund the charge of %s's queued event %s: %w", pt.p, e.CustomerID, e.EventID, err)
 	}
-	pt.ent.changed[e.CustomerID] = max(pt.ent.changed[e.CustomerID], e.IngestTime)
+	pt.ent.change(e.CustomerID, e.IngestTime)
 	pt.pr.log.Info("charge of a queued event refunded: its booking rejected it", zap.Int32("partition", pt.p),
 		zap.String("customer", e.CustomerID), zap.String("event_id", e.EventID))
 	return nil
@@ -1665,15 +1690,15 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 	e.fenced = false
 	out := e.emitNow
 	every := pt.pr.cfg.BalanceInterval < 0
-	for c, t := range e.changed {
+	for c, i := range e.changed {
+		t := e.changedAt[i]
 		if _, now := out[c]; now || every {
 			out[c] = max(out[c], t)
 			continue
 		}
 		pt.makePending(tx, c, t)
 	}
-	clear(e.changed)
-	e.changedGen++
+	e.clearChanged()
 	if fenced {
 		if err := pt.roundChunk(tx, out); err != nil {
 			return err

@@ -98,15 +98,22 @@ func (r *pendingRun) tick(at time.Time) {
 // arrived at procBenchNow.
 func (r *pendingRun) events(custs []int) {
 	r.tb.Helper()
+	r.eventsAt(custs, procBenchNow)
+}
+
+// eventsAt reads into the open transaction one event of each customer,
+// arrived at arrival.
+func (r *pendingRun) eventsAt(custs []int, arrival time.Time) {
+	r.tb.Helper()
 	var recs []*kgo.Record
 	for _, c := range custs {
-		e := benchinput.Event(int(r.evOff), c, 1<<30, procBenchNow)
+		e := benchinput.Event(int(r.evOff), c, 1<<30, arrival)
 		v, err := schemas.Encode(e)
 		if err != nil {
 			r.tb.Fatal(err)
 		}
 		recs = append(recs, &kgo.Record{Topic: r.names.DedupedTopic(), Offset: r.evOff, Key: schemas.CustomerKey(e.CustomerID),
-			Value: v, Timestamp: procBenchNow})
+			Value: v, Timestamp: arrival})
 		r.evOff++
 	}
 	r.process(recs)

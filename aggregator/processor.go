@@ -645,8 +645,7 @@ func (pt *partition) Abort() {
 	pt.txc.Drop()
 	pt.finalDelays = pt.finalDelays[:0]
 	if pt.ent != nil {
-		clear(pt.ent.changed)
-		pt.ent.changedGen++
+		pt.ent.clearChanged()
 		clear(pt.ent.emitNow)
 		pt.ent.fenced = false
 		clear(pt.ent.cache)
