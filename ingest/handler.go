@@ -220,43 +220,61 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 }
 
 // notSent answers a request whose records Kafka did not take (send's
-// err): 503 not-authorized when Kafka refused every record because the
-// ingest may not write the events topic (nothing was written; the ACL is
-// named in the log, never to the client, and a grant heals it: the next
-// request is produced again); 503 kafka-refused when Kafka refused every
-// record for good (kafka.RecordRefused: nothing was written, and only a
-// fix of the topic heals it); else 503 unavailable, the outcome unknown.
+// err) with the first of kafkaFailures whose error it is, else the last:
+// 503 not-authorized when Kafka refused every record because the ingest
+// may not write the events topic (nothing was written; the ACL is named
+// in the log, never to the client, and a grant heals it: the next request
+// is produced again); 503 kafka-refused when Kafka refused every record
+// for good (kafka.RecordRefused: nothing was written, and only a fix of
+// the topic heals it); else 503 unavailable, the outcome unknown.
 func (s *Server) notSent(w http.ResponseWriter, req *request, records int, err error) {
-	tenant := req.key.Tenant
+	f := &kafkaFailures[len(kafkaFailures)-1]
+	for i := range kafkaFailures[:len(kafkaFailures)-1] {
+		if errors.Is(err, kafkaFailures[i].err) {
+			f = &kafkaFailures[i]
+			break
+		}
+	}
 	// One line a request, as fast as they come while Kafka is out of
 	// reach: bounded.
-	fs, logIt := s.kafkaLog.allow()
-	fs = append(fs, zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("records", records), zap.Error(err))
-	if errors.Is(err, errNotAuthorized) {
-		if logIt {
-			s.log.Warn(fmt.Sprintf("ingest: Kafka refused a request: not authorized to write (the principal needs Write on topic %s: docs/operations.md, Security and ACLs); answered 503",
-				s.cfg.Topic), append(fs, zap.String("topic", s.cfg.Topic))...)
+	if fs, logIt := s.kafkaLog.allow(); logIt {
+		fs = append(fs, zap.String("tenant", req.key.Tenant), zap.String("key_id", req.key.ID), zap.Int("records", records), zap.Error(err))
+		msg := f.log
+		if f.topic {
+			msg = fmt.Sprintf(msg, s.cfg.Topic)
+			fs = append(fs, zap.String("topic", s.cfg.Topic))
 		}
-		writeProblem(w, http.StatusServiceUnavailable, "not-authorized", "Ingest not authorized to write",
-			"Kafka refused every event: this ingest is not authorized to write them, and none was written; retry the same request later", nil, 5*time.Second)
-		s.metrics.kafkaFailure(reasonNotAuthorized)
-	} else if errors.Is(err, errRefused) {
-		if logIt {
-			s.log.Warn(fmt.Sprintf("ingest: Kafka refused every record of a request for good (check topic %s: its max.message.bytes, the brokers' logs); answered 503",
-				s.cfg.Topic), append(fs, zap.String("topic", s.cfg.Topic))...)
-		}
-		writeProblem(w, http.StatusServiceUnavailable, "kafka-refused", "Kafka refused the events",
-			"Kafka refused every event, and none was written; retrying does not help until the ingest's operator fixes its events topic: retry the same request later", nil, 60*time.Second)
-		s.metrics.kafkaFailure(reasonRefused)
-	} else {
-		if logIt {
-			s.log.Warn("ingest: Kafka did not acknowledge a request; answered 503", fs...)
-		}
-		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Kafka unavailable",
-			"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)", nil, 5*time.Second)
-		s.metrics.kafkaFailure(reasonNotAcknowledged)
+		s.log.Warn(msg, fs...)
 	}
-	s.metrics.refused(tenant, req.inputs)
+	writeProblem(w, http.StatusServiceUnavailable, f.problem, f.title, f.detail, nil, f.retry)
+	s.metrics.kafkaFailure(f.reason)
+	s.metrics.refused(req.key.Tenant, req.inputs)
+}
+
+// kafkaFailures are notSent's answers: the error send's err wraps (nil
+// for the last, the fallback), the log line (a format of the events topic
+// when topic), the problem's type, title, detail and Retry-After, and the
+// metric's reason.
+var kafkaFailures = [...]struct {
+	err                    error
+	log                    string
+	topic                  bool
+	problem, title, detail string
+	retry                  time.Duration
+	reason                 string
+}{
+	{errNotAuthorized, "ingest: Kafka refused a request: not authorized to write (the principal needs Write on topic %s: docs/operations.md, Security and ACLs); answered 503", true,
+		"not-authorized", "Ingest not authorized to write",
+		"Kafka refused every event: this ingest is not authorized to write them, and none was written; retry the same request later",
+		5 * time.Second, reasonNotAuthorized},
+	{errRefused, "ingest: Kafka refused every record of a request for good (check topic %s: its max.message.bytes, the brokers' logs); answered 503", true,
+		"kafka-refused", "Kafka refused the events",
+		"Kafka refused every event, and none was written; retrying does not help until the ingest's operator fixes its events topic: retry the same request later",
+		60 * time.Second, reasonRefused},
+	{nil, "ingest: Kafka did not acknowledge a request; answered 503", false,
+		"unavailable", "Kafka unavailable",
+		"the events were not acknowledged by Kafka in time; some may have been written: retry the same request (copies are dropped)",
+		5 * time.Second, reasonNotAcknowledged},
 }
 
 // refusalCost is the tokens a refused request takes from its key's
