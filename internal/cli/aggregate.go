@@ -92,9 +92,6 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 		fmt.Fprintf(stdio.Stdout, "configuration ok (%d meters declared)\n", cfg.Meters.Len())
 		return nil
 	}
-	if _, err := g.connectKafka(ctx); err != nil {
-		return err
-	}
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}

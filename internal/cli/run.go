@@ -91,9 +91,6 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	}
 	// Credentials first: a refused password stops the process before any
 	// stage reads or writes.
-	if _, err := g.connectKafka(ctx); err != nil {
-		return err
-	}
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}

@@ -100,16 +100,19 @@ func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
 	return c, nil
 }
 
-// awaitKafka waits until a broker answers (kafka.WaitReachable), logging
-// while none does: a stage started during an outage of the whole cluster
-// waits for it (docs/operations.md, Outages). It reports false, with no
-// error, when ctx ends first (the process was stopped: a clean exit).
+// awaitKafka waits until a broker answers, logging while none does, and
+// checks the credentials on the same connection (kafka.AwaitCluster): a
+// stage started during an outage of the whole cluster waits for it
+// (docs/operations.md, Outages), and one whose password, certificate or
+// listener the brokers refuse ends before it reads or writes anything,
+// as connectKafka ends a command (exit status 1). It reports false, with
+// no error, when ctx ends first (the process was stopped: a clean exit).
 func (g *Globals) awaitKafka(ctx context.Context, log *zap.Logger) (bool, error) {
 	c, err := g.kafka()
 	if err != nil {
 		return false, err
 	}
-	err = kafka.WaitReachable(ctx, c, func(err error) {
+	err = kafka.AwaitCluster(ctx, c, func(err error) {
 		log.Warn("no broker reachable; waiting for the cluster", zap.Strings("brokers", c.Brokers), zap.Error(err))
 	})
 	switch {

@@ -206,9 +206,6 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
 	}
-	if _, err := g.connectKafka(ctx); err != nil {
-		return err
-	}
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}

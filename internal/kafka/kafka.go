@@ -197,7 +197,7 @@ var ErrAuthentication = errors.New("kafka: authentication failed")
 var ErrTLS = errors.New("kafka: TLS handshake failed")
 
 // pingClient returns a client with c's connection options only, for
-// CheckCredentials and WaitReachable; the caller closes it.
+// CheckCredentials and AwaitCluster; the caller closes it.
 func (c Config) pingClient() (*kgo.Client, error) {
 	base, err := c.opts()
 	if err != nil {
@@ -225,7 +225,14 @@ func CheckCredentials(ctx context.Context, c Config) error {
 		return err
 	}
 	defer cl.Close()
-	err = cl.Ping(ctx)
+	return c.pingVerdict(ctx, cl.Ping(ctx))
+}
+
+// pingVerdict is CheckCredentials' verdict on err, a ping's error under
+// ctx: nil when the ping was served, or found no broker to connect to
+// (or ctx ended first); else the brokers' refusal of the login, the TLS
+// handshake that failed, or the connection they closed or refused.
+func (c Config) pingVerdict(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -247,15 +254,17 @@ func CheckCredentials(ctx context.Context, c Config) error {
 	return fmt.Errorf("kafka: brokers %s refused the connection (SASL or TLS settings that do not match the listener?): %w", brokers, err)
 }
 
-// WaitReachable waits, for as long as ctx lasts, until a seed broker
-// answers: a stage started while no broker serves (every broker restarted
-// or down) waits for the cluster, as its clients do once it runs, rather
-// than fail the first request it makes and exit. waiting is called with
-// the error of each attempt that found no broker to connect to. It returns
-// ctx's error if ctx ends first, and nil once a broker answered or an
-// attempt failed otherwise (CheckCredentials reports those refusals; the
-// caller's own requests then fail as they would).
-func WaitReachable(ctx context.Context, c Config, waiting func(error)) error {
+// AwaitCluster waits, for as long as ctx lasts, until a seed broker
+// answers, then checks the credentials as CheckCredentials does, on the
+// same connection: a stage started while no broker serves (every broker
+// restarted or down) waits for the cluster, as its clients do once it
+// runs, rather than fail the first request it makes and exit; and a wrong
+// password, certificate or listener stops it once a broker answers,
+// whether or not one did at first. waiting is called with the error of
+// each attempt that found no broker to connect to, or none answering
+// within 10 s. It returns nil once a broker served the ping, ctx's error
+// if ctx ends first, else the brokers' refusal (CheckCredentials' error).
+func AwaitCluster(ctx context.Context, c Config, waiting func(error)) error {
 	cl, err := c.pingClient()
 	if err != nil {
 		return err
@@ -271,7 +280,7 @@ func WaitReachable(ctx context.Context, c Config, waiting func(error)) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case !unreachable(err) && !errors.Is(err, context.DeadlineExceeded):
-			return nil
+			return c.pingVerdict(ctx, err)
 		}
 		waiting(err)
 		select {
