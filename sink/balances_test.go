@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -16,7 +17,9 @@ import (
 // worked out by hand.
 func TestBalanceQueries(t *testing.T) {
 	e := newEnv(t, 2)
-	now := time.Now().UTC()
+	// The queries compare with ClickHouse's now(): the data, of the month
+	// of now, and the queries run in one month.
+	now := testenv.InOneMonth(t, 2*time.Minute, 2*time.Minute)
 	cur := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	next, prev := cur.AddDate(0, 1, 0), cur.AddDate(0, -1, 0)
 	ms := func(t time.Time) int64 { return t.UnixMilli() }
