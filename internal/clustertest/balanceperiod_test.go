@@ -14,7 +14,8 @@ import (
 // just before midnight UTC on the last day of a year and is checked after
 // midnight, on another day altogether, or one that ran across midnight,
 // reconciles; a last balance of the day before the one the run ended in
-// does not. No services: the balances are rows of a fake query.
+// does not; nor does the arrival of a refused event, which changes no
+// account. No services: the balances are rows of a fake query.
 func TestReconcileBalancesByBrokerTime(t *testing.T) {
 	day := time.Date(2025, 12, 31, 0, 0, 0, 0, time.UTC).UnixMilli()
 	next := day + dayMs
@@ -30,6 +31,7 @@ func TestReconcileBalancesByBrokerTime(t *testing.T) {
 	cases := []struct {
 		name          string
 		lastArrival   int64
+		refusedAt     int64 // the arrival of a refused event of initech's, if not 0
 		watermark     int64
 		balanceDay    int64
 		wantProblem   string
@@ -42,6 +44,8 @@ func TestReconcileBalancesByBrokerTime(t *testing.T) {
 			usageInitech: []int64{9, 250}, usageUmbrella: []int64{4, 80}},
 		{name: "an arrival after midnight ahead of the watermark", lastArrival: at(next, "1s"), watermark: at(day, "23h59m59s"), balanceDay: next,
 			usageInitech: []int64{9, 250}, usageUmbrella: []int64{4, 80}},
+		{name: "a refused event after midnight", lastArrival: at(day, "23h59m58s"), refusedAt: at(next, "1s"), watermark: at(day, "23h59m59s"),
+			balanceDay: day, usageInitech: []int64{60, 30000}, usageUmbrella: []int64{50, 2400}},
 		{name: "a balance of the day before the run's last", lastArrival: at(next, "3s"), watermark: at(next, "4s"), balanceDay: day,
 			usageInitech: []int64{60, 30000}, usageUmbrella: []int64{50, 2400}, wantProblem: "is of the period 2025-12-31, want 2026-01-01"},
 	}
@@ -57,6 +61,11 @@ func TestReconcileBalancesByBrokerTime(t *testing.T) {
 				"u1": {cust: "umbrella", meter: "tokens", qty: 40, et: c.lastArrival - 700, arrival: c.lastArrival},
 				"w1": {cust: creditCustomer, meter: creditMeter, qty: creditQty, et: at(day, "13h"), arrival: at(day, "13h")},
 			}}
+			refused := map[string]bool{}
+			if c.refusedAt != 0 {
+				tr.idents["i3"] = &ident{cust: "initech", meter: "api_calls", qty: 3, et: c.refusedAt - 300, arrival: c.refusedAt}
+				refused["i3"] = true
+			}
 			accepted := map[aggKey]sumCount{
 				{cust: "initech", meter: "api_calls", period: day}:   {20, 60},
 				{cust: "initech", meter: "tokens", period: day}:      {120, 30000},
@@ -87,7 +96,7 @@ func TestReconcileBalancesByBrokerTime(t *testing.T) {
 				}
 			}
 			var problems []string
-			s.reconcileBalances(tr, accepted, query, func(format string, args ...any) {
+			s.reconcileBalances(tr, refused, accepted, query, func(format string, args ...any) {
 				problems = append(problems, fmt.Sprintf(format, args...))
 			})
 			switch {

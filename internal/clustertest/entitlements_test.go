@@ -296,7 +296,7 @@ func (s *suite) reconcileEntitlements(tr *truth, query queryFunc, add func(strin
 		add("entitlements: no over_limit, no no_credit refusal, none in P or no copy of a refused event: the test proves nothing (refused %v, in P %v, copies %d)",
 			byReason, pRefused, copied)
 	}
-	s.reconcileBalances(tr, accepted, query, add)
+	s.reconcileBalances(tr, rejectedIDs, accepted, query, add)
 }
 
 // identityKey is the canonical key of an identity (the truth's key).
@@ -309,14 +309,15 @@ func identityKey(cust, meter, eventID string) string {
 // aggregator, 4): each balance is as of the later of its partition's
 // watermark and the latest broker time involved, so the last one is of
 // the period of the later of the final watermark of its usage.deduped
-// partition and the latest arrival of its events. Broker time, never the
+// partition and the latest arrival of its accepted events (refused are
+// the identities usage_rejected holds). Broker time, never the
 // wall clock at the check: a load that ended before midnight UTC and is
 // checked after it still ends in the day before, and one that ran across
 // midnight ends in the new day.
-func (s *suite) balancePeriod(tr *truth, cust string) int64 {
+func (s *suite) balancePeriod(tr *truth, refused map[string]bool, cust string) int64 {
 	at := s.watermarks[customerPartition(cust)]
-	for _, id := range tr.idents {
-		if id.cust == cust {
+	for k, id := range tr.idents {
+		if id.cust == cust && !refused[k] {
 			at = max(at, id.arrival)
 		}
 	}
@@ -327,7 +328,7 @@ func (s *suite) balancePeriod(tr *truth, cust string) int64 {
 // usage_balances: the credit customer's grant has paid exactly its
 // accepted events, without overdraft, and each capped customer's balance
 // is of its balancePeriod, with that period's accepted units as its usage.
-func (s *suite) reconcileBalances(tr *truth, accepted map[aggKey]sumCount, query queryFunc, add func(string, ...any)) {
+func (s *suite) reconcileBalances(tr *truth, refused map[string]bool, accepted map[aggKey]sumCount, query queryFunc, add func(string, ...any)) {
 	var (
 		cust, policy            string
 		periodStart             uint32
@@ -351,9 +352,9 @@ func (s *suite) reconcileBalances(tr *truth, accepted map[aggKey]sumCount, query
 			}
 			return nil
 		}
-		period := s.balancePeriod(tr, cust)
+		period := s.balancePeriod(tr, refused, cust)
 		if ms := int64(periodStart) * 1000; ms != period {
-			add("entitlements: the latest balance of %s is of the period %s, want %s (the period of its partition's final watermark or its latest arrival)", cust,
+			add("entitlements: the latest balance of %s is of the period %s, want %s (the period of its partition's final watermark or its latest accepted arrival)", cust,
 				time.UnixMilli(ms).UTC().Format(time.DateOnly), time.UnixMilli(period).UTC().Format(time.DateOnly))
 			return nil
 		}
