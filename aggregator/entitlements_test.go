@@ -16,10 +16,19 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
+// The span of an entitlements test around its start (newEntHarness).
+const entMonthBefore, entMonthAfter = 3 * time.Minute, 2 * time.Minute
+
 // entHarness is an aggHarness whose entitlements topic takes the
 // timestamps the test gives (CreateTime), so that a test chooses when
 // each entitlements record was written.
+//
+// Its tests stamp events, ticks and records with the wall clock and read
+// caps, credits and balances of the month they run in: the harness starts
+// them in one UTC month (testenv.InOneMonth), none running longer than
+// entMonthBefore nor stamping times more than entMonthAfter before its start.
 func newEntHarness(t testing.TB, brokers []string, partitions int32) *aggHarness {
+	testenv.InOneMonth(t, entMonthBefore, entMonthAfter)
 	if brokers == nil {
 		_, brokers = testenv.KFake(t)
 	}

@@ -113,6 +113,9 @@ var versionTestData = SyntheticData{Events: 1_000_000, Revisions: 100_000, Custo
 func TestClickHouseTwoVersions(t *testing.T) {
 	python := testenv.Chdb(t)
 	conn, db := testenv.ClickHouseDB(t)
+	// The balance queries compare with now() on both servers: the data,
+	// of the month of now, and both runs stay in one month.
+	now := testenv.InOneMonth(t, 10*time.Minute, 2*time.Minute)
 	ctx := ctxT(t, 10*time.Minute)
 
 	stmts := migrationStatements(t)
@@ -121,7 +124,7 @@ func TestClickHouseTwoVersions(t *testing.T) {
 		{Customer: "cust-0", Meter: "api_calls", Month: SyntheticStart},
 		{Customer: "cust-188", Meter: "tokens", Month: SyntheticStart.AddDate(0, 1, 0)},
 	}
-	data = append(data, balanceTestData(db, time.Now().UTC())...)
+	data = append(data, balanceTestData(db, now)...)
 	var queries, names []string
 	for _, q := range BalanceQueries {
 		queries = append(queries, q.SQL)

@@ -198,7 +198,9 @@ func migratedDB(t *testing.T, inserts func(db string) []string) (driver.Conn, st
 // credits_left adds up a customer's grants exactly, on ClickHouse 18.16
 // and on chdb.
 func TestNearCapDoesNotWrap(t *testing.T) {
-	conn, _, ctx := migratedDB(t, func(db string) []string { return nearCapInserts(db, time.Now()) })
+	conn, _, ctx := migratedDB(t, func(db string) []string {
+		return nearCapInserts(db, testenv.InOneMonth(t, 2*time.Minute, 2*time.Minute)) // the query reads now()'s month
+	})
 	for name, want := range map[string]string{"customers_near_cap": nearCapWant, "credits_left": creditsLeftWant} {
 		got, err := tsv(ctx, conn, balanceQuery(t, name))
 		if err != nil {
@@ -214,9 +216,10 @@ func TestNearCapDoesNotWrap(t *testing.T) {
 // ClickHouse (chdb, 26.x).
 func TestNearCapDoesNotWrapOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
+	now := testenv.InOneMonth(t, 5*time.Minute, 2*time.Minute) // the query reads now()'s month
 	stmts := migrationStatements(t)
 	const db = "nearcap"
-	stmts = append(stmts, nearCapInserts(db, time.Now())...)
+	stmts = append(stmts, nearCapInserts(db, now)...)
 	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts, Queries: []string{
 		balanceQuery(t, "customers_near_cap"), balanceQuery(t, "credits_left")}})
 	if err != nil {

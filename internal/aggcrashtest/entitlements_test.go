@@ -616,6 +616,10 @@ func isCreditCustomer(c string) bool {
 // charged, and the customer's last balance says 1,000 of 1,000.
 func TestEntitlementsCapBoundary(t *testing.T) {
 	s := newSuite(t) // LogAppendTime: arrivals are the broker's clock
+	// One month's cap: the events' times (up to n ms before they are
+	// sent) and the whole run, whose last balance is of the month the
+	// broker's clock reaches, stay in the month the test starts in.
+	testenv.InOneMonth(t, 10*time.Minute, time.Minute)
 	const cust, limit, n = "free-tier", 1000, 1200
 	key := schemas.CustomerKey(cust)
 	rec := &kgo.Record{Topic: s.Names.EntitlementsTopic(), Partition: schemas.Partition(key, partitions), Key: key,

@@ -173,7 +173,8 @@ func entKey(cust, meter string, period int64) aggKey {
 //     quantity, booked into the period of its arrival;
 //   - the latest balance of the credit customer has exactly the accepted
 //     events' cost drawn from its grant, and no overdraft; that of each
-//     capped customer has today's accepted units as its usage.
+//     capped customer is of the period its outputs end in (balancePeriod)
+//     and has that period's accepted units as its usage.
 //
 // Copies of refused identities reach no decision (dedup drops them): the
 // exact counts show they consume nothing.
@@ -295,7 +296,7 @@ func (s *suite) reconcileEntitlements(tr *truth, query queryFunc, add func(strin
 		add("entitlements: no over_limit, no no_credit refusal, none in P or no copy of a refused event: the test proves nothing (refused %v, in P %v, copies %d)",
 			byReason, pRefused, copied)
 	}
-	s.reconcileBalances(accepted, query, add)
+	s.reconcileBalances(tr, rejectedIDs, accepted, query, add)
 }
 
 // identityKey is the canonical key of an identity (the truth's key).
@@ -303,13 +304,31 @@ func identityKey(cust, meter, eventID string) string {
 	return string(schemas.Identity{CustomerID: cust, Meter: meter, EventID: eventID}.Key())
 }
 
+// balancePeriod is the period (ms) of a customer's last balance once the
+// aggregator has emitted everything due (docs/entitlements.md, The
+// aggregator, 4): each balance is as of the later of its partition's
+// watermark and the latest broker time involved, so the last one is of
+// the period of the later of the final watermark of its usage.deduped
+// partition and the latest arrival of its accepted events (refused are
+// the identities usage_rejected holds). Broker time, never the
+// wall clock at the check: a load that ended before midnight UTC and is
+// checked after it still ends in the day before, and one that ran across
+// midnight ends in the new day.
+func (s *suite) balancePeriod(tr *truth, refused map[string]bool, cust string) int64 {
+	at := s.watermarks[customerPartition(cust)]
+	for k, id := range tr.idents {
+		if id.cust == cust && !refused[k] {
+			at = max(at, id.arrival)
+		}
+	}
+	return at - at%dayMs
+}
+
 // reconcileBalances checks the latest balance of each limited customer in
 // usage_balances: the credit customer's grant has paid exactly its
-// accepted events, without overdraft, and each capped customer's usage of
-// today's period is its accepted units of today.
-func (s *suite) reconcileBalances(accepted map[aggKey]sumCount, query queryFunc, add func(string, ...any)) {
-	now := time.Now().UnixMilli()
-	today := now - now%dayMs
+// accepted events, without overdraft, and each capped customer's balance
+// is of its balancePeriod, with that period's accepted units as its usage.
+func (s *suite) reconcileBalances(tr *truth, refused map[string]bool, accepted map[aggKey]sumCount, query queryFunc, add func(string, ...any)) {
 	var (
 		cust, policy            string
 		periodStart             uint32
@@ -333,15 +352,17 @@ func (s *suite) reconcileBalances(accepted map[aggKey]sumCount, query queryFunc,
 			}
 			return nil
 		}
-		if ms := int64(periodStart) * 1000; ms != today {
-			add("entitlements: the latest balance of %s is of the period %s, want today's %s", cust,
-				time.UnixMilli(ms).UTC().Format(time.DateOnly), time.UnixMilli(today).UTC().Format(time.DateOnly))
+		period := s.balancePeriod(tr, refused, cust)
+		if ms := int64(periodStart) * 1000; ms != period {
+			add("entitlements: the latest balance of %s is of the period %s, want %s (the period of its partition's final watermark or its latest accepted arrival)", cust,
+				time.UnixMilli(ms).UTC().Format(time.DateOnly), time.UnixMilli(period).UTC().Format(time.DateOnly))
 			return nil
 		}
 		for i, m := range names {
-			want := accepted[entKey(cust, m, today)].sum
+			want := accepted[entKey(cust, m, period)].sum
 			if usage[i] != want {
-				add("entitlements: the latest balance of %s: %s used %d units today, want %d accepted", cust, m, usage[i], want)
+				add("entitlements: the latest balance of %s: %s used %d units on %s, want %d accepted", cust, m, usage[i],
+					time.UnixMilli(period).UTC().Format(time.DateOnly), want)
 			}
 		}
 		if len(names) != len(capped[cust]) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -77,6 +78,10 @@ type suite struct {
 	grace   time.Duration
 	// entWritten is a time after the entitlements' broker times (ms).
 	entWritten int64
+	// watermarks is the aggregator's watermark of each usage.deduped
+	// partition (ms) once it has emitted everything due (waitFinalsOut),
+	// with dedup stopped: the broker time its outputs end at.
+	watermarks map[int32]int64
 
 	mu     sync.Mutex
 	live   map[string]*testenv.Process // "dedup/i1" → its current process
@@ -932,6 +937,10 @@ func (s *suite) waitFinalsOut() {
 			}
 			state = fmt.Sprintf("%d of %d partitions past the cutoff %s; behind it: %v; still to go out: %v", past, partitions, clock(cutoff), behind, due)
 			if past == partitions && len(due) == 0 {
+				s.watermarks = map[int32]int64{}
+				for p := range int32(partitions) {
+					s.watermarks[p] = int64(math.Round(wm[fmt.Sprint(p)] * 1000))
+				}
 				break
 			}
 		}
