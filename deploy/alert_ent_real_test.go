@@ -31,6 +31,7 @@ import (
 //  3. Restarted with ticks: the gate drains and the alert resolves.
 func TestRealEntitlementsStalledAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
 	brokers := testenv.RealKafka(t)
 	work := testenv.LogDir(t, "meterline-alerts-ent-test-*")
 	bin := testenv.Meterline(t)

@@ -36,6 +36,7 @@ import (
 //     resolves.
 func TestRealIngestKafkaFailingAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
 	work := testenv.LogDir(t, "meterline-alerts-ingkafka-test-*")
 	bin := testenv.Meterline(t)
 

@@ -34,6 +34,7 @@ const realKeysAuthMaxAge = 8 * time.Second
 //     ready again, and the alert resolves.
 func TestRealIngestKeysStaleAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
 	brokers := testenv.RealKafka(t)
 	work := testenv.LogDir(t, "meterline-alerts-keys-test-*")
 	bin := testenv.Meterline(t)

@@ -73,6 +73,7 @@ func httpStatus(u string) int {
 //     resolves.
 func TestRealKafkaOutageAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
 	testStart := time.Now()
 	work := testenv.LogDir(t, "meterline-alerts-outage-test-*")
 	bin := testenv.Meterline(t)
@@ -150,6 +151,7 @@ func TestRealKafkaOutageAlert(t *testing.T) {
 //  3. The second one stopped: the restarts stop and the alert resolves.
 func TestRealDuplicateInstanceAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
 	brokers := testenv.RealKafka(t)
 	testStart := time.Now()
 	work := testenv.LogDir(t, "meterline-alerts-dup-test-*")

@@ -74,6 +74,22 @@ var realOutageAlertsFired = []string{"MeterlineStageNotInGroup", "MeterlineSessi
 // fires (alert_ingkafka_real_test.go).
 var realIngestKafkaAlertsFired = []string{"MeterlineIngestKafkaFailing"}
 
+// realAlertSlots holds one token per real alert test running: at most two
+// run at once, whatever -parallel is (docs/testing.md, Time by part).
+var realAlertSlots = make(chan struct{}, 2)
+
+// parallelAlertTest runs the real alert test t beside at most one other:
+// each runs its own Prometheus, processes, groups and topics (its own
+// broker, when it stops one), and spends most of its time waiting for a
+// rule's scaled window or for:. Its slot is freed once everything it
+// started has stopped.
+func parallelAlertTest(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	realAlertSlots <- struct{}{}
+	t.Cleanup(func() { <-realAlertSlots })
+}
+
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired)
@@ -114,6 +130,7 @@ func realFired() []string {
 // At the end every rule evaluated without error.
 func TestRealAlertsFire(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
 	brokers := testenv.RealKafka(t)
 	testStart := time.Now()
 	work := testenv.LogDir(t, "meterline-alerts-test-*") // "meterline" marks our prometheus for prometheus.sh
