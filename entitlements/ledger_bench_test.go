@@ -15,10 +15,8 @@ import (
 // accounts decoded and changed in place (AccountCache), written at the
 // end of each transaction (flush).
 type benchStore struct {
-	*memStore
-	l        *Ledger
+	*resolvingStore
 	decoded  map[string]any
-	resolved map[string]*Resolved
 	accounts map[string]*benchHeld
 	dirty    []string
 	buf      []byte
@@ -30,29 +28,12 @@ type benchHeld struct {
 }
 
 func newBenchStore(l *Ledger) *benchStore {
-	return &benchStore{memStore: newMemStore(), l: l, decoded: map[string]any{}, resolved: map[string]*Resolved{},
-		accounts: map[string]*benchHeld{}}
+	return &benchStore{resolvingStore: newResolvingStore(l), decoded: map[string]any{}, accounts: map[string]*benchHeld{}}
 }
 
-func (s *benchStore) Put(k, v []byte) {
-	if s.l.Resolves(k) {
-		clear(s.resolved)
-	}
-	s.memStore.Put(k, v)
-}
-
-func (s *benchStore) Delete(k []byte) {
-	if s.l.Resolves(k) {
-		clear(s.resolved)
-	}
-	s.memStore.Delete(k)
-}
-
-func (s *benchStore) Decoded(v []byte) (any, bool)        { x, ok := s.decoded[string(v)]; return x, ok }
-func (s *benchStore) KeepDecoded(v []byte, x any)         { s.decoded[string(v)] = x }
-func (s *benchStore) Resolved(c string) (*Resolved, bool) { r, ok := s.resolved[c]; return r, ok }
-func (s *benchStore) KeepResolved(c string, r *Resolved)  { s.resolved[c] = r }
-func (s *benchStore) KeepAccount(c string, a *Account)    { s.accounts[c] = &benchHeld{a: a} }
+func (s *benchStore) Decoded(v []byte) (any, bool)     { x, ok := s.decoded[string(v)]; return x, ok }
+func (s *benchStore) KeepDecoded(v []byte, x any)      { s.decoded[string(v)] = x }
+func (s *benchStore) KeepAccount(c string, a *Account) { s.accounts[c] = &benchHeld{a: a} }
 func (s *benchStore) Account(c string) (*Account, bool) {
 	h, ok := s.accounts[c]
 	return accountOf(h), ok

@@ -56,19 +56,50 @@ func (s *memStore) bytes() int {
 	return n
 }
 
-// cachedStore is a memStore with the Ledger's accounts kept decoded
-// (AccountCache), as the aggregator keeps them: changed in place, written
-// to the store only at commit, dropped at an abort.
-type cachedStore struct {
+// resolvingStore is a memStore that is a ResolveCache: what it keeps is
+// dropped whole when a key the Ledger's Resolves reports is written, and
+// at a restore.
+type resolvingStore struct {
 	*memStore
 	l        *Ledger
+	resolved map[string]*Resolved
+}
+
+func newResolvingStore(l *Ledger) *resolvingStore {
+	return &resolvingStore{memStore: newMemStore(), l: l, resolved: map[string]*Resolved{}}
+}
+
+func (s *resolvingStore) Resolved(c string) (*Resolved, bool) { r, ok := s.resolved[c]; return r, ok }
+func (s *resolvingStore) KeepResolved(c string, r *Resolved)  { s.resolved[c] = r }
+func (s *resolvingStore) Put(k, v []byte)                     { s.wrote(k); s.memStore.Put(k, v) }
+func (s *resolvingStore) Delete(k []byte)                     { s.wrote(k); s.memStore.Delete(k) }
+
+func (s *resolvingStore) restore(c map[string][]byte) {
+	clear(s.resolved)
+	s.memStore.restore(c)
+}
+
+// wrote drops every Resolved kept when k is a key they come from.
+func (s *resolvingStore) wrote(k []byte) {
+	if s.l.Resolves(k) {
+		clear(s.resolved)
+	}
+}
+
+// cachedStore is a memStore with the Ledger's accounts kept decoded
+// (AccountCache), as the aggregator keeps them: changed in place, written
+// to the store only at commit, dropped at an abort; and what the Ledger
+// resolves for a customer (ResolveCache, resolvingStore), dropped at an
+// abort too.
+type cachedStore struct {
+	*resolvingStore
 	accounts map[string]*Account
 	dirty    []string
 	isDirty  map[string]bool
 }
 
 func newCachedStore(l *Ledger) *cachedStore {
-	return &cachedStore{memStore: newMemStore(), l: l, accounts: map[string]*Account{}, isDirty: map[string]bool{}}
+	return &cachedStore{resolvingStore: newResolvingStore(l), accounts: map[string]*Account{}, isDirty: map[string]bool{}}
 }
 
 func (s *cachedStore) Account(c string) (*Account, bool) { a, ok := s.accounts[c]; return a, ok }
@@ -93,4 +124,5 @@ func (s *cachedStore) commit() {
 // abort drops every account kept (an aborted transaction).
 func (s *cachedStore) abort() {
 	s.accounts, s.dirty, s.isDirty = map[string]*Account{}, nil, map[string]bool{}
+	clear(s.resolved)
 }
