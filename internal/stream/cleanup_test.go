@@ -283,3 +283,70 @@ func TestStateCleanupOff(t *testing.T) {
 	w.rt.cleanState()
 	w.want("cleanup on", 1, false)
 }
+
+// TestStateCleanupRunLoop: on kfake, an instance that owned both
+// partitions keeps the state of the one a joining instance took for the
+// delay (its clock moved on), then its run loop deletes it; given back,
+// the partition is restored in full and counts on.
+func TestStateCleanupRunLoop(t *testing.T) {
+	if pl := handBack(t, DefaultStateCleanupDelay+stateCleanupPoll); !pl.Full || pl.Reason != reasonNoState {
+		t.Fatalf("a restored the partition given back %s (%s), want in full from no state", pl.Kind(), pl.Reason)
+	}
+}
+
+// TestStateCleanupRunLoopBeforeDelay: given back before the delay, the
+// partition's copy is there, and its restore replays only the tail.
+func TestStateCleanupRunLoopBeforeDelay(t *testing.T) {
+	if pl := handBack(t, DefaultStateCleanupDelay/2); pl.Full {
+		t.Fatalf("a restored the partition given back %s (%s), want from its tail", pl.Kind(), pl.Reason)
+	}
+}
+
+// handBack runs instance a alone, then with b, which takes one partition;
+// a's clock moves on by skew, and a with a delay of skew or more deletes
+// the state of that partition. Then b stops and a takes the partition
+// back and counts on (suite.finish). It returns the plan of a's restore
+// of the partition given back.
+func handBack(t *testing.T, skew time.Duration) restorePlan {
+	s := newSuite(t, nil, nil)
+	clk := &skewClock{}
+	fsA, fsB := vfs.NewMem(), vfs.NewMem()
+	a := s.start("a", fsA, func(c *Config, _ *countProc) { c.Clock = clk })
+	s.waitFor("a to own both partitions", func() bool { return a.owned() == 2 })
+	s.send(20)
+	s.caughtUp()
+	b := s.start("b", fsB)
+	s.waitFor("one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
+	var taken int32 = -1
+	b.rt.EachPartitionStatus(func(p int32, _ bool, _ int64, _, _ string) { taken = p })
+	if _, ok, err := a.rt.store.Checkpoint(taken); err != nil || !ok {
+		t.Fatalf("a's checkpoint of partition %d, just revoked: %v, %v", taken, ok, err)
+	}
+	s.send(10)
+	s.caughtUp()
+	clk.skew.Store(int64(skew))
+	deleted := skew >= DefaultStateCleanupDelay
+	if deleted {
+		s.waitFor("a to delete the state of the partition b took", func() bool {
+			_, ok, err := a.rt.store.Checkpoint(taken)
+			return err == nil && !ok
+		})
+	} else {
+		time.Sleep(2 * time.Second) // a few turns of a's run loop
+	}
+	if _, ok, err := a.rt.store.Checkpoint(taken); err != nil || ok == deleted {
+		t.Fatalf("a's checkpoint of partition %d, revoked %s ago: %v, %v", taken, skew, ok, err)
+	}
+	if n, want := a.metric("meterline_stream_state_cleaned_partitions_total", "reason", "delay"), map[bool]float64{true: 1}[deleted]; n != want {
+		t.Fatalf("a's cleaned partitions (delay): %v, want %v", n, want)
+	}
+	if _, ok, err := a.rt.store.Checkpoint(1 - taken); err != nil || !ok {
+		t.Fatalf("a's checkpoint of its own partition %d: %v, %v", 1-taken, ok, err)
+	}
+	s.finish(a, fsA, b)
+	pl, ok := a.rt.lastRestore(taken)
+	if !ok {
+		t.Fatalf("a did not restore partition %d", taken)
+	}
+	return pl
+}
