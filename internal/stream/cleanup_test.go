@@ -92,6 +92,15 @@ func (w *cleanupWorld) revoke(p int32) {
 	w.rt.onRevoked(context.Background(), nil, map[string][]int32{"in": {p}})
 }
 
+// after moves the clock on by d, sweeps, and checks whether the store
+// holds state of p.
+func (w *cleanupWorld) after(d time.Duration, what string, p int32, held bool) {
+	w.t.Helper()
+	w.clk.Advance(d)
+	w.sweep()
+	w.want(what, p, held)
+}
+
 func (w *cleanupWorld) want(what string, p int32, held bool) {
 	w.t.Helper()
 	if got := w.has(p); got != held {
@@ -115,12 +124,8 @@ func TestStateCleanupRevoked(t *testing.T) {
 	if n := testutil.ToFloat64(w.rt.m.unheldPartitions); n != 1 {
 		t.Fatalf("unheld partitions %v, want 1", n)
 	}
-	w.clk.Advance(10*time.Minute - time.Second)
-	w.sweep()
-	w.want("revoked for less than the delay", 1, true)
-	w.clk.Advance(time.Second)
-	w.sweep()
-	w.want("revoked for the delay", 1, false)
+	w.after(10*time.Minute-time.Second, "revoked for less than the delay", 1, true)
+	w.after(time.Second, "revoked for the delay", 1, false)
 	if _, ok, _ := w.rt.store.Checkpoint(1); ok {
 		t.Fatal("the revoked partition's checkpoint is left")
 	}
@@ -156,14 +161,9 @@ func TestStateCleanupReassignedBeforeDelay(t *testing.T) {
 	}
 	w.revoke(1)
 	w.own()
-	w.clk.Advance(6 * time.Minute)
-	w.sweep() // 12 minutes since the first revoke, none since the second
-	w.clk.Advance(6 * time.Minute)
 	w.sweep()
-	w.want("revoked again for 6 minutes", 1, true)
-	w.clk.Advance(4 * time.Minute)
-	w.sweep()
-	w.want("revoked again for the delay", 1, false)
+	w.after(6*time.Minute, "revoked again for 6 minutes, 12 since the first revoke", 1, true)
+	w.after(4*time.Minute, "revoked again for the delay", 1, false)
 }
 
 // TestStateCleanupStandbyReleased: a standby copy moved elsewhere stays
@@ -178,16 +178,12 @@ func TestStateCleanupStandbyReleased(t *testing.T) {
 	w.sweep()
 	w.rt.sb.assigned(StandbyAssignment{}) // released: the tail stops
 	w.sweep()
-	w.clk.Advance(2 * time.Minute)
-	w.sweep()
-	w.want("released, its tail still writing", 3, true)
+	w.after(2*time.Minute, "released, its tail still writing", 3, true)
 	close(tl.done)
 	w.rt.sb.stopped(tl)
 	w.sweep()
 	w.want("released, its tail stopped just now", 3, true)
-	w.clk.Advance(time.Minute)
-	w.sweep()
-	w.want("released for the delay", 3, false)
+	w.after(time.Minute, "released for the delay", 3, false)
 }
 
 // TestStateCleanupNeverHeld: nothing that is held is deleted, even past
@@ -249,9 +245,7 @@ func TestStateCleanupStart(t *testing.T) {
 	w.want("not given, current", 1, true)
 	w.want("not given, beyond the horizon", 2, false)
 	w.want("not given, no checkpoint", 3, false)
-	w.clk.Advance(10 * time.Minute)
-	w.sweep()
-	w.want("not given for the delay", 1, false)
+	w.after(10*time.Minute, "not given for the delay", 1, false)
 	w.want("owned", 0, true)
 }
 
@@ -265,9 +259,7 @@ func TestStateCleanupUnknownRetention(t *testing.T) {
 	w.own()
 	w.sweep()
 	w.want("retention unknown", 1, true)
-	w.clk.Advance(10 * time.Minute)
-	w.sweep()
-	w.want("retention unknown, after the delay", 1, false)
+	w.after(10*time.Minute, "retention unknown, after the delay", 1, false)
 }
 
 // TestStateCleanupOff: a negative delay keeps every copy.
