@@ -34,6 +34,7 @@ func defaultVars() kong.Vars {
 		"stream_max_batch_records":   strconv.Itoa(stream.DefaultMaxBatchRecords),
 		"stream_standby_replicas":    strconv.Itoa(stream.DefaultStandbyReplicas),
 		"stream_standby_max_warmups": strconv.Itoa(stream.DefaultMaxWarmups),
+		"stream_state_cleanup_delay": flagDuration(stream.DefaultStateCleanupDelay),
 
 		"dedup_group":         dedup.DefaultGroup,
 		"dedup_window":        flagDuration(dedup.DefaultWindow),

@@ -32,6 +32,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 		return []check{
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
 			{cmd + " --standby-replicas", f.StandbyReplicas, stream.DefaultStandbyReplicas},
+			{cmd + " --state-cleanup-delay", f.StateCleanupDelay, stream.DefaultStateCleanupDelay},
 			{cmd + " --session-timeout", f.SessionTimeout, session.DefaultSessionTimeout},
 			{cmd + " --rebalance-timeout", f.RebalanceTimeout, session.DefaultRebalanceTimeout},
 			{cmd + " --transaction-timeout", f.TransactionTimeout, session.DefaultTransactionTimeout},

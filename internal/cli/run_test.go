@@ -542,3 +542,24 @@ func TestAllReadyNamesEveryStage(t *testing.T) {
 		t.Errorf("allReady = %v, want dedup's and the sink's reasons only", err)
 	}
 }
+
+// TestStateCleanupDelayFlag: --state-cleanup-delay reaches the stream's
+// config, and 0 keeps all state (the config's negative delay, which its
+// defaults keep).
+func TestStateCleanupDelayFlag(t *testing.T) {
+	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
+	for _, c := range []struct {
+		flag string
+		want time.Duration
+	}{{"30m", 30 * time.Minute}, {"0", -1}} {
+		a := parseCLI(t, "aggregate", "--state-cleanup-delay", c.flag).Aggregate
+		acfg, err := a.config(g, zap.NewNop(), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		acfg.Stream.EnsureDefaults()
+		if got := acfg.Stream.StateCleanupDelay; got != c.want {
+			t.Errorf("--state-cleanup-delay %s: the stream's delay %s, want %s", c.flag, got, c.want)
+		}
+	}
+}

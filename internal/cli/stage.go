@@ -28,6 +28,7 @@ type StageFlags struct {
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
 	StandbyReplicas    int           `help:"Instances besides its owner that keep each partition's state warm by tailing its changelog, so that a failover restores only the changelog's tail (every instance of the group should use the same value)." default:"${stream_standby_replicas}"`
 	StandbyMaxWarmups  int           `help:"Most standby copies one rebalance has instances make at once, group-wide, beyond the copies in place: partitions a joining instance copies before it takes them count first, then copies made to spread the standbys (the others wait for later rebalances; the instance that leads the group applies its own value)." default:"${stream_standby_max_warmups}"`
+	StateCleanupDelay  time.Duration `help:"How long the local state of a partition this instance neither owns nor keeps as a standby (revoked, its standby copy moved to another instance, not assigned at start) stays in --state-dir before it is deleted; state a restore would replay in full anyway (beyond the restore horizon) is deleted at once. 0 keeps all state." default:"${stream_state_cleanup_delay}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	AllowCreateTime    bool          `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
 	Validate           bool          `help:"Check the configuration and exit."`
@@ -58,9 +59,20 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, maxBatchRecor
 		MaxBatchRecords:   maxBatchRecords,
 		StandbyReplicas:   f.StandbyReplicas,
 		StandbyMaxWarmups: f.StandbyMaxWarmups,
+		StateCleanupDelay: stateCleanupDelay(f.StateCleanupDelay),
 		Logger:            log,
 		Registerer:        reg,
 	}, nil
+}
+
+// stateCleanupDelay is the stream's StateCleanupDelay of the flag's
+// value: 0 (and a negative one) keeps all state, which the stream's
+// config says with a negative delay (its zero takes the default).
+func stateCleanupDelay(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // resolveInstanceID returns id, or the host name when id is empty.

@@ -76,6 +76,13 @@ type Config struct {
 	// partitions and warm-up copies; StandbyOptions.MaxWarmups); the
 	// group's leader applies its own. Default: DefaultMaxWarmups.
 	StandbyMaxWarmups int
+	// StateCleanupDelay is how long the state of a partition this
+	// instance neither owns nor keeps as a standby stays in its store
+	// before the runtime deletes it (docs/operations.md, State of
+	// partitions held elsewhere; cleanup.go); a copy a restore would
+	// replay in full anyway (beyond the restore horizon) goes at once.
+	// Negative: never. Default: DefaultStateCleanupDelay.
+	StateCleanupDelay time.Duration
 
 	// Clock drives the commit and punctuate timers and dates checkpoints
 	// for the restore horizon (docs/design.md, Exactly-once, 4), never
@@ -94,6 +101,9 @@ const (
 	DefaultCommitInterval  = 100 * time.Millisecond
 	DefaultMaxBatchRecords = 10_000
 	DefaultStandbyReplicas = 0
+	// DefaultStateCleanupDelay is Kafka Streams' state.cleanup.delay.ms
+	// default.
+	DefaultStateCleanupDelay = 10 * time.Minute
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -110,6 +120,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxBatchRecords == 0 {
 		c.MaxBatchRecords = DefaultMaxBatchRecords
+	}
+	if c.StateCleanupDelay == 0 {
+		c.StateCleanupDelay = DefaultStateCleanupDelay
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

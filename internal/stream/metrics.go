@@ -30,6 +30,10 @@ type metrics struct {
 	restoreRate            prometheus.Gauge
 	owned                  prometheus.Gauge
 	stateBytes             prometheus.Gauge
+	// State of partitions held elsewhere (cleanup.go).
+	cleaned          *prometheus.CounterVec
+	unheldPartitions prometheus.Gauge
+	unheldBytes      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -71,6 +75,16 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Input partitions restored and being processed by this instance."}),
 		stateBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_bytes",
 			Help: "Bytes on disk of the instance's local state (Pebble: sstables, WAL and other files, for every partition it holds), refreshed about every 10 s while it commits."}),
+		cleaned: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_state_cleaned_partitions_total",
+			Help: "Partitions whose local state (rows and checkpoint) was deleted because this instance neither owns nor keeps them as a standby, by reason: delay (not held for --state-cleanup-delay), horizon (a restore from it would be a full one), no_checkpoint (rows without a checkpoint)."},
+			[]string{"reason"}),
+		unheldPartitions: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_unheld_partitions",
+			Help: "Partitions with local state this instance neither owns nor keeps as a standby, kept until --state-cleanup-delay passes (set by each sweep, every 30 s)."}),
+		unheldBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_unheld_bytes",
+			Help: "Estimated bytes on disk of the state counted by meterline_stream_state_unheld_partitions."}),
+	}
+	for _, r := range cleanReasons {
+		m.cleaned.WithLabelValues(r)
 	}
 	// Every kind and reason is exported from the start, at 0: a series
 	// born at its first increment hides that increment from increase(),

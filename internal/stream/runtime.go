@@ -130,10 +130,14 @@ type Runtime struct {
 	stateBytesAt time.Time
 	adm          *kadm.Client
 
-	// mu guards parts and the event queue, and orders apply against the
-	// start of a restore (see apply).
-	mu      sync.Mutex
-	parts   map[int32]*partState
+	// mu guards parts, writers and the event queue, and orders apply
+	// against the start of a restore (see apply). The state cleanup's
+	// sweep takes sb.mu before it (cleanup.go); nothing else holds both.
+	mu    sync.Mutex
+	parts map[int32]*partState
+	// writers counts the restore goroutines of each partition that may
+	// still write its state (cleanup.go).
+	writers map[int32]int
 	events  []event
 	wake    chan struct{}
 	fatal   error
@@ -148,6 +152,8 @@ type Runtime struct {
 	horizon restoreHorizon
 	// sb runs the standby tails (standby.go).
 	sb *standbys
+	// cleanup deletes the state of partitions held elsewhere (cleanup.go).
+	cleanup stateCleanup
 
 	// Run-loop-only state.
 	active    map[int32]*activePart

@@ -129,6 +129,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	}
 	rt.sess = sess
 	rt.sb.setClient(sess.Client())
+	rt.sb.forgetHeld()
 	rt.adm = kadm.NewClient(sess.Client())
 	defer rt.startWatchRetention(ctx, rt.adm)()
 	rt.joined.Store(true)
@@ -214,6 +215,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 			}
 		}
 		rt.redateIdle(redates)
+		rt.cleanState()
 	}
 }
 
@@ -334,6 +336,7 @@ func (rt *Runtime) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 		rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 	}
 	rt.mu.Unlock()
+	rt.cleanup.due.Store(true)
 	rt.notify()
 }
 
@@ -401,8 +404,10 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			reassigned = append(reassigned, p)
 		}
 		rt.restores.Add(1)
+		rt.addWriter(p)
 		go func() {
 			defer rt.restores.Done()
+			defer rt.doneWriter(p)
 			defer func() {
 				if r := recover(); r != nil {
 					c, ok := r.(fault.Crash)

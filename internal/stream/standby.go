@@ -148,6 +148,12 @@ type standbys struct {
 	// (standbylist.go).
 	ends *endLister
 
+	// held: the partitions the session's last assignment gave this
+	// instance to own or copy; heldKnown: the session had one
+	// (noteHeld; the state cleanup's sweep, cleanup.go).
+	held      []int32
+	heldKnown bool
+
 	m *standbyMetrics
 }
 
@@ -257,6 +263,7 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 // with its warm structures until the restore takes them, whichever of the
 // two ends first.
 func (sb *standbys) assigned(a StandbyAssignment) {
+	sb.noteHeld(a)
 	sb.rt.revokeUnowned(a.Owned)
 	if sb.rt.cfg.StandbyReplicas <= 0 {
 		return

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -334,4 +335,38 @@ func (b *batch) commit() error {
 // DiskUsage estimates the bytes of partition p's state on disk.
 func (s *Store) DiskUsage(p int32) (uint64, error) {
 	return s.db.EstimateDiskUsage(partPrefix(prefixData, p), partPrefix(prefixData, p+1))
+}
+
+// partitions returns the number of every partition with state rows or a
+// checkpoint in the store.
+func (s *Store) partitions() ([]int32, error) {
+	seen := map[int32]bool{}
+	for _, kind := range []byte{prefixData, prefixCheckpoint} {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
+		if err != nil {
+			return nil, err
+		}
+		for it.First(); it.Valid(); {
+			k := it.Key()
+			if len(k) < 3 {
+				it.Next()
+				continue
+			}
+			p := int32(k[1])<<8 | int32(k[2])
+			seen[p] = true
+			if p == 0xFFFF {
+				break
+			}
+			it.SeekGE(partPrefix(kind, p+1)) // the next partition's first key
+		}
+		if err := it.Close(); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]int32, 0, len(seen))
+	for p := range seen {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out, nil
 }
