@@ -24,6 +24,18 @@ import (
 
 func testTopics() topics.Names { return topics.DefaultNames() }
 
+// waitsMostly marks a test whose time is mostly waiting (a killed member's
+// session timing out, a ClickHouse outage, a broker fault held past the
+// transaction timeout) as one that runs beside other such tests, at most
+// -parallel of them at once (GOMAXPROCS unless set: two on the 2-core
+// machine of docs/testing.md, Time by part). Such a test has topics, a
+// group and databases of its own and reads no server-wide state, and its
+// waits have room for a loaded machine.
+func waitsMostly(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
 // offlineWriter is a Writer on a throwaway database with the migrations
 // applied, never run: tests call its insert directly, as a sink (or a
 // zombie) would.

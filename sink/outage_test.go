@@ -83,6 +83,7 @@ func waitReady(t *testing.T, addr string, want int, d time.Duration) string {
 // /readyz is not ready, no offset is committed and lag grows; after the
 // restart every event is in the table exactly once (plain count()).
 func TestClickHouseOutage(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	testenv.Meterline(t) // built now, not while the load runs
 	clickhouseScript(t, "start")

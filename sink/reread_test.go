@@ -107,6 +107,7 @@ func TestBackwardResetParkedRowAtProgress(t *testing.T) {
 // moved back. The lookup finds the park in usage.rejected past its
 // recorded progress, and the re-read does not park the row again.
 func TestBackwardResetParkNotInTableYet(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.poisonedKill(topic, 9, FaultAfterParkCommit)
@@ -177,6 +178,7 @@ func TestBackwardResetUndecodableParkedOnce(t *testing.T) {
 // once, although the sink is killed between its park and the commit; a
 // second move back does not park it again.
 func TestBackwardResetIntoAcceptedGap(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.producePoisoned(topic, 10, 4)
