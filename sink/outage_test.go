@@ -135,7 +135,6 @@ func TestClickHouseOutage(t *testing.T) {
 	p := e.spawn("", e.sinkArgs("--max-batch-records", "1000")...)
 	http := httpAddr(p, t)
 	waitReady(t, http, 200, time.Minute)
-	time.Sleep(3 * time.Second)
 	// The outage hits a sink that has committed offsets on every partition
 	// of usage.deduped.
 	adm := testenv.Admin(t, e.brokers)

@@ -484,6 +484,7 @@ func (e *env) resetToEarliest(topics ...string) {
 // the refused row is refused again and found parked already, and nothing is
 // written or parked twice.
 func TestLostGroupOffsetsParkedRow(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.parkOne(topic)
@@ -598,6 +599,7 @@ func (e *env) waitDeleteGroup() {
 // deleted every record below it). The sink stops all the same; the reset
 // to the earliest offset then reads nothing again.
 func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.producePoisoned(topic, 10, 4)

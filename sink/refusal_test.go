@@ -131,6 +131,7 @@ func TestServerRefusal(t *testing.T) {
 // to FixedString(5)), the driver refuses the one row whose value no longer
 // fits; it is parked and every other row is written.
 func TestDriverRefusal(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	e.exec("ALTER TABLE " + e.db + ".usage_events MODIFY COLUMN source FixedString(5)")
 	recs, rows, target := e.poisoned(300, func(ev *schemas.DedupedEvent) { ev.Source = "too-long-for-five" })
