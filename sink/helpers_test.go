@@ -36,6 +36,16 @@ func waitsMostly(t *testing.T) {
 	t.Parallel()
 }
 
+// keepsServerBusy marks a test whose time is mostly the work of the
+// ClickHouse server (or of chdb) on millions of rows, timed by nothing it
+// asserts, as one that runs beside the tests that mostly wait
+// (waitsMostly), on the cores they leave idle. It too has databases of its
+// own and reads no server-wide state but its own queries' log.
+func keepsServerBusy(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+}
+
 // offlineWriter is a Writer on a throwaway database with the migrations
 // applied, never run: tests call its insert directly, as a sink (or a
 // zombie) would.
