@@ -29,24 +29,15 @@ func testTopics() topics.Names { return topics.DefaultNames() }
 // on the 2-core machine of docs/testing.md, Time by part.
 var sideBySide = make(chan struct{}, 2)
 
-// runBeside runs t beside the other tests that call it, after the
-// package's other tests, in one of sideBySide's slots.
-func runBeside(t *testing.T) {
-	t.Helper()
-	t.Parallel()
-	sideBySide <- struct{}{}
-	t.Cleanup(func() { <-sideBySide })
-}
-
 // waitsMostly marks a test whose time is mostly waiting (a killed member's
 // session timing out, a ClickHouse outage, a broker fault held past the
 // transaction timeout) as one that runs beside other such tests
-// (runBeside). Such a test has topics, a group and databases of its own
-// and reads no server-wide state, and its waits have room for a loaded
-// machine.
+// (testenv.Beside, in sideBySide's slots). Such a test has topics, a group
+// and databases of its own and reads no server-wide state, and its waits
+// have room for a loaded machine.
 func waitsMostly(t *testing.T) {
 	t.Helper()
-	runBeside(t)
+	testenv.Beside(t, sideBySide)
 }
 
 // keepsServerBusy marks a test whose time is mostly the work of the
@@ -56,7 +47,7 @@ func waitsMostly(t *testing.T) {
 // own and reads no server-wide state but its own queries' log.
 func keepsServerBusy(t *testing.T) {
 	t.Helper()
-	runBeside(t)
+	testenv.Beside(t, sideBySide)
 }
 
 // offlineWriter is a Writer on a throwaway database with the migrations
