@@ -85,9 +85,7 @@ var realAlertSlots = make(chan struct{}, 2)
 // started has stopped.
 func parallelAlertTest(t *testing.T) {
 	t.Helper()
-	t.Parallel()
-	realAlertSlots <- struct{}{}
-	t.Cleanup(func() { <-realAlertSlots })
+	testenv.Beside(t, realAlertSlots)
 }
 
 // realFired lists the alerts the real tests fire, all together.

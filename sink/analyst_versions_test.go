@@ -111,6 +111,7 @@ var versionTestData = SyntheticData{Events: 1_000_000, Revisions: 100_000, Custo
 // statement or query is rewritten for either version; the one setting the
 // two need alike, the time zone (UTC), is set by scripts/chdb-run.py.
 func TestClickHouseTwoVersions(t *testing.T) {
+	keepsServerBusy(t)
 	python := testenv.Chdb(t)
 	conn, db := testenv.ClickHouseDB(t)
 	// The balance queries compare with now() on both servers: the data,

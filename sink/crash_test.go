@@ -106,6 +106,7 @@ func (e *env) checkAgainstReference(table string, want uint64) {
 // rule), and plain count() is exact; every row equals an uninterrupted
 // run's.
 func TestCrashAfterInsert(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	args := e.sinkArgs("--max-batch-records", "500")
 	// Phase 1, committed by a clean run.
@@ -147,6 +148,7 @@ func TestCrashAfterInsert(t *testing.T) {
 // the INSERT are written, the rest not. The restart inserts exactly the
 // missing rows.
 func TestCrashMidInsert(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	// Timestamps alternate between January 31st and February 1st (Kafka
 	// timestamps need not grow with the offset): every block holds rows of

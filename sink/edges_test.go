@@ -73,8 +73,9 @@ func TestInsertOutlivesItsTimeout(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	// Let any INSERT still running on the server finish.
-	time.Sleep(3 * time.Second)
+	// Let any INSERT still running on the server finish: the attempt that
+	// timed out, and a second write of its rows if the retry did not wait.
+	insertsEnded(t, e.conn, e.db, time.Minute)
 	e.exact(TableEvents, 20)
 	if got := render(queryStrings(t, e.conn, "SELECT sum(events) FROM "+e.db+"."+TableUsageDaily)); got != "20\n" {
 		t.Errorf("usage_daily counts %s events, want 20", got)

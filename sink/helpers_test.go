@@ -24,6 +24,32 @@ import (
 
 func testTopics() topics.Names { return topics.DefaultNames() }
 
+// sideBySide holds the slots of the tests that run beside each other
+// (waitsMostly, keepsServerBusy): two at a time, whatever -parallel is, as
+// on the 2-core machine of docs/testing.md, Time by part.
+var sideBySide = make(chan struct{}, 2)
+
+// waitsMostly marks a test whose time is mostly waiting (a killed member's
+// session timing out, a ClickHouse outage, a broker fault held past the
+// transaction timeout) as one that runs beside other such tests
+// (testenv.Beside, in sideBySide's slots). Such a test has topics, a group
+// and databases of its own and reads no server-wide state, and its waits
+// have room for a loaded machine.
+func waitsMostly(t *testing.T) {
+	t.Helper()
+	testenv.Beside(t, sideBySide)
+}
+
+// keepsServerBusy marks a test whose time is mostly the work of the
+// ClickHouse server (or of chdb) on millions of rows, timed by nothing it
+// asserts, as one that runs beside the tests that mostly wait
+// (waitsMostly), on the cores they leave idle. It too has databases of its
+// own and reads no server-wide state but its own queries' log.
+func keepsServerBusy(t *testing.T) {
+	t.Helper()
+	testenv.Beside(t, sideBySide)
+}
+
 // offlineWriter is a Writer on a throwaway database with the migrations
 // applied, never run: tests call its insert directly, as a sink (or a
 // zombie) would.

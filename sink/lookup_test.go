@@ -23,6 +23,7 @@ import (
 // granules, per system.query_log. Its duration is logged, not asserted:
 // timing belongs in benchmarks.
 func TestResumeLookup10M(t *testing.T) {
+	keepsServerBusy(t)
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 10*time.Minute)
 	if _, err := Migrate(ctx, conn); err != nil {

@@ -83,6 +83,7 @@ func waitReady(t *testing.T, addr string, want int, d time.Duration) string {
 // /readyz is not ready, no offset is committed and lag grows; after the
 // restart every event is in the table exactly once (plain count()).
 func TestClickHouseOutage(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	testenv.Meterline(t) // built now, not while the load runs
 	clickhouseScript(t, "start")
@@ -134,7 +135,6 @@ func TestClickHouseOutage(t *testing.T) {
 	p := e.spawn("", e.sinkArgs("--max-batch-records", "1000")...)
 	http := httpAddr(p, t)
 	waitReady(t, http, 200, time.Minute)
-	time.Sleep(3 * time.Second)
 	// The outage hits a sink that has committed offsets on every partition
 	// of usage.deduped.
 	adm := testenv.Admin(t, e.brokers)

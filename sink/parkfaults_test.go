@@ -88,6 +88,7 @@ func parkFaultSink(t *testing.T, rows int, faults ...kfake.Fault) (names topics.
 // and, the leader back, parks it once and writes every row once; it never
 // stops.
 func TestParkUnwrittenThenHealed(t *testing.T) {
+	waitsMostly(t)
 	names, count, h, done, reg := parkFaultSink(t, 10,
 		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotLeaderForPartition, Count: -1},
 		kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Err: kerr.LeaderNotAvailable, Count: -1})

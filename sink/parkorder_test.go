@@ -206,6 +206,7 @@ func TestParkBeforeHigherOffsets(t *testing.T) {
 // parked one. The restart parks nothing again and writes every other row
 // exactly once.
 func TestCrashAfterParkCommit(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
 	recs, rows, target := e.poisoned(400, func(ev *schemas.DedupedEvent) { ev.CustomerID = "poison" })

@@ -265,6 +265,7 @@ func TestProgressParkedRowAtEnd(t *testing.T) {
 // ahead of the committed offsets, which is normal; the restart goes on
 // and every row is written once.
 func TestCrashAfterProgress(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 2)
 	topic := e.names.DedupedTopic()
 	first, n1 := e.events(100, base)
@@ -483,6 +484,7 @@ func (e *env) resetToEarliest(topics ...string) {
 // the refused row is refused again and found parked already, and nothing is
 // written or parked twice.
 func TestLostGroupOffsetsParkedRow(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.parkOne(topic)
@@ -513,6 +515,7 @@ func TestLostGroupOffsetsParkedRow(t *testing.T) {
 // between that park and its commit. The next run parks row 14 once: each
 // refused row is parked once, every other row is written once.
 func TestLostGroupOffsetsCrashes(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.parkOne(topic)
@@ -551,6 +554,7 @@ func TestLostGroupOffsetsCrashes(t *testing.T) {
 // once and writes every other row once. Once the group committed, its
 // offsets lost stop the sink.
 func TestCrashBeforeFirstCommit(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.poisonedKill(topic, 4, FaultAfterProgress)
@@ -595,6 +599,7 @@ func (e *env) waitDeleteGroup() {
 // deleted every record below it). The sink stops all the same; the reset
 // to the earliest offset then reads nothing again.
 func TestLostGroupOffsetsLogPastProgress(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.producePoisoned(topic, 10, 4)
@@ -667,6 +672,7 @@ func (e *env) poisonedRange(topic string, from, to, bad int) []*kgo.Record {
 // records it on assignment, with no record to consume: the group's
 // offsets lost afterwards stop the sink instead of reading again.
 func TestFirstCommitRecordedOnAssignment(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	recs, _ := e.events(10, base)

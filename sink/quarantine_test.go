@@ -113,6 +113,7 @@ func TestQuarantineUndecodable(t *testing.T) {
 // committed: the restart reads them again and finds them in
 // usage_quarantine, so each is there exactly once.
 func TestCrashAfterQuarantine(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 2)
 	_, garbage, unknown := e.rejectedInput()
 	p := e.spawn(FaultAfterInsert, e.sinkArgs()...)
@@ -137,6 +138,7 @@ func TestCrashAfterQuarantine(t *testing.T) {
 // commit, and the table is fixed before the restart. The replay must not
 // write the record to usage_rejected as well: it is in one table, once.
 func TestCrashAfterQuarantineRefused(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 2)
 	e.exec("ALTER TABLE " + e.db + ".usage_rejected ADD COLUMN poison UInt8 MATERIALIZED throwIf(event_id = 'poison-rej')")
 	topic := e.names.RejectedTopic()
@@ -173,6 +175,7 @@ func TestCrashAfterQuarantineRefused(t *testing.T) {
 // server's max_query_size (256 KiB), which failed on every retry, and the
 // sink backed off forever, taking ClickHouse for unavailable.
 func TestQuarantineManyRows(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	const n = 50_000
 	recs := make([]*kgo.Record, n)

@@ -75,6 +75,7 @@ func checkParked(t *testing.T, got []*schemas.Rejected, e *env, target *kgo.Reco
 // The sink counts its rejects in meterline_rejected_total{stage="sink"},
 // as every stage does.
 func TestServerRefusal(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
 	e.exec("ALTER TABLE " + e.db + ".usage_rejected ADD COLUMN poison UInt8 MATERIALIZED throwIf(event_id = 'poison-rej')")
@@ -130,6 +131,7 @@ func TestServerRefusal(t *testing.T) {
 // to FixedString(5)), the driver refuses the one row whose value no longer
 // fits; it is parked and every other row is written.
 func TestDriverRefusal(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	e.exec("ALTER TABLE " + e.db + ".usage_events MODIFY COLUMN source FixedString(5)")
 	recs, rows, target := e.poisoned(300, func(ev *schemas.DedupedEvent) { ev.Source = "too-long-for-five" })
@@ -239,6 +241,7 @@ func TestSchemaDriftBlocks(t *testing.T) {
 // in its transaction, before the transaction ended. The restart refuses
 // the row again and parks it: usage.rejected holds it exactly once.
 func TestCrashAfterPark(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 4)
 	e.exec("ALTER TABLE " + e.db + ".usage_events ADD COLUMN poison UInt8 MATERIALIZED throwIf(customer_id = 'poison')")
 	recs, rows, target := e.poisoned(400, func(ev *schemas.DedupedEvent) { ev.CustomerID = "poison" })

@@ -68,6 +68,7 @@ func (e *env) parkedOnce(off int64, when string) {
 // offset 4 again: it is not parked a second time, and usage_rejected holds
 // it once.
 func TestBackwardResetParksNothingTwice(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.parkOne(topic)
@@ -88,6 +89,7 @@ func TestBackwardResetParksNothingTwice(t *testing.T) {
 // parked on the re-read). Its park committed: the re-read does not park
 // it again.
 func TestBackwardResetParkedRowAtProgress(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.producePoisoned(topic, 10, 9)
@@ -107,6 +109,7 @@ func TestBackwardResetParkedRowAtProgress(t *testing.T) {
 // moved back. The lookup finds the park in usage.rejected past its
 // recorded progress, and the re-read does not park the row again.
 func TestBackwardResetParkNotInTableYet(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.poisonedKill(topic, 9, FaultAfterParkCommit)
@@ -150,6 +153,7 @@ func TestBackwardResetParkNotInTableYet(t *testing.T) {
 // does not decode is parked; after the group's offset is moved back, the
 // re-read does not park it again.
 func TestBackwardResetUndecodableParkedOnce(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	var recs []*kgo.Record
@@ -177,6 +181,7 @@ func TestBackwardResetUndecodableParkedOnce(t *testing.T) {
 // once, although the sink is killed between its park and the commit; a
 // second move back does not park it again.
 func TestBackwardResetIntoAcceptedGap(t *testing.T) {
+	waitsMostly(t)
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	e.producePoisoned(topic, 10, 4)

@@ -75,6 +75,24 @@ func insertRunning(t *testing.T, conn driver.Conn, db string) string {
 	}
 }
 
+// insertsEnded waits until the server runs no INSERT into db's
+// usage_events (found as insertRunning finds them), failing the test
+// after d.
+func insertsEnded(t *testing.T, conn driver.Conn, db string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		got := queryStrings(t, conn, "SELECT query_id FROM system.processes WHERE query LIKE "+quote("INSERT INTO "+db+"."+TableEvents+"%"))
+		if len(got) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("INSERTs into %s.%s still running on the server after %s: %v", db, TableEvents, d, got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // assign gives w partition p of the deduped topic at committed offset
 // committed, as the group's assignment does (every partition assigned
 // starts dirty).

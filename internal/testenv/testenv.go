@@ -268,3 +268,15 @@ func ClearMeterlineEnv(t testing.TB) {
 		}
 	}
 }
+
+// Beside runs t beside the other tests of its package that call Beside
+// with the same slots, after the package's other tests: t.Parallel, then
+// one of slots' places, so that at most cap(slots) run at once whatever
+// -parallel is. The place is freed after t's cleanups, once everything the
+// test started has stopped; call it first in the test.
+func Beside(t *testing.T, slots chan struct{}) {
+	t.Helper()
+	t.Parallel()
+	slots <- struct{}{}
+	t.Cleanup(func() { <-slots })
+}
