@@ -88,6 +88,13 @@ func (w *Writer) connect(ctx context.Context) error {
 	return nil
 }
 
+// minPingTimeout is the least time pingLoop gives a ping to be answered:
+// a ping every PingInterval, each given the interval or this, whichever
+// is longer, so that a short interval does not take a ClickHouse a little
+// slow to answer (a loaded machine, a busy server) for one that stopped
+// answering, and the sink not ready.
+const minPingTimeout = time.Second
+
 func (w *Writer) pingLoop(ctx context.Context) {
 	t := time.NewTicker(w.cfg.PingInterval)
 	defer t.Stop()
@@ -97,7 +104,7 @@ func (w *Writer) pingLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		pctx, cancel := context.WithTimeout(ctx, w.cfg.PingInterval)
+		pctx, cancel := context.WithTimeout(ctx, max(w.cfg.PingInterval, minPingTimeout))
 		err := w.getConn().Ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
