@@ -154,31 +154,30 @@ func TestRealSecuredKafkaScriptUsers(t *testing.T) {
 
 // scriptPorts are the ports of a script broker, above the secured test
 // broker's: the client port above + n, its controller's above + n + 1.
-// A test holds mu while its broker runs.
+// A test holds lane while its broker runs.
 type scriptPorts struct {
 	above int
-	mu    sync.Mutex
+	lane  *sync.Mutex
 }
 
 var (
 	// securedScriptPorts (+ 2 and + 3) are shared by the
 	// TestRealSecuredKafkaScript* tests, one at a time.
-	securedScriptPorts = &scriptPorts{above: 2}
+	securedScriptPorts = scriptPorts{above: 2, lane: &scriptBrokerLane}
 	// startFreshPorts (+ 4 and + 5) are TestRealKafkaScriptStartFresh's.
-	startFreshPorts = &scriptPorts{above: 4}
+	startFreshPorts = scriptPorts{above: 4, lane: &otherLane}
 )
 
 // scriptBroker is a secured broker of the test's own, run by
 // deploy/local/kafka.sh on ports (and its controller on the next port)
 // in a data dir of the test's, and stopped when the test ends: script
 // runs the script (start, restart) with extra environment and returns
-// its output; k connects to the broker once started. The test runs
-// beside the package's other waiting tests (parallelWaitingTest), once
-// it holds ports.
-func scriptBroker(t *testing.T, ports *scriptPorts) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
+// its output; k connects to the broker once started. The test runs on
+// the lane of its ports (parallelWaitingTest).
+func scriptBroker(t *testing.T, ports scriptPorts) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
 	t.Helper()
 	seed := testenv.RealKafkaSASL(t).Brokers[0]
-	parallelWaitingTest(t, &ports.mu)
+	parallelWaitingTest(t, ports.lane)
 	port := testenv.PortAbove(t, seed, ports.above)
 	dir := t.TempDir()
 	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, ports.above+1), "KAFKA_DATA_DIR=" + dir,
