@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 )
 
 // The package's long tests that mostly wait (a broker of their own
@@ -26,13 +27,16 @@ const waitingTests = 16
 
 // parallelWaitingTest marks t parallel and takes lane; it gives it back
 // when t ends, after t's later cleanups (a broker it started is stopped
-// before the next test on the lane takes its ports). Call it after the
-// test's skip checks.
+// before the next test on the lane takes its ports). The test's time
+// includes its wait for the lane, which it logs. Call it after the test's
+// skip checks.
 func parallelWaitingTest(t *testing.T, lane *sync.Mutex) {
 	t.Helper()
 	t.Parallel()
+	start := time.Now()
 	lane.Lock()
 	t.Cleanup(lane.Unlock)
+	t.Logf("waited %s for its lane", time.Since(start).Round(time.Millisecond))
 }
 
 // TestMain sets -parallel to waitingTests unless it is given: the lanes,
