@@ -15,8 +15,9 @@ import (
 // package's other tests (docs/testing.md, Time by part). Each has its own
 // processes, ports, data directories, topics and databases, but the
 // secured script broker's ports (securedScriptPorts), which its tests
-// share: they all take scriptBrokerLane, and so never overlap. The others
-// take otherLane: its tests take as long together as the script broker's.
+// share: they all take scriptBrokerLane, and so never overlap. The produce
+// outage tests, which only wait for a grace period or a timeout, take it
+// too, which evens out the lanes; the others take otherLane.
 var scriptBrokerLane, otherLane sync.Mutex
 
 // waitingTests is at least the number of parallel tests and subtests of
