@@ -26,6 +26,7 @@ import (
 // make is refused.
 func TestRealDemoSink(t *testing.T) {
 	addr := testenv.RealClickHouse(t)
+	parallelWaitingTest(t, &otherLane)
 	db := fmt.Sprintf("t%d_demo_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

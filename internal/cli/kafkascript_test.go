@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,7 +124,7 @@ func sameACLs(t *testing.T, want, got map[string]bool, lacks, extra string) {
 // billing system may not write meterline.keys and the operator (who
 // creates the topics) may write neither.
 func TestRealSecuredKafkaScriptUsers(t *testing.T) {
-	script, k := scriptBroker(t)
+	script, k := scriptBroker(t, securedScriptPorts)
 	script([]string{"KAFKA_SASL_USERS=meterline producer ingest dedup aggregate sink operator"}, "start")
 	script(nil, "restart")
 
@@ -151,17 +152,35 @@ func TestRealSecuredKafkaScriptUsers(t *testing.T) {
 	}
 }
 
+// scriptPorts are the ports of a script broker, above the secured test
+// broker's: the client port above + n, its controller's above + n + 1.
+// A test holds lane while its broker runs.
+type scriptPorts struct {
+	above int
+	lane  *sync.Mutex
+}
+
+var (
+	// securedScriptPorts (+ 2 and + 3) are shared by the
+	// TestRealSecuredKafkaScript* tests, one at a time.
+	securedScriptPorts = scriptPorts{above: 2, lane: &scriptBrokerLane}
+	// startFreshPorts (+ 4 and + 5) are TestRealKafkaScriptStartFresh's.
+	startFreshPorts = scriptPorts{above: 4, lane: &otherLane}
+)
+
 // scriptBroker is a secured broker of the test's own, run by
-// deploy/local/kafka.sh on the secured test broker's port + 2 (its
-// controller + 3) in a data dir of the test's, and stopped when the test
-// ends: script runs the script (start, restart) with extra environment
-// and returns its output; k connects to the broker once started.
-func scriptBroker(t *testing.T) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
+// deploy/local/kafka.sh on ports (and its controller on the next port)
+// in a data dir of the test's, and stopped when the test ends: script
+// runs the script (start, restart) with extra environment and returns
+// its output; k connects to the broker once started. The test runs on
+// the lane of its ports (parallelWaitingTest).
+func scriptBroker(t *testing.T, ports scriptPorts) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
 	t.Helper()
 	seed := testenv.RealKafkaSASL(t).Brokers[0]
-	port := testenv.PortAbove(t, seed, 2)
+	parallelWaitingTest(t, ports.lane)
+	port := testenv.PortAbove(t, seed, ports.above)
 	dir := t.TempDir()
-	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, 3), "KAFKA_DATA_DIR=" + dir,
+	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, ports.above+1), "KAFKA_DATA_DIR=" + dir,
 		"KAFKA_SECURITY=sasl_ssl", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KAFKA_") { // make exports KAFKA_PORT
@@ -201,7 +220,7 @@ func scriptBroker(t *testing.T) (script func(extra []string, args ...string) str
 // changelog is refused (TOPIC_AUTHORIZATION_FAILED), and so is `keys
 // list`, at once.
 func TestRealSecuredKafkaScriptACLs(t *testing.T) {
-	script, k := scriptBroker(t)
+	script, k := scriptBroker(t, securedScriptPorts)
 	script(nil, "start")
 	adm := k.Admin(t)
 	stale := []*kadm.ACLBuilder{
@@ -400,7 +419,7 @@ func waitACLs(t *testing.T, k testenv.SecuredKafka, want ...string) {
 // and starts a stopped one on a new data dir, without the topics an
 // earlier run left there.
 func TestRealKafkaScriptStartFresh(t *testing.T) {
-	script, k := scriptBroker(t)
+	script, k := scriptBroker(t, startFreshPorts)
 	script(nil, "start-fresh")
 	const stale = "left-by-an-earlier-run"
 	topicsNow := func() kadm.TopicDetails {
@@ -455,7 +474,7 @@ func TestRealSecuredKafkaScriptPasswordsOffCommandLine(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(home, "bin", "java"), []byte(wrapper), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	script, k := scriptBroker(t)
+	script, k := scriptBroker(t, securedScriptPorts)
 	script([]string{"JAVA_HOME=" + home}, "start")
 
 	b, err := os.ReadFile(argsLog)

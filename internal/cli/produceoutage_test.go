@@ -55,6 +55,7 @@ func produceDuringOutage(t *testing.T, ctx context.Context, limit time.Duration,
 // acknowledged and that sending them again is safe, instead of waiting
 // for the brokers for ever.
 func TestProduceStopsOnSignalDuringOutage(t *testing.T) {
+	parallelWaitingTest(t, &scriptBrokerLane)
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(time.Second, cancel)
 	code, out, errOut := produceDuringOutage(t, ctx, 20*time.Second)
@@ -70,6 +71,7 @@ func TestProduceStopsOnSignalDuringOutage(t *testing.T) {
 // acknowledge within --timeout is reported failed, with its line, and
 // the command exits 1.
 func TestProduceOutageTimesOut(t *testing.T) {
+	parallelWaitingTest(t, &scriptBrokerLane)
 	code, out, errOut := produceDuringOutage(t, context.Background(), 30*time.Second, "--timeout", "2s")
 	if code != 1 || !strings.Contains(out, "2 failed") || !strings.Contains(errOut, "line 1:") || !strings.Contains(errOut, "line 2:") {
 		t.Fatalf("exit %d; want 1 with both events failed\nstdout: %s\nstderr: %s", code, out, errOut)
