@@ -61,6 +61,11 @@ import (
 // customers with usage in the periods that ended, and the rest go out after
 // them.
 //
+// The code: the gate is in entgate.go, the Ledger's store and its caches
+// in entstore.go, the records of usage.entitlements (re-routing, origins,
+// restating) in entrecords.go, an event's decision in entdecide.go, and
+// balances, the period roll, pruning and ticks in entbalances.go.
+//
 // State keys, besides the aggregator's (state.go):
 //
 //	'e' …        the Ledger's keys (entitlements.Ledger, prefix "e")
