@@ -410,7 +410,7 @@ type metrics struct {
 	chunks                    *prometheus.CounterVec
 	finalizing                *prometheus.GaugeVec
 	finalDue                  *prometheus.GaugeVec // due.go
-	// entitlements.go
+	// entitlements (entitlements.go and the ent*.go beside it)
 	decisions  *prometheus.CounterVec
 	credits    *prometheus.CounterVec
 	entRecords *prometheus.CounterVec

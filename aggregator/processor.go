@@ -541,8 +541,8 @@ func (pt *partition) Close() {
 
 // Punctuate implements stream.Partition: with entitlements, it appends a
 // tick to the partition's entitlements partition when the partition needs
-// its read time to move (entitlements.go). The aggregation is driven by
-// the watermark records in its input, never by a timer.
+// its read time to move (needsTick, entbalances.go). The aggregation is
+// driven by the watermark records in its input, never by a timer.
 func (pt *partition) Punctuate(tx *stream.Tx) error {
 	if pt.ent == nil {
 		return nil
