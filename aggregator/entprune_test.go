@@ -47,7 +47,7 @@ func TestEntitlementsPruneKeepsReroutedEventsVersions(t *testing.T) {
 	}
 	const w = 24 * time.Hour
 	wm := at(16, 0, 59)
-	// The event is one dedup accepts at wm (dedup/processor.go, event()).
+	// The event is one dedup accepts at wm (dedup/decide.go, event()).
 	eventTime, arrival := at(14, 1, 0), at(14, 0, 0)
 	b, s := dedup.DefaultBucket.Milliseconds(), dedup.DefaultSkew.Milliseconds()
 	if expiredBefore := (wm - w.Milliseconds() - s) / b * b; eventTime-s < expiredBefore || eventTime > arrival+s || arrival-eventTime >= w.Milliseconds() {

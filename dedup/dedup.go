@@ -18,6 +18,17 @@
 //
 // The store runs on internal/stream, so every decision, its outputs and the
 // consumed offset commit together.
+//
+// Files: dedup.go (Config, Stage), processor.go (the stream.Processor and
+// its partitions: Open, Abort, Flush, Committed, Close), decide.go
+// (Process and each record's decision: reject, forward, or drop as a
+// duplicate), reroute.go (what dedup writes to usage.events and reads
+// back: re-routed events and ticks, and the watermark ticks forward),
+// state.go (state keys, identity values, lookup and expiry buckets),
+// auth.go (the signed headers), keyuse.go (the key ring's last uses),
+// skew.go (the S the keys were accepted under), bloom.go (the Bloom
+// filter), standby.go (a partition's filters per bucket, kept warm on a
+// standby).
 package dedup
 
 import (
