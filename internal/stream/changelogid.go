@@ -19,9 +19,10 @@ import (
 // deployment on the same topics) is another log: the store's checkpoints
 // are offsets of the old one, and once the new one has grown past them a
 // copy would replay its tail onto the old state, with nothing else to
-// notice (the group's offsets agree with the new log). Retriable errors
-// are retried until ctx ends, as the restore's listings are; a changelog
-// that stays unknown is an error.
+// notice (the group's offsets agree with the new log). Errors other than
+// a broker's permanent answer (authorization) are retried until ctx ends,
+// as the restore's listings are; a changelog that stays unknown is an
+// error.
 func (rt *Runtime) checkChangelogID(ctx context.Context, cl *kgo.Client, log *zap.Logger) error {
 	adm := kadm.NewClient(cl)
 	topic := rt.cfg.ChangelogTopic
@@ -32,10 +33,11 @@ func (rt *Runtime) checkChangelogID(ctx context.Context, cl *kgo.Client, log *za
 			return rt.store.BindChangelogID(topic, id, rt.cfg.StateDir)
 		}
 		unknown := errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
+		var ke *kerr.Error // a broker's answer; other errors (connections) are retried
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !kerr.IsRetriable(err), unknown && attempt >= attempts:
+		case errors.As(err, &ke) && !ke.Retriable, unknown && attempt >= attempts:
 			return fmt.Errorf("stream: read the topic ID of changelog %s, %d attempts: %w", topic, attempt, err)
 		case attempt%attempts == 0:
 			log.Warn("waiting to read the changelog's topic ID", zap.String("changelog", topic), zap.Int("attempts", attempt), zap.Error(err))
