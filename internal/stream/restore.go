@@ -75,6 +75,9 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail.
 	warm := rt.sb.take(ctx, p)
+	if err := rt.checkChangelogID(ctx, cl, log); err != nil {
+		return nil, nil, 0, fmt.Errorf("stream: restore partition %d: %w", p, err)
+	}
 	var replayed int64
 	for attempts := 1; ; attempts++ {
 		n, w, err := rt.restoreState(ctx, cl, log, p, warm)

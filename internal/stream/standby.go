@@ -461,6 +461,9 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	}
 	adm := kadm.NewClient(cl)
 	defer cl.Close()
+	if err := rt.checkChangelogID(ctx, cl, log); err != nil {
+		return nil, err
+	}
 
 	cs, warm, err := sb.begin(ctx, p, cl, log)
 	if err != nil {

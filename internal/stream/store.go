@@ -55,6 +55,10 @@ var keyRetention = []byte{prefixMeta, 'd', 'r', 'e', 't'}
 // recorded by the first runtime that opens it (BindChangelog).
 var keyChangelog = []byte{prefixMeta, 'c', 'l', 'o', 'g'}
 
+// keyChangelogID holds the topic ID of that changelog, recorded by the
+// first restore or standby tail that reads it (BindChangelogID).
+var keyChangelogID = []byte{prefixMeta, 'c', 'l', 'i', 'd'}
+
 // pebbleLogger sends Pebble's messages to zap: its routine messages at
 // debug, its errors at error.
 type pebbleLogger struct{ s *zap.SugaredLogger }
@@ -282,6 +286,32 @@ func (s *Store) BindChangelog(topic, dir string) error {
 		return fmt.Errorf("stream: the state in %s is a cache of changelog %q, not of this stage's changelog %q: "+
 			"give the stage a --state-dir of its own, or delete %s to rebuild it from %q",
 			dir, b, topic, dir, topic)
+	}
+	return nil
+}
+
+// BindChangelogID records id as the topic ID of the changelog topic the
+// store caches, or returns an error when it recorded another: the
+// changelog was deleted and created again since, and the store's
+// checkpoints are offsets of a log that no longer exists. A zero id (a
+// broker without topic IDs) is not recorded. A store that records no ID
+// (made before IDs were recorded) is bound to id.
+func (s *Store) BindChangelogID(topic string, id [16]byte, dir string) error {
+	if id == ([16]byte{}) {
+		return nil
+	}
+	b, closer, err := s.db.Get(keyChangelogID)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return s.db.Set(keyChangelogID, id[:], pebble.Sync)
+	}
+	if err != nil {
+		return fmt.Errorf("stream: read the changelog's topic ID of the state in %s: %w", dir, err)
+	}
+	defer closer.Close()
+	if !bytes.Equal(b, id[:]) {
+		return fmt.Errorf("stream: the state in %s is a cache of changelog %q as it was before it was deleted and created again "+
+			"(topic ID %x, now %x): its checkpoints are offsets of a log that no longer exists; delete %s to rebuild it from %q",
+			dir, topic, b, id[:], dir, topic)
 	}
 	return nil
 }

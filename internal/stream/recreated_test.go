@@ -1,0 +1,55 @@
+package stream
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestRestoreRefusesRecreatedChangelog: a state directory kept while its
+// broker's topics were deleted and created again (a local broker's data
+// directory wiped, a new deployment on the same names) is the cache of a
+// changelog that no longer exists. When the new changelog has grown past
+// the old checkpoint, a restore would replay the new log's tail onto the
+// old state, and the group's offset would agree with it: dedup would drop
+// new events as copies of ones from the old deployment. The stage refuses
+// the directory, naming it, and leaves it as it is.
+func TestRestoreRefusesRecreatedChangelog(t *testing.T) {
+	t.Parallel()
+	w, clk, fsA := ranOnce(t)
+	ctx := context.Background()
+	adm := kadm.NewClient(w.cl)
+	if _, err := adm.DeleteTopics(ctx, w.changelog, w.input); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adm.DeleteGroup(ctx, w.group); err != nil {
+		t.Fatal(err)
+	}
+	testenv.CreateTopic(t, w.brokers, w.input, 1, nil)
+	testenv.CreateTopic(t, w.brokers, w.changelog, 1, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.brokers...), kgo.DefaultProduceTopic(w.input)) // knows the new topic IDs
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	w.cl = cl
+	w.send("b", "1", "c", "1", "d", "1")
+	if _, err := w.run("b", vfs.NewMem(), clk); err != nil {
+		t.Fatal(err)
+	}
+	w.send("e", "1")
+	err = w.runWith("a", fsA, clk, prometheus.NewRegistry(), nil)
+	if err == nil || !strings.Contains(err.Error(), "deleted and created again") {
+		t.Errorf("Run on the state of a deleted changelog: %v; want it refused", err)
+	}
+	if got := w.state(fsA); len(got) != 1 || got["a"] != "1" {
+		t.Errorf("state: %v; want the old state left as it was (a=1 alone)", got)
+	}
+}
