@@ -15,7 +15,8 @@ import (
 // at once writes the customer a balance with the new cap; a record
 // scheduled for later (effective_from) writes one as of its broker time,
 // with the cap then, and none when it takes effect; the default plan's
-// record writes no customer a balance. The quota gate therefore opens at
+// record writes no customer a balance (a later customer's balance shows
+// it is in effect). The quota gate therefore opens at
 // once only for the first: own, sched and def each reach a cap of 2, then
 // theirs is raised to 10, and only own's last balance says 10.
 func TestCapRaiseBalances(t *testing.T) {
@@ -64,8 +65,8 @@ func TestCapRaiseBalances(t *testing.T) {
 	recs = append(recs, h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "later", CustomerID: "later", Meter: "api_calls",
 		Quantity: 1, EventTime: t1 + 2000, IngestTime: t1 + 2000}))
 	h.produce(recs...)
-	bs := awaitBalances(t, h, "own's raised, later's out", func(bs map[string]*schemas.Balance) bool {
-		return capReached(10, "own")(bs) && bs["later"] != nil
+	bs := awaitBalances(t, h, "own's raised, sched's of its record, later's out", func(bs map[string]*schemas.Balance) bool {
+		return capReached(10, "own")(bs) && bs["sched"].UpdatedAt >= t1 && bs["later"] != nil
 	})
 	for _, c := range []string{"sched", "def"} {
 		if b := bs[c]; b.Meters[0].Limit != 2 {
