@@ -157,7 +157,15 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 	pt.ent.pending.record("applied")
 	tx.Put(okey, from.encodeWith(r.Value))
 	if rec.Key.Reserved == "" {
-		pt.ent.change(rec.Key.Customer, written)
+		// The record counts as read at the latest broker time read from
+		// the partition (a broker clock that stepped back puts its own
+		// earlier), and so does the balance it changes: as of its own
+		// broker time, that balance would show the version before it.
+		at, err := l.ReadTo(pt.ledger(tx))
+		if err != nil {
+			return err
+		}
+		pt.ent.change(rec.Key.Customer, max(written, at))
 		if err := l.PruneCustomer(pt.ledger(tx), rec.Key.Customer, pt.pruneHorizon()); err != nil {
 			return err
 		}

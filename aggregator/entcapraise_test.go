@@ -1,0 +1,125 @@
+package aggregator
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// capPlan is customer's record ("": the default plan's) capping api_calls
+// at limit (plan cap-<limit>), effective from from.
+func capPlan(customer string, limit, from int64) *schemas.Entitlements {
+	return &schemas.Entitlements{CustomerID: customer, Plan: fmt.Sprint("cap-", limit), EffectiveFrom: from,
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow},
+		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: limit, OnLimit: schemas.OnLimitReject}}}
+}
+
+// startCapRun produces recs, then one api_call of each of customers, 100ms
+// apart from t0 + 1s on, and starts instance a with entitlements, stopped
+// when the test ends.
+func startCapRun(t *testing.T, h *aggHarness, t0 int64, recs []*kgo.Record, customers ...string) {
+	for i, c := range customers {
+		at := t0 + 1000 + int64(i)*100
+		recs = append(recs, h.dedupedEvent(0, &schemas.DedupedEvent{EventID: fmt.Sprint(c, i), CustomerID: c, Meter: "api_calls",
+			Quantity: 1, EventTime: at, IngestTime: at}))
+	}
+	h.produce(recs...)
+	run := h.start(h.entConfig("a", vfs.NewMem()))
+	t.Cleanup(func() {
+		if err := run.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// atCap reports whether each customer's last balance has a usage of 2 of
+// the limit.
+func atCap(limit int64, customers ...string) func(map[string]*schemas.Balance) bool {
+	return func(bs map[string]*schemas.Balance) bool {
+		for _, c := range customers {
+			b := bs[c]
+			if b == nil || len(b.Meters) != 1 || b.Meters[0].Usage != 2 || b.Meters[0].Limit != limit {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// TestCapRaiseBalances (kfake; docs/entitlements.md, Topics, and
+// ingest.md, The quota gate): a customer's own record that raises its cap
+// at once writes the customer a balance with the new cap; a record
+// scheduled for later (effective_from) writes one as of its broker time,
+// with the cap then, and none when it takes effect; the default plan's
+// record writes no customer a balance (a later customer's balance shows
+// it is in effect). The quota gate therefore opens at once only for the
+// first: own, sched and def each reach a cap of 2, then theirs is raised
+// to 10, and only own's last balance says 10.
+func TestCapRaiseBalances(t *testing.T) {
+	const n = 1
+	h := newEntHarness(t, nil, n)
+	t0 := time.Now().Add(-90 * time.Second).Truncate(time.Second).UnixMilli()
+	recs := h.shared(n, schemas.DefaultPlanKey, capPlan("", 2, 0), t0)
+	recs = append(recs, h.entitlement(n, capPlan("own", 2, 0), t0), h.entitlement(n, capPlan("sched", 2, 0), t0))
+	startCapRun(t, h, t0, recs, "own", "sched", "def", "own", "sched", "def")
+	awaitBalances(t, h, "at the cap of 2", atCap(2, "own", "sched", "def"))
+
+	// Raised, read after the ticks the aggregator stamped with the wall
+	// clock: own's at once, sched's from t1 + 1s on, the default plan's.
+	t1 := time.Now().UnixMilli()
+	recs = append(h.shared(n, schemas.DefaultPlanKey, capPlan("", 10, 0), t1),
+		h.entitlement(n, capPlan("own", 10, 0), t1), h.entitlement(n, capPlan("sched", 10, t1+1000), t1))
+	// A customer's event after all that: its balance goes out after the
+	// records' changes have been flushed.
+	recs = append(recs, h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "later", CustomerID: "later", Meter: "api_calls",
+		Quantity: 1, EventTime: t1 + 2000, IngestTime: t1 + 2000}))
+	h.produce(recs...)
+	bs := awaitBalances(t, h, "own's raised, sched's of its record, later's out", func(bs map[string]*schemas.Balance) bool {
+		return atCap(10, "own")(bs) && bs["sched"].UpdatedAt >= t1 && bs["later"] != nil
+	})
+	for _, c := range []string{"sched", "def"} {
+		if b := bs[c]; b.Meters[0].Limit != 2 {
+			t.Errorf("%s's last balance has the limit %d, want 2 (no balance when its raised cap takes effect)", c, b.Meters[0].Limit)
+		}
+	}
+	if b := bs["later"]; b.Meters[0].Limit != 10 {
+		t.Errorf("later's balance has the limit %d, want the default plan's 10", b.Meters[0].Limit)
+	}
+}
+
+// TestSteppedBackRecordBalance (kfake; docs/entitlements.md, The ordering
+// rule: broker time): a customer's record whose broker time is behind the
+// latest one read from its partition (a broker clock that stepped back)
+// counts as read at that latest time, and so does the balance it writes:
+// a cap raised so shows in the customer's next balance, as the aggregator
+// now decides it. A balance as of the record's own broker time would say
+// the cap before it.
+func TestSteppedBackRecordBalance(t *testing.T) {
+	const n = 1
+	h := newEntHarness(t, nil, n)
+	t0 := time.Now().Add(-90 * time.Second).Truncate(time.Second).UnixMilli()
+	// The partition is read up to now before the raise below, stamped 5s
+	// after t0: behind.
+	recs := append([]*kgo.Record{h.entitlement(n, capPlan("acme", 2, 0), t0)},
+		h.shared(n, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, time.Now().UnixMilli())...)
+	startCapRun(t, h, t0, recs, "acme", "acme")
+	awaitBalances(t, h, "usage 2 of 2", atCap(2, "acme"))
+	n0 := len(balancesOf(t, h, "acme"))
+	h.produce(h.entitlement(n, capPlan("acme", 10, 0), t0+5000))
+	deadline := time.Now().Add(30 * time.Second)
+	for len(balancesOf(t, h, "acme")) == n0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no balance of acme after its record after 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	bs := balancesOf(t, h, "acme")
+	if b := bs[len(bs)-1]; b.Plan != "cap-10" || b.Meters[0].Limit != 10 {
+		t.Errorf("acme's balance after its raise: plan %q, limit %d as of %d; want cap-10's 10", b.Plan, b.Meters[0].Limit, b.UpdatedAt)
+	}
+}
