@@ -169,10 +169,18 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	req.errs = append(req.errs, errs...)
 	slices.SortStableFunc(req.errs, func(a, b EventError) int { return cmp.Compare(a.Index, b.Index) })
 	if len(req.denied) > 0 {
-		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
-			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
+		// Every bad event is named: the invalid ones too, each after its
+		// scope's error when it has both.
+		errs := slices.Concat(req.denied, req.errs)
+		slices.SortStableFunc(errs, func(a, b EventError) int { return cmp.Compare(a.Index, b.Index) })
+		denied := countIndexes(req.denied)
+		detail := fmt.Sprintf("%d of %d events are outside what key %s may write", denied, req.inputs, req.key.ID)
+		if invalid := countIndexes(errs) - denied; invalid > 0 {
+			detail += fmt.Sprintf(", and %d are invalid", invalid)
+		}
+		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope", detail+"; nothing was sent", errs, 0)
 		s.metrics.refused(tenant, req.inputs)
-		s.metrics.refusedEvents(tenant, req.denied)
+		s.metrics.refusedEvents(tenant, errs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
