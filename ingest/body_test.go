@@ -176,8 +176,8 @@ func TestLargeDataCostsLittle(t *testing.T) {
 // few times its size in memory, like one deep event
 // (TestLargeDataCostsLittle): the nesting duplicateMember follows in one
 // event's data is not paid for again by each event of the batch (a
-// megabyte of such events took 100 times its size, 50 KiB for each level
-// of nesting).
+// megabyte of such events took 90 times its size, some 180 bytes for
+// each level of nesting).
 func TestDeepDataCostsLittle(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.RefusalRate = -1 })
 	h := e.srv.Handler()

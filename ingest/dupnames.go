@@ -25,7 +25,7 @@ import (
 // names: an object's hashes are sorted when it ends, and names of equal
 // hashes compared. Its stacks are reused from call to call (dupPool): the
 // data of every event of a batch may nest as deep as JSON allows, and a
-// stack grown anew for each would cost 50 times the data's size. Data
+// stack grown anew for each would cost some 100 times its size. Data
 // whose names have no escapes allocates nothing.
 func duplicateMember(data string) *fieldError {
 	sc := dupPool.Get().(*dupScratch)
