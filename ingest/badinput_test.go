@@ -65,6 +65,16 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"type","code":"unknown_event_type","reason":"\"promt\" feeds no meter (the meters file declares no event_type \"promt\")"}]}`},
 		{"subject outside the key's scope", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + strings.Replace(good, `acme-1`, `globex-1`, 1) + `]`, 403,
 			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 2 events are outside what key KEYID may write; nothing was sent","errors":[{"index":1,"field":"subject","code":"out_of_scope","reason":"customer \"globex-1\" is not one of tenant acme's customers"}]}`},
+		// A 403 names every bad event: those outside the key's scope and
+		// the invalid ones, which would otherwise be named only once the
+		// first are fixed and the request sent again.
+		{"outside the key's scope and invalid", "/api/v1/events", "application/cloudevents-batch+json", e.token,
+			`[` + good + `,` + strings.Replace(good, `acme-1`, `globex-1`, 1) + `,` + strings.Replace(good, `"input":3`, `"input":2.5`, 1) + `,` +
+				strings.Replace(good, `"time":"2026-11-29T12:00:00Z"`, `"time":"3026-11-29T12:00:00Z"`, 1) + `]`, 403,
+			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 4 events are outside what key KEYID may write, and 2 are invalid; nothing was sent","errors":[` +
+				`{"index":1,"field":"subject","code":"out_of_scope","reason":"customer \"globex-1\" is not one of tenant acme's customers"},` +
+				`{"index":2,"field":"data.tokens.input","code":"invalid","reason":"\"2.5\" is not an integer in the meter's base unit (declare a scale in the meters file to accept decimals) (meter input_tokens)"},` +
+				`{"index":3,"field":"time","code":"in_future","reason":"3026-11-29T12:00:00Z is more than 1h0m0s after now"}]}`},
 		{"meter outside the key's scope", "/api/v1/events", "application/cloudevents+json", onlyPrompts, good, 403,
 			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 1 events are outside what key KEYID may write; nothing was sent","errors":[{"index":0,"field":"type","code":"out_of_scope","reason":"meter \"input_tokens\" is outside the key's meters"}]}`},
 		{"revoked key", "/api/v1/events", "application/cloudevents+json", revoked, good, 401,

@@ -171,6 +171,35 @@ func TestLargeDataCostsLittle(t *testing.T) {
 	}
 }
 
+// TestDeepDataCostsLittle: a batch whose every event's data nests as deep
+// as JSON may (encoding/json's limit, 10,000) is accepted at a cost of a
+// few times its size in memory, like one deep event
+// (TestLargeDataCostsLittle): the nesting duplicateMember follows in one
+// event's data is not paid for again by each event of the batch (a
+// megabyte of such events took 90 times its size, some 180 bytes for
+// each level of nesting).
+func TestDeepDataCostsLittle(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.RefusalRate = -1 })
+	h := e.srv.Handler()
+	const depth = 9_990
+	for _, deep := range []string{
+		strings.Repeat("[", depth) + strings.Repeat("]", depth),
+		strings.Repeat(`{"a":`, depth) + "0" + strings.Repeat("}", depth),
+	} {
+		one := `{"specversion":"1.0","id":"deep","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z",` +
+			`"data":{"tokens":{"input":3},"model":"m1","user":"u","deep":` + deep + `}}`
+		n := (DefaultMaxBodyBytes - 2) / (len(one) + 1)
+		body := "[" + strings.Repeat(one+",", n-1) + one + "]"
+		w, alloc := serveMeasured(h, e.token, "/api/v1/events", "application/cloudevents-batch+json", body)
+		if w.Code != http.StatusNoContent {
+			t.Fatalf("%.10s: %d %.300s", deep, w.Code, w.Body)
+		}
+		if most := uint64(4*len(body)) + 4<<20; alloc > most {
+			t.Errorf("%.10s: a body of %d events, %d bytes, took %d MB to accept, more than %d MB", deep, n, len(body), alloc>>20, most>>20)
+		}
+	}
+}
+
 // members is n members of an object, the kth written by format with k.
 func members(n int, format string) string {
 	var b strings.Builder

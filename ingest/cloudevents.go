@@ -353,8 +353,17 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 			return CloudEvent{}, fe
 		}
 	}
+	// Any other time before 2000 is refused as the producer refuses it,
+	// but named as written: the producer's reason reads it as epoch
+	// milliseconds (and the epoch itself as a missing time).
+	if ev.Time.Before(minEventTime) && !ev.Time.IsZero() {
+		return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is before 2000-01-01", clip(a.attr[5]))}
+	}
 	return ev, nil
 }
+
+// minEventTime is the earliest event time (schemas.MinEventTime).
+var minEventTime = time.UnixMilli(schemas.MinEventTime)
 
 // checkDataBase64 decodes a CloudEvent's data_base64 (its JSON text,
 // trimmed) as the CloudEvents SDK OpenMeter decodes with does: a string

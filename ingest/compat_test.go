@@ -31,6 +31,11 @@ func TestCloudEventTime(t *testing.T) {
 			"[" + ev("r4", `,"time":""`) + "," + strings.Replace(ev("x", ""), `"x"`, `7`, 1) + "]",
 			`0 time "" is not RFC 3339 (like 2026-11-29T12:00:00.250Z)|1 id must be a string, not a JSON number`},
 		{"application/cloudevents+json", ev("r5", `,"time":" "`), `0 time " " is not RFC 3339 (like 2026-11-29T12:00:00.250Z)`},
+		// A time before 2000, as written, offset included: not as the
+		// milliseconds of Meterline's format, nor the epoch as missing.
+		{"application/cloudevents-batch+json", "[" + ev("r6", `,"time":"1999-12-31T23:59:59.999Z"`) + "," + ev("r7", `,"time":"2000-01-01T00:30:00+01:00"`) +
+			"," + ev("r8", `,"time":"1970-01-01T00:00:00Z"`) + "]",
+			`0 time "1999-12-31T23:59:59.999Z" is before 2000-01-01|1 time "2000-01-01T00:30:00+01:00" is before 2000-01-01|2 time "1970-01-01T00:00:00Z" is before 2000-01-01`},
 	} {
 		status, _, b := e.post("/api/v1/events", c.ct, e.token, []byte(c.body))
 		if got := eventErrors(t, status, b); strings.ReplaceAll(got, "\n", "|") != c.errs {

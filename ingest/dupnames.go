@@ -4,6 +4,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -22,18 +23,47 @@ import (
 // deep costs its size and no more, and keeps 8 bytes per member of the
 // objects it is in (a 32-bit hash of the name and its offset), not the
 // names: an object's hashes are sorted when it ends, and names of equal
-// hashes compared. Data of a few objects of up to 32 members together,
-// whose names have no escapes, allocates nothing.
+// hashes compared. Its stacks are reused from call to call (dupPool): the
+// data of every event of a batch may nest as deep as JSON allows, and a
+// stack grown anew for each would cost some 100 times its size. Data
+// whose names have no escapes allocates nothing.
 func duplicateMember(data string) *fieldError {
-	var (
-		frameBuf [8]dupFrame
-		keyBuf   [32]uint64
-	)
-	frames, keys := frameBuf[:0], keyBuf[:0]
+	sc := dupPool.Get().(*dupScratch)
+	fe := sc.check(data)
+	if cap(sc.frames) <= maxDupFrames && cap(sc.keys) <= maxDupKeys {
+		clear(sc.frames[:sc.used]) // holds no request's text
+		sc.used = 0
+		dupPool.Put(sc)
+	}
+	return fe
+}
+
+// dupScratch holds duplicateMember's stacks, for reuse (dupPool).
+type dupScratch struct {
+	frames []dupFrame
+	keys   []uint64
+	used   int // the most frames held
+}
+
+var dupPool = sync.Pool{New: func() any { return new(dupScratch) }}
+
+// maxDupFrames and maxDupKeys bound the stacks kept for reuse: room for
+// the nesting JSON allows (encoding/json's limit, 10,000), and for the
+// names of a megabyte of members.
+const (
+	maxDupFrames = 16 << 10
+	maxDupKeys   = 256 << 10
+)
+
+// check is duplicateMember, in sc's stacks.
+func (sc *dupScratch) check(data string) *fieldError {
+	frames, keys := sc.frames[:0], sc.keys[:0]
+	defer func() { sc.frames, sc.keys = frames[:0], keys[:0] }()
 	for i := 0; i < len(data); i++ {
 		switch c := data[i]; c {
 		case '{', '[':
 			frames = append(frames, dupFrame{object: c == '{', wantKey: c == '{', first: len(keys)})
+			sc.used = max(sc.used, len(frames))
 		case '}', ']':
 			top := &frames[len(frames)-1]
 			if top.object {

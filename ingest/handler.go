@@ -169,10 +169,15 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	req.errs = append(req.errs, errs...)
 	slices.SortStableFunc(req.errs, func(a, b EventError) int { return cmp.Compare(a.Index, b.Index) })
 	if len(req.denied) > 0 {
-		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope",
-			fmt.Sprintf("%d of %d events are outside what key %s may write; nothing was sent", countIndexes(req.denied), req.inputs, req.key.ID), req.denied, 0)
+		errs := mergeErrors(req.denied, req.errs)
+		denied := countIndexes(req.denied)
+		detail := fmt.Sprintf("%d of %d events are outside what key %s may write", denied, req.inputs, req.key.ID)
+		if invalid := countIndexes(errs) - denied; invalid > 0 {
+			detail += fmt.Sprintf(", and %d are invalid", invalid)
+		}
+		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope", detail+"; nothing was sent", errs, 0)
 		s.metrics.refused(tenant, req.inputs)
-		s.metrics.refusedEvents(tenant, req.denied)
+		s.metrics.refusedEvents(tenant, errs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
 		return tenant
 	}
@@ -805,6 +810,25 @@ func refusedAuth(err error) bool {
 // of waiting for room. Server.maxBuffered is set from it (BenchmarkBatchCPU
 // sets -1 to stop every request just before its records are produced).
 const maxBuffered = 100_000
+
+// mergeErrors names every bad event of a request answered 403: the
+// errors of the events outside the key's scope (denied) and of the
+// invalid ones (errs), both in the order of their indexes, one error for
+// each event, its scope's when it has both.
+func mergeErrors(denied, errs []EventError) []EventError {
+	out := make([]EventError, 0, len(denied)+len(errs))
+	d := 0
+	for _, fe := range errs {
+		for d < len(denied) && denied[d].Index < fe.Index {
+			out, d = append(out, denied[d]), d+1
+		}
+		if d < len(denied) && denied[d].Index == fe.Index {
+			continue
+		}
+		out = append(out, fe)
+	}
+	return append(out, denied[d:]...)
+}
 
 func countIndexes(errs []EventError) int {
 	n, last := 0, -1
