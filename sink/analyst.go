@@ -112,13 +112,13 @@ FROM (
 		Derived: `SELECT toYYYYMM(period_start) AS month, countIf(line_kind = 'usage'), sumIf(toDecimal128(value, 0), line_kind = 'usage'),
        countIf(status = 'FINAL'), sumIf(toDecimal128(value, 0), status = 'FINAL'),
        countIf(line_kind = 'adjustment'), sumIf(toDecimal128(delta, 0), line_kind = 'adjustment'),
-       sum(cityHash64(period_start, customer_id, meter, group_key, line_kind, event_id))
+       sum(cityHash64(period_start, customer_id, meter, group_key, line_kind, event_id, original_period_start))
 FROM %[1]s.invoice_lines FINAL GROUP BY month`,
 		Ledger: `SELECT month, sum(ul), sum(uv), sum(fl), sum(fv), sum(al), sum(ad), sum(h)
 FROM (
     SELECT toYYYYMM(period_start) AS month, count() AS ul, sum(toDecimal128(v, 0)) AS uv, countIf(s = 'FINAL') AS fl,
            sumIf(toDecimal128(v, 0), s = 'FINAL') AS fv, toUInt64(0) AS al, toDecimal128(0, 0) AS ad,
-           sum(cityHash64(period_start, customer_id, meter, group_key, 'usage', '')) AS h
+           sum(cityHash64(period_start, customer_id, meter, group_key, 'usage', '', period_start)) AS h
     FROM (
         SELECT customer_id, meter, group_key, period_start,
                argMax(value, revision) AS v, argMax(status, revision) AS s
@@ -128,7 +128,7 @@ FROM (
     UNION ALL
     SELECT toYYYYMM(booked_period_start) AS month, toUInt64(0) AS ul, toDecimal128(0, 0) AS uv, toUInt64(0) AS fl,
            toDecimal128(0, 0) AS fv, count() AS al, sum(toDecimal128(delta, 0)) AS ad,
-           sum(cityHash64(booked_period_start, customer_id, meter, group_key, 'adjustment', event_id)) AS h
+           sum(cityHash64(booked_period_start, customer_id, meter, group_key, 'adjustment', event_id, original_period_start)) AS h
     FROM %[1]s.usage_adjustments FINAL
     GROUP BY month
 ) GROUP BY month`,
@@ -166,17 +166,27 @@ FROM (
 		Name:            TableBalancesCurrent,
 		PartitionColumn: "period_start",
 		Sources:         []string{TableBalances},
-		Measures:        []string{"customers", "revisions", "key_hash"},
-		Derived: `SELECT toYYYYMM(period_start) AS month, count(), sum(revision), sum(cityHash64(customer_id, revision))
+		Measures:        []string{"customers", "revisions", "key_hash", "content_hash"},
+		Derived: `SELECT toYYYYMM(period_start) AS month, count(), sum(revision), sum(cityHash64(customer_id, revision)),
+       sum(` + balanceContentHash + `)
 FROM %[1]s.balances_current FINAL GROUP BY month`,
-		Ledger: `SELECT month, count(), sum(r), sum(cityHash64(customer_id, r))
+		Ledger: `SELECT month, count(), sum(r), sum(cityHash64(customer_id, r)), sum(h)
 FROM (
-    SELECT customer_id, toYYYYMM(period_start) AS month, toUInt64(max(revision)) AS r
+    SELECT customer_id, toYYYYMM(period_start) AS month, toUInt64(max(revision)) AS r, argMax(` + balanceContentHash + `, revision) AS h
     FROM %[1]s.usage_balances FINAL
     GROUP BY customer_id, month
 ) GROUP BY month`,
 	},
 }
+
+// balanceContentHash hashes every column of a balance that
+// balances_current copies from usage_balances but its Kafka coordinates:
+// the usage, caps, grants and overdraft the queries of
+// docs/entitlements.md (Balances in ClickHouse) read.
+const balanceContentHash = `cityHash64(customer_id, toUInt64(revision), plan, unmetered, updated_at, updated_at_ms, period_start, period_end,
+           meter_names, meter_usage, meter_limits, meter_on_limit, grant_ids, grant_priorities, grant_effective_from_ms,
+           grant_expires_at, grant_expires_at_ms, grant_amounts, grant_consumed, grant_remaining,
+           overdraft_policy, overdraft_limit, overdrawn)`
 
 var createView = regexp.MustCompile(`(?s)^CREATE MATERIALIZED VIEW IF NOT EXISTS ([a-z0-9_]+) TO ([a-z0-9_]+) AS\s+(SELECT\s.*)$`)
 var fromTable = regexp.MustCompile(`\bFROM ([a-z0-9_]+)\b`)

@@ -29,37 +29,14 @@ const signFlip = "bitXor(%s, toInt64('-9223372036854775808'))"
 // ones, and those that put the migrations' views back.
 func flippedViews(t *testing.T) (flip, restore []string) {
 	t.Helper()
-	ds, err := DerivedTables()
-	if err != nil {
-		t.Fatal(err)
-	}
-	edits := map[string][2]string{
+	return editedViews(t, map[string][2]string{
 		"events_by_customer_mv": {"quantity, source", fmt.Sprintf(signFlip, "quantity") + " AS quantity, source"},
 		"aggregates_current_mv": {"status, value, event_count", "status, " + fmt.Sprintf(signFlip, "value") + " AS value, event_count"},
 		"invoice_lines_usage_mv": {"value, toInt64(0) AS delta",
 			fmt.Sprintf(signFlip, "value") + " AS value, toInt64(0) AS delta"},
 		"invoice_lines_adjustments_mv": {"delta, original_period_start",
 			"if(toYYYYMM(booked_period_start) = 202402, " + fmt.Sprintf(signFlip, "delta") + ", delta) AS delta, original_period_start"},
-	}
-	for _, d := range ds {
-		for _, v := range d.Views {
-			e, ok := edits[v.Name]
-			if !ok {
-				continue
-			}
-			sel := strings.Replace(v.Select, e[0], e[1], 1)
-			if sel == v.Select {
-				t.Fatalf("view %s: no %q to replace", v.Name, e[0])
-			}
-			flip = append(flip, "DROP TABLE "+v.Name, "CREATE MATERIALIZED VIEW "+v.Name+" TO "+v.Target+" AS "+sel)
-			restore = append(restore, "DROP TABLE "+v.Name, "CREATE MATERIALIZED VIEW "+v.Name+" TO "+v.Target+" AS "+v.Select)
-			delete(edits, v.Name)
-		}
-	}
-	if len(edits) != 0 {
-		t.Fatalf("views not found: %v", edits)
-	}
-	return flip, restore
+	})
 }
 
 // flippedWant: per table and month, the measures (by index) that differ,
@@ -104,20 +81,34 @@ func TestVerifySumsExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	differing := map[string]bool{}
+	for key := range flippedWant {
+		differing[key] = true
+	}
+	checkMonths(t, rep.Months, differing, func(key string, m MonthCheck) { checkFlipped(t, key, m.Ledger, m.Derived) })
+}
+
+// checkMonths checks that the months of differing (table/YYYYMM) were
+// compared and differ and every other month is equal, and calls each
+// (if not nil) on every month.
+func checkMonths(t *testing.T, months []MonthCheck, differing map[string]bool, each func(key string, m MonthCheck)) {
+	t.Helper()
 	seen := map[string]bool{}
-	for _, m := range rep.Months {
+	for _, m := range months {
 		key := fmt.Sprintf("%s/%d", m.Table, m.Month)
 		seen[key] = true
 		want := MonthEqual
-		if flippedWant[key] != nil {
+		if differing[key] {
 			want = MonthDiffers
 		}
 		if m.Status != want {
 			t.Errorf("%s: %s, want %s (ledger %v, derived %v)", key, m.Status, want, m.Ledger, m.Derived)
 		}
-		checkFlipped(t, key, m.Ledger, m.Derived)
+		if each != nil {
+			each(key, m)
+		}
 	}
-	for key := range flippedWant {
+	for key := range differing {
 		if !seen[key] {
 			t.Errorf("%s not compared", key)
 		}
