@@ -308,7 +308,8 @@ func (w *Writer) checkFailed(err error) {
 // partition with the recorded progress before any of its records is
 // used. It retries while ClickHouse or Kafka cannot answer (fetching
 // waits meanwhile) and returns an error wrapping ErrOffsetsAhead when the
-// offsets are ahead of the database.
+// offsets are ahead of the database, or ErrTopicRecreated when a topic is
+// not the log the database recorded (checkTopicIDs).
 func (w *Writer) checkAssigned(ctx context.Context) error {
 	backoff := 200 * time.Millisecond
 	for {
@@ -328,7 +329,8 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 			w.markChecked(parts, rereads)
 			continue
 		}
-		if errors.Is(err, ErrOffsetsAhead) || errors.Is(err, ErrOffsetsLost) || errors.Is(err, ErrOtherGroup) || ctx.Err() != nil {
+		if errors.Is(err, ErrOffsetsAhead) || errors.Is(err, ErrOffsetsLost) || errors.Is(err, ErrOtherGroup) ||
+			errors.Is(err, ErrTopicRecreated) || ctx.Err() != nil {
 			return err
 		}
 		w.log.Warn("cannot compare the committed offsets of newly assigned partitions with the recorded progress; retrying", zap.Error(err))
@@ -468,6 +470,10 @@ func logStarts(ctx context.Context, adm *kadm.Client, parts []tp, timeout time.D
 // checkOffsets checks the committed offsets of parts (-1: none) against
 // the recorded progress and returns those read again below it (rereads).
 func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]int64, error) {
+	adm := kadm.NewClient(w.sess.Client())
+	if err := w.checkTopicIDs(ctx, adm, topicsOf(parts)); err != nil {
+		return nil, err
+	}
 	rec, err := w.readProgress(ctx)
 	if err != nil {
 		return nil, err
@@ -483,7 +489,7 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]i
 			missing = append(missing, k)
 		}
 	}
-	starts, err := logStarts(ctx, kadm.NewClient(w.sess.Client()), missing, w.cfg.QueryTimeout)
+	starts, err := logStarts(ctx, adm, missing, w.cfg.QueryTimeout)
 	if err != nil {
 		return nil, err
 	}
