@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -85,6 +86,13 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 	}
 	db, err := pebble.Open(dir, opts)
 	cache.Unref() // the DB holds its own reference
+	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) {
+		// Pebble's lock on the directory (fcntl) is held by another
+		// process: two instances given one --instance-id and --state-dir.
+		return nil, fmt.Errorf("stream: the state in %s is in use by another process: another instance of this stage "+
+			"with the same --instance-id and --state-dir (an instance keeps its state in <state-dir>/<stage>-<instance-id>) runs on this host; "+
+			"give each instance its own --instance-id: %w", dir, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stream: open state in %s: %w", dir, err)
 	}
