@@ -99,3 +99,21 @@ func TestRecreatedTopicRefused(t *testing.T) {
 	}
 	e.exact(TableEvents, 10)
 }
+
+// TestTopicIDsOnChdb: the table of topic IDs and the sink's query of it
+// on current ClickHouse (chdb, 26.x): a topic recorded twice by two
+// instances reads once, and only the topics asked for.
+func TestTopicIDsOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	const db = "topic_ids"
+	stmts := append(migrationStatements(t),
+		"INSERT INTO "+TopicIDsTable+" (kafka_topic, topic_id, recorded_at) VALUES ('a', 'id1', now()), ('a', 'id1', now()), ('b', 'id2', now()), ('c', 'id3', now())")
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts,
+		Queries: []string{topicIDsQuery(db, []string{"a", "b"})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "a\tid1\nb\tid2\n"; len(resp.Results) != 1 || resp.Results[0] != want {
+		t.Fatalf("on chdb %s: %q, want %q", resp.Version, resp.Results, want)
+	}
+}

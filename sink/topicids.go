@@ -87,14 +87,9 @@ func (w *Writer) checkTopicIDs(ctx context.Context, adm *kadm.Client, topics []s
 // recordedTopicIDs returns the topic IDs database db recorded for each of
 // topics, sorted.
 func recordedTopicIDs(ctx context.Context, conn driver.Conn, db string, topics []string, timeout time.Duration) (map[string][]string, error) {
-	quoted := make([]string, len(topics))
-	for i, t := range topics {
-		quoted[i] = quote(t)
-	}
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	rows, err := conn.Query(qctx, "SELECT DISTINCT kafka_topic, topic_id FROM "+db+"."+TopicIDsTable+
-		" WHERE kafka_topic IN ("+strings.Join(quoted, ", ")+")")
+	rows, err := conn.Query(qctx, topicIDsQuery(db, topics))
 	if err != nil {
 		return nil, fmt.Errorf("sink: read %s: %w", TopicIDsTable, err)
 	}
@@ -114,6 +109,16 @@ func recordedTopicIDs(ctx context.Context, conn driver.Conn, db string, topics [
 		sort.Strings(ids)
 	}
 	return out, nil
+}
+
+// topicIDsQuery reads the topic IDs database db recorded for topics.
+func topicIDsQuery(db string, topics []string) string {
+	quoted := make([]string, len(topics))
+	for i, t := range topics {
+		quoted[i] = quote(t)
+	}
+	return "SELECT DISTINCT kafka_topic, topic_id FROM " + db + "." + TopicIDsTable +
+		" WHERE kafka_topic IN (" + strings.Join(quoted, ", ") + ") ORDER BY kafka_topic, topic_id"
 }
 
 // recordTopicIDs records topic IDs, given as pairs of topic and ID, in
