@@ -156,25 +156,34 @@ func (w *Writer) recordFirstCommits(ctx context.Context, first map[tp]int64) {
 // INSERT; fromCommitted says, per partition, whether its window started
 // from a committed offset of the group.
 func insertProgress(ctx context.Context, conn driver.Conn, db, group string, progress map[tp]int64, fromCommitted map[tp]bool, now time.Time) error {
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+"."+ProgressTable+
-		" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed)")
-	if err != nil {
-		return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
-	}
+	var rows [][]any
 	for _, k := range sortedParts(progress) {
 		fc := uint8(0)
 		if fromCommitted[k] {
 			fc = 1
 		}
-		if err := b.Append(group, k.topic, k.p, uint64(progress[k]), now.UTC(), fc); err != nil {
-			_ = b.Abort()
-			return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
-		}
+		rows = append(rows, []any{group, k.topic, k.p, uint64(progress[k]), now.UTC(), fc})
 	}
-	if err := b.Send(); err != nil {
+	if err := insertRows(ctx, conn, "INSERT INTO "+db+"."+ProgressTable+
+		" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed)", rows); err != nil {
 		return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
 	}
 	return nil
+}
+
+// insertRows writes rows with the INSERT query in one batch.
+func insertRows(ctx context.Context, conn driver.Conn, query string, rows [][]any) error {
+	b, err := conn.PrepareBatch(ctx, query)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if err := b.Append(r...); err != nil {
+			_ = b.Abort()
+			return err
+		}
+	}
+	return b.Send()
 }
 
 // sortedParts returns the partitions of m by topic and partition.

@@ -58,17 +58,12 @@ func TestRecreatedTopicRefused(t *testing.T) {
 	e := newEnv(t, 1)
 	topic := e.names.DedupedTopic()
 	base := time.Date(2026, 5, 4, 0, 0, 0, 0, time.UTC)
-	var old, fresh []*kgo.Record
-	for i := 0; i < 10; i++ {
-		old = append(old, deduped(topic, 0, i, base.Add(time.Duration(i)*time.Second)))
-		fresh = append(fresh, deduped(topic, 0, 100+i, base.Add(time.Duration(100+i)*time.Second)))
-	}
-	e.produce(old...)
+	e.produce(tenFrom(topic, 0, base)...)
 	e.runOnce(topic)
 	e.exact(TableEvents, 10)
 
 	e.recreateTopic(topic, 1)
-	e.produce(fresh...)
+	e.produce(tenFrom(topic, 100, base)...)
 	e.resetToEarliest(topic)
 	r := e.start(nil)
 	expectStop(t, r, ErrTopicRecreated, topic, e.db, "deleted and created again", "--database")

@@ -126,18 +126,12 @@ func topicIDsQuery(db string, topics []string) string {
 func recordTopicIDs(ctx context.Context, conn driver.Conn, db string, pairs []string, timeout time.Duration) error {
 	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	b, err := conn.PrepareBatch(ictx, "INSERT INTO "+db+"."+TopicIDsTable+" (kafka_topic, topic_id, recorded_at)")
-	if err != nil {
-		return fmt.Errorf("sink: record topic IDs in %s: %w", TopicIDsTable, err)
-	}
 	now := time.Now().UTC()
+	var rows [][]any
 	for i := 0; i+1 < len(pairs); i += 2 {
-		if err := b.Append(pairs[i], pairs[i+1], now); err != nil {
-			_ = b.Abort()
-			return fmt.Errorf("sink: record topic IDs in %s: %w", TopicIDsTable, err)
-		}
+		rows = append(rows, []any{pairs[i], pairs[i+1], now})
 	}
-	if err := b.Send(); err != nil {
+	if err := insertRows(ictx, conn, "INSERT INTO "+db+"."+TopicIDsTable+" (kafka_topic, topic_id, recorded_at)", rows); err != nil {
 		return fmt.Errorf("sink: record topic IDs in %s: %w", TopicIDsTable, err)
 	}
 	return nil
