@@ -156,25 +156,34 @@ func (w *Writer) recordFirstCommits(ctx context.Context, first map[tp]int64) {
 // INSERT; fromCommitted says, per partition, whether its window started
 // from a committed offset of the group.
 func insertProgress(ctx context.Context, conn driver.Conn, db, group string, progress map[tp]int64, fromCommitted map[tp]bool, now time.Time) error {
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+"."+ProgressTable+
-		" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed)")
-	if err != nil {
-		return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
-	}
+	var rows [][]any
 	for _, k := range sortedParts(progress) {
 		fc := uint8(0)
 		if fromCommitted[k] {
 			fc = 1
 		}
-		if err := b.Append(group, k.topic, k.p, uint64(progress[k]), now.UTC(), fc); err != nil {
-			_ = b.Abort()
-			return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
-		}
+		rows = append(rows, []any{group, k.topic, k.p, uint64(progress[k]), now.UTC(), fc})
 	}
-	if err := b.Send(); err != nil {
+	if err := insertRows(ctx, conn, "INSERT INTO "+db+"."+ProgressTable+
+		" (consumer_group, kafka_topic, kafka_partition, next_offset, written_at, from_committed)", rows); err != nil {
 		return fmt.Errorf("sink: record progress in %s: %w", ProgressTable, err)
 	}
 	return nil
+}
+
+// insertRows writes rows with the INSERT query in one batch.
+func insertRows(ctx context.Context, conn driver.Conn, query string, rows [][]any) error {
+	b, err := conn.PrepareBatch(ctx, query)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		if err := b.Append(r...); err != nil {
+			_ = b.Abort()
+			return err
+		}
+	}
+	return b.Send()
 }
 
 // sortedParts returns the partitions of m by topic and partition.
@@ -308,7 +317,8 @@ func (w *Writer) checkFailed(err error) {
 // partition with the recorded progress before any of its records is
 // used. It retries while ClickHouse or Kafka cannot answer (fetching
 // waits meanwhile) and returns an error wrapping ErrOffsetsAhead when the
-// offsets are ahead of the database.
+// offsets are ahead of the database, or ErrTopicRecreated when a topic is
+// not the log the database recorded (checkTopicIDs).
 func (w *Writer) checkAssigned(ctx context.Context) error {
 	backoff := 200 * time.Millisecond
 	for {
@@ -328,7 +338,8 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 			w.markChecked(parts, rereads)
 			continue
 		}
-		if errors.Is(err, ErrOffsetsAhead) || errors.Is(err, ErrOffsetsLost) || errors.Is(err, ErrOtherGroup) || ctx.Err() != nil {
+		if errors.Is(err, ErrOffsetsAhead) || errors.Is(err, ErrOffsetsLost) || errors.Is(err, ErrOtherGroup) ||
+			errors.Is(err, ErrTopicRecreated) || ctx.Err() != nil {
 			return err
 		}
 		w.log.Warn("cannot compare the committed offsets of newly assigned partitions with the recorded progress; retrying", zap.Error(err))
@@ -468,6 +479,10 @@ func logStarts(ctx context.Context, adm *kadm.Client, parts []tp, timeout time.D
 // checkOffsets checks the committed offsets of parts (-1: none) against
 // the recorded progress and returns those read again below it (rereads).
 func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]int64, error) {
+	adm := kadm.NewClient(w.sess.Client())
+	if err := w.checkTopicIDs(ctx, adm, topicsOf(parts)); err != nil {
+		return nil, err
+	}
 	rec, err := w.readProgress(ctx)
 	if err != nil {
 		return nil, err
@@ -483,7 +498,7 @@ func (w *Writer) checkOffsets(ctx context.Context, parts map[tp]int64) (map[tp]i
 			missing = append(missing, k)
 		}
 	}
-	starts, err := logStarts(ctx, kadm.NewClient(w.sess.Client()), missing, w.cfg.QueryTimeout)
+	starts, err := logStarts(ctx, adm, missing, w.cfg.QueryTimeout)
 	if err != nil {
 		return nil, err
 	}

@@ -87,15 +87,19 @@ func (e *env) runOnce(topics ...string) *running {
 // them, then produces ten more that it has not.
 func (e *env) writtenThenMore(topic string, start time.Time) {
 	e.t.Helper()
-	var first, second []*kgo.Record
-	for i := 0; i < 10; i++ {
-		first = append(first, deduped(topic, 0, i, start.Add(time.Duration(i)*time.Second)))
-		second = append(second, deduped(topic, 0, 10+i, start.Add(time.Duration(10+i)*time.Second)))
-	}
-	e.produce(first...)
+	e.produce(tenFrom(topic, 0, start)...)
 	e.runOnce(topic)
 	e.exact(TableEvents, 10)
-	e.produce(second...)
+	e.produce(tenFrom(topic, 10, start)...)
+}
+
+// tenFrom returns ten records of partition 0 of topic, numbered from i
+// on, event times a second apart from start + i seconds.
+func tenFrom(topic string, i int, start time.Time) (recs []*kgo.Record) {
+	for j := i; j < i+10; j++ {
+		recs = append(recs, deduped(topic, 0, j, start.Add(time.Duration(j)*time.Second)))
+	}
+	return recs
 }
 
 // deleteRecordsBelow deletes the records of partition p of topic below

@@ -23,28 +23,52 @@ import (
 // a broker's permanent answer (authorization) are retried until ctx ends,
 // as the restore's listings are; a changelog that stays unknown is an
 // error.
+//
+// The store is held to the topic ID of each input topic too
+// (Store.BindInputID): its input offsets are offsets of those logs.
 func (rt *Runtime) checkChangelogID(ctx context.Context, cl *kgo.Client, log *zap.Logger) error {
 	adm := kadm.NewClient(cl)
-	topic := rt.cfg.ChangelogTopic
+	id, err := readTopicID(ctx, adm, rt.cfg.ChangelogTopic, log)
+	if err != nil {
+		return err
+	}
+	if err := rt.store.BindChangelogID(rt.cfg.ChangelogTopic, id, rt.cfg.StateDir); err != nil {
+		return err
+	}
+	for _, topic := range rt.cfg.inputs() {
+		id, err := readTopicID(ctx, adm, topic, log)
+		if err != nil {
+			return err
+		}
+		if err := rt.store.BindInputID(topic, id, rt.cfg.StateDir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readTopicID reads the topic ID of topic, retrying as checkChangelogID
+// says.
+func readTopicID(ctx context.Context, adm *kadm.Client, topic string, log *zap.Logger) (kadm.TopicID, error) {
 	const attempts = 20
 	for attempt := 1; ; attempt++ {
 		id, err := topicID(ctx, adm, topic)
 		if err == nil {
-			return rt.store.BindChangelogID(topic, id, rt.cfg.StateDir)
+			return id, nil
 		}
 		unknown := errors.Is(err, kerr.UnknownTopicOrPartition) || errors.Is(err, kerr.UnknownTopicID)
 		var ke *kerr.Error // a broker's answer; other errors (connections) are retried
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return kadm.TopicID{}, ctx.Err()
 		case errors.As(err, &ke) && !ke.Retriable, unknown && attempt >= attempts:
-			return fmt.Errorf("stream: read the topic ID of changelog %s, %d attempts: %w", topic, attempt, err)
+			return kadm.TopicID{}, fmt.Errorf("stream: read the topic ID of %s, %d attempts: %w", topic, attempt, err)
 		case attempt%attempts == 0:
-			log.Warn("waiting to read the changelog's topic ID", zap.String("changelog", topic), zap.Int("attempts", attempt), zap.Error(err))
+			log.Warn("waiting to read a topic's ID", zap.String("topic", topic), zap.Int("attempts", attempt), zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return kadm.TopicID{}, ctx.Err()
 		case <-time.After(listRetry):
 		}
 	}

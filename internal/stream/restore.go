@@ -255,17 +255,22 @@ func (rt *Runtime) checkInputOffset(p int32, topic string, committed int64) erro
 	}
 	if state != committed {
 		return fmt.Errorf("stream: restore partition %d: %w: state says the next input offset of %s is %s, the group %s has committed %s; refusing to re-count (%s)",
-			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed), rt.mismatchHint(state, committed))
+			p, ErrOffsetMismatch, topic, offsetString(state), rt.cfg.Group, offsetString(committed), rt.mismatchHint(topic, state, committed))
 	}
 	return nil
 }
 
 // mismatchHint says what most likely made a partition's state and its
-// group's committed offset disagree.
-func (rt *Runtime) mismatchHint(state, committed int64) string {
+// group's committed offset (of input topic) disagree.
+func (rt *Runtime) mismatchHint(topic string, state, committed int64) string {
 	switch {
 	case committed < 0:
-		return fmt.Sprintf("the group has committed nothing on it: a new or renamed group on the state of changelog %s, which another group committed; run with that group, or with a new changelog and an empty state directory to count the input again from its start", rt.cfg.ChangelogTopic)
+		// A group's offsets of a topic go with the topic: a recreated
+		// input looks like a new group, and the state's offset means
+		// other records on the new log.
+		return fmt.Sprintf("the group has committed nothing on it: a new or renamed group on the state of changelog %s, which another group committed (run with that group), "+
+			"or %s was deleted and created again (do not set the group's offset to the state's: on the new log it would skip records uncounted); "+
+			"or run with a new changelog and an empty state directory to count the input again from its start", rt.cfg.ChangelogTopic, topic)
 	case state < 0:
 		return fmt.Sprintf("the state has no input offset: changelog %s is new, or was deleted or recreated, while the group kept its offsets", rt.cfg.ChangelogTopic)
 	default:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -59,6 +60,11 @@ var keyChangelog = []byte{prefixMeta, 'c', 'l', 'o', 'g'}
 // first restore or standby tail that reads it (BindChangelogID).
 var keyChangelogID = []byte{prefixMeta, 'c', 'l', 'i', 'd'}
 
+// keyInputIDPrefix, followed by an input topic's name, holds that topic's
+// ID, recorded by the first restore or standby tail after the store was
+// bound to it (BindInputID).
+var keyInputIDPrefix = []byte{prefixMeta, 'i', 'n', 'i', 'd', '/'}
+
 // pebbleLogger sends Pebble's messages to zap: its routine messages at
 // debug, its errors at error.
 type pebbleLogger struct{ s *zap.SugaredLogger }
@@ -85,6 +91,13 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 	}
 	db, err := pebble.Open(dir, opts)
 	cache.Unref() // the DB holds its own reference
+	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) {
+		// Pebble's lock on the directory (fcntl) is held by another
+		// process: two instances given one --instance-id and --state-dir.
+		return nil, fmt.Errorf("stream: the state in %s is in use by another process: another instance of this stage "+
+			"with the same --instance-id and --state-dir (an instance keeps its state in <state-dir>/<stage>-<instance-id>) runs on this host; "+
+			"give each instance its own --instance-id: %w", dir, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stream: open state in %s: %w", dir, err)
 	}
@@ -312,6 +325,35 @@ func (s *Store) BindChangelogID(topic string, id [16]byte, dir string) error {
 		return fmt.Errorf("stream: the state in %s is a cache of changelog %q as it was before it was deleted and created again "+
 			"(topic ID %x, now %x): its checkpoints are offsets of a log that no longer exists; delete %s to rebuild it from %q",
 			dir, topic, b, id[:], dir, topic)
+	}
+	return nil
+}
+
+// BindInputID records id as the topic ID of the input topic, or returns
+// an error when the store recorded another: the topic was deleted and
+// created again since, and the input offsets of the state (and of its
+// changelog) name records of a log that no longer exists. On the new log
+// a stage resumed at them would never count the records below them. A
+// zero id (a broker without topic IDs) is not recorded; a store that
+// records none (made before input IDs were recorded) is bound to id.
+func (s *Store) BindInputID(topic string, id [16]byte, dir string) error {
+	if id == ([16]byte{}) {
+		return nil
+	}
+	key := append(slices.Clone(keyInputIDPrefix), topic...)
+	b, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return s.db.Set(key, id[:], pebble.Sync)
+	}
+	if err != nil {
+		return fmt.Errorf("stream: read the topic ID of input %s of the state in %s: %w", topic, dir, err)
+	}
+	defer closer.Close()
+	if !bytes.Equal(b, id[:]) {
+		return fmt.Errorf("stream: the state in %s holds input offsets of %q as it was before it was deleted and created again "+
+			"(topic ID %x, now %x): on the new log they name other records, and those below them would never be counted. "+
+			"Do not set the group's offsets to the state's; count the new topic on a new changelog, a new consumer group and an empty state directory "+
+			"(docs/operations.md, Outages)", dir, topic, b, id[:])
 	}
 	return nil
 }

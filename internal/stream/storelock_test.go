@@ -1,0 +1,82 @@
+package stream
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap/zaptest"
+)
+
+// holdStateEnv names the directory whose store TestHoldStateDir keeps open
+// in a process of its own.
+const holdStateEnv = "METERLINE_TEST_HOLD_STATE_DIR"
+
+// TestHoldStateDir is not a test: run by TestStateDirInUse in a process of
+// its own, it opens the store in the directory holdStateEnv names, says
+// so on stdout and keeps it open until its stdin closes.
+func TestHoldStateDir(t *testing.T) {
+	dir := os.Getenv(holdStateEnv)
+	if dir == "" {
+		return
+	}
+	s, err := OpenStore(dir, vfs.Default, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	os.Stdout.WriteString("open\n")
+	_, _ = os.Stdin.Read(make([]byte, 1))
+}
+
+// TestStateDirInUse: two processes of one stage given the same
+// --instance-id and --state-dir (each instance keeps its state in
+// <state-dir>/<stage>-<instance-id>) would share one store. Pebble's lock
+// refuses the second; its error must say what happened and what to do,
+// not only the system's "resource temporarily unavailable".
+func TestStateDirInUse(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "dedup-d1")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHoldStateDir$", "-test.count=1")
+	cmd.Env = append(os.Environ(), holdStateEnv+"="+dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	opened := make(chan string, 1)
+	go func() {
+		b := make([]byte, 5)
+		n, _ := out.Read(b)
+		opened <- string(b[:n])
+	}()
+	select {
+	case s := <-opened:
+		if !strings.HasPrefix(s, "open") {
+			t.Fatalf("the other process did not open the store: %q", s)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the other process did not open the store within 30 s")
+	}
+
+	s, err := OpenStore(dir, vfs.Default, zaptest.NewLogger(t))
+	if err == nil {
+		s.Close()
+		t.Fatal("opened a state directory another process has open")
+	}
+	for _, want := range []string{dir, "another process", "--instance-id", "--state-dir"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
