@@ -99,10 +99,24 @@ func safeText(s string) string {
 	if !unsafeText(s) {
 		return s
 	}
+	return escapeText(s, acted)
+}
+
+// terminalText is s, for a terminal, with the characters acted reports
+// and the C0 controls but tab written as \uXXXX.
+func terminalText(s string) string {
+	c0 := func(r rune) bool { return r < 0x20 && r != '\t' }
+	if strings.IndexFunc(s, c0) < 0 && !unsafeText(s) {
+		return s
+	}
+	return escapeText(s, func(r rune) bool { return c0(r) || acted(r) })
+}
+
+func escapeText(s string, escape func(rune) bool) string {
 	var b strings.Builder
 	b.Grow(len(s) + 16)
 	for _, r := range s {
-		if acted(r) {
+		if escape(r) {
 			fmt.Fprintf(&b, `\u%04x`, r)
 			continue
 		}
