@@ -370,7 +370,7 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	}
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	return zap.New(sampled(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl))), nil
+	return zap.New(sampled(textSafe{zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl)})), nil
 }
 
 // The logger's sampling: of the entries with one message and level, the

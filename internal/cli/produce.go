@@ -228,7 +228,9 @@ func (r *produceRun) report(line int64, err error) {
 	if r.opts.Progress != nil {
 		fmt.Fprint(r.opts.Errors, "\r\033[K")
 	}
-	fmt.Fprintf(r.opts.Errors, "line %d: %v\n", line, err)
+	// The error may repeat a property's name: a terminal must show it,
+	// not act on it (docs/producing.md, Go: the producer library).
+	fmt.Fprintf(r.opts.Errors, "line %d: %s\n", line, terminalText(err.Error()))
 }
 
 // read splits in into chunks of lines, each handed to the encoders (jobs)

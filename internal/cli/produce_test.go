@@ -208,3 +208,34 @@ func TestProduceSendsWhatAPipeHasWritten(t *testing.T) {
 		t.Errorf("summary %+v, want 2 sent", s)
 	}
 }
+
+// TestProduceErrorsEscapeTerminalControls: a bad line's error repeats a
+// property's name (decoded: "\u001b" in the JSON is ESC), and `meterline
+// produce` writes it to a terminal. An ESC, a C1 control or a
+// bidirectional control there would start an escape sequence (colours, an
+// OSC 8 hyperlink) or reorder what the line shows; they are written as
+// \uXXXX text instead.
+func TestProduceErrorsEscapeTerminalControls(t *testing.T) {
+	_, brokers := testenv.KFake(t, kfake.SeedTopics(1, "usage.events"))
+	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	ev := func(props string) string {
+		return `{"event_id":"e","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` + ts + `","properties":` + props + `}`
+	}
+	osc := `x\u001b]8;;https://evil.example/\u001b\\y`
+	in := ev(`{"`+osc+`":"1","`+osc+`":"2"}`) + "\n" +
+		ev("{\"n\u009b31m\u202e\":\"1\",\"n\u009b31m\u202e\":\"2\"}") + "\n"
+	_, _, stderr := run(t, in, "produce", "--brokers", brokers[0])
+	for _, r := range []rune{0x1b, 0x9b, 0x202e} {
+		if strings.ContainsRune(stderr, r) {
+			t.Errorf("stderr holds U+%04X as it is: %q", r, stderr)
+		}
+	}
+	for _, want := range []string{
+		`line 1: properties.x\u001b]8;;https://evil.example/\u001b\y: appears twice`,
+		`line 2: properties.n\u009b31m\u202e: appears twice`,
+	} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%q", want, stderr)
+		}
+	}
+}

@@ -67,7 +67,11 @@ func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Che
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	s.srv = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second}
+	// Slow clients are cut off: no handler reads a body, an answer is
+	// written within seconds, and an idle keep-alive connection is closed
+	// (docs/operations.md, HTTP servers).
+	s.srv = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return s, nil
 }
 
