@@ -109,6 +109,12 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent, 
 			pt.forged(r, "re-routed record not at its canonical key and partition")
 			arrival = r.Timestamp.UnixMilli()
 		}
+		// Re-routed, the record weighs its canonical key and its value:
+		// one over the limit would come back as a record dedup rejects.
+		if n := len(canon) + len(r.Value); n > schemas.MaxEventBytes {
+			return pt.reject(tx, r, e, schemas.ReasonOversized,
+				fmt.Sprintf("record with its canonical key is %d bytes, more than %d", n, schemas.MaxEventBytes))
+		}
 		return pt.reroute(tx, r, canon, e, arrival)
 	}
 	c := pt.pr.cfg

@@ -1,0 +1,130 @@
+package dedup
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// paddedLong appends v as an Avro long in 10 bytes: a zig-zag varint with
+// continuation bits it does not need, which every Avro decoder reads as v.
+func paddedLong(dst []byte, v int64) []byte {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	for i := 0; i < 9; i++ {
+		dst = append(dst, byte(u>>(7*i))&0x7f|0x80)
+	}
+	return append(dst, byte(u>>63))
+}
+
+func paddedString(dst []byte, s string) []byte { return append(paddedLong(dst, int64(len(s))), s...) }
+
+// TestMisroutedOversizedWithItsKey: a record of at most MaxEventBytes whose
+// event, with its canonical key, is more than that (identity fields at
+// their limit, a value written with padded varints and one property per
+// block) is rejected as oversized where it is read, never re-routed
+// (docs/design.md, Bad input): re-routed, it came back as a record dedup
+// itself rejected as oversized, under the re-routed coordinates, and
+// counted as forged headers.
+func TestMisroutedOversizedWithItsKey(t *testing.T) {
+	e := &schemas.UsageEvent{CustomerID: strings.Repeat("c", schemas.MaxIdentityFieldBytes),
+		Meter: strings.Repeat("m", schemas.MaxIdentityFieldBytes), EventID: strings.Repeat("e", schemas.MaxIdentityFieldBytes),
+		Quantity: 1, EventTime: frStart, Source: strings.Repeat("s", schemas.MaxSourceBytes)}
+	v := schemas.MustEncode(&schemas.UsageEvent{EventID: "x", CustomerID: "x", Meter: "x", EventTime: frStart})[:10]
+	v = paddedString(v, e.EventID)
+	v = paddedString(v, e.CustomerID)
+	v = paddedString(v, e.Meter)
+	v = paddedLong(v, e.Quantity)
+	v = paddedLong(v, e.EventTime)
+	v = paddedString(v, e.Source)
+	val := strings.Repeat("v", schemas.MaxPropertiesBytes/schemas.MaxProperties-3)
+	for i := range schemas.MaxProperties {
+		name := fmt.Sprintf("p%02d", i)
+		v = append(v, 1) // a block of one item, with its byte size
+		v = paddedLong(v, int64(20+len(name)+len(val)))
+		v = paddedString(paddedString(v, name), val)
+	}
+	v = append(v, 0)
+	m, err := schemas.Decode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.(*schemas.UsageEvent).Validate(); err != nil {
+		t.Fatal(err)
+	}
+	canon := m.(*schemas.UsageEvent).Identity().Key()
+	if len(v) > schemas.MaxEventBytes || len(canon)+len(v) <= schemas.MaxEventBytes {
+		t.Fatalf("value %d bytes, with its key %d: the test needs at most %d, and more with its key", len(v), len(canon)+len(v), schemas.MaxEventBytes)
+	}
+
+	h := newRecordHarness(t)
+	defer h.close()
+	l := h.local(0)
+	rec := &kgo.Record{Topic: h.pr.eventsTopic, Partition: 0, Offset: 7, Value: v, Timestamp: time.UnixMilli(frStart)}
+	if err := l.Process([]*kgo.Record{rec}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var rejected []*schemas.Rejected
+	for _, o := range l.TakeOutput() {
+		switch o.Topic {
+		case h.pr.eventsTopic:
+			t.Errorf("re-routed to partition %d: a record of %d bytes, which dedup rejects as oversized when it reads it", o.Partition, len(o.Key)+len(o.Value))
+		case h.pr.rejectedTopic:
+			var r schemas.Rejected
+			if err := schemas.DecodeInto(o.Value, &r); err != nil {
+				t.Fatal(err)
+			}
+			rejected = append(rejected, &r)
+		}
+	}
+	if len(rejected) != 1 || rejected[0].Reason != schemas.ReasonOversized || rejected[0].SourceOffset != 7 {
+		t.Fatalf("rejected %+v, want the record at offset 7 as %s", rejected, schemas.ReasonOversized)
+	}
+}
+
+// TestIdentityBytewise: identity fields are compared byte for byte, with
+// no case folding and no Unicode normalization (docs/design.md,
+// Validation): events that differ only so are different events, each
+// forwarded.
+func TestIdentityBytewise(t *testing.T) {
+	h := newRecordHarness(t)
+	defer h.close()
+	ids := [][3]string{
+		{"acme", "api", "req-1"}, {"Acme", "api", "req-1"}, {"acme", "API", "req-1"}, {"acme", "api", "REQ-1"},
+		{"caf\u00e9", "api", "req-1"}, {"cafe\u0301", "api", "req-1"},
+	}
+	for i, id := range ids {
+		e := &schemas.UsageEvent{CustomerID: id[0], Meter: id[1], EventID: id[2], Quantity: 1, EventTime: frStart}
+		key := e.Identity().Key()
+		p := schemas.Partition(key, frEvents)
+		if err := h.local(p).Process([]*kgo.Record{{Topic: h.pr.eventsTopic, Partition: p, Offset: int64(i), Key: key,
+			Value: schemas.MustEncode(e), Timestamp: time.UnixMilli(frStart)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forwarded := 0
+	for p := range int32(frEvents) {
+		if err := h.local(p).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range h.local(p).TakeOutput() {
+			if o.Topic == h.pr.dedupedTopic {
+				if m, err := schemas.Decode(o.Value); err == nil && m.Kind() == schemas.KindDedupedEvent {
+					forwarded++
+				}
+			} else {
+				t.Errorf("output to %s", o.Topic)
+			}
+		}
+	}
+	if forwarded != len(ids) {
+		t.Fatalf("%d events forwarded, want %d: identities that differ only in case or normalization are distinct", forwarded, len(ids))
+	}
+}
