@@ -9,8 +9,11 @@ import (
 // A partition revoked and assigned back to the same process is opened
 // anew while restoring, and its old instance is closed after that: the
 // old instance's Close must leave the gauges the new one set (the
-// watermark and final-due alerts read them), and the new one's Close
-// removes them.
+// watermark, final-due and entitlements-stalled alerts read them), and
+// the new one's Close removes them: a gauge left behind by a partition
+// that moved to another instance would stay at its last value for the
+// life of the process (a gate's records counted on two instances,
+// MeterlineEntitlementsStalled firing on one that owns nothing).
 func TestGaugesSurviveTheOldInstanceClosing(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	pr := &processor{m: newMetrics(reg)}
@@ -20,6 +23,7 @@ func TestGaugesSurviveTheOldInstanceClosing(t *testing.T) {
 		pt.keysGauge = pr.m.keys.WithLabelValues(pt.pl)
 		pt.pendingGauge = pr.m.finalizing.WithLabelValues(pt.pl)
 		pt.publish()
+		pr.m.gated.WithLabelValues(pt.pl).Set(2)
 		return pt
 	}
 	old := open()
@@ -28,8 +32,14 @@ func TestGaugesSurviveTheOldInstanceClosing(t *testing.T) {
 	if v, ok := gaugeOf(reg, "meterline_aggregate_watermark_seconds", "partition", "3"); !ok || v != 7 {
 		t.Fatalf("after the old instance closed: watermark gauge %v (present %v), want 7", v, ok)
 	}
+	if v, ok := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "3"); !ok || v != 2 {
+		t.Fatalf("after the old instance closed: gated records gauge %v (present %v), want 2", v, ok)
+	}
 	newer.Close()
 	if _, ok := gaugeOf(reg, "meterline_aggregate_watermark_seconds", "partition", "3"); ok {
 		t.Fatal("the owner closed and the watermark gauge is still there")
+	}
+	if v, ok := gaugeOf(reg, "meterline_aggregate_gated_records", "partition", "3"); ok {
+		t.Fatalf("the owner closed and the gated records gauge is still there (%v)", v)
 	}
 }

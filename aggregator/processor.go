@@ -537,6 +537,7 @@ func (pt *partition) Close() {
 	pt.pr.m.finalDue.DeleteLabelValues(pt.pl)
 	pt.pr.m.readTo.DeleteLabelValues(pt.pl)
 	pt.pr.m.pendingBalances.DeleteLabelValues(pt.pl)
+	pt.pr.m.gated.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition: with entitlements, it appends a

@@ -32,6 +32,14 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("restore abandoned: partition revoked")
+			// The revocation set the gauge to 0, but this goroutine may
+			// have set it again before it saw the cancellation; a newer
+			// restore of p (another epoch) owns it.
+			rt.mu.Lock()
+			if ps, ok := rt.parts[p]; !ok || ps.epoch == epoch {
+				rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
+			}
+			rt.mu.Unlock()
 			return
 		}
 		rt.setFatal(err)
