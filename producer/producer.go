@@ -357,8 +357,11 @@ func (p *Producer) AppendRecord(buf []byte, rec *kgo.Record, ue *schemas.UsageEv
 }
 
 // Send validates and sends one event and returns once the brokers have
-// durably acknowledged it (acks=all), or with the error. Retrying a failed
-// Send with the same event is safe: it has the same identity.
+// durably acknowledged it (acks=all), or with the error. While the brokers
+// are down it waits for them as long as ctx lets it (it may return a
+// little after ctx's deadline, with Kafka's last error). Retrying a failed
+// Send with the same event is safe: it has the same identity. An error
+// that wraps ErrInvalidEvent is the event's own, and a retry fails alike.
 func (p *Producer) Send(ctx context.Context, e Event) error {
 	r, err := p.Record(e)
 	if err != nil {
@@ -385,7 +388,8 @@ func (p *Producer) Send(ctx context.Context, e Event) error {
 // the brokers acknowledged it, or with the error. A validation error is
 // passed to done before SendAsync returns. SendAsync blocks while the
 // buffer is full (WithMaxBufferedRecords). done may be nil and must not
-// block for long: it runs on the client's delivery goroutine.
+// block for long: it runs on the client's delivery goroutine. While the
+// brokers are down, queued events wait for them without a bound.
 func (p *Producer) SendAsync(e Event, done func(error)) {
 	r, err := p.Record(e)
 	if err != nil {
