@@ -426,6 +426,9 @@ func (p *Producer) ProduceRecords(rs []*kgo.Record, done func(error)) {
 			return
 		}
 		if err != nil {
+			if p.ctx.Err() != nil && !errors.Is(err, kgo.ErrClientClosed) {
+				err = fmt.Errorf("%w: %w", ErrClosed, err) // canceled by Close
+			}
 			err = fmt.Errorf("producer: send %s: %w", r.Key, err)
 		}
 		done(err)
