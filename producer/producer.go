@@ -187,6 +187,10 @@ type Producer struct {
 	ownsCl  bool
 	closeMu sync.RWMutex
 	closed  bool
+	// ctx is canceled by Close, first, so that sends waiting for the
+	// brokers or for room in the buffer give up and let Close go on.
+	ctx  context.Context
+	stop context.CancelFunc
 }
 
 // ClientOptions returns the kgo options a Producer uses for its client:
@@ -255,6 +259,7 @@ func New(opts ...Option) (*Producer, error) {
 		return nil, errors.New("producer: no brokers")
 	}
 	p := &Producer{cfg: c, cl: c.client}
+	p.ctx, p.stop = context.WithCancel(context.Background())
 	if p.cl == nil {
 		cl, err := kgo.NewClient(c.clientOptions()...)
 		if err != nil {
@@ -352,8 +357,11 @@ func (p *Producer) AppendRecord(buf []byte, rec *kgo.Record, ue *schemas.UsageEv
 }
 
 // Send validates and sends one event and returns once the brokers have
-// durably acknowledged it (acks=all), or with the error. Retrying a failed
-// Send with the same event is safe: it has the same identity.
+// durably acknowledged it (acks=all), or with the error. While the brokers
+// are down it waits for them as long as ctx lets it (it may return a
+// little after ctx's deadline, with Kafka's last error). Retrying a failed
+// Send with the same event is safe: it has the same identity. An error
+// that wraps ErrInvalidEvent is the event's own, and a retry fails alike.
 func (p *Producer) Send(ctx context.Context, e Event) error {
 	r, err := p.Record(e)
 	if err != nil {
@@ -364,7 +372,13 @@ func (p *Producer) Send(ctx context.Context, e Event) error {
 	if p.closed {
 		return ErrClosed
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.ctx, cancel)()
 	if err := p.cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		if p.ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", ErrClosed, err)
+		}
 		return fmt.Errorf("producer: send %s: %w", r.Key, err)
 	}
 	return nil
@@ -374,7 +388,8 @@ func (p *Producer) Send(ctx context.Context, e Event) error {
 // the brokers acknowledged it, or with the error. A validation error is
 // passed to done before SendAsync returns. SendAsync blocks while the
 // buffer is full (WithMaxBufferedRecords). done may be nil and must not
-// block for long: it runs on the client's delivery goroutine.
+// block for long: it runs on the client's delivery goroutine. While the
+// brokers are down, queued events wait for them without a bound.
 func (p *Producer) SendAsync(e Event, done func(error)) {
 	r, err := p.Record(e)
 	if err != nil {
@@ -411,12 +426,15 @@ func (p *Producer) ProduceRecords(rs []*kgo.Record, done func(error)) {
 			return
 		}
 		if err != nil {
+			if p.ctx.Err() != nil && !errors.Is(err, kgo.ErrClientClosed) {
+				err = fmt.Errorf("%w: %w", ErrClosed, err) // canceled by Close
+			}
 			err = fmt.Errorf("producer: send %s: %w", r.Key, err)
 		}
 		done(err)
 	}
 	for _, r := range rs {
-		p.cl.Produce(context.Background(), r, promise)
+		p.cl.Produce(p.ctx, r, promise)
 	}
 }
 
@@ -429,9 +447,13 @@ func (p *Producer) Flush(ctx context.Context) error {
 }
 
 // Close flushes nothing: call Flush first to wait for queued events. Queued
-// events that were not acknowledged fail with an error to their callback.
-// Close is idempotent.
+// events that were not acknowledged fail with an error to their callback,
+// and a Send or SendAsync still waiting (for the brokers, or for room in
+// the buffer) returns with an error that wraps ErrClosed or the client's
+// own: such an event may or may not have been written, and sending it
+// again is safe. Close is idempotent.
 func (p *Producer) Close() {
+	p.stop() // release the sends that wait, which hold closeMu for reading
 	p.closeMu.Lock()
 	defer p.closeMu.Unlock()
 	if p.closed {

@@ -151,7 +151,9 @@ const chunkLines = 512
 // order. Lines are parsed and validated on several goroutines; records are
 // produced from one, so events keep their order per partition. Bad lines
 // are reported to opts.Errors with their line number and the field at fault.
-// Produce returns when every queued event is acknowledged or failed.
+// Produce returns when every queued event is acknowledged or failed, or,
+// once ctx ended, after produceStopGrace at most; if it is still waiting
+// for room in p's buffer then, it closes p.
 func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts ProduceOptions) ProduceSummary {
 	r := &produceRun{p: p, opts: opts, start: time.Now()}
 	workers := runtime.GOMAXPROCS(0)
@@ -174,16 +176,27 @@ func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts Produ
 	if opts.Progress != nil {
 		stopProgress = progress(opts.Progress, &r.errMu, r.start, &r.sent, &r.failed, &r.sum.Bad)
 	}
-	r.send(ordered)
-	wg.Wait()
 	// The events already handed to Kafka are waited for, also once ctx
 	// ended, but then for produceStopGrace at most: brokers that do not
 	// answer would hold the command for ever (--timeout, when set, fails
-	// them sooner).
+	// them sooner). A sender still waiting for room in the producer's
+	// buffer then is released by closing the producer, which fails what
+	// it holds.
 	fctx, fcancel := context.WithCancel(context.WithoutCancel(ctx))
 	stopFlush := context.AfterFunc(ctx, func() { time.AfterFunc(produceStopGrace, fcancel) })
+	var sent atomic.Bool
+	stopSend := context.AfterFunc(fctx, func() {
+		if !sent.Load() {
+			r.closed.Store(true)
+			p.Close()
+		}
+	})
+	r.send(ordered)
+	sent.Store(true)
+	wg.Wait()
 	ferr := p.Flush(fctx)
 	stopFlush()
+	stopSend()
 	fcancel()
 	if ferr != nil && ctx.Err() == nil {
 		r.sum.Err = ferr
@@ -216,6 +229,7 @@ type produceRun struct {
 	failed   atomic.Int64
 	errMu    sync.Mutex // serializes writes to opts.Errors and the progress line
 	stopRead atomic.Bool
+	closed   atomic.Bool // the producer was closed: the lines left are not sent
 }
 
 // report writes a bad line's or a failed send's error to opts.Errors.
@@ -283,6 +297,9 @@ func (r *produceRun) send(ordered <-chan *chunk) {
 	for c := range ordered {
 		<-c.done
 		for i, rec := range c.recs {
+			if r.closed.Load() {
+				break
+			}
 			ln := c.first + int64(i)
 			if c.errs[i] != nil {
 				atomic.AddInt64(&r.sum.Bad, 1)
@@ -308,7 +325,7 @@ func (r *produceRun) send(ordered <-chan *chunk) {
 				r.sent.Add(1)
 			})
 		}
-		if r.stopRead.Load() {
+		if r.stopRead.Load() || r.closed.Load() {
 			for c := range ordered {
 				<-c.done
 			}
