@@ -10,6 +10,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -55,38 +56,96 @@ func TestDecompressionBombAborted(t *testing.T) {
 				waitBombCaughtUp(t, h, r)
 				at = 1
 			}
-			var mu sync.Mutex
-			refused := 0
-			c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-				c.KeepControl()
-				req := kr.(*kmsg.TxnOffsetCommitRequest)
-				skips := false // partition 0 of usage.events past the batch
-				for _, rt := range req.Topics {
-					for _, rp := range rt.Partitions {
-						skips = skips || rp.Partition == 0 && rp.Offset > at
-					}
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				if req.Group != h.group || !skips || refused == 2 {
-					return nil, nil, false
-				}
-				refused++
-				return testenv.RefuseTxnOffsetCommit(kr, kerr.ConcurrentTransactions.Code), nil, true
-			})
+			refused := refuseCommitsPast(c, h, at, 2)
 			testenv.ProduceBatch(t, h.brokers, h.names.EventsTopic(), 0, testenv.ZstdBomb(t, 4<<20))
 			h.produce(h.event("acme", "api_calls", "after-the-batch", 1, arr-hour, arr))
 			waitBombCaughtUp(t, h, r)
-			mu.Lock()
-			if refused != 2 {
-				t.Errorf("%d commits past the batch refused, want 2", refused)
+			if n := refused(); n != 2 {
+				t.Errorf("%d commits past the batch refused, want 2", n)
 			}
-			mu.Unlock()
 			checkBomb(t, h, at)
 			if got := metricValues(t, reg, "meterline_rejected_total")["reason=oversized,stage=dedup"]; got != 1 {
 				t.Errorf("meterline_rejected_total{stage=dedup,reason=oversized} = %v, want 1", got)
 			}
 		})
+	}
+}
+
+// TestDecompressionBombLast: a batch past the bound with nothing after it,
+// on a partition whose group has an offset: its transaction commits the
+// offset past it (the state's), and a restart on the state finds the two
+// agree (docs/design.md, Exactly-once, 6).
+func TestDecompressionBombLast(t *testing.T) {
+	h := newHarness(t, nil, 1)
+	fs := vfs.NewMem()
+	cfg := bombConfig(h)
+	cfg.Stream.FS = fs
+	r := h.start(cfg)
+	arr := time.Now().UnixMilli()
+	h.produce(h.event("acme", "api_calls", "before-the-batch", 1, arr-hour, arr))
+	waitBombCaughtUp(t, h, r)
+	testenv.ProduceBatch(t, h.brokers, h.names.EventsTopic(), 0, testenv.ZstdBomb(t, 4<<20))
+	waitBombCaughtUp(t, h, r)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	h.produce(h.event("acme", "api_calls", "after-the-batch", 1, arr-hour, arr))
+	waitBombCaughtUp(t, h, h.start(cfg))
+	checkBomb(t, h, 1)
+}
+
+// TestDecompressionBombsAborted: two batches past the bound, one after the
+// other, on a partition the group has no offset of, and three commits past
+// the first refused: each batch rejected once, the event after them
+// forwarded once.
+func TestDecompressionBombsAborted(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newHarness(t, brokers, 1)
+	refused := refuseCommitsPast(c, h, 0, 3)
+	testenv.ProduceBatch(t, h.brokers, h.names.EventsTopic(), 0, testenv.ZstdBomb(t, 4<<20))
+	testenv.ProduceBatch(t, h.brokers, h.names.EventsTopic(), 0, testenv.ZstdBomb(t, 4<<20))
+	arr := time.Now().UnixMilli()
+	h.produce(h.event("acme", "api_calls", "after-the-batches", 1, arr-hour, arr))
+	waitBombCaughtUp(t, h, h.start(bombConfig(h)))
+	if n := refused(); n != 3 {
+		t.Errorf("%d commits past the first batch refused, want 3", n)
+	}
+	o := h.outputs()
+	if n := o.byID()["after-the-batches"]; n != 1 {
+		t.Errorf("the event after the batches forwarded %d times, want 1", n)
+	}
+	if len(o.rejected) != 2 || o.rejected[0].SourceOffset != 0 || o.rejected[1].SourceOffset != 1 {
+		t.Errorf("rejected %+v, want the batches at offsets 0 and 1, once each", o.rejected)
+	}
+}
+
+// refuseCommitsPast refuses, as in a rebalance (an abortable error), the
+// first n TxnOffsetCommits of h's group that commit partition 0 past
+// offset at; it returns how many it refused so far.
+func refuseCommitsPast(c *kfake.Cluster, h *harness, at int64, n int) func() int {
+	var mu sync.Mutex
+	refused := 0
+	c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kr.(*kmsg.TxnOffsetCommitRequest)
+		past := false
+		for _, rt := range req.Topics {
+			for _, rp := range rt.Partitions {
+				past = past || rp.Partition == 0 && rp.Offset > at
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if req.Group != h.group || !past || refused == n {
+			return nil, nil, false
+		}
+		refused++
+		return testenv.RefuseTxnOffsetCommit(kr, kerr.ConcurrentTransactions.Code), nil, true
+	})
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused
 	}
 }
 
