@@ -316,28 +316,56 @@ func (pt *partition) reject(tx *stream.Tx, r *kgo.Record, e *schemas.UsageEvent,
 	if e != nil {
 		rej.CustomerID, rej.Meter, rej.EventID = e.CustomerID, e.Meter, e.EventID
 	}
+	return pt.park(tx, rej)
+}
+
+// park emits rej to usage.rejected, in the partition of its raw key, or of
+// its source partition without one, and counts it.
+func (pt *partition) park(tx *stream.Tx, rej *schemas.Rejected) error {
 	n := pt.pr.counts.rejected
-	part := r.Partition % n
-	if len(r.Key) > 0 {
-		part = schemas.Partition(r.Key, n)
+	part := rej.SourcePartition % n
+	if len(rej.RawKey) > 0 {
+		part = schemas.Partition(rej.RawKey, n)
 	}
 	v, err := schemas.EncodeRejected(nil, rej)
 	if err != nil {
-		return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", r.Partition, r.Offset, err)
+		return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", rej.SourcePartition, rej.SourceOffset, err)
 	}
-	rec := &kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: schemas.RejectedKey(r.Key), Value: v}
+	rec := &kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: schemas.RejectedKey(rej.RawKey), Value: v}
 	if recordBytes(rec) > pt.pr.cfg.MaxRecordBytes {
 		// Validate keeps MaxRecordBytes above schemas.MaxRejectedBytes, so
 		// this cannot happen; if it did, the digests and lengths remain.
 		rej.RawKey, rej.RawValue, rec.Key = nil, nil, nil
 		if rec.Value, err = schemas.EncodeRejected(nil, rej); err != nil {
-			return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", r.Partition, r.Offset, err)
+			return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", rej.SourcePartition, rej.SourceOffset, err)
 		}
 	}
 	tx.Emit(rec)
-	pt.txc.Inc(pt.pr.m.rejected.WithLabelValues("dedup", reason))
-	pt.pr.log.Info("record rejected", zap.String("reason", reason), zap.String("detail", rej.Detail),
-		zap.ByteString("key", boundLogKey(r.Key)), zap.Int32("partition", r.Partition), zap.Int64("offset", r.Offset))
+	pt.txc.Inc(pt.pr.m.rejected.WithLabelValues("dedup", rej.Reason))
+	pt.pr.log.Info("record rejected", zap.String("reason", rej.Reason), zap.String("detail", rej.Detail),
+		zap.ByteString("key", boundLogKey(rej.RawKey)), zap.Int32("partition", rej.SourcePartition), zap.Int64("offset", rej.SourceOffset))
+	return nil
+}
+
+// RejectBatch implements stream.BatchRejecter: a batch of usage.events
+// that decompresses past the bound is rejected as oversized, one rejection
+// at its first offset naming its offsets; none of its records is decoded,
+// so it has no raw bytes, no customer and no timestamp (0).
+func (pt *partition) RejectBatch(tx *stream.Tx, b stream.RejectedBatch) error {
+	if err := pt.begin(tx); err != nil {
+		return err
+	}
+	defer pt.flushCounts()
+	rej := &schemas.Rejected{
+		Reason: schemas.ReasonOversized, Stage: "dedup",
+		Detail: fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes; not decoded, skipped",
+			b.From, b.Next-1, b.Limit),
+		SourceTopic: b.Topic, SourcePartition: b.Partition, SourceOffset: b.From,
+	}
+	if err := pt.park(tx, rej); err != nil {
+		return err
+	}
+	pt.publish()
 	return nil
 }
 

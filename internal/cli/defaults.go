@@ -30,11 +30,12 @@ func defaultVars() kong.Vars {
 		"session_rebalance_timeout":   flagDuration(session.DefaultRebalanceTimeout),
 		"session_transaction_timeout": flagDuration(session.DefaultTransactionTimeout),
 
-		"stream_commit_interval":     flagDuration(stream.DefaultCommitInterval),
-		"stream_max_batch_records":   strconv.Itoa(stream.DefaultMaxBatchRecords),
-		"stream_standby_replicas":    strconv.Itoa(stream.DefaultStandbyReplicas),
-		"stream_standby_max_warmups": strconv.Itoa(stream.DefaultMaxWarmups),
-		"stream_state_cleanup_delay": flagDuration(stream.DefaultStateCleanupDelay),
+		"stream_commit_interval":            flagDuration(stream.DefaultCommitInterval),
+		"stream_max_batch_records":          strconv.Itoa(stream.DefaultMaxBatchRecords),
+		"stream_standby_replicas":           strconv.Itoa(stream.DefaultStandbyReplicas),
+		"stream_standby_max_warmups":        strconv.Itoa(stream.DefaultMaxWarmups),
+		"stream_state_cleanup_delay":        flagDuration(stream.DefaultStateCleanupDelay),
+		"stream_max_decompress_batch_bytes": strconv.Itoa(stream.DefaultMaxDecompressBatchBytes),
 
 		"dedup_group":         dedup.DefaultGroup,
 		"dedup_window":        flagDuration(dedup.DefaultWindow),

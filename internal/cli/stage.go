@@ -20,18 +20,19 @@ import (
 
 // StageFlags are the flags of every stateful stage.
 type StageFlags struct {
-	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
-	StateDir           string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
-	CommitInterval     time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
-	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
-	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
-	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
-	StandbyReplicas    int           `help:"Instances besides its owner that keep each partition's state warm by tailing its changelog, so that a failover restores only the changelog's tail (every instance of the group should use the same value)." default:"${stream_standby_replicas}"`
-	StandbyMaxWarmups  int           `help:"Most standby copies one rebalance has instances make at once, group-wide, beyond the copies in place: partitions a joining instance copies before it takes them count first, then copies made to spread the standbys (the others wait for later rebalances; the instance that leads the group applies its own value)." default:"${stream_standby_max_warmups}"`
-	StateCleanupDelay  time.Duration `help:"How long the local state of a partition this instance neither owns nor keeps as a standby (revoked, its standby copy moved to another instance, not assigned at start) stays in --state-dir before it is deleted; state a restore would replay in full anyway (beyond the restore horizon) is deleted at once. 0 keeps all state." default:"${stream_state_cleanup_delay}"`
-	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
-	AllowCreateTime    bool          `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
-	Validate           bool          `help:"Check the configuration and exit."`
+	InstanceID              string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
+	StateDir                string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
+	CommitInterval          time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
+	SessionTimeout          time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
+	RebalanceTimeout        time.Duration `help:"Consumer group rebalance timeout." default:"${session_rebalance_timeout}"`
+	TransactionTimeout      time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
+	StandbyReplicas         int           `help:"Instances besides its owner that keep each partition's state warm by tailing its changelog, so that a failover restores only the changelog's tail (every instance of the group should use the same value)." default:"${stream_standby_replicas}"`
+	StandbyMaxWarmups       int           `help:"Most standby copies one rebalance has instances make at once, group-wide, beyond the copies in place: partitions a joining instance copies before it takes them count first, then copies made to spread the standbys (the others wait for later rebalances; the instance that leads the group applies its own value)." default:"${stream_standby_max_warmups}"`
+	StateCleanupDelay       time.Duration `help:"How long the local state of a partition this instance neither owns nor keeps as a standby (revoked, its standby copy moved to another instance, not assigned at start) stays in --state-dir before it is deleted; state a restore would replay in full anyway (beyond the restore horizon) is deleted at once. 0 keeps all state." default:"${stream_state_cleanup_delay}"`
+	MaxDecompressBatchBytes int           `help:"Most bytes one fetched batch of the stage's input may decompress to: a batch past it (a decompression bomb any producer can write) is rejected as oversized in usage.rejected and skipped (dedup; the aggregator stops on it)." default:"${stream_max_decompress_batch_bytes}"`
+	MetricsAddr             string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
+	AllowCreateTime         bool          `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
+	Validate                bool          `help:"Check the configuration and exit."`
 }
 
 // streamConfig is the stream configuration of stage, with its own group and
@@ -54,14 +55,15 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, maxBatchRecor
 			RebalanceTimeout:   f.RebalanceTimeout,
 			TransactionTimeout: f.TransactionTimeout,
 		},
-		StateDir:          filepath.Join(f.StateDir, stage+"-"+id),
-		CommitInterval:    f.CommitInterval,
-		MaxBatchRecords:   maxBatchRecords,
-		StandbyReplicas:   f.StandbyReplicas,
-		StandbyMaxWarmups: f.StandbyMaxWarmups,
-		StateCleanupDelay: stateCleanupDelay(f.StateCleanupDelay),
-		Logger:            log,
-		Registerer:        reg,
+		StateDir:                filepath.Join(f.StateDir, stage+"-"+id),
+		CommitInterval:          f.CommitInterval,
+		MaxBatchRecords:         maxBatchRecords,
+		MaxDecompressBatchBytes: f.MaxDecompressBatchBytes,
+		StandbyReplicas:         f.StandbyReplicas,
+		StandbyMaxWarmups:       f.StandbyMaxWarmups,
+		StateCleanupDelay:       stateCleanupDelay(f.StateCleanupDelay),
+		Logger:                  log,
+		Registerer:              reg,
 	}, nil
 }
 

@@ -161,6 +161,14 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	// is re-consumed from the committed offset.
 	rt.hit(fault.BeforeCommit)
 	committed, perr, err := rt.end(ctx, abort)
+	if err == nil && !committed {
+		// kgo rewound what it knows of; a skipped batch's partition it
+		// may not know of (oversized.go).
+		if rerr := rt.rewindSkipped(); rerr != nil {
+			rt.discardTxn()
+			return rerr
+		}
+	}
 	rt.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
 	rebuild := rt.seqRebuild
 	rt.seqRebuild = false

@@ -3,6 +3,7 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -65,6 +66,12 @@ type Config struct {
 	// PunctuateInterval is how often Partition.Punctuate runs (dedup's tick
 	// interval). Zero disables it. Default: 0.
 	PunctuateInterval time.Duration
+	// MaxDecompressBatchBytes bounds what one fetched batch of the input
+	// may decompress to (kgo.MaxDecompressBatchBytes): a batch past it is
+	// bad input, handed to the partition's BatchRejecter and skipped
+	// (docs/design.md, Bad input). Default:
+	// DefaultMaxDecompressBatchBytes.
+	MaxDecompressBatchBytes int
 
 	// StandbyReplicas is how many instances besides its owner keep each
 	// partition's state warm by tailing its changelog (docs/operations.md,
@@ -104,6 +111,13 @@ const (
 	// DefaultStateCleanupDelay is Kafka Streams' state.cleanup.delay.ms
 	// default.
 	DefaultStateCleanupDelay = 10 * time.Minute
+	// DefaultMaxDecompressBatchBytes is far above any batch a producer
+	// writes (records of at most 16 KiB, batches of about 1 MiB
+	// compressed) and at the largest zstd window the reference decoder
+	// accepts by default (2^27 bytes, compression level 22): the zstd
+	// decoder refuses a frame whose window is over the bound with an error
+	// of its own, which would stop the stage instead.
+	DefaultMaxDecompressBatchBytes = 128 << 20
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -123,6 +137,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.StateCleanupDelay == 0 {
 		c.StateCleanupDelay = DefaultStateCleanupDelay
+	}
+	if c.MaxDecompressBatchBytes == 0 {
+		c.MaxDecompressBatchBytes = DefaultMaxDecompressBatchBytes
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -179,6 +196,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatchRecords <= 0 {
 		errs = append(errs, fmt.Errorf("stream: max-batch-records must be positive (got %d)", c.MaxBatchRecords))
+	}
+	if c.MaxDecompressBatchBytes <= 0 || c.MaxDecompressBatchBytes > math.MaxInt32 {
+		errs = append(errs, fmt.Errorf("stream: max-decompress-batch-bytes must be positive and at most %d (got %d)", math.MaxInt32, c.MaxDecompressBatchBytes))
 	}
 	if c.TransactionTimeout < c.CommitInterval {
 		errs = append(errs, fmt.Errorf("stream: transaction-timeout %s is shorter than commit-interval %s", c.TransactionTimeout, c.CommitInterval))

@@ -18,9 +18,12 @@ import (
 // handleFetches hands each ready partition its polled records, in the open
 // transaction (begun here if none is): a fetch error stops the stage
 // unless it only says that the poll was cut short or that this member lost
-// the group or its coordinator (session.FetchError); records of a partition that is not ready mark
+// the group or its coordinator (session.FetchError), or names a batch that
+// decompresses past the bound, which the partition rejects
+// (rejectOversized); records of a partition that is not ready mark
 // the transaction for an abort, which rewinds them.
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
+	tooLarge := takeTooLarge(fs)
 	// A lost group or coordinator is a rejoin, not a stop: the next
 	// assignment restores as usual (docs/design.md, Exactly-once, "Crash
 	// windows": "zombie after a rebalance"; session.FetchError).
@@ -35,63 +38,38 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	// A partition's records of every input topic go to one job, so that
 	// one goroutine calls its Process (one overlay); the co-partitioned
 	// topics' batches first (Config.CopartitionedTopics), each topic's in
-	// offset order.
-	type batch struct {
-		topic string
-		recs  []*kgo.Record
-	}
-	type job struct {
-		a       *activePart
-		tx      *Tx
-		batches []batch
-	}
-	var jobs []*job
-	byPart := map[int32]*job{}
+	// offset order, a rejected batch after the records polled before it.
+	jobs := &fetchJobs{byPart: map[int32]*fetchJob{}}
 	var perr error
 	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 		if perr != nil || len(fp.Records) == 0 {
 			return
 		}
-		a, ok := rt.active[fp.Partition]
-		if !ok {
-			// Records of a partition that is not restored (a revoke and
-			// re-assign raced the poll). They were polled, so the session
-			// would commit their offsets: abort instead, which rewinds.
-			rt.log.Info("records for a partition not ready; aborting the transaction to rewind",
-				zap.Int32("partition", fp.Partition), zap.String("topic", fp.Topic))
-			if !rt.inTxn {
-				if err := rt.begin(); err != nil {
-					perr = err
-					return
-				}
-			}
-			rt.mustAbort = true
+		j, err := rt.jobFor(jobs, fp.Topic, fp.Partition)
+		if j == nil || err != nil {
+			perr = err
 			return
 		}
-		if !rt.inTxn {
-			if err := rt.begin(); err != nil {
-				perr = err
-				return
-			}
-		}
-		ov := rt.overlayFor(fp.Partition, a.epoch)
-		ov.in.add(fp.Topic, len(fp.Records))
-		j, ok := byPart[fp.Partition]
-		if !ok {
-			j = &job{a: a, tx: &Tx{rt: rt, p: fp.Partition, ov: ov}}
-			byPart[fp.Partition] = j
-			jobs = append(jobs, j)
-		}
-		j.batches = append(j.batches, batch{topic: fp.Topic, recs: fp.Records})
+		j.tx.ov.in.add(fp.Topic, len(fp.Records))
+		j.batches = append(j.batches, fetchBatch{topic: fp.Topic, recs: fp.Records})
 	})
 	if perr != nil {
 		return perr
 	}
-	err := parallel(len(jobs), func(i int) error {
-		j := jobs[i]
+	if err := rt.addTooLarge(jobs, tooLarge); err != nil {
+		return err
+	}
+	err := parallel(len(jobs.list), func(i int) error {
+		j := jobs.list[i]
 		input := rt.cfg.InputTopic
 		sort.SliceStable(j.batches, func(a, b int) bool { return j.batches[a].topic != input && j.batches[b].topic == input })
 		for _, b := range j.batches {
+			if b.rejected != nil {
+				if err := j.a.part.(BatchRejecter).RejectBatch(j.tx, *b.rejected); err != nil {
+					return fmt.Errorf("stream: reject a batch of partition %d of %s: %w", j.tx.p, b.topic, err)
+				}
+				continue
+			}
 			if err := j.a.part.Process(j.tx, b.recs); err != nil {
 				return fmt.Errorf("stream: process partition %d of %s: %w", j.tx.p, b.topic, err)
 			}
@@ -101,17 +79,71 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	if err != nil {
 		return err
 	}
-	for _, j := range jobs {
+	for _, j := range jobs.list {
 		if j.tx.ov.inputNext == nil {
 			j.tx.ov.inputNext = map[string]int64{}
 		}
 		for _, b := range j.batches {
-			j.tx.ov.inputNext[rt.cfg.inputOffsetKey(b.topic)] = b.recs[len(b.recs)-1].Offset + 1
+			k := rt.cfg.inputOffsetKey(b.topic)
+			if b.rejected != nil {
+				_, consumed := j.tx.ov.inputNext[k]
+				rt.skipBatch(j, *b.rejected, consumed)
+				j.tx.ov.inputNext[k] = b.rejected.Next
+				continue
+			}
+			j.tx.ov.inputNext[k] = b.recs[len(b.recs)-1].Offset + 1
 			rt.txRecs += len(b.recs)
 		}
 		j.tx.ov.touched = true
 	}
 	return nil
+}
+
+// fetchBatch is one topic's records of a poll for a partition, or a batch
+// of it the partition rejects.
+type fetchBatch struct {
+	topic    string
+	recs     []*kgo.Record
+	rejected *RejectedBatch
+}
+
+// fetchJob is what one partition is given of a poll.
+type fetchJob struct {
+	a       *activePart
+	tx      *Tx
+	batches []fetchBatch
+}
+
+type fetchJobs struct {
+	list   []*fetchJob
+	byPart map[int32]*fetchJob
+}
+
+// jobFor returns partition p's job in jobs, beginning the transaction if
+// none is open. For a partition that is not restored (a revoke and
+// re-assign raced the poll) it returns nil and marks the transaction for
+// an abort: its records were polled, so the session would commit their
+// offsets; the abort rewinds instead.
+func (rt *Runtime) jobFor(jobs *fetchJobs, topic string, p int32) (*fetchJob, error) {
+	if !rt.inTxn {
+		if err := rt.begin(); err != nil {
+			return nil, err
+		}
+	}
+	a, ok := rt.active[p]
+	if !ok {
+		rt.log.Info("records for a partition not ready; aborting the transaction to rewind",
+			zap.Int32("partition", p), zap.String("topic", topic))
+		rt.mustAbort = true
+		return nil, nil
+	}
+	j, ok := jobs.byPart[p]
+	if !ok {
+		j = &fetchJob{a: a, tx: &Tx{rt: rt, p: p, ov: rt.overlayFor(p, a.epoch)}}
+		jobs.byPart[p] = j
+		jobs.list = append(jobs.list, j)
+	}
+	return j, nil
 }
 
 // parallel calls fn(0) … fn(n-1) on up to GOMAXPROCS goroutines and

@@ -57,6 +57,32 @@ type Committer interface {
 	Committed()
 }
 
+// BatchRejecter is implemented by a Partition that rejects, as bad input,
+// a batch of its input that it is never given: one that decompresses past
+// Config.MaxDecompressBatchBytes (docs/design.md, Bad input). RejectBatch
+// records the rejection in tx (nothing of the batch is decoded); the
+// runtime then moves the partition's input past the batch in the same
+// transaction, as if Process had been given its records, so the rejection
+// and the skip commit together or not at all. An error stops the stage. A
+// Partition that is not a BatchRejecter stops the stage at such a batch.
+type BatchRejecter interface {
+	RejectBatch(tx *Tx, b RejectedBatch) error
+}
+
+// RejectedBatch is an input batch the runtime could not decode.
+type RejectedBatch struct {
+	Topic     string
+	Partition int32
+	// From is the batch's first offset and Next the offset after its last
+	// record.
+	From, Next int64
+	// Limit is the bound it decompresses past
+	// (Config.MaxDecompressBatchBytes).
+	Limit int
+	// Err is the client's error.
+	Err error
+}
+
 // Processor is the logic of a stateful stage.
 type Processor interface {
 	// Open is called once partition p's state has been restored from the

@@ -166,6 +166,10 @@ type Runtime struct {
 	txEpoch   map[int32]uint64
 	txWorked  int32 // the partition that did Work in this transaction, or noWorker
 	workNext  int32 // Work goes to partitions in turn, from this one (work.go)
+	// skips: the partitions of the session's client that had a batch
+	// skipped, and where to put them back after a transaction that did
+	// not commit (oversized.go).
+	skips map[topicPartition]skipRewind
 
 	// txnEnd holds a transaction's records back until the coordinator
 	// finished the previous one (settle.go).

@@ -34,6 +34,9 @@ type overlay struct {
 	// (work.go), committed with the transaction.
 	startFenced bool
 	touched     bool
+	// skipped are the input topics of which the transaction skipped a
+	// batch the partition rejected (oversized.go).
+	skipped []string
 	// in and out count the records this transaction consumed and emitted
 	// for the partition, by topic: added to records_in and records_out
 	// when it commits (Runtime.committed), dropped with the overlay when
