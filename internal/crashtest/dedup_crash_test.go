@@ -68,11 +68,11 @@ func TestRealDedupCrashWindows(t *testing.T) {
 			stateDir := filepath.Join(s.Dir, "state")
 
 			// A clean first run builds state and stops with SIGTERM, which
-			// closes Pebble: its checkpoints are on disk. (Pebble's WAL is
-			// not synced, so a SIGKILL loses whatever is still in its
-			// in-memory WAL block; that is allowed — Pebble is a cache of
-			// the changelog — but then a restart replays from further
-			// back.)
+			// closes Pebble: all its checkpoints are on disk. (The store
+			// syncs its WAL at most once a second, so a SIGKILL loses the
+			// batches since the last sync; that is allowed — Pebble is a
+			// cache of the changelog — but then a restart replays from
+			// further back: TestKillRestoresTail.)
 			a0 := s.start("a", stateDir, opts{})
 			s.send(seq(0, 200))
 			s.send(seq(0, 50))
@@ -139,7 +139,7 @@ func TestRealDedupCrashWindows(t *testing.T) {
 // batches are written): the process must die while replaying the
 // changelog. A second restart must finish the restore — from the
 // checkpoints the interrupted one left, where they survived the SIGKILL
-// (Pebble's WAL is not synced) — and stay exactly-once.
+// (the store syncs its WAL at most once a second) — and stay exactly-once.
 func TestRealDedupCrashDuringRestore(t *testing.T) {
 	s := newSuite(t)
 	stateDir := filepath.Join(s.Dir, "state")

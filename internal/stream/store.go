@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,8 +25,14 @@ import (
 //
 // The store is a cache of the changelog topic, never the authority
 // (docs/design.md, Exactly-once, 2). Each partition carries a checkpoint:
-// the changelog offset its state reflects. Writes are not fsynced: a lost
-// tail is replayed from the changelog, and a batch is atomic either way.
+// the changelog offset its state reflects. Most writes are not fsynced: a
+// lost tail is replayed from the changelog, and a batch is atomic either
+// way. But a batch committed without a sync stays in Pebble's in-memory
+// WAL block (32 KiB) until the block fills, so at low traffic a process
+// crash would lose every write since the store was opened, checkpoints
+// included, and turn each restart into a full restore. So a commit syncs
+// when the last sync is walSyncInterval old (commit): a crash loses at
+// most the batches committed within that interval after the last sync.
 //
 // Key layout:
 //
@@ -34,7 +41,17 @@ import (
 //	0x02 | name                                          instance metadata (restore rate, delete retention)
 type Store struct {
 	db *pebble.DB
+	// lastSync is when a commit last synced the WAL (UnixNano); 0 before
+	// the first.
+	lastSync atomic.Int64
+	// syncEvery is walSyncInterval (tests change it before the store is
+	// used).
+	syncEvery time.Duration
 }
+
+// walSyncInterval is the longest a committed batch stays in Pebble's
+// in-memory WAL block while more batches are committed (Store).
+const walSyncInterval = time.Second
 
 const (
 	prefixData       = 0x00
@@ -101,7 +118,7 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream: open state in %s: %w", dir, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, syncEvery: walSyncInterval}, nil
 }
 
 // Pebble sizing for one instance's state.
@@ -360,11 +377,12 @@ func (s *Store) BindInputID(topic string, id [16]byte, dir string) error {
 
 // batch accumulates state writes of several partitions.
 type batch struct {
+	s *Store
 	b *pebble.Batch
 	n int
 }
 
-func (s *Store) newBatch() *batch { return &batch{b: s.db.NewBatch()} }
+func (s *Store) newBatch() *batch { return &batch{s: s, b: s.db.NewBatch()} }
 
 func (b *batch) set(p int32, k, v []byte) {
 	_ = b.b.Set(dataKey(p, k), v, nil)
@@ -399,9 +417,26 @@ func (s *Store) wipe(p int32) error {
 	return b.commit()
 }
 
+// commit applies the batch atomically. It syncs the WAL when the last sync
+// is walSyncInterval old or more (the first commit after open always): that
+// writes this batch and every earlier one out of Pebble's in-memory WAL
+// block, so that a process crash cannot lose them (Store). A batch after
+// the last sync stays in that block until the block fills or a later
+// commit syncs it.
 func (b *batch) commit() error {
 	defer b.b.Close()
-	return b.b.Commit(pebble.NoSync)
+	now := time.Now().UnixNano()
+	last := b.s.lastSync.Load()
+	if now-last < int64(b.s.syncEvery) || !b.s.lastSync.CompareAndSwap(last, now) {
+		return b.b.Commit(pebble.NoSync)
+	}
+	// Not Commit(pebble.Sync): Pebble treats an error of a commit that
+	// waits for its sync as fatal and exits the process; SyncWait returns
+	// it, to stop the stage as any failed apply does.
+	if err := b.s.db.ApplyNoSyncWait(b.b, pebble.Sync); err != nil {
+		return err
+	}
+	return b.b.SyncWait()
 }
 
 // DiskUsage estimates the bytes of partition p's state on disk.
