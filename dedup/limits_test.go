@@ -91,7 +91,7 @@ func TestMisroutedOversizedWithItsKey(t *testing.T) {
 
 // TestIdentityBytewise: identity fields are compared byte for byte, with
 // no case folding and no Unicode normalization (docs/design.md,
-// Validation): events that differ only so are different events, each
+// Event identity and keys): events that differ only so are different events, each
 // forwarded.
 func TestIdentityBytewise(t *testing.T) {
 	h := newRecordHarness(t)
