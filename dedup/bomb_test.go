@@ -3,15 +3,12 @@ package dedup
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/stream"
@@ -119,34 +116,11 @@ func TestDecompressionBombsAborted(t *testing.T) {
 	}
 }
 
-// refuseCommitsPast refuses, as in a rebalance (an abortable error), the
-// first n TxnOffsetCommits of h's group that commit partition 0 past
-// offset at; it returns how many it refused so far.
+// refuseCommitsPast refuses, as in a rebalance, the first n
+// TxnOffsetCommits of h's group that commit partition 0 past offset at
+// (testenv.RefuseCommitsPast).
 func refuseCommitsPast(c *kfake.Cluster, h *harness, at int64, n int) func() int {
-	var mu sync.Mutex
-	refused := 0
-	c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		past := false
-		for _, rt := range req.Topics {
-			for _, rp := range rt.Partitions {
-				past = past || rp.Partition == 0 && rp.Offset > at
-			}
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if req.Group != h.group || !past || refused == n {
-			return nil, nil, false
-		}
-		refused++
-		return testenv.RefuseTxnOffsetCommit(kr, kerr.ConcurrentTransactions.Code), nil, true
-	})
-	return func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return refused
-	}
+	return testenv.RefuseCommitsPast(c, h.group, "", [16]byte{}, at, n)
 }
 
 // TestDecompressionBombCrash: the stage crashes before the commit of its

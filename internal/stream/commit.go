@@ -170,8 +170,8 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		}
 	}
 	rt.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
-	rebuild := rt.seqRebuild
-	rt.seqRebuild = false
+	rebuild := rt.seqRebuild || rt.skipRebuild
+	rt.seqRebuild, rt.skipRebuild = false, false
 	if err != nil || !committed || perr != nil {
 		if err := rt.notCommitted(committed, perr, err, abort); err != nil || !rebuild {
 			return err
@@ -194,7 +194,8 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	rt.reportStateBytes()
 	if rebuild {
 		// Guarantee: the transaction is committed and applied; the next
-		// one runs on a new client, whose sequence numbers start at 0.
+		// one runs on a new client, whose sequence numbers start at 0 and
+		// whose partitions are all fetched anew (oversized.go).
 		return session.ErrRestart
 	}
 	return nil

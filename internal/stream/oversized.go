@@ -20,6 +20,15 @@ import (
 // rejection, or neither does: a transaction that does not commit puts the
 // client back where the committed state says (rewindSkipped), so the batch
 // is fetched, and rejected, again.
+//
+// kgo's SetOffsets drops every buffered fetch of the client, and a dropped
+// fetch that held another partition's batch past the bound leaves that
+// partition stopped for good, its error never returned (franz-go v1.22.3:
+// the stopped cursor is re-enabled only by SetOffsets of that partition,
+// and not by one to the offset it is already at). So a transaction that
+// skipped a batch ends its session (skipRebuild): the next one, on a new
+// client, fetches every partition from its committed offset, and a batch
+// past the bound whose error was dropped is fetched, and rejected, then.
 
 // takeTooLarge returns the poll's errors that name a batch past the
 // decompression bound, and clears them from fs, so that session.FetchError
@@ -95,6 +104,7 @@ type skipRewind struct {
 // has committed one.
 func (rt *Runtime) skipBatch(j *fetchJob, b RejectedBatch, consumed bool) {
 	j.tx.ov.skipped = append(j.tx.ov.skipped, b.Topic)
+	rt.skipRebuild = true
 	tp := topicPartition{b.Topic, b.Partition}
 	if s, ok := rt.skips[tp]; !ok || s.epoch != j.a.epoch {
 		at := b.From

@@ -193,6 +193,9 @@ type Runtime struct {
 	// OUT_OF_ORDER_SEQUENCE_NUMBER.
 	seqRebuild  bool
 	seqRestarts int
+	// skipRebuild is set when the transaction skipped a batch past the
+	// decompression bound (oversized.go): the session is rebuilt after it.
+	skipRebuild bool
 	// Tests: storedFn replaces the client's answer to whether it holds a
 	// partition in its stored metadata, metadataWait the wait for it
 	// (zero: producedMetadataWait).

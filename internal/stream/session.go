@@ -142,6 +142,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	defer rt.joined.Store(false)
 	rt.active = map[int32]*activePart{}
 	rt.skips = map[topicPartition]skipRewind{}
+	rt.skipRebuild = false
 	rt.resetTxn()
 	rt.prodMu.Lock()
 	rt.seqKnown = map[topicPartition]struct{}{} // a new client holds none yet

@@ -53,3 +53,36 @@ func RefuseTxnOffsetCommit(kr kmsg.Request, code int16) kmsg.Response {
 	}
 	return resp
 }
+
+// RefuseCommitsPast refuses, as in a rebalance (an abortable error,
+// CONCURRENT_TRANSACTIONS), the first n TxnOffsetCommits of group that
+// commit partition 0 of a topic past offset at: of any topic if topicID is
+// zero, else of the topic with that ID or name (a request names topics by
+// one or the other). It returns how many it refused so far.
+func RefuseCommitsPast(c *kfake.Cluster, group, topic string, topicID [16]byte, at int64, n int) func() int {
+	var mu sync.Mutex
+	refused := 0
+	c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kr.(*kmsg.TxnOffsetCommitRequest)
+		past := false
+		for _, rt := range req.Topics {
+			ours := topicID == [16]byte{} || rt.Topic == topic || rt.TopicID == topicID
+			for _, rp := range rt.Partitions {
+				past = past || ours && rp.Partition == 0 && rp.Offset > at
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if req.Group != group || !past || refused == n {
+			return nil, nil, false
+		}
+		refused++
+		return RefuseTxnOffsetCommit(kr, kerr.ConcurrentTransactions.Code), nil, true
+	})
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused
+	}
+}

@@ -20,13 +20,17 @@ import (
 // ZstdBomb is a record batch as any producer can write it: one record
 // whose value is n zero bytes, zstd-compressed, a few KiB for MiBs (a
 // decompression bomb: docs/design.md, Bad input).
-func ZstdBomb(t testing.TB, n int) []byte {
+func ZstdBomb(t testing.TB, n int) []byte { return ZstdBombKey(t, nil, n) }
+
+// ZstdBombKey is ZstdBomb whose record has key (nil: none), as a
+// compacted topic requires.
+func ZstdBombKey(t testing.TB, key []byte, n int) []byte {
 	var comp bytes.Buffer
 	enc, err := zstd.NewWriter(&comp, zstd.WithWindowSize(1<<16))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = enc.Write(EncodeRecord(nil, make([]byte, n)))
+	_, _ = enc.Write(EncodeRecord(key, make([]byte, n)))
 	if err := enc.Close(); err != nil {
 		t.Fatal(err)
 	}
