@@ -104,7 +104,12 @@ func (s Server) Dial(ctx context.Context, database string, create bool) (driver.
 			return nil, err
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = admin.Exec(cctx, "CREATE DATABASE IF NOT EXISTS "+database)
+		// Only a missing database is created: a user without DDL rights
+		// is refused even CREATE DATABASE IF NOT EXISTS.
+		var n uint64
+		if err = admin.QueryRow(cctx, "SELECT count() FROM system.databases WHERE name = '"+database+"'").Scan(&n); err == nil && n == 0 {
+			err = admin.Exec(cctx, "CREATE DATABASE IF NOT EXISTS "+database)
+		}
 		cancel()
 		_ = admin.Close()
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
 )
@@ -45,6 +46,19 @@ const ddlTimeout = time.Minute
 // or two runs at once, would otherwise fail on it forever). It applies
 // nothing on a server whose time zone is not UTC (ErrServerTimeZone).
 func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
+	return MigrateStopped(ctx, conn, nil)
+}
+
+// MigrateStopped is Migrate on a database whose sinks must be stopped:
+// when a migration is pending on a database that has applied others (one
+// a sink may be writing), it asks sinkMembers for the members of the
+// sink's consumer group and applies nothing while there are any
+// (ErrSinkRunning). A migration that replaces an analyst table's view
+// drops it and creates it again, and a row a running sink inserts in
+// between never reaches the table (docs/operations.md, Upgrading the
+// stages). sinkMembers nil: no check. When nothing is pending it issues
+// no DDL, so a user without DDL rights may run it.
+func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(context.Context) ([]string, error)) ([]MigrationResult, error) {
 	ms, err := chschema.Migrations()
 	if err != nil {
 		return nil, err
@@ -52,7 +66,63 @@ func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 	if err := CheckTimeZone(ctx, conn); err != nil {
 		return nil, err
 	}
-	return migrate(ctx, conn, ms)
+	applied, pending, err := readApplied(ctx, conn, ms)
+	if err != nil {
+		return nil, err
+	}
+	if len(pending) == 0 {
+		out := make([]MigrationResult, len(ms))
+		for i, m := range ms {
+			out[i] = MigrationResult{Migration: m}
+		}
+		return out, nil
+	}
+	if len(applied) > 0 && sinkMembers != nil {
+		members, err := sinkMembers(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sink: migrate: check that no sink runs: %w", err)
+		}
+		if len(members) > 0 {
+			return nil, fmt.Errorf("sink: migrate: %s pending, and the sink's consumer group has members (%s): stop every sink, migrate, then start the sinks of this build: %w",
+				strings.Join(pending, ", "), strings.Join(members, ", "), ErrSinkRunning)
+		}
+	}
+	res, err := migrate(ctx, conn, ms)
+	if ex := (*proto.Exception)(nil); errors.As(err, &ex) && (ex.Code == 392 || ex.Code == 164) {
+		// DDL refused (allow_ddl = 0, readonly).
+		err = fmt.Errorf("%w: %s pending; apply them as a ClickHouse user that may create and alter tables (`meterline migrate --clickhouse-user ...`)",
+			err, strings.Join(pending, ", "))
+	}
+	return res, err
+}
+
+// readApplied reads the applied migrations (none when the migrations
+// table does not exist: a new database), checks that none of ms changed,
+// and returns the names of those of ms not applied.
+func readApplied(ctx context.Context, conn driver.Conn, ms []chschema.Migration) (map[int]appliedMigration, []string, error) {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	var n uint64
+	err := conn.QueryRow(qctx, `SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = '`+MigrationsTable+`'`).Scan(&n)
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("sink: check migrations: %w", err)
+	}
+	applied := map[int]appliedMigration{}
+	if n > 0 {
+		if applied, err = appliedMigrations(ctx, conn); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := checkApplied(ms, applied); err != nil {
+		return nil, nil, err
+	}
+	var pending []string
+	for _, m := range ms {
+		if _, ok := applied[m.Version]; !ok {
+			pending = append(pending, m.Name)
+		}
+	}
+	return applied, pending, nil
 }
 
 func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]MigrationResult, error) {
@@ -64,11 +134,8 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 	if err != nil {
 		return nil, fmt.Errorf("sink: migrate: create %s: %w", MigrationsTable, err)
 	}
-	applied, err := appliedMigrations(ctx, conn)
+	applied, _, err := readApplied(ctx, conn, ms)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkApplied(ms, applied); err != nil {
 		return nil, err
 	}
 	var out []MigrationResult
@@ -245,27 +312,9 @@ func CheckMigrations(ctx context.Context, conn driver.Conn) error {
 	if err != nil {
 		return err
 	}
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	var n uint64
-	err = conn.QueryRow(qctx, `SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = '`+MigrationsTable+`'`).Scan(&n)
-	cancel()
+	_, pending, err := readApplied(ctx, conn, ms)
 	if err != nil {
-		return fmt.Errorf("sink: check migrations: %w", err)
-	}
-	applied := map[int]appliedMigration{}
-	if n > 0 {
-		if applied, err = appliedMigrations(ctx, conn); err != nil {
-			return err
-		}
-	}
-	if err := checkApplied(ms, applied); err != nil {
 		return err
-	}
-	var pending []string
-	for _, m := range ms {
-		if _, ok := applied[m.Version]; !ok {
-			pending = append(pending, m.Name)
-		}
 	}
 	if len(pending) > 0 {
 		return fmt.Errorf("sink: %s not applied (run `meterline migrate`): %w", strings.Join(pending, ", "), ErrMigrationsPending)

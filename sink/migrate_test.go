@@ -10,6 +10,8 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/meterline/meterline/internal/testenv"
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
 )
@@ -226,5 +228,89 @@ func TestMigrateAlterReRun(t *testing.T) {
 	}
 	if err := CheckMigrations(ctx, conn); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMigrateRefusedWhileSinkRuns: an upgrade whose migrations replace
+// analyst views is refused while the sink's group has members (the rows
+// they insert between a view's drop and its creation would reach no
+// analyst table), and applied once it has none. A new database is
+// migrated whatever the group (no sink can have written it), and a
+// database with nothing pending is left alone without asking.
+func TestMigrateRefusedWhileSinkRuns(t *testing.T) {
+	conn, _ := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 2*time.Minute)
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := 0
+	running := func(context.Context) ([]string, error) { asked++; return []string{"sink-1 (/10.0.0.7)"}, nil }
+	stopped := func(context.Context) ([]string, error) { asked++; return nil, nil }
+	if _, err := migrate(ctx, conn, ms[:len(ms)-2]); err != nil {
+		t.Fatal(err)
+	}
+	_, err = MigrateStopped(ctx, conn, running)
+	if !errors.Is(err, ErrSinkRunning) || !strings.Contains(err.Error(), "sink-1 (/10.0.0.7)") ||
+		!strings.Contains(err.Error(), ms[len(ms)-2].Name) {
+		t.Fatalf("migrate while a sink runs: %v, want ErrSinkRunning naming the member and the pending migrations", err)
+	}
+	if err := CheckMigrations(ctx, conn); !errors.Is(err, ErrMigrationsPending) {
+		t.Fatalf("after the refusal: %v, want both migrations still pending", err)
+	}
+	var views uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = 'events_by_customer_mv' AND create_table_query LIKE '%record_offset%'").Scan(&views); err != nil || views != 0 {
+		t.Fatalf("events_by_customer_mv replaced (%d, %v) although a sink runs", views, err)
+	}
+	if _, err := MigrateStopped(ctx, conn, stopped); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckMigrations(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	asked = 0
+	if _, err := MigrateStopped(ctx, conn, running); err != nil || asked != 0 {
+		t.Fatalf("nothing pending: %v, group asked %d times, want nil and never", err, asked)
+	}
+	fresh, _ := testenv.ClickHouseDB(t)
+	if _, err := MigrateStopped(ctx, fresh, running); err != nil || asked != 0 {
+		t.Fatalf("a new database: %v, group asked %d times, want nil and never", err, asked)
+	}
+}
+
+// TestMigrateWithoutDDLRights: a sink's user may be refused DDL
+// (allow_ddl = 0). `meterline sink --migrate` with it, or `meterline
+// migrate` run again, on a database whose migrations a DBA applied
+// issues no DDL and succeeds; a pending migration is still refused by
+// the server, naming the migration.
+func TestMigrateWithoutDDLRights(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	admin, db := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 2*time.Minute)
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrate(ctx, admin, ms[:len(ms)-1]); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, Auth: clickhouse.Auth{Database: db, Username: "default"},
+		Settings: clickhouse.Settings{"allow_ddl": 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := Migrate(ctx, conn); err == nil || !strings.Contains(err.Error(), ms[len(ms)-1].Name+" pending") || !strings.Contains(err.Error(), "may create and alter tables") {
+		t.Fatalf("a pending migration without DDL rights: %v, want the refusal naming %s and the fix", err, ms[len(ms)-1].Name)
+	}
+	if _, err := Migrate(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Migrate(ctx, conn)
+	if err != nil {
+		t.Fatalf("nothing pending, without DDL rights: %v", err)
+	}
+	if len(res) != len(ms) {
+		t.Fatalf("%d results, want %d", len(res), len(ms))
 	}
 }

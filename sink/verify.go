@@ -41,7 +41,8 @@ var ErrRebuildUnfinished = errors.New("rebuild of derived tables unfinished")
 // ErrSinkRunning is returned (wrapped) by Verify when it would rebuild a
 // month while the sink's consumer group has members: the views would
 // write rows into the month while it is rebuilt, and the swap would drop
-// them.
+// them. MigrateStopped returns it when it would migrate a database that a
+// running sink writes.
 var ErrSinkRunning = errors.New("the sink's consumer group has members")
 
 // VerifyConfig configures Verify.

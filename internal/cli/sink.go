@@ -93,7 +93,7 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 		return err
 	}
 	if c.Migrate {
-		if err := migrate(ctx, cfg.ClickHouseServer, c.Database, stdio, log); err != nil {
+		if err := migrate(ctx, g, cfg.ClickHouseServer, c.Database, cfg.Group, stdio, log); err != nil {
 			return err
 		}
 	}
@@ -119,6 +119,7 @@ func sinkInputs(n topics.Names) []string {
 // MigrateCmd is `meterline migrate`.
 type MigrateCmd struct {
 	Database string `help:"ClickHouse database to create (if missing) and migrate." default:"${sink_database}"`
+	Group    string `help:"Consumer group of the sink: a database that has migrations applied is migrated only while this group has no members (read from Kafka, --brokers)." default:"${sink_group}"`
 }
 
 // Run applies the pending migrations.
@@ -127,16 +128,26 @@ func (c *MigrateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 	if err != nil {
 		return err
 	}
-	return migrate(ctx, srv, c.Database, stdio, log)
+	return migrate(ctx, g, srv, c.Database, c.Group, stdio, log)
 }
 
-func migrate(ctx context.Context, srv sink.Server, db string, stdio IO, log *zap.Logger) error {
+// migrate applies the pending migrations of db while no member of the
+// sink's group runs (sink.MigrateStopped); Kafka is asked only then.
+func migrate(ctx context.Context, g *Globals, srv sink.Server, db, group string, stdio IO, log *zap.Logger) error {
 	conn, err := srv.Dial(ctx, db, true)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	res, err := sink.Migrate(ctx, conn)
+	members := func(ctx context.Context) ([]string, error) {
+		adm, closeAdm, err := adminClient(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		defer closeAdm()
+		return sink.GroupMembers(adm, group)(ctx)
+	}
+	res, err := sink.MigrateStopped(ctx, conn, members)
 	applied := 0
 	for _, r := range res {
 		state := "already applied"

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -56,6 +57,71 @@ func TestMigrateCommand(t *testing.T) {
 	}
 }
 
+// TestMigrateCommandRefusedWhileSinkRuns: `meterline migrate` on a
+// database with a migration pending refuses while the sink's group has a
+// member (a sink of the old build still inserting), naming it, and
+// applies it once the member is gone.
+func TestMigrateCommandRefusedWhileSinkRuns(t *testing.T) {
+	brokers, addr, conn, db := migratedDatabase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The last migration pending, as after an upgrade of the binary.
+	if err := conn.Exec(ctx, "DROP TABLE "+sink.MigrationsTable); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(ctx, "CREATE TABLE "+sink.MigrationsTable+" (version UInt32, name String, checksum String, applied_at DateTime) ENGINE = ReplacingMergeTree ORDER BY version"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:len(ms)-1] {
+		if err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT %d, '%s', '%s', now()", sink.MigrationsTable, m.Version, m.Name, m.Checksum)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	topic := testenv.Name(t, "migrate-member")
+	testenv.CreateTopic(t, brokers, topic, 1, nil)
+	group := testenv.Name(t, "migrate-group")
+	member, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic), kgo.ClientID("old-sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go member.PollFetches(ctx)
+	defer member.Close()
+	for members := sink.GroupMembers(testenv.Admin(t, brokers), group); ; time.Sleep(200 * time.Millisecond) {
+		if m, err := members(ctx); err != nil {
+			t.Fatal(err)
+		} else if len(m) > 0 {
+			break
+		}
+	}
+	args := []string{"migrate", "--brokers", strings.Join(brokers, ","), "--clickhouse", addr, "--database", db, "--group", group}
+	if code, out, errOut := run(t, "", args...); code != 1 || !strings.Contains(errOut, "old-sink") || !strings.Contains(errOut, ms[len(ms)-1].Name+" pending") {
+		t.Fatalf("migrate while a member of the sink's group runs: exit %d, want 1 and a refusal naming it\n%s\n%s", code, out, errOut)
+	}
+	member.Close()
+	if code, out, errOut := run(t, "", args...); code != 0 || !strings.Contains(out, "1 applied now") {
+		t.Fatalf("migrate once the member left: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// migratedDatabase returns the test Kafka's and ClickHouse's addresses,
+// and a new database of the latter with every migration applied.
+func migratedDatabase(t *testing.T) ([]string, string, driver.Conn, string) {
+	t.Helper()
+	brokers := testenv.RealKafka(t)
+	addr := testenv.RealClickHouse(t)
+	conn, db := testenv.ClickHouseDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := sink.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	return brokers, addr, conn, db
+}
+
 // TestSinkValidate checks flags without connecting anywhere, and names the
 // bad field.
 func TestSinkValidate(t *testing.T) {
@@ -75,14 +141,9 @@ func TestSinkValidate(t *testing.T) {
 // skipped records; run again, it accepts nothing. --partition without
 // --topic is a usage error.
 func TestSinkAcceptOffsetsCommand(t *testing.T) {
-	brokers := testenv.RealKafka(t)
-	addr := testenv.RealClickHouse(t)
-	conn, db := testenv.ClickHouseDB(t)
+	brokers, addr, _, db := migratedDatabase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if _, err := sink.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
 	prefix := testenv.Name(t, "accept") + "."
 	topic := prefix + topics.DefaultNames().DedupedTopic()
 	testenv.CreateTopic(t, brokers, topic, 1, nil)
