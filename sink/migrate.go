@@ -55,7 +55,7 @@ func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 // sink's consumer group and applies nothing while there are any
 // (ErrSinkRunning). A migration that replaces an analyst table's view
 // drops it and creates it again, and a row a running sink inserts in
-// between never reaches the table (docs/operations.md, Upgrading the
+// between never reaches the table (docs/operations.md, Running the
 // stages). sinkMembers nil: no check. When nothing is pending it issues
 // no DDL, so a user without DDL rights may run it.
 func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(context.Context) ([]string, error)) ([]MigrationResult, error) {
