@@ -101,7 +101,7 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run, sinkStatus(cfg, g.Topic))
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{"sink", cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run, sinkStatus(cfg, g.Topic))
 }
 
 // sinkStatus reports the sink's group, instance ID and input topics on the

@@ -89,9 +89,11 @@ func resolveInstanceID(id string) (string, error) {
 	return h, nil
 }
 
-// lagGroup is a consumer group of the process's own stages and the topics
-// it consumes, for its lag metrics.
+// lagGroup is a consumer group of the process's own stages, its stage
+// (the lag metrics' stage label) and the topics it consumes, for its lag
+// metrics.
 type lagGroup struct {
+	stage  string
 	group  string
 	inputs []string
 }
@@ -115,7 +117,7 @@ func runStageWith(ctx context.Context, g *Globals, addr string, reg *prometheus.
 	opts := []lag.Option{lag.WithLogger(log)}
 	for i, lg := range groups {
 		names[i] = lg.group
-		opts = append(opts, lag.WithInputTopics(lg.group, lg.inputs...))
+		opts = append(opts, lag.WithInputTopics(lg.group, lg.inputs...), lag.WithStage(lg.group, lg.stage))
 	}
 	kc, err := g.kafka()
 	if err != nil {
@@ -227,7 +229,7 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
+	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{"dedup", cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
 		st.Ready, st.Run, st.Status)
 }
 

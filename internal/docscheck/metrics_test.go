@@ -228,7 +228,8 @@ func startedStages(t *testing.T) (map[string]*recordingRegistry, topics.Names) {
 	}
 	lc, err := lag.NewCollector(kafka.Config{Brokers: brokers}, []string{names.Prefix + "dedup", names.Prefix + "aggregate"},
 		lag.WithInputTopics(names.Prefix+"dedup", names.EventsTopic()),
-		lag.WithInputTopics(names.Prefix+"aggregate", names.DedupedTopic(), names.EntitlementsTopic()))
+		lag.WithInputTopics(names.Prefix+"aggregate", names.DedupedTopic(), names.EntitlementsTopic()),
+		lag.WithStage(names.Prefix+"dedup", "dedup"), lag.WithStage(names.Prefix+"aggregate", "aggregate"))
 	if err != nil {
 		t.Fatal(err)
 	}
