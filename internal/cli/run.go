@@ -136,7 +136,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		stages = append(stages, namedStage{"ingest", srv.Run, srv.Ready})
 		setup = func(s *service.Server) { s.AddTable(as.EntitlementsTable); s.AddTable(srv.Status) }
 	}
-	return runStageWith(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
+	return runStageWith(ctx, g, metricsServer{c.MetricsAddr, c.MetricsAllowedHosts}, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
 	}, setup, status...)
 }
