@@ -30,19 +30,9 @@ import (
 //     stays low, and the alert fires.
 //  3. Restarted with ticks: the gate drains and the alert resolves.
 func TestRealEntitlementsStalledAlert(t *testing.T) {
-	promBin := realPrometheus(t, "alert rules")
-	parallelAlertTest(t)
-	brokers := testenv.RealKafka(t)
-	work := testenv.LogDir(t, "meterline-alerts-ent-test-*")
-	bin := testenv.Meterline(t)
-
-	prefix := testenv.Name(t, "alertsent") + "."
-	group := strings.TrimSuffix(prefix, ".") + "-aggregate"
-	names := topics.DefaultNames()
-	names.Prefix = prefix
-	deleteTopicsAfter(t, brokers, prefix)
-	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
-		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
+	e := newEntAlertEnv(t, "alertsent")
+	brokers, work, bin, prefix, names := e.brokers, e.work, e.bin, e.prefix, e.names
+	group := e.base + "-aggregate"
 
 	aggAddr := testenv.FreeAddr(t)
 	startAgg := func(n int, tick string) *testenv.Process {
@@ -59,7 +49,7 @@ func TestRealEntitlementsStalledAlert(t *testing.T) {
 	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	prom := startPrometheus(t, promBin, work, rulesFile, aggAddr)
+	prom := startPrometheus(t, e.promBin, work, rulesFile, aggAddr)
 	w := &alertWatch{t: t, prom: prom, fired: map[string]bool{}}
 
 	stopWriting := writeDeduped(t, brokers, names, 2)
@@ -95,19 +85,8 @@ func TestRealEntitlementsStalledAlert(t *testing.T) {
 // reach, so it has consumed nothing). The alert fires on the aggregator's
 // own lag, which stays low, not on the sink's.
 func TestRealEntitlementsStalledAlertRun(t *testing.T) {
-	promBin := realPrometheus(t, "alert rules")
-	parallelAlertTest(t)
-	brokers := testenv.RealKafka(t)
-	work := testenv.LogDir(t, "meterline-alerts-entrun-test-*")
-	bin := testenv.Meterline(t)
-
-	prefix := testenv.Name(t, "alertsentrun") + "."
-	base := strings.TrimSuffix(prefix, ".")
-	names := topics.DefaultNames()
-	names.Prefix = prefix
-	deleteTopicsAfter(t, brokers, prefix)
-	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
-		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
+	e := newEntAlertEnv(t, "alertsentrun")
+	brokers, work, bin, prefix, base := e.brokers, e.work, e.bin, e.prefix, e.base
 
 	addr := testenv.FreeAddr(t)
 	p := testenv.StartProcess(t, "run", filepath.Join(work, "run.log"), bin, "run", "--brokers", strings.Join(brokers, ","),
@@ -123,9 +102,9 @@ func TestRealEntitlementsStalledAlertRun(t *testing.T) {
 	if err := os.WriteFile(rulesFile, scaledRules(t, realScale), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	prom := startPrometheus(t, promBin, work, rulesFile, addr)
+	prom := startPrometheus(t, e.promBin, work, rulesFile, addr)
 	w := &alertWatch{t: t, prom: prom, fired: map[string]bool{}}
-	stopWriting := writeDeduped(t, brokers, names, 2)
+	stopWriting := writeDeduped(t, brokers, e.names, 2)
 
 	// The sink's lag on usage.deduped passes the scaled threshold (5 s)
 	// and keeps growing; the aggregator's stays below it.
@@ -135,6 +114,33 @@ func TestRealEntitlementsStalledAlertRun(t *testing.T) {
 	w.expectRulesHealthy()
 	stopWriting()
 	p.Stop(t)
+}
+
+// entAlertEnv is what the entitlements alert tests share: a real
+// Prometheus, the real broker, a log directory, the meterline binary, and
+// topics of their own (two partitions each) named with prefix; base is
+// prefix without its dot, for group names.
+type entAlertEnv struct {
+	promBin, work, bin, prefix, base string
+	brokers                          []string
+	names                            topics.Names
+}
+
+func newEntAlertEnv(t *testing.T, name string) entAlertEnv {
+	t.Helper()
+	e := entAlertEnv{promBin: realPrometheus(t, "alert rules")}
+	parallelAlertTest(t)
+	e.brokers = testenv.RealKafka(t)
+	e.work = testenv.LogDir(t, "meterline-"+name+"-test-*")
+	e.bin = testenv.Meterline(t)
+	e.base = testenv.Name(t, name)
+	e.prefix = e.base + "."
+	e.names = topics.DefaultNames()
+	e.names.Prefix = e.prefix
+	deleteTopicsAfter(t, e.brokers, e.prefix)
+	runCmd(t, e.bin, filepath.Join(e.work, "topics.log"), "topics", "create", "--brokers", strings.Join(e.brokers, ","),
+		"--topic-prefix", e.prefix, "--partitions", "2", "--replication-factor", "1")
+	return e
 }
 
 // writeDeduped writes records to the two-partition usage.deduped of names,

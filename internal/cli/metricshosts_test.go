@@ -1,13 +1,9 @@
 package cli
 
 import (
-	"context"
-	"io"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -35,37 +31,10 @@ func TestMetricsAllowedHosts(t *testing.T) {
 
 	_, brokers := testenv.KFake(t)
 	metrics := testenv.FreeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var logs testenv.SyncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- Main(ctx, []string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",
-			"--instance-id", "node-1", "--metrics-addr", metrics, flag},
-			IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Errorf("meterline sink did not stop")
-		}
-	}()
-	waitHTTP(t, "http://"+metrics+"/healthz", 200, 30*time.Second, done, &logs)
+	startSinkWithoutClickHouse(t, brokers, metrics, flag)
 	for host, want := range map[string]int{"metrics.example": 200, "dedup:9466": 200, metrics: 200, "localhost": 200, "rebound.example": 403} {
-		req, err := http.NewRequest(http.MethodGet, "http://"+metrics+"/metrics", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Host = host
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		if got := testenv.StatusWithHost(t, "http://"+metrics+"/metrics", host); got != want {
+			t.Errorf("Host %s: %d, want %d", host, got, want)
 		}
 	}
 }

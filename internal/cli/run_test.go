@@ -283,6 +283,30 @@ func createTopics(t *testing.T, brokers []string, names topics.Names, parts int)
 	}
 }
 
+// startSinkWithoutClickHouse runs `meterline sink` on brokers with its
+// ClickHouse out of reach, serving metrics on metrics, with more args,
+// until the test ends; it returns once /healthz answers.
+func startSinkWithoutClickHouse(t *testing.T, brokers []string, metrics string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs testenv.SyncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, append([]string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",
+			"--instance-id", "node-1", "--metrics-addr", metrics}, args...),
+			IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("meterline sink did not stop")
+		}
+	})
+	waitHTTP(t, "http://"+metrics+"/healthz", 200, 30*time.Second, done, &logs)
+}
+
 // lagNotZero returns what of want (stage → topics, every partition) is
 // missing from the scrape or not zero, in records or seconds; groups maps
 // each stage to its group.
@@ -440,24 +464,7 @@ func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
 	}
 	produced := time.Now()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs testenv.SyncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- Main(ctx, []string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",
-			"--topic-prefix", names.Prefix, "--group", group, "--instance-id", "node-1", "--metrics-addr", metrics},
-			IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Errorf("meterline sink did not stop")
-		}
-	}()
-	waitHTTP(t, "http://"+metrics+"/healthz", 200, 30*time.Second, done, &logs)
+	startSinkWithoutClickHouse(t, brokers, metrics, "--topic-prefix", names.Prefix, "--group", group)
 	time.Sleep(time.Second)
 	m := scrape(t, "http://"+metrics+"/metrics")
 	for p, want := range map[int]float64{0: 4, 1: 3} {

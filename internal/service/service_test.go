@@ -2,15 +2,15 @@ package service
 
 import (
 	"context"
-	"io"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestServerBoundsSlowClients: the metrics, health and status server may
@@ -65,26 +65,11 @@ func TestServerRefusesForeignHosts(t *testing.T) {
 		_, port, _ := net.SplitHostPort(s.Addr())
 		return port
 	}
-	get := func(port, host, path string) int {
-		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+port+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Host = host
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
 	check := func(what, port string, want map[string]int) {
 		t.Helper()
 		for host, code := range want {
 			for _, path := range []string{"/", "/status.json", "/metrics", "/healthz", "/readyz"} {
-				if got := get(port, strings.ReplaceAll(host, "PORT", port), path); got != code {
+				if got := testenv.StatusWithHost(t, "http://127.0.0.1:"+port+path, strings.ReplaceAll(host, "PORT", port)); got != code {
 					t.Errorf("%s: Host %q %s: %d, want %d", what, host, path, got, code)
 				}
 			}
