@@ -632,6 +632,13 @@ func TestPrometheusScrapesTheStages(t *testing.T) {
 				if _, p, _ := net.SplitHostPort(cmd.flags["metrics-addr"]); p != port {
 					t.Errorf("target %s: %s serves metrics on %q", target, host, cmd.flags["metrics-addr"])
 				}
+				// It listens on every interface of its container, published
+				// on the host's loopback: it must name the hosts it answers
+				// (docs/operations.md, HTTP servers), and Prometheus's among
+				// them, or every scrape is refused.
+				if ah := cmd.flags["metrics-allowed-hosts"]; !slices.Contains(strings.Fields(strings.Trim(ah, "[]")), host) {
+					t.Errorf("target %s: %s answers the hosts %q (--metrics-allowed-hosts), not %s", target, host, ah, host)
+				}
 				scraped[host] = true
 			}
 		}

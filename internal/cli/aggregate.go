@@ -99,6 +99,6 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	if err != nil {
 		return err
 	}
-	return runStageWith(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, cfg.Stream.CopartitionedTopics...)}},
+	return runStageWith(ctx, g, metricsServer{c.MetricsAddr, c.MetricsAllowedHosts}, reg, log, []lagGroup{{"aggregate", cfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, cfg.Stream.CopartitionedTopics...)}},
 		st.Ready, st.Run, func(s *service.Server) { s.AddTable(st.EntitlementsTable) }, st.Status)
 }

@@ -79,10 +79,11 @@ func (f *IngestFlags) refuseZeroMaxAge() error {
 
 // IngestCmd is `meterline ingest`.
 type IngestCmd struct {
-	IngestFlags `embed:""`
-	MetersFlags `embed:""`
-	MetricsAddr string `help:"Address of the metrics, health and status page server." default:"${metrics_addr}"`
-	Validate    bool   `help:"Check the configuration and exit."`
+	IngestFlags       `embed:""`
+	MetersFlags       `embed:""`
+	MetricsAddr       string `help:"Address of the metrics, health and status page server." default:"${metrics_addr}"`
+	MetricsHostsFlags `embed:""`
+	Validate          bool `help:"Check the configuration and exit."`
 }
 
 // Run serves the HTTP ingest until ctx ends.
@@ -122,5 +123,5 @@ func (c *IngestCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 	if err != nil {
 		return err
 	}
-	return runStageWith(ctx, g, c.MetricsAddr, reg, log, nil, srv.Ready, srv.Run, func(s *service.Server) { s.AddTable(srv.Status) })
+	return runStageWith(ctx, g, metricsServer{c.MetricsAddr, c.MetricsAllowedHosts}, reg, log, nil, srv.Ready, srv.Run, func(s *service.Server) { s.AddTable(srv.Status) })
 }

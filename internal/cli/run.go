@@ -116,7 +116,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		{"dedup", ds.Run, ds.Ready},
 		{"aggregate", as.Run, as.Ready},
 	}
-	groups := []lagGroup{{dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {acfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, acfg.Stream.CopartitionedTopics...)}}
+	groups := []lagGroup{{"dedup", dcfg.Stream.Group, []string{g.Topic.EventsTopic()}}, {"aggregate", acfg.Stream.Group, append([]string{g.Topic.DedupedTopic()}, acfg.Stream.CopartitionedTopics...)}}
 	status := []func() service.StageStatus{ds.Status, as.Status}
 	if !c.NoSink {
 		w, err := sink.New(scfg)
@@ -124,7 +124,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 			return err
 		}
 		stages = append(stages, namedStage{"sink", w.Run, w.Ready})
-		groups = append(groups, lagGroup{scfg.Group, sinkInputs(g.Topic)})
+		groups = append(groups, lagGroup{"sink", scfg.Group, sinkInputs(g.Topic)})
 		status = append(status, sinkStatus(scfg, g.Topic))
 	}
 	setup := func(s *service.Server) { s.AddTable(as.EntitlementsTable) }
@@ -136,7 +136,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		stages = append(stages, namedStage{"ingest", srv.Run, srv.Ready})
 		setup = func(s *service.Server) { s.AddTable(as.EntitlementsTable); s.AddTable(srv.Status) }
 	}
-	return runStageWith(ctx, g, c.MetricsAddr, reg, log, groups, allReady(stages), func(ctx context.Context) error {
+	return runStageWith(ctx, g, metricsServer{c.MetricsAddr, c.MetricsAllowedHosts}, reg, log, groups, allReady(stages), func(ctx context.Context) error {
 		return runAll(ctx, log, stages)
 	}, setup, status...)
 }

@@ -234,15 +234,16 @@ func TestRealRunAllStages(t *testing.T) {
 	}
 
 	// Lag on /metrics for the three groups, on the real broker: present,
-	// and zero once caught up (computed at most a few seconds ago).
+	// labelled with each group's stage, and zero once caught up (computed
+	// at most a few seconds ago).
 	wantZero := map[string][]string{
-		groups["dedup"]:     {names.EventsTopic()},
-		groups["aggregate"]: {names.DedupedTopic()},
-		groups["sink"]:      {names.DedupedTopic(), names.DuplicatesTopic(), names.RejectedTopic(), names.AggregatesTopic(), names.AdjustmentsTopic()},
+		"dedup":     {names.EventsTopic()},
+		"aggregate": {names.DedupedTopic()},
+		"sink":      {names.DedupedTopic(), names.DuplicatesTopic(), names.RejectedTopic(), names.AggregatesTopic(), names.AdjustmentsTopic()},
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		missing := lagNotZero(scrape(t, "http://"+metrics+"/metrics"), wantZero, parts)
+		missing := lagNotZero(scrape(t, "http://"+metrics+"/metrics"), groups, wantZero, parts)
 		if len(missing) == 0 {
 			break
 		}
@@ -282,15 +283,40 @@ func createTopics(t *testing.T, brokers []string, names topics.Names, parts int)
 	}
 }
 
-// lagNotZero returns what of want (group → topics, every partition) is
-// missing from the scrape or not zero, in records or seconds.
-func lagNotZero(metrics string, want map[string][]string, parts int) []string {
+// startSinkWithoutClickHouse runs `meterline sink` on brokers with its
+// ClickHouse out of reach, serving metrics on metrics, with more args,
+// until the test ends; it returns once /healthz answers.
+func startSinkWithoutClickHouse(t *testing.T, brokers []string, metrics string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs testenv.SyncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, append([]string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",
+			"--instance-id", "node-1", "--metrics-addr", metrics}, args...),
+			IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Errorf("meterline sink did not stop")
+		}
+	})
+	waitHTTP(t, "http://"+metrics+"/healthz", 200, 30*time.Second, done, &logs)
+}
+
+// lagNotZero returns what of want (stage → topics, every partition) is
+// missing from the scrape or not zero, in records or seconds; groups maps
+// each stage to its group.
+func lagNotZero(metrics string, groups map[string]string, want map[string][]string, parts int) []string {
 	var bad []string
-	for group, tps := range want {
+	for stage, tps := range want {
 		for _, topic := range tps {
 			for p := 0; p < parts; p++ {
 				for _, name := range []string{lag.MetricRecords, lag.MetricSeconds} {
-					series := fmt.Sprintf(`%s{group="%s",partition="%d",topic="%s"}`, name, group, p, topic)
+					series := fmt.Sprintf(`%s{group="%s",partition="%d",stage="%s",topic="%s"}`, name, groups[stage], p, stage, topic)
 					v, ok := sample(metrics, series)
 					if !ok || v != 0 {
 						bad = append(bad, fmt.Sprintf("%s=%v(present %v)", series, v, ok))
@@ -438,37 +464,20 @@ func TestRealSinkLagWhileClickHouseDown(t *testing.T) {
 	}
 	produced := time.Now()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs testenv.SyncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- Main(ctx, []string{"sink", "--brokers", strings.Join(brokers, ","), "--clickhouse", "127.0.0.1:1",
-			"--topic-prefix", names.Prefix, "--group", group, "--instance-id", "node-1", "--metrics-addr", metrics},
-			IO{Stdin: strings.NewReader(""), Stdout: &logs, Stderr: &logs})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			t.Errorf("meterline sink did not stop")
-		}
-	}()
-	waitHTTP(t, "http://"+metrics+"/healthz", 200, 30*time.Second, done, &logs)
+	startSinkWithoutClickHouse(t, brokers, metrics, "--topic-prefix", names.Prefix, "--group", group)
 	time.Sleep(time.Second)
 	m := scrape(t, "http://"+metrics+"/metrics")
 	for p, want := range map[int]float64{0: 4, 1: 3} {
-		series := fmt.Sprintf(`%s{group="%s",partition="%d",topic="%s"}`, lag.MetricRecords, group, p, names.DuplicatesTopic())
+		series := fmt.Sprintf(`%s{group="%s",partition="%d",stage="sink",topic="%s"}`, lag.MetricRecords, group, p, names.DuplicatesTopic())
 		if v, ok := sample(m, series); !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", series, v, ok, want)
 		}
-		series = fmt.Sprintf(`%s{group="%s",partition="%d",topic="%s"}`, lag.MetricSeconds, group, p, names.DuplicatesTopic())
+		series = fmt.Sprintf(`%s{group="%s",partition="%d",stage="sink",topic="%s"}`, lag.MetricSeconds, group, p, names.DuplicatesTopic())
 		if v, ok := sample(m, series); !ok || v < 1 || v > time.Since(produced).Seconds()+1 {
 			t.Errorf("%s = %v (present %v), want about %.1f", series, v, ok, time.Since(produced).Seconds())
 		}
 	}
-	series := fmt.Sprintf(`%s{group="%s",partition="0",topic="%s"}`, lag.MetricRecords, group, names.AggregatesTopic())
+	series := fmt.Sprintf(`%s{group="%s",partition="0",stage="sink",topic="%s"}`, lag.MetricRecords, group, names.AggregatesTopic())
 	if v, ok := sample(m, series); !ok || v != 0 {
 		t.Errorf("%s = %v (present %v), want 0 (an empty input)", series, v, ok)
 	}

@@ -72,7 +72,8 @@ type SinkRunCmd struct {
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${sink_rebalance_timeout}"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`
 	MetricsAddr        string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9466 serves every interface." default:"127.0.0.1:9466"`
-	Validate           bool          `help:"Check the configuration and exit."`
+	MetricsHostsFlags  `embed:""`
+	Validate           bool `help:"Check the configuration and exit."`
 }
 
 // Run runs the sink.
@@ -101,7 +102,7 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run, sinkStatus(cfg, g.Topic))
+	return runStage(ctx, g, metricsServer{c.MetricsAddr, c.MetricsAllowedHosts}, reg, log, []lagGroup{{"sink", cfg.Group, sinkInputs(g.Topic)}}, w.Ready, w.Run, sinkStatus(cfg, g.Topic))
 }
 
 // sinkStatus reports the sink's group, instance ID and input topics on the

@@ -31,8 +31,9 @@ type StageFlags struct {
 	StateCleanupDelay       time.Duration `help:"How long the local state of a partition this instance neither owns nor keeps as a standby (revoked, its standby copy moved to another instance, not assigned at start) stays in --state-dir before it is deleted; state a restore would replay in full anyway (beyond the restore horizon) is deleted at once. 0 keeps all state." default:"${stream_state_cleanup_delay}"`
 	MaxDecompressBatchBytes int           `help:"Most bytes one fetched batch of the stage's input may decompress to: a batch past it (a decompression bomb any producer can write) is rejected as oversized in usage.rejected and skipped." default:"${stream_max_decompress_batch_bytes}"`
 	MetricsAddr             string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
-	AllowCreateTime         bool          `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
-	Validate                bool          `help:"Check the configuration and exit."`
+	MetricsHostsFlags       `embed:""`
+	AllowCreateTime         bool `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
+	Validate                bool `help:"Check the configuration and exit."`
 }
 
 // streamConfig is the stream configuration of stage, with its own group and
@@ -89,9 +90,24 @@ func resolveInstanceID(id string) (string, error) {
 	return h, nil
 }
 
-// lagGroup is a consumer group of the process's own stages and the topics
-// it consumes, for its lag metrics.
+// MetricsHostsFlags name the hosts the HTTP server of --metrics-addr
+// answers (service.Server.AllowHosts; docs/operations.md, HTTP servers).
+type MetricsHostsFlags struct {
+	MetricsAllowedHosts []string `help:"Host names the HTTP server of --metrics-addr answers besides IP addresses, localhost and .localhost names (the Host header of each request; against DNS rebinding). Without it, a server on a loopback address answers only those, one on another address every host; with it, whatever its address, only those and these (e.g. the name Prometheus scrapes it by)." placeholder:"HOST,..."`
+}
+
+// metricsServer is the address of a process's HTTP server and the hosts
+// it answers (MetricsHostsFlags).
+type metricsServer struct {
+	addr         string
+	allowedHosts []string
+}
+
+// lagGroup is a consumer group of the process's own stages, its stage
+// (the lag metrics' stage label) and the topics it consumes, for its lag
+// metrics.
 type lagGroup struct {
+	stage  string
 	group  string
 	inputs []string
 }
@@ -104,18 +120,18 @@ type lagGroup struct {
 // inputs.
 // The status page at / shows the stages of status (stream.Runtime.Status)
 // and any other stage found in reg.
-func runStage(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, status ...func() service.StageStatus) error {
-	return runStageWith(ctx, g, addr, reg, log, groups, ready, run, nil, status...)
+func runStage(ctx context.Context, g *Globals, ms metricsServer, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, status ...func() service.StageStatus) error {
+	return runStageWith(ctx, g, ms, reg, log, groups, ready, run, nil, status...)
 }
 
 // runStageWith is runStage with setup, when not nil, called with the
 // HTTP server before it serves (to add sections to the status page).
-func runStageWith(ctx context.Context, g *Globals, addr string, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, setup func(*service.Server), status ...func() service.StageStatus) error {
+func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *prometheus.Registry, log *zap.Logger, groups []lagGroup, ready service.Check, run func(context.Context) error, setup func(*service.Server), status ...func() service.StageStatus) error {
 	names := make([]string, len(groups))
 	opts := []lag.Option{lag.WithLogger(log)}
 	for i, lg := range groups {
 		names[i] = lg.group
-		opts = append(opts, lag.WithInputTopics(lg.group, lg.inputs...))
+		opts = append(opts, lag.WithInputTopics(lg.group, lg.inputs...), lag.WithStage(lg.group, lg.stage))
 	}
 	kc, err := g.kafka()
 	if err != nil {
@@ -129,10 +145,11 @@ func runStageWith(ctx context.Context, g *Globals, addr string, reg *prometheus.
 	if err := reg.Register(lc); err != nil {
 		return fmt.Errorf("consumer lag metrics: %w", err)
 	}
-	srv, err := service.Listen(addr, reg, log, ready)
+	srv, err := service.Listen(ms.addr, reg, log, ready)
 	if err != nil {
 		return err
 	}
+	srv.AllowHosts(ms.allowedHosts...)
 	for _, f := range status {
 		srv.AddStatus(f)
 	}
@@ -227,7 +244,7 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if err != nil {
 		return err
 	}
-	return runStage(ctx, g, c.MetricsAddr, reg, log, []lagGroup{{cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
+	return runStage(ctx, g, metricsServer{c.MetricsAddr, c.MetricsAllowedHosts}, reg, log, []lagGroup{{"dedup", cfg.Stream.Group, []string{g.Topic.EventsTopic()}}},
 		st.Ready, st.Run, st.Status)
 }
 

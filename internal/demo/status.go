@@ -57,7 +57,8 @@ func serveStatus(cfg Config, brokers []string, names topics.Names, tr *truth, vi
 	if cfg.ClickHouse != "" {
 		groups = append(groups, sinkGroup)
 	}
-	lc, err := lag.NewCollector(kafka.Config{Brokers: brokers}, groups, lag.WithLogger(cfg.Logger))
+	lc, err := lag.NewCollector(kafka.Config{Brokers: brokers}, groups, lag.WithLogger(cfg.Logger),
+		lag.WithStage(dedupGroup, "dedup"), lag.WithStage(aggGroup, "aggregate"), lag.WithStage(sinkGroup, "sink"))
 	if err == nil {
 		if err = cfg.Registry.Register(lc); err != nil {
 			lc.Close()

@@ -26,16 +26,19 @@ const (
 var (
 	descRecords = prometheus.NewDesc(MetricRecords,
 		"Records a consumer group is behind on a partition: the last stable offset minus the offset it reads next (its committed offset; without one, the partition's start); 0 when a read_committed fetch from there returns no record, so trailing transaction markers do not count.",
-		[]string{"group", "topic", "partition"}, nil)
+		[]string{"stage", "group", "topic", "partition"}, nil)
 	descSeconds = prometheus.NewDesc(MetricSeconds,
 		"Seconds a consumer group is behind on a partition: wall time minus the broker timestamp of the first record it has not consumed; 0 when caught up.",
-		[]string{"group", "topic", "partition"}, nil)
+		[]string{"stage", "group", "topic", "partition"}, nil)
 )
 
 // Collector is a prometheus.Collector that exports the lag of consumer
 // groups, per group, topic and partition, as MetricRecords and
 // MetricSeconds (docs/operations.md, Health, metrics and logs), computed as
-// Compute does.
+// Compute does. Each series also carries the stage label of its group
+// (WithStage): under `meterline run` one process exports the lag of every
+// stage, and the aggregator and the sink both read usage.deduped, so only
+// the stage tells their lag apart there (the group's name is configurable).
 //
 // It is a collector rather than a periodic updater of gauges so that lag is
 // computed only when something scrapes, and so that a partition that leaves
@@ -65,6 +68,7 @@ type Collector struct {
 	conn    kafka.Config
 	groups  []string
 	inputs  map[string][]string
+	stages  map[string]string
 	ttl     time.Duration
 	timeout time.Duration
 	now     func() time.Time
@@ -105,13 +109,20 @@ func WithInputTopics(group string, topics ...string) Option {
 	return func(c *Collector) { c.inputs[group] = append(c.inputs[group], topics...) }
 }
 
+// WithStage sets the stage label of group's series ("dedup", "aggregate",
+// "sink"; the labels of the stream stages' own metrics). Default: empty,
+// which Prometheus treats as no label.
+func WithStage(group, stage string) Option {
+	return func(c *Collector) { c.stages[group] = stage }
+}
+
 // WithLogger sets the logger for failed computations. Default: none.
 func WithLogger(l *zap.Logger) Option { return func(c *Collector) { c.log = l } }
 
 // NewCollector returns a Collector of the groups' lag on the cluster. It
 // holds one Kafka client until Close.
 func NewCollector(conn kafka.Config, groups []string, opts ...Option) (*Collector, error) {
-	c := &Collector{conn: conn, groups: append([]string(nil), groups...), inputs: map[string][]string{}, ttl: 5 * time.Second,
+	c := &Collector{conn: conn, groups: append([]string(nil), groups...), inputs: map[string][]string{}, stages: map[string]string{}, ttl: 5 * time.Second,
 		timeout: 5 * time.Second, now: time.Now, log: zap.NewNop()}
 	for _, o := range opts {
 		o(c)
@@ -138,8 +149,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	rows, _ := c.Rows()
 	for _, r := range rows {
 		p := strconv.Itoa(int(r.Partition))
-		ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(r.Records), r.Group, r.Topic, p)
-		ch <- prometheus.MustNewConstMetric(descSeconds, prometheus.GaugeValue, r.Behind.Seconds(), r.Group, r.Topic, p)
+		st := c.stages[r.Group]
+		ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(r.Records), st, r.Group, r.Topic, p)
+		ch <- prometheus.MustNewConstMetric(descSeconds, prometheus.GaugeValue, r.Behind.Seconds(), st, r.Group, r.Topic, p)
 	}
 }
 

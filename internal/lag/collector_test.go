@@ -236,3 +236,44 @@ func value(m *dto.Metric) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestCollectorStage: each series carries its group's stage label
+// (WithStage), so that the aggregator's and the sink's lag on
+// usage.deduped differ under `meterline run`, one process for every
+// stage; a group given no stage has an empty one (no label to Prometheus).
+func TestCollectorStage(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	topic := testenv.Name(t, "deduped")
+	testenv.CreateTopic(t, brokers, topic, 1, nil)
+	agg, snk, other := testenv.Name(t, "aggregate"), testenv.Name(t, "sink"), testenv.Name(t, "other")
+	c, err := NewCollector(kafka.Config{Brokers: brokers}, []string{agg, snk, other},
+		WithInputTopics(agg, topic), WithInputTopics(snk, topic), WithInputTopics(other, topic),
+		WithStage(agg, "aggregate"), WithStage(snk, "sink"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{agg: "aggregate", snk: "sink", other: ""}
+	n := 0
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range s.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if st, w := labels["stage"], want[labels["group"]]; st != w {
+				t.Errorf("%s%v: stage %q, want %q", mf.GetName(), labels, st, w)
+			}
+			n++
+		}
+	}
+	if n != 6 {
+		t.Errorf("%d lag series, want 6 (records and seconds of three groups)", n)
+	}
+}

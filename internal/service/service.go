@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,10 @@ type Server struct {
 	Mux    *http.ServeMux
 	ready  []Check
 	status *statusPage
+	// Host check (allowedHost): the listener is on loopback; the host
+	// names AllowHosts gave, lower case, without a trailing dot.
+	loopback bool
+	hosts    map[string]bool
 }
 
 // LogEntriesDropped counts the log entries the process's logger left out
@@ -54,6 +59,9 @@ func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Che
 		return nil, fmt.Errorf("service: listen %s: %w", addr, err)
 	}
 	s := &Server{ln: ln, log: log, Mux: http.NewServeMux(), ready: ready, status: newStatusPage(reg, time.Now)}
+	if a, ok := ln.Addr().(*net.TCPAddr); ok {
+		s.loopback = a.IP.IsLoopback()
+	}
 	s.Mux.HandleFunc("/", s.serveStatusHTML)
 	s.Mux.HandleFunc("/status.json", s.serveStatusJSON)
 	s.Mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -70,9 +78,67 @@ func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Che
 	// Slow clients are cut off: no handler reads a body, an answer is
 	// written within seconds, and an idle keep-alive connection is closed
 	// (docs/operations.md, HTTP servers).
-	s.srv = &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return s, nil
+}
+
+// AllowHosts names the hosts (DNS names, without a port) the server
+// answers besides IP addresses, localhost and .localhost names, whatever
+// address it is bound to. Without them, a server bound to loopback
+// answers only those, and one bound to another address any host. Call
+// it before Run.
+func (s *Server) AllowHosts(names ...string) {
+	for _, n := range names {
+		if n = normalHost(n); n != "" {
+			if s.hosts == nil {
+				s.hosts = map[string]bool{}
+			}
+			s.hosts[n] = true
+		}
+	}
+}
+
+// serveHTTP refuses a request whose Host the server does not answer
+// (allowedHost), and serves the others on Mux.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.allowedHost(r.Host) {
+		s.log.Warn("request refused: its Host is not one this server answers (--metrics-allowed-hosts)", zap.String("host", r.Host),
+			zap.String("path", r.URL.Path), zap.String("remote", r.RemoteAddr))
+		http.Error(w, fmt.Sprintf("host %q not allowed: use the server's IP address or localhost, or name the host in --metrics-allowed-hosts", r.Host),
+			http.StatusForbidden)
+		return
+	}
+	s.Mux.ServeHTTP(w, r)
+}
+
+// allowedHost reports whether the server answers a request with Host
+// header host: DNS rebinding (docs/operations.md, HTTP servers) lets a
+// page of any domain read a server on the browser's machine through that
+// domain's name, so a server bound to loopback, or given host names,
+// answers only those names, localhost, .localhost names (which always
+// resolve to loopback) and IP addresses (a page is never served from the
+// server's own address).
+func (s *Server) allowedHost(host string) bool {
+	if !s.loopback && s.hosts == nil {
+		return true
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = normalHost(host)
+	if host == "" {
+		return false
+	}
+	if net.ParseIP(strings.Trim(host, "[]")) != nil {
+		return true
+	}
+	return host == "localhost" || strings.HasSuffix(host, ".localhost") || s.hosts[host]
+}
+
+// normalHost is a host name in lower case, without a trailing dot.
+func normalHost(h string) string {
+	return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
 }
 
 // Addr is the bound address.

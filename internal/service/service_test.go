@@ -1,11 +1,16 @@
 package service
 
 import (
+	"context"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestServerBoundsSlowClients: the metrics, health and status server may
@@ -35,4 +40,55 @@ func TestServerBoundsSlowClients(t *testing.T) {
 			t.Errorf("%s = %s, want a bound of at most 5m", c.name, c.d)
 		}
 	}
+}
+
+// TestServerRefusesForeignHosts: a browser on the operator's machine
+// must not read the server through DNS rebinding (a page of some domain
+// whose name is made to resolve to 127.0.0.1 then reads the answers as
+// its own; docs/operations.md, HTTP servers). Bound to loopback, the
+// server answers only a Host that is an IP address, localhost or a
+// .localhost name, or one given to AllowHosts; bound to every interface,
+// any Host (Prometheus scrapes it by the names of its network), unless
+// AllowHosts names the hosts.
+func TestServerRefusesForeignHosts(t *testing.T) {
+	serve := func(addr string, allowed ...string) string {
+		t.Helper()
+		s, err := Listen(addr, prometheus.NewRegistry(), zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.AllowHosts(allowed...)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		_, port, _ := net.SplitHostPort(s.Addr())
+		return port
+	}
+	check := func(what, port string, want map[string]int) {
+		t.Helper()
+		for host, code := range want {
+			for _, path := range []string{"/", "/status.json", "/metrics", "/healthz", "/readyz"} {
+				if got := testenv.StatusWithHost(t, "http://127.0.0.1:"+port+path, strings.ReplaceAll(host, "PORT", port)); got != code {
+					t.Errorf("%s: Host %q %s: %d, want %d", what, host, path, got, code)
+				}
+			}
+		}
+	}
+	check("loopback", serve("127.0.0.1:0"), map[string]int{
+		"127.0.0.1:PORT": 200, "localhost:PORT": 200, "LocalHost.:PORT": 200, "localhost": 200, "status.localhost:PORT": 200,
+		"[::1]:PORT": 200, "10.1.2.3:PORT": 200,
+		"rebound.example:PORT": 403, "rebound.example": 403, "localhost.example:PORT": 403, "dedup:PORT": 403,
+	})
+	check("loopback, allowed", serve("127.0.0.1:0", "metrics.example"), map[string]int{
+		"metrics.example:PORT": 200, "Metrics.Example.:PORT": 200, "127.0.0.1:PORT": 200, "localhost:PORT": 200,
+		"rebound.example:PORT": 403,
+	})
+	check("every interface", serve(":0"), map[string]int{
+		"dedup:PORT": 200, "rebound.example:PORT": 200, "127.0.0.1:PORT": 200,
+	})
+	check("every interface, allowed", serve(":0", "dedup"), map[string]int{
+		"dedup:9464": 200, "127.0.0.1:PORT": 200, "localhost:PORT": 200,
+		"rebound.example:PORT": 403,
+	})
 }
