@@ -181,6 +181,7 @@ func (f *feeder) Stop() {
 type opts struct {
 	fault              string        // METERLINE_FAULT
 	transactionTimeout time.Duration // default crash.TransactionTimeout
+	args               []string      // more flags (a later one overrides the suite's)
 }
 
 // start runs `meterline dedup` as instance id with its state under
@@ -188,7 +189,7 @@ type opts struct {
 // test ends, and its log tail printed if the test failed.
 func (s *suite) start(id, stateDir string, o opts) *testenv.Process {
 	s.t.Helper()
-	return s.Stage("dedup", id, stateDir, crash.StageOpts{Fault: o.fault, TransactionTimeout: o.transactionTimeout})
+	return s.Stage("dedup", id, stateDir, crash.StageOpts{Fault: o.fault, TransactionTimeout: o.transactionTimeout, Args: o.args})
 }
 
 // Log messages the suite looks for.

@@ -16,12 +16,13 @@ import (
 // What Pebble does when the disk fails under the runtime's apply: the
 // runtime commits most of its batches without fsync (store.go), and such a
 // commit succeeds into the memtable while the write-ahead log is flushed in
-// the background; a failed WAL write is reported by the next commit that
-// syncs (one every walSyncInterval: the apply fails and the stage stops) or
-// when the log is closed — by DB.Close, or by the next WAL rotation, where
-// Pebble gives up and the process dies (as on kill -9). Either way the
-// restart finds the local state at an older checkpoint and replays the
-// changelog's tail.
+// the background; a failed WAL write is reported by the next sync — a
+// commit's (one every walSyncInterval: the apply fails and the stage
+// stops), or the store's flusher's, which makes the next commit sync and
+// fail on it — or when the log is closed — by DB.Close, or by the next WAL
+// rotation, where Pebble gives up and the process dies (as on kill -9).
+// Either way the restart finds the local state at an older checkpoint and
+// replays the changelog's tail.
 
 // walFailures returns a filesystem over mem whose writes to instance id's
 // Pebble WAL fail while the toggle is on.
@@ -38,10 +39,11 @@ func isInjected(err error) bool {
 	return errors.As(err, &le) && le.Label == errorfs.ErrInjected.Label
 }
 
-// noSync makes the instance's store commit without syncing the WAL, so
-// that a WAL failure surfaces when the store is closed.
+// noSync makes the instance's store commit without syncing the WAL, and
+// its flusher sync nothing, so that a WAL failure surfaces when the store
+// is closed.
 func noSync(rt *Runtime) {
-	rt.store.syncEvery = time.Hour
+	rt.store.syncEvery.Store(int64(time.Hour))
 	rt.store.lastSync.Store(time.Now().UnixNano())
 }
 
@@ -121,7 +123,7 @@ func TestFailingWALSyncStopsTheStage(t *testing.T) {
 	t.Parallel()
 	s := newSuite(t, nil, nil)
 	fs, failing, _ := walFailures(vfs.NewMem(), "a")
-	a := s.startRuntime("a", fs, &countProc{output: s.output}, func(*Config) {}, func(rt *Runtime) { rt.store.syncEvery = 0 })
+	a := s.startRuntime("a", fs, &countProc{output: s.output}, func(*Config) {}, func(rt *Runtime) { rt.store.syncEvery.Store(0) })
 	s.send(20)
 	s.caughtUp()
 	failing.On()

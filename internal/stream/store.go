@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,8 +32,11 @@ import (
 // WAL block (32 KiB) until the block fills, so at low traffic a process
 // crash would lose every write since the store was opened, checkpoints
 // included, and turn each restart into a full restore. So a commit syncs
-// when the last sync is walSyncInterval old (commit): a crash loses at
-// most the batches committed within that interval after the last sync.
+// when the last sync is walSyncInterval old (commit), and the store's
+// flusher (flushWAL) syncs what was written after the last sync when no
+// commit has synced it within walSyncInterval: a crash loses at most the
+// batches committed within about walSyncInterval before it, also when no
+// commit follows them.
 //
 // Key layout:
 //
@@ -40,17 +44,22 @@ import (
 //	0x01 | partition                                     checkpoint (Checkpoint: 16 bytes)
 //	0x02 | name                                          instance metadata (restore rate, delete retention)
 type Store struct {
-	db *pebble.DB
-	// lastSync is when a commit last synced the WAL (UnixNano); 0 before
-	// the first.
+	db  *pebble.DB
+	log *zap.Logger
+	// lastSync is when a commit or the flusher last synced the WAL
+	// (UnixNano); 0 before the first, and after the flusher failed to.
 	lastSync atomic.Int64
-	// syncEvery is walSyncInterval (tests change it before the store is
-	// used).
-	syncEvery time.Duration
+	// syncEvery is walSyncInterval as a time.Duration (tests change it
+	// before the store is used; 0: every commit syncs).
+	syncEvery atomic.Int64
+	// stopFlush ends the flusher, which closes flushDone as it returns.
+	stopFlush chan struct{}
+	flushDone chan struct{}
+	stopOnce  sync.Once
 }
 
-// walSyncInterval is the longest a committed batch stays in Pebble's
-// in-memory WAL block while more batches are committed (Store).
+// walSyncInterval is about the longest a committed batch stays in Pebble's
+// in-memory WAL block (Store).
 const walSyncInterval = time.Second
 
 const (
@@ -92,6 +101,11 @@ func (l pebbleLogger) Fatalf(format string, args ...any) { l.s.Fatalf(format, ar
 
 // OpenStore opens (or creates) the store in dir.
 func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
+	return openStore(dir, fs, log, walSyncInterval)
+}
+
+// openStore opens the store in dir with syncEvery every.
+func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*Store, error) {
 	// The block cache holds the index, filter and data blocks of hot
 	// state; Pebble's 8 MiB default sends most reads of a lookup-heavy
 	// stage to the OS.
@@ -118,7 +132,10 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream: open state in %s: %w", dir, err)
 	}
-	return &Store{db: db, syncEvery: walSyncInterval}, nil
+	s := &Store{db: db, log: log, stopFlush: make(chan struct{}), flushDone: make(chan struct{})}
+	s.syncEvery.Store(int64(every))
+	go s.flushWAL()
+	return s, nil
 }
 
 // Pebble sizing for one instance's state.
@@ -127,8 +144,12 @@ const (
 	memTableBytes   = 64 << 20
 )
 
-// Close closes the store.
-func (s *Store) Close() error { return s.db.Close() }
+// Close stops the flusher and closes the store.
+func (s *Store) Close() error {
+	s.stopOnce.Do(func() { close(s.stopFlush) })
+	<-s.flushDone
+	return s.db.Close()
+}
 
 // DB exposes the Pebble DB (metrics, compaction in benchmarks).
 func (s *Store) DB() *pebble.DB { return s.db }
@@ -418,25 +439,110 @@ func (s *Store) wipe(p int32) error {
 }
 
 // commit applies the batch atomically. It syncs the WAL when the last sync
-// is walSyncInterval old or more (the first commit after open always): that
-// writes this batch and every earlier one out of Pebble's in-memory WAL
-// block, so that a process crash cannot lose them (Store). A batch after
-// the last sync stays in that block until the block fills or a later
-// commit syncs it.
+// is walSyncInterval old or more (the first commit after open always) and
+// the batch is not empty (Pebble writes no empty batch, and syncs
+// nothing for it): that writes this batch and every earlier one out of
+// Pebble's in-memory WAL block, so that a process crash cannot lose them
+// (Store). A batch after the last sync stays in that block until the block
+// fills, a later commit syncs it, or the flusher does (flushWAL).
 func (b *batch) commit() error {
 	defer b.b.Close()
 	now := time.Now().UnixNano()
 	last := b.s.lastSync.Load()
-	if now-last < int64(b.s.syncEvery) || !b.s.lastSync.CompareAndSwap(last, now) {
+	if now-last < b.s.syncEvery.Load() || b.b.Empty() || !b.s.lastSync.CompareAndSwap(last, now) {
 		return b.b.Commit(pebble.NoSync)
 	}
-	// Not Commit(pebble.Sync): Pebble treats an error of a commit that
-	// waits for its sync as fatal and exits the process; SyncWait returns
-	// it, to stop the stage as any failed apply does.
-	if err := b.s.db.ApplyNoSyncWait(b.b, pebble.Sync); err != nil {
+	return b.s.syncApply(b.b)
+}
+
+// syncApply applies pb and waits for the WAL sync that writes it and
+// everything before it. Not Commit(pebble.Sync): Pebble treats an error
+// of a commit that waits for its sync as fatal and exits the process;
+// SyncWait returns it, to stop the stage as any failed apply does.
+func (s *Store) syncApply(pb *pebble.Batch) error {
+	if err := s.db.ApplyNoSyncWait(pb, pebble.Sync); err != nil {
 		return err
 	}
-	return b.b.SyncWait()
+	return pb.SyncWait()
+}
+
+// flushWAL is the store's flusher: the goroutine that syncs the WAL when a
+// batch was written after the last sync and no commit has synced it within
+// walSyncInterval, so that the last batches before the traffic stops do
+// not stay in Pebble's in-memory WAL block (Store). It costs the commits
+// nothing: it learns of their writes from Pebble's count of bytes written
+// to the WAL (Metrics), read about once a walSyncInterval, and an idle
+// store syncs nothing. A sync that fails ends it: the sync of the next commit,
+// which it then asks for, fails on the same error of Pebble's WAL and
+// stops the stage (Close reports it too). It returns when Close stops it.
+func (s *Store) flushWAL() {
+	defer close(s.flushDone)
+	// seen: Pebble's WAL byte count once everything up to it was synced
+	// (or written before the store was opened).
+	seen := s.db.Metrics().WAL.BytesIn
+	t := time.NewTimer(s.flushInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopFlush:
+			return
+		case <-t.C:
+		}
+		wait, err := s.flushStep(&seen)
+		if err != nil {
+			s.lastSync.Store(0)
+			s.log.Error("cannot sync the state's write-ahead log; the next commit syncs it again, and stops the stage on the error", zap.Error(err))
+			return
+		}
+		t.Reset(wait)
+	}
+}
+
+// flushInterval is how long the flusher waits between looks at most:
+// syncEvery, or walSyncInterval when every commit syncs.
+func (s *Store) flushInterval() time.Duration {
+	if every := time.Duration(s.syncEvery.Load()); every > 0 {
+		return every
+	}
+	return walSyncInterval
+}
+
+// flushStep is one look of the flusher: it syncs the WAL when bytes were
+// written past seen and the last sync is walSyncInterval old, and returns
+// when to look again: when the last sync is walSyncInterval old, or
+// walSyncInterval from now.
+func (s *Store) flushStep(seen *uint64) (time.Duration, error) {
+	every := time.Duration(s.syncEvery.Load())
+	if every <= 0 {
+		return s.flushInterval(), nil // every commit syncs
+	}
+	in := s.db.Metrics().WAL.BytesIn
+	if in == *seen {
+		return every, nil
+	}
+	now := time.Now().UnixNano()
+	last := s.lastSync.Load()
+	if since := time.Duration(now - last); since >= 0 && since < every {
+		// That sync wrote out everything before it; look again when it
+		// is an interval old, for what came after it. (A wall clock set
+		// back makes since negative: sync.)
+		return every - since, nil
+	}
+	if !s.lastSync.CompareAndSwap(last, now) {
+		return every, nil // a commit is syncing now
+	}
+	// A record of no data: its sync writes out everything before it.
+	pb := s.db.NewBatch()
+	defer pb.Close()
+	_ = pb.LogData(nil, nil)
+	n := uint64(len(pb.Repr()))
+	if err := s.syncApply(pb); err != nil {
+		return 0, err
+	}
+	// Bytes written between the count and the record make the count
+	// differ from seen at the next look, which syncs them.
+	*seen = in + n
+	return every, nil
 }
 
 // DiskUsage estimates the bytes of partition p's state on disk.
