@@ -48,14 +48,7 @@ func upgradedSchema(t *testing.T, ms []chschema.Migration, i, kill int) string {
 	if _, err := migrate(ctx, conn, ms[:i]); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{
-		"INSERT INTO usage_events (kafka_topic, kafka_offset, kafka_timestamp, event_id, customer_id, meter, quantity, event_time) SELECT 'e', 1, toDateTime('2026-11-02 00:00:00'), 'e1', 'c', 'm', 5, toDateTime('2026-11-01 00:00:00')",
-		"INSERT INTO usage_aggregates (kafka_topic, kafka_offset, kafka_timestamp, customer_id, meter) SELECT 'a', 1, toDateTime('2026-11-02 00:00:00'), 'c', 'm'",
-	} {
-		if err := conn.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	insertLedgerRows(ctx, t, conn)
 	for _, s := range ms[i].Statements[:kill] {
 		if err := conn.Exec(ctx, s); err != nil {
 			t.Fatalf("%s: %v\n%s", ms[i].Name, err, s)
@@ -68,6 +61,20 @@ func upgradedSchema(t *testing.T, ms []chschema.Migration, i, kill int) string {
 		t.Fatal(err)
 	}
 	return describeDatabase(ctx, t, conn)
+}
+
+// insertLedgerRows writes a row to the ledger tables usage_events and
+// usage_aggregates (and through their views to the derived tables).
+func insertLedgerRows(ctx context.Context, t *testing.T, conn driver.Conn) {
+	t.Helper()
+	for _, s := range []string{
+		"INSERT INTO usage_events (kafka_topic, kafka_offset, kafka_timestamp, event_id, customer_id, meter, quantity, event_time) SELECT 'e', 1, toDateTime('2026-11-02 00:00:00'), 'e1', 'c', 'm', 5, toDateTime('2026-11-01 00:00:00')",
+		"INSERT INTO usage_aggregates (kafka_topic, kafka_offset, kafka_timestamp, customer_id, meter) SELECT 'a', 1, toDateTime('2026-11-02 00:00:00'), 'c', 'm'",
+	} {
+		if err := conn.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func describeDatabase(ctx context.Context, t *testing.T, conn driver.Conn) string {
