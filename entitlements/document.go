@@ -30,12 +30,17 @@ type Document struct {
 	Plan     string `json:"plan,omitempty"`
 	// EffectiveFrom: from when (arrival time) the record applies; empty:
 	// from when it is written. An earlier time is raised to that.
-	EffectiveFrom string              `json:"effective_from,omitempty"`
-	Unmetered     bool                `json:"unmetered,omitempty"`
-	Caps          map[string]CapDoc   `json:"caps,omitempty"`
-	Grants        map[string]GrantDoc `json:"grants,omitempty"`
-	Overdraft     *OverdraftDoc       `json:"overdraft,omitempty"`
-	WrittenAt     string              `json:"written_at,omitempty"` // printed by get; ignored by set
+	EffectiveFrom string `json:"effective_from,omitempty"`
+	// AppliesFrom: from when (arrival time) the record applies, as the
+	// aggregator takes it: effective_from, or the record's broker time
+	// when that is later (docs/entitlements.md, The ordering rule: broker
+	// time). Printed by get; ignored by set.
+	AppliesFrom string              `json:"applies_from,omitempty"`
+	Unmetered   bool                `json:"unmetered,omitempty"`
+	Caps        map[string]CapDoc   `json:"caps,omitempty"`
+	Grants      map[string]GrantDoc `json:"grants,omitempty"`
+	Overdraft   *OverdraftDoc       `json:"overdraft,omitempty"`
+	WrittenAt   string              `json:"written_at,omitempty"` // printed by get; ignored by set
 }
 
 // CapDoc is a cap: limit per billing period; on_limit reject (default) or

@@ -43,7 +43,9 @@ const ddlTimeout = time.Minute
 // fails because it is applied already (its columns there with its types,
 // the sort key it sets) counts as applied (18.16 has no IF NOT
 // EXISTS on ALTER columns; a run killed between that ALTER and its record,
-// or two runs at once, would otherwise fail on it forever). It applies
+// or two runs at once, would otherwise fail on it forever); the schema is
+// read again for a few seconds while another run's DDL is under way
+// (columnsAdded). It applies
 // nothing on a server whose time zone is not UTC (ErrServerTimeZone).
 func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 	return MigrateStopped(ctx, conn, nil)
@@ -101,8 +103,11 @@ func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(cont
 // and returns the names of those of ms not applied.
 func readApplied(ctx context.Context, conn driver.Conn, ms []chschema.Migration) (map[int]appliedMigration, []string, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	var n uint64
-	err := conn.QueryRow(qctx, `SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = '`+MigrationsTable+`'`).Scan(&n)
+	// EXISTS reads the one table: 18.16's system.tables fails when a table
+	// of the database is dropped while it reads (a concurrent run's DROP
+	// of a view).
+	var n uint8
+	err := conn.QueryRow(qctx, `EXISTS TABLE `+MigrationsTable).Scan(&n)
 	cancel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("sink: check migrations: %w", err)
@@ -171,60 +176,119 @@ var (
 	orderBy    = regexp.MustCompile(`(?s)^MODIFY ORDER BY\s+(.*)$`)
 )
 
+// addColumns is an ALTER TABLE made of ADD COLUMN clauses and at most a
+// MODIFY ORDER BY.
+type addColumns struct {
+	table   string
+	cols    map[string]string // name: type
+	sortKey string            // "": none set
+}
+
+// parseAddColumns returns stmt as an addColumns, or nil when it is
+// another statement.
+func parseAddColumns(stmt string) *addColumns {
+	t := alterTable.FindStringSubmatch(stmt)
+	if t == nil {
+		return nil
+	}
+	a := &addColumns{table: t[1], cols: map[string]string{}}
+	for _, c := range splitTopLevel(t[2]) {
+		if m := addColumn.FindStringSubmatch(c); m != nil {
+			a.cols[m[1]] = m[2]
+		} else if m := orderBy.FindStringSubmatch(c); m != nil && a.sortKey == "" {
+			a.sortKey = m[1]
+		} else {
+			return nil
+		}
+	}
+	if len(a.cols) == 0 {
+		return nil
+	}
+	return a
+}
+
+// Re-checking a failed ALTER: the attempts, and the wait after each that
+// did not find it applied.
+const (
+	alterChecks    = 10
+	alterCheckWait = 500 * time.Millisecond
+)
+
 // columnsAdded reports whether stmt is an ALTER TABLE made of ADD COLUMN
 // clauses (and at most a MODIFY ORDER BY) that is applied already: its
 // columns all exist with the types it names, and the table's sort key is
-// the one it sets. One ALTER applies all its clauses or none.
+// the one it sets. One ALTER applies all its clauses or none. A check
+// that fails, or finds the ALTER not applied, is made again after a short
+// wait, up to alterChecks times: another run's DDL may be under way (18.16
+// fails a read of system.tables while a table of the database is being
+// dropped, and an ALTER is not transactional). The last error, if any, is
+// returned.
 func columnsAdded(ctx context.Context, conn driver.Conn, stmt string) (bool, error) {
-	t := alterTable.FindStringSubmatch(stmt)
-	if t == nil {
+	a := parseAddColumns(stmt)
+	if a == nil {
 		return false, nil
 	}
-	cols := map[string]string{}
-	sortKey := ""
-	for _, c := range splitTopLevel(t[2]) {
-		if m := addColumn.FindStringSubmatch(c); m != nil {
-			cols[m[1]] = m[2]
-		} else if m := orderBy.FindStringSubmatch(c); m != nil && sortKey == "" {
-			sortKey = m[1]
-		} else {
-			return false, nil
+	var err error
+	for i := range alterChecks {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return false, errors.Join(err, ctx.Err())
+			case <-time.After(alterCheckWait):
+			}
+		}
+		var done bool
+		if done, err = a.applied(ctx, conn); done && err == nil {
+			return true, nil
 		}
 	}
-	if len(cols) == 0 {
-		return false, nil
-	}
+	return false, err
+}
+
+// applied reports whether the table has a's columns with their types and
+// the sort key a sets.
+func (a *addColumns) applied(ctx context.Context, conn driver.Conn) (bool, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := conn.Query(qctx, "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '"+t[1]+"'")
+	// DESCRIBE reads the one table: 18.16's system.columns fails when a
+	// table of the database is dropped while it reads (another run's DROP
+	// of a view).
+	rows, err := conn.Query(qctx, "DESCRIBE TABLE "+a.table)
 	if err != nil {
 		return false, err
 	}
 	defer rows.Close()
 	have := map[string]string{}
+	// name, type, then columns that differ between releases: all String.
+	row := make([]any, len(rows.Columns()))
+	for i := range row {
+		row[i] = new(string)
+	}
 	for rows.Next() {
-		var name, typ string
-		if err := rows.Scan(&name, &typ); err != nil {
+		if len(row) < 2 {
+			return false, fmt.Errorf("DESCRIBE TABLE %s: %d columns", a.table, len(row))
+		}
+		if err := rows.Scan(row...); err != nil {
 			return false, err
 		}
-		have[name] = typ
+		have[*row[0].(*string)] = *row[1].(*string)
 	}
 	if err := rows.Err(); err != nil {
 		return false, err
 	}
-	for name, typ := range cols {
+	for name, typ := range a.cols {
 		if got, ok := have[name]; !ok || compact(got) != compact(typ) {
 			return false, nil
 		}
 	}
-	if sortKey == "" {
+	if a.sortKey == "" {
 		return true, nil
 	}
 	var got string
-	if err := conn.QueryRow(qctx, "SELECT sorting_key FROM system.tables WHERE database = currentDatabase() AND name = '"+t[1]+"'").Scan(&got); err != nil {
+	if err := conn.QueryRow(qctx, "SELECT sorting_key FROM system.tables WHERE database = currentDatabase() AND name = '"+a.table+"'").Scan(&got); err != nil {
 		return false, err
 	}
-	return compact(got) == strings.TrimSuffix(strings.TrimPrefix(compact(sortKey), "("), ")"), nil
+	return compact(got) == strings.TrimSuffix(strings.TrimPrefix(compact(a.sortKey), "("), ")"), nil
 }
 
 // splitTopLevel cuts s at the commas outside parentheses, trimmed.

@@ -32,7 +32,7 @@ type EntitlementsCmd struct {
 	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document."`
 	Get        EntitlementsGetCmd        `cmd:"" help:"Print a customer's entitlements, the default plan (--default) or the rate card (--rates)."`
 	List       EntitlementsListCmd       `cmd:"" help:"Print the entitlements of every customer that has a record."`
-	Delete     EntitlementsDeleteCmd     `cmd:"" help:"Delete a customer's entitlements: from when the broker accepts the delete, the default plan applies to its events."`
+	Delete     EntitlementsDeleteCmd     `cmd:"" help:"Delete a customer's entitlements: from when the broker accepts the delete, the default plan applies to its events. Refused for a customer with no record (--force writes it anyway)."`
 	SetDefault EntitlementsSetDefaultCmd `cmd:"" name:"set-default" help:"Write the default plan, for customers with no record, to every partition."`
 	SetRates   EntitlementsSetRatesCmd   `cmd:"" name:"set-rates" help:"Write the rate card (every version) to every partition."`
 	Balance    EntitlementsBalanceCmd    `cmd:"" help:"Print a customer's latest balance from usage.balances: usage against each cap in the period, credits left per grant, the overdraft."`
@@ -85,6 +85,7 @@ type EntitlementsSetRatesCmd struct {
 // EntitlementsDeleteCmd is `meterline entitlements delete`.
 type EntitlementsDeleteCmd struct {
 	Customer  string `arg:"" help:"The customer."`
+	Force     bool   `help:"Write the delete although the customer has no record, or its record is deleted already (without it, delete reads the customer's record as get does and refuses)."`
 	entWriter `embed:""`
 }
 
@@ -308,7 +309,45 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 	if err := checkCustomer(c.Customer); err != nil {
 		return &ExitError{Code: 1, Err: err}
 	}
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	if !c.Force {
+		latest, n, err := readEntitlements(ctx, g)
+		if err != nil {
+			return err
+		}
+		if err := recordToDelete(latest, n, c.Customer); err != nil {
+			return &ExitError{Code: 1, Err: err}
+		}
+	}
 	return c.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
+}
+
+// recordToDelete returns nil when customer has a record that a delete
+// would end, as get reads it: one on the customer's partition (in effect
+// or scheduled), or, when that partition has none, one on another
+// partition, which the aggregator moves there. Otherwise it says why
+// delete writes nothing: most likely a misspelt customer_id.
+func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer string) error {
+	key := schemas.CustomerKey(customer)
+	recs := latest[string(key)]
+	r, ok := recs[schemas.Partition(key, n)]
+	if !ok {
+		for _, r := range recs {
+			if r.value != nil {
+				return nil
+			}
+		}
+	}
+	const force = "nothing was written; check the customer_id (`meterline entitlements list` prints those with a record), or give --force to write the delete anyway"
+	switch {
+	case !ok:
+		return fmt.Errorf("%s has no entitlements record: %s", clip.To(customer, clip.Echo), force)
+	case r.value == nil:
+		return fmt.Errorf("the entitlements of %s were deleted already, at %s: %s",
+			clip.To(customer, clip.Echo), entitlements.FormatTime(r.written), force)
+	}
+	return nil
 }
 
 // write produces one record under key: to the key's canonical partition,
@@ -466,6 +505,24 @@ func scheduledNote(r entRecord, now int64, fallback string) string {
 	return note
 }
 
+// entDocument is the document get and list print of r, a record of
+// entitlements (a customer's or the default plan) read by
+// readEntitlements, with the time it applies from. An effective_from
+// before that (raised to the record's broker time) is named on stderr,
+// after who (a customer's name and ": ", or "").
+func entDocument(stdio IO, who string, r entRecord) *entitlements.Document {
+	d := entitlements.DocumentOf(r.rec.Entitlements, r.written)
+	if n := len(r.versions); n > 0 {
+		from := r.versions[n-1].from
+		d.AppliesFrom = entitlements.FormatTime(from)
+		if e := r.rec.Entitlements.EffectiveFrom; e != 0 && e < from {
+			fmt.Fprintf(stdio.Stderr, "note: %seffective_from %s is earlier than the record's broker time: the record applies from %s (applies_from)\n",
+				who, entitlements.FormatTime(e), d.AppliesFrom)
+		}
+	}
+	return d
+}
+
 // readEntitlements reads the committed records of the entitlements topic
 // and keeps, per key and partition, the record the aggregator has in
 // effect once it has read them all, by its rules (aggregator
@@ -607,7 +664,7 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 		if note := scheduledNote(r, time.Now().UnixMilli(), "the default plan applies"); note != "" {
 			fmt.Fprintf(stdio.Stderr, "note: %s\n", note)
 		}
-		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
+		return c.print(stdio, false, entDocument(stdio, "", r))
 	}
 	key := schemas.RateCardKey
 	if c.Default {
@@ -621,7 +678,7 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 		if note := scheduledNote(r, time.Now().UnixMilli(), "no default plan applies"); note != "" {
 			fmt.Fprintf(stdio.Stderr, "note: %s\n", note)
 		}
-		return c.print(stdio, false, entitlements.DocumentOf(r.rec.Entitlements, r.written))
+		return c.print(stdio, false, entDocument(stdio, "", r))
 	}
 	return c.print(stdio, false, entitlements.RatesDocumentOf(r.rec.RateCard, r.written))
 }
@@ -685,7 +742,7 @@ func (c *EntitlementsListCmd) Run(ctx context.Context, g *Globals, stdio IO) err
 		if note := scheduledNote(r, time.Now().UnixMilli(), "the default plan applies"); note != "" {
 			fmt.Fprintf(stdio.Stderr, "note: %s: %s\n", clip.To(ek.Customer, clip.Echo), note)
 		}
-		docs = append(docs, entitlements.DocumentOf(r.rec.Entitlements, r.written))
+		docs = append(docs, entDocument(stdio, clip.To(ek.Customer, clip.Echo)+": ", r))
 	}
 	if len(docs) == 0 && c.Output == "yaml" {
 		fmt.Fprintln(stdio.Stderr, "no customer has entitlements of its own")

@@ -3,8 +3,6 @@ package cli
 import (
 	"strings"
 	"testing"
-
-	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestEntitlementsGetScheduled: a record scheduled for later (an
@@ -18,27 +16,17 @@ func TestEntitlementsGetScheduled(t *testing.T) {
 }
 
 func testEntitlementsGetScheduled(t *testing.T, brokers []string) {
-	names := testenv.Topics(t, brokers, "entsched", testenv.TopicsOpts{})
+	_, ent, must := entCommands(t, brokers, "entsched")
 	file := tempFiles(t)
-	ent := func(args ...string) (int, string, string) {
-		t.Helper()
-		return run(t, "", append(append([]string{"entitlements"}, args...), "--brokers", strings.Join(brokers, ","), "--topic-prefix", names.Prefix)...)
-	}
-	must := func(args ...string) {
-		t.Helper()
-		if code, out, errOut := ent(args...); code != 0 {
-			t.Fatalf("%v: %d\n%s\n%s", args, code, out, errOut)
-		}
-	}
-	must("set", "acme", "-f", file("now.yaml", "plan: small\ncaps: {api_calls: {limit: 1000}}\n"))
+	must("", "set", "acme", "-f", file("now.yaml", "plan: small\ncaps: {api_calls: {limit: 1000}}\n"))
 	later := file("later.yaml", "plan: big\neffective_from: \"2099-01-01T00:00:00Z\"\ncaps: {api_calls: {limit: 2000}}\n")
-	must("set", "acme", "-f", later)
-	must("set", "globex", "-f", later)
-	must("set", "initech", "-f", file("gone.yaml", "plan: gone\n"))
-	must("delete", "initech")
-	must("set", "initech", "-f", later)
-	must("set-default", "-f", file("free.yaml", "plan: free\n"))
-	must("set-default", "-f", later)
+	must("", "set", "acme", "-f", later)
+	must("", "set", "globex", "-f", later)
+	must("", "set", "initech", "-f", file("gone.yaml", "plan: gone\n"))
+	must("", "delete", "initech")
+	must("", "set", "initech", "-f", later)
+	must("", "set-default", "-f", file("free.yaml", "plan: free\n"))
+	must("", "set-default", "-f", later)
 
 	for _, c := range []struct {
 		args []string
@@ -51,7 +39,7 @@ func testEntitlementsGetScheduled(t *testing.T, brokers []string) {
 		{[]string{"get", "--default"}, `(plan "free") applies`},
 		{[]string{"list"}, `acme: scheduled from 2099-01-01T00:00:00.000Z: until then, the record written at `},
 	} {
-		code, out, errOut := ent(c.args...)
+		code, out, errOut := ent("", c.args...)
 		if code != 0 || !strings.Contains(out, "2099-01-01") {
 			t.Fatalf("%v: %d\n%s\n%s", c.args, code, out, errOut)
 		}
