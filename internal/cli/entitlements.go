@@ -85,7 +85,7 @@ type EntitlementsSetRatesCmd struct {
 // EntitlementsDeleteCmd is `meterline entitlements delete`.
 type EntitlementsDeleteCmd struct {
 	Customer  string `arg:"" help:"The customer."`
-	Force     bool   `help:"Write the delete although the customer has no record, or its record is deleted already (without it, delete reads the customer's record as get does and refuses)."`
+	Force     bool   `help:"Write the delete although the customer has no record, or its record is deleted already (without it, delete reads the customer's record as get does: it refuses a customer with none, and writes nothing for one deleted already)."`
 	entWriter `embed:""`
 }
 
@@ -316,38 +316,44 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 		if err != nil {
 			return err
 		}
-		if err := recordToDelete(latest, n, c.Customer); err != nil {
+		done, err := recordToDelete(latest, n, c.Customer)
+		if err != nil {
 			return &ExitError{Code: 1, Err: err}
+		}
+		if done != "" {
+			// A delete run again (a retried script) has nothing to do.
+			fmt.Fprintln(stdio.Stderr, "note: "+done)
+			return nil
 		}
 	}
 	return c.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
 }
 
-// recordToDelete returns nil when customer has a record that a delete
-// would end, as get reads it: one on the customer's partition (in effect
-// or scheduled), or, when that partition has none, one on another
-// partition, which the aggregator moves there. Otherwise it says why
-// delete writes nothing: most likely a misspelt customer_id.
-func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer string) error {
+// recordToDelete returns "" and nil when customer has a record that a
+// delete would end, as get reads it: one on the customer's partition (in
+// effect or scheduled), or, when that partition has none, one on another
+// partition, which the aggregator moves there. When its record is deleted
+// already it says so in done, and delete writes nothing and succeeds (a
+// delete run again); when it has none, err says why delete writes nothing:
+// most likely a misspelt customer_id.
+func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer string) (done string, err error) {
 	key := schemas.CustomerKey(customer)
 	recs := latest[string(key)]
 	r, ok := recs[schemas.Partition(key, n)]
 	if !ok {
 		for _, r := range recs {
 			if r.value != nil {
-				return nil
+				return "", nil
 			}
 		}
+		return "", fmt.Errorf("%s has no entitlements record: nothing was written; check the customer_id (`meterline entitlements list` prints those with a record), or give --force to write the delete anyway",
+			clip.To(customer, clip.Echo))
 	}
-	const force = "nothing was written; check the customer_id (`meterline entitlements list` prints those with a record), or give --force to write the delete anyway"
-	switch {
-	case !ok:
-		return fmt.Errorf("%s has no entitlements record: %s", clip.To(customer, clip.Echo), force)
-	case r.value == nil:
-		return fmt.Errorf("the entitlements of %s were deleted already, at %s: %s",
-			clip.To(customer, clip.Echo), entitlements.FormatTime(r.written), force)
+	if r.value == nil {
+		return fmt.Sprintf("the entitlements of %s were deleted already, at %s: nothing was written",
+			clip.To(customer, clip.Echo), entitlements.FormatTime(r.written)), nil
 	}
-	return nil
+	return "", nil
 }
 
 // write produces one record under key: to the key's canonical partition,
