@@ -13,7 +13,8 @@ import (
 
 // TestAbortedTransactionCountsOnce: the rejections by reason of
 // docs/operations.md, Health, metrics and logs, and the late-event count
-// match usage.rejected and usage.adjustments. A transaction that aborts
+// match usage.rejected and usage.adjustments, the records in and the time
+// records in the input. A transaction that aborts
 // (its offset commit refused) is processed again; the counters count only
 // the committed attempt (added when a transaction commits, dropped when it
 // aborts).
@@ -40,6 +41,7 @@ func TestAbortedTransactionCountsOnce(t *testing.T) {
 		// late: arrived after day 0's end + grace
 		h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "late", CustomerID: "c", Meter: "m", Quantity: 2,
 			EventTime: day0 + 2*hourMs, IngestTime: day0 + 27*hourMs}),
+		h.watermark(0, 0, 1, day0+27*hourMs),
 	)
 	h.caughtUp()
 	if got := transactionCounts(reg)["aborted"]; got < 1 {
@@ -53,6 +55,11 @@ func TestAbortedTransactionCountsOnce(t *testing.T) {
 	}
 	if got := counterOf(reg, "meterline_aggregate_late_events_total"); got != 1 {
 		t.Errorf("meterline_aggregate_late_events_total = %v, want 1 (one adjustment)", got)
+	}
+	// The records in, and the time records among them (the 2 watermark
+	// records: docs/operations.md, MeterlineRejectionSpike), once each.
+	if in, tm := counterOf(reg, "meterline_stream_records_in_total"), counterOf(reg, "meterline_stream_time_records_in_total"); in != 5 || tm != 2 {
+		t.Errorf("meterline_stream_records_in_total = %v, meterline_stream_time_records_in_total = %v; want 5 and 2", in, tm)
 	}
 }
 

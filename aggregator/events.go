@@ -45,6 +45,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 		if pt.tooFarAhead(r, m.Watermark) {
 			return pt.rejectTooFarAhead(tx, r, nil, "watermark", m.Watermark)
 		}
+		tx.TimeRecord(r)
 		return pt.watermark(tx, m)
 	case *schemas.DedupedEvent:
 		if pt.tooFarAhead(r, m.IngestTime) {

@@ -15,7 +15,7 @@ import (
 // counted once, as the outputs are (the counts are added when a transaction
 // commits, dropped when it aborts), and the key count is the state's (Abort
 // takes back the keys the transaction added). So do the runtime's records
-// in and out.
+// in and out, and its time records in: the ticks among the records in.
 func TestAbortedTransactionCountsOnce(t *testing.T) {
 	c, brokers := testenv.KFake(t)
 	h := newHarness(t, brokers, 1)
@@ -26,6 +26,7 @@ func TestAbortedTransactionCountsOnce(t *testing.T) {
 		h.event("acme", "api_calls", "a1", 1, arr-hour, arr),
 		h.event("acme", "api_calls", "a1", 1, arr-hour, arr+1),    // exact copy
 		h.event("acme", "api_calls", "old", 1, arr-40*day, arr+2), // too_old
+		h.tick(0, arr+3),
 	)
 	st := h.start(h.configWith("a", reg))
 	h.caughtUp()
@@ -62,14 +63,21 @@ func TestAbortedTransactionCountsOnce(t *testing.T) {
 	for topic, want := range map[string]int{
 		h.names.DuplicatesTopic(): 1,
 		h.names.RejectedTopic():   1,
-		h.names.EventsTopic():     len(testenv.ReadAll(t, h.brokers, h.names.EventsTopic())) - 3, // its ticks
+		h.names.EventsTopic():     len(testenv.ReadAll(t, h.brokers, h.names.EventsTopic())) - 4, // its own ticks, not the test's 4 records
 	} {
 		if got := out["stage=dedup,topic="+topic]; got != float64(want) {
 			t.Errorf("meterline_stream_records_out_total{topic=%s} = %v, want %d", topic, got, want)
 		}
 	}
-	in := metricValues(t, reg, "meterline_stream_records_in_total")["stage=dedup,topic="+h.names.EventsTopic()]
-	if all := len(testenv.ReadAll(t, h.brokers, h.names.EventsTopic())); in < 3 || in > float64(all) {
-		t.Errorf("meterline_stream_records_in_total{topic=events} = %v, want at least the 3 events and at most the topic's %d records", in, all)
+	inKey := "stage=dedup,topic=" + h.names.EventsTopic()
+	in := metricValues(t, reg, "meterline_stream_records_in_total")[inKey]
+	if all := len(testenv.ReadAll(t, h.brokers, h.names.EventsTopic())); in < 4 || in > float64(all) {
+		t.Errorf("meterline_stream_records_in_total{topic=events} = %v, want at least the 3 events and the tick, at most the topic's %d records", in, all)
+	}
+	// The ticks among them are time records (docs/operations.md,
+	// MeterlineRejectionSpike): the records in less these are the events.
+	ticks := metricValues(t, reg, "meterline_stream_time_records_in_total")[inKey]
+	if ticks < 1 || in-ticks != 3 {
+		t.Errorf("meterline_stream_time_records_in_total{topic=events} = %v of %v records in, want all but the 3 events", ticks, in)
 	}
 }

@@ -71,6 +71,7 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 	}
 	switch m := msg.(type) {
 	case *schemas.Tick:
+		tx.TimeRecord(r)
 		return pt.tick(tx, r, m, &h, ts)
 	case *schemas.UsageEvent:
 		arrival, proven := pt.arrivalOf(r, &h, ts)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -116,10 +117,11 @@ func TestRealEntitlementsStalledAlertRun(t *testing.T) {
 	p.Stop(t)
 }
 
-// entAlertEnv is what the entitlements alert tests share: a real
-// Prometheus, the real broker, a log directory, the meterline binary, and
-// topics of their own (two partitions each) named with prefix; base is
-// prefix without its dot, for group names.
+// entAlertEnv is what the entitlements alert tests (and
+// TestRealRejectionSpikeLowTraffic) share: a real Prometheus, the real
+// broker, a log directory, the meterline binary, and topics of their own
+// (two partitions each, newEntAlertEnv) named with prefix; base is prefix
+// without its dot, for group names.
 type entAlertEnv struct {
 	promBin, work, bin, prefix, base string
 	brokers                          []string
@@ -127,6 +129,12 @@ type entAlertEnv struct {
 }
 
 func newEntAlertEnv(t *testing.T, name string) entAlertEnv {
+	t.Helper()
+	return newAlertEnv(t, name, 2)
+}
+
+// newAlertEnv is newEntAlertEnv with topics of partitions partitions.
+func newAlertEnv(t *testing.T, name string, partitions int) entAlertEnv {
 	t.Helper()
 	e := entAlertEnv{promBin: realPrometheus(t, "alert rules")}
 	parallelAlertTest(t)
@@ -139,7 +147,7 @@ func newEntAlertEnv(t *testing.T, name string) entAlertEnv {
 	e.names.Prefix = e.prefix
 	deleteTopicsAfter(t, e.brokers, e.prefix)
 	runCmd(t, e.bin, filepath.Join(e.work, "topics.log"), "topics", "create", "--brokers", strings.Join(e.brokers, ","),
-		"--topic-prefix", e.prefix, "--partitions", "2", "--replication-factor", "1")
+		"--topic-prefix", e.prefix, "--partitions", strconv.Itoa(partitions), "--replication-factor", "1")
 	return e
 }
 

@@ -207,23 +207,10 @@ func TestRealAlertsFire(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			e := producer.Event{EventID: fmt.Sprintf("live-%d", i), CustomerID: fmt.Sprintf("cust-%d", i%8), Meter: "api_calls",
+		sendEvery(ctx, t, p, 250*time.Millisecond, func(i int) producer.Event {
+			return producer.Event{EventID: fmt.Sprintf("live-%d", i), CustomerID: fmt.Sprintf("cust-%d", i%8), Meter: "api_calls",
 				Quantity: 1, EventTime: time.Now().UTC(), Source: "api-gateway"}
-			if err := p.Send(ctx, e); err != nil {
-				if ctx.Err() == nil {
-					t.Errorf("live feed: %v", err)
-				}
-				return
-			}
-		}
+		})
 	}()
 	// Events of the period that ended at periodEnd, for every customer
 	// (both partitions of usage.deduped).

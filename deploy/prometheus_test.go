@@ -482,6 +482,21 @@ func newProducer(t *testing.T, brokers []string, prefix string) *producer.Produc
 	return p
 }
 
+// sendEvery sends event(0), event(1), ... through p, one every d, until
+// ctx ends; a send that fails before then fails t and ends it.
+func sendEvery(ctx context.Context, t *testing.T, p *producer.Producer, d time.Duration, event func(i int) producer.Event) {
+	next := time.Now()
+	for i := 0; ctx.Err() == nil; i++ {
+		next = next.Add(d)
+		time.Sleep(time.Until(next))
+		e := event(i)
+		if err := p.Send(ctx, e); err != nil && ctx.Err() == nil {
+			t.Errorf("send %s: %v", e.EventID, err)
+			return
+		}
+	}
+}
+
 // feed sends the events that make every series of the dashboard exist:
 // first copies and duplicates (one conflicting) from two sources, events
 // too old and in the future, undecodable bytes on usage.events (dedup

@@ -53,6 +53,9 @@ type metrics struct {
 	// session: records polled, transactions (commit windows) by outcome,
 	// commit time, session restarts.
 	session *session.Metrics
+	// timeIn: the polled records that are no row (watermark records), a
+	// part of the session's records in, counted as they are.
+	timeIn  *prometheus.CounterVec
 	up      prometheus.Gauge
 	blocked prometheus.Gauge
 	owned   prometheus.Gauge
@@ -68,6 +71,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Restarts:      "meterline_sink_session_restarts_total",
 			Member:        "meterline_sink_group_member",
 		}, "one commit window: the offsets of every batch inserted since the last one, and the rows parked"),
+		timeIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_time_records_in_total",
+			Help: "Input records polled that only move time (the watermark records of usage.deduped; counted again when re-consumed after an aborted transaction), by topic: the part of meterline_sink_records_in_total that is no row."}, []string{"topic"}),
 		committed: f.NewCounter(prometheus.CounterOpts{Name: "meterline_sink_records_committed_total",
 			Help: "Kafka records whose offsets a committed transaction moved past (rows, watermarks, parked records)."}),
 		rows: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_sink_rows_total",

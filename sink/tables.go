@@ -45,6 +45,9 @@ type table struct {
 	rejected bool
 	// recordsIn counts the topic's polled records (set by New).
 	recordsIn prometheus.Counter
+	// timeIn counts the topic's polled records that are no row (its
+	// watermark records), a part of recordsIn (set by New).
+	timeIn prometheus.Counter
 	// refusedRun counts the rows ClickHouse refused in a row, with no row
 	// accepted in between (the inserter goroutine's).
 	refusedRun int

@@ -157,6 +157,8 @@ func (w *Writer) add(win *window, cur *pending, r *kgo.Record, now time.Time) er
 		win.parks = append(win.parks, decodePark{src: tp{r.Topic, r.Partition}, off: r.Offset, rec: rec})
 	case row != nil:
 		cur.rows[t] = append(cur.rows[t], row)
+	default:
+		t.timeIn.Inc() // a watermark record: no row, and no event
 	}
 	return nil
 }

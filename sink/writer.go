@@ -237,6 +237,7 @@ func New(cfg Config) (*Writer, error) {
 	for _, t := range w.tables {
 		w.byTopic[t.topic] = t
 		t.recordsIn = w.m.session.RecordsIn.WithLabelValues(t.topic)
+		t.timeIn = w.m.timeIn.WithLabelValues(t.topic)
 	}
 	w.m.initSeries(w.tables, w.quarantine)
 	w.blocked.Store("")

@@ -201,13 +201,17 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	return nil
 }
 
-// committed counts the committed transaction's records in and out, and
+// committed counts the committed transaction's records in (and time
+// records in) and out, and
 // calls Committed on its partitions that are Committers and still
 // current.
 func (rt *Runtime) committed() {
 	for p, ov := range rt.ovs {
 		for _, c := range ov.in {
 			rt.m.session.RecordsIn.WithLabelValues(c.topic).Add(float64(c.n))
+		}
+		for _, c := range ov.time {
+			rt.m.timeIn.WithLabelValues(c.topic).Add(float64(c.n))
 		}
 		for _, c := range ov.out {
 			rt.m.out(c.topic).Add(float64(c.n))

@@ -12,7 +12,10 @@ import (
 type metrics struct {
 	// session: input records, transactions by outcome, commit time,
 	// session restarts.
-	session    *session.Metrics
+	session *session.Metrics
+	// timeIn: the input records the partitions took as time records
+	// (Tx.TimeRecord), a part of the session's records in.
+	timeIn     *prometheus.CounterVec
 	recordsOut *prometheus.CounterVec
 	// outByTopic holds recordsOut's counter of each topic once looked up
 	// (a stage emits to a handful of topics).
@@ -48,6 +51,8 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Member:        "meterline_stream_group_member",
 			RecordsInHelp: "Input records consumed in committed transactions, by topic (input consumed again after an abort counts once).",
 		}, "outputs, changelog records and consumed offsets"),
+		timeIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_time_records_in_total",
+			Help: "Input records that only move time (dedup's ticks, the watermark records of usage.deduped), consumed in committed transactions, by topic: the part of meterline_stream_records_in_total that is no event."}, []string{"topic"}),
 		recordsOut: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_records_out_total",
 			Help: "Output records produced in committed transactions, by topic."}, []string{"topic"}),
 		settleSeconds: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_stream_transaction_settle_seconds",

@@ -261,6 +261,7 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	m := newMetrics(cfg.Registerer, cfg.Stage)
 	for _, t := range cfg.inputs() {
 		m.session.RecordsIn.WithLabelValues(t)
+		m.timeIn.WithLabelValues(t)
 	}
 	for _, t := range cfg.OutputTopics {
 		m.out(t)

@@ -43,6 +43,10 @@ type overlay struct {
 	// it does not (docs/operations.md, Health, metrics and logs: input
 	// consumed again after an abort is counted once).
 	in, out topicCounts
+	// time counts the input records the partition took as time records
+	// (Tx.TimeRecord), by topic: added to time_records_in as in is to
+	// records_in.
+	time topicCounts
 }
 
 func newOverlay() *overlay { return newOverlaySized(0) }
@@ -252,6 +256,18 @@ func (tx *Tx) DeleteRangeLocal(lo, hi []byte) {
 		}
 	}
 	tx.ov.touched = true
+}
+
+// TimeRecord counts r, an input record of the transaction, as a time
+// record: one that only moves time (dedup's ticks, the watermark records
+// of usage.deduped), no event. Counted, by topic, in
+// meterline_stream_time_records_in_total when the transaction commits, as
+// r is in meterline_stream_records_in_total; the alert on rejections
+// divides by the records in less these (docs/operations.md,
+// MeterlineRejectionSpike). A record the partition rejects is no time
+// record, whatever it claims to be.
+func (tx *Tx) TimeRecord(r *kgo.Record) {
+	tx.ov.time.add(r.Topic, 1)
 }
 
 // Emit produces an output record in the transaction. Topic and Partition
