@@ -86,4 +86,3 @@ func TestLagSeedBrokerSilent(t *testing.T) {
 		t.Fatalf("rows %+v, want partition 0 four records behind", rows)
 	}
 }
-

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -66,9 +68,49 @@ func (rt *Runtime) hooks(ready <-chan struct{}) session.Hooks {
 
 // newClient returns a client on the runtime's cluster connection (seed
 // brokers, SASL, TLS) with opts. A login the brokers refuse it stops the
-// stage (refusedLogin).
+// stage (refusedLogin). Its seeds are the brokers the cluster lists now
+// (listedBrokers), when the session's client can ask: a seed broker
+// paused or cut off would make the new client's first requests wait for
+// its dial or request timeout whenever they pick it (10 s each), and so
+// every restore of a failover, a promoted standby's too.
 func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
-	return kgo.NewClient(append(append(rt.loop.Conn(), kgo.WithHooks(refusedLogin{rt})), opts...)...)
+	base := append(rt.loop.Conn(), kgo.WithHooks(refusedLogin{rt}))
+	if seeds := rt.listedBrokers(); len(seeds) > 0 {
+		base = append(base, kgo.SeedBrokers(seeds...))
+	}
+	return kgo.NewClient(append(base, opts...)...)
+}
+
+// listedBrokerWait bounds listedBrokers' request to one broker.
+const listedBrokerWait = 2 * time.Second
+
+// listedBrokers returns the addresses of the brokers the cluster's
+// metadata lists, asked of the brokers the current session's client has
+// discovered, one after the other, never of a seed; nil without a session
+// or when none of them answers within listedBrokerWait.
+func (rt *Runtime) listedBrokers() []string {
+	cl := rt.sb.client.Load()
+	if cl == nil {
+		return nil
+	}
+	for _, b := range cl.DiscoveredBrokers() {
+		req := kmsg.NewPtrMetadataRequest()
+		req.Topics = []kmsg.MetadataRequestTopic{} // brokers only
+		ctx, cancel := context.WithTimeout(context.Background(), listedBrokerWait)
+		resp, err := b.Request(ctx, req)
+		cancel()
+		if err != nil {
+			continue
+		}
+		var out []string
+		for _, m := range resp.(*kmsg.MetadataResponse).Brokers {
+			out = append(out, net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))))
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return nil
 }
 
 // refusedLogin stops the stage when a connection of a client of the

@@ -1,0 +1,141 @@
+package stream
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/clock"
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
+)
+
+// seedProxy forwards connections to a broker until silenced; then it
+// accepts connections and never answers, as a broker does whose process
+// is paused or whose host is cut off, while the cluster runs on without
+// it.
+type seedProxy struct {
+	ln     net.Listener
+	to     string
+	mu     sync.Mutex
+	silent bool
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newSeedProxy(t *testing.T, to string) *seedProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &seedProxy{ln: ln, to: to}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *seedProxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c)
+		silent := p.silent
+		p.mu.Unlock()
+		if silent {
+			continue
+		}
+		b, err := net.Dial("tcp", p.to)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, b)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(b, c) }()
+		go func() { _, _ = io.Copy(c, b) }()
+	}
+}
+
+// silence stops answering: new connections are held without a byte, the
+// forwarded ones are cut.
+func (p *seedProxy) silence() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silent = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// TestClientsSeededByListedBrokers: the stage's seed broker stops
+// answering (paused, its host cut off) while the cluster runs on. The
+// clients a restore or a standby makes afresh start from the brokers the
+// cluster lists, not from that seed: with it, every new client's first
+// request waits for the dial or request timeout, and each restore of a
+// failover, even of a promoted standby, takes that long
+// (docs/operations.md, Standby replicas).
+func TestClientsSeededByListedBrokers(t *testing.T) {
+	w := newKVWorld(t, nil)
+	proxy := newSeedProxy(t, w.brokers[0])
+	rt, err := New(Config{Stage: "kv",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: []string{proxy.ln.Addr().String()}}, Group: w.group, InstanceID: "a", SessionTimeout: 6 * time.Second},
+		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clock.Real{}, Logger: zap.NewNop()}, kvProc{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	w.send("k", "v")
+	deadline := time.Now().Add(20 * time.Second)
+	for owned := 0; owned == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the stage did not take its partition")
+		}
+		time.Sleep(50 * time.Millisecond)
+		rt.EachPartitionStatus(func(int32, bool, int64, string, string) { owned++ })
+	}
+
+	proxy.silence()
+	cl, err := rt.newClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer lcancel()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(lctx, w.changelog)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		t.Fatalf("a new client of the stage with its seed broker silent: %v", err)
+	}
+}
