@@ -13,8 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/clock"
-	"github.com/meterline/meterline/internal/kafka"
-	"github.com/meterline/meterline/internal/session"
 )
 
 // seedProxy forwards connections to a broker until silenced; then it
@@ -100,19 +98,10 @@ func (p *seedProxy) silence() {
 func TestClientsSeededByListedBrokers(t *testing.T) {
 	w := newKVWorld(t, nil)
 	proxy := newSeedProxy(t, w.brokers[0])
-	rt, err := New(Config{Stage: "kv",
-		Config:     session.Config{Kafka: kafka.Config{Brokers: []string{proxy.ln.Addr().String()}}, Group: w.group, InstanceID: "a", SessionTimeout: 6 * time.Second},
-		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clock.Real{}, Logger: zap.NewNop()}, kvProc{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	// The stage's only seed is the proxy; the cluster lists the broker
+	// itself.
+	w.brokers = []string{proxy.ln.Addr().String()}
+	rt, _ := w.startOwner("a", vfs.NewMem(), clock.Real{}, zap.NewNop())
 	w.send("k", "v")
 	deadline := time.Now().Add(20 * time.Second)
 	for owned := 0; owned == 0; {
