@@ -90,10 +90,10 @@ func (p *seedProxy) silence() {
 
 // TestClientsSeededByListedBrokers: the stage's seed broker stops
 // answering (paused, its host cut off) while the cluster runs on. The
-// clients a restore or a standby makes afresh start from the brokers the
-// cluster lists, not from that seed: with it, every new client's first
-// request waits for the dial or request timeout, and each restore of a
-// failover, even of a promoted standby, takes that long
+// client a restore makes for its copy of the changelog starts from the
+// brokers the cluster lists, not from that seed: with it, the client's
+// first requests wait for the dial or request timeout, and each restore
+// of a failover, even of a promoted standby, takes that long
 // (docs/operations.md, Standby replicas).
 func TestClientsSeededByListedBrokers(t *testing.T) {
 	w := newKVWorld(t, nil)
@@ -113,18 +113,18 @@ func TestClientsSeededByListedBrokers(t *testing.T) {
 	}
 
 	proxy.silence()
-	cl, err := rt.newClient()
+	c, err := rt.newChangelogCopy(0, "restore", 0, 0, -1, time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	defer c.close()
 	lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer lcancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(lctx, w.changelog)
+	ends, err := kadm.NewClient(c.cl).ListEndOffsets(lctx, w.changelog)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
-		t.Fatalf("a new client of the stage with its seed broker silent: %v", err)
+		t.Fatalf("a restore's client with the stage's seed broker silent: %v", err)
 	}
 }

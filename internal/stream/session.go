@@ -68,17 +68,24 @@ func (rt *Runtime) hooks(ready <-chan struct{}) session.Hooks {
 
 // newClient returns a client on the runtime's cluster connection (seed
 // brokers, SASL, TLS) with opts. A login the brokers refuse it stops the
-// stage (refusedLogin). Its seeds are the brokers the cluster lists now
-// (listedBrokers), when the session's client can ask: a seed broker
-// paused or cut off would make the new client's first requests wait for
-// its dial or request timeout whenever they pick it (10 s each), and so
-// every restore of a failover, a promoted standby's too.
+// stage (refusedLogin).
 func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
-	base := append(rt.loop.Conn(), kgo.WithHooks(refusedLogin{rt}))
+	return kgo.NewClient(append(append(rt.loop.Conn(), kgo.WithHooks(refusedLogin{rt})), opts...)...)
+}
+
+// newListedClient is newClient seeded with the brokers the cluster lists
+// now (listedBrokers), when the session's client can ask, for a client
+// that lives only as long as a restore: a seed broker paused or cut off
+// would make its first requests wait for the dial or request timeout
+// whenever they pick it (10 s each), and so every restore of a failover,
+// a promoted standby's too. Clients that live on (a standby's tail) keep
+// the configured seeds, their way back to a cluster whose brokers all
+// changed address.
+func (rt *Runtime) newListedClient(opts ...kgo.Opt) (*kgo.Client, error) {
 	if seeds := rt.listedBrokers(); len(seeds) > 0 {
-		base = append(base, kgo.SeedBrokers(seeds...))
+		opts = append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, opts...)
 	}
-	return kgo.NewClient(append(base, opts...)...)
+	return rt.newClient(opts...)
 }
 
 // listedBrokerWait bounds listedBrokers' request to one broker.
