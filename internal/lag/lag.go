@@ -15,7 +15,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -55,6 +57,7 @@ func Compute(ctx context.Context, conn kafka.Config, groups []string, now time.T
 // has committed nothing at all.
 func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
 	var rows []Row
+	var read *kafka.Config // conn seeded with the brokers the cluster lists; set once needed
 	for _, g := range groups {
 		byTopic := map[string]map[int32]int64{}
 		offs, err := fetchOffsets(ctx, adm, g)
@@ -106,7 +109,11 @@ func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, group
 					from[e.Partition] = s.Offset
 				}
 			})
-			first, err := firstUnconsumed(ctx, conn, topic, from, ends)
+			if read == nil {
+				c := listedBrokers(ctx, adm, conn)
+				read = &c
+			}
+			first, err := firstUnconsumed(ctx, *read, topic, from, ends)
 			if err != nil {
 				return nil, err
 			}
@@ -140,6 +147,26 @@ func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, group
 		return a.Partition < b.Partition
 	})
 	return rows, nil
+}
+
+// listedBrokers returns conn with the brokers the cluster's metadata
+// lists now as its seeds, or conn unchanged when they cannot be listed.
+// firstUnconsumed's client is new at each computation and would otherwise
+// start from the seeds: one of them paused or cut off (the cluster fenced
+// it and runs on) makes its first request wait for the dial timeout (10 s)
+// whenever it picks that seed, longer than a computation's bound, and the
+// lag of every group goes missing while one broker is down.
+func listedBrokers(ctx context.Context, adm *kadm.Client, conn kafka.Config) kafka.Config {
+	m, err := adm.BrokerMetadata(ctx)
+	if err != nil || len(m.Brokers) == 0 {
+		return conn
+	}
+	out := conn
+	out.Brokers = nil
+	for _, b := range m.Brokers {
+		out.Brokers = append(out.Brokers, net.JoinHostPort(b.Host, strconv.Itoa(int(b.Port))))
+	}
+	return out
 }
 
 // firstUnconsumed returns, per partition with data after the offset the

@@ -193,7 +193,11 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, 
 	// The copy's time starts before its reader: the client fetches from
 	// the moment it is made, and the pace must count that time.
 	started := rt.cfg.Clock.Now()
-	cl, err := rt.newClient(
+	newClient := rt.newClient // a standby's tail lives on
+	if what == "restore" {
+		newClient = rt.newListedClient
+	}
+	cl, err := newClient(
 		kgo.WithHooks(out),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),

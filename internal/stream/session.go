@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -69,6 +71,53 @@ func (rt *Runtime) hooks(ready <-chan struct{}) session.Hooks {
 // stage (refusedLogin).
 func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
 	return kgo.NewClient(append(append(rt.loop.Conn(), kgo.WithHooks(refusedLogin{rt})), opts...)...)
+}
+
+// newListedClient is newClient seeded with the brokers the cluster lists
+// now (listedBrokers), when the session's client can ask, for a client
+// that lives only as long as a restore: a seed broker paused or cut off
+// would make its first requests wait for the dial or request timeout
+// whenever they pick it (10 s each), and so every restore of a failover,
+// a promoted standby's too. Clients that live on (a standby's tail) keep
+// the configured seeds, their way back to a cluster whose brokers all
+// changed address.
+func (rt *Runtime) newListedClient(opts ...kgo.Opt) (*kgo.Client, error) {
+	if seeds := rt.listedBrokers(); len(seeds) > 0 {
+		opts = append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, opts...)
+	}
+	return rt.newClient(opts...)
+}
+
+// listedBrokerWait bounds listedBrokers' request to one broker.
+const listedBrokerWait = 2 * time.Second
+
+// listedBrokers returns the addresses of the brokers the cluster's
+// metadata lists, asked of the brokers the current session's client has
+// discovered, one after the other, never of a seed; nil without a session
+// or when none of them answers within listedBrokerWait.
+func (rt *Runtime) listedBrokers() []string {
+	cl := rt.sb.client.Load()
+	if cl == nil {
+		return nil
+	}
+	for _, b := range cl.DiscoveredBrokers() {
+		req := kmsg.NewPtrMetadataRequest()
+		req.Topics = []kmsg.MetadataRequestTopic{} // brokers only
+		ctx, cancel := context.WithTimeout(context.Background(), listedBrokerWait)
+		resp, err := b.Request(ctx, req)
+		cancel()
+		if err != nil {
+			continue
+		}
+		var out []string
+		for _, m := range resp.(*kmsg.MetadataResponse).Brokers {
+			out = append(out, net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))))
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return nil
 }
 
 // refusedLogin stops the stage when a connection of a client of the
