@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -29,12 +28,10 @@ func (pt *partition) RejectBatch(tx *stream.Tx, b stream.RejectedBatch) error {
 		// records (Process).
 		pt.ent.fenced = true
 	}
-	detail := fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes; not decoded, skipped",
-		b.From, b.Next-1, b.Limit)
 	// The source record carries the batch's coordinates and a timestamp
 	// of 0 (no record of it is read); no key or value, so no raw bytes.
 	src := &kgo.Record{Topic: b.Topic, Partition: b.Partition, Offset: b.From, Timestamp: time.UnixMilli(0)}
-	if err := pt.reject(tx, src, nil, schemas.ReasonOversized, detail); err != nil {
+	if err := pt.reject(tx, src, nil, schemas.ReasonOversized, b.Detail()); err != nil {
 		return err
 	}
 	pt.publish()

@@ -359,8 +359,7 @@ func (pt *partition) RejectBatch(tx *stream.Tx, b stream.RejectedBatch) error {
 	defer pt.flushCounts()
 	rej := &schemas.Rejected{
 		Reason: schemas.ReasonOversized, Stage: "dedup",
-		Detail: fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes; not decoded, skipped",
-			b.From, b.Next-1, b.Limit),
+		Detail:      b.Detail(),
 		SourceTopic: b.Topic, SourcePartition: b.Partition, SourceOffset: b.From,
 	}
 	if err := pt.park(tx, rej); err != nil {

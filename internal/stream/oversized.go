@@ -81,6 +81,13 @@ func (rt *Runtime) addTooLarge(jobs *fetchJobs, tooLarge []*kgo.ErrDecompressToo
 	return nil
 }
 
+// Detail is the detail of b's rejection in usage.rejected, the same for
+// every stage (BatchRejecter).
+func (b RejectedBatch) Detail() string {
+	return fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes; not decoded, skipped",
+		b.From, b.Next-1, b.Limit)
+}
+
 // skipRewind is where a transaction that does not commit puts back the
 // client's position of a partition whose batch was skipped (rewindSkipped),
 // while the partition keeps its epoch: the state's input offset once it

@@ -325,20 +325,13 @@ func (s *Store) SetRetention(d time.Duration) error {
 // store that records no changelog (made before the name was recorded) is
 // bound to topic.
 func (s *Store) BindChangelog(topic, dir string) error {
-	b, closer, err := s.db.Get(keyChangelog)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return s.db.Set(keyChangelog, []byte(topic), pebble.Sync)
+	b, err := s.bind(keyChangelog, []byte(topic), "the changelog", dir)
+	if err != nil || b == nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("stream: read the changelog of the state in %s: %w", dir, err)
-	}
-	defer closer.Close()
-	if string(b) != topic {
-		return fmt.Errorf("stream: the state in %s is a cache of changelog %q, not of this stage's changelog %q: "+
-			"give the stage a --state-dir of its own, or delete %s to rebuild it from %q",
-			dir, b, topic, dir, topic)
-	}
-	return nil
+	return fmt.Errorf("stream: the state in %s is a cache of changelog %q, not of this stage's changelog %q: "+
+		"give the stage a --state-dir of its own, or delete %s to rebuild it from %q",
+		dir, b, topic, dir, topic)
 }
 
 // BindChangelogID records id as the topic ID of the changelog topic the
@@ -351,20 +344,13 @@ func (s *Store) BindChangelogID(topic string, id [16]byte, dir string) error {
 	if id == ([16]byte{}) {
 		return nil
 	}
-	b, closer, err := s.db.Get(keyChangelogID)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return s.db.Set(keyChangelogID, id[:], pebble.Sync)
+	b, err := s.bind(keyChangelogID, id[:], "the changelog's topic ID", dir)
+	if err != nil || b == nil {
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("stream: read the changelog's topic ID of the state in %s: %w", dir, err)
-	}
-	defer closer.Close()
-	if !bytes.Equal(b, id[:]) {
-		return fmt.Errorf("stream: the state in %s is a cache of changelog %q as it was before it was deleted and created again "+
-			"(topic ID %x, now %x): its checkpoints are offsets of a log that no longer exists; delete %s to rebuild it from %q",
-			dir, topic, b, id[:], dir, topic)
-	}
-	return nil
+	return fmt.Errorf("stream: the state in %s is a cache of changelog %q as it was before it was deleted and created again "+
+		"(topic ID %x, now %x): its checkpoints are offsets of a log that no longer exists; delete %s to rebuild it from %q",
+		dir, topic, b, id[:], dir, topic)
 }
 
 // BindInputID records id as the topic ID of the input topic, or returns
@@ -379,21 +365,34 @@ func (s *Store) BindInputID(topic string, id [16]byte, dir string) error {
 		return nil
 	}
 	key := append(slices.Clone(keyInputIDPrefix), topic...)
+	b, err := s.bind(key, id[:], "the topic ID of input "+topic, dir)
+	if err != nil || b == nil {
+		return err
+	}
+	return fmt.Errorf("stream: the state in %s holds input offsets of %q as it was before it was deleted and created again "+
+		"(topic ID %x, now %x): on the new log they name other records, and those below them would never be counted. "+
+		"Do not set the group's offsets to the state's; count the new topic on a new changelog, a new consumer group and an empty state directory "+
+		"(docs/operations.md, Outages)", dir, topic, b, id[:])
+}
+
+// bind records v under the metadata key, synced, when the store holds
+// nothing there, and returns nil. When it holds v it returns nil too; when
+// it holds another value it returns a copy of that value, never nil (also
+// when empty), for the caller's error. what names the key's value in the
+// error of a failed read of the state in dir.
+func (s *Store) bind(key, v []byte, what, dir string) ([]byte, error) {
 	b, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return s.db.Set(key, id[:], pebble.Sync)
+		return nil, s.db.Set(key, v, pebble.Sync)
 	}
 	if err != nil {
-		return fmt.Errorf("stream: read the topic ID of input %s of the state in %s: %w", topic, dir, err)
+		return nil, fmt.Errorf("stream: read %s of the state in %s: %w", what, dir, err)
 	}
 	defer closer.Close()
-	if !bytes.Equal(b, id[:]) {
-		return fmt.Errorf("stream: the state in %s holds input offsets of %q as it was before it was deleted and created again "+
-			"(topic ID %x, now %x): on the new log they name other records, and those below them would never be counted. "+
-			"Do not set the group's offsets to the state's; count the new topic on a new changelog, a new consumer group and an empty state directory "+
-			"(docs/operations.md, Outages)", dir, topic, b, id[:])
+	if bytes.Equal(b, v) {
+		return nil, nil
 	}
-	return nil
+	return append([]byte{}, b...), nil
 }
 
 // batch accumulates state writes of several partitions.
