@@ -178,6 +178,10 @@ type entPart struct {
 	// decoded keeps the Ledger's decoded plans and rate cards by their
 	// bytes (entitlements.DecodeCache): right whatever the state holds.
 	decoded map[string]any
+	// cacheBytes and decodedBytes are what cache and decoded hold
+	// (ledgerStore.keep, KeepDecoded): bounded, as the values are a
+	// producer's records (up to 768 KiB each).
+	cacheBytes, decodedBytes int
 	// accounts keeps, per customer, its Account decoded
 	// (entitlements.AccountCache) and what the Ledger resolves for its
 	// decisions (entitlements.ResolveCache), in one entry, so that a
