@@ -25,27 +25,15 @@ import (
 func TestEntitlementsFreshGrantsRefused(t *testing.T) {
 	h := newEntHarness(t, nil, 1)
 	scheduled := func(round int) *schemas.Entitlements {
-		e := &schemas.Entitlements{CustomerID: "acme", Plan: "p", EffectiveFrom: 1 << 60,
-			Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
-		for i := range entitlements.MaxGrants {
-			id := fmt.Sprintf("%d-%04d-", round, i)
-			e.Grants = append(e.Grants, schemas.Grant{ID: id + strings.Repeat("g", entitlements.MaxNameBytes-len(id)), Amount: 1})
-		}
-		return e
+		return &schemas.Entitlements{CustomerID: "acme", Plan: "p", EffectiveFrom: 1 << 60,
+			Grants: bigGrants(fmt.Sprint(round)), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
 	}
 	t0 := time.Now().Add(-time.Minute).UnixMilli()
 	const rounds = 5
 	for i := range rounds {
 		h.produce(h.entitlement(1, scheduled(i), t0+int64(i)*1000))
 	}
-	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, t0+rounds*1000)...)
-	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "m", Quantity: 1,
-		EventTime: t0 + 1500, IngestTime: t0 + 1500}))
-	run := h.start(h.entConfig("a", vfs.NewMem()))
-	testenv.WaitCaughtUp(t, h.brokers, h.group, h.names.DedupedTopic(), 45*time.Second)
-	if err := run.stop(); err != nil {
-		t.Fatal(err)
-	}
+	h.runPastRecords(t, "acme", t0+rounds*1000)
 	rej := readRejected(t, h)
 	if len(rej) != rounds-1 {
 		t.Fatalf("%d rejected, want the %d records after the first", len(rej), rounds-1)
@@ -54,5 +42,31 @@ func TestEntitlementsFreshGrantsRefused(t *testing.T) {
 		if r.Reason != schemas.ReasonInvalid || !strings.Contains(r.Detail, "grants kept alive") {
 			t.Errorf("rejected %s %q, want invalid for the grants kept alive", r.Reason, r.Detail)
 		}
+	}
+}
+
+// bigGrants returns entitlements.MaxGrants grants of ids of
+// entitlements.MaxNameBytes bytes that start with prefix.
+func bigGrants(prefix string) []schemas.Grant {
+	var gs []schemas.Grant
+	for i := range entitlements.MaxGrants {
+		id := fmt.Sprintf("%s-%04d-", prefix, i)
+		gs = append(gs, schemas.Grant{ID: id + strings.Repeat("g", entitlements.MaxNameBytes-len(id)), Amount: 1})
+	}
+	return gs
+}
+
+// runPastRecords appends a tick at broker time at to the single
+// partition of usage.entitlements and an event of customer before it, then
+// runs a stage until it has read usage.deduped, and stops it.
+func (h *aggHarness) runPastRecords(t *testing.T, customer string, at int64) {
+	t.Helper()
+	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, at)...)
+	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: customer, Meter: "m", Quantity: 1,
+		EventTime: at - 500, IngestTime: at - 500}))
+	run := h.start(h.entConfig("a", vfs.NewMem()))
+	testenv.WaitCaughtUp(t, h.brokers, h.group, h.names.DedupedTopic(), 45*time.Second)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -124,6 +124,9 @@ type entPart struct {
 	// Work drains on.
 	more bool
 	roll rollState
+	// restates holds the restated records of the records being handled
+	// (entRecords), one per key.
+	restates restateQueue
 	// changed holds the customers the open transaction decided an event
 	// of, or applied a record of, each with the index in changedAt of the
 	// latest arrival (or broker time) involved: Flush makes each one
