@@ -23,7 +23,17 @@ import (
 // entitlements.MaxGrantBytes are rejected (invalid) and the partition
 // goes on.
 func TestEntitlementsFreshGrantsRefused(t *testing.T) {
-	h := newEntHarness(t, nil, 1)
+	freshGrantsRefused(t, newEntHarness(t, nil, 1))
+}
+
+// TestEntitlementsFreshGrantsRefusedReal is
+// TestEntitlementsFreshGrantsRefused on the real broker, whose record
+// size (1 MB by default) the account would pass.
+func TestEntitlementsFreshGrantsRefusedReal(t *testing.T) {
+	freshGrantsRefused(t, newEntHarness(t, testenv.RealKafka(t), 1))
+}
+
+func freshGrantsRefused(t *testing.T, h *aggHarness) {
 	scheduled := func(round int) *schemas.Entitlements {
 		return &schemas.Entitlements{CustomerID: "acme", Plan: "p", EffectiveFrom: 1 << 60,
 			Grants: bigGrants(fmt.Sprint(round)), Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
