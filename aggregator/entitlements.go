@@ -124,6 +124,9 @@ type entPart struct {
 	// Work drains on.
 	more bool
 	roll rollState
+	// restates holds the restated records of the records being handled
+	// (entRecords), one per key.
+	restates restateQueue
 	// changed holds the customers the open transaction decided an event
 	// of, or applied a record of, each with the index in changedAt of the
 	// latest arrival (or broker time) involved: Flush makes each one
@@ -178,6 +181,10 @@ type entPart struct {
 	// decoded keeps the Ledger's decoded plans and rate cards by their
 	// bytes (entitlements.DecodeCache): right whatever the state holds.
 	decoded map[string]any
+	// cacheBytes and decodedBytes are what cache and decoded hold
+	// (ledgerStore.keep, KeepDecoded): bounded, as the values are a
+	// producer's records (up to 768 KiB each).
+	cacheBytes, decodedBytes int
 	// accounts keeps, per customer, its Account decoded
 	// (entitlements.AccountCache) and what the Ledger resolves for its
 	// decisions (entitlements.ResolveCache), in one entry, so that a

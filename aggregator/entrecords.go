@@ -43,6 +43,7 @@ const (
 // decided.
 func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 	l := pt.pr.ledger
+	pt.ent.restates.reset()
 	for _, r := range recs {
 		written := r.Timestamp.UnixMilli()
 		rec, err := entitlements.ParseRecord(r.Key, r.Value, written)
@@ -112,6 +113,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 			return err
 		}
 	}
+	pt.ent.restates.emit(tx)
 	rt, err := l.ReadTo(pt.ledger(tx))
 	if err != nil {
 		return err
@@ -136,9 +138,7 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 		pt.pr.log.Info("re-produced entitlements record not applied: a record of its key that arrived after its original was read",
 			zap.Int32("partition", pt.p), zap.Int64("offset", r.Offset), zap.String("key", string(okey[1:])),
 			zap.Bool("restated", restate != nil))
-		if restate != nil {
-			tx.Emit(restate)
-		}
+		pt.ent.restates.set(okey, restate)
 		return nil
 	}
 	// A record refused for too many versions of its key is refused alike
@@ -155,6 +155,7 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 		return pt.restateRejected(tx, r)
 	}
 	pt.ent.pending.record("applied")
+	pt.ent.restates.set(okey, nil)
 	tx.Put(okey, from.encodeWith(r.Value))
 	if rec.Key.Reserved == "" {
 		// The record counts as read at the latest broker time read from
@@ -299,7 +300,7 @@ func headerValue(r *kgo.Record, k string) (v []byte, ok bool) {
 //
 // When the stale copy is older than the last record applied, or claims
 // its origin with a lesser value, restate is that record again, to go to
-// this partition in the same transaction, marked with its own origin: the last record of the key on the
+// this partition in the same transaction (restateQueue), marked with its own origin: the last record of the key on the
 // partition, which compaction keeps, is then the one in effect, not the
 // stale copy (a stage that reads the partition from the start after
 // compaction applies it; any other finds its origin equal to the last
@@ -351,7 +352,7 @@ func (pt *partition) restated(r *kgo.Record, last RecordOrigin, lastValue []byte
 	return restate
 }
 
-// restateRejected restates the record in effect of the key of r, a
+// restateRejected restates (restateQueue) the record in effect of the key of r, a
 // record of usage.entitlements just rejected, when r is a customer's on
 // its canonical partition, or a shared one (the default plan, the rate
 // card, on any partition), and a record of its key was applied: the
@@ -372,9 +373,12 @@ func (pt *partition) restateRejected(tx *stream.Tx, r *kgo.Record) error {
 	if err != nil || !ok || compareValues(r.Value, lastValue) == 0 {
 		// The value in effect rejected (a state applied under other
 		// rules): restated, it would be rejected again, for ever.
+		if err == nil && ok {
+			pt.ent.restates.set(okey, nil)
+		}
 		return err
 	}
-	tx.Emit(pt.restated(r, last, lastValue))
+	pt.ent.restates.set(okey, pt.restated(r, last, lastValue))
 	pt.pr.log.Info("rejected entitlements record followed by the record in effect, restated", zap.Int32("partition", pt.p),
 		zap.Int64("offset", r.Offset), zap.String("key", string(okey[1:])))
 	return nil
@@ -437,4 +441,52 @@ func compareValues(a, b []byte) int {
 		return 1
 	}
 	return bytes.Compare(a, b)
+}
+
+// restateQueue holds the restated records (restated) of the records of
+// usage.entitlements being handled, one per key: the one due after the
+// last record of the key read, none when that record was applied or
+// needs none. They are written after the records (emit), so that a run
+// of records rejected under one key, which a producer can write at will,
+// costs one restated record (as large as the record in effect, up to
+// about 530 KB), not one each.
+type restateQueue struct {
+	recs  map[string]*kgo.Record
+	order []string
+}
+
+// reset empties q.
+func (q *restateQueue) reset() {
+	clear(q.recs)
+	q.order = q.order[:0]
+}
+
+// set makes r the restated record due for the key okey (originKeyOf);
+// nil: none.
+func (q *restateQueue) set(okey []byte, r *kgo.Record) {
+	if r == nil {
+		if q.recs != nil {
+			delete(q.recs, string(okey))
+		}
+		return
+	}
+	if q.recs == nil {
+		q.recs = map[string]*kgo.Record{}
+	}
+	if _, ok := q.recs[string(okey)]; !ok {
+		q.order = append(q.order, string(okey))
+	}
+	q.recs[string(okey)] = r
+}
+
+// emit writes the restated records due, in the order their keys first
+// needed one, and empties q.
+func (q *restateQueue) emit(tx *stream.Tx) {
+	for _, k := range q.order {
+		if r, ok := q.recs[k]; ok {
+			tx.Emit(r)
+			delete(q.recs, k)
+		}
+	}
+	q.order = q.order[:0]
 }

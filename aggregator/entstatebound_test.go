@@ -6,10 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
 	"github.com/meterline/meterline/entitlements"
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -35,14 +32,7 @@ func TestEntitlementsVersionsTooLargeRefused(t *testing.T) {
 	t0 := time.Now().Add(-time.Minute).UnixMilli()
 	h.produce(h.entitlement(1, big("one"), t0))
 	h.produce(h.entitlement(1, big("two"), t0+1000))
-	h.produce(h.shared(1, schemas.TickKey, &schemas.Tick{InstanceID: "test"}, t0+2000)...)
-	h.produce(h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "other", Meter: "m", Quantity: 1,
-		EventTime: t0 + 1500, IngestTime: t0 + 1500}))
-	run := h.start(h.entConfig("a", vfs.NewMem()))
-	testenv.WaitCaughtUp(t, h.brokers, h.group, h.names.DedupedTopic(), 45*time.Second)
-	if err := run.stop(); err != nil {
-		t.Fatal(err)
-	}
+	h.runPastRecords(t, "other", t0+2000)
 	rej := readRejected(t, h)
 	if len(rej) != 1 || rej[0].Reason != schemas.ReasonInvalid || !strings.Contains(rej[0].Detail, "bytes of versions") {
 		t.Fatalf("rejected %+v, want the second record of acme, invalid for the bytes of its versions", rej)

@@ -14,9 +14,14 @@ type cachedValue struct {
 }
 
 // maxLedgerCache bounds the values a partition's ledger cache keeps
-// (customers' timelines and counters: a few hundred bytes each); past it
-// the cache starts again empty.
-const maxLedgerCache = 50_000
+// (customers' timelines and counters: a few hundred bytes each), and
+// maxLedgerCacheBytes their bytes (a producer's record may make a
+// customer's timeline as large as entitlements.MaxVersionBytes); past
+// either the cache starts again empty.
+const (
+	maxLedgerCache      = 50_000
+	maxLedgerCacheBytes = 64 << 20
+)
 
 // ledgerStore is the entitlements.Store of the Ledger in tx: the state
 // through the partition's cache, which spares the Ledger's reads of an
@@ -83,11 +88,20 @@ func (s ledgerStore) Decoded(v []byte) (any, bool) {
 
 // KeepDecoded implements entitlements.DecodeCache.
 func (s ledgerStore) KeepDecoded(v []byte, x any) {
-	if len(s.e.decoded) >= maxDecoded {
+	n := decodedSize(v)
+	if len(s.e.decoded) >= maxDecoded || s.e.decodedBytes+n > maxDecodedBytes {
 		clear(s.e.decoded)
+		s.e.decodedBytes = 0
+	}
+	if _, ok := s.e.decoded[string(v)]; !ok {
+		s.e.decodedBytes += n
 	}
 	s.e.decoded[string(v)] = x
 }
+
+// decodedSize is what a decoded value of the bytes v takes in decoded,
+// about: its key, and the value decoded (strings and slice headers).
+func decodedSize(v []byte) int { return 3 * len(v) }
 
 // wrote drops every Resolved when k is a key they come from.
 func (s ledgerStore) wrote(k []byte) {
@@ -213,15 +227,30 @@ func (pt *partition) flushAccounts(tx *stream.Tx) {
 }
 
 // maxDecoded bounds the decoded values a partition keeps: the plans of
-// the customers it sees most, the default plan, the rate card.
-const maxDecoded = 10_000
+// the customers it sees most, the default plan, the rate card; and
+// maxDecodedBytes what they take (decodedSize).
+const (
+	maxDecoded      = 10_000
+	maxDecodedBytes = 64 << 20
+)
 
 func (s ledgerStore) keep(k []byte, c cachedValue) {
-	if len(s.e.cache) >= maxLedgerCache {
-		clear(s.e.cache)
+	n := len(k) + len(c.v)
+	if len(s.e.cache) >= maxLedgerCache || s.e.cacheBytes+n > maxLedgerCacheBytes {
+		s.e.clearCache()
 		s.e.dropResolved()
 	}
+	if old, ok := s.e.cache[string(k)]; ok {
+		s.e.cacheBytes -= len(k) + len(old.v)
+	}
 	s.e.cache[string(k)] = c
+	s.e.cacheBytes += n
+}
+
+// clearCache drops every value of the cache.
+func (e *entPart) clearCache() {
+	clear(e.cache)
+	e.cacheBytes = 0
 }
 
 // ledgerReader lets the Ledger read restored state (Open) through a

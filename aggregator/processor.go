@@ -649,7 +649,7 @@ func (pt *partition) Abort() {
 		pt.ent.clearChanged()
 		clear(pt.ent.emitNow)
 		pt.ent.fenced = false
-		clear(pt.ent.cache)
+		pt.ent.clearCache()
 		pt.ent.dropHeld()
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()

@@ -237,8 +237,9 @@ func TestRestatesConverge(t *testing.T) {
 // groups, each with a changelog of its own) start at once on a topic
 // where a customer's misrouted record is older than its record on the
 // canonical partition. Each re-produces the misrouted one, each finds
-// both copies stale and restates the record in effect after each: 2
-// copies and 4 restated records, then nothing more (no storm), the last
+// both copies stale and restates the record in effect after each (once
+// after both when it reads them in one fetch): 2 copies and 2 to 4
+// restated records, then nothing more (no storm), the last
 // record of the key the one in effect, and neither applies the old cap.
 func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	const n = 2
@@ -281,8 +282,8 @@ func TestEntitlementsTwoGroupsRestateBounded(t *testing.T) {
 	if err := b.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if len(rs) != 7 {
-		t.Errorf("%d records of acme on its canonical partition, want 7 (the record, 2 copies, 4 restated)", len(rs))
+	if len(rs) < 5 || len(rs) > 7 {
+		t.Errorf("%d records of acme on its canonical partition, want 5 to 7 (the record, 2 copies, 2 to 4 restated)", len(rs))
 	}
 	if l := rs[len(rs)-1]; string(l.Value) != string(inEffect.Value) {
 		t.Errorf("the last record of acme is not the one in effect")

@@ -1,6 +1,8 @@
 package entitlements
 
 import (
+	"encoding/binary"
+	"fmt"
 	"math"
 	"sort"
 )
@@ -184,4 +186,86 @@ func offerOwn(us []grantUse, p *Plan) ([]grantUse, bool) {
 		}
 	}
 	return us, changed
+}
+
+// MaxGrantBytes bounds the grant generations that records keep alive: a
+// customer's own (those its records offered with an expiry after t − W,
+// or none), or the default plan's. They are kept in one state value each
+// (the customer's account, the default plan's grants), written whole to
+// the changelog, which takes no record past the broker's size (1 MB by
+// default), and a grant that never expires is kept for good. A record
+// whose grants would take them past it, counted by grantEntryBytes, is
+// refused (ErrTooManyGrants): a producer offering fresh ids again and
+// again (a scheduled record rewritten, which takes no version) would
+// otherwise grow the value without bound. A record of MaxGrants grants
+// of MaxNameBytes ids (about 270 KB) fits, and another such with other
+// ids does not while the first is alive. The count depends on the
+// records alone (their grants, expiries and read times), never on events
+// or pruning.
+const MaxGrantBytes = 320 << 10
+
+// ErrTooManyGrants is returned (wrapped) by Ledger.Apply for a record
+// refused by MaxGrantBytes; what was in effect stays.
+var ErrTooManyGrants = fmt.Errorf("%w: too many grants kept alive", ErrInvalid)
+
+// grantEntryBytes is the most a grant generation of id takes in an
+// encoded account or default plan's grants: the id and its length, and
+// three varints.
+func grantEntryBytes(id string) int { return len(id) + 3 + 3*binary.MaxVarintLen64 }
+
+// offeredBytes returns the grant bytes of p's grants, and reports for an
+// (id, generation) whether p offers it.
+func offeredBytes(p *Plan) (n int, offers func(id string, gen int64) bool) {
+	type idGen struct {
+		id  string
+		gen int64
+	}
+	set := make(map[idGen]bool, len(p.Grants))
+	for i, g := range p.Grants {
+		n += grantEntryBytes(g.ID)
+		set[idGen{g.ID, p.gen(i)}] = true
+	}
+	return n, func(id string, gen int64) bool { return set[idGen{id, gen}] }
+}
+
+// checkOwnGrants refuses (ErrTooManyGrants) a customer's record read at
+// at, whose plan p has its generations (ownGens), when the generations
+// its own records keep alive at at would pass MaxGrantBytes once it
+// offers p's grants (offerOwn): us are the customer's generations.
+func (l *Ledger) checkOwnGrants(us []grantUse, p *Plan, at int64) error {
+	n, offers := offeredBytes(p)
+	for _, u := range us {
+		if l.alive(u.own, at) && !offers(u.id, u.gen) {
+			n += grantEntryBytes(u.id)
+		}
+	}
+	if n > MaxGrantBytes {
+		return fmt.Errorf("%w: %d bytes of grants kept alive (the most is %d)", ErrTooManyGrants, n, MaxGrantBytes)
+	}
+	return nil
+}
+
+// checkDefaultGrants is checkOwnGrants for the default plan's record:
+// es are the default plan's current generations (by id; offerDefault).
+func (l *Ledger) checkDefaultGrants(es []defaultGrant, p *Plan, at int64) error {
+	n, _ := offeredBytes(p)
+	for _, e := range es {
+		if _, ok := p.grantIndex(e.id); !ok && l.alive(e.exp, at) {
+			n += grantEntryBytes(e.id)
+		}
+	}
+	if n > MaxGrantBytes {
+		return fmt.Errorf("%w: %d bytes of grants kept alive (the most is %d)", ErrTooManyGrants, n, MaxGrantBytes)
+	}
+	return nil
+}
+
+// grantIndex returns the index of the grant id in p.Grants.
+func (p *Plan) grantIndex(id string) (int, bool) {
+	for i := range p.Grants {
+		if p.Grants[i].ID == id {
+			return i, true
+		}
+	}
+	return 0, false
 }

@@ -481,8 +481,13 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 					return err
 				}
 				p = p.withGens(l.ownGens(a.uses, es, p, written))
+				err = l.checkOwnGrants(a.uses, p, written)
 			} else {
 				p = p.withGens(l.defaultGens(es, p, written))
+				err = l.checkDefaultGrants(es, p, written)
+			}
+			if err != nil {
+				return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 			}
 		}
 		if err := t.SetWithin(written, from, p, written-l.cfg.Span.Milliseconds()); err != nil {

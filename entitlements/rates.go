@@ -36,17 +36,28 @@ func Cost(units int64, r schemas.Rate) (cost int64, ok bool) {
 	return int64(q), true
 }
 
-// ValidateRateCard checks a RateCard and returns every problem at once,
-// each named by its field path ("versions[1].rates.tokens.per_units").
+// ValidateRateCard checks a RateCard and returns every problem at once
+// (past maxFieldErrors, and past the bounds on versions and rates, it
+// names no more), each named by its field path ("versions[1].rates.tokens.per_units").
 // With meters, rates on meters whose aggregation is not SUM or COUNT are
 // refused.
 func ValidateRateCard(c *schemas.RateCard, meters Meters) error {
 	var f fieldErrs
 	if len(c.Versions) > MaxRateVersions {
-		f.add("versions", "%d versions, more than %d", len(c.Versions), MaxRateVersions)
+		f.must("versions", "%d versions, more than %d", len(c.Versions), MaxRateVersions)
 	}
 	total := 0
-	for i, v := range c.Versions {
+	for _, v := range c.Versions {
+		total += len(v.Rates)
+	}
+	// Past the bounds the card is refused: its further items are not
+	// looked at (one written straight to the topic may hold tens of
+	// thousands).
+	budget := MaxRates + 1
+	for i, v := range c.Versions[:min(len(c.Versions), MaxRateVersions+1)] {
+		if budget <= 0 {
+			break
+		}
 		at := fmt.Sprintf("versions[%d]", i)
 		if v.EffectiveFrom < 0 {
 			f.add(at+".effective_from", "must not be negative (got %d)", v.EffectiveFrom)
@@ -54,9 +65,10 @@ func ValidateRateCard(c *schemas.RateCard, meters Meters) error {
 		if i > 0 && v.EffectiveFrom <= c.Versions[i-1].EffectiveFrom {
 			f.add(at+".effective_from", "must be after versions[%d]'s (versions are in time order, no two at the same time)", i-1)
 		}
-		total += len(v.Rates)
+		rates := v.Rates[:min(len(v.Rates), budget)]
+		budget -= len(rates)
 		seen := map[string]bool{}
-		for j, r := range v.Rates {
+		for j, r := range rates {
 			rat := fmt.Sprintf("%s.rates[%d]", at, j)
 			if r.Meter == "" || len(r.Meter) > MaxNameBytes || schemas.CheckText("", r.Meter, true) != nil {
 				f.checkName(rat+".meter", r.Meter)
@@ -81,7 +93,7 @@ func ValidateRateCard(c *schemas.RateCard, meters Meters) error {
 		}
 	}
 	if total > MaxRates {
-		f.add("versions", "%d rates in all, more than %d", total, MaxRates)
+		f.must("versions", "%d rates in all, more than %d", total, MaxRates)
 	}
 	return f.err()
 }

@@ -551,7 +551,8 @@ func entDocument(stdio IO, who string, r entRecord) *entitlements.Document {
 //     compaction removes both.
 //
 // Not reproduced: a record the aggregator's Ledger refuses for the state
-// it has (entitlements.ErrTooManyVersions) is shown.
+// it has (entitlements.ErrTooManyVersions, entitlements.ErrTooManyGrants)
+// is shown.
 func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]entRecord, int32, error) {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
