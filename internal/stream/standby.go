@@ -163,10 +163,10 @@ type standbyMetrics struct {
 	// asked: --standby-replicas; placed: the copies per partition the
 	// group's last assignment placed (absent when the leader did not
 	// say).
-	asked  prometheus.Gauge
-	placed *prometheus.GaugeVec
-	records    prometheus.Counter
-	busy       prometheus.Counter
+	asked   prometheus.Gauge
+	placed  *prometheus.GaugeVec
+	records prometheus.Counter
+	busy    prometheus.Counter
 }
 
 func newStandbyMetrics(reg prometheus.Registerer, stage string) *standbyMetrics {
