@@ -48,6 +48,11 @@ var realScale = map[string]ruleScale{
 	// More than 5 % of the requests failing in every 4 s window, for 4 s
 	// (TestRealIngestKafkaFailingAlert: 10 requests a second).
 	"MeterlineIngestKafkaFailing": {Expr: map[string]string{"2m": "4s"}, For: "4s"},
+	// 200 changelog offsets behind (a healthy copy: about 20, one commit
+	// interval of writes) for 10 s, not getting closer, for 3 s
+	// (TestRealStandbyFallingBehindAlert: 20 changelog records a second
+	// per partition).
+	"MeterlineStandbyFallingBehind": {Expr: map[string]string{"1000000": "200", "15m": "10s"}, For: "3s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -90,7 +95,8 @@ func parallelAlertTest(t *testing.T) {
 
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
-	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired)
+	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
+		realStandbyAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

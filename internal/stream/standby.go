@@ -154,6 +154,10 @@ type standbys struct {
 	held      []int32
 	heldKnown bool
 
+	// placed, members: of the last assignment (StandbyAssignment);
+	// placed is -1 until one said.
+	placed, members atomic.Int64
+
 	m *standbyMetrics
 }
 
@@ -205,9 +209,11 @@ type tail struct {
 }
 
 func newStandbys(rt *Runtime) *standbys {
-	return &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{},
+	sb := &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{},
 		ends: newEndLister(rt.cfg.ChangelogTopic, func() (*kgo.Client, error) { return rt.newClient() }, rt.cfg.Clock, rt.log),
 		m:    newStandbyMetrics(rt.cfg.Registerer, rt.cfg.Stage)}
+	sb.placed.Store(-1)
+	return sb
 }
 
 // Balancer returns the runtime's group balancer: CopartitionStandbyBalancer
@@ -321,6 +327,8 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 func (sb *standbys) notePlaced(a StandbyAssignment) {
 	asked := sb.rt.cfg.StandbyReplicas
 	sb.m.asked.Set(float64(max(asked, 0)))
+	sb.placed.Store(int64(a.Placed))
+	sb.members.Store(int64(a.Members))
 	if a.Placed < 0 {
 		sb.m.placed.Reset()
 		return
@@ -680,6 +688,14 @@ func (sb *standbys) maybeForce() {
 	sb.rt.log.Info("standby copies of deferred partitions (and warm-up copies) caught up: asking for a rebalance to take them", zap.Int32s("deferred", sb.deferred))
 	sb.forced, sb.deferred = sb.deferred, nil
 	cl.ForceRebalance()
+}
+
+// StandbyPlacement returns the standby copies per partition this
+// instance asks for (Config.StandbyReplicas), those the group's last
+// assignment placed (negative while not known) and the group's member
+// count.
+func (rt *Runtime) StandbyPlacement() (asked, placed, members int) {
+	return rt.cfg.StandbyReplicas, int(rt.sb.placed.Load()), int(rt.sb.members.Load())
 }
 
 // EachStandbyStatus calls fn for every partition this instance keeps warm

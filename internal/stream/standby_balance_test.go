@@ -409,6 +409,9 @@ func TestStandbyPlacedFewerThanAsked(t *testing.T) {
 	if got := testutil.ToFloat64(rt.sb.m.placed.WithLabelValues()); got != 1 {
 		t.Fatalf("placed gauge %v, want 1", got)
 	}
+	if asked, placed, members := rt.StandbyPlacement(); asked != 2 || placed != 1 || members != 2 {
+		t.Fatalf("status page placement: asked %d, placed %d, members %d; want 2, 1, 2", asked, placed, members)
+	}
 
 	// Three members hold two copies: no warning.
 	g.rebalance(t, []string{"a", "b", "c"}, 4)
