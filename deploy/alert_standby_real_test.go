@@ -92,19 +92,7 @@ func TestRealStandbyFallingBehindAlert(t *testing.T) {
 	}
 
 	t.Log("---- 2. a transaction left open on changelog partition 0")
-	open, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(prefix+"gone-producer"),
-		kgo.TransactionTimeout(2*time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(open.Close)
-	if err := open.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := open.ProduceSync(ctx, &kgo.Record{Topic: names.DedupChangelogTopic(), Partition: 0,
-		Key: []byte("in-flight"), Value: []byte("v")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	open := openTransaction(ctx, t, brokers, prefix+"gone-producer", 2*time.Minute, names.DedupChangelogTopic(), 0)
 	behind := map[string]string{"stage": "dedup", "partition": "0"}
 	w.waitFiring("MeterlineStandbyFallingBehind", behind)
 	if a := w.find("MeterlineStandbyFallingBehind", map[string]string{"partition": "1"}); a != nil {
@@ -120,11 +108,7 @@ func TestRealStandbyFallingBehindAlert(t *testing.T) {
 	acancel()
 	w.waitResolved("MeterlineStandbyFallingBehind", behind)
 	w.expectRulesHealthy()
-	for _, n := range realStandbyAlertsFired {
-		if !w.fired[n] {
-			t.Errorf("%s never fired", n)
-		}
-	}
+	w.expectFired(realStandbyAlertsFired)
 	cancel()
 	wg.Wait()
 	for _, pr := range procs {

@@ -283,19 +283,7 @@ func TestRealAlertsFire(t *testing.T) {
 	if d := time.Since(killed); d < 5*time.Second {
 		time.Sleep(5*time.Second - d) // the state is older than the horizon
 	}
-	prev, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(prefix+"previous-owner"),
-		kgo.TransactionTimeout(time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prev.Close)
-	if err := prev.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := prev.ProduceSync(ctx, &kgo.Record{Topic: names.DedupChangelogTopic(), Partition: 1,
-		Key: []byte("in-flight"), Value: []byte("v")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	prev := openTransaction(ctx, t, brokers, prefix+"previous-owner", time.Minute, names.DedupChangelogTopic(), 1)
 	dedup2 := startDedup(2)
 	w.waitFiring("MeterlineFullRestoreBeyondHorizon", map[string]string{"instance": dedupAddr, "stage": "dedup"})
 	w.waitFiring("MeterlineRestoreTooLong", map[string]string{"instance": dedupAddr, "stage": "dedup", "partition": "1"})
@@ -339,16 +327,33 @@ func TestRealAlertsFire(t *testing.T) {
 
 	// Every rule evaluated without error all along, and every alert fired.
 	w.expectRulesHealthy()
-	for _, n := range realAlertsFired {
-		if !w.fired[n] {
-			t.Errorf("%s never fired", n)
-		}
-	}
+	w.expectFired(realAlertsFired)
 	cancel()
 	wg.Wait()
 	dedup2.Stop(t)
 	agg.Stop(t)
 	t.Logf("alerts test took %s", time.Since(testStart).Round(100*time.Millisecond))
+}
+
+// openTransaction begins a transaction as txID (timeout: the broker
+// aborts it then) with one record on topic's partition p, and leaves it
+// open: what a producer that went away leaves behind. The changelog's last
+// stable offset stays there until the transaction ends.
+func openTransaction(ctx context.Context, t *testing.T, brokers []string, txID string, timeout time.Duration, topic string, p int32) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(txID),
+		kgo.TransactionTimeout(timeout), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte("in-flight"), Value: []byte("v")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 // brokenProducer sends, for 6 s: every event of source batch-jobs three
@@ -600,6 +605,17 @@ func (w *alertWatch) ruleState(name string) string {
 
 // expectRulesHealthy fails the test if a rule is not loaded or its last
 // evaluation failed (an expression that errors never fires).
+// expectFired fails the test for every alert of names that never fired
+// while w watched.
+func (w *alertWatch) expectFired(names []string) {
+	w.t.Helper()
+	for _, n := range names {
+		if !w.fired[n] {
+			w.t.Errorf("%s never fired", n)
+		}
+	}
+}
+
 func (w *alertWatch) expectRulesHealthy() {
 	w.t.Helper()
 	rs := w.rules()
