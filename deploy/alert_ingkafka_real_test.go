@@ -150,11 +150,7 @@ func TestRealIngestKafkaFailingAlert(t *testing.T) {
 		t.Errorf("answers with Write granted again: %v; want 202s", c)
 	}
 	w.expectRulesHealthy()
-	for _, n := range realIngestKafkaAlertsFired {
-		if !w.fired[n] {
-			t.Errorf("%s never fired", n)
-		}
-	}
+	w.expectFired(realIngestKafkaAlertsFired)
 	halt()
 	proc.Stop(t)
 }

@@ -48,6 +48,11 @@ var realScale = map[string]ruleScale{
 	// More than 5 % of the requests failing in every 4 s window, for 4 s
 	// (TestRealIngestKafkaFailingAlert: 10 requests a second).
 	"MeterlineIngestKafkaFailing": {Expr: map[string]string{"2m": "4s"}, For: "4s"},
+	// 200 changelog offsets behind (a healthy copy: about 20, one commit
+	// interval of writes) for 10 s, not getting closer, for 3 s
+	// (TestRealStandbyFallingBehindAlert: 20 changelog records a second
+	// per partition).
+	"MeterlineStandbyFallingBehind": {Expr: map[string]string{"1000000": "200", "15m": "10s"}, For: "3s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -90,7 +95,8 @@ func parallelAlertTest(t *testing.T) {
 
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
-	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired)
+	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
+		realStandbyAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled
@@ -277,19 +283,7 @@ func TestRealAlertsFire(t *testing.T) {
 	if d := time.Since(killed); d < 5*time.Second {
 		time.Sleep(5*time.Second - d) // the state is older than the horizon
 	}
-	prev, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(prefix+"previous-owner"),
-		kgo.TransactionTimeout(time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(prev.Close)
-	if err := prev.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := prev.ProduceSync(ctx, &kgo.Record{Topic: names.DedupChangelogTopic(), Partition: 1,
-		Key: []byte("in-flight"), Value: []byte("v")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	prev := openTransaction(ctx, t, brokers, prefix+"previous-owner", time.Minute, names.DedupChangelogTopic(), 1)
 	dedup2 := startDedup(2)
 	w.waitFiring("MeterlineFullRestoreBeyondHorizon", map[string]string{"instance": dedupAddr, "stage": "dedup"})
 	w.waitFiring("MeterlineRestoreTooLong", map[string]string{"instance": dedupAddr, "stage": "dedup", "partition": "1"})
@@ -333,16 +327,33 @@ func TestRealAlertsFire(t *testing.T) {
 
 	// Every rule evaluated without error all along, and every alert fired.
 	w.expectRulesHealthy()
-	for _, n := range realAlertsFired {
-		if !w.fired[n] {
-			t.Errorf("%s never fired", n)
-		}
-	}
+	w.expectFired(realAlertsFired)
 	cancel()
 	wg.Wait()
 	dedup2.Stop(t)
 	agg.Stop(t)
 	t.Logf("alerts test took %s", time.Since(testStart).Round(100*time.Millisecond))
+}
+
+// openTransaction begins a transaction as txID (timeout: the broker
+// aborts it then) with one record on topic's partition p, and leaves it
+// open: what a producer that went away leaves behind. The changelog's last
+// stable offset stays there until the transaction ends.
+func openTransaction(ctx context.Context, t *testing.T, brokers []string, txID string, timeout time.Duration, topic string, p int32) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(txID),
+		kgo.TransactionTimeout(timeout), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Key: []byte("in-flight"), Value: []byte("v")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 // brokenProducer sends, for 6 s: every event of source batch-jobs three
@@ -594,6 +605,17 @@ func (w *alertWatch) ruleState(name string) string {
 
 // expectRulesHealthy fails the test if a rule is not loaded or its last
 // evaluation failed (an expression that errors never fires).
+// expectFired fails the test for every alert of names that never fired
+// while w watched.
+func (w *alertWatch) expectFired(names []string) {
+	w.t.Helper()
+	for _, n := range names {
+		if !w.fired[n] {
+			w.t.Errorf("%s never fired", n)
+		}
+	}
+}
+
 func (w *alertWatch) expectRulesHealthy() {
 	w.t.Helper()
 	rs := w.rules()

@@ -78,6 +78,10 @@ type StageStatus struct {
 	// replica (docs/operations.md, Standby replicas), sorted; empty when it
 	// keeps none or the stage does not report them (StandbyStage).
 	Standbys []StandbyStatus `json:"standbys,omitempty"`
+	// StandbyReplicas are the standby copies per partition this instance
+	// asks for and those the group placed; nil when it asks for none or
+	// the group's placement is not known (StandbyPlacementStage).
+	StandbyReplicas *StandbyPlacement `json:"standby_replicas,omitempty"`
 	// Replayed is the number of changelog records replayed by restores
 	// since the process started (meterline_stream_restore_records_total).
 	Replayed float64 `json:"restore_replayed_records"`
@@ -197,6 +201,27 @@ type StandbyStage interface {
 	EachStandbyStatus(fn func(p int32, offset, lag int64))
 }
 
+// StandbyPlacement is how many standby copies per partition a stage
+// instance asks for (--standby-replicas) and how many the group's last
+// rebalance placed, among how many members (docs/operations.md, Standby
+// replicas).
+type StandbyPlacement struct {
+	Asked   int `json:"asked"`
+	Placed  int `json:"placed"`
+	Members int `json:"members"`
+}
+
+// Short reports whether the group placed fewer copies than asked for.
+func (p StandbyPlacement) Short() bool { return p.Placed < p.Asked }
+
+// StandbyPlacementStage is implemented by a Stage that keeps standby
+// replicas (stream.Runtime): StandbyPlacement returns the copies per
+// partition asked for and placed, and the group's member count; placed is
+// negative while not known.
+type StandbyPlacementStage interface {
+	StandbyPlacement() (asked, placed, members int)
+}
+
 // StageStatusOf returns what st reports of itself: its identity, session
 // and partitions. The page completes it from the metrics.
 func StageStatusOf(st Stage) StageStatus {
@@ -218,6 +243,11 @@ func StageStatusOf(st Stage) StageStatus {
 		}
 		out.Partitions = append(out.Partitions, ps)
 	})
+	if sp, ok := st.(StandbyPlacementStage); ok {
+		if asked, placed, members := sp.StandbyPlacement(); asked > 0 && placed >= 0 {
+			out.StandbyReplicas = &StandbyPlacement{Asked: asked, Placed: placed, Members: members}
+		}
+	}
 	if sb, ok := st.(StandbyStage); ok {
 		sb.EachStandbyStatus(func(p int32, offset, lag int64) {
 			ss := StandbyStatus{Partition: p}

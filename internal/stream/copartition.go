@@ -272,8 +272,11 @@ func (b *copartitionBalancer) balance(cb *kgo.ConsumerBalancer, counts map[strin
 		return plan, nil
 	}
 	sp := &standbyPlan{plan: plan, userdata: map[string][]byte{}}
+	// assignWarm gives each number min(Replicas, members−1) standbys.
+	placed := min(b.standby.Replicas, len(members)-1)
 	for i := range members {
-		sp.userdata[members[i].MemberID] = encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i], Warmup: wp.warmup[i]})
+		sp.userdata[members[i].MemberID] = encodeStandby(StandbyAssignment{Standby: wp.standby[i], Deferred: wp.deferred[i], Warmup: wp.warmup[i],
+			Replicas: b.standby.Replicas, Placed: placed, Members: len(members)})
 	}
 	return sp, nil
 }

@@ -154,14 +154,23 @@ type standbys struct {
 	held      []int32
 	heldKnown bool
 
+	// placed, members: of the last assignment (StandbyAssignment);
+	// placed is -1 until one said.
+	placed, members atomic.Int64
+
 	m *standbyMetrics
 }
 
 type standbyMetrics struct {
 	partitions prometheus.Gauge
 	lag        *prometheus.GaugeVec
-	records    prometheus.Counter
-	busy       prometheus.Counter
+	// asked: --standby-replicas; placed: the copies per partition the
+	// group's last assignment placed (absent when the leader did not
+	// say).
+	asked   prometheus.Gauge
+	placed  *prometheus.GaugeVec
+	records prometheus.Counter
+	busy    prometheus.Counter
 }
 
 func newStandbyMetrics(reg prometheus.Registerer, stage string) *standbyMetrics {
@@ -171,6 +180,10 @@ func newStandbyMetrics(reg prometheus.Registerer, stage string) *standbyMetrics 
 			Help: "Partitions this instance keeps warm as a standby (tailing their changelogs)."}),
 		lag: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_standby_lag_records",
 			Help: "Changelog offsets a standby copy is behind the changelog's end, per partition (read every second)."}, []string{"partition"}),
+		asked: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_standby_replicas_asked",
+			Help: "Standby copies per partition this instance asks for (--standby-replicas)."}),
+		placed: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_standby_replicas_placed",
+			Help: "Standby copies per partition the group's last assignment placed: the leader's --standby-replicas, capped at the group's members less one."}, nil),
 		records: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_standby_records_total",
 			Help: "Changelog records applied to standby copies."}),
 		busy: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_standby_apply_seconds_total",
@@ -196,9 +209,11 @@ type tail struct {
 }
 
 func newStandbys(rt *Runtime) *standbys {
-	return &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{},
+	sb := &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{},
 		ends: newEndLister(rt.cfg.ChangelogTopic, func() (*kgo.Client, error) { return rt.newClient() }, rt.cfg.Clock, rt.log),
 		m:    newStandbyMetrics(rt.cfg.Registerer, rt.cfg.Stage)}
+	sb.placed.Store(-1)
+	return sb
 }
 
 // Balancer returns the runtime's group balancer: CopartitionStandbyBalancer
@@ -265,6 +280,7 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 func (sb *standbys) assigned(a StandbyAssignment) {
 	sb.noteHeld(a)
 	sb.rt.revokeUnowned(a.Owned)
+	sb.notePlaced(a)
 	if sb.rt.cfg.StandbyReplicas <= 0 {
 		return
 	}
@@ -302,6 +318,29 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 	if len(a.Standby) > 0 || len(a.Deferred) > 0 || len(a.Warmup) > 0 {
 		sb.rt.log.Info("standby assignment", zap.Int32s("standby", a.Standby), zap.Int32s("deferred", a.Deferred), zap.Int32s("warmup", a.Warmup))
 	}
+}
+
+// notePlaced exports the standby copies asked for and placed by a new
+// assignment, and warns when the group placed fewer than this instance
+// asks for (docs/operations.md, Standby replicas): fewer members than
+// --standby-replicas+1, or a leader with a lower value.
+func (sb *standbys) notePlaced(a StandbyAssignment) {
+	asked := sb.rt.cfg.StandbyReplicas
+	sb.m.asked.Set(float64(max(asked, 0)))
+	sb.placed.Store(int64(a.Placed))
+	sb.members.Store(int64(a.Members))
+	if a.Placed < 0 {
+		sb.m.placed.Reset()
+		return
+	}
+	sb.m.placed.WithLabelValues().Set(float64(a.Placed))
+	if a.Placed >= asked {
+		return
+	}
+	sb.rt.log.Warn("the group places fewer standby copies per partition than --standby-replicas asks for: a failover may find no warm copy",
+		zap.Int("standby_replicas", asked), zap.Int("placed", a.Placed), zap.Int("members", a.Members),
+		zap.Int("leader_standby_replicas", a.Replicas),
+		zap.String("why", "each partition gets min(the leader's --standby-replicas, members less one) standby copies"))
 }
 
 // start starts partition p's tail; sb.mu is held.
@@ -649,6 +688,14 @@ func (sb *standbys) maybeForce() {
 	sb.rt.log.Info("standby copies of deferred partitions (and warm-up copies) caught up: asking for a rebalance to take them", zap.Int32s("deferred", sb.deferred))
 	sb.forced, sb.deferred = sb.deferred, nil
 	cl.ForceRebalance()
+}
+
+// StandbyPlacement returns the standby copies per partition this
+// instance asks for (Config.StandbyReplicas), those the group's last
+// assignment placed (negative while not known) and the group's member
+// count.
+func (rt *Runtime) StandbyPlacement() (asked, placed, members int) {
+	return rt.cfg.StandbyReplicas, int(rt.sb.placed.Load()), int(rt.sb.members.Load())
 }
 
 // EachStandbyStatus calls fn for every partition this instance keeps warm

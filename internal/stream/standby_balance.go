@@ -28,10 +28,12 @@ import (
 //
 //	"mls1" | count (int32) | count × int32 standby numbers | count2 (int32) | count2 × int32 deferred numbers
 //	       | count3 (int32) | count3 × int32 warm-up numbers
+//	       | 3 (int32) | the leader's replicas, the standbys placed per number, the members (3 × int32)
 //
 // (a member of an earlier version reads the first two lists and ignores
-// the third: it keeps its warm-up copies as standbys without asking for a
-// rebalance when they are caught up).
+// the rest: it keeps its warm-up copies as standbys without asking for a
+// rebalance when they are caught up; a member that finds no placement
+// section knows not how many copies the leader placed).
 //
 // It is carried rather than recomputed by each member because a member of
 // the consumer protocol receives only its own assignment: nobody but the
@@ -75,6 +77,12 @@ type StandbyAssignment struct {
 	// number. Once they (and the Deferred ones) are caught up, the member
 	// asks for a rebalance, which moves the standby copy to it.
 	Warmup []int32
+	// Replicas is the leader's StandbyOptions.Replicas, Placed the standby
+	// copies its plan gave each partition number (min(Replicas, Members−1),
+	// warm-up copies aside) and Members the group's member count. Placed
+	// is -1 when the leader did not say (a member of an earlier version);
+	// a plan without standbys (the leader's Replicas is 0) places 0.
+	Replicas, Placed, Members int
 }
 
 // StandbyOptions configure the standby side of CopartitionStandbyBalancer.
@@ -232,33 +240,44 @@ func encodeStandby(a StandbyAssignment) []byte {
 	dst := []byte(standbyMagic)
 	dst = appendInt32s(dst, a.Standby)
 	dst = appendInt32s(dst, a.Deferred)
-	return appendInt32s(dst, a.Warmup)
+	dst = appendInt32s(dst, a.Warmup)
+	return appendInt32s(dst, []int32{int32(a.Replicas), int32(a.Placed), int32(a.Members)})
 }
 
 // parseStandby reads a member's standby assignment from its assignment
 // userdata, dropping numbers that are negative or that the member owns.
+// No userdata is a plan without standbys (Placed 0); userdata that is not
+// a standby assignment, or has no placement section, leaves Placed -1.
 func parseStandby(userdata []byte, owned []int32) StandbyAssignment {
-	if len(userdata) < 4 || string(userdata[:4]) != standbyMagic {
+	if len(userdata) == 0 {
 		return StandbyAssignment{}
+	}
+	if len(userdata) < 4 || string(userdata[:4]) != standbyMagic {
+		return StandbyAssignment{Placed: -1}
 	}
 	sb, rest, ok := readInt32s(userdata[4:])
 	if !ok {
-		return StandbyAssignment{}
+		return StandbyAssignment{Placed: -1}
 	}
 	def, rest, ok := readInt32s(rest)
 	if !ok {
 		def, rest = nil, nil
 	}
-	wu, _, ok := readInt32s(rest)
+	wu, rest, ok := readInt32s(rest)
 	if !ok {
-		wu = nil
+		wu, rest = nil, nil
+	}
+	placed := []int32{0, -1, 0}
+	if pl, _, ok := readInt32s(rest); ok && len(pl) == 3 && pl[0] >= 0 && pl[1] >= 0 && pl[2] >= 0 {
+		placed = pl
 	}
 	clean := func(s []int32) []int32 {
 		s = slices.DeleteFunc(s, func(p int32) bool { return p < 0 || slices.Contains(owned, p) })
 		slices.Sort(s)
 		return slices.Compact(s)
 	}
-	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def), Warmup: clean(wu)}
+	a := StandbyAssignment{Standby: clean(sb), Deferred: clean(def), Warmup: clean(wu),
+		Replicas: int(placed[0]), Placed: int(placed[1]), Members: int(placed[2])}
 	a.Deferred = slices.DeleteFunc(a.Deferred, func(p int32) bool { return !slices.Contains(a.Standby, p) })
 	a.Warmup = slices.DeleteFunc(a.Warmup, func(p int32) bool { return !slices.Contains(a.Standby, p) })
 	return a

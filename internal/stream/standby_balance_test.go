@@ -7,8 +7,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // standbySim plays a classic consumer group of members that each run
@@ -375,5 +379,54 @@ func TestStandbyBalancerMostCaughtUp(t *testing.T) {
 		if !slices.Contains(after[ahead], lost) {
 			t.Fatalf("%d went to %v, want the most caught-up copy on %s", lost, after, ahead)
 		}
+	}
+}
+
+// TestStandbyPlacedFewerThanAsked: two members asking for two standby
+// copies each get one per partition; the assignment says so, and each
+// member warns once per assignment and exports asked against placed
+// (docs/operations.md, Standby replicas).
+func TestStandbyPlacedFewerThanAsked(t *testing.T) {
+	g := newStandbySim(2, "in")
+	g.rebalance(t, []string{"a", "b"}, 4)
+	a := g.assigned["a"]
+	if a.Replicas != 2 || a.Placed != 1 || a.Members != 2 {
+		t.Fatalf("assignment says replicas %d, placed %d, members %d; want 2, 1, 2", a.Replicas, a.Placed, a.Members)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	reg := prometheus.NewRegistry()
+	rt := &Runtime{cfg: Config{StandbyReplicas: 2}, log: zap.New(core), parts: map[int32]*partState{}}
+	rt.sb = &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{}, m: newStandbyMetrics(reg, "aggregate")}
+	a.Standby = nil // no tails: this runtime has no Kafka
+	rt.sb.assigned(a)
+	warned := logs.FilterMessageSnippet("fewer standby copies").All()
+	if len(warned) != 1 || warned[0].ContextMap()["placed"] != int64(1) {
+		t.Fatalf("warnings: %v, want one saying placed 1", logs.All())
+	}
+	if got := testutil.ToFloat64(rt.sb.m.asked); got != 2 {
+		t.Fatalf("asked gauge %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(rt.sb.m.placed.WithLabelValues()); got != 1 {
+		t.Fatalf("placed gauge %v, want 1", got)
+	}
+	if asked, placed, members := rt.StandbyPlacement(); asked != 2 || placed != 1 || members != 2 {
+		t.Fatalf("status page placement: asked %d, placed %d, members %d; want 2, 1, 2", asked, placed, members)
+	}
+
+	// Three members hold two copies: no warning.
+	g.rebalance(t, []string{"a", "b", "c"}, 4)
+	a = g.assigned["a"]
+	a.Standby, a.Deferred, a.Warmup = nil, nil, nil
+	rt.sb.assigned(a)
+	if n := len(logs.FilterMessageSnippet("fewer standby copies").All()); n != 1 {
+		t.Fatalf("%d warnings after an assignment that holds the copies, want still 1", n)
+	}
+	if got := testutil.ToFloat64(rt.sb.m.placed.WithLabelValues()); got != 2 {
+		t.Fatalf("placed gauge %v, want 2", got)
+	}
+	// A leader that does not say: no placed gauge, no warning.
+	rt.sb.assigned(parseStandby([]byte(standbyMagic+"\x00\x00\x00\x00"), nil))
+	if n := testutil.CollectAndCount(rt.sb.m.placed); n != 0 || len(logs.FilterMessageSnippet("fewer standby copies").All()) != 1 {
+		t.Fatalf("unknown placement: %d placed series, logs %v", n, logs.All())
 	}
 }

@@ -24,6 +24,12 @@ import (
 // The status page reads a Runtime through its Stage interface.
 var _ service.Stage = (*Runtime)(nil)
 
+// It reports its standbys and their placement.
+var (
+	_ service.StandbyStage          = (*Runtime)(nil)
+	_ service.StandbyPlacementStage = (*Runtime)(nil)
+)
+
 // keepProc keeps every input record as state.
 type keepProc struct{}
 
