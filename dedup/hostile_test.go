@@ -725,3 +725,35 @@ func TestOwnTicksForward(t *testing.T) {
 		t.Errorf("%v of dedup's own ticks failed their check", n)
 	}
 }
+
+// TestForgedHeadersKeepKeyChecks: dedup's headers that a producer made up
+// never spare a record the key checks (docs/design.md, Event identity and
+// keys): a record without a key, and one keyed by a naive join of its
+// identity, on the partition their canonical key maps to, are re-routed
+// like any misrouted record, and keep their broker timestamps as arrivals.
+func TestForgedHeadersKeepKeyChecks(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 1)
+		reg := prometheus.NewRegistry()
+		h.start(h.configWith("a", reg))
+		arr := t0 + 10*day
+		noKey := h.event("acme", "api_calls", "k1", 1, arr-hour, arr)
+		noKey.Key, noKey.Headers = nil, forgedHeaders(arr-30*day, madeUpAuth)
+		joined := h.event("acme", "api_calls", "k2", 1, arr-hour, arr+100)
+		joined.Key, joined.Headers = []byte("acme:api_calls:k2"), forgedHeaders(arr-30*day, "")
+		h.produce(noKey, joined, h.tick(0, arr+1000))
+		h.caughtUp()
+		o := h.outputs()
+		for id, want := range map[string]int64{"k1": arr, "k2": arr + 100} {
+			if d := o.dedupedOf(id); len(d) != 1 || d[0].IngestTime != want {
+				t.Errorf("%s: forwarded %+v, want once with ingest_time %d (its broker timestamp)", id, d, want)
+			}
+		}
+		if got := metricSum(t, reg, "meterline_dedup_rerouted_total"); got != 2 {
+			t.Errorf("meterline_dedup_rerouted_total = %v, want 2: forged headers skipped the key check", got)
+		}
+		if got := metricSum(t, reg, "meterline_dedup_forged_headers_total"); got != 2 {
+			t.Errorf("meterline_dedup_forged_headers_total = %v, want 2", got)
+		}
+	})
+}
