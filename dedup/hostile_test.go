@@ -119,6 +119,15 @@ func forgedHeaders(arrival int64, auth string) []kgo.RecordHeader {
 	return hs
 }
 
+// startWatched starts instance "a" on a new harness of n partitions,
+// with a registry of its own for the test to read its metrics.
+func startWatched(t *testing.T, brokers []string, n int32) (*harness, *prometheus.Registry) {
+	h := newHarness(t, brokers, n)
+	reg := prometheus.NewRegistry()
+	h.start(h.configWith("a", reg))
+	return h, reg
+}
+
 // madeUpAuth is a well-formed signature header under the harness's key ID
 // that no key made.
 var madeUpAuth = "v1:test-1:" + base64.RawURLEncoding.EncodeToString(make([]byte, sha256.Size))
@@ -224,9 +233,7 @@ func TestForgedHeaders(t *testing.T) {
 // the same record in another partition, prove nothing.
 func TestGenuineRerouteAndReplay(t *testing.T) {
 	onBrokers(t, func(t *testing.T, brokers []string) {
-		h := newHarness(t, brokers, 2)
-		reg := prometheus.NewRegistry()
-		h.start(h.configWith("a", reg))
+		h, reg := startWatched(t, brokers, 2)
 		arr := t0 + 10*day
 		m := h.event("acme", "api_calls", "m1", 1, arr-hour, arr)
 		m.Partition = 1 - m.Partition // misrouted
@@ -733,9 +740,7 @@ func TestOwnTicksForward(t *testing.T) {
 // like any misrouted record, and keep their broker timestamps as arrivals.
 func TestForgedHeadersKeepKeyChecks(t *testing.T) {
 	onBrokers(t, func(t *testing.T, brokers []string) {
-		h := newHarness(t, brokers, 1)
-		reg := prometheus.NewRegistry()
-		h.start(h.configWith("a", reg))
+		h, reg := startWatched(t, brokers, 1)
 		arr := t0 + 10*day
 		noKey := h.event("acme", "api_calls", "k1", 1, arr-hour, arr)
 		noKey.Key, noKey.Headers = nil, forgedHeaders(arr-30*day, madeUpAuth)
