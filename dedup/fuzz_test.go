@@ -55,6 +55,14 @@ func FuzzRerouteHeaders(f *testing.F) {
 	f.Add(key, val, int32(3), good[0].Value, good[1].Value, good[2].Value, uint8(7), int64(5), int64(1795219300000), int64(0))
 	f.Add(key, val, int32(3), good[0].Value, good[1].Value, good[2].Value, uint8(3), int64(5), int64(1795219300000), int64(10))
 	f.Add(key, val, int32(3), []byte("0/0"), []byte("-9223372036854775808"), []byte("v1:k1:"), uint8(15), int64(0), int64(-1), int64(1))
+	// Proven arrivals outside [ts − W, ts] (the signature does not cover
+	// the broker timestamp): a re-route written more than W after its
+	// original arrived, signed and unsigned below the upgrade offset, and
+	// one stamped by a broker clock that stepped back.
+	day := int64(24 * time.Hour / time.Millisecond)
+	f.Add(key, val, int32(3), good[0].Value, good[1].Value, good[2].Value, uint8(7), int64(5), 1795219200000+40*day, int64(0))
+	f.Add(key, val, int32(3), good[0].Value, good[1].Value, good[2].Value, uint8(3), int64(5), 1795219200000+40*day, int64(10))
+	f.Add(key, val, int32(3), good[0].Value, good[1].Value, good[2].Value, uint8(7), int64(5), 1795219200000-day, int64(0))
 	f.Fuzz(func(t *testing.T, key, val []byte, part int32, rr, arr, auth []byte, mask uint8, offset, ts, upgrade int64) {
 		ts %= 1 << 50 // broker timestamps: far from overflow
 		pt := fuzzPartition(upgrade)

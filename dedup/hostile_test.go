@@ -119,6 +119,15 @@ func forgedHeaders(arrival int64, auth string) []kgo.RecordHeader {
 	return hs
 }
 
+// startWatched starts instance "a" on a new harness of n partitions,
+// with a registry of its own for the test to read its metrics.
+func startWatched(t *testing.T, brokers []string, n int32) (*harness, *prometheus.Registry) {
+	h := newHarness(t, brokers, n)
+	reg := prometheus.NewRegistry()
+	h.start(h.configWith("a", reg))
+	return h, reg
+}
+
 // madeUpAuth is a well-formed signature header under the harness's key ID
 // that no key made.
 var madeUpAuth = "v1:test-1:" + base64.RawURLEncoding.EncodeToString(make([]byte, sha256.Size))
@@ -224,9 +233,7 @@ func TestForgedHeaders(t *testing.T) {
 // the same record in another partition, prove nothing.
 func TestGenuineRerouteAndReplay(t *testing.T) {
 	onBrokers(t, func(t *testing.T, brokers []string) {
-		h := newHarness(t, brokers, 2)
-		reg := prometheus.NewRegistry()
-		h.start(h.configWith("a", reg))
+		h, reg := startWatched(t, brokers, 2)
 		arr := t0 + 10*day
 		m := h.event("acme", "api_calls", "m1", 1, arr-hour, arr)
 		m.Partition = 1 - m.Partition // misrouted
@@ -724,4 +731,34 @@ func TestOwnTicksForward(t *testing.T) {
 	if n := metricSum(t, reg, "meterline_dedup_unauthenticated_ticks_total") + metricSum(t, reg, "meterline_dedup_forged_headers_total"); n != 0 {
 		t.Errorf("%v of dedup's own ticks failed their check", n)
 	}
+}
+
+// TestForgedHeadersKeepKeyChecks: dedup's headers that a producer made up
+// never spare a record the key checks (docs/design.md, Event identity and
+// keys): a record without a key, and one keyed by a naive join of its
+// identity, on the partition their canonical key maps to, are re-routed
+// like any misrouted record, and keep their broker timestamps as arrivals.
+func TestForgedHeadersKeepKeyChecks(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h, reg := startWatched(t, brokers, 1)
+		arr := t0 + 10*day
+		noKey := h.event("acme", "api_calls", "k1", 1, arr-hour, arr)
+		noKey.Key, noKey.Headers = nil, forgedHeaders(arr-30*day, madeUpAuth)
+		joined := h.event("acme", "api_calls", "k2", 1, arr-hour, arr+100)
+		joined.Key, joined.Headers = []byte("acme:api_calls:k2"), forgedHeaders(arr-30*day, "")
+		h.produce(noKey, joined, h.tick(0, arr+1000))
+		h.caughtUp()
+		o := h.outputs()
+		for id, want := range map[string]int64{"k1": arr, "k2": arr + 100} {
+			if d := o.dedupedOf(id); len(d) != 1 || d[0].IngestTime != want {
+				t.Errorf("%s: forwarded %+v, want once with ingest_time %d (its broker timestamp)", id, d, want)
+			}
+		}
+		if got := metricSum(t, reg, "meterline_dedup_rerouted_total"); got != 2 {
+			t.Errorf("meterline_dedup_rerouted_total = %v, want 2: forged headers skipped the key check", got)
+		}
+		if got := metricSum(t, reg, "meterline_dedup_forged_headers_total"); got != 2 {
+			t.Errorf("meterline_dedup_forged_headers_total = %v, want 2", got)
+		}
+	})
 }

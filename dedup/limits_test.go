@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -126,5 +127,42 @@ func TestIdentityBytewise(t *testing.T) {
 	}
 	if forwarded != len(ids) {
 		t.Fatalf("%d events forwarded, want %d: identities that differ only in case or normalization are distinct", forwarded, len(ids))
+	}
+}
+
+// TestSizeLimitExact: a record of key and value together over
+// MaxEventBytes is oversized (docs/design.md, Bad input), one of exactly
+// MaxEventBytes is read: bytes that are no Avro are then undecodable.
+func TestSizeLimitExact(t *testing.T) {
+	h := newRecordHarness(t)
+	defer h.close()
+	l := h.local(0)
+	key := []byte("x")
+	var recs []*kgo.Record
+	for off, n := range []int{schemas.MaxEventBytes, schemas.MaxEventBytes + 1} {
+		recs = append(recs, &kgo.Record{Topic: h.pr.eventsTopic, Partition: 0, Offset: int64(off), Key: key,
+			Value: bytes.Repeat([]byte{'v'}, n-len(key)), Timestamp: time.UnixMilli(frStart)})
+	}
+	if err := l.Process(recs); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{schemas.ReasonUndecodable, schemas.ReasonOversized}
+	var got []string
+	for _, o := range l.TakeOutput() {
+		if o.Topic != h.pr.rejectedTopic {
+			continue
+		}
+		var r schemas.Rejected
+		if err := schemas.DecodeInto(o.Value, &r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d:%s", r.SourceOffset, r.Reason))
+	}
+	if len(got) != 2 || got[0] != "0:"+want[0] || got[1] != "1:"+want[1] {
+		t.Fatalf("rejections %v, want the record of %d bytes %s and the one of %d bytes %s",
+			got, schemas.MaxEventBytes, want[0], schemas.MaxEventBytes+1, want[1])
 	}
 }
