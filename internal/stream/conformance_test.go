@@ -406,9 +406,16 @@ func (in *instance) crashed(point string) {
 // name=value pair of labels.
 func (in *instance) metric(name string, labels ...string) float64 {
 	in.t.Helper()
-	mfs, err := in.reg.Gather()
+	return metricSum(in.t, in.reg, name, labels...)
+}
+
+// metricSum sums the samples in reg of a metric whose labels include
+// every name=value pair of labels.
+func metricSum(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
 	if err != nil {
-		in.t.Fatal(err)
+		t.Fatal(err)
 	}
 	var sum float64
 	for _, mf := range mfs {

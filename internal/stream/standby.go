@@ -167,10 +167,11 @@ type standbyMetrics struct {
 	// asked: --standby-replicas; placed: the copies per partition the
 	// group's last assignment placed (absent when the leader did not
 	// say).
-	asked   prometheus.Gauge
-	placed  *prometheus.GaugeVec
-	records prometheus.Counter
-	busy    prometheus.Counter
+	asked    prometheus.Gauge
+	placed   *prometheus.GaugeVec
+	records  prometheus.Counter
+	busy     prometheus.Counter
+	restarts prometheus.Counter
 }
 
 func newStandbyMetrics(reg prometheus.Registerer, stage string) *standbyMetrics {
@@ -188,6 +189,8 @@ func newStandbyMetrics(reg prometheus.Registerer, stage string) *standbyMetrics 
 			Help: "Changelog records applied to standby copies."}),
 		busy: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_standby_apply_seconds_total",
 			Help: "Time standby tails spent applying polled changelog records (decoding excluded): divided by the records, the cost of a standby per record."}),
+		restarts: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_standby_tail_restarts_total",
+			Help: "Standby tails that stopped on an error and were started again after a wait."}),
 	}
 }
 
@@ -363,11 +366,26 @@ func (sb *standbys) start(p int32) {
 		// attempts: copies in a row that outlasted the horizon.
 		attempts := 0
 		defer sb.rt.noteHorizonAttempts(p, 0)
+		// backoff: the wait before the tail starts again after an error
+		// other than the horizon's (tailFailed).
+		var backoff time.Duration
 		for {
+			began := time.Now()
 			t.warm, t.err = sb.run(ctx, t)
 			var he *horizonError
-			if !errors.As(t.err, &he) || ctx.Err() != nil {
+			if t.err == nil || ctx.Err() != nil {
 				break
+			}
+			if !errors.As(t.err, &he) {
+				backoff = sb.tailFailed(t, backoff, time.Since(began))
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+				if ctx.Err() != nil {
+					break
+				}
+				continue
 			}
 			if t.dated.Swap(false) {
 				attempts = 0 // it kept up for a while: a new series
@@ -412,11 +430,36 @@ func (sb *standbys) start(p int32) {
 				break
 			}
 		}
-		if t.err != nil && ctx.Err() == nil {
-			sb.rt.log.Warn("standby tail stopped; the partition restores normally if it is assigned here", zap.Int32("partition", p), zap.Error(t.err))
-		}
 		sb.stopped(t)
 	}()
+}
+
+// Restarts of a standby tail that stopped on an error (tailFailed): after
+// standbyRestartMin, doubled by each failure in a row up to
+// standbyRestartMax; a tail that ran for standbyRestartMax starts a new
+// series.
+const (
+	standbyRestartMin = time.Second
+	standbyRestartMax = time.Minute
+)
+
+// tailFailed notes that tail t stopped on an error other than the
+// horizon's after running for ran, and returns how long to wait before
+// starting it again, given the previous wait. Until it copies again its
+// copy is not known to be current: its lag is not known (the status page,
+// the lag gauge) and maybeForce does not count it caught up.
+func (sb *standbys) tailFailed(t *tail, backoff, ran time.Duration) time.Duration {
+	if backoff == 0 || ran >= standbyRestartMax {
+		backoff = standbyRestartMin
+	} else {
+		backoff = min(2*backoff, standbyRestartMax)
+	}
+	t.end.Store(-1)
+	sb.m.lag.DeleteLabelValues(fmt.Sprint(t.p))
+	sb.m.restarts.Inc()
+	sb.rt.log.Warn("standby tail stopped; copying the partition again after a wait (a restore of it here meanwhile restores normally)",
+		zap.Int32("partition", t.p), zap.Duration("restart_in", backoff), zap.Error(t.err))
+	return backoff
 }
 
 // stopped forgets tail t, which no longer writes, unless it is kept for
