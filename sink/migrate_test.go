@@ -247,16 +247,27 @@ func TestMigrateRefusedWhileSinkRuns(t *testing.T) {
 	asked := 0
 	running := func(context.Context) ([]string, error) { asked++; return []string{"sink-1 (/10.0.0.7)"}, nil }
 	stopped := func(context.Context) ([]string, error) { asked++; return nil, nil }
-	if _, err := migrate(ctx, conn, ms[:len(ms)-2]); err != nil {
+	// Pending: 013_ledger_copy_keys.sql, which replaces
+	// events_by_customer_mv, and every migration after it.
+	first := -1
+	for i, m := range ms {
+		if m.Name == "013_ledger_copy_keys.sql" {
+			first = i
+		}
+	}
+	if first < 0 {
+		t.Fatal("no migration 013_ledger_copy_keys.sql")
+	}
+	if _, err := migrate(ctx, conn, ms[:first]); err != nil {
 		t.Fatal(err)
 	}
 	_, err = MigrateStopped(ctx, conn, running)
 	if !errors.Is(err, ErrSinkRunning) || !strings.Contains(err.Error(), "sink-1 (/10.0.0.7)") ||
-		!strings.Contains(err.Error(), ms[len(ms)-2].Name) {
+		!strings.Contains(err.Error(), ms[first].Name) {
 		t.Fatalf("migrate while a sink runs: %v, want ErrSinkRunning naming the member and the pending migrations", err)
 	}
 	if err := CheckMigrations(ctx, conn); !errors.Is(err, ErrMigrationsPending) {
-		t.Fatalf("after the refusal: %v, want both migrations still pending", err)
+		t.Fatalf("after the refusal: %v, want the migrations still pending", err)
 	}
 	var views uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = currentDatabase() AND name = 'events_by_customer_mv' AND create_table_query LIKE '%record_offset%'").Scan(&views); err != nil || views != 0 {
