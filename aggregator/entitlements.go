@@ -214,7 +214,7 @@ type entPart struct {
 	timelines      map[string]*heldTimeline
 	dirtyTimelines []string
 	timelineBytes  int
-	resolvedGen   uint64
+	resolvedGen    uint64
 	// lastHeld is accounts' entry of customer lastCustomer, the last one
 	// looked up (held), or nil.
 	lastCustomer string

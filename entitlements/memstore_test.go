@@ -109,8 +109,11 @@ func newCachedStore(l *Ledger) *cachedStore {
 		timelines: map[string]*Timeline{}}
 }
 
-func (s *cachedStore) Timeline(k []byte) (*Timeline, bool) { t, ok := s.timelines[string(k)]; return t, ok }
-func (s *cachedStore) KeepTimeline(k []byte, t *Timeline)  { s.timelines[string(k)] = t }
+func (s *cachedStore) Timeline(k []byte) (*Timeline, bool) {
+	t, ok := s.timelines[string(k)]
+	return t, ok
+}
+func (s *cachedStore) KeepTimeline(k []byte, t *Timeline) { s.timelines[string(k)] = t }
 func (s *cachedStore) ChangedTimeline(k []byte, t *Timeline) {
 	clear(s.resolved)
 	s.timelines[string(k)] = t
