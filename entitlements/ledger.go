@@ -1,6 +1,7 @@
 package entitlements
 
 import (
+	"encoding"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -358,19 +359,26 @@ func (l *Ledger) timeline(st Store, k []byte) (*Timeline, error) {
 		}
 	}
 	t := &Timeline{}
-	v, ok, err := st.Get(k)
-	if err != nil {
+	if err := readState(st, k, t); err != nil {
 		return nil, err
-	}
-	if ok {
-		if err := t.UnmarshalBinary(v); err != nil {
-			return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
-		}
 	}
 	if cached {
 		tc.KeepTimeline(k, t)
 	}
 	return t, nil
+}
+
+// readState decodes the value of the key k into x, left as it is when st
+// holds no k.
+func readState(st Store, k []byte, x encoding.BinaryUnmarshaler) error {
+	v, ok, err := st.Get(k)
+	if err != nil || !ok {
+		return err
+	}
+	if err := x.UnmarshalBinary(v); err != nil {
+		return fmt.Errorf("entitlements: state key %q: %w", k, err)
+	}
+	return nil
 }
 
 // readTimeline is timeline for a read only: through st's TimelineCache or
@@ -604,16 +612,9 @@ func (l *Ledger) account(st Store, customer string) (*Account, error) {
 			return a, nil
 		}
 	}
-	k := l.customerKey(subAccount, customer)
 	a := &Account{}
-	v, ok, err := st.Get(k)
-	if err != nil {
+	if err := readState(st, l.customerKey(subAccount, customer), a); err != nil {
 		return nil, err
-	}
-	if ok {
-		if err := a.UnmarshalBinary(v); err != nil {
-			return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
-		}
 	}
 	if cached {
 		ac.KeepAccount(customer, a)

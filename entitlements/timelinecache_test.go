@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestTimelineCacheWritesTheSameState: a Ledger on a Store that keeps the
@@ -15,13 +17,10 @@ import (
 // the state a Ledger on a plain Store leaves, byte for byte, at every
 // commit, and decides the same events alike. The records are the property test's (genScenario),
 // applied and pruned after as the aggregator does, in transactions that
-// commit or abort at random points, with events decided in between.
+// commit or abort at random points, with events decided in between; 30
+// seeds, and METERLINE_PROPERTY_SEEDS more.
 func TestTimelineCacheWritesTheSameState(t *testing.T) {
-	seeds := 30
-	if testing.Short() {
-		seeds = 10
-	}
-	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+	for seed := uint64(1); seed <= uint64(30+testenv.PropertySeeds()); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			sc := genScenario(seed)
 			r := rand.New(rand.NewPCG(seed, 11))

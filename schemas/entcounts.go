@@ -3,7 +3,6 @@ package schemas
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"unsafe"
 )
@@ -89,29 +88,13 @@ func (d *bodyDecoder) enum(field string, n int32) {
 	}
 }
 
-// skipArray reads an array in Avro block encoding, as properties does,
-// item reading each item, and returns how many it holds.
+// skipArray reads an array in Avro block encoding (blockCount), item
+// reading each item, and returns how many it holds.
 func (d *bodyDecoder) skipArray(field string, item func()) int64 {
 	total := int64(0)
 	for {
-		c := d.long(field)
-		if d.failed || c == 0 {
-			return total
-		}
-		if c < 0 {
-			c = -c
-			d.long(field) // the block's byte size: a hint for skipping, unchecked
-			if d.failed {
-				return total
-			}
-		}
-		if c < 0 || c > math.MaxInt64-total {
-			d.fail(field, "block count")
-			d.cause = errCountOverflow
-			return total
-		}
-		if c > maxSliceAlloc-total {
-			d.fail(field, fmt.Sprintf("%d items, more than the limit %d", total+c, maxSliceAlloc))
+		c := d.blockCount(field, total)
+		if c == 0 {
 			return total
 		}
 		total += c
