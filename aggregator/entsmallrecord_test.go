@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
@@ -247,5 +248,23 @@ func TestKeptVersionsBoundedInBytes(t *testing.T) {
 	}
 	if again != len(custs) {
 		t.Errorf("%d customers' versions still hold their big version, want %d", again, len(custs))
+	}
+}
+
+// TestKeptVersionsBoundedInCount: the timelines a partition keeps are
+// bounded in number too (maxTimelines), most of them a customer's that has
+// no record (no version): their bytes alone would let a partition keep
+// about a million.
+func TestKeptVersionsBoundedInCount(t *testing.T) {
+	e := &entPart{timelines: map[string]*heldTimeline{}}
+	s := ledgerStore{e: e}
+	for i := range maxTimelines * 3 / 2 {
+		s.KeepTimeline(fmt.Appendf(nil, "eT%d", i), &entitlements.Timeline{})
+		if len(e.timelines) > maxTimelines {
+			t.Fatalf("%d timelines kept, the bound is %d", len(e.timelines), maxTimelines)
+		}
+	}
+	if len(e.timelines) == 0 || len(e.timelines) == maxTimelines {
+		t.Errorf("%d timelines kept, want some, fewer than the bound after it was passed", len(e.timelines))
 	}
 }

@@ -272,14 +272,22 @@ type heldTimeline struct {
 	dirty bool
 }
 
-// maxTimelineBytes bounds what a partition's timelines take
-// (timelineSize), as maxDecodedBytes the decoded plans; past it the
-// changed ones are written to the transaction and every one is dropped.
-const maxTimelineBytes = 64 << 20
+// maxTimelines bounds the timelines a partition keeps (most of them a
+// customer's without a record of its own: none), and maxTimelineBytes what
+// they take (timelineSize), as maxLedgerCache and maxDecodedBytes bound
+// the other caches; past either the changed ones are written to the
+// transaction and every one is dropped.
+const (
+	maxTimelines     = 50_000
+	maxTimelineBytes = 64 << 20
+)
 
-// timelineSize is what a timeline kept under the key k takes, about:
-// its key, and its versions decoded (decodedBytes of their encoding).
-func timelineSize(k string, t *entitlements.Timeline) int { return len(k) + decodedBytes(t.Size()) }
+// timelineSize is what a timeline kept under the key k takes, about: its
+// key, its entry, and its versions decoded (decodedBytes of their
+// encoding).
+func timelineSize(k string, t *entitlements.Timeline) int {
+	return len(k) + 64 + decodedBytes(t.Size())
+}
 
 // Timeline implements entitlements.TimelineCache.
 func (s ledgerStore) Timeline(k []byte) (*entitlements.Timeline, bool) {
@@ -305,9 +313,9 @@ func (s ledgerStore) ChangedTimeline(k []byte, t *entitlements.Timeline) {
 	}
 }
 
-// holdTimeline keeps t for the key k, counted anew; past maxTimelineBytes
-// the timelines kept before are written if changed (spillTimelines) and
-// dropped first.
+// holdTimeline keeps t for the key k, counted anew; past maxTimelines or
+// maxTimelineBytes the timelines kept before are written if changed
+// (spillTimelines) and dropped first.
 func (s ledgerStore) holdTimeline(k string, t *entitlements.Timeline) *heldTimeline {
 	e := s.e
 	n := timelineSize(k, t)
@@ -315,7 +323,7 @@ func (s ledgerStore) holdTimeline(k string, t *entitlements.Timeline) *heldTimel
 	if h != nil {
 		e.timelineBytes -= h.size
 	}
-	if e.timelineBytes+n > maxTimelineBytes {
+	if e.timelineBytes+n > maxTimelineBytes || h == nil && len(e.timelines) >= maxTimelines {
 		s.spillTimelines()
 		h = nil
 	}
