@@ -201,7 +201,20 @@ type entPart struct {
 	// it comes from is written (ledgerStore), with the cache.
 	accounts      map[string]*heldAccount
 	dirtyAccounts []string
-	resolvedGen   uint64
+	// timelines keeps the customers' and the default plan's versions
+	// decoded by their state key (entitlements.TimelineCache), as the
+	// committed state and the open transaction have them: the Ledger
+	// changes them in place, so a record of a key costs neither the
+	// decoding nor the encoding of its versions (up to 768 KiB). Those
+	// the open transaction changed are listed in dirtyTimelines, in the
+	// order of their first change, and written once by Flush
+	// (flushTimelines). timelineBytes is what they take (timelineSize),
+	// bounded by maxTimelineBytes. Dropped with an aborted transaction
+	// (Abort) and at every load, as accounts.
+	timelines      map[string]*heldTimeline
+	dirtyTimelines []string
+	timelineBytes  int
+	resolvedGen    uint64
 	// lastHeld is accounts' entry of customer lastCustomer, the last one
 	// looked up (held), or nil.
 	lastCustomer string
@@ -402,7 +415,7 @@ func (p *planLabels) label(plan *entitlements.Plan) string {
 // loadEnt reads the entitlements view from the state.
 func (pt *partition) loadEnt(st stateReader) error {
 	e := &entPart{changed: map[string]int{}, changedGen: 1, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
-		cache: map[string]cachedValue{}, decoded: map[string]any{},
+		cache: map[string]cachedValue{}, decoded: map[string]any{}, timelines: map[string]*heldTimeline{},
 		accounts: map[string]*heldAccount{}, madePending: map[string]struct{}{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)

@@ -47,10 +47,10 @@ func (pt *partition) ledger(tx *stream.Tx) *ledgerStore {
 }
 
 func (s ledgerStore) Get(k []byte) ([]byte, bool, error) {
-	if s.l.IsAccount(k) {
-		// Read once into accounts, written by flushAccounts straight to
-		// the transaction: never in the cache, which would keep them
-		// stale.
+	if s.l.IsAccount(k) || s.l.IsTimeline(k) {
+		// Read once into accounts or timelines, written by
+		// flushAccounts and flushTimelines straight to the transaction:
+		// never in the cache, which would keep them stale.
 		return s.tx.Get(k)
 	}
 	if c, ok := s.e.cache[string(k)]; ok {
@@ -101,7 +101,10 @@ func (s ledgerStore) KeepDecoded(v []byte, x any) {
 
 // decodedSize is what a decoded value of the bytes v takes in decoded,
 // about: its key, and the value decoded (strings and slice headers).
-func decodedSize(v []byte) int { return 3 * len(v) }
+func decodedSize(v []byte) int { return decodedBytes(len(v)) }
+
+// decodedBytes is decodedSize of a value of n bytes.
+func decodedBytes(n int) int { return 3 * n }
 
 // wrote drops every Resolved when k is a key they come from.
 func (s ledgerStore) wrote(k []byte) {
@@ -259,3 +262,111 @@ type ledgerReader struct{ stateReader }
 
 func (ledgerReader) Put(_, _ []byte) {}
 func (ledgerReader) Delete(_ []byte) {}
+
+// heldTimeline is an entry of entPart.timelines: a key's versions
+// decoded, what they count in timelineBytes, and whether the open
+// transaction changed them (listed in entPart.dirtyTimelines).
+type heldTimeline struct {
+	t     *entitlements.Timeline
+	size  int
+	dirty bool
+}
+
+// maxTimelines bounds the timelines a partition keeps (most of them a
+// customer's without a record of its own: none), and maxTimelineBytes what
+// they take (timelineSize), as maxLedgerCache and maxDecodedBytes bound
+// the other caches; past either the changed ones are written to the
+// transaction and every one is dropped.
+const (
+	maxTimelines     = 50_000
+	maxTimelineBytes = 64 << 20
+)
+
+// timelineSize is what a timeline kept under the key k takes, about: its
+// key, its entry, and its versions decoded (decodedBytes of their
+// encoding).
+func timelineSize(k string, t *entitlements.Timeline) int {
+	return len(k) + 64 + decodedBytes(t.Size())
+}
+
+// Timeline implements entitlements.TimelineCache.
+func (s ledgerStore) Timeline(k []byte) (*entitlements.Timeline, bool) {
+	if h, ok := s.e.timelines[string(k)]; ok {
+		return h.t, true
+	}
+	return nil, false
+}
+
+// KeepTimeline implements entitlements.TimelineCache.
+func (s ledgerStore) KeepTimeline(k []byte, t *entitlements.Timeline) {
+	s.holdTimeline(string(k), t)
+}
+
+// ChangedTimeline implements entitlements.TimelineCache. Every Resolved
+// is dropped: it may hold t, which the Ledger changed in place.
+func (s ledgerStore) ChangedTimeline(k []byte, t *entitlements.Timeline) {
+	s.e.dropResolved()
+	h := s.holdTimeline(string(k), t)
+	if !h.dirty {
+		h.dirty = true
+		s.e.dirtyTimelines = append(s.e.dirtyTimelines, string(k))
+	}
+}
+
+// holdTimeline keeps t for the key k, counted anew; past maxTimelines or
+// maxTimelineBytes the timelines kept before are written if changed
+// (spillTimelines) and dropped first.
+func (s ledgerStore) holdTimeline(k string, t *entitlements.Timeline) *heldTimeline {
+	e := s.e
+	n := timelineSize(k, t)
+	h := e.timelines[k]
+	if h != nil {
+		e.timelineBytes -= h.size
+	}
+	if e.timelineBytes+n > maxTimelineBytes || h == nil && len(e.timelines) >= maxTimelines {
+		s.spillTimelines()
+		h = nil
+	}
+	if h == nil {
+		h = &heldTimeline{}
+		e.timelines[k] = h
+	}
+	h.t, h.size = t, n
+	e.timelineBytes += n
+	return h
+}
+
+// spillTimelines writes each timeline the open transaction changed to it,
+// and drops every timeline kept.
+func (s ledgerStore) spillTimelines() {
+	s.e.writeTimelines(s.tx, s.l)
+	s.e.dropTimelines()
+}
+
+// flushTimelines writes each timeline the open transaction changed to it,
+// once, before its changelog is written (Flush).
+func (pt *partition) flushTimelines(tx *stream.Tx) {
+	pt.ent.writeTimelines(tx, pt.pr.ledger)
+}
+
+// writeTimelines writes each timeline the open transaction changed to tx,
+// and lists none as changed any more.
+func (e *entPart) writeTimelines(tx *stream.Tx, l *entitlements.Ledger) {
+	for _, k := range e.dirtyTimelines {
+		if h := e.timelines[k]; h != nil && h.dirty {
+			l.WriteTimeline(tx, []byte(k), h.t)
+			h.dirty = false
+		}
+	}
+	clear(e.dirtyTimelines)
+	e.dirtyTimelines = e.dirtyTimelines[:0]
+}
+
+// dropTimelines drops every timeline kept, changed or not: an aborted
+// transaction's, or once written (spillTimelines).
+func (e *entPart) dropTimelines() {
+	clear(e.timelines)
+	clear(e.dirtyTimelines)
+	e.dirtyTimelines = e.dirtyTimelines[:0]
+	e.timelineBytes = 0
+}

@@ -651,6 +651,7 @@ func (pt *partition) Abort() {
 		pt.ent.fenced = false
 		pt.ent.clearCache()
 		pt.ent.dropHeld()
+		pt.ent.dropTimelines()
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
 		// The records the aborted transaction put in the gate are read
@@ -760,8 +761,10 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		if err := pt.flushBalances(tx); err != nil {
 			return err
 		}
-		// Last: whatever changed an account in this transaction has.
+		// Last: whatever changed an account or versions in this
+		// transaction has.
 		pt.flushAccounts(tx)
+		pt.flushTimelines(tx)
 		// The records still in the gate that entered it in this
 		// transaction; the records gated from now on enter it in the
 		// next one.

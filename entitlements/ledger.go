@@ -1,6 +1,7 @@
 package entitlements
 
 import (
+	"encoding"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -69,6 +70,29 @@ type AccountCache interface {
 	ChangedAccount(customer string, a *Account)
 }
 
+// TimelineCache is what a Store may also implement: the Timelines of
+// customers and of the default plan kept decoded by their state key
+// (Ledger.IsTimeline), as the committed state and the open transaction
+// have them, so that a record of a key whose versions are large costs
+// no decoding, validation and encoding of them all. The Ledger reads a
+// timeline through it (KeepTimeline what it decoded on a miss), changes
+// the one it got in place (Apply, the prunes), and calls ChangedTimeline
+// after each change; a changed timeline reaches the Store only when the
+// cache's owner calls Ledger.WriteTimeline for it, which it must do
+// before its transaction commits, and before it drops the timeline from
+// the cache. Every timeline kept must be dropped with an aborted
+// transaction, and every Resolved at ChangedTimeline (a Resolved may hold
+// the timeline changed).
+type TimelineCache interface {
+	// Timeline returns the timeline kept for the key k.
+	Timeline(k []byte) (*Timeline, bool)
+	// KeepTimeline keeps t, read from the Store, for the key k.
+	KeepTimeline(k []byte, t *Timeline)
+	// ChangedTimeline records that the Ledger changed t, the timeline
+	// of the key k.
+	ChangedTimeline(k []byte, t *Timeline)
+}
+
 // Resolved is what Decide resolves for a customer (ResolveCache). Its
 // values are never modified.
 type Resolved struct {
@@ -88,6 +112,16 @@ func (l *Ledger) Resolves(k []byte) bool {
 		return true
 	}
 	return false
+}
+
+// IsTimeline reports whether k is a key of a Timeline (a customer's 'T' C,
+// or the default plan's 'D'), which a Store that is a TimelineCache need
+// not keep in any cache of its own: the Ledger reads it only on a miss of
+// the TimelineCache.
+func (l *Ledger) IsTimeline(k []byte) bool {
+	n := len(l.cfg.Prefix)
+	return len(k) > n && (k[n] == subTimeline && len(k) > n+1 || k[n] == subDefault && len(k) == n+1) &&
+		string(k[:n]) == string(l.cfg.Prefix)
 }
 
 // IsAccount reports whether k is a customer's Account key ('A' C), which
@@ -314,21 +348,45 @@ func (l *Ledger) putInt(st Store, k []byte, n int64) {
 	st.Put(k, binary.AppendVarint(nil, n))
 }
 
+// timeline returns the Timeline of the key k as the Store has it: through
+// st's TimelineCache if it has one, where the Ledger may change it in
+// place and must then call putTimeline.
 func (l *Ledger) timeline(st Store, k []byte) (*Timeline, error) {
-	t := &Timeline{}
-	v, ok, err := st.Get(k)
-	if err != nil || !ok {
-		return t, err
+	tc, cached := st.(TimelineCache)
+	if cached {
+		if t, ok := tc.Timeline(k); ok {
+			return t, nil
+		}
 	}
-	if err := t.UnmarshalBinary(v); err != nil {
-		return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
+	t := &Timeline{}
+	if err := readState(st, k, t); err != nil {
+		return nil, err
+	}
+	if cached {
+		tc.KeepTimeline(k, t)
 	}
 	return t, nil
 }
 
-// readTimeline is timeline for a read only: through st's DecodeCache, if
-// it has one. The Timeline must not be modified.
+// readState decodes the value of the key k into x, left as it is when st
+// holds no k.
+func readState(st Store, k []byte, x encoding.BinaryUnmarshaler) error {
+	v, ok, err := st.Get(k)
+	if err != nil || !ok {
+		return err
+	}
+	if err := x.UnmarshalBinary(v); err != nil {
+		return fmt.Errorf("entitlements: state key %q: %w", k, err)
+	}
+	return nil
+}
+
+// readTimeline is timeline for a read only: through st's TimelineCache or
+// DecodeCache, if it has one. The Timeline must not be modified.
 func (l *Ledger) readTimeline(st Store, k []byte) (*Timeline, error) {
+	if _, ok := st.(TimelineCache); ok {
+		return l.timeline(st, k)
+	}
 	dc, ok := st.(DecodeCache)
 	if !ok {
 		return l.timeline(st, k)
@@ -374,7 +432,20 @@ func (l *Ledger) readRates(st Store) (*RateHistory, error) {
 	return h, nil
 }
 
+// putTimeline records that the Ledger changed t, the timeline of the key k
+// (returned by timeline): the TimelineCache is told, else t is written.
 func (l *Ledger) putTimeline(st Store, k []byte, t *Timeline) {
+	if tc, ok := st.(TimelineCache); ok {
+		tc.ChangedTimeline(k, t)
+		return
+	}
+	l.WriteTimeline(st, k, t)
+}
+
+// WriteTimeline writes the timeline of the key k to st (Put, or Delete
+// when it holds no version), whatever caches st has: a TimelineCache's
+// owner calls it for each timeline the Ledger changed.
+func (l *Ledger) WriteTimeline(st Store, k []byte, t *Timeline) {
 	if t.Len() == 0 {
 		st.Delete(k)
 		return
@@ -541,16 +612,9 @@ func (l *Ledger) account(st Store, customer string) (*Account, error) {
 			return a, nil
 		}
 	}
-	k := l.customerKey(subAccount, customer)
 	a := &Account{}
-	v, ok, err := st.Get(k)
-	if err != nil {
+	if err := readState(st, l.customerKey(subAccount, customer), a); err != nil {
 		return nil, err
-	}
-	if ok {
-		if err := a.UnmarshalBinary(v); err != nil {
-			return nil, fmt.Errorf("entitlements: state key %q: %w", k, err)
-		}
 	}
 	if cached {
 		ac.KeepAccount(customer, a)

@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"bytes"
+	"slices"
 	"sort"
 )
 
@@ -86,20 +87,39 @@ func (s *resolvingStore) wrote(k []byte) {
 	}
 }
 
-// cachedStore is a memStore with the Ledger's accounts kept decoded
-// (AccountCache), as the aggregator keeps them: changed in place, written
-// to the store only at commit, dropped at an abort; and what the Ledger
-// resolves for a customer (ResolveCache, resolvingStore), dropped at an
-// abort too.
+// cachedStore is a memStore with the Ledger's accounts and timelines kept
+// decoded (AccountCache, TimelineCache), as the aggregator keeps them:
+// changed in place, written to the store only at commit, dropped at an
+// abort; and what the Ledger resolves for a customer (ResolveCache,
+// resolvingStore), dropped at an abort too and whenever a timeline
+// changes.
 type cachedStore struct {
 	*resolvingStore
 	accounts map[string]*Account
 	dirty    []string
 	isDirty  map[string]bool
+	// timelines, by key; dirtyTimelines: those changed since the last
+	// commit, in order.
+	timelines      map[string]*Timeline
+	dirtyTimelines []string
 }
 
 func newCachedStore(l *Ledger) *cachedStore {
-	return &cachedStore{resolvingStore: newResolvingStore(l), accounts: map[string]*Account{}, isDirty: map[string]bool{}}
+	return &cachedStore{resolvingStore: newResolvingStore(l), accounts: map[string]*Account{}, isDirty: map[string]bool{},
+		timelines: map[string]*Timeline{}}
+}
+
+func (s *cachedStore) Timeline(k []byte) (*Timeline, bool) {
+	t, ok := s.timelines[string(k)]
+	return t, ok
+}
+func (s *cachedStore) KeepTimeline(k []byte, t *Timeline) { s.timelines[string(k)] = t }
+func (s *cachedStore) ChangedTimeline(k []byte, t *Timeline) {
+	clear(s.resolved)
+	s.timelines[string(k)] = t
+	if !slices.Contains(s.dirtyTimelines, string(k)) {
+		s.dirtyTimelines = append(s.dirtyTimelines, string(k))
+	}
 }
 
 func (s *cachedStore) Account(c string) (*Account, bool) { a, ok := s.accounts[c]; return a, ok }
@@ -119,10 +139,15 @@ func (s *cachedStore) commit() {
 		buf = s.l.WriteAccount(s.memStore, c, s.accounts[c], buf)
 	}
 	s.dirty, s.isDirty = nil, map[string]bool{}
+	for _, k := range s.dirtyTimelines {
+		s.l.WriteTimeline(s.memStore, []byte(k), s.timelines[k])
+	}
+	s.dirtyTimelines = nil
 }
 
 // abort drops every account kept (an aborted transaction).
 func (s *cachedStore) abort() {
 	s.accounts, s.dirty, s.isDirty = map[string]*Account{}, nil, map[string]bool{}
+	s.timelines, s.dirtyTimelines = map[string]*Timeline{}, nil
 	clear(s.resolved)
 }

@@ -62,6 +62,9 @@ func ParseRecord(key, value []byte, written int64) (*Record, error) {
 		}
 		return r, nil
 	}
+	if err := refuseCounts(k, key, value); err != nil {
+		return nil, err
+	}
 	m, err := schemas.Decode(value)
 	if err != nil {
 		return nil, fmt.Errorf("entitlements: value: %w", err)
@@ -98,6 +101,38 @@ func ParseRecord(key, value []byte, written int64) (*Record, error) {
 		return r, nil
 	}
 	return nil, fmt.Errorf("entitlements: %w: a record of kind %s", ErrWrongKind, m.Kind())
+}
+
+// refuseCounts refuses an Entitlements record of more than MaxCaps caps
+// or MaxGrants grants before it is decoded (schemas.EntitlementsCounts):
+// one written straight to the topic may hold 65,536 of each in 530 KB,
+// which decoding allocates about 30 MB for, to refuse it. The error is
+// the one ParseRecord gives once the record is decoded, but that Validate
+// names the record's other problems too: ErrWrongKind for a key that does
+// not take the record, else ErrInvalid naming the counts past the bounds.
+// A record within the bounds, or whose counts cannot be read so, is left
+// to Decode.
+func refuseCounts(k schemas.EntitlementsKey, key, value []byte) error {
+	customer, caps, grants, ok := schemas.EntitlementsCounts(value)
+	if !ok || caps <= MaxCaps && grants <= MaxGrants {
+		return nil
+	}
+	switch {
+	case k.Reserved == schemas.DefaultPlanKey && customer != "":
+		return fmt.Errorf("entitlements: %w: the default plan names customer %q", ErrWrongKind, customer)
+	case k.Reserved != "" && k.Reserved != schemas.DefaultPlanKey:
+		return fmt.Errorf("entitlements: %w: Entitlements under %q", ErrWrongKind, key)
+	case k.Reserved == "" && customer != k.Customer:
+		return fmt.Errorf("entitlements: %w: customer_id %q under the key of %q", ErrWrongKind, customer, k.Customer)
+	}
+	var f fieldErrs
+	if caps > MaxCaps {
+		f.must("caps", "%d caps, more than %d", caps, MaxCaps)
+	}
+	if grants > MaxGrants {
+		f.must("grants", "%d grants, more than %d", grants, MaxGrants)
+	}
+	return fmt.Errorf("entitlements: %s: %w", describeKey(k), f.err())
 }
 
 func describeKey(k schemas.EntitlementsKey) string {

@@ -49,6 +49,17 @@ func planBytes(p *Plan) int {
 type Version struct {
 	From int64
 	Plan *Plan
+	// size is planBytes(Plan), once known (0: not yet).
+	size int
+}
+
+// bytes returns the size of v's plan's encoding in a Timeline (planBytes),
+// counted once.
+func (v *Version) bytes() int {
+	if v.size == 0 && v.Plan != nil {
+		v.size = planBytes(v.Plan)
+	}
+	return v.size
 }
 
 // Timeline is the entitlements of one key (a customer, or the default
@@ -94,15 +105,26 @@ func (t *Timeline) SetWithin(written, from int64, p *Plan, since int64) error {
 	if n := i - max(first, 0); n >= MaxVersions {
 		return fmt.Errorf("%w: %d versions (the most is %d)", ErrTooManyVersions, n, MaxVersions)
 	}
-	size := planBytes(p)
-	for _, v := range t.versions[max(first, 0):i] {
-		size += planBytes(v.Plan)
+	own := planBytes(p)
+	size := own
+	for k := max(first, 0); k < i; k++ {
+		size += t.versions[k].bytes()
 	}
 	if size > MaxVersionBytes {
 		return fmt.Errorf("%w: %d bytes of versions (the most is %d)", ErrTooManyVersions, size, MaxVersionBytes)
 	}
-	t.versions = append(t.versions[:i], Version{From: from, Plan: p})
+	t.versions = append(t.versions[:i], Version{From: from, Plan: p, size: own})
 	return nil
+}
+
+// Size returns about the bytes the timeline's encoding takes
+// (MarshalBinary): what a cache of timelines counts it as.
+func (t *Timeline) Size() int {
+	n := 16
+	for k := range t.versions {
+		n += 11 + t.versions[k].bytes()
+	}
+	return n
 }
 
 // At returns the version in effect at arrival time arrival: ok is false

@@ -163,28 +163,12 @@ func (d *bodyDecoder) properties() []Property {
 	var ps []Property
 	total := int64(0)
 	for {
-		c := d.long(field)
+		c := d.blockCount(field, total)
 		if d.failed {
 			return nil
 		}
 		if c == 0 {
 			break
-		}
-		if c < 0 {
-			c = -c
-			d.long(field) // the block's byte size: a hint for skipping, unchecked
-			if d.failed {
-				return nil
-			}
-		}
-		if c < 0 || c > math.MaxInt64-total {
-			d.fail(field, "block count")
-			d.cause = errCountOverflow
-			return nil
-		}
-		if c > maxSliceAlloc-total {
-			d.fail(field, fmt.Sprintf("%d items, more than the limit %d", total+c, maxSliceAlloc))
-			return nil
 		}
 		total += c
 		if ps == nil {
@@ -205,6 +189,35 @@ func (d *bodyDecoder) properties() []Property {
 		ps = []Property{}
 	}
 	return ps
+}
+
+// blockCount reads the header of the next block of an array of which
+// total items were read before it: its count of items, 0 at the end of
+// the array, or when reading failed (d.failed). A negative count is
+// followed by the block's byte size; the counts of an array may add up to
+// maxSliceAlloc.
+func (d *bodyDecoder) blockCount(field string, total int64) int64 {
+	c := d.long(field)
+	if d.failed || c == 0 {
+		return 0
+	}
+	if c < 0 {
+		c = -c
+		d.long(field) // the block's byte size: a hint for skipping, unchecked
+		if d.failed {
+			return 0
+		}
+	}
+	if c < 0 || c > math.MaxInt64-total {
+		d.fail(field, "block count")
+		d.cause = errCountOverflow
+		return 0
+	}
+	if c > maxSliceAlloc-total {
+		d.fail(field, fmt.Sprintf("%d items, more than the limit %d", total+c, maxSliceAlloc))
+		return 0
+	}
+	return c
 }
 
 // usageFields reads the fields UsageEvent and DedupedEvent begin with.
