@@ -53,6 +53,11 @@ var realScale = map[string]ruleScale{
 	// (TestRealStandbyFallingBehindAlert: 20 changelog records a second
 	// per partition).
 	"MeterlineStandbyFallingBehind": {Expr: map[string]string{"1000000": "200", "15m": "10s"}, For: "3s"},
+	// Restarts in every 20 s window for 8 s: a tail whose reads are
+	// refused fails at once, its waits doubling from 1 s, so its restarts
+	// are less than 20 s apart for half a minute
+	// (TestRealStandbyTailRestartsAlert).
+	"MeterlineStandbyTailRestarts": {Expr: map[string]string{"5m": "20s"}, For: "8s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -96,7 +101,7 @@ func parallelAlertTest(t *testing.T) {
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
-		realStandbyAlertsFired)
+		realStandbyAlertsFired, realStandbyTailAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled
