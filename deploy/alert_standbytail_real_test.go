@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
-	"github.com/meterline/meterline/producer"
 )
 
 // realStandbyTailAlertsFired lists the alerts
@@ -80,7 +78,6 @@ func TestRealStandbyTailRestartsAlert(t *testing.T) {
 	parallelAlertTest(t)
 	work := testenv.LogDir(t, "meterline-alerts-standbytail-test-*")
 	bin := testenv.Meterline(t)
-	keys := testenv.DedupKeysFile(t)
 	cluster, brokers := testenv.KFake(t)
 
 	names := topics.DefaultNames()
@@ -97,46 +94,15 @@ func TestRealStandbyTailRestartsAlert(t *testing.T) {
 	var refuse atomic.Bool
 	refused := refuseChangelogReads(cluster, changelog, md.Topics[changelog].ID, 0, &refuse)
 
-	addrs := []string{testenv.FreeAddr(t), testenv.FreeAddr(t)}
-	var procs []*testenv.Process
-	for i, addr := range addrs {
-		id := fmt.Sprintf("d%d", i+1)
-		procs = append(procs, testenv.StartProcess(t, id, filepath.Join(work, id+".log"), bin, "dedup",
-			"--brokers", strings.Join(brokers, ","), "--log-level", "info",
-			"--state-dir", filepath.Join(work, "state-"+id), "--session-timeout", "6s", "--transaction-timeout", "10s",
-			"--instance-id", id, "--metrics-addr", addr,
-			"--standby-replicas", "1", "--tick-interval", "1s", "--dedup-keys-file", keys, "--sources", "api-gateway"))
-	}
-	for _, addr := range addrs {
-		waitHTTP(t, "http://"+addr+"/readyz", 90*time.Second)
-	}
-
+	addrs, procs := startStandbyDedups(t, bin, work, brokers)
 	p := newProducer(t, brokers, "")
 	t.Cleanup(p.Close)
 	// About 20 events a second on each partition: each writes its key to
 	// the changelog, so a tail's fetch session names its partition again
 	// and again.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sendEvery(ctx, t, p, 25*time.Millisecond, func(i int) producer.Event {
-			return producer.Event{EventID: fmt.Sprintf("live-%d", i), CustomerID: fmt.Sprintf("cust-%d", i%8), Meter: "api_calls",
-				Quantity: 1, EventTime: time.Now().UTC(), Source: "api-gateway"}
-		})
-	}()
-
+	sendLive(ctx, t, &wg, p, 25*time.Millisecond)
 	w := watchScaledRules(t, promBin, work, addrs...)
-	t.Log("---- 1. healthy: each instance the standby of the other's partition")
-	// The second instance takes its partition once its copy caught up.
-	copies := `count(meterline_stream_standby_lag_records{stage="dedup"})`
-	w.waitValue(copies, 2, 90*time.Second)
-	healthy := time.Now()
-	for time.Since(healthy) < 25*time.Second { // longer than the scaled window and for
-		if as := w.active(); len(as) > 0 {
-			t.Fatalf("alerts on a healthy pipeline with standbys: %v", as)
-		}
-		time.Sleep(time.Second)
-	}
+	w.expectStandbysHealthy(25 * time.Second) // longer than the scaled window and for
 
 	t.Log("---- 2. the reads of changelog partition 0 refused")
 	refuse.Store(true)
@@ -158,7 +124,7 @@ func TestRealStandbyTailRestartsAlert(t *testing.T) {
 
 	t.Log("---- 3. the reads allowed again: the tail copies again")
 	refuse.Store(false)
-	w.waitValue(copies, 2, alertWait)
+	w.waitValue(`count(meterline_stream_standby_lag_records{stage="dedup"})`, 2, alertWait)
 	w.waitResolved("MeterlineStandbyTailRestarts", map[string]string{"stage": "dedup"})
 	w.expectOnly("a standby tail copying again")
 	w.expectRulesHealthy()

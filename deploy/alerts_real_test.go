@@ -215,14 +215,7 @@ func TestRealAlertsFire(t *testing.T) {
 
 	// Events keep arriving on both partitions from a clean source, all
 	// test long (the input that piles up behind a stuck partition).
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sendEvery(ctx, t, p, 250*time.Millisecond, func(i int) producer.Event {
-			return producer.Event{EventID: fmt.Sprintf("live-%d", i), CustomerID: fmt.Sprintf("cust-%d", i%8), Meter: "api_calls",
-				Quantity: 1, EventTime: time.Now().UTC(), Source: "api-gateway"}
-		})
-	}()
+	sendLive(ctx, t, &wg, p, 250*time.Millisecond)
 	// Events of the period that ended at periodEnd, for every customer
 	// (both partitions of usage.deduped).
 	for i := 0; i < 8; i++ {

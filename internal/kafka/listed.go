@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -97,4 +98,25 @@ func notAnswered(err error) bool {
 	var ne net.Error
 	return unreachable(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
 		(errors.As(err, &ne) && ne.Timeout())
+}
+
+// NewListedClient returns a client connected as c says, with opts
+// appended, for a short task (a check at start, a lag computation): its
+// seeds are the brokers the cluster lists, asked of c's seeds all at
+// once (ListedBrokers, each within ListedBrokerWait), so that none of its
+// requests waits on a seed that does not answer; c's seeds when none
+// answers. A client that lives on keeps c's seeds instead (NewClient),
+// its way back to a cluster whose brokers all changed address.
+func NewListedClient(ctx context.Context, c Config, opts ...kgo.Opt) (*kgo.Client, error) {
+	cl, err := NewClient(c, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if listed, _ := ListedBrokers(ctx, cl.SeedBrokers(), ListedBrokerWait); len(listed) > 0 {
+		if err := cl.UpdateSeedBrokers(listed...); err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("kafka: client: %w", err)
+		}
+	}
+	return cl, nil
 }

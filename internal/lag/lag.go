@@ -41,19 +41,11 @@ type Row struct {
 // it has committed offsets for, sorted by group, topic and partition. A
 // group with no committed offsets yields no rows.
 func Compute(ctx context.Context, conn kafka.Config, groups []string, now time.Time) ([]Row, error) {
-	cl, err := kafka.NewClient(conn)
+	cl, err := kafka.NewListedClient(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	// The client's requests go to the brokers the cluster lists, asked of
-	// every seed at once: left to the seeds, any request that picks one
-	// that does not answer waits for the request timeout.
-	if listed := listedBrokers(ctx, cl, conn); len(listed.Brokers) > 0 {
-		if err := cl.UpdateSeedBrokers(listed.Brokers...); err == nil {
-			conn = listed
-		}
-	}
 	return computeWith(ctx, cl, conn, groups, nil, now)
 }
 
