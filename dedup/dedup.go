@@ -354,11 +354,12 @@ func partitionCounts(ctx context.Context, cfg Config) (partitionCountsT, error) 
 }
 
 // withAdmin calls fn with an admin client of its own, for at most 30s:
-// Open's rare questions to the brokers.
+// Open's rare questions to the brokers. The client is seeded with the
+// brokers the cluster lists (kafka.NewListedClient).
 func withAdmin(cfg Config, fn func(context.Context, *kadm.Client) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := kafka.NewClient(cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
+	cl, err := kafka.NewListedClient(ctx, cfg.Stream.Kafka, cfg.Stream.ClientOptions...)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,11 @@ var realScale = map[string]ruleScale{
 	// (TestRealStandbyFallingBehindAlert: 20 changelog records a second
 	// per partition).
 	"MeterlineStandbyFallingBehind": {Expr: map[string]string{"1000000": "200", "15m": "10s"}, For: "3s"},
+	// Restarts in every 20 s window for 8 s: a tail whose reads are
+	// refused fails at once, its waits doubling from 1 s, so its restarts
+	// are less than 20 s apart for half a minute
+	// (TestRealStandbyTailRestartsAlert).
+	"MeterlineStandbyTailRestarts": {Expr: map[string]string{"5m": "20s"}, For: "8s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -96,7 +101,7 @@ func parallelAlertTest(t *testing.T) {
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
-		realStandbyAlertsFired)
+		realStandbyAlertsFired, realStandbyTailAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled
@@ -210,14 +215,7 @@ func TestRealAlertsFire(t *testing.T) {
 
 	// Events keep arriving on both partitions from a clean source, all
 	// test long (the input that piles up behind a stuck partition).
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sendEvery(ctx, t, p, 250*time.Millisecond, func(i int) producer.Event {
-			return producer.Event{EventID: fmt.Sprintf("live-%d", i), CustomerID: fmt.Sprintf("cust-%d", i%8), Meter: "api_calls",
-				Quantity: 1, EventTime: time.Now().UTC(), Source: "api-gateway"}
-		})
-	}()
+	sendLive(ctx, t, &wg, p, 250*time.Millisecond)
 	// Events of the period that ended at periodEnd, for every customer
 	// (both partitions of usage.deduped).
 	for i := 0; i < 8; i++ {

@@ -1,8 +1,14 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -21,5 +27,53 @@ func TestLagNamesAGroupWithoutOffsets(t *testing.T) {
 	}
 	if !strings.Contains(stderr, `group "meterline-dedp" has no committed offsets`) {
 		t.Errorf("stderr %q does not name the group without offsets", stderr)
+	}
+}
+
+// TestLagSeedBrokerSilent: `meterline lag` whose --brokers name a broker
+// that accepts connections and never answers (paused, its host cut off,
+// while the cluster runs on without it), first or last, prints the
+// group's lag as quickly as the stages' lag gauges do (docs/operations.md,
+// Lag): its credentials check and its lag computation ask every seed at
+// once and read from the brokers the cluster lists. Asked one after the
+// other, each request that picked the silent seed waited for the
+// client's request timeout (10 s), and the command took 20 to 35 s, or
+// failed.
+func TestLagSeedBrokerSilent(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	topic, group := testenv.Name(t, "lag"), testenv.Name(t, "group")
+	testenv.CreateTopic(t, brokers, topic, 1, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	for range 3 {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var offs kadm.Offsets
+	offs.AddOffset(topic, 0, 1, -1)
+	if _, err := kadm.NewClient(cl).CommitOffsets(ctx, group, offs); err != nil {
+		t.Fatal(err)
+	}
+	silent := testenv.SilentBroker(t)
+	for _, seeds := range [][]string{{silent, brokers[0]}, {brokers[0], silent}} {
+		// Well under the request timeout a silent seed costs each
+		// request that picks it.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var stdout, stderr bytes.Buffer
+		code := Main(rctx, []string{"lag", "--brokers", strings.Join(seeds, ","), "--group", group},
+			IO{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
+		late := rctx.Err()
+		cancel()
+		if late != nil || code != 0 {
+			t.Fatalf("--brokers %s: exit %d, context %v\nstdout: %s\nstderr: %s", strings.Join(seeds, ","), code, late, stdout.String(), stderr.String())
+		}
+		if !strings.Contains(stdout.String(), "1 behind, 2 records behind") {
+			t.Errorf("--brokers %s: stdout %q; want partition 0 two records behind", strings.Join(seeds, ","), stdout.String())
+		}
 	}
 }

@@ -225,7 +225,20 @@ func CheckCredentials(ctx context.Context, c Config) error {
 		return err
 	}
 	defer cl.Close()
-	return c.pingVerdict(ctx, cl.Ping(ctx))
+	return c.pingVerdict(ctx, c.ping(ctx, cl))
+}
+
+// ping asks every seed broker of cl, a client connected as c says, at
+// once for the cluster's metadata (ListedBrokers): nil once one answered,
+// else their errors, at once for one pingVerdict takes for the brokers'
+// refusal of c's login or TLS settings. A seed that accepts connections
+// and never answers does not hold up the others, as it would in kgo's
+// Ping, which asks them one after the other.
+func (c Config) ping(ctx context.Context, cl *kgo.Client) error {
+	_, err := askBrokers(ctx, cl.SeedBrokers(), 0, func(err error) bool {
+		return c.Refused(err) != nil || isTLSError(err) || c.SASL.Mechanism != "" && closed(err)
+	})
+	return err
 }
 
 // pingVerdict is CheckCredentials' verdict on err, a ping's error under
@@ -243,7 +256,7 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 	switch {
 	case isTLSError(err):
 		return fmt.Errorf("%w: brokers %s: %v", ErrTLS, brokers, err)
-	case unreachable(err) || ctx.Err() != nil:
+	case notAnswered(err) || ctx.Err() != nil:
 		return nil
 	case c.SASL.Mechanism != "" && closed(err):
 		// Some servers close the connection instead of answering a
@@ -272,14 +285,14 @@ func AwaitCluster(ctx context.Context, c Config, waiting func(error)) error {
 	defer cl.Close()
 	for backoff := 500 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := cl.Ping(pctx)
+		err := c.ping(pctx, cl)
 		cancel()
 		switch {
 		case err == nil:
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !unreachable(err) && !errors.Is(err, context.DeadlineExceeded):
+		case !notAnswered(err):
 			return c.pingVerdict(ctx, err)
 		}
 		waiting(err)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -74,8 +73,7 @@ type Collector struct {
 	now     func() time.Time
 	log     *zap.Logger
 
-	cl  *kgo.Client
-	adm *kadm.Client
+	cl *kgo.Client
 
 	mu      sync.Mutex // held for a whole refresh: concurrent scrapes share it
 	at      time.Time  // when rows were computed; zero: never
@@ -134,7 +132,7 @@ func NewCollector(conn kafka.Config, groups []string, opts ...Option) (*Collecto
 	if err != nil {
 		return nil, fmt.Errorf("lag: collector client: %w", err)
 	}
-	c.cl, c.adm = cl, kadm.NewClient(cl)
+	c.cl = cl
 	return c, nil
 }
 
@@ -166,7 +164,7 @@ func (c *Collector) Rows() ([]Row, error) {
 	now := c.now()
 	if c.at.IsZero() || now.Sub(c.at) >= c.ttl || now.Before(c.at) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-		rows, err := computeWith(ctx, c.adm, c.conn, c.groups, c.inputs, now)
+		rows, err := computeWith(ctx, c.cl, c.conn, c.groups, c.inputs, now)
 		cancel()
 		c.at, c.rows, c.lastErr = now, rows, err
 		if err != nil {

@@ -15,9 +15,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"slices"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -42,20 +41,21 @@ type Row struct {
 // it has committed offsets for, sorted by group, topic and partition. A
 // group with no committed offsets yields no rows.
 func Compute(ctx context.Context, conn kafka.Config, groups []string, now time.Time) ([]Row, error) {
-	cl, err := kafka.NewClient(conn)
+	cl, err := kafka.NewListedClient(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	return computeWith(ctx, kadm.NewClient(cl), conn, groups, nil, now)
+	return computeWith(ctx, cl, conn, groups, nil, now)
 }
 
-// computeWith is Compute on an existing admin client. inputs names, per
+// computeWith is Compute on an existing client. inputs names, per
 // group, topics it consumes: a partition of one of them without a
 // committed offset counts from the partition's start, where the stage's
 // first start reads (docs/design.md, Exactly-once, 6), even when the group
 // has committed nothing at all.
-func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
+func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
+	adm := kadm.NewClient(cl)
 	var rows []Row
 	var read *kafka.Config // conn seeded with the brokers the cluster lists; set once needed
 	for _, g := range groups {
@@ -110,7 +110,7 @@ func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, group
 				}
 			})
 			if read == nil {
-				c := listedBrokers(ctx, adm, conn)
+				c := listedBrokers(ctx, cl, conn)
 				read = &c
 			}
 			first, err := firstUnconsumed(ctx, *read, topic, from, ends)
@@ -150,22 +150,21 @@ func computeWith(ctx context.Context, adm *kadm.Client, conn kafka.Config, group
 }
 
 // listedBrokers returns conn with the brokers the cluster's metadata
-// lists now as its seeds, or conn unchanged when they cannot be listed.
-// firstUnconsumed's client is new at each computation and would otherwise
-// start from the seeds: one of them paused or cut off (the cluster fenced
-// it and runs on) makes its first request wait for the dial timeout (10 s)
-// whenever it picks that seed, longer than a computation's bound, and the
-// lag of every group goes missing while one broker is down.
-func listedBrokers(ctx context.Context, adm *kadm.Client, conn kafka.Config) kafka.Config {
-	m, err := adm.BrokerMetadata(ctx)
-	if err != nil || len(m.Brokers) == 0 {
+// lists now as its seeds, asked of the brokers cl has discovered and of
+// its seeds, all at once (kafka.ListedBrokers), or conn unchanged when
+// none answers. firstUnconsumed's client is new at each computation, as
+// Compute's is, and would otherwise start from the seeds: one of them
+// paused or cut off (the cluster fenced it and runs on) makes a first
+// request wait for the request timeout (10 s) whenever it picks that
+// seed, longer than a computation's bound, and the lag of every group
+// goes missing while one broker is down.
+func listedBrokers(ctx context.Context, cl *kgo.Client, conn kafka.Config) kafka.Config {
+	brokers, _ := kafka.ListedBrokers(ctx, slices.Concat(cl.DiscoveredBrokers(), cl.SeedBrokers()), kafka.ListedBrokerWait)
+	if len(brokers) == 0 {
 		return conn
 	}
 	out := conn
-	out.Brokers = nil
-	for _, b := range m.Brokers {
-		out.Brokers = append(out.Brokers, net.JoinHostPort(b.Host, strconv.Itoa(int(b.Port))))
-	}
+	out.Brokers = brokers
 	return out
 }
 

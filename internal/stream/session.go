@@ -5,16 +5,15 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/session"
 )
 
@@ -88,36 +87,18 @@ func (rt *Runtime) newListedClient(opts ...kgo.Opt) (*kgo.Client, error) {
 	return rt.newClient(opts...)
 }
 
-// listedBrokerWait bounds listedBrokers' request to one broker.
-const listedBrokerWait = 2 * time.Second
-
 // listedBrokers returns the addresses of the brokers the cluster's
 // metadata lists, asked of the brokers the current session's client has
-// discovered, one after the other, never of a seed; nil without a session
-// or when none of them answers within listedBrokerWait.
+// discovered, all at once (kafka.ListedBrokers), never of a seed; nil
+// without a session or when none of them answers within
+// kafka.ListedBrokerWait.
 func (rt *Runtime) listedBrokers() []string {
 	cl := rt.sb.client.Load()
 	if cl == nil {
 		return nil
 	}
-	for _, b := range cl.DiscoveredBrokers() {
-		req := kmsg.NewPtrMetadataRequest()
-		req.Topics = []kmsg.MetadataRequestTopic{} // brokers only
-		ctx, cancel := context.WithTimeout(context.Background(), listedBrokerWait)
-		resp, err := b.Request(ctx, req)
-		cancel()
-		if err != nil {
-			continue
-		}
-		var out []string
-		for _, m := range resp.(*kmsg.MetadataResponse).Brokers {
-			out = append(out, net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))))
-		}
-		if len(out) > 0 {
-			return out
-		}
-	}
-	return nil
+	out, _ := kafka.ListedBrokers(context.Background(), cl.DiscoveredBrokers(), kafka.ListedBrokerWait)
+	return out
 }
 
 // refusedLogin stops the stage when a connection of a client of the

@@ -157,6 +157,11 @@ type standbys struct {
 	// placed, members: of the last assignment (StandbyAssignment);
 	// placed is -1 until one said.
 	placed, members atomic.Int64
+	// short: the shortfall notePlaced last warned of, if shorted (the
+	// last assignment that said placed fewer copies than asked for);
+	// under mu.
+	short   placement
+	shorted bool
 
 	m *standbyMetrics
 }
@@ -323,10 +328,17 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 	}
 }
 
+// placement is a shortfall of standby copies: the copies per partition
+// an assignment placed, and the leader's --standby-replicas.
+type placement struct{ placed, replicas int }
+
 // notePlaced exports the standby copies asked for and placed by a new
-// assignment, and warns when the group placed fewer than this instance
+// assignment, and warns when the group places fewer than this instance
 // asks for (docs/operations.md, Standby replicas): fewer members than
-// --standby-replicas+1, or a leader with a lower value.
+// --standby-replicas+1, or a leader with a lower value. It warns when the
+// shortfall begins or changes (placed, or the leader's value), not again
+// on a rebalance that leaves it as it was, and says once when it ends. An
+// assignment that does not say what it placed changes nothing.
 func (sb *standbys) notePlaced(a StandbyAssignment) {
 	asked := sb.rt.cfg.StandbyReplicas
 	sb.m.asked.Set(float64(max(asked, 0)))
@@ -337,9 +349,21 @@ func (sb *standbys) notePlaced(a StandbyAssignment) {
 		return
 	}
 	sb.m.placed.WithLabelValues().Set(float64(a.Placed))
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
 	if a.Placed >= asked {
+		if sb.shorted {
+			sb.shorted = false
+			sb.rt.log.Info("the group places the standby copies per partition --standby-replicas asks for",
+				zap.Int("standby_replicas", asked), zap.Int("placed", a.Placed), zap.Int("members", a.Members))
+		}
 		return
 	}
+	now := placement{placed: a.Placed, replicas: a.Replicas}
+	if sb.shorted && now == sb.short {
+		return
+	}
+	sb.short, sb.shorted = now, true
 	sb.rt.log.Warn("the group places fewer standby copies per partition than --standby-replicas asks for: a failover may find no warm copy",
 		zap.Int("standby_replicas", asked), zap.Int("placed", a.Placed), zap.Int("members", a.Members),
 		zap.Int("leader_standby_replicas", a.Replicas),

@@ -384,8 +384,8 @@ func TestStandbyBalancerMostCaughtUp(t *testing.T) {
 
 // TestStandbyPlacedFewerThanAsked: two members asking for two standby
 // copies each get one per partition; the assignment says so, and each
-// member warns once per assignment and exports asked against placed
-// (docs/operations.md, Standby replicas).
+// member warns and exports asked against placed (docs/operations.md,
+// Standby replicas).
 func TestStandbyPlacedFewerThanAsked(t *testing.T) {
 	g := newStandbySim(2, "in")
 	g.rebalance(t, []string{"a", "b"}, 4)
@@ -428,5 +428,57 @@ func TestStandbyPlacedFewerThanAsked(t *testing.T) {
 	rt.sb.assigned(parseStandby([]byte(standbyMagic+"\x00\x00\x00\x00"), nil))
 	if n := testutil.CollectAndCount(rt.sb.m.placed); n != 0 || len(logs.FilterMessageSnippet("fewer standby copies").All()) != 1 {
 		t.Fatalf("unknown placement: %d placed series, logs %v", n, logs.All())
+	}
+}
+
+// TestStandbyPlacedFewerWarnsOnChange: the warning that the group places
+// fewer standby copies than asked for is logged when the shortfall begins
+// or changes, not again on a rebalance that leaves it as it was, nor on
+// one that does not say what it placed; its end is logged once, and a new
+// shortfall warns again. The gauges follow every assignment.
+func TestStandbyPlacedFewerWarnsOnChange(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	rt := &Runtime{cfg: Config{StandbyReplicas: 3}, log: zap.New(core), parts: map[int32]*partState{}}
+	rt.sb = &standbys{rt: rt, tails: map[int32]*tail{}, stopping: map[int32]*tail{}, m: newStandbyMetrics(prometheus.NewRegistry(), "dedup")}
+	const fewer, enough = "fewer standby copies", "places the standby copies"
+	steps := []struct {
+		what                      string
+		replicas, placed, members int
+		warned, ended             int // lines logged so far
+	}{
+		{"two members", 3, 1, 2, 1, 0},
+		{"the same two members again", 3, 1, 2, 1, 0},
+		{"a rebalance that does not say", 3, -1, 2, 1, 0},
+		{"the same two members after it", 3, 1, 2, 1, 0},
+		{"a third member", 3, 2, 3, 2, 0},
+		{"the same three again", 3, 2, 3, 2, 0},
+		{"a leader asking for one, five members", 1, 1, 5, 3, 0},
+		{"a sixth member under that leader", 1, 1, 6, 3, 0},
+		{"four members, the copies asked for", 3, 3, 4, 3, 1},
+		{"the same four again", 3, 3, 4, 3, 1},
+		{"down to two members", 3, 1, 2, 4, 1},
+	}
+	for _, st := range steps {
+		rt.sb.assigned(StandbyAssignment{Replicas: st.replicas, Placed: st.placed, Members: st.members})
+		warned, ended := logs.FilterMessageSnippet(fewer).All(), logs.FilterMessageSnippet(enough).All()
+		if len(warned) != st.warned || len(ended) != st.ended {
+			t.Fatalf("after %s: %d shortfall warnings, %d lines saying it ended; want %d and %d (%v)",
+				st.what, len(warned), len(ended), st.warned, st.ended, logs.All())
+		}
+		if st.placed < 0 {
+			if n := testutil.CollectAndCount(rt.sb.m.placed); n != 0 {
+				t.Fatalf("after %s: %d placed series, want none", st.what, n)
+			}
+			continue
+		}
+		if got := testutil.ToFloat64(rt.sb.m.placed.WithLabelValues()); got != float64(st.placed) {
+			t.Fatalf("after %s: placed gauge %v, want %d", st.what, got, st.placed)
+		}
+		if asked, placed, members := rt.StandbyPlacement(); asked != 3 || placed != st.placed || members != st.members {
+			t.Fatalf("after %s: status placement %d, %d, %d; want 3, %d, %d", st.what, asked, placed, members, st.placed, st.members)
+		}
+		if last := warned[len(warned)-1].ContextMap(); st.placed < 3 && (last["placed"] != int64(st.placed) || last["leader_standby_replicas"] != int64(st.replicas)) {
+			t.Fatalf("after %s: the last warning says %v", st.what, last)
+		}
 	}
 }

@@ -173,9 +173,12 @@ func MayWrite(ctx context.Context, conn kafka.Config, names ...string) error {
 }
 
 // metadata asks the brokers for the metadata of the named topics, with
-// the operations the principal is allowed on each when authOps.
+// the operations the principal is allowed on each when authOps, with a
+// client seeded with the brokers the cluster lists
+// (kafka.NewListedClient): a stage's checks at start do not wait on a
+// seed broker that does not answer.
 func metadata(ctx context.Context, conn kafka.Config, authOps bool, names []string) (*kmsg.MetadataResponse, error) {
-	cl, err := kafka.NewClient(conn)
+	cl, err := kafka.NewListedClient(ctx, conn)
 	if err != nil {
 		return nil, err
 	}

@@ -150,11 +150,13 @@ func CheckChangelogKeeps(ctx context.Context, conn kafka.Config, stage string, l
 }
 
 // describeConfigs describes the configs of the named topics with a client
-// of its own, within 30 s.
+// of its own, within 30 s, seeded with the brokers the cluster lists
+// (kafka.NewListedClient): a stage's checks at start do not wait on a
+// seed broker that does not answer.
 func describeConfigs(ctx context.Context, conn kafka.Config, names ...string) (kadm.ResourceConfigs, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cl, err := kafka.NewClient(conn)
+	cl, err := kafka.NewListedClient(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
