@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -242,18 +240,6 @@ func problem(t testing.TB, b []byte) Problem {
 		t.Fatalf("not a problem body: %v: %s", err, b)
 	}
 	return p
-}
-
-func isTimeout(err error) bool {
-	var ne interface{ Timeout() bool }
-	return errors.As(err, &ne) && ne.Timeout() || strings.Contains(fmtErr(err), "timeout")
-}
-
-func fmtErr(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
 
 func sleepMs(n int) { time.Sleep(time.Duration(n) * time.Millisecond) }

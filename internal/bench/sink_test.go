@@ -36,6 +36,10 @@ func benchDatabases(t *testing.T, addr string) []string {
 		}
 		dbs = append(dbs, name)
 	}
+	// A listing cut short would hide a database left behind.
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	return dbs
 }
 

@@ -31,7 +31,7 @@ type TenantsCmd struct {
 func withKeysAdmin(ctx context.Context, g *Globals, timeout time.Duration, f func(context.Context, *ingest.Admin) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	kc, err := g.connectKafka(context.Background())
+	kc, err := g.connectKafka(ctx)
 	if err != nil {
 		return err
 	}
