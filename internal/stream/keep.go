@@ -51,9 +51,11 @@ func (rt *Runtime) noteKept() {
 // Keeper is implemented by a Partition of a Warmer whose warm structures
 // can outlive it.
 type Keeper interface {
-	// Keep is called when the partition is revoked, just before Close,
-	// once its last transaction can no longer commit. It returns warm
-	// structures that hold at least everything of the committed state
+	// Keep is called on the run loop when the partition is revoked, just
+	// before Close: its last transaction was applied to the state, or
+	// will not be (aborted, or committed but left to the next restore's
+	// replay, which goes through what Keep returns). It returns warm
+	// structures that hold at least everything of the state applied
 	// (extra keys of a transaction that did not commit may be there; a
 	// Bloom filter that keeps them stays correct), or nil. The Partition
 	// never touches what it returns again.
