@@ -420,6 +420,7 @@ type metrics struct {
 	wmDelay        *prometheus.GaugeVec
 	keys           *prometheus.GaugeVec
 	expired        prometheus.Counter
+	filterLoad     prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -447,5 +448,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Identities held in the dedup store, per partition."}, []string{"partition"}),
 		expired: f.NewCounter(prometheus.CounterOpts{Name: "meterline_dedup_expired_buckets_total",
 			Help: "Arrival buckets dropped from the store after W + S."}),
+		filterLoad: f.NewHistogram(prometheus.HistogramOpts{Name: "meterline_dedup_filter_load_seconds",
+			Help:    "Time a partition's open spent building its Bloom filters from every identity key of its state (the partition's input waits meanwhile); not observed for a partition opened with warm filters (a promoted standby's, or kept through a rebalance that gave the partition back).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
 	}
 }

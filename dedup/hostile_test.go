@@ -73,7 +73,8 @@ func deleteChangelogBelow(ctx context.Context, t *testing.T, adm *kadm.Client, t
 }
 
 // metricValues returns the values of a metric family by label set
-// ("name=value,..."; "" for none).
+// ("name=value,..."; "" for none); a histogram's is its observation
+// count.
 func metricValues(t testing.TB, reg *prometheus.Registry, name string) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -90,7 +91,7 @@ func metricValues(t testing.TB, reg *prometheus.Registry, name string) map[strin
 			for _, l := range m.GetLabel() {
 				ls = append(ls, l.GetName()+"="+l.GetValue())
 			}
-			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
 			out[strings.Join(ls, ",")] = v
 		}
 	}

@@ -279,11 +279,19 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 			zap.Int32("partition", p), zap.Int64("upgrade_offset", part.upgrade))
 	}
 	if w, ok := st.Warm().(*filters); ok {
-		// A promoted standby's filters, in step with the state: no scan
-		// of every key (docs/design.md, Exactly-once, 4).
+		// A promoted standby's filters, or those the partition's revoked
+		// instance here kept (Keep), in step with the state: no scan of
+		// every key (docs/design.md, Exactly-once, 4).
 		part.filters = *w
-	} else if err := part.filters.load(p, st); err != nil {
-		return nil, err
+	} else {
+		start := time.Now()
+		if err := part.filters.load(p, st); err != nil {
+			return nil, err
+		}
+		took := time.Since(start)
+		pr.m.filterLoad.Observe(took.Seconds())
+		pr.log.Info("bloom filters built from every identity key of the state", zap.Int32("partition", p),
+			zap.Int("keys", part.keyCount()), zap.Duration("took", took))
 	}
 	// State replayed from the changelog may hold buckets that had expired;
 	// drop them in the first transaction.
@@ -348,6 +356,15 @@ func (pt *partition) Abort() {
 	pt.expired, pt.dropTo = -1, -1
 	pt.flushed = false
 	pt.txc.Drop()
+	pt.undoFilters()
+	pt.publish()
+}
+
+// undoFilters puts back the filters of the buckets the open transaction
+// dropped and takes the keys it stored out of the key counts: it did not
+// commit, or its outcome is not known (a dropped bucket whose drop did
+// commit keeps a filter: one that says maybe is still correct).
+func (pt *partition) undoFilters() {
 	for _, d := range pt.dropping {
 		if f, ok := pt.blooms[d.b]; ok {
 			// A key stored in the bucket since (cannot happen: keys go to
@@ -371,7 +388,25 @@ func (pt *partition) Abort() {
 		}
 	}
 	pt.txKeys = pt.txKeys[:0]
-	pt.publish()
+}
+
+// Keep implements stream.Keeper: the partition is revoked, and its filters
+// are kept for its next restore here (docs/operations.md, Rebalances that
+// give a partition back), which replays through them (filters.Apply) what
+// another owner wrote meanwhile. They hold every identity key of the
+// committed state: those Open had, and every key a transaction stored
+// since. The last transaction cannot commit any more, or its outcome is
+// unknown: the buckets it dropped get their filters back, as on an Abort
+// (the store may still hold their keys). The keys it stored keep their
+// Bloom bits.
+func (pt *partition) Keep() stream.WarmState {
+	pt.undoFilters()
+	fs := pt.filters
+	// A kept filter set follows no keyDropped of its own (a standby's
+	// does): Open drops the buckets the restored state says are gone.
+	fs.pr, fs.dropped, fs.pending = nil, 0, nil
+	pt.filters = newFilters()
+	return &fs
 }
 
 // Flush implements stream.Flusher: the transaction is about to commit.
@@ -380,12 +415,17 @@ func (pt *partition) Flush(*stream.Tx) error {
 	return nil
 }
 
-func (pt *partition) publish() {
+// keyCount returns the identity keys the filters count.
+func (fs *filters) keyCount() int {
 	n := 0
-	for _, k := range pt.keys {
+	for _, k := range fs.keys {
 		n += k
 	}
-	pt.pr.m.keys.WithLabelValues(pt.pl).Set(float64(n))
+	return n
+}
+
+func (pt *partition) publish() {
+	pt.pr.m.keys.WithLabelValues(pt.pl).Set(float64(pt.keyCount()))
 	if pt.wm > 0 {
 		pt.pr.m.watermark.WithLabelValues(pt.pl).Set(float64(pt.wm) / 1000)
 	}

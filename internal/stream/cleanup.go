@@ -152,7 +152,9 @@ func (rt *Runtime) sweepState(now time.Time) error {
 	if err == nil {
 		for _, c := range out {
 			delete(rt.cleanup.since, c.p)
+			rt.kept.invalidate(c.p) // none is kept for it: it is not held
 		}
+		rt.noteKept()
 	}
 	rt.mu.Unlock()
 	sb.mu.Unlock()

@@ -31,8 +31,11 @@ type metrics struct {
 	restoreHorizonExceeded prometheus.Counter
 	horizonAttempts        *prometheus.GaugeVec
 	restoreRate            prometheus.Gauge
-	owned                  prometheus.Gauge
-	stateBytes             prometheus.Gauge
+	// Warm state handed to Open (keep.go).
+	opens      *prometheus.CounterVec
+	keptWarm   prometheus.Gauge
+	owned      prometheus.Gauge
+	stateBytes prometheus.Gauge
 	// State of partitions held elsewhere (cleanup.go).
 	cleaned          *prometheus.CounterVec
 	unheldPartitions prometheus.Gauge
@@ -76,6 +79,11 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Copies in a row of a partition's changelog (a restore's replays, a standby's copies) that outlasted the restore horizon, per partition; at 3 the copy is given up. Not exported once a copy fits."}, []string{"partition"}),
 		restoreRate: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_restore_rate_records_per_second",
 			Help: "Restore throughput estimate (changelog records/s) used to plan restores: measured on replays of 10,000 records or more, lowered at once by a slower one."}),
+		opens: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_partition_opens_total",
+			Help: "Partitions opened after their restore, by the warm state the processor was handed (warm): standby (a promoted standby's), kept (kept by the partition's revoked instance here, through a rebalance that gave it back), none (the processor builds its structures from the state: dedup reads every key)."},
+			[]string{"warm"}),
+		keptWarm: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_kept_warm_partitions",
+			Help: "Revoked partitions whose warm state this instance keeps for their restore, between a rebalance's revoke and the restore that takes it."}),
 		owned: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_owned_partitions",
 			Help: "Input partitions restored and being processed by this instance."}),
 		stateBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_bytes",
@@ -94,6 +102,9 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 	// Every kind and reason is exported from the start, at 0: a series
 	// born at its first increment hides that increment from increase(),
 	// and the alert rules (deploy/prometheus/alerts.yml) watch increases.
+	for _, w := range []string{warmStandby, warmKept, warmNone} {
+		m.opens.WithLabelValues(w)
+	}
 	for kind, reasons := range restoreReasons {
 		for _, r := range reasons {
 			m.restores.WithLabelValues(kind, r)

@@ -81,8 +81,16 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 
 func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, committed map[string]int64, fromStart []string) (Partition, map[string]int64, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
-	// handed to Open if the restore only replays the tail.
-	warm := rt.sb.take(ctx, p)
+	// handed to Open if the restore only replays the tail. Without a
+	// tail, those the partition's revoked instance here kept (keep.go)
+	// are, in step with the state it left: nothing else wrote it since,
+	// and the replay of what another owner wrote meanwhile goes through
+	// them.
+	warm, source := rt.sb.take(ctx, p), warmStandby
+	if kept := rt.takeKept(ctx, p); warm == nil && kept != nil {
+		warm, source = kept, warmKept
+	}
+	rt.noteKept()
 	if err := rt.checkChangelogID(ctx, cl, log); err != nil {
 		return nil, nil, 0, fmt.Errorf("stream: restore partition %d: %w", p, err)
 	}
@@ -145,10 +153,15 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 	if err != nil {
 		return nil, nil, replayed, err
 	}
+	if warm == nil {
+		source = warmNone
+	}
 	part, err := rt.proc.Open(p, &PartitionState{s: rt.store, p: p, warm: warm})
 	if err != nil {
 		return nil, nil, replayed, fmt.Errorf("stream: open partition %d: %w", p, err)
 	}
+	rt.m.opens.WithLabelValues(source).Inc()
+	log.Info("partition opened", zap.String("warm_state", source))
 	return part, starts, replayed, nil
 }
 

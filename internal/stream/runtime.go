@@ -154,6 +154,11 @@ type Runtime struct {
 	sb *standbys
 	// cleanup deletes the state of partitions held elsewhere (cleanup.go).
 	cleanup stateCleanup
+	// kept holds the warm structures of revoked partitions for their next
+	// restore here (keep.go); closing (under mu) the close of each revoked
+	// partition's instance that the run loop has yet to do.
+	kept    keptWarm
+	closing map[int32]chan struct{}
 
 	// Run-loop-only state.
 	active    map[int32]*activePart
@@ -249,6 +254,11 @@ type event struct {
 	epoch uint64
 	part  Partition
 	start map[string]int64 // evRestored: activePart.start
+	// evRevoked: the generation of the partition's state at the revoke,
+	// and the channel closed once the run loop closed its instance
+	// (keep.go).
+	gen    uint64
+	closed chan struct{}
 }
 
 // New opens the state store and prepares the runtime; Run starts it.

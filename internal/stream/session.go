@@ -305,10 +305,10 @@ func (rt *Runtime) handleEvents() {
 		switch ev.kind {
 		case evRevoked:
 			if a, ok := rt.active[ev.p]; ok && a.epoch < ev.epoch {
-				a.part.Close()
 				delete(rt.active, ev.p)
-				rt.log.Info("partition revoked", zap.Int32("partition", ev.p))
+				rt.closeRevoked(ev.p, a.part, ev.gen)
 			}
+			rt.closedRevoked(ev)
 		case evRestored:
 			rt.mu.Lock()
 			ps, ok := rt.parts[ev.p]
@@ -348,10 +348,17 @@ func (rt *Runtime) closeAll() {
 	rt.events = nil
 	rt.mu.Unlock()
 	for _, ev := range evs {
-		if ev.kind == evRestored {
+		switch ev.kind {
+		case evRestored:
 			ev.part.Close()
+		case evRevoked:
+			rt.closedRevoked(ev)
 		}
 	}
+	// Nothing is kept past the session: its partitions were closed
+	// without (keep.go).
+	rt.kept.clear()
+	rt.noteKept()
 	rt.m.owned.Set(0)
 }
 
@@ -369,7 +376,7 @@ func (rt *Runtime) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 		if ps.cancel != nil {
 			ps.cancel()
 		}
-		rt.events = append(rt.events, event{kind: evRevoked, p: p, epoch: epochSeq.Add(1)})
+		rt.queueRevoke(p, epochSeq.Add(1))
 		delete(rt.parts, p)
 		rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 	}
@@ -438,7 +445,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			// the partition's old instance is closed like a revoked one
 			// before the run loop punctuates or works again, and a
 			// transaction that wrote to it does not commit (end).
-			rt.events = append(rt.events, event{kind: evRevoked, p: p, epoch: ps.epoch})
+			rt.queueRevoke(p, ps.epoch)
 			reassigned = append(reassigned, p)
 		}
 		rt.restores.Add(1)

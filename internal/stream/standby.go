@@ -288,6 +288,10 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 func (sb *standbys) assigned(a StandbyAssignment) {
 	sb.noteHeld(a)
 	sb.rt.revokeUnowned(a.Owned)
+	// Warm structures kept at the revoke are for a partition given back
+	// here; the others' go (keep.go).
+	sb.rt.kept.retain(a.Owned)
+	sb.rt.noteKept()
 	sb.notePlaced(a)
 	if sb.rt.cfg.StandbyReplicas <= 0 {
 		return
@@ -376,6 +380,10 @@ func (sb *standbys) start(p int32) {
 	t := &tail{p: p, cancel: cancel, done: make(chan struct{})}
 	t.pos.Store(-1)
 	t.end.Store(-1)
+	// The tail writes p's state, and not through what a revoked instance
+	// of p kept (keep.go).
+	sb.rt.kept.invalidate(p)
+	sb.rt.noteKept()
 	// A previous tail of p, stopped but not yet done, still writes: the
 	// new one waits for it.
 	prev := sb.stopping[p]
