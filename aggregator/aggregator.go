@@ -125,7 +125,7 @@ type Config struct {
 	// partition watermark has passed its arrival, in order of arrival
 	// (then source partition and offset), whatever dedup's lag, at the
 	// cost of waiting up to dedup's tick interval for the watermark.
-	// Default: EntitlementsOrderInput.
+	// Default: DefaultEntitlementsOrder.
 	EntitlementsOrder string
 	// EntitlementsMaxAhead bounds, with Entitlements, how far past its
 	// own broker time in the deduped topic a record's time may be: an
@@ -198,6 +198,10 @@ const (
 	// (a commit interval and a fetch later), so that produce to OPEN
 	// revision stays under a second at the 99th percentile.
 	DefaultEntitlementsTick = 200 * time.Millisecond
+	// DefaultEntitlementsOrder: the lower latency; EntitlementsOrderArrival
+	// waits up to dedup's tick interval more (docs/entitlements.md,
+	// Decision order).
+	DefaultEntitlementsOrder = EntitlementsOrderInput
 	// DefaultEntitlementsMaxAhead is dedup's default skew S: room for
 	// the clocks of two brokers.
 	DefaultEntitlementsMaxAhead = dedup.DefaultSkew
@@ -248,7 +252,7 @@ func (c *Config) EnsureDefaults() {
 		c.EntitlementsMaxAhead = DefaultEntitlementsMaxAhead
 	}
 	if c.EntitlementsOrder == "" {
-		c.EntitlementsOrder = EntitlementsOrderInput
+		c.EntitlementsOrder = DefaultEntitlementsOrder
 	}
 	if c.BalanceInterval == 0 {
 		c.BalanceInterval = DefaultBalanceInterval

@@ -49,7 +49,7 @@ func defaultVars() kong.Vars {
 		"aggregate_final_chunk":        strconv.Itoa(aggregator.DefaultFinalChunk),
 		"aggregate_max_batch_records":  strconv.Itoa(aggregator.DefaultMaxBatchRecords),
 		"aggregate_entitlements_tick":  flagDuration(aggregator.DefaultEntitlementsTick),
-		"aggregate_entitlements_order": aggregator.EntitlementsOrderInput,
+		"aggregate_entitlements_order": aggregator.DefaultEntitlementsOrder,
 		"aggregate_balance_interval":   flagDuration(aggregator.DefaultBalanceInterval),
 
 		"sink_group":               sink.DefaultGroup,
