@@ -71,6 +71,9 @@ type arrivalHold struct {
 	fresh map[string]struct{}
 	// releasing: held events are being decided; they are not held again.
 	releasing bool
+	// released counts the held events the open transaction decided: at
+	// most Config.FinalChunk, whatever the watermark records it reads.
+	released int
 	// to is the watermark of a release in chunks (keyRelease), 0 for
 	// none; the partition watermark stays at the one it moves from.
 	to int64
@@ -167,11 +170,13 @@ func (pt *partition) continueRelease(tx *stream.Tx, limit int) (bool, error) {
 }
 
 // releaseChunk decides, in key order, at most limit held events whose
-// arrival is before arrHold.to, and reports whether none is left: the
-// release is done (to 0, keyRelease gone). Otherwise keyRelease records
-// it, with the watermark the partition stays at meanwhile.
+// arrival is before arrHold.to (fewer if the open transaction decided
+// others: at most Config.FinalChunk in all), and reports whether none is
+// left: the release is done (to 0, keyRelease gone). Otherwise keyRelease
+// records it, with the watermark the partition stays at meanwhile.
 func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 	h := &pt.ent.arrHold
+	limit = max(0, min(limit, pt.pr.cfg.FinalChunk-h.released))
 	hi := binary.BigEndian.AppendUint64([]byte{pfxHold}, uint64(max(h.to, 0)))
 	kvs, err := scanChunk(tx, []byte{pfxHold}, hi, nil, limit+1)
 	if err != nil {
@@ -181,6 +186,7 @@ func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 	if left {
 		kvs = kvs[:limit]
 	}
+	h.released += len(kvs)
 	h.releasing = true
 	defer func() { h.releasing = false }()
 	topic := pt.pr.cfg.Topics.DedupedTopic()
@@ -232,10 +238,11 @@ func (pt *partition) loadHold(st stateReader) error {
 	return st.Scan([]byte{pfxHold}, []byte{pfxHold + 1}, func(_, _ []byte) error { h.n++; return nil })
 }
 
-// endHold forgets which keys the transaction that ends held (committed or
-// aborted: Flush, Abort).
+// endHold forgets which keys the transaction that ends held, and how
+// many it released (committed or aborted: Flush, Abort).
 func (pt *partition) endHold() {
 	if pt.ent != nil {
 		clear(pt.ent.arrHold.fresh)
+		pt.ent.arrHold.released = 0
 	}
 }

@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/fault"
-	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
@@ -223,14 +221,7 @@ func testArrivalOrderCrash(t *testing.T, brokers []string) {
 				}
 			}
 			h.produce(in.wmB)
-			select {
-			case <-run.done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("the aggregator did not crash")
-			}
-			if !errors.Is(run.err, stream.ErrCrashed) {
-				t.Fatalf("the aggregator stopped with %v, want the crash", run.err)
-			}
+			run.awaitCrash(t, "the aggregator did not crash")
 			_ = fault.Arm("")
 			// Released in one transaction, nothing of it was committed;
 			// in chunks, the first ones were.

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand"
 	"slices"
@@ -562,15 +563,8 @@ func (s *pStream) arrivalOrder() (events []*oracle.Event, moved int) {
 		if next <= wm {
 			continue
 		}
-		sort.Slice(held, func(i, j int) bool {
-			a, b := held[i], held[j]
-			if a.Arrival != b.Arrival {
-				return a.Arrival < b.Arrival
-			}
-			if a.source != b.source {
-				return a.source < b.source
-			}
-			return a.seq < b.seq
+		slices.SortFunc(held, func(a, b *pEvent) int {
+			return cmp.Or(cmp.Compare(a.Arrival, b.Arrival), cmp.Compare(a.source, b.source), cmp.Compare(a.seq, b.seq))
 		})
 		n := 0
 		for n < len(held) && held[n].Arrival < next {
