@@ -179,8 +179,8 @@ func (pt *partition) drain(tx *stream.Tx) error {
 // they are not written to the state and deleted again. In steady state
 // only the records that arrived after the partition's last tick wait.
 //
-// A release of held events in chunks under way (entorder.go) goes first,
-// with the same budget.
+// A release of held events in chunks under way (entorder.go) goes first:
+// at most 2n held events (and Config.FinalChunk a transaction).
 func (pt *partition) drainAhead(tx *stream.Tx, n int) error {
 	budget := 2 * n
 	if pt.ent.releasePending() {
