@@ -117,6 +117,16 @@ type Config struct {
 	// no ticks (another process appends them, as tests do). Default:
 	// DefaultEntitlementsTick.
 	EntitlementsTick time.Duration
+	// EntitlementsOrder is, with Entitlements, the order events are
+	// decided in (docs/entitlements.md, Decision order):
+	// EntitlementsOrderInput, each as it leaves the gate, in the order of
+	// its partition of the deduped topic, which follows arrival only
+	// while dedup keeps up; or EntitlementsOrderArrival, each once the
+	// partition watermark has passed its arrival, in order of arrival
+	// (then source partition and offset), whatever dedup's lag, at the
+	// cost of waiting up to dedup's tick interval for the watermark.
+	// Default: DefaultEntitlementsOrder.
+	EntitlementsOrder string
 	// EntitlementsMaxAhead bounds, with Entitlements, how far past its
 	// own broker time in the deduped topic a record's time may be: an
 	// event's ingest_time is its arrival in the events topic, before
@@ -188,6 +198,10 @@ const (
 	// (a commit interval and a fetch later), so that produce to OPEN
 	// revision stays under a second at the 99th percentile.
 	DefaultEntitlementsTick = 200 * time.Millisecond
+	// DefaultEntitlementsOrder: the lower latency; EntitlementsOrderArrival
+	// waits up to dedup's tick interval more (docs/entitlements.md,
+	// Decision order).
+	DefaultEntitlementsOrder = EntitlementsOrderInput
 	// DefaultEntitlementsMaxAhead is dedup's default skew S: room for
 	// the clocks of two brokers.
 	DefaultEntitlementsMaxAhead = dedup.DefaultSkew
@@ -237,6 +251,9 @@ func (c *Config) EnsureDefaults() {
 	if c.EntitlementsMaxAhead <= 0 {
 		c.EntitlementsMaxAhead = DefaultEntitlementsMaxAhead
 	}
+	if c.EntitlementsOrder == "" {
+		c.EntitlementsOrder = DefaultEntitlementsOrder
+	}
 	if c.BalanceInterval == 0 {
 		c.BalanceInterval = DefaultBalanceInterval
 	}
@@ -276,6 +293,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FinalChunk <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))
+	}
+	if o := c.EntitlementsOrder; o != EntitlementsOrderInput && o != EntitlementsOrderArrival {
+		errs = append(errs, fmt.Errorf("aggregator: entitlements-order must be %q or %q (got %q)", EntitlementsOrderArrival, EntitlementsOrderInput, o))
 	}
 	return errors.Join(append(errs, c.Stream.Validate())...)
 }

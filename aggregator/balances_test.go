@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/fault"
-	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
@@ -213,14 +211,7 @@ func TestBalancePendingSurvivesCrash(t *testing.T) {
 	if err := fault.Arm(fault.BeforeCommit); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-run.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no transaction after the pending change: the aggregator did not crash")
-	}
-	if !errors.Is(run.err, stream.ErrCrashed) {
-		t.Fatalf("the aggregator stopped with %v, want the crash", run.err)
-	}
+	run.awaitCrash(t, "no transaction after the pending change: the aggregator did not crash")
 	_ = fault.Arm("")
 	r.h.start(r.config(time.Hour))
 	r.advance()

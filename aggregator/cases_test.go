@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -168,6 +169,20 @@ func (r *aggRunning) stop() error {
 		return r.err
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("aggregator did not stop within 30s")
+	}
+}
+
+// awaitCrash waits for the stage to stop at a crash point armed with
+// fault.CrashHandler; noCrash says what it means if it does not within 30 s.
+func (r *aggRunning) awaitCrash(t testing.TB, noCrash string) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal(noCrash)
+	}
+	if !errors.Is(r.err, stream.ErrCrashed) {
+		t.Fatalf("the aggregator stopped with %v, want the crash", r.err)
 	}
 }
 

@@ -142,16 +142,21 @@ func (pt *partition) entWatermark(tx *stream.Tx) error {
 // the Ledger's period index, empty for a period without usage.
 const maxRollPeriods = 64
 
-// entHasWork reports whether the entitlements have chunked work: records
-// of the gate that can go through, a period start's, or pending balances
-// going out (Flush emits their next chunk in Work's transaction).
+// entHasWork reports whether the entitlements have chunked work: held
+// events being released (entorder.go), records of the gate that can go
+// through, a period start's, or pending balances going out (Flush emits
+// their next chunk in Work's transaction).
 func (pt *partition) entHasWork() bool {
-	return pt.ent != nil && (pt.ent.more || pt.ent.roll.phase != rollIdle || pt.ent.bal.active)
+	return pt.ent != nil && (pt.ent.releasePending() || pt.ent.more || pt.ent.roll.phase != rollIdle || pt.ent.bal.active)
 }
 
 // entWork does one chunk of that work in tx.
 func (pt *partition) entWork(tx *stream.Tx) error {
 	e := pt.ent
+	if e.releasePending() {
+		_, err := pt.continueRelease(tx, pt.pr.cfg.FinalChunk)
+		return err
+	}
 	if e.more {
 		return pt.drain(tx)
 	}

@@ -102,13 +102,14 @@ func decodeGateRecord(b []byte, topic string, p int32) (*kgo.Record, error) {
 	return r, nil
 }
 
-// gateIn puts r in the gate when it must wait: the gate is not empty, or
-// r's time is past what the entitlements partition has been read up to.
+// gateIn puts r in the gate when it must wait: the gate is not empty, a
+// release of held events in chunks is under way (entorder.go), or r's
+// time is past what the entitlements partition has been read up to.
 // It reports whether it did, and, when it did not, whether r is decoded
 // in pt.ev (gateTime): handleDecoded then spares decoding it again.
 func (pt *partition) gateIn(tx *stream.Tx, r *kgo.Record) (gated, decoded bool) {
 	e := pt.ent
-	if e.gateN == 0 {
+	if e.gateN == 0 && !e.releasePending() {
 		t, dec := pt.gateTime(r)
 		if e.passes(t) {
 			return false, dec
@@ -177,8 +178,17 @@ func (pt *partition) drain(tx *stream.Tx) error {
 // time the entitlements partition has been read past skip it (gateIn):
 // they are not written to the state and deleted again. In steady state
 // only the records that arrived after the partition's last tick wait.
+//
+// A release of held events in chunks under way (entorder.go) goes first:
+// at most 2n held events (and Config.FinalChunk a transaction).
 func (pt *partition) drainAhead(tx *stream.Tx, n int) error {
-	for budget := 2 * n; pt.ent.gateN > 0 && budget > 0; {
+	budget := 2 * n
+	if pt.ent.releasePending() {
+		if done, err := pt.continueRelease(tx, min(budget, pt.pr.cfg.FinalChunk)); err != nil || !done {
+			return err
+		}
+	}
+	for pt.ent.gateN > 0 && budget > 0 {
 		done, err := pt.drainN(tx, min(budget, pt.pr.cfg.FinalChunk))
 		if err != nil || done == 0 {
 			return err
@@ -254,7 +264,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 // the chunks of a period's roll and FINALs go in the same transactions.
 func (pt *partition) gateHeadPasses(st stateReader) (bool, error) {
 	e := pt.ent
-	if e.gateN <= 0 {
+	if e.gateN <= 0 || e.releasePending() {
 		return false, nil
 	}
 	var head *kgo.Record
@@ -281,9 +291,13 @@ func (pt *partition) gateHeadPasses(st stateReader) (bool, error) {
 }
 
 // leave lets r, the record at the head of the gate, through when the
-// entitlements partition has been read past its time (passes): out takes
-// it out of the gate, then it is handled. It reports whether r went.
+// entitlements partition has been read past its time (passes) and no
+// release of held events in chunks is under way: out takes it out of the
+// gate, then it is handled. It reports whether r went.
 func (pt *partition) leave(tx *stream.Tx, r *kgo.Record, out func()) (bool, error) {
+	if pt.ent.releasePending() {
+		return false, nil
+	}
 	t, decoded := pt.gateTime(r)
 	if !pt.ent.passes(t) {
 		return false, nil

@@ -117,6 +117,8 @@ type entPart struct {
 	freshFirst uint64
 	freshHead  int
 	gateKeyBuf []byte
+	// arrHold is the events waiting for the watermark (entorder.go).
+	arrHold arrivalHold
 	// warned holds the meters a misconfigured cap or rate was logged
 	// for.
 	warned map[string]bool
@@ -459,6 +461,9 @@ func (pt *partition) loadEnt(st stateReader) error {
 		return err
 	}
 	pt.pr.m.pendingBalances.WithLabelValues(pt.pl).Set(float64(len(e.pendingAt)))
+	if err := pt.loadHold(st); err != nil {
+		return err
+	}
 	if e.more, err = pt.gateHeadPasses(st); err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package aggregator
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,14 +20,17 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// The property test with entitlements (runPropertyWith): seeds 1–4 on
-// kfake, 101–102 on the real broker, each with some of the generators of
-// entGen switched on: seeds 1 and 101 interleaved, with broker times that
-// step back and customers' records on a wrong partition; 2 and 102
-// interleaved and behind, with step-backs, compared event by event
-// (runBothWays; a copy of a misplaced record lands when the aggregator
-// reads its original, so behind and interleaved need not agree with
-// them); 3 behind, with step-backs; 4 misplaced records alone.
+// The property test with entitlements (runPropertyWith): seeds 1–4, 8
+// and 10 on kfake, 101, 102 and 105 on the real broker, each with some of
+// the generators of entGen switched on: seeds 1 and 101 interleaved, with
+// broker times that step back and customers' records on a wrong
+// partition; 2 and 102 interleaved and behind, with step-backs, compared
+// event by event (runBothWays; a copy of a misplaced record lands when
+// the aggregator reads its original, so behind and interleaved need not
+// agree with them); 3 behind, with step-backs; 4 misplaced records alone;
+// 8 and 105 as 1, 10 as 2, decided in arrival order with the events
+// reaching usage.deduped source by source (a dedup backlog), which input
+// order decides otherwise.
 // METERLINE_PROPERTY_SEEDS=n adds n kfake seeds from 1000 (misplaced
 // records, step-backs in every other), n from 2000 run both ways, and n
 // real-broker seeds from 5000.
@@ -43,6 +48,15 @@ func TestPropertyEntitlementsKFake(t *testing.T) {
 	t.Run("seed=3", func(t *testing.T) { runPropertyWith(t, nil, 3, short, &entGen{stepBack: true, behind: true}) })
 	// Misplaced records alone, over three days of broker time.
 	t.Run("seed=4", func(t *testing.T) { runPropertyWith(t, nil, 4, short, &entGen{misplaced: true}) })
+	// Decided in arrival order, the events reaching usage.deduped source
+	// by source: with step-backs and misplaced records (two sources); and
+	// caught up and behind alike (three sources).
+	t.Run("seed=8", func(t *testing.T) {
+		runPropertyWith(t, nil, 8, short, &entGen{stepBack: true, misplaced: true, arrival: true, lagged: true})
+	})
+	t.Run("seed=10", func(t *testing.T) {
+		runBothWays(t, nil, 10, short, entGen{stepBack: true, arrival: true, lagged: true})
+	})
 	n := int64(testenv.PropertySeeds())
 	for seed := int64(1000); seed < 1000+n; seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
@@ -61,6 +75,9 @@ func TestPropertyEntitlementsRealKafka(t *testing.T) {
 		runPropertyWith(t, brokers, 101, propReal, &entGen{stepBack: true, misplaced: true})
 	})
 	t.Run("seed=102", func(t *testing.T) { runBothWays(t, brokers, 102, propReal, entGen{stepBack: true}) })
+	t.Run("seed=105", func(t *testing.T) { // three sources
+		runPropertyWith(t, brokers, 105, propReal, &entGen{stepBack: true, misplaced: true, arrival: true, lagged: true})
+	})
 	// METERLINE_PROPERTY_SEEDS=n adds n seeds from 5000, taking turns:
 	// step-backs and misplaced records; both ways with step-backs;
 	// misplaced records alone.
@@ -102,6 +119,14 @@ type entGen struct {
 	// behind: every record of usage.entitlements, ticks included, is
 	// written, and read by the aggregator, before the first event.
 	behind bool
+	// arrival: the aggregator decides in arrival order
+	// (EntitlementsOrderArrival), the model in the order
+	// pStream.arrivalOrder gives.
+	arrival bool
+	// lagged: the events between two watermark records reach
+	// usage.deduped source by source, as after a dedup backlog
+	// (pStream.bySource).
+	lagged bool
 	// outcomes, when set, gets each event's outcome read from
 	// usage.rejected (by identity; the rejected ones only) once the run
 	// settled, before it is checked against the model (runBothWays).
@@ -113,7 +138,7 @@ func (g entGen) String() string {
 	for _, s := range []struct {
 		on   bool
 		name string
-	}{{g.stepBack, "step-back"}, {g.misplaced, "misplaced"}, {g.behind, "behind"}} {
+	}{{g.stepBack, "step-back"}, {g.misplaced, "misplaced"}, {g.behind, "behind"}, {g.arrival, "arrival order"}, {g.lagged, "lagged"}} {
 		if s.on {
 			on = append(on, s.name)
 		}
@@ -511,4 +536,74 @@ func (c *brokerClock) Now() time.Time {
 
 func (c *brokerClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	return clock.Real{}.AfterFunc(d, f)
+}
+
+// arrivalOrder is the order the aggregator decides the stream's events in
+// with EntitlementsOrderArrival (docs/entitlements.md, Decision order): an
+// event whose arrival the partition watermark (every partition gets every
+// watermark record) has not passed waits; a watermark record that moves it
+// decides the waiting events it passes, by arrival, source partition and
+// source offset; any other event (a re-routed one) is decided when read.
+// moved counts the events decided at another place than in input order.
+func (s *pStream) arrivalOrder() (events []*oracle.Event, moved int) {
+	wms := make([]int64, s.sources)
+	wm := int64(0)
+	var held []*pEvent
+	for _, st := range s.steps {
+		if e := st.ev; e != nil {
+			if e.Arrival > 0 && e.Arrival >= wm {
+				held = append(held, e)
+			} else {
+				events = append(events, &e.Event)
+			}
+			continue
+		}
+		wms[st.wm.SourcePartition] = max(wms[st.wm.SourcePartition], st.wm.Watermark)
+		next := slices.Min(wms)
+		if next <= wm {
+			continue
+		}
+		slices.SortFunc(held, func(a, b *pEvent) int {
+			return cmp.Or(cmp.Compare(a.Arrival, b.Arrival), cmp.Compare(a.source, b.source), cmp.Compare(a.seq, b.seq))
+		})
+		n := 0
+		for n < len(held) && held[n].Arrival < next {
+			events = append(events, &held[n].Event)
+			n++
+		}
+		held = append(held[:0], held[n:]...)
+		wm = next
+	}
+	for _, e := range held {
+		events = append(events, &e.Event)
+	}
+	for i, e := range events {
+		if e != &s.events[i].Event {
+			moved++
+		}
+	}
+	return events, moved
+}
+
+// bySource reorders the events between two watermark records source by
+// source, each source's in its own order: how they reach usage.deduped
+// when each source's dedup writes a batch at a time (a backlog). No event
+// moves past a watermark record, so each still comes before the
+// watermark that passes its arrival.
+func (s *pStream) bySource() {
+	run := 0
+	for i := 0; i <= len(s.steps); i++ {
+		if i < len(s.steps) && s.steps[i].ev != nil {
+			continue
+		}
+		evs := s.steps[run:i]
+		sort.SliceStable(evs, func(a, b int) bool { return evs[a].ev.source < evs[b].ev.source })
+		run = i + 1
+	}
+	s.events = s.events[:0]
+	for _, st := range s.steps {
+		if st.ev != nil {
+			s.events = append(s.events, st.ev)
+		}
+	}
 }

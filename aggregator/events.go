@@ -51,6 +51,10 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 		if pt.tooFarAhead(r, m.IngestTime) {
 			return pt.rejectTooFarAhead(tx, r, m, "ingest_time", m.IngestTime)
 		}
+		if pt.holds(m) {
+			pt.hold(tx, r, m)
+			return nil
+		}
 		return pt.event(tx, r, m, false)
 	default:
 		return pt.reject(tx, r, nil, schemas.ReasonInvalid, fmt.Sprintf("record is a %s, not a DedupedEvent or Watermark", msg.Kind()))
@@ -61,6 +65,10 @@ func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
 func (pt *partition) handleDecoded(tx *stream.Tx, r *kgo.Record) error {
 	if pt.tooFarAhead(r, pt.ev.IngestTime) {
 		return pt.rejectTooFarAhead(tx, r, &pt.ev, "ingest_time", pt.ev.IngestTime)
+	}
+	if pt.holds(&pt.ev) {
+		pt.hold(tx, r, &pt.ev)
+		return nil
 	}
 	return pt.event(tx, r, &pt.ev, false)
 }
@@ -100,16 +108,9 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 	binary.BigEndian.PutUint64(v[:], uint64(w.Watermark))
 	tx.Put(k, v[:])
 	if wm := minWatermark(pt.sources); wm > pt.wm {
-		pt.wm = wm
-		if pt.ent != nil {
-			if err := pt.entWatermark(tx); err != nil {
-				return err
-			}
-		}
-		// Periods whose end + grace it passed are decided final now;
-		// their FINAL revisions, and the expiry of periods at end + W + B,
-		// go out in chunks (Work).
-		return pt.finalize(tx)
+		// The held events it passes are decided first, as they would
+		// have been read before it had dedup kept up (entorder.go).
+		return pt.advanceTo(tx, wm)
 	}
 	return nil
 }

@@ -654,6 +654,7 @@ func (pt *partition) Abort() {
 		pt.ent.dropTimelines()
 		pt.ent.pending.clear()
 		pt.ent.flushed.clear()
+		pt.endHold()
 		// The records the aborted transaction put in the gate are read
 		// again with its input.
 		clear(pt.ent.fresh)
@@ -769,6 +770,7 @@ func (pt *partition) Flush(tx *stream.Tx) error {
 		// transaction; the records gated from now on enter it in the
 		// next one.
 		pt.flushGate(tx)
+		pt.endHold()
 	}
 	n, size := 0, 0
 	for _, a := range pt.dirty {

@@ -115,6 +115,7 @@ type pEvent struct {
 	oracle.Event
 	part   int32 // usage.deduped partition
 	source int32
+	seq    int64 // its offset in its source (DedupedEvent.SourceOffset)
 }
 
 // ---- the stream ----
@@ -157,6 +158,7 @@ func genStream(r *rand.Rand, p propParams) *pStream {
 		// Random ids, so LATEST's tie-break on equal event times is not
 		// just the arrival order.
 		e.ID = fmt.Sprintf("e%06d-%04d", r.Intn(1_000_000), id)
+		e.seq = int64(id)
 		id++
 		if r.Intn(10) > 0 {
 			e.Properties["region"] = regions[r.Intn(len(regions))]
@@ -296,6 +298,7 @@ type propInst struct {
 
 type propRun struct {
 	ent     bool         // Config.Entitlements, with the test's ticks
+	order   string       // Config.EntitlementsOrder
 	clock   *brokerClock // nil: wall time (entGen.misplaced: the run's broker times)
 	t       *testing.T
 	h       *aggHarness
@@ -312,7 +315,7 @@ func (pr *propRun) config(id string, fs vfs.FS, started func()) Config {
 	cfg.Period, cfg.Grace, cfg.Window, cfg.Meters = Day, time.Hour, time.Duration(pWindow)*time.Millisecond, pr.cat
 	cfg.FinalChunk = propChunk
 	if pr.ent {
-		cfg.Entitlements, cfg.EntitlementsTick = true, -1
+		cfg.Entitlements, cfg.EntitlementsTick, cfg.EntitlementsOrder = true, -1, pr.order
 	}
 	if pr.clock != nil {
 		cfg.Stream.Clock = pr.clock
@@ -483,6 +486,9 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 	t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
 	r := rand.New(rand.NewSource(seed))
 	st := genStream(r, p)
+	if ent != nil && ent.lagged {
+		st.bySource()
+	}
 	late, finalOnArrival := 0, 0
 	for _, e := range st.events {
 		if !pModel.OnTime(&e.Event) {
@@ -509,6 +515,9 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 		names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: p.partitions, Sources: st.sources, EventsTimestamp: "CreateTime"})
 		pr.h = &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate", createTime: true}
 		pr.ent = true
+		if ent.arrival {
+			pr.order = EntitlementsOrderArrival
+		}
 		ep = newEntProp(rand.New(rand.NewSource(seed)), pr.h, p.partitions, st, *ent)
 		if ent.misplaced {
 			// The copies of misplaced records are stamped with the
@@ -634,6 +643,11 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 	for i, e := range st.events {
 		events[i] = &e.Event
 	}
+	if ent != nil && ent.arrival {
+		var moved int
+		events, moved = st.arrivalOrder()
+		t.Logf("arrival order: %d of %d events decided elsewhere than in input order", moved, len(events))
+	}
 	if ep != nil {
 		t.Logf("entitlements (%s): %d records, %d behind their partition's latest broker time, %d on another partition than their customer's",
 			ent, len(ep.ent.Records), ep.steppedBack, ep.misplaced)
@@ -654,5 +668,5 @@ func runPropertyWith(t *testing.T, brokers []string, seed int64, p propParams, e
 
 func (e *pEvent) dedupedEvent() *schemas.DedupedEvent {
 	return &schemas.DedupedEvent{EventID: e.ID, CustomerID: e.Customer, Meter: e.Meter, Quantity: e.Quantity, EventTime: e.EventTime,
-		IngestTime: e.Arrival, Properties: schemas.Properties(e.Properties), SourcePartition: e.source, Source: "prop"}
+		IngestTime: e.Arrival, Properties: schemas.Properties(e.Properties), SourcePartition: e.source, SourceOffset: e.seq, Source: "prop"}
 }

@@ -1,7 +1,6 @@
 package aggregator
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/fault"
-	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -74,14 +72,7 @@ func testRollCrash(t *testing.T, crashAt int) {
 	}
 	last := h0 + 130*hour + 5000
 	h.produce(h.watermark(0, 0, 1, last))
-	select {
-	case <-run.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the aggregator did not crash")
-	}
-	if !errors.Is(run.err, stream.ErrCrashed) {
-		t.Fatalf("the aggregator stopped with %v, want the crash", run.err)
-	}
+	run.awaitCrash(t, "the aggregator did not crash")
 	_ = fault.Arm("")
 	start := last - last%hour
 	mid := 0

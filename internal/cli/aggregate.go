@@ -29,14 +29,15 @@ type AggregateCmd struct {
 // bucket and skew are not among them: `meterline run` gives the aggregator
 // dedup's.
 type AggregateFlags struct {
-	Group            string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
-	Period           string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
-	Grace            time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace (at least 1ms)." default:"${aggregate_grace}"`
-	MaxBatchRecords  int           `help:"Most input records in one transaction (one ends sooner at --commit-interval): what a transaction writes grows with the aggregates and customers it changed, so larger ones cost less per event." default:"${aggregate_max_batch_records}"`
-	FinalChunk       int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
-	Entitlements     bool          `help:"Decide caps and credits (docs/entitlements.md): read usage.entitlements with usage.deduped, reject events over a cap (over_limit) or without credit (no_credit), write usage.balances."`
-	EntitlementsTick time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition while it is needed (records waiting for their decision, balances pending, input arriving): an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
-	BalanceInterval  time.Duration `help:"How often, in broker time, the balances of the customers that changed go to usage.balances: a customer gets at most one balance per interval (a period start's aside), as of its latest change. 0: one per transaction that changed it." default:"${aggregate_balance_interval}" zero:""`
+	Group             string        `help:"Consumer group of the aggregator." default:"${aggregate_group}"`
+	Period            string        `help:"Billing period: month, day or hour (UTC, calendar-aligned)." default:"${aggregate_period}" enum:"month,day,hour"`
+	Grace             time.Duration `help:"How long after its end a period stays open; it is final once the watermark passes end + grace (at least 1ms)." default:"${aggregate_grace}"`
+	MaxBatchRecords   int           `help:"Most input records in one transaction (one ends sooner at --commit-interval): what a transaction writes grows with the aggregates and customers it changed, so larger ones cost less per event." default:"${aggregate_max_batch_records}"`
+	FinalChunk        int           `help:"Aggregates per transaction when a period's FINAL revisions go out (and when its state expires): a month end is spread over several transactions so that none outlasts --transaction-timeout." default:"${aggregate_final_chunk}"`
+	Entitlements      bool          `help:"Decide caps and credits (docs/entitlements.md): read usage.entitlements with usage.deduped, reject events over a cap (over_limit) or without credit (no_credit), write usage.balances."`
+	EntitlementsTick  time.Duration `help:"How often a tick is appended to each owned usage.entitlements partition while it is needed (records waiting for their decision, balances pending, input arriving): an event waits until its entitlements partition has been read past its arrival. Negative: no ticks." default:"${aggregate_entitlements_tick}"`
+	EntitlementsOrder string        `help:"With entitlements on, the order events are decided in (docs/entitlements.md, Decision order): input, as they come in usage.deduped, which follows their arrival only while dedup keeps up; arrival, once the watermark has passed their arrival, in order of arrival, whatever dedup's lag (decisions then wait up to dedup's tick interval, meterline dedup --tick-interval, 5s by default)." default:"${aggregate_entitlements_order}" enum:"arrival,input"`
+	BalanceInterval   time.Duration `help:"How often, in broker time, the balances of the customers that changed go to usage.balances: a customer gets at most one balance per interval (a period start's aside), as of its latest change. 0: one per transaction that changed it." default:"${aggregate_balance_interval}" zero:""`
 }
 
 // MetersFlags name the meters file, which the aggregator and the HTTP
@@ -65,7 +66,7 @@ func (f *AggregateFlags) config(g *Globals, sf *StageFlags, m *MetersFlags, d de
 	cfg := aggregator.Config{Stream: sc, Topics: g.Topic, StrictMeters: m.StrictMeters,
 		Period: aggregator.Period(f.Period), Grace: f.Grace, FinalChunk: f.FinalChunk,
 		Window: d.Window, Bucket: d.Bucket, Skew: d.Skew,
-		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, BalanceInterval: f.BalanceInterval,
+		Entitlements: f.Entitlements, EntitlementsTick: f.EntitlementsTick, EntitlementsOrder: f.EntitlementsOrder, BalanceInterval: f.BalanceInterval,
 		AllowCreateTime: sf.AllowCreateTime}
 	if f.BalanceInterval <= 0 {
 		cfg.BalanceInterval = aggregator.BalanceEveryTransaction

@@ -1,0 +1,247 @@
+package aggregator
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
+)
+
+// orderInput is one customer's input from two usage.events partitions
+// (sources): acme's plan (a cap of 12 api_calls, a grant of 900
+// micro-credits, no overdraft), the rate card (100 micro-credits a call),
+// and four events of different sizes, A1 and A2 of source 0, B1 and B2 of
+// source 1, arriving A1 < B1 < A2 < B2, with the watermark records dedup
+// forwards once both sources passed them.
+//
+// In arrival order: A1 (4) and B1 (5) are paid (900), A2 (4) would take
+// the cap to 13 (over_limit), B2 (3) lands on 12 but no credit is left
+// (no_credit). In the order of a backlog (source 0's batch, then source
+// 1's): A1 and A2 are paid (800), B1 over_limit, B2 no_credit (100 left).
+type orderInput struct {
+	ent                 []*kgo.Record // usage.entitlements
+	a1, a2, b1, b2      *kgo.Record   // acme's events
+	wmA, wmB            *kgo.Record   // watermarks of sources 0 and 1
+	caughtUp, afterBack []*kgo.Record // usage.deduped in either interleaving
+}
+
+const orderN = 2 // partitions of every topic; sources of the watermark
+
+// orderQuantities are the events' quantities (orderInput).
+var orderQuantities = map[string]int64{"A1": 4, "B1": 5, "A2": 4, "B2": 3}
+
+func (h *aggHarness) orderInput() *orderInput {
+	t0 := time.Now().Add(-90 * time.Second).UnixMilli()
+	p := schemas.Partition(schemas.CustomerKey("acme"), orderN)
+	in := &orderInput{}
+	in.ent = append(in.ent, h.entitlement(orderN, &schemas.Entitlements{CustomerID: "acme", Plan: "capped",
+		Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 12, OnLimit: schemas.OnLimitReject}},
+		Grants:    []schemas.Grant{{ID: "g1", Amount: 900}},
+		Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, t0-10_000))
+	in.ent = append(in.ent, h.shared(orderN, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+		{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 100, PerUnits: 1}}}}}, t0-10_000)...)
+	ev := func(id string, src int32, off, at, q int64) *kgo.Record {
+		return h.dedupedEvent(p, &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "api_calls", Quantity: q,
+			EventTime: at, IngestTime: at, SourcePartition: src, SourceOffset: off})
+	}
+	q := orderQuantities
+	in.a1, in.b1 = ev("A1", 0, 10, t0+1000, q["A1"]), ev("B1", 1, 20, t0+2000, q["B1"])
+	in.a2, in.b2 = ev("A2", 0, 11, t0+3000, q["A2"]), ev("B2", 1, 21, t0+4000, q["B2"])
+	in.wmA, in.wmB = h.watermark(p, 0, orderN, t0+5000), h.watermark(p, 1, orderN, t0+5000)
+	in.caughtUp = []*kgo.Record{in.a1, in.b1, in.a2, in.b2, in.wmA, in.wmB}
+	in.afterBack = []*kgo.Record{in.a1, in.a2, in.wmA, in.b1, in.b2, in.wmB}
+	return in
+}
+
+// orderDecisions is what the test compares: each event's outcome and the
+// credits drawn.
+type orderDecisions struct {
+	outcome map[string]string
+	credits int64
+}
+
+func (d orderDecisions) String() string {
+	return fmt.Sprintf("%v, %d micro-credits", d.outcome, d.credits)
+}
+
+// decisionsOf waits for acme's four events to be decided and returns the
+// decisions: rejected ones by reason, the others "accepted" (the OPEN
+// value must be their quantities' sum), and the credits its balance says
+// g1 paid.
+func decisionsOf(t *testing.T, h *aggHarness) orderDecisions {
+	t.Helper()
+	awaitDecided(t, h, 4)
+	d := orderDecisions{outcome: map[string]string{}}
+	for _, r := range readRejected(t, h) {
+		d.outcome[r.EventID] = r.Reason
+	}
+	accepted := int64(0)
+	for id, q := range orderQuantities {
+		if _, ok := d.outcome[id]; !ok {
+			d.outcome[id] = "accepted"
+			accepted += q
+		}
+	}
+	if got := openValues(t, h)["acme/api_calls"]; got != accepted {
+		t.Errorf("acme's OPEN value %d, want %d, the accepted events' (%v)", got, accepted, d.outcome)
+	}
+	bs := awaitBalances(t, h, "acme's credits of its accepted events", func(bs map[string]*schemas.Balance) bool {
+		b := bs["acme"]
+		return b != nil && len(b.Grants) == 1 && b.Grants[0].Consumed == 100*accepted
+	})
+	d.credits = bs["acme"].Grants[0].Consumed
+	return d
+}
+
+// orderRun writes in (interleaved as caught up or after a backlog) and
+// returns the decisions of an aggregator in order, with FinalChunk chunk
+// (0: the default).
+func orderRun(t *testing.T, brokers []string, order string, backlog bool, chunk int) orderDecisions {
+	h := newEntHarness(t, brokers, orderN)
+	in := h.orderInput()
+	h.produce(in.ent...)
+	if backlog {
+		h.produce(in.afterBack...)
+	} else {
+		h.produce(in.caughtUp...)
+	}
+	cfg := h.entConfig("a", vfs.NewMem())
+	cfg.EntitlementsOrder = order
+	cfg.FinalChunk = chunk
+	cfg.Stream.Registerer = prometheus.NewRegistry()
+	run := h.start(cfg)
+	h.caughtUp()
+	d := decisionsOf(t, h)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// wantArrivalOrder is the decisions in arrival order (orderInput).
+var wantArrivalOrder = orderDecisions{outcome: map[string]string{"A1": "accepted", "B1": "accepted", "A2": "over_limit", "B2": "no_credit"}, credits: 900}
+
+// TestEntitlementsArrivalOrderDeterministic: one customer's events from
+// two sources, in usage.deduped as they come while dedup keeps up and as
+// they come after a backlog (one source's batch before the other's). In
+// input order the cap and the credits decide them differently; with
+// EntitlementsOrderArrival both give the decisions of arrival order, also
+// when the release is chunked one event a transaction.
+func TestEntitlementsArrivalOrderDeterministic(t *testing.T) { testArrivalOrder(t, nil) }
+
+// TestRealEntitlementsArrivalOrderDeterministic is the same on the real
+// broker of METERLINE_TEST_KAFKA.
+func TestRealEntitlementsArrivalOrderDeterministic(t *testing.T) {
+	testArrivalOrder(t, testenv.RealKafka(t))
+}
+
+func testArrivalOrder(t *testing.T, brokers []string) {
+	inCaught := orderRun(t, brokers, EntitlementsOrderInput, false, 0)
+	inBack := orderRun(t, brokers, EntitlementsOrderInput, true, 0)
+	if inCaught.String() == inBack.String() {
+		t.Errorf("input order decided alike after a backlog (%v): the test shows nothing", inCaught)
+	}
+	t.Logf("input order: caught up %v; after a backlog %v", inCaught, inBack)
+	for _, backlog := range []bool{false, true} {
+		for _, chunk := range []int{0, 1} {
+			if got := orderRun(t, brokers, EntitlementsOrderArrival, backlog, chunk); got.String() != wantArrivalOrder.String() {
+				t.Errorf("arrival order, backlog %v, chunk %d: %v, want %v", backlog, chunk, got, wantArrivalOrder)
+			}
+		}
+	}
+}
+
+// TestEntitlementsArrivalOrderCrash: the events wait for the watermark in
+// the committed state; the transaction that reads the watermark and decides
+// them crashes after its second decision (before its commit), or before the
+// commit of the transaction that held them; or, released one event a
+// transaction, the third transaction of the release crashes, two chunks
+// committed. The restart, on the state kept or on a fresh one (restored
+// from the changelog), decides them as in arrival order, each once.
+func TestEntitlementsArrivalOrderCrash(t *testing.T) { testArrivalOrderCrash(t, nil) }
+
+// TestRealEntitlementsArrivalOrderCrash is the same on the real broker of
+// METERLINE_TEST_KAFKA.
+func TestRealEntitlementsArrivalOrderCrash(t *testing.T) {
+	testArrivalOrderCrash(t, testenv.RealKafka(t))
+}
+
+func testArrivalOrderCrash(t *testing.T, brokers []string) {
+	for _, c := range []struct {
+		point string
+		keep  bool
+		chunk int
+	}{
+		{fault.ChargeDecided + "@2", true, 0},
+		{fault.ChargeDecided + "@3", false, 0},
+		{fault.BeforeCommit + "@1", true, 0},
+		{fault.ChargeDecided + "@3", true, 1},
+		{fault.ChargeDecided + "@4", false, 1},
+	} {
+		t.Run(fmt.Sprintf("%s keep=%v chunk=%d", c.point, c.keep, c.chunk), func(t *testing.T) {
+			h := newEntHarness(t, brokers, orderN)
+			in := h.orderInput()
+			h.produce(in.ent...)
+			fs := vfs.NewMem()
+			cfg := func(fs vfs.FS) Config {
+				cfg := h.entConfig("a", fs)
+				cfg.EntitlementsOrder = EntitlementsOrderArrival
+				cfg.FinalChunk = c.chunk
+				cfg.Stream.Registerer = prometheus.NewRegistry()
+				return cfg
+			}
+			fault.SetHandler(fault.CrashHandler)
+			t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
+			if c.point == fault.BeforeCommit+"@1" {
+				// The first transaction of the events: it holds them.
+				if err := fault.Arm(c.point); err != nil {
+					t.Fatal(err)
+				}
+				h.produce(in.afterBack[:len(in.afterBack)-1]...)
+			} else {
+				// Held and committed, then the watermark that releases
+				// them.
+				h.produce(in.afterBack[:len(in.afterBack)-1]...)
+			}
+			run := h.start(cfg(fs))
+			if c.point != fault.BeforeCommit+"@1" {
+				h.caughtUp()
+				if n := len(readRejected(t, h)) + len(readAggregates(t, h)); n != 0 {
+					t.Fatalf("%d outputs before the watermark passed the events' arrival", n)
+				}
+				if err := fault.Arm(c.point); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.produce(in.wmB)
+			run.awaitCrash(t, "the aggregator did not crash")
+			_ = fault.Arm("")
+			// Released in one transaction, nothing of it was committed;
+			// in chunks, the first ones were.
+			if n := len(readAggregates(t, h)); (n > 0) != (c.chunk == 1) {
+				t.Errorf("%d OPEN revisions committed before the crash, chunk %d", n, c.chunk)
+			}
+			if !c.keep {
+				fs = vfs.NewMem()
+			}
+			run = h.start(cfg(fs))
+			h.caughtUp()
+			if got := decisionsOf(t, h); got.String() != wantArrivalOrder.String() {
+				t.Errorf("after the crash: %v, want %v", got, wantArrivalOrder)
+			}
+			if n := len(readRejected(t, h)); n != 2 {
+				t.Errorf("%d rejections, want 2 (each event decided once)", n)
+			}
+			if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
