@@ -88,11 +88,3 @@ func (b *bloom) mayContain(h []byte) bool {
 	}
 	return false
 }
-
-func (b *bloom) keys() int {
-	n := 0
-	for _, f := range b.filters {
-		n += f.n
-	}
-	return n
-}

@@ -305,17 +305,11 @@ type memberClaim struct {
 	generation int32   // -1 when unknown
 }
 
-// parseClaim reads a member's sticky userdata: the partition numbers it was
-// last assigned of any co-partitioned topic, in range. Unreadable userdata
+// parseClaimWarm reads a member's sticky userdata: the partition numbers it
+// was last assigned of any co-partitioned topic, in range, and the warm
+// copies it advertises after them (standby_balance.go). Unreadable userdata
 // (another client, a corrupt join) is no history, never an error: it only
 // costs stickiness.
-func parseClaim(userdata []byte, topics []string, n int32) memberClaim {
-	c, _ := parseClaimWarm(userdata, topics, n)
-	return c
-}
-
-// parseClaimWarm reads a member's claim and the warm copies it advertises
-// after it (standby_balance.go).
 func parseClaimWarm(userdata []byte, topics []string, n int32) (memberClaim, warmInput) {
 	var sm kmsg.StickyMemberMetadata
 	if len(userdata) == 0 || sm.ReadFrom(userdata) != nil {
@@ -335,16 +329,4 @@ func parseClaimWarm(userdata []byte, topics []string, n int32) (memberClaim, war
 	slices.Sort(c.numbers)
 	c.numbers = slices.Compact(c.numbers)
 	return c, warmInput{warm: parseWarm(userdata, &sm, n)}
-}
-
-// assignNumbers assigns the partition numbers [0, n) to the members, in the
-// order kgo sorted them (instance ID, then member ID), and returns each
-// member's sorted numbers. A number claimed by several members belongs to the
-// highest generation, the first member on a tie. The ⌈n/m⌉ quotas go to the
-// members that keep the most (the first on a tie), which maximises the
-// numbers kept; each member keeps its lowest claimed numbers up to its
-// quota; the rest are dealt in ascending order to the members below quota,
-// in member order. The result is deterministic.
-func assignNumbers(claims []memberClaim, n int32) [][]int32 {
-	return assignWarm(claims, nil, n, 0, 0, 0).numbers
 }

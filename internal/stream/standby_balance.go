@@ -322,7 +322,14 @@ type warmPlan struct {
 
 // assignWarm assigns the partition numbers [0, n) to the members (in kgo's
 // order) and their standbys, by the rules of CopartitionStandbyBalancer.
-// With no warm copies and replicas == 0 it is exactly assignNumbers.
+// With no warm copies and replicas == 0, the owners are assigned so: in the
+// order kgo sorted the members (instance ID, then member ID), each
+// member's numbers sorted. A number claimed by several members belongs to
+// the highest generation, the first member on a tie. The ⌈n/m⌉ quotas go
+// to the members that keep the most (the first on a tie), which maximises
+// the numbers kept; each member keeps its lowest claimed numbers up to its
+// quota; the rest are dealt in ascending order to the members below quota,
+// in member order. The result is deterministic.
 func assignWarm(claims []memberClaim, warm []warmInput, n int32, replicas int, acceptableLag int64, maxWarmups int) warmPlan {
 	m := len(claims)
 	wb := &warmBalance{n: n, m: m, warm: warm, replicas: replicas, acceptableLag: acceptableLag, maxWarmups: maxWarmups,
