@@ -67,13 +67,23 @@ func upgradedSchema(t *testing.T, ms []chschema.Migration, i, kill int) string {
 }
 
 // insertLedgerRows writes a row to the ledger tables usage_events and
-// usage_aggregates (and through their views to the derived tables).
+// usage_aggregates, and usage_balances once it exists (and through their
+// views to the derived tables).
 func insertLedgerRows(ctx context.Context, t *testing.T, conn driver.Conn) {
 	t.Helper()
-	for _, s := range []string{
+	stmts := []string{
 		"INSERT INTO usage_events (kafka_topic, kafka_offset, kafka_timestamp, event_id, customer_id, meter, quantity, event_time) SELECT 'e', 1, toDateTime('2026-11-02 00:00:00'), 'e1', 'c', 'm', 5, toDateTime('2026-11-01 00:00:00')",
 		"INSERT INTO usage_aggregates (kafka_topic, kafka_offset, kafka_timestamp, customer_id, meter) SELECT 'a', 1, toDateTime('2026-11-02 00:00:00'), 'c', 'm'",
-	} {
+	}
+	var balances uint8
+	if err := conn.QueryRow(ctx, "EXISTS TABLE usage_balances").Scan(&balances); err != nil {
+		t.Fatal(err)
+	}
+	if balances > 0 {
+		stmts = append(stmts, "INSERT INTO usage_balances (kafka_topic, kafka_offset, kafka_timestamp, customer_id, revision, period_start, period_end) "+
+			"SELECT 'b', 1, toDateTime('2026-11-02 00:00:00'), 'c', toInt64(1), toDateTime('2026-11-01 00:00:00'), toDateTime('2026-12-01 00:00:00')")
+	}
+	for _, s := range stmts {
 		if err := conn.Exec(ctx, s); err != nil {
 			t.Fatal(err)
 		}
@@ -89,6 +99,7 @@ func describeDatabase(ctx context.Context, t *testing.T, conn driver.Conn) strin
 		"SELECT run_id, argMax(finished, version) FROM meterline_rebuilds GROUP BY run_id ORDER BY run_id",
 		"SELECT count() > 0 FROM sink_progress WHERE kafka_topic = ''",
 		"SELECT count(), sum(quantity) FROM usage_daily",
+		"SELECT sum(rows) > 0 FROM system.parts WHERE database = currentDatabase() AND table = 'balances_current' AND active",
 	} {
 		got, err := tsv(ctx, conn, q)
 		if err != nil {

@@ -572,6 +572,8 @@ type rebuildRun struct {
 	id     string
 	tables []string
 	reason string
+	// version is the run's latest record's (unfinishedRebuilds).
+	version uint64
 }
 
 func (v *verifier) unfinished(ctx context.Context) ([]rebuildRun, error) {
@@ -581,7 +583,7 @@ func (v *verifier) unfinished(ctx context.Context) ([]rebuildRun, error) {
 func unfinishedRebuilds(ctx context.Context, conn driver.Conn, db string) ([]rebuildRun, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := conn.Query(qctx, "SELECT run_id, tables, reason FROM "+db+"."+RebuildsTable+" FINAL WHERE finished = 0 ORDER BY run_id")
+	rows, err := conn.Query(qctx, "SELECT run_id, tables, reason, version FROM "+db+"."+RebuildsTable+" FINAL WHERE finished = 0 ORDER BY run_id")
 	if err != nil {
 		return nil, fmt.Errorf("sink: read %s: %w", RebuildsTable, err)
 	}
@@ -589,7 +591,7 @@ func unfinishedRebuilds(ctx context.Context, conn driver.Conn, db string) ([]reb
 	var out []rebuildRun
 	for rows.Next() {
 		var r rebuildRun
-		if err := rows.Scan(&r.id, &r.tables, &r.reason); err != nil {
+		if err := rows.Scan(&r.id, &r.tables, &r.reason, &r.version); err != nil {
 			return nil, fmt.Errorf("sink: read %s: %w", RebuildsTable, err)
 		}
 		out = append(out, r)
@@ -644,7 +646,11 @@ func (v *verifier) record(ctx context.Context, r rebuildRun, finished bool, vers
 	return nil
 }
 
-// The version of a finished record beats every unfinished one of the run.
+// The version of a finished record beats every unfinished one of the run
+// before it: a run left unfinished is finished one version above its
+// latest record (finishRuns), since a migration run again after that
+// record finished it records the run again one version above
+// (schemas/clickhouse/015_balances_current_by_month.sql).
 const (
 	versionStarted  = 1
 	versionFinished = 2
@@ -751,7 +757,7 @@ func (v *verifier) finishRuns(ctx context.Context, runs []rebuildRun, done []Der
 		if !covered {
 			continue
 		}
-		if err := v.record(ctx, r, true, versionFinished); err != nil {
+		if err := v.record(ctx, r, true, max(versionFinished, r.version+1)); err != nil {
 			return err
 		}
 		v.log.Info("rebuild: unfinished run finished", zap.String("run", r.id))

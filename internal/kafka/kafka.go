@@ -231,9 +231,10 @@ func CheckCredentials(ctx context.Context, c Config) error {
 // ping asks every seed broker of cl, a client connected as c says, at
 // once for the cluster's metadata (ListedBrokers): nil once one answered,
 // else their errors, at once for one pingVerdict takes for the brokers'
-// refusal of c's login or TLS settings. A seed that accepts connections
-// and never answers does not hold up the others, as it would in kgo's
-// Ping, which asks them one after the other.
+// refusal of c's login or TLS settings (within refusalGrace, unless
+// another seed serves it). A seed that accepts connections and never
+// answers does not hold up the others, as it would in kgo's Ping, which
+// asks them one after the other.
 func (c Config) ping(ctx context.Context, cl *kgo.Client) error {
 	_, err := askBrokers(ctx, cl.SeedBrokers(), 0, func(err error) bool {
 		return c.Refused(err) != nil || isTLSError(err) || c.SASL.Mechanism != "" && closed(err)

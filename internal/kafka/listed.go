@@ -24,8 +24,8 @@ const ListedBrokerWait = 2 * time.Second
 // a client asks its seeds, it would hold every request that picks it for
 // the client's request timeout (10 s). wait, when above 0, bounds each
 // request; ctx bounds them all. A broker that refuses the login or the
-// TLS handshake ends the wait with its error: every broker gets the same.
-// Without an answer it
+// TLS handshake ends the wait with its error within refusalGrace, unless
+// another broker answers by then. Without an answer it
 // returns nil and the errors of the brokers that answered with one, or,
 // when none answered at all (no connection, or no answer in time), the
 // first error.
@@ -33,8 +33,16 @@ func ListedBrokers(ctx context.Context, brokers []*kgo.Broker, wait time.Duratio
 	return askBrokers(ctx, brokers, wait, func(err error) bool { return SASLRefused(err) || isTLSError(err) })
 }
 
-// askBrokers is ListedBrokers, ending the wait on the first error for
-// which final is true.
+// refusalGrace is how long askBrokers waits, after a broker's refusal,
+// for another broker's answer. Every broker refuses a wrong password, but
+// the error that says so may not: some close the connection instead,
+// as does a broker shutting down or a proxy before a broker that is down,
+// faster than another broker serves the login.
+const refusalGrace = time.Second
+
+// askBrokers is ListedBrokers, ending the wait refusalGrace after the
+// first error for which final is true, with that error, unless a broker
+// answers first.
 func askBrokers(ctx context.Context, brokers []*kgo.Broker, wait time.Duration, final func(error) bool) ([]string, error) {
 	if len(brokers) == 0 {
 		return nil, errors.New("kafka: no broker to ask for the cluster's brokers")
@@ -70,21 +78,36 @@ func askBrokers(ctx context.Context, brokers []*kgo.Broker, wait time.Duration, 
 			answers <- answer{out, err}
 		}()
 	}
-	var first error
+	var first, refusal error
 	var answered []error
+	var grace <-chan time.Time
 	for range brokers {
-		a := <-answers
+		var a answer
+		select {
+		case a = <-answers:
+		case <-grace:
+			return nil, refusal
+		}
 		switch {
 		case a.err == nil:
 			return a.addrs, nil
 		case final(a.err):
-			return nil, a.err
+			if refusal == nil {
+				refusal = a.err
+				t := time.NewTimer(refusalGrace)
+				defer t.Stop()
+				grace = t.C
+			}
+			continue
 		case first == nil:
 			first = a.err
 		}
 		if !notAnswered(a.err) {
 			answered = append(answered, a.err)
 		}
+	}
+	if refusal != nil {
+		return nil, refusal
 	}
 	if len(answered) > 0 {
 		return nil, errors.Join(answered...)

@@ -10,7 +10,17 @@ import (
 // and never answers, as a broker whose process is paused or whose host is
 // cut off does once the cluster has fenced it: it stays in every client's
 // seed list. It closes when the test ends.
-func SilentBroker(t testing.TB) string {
+func SilentBroker(t testing.TB) string { return fakeBroker(t, false) }
+
+// ClosingBroker returns the address of a listener that closes every
+// connection it accepts at once, as a broker shutting down does, or a
+// proxy before a broker that is down. It closes when the test ends.
+func ClosingBroker(t testing.TB) string { return fakeBroker(t, true) }
+
+// fakeBroker returns the address of a listener that accepts connections
+// and never answers: it closes each at once when closing, else when the
+// test ends, as it does itself.
+func fakeBroker(t testing.TB, closing bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -25,6 +35,10 @@ func SilentBroker(t testing.TB) string {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if closing {
+				c.Close()
+				continue
 			}
 			mu.Lock()
 			conns = append(conns, c)

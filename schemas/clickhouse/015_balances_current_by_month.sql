@@ -14,14 +14,18 @@
 -- the table are dropped and created again; on a database that holds
 -- balances this migration records a rebuild of the table, and a sink
 -- refuses to start until `meterline verify --backfill` has rewritten it
--- from usage_balances. Every statement can run again.
+-- from usage_balances. Every statement can run again: the rebuild is
+-- recorded one version above the run's latest record, so that a run again
+-- after a backfill finished it (the table it rebuilt is dropped again)
+-- leaves it unfinished, as the first run did.
 --
 -- Features used (ClickHouse 18.16 and current releases): those of
 -- 005_balances.sql and 006_compact_views.sql.
 
 INSERT INTO meterline_rebuilds (run_id, recorded_at, tables, reason, finished, version)
 SELECT 'backfill 015_balances_current_by_month.sql', now(), ['balances_current'],
-       'migration 015_balances_current_by_month.sql created balances_current again with the sort key (customer_id, period_start)', 0, 1
+       'migration 015_balances_current_by_month.sql created balances_current again with the sort key (customer_id, period_start)', 0,
+       (SELECT max(version) FROM meterline_rebuilds WHERE run_id = 'backfill 015_balances_current_by_month.sql') + 1
 FROM system.one
 WHERE (SELECT count() FROM usage_balances) > 0;
 
