@@ -245,3 +245,65 @@ func testArrivalOrderCrash(t *testing.T, brokers []string) {
 		})
 	}
 }
+
+// TestEntitlementsHeldGauges: with EntitlementsOrderArrival the events
+// waiting for the watermark are counted per partition, with the arrival
+// of the oldest, after they were held, after a restart that loads them
+// from the state, and after the watermark released them (in chunks of
+// one): 0 held, no oldest arrival.
+func TestEntitlementsHeldGauges(t *testing.T) {
+	h := newEntHarness(t, nil, orderN)
+	in := h.orderInput()
+	h.produce(in.ent...)
+	h.produce(in.afterBack[:len(in.afterBack)-1]...) // all four, source 1's watermark missing
+	pl := fmt.Sprint(in.a1.Partition)
+	fs := vfs.NewMem()
+	start := func() (*aggRunning, *prometheus.Registry) {
+		cfg := h.entConfig("a", fs)
+		cfg.EntitlementsOrder = EntitlementsOrderArrival
+		cfg.FinalChunk = 1
+		reg := prometheus.NewRegistry()
+		cfg.Stream.Registerer = reg
+		return h.start(cfg), reg
+	}
+	check := func(reg *prometheus.Registry, when string, n float64, oldest *kgo.Record) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, _ := gaugeOf(reg, "meterline_aggregate_held_events", "partition", pl)
+			at, ok := gaugeOf(reg, "meterline_aggregate_held_oldest_arrival_seconds", "partition", pl)
+			want := oldest != nil
+			wantAt := 0.0
+			if want {
+				var e schemas.DedupedEvent
+				if err := schemas.DecodeInto(oldest.Value, &e); err != nil {
+					t.Fatal(err)
+				}
+				wantAt = float64(e.IngestTime) / 1000
+			}
+			if got == n && ok == want && at == wantAt {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v held, oldest arrival %v (present %v); want %v, %v (present %v)", when, got, at, ok, n, wantAt, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	run, reg := start()
+	h.caughtUp()
+	check(reg, "held", 4, in.a1)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	run, reg = start()
+	h.caughtUp()
+	check(reg, "restarted", 4, in.a1)
+	h.produce(in.wmB)
+	h.caughtUp()
+	awaitDecided(t, h, 4)
+	check(reg, "released", 0, nil)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
