@@ -252,7 +252,8 @@ func testArrivalOrderCrash(t *testing.T, brokers []string) {
 // waiting for the watermark are counted per partition, with the arrival
 // of the oldest, after they were held, after a restart that loads them
 // from the state, and after the watermark released them (in chunks of
-// one): 0 held, no oldest arrival.
+// one) but for one that arrived after it: 1 held, its arrival; and once
+// the next watermark released that one: 0 held, no oldest arrival.
 func TestEntitlementsHeldGauges(t *testing.T) { testHeldGauges(t, nil) }
 
 // TestRealEntitlementsHeldGauges is the same on the real broker of
@@ -307,10 +308,24 @@ func testHeldGauges(t *testing.T, brokers []string) {
 	run, reg = start()
 	h.caughtUp()
 	check(reg, "restarted", 4, in.a1)
+	// C arrives after the watermark that releases the four: it stays.
+	var b2 schemas.DedupedEvent
+	if err := schemas.DecodeInto(in.b2.Value, &b2); err != nil {
+		t.Fatal(err)
+	}
+	c := h.dedupedEvent(in.b2.Partition, &schemas.DedupedEvent{EventID: "C", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: b2.IngestTime + 2000, IngestTime: b2.IngestTime + 2000, SourcePartition: 1, SourceOffset: 22})
+	h.produce(c)
+	h.caughtUp()
+	check(reg, "C held", 5, in.a1)
 	h.produce(in.wmB)
 	h.caughtUp()
 	awaitDecided(t, h, 4)
-	check(reg, "released", 0, nil)
+	check(reg, "released", 1, c)
+	h.produce(h.watermark(in.wmA.Partition, 0, orderN, b2.IngestTime+5000), h.watermark(in.wmB.Partition, 1, orderN, b2.IngestTime+5000))
+	h.caughtUp()
+	awaitDecided(t, h, 5)
+	check(reg, "all released", 0, nil)
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
