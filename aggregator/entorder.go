@@ -213,15 +213,13 @@ func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 			return false, err
 		}
 	}
-	if !left {
-		if err := pt.findOldestHeld(tx); err != nil {
-			return false, err
-		}
-	}
 	if left {
 		v := binary.BigEndian.AppendUint64(nil, uint64(pt.wm))
 		tx.Put(keyRelease, binary.BigEndian.AppendUint64(v, uint64(h.to)))
 		return false, nil
+	}
+	if err := pt.findOldestHeld(tx); err != nil {
+		return false, err
 	}
 	if v, ok, err := tx.Get(keyRelease); err != nil {
 		return false, err
