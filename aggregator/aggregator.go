@@ -435,6 +435,8 @@ type metrics struct {
 	credits    *prometheus.CounterVec
 	entRecords *prometheus.CounterVec
 	gated      *prometheus.GaugeVec
+	held       *prometheus.GaugeVec // entorder.go
+	heldOldest *prometheus.GaugeVec
 	readTo     *prometheus.GaugeVec
 	balances   prometheus.Counter
 	// pendingBalances: customers whose balance changed and has not gone
@@ -475,6 +477,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition), rerouted_repeat (a re-produced or restated record whose original is no later than the last record of its key applied: not applied), moved_mark (the delete written after a record moved, on its wrong partition: skipped); counted once their transaction committed."}, []string{"result"})
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",
 		Help: "Records of the deduped topic waiting until the entitlements partition has been read up to their time, per partition."}, []string{"partition"})
+	m.held = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_held_events",
+		Help: "With --entitlements-order arrival: events out of the gate waiting until the partition watermark passes their arrival, per partition."}, []string{"partition"})
+	m.heldOldest = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_held_oldest_arrival_seconds",
+		Help: "With --entitlements-order arrival: arrival (Unix seconds) of the partition's oldest held event; absent while none is held. Far behind wall time: the partition watermark stands still (a dedup source stopped forwarding it)."}, []string{"partition"})
 	m.readTo = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_entitlements_read_to_seconds",
 		Help: "Broker time (Unix seconds) up to which the partition's usage.entitlements partition has been read: events that arrived before it can be decided, later ones wait in the gate. Ticks move it forward while the partition has input, records waiting or balances pending; an idle partition's stands still."}, []string{"partition"})
 	m.balances = f.NewCounter(prometheus.CounterOpts{Name: "meterline_aggregate_balances_total",

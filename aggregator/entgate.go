@@ -252,6 +252,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		}
 	}
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
+	pt.publishHold() // the records let through were held
 	return done, nil
 }
 

@@ -468,6 +468,7 @@ func (pt *partition) loadEnt(st stateReader) error {
 		return err
 	}
 	pt.pr.m.gated.WithLabelValues(pt.pl).Set(float64(e.gateN))
+	pt.publishHold() // as committed: a restore, or the reload after an abort
 	pt.pr.m.readTo.WithLabelValues(pt.pl).Set(float64(e.readTo) / 1000)
 	return nil
 }

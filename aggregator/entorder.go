@@ -66,6 +66,9 @@ var keyRelease = []byte("H")
 // state and the open transaction have them.
 type arrivalHold struct {
 	n int // held events
+	// oldest is the arrival of the oldest held event (the first key), 0
+	// while none is held.
+	oldest int64
 	// fresh holds the keys held in the open transaction (cleared when it
 	// ends): released in it, they are forgotten rather than deleted.
 	fresh map[string]struct{}
@@ -116,6 +119,9 @@ func (pt *partition) hold(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent)
 		h.fresh = map[string]struct{}{}
 	}
 	h.fresh[string(k)] = struct{}{}
+	if h.n == 0 || e.IngestTime < h.oldest {
+		h.oldest = e.IngestTime
+	}
 	h.n++
 }
 
@@ -184,6 +190,7 @@ func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 	}
 	left := len(kvs) > limit
 	if left {
+		h.oldest = holdArrival(kvs[limit].k)
 		kvs = kvs[:limit]
 	}
 	h.released += len(kvs)
@@ -211,6 +218,9 @@ func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 		tx.Put(keyRelease, binary.BigEndian.AppendUint64(v, uint64(h.to)))
 		return false, nil
 	}
+	if err := pt.findOldestHeld(tx); err != nil {
+		return false, err
+	}
 	if v, ok, err := tx.Get(keyRelease); err != nil {
 		return false, err
 	} else if ok && v != nil {
@@ -224,7 +234,7 @@ func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 // chunks under way: the partition watermark is the one it moves from.
 func (pt *partition) loadHold(st stateReader) error {
 	h := &pt.ent.arrHold
-	h.n, h.releasing, h.to = 0, false, 0
+	h.n, h.releasing, h.to, h.oldest = 0, false, 0, 0
 	clear(h.fresh)
 	v, ok, err := st.Get(keyRelease)
 	switch {
@@ -235,7 +245,56 @@ func (pt *partition) loadHold(st stateReader) error {
 	case ok:
 		pt.wm, h.to = int64(binary.BigEndian.Uint64(v)), int64(binary.BigEndian.Uint64(v[8:]))
 	}
-	return st.Scan([]byte{pfxHold}, []byte{pfxHold + 1}, func(_, _ []byte) error { h.n++; return nil })
+	return st.Scan([]byte{pfxHold}, []byte{pfxHold + 1}, func(k, _ []byte) error {
+		if h.n == 0 {
+			h.oldest = holdArrival(k)
+		}
+		h.n++
+		return nil
+	})
+}
+
+// holdArrival is the arrival (ingest_time) of held key k.
+func holdArrival(k []byte) int64 {
+	if len(k) < 9 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(k[1:9]))
+}
+
+// findOldestHeld sets arrHold.oldest from the first held key of tx, after
+// a release that left none of its arrivals (the events held at or after
+// its watermark stay).
+func (pt *partition) findOldestHeld(tx *stream.Tx) error {
+	h := &pt.ent.arrHold
+	if h.n == 0 {
+		h.oldest = 0
+		return nil
+	}
+	kvs, err := scanChunk(tx, []byte{pfxHold}, []byte{pfxHold + 1}, nil, 1)
+	if err != nil {
+		return err
+	}
+	h.oldest = 0
+	if len(kvs) > 0 {
+		h.oldest = holdArrival(kvs[0].k)
+	}
+	return nil
+}
+
+// publishHold sets the partition's gauges of held events (arrival order
+// only): how many, and the arrival of the oldest (absent while none).
+func (pt *partition) publishHold() {
+	if !pt.arrivalOrder() {
+		return
+	}
+	h := &pt.ent.arrHold
+	pt.pr.m.held.WithLabelValues(pt.pl).Set(float64(h.n))
+	if h.n == 0 {
+		pt.pr.m.heldOldest.DeleteLabelValues(pt.pl)
+		return
+	}
+	pt.pr.m.heldOldest.WithLabelValues(pt.pl).Set(float64(h.oldest) / 1000)
 }
 
 // endHold forgets which keys the transaction that ends held, and how

@@ -1,6 +1,7 @@
 package aggregator
 
 import (
+	"encoding/binary"
 	"fmt"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
@@ -244,4 +246,128 @@ func testArrivalOrderCrash(t *testing.T, brokers []string) {
 			}
 		})
 	}
+}
+
+// TestEntitlementsHeldGauges: with EntitlementsOrderArrival the events
+// waiting for the watermark are counted per partition, with the arrival
+// of the oldest, after they were held, after a restart that loads them
+// from the state, and after the watermark released them (in chunks of
+// one) but for one that arrived after it: 1 held, its arrival; and once
+// the next watermark released that one: 0 held, no oldest arrival.
+func TestEntitlementsHeldGauges(t *testing.T) { testHeldGauges(t, nil) }
+
+// TestRealEntitlementsHeldGauges is the same on the real broker of
+// METERLINE_TEST_KAFKA.
+func TestRealEntitlementsHeldGauges(t *testing.T) { testHeldGauges(t, testenv.RealKafka(t)) }
+
+func testHeldGauges(t *testing.T, brokers []string) {
+	h := newEntHarness(t, brokers, orderN)
+	in := h.orderInput()
+	h.produce(in.ent...)
+	h.produce(in.afterBack[:len(in.afterBack)-1]...) // all four, source 1's watermark missing
+	pl := fmt.Sprint(in.a1.Partition)
+	fs := vfs.NewMem()
+	start := func() (*aggRunning, *prometheus.Registry) {
+		cfg := h.entConfig("a", fs)
+		cfg.EntitlementsOrder = EntitlementsOrderArrival
+		cfg.FinalChunk = 1
+		reg := prometheus.NewRegistry()
+		cfg.Stream.Registerer = reg
+		return h.start(cfg), reg
+	}
+	check := func(reg *prometheus.Registry, when string, n float64, oldest *kgo.Record) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, _ := gaugeOf(reg, "meterline_aggregate_held_events", "partition", pl)
+			at, ok := gaugeOf(reg, "meterline_aggregate_held_oldest_arrival_seconds", "partition", pl)
+			want := oldest != nil
+			wantAt := 0.0
+			if want {
+				var e schemas.DedupedEvent
+				if err := schemas.DecodeInto(oldest.Value, &e); err != nil {
+					t.Fatal(err)
+				}
+				wantAt = float64(e.IngestTime) / 1000
+			}
+			if got == n && ok == want && at == wantAt {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %v held, oldest arrival %v (present %v); want %v, %v (present %v)", when, got, at, ok, n, wantAt, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	run, reg := start()
+	h.caughtUp()
+	check(reg, "held", 4, in.a1)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	run, reg = start()
+	h.caughtUp()
+	check(reg, "restarted", 4, in.a1)
+	// C arrives after the watermark that releases the four: it stays.
+	var b2 schemas.DedupedEvent
+	if err := schemas.DecodeInto(in.b2.Value, &b2); err != nil {
+		t.Fatal(err)
+	}
+	c := h.dedupedEvent(in.b2.Partition, &schemas.DedupedEvent{EventID: "C", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: b2.IngestTime + 2000, IngestTime: b2.IngestTime + 2000, SourcePartition: 1, SourceOffset: 22})
+	h.produce(c)
+	h.caughtUp()
+	check(reg, "C held", 5, in.a1)
+	h.produce(in.wmB)
+	h.caughtUp()
+	awaitDecided(t, h, 4)
+	check(reg, "released", 1, c)
+	h.produce(h.watermark(in.wmA.Partition, 0, orderN, b2.IngestTime+5000), h.watermark(in.wmB.Partition, 1, orderN, b2.IngestTime+5000))
+	h.caughtUp()
+	awaitDecided(t, h, 5)
+	check(reg, "all released", 0, nil)
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHeldGaugesAfterAbort: the gauges of held events count what the open
+// transaction held; once it aborts, the reload from the committed state
+// (the next Process or Work) counts the committed held events again.
+func TestHeldGaugesAfterAbort(t *testing.T) {
+	l, err := entitlements.New(entitlements.Config{Prefix: []byte{pfxLedger}, Period: dayBoundsMs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	pt := &partition{pl: "0", pr: &processor{cfg: Config{EntitlementsOrder: EntitlementsOrderArrival},
+		counts: partitionCountsT{events: 1, deduped: 1, entitlements: 1}, ledger: l, m: newMetrics(reg)}}
+	held := func(arrival int64, off byte) string {
+		k := append([]byte{pfxHold}, binary.BigEndian.AppendUint64(nil, uint64(arrival))...)
+		return string(append(k, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, off))
+	}
+	st := mapState{string(keyKeyScheme): []byte(schemas.DedupedKeyScheme), string(keyEntMode): []byte(entModeOn),
+		held(7000, 1): encodeGateRecord(&kgo.Record{Offset: 1, Value: []byte{1}}),
+		held(9000, 2): encodeGateRecord(&kgo.Record{Offset: 2, Value: []byte{1}})}
+	want := func(when string, n, oldest float64) {
+		t.Helper()
+		got, _ := gaugeOf(reg, "meterline_aggregate_held_events", "partition", "0")
+		at, _ := gaugeOf(reg, "meterline_aggregate_held_oldest_arrival_seconds", "partition", "0")
+		if got != n || at != oldest {
+			t.Errorf("%s: %v held, oldest arrival %v; want %v, %v", when, got, at, n, oldest)
+		}
+	}
+	if err := pt.load(st); err != nil {
+		t.Fatal(err)
+	}
+	want("loaded", 2, 7)
+	// The open transaction holds three more, one older.
+	pt.ent.arrHold.n, pt.ent.arrHold.oldest = 5, 5000
+	pt.publishHold()
+	want("held in the open transaction", 5, 5)
+	pt.Abort()
+	if err := pt.load(st); err != nil {
+		t.Fatal(err)
+	}
+	want("reloaded after the abort", 2, 7)
 }

@@ -320,7 +320,9 @@ func (pt *partition) Work(tx *stream.Tx) error {
 	start, ps := pt.nextWork()
 	if ps == nil {
 		if pt.entHasWork() {
-			return pt.entWork(tx)
+			err := pt.entWork(tx) // a release in chunks among it
+			pt.publishHold()
+			return err
 		}
 		return nil
 	}

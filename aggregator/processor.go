@@ -514,6 +514,7 @@ func (pt *partition) publish() {
 		}
 		pt.wmGauge.Set(float64(pt.wm) / 1000)
 	}
+	pt.publishHold()
 }
 
 // bounds is cfg.Period.Bounds, remembering the last period.
@@ -538,6 +539,8 @@ func (pt *partition) Close() {
 	pt.pr.m.readTo.DeleteLabelValues(pt.pl)
 	pt.pr.m.pendingBalances.DeleteLabelValues(pt.pl)
 	pt.pr.m.gated.DeleteLabelValues(pt.pl)
+	pt.pr.m.held.DeleteLabelValues(pt.pl)
+	pt.pr.m.heldOldest.DeleteLabelValues(pt.pl)
 }
 
 // Punctuate implements stream.Partition: with entitlements, it appends a

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -287,13 +288,34 @@ func TestEntitlementsCrashWindows(t *testing.T) {
 		{fault.FinalDecided, 2, nil},
 		{fault.BetweenChunks, 3, []string{"--final-chunk", "2"}},
 		{fault.DuringRestore, 1, nil},
+		// --entitlements-order arrival (docs/entitlements.md, Decision
+		// order) on the same streams: their events come in order of
+		// arrival (genStream; ties in usage.deduped order, the hold's
+		// last key), and each is decided while the partition watermark is
+		// not past its arrival, as in input order, so the reference model
+		// applies unchanged. The watermarks lag the events (genStream's
+		// sources forward at most the time of the last event), so events
+		// are held at the kill (entCrashRun checks it). Two windows only
+		// (each run takes as long as one above): a kill among the
+		// decisions of a release, in chunks of 2 (keyRelease pending
+		// across commits), and one after a commit, whose restart
+		// restores the held events from the changelog.
+		{fault.ChargeDecided, 100, []string{arrivalOrder, "--final-chunk", "2"}},
+		{fault.AfterCommit, 6, []string{arrivalOrder}},
 	} {
-		t.Run(c.point, func(t *testing.T) {
+		name := c.point
+		if slices.Contains(c.extra, arrivalOrder) {
+			name += "-arrival"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			entCrashRun(t, c.point, c.hit, c.extra)
 		})
 	}
 }
+
+// arrivalOrder is the flag of --entitlements-order arrival.
+const arrivalOrder = "--entitlements-order=arrival"
 
 func entCrashRun(t *testing.T, point string, hit int, more []string) {
 	s := newEntSuite(t)
@@ -323,7 +345,20 @@ func entCrashRun(t *testing.T, point string, hit int, more []string) {
 		s.mu.Lock()
 		sentAtKill = len(s.events)
 		s.mu.Unlock()
+		arrival := slices.Contains(extra, arrivalOrder)
+		var ends map[int32]int64
+		if arrival {
+			ends = s.changelogEnds()
+		}
 		a = s.startAgg("a", stateDir, aggOpts{extra: extra})
+		if arrival {
+			// Read once the restart has ended the killed transaction.
+			n := heldCommitted(t, s, ends)
+			t.Logf("%d events held in the committed state at the kill", n)
+			if n == 0 {
+				t.Errorf("no event held in the committed state at the kill at %s: the run exercised no restart with held events", spec)
+			}
+		}
 	}
 	if point == fault.DuringRestore {
 		stateDir = filepath.Join(s.Dir, "state-wiped")
@@ -375,6 +410,40 @@ func entCrashRun(t *testing.T, point string, hit int, more []string) {
 		t.Errorf("the stream decided no FINAL; it must exercise FINAL")
 	}
 
+}
+
+// heldCommitted counts the events held for the watermark
+// (--entitlements-order arrival) in the committed changelog: the keys
+// under the hold's prefix 'h' (aggregator/entorder.go) whose last record
+// is not a tombstone.
+func heldCommitted(t *testing.T, s *entSuite, ends map[int32]int64) int {
+	live := map[string]bool{}
+	for _, r := range testenv.ReadAll(t, s.Brokers, s.Names.AggregateChangelogTopic()) {
+		if r.Offset < ends[r.Partition] && len(r.Key) > 0 && r.Key[0] == 'h' {
+			live[string(r.Key)] = r.Value != nil
+		}
+	}
+	n := 0
+	for _, ok := range live {
+		if ok {
+			n++
+		}
+	}
+	return n
+}
+
+// changelogEnds lists the end offsets of the aggregator's changelog.
+func (s *entSuite) changelogEnds() map[int32]int64 {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ends, err := kadm.NewClient(s.cl).ListEndOffsets(ctx, s.Names.AggregateChangelogTopic())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	out := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out
 }
 
 // checkEntExact is entCrashRun's checks against the reference after a
