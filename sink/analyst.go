@@ -172,9 +172,9 @@ FROM (
 FROM %[1]s.balances_current FINAL GROUP BY month`,
 		Ledger: `SELECT month, count(), sum(r), sum(cityHash64(customer_id, r)), sum(h)
 FROM (
-    SELECT customer_id, toYYYYMM(period_start) AS month, toUInt64(max(revision)) AS r, argMax(` + balanceContentHash + `, revision) AS h
+    SELECT customer_id, period_start, toYYYYMM(period_start) AS month, toUInt64(max(revision)) AS r, argMax(` + balanceContentHash + `, revision) AS h
     FROM %[1]s.usage_balances FINAL
-    GROUP BY customer_id, month
+    GROUP BY customer_id, period_start, month
 ) GROUP BY month`,
 	},
 }

@@ -16,7 +16,9 @@ import (
 // balanceMonthsInserts: acme's balances of two billing periods, as the
 // aggregator writes them across a month end: December 2023's last one
 // (revision 1, 70 micro-credits overdrawn in December) and January 2024's
-// first (revision 2, nothing overdrawn yet), then globex's of December.
+// first (revision 2, nothing overdrawn yet), then globex's of December,
+// then initech's of two daily billing periods in January (`--period day`:
+// a row each).
 func balanceMonthsInserts(db string) []string {
 	bal := func(off int, cust string, rev int, start, end string, overdrawn int) string {
 		return fmt.Sprintf("SELECT 'usage.balances' AS t, toInt32(0) AS p, toInt64(%d) AS o, toDateTime('2024-01-02 00:00:00') AS ts, "+
@@ -24,20 +26,23 @@ func balanceMonthsInserts(db string) []string {
 			off, cust, rev, start, end, overdrawn)
 	}
 	const dec, jan, feb = "2023-12-01 00:00:00", "2024-01-01 00:00:00", "2024-02-01 00:00:00"
+	const jan2, jan3 = "2024-01-02 00:00:00", "2024-01-03 00:00:00"
 	return []string{
 		"INSERT INTO " + db + ".usage_balances (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, customer_id, plan, revision, " +
 			"period_start, period_end, overdrawn) SELECT * FROM (" +
-			bal(1, "acme", 1, dec, jan, 70) + " UNION ALL " + bal(2, "acme", 2, jan, feb, 0) + " UNION ALL " + bal(3, "globex", 1, dec, jan, 5) + ")",
+			bal(1, "acme", 1, dec, jan, 70) + " UNION ALL " + bal(2, "acme", 2, jan, feb, 0) + " UNION ALL " + bal(3, "globex", 1, dec, jan, 5) +
+			" UNION ALL " + bal(4, "initech", 1, jan, jan2, 3) + " UNION ALL " + bal(5, "initech", 2, jan2, jan3, 4) + ")",
 	}
 }
 
 // balanceMonthsQuery reads balances_current as docs/entitlements.md
 // (Balances in ClickHouse) describes it: with FINAL, the latest balance
-// of each customer in each month of its billing periods.
+// of each customer in each of its billing periods.
 const balanceMonthsQuery = `SELECT customer_id, revision, period_start, overdrawn FROM balances_current FINAL
 ORDER BY customer_id, period_start`
 
-const balanceMonthsWant = "acme\t1\t2023-12-01 00:00:00\t70\nacme\t2\t2024-01-01 00:00:00\t0\nglobex\t1\t2023-12-01 00:00:00\t5\n"
+const balanceMonthsWant = "acme\t1\t2023-12-01 00:00:00\t70\nacme\t2\t2024-01-01 00:00:00\t0\nglobex\t1\t2023-12-01 00:00:00\t5\n" +
+	"initech\t1\t2024-01-01 00:00:00\t3\ninitech\t2\t2024-01-02 00:00:00\t4\n"
 
 // TestBalancesCurrentKeepsEachMonth: on ClickHouse 18.16, balances_current
 // read with FINAL keeps a customer's balance of every month, not only its

@@ -8,7 +8,8 @@
 -- January's first balance was out), and `meterline verify` found every
 -- such month to differ from the ledger, rebuilt it, and found it to differ
 -- again. The sort key becomes (customer_id, period_start): still one
--- customer's rows first, one row per customer and month under FINAL.
+-- customer's rows first, one row per customer and billing period under
+-- FINAL (a month by default).
 --
 -- ClickHouse cannot change a table's sort key in place, so the view and
 -- the table are dropped and created again; on a database that holds
