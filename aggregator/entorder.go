@@ -282,10 +282,12 @@ func (pt *partition) findOldestHeld(tx *stream.Tx) error {
 	return nil
 }
 
-// publishHold sets the partition's gauges of held events (arrival order
-// only): how many, and the arrival of the oldest (absent while none).
+// publishHold sets the partition's gauges of held events, in either
+// order (held events a run in arrival order left wait in input order too,
+// until the next watermark advance): how many, and the arrival of the
+// oldest (absent while none).
 func (pt *partition) publishHold() {
-	if !pt.arrivalOrder() {
+	if pt.ent == nil {
 		return
 	}
 	h := &pt.ent.arrHold

@@ -86,8 +86,7 @@ func documentedMetrics(t *testing.T) []documentedMetric {
 var notAtStart = map[string]string{
 	"meterline_stream_horizon_attempts":                "absent once a copy fits (documented)",
 	"meterline_aggregate_final_due_seconds":            "absent while no period is due (documented)",
-	"meterline_aggregate_held_events":                  "with --entitlements-order arrival only (documented); the test runs input order",
-	"meterline_aggregate_held_oldest_arrival_seconds":  "with --entitlements-order arrival only, and absent while none is held (documented)",
+	"meterline_aggregate_held_oldest_arrival_seconds":  "absent while no event is held (documented)",
 	"meterline_stream_standby_lag_records":             "per standby copy; the test runs no standby",
 	"meterline_stream_restore_remaining_records":       "per partition being restored; none is once the stage is ready",
 	"meterline_ingest_refused_events_total":            "labelled by tenant, known only from the keys topic",
