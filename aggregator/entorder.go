@@ -282,13 +282,21 @@ func (pt *partition) findOldestHeld(tx *stream.Tx) error {
 	return nil
 }
 
-// publishHold sets the partition's gauges of held events (arrival order
-// only): how many, and the arrival of the oldest (absent while none).
+// publishHold sets the partition's gauges of held events: how many, and
+// the arrival of the oldest (absent while none). In input order they are
+// absent too, but while the state holds events an aggregator in arrival
+// order left waiting (docs/entitlements.md, Decision order): a source
+// that stops forwarding its watermark holds those in either order.
 func (pt *partition) publishHold() {
-	if !pt.arrivalOrder() {
+	if pt.ent == nil {
 		return
 	}
 	h := &pt.ent.arrHold
+	if !pt.arrivalOrder() && h.n == 0 {
+		pt.pr.m.held.DeleteLabelValues(pt.pl)
+		pt.pr.m.heldOldest.DeleteLabelValues(pt.pl)
+		return
+	}
 	pt.pr.m.held.WithLabelValues(pt.pl).Set(float64(h.n))
 	if h.n == 0 {
 		pt.pr.m.heldOldest.DeleteLabelValues(pt.pl)

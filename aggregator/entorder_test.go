@@ -371,3 +371,112 @@ func TestHeldGaugesAfterAbort(t *testing.T) {
 	}
 	want("reloaded after the abort", 2, 7)
 }
+
+// TestEntitlementsOrderSwitch: the order changes on a restart
+// (docs/entitlements.md, Decision order): events held by an aggregator in
+// arrival order, or a release in chunks it left half done, are decided
+// at the next watermark advance by an aggregator in input order, in
+// arrival order, each once; and an aggregator in arrival order on the
+// state of one in input order holds from then on.
+func TestEntitlementsOrderSwitch(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		first, then string
+		crash       bool
+		want        orderDecisions
+	}{
+		{"held arrival to input", EntitlementsOrderArrival, EntitlementsOrderInput, false, wantArrivalOrder},
+		{"half released arrival to input", EntitlementsOrderArrival, EntitlementsOrderInput, true, wantArrivalOrder},
+		{"input to arrival", EntitlementsOrderInput, EntitlementsOrderArrival, false, wantArrivalOrder},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newEntHarness(t, nil, orderN)
+			in := h.orderInput()
+			h.produce(in.ent...)
+			fs := vfs.NewMem()
+			cfg := func(order string, chunk int) Config {
+				cfg := h.entConfig("a", fs)
+				cfg.EntitlementsOrder = order
+				cfg.FinalChunk = chunk
+				cfg.Stream.Registerer = prometheus.NewRegistry()
+				return cfg
+			}
+			chunk := 0
+			if c.crash {
+				chunk = 1
+				fault.SetHandler(fault.CrashHandler)
+				t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
+			}
+			run := h.start(cfg(c.first, chunk))
+			if c.first == EntitlementsOrderInput {
+				// The entitlements are read before the order switches;
+				// no event yet.
+				h.caughtUp()
+			} else {
+				h.produce(in.afterBack[:len(in.afterBack)-1]...)
+				h.caughtUp()
+				if n := len(readRejected(t, h)) + len(readAggregates(t, h)); n != 0 {
+					t.Fatalf("%d outputs before the watermark passed the events' arrival", n)
+				}
+			}
+			if c.crash {
+				// The second held event's decision: the first chunk
+				// (A1) is committed with the release under way.
+				if err := fault.Arm(fault.ChargeDecided + "@2"); err != nil {
+					t.Fatal(err)
+				}
+				h.produce(in.wmB)
+				run.awaitCrash(t, "the aggregator did not crash")
+				_ = fault.Arm("")
+			} else if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+			c2 := cfg(c.then, 0)
+			reg := prometheus.NewRegistry()
+			c2.Stream.Registerer = reg
+			run = h.start(c2)
+			if c.first == EntitlementsOrderArrival && !c.crash {
+				// Still waiting, and counted: a source that stopped
+				// forwarding its watermark holds them in input order too.
+				awaitHeldGauge(t, reg, fmt.Sprint(in.a1.Partition), 4)
+			}
+			switch {
+			case c.first == EntitlementsOrderInput:
+				h.produce(in.afterBack...)
+			case !c.crash:
+				h.produce(in.wmB)
+			}
+			h.caughtUp()
+			if got := decisionsOf(t, h); got.String() != c.want.String() {
+				t.Errorf("%v, want %v", got, c.want)
+			}
+			if n := len(readRejected(t, h)); n != 2 {
+				t.Errorf("%d rejections, want 2 (each event decided once)", n)
+			}
+			if c.first == EntitlementsOrderArrival {
+				awaitHeldGauge(t, reg, fmt.Sprint(in.a1.Partition), 0)
+			}
+			if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// awaitHeldGauge waits until meterline_aggregate_held_events of partition
+// pl is n (0: absent or 0, its oldest arrival absent).
+func awaitHeldGauge(t *testing.T, reg *prometheus.Registry, pl string, n float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, _ := gaugeOf(reg, "meterline_aggregate_held_events", "partition", pl)
+		_, oldest := gaugeOf(reg, "meterline_aggregate_held_oldest_arrival_seconds", "partition", pl)
+		if got == n && oldest == (n > 0) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v held events (oldest arrival present %v), want %v", got, oldest, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
