@@ -371,3 +371,201 @@ func TestHeldGaugesAfterAbort(t *testing.T) {
 	}
 	want("reloaded after the abort", 2, 7)
 }
+
+// TestEntitlementsOrderSwitch: the order changes on a restart
+// (docs/entitlements.md, Decision order): events held by an aggregator in
+// arrival order, or a release in chunks it left half done, are decided
+// at the next watermark advance by an aggregator in input order, in
+// arrival order, each once; and an aggregator in arrival order on the
+// state of one in input order holds from then on.
+func TestEntitlementsOrderSwitch(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		first, then string
+		crash       bool
+		want        orderDecisions
+	}{
+		{"held arrival to input", EntitlementsOrderArrival, EntitlementsOrderInput, false, wantArrivalOrder},
+		{"half released arrival to input", EntitlementsOrderArrival, EntitlementsOrderInput, true, wantArrivalOrder},
+		{"input to arrival", EntitlementsOrderInput, EntitlementsOrderArrival, false, wantArrivalOrder},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newEntHarness(t, nil, orderN)
+			in := h.orderInput()
+			h.produce(in.ent...)
+			fs := vfs.NewMem()
+			cfg := func(order string, chunk int) Config {
+				cfg := h.entConfig("a", fs)
+				cfg.EntitlementsOrder = order
+				cfg.FinalChunk = chunk
+				cfg.Stream.Registerer = prometheus.NewRegistry()
+				return cfg
+			}
+			chunk := 0
+			if c.crash {
+				chunk = 1
+				fault.SetHandler(fault.CrashHandler)
+				t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
+			}
+			run := h.start(cfg(c.first, chunk))
+			if c.first == EntitlementsOrderInput {
+				// The entitlements are read before the order switches;
+				// no event yet.
+				h.caughtUp()
+			} else {
+				h.produce(in.afterBack[:len(in.afterBack)-1]...)
+				h.caughtUp()
+				if n := len(readRejected(t, h)) + len(readAggregates(t, h)); n != 0 {
+					t.Fatalf("%d outputs before the watermark passed the events' arrival", n)
+				}
+			}
+			if c.crash {
+				// The second held event's decision: the first chunk
+				// (A1) is committed with the release under way.
+				if err := fault.Arm(fault.ChargeDecided + "@2"); err != nil {
+					t.Fatal(err)
+				}
+				h.produce(in.wmB)
+				run.awaitCrash(t, "the aggregator did not crash")
+				_ = fault.Arm("")
+			} else if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+			c2 := cfg(c.then, 0)
+			reg := prometheus.NewRegistry()
+			c2.Stream.Registerer = reg
+			run = h.start(c2)
+			if c.first == EntitlementsOrderArrival && !c.crash {
+				// Still waiting, and counted: a source that stopped
+				// forwarding its watermark holds them in input order too.
+				awaitHeldGauge(t, reg, fmt.Sprint(in.a1.Partition), 4)
+			}
+			switch {
+			case c.first == EntitlementsOrderInput:
+				h.produce(in.afterBack...)
+			case !c.crash:
+				h.produce(in.wmB)
+			}
+			h.caughtUp()
+			if got := decisionsOf(t, h); got.String() != c.want.String() {
+				t.Errorf("%v, want %v", got, c.want)
+			}
+			if n := len(readRejected(t, h)); n != 2 {
+				t.Errorf("%d rejections, want 2 (each event decided once)", n)
+			}
+			if c.first == EntitlementsOrderArrival {
+				awaitHeldGauge(t, reg, fmt.Sprint(in.a1.Partition), 0)
+			}
+			if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// awaitHeldGauge waits until meterline_aggregate_held_events of partition
+// pl is n (0: absent or 0, its oldest arrival absent).
+func awaitHeldGauge(t *testing.T, reg *prometheus.Registry, pl string, n float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, _ := gaugeOf(reg, "meterline_aggregate_held_events", "partition", pl)
+		_, oldest := gaugeOf(reg, "meterline_aggregate_held_oldest_arrival_seconds", "partition", pl)
+		if got == n && oldest == (n > 0) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v held events (oldest arrival present %v), want %v", got, oldest, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEntitlementsArrivalOrderHeldBeforeFinal: events held in arrival
+// order whose arrival is before their period's end + grace are decided,
+// and counted on time in the period, before the watermark that passes
+// end + grace decides the period final; also released one a transaction,
+// and so with a crash between two chunks (the restart goes on at the
+// watermark the release moves from).
+func TestEntitlementsArrivalOrderHeldBeforeFinal(t *testing.T) {
+	for _, c := range []struct {
+		chunk int
+		crash bool
+	}{{0, false}, {1, false}, {1, true}} {
+		chunk := c.chunk
+		t.Run(fmt.Sprintf("chunk=%d crash=%v", chunk, c.crash), func(t *testing.T) {
+			h := newEntHarness(t, nil, orderN)
+			now := time.Now().UTC()
+			end := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+			const grace = time.Second
+			if end+grace.Milliseconds()+5000 > now.UnixMilli()-5000 {
+				t.Skip("too close to the start of the month")
+			}
+			in := h.orderInput()
+			p := in.a1.Partition
+			h.produce(h.entitlement(orderN, &schemas.Entitlements{CustomerID: "acme", Plan: "capped",
+				Caps:      []schemas.Cap{{Meter: "api_calls", Limit: 12, OnLimit: schemas.OnLimitReject}},
+				Grants:    []schemas.Grant{{ID: "g1", Amount: 900}},
+				Overdraft: schemas.Overdraft{Policy: schemas.OverdraftDeny}}, end-60_000))
+			h.produce(h.shared(orderN, schemas.RateCardKey, &schemas.RateCard{Versions: []schemas.RateVersion{
+				{EffectiveFrom: 0, Rates: []schemas.Rate{{Meter: "api_calls", MicroCredits: 100, PerUnits: 1}}}}}, end-60_000)...)
+			ev := func(id string, src int32, off, at int64) *kgo.Record {
+				return h.dedupedEvent(p, &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "api_calls",
+					Quantity: orderQuantities[id], EventTime: at, IngestTime: at, SourcePartition: src, SourceOffset: off})
+			}
+			// In the order of a backlog; source 0's watermark passes
+			// end + grace, source 1's is still before all of them.
+			h.produce(ev("A1", 0, 10, end-4000), ev("A2", 0, 11, end-2000), h.watermark(p, 0, orderN, end+grace.Milliseconds()+5000),
+				h.watermark(p, 1, orderN, end-5000), ev("B1", 1, 20, end-3000), ev("B2", 1, 21, end-1000))
+			fs := vfs.NewMem()
+			cfg := func() Config {
+				cfg := h.entConfig("a", fs)
+				cfg.EntitlementsOrder = EntitlementsOrderArrival
+				cfg.FinalChunk = chunk
+				cfg.Grace = grace
+				cfg.Stream.Registerer = prometheus.NewRegistry()
+				return cfg
+			}
+			run := h.start(cfg())
+			h.caughtUp()
+			if c.crash {
+				fault.SetHandler(fault.CrashHandler)
+				t.Cleanup(func() { fault.SetHandler(nil); _ = fault.Arm("") })
+				// The second held event's decision: A1's chunk is
+				// committed with the release under way.
+				if err := fault.Arm(fault.ChargeDecided + "@2"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.produce(h.watermark(p, 1, orderN, end+grace.Milliseconds()+5000))
+			if c.crash {
+				run.awaitCrash(t, "the aggregator did not crash")
+				_ = fault.Arm("")
+				run = h.start(cfg())
+			}
+			h.caughtUp()
+			if got := decisionsOf(t, h); got.String() != wantArrivalOrder.String() {
+				t.Errorf("%v, want %v", got, wantArrivalOrder)
+			}
+			var final int64 = -1
+			deadline := time.Now().Add(20 * time.Second)
+			for final < 0 && time.Now().Before(deadline) {
+				for _, a := range readAggregates(t, h) {
+					if a.Status == schemas.StatusFinal && a.CustomerID == "acme" {
+						final = a.Value
+					}
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if want := orderQuantities["A1"] + orderQuantities["B1"]; final != want {
+				t.Errorf("acme's FINAL %d, want %d (the accepted events, on time)", final, want)
+			}
+			if adjs := readAdjustments(t, h); len(adjs) != 0 {
+				t.Errorf("%d adjustments, want none: every event arrived before end + grace", len(adjs))
+			}
+			if err := run.stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
