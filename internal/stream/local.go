@@ -61,17 +61,21 @@ func openLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (
 		}
 	}}
 	if changelog != nil {
-		b := st.newBatch()
-		for _, r := range changelog {
-			if r.Value == nil {
-				b.del(p, r.Key)
-			} else {
-				b.set(p, r.Key, r.Value)
+		// In batches of restoreBatch records, as a restore from the
+		// changelog topic writes them.
+		for c := range slices.Chunk(changelog, restoreBatch) {
+			b := st.newBatch()
+			for _, r := range c {
+				if r.Value == nil {
+					b.del(p, r.Key)
+				} else {
+					b.set(p, r.Key, r.Value)
+				}
 			}
-		}
-		if err := b.commit(); err != nil {
-			_ = st.Close()
-			return nil, fmt.Errorf("stream: local: restore partition %d: %w", p, err)
+			if err := b.commit(); err != nil {
+				_ = st.Close()
+				return nil, fmt.Errorf("stream: local: restore partition %d: %w", p, err)
+			}
 		}
 		l.keep, l.changelog = true, slices.Clone(changelog)
 	}
