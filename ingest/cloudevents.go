@@ -151,8 +151,10 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 	if len(as) > limit || countEvents(body, false) > limit {
 		return as[:0], false // too many events: not decoded, the caller counts them
 	}
-	var js []ceJSON
-	if err := json.Unmarshal(body, &js); err != nil || anyBadNames(text) {
+	// A null element is no event (encoding/json would leave it one of no
+	// attributes): the slow path names it.
+	var js []*ceJSON
+	if err := json.Unmarshal(body, &js); err != nil || slices.Contains(js, nil) || anyBadNames(text) {
 		return as[:0], false
 	}
 	as = slices.Grow(as[:0], len(js))[:len(js)]
