@@ -94,6 +94,8 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"data.tokens.input","code":"invalid","reason":"\"2.5\" is not an integer in the meter's base unit (declare a scale in the meters file to accept decimals) (meter input_tokens)"}]}`},
 		{"content type", "/api/v1/events", "text/plain", e.token, good, 415,
 			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"text/plain\": want application/cloudevents+json, application/cloudevents-batch+json or application/json"}`},
+		{"content type on /v1/events", "/v1/events", "application/cloudevents+json", e.token, `{}`, 415,
+			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"application/cloudevents+json\": want application/json (an object or an array), or application/x-ndjson, application/ndjson or application/jsonl (one event a line)"}`},
 		{"event time in the future", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `2999-01-01T00:00:00Z`, 1), 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"in_future","reason":"2999-01-01T00:00:00Z is more than 1h0m0s after now"}]}`},
 		// Go's zero time, written out, is a time: refused as any time

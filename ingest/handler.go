@@ -408,7 +408,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 		default:
 			unread(w)
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/json (an object or an array), or application/x-ndjson, application/ndjson or application/jsonl (one event a line)", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return b, http.StatusUnsupportedMediaType
 		}
 	}
