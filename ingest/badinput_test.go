@@ -254,22 +254,7 @@ func TestCompressedBodyRefusedAfterIdentity(t *testing.T) {
 	e := newEnv(t, nil)
 	gz := gzipped(apiCall("gz", "acme-1"))
 	post := func(body []byte, encodings ...string) (int, []byte) {
-		req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+e.token)
-		for _, enc := range encodings {
-			req.Header.Add("Content-Encoding", enc)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return e.postWith("/v1/events", "application/json", body, http.Header{"Content-Encoding": encodings})
 	}
 	for _, encs := range [][]string{
 		{"identity", "gzip"},

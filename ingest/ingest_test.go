@@ -1,10 +1,8 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
 	"strings"
@@ -143,43 +141,19 @@ func TestCloudEventBinaryMode(t *testing.T) {
 	if recs := e.records(); len(recs) != 0 {
 		t.Fatalf("binary mode sent %d records", len(recs))
 	}
+	binary := http.Header{"Ce-Specversion": {"1.0"}}
 	// Any other media type than the CloudEvents ones, with a ce-specversion
 	// header, is such a request too.
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/api/v1/events", strings.NewReader("3"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+e.token)
-	req.Header.Set("Content-Type", "text/plain")
-	req.Header.Set("Ce-Specversion", "1.0")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if p := problem(t, b); resp.StatusCode != http.StatusUnsupportedMediaType || !strings.Contains(p.Detail, "binary content mode") {
-		t.Fatalf("binary mode, text/plain: %d %s", resp.StatusCode, b)
+	if status, b := e.postWith("/api/v1/events", "text/plain", []byte("3"), binary); status != http.StatusUnsupportedMediaType || !strings.Contains(problem(t, b).Detail, "binary content mode") {
+		t.Fatalf("binary mode, text/plain: %d %s", status, b)
 	}
 
 	if res := c.Send(cloudevents.WithEncodingStructured(ctx), ev); !cloudevents.IsACK(res) {
 		t.Fatalf("structured mode: %v", res)
 	}
-	req, err = http.NewRequest(http.MethodPost, e.srv.URL()+"/api/v1/events", bytes.NewReader(mustJSON(t, prompt(t, "bin-2", "acme-1", map[string]any{"tokens": map[string]any{"input": 4}, "user": "u1"}))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+e.token)
-	req.Header.Set("Content-Type", "application/cloudevents+json")
-	req.Header.Set("Ce-Specversion", "1.0")
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("structured mode with ce- headers: %d %s", resp.StatusCode, b)
+	bin2 := prompt(t, "bin-2", "acme-1", map[string]any{"tokens": map[string]any{"input": 4}, "user": "u1"})
+	if status, b := e.postWith("/api/v1/events", "application/cloudevents+json", mustJSON(t, bin2), binary); status != http.StatusNoContent {
+		t.Fatalf("structured mode with ce- headers: %d %s", status, b)
 	}
 	if recs := e.records(); len(recs) != 6 { // a prompt feeds 3 meters
 		t.Fatalf("structured mode: %d records, want 6", len(recs))
