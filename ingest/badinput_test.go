@@ -43,6 +43,15 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:malformed","title":"Malformed body","status":400,"detail":"malformed JSON: unexpected end of JSON input (at byte 158); nothing was sent"}`},
 		{"missing field", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + strings.Replace(good, `"subject":"acme-1",`, "", 1) + `]`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"subject","code":"invalid","reason":"is missing (CloudEvents requires it; subject is the customer)"}]}`},
+		// null is no event, not one of no attributes ("id is missing").
+		{"null in a batch", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,null]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"event","code":"invalid","reason":"is not a JSON object"}]}`},
+		{"null in an application/json array", "/api/v1/events", "application/json", e.token, `[null]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"event","code":"invalid","reason":"is not a JSON object"}]}`},
+		{"null on /v1/events", "/v1/events", "application/x-ndjson", e.token, "null\n", 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not null"}]}`},
+		{"null in an array on /v1/events", "/v1/events", "application/json", e.token, `[null]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"event","code":"invalid","reason":"malformed JSON: an event is a JSON object, not null"}]}`},
 		{"wrong type", "/api/v1/events", "application/cloudevents+json", e.token, ce(`"id":7`), 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"id","code":"invalid","reason":"must be a string, not a JSON number"}]}`},
 		{"wrong value type", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `"input":3`, `"input":true`, 1), 400,
@@ -85,6 +94,8 @@ func TestBadInput(t *testing.T) {
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"data.tokens.input","code":"invalid","reason":"\"2.5\" is not an integer in the meter's base unit (declare a scale in the meters file to accept decimals) (meter input_tokens)"}]}`},
 		{"content type", "/api/v1/events", "text/plain", e.token, good, 415,
 			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"text/plain\": want application/cloudevents+json, application/cloudevents-batch+json or application/json"}`},
+		{"content type on /v1/events", "/v1/events", "application/cloudevents+json", e.token, `{}`, 415,
+			`{"type":"urn:meterline:problem:unsupported-media-type","title":"Unsupported media type","status":415,"detail":"Content-Type \"application/cloudevents+json\": want application/json (an object or an array), or application/x-ndjson, application/ndjson or application/jsonl (one event a line)"}`},
 		{"event time in the future", "/api/v1/events", "application/cloudevents+json", e.token, strings.Replace(good, `2026-11-29T12:00:00Z`, `2999-01-01T00:00:00Z`, 1), 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"time","code":"in_future","reason":"2999-01-01T00:00:00Z is more than 1h0m0s after now"}]}`},
 		// Go's zero time, written out, is a time: refused as any time
@@ -243,22 +254,7 @@ func TestCompressedBodyRefusedAfterIdentity(t *testing.T) {
 	e := newEnv(t, nil)
 	gz := gzipped(apiCall("gz", "acme-1"))
 	post := func(body []byte, encodings ...string) (int, []byte) {
-		req, err := http.NewRequest(http.MethodPost, e.srv.URL()+"/v1/events", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+e.token)
-		for _, enc := range encodings {
-			req.Header.Add("Content-Encoding", enc)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return e.postWith("/v1/events", "application/json", body, http.Header{"Content-Encoding": encodings})
 	}
 	for _, encs := range [][]string{
 		{"identity", "gzip"},

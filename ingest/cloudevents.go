@@ -151,8 +151,10 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 	if len(as) > limit || countEvents(body, false) > limit {
 		return as[:0], false // too many events: not decoded, the caller counts them
 	}
-	var js []ceJSON
-	if err := json.Unmarshal(body, &js); err != nil || anyBadNames(text) {
+	// A null element is no event (encoding/json would leave it one of no
+	// attributes): the slow path names it.
+	var js []*ceJSON
+	if err := json.Unmarshal(body, &js); err != nil || slices.Contains(js, nil) || anyBadNames(text) {
 		return as[:0], false
 	}
 	as = slices.Grow(as[:0], len(js))[:len(js)]
@@ -314,8 +316,11 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
 	if a.has&hasTime != 0 {
+		// RFC 3339 has a full stop before a fraction of a second, as
+		// OpenMeter's schema (format date-time) wants it; time.Parse also
+		// takes a comma.
 		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
-		if err != nil {
+		if err != nil || strings.IndexByte(a.attr[5], ',') >= 0 {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
 		// A zero Time is an event without time, which gets the time the
@@ -326,6 +331,10 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is before 2000-01-01", clip(a.attr[5]))}
 		}
 		ev.Time = t.UTC()
+	}
+	// Ignored, but OpenMeter's schema wants it non-empty (minLength 1).
+	if a.has&hasDataSchema != 0 && a.attr[7] == "" {
+		return CloudEvent{}, &fieldError{"dataschema", "invalid", "must not be empty"}
 	}
 	// OpenMeter's schema takes only this type, exactly (no parameters,
 	// no other case).

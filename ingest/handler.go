@@ -29,6 +29,7 @@ import (
 // request is one request on its way through the handler.
 type request struct {
 	kind     string
+	binary   string // binaryModeHint of the request: "" but for a CloudEvent in binary content mode
 	key      *Key
 	tenant   *Tenant
 	received time.Time
@@ -53,7 +54,7 @@ type request struct {
 
 func (s *Server) endpoint(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock()}
+		req := &request{kind: kind, start: time.Now(), received: s.cfg.Clock(), binary: binaryModeHint(r, kind)}
 		rw := &statusWriter{ResponseWriter: w}
 		// A chunked request's connection is closed after its answer. A
 		// request with both Transfer-Encoding and Content-Length may be a
@@ -183,7 +184,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	}
 	if len(req.errs) > 0 {
 		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
-			fmt.Sprintf("%d of %d events are invalid; nothing was sent", countIndexes(req.errs), req.inputs), req.errs, 0)
+			fmt.Sprintf("%d of %d events are invalid; nothing was sent%s", countIndexes(req.errs), req.inputs, req.binary), req.errs, 0)
 		s.metrics.refused(tenant, req.inputs)
 		s.metrics.refusedEvents(tenant, req.errs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
@@ -335,6 +336,25 @@ func unread(w http.ResponseWriter) {
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(unreadGrace))
 }
 
+// binaryModeHint is what an answer that refuses a request to
+// /api/v1/events adds when the request is a CloudEvent in binary content
+// mode (the CloudEvents HTTP binding, 3.1: the attributes in ce- headers,
+// ce-specversion among them, and the data as the body, in a media type
+// other than the CloudEvents ones), which the endpoint does not take, as
+// OpenMeter does not: its body alone would be refused for lacking the
+// attributes its headers carry. "" for any other request
+// (docs/ingest.md, Endpoints).
+func binaryModeHint(r *http.Request, kind string) string {
+	if kind != endpointOpenMeter || r.Header.Get("Ce-Specversion") == "" {
+		return ""
+	}
+	if mt, _ := mediaType(r); mt == "application/cloudevents+json" || mt == "application/cloudevents-batch+json" {
+		return "" // structured mode, which may carry the headers too
+	}
+	return ". The request is a CloudEvent in binary content mode (a ce-specversion header, the data as the body), which this endpoint does not take: " +
+		"send the event in structured mode, as JSON with Content-Type application/cloudevents+json (the CloudEvents Go SDK: cloudevents.WithEncodingStructured)"
+}
+
 // rateLimited answers 429 rate-limited: the key's bucket does not hold
 // the request's events (or, before the body is read, a token); for a key
 // without a rate, its refusal budget is spent.
@@ -377,7 +397,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 		default:
 			unread(w)
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json", clip(r.Header.Get("Content-Type"))), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/cloudevents+json, application/cloudevents-batch+json or application/json%s", clip(r.Header.Get("Content-Type")), binaryModeHint(r, kind)), nil, 0)
 			return b, http.StatusUnsupportedMediaType
 		}
 	default:
@@ -388,7 +408,7 @@ func checkContent(w http.ResponseWriter, r *http.Request, kind string) (bodyShap
 		default:
 			unread(w)
 			writeProblem(w, http.StatusUnsupportedMediaType, "unsupported-media-type", "Unsupported media type",
-				fmt.Sprintf("Content-Type %q: want application/json (an object or an array) or application/x-ndjson", clip(r.Header.Get("Content-Type"))), nil, 0)
+				fmt.Sprintf("Content-Type %q: want application/json (an object or an array), or application/x-ndjson, application/ndjson or application/jsonl (one event a line)", clip(r.Header.Get("Content-Type"))), nil, 0)
 			return b, http.StatusUnsupportedMediaType
 		}
 	}
@@ -506,7 +526,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		}
 	}
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "malformed", "Malformed body", err.Error()+"; nothing was sent", nil, 0)
+		writeProblem(w, http.StatusBadRequest, "malformed", "Malformed body", err.Error()+"; nothing was sent"+req.binary, nil, 0)
 		return http.StatusBadRequest
 	}
 	req.inputs = len(elems)

@@ -160,6 +160,30 @@ func (e *env) post(path, contentType, token string, body []byte) (int, http.Head
 	return post(e.t, http.DefaultClient, e.srv.URL()+path, contentType, token, body)
 }
 
+// postWith posts body to path with the content type, the env's key and
+// the header lines of extra; it returns the status and body.
+func (e *env) postWith(path, contentType string, body []byte, extra http.Header) (int, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL()+path, bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Authorization", "Bearer "+e.token)
+	for name, values := range extra {
+		for _, v := range values {
+			req.Header.Add(name, v)
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
 func post(t testing.TB, c *http.Client, url, contentType, token string, body []byte) (int, http.Header, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))

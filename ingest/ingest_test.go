@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sort"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/meterline/meterline/producer"
 )
@@ -114,6 +116,47 @@ func TestCloudEventWithoutTime(t *testing.T) {
 	p := problem(t, b)
 	if status != http.StatusBadRequest || len(p.Errors) != 1 || p.Errors[0].Field != "time" {
 		t.Fatalf("with RequireTime: %d %s", status, b)
+	}
+}
+
+// A CloudEvent in binary content mode (its attributes in ce- headers, its
+// data as the body: what the CloudEvents Go SDK's HTTP client sends unless
+// told otherwise) is refused as OpenMeter refuses it, 400, and the answer
+// says why: the body's "id is missing" alone sends its producer looking
+// at an event that has one. Structured mode is taken, with or without
+// the headers beside it (the HTTP binding allows them).
+func TestCloudEventBinaryMode(t *testing.T) {
+	e := newEnv(t, nil)
+	c, err := cloudevents.NewClientHTTP(cehttp.WithHeader("Authorization", "Bearer "+e.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := cloudevents.ContextWithTarget(context.Background(), e.srv.URL()+"/api/v1/events")
+	ev := prompt(t, "bin-1", "acme-1", map[string]any{"tokens": map[string]any{"input": 3}, "user": "u1"})
+	res := c.Send(ctx, ev)
+	var hr *cehttp.Result
+	if !cloudevents.ResultAs(res, &hr) || hr.StatusCode != http.StatusBadRequest || !strings.Contains(res.Error(), "binary content mode") {
+		t.Fatalf("binary mode: %v, want 400 naming binary content mode", res)
+	}
+	if recs := e.records(); len(recs) != 0 {
+		t.Fatalf("binary mode sent %d records", len(recs))
+	}
+	binary := http.Header{"Ce-Specversion": {"1.0"}}
+	// Any other media type than the CloudEvents ones, with a ce-specversion
+	// header, is such a request too.
+	if status, b := e.postWith("/api/v1/events", "text/plain", []byte("3"), binary); status != http.StatusUnsupportedMediaType || !strings.Contains(problem(t, b).Detail, "binary content mode") {
+		t.Fatalf("binary mode, text/plain: %d %s", status, b)
+	}
+
+	if res := c.Send(cloudevents.WithEncodingStructured(ctx), ev); !cloudevents.IsACK(res) {
+		t.Fatalf("structured mode: %v", res)
+	}
+	bin2 := prompt(t, "bin-2", "acme-1", map[string]any{"tokens": map[string]any{"input": 4}, "user": "u1"})
+	if status, b := e.postWith("/api/v1/events", "application/cloudevents+json", mustJSON(t, bin2), binary); status != http.StatusNoContent {
+		t.Fatalf("structured mode with ce- headers: %d %s", status, b)
+	}
+	if recs := e.records(); len(recs) != 6 { // a prompt feeds 3 meters
+		t.Fatalf("structured mode: %d records, want 6", len(recs))
 	}
 }
 

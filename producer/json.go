@@ -69,6 +69,11 @@ func ParseJSON(b []byte) (Event, error) {
 	if fe := scanLine(b); fe != nil {
 		return Event{}, fe
 	}
+	// encoding/json would decode null as an event of no fields ("event_id
+	// is missing").
+	if string(bytes.TrimSpace(b)) == "null" {
+		return Event{}, fmt.Errorf("%w: an event is a JSON object, not null", ErrMalformedJSON)
+	}
 	var j jsonEvent
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
