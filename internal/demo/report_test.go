@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/prom"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -46,5 +50,24 @@ func TestReportColumnsAlign(t *testing.T) {
 	}
 	if n < len(customers)*len(meters) {
 		t.Fatalf("%d check lines, want at least one per customer and meter:\n%s", n, out.String())
+	}
+}
+
+// TestProgressLineSeparatesRefusals: the progress line the demo prints
+// when not on a terminal counts bad input apart from the events the
+// aggregator refused for a cap or for want of credit, as the final report
+// does ("bad events = rejected events", "refused by a cap", "refused for
+// want of credit"), so that its numbers are the report's.
+func TestProgressLineSeparatesRefusals(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rej := prom.RejectedCounter(reg, "dedup")
+	rej.WithLabelValues("dedup", schemas.ReasonInvalid).Add(5)
+	rej.WithLabelValues("dedup", schemas.ReasonTooOld).Add(2)
+	rej.WithLabelValues("aggregator", schemas.ReasonOverLimit).Add(30)
+	rej.WithLabelValues("aggregator", schemas.ReasonNoCredit).Add(9)
+	var out bytes.Buffer
+	render(Config{Out: &out}, time.Now(), newTruth(nil), reg, nil, &recovery{}, nil)
+	if want := "rejected 7 · refused by caps and credits 39 ·"; !strings.Contains(out.String(), want) {
+		t.Errorf("progress line %q does not say %q", out.String(), want)
 	}
 }
