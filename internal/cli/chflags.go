@@ -8,24 +8,18 @@ import (
 	"github.com/alecthomas/kong"
 )
 
-// clickHouseUser is a command that reads the ClickHouse flags (--clickhouse
-// and the group "ClickHouse login and TLS"). Every other command's help
-// leaves them out, and its clickHouse() refuses to read them, so that the
-// two cannot drift apart.
-type clickHouseUser interface{ readsClickHouseFlags() }
+// clickHouseUsers are the commands that read the ClickHouse flags
+// (--clickhouse and the group "ClickHouse login and TLS"). Every other
+// command's help leaves them out, and its clickHouse() refuses to read
+// them, so that the two cannot drift apart.
+var clickHouseUsers = map[reflect.Type]bool{}
 
-func (*SinkRunCmd) readsClickHouseFlags()           {}
-func (*SinkAcceptOffsetsCmd) readsClickHouseFlags() {}
-func (*MigrateCmd) readsClickHouseFlags()           {}
-func (*VerifyCmd) readsClickHouseFlags()            {}
-func (*RunCmd) readsClickHouseFlags()               {}
-func (*DemoCmd) readsClickHouseFlags()              {}
-func (*BenchProduceCmd) readsClickHouseFlags()      {}
-func (*BenchDedupCmd) readsClickHouseFlags()        {}
-func (*BenchAggregateCmd) readsClickHouseFlags()    {}
-func (*BenchSinkCmd) readsClickHouseFlags()         {}
-func (*BenchIngestCmd) readsClickHouseFlags()       {}
-func (*BenchQueriesCmd) readsClickHouseFlags()      {}
+func init() {
+	for _, c := range []any{&SinkRunCmd{}, &SinkAcceptOffsetsCmd{}, &MigrateCmd{}, &VerifyCmd{}, &RunCmd{}, &DemoCmd{},
+		&BenchProduceCmd{}, &BenchDedupCmd{}, &BenchAggregateCmd{}, &BenchSinkCmd{}, &BenchIngestCmd{}, &BenchQueriesCmd{}} {
+		clickHouseUsers[reflect.TypeOf(c).Elem()] = true
+	}
+}
 
 // readsClickHouse reports whether the command of node n reads the
 // ClickHouse flags, or, for a command with subcommands (`meterline sink`,
@@ -43,15 +37,11 @@ func readsClickHouse(n *kong.Node) bool {
 		}
 		return false
 	}
-	v := n.Target
-	if v.Kind() != reflect.Pointer {
-		if !v.CanAddr() {
-			return true
-		}
-		v = v.Addr()
+	t := n.Target.Type()
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
 	}
-	_, ok := v.Interface().(clickHouseUser)
-	return ok
+	return clickHouseUsers[t]
 }
 
 // isClickHouseFlag reports whether f is one of the ClickHouse flags.
@@ -85,7 +75,7 @@ func helpPrinter(options kong.HelpOptions, ctx *kong.Context) error {
 
 // errNoClickHouse is clickHouse()'s error in a command that does not
 // declare that it reads the ClickHouse flags (clickHouseUser).
-var errNoClickHouse = errors.New("internal error: this command does not declare that it reads the ClickHouse flags (clickHouseUser in internal/cli)")
+var errNoClickHouse = errors.New("internal error: this command does not declare that it reads the ClickHouse flags (clickHouseUsers in internal/cli)")
 
 // checkReadsClickHouse returns errNoClickHouse, wrapped, when g belongs to
 // a command that does not read the ClickHouse flags.

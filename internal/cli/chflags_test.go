@@ -11,7 +11,7 @@ import (
 
 // TestClickHouseFlagsOnlyWhereRead: a command's --help lists --clickhouse
 // and the ClickHouse login and TLS flags when the command reads them
-// (clickHouseUser), or one of its subcommands does (`meterline sink`), and
+// (clickHouseUsers), or one of its subcommands does (`meterline sink`), and
 // only then; `meterline --help` lists them.
 func TestClickHouseFlagsOnlyWhereRead(t *testing.T) {
 	var c CLI

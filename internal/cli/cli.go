@@ -52,7 +52,7 @@ type Globals struct {
 	kafkaConn *kafka.Config
 	chServer  *sink.Server
 	// noClickHouse is set for a command that does not read the ClickHouse
-	// flags: clickHouse() then fails (clickHouseUser).
+	// flags: clickHouse() then fails (clickHouseUsers).
 	noClickHouse bool
 }
 
