@@ -611,7 +611,7 @@ func (a *Admin) RevokeKey(ctx context.Context, id string) (Key, error) {
 	key := k.keys[id]
 	k.mu.RUnlock()
 	if key == nil {
-		return Key{}, fmt.Errorf("ingest: %w: %q", ErrNoSuchKey, id)
+		return Key{}, fmt.Errorf("ingest: %w: %q (meterline keys list shows every key's ID)", ErrNoSuchKey, id)
 	}
 	r := *key
 	if r.Active() {

@@ -51,6 +51,9 @@ type Globals struct {
 	// clickHouse(), once per command.
 	kafkaConn *kafka.Config
 	chServer  *sink.Server
+	// noClickHouse is set for a command that does not read the ClickHouse
+	// flags: clickHouse() then fails (clickHouseUsers).
+	noClickHouse bool
 }
 
 // CLI is the root of the command tree.
@@ -182,6 +185,7 @@ func Parser(cli *CLI, stdio IO, exit func(int)) (*kong.Kong, error) {
 		kong.Writers(stdio.Stdout, stdio.Stderr),
 		kong.Exit(exit),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true, FlagsLast: true}),
+		kong.Help(helpPrinter),
 		defaultVars(),
 	)
 }
@@ -230,6 +234,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		return 2
 	}
 	warnReadableSecrets(kctx, logger)
+	cli.noClickHouse = !readsClickHouse(kctx.Selected())
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	kctx.Bind(&cli.Globals, stdio, logger)
 	if err := kctx.Run(); err != nil {

@@ -63,7 +63,7 @@ func TestKeysCommands(t *testing.T) {
 	if code, out, _ = run(t, "", "keys", "list", b); !strings.Contains(out, "revoked ") {
 		t.Errorf("list after revoke: %d %s", code, out)
 	}
-	if code, _, errOut = run(t, "", "keys", "revoke", "0000000000000000", b); code == 0 || !strings.Contains(errOut, "no such key") {
+	if code, _, errOut = run(t, "", "keys", "revoke", "0000000000000000", b); code == 0 || !strings.Contains(errOut, `no such key: "0000000000000000" (meterline keys list shows every key's ID)`) {
 		t.Errorf("revoke of an unknown key: %d %s", code, errOut)
 	}
 	if code, out, _ = run(t, "", "tenants", "list", b); code != 0 || !strings.Contains(out, "acme\tcustomers acme-*,acme\t0 active keys") {

@@ -130,6 +130,9 @@ func (g *Globals) awaitKafka(ctx context.Context, log *zap.Logger) (bool, error)
 // TLS files read and checked. Errors are configuration errors (exit
 // status 2).
 func (g *Globals) clickHouse() (sink.Server, error) {
+	if err := g.checkReadsClickHouse(); err != nil {
+		return sink.Server{}, err
+	}
 	if g.chServer != nil {
 		return *g.chServer, nil
 	}

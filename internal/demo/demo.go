@@ -677,9 +677,13 @@ func render(cfg Config, start time.Time, tr *truth, reg *prometheus.Registry, vi
 		if cfg.ClickHouse != "" {
 			ch = fmt.Sprintf(" · clickhouse rows %.0f", metricSum(reg, "meterline_sink_rows_total", map[string]string{"outcome": "inserted"}))
 		}
-		fmt.Fprintf(w, "[%s] events in %d · deduped %.0f · duplicates %.0f · rejected %.0f%s · %s\n",
+		// Bad input apart from the aggregator's refusals, as the report
+		// counts them.
+		refused := metricSum(reg, "meterline_rejected_total", map[string]string{"reason": schemas.ReasonOverLimit}) +
+			metricSum(reg, "meterline_rejected_total", map[string]string{"reason": schemas.ReasonNoCredit})
+		fmt.Fprintf(w, "[%s] events in %d · deduped %.0f · duplicates %.0f · rejected %.0f · refused by caps and credits %.0f%s · %s\n",
 			el.Round(time.Second), sent, metricSum(reg, "meterline_dedup_accepted_total", nil),
-			metricSum(reg, "meterline_dedup_duplicates_total", nil), metricSum(reg, "meterline_rejected_total", nil), ch, rec)
+			metricSum(reg, "meterline_dedup_duplicates_total", nil), metricSum(reg, "meterline_rejected_total", nil)-refused, refused, ch, rec)
 		return
 	}
 	var b strings.Builder

@@ -67,7 +67,7 @@ func TestDemoReconciles(t *testing.T) {
 	// the credits drawn reconcile.
 	for _, re := range []string{`ok\s+refused by a cap \(over_limit, aggregator\)\s+generated\s+[1-9]\d*\s+counted`,
 		`ok\s+refused for want of credit \(no_credit\)\s+generated\s+[1-9]\d*\s+counted`,
-		`ok\s+micro-credits drawn from grants \(usage.balances\)\s+generated\s+[1-9]\d*\s+counted`,
+		`ok\s+micro-credits drawn \(usage.balances\)\s+generated\s+[1-9]\d*\s+counted`,
 		`hooli \(free\) used (\d+) of its cap of (\d+) api_calls`} {
 		if !regexp.MustCompile(re).MatchString(out.String()) {
 			t.Fatalf("the report does not match %s:\n%s", re, out.String())

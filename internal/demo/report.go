@@ -234,12 +234,13 @@ func (r *reconciler) checkTopics(tr *truth, t tally) {
 		r.check("  rejected "+reason, tr.bad[reason], t.byReason[reason])
 	}
 	r.check("late events = adjustments", tr.late, int64(t.lateAdjs))
+	fmt.Fprintf(r.w, "   totals per customer and meter (aggregates + adjustments):\n")
 	for _, c := range tr.customers() {
 		for _, m := range meters {
 			if tr.totals[c][m] == 0 && t.got[c][m] == 0 {
 				continue
 			}
-			r.check(fmt.Sprintf("total %s %s (aggregates + adjustments)", c, m), tr.totals[c][m], t.got[c][m])
+			r.check(fmt.Sprintf("  %s %s", c, m), tr.totals[c][m], t.got[c][m])
 		}
 	}
 	fmt.Fprintf(r.w, "   %d aggregates (%d FINAL), %d adjustments\n", len(t.latest), t.finals, t.adjs)
@@ -257,7 +258,7 @@ func (r *reconciler) checkEntitlements(tr *truth, t tally, ent *entSetup) {
 		}
 	}
 	r.check("other refusals by the aggregator", 0, other)
-	r.check("micro-credits drawn from grants (usage.balances)", tr.drawn, grantsConsumed(t.balances))
+	r.check("micro-credits drawn (usage.balances)", tr.drawn, grantsConsumed(t.balances))
 	if b := t.balances[freeCustomer]; b != nil {
 		for _, m := range b.Meters {
 			fmt.Fprintf(r.w, "   %s (%s) used %d of its cap of %d %s this hour; %s (%s) has %d micro-credits left of %d\n",
@@ -308,15 +309,16 @@ func (r *reconciler) checkClickHouse(tr *truth, t tally, ch *chResult) {
 	r.check(sink.TableRejected+" rows = bad events + refused", tr.badTotal()+refused, ch.counts[sink.TableRejected])
 	r.check("  stage aggregator, over_limit", tr.entRejected[schemas.ReasonOverLimit], ch.aggRejected[schemas.ReasonOverLimit])
 	r.check("  stage aggregator, no_credit", tr.entRejected[schemas.ReasonNoCredit], ch.aggRejected[schemas.ReasonNoCredit])
-	r.check(sink.TableBalances+" rows = usage.balances records", int64(t.nBalances), ch.counts[sink.TableBalances])
+	r.check(sink.TableBalances+" rows = balance records", int64(t.nBalances), ch.counts[sink.TableBalances])
 	r.check("micro-credits drawn ("+sink.TableBalances+")", tr.drawn, ch.drawn)
 	r.check(sink.TableAdjustments+" rows = late events", tr.late, ch.counts[sink.TableAdjustments]-int64(t.adjs-t.lateAdjs))
 	r.check(sink.TableAggregates+" rows = topic revisions", int64(t.aggs), ch.counts[sink.TableAggregates])
+	fmt.Fprintf(r.w, "   totals per meter (aggregates + adjustments):\n")
 	for _, m := range meters {
 		var want int64
 		for _, c := range tr.customers() {
 			want += tr.totals[c][m]
 		}
-		r.check("total "+m+" (aggregates + adjustments)", want, ch.meterTotal[m])
+		r.check("  "+m, want, ch.meterTotal[m])
 	}
 }

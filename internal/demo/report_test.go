@@ -1,0 +1,73 @@
+package demo
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/prom"
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestReportColumnsAlign: every check line of the reconciliation, with
+// every customer and meter of the generator and the ClickHouse part, has
+// its generated and counted numbers in the same columns, so that the
+// report reads as a table.
+func TestReportColumnsAlign(t *testing.T) {
+	tr := newTruth(nil)
+	got := map[string]map[string]int64{}
+	for _, c := range customers {
+		tr.totals[c], got[c] = map[string]int64{}, map[string]int64{}
+		for _, m := range meters {
+			tr.totals[c][m], got[c][m] = 1234567, 1234567
+		}
+	}
+	tr.bad[schemas.ReasonInvalid] = 3
+	ta := tally{byReason: map[string]int64{schemas.ReasonInvalid: 3}, got: got, aggRejected: map[string]int64{}, balances: map[string]*schemas.Balance{}}
+	ch := &chResult{addr: "127.0.0.1:9000", db: "meterline_demo", counts: map[string]int64{}, meterTotal: map[string]int64{}, aggRejected: map[string]int64{}}
+	var out bytes.Buffer
+	r := &reconciler{w: &out, ok: true}
+	r.checkTopics(tr, ta)
+	r.checkEntitlements(tr, ta, &entSetup{})
+	r.checkClickHouse(tr, ta, ch)
+	col := -1
+	n := 0
+	for _, l := range strings.Split(out.String(), "\n") {
+		i := strings.Index(l, " generated ")
+		if i < 0 {
+			continue
+		}
+		n++
+		if col < 0 {
+			col = i
+		}
+		if i != col {
+			t.Errorf("\"generated\" at column %d, not %d as on the first line: %q", i, col, l)
+		}
+	}
+	if n < len(customers)*len(meters) {
+		t.Fatalf("%d check lines, want at least one per customer and meter:\n%s", n, out.String())
+	}
+}
+
+// TestProgressLineSeparatesRefusals: the progress line the demo prints
+// when not on a terminal counts bad input apart from the events the
+// aggregator refused for a cap or for want of credit, as the final report
+// does ("bad events = rejected events", "refused by a cap", "refused for
+// want of credit"), so that its numbers are the report's.
+func TestProgressLineSeparatesRefusals(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rej := prom.RejectedCounter(reg, "dedup")
+	rej.WithLabelValues("dedup", schemas.ReasonInvalid).Add(5)
+	rej.WithLabelValues("dedup", schemas.ReasonTooOld).Add(2)
+	rej.WithLabelValues("aggregator", schemas.ReasonOverLimit).Add(30)
+	rej.WithLabelValues("aggregator", schemas.ReasonNoCredit).Add(9)
+	var out bytes.Buffer
+	render(Config{Out: &out}, time.Now(), newTruth(nil), reg, nil, &recovery{}, nil)
+	if want := "rejected 7 · refused by caps and credits 39 ·"; !strings.Contains(out.String(), want) {
+		t.Errorf("progress line %q does not say %q", out.String(), want)
+	}
+}
