@@ -1,13 +1,13 @@
 package deploy
 
 import (
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestKafkaScriptHintNamesItsBroker: local/kafka.sh refuses to start a
@@ -29,12 +29,7 @@ func TestKafkaScriptHintNamesItsBroker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	_, port, _ := strings.Cut(testenv.FreeAddr(t), ":")
 	c := exec.Command("local/kafka.sh", "start")
 	c.Env = append(os.Environ(), "KAFKA_PORT="+port, "KAFKA_CONTROLLER_PORT=1" /* never listening */, "KAFKA_DATA_DIR="+dir,
 		"KAFKA_SECURITY=sasl_ssl", "METERLINE_CACHE_DIR="+t.TempDir())

@@ -3,7 +3,6 @@ package deploy
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -29,15 +28,10 @@ func TestRealPrometheusScriptTargets(t *testing.T) {
 		fmt.Fprintln(w, "meterline_build_info 1")
 	}))
 	defer target.Close()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	_, port, _ := strings.Cut(testenv.FreeAddr(t), ":")
 	script := func(cmd string) {
 		c := exec.Command("local/prometheus.sh", cmd)
-		c.Env = append(os.Environ(), fmt.Sprintf("PROMETHEUS_PORT=%d", port), "PROMETHEUS_DATA_DIR="+filepath.Join(work, "prom"),
+		c.Env = append(os.Environ(), "PROMETHEUS_PORT="+port, "PROMETHEUS_DATA_DIR="+filepath.Join(work, "prom"),
 			"PROMETHEUS_TARGETS="+target.Listener.Addr().String(), "PATH="+filepath.Dir(promBin)+":"+os.Getenv("PATH"))
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("prometheus.sh %s: %v\n%s", cmd, err, out)
@@ -48,7 +42,7 @@ func TestRealPrometheusScriptTargets(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var got []string
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/api/v1/targets", port))
+		resp, err := http.Get("http://127.0.0.1:" + port + "/api/v1/targets")
 		if err != nil {
 			t.Fatal(err)
 		}
