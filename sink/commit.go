@@ -112,6 +112,11 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 			// A missing ACL: re-consuming would fail the same way, for ever.
 			return fmt.Errorf("sink: park refused records in %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)",
 				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Topics.RejectedTopic())
+		case kafka.SASLRefused(perr):
+			// The producer's new connection was refused its login (the
+			// password changed on the cluster): no retry makes it right.
+			return fmt.Errorf("sink: park refused records in %s: %w; the password is read at start only: restart the sink with the current one",
+				w.cfg.Topics.RejectedTopic(), w.cfg.Kafka.Refused(perr))
 		case kafka.RecordRefused(perr):
 			// The same parked record would be refused at every attempt,
 			// and its window aborted with every partition's rows: stop

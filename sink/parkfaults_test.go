@@ -148,3 +148,23 @@ func TestParkRefusedForGoodStops(t *testing.T) {
 		})
 	}
 }
+
+// TestParkLoginRefusedStops: the connection the sink's producer opens to
+// park a record refused its login (the password changed on the cluster;
+// the sink reads it at start only) would be refused at every attempt: the
+// sink stops with the authentication error docs/operations.md ("Kafka:
+// SASL and TLS") names, rather than re-consume the window for ever.
+// kfake answers the produce requests SASL_AUTHENTICATION_FAILED, as the
+// records of a refused connection fail on a real broker.
+func TestParkLoginRefusedStops(t *testing.T) {
+	_, _, _, done, _ := parkFaultSink(t, 3, kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.SaslAuthenticationFailed, Count: -1})
+	select {
+	case err := <-done:
+		done <- err // for the cleanup
+		if !errors.Is(err, kafka.ErrAuthentication) || !strings.Contains(err.Error(), "read at start") {
+			t.Fatalf("the sink stopped with %v; want an authentication error saying the password is read at start only", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sink still runs 30s after the brokers refused its login")
+	}
+}

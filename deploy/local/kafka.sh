@@ -66,6 +66,14 @@ ACLS="$CONF_DIR/acls"
 . "$SCRIPT_DIR/lib.sh"
 LOG4J_CONF="$CONF_DIR/log4j2.properties"
 
+# SELF is this script with the settings that chose its broker or cluster, for
+# the commands a message tells to run: a bare "kafka.sh clean" would act on
+# the default port's broker, not on this one.
+SELF=$(printf '%q' "$0")
+[[ -n ${KAFKA_DATA_DIR:-} ]] && SELF="KAFKA_DATA_DIR=$(printf '%q' "$KAFKA_DATA_DIR") $SELF"
+[[ -n ${KAFKA_PORT:-} ]] && SELF="KAFKA_PORT=$(printf '%q' "$KAFKA_PORT") $SELF"
+[[ ${KAFKA_CLUSTER:-1} != 1 ]] && SELF="KAFKA_CLUSTER=$(printf '%q' "$KAFKA_CLUSTER") $SELF"
+
 KAFKA_PORT=${KAFKA_PORT:-9092}
 [[ $KAFKA_PORT =~ ^[0-9]+$ ]] || { echo "kafka.sh: KAFKA_PORT must be a number, got '$KAFKA_PORT'" >&2; exit 1; }
 if [[ ${KAFKA_CLUSTER:-1} == 1 ]]; then
@@ -399,7 +407,7 @@ check_mode() {
   local formatted=plaintext
   [[ -f $MODE_FILE ]] && formatted=$(<"$MODE_FILE")
   [[ $formatted == "$KAFKA_SECURITY" ]] ||
-    die "$KAFKA_DATA_DIR was formatted with KAFKA_SECURITY=$formatted, not $KAFKA_SECURITY; run '$0 clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
+    die "$KAFKA_DATA_DIR was formatted with KAFKA_SECURITY=$formatted, not $KAFKA_SECURITY; run '$SELF clean' first (it deletes the data) or use another KAFKA_DATA_DIR"
 }
 
 # setup_security BOOTSTRAP — sasl_ssl, once the brokers serve: as admin, in
@@ -472,14 +480,14 @@ launch_node() {
     die "127.0.0.1:$KAFKA_CONTROLLER_PORT (controller) is already in use; set KAFKA_CONTROLLER_PORT"
   fi
 
-  ensure_libs
   if foreign_data_dir; then
     die "$KAFKA_DATA_DIR exists and was not created by $PROG; pick another KAFKA_DATA_DIR"
   fi
+  check_mode
+  ensure_libs
   mkdir -p "$KAFKA_DATA_DIR"
   touch "$OWNER_MARK"
   rm -f "$PID_FILE"
-  check_mode
   ensure_credentials
   render_config
 
@@ -709,7 +717,7 @@ cmd_cluster_start() {
   for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
     wait "${jobs[n]}" || failed=1
   done
-  ((failed == 0)) || die "starting the cluster failed (see above); '$0 stop' stops the brokers that did start"
+  ((failed == 0)) || die "starting the cluster failed (see above); '$SELF stop' stops the brokers that did start"
   for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
     read -r pids[n] offsets[n] <"$CLUSTER_DIR/node-$n.launch" || true
     rm -f "$CLUSTER_DIR/node-$n.launch"
@@ -783,7 +791,7 @@ cmd_start_broker() {
   t0=$(now)
   find_java
   lock_cluster
-  [[ -f $CLUSTER_MARK && -s $CLUSTER_ID_FILE ]] || die "no cluster in $CLUSTER_DIR: run '$0 start' first"
+  [[ -f $CLUSTER_MARK && -s $CLUSTER_ID_FILE ]] || die "no cluster in $CLUSTER_DIR: run '$SELF start' first"
   select_node "$n"
   launch_node
   if [[ -n $LAUNCHED ]]; then

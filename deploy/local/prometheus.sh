@@ -29,6 +29,11 @@
 #   PROMETHEUS_CONFIG     config to run with                (default deploy/prometheus/local.yml)
 #   PROMETHEUS_RULES      alert rules copied beside it as alerts.yml
 #                                                         (default deploy/prometheus/alerts.yml)
+#   PROMETHEUS_TARGETS    comma-separated host:port list that replaces the
+#                         config's one list of targets (default: the config's;
+#                         local.yml's are 127.0.0.1:9464,9465,9466, so against
+#                         `meterline run` alone give 127.0.0.1:9464, or
+#                         MeterlineStageDown fires for the two that never run)
 #   PROMETHEUS_START_TIMEOUT  seconds to wait for /-/ready   (default 30)
 #
 # Exit codes: 0 ok; 1 failure; 2 usage; status: 0 running, 3 stopped.
@@ -46,6 +51,7 @@ DATA_DIR=${PROMETHEUS_DATA_DIR:-/tmp/meterline-prometheus-$PORT}
 CONFIG_SRC=${PROMETHEUS_CONFIG:-$REPO_DIR/deploy/prometheus/local.yml}
 RULES_SRC=${PROMETHEUS_RULES:-$REPO_DIR/deploy/prometheus/alerts.yml}
 START_TIMEOUT=${PROMETHEUS_START_TIMEOUT:-30}
+TARGETS=${PROMETHEUS_TARGETS:-}
 
 MARKER=.meterline-prometheus
 
@@ -61,6 +67,8 @@ if ! [[ $PORT =~ ^[0-9]+$ ]] || (( PORT < 1 || PORT > 65535 )); then
     die "PROMETHEUS_PORT '$PORT' is not a port number"
 fi
 [[ $START_TIMEOUT =~ ^[0-9]+$ ]] || die "PROMETHEUS_START_TIMEOUT must be whole seconds"
+[[ -z $TARGETS || $TARGETS =~ ^[A-Za-z0-9.:_-]+(,[A-Za-z0-9.:_-]+)*$ ]] ||
+    die "PROMETHEUS_TARGETS must be host:port[,host:port...], got '$TARGETS'"
 [[ $DATA_DIR == /* ]] || DATA_DIR="$PWD/$DATA_DIR"
 DATA_DIR=${DATA_DIR%/}
 [[ -n $DATA_DIR && $DATA_DIR != / ]] || die "refusing to use / as the data dir"
@@ -147,6 +155,26 @@ cmd_status() {
     return 3
 }
 
+# with_targets CONFIG — CONFIG with the items of its one `- targets:` list
+# replaced by those of PROMETHEUS_TARGETS.
+with_targets() {
+    local n
+    n=$(grep -c '^[[:space:]]*- targets:[[:space:]]*$' "$1" || true)
+    [[ $n == 1 ]] || die "PROMETHEUS_TARGETS needs a config with one '- targets:' list, one item a line; $1 has $n"
+    awk -v targets="$TARGETS" '
+        skip && /^[[:space:]]*- / { next }
+        skip {
+            skip = 0
+            n = split(targets, t, ",")
+            for (i = 1; i <= n; i++) print indent "- " t[i]
+        }
+        /^[[:space:]]*- targets:[[:space:]]*$/ { skip = 1; indent = substr($0, 1, index($0, "-") - 1) "    "; print; next }
+        { print }
+        END {
+            if (skip) { n = split(targets, t, ","); for (i = 1; i <= n; i++) print indent "- " t[i] }
+        }' "$1"
+}
+
 cmd_start() {
     local bin pid
     bin=$(ensure_installed)
@@ -162,7 +190,11 @@ cmd_start() {
     [[ -f $RULES_SRC ]] || die "missing alert rules $RULES_SRC"
     mkdir -p "$DATA_DIR/tsdb"
     : >"$DATA_DIR/$MARKER"
-    cp -f "$CONFIG_SRC" "$CONFIG_FILE"
+    if [[ -n $TARGETS ]]; then
+        with_targets "$CONFIG_SRC" >"$CONFIG_FILE"
+    else
+        cp -f "$CONFIG_SRC" "$CONFIG_FILE"
+    fi
     cp -f "$RULES_SRC" "$RULES_FILE"
     log "starting $bin on $LISTEN_HOST:$PORT (config $CONFIG_SRC, data $DATA_DIR) ..."
     (

@@ -417,6 +417,13 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 			rt.log.Warn("transaction aborted: its records could not be written within the transaction timeout; rebuilding the session", zap.Error(perr))
 			return session.Restart(perr)
 		}
+		if rerr := rt.cfg.Kafka.Refused(perr); rerr != nil {
+			// The producer's new connection was refused its login (the
+			// password changed on the cluster): stop as every other
+			// client of the stage does (refusedLogin, session.FetchError).
+			rt.log.Error("transaction aborted: the brokers refuse the stage's login; stopping", zap.Error(perr))
+			return fmt.Errorf("stream: %w; the password is read at start only: restart the stage with the current one", rerr)
+		}
 		// kgo retries what can be retried; a record the broker still
 		// refused (INVALID_RECORD, a topic that is gone) would fail
 		// again. Stop without loss: nothing of the transaction is
