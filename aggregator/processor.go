@@ -68,9 +68,10 @@ type partition struct {
 	// order.
 	dirty []*openAgg
 	nSeen int // values in the seen sets of open, at most maxCachedSeen
-	// Scratch buffers: the aggregate key K of the event being handled, its
-	// state key, a unique-value key and an encoded state (tx.Put copies).
-	akBuf, okBuf, uBuf, stBuf []byte
+	// Scratch buffers: the OPEN aggregate's state key of the event being
+	// handled (openKey), a unique-value key and an encoded state (tx.Put
+	// copies).
+	okBuf, uBuf, stBuf []byte
 	// The period of the last Bounds call: events arrive in runs of one
 	// period.
 	bStart, bEnd int64
@@ -693,6 +694,10 @@ type openAgg struct {
 	// only an abort (which drops the cache) or the period's expiry (long
 	// after its aggregates left the cache at FINAL) undo.
 	seen map[string]struct{}
+	// held is its customer's entry of the partition's accounts while
+	// heldGen is the partition's (entPart.seedHeld, linkHeld).
+	held    *heldAccount
+	heldGen uint64
 }
 
 // evictClean drops the aggregates the open transaction did not change.
