@@ -68,10 +68,10 @@ type partition struct {
 	// order.
 	dirty []*openAgg
 	nSeen int // values in the seen sets of open, at most maxCachedSeen
-	// Scratch buffers: the OPEN aggregate's state key of the event being
-	// handled (openKey), a unique-value key and an encoded state (tx.Put
-	// copies).
-	okBuf, uBuf, stBuf []byte
+	// Scratch buffers: the aggregate key K of the event being handled, its
+	// OPEN aggregate's state key (or K within it: openKey), a unique-value
+	// key and an encoded state (tx.Put copies).
+	akBuf, okBuf, uBuf, stBuf []byte
 	// The period of the last Bounds call: events arrive in runs of one
 	// period.
 	bStart, bEnd int64
