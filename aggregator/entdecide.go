@@ -29,6 +29,12 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	// built in a temporary and copied.
 	ev := &ch.ev
 	ev.Meter, ev.Aggregation, ev.Quantity = e.Meter, string(m.Aggregation), e.Quantity
+	if m != undeclared {
+		// The catalog's name, equal to the event's: the account keeps
+		// the string of a meter's first event, so that its lookups of
+		// the meter compare the same string, not equal bytes.
+		ev.Meter = m.Name
+	}
 	ev.EventTime, ev.Arrival, ev.Undeclared = e.EventTime, e.IngestTime, m == undeclared
 	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, &ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)

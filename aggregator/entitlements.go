@@ -221,6 +221,10 @@ type entPart struct {
 	// looked up (held), or nil.
 	lastCustomer string
 	lastHeld     *heldAccount
+	// heldGen is the generation of accounts' entries (newHeldGen): an
+	// OPEN aggregate's link to its customer's entry (openAgg.held) holds
+	// while its heldGen is this one.
+	heldGen uint64
 	// accountSweeps counts KeepAccount's sweeps of the unchanged accounts.
 	accountSweeps int
 	accountBuf    []byte // flushAccounts' encoding, reused
@@ -419,6 +423,7 @@ func (pt *partition) loadEnt(st stateReader) error {
 	e := &entPart{changed: map[string]int{}, changedGen: 1, emitNow: map[string]int64{}, pendingAt: map[string]int64{},
 		cache: map[string]cachedValue{}, decoded: map[string]any{}, timelines: map[string]*heldTimeline{},
 		accounts: map[string]*heldAccount{}, madePending: map[string]struct{}{}, pendingOrder: btreemap.New[string, struct{}](pendingDegree, strings.Compare)}
+	e.newHeldGen()
 	pt.ent = e
 	v, ok, err := st.Get(keyGateNext)
 	if err != nil {

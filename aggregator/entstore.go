@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"bytes"
+	"sync/atomic"
 
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/stream"
@@ -128,6 +129,37 @@ func (e *entPart) held(customer string) *heldAccount {
 	return h
 }
 
+// heldGens hands out entPart.heldGen values, unique in the process: an
+// entry linked under one (openAgg.held) is never taken for an entry of
+// another entPart, a reloaded partition's included.
+var heldGens atomic.Uint64
+
+// newHeldGen starts a new generation of accounts' entries: every link to
+// an entry (openAgg.held) made before is stale. Called whenever an entry
+// leaves accounts (dropHeld, hold's sweep) and for a new entPart.
+func (e *entPart) newHeldGen() { e.heldGen = heldGens.Add(1) }
+
+// seedHeld makes a's link to its customer's entry of accounts, if not
+// stale, the last one looked up (held), so that the decision of an event
+// of a finds it with no map lookup. a (nil: none) is the OPEN aggregate of
+// an event of customer.
+func (e *entPart) seedHeld(customer string, a *openAgg) {
+	if a != nil && a.held != nil && a.heldGen == e.heldGen {
+		e.lastCustomer, e.lastHeld = customer, a.held
+	}
+}
+
+// linkHeld links a, an OPEN aggregate of customer, to its entry of
+// accounts, which the decision of its event looked up last (held). The
+// link holds while no entry leaves accounts (heldGen).
+func (e *entPart) linkHeld(a *openAgg, customer string) {
+	if e.lastHeld != nil && (a.held != e.lastHeld || a.heldGen != e.heldGen) && e.lastCustomer == customer {
+		// Written only when it changes: a pointer write per event
+		// otherwise.
+		a.held, a.heldGen = e.lastHeld, e.heldGen
+	}
+}
+
 // hold returns the customer's entry of accounts, added if need be: past
 // maxAccounts entries, the ones whose account the open transaction did
 // not change are dropped first.
@@ -143,6 +175,7 @@ func (e *entPart) hold(customer string) *heldAccount {
 			}
 		}
 		e.lastHeld = nil
+		e.newHeldGen()
 	}
 	h := &heldAccount{}
 	e.accounts[customer] = h
@@ -156,6 +189,7 @@ func (e *entPart) dropHeld() {
 	clear(e.dirtyAccounts)
 	e.dirtyAccounts = e.dirtyAccounts[:0]
 	e.lastCustomer, e.lastHeld = "", nil
+	e.newHeldGen()
 }
 
 // Resolved implements entitlements.ResolveCache.

@@ -218,7 +218,14 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	if pt.ent != nil && !queued {
 		// Decided once, here, in input order (docs/entitlements.md, The
 		// aggregator, 3); an event queued behind its period's FINALs was
-		// decided when it was queued.
+		// decided when it was queued. Its OPEN aggregate is looked up
+		// first: it links its customer's entry of accounts (seedHeld),
+		// which the decision then finds with no lookup of its own, and
+		// placeAt takes it.
+		start, end := pt.bounds(e.EventTime)
+		k := pt.openKey(start, e, m)
+		a := pt.open[string(k)]
+		pt.ent.seedHeld(e.CustomerID, a)
 		ch, ok, err := pt.decideEvent(tx, r, e, m)
 		if !ok || err != nil {
 			return err
@@ -228,7 +235,7 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		// cannot be queued) consumes nothing (docs/entitlements.md, Plans
 		// and caps).
 		pt.refused, pt.queued = false, nil
-		if err := pt.place(tx, r, e, m, queued, uval); err != nil || pt.refused {
+		if err := pt.placeAt(tx, r, e, m, queued, uval, start, end, k[openKeyHead:], k, a); err != nil || pt.refused {
 			return err
 		}
 		if err := ch.commit(); err != nil {
@@ -249,13 +256,36 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 }
 
 // place counts an event in its OPEN aggregate, queues it behind its
-// period's FINAL revisions, or books it as an adjustment.
+// period's FINAL revisions, or books it as an adjustment (placeAt).
 func (pt *partition) place(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, queued bool, uval string) error {
-	c := &pt.pr.cfg
 	start, end := pt.bounds(e.EventTime)
 	// ak is a scratch buffer: valid until the next event.
 	pt.akBuf = appendAggKey(pt.akBuf[:0], e, m)
-	ak := pt.akBuf
+	return pt.placeAt(tx, r, e, m, queued, uval, start, end, pt.akBuf, nil, nil)
+}
+
+// openKey returns the state key of the OPEN aggregate of e in the period
+// starting at start ('a' P K): a scratch buffer, valid until the next
+// event.
+func (pt *partition) openKey(start int64, e *schemas.DedupedEvent, m *Meter) []byte {
+	k := append(pt.okBuf[:0], pfxOpen)
+	k = binary.BigEndian.AppendUint64(k, uint64(start))
+	pt.okBuf = appendAggKey(k, e, m)
+	return pt.okBuf
+}
+
+// openKeyHead is the length of an OPEN aggregate's state key before its
+// aggregate key K (openKey).
+const openKeyHead = 1 + 8
+
+// placeAt counts an event in its OPEN aggregate, queues it behind its
+// period's FINAL revisions, or books it as an adjustment. [start, end) is
+// the event's period and ak its aggregate key K; k is the state key of
+// its OPEN aggregate (openKey; nil: not made yet) and a that aggregate if
+// the caller looked it up (nil: not looked up, or none).
+func (pt *partition) placeAt(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, queued bool, uval string,
+	start, end int64, ak, k []byte, a *openAgg) error {
+	c := &pt.pr.cfg
 	if queued {
 		return pt.late(tx, r, e, m, start, end, ak, uval)
 	}
@@ -273,7 +303,7 @@ func (pt *partition) place(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 	}
 	switch {
 	case ps == nil && e.IngestTime <= end+c.Grace.Milliseconds():
-		return pt.onTime(tx, r, e, m, start, ak, uval)
+		return pt.onTime(tx, r, e, m, start, ak, k, a, uval)
 	case ps == nil || ps.phase == phaseEmit || ps.phase == phaseBook:
 		// Late by its own arrival while the period is not final here yet
 		// (another source's watermark lags): its delta against the FINAL
@@ -418,14 +448,25 @@ func apply(st *aggState, fresh bool, e *schemas.DedupedEvent, m *Meter, newUniqu
 	return st.Value - before
 }
 
-func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, ak []byte, uval string) error {
-	k := append(pt.okBuf[:0], pfxOpen)
-	k = binary.BigEndian.AppendUint64(k, uint64(start))
-	k = append(k, ak...)
-	pt.okBuf = k
-	a, fresh, err := pt.openAggregate(tx, k, start)
-	if err != nil {
-		return err
+// onTime counts an event in its OPEN aggregate, of aggregate key ak and
+// state key k (nil: made from ak): a if not nil, else looked up
+// (openAggregate).
+func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent, m *Meter, start int64, ak, k []byte, a *openAgg, uval string) error {
+	if k == nil {
+		k = append(pt.okBuf[:0], pfxOpen)
+		k = binary.BigEndian.AppendUint64(k, uint64(start))
+		k = append(k, ak...)
+		pt.okBuf = k
+	}
+	fresh := false
+	if a == nil {
+		var err error
+		if a, fresh, err = pt.openAggregate(tx, k, start); err != nil {
+			return err
+		}
+	}
+	if pt.ent != nil {
+		pt.ent.linkHeld(a, e.CustomerID)
 	}
 	if !fresh && overflows(&a.st, e, m) {
 		return pt.rejectOverflow(tx, r, e, m, start, &a.st)
@@ -435,6 +476,7 @@ func (pt *partition) onTime(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEven
 	}
 	isNew := false
 	if m.Aggregation == UniqueCount {
+		var err error
 		if isNew, err = pt.seeUniqueOpen(tx, a, ak, uval); err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -69,7 +70,8 @@ type partition struct {
 	dirty []*openAgg
 	nSeen int // values in the seen sets of open, at most maxCachedSeen
 	// Scratch buffers: the aggregate key K of the event being handled, its
-	// state key, a unique-value key and an encoded state (tx.Put copies).
+	// OPEN aggregate's state key (or K within it: openKey), a unique-value
+	// key and an encoded state (tx.Put copies).
 	akBuf, okBuf, uBuf, stBuf []byte
 	// The period of the last Bounds call: events arrive in runs of one
 	// period.
@@ -679,20 +681,46 @@ const (
 
 // openAgg is a cached OPEN aggregate: its state key, period and decoded
 // state, what its revisions share (out), made once when it is loaded, and
-// the UNIQUE_COUNT values it is known to have seen.
+// the UNIQUE_COUNT values it is known to have seen. The fields an event
+// reads come first, its key's bytes among them (keyBuf), so that a
+// lookup and the event read a few adjacent cache lines of one object.
 type openAgg struct {
-	key   []byte // 'a' P K
-	start int64
-	st    aggState
-	out   aggOut
+	// held is its customer's entry of the partition's accounts while
+	// heldGen is the partition's (entPart.seedHeld, linkHeld).
+	held    *heldAccount
+	heldGen uint64
 	// dirty: changed by the open transaction and listed in
 	// partition.dirty; Flush writes the state and emits the revision.
 	dirty bool
+	st    aggState
+	// keyBuf holds key when it fits: key and the aggregate's key in
+	// partition.open are then its bytes, which are never written after
+	// newOpenAgg.
+	keyBuf [openKeyInline]byte
+	key    []byte // 'a' P K
+	start  int64
+	out    aggOut
 	// seen holds values of the meter's UNIQUE_COUNT property whose 'u' key
 	// exists in the committed state or the open transaction: facts that
 	// only an abort (which drops the cache) or the period's expiry (long
 	// after its aggregates left the cache at FINAL) undo.
 	seen map[string]struct{}
+}
+
+// openKeyInline is the longest state key an openAgg holds in itself
+// (keyBuf); a longer one has memory of its own.
+const openKeyInline = 64
+
+// newOpenAgg returns the OPEN aggregate of state key k (copied) and the
+// key partition.open keeps it under: its key's bytes, shared.
+func newOpenAgg(k []byte, start int64, st *aggState, out aggOut) (*openAgg, string) {
+	a := &openAgg{start: start, st: *st, out: out}
+	if len(k) <= openKeyInline {
+		a.key = append(a.keyBuf[:0:len(k)], k...)
+	} else {
+		a.key = bytes.Clone(k)
+	}
+	return a, unsafe.String(unsafe.SliceData(a.key), len(a.key))
 }
 
 // evictClean drops the aggregates the open transaction did not change.
@@ -728,8 +756,8 @@ func (pt *partition) openAggregate(tx *stream.Tx, k []byte, start int64) (a *ope
 	if err != nil {
 		return nil, false, err
 	}
-	a = &openAgg{key: bytes.Clone(k), start: start, st: *st, out: out}
-	pt.open[string(a.key)] = a
+	a, ak := newOpenAgg(k, start, st, out)
+	pt.open[ak] = a
 	return a, !ok, nil
 }
 
