@@ -58,6 +58,10 @@ var realScale = map[string]ruleScale{
 	// are less than 20 s apart for half a minute
 	// (TestRealStandbyTailRestartsAlert).
 	"MeterlineStandbyTailRestarts": {Expr: map[string]string{"5m": "20s"}, For: "8s"},
+	// Five minutes without writing to 8 s; a ping answered within 3 s
+	// for the blocked reason (the sink pings every 2 s)
+	// (TestRealSinkClickHouseDownAlert).
+	"MeterlineSinkClickHouseDown": {Expr: map[string]string{"2m": "3s"}, For: "8s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -101,7 +105,7 @@ func parallelAlertTest(t *testing.T) {
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
-		realStandbyAlertsFired, realStandbyTailAlertsFired)
+		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

@@ -188,7 +188,7 @@ func runAll(ctx context.Context, log *zap.Logger, stages []namedStage) error {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				log.Error("stage failed; stopping the others", zap.String("stage", s.name), zap.Error(err))
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
+				errs = append(errs, service.StageError(s.name, err))
 				mu.Unlock()
 				cancel()
 			}

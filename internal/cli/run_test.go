@@ -27,6 +27,7 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/producer"
+	"github.com/meterline/meterline/sink"
 )
 
 // TestRunValidate: `meterline run` checks the sink's flags too, naming the
@@ -570,5 +571,25 @@ func TestStateCleanupDelayFlag(t *testing.T) {
 		if got := acfg.Stream.StateCleanupDelay; got != c.want {
 			t.Errorf("--state-cleanup-delay %s: the stream's delay %s, want %s", c.flag, got, c.want)
 		}
+	}
+}
+
+// TestRunAllNamesTheStageOnce: the error of a failed stage is named by
+// the stage once: an error that already starts with its name (the sink's
+// refused login, "sink: clickhouse authentication failed: …") keeps it
+// as it is, and one that does not gets it.
+func TestRunAllNamesTheStageOnce(t *testing.T) {
+	blocks := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	refused := fmt.Errorf("%w: 127.0.0.1:9000 refused user %q while the sink runs", sink.ErrAuthentication, "meterline")
+	err := runAll(context.Background(), zap.NewNop(), []namedStage{{name: "dedup", run: blocks},
+		{name: "sink", run: func(context.Context) error { return refused }}})
+	if !errors.Is(err, sink.ErrAuthentication) || err.Error() != refused.Error() {
+		t.Errorf("runAll = %q, want %q", err, refused)
+	}
+	plain := errors.New("fetch usage.deduped.v2/0: OFFSET_OUT_OF_RANGE")
+	err = runAll(context.Background(), zap.NewNop(), []namedStage{{name: "dedup", run: blocks},
+		{name: "sink", run: func(context.Context) error { return plain }}})
+	if want := "sink: " + plain.Error(); err == nil || err.Error() != want {
+		t.Errorf("runAll = %v, want %q", err, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -134,7 +135,9 @@ func reportDrift(ctx context.Context, adm *kadm.Client, specs []topics.Spec, rf 
 	}
 	internal, err := topics.CheckInternal(ctx, adm, rf)
 	if errors.Is(err, topics.ErrInternalNotAuthorized) {
-		fmt.Fprintf(stdio.Stdout, "skipped  Kafka's internal topics: %v\n", err)
+		// The line names the topics already: the reason without the
+		// package's "topics: ".
+		fmt.Fprintf(stdio.Stdout, "skipped  Kafka's internal topics: %s\n", strings.TrimPrefix(err.Error(), "topics: "))
 	} else if err != nil {
 		return err
 	}

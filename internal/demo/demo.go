@@ -32,6 +32,7 @@ import (
 	"github.com/meterline/meterline/internal/fault"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/lag"
+	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/topics"
@@ -375,7 +376,7 @@ func (d *demoRun) startSink() error {
 	go func() {
 		defer d.sinkWG.Done()
 		if err := w.Run(d.sinkCtx); err != nil {
-			d.errc <- fmt.Errorf("sink: %w", err)
+			d.errc <- service.StageError("sink", err)
 		}
 	}()
 	return nil

@@ -161,3 +161,13 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// StageError names the stage of err once: err as it is when its text
+// already starts with "<stage>: " (the sink's errors do), else wrapped
+// with that prefix.
+func StageError(stage string, err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), stage+": ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", stage, err)
+}

@@ -2,9 +2,6 @@ package stream
 
 import (
 	"context"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,80 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/clock"
+	"github.com/meterline/meterline/internal/testenv"
 )
-
-// seedProxy forwards connections to a broker until silenced; then it
-// accepts connections and never answers, as a broker does whose process
-// is paused or whose host is cut off, while the cluster runs on without
-// it.
-type seedProxy struct {
-	ln     net.Listener
-	to     string
-	mu     sync.Mutex
-	silent bool
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newSeedProxy(t *testing.T, to string) *seedProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &seedProxy{ln: ln, to: to}
-	p.wg.Add(1)
-	go p.serve()
-	t.Cleanup(func() {
-		ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *seedProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c)
-		silent := p.silent
-		p.mu.Unlock()
-		if silent {
-			continue
-		}
-		b, err := net.Dial("tcp", p.to)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, b)
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(b, c) }()
-		go func() { _, _ = io.Copy(c, b) }()
-	}
-}
-
-// silence stops answering: new connections are held without a byte, the
-// forwarded ones are cut.
-func (p *seedProxy) silence() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.silent = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
 
 // TestClientsSeededByListedBrokers: the stage's seed broker stops
 // answering (paused, its host cut off) while the cluster runs on. The
@@ -97,10 +22,10 @@ func (p *seedProxy) silence() {
 // (docs/operations.md, Standby replicas).
 func TestClientsSeededByListedBrokers(t *testing.T) {
 	w := newKVWorld(t, nil)
-	proxy := newSeedProxy(t, w.brokers[0])
+	proxy := testenv.NewProxy(t, w.brokers[0])
 	// The stage's only seed is the proxy; the cluster lists the broker
 	// itself.
-	w.brokers = []string{proxy.ln.Addr().String()}
+	w.brokers = []string{proxy.Addr()}
 	rt, _ := w.startOwner("a", vfs.NewMem(), clock.Real{}, zap.NewNop())
 	w.send("k", "v")
 	deadline := time.Now().Add(20 * time.Second)
@@ -112,7 +37,7 @@ func TestClientsSeededByListedBrokers(t *testing.T) {
 		rt.EachPartitionStatus(func(int32, bool, int64, string, string) { owned++ })
 	}
 
-	proxy.silence()
+	proxy.Silence()
 	c, err := rt.newChangelogCopy(0, "restore", 0, 0, -1, time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
