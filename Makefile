@@ -12,7 +12,7 @@ KEEP_SERVICES   ?=
 
 export KAFKA_PORT CLICKHOUSE_PORT
 
-.PHONY: all build test test-short docs-check chaos bench-failover vet fuzz services-start services-stop clean
+.PHONY: all build test test-short test-race docs-check chaos bench-failover vet fuzz services-start services-stop clean
 
 all: build
 
@@ -28,6 +28,16 @@ vet:
 
 test-short:
 	$(GO) test -short ./...
+
+# The fast loop's tests of the concurrent packages under Go's race detector
+# (docs/testing.md, The race detector), one package at a time. Not part of
+# `make test`. RACE_SKIP names the tests whose checks the race detector's
+# instrumentation defeats (an allocation bound: sync.Pool drops items at
+# random under -race).
+RACE_PACKAGES ?= ./internal/stream ./dedup ./aggregator ./sink ./ingest ./internal/session ./internal/kafka ./internal/cli ./producer ./entitlements
+RACE_SKIP     ?= ^TestDeepDataCostsLittle$$
+test-race:
+	$(GO) test -race -short -count=1 -p 1 -timeout 30m -skip '$(RACE_SKIP)' $(RACE_PACKAGES)
 
 # Starts both services, runs vet and every test with the integration
 # variables set, and stops the services even when a test fails. Fails if any

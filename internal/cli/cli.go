@@ -226,9 +226,18 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 	// A stop can take seconds (docs/operations.md, Running the stages):
 	// say when it was asked for, so that a slow one is not silent until
 	// the stages report they stopped.
-	defer context.AfterFunc(ctx, func() {
+	// Main's caller reads stderr once Main returns: a line being written
+	// then is waited for.
+	stopLogged := make(chan struct{})
+	stopLog := context.AfterFunc(ctx, func() {
+		defer close(stopLogged)
 		logger.Info("stop requested: stopping (a second signal exits at once)", zap.String("command", kctx.Command()))
-	})()
+	})
+	defer func() {
+		if !stopLog() {
+			<-stopLogged
+		}
+	}()
 	if err := refuseZeroFlags(kctx); err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
 		return 2
@@ -375,7 +384,9 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 	}
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	return zap.New(sampled(textSafe{zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl)})), nil
+	// The stages log from many goroutines, and w need not be safe for
+	// concurrent writes (a test's buffer): zapcore.Lock serializes them.
+	return zap.New(sampled(textSafe{zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)})), nil
 }
 
 // The logger's sampling: of the entries with one message and level, the

@@ -209,6 +209,9 @@ func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts Produ
 	if stopProgress != nil {
 		stopProgress()
 	}
+	r.errMu.Lock()
+	r.returned = true
+	r.errMu.Unlock()
 	r.sum.Sent, r.sum.Failed = r.sent.Load(), r.failed.Load()
 	if ferr != nil {
 		r.sum.Unacked = max(0, r.queued.Load()-r.sum.Sent-r.sum.Failed)
@@ -220,14 +223,19 @@ func Produce(ctx context.Context, in io.Reader, p *producer.Producer, opts Produ
 // produceRun is one run of Produce: its counts, and the flag that stops
 // the reader (a bad line with Strict).
 type produceRun struct {
-	p        *producer.Producer
-	opts     ProduceOptions
-	start    time.Time
-	sum      ProduceSummary // Bad and Lines are updated atomically
-	queued   atomic.Int64   // handed to the producer
-	sent     atomic.Int64
-	failed   atomic.Int64
-	errMu    sync.Mutex // serializes writes to opts.Errors and the progress line
+	p      *producer.Producer
+	opts   ProduceOptions
+	start  time.Time
+	sum    ProduceSummary // Bad and Lines are updated atomically
+	queued atomic.Int64   // handed to the producer
+	sent   atomic.Int64
+	failed atomic.Int64
+	errMu  sync.Mutex // serializes writes to opts.Errors and the progress line
+	// returned is set, under errMu, when Produce returns: opts.Errors is
+	// its caller's again, and a send failed later (the producer closed
+	// with events not acknowledged, which the summary counts) is not
+	// reported there.
+	returned bool
 	stopRead atomic.Bool
 	closed   atomic.Bool // the producer was closed: the lines left are not sent
 }
@@ -239,6 +247,9 @@ func (r *produceRun) report(line int64, err error) {
 	}
 	r.errMu.Lock()
 	defer r.errMu.Unlock()
+	if r.returned {
+		return
+	}
 	if r.opts.Progress != nil {
 		fmt.Fprint(r.opts.Errors, "\r\033[K")
 	}

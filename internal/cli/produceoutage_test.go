@@ -18,11 +18,13 @@ import (
 // leaders of usage.events are gone (produce requests answered
 // NOT_LEADER_FOR_PARTITION, metadata LEADER_NOT_AVAILABLE, as on a broker
 // that stopped), with ctx; it fails the test when the command has not
-// returned within limit.
-func produceDuringOutage(t *testing.T, ctx context.Context, limit time.Duration, args ...string) (int, string, string) {
+// returned within limit. stop, when not nil, is called a second after the
+// outage first answered the command (not a second after its start, which
+// under -race may not yet have read its input).
+func produceDuringOutage(t *testing.T, ctx context.Context, stop context.CancelFunc, limit time.Duration, args ...string) (int, string, string) {
 	t.Helper()
 	c, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
-	c.Fault(
+	outage := c.Fault(
 		kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "usage.events", Err: kerr.NotLeaderForPartition, Count: -1},
 		kfake.Fault{Keys: []kmsg.Key{kmsg.Metadata}, Topic: "usage.events", Err: kerr.LeaderNotAvailable, Count: -1},
 	)
@@ -32,6 +34,13 @@ func produceDuringOutage(t *testing.T, ctx context.Context, limit time.Duration,
 	type result struct {
 		code        int
 		out, errOut string
+	}
+	if stop != nil {
+		go func() {
+			if outage.Wait(ctx, 1) == nil {
+				time.AfterFunc(time.Second, stop)
+			}
+		}()
 	}
 	done := make(chan result, 1)
 	go func() {
@@ -57,8 +66,8 @@ func produceDuringOutage(t *testing.T, ctx context.Context, limit time.Duration,
 func TestProduceStopsOnSignalDuringOutage(t *testing.T) {
 	parallelWaitingTest(t, &scriptBrokerLane)
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(time.Second, cancel)
-	code, out, errOut := produceDuringOutage(t, ctx, 20*time.Second)
+	defer cancel()
+	code, out, errOut := produceDuringOutage(t, ctx, cancel, 20*time.Second)
 	if code != 1 || !strings.Contains(out, "2 not acknowledged") || !strings.Contains(out, "again") {
 		t.Fatalf("exit %d; want 1 and the unacknowledged events counted\nstdout: %s\nstderr: %s", code, out, errOut)
 	}
@@ -72,7 +81,7 @@ func TestProduceStopsOnSignalDuringOutage(t *testing.T) {
 // the command exits 1.
 func TestProduceOutageTimesOut(t *testing.T) {
 	parallelWaitingTest(t, &scriptBrokerLane)
-	code, out, errOut := produceDuringOutage(t, context.Background(), 30*time.Second, "--timeout", "2s")
+	code, out, errOut := produceDuringOutage(t, context.Background(), nil, 30*time.Second, "--timeout", "2s")
 	if code != 1 || !strings.Contains(out, "2 failed") || !strings.Contains(errOut, "line 1:") || !strings.Contains(errOut, "line 2:") {
 		t.Fatalf("exit %d; want 1 with both events failed\nstdout: %s\nstderr: %s", code, out, errOut)
 	}
