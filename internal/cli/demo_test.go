@@ -90,7 +90,13 @@ func TestRealDemoSink(t *testing.T) {
 	}
 	// Each row ends with a customer's quantity of a meter, which must be
 	// the total the report reconciled for them.
-	billed := regexp.MustCompile(`(?m)^\s+ok\s+total (\S+) (\S+) \(aggregates \+ adjustments\)\s+generated\s+\d+\s+counted\s+(\d+)\s*$`).FindAllStringSubmatch(out, -1)
+	// Those totals are the lines under the heading "totals per customer
+	// and meter", up to the line that counts the aggregates.
+	section := regexp.MustCompile(`(?s)totals per customer and meter \(aggregates \+ adjustments\):\n(.*?)\n\s+\d+ aggregates`).FindStringSubmatch(out)
+	if section == nil {
+		t.Fatalf("the report has no totals per customer and meter:\n%s", out)
+	}
+	billed := regexp.MustCompile(`(?m)^\s+ok\s+(\S+) (\S+)\s+generated\s+\d+\s+counted\s+(\d+)\s*$`).FindAllStringSubmatch(section[1], -1)
 	want := map[string]string{}
 	for _, b := range billed {
 		want[b[1]+" "+b[2]] = b[3]
