@@ -55,6 +55,8 @@ func testProduceBadLines(t *testing.T, brokers []string, topic string) {
 		// RFC 3339 has a full stop before a fraction of a second, never
 		// the comma time.Parse takes (docs/producing.md).
 		`{"event_id":"req-5","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` + commaTS + `"}`,
+		// An ID of white space only is as good as none (docs/design.md).
+		`{"event_id":"   ","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` + ts + `"}`,
 	}, "\n") + "\n"
 	if err := os.WriteFile(file, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
@@ -68,16 +70,17 @@ func testProduceBadLines(t *testing.T, brokers []string, topic string) {
 		regexp.MustCompile(`(?m)^line 3: quantity: must not be negative`),
 		regexp.MustCompile(`(?m)^line 4: customer_id: is missing`),
 		regexp.MustCompile(`(?m)^line 5: event_time: "` + regexp.QuoteMeta(commaTS) + `" is not RFC 3339`),
+		regexp.MustCompile(`(?m)^line 6: event_id: must not be blank`),
 	}
 	for _, re := range wantErrs {
 		if !re.MatchString(stderr) {
 			t.Errorf("stderr lacks %s:\n%s", re, stderr)
 		}
 	}
-	if n := strings.Count(stderr, "line "); n != 4 {
-		t.Errorf("stderr has %d error lines, want 4:\n%s", n, stderr)
+	if n := strings.Count(stderr, "line "); n != 5 {
+		t.Errorf("stderr has %d error lines, want 5:\n%s", n, stderr)
 	}
-	if !strings.Contains(stdout, "5 lines, 1 sent, 4 bad, 0 failed") {
+	if !strings.Contains(stdout, "6 lines, 1 sent, 5 bad, 0 failed") {
 		t.Errorf("summary: %s", stdout)
 	}
 	recs := testenv.ReadAll(t, brokers, topic)
