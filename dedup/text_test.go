@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -89,5 +90,50 @@ func TestInvalidText(t *testing.T) {
 		if !got[id] {
 			t.Errorf("event %q was not rejected", id)
 		}
+	}
+}
+
+// TestBlankIdentityRejected: an identity field of white space only, in a
+// record produced straight to Kafka, is rejected as invalid naming the
+// field (docs/design.md, Event identity and keys): never forwarded as an
+// identity every such event would share, never dropped as a copy. A valid
+// event after them is forwarded.
+func TestBlankIdentityRejected(t *testing.T) {
+	h := newHarness(t, nil, 4)
+	arr := t0 + 10*day
+	rec := func(customer, meter, id string) *kgo.Record {
+		e := &schemas.UsageEvent{CustomerID: customer, Meter: meter, EventID: id, Quantity: 1, EventTime: arr - hour}
+		key := e.Identity().Key()
+		return &kgo.Record{Topic: h.names.EventsTopic(), Partition: schemas.Partition(key, h.n), Key: key,
+			Value: schemas.MustEncode(e), Timestamp: time.UnixMilli(arr)}
+	}
+	h.produce(
+		rec("acme", "api_calls", "   "),
+		rec("acme", "api_calls", "   "), // the same again: rejected too, not a duplicate
+		rec("acme", "api_calls", "\u00a0\u3000"),
+		rec(" ", "api_calls", "b1"),
+		rec("acme", "\u2003", "b2"),
+		rec("acme", "api_calls", " ok "),
+	)
+	h.start(h.config("a", vfs.NewMem()))
+	h.caughtUp()
+	o := h.outputs()
+	if len(o.deduped) != 1 || o.deduped[0].EventID != " ok " {
+		t.Errorf("forwarded %+v; want the one event whose identity is not blank", o.deduped)
+	}
+	if len(o.duplicates) != 0 {
+		t.Errorf("%d duplicates; want none", len(o.duplicates))
+	}
+	want := map[string]int{"event_id": 3, "customer_id": 1, "meter": 1} // per field, in any order: partitions differ
+	got := map[string]int{}
+	for _, r := range o.rejected {
+		field, ok := strings.CutSuffix(r.Detail, ": must not be blank (white space only)")
+		if r.Reason != schemas.ReasonInvalid || !ok {
+			t.Errorf("rejected %q as %s %q; want invalid, must not be blank", r.EventID, r.Reason, r.Detail)
+		}
+		got[field]++
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("rejections per field %v, want %v", got, want)
 	}
 }

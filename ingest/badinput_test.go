@@ -112,6 +112,21 @@ func TestBadInput(t *testing.T) {
 				`{"event_id":"c","customer_id":"acme-1","meter":"api_calls","quantity":"x","event_time":"2026-11-29T12:00:00Z"}` + "\n" +
 				`{"event_id":"d","customer_id":"acme-1","meter":"api_calls","quantity":1}`, 400,
 			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"3 of 4 events are invalid; nothing was sent","errors":[{"index":1,"field":"quantity","code":"invalid","reason":"must not be negative (got -1)"},{"index":2,"field":"quantity","code":"invalid","reason":"must be an integer (got \"x\")"},{"index":3,"field":"event_time","code":"invalid","reason":"is missing"}]}`},
+		// event_time is RFC 3339: a full stop before a fraction of a
+		// second, never a comma, which time.Parse takes (as a
+		// CloudEvent's time: TestOpenMeterParity).
+		{"event_time with a decimal comma", "/v1/events", "application/x-ndjson", e.token,
+			`{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00.5Z"}` + "\n" +
+				`{"event_id":"b","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00,5Z"}`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"event_time","code":"invalid","reason":"\"2026-11-29T12:00:00,5Z\" is not RFC 3339 (like 2026-11-29T12:00:00.250Z)"}]}`},
+		// An identity field of white space only is as good as none
+		// (docs/design.md, Event identity and keys).
+		{"event_id blank", "/v1/events", "application/json", e.token,
+			`[{"event_id":"a","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"},` +
+				`{"event_id":"   ","customer_id":"acme-1","meter":"api_calls","quantity":1,"event_time":"2026-11-29T12:00:00Z"}]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"event_id","code":"invalid","reason":"must not be blank (white space only)"}]}`},
+		{"CloudEvent id blank", "/api/v1/events", "application/cloudevents-batch+json", e.token, `[` + good + `,` + ce(`"id":"   "`) + `]`, 400,
+			`{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"id","code":"invalid","reason":"must not be blank (white space only)"}]}`},
 		// An element that is no object is named as such, not with the
 		// name of the Go type it would have been decoded into.
 		{"events that are not objects", "/v1/events", "application/json", e.token, `[1,"x",[],true]`, 400,

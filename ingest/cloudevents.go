@@ -301,6 +301,12 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 			return CloudEvent{}, &fieldError{ceNames[k], "invalid", "is missing (CloudEvents requires it; subject is the customer)"}
 		case a.attr[k] == "":
 			return CloudEvent{}, &fieldError{ceNames[k], "invalid", "must not be empty"}
+		case schemas.IsBlank(a.attr[k]):
+			// CloudEvents wants these non-empty, and its SDK reads white
+			// space as empty: such an id would make one identity of
+			// every event that has it (docs/design.md, Event identity
+			// and keys).
+			return CloudEvent{}, &fieldError{ceNames[k], "invalid", "must not be blank (white space only)"}
 		}
 	}
 	ev.ID, ev.Source, ev.Type, ev.Subject = a.attr[0], a.attr[1], a.attr[3], a.attr[4]

@@ -171,6 +171,19 @@ func TestOpenMeterParity(t *testing.T) {
 		{"batch dataschema empty", batch, "[" + ev(`,"dataschema":""`) + "]", 400, 0, "dataschema"},
 		{"dataschema not a URI", ce, ev(`,"dataschema":"not a uri"`), 204, 0, ""},
 		{"dataschema null", ce, ev(`,"dataschema":null`), 204, 0, ""},
+		// Read from the validator's part: the schema wants id, source,
+		// type and subject of minLength 1, which white space passes, and
+		// the handler never calls the SDK's Validate, which reads them
+		// trimmed (v2/event/eventcontext_v1.go) and refuses them as
+		// missing. Meterline refuses them: a blank id would make one
+		// identity of every event that has it.
+		{"id blank", ce, `{"specversion":"1.0","id":"   ","source":"s","type":"t","subject":"acme-1"}`, 204, 400, "id"},
+		{"id no-break space", ce, "{\"specversion\":\"1.0\",\"id\":\"\u00a0\",\"source\":\"s\",\"type\":\"t\",\"subject\":\"acme-1\"}", 204, 400, "id"},
+		{"batch id blank", batch, `[{"specversion":"1.0","id":" ","source":"s","type":"t","subject":"acme-1"}]`, 204, 400, "id"},
+		{"json id blank", js, `[{"specversion":"1.0","id":"\t ","source":"s","type":"t","subject":"acme-1"}]`, 204, 400, "id"},
+		{"source blank", ce, `{"specversion":"1.0","id":"1","source":" ","type":"t","subject":"acme-1"}`, 204, 400, "source"},
+		{"subject blank", ce, `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"  "}`, 204, 400, "subject"},
+		{"id with blanks around", ce, `{"specversion":"1.0","id":" 2 ","source":"s","type":"t","subject":"acme-1"}`, 204, 0, ""},
 	}
 	class := func(status int) int { return status / 100 * 100 }
 	accepted := 0

@@ -3,6 +3,7 @@ package schemas
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -133,8 +134,17 @@ func firstInvalidUTF8(s string) int {
 	return len(s)
 }
 
+// IsBlank reports whether v, not empty, holds only white space
+// (unicode.IsSpace: " ", U+00A0, U+3000 …), which an identity field may
+// not: such an ID is as good as none (docs/design.md, Event identity and
+// keys), as the CloudEvents SDK reads an id, source, type or subject of
+// white space as missing.
+func IsBlank(v string) bool {
+	return v != "" && strings.TrimSpace(v) == ""
+}
+
 // Validate checks the rules that do not depend on time of arrival: identity
-// fields present, bounded, valid UTF-8 without control, bidirectional or
+// fields present and not blank (IsBlank), bounded, valid UTF-8 without control, bidirectional or
 // invisible characters (CheckText); quantity non-negative; event_time on
 // or after 2000-01-01; source valid UTF-8 without them either; properties sorted, unique, valid UTF-8 and
 // bounded. It returns the first *FieldError found, or nil. The window rules
@@ -151,6 +161,9 @@ func (e *UsageEvent) Validate() error {
 		}
 		if fe := CheckText(f.name, f.v, true); fe != nil {
 			return fe
+		}
+		if IsBlank(f.v) {
+			return invalid(f.name, "must not be blank (white space only)")
 		}
 	}
 	if e.Quantity < 0 {

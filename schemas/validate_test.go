@@ -65,6 +65,11 @@ func TestValidateText(t *testing.T) {
 		{"variation selector", "customer_id", "U+FE0F at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\ufe0f" }},
 		{"tag", "customer_id", "U+E0041 at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\U000e0041" }},
 		{"interlinear annotation", "customer_id", "U+FFF9 at offset 1", func(e *UsageEvent) { e.CustomerID = "a\ufff9" }},
+		// White space only is as good as no ID: one identity for every
+		// event that has it.
+		{"blank event_id", "event_id", "must not be blank (white space only)", func(e *UsageEvent) { e.EventID = "   " }},
+		{"no-break space", "customer_id", "must not be blank", func(e *UsageEvent) { e.CustomerID = "\u00a0" }},
+		{"ideographic space", "meter", "must not be blank", func(e *UsageEvent) { e.Meter = " \u3000\u2003" }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -96,6 +101,8 @@ func TestValidateText(t *testing.T) {
 		func(e *UsageEvent) { e.CustomerID = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645" }, // a zero-width non-joiner in a Persian word
 		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" },                         // past C1, between the format characters
 		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00\x7f\u202e" },          // controls are fine in properties
+		func(e *UsageEvent) { e.EventID = " req 1 " },                                             // blanks around an ID, or in it
+		func(e *UsageEvent) { e.Source = "   " },                                                  // source is no identity field
 	} {
 		e := good()
 		edit(e)

@@ -38,9 +38,11 @@
 # it makes a CA and certificates (openssl) and a random password per user, and
 # creates the SCRAM users (kafka-storage format --add-scram, read from a file
 # of the data dir: no password is ever on a command line). On every start,
-# once the broker serves, kafka/SecuritySetup.java (one JVM, as admin) creates
-# the users of KAFKA_SASL_USERS the storage lacks (a data dir formatted with
-# fewer; a user added to a running broker gets PLAIN at its next start) and the
+# once the broker serves, kafka/SecuritySetup.java (one JVM, as admin) sets the
+# SCRAM password of every user of KAFKA_SASL_USERS to its file's, creating the
+# users the storage lacks (a data dir formatted with fewer; a user added to a
+# running broker gets PLAIN at its next start) and setting back a password
+# changed on the broker by hand (write a new one to its file instead), and the
 # ACLs of kafka/acls (docs/operations.md's) it lacks, and deletes any other ACL
 # of the principals kafka/acls names (removed from the file, or granted by
 # hand; each is logged); other principals' ACLs are left alone. Everything
@@ -411,8 +413,9 @@ check_mode() {
 }
 
 # setup_security BOOTSTRAP — sasl_ssl, once the brokers serve: as admin, in
-# one JVM (a single-file Java program, hence the jdk.compiler module), creates
-# the SCRAM users of KAFKA_SASL_USERS the cluster lacks and the ACLs of
+# one JVM (a single-file Java program, hence the jdk.compiler module), sets
+# the SCRAM password of each user of KAFKA_SASL_USERS to its file's (creating
+# the users the cluster lacks) and creates the ACLs of
 # kafka/acls it lacks, deletes (and names) every other ACL of the principals
 # kafka/acls names, and waits until the broker lists exactly that.
 # Idempotent: every start runs it.
@@ -428,7 +431,7 @@ setup_security() {
   if ! out=$("$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$LIBS/*" "$SECURITY_SETUP" \
       "$1" "$SECURITY_DIR" "$ACLS" $KAFKA_SASL_USERS </dev/null 2>"$log"); then
     cat "$log" >&2
-    die "creating the users and ACLs as admin on $1 failed (log: $log)"
+    die "setting the users and ACLs as admin on $1 failed (log: $log); if admin's password was changed on the broker, write it to $SECURITY_DIR/passwords/admin"
   fi
   local last=${out##*$'\n'} line
   if [[ $out == *$'\n'* ]]; then
@@ -652,6 +655,7 @@ cmd_libs() {
 
 cmd_credentials() {
   [[ -f $SECURITY_DIR/ca.pem ]] || die "no credentials in $SECURITY_DIR (start with KAFKA_SECURITY=sasl_ssl first)"
+  say "passwords/<user> hold the SCRAM passwords each start sets; to change one, write it to its file and run 'KAFKA_SECURITY=sasl_ssl $SELF start'"
   printf '%s\n' "$SECURITY_DIR"
 }
 

@@ -8,30 +8,62 @@ import (
 	"github.com/alecthomas/kong"
 )
 
-// clickHouseUsers are the commands that read the ClickHouse flags
-// (--clickhouse and the group "ClickHouse login and TLS"). Every other
-// command's help leaves them out, and its clickHouse() refuses to read
-// them, so that the two cannot drift apart.
-var clickHouseUsers = map[reflect.Type]bool{}
-
-func init() {
-	for _, c := range []any{&SinkRunCmd{}, &SinkAcceptOffsetsCmd{}, &MigrateCmd{}, &VerifyCmd{}, &RunCmd{}, &DemoCmd{},
-		&BenchProduceCmd{}, &BenchDedupCmd{}, &BenchAggregateCmd{}, &BenchSinkCmd{}, &BenchIngestCmd{}, &BenchQueriesCmd{}} {
-		clickHouseUsers[reflect.TypeOf(c).Elem()] = true
-	}
+// A flagFamily is a set of global flags that only some commands read: the
+// ClickHouse flags, the Kafka flags. Every other command's help leaves
+// them out, and the accessor of the family (clickHouse(), kafka()) refuses
+// to read them in such a command, so that the two cannot drift apart.
+type flagFamily struct {
+	// users are the commands that read the family's flags.
+	users map[reflect.Type]bool
+	// is reports whether a flag belongs to the family.
+	is func(*kong.Flag) bool
 }
 
-// readsClickHouse reports whether the command of node n reads the
-// ClickHouse flags, or, for a command with subcommands (`meterline sink`,
-// whose default is `sink run`), one of them does; the root (no command
-// yet) lists them.
-func readsClickHouse(n *kong.Node) bool {
+func newFlagFamily(is func(*kong.Flag) bool, users ...any) flagFamily {
+	fam := flagFamily{users: map[reflect.Type]bool{}, is: is}
+	for _, c := range users {
+		fam.users[reflect.TypeOf(c).Elem()] = true
+	}
+	return fam
+}
+
+// clickHouseFlags are --clickhouse and the group "ClickHouse login and
+// TLS".
+var clickHouseFlags = newFlagFamily(func(f *kong.Flag) bool {
+	return f.Name == "clickhouse" || (f.Group != nil && f.Group.Title == clickHouseGroup)
+}, &SinkRunCmd{}, &SinkAcceptOffsetsCmd{}, &MigrateCmd{}, &VerifyCmd{}, &RunCmd{}, &DemoCmd{},
+	&BenchProduceCmd{}, &BenchDedupCmd{}, &BenchAggregateCmd{}, &BenchSinkCmd{}, &BenchIngestCmd{}, &BenchQueriesCmd{})
+
+// kafkaFlags are --brokers and the groups "Kafka SASL and TLS" and "Topic
+// names": the commands that open no Kafka client (version, dedup-key, and
+// demo, which runs its own embedded broker) read none of them. migrate
+// and verify ask Kafka whether the sink's group has members.
+var kafkaFlags = newFlagFamily(func(f *kong.Flag) bool {
+	return f.Name == "brokers" || (f.Group != nil && (f.Group.Title == kafkaGroup || f.Group.Title == topicGroup))
+}, &ProduceCmd{}, &DedupCmd{}, &AggregateCmd{}, &SinkRunCmd{}, &SinkAcceptOffsetsCmd{}, &MigrateCmd{}, &VerifyCmd{},
+	&TopicsCreateCmd{}, &TopicsCheckCmd{}, &LagCmd{}, &RunCmd{}, &IngestCmd{},
+	&EntitlementsSetCmd{}, &EntitlementsSetDefaultCmd{}, &EntitlementsSetRatesCmd{}, &EntitlementsDeleteCmd{},
+	&EntitlementsGetCmd{}, &EntitlementsListCmd{}, &EntitlementsBalanceCmd{},
+	&KeysCreateCmd{}, &KeysListCmd{}, &KeysRevokeCmd{}, &TenantsSetCmd{}, &TenantsListCmd{},
+	&BenchProduceCmd{}, &BenchDedupCmd{}, &BenchAggregateCmd{}, &BenchSinkCmd{}, &BenchIngestCmd{}, &BenchQueriesCmd{})
+
+// The help groups of the flag families.
+const (
+	clickHouseGroup = "ClickHouse login and TLS"
+	kafkaGroup      = "Kafka SASL and TLS"
+	topicGroup      = "Topic names"
+)
+
+// readBy reports whether the command of node n reads the family's flags,
+// or, for a command with subcommands (`meterline sink`, whose default is
+// `sink run`), one of them does; the root (no command yet) lists them.
+func (fam flagFamily) readBy(n *kong.Node) bool {
 	if n == nil || n.Type != kong.CommandNode || !n.Target.IsValid() {
 		return true
 	}
 	if len(n.Children) > 0 {
 		for _, ch := range n.Children {
-			if ch.Type == kong.CommandNode && readsClickHouse(ch) {
+			if ch.Type == kong.CommandNode && fam.readBy(ch) {
 				return true
 			}
 		}
@@ -41,41 +73,42 @@ func readsClickHouse(n *kong.Node) bool {
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	return clickHouseUsers[t]
+	return fam.users[t]
 }
 
-// isClickHouseFlag reports whether f is one of the ClickHouse flags.
-func isClickHouseFlag(f *kong.Flag) bool {
-	return f.Name == "clickhouse" || (f.Group != nil && f.Group.Title == clickHouseGroup)
-}
+// readsClickHouse reports whether the command of node n reads the
+// ClickHouse flags (flagFamily.readBy).
+func readsClickHouse(n *kong.Node) bool { return clickHouseFlags.readBy(n) }
 
-// clickHouseGroup is the help group of the ClickHouse login and TLS flags.
-const clickHouseGroup = "ClickHouse login and TLS"
+// readsKafka reports whether the command of node n reads the Kafka flags
+// (flagFamily.readBy).
+func readsKafka(n *kong.Node) bool { return kafkaFlags.readBy(n) }
 
-// helpPrinter is kong's, without the ClickHouse flags in the help of a
+// helpPrinter is kong's, without the flags of a family in the help of a
 // command that does not read them.
 func helpPrinter(options kong.HelpOptions, ctx *kong.Context) error {
-	if readsClickHouse(ctx.Selected()) {
-		return kong.DefaultHelpPrinter(options, ctx)
-	}
 	var hidden []*kong.Flag
-	for _, f := range ctx.Model.Flags {
-		if isClickHouseFlag(f) && !f.Hidden {
-			f.Hidden = true
-			hidden = append(hidden, f)
-		}
-	}
 	defer func() {
 		for _, f := range hidden {
 			f.Hidden = false
 		}
 	}()
+	for _, f := range ctx.Model.Flags {
+		if !f.Hidden && !TakesFlag(ctx.Selected(), f) {
+			f.Hidden = true
+			hidden = append(hidden, f)
+		}
+	}
 	return kong.DefaultHelpPrinter(options, ctx)
 }
 
-// errNoClickHouse is clickHouse()'s error in a command that does not
-// declare that it reads the ClickHouse flags (clickHouseUser).
-var errNoClickHouse = errors.New("internal error: this command does not declare that it reads the ClickHouse flags (clickHouseUsers in internal/cli)")
+// errNoClickHouse and errNoKafka are clickHouse()'s and kafka()'s errors in
+// a command that does not declare that it reads their flags (the users of
+// clickHouseFlags and kafkaFlags).
+var (
+	errNoClickHouse = errors.New("internal error: this command does not declare that it reads the ClickHouse flags (clickHouseFlags in internal/cli)")
+	errNoKafka      = errors.New("internal error: this command does not declare that it reads the Kafka flags (kafkaFlags in internal/cli)")
+)
 
 // checkReadsClickHouse returns errNoClickHouse, wrapped, when g belongs to
 // a command that does not read the ClickHouse flags.
@@ -84,4 +117,27 @@ func (g *Globals) checkReadsClickHouse() error {
 		return fmt.Errorf("clickhouse: %w", errNoClickHouse)
 	}
 	return nil
+}
+
+// checkReadsKafka returns errNoKafka, wrapped, when g belongs to a command
+// that does not read the Kafka flags.
+func (g *Globals) checkReadsKafka() error {
+	if g.noKafka {
+		return fmt.Errorf("kafka: %w", errNoKafka)
+	}
+	return nil
+}
+
+// TakesFlag reports whether the command of node n reads the global flag f:
+// false for a flag of a family (the ClickHouse flags, the Kafka flags)
+// that the command does not read, whose --help leaves it out. The docs
+// check uses it to hold the docs' command lines to the flags their
+// command reads.
+func TakesFlag(n *kong.Node, f *kong.Flag) bool {
+	for _, fam := range []flagFamily{clickHouseFlags, kafkaFlags} {
+		if fam.is(f) && !fam.readBy(n) {
+			return false
+		}
+	}
+	return true
 }

@@ -51,9 +51,10 @@ type Globals struct {
 	// clickHouse(), once per command.
 	kafkaConn *kafka.Config
 	chServer  *sink.Server
-	// noClickHouse is set for a command that does not read the ClickHouse
-	// flags: clickHouse() then fails (clickHouseUsers).
-	noClickHouse bool
+	// noClickHouse and noKafka are set for a command that does not read
+	// the ClickHouse or the Kafka flags: clickHouse() or kafka() then fails
+	// (clickHouseFlags, kafkaFlags).
+	noClickHouse, noKafka bool
 }
 
 // CLI is the root of the command tree.
@@ -244,6 +245,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 	}
 	warnReadableSecrets(kctx, logger)
 	cli.noClickHouse = !readsClickHouse(kctx.Selected())
+	cli.noKafka = !readsKafka(kctx.Selected())
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	kctx.Bind(&cli.Globals, stdio, logger)
 	if err := kctx.Run(); err != nil {

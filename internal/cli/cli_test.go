@@ -45,12 +45,18 @@ func TestProduceBadLines(t *testing.T) {
 
 func testProduceBadLines(t *testing.T, brokers []string, topic string) {
 	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	commaTS := time.Now().Add(-time.Minute).UTC().Format("2006-01-02T15:04:05,000Z07:00")
 	file := filepath.Join(t.TempDir(), "events.ndjson")
 	lines := strings.Join([]string{
 		`{"event_id":"req-1","customer_id":"acme","meter":"api_calls","quantity":3,"event_time":"` + ts + `","source":"api-gateway","properties":{"model":"m1"}}`,
 		`{"event_id":"req-2","customer_id":"acme","meter":"api_calls","quantity":3,`,
 		`{"event_id":"req-3","customer_id":"acme","meter":"api_calls","quantity":-4,"event_time":"` + ts + `"}`,
 		`{"event_id":"req-4","meter":"api_calls","quantity":1,"event_time":"` + ts + `"}`,
+		// RFC 3339 has a full stop before a fraction of a second, never
+		// the comma time.Parse takes (docs/producing.md).
+		`{"event_id":"req-5","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` + commaTS + `"}`,
+		// An ID of white space only is as good as none (docs/design.md).
+		`{"event_id":"   ","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` + ts + `"}`,
 	}, "\n") + "\n"
 	if err := os.WriteFile(file, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
@@ -63,16 +69,18 @@ func testProduceBadLines(t *testing.T, brokers []string, topic string) {
 		regexp.MustCompile(`(?m)^line 2: malformed JSON`),
 		regexp.MustCompile(`(?m)^line 3: quantity: must not be negative`),
 		regexp.MustCompile(`(?m)^line 4: customer_id: is missing`),
+		regexp.MustCompile(`(?m)^line 5: event_time: "` + regexp.QuoteMeta(commaTS) + `" is not RFC 3339`),
+		regexp.MustCompile(`(?m)^line 6: event_id: must not be blank`),
 	}
 	for _, re := range wantErrs {
 		if !re.MatchString(stderr) {
 			t.Errorf("stderr lacks %s:\n%s", re, stderr)
 		}
 	}
-	if n := strings.Count(stderr, "line "); n != 3 {
-		t.Errorf("stderr has %d error lines, want 3:\n%s", n, stderr)
+	if n := strings.Count(stderr, "line "); n != 5 {
+		t.Errorf("stderr has %d error lines, want 5:\n%s", n, stderr)
 	}
-	if !strings.Contains(stdout, "4 lines, 1 sent, 3 bad, 0 failed") {
+	if !strings.Contains(stdout, "6 lines, 1 sent, 5 bad, 0 failed") {
 		t.Errorf("summary: %s", stdout)
 	}
 	recs := testenv.ReadAll(t, brokers, topic)

@@ -29,10 +29,10 @@ type DemoCmd struct {
 	SinkDatabase string `help:"ClickHouse database of the demo's sink; dropped and created again, migrated, at the start of each run (a database the demo did not make is refused)." default:"meterline_demo"`
 }
 
-// Help is the text of `meterline demo --help` below its summary: which of
-// the flags every command lists apply to the demo.
+// Help is the text of `meterline demo --help` below its summary: which
+// connection flags apply to the demo.
 func (c *DemoCmd) Help() string {
-	return "The demo runs its own embedded Kafka-protocol broker: --brokers, the topic names and the Kafka SASL and TLS flags do not apply to it. " +
+	return "The demo runs its own embedded Kafka-protocol broker: it takes none of the Kafka flags (--brokers, the topic names, the Kafka SASL and TLS flags). " +
 		"--clickhouse and its login and TLS flags apply only with --sink."
 }
 

@@ -506,3 +506,46 @@ func TestRealSecuredKafkaScriptPasswordsOffCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// TestRealSecuredKafkaScriptPasswordChangedByHand: a password changed on
+// the broker by hand (docs/operations.md, Kafka: SASL and TLS) leaves the
+// file `kafka.sh credentials` names stale only until the next start, which
+// sets every user's SCRAM password back to its file's and says so; and
+// `credentials` says what the files hold. On a broker of its own
+// (scriptBroker): billing's password changed as admin, the file's refused,
+// then accepted after a start of the running broker.
+func TestRealSecuredKafkaScriptPasswordChangedByHand(t *testing.T) {
+	script, k := scriptBroker(t, securedScriptPorts)
+	script(nil, "start")
+	res, err := k.Admin(t).AlterUserSCRAMs(ctxT(t, 30*time.Second), nil,
+		[]kadm.UpsertSCRAM{{User: "billing", Mechanism: kadm.ScramSha512, Iterations: 4096, Password: "changed-by-hand"}})
+	if err == nil {
+		for _, r := range res {
+			err = errors.Join(err, r.Err)
+		}
+	}
+	if err != nil {
+		t.Fatalf("change billing's password as admin: %v", err)
+	}
+	check := func() error {
+		return kafka.CheckCredentials(ctxT(t, 30*time.Second), k.Config(t, "billing", kafka.ScramSHA512))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for check() == nil { // the change reaches the broker through the metadata log
+		if time.Now().After(deadline) {
+			t.Fatal("billing's old password still logs in 30 s after the change")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	out := script(nil, "credentials")
+	if want := "passwords/<user> hold the SCRAM passwords each start sets"; !strings.Contains(out, want) {
+		t.Errorf("kafka.sh credentials does not say %q:\n%s", want, out)
+	}
+	out = script(nil, "start")
+	if want := regexp.MustCompile(`set the SCRAM passwords of the [1-9][0-9]* users from ` + regexp.QuoteMeta(filepath.Join(k.Dir, "passwords"))); !want.MatchString(out) {
+		t.Errorf("kafka.sh start does not say %q:\n%s", want, out)
+	}
+	if err := check(); err != nil {
+		t.Fatalf("billing with its file's password after a start: %v", err)
+	}
+}

@@ -38,7 +38,8 @@ func (f TLSFlags) files() tlsconfig.Files {
 	return tlsconfig.Files{Enabled: f.Enabled, CAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile, ServerName: f.ServerName}
 }
 
-// KafkaFlags secure the Kafka connection of every command: --kafka-*.
+// KafkaFlags secure the Kafka connection of the commands that read the
+// Kafka flags (kafkaFlags): --kafka-*.
 type KafkaFlags struct {
 	SASLMechanism    string   `name:"sasl-mechanism" help:"SASL mechanism: SCRAM-SHA-512 or PLAIN (PLAIN only with TLS); empty: no SASL." enum:",SCRAM-SHA-512,PLAIN" default:""`
 	SASLUser         string   `name:"sasl-user" help:"SASL user name (the principal User:<name> in ACLs)." placeholder:"NAME"`
@@ -58,6 +59,9 @@ type ClickHouseFlags struct {
 // (once: later calls return the same), its TLS files read and checked.
 // Errors are configuration errors (exit status 2).
 func (g *Globals) kafka() (kafka.Config, error) {
+	if err := g.checkReadsKafka(); err != nil {
+		return kafka.Config{}, err
+	}
 	if g.kafkaConn != nil {
 		return *g.kafkaConn, nil
 	}

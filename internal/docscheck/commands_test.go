@@ -2,9 +2,11 @@ package docscheck
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,11 +122,17 @@ func parseArgs(t *testing.T, args []string) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := parser.Parse(args); err != nil {
+	kctx, err := parser.Parse(args)
+	if err != nil {
 		return err
 	}
 	if exited {
 		return errExited(out.String())
+	}
+	for _, f := range kctx.Flags() {
+		if !cli.TakesFlag(kctx.Selected(), f) && slices.ContainsFunc(args, func(a string) bool { return a == "--"+f.Name || strings.HasPrefix(a, "--"+f.Name+"=") }) {
+			return fmt.Errorf("--%s is no flag of meterline %s: it does not read it", f.Name, kctx.Command())
+		}
 	}
 	return nil
 }
@@ -173,7 +181,8 @@ func TestDocCommandsParse(t *testing.T) {
 // TestCommandParsing: the invocations of a line are found between its
 // operators and substitutions, with assignments and redirections left
 // out, and a flag of another command fails to parse although it is a
-// meterline flag.
+// meterline flag, as does a global flag of a command that does not read
+// it (cli.TakesFlag).
 func TestCommandParsing(t *testing.T) {
 	testenv.ClearMeterlineEnv(t)
 	line := `TOKEN=$(bin/meterline keys create --tenant acme --allow-customers 'acme-*') && X=1 meterline entitlements balance acme 2>/dev/null | grep -q 'a|b' # meterline nope`
@@ -202,6 +211,9 @@ func TestCommandParsing(t *testing.T) {
 	}
 	if err := parseArgs(t, []string{"sink", "--window", "840h"}); err == nil {
 		t.Error("meterline sink --window 840h parsed: --window is dedup's and the aggregator's")
+	}
+	if err := parseArgs(t, []string{"demo", "--brokers", "b:9092"}); err == nil {
+		t.Error("meterline demo --brokers b:9092 parsed: the demo reads no Kafka flag")
 	}
 	if _, ok, _ := meterlineArgs("go run ./cmd/meterline demo --duration 1m"); !ok {
 		t.Error("go run ./cmd/meterline is no invocation")

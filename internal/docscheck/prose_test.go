@@ -76,6 +76,9 @@ func commandProblems(root *kong.Node, span string) []string {
 	flags := map[string]bool{}
 	for n := node; n != nil; n = n.Parent {
 		for _, f := range n.Flags {
+			if !cli.TakesFlag(node, f) {
+				continue // a global flag the command does not read
+			}
 			flags[f.Name] = true
 			if f.Tag.Negatable != "" {
 				flags["no-"+f.Name] = true
@@ -137,7 +140,8 @@ func TestProseCommandsName(t *testing.T) {
 	t.Logf("%d commands in prose checked", n)
 }
 
-// TestCommandProblems: a flag of another command and a misspelt
+// TestCommandProblems: a flag of another command, a global flag of a
+// command that does not read it (cli.TakesFlag) and a misspelt
 // subcommand are found; flags of enclosing commands, negated flags,
 // placeholders and a command that defaults to a subcommand are not
 // problems.
@@ -148,6 +152,8 @@ func TestCommandProblems(t *testing.T) {
 		"meterline entitlements show acme":                   `"show" is no subcommand of meterline entitlements`,
 		"meterline dedup --standby-replicas 1":               "",
 		"meterline sink --database x --brokers y":            "",
+		"meterline demo --brokers y":                         "--brokers is no flag of meterline demo",
+		"meterline lag --clickhouse y":                       "--clickhouse is no flag of meterline lag",
 		"meterline run --no-sink --aggregate-entitlements":   "",
 		"meterline entitlements delete CUSTOMER --force":     "",
 		"meterline <command> --help":                         "",

@@ -3,9 +3,11 @@
 //
 //   java -cp "<kafka libs>/*" SecuritySetup.java BOOTSTRAP SECURITY_DIR ACL_FILE USER...
 //
-// 1. creates, as SCRAM-SHA-512 users, those of USER... the cluster does not
-//    have yet (a data dir formatted before a user was added to
-//    KAFKA_SASL_USERS), each with the password in SECURITY_DIR/passwords/<user>;
+// 1. sets the SCRAM-SHA-512 password of every user of USER... to the one in
+//    SECURITY_DIR/passwords/<user>: it creates the users the cluster does
+//    not have yet (a data dir formatted before a user was added to
+//    KAFKA_SASL_USERS), and sets back a password changed on the cluster by
+//    hand, so that the files kafka.sh credentials names always log in;
 // 2. creates the ACLs of ACL_FILE (one kafka-acls.sh --add command a line,
 //    without the connection arguments) that the cluster does not have yet;
 // 3. deletes every other ACL of the principals ACL_FILE names (one removed
@@ -56,12 +58,14 @@ public class SecuritySetup {
         try (Admin admin = Admin.create(config(args[0], dir))) {
             List<String> missing = new ArrayList<>(users);
             missing.removeAll(scramUsers(admin));
-            if (!missing.isEmpty()) {
-                List<UserScramCredentialAlteration> upserts = new ArrayList<>();
-                for (String u : missing) {
-                    upserts.add(new UserScramCredentialUpsertion(u,
-                            new ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password(dir, u)));
-                }
+            // Every user's, not only the missing ones': a password changed
+            // by hand would leave its file, which the clients read, stale.
+            List<UserScramCredentialAlteration> upserts = new ArrayList<>();
+            for (String u : users) {
+                upserts.add(new UserScramCredentialUpsertion(u,
+                        new ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password(dir, u)));
+            }
+            if (!upserts.isEmpty()) {
                 admin.alterUserScramCredentials(upserts).all().get(60, TimeUnit.SECONDS);
             }
             Set<AclBinding> have = acls(admin);
@@ -100,9 +104,9 @@ public class SecuritySetup {
                 }
                 Thread.sleep(100);
             }
-            System.out.printf("created %s; created %d of the %d ACLs; removed %d ACLs of their principals that the file does not list%n",
+            System.out.printf("created %s; set the SCRAM passwords of the %d users from %s; created %d of the %d ACLs; removed %d ACLs of their principals that the file does not list%n",
                     missing.isEmpty() ? "no SCRAM user" : "the SCRAM users " + String.join(" ", missing),
-                    absent.size(), acls.size(), stale.size());
+                    users.size(), dir.resolve("passwords"), absent.size(), acls.size(), stale.size());
         }
     }
 
