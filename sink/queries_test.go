@@ -182,6 +182,20 @@ func TestAnalystQueries(t *testing.T) {
 			{"initech", "peak_conn", "{}", "9", "0", "9", "final"},
 			{"umbrella", "api_calls", "{}", "0", "5", "5", "open"}, // adjustments only, its partition not final yet
 		},
+		// The sink's progress is recorded under the test's topic names.
+		"adjustments_progress": nil,
+		"invoice_run": {
+			// January's lines with the adjustments booked into them below
+			// offset 5 of partition 0 (late-1, -2, -3, -7); February's
+			// (late-4, -5, -6) are not this run's.
+			{d(jan), "acme", "api_calls", "{}", "6", "4", "10", "final"},
+			{d(jan), "acme", "tokens", `{"region":"eu"}`, "100", "0", "100", "final"},
+			{d(jan), "globex", "api_calls", "{}", "7", "0", "7", "final"},
+			{d(jan), "hooli", "api_calls", "{}", "0", "6", "6", "final"},
+			{d(jan), "initech", "api_calls", "{}", "20", "2", "22", "open"},
+			{d(jan), "initech", "peak_conn", "{}", "9", "0", "9", "final"},
+			{d(jan), "umbrella", "api_calls", "{}", "0", "5", "5", "open"},
+		},
 		"top_customers": {
 			{"initech", "20"},
 			{"globex", "7"},
