@@ -29,11 +29,14 @@ import (
 //	1/2 globex Jan 2    this run: January
 //	1/3 acme Dec 7      the next run: at this run's bound 3
 //
+// 0/1 is in usage_adjustments twice, as a zombie sink can write it.
+//
 // Aggregates: acme's December FINAL 50 and January 3 then FINAL 6,
 // globex's January FINAL 7, hooli's and initech's FINAL 0 (lines of
 // adjustments only), acme's February OPEN 5.
 func invoiceRunInserts(db string) []string {
-	var out []string
+	// No merge collapses the zombie's row before the queries read it.
+	out := []string{"SYSTEM STOP MERGES " + db + ".usage_adjustments"}
 	agg := func(off int, cust, start, end string, rev int, status string, v int) {
 		out = append(out, fmt.Sprintf("INSERT INTO %s.usage_aggregates (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, customer_id, "+
 			"meter, group_key, aggregation, period_start, period_end, revision, status, value) SELECT 'usage.aggregates', toInt32(0), toInt64(%d), "+
@@ -65,6 +68,9 @@ func invoiceRunInserts(db string) []string {
 	adj(1, 1, "acme", nov, dec, jan, 1, "2024-01-15 10:00:00")
 	adj(1, 2, "globex", dec, jan, feb, 2, "2024-01-16 10:00:00")
 	adj(1, 3, "acme", nov, dec, jan, 7, "2024-02-04 10:00:00")
+	// A zombie sink's INSERT of 0/1 again: a byte-identical row
+	// (docs/design.md, The ClickHouse ledger).
+	adj(0, 1, "acme", dec, jan, feb, 4, "2024-01-10 10:00:00")
 	progress := func(topic string, p, next int, at string) {
 		out = append(out, fmt.Sprintf("INSERT INTO %s.sink_progress (consumer_group, kafka_topic, kafka_partition, next_offset, written_at) "+
 			"SELECT 'meterline-sink', '%s', toInt32(%d), toUInt64(%d), toDateTime('%s')", db, topic, p, next, at))
@@ -140,5 +146,53 @@ func TestInvoiceRunExactlyOnceOnChdb(t *testing.T) {
 	}
 	if strings.Join(resp.Results, "|") != strings.Join(invoiceRunWant, "|") {
 		t.Errorf("on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, invoiceRunWant)
+	}
+}
+
+// zombieRejectedInserts: three rejections of January 2024 in
+// usage_rejected, one of them written twice (a zombie sink's INSERT: a
+// byte-identical row, docs/design.md, The ClickHouse ledger), with no
+// merge to collapse it before the query reads it.
+func zombieRejectedInserts(db string) []string {
+	out := []string{"SYSTEM STOP MERGES " + db + ".usage_rejected"}
+	rej := func(off int, reason string) {
+		out = append(out, fmt.Sprintf("INSERT INTO %s.usage_rejected (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, reason, stage, "+
+			"source_topic, source_partition, source_offset, record_offset) SELECT 'usage.rejected', toInt32(0), toInt64(%d), "+
+			"toDateTime('2024-01-04 10:00:00'), '%s', 'dedup', 'usage.events', toInt32(0), toInt64(%d), toInt64(%d)", db, off, reason, off, off))
+	}
+	rej(0, "too_old")
+	rej(1, "too_old")
+	rej(2, "invalid")
+	rej(1, "too_old")
+	return out
+}
+
+const zombieRejectedWant = "2024-01-04\tdedup\tinvalid\t1\n2024-01-04\tdedup\ttoo_old\t2\n"
+
+// TestRejectionsSkipZombieRow: the rejections query counts a rejection
+// that a zombie sink wrote twice once, on ClickHouse 18.16.
+func TestRejectionsSkipZombieRow(t *testing.T) {
+	conn, _, ctx := migratedDB(t, zombieRejectedInserts)
+	got, err := tsv(ctx, conn, namedQuery(t, AnalystQueries, "rejections"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != zombieRejectedWant {
+		t.Errorf("rejections on 18.16:\n%q\nwant\n%q", got, zombieRejectedWant)
+	}
+}
+
+// TestRejectionsSkipZombieRowOnChdb is TestRejectionsSkipZombieRow on
+// current ClickHouse (chdb, 26.x).
+func TestRejectionsSkipZombieRowOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	const db = "zombierejected"
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db,
+		Statements: append(migrationStatements(t), zombieRejectedInserts(db)...), Queries: []string{namedQuery(t, AnalystQueries, "rejections")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Results) != 1 || resp.Results[0] != zombieRejectedWant {
+		t.Errorf("rejections on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, zombieRejectedWant)
 	}
 }

@@ -129,7 +129,7 @@ ORDER BY day, source`},
 
 	{Name: "rejections", Title: "Rejections by reason and day", SQL: `
 SELECT toDate(kafka_timestamp) AS day, stage, reason, count() AS records
-FROM usage_rejected
+FROM usage_rejected FINAL
 WHERE kafka_timestamp >= '2024-01-01 00:00:00' AND kafka_timestamp < '2024-02-01 00:00:00'
 GROUP BY day, stage, reason
 ORDER BY day, stage, reason`},
@@ -161,7 +161,7 @@ FROM
     WHERE period_start >= '2024-01-01 00:00:00' AND period_start < '2024-02-01 00:00:00' AND line_kind = 'usage'
     UNION ALL
     SELECT booked_period_start, customer_id, meter, group_key, toDecimal128(0, 0), toDecimal128(delta, 0), ''
-    FROM usage_adjustments
+    FROM usage_adjustments FINAL
     WHERE kafka_offset < [5, 3][kafka_partition + 1]
       AND (booked_period_start >= '2024-01-01 00:00:00' AND booked_period_start < '2024-02-01 00:00:00'
            OR booked_period_start < '2024-01-01 00:00:00' AND kafka_offset >= [2, 1][kafka_partition + 1])
