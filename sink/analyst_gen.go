@@ -64,7 +64,6 @@ func (s SyntheticData) Statements(db string) []string {
 	out = append(out, g.chunks(s.Events, g.events)...)
 	out = append(out, g.chunks(s.Events, g.duplicates)...)
 	out = append(out, g.chunks(s.Events, g.adjustments)...)
-	out = append(out, g.adjustmentsProgress())
 	lo := int(synDuplicatesPer1000 + synAdjustmentsPer1000)
 	out = append(out, g.chunks(s.Events, g.rejected("dedup", lo, lo+synDedupRejectPer1000,
 		"['too_old', 'in_future', 'invalid', 'undecodable']", "concat('rej-', toString(n))", "usage.events"))...)
@@ -161,16 +160,6 @@ FROM (
     FROM (%[2]s)
     WHERE sel >= %[3]d AND sel < %[4]d
 )`, g.db, g.ev(from, count), synDuplicatesPer1000, synDuplicatesPer1000+synAdjustmentsPer1000)
-}
-
-// adjustmentsProgress records the sink's progress on usage.adjustments in
-// sink_progress, as the sink that wrote them would: each partition's next
-// offset (docs/analysts.md, Invoicing exactly once).
-func (g synGen) adjustmentsProgress() string {
-	return fmt.Sprintf(`INSERT INTO %[1]s.sink_progress (consumer_group, kafka_topic, kafka_partition, next_offset, written_at)
-SELECT 'meterline-sink', kafka_topic, kafka_partition, toUInt64(max(kafka_offset) + 1), max(kafka_timestamp)
-FROM %[1]s.usage_adjustments
-GROUP BY kafka_topic, kafka_partition`, g.db)
 }
 
 // rejected inserts a rejection by stage, for one of reasons, of the events
