@@ -172,27 +172,41 @@ const zombieRejectedWant = "2024-01-04\tdedup\tinvalid\t1\n2024-01-04\tdedup\tto
 // TestRejectionsSkipZombieRow: the rejections query counts a rejection
 // that a zombie sink wrote twice once, on ClickHouse 18.16.
 func TestRejectionsSkipZombieRow(t *testing.T) {
-	conn, _, ctx := migratedDB(t, zombieRejectedInserts)
-	got, err := tsv(ctx, conn, namedQuery(t, AnalystQueries, "rejections"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != zombieRejectedWant {
-		t.Errorf("rejections on 18.16:\n%q\nwant\n%q", got, zombieRejectedWant)
-	}
+	checkQuery1816(t, zombieRejectedInserts, namedQuery(t, AnalystQueries, "rejections"), zombieRejectedWant)
 }
 
 // TestRejectionsSkipZombieRowOnChdb is TestRejectionsSkipZombieRow on
 // current ClickHouse (chdb, 26.x).
 func TestRejectionsSkipZombieRowOnChdb(t *testing.T) {
-	python := testenv.Chdb(t)
-	const db = "zombierejected"
-	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db,
-		Statements: append(migrationStatements(t), zombieRejectedInserts(db)...), Queries: []string{namedQuery(t, AnalystQueries, "rejections")}})
+	checkQueryChdb(t, "zombierejected", zombieRejectedInserts, namedQuery(t, AnalystQueries, "rejections"), zombieRejectedWant)
+}
+
+// checkQuery1816 runs q on a new database of the test server, migrated,
+// with the statements of inserts, and compares its TabSeparated answer
+// with want.
+func checkQuery1816(t *testing.T, inserts func(db string) []string, q, want string) {
+	t.Helper()
+	conn, _, ctx := migratedDB(t, inserts)
+	got, err := tsv(ctx, conn, q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Results) != 1 || resp.Results[0] != zombieRejectedWant {
-		t.Errorf("rejections on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, zombieRejectedWant)
+	if got != want {
+		t.Errorf("on 18.16:\n%q\nwant\n%q\n%s", got, want, q)
+	}
+}
+
+// checkQueryChdb is checkQuery1816 on chdb (ClickHouse 26.x), in database
+// db.
+func checkQueryChdb(t *testing.T, db string, inserts func(db string) []string, q, want string) {
+	t.Helper()
+	python := testenv.Chdb(t)
+	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db,
+		Statements: append(migrationStatements(t), inserts(db)...), Queries: []string{q}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Results) != 1 || resp.Results[0] != want {
+		t.Errorf("on chdb %s:\n%q\nwant\n%q\n%s", resp.Version, resp.Results, want, q)
 	}
 }

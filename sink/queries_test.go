@@ -9,7 +9,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -271,28 +270,11 @@ func usageByDay(t *testing.T) string { return namedQuery(t, AnalystQueries, "usa
 // event that the aggregator rejected, not every accepted copy of its
 // identity, on ClickHouse 18.16.
 func TestUsageByDayTwoCopies(t *testing.T) {
-	conn, _, ctx := migratedDB(t, twoCopiesInserts)
-	got, err := tsv(ctx, conn, usageByDay(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != twoCopiesWant {
-		t.Errorf("usage_by_day on 18.16:\n%q\nwant\n%q", got, twoCopiesWant)
-	}
+	checkQuery1816(t, twoCopiesInserts, usageByDay(t), twoCopiesWant)
 }
 
 // TestUsageByDayTwoCopiesOnChdb is TestUsageByDayTwoCopies on current
 // ClickHouse (chdb, 26.x).
 func TestUsageByDayTwoCopiesOnChdb(t *testing.T) {
-	python := testenv.Chdb(t)
-	const db = "twocopies"
-	stmts := append(migrationStatements(t), twoCopiesInserts(db)...)
-	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts,
-		Queries: []string{usageByDay(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.Results) != 1 || resp.Results[0] != twoCopiesWant {
-		t.Errorf("usage_by_day on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, twoCopiesWant)
-	}
+	checkQueryChdb(t, "twocopies", twoCopiesInserts, usageByDay(t), twoCopiesWant)
 }
