@@ -126,6 +126,7 @@ func TestClickHouseTwoVersions(t *testing.T) {
 		{Customer: "cust-188", Meter: "tokens", Month: SyntheticStart.AddDate(0, 1, 0)},
 	}
 	data = append(data, balanceTestData(db, now)...)
+	data = append(data, adjustmentsProgress(db))
 	var queries, names []string
 	for _, q := range BalanceQueries {
 		queries = append(queries, q.SQL)
@@ -199,6 +200,16 @@ func head(s string, n int) string {
 		lines = append(lines[:n], fmt.Sprintf("… %d more lines\n", len(lines)-n))
 	}
 	return strings.Join(lines, "")
+}
+
+// adjustmentsProgress records the sink's progress on the generated
+// adjustments in sink_progress, as the sink that wrote them would: each
+// partition's next offset (docs/analysts.md, Invoicing exactly once).
+func adjustmentsProgress(db string) string {
+	return fmt.Sprintf(`INSERT INTO %[1]s.sink_progress (consumer_group, kafka_topic, kafka_partition, next_offset, written_at)
+SELECT 'meterline-sink', kafka_topic, kafka_partition, toUInt64(max(kafka_offset) + 1), max(kafka_timestamp)
+FROM %[1]s.usage_adjustments
+GROUP BY kafka_topic, kafka_partition`, db)
 }
 
 // balanceTestData inserts balances that every query of BalanceQueries

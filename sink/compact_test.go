@@ -135,6 +135,9 @@ func TestCompactViewsMigrationBackfill(t *testing.T) {
 		var out []string
 		for _, p := range []QueryParams{{Customer: "cust-0", Meter: "api_calls", Month: SyntheticStart}, {Customer: "cust-7", Meter: "tokens", Month: SyntheticStart.AddDate(0, 1, 0)}} {
 			for _, q := range AnalystQueries {
+				if strings.Contains(q.SQL, "FROM sink_progress") {
+					continue // a table of 008_sink_progress.sql, after the migrations the data went in with
+				}
 				sql, err := q.For(p)
 				if err != nil {
 					t.Fatal(err)

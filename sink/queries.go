@@ -129,7 +129,7 @@ ORDER BY day, source`},
 
 	{Name: "rejections", Title: "Rejections by reason and day", SQL: `
 SELECT toDate(kafka_timestamp) AS day, stage, reason, count() AS records
-FROM usage_rejected
+FROM usage_rejected FINAL
 WHERE kafka_timestamp >= '2024-01-01 00:00:00' AND kafka_timestamp < '2024-02-01 00:00:00'
 GROUP BY day, stage, reason
 ORDER BY day, stage, reason`},
@@ -140,4 +140,32 @@ FROM unbilled_events FINAL
 WHERE customer_id = 'acme'
 GROUP BY meter, reason
 ORDER BY meter, reason`},
+
+	{Name: "adjustments_progress", Title: "The sink's progress on usage.adjustments", SQL: `
+SELECT kafka_partition, max(next_offset) AS next_offset
+FROM sink_progress
+WHERE kafka_topic = 'usage.adjustments'
+GROUP BY kafka_partition
+ORDER BY kafka_partition`},
+
+	{Name: "invoice_run", Title: "An invoice run: a month's final lines and the adjustments since the last run", SQL: `
+SELECT period_start, customer_id, meter, group_key,
+       sum(usage_value) AS usage_value,
+       sum(adjustments) AS adjustments,
+       usage_value + adjustments AS invoice_quantity,
+       if(period_start < '2024-01-01 00:00:00', 'invoiced', if(countIf(status = 'FINAL') > 0, 'final', 'open')) AS line_status
+FROM
+(
+    SELECT period_start, customer_id, meter, group_key, toDecimal128(value, 0) AS usage_value, toDecimal128(0, 0) AS adjustments, status
+    FROM invoice_lines FINAL
+    WHERE period_start >= '2024-01-01 00:00:00' AND period_start < '2024-02-01 00:00:00' AND line_kind = 'usage'
+    UNION ALL
+    SELECT booked_period_start, customer_id, meter, group_key, toDecimal128(0, 0), toDecimal128(delta, 0), ''
+    FROM usage_adjustments FINAL
+    WHERE kafka_offset < [5, 3][kafka_partition + 1]
+      AND (booked_period_start >= '2024-01-01 00:00:00' AND booked_period_start < '2024-02-01 00:00:00'
+           OR booked_period_start < '2024-01-01 00:00:00' AND kafka_offset >= [2, 1][kafka_partition + 1])
+)
+GROUP BY period_start, customer_id, meter, group_key
+ORDER BY period_start, customer_id, meter, group_key`},
 }
