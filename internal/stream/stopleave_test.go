@@ -27,24 +27,7 @@ func TestStopBoundedWhenLeaveHangs(t *testing.T) {
 	testenv.CreateTopic(t, brokers, input, 2, nil)
 	testenv.CreateTopic(t, brokers, changelog, 2, nil)
 	hang := testenv.HangLeaveGroup(t, cluster)
-	rt, err := New(Config{Stage: "keep",
-		Config:     session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: testenv.Name(t, "group"), InstanceID: "i1", SessionTimeout: 6 * time.Second},
-		InputTopic: input, ChangelogTopic: changelog, FS: vfs.NewMem(),
-		Logger: zaptest.NewLogger(t), Registerer: prometheus.NewRegistry()}, keepProc{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- rt.Run(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for rt.Ready() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready within 30 s: %v", rt.Ready())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	stop, done := runKeepReady(t, brokers, input, changelog)
 	hang()
 	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+5*time.Second)
 }
@@ -77,6 +60,17 @@ func TestStopBoundedWhenCoordinatorHangs(t *testing.T) {
 		}
 		return nil, nil, false
 	})
+	stop, done := runKeepReady(t, brokers, input, changelog)
+	close(hanging)
+	time.Sleep(11 * time.Second) // the heartbeat timed out (10 s), a rejoin in flight, unanswered
+	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+session.CloseTimeout+2*time.Second)
+}
+
+// runKeepReady runs a stage of keepProc on brokers until the test ends or
+// stop is called, and returns once it is ready; done receives Run's
+// result.
+func runKeepReady(t *testing.T, brokers []string, input, changelog string) (stop func(), done chan error) {
+	t.Helper()
 	rt, err := New(Config{Stage: "keep",
 		Config:     session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: testenv.Name(t, "group"), InstanceID: "i1", SessionTimeout: 6 * time.Second},
 		InputTopic: input, ChangelogTopic: changelog, FS: vfs.NewMem(),
@@ -85,8 +79,8 @@ func TestStopBoundedWhenCoordinatorHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	done := make(chan error, 1)
+	t.Cleanup(stop)
+	done = make(chan error, 1)
 	go func() { done <- rt.Run(ctx) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for rt.Ready() != nil {
@@ -95,7 +89,5 @@ func TestStopBoundedWhenCoordinatorHangs(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	close(hanging)
-	time.Sleep(11 * time.Second) // the heartbeat timed out (10 s), a rejoin in flight, unanswered
-	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+session.CloseTimeout+2*time.Second)
+	return stop, done
 }

@@ -109,18 +109,22 @@ func (st *stage) committing(t time.Time) bool {
 
 // result is one stage's account of one fault.
 type result struct {
-	stall      time.Duration // longest time without a committed transaction
+	stall      time.Duration // longest time without a committed transaction, begun while the broker was away
 	endedAfter time.Duration // the stall's end, after the fault
-	readyIn    time.Duration // of the stall, how long /readyz said 200
-	notReady   time.Duration // from the fault until recovered, /readyz not 200
-	restarts   float64
-	reasons    []string // the /readyz answers other than 200
+	// stallBack is the longest begun after the broker was back, ended
+	// backEndedAfter after the fault.
+	stallBack, backEndedAfter time.Duration
+	readyIn                   time.Duration // of the stall, how long /readyz said 200
+	notReady                  time.Duration // from the fault until recovered, /readyz not 200
+	restarts                  float64
+	reasons                   []string // the /readyz answers other than 200
 }
 
 // account measures the stage from t0 to end: the longest gap between
 // two scrapes whose committed count differs (the last scrape before t0
-// counts as its start), and /readyz meanwhile.
-func (st *stage) account(t0, end time.Time) result {
+// counts as its start) that began before the broker was back, the
+// longest that began after, and /readyz meanwhile.
+func (st *stage) account(t0, back, end time.Time) result {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var r result
@@ -140,13 +144,17 @@ func (st *stage) account(t0, end time.Time) result {
 	var from, to time.Time
 	for _, s := range ss[1:] {
 		if s.committed != last.committed {
-			if d := s.at.Sub(last.at); d > r.stall {
+			d := s.at.Sub(last.at)
+			switch {
+			case last.at.Before(back) && d > r.stall:
 				r.stall, r.endedAfter, from, to = d, s.at.Sub(t0), last.at, s.at
+			case !last.at.Before(back) && d > r.stallBack:
+				r.stallBack, r.backEndedAfter = d, s.at.Sub(t0)
 			}
 			last = s
 		}
 	}
-	if d := ss[len(ss)-1].at.Sub(last.at); d > r.stall { // never committed again
+	if d := ss[len(ss)-1].at.Sub(last.at); last.at.Before(back) && d > r.stall { // never committed again
 		r.stall, r.endedAfter, from, to = d, -1, last.at, ss[len(ss)-1].at
 	}
 	r.restarts = ss[len(ss)-1].restarts - ss[0].restarts
@@ -274,13 +282,14 @@ func (x *experiment) fault(name string) error {
 	}
 	end := time.Now()
 	for _, st := range x.stages {
-		r := st.account(t0, end)
+		r := st.account(t0, tBack, end)
 		ended := "never"
 		if r.endedAfter >= 0 {
 			ended = fmt.Sprintf("%.1fs", r.endedAfter.Seconds())
 		}
-		fmt.Printf("RESULT fault=%s target=%s broker=%d stage=%s stall=%.1fs ended_after=%s ready_during_stall=%.1fs not_ready=%.1fs restarts=%.0f back_at=%.1fs\n",
-			x.o.fault, name, b, st.name, r.stall.Seconds(), ended, r.readyIn.Seconds(), r.notReady.Seconds(), r.restarts, tBack.Sub(t0).Seconds())
+		fmt.Printf("RESULT fault=%s target=%s broker=%d stage=%s stall=%.1fs ended_after=%s ready_during_stall=%.1fs not_ready=%.1fs restarts=%.0f back_at=%.1fs stall_after_back=%.1fs ended_after_back=%.1fs\n",
+			x.o.fault, name, b, st.name, r.stall.Seconds(), ended, r.readyIn.Seconds(), r.notReady.Seconds(), r.restarts, tBack.Sub(t0).Seconds(),
+			r.stallBack.Seconds(), r.backEndedAfter.Seconds())
 		for _, w := range r.reasons {
 			fmt.Printf("  %s readyz: %s\n", st.name, w)
 		}
