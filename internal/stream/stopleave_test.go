@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -27,7 +28,7 @@ func TestStopBoundedWhenLeaveHangs(t *testing.T) {
 	testenv.CreateTopic(t, brokers, input, 2, nil)
 	testenv.CreateTopic(t, brokers, changelog, 2, nil)
 	hang := testenv.HangLeaveGroup(t, cluster)
-	stop, done := runKeepReady(t, brokers, input, changelog)
+	stop, done := runKeepReady(t, zaptest.NewLogger(t), brokers, input, changelog)
 	hang()
 	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+5*time.Second)
 }
@@ -60,21 +61,23 @@ func TestStopBoundedWhenCoordinatorHangs(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	stop, done := runKeepReady(t, brokers, input, changelog)
+	// The client abandoned by the stop logs on after the test: no test
+	// logger.
+	stop, done := runKeepReady(t, zap.NewNop(), brokers, input, changelog)
 	close(hanging)
 	time.Sleep(11 * time.Second) // the heartbeat timed out (10 s), a rejoin in flight, unanswered
 	testenv.StopsWithin(t, stop, done, session.LeaveTimeout+session.CloseTimeout+2*time.Second)
 }
 
-// runKeepReady runs a stage of keepProc on brokers until the test ends or
-// stop is called, and returns once it is ready; done receives Run's
-// result.
-func runKeepReady(t *testing.T, brokers []string, input, changelog string) (stop func(), done chan error) {
+// runKeepReady runs a stage of keepProc on brokers, logging to log, until
+// the test ends or stop is called, and returns once it is ready; done
+// receives Run's result.
+func runKeepReady(t *testing.T, log *zap.Logger, brokers []string, input, changelog string) (stop func(), done chan error) {
 	t.Helper()
 	rt, err := New(Config{Stage: "keep",
 		Config:     session.Config{Kafka: kafka.Config{Brokers: brokers}, Group: testenv.Name(t, "group"), InstanceID: "i1", SessionTimeout: 6 * time.Second},
 		InputTopic: input, ChangelogTopic: changelog, FS: vfs.NewMem(),
-		Logger: zaptest.NewLogger(t), Registerer: prometheus.NewRegistry()}, keepProc{})
+		Logger: log, Registerer: prometheus.NewRegistry()}, keepProc{})
 	if err != nil {
 		t.Fatal(err)
 	}
