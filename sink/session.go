@@ -38,7 +38,7 @@ func (w *Writer) runSession(ctx context.Context) error {
 	// aggregator, not at the first transaction, which an idle sink may
 	// reach hours later; and a previous incarnation is fenced at once.
 	if err := w.loop.InitProducerID(ctx, sess.Client()); err != nil {
-		session.Close(sess)
+		w.loop.Close(sess)
 		w.clearParts()
 		return fmt.Errorf("sink: %w", err)
 	}
@@ -49,7 +49,7 @@ func (w *Writer) runSession(ctx context.Context) error {
 		ins.close()
 		w.joined.Store(false)
 		w.resumeFetching()
-		session.Close(sess)
+		w.loop.Close(sess)
 		w.clearParts()
 	}()
 	w.log.Info("sink started", zap.String("group", w.cfg.Group), zap.Strings("topics", w.topicNames()),

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,10 @@ import (
 // fenced, lost its transactional state or needs its sequence numbers
 // started again: Run rebuilds the session with the same transactional ID.
 var ErrRestart = errors.New("session: commit outcome unknown: rebuild the session")
+
+// errSessionClosed is what an abandoned session's Assigned hook returns
+// (Loop.Close).
+var errSessionClosed = errors.New("session: closed")
 
 // Restart returns ErrRestart with its cause: the error that ended the
 // transaction, or the record's. Run tells a fenced producer by it
@@ -78,17 +83,71 @@ const (
 // answer the session's LeaveGroup.
 const LeaveTimeout = 5 * time.Second
 
+// CloseTimeout bounds how long Close waits, after the LeaveGroup, for the
+// session's client to close.
+const CloseTimeout = 3 * time.Second
+
 // Close closes sess. It leaves the group first, waiting at most
 // LeaveTimeout for the coordinator: kgo's Close waits for the LeaveGroup
 // without a bound and retries it, so a stage told to stop while a broker
 // hangs (or drops its packets) would outlast any grace period before
 // SIGKILL. A member whose leave was not heard is dropped from the group at
-// its session timeout, as a killed one.
-func Close(sess *kgo.GroupTransactSession) {
+// its session timeout, as a killed one. It then waits at most CloseTimeout
+// for kgo's Close, which waits for the group's requests in flight: a
+// JoinGroup or a dial to a coordinator that is paused (SIGSTOP, a hung
+// JVM: its port accepts connections, and neither TLS nor any request is
+// ever answered) holds it for kgo's dial timeout or request timeout
+// overhead (10 s each), again and again, while the session cannot be
+// rebuilt (docs/operations.md, "One broker paused or killed"). A client
+// still closing then is abandoned: it ends once those requests time out,
+// it no longer calls the stage's hooks, and a new session with the same
+// transactional ID fences its producer.
+func (l *Loop) Close(sess *kgo.GroupTransactSession) {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), LeaveTimeout)
 	_ = sess.Client().LeaveGroupContext(ctx)
 	cancel()
-	sess.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sess.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(CloseTimeout):
+		l.log.Warn("the Kafka session's client is still closing (a broker that does not answer); abandoned, it closes in the background",
+			zap.Duration("waited", time.Since(start)))
+	}
+	l.gatesMu.Lock()
+	g := l.gates[sess]
+	delete(l.gates, sess)
+	l.gatesMu.Unlock()
+	if g != nil {
+		g.close()
+	}
+}
+
+// hookGate passes a session's hooks on to the stage until the session is
+// closed (Loop.Close): an abandoned client that calls them late must not
+// touch the next session's partitions.
+type hookGate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// do runs f unless the gate is closed; close waits for an f that runs.
+func (g *hookGate) do(f func()) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if !g.closed {
+		f()
+	}
+}
+
+func (g *hookGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 // Loop opens a stage instance's sessions, one at a time, and runs them
@@ -107,6 +166,9 @@ type Loop struct {
 	// repeated fencing likely means (Run's goroutine only).
 	fences      []time.Time
 	fenceHinted time.Time
+	// gates are the hook gates of the sessions not closed yet (Close).
+	gatesMu sync.Mutex
+	gates   map[*kgo.GroupTransactSession]*hookGate
 }
 
 // NewLoop returns the loop of one stage instance. cfg must have its
@@ -120,7 +182,7 @@ func NewLoop(cfg Config, log *zap.Logger, m *Metrics, recovery string) (*Loop, e
 	if err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
-	l := &Loop{cfg: cfg, conn: conn, log: log, m: m, recovery: recovery}
+	l := &Loop{cfg: cfg, conn: conn, log: log, m: m, recovery: recovery, gates: map[*kgo.GroupTransactSession]*hookGate{}}
 	l.setNotMember("no session open")
 	return l, nil
 }
@@ -170,10 +232,11 @@ type Hooks struct {
 
 // Open returns a new session consuming topics: the connection's options,
 // then the group and transaction settings of the Config, the hooks, the
-// stage's opts, and last Config.ClientOptions. Closing it leaves the
-// group.
+// stage's opts, and last Config.ClientOptions. Close it with Loop.Close,
+// which leaves the group; the hooks are not called after it returned.
 func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransactSession, error) {
 	c := &l.cfg
+	g := &hookGate{}
 	base := []kgo.Opt{
 		kgo.TransactionalID(c.TransactionalID()),
 		kgo.TransactionTimeout(c.TransactionTimeout),
@@ -191,15 +254,23 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 		kgo.HeartbeatInterval(c.SessionTimeout / 10),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 		kgo.ProducerLinger(0),
-		kgo.AdjustFetchOffsetsFn(h.Assigned),
+		kgo.AdjustFetchOffsetsFn(func(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			out, err := offs, error(errSessionClosed)
+			g.do(func() { out, err = h.Assigned(ctx, offs) })
+			return out, err
+		}),
 		// kgo calls OnPartitionsAssigned after every join of the group,
 		// with nothing assigned too, and OnPartitionsLost when it lost the
 		// group (InGroup).
-		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.setMember() }),
-		kgo.OnPartitionsRevoked(h.Revoked),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { g.do(l.setMember) }),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+			g.do(func() { h.Revoked(ctx, cl, revoked) })
+		}),
 		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
-			l.setNotMember("lost the group or its coordinator (brokers unreachable?); rejoining")
-			h.Revoked(ctx, cl, lost)
+			g.do(func() {
+				l.setNotMember("lost the group or its coordinator (brokers unreachable?); rejoining")
+				h.Revoked(ctx, cl, lost)
+			})
 		}),
 		kgo.WithLogger(kzap.New(l.log.Named("kgo"), kzap.Level(kgoLevel(l.log)))),
 	}
@@ -208,6 +279,9 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 	if err != nil {
 		return nil, fmt.Errorf("session: kafka client for group %s: %w", c.Group, err)
 	}
+	l.gatesMu.Lock()
+	l.gates[sess] = g
+	l.gatesMu.Unlock()
 	return sess, nil
 }
 

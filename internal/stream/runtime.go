@@ -143,6 +143,9 @@ type Runtime struct {
 	fatal   error
 	running atomic.Bool
 	joined  atomic.Bool // a session is up
+	// txnInit is true once the session's transactional ID is initialised
+	// (initProducerID): until then no transaction can start.
+	txnInit atomic.Bool
 	crashAt atomic.Pointer[string]
 	// restores tracks restore goroutines: the store is closed only after
 	// all of them returned.
@@ -303,14 +306,19 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 
 // Ready returns nil when the stage runs a session that is a member of its
 // consumer group (session.Loop.InGroup: not while the brokers cannot be
-// reached) and no partition it owns is restoring; otherwise why not. It
-// backs /readyz.
+// reached), has initialised its transactional ID (its transaction
+// coordinator answered: until then no transaction can start, however
+// long the group and the restores took) and no partition it owns is
+// restoring; otherwise why not. It backs /readyz.
 func (rt *Runtime) Ready() error {
 	if !rt.joined.Load() {
 		return errors.New("not connected to the group")
 	}
 	if err := rt.loop.InGroup(); err != nil {
 		return err
+	}
+	if !rt.txnInit.Load() {
+		return fmt.Errorf("initialising transactional ID %s: no transaction can start until its coordinator answers", rt.cfg.TransactionalID())
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()

@@ -185,7 +185,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		// was already ended (or the client is being abandoned after an
 		// unknown outcome, in which case the next session's InitProducerID
 		// aborts it).
-		session.Close(sess)
+		rt.loop.Close(sess)
 	}()
 	// Stopped before the session's client closes (deferred above).
 	redates, stopRedates := rt.startOwnerRedates(ctx, sess.Client())
@@ -193,6 +193,8 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	if err := rt.initProducerID(ctx, sess.Client()); err != nil {
 		return err
 	}
+	rt.txnInit.Store(true)
+	defer rt.txnInit.Store(false)
 	rt.log.Info("stage started", zap.String("group", rt.cfg.Group), zap.Strings("inputs", inputs),
 		zap.String("changelog", rt.cfg.ChangelogTopic), zap.String("transactional_id", rt.cfg.TransactionalID()))
 
