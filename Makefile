@@ -34,7 +34,7 @@ test-short:
 # `make test`. RACE_SKIP names the tests whose checks the race detector's
 # instrumentation defeats (an allocation bound: sync.Pool drops items at
 # random under -race).
-RACE_PACKAGES ?= ./internal/stream ./dedup ./aggregator ./sink ./ingest ./internal/session ./internal/kafka ./internal/cli ./producer ./entitlements
+RACE_PACKAGES ?= ./internal/stream ./dedup ./aggregator ./sink ./ingest ./internal/session ./internal/kafka ./internal/cli ./producer ./entitlements ./internal/demo
 RACE_SKIP     ?= ^TestDeepDataCostsLittle$$
 test-race:
 	$(GO) test -race -short -count=1 -p 1 -timeout 30m -skip '$(RACE_SKIP)' $(RACE_PACKAGES)

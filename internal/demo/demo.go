@@ -207,6 +207,9 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 		genCtx, cancel = context.WithTimeout(genCtx, d.cfg.Duration)
 		defer cancel()
 	}
+	// The crash draws its moment and point before the generator owns rng.
+	crashTimer := d.armCrash(rng, d.crashDedup)
+	defer crashTimer.Stop()
 	genDone := make(chan error, 1)
 	go func() { genDone <- gen.run(genCtx) }()
 
@@ -215,9 +218,6 @@ func Run(ctx context.Context, cfg Config) (bool, error) {
 	page := serveStatus(d.cfg, d.brokers, d.names, d.truth, d.view, d.as, &d.currentDedup)
 	defer page.close()
 	d.cfg.HTTPAddr = page.addr // the bound address, for the live view
-
-	crashTimer := d.armCrash(rng)
-	defer crashTimer.Stop()
 
 	if err := d.watch(genDone); err != nil {
 		return false, err
@@ -449,21 +449,28 @@ func (d *demoRun) serveIngest(ctx context.Context) error {
 	return nil
 }
 
-// armCrash kills dedup once, at a random moment in the middle of the run,
-// at a random one of the crash points.
-func (d *demoRun) armCrash(rng *rand.Rand) *time.Timer {
+// armCrash kills dedup once (crash), at a random moment in the middle of
+// the run, at a random one of the crash points. It draws both from rng
+// before it returns, never in the timer's goroutine: a rand.Rand is not
+// safe for concurrent use, and the generator takes rng over once it runs.
+func (d *demoRun) armCrash(rng *rand.Rand, crash func(point string)) *time.Timer {
 	crashAfter := 20 * time.Second
 	if d.cfg.Duration > 0 {
 		crashAfter = time.Duration(float64(d.cfg.Duration) * (0.3 + 0.3*rng.Float64()))
 	}
 	points := []string{fault.BeforeCommit, fault.AfterCommit, fault.DuringApply, fault.AfterApply}
+	pt := points[rng.Intn(len(points))]
 	return time.AfterFunc(crashAfter, func() {
-		ds := <-d.dedupStage
-		d.dedupStage <- ds
-		pt := points[rng.Intn(len(points))]
 		d.rec.armed(pt)
-		ds.CrashAt(pt)
+		crash(pt)
 	})
+}
+
+// crashDedup kills the dedup stage running now in-process at point.
+func (d *demoRun) crashDedup(point string) {
+	ds := <-d.dedupStage
+	d.dedupStage <- ds
+	ds.CrashAt(point)
 }
 
 // watch shows the live view until the generator ends (genDone), and
