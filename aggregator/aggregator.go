@@ -111,7 +111,7 @@ type Config struct {
 	// EntitlementsTick is how often, with Entitlements, a tick is
 	// appended to each owned partition of the entitlements topic while
 	// the partition needs its read time to move (records wait in its
-	// gate, balances are pending, or input came since its last tick): an
+	// gate, or balances are pending): an
 	// event waits until its entitlements partition has been read up to
 	// its arrival, so this bounds the latency entitlements add. Negative:
 	// no ticks (another process appends them, as tests do). Default:

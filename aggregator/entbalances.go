@@ -469,14 +469,16 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 }
 
 // needsTick reports whether the partition's entitlements read time must
-// move: records wait in the gate, balances are pending, or records of
-// usage.deduped came since the last tick (more are likely, and a tick
-// already read lets them through at once). An idle partition appends none:
-// a record that arrives waits in the gate until the next tick is appended
-// and read back, and nothing else depends on the read time
+// move: records wait in the gate, or balances are pending. A partition
+// catching up on records that arrived before its last tick read, or an
+// idle one, appends none: those records pass the gate as they come, and
+// a tick would let nothing through while it widens the transaction by the
+// entitlements partition (TestBacklogAppendsNoTicks). A record that
+// arrives after the read time waits in the gate until the next tick is
+// appended and read back, and nothing else depends on the read time
 // (docs/entitlements.md, The aggregator, 2: a tick decides only when, never
 // how, an event is decided).
-func (e *entPart) needsTick() bool { return e.gateN > 0 || len(e.pendingAt) > 0 || e.sawInput }
+func (e *entPart) needsTick() bool { return e.gateN > 0 || len(e.pendingAt) > 0 }
 
 // punctuateEnt appends a tick to the partition's entitlements partition
 // when it needs one (needsTick; always when its in-memory view may be
@@ -487,7 +489,6 @@ func (pt *partition) punctuateEnt(tx *stream.Tx) error {
 	if !pt.stale && !pt.ent.needsTick() {
 		return nil
 	}
-	pt.ent.sawInput = false
 	v, err := encode(&schemas.Tick{InstanceID: pt.pr.cfg.Stream.InstanceID})
 	if err != nil {
 		return fmt.Errorf("aggregator: encode tick: %w", err)

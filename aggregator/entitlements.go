@@ -171,9 +171,6 @@ type entPart struct {
 	// carries its Work, and so is fenced by the group generation: it may
 	// emit pending balances (Flush).
 	fenced bool
-	// sawInput: records of usage.deduped were handled since the last
-	// tick (needsTick).
-	sawInput bool
 	// cache holds the Ledger's state values as the open transaction sees
 	// them (ledgerStore): read from the state once, then kept, written
 	// through. It is dropped with an aborted transaction (Abort) and at

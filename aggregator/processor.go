@@ -608,7 +608,6 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		recs = nil
 	}
 	if pt.ent != nil && len(recs) > 0 {
-		pt.ent.sawInput = true
 		if err := pt.drainAhead(tx, len(recs)); err != nil {
 			return err
 		}
