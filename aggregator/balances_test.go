@@ -256,15 +256,7 @@ func TestBalanceEveryTransaction(t *testing.T) {
 func TestIdleTicksStop(t *testing.T) {
 	const n = 2
 	h := newEntHarness(t, nil, n)
-	ticks := func() int {
-		c := 0
-		for _, r := range testenv.ReadAll(t, h.brokers, h.names.EntitlementsTopic()) {
-			if string(r.Key) == schemas.TickKey {
-				c++
-			}
-		}
-		return c
-	}
+	ticks := func() int { return countTicks(t, h) }
 	ev := func(id string) *kgo.Record {
 		now := time.Now().UnixMilli()
 		return h.dedupedEvent(schemas.Partition(schemas.CustomerKey(id), n), &schemas.DedupedEvent{EventID: id, CustomerID: id,
