@@ -433,6 +433,8 @@ type metrics struct {
 	// entitlements (entitlements.go and the ent*.go beside it)
 	decisions  *prometheus.CounterVec
 	credits    *prometheus.CounterVec
+	refunds    *prometheus.CounterVec
+	refunded   *prometheus.CounterVec
 	entRecords *prometheus.CounterVec
 	gated      *prometheus.GaugeVec
 	held       *prometheus.GaugeVec // entorder.go
@@ -473,6 +475,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Events decided against their customer's entitlements, by outcome (accepted, over_limit, no_credit, invalid) and plan (the first 64 plan names, then other; none: no plan)."}, []string{"outcome", "plan"})
 	m.credits = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_credits_consumed_micro_total",
 		Help: "Micro-credits charged for accepted events (drawn from grants or overdrawn), by plan."}, []string{"plan"})
+	m.refunds = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_entitlement_refunds_total",
+		Help: "Accepted events whose booking behind their period's FINAL revisions refused them (a sum that would wrap, a meter no longer declared): their charge is taken back. Each was counted as accepted in meterline_aggregate_entitlement_decisions_total; by plan."}, []string{"plan"})
+	m.refunded = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_credits_refunded_micro_total",
+		Help: "Micro-credits of the refunded charges (meterline_aggregate_entitlement_refunds_total), counted in meterline_aggregate_credits_consumed_micro_total when charged; consumed less refunded is what accepted events cost. By plan."}, []string{"plan"})
 	m.entRecords = f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_entitlements_records_total",
 		Help: "Records of the entitlements topic read, by result: applied, tick, rejected (to usage.rejected), rerouted (re-produced to the customer's partition), rerouted_repeat (a re-produced or restated record whose original is no later than the last record of its key applied: not applied), moved_mark (the delete written after a record moved, on its wrong partition: skipped); counted once their transaction committed."}, []string{"result"})
 	m.gated = f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_gated_records",

@@ -127,13 +127,22 @@ func (e *entPart) clearChanged() {
 }
 
 // refund takes back the charge of a queued event that its booking
-// refused (bookChunk): its decision charged it when it was queued, in an
-// earlier transaction. The customer's balance goes out as for any change.
+// refused (bookChunk): its decision accepted and charged it when it was
+// queued, in an earlier transaction, and counted it as accepted; the
+// refund is counted by the plan in effect at its arrival, as its decision
+// was. The customer's balance goes out as for any change.
 func (pt *partition) refund(tx *stream.Tx, e *schemas.DedupedEvent, charge []byte) error {
 	ev := entitlements.Event{Meter: e.Meter, Quantity: e.Quantity, EventTime: e.EventTime, Arrival: e.IngestTime}
-	if err := pt.pr.ledger.Refund(pt.ledger(tx), e.CustomerID, ev, charge); err != nil {
+	st := pt.ledger(tx)
+	cost, err := pt.pr.ledger.Refund(st, e.CustomerID, ev, charge)
+	var plan *entitlements.Plan
+	if err == nil {
+		plan, err = pt.pr.ledger.PlanAt(st, e.CustomerID, e.IngestTime)
+	}
+	if err != nil {
 		return fmt.Errorf("aggregator: partition %d: refund the charge of %s's queued event %s: %w", pt.p, e.CustomerID, e.EventID, err)
 	}
+	pt.ent.pending.refund(pt.pr.plans.label(plan), cost)
 	pt.ent.change(e.CustomerID, e.IngestTime)
 	pt.pr.log.Info("charge of a queued event refunded: its booking rejected it", zap.Int32("partition", pt.p),
 		zap.String("customer", e.CustomerID), zap.String("event_id", e.EventID))

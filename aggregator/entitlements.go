@@ -244,6 +244,9 @@ type entMetrics struct {
 	decisions map[[2]string]float64 // outcome, plan
 	credits   map[string]float64    // plan
 	records   map[string]float64    // result of an entitlements record
+	// refunds and refunded: the charges of queued events taken back when
+	// their booking refused them, and their micro-credits, by plan.
+	refunds, refunded map[string]float64
 	// Runs of decisions of one outcome and plan, counted here and folded
 	// into decisions and credits when a run of another outcome and plan
 	// needs the slot or before they are read (fold): no map update per
@@ -292,6 +295,16 @@ func (m *entMetrics) add(outcome, plan string, cost int64) {
 	m.runs[free] = entRun{outcome: outcome, plan: plan, n: 1, cost: float64(cost)}
 }
 
+// refund counts the refund of an accepted event's charge of cost
+// micro-credits under plan.
+func (m *entMetrics) refund(plan string, cost int64) {
+	if m.refunds == nil {
+		m.refunds, m.refunded = map[string]float64{}, map[string]float64{}
+	}
+	m.refunds[plan]++
+	m.refunded[plan] += float64(cost)
+}
+
 // fold adds the runs to decisions and credits.
 func (m *entMetrics) fold() {
 	for i := range m.runs {
@@ -313,18 +326,27 @@ func (m *entMetrics) clear() { *m = entMetrics{} }
 // committed: no Abort came since.
 func (pt *partition) publishEnt() {
 	e := pt.ent
-	if e == nil || e.flushed.decisions == nil && e.flushed.records == nil {
+	if e == nil || e.flushed.decisions == nil && e.flushed.records == nil && e.flushed.refunds == nil {
 		return
 	}
 	e.flushed.fold()
+	m := pt.pr.m
 	for k, v := range e.flushed.records {
-		pt.pr.m.entRecords.WithLabelValues(k).Add(v)
+		m.entRecords.WithLabelValues(k).Add(v)
 	}
 	for k, v := range e.flushed.decisions {
-		pt.pr.m.decisions.WithLabelValues(k[0], k[1]).Add(v)
+		m.decisions.WithLabelValues(k[0], k[1]).Add(v)
 	}
 	for k, v := range e.flushed.credits {
-		pt.pr.m.credits.WithLabelValues(k).Add(v)
+		m.credits.WithLabelValues(k).Add(v)
+		// The plan's refund series from its first credits, at 0, so
+		// that consumed less refunded is defined (the dashboard's).
+		m.refunds.WithLabelValues(k)
+		m.refunded.WithLabelValues(k)
+	}
+	for k, v := range e.flushed.refunds {
+		m.refunds.WithLabelValues(k).Add(v)
+		m.refunded.WithLabelValues(k).Add(e.flushed.refunded[k])
 	}
 	pt.pr.tally.add(&e.flushed)
 	e.flushed.clear()
@@ -333,9 +355,10 @@ func (pt *partition) publishEnt() {
 // entTally sums the committed decisions of every partition by plan label,
 // as the metrics count them, for the status page.
 type entTally struct {
-	mu        sync.Mutex
-	decisions map[[2]string]float64 // outcome, plan
-	credits   map[string]float64    // plan
+	mu                sync.Mutex
+	decisions         map[[2]string]float64 // outcome, plan
+	credits           map[string]float64    // plan
+	refunds, refunded map[string]float64    // plan
 }
 
 func (t *entTally) add(m *entMetrics) {
@@ -343,6 +366,7 @@ func (t *entTally) add(m *entMetrics) {
 	defer t.mu.Unlock()
 	if t.decisions == nil {
 		t.decisions, t.credits = map[[2]string]float64{}, map[string]float64{}
+		t.refunds, t.refunded = map[string]float64{}, map[string]float64{}
 	}
 	for k, v := range m.decisions {
 		t.decisions[k] += v
@@ -350,19 +374,25 @@ func (t *entTally) add(m *entMetrics) {
 	for k, v := range m.credits {
 		t.credits[k] += v
 	}
+	for k, v := range m.refunds {
+		t.refunds[k] += v
+		t.refunded[k] += m.refunded[k]
+	}
 }
 
 // EntitlementsTable is the status page's table of the entitlements
 // decisions this instance committed since it started, by plan (never by
-// customer): events accepted and refused by reason, and credits consumed.
+// customer): events accepted and refused by reason, accepted events
+// refunded when their booking refused them, and credits consumed net of
+// the refunds.
 func (s *Stage) EntitlementsTable() service.Table {
 	t := service.Table{ID: "entitlements", Title: "Entitlements decided by this instance, by plan",
-		Columns: []string{"plan", "accepted", schemas.ReasonOverLimit, schemas.ReasonNoCredit, schemas.ReasonInvalid, "credits consumed"}}
+		Columns: []string{"plan", "accepted", schemas.ReasonOverLimit, schemas.ReasonNoCredit, schemas.ReasonInvalid, "refunded", "credits consumed"}}
 	if s.pr.ledger == nil {
 		t.Note = "off: this aggregator runs without --entitlements; no event is capped or charged"
 		return t
 	}
-	t.Note = "since the instance started, committed transactions only; credits in micro-credits (drawn from grants or overdrawn)"
+	t.Note = "since the instance started, committed transactions only; refunded: accepted, then refused when booked behind their period's FINAL revisions; credits in micro-credits (drawn from grants or overdrawn), less those refunded"
 	tl := &s.pr.tally
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
@@ -375,7 +405,8 @@ func (s *Stage) EntitlementsTable() service.Table {
 		for _, o := range []string{entitlements.Accepted.String(), schemas.ReasonOverLimit, schemas.ReasonNoCredit, schemas.ReasonInvalid} {
 			row = append(row, strconv.FormatFloat(tl.decisions[[2]string{o, plan}], 'f', 0, 64))
 		}
-		t.Rows = append(t.Rows, append(row, strconv.FormatFloat(tl.credits[plan], 'f', 0, 64)))
+		t.Rows = append(t.Rows, append(row, strconv.FormatFloat(tl.refunds[plan], 'f', 0, 64),
+			strconv.FormatFloat(tl.credits[plan]-tl.refunded[plan], 'f', 0, 64)))
 	}
 	return t
 }

@@ -3,10 +3,12 @@ package aggregator
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -17,29 +19,33 @@ import (
 // arrival while their period is not final yet (one source's watermark lags)
 // are decided, charged and queued behind the period's FINALs. When they are
 // booked, the aggregate refuses the first (a sum that would wrap, counted
-// before entitlements were turned on) and takes the second. A rejected
+// before entitlements were turned on) and takes the second; it refuses a
+// third too, of a meter without a rate, which charged nothing. A rejected
 // event consumes nothing (docs/entitlements.md, Plans and caps): the grant
-// keeps the second's charge only, and no charge of a queued event stays in
-// the state.
+// keeps the second's charge only, no charge of a queued event stays in
+// the state, and the metrics count the two refused as refunded, with the
+// first's credits.
 func TestEntitlementsQueuedRefusedAtBookingNotCharged(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "", testenv.TopicsOpts{Partitions: 1, Sources: 2, EventsTimestamp: "CreateTime"})
 	h := &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate", createTime: true}
 	day := ms(t, "2026-05-04")
 	cutoff := day + 25*3600*1000 // the day's end + grace
-	ev := func(id string, q, arrival int64) *kgo.Record {
-		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "paid", Meter: "api_calls", Quantity: q,
+	evOf := func(meter, id string, q, arrival int64) *kgo.Record {
+		return h.dedupedEvent(0, &schemas.DedupedEvent{EventID: id, CustomerID: "paid", Meter: meter, Quantity: q,
 			EventTime: day + 3600*1000, IngestTime: arrival})
 	}
+	ev := func(id string, q, arrival int64) *kgo.Record { return evOf("api_calls", id, q, arrival) }
 	daily := func(cfg Config) Config {
 		cfg.Period, cfg.Grace = Day, time.Hour
 		return cfg
 	}
 	// Without entitlements: an aggregate 5 short of wrapping.
 	run := h.start(daily(h.config("a", vfs.NewMem())))
-	h.produce(ev("big", math.MaxInt64-5, day+7200*1000))
+	// storage has no rate: its events are accepted and charge nothing.
+	h.produce(ev("big", math.MaxInt64-5, day+7200*1000), evOf("storage", "bigs", math.MaxInt64-5, day+7200*1000))
 	h.caughtUp()
-	awaitDecided(t, h, 1)
+	awaitDecided(t, h, 2)
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -52,8 +58,10 @@ func TestEntitlementsQueuedRefusedAtBookingNotCharged(t *testing.T) {
 	// Source 0 is past the cutoff, source 1 lags: the events are late by
 	// their arrival and the period is not final yet, so they are queued.
 	h.produce(h.watermark(0, 0, 2, cutoff+100), h.watermark(0, 1, 2, day+3*3600*1000),
-		ev("wraps", 10, cutoff+10), ev("fits", 3, cutoff+20))
+		ev("wraps", 10, cutoff+10), ev("fits", 3, cutoff+20), evOf("storage", "wraps-free", 10, cutoff+30))
 	cfg := daily(h.entConfig("b", vfs.NewMem()))
+	reg := prometheus.NewRegistry()
+	cfg.Stream.Registerer = reg
 	cfg.EntitlementsTick = -1
 	cfg.BalanceInterval = BalanceEveryTransaction
 	run = h.start(cfg)
@@ -70,8 +78,20 @@ func TestEntitlementsQueuedRefusedAtBookingNotCharged(t *testing.T) {
 	if err := run.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if reasons := fmt.Sprint(rejectedReasons(t, h)); reasons != "[wraps:invalid]" {
-		t.Fatalf("rejected %v, want [wraps:invalid]", reasons)
+	if reasons := rejectedReasons(t, h); fmt.Sprint(slices.Sorted(slices.Values(reasons))) != "[wraps-free:invalid wraps:invalid]" {
+		t.Fatalf("rejected %v, want [wraps-free:invalid wraps:invalid]", reasons)
+	}
+	// The three were accepted when queued; the two refused at booking
+	// are counted as refunded, with the 10 micro-credits wraps paid.
+	for name, want := range map[string]float64{
+		"meterline_aggregate_entitlement_decisions_total":  3,
+		"meterline_aggregate_credits_consumed_micro_total": 13,
+		"meterline_aggregate_entitlement_refunds_total":    2,
+		"meterline_aggregate_credits_refunded_micro_total": 10,
+	} {
+		if got := counterWith(reg, name, "plan", "prepaid"); got != want {
+			t.Errorf("%s{plan=prepaid} = %v, want %v", name, got, want)
+		}
 	}
 	if adjs := readAdjustments(t, h); len(adjs) != 1 || adjs[0].EventID != "fits" || adjs[0].Delta != 3 {
 		t.Fatalf("adjustments %+v, want fits +3", adjs)

@@ -57,8 +57,8 @@ func TestEntitlementsStatusTable(t *testing.T) {
 	h.caughtUp()
 	awaitDecided(t, h, 24)
 	want := [][]string{
-		{"free", "10", "2", "0", "0", "1000"},    // overdrawn: 10 × 100
-		{"prepaid", "10", "0", "2", "0", "1000"}, // drawn from g1
+		{"free", "10", "2", "0", "0", "0", "1000"},    // overdrawn: 10 × 100
+		{"prepaid", "10", "0", "2", "0", "0", "1000"}, // drawn from g1
 	}
 	// The table counts committed transactions: wait for the last one.
 	var tbl string
@@ -66,7 +66,7 @@ func TestEntitlementsStatusTable(t *testing.T) {
 		tab := st.EntitlementsTable()
 		tbl = fmt.Sprint(tab.Rows)
 		if tbl == fmt.Sprint(want) || time.Now().After(deadline) {
-			if got, wantCols := fmt.Sprint(tab.Columns), fmt.Sprint([]string{"plan", "accepted", "over_limit", "no_credit", "invalid", "credits consumed"}); got != wantCols {
+			if got, wantCols := fmt.Sprint(tab.Columns), fmt.Sprint([]string{"plan", "accepted", "over_limit", "no_credit", "invalid", "refunded", "credits consumed"}); got != wantCols {
 				t.Errorf("columns %s, want %s", got, wantCols)
 			}
 			break

@@ -245,10 +245,9 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 			// Queued behind its period's FINALs, charged now: its
 			// booking may still refuse it (a sum that would wrap, a
 			// meter no longer declared), and then refunds this charge
-			// (bookChunk).
-			if v := ch.d.AppendCharge(nil); len(v) > 0 {
-				tx.Put(pt.queued, v)
-			}
+			// and counts the refund (bookChunk). Kept also when it is
+			// nothing, so that the refund is counted.
+			tx.Put(pt.queued, ch.d.AppendCharge(nil))
 		}
 		return nil
 	}

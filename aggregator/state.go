@@ -22,8 +22,8 @@ import (
 //	                 them, in seq order
 //	'r' P seq        the charge (entitlements.Decision.AppendCharge) of the
 //	                 event queued as 'p' P seq, when entitlements are on
-//	                 and its decision charged something: refunded if its
-//	                 booking refuses it, deleted when it is booked
+//	                 (also a charge of nothing): refunded and counted if
+//	                 its booking refuses it, deleted when it is booked
 //	'l' P K          an adjustment was booked into P for aggregate key K:
 //	                 P's FINAL emission gives K a FINAL revision (value 0)
 //	                 unless K has one of its own, so that every invoice

@@ -37,7 +37,7 @@ func FuzzChargeDecode(f *testing.F) {
 		p.overdrawn = 1
 		l.WriteAccount(st, "acme", a, nil)
 		ev := Event{Meter: "m", Aggregation: "SUM", Quantity: 5, EventTime: 10, Arrival: 10}
-		if err := l.Refund(st, "acme", ev, b); err != nil {
+		if _, err := l.Refund(st, "acme", ev, b); err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("refund: %v", err)
 			}

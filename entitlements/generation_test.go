@@ -198,7 +198,7 @@ func TestStateWrittenBeforeGenerations(t *testing.T) {
 	c.count(1)
 	c.str("g")
 	c.int(150)
-	if err := l.Refund(st, "acme", ev(150), c.bytes()); err != nil {
+	if _, err := l.Refund(st, "acme", ev(150), c.bytes()); err != nil {
 		t.Fatal(err)
 	}
 	// Offered again while alive: the same grant, 800 paid.

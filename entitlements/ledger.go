@@ -782,10 +782,10 @@ func (l *Ledger) RecordDecided(st Store, customer string, ev *Event, d *Decision
 
 // AppendCharge appends to b what Record records for the accepted decision
 // d of an event (the units of its meter, what each grant paid, the
-// overdraft), for Refund; it returns b unchanged when Record records
-// nothing.
+// overdraft), for Refund, also when that is nothing; it returns b
+// unchanged for a rejected decision.
 func (d *Decision) AppendCharge(b []byte) []byte {
-	if d.Outcome != Accepted || d.Units == 0 && d.Overdraft == 0 && len(d.Draws) == 0 {
+	if d.Outcome != Accepted {
 		return b
 	}
 	e := &enc{b: append(b, stateFormatGen)}
@@ -805,9 +805,11 @@ func (d *Decision) AppendCharge(b []byte) []byte {
 // accepted and charged an event and then could not count it
 // (docs/entitlements.md, Plans and caps: a rejected event consumes
 // nothing). What the account no longer holds (a period or a grant pruned
-// since) stays as it is, and nothing goes below zero. The error is the
-// Store's, or a charge that does not decode.
-func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) error {
+// since) stays as it is, and nothing goes below zero. It returns the
+// micro-credits the charge held (what its grants paid and its overdraft),
+// for metrics. The error is the Store's, or a charge that does not
+// decode.
+func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) (int64, error) {
 	d := newDecGens("charge", charge)
 	units, overdraft := d.int(), d.int()
 	n := d.count(maxGrantUses)
@@ -827,11 +829,15 @@ func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) erro
 		d.fail("charge: negative units or overdraft")
 	}
 	if err := d.end(); err != nil {
-		return err
+		return 0, err
+	}
+	cost := overdraft
+	for _, dr := range draws {
+		cost = min(cost, math.MaxInt64-dr.Amount) + dr.Amount // saturates
 	}
 	a, err := l.account(st, customer)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	start, _ := l.period(ev.EventTime)
 	if p := a.period(start); p != nil {
@@ -846,7 +852,7 @@ func (l *Ledger) Refund(st Store, customer string, ev Event, charge []byte) erro
 		}
 	}
 	l.putAccount(st, customer, a)
-	return nil
+	return cost, nil
 }
 
 // indexValue is the value of a period index key (a non-empty value: an

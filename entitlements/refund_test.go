@@ -11,9 +11,11 @@ import (
 
 // TestRefund: Refund of what Record recorded for an accepted event (units
 // of its meter in its period, draws from two grants, an overdraft) gives
-// the account back as it was before the event, whether the Ledger writes
-// accounts at once or keeps them in an AccountCache; a rejected decision
-// has no charge, and a charge that does not decode is refused.
+// the account back as it was before the event and returns its
+// micro-credits, whether the Ledger writes accounts at once or keeps them
+// in an AccountCache; an accepted decision that charged nothing has a
+// charge whose refund changes nothing, a rejected decision has none, and a
+// charge that does not decode is refused.
 func TestRefund(t *testing.T) {
 	for _, cached := range []bool{false, true} {
 		t.Run(map[bool]string{false: "store", true: "cache"}[cached], func(t *testing.T) {
@@ -64,8 +66,8 @@ func TestRefund(t *testing.T) {
 				t.Fatal(err)
 			}
 			charge := d.AppendCharge(nil)
-			if err := l.Refund(st, "acme", ev(1200), charge); err != nil {
-				t.Fatal(err)
+			if cost, err := l.Refund(st, "acme", ev(1200), charge); err != nil || cost != 1200 {
+				t.Fatalf("Refund: %d micro-credits, %v; want g2's 800 and 400 overdrawn", cost, err)
 			}
 			commit()
 			if after := ms.m["eA"+string(schemas.CustomerKey("acme"))]; !bytes.Equal(after, before) {
@@ -77,8 +79,28 @@ func TestRefund(t *testing.T) {
 			if d, _ := l.Evaluate(st, "acme", ev(20_000)); d.Outcome != OverLimit || len(d.AppendCharge(nil)) != 0 {
 				t.Fatalf("a rejected decision's charge: %+v", d)
 			}
+			// An accepted event that records nothing (a MAX meter: no
+			// usage, no rate) has a charge too, so that a stage knows it
+			// was accepted: refunding it changes nothing and returns 0.
+			peak := Event{Meter: "peak", Aggregation: "MAX", Quantity: 7, EventTime: at, Arrival: at}
+			d0, err := l.Evaluate(st, "acme", peak)
+			if err != nil || d0.Outcome != Accepted || d0.Units != 0 || d0.Cost != 0 {
+				t.Fatalf("a MAX meter's event: %+v, %v; want accepted, nothing charged", d0, err)
+			}
+			c0 := d0.AppendCharge(nil)
+			if len(c0) == 0 {
+				t.Fatal("an accepted event that charged nothing has no charge")
+			}
+			before = bytes.Clone(ms.m["eA"+string(schemas.CustomerKey("acme"))])
+			if cost, err := l.Refund(st, "acme", peak, c0); err != nil || cost != 0 {
+				t.Fatalf("Refund of nothing: %d micro-credits, %v", cost, err)
+			}
+			commit()
+			if after := ms.m["eA"+string(schemas.CustomerKey("acme"))]; !bytes.Equal(after, before) {
+				t.Fatal("refunding a charge of nothing changed the account")
+			}
 			for _, bad := range [][]byte{nil, {1}, append(bytes.Clone(charge), 0)} {
-				if err := l.Refund(st, "acme", ev(1200), bad); !errors.Is(err, ErrCorrupt) {
+				if _, err := l.Refund(st, "acme", ev(1200), bad); !errors.Is(err, ErrCorrupt) {
 					t.Errorf("Refund of %x: %v, want ErrCorrupt", bad, err)
 				}
 			}

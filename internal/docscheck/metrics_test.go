@@ -95,6 +95,8 @@ var notAtStart = map[string]string{
 	"meterline_aggregate_watermark_seconds":            "per partition with a watermark (documented); none before its first watermark",
 	"meterline_aggregate_entitlement_decisions_total":  "labelled by plan, known only from the entitlements topic (documented)",
 	"meterline_aggregate_credits_consumed_micro_total": "labelled by plan, known only from the entitlements topic (documented)",
+	"meterline_aggregate_entitlement_refunds_total":    "labelled by plan, known only from the entitlements topic (documented)",
+	"meterline_aggregate_credits_refunded_micro_total": "labelled by plan, known only from the entitlements topic (documented)",
 }
 
 // stageOf says which of the test's registries exports a documented
