@@ -55,3 +55,36 @@ func TestEntitlementsDeleteInvalidCustomer(t *testing.T) {
 		}
 	}
 }
+
+// TestEntitlementsDocumentNamesItsSource: a document that is refused is
+// named by where it was read from, and one of the write commands given no
+// -f (a file name given as the customer argument, say) says that standard
+// input carried nothing and how to give the document.
+func TestEntitlementsDocumentNamesItsSource(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "acme.yaml")
+	if err := os.WriteFile(f, []byte("customer: acme\ncredits: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := run(t, "", "entitlements", "set", "acme.yaml", "--validate")
+	if code != 1 || !strings.Contains(errs, "the document on standard input is not valid") || !strings.Contains(errs, "-f FILE") {
+		t.Errorf("set acme.yaml (no -f): exit %d, stderr %q; want exit 1, naming standard input and -f FILE", code, errs)
+	}
+	code, _, errs = run(t, "", "entitlements", "set", "-f", f, "--validate")
+	if code != 1 || !strings.Contains(errs, "the document in "+f+" is not valid") || strings.Contains(errs, "-f FILE") {
+		t.Errorf("set -f %s: exit %d, stderr %q; want exit 1, naming the file", f, code, errs)
+	}
+}
+
+// TestEntitlementsUnreachableSaysNothingWritten: a write that cannot
+// reach the brokers before it has sent its record exits 1 and says that
+// nothing was written, naming the brokers it tried.
+func TestEntitlementsUnreachableSaysNothingWritten(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "acme.yaml")
+	if err := os.WriteFile(f, []byte("customer: acme\ncaps: {api_calls: {limit: 10}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := run(t, "", "entitlements", "set", "-f", f, "--brokers", "127.0.0.1:1", "--timeout", "2s")
+	if code != 1 || !strings.Contains(errs, "nothing was written") || !strings.Contains(errs, "127.0.0.1:1") {
+		t.Errorf("set with no broker: exit %d, stderr %q; want exit 1, nothing was written, naming the brokers", code, errs)
+	}
+}
