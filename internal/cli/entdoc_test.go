@@ -88,3 +88,28 @@ func TestEntitlementsUnreachableSaysNothingWritten(t *testing.T) {
 		t.Errorf("set with no broker: exit %d, stderr %q; want exit 1, nothing was written, naming the brokers", code, errs)
 	}
 }
+
+// TestEntitlementsNoteDefaultOverdraft: a customer's record or a default
+// plan written without an overdraft says on stderr that the default,
+// overdraft allowed without limit, applies (a plan of caps alone is
+// charged for priced meters); one that gives it, or an unmetered one,
+// does not.
+func TestEntitlementsNoteDefaultOverdraft(t *testing.T) {
+	for _, c := range []struct {
+		cmd  []string
+		doc  string
+		note bool
+	}{
+		{[]string{"set"}, "customer: acme\ncaps: {api_calls: {limit: 3}}\n", true},
+		{[]string{"set-default"}, "plan: free\ncaps: {api_calls: {limit: 3}}\n", true},
+		{[]string{"set"}, "customer: acme\ncaps: {api_calls: {limit: 3}}\noverdraft: {policy: allow}\n", false},
+		{[]string{"set-default"}, "plan: free\noverdraft: {policy: deny}\n", false},
+		{[]string{"set"}, "customer: acme\nunmetered: true\n", false},
+	} {
+		args := append(append([]string{"entitlements"}, c.cmd...), "--validate")
+		code, _, errs := run(t, c.doc, args...)
+		if code != 0 || strings.Contains(errs, "no overdraft given") != c.note {
+			t.Errorf("%v of %q: exit %d, stderr %q; want exit 0, note of the default overdraft %v", c.cmd, c.doc, code, errs, c.note)
+		}
+	}
+}

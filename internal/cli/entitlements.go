@@ -216,7 +216,20 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	if err != nil {
 		return invalidDocument(stdio, "the "+what, err)
 	}
+	noteDefaultOverdraft(stdio, d)
 	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters)
+}
+
+// noteDefaultOverdraft says on stderr that a document without an
+// overdraft gets the default, allowed without limit (docs/entitlements.md,
+// Credits): a plan of caps alone is still charged for the meters the rate
+// card prices.
+func noteDefaultOverdraft(stdio IO, d *entitlements.Document) {
+	if d.Overdraft == nil && !d.Unmetered {
+		fmt.Fprintf(stdio.Stderr, "note: no overdraft given: the default applies, policy allow without limit: "+
+			"what its grants cannot pay of a meter the rate card prices is overdrawn, to be billed; "+
+			"overdraft: {policy: deny} refuses it (no_credit)\n")
+	}
 }
 
 // checkCustomer refuses a customer_id that no record can have (and no
@@ -239,6 +252,7 @@ func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio I
 	if err != nil {
 		return invalidDocument(stdio, "the default plan", err)
 	}
+	noteDefaultOverdraft(stdio, d)
 	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true, meters)
 }
 
