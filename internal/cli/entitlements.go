@@ -164,7 +164,14 @@ func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters
 		return nil, &ExitError{Code: 2, Err: err}
 	}
 	if err := parse(b); err != nil {
-		return nil, invalidDocument(stdio, "the document", err)
+		what := "the document in " + c.File
+		if c.File == "-" {
+			what = "the document on standard input"
+			if len(bytes.TrimSpace(b)) == 0 {
+				err = fmt.Errorf("%w\nstandard input carried nothing: give the document with -f FILE, or pipe it in", err)
+			}
+		}
+		return nil, invalidDocument(stdio, what, err)
 	}
 	meters, err := c.meters()
 	if err != nil {
@@ -209,7 +216,20 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	if err != nil {
 		return invalidDocument(stdio, "the "+what, err)
 	}
+	noteDefaultOverdraft(stdio, d)
 	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters)
+}
+
+// noteDefaultOverdraft says on stderr that a document without an
+// overdraft gets the default, allowed without limit (docs/entitlements.md,
+// Credits): a plan of caps alone is still charged for the meters the rate
+// card prices.
+func noteDefaultOverdraft(stdio IO, d *entitlements.Document) {
+	if d.Overdraft == nil && !d.Unmetered {
+		fmt.Fprintf(stdio.Stderr, "note: no overdraft given: the default applies, policy allow without limit: "+
+			"what its grants cannot pay of a meter the rate card prices is overdrawn, to be billed; "+
+			"overdraft: {policy: deny} refuses it (no_credit)\n")
+	}
 }
 
 // checkCustomer refuses a customer_id that no record can have (and no
@@ -232,6 +252,7 @@ func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio I
 	if err != nil {
 		return invalidDocument(stdio, "the default plan", err)
 	}
+	noteDefaultOverdraft(stdio, d)
 	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true, meters)
 }
 
@@ -363,20 +384,24 @@ func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer str
 func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
+	topic := g.Topic.EntitlementsTopic()
+	// Until the records are produced, a failure leaves the topic as it was.
+	notWritten := func(err error) error {
+		return fmt.Errorf("write the %s to %s on %s: %w (nothing was written)", what, topic, strings.Join(g.Brokers, ","), err)
+	}
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
-		return err
+		return notWritten(err)
 	}
-	topic := g.Topic.EntitlementsTopic()
 	counts, err := topics.PartitionCounts(ctx, kc, topic)
 	if err != nil {
-		return err
+		return notWritten(err)
 	}
 	n := counts[topic]
 	var value []byte
 	if m != nil {
 		if value, err = schemas.Encode(m); err != nil {
-			return err
+			return notWritten(err)
 		}
 	}
 	parts := []int32{schemas.Partition(key, n)}
@@ -390,11 +415,11 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 		kgo.TransactionTimeout(10*time.Second), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.WithLogger(kzap.New(log.Named("kgo"), kzap.Level(kgo.LogLevelWarn))))
 	if err != nil {
-		return err
+		return notWritten(err)
 	}
 	defer cl.Close()
 	if err := cl.BeginTransaction(); err != nil {
-		return fmt.Errorf("begin transaction: %w", err)
+		return notWritten(fmt.Errorf("begin transaction: %w", err))
 	}
 	recs := make([]*kgo.Record, len(parts))
 	for i, p := range parts {

@@ -38,11 +38,7 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 	if ch != nil {
 		r.checkClickHouse(tr, t, ch)
 	}
-	if r.ok {
-		fmt.Fprintf(w, "== RECONCILED: every event counted exactly once\n")
-	} else {
-		fmt.Fprintf(w, "== MISMATCH: see the FAIL lines above\n")
-	}
+	r.verdict()
 	if ch != nil {
 		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in docs/analysts.md)\n", tryCommand(ch.addr, ch.db))
 	}
@@ -206,6 +202,16 @@ type reconciler struct {
 	ok bool
 }
 
+// verdict prints the outcome of every check, and what it has shown.
+func (r *reconciler) verdict() {
+	if r.ok {
+		fmt.Fprintf(r.w, "== RECONCILED: every event counted exactly once, through the crash: no copy counted, "+
+			"no event lost, every total, refusal and credit as generated\n")
+	} else {
+		fmt.Fprintf(r.w, "== MISMATCH: see the FAIL lines above\n")
+	}
+}
+
 func (r *reconciler) check(what string, want, have int64) {
 	mark := "ok  "
 	if want != have {
@@ -221,6 +227,7 @@ func (r *reconciler) checkTopics(tr *truth, t tally) {
 		fmt.Fprintf(r.w, "  FAIL %d sends were not acknowledged by the broker; the ground truth is unknown\n", f)
 		r.ok = false
 	}
+	fmt.Fprintf(r.w, "   generated: what the generator sent (its ground truth); counted: what the committed output topics hold\n")
 	r.check("unique events produced = events counted", tr.unique, int64(t.counted))
 	r.check("copies sent = duplicates dropped", tr.copies, int64(t.duplicates))
 	r.check("  of which conflicting", tr.conflict, int64(t.conflicts))
@@ -234,7 +241,15 @@ func (r *reconciler) checkTopics(tr *truth, t tally) {
 		r.check("  rejected "+reason, tr.bad[reason], t.byReason[reason])
 	}
 	r.check("late events = adjustments", tr.late, int64(t.lateAdjs))
-	fmt.Fprintf(r.w, "   totals per customer and meter (aggregates + adjustments):\n")
+	var refused int64
+	for _, n := range tr.entRejected {
+		refused += n
+	}
+	if refused > 0 {
+		fmt.Fprintf(r.w, "   totals per customer and meter (aggregates + adjustments; the %d events refused by caps and credits passed dedup and are in none):\n", refused)
+	} else {
+		fmt.Fprintf(r.w, "   totals per customer and meter (aggregates + adjustments):\n")
+	}
 	for _, c := range tr.customers() {
 		for _, m := range meters {
 			if tr.totals[c][m] == 0 && t.got[c][m] == 0 {

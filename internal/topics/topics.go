@@ -483,13 +483,29 @@ type Drift struct {
 	What  string // "missing", "partitions", "cleanup.policy", "retention.ms", ...
 	Have  string
 	Want  string
+	// Set is the topic config that repairs a config's drift (k=v), empty
+	// for the others: topics create leaves an existing topic as it is.
+	Set string
 }
 
 func (d Drift) String() string {
 	if d.What == "missing" {
 		return d.Topic + ": missing"
 	}
-	return fmt.Sprintf("%s: %s is %s, want %s", d.Topic, d.What, d.Have, d.Want)
+	s := fmt.Sprintf("%s: %s is %s, want %s", d.Topic, d.What, d.Have, d.Want)
+	if d.Set != "" {
+		s += fmt.Sprintf(" (set it: kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config %s)", d.Topic, d.Set)
+	}
+	return s
+}
+
+// configSet is k=v as kafka-configs.sh --add-config takes it: a list
+// value in brackets.
+func configSet(k, v string) string {
+	if strings.Contains(v, ",") {
+		v = "[" + v + "]"
+	}
+	return k + "=" + v
 }
 
 // Check compares the cluster with the specs and returns every drift found:
@@ -564,15 +580,19 @@ func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error)
 				continue // checked as a minimum below
 			}
 			if got := cfgValue(cfg, k); !sameConfig(k, got, s.Configs[k]) {
-				drifts = append(drifts, Drift{Topic: s.Name, What: k, Have: got, Want: s.Configs[k]})
+				drifts = append(drifts, Drift{Topic: s.Name, What: k, Have: got, Want: s.Configs[k], Set: configSet(k, s.Configs[k])})
 			}
 		}
 		if s.MinRetention > 0 {
 			got := cfgValue(cfg, "retention.ms")
 			ms, err := strconv.ParseInt(got, 10, 64)
 			if err != nil || (ms >= 0 && time.Duration(ms)*time.Millisecond < s.MinRetention) {
+				set := s.Configs["retention.ms"]
+				if set == "" {
+					set = strconv.FormatInt(s.MinRetention.Milliseconds(), 10)
+				}
 				drifts = append(drifts, Drift{Topic: s.Name, What: "retention.ms", Have: human(got),
-					Want: "at least " + human(strconv.FormatInt(s.MinRetention.Milliseconds(), 10))})
+					Want: "at least " + human(strconv.FormatInt(s.MinRetention.Milliseconds(), 10)), Set: configSet("retention.ms", set)})
 			}
 		}
 	}

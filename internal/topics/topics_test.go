@@ -237,3 +237,45 @@ func TestResolveRefusesZeroTimes(t *testing.T) {
 		t.Errorf("the default layout: %v", err)
 	}
 }
+
+// TestCheckNamesTheConfigFix: a topic config that drifted (a timestamp
+// type, a retention shorter than the window) is reported with the
+// kafka-configs.sh command that sets it, since topics create leaves
+// existing topics as they are.
+func TestCheckNamesTheConfigFix(t *testing.T) {
+	adm := adminOf(t, fakeCluster(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	old := DefaultLayout()
+	old.Partitions, old.EventsTimestamp, old.Window = 2, "CreateTime", time.Hour
+	if _, err := Create(ctx, adm, Specs(DefaultNames(), old), 1); err != nil {
+		t.Fatal(err)
+	}
+	l := DefaultLayout()
+	l.Partitions = 2
+	specs := Specs(DefaultNames(), l)
+	drifts, err := Check(ctx, adm, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events string
+	for _, s := range specs {
+		if s.Name == "usage.events" {
+			events = s.Configs["retention.ms"]
+		}
+	}
+	want := map[string]bool{
+		"usage.events: message.timestamp.type is CreateTime, want LogAppendTime (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.events --add-config message.timestamp.type=LogAppendTime)":    false,
+		"usage.events: retention.ms is 608400000 (169h0m0s), want at least 3628800000 (42d) (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.events --add-config retention.ms=" + events + ")": false,
+	}
+	for _, d := range drifts {
+		if _, ok := want[d.String()]; ok {
+			want[d.String()] = true
+		}
+	}
+	for w, seen := range want {
+		if !seen {
+			t.Errorf("no drift %q in:\n%v", w, drifts)
+		}
+	}
+}
