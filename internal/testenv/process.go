@@ -78,11 +78,11 @@ func Meterline(t testing.TB) string {
 			return
 		}
 		meterline.path = bin
+		t.Logf("built %s (race detector: %v)", bin, raceEnabled)
 	})
 	if meterline.err != nil {
 		t.Fatalf("go build ./cmd/meterline (race detector: %v): %v", raceEnabled, meterline.err)
 	}
-	t.Logf("meterline binary %s (race detector: %v)", meterline.path, raceEnabled)
 	return meterline.path
 }
 
