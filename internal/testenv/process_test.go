@@ -139,18 +139,18 @@ const raceScript = `printf '==================\nWARNING: DATA RACE\nWrite at 0x0
 // test's child), stopped, or still running when the test ended; a child
 // without one does not.
 func TestProcessReportsDataRace(t *testing.T) {
+	const loop = `trap 'exit 0' TERM; while :; do sleep 0.05; done`
 	for _, c := range []struct {
-		name   string
-		o      ProcessOpts
-		script string
-		stop   bool
-		race   bool
+		name, script string
+		o            ProcessOpts
+		stop         bool // with Stop before the test ends
 	}{
-		{"killed", ProcessOpts{MayDie: true}, raceScript + `kill -KILL $$`, false, true},
-		{"stopped", ProcessOpts{}, raceScript + `trap 'exit 0' TERM; while :; do sleep 0.05; done`, true, true},
-		{"running", ProcessOpts{}, raceScript + `trap 'exit 0' TERM; while :; do sleep 0.05; done`, false, true},
-		{"no race", ProcessOpts{MayDie: true}, `echo 'WARNING: not a race'; kill -KILL $$`, false, false},
+		{"killed", raceScript + `kill -KILL $$`, ProcessOpts{MayDie: true}, false},
+		{"stopped", raceScript + loop, ProcessOpts{}, true},
+		{"running", raceScript + loop, ProcessOpts{}, false},
+		{"no race", `echo 'WARNING: not a race'; kill -KILL $$`, ProcessOpts{MayDie: true}, false},
 	} {
+		race := strings.HasPrefix(c.script, raceScript)
 		t.Run(c.name, func(t *testing.T) {
 			r := &cleanupRecorder{TB: t}
 			p := StartProcessOpts(r, c.o, "sh", filepath.Join(t.TempDir(), "sh.log"), "/bin/sh", "-c", c.script)
@@ -166,9 +166,9 @@ func TestProcessReportsDataRace(t *testing.T) {
 			}
 			errs := r.runCleanups()
 			switch {
-			case !c.race && len(errs) > 0:
+			case !race && len(errs) > 0:
 				t.Errorf("the cleanup failed the test: %q", errs)
-			case c.race && (len(errs) != 1 || !strings.Contains(errs[0], "reported 1 data race(s)") || !strings.Contains(errs[0], "main.main.func1()")):
+			case race && (len(errs) != 1 || !strings.Contains(errs[0], "reported 1 data race(s)") || !strings.Contains(errs[0], "main.main.func1()")):
 				t.Errorf("the cleanup reported %q, want one error giving the race", errs)
 			}
 		})
