@@ -51,7 +51,10 @@ func Main(m *testing.M) {
 // built by the first test that asks and shared by the other tests of the
 // package; it fails the test if the build fails. Call it after the test's
 // skip checks, so that skipped tests build nothing. The package's TestMain
-// must be testenv.Main, which removes the binary at the end.
+// must be testenv.Main, which removes the binary at the end. Under go test
+// -race the binary is built with -race too, and a data race a child
+// reports fails the test that started it (docs/testing.md, The race
+// detector).
 func Meterline(t testing.TB) string {
 	t.Helper()
 	if !mainRuns {
@@ -65,15 +68,20 @@ func Meterline(t testing.TB) string {
 		}
 		meterline.dir = dir
 		bin := filepath.Join(dir, "meterline")
-		out, err := exec.Command("go", "build", "-o", bin, "github.com/meterline/meterline/cmd/meterline").CombinedOutput()
+		args := []string{"build", "-o", bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "github.com/meterline/meterline/cmd/meterline")...).CombinedOutput()
 		if err != nil {
 			meterline.err = fmt.Errorf("%w\n%s", err, out)
 			return
 		}
 		meterline.path = bin
+		t.Logf("built %s (race detector: %v)", bin, raceEnabled)
 	})
 	if meterline.err != nil {
-		t.Fatalf("go build ./cmd/meterline: %v", meterline.err)
+		t.Fatalf("go build ./cmd/meterline (race detector: %v): %v", raceEnabled, meterline.err)
 	}
 	return meterline.path
 }
@@ -163,36 +171,68 @@ func StartProcessOpts(t testing.TB, o ProcessOpts, name, logFile, bin string, ar
 	}()
 	t.Logf("started %s (pid %d, fault %q)", name, p.cmd.Process.Pid, o.Fault)
 	t.Cleanup(func() {
-		switch {
-		case o.MayDie:
-			if !p.Exited() {
-				_ = p.cmd.Process.Kill()
-				<-p.done
-			}
-			if t.Failed() {
-				t.Logf("---- tail of %s (%s) ----\n%s", name, p.ExitString(), p.Tail(40))
-			}
-			return
-		case p.Exited():
-			if !p.stopped {
-				t.Errorf("%s exited early: %v\n%s", name, p.err, p.Tail(40))
-				return
-			}
-		default:
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			if !p.Wait(20 * time.Second) {
-				_ = p.cmd.Process.Kill()
-				<-p.done
-				t.Errorf("%s did not stop within 20s of SIGTERM\n%s", name, p.Tail(40))
-			} else if p.err != nil {
-				t.Logf("%s stopped: %v", name, p.err)
-			}
-		}
-		if t.Failed() {
-			t.Logf("%s log tail:\n%s", name, p.Tail(40))
-		}
+		p.end(t)
+		p.reportRaces(t)
 	})
 	return p
+}
+
+// end is the cleanup of StartProcessOpts: a child that may die is killed,
+// any other stopped with SIGTERM; one that exited without Stop fails the
+// test.
+func (p *Process) end(t testing.TB) {
+	t.Helper()
+	switch {
+	case p.opts.MayDie:
+		if !p.Exited() {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("---- tail of %s (%s) ----\n%s", p.name, p.ExitString(), p.Tail(40))
+		}
+		return
+	case p.Exited():
+		if !p.stopped {
+			t.Errorf("%s exited early: %v\n%s", p.name, p.err, p.Tail(40))
+			return
+		}
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		if !p.Wait(20 * time.Second) {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			t.Errorf("%s did not stop within 20s of SIGTERM\n%s", p.name, p.Tail(40))
+		} else if p.err != nil {
+			t.Logf("%s stopped: %v", p.name, p.err)
+		}
+	}
+	if t.Failed() {
+		t.Logf("%s log tail:\n%s", p.name, p.Tail(40))
+	}
+}
+
+// raceReport is the line with which the race detector starts each report
+// on a race-built child's stderr.
+const raceReport = "WARNING: DATA RACE"
+
+// reportRaces fails the test if the child's log holds a report of the race
+// detector, giving the first. A child killed (a crash test's SIGKILL, a
+// fault point) never reaches the exit status the detector gives a run with
+// races (66), so its log is what tells.
+func (p *Process) reportRaces(t testing.TB) {
+	t.Helper()
+	text := p.LogText()
+	i := strings.Index(text, raceReport)
+	if i < 0 {
+		return
+	}
+	n := strings.Count(text, raceReport)
+	report := text[i:]
+	if end := strings.Index(report, "\n==================\n"); end >= 0 {
+		report = report[:end]
+	}
+	t.Errorf("%s: the race detector reported %d data race(s) (log %s); the first:\n%s", p.name, n, p.log, report)
 }
 
 // Name is the process's name in messages.

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -100,5 +102,116 @@ func TestExpectFaultKillRejects(t *testing.T) {
 				t.Errorf("ExpectFaultKill failed with %q, want a failure saying %q", msg, c.want)
 			}
 		})
+	}
+}
+
+// cleanupRecorder is a testing.TB that keeps the cleanups registered on
+// it, to run them when the test says, and records Errorf instead of
+// failing.
+type cleanupRecorder struct {
+	testing.TB
+	cleanups []func()
+	errs     []string
+}
+
+func (r *cleanupRecorder) Helper()          {}
+func (r *cleanupRecorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
+func (r *cleanupRecorder) Failed() bool     { return len(r.errs) > 0 }
+func (r *cleanupRecorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// runCleanups runs the recorded cleanups, last registered first, as the
+// testing package does, and returns the errors they reported.
+func (r *cleanupRecorder) runCleanups() []string {
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+	return r.errs
+}
+
+// raceScript prints what the race detector prints to a race-built child's
+// stderr for one race.
+const raceScript = `printf '==================\nWARNING: DATA RACE\nWrite at 0x00c000012345 by goroutine 7:\n  main.main.func1()\n==================\n' >&2; `
+
+// TestProcessReportsDataRace: a child whose log holds a report of the race
+// detector fails the test that started it, whether it was killed (a crash
+// test's child), stopped, or still running when the test ended; a child
+// without one does not.
+func TestProcessReportsDataRace(t *testing.T) {
+	const loop = `trap 'exit 0' TERM; while :; do sleep 0.05; done`
+	for _, c := range []struct {
+		name, script string
+		o            ProcessOpts
+		stop         bool // with Stop before the test ends
+	}{
+		{"killed", raceScript + `kill -KILL $$`, ProcessOpts{MayDie: true}, false},
+		{"stopped", raceScript + loop, ProcessOpts{}, true},
+		{"running", raceScript + loop, ProcessOpts{}, false},
+		{"no race", `echo 'WARNING: not a race'; kill -KILL $$`, ProcessOpts{MayDie: true}, false},
+	} {
+		race := strings.HasPrefix(c.script, raceScript)
+		t.Run(c.name, func(t *testing.T) {
+			r := &cleanupRecorder{TB: t}
+			p := StartProcessOpts(r, c.o, "sh", filepath.Join(t.TempDir(), "sh.log"), "/bin/sh", "-c", c.script)
+			if c.o.MayDie {
+				if !p.Wait(10 * time.Second) {
+					t.Fatal("the child did not kill itself")
+				}
+			} else {
+				p.WaitLog(t, regexp.MustCompile(`WARNING`), 10*time.Second)
+			}
+			if c.stop {
+				p.Stop(t)
+			}
+			errs := r.runCleanups()
+			switch {
+			case !race && len(errs) > 0:
+				t.Errorf("the cleanup failed the test: %q", errs)
+			case race && (len(errs) != 1 || !strings.Contains(errs[0], "reported 1 data race(s)") || !strings.Contains(errs[0], "main.main.func1()")):
+				t.Errorf("the cleanup reported %q, want one error giving the race", errs)
+			}
+		})
+	}
+}
+
+// TestProcessReportsRealDataRace: the report of a real race-built child,
+// a program with a data race, fails the test that started it. The
+// detector's report is what reportRaces looks for.
+func TestProcessReportsRealDataRace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a program with -race")
+	}
+	dir := t.TempDir()
+	src := `package main
+
+import "time"
+
+var n int
+
+func main() {
+	go func() { n++ }()
+	n++
+	time.Sleep(100 * time.Millisecond)
+	println("done", n)
+	time.Sleep(time.Hour)
+}
+`
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "racy")
+	cmd := exec.Command("go", "build", "-race", "-o", bin, "main.go")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GO111MODULE=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build -race: %v\n%s", err, out)
+	}
+	r := &cleanupRecorder{TB: t}
+	p := StartProcessOpts(r, ProcessOpts{MayDie: true}, "racy", filepath.Join(dir, "racy.log"), bin)
+	p.WaitLog(t, regexp.MustCompile(`^done`), 30*time.Second)
+	errs := r.runCleanups()
+	if len(errs) != 1 || !strings.Contains(errs[0], "data race(s)") || !strings.Contains(errs[0], "main.main") {
+		t.Errorf("the cleanup reported %q, want one error giving the race\n%s", errs, p.LogText())
 	}
 }
