@@ -18,7 +18,8 @@ import (
 // they all take scriptBrokerLane, and so never overlap. The tests that
 // only wait for a grace period, a timeout or a broker that never answers,
 // with nothing but an in-process Kafka or none (the produce outage tests,
-// TestStageStartedWithoutBrokersWaits), take idleLane, beside the two
+// TestProduceStopsWithAFullBuffer, TestStageStartedWithoutBrokersWaits),
+// take idleLane, beside the two
 // lanes whose tests start JVMs or whole pipelines: TestRealSecuredACLs
 // and TestRealSecuredEntitlements take scriptBrokerLane too, which evens
 // out those two; the others take otherLane.
