@@ -18,7 +18,7 @@ import (
 // meterline.keys), and the key administrator may not write entitlements.
 func TestRealSecuredEntitlements(t *testing.T) {
 	k := testenv.RealKafkaSASL(t)
-	parallelWaitingTest(t, &otherLane)
+	parallelWaitingTest(t, &scriptBrokerLane)
 	prefix := testenv.Name(t, "secent") + "."
 	securedTopics(t, k, prefix, 2)
 	adm := k.Admin(t)

@@ -115,19 +115,20 @@ func sameACLs(t *testing.T, want, got map[string]bool, lacks, extra string) {
 	}
 }
 
-// TestRealSecuredKafkaScriptUsers starts a secured broker of its own with
-// deploy/local/kafka.sh, on the secured test broker's port + 2 (its
-// controller + 3), first with the users of a data dir formatted before
-// User:billing and User:keyadmin existed, then again on that data dir with
-// the default users. Without a user added by the test: the billing system
-// sets an entitlement, the key administrator creates an API key, the
-// billing system may not write meterline.keys and the operator (who
-// creates the topics) may write neither.
+// TestRealSecuredKafkaScriptUsers: on the shared script broker
+// (securedScriptBroker), which deploy/local/kafka.sh started first with the
+// users of a data dir formatted before User:billing and User:keyadmin
+// existed, then again on that data dir with the default users, creating
+// those two: without a user added by the test, the billing system sets an
+// entitlement, the key administrator creates an API key, the billing
+// system may not write meterline.keys and the operator (who creates the
+// topics) may write neither.
 func TestRealSecuredKafkaScriptUsers(t *testing.T) {
-	script, k := scriptBroker(t, securedScriptPorts)
-	script([]string{"KAFKA_SASL_USERS=meterline producer ingest dedup aggregate sink operator"}, "start")
-	script(nil, "restart")
-
+	b := securedScriptBroker(t)
+	if want := "created the SCRAM users billing keyadmin;"; !strings.Contains(b.restartOut, want) {
+		t.Errorf("kafka.sh restart with the default users does not say %q", want)
+	}
+	k := b.k
 	as := func(user string, args ...string) (int, string) {
 		t.Helper()
 		return command(t, time.Minute, "", append(args, k.Flags(user, kafka.ScramSHA512)...)...)
@@ -161,25 +162,23 @@ type scriptPorts struct {
 }
 
 var (
-	// securedScriptPorts (+ 2 and + 3) are shared by the
-	// TestRealSecuredKafkaScript* tests, one at a time.
+	// securedScriptPorts (+ 2 and + 3) are the shared script broker's
+	// (securedScriptBroker).
 	securedScriptPorts = scriptPorts{above: 2, lane: &scriptBrokerLane}
 	// startFreshPorts (+ 4 and + 5) are TestRealKafkaScriptStartFresh's.
 	startFreshPorts = scriptPorts{above: 4, lane: &otherLane}
 )
 
-// scriptBroker is a secured broker of the test's own, run by
-// deploy/local/kafka.sh on ports (and its controller on the next port)
-// in a data dir of the test's, and stopped when the test ends: script
-// runs the script (start, restart) with extra environment and returns
-// its output; k connects to the broker once started. The test runs on
-// the lane of its ports (parallelWaitingTest).
-func scriptBroker(t *testing.T, ports scriptPorts) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
+// scriptRunner runs deploy/local/kafka.sh for one secured broker: on
+// ports (and its controller on the next port) in a data dir.
+type scriptRunner struct{ env []string }
+
+// newScriptRunner is the runner of a secured broker on the ports of ports
+// in dir; k connects to it once started.
+func newScriptRunner(t *testing.T, ports scriptPorts, dir string) (scriptRunner, testenv.SecuredKafka) {
 	t.Helper()
 	seed := testenv.RealKafkaSASL(t).Brokers[0]
-	parallelWaitingTest(t, ports.lane)
 	port := testenv.PortAbove(t, seed, ports.above)
-	dir := t.TempDir()
 	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, ports.above+1), "KAFKA_DATA_DIR=" + dir,
 		"KAFKA_SECURITY=sasl_ssl", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
 	for _, kv := range os.Environ() {
@@ -187,43 +186,70 @@ func scriptBroker(t *testing.T, ports scriptPorts) (script func(extra []string, 
 			env = append(env, kv)
 		}
 	}
-	script = func(extra []string, args ...string) string {
-		t.Helper()
-		start := time.Now()
-		c := exec.Command(filepath.Join("..", "..", "deploy", "local", "kafka.sh"), args...)
-		c.Env = append(slices.Clone(env), extra...)
-		out, err := c.CombinedOutput()
-		if err != nil {
-			t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		t.Logf("kafka.sh %s (%s):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), out)
-		return string(out)
-	}
-	t.Cleanup(func() { script(nil, "stop") })
-	return script, testenv.SecuredKafka{Brokers: []string{"127.0.0.1:" + port}, Dir: filepath.Join(dir, "security")}
+	return scriptRunner{env: env}, testenv.SecuredKafka{Brokers: []string{"127.0.0.1:" + port}, Dir: filepath.Join(dir, "security")}
 }
 
-// TestRealSecuredKafkaScriptACLs: each start of a secured broker makes
-// the ACLs of the principals deploy/local/kafka/acls names exactly the
-// file's, and with them the operator does its documented work and reads
-// no secret. On a broker of its own (scriptBroker) it grants as admin ACLs
-// the file does not list to principals it names: the operator's Read on
-// every meterline.-prefixed topic (what an older file granted, so a data
-// dir made with it still holds it), a producer's Read on usage.events and
-// a deny of the sink's Write from one host; and a Read of meterline.keys
-// to User:outsider, whom the file does not name. After a restart the
-// broker lists every ACL of the file, the outsider's, and no other, and
-// the script names the three it removed. Then the operator creates and
-// checks the topics, shows the lag of every group on each of its input
-// topics (reading a record of each) and describes the sink's group (what
-// `verify` does before a rebuild); a fetch of meterline.keys or of either
-// changelog is refused (TOPIC_AUTHORIZATION_FAILED), and so is `keys
-// list`, at once.
-func TestRealSecuredKafkaScriptACLs(t *testing.T) {
-	script, k := scriptBroker(t, securedScriptPorts)
-	script(nil, "start")
-	adm := k.Admin(t)
-	stale := []*kadm.ACLBuilder{
+// run runs the script (start, restart) with extra environment, logs its
+// output to t and returns it; t fails if the script does.
+func (r scriptRunner) run(t *testing.T, extra []string, args ...string) string {
+	t.Helper()
+	start := time.Now()
+	out, err := r.command(extra, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("kafka.sh %s (%s):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), out)
+	return string(out)
+}
+
+func (r scriptRunner) command(extra []string, args ...string) *exec.Cmd {
+	c := exec.Command(filepath.Join("..", "..", "deploy", "local", "kafka.sh"), args...)
+	c.Env = append(slices.Clone(r.env), extra...)
+	return c
+}
+
+// scriptBroker is a secured broker of the test's own, run by
+// deploy/local/kafka.sh on ports in a data dir of the test's, and stopped
+// when the test ends: script runs the script (start, restart) with extra
+// environment and returns its output; k connects to the broker once
+// started. The test runs on the lane of its ports (parallelWaitingTest).
+func scriptBroker(t *testing.T, ports scriptPorts) (script func(extra []string, args ...string) string, k testenv.SecuredKafka) {
+	t.Helper()
+	testenv.RealKafkaSASL(t)
+	parallelWaitingTest(t, ports.lane)
+	r, k := newScriptRunner(t, ports, t.TempDir())
+	script = func(extra []string, args ...string) string {
+		t.Helper()
+		return r.run(t, extra, args...)
+	}
+	t.Cleanup(func() { script(nil, "stop") })
+	return script, k
+}
+
+// sharedScriptBroker is the secured broker of deploy/local/kafka.sh that
+// the TestRealSecuredKafkaScript* tests share (securedScriptBroker): each
+// checks on it what the script's starts left, and none of them undoes
+// what another checks.
+type sharedScriptBroker struct {
+	r scriptRunner
+	k testenv.SecuredKafka
+	// javaArgs is the file where the JAVA_HOME the script is given
+	// records the arguments of every JVM it starts, one a line, each
+	// JVM's ended by "=====".
+	javaArgs string
+	// restartOut is what the restart with the default users said.
+	restartOut string
+}
+
+// Hand-granted ACLs: the ACLs the shared script broker is given as admin
+// between its start and its restart (TestRealSecuredKafkaScriptACLs).
+var (
+	// staleACLs are of principals deploy/local/kafka/acls names, which
+	// the file does not list: the operator's Read on every
+	// meterline.-prefixed topic (what an older file granted, so a data
+	// dir made with it still holds it), a producer's Read on usage.events
+	// and a deny of the sink's Write from one host.
+	staleACLs = []*kadm.ACLBuilder{
 		kadm.NewACLs().Allow("User:operator").AllowHosts("*").Operations(kadm.OpRead).
 			Topics("meterline.").ResourcePatternType(kadm.ACLPatternPrefixed),
 		kadm.NewACLs().Allow("User:producer").AllowHosts("*").Operations(kadm.OpRead).
@@ -231,10 +257,83 @@ func TestRealSecuredKafkaScriptACLs(t *testing.T) {
 		kadm.NewACLs().Deny("User:sink").DenyHosts("127.0.0.1").Operations(kadm.OpWrite).
 			Topics("usage.rejected").ResourcePatternType(kadm.ACLPatternLiteral),
 	}
-	outsider := kadm.NewACLs().Allow("User:outsider").AllowHosts("*").Operations(kadm.OpRead).
-		Topics("meterline.keys").ResourcePatternType(kadm.ACLPatternLiteral)
-	for _, b := range append(slices.Clone(stale), outsider) {
-		res, err := adm.CreateACLs(ctxT(t, 30*time.Second), b)
+	// outsiderACL is a Read of meterline.keys to User:outsider, whom the
+	// file does not name, as brokerACLs spells it.
+	outsiderACL     = "User:outsider READ topic meterline.keys literal"
+	outsiderBuilder = kadm.NewACLs().Allow("User:outsider").AllowHosts("*").Operations(kadm.OpRead).
+			Topics("meterline.keys").ResourcePatternType(kadm.ACLPatternLiteral)
+	// handGrantedACLs are staleACLs and outsiderACL as brokerACLs spells them.
+	handGrantedACLs = []string{"User:operator READ topic meterline. prefixed", "User:producer READ topic usage.events literal",
+		"User:sink WRITE topic usage.rejected literal DENY from 127.0.0.1", outsiderACL}
+)
+
+var securedScript struct {
+	once sync.Once
+	dir  string // the data dir and the JAVA_HOME, removed by TestMain
+	by   string // the test that set it up
+	b    *sharedScriptBroker
+	ok   bool // the set-up ended
+}
+
+// securedScriptBroker is the shared script broker, on the secured test
+// broker's port + 2 (its controller + 3); t runs on scriptBrokerLane
+// (parallelWaitingTest). The first test to call it sets the broker up,
+// in one go, for what each of the tests checks:
+//   - JAVA_HOME is a directory whose java records its arguments (in
+//     javaArgs) and then runs the real one, for every run of the script;
+//   - kafka.sh start formats a new data dir with the users of a data dir
+//     formatted before User:billing and User:keyadmin existed;
+//   - admin grants staleACLs and outsiderACL;
+//   - kafka.sh restart with the default users (restartOut).
+//
+// TestMain stops it (stopSecuredScriptBroker).
+func securedScriptBroker(t *testing.T) *sharedScriptBroker {
+	t.Helper()
+	testenv.RealKafkaSASL(t)
+	parallelWaitingTest(t, &scriptBrokerLane)
+	securedScript.once.Do(func() {
+		securedScript.by = t.Name()
+		dir, err := os.MkdirTemp("", "meterline-kafka-script-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		securedScript.dir = dir
+		securedScript.b = &sharedScriptBroker{}
+		setUpSecuredScriptBroker(t, securedScript.b, dir)
+		securedScript.ok = true
+	})
+	if !securedScript.ok {
+		t.Fatalf("the shared script broker's set-up failed in %s (see its log)", securedScript.by)
+	}
+	return securedScript.b
+}
+
+// setUpSecuredScriptBroker is securedScriptBroker's set-up of b, in dir.
+func setUpSecuredScriptBroker(t *testing.T, b *sharedScriptBroker, dir string) {
+	t.Helper()
+	java, err := exec.LookPath("java")
+	if err != nil {
+		t.Fatal("kafka.sh needs java on PATH")
+	}
+	if java, err = filepath.EvalSymlinks(java); err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(dir, "java-home")
+	b.javaArgs = filepath.Join(home, "args")
+	if err := os.MkdirAll(filepath.Join(home, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wrapper := "#!/bin/sh\n{ for a in \"$@\"; do printf '%s\\n' \"$a\"; done; echo =====; } >>'" + b.javaArgs + "'\nexec '" + java + "' \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(home, "bin", "java"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b.r, b.k = newScriptRunner(t, securedScriptPorts, filepath.Join(dir, "data"))
+	b.r.env = append(b.r.env, "JAVA_HOME="+home)
+
+	b.r.run(t, []string{"KAFKA_SASL_USERS=meterline producer ingest dedup aggregate sink operator"}, "start")
+	adm := b.k.Admin(t)
+	for _, acl := range append(slices.Clone(staleACLs), outsiderBuilder) {
+		res, err := adm.CreateACLs(ctxT(t, 30*time.Second), acl)
 		if err == nil {
 			err = res[0].Err
 		}
@@ -242,12 +341,43 @@ func TestRealSecuredKafkaScriptACLs(t *testing.T) {
 			t.Fatalf("create ACL: %v", err)
 		}
 	}
-	const outsiderACL = "User:outsider READ topic meterline.keys literal"
-	handGranted := []string{"User:operator READ topic meterline. prefixed", "User:producer READ topic usage.events literal",
-		"User:sink WRITE topic usage.rejected literal DENY from 127.0.0.1", outsiderACL}
-	waitACLs(t, k, handGranted...)
+	waitACLs(t, b.k, handGrantedACLs...)
+	b.restartOut = b.r.run(t, nil, "restart")
+}
 
-	out := script(nil, "restart")
+// stopSecuredScriptBroker stops the shared script broker, if a test
+// started it, and deletes its files.
+func stopSecuredScriptBroker() {
+	if securedScript.dir == "" {
+		return
+	}
+	if b := securedScript.b; b.r.env != nil {
+		if out, err := b.r.command(nil, "stop").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "stop the shared script broker: %v\n%s", err, out)
+		}
+	}
+	if err := os.RemoveAll(securedScript.dir); err != nil {
+		fmt.Fprintf(os.Stderr, "delete the shared script broker's files: %v\n", err)
+	}
+}
+
+// TestRealSecuredKafkaScriptACLs: each start of a secured broker makes
+// the ACLs of the principals deploy/local/kafka/acls names exactly the
+// file's, and with them the operator does its documented work and reads
+// no secret. The shared script broker (securedScriptBroker) was granted as
+// admin, between its start and its restart, ACLs the file does not list
+// to principals it names (staleACLs) and a Read of meterline.keys to
+// User:outsider, whom the file does not name (outsiderACL). After the
+// restart the broker lists every ACL of the file, the outsider's, and no
+// other, and the script named the three it removed. Then the operator
+// creates and checks the topics, shows the lag of every group on each of
+// its input topics (reading a record of each) and describes the sink's
+// group (what `verify` does before a rebuild); a fetch of meterline.keys
+// or of either changelog is refused (TOPIC_AUTHORIZATION_FAILED), and so
+// is `keys list`, at once.
+func TestRealSecuredKafkaScriptACLs(t *testing.T) {
+	b := securedScriptBroker(t)
+	k, out := b.k, b.restartOut
 	for _, removed := range []string{
 		"removed the ACL --allow-principal User:operator --operation Read --topic meterline. --resource-pattern-type prefixed",
 		"removed the ACL --allow-principal User:producer --operation Read --topic usage.events\n",
@@ -262,6 +392,7 @@ func TestRealSecuredKafkaScriptACLs(t *testing.T) {
 	want[outsiderACL] = true
 	sameACLs(t, want, brokerACLs(t, k), "after a restart the broker lacks %s",
 		"after a restart the broker still lists %s, which deploy/local/kafka/acls does not")
+	adm := k.Admin(t)
 
 	// The operator's work.
 	as := func(user string, args ...string) (int, string) {
@@ -450,38 +581,22 @@ func TestRealKafkaScriptStartFresh(t *testing.T) {
 // TestRealSecuredKafkaScriptPasswordsOffCommandLine: no JVM that
 // kafka.sh starts for a secured broker carries a password in its
 // arguments, which every user of the machine can read (ps,
-// /proc/<pid>/cmdline): the script, given a JAVA_HOME whose java records
-// its arguments and then runs the real one, formats a new data dir with
-// its SCRAM users, starts the broker and creates the users and ACLs; no
-// password of passwords/ is among the arguments. (The script's other
-// children are openssl, which makes the passwords on its output, and text
-// tools given none.) Then admin and every user log in with SCRAM-SHA-512
-// and PLAIN.
+// /proc/<pid>/cmdline): the script, given for the shared script broker
+// (securedScriptBroker) a JAVA_HOME whose java records its arguments and
+// then runs the real one, formatted a new data dir with its SCRAM users,
+// started the broker and created the users and ACLs, and then on a
+// restart created the users the data dir lacked; no password of
+// passwords/ is among the arguments. (The script's other children are
+// openssl, which makes the passwords on its output, and text tools given
+// none.) Then admin and every user log in with SCRAM-SHA-512 and PLAIN.
 func TestRealSecuredKafkaScriptPasswordsOffCommandLine(t *testing.T) {
-	java, err := exec.LookPath("java")
-	if err != nil {
-		t.Skip("SKIP: no java")
-	}
-	if java, err = filepath.EvalSymlinks(java); err != nil {
-		t.Fatal(err)
-	}
-	home := t.TempDir()
-	argsLog := filepath.Join(home, "args")
-	if err := os.Mkdir(filepath.Join(home, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	wrapper := "#!/bin/sh\n{ for a in \"$@\"; do printf '%s\\n' \"$a\"; done; echo =====; } >>'" + argsLog + "'\nexec '" + java + "' \"$@\"\n"
-	if err := os.WriteFile(filepath.Join(home, "bin", "java"), []byte(wrapper), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	script, k := scriptBroker(t, securedScriptPorts)
-	script([]string{"JAVA_HOME=" + home}, "start")
-
-	b, err := os.ReadFile(argsLog)
+	b := securedScriptBroker(t)
+	k := b.k
+	raw, err := os.ReadFile(b.javaArgs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := string(b)
+	args := string(raw)
 	for _, main := range []string{"kafka.tools.StorageTool\nformat\n", "kafka.Kafka\n", "SecuritySetup.java\n"} {
 		if !strings.Contains(args, main) {
 			t.Fatalf("the script ran no %s through JAVA_HOME's java; its arguments:\n%s", strings.TrimSpace(main), args)
@@ -511,12 +626,20 @@ func TestRealSecuredKafkaScriptPasswordsOffCommandLine(t *testing.T) {
 // the broker by hand (docs/operations.md, Kafka: SASL and TLS) leaves the
 // file `kafka.sh credentials` names stale only until the next start, which
 // sets every user's SCRAM password back to its file's and says so; and
-// `credentials` says what the files hold. On a broker of its own
-// (scriptBroker): billing's password changed as admin, the file's refused,
-// then accepted after a start of the running broker.
+// `credentials` says what the files hold. On the shared script broker
+// (securedScriptBroker): billing's password changed as admin, the file's
+// refused, then accepted after a start of the running broker (and, should
+// the test end before, after the start of its cleanup: the other tests log
+// in as billing).
 func TestRealSecuredKafkaScriptPasswordChangedByHand(t *testing.T) {
-	script, k := scriptBroker(t, securedScriptPorts)
-	script(nil, "start")
+	b := securedScriptBroker(t)
+	k := b.k
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			b.r.run(t, nil, "start")
+		}
+	})
 	res, err := k.Admin(t).AlterUserSCRAMs(ctxT(t, 30*time.Second), nil,
 		[]kadm.UpsertSCRAM{{User: "billing", Mechanism: kadm.ScramSha512, Iterations: 4096, Password: "changed-by-hand"}})
 	if err == nil {
@@ -537,11 +660,12 @@ func TestRealSecuredKafkaScriptPasswordChangedByHand(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	out := script(nil, "credentials")
+	out := b.r.run(t, nil, "credentials")
 	if want := "passwords/<user> hold the SCRAM passwords each start sets"; !strings.Contains(out, want) {
 		t.Errorf("kafka.sh credentials does not say %q:\n%s", want, out)
 	}
-	out = script(nil, "start")
+	out = b.r.run(t, nil, "start")
+	restored = true
 	if want := regexp.MustCompile(`set the SCRAM passwords of the [1-9][0-9]* users from ` + regexp.QuoteMeta(filepath.Join(k.Dir, "passwords"))); !want.MatchString(out) {
 		t.Errorf("kafka.sh start does not say %q:\n%s", want, out)
 	}

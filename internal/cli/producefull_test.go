@@ -14,8 +14,10 @@ import (
 // TestProduceStopsWithAFullBuffer: told to stop while the brokers are down
 // and the producer's buffer is full (a sender waiting for room), Produce
 // still returns within its grace period (produceStopGrace), as
-// docs/producing.md promises, rather than wait for the brokers.
+// docs/producing.md promises, rather than wait for the brokers. It only
+// waits, on idleLane.
 func TestProduceStopsWithAFullBuffer(t *testing.T) {
+	parallelWaitingTest(t, &idleLane)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

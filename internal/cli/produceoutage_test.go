@@ -64,7 +64,7 @@ func produceDuringOutage(t *testing.T, ctx context.Context, stop context.CancelF
 // acknowledged and that sending them again is safe, instead of waiting
 // for the brokers for ever.
 func TestProduceStopsOnSignalDuringOutage(t *testing.T) {
-	parallelWaitingTest(t, &scriptBrokerLane)
+	parallelWaitingTest(t, &idleLane)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	code, out, errOut := produceDuringOutage(t, ctx, cancel, 20*time.Second)
@@ -80,7 +80,7 @@ func TestProduceStopsOnSignalDuringOutage(t *testing.T) {
 // acknowledge within --timeout is reported failed, with its line, and
 // the command exits 1.
 func TestProduceOutageTimesOut(t *testing.T) {
-	parallelWaitingTest(t, &scriptBrokerLane)
+	parallelWaitingTest(t, &idleLane)
 	code, out, errOut := produceDuringOutage(t, context.Background(), nil, 30*time.Second, "--timeout", "2s")
 	if code != 1 || !strings.Contains(out, "2 failed") || !strings.Contains(errOut, "line 1:") || !strings.Contains(errOut, "line 2:") {
 		t.Fatalf("exit %d; want 1 with both events failed\nstdout: %s\nstderr: %s", code, out, errOut)

@@ -543,7 +543,7 @@ func waitSecuredCounts(t *testing.T, conn driver.Conn, want map[string]int64, d 
 func TestRealSecuredACLs(t *testing.T) {
 	k := testenv.RealKafkaSASL(t)
 	ch := testenv.RealClickHouseSecure(t)
-	parallelWaitingTest(t, &otherLane)
+	parallelWaitingTest(t, &scriptBrokerLane)
 	conn, db := ch.DB(t)
 	prefix := testenv.Name(t, "secacl") + "."
 	names := securedTopics(t, k, prefix, 2)

@@ -16,7 +16,7 @@ import (
 // meanwhile is a clean exit (docs/operations.md, Outages).
 func TestStageStartedWithoutBrokersWaits(t *testing.T) {
 	keys := testenv.DedupKeysFile(t)
-	parallelWaitingTest(t, &otherLane)
+	parallelWaitingTest(t, &idleLane)
 	for _, stage := range []string{"dedup", "aggregate"} {
 		t.Run(stage, func(t *testing.T) {
 			t.Parallel()
