@@ -275,7 +275,7 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 		kgo.WithLogger(kzap.New(l.log.Named("kgo"), kzap.Level(kgoLevel(l.log)))),
 	}
 	l.setNotMember("joining")
-	sess, err := kgo.NewGroupTransactSession(slices.Concat(l.conn, base, opts, c.ClientOptions)...)
+	sess, err := kgo.NewGroupTransactSession(slices.Concat(l.startConn(), base, opts, c.ClientOptions)...)
 	if err != nil {
 		return nil, fmt.Errorf("session: kafka client for group %s: %w", c.Group, err)
 	}
@@ -283,6 +283,27 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 	l.gates[sess] = g
 	l.gatesMu.Unlock()
 	return sess, nil
+}
+
+// startConn returns the connection options of a new session's client:
+// the connection's, seeded with the brokers the cluster lists now
+// (kafka.ListedSeeds) when a seed answers within kafka.ListedBrokerWait.
+// A new client knows no broker but its seeds, and sends its first
+// requests that may go to any broker (the FindCoordinator of
+// InitProducerID, the group's first metadata) to them in turn: a seed
+// that is paused or cut off holds each such request for kgo's dial
+// timeout (over TLS) or request timeout overhead (10 s each), retried
+// once on a new connection, which is the whole bound of InitProducerID,
+// and the session was rebuilt again and again until that broker was back
+// (docs/operations.md, "One broker paused or killed"). The cluster lists
+// only the brokers that serve once it has fenced such a broker (9 s).
+// InitProducerID gives the client the connection's seeds back.
+func (l *Loop) startConn() []kgo.Opt {
+	seeds := kafka.ListedSeeds(context.Background(), l.cfg.Kafka)
+	if len(seeds) == 0 {
+		return l.conn
+	}
+	return append(slices.Clone(l.conn), kgo.SeedBrokers(seeds...))
 }
 
 // InitProducerID initialises the session's transactional ID now, not at
@@ -293,13 +314,20 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 // may reach only hours later. A failure returns ErrRestart, so Run
 // rebuilds the session, but a missing ACL is an error naming the ID and
 // the ACL (Config.TransactionalIDError): no retry grants it; nor does one
-// make a refused user or password right (kafka.Config.Refused).
+// make a refused user or password right (kafka.Config.Refused). Once
+// initialised, the client's seeds are the connection's again (startConn).
 func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 	ictx, cancel := context.WithTimeout(ctx, l.cfg.TransactionTimeout+l.cfg.SessionTimeout)
 	_, _, perr := cl.ProducerID(ictx)
 	cancel()
 	switch {
 	case perr == nil:
+		// The client knows the brokers now; the seeds it started from
+		// (startConn) give way to the connection's, its way back to a
+		// cluster whose brokers all changed address.
+		if err := cl.UpdateSeedBrokers(l.cfg.Kafka.Brokers...); err != nil {
+			return fmt.Errorf("session: %w", err)
+		}
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()

@@ -1,0 +1,134 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// TestRealClusterSilentSeed pauses broker 1 (SIGSTOP: its port takes
+// connections, nothing is answered), the first of a stage's seed brokers
+// and the coordinator of its consumer group, under a session's loop
+// (docs/operations.md, "One broker paused or killed"):
+//   - closing the session returns within its bounds (session.LeaveTimeout
+//     for the LeaveGroup the coordinator never answers, then
+//     session.CloseTimeout for the client), not once the coordinator
+//     moved;
+//   - once the cluster fenced the broker, three new sessions in a row,
+//     seeded with the paused broker first, each initialise the
+//     transactional ID and join the group within seconds, not after the
+//     InitProducerID's bound or once the broker is back.
+//
+// It takes about 30 s.
+func TestRealClusterSilentSeed(t *testing.T) {
+	cluster := testenv.RealCluster(t)
+	b := cluster.Brokers
+	topic := testenv.Name(t, "silentseed")
+	adm := testenv.Admin(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, 1, 3, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := topics.WaitVisible(ctx, adm, topic); err != nil {
+		t.Fatal(err)
+	}
+	// A group that broker 1 coordinates (one of the 50 partitions of
+	// __consumer_offsets it leads).
+	var group string
+	for i := 0; group == ""; i++ {
+		if i == 30 {
+			t.Fatal("no group of 30 is coordinated by broker 1")
+		}
+		if g := testenv.Name(t, fmt.Sprintf("silentseed-g%d", i)); cluster.GroupCoordinator(t, g) == 1 {
+			group = g
+		}
+	}
+	c := session.Config{Kafka: kafka.Config{Brokers: []string{b[0], b[1]}}, Group: group, InstanceID: "i1",
+		SessionTimeout: sessionTimeout, TransactionTimeout: transactionTimeout, RebalanceTimeout: rebalanceTimeout}
+	c.EnsureDefaults()
+	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		session.NewMetrics(prometheus.NewRegistry(), session.Names{RecordsIn: "in_total", Transactions: "txn_total",
+			CommitSeconds: "commit_seconds", Restarts: "restarts_total", Member: "member"}, "records"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	sess := openJoined(t, l, topic, "before the pause", time.Minute)
+	cluster.Pause(t, 1)
+	paused := time.Now()
+	start := time.Now()
+	l.Close(sess)
+	if took, bound := time.Since(start), session.LeaveTimeout+session.CloseTimeout+time.Second; took > bound {
+		t.Errorf("closing a session whose group coordinator is paused took %s, want at most %s", took.Round(time.Millisecond), bound)
+	}
+
+	// The controller fences the broker after broker.session.timeout.ms (9 s)
+	// and then lists only the two others.
+	ask, err := kgo.NewClient(kgo.SeedBrokers(b[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ask.Close()
+	for {
+		listed, _ := kafka.ListedBrokers(context.Background(), ask.SeedBrokers(), kafka.ListedBrokerWait)
+		if len(listed) == 2 {
+			break
+		}
+		if time.Since(paused) > 30*time.Second {
+			t.Fatalf("the cluster still lists %v 30 s after broker 1 was paused", listed)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("broker 1 fenced %s after the pause", time.Since(paused).Round(100*time.Millisecond))
+	for i := range 3 {
+		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker 1 paused", i+1), 8*time.Second))
+	}
+	cluster.Resume(t, 1)
+	cluster.WaitHealthy(t, healthyTimeout)
+}
+
+// openJoined opens a session of l consuming topic, initialises its
+// transactional ID and waits until it is in its group, failing the test
+// after within.
+func openJoined(t *testing.T, l *session.Loop, topic, what string, within time.Duration) *kgo.GroupTransactSession {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	sess, err := l.Open([]string{topic}, session.Hooks{
+		Assigned: func(_ context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			return offs, nil
+		},
+		Revoked: func(context.Context, *kgo.Client, map[string][]int32) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.InitProducerID(ctx, sess.Client())
+	for err == nil && l.InGroup() != nil && ctx.Err() == nil {
+		pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		sess.PollFetches(pctx)
+		pcancel()
+	}
+	if err == nil {
+		err = l.InGroup()
+	}
+	if err != nil {
+		l.Close(sess)
+		t.Fatalf("%s: transactional ID initialised and group joined: not after %s: %v", what, time.Since(start).Round(time.Millisecond), err)
+	}
+	t.Logf("%s: transactional ID initialised and group joined in %s", what, time.Since(start).Round(time.Millisecond))
+	return sess
+}
