@@ -96,9 +96,9 @@ const CloseTimeout = 3 * time.Second
 // for kgo's Close, which waits for the group's requests in flight: a
 // JoinGroup or a dial to a coordinator that is paused (SIGSTOP, a hung
 // JVM: its port accepts connections, and neither TLS nor any request is
-// ever answered) holds it for kgo's dial timeout or request timeout
-// overhead (10 s each), again and again, while the session cannot be
-// rebuilt (docs/operations.md, "One broker paused or killed"). A client
+// ever answered) holds it for the dial timeout (kafka.DialTimeout, 3 s)
+// or kgo's request timeout overhead (10 s), again and again, while the
+// session cannot be rebuilt (docs/operations.md, "One broker paused or killed"). A client
 // still closing then is abandoned: it ends once those requests time out,
 // it no longer calls the stage's hooks, and a new session with the same
 // transactional ID fences its producer.
@@ -291,10 +291,11 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 // A new client knows no broker but its seeds, and sends its first
 // requests that may go to any broker (the FindCoordinator of
 // InitProducerID, the group's first metadata) to them in turn: a seed
-// that is paused or cut off holds each such request for kgo's dial
-// timeout (over TLS) or request timeout overhead (10 s each), retried
-// once on a new connection, which is the whole bound of InitProducerID,
-// and the session was rebuilt again and again until that broker was back
+// that is paused or cut off holds each such request for the dial timeout
+// (over TLS) or kgo's request timeout overhead (in plaintext, 10 s),
+// twice (kgo opens a failed connection once more), and a new session
+// that started from it could spend InitProducerID's whole bound there and
+// be rebuilt, again and again until that broker was back
 // (docs/operations.md, "One broker paused or killed"). The cluster lists
 // only the brokers that serve once it has fenced such a broker (9 s).
 // InitProducerID gives the client the connection's seeds back.
