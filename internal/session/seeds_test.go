@@ -23,6 +23,8 @@ import (
 // silent seed waited for kgo's request timeout overhead twice, longer
 // than InitProducerID's bound, so that sessions were rebuilt until the
 // broker was back (docs/operations.md, "One broker paused or killed").
+// Once initialised, the session's seeds are those of --brokers the
+// cluster listed.
 func TestOpenAroundSilentSeed(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	topic := testenv.Name(t, "in")
@@ -61,7 +63,13 @@ func TestOpenAroundSilentSeed(t *testing.T) {
 		if err == nil {
 			err = l.InGroup()
 		}
+		// Its seeds are --brokers again, but only the one the cluster
+		// lists: the silent one would be picked now and then.
+		seeds := len(sess.Client().SeedBrokers())
 		l.Close(sess)
+		if err == nil && seeds != 1 {
+			t.Fatalf("session %d: %d seed brokers once initialised, want 1 (the silent seed dropped)", i+1, seeds)
+		}
 		if err != nil {
 			t.Fatalf("session %d with a silent seed broker: after %s: %v", i+1, time.Since(start).Round(time.Millisecond), err)
 		}

@@ -169,6 +169,10 @@ type Loop struct {
 	// gates are the hook gates of the sessions not closed yet (Close).
 	gatesMu sync.Mutex
 	gates   map[*kgo.GroupTransactSession]*hookGate
+	// seedsBack are the seeds the open session's client takes back once
+	// its transactional ID is initialised (startConn; the goroutine that
+	// opens sessions only).
+	seedsBack []string
 }
 
 // NewLoop returns the loop of one stage instance. cfg must have its
@@ -298,13 +302,29 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 // be rebuilt, again and again until that broker was back
 // (docs/operations.md, "One broker paused or killed"). The cluster lists
 // only the brokers that serve once it has fenced such a broker (9 s).
-// InitProducerID gives the client the connection's seeds back.
+// InitProducerID gives the client the connection's seeds back, its way
+// back to a cluster whose brokers all changed address, but only those the
+// cluster listed (all of them when it listed none of them, as when they
+// name a load balancer): a seed the cluster did not list would still be
+// picked now and then by the session's requests that may go to any
+// broker, most often at its start, and hold each for those seconds. The
+// next session asks again.
 func (l *Loop) startConn() []kgo.Opt {
-	seeds := kafka.ListedSeeds(context.Background(), l.cfg.Kafka)
-	if len(seeds) == 0 {
+	l.seedsBack = l.cfg.Kafka.Brokers
+	listed := kafka.ListedSeeds(context.Background(), l.cfg.Kafka)
+	if len(listed) == 0 {
 		return l.conn
 	}
-	return append(slices.Clone(l.conn), kgo.SeedBrokers(seeds...))
+	var back []string
+	for _, b := range l.cfg.Kafka.Brokers {
+		if slices.Contains(listed, b) {
+			back = append(back, b)
+		}
+	}
+	if len(back) > 0 {
+		l.seedsBack = back
+	}
+	return append(slices.Clone(l.conn), kgo.SeedBrokers(listed...))
 }
 
 // InitProducerID initialises the session's transactional ID now, not at
@@ -316,7 +336,8 @@ func (l *Loop) startConn() []kgo.Opt {
 // rebuilds the session, but a missing ACL is an error naming the ID and
 // the ACL (Config.TransactionalIDError): no retry grants it; nor does one
 // make a refused user or password right (kafka.Config.Refused). Once
-// initialised, the client's seeds are the connection's again (startConn).
+// initialised, the client's seeds are the connection's again, those the
+// cluster listed when the session opened (startConn).
 func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 	ictx, cancel := context.WithTimeout(ctx, l.cfg.TransactionTimeout+l.cfg.SessionTimeout)
 	_, _, perr := cl.ProducerID(ictx)
@@ -324,9 +345,8 @@ func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 	switch {
 	case perr == nil:
 		// The client knows the brokers now; the seeds it started from
-		// (startConn) give way to the connection's, its way back to a
-		// cluster whose brokers all changed address.
-		if err := cl.UpdateSeedBrokers(l.cfg.Kafka.Brokers...); err != nil {
+		// give way to the connection's the cluster listed (startConn).
+		if err := cl.UpdateSeedBrokers(l.seedsBack...); err != nil {
 			return fmt.Errorf("session: %w", err)
 		}
 		return nil
