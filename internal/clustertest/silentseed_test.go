@@ -116,15 +116,8 @@ func openJoined(t *testing.T, l *session.Loop, topic, what string, within time.D
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = l.InitProducerID(ctx, sess.Client())
-	for err == nil && l.InGroup() != nil && ctx.Err() == nil {
-		pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		sess.PollFetches(pctx)
-		pcancel()
-	}
-	if err == nil {
-		err = l.InGroup()
-	}
+	err = testenv.InitAndJoin(ctx, func(ctx context.Context) error { return l.InitProducerID(ctx, sess.Client()) }, l.InGroup,
+		func(ctx context.Context) { sess.PollFetches(ctx) })
 	if err != nil {
 		l.Close(sess)
 		t.Fatalf("%s: transactional ID initialised and group joined: not after %s: %v", what, time.Since(start).Round(time.Millisecond), err)

@@ -53,16 +53,9 @@ func TestOpenAroundSilentSeed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = l.InitProducerID(ctx, sess.Client())
-		for err == nil && l.InGroup() != nil && ctx.Err() == nil {
-			pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
-			sess.PollFetches(pctx)
-			pcancel()
-		}
+		err = testenv.InitAndJoin(ctx, func(ctx context.Context) error { return l.InitProducerID(ctx, sess.Client()) }, l.InGroup,
+			func(ctx context.Context) { sess.PollFetches(ctx) })
 		cancel()
-		if err == nil {
-			err = l.InGroup()
-		}
 		// Its seeds are --brokers again, but only the one the cluster
 		// lists: the silent one would be picked now and then.
 		seeds := len(sess.Client().SeedBrokers())
