@@ -25,10 +25,10 @@ import (
 //     for the LeaveGroup the coordinator never answers, then
 //     session.CloseTimeout for the client), not once the coordinator
 //     moved;
-//   - once the cluster fenced the broker, three new sessions in a row,
-//     seeded with the paused broker first, each initialise the
-//     transactional ID and join the group within seconds, not after the
-//     InitProducerID's bound or once the broker is back.
+//   - once the cluster fenced the broker, three new sessions in a row (of
+//     another group), seeded with the paused broker first, each
+//     initialise the transactional ID and join the group within seconds,
+//     not after the InitProducerID's bound or once the broker is back.
 //
 // It takes about 30 s.
 func TestRealClusterSilentSeed(t *testing.T) {
@@ -55,22 +55,12 @@ func TestRealClusterSilentSeed(t *testing.T) {
 			group = g
 		}
 	}
-	c := session.Config{Kafka: kafka.Config{Brokers: []string{b[0], b[1]}}, Group: group, InstanceID: "i1",
-		SessionTimeout: sessionTimeout, TransactionTimeout: transactionTimeout, RebalanceTimeout: rebalanceTimeout}
-	c.EnsureDefaults()
-	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		session.NewMetrics(prometheus.NewRegistry(), session.Names{RecordsIn: "in_total", Transactions: "txn_total",
-			CommitSeconds: "commit_seconds", Restarts: "restarts_total", Member: "member"}, "records"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-
+	l := newLoop(t, b, group)
 	sess := openJoined(t, l, topic, "before the pause", time.Minute)
 	cluster.Pause(t, 1)
 	paused := time.Now()
-	start := time.Now()
 	l.Close(sess)
-	if took, bound := time.Since(start), session.LeaveTimeout+session.CloseTimeout+time.Second; took > bound {
+	if took, bound := time.Since(paused), session.LeaveTimeout+session.CloseTimeout+time.Second; took > bound {
 		t.Errorf("closing a session whose group coordinator is paused took %s, want at most %s", took.Round(time.Millisecond), bound)
 	}
 
@@ -92,11 +82,31 @@ func TestRealClusterSilentSeed(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("broker 1 fenced %s after the pause", time.Since(paused).Round(100*time.Millisecond))
+	// Another group: the first one's member, whose leave the paused
+	// coordinator never heard, holds its rebalance for its session
+	// timeout.
+	l = newLoop(t, b, testenv.Name(t, "silentseed-after"))
 	for i := range 3 {
 		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker 1 paused", i+1), 8*time.Second))
 	}
 	cluster.Resume(t, 1)
 	cluster.WaitHealthy(t, healthyTimeout)
+}
+
+// newLoop returns the session loop of instance i1 of group, seeded with
+// brokers 1 and 2 of b, with the timings of the suite's stages.
+func newLoop(t *testing.T, b []string, group string) *session.Loop {
+	t.Helper()
+	c := session.Config{Kafka: kafka.Config{Brokers: []string{b[0], b[1]}}, Group: group, InstanceID: "i1",
+		SessionTimeout: sessionTimeout, TransactionTimeout: transactionTimeout, RebalanceTimeout: rebalanceTimeout}
+	c.EnsureDefaults()
+	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		session.NewMetrics(prometheus.NewRegistry(), session.Names{RecordsIn: "in_total", Transactions: "txn_total",
+			CommitSeconds: "commit_seconds", Restarts: "restarts_total", Member: "member"}, "records"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // openJoined opens a session of l consuming topic, initialises its
