@@ -102,8 +102,20 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// DialTimeout bounds the opening of a connection to a broker: TCP and,
+// with TLS, the handshake. A broker that is paused or whose host hangs
+// still takes connections (the kernel answers) and never the handshake;
+// kgo opens a connection that failed so once more before it fails the
+// request, and keeps choosing such a broker as a group's coordinator or
+// for requests that may go to any broker until a dial to it fails, so
+// that each choice cost twice kgo's default of 10 s (docs/operations.md,
+// "One broker paused or killed"). A broker that answers at all completes
+// a handshake in milliseconds.
+const DialTimeout = 3 * time.Second
+
 // Opts returns the client options that connect as c says: the seed
-// brokers, the TLS dialer and the SASL mechanism. It reads the TLS files.
+// brokers, the dial timeout (DialTimeout), the TLS dialer and the SASL
+// mechanism. It reads the TLS files.
 // Callers append their own options (group, transactions, ...).
 //
 // The options retry a connection that closes on its first request
@@ -126,7 +138,7 @@ func (c Config) opts() ([]kgo.Opt, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.DialTimeout(DialTimeout)}
 	tc, err := c.TLS.Load()
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)

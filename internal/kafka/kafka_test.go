@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -218,4 +219,34 @@ func TestRealSecuredBroker(t *testing.T) {
 	if err := kafka.CheckCredentials(ctx(t), cfg); !errors.Is(err, kafka.ErrTLS) {
 		t.Fatalf("untrusted CA: %v, want ErrTLS", err)
 	}
+}
+
+// TestDialTimeoutSilentTLSBroker: a broker that takes connections and
+// never answers (paused, its host hung) fails a request that picked it
+// within two dials of kafka.DialTimeout (kgo opens a connection that
+// failed so once more), not of kgo's default of 10 s: every request of a
+// stage's session that picked it waited 20 s (docs/operations.md, "One
+// broker paused or killed").
+func TestDialTimeoutSilentTLSBroker(t *testing.T) {
+	certs := testenv.NewCerts(t)
+	_, brokers := testenv.KFake(t, kfake.TLS(certs.ServerTLS(true)))
+	silent := testenv.NewProxy(t, brokers[0])
+	silent.Silence()
+	cfg := kafka.Config{Brokers: []string{silent.Addr()},
+		TLS: tlsconfig.Files{CAFile: certs.CAFile, CertFile: certs.ClientCertFile, KeyFile: certs.ClientKeyFile}}
+	cl, err := kafka.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	start := time.Now()
+	_, err = cl.SeedBrokers()[0].Request(ctx(t), kmsg.NewPtrMetadataRequest())
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("a silent broker answered")
+	}
+	if bound := 2*kafka.DialTimeout + time.Second; took > bound {
+		t.Fatalf("a request to a silent TLS broker failed after %s, want at most %s: %v", took.Round(time.Millisecond), bound, err)
+	}
+	t.Logf("failed after %s: %v", took.Round(time.Millisecond), err)
 }

@@ -143,3 +143,19 @@ func NewListedClient(ctx context.Context, c Config, opts ...kgo.Opt) (*kgo.Clien
 	}
 	return cl, nil
 }
+
+// ListedSeeds returns the brokers the cluster lists now, asked of c's
+// seeds all at once (ListedBrokers, each within ListedBrokerWait, ctx
+// bounding them all), or nil when none answers: the seeds a client that
+// must start at once takes instead of c's (session.Loop.Open). A seed
+// paused or cut off (the cluster fenced it, and lists only the brokers
+// that serve) is not among them.
+func ListedSeeds(ctx context.Context, c Config) []string {
+	cl, err := c.pingClient()
+	if err != nil {
+		return nil
+	}
+	defer cl.Close()
+	out, _ := ListedBrokers(ctx, cl.SeedBrokers(), ListedBrokerWait)
+	return out
+}

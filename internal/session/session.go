@@ -96,9 +96,9 @@ const CloseTimeout = 3 * time.Second
 // for kgo's Close, which waits for the group's requests in flight: a
 // JoinGroup or a dial to a coordinator that is paused (SIGSTOP, a hung
 // JVM: its port accepts connections, and neither TLS nor any request is
-// ever answered) holds it for kgo's dial timeout or request timeout
-// overhead (10 s each), again and again, while the session cannot be
-// rebuilt (docs/operations.md, "One broker paused or killed"). A client
+// ever answered) holds it for the dial timeout (kafka.DialTimeout, 3 s)
+// or kgo's request timeout overhead (10 s), again and again, while the
+// session cannot be rebuilt (docs/operations.md, "One broker paused or killed"). A client
 // still closing then is abandoned: it ends once those requests time out,
 // it no longer calls the stage's hooks, and a new session with the same
 // transactional ID fences its producer.
@@ -169,6 +169,10 @@ type Loop struct {
 	// gates are the hook gates of the sessions not closed yet (Close).
 	gatesMu sync.Mutex
 	gates   map[*kgo.GroupTransactSession]*hookGate
+	// seedsBack are the seeds the open session's client takes back once
+	// its transactional ID is initialised (startConn; the goroutine that
+	// opens sessions only).
+	seedsBack []string
 }
 
 // NewLoop returns the loop of one stage instance. cfg must have its
@@ -275,7 +279,7 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 		kgo.WithLogger(kzap.New(l.log.Named("kgo"), kzap.Level(kgoLevel(l.log)))),
 	}
 	l.setNotMember("joining")
-	sess, err := kgo.NewGroupTransactSession(slices.Concat(l.conn, base, opts, c.ClientOptions)...)
+	sess, err := kgo.NewGroupTransactSession(slices.Concat(l.startConn(), base, opts, c.ClientOptions)...)
 	if err != nil {
 		return nil, fmt.Errorf("session: kafka client for group %s: %w", c.Group, err)
 	}
@@ -283,6 +287,44 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 	l.gates[sess] = g
 	l.gatesMu.Unlock()
 	return sess, nil
+}
+
+// startConn returns the connection options of a new session's client:
+// the connection's, seeded with the brokers the cluster lists now
+// (kafka.ListedSeeds) when a seed answers within kafka.ListedBrokerWait.
+// A new client knows no broker but its seeds, and sends its first
+// requests that may go to any broker (the FindCoordinator of
+// InitProducerID, the group's first metadata) to them in turn: a seed
+// that is paused or cut off holds each such request for the dial timeout
+// (over TLS) or kgo's request timeout overhead (in plaintext, 10 s),
+// twice (kgo opens a failed connection once more), and a new session
+// that started from it could spend InitProducerID's whole bound there and
+// be rebuilt, again and again until that broker was back
+// (docs/operations.md, "One broker paused or killed"). The cluster lists
+// only the brokers that serve once it has fenced such a broker (9 s).
+// InitProducerID gives the client the connection's seeds back, its way
+// back to a cluster whose brokers all changed address, but only those the
+// cluster listed (all of them when it listed none of them, as when they
+// name a load balancer): a seed the cluster did not list would still be
+// picked now and then by the session's requests that may go to any
+// broker, most often at its start, and hold each for those seconds. The
+// next session asks again.
+func (l *Loop) startConn() []kgo.Opt {
+	l.seedsBack = l.cfg.Kafka.Brokers
+	listed := kafka.ListedSeeds(context.Background(), l.cfg.Kafka)
+	if len(listed) == 0 {
+		return l.conn
+	}
+	var back []string
+	for _, b := range l.cfg.Kafka.Brokers {
+		if slices.Contains(listed, b) {
+			back = append(back, b)
+		}
+	}
+	if len(back) > 0 {
+		l.seedsBack = back
+	}
+	return append(slices.Clone(l.conn), kgo.SeedBrokers(listed...))
 }
 
 // InitProducerID initialises the session's transactional ID now, not at
@@ -293,13 +335,20 @@ func (l *Loop) Open(topics []string, h Hooks, opts ...kgo.Opt) (*kgo.GroupTransa
 // may reach only hours later. A failure returns ErrRestart, so Run
 // rebuilds the session, but a missing ACL is an error naming the ID and
 // the ACL (Config.TransactionalIDError): no retry grants it; nor does one
-// make a refused user or password right (kafka.Config.Refused).
+// make a refused user or password right (kafka.Config.Refused). Once
+// initialised, the client's seeds are the connection's again, those the
+// cluster listed when the session opened (startConn).
 func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 	ictx, cancel := context.WithTimeout(ctx, l.cfg.TransactionTimeout+l.cfg.SessionTimeout)
 	_, _, perr := cl.ProducerID(ictx)
 	cancel()
 	switch {
 	case perr == nil:
+		// The client knows the brokers now; the seeds it started from
+		// give way to the connection's the cluster listed (startConn).
+		if err := cl.UpdateSeedBrokers(l.seedsBack...); err != nil {
+			return fmt.Errorf("session: %w", err)
+		}
 		return nil
 	case ctx.Err() != nil:
 		return ctx.Err()

@@ -75,8 +75,9 @@ func (rt *Runtime) newClient(opts ...kgo.Opt) (*kgo.Client, error) {
 // newListedClient is newClient seeded with the brokers the cluster lists
 // now (listedBrokers), when the session's client can ask, for a client
 // that lives only as long as a restore: a seed broker paused or cut off
-// would make its first requests wait for the dial or request timeout
-// whenever they pick it (10 s each), and so every restore of a failover,
+// would make its first requests wait for the dial timeout (3 s, over
+// TLS) or the request timeout (10 s) whenever they pick it, and so every
+// restore of a failover,
 // a promoted standby's too. Clients that live on (a standby's tail) keep
 // the configured seeds, their way back to a cluster whose brokers all
 // changed address.

@@ -280,3 +280,20 @@ func Beside(t *testing.T, slots chan struct{}) {
 	slots <- struct{}{}
 	t.Cleanup(func() { <-slots })
 }
+
+// InitAndJoin is a test's wait for a new group session: it calls init
+// (the session's InitProducerID) under ctx, then polls the session (poll,
+// 100 ms at a time: kgo joins in the background) until joined (the loop's
+// InGroup) returns nil or ctx ends. It returns init's error, else joined's
+// last.
+func InitAndJoin(ctx context.Context, init func(context.Context) error, joined func() error, poll func(context.Context)) error {
+	if err := init(ctx); err != nil {
+		return err
+	}
+	for joined() != nil && ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		poll(pctx)
+		cancel()
+	}
+	return joined()
+}

@@ -229,6 +229,8 @@ func (x *experiment) target(name string) (int32, error) {
 		resp = adm.FindTxnCoordinators(ctx, x.group("dedup")+"-i1")
 	case "group":
 		resp = adm.FindGroupCoordinators(ctx, x.group("aggregate"))
+	case "seed":
+		return 1, nil // the first of --brokers: node 1 listens on -kafka-port
 	case "leader":
 		md, err := adm.Metadata(ctx)
 		if err != nil {
@@ -250,7 +252,7 @@ func (x *experiment) target(name string) (int32, error) {
 		}
 		return best, nil
 	default:
-		return 0, fmt.Errorf("target %q: txn, group or leader", name)
+		return 0, fmt.Errorf("target %q: txn, group, leader or seed", name)
 	}
 	for _, r := range resp {
 		if r.Err != nil {

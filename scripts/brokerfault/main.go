@@ -51,7 +51,7 @@ func main() {
 	flag.StringVar(&o.clickhouse, "clickhouse", "", "ClickHouse native address; empty: no sink")
 	flag.StringVar(&o.fault, "fault", "pause", "pause (SIGSTOP, then SIGCONT) or kill (kill -9, then start)")
 	flag.DurationVar(&o.down, "down", time.Minute, "how long the broker stays paused or dead")
-	flag.StringVar(&o.targets, "targets", "txn,group,leader", "the brokers to hit, in order: txn (dedup's transaction coordinator), group (the aggregator's group coordinator), leader (the most partitions)")
+	flag.StringVar(&o.targets, "targets", "txn,group,leader", "the brokers to hit, in order: txn (dedup's transaction coordinator), group (the aggregator's group coordinator), leader (the most partitions), seed (the first of the stages' --brokers)")
 	flag.IntVar(&o.rate, "rate", 100, "events per second")
 	flag.StringVar(&o.out, "out", "", "directory for the stages' logs (default: a new temporary one)")
 	flag.DurationVar(&o.recoverMax, "recover-max", 4*time.Minute, "how long after the broker is back to wait for every stage")

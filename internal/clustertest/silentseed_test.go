@@ -1,0 +1,130 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/internal/session"
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// TestRealClusterSilentSeed pauses a broker (SIGSTOP: its port takes
+// connections, nothing is answered), the first of a stage's two seed
+// brokers and the coordinator of its consumer group, under a session's loop
+// (docs/operations.md, "One broker paused or killed"):
+//   - closing the session returns within its bounds (session.LeaveTimeout
+//     for the LeaveGroup the coordinator never answers, then
+//     session.CloseTimeout for the client), not once the coordinator
+//     moved;
+//   - once the cluster fenced the broker, three new sessions in a row (of
+//     another group), seeded with the paused broker first, each
+//     initialise the transactional ID and join the group within seconds,
+//     not after the InitProducerID's bound or once the broker is back.
+//
+// It takes about 15 s.
+func TestRealClusterSilentSeed(t *testing.T) {
+	cluster := testenv.RealCluster(t)
+	b := cluster.Brokers
+	topic := testenv.Name(t, "silentseed")
+	adm := testenv.Admin(t, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := adm.CreateTopic(ctx, 1, 3, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := topics.WaitVisible(ctx, adm, topic); err != nil {
+		t.Fatal(err)
+	}
+	// The broker to pause is the group's coordinator, and the first seed.
+	group := testenv.Name(t, "silentseed")
+	n := cluster.GroupCoordinator(t, group)
+	seeds := []string{b[n-1], b[n%int32(len(b))]}
+	l := newLoop(t, seeds, group)
+	sess := openJoined(t, l, topic, "before the pause", time.Minute)
+	cluster.Pause(t, n)
+	paused := time.Now()
+	l.Close(sess)
+	if took, bound := time.Since(paused), session.LeaveTimeout+session.CloseTimeout+time.Second; took > bound {
+		t.Errorf("closing a session whose group coordinator is paused took %s, want at most %s", took.Round(time.Millisecond), bound)
+	}
+
+	// The controller fences the broker after broker.session.timeout.ms (9 s)
+	// and then lists only the two others.
+	ask, err := kgo.NewClient(kgo.SeedBrokers(seeds[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ask.Close()
+	for {
+		listed, _ := kafka.ListedBrokers(context.Background(), ask.SeedBrokers(), kafka.ListedBrokerWait)
+		if len(listed) == 2 {
+			break
+		}
+		if time.Since(paused) > 30*time.Second {
+			t.Fatalf("the cluster still lists %v 30 s after broker %d was paused", listed, n)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("broker %d fenced %s after the pause", n, time.Since(paused).Round(100*time.Millisecond))
+	// Another group: the first one's member, whose leave the paused
+	// coordinator never heard, holds its rebalance for its session
+	// timeout.
+	l = newLoop(t, seeds, testenv.Name(t, "silentseed-after"))
+	for i := range 3 {
+		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker %d paused", i+1, n), 8*time.Second))
+	}
+	cluster.Resume(t, n)
+	cluster.WaitHealthy(t, healthyTimeout)
+}
+
+// newLoop returns the session loop of instance i1 of group, seeded with
+// seeds, with the timings of the suite's stages.
+func newLoop(t *testing.T, seeds []string, group string) *session.Loop {
+	t.Helper()
+	c := session.Config{Kafka: kafka.Config{Brokers: seeds}, Group: group, InstanceID: "i1",
+		SessionTimeout: sessionTimeout, TransactionTimeout: transactionTimeout, RebalanceTimeout: rebalanceTimeout}
+	c.EnsureDefaults()
+	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		session.NewMetrics(prometheus.NewRegistry(), session.Names{RecordsIn: "in_total", Transactions: "txn_total",
+			CommitSeconds: "commit_seconds", Restarts: "restarts_total", Member: "member"}, "records"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// openJoined opens a session of l consuming topic, initialises its
+// transactional ID and waits until it is in its group, failing the test
+// after within.
+func openJoined(t *testing.T, l *session.Loop, topic, what string, within time.Duration) *kgo.GroupTransactSession {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	sess, err := l.Open([]string{topic}, session.Hooks{
+		Assigned: func(_ context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			return offs, nil
+		},
+		Revoked: func(context.Context, *kgo.Client, map[string][]int32) {},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = testenv.InitAndJoin(ctx, func(ctx context.Context) error { return l.InitProducerID(ctx, sess.Client()) }, l.InGroup,
+		func(ctx context.Context) { sess.PollFetches(ctx) })
+	if err != nil {
+		l.Close(sess)
+		t.Fatalf("%s: transactional ID initialised and group joined: not after %s: %v", what, time.Since(start).Round(time.Millisecond), err)
+	}
+	t.Logf("%s: transactional ID initialised and group joined in %s", what, time.Since(start).Round(time.Millisecond))
+	return sess
+}
