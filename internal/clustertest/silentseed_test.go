@@ -3,10 +3,12 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -25,8 +27,9 @@ import (
 //     for the LeaveGroup the coordinator never answers, then
 //     session.CloseTimeout for the client), not once the coordinator
 //     moved;
-//   - once the cluster fenced the broker, three new sessions in a row (of
-//     another group), seeded with the paused broker first, each
+//   - once the cluster fenced the broker and its partitions' leaders
+//     dropped it from their in-sync replicas, three new sessions in a row
+//     (of another group), seeded with the paused broker first, each
 //     initialise the transactional ID and join the group within seconds,
 //     not after the InitProducerID's bound or once the broker is back.
 //
@@ -75,15 +78,58 @@ func TestRealClusterSilentSeed(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("broker %d fenced %s after the pause", n, time.Since(paused).Round(100*time.Millisecond))
+	// A write to a partition whose in-sync replicas still name the paused
+	// broker (InitProducerID's to __transaction_state, the group's to
+	// __consumer_offsets) waits until its leader drops it, up to
+	// replica.lag.time.max.ms (10 s) after the pause and later on a busy
+	// machine: Kafka's timing, which no client can shorten. The sessions
+	// are timed once it has.
+	waitOutOfISR(t, kadm.NewClient(ask), n, paused, topic, "__consumer_offsets", "__transaction_state")
 	// Another group: the first one's member, whose leave the paused
 	// coordinator never heard, holds its rebalance for its session
 	// timeout.
 	l = newLoop(t, seeds, testenv.Name(t, "silentseed-after"))
 	for i := range 3 {
-		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker %d paused", i+1, n), 8*time.Second))
+		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker %d paused", i+1, n), sessionWithin))
 	}
 	cluster.Resume(t, n)
 	cluster.WaitHealthy(t, healthyTimeout)
+}
+
+// sessionWithin bounds a session's InitProducerID and join once the paused
+// broker is out of the cluster's metadata and in-sync replicas: a session
+// whose requests still went to it would wait twice kgo's request timeout
+// overhead (20 s in plaintext) for each, and InitProducerID's bound is 20 s.
+const sessionWithin = 12 * time.Second
+
+// waitOutOfISR waits until no partition of topics has broker n among its
+// in-sync replicas, failing the test 45 s after since.
+func waitOutOfISR(t *testing.T, adm *kadm.Client, n int32, since time.Time, topics ...string) {
+	t.Helper()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		td, err := adm.ListTopics(ctx, topics...)
+		cancel()
+		var in []string
+		if err == nil {
+			err = td.Error()
+		}
+		for _, d := range td {
+			for _, p := range d.Partitions {
+				if slices.Contains(p.ISR, n) {
+					in = append(in, fmt.Sprintf("%s/%d", d.Topic, p.Partition))
+				}
+			}
+		}
+		if err == nil && len(in) == 0 {
+			t.Logf("broker %d out of every in-sync replica set %s after the pause", n, time.Since(since).Round(100*time.Millisecond))
+			return
+		}
+		if time.Since(since) > 45*time.Second {
+			t.Fatalf("45 s after the pause, broker %d is still in sync on %v (%v)", n, in, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // newLoop returns the session loop of instance i1 of group, seeded with

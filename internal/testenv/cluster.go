@@ -69,7 +69,10 @@ func RealCluster(t testing.TB) *Cluster {
 		c.env = append(c.env, "KAFKA_DATA_DIR="+dir)
 	}
 	// Whatever the test did, the next one gets the whole cluster: paused
-	// brokers resumed, stopped ones started.
+	// brokers resumed, stopped ones started, and every replica in sync
+	// again (a broker resumed by this cleanup after a test failed before
+	// its own WaitHealthy is still catching up: the next test's topics
+	// would be under-replicated).
 	t.Cleanup(func() {
 		for n := range brokers {
 			cmd := exec.Command("bash", c.script, "resume-broker", strconv.Itoa(n+1))
@@ -77,9 +80,15 @@ func RealCluster(t testing.TB) *Cluster {
 			_ = cmd.Run()
 		}
 		c.run(t, "start")
+		c.WaitHealthy(t, cleanupHealthy)
 	})
 	return c
 }
+
+// cleanupHealthy bounds the wait of RealCluster's cleanup for a whole
+// cluster: a broker that was paused or killed for a minute catches up in
+// seconds on this machine.
+const cleanupHealthy = 4 * time.Minute
 
 // run runs the cluster script with args, failing the test if it fails.
 func (c *Cluster) run(t testing.TB, args ...string) {
