@@ -88,7 +88,13 @@ func TestRealClusterSilentSeed(t *testing.T) {
 	// Another group: the first one's member, whose leave the paused
 	// coordinator never heard, holds its rebalance for its session
 	// timeout.
-	l = newLoop(t, seeds, testenv.Name(t, "silentseed-after"))
+	after := loopConfig(seeds, testenv.Name(t, "silentseed-after"))
+	// And until the cluster names the coordinators of the group and of the
+	// transactional ID the sessions use: one that moved off the paused
+	// broker is elected and loaded on a live one, and a client retries
+	// meanwhile with a growing backoff.
+	waitCoordinators(t, kadm.NewClient(ask), paused, after.Group, after.TransactionalID())
+	l = newLoopOf(t, after)
 	for i := range 3 {
 		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker %d paused", i+1, n), sessionWithin))
 	}
@@ -100,7 +106,7 @@ func TestRealClusterSilentSeed(t *testing.T) {
 // broker is out of the cluster's metadata and in-sync replicas: a session
 // whose requests still went to it would wait twice kgo's request timeout
 // overhead (20 s in plaintext) for each, and InitProducerID's bound is 20 s.
-const sessionWithin = 12 * time.Second
+const sessionWithin = 15 * time.Second
 
 // waitOutOfISR waits until no partition of topics has broker n among its
 // in-sync replicas, failing the test 45 s after since.
@@ -132,13 +138,46 @@ func waitOutOfISR(t *testing.T, adm *kadm.Client, n int32, since time.Time, topi
 	}
 }
 
-// newLoop returns the session loop of instance i1 of group, seeded with
-// seeds, with the timings of the suite's stages.
-func newLoop(t *testing.T, seeds []string, group string) *session.Loop {
+// waitCoordinators waits until the cluster names a coordinator for group
+// and for the transactional ID txn, failing the test 45 s after since.
+func waitCoordinators(t *testing.T, adm *kadm.Client, since time.Time, group, txn string) {
 	t.Helper()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := adm.FindGroupCoordinators(ctx, group).Error()
+		if err == nil {
+			err = adm.FindTxnCoordinators(ctx, txn).Error()
+		}
+		cancel()
+		if err == nil {
+			t.Logf("coordinators of the group and the transactional ID found %s after the pause", time.Since(since).Round(100*time.Millisecond))
+			return
+		}
+		if time.Since(since) > 45*time.Second {
+			t.Fatalf("45 s after the pause, no coordinator for group %s or transactional ID %s: %v", group, txn, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// loopConfig is the session configuration of instance i1 of group,
+// seeded with seeds, with the timings of the suite's stages.
+func loopConfig(seeds []string, group string) session.Config {
 	c := session.Config{Kafka: kafka.Config{Brokers: seeds}, Group: group, InstanceID: "i1",
 		SessionTimeout: sessionTimeout, TransactionTimeout: transactionTimeout, RebalanceTimeout: rebalanceTimeout}
 	c.EnsureDefaults()
+	return c
+}
+
+// newLoop returns the session loop of loopConfig(seeds, group).
+func newLoop(t *testing.T, seeds []string, group string) *session.Loop {
+	t.Helper()
+	return newLoopOf(t, loopConfig(seeds, group))
+}
+
+// newLoopOf returns the session loop of c.
+func newLoopOf(t *testing.T, c session.Config) *session.Loop {
+	t.Helper()
 	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
 		session.NewMetrics(prometheus.NewRegistry(), session.Names{RecordsIn: "in_total", Transactions: "txn_total",
 			CommitSeconds: "commit_seconds", Restarts: "restarts_total", Member: "member"}, "records"), "")
