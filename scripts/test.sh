@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
+SIDE_PACKAGES=${SIDE_PACKAGES:-./deploy}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of
@@ -37,10 +38,23 @@ stop_services() {
     deploy/local/clickhouse.sh stop || true
     CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT deploy/local/clickhouse.sh stop || true
   fi
+  rm -rf "${build_dir:-}"
 }
 trap stop_services EXIT
 
 start=$(date +%s)
+# go vet, the compilation of every test package (linked and run by nothing:
+# -exec true) and the meterline binary that the tests start
+# (METERLINE_TEST_BIN) run beside the services' start, on the CPU the JVMs
+# leave while they wait. `go test -p 1` below then only links each package.
+build_dir=$(mktemp -d -t meterline-test-build.XXXXXX)
+(
+  echo "== go vet $PACKAGES" &&
+    $GO vet $PACKAGES &&
+    $GO build -o "$build_dir/meterline" ./cmd/meterline &&
+    $GO test -vet=off -count=1 -run '^$' -exec true $PACKAGES >/dev/null
+) >"$build_dir/build.log" 2>&1 &
+build=$!
 # The two brokers start side by side (a JVM start is mostly waiting), each
 # on a new data dir unless it runs already (start-fresh): the topics of
 # earlier runs would only slow its start.
@@ -80,8 +94,15 @@ METERLINE_TEST_CHROMIUM=$(deploy/local/chromium.sh)
 # ClickHouse (26.x), embedded by chdb in a cached virtualenv.
 METERLINE_TEST_CHDB=$(scripts/chdb-venv.sh)
 
-echo "== go vet $PACKAGES"
-$GO vet $PACKAGES
+build_status=0
+wait "$build" || build_status=$?
+cat "$build_dir/build.log"
+if [ "$build_status" != 0 ]; then
+  echo "FAIL: go vet or the build failed" >&2
+  exit "$build_status"
+fi
+echo "== vet and build done after $(( $(date +%s) - start ))s"
+export METERLINE_TEST_BIN=$build_dir/meterline
 
 echo "== go test $PACKAGES (real Kafka on 127.0.0.1:$KAFKA_PORT, SASL_SSL on $KAFKA_SASL_PORT${WITH_CLUSTER:+, a cluster of three on $KAFKA_CLUSTER_PORT-$((KAFKA_CLUSTER_PORT + 2))}; real ClickHouse on 127.0.0.1:$CLICKHOUSE_PORT, password and TLS on $CLICKHOUSE_SECURE_TLS_PORT)"
 export METERLINE_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
@@ -103,10 +124,32 @@ export METERLINE_TEST_KAFKA_SASL_DIR
 export METERLINE_TEST_CLICKHOUSE_SECURE=127.0.0.1:$CLICKHOUSE_SECURE_TLS_PORT
 export METERLINE_TEST_CLICKHOUSE_SECURE_DIR=/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT/security
 export METERLINE_TEST_CLICKHOUSE_SECURE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE
+# -p 1: integration packages share one broker on a 2-core machine. The
+# packages of SIDE_PACKAGES, whose tests mostly wait (alert windows, broker
+# outages) and use little CPU, run in a second `go test` beside the others;
+# their output follows the others'.
+side_all=$($GO list $SIDE_PACKAGES | sort)
+listed=$($GO list $PACKAGES | sort)
+side=$(comm -12 <(echo "$listed") <(echo "$side_all"))
+rest=$(comm -23 <(echo "$listed") <(echo "$side_all"))
+side_log=$build_dir/side.log
 set +e
-# -p 1: integration packages share one broker on a 2-core machine.
-$GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v $PACKAGES 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+if [ -n "$side" ]; then
+  $GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v $side >"$side_log" 2>&1 &
+  side_pid=$!
+fi
+status=0
+if [ -n "$rest" ]; then
+  $GO test -p 1 -count=1 -timeout "$TEST_TIMEOUT" -v $rest 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+fi
+if [ -n "$side" ]; then
+  wait "$side_pid"
+  side_status=$?
+  echo "== go test $(echo $side) (beside the packages above)"
+  cat "$side_log" | tee -a "$log"
+  [ "$side_status" = 0 ] || status=$side_status
+fi
 set -e
 
 echo

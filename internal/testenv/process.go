@@ -31,6 +31,10 @@ var meterline struct {
 	err  error
 }
 
+// EnvBin names a meterline binary built from this checkout that Meterline
+// returns instead of building one (not under the race detector).
+const EnvBin = "METERLINE_TEST_BIN"
+
 // mainRuns is set by Main: Meterline needs it to remove what it built.
 var mainRuns bool
 
@@ -54,36 +58,49 @@ func Main(m *testing.M) {
 // must be testenv.Main, which removes the binary at the end. Under go test
 // -race the binary is built with -race too, and a data race a child
 // reports fails the test that started it (docs/testing.md, The race
-// detector).
+// detector). Without the race detector, a binary named by
+// METERLINE_TEST_BIN (make test builds it once for every package) is used
+// instead of building one.
 func Meterline(t testing.TB) string {
 	t.Helper()
 	if !mainRuns {
 		t.Fatal("testenv.Meterline: the package needs func TestMain(m *testing.M) { testenv.Main(m) } to remove the binary")
 	}
 	meterline.once.Do(func() {
-		dir, err := os.MkdirTemp("", "meterline-test-bin-")
-		if err != nil {
-			meterline.err = err
-			return
+		meterline.path, meterline.dir, meterline.err = buildMeterline()
+		if meterline.err == nil && meterline.dir != "" {
+			t.Logf("built %s (race detector: %v)", meterline.path, raceEnabled)
 		}
-		meterline.dir = dir
-		bin := filepath.Join(dir, "meterline")
-		args := []string{"build", "-o", bin}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, "github.com/meterline/meterline/cmd/meterline")...).CombinedOutput()
-		if err != nil {
-			meterline.err = fmt.Errorf("%w\n%s", err, out)
-			return
-		}
-		meterline.path = bin
-		t.Logf("built %s (race detector: %v)", bin, raceEnabled)
 	})
 	if meterline.err != nil {
 		t.Fatalf("go build ./cmd/meterline (race detector: %v): %v", raceEnabled, meterline.err)
 	}
 	return meterline.path
+}
+
+// buildMeterline returns the binary named by EnvBin, if set and the race
+// detector is off, or else builds one into a new directory dir.
+func buildMeterline() (bin, dir string, err error) {
+	if bin := os.Getenv(EnvBin); bin != "" && !raceEnabled {
+		if _, err := os.Stat(bin); err != nil {
+			return "", "", fmt.Errorf("%s: %w", EnvBin, err)
+		}
+		return bin, "", nil
+	}
+	dir, err = os.MkdirTemp("", "meterline-test-bin-")
+	if err != nil {
+		return "", "", err
+	}
+	bin = filepath.Join(dir, "meterline")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, "github.com/meterline/meterline/cmd/meterline")...).CombinedOutput()
+	if err != nil {
+		return "", dir, fmt.Errorf("%w\n%s", err, out)
+	}
+	return bin, dir, nil
 }
 
 // FreeAddr returns a loopback address with a port that was free a moment

@@ -215,3 +215,25 @@ func main() {
 		t.Errorf("the cleanup reported %q, want one error giving the race\n%s", errs, p.LogText())
 	}
 }
+
+// A binary named by METERLINE_TEST_BIN is used as it is (nothing built,
+// nothing for Main to remove); one that does not exist is an error that
+// names the variable.
+func TestBuildMeterlineUsesNamedBinary(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under the race detector the binary is always built with -race")
+	}
+	bin := filepath.Join(t.TempDir(), "meterline")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvBin, bin)
+	got, dir, err := buildMeterline()
+	if err != nil || got != bin || dir != "" {
+		t.Fatalf("buildMeterline() = %q, %q, %v; want %q, \"\", nil", got, dir, err, bin)
+	}
+	t.Setenv(EnvBin, bin+".missing")
+	if _, _, err := buildMeterline(); err == nil || !strings.Contains(err.Error(), EnvBin) {
+		t.Fatalf("buildMeterline() with a missing binary: err %v, want one naming %s", err, EnvBin)
+	}
+}
