@@ -339,20 +339,23 @@ func hideSecretArgs(msg string, k *kong.Kong, args []string) string {
 	return msg
 }
 
-// warnReadableSecrets logs a warning for each secret file of the command
-// (a flag tagged secretfile, from the command line, the environment or
-// --config) that every user of the machine may read: once per file,
+// warnReadableSecrets logs a warning for each secret file the command
+// reads (a flag tagged secretfile, from the command line, the environment
+// or --config) that every user of the machine may read: once per file,
 // naming the file, its mode and the flags that name it, never its
 // content. The command still runs: Kubernetes mounts a secret with mode
 // 0644 unless its volume sets defaultMode, and refusing that would stop
 // every such deployment. A value that names no regular file (missing, or
 // a secret given where its file's name belongs) draws no warning, so a
-// secret is never shown here; reading it reports it.
+// secret is never shown here; reading it reports it. A flag of a family
+// the command does not read (the ClickHouse password file of a command
+// that never connects to ClickHouse, set in the environment for every
+// command) draws no warning: the command leaves that file alone.
 func warnReadableSecrets(kctx *kong.Context, log *zap.Logger) {
 	var files []string
 	flags := map[string][]string{}
 	for _, f := range kctx.Flags() {
-		if !f.Tag.Has("secretfile") {
+		if !f.Tag.Has("secretfile") || !TakesFlag(kctx.Selected(), f) {
 			continue
 		}
 		path, _ := kctx.FlagValue(f).(string)
