@@ -87,6 +87,9 @@ type IO struct {
 	Stderr io.Writer
 	// StderrIsTerminal turns on live progress displays.
 	StderrIsTerminal bool
+	// StdinIsTerminal says that a person types what Stdin reads: a
+	// command that reads a document from it says so first.
+	StdinIsTerminal bool
 }
 
 // ExitError carries a process exit status. Its message has already been
@@ -377,9 +380,14 @@ func warnReadableSecrets(kctx *kong.Context, log *zap.Logger) {
 
 // OSIO returns the process's standard streams.
 func OSIO() IO {
-	fi, err := os.Stderr.Stat()
-	tty := err == nil && fi.Mode()&os.ModeCharDevice != 0
-	return IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StderrIsTerminal: tty}
+	return IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StderrIsTerminal: isTerminal(os.Stderr), StdinIsTerminal: isTerminal(os.Stdin)}
+}
+
+// isTerminal reports whether f is a character device: a terminal (or
+// /dev/null, which reads as empty at once).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 func newLogger(level string, w io.Writer) (*zap.Logger, error) {
