@@ -41,7 +41,7 @@ type Globals struct {
 	Config     kong.ConfigFlag `help:"YAML file of flag values; keys are flag names (brokers, log_level, topic_events, ...)." placeholder:"FILE"`
 	Brokers    []string        `help:"Kafka seed brokers, comma-separated." default:"127.0.0.1:9092"`
 	ClickHouse string          `name:"clickhouse" help:"ClickHouse native-protocol address (its tcp_port_secure with --clickhouse-tls)." default:"127.0.0.1:9000"`
-	LogLevel   string          `help:"Log level: debug, info, warn or error." default:"info" enum:"debug,info,warn,error"`
+	LogLevel   string          `help:"Log level: debug, info, warn or error. The commands that print their result (entitlements, keys, tenants, topics, lag, migrate, sink accept-offsets) log from warn up unless it is given." default:"info" enum:"debug,info,warn,error"`
 	Topic      topics.Names    `embed:"" prefix:"topic-" group:"Topic names"`
 	// Kafka and ClickHouseAuth secure the connections (security.go).
 	Kafka          KafkaFlags      `embed:"" prefix:"kafka-" group:"Kafka SASL and TLS"`
@@ -221,7 +221,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		}
 		return 2
 	}
-	logger, err := newLogger(cli.LogLevel, stdio.Stderr)
+	logger, err := newLogger(logLevel(kctx, cli.LogLevel), stdio.Stderr)
 	if err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline: %v\n", err)
 		return 2
@@ -388,6 +388,43 @@ func OSIO() IO {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// resultCommands are the commands that print their result for a person,
+// on stdout (and their notes on stderr): their info lines would only say
+// it again as JSON (`entitlements set`'s "entitlements record written",
+// `migrate`'s "migration applied"). They log from warn up unless
+// --log-level is given.
+var resultCommands = newCommandSet(
+	&EntitlementsSetCmd{}, &EntitlementsSetDefaultCmd{}, &EntitlementsSetRatesCmd{}, &EntitlementsDeleteCmd{},
+	&EntitlementsGetCmd{}, &EntitlementsListCmd{}, &EntitlementsBalanceCmd{},
+	&KeysCreateCmd{}, &KeysListCmd{}, &KeysRevokeCmd{}, &TenantsSetCmd{}, &TenantsListCmd{},
+	&TopicsCreateCmd{}, &TopicsCheckCmd{}, &LagCmd{}, &MigrateCmd{}, &SinkAcceptOffsetsCmd{})
+
+// logLevel is the command's log level: level, the value of --log-level,
+// or warn for one of resultCommands when --log-level is given nowhere
+// (command line, environment, --config).
+func logLevel(kctx *kong.Context, level string) string {
+	if !resultCommands.has(kctx.Selected()) {
+		return level
+	}
+	for _, p := range kctx.Path {
+		// A flag from the command line or from --config (a resolver).
+		if p.Flag != nil && p.Flag.Name == "log-level" {
+			return level
+		}
+	}
+	for _, f := range kctx.Flags() {
+		if f.Name != "log-level" {
+			continue
+		}
+		for _, env := range f.Envs {
+			if _, ok := os.LookupEnv(env); ok {
+				return level
+			}
+		}
+	}
+	return zapcore.WarnLevel.String()
 }
 
 func newLogger(level string, w io.Writer) (*zap.Logger, error) {
