@@ -14,17 +14,24 @@ import (
 // to read them in such a command, so that the two cannot drift apart.
 type flagFamily struct {
 	// users are the commands that read the family's flags.
-	users map[reflect.Type]bool
+	users commandSet
 	// is reports whether a flag belongs to the family.
 	is func(*kong.Flag) bool
 }
 
 func newFlagFamily(is func(*kong.Flag) bool, users ...any) flagFamily {
-	fam := flagFamily{users: map[reflect.Type]bool{}, is: is}
-	for _, c := range users {
-		fam.users[reflect.TypeOf(c).Elem()] = true
+	return flagFamily{users: newCommandSet(users...), is: is}
+}
+
+// A commandSet is a set of commands, named by the types of their structs.
+type commandSet map[reflect.Type]bool
+
+func newCommandSet(cmds ...any) commandSet {
+	set := commandSet{}
+	for _, c := range cmds {
+		set[reflect.TypeOf(c).Elem()] = true
 	}
-	return fam
+	return set
 }
 
 // clickHouseFlags are --clickhouse and the group "ClickHouse login and
@@ -57,13 +64,18 @@ const (
 // readBy reports whether the command of node n reads the family's flags,
 // or, for a command with subcommands (`meterline sink`, whose default is
 // `sink run`), one of them does; the root (no command yet) lists them.
-func (fam flagFamily) readBy(n *kong.Node) bool {
+func (fam flagFamily) readBy(n *kong.Node) bool { return fam.users.has(n) }
+
+// has reports whether the command of node n is in the set, or, for a
+// command with subcommands, one of them is; true for the root (no command
+// yet).
+func (set commandSet) has(n *kong.Node) bool {
 	if n == nil || n.Type != kong.CommandNode || !n.Target.IsValid() {
 		return true
 	}
 	if len(n.Children) > 0 {
 		for _, ch := range n.Children {
-			if ch.Type == kong.CommandNode && fam.readBy(ch) {
+			if ch.Type == kong.CommandNode && set.has(ch) {
 				return true
 			}
 		}
@@ -73,7 +85,7 @@ func (fam flagFamily) readBy(n *kong.Node) bool {
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	return fam.users[t]
+	return set[t]
 }
 
 // readsClickHouse reports whether the command of node n reads the

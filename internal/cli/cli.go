@@ -41,7 +41,7 @@ type Globals struct {
 	Config     kong.ConfigFlag `help:"YAML file of flag values; keys are flag names (brokers, log_level, topic_events, ...)." placeholder:"FILE"`
 	Brokers    []string        `help:"Kafka seed brokers, comma-separated." default:"127.0.0.1:9092"`
 	ClickHouse string          `name:"clickhouse" help:"ClickHouse native-protocol address (its tcp_port_secure with --clickhouse-tls)." default:"127.0.0.1:9000"`
-	LogLevel   string          `help:"Log level: debug, info, warn or error." default:"info" enum:"debug,info,warn,error"`
+	LogLevel   string          `help:"Log level: debug, info, warn or error. The commands that print their result (entitlements, keys, tenants, topics, lag, migrate, sink accept-offsets) log from warn up unless it is given." default:"info" enum:"debug,info,warn,error"`
 	Topic      topics.Names    `embed:"" prefix:"topic-" group:"Topic names"`
 	// Kafka and ClickHouseAuth secure the connections (security.go).
 	Kafka          KafkaFlags      `embed:"" prefix:"kafka-" group:"Kafka SASL and TLS"`
@@ -87,6 +87,9 @@ type IO struct {
 	Stderr io.Writer
 	// StderrIsTerminal turns on live progress displays.
 	StderrIsTerminal bool
+	// StdinIsTerminal says that a person types what Stdin reads: a
+	// command that reads a document from it says so first.
+	StdinIsTerminal bool
 }
 
 // ExitError carries a process exit status. Its message has already been
@@ -218,7 +221,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 		}
 		return 2
 	}
-	logger, err := newLogger(cli.LogLevel, stdio.Stderr)
+	logger, err := newLogger(logLevel(kctx, cli.LogLevel), stdio.Stderr)
 	if err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline: %v\n", err)
 		return 2
@@ -339,20 +342,23 @@ func hideSecretArgs(msg string, k *kong.Kong, args []string) string {
 	return msg
 }
 
-// warnReadableSecrets logs a warning for each secret file of the command
-// (a flag tagged secretfile, from the command line, the environment or
-// --config) that every user of the machine may read: once per file,
+// warnReadableSecrets logs a warning for each secret file the command
+// reads (a flag tagged secretfile, from the command line, the environment
+// or --config) that every user of the machine may read: once per file,
 // naming the file, its mode and the flags that name it, never its
 // content. The command still runs: Kubernetes mounts a secret with mode
 // 0644 unless its volume sets defaultMode, and refusing that would stop
 // every such deployment. A value that names no regular file (missing, or
 // a secret given where its file's name belongs) draws no warning, so a
-// secret is never shown here; reading it reports it.
+// secret is never shown here; reading it reports it. A flag of a family
+// the command does not read (the ClickHouse password file of a command
+// that never connects to ClickHouse, set in the environment for every
+// command) draws no warning: the command leaves that file alone.
 func warnReadableSecrets(kctx *kong.Context, log *zap.Logger) {
 	var files []string
 	flags := map[string][]string{}
 	for _, f := range kctx.Flags() {
-		if !f.Tag.Has("secretfile") {
+		if !f.Tag.Has("secretfile") || !TakesFlag(kctx.Selected(), f) {
 			continue
 		}
 		path, _ := kctx.FlagValue(f).(string)
@@ -374,9 +380,51 @@ func warnReadableSecrets(kctx *kong.Context, log *zap.Logger) {
 
 // OSIO returns the process's standard streams.
 func OSIO() IO {
-	fi, err := os.Stderr.Stat()
-	tty := err == nil && fi.Mode()&os.ModeCharDevice != 0
-	return IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StderrIsTerminal: tty}
+	return IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StderrIsTerminal: isTerminal(os.Stderr), StdinIsTerminal: isTerminal(os.Stdin)}
+}
+
+// isTerminal reports whether f is a character device: a terminal (or
+// /dev/null, which reads as empty at once).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// resultCommands are the commands that print their result for a person,
+// on stdout (and their notes on stderr): their info lines would only say
+// it again as JSON (`entitlements set`'s "entitlements record written",
+// `migrate`'s "migration applied"). They log from warn up unless
+// --log-level is given.
+var resultCommands = newCommandSet(
+	&EntitlementsSetCmd{}, &EntitlementsSetDefaultCmd{}, &EntitlementsSetRatesCmd{}, &EntitlementsDeleteCmd{},
+	&EntitlementsGetCmd{}, &EntitlementsListCmd{}, &EntitlementsBalanceCmd{},
+	&KeysCreateCmd{}, &KeysListCmd{}, &KeysRevokeCmd{}, &TenantsSetCmd{}, &TenantsListCmd{},
+	&TopicsCreateCmd{}, &TopicsCheckCmd{}, &LagCmd{}, &MigrateCmd{}, &SinkAcceptOffsetsCmd{})
+
+// logLevel is the command's log level: level, the value of --log-level,
+// or warn for one of resultCommands when --log-level is given nowhere
+// (command line, environment, --config).
+func logLevel(kctx *kong.Context, level string) string {
+	if !resultCommands.has(kctx.Selected()) {
+		return level
+	}
+	for _, p := range kctx.Path {
+		// A flag from the command line or from --config (a resolver).
+		if p.Flag != nil && p.Flag.Name == "log-level" {
+			return level
+		}
+	}
+	for _, f := range kctx.Flags() {
+		if f.Name != "log-level" {
+			continue
+		}
+		for _, env := range f.Envs {
+			if _, ok := os.LookupEnv(env); ok {
+				return level
+			}
+		}
+	}
+	return zapcore.WarnLevel.String()
 }
 
 func newLogger(level string, w io.Writer) (*zap.Logger, error) {

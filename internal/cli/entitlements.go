@@ -112,10 +112,18 @@ type EntitlementsBalanceCmd struct {
 // than a record at its limits (entitlements.MaxGrants, MaxRates) takes.
 const maxDocumentBytes = 16 << 20
 
+// readingTerminal is said on stderr before a document is read from
+// standard input that is a terminal, where the command would otherwise
+// wait in silence for the user to type or paste it.
+const readingTerminal = "reading the document from standard input (end it with Ctrl-D); or give a file with -f FILE"
+
 // read reads the document, refusing one larger than maxDocumentBytes
 // (cut there, it could read as another, shorter document).
 func (c *entWrite) read(stdio IO) ([]byte, error) {
 	r, name := stdio.Stdin, "standard input"
+	if c.File == "-" && stdio.StdinIsTerminal {
+		fmt.Fprintln(stdio.Stderr, readingTerminal)
+	}
 	if c.File != "-" {
 		f, err := os.Open(c.File)
 		if err != nil {

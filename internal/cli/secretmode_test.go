@@ -92,11 +92,37 @@ func TestWarnsOfSecretFilesOthersCanRead(t *testing.T) {
 	}
 
 	// One file under two flags: one warning naming both. A secret given
-	// as a file's name: none. Any command warns, before it runs.
+	// as a file's name: none. The warning comes before the command runs.
 	chmod(chPWFile, 0o644)
-	code, out, errOut = run(t, "", "version", "--clickhouse-password-file", chPWFile,
+	code, out, errOut = run(t, "", "sink", "run", "--validate", "--clickhouse-password-file", chPWFile,
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "u",
 		"--kafka-sasl-password-file", chPWFile, "--clickhouse-tls-key-file", chPW)
-	if code != 0 || strings.Count(errOut, "secret file") != 1 || !strings.Contains(errOut, `"flags":["--kafka-sasl-password-file","--clickhouse-password-file"]`) {
+	if strings.Count(errOut, "secret file") != 1 || !strings.Contains(errOut, `"flags":["--kafka-sasl-password-file","--clickhouse-password-file"]`) {
 		t.Errorf("one file under two flags: exit %d, want one warning naming both flags\n%s%s", code, out, errOut)
+	}
+}
+
+// TestSecretFileWarningsOnlyForFilesTheCommandReads: a secret file's flag
+// set for every command (in the environment, in --config) draws a warning
+// only from a command that reads it. `version` reads no secret file;
+// `entitlements set` reads the Kafka flags, not the ClickHouse ones.
+func TestSecretFileWarningsOnlyForFilesTheCommandReads(t *testing.T) {
+	file := tempFiles(t)
+	kafkaPWFile, chPWFile := file("kafka.pw", "k\n"), file("ch.pw", "c\n")
+	for _, p := range []string{kafkaPWFile, chPWFile} {
+		if err := os.Chmod(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("METERLINE_CLICKHOUSE_PASSWORD_FILE", chPWFile)
+	t.Setenv("METERLINE_KAFKA_SASL_PASSWORD_FILE", kafkaPWFile)
+	code, out, errOut := run(t, "", "version")
+	if code != 0 || strings.Contains(errOut, "secret file") {
+		t.Errorf("version: exit %d, want no warning about a secret file it does not read\n%s%s", code, out, errOut)
+	}
+	doc := file("acme.yaml", "customer: acme\nplan: free\n")
+	code, out, errOut = run(t, "", "entitlements", "set", "--validate", "-f", doc)
+	if code != 0 || strings.Count(errOut, "secret file") != 1 || !strings.Contains(errOut, kafkaPWFile) || strings.Contains(errOut, chPWFile) {
+		t.Errorf("entitlements set: exit %d, want one warning, about the Kafka password file only\n%s%s", code, out, errOut)
 	}
 }

@@ -259,6 +259,8 @@ func (r *reconciler) checkTopics(tr *truth, t tally) {
 		}
 	}
 	fmt.Fprintf(r.w, "   %d aggregates (%d FINAL), %d adjustments\n", len(t.latest), t.finals, t.adjs)
+	fmt.Fprintf(r.w, "   aggregates: one per customer, meter and hour, at its latest revision (FINAL: its hour is closed); "+
+		"adjustments: one per late event, for an hour closed before it arrived\n")
 }
 
 // checkEntitlements checks the aggregator's rejections and the credits its
@@ -281,6 +283,8 @@ func (r *reconciler) checkEntitlements(tr *truth, t tally, ent *entSetup) {
 		}
 	}
 	fmt.Fprintf(r.w, "   %d balances in %s\n", t.nBalances, "usage.balances")
+	fmt.Fprintf(r.w, "   balances: a customer's usage against its caps and the credits left, written by the aggregator as they change "+
+		"(at most one a second per customer); the checks above read each customer's latest\n")
 }
 
 // grantsConsumed sums what every grant of the balances has paid.

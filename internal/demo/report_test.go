@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -93,6 +94,29 @@ func TestReportSaysWhatItCompares(t *testing.T) {
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestReportExplainsAggregatesAndBalances: the reconciliation's count of
+// aggregates, FINAL ones and adjustments, and its count of balances, are
+// each followed by a line that says what those records are.
+func TestReportExplainsAggregatesAndBalances(t *testing.T) {
+	tr := newTruth(nil)
+	ta := tally{byReason: map[string]int64{}, got: map[string]map[string]int64{}, aggRejected: map[string]int64{},
+		balances: map[string]*schemas.Balance{}, latest: map[string]*schemas.Aggregate{"k": {}}, finals: 0, adjs: 4, nBalances: 7}
+	var out bytes.Buffer
+	r := &reconciler{w: &out, ok: true}
+	r.checkTopics(tr, ta)
+	r.checkEntitlements(tr, ta, &entSetup{})
+	lines := strings.Split(out.String(), "\n")
+	for _, c := range []struct{ count, explains string }{
+		{"   1 aggregates (0 FINAL), 4 adjustments", "one per customer, meter and hour"},
+		{"   7 balances in usage.balances", "usage against its caps and the credits left"},
+	} {
+		i := slices.Index(lines, c.count)
+		if i < 0 || i+1 >= len(lines) || !strings.Contains(lines[i+1], c.explains) {
+			t.Errorf("the line %q is not followed by one that says %q:\n%s", c.count, c.explains, out.String())
 		}
 	}
 }
