@@ -309,13 +309,13 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: brokers %s: %v", ErrTLS, brokers, err)
 	case notAnswered(err) || ctx.Err() != nil:
 		return nil
+	case closed(err) && errors.As(err, new(*handshakeError)):
+		return fmt.Errorf("%w: brokers %s closed the connection during the TLS handshake (a listener without TLS?): %v", ErrTLS, brokers, err)
 	case c.SASL.Mechanism != "" && closed(err):
 		// Some servers close the connection instead of answering a
 		// failed authentication.
 		return fmt.Errorf("%w: brokers %s closed the connection while authenticating user %q with %s (wrong user or password, or a listener without SASL?): %v",
 			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
-	case closed(err) && errors.As(err, new(*handshakeError)):
-		return fmt.Errorf("%w: brokers %s closed the connection during the TLS handshake (a listener without TLS?): %v", ErrTLS, brokers, err)
 	case c.dropped(err):
 		missing := "TLS or SASL"
 		if c.TLS.On() {
