@@ -19,15 +19,16 @@ import (
 // TestAwaitClusterWaitsThroughClosedConnections: without SASL, the only
 // seed closing every connection after reading its first request (a broker
 // shutting down or restarting, a proxy before a broker that is not up
-// yet) is no refusal of the client's settings: AwaitCluster waits,
-// calling waiting, and returns nil once the seed serves. With TLS, so is
-// a close after a finished handshake.
+// yet), or resetting it, is no refusal of the client's settings:
+// AwaitCluster waits, calling waiting, and returns nil once the seed
+// serves. With TLS, so is a close after a finished handshake.
 func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 	certs := testenv.NewCerts(t)
 	for _, c := range []struct {
-		name string
-		tls  bool
-	}{{"plaintext", false}, {"TLS, closed after the handshake", true}} {
+		name  string
+		tls   bool
+		reset bool
+	}{{"plaintext", false, false}, {"plaintext, reset", false, true}, {"TLS, closed after the handshake", true, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			_, brokers := testenv.KFake(t)
 			var tc *tls.Config
@@ -36,7 +37,7 @@ func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 				tc = certs.ServerTLS(false)
 				cfg.TLS = tlsconfig.Files{CAFile: certs.CAFile}
 			}
-			addr, forward := closingThenForwarding(t, brokers[0], tc)
+			addr, forward := closingThenForwarding(t, brokers[0], tc, c.reset)
 			cfg.Brokers = []string{addr}
 			var waits atomic.Int32
 			done := make(chan error, 1)
@@ -83,9 +84,11 @@ func TestAwaitClusterStopsOnClosedLogin(t *testing.T) {
 		{"TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, kafka.ErrTLS},
 		{"SASL, closed while authenticating", kafka.Config{
 			SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "admin", Password: secret.New(password)}}, kafka.ErrAuthentication},
+		{"SASL over TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile},
+			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, kafka.ErrTLS},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			addr, _ := closingThenForwarding(t, "", nil)
+			addr, _ := closingThenForwarding(t, "", nil, false)
 			cfg := c.cfg
 			cfg.Brokers = []string{addr}
 			var waits atomic.Int32
@@ -105,9 +108,10 @@ func TestAwaitClusterStopsOnClosedLogin(t *testing.T) {
 // shutting down does, or a proxy before a broker that is not up yet,
 // until forward is called; from then on it forwards each connection to
 // target. With tc it is a TLS listener: it completes the handshake before
-// it reads and closes, and forwards the decrypted stream. It closes when
-// the test ends.
-func closingThenForwarding(t *testing.T, target string, tc *tls.Config) (addr string, forward func()) {
+// it reads and closes, and forwards the decrypted stream. With reset it
+// resets each connection instead of closing it (as a proxy may). It
+// closes when the test ends.
+func closingThenForwarding(t *testing.T, target string, tc *tls.Config, reset bool) (addr string, forward func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -138,6 +142,9 @@ func closingThenForwarding(t *testing.T, target string, tc *tls.Config) (addr st
 					// the reset a close with unread data sends.
 					_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 					_, _ = c.Read(make([]byte, 4096))
+					if tcp, ok := c.(*net.TCPConn); ok && reset {
+						_ = tcp.SetLinger(0)
+					}
 					return
 				}
 				b, err := net.Dial("tcp", target)

@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -328,12 +329,12 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 }
 
 // dropped reports whether err, a ping's error, is only the seeds closing
-// the connection (each seed that answered at all) where that cannot be a
-// refusal of c's login or TLS settings: without SASL, and outside a TLS
-// handshake. A broker shutting down or restarting does that, as does a
-// proxy before a broker that is down, and AwaitCluster waits for the
-// cluster through it. With SASL it may be a wrong password
-// (pingVerdict); during the handshake, a listener without TLS.
+// or resetting the connection (each seed that answered at all) where
+// that cannot be a refusal of c's login or TLS settings: without SASL,
+// and outside a TLS handshake. A broker shutting down or restarting does
+// that, as does a proxy before a broker that is down, and AwaitCluster
+// waits for the cluster through it. With SASL a close may be a wrong
+// password (pingVerdict); during the handshake, a listener without TLS.
 func (c Config) dropped(err error) bool {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		for _, e := range j.Unwrap() {
@@ -343,7 +344,13 @@ func (c Config) dropped(err error) bool {
 		}
 		return len(j.Unwrap()) > 0
 	}
-	return c.SASL.Mechanism == "" && closed(err) && !errors.As(err, new(*handshakeError))
+	return c.SASL.Mechanism == "" && (closed(err) || reset(err)) && !errors.As(err, new(*handshakeError))
+}
+
+// reset reports a connection the broker reset (a proxy may, instead of
+// closing it; so does a close with a request unread).
+func reset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // AwaitCluster waits, for as long as ctx lasts, until a seed broker
@@ -354,12 +361,12 @@ func (c Config) dropped(err error) bool {
 // password, certificate or listener stops it once a broker answers,
 // whether or not one did at first. waiting is called with the error of
 // each attempt that found no broker to connect to, none answering within
-// 10 s, or, without SASL, only brokers that closed the connection outside
-// a TLS handshake (a broker shutting down or restarting, a proxy before a
-// broker that is down: without SASL such a close is no refusal of the
-// client's settings, see dropped). It returns nil once a broker served
-// the ping, ctx's error if ctx ends first, else the brokers' refusal
-// (CheckCredentials' error).
+// 10 s, or, without SASL, only brokers that closed or reset the
+// connection outside a TLS handshake (a broker shutting down or
+// restarting, a proxy before a broker that is down: without SASL such a
+// close is no refusal of the client's settings, see dropped). It returns
+// nil once a broker served the ping, ctx's error if ctx ends first, else
+// the brokers' refusal (CheckCredentials' error).
 func AwaitCluster(ctx context.Context, c Config, waiting func(error)) error {
 	cl, err := c.pingClient()
 	if err != nil {
