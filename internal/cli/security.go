@@ -91,6 +91,10 @@ func (g *Globals) kafka() (kafka.Config, error) {
 // credentials: a wrong password, an untrusted certificate or a listener
 // that does not match ends the command before it reads or writes
 // anything (exit status 1), instead of a client retrying for ever.
+// Brokers it cannot reach, or that close the connection of a client
+// without SASL outside a TLS handshake (as a broker restarting does),
+// pass: the command's own requests wait for them or fail, and a sink or
+// an ingest started then waits in its clients (kafka.CheckCredentials).
 func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
 	c, err := g.kafka()
 	if err != nil {

@@ -21,7 +21,9 @@ import (
 // shutting down or restarting, a proxy before a broker that is not up
 // yet), or resetting it, is no refusal of the client's settings:
 // AwaitCluster waits, calling waiting, and returns nil once the seed
-// serves. With TLS, so is a close after a finished handshake.
+// serves, and CheckCredentials returns nil, as for a seed it cannot reach
+// (a sink or an ingest started then waits in its clients). With TLS, so
+// is a close after a finished handshake.
 func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 	certs := testenv.NewCerts(t)
 	for _, c := range []struct {
@@ -57,6 +59,9 @@ func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 				case <-time.After(20 * time.Millisecond):
 				}
 			}
+			if err := kafka.CheckCredentials(ctx(t), cfg); err != nil {
+				t.Fatalf("CheckCredentials = %v while the only seed closed every connection; want nil, as for a seed that cannot be reached", err)
+			}
 			forward()
 			select {
 			case err := <-done:
@@ -73,7 +78,8 @@ func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 // TestAwaitClusterStopsOnClosedLogin: a seed that closes the connection
 // during the TLS handshake (a listener without TLS), or, with SASL, while
 // the client authenticates (a wrong password on some servers) refuses the
-// client's settings: AwaitCluster stops at once, without waiting.
+// client's settings: AwaitCluster stops at once, without waiting, with
+// CheckCredentials' error.
 func TestAwaitClusterStopsOnClosedLogin(t *testing.T) {
 	certs := testenv.NewCerts(t)
 	for _, c := range []struct {
@@ -98,6 +104,9 @@ func TestAwaitClusterStopsOnClosedLogin(t *testing.T) {
 			})
 			if !errors.Is(err, c.want) || waits.Load() > 0 {
 				t.Fatalf("AwaitCluster = %v after %d waits, want %v at once", err, waits.Load(), c.want)
+			}
+			if err := kafka.CheckCredentials(ctx(t), cfg); !errors.Is(err, c.want) {
+				t.Fatalf("CheckCredentials = %v, want %v", err, c.want)
 			}
 		})
 	}

@@ -263,14 +263,16 @@ func (c Config) pingClient() (*kgo.Client, error) {
 // CheckCredentials connects to the seed brokers, authenticating as c
 // says, and asks for cluster metadata. It returns an error wrapping
 // ErrAuthentication or ErrTLS, or another error, when a broker answered
-// and refused the connection or closed it: a command should stop there,
-// before it reads or writes anything. (A stage waits instead through a
-// close that cannot be a refusal: AwaitCluster.) Brokers it cannot reach
-// at all (no listener, no route before ctx ends) are not its business: it
-// returns nil, and the caller's own requests wait or fail as they would.
+// and refused the connection or closed it: a process should stop there,
+// before it reads or writes anything. Brokers it cannot reach at all (no
+// listener, no route before ctx ends) are not its business: it returns
+// nil, and the caller's own requests wait or fail as they would; so are
+// brokers that, without SASL, close the connection outside a TLS
+// handshake (dropped), as a broker shutting down or restarting does.
 func CheckCredentials(ctx context.Context, c Config) error {
 	// Without kgo.AlwaysRetryEOF: a connection closed at its first
-	// request is reported here at once, as the mismatch it usually is.
+	// request is reported here at once, and with SASL or during the TLS
+	// handshake taken for the mismatch it usually is (pingVerdict).
 	cl, err := c.pingClient()
 	if err != nil {
 		return err
@@ -294,9 +296,11 @@ func (c Config) ping(ctx context.Context, cl *kgo.Client) error {
 }
 
 // pingVerdict is CheckCredentials' verdict on err, a ping's error under
-// ctx: nil when the ping was served, or found no broker to connect to
-// (or ctx ended first); else the brokers' refusal of the login, the TLS
-// handshake that failed, or the connection they closed or refused.
+// ctx: nil when the ping was served, found no broker to connect to (or
+// ctx ended first), or only brokers that closed the connection where
+// that is no refusal (dropped); else the brokers' refusal of the login,
+// the TLS handshake that failed, or the connection they closed or
+// refused.
 func (c Config) pingVerdict(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -318,12 +322,8 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: brokers %s closed the connection while authenticating user %q with %s (wrong user or password, or a listener without SASL?): %v",
 			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
 	case c.dropped(err):
-		missing := "TLS or SASL"
-		if c.TLS.On() {
-			missing = "SASL"
-		}
-		return fmt.Errorf("kafka: brokers %s closed the connection before answering (shutting down or restarting, a proxy before a broker that is down, or a listener that requires %s): %w",
-			brokers, missing, err)
+		// As a broker shutting down or restarting does: no refusal.
+		return nil
 	}
 	return fmt.Errorf("kafka: brokers %s refused the connection (SASL or TLS settings that do not match the listener?): %w", brokers, err)
 }
