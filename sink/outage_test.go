@@ -20,20 +20,25 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// The ClickHouse instance that TestClickHouseOutage stops and starts: not
-// the shared one.
-const (
-	outagePort     = "19000"
-	outageHTTPPort = "18123"
-)
+// outageServer is the ClickHouse instance that TestClickHouseOutage stops
+// and starts, not the shared one: on the ports 124 (native) and 125 (HTTP)
+// above the test server's native port, in the block of ports its runner
+// owns (testenv.PortAbove), so that two runs on one machine, each with a
+// test server of its own, do not collide.
+type outageServer struct{ native, http string }
 
-func clickhouseScript(t *testing.T, cmd string) {
+func newOutageServer(t *testing.T) outageServer {
+	addr := testenv.RealClickHouse(t)
+	return outageServer{testenv.PortAbove(t, addr, 124), testenv.PortAbove(t, addr, 125)}
+}
+
+func (s outageServer) script(t *testing.T, cmd string) {
 	t.Helper()
 	c := exec.Command("../deploy/local/clickhouse.sh", cmd)
-	c.Env = append(os.Environ(), "CLICKHOUSE_PORT="+outagePort, "CLICKHOUSE_HTTP_PORT="+outageHTTPPort)
+	c.Env = append(os.Environ(), "CLICKHOUSE_PORT="+s.native, "CLICKHOUSE_HTTP_PORT="+s.http, "CLICKHOUSE_TLS_PORT=")
 	out, err := c.CombinedOutput()
 	if err != nil {
-		t.Fatalf("clickhouse.sh %s (port %s): %v\n%s", cmd, outagePort, err, out)
+		t.Fatalf("clickhouse.sh %s (port %s): %v\n%s", cmd, s.native, err, out)
 	}
 	t.Logf("clickhouse.sh %s: %s", cmd, strings.TrimSpace(string(out)))
 }
@@ -86,9 +91,10 @@ func TestClickHouseOutage(t *testing.T) {
 	waitsMostly(t)
 	e := newEnv(t, 4)
 	testenv.Meterline(t) // built now, not while the load runs
-	clickhouseScript(t, "start")
-	t.Cleanup(func() { clickhouseScript(t, "stop") })
-	addr := "127.0.0.1:" + outagePort
+	ch := newOutageServer(t)
+	ch.script(t, "start")
+	t.Cleanup(func() { ch.script(t, "stop") })
+	addr := "127.0.0.1:" + ch.native
 	db := fmt.Sprintf("outage_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	conn, err := Dial(ctxT(t, time.Minute), addr, db, true)
 	if err != nil {
@@ -160,7 +166,7 @@ func TestClickHouseOutage(t *testing.T) {
 		t.Fatal("nothing written before the outage")
 	}
 
-	clickhouseScript(t, "stop")
+	ch.script(t, "stop")
 	stopped := time.Now()
 	body := waitReady(t, http, 503, 15*time.Second)
 	t.Logf("/readyz during the outage: %s", body)
@@ -178,7 +184,7 @@ func TestClickHouseOutage(t *testing.T) {
 		t.Errorf("caught up during the outage: lag should grow")
 	}
 	time.Sleep(time.Until(stopped.Add(30 * time.Second)))
-	clickhouseScript(t, "start")
+	ch.script(t, "start")
 	t.Logf("clickhouse was down %s", time.Since(stopped).Round(time.Second))
 	waitReady(t, http, 200, time.Minute)
 	time.Sleep(3 * time.Second)

@@ -91,6 +91,10 @@ func (g *Globals) kafka() (kafka.Config, error) {
 // credentials: a wrong password, an untrusted certificate or a listener
 // that does not match ends the command before it reads or writes
 // anything (exit status 1), instead of a client retrying for ever.
+// Brokers it cannot reach, or that close the connection of a client
+// without SASL outside a TLS handshake (as a broker restarting does),
+// pass: the command's own requests wait for them or fail, and a sink or
+// an ingest started then waits in its clients (kafka.CheckCredentials).
 func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
 	c, err := g.kafka()
 	if err != nil {
@@ -106,8 +110,10 @@ func (g *Globals) connectKafka(ctx context.Context) (kafka.Config, error) {
 
 // awaitKafka waits until a broker answers, logging while none does, and
 // checks the credentials on the same connection (kafka.AwaitCluster): a
-// stage started during an outage of the whole cluster waits for it
-// (docs/operations.md, Outages), and one whose password, certificate or
+// stage started during an outage of the whole cluster, or while its
+// seeds close every connection without SASL (brokers restarting, a proxy
+// before brokers that are down), waits for it (docs/operations.md,
+// Outages), and one whose password, certificate or
 // listener the brokers refuse ends before it reads or writes anything,
 // as connectKafka ends a command (exit status 1). It reports false, with
 // no error, when ctx ends first (the process was stopped: a clean exit).
@@ -117,7 +123,7 @@ func (g *Globals) awaitKafka(ctx context.Context, log *zap.Logger) (bool, error)
 		return false, err
 	}
 	err = kafka.AwaitCluster(ctx, c, func(err error) {
-		log.Warn("no broker reachable; waiting for the cluster", zap.Strings("brokers", c.Brokers), zap.Error(err))
+		log.Warn("no broker answers; waiting for the cluster", zap.Strings("brokers", c.Brokers), zap.Error(err))
 	})
 	switch {
 	case err == nil:

@@ -35,7 +35,7 @@ func TestStageStartedWithoutBrokersWaits(t *testing.T) {
 				t.Fatalf("%s exited (status %d) while no broker was reachable; want it to wait\nstderr: %s", stage, code, errb.String())
 			case <-time.After(8 * time.Second):
 			}
-			if !strings.Contains(errb.String(), "no broker reachable; waiting for the cluster") {
+			if !strings.Contains(errb.String(), "no broker answers; waiting for the cluster") {
 				t.Errorf("%s's log does not say it waits for the cluster:\n%s", stage, errb.String())
 			}
 			cancel()

@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -144,15 +145,52 @@ func (c Config) opts() ([]kgo.Opt, error) {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
 	if tc != nil {
-		// kgo clones the config per dial and sets ServerName from the
-		// broker's host when it is empty.
-		opts = append(opts, kgo.DialTLSConfig(tc))
+		opts = append(opts, kgo.Dialer(tlsDialer(tc)))
 	}
 	if m := c.Mechanism(); m != nil {
 		opts = append(opts, kgo.SASL(m))
 	}
 	return opts, nil
 }
+
+// tlsDialer dials as kgo.DialTLSConfig(tc) does (tc cloned per dial, its
+// ServerName the broker's host when empty, the TCP dial and the handshake
+// within DialTimeout together) and marks an error of the handshake
+// (handshakeError): a broker that closes the connection during the
+// handshake does not speak TLS on that listener, or refused the client's
+// certificate, where one that closes it later may be shutting down
+// (AwaitCluster).
+func tlsDialer(tc *tls.Config) func(ctx context.Context, network, host string) (net.Conn, error) {
+	var d net.Dialer
+	return func(ctx context.Context, network, host string) (net.Conn, error) {
+		c := tc.Clone()
+		if c.ServerName == "" {
+			server, _, err := net.SplitHostPort(host)
+			if err != nil {
+				return nil, fmt.Errorf("unable to split host:port for dialing: %w", err)
+			}
+			c.ServerName = server
+		}
+		ctx, cancel := context.WithTimeout(ctx, DialTimeout)
+		defer cancel()
+		conn, err := d.DialContext(ctx, network, host)
+		if err != nil {
+			return nil, err
+		}
+		tconn := tls.Client(conn, c)
+		if err := tconn.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, &handshakeError{err}
+		}
+		return tconn, nil
+	}
+}
+
+// handshakeError is an error of a TLS handshake (tlsDialer).
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string { return "tls handshake: " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
 
 // Mechanism returns the SASL mechanism of c, or nil without SASL.
 func (c Config) Mechanism() sasl.Mechanism {
@@ -228,10 +266,13 @@ func (c Config) pingClient() (*kgo.Client, error) {
 // and refused the connection or closed it: a process should stop there,
 // before it reads or writes anything. Brokers it cannot reach at all (no
 // listener, no route before ctx ends) are not its business: it returns
-// nil, and the caller's own requests wait or fail as they would.
+// nil, and the caller's own requests wait or fail as they would; so are
+// brokers that, without SASL, close the connection outside a TLS
+// handshake (dropped), as a broker shutting down or restarting does.
 func CheckCredentials(ctx context.Context, c Config) error {
 	// Without kgo.AlwaysRetryEOF: a connection closed at its first
-	// request is reported here at once, as the mismatch it usually is.
+	// request is reported here at once, and with SASL or during the TLS
+	// handshake taken for the mismatch it usually is (pingVerdict).
 	cl, err := c.pingClient()
 	if err != nil {
 		return err
@@ -255,9 +296,11 @@ func (c Config) ping(ctx context.Context, cl *kgo.Client) error {
 }
 
 // pingVerdict is CheckCredentials' verdict on err, a ping's error under
-// ctx: nil when the ping was served, or found no broker to connect to
-// (or ctx ended first); else the brokers' refusal of the login, the TLS
-// handshake that failed, or the connection they closed or refused.
+// ctx: nil when the ping was served, found no broker to connect to (or
+// ctx ended first), or only brokers that closed the connection where
+// that is no refusal (dropped); else the brokers' refusal of the login,
+// the TLS handshake that failed, or the connection they closed or
+// refused.
 func (c Config) pingVerdict(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -271,13 +314,43 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: brokers %s: %v", ErrTLS, brokers, err)
 	case notAnswered(err) || ctx.Err() != nil:
 		return nil
+	case closed(err) && errors.As(err, new(*handshakeError)):
+		return fmt.Errorf("%w: brokers %s closed the connection during the TLS handshake (a listener without TLS?): %v", ErrTLS, brokers, err)
 	case c.SASL.Mechanism != "" && closed(err):
 		// Some servers close the connection instead of answering a
 		// failed authentication.
 		return fmt.Errorf("%w: brokers %s closed the connection while authenticating user %q with %s (wrong user or password, or a listener without SASL?): %v",
 			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
+	case c.dropped(err):
+		// As a broker shutting down or restarting does: no refusal.
+		return nil
 	}
 	return fmt.Errorf("kafka: brokers %s refused the connection (SASL or TLS settings that do not match the listener?): %w", brokers, err)
+}
+
+// dropped reports whether err, a ping's error, is only the seeds closing
+// or resetting the connection (each seed that answered at all) where
+// that cannot be a refusal of c's login or TLS settings: without SASL,
+// and outside a TLS handshake. A broker shutting down or restarting does
+// that, as does a proxy before a broker that is down, and AwaitCluster
+// waits for the cluster through it. With SASL a close may be a wrong
+// password (pingVerdict); during the handshake, a listener without TLS.
+func (c Config) dropped(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !c.dropped(e) {
+				return false
+			}
+		}
+		return len(j.Unwrap()) > 0
+	}
+	return c.SASL.Mechanism == "" && (closed(err) || reset(err)) && !errors.As(err, new(*handshakeError))
+}
+
+// reset reports a connection the broker reset (a proxy may, instead of
+// closing it; so does a close with a request unread).
+func reset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // AwaitCluster waits, for as long as ctx lasts, until a seed broker
@@ -287,9 +360,13 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 // runs, rather than fail the first request it makes and exit; and a wrong
 // password, certificate or listener stops it once a broker answers,
 // whether or not one did at first. waiting is called with the error of
-// each attempt that found no broker to connect to, or none answering
-// within 10 s. It returns nil once a broker served the ping, ctx's error
-// if ctx ends first, else the brokers' refusal (CheckCredentials' error).
+// each attempt that found no broker to connect to, none answering within
+// 10 s, or, without SASL, only brokers that closed or reset the
+// connection outside a TLS handshake (a broker shutting down or
+// restarting, a proxy before a broker that is down: without SASL such a
+// close is no refusal of the client's settings, see dropped). It returns
+// nil once a broker served the ping, ctx's error if ctx ends first, else
+// the brokers' refusal (CheckCredentials' error).
 func AwaitCluster(ctx context.Context, c Config, waiting func(error)) error {
 	cl, err := c.pingClient()
 	if err != nil {
@@ -305,7 +382,7 @@ func AwaitCluster(ctx context.Context, c Config, waiting func(error)) error {
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case !notAnswered(err):
+		case !notAnswered(err) && !c.dropped(err):
 			return c.pingVerdict(ctx, err)
 		}
 		waiting(err)
