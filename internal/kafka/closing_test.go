@@ -1,10 +1,12 @@
 package kafka_test
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,4 +178,34 @@ func closingThenForwarding(t *testing.T, target string, tc *tls.Config, reset bo
 		}
 	})
 	return ln.Addr().String(), func() { forwarding.Store(true) }
+}
+
+// TestRealSecuredBrokerWithoutSASL: on the real SASL_SSL broker, a client
+// with TLS but without SASL is waited for (the broker closes each
+// connection after the first request, as one restarting does), the
+// waiting error carrying kgo's guess (is SASL missing?); a client without
+// TLS is refused at once, SASL or not: the broker answers it with a TLS
+// alert (docs/operations.md, Kafka: SASL and TLS).
+func TestRealSecuredBrokerWithoutSASL(t *testing.T) {
+	k := testenv.RealKafkaSASL(t)
+	withTLS := kafka.Config{Brokers: k.Brokers, TLS: k.TLS()}
+	if err := kafka.CheckCredentials(ctx(t), withTLS); err != nil {
+		t.Fatalf("TLS without SASL: CheckCredentials = %v, want nil (waited for)", err)
+	}
+	actx, cancel := context.WithTimeout(ctx(t), 3*time.Second)
+	defer cancel()
+	var waited error
+	if err := kafka.AwaitCluster(actx, withTLS, func(err error) { waited = err }); !errors.Is(err, context.DeadlineExceeded) ||
+		waited == nil || !strings.Contains(waited.Error(), "is SASL missing?") {
+		t.Fatalf("TLS without SASL: AwaitCluster = %v after waiting on %v, want it waiting on kgo's guess (is SASL missing?)", err, waited)
+	}
+	for _, c := range []kafka.Config{{Brokers: k.Brokers}, {Brokers: k.Brokers, SASL: k.Config(t, "admin", kafka.ScramSHA512).SASL}} {
+		err := kafka.AwaitCluster(ctx(t), c, func(err error) { t.Errorf("%s: waiting on %v, want it refused at once", c, err) })
+		if err == nil || !strings.Contains(err.Error(), "plaintext connection speaking to a tls endpoint") {
+			t.Errorf("%s: AwaitCluster = %v, want the refusal of a client without TLS", c, err)
+		}
+		if err := kafka.CheckCredentials(ctx(t), c); err == nil {
+			t.Errorf("%s: CheckCredentials = nil, want the refusal of a client without TLS", c)
+		}
+	}
 }
