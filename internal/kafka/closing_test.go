@@ -77,26 +77,30 @@ func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 	}
 }
 
-// TestAwaitClusterStopsOnClosedLogin: a seed that closes the connection
-// during the TLS handshake (a listener without TLS), or, with SASL, while
+// TestAwaitClusterStopsOnClosedLogin: a seed that closes (or resets) the
+// connection during the TLS handshake (a listener without TLS), or, with SASL, while
 // the client authenticates (a wrong password on some servers) refuses the
 // client's settings: AwaitCluster stops at once, without waiting, with
 // CheckCredentials' error.
 func TestAwaitClusterStopsOnClosedLogin(t *testing.T) {
 	certs := testenv.NewCerts(t)
 	for _, c := range []struct {
-		name string
-		cfg  kafka.Config
-		want error
+		name  string
+		cfg   kafka.Config
+		reset bool
+		want  error
 	}{
-		{"TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, kafka.ErrTLS},
+		{"TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, false, kafka.ErrTLS},
+		{"TLS, reset during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, true, kafka.ErrTLS},
 		{"SASL, closed while authenticating", kafka.Config{
-			SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "admin", Password: secret.New(password)}}, kafka.ErrAuthentication},
+			SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "admin", Password: secret.New(password)}}, false, kafka.ErrAuthentication},
 		{"SASL over TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile},
-			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, kafka.ErrTLS},
+			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, false, kafka.ErrTLS},
+		{"SASL over TLS, reset during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile},
+			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, true, kafka.ErrTLS},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			addr, _ := closingThenForwarding(t, "", nil, false)
+			addr, _ := closingThenForwarding(t, "", nil, c.reset)
 			cfg := c.cfg
 			cfg.Brokers = []string{addr}
 			var waits atomic.Int32
