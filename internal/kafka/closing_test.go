@@ -1,10 +1,12 @@
 package kafka_test
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -75,26 +77,30 @@ func TestAwaitClusterWaitsThroughClosedConnections(t *testing.T) {
 	}
 }
 
-// TestAwaitClusterStopsOnClosedLogin: a seed that closes the connection
-// during the TLS handshake (a listener without TLS), or, with SASL, while
+// TestAwaitClusterStopsOnClosedLogin: a seed that closes (or resets) the
+// connection during the TLS handshake (a listener without TLS), or, with SASL, while
 // the client authenticates (a wrong password on some servers) refuses the
 // client's settings: AwaitCluster stops at once, without waiting, with
 // CheckCredentials' error.
 func TestAwaitClusterStopsOnClosedLogin(t *testing.T) {
 	certs := testenv.NewCerts(t)
 	for _, c := range []struct {
-		name string
-		cfg  kafka.Config
-		want error
+		name  string
+		cfg   kafka.Config
+		reset bool
+		want  error
 	}{
-		{"TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, kafka.ErrTLS},
+		{"TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, false, kafka.ErrTLS},
+		{"TLS, reset during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile}}, true, kafka.ErrTLS},
 		{"SASL, closed while authenticating", kafka.Config{
-			SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "admin", Password: secret.New(password)}}, kafka.ErrAuthentication},
+			SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "admin", Password: secret.New(password)}}, false, kafka.ErrAuthentication},
 		{"SASL over TLS, closed during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile},
-			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, kafka.ErrTLS},
+			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, false, kafka.ErrTLS},
+		{"SASL over TLS, reset during the handshake", kafka.Config{TLS: tlsconfig.Files{CAFile: certs.CAFile},
+			SASL: kafka.SASL{Mechanism: kafka.Plain, User: "admin", Password: secret.New(password)}}, true, kafka.ErrTLS},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			addr, _ := closingThenForwarding(t, "", nil, false)
+			addr, _ := closingThenForwarding(t, "", nil, c.reset)
 			cfg := c.cfg
 			cfg.Brokers = []string{addr}
 			var waits atomic.Int32
@@ -176,4 +182,34 @@ func closingThenForwarding(t *testing.T, target string, tc *tls.Config, reset bo
 		}
 	})
 	return ln.Addr().String(), func() { forwarding.Store(true) }
+}
+
+// TestRealSecuredBrokerWithoutSASL: on the real SASL_SSL broker, a client
+// with TLS but without SASL is waited for (the broker closes each
+// connection after the first request, as one restarting does), the
+// waiting error carrying kgo's guess (is SASL missing?); a client without
+// TLS is refused at once, SASL or not: the broker answers it with a TLS
+// alert (docs/operations.md, Kafka: SASL and TLS).
+func TestRealSecuredBrokerWithoutSASL(t *testing.T) {
+	k := testenv.RealKafkaSASL(t)
+	withTLS := kafka.Config{Brokers: k.Brokers, TLS: k.TLS()}
+	if err := kafka.CheckCredentials(ctx(t), withTLS); err != nil {
+		t.Fatalf("TLS without SASL: CheckCredentials = %v, want nil (waited for)", err)
+	}
+	actx, cancel := context.WithTimeout(ctx(t), 3*time.Second)
+	defer cancel()
+	var waited error
+	if err := kafka.AwaitCluster(actx, withTLS, func(err error) { waited = err }); !errors.Is(err, context.DeadlineExceeded) ||
+		waited == nil || !strings.Contains(waited.Error(), "is SASL missing?") {
+		t.Fatalf("TLS without SASL: AwaitCluster = %v after waiting on %v, want it waiting on kgo's guess (is SASL missing?)", err, waited)
+	}
+	for _, c := range []kafka.Config{{Brokers: k.Brokers}, {Brokers: k.Brokers, SASL: k.Config(t, "admin", kafka.ScramSHA512).SASL}} {
+		err := kafka.AwaitCluster(ctx(t), c, func(err error) { t.Errorf("%s: waiting on %v, want it refused at once", c, err) })
+		if err == nil || !strings.Contains(err.Error(), "plaintext connection speaking to a tls endpoint") {
+			t.Errorf("%s: AwaitCluster = %v, want the refusal of a client without TLS", c, err)
+		}
+		if err := kafka.CheckCredentials(ctx(t), c); err == nil {
+			t.Errorf("%s: CheckCredentials = nil, want the refusal of a client without TLS", c)
+		}
+	}
 }

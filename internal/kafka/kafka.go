@@ -314,7 +314,9 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: brokers %s: %v", ErrTLS, brokers, err)
 	case notAnswered(err) || ctx.Err() != nil:
 		return nil
-	case closed(err) && errors.As(err, new(*handshakeError)):
+	case (closed(err) || reset(err)) && errors.As(err, new(*handshakeError)):
+		// Or resets it: a listener that closes the connection with part
+		// of the ClientHello unread sends a reset.
 		return fmt.Errorf("%w: brokers %s closed the connection during the TLS handshake (a listener without TLS?): %v", ErrTLS, brokers, err)
 	case c.SASL.Mechanism != "" && closed(err):
 		// Some servers close the connection instead of answering a
