@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
-SIDE_PACKAGES=${SIDE_PACKAGES:-./deploy}
+SIDE_PACKAGES=${SIDE_PACKAGES-./deploy ./internal/clustertest ./internal/stream ./internal/cli ./internal/standbytest}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of
@@ -124,11 +124,14 @@ export METERLINE_TEST_KAFKA_SASL_DIR
 export METERLINE_TEST_CLICKHOUSE_SECURE=127.0.0.1:$CLICKHOUSE_SECURE_TLS_PORT
 export METERLINE_TEST_CLICKHOUSE_SECURE_DIR=/tmp/meterline-clickhouse-$CLICKHOUSE_SECURE_PORT/security
 export METERLINE_TEST_CLICKHOUSE_SECURE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE
-# -p 1: integration packages share one broker on a 2-core machine. The
-# packages of SIDE_PACKAGES, whose tests mostly wait (alert windows, broker
-# outages) and use little CPU, run in a second `go test` beside the others;
-# their output follows the others'.
-side_all=$($GO list $SIDE_PACKAGES | sort)
+# The packages run in two `go test -p 1`, one package at a time each: those
+# of SIDE_PACKAGES in the second, beside the others. Packages share the
+# services (every test names its own topics, groups and databases), and a
+# one-lane run kept the two cores about half busy: most tests wait for the
+# broker, a rule's window or a timeout. The second lane's output follows
+# the first's. SIDE_PACKAGES= runs every package in one lane.
+side_all=
+[ -z "$SIDE_PACKAGES" ] || side_all=$($GO list $SIDE_PACKAGES | sort)
 listed=$($GO list $PACKAGES | sort)
 side=$(comm -12 <(echo "$listed") <(echo "$side_all"))
 rest=$(comm -23 <(echo "$listed") <(echo "$side_all"))
