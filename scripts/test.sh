@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
-SIDE_PACKAGES=${SIDE_PACKAGES-./deploy ./internal/clustertest ./internal/stream ./internal/cli ./internal/standbytest}
+SIDE_PACKAGES=${SIDE_PACKAGES-./deploy ./internal/cli ./internal/crashtest ./internal/demo ./internal/docscheck ./internal/standbytest ./internal/stream}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of

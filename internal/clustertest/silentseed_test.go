@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -94,7 +95,9 @@ func TestRealClusterSilentSeed(t *testing.T) {
 	// broker is elected and loaded on a live one, and a client retries
 	// meanwhile with a growing backoff.
 	waitCoordinators(t, kadm.NewClient(ask), paused, after.Group, after.TransactionalID())
-	l = newLoopOf(t, after)
+	// Its sessions log from info up: should one outlast sessionWithin, the
+	// log says which broker it waited for.
+	l = newLoopOf(t, after, zap.InfoLevel)
 	for i := range 3 {
 		l.Close(openJoined(t, l, topic, fmt.Sprintf("session %d with seed broker %d paused", i+1, n), sessionWithin))
 	}
@@ -172,13 +175,13 @@ func loopConfig(seeds []string, group string) session.Config {
 // newLoop returns the session loop of loopConfig(seeds, group).
 func newLoop(t *testing.T, seeds []string, group string) *session.Loop {
 	t.Helper()
-	return newLoopOf(t, loopConfig(seeds, group))
+	return newLoopOf(t, loopConfig(seeds, group), zap.WarnLevel)
 }
 
-// newLoopOf returns the session loop of c.
-func newLoopOf(t *testing.T, c session.Config) *session.Loop {
+// newLoopOf returns the session loop of c, logging from level up.
+func newLoopOf(t *testing.T, c session.Config, level zapcore.Level) *session.Loop {
 	t.Helper()
-	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	l, err := session.NewLoop(c, zaptest.NewLogger(t, zaptest.Level(level)),
 		session.NewMetrics(prometheus.NewRegistry(), session.Names{RecordsIn: "in_total", Transactions: "txn_total",
 			CommitSeconds: "commit_seconds", Restarts: "restarts_total", Member: "member"}, "records"), "")
 	if err != nil {
