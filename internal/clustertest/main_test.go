@@ -5,7 +5,8 @@
 // under a generator of usage with copies, conflicts, misrouted records,
 // late events and bad records, while brokers are killed, paused and
 // restarted, every broker at once too, and stage instances are killed, or
-// come and go in a rebalance storm. Afterwards every output reconciles exactly with the generator's
+// come and go in a rebalance storm; and a stage is not ready while its
+// transaction coordinator's broker is paused (readytxn_test.go). Afterwards every output reconciles exactly with the generator's
 // truth, read back from what the brokers stamped: ClickHouse's plain
 // count() and sums, FINAL plus adjustments, duplicates and rejections. The
 // aggregators decide entitlements: caps and a credit grant that the load
