@@ -313,6 +313,8 @@ func (l *Loop) startConn() []kgo.Opt {
 	l.seedsBack = l.cfg.Kafka.Brokers
 	listed := kafka.ListedSeeds(context.Background(), l.cfg.Kafka)
 	if len(listed) == 0 {
+		l.log.Info("no seed broker listed the cluster's brokers in time; the session starts from the seeds",
+			zap.Strings("seeds", l.cfg.Kafka.Brokers), zap.Duration("wait", kafka.ListedBrokerWait))
 		return l.conn
 	}
 	var back []string
