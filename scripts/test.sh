@@ -8,7 +8,7 @@ GO=${GO:-go}
 TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
 ALONE_PACKAGES=${ALONE_PACKAGES-./internal/clustertest}
-SIDE_PACKAGES=${SIDE_PACKAGES-./deploy ./internal/cli ./internal/crashtest ./internal/demo ./internal/docscheck ./internal/standbytest ./internal/stream}
+SIDE_PACKAGES=${SIDE_PACKAGES-./deploy ./internal/bench ./internal/cli ./internal/crashtest ./internal/demo ./internal/docscheck ./internal/standbytest ./internal/stream}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of
