@@ -92,13 +92,20 @@ func filterLoadChangelog() []*kgo.Record {
 }
 
 func filterLoadProcessor(b *testing.B, reg *prometheus.Registry) *processor {
-	cfg := Config{Keys: []Key{fuzzKey}}
+	return localProcessor(b, Config{}, reg)
+}
+
+// localProcessor is a processor of cfg (the key ring fuzzKey, the other
+// fields defaulted) for a stream.Local: every topic has one partition,
+// and the events topic's end and retention are not read from a broker.
+func localProcessor(tb testing.TB, cfg Config, reg *prometheus.Registry) *processor {
+	cfg.Keys = []Key{fuzzKey}
 	cfg.Stream.Registerer = reg
-	cfg.Stream.InstanceID = "bench"
+	cfg.Stream.InstanceID = "local"
 	cfg.EnsureDefaults()
 	pr, err := newProcessor(cfg, partitionCountsT{events: 1, deduped: 1, duplicates: 1, rejected: 1}, zap.NewNop())
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	pr.endOffset = func(int32) (int64, error) { return 0, nil }
 	pr.eventsRetention = func() (time.Duration, error) { return -1, nil }

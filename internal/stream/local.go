@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -37,7 +38,13 @@ type Local struct {
 // input offsets are kept under the keys a Runtime with InputTopic input
 // would use.
 func NewLocal(proc Processor, p int32, input string) (*Local, error) {
-	return openLocal(proc, p, input, nil)
+	return openLocal(proc, p, input, nil, vfs.NewMem(), "local")
+}
+
+// NewLocalIn is NewLocal on a store in dir on disk, for tests that
+// measure the store's files.
+func NewLocalIn(proc Processor, p int32, input, dir string) (*Local, error) {
+	return openLocal(proc, p, input, nil, vfs.Default, dir)
 }
 
 // RestoreLocal opens partition p of proc on an in-memory store restored
@@ -45,11 +52,11 @@ func NewLocal(proc Processor, p int32, input string) (*Local, error) {
 // a restore from the start of the changelog topic leaves it. The new Local
 // keeps its records (Keep), and its changelog continues the one given.
 func RestoreLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (*Local, error) {
-	return openLocal(proc, p, input, changelog)
+	return openLocal(proc, p, input, changelog, vfs.NewMem(), "local")
 }
 
-func openLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (*Local, error) {
-	st, err := OpenStore("local", vfs.NewMem(), zap.NewNop())
+func openLocal(proc Processor, p int32, input string, changelog []*kgo.Record, fs vfs.FS, dir string) (*Local, error) {
+	st, err := OpenStore(dir, fs, zap.NewNop())
 	if err != nil {
 		return nil, err
 	}
@@ -178,6 +185,9 @@ func (l *Local) TakeOutput() []*kgo.Record {
 // Changelog returns the changelog records of every committed transaction
 // since Keep, in order: the input of RestoreLocal.
 func (l *Local) Changelog() []*kgo.Record { return l.changelog }
+
+// DB is the store's Pebble DB (metrics).
+func (l *Local) DB() *pebble.DB { return l.rt.store.DB() }
 
 // Emitted returns how many records the partition emitted to topic.
 func (l *Local) Emitted(topic string) int { return l.emitted[topic] }

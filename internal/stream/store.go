@@ -112,6 +112,12 @@ func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*St
 	cache := pebble.NewCache(blockCacheBytes)
 	opts := &pebble.Options{FS: fs, Logger: pebbleLogger{log.Named("pebble").Sugar()}, Cache: cache,
 		MemTableSize: memTableBytes}
+	// A range deletion (dedup's expiry of a bucket, a partition's state
+	// dropped) gives the disk back only once it is flushed: Pebble then
+	// deletes the sstables it covers whole (a delete-only compaction).
+	// Without a delay it waits in the memtable until new writes fill it:
+	// at low traffic for days, with none for ever.
+	opts.FlushDelayDeleteRange = flushDelayDeleteRange
 	// State keys are hashes and values mostly hashes too: compression
 	// would cost CPU and save nothing.
 	opts.ApplyCompressionSettings(func() pebble.DBCompressionSettings { return pebble.DBCompressionNone })
@@ -143,6 +149,13 @@ const (
 	blockCacheBytes = 256 << 20
 	memTableBytes   = 64 << 20
 )
+
+// flushDelayDeleteRange is how long Pebble keeps a memtable that holds a
+// range deletion before it flushes it (Options.FlushDelayDeleteRange).
+// Range deletions are rare (dedup: one a bucket and partition, and one as
+// a partition opens; a partition's state dropped), so the early flushes
+// cost little.
+const flushDelayDeleteRange = 10 * time.Second
 
 // Close stops the flusher and closes the store.
 func (s *Store) Close() error {
