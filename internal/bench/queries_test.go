@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,11 +40,7 @@ func TestQueriesRunsAndLeavesNothingBehind(t *testing.T) {
 		}
 	}
 	left := leftBehind(t, testenv.Admin(t, brokers), "", filepath.Join(t.TempDir(), "none"))
-	for _, db := range benchDatabases(t, addr) {
-		if !slices.Contains(before, db) {
-			left = append(left, "database "+db)
-		}
-	}
+	left = append(left, newBenchDatabases(t, addr, before, w.buf.String())...)
 	if len(left) > 0 {
 		t.Errorf("left behind: %v", left)
 	}

@@ -46,9 +46,36 @@ func benchDatabases(t *testing.T, addr string) []string {
 	return dbs
 }
 
-// benchStamp finds the stamp of a bench sink run, which names its
-// databases, in its progress lines.
-var benchStamp = regexp.MustCompile(`bench-sink-(\d+)\.`)
+// benchStamp finds, in the progress lines of a bench sink or bench
+// queries run, the stamp that names its databases: in its topics' prefix,
+// or (modulo 1e9) in its bench queries database.
+var benchStamp = regexp.MustCompile(`bench-(?:queries-)?sink-(\d+)\.|bench_queries_(\d+)\.`)
+
+// newBenchDatabases lists, as "database <name>", the databases of
+// benchDatabases that are not in before and that belong to the run whose
+// progress lines are progress: another package's tests may run bench on
+// the same server meanwhile (make test's lanes). Without a stamp in
+// progress, every new one counts.
+func newBenchDatabases(t *testing.T, addr string, before []string, progress string) []string {
+	t.Helper()
+	ours := func(string) bool { return true }
+	if m := benchStamp.FindStringSubmatch(progress); m != nil {
+		stamp, err := strconv.ParseInt(m[1]+m[2], 10, 64)
+		if err != nil {
+			t.Fatalf("stamp %q: %v", m[0], err)
+		}
+		// bench_queries_<stamp>, bench_sink_<what>_<stamp>_<round>.
+		mark := fmt.Sprintf("_%d_", stamp%1e9)
+		ours = func(db string) bool { return strings.Contains(db+"_", mark) }
+	}
+	var dbs []string
+	for _, db := range benchDatabases(t, addr) {
+		if !slices.Contains(before, db) && ours(db) {
+			dbs = append(dbs, "database "+db)
+		}
+	}
+	return dbs
+}
 
 // TestSinkLeavesNothingBehind runs bench sink on kfake and the real
 // ClickHouse, to the end and stopped by Ctrl-C after a sink run: its
@@ -75,19 +102,7 @@ func TestSinkLeavesNothingBehind(t *testing.T) {
 				t.Errorf("no result table:\n%s", out.String())
 			}
 			left := leftBehind(t, testenv.Admin(t, brokers), "", filepath.Join(t.TempDir(), "none"))
-			// Only this run's databases: another package's tests may run a
-			// bench sink on the same server meanwhile (make test's lanes).
-			ours := func(string) bool { return true }
-			if m := benchStamp.FindStringSubmatch(w.buf.String()); m != nil {
-				stamp, _ := strconv.ParseInt(m[1], 10, 64)
-				mark := fmt.Sprintf("_%d_", stamp%1e9)
-				ours = func(db string) bool { return strings.Contains(db, mark) }
-			}
-			for _, db := range benchDatabases(t, addr) {
-				if !slices.Contains(before, db) && ours(db) {
-					left = append(left, "database "+db)
-				}
-			}
+			left = append(left, newBenchDatabases(t, addr, before, w.buf.String())...)
 			if len(left) > 0 {
 				t.Errorf("left behind: %v", left)
 			}

@@ -27,6 +27,7 @@ import (
 	"github.com/alecthomas/kong"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -383,11 +384,18 @@ func OSIO() IO {
 	return IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, StderrIsTerminal: isTerminal(os.Stderr), StdinIsTerminal: isTerminal(os.Stdin)}
 }
 
-// isTerminal reports whether f is a character device: a terminal (or
-// /dev/null, which reads as empty at once).
+// isTerminal reports whether f is a terminal: whether it has a
+// terminal's settings. /dev/null, a character device too, has none.
 func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var ioErr error
+	if err := rc.Control(func(fd uintptr) { _, ioErr = unix.IoctlGetTermios(int(fd), ioctlReadTermios) }); err != nil {
+		return false
+	}
+	return ioErr == nil
 }
 
 // resultCommands are the commands that print their result for a person,
