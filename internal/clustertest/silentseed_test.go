@@ -3,13 +3,18 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
@@ -188,12 +193,13 @@ func openJoined(t *testing.T, l *session.Loop, topic, what string, within time.D
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
+	waits := &brokerWaits{start: start}
 	sess, err := l.Open([]string{topic}, session.Hooks{
 		Assigned: func(_ context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 			return offs, nil
 		},
 		Revoked: func(context.Context, *kgo.Client, map[string][]int32) {},
-	})
+	}, kgo.WithHooks(waits))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,8 +207,68 @@ func openJoined(t *testing.T, l *session.Loop, topic, what string, within time.D
 		func(ctx context.Context) { sess.PollFetches(ctx) })
 	if err != nil {
 		l.Close(sess)
-		t.Fatalf("%s: transactional ID initialised and group joined: not after %s: %v", what, time.Since(start).Round(time.Millisecond), err)
+		t.Fatalf("%s: transactional ID initialised and group joined: not after %s: %v; %s", what, time.Since(start).Round(time.Millisecond), err, waits)
 	}
-	t.Logf("%s: transactional ID initialised and group joined in %s", what, time.Since(start).Round(time.Millisecond))
+	t.Logf("%s: transactional ID initialised and group joined in %s; %s", what, time.Since(start).Round(time.Millisecond), waits)
 	return sess
+}
+
+// brokerWaits records the connections and requests of a session's client
+// that took over slowBroker, with their errors (a kgo hook), so that
+// openJoined says which broker a slow session waited for, and for what: a paused
+// broker holds each for the dial timeout or kgo's request timeout
+// overhead (10 s in plaintext). The session's own log says whether it
+// started from the brokers the cluster listed or from its seeds.
+type brokerWaits struct {
+	start time.Time
+	mu    sync.Mutex
+	seen  []string
+}
+
+// slowBroker is the time above which brokerWaits records a connection or
+// a request: an answering broker takes milliseconds, on a busy machine
+// too.
+const slowBroker = time.Second
+
+var (
+	_ kgo.HookBrokerConnect = (*brokerWaits)(nil)
+	_ kgo.HookBrokerE2E     = (*brokerWaits)(nil)
+)
+
+func (w *brokerWaits) OnBrokerConnect(meta kgo.BrokerMetadata, dial time.Duration, _ net.Conn, err error) {
+	if dial > slowBroker {
+		w.add(meta, "connection", dial, err)
+	}
+}
+
+func (w *brokerWaits) OnBrokerE2E(meta kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if took := e2e.DurationE2E(); took > slowBroker {
+		w.add(meta, kmsg.NameForKey(key), took, e2e.Err())
+	}
+}
+
+// add records what (a request's name, or a connection) to the broker of
+// meta, which took took and ended with err, with the time since the
+// session opened.
+func (w *brokerWaits) add(meta kgo.BrokerMetadata, what string, took time.Duration, err error) {
+	broker := "seed " + net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port)))
+	if meta.NodeID >= 0 {
+		broker = fmt.Sprintf("broker %d (%s)", meta.NodeID, net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port))))
+	}
+	line := fmt.Sprintf("at +%s %s to %s took %s", time.Since(w.start).Round(time.Millisecond), what, broker, took.Round(time.Millisecond))
+	if err != nil {
+		line += ": " + err.Error()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.seen = append(w.seen, line)
+}
+
+func (w *brokerWaits) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.seen) == 0 {
+		return fmt.Sprintf("no connection or request over %s", slowBroker)
+	}
+	return fmt.Sprintf("connections and requests over %s: %s", slowBroker, strings.Join(w.seen, "; "))
 }
