@@ -9,6 +9,11 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-40m}
 PACKAGES=${PACKAGES:-./...}
 ALONE_PACKAGES=${ALONE_PACKAGES-./internal/clustertest}
 SIDE_PACKAGES=${SIDE_PACKAGES-./deploy ./internal/bench ./internal/cli ./internal/crashtest ./internal/demo ./internal/docscheck ./internal/standbytest ./internal/stream}
+# The fast loop's tests (-short) of these packages run once more under the
+# race detector, last (docs/testing.md, "The race detector"): the runtime,
+# the sessions and the stages whose goroutines share the most memory.
+RACE_TEST_PACKAGES=${RACE_TEST_PACKAGES-./internal/stream ./internal/session ./internal/kafka ./dedup ./ingest ./sink ./producer}
+RACE_SKIP=${RACE_SKIP-^TestDeepDataCostsLittle\$}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of
@@ -167,6 +172,23 @@ if [ -n "$alone" ]; then
   alone_status=${PIPESTATUS[0]}
   [ "$alone_status" = 0 ] || status=$alone_status
 fi
+# Under the race detector, with -short: its log is kept apart, since
+# -short skips every integration test (which the check below would count
+# as skipped) and the detector's failures are told on their own.
+race_all=
+[ -z "$RACE_TEST_PACKAGES" ] || race_all=$($GO list $RACE_TEST_PACKAGES | sort)
+race=$(comm -12 <($GO list $PACKAGES | sort) <(echo "$race_all"))
+race_log=$build_dir/race.log
+: >"$race_log"
+if [ -n "$race" ]; then
+  race_start=$(date +%s)
+  echo "== go test -race -short $(echo $race)"
+  $GO test -race -short -p 1 -count=1 -timeout "$TEST_TIMEOUT" -skip "$RACE_SKIP" -v $race >"$race_log" 2>&1
+  race_status=$?
+  grep -E '^(ok|FAIL|panic:)|^\s*--- FAIL|WARNING: DATA RACE' "$race_log"
+  echo "== race detector: $(grep -c -E '^\s*--- PASS' "$race_log") passed, $(grep -c -E '^\s*--- FAIL' "$race_log") failed in $(( $(date +%s) - race_start ))s"
+  [ "$race_status" = 0 ] || status=$race_status
+fi
 set -e
 
 echo
@@ -183,6 +205,12 @@ if grep -q -E '^\s*--- FAIL|^panic: ' "$log"; then
   # Last, so that the reasons are in the tail of a long run's output.
   echo "== what the failed tests said"
   MAX_LINES=40 scripts/test-failures.sh "$log" || true
+fi
+if grep -q -E '^\s*--- FAIL|^panic: |WARNING: DATA RACE' "$race_log"; then
+  echo "== what the failed tests said under the race detector"
+  MAX_LINES=60 scripts/test-failures.sh "$race_log" || true
+  # The detector's reports: the two accesses and where the goroutines began.
+  grep -m 3 -A 60 'WARNING: DATA RACE' "$race_log" || true
 fi
 rm -f "$log"
 exit "$status"
