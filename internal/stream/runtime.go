@@ -170,7 +170,7 @@ type Runtime struct {
 	txStart   time.Time
 	txRecs    int
 	ovs       map[int32]*overlay
-	ovHint    map[int32]int // the keys each partition's last overlay wrote (overlay.sizeHint)
+	ovHint    map[int32]int // the room for each partition's next overlay (overlay.sizeHint)
 	txEpoch   map[int32]uint64
 	txWorked  int32 // the partition that did Work in this transaction, or noWorker
 	workNext  int32 // Work goes to partitions in turn, from this one (work.go)

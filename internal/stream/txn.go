@@ -43,6 +43,9 @@ type overlay struct {
 	// it does not (docs/operations.md, Health, metrics and logs: input
 	// consumed again after an abort is counted once).
 	in, out topicCounts
+	// room is the keys the overlay has room for (newOverlaySized),
+	// made at its first write.
+	room int
 	// time counts the input records the partition took as time records
 	// (Tx.TimeRecord), by topic: added to time_records_in as in is to
 	// records_in.
@@ -54,10 +57,11 @@ func newOverlay() *overlay { return newOverlaySized(0) }
 // newOverlaySized returns an overlay with room for n keys: a partition's
 // transactions mostly write as many keys as its previous one
 // (overlay.sizeHint), and a map grown key by key to that many rehashes
-// every key a few times over, in every transaction.
+// every key a few times over, in every transaction. The room is made at
+// its first write: an overlay that writes nothing (a partition that only
+// punctuated) allocates nothing.
 func newOverlaySized(n int) *overlay {
-	n = min(n, maxOverlayHint)
-	return &overlay{writes: make(map[string]entry, n), order: make([]string, 0, n)}
+	return &overlay{room: min(n, maxOverlayHint)}
 }
 
 // maxOverlayHint bounds the room an overlay is made with: a transaction
@@ -66,8 +70,14 @@ func newOverlaySized(n int) *overlay {
 const maxOverlayHint = 1 << 14
 
 // sizeHint is the room for the next overlay of the partition: the keys
-// this one wrote.
-func (ov *overlay) sizeHint() int { return len(ov.order) }
+// this one wrote, or, when it wrote fewer, most of the room it was made
+// with. A transaction in which the partition only punctuated, or read a
+// tick of usage.entitlements (the aggregator's, every
+// --entitlements-tick, whether or not the transaction has input of the
+// partition), writes no key or a few: sized by it alone, the next
+// overlay would grow to the partition's usual size key by key again. The
+// room shrinks by an eighth a transaction that writes less.
+func (ov *overlay) sizeHint() int { return max(len(ov.order), ov.room-ov.room/8) }
 
 // topicCounts counts records by topic: a partition reads and writes a
 // handful of topics, mostly one after another.
@@ -179,6 +189,9 @@ func (ov *overlay) compact() {
 func (tx *Tx) write(k []byte, e entry) {
 	ov := tx.ov
 	ks := string(k)
+	if ov.writes == nil {
+		ov.writes, ov.order = make(map[string]entry, ov.room), make([]string, 0, ov.room)
+	}
 	if _, ok := ov.writes[ks]; !ok {
 		if _, was := ov.dropped[ks]; was {
 			delete(ov.dropped, ks) // still in order, at its first write

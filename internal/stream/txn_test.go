@@ -172,8 +172,82 @@ func TestOverlaySizedByThePrevious(t *testing.T) {
 	}
 	rt.resetTxn()
 	for _, c := range []struct{ p, want int32 }{{0, 300}, {1, maxOverlayHint}, {2, 0}} {
-		if got := cap(rt.overlayFor(c.p, 2).order); got != int(c.want) {
+		if got := rt.overlayFor(c.p, 2).room; got != int(c.want) {
 			t.Errorf("partition %d: next overlay has room for %d keys, want %d", c.p, got, c.want)
 		}
+	}
+}
+
+// TestOverlayRoomOutlivesAnEmptyTransaction: a transaction in which a
+// partition wrote no key, or a few (it only punctuated, or read a tick),
+// leaves its next overlay most of the room of the one before (an eighth
+// less a transaction), not room for those few keys: the aggregator with
+// entitlements punctuates every partition every tick, and such an
+// overlay's successor grew to the partition's size key by key again.
+func TestOverlayRoomOutlivesAnEmptyTransaction(t *testing.T) {
+	rt := &Runtime{ovs: map[int32]*overlay{}, txEpoch: map[int32]uint64{}}
+	write := func(p int32, keys int) {
+		tx := &Tx{rt: rt, p: p, ov: rt.overlayFor(p, 1)}
+		for i := range keys {
+			tx.Put(fmt.Appendf(nil, "k%d", i), []byte("v"))
+		}
+		rt.resetTxn()
+	}
+	write(0, 4000)
+	write(0, 0)
+	write(0, 1)
+	if got, want := rt.overlayFor(0, 1).room, 4000-500-(3500/8); got != want {
+		t.Errorf("after 4,000 keys, then none, then one: room for %d keys, want %d", got, want)
+	}
+	rt.resetTxn()
+	for range 80 {
+		write(0, 10)
+	}
+	if got := rt.overlayFor(0, 1).room; got != 10 {
+		t.Errorf("after 80 transactions of 10 keys: room for %d keys, want 10", got)
+	}
+	l, err := NewLocal(kvProc{}, 0, "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.ov = newOverlaySized(800)
+	if err := l.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.ov.room; got != 700 {
+		t.Errorf("Local: after an empty transaction of room 800: room for %d keys, want 700", got)
+	}
+}
+
+// BenchmarkOverlayWrites is a partition's writes of keys keys a
+// transaction into its overlay, its transactions with input alternating
+// with as many in which it writes none (empty: the aggregator with
+// entitlements punctuates every partition at every tick, whether or not
+// the transaction reads input of the partition). ns/key is a write's
+// share of the transaction pair.
+func BenchmarkOverlayWrites(b *testing.B) {
+	const keys = 3_000
+	ks := make([][]byte, keys)
+	for i := range ks {
+		ks[i] = fmt.Appendf(nil, "a-customer-%05d-meter-%d", i/5, i%5)
+	}
+	v := make([]byte, 60)
+	for _, empty := range []bool{false, true} {
+		b.Run(fmt.Sprintf("empty=%t", empty), func(b *testing.B) {
+			rt := &Runtime{ovs: map[int32]*overlay{}, txEpoch: map[int32]uint64{}}
+			for b.Loop() {
+				tx := &Tx{rt: rt, p: 0, ov: rt.overlayFor(0, 1)}
+				for _, k := range ks {
+					tx.Put(k, v)
+				}
+				rt.resetTxn()
+				if empty {
+					rt.overlayFor(0, 1)
+					rt.resetTxn()
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*keys), "ns/key")
+		})
 	}
 }
