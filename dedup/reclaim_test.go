@@ -1,21 +1,20 @@
 package dedup
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/schemas"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // The shape of TestExpiredBucketsGiveDiskBack's state: reclaimBuckets
@@ -92,63 +91,27 @@ func TestExpiredBucketsGiveDiskBack(t *testing.T) {
 	firstLive[3] = prefixIdentity
 	binary.BigEndian.PutUint32(firstLive[4:], uint32(start/bm+reclaimExpired))
 	identities := []byte{0, 0, 0, prefixIdentity}
-	tables := func() []pebble.SSTableInfo {
-		levels, err := db.SSTables()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []pebble.SSTableInfo
-		for _, level := range levels {
-			out = append(out, level...)
-		}
-		return out
-	}
 	before := db.Metrics()
-	expiring := map[uint64]bool{}
+	expiring := testenv.TablesWithin(t, db, identities, firstLive)
 	var size int64
-	for _, f := range tables() {
-		if bytes.Compare(f.Smallest.UserKey, identities) >= 0 && bytes.Compare(f.Largest.UserKey, firstLive) < 0 {
-			expiring[uint64(f.FileNum)] = true
-			size += int64(f.Size)
-		}
+	for _, n := range expiring {
+		size += int64(n)
 	}
 	if len(expiring) < 2 || size < before.Total().TablesSize/2 {
 		t.Fatalf("%d tables of %d bytes hold only keys of the expiring buckets, of %d tables of %d bytes: the test tests nothing",
 			len(expiring), size, before.Total().TablesCount, before.Total().TablesSize)
-	}
-	// left counts the expiring tables still in the DB or still on disk.
-	left := func() int {
-		n := 0
-		for _, f := range tables() {
-			if expiring[uint64(f.FileNum)] {
-				n++
-			}
-		}
-		for num := range expiring {
-			if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("%06d.sst", num))); err == nil {
-				n++
-			}
-		}
-		return n
 	}
 	dirBefore := dirBytes(t, dir)
 
 	// One event at a watermark past the W + S of the oldest buckets.
 	give("late", start+reclaimExpired*bm+cfg.Window.Milliseconds()+cfg.Skew.Milliseconds()+bm/2)
 	commit()
-	expiredAt := time.Now()
-	for n := left(); n > 0; n = left() {
-		if time.Since(expiredAt) > reclaimWait {
-			t.Fatalf("%d of the %d tables (%d bytes) that hold only expired keys are still on disk %s after the expiry",
-				n, len(expiring), size, reclaimWait)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	took := testenv.WaitTablesGone(t, db, dir, expiring, reclaimWait, "expired keys")
 	after := db.Metrics()
 	t.Logf("sstables: %d (%.1f MiB) before the expiry, %d of them (%.1f MiB) only expired keys; %d (%.1f MiB) %s after it; "+
 		"the directory: %.1f MiB before, %.1f MiB after (with the WAL)",
 		before.Total().TablesCount, mib(before.Total().TablesSize), len(expiring), mib(size),
-		after.Total().TablesCount, mib(after.Total().TablesSize), time.Since(expiredAt).Round(100*time.Millisecond),
+		after.Total().TablesCount, mib(after.Total().TablesSize), took.Round(100*time.Millisecond),
 		mib(dirBefore), mib(dirBytes(t, dir)))
 }
 

@@ -5,14 +5,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestWipedPartitionGivesDiskBack: the sstables that hold only a wiped
@@ -54,19 +53,7 @@ func TestWipedPartitionGivesDiskBack(t *testing.T) {
 	if err := st.DB().Compact(context.Background(), []byte{0}, []byte{0xff}, true); err != nil {
 		t.Fatal(err)
 	}
-	levels, err := st.DB().SSTables()
-	if err != nil {
-		t.Fatal(err)
-	}
-	lo, hi := partPrefix(prefixData, 1), partPrefix(prefixData, 2)
-	wiped := map[uint64]bool{}
-	for _, level := range levels {
-		for _, f := range level {
-			if bytes.Compare(f.Smallest.UserKey, lo) >= 0 && bytes.Compare(f.Largest.UserKey, hi) < 0 {
-				wiped[uint64(f.FileNum)] = true
-			}
-		}
-	}
+	wiped := testenv.TablesWithin(t, st.DB(), partPrefix(prefixData, 1), partPrefix(prefixData, 2))
 	if len(wiped) < 2 {
 		t.Fatalf("%d tables hold only partition 1's state: the test tests nothing", len(wiped))
 	}
@@ -74,23 +61,8 @@ func TestWipedPartitionGivesDiskBack(t *testing.T) {
 	if err := st.wipe(1); err != nil {
 		t.Fatal(err)
 	}
-	wipedAt := time.Now()
-	for {
-		left := 0
-		for num := range wiped {
-			if _, err := os.Stat(filepath.Join(dir, fmt.Sprintf("%06d.sst", num))); err == nil {
-				left++
-			}
-		}
-		if left == 0 {
-			break
-		}
-		if time.Since(wipedAt) > 30*time.Second {
-			t.Fatalf("%d of the %d tables that hold only the wiped partition's state are still on disk 30 s after the wipe", left, len(wiped))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Logf("%d tables of partition 1 deleted %s after the wipe", len(wiped), time.Since(wipedAt).Round(100*time.Millisecond))
+	took := testenv.WaitTablesGone(t, st.DB(), dir, wiped, 30*time.Second, "the wiped partition's state")
+	t.Logf("%d tables of partition 1 deleted %s after the wipe", len(wiped), took.Round(100*time.Millisecond))
 	k := sha256.Sum256(binary.BigEndian.AppendUint64(nil, 7))
 	if v, ok, err := st.Get(2, k[:16]); err != nil || !ok || !bytes.Equal(v, value) {
 		t.Fatalf("partition 2's key after the wipe of partition 1: %q %v %v", v, ok, err)
