@@ -15,17 +15,25 @@ import (
 // [lo, hi): their file numbers and sizes.
 func TablesWithin(t testing.TB, db *pebble.DB, lo, hi []byte) map[uint64]uint64 {
 	t.Helper()
+	out := map[uint64]uint64{}
+	for _, f := range sstables(t, db) {
+		if bytes.Compare(f.Smallest.UserKey, lo) >= 0 && bytes.Compare(f.Largest.UserKey, hi) < 0 {
+			out[uint64(f.FileNum)] = f.Size
+		}
+	}
+	return out
+}
+
+// sstables lists the sstables of every level of db.
+func sstables(t testing.TB, db *pebble.DB) []pebble.SSTableInfo {
+	t.Helper()
 	levels, err := db.SSTables()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[uint64]uint64{}
+	var out []pebble.SSTableInfo
 	for _, level := range levels {
-		for _, f := range level {
-			if bytes.Compare(f.Smallest.UserKey, lo) >= 0 && bytes.Compare(f.Largest.UserKey, hi) < 0 {
-				out[uint64(f.FileNum)] = f.Size
-			}
-		}
+		out = append(out, level...)
 	}
 	return out
 }
@@ -42,16 +50,10 @@ func WaitTablesGone(t testing.TB, db *pebble.DB, dir string, tables map[uint64]u
 	}
 	// left counts the tables still in db's list or still on disk.
 	left := func() int {
-		levels, err := db.SSTables()
-		if err != nil {
-			t.Fatal(err)
-		}
 		there := map[uint64]bool{}
-		for _, level := range levels {
-			for _, f := range level {
-				if _, ok := tables[uint64(f.FileNum)]; ok {
-					there[uint64(f.FileNum)] = true
-				}
+		for _, f := range sstables(t, db) {
+			if _, ok := tables[uint64(f.FileNum)]; ok {
+				there[uint64(f.FileNum)] = true
 			}
 		}
 		for num := range tables {
