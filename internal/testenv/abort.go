@@ -60,6 +60,12 @@ func RefuseTxnOffsetCommit(kr kmsg.Request, code int16) kmsg.Response {
 // zero, else of the topic with that ID or name (a request names topics by
 // one or the other). It returns how many it refused so far.
 func RefuseCommitsPast(c *kfake.Cluster, group, topic string, topicID [16]byte, at int64, n int) func() int {
+	return RefuseCommitsPastSkipping(c, group, topic, topicID, at, 0, n)
+}
+
+// RefuseCommitsPastSkipping is RefuseCommitsPast letting the first skip
+// of those commits through: it refuses the next n after them.
+func RefuseCommitsPastSkipping(c *kfake.Cluster, group, topic string, topicID [16]byte, at int64, skip, n int) func() int {
 	var mu sync.Mutex
 	refused := 0
 	c.ControlKey(kmsg.TxnOffsetCommit.Int16(), func(kr kmsg.Request) (kmsg.Response, error, bool) {
@@ -75,6 +81,10 @@ func RefuseCommitsPast(c *kfake.Cluster, group, topic string, topicID [16]byte, 
 		mu.Lock()
 		defer mu.Unlock()
 		if req.Group != group || !past || refused == n {
+			return nil, nil, false
+		}
+		if skip > 0 {
+			skip--
 			return nil, nil, false
 		}
 		refused++
