@@ -20,16 +20,22 @@ import (
 // cutKeysTopic makes kfake fail every fetch and every listing of the
 // keys topic's ends while down is set (e's replica must run without the
 // quota gate), as a broker does whose connection
-// is cut: the client retries without an error, and the read stops.
-func cutKeysTopic(t *testing.T, e *env, down *atomic.Bool) {
+// is cut: the client retries without an error, and the read stops. It
+// returns the count of fetches refused so.
+func cutKeysTopic(t *testing.T, e *env, down *atomic.Bool) *atomic.Int32 {
 	t.Helper()
 	cut := errors.New("connection cut")
+	var refused atomic.Int32
 	// Every fetch: the keys topic's reader is the only consumer of a
 	// replica without the quota gate, and a fetch of a fetch session
 	// names no partition that did not change.
 	e.cluster.ControlKey(kmsg.Fetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
 		e.cluster.KeepControl()
-		return nil, cut, down.Load()
+		if !down.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return nil, cut, true
 	})
 	e.cluster.ControlKey(kmsg.ListOffsets.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		e.cluster.KeepControl()
@@ -43,6 +49,7 @@ func cutKeysTopic(t *testing.T, e *env, down *atomic.Bool) {
 		}
 		return nil, nil, false
 	})
+	return &refused
 }
 
 // TestKeysStaleWhenTopicOutOfReach: a replica that cannot read the keys
@@ -59,7 +66,7 @@ func TestKeysStaleWhenTopicOutOfReach(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	e := newEnv(t, func(c *Config) { c.NoGate = true; c.AuthMaxAge = bound; c.Logger = zap.New(core) })
 	var down atomic.Bool
-	cutKeysTopic(t, e, &down)
+	fetchesCut := cutKeysTopic(t, e, &down)
 	ctx := context.Background()
 	_, other, err := e.admin.CreateKey(ctx, KeySpec{Tenant: "acme"})
 	if err != nil {
@@ -86,8 +93,15 @@ func TestKeysStaleWhenTopicOutOfReach(t *testing.T) {
 	downAt := time.Now()
 	// The revocation is written while the topic is out of this replica's
 	// reach (the producer's path still works), once the fetch that was
-	// waiting on the broker as the cut came (FetchMaxWait, 1 s) is over.
-	sleepMs(1500)
+	// waiting on the broker as the cut came (FetchMaxWait, 1 s) is over:
+	// the reader, on a single broker, sends a fetch only once its previous
+	// one is answered, so a fetch refused by the cut shows none is waiting.
+	for fetchesCut.Load() == 0 {
+		if time.Since(downAt) > 10*time.Second {
+			t.Fatal("no fetch of the keys reader reached the broker in 10s after the cut")
+		}
+		sleepMs(20)
+	}
 	key, _ := e.srv.Keys().Authenticate(e.token)
 	revoked := *key
 	revoked.Revoked = time.Now().UTC()

@@ -46,7 +46,17 @@ func TestCloseWhileSendsWait(t *testing.T) {
 		e.EventID = "req-44"
 		sent <- p.Send(context.Background(), e)
 	}()
-	time.Sleep(300 * time.Millisecond) // both are waiting
+	// Both are waiting once the client counts three records: the first
+	// buffered, the other two blocked for room (BufferedProduceRecords
+	// counts both). Closing before would test sends that start after
+	// Close, which fail with ErrClosed without waiting.
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Client().BufferedProduceRecords() != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client holds %d records, want 3: the sends are not waiting", p.Client().BufferedProduceRecords())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	closed := make(chan struct{})
 	go func() { p.Close(); close(closed) }()
 	select {

@@ -22,11 +22,14 @@ import (
 // no committed offsets then has no rows.
 func TestLagWaitsForCoordinator(t *testing.T) {
 	c, brokers := testenv.KFake(t)
-	until := time.Now().Add(1500 * time.Millisecond)
+	// The first `refusals` FindCoordinator requests are refused, however
+	// long the client takes to send them: a count, not a time window, so
+	// a slow start cannot let the first request through.
+	const refusals = 4
 	var refused atomic.Int32
 	c.ControlKey(int16(kmsg.FindCoordinator), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
-		if time.Now().After(until) {
+		if refused.Load() >= refusals {
 			return nil, nil, false
 		}
 		refused.Add(1)
@@ -38,8 +41,8 @@ func TestLagWaitsForCoordinator(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lag while the coordinator was coming up: %v", err)
 	}
-	if refused.Load() == 0 {
-		t.Fatal("no FindCoordinator was refused: the test did not exercise the wait")
+	if refused.Load() != refusals {
+		t.Fatalf("%d FindCoordinator requests refused, want %d: the test did not exercise the wait", refused.Load(), refusals)
 	}
 	t.Logf("%d FindCoordinator requests refused", refused.Load())
 	if len(rows) != 0 {

@@ -322,19 +322,22 @@ func TestStandbyPauseAdviceFromItsDate(t *testing.T) {
 	}
 	put("k", "v", "x", "1")
 	g := gateFetches(w.cluster, nil)
+	_, listings := countListings(w.cluster, w.changelog)
 	rt.sb.mu.Lock()
 	rt.sb.start(0)
 	rt.sb.mu.Unlock()
 	waitDated("the standby to copy the changelog", time.Time{})
-	time.Sleep(1500 * time.Millisecond) // a listing of the end dates the copy
+	awaitTailDated(t, rt, 0) // a listing of the end dates the copy
 
 	// Ten days of keeping up: its listings date it as they go.
 	clk.skew.Add(int64(10 * 24 * time.Hour))
 	followed := clk.Now()
-	time.Sleep(1500 * time.Millisecond) // a listing of the end, dated now
+	// A listing of the end dates it now, and the copy, idle, writes
+	// that date, over a horizon margin newer than the one stored.
+	waitDated("the standby to date its idle copy ten days on", followed)
 	put("a", "1")
 	waitDated("the standby to date its copy ten days on", followed)
-	time.Sleep(1500 * time.Millisecond) // a listing, at the position read
+	awaitListings(t, listings, 3) // a listing, at the position read
 
 	// Then paused for two minutes.
 	g.gated.Store(true)
@@ -356,6 +359,44 @@ func TestStandbyPauseAdviceFromItsDate(t *testing.T) {
 	// About 2 × 2 min, and the margin.
 	if !ok || needed < 4*time.Minute || needed > 5*time.Minute {
 		t.Fatalf("a standby paused for 2 min names delete_retention_needed %v (%v); want about 4 min: %s", needed, ok, e.Message)
+	}
+}
+
+// awaitTailDated waits up to 20 s until rt's standby tail of partition
+// p has dated its copy at a listing of the changelog's end it had read up
+// to: the records it read are dated, and a jump of the clock is no pause.
+func awaitTailDated(t *testing.T, rt *Runtime, p int32) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rt.sb.mu.Lock()
+		tl := rt.sb.tails[p]
+		rt.sb.mu.Unlock()
+		if tl != nil && tl.dated.Load() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby of partition %d took no date from a listing of the changelog's end in 20 s", p)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// awaitListings waits up to 20 s until n more ListOffsets requests of
+// the changelog (counted by countListings in listings) reach the cluster.
+// The standbys list one partition in one round at a time, a round once
+// the last ended: with n = 3, the second round began after the call, its
+// listing dated and of an end read after it, and was handed to the tail
+// before the third began.
+func awaitListings(t *testing.T, listings *atomic.Int64, n int64) {
+	t.Helper()
+	want := listings.Load() + n
+	deadline := time.Now().Add(20 * time.Second)
+	for listings.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ListOffsets requests of the changelog in 20 s, want %d", listings.Load()-want+n, n)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -10,7 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/session"
@@ -87,7 +89,9 @@ func TestIdleStandbyStaysWarm(t *testing.T) {
 	t.Parallel()
 	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("60000")})
 	clk := &skewClock{}
-	rt, cl := w.standbyRuntime(clk, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), prometheus.NewRegistry())
+	obs, logs := observer.New(zap.WarnLevel)
+	rt, cl := w.standbyRuntime(clk, zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)),
+		prometheus.NewRegistry())
 	if err := cl.ProduceSync(context.Background(), kvRecords("k", "v", "x", "1")...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -104,12 +108,17 @@ func TestIdleStandbyStaysWarm(t *testing.T) {
 	// lists the end once first, so that the records it read are dated
 	// before the clock moves: a jump of the clock over unlisted reads is a
 	// pause, TestStandbyPausedPastHorizonStartsOver.)
-	time.Sleep(1500 * time.Millisecond)
+	awaitTailDated(t, rt, 0)
 	clk.skew.Store(int64(2 * time.Minute))
 	moved := clk.Now()
 	awaitCheckpoint(t, w, rt, "the standby to write the date of its idle copy", func(cp Checkpoint, _ int64) bool { return !cp.At.Before(moved) })
 	if got := rt.sb.warmCopies(); !maps.Equal(got, map[int32]int64{0: end}) {
 		t.Errorf("a current standby of a partition idle for two retentions advertises %v, want {0: %d}", got, end)
+	}
+	// A copy started over is dated at the moved clock too: the date must
+	// be the first copy's.
+	if n := logs.FilterField(zap.Int("copies", 1)).Len(); n != 0 {
+		t.Errorf("the standby of an idle partition started over: %s", logs.FilterField(zap.Int("copies", 1)).All()[0].Message)
 	}
 }
 
