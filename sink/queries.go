@@ -71,7 +71,7 @@ FROM
     WHERE customer_id = 'acme' AND day >= '2024-01-01' AND day < '2024-02-01'
     UNION ALL
     SELECT toDate(event_time) AS day, meter, -count() AS events, -sum(toDecimal128(quantity, 0)) AS quantity
-    FROM events_by_customer
+    FROM events_by_customer FINAL
     PREWHERE event_id IN (SELECT event_id FROM unbilled_events WHERE customer_id = 'acme')
     WHERE customer_id = 'acme' AND event_time >= '2024-01-01 00:00:00' AND event_time < '2024-02-01 00:00:00'
       AND (meter, event_id, kafka_partition, kafka_offset) IN
