@@ -144,7 +144,7 @@ func (l *limiters) evict(now time.Time) {
 	for id, lim := range l.byKey {
 		var when time.Duration // a bucket that does not refill (none is made) is as good as new
 		if r := float64(lim.Limit()); r > 0 {
-			when = time.Duration(math.Ceil((float64(lim.Burst()) - lim.TokensAt(now)) / r * float64(time.Second)))
+			when = refill(float64(lim.Burst())-lim.TokensAt(now), r)
 		}
 		dues = append(dues, due{id, when})
 	}
@@ -179,9 +179,9 @@ func (l *limiters) take(k *Key, n int, now time.Time) time.Duration {
 		r.CancelAt(now)
 		lim.ReserveN(now, 1) // kept: the refusal's cost
 		if t := lim.TokensAt(now); t < float64(n) {
-			return time.Duration((float64(n) - t) / k.Rate * float64(time.Second))
+			return refill(float64(n)-t, k.Rate)
 		}
-		return d
+		return min(d, maxWait)
 	}
 	return 0
 }
@@ -206,9 +206,24 @@ func (l *limiters) wait(k *Key, now time.Time) time.Duration {
 	}
 	lim := l.bucket(k, now)
 	if t := lim.TokensAt(now); t < 1 {
-		return time.Duration((1 - t) / r * float64(time.Second))
+		return refill(1-t, r)
 	}
 	return 0
+}
+
+// maxWait bounds refill: a century, past any Retry-After a client waits
+// out, and far inside time.Duration.
+const maxWait = 100 * 365 * 24 * time.Hour
+
+// refill is how long a bucket of rate r (> 0) takes to gain tokens,
+// rounded up to the nanosecond, at most maxWait: for a tiny rate it is
+// longer than time.Duration holds, and the conversion would wrap it
+// negative, a wait of none, letting every request through.
+func refill(tokens, r float64) time.Duration {
+	if s := tokens / r; s < maxWait.Seconds() {
+		return time.Duration(math.Ceil(s * float64(time.Second)))
+	}
+	return maxWait
 }
 
 // charge takes the cost of a refused request from the key's bucket at

@@ -542,3 +542,37 @@ func TestBucketTimesOutOfOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestTinyRateStillBounds: a key of a tiny rate (a key throttled to
+// almost nothing: one event a century) is bounded like any other. The
+// wait its bucket needs to refill is longer than time.Duration holds;
+// computed without a bound, it wrapped negative, and admit, take and
+// charge then let every request through.
+func TestTinyRateStillBounds(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for _, r := range []float64{1e-9, 1e-10, 1e-12, 1e-300} {
+		l := newLimiters(1000, 1000)
+		k := &Key{ID: "k", Rate: r}
+		if d := l.take(k, 1000, now); d != 0 {
+			t.Fatalf("rate %g: a full request on a new bucket waits %s", r, d)
+		}
+		if d := l.admit(k, now); d <= 0 {
+			t.Errorf("rate %g: admit lets a request in on a spent bucket (wait %s)", r, d)
+		}
+		if d := l.take(k, 1, now); d <= 0 {
+			t.Errorf("rate %g: an event passed on a spent bucket (wait %s)", r, d)
+		}
+		if d := l.charge(k, 5, now); d <= 0 {
+			t.Errorf("rate %g: charge says the bucket holds a token (wait %s)", r, d)
+		}
+	}
+	// The refusal budget of a key without a rate, alike.
+	l := newLimiters(1000, 1e-12)
+	k := &Key{ID: "norate"}
+	if d := l.charge(k, 1000, now); d <= 0 {
+		t.Errorf("refusal budget 1e-12: charge of a full request leaves a token (wait %s)", d)
+	}
+	if d := l.admit(k, now); d <= 0 {
+		t.Errorf("refusal budget 1e-12: admit lets a request in on a spent budget (wait %s)", d)
+	}
+}
