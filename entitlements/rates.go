@@ -121,17 +121,18 @@ type RateHistory struct {
 // answers alike without it. An invalid card returns the FieldErrors of
 // ValidateRateCard and changes nothing.
 func (h *RateHistory) Set(written int64, c *schemas.RateCard) error {
-	return h.SetWithin(written, c, math.MinInt64)
+	return h.SetWithin(written, c, math.MinInt64, math.MinInt64)
 }
 
 // SetWithin is Set, refusing the card (ErrTooManyVersions) when the
 // history already holds MaxVersions cards in effect at or after since
 // (the one in effect at since, and those read after it), as
 // Timeline.SetWithin does a key's versions: the history is one state
-// value, written whole with each card. With since at most the horizon the
-// history has been pruned to (Prune), the count is the same however far
-// it has been pruned.
-func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64) error {
+// value, written whole with each card. The cards in effect at or after
+// bytesSince count against MaxVersionBytes. With since and bytesSince at
+// most the horizon the history has been pruned to (Prune), the counts
+// are the same however far it has been pruned.
+func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since, bytesSince int64) error {
 	if c != nil {
 		if err := ValidateRateCard(c, nil); err != nil {
 			return err
@@ -157,6 +158,7 @@ func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64)
 		return fmt.Errorf("%w: %d rate cards (the most is %d)", ErrTooManyVersions, k, MaxVersions)
 	}
 	size := versionsBytes(versions)
+	first = max(sort.Search(n, func(i int) bool { return h.cards[i].written > bytesSince })-1, 0)
 	for _, c := range h.cards[first:] {
 		size += versionsBytes(c.versions)
 	}
