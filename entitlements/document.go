@@ -158,8 +158,19 @@ func ParseTime(s string) (int64, error) {
 	if t.Before(time.UnixMilli(schemas.MinEventTime)) {
 		return 0, fmt.Errorf("%s is before 2000-01-01", s)
 	}
+	if t.UnixMilli() > maxDocTime {
+		// Printed in UTC (FormatTime), it would have a year of five
+		// digits, which RFC 3339 has not: get would print a document
+		// that set refuses.
+		return 0, fmt.Errorf("%s is after %s, the latest time a document can hold (in UTC)", s, FormatTime(maxDocTime))
+	}
 	return t.UnixMilli(), nil
 }
+
+// maxDocTime is the latest time of a document, 9999-12-31T23:59:59.999Z:
+// a time written with an offset (9999-12-31T23:59:59-05:00) can be later
+// in UTC, where FormatTime prints it.
+const maxDocTime = 253402300799999
 
 func (f *fieldErrs) time(field, s string) int64 {
 	if s == "" {

@@ -517,7 +517,7 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 		n := h.Len()
 		// Only the cards read within the span before it count against
 		// the bound, whatever has been pruned (Timeline.SetWithin).
-		if err := h.SetWithin(written, card, written-l.cfg.Span.Milliseconds()); err != nil {
+		if err := h.SetWithin(written, card, written-l.cfg.Span.Milliseconds(), written-l.bytesSpan(true)); err != nil {
 			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
 		if h.Len() != n {
@@ -561,7 +561,7 @@ func (l *Ledger) Apply(st Store, r *Record) error {
 				return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 			}
 		}
-		if err := t.SetWithin(written, from, p, written-l.cfg.Span.Milliseconds()); err != nil {
+		if err := t.SetWithin(written, from, p, written-l.cfg.Span.Milliseconds(), written-l.bytesSpan(false)); err != nil {
 			return fmt.Errorf("entitlements: %s: %w", describeKey(r.Key), err)
 		}
 		l.putTimeline(st, k, t)
@@ -915,19 +915,51 @@ func (l *Ledger) eventTimeHorizon(horizon int64) int64 {
 	return horizon - w + 1
 }
 
+// bytesSpan is how far before its broker time the versions of a record's
+// key count against MaxVersionBytes (the rate history's cards with
+// rates): 2·Span, and for the rate history the window W more. A stage
+// keeps them as long (keptFloor) as well as those its watermark needs
+// (the version in effect Span before it; the cards W before that), so
+// that what it keeps is what the last record counted, and its state value
+// stays within MaxVersionBytes, while its watermark is less than Span
+// behind the time the partition has been read to: counted from Span
+// before the record alone, a stage whose watermark was a minute behind
+// kept a large version the record no longer counted, past the broker's
+// record size with the record's own.
+func (l *Ledger) bytesSpan(rates bool) int64 {
+	s := 2 * l.cfg.Span.Milliseconds()
+	if rates {
+		s += l.cfg.Window.Milliseconds()
+	}
+	return s
+}
+
+// keptFloor returns horizon, a horizon to prune versions (rates: cards)
+// to, or the time bytesSpan before readTo when earlier: a record read
+// later counts the versions from then on (bytesSpan), so a stage keeps
+// them whatever its watermark, and counts them alike.
+func (l *Ledger) keptFloor(horizon, readTo int64, rates bool) int64 {
+	return min(horizon, readTo-l.bytesSpan(rates))
+}
+
 // PruneShared drops the versions of the default plan and the rate cards no
 // future event can be decided or priced by, given that every future event
 // arrives at or after horizon (for the aggregator: its watermark, less
-// what a re-routed event's arrival may lag), and the default plan's grant
+// what a re-routed event's arrival may lag; those a record read later
+// counts in bytes stay, keptFloor), and the default plan's grant
 // generations no record read later can continue (dead at ReadTo).
 func (l *Ledger) PruneShared(st Store, horizon int64) error {
+	readTo, err := l.ReadTo(st)
+	if err != nil {
+		return err
+	}
 	k := l.keyDefault
 	t, err := l.timeline(st, k)
 	if err != nil {
 		return err
 	}
 	if n := t.Len(); n > 0 {
-		t.Prune(horizon)
+		t.Prune(l.keptFloor(horizon, readTo, false))
 		if t.Len() != n {
 			l.putTimeline(st, k, t)
 		}
@@ -937,10 +969,6 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 		return err
 	}
 	if n := len(es); n > 0 {
-		readTo, err := l.ReadTo(st)
-		if err != nil {
-			return err
-		}
 		if es = l.liveDefaults(es, readTo); len(es) != n {
 			l.putDefaultGrants(st, es)
 		}
@@ -950,7 +978,7 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 		return err
 	}
 	if n := h.Len(); n > 0 {
-		h.Prune(l.eventTimeHorizon(horizon))
+		h.Prune(l.keptFloor(l.eventTimeHorizon(horizon), readTo, true))
 		if h.Len() != n {
 			b, _ := h.MarshalBinary()
 			st.Put(l.keyRates, b)
@@ -961,7 +989,8 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 
 // PruneCustomer drops what no future event of the customer can need, given
 // that every future event arrives at or after horizon: timeline versions
-// (Timeline.Prune), and the grant generations (generation.go) that no
+// (Timeline.Prune; those a record read later counts in bytes stay,
+// keptFloor), and the grant generations (generation.go) that no
 // record read later can continue and that can pay for no future event.
 // It keeps a generation while it is alive at ReadTo by the expiries the
 // customer's own records gave it (their next record may continue it),
@@ -973,13 +1002,17 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 // can read it again, and when PruneCustomer runs changes no decision.
 // Keys left empty are deleted.
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
+	readTo, err := l.ReadTo(st)
+	if err != nil {
+		return err
+	}
 	tk := l.customerKey(subTimeline, customer)
 	t, err := l.timeline(st, tk)
 	if err != nil {
 		return err
 	}
 	if n := t.Len(); n > 0 {
-		t.Prune(horizon)
+		t.Prune(l.keptFloor(horizon, readTo, false))
 		if t.Len() != n {
 			l.putTimeline(st, tk, t)
 		}
@@ -991,10 +1024,6 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	uses := a.uses
 	if len(uses) == 0 {
 		return nil
-	}
-	readTo, err := l.ReadTo(st)
-	if err != nil {
-		return err
 	}
 	es, err := l.defaultGrants(st)
 	if err != nil {

@@ -121,17 +121,18 @@ type RateHistory struct {
 // answers alike without it. An invalid card returns the FieldErrors of
 // ValidateRateCard and changes nothing.
 func (h *RateHistory) Set(written int64, c *schemas.RateCard) error {
-	return h.SetWithin(written, c, math.MinInt64)
+	return h.SetWithin(written, c, math.MinInt64, math.MinInt64)
 }
 
 // SetWithin is Set, refusing the card (ErrTooManyVersions) when the
 // history already holds MaxVersions cards in effect at or after since
 // (the one in effect at since, and those read after it), as
 // Timeline.SetWithin does a key's versions: the history is one state
-// value, written whole with each card. With since at most the horizon the
-// history has been pruned to (Prune), the count is the same however far
-// it has been pruned.
-func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64) error {
+// value, written whole with each card. The cards in effect at or after
+// bytesSince count against MaxVersionBytes. With since and bytesSince at
+// most the horizon the history has been pruned to (Prune), the counts
+// are the same however far it has been pruned.
+func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since, bytesSince int64) error {
 	if c != nil {
 		if err := ValidateRateCard(c, nil); err != nil {
 			return err
@@ -143,16 +144,7 @@ func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64)
 	}
 	var versions []schemas.RateVersion
 	if c != nil {
-		// Versions before the last one in effect at written can price
-		// no event with this card: an event is priced by it only at
-		// event times at or after written.
-		first := 0
-		for i, v := range c.Versions {
-			if v.EffectiveFrom <= written {
-				first = i
-			}
-		}
-		for _, v := range c.Versions[min(first, len(c.Versions)):] {
+		for _, v := range pricingVersions(c, written) {
 			rates := append([]schemas.Rate(nil), v.Rates...)
 			sort.Slice(rates, func(i, j int) bool { return rates[i].Meter < rates[j].Meter })
 			versions = append(versions, schemas.RateVersion{EffectiveFrom: v.EffectiveFrom, Rates: rates})
@@ -166,6 +158,7 @@ func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64)
 		return fmt.Errorf("%w: %d rate cards (the most is %d)", ErrTooManyVersions, k, MaxVersions)
 	}
 	size := versionsBytes(versions)
+	first = max(sort.Search(n, func(i int) bool { return h.cards[i].written > bytesSince })-1, 0)
 	for _, c := range h.cards[first:] {
 		size += versionsBytes(c.versions)
 	}
@@ -173,6 +166,34 @@ func (h *RateHistory) SetWithin(written int64, c *schemas.RateCard, since int64)
 		return fmt.Errorf("%w: %d bytes of rate cards (the most is %d)", ErrTooManyVersions, size, MaxVersionBytes)
 	}
 	h.cards = append(h.cards, rateCard{written: written, versions: versions})
+	return nil
+}
+
+// pricingVersions returns the versions of c that can price an event once
+// the card is read at written: the last one in effect at written and
+// those after it. The ones before can price no event with this card: an
+// event is priced by it only at event times at or after written.
+func pricingVersions(c *schemas.RateCard, written int64) []schemas.RateVersion {
+	first := 0
+	for i, v := range c.Versions {
+		if v.EffectiveFrom <= written {
+			first = i
+		}
+	}
+	return c.Versions[min(first, len(c.Versions)):]
+}
+
+// CheckCardBytes refuses (ErrTooManyVersions) a card whose versions that
+// can price an event once it is read at written (pricingVersions) take
+// more than MaxVersionBytes in a RateHistory: SetWithin refuses such a
+// card whatever the history holds, though Kafka takes it (10,000 rates
+// of 50-byte meter names are about 540 KB). A card read later keeps no
+// more versions, so one that passes at the time it is written passes
+// when it is read.
+func CheckCardBytes(c *schemas.RateCard, written int64) error {
+	if size := versionsBytes(pricingVersions(c, written)); size > MaxVersionBytes {
+		return fmt.Errorf("%w: %d bytes of rate cards (the most is %d)", ErrTooManyVersions, size, MaxVersionBytes)
+	}
 	return nil
 }
 

@@ -24,13 +24,14 @@ const MaxVersions = 256
 var ErrTooManyVersions = fmt.Errorf("%w: too many versions of one key within the window", ErrInvalid)
 
 // MaxVersionBytes bounds the encoded size of the versions of one key
-// that count against MaxVersions, the record's own included (a rate card
-// counts its cards alike). A key's versions are one state value, written
-// whole to the changelog: under the broker's record size (1 MB by
-// default) with room for the versions a stage keeps from before the
-// span, a plan of MaxCaps caps and MaxGrants grants of MaxNameBytes names
-// (about 530 KB) fits, and two such do not. A record past it is refused
-// as ErrTooManyVersions.
+// in effect from a time before a record's broker time on (for the Ledger,
+// Ledger.bytesSpan; a stage keeps them all), the record's own included (a
+// rate card counts its cards alike). A key's versions are one state
+// value, written whole to the changelog: under the broker's record size
+// (1 MB by default) with room for the versions a stage far behind keeps
+// from before that, a plan of MaxCaps caps and MaxGrants grants of
+// MaxNameBytes names (about 530 KB) fits, and two such do not. A record
+// past it is refused as ErrTooManyVersions.
 const MaxVersionBytes = 768 << 10
 
 // planBytes returns the size of p's encoding in a Timeline.
@@ -77,16 +78,19 @@ type Timeline struct {
 // time is at or before t. A record whose plan is the same as that of the
 // version in effect at its effective time takes no version of its own.
 func (t *Timeline) Set(written, from int64, p *Plan) error {
-	return t.SetWithin(written, from, p, math.MinInt64)
+	return t.SetWithin(written, from, p, math.MinInt64, math.MinInt64)
 }
 
 // SetWithin is Set, counting against MaxVersions only the versions in
 // effect at or after since (the one in effect at since, and those from
-// since on): the versions before it are kept (Prune drops them), but
-// they do not refuse the record. With since at most the horizon the
-// timeline has been pruned to, the count is the same however far it has
-// been pruned.
-func (t *Timeline) SetWithin(written, from int64, p *Plan, since int64) error {
+// since on), and against MaxVersionBytes those in effect at or after
+// bytesSince: the versions before them are kept (Prune drops them), but
+// they do not refuse the record. With since and bytesSince at most the
+// horizon the timeline has been pruned to, the counts are the same
+// however far it has been pruned. A stage keeps the versions from its
+// horizon on, and its state value holds them all: bytesSince no later
+// than that horizon keeps the value within MaxVersionBytes.
+func (t *Timeline) SetWithin(written, from int64, p *Plan, since, bytesSince int64) error {
 	if from < written || p == nil {
 		from = written
 	}
@@ -107,6 +111,7 @@ func (t *Timeline) SetWithin(written, from int64, p *Plan, since int64) error {
 	}
 	own := planBytes(p)
 	size := own
+	first = sort.Search(i, func(k int) bool { return t.versions[k].From > bytesSince }) - 1
 	for k := max(first, 0); k < i; k++ {
 		size += t.versions[k].bytes()
 	}

@@ -90,7 +90,7 @@ func TestTimelineSetWithinCountsFromSince(t *testing.T) {
 		}
 	}
 	// Counting from the version in effect at 1010 (x10): 246 versions.
-	if err := tl.SetWithin(5000, 0, plan("y"), 1010); err != nil {
+	if err := tl.SetWithin(5000, 0, plan("y"), 1010, 1010); err != nil {
 		t.Fatalf("with 246 counted: %v", err)
 	}
 	// x0 … x255 and y: 257 from 999, 256 from 1001 (x1), 255 from 1002.
@@ -98,7 +98,7 @@ func TestTimelineSetWithinCountsFromSince(t *testing.T) {
 		since int64
 		ok    bool
 	}{{999, false}, {1001, false}, {1002, true}} {
-		err := tl.SetWithin(5001, 0, plan("z"), c.since)
+		err := tl.SetWithin(5001, 0, plan("z"), c.since, c.since)
 		if c.ok != (err == nil) || err != nil && !errors.Is(err, ErrTooManyVersions) {
 			t.Errorf("since %d: %v, want accepted %v", c.since, err, c.ok)
 		}

@@ -272,6 +272,14 @@ func (c *EntitlementsSetRatesCmd) Run(ctx context.Context, g *Globals, stdio IO,
 		return err
 	}
 	card, err := d.Card(meters)
+	if err == nil {
+		// The aggregator refuses a card whose versions in effect from
+		// its broker time on pass its state's bound, whatever it read
+		// before: refused here rather than written and then refused.
+		if err = entitlements.CheckCardBytes(card, time.Now().UnixMilli()); err != nil {
+			err = fmt.Errorf("versions: %w, counting the versions in effect from now on: the aggregator refuses such a card (give fewer rates, or shorter meter names)", err)
+		}
+	}
 	if err != nil {
 		return invalidDocument(stdio, "the rate card", err)
 	}
