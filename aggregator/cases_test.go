@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -100,6 +101,14 @@ type expAdjustment struct {
 
 func ms(t testing.TB, s string) int64 {
 	t.Helper()
+	if raw, ok := strings.CutPrefix(s, "ms:"); ok {
+		// Epoch milliseconds as they are, for times no layout spells.
+		v, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil {
+			t.Fatalf("bad time %q: %v", s, err)
+		}
+		return v
+	}
 	for _, layout := range []string{time.RFC3339Nano, "2006-01-02"} {
 		if v, err := time.Parse(layout, s); err == nil {
 			return v.UnixMilli()

@@ -203,6 +203,13 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		// trusted to keep a sum from going down or wrapping.
 		return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("quantity: must not be negative (got %d)", e.Quantity))
 	}
+	if field, t, ok := unplaceable(e); ok {
+		// Dedup writes none (both are near a broker time); a period of
+		// such a time would not order with the others in the state, or
+		// would end past 64 bits and look final to any watermark.
+		return pt.reject(tx, r, e, schemas.ReasonInvalid, fmt.Sprintf("%s: %d ms is not between %s and %s",
+			field, t, msTime(0), msTime(maxPlaceable)))
+	}
 	m, declared := c.Meters.Lookup(e.Meter)
 	if !declared && c.StrictMeters {
 		return pt.reject(tx, r, e, schemas.ReasonUnknownMeter, fmt.Sprintf("meter %q is not declared in the meters file", e.Meter))
@@ -252,6 +259,25 @@ func (pt *partition) event(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEvent
 		return nil
 	}
 	return pt.place(tx, r, e, m, queued, uval)
+}
+
+// maxPlaceable bounds the times of an event the aggregator places in a
+// period: 10000-01-01T00:00Z, so that every period end is representable.
+var maxPlaceable = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+
+// unplaceable returns the field of e, and its time, that no period can
+// hold: one before 1970 (period keys order as unsigned numbers) or from
+// maxPlaceable on.
+func unplaceable(e *schemas.DedupedEvent) (string, int64, bool) {
+	for _, f := range [...]struct {
+		name string
+		t    int64
+	}{{"event_time", e.EventTime}, {"ingest_time", e.IngestTime}} {
+		if f.t < 0 || f.t >= maxPlaceable {
+			return f.name, f.t, true
+		}
+	}
+	return "", 0, false
 }
 
 // place counts an event in its OPEN aggregate, queues it behind its
