@@ -243,7 +243,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 			<-stopLogged
 		}
 	}()
-	if err := refuseZeroFlags(kctx); err != nil {
+	if err := errors.Join(refuseZeroFlags(kctx), refuseEmptyLists(kctx)); err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
 		return 2
 	}
@@ -284,6 +284,39 @@ func refuseZeroFlags(kctx *kong.Context) error {
 			def += "; " + m
 		}
 		errs = append(errs, fmt.Errorf("--%s must not be 0: leave the flag out for its default (%s)", f.Name, def))
+	}
+	return errors.Join(errs...)
+}
+
+// refuseEmptyLists returns an error naming each list flag tagged
+// nonempty that is set, on the command line, in the environment or in
+// --config, to nothing: the parser reads "" as an empty list, which is
+// what leaving the flag out gives, and for these that is the widest
+// choice (the tag's value says what): `keys create --allow-customers
+// "$CUSTOMER"` with an empty variable would make a key for every customer
+// of its tenant.
+func refuseEmptyLists(kctx *kong.Context) error {
+	given := map[string]bool{}
+	for _, p := range kctx.Path {
+		// A flag from the command line or from --config (a resolver).
+		if p.Flag != nil {
+			given[p.Flag.Name] = true
+		}
+	}
+	var errs []error
+	for _, f := range kctx.Flags() {
+		if !f.Tag.Has("nonempty") || !f.Target.IsValid() || f.Target.Kind() != reflect.Slice || f.Target.Len() > 0 {
+			continue
+		}
+		set := given[f.Name]
+		for _, env := range f.Envs {
+			if _, ok := os.LookupEnv(env); ok {
+				set = true
+			}
+		}
+		if set {
+			errs = append(errs, fmt.Errorf("--%s is set but empty: name at least one, or leave the flag out for %s", f.Name, f.Tag.Get("nonempty")))
+		}
 	}
 	return errors.Join(errs...)
 }
