@@ -71,7 +71,9 @@ func (k *Keys) SetMaxAge(d time.Duration) {
 	k.maxAge = d
 	k.probe = keysProbe
 	if d > 0 && d/4 < k.probe {
-		k.probe = d / 4
+		// At least a millisecond: a ticker of no interval panics, and
+		// an age that small leaves the keys stale anyway.
+		k.probe = max(d/4, time.Millisecond)
 	}
 }
 
