@@ -104,7 +104,33 @@ const (
 	// ("[{},{},...]"); at this budget one key's refusals take at most
 	// about 2% of a core (a refusal of one byte costs 18 µs and a token).
 	DefaultRefusalRate = 1000
+	// MaxConnectionsCeiling is the most DefaultMaxConnections gives: at
+	// about 16 KB and a goroutine a connection, 64 MiB, and more
+	// keep-alive connections than the services sending to one replica
+	// hold (a thousand instances with a pool of four each).
+	MaxConnectionsCeiling = 4096
+	// minDefaultMaxConnections is the least DefaultMaxConnections gives.
+	minDefaultMaxConnections = 16
 )
+
+// DefaultMaxConnections is Config.MaxConnections by default: half the
+// process's limit on open files (RLIMIT_NOFILE, which Go raises to the
+// hard limit at start), at most MaxConnectionsCeiling (at least 16). The
+// other half is left to what else needs a file descriptor: the Kafka
+// clients (a few connections to each broker, each client; in meterline
+// run the other stages' too, and their state files), the metrics server
+// and the logs. With the common limits, 4096 of 65,536 or more, and 512
+// of 1,024.
+func DefaultMaxConnections() int { return defaultMaxConnections(openFileLimit()) }
+
+// defaultMaxConnections is DefaultMaxConnections for a limit of nofile
+// open files (0: unknown, the ceiling).
+func defaultMaxConnections(nofile uint64) int {
+	if nofile == 0 || nofile/2 >= MaxConnectionsCeiling {
+		return MaxConnectionsCeiling
+	}
+	return max(int(nofile/2), minDefaultMaxConnections)
+}
 
 // DefaultMaxAge is Config.MaxAge for dedup's window and the ingest's
 // max skew: the window plus the skew, the margin for the ingest's clock
@@ -177,6 +203,16 @@ type Config struct {
 	// and DefaultMaxInFlightPerTenant (64); negative: no bound (a
 	// negative MaxInFlight: no share either).
 	MaxInFlight, MaxInFlightPerTenant int
+	// MaxConnections bounds the connections open at once, idle keep-alive
+	// ones and those that have not sent a request yet included: each
+	// holds a file descriptor. A connection past it makes room: the one
+	// that has waited the longest without a request in flight (idle
+	// between requests, or not having sent one) is closed; when every
+	// open connection has a request in flight, the new one is closed at
+	// once. A connection with a request in flight is never closed by it.
+	// Default: DefaultMaxConnections() (half the open-file limit, at most
+	// 4096); negative: no bound.
+	MaxConnections int
 	// RefusalRate is the refusal budget of a key without a rate of its
 	// own, in events per second on this replica: its refused requests
 	// (400, 403, 413, 415) take from a bucket of this rate, as a key's
@@ -259,6 +295,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxInFlightPerTenant == 0 {
 		c.MaxInFlightPerTenant = DefaultMaxInFlightPerTenant
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections()
 	}
 	if c.RefusalRate == 0 {
 		c.RefusalRate = DefaultRefusalRate
@@ -378,6 +417,7 @@ type Server struct {
 	metrics  *metrics
 	limits   *limiters
 	inflight *inflight
+	conns    *conns
 	ln       net.Listener
 	srv      *http.Server
 	scheme   string
@@ -406,12 +446,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, keys: NewKeys(cfg.KeysTopic, cfg.Logger), mapper: mp,
 		limits: newLimiters(cfg.MaxEvents, cfg.RefusalRate), inflight: newInflight(cfg.MaxInFlight, cfg.MaxInFlightPerTenant), scheme: "http", maxBuffered: maxBuffered,
-		gateLog: newLogBound(), kafkaLog: newLogBound(), loginRefused: make(chan error, 1)}
+		conns: newConns(cfg.MaxConnections, cfg.Logger), gateLog: newLogBound(), kafkaLog: newLogBound(), loginRefused: make(chan error, 1)}
 	s.keys.SetMaxAge(cfg.AuthMaxAge)
 	if !cfg.NoGate {
 		s.balances = NewBalances(cfg.BalancesTopic, cfg.Logger, cfg.Clock)
 	}
-	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances, s.inflight)
+	s.metrics = newMetrics(cfg.Registerer, s.keys, s.balances, s.inflight, s.conns)
 	var tlsCfg *tls.Config
 	if cfg.TLSCertFile != "" {
 		// The errors never show a key set where its file's name belongs.
@@ -440,9 +480,13 @@ func New(cfg Config) (*Server, error) {
 	if tlsCfg != nil {
 		ln = tls.NewListener(ln, tlsCfg)
 	}
-	s.ln = ln
+	// The bound on connections applies outside TLS: a connection closed
+	// at once costs no handshake.
+	s.ln = capListener{ln, s.conns}
 	s.srv = &http.Server{
-		Handler:           s.Handler(),
+		Handler:           guard(s.Handler()),
+		ConnState:         s.conns.connState,
+		ConnContext:       s.conns.connContext,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.ProduceTimeout + 10*time.Second,
@@ -568,7 +612,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { serveDone <- s.srv.Serve(s.ln) }()
 	s.log.Info("ingest serving", zap.String("url", s.URL()), zap.String("topic", s.cfg.Topic), zap.String("keys_topic", s.cfg.KeysTopic),
 		zap.Duration("keys_max_age", s.cfg.AuthMaxAge), zap.Bool("quota_gate", s.balances != nil), zap.String("balances_topic", s.cfg.BalancesTopic),
-		zap.Duration("gate_max_age", s.cfg.GateMaxAge))
+		zap.Duration("gate_max_age", s.cfg.GateMaxAge), zap.Int("max_connections", s.cfg.MaxConnections))
+	s.warnOpenFiles(openFileLimit())
 
 	var errs []error
 	select {
@@ -601,6 +646,15 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("ingest stopped")
 	return errors.Join(errs...)
+}
+
+// warnOpenFiles warns when MaxConnections does not keep the connections
+// below nofile, the process's open-file limit (0: unknown).
+func (s *Server) warnOpenFiles(nofile uint64) {
+	if m := s.cfg.MaxConnections; nofile > 0 && (m < 0 || uint64(m) >= nofile) {
+		s.log.Warn("ingest: --max-connections does not keep the connections below the open-file limit: clients that hold connections open can take every file descriptor, and then new connections, and the Kafka clients', fail; lower it or raise the limit (ulimit -n)",
+			zap.Int("max_connections", m), zap.Uint64("open_file_limit", nofile))
+	}
 }
 
 // producerLogin hands the errors of the producer's connections to

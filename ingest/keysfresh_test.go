@@ -204,7 +204,7 @@ func TestKeysAgeBeforeFirstLoad(t *testing.T) {
 	k := NewKeys("k", nil)
 	k.SetMaxAge(time.Minute)
 	reg := prometheus.NewRegistry()
-	newMetrics(reg, k, nil, newInflight(1, 1))
+	newMetrics(reg, k, nil, newInflight(1, 1), newConns(1, zap.NewNop()))
 	now := time.Now()
 	k.clock = func() time.Time { return now }
 	if age := gauge(t, reg, "meterline_ingest_keys_age_seconds"); age < 0 || age > 1 {

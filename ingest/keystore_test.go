@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/secret"
@@ -86,7 +87,7 @@ func TestKeysUnreadableRecordRefusesWhatItNames(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ks := NewKeys("meterline.keys", nil)
 			reg := prometheus.NewRegistry()
-			newMetrics(reg, ks, nil, newInflight(1, 1))
+			newMetrics(reg, ks, nil, newInflight(1, 1), newConns(1, zap.NewNop()))
 			k, token := keyWithToken(t, "acme")
 			ks.apply(tenantRecordKey("acme"), encodeRecord(record{Tenant: &Tenant{Name: "acme", Customers: []string{"*"}}}))
 			ks.apply(keyRecordKey(k.ID), encodeRecord(record{Key: &k}))

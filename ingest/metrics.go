@@ -26,6 +26,7 @@ type metrics struct {
 	records  *prometheus.CounterVec   // tenant
 	gate     *prometheus.CounterVec   // tenant
 	inflight *prometheus.CounterVec   // tenant, limit
+	shed     *prometheus.CounterVec   // state (shedIdle, shedUnused, shedIncoming)
 	// kafkaFailed: reason (reasonNotAcknowledged, reasonNotAuthorized, reasonRefused)
 	kafkaFailed *prometheus.CounterVec
 	stage       [5]prometheus.Observer // read, parse, enqueue, ack, respond
@@ -42,7 +43,7 @@ type tenantTotals struct {
 // noTenant is the tenant label of requests without an accepted key.
 const noTenant = "none"
 
-func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, inflight *inflight) *metrics {
+func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, inflight *inflight, conns *conns) *metrics {
 	f := prom.NewFactory(reg)
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
@@ -61,11 +62,21 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 			Help: "Events answered 402 by the advisory quota gate (nothing sent), by tenant."}, []string{"tenant"}),
 		inflight: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_inflight_refused_total",
 			Help: "Requests refused before their body was read because too many were in flight, by tenant and limit: tenant (429, the tenant's keys together hold --max-in-flight-per-client), share (429, the tenant holds as many as there are free slots) or global (503, --max-in-flight)."}, []string{"tenant", "limit"}),
+		shed: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_connections_shed_total",
+			Help: "Connections closed because --max-connections were open, by state: idle (a keep-alive connection between requests, the one idle the longest), unused (one that had not sent a request yet, the one open the longest) or incoming (the new connection, closed at once: every open one had a request in flight)."}, []string{"state"}),
 		kafkaFailed: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_kafka_failed_requests_total",
 			Help: "Requests answered 503 because Kafka did not take their records, by reason: not_acknowledged (503 unavailable: no acknowledgement within --produce-timeout, or a Kafka error; some records may have been written), not_authorized (503 not-authorized: Kafka refused every record, the ingest's principal lacking Write on the events topic; none was written) or refused (503 kafka-refused: Kafka refused every record for good, MESSAGE_TOO_LARGE or INVALID_RECORD; none was written)."},
 			[]string{"reason"}),
 		tenants: map[string]*tenantTotals{},
 	}
+	for _, st := range []string{shedIdle, shedUnused, shedIncoming} {
+		m.shed.WithLabelValues(st)
+	}
+	conns.shed = func(state string) { m.shed.WithLabelValues(state).Inc() }
+	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_open_connections",
+		Help: "HTTP connections open to this ingest replica, idle keep-alive ones included (bounded by --max-connections)."}, func() float64 {
+		return float64(conns.count())
+	}))
 	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_inflight_requests",
 		Help: "Requests with a valid key this ingest replica serves now (bounded by --max-in-flight)."}, func() float64 {
 		return float64(inflight.count())

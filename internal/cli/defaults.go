@@ -71,6 +71,7 @@ func defaultVars() kong.Vars {
 		"ingest_max_events":               strconv.Itoa(ingest.DefaultMaxEvents),
 		"ingest_max_in_flight":            strconv.Itoa(ingest.DefaultMaxInFlight),
 		"ingest_max_in_flight_per_client": strconv.Itoa(ingest.DefaultMaxInFlightPerTenant),
+		"ingest_max_connections":          strconv.Itoa(ingest.DefaultMaxConnections()),
 		"ingest_refusal_rate":             strconv.Itoa(ingest.DefaultRefusalRate),
 		"ingest_produce_timeout":          flagDuration(ingest.DefaultProduceTimeout),
 		"ingest_read_header_timeout":      flagDuration(ingest.DefaultReadHeaderTimeout),

@@ -122,6 +122,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{flag("max-events"), f.MaxEvents, ingest.DefaultMaxEvents},
 			{flag("max-in-flight"), f.MaxInFlight, ingest.DefaultMaxInFlight},
 			{flag("max-in-flight-per-client"), f.MaxInFlightPerTenant, ingest.DefaultMaxInFlightPerTenant},
+			{flag("max-connections"), f.MaxConnections, ingest.DefaultMaxConnections()},
 			{flag("produce-timeout"), f.ProduceTimeout, ingest.DefaultProduceTimeout},
 			{flag("read-header-timeout"), f.ReadHeaderTimeout, ingest.DefaultReadHeaderTimeout},
 			{flag("read-timeout"), f.ReadTimeout, ingest.DefaultReadTimeout},

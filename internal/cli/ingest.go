@@ -31,6 +31,7 @@ type IngestFlags struct {
 	MaxEvents            int            `help:"Most events in one request (413 beyond)." default:"${ingest_max_events}"`
 	MaxInFlight          int            `help:"Most requests with a valid key served at once, each holding up to --${flag_prefix}max-body-bytes (503 overloaded beyond); -1: no bound." default:"${ingest_max_in_flight}"`
 	MaxInFlightPerTenant int            `name:"max-in-flight-per-client" help:"Most requests of one tenant (all its API keys together) served at once (429 too-many-in-flight beyond); -1: no bound. A tenant is also refused 429 once it holds as many as there are free slots of --${flag_prefix}max-in-flight." default:"${ingest_max_in_flight_per_client}"`
+	MaxConnections       int            `help:"Most connections open at once, idle keep-alive ones and those that have sent no request yet included (each holds a file descriptor): past it the one that has waited the longest without a request in flight is closed, or the new one when every open one has a request in flight; -1: no bound. Default: half the open-file limit (ulimit -n), at most 4096, leaving the rest to the Kafka clients and files." default:"${ingest_max_connections}"`
 	RefusalRate          float64        `help:"Refusal budget of a key without a rate: events per second it may have refused (400, 403, 413, 415) on this replica; past it, 429 before bodies are read; -1: no budget." default:"${ingest_refusal_rate}"`
 	ProduceTimeout       time.Duration  `help:"Longest wait for Kafka to acknowledge a request's events; 503 past it." default:"${ingest_produce_timeout}"`
 	ReadHeaderTimeout    time.Duration  `help:"Longest a client may take to send the request headers." default:"${ingest_read_header_timeout}"`
@@ -51,7 +52,7 @@ func (f *IngestFlags) config(kc kafka.Config, g *Globals, meters *aggregator.Cat
 		Kafka: kc, Topic: g.Topic.EventsTopic(), KeysTopic: g.Topic.KeysTopic(),
 		BalancesTopic: g.Topic.BalancesTopic(), NoGate: !f.QuotaGate, GateMaxAge: f.GateMaxAge, AuthMaxAge: f.AuthMaxAge,
 		Meters: meters, StrictMeters: strict, RequireTime: f.RequireTime, MaxSkew: f.MaxSkew,
-		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerTenant: f.MaxInFlightPerTenant, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
+		MaxBodyBytes: f.MaxBodyBytes, MaxEvents: f.MaxEvents, MaxInFlight: f.MaxInFlight, MaxInFlightPerTenant: f.MaxInFlightPerTenant, MaxConnections: f.MaxConnections, RefusalRate: f.RefusalRate, ProduceTimeout: f.ProduceTimeout,
 		ReadHeaderTimeout: f.ReadHeaderTimeout, ReadTimeout: f.ReadTimeout, IdleTimeout: f.IdleTimeout,
 		Logger: log, Registerer: reg,
 	}

@@ -220,10 +220,14 @@ func shellWords(s string) ([]string, error) {
 // negative: 0 would take the default).
 func TestIngestInFlightFlags(t *testing.T) {
 	g := &Globals{Brokers: []string{"127.0.0.1:1"}}
-	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-client=-1").Ingest
+	c := parseCLI(t, "ingest", "--max-in-flight", "40", "--max-in-flight-per-client=-1", "--max-connections", "300").Ingest
 	cfg := c.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, dedup.DefaultWindow, zap.NewNop(), prometheus.NewRegistry())
-	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerTenant != -1 {
-		t.Errorf("MaxInFlight %d, MaxInFlightPerTenant %d; want 40 and -1", cfg.MaxInFlight, cfg.MaxInFlightPerTenant)
+	if cfg.MaxInFlight != 40 || cfg.MaxInFlightPerTenant != -1 || cfg.MaxConnections != 300 {
+		t.Errorf("MaxInFlight %d, MaxInFlightPerTenant %d, MaxConnections %d; want 40, -1 and 300", cfg.MaxInFlight, cfg.MaxInFlightPerTenant, cfg.MaxConnections)
+	}
+	r := parseCLI(t, "run", "--ingest", "--ingest-max-connections=-1").Run
+	if cfg := r.IngestFlags.config(kafka.Config{Brokers: g.Brokers}, g, nil, false, dedup.DefaultWindow, zap.NewNop(), prometheus.NewRegistry()); cfg.MaxConnections != -1 {
+		t.Errorf("run --ingest-max-connections=-1: MaxConnections %d, want -1", cfg.MaxConnections)
 	}
 }
 
@@ -281,6 +285,8 @@ func TestIngestBoundsRefuseZero(t *testing.T) {
 	}{
 		{[]string{"ingest", "--max-in-flight", "0"}, "--max-in-flight must not be 0"},
 		{[]string{"ingest", "--max-in-flight-per-client", "0"}, "--max-in-flight-per-client must not be 0"},
+		{[]string{"ingest", "--max-connections", "0"}, "--max-connections must not be 0"},
+		{[]string{"run", "--ingest", "--no-sink", "--dedup-keys-file", keys, "--ingest-max-connections", "0"}, "--ingest-max-connections must not be 0"},
 		{[]string{"ingest", "--max-events", "0"}, "--max-events must not be 0"},
 		{[]string{"ingest", "--max-body-bytes", "0"}, "--max-body-bytes must not be 0"},
 		{[]string{"ingest", "--refusal-rate", "0"}, "--refusal-rate must not be 0"},
@@ -321,7 +327,7 @@ func TestIngestNoBoundAsTold(t *testing.T) {
 	help = strings.Join(strings.Fields(help), " ")
 	told := regexp.MustCompile(`(-1s?): no (?:bound|budget)`)
 	for _, c := range []struct{ flag, zero string }{
-		{"max-age", "0s"}, {"auth-max-age", "0s"}, {"max-in-flight", "0"}, {"max-in-flight-per-client", "0"}, {"refusal-rate", "0"},
+		{"max-age", "0s"}, {"auth-max-age", "0s"}, {"max-in-flight", "0"}, {"max-in-flight-per-client", "0"}, {"max-connections", "0"}, {"refusal-rate", "0"},
 	} {
 		_, _, errOut := run(t, "", "ingest", "--meters", meters, "--validate", "--"+c.flag, c.zero)
 		i := strings.Index(help, "--"+c.flag+"=")
