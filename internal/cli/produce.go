@@ -260,12 +260,14 @@ func (r *produceRun) report(line int64, err error) {
 
 // read splits in into chunks of lines, each handed to the encoders (jobs)
 // and, in input order, to the sender (ordered), until in ends, ctx ends or
-// stopRead is set; then it closes both. An error reading in, or ctx
-// ending, is sent on readErr.
+// stopRead is set; then it closes both. An error reading in, ctx ending,
+// or both, is sent on readErr, once. Once ctx ended it stops at once, also
+// while a read of in waits for input (stopReader).
 func (r *produceRun) read(ctx context.Context, in io.Reader, jobs, ordered chan<- *chunk, readErr chan<- error) {
 	defer close(ordered)
 	defer close(jobs)
-	br := bufio.NewReaderSize(in, 1<<20)
+	br := bufio.NewReaderSize(&stopReader{ctx: ctx, r: in, res: make(chan readResult, 1)}, 1<<20)
+	var rerr error
 	line := int64(0)
 	cur := &chunk{first: 1, done: make(chan struct{})}
 	flush := func() {
@@ -278,7 +280,9 @@ func (r *produceRun) read(ctx context.Context, in io.Reader, jobs, ordered chan<
 	}
 	for !r.stopRead.Load() && ctx.Err() == nil {
 		b, err := readLine(br)
-		if len(b) > 0 || err == nil || errors.Is(err, errLineTooLong) {
+		// A line ends at its newline, or at the end of the input; the part
+		// read before an error (a stop, a failed read) is no line.
+		if err == nil || errors.Is(err, errLineTooLong) {
 			line++
 			cur.lines = append(cur.lines, inputLine{b: bytes.Clone(b), tooLong: errors.Is(err, errLineTooLong)})
 			// A full chunk goes to the encoders; so does a partial one
@@ -289,15 +293,55 @@ func (r *produceRun) read(ctx context.Context, in io.Reader, jobs, ordered chan<
 			}
 		}
 		if err != nil && !errors.Is(err, errLineTooLong) {
-			if !errors.Is(err, io.EOF) {
-				readErr <- fmt.Errorf("read input at line %d: %w", line+1, err)
+			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
+				rerr = fmt.Errorf("read input at line %d: %w", line+1, err)
 			}
 			break
 		}
 	}
 	flush()
 	if err := ctx.Err(); err != nil {
-		readErr <- fmt.Errorf("interrupted: %w", err)
+		rerr = errors.Join(rerr, fmt.Errorf("interrupted: %w", err))
+	}
+	if rerr != nil {
+		readErr <- rerr
+	}
+}
+
+// stopReader reads r until ctx ends, then returns ctx's error, also from a
+// Read of r still waiting for input (an open, idle pipe; a terminal): a
+// stop signal must not wait for the next line. That Read goes on in its
+// goroutine until r returns, and what it read is dropped: the command
+// stops reading there.
+type stopReader struct {
+	ctx context.Context
+	r   io.Reader
+	buf []byte
+	res chan readResult
+}
+
+type readResult struct {
+	n   int
+	err error
+}
+
+func (s *stopReader) Read(p []byte) (int, error) {
+	if err := s.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if cap(s.buf) < len(p) {
+		s.buf = make([]byte, len(p))
+	}
+	buf := s.buf[:len(p)]
+	go func() {
+		n, err := s.r.Read(buf)
+		s.res <- readResult{n, err}
+	}()
+	select {
+	case res := <-s.res:
+		return copy(p, buf[:res.n]), res.err
+	case <-s.ctx.Done():
+		return 0, s.ctx.Err()
 	}
 }
 

@@ -176,36 +176,79 @@ func FuzzProduceLines(f *testing.F) {
 	})
 }
 
-// TestProduceSendsWhatAPipeHasWritten: a line read from a slow stream
-// (`tail -f events.ndjson | meterline produce`) is sent once no more input
-// is waiting, not when 512 lines have arrived.
-func TestProduceSendsWhatAPipeHasWritten(t *testing.T) {
+// producePipe runs Produce, with ctx, of what is written to the pipe it
+// returns, to usage.events on a kfake broker; the summary comes on the
+// channel when Produce returns.
+func producePipe(t *testing.T, ctx context.Context) ([]string, *io.PipeWriter, <-chan ProduceSummary) {
+	t.Helper()
 	_, brokers := testenv.KFake(t, kfake.SeedTopics(4, "usage.events"))
 	p, err := producer.New(producer.WithBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(p.Close)
 	pr, pw := io.Pipe()
+	t.Cleanup(func() { _ = pw.Close() })
 	done := make(chan ProduceSummary, 1)
-	go func() { done <- Produce(context.Background(), pr, p, ProduceOptions{}) }()
+	go func() { done <- Produce(ctx, pr, p, ProduceOptions{}) }()
+	return brokers, pw, done
+}
+
+// writeSent writes line i, event req-i, to w, and waits until usage.events
+// holds i events.
+func writeSent(t *testing.T, brokers []string, w io.Writer, i int) {
+	t.Helper()
 	ts := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)
+	line := fmt.Sprintf(`{"event_id":"req-%d","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"%s"}`+"\n", i, ts)
+	if _, err := w.Write([]byte(line)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(testenv.ReadAll(t, brokers, "usage.events")) < i {
+		if time.Now().After(deadline) {
+			t.Fatalf("line %d, written to the pipe, not sent within 10 s", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestProduceSendsWhatAPipeHasWritten: a line read from a slow stream
+// (`tail -f events.ndjson | meterline produce`) is sent once no more input
+// is waiting, not when 512 lines have arrived.
+func TestProduceSendsWhatAPipeHasWritten(t *testing.T) {
+	brokers, pw, done := producePipe(t, context.Background())
 	for i := 1; i <= 2; i++ {
-		line := fmt.Sprintf(`{"event_id":"req-%d","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"%s"}`+"\n", i, ts)
-		if _, err := pw.Write([]byte(line)); err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(10 * time.Second)
-		for len(testenv.ReadAll(t, brokers, "usage.events")) < i {
-			if time.Now().After(deadline) {
-				t.Fatalf("line %d, written to the pipe, not sent within 10 s", i)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		writeSent(t, brokers, pw, i)
 	}
 	_ = pw.Close()
 	if s := <-done; s.Sent != 2 || s.Err != nil {
 		t.Errorf("summary %+v, want 2 sent", s)
+	}
+}
+
+// TestProduceStopsWhileInputIsIdle: told to stop (SIGINT, SIGTERM: its
+// context ends) while its input is open but idle (a service that pipes
+// events in and has none to write now, a terminal waiting for a line),
+// Produce returns within its grace period, as docs/producing.md promises,
+// counting what it sent, rather than wait for the next line of the input;
+// the part of a line read when it stopped is not taken for a bad line.
+func TestProduceStopsWhileInputIsIdle(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	brokers, pw, done := producePipe(t, ctx) // the pipe stays open: the input never ends
+	writeSent(t, brokers, pw, 1)
+	// Half a line, the rest of which the writer has yet to write.
+	if _, err := pw.Write([]byte(`{"event_id":"req-2","customer_id":"acme"`)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case s := <-done:
+		if s.Sent != 1 || s.Lines != 1 || s.Bad != 0 || s.Unacked != 0 || s.Err == nil || !strings.Contains(s.Err.Error(), "interrupted") {
+			t.Errorf("summary %+v, want 1 line, 1 sent, none bad, and the interruption reported", s)
+		}
+	case <-time.After(produceStopGrace + 5*time.Second):
+		t.Fatal("Produce did not return after the stop while its input was open and idle")
 	}
 }
 
