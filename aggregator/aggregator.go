@@ -128,9 +128,11 @@ type Config struct {
 	// Default: DefaultEntitlementsOrder.
 	EntitlementsOrder string
 	// EntitlementsMaxAhead bounds, with Entitlements, how far past its
-	// own broker time in the deduped topic a record's time may be: an
-	// event's ingest_time is its arrival in the events topic, before
-	// dedup wrote it, and a watermark is a broker time dedup had read.
+	// own broker time in the deduped topic (its timestamp there, which
+	// the broker stamps: the topic uses LogAppendTime, which New checks)
+	// a record's time may be: an event's ingest_time is its arrival in the
+	// events topic, before dedup wrote it, and a watermark is a broker
+	// time dedup had read.
 	// A record past it would hold the gate, and every record behind it,
 	// until the entitlements partition is read that far: it is rejected
 	// (invalid) when its turn comes instead. Default:
@@ -157,15 +159,18 @@ type Config struct {
 	// every customer it changed. Default: DefaultBalanceInterval.
 	BalanceInterval time.Duration
 	// AllowCreateTime lets the aggregator start, with Entitlements, on an
-	// entitlements topic whose message.timestamp.type is not LogAppendTime.
-	// An entitlement is in effect from its broker timestamp and an event is
-	// decided by the entitlements in effect at its arrival
+	// entitlements or deduped topic whose message.timestamp.type is not
+	// LogAppendTime. An entitlement is in effect from its broker timestamp
+	// and an event is decided by the entitlements in effect at its arrival
 	// (docs/entitlements.md, The ordering rule: broker time); with
 	// CreateTime every writer of the topic would choose which entitlements
-	// decide which events. New reads the topic's setting once and refuses
-	// it (*topics.TimestampTypeError) unless this is set; then it logs a
-	// warning. For tests and replays that choose broker times, never for
-	// production. Default: false.
+	// decide which events. A record's timestamp in the deduped topic bounds
+	// its time (EntitlementsMaxAhead); with CreateTime it would be dedup's
+	// clock, and a dedup host whose clock is behind would have every event
+	// rejected. New reads both topics' setting once and refuses either
+	// (*topics.TimestampTypeError) unless this is set; then it logs a
+	// warning per topic. For tests and replays that choose broker times,
+	// never for production. Default: false.
 	AllowCreateTime bool
 }
 
@@ -351,7 +356,8 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	}
 	var ledger *entitlements.Ledger
 	if cfg.Entitlements {
-		if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "aggregator", cfg.AllowCreateTime, log, cfg.Topics.EntitlementsTopic()); err != nil {
+		if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "aggregator", cfg.AllowCreateTime, log,
+			cfg.Topics.EntitlementsTopic(), cfg.Topics.DedupedTopic()); err != nil {
 			return nil, err
 		}
 		if ledger, err = entitlements.New(cfg.ledgerConfig()); err != nil {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/schemas"
 )
 
 // TestNewRefusesCreateTimeEntitlements: with entitlements, an event is
@@ -50,6 +51,54 @@ func testNewRefusesCreateTimeEntitlements(t *testing.T, brokers []string) {
 	cfg.Entitlements = true
 	if _, err := New(ctx, cfg); err != nil {
 		t.Fatalf("New on a LogAppendTime entitlements topic: %v", err)
+	}
+
+	// The deduped topic's timestamps bound the times of its records
+	// (EntitlementsMaxAhead): with CreateTime they would be dedup's clock.
+	testenv.AlterTopicConfigs(t, brokers, prod.names.DedupedTopic(), map[string]string{"message.timestamp.type": "CreateTime"})
+	testenv.CreateTimeRefused(t, prod.names.DedupedTopic(), func(allow bool, log *zap.Logger) error {
+		cfg := prod.config("a", vfs.NewMem())
+		cfg.Entitlements, cfg.AllowCreateTime, cfg.Stream.Logger = true, allow, log
+		_, err := New(ctx, cfg)
+		return err
+	})
+}
+
+// TestEntitlementsDedupClockBehind: dedup writes usage.deduped with its
+// host's clock in the records' timestamps, here two hours behind the
+// brokers, more than EntitlementsMaxAhead. The topic, created from the
+// specs, uses LogAppendTime, so the broker stamps the records with its
+// own time and the aggregator with entitlements decides the event and the
+// watermark (docs/design.md: decisions use broker time, never a stage's
+// wall clock) instead of rejecting them as too far ahead. On the real
+// broker only: kfake keeps a record's CreateTime whatever the topic's
+// message.timestamp.type.
+func TestEntitlementsDedupClockBehind(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	testenv.InOneMonth(t, entMonthBefore, entMonthAfter)
+	h := newAggHarness(t, brokers, 1) // the production layout: LogAppendTime
+	now := time.Now()
+	dedupClock := now.Add(-2 * time.Hour)
+	ev := h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "e1", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+		EventTime: now.UnixMilli() - 500, IngestTime: now.UnixMilli()})
+	ev.Timestamp = dedupClock
+	wm := h.watermark(0, 0, 1, now.UnixMilli())
+	wm.Timestamp = dedupClock
+	h.produce(ev, wm)
+	run := h.start(h.entConfig("a", vfs.NewMem()))
+	h.caughtUp()
+	deadline := time.Now().Add(20 * time.Second)
+	for openValues(t, h)["acme/api_calls"] != 1 && len(readRejected(t, h)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range readRejected(t, h) {
+		t.Errorf("rejected %s (%s): %s", r.Reason, r.Stage, r.Detail)
+	}
+	if v := openValues(t, h)["acme/api_calls"]; v != 1 {
+		t.Errorf("acme counted %d, want the event decided (1)", v)
 	}
 }
 

@@ -266,6 +266,7 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 	set(prefix+"usage.aggregates", "cleanup.policy", "delete")
 	set(prefix+"usage.rejected", "retention.ms", "3600000")
 	set(prefix+"usage.deduped.v2", "min.insync.replicas", "2")
+	set(prefix+"usage.deduped.v2", "message.timestamp.type", "CreateTime")
 	set(prefix+"meterline.keys", "cleanup.policy", "delete")
 	if _, err := adm.CreatePartitions(ctx, 2, prefix+"usage.events"); err != nil {
 		t.Fatal(err)
@@ -285,13 +286,14 @@ func TestTopicsCreateAndCheck(t *testing.T) {
 		prefix + "meterline.keys: cleanup.policy is delete, want compact",
 		prefix + "meterline-dedup-changelog-v2: partitions is 4, want 6 (as many as its input " + prefix + "usage.events)",
 		prefix + "usage.deduped.v2: min.insync.replicas is 2, want 1",
+		prefix + "usage.deduped.v2: message.timestamp.type is CreateTime, want LogAppendTime",
 		prefix + "usage.entitlements: partitions is 5, want 4 (co-partitioned with " + prefix + "usage.deduped.v2)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	if n := strings.Count(out, "drift"); n != 8 {
-		t.Errorf("%d drifts reported, want 8:\n%s", n, out)
+	if n := strings.Count(out, "drift"); n != 9 {
+		t.Errorf("%d drifts reported, want 9:\n%s", n, out)
 	}
 }

@@ -871,8 +871,8 @@ func TestRealSecuredWrongPassword(t *testing.T) {
 // TestRealSecuredAggregatorEntitlements: `meterline aggregate
 // --entitlements`, as User:aggregate with exactly the ACLs
 // docs/operations.md lists for it, starts and gets ready: it reads the
-// message.timestamp.type of usage.entitlements at start (DescribeConfigs),
-// and refuses a topic it cannot describe.
+// message.timestamp.type of usage.entitlements and usage.deduped at start
+// (DescribeConfigs), and refuses a topic it cannot describe.
 func TestRealSecuredAggregatorEntitlements(t *testing.T) {
 	k := testenv.RealKafkaSASL(t)
 	prefix := testenv.Name(t, "secent") + "."

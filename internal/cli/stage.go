@@ -32,7 +32,7 @@ type StageFlags struct {
 	MaxDecompressBatchBytes int           `help:"Most bytes one fetched batch of the stage's input may decompress to: a batch past it (a decompression bomb any producer can write) is rejected as oversized in usage.rejected and skipped." default:"${stream_max_decompress_batch_bytes}"`
 	MetricsAddr             string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	MetricsHostsFlags       `embed:""`
-	AllowCreateTime         bool `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
+	AllowCreateTime         bool `help:"Start although a topic whose record timestamps are arrival times (usage.events for dedup; usage.entitlements and usage.deduped for the aggregator, when it decides entitlements) uses message.timestamp.type=CreateTime, which lets every producer choose its records' arrival; a warning is logged. For tests and replays that choose broker times only, never in production."`
 	Validate                bool `help:"Check the configuration and exit."`
 }
 

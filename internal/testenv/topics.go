@@ -27,9 +27,11 @@ type TopicsOpts struct {
 	// aggregator waits for, when a test wants it to differ from
 	// Partitions.
 	Sources int32
-	// EventsTimestamp is usage.events' message.timestamp.type:
-	// LogAppendTime (the default, as in production: arrival is the
-	// broker's clock) or CreateTime (tests that choose arrival times).
+	// EventsTimestamp is the message.timestamp.type of usage.events,
+	// usage.deduped, usage.entitlements and usage.balances (the layout's
+	// EventsTimestamp): LogAppendTime (the default, as in production:
+	// their timestamps are the broker's clock) or CreateTime (tests that
+	// choose broker times).
 	EventsTimestamp string
 }
 

@@ -76,7 +76,7 @@ type Layout struct {
 	Skew              time.Duration `help:"Allowed event-time skew S after arrival." default:"${dedup_skew}"`
 	Bucket            time.Duration `help:"Dedup's expiry bucket B: a key is dropped with its whole first-arrival bucket, up to W + S + B after that arrival, so the dedup changelog keeps at least W + S + B." default:"${dedup_bucket}" hidden:""`
 	RetentionMargin   time.Duration `help:"Retention kept beyond W (+S+B for the dedup changelog)." default:"168h"`
-	EventsTimestamp   string        `help:"message.timestamp.type of the events, entitlements and balances topics, whose record timestamps are arrival times. LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
+	EventsTimestamp   string        `help:"message.timestamp.type of the events, deduped, entitlements and balances topics, whose record timestamps are broker times (arrival). LogAppendTime in production; tests that drive time use CreateTime." default:"LogAppendTime" enum:"LogAppendTime,CreateTime"`
 }
 
 // DefaultLayout returns the defaults of the flags above. Window, Skew and
@@ -272,7 +272,10 @@ func Specs(n Names, l Layout) (specs []Spec) {
 	eventsCfg, eventsRet := del(ret, "message.timestamp.type", l.EventsTimestamp)
 	rejCfg, rejRet := del(ret)
 	adjCfg, adjRet := del(ret)
-	dedCfg, _ := del(0)
+	// The aggregator deciding entitlements bounds an event's ingest_time
+	// and a watermark by their record's timestamp in the deduped topic
+	// (docs/entitlements.md, The aggregator): a broker time, not dedup's clock.
+	dedCfg, _ := del(0, "message.timestamp.type", l.EventsTimestamp)
 	dupCfg, _ := del(0)
 	// Dedup keeps a key until the watermark passes the end of its first
 	// arrival's bucket + W + S: up to W + S + B after that arrival. The
@@ -511,8 +514,8 @@ func configSet(k, v string) string {
 // Check compares the cluster with the specs and returns every drift found:
 // missing topics, partition counts, changelogs whose partition count differs
 // from their input topic's and an entitlements topic whose count differs
-// from the deduped topic's, cleanup policy, too short retention, the events
-// topic's timestamp type and the compaction settings the specs set, the
+// from the deduped topic's, cleanup policy, too short retention, the
+// timestamp types and the compaction settings the specs set, the
 // replication factor and min.insync.replicas where the specs set them, and
 // partitions that are under-replicated (a replica out of the ISR) or have
 // no leader.

@@ -39,6 +39,9 @@ func TestEntitlementsCoPartitioned(t *testing.T) {
 		if specs[i].Name == "usage.balances" && specs[i].Configs["message.timestamp.type"] != "LogAppendTime" {
 			t.Fatalf("usage.balances spec: %+v (its timestamps date the quota gate's balances: broker time)", specs[i])
 		}
+		if specs[i].Name == "usage.deduped.v2" && specs[i].Configs["message.timestamp.type"] != "LogAppendTime" {
+			t.Fatalf("usage.deduped.v2 spec: %+v (its timestamps bound the times of its records with entitlements: broker time)", specs[i])
+		}
 	}
 	drifts, err := Check(ctx, adm, specs)
 	if err != nil {
@@ -241,14 +244,21 @@ func TestResolveRefusesZeroTimes(t *testing.T) {
 // TestCheckNamesTheConfigFix: a topic config that drifted (a timestamp
 // type, a retention shorter than the window) is reported with the
 // kafka-configs.sh command that sets it, since topics create leaves
-// existing topics as they are.
+// existing topics as they are. A deduped topic created without a
+// message.timestamp.type has the brokers' default, CreateTime: drift too.
 func TestCheckNamesTheConfigFix(t *testing.T) {
 	adm := adminOf(t, fakeCluster(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	old := DefaultLayout()
 	old.Partitions, old.EventsTimestamp, old.Window = 2, "CreateTime", time.Hour
-	if _, err := Create(ctx, adm, Specs(DefaultNames(), old), 1); err != nil {
+	oldSpecs := Specs(DefaultNames(), old)
+	for _, s := range oldSpecs {
+		if s.Name == "usage.deduped.v2" {
+			delete(s.Configs, "message.timestamp.type")
+		}
+	}
+	if _, err := Create(ctx, adm, oldSpecs, 1); err != nil {
 		t.Fatal(err)
 	}
 	l := DefaultLayout()
@@ -265,8 +275,9 @@ func TestCheckNamesTheConfigFix(t *testing.T) {
 		}
 	}
 	want := map[string]bool{
-		"usage.events: message.timestamp.type is CreateTime, want LogAppendTime (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.events --add-config message.timestamp.type=LogAppendTime)":    false,
-		"usage.events: retention.ms is 608400000 (169h0m0s), want at least 3628800000 (42d) (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.events --add-config retention.ms=" + events + ")": false,
+		"usage.events: message.timestamp.type is CreateTime, want LogAppendTime (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.events --add-config message.timestamp.type=LogAppendTime)":         false,
+		"usage.deduped.v2: message.timestamp.type is CreateTime, want LogAppendTime (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.deduped.v2 --add-config message.timestamp.type=LogAppendTime)": false,
+		"usage.events: retention.ms is 608400000 (169h0m0s), want at least 3628800000 (42d) (set it: kafka-configs.sh --alter --entity-type topics --entity-name usage.events --add-config retention.ms=" + events + ")":      false,
 	}
 	for _, d := range drifts {
 		if _, ok := want[d.String()]; ok {

@@ -131,7 +131,8 @@ func New(t *testing.T, name string) *Suite {
 
 // NewWith is New with the topics shaped by o (its Partitions is always
 // Partitions): a test that chooses broker times takes CreateTime
-// (EventsTimestamp), which usage.events and usage.entitlements then have.
+// (EventsTimestamp), which usage.events, usage.deduped, usage.entitlements
+// and usage.balances then have.
 func NewWith(t *testing.T, name string, o testenv.TopicsOpts) *Suite {
 	t.Helper()
 	brokers := testenv.RealKafka(t)
