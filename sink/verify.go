@@ -175,7 +175,8 @@ HAVING count() > 1`
 // months are computed into a staging table from the ledger through the
 // views' own SELECTs, then swapped in one partition at a time with ALTER
 // TABLE ... REPLACE PARTITION ... FROM, which replaces a partition's parts
-// atomically (readers see the old month or the new one, never a mix).
+// atomically (readers see the old month or the new one, never a mix), or
+// emptied with DROP PARTITION when the staging table has no row of it.
 // A rebuild killed half-way leaves its record unfinished: the sink
 // refuses to start, and running Verify with Backfill again redoes it (every
 // step is idempotent).
@@ -711,7 +712,7 @@ func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months ma
 			if err := v.checkNoSink(ctx); err != nil {
 				return run.id, err
 			}
-			if err := v.exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s REPLACE PARTITION %d FROM %s.%s", db, d.Name, m, db, staging)); err != nil {
+			if err := v.swap(ctx, d, staging, m); err != nil {
 				return run.id, fmt.Errorf("sink: rebuild %s month %d: swap: %w", d.Name, m, err)
 			}
 			v.log.Info("rebuild: month swapped in", zap.String("table", d.Name), zap.Uint32("month", m))
@@ -726,6 +727,37 @@ func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months ma
 		return run.id, err
 	}
 	return run.id, v.finishRuns(ctx, unfinished, tables)
+}
+
+// swap puts month m of staging in place of d's month m: REPLACE
+// PARTITION, or DROP PARTITION when staging holds no row of m (the ledger
+// has none of it any more). Both are atomic. Current ClickHouse (26.x)
+// refuses REPLACE PARTITION from a source without parts in the partition,
+// where 18.16 replaced the month by nothing.
+func (v *verifier) swap(ctx context.Context, d DerivedTable, staging string, m uint32) error {
+	db := v.cfg.Database
+	qctx, cancel := context.WithTimeout(ctx, v.cfg.QueryTimeout)
+	var n uint64
+	err := v.cfg.Conn.QueryRow(qctx, stagedSQL(db, staging, d.PartitionColumn, m)).Scan(&n)
+	cancel()
+	if err != nil {
+		return err
+	}
+	return v.exec(ctx, swapSQL(db, d.Name, staging, m, n > 0))
+}
+
+// stagedSQL counts the rows of month m in staging.
+func stagedSQL(db, staging, partCol string, m uint32) string {
+	return fmt.Sprintf("SELECT count() FROM %s.%s WHERE toYYYYMM(%s) = %d", db, staging, partCol, m)
+}
+
+// swapSQL is the statement that puts month m of staging in place of
+// table's: staged says whether staging holds rows of m.
+func swapSQL(db, table, staging string, m uint32, staged bool) string {
+	if !staged {
+		return fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %d", db, table, m)
+	}
+	return fmt.Sprintf("ALTER TABLE %s.%s REPLACE PARTITION %d FROM %s.%s", db, table, m, db, staging)
 }
 
 // fillMemory is the memory a fill's sort or GROUP BY may take before it
