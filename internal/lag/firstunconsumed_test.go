@@ -113,3 +113,38 @@ func TestLagCommittedBelowLogStart(t *testing.T) {
 		t.Errorf("partition 1: %+v, want 8 records behind", r)
 	}
 }
+
+// TestLagBigBatchBehindAnotherPartition: the first record a group has not
+// consumed on a partition is in a batch larger than a partition's share
+// of a fetch, and another partition of the same leader comes first in
+// the fetch: the partition is still behind (a fetch that returns no
+// whole batch of it is no answer).
+func TestLagBigBatchBehindAnotherPartition(t *testing.T) {
+	brokers, topic, group, adm := realTopic(t)
+	ctx := context.Background()
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.DefaultProduceTopic(topic), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("small")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 200<<10)
+	if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 1, Value: big}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var offs kadm.Offsets
+	offs.AddOffset(topic, 0, 0, -1)
+	offs.AddOffset(topic, 1, 0, -1)
+	if _, err := adm.CommitOffsets(ctx, group, offs); err != nil {
+		t.Fatal(err)
+	}
+	rows := compute(t, brokers, group)
+	for p := int32(0); p < 2; p++ {
+		if r := rows[p]; r.End != 1 || r.Records != 1 || r.Behind <= 0 {
+			t.Errorf("partition %d: %+v, want 1 record behind", p, r)
+		}
+	}
+}

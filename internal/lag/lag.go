@@ -231,11 +231,17 @@ func firstUnconsumed(ctx context.Context, conn kafka.Config, topic string, commi
 		}
 		var outOfRange []int32
 		for leader, parts := range byLeader {
-			oor, err := fetchFirst(ctx, cl.Broker(int(leader)), topic, td.ID, parts, at, want, out)
-			if err != nil {
-				lastErr = err
+			// One partition a fetch: the broker returns at least a
+			// whole batch of the first partition with data only, and a
+			// later one's batch larger than its share comes back cut,
+			// which reads as nothing to read.
+			for _, p := range parts {
+				oor, err := fetchFirst(ctx, cl.Broker(int(leader)), topic, td.ID, []int32{p}, at, want, out)
+				if err != nil {
+					lastErr = err
+				}
+				outOfRange = append(outOfRange, oor...)
 			}
-			outOfRange = append(outOfRange, oor...)
 		}
 		if len(outOfRange) > 0 { // deleted by retention: read from the start, as the stage does
 			starts, err := adm.ListStartOffsets(ctx, topic)
