@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/kafka"
 )
@@ -171,8 +172,16 @@ func listedBrokers(ctx context.Context, cl *kgo.Client, conn kafka.Config) kafka
 // firstUnconsumed returns, per partition with data after the offset the
 // group reads next (committed; absent: offset 0), the broker timestamp of
 // the first record a read_committed consumer would get there.
+//
+// It sends its own read_committed fetches to the partitions' leaders and
+// follows the offset each response leads to, aborted records and
+// transaction markers included: a partition whose only records before
+// the last stable offset are an aborted transaction's (its abort marker
+// written after another producer opened a transaction there) yields no
+// record, and a consumer's fetch would only wait at the last stable
+// offset, which it cannot tell from a fetch of records it filters out.
 func firstUnconsumed(ctx context.Context, conn kafka.Config, topic string, committed map[int32]int64, ends kadm.ListedOffsets) (map[int32]time.Time, error) {
-	start := map[int32]kgo.Offset{}
+	at := map[int32]int64{} // next offset to read, per partition still open
 	want := map[int32]int64{}
 	ends.Each(func(e kadm.ListedOffset) {
 		from := int64(0)
@@ -180,45 +189,142 @@ func firstUnconsumed(ctx context.Context, conn kafka.Config, topic string, commi
 			from = c
 		}
 		if e.Offset > from {
-			start[e.Partition] = kgo.NewOffset().At(from)
+			at[e.Partition] = from
 			want[e.Partition] = e.Offset
 		}
 	})
 	out := map[int32]time.Time{}
-	if len(start) == 0 {
+	if len(at) == 0 {
 		return out, nil
 	}
-	cl, err := kafka.NewClient(conn,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
+	cl, err := kafka.NewClient(conn)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
+	adm := kadm.NewClient(cl)
+	var lastErr error
+	for len(at) > 0 {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("lag: reading %s: %w", topic, ctx.Err())
+			return nil, fmt.Errorf("lag: reading %s: %w (last error: %v)", topic, ctx.Err(), lastErr)
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			end, ok := want[r.Partition]
-			if !ok {
-				return
+		if lastErr != nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+		lastErr = nil
+		md, err := adm.Metadata(ctx, topic)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		td := md.Topics[topic]
+		byLeader := map[int32][]int32{}
+		for p := range at {
+			pd, ok := td.Partitions[p]
+			if !ok || pd.Err != nil || pd.Leader < 0 {
+				lastErr = fmt.Errorf("partition %d has no leader", p)
+				continue
 			}
-			if r.Offset >= end || (r.Offset+1 >= end && r.Attrs.IsControl()) {
-				delete(want, r.Partition)
-				return
+			byLeader[pd.Leader] = append(byLeader[pd.Leader], p)
+		}
+		var outOfRange []int32
+		for leader, parts := range byLeader {
+			// One partition a fetch: the broker returns at least a
+			// whole batch of the first partition with data only, and a
+			// later one's batch larger than its share comes back cut,
+			// which reads as nothing to read.
+			for _, p := range parts {
+				oor, err := fetchFirst(ctx, cl.Broker(int(leader)), topic, td.ID, []int32{p}, at, want, out)
+				if err != nil {
+					lastErr = err
+				}
+				outOfRange = append(outOfRange, oor...)
 			}
-			if !r.Attrs.IsControl() {
-				out[r.Partition] = r.Timestamp
-				delete(want, r.Partition)
+		}
+		if len(outOfRange) > 0 { // deleted by retention: read from the start, as the stage does
+			starts, err := adm.ListStartOffsets(ctx, topic)
+			if err != nil {
+				lastErr = err
+				continue
 			}
-		})
+			for _, p := range outOfRange {
+				if s, ok := starts.Lookup(topic, p); ok && s.Err == nil && s.Offset > at[p] {
+					at[p] = s.Offset
+				}
+			}
+		}
 	}
 	return out, nil
+}
+
+// fetchFirst sends one read_committed fetch of parts, from at, to broker b
+// and moves each partition on: a partition leaves at once it has a record
+// before its end in want (recorded in out), or when it has nothing more
+// to read before its end. It returns the partitions whose offset is out
+// of range.
+func fetchFirst(ctx context.Context, b *kgo.Broker, topic string, id kadm.TopicID, parts []int32, at, want map[int32]int64, out map[int32]time.Time) (outOfRange []int32, err error) {
+	req := kmsg.NewPtrFetchRequest()
+	req.ReplicaID = -1
+	req.MaxWaitMillis = 0
+	req.MinBytes = 1
+	req.MaxBytes = 1 << 20
+	req.IsolationLevel = 1
+	req.SessionEpoch = -1
+	rt := kmsg.NewFetchRequestTopic()
+	rt.Topic, rt.TopicID = topic, id
+	for _, p := range parts {
+		rp := kmsg.NewFetchRequestTopicPartition()
+		rp.Partition, rp.FetchOffset, rp.PartitionMaxBytes = p, at[p], 64<<10
+		rp.CurrentLeaderEpoch, rp.LogStartOffset = -1, -1
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := b.Request(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	fr := resp.(*kmsg.FetchResponse)
+	if err := kerr.ErrorForCode(fr.ErrorCode); err != nil {
+		return nil, err
+	}
+	var failed error
+	for i := range fr.Topics {
+		for j := range fr.Topics[i].Partitions {
+			rp := &fr.Topics[i].Partitions[j]
+			p := rp.Partition
+			from, ok := at[p]
+			if !ok {
+				continue
+			}
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				if errors.Is(err, kerr.OffsetOutOfRange) {
+					outOfRange = append(outOfRange, p)
+				}
+				failed = fmt.Errorf("partition %d: %w", p, err)
+				continue
+			}
+			fp, next := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
+				Offset: from, IsolationLevel: kgo.ReadCommitted(), Topic: topic, Partition: p,
+			}, rp, kgo.DefaultDecompressor(), nil)
+			if fp.Err != nil {
+				failed = fmt.Errorf("partition %d: %w", p, fp.Err)
+				continue
+			}
+			if len(fp.Records) > 0 && fp.Records[0].Offset < want[p] {
+				out[p] = fp.Records[0].Timestamp
+			}
+			// Done with a record, at the end, or with nothing to read
+			// (the last stable offset reached).
+			if len(fp.Records) > 0 || next >= want[p] || next <= from {
+				delete(at, p)
+				continue
+			}
+			at[p] = next
+		}
+	}
+	return outOfRange, failed
 }
 
 // coordinatorWait bounds how long fetchOffsets waits for a group
