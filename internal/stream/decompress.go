@@ -1,9 +1,11 @@
 package stream
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
@@ -66,10 +68,73 @@ func (d *decompressBudget) Decompress(src []byte, codec kgo.CompressionCodecType
 		return nil, errDecompressBudget
 	}
 	out, err := d.inner.Decompress(src, codec)
-	if err == nil {
-		d.used.Add(int64(cap(out)))
+	if err != nil {
+		return out, err
 	}
-	return out, err
+	decoded := decodedCost(out)
+	if int64(len(out))+decoded > d.limit {
+		// Its records take more decoded than the bound (a record of
+		// millions of empty headers): a batch past the bound.
+		return nil, fmt.Errorf("stream: the batch's %d bytes take %d more decoded: %w", len(out), decoded, kgo.ErrMaxDecompress)
+	}
+	d.used.Add(int64(cap(out)) + decoded)
+	return out, nil
+}
+
+// What kgo allocates to decode a record (the Record, and its pointer in
+// the fetch) and each of its headers.
+const (
+	recordCost = int64(unsafe.Sizeof(kgo.Record{})) + 8
+	headerCost = int64(unsafe.Sizeof(kgo.RecordHeader{}))
+)
+
+// decodedCost is the memory kgo takes, besides b, to decode the records
+// of a batch whose decompressed records are b: each record and each of its
+// headers, which kgo allocates as many of as a record claims, up to one
+// per byte left in it, before it reads them. A few bytes of headers take
+// tens of times as much decoded. It reads b as kgo does, and stops where
+// kgo stops decoding.
+func decodedCost(b []byte) int64 {
+	var cost int64
+	for len(b) > 0 {
+		l, n := binary.Varint(b)
+		if n <= 0 || l < 0 || int64(len(b)-n) < l {
+			break
+		}
+		rec := b[n : n+int(l)]
+		b = b[n+int(l):]
+		cost += recordCost
+		// attributes, timestamp and offset deltas, key, value
+		if len(rec) == 0 {
+			break
+		}
+		rec = rec[1:]
+		ok := true
+		for i := 0; i < 4 && ok; i++ {
+			v, m := binary.Varint(rec)
+			switch {
+			case m <= 0:
+				ok = false
+			case i < 2 || v < 0: // a delta, or a null key or value
+				rec = rec[m:]
+			case int64(len(rec)-m) < v:
+				ok = false
+			default:
+				rec = rec[m+int(v):]
+			}
+		}
+		if !ok {
+			break
+		}
+		nh, m := binary.Varint(rec)
+		if m <= 0 || nh > int64(len(rec)-m) {
+			break
+		}
+		if nh > 0 {
+			cost += nh * headerCost
+		}
+	}
+	return cost
 }
 
 // reset renews the budget: the records of the last poll have been
