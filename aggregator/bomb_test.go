@@ -100,8 +100,8 @@ func testBombInInputs(t *testing.T, brokers []string, refuse func(*aggHarness) f
 		t.Errorf("acme counted %d, want 5 (its plan's cap)", got)
 	}
 	want := map[string]string{
-		h.names.EntitlementsTopic(): "record batch at offsets 1 to 1 decompresses to more than 1048576 bytes; not decoded, skipped",
-		h.names.DedupedTopic():      "record batch at offsets 0 to 0 decompresses to more than 1048576 bytes; not decoded, skipped",
+		h.names.EntitlementsTopic(): "record batch at offsets 1 to 1 decompresses to more than 1048576 bytes with its decoded records; not decoded, skipped",
+		h.names.DedupedTopic():      "record batch at offsets 0 to 0 decompresses to more than 1048576 bytes with its decoded records; not decoded, skipped",
 	}
 	over := 0
 	for _, r := range readRejected(t, h) {

@@ -243,7 +243,7 @@ func checkBomb(t *testing.T, h *harness, at int64) {
 		t.Fatalf("rejected %s, want the batch at offset %d as %s", rejections(o.rejected), at, schemas.ReasonOversized)
 	}
 	rej := o.rejected[0]
-	want := fmt.Sprintf("record batch at offsets %d to %d decompresses to more than 1048576 bytes; not decoded, skipped", at, at)
+	want := fmt.Sprintf("record batch at offsets %d to %d decompresses to more than 1048576 bytes with its decoded records; not decoded, skipped", at, at)
 	if rej.Stage != "dedup" || rej.SourceTopic != h.names.EventsTopic() || rej.SourcePartition != 0 || rej.Detail != want {
 		t.Errorf("rejection %+v, want stage dedup, source %s/0 and detail %q", rej, h.names.EventsTopic(), want)
 	}
@@ -266,7 +266,7 @@ func TestRealDecompressionBomb(t *testing.T) {
 	if n := o.byID()["after-the-batch"]; n != 1 {
 		t.Errorf("the event after the batch forwarded %d times, want 1", n)
 	}
-	want := fmt.Sprintf("record batch at offsets 0 to 0 decompresses to more than %d bytes; not decoded, skipped", stream.DefaultMaxDecompressBatchBytes)
+	want := fmt.Sprintf("record batch at offsets 0 to 0 decompresses to more than %d bytes with its decoded records; not decoded, skipped", stream.DefaultMaxDecompressBatchBytes)
 	if len(o.rejected) != 1 || o.rejected[0].Reason != schemas.ReasonOversized || o.rejected[0].SourceOffset != 0 || o.rejected[0].Detail != want {
 		t.Fatalf("rejected %+v, want the batch at offset 0 as %s", o.rejected, schemas.ReasonOversized)
 	}

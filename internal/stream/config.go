@@ -67,9 +67,11 @@ type Config struct {
 	// interval). Zero disables it. Default: 0.
 	PunctuateInterval time.Duration
 	// MaxDecompressBatchBytes bounds what one fetched batch of the input
-	// may decompress to (kgo.MaxDecompressBatchBytes): a batch past it is
+	// may decompress to (kgo.MaxDecompressBatchBytes), with what its
+	// records take decoded (decompress.go): a batch past it is
 	// bad input, handed to the partition's BatchRejecter and skipped
-	// (docs/design.md, Bad input). Default:
+	// (docs/design.md, Bad input). The batches decompressed between two
+	// polls share a budget of as much (decompress.go). Default:
 	// DefaultMaxDecompressBatchBytes.
 	MaxDecompressBatchBytes int
 

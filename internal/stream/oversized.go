@@ -84,7 +84,7 @@ func (rt *Runtime) addTooLarge(jobs *fetchJobs, tooLarge []*kgo.ErrDecompressToo
 // Detail is the detail of b's rejection in usage.rejected, the same for
 // every stage (BatchRejecter).
 func (b RejectedBatch) Detail() string {
-	return fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes; not decoded, skipped",
+	return fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes with its decoded records; not decoded, skipped",
 		b.From, b.Next-1, b.Limit)
 }
 

@@ -20,9 +20,14 @@ import (
 // unless it only says that the poll was cut short or that this member lost
 // the group or its coordinator (session.FetchError), or names a batch that
 // decompresses past the bound, which the partition rejects
-// (rejectOversized); records of a partition that is not ready mark
+// (rejectOversized), or a batch left for a later fetch by the
+// decompression budget (decompress.go); records of a partition that is not ready mark
 // the transaction for an abort, which rewinds them.
 func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
+	// The records polled are processed when this returns: the next
+	// fetches may decompress as much again (decompress.go).
+	defer rt.decomp.reset()
+	rt.takeDeferred(fs)
 	tooLarge := takeTooLarge(fs)
 	// A lost group or coordinator is a rejoin, not a stop: the next
 	// assignment restores as usual (docs/design.md, Exactly-once, "Crash

@@ -126,6 +126,9 @@ type Runtime struct {
 	m     *metrics
 
 	sess *kgo.GroupTransactSession
+	// decomp is the sessions' decompressor: the bound per batch and the
+	// budget of a poll's batches (decompress.go).
+	decomp *decompressBudget
 	// stateBytesAt is when meterline_stream_state_bytes was last set.
 	stateBytesAt time.Time
 	adm          *kadm.Client
@@ -290,15 +293,20 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err := st.BindChangelog(cfg.ChangelogTopic, cfg.StateDir); err != nil {
 		return nil, errors.Join(err, st.Close())
 	}
+	decomp, err := newDecompressBudget(cfg.MaxDecompressBatchBytes)
+	if err != nil {
+		return nil, errors.Join(err, st.Close())
+	}
 	rt := &Runtime{
-		cfg:   cfg,
-		loop:  loop,
-		proc:  proc,
-		log:   log,
-		store: st,
-		m:     m,
-		parts: map[int32]*partState{},
-		wake:  make(chan struct{}, 1),
+		decomp: decomp,
+		cfg:    cfg,
+		loop:   loop,
+		proc:   proc,
+		log:    log,
+		store:  st,
+		m:      m,
+		parts:  map[int32]*partState{},
+		wake:   make(chan struct{}, 1),
 	}
 	rt.sb = newStandbys(rt)
 	return rt, nil

@@ -19,14 +19,16 @@ import (
 
 // sessionOptions are the runtime's own options of one session's client,
 // on top of the session's (session.Loop.Open); maxDecompress is
-// Config.MaxDecompressBatchBytes.
-func sessionOptions(maxDecompress int) []kgo.Opt {
+// Config.MaxDecompressBatchBytes, d the runtime's decompressor.
+func sessionOptions(maxDecompress int, d *decompressBudget) []kgo.Opt {
 	return []kgo.Opt{
 		// Anything a producer controls is untrusted: a batch of a few
 		// hundred KB may decompress to GBs (docs/design.md, Bad input).
 		// kgo stops the partition at a batch past the bound, and
-		// handleFetches rejects it.
+		// handleFetches rejects it; the batches of a poll share a budget
+		// (decompress.go).
 		kgo.MaxDecompressBatchBytes(maxDecompress),
+		kgo.WithDecompressor(d),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		// A commit produces its changelog records (and the aggregator its
 		// OPEN revisions) in one burst of up to a few records per input
@@ -156,7 +158,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	// docs/operations.md, Standby replicas); eager, so a group that ran
 	// kgo's cooperative-sticky balancer before needs every member stopped
 	// first, or a new group name.
-	opts := append(sessionOptions(rt.cfg.MaxDecompressBatchBytes), kgo.Balancers(rt.Balancer(inputs...)))
+	opts := append(sessionOptions(rt.cfg.MaxDecompressBatchBytes, rt.decomp), kgo.Balancers(rt.Balancer(inputs...)))
 	if len(rt.cfg.CopartitionedTopics) > 0 {
 		opts = append(opts, kgo.ConsumePreferringLagFn(copartitionedFirst(rt.cfg.CopartitionedTopics)))
 	}
