@@ -124,6 +124,13 @@ func (o *outage) sofar() time.Duration {
 	return d
 }
 
+// errCopyOutOfRange is returned (wrapped) by a copy whose next offset is
+// out of the changelog partition's range: retention moved the log start
+// past it (the records between were never read), or a stale leader's end
+// is below it. Nothing read since the last commit is written; the copy is
+// planned again from its checkpoint.
+var errCopyOutOfRange = errors.New("the changelog's offset range no longer holds the copy's position")
+
 // errBeyondHorizon is returned (wrapped, in a *horizonError) by a copy
 // that read a record later than the horizon of its date allows.
 var errBeyondHorizon = errors.New("read changelog records past the horizon of the copy's date: a tombstone may have been compacted away unread")
@@ -202,10 +209,14 @@ func (rt *Runtime) newChangelogCopy(p int32, what string, from, end, lso int64, 
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{rt.cfg.ChangelogTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
-		// Below the log start: retention removed records since the offsets
-		// were listed; a checkpoint that was already below it means a full
-		// restore (planRestore).
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Out of range (below the log start: retention removed records
+		// the copy had not read yet, since the offsets were listed or
+		// while it tailed; past the end: a stale leader) is an error
+		// (errCopyOutOfRange), never a jump: records skipped unread may
+		// hold tombstones, and the state would keep keys a fresh copy
+		// does not. The copy is planned again from its checkpoint, in
+		// full once that is below the log start (planRestore).
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 	)
 	if err != nil {
 		return nil, err
@@ -278,6 +289,9 @@ func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration, wake <-ch
 	fs.EachError(func(_ string, _ int32, err error) {
 		if ferr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			ferr = fmt.Errorf("stream: %s partition %d: fetch changelog: %w", c.what, c.p, err)
+			if errors.Is(err, kerr.OffsetOutOfRange) {
+				ferr = fmt.Errorf("%w at offset %d: %w", errCopyOutOfRange, c.pos, ferr)
+			}
 			if errors.Is(err, kerr.TopicAuthorizationFailed) {
 				ferr = fmt.Errorf("%w (the principal needs Read on topic %s: docs/operations.md, Security and ACLs)", ferr, c.rt.cfg.ChangelogTopic)
 			}

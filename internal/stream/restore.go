@@ -130,6 +130,19 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 			continue
 		}
 		rt.noteHorizonAttempts(p, 0)
+		if errors.Is(err, errCopyOutOfRange) && ctx.Err() == nil {
+			// The state is at its last checkpoint, every record below it
+			// read: planned again from there, in full if the log start
+			// is past it now.
+			log.Warn("the changelog's offset range moved past the restore's position (retention deleted records it had not read, or a stale leader answered); planning again", zap.Error(err))
+			warm = nil
+			select {
+			case <-ctx.Done():
+				return nil, nil, replayed, ctx.Err()
+			case <-time.After(listRetry):
+			}
+			continue
+		}
 		if err != nil {
 			return nil, nil, replayed, err
 		}
