@@ -85,11 +85,14 @@ func TestConcurrentRepairsOfAMonth(t *testing.T) {
 // TestBackfillDuringARepair: a backfill that starts while a repair is
 // paused between its fill and its swap counts the repair among the
 // unfinished rebuilds, rebuilds its tables, records it finished and drops
-// its staging table. The repair then fails its swap without swapping
+// its staging tables. The repair then fails its swap without swapping
 // anything in, and the months equal the ledger.
 func TestBackfillDuringARepair(t *testing.T) {
 	conn, db, ctx := migratedDB(t, func(db string) []string {
-		return append(emptyMonthInserts(db)[:1], "ALTER TABLE "+db+".usage_daily DROP PARTITION 202401")
+		// A staging table of the name runs shared before, as a run killed
+		// then left it: dropped with the run's own.
+		return append(emptyMonthInserts(db)[:1], "ALTER TABLE "+db+".usage_daily DROP PARTITION 202401",
+			"CREATE TABLE "+db+"."+legacyStagingTable(TableUsageDaily)+" AS "+db+".usage_daily")
 	})
 	none := func(context.Context) ([]string, error) { return nil, nil }
 	var repB *VerifyReport
