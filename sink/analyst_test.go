@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -51,8 +52,12 @@ func TestDerivedTablesCoverTheViews(t *testing.T) {
 	for _, d := range ds {
 		n += len(d.Views)
 		for _, v := range d.Views {
-			fill := v.fillSQL("db", stagingTable(d.Name), d.PartitionColumn, []uint32{202401, 202403})
-			if !strings.Contains(fill, "FROM db."+v.Source+" FINAL") || !strings.HasPrefix(fill, "INSERT INTO db.rebuild__"+d.Name+" SELECT * FROM (") ||
+			staging := stagingTable(d.Name, "verify 2024-04-01T00:00:00Z 0a1b2c3d")
+			if !regexp.MustCompile(`^rebuild__` + d.Name + `__[0-9a-f]{16}$`).MatchString(staging) {
+				t.Errorf("%s: staging table %q", d.Name, staging)
+			}
+			fill := v.fillSQL("db", staging, d.PartitionColumn, []uint32{202401, 202403})
+			if !strings.Contains(fill, "FROM db."+v.Source+" FINAL") || !strings.HasPrefix(fill, "INSERT INTO db."+staging+" SELECT * FROM (") ||
 				!strings.HasSuffix(fill, "WHERE toYYYYMM("+d.PartitionColumn+") IN (202401, 202403)") {
 				t.Errorf("%s: fill:\n%s", v.Name, fill)
 			}

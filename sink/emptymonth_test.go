@@ -73,7 +73,7 @@ func TestRebuildEmptiesAMonthTheLedgerLacksOnChdb(t *testing.T) {
 			d = x
 		}
 	}
-	staging := stagingTable(d.Name)
+	staging := stagingTable(d.Name, newRunID("verify", time.Now()))
 	stmts := append(migrationStatements(t), emptyMonthInserts(db)...)
 	stmts = append(stmts, "CREATE TABLE "+db+"."+staging+" AS "+db+"."+d.Name)
 	for _, view := range d.Views {

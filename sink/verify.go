@@ -2,8 +2,10 @@ package sink
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"reflect"
 	"sort"
 	"strconv"
@@ -79,7 +81,19 @@ type VerifyConfig struct {
 	Now func() time.Time
 	// QueryTimeout bounds each query and each fill. Default: 1 hour.
 	QueryTimeout time.Duration
+
+	// stepHook, when set, is called at each step of a rebuild of a table
+	// (stepCreated, stepFilled), for the tests that interleave two runs.
+	stepHook func(step, table string)
 }
+
+// Steps of a rebuild that VerifyConfig.stepHook is called at.
+const (
+	// stepCreated: the staging table is created, not filled yet.
+	stepCreated = "created"
+	// stepFilled: the staging table is filled, no month is swapped in yet.
+	stepFilled = "filled"
+)
 
 // Month statuses of a VerifyReport.
 const (
@@ -172,14 +186,16 @@ HAVING count() > 1`
 
 // Verify compares each derived table with the ledger per month, and with
 // Repair (or Backfill) rebuilds the months that differ: each table's
-// months are computed into a staging table from the ledger through the
-// views' own SELECTs, then swapped in one partition at a time with ALTER
+// months are computed into a staging table of the run's own
+// (stagingTable) from the ledger through the views' own SELECTs, then
+// swapped in one partition at a time with ALTER
 // TABLE ... REPLACE PARTITION ... FROM, which replaces a partition's parts
 // atomically (readers see the old month or the new one, never a mix), or
 // emptied with DROP PARTITION when the staging table has no row of it.
 // A rebuild killed half-way leaves its record unfinished: the sink
 // refuses to start, and running Verify with Backfill again redoes it (every
-// step is idempotent).
+// step is idempotent) and drops its staging tables. Runs at the same time
+// each swap in months computed wholly from the ledger.
 func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 	cfg.ensureDefaults()
 	if cfg.Conn == nil || !databaseName.MatchString(cfg.Database) {
@@ -448,6 +464,12 @@ type verifier struct {
 	log *zap.Logger
 }
 
+func (v *verifier) step(step, table string) {
+	if v.cfg.stepHook != nil {
+		v.cfg.stepHook(step, table)
+	}
+}
+
 func (v *verifier) exec(ctx context.Context, q string) error {
 	qctx, cancel := context.WithTimeout(ctx, v.cfg.QueryTimeout)
 	defer cancel()
@@ -566,8 +588,29 @@ func nextMonth(m uint32) uint32 {
 	return m + 1
 }
 
-// stagingTable is where a rebuild computes a derived table's months.
-func stagingTable(name string) string { return "rebuild__" + name }
+// stagingTable is where the rebuild run names computes the derived
+// table's months: rebuild__<table>__<16 hex digits of a hash of the run
+// ID>, a table of that run's own, so runs at the same time never read,
+// fill or drop each other's (docs/operations.md, verify and backfill).
+func stagingTable(table, run string) string {
+	h := fnv.New64a()
+	h.Write([]byte(run))
+	return fmt.Sprintf("%s__%016x", legacyStagingTable(table), h.Sum64())
+}
+
+// legacyStagingTable is the staging table of the table that releases
+// before per-run staging tables shared between runs; a run killed by one
+// of them may have left it.
+func legacyStagingTable(table string) string { return "rebuild__" + table }
+
+// newRunID names a rebuild run: its kind, its start, and 32 random bits,
+// so two runs started in the same instant have IDs (and staging tables)
+// of their own.
+func newRunID(kind string, now time.Time) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s %s %x", kind, now.UTC().Format(time.RFC3339Nano), b)
+}
 
 type rebuildRun struct {
 	id     string
@@ -672,7 +715,7 @@ func (v *verifier) checkNoSink(ctx context.Context) error {
 }
 
 func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months map[string][]uint32, kind, reason string, unfinished []rebuildRun) (string, error) {
-	run := rebuildRun{id: kind + " " + v.cfg.Now().UTC().Format(time.RFC3339Nano), reason: reason}
+	run := rebuildRun{id: newRunID(kind, v.cfg.Now()), reason: reason}
 	for _, d := range tables {
 		run.tables = append(run.tables, d.Name)
 	}
@@ -687,39 +730,9 @@ func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months ma
 		}
 		return run.id, err
 	}
-	db := v.cfg.Database
 	for _, d := range tables {
-		staging := stagingTable(d.Name)
-		ms := months[d.Name]
-		v.log.Info("rebuild: filling staging table", zap.String("table", d.Name), zap.String("staging", staging), zap.Any("months", ms))
-		// 2. A fresh staging table, filled from the ledger by the views'
-		// SELECTs. A killed rebuild leaves it behind; it is dropped here.
-		if err := v.exec(ctx, "DROP TABLE IF EXISTS "+db+"."+staging); err != nil {
-			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
-		}
-		if err := v.exec(ctx, "CREATE TABLE "+db+"."+staging+" AS "+db+"."+d.Name); err != nil {
-			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
-		}
-		for _, view := range d.Views {
-			if err := v.exec(fillContext(ctx), view.fillSQL(db, staging, d.PartitionColumn, ms)); err != nil {
-				return run.id, fmt.Errorf("sink: rebuild %s: fill from view %s: %w", d.Name, view.Name, err)
-			}
-		}
-		fault.Hit(FaultRebuildFilled)
-		// 3. One atomic swap per month. A month not in the staging table
-		// (the ledger has none of it any more) is replaced by nothing.
-		for _, m := range ms {
-			if err := v.checkNoSink(ctx); err != nil {
-				return run.id, err
-			}
-			if err := v.swap(ctx, d, staging, m); err != nil {
-				return run.id, fmt.Errorf("sink: rebuild %s month %d: swap: %w", d.Name, m, err)
-			}
-			v.log.Info("rebuild: month swapped in", zap.String("table", d.Name), zap.Uint32("month", m))
-			fault.Hit(FaultRebuildSwapped)
-		}
-		if err := v.exec(ctx, "DROP TABLE IF EXISTS "+db+"."+staging); err != nil {
-			return run.id, fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
+		if err := v.rebuildTable(ctx, d, stagingTable(d.Name, run.id), months[d.Name]); err != nil {
+			return run.id, err
 		}
 	}
 	// 4. Done: this run, and the unfinished runs it covered.
@@ -727,6 +740,59 @@ func (v *verifier) rebuild(ctx context.Context, tables []DerivedTable, months ma
 		return run.id, err
 	}
 	return run.id, v.finishRuns(ctx, unfinished, tables)
+}
+
+// rebuildTable rebuilds months ms of d through staging, this run's own
+// staging table of d, and drops staging. A run that fails drops its
+// staging table on the way out; one that is killed leaves it to the run
+// that finishes its record (finishRuns).
+func (v *verifier) rebuildTable(ctx context.Context, d DerivedTable, staging string, ms []uint32) error {
+	if err := v.fillAndSwap(ctx, d, staging, ms); err != nil {
+		if derr := v.dropStaging(context.WithoutCancel(ctx), staging); derr != nil {
+			v.log.Warn("rebuild: staging table not dropped", zap.String("staging", staging), zap.Error(derr))
+		}
+		return err
+	}
+	if err := v.dropStaging(ctx, staging); err != nil {
+		return fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
+	}
+	return nil
+}
+
+func (v *verifier) dropStaging(ctx context.Context, staging string) error {
+	return v.exec(ctx, "DROP TABLE IF EXISTS "+v.cfg.Database+"."+staging)
+}
+
+// fillAndSwap fills staging with months ms of d and swaps them in.
+func (v *verifier) fillAndSwap(ctx context.Context, d DerivedTable, staging string, ms []uint32) error {
+	db := v.cfg.Database
+	v.log.Info("rebuild: filling staging table", zap.String("table", d.Name), zap.String("staging", staging), zap.Any("months", ms))
+	// 2. A fresh staging table of this run's own (no other run reads,
+	// fills or drops it), filled from the ledger by the views' SELECTs.
+	if err := v.exec(ctx, "CREATE TABLE "+db+"."+staging+" AS "+db+"."+d.Name); err != nil {
+		return fmt.Errorf("sink: rebuild %s: %w", d.Name, err)
+	}
+	v.step(stepCreated, d.Name)
+	for _, view := range d.Views {
+		if err := v.exec(fillContext(ctx), view.fillSQL(db, staging, d.PartitionColumn, ms)); err != nil {
+			return fmt.Errorf("sink: rebuild %s: fill from view %s: %w", d.Name, view.Name, err)
+		}
+	}
+	fault.Hit(FaultRebuildFilled)
+	v.step(stepFilled, d.Name)
+	// 3. One atomic swap per month. A month not in the staging table
+	// (the ledger has none of it any more) is replaced by nothing.
+	for _, m := range ms {
+		if err := v.checkNoSink(ctx); err != nil {
+			return err
+		}
+		if err := v.swap(ctx, d, staging, m); err != nil {
+			return fmt.Errorf("sink: rebuild %s month %d: swap: %w", d.Name, m, err)
+		}
+		v.log.Info("rebuild: month swapped in", zap.String("table", d.Name), zap.Uint32("month", m))
+		fault.Hit(FaultRebuildSwapped)
+	}
+	return nil
 }
 
 // swap puts month m of staging in place of d's month m: REPLACE
@@ -791,6 +857,15 @@ func (v *verifier) finishRuns(ctx context.Context, runs []rebuildRun, done []Der
 		}
 		if err := v.record(ctx, r, true, max(versionFinished, r.version+1)); err != nil {
 			return err
+		}
+		// Its staging tables, if it was killed with them (this run
+		// rebuilt its tables from the ledger meanwhile).
+		for _, t := range r.tables {
+			for _, staging := range []string{stagingTable(t, r.id), legacyStagingTable(t)} {
+				if err := v.dropStaging(ctx, staging); err != nil {
+					return fmt.Errorf("sink: rebuild %s: staging table of run %q: %w", t, r.id, err)
+				}
+			}
 		}
 		v.log.Info("rebuild: unfinished run finished", zap.String("run", r.id))
 	}
