@@ -20,6 +20,31 @@ func realTopic(t *testing.T) (brokers []string, topic, group string, adm *kadm.C
 	return brokers, topic, group, testenv.Admin(t, brokers)
 }
 
+// manualProducer is a client producing to topic, each record to the
+// partition it names.
+func manualProducer(t *testing.T, brokers []string, topic string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.DefaultProduceTopic(topic)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// commitAt commits group's offsets of topic: offsets[p] for partition p.
+func commitAt(t *testing.T, adm *kadm.Client, group, topic string, offsets ...int64) {
+	t.Helper()
+	var offs kadm.Offsets
+	for p, o := range offsets {
+		offs.AddOffset(topic, int32(p), o, -1)
+	}
+	if _, err := adm.CommitOffsets(context.Background(), group, offs); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLagAbortedBeforeOpenTransaction: everything between a group's
 // committed offset and the last stable offset is an aborted transaction's
 // records, whose abort marker came after another producer opened a
@@ -34,12 +59,7 @@ func TestLagAbortedBeforeOpenTransaction(t *testing.T) {
 	ctx := context.Background()
 
 	txn := func(id string) *kgo.Client {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(group+"-"+id),
-			kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(cl.Close)
+		cl := manualProducer(t, brokers, topic, kgo.TransactionalID(group+"-"+id))
 		if err := cl.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
@@ -57,12 +77,7 @@ func TestLagAbortedBeforeOpenTransaction(t *testing.T) {
 	if err := a.EndTransaction(ctx, kgo.TryAbort); err != nil {
 		t.Fatal(err)
 	}
-	var offs kadm.Offsets
-	offs.AddOffset(topic, 0, 0, -1)
-	offs.AddOffset(topic, 1, 0, -1)
-	if _, err := adm.CommitOffsets(ctx, group, offs); err != nil {
-		t.Fatal(err)
-	}
+	commitAt(t, adm, group, topic, 0, 0)
 
 	start := time.Now()
 	rows := compute(t, brokers, group)
@@ -88,11 +103,7 @@ func TestLagAbortedBeforeOpenTransaction(t *testing.T) {
 func TestLagCommittedBelowLogStart(t *testing.T) {
 	brokers, topic, group, adm := realTopic(t)
 	ctx := context.Background()
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcl.Close()
+	pcl := manualProducer(t, brokers, topic)
 	for i := 0; i < 10; i++ {
 		if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 1, Value: []byte("x")}).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -103,12 +114,7 @@ func TestLagCommittedBelowLogStart(t *testing.T) {
 	if _, err := adm.DeleteRecords(ctx, del); err != nil {
 		t.Fatal(err)
 	}
-	var offs kadm.Offsets
-	offs.AddOffset(topic, 0, 0, -1)
-	offs.AddOffset(topic, 1, 2, -1)
-	if _, err := adm.CommitOffsets(ctx, group, offs); err != nil {
-		t.Fatal(err)
-	}
+	commitAt(t, adm, group, topic, 0, 2)
 	if r := compute(t, brokers, group)[1]; r.End != 10 || r.Records != 8 || r.Behind <= 0 {
 		t.Errorf("partition 1: %+v, want 8 records behind", r)
 	}
@@ -122,12 +128,7 @@ func TestLagCommittedBelowLogStart(t *testing.T) {
 func TestLagBigBatchBehindAnotherPartition(t *testing.T) {
 	brokers, topic, group, adm := realTopic(t)
 	ctx := context.Background()
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.DefaultProduceTopic(topic), kgo.ProducerBatchCompression(kgo.NoCompression()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcl.Close()
+	pcl := manualProducer(t, brokers, topic, kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("small")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -135,12 +136,7 @@ func TestLagBigBatchBehindAnotherPartition(t *testing.T) {
 	if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 1, Value: big}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	var offs kadm.Offsets
-	offs.AddOffset(topic, 0, 0, -1)
-	offs.AddOffset(topic, 1, 0, -1)
-	if _, err := adm.CommitOffsets(ctx, group, offs); err != nil {
-		t.Fatal(err)
-	}
+	commitAt(t, adm, group, topic, 0, 0)
 	rows := compute(t, brokers, group)
 	for p := int32(0); p < 2; p++ {
 		if r := rows[p]; r.End != 1 || r.Records != 1 || r.Behind <= 0 {
