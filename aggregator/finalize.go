@@ -65,7 +65,7 @@ type periodState struct {
 }
 
 func (ps *periodState) encode() []byte {
-	if ps.phase == phaseDone {
+	if ps.phase == phaseDone && ps.decidedAt == 0 {
 		return nil
 	}
 	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+len(ps.cursor))
@@ -82,7 +82,7 @@ func decodePeriodState(v []byte) (*periodState, error) {
 	}
 	ps := &periodState{phase: v[0]}
 	switch ps.phase {
-	case phaseEmit, phaseBook, phaseExpire:
+	case phaseEmit, phaseBook, phaseExpire, phaseDone: // done: with its decidedAt
 	default:
 		return nil, fmt.Errorf("aggregator: corrupt period marker: phase %q", v[0])
 	}
@@ -106,7 +106,7 @@ func (pt *partition) putMarker(tx *stream.Tx, start int64, ps *periodState) {
 // passed its end + grace, and it had no aggregate and no queued event
 // here (finalize decides those that have).
 func (pt *partition) markFinal(tx *stream.Tx, start int64) *periodState {
-	ps := &periodState{phase: phaseDone}
+	ps := &periodState{phase: phaseDone, decidedAt: pt.wm}
 	pt.finals[start] = ps
 	pt.putMarker(tx, start, ps)
 	return ps
@@ -502,7 +502,14 @@ func (pt *partition) bookLine(tx *stream.Tx, b int64, ak []byte, meter string, m
 	if err != nil {
 		return err
 	}
-	_, err = pt.emitRevision(tx, new(kgo.Record), nil, &out, pt.wm, &aggState{Revision: 1}, schemas.StatusFinal)
+	// As of the watermark that decided b final, as b's other FINAL
+	// revisions, however far they had got when this event came; a
+	// period marked done before its decision was kept has none.
+	decidedAt := pt.wm
+	if ps != nil && ps.decidedAt != 0 {
+		decidedAt = ps.decidedAt
+	}
+	_, err = pt.emitRevision(tx, new(kgo.Record), nil, &out, decidedAt, &aggState{Revision: 1}, schemas.StatusFinal)
 	pt.txc.Add(pt.pr.m.emittedFinal, 1)
 	return err
 }
