@@ -17,7 +17,7 @@ import (
 
 // DemoCmd is `meterline demo`.
 type DemoCmd struct {
-	Dir      string        `help:"Directory for the embedded broker's data and the Pebble state; emptied at start." default:"meterline-demo" type:"path"`
+	Dir      string        `help:"Directory for the embedded broker's data and the Pebble state; emptied at start. One demo at a time: a second demo on it is refused." default:"meterline-demo" type:"path"`
 	Duration time.Duration `help:"How long to generate usage; 0 runs until Ctrl-C." default:"0s"`
 	Rate     int           `help:"Generated events per second." default:"200"`
 	Seed     int64         `help:"Seed of the generator and of the crash point (0: random)."`
@@ -38,9 +38,13 @@ func (c *DemoCmd) Help() string {
 
 // Run runs the demo.
 func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
-	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+	// Locked before demo.log is made: a second demo on c.Dir must not
+	// empty the log of the one that runs.
+	lock, err := demo.LockDir(c.Dir)
+	if err != nil {
 		return err
 	}
+	defer lock.Close()
 	logPath := filepath.Join(c.Dir, "demo.log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -51,7 +55,7 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	log := zap.New(sampled(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(f), lvl)))
 	fmt.Fprintf(stdio.Stderr, "meterline demo: embedded broker and state in %s, logs in %s\n", c.Dir, logPath)
 	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP, IngestAddr: c.Ingest,
-		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry()}
+		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry(), Lock: lock}
 	if c.Sink {
 		srv, err := g.clickHouse()
 		if err != nil {

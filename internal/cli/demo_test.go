@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meterline/meterline/internal/demo"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/sink"
 )
@@ -198,5 +199,27 @@ func TestDemoHelpSaysWhatFlagsApply(t *testing.T) {
 		if !strings.Contains(flat, want) {
 			t.Errorf("demo --help lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestDemoLeavesADirInUseAlone: `meterline demo` on the directory of a
+// demo that runs exits 1 and says so, and leaves that demo's log as it is.
+func TestDemoLeavesADirInUseAlone(t *testing.T) {
+	dir := t.TempDir()
+	lock, err := demo.LockDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	logPath := filepath.Join(dir, "demo.log")
+	if err := os.WriteFile(logPath, []byte("the running demo's log\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, "", "demo", "--dir", dir, "--duration", "1s", "--http", "", "--ingest-addr", "")
+	if code != 1 || !strings.Contains(errOut, "is in use by another meterline demo; give this one its own --dir") {
+		t.Errorf("exit %d, stderr:\n%s", code, errOut)
+	}
+	if b, err := os.ReadFile(logPath); err != nil || string(b) != "the running demo's log\n" {
+		t.Errorf("the running demo's log is now %.80q... (%v)", b, err)
 	}
 }

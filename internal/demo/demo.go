@@ -83,6 +83,9 @@ type Config struct {
 	// counted downstream like any other, and reported on their own line,
 	// outside the reconciliation against the generator. Default: none.
 	IngestAddr string
+	// Lock is Dir's lock from LockDir, taken by the caller; nil: Run
+	// takes it, and refuses a Dir another demo holds.
+	Lock *DirLock
 
 	// onCaughtUp, in tests, runs once the stages caught up with the
 	// generator, before they stop.
@@ -151,6 +154,13 @@ const (
 // Run runs the demo and reports whether the final reconciliation matched.
 func Run(ctx context.Context, cfg Config) (bool, error) {
 	cfg.ensureDefaults()
+	if cfg.Lock == nil {
+		lock, err := LockDir(cfg.Dir)
+		if err != nil {
+			return false, err
+		}
+		defer lock.Close()
+	}
 	var chConn driver.Conn
 	if cfg.ClickHouse != "" {
 		// Before anything starts: an unreachable ClickHouse is a clear
