@@ -1,13 +1,10 @@
 package dedup
 
 import (
-	"bytes"
-	"encoding/binary"
-	"hash/crc32"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -28,7 +25,7 @@ func testUncompressedHeaderBatches(t *testing.T, brokers []string) {
 	if brokers == nil {
 		h = newHarness(t, nil, parts)
 	}
-	batch := uncompressedHeadersBatch(headers)
+	batch := testenv.RecordBatch(kgo.CodecNone, headersRecord(0, headers))
 	for p := int32(0); p < parts; p++ {
 		testenv.ProduceBatch(t, h.brokers, h.names.EventsTopic(), p, batch)
 	}
@@ -50,23 +47,4 @@ func testUncompressedHeaderBatches(t *testing.T, brokers []string) {
 	if got := len(h.outputs().rejected); got != parts {
 		t.Errorf("%d rejections, want %d", got, parts)
 	}
-}
-
-// uncompressedHeadersBatch is an uncompressed record batch of one record
-// with no key, an empty value and n empty headers.
-func uncompressedHeadersBatch(n int) []byte {
-	body := []byte{0}                    // attributes
-	body = binary.AppendVarint(body, 0)  // timestamp delta
-	body = binary.AppendVarint(body, 0)  // offset delta
-	body = binary.AppendVarint(body, -1) // no key
-	body = binary.AppendVarint(body, 0)  // an empty value
-	body = binary.AppendVarint(body, int64(n))
-	body = append(body, bytes.Repeat([]byte{0, 1}, n)...) // key "", value null
-	now := time.Now().UnixMilli()
-	b := kmsg.RecordBatch{Magic: 2, FirstTimestamp: now, MaxTimestamp: now, ProducerID: -1, ProducerEpoch: -1,
-		FirstSequence: -1, NumRecords: 1, Records: append(binary.AppendVarint(nil, int64(len(body))), body...)}
-	out := b.AppendTo(nil)
-	binary.BigEndian.PutUint32(out[8:12], uint32(len(out)-12))
-	binary.BigEndian.PutUint32(out[17:21], crc32.Checksum(out[21:], crc32.MakeTable(crc32.Castagnoli)))
-	return out
 }
