@@ -63,9 +63,9 @@ const decodedPerWireByte = recordCost/7 + 1
 // fetchMaxBytes is the most bytes one fetch of the input takes, so that
 // its uncompressed batches decode to at most maxDecompress: 5 MiB at the
 // default bound, 20 partitions of fetchMaxPartitionBytes and some
-// 35,000 records of 150 bytes, more than a transaction takes
-// (DefaultMaxBatchRecords). Kafka still returns a larger first batch
-// whole.
+// 35,000 records of 150 bytes (the stages' transactions take up to 50,000
+// input records: a few fetches, which kgo makes one after another while
+// the stage works). Kafka still returns a larger first batch whole.
 func fetchMaxBytes(maxDecompress int) int32 {
 	return int32(max(int64(maxDecompress)/decodedPerWireByte, 1))
 }
