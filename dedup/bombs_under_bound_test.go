@@ -106,23 +106,30 @@ func testDecompressionBombOfHeaders(t *testing.T, brokers []string) {
 // headersBomb is a zstd record batch of one record with no key and no
 // value and n empty headers (2 bytes each).
 func headersBomb(t *testing.T, n int) []byte {
-	body := []byte{0}                    // attributes
-	body = binary.AppendVarint(body, 0)  // timestamp delta
-	body = binary.AppendVarint(body, 0)  // offset delta
-	body = binary.AppendVarint(body, -1) // no key
-	body = binary.AppendVarint(body, -1) // no value
-	body = binary.AppendVarint(body, int64(n))
-	body = append(body, bytes.Repeat([]byte{0, 1}, n)...) // key "", value null
 	var comp bytes.Buffer
 	enc, err := zstd.NewWriter(&comp, zstd.WithWindowSize(1<<16))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = enc.Write(append(binary.AppendVarint(nil, int64(len(body))), body...))
+	_, _ = enc.Write(headersRecord(-1, n))
 	if err := enc.Close(); err != nil {
 		t.Fatal(err)
 	}
 	return testenv.ZstdRecordBatch(comp.Bytes())
+}
+
+// headersRecord is a record of a batch with no key, a value of valueLen
+// zeros (-1: none) and n empty headers (2 bytes each).
+func headersRecord(valueLen, n int) []byte {
+	body := []byte{0}                    // attributes
+	body = binary.AppendVarint(body, 0)  // timestamp delta
+	body = binary.AppendVarint(body, 0)  // offset delta
+	body = binary.AppendVarint(body, -1) // no key
+	body = binary.AppendVarint(body, int64(valueLen))
+	body = append(body, make([]byte, max(valueLen, 0))...)
+	body = binary.AppendVarint(body, int64(n))
+	body = append(body, bytes.Repeat([]byte{0, 1}, n)...) // key "", value null
+	return append(binary.AppendVarint(nil, int64(len(body))), body...)
 }
 
 // liveHeapGrowth runs fn and returns by how much the live heap grew

@@ -71,7 +71,9 @@ type Config struct {
 	// records take decoded (decompress.go): a batch past it is
 	// bad input, handed to the partition's BatchRejecter and skipped
 	// (docs/design.md, Bad input). The batches decompressed between two
-	// polls share a budget of as much (decompress.go). Default:
+	// polls share a budget of as much (decompress.go), and a fetch takes
+	// at most a 25th of it, what uncompressed batches take decoded
+	// (fetchMaxBytes). Default:
 	// DefaultMaxDecompressBatchBytes.
 	MaxDecompressBatchBytes int
 

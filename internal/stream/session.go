@@ -45,7 +45,29 @@ func sessionOptions(maxDecompress int, d *decompressBudget) []kgo.Opt {
 		// several partitions and the largest held about 40%
 		// (handleFetches runs partitions in parallel).
 		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
+		// Uncompressed batches never reach the decompressor, and kgo
+		// decodes each of their bytes into up to decodedPerWireByte
+		// bytes (empty records, empty headers): at kgo's default of 50
+		// MiB a fetch, a GB. A fetch is bounded so that it decodes to at
+		// most the bound (docs/design.md, Bad input).
+		kgo.FetchMaxBytes(fetchMaxBytes(maxDecompress)),
 	}
+}
+
+// decodedPerWireByte is the most memory kgo takes decoded, the fetched
+// bytes included, per byte of an uncompressed batch: an empty record is 7
+// bytes on the wire and recordCost decoded, an empty header 2 bytes and
+// headerCost.
+const decodedPerWireByte = recordCost/7 + 1
+
+// fetchMaxBytes is the most bytes one fetch of the input takes, so that
+// its uncompressed batches decode to at most maxDecompress: 5 MiB at the
+// default bound, 20 partitions of fetchMaxPartitionBytes and some
+// 35,000 records of 150 bytes (the stages' transactions take up to 50,000
+// input records: a few fetches, which kgo makes one after another while
+// the stage works). Kafka still returns a larger first batch whole.
+func fetchMaxBytes(maxDecompress int) int32 {
+	return int32(max(int64(maxDecompress)/decodedPerWireByte, 1))
 }
 
 // hooks are the runtime's side of one session's group membership. ready

@@ -57,10 +57,14 @@ func EncodeRecord(key, value []byte) []byte {
 
 // ZstdRecordBatch returns a batch of one record whose zstd-compressed
 // bytes are comp.
-func ZstdRecordBatch(comp []byte) []byte {
+func ZstdRecordBatch(comp []byte) []byte { return RecordBatch(kgo.CodecZstd, comp) }
+
+// RecordBatch returns a batch of one record whose bytes, compressed with
+// codec, are records.
+func RecordBatch(codec kgo.CompressionCodecType, records []byte) []byte {
 	now := time.Now().UnixMilli()
-	b := kmsg.RecordBatch{Magic: 2, Attributes: int16(kgo.CodecZstd), FirstTimestamp: now, MaxTimestamp: now,
-		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: 1, Records: comp}
+	b := kmsg.RecordBatch{Magic: 2, Attributes: int16(codec), FirstTimestamp: now, MaxTimestamp: now,
+		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: 1, Records: records}
 	out := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(out[8:12], uint32(len(out)-12))
 	binary.BigEndian.PutUint32(out[17:21], crc32.Checksum(out[21:], crc32.MakeTable(crc32.Castagnoli)))
