@@ -17,7 +17,7 @@ RACE_TEST_PACKAGES=${RACE_TEST_PACKAGES-./internal/stream ./internal/session ./i
 # allocates (the detector's sync.Pool drops items at random), and the
 # aggregator's and entitlements' twelve longest tests (models, property tests, crash loops;
 # 9-36 s each under the detector, 3 min together), which run without it.
-RACE_SKIP=${RACE_SKIP-^(TestDeepDataCostsLittle|TestAdjustmentOnlyLinesOnceAcrossCrashes|TestPropertyEntitlementsKFake|TestPropertyKFake|TestEntitlementsPeriodRollCrashAcrossManyPeriods|TestDecideRecordModel|TestDecompressionBombInInputs|TestKeptVersionsBoundedInBytes|TestEntitlementsSharedRejectedRestated|TestPartitionProcessArrivingDecidesAsBench|TestLedgerMatchesReference|TestRateCardBoundSameWhenLagging|TestVersionBoundSameWhenLagging)\$}
+RACE_SKIP=${RACE_SKIP-^(TestDeepDataCostsLittle|TestLargeDataCostsLittle|TestUncompressedHeaderBatches|TestAdjustmentOnlyLinesOnceAcrossCrashes|TestPropertyEntitlementsKFake|TestPropertyKFake|TestEntitlementsPeriodRollCrashAcrossManyPeriods|TestDecideRecordModel|TestDecompressionBombInInputs|TestKeptVersionsBoundedInBytes|TestEntitlementsSharedRejectedRestated|TestPartitionProcessArrivingDecidesAsBench|TestLedgerMatchesReference|TestRateCardBoundSameWhenLagging|TestVersionBoundSameWhenLagging)\$}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 CLICKHOUSE_PORT=${CLICKHOUSE_PORT:-9000}
 # The secured services (docs/operations.md, "Security and ACLs"), on ports of
