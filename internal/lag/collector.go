@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,8 +50,10 @@ var (
 // unconsumed record. So that scraping never hammers the broker, a result
 // is cached for the cache TTL (WithCacheTTL, default 5 s): every scrape
 // within it (several Prometheus servers, a status page) reuses it, and
-// concurrent scrapes wait for the one computation in flight. Both values
-// are as of that computation, at most the TTL old, and never extrapolated:
+// concurrent scrapes wait for the one computation in flight and take its
+// result, however long it ran (Rows). Both values are as of that
+// computation, at most the TTL old (for a scrape that waited for it, as
+// old as it ran), and never extrapolated:
 // a record consumed right after it must not make a healthy stage look
 // stuck. Prometheus's usual scrape interval (15 s) is longer than the TTL,
 // so each scrape normally computes afresh.
@@ -75,8 +78,9 @@ type Collector struct {
 
 	cl *kgo.Client
 
-	mu      sync.Mutex // held for a whole refresh: concurrent scrapes share it
-	at      time.Time  // when rows were computed; zero: never
+	mu      sync.Mutex    // held for a whole refresh: concurrent scrapes share it
+	done    atomic.Uint64 // computations ended; read before waiting for mu
+	at      time.Time     // when rows were computed; zero: never
 	rows    []Row
 	lastErr error
 	closed  bool
@@ -155,14 +159,20 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 
 // Rows returns the cached lag rows, computing them first when the cache
 // is older than its TTL, and the error of that computation, if it failed.
+// A call that waited for a computation in flight takes its result,
+// however long it ran: against a broker that answers nothing, one runs
+// for the whole timeout (the TTL by default), and were each waiting call
+// to compute again in turn, N scrapes at once would take N timeouts.
 func (c *Collector) Rows() ([]Row, error) {
+	before := c.done.Load()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, errors.New("lag: collector closed")
 	}
 	now := c.now()
-	if c.at.IsZero() || now.Sub(c.at) >= c.ttl || now.Before(c.at) {
+	waited := c.done.Load() != before
+	if c.at.IsZero() || !waited && (now.Sub(c.at) >= c.ttl || now.Before(c.at)) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 		rows, err := computeWith(ctx, c.cl, c.conn, c.groups, c.inputs, now)
 		cancel()
@@ -171,6 +181,7 @@ func (c *Collector) Rows() ([]Row, error) {
 			c.rows = nil
 			c.log.Warn("consumer lag not computed; the scrape carries no lag series", zap.Strings("groups", c.groups), zap.Error(err))
 		}
+		c.done.Add(1)
 	}
 	return c.rows, c.lastErr
 }

@@ -2,6 +2,8 @@ package lag
 
 import (
 	"context"
+	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -190,6 +192,76 @@ func TestCollectorBrokerDown(t *testing.T) {
 	clock.add(5 * time.Second)
 	if _, _ = c.Rows(); c.at == failedAt {
 		t.Fatal("a scrape past the TTL did not retry")
+	}
+}
+
+// TestCollectorSharesComputationInFlight: scrapes that arrive while a
+// computation runs wait for it and take its result, also when it ran as
+// long as the cache TTL, as it does against a broker that accepts
+// connections and answers nothing (paused, or its host cut off): it then
+// takes the whole timeout, which is the TTL by default. Were each waiting
+// scrape to compute again once the one before it ended, N scrapes at the
+// same moment (two Prometheus servers, the status page) would take N
+// timeouts, and the later ones would miss Prometheus's scrape timeout.
+func TestCollectorSharesComputationInFlight(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialed := make(chan struct{}, 1)
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case dialed <- struct{}{}:
+			default:
+			}
+			conns.Add(1)
+			go func() { // read every request, answer none
+				defer conns.Done()
+				_, _ = io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	const timeout = time.Second
+	c, err := NewCollector(kafka.Config{Brokers: []string{ln.Addr().String()}}, []string{"g"}, WithTimeout(timeout), WithCacheTTL(timeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	defer ln.Close() // before conns.Wait: the client's connections end with Close
+
+	first := make(chan error, 1)
+	go func() { _, err := c.Rows(); first <- err }()
+	<-dialed // the first computation waits on the broker
+	start := time.Now()
+	var wg sync.WaitGroup
+	var errs [2]error
+	var took [2]time.Duration
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = c.Rows()
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	err0 := <-first
+	if err0 == nil {
+		t.Fatal("the lag was computed against a broker that answers nothing")
+	}
+	for i, err := range errs {
+		if err != err0 {
+			t.Errorf("scrape %d waited for the computation in flight, then computed again (answered after %s; its error %v, the one in flight's %v)",
+				i, took[i].Round(10*time.Millisecond), err, err0)
+		}
 	}
 }
 
