@@ -47,6 +47,11 @@ type changelogCopy struct {
 	what string // "restore" or "standby", for the errors
 	cl   *kgo.Client
 	warm WarmState // nil: none
+	// owner, for a restore, is its context: a commit writes only while it
+	// has not ended (Runtime.restoreWrite). nil for a standby's tail,
+	// whose writes end before another copy of the partition begins
+	// (standbys.take, standbys.start).
+	owner context.Context
 
 	b       *batch
 	applied []*kgo.Record // the records in b, for warm once committed
@@ -380,6 +385,18 @@ func (c *changelogCopy) commit(retention time.Duration) error {
 	if !c.inTime(retention) {
 		return c.beyondHorizon(retention)
 	}
+	if h := c.rt.copyHook.Load(); h != nil {
+		(*h)(c.what, c.p)
+	}
+	if c.owner != nil {
+		return c.rt.restoreWrite(c.owner, c.write)
+	}
+	return c.write()
+}
+
+// write writes the pending batch with the checkpoint, then gives its
+// records to the warm structures and applies their local deletes.
+func (c *changelogCopy) write() error {
 	b := c.b
 	c.b = c.rt.store.newBatch()
 	b.checkpoint(c.p, Checkpoint{Offset: c.pos, At: c.at})

@@ -211,14 +211,17 @@ func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Lo
 	// Read the checkpoint under mu so it is ordered against apply (see
 	// apply): any apply of a transaction that began before this epoch
 	// either happened already or is skipped.
-	rt.mu.Lock()
-	cp, has, err := rt.store.Checkpoint(p)
-	if err == nil && !has {
-		// No checkpoint: whatever is there is not known to match the
-		// changelog. Start from nothing.
-		err = rt.store.wipe(p)
-	}
-	rt.mu.Unlock()
+	var cp Checkpoint
+	var has bool
+	err := rt.restoreWrite(ctx, func() (err error) {
+		cp, has, err = rt.store.Checkpoint(p)
+		if err == nil && !has {
+			// No checkpoint: whatever is there is not known to match the
+			// changelog. Start from nothing.
+			err = rt.store.wipe(p)
+		}
+		return err
+	})
 	if err != nil {
 		return 0, nil, fmt.Errorf("stream: restore partition %d: read checkpoint: %w", p, err)
 	}
@@ -254,7 +257,7 @@ func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Lo
 	if plan.Full {
 		// Wipe and replay from the start (planCopy dates its checkpoints).
 		if has {
-			if err := rt.store.wipe(p); err != nil {
+			if err := rt.restoreWrite(ctx, func() error { return rt.store.wipe(p) }); err != nil {
 				return 0, nil, fmt.Errorf("stream: restore partition %d: wipe state: %w", p, err)
 			}
 		}
@@ -272,6 +275,26 @@ func (rt *Runtime) restoreState(ctx context.Context, cl *kgo.Client, log *zap.Lo
 	}
 	rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
 	return replayed, warm, nil
+}
+
+// restoreWrite runs write, a write of a restore's to its partition's
+// state, under mu unless ctx, the restore's, has ended. Every revoke and
+// every new assignment of the partition ends that context under mu
+// (onRevoked, adjustOffsets, closeAll), before the partition's next
+// restore or standby tail here begins: a restore abandoned while it was
+// about to write (descheduled, or behind a slow batch) writes nothing
+// after that, where its batch, older than what the next copy and the
+// partition's transactions since wrote, would take their keys and
+// checkpoint back. A write under way when the context ends finishes
+// first. Pebble serialises the writes of a batch anyway; mu is held for
+// one restore batch at a time, as apply holds it for a transaction's.
+func (rt *Runtime) restoreWrite(ctx context.Context, write func() error) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return write()
 }
 
 // checkInputOffset compares the restored state's next input offset of
@@ -408,6 +431,7 @@ func (rt *Runtime) replay(ctx context.Context, p int32, from, hw, lso int64, at 
 	if err != nil {
 		return 0, 0, err
 	}
+	c.owner = ctx
 	defer c.close()
 	gauge := rt.m.restoring.WithLabelValues(fmt.Sprint(p))
 	var n int64

@@ -222,6 +222,9 @@ type Runtime struct {
 	// queued its install, just before it resumes the partition's fetching
 	// (with mu held).
 	restoredHook atomic.Pointer[func(p int32)]
+	// Tests: copyHook, when set, runs before a copy of the changelog (a
+	// restore's or a standby's, what) writes a batch of partition p.
+	copyHook atomic.Pointer[func(what string, p int32)]
 }
 
 type partState struct {
