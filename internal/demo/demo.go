@@ -584,6 +584,13 @@ func (r *recovery) String() string {
 	return "no crash yet (dedup will be killed once, at a random moment)"
 }
 
+// hadCrash reports whether dedup was killed and restarted in this run.
+func (r *recovery) hadCrash() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crashes > 0
+}
+
 // ended describes the recovery for the final report: a run stopped before
 // dedup's crash point had no crash, rather than one still to come.
 func (r *recovery) ended() string {
