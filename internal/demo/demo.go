@@ -277,7 +277,7 @@ func (cfg *Config) ensureDefaults() {
 // broker on dir/kafka and creates the topics, with partitions partitions
 // each.
 func startBroker(ctx context.Context, dir string) (*kfake.Cluster, error) {
-	for _, sub := range []string{"kafka", "state"} {
+	for _, sub := range emptiedDirs {
 		if err := os.RemoveAll(filepath.Join(dir, sub)); err != nil {
 			return nil, err
 		}
