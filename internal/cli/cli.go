@@ -243,7 +243,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 			<-stopLogged
 		}
 	}()
-	if err := errors.Join(refuseZeroFlags(kctx), refuseEmptyLists(kctx)); err != nil {
+	if err := errors.Join(refuseZeroFlags(kctx), refuseEmptyLists(kctx), refuseEmptyPaths(kctx)); err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
 		return 2
 	}
@@ -317,6 +317,22 @@ func refuseEmptyLists(kctx *kong.Context) error {
 		if set {
 			errs = append(errs, fmt.Errorf("--%s is set but empty: name at least one, or leave the flag out for %s", f.Name, f.Tag.Get("nonempty")))
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// refuseEmptyPaths returns an error naming each path flag of the command
+// that is "" (set so on the command line, in the environment or in
+// --config) although its default is not: the parser leaves such a flag
+// empty rather than give it its default, and --state-dir "" would put the
+// stages' state in the working directory, wherever the process started.
+func refuseEmptyPaths(kctx *kong.Context) error {
+	var errs []error
+	for _, f := range kctx.Flags() {
+		if f.Tag.Type != "path" || f.Default == "" || !f.Target.IsValid() || f.Target.Kind() != reflect.String || f.Target.String() != "" {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("--%s is set but empty: name a directory (. for the working directory), or leave the flag out for its default (%s)", f.Name, f.Default))
 	}
 	return errors.Join(errs...)
 }

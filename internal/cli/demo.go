@@ -17,7 +17,7 @@ import (
 
 // DemoCmd is `meterline demo`.
 type DemoCmd struct {
-	Dir      string        `help:"Directory for the embedded broker's data and the Pebble state; emptied at start. One demo at a time: a second demo on it is refused." default:"meterline-demo" type:"path"`
+	Dir      string        `help:"Directory for the embedded broker's data and the Pebble state (its kafka and state directories, emptied at start; a directory whose kafka or state holds files no demo made is refused). One demo at a time: a second demo on it is refused." default:"meterline-demo" type:"path"`
 	Duration time.Duration `help:"How long to generate usage; 0 runs until Ctrl-C." default:"0s"`
 	Rate     int           `help:"Generated events per second." default:"200"`
 	Seed     int64         `help:"Seed of the generator and of the crash point (0: random)."`

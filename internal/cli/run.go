@@ -51,6 +51,27 @@ func (c *RunCmd) stageConfigs(g *Globals, log *zap.Logger, reg prometheus.Regist
 	return dcfg, acfg, err
 }
 
+// distinctGroups refuses two stages of the process given one consumer
+// group. Each stage is a member of its own group, with the transactional
+// ID <group>-<instance-id>: in one group they would read different topics
+// with one transactional ID, and the group's leader or the broker would
+// stop the process with an error that names no flag.
+func (c *RunCmd) distinctGroups() error {
+	type stageGroup struct{ flag, group string }
+	groups := []stageGroup{{"--dedup-group", c.Dedup.Group}, {"--aggregate-group", c.Aggregate.Group}}
+	if !c.NoSink {
+		groups = append(groups, stageGroup{"--sink-group", c.Sink.Group})
+	}
+	for i, a := range groups {
+		for _, b := range groups[i+1:] {
+			if a.group == b.group {
+				return fmt.Errorf("%s and %s are both %q: each stage of meterline run needs a consumer group of its own", a.flag, b.flag, a.group)
+			}
+		}
+	}
+	return nil
+}
+
 // Run runs the stages until ctx ends or one of them fails.
 //
 // The aggregator keeps dedup's window, expiry bucket and skew
@@ -64,6 +85,9 @@ func (c *RunCmd) stageConfigs(g *Globals, log *zap.Logger, reg prometheus.Regist
 func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
 	reg := service.NewRegistry()
 	dcfg, acfg, err := c.stageConfigs(g, log, reg)
+	if err == nil {
+		err = c.distinctGroups()
+	}
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}

@@ -49,6 +49,42 @@ func TestRunValidate(t *testing.T) {
 	}
 }
 
+// TestRunRefusesSharedGroup: the stages of `meterline run` are each a
+// member of their own consumer group; two given one group would join it
+// as members reading different topics, with one transactional ID
+// (<group>-<instance-id>). The broker or the group's leader then stops
+// the process with an error about co-partitioning or incompatible
+// protocols that names no flag, after --validate said the configuration
+// was ok. Refused at the start instead, naming the flags; a sink left
+// out by --no-sink shares nothing.
+func TestRunRefusesSharedGroup(t *testing.T) {
+	keys := testenv.DedupKeysFile(t)
+	base := []string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys}
+	for _, c := range []struct {
+		flags []string
+		names []string
+	}{
+		{[]string{"--dedup-group", "g", "--aggregate-group", "g"}, []string{"--dedup-group", "--aggregate-group", `"g"`}},
+		{[]string{"--sink-group", "meterline-dedup"}, []string{"--dedup-group", "--sink-group", `"meterline-dedup"`}},
+		{[]string{"--aggregate-group", "s", "--sink-group", "s"}, []string{"--aggregate-group", "--sink-group", `"s"`}},
+	} {
+		code, _, errOut := run(t, "", append(base, c.flags...)...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2:\n%s", c.flags, code, errOut)
+			continue
+		}
+		for _, want := range c.names {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%v: the error does not name %s:\n%s", c.flags, want, errOut)
+			}
+		}
+	}
+	code, out, errOut := run(t, "", append(base, "--sink-group", "meterline-dedup", "--no-sink")...)
+	if code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Errorf("--no-sink with the sink's group the dedup's: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
 // TestRunStageFlagsPrefixed: `meterline run` takes each stage's own flags
 // with the stage's prefix (--dedup-window, --aggregate-period, as
 // --sink-database and --ingest-addr) and the flags the stages share once,

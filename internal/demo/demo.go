@@ -277,7 +277,7 @@ func (cfg *Config) ensureDefaults() {
 // broker on dir/kafka and creates the topics, with partitions partitions
 // each.
 func startBroker(ctx context.Context, dir string) (*kfake.Cluster, error) {
-	for _, sub := range []string{"kafka", "state"} {
+	for _, sub := range emptiedDirs {
 		if err := os.RemoveAll(filepath.Join(dir, sub)); err != nil {
 			return nil, err
 		}
@@ -582,6 +582,13 @@ func (r *recovery) String() string {
 		return "dedup armed to die at " + r.point
 	}
 	return "no crash yet (dedup will be killed once, at a random moment)"
+}
+
+// hadCrash reports whether dedup was killed and restarted in this run.
+func (r *recovery) hadCrash() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crashes > 0
 }
 
 // ended describes the recovery for the final report: a run stopped before

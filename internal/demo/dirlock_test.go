@@ -2,6 +2,8 @@ package demo
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +44,46 @@ func TestDemoRefusesADirInUse(t *testing.T) {
 	r := <-done
 	if r.err != nil || !r.ok {
 		t.Fatalf("the first demo: ok %v, error %v\n%s", r.ok, r.err, first.String())
+	}
+}
+
+// TestDemoRefusesADirItDidNotMake: the demo empties the kafka and state
+// directories in its --dir at start. In a directory no demo made (--dir .
+// where the stages keep their state in state/, as docs/operations.md's
+// example does, or where kafka/ holds configuration) it must refuse
+// rather than delete them; in one a demo made, it starts.
+func TestDemoRefusesADirItDidNotMake(t *testing.T) {
+	for _, sub := range []string{"kafka", "state"} {
+		other := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(other, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(other, sub, "precious"), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ok, err := Run(ctx, Config{Dir: other, Duration: time.Second, Rate: 50, Seed: 3})
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "no meterline demo made") || !strings.Contains(err.Error(), filepath.Join(other, sub)) {
+			t.Errorf("a demo on a directory holding %s/ it did not make: ok %v, error %v; want it refused, naming %s", sub, ok, err, filepath.Join(other, sub))
+		}
+		if _, err := os.Stat(filepath.Join(other, sub, "precious")); err != nil {
+			t.Errorf("the demo deleted %s/ of a directory it did not make: %v", sub, err)
+		}
+	}
+	// A directory a demo ran in (its lock file) is the demo's own.
+	l, err := LockDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirOfDemo := filepath.Dir(l.f.Name())
+	l.Close()
+	if err := os.MkdirAll(filepath.Join(dirOfDemo, "state", "meterline-dedup"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := LockDir(dirOfDemo); err != nil {
+		t.Errorf("a directory a demo made: %v", err)
+	} else {
+		l.Close()
 	}
 }

@@ -85,7 +85,7 @@ func TestReportSaysWhatItCompares(t *testing.T) {
 	var out bytes.Buffer
 	r := &reconciler{w: &out, ok: true}
 	r.checkTopics(tr, ta)
-	r.verdict()
+	r.verdict(true)
 	for _, want := range []string{
 		"generated: what the generator sent",
 		"counted: what the committed output topics hold",

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"math"
 	"slices"
 	"sync"
@@ -128,9 +129,12 @@ func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*St
 	}
 	db, err := pebble.Open(dir, opts)
 	cache.Unref() // the DB holds its own reference
-	if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES) {
+	if (errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EACCES)) && !errors.As(err, new(*iofs.PathError)) {
 		// Pebble's lock on the directory (fcntl) is held by another
 		// process: two instances given one --instance-id and --state-dir.
+		// fcntl's errno comes bare; the same errno in a path error is the
+		// filesystem refusing a mkdir or the lock file's open (a directory
+		// this user may not write), which the error below reports as is.
 		return nil, fmt.Errorf("stream: the state in %s is in use by another process: another instance of this stage "+
 			"with the same --instance-id and --state-dir (an instance keeps its state in <state-dir>/<stage>-<instance-id>) runs on this host; "+
 			"give each instance its own --instance-id: %w", dir, err)
