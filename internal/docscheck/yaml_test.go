@@ -9,6 +9,8 @@ import (
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/entitlements"
+	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/producer"
 )
 
 // yamlKinds are the YAML documents the docs give, told apart by their
@@ -46,6 +48,26 @@ var yamlKinds = []struct {
 		return err
 	}},
 	{"a Kubernetes manifest", []string{"spec", "apiVersion"}, nil},
+	{"an answer of the HTTP ingest", []string{"type", "status"}, func(b []byte) error {
+		var p ingest.Problem
+		return yaml.UnmarshalStrict(b, &p)
+	}},
+	{"a line of `meterline produce`", []string{"event_id"}, func(b []byte) error {
+		_, err := producer.ParseJSON(b)
+		return err
+	}},
+	{"a meter's definition", []string{"aggregation"}, func(b []byte) error {
+		var def map[string]any
+		if err := yaml.Unmarshal(b, &def); err != nil {
+			return err
+		}
+		def["name"] = "m"
+		file, err := yaml.Marshal(map[string]any{"meters": []any{def}})
+		if err == nil {
+			_, err = aggregator.ParseMeters(file)
+		}
+		return err
+	}},
 }
 
 // yamlProblem reads a YAML block as the kind its top-level keys name and
@@ -70,16 +92,17 @@ func yamlProblem(text string) string {
 	return "no known kind of document (a meters file, a rate card, an entitlements document): add its kind to yamlKinds"
 }
 
-// TestDocYAMLDocumentsAccepted: every YAML block of the docs that no test
-// names (the worked examples are run; the full entitlements document, the
-// rate card and the meters files are not) is read as the command that
-// takes it reads it, and accepted: a field renamed or a rule tightened in
-// the code fails here, not for the reader who pastes the block.
+// TestDocYAMLDocumentsAccepted: every YAML or JSON block of the docs that
+// no test names (the worked examples are run; the full entitlements
+// document, the rate card, the meters files, an event line and the
+// ingest's answers are not) is read as what takes or writes it reads it,
+// and accepted: a field renamed or a rule tightened in the code fails
+// here, not for the reader who pastes the block.
 func TestDocYAMLDocumentsAccepted(t *testing.T) {
 	_, _, blocks := docs(t)
 	n := 0
 	for _, b := range blocks {
-		if b.lang != "yaml" || b.ann != nil {
+		if b.lang != "yaml" && b.lang != "json" || b.ann != nil {
 			continue
 		}
 		n++
@@ -87,8 +110,8 @@ func TestDocYAMLDocumentsAccepted(t *testing.T) {
 			t.Errorf("%s: %s", b.where(), p)
 		}
 	}
-	if n < 4 {
-		t.Fatalf("found %d YAML blocks in the docs", n)
+	if n < 8 {
+		t.Fatalf("found %d YAML and JSON blocks in the docs", n)
 	}
 }
 
@@ -109,6 +132,12 @@ func TestYAMLProblem(t *testing.T) {
 		{"spec:\n  securityContext: {fsGroup: 10001}\n", true},
 		{"as_of: \"2026-12-14T09:30:01.250Z\"\ncredits_remaining: 5\nmeters:\n- {meter: api_calls, usage: 1, limit: 3}\n", true},
 		{"as_of: \"2026-12-14T09:30:01.250Z\"\ncredits_left: 5\n", false},
+		{`{"type":"urn:meterline:problem:malformed","title":"Malformed","status":400,"detail":"x"}`, true},
+		{`{"type":"urn:meterline:problem:malformed","title":"Malformed","status":400,"message":"x"}`, false},
+		{`{"event_id":"e","customer_id":"acme","meter":"api_calls","quantity":3,"event_time":"2026-11-29T12:00:00.250Z"}`, true},
+		{`{"event_id":"e","customer_id":"acme","meter":"api_calls","quantity":3,"eventtime":"2026-11-29T12:00:00.250Z"}`, false},
+		{`{"aggregation":"UNIQUE_COUNT","property":"user_id"}`, true},
+		{`{"aggregation":"UNIQUE_COUNT","propery":"user_id"}`, false},
 		{"balance: 3\n", false},
 	} {
 		if p := yamlProblem(c.text); (p == "") != c.ok {
