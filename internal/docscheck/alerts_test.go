@@ -312,3 +312,58 @@ func TestAlertRulesMatchTheStagesMetrics(t *testing.T) {
 		t.Fatalf("read %d rules from deploy/prometheus/alerts.yml", n)
 	}
 }
+
+// alertRow is a row of the table of docs/operations.md, Alerts:
+// "| `MeterlineStageDown` | fires when ... | critical |".
+var alertRow = regexp.MustCompile("^\\| `(Meterline[A-Za-z]+)` \\| .* \\| ([a-z]+) \\|$")
+
+// TestAlertsTableMatchesRules: the table of docs/operations.md, Alerts,
+// has a row for every rule of deploy/prometheus/alerts.yml, with its
+// severity label, and none for an alert no rule defines: an on-call
+// engineer decides from it whether to page.
+func TestAlertsTableMatchesRules(t *testing.T) {
+	root, files, _ := docs(t)
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rf struct {
+		Groups []struct {
+			Rules []struct {
+				Alert  string            `json:"alert"`
+				Labels map[string]string `json:"labels"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &rf); err != nil {
+		t.Fatal(err)
+	}
+	severity := map[string]string{}
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			severity[r.Alert] = r.Labels["severity"]
+		}
+	}
+	rows := map[string]string{}
+	for _, l := range section(t, files, "docs/operations.md", "Alerts") {
+		if m := alertRow.FindStringSubmatch(l); m != nil {
+			rows[m[1]] = m[2]
+		}
+	}
+	for alert, sev := range severity {
+		switch got, ok := rows[alert]; {
+		case !ok:
+			t.Errorf("docs/operations.md, Alerts: no row of %s", alert)
+		case got != sev:
+			t.Errorf("docs/operations.md, Alerts: %s is %s in the table, %s in alerts.yml", alert, got, sev)
+		}
+	}
+	for alert := range rows {
+		if _, ok := severity[alert]; !ok {
+			t.Errorf("docs/operations.md, Alerts: a row of %s, which no rule of alerts.yml defines", alert)
+		}
+	}
+	if len(severity) < 10 {
+		t.Fatalf("read %d rules from alerts.yml", len(severity))
+	}
+}
