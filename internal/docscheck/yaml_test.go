@@ -102,7 +102,8 @@ func TestDocYAMLDocumentsAccepted(t *testing.T) {
 	_, _, blocks := docs(t)
 	n := 0
 	for _, b := range blocks {
-		if b.lang != "yaml" && b.lang != "json" || b.ann != nil {
+		// CHANGELOG.md may show a document as an older version took it.
+		if b.lang != "yaml" && b.lang != "json" || b.ann != nil || b.file == "CHANGELOG.md" {
 			continue
 		}
 		n++
