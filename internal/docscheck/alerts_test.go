@@ -280,6 +280,23 @@ func valueProblem(values []string, op, val string) string {
 func TestAlertRulesMatchTheStagesMetrics(t *testing.T) {
 	regs, _ := startedStages(t)
 	fams := exportedFamilies(t, regs)
+	for _, r := range alertRules(t) {
+		for _, p := range ruleProblems(fams, r.Expr) {
+			t.Errorf("%s: %s", r.Alert, p)
+		}
+	}
+}
+
+// alertRule is a rule of deploy/prometheus/alerts.yml.
+type alertRule struct {
+	Alert  string            `json:"alert"`
+	Expr   string            `json:"expr"`
+	Labels map[string]string `json:"labels"`
+}
+
+// alertRules reads the rules of deploy/prometheus/alerts.yml.
+func alertRules(t *testing.T) []alertRule {
+	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -290,25 +307,53 @@ func TestAlertRulesMatchTheStagesMetrics(t *testing.T) {
 	}
 	var rf struct {
 		Groups []struct {
-			Rules []struct {
-				Alert string `json:"alert"`
-				Expr  string `json:"expr"`
-			} `json:"rules"`
+			Rules []alertRule `json:"rules"`
 		} `json:"groups"`
 	}
 	if err := yaml.Unmarshal(b, &rf); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	var out []alertRule
 	for _, g := range rf.Groups {
-		for _, r := range g.Rules {
-			n++
-			for _, p := range ruleProblems(fams, r.Expr) {
-				t.Errorf("%s: %s", r.Alert, p)
-			}
+		out = append(out, g.Rules...)
+	}
+	if len(out) < 10 {
+		t.Fatalf("read %d rules from deploy/prometheus/alerts.yml", len(out))
+	}
+	return out
+}
+
+// alertRow is a row of the table of docs/operations.md, Alerts:
+// "| `MeterlineStageDown` | fires when ... | critical |".
+var alertRow = regexp.MustCompile("^\\| `(Meterline[A-Za-z]+)` \\| .* \\| ([a-z]+) \\|$")
+
+// TestAlertsTableMatchesRules: the table of docs/operations.md, Alerts,
+// has a row for every rule of deploy/prometheus/alerts.yml, with its
+// severity label, and none for an alert no rule defines: an on-call
+// engineer decides from it whether to page.
+func TestAlertsTableMatchesRules(t *testing.T) {
+	_, files, _ := docs(t)
+	severity := map[string]string{}
+	for _, r := range alertRules(t) {
+		severity[r.Alert] = r.Labels["severity"]
+	}
+	rows := map[string]string{}
+	for _, l := range section(t, files, "docs/operations.md", "Alerts") {
+		if m := alertRow.FindStringSubmatch(l); m != nil {
+			rows[m[1]] = m[2]
 		}
 	}
-	if n < 10 {
-		t.Fatalf("read %d rules from deploy/prometheus/alerts.yml", n)
+	for alert, sev := range severity {
+		switch got, ok := rows[alert]; {
+		case !ok:
+			t.Errorf("docs/operations.md, Alerts: no row of %s", alert)
+		case got != sev:
+			t.Errorf("docs/operations.md, Alerts: %s is %s in the table, %s in alerts.yml", alert, got, sev)
+		}
+	}
+	for alert := range rows {
+		if _, ok := severity[alert]; !ok {
+			t.Errorf("docs/operations.md, Alerts: a row of %s, which no rule of alerts.yml defines", alert)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"reflect"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +164,57 @@ func TestConflictingConfigKeysDocumented(t *testing.T) {
 			t.Errorf("--%s takes values of different kinds in different commands (%v), and docs/operations.md, Configuration and environment, does not list it (\"- `%s`: ...\")", name, ks, name)
 		}
 	}
+}
+
+// TestConflictingConfigKeysNameEveryCommand: the item of such a name in
+// that list names every command that reads it (in a code span: `sink`
+// or `sink run` for the sink), so that an operator who shares a config
+// file or an environment between commands sees each one the key sets:
+// a command left out is one whose flag the file sets unawares.
+func TestConflictingConfigKeysNameEveryCommand(t *testing.T) {
+	_, files, _ := docs(t)
+	items := map[string]string{}
+	var cur string
+	for _, l := range section(t, files, "docs/operations.md", "Configuration and environment") {
+		switch m := listedKey.FindStringSubmatch(l); {
+		case m != nil:
+			cur = m[1]
+		case cur != "" && strings.HasPrefix(l, "  "):
+		default:
+			cur = ""
+		}
+		if cur != "" {
+			items[cur] += " " + strings.TrimSpace(l)
+		}
+	}
+	for name, ks := range conflictingFlags(t) {
+		item, ok := items[name]
+		if !ok {
+			continue // TestConflictingConfigKeysDocumented reports it
+		}
+		if missing := unnamedCommands(item, ks); len(missing) > 0 {
+			t.Errorf("docs/operations.md, Configuration and environment, item `%s`: does not name %s, which read --%s", name, strings.Join(missing, ", "), name)
+		}
+	}
+}
+
+// unnamedCommands returns the commands of kinds (by kind, as
+// conflictingFlags gives them) that item names in no code span.
+func unnamedCommands(item string, kinds map[string][]string) []string {
+	spans := map[string]bool{}
+	for _, m := range codeSpan.FindAllStringSubmatch(item, -1) {
+		spans[m[1]] = true
+	}
+	var out []string
+	for _, cmds := range kinds {
+		for _, c := range cmds {
+			if !spans[c] && !spans[strings.TrimSuffix(c, " run")] {
+				out = append(out, c)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // listedKey is an item of that list: "- `meters`: ...".

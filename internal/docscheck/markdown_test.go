@@ -149,16 +149,20 @@ func tokens(s string) ([]string, error) {
 }
 
 // parseBlocks returns the fenced code blocks of a Markdown file, with the
-// annotation on the last non-blank line before each.
+// annotation on the last non-blank line before each. A block indented in
+// a list item is one too: its fences and lines carry the item's
+// indentation, which its text is without.
 func parseBlocks(file, content string) ([]block, error) {
 	lines := strings.SplitAfter(content, "\n")
 	var out []block
 	for i := 0; i < len(lines); i++ {
 		l := strings.TrimRight(lines[i], "\n")
-		if !strings.HasPrefix(l, "```") {
+		fenceText := strings.TrimLeft(l, " ")
+		if !strings.HasPrefix(fenceText, "```") {
 			continue
 		}
-		b := block{file: file, line: i + 1, lang: strings.TrimSpace(strings.TrimPrefix(l, "```"))}
+		indent := l[:len(l)-len(fenceText)]
+		b := block{file: file, line: i + 1, lang: strings.TrimSpace(strings.TrimPrefix(fenceText, "```"))}
 		for p := i - 1; p >= 0; p-- {
 			prev := strings.TrimSpace(lines[p])
 			if prev == "" {
@@ -171,8 +175,8 @@ func parseBlocks(file, content string) ([]block, error) {
 		}
 		var text strings.Builder
 		j := i + 1
-		for ; j < len(lines) && strings.TrimRight(lines[j], "\n") != "```"; j++ {
-			text.WriteString(lines[j])
+		for ; j < len(lines) && strings.TrimRight(lines[j], "\n") != indent+"```"; j++ {
+			text.WriteString(strings.TrimPrefix(lines[j], indent))
 		}
 		if j == len(lines) {
 			return nil, fmt.Errorf("%s:%d: code block never closed", file, i+1)
@@ -280,7 +284,7 @@ func anchors(content string) map[string]bool {
 	out := map[string]bool{}
 	fenced := false
 	for _, l := range strings.Split(content, "\n") {
-		if strings.HasPrefix(l, "```") {
+		if fence.MatchString(l) {
 			fenced = !fenced
 			continue
 		}
@@ -296,7 +300,7 @@ func anchors(content string) map[string]bool {
 func links(content string) (targets []string, lines []int) {
 	fenced := false
 	for i, l := range strings.Split(content, "\n") {
-		if strings.HasPrefix(l, "```") {
+		if fence.MatchString(l) {
 			fenced = !fenced
 			continue
 		}

@@ -426,3 +426,48 @@ func TestEveryExportedMetricDocumented(t *testing.T) {
 		t.Fatalf("found %d meterline_ metrics registered", n)
 	}
 }
+
+// docSelector is a metric with label matchers in a document:
+// `meterline_x{outcome="parked"}`.
+var docSelector = regexp.MustCompile(`\bmeterline_[a-z0-9_]+\{[^}]*[=~]"[^}]*\}`)
+
+// TestDocsMetricSelectors: every metric a document writes with a label
+// value, `meterline_sink_rows_total{outcome="already_present"}`, has that
+// label, and the value is one of those the stages export from their start
+// when the label's values are known then (outcomes, kinds, reasons,
+// stages), as TestAlertRulesMatchTheStagesMetrics requires of the alert
+// rules: an operator who pastes the selector into a query with a value
+// that no series has sees nothing, and reads it as nothing happening.
+func TestDocsMetricSelectors(t *testing.T) {
+	regs, _ := startedStages(t)
+	fams := exportedFamilies(t, regs)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := docFiles(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, rel := range files {
+		if rel == "CHANGELOG.md" {
+			continue
+		}
+		c, err := readDoc(root, rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(c, "\n") {
+			for _, sel := range docSelector.FindAllString(line, -1) {
+				n++
+				for _, p := range ruleProblems(fams, sel) {
+					t.Errorf("%s:%d: %s: %s", rel, i+1, sel, p)
+				}
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("found %d metrics with label values in the docs", n)
+	}
+}
