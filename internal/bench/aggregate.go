@@ -140,6 +140,8 @@ func Aggregate(ctx context.Context, env *Env, cfg AggregateConfig) (err error) {
 		fmt.Fprintf(out, "%-46s without entitlements %.2f µs, with %.2f µs (medians; without ÷ with %.2f)\n",
 			"CPU per event (this process):", off, on, off/on)
 	}
+	fmt.Fprintf(out, "%-46s without entitlements %d ms, with %d ms (medians; not in the rates above)\n",
+		"start-up (start to first record handled):", res.MedianStartup(2).Milliseconds(), res.MedianStartup(3).Milliseconds())
 	fmt.Fprintf(out, "entitlements: every customer on plan %q (caps api_calls %d, tokens %d a month; grant %d micro-credits; overdraft deny; rates api_calls %d per unit, tokens %d per %d units), tick %s; last round's decisions: %s; credits consumed %.0f micro-credits\n",
 		benchPlan.Plan, benchPlan.Caps[0].Limit, benchPlan.Caps[1].Limit, benchPlan.Grants[0].Amount,
 		benchRates.Versions[0].Rates[0].MicroCredits, benchRates.Versions[0].Rates[1].MicroCredits, benchRates.Versions[0].Rates[1].PerUnits,
@@ -431,8 +433,7 @@ func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result
 	if !a.ent && profile != "" {
 		profile += ".without"
 	}
-	cpu0 := processCPU()
-	elapsed, err := b.measureStage(ctx, ag.st.Run, ag.processed, b.input, last, profile)
+	sp, err := b.measureStage(ctx, ag.st.Run, ag.processed, b.input, last, profile)
 	defer func() {
 		if err2 := b.stopLive(); err2 != nil && !errors.Is(err2, context.Canceled) && err == nil {
 			err = err2
@@ -442,9 +443,10 @@ func (a aggregateRun) Run(ctx context.Context, round int, last bool) (res Result
 		return Result{}, err
 	}
 	i := map[bool]int{false: 0, true: 1}[a.ent]
-	us := (processCPU() - cpu0).Seconds() * 1e6 / float64(b.input)
+	us := sp.cpu.Seconds() * 1e6 / float64(sp.count)
 	b.cpu[i] = append(b.cpu[i], us)
-	res = Result{Name: ag.name, Count: b.input, Elapsed: elapsed, Detail: fmt.Sprintf("; %.2f µs CPU per event (this process); %s", us, txnStats(ag.reg, elapsed))}
+	res = Result{Name: ag.name, Count: sp.count, Elapsed: sp.elapsed, Startup: sp.startup,
+		Detail: fmt.Sprintf("%s; %.2f µs CPU per event (this process); %s", sp.startupNote(), us, txnStats(ag.reg, sp.elapsed))}
 	if !last {
 		return res, nil
 	}

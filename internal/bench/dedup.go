@@ -253,12 +253,12 @@ func (d dedupRun) Run(ctx context.Context, round int, last bool) (Result, error)
 		return Result{}, err
 	}
 	decided := func() int64 { return int64(sumMetrics(reg.watched(), decisions...)) }
-	elapsed, err := b.measureStage(ctx, st.Run, decided, b.cfg.Events, last, b.cfg.CPUProfile)
+	sp, err := b.measureStage(ctx, st.Run, decided, b.cfg.Events, last, b.cfg.CPUProfile)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Name: name, Count: b.cfg.Events, Elapsed: elapsed,
-		Detail: fmt.Sprintf(" (%d unique, %d copies); %s", b.unique, b.cfg.Events-b.unique, txnStats(reg, elapsed))}
+	res := Result{Name: name, Count: sp.count, Elapsed: sp.elapsed, Startup: sp.startup,
+		Detail: fmt.Sprintf(" (%d unique, %d copies)%s; %s", b.unique, b.cfg.Events-b.unique, sp.startupNote(), txnStats(reg, sp.elapsed))}
 	if got := int(sumMetrics(reg, "meterline_dedup_accepted_total")); got != b.unique {
 		return Result{}, fmt.Errorf("dedup accepted %d events, %d were unique", got, b.unique)
 	}

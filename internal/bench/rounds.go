@@ -8,11 +8,13 @@ import (
 	"time"
 )
 
-// Result is one measured run: Count things (events, rows) in Elapsed.
+// Result is one measured run: Count things (events, rows) in Elapsed, and
+// for a stage the Startup before its first record (span).
 type Result struct {
 	Name    string
 	Count   int
 	Elapsed time.Duration
+	Startup time.Duration
 	// Detail is printed after the rate on the run's progress line, as is
 	// (it brings its own separator: "; 12 transactions…").
 	Detail string
@@ -89,11 +91,20 @@ type Results struct {
 	Runs [][]Result
 }
 
+// MedianStartup is the median start-up of contender i's runs (span).
+func (r *Results) MedianStartup(i int) time.Duration {
+	v := make([]float64, len(r.Runs[i]))
+	for k, run := range r.Runs[i] {
+		v[k] = float64(run.Startup)
+	}
+	return time.Duration(median(v))
+}
+
 // JSON returns contender i's runs for a JSON output, each named name.
 func (r *Results) JSON(i int, name string) []RunJSON {
 	out := make([]RunJSON, len(r.Runs[i]))
 	for k, run := range r.Runs[i] {
-		out[k] = RunJSON{Name: name, Seconds: run.Elapsed.Seconds()}
+		out[k] = RunJSON{Name: name, Seconds: run.Elapsed.Seconds(), StartupSeconds: run.Startup.Seconds()}
 		switch r.Unit {
 		case "rows":
 			out[k].Rows, out[k].RowsPerSecond = run.Count, run.Rate()
@@ -113,6 +124,8 @@ type RunJSON struct {
 	Seconds         float64 `json:"seconds"`
 	EventsPerSecond float64 `json:"events_per_second,omitempty"`
 	RowsPerSecond   float64 `json:"rows_per_second,omitempty"`
+	// StartupSeconds is a stage's start-up, not in Seconds (span).
+	StartupSeconds float64 `json:"startup_seconds,omitempty"`
 }
 
 // Median is the median rate of contender i's runs (the mean of the two

@@ -81,17 +81,55 @@ func (r *running) stop() error {
 	return r.err
 }
 
-// measureRun starts run and waits until count reaches want, and returns
-// the time that took and the stage, still up. On error the stage is
-// stopped.
-func measureRun(ctx context.Context, run func(context.Context) error, count func() int64, want int64) (time.Duration, *running, error) {
-	start := time.Now()
-	r := startStage(ctx, run)
-	if err := r.waitFor(ctx, count, want); err != nil {
-		_ = r.stop()
-		return 0, nil, err
+// span is what measureRun measured of a run. A run's rate is taken over
+// its work alone, from the first poll that saw a record handled to the one
+// that saw the last: what a stage does once when it starts (opening its
+// store, joining the group, restoring, reading its other inputs to their
+// ends) is its start-up, reported apart, not spread over its records.
+type span struct {
+	startup time.Duration // from the start to the first poll that saw a record handled
+	elapsed time.Duration // from that poll to the one that saw the last
+	count   int           // the records handled in elapsed
+	cpu     time.Duration // the process's CPU time in elapsed
+}
+
+// rate is the span's records per second.
+func (s span) rate() float64 { return float64(s.count) / s.elapsed.Seconds() }
+
+// startupNote is the start-up for a run's progress line.
+func (s span) startupNote() string {
+	if s.startup == 0 {
+		return ""
 	}
-	return time.Since(start), r, nil
+	return fmt.Sprintf("; started in %d ms", s.startup.Milliseconds())
+}
+
+// measureRun starts run and waits until count reaches want, and returns
+// the span of the run's work (span). A first poll that already sees every
+// record handled leaves no window: the span is then the whole run, its
+// start-up included (and reported as 0).
+func measureRun(ctx context.Context, run func(context.Context) error, count func() int64, want int64) (span, *running, error) {
+	start, cpu0 := time.Now(), processCPU()
+	r := startStage(ctx, run)
+	var first time.Time
+	var n0 int64
+	var cpu1 time.Duration
+	seen := func() int64 {
+		n := count()
+		if n > 0 && first.IsZero() {
+			first, n0, cpu1 = time.Now(), n, processCPU()
+		}
+		return n
+	}
+	if err := r.waitFor(ctx, seen, want); err != nil {
+		_ = r.stop()
+		return span{}, nil, err
+	}
+	end, cpu2 := time.Now(), processCPU()
+	if n0 >= want {
+		return span{elapsed: end.Sub(start), count: int(want), cpu: cpu2 - cpu0}, r, nil
+	}
+	return span{startup: first.Sub(start), elapsed: end.Sub(first), count: int(want - n0), cpu: cpu2 - cpu1}, r, nil
 }
 
 // startProfile writes a CPU profile to path until the returned function
@@ -338,32 +376,33 @@ func (s *stageBench) measurePass(ctx context.Context, name string, cfg stream.Co
 	if err != nil {
 		return Result{}, err
 	}
-	elapsed, r, err := measureRun(ctx, rt.Run, proc.n.Load, int64(want))
+	sp, r, err := measureRun(ctx, rt.Run, proc.n.Load, int64(want))
 	if err == nil {
 		err = r.stop()
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("%s: %w", name, err)
 	}
-	return Result{Name: name, Count: want, Elapsed: elapsed, Detail: "; " + txnStats(cfg.Registerer.(prometheus.Gatherer), elapsed)}, nil
+	return Result{Name: name, Count: sp.count, Elapsed: sp.elapsed, Startup: sp.startup,
+		Detail: sp.startupNote() + "; " + txnStats(cfg.Registerer.(prometheus.Gatherer), sp.elapsed)}, nil
 }
 
 // measureStage measures a stage's run from the start of its input until
-// count reaches want, and leaves it up (s.live): the caller reads its
+// count reaches want (span), and leaves it up (s.live): the caller reads its
 // metrics, then stops it (stopLive) unless it is the last round's. With
 // profile, the last round's CPU profile is written there.
-func (s *stageBench) measureStage(ctx context.Context, run func(context.Context) error, count func() int64, want int, last bool, profile string) (time.Duration, error) {
+func (s *stageBench) measureStage(ctx context.Context, run func(context.Context) error, count func() int64, want int, last bool, profile string) (span, error) {
 	if !last {
 		profile = ""
 	}
 	stopProfile, err := startProfile(profile)
 	if err != nil {
-		return 0, err
+		return span{}, err
 	}
 	defer stopProfile()
-	elapsed, r, err := measureRun(ctx, run, count, int64(want))
+	sp, r, err := measureRun(ctx, run, count, int64(want))
 	s.live = r
-	return elapsed, err
+	return sp, err
 }
 
 // printRates prints the median rates of (a), (b) and the stage
