@@ -156,26 +156,8 @@ func TestClockStepBackAfterExpiry(t *testing.T) {
 // twice, until broker time reaches the jump.
 func TestBrokerClockJumpAhead(t *testing.T) {
 	localOrRestored(t, func(t *testing.T, keep bool) {
-		h := newHarness(t, nil, 1)
-		fs := vfs.NewMem()
-		cfg := shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		a := h.start(cfg)
-		h.produce(h.event("acme", "api_calls", "c1", 1, swArr, swArr))
-		h.caughtUp()
 		jump := t0 + 10*365*day
-		h.produce(h.tick(0, jump))
-		h.caughtUp()
-		within(t, 10*time.Second, "every bucket was dropped", func() bool { return identityKeys(t, a.stage, 0) == 0 })
-		if err := a.stop(); err != nil {
-			t.Fatal(err)
-		}
-		if !keep {
-			fs = vfs.NewMem()
-		}
-		cfg = shortWindow(h, prometheus.NewRegistry())
-		cfg.Stream.FS = fs
-		h.start(cfg)
+		h := restartAfterExpiry(t, keep, "c1", swArr, jump, func(*Config) {})
 		// The clock is back: an exact copy of c1 and a new event c2, an
 		// hour after c1, both inside the window by their own arrival.
 		arr := swArr + hour
@@ -202,14 +184,24 @@ func TestBrokerClockJumpAhead(t *testing.T) {
 // the W, on its local state (keep) or restored from the changelog.
 func restartWithWindowRaised(t *testing.T, keep bool) *harness {
 	t.Helper()
+	return restartAfterExpiry(t, keep, "w1", swArr-1000, t0+swB+swW+swS, func(c *Config) { c.Window *= 2 })
+}
+
+// restartAfterExpiry runs dedup with shortWindow's config on event id of
+// acme (event_time eventTime, arrival swArr) until a tick at tick expired
+// its bucket and the bucket is deleted, then restarts it with that config
+// changed by edit, on its local state (keep) or restored from the
+// changelog.
+func restartAfterExpiry(t *testing.T, keep bool, id string, eventTime, tick int64, edit func(*Config)) *harness {
+	t.Helper()
 	h := newHarness(t, nil, 1)
 	fs := vfs.NewMem()
 	cfg := shortWindow(h, prometheus.NewRegistry())
 	cfg.Stream.FS = fs
 	a := h.start(cfg)
-	h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
+	h.produce(h.event("acme", "api_calls", id, 1, eventTime, swArr))
 	h.caughtUp() // the key is in the changelog
-	h.produce(h.tick(0, t0+swB+swW+swS))
+	h.produce(h.tick(0, tick))
 	h.caughtUp()
 	within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
 	if err := a.stop(); err != nil {
@@ -220,7 +212,7 @@ func restartWithWindowRaised(t *testing.T, keep bool) *harness {
 	}
 	cfg = shortWindow(h, prometheus.NewRegistry())
 	cfg.Stream.FS = fs
-	cfg.Window *= 2
+	edit(&cfg)
 	h.start(cfg)
 	return h
 }
