@@ -146,19 +146,62 @@ func TestClockStepBackAfterExpiry(t *testing.T) {
 	}
 }
 
+// TestBrokerClockJumpAhead: one record stamped by a broker clock years
+// ahead (docs/design.md, Known limits) moves the watermark there for good.
+// Every bucket expires at once and the end of the dropped keys is recorded
+// in the state, so from then on, on the local state as after a restore from
+// the changelog, a copy of an event dedup forwarded is rejected (too_old),
+// never forwarded again, and so is an event never seen, inside its window
+// by its own arrival: usage is dropped into usage.rejected, never counted
+// twice, until broker time reaches the jump.
+func TestBrokerClockJumpAhead(t *testing.T) {
+	localOrRestored(t, func(t *testing.T, keep bool) {
+		jump := t0 + 10*365*day
+		h := restartAfterExpiry(t, keep, "c1", swArr, jump, func(*Config) {})
+		// The clock is back: an exact copy of c1 and a new event c2, an
+		// hour after c1, both inside the window by their own arrival.
+		arr := swArr + hour
+		h.produce(h.event("acme", "api_calls", "c1", 1, swArr, arr), h.event("acme", "api_calls", "c2", 1, arr, arr))
+		h.caughtUp()
+		o := h.outputs()
+		if n, d := len(o.dedupedOf("c1")), len(o.duplicates); n != 1 || d != 0 {
+			t.Fatalf("c1 forwarded %d times and %d copies dropped, want 1 and 0", n, d)
+		}
+		for _, id := range []string{"c1", "c2"} {
+			r := o.rejectedOf(id)
+			if len(r) != 1 || r[0].Reason != schemas.ReasonTooOld || !strings.Contains(r[0].Detail, msTime(jump)) {
+				t.Errorf("%s: rejected %+v, want one too_old naming the watermark %s", id, r, msTime(jump))
+			}
+		}
+		if n := len(o.dedupedOf("c2")); n != 0 {
+			t.Errorf("c2 forwarded %d times, want 0", n)
+		}
+	})
+}
+
 // restartWithWindowRaised runs dedup with shortWindow's W on event w1 of
 // acme until w1's expiry bucket is deleted, then restarts it with twice
 // the W, on its local state (keep) or restored from the changelog.
 func restartWithWindowRaised(t *testing.T, keep bool) *harness {
+	t.Helper()
+	return restartAfterExpiry(t, keep, "w1", swArr-1000, t0+swB+swW+swS, func(c *Config) { c.Window *= 2 })
+}
+
+// restartAfterExpiry runs dedup with shortWindow's config on event id of
+// acme (event_time eventTime, arrival swArr) until a tick at tick expired
+// its bucket and the bucket is deleted, then restarts it with that config
+// changed by edit, on its local state (keep) or restored from the
+// changelog.
+func restartAfterExpiry(t *testing.T, keep bool, id string, eventTime, tick int64, edit func(*Config)) *harness {
 	t.Helper()
 	h := newHarness(t, nil, 1)
 	fs := vfs.NewMem()
 	cfg := shortWindow(h, prometheus.NewRegistry())
 	cfg.Stream.FS = fs
 	a := h.start(cfg)
-	h.produce(h.event("acme", "api_calls", "w1", 1, swArr-1000, swArr))
+	h.produce(h.event("acme", "api_calls", id, 1, eventTime, swArr))
 	h.caughtUp() // the key is in the changelog
-	h.produce(h.tick(0, t0+swB+swW+swS))
+	h.produce(h.tick(0, tick))
 	h.caughtUp()
 	within(t, 10*time.Second, "the expired bucket was deleted", func() bool { return identityKeys(t, a.stage, 0) == 0 })
 	if err := a.stop(); err != nil {
@@ -169,7 +212,7 @@ func restartWithWindowRaised(t *testing.T, keep bool) *harness {
 	}
 	cfg = shortWindow(h, prometheus.NewRegistry())
 	cfg.Stream.FS = fs
-	cfg.Window *= 2
+	edit(&cfg)
 	h.start(cfg)
 	return h
 }
