@@ -61,9 +61,11 @@ type rollState struct {
 	// prev: rollBalances: the start of the period whose customers' balances
 	// go out now; those of every period before it are out, those of the
 	// periods after it, up to cur, go out next.
-	prev   int64
-	phase  byte   // rollIdle, rollBalances, rollPrune
-	cursor string // balances: the last customer of prev emitted
+	prev  int64
+	phase byte // rollIdle, rollBalances, rollPrune
+	// cursor: rollBalances: the last customer of prev emitted; rollPrune:
+	// the last period index key deleted (Ledger.PrunePeriodsAfter).
+	cursor string
 }
 
 const (
@@ -205,16 +207,22 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	return nil
 }
 
-// pruneChunk prunes at most n periods of the Ledger below the partition's
-// prune horizon, and its shared versions; the roll is idle once no period
-// is left to prune.
+// pruneChunk prunes at most n customers' periods of the Ledger below the
+// partition's prune horizon, after the roll's cursor (the last period
+// index key the chunk before deleted), and its shared versions; the roll
+// is idle once no period is left to prune.
 func (pt *partition) pruneChunk(tx *stream.Tx, n int) error {
-	more, err := pt.pr.ledger.PrunePeriods(pt.ledger(tx), pt.pruneHorizon(), n)
+	r := &pt.ent.roll
+	var after []byte
+	if r.cursor != "" {
+		after = []byte(r.cursor)
+	}
+	last, more, err := pt.pr.ledger.PrunePeriodsAfter(pt.ledger(tx), pt.pruneHorizon(), after, n)
 	if err != nil {
 		return err
 	}
-	if !more {
-		pt.ent.roll.phase = rollIdle
+	if r.cursor = string(last); !more {
+		r.phase, r.cursor = rollIdle, ""
 	}
 	return pt.pr.ledger.PruneShared(pt.ledger(tx), pt.pruneHorizon())
 }

@@ -1,6 +1,7 @@
 package entitlements
 
 import (
+	"bytes"
 	"encoding"
 	"encoding/binary"
 	"errors"
@@ -1105,6 +1106,20 @@ func (l *Ledger) putDefaultGrants(st Store, es []defaultGrant) {
 // customer's Account and deletes the index keys. more reports that keys are
 // left: call it again in a later transaction.
 func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err error) {
+	_, more, err = l.PrunePeriodsAfter(st, horizon, nil, max)
+	return more, err
+}
+
+// PrunePeriodsAfter is PrunePeriods going on after the index key after (nil:
+// from the start), and it returns the last key it deleted, the cursor of
+// the next call while more is true. A chunk then starts past the keys the
+// chunks before it deleted: from the start, a store with tombstones (Pebble)
+// walks every one of them again, and a period of N customers pruned in
+// chunks of max costs N²/2·max steps instead of N. No key can appear behind
+// the cursor in between: the index keys of periods below the cut are
+// written by no event (horizon never goes back), so a cursor of an earlier
+// horizon holds under a later one.
+func (l *Ledger) PrunePeriodsAfter(st Store, horizon int64, after []byte, max int) (last []byte, more bool, err error) {
 	cut, _ := l.period(l.eventTimeHorizon(horizon))
 	plen := len(l.key(subPeriod)) + 8
 	type doomed struct {
@@ -1112,7 +1127,14 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 		customer string
 	}
 	var ds []doomed
-	err = st.Scan(l.key(subPeriod), l.key(subPeriod, period8(cut)), func(k, _ []byte) error {
+	lo, hi := l.key(subPeriod), l.key(subPeriod, period8(cut))
+	if after != nil && bytes.Compare(after, lo) >= 0 {
+		lo = append(bytes.Clone(after), 0) // just past it
+	}
+	if bytes.Compare(lo, hi) >= 0 {
+		return nil, false, nil
+	}
+	err = st.Scan(lo, hi, func(k, _ []byte) error {
 		if len(ds) == max {
 			more = true
 			return errStopScan
@@ -1128,19 +1150,22 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStopScan) {
-		return false, err
+		return nil, false, err
 	}
 	for _, d := range ds {
 		a, err := l.account(st, d.customer)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
 		if len(a.dropPeriodsBefore(cut)) > 0 {
 			l.putAccount(st, d.customer, a)
 		}
 		st.Delete(d.k)
 	}
-	return more, nil
+	if len(ds) > 0 {
+		last = ds[len(ds)-1].k
+	}
+	return last, more, nil
 }
 
 var errStopScan = errors.New("stop scan")
