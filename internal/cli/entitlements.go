@@ -368,8 +368,9 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 
 // recordToDelete returns "" and nil when customer has a record that a
 // delete would end, as get reads it: one on the customer's partition (in
-// effect or scheduled), or, when that partition has none, one on another
-// partition, which the aggregator moves there. When its record is deleted
+// effect or scheduled), or one on another partition that the aggregator
+// moves there and applies: any, when the customer's partition has none,
+// else one that reached the topic after the delete there. When its record is deleted
 // already it says so in done, and delete writes nothing and succeeds (a
 // delete run again); when it has none, err says why delete writes nothing:
 // most likely a misspelt customer_id.
@@ -387,6 +388,15 @@ func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer str
 			clip.To(customer, clip.Echo))
 	}
 	if r.value == nil {
+		for q, m := range recs {
+			if q != r.partition && m.value != nil && m.origin.After(r.origin) {
+				// A record on another partition after the delete: the
+				// aggregator moves it, and its copy applies after the
+				// delete (aggregator.DecideRecord) unless a later delete
+				// precedes it.
+				return "", nil
+			}
+		}
 		return fmt.Sprintf("the entitlements of %s were deleted already, at %s: nothing was written",
 			clip.To(customer, clip.Echo), entitlements.FormatTime(r.written)), nil
 	}
