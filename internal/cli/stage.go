@@ -173,6 +173,44 @@ func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *promet
 	return nil
 }
 
+// stoppedAtStart reports whether err, returned by a stage's start-up after
+// awaitKafka (topic checks, migrations, building the stages), is only the
+// stop the process was asked for: ctx has ended, and err and every error
+// it joins come down to context.Canceled. A signal in those moments then
+// ends the process as a stop at any other time does (status 0, "stage
+// stopped"); an error of its own in the same moment still fails it.
+func stoppedAtStart(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() != nil && onlyCanceled(err)
+}
+
+// onlyCanceled reports whether err is context.Canceled, wrapped or joined
+// with nothing else.
+func onlyCanceled(err error) bool {
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		errs := u.Unwrap()
+		for _, e := range errs {
+			if !onlyCanceled(e) {
+				return false
+			}
+		}
+		return len(errs) > 0
+	case interface{ Unwrap() error }:
+		return err == context.Canceled || onlyCanceled(u.Unwrap())
+	}
+	return err == context.Canceled
+}
+
+// cleanStopAtStart is the deferred check of a stage command's Run, after
+// awaitKafka: an error that is only the stop (stoppedAtStart) becomes the
+// clean exit that runStage gives a stop later on.
+func cleanStopAtStart(ctx context.Context, log *zap.Logger, err *error) {
+	if stoppedAtStart(ctx, *err) {
+		log.Info("stage stopped")
+		*err = nil
+	}
+}
+
 // DedupCmd is `meterline dedup`.
 type DedupCmd struct {
 	StageFlags    `embed:""`
@@ -227,7 +265,7 @@ func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer
 }
 
 // Run runs the dedup stage.
-func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (err error) {
 	reg := service.NewRegistry()
 	cfg, err := c.config(g, log, reg)
 	if err != nil {
@@ -240,6 +278,7 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}
+	defer cleanStopAtStart(ctx, log, &err)
 	st, err := dedup.New(ctx, cfg)
 	if err != nil {
 		return err
