@@ -85,6 +85,52 @@ func TestRunRefusesSharedGroup(t *testing.T) {
 	}
 }
 
+// TestRunRefusesIngestFlagsWithoutIngest: the HTTP ingest of `meterline
+// run` is off unless --ingest is given; --ingest-* flags without it, on
+// the command line, in the environment or in --config, would be ignored
+// (an --ingest-addr that serves nothing). Refused, naming each flag;
+// with --ingest they are taken.
+func TestRunRefusesIngestFlagsWithoutIngest(t *testing.T) {
+	keys := testenv.DedupKeysFile(t)
+	config := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(config, []byte("ingest_read_timeout: 10s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--no-sink"}
+	for _, c := range []struct {
+		flags []string
+		env   string
+		names []string
+	}{
+		{[]string{"--ingest-addr", "0.0.0.0:8888"}, "", []string{"--ingest-addr"}},
+		{[]string{"--ingest-require-time", "--no-ingest-quota-gate"}, "", []string{"--ingest-require-time", "--ingest-quota-gate"}},
+		{nil, "METERLINE_INGEST_MAX_EVENTS", []string{"--ingest-max-events"}},
+		{[]string{"--config", config}, "", []string{"--ingest-read-timeout"}},
+	} {
+		if c.env != "" {
+			t.Setenv(c.env, "7")
+		}
+		code, out, errOut := run(t, "", append(base, c.flags...)...)
+		if code != 2 || strings.Contains(out, "configuration ok") || !strings.Contains(errOut, "without --ingest") {
+			t.Errorf("%v %s: exit %d, want 2 (without --ingest):\n%s%s", c.flags, c.env, code, out, errOut)
+		}
+		for _, want := range c.names {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%v %s: the error does not name %s:\n%s", c.flags, c.env, want, errOut)
+			}
+		}
+		if code, out, errOut := run(t, "", append(append(base, "--ingest"), c.flags...)...); code != 0 || !strings.Contains(out, "configuration ok") {
+			t.Errorf("%v %s with --ingest: exit %d\n%s%s", c.flags, c.env, code, out, errOut)
+		}
+		if c.env != "" {
+			os.Unsetenv(c.env)
+		}
+	}
+	if code, out, errOut := run(t, "", base...); code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Errorf("run without --ingest nor its flags: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
 // TestRunStageFlagsPrefixed: `meterline run` takes each stage's own flags
 // with the stage's prefix (--dedup-window, --aggregate-period, as
 // --sink-database and --ingest-addr) and the flags the stages share once,
