@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -673,5 +674,36 @@ func TestRunAllNamesTheStageOnce(t *testing.T) {
 		{name: "sink", run: func(context.Context) error { return plain }}})
 	if want := "sink: " + plain.Error(); err == nil || err.Error() != want {
 		t.Errorf("runAll = %v, want %q", err, want)
+	}
+}
+
+// TestInstanceIDRefusedOutsideSafeCharset: the instance ID goes into the
+// state directory <state-dir>/<stage>-<instance-id> and the transactional
+// ID; one with a path separator, a space or any character outside
+// [a-zA-Z0-9._-] (Kafka's rule for group instance IDs) would nest in or
+// leave --state-dir. Every stateful command refuses it at the start
+// (status 2), naming the flag; an ID within the rule is taken.
+func TestInstanceIDRefusedOutsideSafeCharset(t *testing.T) {
+	keys := testenv.DedupKeysFile(t)
+	commands := [][]string{
+		{"run", "--validate", "--dedup-keys-file", keys},
+		{"dedup", "--validate", "--dedup-keys-file", keys},
+		{"aggregate", "--validate"},
+		{"sink", "--validate"},
+	}
+	for _, id := range []string{"a/b", "../../tmp/x", "..", ".", "a b", "node\\1", "nœud", "a:b", strings.Repeat("a", 250)} {
+		for _, cmd := range commands {
+			code, out, errOut := run(t, "", append(slices.Clone(cmd), "--instance-id", id)...)
+			if code != 2 || strings.Contains(out, "configuration ok") || !strings.Contains(errOut, "--instance-id") || !strings.Contains(errOut, "letters a-z") {
+				t.Errorf("%s --instance-id %.20q: exit %d, want 2 naming --instance-id:\n%s%s", cmd[0], id, code, out, errOut)
+			}
+		}
+	}
+	for _, id := range []string{"node-1", "host.example.com", "dedup_1", "A9", strings.Repeat("a", 249)} {
+		for _, cmd := range commands {
+			if code, out, errOut := run(t, "", append(slices.Clone(cmd), "--instance-id", id)...); code != 0 || !strings.Contains(out, "configuration ok") {
+				t.Errorf("%s --instance-id %.20q: exit %d\n%s%s", cmd[0], id, code, out, errOut)
+			}
+		}
 	}
 }
