@@ -83,7 +83,7 @@ func (c *AggregateCmd) config(g *Globals, log *zap.Logger, reg prometheus.Regist
 }
 
 // Run runs the aggregator.
-func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (err error) {
 	reg := service.NewRegistry()
 	cfg, err := c.config(g, log, reg)
 	if err != nil {
@@ -96,6 +96,7 @@ func (c *AggregateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.L
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}
+	defer cleanStopAtStart(ctx, log, &err)
 	st, err := aggregator.New(ctx, cfg)
 	if err != nil {
 		return err

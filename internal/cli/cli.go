@@ -243,7 +243,7 @@ func Main(ctx context.Context, args []string, stdio IO) (code int) {
 			<-stopLogged
 		}
 	}()
-	if err := errors.Join(refuseZeroFlags(kctx), refuseEmptyLists(kctx), refuseEmptyPaths(kctx)); err != nil {
+	if err := errors.Join(refuseZeroFlags(kctx), refuseEmptyLists(kctx), refuseEmptyPaths(kctx), refuseIngestFlagsAlone(kctx)); err != nil {
 		fmt.Fprintf(stdio.Stderr, "meterline %s: %v\n", kctx.Command(), err)
 		return 2
 	}
@@ -296,6 +296,23 @@ func refuseZeroFlags(kctx *kong.Context) error {
 // "$CUSTOMER"` with an empty variable would make a key for every customer
 // of its tenant.
 func refuseEmptyLists(kctx *kong.Context) error {
+	given := givenFlags(kctx)
+	var errs []error
+	for _, f := range kctx.Flags() {
+		if !f.Tag.Has("nonempty") || !f.Target.IsValid() || f.Target.Kind() != reflect.Slice || f.Target.Len() > 0 {
+			continue
+		}
+		if given(f) {
+			errs = append(errs, fmt.Errorf("--%s is set but empty: name at least one, or leave the flag out for %s", f.Name, f.Tag.Get("nonempty")))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// givenFlags reports whether a flag of the command is set on the command
+// line, in --config or in the environment (rather than left to its
+// default).
+func givenFlags(kctx *kong.Context) func(*kong.Flag) bool {
 	given := map[string]bool{}
 	for _, p := range kctx.Path {
 		// A flag from the command line or from --config (a resolver).
@@ -303,22 +320,38 @@ func refuseEmptyLists(kctx *kong.Context) error {
 			given[p.Flag.Name] = true
 		}
 	}
-	var errs []error
-	for _, f := range kctx.Flags() {
-		if !f.Tag.Has("nonempty") || !f.Target.IsValid() || f.Target.Kind() != reflect.Slice || f.Target.Len() > 0 {
-			continue
-		}
-		set := given[f.Name]
+	return func(f *kong.Flag) bool {
 		for _, env := range f.Envs {
 			if _, ok := os.LookupEnv(env); ok {
-				set = true
+				return true
 			}
 		}
-		if set {
-			errs = append(errs, fmt.Errorf("--%s is set but empty: name at least one, or leave the flag out for %s", f.Name, f.Tag.Get("nonempty")))
+		return given[f.Name]
+	}
+}
+
+// refuseIngestFlagsAlone returns an error naming the --ingest-* flags
+// given to `meterline run` without --ingest: the HTTP ingest is off
+// without it, and an operator who set --ingest-addr would get no ingest
+// and no word of it.
+func refuseIngestFlagsAlone(kctx *kong.Context) error {
+	if kctx.Command() != "run" {
+		return nil
+	}
+	given := givenFlags(kctx)
+	var names []string
+	for _, f := range kctx.Flags() {
+		if f.Name == "ingest" && f.Target.IsValid() && f.Target.Kind() == reflect.Bool && f.Target.Bool() {
+			return nil
+		}
+		if strings.HasPrefix(f.Name, "ingest-") && given(f) {
+			names = append(names, "--"+f.Name)
 		}
 	}
-	return errors.Join(errs...)
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s given without --ingest, which serves the HTTP ingest (off without it): add --ingest, or leave the --ingest-* flags out", strings.Join(names, ", "))
 }
 
 // refuseEmptyPaths returns an error naming each path flag of the command

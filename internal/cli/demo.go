@@ -65,6 +65,12 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		fmt.Fprintf(stdio.Stderr, "meterline demo: sink into ClickHouse %s, database %s\n", g.ClickHouse, c.SinkDatabase)
 	}
 	ok, err := demo.Run(ctx, cfg)
+	if stoppedAtStart(ctx, err) {
+		// Stopped before the generator ran (a stop later ends the
+		// generator and the demo reports): a clean exit.
+		fmt.Fprintf(stdio.Stderr, "meterline demo: stopped before the demo started\n")
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func (c *RunCmd) distinctGroups() error {
 // aggregator carry on) and /readyz says why it is not ready; a database
 // without the migrations is an error unless --sink-migrate applies them at
 // start.
-func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (err error) {
 	reg := service.NewRegistry()
 	dcfg, acfg, err := c.stageConfigs(g, log, reg)
 	if err == nil {
@@ -118,6 +118,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}
+	defer cleanStopAtStart(ctx, log, &err)
 	if !c.NoSink {
 		if err := checkClickHouse(ctx, scfg.ClickHouseServer); err != nil {
 			return err

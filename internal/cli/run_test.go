@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,6 +83,52 @@ func TestRunRefusesSharedGroup(t *testing.T) {
 	code, out, errOut := run(t, "", append(base, "--sink-group", "meterline-dedup", "--no-sink")...)
 	if code != 0 || !strings.Contains(out, "configuration ok") {
 		t.Errorf("--no-sink with the sink's group the dedup's: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestRunRefusesIngestFlagsWithoutIngest: the HTTP ingest of `meterline
+// run` is off unless --ingest is given; --ingest-* flags without it, on
+// the command line, in the environment or in --config, would be ignored
+// (an --ingest-addr that serves nothing). Refused, naming each flag;
+// with --ingest they are taken.
+func TestRunRefusesIngestFlagsWithoutIngest(t *testing.T) {
+	keys := testenv.DedupKeysFile(t)
+	config := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(config, []byte("ingest_read_timeout: 10s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys, "--no-sink"}
+	for _, c := range []struct {
+		flags []string
+		env   string
+		names []string
+	}{
+		{[]string{"--ingest-addr", "0.0.0.0:8888"}, "", []string{"--ingest-addr"}},
+		{[]string{"--ingest-require-time", "--no-ingest-quota-gate"}, "", []string{"--ingest-require-time", "--ingest-quota-gate"}},
+		{nil, "METERLINE_INGEST_MAX_EVENTS", []string{"--ingest-max-events"}},
+		{[]string{"--config", config}, "", []string{"--ingest-read-timeout"}},
+	} {
+		if c.env != "" {
+			t.Setenv(c.env, "7")
+		}
+		code, out, errOut := run(t, "", append(base, c.flags...)...)
+		if code != 2 || strings.Contains(out, "configuration ok") || !strings.Contains(errOut, "without --ingest") {
+			t.Errorf("%v %s: exit %d, want 2 (without --ingest):\n%s%s", c.flags, c.env, code, out, errOut)
+		}
+		for _, want := range c.names {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%v %s: the error does not name %s:\n%s", c.flags, c.env, want, errOut)
+			}
+		}
+		if code, out, errOut := run(t, "", append(append(base, "--ingest"), c.flags...)...); code != 0 || !strings.Contains(out, "configuration ok") {
+			t.Errorf("%v %s with --ingest: exit %d\n%s%s", c.flags, c.env, code, out, errOut)
+		}
+		if c.env != "" {
+			os.Unsetenv(c.env)
+		}
+	}
+	if code, out, errOut := run(t, "", base...); code != 0 || !strings.Contains(out, "configuration ok") {
+		t.Errorf("run without --ingest nor its flags: exit %d\n%s%s", code, out, errOut)
 	}
 }
 
@@ -627,5 +674,36 @@ func TestRunAllNamesTheStageOnce(t *testing.T) {
 		{name: "sink", run: func(context.Context) error { return plain }}})
 	if want := "sink: " + plain.Error(); err == nil || err.Error() != want {
 		t.Errorf("runAll = %v, want %q", err, want)
+	}
+}
+
+// TestInstanceIDRefusedOutsideSafeCharset: the instance ID goes into the
+// state directory <state-dir>/<stage>-<instance-id> and the transactional
+// ID; one with a path separator, a space or any character outside
+// [a-zA-Z0-9._-] (Kafka's rule for group instance IDs) would nest in or
+// leave --state-dir. Every stateful command refuses it at the start
+// (status 2), naming the flag; an ID within the rule is taken.
+func TestInstanceIDRefusedOutsideSafeCharset(t *testing.T) {
+	keys := testenv.DedupKeysFile(t)
+	commands := [][]string{
+		{"run", "--validate", "--dedup-keys-file", keys},
+		{"dedup", "--validate", "--dedup-keys-file", keys},
+		{"aggregate", "--validate"},
+		{"sink", "--validate"},
+	}
+	for _, id := range []string{"a/b", "../../tmp/x", "..", ".", "a b", "node\\1", "nœud", "a:b", strings.Repeat("a", 250)} {
+		for _, cmd := range commands {
+			code, out, errOut := run(t, "", append(slices.Clone(cmd), "--instance-id", id)...)
+			if code != 2 || strings.Contains(out, "configuration ok") || !strings.Contains(errOut, "--instance-id") || !strings.Contains(errOut, "letters a-z") {
+				t.Errorf("%s --instance-id %.20q: exit %d, want 2 naming --instance-id:\n%s%s", cmd[0], id, code, out, errOut)
+			}
+		}
+	}
+	for _, id := range []string{"node-1", "host.example.com", "dedup_1", "A9", strings.Repeat("a", 249)} {
+		for _, cmd := range commands {
+			if code, out, errOut := run(t, "", append(slices.Clone(cmd), "--instance-id", id)...); code != 0 || !strings.Contains(out, "configuration ok") {
+				t.Errorf("%s --instance-id %.20q: exit %d\n%s%s", cmd[0], id, code, out, errOut)
+			}
+		}
 	}
 }

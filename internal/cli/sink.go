@@ -67,7 +67,7 @@ type SinkCmd struct {
 // SinkRunCmd is `meterline sink [run]`.
 type SinkRunCmd struct {
 	SinkFlags          `embed:""`
-	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
+	InstanceID         string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Letters, digits, ., _ and - only (up to 249). Default: the host name."`
 	SessionTimeout     time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
 	RebalanceTimeout   time.Duration `help:"Consumer group rebalance timeout." default:"${sink_rebalance_timeout}"`
 	TransactionTimeout time.Duration `help:"Broker-side timeout that aborts a dead instance's open transaction." default:"${session_transaction_timeout}"`

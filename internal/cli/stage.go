@@ -20,7 +20,7 @@ import (
 
 // StageFlags are the flags of every stateful stage.
 type StageFlags struct {
-	InstanceID              string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Default: the host name."`
+	InstanceID              string        `help:"Instance ID, stable across restarts and unique in the group; the transactional ID is <group>-<instance-id>. Letters, digits, ., _ and - only (up to 249). Default: the host name."`
 	StateDir                string        `help:"Directory of the local Pebble state (a cache of the changelog)." default:"meterline-state" type:"path"`
 	CommitInterval          time.Duration `help:"Longest a transaction stays open while input keeps arriving." default:"${stream_commit_interval}"`
 	SessionTimeout          time.Duration `help:"Consumer group session timeout." default:"${session_timeout}"`
@@ -78,16 +78,44 @@ func stateCleanupDelay(d time.Duration) time.Duration {
 	return d
 }
 
-// resolveInstanceID returns id, or the host name when id is empty.
+// resolveInstanceID returns id, or the host name when id is empty, when it
+// is a safe instance ID (safeInstanceID).
 func resolveInstanceID(id string) (string, error) {
 	if id != "" {
+		if !safeInstanceID(id) {
+			return "", fmt.Errorf("--instance-id %q: %s", id, instanceIDRule)
+		}
 		return id, nil
 	}
 	h, err := os.Hostname()
 	if err != nil {
 		return "", fmt.Errorf("--instance-id not set and no host name: %w", err)
 	}
+	if !safeInstanceID(h) {
+		return "", fmt.Errorf("--instance-id not set and the host name %q is no instance ID (%s): give --instance-id", h, instanceIDRule)
+	}
 	return h, nil
+}
+
+// instanceIDRule is the rule of safeInstanceID, for its errors.
+const instanceIDRule = "an instance ID is 1 to 249 letters a-z and A-Z, digits, '.', '_' or '-', and not . or ..: " +
+	"it goes into the transactional ID <group>-<instance-id> and the state directory <state-dir>/<stage>-<instance-id>"
+
+// safeInstanceID reports whether id keeps to the rule Kafka applies to a
+// group instance ID (as to a topic name): 1 to 249 characters of
+// [a-zA-Z0-9._-], not "." or "..". Such an ID is one file name below
+// --state-dir, never a path that nests or leaves it, and is as plain in
+// the transactional ID <group>-<instance-id>, logs and ACLs.
+func safeInstanceID(id string) bool {
+	if id == "" || len(id) > 249 || id == "." || id == ".." {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // MetricsHostsFlags name the hosts the HTTP server of --metrics-addr
@@ -173,6 +201,44 @@ func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *promet
 	return nil
 }
 
+// stoppedAtStart reports whether err, returned by a stage's start-up after
+// awaitKafka (topic checks, migrations, building the stages), is only the
+// stop the process was asked for: ctx has ended, and err and every error
+// it joins come down to context.Canceled. A signal in those moments then
+// ends the process as a stop at any other time does (status 0, "stage
+// stopped"); an error of its own in the same moment still fails it.
+func stoppedAtStart(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() != nil && onlyCanceled(err)
+}
+
+// onlyCanceled reports whether err is context.Canceled, wrapped or joined
+// with nothing else.
+func onlyCanceled(err error) bool {
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		errs := u.Unwrap()
+		for _, e := range errs {
+			if !onlyCanceled(e) {
+				return false
+			}
+		}
+		return len(errs) > 0
+	case interface{ Unwrap() error }:
+		return err == context.Canceled || onlyCanceled(u.Unwrap())
+	}
+	return err == context.Canceled
+}
+
+// cleanStopAtStart is the deferred check of a stage command's Run, after
+// awaitKafka: an error that is only the stop (stoppedAtStart) becomes the
+// clean exit that runStage gives a stop later on.
+func cleanStopAtStart(ctx context.Context, log *zap.Logger, err *error) {
+	if stoppedAtStart(ctx, *err) {
+		log.Info("stage stopped")
+		*err = nil
+	}
+}
+
 // DedupCmd is `meterline dedup`.
 type DedupCmd struct {
 	StageFlags    `embed:""`
@@ -227,7 +293,7 @@ func (c *DedupCmd) config(g *Globals, log *zap.Logger, reg prometheus.Registerer
 }
 
 // Run runs the dedup stage.
-func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (err error) {
 	reg := service.NewRegistry()
 	cfg, err := c.config(g, log, reg)
 	if err != nil {
@@ -240,6 +306,7 @@ func (c *DedupCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logge
 	if ok, err := g.awaitKafka(ctx, log); !ok {
 		return err
 	}
+	defer cleanStopAtStart(ctx, log, &err)
 	st, err := dedup.New(ctx, cfg)
 	if err != nil {
 		return err
