@@ -17,8 +17,9 @@ type DirLock struct{ f *os.File }
 
 // LockDir creates dir and locks it for one demo run, or says that another
 // demo holds it. It refuses a dir that holds a kafka or state directory
-// with files in it but no lock file: no demo made them (--dir . where
-// the stages keep their state in state/), and the run would delete them.
+// with files in it but no lock file or demo.log: no demo made them (--dir
+// . where the stages keep their state in state/), and the run would
+// delete them.
 func LockDir(dir string) (*DirLock, error) {
 	if err := refuseOthersFiles(dir); err != nil {
 		return nil, err
@@ -43,17 +44,20 @@ func LockDir(dir string) (*DirLock, error) {
 // Close releases the directory.
 func (l *DirLock) Close() error { return l.f.Close() }
 
-// refuseOthersFiles returns an error when dir has no lock file, so no
-// demo ran in it, yet one of the directories a run empties (startBroker)
-// has files in it.
+// refuseOthersFiles returns an error when dir has neither a lock file nor
+// a demo.log, so no demo ran in it, yet one of the directories a run
+// empties (startBroker) has files in it. `meterline demo` writes demo.log
+// in every run, those of versions that kept no lock file included.
 func refuseOthersFiles(dir string) error {
-	if _, err := os.Stat(filepath.Join(dir, "lock")); err == nil {
-		return nil
+	for _, mark := range []string{"lock", "demo.log"} {
+		if _, err := os.Stat(filepath.Join(dir, mark)); err == nil {
+			return nil
+		}
 	}
 	for _, sub := range emptiedDirs {
 		path := filepath.Join(dir, sub)
 		if entries, err := os.ReadDir(path); err == nil && len(entries) > 0 {
-			return fmt.Errorf("demo: %s holds files no meterline demo made (%s has no demo lock file), and a demo empties its %s directories "+
+			return fmt.Errorf("demo: %s holds files no meterline demo made (%s has no demo lock file or demo.log), and a demo empties its %s directories "+
 				"at start: give the demo a --dir of its own", path, dir, strings.Join(emptiedDirs, " and "))
 		}
 	}

@@ -87,3 +87,24 @@ func TestDemoRefusesADirItDidNotMake(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestDemoTakesADirAnEarlierDemoMade: a demo run before demos kept a lock
+// file in their --dir (the default ./meterline-demo of the README) left
+// kafka/ and state/ with files and its demo.log, but no lock file. Run
+// again there, the demo's own directory is not one "no demo made".
+func TestDemoTakesADirAnEarlierDemoMade(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"demo.log", filepath.Join("kafka", "meta.dat"), filepath.Join("state", "meterline-dedup", "MANIFEST-000001")} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := LockDir(dir)
+	if err != nil {
+		t.Fatalf("a directory an earlier demo made (its demo.log, no lock file): %v", err)
+	}
+	l.Close()
+}
