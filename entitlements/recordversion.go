@@ -12,8 +12,8 @@ import (
 // its partition and offset, written "3/1842". `entitlements get` prints
 // the version of the record it shows; `set` with that version in the
 // document (or `delete --expect-version`) writes only while the record
-// is still the customer's latest (docs/entitlements.md, Concurrent
-// writers).
+// is still the customer's latest (docs/entitlements.md, Two writers of
+// one record).
 type RecordVersion struct {
 	Partition int32
 	Offset    int64

@@ -30,7 +30,7 @@ import (
 // EntitlementsCmd is `meterline entitlements`: it reads and writes the
 // records of usage.entitlements (docs/entitlements.md).
 type EntitlementsCmd struct {
-	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document."`
+	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document; one with the version get prints is written only while that record is still the customer's latest."`
 	Get        EntitlementsGetCmd        `cmd:"" help:"Print a customer's entitlements, the default plan (--default) or the rate card (--rates)."`
 	List       EntitlementsListCmd       `cmd:"" help:"Print the entitlements of every customer that has a record."`
 	Delete     EntitlementsDeleteCmd     `cmd:"" help:"Delete a customer's entitlements: from when the broker accepts the delete, the default plan applies to its events. Refused for a customer with no record (--force writes it anyway)."`
@@ -465,8 +465,8 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 	}
 	defer cl.Close()
 	// The version is checked only once this producer has its epoch of the
-	// transactional ID (InitProducerID, which franz-go otherwise sends
-	// with the first record). The InitProducerID of a writer with the same
+	// transactional ID (InitProducerID: franz-go sends it in
+	// BeginTransaction at the latest; ProducerID says so here). The InitProducerID of a writer with the same
 	// ID (the default, meterline-entitlements) returns only when the
 	// transaction of the writer before it is committed or aborted, and
 	// fences that writer: its records and commit are refused from then on.

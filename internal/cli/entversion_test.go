@@ -46,6 +46,10 @@ func testSetStaleVersion(t *testing.T, brokers []string) {
 		t.Errorf("get acme after both sets: grants %v, want topup-a and not topup-b\n%s", g, now)
 	}
 
+	if _, list, _ := ent("", "list"); !strings.Contains(list, "version: "+getVersion(t, now)+"\n") {
+		t.Errorf("list: no version %s\n%s", getVersion(t, now), list)
+	}
+
 	// delete: refused with a stale version, written with the current one.
 	if code, out, errOut := ent("", "delete", "acme", "--expect-version", version); code != 1 ||
 		!strings.Contains(errOut, "acme changed since you read it (version "+version+", now "+getVersion(t, now)+")") || count() != before {
