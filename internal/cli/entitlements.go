@@ -466,19 +466,22 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 	defer cl.Close()
 	// The version is checked only once this producer has its epoch of the
 	// transactional ID (InitProducerID: franz-go sends it in
-	// BeginTransaction at the latest; ProducerID says so here). The InitProducerID of a writer with the same
-	// ID (the default, meterline-entitlements) returns only when the
-	// transaction of the writer before it is committed or aborted, and
-	// fences that writer: its records and commit are refused from then on.
-	// So a writer that initialised before this one either committed
-	// before this one's InitProducerID returned, and the read below
-	// (read_committed, to the end) sees its record and refuses a stale
-	// version, or it is fenced and writes nothing; one that initialises
-	// after this one fences it, and this write fails with nothing written.
+	// BeginTransaction at the latest; ProducerID makes it explicit). The
+	// InitProducerID of a writer with the same ID (the default,
+	// meterline-entitlements) returns only when the transaction of the
+	// writer before it is committed or aborted, and fences that writer:
+	// its records and commit are refused from then on. So a writer that
+	// initialised before this one either committed before this one's
+	// InitProducerID returned, and the read below (read_committed, to the
+	// end) sees its record and refuses a stale version, or it is fenced
+	// and writes nothing; one that initialises after this one and before
+	// its commit fences it, and this write fails with nothing written.
 	// Checked before the init, two writers could both read the same
-	// version and both write. The read comes before the first record:
-	// read_committed, it would wait on this producer's own open
-	// transaction.
+	// version and both write (TestEntitlementsVersionCheckThenFenced). The
+	// read comes before the first record: read_committed, it would wait on
+	// this producer's own open transaction. Writers with another
+	// transactional ID are not fenced (docs/entitlements.md, Two writers
+	// of one record).
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return notWritten(fmt.Errorf("init producer id: %w", err))
 	}
