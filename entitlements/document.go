@@ -27,7 +27,13 @@ import (
 // (Customer empty).
 type Document struct {
 	Customer string `json:"customer,omitempty"`
-	Plan     string `json:"plan,omitempty"`
+	// Version: the version (RecordVersion) of the customer's record that the
+	// document was read from, printed by get; set writes the document
+	// only while that record is still the customer's latest. Empty: set
+	// writes unconditionally. Checked by Record; the default plan has
+	// none.
+	Version string `json:"version,omitempty"`
+	Plan    string `json:"plan,omitempty"`
 	// EffectiveFrom: from when (arrival time) the record applies; empty:
 	// from when it is written. An earlier time is raised to that.
 	EffectiveFrom string `json:"effective_from,omitempty"`
@@ -213,6 +219,13 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		f.add("customer", "the default plan names no customer (got %q)", clip.To(d.Customer, clip.Echo))
 	case d.Customer != "" && d.Customer != customer:
 		f.add("customer", "%q, but the record is for %q", clip.To(d.Customer, clip.Echo), clip.To(customer, clip.Echo))
+	}
+	switch _, err := ParseRecordVersion(d.Version); {
+	case d.Version == "":
+	case customer == "":
+		f.add("version", "the default plan is written unconditionally: only a customer's record has a version (got %q)", clip.To(d.Version, clip.Echo))
+	case err != nil:
+		f.add("version", "%v", err)
 	}
 	e := &schemas.Entitlements{CustomerID: customer, Plan: d.Plan, Unmetered: d.Unmetered,
 		EffectiveFrom: f.time("effective_from", d.EffectiveFrom), Caps: []schemas.Cap{}, Grants: []schemas.Grant{},

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
@@ -29,7 +30,7 @@ import (
 // EntitlementsCmd is `meterline entitlements`: it reads and writes the
 // records of usage.entitlements (docs/entitlements.md).
 type EntitlementsCmd struct {
-	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document."`
+	Set        EntitlementsSetCmd        `cmd:"" help:"Write a customer's entitlements (plan, caps, credit grants, overdraft) from a YAML document; one with the version get prints is written only while that record is still the customer's latest."`
 	Get        EntitlementsGetCmd        `cmd:"" help:"Print a customer's entitlements, the default plan (--default) or the rate card (--rates)."`
 	List       EntitlementsListCmd       `cmd:"" help:"Print the entitlements of every customer that has a record."`
 	Delete     EntitlementsDeleteCmd     `cmd:"" help:"Delete a customer's entitlements: from when the broker accepts the delete, the default plan applies to its events. Refused for a customer with no record (--force writes it anyway)."`
@@ -84,9 +85,10 @@ type EntitlementsSetRatesCmd struct {
 
 // EntitlementsDeleteCmd is `meterline entitlements delete`.
 type EntitlementsDeleteCmd struct {
-	Customer  string `arg:"" help:"The customer."`
-	Force     bool   `help:"Write the delete although the customer has no record, or its record is deleted already (without it, delete reads the customer's record as get does: it refuses a customer with none, and writes nothing for one deleted already)."`
-	entWriter `embed:""`
+	Customer      string `arg:"" help:"The customer."`
+	Force         bool   `help:"Write the delete although the customer has no record, or its record is deleted already (without it, delete reads the customer's record as get does: it refuses a customer with none, and writes nothing for one deleted already)."`
+	ExpectVersion string `name:"expect-version" help:"Write the delete only if the customer's latest record is still this version (the version get prints, such as 3/1842); else refuse, writing nothing, exit status 1." placeholder:"PARTITION/OFFSET"`
+	entWriter     `embed:""`
 }
 
 // EntitlementsGetCmd is `meterline entitlements get`.
@@ -190,7 +192,7 @@ func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters
 
 // finish validates (the record in hand) and writes, or with --validate
 // only says so.
-func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool, meters entitlements.Meters) error {
+func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool, meters entitlements.Meters, expect *entExpect) error {
 	noteUndeclared(stdio, meters, m)
 	if c.Validate {
 		fmt.Fprintf(stdio.Stdout, "the %s is valid\n", what)
@@ -199,7 +201,7 @@ func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 	if e, ok := m.(*schemas.Entitlements); ok {
 		warnPast(stdio, e.EffectiveFrom)
 	}
-	return c.write(ctx, g, stdio, log, what, key, m, every)
+	return c.write(ctx, g, stdio, log, what, key, m, every, expect)
 }
 
 // Run writes a customer's entitlements.
@@ -225,7 +227,12 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 		return invalidDocument(stdio, "the "+what, err)
 	}
 	noteDefaultOverdraft(stdio, d)
-	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters)
+	var expect *entExpect
+	if d.Version != "" {
+		v, _ := entitlements.ParseRecordVersion(d.Version) // checked by Record
+		expect = &entExpect{version: v, again: "get it again, re-apply your edit, and set it"}
+	}
+	return c.finish(ctx, g, stdio, log, what, schemas.CustomerKey(customer), e, false, meters, expect)
 }
 
 // noteDefaultOverdraft says on stderr that a document without an
@@ -261,7 +268,7 @@ func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio I
 		return invalidDocument(stdio, "the default plan", err)
 	}
 	noteDefaultOverdraft(stdio, d)
-	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true, meters)
+	return c.finish(ctx, g, stdio, log, "default plan", []byte(schemas.DefaultPlanKey), e, true, meters, nil)
 }
 
 // Run writes the rate card.
@@ -290,7 +297,7 @@ func (c *EntitlementsSetRatesCmd) Run(ctx context.Context, g *Globals, stdio IO,
 		}
 		fmt.Fprintln(stdio.Stderr, "note: a version can price only events from when this card is written on; time before that keeps the rates of the card in effect then")
 	}
-	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true, meters)
+	return c.finish(ctx, g, stdio, log, "rate card", []byte(schemas.RateCardKey), card, true, meters, nil)
 }
 
 // noteUndeclared names on stderr the meters of m's caps and rates that the
@@ -346,9 +353,20 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 	if err := checkCustomer(c.Customer); err != nil {
 		return &ExitError{Code: 1, Err: err}
 	}
+	var expect *entExpect
+	if c.ExpectVersion != "" {
+		v, err := entitlements.ParseRecordVersion(c.ExpectVersion)
+		if err != nil {
+			return &ExitError{Code: 2, Err: fmt.Errorf("--expect-version: %w", err)}
+		}
+		expect = &entExpect{version: v, again: "get it again, and delete it with the version get prints if it is still to go"}
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	if !c.Force {
+	// With a version, the check after the producer's InitProducerID
+	// (write) reads the record: the customer's having none, or a delete,
+	// is a change.
+	if !c.Force && expect == nil {
 		latest, n, err := readEntitlements(ctx, g)
 		if err != nil {
 			return err
@@ -363,7 +381,7 @@ func (c *EntitlementsDeleteCmd) Run(ctx context.Context, g *Globals, stdio IO, l
 			return nil
 		}
 	}
-	return c.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false)
+	return c.write(ctx, g, stdio, log, "delete of the entitlements record of "+c.Customer, schemas.CustomerKey(c.Customer), nil, false, expect)
 }
 
 // recordToDelete returns "" and nil when customer has a record that a
@@ -406,8 +424,10 @@ func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer str
 // write produces one record under key: to the key's canonical partition,
 // or with every, to every partition. m nil is a tombstone. The records go
 // in one transaction of an idempotent producer (acks=all): every partition
-// gets the record or none does, and a retry never writes it twice.
-func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool) error {
+// gets the record or none does, and a retry never writes it twice. With
+// expect (a customer's record only), it writes only while the customer's
+// latest record is expect.version (checkVersion).
+func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool, expect *entExpect) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	topic := g.Topic.EntitlementsTopic()
@@ -444,8 +464,37 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 		return notWritten(err)
 	}
 	defer cl.Close()
+	// The version is checked only once this producer has its epoch of the
+	// transactional ID (InitProducerID: franz-go sends it in
+	// BeginTransaction at the latest; ProducerID makes it explicit). The
+	// InitProducerID of a writer with the same ID (the default,
+	// meterline-entitlements) returns only when the transaction of the
+	// writer before it is committed or aborted, and fences that writer:
+	// its records and commit are refused from then on. So a writer that
+	// initialised before this one either committed before this one's
+	// InitProducerID returned, and the read below (read_committed, to the
+	// end) sees its record and refuses a stale version, or it is fenced
+	// and writes nothing; one that initialises after this one and before
+	// its commit fences it, and this write fails with nothing written.
+	// Checked before the init, two writers could both read the same
+	// version and both write (TestEntitlementsVersionCheckThenFenced). The
+	// read comes before the first record: read_committed, it would wait on
+	// this producer's own open transaction. Writers with another
+	// transactional ID are not fenced (docs/entitlements.md, Two writers
+	// of one record).
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		return notWritten(fmt.Errorf("init producer id: %w", err))
+	}
 	if err := cl.BeginTransaction(); err != nil {
 		return notWritten(fmt.Errorf("begin transaction: %w", err))
+	}
+	if expect != nil {
+		if err := checkVersion(ctx, g, key, *expect); err != nil {
+			return err
+		}
+	}
+	if entBeforeProduce != nil {
+		entBeforeProduce()
 	}
 	recs := make([]*kgo.Record, len(parts))
 	for i, p := range parts {
@@ -468,6 +517,10 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 		// No record was written, so none can be committed: aborted, or
 		// left open for the coordinator to abort at the transaction
 		// timeout.
+		if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
+			return fmt.Errorf("write the %s to %s: %w (nothing was written): a writer with the same transactional ID (%s) started after this one and fenced it; see what it wrote with `%s` before writing again",
+				what, topic, perr, c.TransactionalID, checkCommand(key))
+		}
 		return fmt.Errorf("write the %s to %s: %w (nothing was written)", what, topic, perr)
 	}
 	for _, r := range res {
@@ -485,6 +538,54 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 	// is not.
 	fmt.Fprintln(stdio.Stderr, entitlementsOffHint)
 	return nil
+}
+
+// entExpect is the condition of a conditional write: the version of the
+// customer's record that the writer read, and what to tell it to do when
+// the record changed since.
+type entExpect struct {
+	version entitlements.RecordVersion
+	again   string
+}
+
+// entBeforeProduce, when not nil, is called by write after the version
+// check and before the record is produced: tests start another writer
+// there.
+var entBeforeProduce func()
+
+// versionOf is the version of a record: its partition and offset. It is
+// the record get shows, as readEntitlements keeps it: a copy of the
+// aggregator's that DecideRecord skips (a restated record, a misrouted
+// record re-produced again) does not change it; one it applies (a
+// misrouted record moved to the customer's partition) is a new version.
+func versionOf(r entRecord) entitlements.RecordVersion {
+	return entitlements.RecordVersion{Partition: r.partition, Offset: r.offset}
+}
+
+// checkVersion returns nil when the latest record of the customer of key
+// on its partition, read as get reads it, is expect.version; else an
+// error, exit status 1, that says what it is now: another version, a
+// delete, or none.
+func checkVersion(ctx context.Context, g *Globals, key []byte, expect entExpect) error {
+	latest, n, err := readEntitlements(ctx, g)
+	if err != nil {
+		return fmt.Errorf("read the record to check its version %s: %w (nothing was written)", expect.version, err)
+	}
+	customer, _ := schemas.ParseCustomerKey(key)
+	r, ok := latest[string(key)][schemas.Partition(key, n)]
+	var now string
+	switch {
+	case ok && versionOf(r) == expect.version:
+		return nil
+	case !ok:
+		now = "none: it has no record"
+	case r.value == nil:
+		now = fmt.Sprintf("%s, a delete written at %s", versionOf(r), entitlements.FormatTime(r.written))
+	default:
+		now = versionOf(r).String()
+	}
+	return &ExitError{Code: 1, Err: fmt.Errorf("%s changed since you read it (version %s, now %s): nothing was written; %s",
+		clip.To(customer, clip.Echo), expect.version, now, expect.again)}
 }
 
 // checkCommand is the command that shows the record under key.
@@ -569,6 +670,9 @@ func scheduledNote(r entRecord, now int64, fallback string) string {
 // after who (a customer's name and ": ", or "").
 func entDocument(stdio IO, who string, r entRecord) *entitlements.Document {
 	d := entitlements.DocumentOf(r.rec.Entitlements, r.written)
+	if r.rec.Key.Reserved == "" {
+		d.Version = versionOf(r).String()
+	}
 	if n := len(r.versions); n > 0 {
 		from := r.versions[n-1].from
 		d.AppliesFrom = entitlements.FormatTime(from)
