@@ -13,6 +13,8 @@ import (
 
 	"github.com/theory/jsonpath"
 	"sigs.k8s.io/yaml"
+
+	"github.com/meterline/meterline/internal/yamlbound"
 )
 
 // Aggregation is how a meter's events combine within a period.
@@ -151,6 +153,9 @@ type metersFile struct {
 //
 // Unknown keys are an error. Every problem is reported at once.
 func ParseMeters(b []byte) (*Catalog, error) {
+	if err := yamlbound.Check(b); err != nil {
+		return nil, fmt.Errorf("meters: %w", err)
+	}
 	var f metersFile
 	if err := yaml.UnmarshalStrict(b, &f); err != nil {
 		return nil, fmt.Errorf("meters: %w", err)

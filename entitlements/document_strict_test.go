@@ -2,7 +2,9 @@ package entitlements
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +104,42 @@ func TestDocumentErrorsAreBounded(t *testing.T) {
 	}
 	if err == nil || len(err.Error()) > 2000 {
 		t.Errorf("rate card error of %d bytes", len(err.Error()))
+	}
+}
+
+// TestDocumentAliasesAreBounded: a scalar named by many aliases is refused
+// once the text the document expands to passes maxDocText, rather than
+// converted: 64 KiB named 1,000 times, a 70 KB document within the node
+// budget, allocated 250 to 400 MiB (5 GiB at 10,000 aliases).
+func TestDocumentAliasesAreBounded(t *testing.T) {
+	big := strings.Repeat("z", 64<<10)
+	var rates, grants strings.Builder
+	rates.WriteString("versions: [&v {effective_from: \"" + big + "\", rates: {}}")
+	grants.WriteString("customer: acme\ngrants: {g: &g {amount: 1, expires_at: \"" + big + "\"}")
+	for i := range 1000 {
+		rates.WriteString(", *v")
+		fmt.Fprintf(&grants, ", g%d: *g", i)
+	}
+	rates.WriteString("]\n")
+	grants.WriteString("}\n")
+	for _, c := range []struct {
+		name  string
+		parse func([]byte) error
+		doc   string
+	}{
+		{"rates", func(b []byte) error { _, err := ParseRatesDocument(b); return err }, rates.String()},
+		{"grants", func(b []byte) error { _, err := ParseDocument(b); return err }, grants.String()},
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		err := c.parse([]byte(c.doc))
+		runtime.ReadMemStats(&after)
+		if err == nil || !strings.Contains(err.Error(), "expands to more than 16 MiB of text") {
+			t.Errorf("%s: a document of %d bytes expanding to %d MiB: %v, want it refused", c.name, len(c.doc), 1000*len(big)>>20, err)
+		}
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 32<<20 {
+			t.Errorf("%s: a document of %d bytes allocated %d MiB", c.name, len(c.doc), alloc>>20)
+		}
 	}
 }
 

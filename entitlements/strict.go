@@ -15,10 +15,15 @@ import (
 )
 
 // Limits of decodeStrict: the nodes one document may expand to (aliases
-// included; a rate card at its limits has about 40,000), how deep they
-// nest, and how many problems it names before it stops.
+// included; a rate card at its limits has about 40,000), the text of its
+// keys and scalars, aliases expanded (as much as the 16 MiB document
+// `entitlements set` reads holds without aliases: a scalar of 64 KiB
+// named by 10,000 aliases, a 100 KB document, was 640 MiB of text and
+// took gigabytes to convert), how deep they nest, and how many problems
+// it names before it stops.
 const (
 	maxDocNodes  = 1 << 20
+	maxDocText   = 16 << 20
 	maxDocDepth  = 64
 	maxDocErrors = 20
 )
@@ -55,7 +60,7 @@ func decodeStrict(b []byte, v any) error {
 	case !errors.Is(err, io.EOF):
 		return err
 	}
-	s := strictDoc{budget: maxDocNodes}
+	s := strictDoc{nodes: maxDocNodes, text: maxDocText}
 	tree := s.value(&doc, reflect.TypeOf(v).Elem(), "", 0)
 	if err := s.err(); err != nil {
 		return err
@@ -72,9 +77,29 @@ func decodeStrict(b []byte, v any) error {
 // strictDoc converts a YAML node tree to the JSON-able tree of a Go type,
 // collecting the problems it finds.
 type strictDoc struct {
-	budget  int
-	errs    fieldErrs
-	dropped int
+	nodes, text int // what is left of maxDocNodes and maxDocText
+	spent       bool
+	errs        fieldErrs
+	dropped     int
+}
+
+// spend charges nodes and text bytes at path to the budgets: false once
+// either is spent, named the first time.
+func (s *strictDoc) spend(path string, nodes, text int) bool {
+	s.nodes -= nodes
+	s.text -= text
+	if s.nodes >= 0 && s.text >= 0 {
+		return true
+	}
+	if !s.spent {
+		s.spent = true
+		if s.nodes < 0 {
+			s.add(path, "the document expands to more than %d nodes", maxDocNodes)
+		} else {
+			s.add(path, "the document expands to more than %d MiB of text", maxDocText>>20)
+		}
+	}
+	return false
 }
 
 func (s *strictDoc) add(path, format string, args ...any) {
@@ -108,10 +133,7 @@ var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 // value returns the JSON-able form of n for a value of type t at path: a
 // map for a struct or a map, a slice, a string, a bool or nil.
 func (s *strictDoc) value(n *yaml.Node, t reflect.Type, path string, depth int) any {
-	if s.budget--; s.budget < 0 {
-		if s.budget == -1 {
-			s.add(path, "the document expands to more than %d nodes", maxDocNodes)
-		}
+	if !s.spend(path, 1, len(n.Value)) {
 		return nil
 	}
 	if depth > maxDocDepth {
@@ -194,6 +216,9 @@ func (s *strictDoc) mapping(n *yaml.Node, t reflect.Type, path string, depth int
 		case k.Tag == "!!merge":
 			s.add(path, "merge keys (<<) are not supported (line %d): write the fields out, or quote a name \"<<\"", k.Line)
 			continue
+		}
+		if !s.spend(path, 0, len(k.Value)) {
+			return nil
 		}
 		name, at := k.Value, join(path, clip.To(k.Value, clip.Echo))
 		if l, dup := lines[name]; dup {

@@ -34,6 +34,7 @@ import (
 	"github.com/meterline/meterline/internal/secret"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/internal/yamlbound"
 	"github.com/meterline/meterline/sink"
 )
 
@@ -108,6 +109,9 @@ func yamlLoader(r io.Reader) (kong.Resolver, error) {
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return nil, err
+	}
+	if err := yamlbound.Check(b); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	j, err := yaml.YAMLToJSON(b)
 	if err != nil {

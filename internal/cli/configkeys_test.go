@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -79,5 +80,26 @@ func TestSharedConfigMeansTheSameToEach(t *testing.T) {
 	}
 	if r := parseCLI(t, "run", "--config", p).Run; !r.Ingest || r.IngestFlags.Addr != "127.0.0.1:9999" {
 		t.Errorf("run with a shared config: ingest %v at %q, want on at 127.0.0.1:9999", r.Ingest, r.IngestFlags.Addr)
+	}
+}
+
+// TestConfigAliasesAreBounded: a --config file whose aliases name a long
+// scalar many times is refused before it is converted to JSON, which
+// writes the scalar once per alias (a 105 KB file took 11 s and 5 GB).
+func TestConfigAliasesAreBounded(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	body := "log_level: &l \"" + strings.Repeat("z", 64<<10) + "\"\nx: [" + strings.Repeat("*l, ", 1000) + "*l]\n"
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	code, _, errOut := run(t, "", "version", "--config", p)
+	runtime.ReadMemStats(&after)
+	if code != 2 || !strings.Contains(errOut, "expands to more than 16 MiB of text") {
+		t.Errorf("a config file expanding to 62 MiB: exit %d, want 2 saying so:\n%.300s", code, errOut)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 32<<20 {
+		t.Errorf("a config file of %d bytes allocated %d MiB", len(body), alloc>>20)
 	}
 }

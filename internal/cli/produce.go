@@ -140,12 +140,19 @@ type inputLine struct {
 type chunk struct {
 	first int64 // line number of lines[0]
 	lines []inputLine
+	size  int           // bytes of lines
 	recs  []*kgo.Record // nil entry: the line was bad or empty
 	errs  []error
 	done  chan struct{}
 }
 
-const chunkLines = 512
+// A chunk is handed to the encoders at chunkLines lines, or once its
+// lines hold chunkBytes: the chunks queued for them (about twice
+// GOMAXPROCS) then hold megabytes, not 512 lines of maxLineBytes each.
+const (
+	chunkLines = 512
+	chunkBytes = 1 << 20
+)
 
 // Produce reads NDJSON events from in and sends them with p, in input
 // order. Lines are parsed and validated on several goroutines; records are
@@ -285,10 +292,11 @@ func (r *produceRun) read(ctx context.Context, in io.Reader, jobs, ordered chan<
 		if err == nil || errors.Is(err, errLineTooLong) {
 			line++
 			cur.lines = append(cur.lines, inputLine{b: bytes.Clone(b), tooLong: errors.Is(err, errLineTooLong)})
+			cur.size += len(b)
 			// A full chunk goes to the encoders; so does a partial one
 			// when no more input is waiting (a slow stream, `tail -f |`):
 			// its lines are sent now, not once 512 have arrived.
-			if len(cur.lines) == chunkLines || br.Buffered() == 0 {
+			if len(cur.lines) == chunkLines || cur.size >= chunkBytes || br.Buffered() == 0 {
 				flush()
 			}
 		}
