@@ -77,7 +77,7 @@ type SinkRunCmd struct {
 }
 
 // Run runs the sink.
-func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) error {
+func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger) (err error) {
 	reg := service.NewRegistry()
 	cfg, err := c.config(g, c.InstanceID, c.SessionTimeout, c.RebalanceTimeout, c.TransactionTimeout, log, reg)
 	if err != nil {
@@ -87,6 +87,7 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 		fmt.Fprintln(stdio.Stdout, "configuration ok")
 		return nil
 	}
+	defer cleanStopAtStart(ctx, log, &err)
 	if _, err := g.connectKafka(ctx); err != nil {
 		return err
 	}

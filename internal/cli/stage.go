@@ -202,9 +202,10 @@ func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *promet
 }
 
 // stoppedAtStart reports whether err, returned by a stage's start-up after
-// awaitKafka (topic checks, migrations, building the stages), is only the
-// stop the process was asked for: ctx has ended, and err and every error
-// it joins come down to context.Canceled. A signal in those moments then
+// awaitKafka or connectKafka (topic checks, ClickHouse's login check,
+// migrations, building the stages), is only the stop the process was
+// asked for: ctx has ended, and err and every error it joins come down
+// to context.Canceled. A signal in those moments then
 // ends the process as a stop at any other time does (status 0, "stage
 // stopped"); an error of its own in the same moment still fails it.
 func stoppedAtStart(ctx context.Context, err error) bool {
@@ -229,9 +230,10 @@ func onlyCanceled(err error) bool {
 	return err == context.Canceled
 }
 
-// cleanStopAtStart is the deferred check of a stage command's Run, after
-// awaitKafka: an error that is only the stop (stoppedAtStart) becomes the
-// clean exit that runStage gives a stop later on.
+// cleanStopAtStart is the deferred check of a stage command's Run, from
+// awaitKafka on (the sink's from connectKafka on): an error that is only
+// the stop (stoppedAtStart) becomes the clean exit that runStage gives a
+// stop later on.
 func cleanStopAtStart(ctx context.Context, log *zap.Logger, err *error) {
 	if stoppedAtStart(ctx, *err) {
 		log.Info("stage stopped")
