@@ -433,11 +433,18 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 	}
 	b := &e.bal
 	if !b.active {
-		now := pt.brokerNow()
-		if len(e.pendingAt) == 0 || now < b.roundAt+max(pt.pr.cfg.BalanceInterval.Milliseconds(), 0) {
+		// The interval is past by the partition's broker time, or by the
+		// broker times read from its entitlements partition since the
+		// last emission started: after a broker clock that jumped ahead
+		// and stepped back, the partition's broker time stays where the
+		// jump took it, while the ticks appended since move on from the
+		// earlier time (TestBalancesAfterBrokerClockJumpedBack).
+		now, iv := pt.brokerNow(), max(pt.pr.cfg.BalanceInterval.Milliseconds(), 0)
+		if len(e.pendingAt) == 0 || now < b.roundAt+iv && e.lastRead < e.roundRead+iv {
 			return nil
 		}
 		b.active, b.roundAt, b.cursor = true, now, ""
+		e.roundRead = e.lastRead
 	}
 	// The next customers after the cursor, in key order (pendingOrder:
 	// the pending set, loaded with the partition, kept with its keys),

@@ -148,6 +148,13 @@ type entPart struct {
 	// bal is the emission of balances, as the committed state and the
 	// open transaction have it.
 	bal balanceState
+	// lastRead is the broker time of the latest record read from the
+	// entitlements partition, as stamped (a broker clock that stepped
+	// back puts it behind readTo); roundRead is lastRead when the last
+	// emission of the pending customers started, lowered to any earlier
+	// one read since (roundChunk). Both only decide when an emission
+	// starts; at load they are readTo and bal.roundAt.
+	lastRead, roundRead int64
 	// pendingAt holds the pending customers, as the committed state and
 	// the open transaction have them (read at load: a scan of the pending
 	// keys only), with the latest broker time of their changes (the state
@@ -481,6 +488,7 @@ func (pt *partition) loadEnt(st stateReader) error {
 			return fmt.Errorf("%w (partition %d)", err, pt.p)
 		}
 	}
+	e.lastRead, e.roundRead = e.readTo, e.bal.roundAt
 	// The pending customers: at most those changed in the last
 	// BalanceInterval, and those an emission in chunks has not reached.
 	if err := st.Scan([]byte{pfxBalancePending}, []byte{pfxBalancePending + 1}, func(k, v []byte) error {

@@ -112,6 +112,7 @@ func (pt *partition) entRecords(tx *stream.Tx, recs []*kgo.Record) error {
 		if err := l.Advance(pt.ledger(tx), written); err != nil {
 			return err
 		}
+		pt.ent.lastRead, pt.ent.roundRead = written, min(pt.ent.roundRead, written)
 	}
 	pt.ent.restates.emit(tx)
 	rt, err := l.ReadTo(pt.ledger(tx))
