@@ -209,11 +209,24 @@ func ParseMeters(b []byte) (*Catalog, error) {
 	return c, nil
 }
 
-// LoadMeters reads a meters file.
+// maxMetersBytes bounds a meters file: as much text as its aliases may
+// expand to (yamlbound.MaxText), far more than a catalog of thousands of
+// meters takes.
+const maxMetersBytes = yamlbound.MaxText
+
+// LoadMeters reads a meters file, refusing one larger than maxMetersBytes.
 func LoadMeters(path string) (*Catalog, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("meters: %w", err)
+	}
+	defer f.Close()
+	b, err := yamlbound.ReadAll(f, maxMetersBytes)
+	if tl := (*yamlbound.TooLargeError)(nil); errors.As(err, &tl) {
+		return nil, fmt.Errorf("meters: %s: the file is %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("meters: %s: %w", path, err)
 	}
 	return ParseMeters(b)
 }

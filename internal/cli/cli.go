@@ -105,10 +105,23 @@ type ExitError struct {
 func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
 
+// maxConfigBytes bounds the --config file: a file of flag values takes a
+// few KB, and /dev/zero, or a multi-GB file given by mistake, would
+// otherwise be read whole into memory.
+const maxConfigBytes = 1 << 20
+
 func yamlLoader(r io.Reader) (kong.Resolver, error) {
-	b, err := io.ReadAll(r)
+	b, err := yamlbound.ReadAll(r, maxConfigBytes)
 	if err != nil {
-		return nil, err
+		// kong opens the file and passes it on: name it, with the flag.
+		name := "--config"
+		if f, ok := r.(interface{ Name() string }); ok {
+			name += " " + f.Name()
+		}
+		if tl := (*yamlbound.TooLargeError)(nil); errors.As(err, &tl) {
+			return nil, fmt.Errorf("%s: the file is %w", name, err)
+		}
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if err := yamlbound.Check(b); err != nil {
 		return nil, fmt.Errorf("config: %w", err)

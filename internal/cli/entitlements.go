@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"sort"
@@ -24,6 +23,7 @@ import (
 	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
+	"github.com/meterline/meterline/internal/yamlbound"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -134,9 +134,9 @@ func (c *entWrite) read(stdio IO) ([]byte, error) {
 		defer f.Close()
 		r, name = f, c.File
 	}
-	b, err := io.ReadAll(io.LimitReader(r, maxDocumentBytes+1))
-	if err == nil && len(b) > maxDocumentBytes {
-		err = fmt.Errorf("the document on %s is larger than %d MiB", name, maxDocumentBytes>>20)
+	b, err := yamlbound.ReadAll(r, maxDocumentBytes)
+	if tl := (*yamlbound.TooLargeError)(nil); errors.As(err, &tl) {
+		err = fmt.Errorf("the document on %s is %w", name, err)
 	}
 	return b, err
 }

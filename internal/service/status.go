@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -610,6 +611,10 @@ func (m metricIndex) joinLag(stages []StageStatus, rows []LagRow, exported bool)
 		if sg.Group == "" {
 			continue
 		}
+		byPartition := make(map[int32]*PartitionStatus, len(sg.Partitions))
+		for j := range sg.Partitions {
+			byPartition[sg.Partitions[j].Partition] = &sg.Partitions[j]
+		}
 		var recs, secs float64
 		found := false
 		for _, r := range rows {
@@ -624,11 +629,9 @@ func (m metricIndex) joinLag(stages []StageStatus, rows []LagRow, exported bool)
 			if r.Topic != sg.Input {
 				continue
 			}
-			for j := range sg.Partitions {
-				if p := &sg.Partitions[j]; p.Partition == r.Partition {
-					p.LagRecords = ptr(r.Records)
-					p.LagSeconds = r.Seconds
-				}
+			if p := byPartition[r.Partition]; p != nil {
+				p.LagRecords = ptr(r.Records)
+				p.LagSeconds = r.Seconds
 			}
 		}
 		if found {
@@ -686,6 +689,8 @@ func fmtStageState(sg StageStatus) string {
 	return "running"
 }
 
+// fmtPartitions lists the partitions a stage owns, the first
+// statusListMax of them when it owns more.
 func fmtPartitions(sg StageStatus) string {
 	if sg.Partitions == nil {
 		return "n/a"
@@ -693,14 +698,18 @@ func fmtPartitions(sg StageStatus) string {
 	if len(sg.Partitions) == 0 {
 		return "none"
 	}
-	s := ""
+	var b strings.Builder
 	for i, p := range sg.Partitions {
-		if i > 0 {
-			s += ", "
+		if i == statusListMax {
+			fmt.Fprintf(&b, ", … %d more", len(sg.Partitions)-i)
+			break
 		}
-		s += fmt.Sprint(p.Partition)
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Itoa(int(p.Partition)))
 	}
-	return s
+	return b.String()
 }
 
 func stateClass(sg StageStatus) string {
@@ -713,17 +722,127 @@ func stateClass(sg StageStatus) string {
 	return "ok"
 }
 
+// ---------------------------------------------------------------- bounds
+
+// The page stays small however many partitions a process has: a browser
+// opens it at once on a deployment of thousands of partitions too, during
+// an incident as well. Each list of partitions (a stage's partitions, its
+// standbys, the consumer lag) shows every row up to statusRowsMax rows;
+// beyond, a summary and the statusRowsMax rows most in trouble, worst
+// first. /status.json lists every row.
+const (
+	statusRowsMax = 50
+	statusListMax = 64 // partition numbers in a stage's row
+)
+
+// shown is the part of a list the page shows: Rows, of Total.
+type shown[T any] struct {
+	Rows  []T
+	Total int
+}
+
+// Cut reports whether the page shows fewer rows than there are.
+func (s shown[T]) Cut() bool { return len(s.Rows) < s.Total }
+
+// worstFirst returns all when it has at most statusRowsMax rows, in its
+// order; otherwise the statusRowsMax first rows by worse.
+func worstFirst[T any](all []T, worse func(a, b T) int) shown[T] {
+	if len(all) <= statusRowsMax {
+		return shown[T]{Rows: all, Total: len(all)}
+	}
+	rows := slices.Clone(all)
+	slices.SortStableFunc(rows, worse)
+	return shown[T]{Rows: rows[:statusRowsMax], Total: len(all)}
+}
+
+// desc orders optional values largest first, unknown (nil) last.
+func desc[T cmp.Ordered](a, b *T) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return 1
+	case b == nil:
+		return -1
+	}
+	return cmp.Compare(*b, *a)
+}
+
+// partitionView is a stage's partitions as the page shows them, with
+// their counts by state.
+type partitionView struct {
+	shown[PartitionStatus]
+	Processing, Restoring int
+	// Behind counts the partitions with records left to consume.
+	Behind int
+}
+
+// worsePartition orders partitions most in trouble first: restoring
+// (most changelog left to replay first), then most seconds behind, then
+// most records behind.
+func worsePartition(a, b PartitionStatus) int {
+	ar, br := a.State == PartitionRestoring, b.State == PartitionRestoring
+	switch {
+	case ar && !br:
+		return -1
+	case br && !ar:
+		return 1
+	}
+	return cmp.Or(desc(a.RestoreRemaining, b.RestoreRemaining), desc(a.LagSeconds, b.LagSeconds),
+		desc(a.LagRecords, b.LagRecords), cmp.Compare(a.Partition, b.Partition))
+}
+
+func viewPartitions(sg StageStatus) partitionView {
+	v := partitionView{shown: worstFirst(sg.Partitions, worsePartition)}
+	for _, p := range sg.Partitions {
+		if p.State == PartitionRestoring {
+			v.Restoring++
+		} else {
+			v.Processing++
+		}
+		if p.LagRecords != nil && *p.LagRecords > 0 {
+			v.Behind++
+		}
+	}
+	return v
+}
+
+// viewStandbys: the standby copies most behind first, those whose lag is
+// not known (not started, or the tail failing) before all.
+func viewStandbys(sbs []StandbyStatus) shown[StandbyStatus] {
+	return worstFirst(sbs, func(a, b StandbyStatus) int {
+		if (a.LagRecords == nil) != (b.LagRecords == nil) {
+			if a.LagRecords == nil {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(desc(a.LagRecords, b.LagRecords), cmp.Compare(a.Partition, b.Partition))
+	})
+}
+
+// viewLag: the rows most seconds behind first, then most records behind.
+func viewLag(rows []LagRow) shown[LagRow] {
+	return worstFirst(rows, func(a, b LagRow) int {
+		return cmp.Or(desc(a.Seconds, b.Seconds), cmp.Compare(b.Records, a.Records))
+	})
+}
+
 //go:embed status.html
 var statusHTML string
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
-	"count":      fmtCount,
-	"optCount":   fmtOptCount,
-	"rate":       fmtRate,
-	"seconds":    fmtSeconds,
-	"remaining":  fmtRemaining,
-	"stageState": fmtStageState,
-	"stateClass": stateClass,
-	"partitions": fmtPartitions,
-	"listed":     func(sg StageStatus) bool { return sg.Partitions != nil },
+	"count":       fmtCount,
+	"optCount":    fmtOptCount,
+	"rate":        fmtRate,
+	"seconds":     fmtSeconds,
+	"remaining":   fmtRemaining,
+	"stageState":  fmtStageState,
+	"stateClass":  stateClass,
+	"partitions":  fmtPartitions,
+	"listed":      func(sg StageStatus) bool { return sg.Partitions != nil },
+	"partView":    viewPartitions,
+	"standbyView": viewStandbys,
+	"lagView":     viewLag,
+	"rowsMax":     func() int { return statusRowsMax },
 }).Parse(statusHTML))

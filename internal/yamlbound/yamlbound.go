@@ -3,12 +3,14 @@
 // (the meters file, --config) converts a document to JSON, writing an
 // aliased value once per alias: yaml.v2 limits the share of aliases, not
 // the text they name, so a 105 KB file (a 64 KiB scalar named by 10,000
-// aliases) took 11 to 14 s and 5 to 6 GB to load.
+// aliases) took 11 to 14 s and 5 to 6 GB to load. ReadAll bounds the
+// file itself: a multi-GB file, or /dev/zero, given by mistake.
 package yamlbound
 
 import (
 	"bytes"
 	"fmt"
+	"io"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -62,4 +64,30 @@ func (w *walker) walk(n *yaml.Node) error {
 		}
 	}
 	return nil
+}
+
+// TooLargeError is ReadAll's error for a file longer than its limit; its
+// text, "larger than 1 MiB", follows the file's name: "the file is ".
+type TooLargeError struct {
+	Limit int // bytes
+}
+
+func (e *TooLargeError) Error() string {
+	if e.Limit >= 1<<20 && e.Limit%(1<<20) == 0 {
+		return fmt.Sprintf("larger than %d MiB", e.Limit>>20)
+	}
+	return fmt.Sprintf("larger than %d bytes", e.Limit)
+}
+
+// ReadAll reads r to its end, as io.ReadAll, unless it holds more than
+// limit bytes: it then returns a *TooLargeError, having read limit+1
+// bytes, whatever r is (/dev/zero, which never ends, too). A document cut
+// at the limit could parse as another, shorter one, so it is refused
+// rather than cut.
+func ReadAll(r io.Reader, limit int) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err == nil && len(b) > limit {
+		return nil, &TooLargeError{Limit: limit}
+	}
+	return b, err
 }

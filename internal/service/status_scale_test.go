@@ -1,0 +1,97 @@
+package service
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meterline/meterline/internal/testenv"
+)
+
+// TestStatusPageAtScale: a stage owning 10,000 partitions, each with its
+// lag and a standby copy, gives a page of bounded size that a browser
+// opens at once, during an incident too: a summary of the stage's
+// partitions, then the ones most in trouble, worst first (restoring, then
+// most seconds behind), and the same for standbys and the consumer lag.
+// /status.json still lists every partition.
+func TestStatusPageAtScale(t *testing.T) {
+	const n, maxPage = 10000, 512 << 10
+	reg := prometheus.NewRegistry()
+	m := newFakeStages(reg, true)
+	s, _ := newTestServer(t, reg)
+	st := &standbyStage{fakeStage: fakeStage{stage: "dedup", group: "g", instance: "n1", input: "usage.events", joined: true}}
+	for p := range n {
+		fp := fakePartition{p: int32(p), remaining: -1, kind: "tail", reason: "within_horizon"}
+		switch p {
+		case 4242:
+			fp.restoring, fp.remaining = true, 100
+		case 9001:
+			fp.restoring, fp.remaining = true, 5000
+		}
+		st.parts = append(st.parts, fp)
+		st.standbys = append(st.standbys, [3]int64{int64(p), 1000, int64(p % 7)})
+		recs, secs := float64(p%10), float64(p%10)/10
+		switch p {
+		case 7777:
+			recs, secs = 50, 600
+		case 1234:
+			recs, secs = 20, 300
+		}
+		m.lagRecs.WithLabelValues("g", "usage.events", itoa(p)).Set(recs)
+		m.lagSecs.WithLabelValues("g", "usage.events", itoa(p)).Set(secs)
+	}
+	st.standbys[3333][2] = 1e6
+	s.AddStatus(func() StageStatus { return StageStatusOf(st) })
+
+	code, body := get(t, s, "/")
+	if code != 200 {
+		t.Fatalf("GET / = %d", code)
+	}
+	t.Logf("page at %d partitions: %d bytes", n, len(body))
+	if len(body) > maxPage {
+		t.Errorf("page at %d partitions: %d bytes, want at most %d", n, len(body), maxPage)
+	}
+	v := testenv.PageValues(body)
+	testenv.ExpectPageValue(t, v, "stage/dedup/owned", "10000")
+	testenv.ExpectPageValue(t, v, "stage/dedup/restoring", "2")
+	testenv.ExpectPageValue(t, v, "parts/dedup/processing", "9998")
+	testenv.ExpectPageValue(t, v, "parts/dedup/behind", fmt.Sprint(n-n/10)) // every partition but those with p%10 == 0
+	testenv.ExpectPageValue(t, v, "parts/dedup/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
+	testenv.ExpectPageValue(t, v, "standbys/dedup/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
+	testenv.ExpectPageValue(t, v, "lag/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
+	testenv.ExpectPageValue(t, v, "part/dedup/9001/restore_remaining", "5000")
+	testenv.ExpectPageValue(t, v, "part/dedup/7777/lag_seconds", "600.0")
+	testenv.ExpectPageValue(t, v, "standby/dedup/3333/lag", "1000000")
+	testenv.ExpectPageValue(t, v, "lag/g/usage.events/7777/seconds", "600.0")
+
+	// Worst first: the restoring partitions (most left to replay first),
+	// then the most seconds behind.
+	order := func(prefix string, keys ...string) {
+		t.Helper()
+		last := -1
+		for _, k := range keys {
+			i := strings.Index(body, `data-k="`+prefix+k)
+			if i < 0 || i < last {
+				t.Errorf("%s%s at %d, after the one before it (%d); want %v in that order", prefix, k, i, last, keys)
+			}
+			last = i
+		}
+	}
+	order("part/dedup/", "9001/", "4242/", "7777/", "1234/")
+	order("lag/g/usage.events/", "7777/", "1234/")
+	order("standby/dedup/", "3333/")
+
+	// The full list, on request.
+	_, js := get(t, s, "/status.json")
+	t.Logf("status.json at %d partitions: %d bytes", n, len(js))
+	var full Status
+	if err := json.Unmarshal([]byte(js), &full); err != nil {
+		t.Fatal(err)
+	}
+	if len(full.Stages) == 0 || len(full.Stages[0].Partitions) != n || len(full.Stages[0].Standbys) != n || len(full.Lag) != n {
+		t.Errorf("status.json: not every partition, standby and lag row")
+	}
+}
