@@ -129,10 +129,36 @@ func procBenchProcessor(tb testing.TB, names topics.Names, ent bool) *processor 
 		m:      newMetrics(prometheus.NewRegistry()), now: func() time.Time { return procBenchNow }}
 }
 
+// procShape is how runProcInput cuts the input: fetches of fetch records,
+// and a transaction's end after every txn records (a multiple of fetch)
+// and at the end.
+type procShape struct{ fetch, txn int }
+
+// procShapeWhole is one partition alone: fetches of 5,000 records and
+// transactions of DefaultMaxBatchRecords.
+var procShapeWhole = procShape{fetch: 5_000, txn: DefaultMaxBatchRecords}
+
+// procShapeStage is one partition of a stage that owns every partition
+// of the input, as bench aggregate's aggregator does: its transactions of
+// DefaultMaxBatchRecords records span the procBenchPartitions partitions,
+// so each partition's share of one is DefaultMaxBatchRecords /
+// procBenchPartitions records (6,250), in fetches of a fifth of that.
+// What a partition does once a transaction (its Flush: the changed
+// aggregates' and accounts' writes, the pending customers) then weighs
+// as much an event as in bench aggregate, about 2 events an aggregate and
+// 10 a customer per transaction.
+var procShapeStage = procShape{fetch: DefaultMaxBatchRecords / procBenchPartitions / 5, txn: DefaultMaxBatchRecords / procBenchPartitions}
+
 // runProcInput runs the whole input through a new partition 0 on an
-// in-memory store (stream.Local), in fetches of 5,000 records and
-// transactions of DefaultMaxBatchRecords, usage.entitlements first.
+// in-memory store (stream.Local), shaped as procShapeWhole,
+// usage.entitlements first.
 func runProcInput(tb testing.TB, in procInput, ent bool, before func()) *stream.Local {
+	return runProcInputShaped(tb, in, ent, procShapeWhole, before)
+}
+
+// runProcInputShaped is runProcInput in fetches and transactions of
+// shape.
+func runProcInputShaped(tb testing.TB, in procInput, ent bool, shape procShape, before func()) *stream.Local {
 	tb.Helper()
 	l, err := stream.NewLocal(procBenchProcessor(tb, in.names, ent), 0, in.names.DedupedTopic())
 	if err != nil {
@@ -144,12 +170,12 @@ func runProcInput(tb testing.TB, in procInput, ent bool, before func()) *stream.
 			tb.Fatal(err)
 		}
 	}
-	const fetch = 5_000
+	fetch := shape.fetch
 	for i := 0; i < len(in.events); i += fetch {
 		if err := l.Process(in.events[i:min(i+fetch, len(in.events))]); err != nil {
 			tb.Fatal(err)
 		}
-		if (i+fetch)%DefaultMaxBatchRecords == 0 || i+fetch >= len(in.events) {
+		if (i+fetch)%shape.txn == 0 || i+fetch >= len(in.events) {
 			if err := l.Commit(); err != nil {
 				tb.Fatal(err)
 			}
@@ -173,23 +199,28 @@ func processCPU(tb testing.TB) time.Duration {
 // changelog records and the store's writes), without a broker: an op is
 // the partition's input from an empty state; ns/event divides it by its
 // events, and cpu-ns/event the process's CPU time over them (steadier than
-// ns/event on a shared machine). "without" is the aggregator without entitlements, "with" with.
+// ns/event on a shared machine). "without" is the aggregator without
+// entitlements, "with" with, in fetches and transactions of the partition
+// alone (procShapeWhole); "stage-without" and "stage-with" are the same
+// in those of one partition of bench aggregate's stage (procShapeStage).
 func BenchmarkPartitionProcess(b *testing.B) {
 	in, err := procBenchInput()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, c := range []struct {
-		name string
-		ent  bool
-	}{{"without", false}, {"with", true}} {
+		name  string
+		ent   bool
+		shape procShape
+	}{{"without", false, procShapeWhole}, {"with", true, procShapeWhole},
+		{"stage-without", false, procShapeStage}, {"stage-with", true, procShapeStage}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			var cpu time.Duration
 			for b.Loop() {
 				b.StopTimer()
 				var c0 time.Duration
-				l := runProcInput(b, in, c.ent, func() { b.StartTimer(); c0 = processCPU(b) })
+				l := runProcInputShaped(b, in, c.ent, c.shape, func() { b.StartTimer(); c0 = processCPU(b) })
 				cpu += processCPU(b) - c0
 				b.StopTimer()
 				if err := l.Close(); err != nil {
@@ -221,6 +252,17 @@ func TestPartitionProcessBenchInput(t *testing.T) {
 	}
 	t.Logf("%d events: %d rejected, %d revisions, %d balances", in.n, rejected,
 		l.Emitted(in.names.AggregatesTopic()), l.Emitted(in.names.BalancesTopic()))
+	// In the stage's transactions (procShapeStage) the decisions are the
+	// same, and each of the more transactions emits a revision per
+	// aggregate it changed.
+	ls := runProcInputShaped(t, in, true, procShapeStage, func() {})
+	defer ls.Close()
+	if got := ls.Emitted(in.names.RejectedTopic()); got != rejected {
+		t.Fatalf("stage's transactions: %d rejected, want %d", got, rejected)
+	}
+	if got, whole := ls.Emitted(in.names.AggregatesTopic()), l.Emitted(in.names.AggregatesTopic()); got <= whole {
+		t.Fatalf("stage's transactions: %d revisions, want more than %d", got, whole)
+	}
 }
 
 // TestNewPartitionNoWorkAfterFirstWatermark: the first watermark of a new
