@@ -128,7 +128,7 @@ func TestSteppedBackRecordBalance(t *testing.T) {
 	}
 }
 
-// TestBalanceCapsUntil (kfake; docs/entitlements.md, Balances): a balance
+// TestBalanceCapsUntil (kfake; docs/entitlements.md, Topics): a balance
 // carries, as caps_until, when a change the aggregator has read takes
 // effect for the customer's caps: dflt, on the default plan, whose
 // balance is written after the default plan's raise scheduled for t1 +

@@ -7,7 +7,7 @@ import (
 	"github.com/meterline/meterline/schemas"
 )
 
-// TestBalanceCapsUntil (docs/entitlements.md, Balances): a balance's
+// TestBalanceCapsUntil (docs/entitlements.md, Topics): a balance's
 // caps_until is the earliest effective time after its updated_at at which
 // the records read so far change the caps or unmetered in effect for the
 // customer: its own record scheduled for later; the default plan's while
