@@ -42,8 +42,8 @@ import (
 //     replica's own pace from the last record that arrived.
 //
 // Caps in effect. A balance's caps_until is when its caps stop being
-// those in effect (a raise or an unmetered plan scheduled for later, as
-// far as the aggregator had read the entitlements); no balance is trusted
+// those in effect (a change of its caps or unmetered scheduled for later,
+// as far as the aggregator had read the entitlements); no balance is trusted
 // (Trusted) once the same estimate of the broker time now reaches it, so
 // the gate opens then without waiting for a balance the aggregator
 // writes only when the customer's usage or entitlements change.
@@ -214,7 +214,7 @@ func (b *Balances) Lookup(customer string) (bal *schemas.Balance, age time.Durat
 // Trusted returns the customer's balance if the quota gate may decide by
 // it: younger than maxAge (Lookup), and its caps still those in effect:
 // the broker time now is before its caps_until (0: no change scheduled),
-// when a cap raise or an unmetered plan the aggregator knew of takes
+// when a change of its caps or unmetered that the aggregator knew of takes
 // effect. ok is false otherwise, or when the view has none. The balance
 // must not be modified.
 func (b *Balances) Trusted(customer string, maxAge time.Duration) (bal *schemas.Balance, ok bool) {
