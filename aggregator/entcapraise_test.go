@@ -55,11 +55,14 @@ func atCap(limit int64, customers ...string) func(map[string]*schemas.Balance) b
 // ingest.md, The quota gate): a customer's own record that raises its cap
 // at once writes the customer a balance with the new cap; a record
 // scheduled for later (effective_from) writes one as of its broker time,
-// with the cap then, and none when it takes effect; the default plan's
-// record writes no customer a balance (a later customer's balance shows
-// it is in effect). The quota gate therefore opens at once only for the
-// first: own, sched and def each reach a cap of 2, then theirs is raised
-// to 10, and only own's last balance says 10.
+// with the cap then and caps_until its effective_from, and none when it
+// takes effect; the default plan's record writes no customer a balance (a
+// later customer's balance shows it is in effect). The quota gate
+// therefore opens at once for the first, at the raise's effective time
+// for the second (caps_until), and not for the third until the
+// customer's next balance or --gate-max-age: own, sched and def each
+// reach a cap of 2, then theirs is raised to 10, and only own's last
+// balance says 10; def's says nothing of a change.
 func TestCapRaiseBalances(t *testing.T) {
 	const n = 1
 	h := newEntHarness(t, nil, n)
@@ -82,9 +85,10 @@ func TestCapRaiseBalances(t *testing.T) {
 	bs := awaitBalances(t, h, "own's raised, sched's of its record, later's out", func(bs map[string]*schemas.Balance) bool {
 		return atCap(10, "own")(bs) && bs["sched"].UpdatedAt >= t1 && bs["later"] != nil
 	})
-	for _, c := range []string{"sched", "def"} {
-		if b := bs[c]; b.Meters[0].Limit != 2 {
-			t.Errorf("%s's last balance has the limit %d, want 2 (no balance when its raised cap takes effect)", c, b.Meters[0].Limit)
+	for c, until := range map[string]int64{"sched": t1 + 1000, "def": 0} {
+		if b := bs[c]; b.Meters[0].Limit != 2 || b.CapsUntil != until {
+			t.Errorf("%s's last balance has the limit %d and caps_until %d, want 2 (no balance when its raised cap takes effect) and %d",
+				c, b.Meters[0].Limit, b.CapsUntil, until)
 		}
 	}
 	if b := bs["later"]; b.Meters[0].Limit != 10 {
@@ -121,5 +125,58 @@ func TestSteppedBackRecordBalance(t *testing.T) {
 	bs := balancesOf(t, h, "acme")
 	if b := bs[len(bs)-1]; b.Plan != "cap-10" || b.Meters[0].Limit != 10 {
 		t.Errorf("acme's balance after its raise: plan %q, limit %d as of %d; want cap-10's 10", b.Plan, b.Meters[0].Limit, b.UpdatedAt)
+	}
+}
+
+// TestBalanceCapsUntil (kfake; docs/entitlements.md, Topics): a balance
+// carries, as caps_until, when a change the aggregator has read takes
+// effect for the customer's caps: dflt, on the default plan, whose
+// balance is written after the default plan's raise scheduled for t1 +
+// 45s was read, carries that time; own, whose own record shields it from
+// the default plan, carries 0 until its own raise, scheduled for t1 +
+// 30s, is read, then that time; a balance written with nothing scheduled
+// carries 0.
+func TestBalanceCapsUntil(t *testing.T) {
+	const n = 1
+	h := newEntHarness(t, nil, n)
+	t0 := time.Now().Add(-90 * time.Second).Truncate(time.Second).UnixMilli()
+	recs := h.shared(n, schemas.DefaultPlanKey, capPlan("", 2, 0), t0)
+	recs = append(recs, h.entitlement(n, capPlan("own", 2, 0), t0))
+	startCapRun(t, h, t0, recs, "own", "dflt")
+	bs := awaitBalances(t, h, "usage 1 each", func(bs map[string]*schemas.Balance) bool {
+		return usageIs("own", 1)(bs) && usageIs("dflt", 1)(bs)
+	})
+	for _, c := range []string{"own", "dflt"} {
+		if bs[c].CapsUntil != 0 {
+			t.Errorf("%s's balance with nothing scheduled: caps_until %d, want 0", c, bs[c].CapsUntil)
+		}
+	}
+
+	// The default plan's raise, scheduled; then an event of each: their
+	// balances go out after the record is read.
+	t1 := time.Now().UnixMilli()
+	recs = h.shared(n, schemas.DefaultPlanKey, capPlan("", 10, t1+45_000), t1)
+	for _, c := range []string{"own", "dflt"} {
+		recs = append(recs, h.dedupedEvent(0, &schemas.DedupedEvent{EventID: c + "-late", CustomerID: c, Meter: "api_calls",
+			Quantity: 1, EventTime: t1 + 1000, IngestTime: t1 + 1000}))
+	}
+	h.produce(recs...)
+	bs = awaitBalances(t, h, "usage 2 each", func(bs map[string]*schemas.Balance) bool {
+		return usageIs("own", 2)(bs) && usageIs("dflt", 2)(bs)
+	})
+	if b := bs["dflt"]; b.Meters[0].Limit != 2 || b.CapsUntil != t1+45_000 {
+		t.Errorf("dflt's balance after the default plan's scheduled raise: limit %d, caps_until %d; want 2 until %d",
+			b.Meters[0].Limit, b.CapsUntil, t1+45_000)
+	}
+	if b := bs["own"]; b.CapsUntil != 0 {
+		t.Errorf("own's balance after the default plan's scheduled raise: caps_until %d, want 0 (its own record decides)", b.CapsUntil)
+	}
+
+	// own's own raise, scheduled: its balance, written when it is read.
+	t2 := time.Now().UnixMilli()
+	h.produce(h.entitlement(n, capPlan("own", 10, t2+30_000), t2))
+	bs = awaitBalances(t, h, "own's of its record", func(bs map[string]*schemas.Balance) bool { return bs["own"].UpdatedAt >= t2 })
+	if b := bs["own"]; b.Meters[0].Limit != 2 || b.CapsUntil != t2+30_000 {
+		t.Errorf("own's balance after its scheduled raise: limit %d, caps_until %d; want 2 until %d", b.Meters[0].Limit, b.CapsUntil, t2+30_000)
 	}
 }

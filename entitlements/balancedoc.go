@@ -19,13 +19,17 @@ type BalanceDocument struct {
 	AsOf     string `json:"as_of"`
 	Revision int64  `json:"revision"`
 	// The billing period of AsOf: [start, end).
-	PeriodStart string              `json:"period_start"`
-	PeriodEnd   string              `json:"period_end"`
-	Meters      []MeterBalanceDoc   `json:"meters,omitempty"`
-	Grants      []GrantBalanceDoc   `json:"grants,omitempty"`
-	Remaining   int64               `json:"credits_remaining"`
-	Overdraft   OverdraftBalanceDoc `json:"overdraft"`
-	Source      *BalanceSourceDoc   `json:"source,omitempty"`
+	PeriodStart string `json:"period_start"`
+	PeriodEnd   string `json:"period_end"`
+	// CapsUntil: when the caps (or unmetered) of the balance stop being
+	// those in effect, a change scheduled for later (its caps_until);
+	// absent when none is known.
+	CapsUntil string              `json:"caps_until,omitempty"`
+	Meters    []MeterBalanceDoc   `json:"meters,omitempty"`
+	Grants    []GrantBalanceDoc   `json:"grants,omitempty"`
+	Remaining int64               `json:"credits_remaining"`
+	Overdraft OverdraftBalanceDoc `json:"overdraft"`
+	Source    *BalanceSourceDoc   `json:"source,omitempty"`
 }
 
 // MeterBalanceDoc is a capped meter's usage in the period. UsedPercent
@@ -69,6 +73,9 @@ func BalanceDocumentOf(b *schemas.Balance) *BalanceDocument {
 	d := &BalanceDocument{Customer: b.CustomerID, Plan: b.Plan, Unmetered: b.Unmetered, AsOf: FormatTime(b.UpdatedAt),
 		Revision: b.Revision, PeriodStart: FormatTime(b.PeriodStart), PeriodEnd: FormatTime(b.PeriodEnd),
 		Overdraft: OverdraftBalanceDoc{Policy: strings.ToLower(string(b.OverdraftPolicy)), Limit: b.OverdraftLimit, Overdrawn: b.Overdrawn}}
+	if b.CapsUntil != 0 {
+		d.CapsUntil = FormatTime(b.CapsUntil)
+	}
 	for _, m := range b.Meters {
 		d.Meters = append(d.Meters, MeterBalanceDoc{Meter: m.Meter, Usage: m.Usage, Limit: m.Limit,
 			OnLimit: strings.ToLower(string(m.OnLimit)), UsedPercent: usedPercent(m.Usage, m.Limit)})

@@ -3,6 +3,8 @@ package entitlements
 import (
 	"math"
 	"testing"
+
+	"github.com/meterline/meterline/schemas"
 )
 
 // TestUsedPercent: rounded down, 0 without a limit, and no overflow for
@@ -23,5 +25,18 @@ func TestUsedPercent(t *testing.T) {
 	}
 	if got := satAdd(math.MaxInt64-1, 5); got != math.MaxInt64 {
 		t.Errorf("satAdd saturates: got %d", got)
+	}
+}
+
+// TestBalanceDocumentCapsUntil: a balance's caps_until is printed as a
+// time, and left out when it is 0 (no change known).
+func TestBalanceDocumentCapsUntil(t *testing.T) {
+	b := &schemas.Balance{CustomerID: "acme", OverdraftPolicy: schemas.OverdraftAllow}
+	if d := BalanceDocumentOf(b); d.CapsUntil != "" {
+		t.Errorf("caps_until 0: %q, want none", d.CapsUntil)
+	}
+	b.CapsUntil = 1796479200000
+	if d := BalanceDocumentOf(b); d.CapsUntil != "2026-12-05T14:00:00.000Z" {
+		t.Errorf("caps_until %d: %q", b.CapsUntil, d.CapsUntil)
 	}
 }

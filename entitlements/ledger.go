@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -864,20 +865,27 @@ var indexValue = []byte{1}
 // stage's watermark): the plan in effect at at, usage against each of its
 // caps in the period containing at, each of its grants not yet expired at
 // at with what it has paid, and the overdraft of the period. revision is
-// the stage's (larger for every later balance of the customer).
+// the stage's (larger for every later balance of the customer). Its
+// CapsUntil is when, by the records applied so far, the caps or unmetered
+// in effect change after at (capsUntil).
 func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schemas.Balance, error) {
-	var plan *Plan
+	var own, def *Timeline
 	if _, cached := st.(ResolveCache); cached {
 		res, err := l.resolve(st, customer)
 		if err != nil {
 			return nil, err
 		}
-		plan = planAt(res.own, res.def, at)
-	} else if p, err := l.PlanAt(st, customer, at); err != nil {
-		return nil, err
+		own, def = res.own, res.def
 	} else {
-		plan = p
+		var err error
+		if own, err = l.readTimeline(st, l.customerKey(subTimeline, customer)); err != nil {
+			return nil, err
+		}
+		if def, err = l.readTimeline(st, l.keyDefault); err != nil {
+			return nil, err
+		}
 	}
+	plan := planAt(own, def, at)
 	if plan == nil {
 		plan = noPlan
 	}
@@ -889,7 +897,8 @@ func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schema
 	pu := a.period(start)
 	b := &schemas.Balance{CustomerID: customer, Plan: plan.Name, Unmetered: plan.Unmetered, Revision: revision, UpdatedAt: at,
 		PeriodStart: start, PeriodEnd: end, Meters: []schemas.MeterBalance{}, Grants: []schemas.GrantBalance{},
-		OverdraftPolicy: plan.Overdraft.Policy, OverdraftLimit: plan.Overdraft.Limit, Overdrawn: pu.overdrawnIn()}
+		OverdraftPolicy: plan.Overdraft.Policy, OverdraftLimit: plan.Overdraft.Limit, Overdrawn: pu.overdrawnIn(),
+		CapsUntil: capsUntil(own, def, at, plan)}
 	for _, c := range plan.Caps {
 		b.Meters = append(b.Meters, schemas.MeterBalance{Meter: c.Meter, Usage: pu.units(c.Meter), Limit: c.Limit, OnLimit: c.OnLimit})
 	}
@@ -903,6 +912,46 @@ func (l *Ledger) Balance(st Store, customer string, at, revision int64) (*schema
 	}
 	sort.Slice(b.Grants, func(i, j int) bool { return b.Grants[i].ID < b.Grants[j].ID })
 	return b, nil
+}
+
+// capsUntil returns the earliest arrival time after at from which the plan
+// in effect for a customer (planAt: its own version, else the default
+// plan's) has other caps or another unmetered than cur, the plan in effect
+// at at; 0 when no version the timelines hold makes such a change. The
+// timelines hold the records applied so far: a record read later is not
+// known here. Only versions from after at are looked at, and a customer
+// with none (nothing scheduled) costs two comparisons.
+func capsUntil(own, def *Timeline, at int64, cur *Plan) int64 {
+	ov, dv := own.Versions(), def.Versions()
+	if (len(ov) == 0 || ov[len(ov)-1].From <= at) && (len(dv) == 0 || dv[len(dv)-1].From <= at) {
+		return 0
+	}
+	i := sort.Search(len(ov), func(k int) bool { return ov[k].From > at })
+	j := sort.Search(len(dv), func(k int) bool { return dv[k].From > at })
+	for i < len(ov) || j < len(dv) {
+		// The next time a version of either timeline takes effect.
+		t := int64(math.MaxInt64)
+		if i < len(ov) {
+			t = ov[i].From
+		}
+		if j < len(dv) {
+			t = min(t, dv[j].From)
+		}
+		for i < len(ov) && ov[i].From == t {
+			i++
+		}
+		for j < len(dv) && dv[j].From == t {
+			j++
+		}
+		p := planAt(own, def, t)
+		if p == nil {
+			p = noPlan
+		}
+		if p.Unmetered != cur.Unmetered || !slices.Equal(p.Caps, cur.Caps) {
+			return t
+		}
+	}
+	return 0
 }
 
 // eventTimeHorizon is the earliest event_time a future event can have when

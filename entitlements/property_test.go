@@ -446,7 +446,7 @@ func TestLedgerMatchesReference(t *testing.T) {
 		seeds = 40
 	}
 	seeds += testenv.PropertySeeds() // METERLINE_PROPERTY_SEEDS
-	var decided, rejected, pruned, balances, paidChecks, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws int
+	var decided, rejected, pruned, balances, capsUntil, paidChecks, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws int
 	for seed := uint64(1); seed <= uint64(seeds); seed++ {
 		sc := genScenario(seed)
 		stepBacks, atArrival, reoffers = stepBacks+sc.stepBacks, atArrival+sc.stepBacksAtArrival, reoffers+sc.reoffers
@@ -455,14 +455,18 @@ func TestLedgerMatchesReference(t *testing.T) {
 			t.Run(fmt.Sprintf("%d/cached=%v/ahead=%v", seed, v.cached, v.ahead), func(t *testing.T) {
 				s := runScenario(t, seed, v.cached, v.ahead)
 				decided, rejected, pruned, balances = decided+s.decided, rejected+s.rejected, pruned+s.pruned, balances+s.balances
+				capsUntil += s.capsUntil
 				paidChecks, newGenDraws = paidChecks+s.paidChecks, newGenDraws+s.newGenDraws
 			})
 		}
 	}
-	t.Logf("%d events decided (%d rejected), %d balances and %d times what grants paid compared, %d state keys pruned, %d records stepped back (%d to an event's arrival), %d grants offered again (%d at least W after their latest expiry, %d records at a generation's edge), %d draws from a generation after the first of its id, over %d seeds",
-		decided, rejected, balances, paidChecks, pruned, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws, seeds)
+	t.Logf("%d events decided (%d rejected), %d balances (%d with a scheduled change of caps) and %d times what grants paid compared, %d state keys pruned, %d records stepped back (%d to an event's arrival), %d grants offered again (%d at least W after their latest expiry, %d records at a generation's edge), %d draws from a generation after the first of its id, over %d seeds",
+		decided, rejected, balances, capsUntil, paidChecks, pruned, stepBacks, atArrival, reoffers, afterW, atEdge, newGenDraws, seeds)
 	if rejected == 0 || rejected == decided {
 		t.Fatalf("the scenarios do not exercise both outcomes (%d of %d rejected)", rejected, decided)
+	}
+	if capsUntil == 0 || capsUntil == balances {
+		t.Fatalf("the scenarios do not exercise balances with and without a scheduled change of caps (%d of %d)", capsUntil, balances)
 	}
 	if pruned == 0 || stepBacks == 0 || atArrival == 0 || reoffers == 0 || afterW == 0 || atEdge == 0 || newGenDraws == 0 {
 		t.Fatalf("the scenarios do not exercise pruning (%d keys), stepped-back records (%d, %d at an arrival), grants offered again (%d, %d after W, %d at the edge) or draws from a later generation (%d)",
@@ -479,7 +483,7 @@ func refDraws(ds []Draw) []entref.Draw {
 	return out
 }
 
-type runStats struct{ decided, rejected, pruned, balances, paidChecks, newGenDraws int }
+type runStats struct{ decided, rejected, pruned, balances, capsUntil, paidChecks, newGenDraws int }
 
 // runScenario runs one scenario; cached: through an AccountCache that the
 // Ledger changes in place, written at random commit points (as the
@@ -534,6 +538,7 @@ func runScenario(t *testing.T, seed uint64, cached, ahead bool) (s runStats) {
 	horizon := func() int64 { return wm - w }
 	pruned := int64(math.MinInt64 / 2) // the latest horizon pruned at
 	next := 0                          // next record to read
+	validRead := 0                     // the valid records among those read: the reference's first
 	var keptPaid func()
 	readOne := func() {
 		pr := sc.records[next]
@@ -548,6 +553,9 @@ func runScenario(t *testing.T, seed uint64, cached, ahead bool) (s runStats) {
 		}
 		if err := l.Apply(st, rec); err != nil {
 			t.Fatalf("apply record %d: %v", next-1, err)
+		}
+		if pr.valid {
+			validRead++
 		}
 		// As the aggregator prunes after a record it applied.
 		switch {
@@ -565,10 +573,13 @@ func runScenario(t *testing.T, seed uint64, cached, ahead bool) (s runStats) {
 		t.Helper()
 		got, err := l.Balance(st, c, at, 9)
 		must(err)
-		if want := ref.Balance(c, at, 9); !reflect.DeepEqual(got, want) {
+		if want := ref.BalanceRead(c, at, 9, validRead); !reflect.DeepEqual(got, want) {
 			t.Fatalf("balance of %s at %d (horizon %d):\n ledger    %+v\n reference %+v", c, at, horizon(), got, want)
 		}
 		s.balances++
+		if got.CapsUntil != 0 {
+			s.capsUntil++
+		}
 	}
 	// What each grant generation paid is kept while the Ledger may read
 	// it again (PruneCustomer's contract): while a record read next would

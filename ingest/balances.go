@@ -40,6 +40,13 @@ import (
 //     their timestamps by the lag: they are as old as the lag;
 //   - when the aggregator stops writing, every balance ages at the
 //     replica's own pace from the last record that arrived.
+//
+// Caps in effect. A balance's caps_until is when its caps stop being
+// those in effect (a change of its caps or unmetered scheduled for later,
+// as far as the aggregator had read the entitlements); no balance is trusted
+// (Trusted) once the same estimate of the broker time now reaches it, so
+// the gate opens then without waiting for a balance the aggregator
+// writes only when the customer's usage or entitlements change.
 type Balances struct {
 	topic string
 	log   *zap.Logger
@@ -200,21 +207,42 @@ const unknownAge = time.Duration(math.MaxInt64)
 // unknownAge until a record has arrived live); ok is false when the view
 // has none. The balance must not be modified.
 func (b *Balances) Lookup(customer string) (bal *schemas.Balance, age time.Duration, ok bool) {
+	bal, age, _, ok = b.lookup(customer)
+	return bal, age, ok
+}
+
+// Trusted returns the customer's balance if the quota gate may decide by
+// it: younger than maxAge (Lookup), and its caps still those in effect:
+// the broker time now is before its caps_until (0: no change scheduled),
+// when a change of its caps or unmetered that the aggregator knew of takes
+// effect. ok is false otherwise, or when the view has none. The balance
+// must not be modified.
+func (b *Balances) Trusted(customer string, maxAge time.Duration) (bal *schemas.Balance, ok bool) {
+	bal, age, now, ok := b.lookup(customer)
+	if !ok || age >= maxAge || bal.CapsUntil != 0 && now >= bal.CapsUntil {
+		return nil, false
+	}
+	return bal, true
+}
+
+// lookup is Lookup, with the broker time now it measured the age against
+// (meaningful only when the age is not unknownAge).
+func (b *Balances) lookup(customer string) (bal *schemas.Balance, age time.Duration, now int64, ok bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	bal = b.m[customer]
 	if bal == nil {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	now, known := b.brokerNowAt(b.clock())
 	if !known {
-		return bal, unknownAge, true
+		return bal, unknownAge, 0, true
 	}
 	ms := now - bal.UpdatedAt
 	if lim := int64(unknownAge / time.Millisecond); bal.UpdatedAt < 0 || ms > lim || ms < -lim {
-		return bal, unknownAge, true
+		return bal, unknownAge, now, true
 	}
-	return bal, time.Duration(ms) * time.Millisecond, true
+	return bal, time.Duration(ms) * time.Millisecond, now, true
 }
 
 // Len is the number of customers with a balance in the view.

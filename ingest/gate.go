@@ -21,8 +21,9 @@ import (
 //
 //   - the view of usage.balances is loaded (Balances.Loaded);
 //   - for every usage event: its customer has a balance younger than
-//     Config.GateMaxAge (Balances: the age is in broker time), the
-//     customer is not unmetered, the event's own event_time is in the
+//     Config.GateMaxAge (Balances: the age is in broker time) whose caps
+//     are still in effect (the broker time now is before its caps_until,
+//     if it has one), the customer is not unmetered, the event's own event_time is in the
 //     balance's period [period_start, period_end), and its meter has a cap
 //     with on_limit REJECT that the event would take past its limit, as
 //     the aggregator decides it (SUM adds the quantity, COUNT one; a
@@ -106,8 +107,8 @@ func (o overCapEvent) reason(ue *schemas.UsageEvent) string {
 // the event over_limit, and why (see the rules above). It does not
 // allocate.
 func (s *Server) overCap(ue *schemas.UsageEvent) (overCapEvent, bool) {
-	bal, age, ok := s.balances.Lookup(ue.CustomerID)
-	if !ok || age >= s.cfg.GateMaxAge || bal.Unmetered || ue.EventTime < bal.PeriodStart || ue.EventTime >= bal.PeriodEnd {
+	bal, ok := s.balances.Trusted(ue.CustomerID, s.cfg.GateMaxAge)
+	if !ok || bal.Unmetered || ue.EventTime < bal.PeriodStart || ue.EventTime >= bal.PeriodEnd {
 		return overCapEvent{}, false
 	}
 	i := slices.IndexFunc(bal.Meters, func(m schemas.MeterBalance) bool { return m.Meter == ue.Meter })

@@ -267,6 +267,40 @@ func TestGateStaleBalance(t *testing.T) {
 	}
 }
 
+// A balance whose caps stop being those in effect (caps_until: a raise or
+// an unmetered plan scheduled for later) is not trusted once the broker
+// time now reaches its caps_until, however young it is: the request is let
+// through. Before it, the balance closes the gate as any other.
+func TestGateCapsUntil(t *testing.T) {
+	// A clock that stands still: the broker time now is the newest live
+	// record's timestamp.
+	now := gateAsOf.Add(time.Hour)
+	e, _, _ := gateEnv(t, func(c *Config) { c.GateMaxAge = 10 * time.Minute; c.Clock = func() time.Time { return now } })
+	body := batchOf(jobAt("u1", "acme-1", nov29))
+	raised := balance("acme-1", 1, 5000, 5000, schemas.OnLimitReject)
+	raised.CapsUntil = gateAsOf.Add(2 * time.Minute).UnixMilli()
+	e.putBalances(raised)
+	if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != http.StatusPaymentRequired {
+		t.Fatalf("before caps_until: %d %s, want 402", status, b)
+	}
+	// Another customer's balance moves the broker time now to 1ms before
+	// acme-1's caps_until, then to it.
+	for i, c := range []struct {
+		at   time.Duration
+		want int
+	}{{2*time.Minute - time.Millisecond, http.StatusPaymentRequired}, {2 * time.Minute, http.StatusNoContent}} {
+		other := balance("acme-9", int64(i+1), 0, 5000, schemas.OnLimitReject)
+		other.UpdatedAt = gateAsOf.Add(c.at).UnixMilli()
+		e.putBalances(other)
+		if status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, body); status != c.want {
+			t.Fatalf("broker time caps_until %s: %d %s, want %d", c.at-2*time.Minute, status, b, c.want)
+		}
+	}
+	if n := len(e.records()); n != 1 {
+		t.Errorf("%d records, want 1", n)
+	}
+}
+
 // Until the view is loaded (here: no balances topic), every request is
 // let through; with the gate off, the topic is not read at all.
 func TestGateNotLoaded(t *testing.T) {

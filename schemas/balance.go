@@ -48,7 +48,7 @@ func balanceEncodable(b *Balance) bool {
 func balanceSizeHint(b *Balance) int {
 	n := headerSize + varintLen(int64(len(b.CustomerID))) + len(b.CustomerID) + varintLen(int64(len(b.Plan))) + len(b.Plan) + 1 +
 		varintLen(b.Revision) + varintLen(b.UpdatedAt) + varintLen(b.PeriodStart) + varintLen(b.PeriodEnd) +
-		1 + varintLen(b.OverdraftLimit) + varintLen(b.Overdrawn)
+		1 + varintLen(b.OverdraftLimit) + varintLen(b.Overdrawn) + varintLen(b.CapsUntil)
 	for i := range b.Meters {
 		n += meterBalanceSize(&b.Meters[i])
 	}
@@ -73,7 +73,8 @@ func appendBalanceBody(dst []byte, b *Balance) []byte {
 	p, _ := overdraftIndex(b.OverdraftPolicy)
 	dst = binary.AppendVarint(dst, p)
 	dst = binary.AppendVarint(dst, b.OverdraftLimit)
-	return binary.AppendVarint(dst, b.Overdrawn)
+	dst = binary.AppendVarint(dst, b.Overdrawn)
+	return binary.AppendVarint(dst, b.CapsUntil)
 }
 
 func meterBalanceSize(m *MeterBalance) int {

@@ -2,7 +2,12 @@ package schemas
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/hex"
 	"math/rand/v2"
+	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -33,7 +38,7 @@ func TestEncodeBalanceMatchesHamba(t *testing.T) {
 	for range n {
 		b := &Balance{CustomerID: randString(rng), Plan: randString(rng), Unmetered: rng.IntN(2) == 0,
 			Revision: randLong(rng), UpdatedAt: randLong(rng), PeriodStart: randLong(rng), PeriodEnd: randLong(rng),
-			OverdraftPolicy: policies[rng.IntN(2)], OverdraftLimit: randLong(rng), Overdrawn: randLong(rng)}
+			OverdraftPolicy: policies[rng.IntN(2)], OverdraftLimit: randLong(rng), Overdrawn: randLong(rng), CapsUntil: randLong(rng)}
 		if c := count(); c >= 0 {
 			b.Meters = make([]MeterBalance, c)
 			for i := range b.Meters {
@@ -75,6 +80,35 @@ func TestEncodeBalanceMatchesHamba(t *testing.T) {
 	for _, b := range []*Balance{{}, {OverdraftPolicy: "MAYBE"}, {OverdraftPolicy: OverdraftDeny, Meters: []MeterBalance{{OnLimit: "SOMETIMES"}}}} {
 		if _, err := Encode(b); err == nil {
 			t.Errorf("Encode(%#v): no error, want hamba's (no enum symbol)", b)
+		}
+	}
+}
+
+// TestOldBalanceFixture reads a Balance written with the schema before
+// caps_until (history/balance.v0.avsc; the fixture is that schema's golden
+// bytes) with the current one, by Decode and DecodeInto: caps_until is 0,
+// no scheduled change known.
+func TestOldBalanceFixture(t *testing.T) {
+	b, err := hex.DecodeString(strings.TrimSpace(string(mustReadFile(t, filepath.Join("testdata", "balance.v0.hex")))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if binary.LittleEndian.Uint64(b[2:10]) == Fingerprint(KindBalance) {
+		t.Fatal("fixture carries the current fingerprint; it must be written with the old schema")
+	}
+	want := samples()["balance"].(*Balance)
+	want.CapsUntil = 0
+	var into Balance
+	for name, dec := range map[string]func() (Message, error){
+		"Decode":     func() (Message, error) { return Decode(b) },
+		"DecodeInto": func() (Message, error) { return &into, DecodeInto(b, &into) },
+	} {
+		m, err := dec()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !reflect.DeepEqual(m, want) {
+			t.Fatalf("%s of the old fixture:\n got %#v\nwant %#v", name, m, want)
 		}
 	}
 }

@@ -119,6 +119,12 @@ type Balance struct {
 	OverdraftPolicy OverdraftPolicy `avro:"overdraft_policy"`
 	OverdraftLimit  int64           `avro:"overdraft_limit"`
 	Overdrawn       int64           `avro:"overdrawn"`
+	// CapsUntil is the broker time (epoch ms) from which Meters' limits
+	// and policies and Unmetered are no longer those in effect: the
+	// earliest effective_from after UpdatedAt of a version that changes
+	// them, among the entitlements the writer had read. 0: none known
+	// (and balances written before the field).
+	CapsUntil int64 `avro:"caps_until"`
 }
 
 // Kind implements Message.

@@ -93,6 +93,7 @@ var historyFiles = []struct {
 	{KindWatermark, "history/watermark.v0.avsc"},
 	{KindWatermark, "history/watermark.v1.avsc"},
 	{KindRejected, "history/rejected.v0.avsc"},
+	{KindBalance, "history/balance.v0.avsc"},
 }
 
 // Single-object encoding (Avro spec): the two marker bytes, then the

@@ -59,7 +59,7 @@ func samples() map[string]Message {
 			Meters: []MeterBalance{{Meter: "api_calls", Usage: 812, Limit: 1000, OnLimit: OnLimitReject}},
 			Grants: []GrantBalance{{ID: "promo", Priority: 1, EffectiveFrom: 1793491200000, ExpiresAt: 1796083200000,
 				Amount: 2_000_000, Consumed: 812_000, Remaining: 1_188_000}},
-			OverdraftPolicy: OverdraftDeny, Overdrawn: 0},
+			OverdraftPolicy: OverdraftDeny, Overdrawn: 0, CapsUntil: 1795010400000},
 	}
 }
 

@@ -207,6 +207,9 @@ func (m *Model) generation(records []Record, key, id string, at int64) int64 {
 	return at
 }
 
+// Len returns the number of records Added.
+func (m *Model) Len() int { return len(m.records) }
+
 // Read reads a record of the partition that changes no entitlements (a
 // tick, a record the stage refuses): only its broker time counts, for the
 // records read after it.
@@ -403,8 +406,17 @@ func (m *Model) Decide(customer string, ev Event) Decision {
 	return accept()
 }
 
-// Balance is the reference's schemas.Balance of a customer as of at.
+// Balance is the reference's schemas.Balance of a customer as of at, by
+// every record read (Add).
 func (m *Model) Balance(customer string, at, revision int64) *schemas.Balance {
+	return m.BalanceRead(customer, at, revision, len(m.records))
+}
+
+// BalanceRead is Balance as written by a stage that had read only the
+// first read records Added: its caps_until knows of those only (a record
+// read later may schedule a change). Every record that applies at at must
+// be among them.
+func (m *Model) BalanceRead(customer string, at, revision int64, read int) *schemas.Balance {
 	rec := m.recordAt(customer, at)
 	plan := rec.Ent
 	if plan == nil {
@@ -428,5 +440,41 @@ func (m *Model) Balance(customer string, at, revision int64) *schemas.Balance {
 			ExpiresAt: g.ExpiresAt, Amount: g.Amount, Consumed: used, Remaining: max(0, g.Amount-used)})
 	}
 	sort.Slice(b.Grants, func(i, j int) bool { return b.Grants[i].ID < b.Grants[j].ID })
+	b.CapsUntil = m.capsUntil(customer, at, plan, read)
 	return b
+}
+
+// capsUntil: the earliest effective time after at of one of the first read
+// records, the customer's or the default plan's, at which the record in
+// effect for the customer by those records has other caps (by meter) or
+// another unmetered than plan; 0: none.
+func (m *Model) capsUntil(customer string, at int64, plan *schemas.Entitlements, read int) int64 {
+	known := &Model{records: m.records[:read]}
+	var times []int64
+	for _, r := range known.records {
+		if (r.Key == customer || r.Key == schemas.DefaultPlanKey) && r.effective() > at {
+			times = append(times, r.effective())
+		}
+	}
+	slices.Sort(times)
+	for _, t := range times {
+		p := known.recordAt(customer, t).Ent
+		if p == nil {
+			p = &schemas.Entitlements{}
+		}
+		if p.Unmetered != plan.Unmetered || !sameCaps(p.Caps, plan.Caps) {
+			return t
+		}
+	}
+	return 0
+}
+
+// sameCaps: the same caps, whatever their order.
+func sameCaps(a, b []schemas.Cap) bool {
+	byMeter := func(cs []schemas.Cap) []schemas.Cap {
+		cs = slices.Clone(cs)
+		sort.Slice(cs, func(i, j int) bool { return cs[i].Meter < cs[j].Meter })
+		return cs
+	}
+	return slices.Equal(byMeter(a), byMeter(b))
 }
