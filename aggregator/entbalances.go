@@ -230,7 +230,8 @@ func (pt *partition) pruneChunk(tx *stream.Tx, n int) error {
 // balanceOutSince reports whether customer c's balance as of start or later
 // is out and nothing changed c since: c is not pending, and its account
 // notes a change at or after start (makePending), whose balance, as of that
-// change or later, went out when c stopped being pending. A period start's
+// change or later, went out when c stopped being pending, or a balance as
+// of start or later that went out (Ledger.BalanceAsOf). A period start's
 // chunks skip such a customer: its balance of the new period (start: the
 // period's) is out, and another would be one more balance than transactions
 // that changed it (docs/entitlements.md, The aggregator, 4). A change noted
@@ -253,7 +254,9 @@ func (pt *partition) balanceOutSince(tx *stream.Tx, c string, start int64) (bool
 // fenced by the partition's input or Work, the next chunk of the pending
 // customers goes out (roundChunk); and the balance of each customer going
 // out is emitted once, as of the later of the watermark and the latest time
-// involved, with the partition's next revision.
+// involved, and never before the customer's balance before it (its
+// account notes the time: Ledger.BalanceAsOf), with the partition's next
+// revision.
 func (pt *partition) flushBalances(tx *stream.Tx) error {
 	e := pt.ent
 	e.flushed, e.pending = e.pending, entMetrics{}
@@ -293,7 +296,11 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 			pt.unpend(tx, c)
 		}
 		rev++
-		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, max(pt.wm, out[c]), rev)
+		at, err := pt.pr.ledger.BalanceAsOf(pt.ledger(tx), c, max(pt.wm, out[c]), pt.wm)
+		if err != nil {
+			return fmt.Errorf("aggregator: partition %d: account of %s: %w", pt.p, c, err)
+		}
+		b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, at, rev)
 		if err != nil {
 			return fmt.Errorf("aggregator: partition %d: balance of %s: %w", pt.p, c, err)
 		}

@@ -20,7 +20,8 @@ type Account struct {
 	uses    []grantUse  // by id, then generation
 	periods []periodUse // by start
 	// changedAt is the broker time of the latest change its owner noted
-	// for the customer's balance (NoteChange; 0: none), kept with the
+	// for the customer's balance, or of its latest balance
+	// (Ledger.BalanceAsOf) if later (NoteChange; 0: none), kept with the
 	// account so that a change needs no state key of its own when the
 	// account is written anyway. It does not keep an empty account.
 	changedAt int64

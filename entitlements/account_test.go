@@ -180,3 +180,42 @@ func TestAccountChangeNote(t *testing.T) {
 		t.Error("an account holding only a note is not Empty")
 	}
 }
+
+// TestBalanceAsOfNeverGoesBack: BalanceAsOf returns the later of the time
+// asked and the one the account notes, notes a later time when it is past
+// the floor (the watermark), and writes the note with the account, which
+// the Store then holds; an empty account keeps none.
+func TestBalanceAsOfNeverGoesBack(t *testing.T) {
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds, Window: 35 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	l.WriteAccount(st, "acme", &Account{uses: []grantUse{{"g1", 1, 5, 100}}}, nil)
+	for _, c := range []struct {
+		at, floor, want, noted int64
+	}{
+		{at: 1000, floor: 1000, want: 1000, noted: 0}, // the watermark: no note
+		{at: 5000, floor: 1000, want: 5000, noted: 5000},
+		{at: 3000, floor: 2000, want: 5000, noted: 5000}, // never back
+		{at: 6000, floor: 6000, want: 6000, noted: 5000},
+	} {
+		got, err := l.BalanceAsOf(st, "acme", c.at, c.floor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		noted, err := l.ChangedAt(st, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want || noted != c.noted {
+			t.Errorf("BalanceAsOf(%d, floor %d) = %d, noted %d; want %d, noted %d", c.at, c.floor, got, noted, c.want, c.noted)
+		}
+	}
+	if got, err := l.BalanceAsOf(st, "nobody", 5000, 1000); err != nil || got != 5000 {
+		t.Errorf("BalanceAsOf of an empty account = %d, %v; want 5000", got, err)
+	}
+	if noted, err := l.ChangedAt(st, "nobody"); err != nil || noted != 0 || len(st.m) != 1 {
+		t.Errorf("an empty account noted %d (%v), %d keys; want no note and acme's key alone", noted, err, len(st.m))
+	}
+}

@@ -634,6 +634,29 @@ func (l *Ledger) ChangedAt(st Store, customer string) (int64, error) {
 	return a.changedAt, nil
 }
 
+// BalanceAsOf returns the time a balance of the customer that would go
+// out as of at goes out as of: the later of at and the latest time noted
+// in its account (ChangedAt), so that a customer's balances never go
+// back in time (docs/entitlements.md, The aggregator, 4). When that is
+// at, later than the time noted and than floor (the stage's watermark,
+// which never goes back: a balance as of it or earlier needs no note),
+// the account notes it, and is written with the Ledger's changes
+// (putAccount), unless it is empty: an empty account keeps no note.
+func (l *Ledger) BalanceAsOf(st Store, customer string, at, floor int64) (int64, error) {
+	a, err := l.account(st, customer)
+	if err != nil {
+		return 0, err
+	}
+	if at <= a.changedAt {
+		return a.changedAt, nil
+	}
+	if at > floor && !a.empty() {
+		a.NoteChange(at)
+		l.putAccount(st, customer, a)
+	}
+	return at, nil
+}
+
 // putAccount records that the Ledger changed the customer's account a
 // (returned by account): the AccountCache is told, else a is written.
 //

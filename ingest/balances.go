@@ -19,7 +19,8 @@ import (
 // concurrent use.
 //
 // Age. A balance is as of its updated_at: broker time (the later of the
-// aggregator partition's watermark and the latest arrival it counts)
+// aggregator partition's watermark and the latest arrival it counts,
+// never before the customer's balance before it)
 // carried in the record; the aggregator writes a customer's balance at
 // most once per its BalanceInterval (1 s by default), so GateMaxAge must
 // stay well above that. Its age is the broker
