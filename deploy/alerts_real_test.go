@@ -62,6 +62,11 @@ var realScale = map[string]ruleScale{
 	// for the blocked reason (the sink pings every 2 s)
 	// (TestRealSinkClickHouseDownAlert).
 	"MeterlineSinkClickHouseDown": {Expr: map[string]string{"2m": "3s"}, For: "8s"},
+	// Held for 30 s, for 3 s: longer than a transaction of the tests'
+	// stages (--transaction-timeout 10s) stays open before the broker
+	// aborts it (its timeout, then up to 10 s until the broker looks)
+	// (TestRealInputHeldByOpenTransactionAlert).
+	"MeterlineInputHeldByOpenTransaction": {Expr: map[string]string{"1800": "30"}, For: "3s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -105,7 +110,7 @@ func parallelAlertTest(t *testing.T) {
 // realFired lists the alerts the real tests fire, all together.
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
-		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired)
+		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired, realHeldAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

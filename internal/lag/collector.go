@@ -19,8 +19,10 @@ import (
 // Metric names exported by a Collector. Dashboards and alerts use them;
 // do not rename.
 const (
-	MetricRecords = "meterline_consumer_lag_records"
-	MetricSeconds = "meterline_consumer_lag_seconds"
+	MetricRecords     = "meterline_consumer_lag_records"
+	MetricSeconds     = "meterline_consumer_lag_seconds"
+	MetricHeldRecords = "meterline_consumer_lag_held_records"
+	MetricHeldSeconds = "meterline_consumer_lag_held_seconds"
 )
 
 var (
@@ -29,6 +31,12 @@ var (
 		[]string{"stage", "group", "topic", "partition"}, nil)
 	descSeconds = prometheus.NewDesc(MetricSeconds,
 		"Seconds a consumer group is behind on a partition: wall time minus the broker timestamp of the first record it has not consumed; 0 when caught up.",
+		[]string{"stage", "group", "topic", "partition"}, nil)
+	descHeldRecords = prometheus.NewDesc(MetricHeldRecords,
+		"Records past the last stable offset of a partition a consumer group reads: the high watermark minus the last stable offset, transaction markers included; a read_committed consumer gets none of them until the transaction open at the last stable offset ends. 0 when none.",
+		[]string{"stage", "group", "topic", "partition"}, nil)
+	descHeldSeconds = prometheus.NewDesc(MetricHeldSeconds,
+		"Seconds the last stable offset of a partition a consumer group reads has not moved while records sit past it, as this process's lag computations observed it (from the first that saw it, on the process's monotonic clock); 0 when no record is held.",
 		[]string{"stage", "group", "topic", "partition"}, nil)
 )
 
@@ -63,6 +71,17 @@ var (
 // markers, and a fraction of a second); the aggregator and the sink
 // likewise trail the watermark records each tick produces.
 //
+// Each series of a group's partition has two more beside it:
+// MetricHeldRecords, the records past the partition's last stable offset
+// (high watermark minus it), and MetricHeldSeconds, for how long that
+// offset has not moved while records sat past it. A transaction left open
+// on an input partition (a crashed producer's until its transaction
+// timeout, a hanging transaction for ever) stops the last stable offset:
+// the stage reads nothing past it and its lag is 0, while these grow.
+// Held seconds are observed, not read from the broker: from the first
+// computation that saw records past that offset, as of the latest, on
+// the collector's clock (WithClock); a process that starts counts from 0.
+//
 // When a computation fails (broker unreachable, timeout), the failure is
 // logged, cached like a result, and the scrape carries no lag series:
 // absent data rather than stale data. The rest of the scrape is unaffected.
@@ -84,6 +103,22 @@ type Collector struct {
 	rows    []Row
 	lastErr error
 	closed  bool
+
+	// held is, per partition with records past its last stable offset
+	// at the last computation, that offset and when a computation first
+	// saw it hold records; heldFor is how long, as of that computation.
+	held    map[topicPartition]heldSince
+	heldFor map[topicPartition]time.Duration
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+type heldSince struct {
+	end   int64
+	since time.Time
 }
 
 // Option configures a Collector.
@@ -96,8 +131,9 @@ func WithCacheTTL(d time.Duration) Option { return func(c *Collector) { c.ttl = 
 // 5s (Prometheus's default scrape timeout is 10 s).
 func WithTimeout(d time.Duration) Option { return func(c *Collector) { c.timeout = d } }
 
-// WithClock sets the wall clock used for seconds behind and for the cache.
-// Default: time.Now.
+// WithClock sets the wall clock used for seconds behind, for the cache and
+// for held seconds (MetricHeldSeconds). Default: time.Now, whose monotonic
+// reading times the held seconds.
 func WithClock(now func() time.Time) Option { return func(c *Collector) { c.now = now } }
 
 // WithInputTopics names the topics a group consumes. A partition of one
@@ -144,16 +180,21 @@ func NewCollector(conn kafka.Config, groups []string, opts ...Option) (*Collecto
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRecords
 	ch <- descSeconds
+	ch <- descHeldRecords
+	ch <- descHeldSeconds
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	rows, _ := c.Rows()
+	rows, heldFor, _ := c.rowsHeld()
 	for _, r := range rows {
 		p := strconv.Itoa(int(r.Partition))
 		st := c.stages[r.Group]
 		ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(r.Records), st, r.Group, r.Topic, p)
 		ch <- prometheus.MustNewConstMetric(descSeconds, prometheus.GaugeValue, r.Behind.Seconds(), st, r.Group, r.Topic, p)
+		ch <- prometheus.MustNewConstMetric(descHeldRecords, prometheus.GaugeValue, float64(r.Held()), st, r.Group, r.Topic, p)
+		ch <- prometheus.MustNewConstMetric(descHeldSeconds, prometheus.GaugeValue,
+			heldFor[topicPartition{r.Topic, r.Partition}].Seconds(), st, r.Group, r.Topic, p)
 	}
 }
 
@@ -164,11 +205,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // for the whole timeout (the TTL by default), and were each waiting call
 // to compute again in turn, N scrapes at once would take N timeouts.
 func (c *Collector) Rows() ([]Row, error) {
+	rows, _, err := c.rowsHeld()
+	return rows, err
+}
+
+// rowsHeld is Rows, with how long each partition's records have been
+// held past its last stable offset as of the same computation (absent:
+// none held).
+func (c *Collector) rowsHeld() ([]Row, map[topicPartition]time.Duration, error) {
 	before := c.done.Load()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, errors.New("lag: collector closed")
+		return nil, nil, errors.New("lag: collector closed")
 	}
 	now := c.now()
 	waited := c.done.Load() != before
@@ -180,10 +229,41 @@ func (c *Collector) Rows() ([]Row, error) {
 		if err != nil {
 			c.rows = nil
 			c.log.Warn("consumer lag not computed; the scrape carries no lag series", zap.Strings("groups", c.groups), zap.Error(err))
+		} else {
+			c.observeHeld(rows, now)
 		}
 		c.done.Add(1)
 	}
-	return c.rows, c.lastErr
+	return c.rows, c.heldFor, c.lastErr
+}
+
+// observeHeld updates, from one computation's rows at now, since when
+// each partition's last stable offset has held records past it: since
+// the first computation that saw records past that same offset. A
+// partition whose offset moved starts again at 0; one with nothing past
+// it (or gone from the rows) is forgotten. A failed computation changes
+// nothing: a broker unreachable for a scrape does not restart the count.
+// Durations are of c.now, whose default, time.Now, carries the monotonic
+// clock: a wall clock stepped back or forth does not change them.
+func (c *Collector) observeHeld(rows []Row, now time.Time) {
+	held := map[topicPartition]heldSince{}
+	c.heldFor = map[topicPartition]time.Duration{}
+	for _, r := range rows {
+		k := topicPartition{r.Topic, r.Partition}
+		if r.Held() == 0 {
+			continue
+		}
+		if _, seen := held[k]; seen { // another group on the same partition
+			continue
+		}
+		h, ok := c.held[k]
+		if !ok || h.end != r.End {
+			h = heldSince{end: r.End, since: now}
+		}
+		held[k] = h
+		c.heldFor[k] = max(now.Sub(h.since), 0)
+	}
+	c.held = held
 }
 
 // Close releases the Kafka client. It is idempotent; a closed Collector

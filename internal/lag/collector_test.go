@@ -345,7 +345,7 @@ func TestCollectorStage(t *testing.T) {
 			n++
 		}
 	}
-	if n != 6 {
-		t.Errorf("%d lag series, want 6 (records and seconds of three groups)", n)
+	if n != 12 {
+		t.Errorf("%d lag series, want 12 (records, seconds, held records and held seconds of three groups)", n)
 	}
 }

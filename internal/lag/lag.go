@@ -36,7 +36,18 @@ type Row struct {
 	End       int64 // last stable offset (read_committed end)
 	Records   int64 // 0 when caught up
 	Behind    time.Duration
+	// High is the partition's high watermark (read_uncommitted end),
+	// listed before End: High - End records sit past the last stable
+	// offset, held from a read_committed consumer by a transaction open
+	// there (Held).
+	High int64
 }
+
+// Held returns how many records sit past the last stable offset (the
+// high watermark minus it, transaction markers included): records no
+// read_committed consumer gets until the transaction open at the last
+// stable offset ends. 0 when none.
+func (r Row) Held() int64 { return max(r.High-r.End, 0) }
 
 // Compute returns the lag of each group on every partition of the topics
 // it has committed offsets for, sorted by group, topic and partition. A
@@ -83,6 +94,12 @@ func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups 
 			}
 		}
 		for topic, committed := range byTopic {
+			// The high watermark before the last stable offset: a record
+			// produced between the two requests never counts as held.
+			highs, err := adm.ListEndOffsets(ctx, topic) // read_uncommitted end = high watermark
+			if err != nil {
+				return nil, fmt.Errorf("lag: high watermarks of %s: %w", topic, err)
+			}
 			ends, err := adm.ListCommittedOffsets(ctx, topic) // read_committed end = LSO
 			if err != nil {
 				return nil, fmt.Errorf("lag: end offsets of %s: %w", topic, err)
@@ -119,7 +136,10 @@ func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups 
 				return nil, err
 			}
 			ends.Each(func(e kadm.ListedOffset) {
-				r := Row{Group: g, Topic: topic, Partition: e.Partition, Committed: -1, End: e.Offset}
+				r := Row{Group: g, Topic: topic, Partition: e.Partition, Committed: -1, End: e.Offset, High: e.Offset}
+				if h, ok := highs.Lookup(topic, e.Partition); ok && h.Err == nil {
+					r.High = h.Offset
+				}
 				if c, ok := committed[e.Partition]; ok {
 					r.Committed = c
 				}

@@ -101,13 +101,18 @@ type StageStatus struct {
 	LagSeconds *float64 `json:"lag_seconds"`
 }
 
-// LagRow is one group's lag on one partition.
+// LagRow is one group's lag on one partition. HeldRecords and
+// HeldSeconds are the records past the partition's last stable offset
+// and how long that offset has held them (meterline_consumer_lag_held_*:
+// a transaction left open there); nil when not exported.
 type LagRow struct {
-	Group     string   `json:"group"`
-	Topic     string   `json:"topic"`
-	Partition int32    `json:"partition"`
-	Records   float64  `json:"records"`
-	Seconds   *float64 `json:"seconds"`
+	Group       string   `json:"group"`
+	Topic       string   `json:"topic"`
+	Partition   int32    `json:"partition"`
+	Records     float64  `json:"records"`
+	Seconds     *float64 `json:"seconds"`
+	HeldRecords *float64 `json:"held_records"`
+	HeldSeconds *float64 `json:"held_seconds"`
 }
 
 // Table is an extra section of the status page, added by a process
@@ -436,6 +441,8 @@ const (
 	metricSinkOwned       = "meterline_sink_owned_partitions"
 	metricLagRecords      = "meterline_consumer_lag_records"
 	metricLagSeconds      = "meterline_consumer_lag_seconds"
+	metricLagHeldRecords  = "meterline_consumer_lag_held_records"
+	metricLagHeldSeconds  = "meterline_consumer_lag_held_seconds"
 )
 
 type metricIndex map[string][]*dto.Metric
@@ -577,11 +584,15 @@ func (m metricIndex) lag() ([]LagRow, bool) {
 		g, t string
 		p    int32
 	}
-	secs := map[key]float64{}
-	for _, x := range m[metricLagSeconds] {
-		p, _ := strconv.ParseInt(label(x, "partition"), 10, 32)
-		secs[key{label(x, "group"), label(x, "topic"), int32(p)}] = value(x)
+	byKey := func(name string) map[key]float64 {
+		out := map[key]float64{}
+		for _, x := range m[name] {
+			p, _ := strconv.ParseInt(label(x, "partition"), 10, 32)
+			out[key{label(x, "group"), label(x, "topic"), int32(p)}] = value(x)
+		}
+		return out
 	}
+	secs, heldRecs, heldSecs := byKey(metricLagSeconds), byKey(metricLagHeldRecords), byKey(metricLagHeldSeconds)
 	rows := make([]LagRow, 0, len(recs))
 	for _, x := range recs {
 		p, err := strconv.ParseInt(label(x, "partition"), 10, 32)
@@ -589,8 +600,15 @@ func (m metricIndex) lag() ([]LagRow, bool) {
 			continue
 		}
 		r := LagRow{Group: label(x, "group"), Topic: label(x, "topic"), Partition: int32(p), Records: value(x)}
-		if s, ok := secs[key{r.Group, r.Topic, r.Partition}]; ok {
+		k := key{r.Group, r.Topic, r.Partition}
+		if s, ok := secs[k]; ok {
 			r.Seconds = &s
+		}
+		if h, ok := heldRecs[k]; ok {
+			r.HeldRecords = &h
+		}
+		if h, ok := heldSecs[k]; ok {
+			r.HeldSeconds = &h
 		}
 		rows = append(rows, r)
 	}
@@ -821,10 +839,18 @@ func viewStandbys(sbs []StandbyStatus) shown[StandbyStatus] {
 	})
 }
 
-// viewLag: the rows most seconds behind first, then most records behind.
+// viewLag: the rows most seconds behind or held first (a partition held
+// by an open transaction is 0 seconds behind: its input stands still),
+// then most records behind.
 func viewLag(rows []LagRow) shown[LagRow] {
+	worst := func(r LagRow) *float64 {
+		if r.HeldSeconds != nil && (r.Seconds == nil || *r.HeldSeconds > *r.Seconds) {
+			return r.HeldSeconds
+		}
+		return r.Seconds
+	}
 	return worstFirst(rows, func(a, b LagRow) int {
-		return cmp.Or(desc(a.Seconds, b.Seconds), cmp.Compare(b.Records, a.Records))
+		return cmp.Or(desc(worst(a), worst(b)), cmp.Compare(b.Records, a.Records))
 	})
 }
 

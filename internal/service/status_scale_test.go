@@ -15,7 +15,8 @@ import (
 // lag and a standby copy, gives a page of bounded size that a browser
 // opens at once, during an incident too: a summary of the stage's
 // partitions, then the ones most in trouble, worst first (restoring, then
-// most seconds behind), and the same for standbys and the consumer lag.
+// most seconds behind), and the same for standbys and the consumer lag
+// (a partition held by an open transaction counts its held seconds).
 // /status.json still lists every partition.
 func TestStatusPageAtScale(t *testing.T) {
 	const n, maxPage = 10000, 512 << 10
@@ -43,6 +44,9 @@ func TestStatusPageAtScale(t *testing.T) {
 		m.lagRecs.WithLabelValues("g", "usage.events", itoa(p)).Set(recs)
 		m.lagSecs.WithLabelValues("g", "usage.events", itoa(p)).Set(secs)
 	}
+	// Partition 5555: not behind, held by a transaction open for 900 s.
+	m.heldRecs.WithLabelValues("g", "usage.events", "5555").Set(40)
+	m.heldSecs.WithLabelValues("g", "usage.events", "5555").Set(900)
 	st.standbys[3333][2] = 1e6
 	s.AddStatus(func() StageStatus { return StageStatusOf(st) })
 
@@ -66,6 +70,7 @@ func TestStatusPageAtScale(t *testing.T) {
 	testenv.ExpectPageValue(t, v, "part/dedup/7777/lag_seconds", "600.0")
 	testenv.ExpectPageValue(t, v, "standby/dedup/3333/lag", "1000000")
 	testenv.ExpectPageValue(t, v, "lag/g/usage.events/7777/seconds", "600.0")
+	testenv.ExpectPageValue(t, v, "lag/g/usage.events/5555/held_seconds", "900.0")
 
 	// Worst first: the restoring partitions (most left to replay first),
 	// then the most seconds behind.
@@ -81,7 +86,7 @@ func TestStatusPageAtScale(t *testing.T) {
 		}
 	}
 	order("part/dedup/", "9001/", "4242/", "7777/", "1234/")
-	order("lag/g/usage.events/", "7777/", "1234/")
+	order("lag/g/usage.events/", "5555/", "7777/", "1234/")
 	order("standby/dedup/", "3333/")
 
 	// The full list, on request.

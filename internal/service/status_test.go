@@ -21,11 +21,12 @@ import (
 // fakeStages registers the metrics the status page reads, as the stream
 // runtime, the sink and the lag collector name them.
 type fakeStages struct {
-	in, out, replayed *prometheus.CounterVec
-	owned, restoring  *prometheus.GaugeVec
-	sinkIn, sinkRows  *prometheus.CounterVec
-	sinkOwned         prometheus.Gauge
-	lagRecs, lagSecs  *prometheus.GaugeVec
+	in, out, replayed  *prometheus.CounterVec
+	owned, restoring   *prometheus.GaugeVec
+	sinkIn, sinkRows   *prometheus.CounterVec
+	sinkOwned          prometheus.Gauge
+	lagRecs, lagSecs   *prometheus.GaugeVec
+	heldRecs, heldSecs *prometheus.GaugeVec
 }
 
 func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
@@ -43,6 +44,8 @@ func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
 	if withLag {
 		s.lagRecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagRecords}, []string{"group", "topic", "partition"})
 		s.lagSecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagSeconds}, []string{"group", "topic", "partition"})
+		s.heldRecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagHeldRecords}, []string{"group", "topic", "partition"})
+		s.heldSecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagHeldSeconds}, []string{"group", "topic", "partition"})
 	}
 	return s
 }
@@ -149,6 +152,10 @@ func TestStatusPage(t *testing.T) {
 		m.lagSecs.WithLabelValues("g-dedup", "usage.events", itoa(p)).Set(recs / 2)
 	}
 	m.lagRecs.WithLabelValues("other", "usage.deduped", "0").Set(9)
+	// Partition 0: caught up to a transaction left open there for 1900 s,
+	// 12 records past it.
+	m.heldRecs.WithLabelValues("g-dedup", "usage.events", "0").Set(12)
+	m.heldSecs.WithLabelValues("g-dedup", "usage.events", "0").Set(1900)
 	ready = notReady
 
 	v := page(t, s)
@@ -201,6 +208,9 @@ func TestStatusPage(t *testing.T) {
 	testenv.ExpectPageValue(t, v, "lag/g-dedup/usage.events/2/seconds", "1.5")
 	testenv.ExpectPageValue(t, v, "lag/other/usage.deduped/0/records", "9")
 	testenv.ExpectPageValue(t, v, "lag/other/usage.deduped/0/seconds", "n/a")
+	testenv.ExpectPageValue(t, v, "lag/g-dedup/usage.events/0/held_records", "12")
+	testenv.ExpectPageValue(t, v, "lag/g-dedup/usage.events/0/held_seconds", "1900.0")
+	testenv.ExpectPageValue(t, v, "lag/other/usage.deduped/0/held_records", "n/a")
 
 	testenv.ExpectPageValue(t, v, "table/aggregates/acme/tokens", "3400")
 	testenv.ExpectPageValue(t, v, "table/aggregates/globex/api_calls", "1")

@@ -1,0 +1,181 @@
+package deploy
+
+import (
+	"bufio"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
+)
+
+// realHeldAlertsFired lists the alerts TestRealInputHeldByOpenTransactionAlert
+// fires.
+var realHeldAlertsFired = []string{"MeterlineInputHeldByOpenTransaction"}
+
+// TestRealInputHeldByOpenTransactionAlert runs the shipped alert rules
+// (scaled as TestRealAlertsFire's, realScale) in a real Prometheus
+// scraping a real `meterline dedup` on the real broker, events arriving
+// on both partitions of its input all test long:
+//
+//  1. Healthy: no alert is pending or firing for longer than the scaled
+//     threshold and for.
+//  2. A producer (not Meterline's) begins a transaction on input
+//     partition 0, writes a record and goes away: the partition's last
+//     stable offset stops there, dedup reads nothing past it while the
+//     events keep arriving, and its lag there stays under a second, but
+//     MeterlineInputHeldByOpenTransaction fires for partition 0 only.
+//  3. The runbook (docs/operations.md, MeterlineInputHeldByOpenTransaction),
+//     with Kafka's own TransactionsCommand (kafka-transactions.sh):
+//     find-hanging on the partition's leader does not list it (its
+//     coordinator still tracks it: describe says Ongoing);
+//     describe-producers gives its start offset, and abort at that offset
+//     ends it: nothing is held, and the alert resolves.
+func TestRealInputHeldByOpenTransactionAlert(t *testing.T) {
+	promBin := realPrometheus(t, "alert rules")
+	parallelAlertTest(t)
+	brokers := testenv.RealKafka(t)
+	work := testenv.LogDir(t, "meterline-alerts-held-test-*")
+	bin := testenv.Meterline(t)
+
+	prefix := testenv.Name(t, "alertsheld") + "."
+	names := topics.DefaultNames()
+	names.Prefix = prefix
+	input := names.EventsTopic()
+	deleteTopicsAfter(t, brokers, prefix)
+	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
+		"--topic-prefix", prefix, "--partitions", "2", "--replication-factor", "1")
+
+	addr := testenv.FreeAddr(t)
+	proc := testenv.StartProcess(t, "dedup", filepath.Join(work, "dedup.log"), bin, "dedup",
+		"--brokers", strings.Join(brokers, ","), "--log-level", "info", "--topic-prefix", prefix,
+		"--group", strings.TrimSuffix(prefix, ".")+"-dedup", "--state-dir", filepath.Join(work, "state"),
+		"--session-timeout", "6s", "--transaction-timeout", "10s", "--instance-id", "d1", "--metrics-addr", addr,
+		"--tick-interval", "1s", "--dedup-keys-file", testenv.DedupKeysFile(t), "--sources", "api-gateway")
+	waitHTTP(t, "http://"+addr+"/readyz", 90*time.Second)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	p := newProducer(t, brokers, prefix)
+	t.Cleanup(p.Close)
+	sendLive(ctx, t, &wg, p, 25*time.Millisecond)
+	w := watchScaledRules(t, promBin, work, addr)
+
+	t.Log("---- 1. healthy")
+	w.waitValue(`count(meterline_consumer_lag_held_seconds{stage="dedup"})`, 2, 60*time.Second)
+	for healthy := time.Now(); time.Since(healthy) < 35*time.Second; time.Sleep(time.Second) {
+		if as := w.active(); len(as) > 0 {
+			t.Fatalf("alerts on a healthy pipeline: %v", as)
+		}
+	}
+
+	t.Log("---- 2. a transaction left open on input partition 0")
+	openTransaction(ctx, t, brokers, prefix+"gone-producer", 5*time.Minute, input, 0)
+	held := map[string]string{"topic": input, "partition": "0"}
+	w.waitFiring("MeterlineInputHeldByOpenTransaction", held)
+	if a := w.find("MeterlineInputHeldByOpenTransaction", map[string]string{"partition": "1"}); a != nil {
+		t.Errorf("partition 1, which holds nothing, is held: %v", a)
+	}
+	w.expectOnly("an input held by an open transaction", "MeterlineInputHeldByOpenTransaction")
+	// What the alert is for: the lag does not show it.
+	if res, err := w.prom.query(`max(meterline_consumer_lag_seconds{stage="dedup", partition="0"})`); err != nil || len(res) != 1 || res[0].value >= 5 {
+		t.Errorf("lag of partition 0 while held: %v (err %v), want under 5 s (the scaled MeterlineConsumerLagGrowing's bound)", res, err)
+	}
+	if res, err := w.prom.query(`max(meterline_consumer_lag_held_records{stage="dedup", partition="0"})`); err != nil || len(res) != 1 || res[0].value < 100 {
+		t.Errorf("held records of partition 0: %v (err %v), want the events of the last 30 s and more", res, err)
+	}
+
+	t.Log("---- 3. the runbook: find the transaction and abort it")
+	// find-hanging lists only transactions their coordinator no longer
+	// tracks (KIP-664); this one's still does, as Ongoing until its
+	// timeout (5 minutes): describe names it, and its producer.
+	leader := partitionLeader(t, brokers, input, 0)
+	hanging := transactionsCommand(t, brokers, "find-hanging", "--broker-id", strconv.Itoa(int(leader)), "--max-transaction-timeout", "0")
+	if strings.Contains(hanging, input+" ") || strings.Contains(hanging, input+"\t") {
+		t.Errorf("find-hanging lists the transaction its coordinator tracks:\n%s", hanging)
+	}
+	if d := transactionsCommand(t, brokers, "describe", "--transactional-id", prefix+"gone-producer"); !strings.Contains(d, "Ongoing") {
+		t.Errorf("describe --transactional-id %s: not Ongoing:\n%s", prefix+"gone-producer", d)
+	}
+	producers := transactionsCommand(t, brokers, "describe-producers", "--topic", input, "--partition", "0")
+	start := currentTransactionStart(t, producers)
+	transactionsCommand(t, brokers, "abort", "--topic", input, "--partition", "0", "--start-offset", strconv.FormatInt(start, 10))
+	w.waitResolved("MeterlineInputHeldByOpenTransaction", held)
+	w.waitValue(`count(max(meterline_consumer_lag_held_seconds{stage="dedup", partition="0"}) < 5)`, 1, 30*time.Second)
+	w.expectRulesHealthy()
+	w.expectFired(realHeldAlertsFired)
+	cancel()
+	wg.Wait()
+	proc.Stop(t)
+}
+
+// partitionLeader returns the broker id leading topic's partition p.
+func partitionLeader(t *testing.T, brokers []string, topic string, p int32) int32 {
+	t.Helper()
+	md, err := testenv.Admin(t, brokers).Metadata(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, ok := md.Topics[topic].Partitions[p]
+	if !ok || pd.Err != nil {
+		t.Fatalf("%s[%d]: no metadata (%v)", topic, p, pd.Err)
+	}
+	return pd.Leader
+}
+
+// transactionsCommand runs Kafka's kafka-transactions.sh (the class it
+// runs, from the jars deploy/local/kafka.sh caches) with args against
+// brokers and returns its output.
+func transactionsCommand(t *testing.T, brokers []string, args ...string) string {
+	t.Helper()
+	libs, err := exec.Command(filepath.Join(repoRoot, "deploy/local/kafka.sh"), "libs").Output()
+	if err != nil {
+		t.Fatalf("deploy/local/kafka.sh libs: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "java", append([]string{"-cp", strings.TrimSpace(string(libs)) + "/*",
+		"org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", strings.Join(brokers, ",")}, args...)...)
+	out, err := cmd.CombinedOutput()
+	t.Logf("kafka-transactions.sh %s:\n%s", strings.Join(args, " "), out)
+	if err != nil {
+		t.Fatalf("kafka-transactions.sh %s: %v", strings.Join(args, " "), err)
+	}
+	return string(out)
+}
+
+// currentTransactionStart returns the CurrentTransactionStartOffset of
+// the one producer describe-producers lists with a transaction open.
+func currentTransactionStart(t *testing.T, out string) int64 {
+	t.Helper()
+	sc := bufio.NewScanner(strings.NewReader(out))
+	col := -1
+	var starts []int64
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if col < 0 {
+			for i, h := range f {
+				if h == "CurrentTransactionStartOffset" {
+					col = i
+				}
+			}
+			continue
+		}
+		if col < len(f) {
+			if v, err := strconv.ParseInt(f[col], 10, 64); err == nil && v >= 0 {
+				starts = append(starts, v)
+			}
+		}
+	}
+	if len(starts) != 1 {
+		t.Fatalf("describe-producers: transactions open from %v, want one:\n%s", starts, out)
+	}
+	return starts[0]
+}
