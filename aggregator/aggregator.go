@@ -354,6 +354,11 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.AggregateChangelogTopic(), 0); err != nil {
 		return nil, err
 	}
+	// usage.deduped is keyed by customer: compaction would keep only a
+	// customer's last event.
+	if err := topics.CheckEventLog(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.DedupedTopic()); err != nil {
+		return nil, err
+	}
 	var ledger *entitlements.Ledger
 	if cfg.Entitlements {
 		if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "aggregator", cfg.AllowCreateTime, log,

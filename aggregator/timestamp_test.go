@@ -2,6 +2,8 @@ package aggregator
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/testenv"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -124,5 +127,41 @@ func TestNewRefusesDeletingChangelog(t *testing.T) {
 				return err
 			})
 		})
+	}
+}
+
+// TestNewRefusesCompactedDeduped: usage.deduped is keyed by customer, so
+// with compaction in its cleanup.policy the brokers keep only a customer's
+// last event; an aggregator that lags, or reads the topic again after a
+// reset, would bill the others as never sent. New refuses it with an error
+// naming the topic, the setting and the fix (docs/operations.md, Topics).
+func TestNewRefusesCompactedDeduped(t *testing.T) {
+	t.Run("kfake", func(t *testing.T) {
+		_, brokers := testenv.KFake(t)
+		testNewRefusesCompactedDeduped(t, brokers)
+	})
+	t.Run("real", func(t *testing.T) { testNewRefusesCompactedDeduped(t, testenv.RealKafka(t)) })
+}
+
+func testNewRefusesCompactedDeduped(t *testing.T, brokers []string) {
+	h := newAggHarness(t, brokers, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, policy := range []string{"compact", "delete,compact"} {
+		testenv.AlterTopicConfigs(t, brokers, h.names.DedupedTopic(), map[string]string{"cleanup.policy": policy})
+		_, err := New(ctx, h.config("a", vfs.NewMem()))
+		var ce *topics.CompactedEventLogError
+		if !errors.As(err, &ce) || ce.Topic != h.names.DedupedTopic() || ce.Stage != "aggregator" {
+			t.Fatalf("cleanup.policy=%s: New returned %v, want a *topics.CompactedEventLogError naming %s", policy, err, h.names.DedupedTopic())
+		}
+		for _, want := range []string{h.names.DedupedTopic(), "cleanup.policy=" + policy, "kafka-configs.sh"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		}
+	}
+	testenv.AlterTopicConfigs(t, brokers, h.names.DedupedTopic(), map[string]string{"cleanup.policy": "delete"})
+	if _, err := New(ctx, h.config("a", vfs.NewMem())); err != nil {
+		t.Fatalf("New on a delete deduped topic: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/stream"
+	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -44,6 +45,20 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 // handle decides one record. Bad input is rejected, never returned; an
 // error means the local state could not be read, and stops the stage.
 func (pt *partition) handle(tx *stream.Tx, r *kgo.Record) error {
+	// New checked that usage.events uses LogAppendTime. A CreateTime
+	// record after a LogAppendTime one means the setting was changed since:
+	// its timestamp is its producer's choice, never an arrival.
+	if !pt.pr.cfg.AllowCreateTime {
+		if r.Attrs.TimestampType() == 1 {
+			if !pt.logAppend {
+				pt.logAppend = true
+				tx.Put(keyLogAppend, []byte{1}) // again with the metadata after an abort
+			}
+		} else if pt.logAppend {
+			return &topics.TimestampTypeError{Stage: "dedup", Topic: r.Topic, Have: "CreateTime",
+				Record: fmt.Sprintf("partition %d offset %d", r.Partition, r.Offset)}
+		}
+	}
 	// The watermark is the largest broker timestamp seen: no header moves
 	// it (docs/design.md, Event identity and keys).
 	ts := r.Timestamp.UnixMilli()

@@ -122,8 +122,10 @@ type Config struct {
 	// is the producer's clock, so every producer could place its events
 	// outside the window and move the watermarks. New reads the topic's
 	// setting once and refuses it (*topics.TimestampTypeError) unless this
-	// is set; then it logs a warning. For tests and replays that choose
-	// arrival times, never for production. Default: false.
+	// is set; then it logs a warning. Without it, a CreateTime record after
+	// a LogAppendTime one in a partition (the setting changed while dedup
+	// ran) stops the stage with that error too. For tests and replays that
+	// choose arrival times, never for production. Default: false.
 	AllowCreateTime bool
 }
 
@@ -251,6 +253,10 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	}
 	log := cfg.Stream.Logger.With(zap.String("stage", "dedup"), zap.String("instance", cfg.Stream.InstanceID))
 	if err := topics.CheckArrivalTimestamps(ctx, cfg.Stream.Kafka, "dedup", cfg.AllowCreateTime, log, cfg.Topics.EventsTopic()); err != nil {
+		return nil, err
+	}
+	// Dedup must read every copy of an identity, the first above all.
+	if err := topics.CheckEventLog(ctx, cfg.Stream.Kafka, "dedup", log, cfg.Topics.EventsTopic()); err != nil {
 		return nil, err
 	}
 	// A key lives up to W + S + B after its first arrival (docs/operations.md,

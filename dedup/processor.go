@@ -73,6 +73,9 @@ type partition struct {
 	// wm is the partition watermark: the largest broker timestamp seen,
 	// epoch ms; 0: none yet. No header moves it.
 	wm int64
+	// logAppend: a record of this partition had a LogAppendTime timestamp
+	// (keyLogAppend); a CreateTime one after it stops the stage (handle).
+	logAppend bool
 	// writeMeta: write the metadata keys (partition count, upgrade offset,
 	// watermark) in the next transaction: they are missing from the state,
 	// or the transaction that wrote them was aborted.
@@ -225,6 +228,9 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 		part.writeMeta = true
 	}
 	if err := pr.checkKeyScheme(p, st, hasN); err != nil {
+		return nil, err
+	}
+	if _, part.logAppend, err = st.Get(keyLogAppend); err != nil {
 		return nil, err
 	}
 	switch v, ok, err := st.Get(keyBucket); {

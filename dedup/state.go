@@ -43,6 +43,10 @@ var (
 	// count but no bucket was written before it was recorded: it gets the
 	// configured one.
 	keyBucket = []byte("mB")
+	// keyLogAppend: present once the partition has given a record with a
+	// LogAppendTime timestamp; a CreateTime record after that stops the
+	// stage (handle), after a restart too.
+	keyLogAppend = []byte("mL")
 	// keyUsePrefix (keyuse.go): "mS" | key ID, the last signing use of
 	// a key.
 	// keySkew (skew.go): the S the state's keys were accepted under.
@@ -169,6 +173,9 @@ func (pt *partition) begin(tx *stream.Tx) error {
 			tx.Put(keyWatermark, w[:])
 		}
 		tx.Put(keySkew, pt.skew.encode())
+		if pt.logAppend {
+			tx.Put(keyLogAppend, []byte{1})
+		}
 		if pt.dropped > 0 {
 			var d [8]byte
 			binary.BigEndian.PutUint64(d[:], uint64(pt.dropped))

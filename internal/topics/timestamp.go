@@ -24,18 +24,27 @@ const LogAppendTime = "LogAppendTime"
 // TimestampTypeError is returned by CheckArrivalTimestamps when a topic
 // whose record timestamps a stage takes as arrival times does not use
 // LogAppendTime, and the stage was not told to allow it.
+//
+// A stage also returns it, with Record set, when a record of such a topic
+// has a CreateTime timestamp after one with LogAppendTime: the topic's
+// setting was changed while the stage ran.
 type TimestampTypeError struct {
-	Stage string // the stage that refused to start: "dedup", "aggregator"
-	Topic string
-	Have  string // the topic's message.timestamp.type
+	Stage  string // the stage that refused to start or stopped: "dedup", "aggregator"
+	Topic  string
+	Have   string // the topic's message.timestamp.type
+	Record string // empty at start; else the record, "partition 3 offset 42"
 }
 
 func (e *TimestampTypeError) Error() string {
-	return fmt.Sprintf("%s: topic %s has message.timestamp.type=%s, so its record timestamps are the producers' clocks, "+
+	at := ""
+	if e.Record != "" {
+		at = fmt.Sprintf(" (its %s has a CreateTime timestamp after records with LogAppendTime: the setting was changed while %s ran)", e.Record, e.Stage)
+	}
+	return fmt.Sprintf("%s: topic %s has message.timestamp.type=%s%s, so its record timestamps are the producers' clocks, "+
 		"yet %s takes them as arrival times (docs/operations.md, Arrival time): every producer could choose its records' arrival. "+
 		"Set it to LogAppendTime (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config message.timestamp.type=LogAppendTime; "+
 		"meterline topics check reports it), or, for tests and replays only, start with --allow-create-time",
-		e.Stage, e.Topic, e.Have, e.Stage, e.Topic)
+		e.Stage, e.Topic, e.Have, at, e.Stage, e.Topic)
 }
 
 // CheckArrivalTimestamps reads, in one request at a stage's start, the
@@ -111,13 +120,7 @@ func (e *ChangelogRetentionError) Error() string {
 // or with a topic the brokers do not describe, log gets a warning and
 // there is no error.
 func CheckChangelogKeeps(ctx context.Context, conn kafka.Config, stage string, log *zap.Logger, topic string, need time.Duration) error {
-	rcs, err := describeConfigs(ctx, conn, topic)
-	var rc kadm.ResourceConfig
-	if err == nil {
-		if rc, err = rcs.On(topic, nil); err == nil {
-			err = rc.Err
-		}
-	}
+	cfg, err := topicConfigs(ctx, conn, topic)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: describe the configs of changelog %s: %w", stage, topic, err)
@@ -126,16 +129,7 @@ func CheckChangelogKeeps(ctx context.Context, conn kafka.Config, stage string, l
 			zap.String("changelog", topic), zap.Error(err))
 		return nil
 	}
-	policy, retention := "(unset)", "(unset)"
-	for _, c := range rc.Configs {
-		switch {
-		case c.Value == nil:
-		case c.Key == "cleanup.policy":
-			policy = *c.Value
-		case c.Key == "retention.ms":
-			retention = *c.Value
-		}
-	}
+	policy, retention := cfg["cleanup.policy"], cfg["retention.ms"]
 	if !strings.Contains(policy, "delete") {
 		return nil
 	}
@@ -162,4 +156,67 @@ func describeConfigs(ctx context.Context, conn kafka.Config, names ...string) (k
 	}
 	defer cl.Close()
 	return kadm.NewClient(cl).DescribeTopicConfigs(ctx, names...)
+}
+
+// topicConfigs returns the configs of one topic (describeConfigs), each
+// value "(unset)" when the brokers give none.
+func topicConfigs(ctx context.Context, conn kafka.Config, topic string) (map[string]string, error) {
+	rcs, err := describeConfigs(ctx, conn, topic)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := rcs.On(topic, nil)
+	if err == nil {
+		err = rc.Err
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{"cleanup.policy": "(unset)", "retention.ms": "(unset)"}
+	for _, c := range rc.Configs {
+		if c.Value != nil {
+			out[c.Key] = *c.Value
+		}
+	}
+	return out, nil
+}
+
+// CompactedEventLogError is returned by CheckEventLog when a topic whose
+// every record a stage must read (usage.events for dedup, usage.deduped for
+// the aggregator) has compaction in its cleanup.policy: the brokers keep
+// only the last record of each key there, so a stage that lags, or reads
+// the topic again after a reset, never sees the others.
+type CompactedEventLogError struct {
+	Stage  string // the stage that refused to start: "dedup", "aggregator"
+	Topic  string
+	Policy string // the topic's cleanup.policy
+}
+
+func (e *CompactedEventLogError) Error() string {
+	return fmt.Sprintf("%s: topic %s has cleanup.policy=%s, so the brokers keep only the last record of each key there and drop the others "+
+		"(events of one customer or copies of one identity) before %s reads them: events would be lost from the bills "+
+		"(docs/operations.md, Topics). Set it (kafka-configs.sh --alter --entity-type topics --entity-name %s --add-config cleanup.policy=delete; "+
+		"meterline topics check reports it)",
+		e.Stage, e.Topic, e.Policy, e.Stage, e.Topic)
+}
+
+// CheckEventLog reads, at a stage's start, the cleanup.policy of a topic
+// whose every record the stage must read: one with compact in it is a
+// *CompactedEventLogError. Without DescribeConfigs on the topic, or with
+// a topic the brokers do not describe, log gets a warning and there is no
+// error.
+func CheckEventLog(ctx context.Context, conn kafka.Config, stage string, log *zap.Logger, topic string) error {
+	cfg, err := topicConfigs(ctx, conn, topic)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: describe the configs of %s: %w", stage, topic, err)
+		}
+		log.Warn("cannot read the topic's cleanup.policy to check that it keeps every record (grant DescribeConfigs on the topic)",
+			zap.String("topic", topic), zap.Error(err))
+		return nil
+	}
+	if policy := cfg["cleanup.policy"]; strings.Contains(policy, "compact") {
+		return &CompactedEventLogError{Stage: stage, Topic: topic, Policy: policy}
+	}
+	return nil
 }
