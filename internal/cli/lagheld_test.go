@@ -37,57 +37,8 @@ func testLagShowsHeld(t *testing.T, brokers []string) {
 	ctx := context.Background()
 	topic, group := testenv.Name(t, "held"), testenv.Name(t, "group")
 	testenv.CreateTopic(t, brokers, topic, 2, nil)
-	produce := func(opts ...kgo.Opt) *kgo.Client {
-		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-			kgo.DefaultProduceTopic(topic)}, opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(cl.Close)
-		return cl
-	}
-	// Offset 0: the open transaction's record.
-	open := produce(kgo.TransactionalID(group+"-open"), kgo.TransactionTimeout(time.Minute))
-	if err := open.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := open.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("open")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = open.EndTransaction(context.Background(), kgo.TryAbort) }()
-	// Offsets 1-3: another producer's committed transaction; 4: its marker.
-	other := produce(kgo.TransactionalID(group + "-other"))
-	if err := other.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := other.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("committed")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		t.Fatal(err)
-	}
-	adm := kadm.NewClient(other)
-	// A broker writes a transaction's markers once EndTransaction has
-	// returned: wait for them (high watermark 5 with the commit marker;
-	// last stable offset 6 after the abort marker, below).
-	waitEnd := func(what string, list func(context.Context, ...string) (kadm.ListedOffsets, error), want int64) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			offs, err := list(ctx, topic)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if o, ok := offs.Lookup(topic, 0); ok && o.Err == nil && o.Offset == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s of partition 0: %v, want %d", what, offs, want)
-			}
-		}
-	}
-	waitEnd("high watermark", adm.ListEndOffsets, 5)
+	open := testenv.HoldPartition(t, brokers, topic, 0, group+"-open")
+	adm := testenv.Admin(t, brokers)
 	var offs kadm.Offsets
 	offs.AddOffset(topic, 0, 0, -1)
 	offs.AddOffset(topic, 1, 0, -1)
@@ -135,7 +86,9 @@ func testLagShowsHeld(t *testing.T, brokers []string) {
 	if err := open.EndTransaction(ctx, kgo.TryAbort); err != nil {
 		t.Fatal(err)
 	}
-	waitEnd("last stable offset", adm.ListCommittedOffsets, 6)
+	// The abort marker, offset 5, which a broker writes once
+	// EndTransaction has returned: the last stable offset is then 6.
+	testenv.WaitPartitionEnd(t, adm.ListCommittedOffsets, topic, 0, 6)
 	code, stdout, stderr := run(t, "", "lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--all")
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
