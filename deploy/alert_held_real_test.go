@@ -30,7 +30,8 @@ var realHeldAlertsFired = []string{"MeterlineInputHeldByOpenTransaction"}
 //     partition 0, writes a record and goes away: the partition's last
 //     stable offset stops there, dedup reads nothing past it while the
 //     events keep arriving, and its lag there stays under a second, but
-//     MeterlineInputHeldByOpenTransaction fires for partition 0 only.
+//     MeterlineInputHeldByOpenTransaction fires for partition 0 only,
+//     and the dashboard's panel of held records shows the topic held.
 //  3. The runbook (docs/operations.md, MeterlineInputHeldByOpenTransaction),
 //     with Kafka's own TransactionsCommand (kafka-transactions.sh):
 //     find-hanging on the partition's leader does not list it (its
@@ -91,6 +92,7 @@ func TestRealInputHeldByOpenTransactionAlert(t *testing.T) {
 	if res, err := w.prom.query(`max(meterline_consumer_lag_held_records{stage="dedup", partition="0"})`); err != nil || len(res) != 1 || res[0].value < 100 {
 		t.Errorf("held records of partition 0: %v (err %v), want the events of the last 30 s and more", res, err)
 	}
+	expectHeldPanel(t, w.prom, input)
 
 	t.Log("---- 3. the runbook: find the transaction and abort it")
 	// find-hanging lists only transactions their coordinator no longer
@@ -114,6 +116,47 @@ func TestRealInputHeldByOpenTransactionAlert(t *testing.T) {
 	cancel()
 	wg.Wait()
 	proc.Stop(t)
+}
+
+// heldPanel is the title of the dashboard's panel of records held past
+// the last stable offset.
+const heldPanel = "Consumer lag held by open transactions"
+
+// expectHeldPanel evaluates the queries of the dashboard's heldPanel in
+// prom (every instance and group) while partition 0 of topic is held:
+// each shows topic held: the events of the last 30 s and more, for
+// longer than the scaled alert's threshold (the alert fired).
+func expectHeldPanel(t *testing.T, prom promClient, topic string) {
+	t.Helper()
+	least := map[string]float64{"A": 100, "B": 10} // records, seconds
+	targets := 0
+	for _, p := range loadDashboard(t).panels() {
+		if p.Title != heldPanel {
+			continue
+		}
+		for _, tg := range p.Targets {
+			targets++
+			q := substitute(tg.Expr, map[string]string{"instance": ".*", "group": ".*"})
+			res, err := prom.query(q)
+			if err != nil {
+				t.Errorf("panel %q/%s: %s: %v", p.Title, tg.RefID, q, err)
+				continue
+			}
+			var got float64
+			for _, r := range res {
+				if r.metric["topic"] == topic {
+					got = r.value
+				}
+			}
+			t.Logf("panel %q/%s: %s = %v for %s", p.Title, tg.RefID, q, got, topic)
+			if got < least[tg.RefID] {
+				t.Errorf("panel %q/%s: %s: %v for %s (all: %v); want at least %v", p.Title, tg.RefID, q, got, topic, res, least[tg.RefID])
+			}
+		}
+	}
+	if targets != 2 {
+		t.Errorf("panel %q: %d queries, want 2 (records and seconds held)", heldPanel, targets)
+	}
 }
 
 // partitionLeader returns the broker id leading topic's partition p.

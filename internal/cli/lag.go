@@ -14,7 +14,7 @@ import (
 type LagCmd struct {
 	Group []string      `help:"Consumer groups to show." default:"${dedup_group},${aggregate_group},${sink_group}"`
 	Watch time.Duration `help:"Refresh every this long (0: print once)." default:"0s"`
-	All   bool          `help:"Show caught-up partitions too."`
+	All   bool          `help:"Show partitions neither behind nor holding records too."`
 }
 
 // Run prints the lag table.
@@ -44,17 +44,25 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 }
 
+// printLag prints rows as a table, with a total line, and a note when a
+// partition holds records past its last stable offset: a transaction
+// open there stops the group's reads while its lag reads 0. Without all,
+// a partition neither behind nor holding records has no row.
 func printLag(w io.Writer, rows []lag.Row, all bool, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tRECORDS BEHIND\tSECONDS BEHIND\t")
-	shown, behind := 0, 0
-	var total int64
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tRECORDS BEHIND\tSECONDS BEHIND\tRECORDS HELD\t")
+	shown, behind, holding := 0, 0, 0
+	var total, held int64
 	for _, r := range rows {
 		if r.Records > 0 {
 			behind++
 			total += r.Records
 		}
-		if r.Records == 0 && !all {
+		if h := r.Held(); h > 0 {
+			holding++
+			held += h
+		}
+		if r.Records == 0 && r.Held() == 0 && !all {
 			continue
 		}
 		shown++
@@ -62,10 +70,18 @@ func printLag(w io.Writer, rows []lag.Row, all bool, now time.Time) {
 		if r.Committed < 0 {
 			committed = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%.1f\t\n", r.Group, r.Topic, r.Partition, committed, r.End, r.Records, r.Behind.Seconds())
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%.1f\t%d\t\n", r.Group, r.Topic, r.Partition, committed, r.End, r.Records, r.Behind.Seconds(), r.Held())
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "%d partitions, %d behind, %d records behind in total (%s)\n", len(rows), behind, total, now.UTC().Format(time.RFC3339))
+	if holding > 0 {
+		which := "1 partition holds %d records past its last stable offset"
+		if holding > 1 {
+			which = fmt.Sprint(holding) + " partitions hold %d records past their last stable offsets"
+		}
+		fmt.Fprintf(w, "note: "+which+": a transaction open there stops the group's reads while its lag reads 0 "+
+			"(see docs/operations.md, MeterlineInputHeldByOpenTransaction)\n", held)
+	}
 }
 
 // noteGroupsWithoutRows names on w each of groups that has no row: a

@@ -20,19 +20,6 @@ func realTopic(t *testing.T) (brokers []string, topic, group string, adm *kadm.C
 	return brokers, topic, group, testenv.Admin(t, brokers)
 }
 
-// manualProducer is a client producing to topic, each record to the
-// partition it names.
-func manualProducer(t *testing.T, brokers []string, topic string, opts ...kgo.Opt) *kgo.Client {
-	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.DefaultProduceTopic(topic)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	return cl
-}
-
 // commitAt commits group's offsets of topic: offsets[p] for partition p.
 func commitAt(t *testing.T, adm *kadm.Client, group, topic string, offsets ...int64) {
 	t.Helper()
@@ -59,7 +46,7 @@ func TestLagAbortedBeforeOpenTransaction(t *testing.T) {
 	ctx := context.Background()
 
 	txn := func(id string) *kgo.Client {
-		cl := manualProducer(t, brokers, topic, kgo.TransactionalID(group+"-"+id))
+		cl := testenv.ManualProducer(t, brokers, topic, kgo.TransactionalID(group+"-"+id))
 		if err := cl.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +90,7 @@ func TestLagAbortedBeforeOpenTransaction(t *testing.T) {
 func TestLagCommittedBelowLogStart(t *testing.T) {
 	brokers, topic, group, adm := realTopic(t)
 	ctx := context.Background()
-	pcl := manualProducer(t, brokers, topic)
+	pcl := testenv.ManualProducer(t, brokers, topic)
 	for i := 0; i < 10; i++ {
 		if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 1, Value: []byte("x")}).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -128,7 +115,7 @@ func TestLagCommittedBelowLogStart(t *testing.T) {
 func TestLagBigBatchBehindAnotherPartition(t *testing.T) {
 	brokers, topic, group, adm := realTopic(t)
 	ctx := context.Background()
-	pcl := manualProducer(t, brokers, topic, kgo.ProducerBatchCompression(kgo.NoCompression()))
+	pcl := testenv.ManualProducer(t, brokers, topic, kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err := pcl.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("small")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

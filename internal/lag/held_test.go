@@ -37,33 +37,15 @@ func testCollectorHeld(t *testing.T, brokers []string) {
 	topic, group := testenv.Name(t, "held"), testenv.Name(t, "group")
 	testenv.CreateTopic(t, brokers, topic, 2, nil)
 
-	// Offset 0: the open transaction's record.
-	open := manualProducer(t, brokers, topic, kgo.TransactionalID(group+"-open"), kgo.TransactionTimeout(time.Minute))
-	if err := open.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := open.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("open")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	// Offset 0: the open transaction's record; 1-3: another producer's
+	// committed transaction; 4: its marker.
+	open := testenv.HoldPartition(t, brokers, topic, 0, group+"-open")
 	aborted := false
 	defer func() {
 		if !aborted {
 			_ = open.EndTransaction(context.Background(), kgo.TryAbort)
 		}
 	}()
-	// Offsets 1-3: another producer's committed transaction; 4: its marker.
-	other := manualProducer(t, brokers, topic, kgo.TransactionalID(group+"-other"))
-	if err := other.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := other.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte("committed")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := other.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		t.Fatal(err)
-	}
 
 	clock := &fakeNow{t: time.Now()}
 	c, err := NewCollector(kafka.Config{Brokers: brokers}, []string{group}, WithClock(clock.now), WithCacheTTL(5*time.Second),
