@@ -180,7 +180,7 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 		if err != nil {
 			return err
 		}
-		pt.startSweep(tx, max(written, at))
+		return pt.startSweep(tx, max(written, at))
 	}
 	return nil
 }

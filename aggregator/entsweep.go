@@ -15,7 +15,7 @@ import (
 // quota gate). Every customer of the partition with usage in the period
 // of the record's read time therefore gets a balance as of that time, in
 // chunks of Config.FinalChunk, Work's transactions, in key order with a
-// cursor (docs/design.md, Exactly-once, 9): the new caps, or, for a change
+// cursor (docs/design.md, Exactly-once, 7): the new caps, or, for a change
 // scheduled for later, the caps until then and caps_until its
 // effective_from.
 //
@@ -58,11 +58,25 @@ func decodeSweep(v []byte) (sweepState, error) {
 }
 
 // startSweep starts the sweep of a default-plan record read at since, in
-// the transaction that applies it.
-func (pt *partition) startSweep(tx *stream.Tx, since int64) {
+// the transaction that applies it, in place of any under way. With no
+// customer with usage in the period (a new partition reading its first
+// default plan), there is none: Work would commit a transaction for
+// nothing.
+func (pt *partition) startSweep(tx *stream.Tx, since int64) error {
+	e := pt.ent
 	start, _ := pt.bounds(max(pt.wm, since))
-	pt.ent.sweep = sweepState{active: true, since: since, period: start}
-	tx.Put(keyDefSweep, pt.ent.sweep.encode())
+	cs, _, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), start, "", 1)
+	switch {
+	case err != nil:
+		return err
+	case len(cs) > 0:
+		e.sweep = sweepState{active: true, since: since, period: start}
+		tx.Put(keyDefSweep, e.sweep.encode())
+	case e.sweep.active:
+		e.sweep = sweepState{}
+		tx.Delete(keyDefSweep)
+	}
+	return nil
 }
 
 // sweepChunk emits the balances of the sweep's next chunk of at most

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/benchinput"
+	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -18,11 +19,17 @@ import (
 // the period, in chunks of FinalChunk: five customers on the default plan
 // at its cap of 2 each get one with the cap of 10 once the plan raises it
 // at once, and one whose caps_until is the effective_from of a change the
-// plan then schedules. Without a balance, the quota gate would keep the
-// cap of 2 until --gate-max-age.
+// plan then schedules, which the quota gate stops trusting then. Without
+// a balance, the gate would keep the cap of 2 until --gate-max-age. On
+// kfake and, when METERLINE_TEST_KAFKA is set, on the real broker.
 func TestDefaultPlanSweepBalances(t *testing.T) {
+	t.Run("kfake", func(t *testing.T) { testDefaultPlanSweepBalances(t, nil) })
+	t.Run("real", func(t *testing.T) { testDefaultPlanSweepBalances(t, testenv.RealKafka(t)) })
+}
+
+func testDefaultPlanSweepBalances(t *testing.T, brokers []string) {
 	const n = 1
-	h := newEntHarness(t, nil, n)
+	h := newEntHarness(t, brokers, n)
 	t0 := time.Now().Add(-90 * time.Second).Truncate(time.Second).UnixMilli()
 	customers := []string{"d1", "d2", "d3", "d4", "d5"}
 	recs := h.shared(n, schemas.DefaultPlanKey, capPlan("", 2, 0), t0)
@@ -53,10 +60,11 @@ func TestDefaultPlanSweepBalances(t *testing.T) {
 		return atCap(10, customers...)(bs)
 	})
 
+	view := GateView(t, h.brokers, h.names.BalancesTopic())
 	t2 := time.Now().UnixMilli()
-	from := t2 + 10*time.Minute.Milliseconds()
+	from := t2 + 4000
 	h.produce(h.shared(n, schemas.DefaultPlanKey, capPlan("", 20, from), t2)...)
-	awaitBalances(t, h, "at the cap of 10 until the scheduled 20", func(bs map[string]*schemas.Balance) bool {
+	bs := awaitBalances(t, h, "at the cap of 10 until the scheduled 20", func(bs map[string]*schemas.Balance) bool {
 		for _, c := range customers {
 			if bs[c].CapsUntil != from {
 				return false
@@ -64,6 +72,24 @@ func TestDefaultPlanSweepBalances(t *testing.T) {
 		}
 		return atCap(10, customers...)(bs)
 	})
+	// The gate trusts d1's balance until the change takes effect, then
+	// no longer.
+	deadline := time.Now().Add(30 * time.Second)
+	for rev, _ := view("d1"); rev < bs["d1"].Revision; rev, _ = view("d1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the gate's view has d1's balance revision %d after 30s, want %d", rev, bs["d1"].Revision)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, ok := view("d1"); ok; _, ok = view("d1") {
+		if time.Now().After(deadline) {
+			t.Fatal("the gate still trusts d1's balance 30s after the default plan's change took effect")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if late := time.Now().UnixMilli() - from; late > 2000 || late < -100 {
+		t.Errorf("the gate stopped trusting d1's balance %dms after the default plan's change took effect, want within 2s", late)
+	}
 }
 
 // defaultPlan reads into the open transaction a default-plan record with
@@ -139,7 +165,7 @@ func sweepRun(t *testing.T, n, chunk int) (*pendingRun, []string) {
 
 // TestDefaultPlanSweepInChunksAfterAbort: a default-plan record's balances
 // go out in chunks of FinalChunk, one Work transaction each, with the
-// cursor in the state (docs/design.md, Exactly-once, 9); a chunk's
+// cursor in the state (docs/design.md, Exactly-once, 7); a chunk's
 // transaction aborted (its emitted balances dropped, the partition
 // reloaded from the committed state, as after a crash) goes again from the
 // committed cursor: every customer with usage gets one balance with the
