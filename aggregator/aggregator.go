@@ -476,7 +476,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		wmIgnored: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_watermarks_ignored_total",
 			Help: "Watermark records ignored because they disagree with the cluster's metadata, by reason: source_partitions (the count is not usage.events' partition count), source_partition (outside [0, that count))."}, []string{"reason"}),
 		chunks: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_chunks_total",
-			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones); with entitlements, at a period start, balances (customers' balances) and prune (usage no event can reach)."}, []string{"work"}),
+			Help: "Chunks of a period's end-of-period work, one per transaction, by work: final (FINAL revisions), book (queued adjustments), expire (state tombstones); with entitlements, at a period start, balances (customers' balances), prune (usage no event can reach); and after a default-plan record, default_plan (the balances of the customers with usage in the period)."}, []string{"work"}),
 		finalizing: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_finalizing_periods",
 			Help: "Periods decided final whose FINAL revisions, or the adjustments queued behind them, are still going out in chunks, per partition."}, []string{"partition"}),
 		finalDue: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_final_due_seconds",
@@ -514,7 +514,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 var (
 	aggregations     = []Aggregation{Sum, Count, Max, UniqueCount, Latest}
 	chunkWork        = []string{"final", "book", "expire"}
-	entChunkWork     = []string{"balances", "prune"}
+	entChunkWork     = []string{"balances", "default_plan", "prune"}
 	ignoredWatermark = []string{"source_partitions", "source_partition"}
 	entRecordResults = []string{"applied", "tick", "rejected", "rerouted", "rerouted_repeat", "moved_mark"}
 )

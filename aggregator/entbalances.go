@@ -146,13 +146,19 @@ const maxRollPeriods = 64
 
 // entHasWork reports whether the entitlements have chunked work: held
 // events being released (entorder.go), records of the gate that can go
-// through, a period start's, or pending balances going out (Flush emits
-// their next chunk in Work's transaction).
+// through, a period start's, a default-plan record's sweep (entsweep.go),
+// or pending balances going out (Flush emits their next chunk in Work's
+// transaction).
 func (pt *partition) entHasWork() bool {
-	return pt.ent != nil && (pt.ent.releasePending() || pt.ent.more || pt.ent.roll.phase != rollIdle || pt.ent.bal.active)
+	e := pt.ent
+	return e != nil && (e.releasePending() || e.more || e.roll.phase != rollIdle || e.sweep.active || e.bal.active)
 }
 
-// entWork does one chunk of that work in tx.
+// entWork does one chunk of that work in tx. A period start's balances go
+// before a sweep's chunks (their customers' balances, as of the sweep's
+// time or later once it has noted it, then satisfy the sweep:
+// balanceOutSince), and a sweep's before the pruning, which only bounds
+// the state.
 func (pt *partition) entWork(tx *stream.Tx) error {
 	e := pt.ent
 	if e.releasePending() {
@@ -161,6 +167,9 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	}
 	if e.more {
 		return pt.drain(tx)
+	}
+	if e.sweep.active && e.roll.phase != rollBalances {
+		return pt.sweepChunk(tx)
 	}
 	if e.roll.phase == rollIdle {
 		return nil // pending balances: Flush emits their next chunk

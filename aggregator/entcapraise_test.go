@@ -56,13 +56,12 @@ func atCap(limit int64, customers ...string) func(map[string]*schemas.Balance) b
 // at once writes the customer a balance with the new cap; a record
 // scheduled for later (effective_from) writes one as of its broker time,
 // with the cap then and caps_until its effective_from, and none when it
-// takes effect; the default plan's record writes no customer a balance (a
-// later customer's balance shows it is in effect). The quota gate
-// therefore opens at once for the first, at the raise's effective time
-// for the second (caps_until), and not for the third until the
-// customer's next balance or --gate-max-age: own, sched and def each
-// reach a cap of 2, then theirs is raised to 10, and only own's last
-// balance says 10; def's says nothing of a change.
+// takes effect; the default plan's record writes a balance to every
+// customer with usage in the period (entsweep.go), with its cap. The
+// quota gate therefore opens at once for the first and the third, and at
+// the raise's effective time for the second (caps_until): own, sched and
+// def each reach a cap of 2, then theirs is raised to 10, and own's and
+// def's last balances say 10, sched's 2 until its raise.
 func TestCapRaiseBalances(t *testing.T) {
 	const n = 1
 	h := newEntHarness(t, nil, n)
@@ -82,14 +81,16 @@ func TestCapRaiseBalances(t *testing.T) {
 	recs = append(recs, h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "later", CustomerID: "later", Meter: "api_calls",
 		Quantity: 1, EventTime: t1 + 2000, IngestTime: t1 + 2000}))
 	h.produce(recs...)
-	bs := awaitBalances(t, h, "own's raised, sched's of its record, later's out", func(bs map[string]*schemas.Balance) bool {
-		return atCap(10, "own")(bs) && bs["sched"].UpdatedAt >= t1 && bs["later"] != nil
+	bs := awaitBalances(t, h, "own's and def's raised, sched's of its record, later's out", func(bs map[string]*schemas.Balance) bool {
+		return atCap(10, "own", "def")(bs) && bs["sched"].UpdatedAt >= t1 && bs["later"] != nil
 	})
-	for c, until := range map[string]int64{"sched": t1 + 1000, "def": 0} {
-		if b := bs[c]; b.Meters[0].Limit != 2 || b.CapsUntil != until {
-			t.Errorf("%s's last balance has the limit %d and caps_until %d, want 2 (no balance when its raised cap takes effect) and %d",
-				c, b.Meters[0].Limit, b.CapsUntil, until)
-		}
+	if b := bs["sched"]; b.Meters[0].Limit != 2 || b.CapsUntil != t1+1000 {
+		t.Errorf("sched's last balance has the limit %d and caps_until %d, want 2 (no balance when its raised cap takes effect) and %d",
+			b.Meters[0].Limit, b.CapsUntil, t1+1000)
+	}
+	if b := bs["def"]; b.UpdatedAt < t1 || b.CapsUntil != 0 {
+		t.Errorf("def's last balance as of %d with caps_until %d, want one as of the default plan's record (%d or later) with 0",
+			b.UpdatedAt, b.CapsUntil, t1)
 	}
 	if b := bs["later"]; b.Meters[0].Limit != 10 {
 		t.Errorf("later's balance has the limit %d, want the default plan's 10", b.Meters[0].Limit)

@@ -78,6 +78,8 @@ import (
 //	             the change that made it pending (varint)
 //	'R'          the period roll (rollState): the current period of the
 //	             watermark, and the chunked work of the last period start
+//	'D'          a default-plan record's balances sweep (sweepState):
+//	             its read time, period and cursor; none when idle
 //	'o' customer the origin and value of the last record of the
 //	             customer's key applied (RecordOrigin.encodeWith,
 //	             staleCopy)
@@ -126,6 +128,8 @@ type entPart struct {
 	// Work drains on.
 	more bool
 	roll rollState
+	// sweep is a default-plan record's balances going out (entsweep.go).
+	sweep sweepState
 	// restates holds the restated records of the records being handled
 	// (entRecords), one per key.
 	restates restateQueue
@@ -478,6 +482,13 @@ func (pt *partition) loadEnt(st stateReader) error {
 		return err
 	} else if ok {
 		if e.roll, err = decodeRoll(v); err != nil {
+			return fmt.Errorf("%w (partition %d)", err, pt.p)
+		}
+	}
+	if v, ok, err = st.Get(keyDefSweep); err != nil {
+		return err
+	} else if ok {
+		if e.sweep, err = decodeSweep(v); err != nil {
 			return fmt.Errorf("%w (partition %d)", err, pt.p)
 		}
 	}

@@ -173,6 +173,14 @@ func (pt *partition) applyEntRecord(tx *stream.Tx, r *kgo.Record, rec *entitleme
 		}
 	} else if err := l.PruneShared(pt.ledger(tx), pt.pruneHorizon()); err != nil {
 		return err
+	} else if rec.Key.Reserved == schemas.DefaultPlanKey {
+		// It counts as read at the latest broker time read, as a
+		// customer's record: its customers' balances go out as of it.
+		at, err := l.ReadTo(pt.ledger(tx))
+		if err != nil {
+			return err
+		}
+		return pt.startSweep(tx, max(written, at))
 	}
 	return nil
 }

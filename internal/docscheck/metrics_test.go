@@ -284,7 +284,7 @@ func wantSeries(names topics.Names) []series {
 	for _, a := range []string{"SUM", "COUNT", "MAX", "UNIQUE_COUNT", "LATEST"} {
 		add("aggregate", "meterline_aggregate_late_events_total", "aggregation", a)
 	}
-	for _, w := range []string{"final", "book", "expire", "balances", "prune"} {
+	for _, w := range []string{"final", "book", "expire", "balances", "default_plan", "prune"} {
 		add("aggregate", "meterline_aggregate_chunks_total", "work", w)
 	}
 	for _, r := range []string{"source_partitions", "source_partition"} {
