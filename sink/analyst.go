@@ -181,12 +181,12 @@ FROM (
 
 // balanceContentHash hashes every column of a balance that
 // balances_current copies from usage_balances but its Kafka coordinates:
-// the usage, caps, grants and overdraft the queries of
+// the usage, caps (and until when they hold), grants and overdraft the queries of
 // docs/entitlements.md (Balances in ClickHouse) read.
 const balanceContentHash = `cityHash64(customer_id, toUInt64(revision), plan, unmetered, updated_at, updated_at_ms, period_start, period_end,
            meter_names, meter_usage, meter_limits, meter_on_limit, grant_ids, grant_priorities, grant_effective_from_ms,
            grant_expires_at, grant_expires_at_ms, grant_amounts, grant_consumed, grant_remaining,
-           overdraft_policy, overdraft_limit, overdrawn)`
+           overdraft_policy, overdraft_limit, overdrawn, caps_until, caps_until_ms)`
 
 var createView = regexp.MustCompile(`(?s)^CREATE MATERIALIZED VIEW IF NOT EXISTS ([a-z0-9_]+) TO ([a-z0-9_]+) AS\s+(SELECT\s.*)$`)
 var fromTable = regexp.MustCompile(`\bFROM ([a-z0-9_]+)\b`)

@@ -214,10 +214,12 @@ GROUP BY kafka_topic, kafka_partition`, db)
 
 // balanceTestData inserts balances that every query of BalanceQueries
 // answers with rows at now: two revisions of a customer near its caps
-// with a grant expiring later this month, one overdrawn, one whose
+// with a grant expiring later this month and a change of its caps
+// scheduled (caps_until), one overdrawn, one whose
 // latest period ended last month, one whose grant ends with the month and
 // one whose grant expired after its latest balance, and one whose grant
-// expires past DateTime's range (INSERT ... SELECT: the native driver
+// expires past DateTime's range, and one near a cap that is no longer in
+// effect (its caps_until past; INSERT ... SELECT: the native driver
 // would wait for data blocks after INSERT ... VALUES). Times are Unix seconds, so that both
 // servers read the same instants whatever their time zone.
 func balanceTestData(db string, now time.Time) []string {
@@ -229,7 +231,7 @@ func balanceTestData(db string, now time.Time) []string {
 		amount, remaining int64
 		expires           time.Time
 	}
-	row := func(offset int64, cust string, rev int64, start, end time.Time, meters []string, usage, limits []int64, grants []grant, overdrawn int64) string {
+	row := func(offset int64, cust string, rev int64, start, end time.Time, meters []string, usage, limits []int64, grants []grant, overdrawn, capsUntil int64) string {
 		var ids, exp, expMs, amounts, consumed, remaining, prios, from []string
 		for _, g := range grants {
 			ids = append(ids, strconv.Quote(g.id)[1:len(strconv.Quote(g.id))-1])
@@ -270,21 +272,25 @@ func balanceTestData(db string, now time.Time) []string {
 		}
 		updated := start.Unix() + rev
 		return fmt.Sprintf("INSERT INTO %s.usage_balances SELECT 'usage.balances', 0, %d, toDateTime(%d), %d, '%s', 'free', 0, %d, toDateTime(%d), %d, "+
-			"toDateTime(%d), toDateTime(%d), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'deny', 0, %d",
+			"toDateTime(%d), toDateTime(%d), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'deny', 0, %d, toDateTime(%d), %d",
 			db, offset, updated, updated*1000, cust, rev, updated, updated*1000, start.Unix(), end.Unix(),
 			strs(meters), ints(usage), ints(limits), strs(onLimit), strs(ids), typed(prios, "Int32"), typed(from, "Int64"),
-			typed(exp, "DateTime"), typed(expMs, "Int64"), typed(amounts, "Int64"), typed(consumed, "Int64"), typed(remaining, "Int64"), overdrawn)
+			typed(exp, "DateTime"), typed(expMs, "Int64"), typed(amounts, "Int64"), typed(consumed, "Int64"), typed(remaining, "Int64"), overdrawn,
+			capsUntil, capsUntil*1000)
 	}
 	calls := []string{"api_calls", "tokens"}
 	return []string{
-		row(0, "acme", 1, cur, next, calls, []int64{500, 10}, []int64{1000, 5000}, []grant{{"annual", 10_000, 10_000, time.Time{}}, {"promo", 1000, 1000, soon}}, 0),
-		row(1, "acme", 2, cur, next, calls, []int64{850, 4000}, []int64{1000, 5000}, []grant{{"annual", 10_000, 7500, time.Time{}}, {"promo", 1000, 300, soon}}, 0),
-		row(2, "globex", 1, cur, next, calls[:1], []int64{100}, []int64{1000}, []grant{{"trial", 500, 0, soon}, {"next", 800, 800, next.Add(24 * time.Hour)}}, 1200),
-		row(3, "initech", 7, prev, cur, calls[:1], []int64{990}, []int64{1000}, nil, 0),
-		row(4, "hooli", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"monthly", 1000, 400, next}}, 0),
-		row(5, "soylent", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"spent", 900, 600, now.Add(-time.Minute)}}, 0),
+		row(0, "acme", 1, cur, next, calls, []int64{500, 10}, []int64{1000, 5000}, []grant{{"annual", 10_000, 10_000, time.Time{}}, {"promo", 1000, 1000, soon}}, 0, soon.Unix()),
+		row(1, "acme", 2, cur, next, calls, []int64{850, 4000}, []int64{1000, 5000}, []grant{{"annual", 10_000, 7500, time.Time{}}, {"promo", 1000, 300, soon}}, 0, soon.Unix()),
+		row(2, "globex", 1, cur, next, calls[:1], []int64{100}, []int64{1000}, []grant{{"trial", 500, 0, soon}, {"next", 800, 800, next.Add(24 * time.Hour)}}, 1200, 0),
+		row(3, "initech", 7, prev, cur, calls[:1], []int64{990}, []int64{1000}, nil, 0, 0),
+		row(4, "hooli", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"monthly", 1000, 400, next}}, 0, 0),
+		row(5, "soylent", 1, cur, next, calls[:1], []int64{10}, []int64{1000}, []grant{{"spent", 900, 600, now.Add(-time.Minute)}}, 0, 0),
+		// wayne's caps changed a minute ago, after its latest balance: near
+		// no cap in effect.
+		row(7, "wayne", 1, cur, next, calls[:1], []int64{950}, []int64{1000}, nil, 0, now.Add(-time.Minute).Unix()),
 		// A grant of 2163, whose expiry in seconds wraps to this month in a
 		// UInt32: in no month's expiring credits, on either version.
-		row(6, "tyrell", 1, cur, next, nil, nil, nil, []grant{{"centennial", 700, 700, soon.Add(1 << 32 * time.Second)}}, 0),
+		row(6, "tyrell", 1, cur, next, nil, nil, nil, []grant{{"centennial", 700, 700, soon.Add(1 << 32 * time.Second)}}, 0, 0),
 	}
 }

@@ -14,7 +14,8 @@ import (
 const TableBalances = "usage_balances"
 
 // balancesTable maps usage.balances to usage_balances: a customer's caps
-// and grants as parallel arrays.
+// and grants as parallel arrays, and caps_until (0 in a balance written
+// before the field, and in both columns when no change is known).
 func balancesTable(n topics.Names, cols func(...column) []column) *table {
 	type ba = schemas.Balance
 	return &table{
@@ -49,6 +50,8 @@ func balancesTable(n topics.Names, cols func(...column) []column) *table {
 			mcol("overdraft_policy", func(b *ba) string { return strings.ToLower(string(b.OverdraftPolicy)) }),
 			mcol("overdraft_limit", func(b *ba) int64 { return b.OverdraftLimit }),
 			mcol("overdrawn", func(b *ba) int64 { return b.Overdrawn }),
+			mcol("caps_until", func(b *ba) int64 { return secs(b.CapsUntil) }),
+			mcol("caps_until_ms", func(b *ba) int64 { return b.CapsUntil }),
 		),
 		decode: decoder[ba](func(b *ba) identity { return identity{customer: b.CustomerID} }),
 	}
@@ -71,6 +74,7 @@ SELECT customer_id, plan, meter, usage, cap, round(100 * toFloat64(usage) / cap,
 FROM balances_current FINAL
 ARRAY JOIN meter_names AS meter, meter_usage AS usage, meter_limits AS cap
 WHERE period_end > now() AND unmetered = 0 AND toDecimal128(usage, 0) * 5 >= toDecimal128(cap, 0) * 4
+  AND (caps_until_ms = 0 OR caps_until_ms > toUnixTimestamp(now()) * 1000)
 ORDER BY percent DESC, customer_id, meter`},
 
 	{Name: "credits_expiring_this_month", Title: "Credits that expire this month", SQL: `

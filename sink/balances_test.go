@@ -34,11 +34,11 @@ func TestBalanceQueries(t *testing.T) {
 		recs = append(recs, &kgo.Record{Topic: e.names.BalancesTopic(), Partition: schemas.Partition(key, e.parts), Key: key,
 			Value: schemas.MustEncode(b), Timestamp: base.Add(time.Duration(len(recs)) * time.Second)})
 	}
-	// Each balance says a change of its caps is scheduled (caps_until),
-	// which no column holds: the sink writes the rest as it is.
+	// Each balance says a change of its caps is scheduled (caps_until) at
+	// its period's end: its caps are those in effect now.
 	capped := func(cust string, rev int64, start, end time.Time, meters []schemas.MeterBalance, grants []schemas.GrantBalance, overdrawn int64) {
 		add(&schemas.Balance{CustomerID: cust, Plan: "free", Revision: rev, UpdatedAt: ms(start) + rev, PeriodStart: ms(start), PeriodEnd: ms(end),
-			Meters: meters, Grants: grants, OverdraftPolicy: schemas.OverdraftDeny, Overdrawn: overdrawn, CapsUntil: ms(start) + rev + 60_000})
+			Meters: meters, Grants: grants, OverdraftPolicy: schemas.OverdraftDeny, Overdrawn: overdrawn, CapsUntil: ms(end) + rev})
 	}
 	mb := func(m string, usage, limit int64) schemas.MeterBalance {
 		return schemas.MeterBalance{Meter: m, Usage: usage, Limit: limit, OnLimit: schemas.OnLimitReject}
@@ -86,10 +86,10 @@ func TestBalanceQueries(t *testing.T) {
 	if n := render(queryStrings(t, e.conn, "SELECT count() FROM "+e.db+".balances_current FINAL")); n != "8\n" {
 		t.Errorf("balances_current has %s rows, want one per customer (8)", n)
 	}
-	row := queryStrings(t, e.conn, "SELECT revision, meter_names, meter_usage, meter_on_limit, grant_ids, grant_remaining, grant_expires_at_ms FROM "+
-		e.db+".balances_current FINAL WHERE customer_id = 'acme'")
+	row := queryStrings(t, e.conn, "SELECT revision, meter_names, meter_usage, meter_on_limit, grant_ids, grant_remaining, grant_expires_at_ms, "+
+		"caps_until_ms FROM "+e.db+".balances_current FINAL WHERE customer_id = 'acme'")
 	if got, want := render(row), "2 | [api_calls tokens] | [850 4000] | [reject reject] | [annual promo] | [7500 300] | [0 "+
-		strconv.FormatInt(ms(soon), 10)+"]\n"; got != want {
+		strconv.FormatInt(ms(soon), 10)+"] | "+strconv.FormatInt(ms(next)+2, 10)+"\n"; got != want {
 		t.Errorf("acme's current balance:\n got %s want %s", got, want)
 	}
 

@@ -152,6 +152,14 @@ func sinkValues(t *testing.T, db string, batches [][]*kgo.Record) []string {
 	return out
 }
 
+func intsLiteral[T int32 | int64](v []T) string {
+	q := make([]string, len(v))
+	for i, n := range v {
+		q[i] = fmt.Sprint(n)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
 func sqlLiteral(t *testing.T, v any) string {
 	str := func(s string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'" }
 	switch v := v.(type) {
@@ -170,6 +178,10 @@ func sqlLiteral(t *testing.T, v any) string {
 		return "[" + strings.Join(q, ", ") + "]"
 	case int32, int64, uint8:
 		return fmt.Sprint(v)
+	case []int32:
+		return intsLiteral(v)
+	case []int64:
+		return intsLiteral(v)
 	}
 	t.Fatalf("no literal for %T", v)
 	return ""
