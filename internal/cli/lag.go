@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"text/tabwriter"
 	"time"
 
@@ -12,12 +14,13 @@ import (
 
 // LagCmd is `meterline lag`.
 type LagCmd struct {
-	Group []string      `help:"Consumer groups to show." default:"${dedup_group},${aggregate_group},${sink_group}"`
-	Watch time.Duration `help:"Refresh every this long (0: print once)." default:"0s"`
-	All   bool          `help:"Show partitions neither behind nor holding records too."`
+	Group  []string      `help:"Consumer groups to show." default:"${dedup_group},${aggregate_group},${sink_group}"`
+	Watch  time.Duration `help:"Refresh every this long (0: print once)." default:"0s"`
+	All    bool          `help:"Show partitions neither behind nor holding records too."`
+	Output string        `short:"o" help:"Output format: table, or json (one document a refresh, for scripts; docs/operations.md, Lag)." default:"table" enum:"table,json"`
 }
 
-// Run prints the lag table.
+// Run prints the lag table, or its JSON document.
 func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	kc, err := g.connectKafka(ctx)
 	if err != nil {
@@ -28,10 +31,18 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		if err != nil {
 			return err
 		}
-		if c.Watch > 0 {
-			fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
+		r := newLagReport(rows, c.All, time.Now())
+		if c.Output == "json" {
+			r.GroupsWithoutOffsets = groupsWithoutRows(c.Group, rows)
+			if err := printLagJSON(stdio.Stdout, r); err != nil {
+				return err
+			}
+		} else {
+			if c.Watch > 0 {
+				fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
+			}
+			printLag(stdio.Stdout, r)
 		}
-		printLag(stdio.Stdout, rows, c.All, time.Now())
 		if c.Watch <= 0 {
 			noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
 			return nil
@@ -44,43 +55,105 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 }
 
-// printLag prints rows as a table, with a total line, and a note when a
-// partition holds records past its last stable offset: a transaction
-// open there stops the group's reads while its lag reads 0. Without all,
-// a partition neither behind nor holding records has no row.
-func printLag(w io.Writer, rows []lag.Row, all bool, now time.Time) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tRECORDS BEHIND\tSECONDS BEHIND\tRECORDS HELD\t")
-	shown, behind, holding := 0, 0, 0
-	var total, held int64
-	for _, r := range rows {
-		if r.Records > 0 {
-			behind++
-			total += r.Records
+// lagReport is what `meterline lag` prints, in a table or as JSON (-o
+// json). Its JSON field names are stable: scripts read them
+// (docs/operations.md, Lag).
+type lagReport struct {
+	Time       time.Time      `json:"time"`
+	Partitions []lagPartition `json:"partitions"`
+	Totals     lagTotals      `json:"totals"`
+	// GroupsWithoutOffsets are the groups asked for that have no row
+	// (no such group, or it has committed nothing yet); JSON only, the
+	// table names them on stderr.
+	GroupsWithoutOffsets []string `json:"groups_without_offsets"`
+}
+
+// lagPartition is a row of the table: one group on one partition.
+type lagPartition struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Committed is nil when the group has no committed offset there
+	// (the table's "-").
+	Committed     *int64  `json:"committed_offset"`
+	End           int64   `json:"end_offset"` // last stable offset
+	High          int64   `json:"high_watermark"`
+	RecordsBehind int64   `json:"records_behind"`
+	SecondsBehind float64 `json:"seconds_behind"`
+	RecordsHeld   int64   `json:"records_held"`
+}
+
+// lagTotals is the table's total line and note: over every partition,
+// the rows not shown without --all included.
+type lagTotals struct {
+	Partitions        int   `json:"partitions"`
+	PartitionsBehind  int   `json:"partitions_behind"`
+	RecordsBehind     int64 `json:"records_behind"`
+	PartitionsHolding int   `json:"partitions_holding"`
+	RecordsHeld       int64 `json:"records_held"`
+}
+
+// newLagReport returns the report of rows at now. Without all, a
+// partition neither behind nor holding records has no row; the totals
+// count every partition.
+func newLagReport(rows []lag.Row, all bool, now time.Time) lagReport {
+	r := lagReport{Time: now.UTC().Truncate(time.Second), Partitions: []lagPartition{}, GroupsWithoutOffsets: []string{}}
+	r.Totals.Partitions = len(rows)
+	for _, row := range rows {
+		if row.Records > 0 {
+			r.Totals.PartitionsBehind++
+			r.Totals.RecordsBehind += row.Records
 		}
-		if h := r.Held(); h > 0 {
-			holding++
-			held += h
+		if h := row.Held(); h > 0 {
+			r.Totals.PartitionsHolding++
+			r.Totals.RecordsHeld += h
 		}
-		if r.Records == 0 && r.Held() == 0 && !all {
+		if row.Records == 0 && row.Held() == 0 && !all {
 			continue
 		}
-		shown++
-		committed := fmt.Sprint(r.Committed)
-		if r.Committed < 0 {
-			committed = "-"
+		p := lagPartition{Group: row.Group, Topic: row.Topic, Partition: row.Partition, End: row.End, High: max(row.High, row.End),
+			RecordsBehind: row.Records, SecondsBehind: math.Round(row.Behind.Seconds()*1000) / 1000, RecordsHeld: row.Held()}
+		if row.Committed >= 0 {
+			p.Committed = &row.Committed
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%.1f\t%d\t\n", r.Group, r.Topic, r.Partition, committed, r.End, r.Records, r.Behind.Seconds(), r.Held())
+		r.Partitions = append(r.Partitions, p)
+	}
+	return r
+}
+
+// printLagJSON writes r as one indented JSON document.
+func printLagJSON(w io.Writer, r lagReport) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// printLag prints r as a table, with a total line, and a note when a
+// partition holds records past its last stable offset: a transaction
+// open there stops the group's reads while its lag reads 0.
+func printLag(w io.Writer, r lagReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tCOMMITTED\tEND\tRECORDS BEHIND\tSECONDS BEHIND\tRECORDS HELD\t")
+	for _, p := range r.Partitions {
+		committed := "-"
+		if p.Committed != nil {
+			committed = fmt.Sprint(*p.Committed)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\t%.1f\t%d\t\n", p.Group, p.Topic, p.Partition, committed, p.End, p.RecordsBehind, p.SecondsBehind, p.RecordsHeld)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "%d partitions, %d behind, %d records behind in total (%s)\n", len(rows), behind, total, now.UTC().Format(time.RFC3339))
-	if holding > 0 {
+	t := r.Totals
+	fmt.Fprintf(w, "%d partitions, %d behind, %d records behind in total (%s)\n", t.Partitions, t.PartitionsBehind, t.RecordsBehind, r.Time.Format(time.RFC3339))
+	if t.PartitionsHolding > 0 {
 		which := "1 partition holds %d records past its last stable offset"
-		if holding > 1 {
-			which = fmt.Sprint(holding) + " partitions hold %d records past their last stable offsets"
+		if t.PartitionsHolding > 1 {
+			which = fmt.Sprint(t.PartitionsHolding) + " partitions hold %d records past their last stable offsets"
 		}
 		fmt.Fprintf(w, "note: "+which+": a transaction open there stops the group's reads while its lag reads 0 "+
-			"(see docs/operations.md, MeterlineInputHeldByOpenTransaction)\n", held)
+			"(see docs/operations.md, MeterlineInputHeldByOpenTransaction)\n", t.RecordsHeld)
 	}
 }
 
@@ -88,13 +161,23 @@ func printLag(w io.Writer, rows []lag.Row, all bool, now time.Time) {
 // misspelt --group, or a group that has committed no offset yet, would
 // otherwise be missing from the table without a word.
 func noteGroupsWithoutRows(w io.Writer, groups []string, rows []lag.Row) {
+	for _, g := range groupsWithoutRows(groups, rows) {
+		fmt.Fprintf(w, "note: group %q has no committed offsets: no such group, or it has committed none yet\n", g)
+	}
+}
+
+// groupsWithoutRows returns each of groups that has no row, in order.
+func groupsWithoutRows(groups []string, rows []lag.Row) []string {
 	seen := map[string]bool{}
 	for _, r := range rows {
 		seen[r.Group] = true
 	}
+	out := []string{}
 	for _, g := range groups {
 		if !seen[g] {
-			fmt.Fprintf(w, "note: group %q has no committed offsets: no such group, or it has committed none yet\n", g)
+			out = append(out, g)
+			seen[g] = true
 		}
 	}
+	return out
 }

@@ -2,7 +2,10 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +84,7 @@ func testLagShowsHeld(t *testing.T, brokers []string) {
 		if !strings.Contains(stdout, "note: 1 partition holds 5 records past its last stable offset") || !strings.Contains(stdout, note) {
 			t.Errorf("%v: no note of the held partition and its runbook:\n%s", args, stdout)
 		}
+		checkLagJSON(t, args, stdout, 1, 5)
 	}
 
 	if err := open.EndTransaction(ctx, kgo.TryAbort); err != nil {
@@ -99,6 +103,97 @@ func testLagShowsHeld(t *testing.T, brokers []string) {
 	if strings.Contains(stdout, "note:") {
 		t.Errorf("after the abort, nothing is held, yet:\n%s", stdout)
 	}
+	checkLagJSON(t, []string{"lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--all"}, stdout, 0, 0)
+}
+
+// checkLagJSON runs `meterline lag` with args and -o json, and checks
+// that its partitions and totals are the table's (stdout, from the same
+// args): the same rows, committed offsets, ends, records behind and held,
+// and the same totals, holding partitions of them holding held records.
+// The JSON also has each partition's high watermark: end plus held.
+func checkLagJSON(t *testing.T, args []string, table string, holding, held int64) {
+	t.Helper()
+	args = append(slices.Clone(args), "-o", "json")
+	code, stdout, stderr := run(t, "", args...)
+	if code != 0 {
+		t.Fatalf("%v: exit %d\nstdout: %s\nstderr: %s", args, code, stdout, stderr)
+	}
+	var doc struct {
+		Time       time.Time `json:"time"`
+		Partitions []struct {
+			Group         string   `json:"group"`
+			Topic         string   `json:"topic"`
+			Partition     int32    `json:"partition"`
+			Committed     *int64   `json:"committed_offset"`
+			End           int64    `json:"end_offset"`
+			High          int64    `json:"high_watermark"`
+			RecordsBehind int64    `json:"records_behind"`
+			SecondsBehind *float64 `json:"seconds_behind"`
+			RecordsHeld   int64    `json:"records_held"`
+		} `json:"partitions"`
+		Totals struct {
+			Partitions        *int   `json:"partitions"`
+			PartitionsBehind  *int   `json:"partitions_behind"`
+			RecordsBehind     *int64 `json:"records_behind"`
+			PartitionsHolding *int   `json:"partitions_holding"`
+			RecordsHeld       *int64 `json:"records_held"`
+		} `json:"totals"`
+		GroupsWithoutOffsets []string `json:"groups_without_offsets"`
+	}
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("%v: stdout is not the JSON document: %v\n%s", args, err, stdout)
+	}
+	if doc.Time.IsZero() {
+		t.Errorf("%v: no time:\n%s", args, stdout)
+	}
+	// The table's rows, spaces squeezed, with the seconds behind apart:
+	// a partition behind ages between the two commands.
+	var want []string
+	var wantSecs []float64
+	for _, l := range strings.Split(table, "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) != 8 {
+			break
+		}
+		secs, err := strconv.ParseFloat(f[6], 64)
+		if err != nil {
+			t.Fatalf("table row %q: %v", l, err)
+		}
+		want = append(want, strings.Join(slices.Delete(f, 6, 7), " "))
+		wantSecs = append(wantSecs, secs)
+	}
+	var rows []string
+	for i, p := range doc.Partitions {
+		committed := "-"
+		if p.Committed != nil {
+			committed = fmt.Sprint(*p.Committed)
+		}
+		if p.SecondsBehind == nil {
+			t.Fatalf("%v: partition %d has no seconds_behind:\n%s", args, p.Partition, stdout)
+		}
+		if p.High != p.End+p.RecordsHeld {
+			t.Errorf("%v: partition %d: high watermark %d, end %d, %d held", args, p.Partition, p.High, p.End, p.RecordsHeld)
+		}
+		if i < len(wantSecs) && (*p.SecondsBehind < wantSecs[i]-0.05 || *p.SecondsBehind > wantSecs[i]+30) {
+			t.Errorf("%v: partition %d: %.3f seconds behind; the table, a moment before, said %.1f", args, p.Partition, *p.SecondsBehind, wantSecs[i])
+		}
+		rows = append(rows, fmt.Sprintf("%s %s %d %s %d %d %d", p.Group, p.Topic, p.Partition, committed, p.End, p.RecordsBehind, p.RecordsHeld))
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("%v: partitions\n%s\nwant the table's\n%s", args, strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+	tt := doc.Totals
+	if tt.Partitions == nil || tt.PartitionsBehind == nil || tt.RecordsBehind == nil || tt.PartitionsHolding == nil || tt.RecordsHeld == nil {
+		t.Fatalf("%v: totals incomplete:\n%s", args, stdout)
+	}
+	if total := fmt.Sprintf("%d partitions, %d behind, %d records behind in total", *tt.Partitions, *tt.PartitionsBehind, *tt.RecordsBehind); !strings.Contains(table, total) {
+		t.Errorf("%v: totals %q, not the table's:\n%s", args, total, table)
+	}
+	if *tt.PartitionsHolding != int(holding) || *tt.RecordsHeld != held {
+		t.Errorf("%v: %d partitions holding %d records; want %d holding %d:\n%s", args, *tt.PartitionsHolding, *tt.RecordsHeld, holding, held, stdout)
+	}
 }
 
 // TestPrintLagHeldNote: the note under the table counts the partitions
@@ -110,7 +205,7 @@ func TestPrintLagHeldNote(t *testing.T) {
 		{Group: "g", Topic: "u", Partition: 0, Committed: -1, End: 4, High: 6, Records: 4, Behind: time.Second},
 	}
 	var b strings.Builder
-	printLag(&b, rows, false, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	printLag(&b, newLagReport(rows, false, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)))
 	var got []string
 	for _, l := range strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n") {
 		got = append(got, strings.Join(strings.Fields(l), " "))
@@ -126,5 +221,77 @@ func TestPrintLagHeldNote(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("printLag:\n%s\nwant (spaces squeezed):\n%s", b.String(), strings.Join(want, "\n"))
+	}
+}
+
+// TestPrintLagJSON: `meterline lag -o json` writes the table's facts
+// under stable snake_case names, which scripts read: a partition without
+// a committed offset has committed_offset null, the totals count every
+// partition (those not shown without --all too), and the groups asked for
+// without a row are listed.
+func TestPrintLagJSON(t *testing.T) {
+	rows := []lag.Row{
+		{Group: "g", Topic: "t", Partition: 0, Committed: 7, End: 7, High: 10},
+		{Group: "g", Topic: "t", Partition: 1, Committed: 3, End: 5, High: 5, Records: 2, Behind: 1500 * time.Millisecond},
+		{Group: "g", Topic: "t", Partition: 2, Committed: 9, End: 9, High: 9},
+		{Group: "g", Topic: "u", Partition: 0, Committed: -1, End: 4, High: 6, Records: 4, Behind: time.Second},
+	}
+	r := newLagReport(rows, false, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	r.GroupsWithoutOffsets = groupsWithoutRows([]string{"g", "h"}, rows)
+	var b strings.Builder
+	if err := printLagJSON(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	want := `{
+  "time": "2026-01-02T03:04:05Z",
+  "partitions": [
+    {
+      "group": "g",
+      "topic": "t",
+      "partition": 0,
+      "committed_offset": 7,
+      "end_offset": 7,
+      "high_watermark": 10,
+      "records_behind": 0,
+      "seconds_behind": 0,
+      "records_held": 3
+    },
+    {
+      "group": "g",
+      "topic": "t",
+      "partition": 1,
+      "committed_offset": 3,
+      "end_offset": 5,
+      "high_watermark": 5,
+      "records_behind": 2,
+      "seconds_behind": 1.5,
+      "records_held": 0
+    },
+    {
+      "group": "g",
+      "topic": "u",
+      "partition": 0,
+      "committed_offset": null,
+      "end_offset": 4,
+      "high_watermark": 6,
+      "records_behind": 4,
+      "seconds_behind": 1,
+      "records_held": 2
+    }
+  ],
+  "totals": {
+    "partitions": 4,
+    "partitions_behind": 2,
+    "records_behind": 6,
+    "partitions_holding": 2,
+    "records_held": 5
+  },
+  "groups_without_offsets": [
+    "h"
+  ]
+}
+`
+	if b.String() != want {
+		t.Errorf("printLagJSON:\n%s\nwant:\n%s", b.String(), want)
 	}
 }

@@ -95,6 +95,8 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 		return nil, nil, 0, fmt.Errorf("stream: restore partition %d: %w", p, err)
 	}
 	var replayed int64
+	var oor replans
+	defer rt.endReplans(p, &oor)
 	for attempts := 1; ; attempts++ {
 		n, w, err := rt.restoreState(ctx, cl, log, p, warm)
 		replayed += n
@@ -134,12 +136,9 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 			// The state is at its last checkpoint, every record below it
 			// read: planned again from there, in full if the log start
 			// is past it now.
-			log.Warn("the changelog's offset range moved past the restore's position (retention deleted records it had not read, or a stale leader answered); planning again", zap.Error(err))
 			warm = nil
-			select {
-			case <-ctx.Done():
-				return nil, nil, replayed, ctx.Err()
-			case <-time.After(listRetry):
+			if err := rt.replanOutOfRange(ctx, log, p, &oor, err); err != nil {
+				return nil, nil, replayed, err
 			}
 			continue
 		}
@@ -176,6 +175,81 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 	rt.m.opens.WithLabelValues(source).Inc()
 	log.Info("partition opened", zap.String("warm_state", source))
 	return part, starts, replayed, nil
+}
+
+// replanMaxWait caps the wait of a restore between plans while its
+// changelog fetches stay out of range: it doubles from listRetry to this.
+const replanMaxWait = 30 * time.Second
+
+// replanLogEvery is how often, at most, a restore whose changelog fetches
+// stay out of range warns that it plans again, after its first warning.
+const replanLogEvery = time.Minute
+
+// replans are a restore's plans in a row that ended with a changelog
+// fetch out of range.
+type replans struct {
+	n         int           // re-plans in a row
+	wait      time.Duration // before the last one
+	logged    time.Time     // when the last warning was logged
+	notLogged int           // re-plans since that warning
+}
+
+// next counts a re-plan at now and returns the wait before it, and
+// whether to warn of it.
+func (r *replans) next(now time.Time) (wait time.Duration, warn bool) {
+	r.n++
+	r.wait = min(max(2*r.wait, listRetry), replanMaxWait)
+	if r.n > 1 && now.Sub(r.logged) < replanLogEvery {
+		r.notLogged++
+		return r.wait, false
+	}
+	return r.wait, true
+}
+
+// replanOutOfRange counts a re-plan of partition p's restore after err, a
+// changelog fetch out of range (errCopyOutOfRange), exports the re-plans
+// in a row, warns of it (the first, then at most once every
+// replanLogEvery, with the count) and waits before the next plan: from
+// listRetry, doubling to replanMaxWait. Retention that deleted what the
+// copy had not read is over at the next plan, from the new log start; a
+// stale leader is usually replaced within seconds. Fetches out of range
+// plan after plan (a retention that stays ahead of the copy, a leader
+// stale for longer) would otherwise plan and log every 500 ms for as
+// long as it lasts, with nothing in the metrics to say so. It returns
+// ctx's error if ctx ends during the wait.
+func (rt *Runtime) replanOutOfRange(ctx context.Context, log *zap.Logger, p int32, r *replans, err error) error {
+	now := rt.cfg.Clock.Now()
+	wait, warn := r.next(now)
+	rt.m.outOfRangeReplans.WithLabelValues(fmt.Sprint(p)).Set(float64(r.n))
+	if warn {
+		log.Warn("the changelog's offset range moved past the restore's position (retention deleted records it had not read, or a stale leader answered); planning again",
+			zap.Int("replans", r.n), zap.Int("not_logged", r.notLogged), zap.Duration("next_in", wait), zap.Error(err))
+		r.logged, r.notLogged = now, 0
+	}
+	return rt.waitReplan(ctx, wait)
+}
+
+// endReplans ends the export of partition p's re-plans in a row, r, once
+// its restore ended (restored, refused or abandoned). A newer restore of
+// p, begun while an abandoned one still waited, exports its own count
+// again at its next re-plan.
+func (rt *Runtime) endReplans(p int32, r *replans) {
+	if r.n > 0 {
+		rt.m.outOfRangeReplans.DeleteLabelValues(fmt.Sprint(p))
+	}
+}
+
+// waitReplan waits d, or until ctx ends (its error).
+func (rt *Runtime) waitReplan(ctx context.Context, d time.Duration) error {
+	if rt.replanWait != nil {
+		return rt.replanWait(ctx, d)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
 }
 
 // startOffsets lists the start offset of partition p of each topic in

@@ -218,6 +218,10 @@ type Runtime struct {
 	// truncationWait replaces the package's truncationWait when positive
 	// (tests).
 	truncationWait time.Duration
+	// Tests: replanWait, when set, replaces the timer a restore waits on
+	// before it plans again after a changelog fetch out of range
+	// (waitReplan).
+	replanWait func(ctx context.Context, d time.Duration) error
 	// Tests: restoredHook, when set, runs when a restore of partition p has
 	// queued its install, just before it resumes the partition's fetching
 	// (with mu held).
