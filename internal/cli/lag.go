@@ -68,6 +68,10 @@ type lagReport struct {
 	GroupsWithoutOffsets []string `json:"groups_without_offsets"`
 }
 
+// LagReport is what `meterline lag -o json` prints (lagReport), for the
+// docs' check of their example.
+type LagReport = lagReport
+
 // lagPartition is a row of the table: one group on one partition.
 type lagPartition struct {
 	Group     string `json:"group"`

@@ -10,6 +10,7 @@ import (
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/ingest"
+	"github.com/meterline/meterline/internal/cli"
 	"github.com/meterline/meterline/producer"
 )
 
@@ -55,6 +56,10 @@ var yamlKinds = []struct {
 	{"a line of `meterline produce`", []string{"event_id"}, func(b []byte) error {
 		_, err := producer.ParseJSON(b)
 		return err
+	}},
+	{"what `meterline lag -o json` prints", []string{"partitions", "totals", "groups_without_offsets"}, func(b []byte) error {
+		var r cli.LagReport
+		return yaml.UnmarshalStrict(b, &r)
 	}},
 	{"a meter's definition", []string{"aggregation"}, func(b []byte) error {
 		var def map[string]any
