@@ -103,7 +103,7 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 	case err != nil:
 		w.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		w.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
-		return session.Restart(err)
+		return session.EndFailed(err)
 	case !committed:
 		w.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 		w.markDirty(win.last)

@@ -45,20 +45,86 @@ import (
 	"github.com/meterline/meterline/internal/kafka"
 )
 
-// ErrRestart is returned by a session's body (Loop.Run) when ending a
-// transaction failed and its outcome is unknown, or the producer was
-// fenced, lost its transactional state or needs its sequence numbers
-// started again: Run rebuilds the session with the same transactional ID.
-var ErrRestart = errors.New("session: commit outcome unknown: rebuild the session")
+// ErrRestart is returned by a session's body (Loop.Run), wrapped in a
+// RestartError that says why (Restart), when ending a transaction failed
+// and its outcome is unknown, or the producer was fenced, lost its
+// transactional state or needs its sequence numbers started again: Run
+// rebuilds the session with the same transactional ID.
+var ErrRestart = errors.New("session: rebuild the session")
 
 // errSessionClosed is what an abandoned session's Assigned hook returns
 // (Loop.Close).
 var errSessionClosed = errors.New("session: closed")
 
-// Restart returns ErrRestart with its cause: the error that ended the
-// transaction, or the record's. Run tells a fenced producer by it
-// (Fenced).
-func Restart(cause error) error { return fmt.Errorf("%w: %w", ErrRestart, cause) }
+// RestartReason says why a session was rebuilt: the reason label of
+// Names.Restarts. It is one of a fixed set of constants, those below and
+// the stage's own (the stream runtime's out_of_order_sequence, …), never
+// taken from a record or a broker's answer, so the label stays bounded.
+type RestartReason string
+
+// The reasons of every stage.
+const (
+	// RestartCommitUnknown: ending a transaction failed, its outcome
+	// unknown (EndFailed).
+	RestartCommitUnknown RestartReason = "commit_unknown"
+	// RestartFenced: the producer was fenced (Fenced): another producer
+	// initialised the transactional ID since, or the coordinator aborted
+	// a transaction that outlasted the transaction timeout.
+	RestartFenced RestartReason = "fenced"
+	// RestartInitProducerID: initialising the transactional ID of a new
+	// session failed (Loop.InitProducerID).
+	RestartInitProducerID RestartReason = "init_producer_id"
+	// RestartOther: ErrRestart without a RestartError, which no stage
+	// returns: a defect. Not exported until it happens.
+	RestartOther RestartReason = "other"
+)
+
+// RestartError is ErrRestart with why the session is rebuilt.
+type RestartError struct {
+	// Reason is what Run counts the rebuild under.
+	Reason RestartReason
+	// Err is the cause (the error that ended the transaction, or the
+	// record's), or nil.
+	Err error
+}
+
+func (e *RestartError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("%v (%s)", ErrRestart, e.Reason)
+	}
+	return fmt.Sprintf("%v (%s): %v", ErrRestart, e.Reason, e.Err)
+}
+
+// Unwrap returns ErrRestart and the cause.
+func (e *RestartError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrRestart}
+	}
+	return []error{ErrRestart, e.Err}
+}
+
+// Restart returns ErrRestart for reason, with its cause (nil: none but
+// the reason).
+func Restart(reason RestartReason, cause error) error {
+	return &RestartError{Reason: reason, Err: cause}
+}
+
+// EndFailed returns ErrRestart for a transaction whose end failed with
+// err: fenced if the producer was fenced (Fenced), else commit_unknown.
+func EndFailed(err error) error {
+	if Fenced(err) {
+		return Restart(RestartFenced, err)
+	}
+	return Restart(RestartCommitUnknown, err)
+}
+
+// restartReason returns the reason of err, an ErrRestart.
+func restartReason(err error) RestartReason {
+	if re, ok := errors.AsType[*RestartError](err); ok {
+		return re.Reason
+	}
+	return RestartOther
+}
 
 // Fenced reports whether err says that the session's producer was fenced:
 // another producer with its transactional ID initialised it since (its
@@ -364,7 +430,7 @@ func (l *Loop) InitProducerID(ctx context.Context, cl *kgo.Client) error {
 		return fmt.Errorf("session: %w; the password is read at start only: restart the stage with the current one", rerr)
 	}
 	l.log.Warn("initialising the transactional ID failed; retrying", zap.Error(perr))
-	return ErrRestart
+	return Restart(RestartInitProducerID, perr)
 }
 
 // kgoLevel logs kgo's own messages at warn and above, unless the stage's
@@ -378,8 +444,8 @@ func kgoLevel(l *zap.Logger) kgo.LogLevel {
 
 // Run calls body, which opens one session, runs it and closes it, until
 // ctx ends or body returns an error other than ErrRestart. After
-// ErrRestart it counts a restart, logs it and calls body again after
-// RestartBackoff. It returns nil when ctx has ended and body returned nil,
+// ErrRestart it counts a restart under its reason (RestartError), logs it
+// and calls body again after RestartBackoff. It returns nil when ctx has ended and body returned nil,
 // a context.Canceled or ErrRestart (stopping is not a failure), and
 // body's error otherwise.
 func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error {
@@ -391,10 +457,11 @@ func (l *Loop) Run(ctx context.Context, body func(context.Context) error) error 
 		if !errors.Is(err, ErrRestart) {
 			return err
 		}
-		l.m.Restarts.Inc()
+		reason := restartReason(err)
+		l.m.Restarts.WithLabelValues(string(reason)).Inc()
 		l.log.Warn("rebuilding the Kafka session with the same transactional ID (which aborts or completes the open transaction), "+l.recovery,
-			zap.String("transactional_id", l.cfg.TransactionalID()))
-		if Fenced(err) {
+			zap.String("transactional_id", l.cfg.TransactionalID()), zap.String("reason", string(reason)), zap.Error(err))
+		if reason == RestartFenced {
 			l.fenced(time.Now())
 		}
 		select {

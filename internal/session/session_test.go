@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -54,7 +55,8 @@ func TestConfigValidate(t *testing.T) {
 }
 
 var testNames = Names{RecordsIn: "test_records_in_total", Transactions: "test_transactions_total",
-	CommitSeconds: "test_commit_seconds", Restarts: "test_session_restarts_total", Member: "test_group_member"}
+	CommitSeconds: "test_commit_seconds", Restarts: "test_session_restarts_total", Member: "test_group_member",
+	RestartReasons: []RestartReason{"test_reason"}}
 
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
@@ -62,6 +64,22 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// sumOf returns the sum of c's series.
+func sumOf(c *prometheus.CounterVec) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	c.Collect(ch)
+	close(ch)
+	var v float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			panic(err)
+		}
+		v += d.GetCounter().GetValue()
+	}
+	return v
 }
 
 func newTestLoop(t *testing.T, backoff time.Duration) (*Loop, *Metrics) {
@@ -77,32 +95,62 @@ func newTestLoop(t *testing.T, backoff time.Duration) (*Loop, *Metrics) {
 }
 
 // TestRunRestarts: a session that ends with ErrRestart is rebuilt, after
-// RestartBackoff, and counted; any other error ends Run with it.
+// RestartBackoff, and counted under its reason (other without a
+// RestartError); any other error ends Run with it.
 func TestRunRestarts(t *testing.T) {
 	const backoff = 20 * time.Millisecond
 	l, m := newTestLoop(t, backoff)
 	boom := errors.New("boom")
+	ends := []error{
+		EndFailed(errors.New("i/o timeout")),
+		fmt.Errorf("stage: %w", EndFailed(fmt.Errorf("end: %w", kerr.ProducerFenced))),
+		Restart(RestartInitProducerID, nil),
+		Restart(RestartFenced, errors.New("x")),
+		ErrRestart,
+		boom,
+	}
 	var calls []time.Time
 	err := l.Run(context.Background(), func(context.Context) error {
 		calls = append(calls, time.Now())
-		if len(calls) < 3 {
-			return ErrRestart
-		}
-		return boom
+		return ends[len(calls)-1]
 	})
 	if !errors.Is(err, boom) {
 		t.Fatalf("Run returned %v, want boom", err)
 	}
-	if len(calls) != 3 {
-		t.Fatalf("%d sessions, want 3", len(calls))
+	if len(calls) != len(ends) {
+		t.Fatalf("%d sessions, want %d", len(calls), len(ends))
 	}
 	for i := 1; i < len(calls); i++ {
 		if d := calls[i].Sub(calls[i-1]); d < backoff {
 			t.Errorf("session %d opened %s after the previous one ended, before the restart back-off of %s", i+1, d, backoff)
 		}
 	}
-	if got := counterValue(m.Restarts); got != 2 {
-		t.Errorf("test_session_restarts_total %v, want 2", got)
+	want := map[string]float64{"commit_unknown": 1, "fenced": 2, "init_producer_id": 1, "other": 1, "test_reason": 0}
+	for r, n := range want {
+		if got := counterValue(m.Restarts.WithLabelValues(r)); got != n {
+			t.Errorf("test_session_restarts_total{reason=%q} %v, want %v", r, got, n)
+		}
+	}
+	if n := testutil.CollectAndCount(m.Restarts); n != len(want) {
+		t.Errorf("test_session_restarts_total has %d series, want %d: %v", n, len(want), want)
+	}
+}
+
+// TestRestartError: a RestartError is ErrRestart and its cause, and its
+// message names its reason.
+func TestRestartError(t *testing.T) {
+	err := fmt.Errorf("stage: %w", Restart(RestartFenced, kerr.ProducerFenced))
+	if !errors.Is(err, ErrRestart) || !errors.Is(err, kerr.ProducerFenced) || !Fenced(err) {
+		t.Errorf("%v is not ErrRestart and PRODUCER_FENCED", err)
+	}
+	if !strings.Contains(err.Error(), "(fenced)") {
+		t.Errorf("%q does not name its reason", err)
+	}
+	if r := restartReason(Restart(RestartInitProducerID, nil)); r != RestartInitProducerID {
+		t.Errorf("reason %q, want init_producer_id", r)
+	}
+	if r := restartReason(fmt.Errorf("x: %w", ErrRestart)); r != RestartOther {
+		t.Errorf("reason of a bare ErrRestart %q, want other", r)
 	}
 }
 
@@ -126,7 +174,7 @@ func TestRunNamesDuplicateInstance(t *testing.T) {
 		n := 0
 		if err := l.Run(context.Background(), func(context.Context) error {
 			if n++; n <= len(causes) {
-				return Restart(causes[n-1])
+				return EndFailed(causes[n-1])
 			}
 			return boom
 		}); !errors.Is(err, boom) {
@@ -167,6 +215,7 @@ func TestRunStops(t *testing.T) {
 		{"nil", nil, nil},
 		{"canceled", context.Canceled, nil},
 		{"restart", ErrRestart, nil},
+		{"restart with a reason", Restart(RestartFenced, nil), nil},
 		{"error", boom, boom},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -181,8 +230,8 @@ func TestRunStops(t *testing.T) {
 			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
 				t.Fatalf("Run returned %v, want %v", err, tc.want)
 			}
-			if calls != 1 || counterValue(m.Restarts) != 0 {
-				t.Errorf("%d sessions and %v restarts after the context ended, want 1 and 0", calls, counterValue(m.Restarts))
+			if n := sumOf(m.Restarts); calls != 1 || n != 0 {
+				t.Errorf("%d sessions and %v restarts after the context ended, want 1 and 0", calls, n)
 			}
 		})
 	}

@@ -14,6 +14,33 @@ import (
 	"github.com/meterline/meterline/internal/session"
 )
 
+// The reasons the stream runtime rebuilds a session for, besides those of
+// every stage (session.RestartCommitUnknown, session.RestartFenced,
+// session.RestartInitProducerID): the reason label of
+// meterline_stream_session_restarts_total.
+const (
+	// restartProducerState: a record failed because of the producer's
+	// transactional state (producerStateError), not fenced.
+	restartProducerState session.RestartReason = "producer_state"
+	// restartUnwritten: the transaction's records could not be written
+	// within the transaction timeout (errUnwritten).
+	restartUnwritten session.RestartReason = "records_unwritten"
+	// restartOutOfOrderSequence: the broker refused a record with
+	// OUT_OF_ORDER_SEQUENCE_NUMBER (seqreset.go, sequenceRestart).
+	restartOutOfOrderSequence session.RestartReason = "out_of_order_sequence"
+	// restartMetadataMissing: a partition the transaction wrote to was
+	// not in the client's stored metadata when it ended (seqreset.go,
+	// awaitProducedMetadata).
+	restartMetadataMissing session.RestartReason = "metadata_missing"
+	// restartOversizedBatch: the transaction skipped a batch past the
+	// decompression bound (oversized.go, skipBatch).
+	restartOversizedBatch session.RestartReason = "oversized_batch"
+)
+
+// restartReasons are the stream runtime's own restart reasons
+// (session.Names.RestartReasons).
+var restartReasons = []session.RestartReason{restartProducerState, restartUnwritten, restartOutOfOrderSequence, restartMetadataMissing, restartOversizedBatch}
+
 // producerStateError reports whether a record failed because of the
 // transactional producer's own state (fenced, epoch bumped, state expired)
 // or a timeout, rather than because the broker refuses the record.
@@ -170,13 +197,12 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		}
 	}
 	rt.m.session.CommitSeconds.Observe(time.Since(start).Seconds())
-	rebuild := rt.seqRebuild || rt.skipRebuild
-	rt.seqRebuild, rt.skipRebuild = false, false
+	rebuild := rt.takeRebuild()
 	if err != nil || !committed || perr != nil {
-		if err := rt.notCommitted(committed, perr, err, abort); err != nil || !rebuild {
+		if err := rt.notCommitted(committed, perr, err, abort); err != nil || rebuild == "" {
 			return err
 		}
-		return session.ErrRestart
+		return session.Restart(rebuild, nil)
 	}
 	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
 	rt.seqRestarts = 0
@@ -192,13 +218,29 @@ func (rt *Runtime) commit(ctx context.Context) error {
 	rt.hit(fault.AfterApply)
 	rt.resetTxn()
 	rt.reportStateBytes()
-	if rebuild {
+	if rebuild != "" {
 		// Guarantee: the transaction is committed and applied; the next
 		// one runs on a new client, whose sequence numbers start at 0 and
 		// whose partitions are all fetched anew (oversized.go).
-		return session.ErrRestart
+		return session.Restart(rebuild, nil)
 	}
 	return nil
+}
+
+// takeRebuild returns why the session is rebuilt after the transaction
+// that is ending, "" if it is not, and clears it: oversized_batch if the
+// transaction skipped a batch (oversized.go), else metadata_missing if a
+// partition it wrote to may keep its sequence numbers (seqreset.go).
+func (rt *Runtime) takeRebuild() session.RestartReason {
+	var r session.RestartReason
+	switch {
+	case rt.skipRebuild:
+		r = restartOversizedBatch
+	case rt.seqRebuild:
+		r = restartMetadataMissing
+	}
+	rt.seqRebuild, rt.skipRebuild = false, false
+	return r
 }
 
 // committed counts the committed transaction's records in (and time
@@ -383,7 +425,7 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 		rt.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
 		rt.discardTxn()
-		return session.Restart(err)
+		return session.EndFailed(err)
 	case committed:
 		// A record failed after the flush in end, which only a concurrent
 		// producer error can do: the transaction is committed without it.
@@ -399,23 +441,24 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 			// same transactional ID, rejoin and restore (docs/design.md,
 			// Exactly-once, 5).
 			rt.log.Warn("transaction aborted: the producer was fenced or lost its state; rebuilding the session", zap.Error(perr))
-			if errors.Is(perr, kerr.InvalidProducerEpoch) || errors.Is(perr, kerr.ProducerFenced) {
+			if session.Fenced(perr) {
 				rt.m.fenced.Inc() // a zombie's commit, refused
+				return session.Restart(session.RestartFenced, perr)
 			}
-			return session.Restart(perr)
+			return session.Restart(restartProducerState, perr)
 		}
 		if rt.sequenceRestart(perr) {
 			// A partition's sequence numbers were not reset when the
 			// previous transaction ended (seqreset.go): rebuild the
 			// session, whose new client starts them at 0.
 			rt.log.Warn("transaction aborted: the broker refused a record's sequence number; rebuilding the session", zap.Error(perr))
-			return session.ErrRestart
+			return session.Restart(restartOutOfOrderSequence, perr)
 		}
 		if errors.Is(perr, errUnwritten) {
 			// The broker was unreachable for the whole transaction
 			// timeout: rebuild the session, which waits for it.
 			rt.log.Warn("transaction aborted: its records could not be written within the transaction timeout; rebuilding the session", zap.Error(perr))
-			return session.Restart(perr)
+			return session.Restart(restartUnwritten, perr)
 		}
 		if rerr := rt.cfg.Kafka.Refused(perr); rerr != nil {
 			// The producer's new connection was refused its login (the

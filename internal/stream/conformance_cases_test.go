@@ -444,8 +444,8 @@ func commitOutcomeUnknown(committed bool) func(t *testing.T, s *suite) {
 		if n := a.metric("meterline_stream_transactions_total", "outcome", "unknown"); n < 1 {
 			t.Error("a counted no transaction with an unknown outcome")
 		}
-		if n := a.metric("meterline_stream_session_restarts_total"); n < 1 {
-			t.Error("a did not rebuild its session after the unknown outcome")
+		if n := a.metric("meterline_stream_session_restarts_total", "reason", "commit_unknown"); n < 1 {
+			t.Error("a did not rebuild its session for commit_unknown after the unknown outcome")
 		}
 		if committed && a.metric("meterline_stream_restore_records_total") == 0 {
 			t.Error("a replayed no changelog record after its transaction committed unbeknown to it")

@@ -50,12 +50,13 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 	f := prom.NewFactory(reg)
 	m := &metrics{
 		session: session.NewMetrics(reg, session.Names{
-			RecordsIn:     "meterline_stream_records_in_total",
-			Transactions:  "meterline_stream_transactions_total",
-			CommitSeconds: "meterline_stream_commit_seconds",
-			Restarts:      "meterline_stream_session_restarts_total",
-			Member:        "meterline_stream_group_member",
-			RecordsInHelp: "Input records consumed in committed transactions, by topic (input consumed again after an abort counts once).",
+			RecordsIn:      "meterline_stream_records_in_total",
+			Transactions:   "meterline_stream_transactions_total",
+			CommitSeconds:  "meterline_stream_commit_seconds",
+			Restarts:       "meterline_stream_session_restarts_total",
+			Member:         "meterline_stream_group_member",
+			RecordsInHelp:  "Input records consumed in committed transactions, by topic (input consumed again after an abort counts once).",
+			RestartReasons: restartReasons,
 		}, "outputs, changelog records and consumed offsets"),
 		timeIn: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_time_records_in_total",
 			Help: "Input records that only move time (dedup's ticks, the watermark records of usage.deduped), consumed in committed transactions, by topic: the part of meterline_stream_records_in_total that is no event."}, []string{"topic"}),

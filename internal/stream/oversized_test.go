@@ -59,7 +59,8 @@ func (c *rejectPart) RejectBatch(tx *Tx, b RejectedBatch) error {
 // it, on a partition the group has an offset of: the transaction that
 // rejects it commits the offset past it, the state's (kgo's own commit
 // would name the partition only for records consumed), and a restart on
-// the state finds the two agree (docs/design.md, Exactly-once, 6).
+// the state finds the two agree (docs/design.md, Exactly-once, 6). The
+// session is rebuilt after that transaction, for oversized_batch.
 func TestTooLargeLastCommitsPast(t *testing.T) {
 	s := newSuite(t, nil, nil)
 	fs := vfs.NewMem()
@@ -70,6 +71,9 @@ func TestTooLargeLastCommitsPast(t *testing.T) {
 	s.caughtUp()
 	testenv.ProduceBatch(t, s.brokers, s.input, 0, testenv.ZstdBomb(t, 4<<20))
 	s.caughtUp()
+	s.waitFor("the session to be rebuilt for oversized_batch", func() bool {
+		return a.metric("meterline_stream_session_restarts_total", "reason", "oversized_batch") >= 1
+	})
 	a.shutdown()
 	s.startProc("a", fs, proc(), bound)
 	s.sendTo(0, "b0", "i2")

@@ -3,6 +3,8 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/meterline/meterline/internal/session"
 	"github.com/meterline/meterline/internal/testenv"
 )
 
@@ -55,8 +58,8 @@ func TestCommitWaitsForProducedPartitionsInClientMetadata(t *testing.T) {
 	}
 	held.Store(false)
 	s.caughtUp()
-	if n := a.metric("meterline_stream_session_restarts_total"); n != 0 {
-		t.Errorf("the session was rebuilt %v times, want 0: the partitions reached the metadata within the wait", n)
+	if n := a.metric("meterline_stream_session_restarts_total", "reason", "metadata_missing"); n != 0 {
+		t.Errorf("the session was rebuilt %v times for metadata_missing, want 0: the partitions reached the metadata within the wait", n)
 	}
 	s.finish(a, fs)
 }
@@ -76,7 +79,9 @@ func TestSessionRebuiltWhenProducedPartitionsStayOutOfClientMetadata(t *testing.
 		rt.metadataWait = 50 * time.Millisecond
 	})
 	s.send(20)
-	s.waitFor("the session to be rebuilt", func() bool { return a.metric("meterline_stream_session_restarts_total") >= 1 })
+	s.waitFor("the session to be rebuilt for metadata_missing", func() bool {
+		return a.metric("meterline_stream_session_restarts_total", "reason", "metadata_missing") >= 1
+	})
 	if n := a.metric("meterline_stream_transactions_total", "outcome", "committed"); n < 1 {
 		t.Errorf("%v transactions committed before the session was rebuilt, want at least 1", n)
 	}
@@ -187,7 +192,9 @@ func refusedStage(t *testing.T, once bool) (s *suite, fs vfs.FS, a *instance, ar
 // goes on and counts every input once.
 func TestOutOfOrderSequenceRebuildsTheSession(t *testing.T) {
 	s, fs, a, _, refused := refusedStage(t, true)
-	s.waitFor("the session to be rebuilt", func() bool { return a.metric("meterline_stream_session_restarts_total") >= 1 })
+	s.waitFor("the session to be rebuilt", func() bool {
+		return a.metric("meterline_stream_session_restarts_total", "reason", "out_of_order_sequence") >= 1
+	})
 	s.caughtUp()
 	if n := refused.Load(); n != 1 {
 		t.Errorf("kfake refused %d produce requests, want 1", n)
@@ -196,23 +203,38 @@ func TestOutOfOrderSequenceRebuildsTheSession(t *testing.T) {
 		t.Errorf("%v transactions aborted, want at least 1", n)
 	}
 	s.finish(a, fs)
-	if n := a.metric("meterline_stream_session_restarts_total"); n != 1 {
-		t.Errorf("the session was rebuilt %v times, want 1", n)
+	if n := a.metric("meterline_stream_session_restarts_total", "reason", "out_of_order_sequence"); n != 1 {
+		t.Errorf("the session was rebuilt %v times for out_of_order_sequence, want 1 (%s)", n, restartsByReason(t, a))
 	}
 }
 
+// restartsByReason lists a's session rebuilds by reason, for a failure
+// message.
+func restartsByReason(t *testing.T, a *instance) string {
+	t.Helper()
+	var b strings.Builder
+	for _, r := range append([]session.RestartReason{session.RestartCommitUnknown, session.RestartFenced, session.RestartInitProducerID, session.RestartOther}, restartReasons...) {
+		if n := a.metric("meterline_stream_session_restarts_total", "reason", string(r)); n != 0 {
+			fmt.Fprintf(&b, "%s %v; ", r, n)
+		}
+	}
+	return "rebuilds by reason: " + strings.TrimSuffix(b.String(), "; ")
+}
+
 // OUT_OF_ORDER_SEQUENCE_NUMBER in every session stops the stage after
-// maxSequenceRestarts rebuilds, with nothing of those transactions
-// committed; a restart then counts every input once.
+// maxSequenceRestarts rebuilds for it, with nothing of those transactions
+// committed; a restart then counts every input once. Rebuilds for other
+// reasons (a loaded machine's metadata_missing) do not count.
 func TestRepeatedOutOfOrderSequenceStops(t *testing.T) {
 	s, fs, a, armed, _ := refusedStage(t, false)
 	err := a.exit()
 	if !errors.Is(err, kerr.OutOfOrderSequenceNumber) {
 		t.Fatalf("a stopped with %v, want OUT_OF_ORDER_SEQUENCE_NUMBER", err)
 	}
-	if n := a.metric("meterline_stream_session_restarts_total"); n != maxSequenceRestarts {
-		t.Errorf("the session was rebuilt %v times, want %d", n, maxSequenceRestarts)
+	if n := a.metric("meterline_stream_session_restarts_total", "reason", "out_of_order_sequence"); n != maxSequenceRestarts {
+		t.Errorf("the session was rebuilt %v times for out_of_order_sequence, want %d (%s)", n, maxSequenceRestarts, restartsByReason(t, a))
 	}
+	t.Log(restartsByReason(t, a))
 	armed.Store(false)
 	a = s.start("a", fs)
 	s.finish(a, fs)

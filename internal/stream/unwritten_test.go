@@ -37,7 +37,9 @@ func TestUnwrittenRecordsRebuildTheSession(t *testing.T) {
 		return a.metric("meterline_stream_transactions_total", "outcome", "aborted") >= 1
 	})
 	gone.Remove()
-	s.waitFor("the session to be rebuilt", func() bool { return a.metric("meterline_stream_session_restarts_total") >= 1 })
+	s.waitFor("the session to be rebuilt for records_unwritten", func() bool {
+		return a.metric("meterline_stream_session_restarts_total", "reason", "records_unwritten") >= 1
+	})
 	s.caughtUp()
 	s.finish(a, fs)
 }
