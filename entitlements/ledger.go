@@ -100,6 +100,38 @@ type TimelineCache interface {
 type Resolved struct {
 	own, def *Timeline
 	rates    *RateHistory
+	// steady is the plan in effect, planAt(own, def, arrival), for every
+	// arrival from steadyFrom on (steadyFrom: math.MinInt64 when that is
+	// every arrival): the latest versions of both timelines, worked out
+	// once, so that an event arriving after them, nearly every event,
+	// reads neither timeline.
+	steady     *Plan
+	steadyFrom int64
+}
+
+// newResolved returns the Resolved of own, def and h.
+func newResolved(own, def *Timeline, h *RateHistory) *Resolved {
+	r := &Resolved{own: own, def: def, rates: h, steadyFrom: math.MinInt64}
+	if n := len(own.versions); n > 0 {
+		last := own.versions[n-1]
+		r.steadyFrom = last.From
+		if r.steady = last.Plan; r.steady != nil {
+			return r
+		}
+	}
+	if n := len(def.versions); n > 0 {
+		last := def.versions[n-1]
+		r.steadyFrom, r.steady = max(r.steadyFrom, last.From), last.Plan
+	}
+	return r
+}
+
+// planAt is PlanAt on what r resolved.
+func (r *Resolved) planAt(arrival int64) *Plan {
+	if arrival >= r.steadyFrom {
+		return r.steady
+	}
+	return planAt(r.own, r.def, arrival)
 }
 
 // Resolves reports whether k is a key whose write makes every Resolved
@@ -155,7 +187,7 @@ func (l *Ledger) resolve(st Store, customer string) (*Resolved, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Resolved{own: own, def: def, rates: h}
+	r := newResolved(own, def, h)
 	if cached {
 		rc.KeepResolved(customer, r)
 	}
@@ -723,7 +755,7 @@ func (l *Ledger) EvaluateInto(st Store, customer string, ev *Event, d *Decision)
 		*d = Decision{Draws: d.Draws[:0]}
 		return err
 	}
-	plan := planAt(res.own, res.def, ev.Arrival)
+	plan := res.planAt(ev.Arrival)
 	rate, hasRate := res.rates.Rate(ev.Arrival, ev.EventTime, ev.Meter)
 	// The account is read only when the decision can depend on it (the
 	// usage of SUM and COUNT meters, the overdraft under a policy that

@@ -2,6 +2,7 @@ package entitlements
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"testing"
 
@@ -57,6 +58,40 @@ func TestAtLatestVersionFirst(t *testing.T) {
 		{400, "d"}, {1 << 40, "d"}} {
 		if got := planName(tl.At(c.at)); got != c.want {
 			t.Errorf("At(%d) = %s, want %s", c.at, got, c.want)
+		}
+	}
+}
+
+// TestResolvedPlanAtIsPlanAt: what a Resolved works out once (its steady
+// plan) decides as planAt on its timelines does, at every arrival, for
+// timelines of a customer and of the default plan with none, one or
+// several versions, tombstones among them, the latest version of either
+// being the later.
+func TestResolvedPlanAtIsPlanAt(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(14, 1))
+	timeline := func(prefix string) *Timeline {
+		tl := &Timeline{}
+		at := int64(0)
+		for i := range rnd.IntN(4) {
+			at += 1 + rnd.Int64N(100)
+			var p *Plan
+			if rnd.IntN(3) > 0 {
+				p = plan(fmt.Sprintf("%s%d", prefix, i))
+			}
+			if err := tl.Set(at, at+rnd.Int64N(50), p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return tl
+	}
+	for range 2000 {
+		own, def := timeline("own"), timeline("def")
+		r := newResolved(own, def, &RateHistory{})
+		for at := int64(-1); at < 700; at++ {
+			if got, want := r.planAt(at), planAt(own, def, at); got != want {
+				t.Fatalf("arrival %d: %s, planAt %s (own %v, default %v)", at, planName(got, true), planName(want, true),
+					own.versions, def.versions)
+			}
 		}
 	}
 }
