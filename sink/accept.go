@@ -69,7 +69,9 @@ type AcceptedOffset struct {
 // row per partition to SkipsTable first, then the progress rows, and logs
 // each; a partition not ahead is left alone. It refuses, with an error
 // wrapping ErrSinkRunning, while the group has members, checked before it
-// reads the offsets and again before it writes.
+// reads the offsets and again before it writes. Before that, it refuses,
+// with CheckMigrations' error, a database with a migration pending or
+// changed.
 func AcceptOffsets(ctx context.Context, cfg AcceptOffsetsConfig) ([]AcceptedOffset, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -85,6 +87,11 @@ func AcceptOffsets(ctx context.Context, cfg AcceptOffsetsConfig) ([]AcceptedOffs
 	}
 	if cfg.By == "" {
 		cfg.By = whoami()
+	}
+	// Progress is the sink's of this build, which starts only on a
+	// database with every migration applied.
+	if err := checkMigrationsIn(ctx, cfg.Conn, cfg.Database+"."+MigrationsTable); err != nil {
+		return nil, err
 	}
 	if err := noMembers(ctx, cfg.Admin, cfg.Group); err != nil {
 		return nil, err

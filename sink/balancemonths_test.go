@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,11 +97,15 @@ func TestBalancesCurrentKeepsEachMonthOnChdb(t *testing.T) {
 // TestBalancesMigrationRerunAfterBackfill: migration 015 re-creates
 // balances_current, and is re-run whole when a run was stopped before it
 // recorded it (Migrate). A run stopped there on a database that holds
-// balances, a `verify --backfill` that finished its rebuild, then the
-// migration run again: the run again drops the rebuilt table, and must
-// leave a rebuild unfinished (the sink refuses to start until it is
-// done), not an empty balances_current with every rebuild finished. The
-// backfill after it gives back every customer's months.
+// balances: `verify --backfill` refuses (015 is pending, and 016, which
+// adds columns this build's verify reads) and rebuilds nothing, and the
+// migration run again leaves the rebuild unfinished; the backfill after
+// it gives back every customer's months. A second migrate started with
+// the first (it read the migrations table before the first recorded 015)
+// may run 015 again after that backfill finished: it drops the rebuilt
+// table, and must leave a rebuild unfinished (the sink refuses to start
+// until it is done), not an empty balances_current with every rebuild
+// finished.
 func TestBalancesMigrationRerunAfterBackfill(t *testing.T) {
 	conn, db := testenv.ClickHouseDB(t)
 	ctx := ctxT(t, 5*time.Minute)
@@ -116,22 +121,19 @@ func TestBalancesMigrationRerunAfterBackfill(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A run of 015 stopped after its last statement, before its record.
-	// The statements of the later migrations run too, unrecorded: this
-	// build's verify reads the columns they add (the build of 015 read
-	// none of them), and the migration run again applies them again.
-	for _, m := range ms[i:] {
-		for _, s := range m.Statements {
-			if err := conn.Exec(ctx, s); err != nil {
-				t.Fatalf("%v\n%s", err, s)
-			}
-		}
+	if err := runStatements(ctx, conn, ms[i]); err != nil {
+		t.Fatal(err)
+	}
+	noSink := func(context.Context) ([]string, error) { return nil, nil }
+	_, err = Verify(ctx, VerifyConfig{Conn: conn, Database: db, Backfill: true, SinkMembers: noSink, Logger: zaptest.NewLogger(t)})
+	if !errors.Is(err, ErrMigrationsPending) || !strings.Contains(err.Error(), name+", "+capsUntilMigration+" not applied") {
+		t.Fatalf("backfill after the stopped run: %v, want ErrMigrationsPending naming %s and %s", err, name, capsUntilMigration)
 	}
 	backfill := func(when string) {
 		t.Helper()
 		if err := CheckRebuilds(ctx, conn); !errors.Is(err, ErrRebuildUnfinished) {
 			t.Fatalf("%s: %v, want ErrRebuildUnfinished", when, err)
 		}
-		noSink := func(context.Context) ([]string, error) { return nil, nil }
 		if _, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Backfill: true, SinkMembers: noSink, Logger: zaptest.NewLogger(t)}); err != nil {
 			t.Fatal(err)
 		}
@@ -146,15 +148,21 @@ func TestBalancesMigrationRerunAfterBackfill(t *testing.T) {
 			t.Fatalf("%s, backfilled: balances_current FINAL\n%q\nwant\n%q", when, got, balanceMonthsWant)
 		}
 	}
-	backfill("after the stopped run")
 	if _, err := Migrate(ctx, conn); err != nil {
 		t.Fatal(err)
+	}
+	backfill("after the migration ran again")
+	// The second run's statements of 015 and later, after the backfill.
+	for _, m := range ms[i:] {
+		if err := runStatements(ctx, conn, m); err != nil {
+			t.Fatal(err)
+		}
 	}
 	got, err := tsv(ctx, conn, balanceMonthsQuery)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got != balanceMonthsWant {
-		backfill("after the migration ran again")
+		backfill("after a concurrent run ran it again")
 	}
 }

@@ -68,7 +68,7 @@ func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(cont
 	if err := CheckTimeZone(ctx, conn); err != nil {
 		return nil, err
 	}
-	applied, pending, err := readApplied(ctx, conn, ms)
+	applied, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
 	if err != nil {
 		return nil, err
 	}
@@ -98,23 +98,23 @@ func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(cont
 	return res, err
 }
 
-// readApplied reads the applied migrations (none when the migrations
-// table does not exist: a new database), checks that none of ms changed,
-// and returns the names of those of ms not applied.
-func readApplied(ctx context.Context, conn driver.Conn, ms []chschema.Migration) (map[int]appliedMigration, []string, error) {
+// readApplied reads the applied migrations from table, the migrations
+// table (none when it does not exist: a new database), checks that none of
+// ms changed, and returns the names of those of ms not applied.
+func readApplied(ctx context.Context, conn driver.Conn, table string, ms []chschema.Migration) (map[int]appliedMigration, []string, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	// EXISTS reads the one table: 18.16's system.tables fails when a table
 	// of the database is dropped while it reads (a concurrent run's DROP
 	// of a view).
 	var n uint8
-	err := conn.QueryRow(qctx, `EXISTS TABLE `+MigrationsTable).Scan(&n)
+	err := conn.QueryRow(qctx, `EXISTS TABLE `+table).Scan(&n)
 	cancel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("sink: check migrations: %w", err)
 	}
 	applied := map[int]appliedMigration{}
 	if n > 0 {
-		if applied, err = appliedMigrations(ctx, conn); err != nil {
+		if applied, err = appliedMigrations(ctx, conn, table); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -139,7 +139,7 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 	if err != nil {
 		return nil, fmt.Errorf("sink: migrate: create %s: %w", MigrationsTable, err)
 	}
-	applied, _, err := readApplied(ctx, conn, ms)
+	applied, _, err := readApplied(ctx, conn, MigrationsTable, ms)
 	if err != nil {
 		return nil, err
 	}
@@ -149,18 +149,8 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 			out = append(out, MigrationResult{Migration: m})
 			continue
 		}
-		for i, stmt := range m.Statements {
-			sctx, cancel := context.WithTimeout(ctx, ddlTimeout)
-			err := conn.Exec(sctx, stmt)
-			cancel()
-			if err != nil {
-				if done, cerr := columnsAdded(ctx, conn, stmt); cerr != nil || !done {
-					return out, fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
-				}
-				// An ALTER ... ADD COLUMN that an earlier run (killed
-				// before it recorded the migration) or a concurrent
-				// one already applied: 18.16 has no IF NOT EXISTS there.
-			}
+		if err := runStatements(ctx, conn, m); err != nil {
+			return out, err
 		}
 		if err := recordMigration(ctx, conn, m); err != nil {
 			return out, err
@@ -168,6 +158,24 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 		out = append(out, MigrationResult{Migration: m, Applied: true})
 	}
 	return out, nil
+}
+
+// runStatements runs the statements of m, in order; it does not record m.
+func runStatements(ctx context.Context, conn driver.Conn, m chschema.Migration) error {
+	for i, stmt := range m.Statements {
+		sctx, cancel := context.WithTimeout(ctx, ddlTimeout)
+		err := conn.Exec(sctx, stmt)
+		cancel()
+		if err != nil {
+			if done, cerr := columnsAdded(ctx, conn, stmt); cerr != nil || !done {
+				return fmt.Errorf("sink: migrate: %s statement %d: %w", m.Name, i+1, err)
+			}
+			// An ALTER ... ADD COLUMN that an earlier run (killed
+			// before it recorded the migration) or a concurrent one
+			// already applied: 18.16 has no IF NOT EXISTS there.
+		}
+	}
+	return nil
 }
 
 var (
@@ -316,10 +324,10 @@ func compact(s string) string { return strings.Join(strings.Fields(s), "") }
 
 type appliedMigration struct{ name, checksum string }
 
-func appliedMigrations(ctx context.Context, conn driver.Conn) (map[int]appliedMigration, error) {
+func appliedMigrations(ctx context.Context, conn driver.Conn, table string) (map[int]appliedMigration, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := conn.Query(qctx, `SELECT version, any(name), any(checksum) FROM `+MigrationsTable+` GROUP BY version`)
+	rows, err := conn.Query(qctx, `SELECT version, any(name), any(checksum) FROM `+table+` GROUP BY version`)
 	if err != nil {
 		return nil, fmt.Errorf("sink: read %s: %w", MigrationsTable, err)
 	}
@@ -370,13 +378,23 @@ func recordMigration(ctx context.Context, conn driver.Conn, m chschema.Migration
 
 // CheckMigrations returns nil when every embedded migration is applied,
 // unchanged, in conn's default database; otherwise an error naming the
-// pending or changed ones.
+// pending (ErrMigrationsPending) or changed (ErrMigrationChanged) ones.
+// The sink checks it before it starts, and so do verify and
+// AcceptOffsets (checkMigrationsIn) before they read a table: each reads
+// and writes the columns of every migration.
 func CheckMigrations(ctx context.Context, conn driver.Conn) error {
+	return checkMigrationsIn(ctx, conn, MigrationsTable)
+}
+
+// checkMigrationsIn is CheckMigrations with the migrations table named by
+// the caller: db.meterline_migrations for the commands that name their
+// database in every query.
+func checkMigrationsIn(ctx context.Context, conn driver.Conn, table string) error {
 	ms, err := chschema.Migrations()
 	if err != nil {
 		return err
 	}
-	_, pending, err := readApplied(ctx, conn, ms)
+	_, pending, err := readApplied(ctx, conn, table, ms)
 	if err != nil {
 		return err
 	}

@@ -195,7 +195,10 @@ HAVING count() > 1`
 // A rebuild killed half-way leaves its record unfinished: the sink
 // refuses to start, and running Verify with Backfill again redoes it (every
 // step is idempotent) and drops its staging tables. Runs at the same time
-// each swap in months computed wholly from the ledger.
+// each swap in months computed wholly from the ledger. On a database with
+// a migration pending (or changed) it compares nothing and returns
+// CheckMigrations' error, wrapping ErrMigrationsPending
+// (ErrMigrationChanged).
 func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 	cfg.ensureDefaults()
 	if cfg.Conn == nil || !databaseName.MatchString(cfg.Database) {
@@ -210,6 +213,12 @@ func Verify(ctx context.Context, cfg VerifyConfig) (*VerifyReport, error) {
 	}
 	// Months are the server's: compared and swapped in UTC only.
 	if err := CheckTimeZone(ctx, cfg.Conn); err != nil {
+		return nil, err
+	}
+	// The measures read the columns of every migration: on a database
+	// mid-upgrade, the sink's refusal rather than ClickHouse's unknown
+	// column, before anything is compared or rebuilt.
+	if err := checkMigrationsIn(ctx, cfg.Conn, cfg.Database+"."+MigrationsTable); err != nil {
 		return nil, err
 	}
 	v := &verifier{cfg: cfg, log: cfg.Logger}

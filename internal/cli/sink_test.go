@@ -73,14 +73,7 @@ func TestMigrateCommandRefusedWhileSinkRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.Exec(ctx, "CREATE TABLE "+sink.MigrationsTable+" (version UInt32, name String, checksum String, applied_at DateTime) ENGINE = ReplacingMergeTree ORDER BY version"); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:len(ms)-1] {
-		if err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT %d, '%s', '%s', now()", sink.MigrationsTable, m.Version, m.Name, m.Checksum)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	recordMigrations(ctx, t, conn, ms[:len(ms)-1], false)
 	topic := testenv.Name(t, "migrate-member")
 	testenv.CreateTopic(t, brokers, topic, 1, nil)
 	group := testenv.Name(t, "migrate-group")
@@ -104,6 +97,27 @@ func TestMigrateCommandRefusedWhileSinkRuns(t *testing.T) {
 	member.Close()
 	if code, out, errOut := run(t, "", args...); code != 0 || !strings.Contains(out, "1 applied now") {
 		t.Fatalf("migrate once the member left: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// recordMigrations creates the migrations table of conn's database and
+// records ms in it as applied, running each one's statements first when
+// run is set: the database as a migrate of the build whose newest
+// migration is the last of ms left it.
+func recordMigrations(ctx context.Context, t *testing.T, conn driver.Conn, ms []chschema.Migration, run bool) {
+	t.Helper()
+	if err := conn.Exec(ctx, "CREATE TABLE "+sink.MigrationsTable+" (version UInt32, name String, checksum String, applied_at DateTime) ENGINE = ReplacingMergeTree ORDER BY version"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		for i := 0; run && i < len(m.Statements); i++ {
+			if err := conn.Exec(ctx, m.Statements[i]); err != nil {
+				t.Fatalf("%s: %v\n%s", m.Name, err, m.Statements[i])
+			}
+		}
+		if err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO %s SELECT %d, '%s', '%s', now()", sink.MigrationsTable, m.Version, m.Name, m.Checksum)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

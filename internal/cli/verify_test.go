@@ -2,10 +2,14 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/meterline/meterline/internal/testenv"
+	chschema "github.com/meterline/meterline/schemas/clickhouse"
 	"github.com/meterline/meterline/sink"
 )
 
@@ -76,5 +80,46 @@ func TestVerifyDoubleFinalFails(t *testing.T) {
 	rep.DoubleFinals, rep.DoubleFinalKeys = nil, 0
 	if err := verifyFailure(rep); err != nil {
 		t.Errorf("exit without a double FINAL: %v", err)
+	}
+}
+
+// TestVerifyCommandRefusedWithMigrationsPending: `meterline verify` and
+// `meterline sink accept-offsets` on a database whose newest migration is
+// not applied (an operator mid-upgrade) exit 1 with the sink's own
+// refusal, naming the migration and `meterline migrate`, before they
+// compare anything or ask Kafka (the brokers here do not answer); once
+// migrated, `verify --dry-run` passes.
+func TestVerifyCommandRefusedWithMigrationsPending(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	conn, db := testenv.ClickHouseDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ms, err := chschema.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The database as the previous build's migrate left it.
+	recordMigrations(ctx, t, conn, ms[:len(ms)-1], true)
+	pending := ms[len(ms)-1].Name
+	want := "sink: " + pending + " not applied (run `meterline migrate`): migrations pending"
+	common := []string{"--clickhouse", addr, "--database", db, "--brokers", "127.0.0.1:1"}
+	for _, c := range []struct{ name, flag string }{
+		{"verify", "--dry-run"},
+		{"verify", "--backfill"},
+		{"verify", "--timeout=1h"},
+		{"sink accept-offsets", "--timeout=30s"},
+	} {
+		args := append(append(strings.Fields(c.name), c.flag), common...)
+		code, out, errOut := run(t, "", args...)
+		if code != 1 || !strings.Contains(errOut, "meterline "+c.name+": "+want) || out != "" {
+			t.Errorf("%s %s with %s pending: exit %d, want 1 and %q on stderr, nothing on stdout\nstdout:\n%s\nstderr:\n%s",
+				c.name, c.flag, pending, code, want, out, errOut)
+		}
+	}
+	if _, err := sink.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := run(t, "", append([]string{"verify", "--dry-run"}, common...)...); code != 0 || !strings.Contains(out, " 0 differ") {
+		t.Errorf("verify --dry-run once migrated: exit %d, want 0\n%s\n%s", code, out, errOut)
 	}
 }
