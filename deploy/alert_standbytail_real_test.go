@@ -27,10 +27,17 @@ var realStandbyTailAlertsFired = []string{"MeterlineStandbyTailRestarts"}
 // gone, and counts them. Only a standby tail, or a restore, fetches a
 // changelog.
 func refuseChangelogReads(cluster *kfake.Cluster, topic string, id [16]byte, p int32, refuse *atomic.Bool) *atomic.Int64 {
+	return failChangelogReads(cluster, topic, id, p, kerr.TopicAuthorizationFailed, refuse)
+}
+
+// failChangelogReads makes cluster answer every fetch of partition p of
+// topic (its topic ID id) with the error code of e while fail is set, and
+// counts them.
+func failChangelogReads(cluster *kfake.Cluster, topic string, id [16]byte, p int32, e *kerr.Error, fail *atomic.Bool) *atomic.Int64 {
 	var n atomic.Int64
 	cluster.ControlKey(kmsg.Fetch.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		cluster.KeepControl()
-		if !refuse.Load() {
+		if !fail.Load() {
 			return nil, nil, false
 		}
 		req := kreq.(*kmsg.FetchRequest)
@@ -47,7 +54,8 @@ func refuseChangelogReads(cluster *kfake.Cluster, topic string, id [16]byte, p i
 				st.Topic, st.TopicID = topic, id
 				sp := kmsg.NewFetchResponseTopicPartition()
 				sp.Partition = p
-				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				sp.ErrorCode = e.Code
+				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
 				st.Partitions = append(st.Partitions, sp)
 				resp.Topics = append(resp.Topics, st)
 				n.Add(1)

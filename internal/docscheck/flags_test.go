@@ -20,14 +20,15 @@ var docFlag = regexp.MustCompile(`(^|[^A-Za-z0-9_-])--(\[no-\])?([a-z][a-z0-9]*(
 
 // otherToolsFlags are the flags the docs give to other programs: Kafka's
 // command-line tools (kafka-acls.sh, kafka-configs.sh, kafka-storage.sh,
-// kafka-consumer-groups.sh, kafka-topics.sh, kafka-transactions.sh),
+// kafka-consumer-groups.sh, kafka-topics.sh, kafka-transactions.sh,
+// kafka-log-dirs.sh),
 // curl, clickhouse-client and docker compose.
 var otherToolsFlags = map[string]bool{
 	"topic": true, "operation": true, "command-config": true, "bootstrap-server": true, "allow-principal": true,
 	"add": true, "resource-pattern-type": true, "entity-type": true, "entity-name": true, "alter": true,
 	"add-scram": true, "add-config": true, "fail-with-body": true, "query": true, "detach": true, "build": true,
 	"reset-offsets": true, "to-offset": true, "to-earliest": true, "to-latest": true, "execute": true, "delete": true,
-	"describe": true, "broker-id": true, "start-offset": true, "max-transaction-timeout": true,
+	"describe": true, "broker-id": true, "start-offset": true, "max-transaction-timeout": true, "topic-list": true,
 }
 
 // meterlineFlags returns the name of every flag of every meterline

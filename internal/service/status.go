@@ -45,6 +45,11 @@ type PartitionStatus struct {
 	// has been planned yet.
 	RestoreKind   string `json:"restore_kind,omitempty"`
 	RestoreReason string `json:"restore_reason,omitempty"`
+	// RestoreReplans is the number of plans in a row of the partition's
+	// restore that ended with a changelog fetch out of range
+	// (meterline_stream_restore_out_of_range_replans): a restore that does
+	// not get through while it grows. 0 when none, or not restoring.
+	RestoreReplans int `json:"restore_out_of_range_replans,omitempty"`
 	// LagRecords and LagSeconds are the group's lag on this partition of
 	// the input topic, from meterline_consumer_lag_records and
 	// meterline_consumer_lag_seconds; nil when the process exports no lag.
@@ -436,6 +441,7 @@ const (
 	metricStreamOwned     = "meterline_stream_owned_partitions"
 	metricStreamRestoring = "meterline_stream_restore_remaining_records"
 	metricStreamReplayed  = "meterline_stream_restore_records_total"
+	metricStreamReplans   = "meterline_stream_restore_out_of_range_replans"
 	metricSinkIn          = "meterline_sink_records_in_total"
 	metricSinkRows        = "meterline_sink_rows_total"
 	metricSinkOwned       = "meterline_sink_owned_partitions"
@@ -570,6 +576,30 @@ func (m metricIndex) complete(sg *StageStatus) {
 			if p.State == PartitionRestoring {
 				sg.Restoring++
 			}
+		}
+		m.joinReplans(sg)
+	}
+}
+
+// joinReplans puts on each restoring partition of sg its restore's
+// re-plans in a row after changelog fetches out of range, from the
+// stage's series of them (one per partition whose restore re-planned,
+// gone once it ends).
+func (m metricIndex) joinReplans(sg *StageStatus) {
+	series := m[metricStreamReplans]
+	if len(series) == 0 {
+		return
+	}
+	byPartition := make(map[string]int, len(series))
+	for _, x := range series {
+		if label(x, "stage") == sg.Stage {
+			byPartition[label(x, "partition")] = int(value(x))
+		}
+	}
+	for i := range sg.Partitions {
+		p := &sg.Partitions[i]
+		if p.State == PartitionRestoring {
+			p.RestoreReplans = byPartition[strconv.Itoa(int(p.Partition))]
 		}
 	}
 }
@@ -796,8 +826,9 @@ type partitionView struct {
 }
 
 // worsePartition orders partitions most in trouble first: restoring
-// (most changelog left to replay first), then most seconds behind, then
-// most records behind.
+// (those whose restore plans again after changelog fetches out of range
+// first, most re-plans first, then most changelog left to replay), then
+// most seconds behind, then most records behind.
 func worsePartition(a, b PartitionStatus) int {
 	ar, br := a.State == PartitionRestoring, b.State == PartitionRestoring
 	switch {
@@ -806,7 +837,8 @@ func worsePartition(a, b PartitionStatus) int {
 	case br && !ar:
 		return 1
 	}
-	return cmp.Or(desc(a.RestoreRemaining, b.RestoreRemaining), desc(a.LagSeconds, b.LagSeconds),
+	return cmp.Or(cmp.Compare(b.RestoreReplans, a.RestoreReplans),
+		desc(a.RestoreRemaining, b.RestoreRemaining), desc(a.LagSeconds, b.LagSeconds),
 		desc(a.LagRecords, b.LagRecords), cmp.Compare(a.Partition, b.Partition))
 }
 

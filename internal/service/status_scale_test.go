@@ -14,7 +14,8 @@ import (
 // TestStatusPageAtScale: a stage owning 10,000 partitions, each with its
 // lag and a standby copy, gives a page of bounded size that a browser
 // opens at once, during an incident too: a summary of the stage's
-// partitions, then the ones most in trouble, worst first (restoring, then
+// partitions, then the ones most in trouble, worst first (restoring, a
+// restore planning again after changelog fetches out of range first, then
 // most seconds behind), and the same for standbys and the consumer lag
 // (a partition held by an open transaction counts its held seconds).
 // /status.json still lists every partition.
@@ -44,6 +45,10 @@ func TestStatusPageAtScale(t *testing.T) {
 		m.lagRecs.WithLabelValues("g", "usage.events", itoa(p)).Set(recs)
 		m.lagSecs.WithLabelValues("g", "usage.events", itoa(p)).Set(secs)
 	}
+	// Partition 4242's restore keeps planning again, its changelog
+	// fetches out of range: stuck, it comes before one with more left to
+	// replay.
+	m.replans.WithLabelValues("dedup", "4242").Set(12)
 	// Partition 5555: not behind, held by a transaction open for 900 s.
 	m.heldRecs.WithLabelValues("g", "usage.events", "5555").Set(40)
 	m.heldSecs.WithLabelValues("g", "usage.events", "5555").Set(900)
@@ -67,13 +72,14 @@ func TestStatusPageAtScale(t *testing.T) {
 	testenv.ExpectPageValue(t, v, "standbys/dedup/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
 	testenv.ExpectPageValue(t, v, "lag/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
 	testenv.ExpectPageValue(t, v, "part/dedup/9001/restore_remaining", "5000")
+	testenv.ExpectPageValue(t, v, "part/dedup/4242/replans", "out of range ×12")
 	testenv.ExpectPageValue(t, v, "part/dedup/7777/lag_seconds", "600.0")
 	testenv.ExpectPageValue(t, v, "standby/dedup/3333/lag", "1000000")
 	testenv.ExpectPageValue(t, v, "lag/g/usage.events/7777/seconds", "600.0")
 	testenv.ExpectPageValue(t, v, "lag/g/usage.events/5555/held_seconds", "900.0")
 
-	// Worst first: the restoring partitions (most left to replay first),
-	// then the most seconds behind.
+	// Worst first: the restoring partitions (those planning again first,
+	// then most left to replay), then the most seconds behind.
 	order := func(prefix string, keys ...string) {
 		t.Helper()
 		last := -1
@@ -85,7 +91,7 @@ func TestStatusPageAtScale(t *testing.T) {
 			last = i
 		}
 	}
-	order("part/dedup/", "9001/", "4242/", "7777/", "1234/")
+	order("part/dedup/", "4242/", "9001/", "7777/", "1234/")
 	order("lag/g/usage.events/", "5555/", "7777/", "1234/")
 	order("standby/dedup/", "3333/")
 

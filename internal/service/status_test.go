@@ -27,6 +27,7 @@ type fakeStages struct {
 	sinkOwned          prometheus.Gauge
 	lagRecs, lagSecs   *prometheus.GaugeVec
 	heldRecs, heldSecs *prometheus.GaugeVec
+	replans            *prometheus.GaugeVec
 }
 
 func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
@@ -40,6 +41,7 @@ func newFakeStages(reg *prometheus.Registry, withLag bool) *fakeStages {
 		sinkIn:    f.NewCounterVec(prometheus.CounterOpts{Name: metricSinkIn}, []string{"topic"}),
 		sinkRows:  f.NewCounterVec(prometheus.CounterOpts{Name: metricSinkRows}, []string{"table", "outcome"}),
 		sinkOwned: f.NewGauge(prometheus.GaugeOpts{Name: metricSinkOwned}),
+		replans:   f.NewGaugeVec(prometheus.GaugeOpts{Name: metricStreamReplans}, []string{"stage", "partition"}),
 	}
 	if withLag {
 		s.lagRecs = f.NewGaugeVec(prometheus.GaugeOpts{Name: metricLagRecords}, []string{"group", "topic", "partition"})
@@ -156,6 +158,11 @@ func TestStatusPage(t *testing.T) {
 	// 12 records past it.
 	m.heldRecs.WithLabelValues("g-dedup", "usage.events", "0").Set(12)
 	m.heldSecs.WithLabelValues("g-dedup", "usage.events", "0").Set(1900)
+	// Partition 2's restore has planned again 7 times in a row, its
+	// changelog fetches out of range; the aggregator's partition 2 is not
+	// dedup's.
+	m.replans.WithLabelValues("dedup", "2").Set(7)
+	m.replans.WithLabelValues("aggregate", "1").Set(3)
 	ready = notReady
 
 	v := page(t, s)
@@ -184,6 +191,12 @@ func TestStatusPage(t *testing.T) {
 	testenv.ExpectPageValue(t, v, "part/dedup/0/restore", "tail (within_horizon)")
 	testenv.ExpectPageValue(t, v, "part/dedup/1/restore", "n/a")
 	testenv.ExpectPageValue(t, v, "part/dedup/2/restore", "full (horizon)")
+	testenv.ExpectPageValue(t, v, "part/dedup/2/replans", "out of range ×7")
+	for _, k := range []string{"part/dedup/0/replans", "part/dedup/1/replans"} {
+		if got, ok := v[k]; ok {
+			t.Errorf("%s = %q; want no re-plans shown for a partition whose restore has none", k, got)
+		}
+	}
 	testenv.ExpectPageValue(t, v, "part/dedup/1/lag_records", "7")
 	testenv.ExpectPageValue(t, v, "part/dedup/1/lag_seconds", "3.5")
 
@@ -245,7 +258,8 @@ func TestStatusPage(t *testing.T) {
 	}
 	if len(st.Stages) != 3 || st.Stages[0].Stage != "dedup" || st.Stages[0].RecordsIn != 1050 || len(st.Stages[0].Partitions) != 3 ||
 		*st.Stages[0].Partitions[2].RestoreRemaining != 1234 || st.Stages[0].Partitions[2].RestoreKind != "full" ||
-		st.Stages[0].Partitions[2].RestoreReason != "horizon" || !st.LagExported || len(st.Lag) != 4 || !st.Ready {
+		st.Stages[0].Partitions[2].RestoreReason != "horizon" || st.Stages[0].Partitions[2].RestoreReplans != 7 ||
+		st.Stages[0].Partitions[1].RestoreReplans != 0 || !st.LagExported || len(st.Lag) != 4 || !st.Ready {
 		t.Errorf("status.json does not match the page:\n%s", body)
 	}
 
