@@ -113,6 +113,7 @@ func (rt *Runtime) resetTxn() {
 	rt.txEpoch = map[int32]uint64{}
 	rt.prodMu.Lock()
 	rt.prodErr = nil
+	rt.pidFailed = nil
 	rt.changeEnd = map[int32]int64{}
 	clear(rt.txProduced)
 	rt.prodMu.Unlock()
@@ -135,6 +136,9 @@ func (rt *Runtime) promise(r *kgo.Record, err error) {
 	if err != nil {
 		if rt.prodErr == nil {
 			rt.prodErr = fmt.Errorf("produce to %s/%d: %w", r.Topic, r.Partition, err)
+		}
+		if producerIDFailed(err) {
+			rt.notePIDFailed()
 		}
 		return
 	}
@@ -322,12 +326,17 @@ func (rt *Runtime) end(ctx context.Context, abort bool) (committed bool, perr, e
 	// commit: kgo can end a transaction with TryCommit even after a record
 	// failed (seen with INVALID_RECORD on a real broker), which would commit
 	// the consumed offsets past a lost output. Flush, check, and abort.
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout)
-	ferr := rt.sess.Client().Flush(fctx)
-	fcancel()
+	// A record whose error failed the producer ID ends the wait at once:
+	// the transaction can only abort, and kgo may keep a record buffered
+	// that no Flush or End returns for (pidfail.go).
+	pidFailed, ferr := rt.flush(ctx)
 	rt.prodMu.Lock()
 	failed := rt.prodErr
 	rt.prodMu.Unlock()
+	if pidFailed {
+		rt.log.Warn("a record failed the transaction's producer ID; not ending the transaction (the next session's InitProducerID aborts it)", zap.Error(failed))
+		return false, failed, nil
+	}
 	if ferr != nil || failed != nil {
 		try = kgo.TryAbort
 	}

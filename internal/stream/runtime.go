@@ -189,8 +189,12 @@ type Runtime struct {
 	// in a Runtime.
 	sink func(*kgo.Record)
 
-	prodMu    sync.Mutex
-	prodErr   error
+	prodMu  sync.Mutex
+	prodErr error
+	// pidFailed is closed once a record of the open transaction failed
+	// with an error for which kgo failed the producer ID (pidfail.go).
+	// Guarded by prodMu.
+	pidFailed chan struct{}
 	changeEnd map[int32]int64 // max changelog offset produced per partition in this txn
 	// seqKnown holds the partitions the session's client was seen to hold
 	// in its stored metadata; txProduced those the open transaction wrote
