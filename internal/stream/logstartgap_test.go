@@ -66,7 +66,7 @@ func TestRestoreTailPastMovedLogStart(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		part, _, _, err := rt.restorePartition(ctx, w.cl, rt.log, 0, map[string]int64{w.input: -1}, nil)
+		part, _, _, err := rt.restorePartition(ctx, w.cl, rt.log, 0, 0, map[string]int64{w.input: -1}, nil)
 		done <- result{part, err}
 	}()
 	select {
@@ -132,7 +132,7 @@ func TestRealReplayPastMovedLogStart(t *testing.T) {
 	if got, _, _ := rt.store.Checkpoint(0); got.Offset != 2 {
 		t.Fatalf("checkpoint %d after the refused replay; want 2, nothing written", got.Offset)
 	}
-	part, _, _, err := rt.restorePartition(ctx, cl, rt.log, 0, map[string]int64{input: -1}, nil)
+	part, _, _, err := rt.restorePartition(ctx, cl, rt.log, 0, 0, map[string]int64{input: -1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

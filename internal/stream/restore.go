@@ -28,7 +28,7 @@ const restoreBatch = 5000
 func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, p int32, epoch uint64, committed map[string]int64, fromStart []string) {
 	start := time.Now()
 	log := rt.log.With(zap.Int32("partition", p))
-	part, starts, replayed, err := rt.restorePartition(ctx, sess.Client(), log, p, committed, fromStart)
+	part, starts, replayed, err := rt.restorePartition(ctx, sess.Client(), log, p, epoch, committed, fromStart)
 	if err != nil {
 		if ctx.Err() != nil {
 			log.Info("restore abandoned: partition revoked")
@@ -79,7 +79,7 @@ func (rt *Runtime) restore(ctx context.Context, sess *kgo.GroupTransactSession, 
 	rt.notify()
 }
 
-func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, committed map[string]int64, fromStart []string) (Partition, map[string]int64, int64, error) {
+func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *zap.Logger, p int32, epoch uint64, committed map[string]int64, fromStart []string) (Partition, map[string]int64, int64, error) {
 	// A standby tail of p stops writing first; its warm structures are
 	// handed to Open if the restore only replays the tail. Without a
 	// tail, those the partition's revoked instance here kept (keep.go)
@@ -95,7 +95,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 		return nil, nil, 0, fmt.Errorf("stream: restore partition %d: %w", p, err)
 	}
 	var replayed int64
-	var oor replans
+	oor := replans{epoch: epoch}
 	defer rt.endReplans(p, &oor)
 	for attempts := 1; ; attempts++ {
 		n, w, err := rt.restoreState(ctx, cl, log, p, warm)
@@ -188,6 +188,7 @@ const replanLogEvery = time.Minute
 // replans are a restore's plans in a row that ended with a changelog
 // fetch out of range.
 type replans struct {
+	epoch     uint64        // of the restore (partState.epoch)
 	n         int           // re-plans in a row
 	wait      time.Duration // before the last one
 	logged    time.Time     // when the last warning was logged
@@ -220,7 +221,11 @@ func (r *replans) next(now time.Time) (wait time.Duration, warn bool) {
 func (rt *Runtime) replanOutOfRange(ctx context.Context, log *zap.Logger, p int32, r *replans, err error) error {
 	now := rt.cfg.Clock.Now()
 	wait, warn := r.next(now)
-	rt.m.outOfRangeReplans.WithLabelValues(fmt.Sprint(p)).Set(float64(r.n))
+	rt.mu.Lock()
+	if rt.ownsRestore(p, r.epoch) {
+		rt.m.outOfRangeReplans.WithLabelValues(fmt.Sprint(p)).Set(float64(r.n))
+	}
+	rt.mu.Unlock()
 	if warn {
 		log.Warn("the changelog's offset range moved past the restore's position (retention deleted records it had not read, or a stale leader answered); planning again",
 			zap.Int("replans", r.n), zap.Int("not_logged", r.notLogged), zap.Duration("next_in", wait), zap.Error(err))
@@ -230,13 +235,26 @@ func (rt *Runtime) replanOutOfRange(ctx context.Context, log *zap.Logger, p int3
 }
 
 // endReplans ends the export of partition p's re-plans in a row, r, once
-// its restore ended (restored, refused or abandoned). A newer restore of
-// p, begun while an abandoned one still waited, exports its own count
-// again at its next re-plan.
+// its restore ended (restored, refused or abandoned), unless a newer
+// restore of p, begun while this abandoned one still fetched or waited,
+// owns the gauge (ownsRestore): that one's count stays exported.
 func (rt *Runtime) endReplans(p int32, r *replans) {
-	if r.n > 0 {
+	if r.n == 0 {
+		return
+	}
+	rt.mu.Lock()
+	if rt.ownsRestore(p, r.epoch) {
 		rt.m.outOfRangeReplans.DeleteLabelValues(fmt.Sprint(p))
 	}
+	rt.mu.Unlock()
+}
+
+// ownsRestore reports whether the restore of partition p of epoch epoch
+// owns p's per-partition restore gauges: no newer restore of p began
+// since (p is not held, or held by that epoch). Called with mu held.
+func (rt *Runtime) ownsRestore(p int32, epoch uint64) bool {
+	ps, ok := rt.parts[p]
+	return !ok || ps.epoch == epoch
 }
 
 // waitReplan waits d, or until ctx ends (its error).

@@ -31,54 +31,7 @@ import (
 // a row while it lasts, absent once the restore ends.
 func TestRestoreOutOfRangeBacksOff(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact,delete"), "delete.retention.ms": ptr("86400000")})
-	recs := kvRecords("a", "1", "b", "1", "c", "1")
-	for _, r := range recs {
-		r.Topic = w.changelog
-	}
-	if err := w.cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	id := w.changelogID()
-	var outOfRange atomic.Int64
-	w.cluster.ControlKey(kmsg.Fetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		w.cluster.KeepControl()
-		fr := req.(*kmsg.FetchRequest)
-		resp := fr.ResponseKind().(*kmsg.FetchResponse)
-		resp.Version = fr.Version
-		for _, tp := range fr.Topics {
-			if tp.TopicID != id && tp.Topic != w.changelog {
-				return nil, nil, false
-			}
-			rt := kmsg.NewFetchResponseTopic()
-			rt.Topic, rt.TopicID = tp.Topic, tp.TopicID
-			for _, pp := range tp.Partitions {
-				rp := kmsg.NewFetchResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = pp.Partition, kerr.OffsetOutOfRange.Code
-				rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		if len(resp.Topics) == 0 {
-			return nil, nil, false
-		}
-		outOfRange.Add(1)
-		return resp, nil, true
-	})
-
-	clk := &skewClock{}
-	obs, logs := observer.New(zap.WarnLevel)
-	reg := prometheus.NewRegistry()
-	rt, err := New(Config{Stage: "kv",
-		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "r"},
-		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk,
-		Logger:     zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)),
-		Registerer: reg}, kvProc{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rt.store.Close() })
+	w, rt, reg, clk, logs, outOfRange := newOutOfRangeRestore(t)
 
 	const replans = 14
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -98,7 +51,7 @@ func TestRestoreOutOfRangeBacksOff(t *testing.T) {
 		}
 		return ctx.Err()
 	}
-	_, _, _, err = rt.restorePartition(ctx, w.cl, rt.log, 0, map[string]int64{w.input: -1}, nil)
+	_, _, _, err := rt.restorePartition(ctx, w.cl, rt.log, 0, 0, map[string]int64{w.input: -1}, nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("restore: %v; want it still planning again when cancelled", err)
 	}
@@ -133,5 +86,102 @@ func TestRestoreOutOfRangeBacksOff(t *testing.T) {
 	}
 	if want := []int64{0, 6, 1, 1, 1}; !slices.Equal(notLogged, want) {
 		t.Errorf("re-plans not logged before each warning %v; want %v", notLogged, want)
+	}
+}
+
+// newOutOfRangeRestore returns a kv world whose changelog holds three
+// records and answers every fetch of it OFFSET_OUT_OF_RANGE (counted in
+// outOfRange), and a runtime on it whose clock is clk, whose warnings go
+// to logs and whose metrics to reg.
+func newOutOfRangeRestore(t *testing.T) (w *kvWorld, rt *Runtime, reg *prometheus.Registry, clk *skewClock, logs *observer.ObservedLogs, outOfRange *atomic.Int64) {
+	t.Helper()
+	w = newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact,delete"), "delete.retention.ms": ptr("86400000")})
+	recs := kvRecords("a", "1", "b", "1", "c", "1")
+	for _, r := range recs {
+		r.Topic = w.changelog
+	}
+	if err := w.cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	id := w.changelogID()
+	outOfRange = new(atomic.Int64)
+	w.cluster.ControlKey(kmsg.Fetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		w.cluster.KeepControl()
+		fr := req.(*kmsg.FetchRequest)
+		resp := fr.ResponseKind().(*kmsg.FetchResponse)
+		resp.Version = fr.Version
+		for _, tp := range fr.Topics {
+			if tp.TopicID != id && tp.Topic != w.changelog {
+				return nil, nil, false
+			}
+			rtp := kmsg.NewFetchResponseTopic()
+			rtp.Topic, rtp.TopicID = tp.Topic, tp.TopicID
+			for _, pp := range tp.Partitions {
+				rp := kmsg.NewFetchResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = pp.Partition, kerr.OffsetOutOfRange.Code
+				rp.HighWatermark, rp.LastStableOffset, rp.LogStartOffset = -1, -1, -1
+				rtp.Partitions = append(rtp.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rtp)
+		}
+		if len(resp.Topics) == 0 {
+			return nil, nil, false
+		}
+		outOfRange.Add(1)
+		return resp, nil, true
+	})
+
+	clk = &skewClock{}
+	obs, logs := observer.New(zap.WarnLevel)
+	reg = prometheus.NewRegistry()
+	rt, err := New(Config{Stage: "kv",
+		Config:     session.Config{Kafka: kafka.Config{Brokers: w.brokers}, Group: w.group, InstanceID: "r"},
+		InputTopic: w.input, ChangelogTopic: w.changelog, FS: vfs.NewMem(), Clock: clk,
+		Logger:     zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), obs)),
+		Registerer: reg}, kvProc{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.store.Close() })
+
+	return w, rt, reg, clk, logs, outOfRange
+}
+
+// TestRestoreOutOfRangeGaugeOwnedByNewerRestore: a restore of partition 0
+// abandoned while its changelog fetches stay out of range (the partition
+// revoked and assigned here again: a newer restore of another epoch runs
+// meanwhile) neither overwrites the newer restore's
+// meterline_stream_restore_out_of_range_replans at its next re-plan, nor
+// deletes it when it ends: the newer restore owns the gauge.
+func TestRestoreOutOfRangeGaugeOwnedByNewerRestore(t *testing.T) {
+	t.Parallel()
+	w, rt, reg, _, _, _ := newOutOfRangeRestore(t)
+	const name = "meterline_stream_restore_out_of_range_replans"
+	rt.parts[0] = &partState{epoch: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waits := 0
+	rt.replanWait = func(ctx context.Context, d time.Duration) error {
+		waits++
+		switch waits {
+		case 2:
+			// Partition 0 assigned anew: the restore of epoch 2 begins
+			// and exports its first re-plan; this one, of epoch 1,
+			// fetches and plans once more before it sees its end.
+			rt.mu.Lock()
+			rt.parts[0] = &partState{epoch: 2}
+			rt.m.outOfRangeReplans.WithLabelValues("0").Set(1)
+			rt.mu.Unlock()
+		case 3:
+			cancel()
+		}
+		return ctx.Err()
+	}
+	_, _, _, err := rt.restorePartition(ctx, w.cl, rt.log, 0, 1, map[string]int64{w.input: -1}, nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("restore: %v; want it still planning again when cancelled", err)
+	}
+	if v, ok := gaugeValue(t, reg, name); !ok || v != 1 {
+		t.Errorf("%s is %v (present %v) once the abandoned restore ended; want the newer restore's 1", name, v, ok)
 	}
 }
