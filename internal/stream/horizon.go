@@ -149,14 +149,46 @@ func (rt *Runtime) horizonAdvice(p int32, n int, e *horizonError) (msg string, n
 		d.Round(time.Second), rt.cfg.ChangelogTopic, needed), needed
 }
 
+// Partition p's meterline_stream_horizon_attempts belongs to the writer
+// that plans p's copies: the restore of p's current epoch (rt.parts)
+// while p is held, its standby tail otherwise. A restore abandoned by a
+// revoke or a new assignment of p may still be inside a fetch when a
+// newer restore or a standby tail of p begins: it writes the gauge only
+// while it owns p (noteRestoreHorizon), and the revoke that ends its
+// ownership ends its export (forgetHorizonAttempts). A tail writes it
+// unchecked: it begins only once p is not held (revokeUnowned precedes
+// it), after the previous tail of p ended, and every newer writer of p
+// waits for it to end (a new tail, a restore's take), its last write, a
+// deletion, included.
+
 // noteHorizonAttempts exports n, the copies of partition p in a row that
-// outlasted the horizon (n = 0: a copy fitted, the series goes).
+// outlasted the horizon (n = 0: a copy fitted, the series goes). Standby
+// tails call it; restores call noteRestoreHorizon.
 func (rt *Runtime) noteHorizonAttempts(p int32, n int) {
 	if n == 0 {
 		rt.m.horizonAttempts.DeleteLabelValues(fmt.Sprint(p))
 		return
 	}
 	rt.m.horizonAttempts.WithLabelValues(fmt.Sprint(p)).Set(float64(n))
+}
+
+// noteRestoreHorizon exports n as noteHorizonAttempts does for the restore
+// of partition p of epoch epoch, if p is held by that epoch: otherwise
+// the restore was abandoned, and p's gauge is a newer restore's or a
+// standby's.
+func (rt *Runtime) noteRestoreHorizon(p int32, epoch uint64, n int) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if ps, ok := rt.parts[p]; ok && ps.epoch == epoch {
+		rt.noteHorizonAttempts(p, n)
+	}
+}
+
+// forgetHorizonAttempts ends the export of partition p's copies in a row
+// that outlasted the horizon when the restore that exported them loses p
+// (revoked, or assigned anew). Called with rt.mu held.
+func (rt *Runtime) forgetHorizonAttempts(p int32) {
+	rt.m.horizonAttempts.DeleteLabelValues(fmt.Sprint(p))
 }
 
 // restoreInput is what a restore plan is decided from.

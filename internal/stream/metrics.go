@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 		restoreHorizonExceeded: f.NewCounter(prometheus.CounterOpts{Name: "meterline_stream_restore_horizon_exceeded_total",
 			Help: "Restores that found a full restore of the partition expected to take more than half of the changelog's delete.retention.ms (compaction could drop tombstones during it), and copies (restores, standbys) given up after 3 attempts in a row outlasted the restore horizon. A full restore is then refused and the stage stops, a standby stops copying: raise delete.retention.ms (the log line names the value)."}),
 		horizonAttempts: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_horizon_attempts",
-			Help: "Copies in a row of a partition's changelog (a restore's replays, a standby's copies) that outlasted the restore horizon, per partition; at 3 the copy is given up. Not exported once a copy fits."}, []string{"partition"}),
+			Help: "Copies in a row of a partition's changelog (a restore's replays, a standby's copies) that outlasted the restore horizon, per partition; at 3 the copy is given up. Not exported once a copy fits, nor a restore's once its partition is revoked."}, []string{"partition"}),
 		outOfRangeReplans: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_restore_out_of_range_replans",
 			Help: "Plans in a row of a partition's restore that ended with a changelog fetch out of range (retention deleted records the copy had not read, or a stale leader answered), per partition; the restore waits between them, from 0.5 s doubling to 30 s. Not exported once the restore ends."}, []string{"partition"}),
 		restoreRate: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_restore_rate_records_per_second",

@@ -110,7 +110,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 			// horizon is refused (ErrRestoreHorizon), as always, and so
 			// is one that outlasted it maxHorizonAttempts times in a
 			// row: it would start over for ever.
-			rt.noteHorizonAttempts(p, attempts)
+			rt.noteRestoreHorizon(p, epoch, attempts)
 			msg, needed := rt.horizonAdvice(p, attempts, he)
 			fields := []zap.Field{zap.Int("copies", attempts), zap.Duration("delete_retention_needed", needed), zap.Error(err)}
 			if attempts >= maxHorizonAttempts {
@@ -131,7 +131,7 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 			warm = nil
 			continue
 		}
-		rt.noteHorizonAttempts(p, 0)
+		rt.noteRestoreHorizon(p, epoch, 0)
 		if errors.Is(err, errCopyOutOfRange) && ctx.Err() == nil {
 			// The state is at its last checkpoint, every record below it
 			// read: planned again from there, in full if the log start

@@ -157,12 +157,7 @@ func TestRestoreOutOfRangeGaugeOwnedByNewerRestore(t *testing.T) {
 	t.Parallel()
 	w, rt, reg, _, _, _ := newOutOfRangeRestore(t)
 	const name = "meterline_stream_restore_out_of_range_replans"
-	rt.parts[0] = &partState{epoch: 1}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	waits := 0
-	rt.replanWait = func(ctx context.Context, d time.Duration) error {
-		waits++
+	abandonRestore(t, w, rt, func(waits int, cancel func()) {
 		switch waits {
 		case 2:
 			// Partition 0 assigned anew: the restore of epoch 2 begins
@@ -175,13 +170,30 @@ func TestRestoreOutOfRangeGaugeOwnedByNewerRestore(t *testing.T) {
 		case 3:
 			cancel()
 		}
+	})
+	if v, ok := gaugeValue(t, reg, name); !ok || v != 1 {
+		t.Errorf("%s is %v (present %v) once the abandoned restore ended; want the newer restore's 1", name, v, ok)
+	}
+}
+
+// abandonRestore runs the restore of partition 0 of epoch 1 on w's
+// out-of-range changelog (newOutOfRangeRestore), with partition 0 held by
+// epoch 1, until it is cancelled while it plans again. step runs at each
+// of its waits between plans (waits counts them), and cancels the restore
+// with cancel.
+func abandonRestore(t *testing.T, w *kvWorld, rt *Runtime, step func(waits int, cancel func())) {
+	t.Helper()
+	rt.parts[0] = &partState{epoch: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waits := 0
+	rt.replanWait = func(ctx context.Context, d time.Duration) error {
+		waits++
+		step(waits, cancel)
 		return ctx.Err()
 	}
 	_, _, _, err := rt.restorePartition(ctx, w.cl, rt.log, 0, 1, map[string]int64{w.input: -1}, nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("restore: %v; want it still planning again when cancelled", err)
-	}
-	if v, ok := gaugeValue(t, reg, name); !ok || v != 1 {
-		t.Errorf("%s is %v (present %v) once the abandoned restore ended; want the newer restore's 1", name, v, ok)
 	}
 }

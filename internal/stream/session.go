@@ -406,6 +406,7 @@ func (rt *Runtime) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 		rt.queueRevoke(p, epochSeq.Add(1))
 		delete(rt.parts, p)
 		rt.m.restoring.WithLabelValues(fmt.Sprint(p)).Set(0)
+		rt.forgetHorizonAttempts(p)
 	}
 	rt.mu.Unlock()
 	rt.cleanup.due.Store(true)
@@ -474,6 +475,7 @@ func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32
 			// transaction that wrote to it does not commit (end).
 			rt.queueRevoke(p, ps.epoch)
 			reassigned = append(reassigned, p)
+			rt.forgetHorizonAttempts(p)
 		}
 		rt.restores.Add(1)
 		rt.addWriter(p)
