@@ -23,12 +23,18 @@ type Account struct {
 	// for the customer's balance, or of its latest balance
 	// (Ledger.BalanceAsOf) if later (NoteChange; 0: none), kept with the
 	// account so that a change needs no state key of its own when the
-	// account is written anyway. It does not keep an empty account.
+	// account is written anyway. An account that holds nothing else is
+	// kept for it (noteOnly) while the note may matter: the Ledger drops
+	// it once the note is at or below the floor it is given.
 	changedAt int64
 	// changed: the Ledger changed the account since it was decoded or
 	// last written (Ledger.WriteAccount), and told the AccountCache
 	// (Ledger.putAccount). Not encoded.
 	changed bool
+	// indexedAt: the account was decoded or last written holding only
+	// the note changedAt was then, so the note index of that time's
+	// period holds it (Ledger.WriteAccount); 0 otherwise. Not encoded.
+	indexedAt int64
 }
 
 // periodUse is an account's usage in one period.
@@ -49,18 +55,21 @@ const (
 	maxPeriodMeters   = 1 << 16
 )
 
-// empty reports whether the account holds nothing (its key is deleted).
+// empty reports whether the account holds no usage and no grant: at most
+// a note.
 func (a *Account) empty() bool { return len(a.uses) == 0 && len(a.periods) == 0 }
 
-// Empty reports whether the account holds nothing: written, its key is
-// deleted, and what NoteChange noted is lost.
+// noteOnly reports whether the account holds a note and nothing else.
+func (a *Account) noteOnly() bool { return a.empty() && a.changedAt != 0 }
+
+// Empty reports whether the account holds no usage and no grant (it may
+// hold a note).
 func (a *Account) Empty() bool { return a.empty() }
 
 // NoteChange notes that the customer's balance changed at broker time t;
 // ChangedAt returns the latest time noted. The note is written with the
-// account (Ledger.WriteAccount) unless the account is empty, and is not
-// a change of the account: its owner writes the account only if the
-// Ledger changed it too.
+// account (Ledger.WriteAccount), and is not a change of the account: its
+// owner writes the account only if the Ledger changed it too.
 func (a *Account) NoteChange(t int64) { a.changedAt = max(a.changedAt, t) }
 
 // ChangedAt returns the latest time NoteChange noted, 0 if none.
@@ -237,6 +246,9 @@ func (a *Account) UnmarshalBinary(b []byte) error {
 	if err := d.end(); err != nil {
 		*a = Account{}
 		return err
+	}
+	if a.noteOnly() {
+		a.indexedAt = a.changedAt
 	}
 	return nil
 }

@@ -148,8 +148,9 @@ func TestAccountEncoding(t *testing.T) {
 // TestAccountChangeNote: the broker time noted for a customer's balance
 // is kept with its account: encoded only when noted (an account without a
 // note encodes byte for byte as before), never moved back, decoded, and a
-// note that is not a positive time is ErrCorrupt. It does not keep an
-// empty account alive.
+// note that is not a positive time is ErrCorrupt. An account holding
+// only a note is Empty (of usage and grants), and encodes as an empty
+// account followed by the note.
 func TestAccountChangeNote(t *testing.T) {
 	a := &Account{uses: []grantUse{{"a", 1, 5, 100}}}
 	plain, _ := a.MarshalBinary()
@@ -175,16 +176,22 @@ func TestAccountChangeNote(t *testing.T) {
 		}
 	}
 	e := &Account{}
+	emptyEnc, _ := e.MarshalBinary()
 	e.NoteChange(3000)
-	if !e.Empty() {
-		t.Error("an account holding only a note is not Empty")
+	if !e.Empty() || !e.noteOnly() {
+		t.Error("an account holding only a note is not Empty and noteOnly")
+	}
+	b, _ = e.MarshalBinary()
+	if err := got.UnmarshalBinary(b); err != nil || !bytes.HasPrefix(b, emptyEnc) || got.ChangedAt() != 3000 || !got.noteOnly() {
+		t.Errorf("an account holding only a note encodes as %x, decodes as %v (%v)", b, &got, err)
 	}
 }
 
 // TestBalanceAsOfNeverGoesBack: BalanceAsOf returns the later of the time
 // asked and the one the account notes, notes a later time when it is past
 // the floor (the watermark), and writes the note with the account, which
-// the Store then holds; an empty account keeps none.
+// the Store then holds; an account with nothing else is kept for its note
+// (TestNoteOnlyAccount), and is as of no earlier time either.
 func TestBalanceAsOfNeverGoesBack(t *testing.T) {
 	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds, Window: 35 * 24 * time.Hour})
 	if err != nil {
@@ -212,10 +219,99 @@ func TestBalanceAsOfNeverGoesBack(t *testing.T) {
 			t.Errorf("BalanceAsOf(%d, floor %d) = %d, noted %d; want %d, noted %d", c.at, c.floor, got, noted, c.want, c.noted)
 		}
 	}
-	if got, err := l.BalanceAsOf(st, "nobody", 5000, 1000); err != nil || got != 5000 {
-		t.Errorf("BalanceAsOf of an empty account = %d, %v; want 5000", got, err)
-	}
-	if noted, err := l.ChangedAt(st, "nobody"); err != nil || noted != 0 || len(st.m) != 1 {
-		t.Errorf("an empty account noted %d (%v), %d keys; want no note and acme's key alone", noted, err, len(st.m))
+	for _, c := range []struct{ at, floor, want int64 }{{5000, 1000, 5000}, {3000, 2000, 5000}} {
+		if got, err := l.BalanceAsOf(st, "nobody", c.at, c.floor); err != nil || got != c.want {
+			t.Errorf("BalanceAsOf(%d, floor %d) of an empty account = %d, %v; want %d", c.at, c.floor, got, err, c.want)
+		}
 	}
 }
+
+// putCounter is a memStore that counts the Puts of each key.
+type putCounter struct {
+	*memStore
+	puts map[string]int
+}
+
+func (s *putCounter) Put(k, v []byte) {
+	s.puts[string(k)]++
+	s.memStore.Put(k, v)
+}
+
+// TestNoteOnlyAccount: an account with no usage and no grant is kept for
+// the note BalanceAsOf gives it, in the note index of the note's period
+// (put once per period, not with each note); BalanceAsOf drops it, its key
+// deleted, once its note is at or below the floor; PrunePeriods deletes
+// the note index below its cut, and the accounts whose note is at or below
+// its horizon, and keeps the others; an account that pruning its usage
+// leaves with a note alone is kept, in the note index of its period, or
+// dropped with its note when that is at or below the horizon.
+func TestNoteOnlyAccount(t *testing.T) {
+	l, err := New(Config{Prefix: []byte("e"), Period: monthBounds, Window: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &putCounter{newMemStore(), map[string]int{}}
+	jan, feb, mar := int64(0), monthMS(1970, 2), monthMS(1970, 3)
+	acct, note := l.customerKey(subAccount, "nobody"), func(start int64) string {
+		return string(l.indexKey(subNote, start, "nobody"))
+	}
+	asOf := func(at, floor, want int64) {
+		t.Helper()
+		if got, err := l.BalanceAsOf(st, "nobody", at, floor); err != nil || got != want {
+			t.Fatalf("BalanceAsOf(%d, floor %d) = %d, %v; want %d", at, floor, got, err, want)
+		}
+	}
+	asOf(jan+5000, jan+1000, jan+5000)
+	asOf(jan+7000, jan+1000, jan+7000)
+	asOf(jan+6000, jan+1000, jan+7000)
+	if noted, err := l.ChangedAt(st, "nobody"); err != nil || noted != jan+7000 || st.puts[note(jan)] != 1 || len(st.m) != 2 {
+		t.Fatalf("noted %d (%v), note index put %d times, %d keys; want 7000, once, the account and its index key", noted, err,
+			st.puts[note(jan)], len(st.m))
+	}
+	const day = 24 * 3600_000
+	asOf(feb+2*day, jan+1000, feb+2*day)
+	if st.puts[note(feb)] != 1 || len(st.m) != 3 {
+		t.Fatalf("a note of February: index put %d times, %d keys; want once, 3", st.puts[note(feb)], len(st.m))
+	}
+	// Pruned below February: January's index key goes, the account (its
+	// note in February, past the horizon) stays.
+	if more, err := l.PrunePeriods(st, feb+day, 10); err != nil || more {
+		t.Fatal(more, err)
+	}
+	if _, ok := st.m[note(jan)]; ok || len(st.m) != 2 {
+		t.Fatalf("after pruning January: %d keys, January's note index key kept: %v", len(st.m), ok)
+	}
+	// The watermark passes the note: the next balance drops it.
+	asOf(feb+3*day, feb+3*day, feb+3*day)
+	if _, ok := st.m[string(acct)]; ok {
+		t.Fatal("an account holding only a note at or below the floor is kept")
+	}
+	asOf(feb+4*day, feb+day, feb+4*day) // noted again, its index key there
+	if more, err := l.PrunePeriods(st, mar+day, 10); err != nil || more || len(st.m) != 0 {
+		t.Fatalf("pruned below March: %v, %v; %d keys left, want none", more, err, len(st.m))
+	}
+	// An account with usage and a note: pruning its usage keeps a note
+	// past the horizon, in the index of its period.
+	for _, c := range []struct {
+		note int64
+		kept bool
+	}{{mar + 2*day, true}, {mar + 10, false}} {
+		a := &Account{periods: []periodUse{{start: feb, meters: []meterUse{{"api_calls", 1}}}}}
+		a.NoteChange(c.note)
+		l.WriteAccount(st, "nobody", a, nil)
+		st.Put(l.periodIndexKey(feb, "nobody"), indexValue)
+		if more, err := l.PrunePeriods(st, mar+day, 10); err != nil || more {
+			t.Fatal(more, err)
+		}
+		_, kept := st.m[string(acct)]
+		_, indexed := st.m[note(mar)]
+		if noted, _ := l.ChangedAt(st, "nobody"); kept != c.kept || indexed != c.kept || c.kept && noted != c.note {
+			t.Errorf("a note of %d pruned at horizon %d: kept %v, indexed %v, noted %d; want kept %v", c.note, mar+day, kept,
+				indexed, noted, c.kept)
+		}
+		clear(st.m)
+	}
+}
+
+// monthMS is the start of a month, epoch ms.
+func monthMS(y, m int) int64 { return time.Date(y, time.Month(m), 1, 0, 0, 0, 0, time.UTC).UnixMilli() }

@@ -292,10 +292,14 @@ func (l *Ledger) period(ms int64) (start, end int64) {
 //	'P' P C        the customer's Account has usage in P (an index: a
 //	               value of one byte), for CustomersWithUsage and
 //	               PrunePeriods
+//	'N' P C        the customer's Account held only a note of a time in
+//	               P when written (an index: a value of one byte), for
+//	               PrunePeriods
 //
 // A transaction that changes a customer's usage, grants or overdraft thus
 // writes one key for it ('A' C), plus 'P' P C at its first usage in a
-// period.
+// period; one that notes a balance's time for a customer with neither
+// writes 'A' C, plus 'N' P C at its first note in a period.
 //
 // A Ledger holds no state of its own (but the last billing period it
 // computed, a function of the time alone): every call reads and writes the
@@ -331,6 +335,8 @@ const (
 	subReadTo   = 'W'
 	subAccount  = 'A'
 	subPeriod   = 'P'
+	// subNote: the note index (Ledger.WriteAccount).
+	subNote = 'N'
 	// subDefaultGrants: the default plan's grant generations.
 	subDefaultGrants = 'G'
 )
@@ -358,8 +364,14 @@ func (l *Ledger) customerKey(sub byte, customer string) []byte {
 
 // periodIndexKey returns the key 'P' P C.
 func (l *Ledger) periodIndexKey(start int64, customer string) []byte {
+	return l.indexKey(subPeriod, start, customer)
+}
+
+// indexKey returns the key sub P C of an index by period (subPeriod,
+// subNote).
+func (l *Ledger) indexKey(sub byte, start int64, customer string) []byte {
 	k := make([]byte, 0, len(l.cfg.Prefix)+1+8+framedLen(customer))
-	k = binary.BigEndian.AppendUint64(append(append(k, l.cfg.Prefix...), subPeriod), uint64(start))
+	k = binary.BigEndian.AppendUint64(append(append(k, l.cfg.Prefix...), sub), uint64(start))
 	return schemas.AppendFramed(k, customer)
 }
 
@@ -673,7 +685,10 @@ func (l *Ledger) ChangedAt(st Store, customer string) (int64, error) {
 // at, later than the time noted and than floor (the stage's watermark,
 // which never goes back: a balance as of it or earlier needs no note),
 // the account notes it, and is written with the Ledger's changes
-// (putAccount), unless it is empty: an empty account keeps no note.
+// (putAccount), an account that holds nothing else included: it is kept
+// for its note. Such an account whose note is at or below floor is of no
+// use: BalanceAsOf drops its note, and the account with it (its key
+// deleted); PrunePeriods drops those no balance finds.
 func (l *Ledger) BalanceAsOf(st Store, customer string, at, floor int64) (int64, error) {
 	a, err := l.account(st, customer)
 	if err != nil {
@@ -682,11 +697,25 @@ func (l *Ledger) BalanceAsOf(st Store, customer string, at, floor int64) (int64,
 	if at <= a.changedAt {
 		return a.changedAt, nil
 	}
-	if at > floor && !a.empty() {
+	switch {
+	case at > floor:
 		a.NoteChange(at)
+		l.putAccount(st, customer, a)
+	case dropNoteAtOrBelow(a, floor):
 		l.putAccount(st, customer, a)
 	}
 	return at, nil
+}
+
+// dropNoteAtOrBelow drops the note of an account that holds nothing else
+// when it is at or below floor (see BalanceAsOf), and reports whether it
+// did.
+func dropNoteAtOrBelow(a *Account, floor int64) bool {
+	if a.noteOnly() && a.changedAt <= floor {
+		a.changedAt = 0
+		return true
+	}
+	return false
 }
 
 // putAccount records that the Ledger changed the customer's account a
@@ -706,21 +735,41 @@ func (l *Ledger) putAccount(st Store, customer string, a *Account) {
 }
 
 // WriteAccount writes a customer's account to st (Put, or Delete when it
-// holds nothing), whatever caches st has: an AccountCache's owner calls
-// it for each account the Ledger changed. scratch is reused for the key
-// and the encoding (st's Put and Delete copy them); the buffer is
-// returned for the next call.
+// holds nothing, no note either), whatever caches st has: an
+// AccountCache's owner calls it for each account the Ledger changed.
+// scratch is reused for the key and the encoding (st's Put and Delete copy
+// them); the buffer is returned for the next call.
+//
+// An account that holds only a note is put in the note index of the
+// note's period ('N' P C), unless it was decoded or last written holding
+// only a note of that period (which put it there): every such account in
+// the Store is in the index of its note's period, and PrunePeriods finds
+// it there once that period is below its cut.
 func (l *Ledger) WriteAccount(st Store, customer string, a *Account, scratch []byte) []byte {
 	a.changed = false
+	indexed := a.indexedAt
+	a.indexedAt = 0
 	scratch = schemas.AppendFramed(append(append(scratch[:0], l.cfg.Prefix...), subAccount), customer)
 	kn := len(scratch)
-	if a.empty() {
+	if a.empty() && a.changedAt == 0 {
 		st.Delete(scratch)
 		return scratch
 	}
 	scratch = appendAccount(scratch, a)
 	st.Put(scratch[:kn:kn], scratch[kn:])
+	if a.noteOnly() {
+		a.indexedAt = a.changedAt
+		if start := l.periodStart(a.changedAt); indexed == 0 || start != l.periodStart(indexed) {
+			st.Put(l.indexKey(subNote, start, customer), indexValue)
+		}
+	}
 	return scratch
+}
+
+// periodStart returns the start of the billing period containing ms.
+func (l *Ledger) periodStart(ms int64) int64 {
+	start, _ := l.period(ms)
+	return start
 }
 
 // Decide decides one event of a customer (the package function Decide on
@@ -1105,7 +1154,8 @@ func (l *Ledger) PruneShared(st Store, horizon int64) error {
 // it with an expiry after the earliest event time such an event can have
 // (horizon − W). So what a generation paid is dropped only when nothing
 // can read it again, and when PruneCustomer runs changes no decision.
-// Keys left empty are deleted.
+// Keys left empty are deleted, and so is an account left with only a note
+// at or below horizon (of no use, as in BalanceAsOf).
 func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	readTo, err := l.ReadTo(st)
 	if err != nil {
@@ -1175,6 +1225,7 @@ func (l *Ledger) PruneCustomer(st Store, customer string, horizon int64) error {
 	}
 	if len(kept) != len(keep) {
 		a.uses = kept
+		dropNoteAtOrBelow(a, horizon) // left with a note of no use
 		l.putAccount(st, customer, a)
 	}
 	return nil
@@ -1207,8 +1258,12 @@ func (l *Ledger) putDefaultGrants(st Store, es []defaultGrant) {
 // Exactly-once, 7), the usage and overdraft of periods no future event can
 // belong to, given that every future event arrives at or after horizon: it
 // walks the period index ('P' P C) of those periods, drops them from each
-// customer's Account and deletes the index keys. more reports that keys are
-// left: call it again in a later transaction.
+// customer's Account and deletes the index keys. It walks the note index
+// ('N' P C) of those periods first, deleting its keys and each account
+// that holds only a note at or below horizon (of no use: horizon is at or
+// below the stage's watermark, BalanceAsOf's floor); an account its pruning
+// leaves with only such a note goes too. more reports that keys are left:
+// call it again in a later transaction.
 func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err error) {
 	_, more, err = l.PrunePeriodsAfter(st, horizon, nil, max)
 	return more, err
@@ -1221,17 +1276,53 @@ func (l *Ledger) PrunePeriods(st Store, horizon int64, max int) (more bool, err 
 // walks every one of them again, and a period of N customers pruned in
 // chunks of max costs N²/2·max steps instead of N. No key can appear behind
 // the cursor in between: the index keys of periods below the cut are
-// written by no event (horizon never goes back), so a cursor of an earlier
-// horizon holds under a later one.
+// written by no event (horizon never goes back), nor by a note (an account
+// left with only a note is in the index of the note's period, which is
+// below the cut only when the note is at or below horizon, and then it is
+// not kept), so a cursor of an earlier horizon holds under a later one.
+// The note index sorts before the period index: a cursor in the period
+// index has walked the note index.
 func (l *Ledger) PrunePeriodsAfter(st Store, horizon int64, after []byte, max int) (last []byte, more bool, err error) {
 	cut, _ := l.period(l.eventTimeHorizon(horizon))
-	plen := len(l.key(subPeriod)) + 8
-	type doomed struct {
-		k        []byte
-		customer string
+	for _, sub := range []byte{subNote, subPeriod} {
+		ds, m, err := l.indexBelow(st, sub, cut, after, max)
+		if err != nil {
+			return nil, false, err
+		}
+		for _, d := range ds {
+			a, err := l.account(st, d.customer)
+			if err != nil {
+				return nil, false, err
+			}
+			dropped := sub == subPeriod && len(a.dropPeriodsBefore(cut)) > 0
+			if dropNoteAtOrBelow(a, horizon) || dropped {
+				l.putAccount(st, d.customer, a)
+			}
+			st.Delete(d.k)
+		}
+		if len(ds) > 0 {
+			last = ds[len(ds)-1].k
+		}
+		if max -= len(ds); m {
+			return last, true, nil
+		}
 	}
-	var ds []doomed
-	lo, hi := l.key(subPeriod), l.key(subPeriod, period8(cut))
+	return last, false, nil
+}
+
+// indexEntry is a key of an index by period (indexBelow), and its
+// customer.
+type indexEntry struct {
+	k        []byte
+	customer string
+}
+
+// indexBelow returns, in key order, up to max keys of the index sub
+// (subPeriod, subNote) of the periods before cut, after the key after
+// (nil: from the first); more reports that there are others.
+func (l *Ledger) indexBelow(st Store, sub byte, cut int64, after []byte, max int) (es []indexEntry, more bool, err error) {
+	plen := len(l.key(sub)) + 8
+	lo, hi := l.key(sub), l.key(sub, period8(cut))
 	if after != nil && bytes.Compare(after, lo) >= 0 {
 		lo = append(bytes.Clone(after), 0) // just past it
 	}
@@ -1239,7 +1330,7 @@ func (l *Ledger) PrunePeriodsAfter(st Store, horizon int64, after []byte, max in
 		return nil, false, nil
 	}
 	err = st.Scan(lo, hi, func(k, _ []byte) error {
-		if len(ds) == max {
+		if len(es) == max {
 			more = true
 			return errStopScan
 		}
@@ -1250,26 +1341,13 @@ func (l *Ledger) PrunePeriodsAfter(st Store, horizon int64, after []byte, max in
 		if err != nil || len(parts) != 1 {
 			return fmt.Errorf("entitlements: state key %q: %w: bad period index key", k, ErrCorrupt)
 		}
-		ds = append(ds, doomed{append([]byte(nil), k...), parts[0]})
+		es = append(es, indexEntry{append([]byte(nil), k...), parts[0]})
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStopScan) {
 		return nil, false, err
 	}
-	for _, d := range ds {
-		a, err := l.account(st, d.customer)
-		if err != nil {
-			return nil, false, err
-		}
-		if len(a.dropPeriodsBefore(cut)) > 0 {
-			l.putAccount(st, d.customer, a)
-		}
-		st.Delete(d.k)
-	}
-	if len(ds) > 0 {
-		last = ds[len(ds)-1].k
-	}
-	return last, more, nil
+	return es, more, nil
 }
 
 var errStopScan = errors.New("stop scan")

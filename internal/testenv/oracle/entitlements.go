@@ -494,7 +494,9 @@ type EntReport struct {
 // record there, and each customer's last balance in usage.balances equal
 // to the reference's as of that balance's time (waiting for it: a
 // customer's last balance goes out up to an interval of broker time after
-// its last change). It fails the test with every problem found.
+// its last change), and no balance of a customer as of an earlier time
+// than the one before it (docs/entitlements.md, The aggregator, 4). It
+// fails the test with every problem found.
 func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *Model, ent *Entitlements, events []*Event) EntReport {
 	t.Helper()
 	inTopic, problems := ent.FromTopic(t, brokers, names.EntitlementsTopic())
@@ -522,16 +524,21 @@ func VerifyEntitlements(t testing.TB, brokers []string, names topics.Names, m *M
 	b := m.Bill(accepted)
 	balances := func() []string {
 		last := map[string]*schemas.Balance{}
+		var problems []string
 		for _, r := range testenv.ReadAll(t, brokers, names.BalancesTopic()) {
 			var bl schemas.Balance
 			if err := schemas.DecodeInto(r.Value, &bl); err != nil {
 				t.Fatalf("%s %d/%d: %v", names.BalancesTopic(), r.Partition, r.Offset, err)
 			}
-			if cur := last[bl.CustomerID]; cur == nil || bl.Revision > cur.Revision {
+			cur := last[bl.CustomerID]
+			if cur != nil && bl.Revision > cur.Revision && bl.UpdatedAt < cur.UpdatedAt {
+				problems = append(problems, fmt.Sprintf("balance of %s revision %d is as of %d, before revision %d's %d: it goes back in time",
+					bl.CustomerID, bl.Revision, bl.UpdatedAt, cur.Revision, cur.UpdatedAt))
+			}
+			if cur == nil || bl.Revision > cur.Revision {
 				last[bl.CustomerID] = &bl
 			}
 		}
-		var problems []string
 		for c, got := range last {
 			p := schemas.Partition(schemas.CustomerKey(c), ent.Partitions)
 			if w := balanceOf(models[p], got); !reflect.DeepEqual(got, w) {
