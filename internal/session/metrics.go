@@ -76,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer, n Names, carries string) *Metrics {
 			Help: "Time to write what is left of a transaction (" + carries + ") and end it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		Restarts: f.NewCounterVec(prometheus.CounterOpts{Name: n.Restarts,
 			Help: "Kafka sessions rebuilt, with the same transactional ID, after a commit with an unknown outcome or a producer state that only a new session repairs, by reason: " +
-				strings.Join(names, ", ") + " (docs/operations.md, Metrics)."}, []string{"reason"}),
+				strings.Join(names, ", ") + " (docs/operations.md, Health, metrics and logs)."}, []string{"reason"}),
 		Member: f.NewGauge(prometheus.GaugeOpts{Name: n.Member,
 			Help: "1 while the instance is a member of its consumer group (assigned its partitions, or none with more members than partitions); 0 until it first joins and while it has lost the group (brokers or coordinator unreachable), as /readyz says."}),
 	}
