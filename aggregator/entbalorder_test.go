@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -88,15 +87,7 @@ func balanceOrderRun(t *testing.T, brokers []string, d int64, next func(h *aggHa
 	recs = append(recs, ev("first", d+3000))
 	h.produce(recs...)
 	fs := vfs.NewMem()
-	start := func() *aggRunning {
-		cfg := h.entConfig("a", fs)
-		cfg.Period = Day
-		if every {
-			cfg.BalanceInterval = BalanceEveryTransaction
-		}
-		cfg.Stream.Registerer = prometheus.NewRegistry()
-		return h.start(cfg)
-	}
+	start := func() *aggRunning { return h.startDaily(fs, every) }
 	run := start()
 	g1 := func(b *schemas.Balance) int64 {
 		for _, g := range b.Grants {

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -72,15 +71,7 @@ func emptyNoteRun(t *testing.T, brokers []string, meter string, accepted, every 
 	h.produce(append(card, h.entitlement(1, plan("free", 5), d+1000), h.watermark(0, 0, 2, d+2000), h.watermark(0, 1, 2, d+2000),
 		ev("first", "api_calls", d+3000), ev("first-login", "logins", d+3000))...)
 	fs := vfs.NewMem()
-	start := func() *aggRunning {
-		cfg := h.entConfig("a", fs)
-		cfg.Period = Day
-		if every {
-			cfg.BalanceInterval = BalanceEveryTransaction
-		}
-		cfg.Stream.Registerer = prometheus.NewRegistry()
-		return h.start(cfg)
-	}
+	start := func() *aggRunning { return h.startDaily(fs, every) }
 	run := start()
 	awaitDecided(t, h, 2)
 	if rej := readRejected(t, h); len(rej) != 1 || rej[0].EventID != "first" {

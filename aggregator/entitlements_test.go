@@ -36,6 +36,19 @@ func newEntHarness(t testing.TB, brokers []string, partitions int32) *aggHarness
 	return &aggHarness{t: t, brokers: brokers, names: names, group: names.Prefix + "aggregate", createTime: true}
 }
 
+// startDaily starts instance "a" with entitlements on state fs, billing
+// by day, with a balance after every transaction if every, and metrics
+// of its own (a restarted stage registers them again).
+func (h *aggHarness) startDaily(fs vfs.FS, every bool) *aggRunning {
+	cfg := h.entConfig("a", fs)
+	cfg.Period = Day
+	if every {
+		cfg.BalanceInterval = BalanceEveryTransaction
+	}
+	cfg.Stream.Registerer = prometheus.NewRegistry()
+	return h.start(cfg)
+}
+
 func (h *aggHarness) entConfig(instance string, fs vfs.FS) Config {
 	cfg := h.config(instance, fs)
 	cfg.Entitlements = true
