@@ -103,7 +103,7 @@ func TestRealInputHeldByOpenTransactionAlert(t *testing.T) {
 	// the moment between its coordinator ending one and the marker: only
 	// the held transaction's start offset is looked for.)
 	producers := transactionsCommand(t, brokers, "describe-producers", "--topic", input, "--partition", "0")
-	start := currentTransactionStart(t, producers)
+	start := heldTransactionStart(t, producers, time.Now(), 20*time.Second)
 	leader := partitionLeader(t, brokers, input, 0)
 	hanging := transactionsCommand(t, brokers, "find-hanging", "--broker-id", strconv.Itoa(int(leader)), "--max-transaction-timeout", "0")
 	for _, line := range strings.Split(hanging, "\n") {
@@ -200,31 +200,76 @@ func transactionsCommand(t *testing.T, brokers []string, args ...string) string 
 	return string(out)
 }
 
-// currentTransactionStart returns the CurrentTransactionStartOffset of
-// the one producer describe-producers lists with a transaction open.
-func currentTransactionStart(t *testing.T, out string) int64 {
+// heldTransactionStart returns the start offset of the transaction
+// describe-producers (output out, read at now) shows holding the
+// partition, as the runbook finds it: of the producers with a
+// CurrentTransactionStartOffset, the one with the lowest (the
+// partition's last stable offset), whose last write is at least heldFor
+// old. A live transactional producer of the partition can show one too,
+// for the milliseconds its transaction is open: a later start offset,
+// a recent write. Two transactions that old, or none, fail the test.
+func heldTransactionStart(t *testing.T, out string, now time.Time, heldFor time.Duration) int64 {
 	t.Helper()
 	sc := bufio.NewScanner(strings.NewReader(out))
-	col := -1
-	var starts []int64
+	startCol, lastCol := -1, -1
+	type open struct{ start, last int64 }
+	var txns []open
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if col < 0 {
+		if startCol < 0 {
 			for i, h := range f {
-				if h == "CurrentTransactionStartOffset" {
-					col = i
+				switch h {
+				case "CurrentTransactionStartOffset":
+					startCol = i
+				case "LastTimestamp":
+					lastCol = i
 				}
 			}
 			continue
 		}
-		if col < len(f) {
-			if v, err := strconv.ParseInt(f[col], 10, 64); err == nil && v >= 0 {
-				starts = append(starts, v)
-			}
+		if lastCol < 0 || startCol >= len(f) || lastCol >= len(f) {
+			continue
+		}
+		start, err := strconv.ParseInt(f[startCol], 10, 64)
+		if err != nil || start < 0 {
+			continue // None: no transaction open
+		}
+		last, err := strconv.ParseInt(f[lastCol], 10, 64)
+		if err != nil {
+			t.Fatalf("describe-producers: LastTimestamp %q:\n%s", f[lastCol], out)
+		}
+		txns = append(txns, open{start, last})
+	}
+	stale, lowest := 0, -1
+	for i, o := range txns {
+		if now.Sub(time.UnixMilli(o.last)) >= heldFor {
+			stale++
+		}
+		if lowest < 0 || o.start < txns[lowest].start {
+			lowest = i
 		}
 	}
-	if len(starts) != 1 {
-		t.Fatalf("describe-producers: transactions open from %v, want one:\n%s", starts, out)
+	if lowest < 0 || stale != 1 || now.Sub(time.UnixMilli(txns[lowest].last)) < heldFor {
+		t.Fatalf("describe-producers: want one transaction open from the lowest start offset with no write for %v, %d are that old:\n%s", heldFor, stale, out)
 	}
-	return starts[0]
+	return txns[lowest].start
+}
+
+// TestHeldTransactionStart: the held transaction is found beside a live
+// producer's caught mid-transaction (describe-producers as a run printed
+// it, the held one open 47 s, the live one's started 57 ms before).
+func TestHeldTransactionStart(t *testing.T) {
+	out := "ProducerId\tProducerEpoch\tLatestCoordinatorEpoch\tLastSequence\tLastTimestamp\tCurrentTransactionStartOffset\t\n" +
+		"81        \t0            \t-1                    \t0           \t1796608048426\t871                          \t\n" +
+		"46        \t616          \t0                     \t0           \t1796608095417\t1936                         \t\n" +
+		"47        \t0            \t-1                    \t1763        \t1796608095474\tNone                         \t\n"
+	now := time.UnixMilli(1796608095474)
+	if got := heldTransactionStart(t, out, now, 20*time.Second); got != 871 {
+		t.Errorf("held transaction from %d, want 871", got)
+	}
+	alone := "ProducerId\tProducerEpoch\tLatestCoordinatorEpoch\tLastSequence\tLastTimestamp\tCurrentTransactionStartOffset\t\n" +
+		"81        \t0            \t-1                    \t0           \t1796608048426\t871                          \t\n"
+	if got := heldTransactionStart(t, alone, now, 20*time.Second); got != 871 {
+		t.Errorf("held transaction alone from %d, want 871", got)
+	}
 }
