@@ -94,13 +94,17 @@ func (c *conns) admit(nc net.Conn) bool {
 	}
 	open := len(c.open)
 	c.mu.Unlock()
+	// Counted before the close, so that the metric has every connection
+	// a client has seen closed.
 	if victim != nil {
+		c.countShed(victim.state)
 		closeConn(victim.conn)
-		c.shedOne(victim.state, victim.conn, open, now.Sub(victim.since))
+		c.logShed(victim.state, victim.conn, open, now.Sub(victim.since))
 	}
 	if !admitted {
+		c.countShed(shedIncoming)
 		closeConn(nc)
-		c.shedOne(shedIncoming, nc, open, 0)
+		c.logShed(shedIncoming, nc, open, 0)
 	}
 	return admitted
 }
@@ -124,11 +128,15 @@ func closeConn(nc net.Conn) {
 	_ = nc.Close()
 }
 
-// shedOne counts and logs a connection closed by the bound.
-func (c *conns) shedOne(state string, nc net.Conn, open int, waited time.Duration) {
+// countShed counts a connection the bound closes.
+func (c *conns) countShed(state string) {
 	if c.shed != nil {
 		c.shed(state)
 	}
+}
+
+// logShed logs a connection closed by the bound.
+func (c *conns) logShed(state string, nc net.Conn, open int, waited time.Duration) {
 	fs, ok := c.logs.allow()
 	if !ok {
 		return

@@ -224,6 +224,11 @@ func TestInFlightConnectionsNeverClosed(t *testing.T) {
 		if got := c.status(t, fmt.Sprintf("request %d", i)); got != http.StatusNoContent {
 			t.Errorf("request %d in flight: %d, want 204", i, got)
 		}
+		// The server counts the connection idle a moment after the
+		// client has its answer: wait for it, so that the connections
+		// go idle in order (the next answer could otherwise be counted
+		// first).
+		waitSpare(t, e.srv, i+1)
 	}
 	if n := shed(t, reg, shedIdle) + shed(t, reg, shedUnused); n != 0 {
 		t.Errorf("%v connections shed while requests were in flight", n)
