@@ -441,7 +441,7 @@ func genScenario(seed uint64) scenario {
 // still to come can have (PruneCustomer's contract): a grant offered again
 // must not pay twice, even when no event shows it.
 func TestLedgerMatchesReference(t *testing.T) {
-	seeds := 300
+	seeds := 120
 	if testing.Short() {
 		seeds = 40
 	}
