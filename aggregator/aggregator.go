@@ -169,8 +169,11 @@ type Config struct {
 	// clock, and a dedup host whose clock is behind would have every event
 	// rejected. New reads both topics' setting once and refuses either
 	// (*topics.TimestampTypeError) unless this is set; then it logs a
-	// warning per topic. For tests and replays that choose broker times,
-	// never for production. Default: false.
+	// warning per topic. While it runs, a CreateTime record of a topic
+	// after a LogAppendTime one of the same partition stops the stage
+	// with that error naming the record (arrival.go), unless this is set.
+	// For tests and replays that choose broker times, never for
+	// production. Default: false.
 	AllowCreateTime bool
 }
 
