@@ -50,8 +50,8 @@ import (
 // Config configures the aggregator.
 type Config struct {
 	// Stream configures the runtime; Stage, InputTopic and ChangelogTopic
-	// are set from Topics, and a zero MaxBatchRecords is
-	// DefaultMaxBatchRecords.
+	// are set from Topics, ChangelogMustKeep by New (stream.KeepForever),
+	// and a zero MaxBatchRecords is DefaultMaxBatchRecords.
 	Stream stream.Config
 	// Topics names the topics.
 	Topics topics.Names
@@ -357,6 +357,8 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.AggregateChangelogTopic(), 0); err != nil {
 		return nil, err
 	}
+	// And so while it runs, and before each restore (stream.Config).
+	cfg.Stream.ChangelogMustKeep = stream.KeepForever
 	// usage.deduped is keyed by customer: compaction would keep only a
 	// customer's last event.
 	if err := topics.CheckEventLog(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.DedupedTopic()); err != nil {
