@@ -1,15 +1,11 @@
 package deploy
 
 import (
-	"encoding/json"
-	"io"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 )
@@ -33,19 +29,10 @@ func TestRealChangelogUnsafeAlert(t *testing.T) {
 	parallelAlertTest(t)
 	work := testenv.LogDir(t, "meterline-alerts-changelog-test-*")
 	bin := testenv.Meterline(t)
-	keys := testenv.DedupKeysFile(t)
 	_, brokers := testenv.KFake(t)
-
-	names := topics.DefaultNames()
-	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
-		"--partitions", "2", "--replication-factor", "1")
-	changelog := names.DedupChangelogTopic()
 	addr := testenv.FreeAddr(t)
-	dedup := testenv.StartProcess(t, "dedup", filepath.Join(work, "dedup.log"), bin, "dedup",
-		"--brokers", strings.Join(brokers, ","), "--log-level", "info",
-		"--state-dir", filepath.Join(work, "state"), "--session-timeout", "6s", "--transaction-timeout", "10s",
-		"--instance-id", "d1", "--metrics-addr", addr, "--changelog-check-interval", "1s",
-		"--tick-interval", "1s", "--dedup-keys-file", keys, "--sources", "api-gateway")
+	dedup := kfakeDedup(t, bin, work, brokers, addr, filepath.Join(work, "state"), "--changelog-check-interval", "1s")("")
+	changelog := topics.DefaultNames().DedupChangelogTopic()
 
 	t.Log("---- 1. healthy: the changelog is compacted")
 	waitHTTP(t, "http://"+addr+"/readyz", 90*time.Second)
@@ -60,43 +47,17 @@ func TestRealChangelogUnsafeAlert(t *testing.T) {
 	if n := len(dedup.Lines("the changelog's cleanup policy now deletes state records a restore must read: the next restore of a partition is refused, and the stage with it (set it back)")); n != 1 {
 		t.Errorf("%d error lines about the changelog, want 1 (the runbook names it)", n)
 	}
-	if s := changelogUnsafeStatus(t, addr); !strings.Contains(s, "cleanup.policy=delete") {
+	if s := dedupStatus(t, addr).ChangelogUnsafe; !strings.Contains(s, "cleanup.policy=delete") {
 		t.Errorf("the status page says %q of the changelog, want its cleanup.policy", s)
 	}
 
 	t.Log("---- 3. set back to compact")
 	testenv.AlterTopicConfigs(t, brokers, changelog, map[string]string{"cleanup.policy": "compact"})
 	w.waitResolved("MeterlineChangelogUnsafe", unsafe)
-	if s := changelogUnsafeStatus(t, addr); s != "" {
+	if s := dedupStatus(t, addr).ChangelogUnsafe; s != "" {
 		t.Errorf("the status page still says %q of the changelog, put back", s)
 	}
 	w.expectRulesHealthy()
 	w.expectFired(realChangelogAlertsFired)
 	dedup.Stop(t)
-}
-
-// changelogUnsafeStatus returns what the dedup status at addr
-// (/status.json) says of its changelog's cleanup policy.
-func changelogUnsafeStatus(t *testing.T, addr string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/status.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st service.Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatalf("status.json: %v\n%s", err, b)
-	}
-	for _, sg := range st.Stages {
-		if sg.Stage == "dedup" {
-			return sg.ChangelogUnsafe
-		}
-	}
-	t.Fatalf("status.json lists no dedup stage:\n%s", b)
-	return ""
 }
