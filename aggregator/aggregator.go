@@ -50,8 +50,8 @@ import (
 // Config configures the aggregator.
 type Config struct {
 	// Stream configures the runtime; Stage, InputTopic and ChangelogTopic
-	// are set from Topics, and a zero MaxBatchRecords is
-	// DefaultMaxBatchRecords.
+	// are set from Topics, ChangelogMustKeep by New (stream.KeepForever),
+	// and a zero MaxBatchRecords is DefaultMaxBatchRecords.
 	Stream stream.Config
 	// Topics names the topics.
 	Topics topics.Names
@@ -169,8 +169,11 @@ type Config struct {
 	// clock, and a dedup host whose clock is behind would have every event
 	// rejected. New reads both topics' setting once and refuses either
 	// (*topics.TimestampTypeError) unless this is set; then it logs a
-	// warning per topic. For tests and replays that choose broker times,
-	// never for production. Default: false.
+	// warning per topic. While it runs, a CreateTime record of a topic
+	// after a LogAppendTime one of the same partition stops the stage
+	// with that error naming the record (arrival.go), unless this is set.
+	// For tests and replays that choose broker times, never for
+	// production. Default: false.
 	AllowCreateTime bool
 }
 
@@ -354,6 +357,8 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.AggregateChangelogTopic(), 0); err != nil {
 		return nil, err
 	}
+	// And so while it runs, and before each restore (stream.Config).
+	cfg.Stream.ChangelogMustKeep = stream.KeepForever
 	// usage.deduped is keyed by customer: compaction would keep only a
 	// customer's last event.
 	if err := topics.CheckEventLog(ctx, cfg.Stream.Kafka, "aggregator", log, cfg.Topics.DedupedTopic()); err != nil {

@@ -76,6 +76,8 @@ import (
 //	             emission of the pending customers (its start, cursor)
 //	'b' customer a customer whose balance is pending: the broker time of
 //	             the change that made it pending (varint)
+//	'L'          the topics whose records had LogAppendTime timestamps
+//	             (arrival.go keyLogAppend)
 //	'R'          the period roll (rollState): the current period of the
 //	             watermark, and the chunked work of the last period start
 //	'D'          a default-plan record's balances sweep (sweepState):
@@ -106,6 +108,10 @@ type entPart struct {
 	readTo   int64  // Ledger.ReadTo
 	gateN    int    // records in the gate
 	gateNext uint64 // seq of the next record to enter it
+	// logAppend: the topics that gave a LogAppendTime record
+	// (keyLogAppend, arrival.go), as the state and the open transaction
+	// have them.
+	logAppend byte
 	// txFirst is gateNext as the committed state has it (set at load and
 	// by Flush): a record with a seq ≥ txFirst entered the gate in the
 	// open transaction. Such records are held in fresh, in order from
@@ -472,6 +478,9 @@ func (pt *partition) loadEnt(st stateReader) error {
 		e.gateNext = binary.BigEndian.Uint64(v)
 	}
 	e.txFirst = e.gateNext
+	if err := e.loadLogAppend(st); err != nil {
+		return err
+	}
 	if err := st.Scan([]byte{pfxGate}, []byte{pfxGate + 1}, func(_, _ []byte) error { e.gateN++; return nil }); err != nil {
 		return err
 	}

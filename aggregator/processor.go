@@ -596,6 +596,9 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	if len(pt.open) > maxCachedOpen+len(pt.dirty) {
 		pt.evictClean()
 	}
+	if err := pt.checkArrival(tx, recs); err != nil {
+		return err
+	}
 	if pt.ent != nil && len(recs) > 0 {
 		// The transaction commits this partition's input offset: the
 		// group generation fences it (flushBalances).

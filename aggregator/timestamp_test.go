@@ -3,13 +3,16 @@ package aggregator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
@@ -163,5 +166,144 @@ func testNewRefusesCompactedDeduped(t *testing.T, brokers []string) {
 	testenv.AlterTopicConfigs(t, brokers, h.names.DedupedTopic(), map[string]string{"cleanup.policy": "delete"})
 	if _, err := New(ctx, h.config("a", vfs.NewMem())); err != nil {
 		t.Fatalf("New on a delete deduped topic: %v", err)
+	}
+}
+
+// TestRunStopsOnCreateTimeAfterStart: New checks the message.timestamp.type
+// of usage.deduped and usage.entitlements once; an operator who sets
+// either to CreateTime while the aggregator runs would hand every writer
+// the broker times of its records: an entitlement stamped three days back
+// would decide events that arrived before it was written, an event's
+// record would bound its time by dedup's clock. Once a partition of a
+// topic has given a LogAppendTime record, a CreateTime record of it stops
+// the stage before it is gated, decided or applied, naming the topic, the
+// record and the fix, as dedup does; the state keeps that the partition
+// had LogAppendTime records, so the stage started again (restored from the
+// changelog on an empty store) stops at the same records after the
+// setting is put back. On the real broker only: kfake keeps a record's
+// CreateTime whatever the topic's message.timestamp.type
+// (TestCheckArrivalLocal runs the check without a broker).
+func TestRunStopsOnCreateTimeAfterStart(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	for _, topic := range []string{"deduped", "entitlements"} {
+		t.Run(topic, func(t *testing.T) { testRunStopsOnCreateTime(t, brokers, topic == "deduped") })
+	}
+}
+
+func testRunStopsOnCreateTime(t *testing.T, brokers []string, deduped bool) {
+	testenv.InOneMonth(t, entMonthBefore, entMonthAfter)
+	h := newAggHarness(t, brokers, 1) // LogAppendTime, as in production
+	now := time.Now().UnixMilli()
+	allow := schemas.Overdraft{Policy: schemas.OverdraftAllow}
+	honest := []*kgo.Record{h.entitlement(1, &schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: allow}, now)}
+	forged := h.entitlement(1, &schemas.Entitlements{CustomerID: "acme", Plan: "free", Overdraft: allow}, now-3*24*3600_000)
+	topic := h.names.EntitlementsTopic()
+	if deduped {
+		honest = []*kgo.Record{h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "honest", CustomerID: "acme", Meter: "api_calls", Quantity: 1,
+			EventTime: now - 500, IngestTime: now}), h.watermark(0, 0, 1, now)}
+		forged = h.dedupedEvent(0, &schemas.DedupedEvent{EventID: "forged", CustomerID: "acme", Meter: "api_calls", Quantity: 1000,
+			EventTime: now - 500, IngestTime: now})
+		forged.Timestamp = time.UnixMilli(now - 3*24*3600_000)
+		topic = h.names.DedupedTopic()
+	}
+	r := h.start(h.entConfig("a", vfs.NewMem()))
+	h.produce(honest...) // the broker stamps them LogAppendTime
+	testenv.WaitCaughtUp(t, brokers, h.group, topic, time.Minute)
+	testenv.AlterTopicConfigs(t, brokers, topic, map[string]string{"message.timestamp.type": "CreateTime"})
+	time.Sleep(2 * time.Second) // the brokers apply the change
+	h.produce(forged)
+
+	wantStop := func(r *aggRunning, what string) {
+		t.Helper()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: the aggregator still runs after a CreateTime record in %s; open values %v", what, topic, openValues(t, h))
+		}
+		var te *topics.TimestampTypeError
+		if !errors.As(r.err, &te) || te.Topic != topic || te.Have != "CreateTime" || te.Stage != "aggregator" {
+			t.Fatalf("%s: Run = %v, want a *topics.TimestampTypeError naming %s", what, r.err, topic)
+		}
+		for _, want := range []string{"partition 0 offset", "changed while aggregator ran", "message.timestamp.type=LogAppendTime"} {
+			if !strings.Contains(r.err.Error(), want) {
+				t.Errorf("%s: error %q does not say %q", what, r.err, want)
+			}
+		}
+		if v := openValues(t, h)["acme/api_calls"]; v >= 1000 {
+			t.Errorf("%s: acme counted %d, want the forged event never counted", what, v)
+		}
+	}
+	wantStop(r, "running")
+
+	// Put back, the records written meanwhile keep their CreateTime.
+	testenv.AlterTopicConfigs(t, brokers, topic, map[string]string{"message.timestamp.type": "LogAppendTime"})
+	wantStop(h.start(h.entConfig("a", vfs.NewMem())), "started again")
+}
+
+// TestCheckArrivalLocal: the check of the records' timestamp types, on
+// partition 0 of a stage with entitlements on stream.Local. A topic's
+// CreateTime records pass until the partition has given one of its
+// records stamped LogAppendTime (a topic set to LogAppendTime after it was
+// created with CreateTime); a CreateTime record of that topic after it is
+// a *topics.TimestampTypeError, whatever the other topic gives. The mark
+// follows the committed state: set in a transaction that aborts, it is
+// gone (the record that set it is read again), and it is committed with
+// the transaction that set it. AllowCreateTime checks nothing.
+func TestCheckArrivalLocal(t *testing.T) {
+	names := topics.DefaultNames()
+	names.Prefix = "local."
+	for _, allow := range []bool{false, true} {
+		pr := procBenchProcessor(t, names, true)
+		pr.cfg.AllowCreateTime = allow
+		o := &openCapture{processor: pr}
+		l, err := stream.NewLocal(o, 0, names.DedupedTopic())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		off := map[string]int64{}
+		rec := func(topic string, logAppend bool) *kgo.Record {
+			var v []byte
+			if topic == names.DedupedTopic() {
+				v = schemas.MustEncode(&schemas.Watermark{SourcePartition: 0, SourcePartitions: 1, Watermark: procBenchNow.UnixMilli()})
+			} else {
+				v = schemas.MustEncode(&schemas.Tick{})
+			}
+			r := &kgo.Record{Topic: topic, Offset: off[topic], Value: v, Timestamp: procBenchNow}
+			if logAppend {
+				r.Attrs = kgo.NewRecordAttrs(kgo.RecordAttrsOpts{TimestampType: 1})
+			}
+			off[topic]++
+			return r
+		}
+		process := func(what string, r *kgo.Record, wantStop bool) {
+			t.Helper()
+			err := l.Process([]*kgo.Record{r})
+			var te *topics.TimestampTypeError
+			switch stop := wantStop && !allow; {
+			case stop && (!errors.As(err, &te) || te.Topic != r.Topic || te.Record != fmt.Sprintf("partition 0 offset %d", r.Offset)):
+				t.Fatalf("allow %v: %s: Process = %v, want a *topics.TimestampTypeError naming %s and offset %d", allow, what, err, r.Topic, r.Offset)
+			case !stop && err != nil:
+				t.Fatalf("allow %v: %s: Process = %v, want nil", allow, what, err)
+			}
+		}
+		ent, ded := names.EntitlementsTopic(), names.DedupedTopic()
+		process("CreateTime before any LogAppendTime", rec(ent, false), false)
+		process("CreateTime before any LogAppendTime", rec(ded, false), false)
+		process("LogAppendTime", rec(ent, true), false)
+		process("CreateTime of the other topic", rec(ded, false), false)
+		if err := l.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		process("LogAppendTime, aborted", rec(ded, true), false)
+		l.Abort()
+		process("CreateTime after an aborted LogAppendTime", rec(ded, false), false)
+		process("CreateTime after a committed LogAppendTime", rec(ent, false), true)
+		l.Abort()
+		process("LogAppendTime", rec(ded, true), false)
+		if err := l.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		process("CreateTime after a committed LogAppendTime", rec(ded, false), true)
 	}
 }

@@ -56,7 +56,8 @@ import (
 // Config configures the dedup stage.
 type Config struct {
 	// Stream configures the runtime. Its Stage, InputTopic and
-	// ChangelogTopic are set from Topics by New.
+	// ChangelogTopic are set from Topics by New, and ChangelogMustKeep
+	// to W + S + B.
 	Stream stream.Config
 	// Topics names the topics.
 	Topics topics.Names
@@ -264,6 +265,8 @@ func New(ctx context.Context, cfg Config) (*Stage, error) {
 	if err := topics.CheckChangelogKeeps(ctx, cfg.Stream.Kafka, "dedup", log, cfg.Topics.DedupChangelogTopic(), cfg.Window+cfg.Skew+cfg.Bucket); err != nil {
 		return nil, err
 	}
+	// And so while it runs, and before each restore (stream.Config).
+	cfg.Stream.ChangelogMustKeep = cfg.Window + cfg.Skew + cfg.Bucket
 	p, err := newProcessor(cfg, counts, log)
 	if err != nil {
 		return nil, err

@@ -43,28 +43,17 @@ func TestRealRestoreStuckOutOfRangeAlert(t *testing.T) {
 	parallelAlertTest(t)
 	work := testenv.LogDir(t, "meterline-alerts-restoreoor-test-*")
 	bin := testenv.Meterline(t)
-	keys := testenv.DedupKeysFile(t)
 	cluster, brokers := testenv.KFake(t)
 
-	names := topics.DefaultNames()
-	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
-		"--partitions", "2", "--replication-factor", "1")
-	changelog := names.DedupChangelogTopic()
+	addr, state := testenv.FreeAddr(t), filepath.Join(work, "state")
+	startDedup := kfakeDedup(t, bin, work, brokers, addr, state)
+	changelog := topics.DefaultNames().DedupChangelogTopic()
 	md, err := testenv.Admin(t, brokers).Metadata(context.Background(), changelog)
 	if err != nil || md.Topics[changelog].Err != nil {
 		t.Fatalf("metadata of %s: %v %v", changelog, err, md.Topics[changelog].Err)
 	}
 	var outOfRange atomic.Bool
 	answered := failChangelogReads(cluster, changelog, md.Topics[changelog].ID, 0, kerr.OffsetOutOfRange, &outOfRange)
-
-	addr, state := testenv.FreeAddr(t), filepath.Join(work, "state")
-	startDedup := func(n string) *testenv.Process {
-		return testenv.StartProcess(t, "dedup"+n, filepath.Join(work, "dedup"+n+".log"), bin, "dedup",
-			"--brokers", strings.Join(brokers, ","), "--log-level", "info",
-			"--state-dir", state, "--session-timeout", "6s", "--transaction-timeout", "10s",
-			"--instance-id", "d1", "--metrics-addr", addr,
-			"--tick-interval", "1s", "--dedup-keys-file", keys, "--sources", "api-gateway")
-	}
 
 	t.Log("---- 1. healthy: dedup writes its changelog")
 	dedup := startDedup("1")
@@ -115,9 +104,27 @@ func TestRealRestoreStuckOutOfRangeAlert(t *testing.T) {
 	dedup.Stop(t)
 }
 
-// restoreReplans returns the re-plans of partition p's restore that the
-// dedup status at addr (/status.json) shows.
-func restoreReplans(t *testing.T, addr string, p int32) int {
+// kfakeDedup creates the topics, of 2 partitions, on brokers (kfake) and
+// returns a function that starts `meterline dedup` as instance d1 on them,
+// with its log in work/dedup<n>.log, its HTTP server at addr, its state in
+// state and the flags extra.
+func kfakeDedup(t *testing.T, bin, work string, brokers []string, addr, state string, extra ...string) func(n string) *testenv.Process {
+	runCmd(t, bin, filepath.Join(work, "topics.log"), "topics", "create", "--brokers", strings.Join(brokers, ","),
+		"--partitions", "2", "--replication-factor", "1")
+	keys := testenv.DedupKeysFile(t)
+	return func(n string) *testenv.Process {
+		args := append([]string{"dedup",
+			"--brokers", strings.Join(brokers, ","), "--log-level", "info",
+			"--state-dir", state, "--session-timeout", "6s", "--transaction-timeout", "10s",
+			"--instance-id", "d1", "--metrics-addr", addr,
+			"--tick-interval", "1s", "--dedup-keys-file", keys, "--sources", "api-gateway"}, extra...)
+		return testenv.StartProcess(t, "dedup"+n, filepath.Join(work, "dedup"+n+".log"), bin, args...)
+	}
+}
+
+// dedupStatus returns the dedup stage of the status at addr
+// (/status.json).
+func dedupStatus(t *testing.T, addr string) service.StageStatus {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/status.json")
 	if err != nil {
@@ -133,12 +140,23 @@ func restoreReplans(t *testing.T, addr string, p int32) int {
 		t.Fatalf("status.json: %v\n%s", err, b)
 	}
 	for _, sg := range st.Stages {
-		for _, ps := range sg.Partitions {
-			if sg.Stage == "dedup" && ps.Partition == p {
-				return ps.RestoreReplans
-			}
+		if sg.Stage == "dedup" {
+			return sg
 		}
 	}
-	t.Fatalf("status.json lists no dedup partition %d:\n%s", p, b)
+	t.Fatalf("status.json lists no dedup stage:\n%s", b)
+	return service.StageStatus{}
+}
+
+// restoreReplans returns the re-plans of partition p's restore that the
+// dedup status at addr (/status.json) shows.
+func restoreReplans(t *testing.T, addr string, p int32) int {
+	t.Helper()
+	for _, ps := range dedupStatus(t, addr).Partitions {
+		if ps.Partition == p {
+			return ps.RestoreReplans
+		}
+	}
+	t.Fatalf("status.json lists no dedup partition %d", p)
 	return 0
 }

@@ -35,6 +35,7 @@ func defaultVars() kong.Vars {
 		"stream_standby_replicas":           strconv.Itoa(stream.DefaultStandbyReplicas),
 		"stream_standby_max_warmups":        strconv.Itoa(stream.DefaultMaxWarmups),
 		"stream_state_cleanup_delay":        flagDuration(stream.DefaultStateCleanupDelay),
+		"stream_changelog_check_interval":   flagDuration(stream.DefaultChangelogCheckInterval),
 		"stream_max_decompress_batch_bytes": strconv.Itoa(stream.DefaultMaxDecompressBatchBytes),
 
 		"dedup_group":         dedup.DefaultGroup,

@@ -33,6 +33,7 @@ func TestFlagDefaultsAreThePackages(t *testing.T) {
 			{cmd + " --commit-interval", f.CommitInterval, stream.DefaultCommitInterval},
 			{cmd + " --standby-replicas", f.StandbyReplicas, stream.DefaultStandbyReplicas},
 			{cmd + " --state-cleanup-delay", f.StateCleanupDelay, stream.DefaultStateCleanupDelay},
+			{cmd + " --changelog-check-interval", f.ChangelogCheckInterval, stream.DefaultChangelogCheckInterval},
 			{cmd + " --session-timeout", f.SessionTimeout, session.DefaultSessionTimeout},
 			{cmd + " --rebalance-timeout", f.RebalanceTimeout, session.DefaultRebalanceTimeout},
 			{cmd + " --transaction-timeout", f.TransactionTimeout, session.DefaultTransactionTimeout},

@@ -29,6 +29,7 @@ type StageFlags struct {
 	StandbyReplicas         int           `help:"Instances besides its owner that keep each partition's state warm by tailing its changelog, so that a failover restores only the changelog's tail (every instance of the group should use the same value)." default:"${stream_standby_replicas}"`
 	StandbyMaxWarmups       int           `help:"Most standby copies one rebalance has instances make at once, group-wide, beyond the copies in place: partitions a joining instance copies before it takes them count first, then copies made to spread the standbys (the others wait for later rebalances; the instance that leads the group applies its own value)." default:"${stream_standby_max_warmups}"`
 	StateCleanupDelay       time.Duration `help:"How long the local state of a partition this instance neither owns nor keeps as a standby (revoked, its standby copy moved to another instance, not assigned at start) stays in --state-dir before it is deleted; state a restore would replay in full anyway (beyond the restore horizon) is deleted at once. 0 keeps all state." default:"${stream_state_cleanup_delay}"`
+	ChangelogCheckInterval  time.Duration `help:"How often the running stage reads its changelog's cleanup.policy and retention.ms again (restores read them too): a policy that deletes state records a restore must read sets meterline_stream_changelog_unsafe and logs an error, and the next restore is refused." default:"${stream_changelog_check_interval}"`
 	MaxDecompressBatchBytes int           `help:"Most bytes one fetched batch of the stage's input may decompress to, with what its records take decoded: a batch past it (a decompression bomb any producer can write) is rejected as oversized in usage.rejected and skipped." default:"${stream_max_decompress_batch_bytes}"`
 	MetricsAddr             string        `help:"Address of the HTTP server: the status page at / (and /status.json), /metrics, /healthz and /readyz. Loopback by default; :9464 serves every interface." default:"${metrics_addr}"`
 	MetricsHostsFlags       `embed:""`
@@ -63,6 +64,7 @@ func (f *StageFlags) streamConfig(g *Globals, group, stage string, maxBatchRecor
 		StandbyReplicas:         f.StandbyReplicas,
 		StandbyMaxWarmups:       f.StandbyMaxWarmups,
 		StateCleanupDelay:       stateCleanupDelay(f.StateCleanupDelay),
+		ChangelogCheckInterval:  f.ChangelogCheckInterval,
 		Logger:                  log,
 		Registerer:              reg,
 	}, nil

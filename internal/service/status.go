@@ -71,6 +71,11 @@ type StageStatus struct {
 	Joined *bool `json:"joined,omitempty"`
 	// Error is why the stage stopped (a fatal error); empty otherwise.
 	Error string `json:"error,omitempty"`
+	// ChangelogUnsafe says why the stage's changelog deletes state records
+	// a restore must read (its cleanup.policy and retention.ms, as last
+	// read: meterline_stream_changelog_unsafe); empty when it keeps them,
+	// or the stage does not report it (ChangelogStage).
+	ChangelogUnsafe string `json:"changelog_unsafe,omitempty"`
 	// Partitions are the input partitions assigned to this instance,
 	// sorted; nil when the stage does not list them (the server then counts
 	// them from meterline_*_owned_partitions).
@@ -233,6 +238,13 @@ type StandbyPlacementStage interface {
 	StandbyPlacement() (asked, placed, members int)
 }
 
+// ChangelogStage is a Stage that checks its changelog's cleanup policy
+// while it runs (stream.Runtime): ChangelogUnsafe returns why it deletes
+// state records a restore must read, nil when it keeps them.
+type ChangelogStage interface {
+	ChangelogUnsafe() error
+}
+
 // StageStatusOf returns what st reports of itself: its identity, session
 // and partitions. The page completes it from the metrics.
 func StageStatusOf(st Stage) StageStatus {
@@ -257,6 +269,11 @@ func StageStatusOf(st Stage) StageStatus {
 	if sp, ok := st.(StandbyPlacementStage); ok {
 		if asked, placed, members := sp.StandbyPlacement(); asked > 0 && placed >= 0 {
 			out.StandbyReplicas = &StandbyPlacement{Asked: asked, Placed: placed, Members: members}
+		}
+	}
+	if cs, ok := st.(ChangelogStage); ok {
+		if err := cs.ChangelogUnsafe(); err != nil {
+			out.ChangelogUnsafe = err.Error()
 		}
 	}
 	if sb, ok := st.(StandbyStage); ok {

@@ -291,3 +291,43 @@ func TestStatusPageWithoutLag(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// unsafeStage is a fakeStage whose changelog deletes state records
+// (ChangelogStage).
+type unsafeStage struct {
+	fakeStage
+	unsafe error
+}
+
+func (u *unsafeStage) ChangelogUnsafe() error { return u.unsafe }
+
+// TestStatusPageChangelogUnsafe: a stage whose changelog's cleanup policy
+// deletes state records a restore must read says why, on the page and in
+// status.json; one whose changelog keeps them says nothing.
+func TestStatusPageChangelogUnsafe(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	newFakeStages(reg, false)
+	s, _ := newTestServer(t, reg)
+	bad := &unsafeStage{fakeStage: fakeStage{stage: "dedup", group: "g", input: "usage.events", joined: true},
+		unsafe: errors.New("dedup: changelog c has cleanup.policy=delete")}
+	good := &unsafeStage{fakeStage: fakeStage{stage: "aggregate", group: "a", input: "usage.deduped.v2", joined: true}}
+	s.AddStatus(func() StageStatus { return StageStatusOf(bad) })
+	s.AddStatus(func() StageStatus { return StageStatusOf(good) })
+	v := page(t, s)
+	testenv.ExpectPageValue(t, v, "changelog_unsafe/dedup", "changelog deletes state records")
+	if _, ok := v["changelog_unsafe/aggregate"]; ok {
+		t.Error("the page says the aggregate changelog deletes state records; it keeps them")
+	}
+	_, body := get(t, s, "/")
+	if !strings.Contains(body, "cleanup.policy=delete") {
+		t.Error("the page does not say why the dedup changelog is unsafe")
+	}
+	_, js := get(t, s, "/status.json")
+	var st Status
+	if err := json.Unmarshal([]byte(js), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Stages[0].ChangelogUnsafe != bad.unsafe.Error() || st.Stages[1].ChangelogUnsafe != "" {
+		t.Errorf("status.json: changelog_unsafe %q and %q, want the dedup error and none", st.Stages[0].ChangelogUnsafe, st.Stages[1].ChangelogUnsafe)
+	}
+}

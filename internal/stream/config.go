@@ -50,6 +50,19 @@ type Config struct {
 	// ChangelogTopic holds every state change; it must have exactly as many
 	// partitions as InputTopic. Required.
 	ChangelogTopic string
+	// ChangelogMustKeep is how long ChangelogTopic must keep a record when
+	// its cleanup.policy deletes records (docs/operations.md, Topics): the
+	// runtime re-reads the topic's cleanup.policy and retention.ms every
+	// ChangelogCheckInterval and before each restore (changelogkeeps.go),
+	// exports meterline_stream_changelog_unsafe and logs each change, and
+	// refuses to restore from a changelog that deletes records sooner, as
+	// the stage refuses to start (topics.CheckChangelogKeeps).
+	// KeepForever: every record for ever (cleanup.policy compact). Zero:
+	// not checked (the default).
+	ChangelogMustKeep time.Duration
+	// ChangelogCheckInterval is how often ChangelogMustKeep is checked
+	// while the stage runs. Default: DefaultChangelogCheckInterval.
+	ChangelogCheckInterval time.Duration
 	// StateDir is where Pebble keeps the local state. Required unless FS is
 	// an in-memory filesystem.
 	StateDir string
@@ -124,6 +137,14 @@ const (
 	DefaultMaxDecompressBatchBytes = 128 << 20
 )
 
+// KeepForever is Config.ChangelogMustKeep of a changelog that must keep
+// every record for ever.
+const KeepForever time.Duration = -1
+
+// DefaultChangelogCheckInterval is Config.ChangelogCheckInterval's
+// default: one DescribeConfigs per instance every 5 minutes.
+const DefaultChangelogCheckInterval = 5 * time.Minute
+
 // EnsureDefaults fills zero fields with their defaults.
 func (c *Config) EnsureDefaults() {
 	c.Config.EnsureDefaults()
@@ -144,6 +165,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxDecompressBatchBytes == 0 {
 		c.MaxDecompressBatchBytes = DefaultMaxDecompressBatchBytes
+	}
+	if c.ChangelogCheckInterval == 0 {
+		c.ChangelogCheckInterval = DefaultChangelogCheckInterval
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -189,6 +213,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	pos("commit-interval", c.CommitInterval)
+	pos("changelog-check-interval", c.ChangelogCheckInterval)
+	if c.ChangelogMustKeep < 0 && c.ChangelogMustKeep != KeepForever {
+		errs = append(errs, fmt.Errorf("stream: changelog-must-keep must be positive, KeepForever or zero (got %s)", c.ChangelogMustKeep))
+	}
 	if c.PunctuateInterval < 0 {
 		errs = append(errs, fmt.Errorf("stream: punctuate-interval must not be negative (got %s)", c.PunctuateInterval))
 	}

@@ -43,6 +43,9 @@ type metrics struct {
 	cleaned          *prometheus.CounterVec
 	unheldPartitions prometheus.Gauge
 	unheldBytes      prometheus.Gauge
+	// changelogUnsafe: the changelog's cleanup policy deletes state
+	// records a restore must read (changelogkeeps.go).
+	changelogUnsafe *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -101,6 +104,8 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Partitions with local state this instance neither owns nor keeps as a standby, kept until --state-cleanup-delay passes (set by each sweep, every 30 s)."}),
 		unheldBytes: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_state_unheld_bytes",
 			Help: "Estimated bytes on disk of the state counted by meterline_stream_state_unheld_partitions."}),
+		changelogUnsafe: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_changelog_unsafe",
+			Help: "1 when the changelog's cleanup.policy deletes records (retention.ms) sooner than a restore may need them, as last read (every --changelog-check-interval and before restores), 0 when it keeps them; not exported before the first read answers. A restore is refused while it is 1 (docs/operations.md, MeterlineChangelogUnsafe)."}, []string{"topic"}),
 	}
 	for _, r := range cleanReasons {
 		m.cleaned.WithLabelValues(r)

@@ -94,6 +94,12 @@ func (rt *Runtime) restorePartition(ctx context.Context, cl *kgo.Client, log *za
 	if err := rt.checkChangelogID(ctx, cl, log); err != nil {
 		return nil, nil, 0, fmt.Errorf("stream: restore partition %d: %w", p, err)
 	}
+	// The changelog must still keep what the restore reads, as at the
+	// stage's start (changelogkeeps.go).
+	if err := rt.keepsForRestore(ctx, kadm.NewClient(cl), p); err != nil {
+		log.Error("refusing to restore", zap.Error(err))
+		return nil, nil, 0, err
+	}
 	var replayed int64
 	oor := replans{epoch: epoch}
 	defer rt.endReplans(p, &oor)

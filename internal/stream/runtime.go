@@ -156,6 +156,9 @@ type Runtime struct {
 	// horizon plans restores against delete.retention.ms (docs/design.md,
 	// Exactly-once, 4).
 	horizon restoreHorizon
+	// keeps is the last check of the changelog's cleanup policy
+	// (changelogkeeps.go).
+	keeps keepsWatch
 	// sb runs the standby tails (standby.go).
 	sb *standbys
 	// cleanup deletes the state of partitions held elsewhere (cleanup.go).

@@ -193,6 +193,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	rt.sb.forgetHeld()
 	rt.adm = kadm.NewClient(sess.Client())
 	defer rt.startWatchRetention(ctx, rt.adm)()
+	defer rt.startWatchKeeps(ctx, rt.adm)()
 	rt.joined.Store(true)
 	defer rt.joined.Store(false)
 	rt.active = map[int32]*activePart{}

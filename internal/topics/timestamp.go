@@ -93,7 +93,7 @@ func CheckArrivalTimestamps(ctx context.Context, conn kafka.Config, stage string
 // changelog's cleanup policy deletes records sooner than its stage may
 // need them on a restore.
 type ChangelogRetentionError struct {
-	Stage  string // the stage that refused to start: "dedup", "aggregator"
+	Stage  string // the stage that refused to start or to restore: "dedup", "aggregator"
 	Topic  string
 	Policy string        // the topic's cleanup.policy
 	Have   time.Duration // its retention.ms
@@ -113,12 +113,10 @@ func (e *ChangelogRetentionError) Error() string {
 }
 
 // CheckChangelogKeeps reads, at a stage's start, the cleanup.policy and
-// retention.ms of its changelog topic: a policy with delete and a finite
-// retention shorter than need (need 0: any finite retention) is a
-// *ChangelogRetentionError. The stage's restores read the topic's
-// delete.retention.ms with the same DescribeConfigs; without that ACL,
-// or with a topic the brokers do not describe, log gets a warning and
-// there is no error.
+// retention.ms of its changelog topic and judges them (ChangelogKeeps). The
+// stage's restores read the topic's delete.retention.ms with the same
+// DescribeConfigs; without that ACL, or with a topic the brokers do not
+// describe, log gets a warning and there is no error.
 func CheckChangelogKeeps(ctx context.Context, conn kafka.Config, stage string, log *zap.Logger, topic string, need time.Duration) error {
 	cfg, err := topicConfigs(ctx, conn, topic)
 	if err != nil {
@@ -129,6 +127,30 @@ func CheckChangelogKeeps(ctx context.Context, conn kafka.Config, stage string, l
 			zap.String("changelog", topic), zap.Error(err))
 		return nil
 	}
+	return ChangelogKeeps(stage, topic, cfg, need)
+}
+
+// ReadChangelogKeeps reads the changelog's configs with adm and judges them
+// (ChangelogKeeps): keeps is what ChangelogKeeps returns, err an error
+// reading them. A running stage's re-check (internal/stream).
+func ReadChangelogKeeps(ctx context.Context, adm *kadm.Client, stage, topic string, need time.Duration) (keeps, err error) {
+	rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := configsOf(rcs, topic)
+	if err != nil {
+		return nil, err
+	}
+	return ChangelogKeeps(stage, topic, cfg, need), nil
+}
+
+// ChangelogKeeps judges a changelog's configs (cleanup.policy and
+// retention.ms, as topicConfigs gives them): a policy with delete and a
+// finite retention shorter than need (need 0: any finite retention) is a
+// *ChangelogRetentionError; a retention.ms that is no number another
+// error; else nil.
+func ChangelogKeeps(stage, topic string, cfg map[string]string, need time.Duration) error {
 	policy, retention := cfg["cleanup.policy"], cfg["retention.ms"]
 	if !strings.Contains(policy, "delete") {
 		return nil
@@ -165,6 +187,12 @@ func topicConfigs(ctx context.Context, conn kafka.Config, topic string) (map[str
 	if err != nil {
 		return nil, err
 	}
+	return configsOf(rcs, topic)
+}
+
+// configsOf returns the configs of topic in rcs, each value "(unset)"
+// when the brokers give none.
+func configsOf(rcs kadm.ResourceConfigs, topic string) (map[string]string, error) {
 	rc, err := rcs.On(topic, nil)
 	if err == nil {
 		err = rc.Err
