@@ -41,9 +41,10 @@ func (pt *partition) checkArrival(tx *stream.Tx, recs []*kgo.Record) error {
 		return nil
 	}
 	was := pt.ent.logAppend
+	deduped := pt.pr.cfg.Topics.DedupedTopic()
 	for _, r := range recs {
 		bit := logAppendEntitlements
-		if r.Topic == pt.pr.cfg.Topics.DedupedTopic() {
+		if r.Topic == deduped {
 			bit = logAppendDeduped
 		}
 		if r.Attrs.TimestampType() == 1 {
