@@ -184,4 +184,35 @@ func AlterTopicConfigs(t testing.TB, brokers []string, topic string, configs map
 	if err != nil {
 		t.Fatalf("alter the configs of %s: %v", topic, err)
 	}
+	// A broker applies the change when the controller's record reaches it:
+	// a DescribeConfigs just after the answer can still read the old
+	// values. Wait until it reads the new ones.
+	adm := kadm.NewClient(cl)
+	for {
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err == nil && configsHave(rcs, configs) {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the configs of %s do not read %v after the change: %v", topic, configs, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// configsHave reports whether rcs, the configs of one topic, hold want.
+func configsHave(rcs kadm.ResourceConfigs, want map[string]string) bool {
+	if len(rcs) != 1 || rcs[0].Err != nil {
+		return false
+	}
+	have := map[string]string{}
+	for _, c := range rcs[0].Configs {
+		have[c.Key] = c.MaybeValue()
+	}
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
 }
