@@ -34,6 +34,7 @@ var realScale = map[string]ruleScale{
 	"MeterlineDuplicateSpike":     {Expr: map[string]string{"10m": "30s"}, For: "2s"},
 	"MeterlineRestoreTooLong":     {For: "3s"},
 	"MeterlineChangelogUnsafe":    {For: "2s"},
+	"MeterlineBrokerClockAhead":   {For: "2s"},
 	// More than 5 s of input gated (rates over 20 s) while the lag is
 	// under 5 s.
 	"MeterlineEntitlementsStalled": {Expr: map[string]string{"60": "5", "5m": "20s"}, For: "2s"},
@@ -116,7 +117,7 @@ func parallelAlertTest(t *testing.T) {
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
 		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired, realHeldAlertsFired, realRestoreOORAlertsFired,
-		realChangelogAlertsFired)
+		realChangelogAlertsFired, realClockAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

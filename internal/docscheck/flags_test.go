@@ -21,7 +21,7 @@ var docFlag = regexp.MustCompile(`(^|[^A-Za-z0-9_-])--(\[no-\])?([a-z][a-z0-9]*(
 // otherToolsFlags are the flags the docs give to other programs: Kafka's
 // command-line tools (kafka-acls.sh, kafka-configs.sh, kafka-storage.sh,
 // kafka-consumer-groups.sh, kafka-topics.sh, kafka-transactions.sh,
-// kafka-log-dirs.sh),
+// kafka-log-dirs.sh, kafka-get-offsets.sh, kafka-console-consumer.sh),
 // curl, clickhouse-client and docker compose.
 var otherToolsFlags = map[string]bool{
 	"topic": true, "operation": true, "command-config": true, "bootstrap-server": true, "allow-principal": true,
@@ -29,6 +29,7 @@ var otherToolsFlags = map[string]bool{
 	"add-scram": true, "add-config": true, "fail-with-body": true, "query": true, "detach": true, "build": true,
 	"reset-offsets": true, "to-offset": true, "to-earliest": true, "to-latest": true, "execute": true, "delete": true,
 	"describe": true, "broker-id": true, "start-offset": true, "max-transaction-timeout": true, "topic-list": true,
+	"time": true, "offset": true, "max-messages": true, "property": true,
 }
 
 // meterlineFlags returns the name of every flag of every meterline
