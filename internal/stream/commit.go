@@ -536,13 +536,13 @@ func (rt *Runtime) apply(at time.Time) error {
 				continue
 			}
 			if e.del {
-				b.del(p, []byte(k))
+				del(b, p, k)
 			} else {
-				b.set(p, []byte(k), e.val)
+				set(b, p, k, e.val)
 			}
 		}
 		for _, k := range ov.inputKeys() {
-			b.set(p, []byte(k), encodeOffset(ov.inputNext[k]))
+			set(b, p, k, encodeOffset(ov.inputNext[k]))
 		}
 		if produced {
 			b.checkpoint(p, Checkpoint{Offset: end + 1, At: at})

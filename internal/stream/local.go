@@ -134,14 +134,14 @@ func (l *Local) Commit() error {
 	for _, k := range l.ov.order {
 		if e, ok := l.ov.writes[k]; ok {
 			if e.del {
-				b.del(l.p, []byte(k))
+				del(b, l.p, k)
 			} else {
-				b.set(l.p, []byte(k), e.val)
+				set(b, l.p, k, e.val)
 			}
 		}
 	}
 	for _, k := range l.ov.inputKeys() {
-		b.set(l.p, []byte(k), encodeOffset(l.ov.inputNext[k]))
+		set(b, l.p, k, encodeOffset(l.ov.inputNext[k]))
 	}
 	if err := b.commit(); err != nil {
 		return fmt.Errorf("stream: local: apply: %w", err)

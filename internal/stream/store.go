@@ -175,6 +175,11 @@ func partPrefix(kind byte, p int32) []byte {
 	return []byte{kind, byte(p >> 8), byte(p)}
 }
 
+// appendDataKey appends dataKey(p, k) to dst; k is a string or a []byte.
+func appendDataKey[K string | []byte](dst []byte, p int32, k K) []byte {
+	return append(append(dst, prefixData, byte(p>>8), byte(p)), k...)
+}
+
 func dataKey(p int32, k []byte) []byte {
 	out := make([]byte, 3+len(k))
 	copy(out, partPrefix(prefixData, p))
@@ -417,19 +422,30 @@ type batch struct {
 	s *Store
 	b *pebble.Batch
 	n int
+	// key is the store key of the last set or del: Pebble copies a key
+	// into the batch, so one buffer serves them all.
+	key []byte
 }
 
 func (s *Store) newBatch() *batch { return &batch{s: s, b: s.db.NewBatch()} }
 
-func (b *batch) set(p int32, k, v []byte) {
-	_ = b.b.Set(dataKey(p, k), v, nil)
+// set writes state key k (a string or a []byte) of partition p.
+func set[K string | []byte](b *batch, p int32, k K, v []byte) {
+	b.key = appendDataKey(b.key[:0], p, k)
+	_ = b.b.Set(b.key, v, nil)
 	b.n++
 }
 
-func (b *batch) del(p int32, k []byte) {
-	_ = b.b.Delete(dataKey(p, k), nil)
+// del deletes state key k (a string or a []byte) of partition p.
+func del[K string | []byte](b *batch, p int32, k K) {
+	b.key = appendDataKey(b.key[:0], p, k)
+	_ = b.b.Delete(b.key, nil)
 	b.n++
 }
+
+func (b *batch) set(p int32, k, v []byte) { set(b, p, k, v) }
+
+func (b *batch) del(p int32, k []byte) { del(b, p, k) }
 
 func (b *batch) deleteRange(p int32, lo, hi []byte) {
 	_ = b.b.DeleteRange(dataKey(p, lo), dataKey(p, hi), nil)

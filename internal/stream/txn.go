@@ -293,25 +293,44 @@ func (tx *Tx) Emit(r *kgo.Record) {
 
 // changelogRecords returns the overlay's changelog records in first-write
 // order, plus the input-offset records (one per input topic consumed, in
-// key order).
+// key order). The records, and their keys, are allocated together, not
+// one by one: a transaction writes thousands of keys.
 func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
-	out := make([]*kgo.Record, 0, len(ov.order)+len(ov.inputNext))
+	inputs := ov.inputKeys()
+	n, size := 0, 0
 	for _, k := range ov.order {
-		e, ok := ov.writes[k]
-		if !ok {
-			continue // removed by a Forget or a DeleteRangeLocal
+		if _, ok := ov.writes[k]; ok { // not removed by a Forget or a DeleteRangeLocal
+			n, size = n+1, size+len(k)
 		}
-		r := &kgo.Record{Topic: topic, Partition: p, Key: []byte(k)}
-		if !e.del {
-			r.Value = e.val
-			if r.Value == nil {
-				r.Value = []byte{}
-			}
-		}
+	}
+	for _, k := range inputs {
+		size += len(k)
+	}
+	recs := make([]kgo.Record, n+len(inputs))
+	out := make([]*kgo.Record, 0, len(recs))
+	keys := make([]byte, 0, size) // never nil: a key is never a null key
+	add := func(k string, v []byte) {
+		r := &recs[len(out)]
+		r.Topic, r.Partition = topic, p
+		start := len(keys)
+		keys = append(keys, k...)
+		r.Key, r.Value = keys[start:len(keys):len(keys)], v
 		out = append(out, r)
 	}
-	for _, k := range ov.inputKeys() {
-		out = append(out, &kgo.Record{Topic: topic, Partition: p, Key: []byte(k), Value: encodeOffset(ov.inputNext[k])})
+	for _, k := range ov.order {
+		e, ok := ov.writes[k]
+		switch {
+		case !ok:
+		case e.del:
+			add(k, nil)
+		case e.val == nil:
+			add(k, []byte{})
+		default:
+			add(k, e.val)
+		}
+	}
+	for _, k := range inputs {
+		add(k, encodeOffset(ov.inputNext[k]))
 	}
 	return out
 }

@@ -133,6 +133,47 @@ func TestTxDeleteRangeLocalRewrite(t *testing.T) {
 	}
 }
 
+// TestChangelogRecordsShape: the changelog records of a transaction are
+// its live keys in first-write order, then its input offsets, each a
+// record of its own: topic and partition set, an empty key or value an
+// empty (not null) one, a deletion a null value, and a key whose append
+// cannot reach the next record's.
+func TestChangelogRecordsShape(t *testing.T) {
+	tx := txOver(t, nil)
+	tx.Put([]byte("b"), []byte("1"))
+	tx.Put([]byte(""), nil)
+	tx.Put([]byte("gone"), []byte("x"))
+	tx.Delete([]byte("a"))
+	tx.Forget([]byte("gone"))
+	tx.Put([]byte("b"), []byte("2"))
+	tx.ov.inputNext = map[string]int64{"\xffin": 7}
+	recs := tx.ov.changelogRecords("cl", 3)
+	type rec struct {
+		key, value   string
+		nullK, nullV bool
+	}
+	var got []rec
+	for _, r := range recs {
+		if r.Topic != "cl" || r.Partition != 3 || len(r.Headers) != 0 {
+			t.Errorf("record %q: topic %q, partition %d, headers %v", r.Key, r.Topic, r.Partition, r.Headers)
+		}
+		got = append(got, rec{string(r.Key), string(r.Value), r.Key == nil, r.Value == nil})
+	}
+	for _, r := range recs {
+		_ = append(r.Key, 'z')
+	}
+	for i, r := range recs {
+		if string(r.Key) != got[i].key {
+			t.Errorf("record %d: key %q after an append to the keys, was %q", i, r.Key, got[i].key)
+		}
+	}
+	want := []rec{{"b", "2", false, false}, {"", "", false, false}, {"a", "", false, true},
+		{"\xffin", string(encodeOffset(7)), false, false}}
+	if !slices.Equal(got, want) {
+		t.Errorf("changelog records = %+v, want %+v", got, want)
+	}
+}
+
 // closeCounter is a Partition that counts its Close calls.
 type closeCounter struct{ closed int }
 
