@@ -164,6 +164,12 @@ func ParseTime(s string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", clip.To(s, clip.Echo))
 	}
+	if t.Nanosecond()%int(time.Millisecond) != 0 {
+		// Kept to the millisecond, it would be cut to the one before:
+		// a grant would stop paying, a record start, earlier than
+		// written.
+		return 0, fmt.Errorf("%s is more precise than a millisecond, the precision of times", clip.To(s, clip.Echo))
+	}
 	if t.Before(time.UnixMilli(schemas.MinEventTime)) {
 		return 0, fmt.Errorf("%s is before 2000-01-01", s)
 	}
