@@ -67,7 +67,7 @@ type GrantDoc struct {
 }
 
 // OverdraftDoc is the overdraft policy: allow (default; limit in
-// micro-credits per period, 0 or absent: none) or deny.
+// micro-credits per period, absent: none; 0 is refused) or deny.
 type OverdraftDoc struct {
 	Policy string `json:"policy"`
 	Limit  Int    `json:"limit,omitzero"`
@@ -80,6 +80,9 @@ type OverdraftDoc struct {
 type Int struct {
 	V   int64
 	bad string // the raw text, when it was not an integer
+	// given: the document wrote the field (0 may mean something else
+	// than absent: overdraft.limit).
+	given bool
 }
 
 // UnmarshalJSON implements json.Unmarshaler; it never fails.
@@ -96,12 +99,12 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 		// would round one past 2^53 to another.
 		r, ok := exactInt(s)
 		if !ok {
-			*n = Int{bad: clip.To(string(b), clip.Echo)}
+			*n = Int{bad: clip.To(string(b), clip.Echo), given: true}
 			return nil
 		}
 		v = r
 	}
-	*n = Int{V: v}
+	*n = Int{V: v, given: true}
 	return nil
 }
 
@@ -160,6 +163,12 @@ func ParseTime(s string) (int64, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", clip.To(s, clip.Echo))
+	}
+	if t.Nanosecond()%int(time.Millisecond) != 0 {
+		// Kept to the millisecond, it would be cut to the one before:
+		// a grant would stop paying, a record start, earlier than
+		// written.
+		return 0, fmt.Errorf("%s is more precise than a millisecond, the precision of times", clip.To(s, clip.Echo))
 	}
 	if t.Before(time.UnixMilli(schemas.MinEventTime)) {
 		return 0, fmt.Errorf("%s is before 2000-01-01", s)
@@ -261,6 +270,11 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 			f.add("overdraft.policy", "must be allow or deny (got %q)", clip.To(o.Policy, clip.Echo))
 		}
 		e.Overdraft.Limit = f.int("overdraft.limit", o.Limit)
+		if o.Limit.given && o.Limit.bad == "" && o.Limit.V == 0 && e.Overdraft.Policy == schemas.OverdraftAllow {
+			// In the record a limit of 0 is none: written, it would
+			// let the customer overdraw without bound.
+			f.add("overdraft.limit", "0 is no limit: leave limit out to overdraw without limit, or write policy: deny to overdraw nothing")
+		}
 	}
 	if err := Validate(e, meters); err != nil {
 		f = append(f, f.unreported(err)...)

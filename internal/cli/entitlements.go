@@ -223,6 +223,9 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 	}
 	what := "entitlements record of " + customer
 	e, err := d.Record(customer, meters)
+	if err == nil {
+		err = checkAppliesFrom(d, e, time.Now().UnixMilli())
+	}
 	if err != nil {
 		return invalidDocument(stdio, "the "+what, err)
 	}
@@ -247,6 +250,28 @@ func noteDefaultOverdraft(stdio IO, d *entitlements.Document) {
 	}
 }
 
+// checkAppliesFrom refuses a document whose applies_from, which get
+// prints and set does not read, says the record applies from a time
+// after now other than its effective_from: get never prints such a one
+// (a record in effect applies from its broker time, a scheduled one from
+// its effective_from), so it was written to schedule the record, which
+// would apply from when it is written. One that is not a time is refused
+// too.
+func checkAppliesFrom(d *entitlements.Document, e *schemas.Entitlements, now int64) error {
+	if d.AppliesFrom == "" {
+		return nil
+	}
+	at, err := entitlements.ParseTime(d.AppliesFrom)
+	switch {
+	case err != nil:
+		return fmt.Errorf("applies_from: %w (it is printed by get and not read: effective_from schedules a record)", err)
+	case at > now && at != e.EffectiveFrom:
+		return fmt.Errorf("applies_from: %s is printed by get and not read: the record would apply from when it is written; "+
+			"to schedule it, write effective_from: %q (and leave applies_from out)", d.AppliesFrom, d.AppliesFrom)
+	}
+	return nil
+}
+
 // checkCustomer refuses a customer_id that no record can have (and no
 // event: ingest refuses it too).
 func checkCustomer(customer string) error {
@@ -264,6 +289,9 @@ func (c *EntitlementsSetDefaultCmd) Run(ctx context.Context, g *Globals, stdio I
 		return err
 	}
 	e, err := d.Record("", meters)
+	if err == nil {
+		err = checkAppliesFrom(d, e, time.Now().UnixMilli())
+	}
 	if err != nil {
 		return invalidDocument(stdio, "the default plan", err)
 	}
