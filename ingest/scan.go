@@ -489,16 +489,10 @@ func eachElement(arr string, fn func(value string) bool) bool {
 		if !fn(arr[start:i]) {
 			return true
 		}
-		i = skipSpace(arr, i)
-		switch {
-		case i >= len(arr):
-			return false
-		case arr[i] == ']':
-			return skipSpace(arr, i+1) == len(arr)
-		case arr[i] != ',':
-			return false
+		var last bool
+		if i, last = nextItem(arr, i, ']'); last {
+			return i == len(arr)
 		}
-		i = skipSpace(arr, i+1)
 	}
 }
 
@@ -571,17 +565,27 @@ func eachMember(obj string, fn func(lit string, escaped bool, value string) bool
 		if !fn(lit, escaped, obj[start:i]) {
 			return true
 		}
-		i = skipSpace(obj, i)
-		switch {
-		case i >= len(obj):
-			return false
-		case obj[i] == '}':
-			return skipSpace(obj, i+1) == len(obj)
-		case obj[i] != ',':
-			return false
+		var last bool
+		if i, last = nextItem(obj, i, '}'); last {
+			return i == len(obj)
 		}
-		i = skipSpace(obj, i+1)
 	}
+}
+
+// nextItem moves past what follows a member or an element ending at s[i]
+// of the object or array that closing ends (the whole of s): the blanks
+// and a comma, to where the next one starts (last false); or, at its end
+// (last true), to where the text after it starts, len(s) when that is
+// blanks only, -1 when the text does not scan.
+func nextItem(s string, i int, closing byte) (next int, last bool) {
+	i = skipSpace(s, i)
+	switch {
+	case i >= len(s) || s[i] != ',' && s[i] != closing:
+		return -1, true
+	case s[i] == closing:
+		return skipSpace(s, i+1), true
+	}
+	return skipSpace(s, i+1), false
 }
 
 // skipValid returns the end of the JSON value starting at s[i], in text
