@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -64,7 +63,7 @@ var errMalformed = errors.New("malformed JSON")
 // not decoded: each is checked on its own, so that one bad event is named
 // by its index.
 func splitJSON(body []byte) (elems []json.RawMessage, single bool, err error) {
-	b := bytes.TrimSpace(body)
+	b := trimSpace(body)
 	if len(b) == 0 {
 		return nil, false, fmt.Errorf("%w: the body is empty", errMalformed)
 	}
@@ -116,7 +115,7 @@ func firstRune(b []byte) string {
 // attributes' exactly, extensions' in lowercase a-z and 0-9. The error is
 // a *fieldError naming the attribute, or the member.
 func parseCloudEvent(b []byte) (CloudEvent, *fieldError) {
-	if b = bytes.TrimSpace(b); len(b) == 0 || b[0] != '{' {
+	if b = trimSpace(b); len(b) == 0 || b[0] != '{' {
 		return CloudEvent{}, &fieldError{"event", "invalid", "is not a JSON object"}
 	}
 	if fe := checkNames(string(b)); fe != nil {
@@ -446,9 +445,12 @@ func dataKind(d string) string {
 	return "number"
 }
 
-// trimSpace trims JSON's whitespace (the only kind a JSON value's text
-// can start or end with).
-func trimSpace(s string) string {
+// trimSpace trims JSON's whitespace (space, tab, line feed, carriage
+// return: RFC 8259), the only kind a JSON value's text can start or end
+// with, and no other: around a body or an NDJSON line, bytes.TrimSpace
+// would also take Unicode's (a no-break space, U+2028), so that a body
+// that is not JSON would be read as if it were.
+func trimSpace[T string | []byte](s T) T {
 	i, j := 0, len(s)
 	for i < j && isSpace(s[i]) {
 		i++

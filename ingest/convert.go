@@ -52,12 +52,21 @@ type propSlot struct {
 }
 
 // dataPath is a compiled value_property or group_by path. A simple path,
-// of names only ($.a.b, $['a']), is looked up in the data's text (names);
-// any other is evaluated on the decoded data.
+// of names and indexes only ($.a.b, $['a'], $.items[0], $.a[-1]: every
+// singular path, which is all a meters file takes), is looked up in the
+// data's text (steps); any other is evaluated on the decoded data.
 type dataPath struct {
 	path   *jsonpath.Path
 	simple bool
-	names  []string
+	steps  []pathStep
+}
+
+// pathStep is one step of a simple path: a member's name, or (isIndex)
+// an array's element, counted from the end when index is negative.
+type pathStep struct {
+	name    string
+	index   int
+	isIndex bool
 }
 
 func compilePath(raw string) (*dataPath, error) {
@@ -68,16 +77,23 @@ func compilePath(raw string) (*dataPath, error) {
 	dp := &dataPath{path: p, simple: true}
 	for _, seg := range p.Query().Segments() {
 		sels := seg.Selectors()
-		name, ok := spec.Selector(nil), false
-		if len(sels) == 1 && !seg.IsDescendant() {
-			name = sels[0]
-			_, ok = name.(spec.Name)
+		var step pathStep
+		ok := len(sels) == 1 && !seg.IsDescendant()
+		if ok {
+			switch sel := sels[0].(type) {
+			case spec.Name:
+				step.name = string(sel)
+			case spec.Index:
+				step.index, step.isIndex = int(sel), true
+			default:
+				ok = false
+			}
 		}
 		if !ok {
-			dp.simple, dp.names = false, nil
+			dp.simple, dp.steps = false, nil
 			break
 		}
-		dp.names = append(dp.names, string(name.(spec.Name)))
+		dp.steps = append(dp.steps, step)
 	}
 	return dp, nil
 }
@@ -273,7 +289,7 @@ const (
 // data; jMissing when it selects nothing.
 func (sc *mapScratch) selectOne(p *dataPath, raw string) (jvalue, *fieldError) {
 	if p.simple {
-		if v, ok := sc.data.lookup(p.names); ok {
+		if v, ok := sc.data.lookup(p.steps); ok {
 			return v, nil
 		}
 	}

@@ -479,7 +479,7 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 	// UTF-8 (without surrogate escapes) and it decodes in one pass. Anything else takes the slow path,
 	// which checks each event on its own and names every bad one.
 	if req.kind == endpointOpenMeter && !wantObject && utf8.Valid(body) && (!hasEscape(body) || checkEscapes(body) == nil) {
-		if b := bytes.TrimSpace(body); len(b) > 0 && b[0] == '[' {
+		if b := trimSpace(body); len(b) > 0 && b[0] == '[' {
 			// Every string of the request is a substring of its text.
 			as, ok := decodeBatch(req.bufs.attrs, b, string(b), s.cfg.MaxEvents)
 			req.attrs = as
@@ -861,11 +861,11 @@ func countIndexes(errs []EventError) int {
 	return n
 }
 
-// splitLines splits an NDJSON body into its non-blank lines.
+// splitLines splits an NDJSON body into its non-blank lines (trimSpace).
 func splitLines(body []byte) []json.RawMessage {
 	var out []json.RawMessage
 	for l := range bytes.SplitSeq(body, []byte("\n")) {
-		if l = bytes.TrimSpace(l); len(l) > 0 {
+		if l = trimSpace(l); len(l) > 0 {
 			out = append(out, l)
 		}
 	}

@@ -251,13 +251,13 @@ func countEvents(body []byte, ndjson bool) int {
 	if ndjson {
 		n := 0
 		for l := range bytes.SplitSeq(body, []byte("\n")) {
-			if len(bytes.TrimSpace(l)) > 0 {
+			if len(trimSpace(l)) > 0 {
 				n++
 			}
 		}
 		return n
 	}
-	b := bytes.TrimSpace(body)
+	b := trimSpace(body)
 	if len(b) == 0 || b[0] != '[' {
 		return 1
 	}

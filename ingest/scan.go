@@ -17,9 +17,9 @@ import (
 //     an attribute's nor an extension's, a duplicate attribute, a value of a
 //     wrong type, invalid JSON) sends the request to encoding/json and
 //     checkNames, which answer as they always did.
-//   - dataView finds the members a simple path ($.a.b, $['a']) selects in
-//     an event's data by walking its text, instead of decoding the data into
-//     maps for a JSONPath evaluation.
+//   - dataView finds the value a simple path ($.a.b, $['a'], $.a[0]) selects
+//     in an event's data by walking its text, instead of decoding the data
+//     into maps and slices for a JSONPath evaluation.
 //
 // TestRequestsGolden holds the answers and records to those of the ingest
 // before these paths; FuzzScanBatch and FuzzDataView compare them with
@@ -389,11 +389,11 @@ func (d *dataView) reset(text string) {
 	d.text, d.indexed, d.bad, d.all, d.members = text, false, false, false, d.members[:0]
 }
 
-// lookup returns the value that the path of names selects, as a JSONPath
+// lookup returns the value that the path of steps selects, as a JSONPath
 // evaluation over the decoded data would (encoding/json keeps the last of
 // duplicate names). ok is false when the text does not scan; the caller
 // then evaluates the path on the decoded data.
-func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
+func (d *dataView) lookup(steps []pathStep) (v jvalue, ok bool) {
 	if d.text == "" {
 		return jvalue{}, true // no data: nothing is selected
 	}
@@ -406,29 +406,37 @@ func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
 	if d.bad {
 		return jvalue{}, false
 	}
-	if len(names) == 0 {
+	if len(steps) == 0 {
 		return toJValue(d.text)
+	}
+	if steps[0].isIndex {
+		return jvalue{}, true // the data is an object: an index selects nothing
 	}
 	text, found := "", false
 	if d.all {
 		for k := len(d.members) - 1; k >= 0; k-- {
-			if d.members[k].name == names[0] {
+			if d.members[k].name == steps[0].name {
 				text, found = d.members[k].value, true
 				break
 			}
 		}
-	} else if text, found, ok = lastMember(d.text, names[0]); !ok {
+	} else if text, found, ok = lastMember(d.text, steps[0].name); !ok {
 		return jvalue{}, false
 	}
-	for _, name := range names[1:] {
+	ok = true
+	for _, st := range steps[1:] {
 		if !found {
 			break
 		}
-		if text[0] != '{' {
-			found = false // a name selects nothing in an array or a scalar
-			break
+		switch {
+		case st.isIndex && text[0] == '[':
+			text, found, ok = element(text, st.index)
+		case !st.isIndex && text[0] == '{':
+			text, found, ok = lastMember(text, st.name)
+		default:
+			found = false // a name selects nothing in an array or a scalar, an index nothing in an object or a scalar
 		}
-		if text, found, ok = lastMember(text, name); !ok {
+		if !ok {
 			return jvalue{}, false
 		}
 	}
@@ -436,6 +444,56 @@ func (d *dataView) lookup(names []string) (v jvalue, ok bool) {
 		return jvalue{}, true
 	}
 	return toJValue(text)
+}
+
+// element returns the value of element i of the array text arr (valid
+// JSON), counted from the end when i is negative. It allocates nothing.
+func element(arr string, i int) (value string, found, ok bool) {
+	if i < 0 {
+		n := 0
+		if ok = eachElement(arr, func(string) bool { n++; return true }); !ok {
+			return "", false, false
+		}
+		if i += n; i < 0 {
+			return "", false, true
+		}
+	}
+	k := 0
+	ok = eachElement(arr, func(v string) bool {
+		if k == i {
+			value, found = v, true
+			return false
+		}
+		k++
+		return true
+	})
+	return value, found, ok
+}
+
+// eachElement calls fn with the text of each element of the array text
+// arr (valid JSON); fn returns false to stop. ok is false when arr does
+// not scan as one JSON array.
+func eachElement(arr string, fn func(value string) bool) bool {
+	i := skipSpace(arr, 0)
+	if i >= len(arr) || arr[i] != '[' {
+		return false
+	}
+	if i = skipSpace(arr, i+1); i < len(arr) && arr[i] == ']' {
+		return skipSpace(arr, i+1) == len(arr)
+	}
+	for {
+		start := i
+		if i = skipValid(arr, i); i < 0 {
+			return false
+		}
+		if !fn(arr[start:i]) {
+			return true
+		}
+		var last bool
+		if i, last = nextItem(arr, i, ']'); last {
+			return i == len(arr)
+		}
+	}
 }
 
 // appendMembers appends the members of the object text obj, names
@@ -507,17 +565,27 @@ func eachMember(obj string, fn func(lit string, escaped bool, value string) bool
 		if !fn(lit, escaped, obj[start:i]) {
 			return true
 		}
-		i = skipSpace(obj, i)
-		switch {
-		case i >= len(obj):
-			return false
-		case obj[i] == '}':
-			return skipSpace(obj, i+1) == len(obj)
-		case obj[i] != ',':
-			return false
+		var last bool
+		if i, last = nextItem(obj, i, '}'); last {
+			return i == len(obj)
 		}
-		i = skipSpace(obj, i+1)
 	}
+}
+
+// nextItem moves past what follows a member or an element ending at s[i]
+// of the object or array that closing ends (the whole of s): the blanks
+// and a comma, to where the next one starts (last false); or, at its end
+// (last true), to where the text after it starts, len(s) when that is
+// blanks only, -1 when the text does not scan.
+func nextItem(s string, i int, closing byte) (next int, last bool) {
+	i = skipSpace(s, i)
+	switch {
+	case i >= len(s) || s[i] != ',' && s[i] != closing:
+		return -1, true
+	case s[i] == closing:
+		return skipSpace(s, i+1), true
+	}
+	return skipSpace(s, i+1), false
 }
 
 // skipValid returns the end of the JSON value starting at s[i], in text

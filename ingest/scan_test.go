@@ -90,8 +90,10 @@ func FuzzDataView(f *testing.F) {
 		`{"\u0061":{"\/b\n":1,"b":{"c":[]}},"a\ud83d\ude00":2,"\ud800":3,"\ud800\u0061":4}`,
 		`{"a":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `,"geo":{"region":"x","d":` + strings.Repeat(`{"a":`, 600) + "1" + strings.Repeat("}", 600) + `}}`,
 		`{` + strings.Repeat(`"a":1,`, maxIndexed) + `"tokens":{"input":2},"a":{"b":"last"}}`,
+		`{"a":[{"b":1},[2,[3]],"x",null,{"b":{"c":4}}],"list":[ ],"geo":{"d":[ 7 , {"a":[8]} ]}}`,
 	} {
-		for _, p := range []string{`$.a`, `$.a.b`, `$['a']['b']['c']`, `$.geo.region`, `$.tokens.input`, `$`, `$.ab`, `$.a.b.c.d`, `$['a😀']`, `$['\ufffd']`, `$.a.b.c`, `$.geo.d.a.a`} {
+		for _, p := range []string{`$.a`, `$.a.b`, `$['a']['b']['c']`, `$.geo.region`, `$.tokens.input`, `$`, `$.ab`, `$.a.b.c.d`, `$['a😀']`, `$['\ufffd']`, `$.a.b.c`, `$.geo.d.a.a`,
+			`$.a[0]`, `$.a[0].b`, `$.a[1][1][0]`, `$.a[-1].b.c`, `$.a[-5]`, `$.a[-6]`, `$.a[5]`, `$.list[0]`, `$.list[-1]`, `$[0]`, `$.geo.d[1].a[-1]`, `$.a.b[0]`} {
 			f.Add(s, p)
 		}
 	}
@@ -106,7 +108,7 @@ func FuzzDataView(f *testing.F) {
 		}
 		var d dataView
 		d.reset(data)
-		got, ok := d.lookup(dp.names)
+		got, ok := d.lookup(dp.steps)
 		if !ok {
 			t.Fatalf("%q: the view refused valid data", data)
 		}

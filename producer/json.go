@@ -96,6 +96,11 @@ func ParseJSON(b []byte) (Event, error) {
 	if dec.More() {
 		return Event{}, fmt.Errorf("%w: more than one value on the line", ErrMalformedJSON)
 	}
+	// More says no before a closing bracket or brace: "{…}]{…}" would be
+	// read as its first event and the rest of the line lost.
+	if rest := bytes.TrimLeft(b[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
+		return Event{}, fmt.Errorf("%w: %q after the event: one event a line", ErrMalformedJSON, clip.To(string(rest), clip.Echo))
+	}
 	var e Event
 	switch {
 	case j.EventID == nil:
