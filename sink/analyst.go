@@ -302,6 +302,25 @@ func parseViews(ms []chschema.Migration) ([]View, error) {
 	return out, nil
 }
 
+// maxFillMonths is the most months one fill INSERT writes. Current
+// ClickHouse refuses an INSERT block whose rows fall into more than
+// max_partitions_per_insert_block partitions (100 by default; 18.16 has
+// no such limit), and a view's SELECT over the whole ledger yields blocks
+// that mix its months.
+const maxFillMonths = 100
+
+// fillSQLs are the INSERTs that write into staging what the view would
+// have written for every row of its source in the given months: fillSQL
+// for each run of at most maxFillMonths of them. Each one reads the
+// whole ledger table.
+func (v View) fillSQLs(db, staging, partCol string, months []uint32) []string {
+	var out []string
+	for i := 0; i < len(months); i += maxFillMonths {
+		out = append(out, v.fillSQL(db, staging, partCol, months[i:min(i+maxFillMonths, len(months))]))
+	}
+	return out
+}
+
 // fillSQL is the INSERT that writes into staging what the view would have
 // written for every row of its source (read with FINAL, so that a row the
 // ledger collapses is counted once) in the given months of the target's
