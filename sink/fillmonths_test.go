@@ -51,16 +51,7 @@ func manyMonthsInserts(db string) []string {
 func TestFillManyMonthsOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
 	const db = "fillmonths"
-	ds, err := DerivedTables()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d DerivedTable
-	for _, x := range ds {
-		if x.Name == TableAggregatesCurrent {
-			d = x
-		}
-	}
+	d := derivedTable(t, TableAggregatesCurrent)
 	staging := stagingTable(d.Name, newRunID("backfill", time.Now()))
 	stmts := append(migrationStatements(t), manyMonthsInserts(db)...)
 	stmts = append(stmts, "CREATE TABLE "+db+"."+staging+" AS "+db+"."+d.Name)
@@ -92,4 +83,20 @@ func TestBackfillManyMonths(t *testing.T) {
 	if len(rep.Months) != 120 || rep.Rebuilt != 120 || rep.Differs != 0 {
 		t.Fatalf("%d months, %d rebuilt, %d differ; want 120 rebuilt", len(rep.Months), rep.Rebuilt, rep.Differs)
 	}
+}
+
+// derivedTable is the derived table named name (DerivedTables).
+func derivedTable(t *testing.T, name string) DerivedTable {
+	t.Helper()
+	ds, err := DerivedTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		if d.Name == name {
+			return d
+		}
+	}
+	t.Fatalf("no derived table %s", name)
+	return DerivedTable{}
 }

@@ -139,13 +139,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			// written, and its halves are tried in turn, as a refused
 			// block's. A single row is never parked for it.
 			w.markRowsDirty(t, todo)
-			w.log.Info("block spans more table partitions than the server takes in one INSERT; splitting it",
-				zap.String("table", t.name), zap.Int("rows", len(todo)), zap.Error(err))
-			mid := len(todo) / 2
-			if err := w.writeRows(ctx, ft, todo[:mid]); err != nil {
-				return err
-			}
-			return w.writeRows(ctx, ft, todo[mid:])
+			return w.writeHalves(ctx, ft, todo, "block spans more table partitions than the server takes in one INSERT; splitting it", err)
 		case classify(err) == classRefused:
 			// Some parts of the block may be written (a failure after the
 			// first partition's part, or after the first of several
@@ -155,15 +149,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			if len(todo) == 1 {
 				return w.refuse(ctx, ft, todo[0], err)
 			}
-			w.log.Info("block refused; splitting it to find the refused rows",
-				zap.String("table", t.name), zap.Int("rows", len(todo)), zap.Error(err))
-			mid := len(todo) / 2
-			if err := w.writeRows(ctx, ft, todo[:mid]); err != nil {
-				return err
-			}
-			// writeRows drops the second half's rows held back behind a
-			// refusal found in the first.
-			return w.writeRows(ctx, ft, todo[mid:])
+			return w.writeHalves(ctx, ft, todo, "block refused; splitting it to find the refused rows", err)
 		default:
 			// Unreachable, unable to take any block, or an error code the
 			// sink does not know: the outcome of the INSERT is unknown, so
@@ -178,6 +164,18 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			}
 		}
 	}
+}
+
+// writeHalves writes the first half of rows, then the second (writeRows
+// drops the second half's rows held back behind a refusal found in the
+// first), after logging why the block is split.
+func (w *Writer) writeHalves(ctx context.Context, ft *batchTable, rows []*row, why string, cause error) error {
+	w.log.Info(why, zap.String("table", ft.t.name), zap.Int("rows", len(rows)), zap.Error(cause))
+	mid := len(rows) / 2
+	if err := w.writeRows(ctx, ft, rows[:mid]); err != nil {
+		return err
+	}
+	return w.writeRows(ctx, ft, rows[mid:])
 }
 
 // insert sends rows in one INSERT, column by column (one typed slice per

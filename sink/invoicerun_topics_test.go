@@ -2,11 +2,7 @@ package sink
 
 import (
 	"fmt"
-	"strings"
 	"testing"
-	"time"
-
-	"github.com/meterline/meterline/internal/testenv"
 )
 
 // The invoice run's bounds are offsets of one topic (docs/analysts.md,
@@ -54,15 +50,5 @@ func TestInvoiceRunOneTopic(t *testing.T) {
 // TestInvoiceRunOneTopicOnChdb is TestInvoiceRunOneTopic on current
 // ClickHouse (chdb, 26.x).
 func TestInvoiceRunOneTopicOnChdb(t *testing.T) {
-	python := testenv.Chdb(t)
-	const db = "invoiceruntopics"
-	stmts := append(migrationStatements(t), otherTopicInserts(db)...)
-	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts,
-		Queries: invoiceRunQueries(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(resp.Results, "|") != strings.Join(invoiceRunWant, "|") {
-		t.Errorf("on chdb %s:\n%q\nwant\n%q", resp.Version, resp.Results, invoiceRunWant)
-	}
+	checkInvoiceRunChdb(t, "invoiceruntopics", otherTopicInserts)
 }

@@ -1,13 +1,6 @@
 package sink
 
-import (
-	"strings"
-	"testing"
-
-	"go.uber.org/zap/zaptest"
-
-	"github.com/meterline/meterline/internal/testenv"
-)
+import "testing"
 
 // Verify compares the columns of a derived row that the documented
 // queries read, not only its key, counts and sums: a month whose rows
@@ -61,38 +54,12 @@ func columnInserts(db string) []string {
 // label, event time or rejection reason differ from the ledger's differ;
 // every other month is equal.
 func TestVerifyComparesQueriedColumns(t *testing.T) {
-	edit, restore := editedViews(t, columnEdits)
-	conn, db, ctx := migratedDB(t, func(db string) []string {
-		return append(append(edit, columnInserts(db)...), restore...)
-	})
-	rep, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: 202312, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	differing := map[string]bool{}
-	for name := range columnDiffers {
-		differing[name+"/202401"] = true
-	}
-	checkMonths(t, rep.Months, differing, nil)
+	checkEditedMonths(t, columnEdits, columnInserts, columnDiffers)
 }
 
 // TestVerifyComparesQueriedColumnsOnChdb computes verify's measures of
 // the same data on current ClickHouse (chdb, 26.x): the same tables
 // differ, the others are equal.
 func TestVerifyComparesQueriedColumnsOnChdb(t *testing.T) {
-	python := testenv.Chdb(t)
-	const db = "verifycolumns"
-	edit, restore := editedViews(t, columnEdits)
-	stmts := append(migrationStatements(t), edit...)
-	stmts = append(append(stmts, columnInserts(db)...), restore...)
-	resp, ds := chdbMeasures(t, python, db, stmts, nil)
-	for i, d := range ds {
-		led, der := resp.Results[2*i], resp.Results[2*i+1]
-		if differs := columnDiffers[d.Name]; (led != der) != differs {
-			t.Errorf("%s on chdb %s: ledger\n%s derived\n%s want differing %v", d.Name, resp.Version, led, der, differs)
-		}
-		if columnDiffers[d.Name] && !strings.HasPrefix(led, "202401\t") {
-			t.Errorf("%s on chdb %s: ledger %q, want January 2024", d.Name, resp.Version, led)
-		}
-	}
+	checkEditedMeasuresChdb(t, "verifycolumns", columnEdits, columnInserts, columnDiffers)
 }
