@@ -71,10 +71,12 @@ var derivedSpecs = []DerivedTable{
 		Name:            TableEventsByCustomer,
 		PartitionColumn: "event_time",
 		Sources:         []string{TableEvents},
-		Measures:        []string{"rows", "quantity", "key_hash"},
-		Derived: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, event_id))
+		Measures:        []string{"rows", "quantity", "key_hash", "content_hash"},
+		Derived: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, event_id)),
+       sum(` + eventContentHash + `)
 FROM %[1]s.events_by_customer FINAL GROUP BY month`,
-		Ledger: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, event_id))
+		Ledger: `SELECT toYYYYMM(event_time) AS month, count(), sum(toDecimal128(quantity, 0)), sum(cityHash64(customer_id, meter, event_id)),
+       sum(` + eventContentHash + `)
 FROM %[1]s.usage_events FINAL GROUP BY month`,
 	},
 	{
@@ -91,15 +93,16 @@ FROM %[1]s.usage_events FINAL GROUP BY month`,
 		Name:            TableAggregatesCurrent,
 		PartitionColumn: "period_start",
 		Sources:         []string{TableAggregates},
-		Measures:        []string{"aggregates", "value", "revisions", "final", "key_hash"},
+		Measures:        []string{"aggregates", "value", "revisions", "final", "key_hash", "content_hash"},
 		Derived: `SELECT toYYYYMM(period_start) AS month, count(), sum(toDecimal128(value, 0)), sum(revision), countIf(status = 'FINAL'),
-       sum(cityHash64(customer_id, meter, group_key, period_start))
+       sum(cityHash64(customer_id, meter, group_key, period_start)), sum(` + aggregateContentHash + `)
 FROM %[1]s.aggregates_current FINAL GROUP BY month`,
 		Ledger: `SELECT toYYYYMM(period_start) AS month, count(), sum(toDecimal128(v, 0)), sum(r), countIf(s = 'FINAL'),
-       sum(cityHash64(customer_id, meter, group_key, period_start))
+       sum(cityHash64(customer_id, meter, group_key, period_start)), sum(h)
 FROM (
     SELECT customer_id, meter, group_key, period_start,
-           argMax(value, revision) AS v, toUInt64(max(revision)) AS r, argMax(status, revision) AS s
+           argMax(value, revision) AS v, toUInt64(max(revision)) AS r, argMax(status, revision) AS s,
+           argMax(` + aggregateContentHash + `, revision) AS h
     FROM %[1]s.usage_aggregates
     GROUP BY customer_id, meter, group_key, period_start
 ) GROUP BY month`,
@@ -137,10 +140,12 @@ FROM (
 		Name:            TableUnbilledEvents,
 		PartitionColumn: "kafka_timestamp",
 		Sources:         []string{TableRejected},
-		Measures:        []string{"events", "key_hash"},
-		Derived: `SELECT toYYYYMM(kafka_timestamp) AS month, count(), sum(cityHash64(customer_id, meter, event_id, source_partition, source_offset))
+		Measures:        []string{"events", "key_hash", "content_hash"},
+		Derived: `SELECT toYYYYMM(kafka_timestamp) AS month, count(), sum(cityHash64(customer_id, meter, event_id, source_partition, source_offset)),
+       sum(` + unbilledContentHash + `)
 FROM %[1]s.unbilled_events FINAL GROUP BY month`,
-		Ledger: `SELECT toYYYYMM(kafka_timestamp) AS month, count(), sum(cityHash64(customer_id, meter, event_id, source_partition, source_offset))
+		Ledger: `SELECT toYYYYMM(kafka_timestamp) AS month, count(), sum(cityHash64(customer_id, meter, event_id, source_partition, source_offset)),
+       sum(` + unbilledContentHash + `)
 FROM %[1]s.usage_rejected FINAL WHERE stage = 'aggregator' AND event_id != '' GROUP BY month`,
 	},
 	{
@@ -178,6 +183,24 @@ FROM (
 ) GROUP BY month`,
 	},
 }
+
+// eventContentHash, aggregateContentHash and unbilledContentHash hash,
+// with the row's key, every column that events_by_customer,
+// aggregates_current and unbilled_events copy from the ledger but those
+// the other measures add up (quantity; value, revision, status): what the
+// queries of docs/analysts.md read besides, an event's time and Kafka
+// coordinates (the day and the copy usage_by_day takes an unbilled event
+// back from), an aggregate's group labels, aggregation and period end, a
+// rejection's reason. Its key alone would let a row keep its place with
+// another content.
+const (
+	eventContentHash = `cityHash64(customer_id, meter, event_id, event_time, event_time_ms, source, property_names, property_values,
+           ingest_time, ingest_time_ms, kafka_partition, kafka_offset)`
+	aggregateContentHash = `cityHash64(customer_id, meter, group_key, period_start, period_end, group_names, group_values, aggregation,
+           event_count, first_event_time_ms, last_event_time_ms, updated_at_ms)`
+	unbilledContentHash = `cityHash64(customer_id, meter, event_id, source_partition, source_offset, reason, detail,
+           kafka_timestamp, kafka_partition, kafka_offset)`
+)
 
 // balanceContentHash hashes every column of a balance that
 // balances_current copies from usage_balances but its Kafka coordinates:
@@ -277,6 +300,25 @@ func parseViews(ms []chschema.Migration) ([]View, error) {
 		out[i] = byName[n]
 	}
 	return out, nil
+}
+
+// maxFillMonths is the most months one fill INSERT writes. Current
+// ClickHouse refuses an INSERT block whose rows fall into more than
+// max_partitions_per_insert_block partitions (100 by default; 18.16 has
+// no such limit), and a view's SELECT over the whole ledger yields blocks
+// that mix its months.
+const maxFillMonths = 100
+
+// fillSQLs are the INSERTs that write into staging what the view would
+// have written for every row of its source in the given months: fillSQL
+// for each run of at most maxFillMonths of them. Each one reads the
+// whole ledger table.
+func (v View) fillSQLs(db, staging, partCol string, months []uint32) []string {
+	var out []string
+	for i := 0; i < len(months); i += maxFillMonths {
+		out = append(out, v.fillSQL(db, staging, partCol, months[i:min(i+maxFillMonths, len(months))]))
+	}
+	return out
 }
 
 // fillSQL is the INSERT that writes into staging what the view would have

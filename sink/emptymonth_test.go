@@ -63,16 +63,7 @@ func TestRebuildEmptiesAMonthTheLedgerLacks(t *testing.T) {
 func TestRebuildEmptiesAMonthTheLedgerLacksOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
 	const db = "emptymonth"
-	var d DerivedTable
-	ds, err := DerivedTables()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, x := range ds {
-		if x.Name == TableEventsByCustomer {
-			d = x
-		}
-	}
+	d := derivedTable(t, TableEventsByCustomer)
 	staging := stagingTable(d.Name, newRunID("verify", time.Now()))
 	stmts := append(migrationStatements(t), emptyMonthInserts(db)...)
 	stmts = append(stmts, "CREATE TABLE "+db+"."+staging+" AS "+db+"."+d.Name)

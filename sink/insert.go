@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/fault"
@@ -132,6 +134,12 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			return nil
 		case errors.Is(err, errAbandon):
 			return err
+		case len(todo) > 1 && tooManyPartitions(err):
+			// The block, not a row, is refused: nothing of it was
+			// written, and its halves are tried in turn, as a refused
+			// block's. A single row is never parked for it.
+			w.markRowsDirty(t, todo)
+			return w.writeHalves(ctx, ft, todo, "block spans more table partitions than the server takes in one INSERT; splitting it", err)
 		case classify(err) == classRefused:
 			// Some parts of the block may be written (a failure after the
 			// first partition's part, or after the first of several
@@ -141,15 +149,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			if len(todo) == 1 {
 				return w.refuse(ctx, ft, todo[0], err)
 			}
-			w.log.Info("block refused; splitting it to find the refused rows",
-				zap.String("table", t.name), zap.Int("rows", len(todo)), zap.Error(err))
-			mid := len(todo) / 2
-			if err := w.writeRows(ctx, ft, todo[:mid]); err != nil {
-				return err
-			}
-			// writeRows drops the second half's rows held back behind a
-			// refusal found in the first.
-			return w.writeRows(ctx, ft, todo[mid:])
+			return w.writeHalves(ctx, ft, todo, "block refused; splitting it to find the refused rows", err)
 		default:
 			// Unreachable, unable to take any block, or an error code the
 			// sink does not know: the outcome of the INSERT is unknown, so
@@ -164,6 +164,18 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			}
 		}
 	}
+}
+
+// writeHalves writes the first half of rows, then the second (writeRows
+// drops the second half's rows held back behind a refusal found in the
+// first), after logging why the block is split.
+func (w *Writer) writeHalves(ctx context.Context, ft *batchTable, rows []*row, why string, cause error) error {
+	w.log.Info(why, zap.String("table", ft.t.name), zap.Int("rows", len(rows)), zap.Error(cause))
+	mid := len(rows) / 2
+	if err := w.writeRows(ctx, ft, rows[:mid]); err != nil {
+		return err
+	}
+	return w.writeRows(ctx, ft, rows[mid:])
 }
 
 // insert sends rows in one INSERT, column by column (one typed slice per
@@ -241,6 +253,17 @@ func (w *Writer) sendBatch(b driver.Batch, t *table, rows []*row, block int) err
 		}
 	}
 	return b.Send()
+}
+
+// tooManyPartitions reports whether err is the server refusing an INSERT
+// block whose rows fall into more table partitions than
+// max_partitions_per_insert_block (current ClickHouse; 100 by default):
+// code 252, TOO_MANY_PARTS, which otherwise means that merges are behind
+// (transient).
+func tooManyPartitions(err error) bool {
+	var ex *proto.Exception
+	return errors.As(err, &ex) && ex.Code == 252 && !errors.As(err, new(*prepareError)) &&
+		strings.Contains(ex.Message, "Too many partitions for single INSERT block")
 }
 
 // driverError is the driver refusing a column's values for the table's

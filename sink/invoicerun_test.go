@@ -136,9 +136,16 @@ func TestInvoiceRunExactlyOnce(t *testing.T) {
 // TestInvoiceRunExactlyOnceOnChdb is TestInvoiceRunExactlyOnce on current
 // ClickHouse (chdb, 26.x).
 func TestInvoiceRunExactlyOnceOnChdb(t *testing.T) {
+	checkInvoiceRunChdb(t, "invoicerun", invoiceRunInserts)
+}
+
+// checkInvoiceRunChdb runs invoiceRunQueries on chdb (ClickHouse 26.x),
+// in database db with the statements of inserts, and compares the
+// answers with invoiceRunWant.
+func checkInvoiceRunChdb(t *testing.T, db string, inserts func(db string) []string) {
+	t.Helper()
 	python := testenv.Chdb(t)
-	const db = "invoicerun"
-	stmts := append(migrationStatements(t), invoiceRunInserts(db)...)
+	stmts := append(migrationStatements(t), inserts(db)...)
 	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts,
 		Queries: invoiceRunQueries(t)})
 	if err != nil {

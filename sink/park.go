@@ -124,6 +124,16 @@ func (w *Writer) writeQuarantine(ctx context.Context, rows []*row) error {
 		if errors.Is(err, errAbandon) {
 			return err
 		}
+		if what == "insert" && len(todo) > 1 && tooManyPartitions(err) {
+			// The block, not a row, is refused (insert.go): its halves
+			// are written in turn.
+			w.markRowsDirty(q, todo)
+			mid := len(todo) / 2
+			if err := w.writeQuarantine(ctx, todo[:mid]); err != nil {
+				return err
+			}
+			return w.writeQuarantine(ctx, todo[mid:])
+		}
 		if what == "insert" {
 			w.markRowsDirty(q, todo) // q's topic is the rejected topic
 			if err := w.unknownSpell(q, err); err != nil {

@@ -162,7 +162,7 @@ FROM
     UNION ALL
     SELECT booked_period_start, customer_id, meter, group_key, toDecimal128(0, 0), toDecimal128(delta, 0), ''
     FROM usage_adjustments FINAL
-    WHERE kafka_offset < [5, 3][kafka_partition + 1]
+    WHERE kafka_topic = 'usage.adjustments' AND kafka_offset < [5, 3][kafka_partition + 1]
       AND (booked_period_start >= '2024-01-01 00:00:00' AND booked_period_start < '2024-02-01 00:00:00'
            OR booked_period_start < '2024-01-01 00:00:00' AND kafka_offset >= [2, 1][kafka_partition + 1])
 )

@@ -783,8 +783,10 @@ func (v *verifier) fillAndSwap(ctx context.Context, d DerivedTable, staging stri
 	}
 	v.step(stepCreated, d.Name)
 	for _, view := range d.Views {
-		if err := v.exec(fillContext(ctx), view.fillSQL(db, staging, d.PartitionColumn, ms)); err != nil {
-			return fmt.Errorf("sink: rebuild %s: fill from view %s: %w", d.Name, view.Name, err)
+		for _, q := range view.fillSQLs(db, staging, d.PartitionColumn, ms) {
+			if err := v.exec(fillContext(ctx), q); err != nil {
+				return fmt.Errorf("sink: rebuild %s: fill from view %s: %w", d.Name, view.Name, err)
+			}
 		}
 	}
 	fault.Hit(FaultRebuildFilled)

@@ -94,37 +94,53 @@ func contentInserts(db string) []string {
 // and a month of invoice_lines whose adjustments name another original
 // period, differ; every other month is equal.
 func TestVerifyComparesContent(t *testing.T) {
-	edit, restore := editedViews(t, contentEdits)
-	conn, db, ctx := migratedDB(t, func(db string) []string {
-		return append(append(edit, contentInserts(db)...), restore...)
-	})
-	rep, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: 202312, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	differing := map[string]bool{}
-	for name := range contentDiffers {
-		differing[name+"/202401"] = true
-	}
-	checkMonths(t, rep.Months, differing, nil)
+	checkEditedMonths(t, contentEdits, contentInserts, contentDiffers)
 }
 
 // TestVerifyComparesContentOnChdb computes verify's measures of the same
 // data on current ClickHouse (chdb, 26.x): the same tables differ, the
 // others are equal.
 func TestVerifyComparesContentOnChdb(t *testing.T) {
+	checkEditedMeasuresChdb(t, "verifycontent", contentEdits, contentInserts, contentDiffers)
+}
+
+// checkEditedMonths writes the statements of inserts through the views
+// edited by edits (editedViews) on ClickHouse 18.16, and checks that
+// verify finds January 2024 of the tables of differs differing and every
+// other month equal.
+func checkEditedMonths(t *testing.T, edits map[string][2]string, inserts func(db string) []string, differs map[string]bool) {
+	t.Helper()
+	edit, restore := editedViews(t, edits)
+	conn, db, ctx := migratedDB(t, func(db string) []string {
+		return append(append(edit, inserts(db)...), restore...)
+	})
+	rep, err := Verify(ctx, VerifyConfig{Conn: conn, Database: db, Since: 202312, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	differing := map[string]bool{}
+	for name := range differs {
+		differing[name+"/202401"] = true
+	}
+	checkMonths(t, rep.Months, differing, nil)
+}
+
+// checkEditedMeasuresChdb is checkEditedMonths on chdb (ClickHouse
+// 26.x), in database db, with verify's measures: those of the tables of
+// differs differ, in January 2024, the others are equal.
+func checkEditedMeasuresChdb(t *testing.T, db string, edits map[string][2]string, inserts func(db string) []string, differs map[string]bool) {
+	t.Helper()
 	python := testenv.Chdb(t)
-	const db = "verifycontent"
-	edit, restore := editedViews(t, contentEdits)
+	edit, restore := editedViews(t, edits)
 	stmts := append(migrationStatements(t), edit...)
-	stmts = append(append(stmts, contentInserts(db)...), restore...)
+	stmts = append(append(stmts, inserts(db)...), restore...)
 	resp, ds := chdbMeasures(t, python, db, stmts, nil)
 	for i, d := range ds {
 		led, der := resp.Results[2*i], resp.Results[2*i+1]
-		if differs := contentDiffers[d.Name]; (led != der) != differs {
-			t.Errorf("%s on chdb %s: ledger\n%s derived\n%s want differing %v", d.Name, resp.Version, led, der, differs)
+		if (led != der) != differs[d.Name] {
+			t.Errorf("%s on chdb %s: ledger\n%s derived\n%s want differing %v", d.Name, resp.Version, led, der, differs[d.Name])
 		}
-		if contentDiffers[d.Name] && !strings.HasPrefix(led, "202401\t") {
+		if differs[d.Name] && !strings.HasPrefix(led, "202401\t") {
 			t.Errorf("%s on chdb %s: ledger %q, want January 2024", d.Name, resp.Version, led)
 		}
 	}
