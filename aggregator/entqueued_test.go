@@ -101,7 +101,7 @@ func TestEntitlementsQueuedRefusedAtBookingNotCharged(t *testing.T) {
 		t.Fatalf("paid's balance %+v, want g1 consumed 3: the event counted, not the one rejected at its booking", b)
 	}
 	for _, k := range liveStateKeys(t, h, day) {
-		if k[0] == pfxCharge || k[0] == pfxPending {
+		if k[0] == pfxCharge || k[0] == pfxPending || k[0] == pfxQueuedSource {
 			t.Errorf("state key %q left after the booking", k)
 		}
 	}

@@ -348,6 +348,9 @@ func (pt *partition) placeAt(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEve
 		var sk [8]byte
 		binary.BigEndian.PutUint64(sk[:], uint64(seq))
 		tx.Put(periodKey(pfxPending, start, sk[:]), v)
+		if r != nil {
+			tx.Put(periodKey(pfxQueuedSource, start, sk[:]), encodeGateRecord(&kgo.Record{Offset: r.Offset, Timestamp: r.Timestamp, Key: r.Key}))
+		}
 		pt.queued = periodKey(pfxCharge, start, sk[:])
 		return nil
 	default:

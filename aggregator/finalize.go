@@ -547,8 +547,12 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 				tx.Delete(ck)
 			}
 		}
+		r, err := pt.queuedSource(tx, q.k, q.v)
+		if err != nil {
+			return err
+		}
 		pt.refused = false
-		if err := pt.event(tx, nil, &e, true); err != nil {
+		if err := pt.event(tx, r, &e, true); err != nil {
 			return err
 		}
 		if pt.refused && charged {
@@ -571,6 +575,25 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 	ps.phase, ps.cursor, ps.chunks = phaseDone, nil, 0
 	pt.putMarker(tx, start, ps)
 	return nil
+}
+
+// queuedSource returns the record of usage.deduped that the event queued
+// as pending key k (value v) came from, and deletes its 't' key; nil when
+// the state does not hold it (queued before it was kept). Its value is the
+// event as queued (v).
+func (pt *partition) queuedSource(tx *stream.Tx, k, v []byte) (*kgo.Record, error) {
+	sk := append([]byte{pfxQueuedSource}, k[1:]...)
+	b, ok, err := tx.Get(sk)
+	if err != nil || !ok {
+		return nil, err
+	}
+	r, err := decodeGateRecord(b, pt.pr.cfg.Topics.DedupedTopic(), pt.p)
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: queued late event's record: %w", err)
+	}
+	tx.Delete(sk)
+	r.Value = v
+	return r, nil
 }
 
 // expireChunk deletes up to FinalChunk keys of the period's final working

@@ -361,7 +361,7 @@ func periodKeysLeft(t testing.TB, h *aggHarness) map[string]int {
 			continue
 		}
 		switch k[0] {
-		case pfxOpen, pfxFinal, pfxUnique, pfxPending, pfxCharge, pfxMarker, pfxMeterDef:
+		case pfxOpen, pfxFinal, pfxUnique, pfxPending, pfxCharge, pfxQueuedSource, pfxMarker, pfxMeterDef:
 			left[string(k[0])]++
 		}
 	}

@@ -24,6 +24,13 @@ import (
 //	                 event queued as 'p' P seq, when entitlements are on
 //	                 (also a charge of nothing): refunded and counted if
 //	                 its booking refuses it, deleted when it is booked
+//	't' P seq        the record of usage.deduped that the event queued as
+//	                 'p' P seq came from (queuedSource: its offset,
+//	                 timestamp and key), written with it and deleted when
+//	                 it is booked: a rejection at its booking names that
+//	                 record, as one of an event processed at once does;
+//	                 absent from state written before it was kept (such a
+//	                 rejection names none)
 //	'l' P K          an adjustment was booked into P for aggregate key K:
 //	                 P's FINAL emission gives K a FINAL revision (value 0)
 //	                 unless K has one of its own, so that every invoice
@@ -72,8 +79,10 @@ const (
 	pfxPending = 'p'
 	pfxLine    = 'l'
 	pfxCharge  = 'r'
-	pfxMarker  = 'F'
-	pfxSource  = 'w'
+	// pfxQueuedSource: the record a queued event came from.
+	pfxQueuedSource = 't'
+	pfxMarker       = 'F'
+	pfxSource       = 'w'
 	// pfxMeterDef: the definition of a meter's state in a period
 	// (meterdef.go).
 	pfxMeterDef = 'M'
