@@ -128,6 +128,11 @@ type writerSchema struct {
 	// current is set for the current schema of a kind (not a history
 	// version): the hand-written decoders in fast.go read only those.
 	current bool
+	// writer is the schema as written (schema is resolved from it), and
+	// blocks tells whether it has arrays or maps, whose block counts
+	// checkBlockCounts checks before hamba/avro reads them.
+	writer avro.Schema
+	blocks bool
 }
 
 type registry struct {
@@ -191,7 +196,8 @@ func build() (*registry, error) {
 		h := &r.headers[f.kind]
 		h[0], h[1] = magic0, magic1
 		binary.LittleEndian.PutUint64(h[2:], fp)
-		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true,
+			writer: s, blocks: hasBlocks(s, map[avro.Schema]bool{})}
 	}
 	compat := avro.NewSchemaCompatibility()
 	for _, f := range historyFiles {
@@ -210,7 +216,8 @@ func build() (*registry, error) {
 		if _, dup := r.writers[fp]; dup {
 			return nil, fmt.Errorf("schemas: %s repeats a known fingerprint", f.file)
 		}
-		r.writers[fp] = writerSchema{kind: f.kind, schema: resolved, fp: fp}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: resolved, fp: fp,
+			writer: old, blocks: hasBlocks(old, map[avro.Schema]bool{})}
 	}
 	return r, nil
 }
@@ -413,6 +420,11 @@ func decodeBody(r *registry, w writerSchema, body []byte, m Message) error {
 // schema without a hand-written one, and the reference those are tested
 // against.
 func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
+	if w.blocks {
+		if err := checkBlockCounts(w.kind, w.writer, body); err != nil {
+			return err
+		}
+	}
 	defer func() {
 		// hamba/avro does not panic on bad input that we know of; this is a
 		// last line of defence so a stage never crashes on a record.
