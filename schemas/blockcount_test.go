@@ -47,7 +47,7 @@ func TestDecodeHambaCountOverflow(t *testing.T) {
 		})
 		t.Run("Balance/"+name, func(t *testing.T) {
 			b := append(r.headers[KindBalance][:], 2, 'c', 2, 'p', 0, 2, 2, 2, 2)
-			b = append(b, 0) // no meters
+			b = append(b, 0)                                            // no meters
 			b = append(b, array(heads, []byte{0, 2, 2, 2, 2, 2, 2})...) // GrantBalance
 			b = append(b, 0, 2, 2, 2)
 			if _, err := Decode(b); !errors.Is(err, ErrUndecodable) || !errors.Is(err, errCountOverflow) {
