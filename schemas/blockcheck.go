@@ -7,7 +7,7 @@ import (
 )
 
 // hasBlocks reports whether a body of schema s may hold an array or a map:
-// the values whose block counts checkBlockCounts checks.
+// the values whose block counts checkBlocks checks.
 func hasBlocks(s avro.Schema, seen map[avro.Schema]bool) bool {
 	if seen[s] {
 		return false
@@ -34,21 +34,23 @@ func hasBlocks(s avro.Schema, seen map[avro.Schema]bool) bool {
 	return false
 }
 
-// checkBlockCounts reads body as its writer schema s lays it out, before
-// hamba/avro decodes it, and returns an error wrapping ErrUndecodable and
-// errCountOverflow when the block counts of an array or a map overflow
-// int64 (fast.go's blockCount): hamba v2.31.0 adds them unchecked, takes a
-// count of -2⁶³ or a sum that wraps as a slice of negative length, and
-// writes the items of the following blocks outside it (memory that is not
-// the slice's: the process's heap and globals). Any other failure to read
-// is left to hamba, which reports it: the reading rules are hamba's
-// (fast.go), so a body that fails here fails there at the same place or
-// before, where no later block is reached.
-func checkBlockCounts(k Kind, s avro.Schema, body []byte) error {
+// checkBlocks reads body as its writer schema s lays it out, before
+// hamba/avro decodes it, and returns an error wrapping ErrUndecodable when
+// it does not read: hamba would refuse it too (the reading rules are
+// hamba's, fast.go's), but only after it has grown each array's slice to
+// the count its block claims, 65,536 items, before reading the first of
+// them (a few bytes of a Balance cost 4 MB). Here the walk stops at the
+// first item the body does not hold. And it refuses the block counts of an
+// array or a map that overflow int64 (errCountOverflow, fast.go's
+// blockCount), which hamba v2.31.0 adds unchecked: it takes a count of
+// -2⁶³, or a sum that wraps, as a slice of negative length and writes the
+// items of the following blocks outside it, into memory that is not the
+// slice's.
+func checkBlocks(k Kind, s avro.Schema, body []byte) error {
 	// Only read: nothing read is kept, so the body is not copied.
 	d := bodyDecoder{s: unsafe.String(unsafe.SliceData(body), len(body))}
 	d.walk(s)
-	if d.failed && d.cause == errCountOverflow {
+	if d.failed {
 		return d.err(k)
 	}
 	return nil

@@ -130,7 +130,7 @@ type writerSchema struct {
 	current bool
 	// writer is the schema as written (schema is resolved from it), and
 	// blocks tells whether it has arrays or maps, whose block counts
-	// checkBlockCounts checks before hamba/avro reads them.
+	// checkBlocks checks before hamba/avro reads them.
 	writer avro.Schema
 	blocks bool
 }
@@ -419,12 +419,17 @@ func decodeBody(r *registry, w writerSchema, body []byte, m Message) error {
 // decodeBodyHamba decodes body with hamba/avro: the decoder for every
 // schema without a hand-written one, and the reference those are tested
 // against.
-func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
+func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) error {
 	if w.blocks {
-		if err := checkBlockCounts(w.kind, w.writer, body); err != nil {
+		if err := checkBlocks(w.kind, w.writer, body); err != nil {
 			return err
 		}
 	}
+	return readHamba(r, w, body, m)
+}
+
+// readHamba is decodeBodyHamba without checkBlocks.
+func readHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
 	defer func() {
 		// hamba/avro does not panic on bad input that we know of; this is a
 		// last line of defence so a stage never crashes on a record.
