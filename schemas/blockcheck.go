@@ -41,11 +41,11 @@ func hasBlocks(s avro.Schema, seen map[avro.Schema]bool) bool {
 // the count its block claims, 65,536 items, before reading the first of
 // them (a few bytes of a Balance cost 4 MB). Here the walk stops at the
 // first item the body does not hold. And it refuses the block counts of an
-// array or a map that overflow int64 (errCountOverflow, fast.go's
+// array that overflow int64 (errCountOverflow, fast.go's
 // blockCount), which hamba v2.31.0 adds unchecked: it takes a count of
 // -2⁶³, or a sum that wraps, as a slice of negative length and writes the
 // items of the following blocks outside it, into memory that is not the
-// slice's.
+// slice's. (No schema here has a map; one is read as hamba reads it.)
 func checkBlocks(k Kind, s avro.Schema, body []byte) error {
 	// Only read: nothing read is kept, so the body is not copied.
 	d := bodyDecoder{s: unsafe.String(unsafe.SliceData(body), len(body))}
@@ -75,10 +75,7 @@ func (d *bodyDecoder) walk(s avro.Schema) {
 	case *avro.ArraySchema:
 		d.skipArray("array", func() { d.walk(s.Items()) })
 	case *avro.MapSchema:
-		d.skipArray("map", func() {
-			d.str("map key")
-			d.walk(s.Values())
-		})
+		d.skipMap(s.Values())
 	case *avro.UnionSchema:
 		i := d.int("union index")
 		if ts := s.Types(); !d.failed && i >= 0 && int(i) < len(ts) {
@@ -124,4 +121,24 @@ func (d *bodyDecoder) skip(field string, n int) {
 		return
 	}
 	d.i += n
+}
+
+// skipMap reads a map of values of schema v as hamba does: blocks of
+// entries without a bound on their count (hamba fills a Go map, not a
+// slice, and takes a negative count, -2⁶³ negated, as no entries).
+func (d *bodyDecoder) skipMap(v avro.Schema) {
+	for !d.failed {
+		c := d.long("map")
+		if c < 0 {
+			c = -c
+			d.long("map") // the block's byte size
+		}
+		if d.failed || c == 0 {
+			return
+		}
+		for ; c > 0 && !d.failed; c-- {
+			d.str("map key")
+			d.walk(v)
+		}
+	}
 }
