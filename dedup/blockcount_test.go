@@ -34,20 +34,8 @@ func TestOtherKindWithOverflowingArrayCounts(t *testing.T) {
 	v = append(v, make([]byte, 2*5000)...)        // empty properties,
 	v = append(v, 0, 2, 'S', 2, 2, 2, 2, 2, 2, 2) // the end, aggregation … updated_at
 	v = append(v, 2, 2)
-	h.produce(&kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: []byte("k"), Value: v, Timestamp: time.UnixMilli(arr)})
-	h.produce(h.event("acme", "api_calls", "after", 1, arr-hour, arr+1))
-	h.caughtUp()
-	if err, done := st.wait(0); done {
-		t.Fatalf("dedup stopped: %v", err)
-	}
-	o := h.outputs()
-	if len(o.dedupedOf("after")) != 1 {
-		t.Error("the event after the record was not forwarded")
-	}
-	if len(o.rejected) != 1 {
-		t.Fatalf("%d rejected records, want 1", len(o.rejected))
-	}
-	if r := o.rejected[0]; r.Reason != schemas.ReasonUndecodable || !strings.Contains(r.Detail, "block count") {
+	r := rejectedBeforeEvent(t, h, st, &kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: []byte("k"), Value: v, Timestamp: time.UnixMilli(arr)})
+	if r.Reason != schemas.ReasonUndecodable || !strings.Contains(r.Detail, "block count") {
 		t.Errorf("rejected as %s (%s), want %s naming the block count", r.Reason, r.Detail, schemas.ReasonUndecodable)
 	}
 }

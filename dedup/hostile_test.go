@@ -556,20 +556,7 @@ func TestPoisonRecord(t *testing.T) {
 		arr := t0 + 10*day
 		key := bytes.Repeat([]byte("k"), 400<<10)
 		val := bytes.Repeat([]byte("v"), 500<<10)
-		h.produce(&kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: key, Value: val, Timestamp: time.UnixMilli(arr)})
-		h.produce(h.event("acme", "api_calls", "after", 1, arr-hour, arr+1))
-		h.caughtUp()
-		if err, done := st.wait(0); done {
-			t.Fatalf("dedup stopped: %v", err)
-		}
-		o := h.outputs()
-		if len(o.dedupedOf("after")) != 1 {
-			t.Error("the event after the poison record was not forwarded")
-		}
-		if len(o.rejected) != 1 {
-			t.Fatalf("%d rejected records, want 1", len(o.rejected))
-		}
-		r := o.rejected[0]
+		r := rejectedBeforeEvent(t, h, st, &kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: key, Value: val, Timestamp: time.UnixMilli(arr)})
 		ks, vs := sha256.Sum256(key), sha256.Sum256(val)
 		if r.Reason != schemas.ReasonOversized || r.RawKeyLength != int64(len(key)) || r.RawValueLength != int64(len(val)) ||
 			!bytes.Equal(r.RawKeySHA256, ks[:]) || !bytes.Equal(r.RawValueSHA256, vs[:]) ||
@@ -583,6 +570,28 @@ func TestPoisonRecord(t *testing.T) {
 			}
 		}
 	})
+}
+
+// rejectedBeforeEvent produces rec, then an event that arrives 1 ms after
+// it, and returns the one rejection dedup made of rec. It fails the test
+// unless dedup still runs, forwarded the event, and rejected one record.
+func rejectedBeforeEvent(t *testing.T, h *harness, st *running, rec *kgo.Record) *schemas.Rejected {
+	t.Helper()
+	arr := rec.Timestamp.UnixMilli()
+	h.produce(rec)
+	h.produce(h.event("acme", "api_calls", "after", 1, arr-hour, arr+1))
+	h.caughtUp()
+	if err, done := st.wait(0); done {
+		t.Fatalf("dedup stopped: %v", err)
+	}
+	o := h.outputs()
+	if len(o.dedupedOf("after")) != 1 {
+		t.Error("the event after the rejected record was not forwarded")
+	}
+	if len(o.rejected) != 1 {
+		t.Fatalf("%d rejected records, want 1", len(o.rejected))
+	}
+	return o.rejected[0]
 }
 
 // TestAbortedTransactionRewritesMetadata: the first transaction carries
