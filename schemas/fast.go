@@ -26,7 +26,7 @@ package schemas
 // give it a slice of negative length — and a following block writes
 // outside the slice. These decoders reject such counts (errCountOverflow),
 // and so does Decode before hamba reads any other schema with arrays
-// (checkBlocks, blockcheck.go).
+// (checkBody, blockcheck.go).
 
 import (
 	"encoding/binary"

@@ -24,7 +24,7 @@ func hambaDecode(b []byte) (Message, error) {
 		return nil, err
 	}
 	m := newMessage(w.kind)
-	// hamba alone, without checkBlocks: the reference the hand-written
+	// hamba alone, without checkBody: the reference the hand-written
 	// decoders are held to.
 	if err := readHamba(r, w, b[headerSize:], m); err != nil {
 		return nil, err

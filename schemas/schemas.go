@@ -128,11 +128,9 @@ type writerSchema struct {
 	// current is set for the current schema of a kind (not a history
 	// version): the hand-written decoders in fast.go read only those.
 	current bool
-	// writer is the schema as written (schema is resolved from it), and
-	// blocks tells whether it has arrays or maps, whose block counts
-	// checkBlocks checks before hamba/avro reads them.
+	// writer is the schema as written (schema is resolved from it), which
+	// checkBody reads a body by before hamba/avro does.
 	writer avro.Schema
-	blocks bool
 }
 
 type registry struct {
@@ -196,8 +194,7 @@ func build() (*registry, error) {
 		h := &r.headers[f.kind]
 		h[0], h[1] = magic0, magic1
 		binary.LittleEndian.PutUint64(h[2:], fp)
-		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true,
-			writer: s, blocks: hasBlocks(s, map[avro.Schema]bool{})}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true, writer: s}
 	}
 	compat := avro.NewSchemaCompatibility()
 	for _, f := range historyFiles {
@@ -216,8 +213,7 @@ func build() (*registry, error) {
 		if _, dup := r.writers[fp]; dup {
 			return nil, fmt.Errorf("schemas: %s repeats a known fingerprint", f.file)
 		}
-		r.writers[fp] = writerSchema{kind: f.kind, schema: resolved, fp: fp,
-			writer: old, blocks: hasBlocks(old, map[avro.Schema]bool{})}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: resolved, fp: fp, writer: old}
 	}
 	return r, nil
 }
@@ -420,15 +416,13 @@ func decodeBody(r *registry, w writerSchema, body []byte, m Message) error {
 // schema without a hand-written one, and the reference those are tested
 // against.
 func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) error {
-	if w.blocks {
-		if err := checkBlocks(w.kind, w.writer, body); err != nil {
-			return err
-		}
+	if err := checkBody(w.kind, w.writer, body); err != nil {
+		return err
 	}
 	return readHamba(r, w, body, m)
 }
 
-// readHamba is decodeBodyHamba without checkBlocks.
+// readHamba is decodeBodyHamba without checkBody.
 func readHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
 	defer func() {
 		// hamba/avro does not panic on bad input that we know of; this is a
