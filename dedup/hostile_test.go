@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -556,20 +557,7 @@ func TestPoisonRecord(t *testing.T) {
 		arr := t0 + 10*day
 		key := bytes.Repeat([]byte("k"), 400<<10)
 		val := bytes.Repeat([]byte("v"), 500<<10)
-		h.produce(&kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: key, Value: val, Timestamp: time.UnixMilli(arr)})
-		h.produce(h.event("acme", "api_calls", "after", 1, arr-hour, arr+1))
-		h.caughtUp()
-		if err, done := st.wait(0); done {
-			t.Fatalf("dedup stopped: %v", err)
-		}
-		o := h.outputs()
-		if len(o.dedupedOf("after")) != 1 {
-			t.Error("the event after the poison record was not forwarded")
-		}
-		if len(o.rejected) != 1 {
-			t.Fatalf("%d rejected records, want 1", len(o.rejected))
-		}
-		r := o.rejected[0]
+		r := rejectedBeforeEvent(t, h, st, &kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: key, Value: val, Timestamp: time.UnixMilli(arr)})
 		ks, vs := sha256.Sum256(key), sha256.Sum256(val)
 		if r.Reason != schemas.ReasonOversized || r.RawKeyLength != int64(len(key)) || r.RawValueLength != int64(len(val)) ||
 			!bytes.Equal(r.RawKeySHA256, ks[:]) || !bytes.Equal(r.RawValueSHA256, vs[:]) ||
@@ -583,6 +571,28 @@ func TestPoisonRecord(t *testing.T) {
 			}
 		}
 	})
+}
+
+// rejectedBeforeEvent produces rec, then an event that arrives 1 ms after
+// it, and returns the one rejection dedup made of rec. It fails the test
+// unless dedup still runs, forwarded the event, and rejected one record.
+func rejectedBeforeEvent(t *testing.T, h *harness, st *running, rec *kgo.Record) *schemas.Rejected {
+	t.Helper()
+	arr := rec.Timestamp.UnixMilli()
+	h.produce(rec)
+	h.produce(h.event("acme", "api_calls", "after", 1, arr-hour, arr+1))
+	h.caughtUp()
+	if err, done := st.wait(0); done {
+		t.Fatalf("dedup stopped: %v", err)
+	}
+	o := h.outputs()
+	if len(o.dedupedOf("after")) != 1 {
+		t.Error("the event after the rejected record was not forwarded")
+	}
+	if len(o.rejected) != 1 {
+		t.Fatalf("%d rejected records, want 1", len(o.rejected))
+	}
+	return o.rejected[0]
 }
 
 // TestAbortedTransactionRewritesMetadata: the first transaction carries
@@ -762,4 +772,31 @@ func TestForgedHeadersKeepKeyChecks(t *testing.T) {
 			t.Errorf("meterline_dedup_forged_headers_total = %v, want 2", got)
 		}
 	})
+}
+
+// TestOtherKindWithOverflowingArrayCounts: a producer writes to
+// usage.events a record of another kind whose array block counts overflow
+// (an Aggregate whose group starts with a block of -2⁶³ items, then one of
+// 5,000 empty properties). Dedup decodes any known kind to name it in its
+// rejection; hamba/avro wrote the 5,000 items outside their slice, which
+// corrupted the process and stopped it with a fatal runtime error (the
+// whole test binary), on every restart. It is rejected as undecodable, and
+// the next event is forwarded (docs/design.md, Bad input).
+func TestOtherKindWithOverflowingArrayCounts(t *testing.T) {
+	h := newHarness(t, nil, 1)
+	st := h.start(h.configWith("a", prometheus.NewRegistry()))
+	arr := t0 + 10*day
+	v := []byte{0xC3, 0x01}
+	v = binary.LittleEndian.AppendUint64(v, schemas.Fingerprint(schemas.KindAggregate))
+	v = append(v, 2, 'c', 2, 'm')                 // customer_id, meter
+	v = binary.AppendVarint(v, math.MinInt64)     // group: a block of -2⁶³ items,
+	v = append(v, 0)                              // its byte size,
+	v = binary.AppendVarint(v, 5000)              // then one of 5,000
+	v = append(v, make([]byte, 2*5000)...)        // empty properties,
+	v = append(v, 0, 2, 'S', 2, 2, 2, 2, 2, 2, 2) // the end, aggregation … updated_at
+	v = append(v, 2, 2)
+	r := rejectedBeforeEvent(t, h, st, &kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: []byte("k"), Value: v, Timestamp: time.UnixMilli(arr)})
+	if r.Reason != schemas.ReasonUndecodable || !strings.Contains(r.Detail, "block count") {
+		t.Errorf("rejected as %s (%s), want %s naming the block count", r.Reason, r.Detail, schemas.ReasonUndecodable)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -82,6 +83,11 @@ func TestInvalidText(t *testing.T) {
 			continue
 		}
 		got[r.EventID] = true
+		// Avro strings are UTF-8: the rejection names the identity with
+		// U+FFFD for invalid bytes (the raw value keeps them).
+		if !utf8.ValidString(r.CustomerID) || !utf8.ValidString(r.Meter) || !utf8.ValidString(r.Detail) {
+			t.Errorf("event %q rejected with text that is not UTF-8: customer %q, meter %q, detail %q", r.EventID, r.CustomerID, r.Meter, r.Detail)
+		}
 		if r.Reason != schemas.ReasonInvalid || !strings.HasPrefix(r.Detail, field+": ") {
 			t.Errorf("event %q rejected as %s %q; want invalid naming %s", r.EventID, r.Reason, r.Detail, field)
 		}

@@ -65,6 +65,8 @@ type jsonEvent struct {
 //     (oversized, as Producer.Record would) before they are decoded, so
 //     that refusing a line costs about its size in memory, not a map of
 //     every member.
+//   - a property whose value is null: it would decode it as "", a value
+//     the producer did not write.
 func ParseJSON(b []byte) (Event, error) {
 	if fe := scanLine(b); fe != nil {
 		return Event{}, fe

@@ -21,7 +21,8 @@ import (
 //     which encoding/json would decode into event_id);
 //   - a member of the event named twice, or a property named twice;
 //   - properties of more than schemas.MaxProperties members (oversized),
-//     counted without storing them.
+//     counted without storing them;
+//   - a property whose value is null (encoding/json would take it for "").
 //
 // Anything that is not JSON it leaves to the decoder, which reports it:
 // it stops there and returns nil. It allocates nothing for a valid line
@@ -111,8 +112,12 @@ func (s *lineScan) run(b []byte) *FieldError {
 				}
 				i, state = end, after
 			default: // a number or a literal: the decoder checks it
+				start := i
 				for i < len(b) && !isDelim(b[i]) {
 					i++
+				}
+				if fe := nullProperty(stack, b[start:i]); fe != nil {
+					return fe
 				}
 				state = after
 			}
@@ -156,6 +161,22 @@ func (s *lineScan) run(b []byte) *FieldError {
 			i, state = skipSpace(b, i+1), value
 		}
 	}
+}
+
+// nullProperty refuses lit, a literal, when it is null as the value of a
+// property, the innermost of stack: encoding/json would leave the value
+// at "", a property the producer did not write. A property of a number or
+// true is the decoder's wrong type.
+func nullProperty(stack []frame, lit []byte) *FieldError {
+	if string(lit) != "null" || len(stack) == 0 || stack[len(stack)-1].kind != objProperties {
+		return nil
+	}
+	top := &stack[len(stack)-1]
+	n := top.key
+	if top.escaped {
+		n = unescape(n)
+	}
+	return fieldErr(clip.To("properties."+string(n), clip.Echo), "must be a string, not a JSON null")
 }
 
 // childKind is the kind of an object starting inside the innermost of

@@ -24,7 +24,9 @@ package schemas
 // One deliberate difference: hamba v2.31.0 adds block counts without an
 // overflow check, so a count of -2⁶³, or counts whose sum overflows int64,
 // give it a slice of negative length — and a following block writes
-// outside the slice. These decoders reject such counts (errCountOverflow).
+// outside the slice. These decoders reject such counts (errCountOverflow),
+// and so does Decode before hamba reads any other schema with arrays
+// (checkBody, blockcheck.go).
 
 import (
 	"encoding/binary"

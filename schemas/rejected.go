@@ -3,6 +3,7 @@ package schemas
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -30,7 +31,8 @@ const (
 // and RawValue keep at most their first MaxRejectedRawBytes, with the whole
 // lengths in RawKeyLength and RawValueLength and SHA-256 digests of the
 // whole bytes in RawKeySHA256 and RawValueSHA256; Detail and the other
-// strings are cut to their bounds on a UTF-8 boundary. Call it with RawKey
+// strings are made valid UTF-8 (invalid bytes become U+FFFD) and cut to
+// their bounds on a UTF-8 boundary. Call it with RawKey
 // and RawValue holding the whole source bytes. It is idempotent: raw bytes
 // that already carry their digest are left alone. A prefix shares the
 // source's memory.
@@ -51,9 +53,9 @@ func (r *Rejected) BoundWith(sums *[2 * sha256.Size]byte) {
 	if r.RawValueSHA256 == nil {
 		r.RawValue, r.RawValueLength, r.RawValueSHA256 = boundRaw(r.RawValue, sums, 1)
 	}
-	r.Detail = truncateText(r.Detail, MaxRejectedDetailBytes)
+	r.Detail = truncateText(validText(r.Detail), MaxRejectedDetailBytes)
 	for _, s := range []*string{&r.Reason, &r.Stage, &r.SourceTopic, &r.CustomerID, &r.Meter, &r.EventID} {
-		*s = truncateText(*s, MaxRejectedFieldBytes)
+		*s = truncateText(validText(*s), MaxRejectedFieldBytes)
 	}
 }
 
@@ -70,6 +72,17 @@ func boundRaw(b []byte, sums *[2 * sha256.Size]byte, i int) (prefix []byte, n in
 		return b[:MaxRejectedRawBytes:MaxRejectedRawBytes], int64(len(b)), sum
 	}
 	return b, int64(len(b)), sum
+}
+
+// validText returns s with each run of bytes that is not valid UTF-8
+// replaced by U+FFFD: an Avro string is UTF-8, and a rejected event's
+// identity fields are the producer's bytes, of an event perhaps rejected
+// for them (its raw key and value keep them as they were).
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // truncated ends a string Bound cut.

@@ -217,3 +217,35 @@ func TestRejectedBoundWith(t *testing.T) {
 		t.Errorf("Bound: %v allocations, want 1 (both digests in one array)", n)
 	}
 }
+
+// TestRejectedBoundValidText: the strings of a Rejected record are valid
+// UTF-8, as Avro strings are, whatever bytes the rejected record held.
+// Dedup names the identity of an event it rejects, decoded from the
+// producer's bytes, also of one rejected for invalid UTF-8 in it: a
+// consumer of usage.rejected that decodes strings strictly could not read
+// that rejection (fastavro 1.13 raises UnicodeDecodeError). Invalid bytes become
+// U+FFFD; the raw key and value keep the bytes as they were.
+func TestRejectedBoundValidText(t *testing.T) {
+	r := &Rejected{Reason: ReasonInvalid, Detail: "customer_id: is not valid UTF-8 \xff", Stage: "dedup",
+		SourceTopic: "usage.events", CustomerID: "ac\xffme", Meter: "m\xc3", EventID: "e\xed\xa0\x80",
+		RawValue: []byte("ac\xffme")}
+	b, err := EncodeRejected(nil, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Rejected
+	if err := DecodeInto(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]string{"detail": got.Detail, "customer_id": got.CustomerID, "meter": got.Meter, "event_id": got.EventID} {
+		if !utf8.ValidString(s) {
+			t.Errorf("%s %q is not valid UTF-8", name, s)
+		}
+	}
+	if got.CustomerID != "ac\uFFFDme" {
+		t.Errorf("customer_id %q, want %q", got.CustomerID, "ac\uFFFDme")
+	}
+	if string(got.RawValue) != "ac\xffme" {
+		t.Errorf("raw value %q, want the bytes as they were", got.RawValue)
+	}
+}

@@ -128,6 +128,9 @@ type writerSchema struct {
 	// current is set for the current schema of a kind (not a history
 	// version): the hand-written decoders in fast.go read only those.
 	current bool
+	// writer is the schema as written (schema is resolved from it), which
+	// checkBody reads a body by before hamba/avro does.
+	writer avro.Schema
 }
 
 type registry struct {
@@ -191,7 +194,7 @@ func build() (*registry, error) {
 		h := &r.headers[f.kind]
 		h[0], h[1] = magic0, magic1
 		binary.LittleEndian.PutUint64(h[2:], fp)
-		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: s, fp: fp, current: true, writer: s}
 	}
 	compat := avro.NewSchemaCompatibility()
 	for _, f := range historyFiles {
@@ -210,7 +213,7 @@ func build() (*registry, error) {
 		if _, dup := r.writers[fp]; dup {
 			return nil, fmt.Errorf("schemas: %s repeats a known fingerprint", f.file)
 		}
-		r.writers[fp] = writerSchema{kind: f.kind, schema: resolved, fp: fp}
+		r.writers[fp] = writerSchema{kind: f.kind, schema: resolved, fp: fp, writer: old}
 	}
 	return r, nil
 }
@@ -412,7 +415,15 @@ func decodeBody(r *registry, w writerSchema, body []byte, m Message) error {
 // decodeBodyHamba decodes body with hamba/avro: the decoder for every
 // schema without a hand-written one, and the reference those are tested
 // against.
-func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
+func decodeBodyHamba(r *registry, w writerSchema, body []byte, m Message) error {
+	if err := checkBody(w.kind, w.writer, body); err != nil {
+		return err
+	}
+	return readHamba(r, w, body, m)
+}
+
+// readHamba is decodeBodyHamba without checkBody.
+func readHamba(r *registry, w writerSchema, body []byte, m Message) (err error) {
 	defer func() {
 		// hamba/avro does not panic on bad input that we know of; this is a
 		// last line of defence so a stage never crashes on a record.
