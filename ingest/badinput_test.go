@@ -84,6 +84,11 @@ func TestBadInput(t *testing.T) {
 				`{"index":1,"field":"subject","code":"out_of_scope","reason":"customer \"globex-1\" is not one of tenant acme's customers"},` +
 				`{"index":2,"field":"data.tokens.input","code":"invalid","reason":"\"2.5\" is not an integer in the meter's base unit (declare a scale in the meters file to accept decimals) (meter input_tokens)"},` +
 				`{"index":3,"field":"time","code":"in_future","reason":"3026-11-29T12:00:00Z is more than 1h0m0s after now"}]}`},
+		// An event outside the key's scope is named by its scope's error
+		// even when its fields are invalid too.
+		{"outside the key's scope with an invalid value", "/api/v1/events", "application/cloudevents+json", e.token,
+			strings.Replace(strings.Replace(good, `acme-1`, `globex-1`, 1), `"input":3`, `"input":2.5`, 1), 403,
+			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 1 events are outside what key KEYID may write; nothing was sent","errors":[{"index":0,"field":"subject","code":"out_of_scope","reason":"customer \"globex-1\" is not one of tenant acme's customers"}]}`},
 		{"meter outside the key's scope", "/api/v1/events", "application/cloudevents+json", onlyPrompts, good, 403,
 			`{"type":"urn:meterline:problem:forbidden","title":"Outside the key's scope","status":403,"detail":"1 of 1 events are outside what key KEYID may write; nothing was sent","errors":[{"index":0,"field":"type","code":"out_of_scope","reason":"meter \"input_tokens\" is outside the key's meters"}]}`},
 		{"revoked key", "/api/v1/events", "application/cloudevents+json", revoked, good, 401,

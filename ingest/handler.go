@@ -648,7 +648,21 @@ func (s *Server) addCloudEvent(req *request, i int, ce *CloudEvent, fe *fieldErr
 	if fe == nil {
 		fe = s.mapper.events(req, i, ce, req.received)
 	}
+	if fe != nil && ce.Subject != "" {
+		// Mapped or not, the event names its customer: one outside the
+		// key's scope is answered 403 for it, not 400 for its fields.
+		s.customerOutOfScope(req, i, ce.Subject, "subject")
+	}
 	s.added(req, i, first, fe)
+}
+
+// customerOutOfScope records input i, which failed to map, as outside the
+// key's scope when its customer c is (mergeErrors names it by its scope's
+// error).
+func (s *Server) customerOutOfScope(req *request, i int, c, field string) {
+	if why := req.key.allowsCustomer(req.tenant, c); why != "" {
+		req.denied = append(req.denied, EventError{Index: i, Field: field, Code: CodeOutOfScope, Reason: why})
+	}
 }
 
 // added records the error of input i, or checks the usage events it
@@ -675,6 +689,9 @@ func (s *Server) added(req *request, i, first int, fe *fieldError) {
 func (s *Server) addMeterlineEvent(req *request, i int, raw []byte) {
 	first := len(req.usages)
 	e, fe := s.meterlineEvent(raw)
+	if fe != nil && e.CustomerID != "" {
+		s.customerOutOfScope(req, i, e.CustomerID, "customer_id")
+	}
 	if fe == nil {
 		req.usages = append(req.usages, usage{ue: schemas.UsageEvent{EventID: e.EventID, CustomerID: e.CustomerID, Meter: e.Meter,
 			Quantity: e.Quantity, Source: e.Source, Properties: schemas.Properties(e.Properties)}, time: e.EventTime, input: i})

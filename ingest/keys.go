@@ -176,6 +176,17 @@ func covers(outer []string, p string) bool {
 // Allows reports why the key (of tenant t) may not write customer c and
 // meter m, or "" when it may.
 func (k *Key) allows(t *Tenant, c, m string) string {
+	if why := k.allowsCustomer(t, c); why != "" {
+		return why
+	}
+	if len(k.Meters) > 0 && !slices.Contains(k.Meters, m) {
+		return fmt.Sprintf("meter %q is outside the key's meters", clip(m))
+	}
+	return ""
+}
+
+// allowsCustomer is allows for customer c alone, whatever the meter.
+func (k *Key) allowsCustomer(t *Tenant, c string) string {
 	switch {
 	case t == nil:
 		return fmt.Sprintf("the key's tenant %q does not exist", k.Tenant)
@@ -183,8 +194,6 @@ func (k *Key) allows(t *Tenant, c, m string) string {
 		return fmt.Sprintf("customer %q is not one of tenant %s's customers", clip(c), t.Name)
 	case !matchCustomer(k.Customers, c):
 		return fmt.Sprintf("customer %q is outside the key's customers", clip(c))
-	case len(k.Meters) > 0 && !slices.Contains(k.Meters, m):
-		return fmt.Sprintf("meter %q is outside the key's meters", clip(m))
 	}
 	return ""
 }
