@@ -13,15 +13,16 @@ database, then each query, and writes one JSON object on stdout:
     {"version": "26.9.2.1", "results": ["<TabSeparated output>", ...]}
 
 or, when a statement or query fails, {"error": "...", "sql": "..."} with
-exit status 1. The session's time zone is UTC, as the test server's is
+exit status 1. The server's time zone is UTC, as the test server's is
 (deploy/local/clickhouse.sh): that is the one setting the two versions
-need alike that is not in the SQL.
+need alike that is not in the SQL. The tests of the time-zone check set
+another in METERLINE_CHDB_SERVER_TZ.
 """
 import json
 import os
 import sys
 
-os.environ["TZ"] = "UTC"
+os.environ["TZ"] = os.environ.get("METERLINE_CHDB_SERVER_TZ") or "UTC"
 
 from chdb import session  # noqa: E402
 

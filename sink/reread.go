@@ -27,8 +27,9 @@ import (
 // parked is never parked twice, and nothing is dropped). Whether one exists
 // is looked up, once per partition and assignment, at its first refused row
 // below the progress: the rows the sink parked from the partition between
-// its committed offset and its progress, in usage_rejected, and in the
-// records of usage.rejected not in usage_rejected yet (read_committed,
+// its committed offset and its progress, in usage_rejected, in
+// usage_quarantine (a park ClickHouse refused as a row of usage_rejected),
+// and in the records of usage.rejected not in either yet (read_committed,
 // from each of its partitions' recorded progress, below which its records
 // are in their tables, to its end). A park aborted with its window is in
 // neither; one committed before the assignment is in one of them (only
@@ -144,23 +145,8 @@ func (w *Writer) lookupParked(ctx context.Context, k tp, from, progress int64) (
 			tail[k.p] = o.progress
 		}
 	}
-	q := parkedQuery(w.cfg.Database, k, from, progress)
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
-	defer cancel()
-	rows, err := w.getConn().Query(qctx, q)
-	if err != nil {
-		return parkedLookup{}, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var off int64
-		if err := rows.Scan(&off); err != nil {
-			return parkedLookup{}, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
-		}
-		out[off] = struct{}{}
-	}
-	if err := rows.Err(); err != nil {
-		return parkedLookup{}, fmt.Errorf("sink: rows parked below the recorded progress: %w", err)
+	if err := w.parkedInTables(ctx, k, from, progress, out); err != nil {
+		return parkedLookup{}, err
 	}
 	// The tail of usage.rejected may be long (a flood of rejections
 	// during an outage): each record is filtered as it is read, and only
@@ -189,6 +175,63 @@ func (w *Writer) lookupParked(ctx context.Context, k tp, from, progress int64) (
 		zap.Int("parked_in_table", inTable), zap.Int("parked", len(out)),
 		zap.Int("records_read_from_rejected_topic", found.read), zap.Int("records_kept", found.kept), zap.Duration("took", time.Since(start)))
 	return found, nil
+}
+
+// parkedInTables adds to out the offsets in [from, progress) of the rows
+// of partition k that the sink parked and that are rows of usage_rejected,
+// or of usage_quarantine: a park that ClickHouse refused as a row of
+// usage_rejected is kept there whole, and is a park all the same.
+func (w *Writer) parkedInTables(ctx context.Context, k tp, from, progress int64, out map[int64]struct{}) error {
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.QueryTimeout)
+	defer cancel()
+	fail := func(err error) error { return fmt.Errorf("sink: rows parked below the recorded progress: %w", err) }
+	rows, err := w.getConn().Query(qctx, parkedQuery(w.cfg.Database, k, from, progress))
+	if err != nil {
+		return fail(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var off int64
+		if err := rows.Scan(&off); err != nil {
+			return fail(err)
+		}
+		out[off] = struct{}{}
+	}
+	if err := rows.Err(); err != nil {
+		return fail(err)
+	}
+	qrows, err := w.getConn().Query(qctx, quarantinedParksQuery(w.cfg.Database, w.cfg.Topics.RejectedTopic()))
+	if err != nil {
+		return fail(err)
+	}
+	defer qrows.Close()
+	for qrows.Next() {
+		var v string
+		if err := qrows.Scan(&v); err != nil {
+			return fail(err)
+		}
+		var rej schemas.Rejected
+		if schemas.DecodeInto([]byte(v), &rej) != nil {
+			continue // not a park of the sink's: those decode
+		}
+		if rej.Stage == stage && rej.SourceTopic == k.topic && rej.SourcePartition == k.p && rej.SourceOffset >= from && rej.SourceOffset < progress {
+			out[rej.SourceOffset] = struct{}{}
+		}
+	}
+	if err := qrows.Err(); err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// quarantinedParksQuery reads the values of the records of the rejected
+// topic that ClickHouse refused as rows of usage_rejected (reason
+// uninsertable), kept in usage_quarantine: the sink's parks among them
+// are parks (parkedInTables). Records that do not decode are left out by
+// their reason.
+func quarantinedParksQuery(db, rejected string) string {
+	return fmt.Sprintf("SELECT assumeNotNull(raw_value) FROM %s.%s WHERE kafka_topic = %s AND reason = %s AND isNotNull(raw_value)",
+		db, TableQuarantine, quote(rejected), quote(schemas.ReasonUninsertable))
 }
 
 // unparkedDecodes drops from parks (records that did not decode) those

@@ -230,20 +230,25 @@ func TestBackwardResetIntoAcceptedGap(t *testing.T) {
 // recorded progress on current ClickHouse (chdb, 26.x) as on 18.16 (the
 // tests above): it finds the sink's parks of the partition in the range,
 // not another stage's rejection, another partition's park, or one at the
-// progress.
+// progress; and in usage_quarantine the values of the rejected topic's
+// records refused as rows of usage_rejected, not those that do not
+// decode.
 func TestParkedQueryOnChdb(t *testing.T) {
 	python := testenv.Chdb(t)
 	stmts := append(migrationStatements(t), "INSERT INTO "+TableRejected+" (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, reason, stage, source_topic, source_partition, source_offset) VALUES "+
 		"('r', 0, 0, now(), 'uninsertable', 'sink', 't', 0, 7), ('r', 0, 1, now(), 'uninsertable', 'sink', 't', 0, 4), "+
 		"('r', 1, 0, now(), 'invalid', 'dedup', 't', 0, 5), ('r', 1, 1, now(), 'uninsertable', 'sink', 't', 1, 6), "+
-		"('r', 0, 2, now(), 'uninsertable', 'sink', 't', 0, 10), ('r', 0, 3, now(), 'undecodable', 'sink', 'u', 0, 6)")
+		"('r', 0, 2, now(), 'uninsertable', 'sink', 't', 0, 10), ('r', 0, 3, now(), 'undecodable', 'sink', 'u', 0, 6)",
+		"INSERT INTO "+TableQuarantine+" (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, reason, raw_value) VALUES "+
+			"('r', 0, 4, now(), 'uninsertable', 'park'), ('r', 0, 5, now(), 'undecodable', 'junk'), ('r', 0, 6, now(), 'uninsertable', NULL), "+
+			"('other', 0, 0, now(), 'uninsertable', 'other')")
 	resp, err := runChdb(ctxT(t, 5*time.Minute), python, chdbRequest{Path: t.TempDir(), Database: "parked",
-		Statements: stmts, Queries: []string{parkedQuery("parked", tp{"t", 0}, 2, 10)}})
+		Statements: stmts, Queries: []string{parkedQuery("parked", tp{"t", 0}, 2, 10), quarantinedParksQuery("parked", "r")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Results) != 1 || resp.Results[0] != "4\n7\n" {
-		t.Fatalf("rows parked below the progress on chdb %s: %q, want \"4\\n7\\n\"", resp.Version, resp.Results)
+	if len(resp.Results) != 2 || resp.Results[0] != "4\n7\n" || resp.Results[1] != "park\n" {
+		t.Fatalf("rows parked below the progress on chdb %s: %q, want \"4\\n7\\n\" and the quarantined park \"park\\n\"", resp.Version, resp.Results)
 	}
 	t.Logf("rows parked below the progress on chdb %s: offsets 4 and 7", resp.Version)
 }
@@ -288,4 +293,28 @@ func TestLookupParkedKeepsOnlyItsParks(t *testing.T) {
 		t.Errorf("the lookup read %d records of %s and kept %d; want %d read and %d kept (the parks it answers with)",
 			found.read, rejected, found.kept, len(recs), len(want))
 	}
+}
+
+// TestBackwardResetParkQuarantinedNotParkedTwice: ClickHouse refuses the
+// row at offset 4 of usage.deduped, which is parked, and then refuses the
+// park itself in usage_rejected (a column added by hand, say), so the
+// park's record is in usage_quarantine, not in usage_rejected. After the
+// group's offset is moved back below the recorded progress, the re-read
+// finds that park in usage_quarantine and does not park the row again.
+func TestBackwardResetParkQuarantinedNotParkedTwice(t *testing.T) {
+	waitsMostly(t)
+	e := newEnv(t, 1)
+	topic := e.names.DedupedTopic()
+	e.exec("ALTER TABLE " + e.db + ".usage_rejected ADD COLUMN poison UInt8 MATERIALIZED throwIf(stage = 'sink')")
+	e.parkOne(topic)
+	e.exact(TableRejected, 0)
+	e.exact(TableQuarantine, 1)
+
+	e.setOffset(topic, 0, 0)
+	e.rereadRun(topic, 1)
+	e.exact(TableEvents, 9)
+	if got := e.parkedRecords(); len(got) != 1 || got[0].SourceOffset != 4 {
+		t.Fatalf("parked records %+v after the backward reset, want the one at offset 4 once", got)
+	}
+	e.exact(TableQuarantine, 1)
 }

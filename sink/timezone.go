@@ -38,17 +38,62 @@ var utcZones = map[string]bool{
 }
 
 // CheckTimeZone returns an error wrapping ErrServerTimeZone when conn's
-// server does not run in UTC, and another error when it cannot tell.
+// server does not run in UTC, or when conn's session does not (the
+// session_timezone setting, from 23.x, set in the user's profile), and
+// another error when it cannot tell. On a release with session_timezone,
+// timezone() is the session's zone, which computes nothing about the
+// stored rows: the partitions and the views' days follow the server's
+// (serverTimezone()), whatever the session's zone. So the server's zone
+// is read with serverTimezone() where the server has it (timezone() on
+// 18.16, which has no session zone), and both must be UTC: the session's
+// zone is the one the analysts' literal times are read in.
 func CheckTimeZone(ctx context.Context, conn driver.Conn) error {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var tz string
-	if err := conn.QueryRow(qctx, "SELECT timezone()").Scan(&tz); err != nil {
+	var n uint64
+	if err := conn.QueryRow(qctx, serverTimezoneKnownSQL).Scan(&n); err != nil {
 		return fmt.Errorf("sink: read the clickhouse server's time zone: %w", err)
 	}
-	if !utcZones[tz] {
+	var server, session string
+	if err := conn.QueryRow(qctx, timeZonesSQL(n > 0)).Scan(&server, &session); err != nil {
+		return fmt.Errorf("sink: read the clickhouse server's time zone: %w", err)
+	}
+	return checkZones(server, session)
+}
+
+// serverTimezoneKnownSQL says whether the server has serverTimezone().
+const serverTimezoneKnownSQL = "SELECT count() FROM system.functions WHERE name = 'serverTimezone'"
+
+// timeZonesSQL reads the server's and the session's time zones; without
+// serverTimezone() (18.16) timezone() is the server's and no session has
+// another.
+func timeZonesSQL(serverTimezoneKnown bool) string {
+	if serverTimezoneKnown {
+		return "SELECT serverTimezone(), timezone()"
+	}
+	return "SELECT timezone(), timezone()"
+}
+
+// checkZones refuses a server or a session time zone that is not UTC.
+func checkZones(server, session string) error {
+	if !utcZones[server] {
 		return fmt.Errorf("sink: %w: it is %q, and the tables' months, days and the analysts' queries would follow it, not the UTC billing periods; set <timezone>UTC</timezone> in the server's config.xml and restart it",
-			ErrServerTimeZone, tz)
+			ErrServerTimeZone, server)
+	}
+	if !utcZones[session] {
+		return sessionZoneError{session}
 	}
 	return nil
 }
+
+// sessionZoneError is a session time zone that is not UTC on a server in
+// UTC. It is an ErrServerTimeZone: ClickHouse reads the analysts' literal
+// times in it.
+type sessionZoneError struct{ zone string }
+
+func (e sessionZoneError) Error() string {
+	return fmt.Sprintf("sink: clickhouse session time zone is not UTC: the server's is UTC, this session's is %q (the session_timezone setting, from the user's profile?), and the analysts' literal times would be read in it, not in UTC; set session_timezone to UTC or remove it",
+		e.zone)
+}
+
+func (e sessionZoneError) Is(target error) bool { return target == ErrServerTimeZone }

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 	_ "time/tzdata" // the zones of utcZones, whatever the machine has
@@ -69,6 +70,54 @@ func TestUTCZoneNames(t *testing.T) {
 	for _, name := range []string{"Europe/London", "Africa/Abidjan", "Europe/Berlin", "America/New_York", ""} {
 		if utcZones[name] {
 			t.Errorf("%q taken for UTC", name)
+		}
+	}
+}
+
+// TestTimeZoneCheckOnChdb: on current ClickHouse (chdb, 26.x) a session
+// may set session_timezone (a user's profile does), and timezone() then
+// answers the session's zone, while the partitions and the views' days
+// still follow the server's. The check refuses a server in Europe/Berlin
+// whose sessions say UTC, refuses a session in Europe/Berlin on a server
+// in UTC, naming the setting, and takes UTC on both.
+func TestTimeZoneCheckOnChdb(t *testing.T) {
+	python := testenv.Chdb(t)
+	for _, c := range []struct {
+		server, session string
+		refused         string // in the error; "" for none
+	}{
+		{"Europe/Berlin", "UTC", `server time zone is not UTC: it is "Europe/Berlin"`},
+		{"UTC", "Europe/Berlin", `session_timezone`},
+		{"UTC", "UTC", ""},
+		{"Europe/Berlin", "", `server time zone is not UTC: it is "Europe/Berlin"`},
+	} {
+		t.Setenv("METERLINE_CHDB_SERVER_TZ", c.server)
+		settings := ""
+		if c.session != "" {
+			settings = " SETTINGS session_timezone = '" + c.session + "'"
+		}
+		// A row at 2024-01-31 23:59:59 UTC, inserted in the session.
+		stmts := []string{"CREATE TABLE t (ts DateTime) ENGINE = MergeTree PARTITION BY toYYYYMM(ts) ORDER BY ts",
+			"INSERT INTO t SELECT toDateTime(1706745599)" + settings}
+		run := func(q string) string {
+			resp, err := runChdb(ctxT(t, time.Minute), python, chdbRequest{Path: t.TempDir(), Database: "tz", Statements: stmts, Queries: []string{q + settings}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return strings.TrimSuffix(resp.Results[0], "\n")
+		}
+		month := run("SELECT partition FROM system.parts WHERE database = 'tz' AND table = 't'")
+		zones := strings.Split(run(timeZonesSQL(run(serverTimezoneKnownSQL) != "0")), "\t")
+		if len(zones) != 2 {
+			t.Fatalf("server %s, session %q: time zones %q", c.server, c.session, zones)
+		}
+		err := checkZones(zones[0], zones[1])
+		t.Logf("server %s, session %q: zones %q, the last second of January (UTC) stored in partition %s: %v", c.server, c.session, zones, month, err)
+		switch {
+		case c.refused == "" && err != nil:
+			t.Errorf("server %s, session %q: refused: %v", c.server, c.session, err)
+		case c.refused != "" && (!errors.Is(err, ErrServerTimeZone) || !strings.Contains(err.Error(), c.refused)):
+			t.Errorf("server %s, session %q: error %v, want one wrapping %v that says %s", c.server, c.session, err, ErrServerTimeZone, c.refused)
 		}
 	}
 }

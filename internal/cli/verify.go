@@ -21,7 +21,7 @@ type VerifyCmd struct {
 	Group    string        `help:"Consumer group of the sink: a rebuild refuses to run while it has members." default:"${sink_group}"`
 	Tables   []string      `help:"Derived tables to check or rebuild, comma-separated. Default: all (with --backfill and an unfinished rebuild: its tables)."`
 	Since    string        `help:"First month compared, YYYYMM. Default: the month after the oldest month the ledger tables hold." placeholder:"YYYYMM"`
-	DryRun   bool          `help:"Compare only, rebuild nothing (safe while the sink runs). Exits 1 when a month differs."`
+	DryRun   bool          `help:"Compare only, rebuild nothing (safe while the sink runs: a month written while compared is reported in-flight). Exits 1 when a month differs."`
 	Backfill bool          `help:"Rebuild every month the ledger holds of the tables, without comparing first: a new derived table on a database with data, or an unfinished rebuild."`
 	Timeout  time.Duration `help:"Deadline of each query, and of each staging fill." default:"1h"`
 	JSON     bool          `help:"Print the report as JSON."`
@@ -106,9 +106,12 @@ func printVerify(stdio IO, rep *sink.VerifyReport) {
 			skipped++
 		}
 	}
-	fmt.Fprintf(stdio.Stdout, "%d month(s) compared, %d differ", len(rep.Months)-skipped, rep.Differs)
+	fmt.Fprintf(stdio.Stdout, "%d month(s) compared, %d differ", len(rep.Months)-skipped-rep.InFlight, rep.Differs)
 	if skipped > 0 {
 		fmt.Fprintf(stdio.Stdout, "; %d skipped (not compared: --since to include them)", skipped)
+	}
+	if rep.InFlight > 0 {
+		fmt.Fprintf(stdio.Stdout, "; %d in flight (written by a sink while compared: not compared)", rep.InFlight)
 	}
 	fmt.Fprintln(stdio.Stdout)
 	for _, d := range rep.DoubleFinals {
