@@ -1003,11 +1003,13 @@ func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) 
 	doc := entitlements.BalanceDocumentOf(b)
 	doc.Source = &entitlements.BalanceSourceDoc{Topic: topic, Partition: p, Offset: last.Offset}
 	// The balance lists the grants that had not expired at as_of; one that
-	// expired since pays for nothing now.
+	// expired since pays now only for late events, whose event_time is
+	// before its expiry.
 	now := time.Now().UnixMilli()
 	for _, gr := range b.Grants {
 		if gr.ExpiresAt != 0 && gr.ExpiresAt <= now && gr.Remaining > 0 {
-			fmt.Fprintf(stdio.Stderr, "note: grant %s expired at %s, after this balance: it pays for nothing now (%d of credits_remaining)\n",
+			fmt.Fprintf(stdio.Stderr, "note: grant %s expired at %s, after this balance: it pays now only for late events, "+
+				"whose event_time is before then (%d of credits_remaining)\n",
 				clip.To(gr.ID, clip.Echo), entitlements.FormatTime(gr.ExpiresAt), gr.Remaining)
 		}
 	}
