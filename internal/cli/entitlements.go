@@ -243,7 +243,9 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 // Credits): a plan of caps alone is still charged for the meters the rate
 // card prices.
 func noteDefaultOverdraft(stdio IO, d *entitlements.Document) {
-	if d.Overdraft == nil && !d.Unmetered {
+	// An empty overdraft ({}) gives neither a policy nor a limit: the
+	// default.
+	if o := d.Overdraft; (o == nil || o.Policy == "" && o.Limit == entitlements.Int{}) && !d.Unmetered {
 		fmt.Fprintf(stdio.Stderr, "note: no overdraft given: the default applies, policy allow without limit: "+
 			"what its grants cannot pay of a meter the rate card prices is overdrawn, to be billed; "+
 			"overdraft: {policy: deny} refuses it (no_credit)\n")
