@@ -52,18 +52,7 @@ func TestRateCardCountsMatchDecode(t *testing.T) {
 	for seed := range uint64(seeds) {
 		rng := rand.New(rand.NewPCG(seed, 0x7261746563617264))
 		v := MustEncode(randomRateCard(rng, []int{3, 40}[rng.IntN(2)]))
-		variants := [][]byte{v, append(bytes.Clone(v), 0), v[:len(v)-1], v[:headerSize+rng.IntN(len(v)-headerSize)]}
-		for range 20 {
-			w := bytes.Clone(v)
-			w[headerSize+rng.IntN(len(w)-headerSize)] ^= byte(1 + rng.IntN(255))
-			variants = append(variants, w)
-		}
-		at := headerSize + rng.IntN(len(v)-headerSize)
-		for b := range 256 {
-			w := bytes.Clone(v)
-			w[at] = byte(b)
-			variants = append(variants, w)
-		}
+		variants := bodyVariants(rng, v)
 		for i, w := range variants {
 			versions, rates, ok := RateCardCounts(w)
 			if _, _, err := rateCardCounts(w); errors.Is(err, errCountOverflow) {
@@ -114,4 +103,23 @@ func TestRateCardCountsAllocatesNothing(t *testing.T) {
 	if versions != 6 || rates != 330_000 || allocs > 0 {
 		t.Errorf("%d versions, %d rates, %v allocations; want 6 and 330000, none", versions, rates, allocs)
 	}
+}
+
+// bodyVariants is v, a message, and variants of it: with a byte more or
+// less, cut short at a random place, with a random byte flipped (20
+// times), and with one random byte changed to each of its values.
+func bodyVariants(rng *rand.Rand, v []byte) [][]byte {
+	variants := [][]byte{v, append(bytes.Clone(v), 0), v[:len(v)-1], v[:headerSize+rng.IntN(len(v)-headerSize)]}
+	for range 20 {
+		w := bytes.Clone(v)
+		w[headerSize+rng.IntN(len(w)-headerSize)] ^= byte(1 + rng.IntN(255))
+		variants = append(variants, w)
+	}
+	at := headerSize + rng.IntN(len(v)-headerSize)
+	for b := range 256 {
+		w := bytes.Clone(v)
+		w[at] = byte(b)
+		variants = append(variants, w)
+	}
+	return variants
 }
