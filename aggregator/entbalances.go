@@ -52,15 +52,16 @@ func decodeBalanceState(v []byte) (balanceState, error) {
 }
 
 // rollState is the work of a period start: the balance of every customer
-// with usage in the periods that ended since the last roll goes out (its
-// usage in the new one is 0), then the usage of periods no event can reach
+// with usage in the periods that ended since the last roll, or in the new
+// one already (an event that arrived before the period start with its
+// event_time after it), goes out as of the new period, then the usage of periods no event can reach
 // any more is deleted, each in chunks of Config.FinalChunk (docs/design.md,
 // Exactly-once, 7).
 type rollState struct {
 	cur int64 // start of the watermark's period; 0: no watermark yet
 	// prev: rollBalances: the start of the period whose customers' balances
 	// go out now; those of every period before it are out, those of the
-	// periods after it, up to cur, go out next.
+	// periods after it, up to cur and cur's own, go out next.
 	prev  int64
 	phase byte // rollIdle, rollBalances, rollPrune
 	// cursor: rollBalances: the last customer of prev emitted; rollPrune:
@@ -104,7 +105,8 @@ func (pt *partition) pruneHorizon() int64 {
 
 // entWatermark starts the work of a period start when the watermark
 // entered a new period: the balances of the customers with usage in every
-// period from the one it left up to the new one (periods the watermark
+// period from the one it left up to the new one, and in the new one
+// (periods the watermark
 // skipped included) go out. A roll whose balances are still going out
 // when the watermark enters yet another period goes on from its cursor,
 // now up to the newer period: no customer it had not reached is dropped.
@@ -179,9 +181,14 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	switch e.roll.phase {
 	case rollBalances:
 		work = "balances"
-		// The periods from prev up to cur, in order, at most n customers
-		// and maxRollPeriods periods a chunk.
-		for left, periods := n, 0; left > 0 && periods < maxRollPeriods && e.roll.phase == rollBalances; periods++ {
+		// The periods from prev up to cur, and cur's own customers (an
+		// event that arrived before cur with its event_time in it, dedup's
+		// skew, gave its customer usage in cur and a balance of the period
+		// before, without it), in order, at most n customers and
+		// maxRollPeriods periods a chunk. A period found empty once n are
+		// reached is passed over in the same chunk (with 0 left, the scan
+		// only says whether the period has a customer).
+		for left, periods := n, 0; periods < maxRollPeriods && e.roll.phase == rollBalances; periods++ {
 			cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, left)
 			if err != nil {
 				return err
@@ -195,12 +202,14 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 				e.emitNow[c] = max(e.emitNow[c], pt.wm)
 			}
 			left -= len(cs)
-			if more && len(cs) > 0 {
-				e.roll.cursor = cs[len(cs)-1]
-				continue
+			if more {
+				if len(cs) > 0 {
+					e.roll.cursor = cs[len(cs)-1]
+				}
+				break
 			}
 			e.roll.cursor = ""
-			if _, end := pt.pr.cfg.Period.Bounds(e.roll.prev); end < e.roll.cur {
+			if _, end := pt.pr.cfg.Period.Bounds(e.roll.prev); end <= e.roll.cur {
 				e.roll.prev = end
 			} else {
 				e.roll.phase = rollPrune

@@ -65,6 +65,9 @@ func ParseRecord(key, value []byte, written int64) (*Record, error) {
 	if err := refuseCounts(k, key, value); err != nil {
 		return nil, err
 	}
+	if err := refuseRateCounts(k, key, value); err != nil {
+		return nil, err
+	}
 	m, err := schemas.Decode(value)
 	if err != nil {
 		return nil, fmt.Errorf("entitlements: value: %w", err)
@@ -133,6 +136,33 @@ func refuseCounts(k schemas.EntitlementsKey, key, value []byte) error {
 		f.must("grants", "%d grants, more than %d", grants, MaxGrants)
 	}
 	return fmt.Errorf("entitlements: %s: %w", describeKey(k), f.err())
+}
+
+// refuseRateCounts refuses a RateCard record of more than MaxRateVersions
+// versions or MaxRates rates before it is decoded
+// (schemas.RateCardCounts), as refuseCounts does an Entitlements record:
+// one written straight to the topic may hold 330,000 rates in 1 MB,
+// which decoding allocates about 10 MB for, to refuse it. The error is
+// the one ParseRecord gives once the record is decoded: ErrWrongKind
+// under a key that does not take a rate card, else ErrInvalid naming the
+// counts past the bounds, as ValidateRateCard does. A card within the
+// bounds, or whose counts cannot be read so, is left to Decode.
+func refuseRateCounts(k schemas.EntitlementsKey, key, value []byte) error {
+	versions, rates, ok := schemas.RateCardCounts(value)
+	if !ok || versions <= MaxRateVersions && rates <= MaxRates {
+		return nil
+	}
+	if k.Reserved != schemas.RateCardKey {
+		return fmt.Errorf("entitlements: %w: a RateCard under %q", ErrWrongKind, key)
+	}
+	var f fieldErrs
+	if versions > MaxRateVersions {
+		f.must("versions", "%d versions, more than %d", versions, MaxRateVersions)
+	}
+	if rates > MaxRates {
+		f.must("versions", "%d rates in all, more than %d", rates, MaxRates)
+	}
+	return fmt.Errorf("entitlements: rate card: %w", f.err())
 }
 
 func describeKey(k schemas.EntitlementsKey) string {

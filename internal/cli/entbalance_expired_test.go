@@ -13,10 +13,11 @@ import (
 )
 
 // TestEntitlementsBalanceExpiredGrant: a balance lists the grants that had
-// not expired when it was written; one that expired since pays for nothing
-// now, and `balance` says so on stderr rather than let its remaining
-// credits read as spendable (support asked why an event was refused
-// no_credit).
+// not expired when it was written; one that expired since pays now only
+// for late events (their event_time before its expiry), and `balance`
+// says so on stderr rather than let its remaining credits read as
+// spendable (support asked why an event was refused no_credit), nor as
+// spent for good (a late event still draws from it).
 func TestEntitlementsBalanceExpiredGrant(t *testing.T) {
 	_, brokers := testenv.KFake(t)
 	names := testenv.Topics(t, brokers, "balexp", testenv.TopicsOpts{})
@@ -43,5 +44,8 @@ func TestEntitlementsBalanceExpiredGrant(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "grant promo expired at ") || !strings.Contains(errOut, "700 of credits_remaining") || strings.Contains(errOut, "annual") {
 		t.Errorf("stderr does not say that promo (only) expired since the balance:\n%s", errOut)
+	}
+	if strings.Contains(errOut, "pays for nothing") || !strings.Contains(errOut, "late events") {
+		t.Errorf("stderr does not say that promo still pays for late events, whose event_time is before its expiry:\n%s", errOut)
 	}
 }

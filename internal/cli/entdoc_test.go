@@ -90,7 +90,7 @@ func TestEntitlementsUnreachableSaysNothingWritten(t *testing.T) {
 }
 
 // TestEntitlementsNoteDefaultOverdraft: a customer's record or a default
-// plan written without an overdraft says on stderr that the default,
+// plan written without an overdraft (or with an empty one) says on stderr that the default,
 // overdraft allowed without limit, applies (a plan of caps alone is
 // charged for priced meters); one that gives it, or an unmetered one,
 // does not.
@@ -105,6 +105,10 @@ func TestEntitlementsNoteDefaultOverdraft(t *testing.T) {
 		{[]string{"set"}, "customer: acme\ncaps: {api_calls: {limit: 3}}\noverdraft: {policy: allow}\n", false},
 		{[]string{"set-default"}, "plan: free\noverdraft: {policy: deny}\n", false},
 		{[]string{"set"}, "customer: acme\nunmetered: true\n", false},
+		// An empty overdraft gives no policy and no limit: the default.
+		{[]string{"set"}, "customer: acme\ncaps: {api_calls: {limit: 3}}\noverdraft: {}\n", true},
+		{[]string{"set-default"}, "plan: free\noverdraft: {}\n", true},
+		{[]string{"set"}, "customer: acme\noverdraft: {limit: 5}\n", false},
 	} {
 		args := append(append([]string{"entitlements"}, c.cmd...), "--validate")
 		code, _, errs := run(t, c.doc, args...)

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/aggregator"
+	"github.com/meterline/meterline/dedup"
 	"github.com/meterline/meterline/entitlements"
 	"github.com/meterline/meterline/internal/clip"
 	"github.com/meterline/meterline/internal/kafka"
@@ -194,6 +195,9 @@ func (c *entWrite) load(stdio IO, parse func([]byte) error) (entitlements.Meters
 // only says so.
 func (c *entWrite) finish(ctx context.Context, g *Globals, stdio IO, log *zap.Logger, what string, key []byte, m schemas.Message, every bool, meters entitlements.Meters, expect *entExpect) error {
 	noteUndeclared(stdio, meters, m)
+	if e, ok := m.(*schemas.Entitlements); ok {
+		notePastGrants(stdio, e, time.Now().UnixMilli())
+	}
 	if c.Validate {
 		fmt.Fprintf(stdio.Stdout, "the %s is valid\n", what)
 		return nil
@@ -243,7 +247,9 @@ func (c *EntitlementsSetCmd) Run(ctx context.Context, g *Globals, stdio IO, log 
 // Credits): a plan of caps alone is still charged for the meters the rate
 // card prices.
 func noteDefaultOverdraft(stdio IO, d *entitlements.Document) {
-	if d.Overdraft == nil && !d.Unmetered {
+	// An empty overdraft ({}) gives neither a policy nor a limit: the
+	// default.
+	if o := d.Overdraft; (o == nil || o.Policy == "" && o.Limit == entitlements.Int{}) && !d.Unmetered {
 		fmt.Fprintf(stdio.Stderr, "note: no overdraft given: the default applies, policy allow without limit: "+
 			"what its grants cannot pay of a meter the rate card prices is overdrawn, to be billed; "+
 			"overdraft: {policy: deny} refuses it (no_credit)\n")
@@ -364,6 +370,21 @@ func noteUndeclared(stdio IO, meters entitlements.Meters, m schemas.Message) {
 	}
 	fmt.Fprintf(stdio.Stderr, "note: the meters file does not declare %s: an undeclared meter counts as SUM "+
 		"(rejected as unknown_meter with --strict-meters); check the names\n", strings.Join(names, ", "))
+}
+
+// notePastGrants names on stderr the grants of e whose expires_at is
+// already past (a mistyped year, most likely): such a grant pays only for
+// late events, whose event_time is before its expiry, and for none once
+// the aggregator's --window has passed since (docs/entitlements.md,
+// Credits).
+func notePastGrants(stdio IO, e *schemas.Entitlements, now int64) {
+	for _, g := range e.Grants {
+		if g.ExpiresAt != 0 && g.ExpiresAt <= now {
+			fmt.Fprintf(stdio.Stderr, "note: grant %s expires at %s, in the past: it pays only for late events, whose event_time is "+
+				"before then, and for none once the aggregator's --window (%d days by default) has passed since\n",
+				clip.To(g.ID, clip.Echo), entitlements.FormatTime(g.ExpiresAt), dedup.DefaultWindow/(24*time.Hour))
+		}
+	}
 }
 
 func warnPast(stdio IO, effectiveFrom int64) {
@@ -1003,11 +1024,13 @@ func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) 
 	doc := entitlements.BalanceDocumentOf(b)
 	doc.Source = &entitlements.BalanceSourceDoc{Topic: topic, Partition: p, Offset: last.Offset}
 	// The balance lists the grants that had not expired at as_of; one that
-	// expired since pays for nothing now.
+	// expired since pays now only for late events, whose event_time is
+	// before its expiry.
 	now := time.Now().UnixMilli()
 	for _, gr := range b.Grants {
 		if gr.ExpiresAt != 0 && gr.ExpiresAt <= now && gr.Remaining > 0 {
-			fmt.Fprintf(stdio.Stderr, "note: grant %s expired at %s, after this balance: it pays for nothing now (%d of credits_remaining)\n",
+			fmt.Fprintf(stdio.Stderr, "note: grant %s expired at %s, after this balance: it pays now only for late events, "+
+				"whose event_time is before then (%d of credits_remaining)\n",
 				clip.To(gr.ID, clip.Echo), entitlements.FormatTime(gr.ExpiresAt), gr.Remaining)
 		}
 	}
