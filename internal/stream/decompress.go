@@ -131,10 +131,40 @@ func decodedCost(b []byte) int64 {
 			break
 		}
 		if nh > 0 {
-			cost += nh * headerCost
+			keys, ok := headerKeysCost(rec[m:], nh)
+			cost += nh*headerCost + keys
+			if !ok {
+				break
+			}
 		}
 	}
 	return cost
+}
+
+// headerKeysCost is what kgo allocates for the keys of the n headers
+// that b starts with: it copies each key into a string, which Go
+// allocates in a size class of up to half as much again as its length
+// (33 bytes take 48; a large one, whole pages of 8 KiB). ok is false where
+// kgo stops decoding the record, after the keys it allocated.
+func headerKeysCost(b []byte, n int64) (cost int64, ok bool) {
+	for range n {
+		kl, m := binary.Varint(b)
+		if m <= 0 || kl > int64(len(b)-m) {
+			return cost, false
+		}
+		if kl > 0 {
+			cost += kl + kl/2 + 8
+			b = b[m+int(kl):]
+		} else {
+			b = b[m:]
+		}
+		vl, m := binary.Varint(b)
+		if m <= 0 || vl > int64(len(b)-m) {
+			return cost, false
+		}
+		b = b[m+max(int(vl), 0):]
+	}
+	return cost, true
 }
 
 // reset renews the budget: the records of the last poll have been
