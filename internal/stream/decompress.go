@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -40,11 +41,12 @@ type decompressBudget struct {
 	inner kgo.Decompressor
 	limit int64
 	used  atomic.Int64
+	log   *zap.Logger
 }
 
 // newDecompressBudget returns the decompressor of a bound of max bytes per
-// batch and a budget of as much between two polls.
-func newDecompressBudget(max int) (*decompressBudget, error) {
+// batch and a budget of as much between two polls, logging to log.
+func newDecompressBudget(max int, log *zap.Logger) (*decompressBudget, error) {
 	// kgo's own decompressor, bounded at MaxDecompressBatchBytes, is what
 	// a client builds from the option; no client connects before it is used.
 	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max), kgo.DisableClientMetrics())
@@ -56,7 +58,22 @@ func newDecompressBudget(max int) (*decompressBudget, error) {
 	if !ok || inner == nil {
 		return nil, errors.New("stream: decompressor: the client has none")
 	}
-	return &decompressBudget{inner: inner, limit: int64(max)}, nil
+	return &decompressBudget{inner: inner, limit: int64(max), log: log}, nil
+}
+
+// codecName is codec's name in a log line.
+func codecName(codec kgo.CompressionCodecType) string {
+	switch codec {
+	case kgo.CodecGzip:
+		return "gzip"
+	case kgo.CodecSnappy:
+		return "snappy"
+	case kgo.CodecLz4:
+		return "lz4"
+	case kgo.CodecZstd:
+		return "zstd"
+	}
+	return fmt.Sprintf("codec %d", codec)
 }
 
 // Decompress implements kgo.Decompressor.
@@ -69,7 +86,20 @@ func (d *decompressBudget) Decompress(src []byte, codec kgo.CompressionCodecType
 	}
 	out, err := d.inner.Decompress(src, codec)
 	if err != nil {
-		return out, err
+		if errors.Is(err, kgo.ErrMaxDecompress) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
+			// A zstd window over the bound stops the stage: a bound
+			// below what producers compress with (config.go).
+			return nil, err
+		}
+		// Bytes the broker accepted, its Java decoders reading them, and
+		// Go's refuse (bytes after a gzip member or an lz4 frame, xerial
+		// snappy streams one after the other): as a fetch error it would
+		// stop the stage on the same batch at every start. Bad input,
+		// rejected and skipped as a batch past the bound (oversized.go),
+		// which is how kgo hands it to the stage with its offsets.
+		d.log.Warn("an input batch does not decompress: rejecting it as past the decompression bound",
+			zap.String("codec", codecName(codec)), zap.Error(err))
+		return nil, fmt.Errorf("stream: the batch does not decompress: %v: %w", err, kgo.ErrMaxDecompress)
 	}
 	decoded := decodedCost(out)
 	if int64(len(out))+decoded > d.limit {
