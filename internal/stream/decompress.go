@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -107,8 +108,44 @@ func (d *decompressBudget) Decompress(src []byte, codec kgo.CompressionCodecType
 		// millions of empty headers): a batch past the bound.
 		return nil, fmt.Errorf("stream: the batch's %d bytes take %d more decoded: %w", len(out), decoded, kgo.ErrMaxDecompress)
 	}
+	if !kgoDecodes(out) {
+		// Kafka's decoder read it (it takes a varint's fifth byte up to
+		// 0x7f, kgo up to 0x0f), kgo's stops at the record it cannot
+		// read and fetches the batch again from that record, for ever:
+		// the partition would stall without an error. Bad input too.
+		d.log.Warn("an input batch's records do not decode: rejecting it as past the decompression bound", zap.String("codec", codecName(codec)))
+		return nil, fmt.Errorf("stream: the batch's records do not decode: %w", kgo.ErrMaxDecompress)
+	}
 	d.used.Add(int64(cap(out)) + decoded)
 	return out, nil
+}
+
+// kgoDecodes reports whether kgo decodes every record of b, the
+// decompressed records of a batch, reading them as it does
+// (readRawRecordsDirect, franz-go v1.22.3).
+func kgoDecodes(b []byte) bool {
+	for len(b) > 0 {
+		length, used := kbin.Varint(b)
+		total := used + int(length)
+		if used <= 0 || length < 0 || len(b) < total {
+			return false
+		}
+		r := kbin.Reader{Src: b[used:total]}
+		r.Int8()
+		r.Varlong()
+		r.Varint()
+		r.VarintBytes()
+		r.VarintBytes()
+		for range max(r.VarintArrayLen(), 0) {
+			r.VarintBytes()
+			r.VarintBytes()
+		}
+		if !r.Ok() {
+			return false
+		}
+		b = b[total:]
+	}
+	return true
 }
 
 // What kgo allocates to decode a record (the Record, and its pointer in

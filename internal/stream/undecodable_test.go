@@ -20,8 +20,9 @@ import (
 // Kafka (4.3) accepts from a producer, its Java decoders reading them,
 // and that kgo's Go decoders refuse: gzip with bytes after its member
 // (Java's GZIPInputStream ignores them), an lz4 frame with bytes after it
-// (Kafka reads one frame), and two xerial snappy streams one after the
-// other (snappy-java reads both).
+// (Kafka reads one frame), two xerial snappy streams one after the other
+// (snappy-java reads both), and a record kgo cannot read (without an
+// error: it fetched the batch again and again).
 func undecodableBatches(t *testing.T) map[string][]byte {
 	rec := testenv.EncodeRecord([]byte("b0"), []byte("hostile"))
 	var gz bytes.Buffer
@@ -45,10 +46,24 @@ func undecodableBatches(t *testing.T) map[string][]byte {
 		blk := s2.EncodeSnappy(nil, b)
 		return append(binary.BigEndian.AppendUint32(out, uint32(len(blk))), blk...)
 	}
+	// A record whose key length, 1, is a varint of five bytes whose last
+	// is 0x10: Kafka's decoder drops the bits past 32, kgo's refuses it.
+	body := append([]byte{0, 0, 0, 0x82, 0x80, 0x80, 0x80, 0x10, 'k'}, binary.AppendVarint(nil, 7)...)
+	body = append(append(body, "hostile"...), 0)
+	fifth := append(binary.AppendVarint(nil, int64(len(body))), body...)
+	var gzFifth bytes.Buffer
+	w = gzip.NewWriter(&gzFifth)
+	if _, err := w.Write(fifth); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
 	return map[string][]byte{
-		"gzip trailing bytes": testenv.RecordBatch(kgo.CodecGzip, append(gz.Bytes(), "trailing"...)),
-		"lz4 trailing bytes":  testenv.RecordBatch(kgo.CodecLz4, append(bytes.Clone(lz), "trailing"...)),
-		"xerial concatenated": testenv.RecordBatch(kgo.CodecSnappy, append(xerial(rec[:3]), xerial(rec[3:])...)),
+		"gzip varint of a fifth byte over 0x0f": testenv.RecordBatch(kgo.CodecGzip, gzFifth.Bytes()),
+		"gzip trailing bytes":                   testenv.RecordBatch(kgo.CodecGzip, append(gz.Bytes(), "trailing"...)),
+		"lz4 trailing bytes":                    testenv.RecordBatch(kgo.CodecLz4, append(bytes.Clone(lz), "trailing"...)),
+		"xerial concatenated":                   testenv.RecordBatch(kgo.CodecSnappy, append(xerial(rec[:3]), xerial(rec[3:])...)),
 	}
 }
 
