@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/klauspost/compress/zstd"
+	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 )
@@ -40,11 +42,12 @@ type decompressBudget struct {
 	inner kgo.Decompressor
 	limit int64
 	used  atomic.Int64
+	log   *zap.Logger
 }
 
 // newDecompressBudget returns the decompressor of a bound of max bytes per
-// batch and a budget of as much between two polls.
-func newDecompressBudget(max int) (*decompressBudget, error) {
+// batch and a budget of as much between two polls, logging to log.
+func newDecompressBudget(max int, log *zap.Logger) (*decompressBudget, error) {
 	// kgo's own decompressor, bounded at MaxDecompressBatchBytes, is what
 	// a client builds from the option; no client connects before it is used.
 	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max), kgo.DisableClientMetrics())
@@ -56,7 +59,22 @@ func newDecompressBudget(max int) (*decompressBudget, error) {
 	if !ok || inner == nil {
 		return nil, errors.New("stream: decompressor: the client has none")
 	}
-	return &decompressBudget{inner: inner, limit: int64(max)}, nil
+	return &decompressBudget{inner: inner, limit: int64(max), log: log}, nil
+}
+
+// codecName is codec's name in a log line.
+func codecName(codec kgo.CompressionCodecType) string {
+	switch codec {
+	case kgo.CodecGzip:
+		return "gzip"
+	case kgo.CodecSnappy:
+		return "snappy"
+	case kgo.CodecLz4:
+		return "lz4"
+	case kgo.CodecZstd:
+		return "zstd"
+	}
+	return fmt.Sprintf("codec %d", codec)
 }
 
 // Decompress implements kgo.Decompressor.
@@ -69,7 +87,20 @@ func (d *decompressBudget) Decompress(src []byte, codec kgo.CompressionCodecType
 	}
 	out, err := d.inner.Decompress(src, codec)
 	if err != nil {
-		return out, err
+		if errors.Is(err, kgo.ErrMaxDecompress) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
+			// A zstd window over the bound stops the stage: a bound
+			// below what producers compress with (config.go).
+			return nil, err
+		}
+		// Bytes the broker accepted, its Java decoders reading them, and
+		// Go's refuse (bytes after a gzip member or an lz4 frame, xerial
+		// snappy streams one after the other): as a fetch error it would
+		// stop the stage on the same batch at every start. Bad input,
+		// rejected and skipped as a batch past the bound (oversized.go),
+		// which is how kgo hands it to the stage with its offsets.
+		d.log.Warn("an input batch does not decompress: rejecting it as past the decompression bound",
+			zap.String("codec", codecName(codec)), zap.Error(err))
+		return nil, fmt.Errorf("stream: the batch does not decompress: %v: %w", err, kgo.ErrMaxDecompress)
 	}
 	decoded := decodedCost(out)
 	if int64(len(out))+decoded > d.limit {
@@ -77,8 +108,44 @@ func (d *decompressBudget) Decompress(src []byte, codec kgo.CompressionCodecType
 		// millions of empty headers): a batch past the bound.
 		return nil, fmt.Errorf("stream: the batch's %d bytes take %d more decoded: %w", len(out), decoded, kgo.ErrMaxDecompress)
 	}
+	if !kgoDecodes(out) {
+		// Kafka's decoder read it (it takes a varint's fifth byte up to
+		// 0x7f, kgo up to 0x0f), kgo's stops at the record it cannot
+		// read and fetches the batch again from that record, for ever:
+		// the partition would stall without an error. Bad input too.
+		d.log.Warn("an input batch's records do not decode: rejecting it as past the decompression bound", zap.String("codec", codecName(codec)))
+		return nil, fmt.Errorf("stream: the batch's records do not decode: %w", kgo.ErrMaxDecompress)
+	}
 	d.used.Add(int64(cap(out)) + decoded)
 	return out, nil
+}
+
+// kgoDecodes reports whether kgo decodes every record of b, the
+// decompressed records of a batch, reading them as it does
+// (readRawRecordsDirect, franz-go v1.22.3).
+func kgoDecodes(b []byte) bool {
+	for len(b) > 0 {
+		length, used := kbin.Varint(b)
+		total := used + int(length)
+		if used <= 0 || length < 0 || len(b) < total {
+			return false
+		}
+		r := kbin.Reader{Src: b[used:total]}
+		r.Int8()
+		r.Varlong()
+		r.Varint()
+		r.VarintBytes()
+		r.VarintBytes()
+		for range max(r.VarintArrayLen(), 0) {
+			r.VarintBytes()
+			r.VarintBytes()
+		}
+		if !r.Ok() {
+			return false
+		}
+		b = b[total:]
+	}
+	return true
 }
 
 // What kgo allocates to decode a record (the Record, and its pointer in
@@ -131,10 +198,40 @@ func decodedCost(b []byte) int64 {
 			break
 		}
 		if nh > 0 {
-			cost += nh * headerCost
+			keys, ok := headerKeysCost(rec[m:], nh)
+			cost += nh*headerCost + keys
+			if !ok {
+				break
+			}
 		}
 	}
 	return cost
+}
+
+// headerKeysCost is what kgo allocates for the keys of the n headers
+// that b starts with: it copies each key into a string, which Go
+// allocates in a size class of up to half as much again as its length
+// (33 bytes take 48; a large one, whole pages of 8 KiB). ok is false where
+// kgo stops decoding the record, after the keys it allocated.
+func headerKeysCost(b []byte, n int64) (cost int64, ok bool) {
+	for range n {
+		kl, m := binary.Varint(b)
+		if m <= 0 || kl > int64(len(b)-m) {
+			return cost, false
+		}
+		if kl > 0 {
+			cost += kl + kl/2 + 8
+			b = b[m+int(kl):]
+		} else {
+			b = b[m:]
+		}
+		vl, m := binary.Varint(b)
+		if m <= 0 || vl > int64(len(b)-m) {
+			return cost, false
+		}
+		b = b[m+max(int(vl), 0):]
+	}
+	return cost, true
 }
 
 // reset renews the budget: the records of the last poll have been

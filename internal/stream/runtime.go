@@ -307,7 +307,7 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err := st.BindChangelog(cfg.ChangelogTopic, cfg.StateDir); err != nil {
 		return nil, errors.Join(err, st.Close())
 	}
-	decomp, err := newDecompressBudget(cfg.MaxDecompressBatchBytes)
+	decomp, err := newDecompressBudget(cfg.MaxDecompressBatchBytes, log)
 	if err != nil {
 		return nil, errors.Join(err, st.Close())
 	}
