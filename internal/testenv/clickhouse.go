@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -38,11 +39,30 @@ func ClickHouseDB(t testing.TB) (driver.Conn, string) {
 		// (60 s) still bounds the wait for the answer.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := admin.Exec(ctx, "DROP DATABASE "+db); err != nil {
+		if err := dropDatabase(ctx, func(ctx context.Context) error { return admin.Exec(ctx, "DROP DATABASE "+db) }); err != nil {
 			t.Errorf("clickhouse: drop database %s: %v", db, err)
 		}
 	})
 	return conn, db
+}
+
+// dropDatabase runs drop, again while the server answers that a table
+// appeared in the database being dropped (code 219): a statement the test
+// cancelled (a stage stopped during its migrations) can still be creating
+// a table on the server, and the server asks to drop again.
+func dropDatabase(ctx context.Context, drop func(context.Context) error) error {
+	for {
+		err := drop(ctx)
+		var ex *clickhouse.Exception
+		if err == nil || !errors.As(err, &ex) || ex.Code != 219 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func dial(t testing.TB, addr, db string) driver.Conn {

@@ -2,8 +2,11 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
 )
 
 // TestClickHouseDriverAndFeatures checks, on the real server, what the sink
@@ -70,5 +73,26 @@ func TestClickHouseDriverAndFeatures(t *testing.T) {
 	}
 	if readRows != 4 {
 		t.Fatalf("query_log read_rows = %d, want the 4 rows of the table", readRows)
+	}
+}
+
+// TestDropDatabaseRetriesNewTable: a drop the server refuses because a
+// table appeared in the database meanwhile (code 219, "Try dropping it
+// again") is run again; any other error is returned at once.
+func TestDropDatabaseRetriesNewTable(t *testing.T) {
+	calls := 0
+	err := dropDatabase(context.Background(), func(context.Context) error {
+		if calls++; calls < 3 {
+			return &clickhouse.Exception{Code: 219, Message: "New table appeared in database being dropped. Try dropping it again."}
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("dropDatabase: %v after %d calls, want nil after 3", err, calls)
+	}
+	calls = 0
+	other := &clickhouse.Exception{Code: 81, Message: "Database does not exist"}
+	if err := dropDatabase(context.Background(), func(context.Context) error { calls++; return other }); !errors.Is(err, other) || calls != 1 {
+		t.Fatalf("dropDatabase: %v after %d calls, want code 81 after 1", err, calls)
 	}
 }
