@@ -365,15 +365,21 @@ func (pt *partition) park(tx *stream.Tx, rej *schemas.Rejected) error {
 
 // RejectBatch implements stream.BatchRejecter: a batch of usage.events
 // that decompresses past the bound is rejected as oversized, one rejection
-// at its first offset naming its offsets; none of its records is decoded,
-// so it has no raw bytes, no customer and no timestamp (0).
+// at its first offset naming its offsets; a malformed one, which the Kafka
+// client reads at offsets not its own, as undecodable, at the first offset
+// of it not processed. None of its records is decoded, so it has no raw
+// bytes, no customer and no timestamp (0).
 func (pt *partition) RejectBatch(tx *stream.Tx, b stream.RejectedBatch) error {
 	if err := pt.begin(tx); err != nil {
 		return err
 	}
 	defer pt.flushCounts()
+	reason := schemas.ReasonOversized
+	if b.Malformed != "" {
+		reason = schemas.ReasonUndecodable
+	}
 	rej := &schemas.Rejected{
-		Reason: schemas.ReasonOversized, Stage: "dedup",
+		Reason: reason, Stage: "dedup",
 		Detail:      b.Detail(),
 		SourceTopic: b.Topic, SourcePartition: b.Partition, SourceOffset: b.From,
 	}

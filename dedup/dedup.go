@@ -182,6 +182,10 @@ func (c *Config) EnsureDefaults() {
 	// Re-routed records go back to the events topic.
 	c.Stream.OutputTopics = []string{c.Topics.DedupedTopic(), c.Topics.DuplicatesTopic(), c.Topics.RejectedTopic(), c.Topics.EventsTopic()}
 	c.Stream.PunctuateInterval = c.TickInterval
+	// Producers write usage.events: a batch they write that the Kafka
+	// client reads at offsets not its own would make it skip others'
+	// records (internal/stream/gaps.go).
+	c.Stream.VerifyInputGaps = true
 	if c.Stream.Group == "" {
 		c.Stream.Group = DefaultGroup
 	}

@@ -43,7 +43,7 @@ func TestFetchErrorRejoinsOnBrokerLoss(t *testing.T) {
 		"connection reset":   session(&net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}),
 		"eof":                session(io.EOF),
 	} {
-		if got := rt.handleFetches(fetches(err)); got != nil {
+		if got := rt.handleFetches(context.Background(), fetches(err)); got != nil {
 			t.Errorf("%s: the stage stops with %v; it must rejoin", name, got)
 		}
 	}
@@ -52,7 +52,7 @@ func TestFetchErrorRejoinsOnBrokerLoss(t *testing.T) {
 		"topic not authorized": kerr.TopicAuthorizationFailed,
 		"offset out of range":  kerr.OffsetOutOfRange,
 	} {
-		got := rt.handleFetches(fetches(err))
+		got := rt.handleFetches(context.Background(), fetches(err))
 		if got == nil || !errors.Is(got, errors.Unwrap(err)) && !errors.Is(got, err) {
 			t.Errorf("%s: handleFetches = %v, want the stage to stop with it", name, got)
 		}

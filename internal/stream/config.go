@@ -89,6 +89,14 @@ type Config struct {
 	// (fetchMaxBytes). Default:
 	// DefaultMaxDecompressBatchBytes.
 	MaxDecompressBatchBytes int
+	// VerifyInputGaps has the runtime check every run of offsets of
+	// InputTopic that the Kafka client skipped (gaps.go): a batch whose
+	// records' offset deltas are not their own makes the client drop the
+	// records after it, and is rejected (BatchRejecter) and skipped so
+	// that they are read. For an input that untrusted producers write;
+	// each gap costs a fetch of its batches (a transactional producer
+	// leaves one per transaction).
+	VerifyInputGaps bool
 
 	// StandbyReplicas is how many instances besides its owner keep each
 	// partition's state warm by tailing its changelog (docs/operations.md,

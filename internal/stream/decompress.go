@@ -125,27 +125,35 @@ func (d *decompressBudget) Decompress(src []byte, codec kgo.CompressionCodecType
 // (readRawRecordsDirect, franz-go v1.22.3).
 func kgoDecodes(b []byte) bool {
 	for len(b) > 0 {
-		length, used := kbin.Varint(b)
-		total := used + int(length)
-		if used <= 0 || length < 0 || len(b) < total {
+		_, n, ok := kgoRecord(b)
+		if !ok {
 			return false
 		}
-		r := kbin.Reader{Src: b[used:total]}
-		r.Int8()
-		r.Varlong()
-		r.Varint()
-		r.VarintBytes()
-		r.VarintBytes()
-		for range max(r.VarintArrayLen(), 0) {
-			r.VarintBytes()
-			r.VarintBytes()
-		}
-		if !r.Ok() {
-			return false
-		}
-		b = b[total:]
+		b = b[n:]
 	}
 	return true
+}
+
+// kgoRecord reads the record that b starts with as kgo does
+// (readRawRecordsDirect, franz-go v1.22.3): its offset delta and its
+// length with its own; ok is false if kgo cannot decode it.
+func kgoRecord(b []byte) (delta int64, n int, ok bool) {
+	length, used := kbin.Varint(b)
+	total := used + int(length)
+	if used <= 0 || length < 0 || len(b) < total {
+		return 0, 0, false
+	}
+	r := kbin.Reader{Src: b[used:total]}
+	r.Int8()
+	r.Varlong()
+	delta = int64(r.Varint())
+	r.VarintBytes()
+	r.VarintBytes()
+	for range max(r.VarintArrayLen(), 0) {
+		r.VarintBytes()
+		r.VarintBytes()
+	}
+	return delta, total, r.Ok()
 }
 
 // What kgo allocates to decode a record (the Record, and its pointer in

@@ -46,6 +46,9 @@ type metrics struct {
 	// changelogUnsafe: the changelog's cleanup policy deletes state
 	// records a restore must read (changelogkeeps.go).
 	changelogUnsafe *prometheus.GaugeVec
+	// gapsChecked: gaps of the input checked against the log (gaps.go),
+	// by result.
+	gapsChecked *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -106,6 +109,12 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "Estimated bytes on disk of the state counted by meterline_stream_state_unheld_partitions."}),
 		changelogUnsafe: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_changelog_unsafe",
 			Help: "1 when the changelog's cleanup.policy deletes records (retention.ms) sooner than a restore may need them, as last read (every --changelog-check-interval and before restores), 0 when it keeps them; not exported before the first read answers. A restore is refused while it is 1 (docs/operations.md, MeterlineChangelogUnsafe)."}, []string{"topic"}),
+		gapsChecked: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_input_gaps_checked_total",
+			Help: "Runs of input offsets the Kafka client returned no record of, checked against the log's batches (dedup: usage.events), by result: sound (commit markers, aborted transactions), deleted (by retention meanwhile), malformed (a batch the client reads at offsets not its own, rejected as undecodable and skipped, the records it hid read), error (the fetch failed: the transaction aborts and the gap is polled again)."},
+			[]string{"result"}),
+	}
+	for _, r := range gapResults {
+		m.gapsChecked.WithLabelValues(r)
 	}
 	for _, r := range cleanReasons {
 		m.cleaned.WithLabelValues(r)

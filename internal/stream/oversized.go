@@ -57,8 +57,21 @@ func takeTooLarge(fs kgo.Fetches) []*kgo.ErrDecompressTooLarge {
 // records of its topic the job holds (kgo returns a partition's batches in
 // offset order).
 func (rt *Runtime) addTooLarge(jobs *fetchJobs, tooLarge []*kgo.ErrDecompressTooLarge) error {
+	rejected := make([]RejectedBatch, 0, len(tooLarge))
 	for _, tl := range tooLarge {
-		j, err := rt.jobFor(jobs, tl.Topic, tl.Partition)
+		rejected = append(rejected, RejectedBatch{
+			Topic: tl.Topic, Partition: tl.Partition, From: tl.Offset, Next: tl.NextOffset,
+			Limit: rt.cfg.MaxDecompressBatchBytes, Err: tl,
+		})
+	}
+	return rt.addRejected(jobs, rejected)
+}
+
+// addRejected adds each batch of rejected to its partition's job, as
+// addTooLarge does.
+func (rt *Runtime) addRejected(jobs *fetchJobs, rejected []RejectedBatch) error {
+	for _, rb := range rejected {
+		j, err := rt.jobFor(jobs, rb.Topic, rb.Partition)
 		if err != nil {
 			return err
 		}
@@ -66,17 +79,17 @@ func (rt *Runtime) addTooLarge(jobs *fetchJobs, tooLarge []*kgo.ErrDecompressToo
 			continue
 		}
 		if _, ok := j.a.part.(BatchRejecter); !ok {
-			return fmt.Errorf("stream: partition %d of %s: %w (the stage cannot reject such a batch)", tl.Partition, tl.Topic, tl)
+			if rb.Err == nil {
+				return fmt.Errorf("stream: partition %d of %s: the batch at offset %d is malformed: %s (the stage cannot reject such a batch)", rb.Partition, rb.Topic, rb.From, rb.Malformed)
+			}
+			return fmt.Errorf("stream: partition %d of %s: %w (the stage cannot reject such a batch)", rb.Partition, rb.Topic, rb.Err)
 		}
 		for _, b := range j.batches {
-			if b.topic == tl.Topic && (b.rejected != nil || b.recs[len(b.recs)-1].Offset >= tl.Offset) {
-				return fmt.Errorf("stream: partition %d of %s: the batch at offset %d past the decompression bound is not after the records polled with it", tl.Partition, tl.Topic, tl.Offset)
+			if b.topic == rb.Topic && (b.rejected != nil || b.recs[len(b.recs)-1].Offset >= rb.From) {
+				return fmt.Errorf("stream: partition %d of %s: the rejected batch at offset %d is not after the records polled with it", rb.Partition, rb.Topic, rb.From)
 			}
 		}
-		j.batches = append(j.batches, fetchBatch{topic: tl.Topic, rejected: &RejectedBatch{
-			Topic: tl.Topic, Partition: tl.Partition, From: tl.Offset, Next: tl.NextOffset,
-			Limit: rt.cfg.MaxDecompressBatchBytes, Err: tl,
-		}})
+		j.batches = append(j.batches, fetchBatch{topic: rb.Topic, rejected: &rb})
 	}
 	return nil
 }
@@ -84,6 +97,10 @@ func (rt *Runtime) addTooLarge(jobs *fetchJobs, tooLarge []*kgo.ErrDecompressToo
 // Detail is the detail of b's rejection in usage.rejected, the same for
 // every stage (BatchRejecter).
 func (b RejectedBatch) Detail() string {
+	if b.Malformed != "" {
+		return fmt.Sprintf("record batch ending at offset %d is malformed: %s; its records from offset %d not decoded, skipped",
+			b.Next-1, b.Malformed, b.From)
+	}
 	return fmt.Sprintf("record batch at offsets %d to %d decompresses to more than %d bytes with its decoded records; not decoded, skipped",
 		b.From, b.Next-1, b.Limit)
 }
@@ -120,8 +137,13 @@ func (rt *Runtime) skipBatch(j *fetchJob, b RejectedBatch, consumed bool) {
 		}
 		rt.skips[tp] = skipRewind{epoch: j.a.epoch, at: at}
 	}
-	rt.log.Warn("an input batch decompresses past the bound: rejecting it and skipping it in this transaction", zap.String("topic", b.Topic),
-		zap.Int32("partition", b.Partition), zap.Int64("from", b.From), zap.Int64("next", b.Next), zap.Int("limit", b.Limit))
+	if b.Malformed != "" {
+		rt.log.Warn("an input batch is malformed: rejecting it and skipping it in this transaction", zap.String("topic", b.Topic),
+			zap.Int32("partition", b.Partition), zap.Int64("from", b.From), zap.Int64("next", b.Next), zap.String("problem", b.Malformed))
+	} else {
+		rt.log.Warn("an input batch decompresses past the bound: rejecting it and skipping it in this transaction", zap.String("topic", b.Topic),
+			zap.Int32("partition", b.Partition), zap.Int64("from", b.From), zap.Int64("next", b.Next), zap.Int("limit", b.Limit))
+	}
 	var epoch int32 = -1
 	var tl *kgo.ErrDecompressTooLarge
 	if errors.As(b.Err, &tl) {

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -23,7 +24,7 @@ import (
 // (rejectOversized), or a batch left for a later fetch by the
 // decompression budget (decompress.go); records of a partition that is not ready mark
 // the transaction for an abort, which rewinds them.
-func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
+func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	// The records polled are processed when this returns: the next
 	// fetches may decompress as much again (decompress.go).
 	defer rt.decomp.reset()
@@ -34,6 +35,12 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	// windows": "zombie after a rebalance"; session.FetchError).
 	if err := session.FetchError(rt.log, rt.cfg.Group, fs); err != nil {
 		return fmt.Errorf("stream: %w", err)
+	}
+	// Offsets of the input the client skipped, checked before any of the
+	// poll's records is processed (gaps.go).
+	malformed, tooLarge, err := rt.checkGaps(ctx, fs, tooLarge)
+	if err != nil {
+		return err
 	}
 	// First, serially: which partitions can take their records, the open
 	// transaction and each partition's overlay. Then the partitions'
@@ -64,7 +71,10 @@ func (rt *Runtime) handleFetches(fs kgo.Fetches) error {
 	if err := rt.addTooLarge(jobs, tooLarge); err != nil {
 		return err
 	}
-	err := parallel(len(jobs.list), func(i int) error {
+	if err := rt.addRejected(jobs, malformed); err != nil {
+		return err
+	}
+	err = parallel(len(jobs.list), func(i int) error {
 		j := jobs.list[i]
 		input := rt.cfg.InputTopic
 		sort.SliceStable(j.batches, func(a, b int) bool { return j.batches[a].topic != input && j.batches[b].topic == input })

@@ -59,7 +59,8 @@ type Committer interface {
 
 // BatchRejecter is implemented by a Partition that rejects, as bad input,
 // a batch of its input that it is never given: one that decompresses past
-// Config.MaxDecompressBatchBytes (docs/design.md, Bad input). RejectBatch
+// Config.MaxDecompressBatchBytes, or a malformed one (RejectedBatch.Malformed,
+// docs/design.md, Bad input). RejectBatch
 // records the rejection in tx (nothing of the batch is decoded); the
 // runtime then moves the partition's input past the batch in the same
 // transaction, as if Process had been given its records, so the rejection
@@ -79,7 +80,12 @@ type RejectedBatch struct {
 	// Limit is the bound it decompresses past
 	// (Config.MaxDecompressBatchBytes).
 	Limit int
-	// Err is the client's error.
+	// Malformed, when not empty, says instead what is wrong with the
+	// batch's records (gaps.go): the batch is not past the bound, but
+	// the Kafka client reads it wrongly, and From is the first offset of
+	// it not processed.
+	Malformed string
+	// Err is the client's error; nil for a malformed batch.
 	Err error
 }
 

@@ -214,6 +214,14 @@ type Runtime struct {
 	// skipRebuild is set when the transaction skipped a batch past the
 	// decompression bound (oversized.go): the session is rebuilt after it.
 	skipRebuild bool
+	// topicIDs caches the IDs of the topics whose gaps are checked
+	// (gaps.go).
+	topicIDs map[string][16]byte
+	// gapClient fetches those gaps' batches: its own connections, where
+	// no consumer's fetch waits for data ahead of its requests (a broker
+	// answers a connection's requests in order). Made at its first use,
+	// closed when Run returns.
+	gapClient *kgo.Client
 	// Tests: storedFn replaces the client's answer to whether it holds a
 	// partition in its stored metadata, metadataWait the wait for it
 	// (zero: producedMetadataWait).
@@ -381,6 +389,9 @@ func (rt *Runtime) Run(ctx context.Context) (err error) {
 			err = fmt.Errorf("stream: %w at %s", ErrCrashed, c.Point)
 		}
 		rt.closeAll()
+		if rt.gapClient != nil {
+			rt.gapClient.Close()
+		}
 		rt.sb.stopAll()
 		rt.restores.Wait()
 		if cerr := rt.store.Close(); cerr != nil {

@@ -257,7 +257,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		}
 		fetches := rt.poll(ctx, wait)
 		rt.handleEvents()
-		if err := rt.handleFetches(fetches); err != nil {
+		if err := rt.handleFetches(ctx, fetches); err != nil {
 			rt.abortOpen()
 			return err
 		}

@@ -62,9 +62,15 @@ func ZstdRecordBatch(comp []byte) []byte { return RecordBatch(kgo.CodecZstd, com
 // RecordBatch returns a batch of one record whose bytes, compressed with
 // codec, are records.
 func RecordBatch(codec kgo.CompressionCodecType, records []byte) []byte {
+	return RecordBatchOf(codec, 1, records)
+}
+
+// RecordBatchOf returns a batch of n records whose bytes, compressed with
+// codec, are records.
+func RecordBatchOf(codec kgo.CompressionCodecType, n int32, records []byte) []byte {
 	now := time.Now().UnixMilli()
 	b := kmsg.RecordBatch{Magic: 2, Attributes: int16(codec), FirstTimestamp: now, MaxTimestamp: now,
-		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: 1, Records: records}
+		ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: n, LastOffsetDelta: n - 1, Records: records}
 	out := b.AppendTo(nil)
 	binary.BigEndian.PutUint32(out[8:12], uint32(len(out)-12))
 	binary.BigEndian.PutUint32(out[17:21], crc32.Checksum(out[21:], crc32.MakeTable(crc32.Castagnoli)))

@@ -1,0 +1,452 @@
+package stream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+)
+
+// Kafka stores an uncompressed batch's records as a producer wrote them,
+// offset deltas included (4.3 checks a compressed batch's, not an
+// uncompressed one's), and the Kafka client takes a record's offset for
+// its batch's base plus its delta: a record whose delta points past its
+// batch is returned at that offset, and the client then drops every
+// record it reads below the offset after it, other producers' batches
+// included, as if it had consumed them; at the end of the log it asks for
+// an offset past the log's end and the partition stops with
+// OFFSET_OUT_OF_RANGE. A delta that goes back, or repeats, drops the
+// batch's own records the same way, and an uncompressed record the client
+// cannot read ends its batch there. The stage never sees a batch's bytes
+// (kgo decodes an uncompressed batch without its Decompressor), but it
+// sees what each of those leaves behind: offsets of its input it was
+// given no record of, between the input offset it has consumed up to and
+// the next record it is given.
+//
+// Such gaps are also routine: a transactional producer's commit markers
+// and aborted transactions, and records deleted by retention. So with
+// Config.VerifyInputGaps, every gap of InputTopic is checked against the
+// log (verifyGap): the batches that hold its offsets are fetched from the
+// partition's leader as the broker stores them, and each uncompressed
+// data batch among them must have records the client reads, with offset
+// deltas that rise and stay within the batch. A batch that does not is
+// rejected and skipped as a batch past the decompression bound is
+// (oversized.go): rejected in the open transaction, the poll's records of
+// the partition cut where the gap ends (the client read them at offsets
+// that are not theirs, or past records it dropped), and the input moved
+// to the batch's end, so that the next session fetches the dropped
+// records again. A gap whose batches are all sound is left as it is: the
+// client skipped it for a reason of its own. A fetch of the gap that
+// fails aborts the transaction, which puts the partition back at its
+// committed offset: the gap is polled, and checked, again.
+
+// The results of a gap's check (meterline_stream_input_gaps_checked_total).
+const (
+	gapSound     = "sound"
+	gapDeleted   = "deleted"
+	gapMalformed = "malformed"
+	gapError     = "error"
+)
+
+var gapResults = []string{gapSound, gapDeleted, gapMalformed, gapError}
+
+// gapFetchBytes is what one fetch of a gap's batches asks for: a batch
+// larger than it comes whole (KIP-74), the rest in later fetches.
+const gapFetchBytes = 1 << 20
+
+// gapFetchTimeout bounds one fetch of a gap's batches.
+const gapFetchTimeout = 10 * time.Second
+
+// partGaps is what checkGaps knows of one partition of the input.
+type partGaps struct {
+	p     int32
+	next  int64 // the next offset expected; -1: unknown
+	fetch []*kgo.FetchPartition
+	tl    *kgo.ErrDecompressTooLarge // its batch past the bound; nil: none
+	bad   *RejectedBatch             // the malformed batch found
+	err   error                      // why its gaps could not be checked
+}
+
+// hasGap reports whether the poll skipped offsets of the partition.
+func (pg *partGaps) hasGap() bool {
+	next := pg.next
+	for _, fp := range pg.fetch {
+		for _, r := range fp.Records {
+			if next >= 0 && r.Offset > next {
+				return true
+			}
+			next = r.Offset + 1
+		}
+	}
+	return pg.tl != nil && next >= 0 && pg.tl.Offset > next
+}
+
+// checkGaps checks the gaps of InputTopic in fs and in the batches past
+// the bound of the poll (tooLarge), partition by partition, when
+// Config.VerifyInputGaps is set. It returns the batches to reject as
+// malformed, and tooLarge without those of a partition whose records it
+// cut there. A partition whose gap could not be checked loses its records
+// of this poll and marks the transaction for an abort.
+func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kgo.ErrDecompressTooLarge) ([]RejectedBatch, []*kgo.ErrDecompressTooLarge, error) {
+	if !rt.cfg.VerifyInputGaps {
+		return nil, tooLarge, nil
+	}
+	topic := rt.cfg.InputTopic
+	parts := map[int32]*partGaps{}
+	var gaps []*partGaps
+	part := func(p int32) *partGaps {
+		pg, ok := parts[p]
+		if !ok {
+			pg = &partGaps{p: p}
+			parts[p] = pg
+		}
+		return pg
+	}
+	for i := range fs {
+		for ti := range fs[i].Topics {
+			if fs[i].Topics[ti].Topic != topic {
+				continue
+			}
+			for pi := range fs[i].Topics[ti].Partitions {
+				if fp := &fs[i].Topics[ti].Partitions[pi]; len(fp.Records) > 0 {
+					pg := part(fp.Partition)
+					pg.fetch = append(pg.fetch, fp)
+				}
+			}
+		}
+	}
+	for _, tl := range tooLarge {
+		if tl.Topic == topic {
+			part(tl.Partition).tl = tl
+		}
+	}
+	for _, p := range sortedPartitions(parts) {
+		pg := parts[p]
+		next, known, err := rt.expectedInput(topic, p)
+		if err != nil {
+			return nil, nil, err
+		}
+		if pg.next = -1; known {
+			pg.next = next
+		}
+		if pg.hasGap() {
+			gaps = append(gaps, pg)
+		}
+	}
+	if len(gaps) == 0 {
+		return nil, tooLarge, nil
+	}
+	if err := rt.gapCheckReady(ctx, topic); err != nil {
+		for _, pg := range gaps {
+			pg.err = err
+		}
+	} else {
+		// The partitions' gaps are checked at once (parallel), each
+		// reading only its own records and the poll's shared state.
+		_ = parallel(len(gaps), func(i int) error {
+			pg := gaps[i]
+			pg.bad, pg.err = rt.walkGaps(ctx, topic, pg.p, pg.next, pg.fetch, pg.tl)
+			return nil
+		})
+	}
+	var forged []RejectedBatch
+	cut := map[int32]bool{}
+	for _, pg := range gaps {
+		switch {
+		case pg.err != nil:
+			if errors.Is(pg.err, kerr.UnknownTopicID) {
+				delete(rt.topicIDs, topic) // recreated: read it again
+			}
+			rt.log.Warn("an input gap could not be checked: aborting the transaction, to poll it again", zap.String("topic", topic),
+				zap.Int32("partition", pg.p), zap.Error(pg.err))
+			for _, fp := range pg.fetch {
+				fp.Records = nil
+			}
+			cut[pg.p] = true
+			rt.mustAbort = true
+		case pg.bad != nil:
+			forged = append(forged, *pg.bad)
+			cut[pg.p] = true
+		}
+	}
+	kept := tooLarge[:0:0]
+	for _, t := range tooLarge {
+		if t.Topic != topic || !cut[t.Partition] {
+			kept = append(kept, t)
+		}
+	}
+	return forged, kept, nil
+}
+
+// gapCheckReady makes the client that fetches gaps (gapClient) and reads
+// topic's ID, once.
+func (rt *Runtime) gapCheckReady(ctx context.Context, topic string) error {
+	if rt.gapClient == nil {
+		cl, err := rt.newClient()
+		if err != nil {
+			return fmt.Errorf("a client to check the input's gaps: %w", err)
+		}
+		rt.gapClient = cl
+	}
+	ctx, cancel := context.WithTimeout(ctx, gapFetchTimeout)
+	defer cancel()
+	_, err := rt.topicID(ctx, rt.gapClient, topic)
+	return err
+}
+
+// walkGaps checks the gaps of partition p of topic before each of its
+// records in fetch, the poll's, and before tl, its batch past the bound
+// (nil: none), next being the offset expected first (-1: unknown, the
+// first gap is not checked). At a malformed batch it cuts the records
+// from the gap's end on, and returns the batch to reject.
+func (rt *Runtime) walkGaps(ctx context.Context, topic string, p int32, next int64, fetch []*kgo.FetchPartition, tl *kgo.ErrDecompressTooLarge) (*RejectedBatch, error) {
+	for fi, fp := range fetch {
+		for i, r := range fp.Records {
+			if next >= 0 && r.Offset > next {
+				bad, err := rt.checkGap(ctx, topic, p, next, r.Offset)
+				if err != nil {
+					return nil, err
+				}
+				if bad != nil {
+					fp.Records = fp.Records[:i]
+					for _, later := range fetch[fi+1:] {
+						later.Records = nil
+					}
+					return bad, nil
+				}
+			}
+			next = r.Offset + 1
+		}
+	}
+	if tl != nil && next >= 0 && tl.Offset > next {
+		return rt.checkGap(ctx, topic, p, next, tl.Offset)
+	}
+	return nil, nil
+}
+
+// checkGap is verifyGap, counted by its result.
+func (rt *Runtime) checkGap(ctx context.Context, topic string, p int32, from, to int64) (*RejectedBatch, error) {
+	bad, deleted, err := rt.verifyGap(ctx, topic, p, from, to)
+	result := gapSound
+	switch {
+	case err != nil:
+		result = gapError
+	case bad != nil:
+		result = gapMalformed
+	case deleted:
+		result = gapDeleted
+	}
+	if rt.m != nil {
+		rt.m.gapsChecked.WithLabelValues(result).Inc()
+	}
+	return bad, err
+}
+
+// expectedInput is the offset of topic that partition p's next record
+// should have: the open transaction's next input offset, else the state's,
+// else where its reading started; known is false when there is none.
+func (rt *Runtime) expectedInput(topic string, p int32) (next int64, known bool, err error) {
+	a, ok := rt.active[p]
+	if !ok {
+		return 0, false, nil
+	}
+	k := rt.cfg.inputOffsetKey(topic)
+	if ov, ok := rt.ovs[p]; ok && rt.txEpoch[p] == a.epoch {
+		if o, ok := ov.inputNext[k]; ok {
+			return o, true, nil
+		}
+	}
+	v, ok, err := rt.store.Get(p, []byte(k))
+	if err != nil {
+		return 0, false, fmt.Errorf("stream: partition %d of %s: input offset: %w", p, topic, err)
+	}
+	if ok {
+		o, err := decodeOffset(v)
+		if err != nil {
+			return 0, false, fmt.Errorf("stream: partition %d of %s: input offset: %w", p, topic, err)
+		}
+		return o, true, nil
+	}
+	if o, ok := a.start[topic]; ok {
+		return o, true, nil
+	}
+	return 0, false, nil
+}
+
+// verifyGap checks the batches that hold offsets from to to-1 of partition
+// p of topic, which the client returned no record of: it returns the first
+// malformed one as a batch to reject from from (or its first offset) to its
+// end, nil if they are all sound, or were deleted meanwhile (deleted).
+func (rt *Runtime) verifyGap(ctx context.Context, topic string, p int32, from, to int64) (bad *RejectedBatch, deleted bool, err error) {
+	rt.log.Debug("checking an input gap", zap.String("topic", topic), zap.Int32("partition", p), zap.Int64("from", from), zap.Int64("to", to))
+	at := from
+	for at < to {
+		raw, logStart, err := rt.rawFetch(ctx, topic, p, at)
+		if errors.Is(err, kerr.OffsetOutOfRange) {
+			if logStart > at && logStart < to {
+				// Retention deleted the gap's first offsets: the rest
+				// can still hide a malformed batch.
+				at, deleted = logStart, true
+				continue
+			}
+			return nil, true, nil // nothing of it can be read
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("fetch offsets %d to %d: %w", at, to-1, err)
+		}
+		n, bad := checkGapBatches(raw, at, to)
+		if bad != nil {
+			bad.Topic, bad.Partition = topic, p
+			bad.From = max(bad.From, from)
+			return bad, deleted, nil
+		}
+		if n <= at {
+			return nil, deleted, fmt.Errorf("fetch offsets %d to %d: no whole batch at %d", at, to-1, at)
+		}
+		at = n
+	}
+	return nil, deleted, nil
+}
+
+// checkGapBatches walks raw, the record batches of a fetch from offset at,
+// up to the batch at or past to: it returns the first malformed one that
+// holds an offset from at on (its From its first offset, Next the one
+// after its last), else the offset after the last batch it read whole.
+func checkGapBatches(raw []byte, at, to int64) (int64, *RejectedBatch) {
+	next := at
+	for len(raw) > 17 {
+		base := int64(binary.BigEndian.Uint64(raw))
+		length := int64(int32(binary.BigEndian.Uint32(raw[8:]))) + 12
+		if length < 12 || int64(len(raw)) < length {
+			break // the fetch's last batch, cut
+		}
+		one := raw[:length]
+		raw = raw[length:]
+		if base >= to {
+			return to, nil
+		}
+		if one[16] != 2 {
+			// A message set of before Kafka 0.11 (no broker of Kafka 4
+			// writes one): its offset is its last.
+			next = max(next, base+1)
+			continue
+		}
+		var b kmsg.RecordBatch
+		if err := b.ReadFrom(one); err != nil {
+			break
+		}
+		last := b.FirstOffset + int64(b.LastOffsetDelta)
+		if last < next {
+			continue
+		}
+		if problem := batchProblem(&b); problem != "" {
+			return 0, &RejectedBatch{From: b.FirstOffset, Next: max(last, b.FirstOffset) + 1, Malformed: problem}
+		}
+		next = last + 1
+		if next >= to {
+			return next, nil
+		}
+	}
+	return next, nil
+}
+
+// batchProblem says what is wrong with b for the Kafka client ("" if
+// nothing): an uncompressed data batch's records must decode as kgo reads
+// them, and their offset deltas rise and stay within the batch. A control
+// batch is written by the broker; a compressed batch's deltas are checked
+// by the broker, and its records by the stage's decompressor
+// (decompress.go).
+func batchProblem(b *kmsg.RecordBatch) string {
+	if b.Attributes&0x20 != 0 || b.Attributes&0x07 != 0 {
+		return ""
+	}
+	if b.NumRecords < 0 {
+		return fmt.Sprintf("record count %d", b.NumRecords)
+	}
+	in := b.Records
+	prev := int64(-1)
+	for i := range int(min(b.NumRecords, int32(len(in)+1))) {
+		delta, n, ok := kgoRecord(in)
+		if !ok {
+			return fmt.Sprintf("record %d of %d does not decode", i, b.NumRecords)
+		}
+		if delta <= prev || delta > int64(b.LastOffsetDelta) {
+			return fmt.Sprintf("record %d has offset delta %d (the batch's deltas run from 0 to %d)", i, delta, b.LastOffsetDelta)
+		}
+		prev = delta
+		in = in[n:]
+	}
+	return ""
+}
+
+// rawFetch fetches partition p of topic from offset at, read_committed,
+// from the partition's leader: its record batches as the broker stores
+// them, and the partition's log start offset (-1: not known).
+func (rt *Runtime) rawFetch(ctx context.Context, topic string, p int32, at int64) (raw []byte, logStart int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, gapFetchTimeout)
+	defer cancel()
+	cl := rt.sess.Client()
+	leader, epoch, err := cl.PartitionLeader(topic, p)
+	if err != nil {
+		return nil, -1, err
+	}
+	if leader < 0 {
+		return nil, -1, errors.New("no leader known")
+	}
+	id, ok := rt.topicIDs[topic]
+	if !ok {
+		return nil, -1, errors.New("the topic's ID is not known")
+	}
+	req := kmsg.NewPtrFetchRequest()
+	req.MaxBytes, req.IsolationLevel = gapFetchBytes, 1
+	rtp := kmsg.NewFetchRequestTopic()
+	rtp.Topic, rtp.TopicID = topic, id
+	rp := kmsg.NewFetchRequestTopicPartition()
+	rp.Partition, rp.FetchOffset, rp.CurrentLeaderEpoch, rp.PartitionMaxBytes = p, at, epoch, gapFetchBytes
+	rtp.Partitions = append(rtp.Partitions, rp)
+	req.Topics = append(req.Topics, rtp)
+	kresp, err := rt.gapClient.Broker(int(leader)).Request(ctx, req)
+	if err != nil {
+		return nil, -1, err
+	}
+	resp := kresp.(*kmsg.FetchResponse)
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return nil, -1, err
+	}
+	for _, t := range resp.Topics {
+		for _, rp := range t.Partitions {
+			if rp.Partition != p || (t.Topic != topic && t.TopicID != id) {
+				continue
+			}
+			return rp.RecordBatches, rp.LogStartOffset, kerr.ErrorForCode(rp.ErrorCode)
+		}
+	}
+	return nil, -1, errors.New("the response has no such partition")
+}
+
+// topicID is topic's ID, as the brokers' metadata says, cached.
+func (rt *Runtime) topicID(ctx context.Context, cl *kgo.Client, topic string) ([16]byte, error) {
+	if id, ok := rt.topicIDs[topic]; ok {
+		return id, nil
+	}
+	td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return [16]byte{}, err
+	}
+	d, ok := td[topic]
+	if !ok || d.Err != nil {
+		return [16]byte{}, fmt.Errorf("topic %s: %v", topic, d.Err)
+	}
+	if rt.topicIDs == nil {
+		rt.topicIDs = map[string][16]byte{}
+	}
+	rt.topicIDs[topic] = d.ID
+	return d.ID, nil
+}
