@@ -34,7 +34,7 @@ import (
 //	        against); then
 //	book    the queued events of P after the cursor, as adjustments; then
 //	done    the marker's value is empty (what earlier versions wrote);
-//	expire  once the watermark reaches end + W + B (expiresAt):
+//	expire  once the watermark reaches end + W + B + S (expiresAt):
 //	        tombstones for 'f' P and 'u' P keys after the cursor, then
 //	        for the period's meter definitions ('M' P, meterdef.go)
 //	        and the marker.
@@ -248,14 +248,21 @@ func (pt *partition) decide(tx *stream.Tx, start int64) {
 		zap.Int("chunk", pt.pr.cfg.FinalChunk))
 }
 
-// expiresAt returns when, in watermark time, the working state of a final
-// period ending at end expires: end + W + B (Config.Bucket). Dedup accepts
-// no event of the period once its own watermark reaches it, a re-routed
-// one with its original arrival included (dedup's rejection of a copy it
-// could not recognise, judged by whole buckets), so no event can be
-// measured against state already dropped.
+// expiresAt returns when, in watermark time, the state of a final period
+// ending at end expires: end + W + B + S (Config.Bucket, Config.Skew).
+// Dedup accepts no event of the period once its own watermark reaches
+// end + W + B, a re-routed one with its original arrival included
+// (dedup's rejection of a copy it could not recognise, judged by whole
+// buckets), so no event is measured against working state already
+// dropped. An event is booked into the period of its arrival, which can
+// be up to S before its event_time: the period's lines ('l' P K, and the
+// FINALs its 'f' P K keys record) are read by the adjustments booked into
+// it (bookLine) until the watermark reaches end + W + B + S, the
+// pruneHorizon's bound. Dropped earlier, such an adjustment would give a
+// line that had its FINAL a second one, of value 0.
 func (pt *partition) expiresAt(end int64) int64 {
-	return end + pt.pr.cfg.Window.Milliseconds() + pt.pr.cfg.Bucket.Milliseconds()
+	c := &pt.pr.cfg
+	return end + c.Window.Milliseconds() + c.Bucket.Milliseconds() + c.Skew.Milliseconds()
 }
 
 // HasWork implements stream.Worker: a period of this partition has FINAL
@@ -338,7 +345,7 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		err = pt.emitChunk(tx, start, ps)
 	case phaseBook:
 		err = pt.bookChunk(tx, start, ps, pt.pr.cfg.FinalChunk)
-	default: // done, with the watermark at end + W + B; or expiring
+	default: // done, with the watermark at end + W + B + S; or expiring
 		err = pt.expireChunk(tx, start, ps)
 	}
 	pt.publish()

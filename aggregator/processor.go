@@ -52,7 +52,7 @@ type partition struct {
 	// scanning them.
 	keys, keysSaved int
 	// finals holds the marker of every period final in this partition
-	// (few: one per period until its end + W + B), as the state and the open
+	// (few: one per period until its end + W + B + S), as the state and the open
 	// transaction have them.
 	finals map[int64]*periodState
 	// open caches OPEN aggregates (keyed by their state key) across
