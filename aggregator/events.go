@@ -317,10 +317,12 @@ func (pt *partition) placeAt(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEve
 		return pt.late(tx, r, e, m, start, end, ak, uval)
 	}
 	ps := pt.finals[start]
-	if ps == nil && pt.wm > end+c.Grace.Milliseconds() {
+	if ps == nil && (pt.wm > end+c.Grace.Milliseconds() || pt.finalBefore(start)) {
 		// The period is final (docs/design.md, Time) once the watermark
 		// passed end + grace, whether or not it had aggregates here (no
-		// marker: finalize only decides periods with open or queued keys).
+		// marker: finalize only decides periods with open or queued keys);
+		// so is one before a period final here, whatever the grace now
+		// (finalBefore).
 		// An event processed now (a re-routed event with its original
 		// arrival, a broker clock that stepped back) is an adjustment, not
 		// an OPEN aggregate that a later watermark would turn into a
