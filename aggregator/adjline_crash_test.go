@@ -211,9 +211,9 @@ func runLineCrashes(t *testing.T, point string) {
 		t.Errorf("no crash at %s", point)
 	}
 
-	// Expiry at end + W + B (W 3 days, B 1 day) of day 2: no line key of
-	// day 1 or 2 is left in the changelog.
-	lr.send(d2 + dayMs + 4*dayMs + 1)
+	// Expiry at end + W + B + S (W 3 days, B 1 day, S 1 hour) of day 2: no
+	// line key of day 1 or 2 is left in the changelog.
+	lr.send(d2 + dayMs + 4*dayMs + hourMs + 1)
 	for _, start := range []int64{d1, d2} {
 		deadline := time.Now().Add(time.Minute)
 		for {
@@ -228,7 +228,7 @@ func runLineCrashes(t *testing.T, point string) {
 			}
 			lr.reap()
 			if time.Now().After(deadline) {
-				t.Fatalf("%d line keys of %s still live a minute after end + W + B (first %q)", len(lines), msTime(start), lines[0])
+				t.Fatalf("%d line keys of %s still live a minute after end + W + B + S (first %q)", len(lines), msTime(start), lines[0])
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

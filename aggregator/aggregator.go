@@ -66,9 +66,10 @@ type Config struct {
 	// DefaultGrace.
 	Grace time.Duration
 	// Window is the dedup window W: a period's working state is kept until
-	// its end + W + Bucket, after which no event for it can arrive. It must not be
-	// shorter than dedup's: a watermark record that states a longer W stops
-	// the stage (ErrWindowTooShort). Default: dedup's, dedup.DefaultWindow.
+	// its end + W + Bucket + Skew, after which no event for it can arrive
+	// and none can be booked into it. It must not be shorter than dedup's:
+	// a watermark record that states a longer W stops the stage
+	// (ErrWindowTooShort). Default: dedup's, dedup.DefaultWindow.
 	Window time.Duration
 	// Bucket is dedup's expiry bucket B (dedup.Config.Bucket). A re-routed
 	// event keeps its original arrival (docs/design.md, Event identity and
@@ -78,16 +79,18 @@ type Config struct {
 	// whole buckets: while its watermark is below event_time + W + B. A
 	// final period's working state (what MAX, UNIQUE_COUNT and LATEST
 	// adjustments are measured against) is therefore kept until its
-	// end + W + B. It must not be shorter than dedup's: a watermark record
-	// that states a longer B stops the stage (ErrBucketTooShort). Default:
-	// dedup.DefaultBucket.
+	// end + W + B, and S more (Skew). It must not be shorter than dedup's:
+	// a watermark record that states a longer B stops the stage
+	// (ErrBucketTooShort). Default: dedup.DefaultBucket.
 	Bucket time.Duration
 	// Skew is dedup's skew S (dedup.Config.Skew): dedup accepts an event
 	// whose event_time is up to S after its arrival, so a re-routed event
 	// it accepts (event_time − S not before the keys it has expired, see
 	// Bucket) can have arrived up to W + B + S before its watermark. With
 	// Entitlements, the versions and rate cards that may decide or price
-	// such an event are kept that long (pruneHorizon). It must not be
+	// such an event are kept that long (pruneHorizon), and so is the state
+	// of the period of its arrival, which its adjustment is booked into
+	// (expiresAt). It must not be
 	// shorter than dedup's: a watermark record that states a longer S
 	// stops the stage (ErrSkewTooShort), with Entitlements or without, so
 	// that turning them on later needs no other change. Default:

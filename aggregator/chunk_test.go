@@ -72,7 +72,7 @@ func liveStateKeys(t testing.TB, h *aggHarness, start int64) [][]byte {
 //   - A crash between chunks (in-process, at the 3rd point between two
 //     chunks): the restarted instance goes on from the cursor, and every
 //     aggregate has exactly one FINAL, at the revision after its last OPEN.
-//   - Expiry at end + W + B: the period's state is deleted by tombstones, 7 per
+//   - Expiry at end + W + B + S: the period's state is deleted by tombstones, 7 per
 //     transaction at most, until the compacted changelog holds nothing of
 //     it.
 func TestFinalInChunks(t *testing.T) {
@@ -203,10 +203,10 @@ func TestFinalInChunks(t *testing.T) {
 		t.Errorf("a transaction carried %d records, more than 3 per aggregate of a chunk of %d, the marker and the deciding input's 5", rep.max.records, chunk)
 	}
 
-	// Expiry at end + W + B (W 3 days, dedup's bucket B 1 day): 50 final
-	// states and 30 UNIQUE_COUNT values.
+	// Expiry at end + W + B + S (W 3 days, dedup's bucket B 1 day, skew S
+	// 1 hour): 50 final states and 30 UNIQUE_COUNT values.
 	meter.reset()
-	h.produce(h.watermark(0, 0, 1, end+3*dayMs+dayMs))
+	h.produce(h.watermark(0, 0, 1, end+3*dayMs+dayMs+hourMs))
 	deadline := time.Now().Add(time.Minute)
 	for {
 		left := liveStateKeys(t, h, day)
@@ -214,7 +214,7 @@ func TestFinalInChunks(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d state keys of the period still live in the changelog a minute after end + W + B (first %q)", len(left), left[0])
+			t.Fatalf("%d state keys of the period still live in the changelog a minute after end + W + B + S (first %q)", len(left), left[0])
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -142,7 +142,7 @@ func (pt *partition) advanceTo(tx *stream.Tx, wm int64) error {
 
 // advance moves the partition watermark to wm: the period roll, and the
 // periods whose end + grace it passed are decided final now; their FINAL
-// revisions, and the expiry of periods at end + W + B, go out in chunks
+// revisions, and the expiry of periods at end + W + B + S, go out in chunks
 // (Work).
 func (pt *partition) advance(tx *stream.Tx, wm int64) error {
 	pt.wm = wm

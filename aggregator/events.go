@@ -118,9 +118,11 @@ func (pt *partition) watermark(tx *stream.Tx, w *schemas.Watermark) error {
 // checkDedupTimes refuses a watermark record that states a dedup W, B or
 // S longer than the aggregator's own, before anything of the record counts
 // (its watermark could finalize a period or expire state). The working
-// state of a final period is dropped at end + own W + B, while dedup
+// state of a final period is dropped at end + own W + B + S, while dedup
 // accepts events for it until end + its W + B: a MAX, UNIQUE_COUNT or
-// LATEST adjustment in between would be measured against nothing. The
+// LATEST adjustment in between would be measured against nothing, and a
+// re-routed event that arrived in it up to its S before its event_time
+// could be booked into a period whose lines are forgotten. The
 // entitlements history is pruned at wm − (own W + B + S), while dedup
 // accepts a re-routed event that arrived up to its W + B + S before: it
 // would be decided and priced against versions already gone. Each
@@ -315,15 +317,17 @@ func (pt *partition) placeAt(tx *stream.Tx, r *kgo.Record, e *schemas.DedupedEve
 		return pt.late(tx, r, e, m, start, end, ak, uval)
 	}
 	ps := pt.finals[start]
-	if ps == nil && pt.wm > end+c.Grace.Milliseconds() {
+	if ps == nil && (pt.wm > end+c.Grace.Milliseconds() || pt.finalBefore(start)) {
 		// The period is final (docs/design.md, Time) once the watermark
 		// passed end + grace, whether or not it had aggregates here (no
-		// marker: finalize only decides periods with open or queued keys).
+		// marker: finalize only decides periods with open or queued keys);
+		// so is one before a period final here, whatever the grace now
+		// (finalBefore).
 		// An event processed now (a re-routed event with its original
 		// arrival, a broker clock that stepped back) is an adjustment, not
 		// an OPEN aggregate that a later watermark would turn into a
-		// second-round FINAL. Mark it, so that its state expires at
-		// end + W.
+		// second-round FINAL. Mark it, so that its state expires
+		// (expiresAt).
 		ps = pt.markFinal(tx, start)
 	}
 	switch {

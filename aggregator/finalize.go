@@ -34,7 +34,7 @@ import (
 //	        against); then
 //	book    the queued events of P after the cursor, as adjustments; then
 //	done    the marker's value is empty (what earlier versions wrote);
-//	expire  once the watermark reaches end + W + B (expiresAt):
+//	expire  once the watermark reaches end + W + B + S (expiresAt):
 //	        tombstones for 'f' P and 'u' P keys after the cursor, then
 //	        for the period's meter definitions ('M' P, meterdef.go)
 //	        and the marker.
@@ -103,32 +103,60 @@ func (pt *partition) putMarker(tx *stream.Tx, start int64, ps *periodState) {
 }
 
 // markFinal marks period start final with nothing to emit: the watermark
-// passed its end + grace, and it had no aggregate and no queued event
-// here (finalize decides those that have).
+// passed its end + grace, or a later period is final here
+// (finalBefore), and it had no aggregate and no queued event here
+// (finalize decides those that have).
 func (pt *partition) markFinal(tx *stream.Tx, start int64) *periodState {
 	ps := &periodState{phase: phaseDone, decidedAt: pt.wm}
-	pt.finals[start] = ps
+	pt.putFinal(start, ps)
 	pt.putMarker(tx, start, ps)
 	return ps
+}
+
+// putFinal records ps as period start's marker in finals.
+func (pt *partition) putFinal(start int64, ps *periodState) {
+	pt.finals[start] = ps
+	if !pt.hasFinal || start > pt.lastFinal {
+		pt.lastFinal, pt.hasFinal = start, true
+	}
+}
+
+// dropFinal forgets period start's marker (its state expired).
+func (pt *partition) dropFinal(start int64) {
+	delete(pt.finals, start)
+	if start != pt.lastFinal {
+		return
+	}
+	pt.hasFinal = false
+	for s := range pt.finals {
+		if !pt.hasFinal || s > pt.lastFinal {
+			pt.lastFinal, pt.hasFinal = s, true
+		}
+	}
+}
+
+// finalBefore reports whether period start, not final here, comes before
+// a period that is: it was final by the rule (its end + grace passed)
+// when that one was decided, so it stays final, whatever grace runs now
+// (docs/design.md, Time: a longer --grace leaves final the periods
+// already final). finalize looks for undecided periods only after the
+// latest final one (finalLow): an OPEN aggregate, queued event or line of
+// such a period would never be decided.
+func (pt *partition) finalBefore(start int64) bool {
+	return pt.hasFinal && start < pt.lastFinal
 }
 
 // finalLow returns the lowest state key of prefix pfx that a period not
 // final yet can have: none below the latest final period, whose decision
 // decided every earlier period with keys (finalize runs on every advance
-// of the watermark, lowest period first). Scans start there, not at the
-// prefix, so they do not walk the tombstones a finished period left.
+// of the watermark, lowest period first), and every period before it is
+// final (finalBefore). Scans start there, not at the prefix, so they do
+// not walk the tombstones a finished period left.
 func (pt *partition) finalLow(pfx byte) []byte {
-	found := false
-	var hi int64
-	for s := range pt.finals {
-		if !found || s > hi {
-			hi, found = s, true
-		}
-	}
-	if !found {
+	if !pt.hasFinal {
 		return []byte{pfx}
 	}
-	return periodKey(pfx, hi+1)
+	return periodKey(pfx, pt.lastFinal+1)
 }
 
 // firstPeriodFrom returns the smallest period start with a key of prefix pfx
@@ -237,7 +265,7 @@ func (pt *partition) decide(tx *stream.Tx, start int64) {
 		}
 	}
 	ps := &periodState{phase: phaseEmit, decidedAt: pt.wm}
-	pt.finals[start] = ps
+	pt.putFinal(start, ps)
 	pt.putMarker(tx, start, ps)
 	// Guarantee: the decision is in the open transaction only; a crash
 	// here aborts it and the watermark decides again after the restart
@@ -248,14 +276,21 @@ func (pt *partition) decide(tx *stream.Tx, start int64) {
 		zap.Int("chunk", pt.pr.cfg.FinalChunk))
 }
 
-// expiresAt returns when, in watermark time, the working state of a final
-// period ending at end expires: end + W + B (Config.Bucket). Dedup accepts
-// no event of the period once its own watermark reaches it, a re-routed
-// one with its original arrival included (dedup's rejection of a copy it
-// could not recognise, judged by whole buckets), so no event can be
-// measured against state already dropped.
+// expiresAt returns when, in watermark time, the state of a final period
+// ending at end expires: end + W + B + S (Config.Bucket, Config.Skew).
+// Dedup accepts no event of the period once its own watermark reaches
+// end + W + B, a re-routed one with its original arrival included
+// (dedup's rejection of a copy it could not recognise, judged by whole
+// buckets), so no event is measured against working state already
+// dropped. An event is booked into the period of its arrival, which can
+// be up to S before its event_time: the period's lines ('l' P K, and the
+// FINALs its 'f' P K keys record) are read by the adjustments booked into
+// it (bookLine) until the watermark reaches end + W + B + S, the
+// pruneHorizon's bound. Dropped earlier, such an adjustment would give a
+// line that had its FINAL a second one, of value 0.
 func (pt *partition) expiresAt(end int64) int64 {
-	return end + pt.pr.cfg.Window.Milliseconds() + pt.pr.cfg.Bucket.Milliseconds()
+	c := &pt.pr.cfg
+	return end + c.Window.Milliseconds() + c.Bucket.Milliseconds() + c.Skew.Milliseconds()
 }
 
 // HasWork implements stream.Worker: a period of this partition has FINAL
@@ -338,7 +373,7 @@ func (pt *partition) Work(tx *stream.Tx) error {
 		err = pt.emitChunk(tx, start, ps)
 	case phaseBook:
 		err = pt.bookChunk(tx, start, ps, pt.pr.cfg.FinalChunk)
-	default: // done, with the watermark at end + W + B; or expiring
+	default: // done, with the watermark at end + W + B + S; or expiring
 		err = pt.expireChunk(tx, start, ps)
 	}
 	pt.publish()
@@ -486,7 +521,7 @@ func (pt *partition) bookLine(tx *stream.Tx, b int64, ak []byte, meter string, m
 	tx.Put(lk, nil)
 	ps := pt.finals[b]
 	_, end := pt.bounds(b)
-	if (ps == nil && pt.wm <= end+pt.pr.cfg.Grace.Milliseconds()) ||
+	if (ps == nil && pt.wm <= end+pt.pr.cfg.Grace.Milliseconds() && !pt.finalBefore(b)) ||
 		(ps != nil && ps.phase == phaseEmit && (ps.cursor == nil || bytes.Compare(lk, ps.cursor) > 0)) {
 		return nil // b's FINAL revisions are still to reach it
 	}
@@ -640,7 +675,7 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 		return err
 	}
 	tx.Delete(periodKey(pfxMarker, start))
-	delete(pt.finals, start)
+	pt.dropFinal(start)
 	pt.pr.log.Info("period state expired", zap.Int32("partition", pt.p), zap.String("period_start", msTime(start)),
 		zap.Int64("transactions", ps.chunks+1))
 	return nil

@@ -91,3 +91,70 @@ func testGraceShortened(t *testing.T, input bool) {
 		}
 	}
 }
+
+// TestGraceLengthenedOnRestart: day periods, grace 1h. 05-01 and 05-03
+// have usage and are decided final at a watermark of 05-04 02:00; 05-02
+// has none, so no marker, but it is final by the rule (its end + grace
+// passed). Restarted with a grace of 48h, an event of 05-02 arrives (on
+// time by the new grace, 05-02's end + 48h being 05-05). 05-02 stays
+// final (docs/design.md, Time): the event is an adjustment, booked into
+// 05-04. It was an OPEN aggregate that never got its FINAL, the partition
+// looking for periods to decide only after its latest final one. Once the
+// watermark is past every period's end + 48h, every line that had a
+// revision has its FINAL, and the three events are each counted once
+// (FINAL values plus adjustments).
+func TestGraceLengthenedOnRestart(t *testing.T) {
+	h := newAggHarness(t, nil, 1)
+	cfg := h.config("a", vfs.NewMem())
+	cfg.Period, cfg.Grace = Day, time.Hour
+	const dayMs, hourMs = 24 * 3600 * 1000, 3600 * 1000
+	d1 := ms(t, "2026-05-01")
+	ev := func(id string, et, arrival int64) *schemas.DedupedEvent {
+		return &schemas.DedupedEvent{EventID: id, CustomerID: "acme", Meter: "m", Quantity: 1, EventTime: et, IngestTime: arrival}
+	}
+	run := h.start(cfg)
+	h.produce(h.dedupedEvent(0, ev("e1", d1+10*hourMs, d1+10*hourMs)),
+		h.dedupedEvent(0, ev("e3", d1+2*dayMs+10*hourMs, d1+2*dayMs+10*hourMs)),
+		h.watermark(0, 0, 1, d1+3*dayMs+2*hourMs))
+	awaitFinals(t, h, 2, 20*time.Second)
+	h.caughtUp()
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.Grace = 48 * time.Hour
+	run = h.start(cfg)
+	h.produce(h.dedupedEvent(0, ev("e2", d1+dayMs+12*hourMs, d1+3*dayMs+2*hourMs)),
+		h.watermark(0, 0, 1, d1+7*dayMs))
+	h.caughtUp()
+	time.Sleep(300 * time.Millisecond) // chunks run without input
+	h.caughtUp()
+
+	last := map[int64]*schemas.Aggregate{}
+	var total int64
+	for _, a := range readAggregates(t, h) {
+		last[a.PeriodStart] = a
+		if a.Status == schemas.StatusFinal {
+			total += a.Value
+		}
+	}
+	for start, a := range last {
+		if a.Status != schemas.StatusFinal {
+			t.Errorf("%s: last revision %d is %s (value %d) with the watermark past its end + grace", msTime(start), a.Revision, a.Status, a.Value)
+		}
+	}
+	var adjs []string
+	for _, a := range readAdjustments(t, h) {
+		total += a.Delta
+		adjs = append(adjs, fmt.Sprintf("%s original %s booked %s delta %d", a.EventID, msTime(a.OriginalPeriodStart), msTime(a.BookedPeriodStart), a.Delta))
+	}
+	if want := []string{fmt.Sprintf("e2 original %s booked %s delta 1", msTime(d1+dayMs), msTime(d1+3*dayMs))}; fmt.Sprint(adjs) != fmt.Sprint(want) {
+		t.Errorf("adjustments %q, want %q", adjs, want)
+	}
+	if total != 3 {
+		t.Errorf("FINAL values and adjustments add up to %d, want 3", total)
+	}
+	if err := run.stop(); err != nil {
+		t.Fatal(err)
+	}
+}

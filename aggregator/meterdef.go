@@ -42,7 +42,7 @@ import (
 // state key of the meter in the period (an OPEN aggregate, the working
 // state of an adjustment in a final period, or a line an adjustment was
 // booked into), deleted with the period's
-// marker when its state expires at end + W + B (expireChunk). A meter's
+// marker when its state expires at end + W + B + S (expireChunk). A meter's
 // definition can therefore change once the partition holds no state of
 // it; until then a new definition goes under a new meter name.
 //
@@ -260,6 +260,6 @@ func (pt *partition) meterChangedError(changed []defChange) error {
 	return fmt.Errorf("aggregator: partition %d: %w: %s. Read under another definition that state would give wrong revisions and adjustments: "+
 		"put the meter's definition back (a meter's unit, description, event_type and group_by paths may change), "+
 		"or declare the new definition under a new meter name and send its events there; the definition of a meter "+
-		"can change once no state of it is left in %s (its periods final and expired at end + W + B: not before %s)",
+		"can change once no state of it is left in %s (its periods final and expired at end + W + B + S: not before %s)",
 		pt.p, ErrMeterChanged, b.String(), pt.pr.cfg.Topics.AggregateChangelogTopic(), msTime(until))
 }

@@ -269,7 +269,7 @@ func awaitNoStateOf(t *testing.T, h *aggHarness, start int64) {
 }
 
 // TestMeterChangeAfterExpiry: a final period's working state is kept for
-// adjustments until end + W + B, and measured by the meter's definition:
+// adjustments until end + W + B + S, and measured by the meter's definition:
 // the change stays refused until then (the error says the period is final
 // and when its state expires). Once the state of every period of the
 // meter expired, the definition record went with it, and the new
@@ -297,18 +297,19 @@ func TestMeterChangeAfterExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Final, its state kept until 05-05 02:00: refused.
+	// Final, its state kept until 05-05 03:00 (W, B and S 1 hour each):
+	// refused.
 	sum := cfg
 	sum.Meters = sumM
 	run = h.start(sum)
 	err := awaitRefused(t, run, "meter peak declared SUM on a final period's state built with it MAX")
-	for _, want := range []string{"(final, its working state kept for adjustments)", "not before 2026-05-05T02:00:00Z"} {
+	for _, want := range []string{"(final, its working state kept for adjustments)", "not before 2026-05-05T03:00:00Z"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, err)
 		}
 	}
 
-	// The watermark passes end + W + B: the period's state expires.
+	// The watermark reaches end + W + B + S: the period's state expires.
 	run = h.start(cfg)
 	h.produce(h.watermark(0, 0, 1, day+27*3600_000))
 	h.caughtUp()

@@ -52,9 +52,12 @@ type partition struct {
 	// scanning them.
 	keys, keysSaved int
 	// finals holds the marker of every period final in this partition
-	// (few: one per period until its end + W + B), as the state and the open
-	// transaction have them.
-	finals map[int64]*periodState
+	// (few: one per period until its end + W + B + S), as the state and the open
+	// transaction have them; lastFinal is the latest of them, if hasFinal
+	// (putFinal, dropFinal).
+	finals    map[int64]*periodState
+	lastFinal int64
+	hasFinal  bool
 	// open caches OPEN aggregates (keyed by their state key) across
 	// transactions, so that an event of a busy key costs no Pebble read, no
 	// decode and no key split. Each equals the state as this partition's
@@ -189,13 +192,13 @@ func (pt *partition) load(st stateReader) error {
 	if err := pt.checkPeriod(st); err != nil {
 		return err
 	}
-	pt.keys, pt.finals = 0, map[int64]*periodState{}
+	pt.keys, pt.finals, pt.hasFinal = 0, map[int64]*periodState{}, false
 	if err := st.Scan([]byte{pfxMarker}, []byte{pfxMarker + 1}, func(k, v []byte) error {
 		ps, err := decodePeriodState(v)
 		if err != nil {
 			return fmt.Errorf("%w (partition %d, key %q)", err, pt.p, k)
 		}
-		pt.finals[int64(binary.BigEndian.Uint64(k[1:9]))] = ps
+		pt.putFinal(int64(binary.BigEndian.Uint64(k[1:9])), ps)
 		return nil
 	}); err != nil {
 		return err

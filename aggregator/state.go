@@ -14,7 +14,7 @@ import (
 // aggregate key: the framed customer, meter and group name/value pairs.
 //
 //	'a' P K          open aggregate (aggState)
-//	'f' P K          final aggregate's working state, kept until end + W + B
+//	'f' P K          final aggregate's working state, kept until end + W + B + S
 //	'u' P framed(K) framed(value)  a value UNIQUE_COUNT has seen in P
 //	'p' P seq        an event of P queued behind P's FINAL revisions (late
 //	                 by arrival while P was open, or processed while its
