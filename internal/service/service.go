@@ -40,7 +40,7 @@ type Server struct {
 // (the command line's logger samples each message: a flood of rejected
 // records, whose number a producer controls, must not flood the logs).
 var LogEntriesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "meterline_log_entries_dropped_total",
-	Help: "Log entries left out by sampling: past the first 100 entries of one message and level in a second, one in 100 is written."})
+	Help: "Log entries left out by sampling: of the entries of one message and level, the first 100 in a second are written."})
 
 // NewRegistry returns a registry with the Go and process collectors,
 // LogEntriesDropped and meterline_build_info.
