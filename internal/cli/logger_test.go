@@ -85,3 +85,30 @@ func TestLoggerEscapesTerminalControls(t *testing.T) {
 		t.Errorf("plain = %q, want it unchanged", got)
 	}
 }
+
+// TestDemoLoggerEscapesTerminalControls: demo.log is a log of the same
+// stages, fed by the demo's HTTP ingest and its embedded broker, which
+// any local producer can write to. Its logger writes the characters a
+// terminal acts on as \uXXXX text, as every command's does, and samples
+// floods as they do.
+func TestDemoLoggerEscapesTerminalControls(t *testing.T) {
+	var out bytes.Buffer
+	log, err := demoLogger("info", &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hostile = "k\u009b31m acme-\u202e1x \u2028\u007f"
+	log.Info("record rejected", zap.String("detail", "properties."+hostile), zap.ByteString("key", []byte(hostile)))
+	for _, r := range []rune{0x9b, 0x202e, 0x2028, 0x7f} {
+		if strings.ContainsRune(out.String(), r) {
+			t.Errorf("demo.log line holds U+%04X as it is: %q", r, out.String())
+		}
+	}
+	out.Reset()
+	for range 10 * logFirst {
+		log.Info("duplicate dropped")
+	}
+	if n := strings.Count(out.String(), "\n"); n > 2*logFirst {
+		t.Errorf("%d of %d entries of one message written to demo.log in a burst, want at most %d", n, 10*logFirst, 2*logFirst)
+	}
+}
