@@ -704,7 +704,14 @@ func TestGateLogLineBounded(t *testing.T) {
 	if p := problem(t, b); len(p.Errors) != n {
 		t.Errorf("the answer names %d refused events, want %d", len(p.Errors), n)
 	}
-	entries := logs.FilterMessageSnippet("quota gate answered 402").All()
+	// An answer this large reaches the client as it is written, before
+	// the handler logs the line: wait for it.
+	var entries []observer.LoggedEntry
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if entries = logs.FilterMessageSnippet("quota gate answered 402").All(); len(entries) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(entries) != 1 {
 		t.Fatalf("%d log entries of the 402, want 1", len(entries))
 	}
