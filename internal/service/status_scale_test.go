@@ -55,14 +55,7 @@ func TestStatusPageAtScale(t *testing.T) {
 	st.standbys[3333][2] = 1e6
 	s.AddStatus(func() StageStatus { return StageStatusOf(st) })
 
-	code, body := get(t, s, "/")
-	if code != 200 {
-		t.Fatalf("GET / = %d", code)
-	}
-	t.Logf("page at %d partitions: %d bytes", n, len(body))
-	if len(body) > maxPage {
-		t.Errorf("page at %d partitions: %d bytes, want at most %d", n, len(body), maxPage)
-	}
+	body := boundedPage(t, s, fmt.Sprintf("at %d partitions", n), maxPage)
 	v := testenv.PageValues(body)
 	testenv.ExpectPageValue(t, v, "stage/dedup/owned", "10000")
 	testenv.ExpectPageValue(t, v, "stage/dedup/restoring", "2")
@@ -123,14 +116,7 @@ func TestStatusPageBoundsTables(t *testing.T) {
 	s.AddTable(func() Table {
 		return Table{ID: "this-hour", Title: "This hour", Columns: []string{"customer", "api_calls", "tokens"}, Rows: rows}
 	})
-	code, body := get(t, s, "/")
-	if code != 200 {
-		t.Fatalf("GET / = %d", code)
-	}
-	t.Logf("page with a table of %d rows: %d bytes", n, len(body))
-	if len(body) > maxPage {
-		t.Errorf("page with a table of %d rows: %d bytes, want at most %d", n, len(body), maxPage)
-	}
+	body := boundedPage(t, s, fmt.Sprintf("with a table of %d rows", n), maxPage)
 	v := testenv.PageValues(body)
 	testenv.ExpectPageValue(t, v, "table/this-hour/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
 	testenv.ExpectPageValue(t, v, "table/this-hour/"+rows[0][0]+"/tokens", "0")
@@ -147,4 +133,19 @@ func TestStatusPageBoundsTables(t *testing.T) {
 	if len(full.Tables) != 1 || len(full.Tables[0].Rows) != n {
 		t.Errorf("status.json: not every row of the table")
 	}
+}
+
+// boundedPage gets the page of s and checks that it holds at most max
+// bytes; what says what it shows.
+func boundedPage(t *testing.T, s *Server, what string, max int) string {
+	t.Helper()
+	code, body := get(t, s, "/")
+	if code != 200 {
+		t.Fatalf("GET / = %d", code)
+	}
+	t.Logf("page %s: %d bytes", what, len(body))
+	if len(body) > max {
+		t.Errorf("page %s: %d bytes, want at most %d", what, len(body), max)
+	}
+	return body
 }
