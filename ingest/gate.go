@@ -34,7 +34,11 @@ import (
 //
 // A request refused is answered with nothing sent; each of its events is
 // counted (meterline_ingest_gate_refused_events_total, by tenant) and the
-// request is logged with each refused event's index, customer and meter.
+// request is logged with the index, customer and meter of its first
+// refused events (gateLogEvents), and how many more there are.
+
+// gateLogEvents is how many refused events the line of a 402 names.
+const gateLogEvents = 10
 
 // gateRefusal is one usage event the gate refuses.
 type gateRefusal struct {
@@ -139,9 +143,16 @@ func (s *Server) answerGate(w http.ResponseWriter, req *request, errs []EventErr
 			countIndexes(errs), req.inputs), errs, 0)
 	s.metrics.gateRefused(tenant, req.inputs)
 	s.metrics.refusedEvents(tenant, errs)
-	// One line a request, which a client can send in a loop: bounded.
+	// One line a request, which a client can send in a loop: bounded, and
+	// so is each line, which names the first gateLogEvents refused events
+	// (their number and customer IDs are the client's; the answer names
+	// every one).
 	if fs, ok := s.gateLog.allow(); ok {
-		s.log.Info("ingest: quota gate answered 402; nothing was sent", append(fs,
-			zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("events", req.inputs), zap.Array("refused", refused))...)
+		fs = append(fs, zap.String("tenant", tenant), zap.String("key_id", req.key.ID), zap.Int("events", req.inputs),
+			zap.Array("refused", refused[:min(len(refused), gateLogEvents)]))
+		if len(refused) > gateLogEvents {
+			fs = append(fs, zap.Int("refused_not_listed", len(refused)-gateLogEvents))
+		}
+		s.log.Info("ingest: quota gate answered 402; nothing was sent", fs...)
 	}
 }

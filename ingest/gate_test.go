@@ -681,3 +681,48 @@ func TestGateLogBounded(t *testing.T) {
 		t.Errorf("the line after the pause: left_out %v, want %d (%v)", got, want, last)
 	}
 }
+
+// TestGateLogLineBounded: the line of a 402 names the refused events, and
+// a producer decides how many there are and how long their customer IDs
+// (up to a thousand events of 1 KB IDs in a 1 MB body): a line of each of
+// them was as large as the body, errorLogRate of them a second. The line
+// names the first gateLogEvents, and how many it leaves out; the answer
+// names every one.
+func TestGateLogLineBounded(t *testing.T) {
+	e, logs, _ := gateEnv(t, nil)
+	customer := "acme-" + strings.Repeat("x", schemas.MaxIdentityFieldBytes-5)
+	e.putBalances(balance(customer, 1, 5000, 5000, schemas.OnLimitReject))
+	const n = 500
+	events := make([]string, n)
+	for i := range events {
+		events[i] = jobAt(fmt.Sprintf("j%d", i), customer, nov29)
+	}
+	status, _, b := e.post("/api/v1/events", "application/cloudevents-batch+json", e.token, batchOf(events...))
+	if status != http.StatusPaymentRequired {
+		t.Fatalf("%d %.300s, want 402", status, b)
+	}
+	if p := problem(t, b); len(p.Errors) != n {
+		t.Errorf("the answer names %d refused events, want %d", len(p.Errors), n)
+	}
+	// An answer this large reaches the client as it is written, before
+	// the handler logs the line: wait for it.
+	var entries []observer.LoggedEntry
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if entries = logs.FilterMessageSnippet("quota gate answered 402").All(); len(entries) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(entries) != 1 {
+		t.Fatalf("%d log entries of the 402, want 1", len(entries))
+	}
+	logged := fmt.Sprint(entries[0].ContextMap())
+	if max := 32 << 10; len(logged) > max {
+		t.Errorf("the line of one 402 holds %d bytes of fields, want at most %d", len(logged), max)
+	}
+	if got := strings.Count(logged, customer); got == 0 || got > gateLogEvents {
+		t.Errorf("the line names the customer %d times, want 1 to %d", got, gateLogEvents)
+	}
+	if got, want := entries[0].ContextMap()["refused_not_listed"], int64(n-gateLogEvents); got != want {
+		t.Errorf("refused_not_listed %v, want %d", got, want)
+	}
+}

@@ -547,19 +547,20 @@ func newLogger(level string, w io.Writer) (*zap.Logger, error) {
 }
 
 // The logger's sampling: of the entries with one message and level, the
-// first logFirst in a second are written, then one in logThereafter (as
-// zap.NewProduction does). A stage logs every record it rejects, and how
-// many it rejects is up to the producers: without sampling, a flood of
-// bad input would flood the logs. Every rejected record is still counted
-// by its metric and written to usage.rejected; what sampling leaves out
-// is counted by service.LogEntriesDropped.
-const (
-	logFirst      = 100
-	logThereafter = 100
-)
+// first logFirst in a second are written, and the rest of that second are
+// left out. A stage logs every record it rejects, and how many it rejects
+// is up to the producers: without sampling, a flood of bad input would
+// flood the logs, and so would a share of it (zap.NewProduction's one in
+// 100 after the first), which grows with the flood: the lines a second
+// of one message are bounded instead, whatever the flood's rate. Every
+// rejected record is still counted by its metric
+// and written to usage.rejected; what sampling leaves out is counted by
+// service.LogEntriesDropped.
+const logFirst = 100
 
 func sampled(core zapcore.Core) zapcore.Core {
-	return zapcore.NewSamplerWithOptions(core, time.Second, logFirst, logThereafter,
+	// thereafter 0: none after the first logFirst of a second.
+	return zapcore.NewSamplerWithOptions(core, time.Second, logFirst, 0,
 		zapcore.SamplerHook(func(_ zapcore.Entry, d zapcore.SamplingDecision) {
 			if d&zapcore.LogDropped != 0 {
 				service.LogEntriesDropped.Inc()

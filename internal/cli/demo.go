@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/meterline/meterline/internal/demo"
 	"github.com/meterline/meterline/internal/service"
@@ -51,8 +51,10 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		return err
 	}
 	defer f.Close()
-	lvl, _ := zapcore.ParseLevel(g.LogLevel)
-	log := zap.New(sampled(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(f), lvl)))
+	log, err := demoLogger(g.LogLevel, f)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(stdio.Stderr, "meterline demo: embedded broker and state in %s, logs in %s\n", c.Dir, logPath)
 	cfg := demo.Config{Dir: c.Dir, Duration: c.Duration, Rate: c.Rate, Seed: c.Seed, HTTPAddr: c.HTTP, IngestAddr: c.Ingest,
 		Out: stdio.Stdout, Live: stdio.StderrIsTerminal, Logger: log, Registry: service.NewRegistry(), Lock: lock}
@@ -79,3 +81,7 @@ func (c *DemoCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 	return nil
 }
+
+// demoLogger is the logger of demo.log: every command's (newLogger), which
+// writes the characters a terminal acts on as text and samples floods.
+func demoLogger(level string, w io.Writer) (*zap.Logger, error) { return newLogger(level, w) }

@@ -10,12 +10,15 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 )
 
 // Check returns nil when a part of the process is ready, or why not.
@@ -34,13 +37,28 @@ type Server struct {
 	// names AllowHosts gave, lower case, without a trailing dot.
 	loopback bool
 	hosts    map[string]bool
+	// refusedLog bounds the lines of requests refused for their Host;
+	// refusedLeftOut counts those left out since the last line.
+	refusedLog     *rate.Limiter
+	refusedLeftOut atomic.Int64
 }
+
+// A client that reaches the port decides how many of its requests are
+// refused for their Host, and how long their Host and path are (net/http
+// reads up to 1 MB of headers): their lines are bounded, refusedLogBurst
+// at once and then one a second, the next line counting those left out,
+// and each quotes at most refusedLogQuote bytes of the Host and of the
+// path.
+const (
+	refusedLogBurst = 10
+	refusedLogQuote = 256
+)
 
 // LogEntriesDropped counts the log entries the process's logger left out
 // (the command line's logger samples each message: a flood of rejected
 // records, whose number a producer controls, must not flood the logs).
 var LogEntriesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "meterline_log_entries_dropped_total",
-	Help: "Log entries left out by sampling: past the first 100 entries of one message and level in a second, one in 100 is written."})
+	Help: "Log entries left out by sampling: of the entries of one message and level, the first 100 in a second are written."})
 
 // NewRegistry returns a registry with the Go and process collectors,
 // LogEntriesDropped and meterline_build_info.
@@ -58,7 +76,8 @@ func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Che
 	if err != nil {
 		return nil, fmt.Errorf("service: listen %s: %w", addr, err)
 	}
-	s := &Server{ln: ln, log: log, Mux: http.NewServeMux(), ready: ready, status: newStatusPage(reg, time.Now)}
+	s := &Server{ln: ln, log: log, Mux: http.NewServeMux(), ready: ready, status: newStatusPage(reg, time.Now),
+		refusedLog: rate.NewLimiter(1, refusedLogBurst)}
 	if a, ok := ln.Addr().(*net.TCPAddr); ok {
 		s.loopback = a.IP.IsLoopback()
 	}
@@ -103,13 +122,39 @@ func (s *Server) AllowHosts(names ...string) {
 // (allowedHost), and serves the others on Mux.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if !s.allowedHost(r.Host) {
-		s.log.Warn("request refused: its Host is not one this server answers (--metrics-allowed-hosts)", zap.String("host", r.Host),
-			zap.String("path", r.URL.Path), zap.String("remote", r.RemoteAddr))
+		s.logRefusedHost(r)
 		http.Error(w, fmt.Sprintf("host %q not allowed: use the server's IP address or localhost, or name the host in --metrics-allowed-hosts", r.Host),
 			http.StatusForbidden)
 		return
 	}
 	s.Mux.ServeHTTP(w, r)
+}
+
+// logRefusedHost logs a request refused for its Host, bounded (refusedLog,
+// refusedLogQuote).
+func (s *Server) logRefusedHost(r *http.Request) {
+	if !s.refusedLog.Allow() {
+		s.refusedLeftOut.Add(1)
+		return
+	}
+	fs := []zap.Field{zap.String("host", quoteBound(r.Host)), zap.String("path", quoteBound(r.URL.Path)), zap.String("remote", r.RemoteAddr)}
+	if n := s.refusedLeftOut.Swap(0); n > 0 {
+		fs = append(fs, zap.Int64("left_out", n))
+	}
+	s.log.Warn("request refused: its Host is not one this server answers (--metrics-allowed-hosts)", fs...)
+}
+
+// quoteBound is v cut to refusedLogQuote bytes on a character boundary,
+// with "…" when cut.
+func quoteBound(v string) string {
+	if len(v) <= refusedLogQuote {
+		return v
+	}
+	n := refusedLogQuote
+	for n > 0 && !utf8.RuneStart(v[n]) {
+		n--
+	}
+	return v[:n] + "…"
 }
 
 // allowedHost reports whether the server answers a request with Host

@@ -3,12 +3,16 @@ package service
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -91,4 +95,60 @@ func TestServerRefusesForeignHosts(t *testing.T) {
 		"dedup:9464": 200, "127.0.0.1:PORT": 200, "localhost:PORT": 200,
 		"rebound.example:PORT": 403,
 	})
+}
+
+// TestServerBoundsRefusedHostLogs: a request refused for its Host is
+// logged, and a client that can reach the port decides how many there
+// are and how long their Host and path are (net/http reads up to 1 MB of
+// headers). Behind the logger's sampling (the first 100 lines a second
+// of a message), the lines were 100 a second of up to 2 MB each. The
+// server writes at most refusedLogBurst lines at once, then one a
+// second, the next counting those left out, each quoting at most
+// refusedLogQuote bytes of the Host and of the path.
+func TestServerBoundsRefusedHostLogs(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	sampled := zapcore.NewSamplerWithOptions(core, time.Second, 100, 0)
+	s, err := Listen("127.0.0.1:0", prometheus.NewRegistry(), zap.New(sampled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.ln.Close()
+	long := strings.Repeat("x", 100<<10)
+	const n = 1000
+	for range n {
+		r := httptest.NewRequest(http.MethodGet, "/"+long, nil)
+		r.Host = "rebound-" + long + ".example"
+		w := httptest.NewRecorder()
+		s.serveHTTP(w, r)
+		if w.Code != http.StatusForbidden {
+			t.Fatalf("GET with a foreign Host: %d, want 403", w.Code)
+		}
+	}
+	quoted := 0
+	for _, e := range logs.All() {
+		for _, f := range e.Context {
+			quoted += len(f.String)
+		}
+	}
+	if lines := logs.Len(); lines > 20 || quoted > 64<<10 {
+		t.Errorf("%d requests refused for their Host logged %d lines quoting %d bytes of Host and path, want at most 20 lines and %d bytes",
+			n, lines, quoted, 64<<10)
+	}
+	if logs.Len() == 0 || !strings.HasPrefix(logs.All()[0].ContextMap()["host"].(string), "rebound-xxx") {
+		t.Fatalf("the refused Host is not logged")
+	}
+	// After a pause, a line again; the lines count every request refused.
+	lines := logs.Len()
+	time.Sleep(1100 * time.Millisecond)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Host = "rebound.example"
+	s.serveHTTP(httptest.NewRecorder(), r)
+	var leftOut int64
+	for _, e := range logs.All() {
+		n, _ := e.ContextMap()["left_out"].(int64)
+		leftOut += n
+	}
+	if logs.Len() != lines+1 || leftOut+int64(logs.Len()) != n+1 {
+		t.Errorf("%d requests refused: %d lines, counting %d left out", n+1, logs.Len(), leftOut)
+	}
 }

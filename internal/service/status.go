@@ -794,7 +794,9 @@ func stateClass(sg StageStatus) string {
 // an incident as well. Each list of partitions (a stage's partitions, its
 // standbys, the consumer lag) shows every row up to statusRowsMax rows;
 // beyond, a summary and the statusRowsMax rows most in trouble, worst
-// first. /status.json lists every row.
+// first. A table a process adds (Server.AddTable: the HTTP ingest's
+// tenants, the demo's customers) shows its first statusRowsMax rows, in
+// its order. /status.json lists every row.
 const (
 	statusRowsMax = 50
 	statusListMax = 64 // partition numbers in a stage's row
@@ -903,6 +905,12 @@ func viewLag(rows []LagRow) shown[LagRow] {
 	})
 }
 
+// viewTable: a table's first statusRowsMax rows, in its order. Its rows
+// may be keyed by what producers send (the demo's customers).
+func viewTable(t Table) shown[[]string] {
+	return shown[[]string]{Rows: t.Rows[:min(len(t.Rows), statusRowsMax)], Total: len(t.Rows)}
+}
+
 //go:embed status.html
 var statusHTML string
 
@@ -919,5 +927,6 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	"partView":    viewPartitions,
 	"standbyView": viewStandbys,
 	"lagView":     viewLag,
+	"tableView":   viewTable,
 	"rowsMax":     func() int { return statusRowsMax },
 }).Parse(statusHTML))

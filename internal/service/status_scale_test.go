@@ -55,14 +55,7 @@ func TestStatusPageAtScale(t *testing.T) {
 	st.standbys[3333][2] = 1e6
 	s.AddStatus(func() StageStatus { return StageStatusOf(st) })
 
-	code, body := get(t, s, "/")
-	if code != 200 {
-		t.Fatalf("GET / = %d", code)
-	}
-	t.Logf("page at %d partitions: %d bytes", n, len(body))
-	if len(body) > maxPage {
-		t.Errorf("page at %d partitions: %d bytes, want at most %d", n, len(body), maxPage)
-	}
+	body := boundedPage(t, s, fmt.Sprintf("at %d partitions", n), maxPage)
 	v := testenv.PageValues(body)
 	testenv.ExpectPageValue(t, v, "stage/dedup/owned", "10000")
 	testenv.ExpectPageValue(t, v, "stage/dedup/restoring", "2")
@@ -105,4 +98,54 @@ func TestStatusPageAtScale(t *testing.T) {
 	if len(full.Stages) == 0 || len(full.Stages[0].Partitions) != n || len(full.Stages[0].Standbys) != n || len(full.Lag) != n {
 		t.Errorf("status.json: not every partition, standby and lag row")
 	}
+}
+
+// TestStatusPageBoundsTables: a table a process adds (the HTTP ingest's
+// tenants, the demo's customers, whom any producer with its key makes)
+// keeps the page bounded however many rows it has: its first
+// statusRowsMax rows in its order, and how many there are. /status.json
+// still lists every row.
+func TestStatusPageBoundsTables(t *testing.T) {
+	const n, maxPage = 100_000, 512 << 10
+	reg := prometheus.NewRegistry()
+	s, _ := newTestServer(t, reg)
+	rows := make([][]string, n)
+	for i := range rows {
+		rows[i] = []string{fmt.Sprintf("customer-%06d-%s", i, strings.Repeat("x", 200)), itoa(i), itoa(2 * i)}
+	}
+	s.AddTable(func() Table {
+		return Table{ID: "this-hour", Title: "This hour", Columns: []string{"customer", "api_calls", "tokens"}, Rows: rows}
+	})
+	body := boundedPage(t, s, fmt.Sprintf("with a table of %d rows", n), maxPage)
+	v := testenv.PageValues(body)
+	testenv.ExpectPageValue(t, v, "table/this-hour/shown", fmt.Sprintf("%d of %d", statusRowsMax, n))
+	testenv.ExpectPageValue(t, v, "table/this-hour/"+rows[0][0]+"/tokens", "0")
+	testenv.ExpectPageValue(t, v, "table/this-hour/"+rows[statusRowsMax-1][0]+"/tokens", itoa(2*(statusRowsMax-1)))
+	if _, ok := v["table/this-hour/"+rows[statusRowsMax][0]+"/tokens"]; ok {
+		t.Errorf("row %d of the table shown, want the first %d", statusRowsMax+1, statusRowsMax)
+	}
+
+	_, js := get(t, s, "/status.json")
+	var full Status
+	if err := json.Unmarshal([]byte(js), &full); err != nil {
+		t.Fatal(err)
+	}
+	if len(full.Tables) != 1 || len(full.Tables[0].Rows) != n {
+		t.Errorf("status.json: not every row of the table")
+	}
+}
+
+// boundedPage gets the page of s and checks that it holds at most max
+// bytes; what says what it shows.
+func boundedPage(t *testing.T, s *Server, what string, max int) string {
+	t.Helper()
+	code, body := get(t, s, "/")
+	if code != 200 {
+		t.Fatalf("GET / = %d", code)
+	}
+	t.Logf("page %s: %d bytes", what, len(body))
+	if len(body) > max {
+		t.Errorf("page %s: %d bytes, want at most %d", what, len(body), max)
+	}
+	return body
 }
