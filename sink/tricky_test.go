@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // Hard cases for the queries of docs/analysts.md, each row its own INSERT
@@ -198,4 +200,130 @@ func trickyQueries(t *testing.T) []AnalystQuery {
 func TestAnalystQueriesHardCases(t *testing.T) {
 	t.Run("18.16", func(t *testing.T) { checkAnswers1816(t, trickyInserts, trickyQueries(t), trickyWant, 202312) })
 	t.Run("chdb", func(t *testing.T) { checkAnswersChdb(t, "hardcases", trickyInserts, trickyQueries(t), trickyWant) })
+}
+
+// trickyBalance is one balance: its customer, revision, period, caps
+// (meters, usage, limits), grants, overdrawn credits and caps_until.
+type trickyBalance struct {
+	off           int
+	cust          string
+	rev           int64
+	unmetered     int
+	start, end    time.Time
+	meters        string // a ClickHouse array literal of names: "['api_calls']"
+	usage, limits string // of Int64
+	grants        []trickyGrant
+	overdrawn     int64
+	capsUntilMs   int64
+}
+
+type trickyGrant struct {
+	id        string
+	remaining int64
+	expiresMs int64 // 0: never
+}
+
+func (b trickyBalance) insert(db string) string {
+	ids, prios, from, exp, expMs, amounts, consumed, remaining := "[", "[", "[", "[", "[", "[", "[", "["
+	for i, g := range b.grants {
+		sep := ", "
+		if i == len(b.grants)-1 {
+			sep = ""
+		}
+		ids += "'" + g.id + "'" + sep
+		prios += "toInt32(1)" + sep
+		from += "toInt64(0)" + sep
+		exp += fmt.Sprintf("toDateTime(%d)", g.expiresMs/1000) + sep
+		expMs += fmt.Sprintf("toInt64(%d)", g.expiresMs) + sep
+		amounts += fmt.Sprintf("toInt64(%d)", g.remaining+100) + sep
+		consumed += "toInt64(100)" + sep
+		remaining += fmt.Sprintf("toInt64(%d)", g.remaining) + sep
+	}
+	typed := func(a, typ string) string {
+		if a == "[" {
+			return "CAST([] AS Array(" + typ + "))"
+		}
+		return a + "]"
+	}
+	updated := b.start.Unix() + b.rev
+	return fmt.Sprintf("INSERT INTO %s.usage_balances (kafka_topic, kafka_partition, kafka_offset, kafka_timestamp, kafka_timestamp_ms, customer_id, plan, "+
+		"unmetered, revision, updated_at, updated_at_ms, period_start, period_end, meter_names, meter_usage, meter_limits, meter_on_limit, grant_ids, "+
+		"grant_priorities, grant_effective_from_ms, grant_expires_at, grant_expires_at_ms, grant_amounts, grant_consumed, grant_remaining, "+
+		"overdraft_policy, overdraft_limit, overdrawn, caps_until, caps_until_ms) SELECT 'usage.balances', toInt32(0), toInt64(%d), toDateTime(%d), "+
+		"toInt64(%d), '%s', 'free', toUInt8(%d), toInt64(%d), toDateTime(%d), toInt64(%d), toDateTime(%d), toDateTime(%d), CAST(%s AS Array(String)), "+
+		"CAST(%s AS Array(Int64)), CAST(%s AS Array(Int64)), arrayMap(m -> 'reject', CAST(%s AS Array(String))), %s, %s, %s, %s, %s, %s, %s, %s, "+
+		"'deny', toInt64(0), toInt64(%d), toDateTime(%d), toInt64(%d)",
+		db, b.off, updated, updated*1000, b.cust, b.unmetered, b.rev, updated, updated*1000, b.start.Unix(), b.end.Unix(), b.meters,
+		b.usage, b.limits, b.meters, typed(ids, "String"), typed(prios, "Int32"), typed(from, "Int64"), typed(exp, "DateTime"),
+		typed(expMs, "Int64"), typed(amounts, "Int64"), typed(consumed, "Int64"), typed(remaining, "Int64"), b.overdrawn,
+		b.capsUntilMs/1000, b.capsUntilMs)
+}
+
+// trickyBalances: balances of the month of now and the one before it,
+// one per INSERT. flip's revisions are written out of order, its latest
+// replayed, and its latest makes it unmetered; closed's latest balance is
+// of last month, with a grant that expires this month; twoperiods spent
+// last month's grant this month; edge's grants expire at the month's
+// end, a second ago, and a millisecond into next month; capsgone's caps
+// are no longer in effect, capslater's are.
+func trickyBalances(now time.Time) func(db string) []string {
+	cur := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	next, prev := cur.AddDate(0, 1, 0), cur.AddDate(0, -1, 0)
+	soon := now.Add(next.Sub(now) / 2).Truncate(time.Second).UnixMilli()
+	const api = "['api_calls']"
+	bs := []trickyBalance{
+		{off: 3, cust: "flip", rev: 3, unmetered: 1, start: cur, end: next, meters: api, usage: "[950]", limits: "[1000]",
+			grants: []trickyGrant{{"g1", 50, soon}}},
+		{off: 1, cust: "flip", rev: 1, start: cur, end: next, meters: api, usage: "[900]", limits: "[1000]", grants: []trickyGrant{{"g1", 100, soon}}},
+		{off: 3, cust: "flip", rev: 3, unmetered: 1, start: cur, end: next, meters: api, usage: "[950]", limits: "[1000]",
+			grants: []trickyGrant{{"g1", 50, soon}}},
+		{off: 4, cust: "closed", rev: 4, start: prev, end: cur, meters: api, usage: "[990]", limits: "[1000]", grants: []trickyGrant{{"carry", 300, soon}}},
+		{off: 7, cust: "twoperiods", rev: 7, start: prev, end: cur, meters: "[]", usage: "[]", limits: "[]", grants: []trickyGrant{{"old", 500, soon}}},
+		{off: 8, cust: "twoperiods", rev: 8, start: cur, end: next, meters: "[]", usage: "[]", limits: "[]", grants: []trickyGrant{{"old", 0, soon}},
+			overdrawn: 70},
+		{off: 7, cust: "twoperiods", rev: 7, start: prev, end: cur, meters: "[]", usage: "[]", limits: "[]", grants: []trickyGrant{{"old", 500, soon}}},
+		{off: 9, cust: "edge", rev: 9, start: cur, end: next, meters: "[]", usage: "[]", limits: "[]",
+			grants: []trickyGrant{{"eom", 10, next.UnixMilli()}, {"gone", 20, now.Add(-time.Second).UnixMilli()}, {"nm", 30, next.UnixMilli() + 1}}},
+		{off: 10, cust: "capsgone", rev: 10, start: cur, end: next, meters: api, usage: "[900]", limits: "[1000]",
+			capsUntilMs: now.Add(-time.Minute).UnixMilli()},
+		{off: 11, cust: "capslater", rev: 11, start: cur, end: next, meters: api, usage: "[800]", limits: "[1000]",
+			capsUntilMs: now.Add(24 * time.Hour).UnixMilli()},
+	}
+	return func(db string) []string {
+		out := make([]string, len(bs))
+		for i, b := range bs {
+			out[i] = b.insert(db)
+		}
+		return out
+	}
+}
+
+// trickyBalancesWant: BalanceQueries on trickyBalances, worked out by hand.
+func trickyBalancesWant(now time.Time) map[string]string {
+	cur := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	next := cur.AddDate(0, 1, 0)
+	soon := now.Add(next.Sub(now) / 2).Truncate(time.Second).Format(time.DateTime)
+	at := func(rev int64) string { return cur.Add(time.Duration(rev) * time.Second).Format(time.DateTime) }
+	return map[string]string{
+		"customers_near_cap": "capslater\tfree\tapi_calls\t800\t1000\t80\n",
+		"credits_expiring_this_month": "closed\tcarry\t300\t" + soon + "\nflip\tg1\t50\t" + soon + "\n" +
+			"edge\teom\t10\t" + next.Format(time.DateTime) + "\n",
+		"credits_left": "capsgone\tfree\t0\t0\tdeny\t" + at(10) + "\ncapslater\tfree\t0\t0\tdeny\t" + at(11) + "\n" +
+			"twoperiods\tfree\t0\t70\tdeny\t" + at(8) + "\nedge\tfree\t40\t0\tdeny\t" + at(9) + "\n" +
+			"flip\tfree\t50\t0\tdeny\t" + at(3) + "\nclosed\tfree\t300\t0\tdeny\t" + cur.AddDate(0, -1, 0).Add(4*time.Second).Format(time.DateTime) + "\n",
+	}
+}
+
+// TestBalanceQueriesHardCases runs the queries of docs/entitlements.md
+// (Balances in ClickHouse) on the hard cases of trickyBalances, unmerged,
+// on ClickHouse 18.16 (then verify finds both months equal) and on chdb,
+// and requires the numbers worked out by hand on both.
+func TestBalanceQueriesHardCases(t *testing.T) {
+	// The queries compare with now(): the data, of the month of now, and
+	// the queries run in one month.
+	now := testenv.InOneMonth(t, 10*time.Minute, 2*time.Minute)
+	since := uint32(now.AddDate(0, -1, 0).Year()*100 + int(now.AddDate(0, -1, 0).Month()))
+	want := trickyBalancesWant(now)
+	t.Run("18.16", func(t *testing.T) { checkAnswers1816(t, trickyBalances(now), BalanceQueries, want, since) })
+	t.Run("chdb", func(t *testing.T) { checkAnswersChdb(t, "balancehardcases", trickyBalances(now), BalanceQueries, want) })
 }
