@@ -102,6 +102,9 @@ func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row, prior ma
 // partition is inserted).
 func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) error {
 	t := ft.t
+	// lookedUp: a refused INSERT of one row was followed by the resume
+	// lookup of the row (refusedOne).
+	lookedUp := false
 	for attempt := 0; ; attempt++ {
 		rows = ft.unheld(rows)
 		if len(rows) == 0 {
@@ -146,6 +149,11 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			// blocks): the partitions are dirty.
 			w.markRowsDirty(t, todo)
 			w.m.insertErrors.WithLabelValues(t.name, errRefused).Inc()
+			if len(todo) == 1 && !lookedUp {
+				lookedUp = true
+				w.refusedOne(t, todo[0], err)
+				continue
+			}
 			if len(todo) == 1 {
 				return w.refuse(ctx, ft, todo[0], err)
 			}
@@ -164,6 +172,20 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			}
 		}
 	}
+}
+
+// refusedOne logs a refused INSERT of one row, which writeRows then looks
+// up (the resume lookup, its partition dirty) before parking it. ClickHouse
+// writes a table, then its materialized views (docs/design.md, The
+// ClickHouse ledger): a view that fails refuses the INSERT of a row the
+// table took. Such a row is in the ledger, its view's month is one verify
+// rebuilds, and parked too it would be in usage.rejected besides (a parked
+// adjustment is late usage no invoice run bills: an invoice job would bill
+// it twice). A row the table refused is not there: it is inserted again,
+// and parked when refused again.
+func (w *Writer) refusedOne(t *table, r *row, cause error) {
+	w.log.Info("insert of one row refused; looking it up before parking it (a materialized view can fail after its table took the row)",
+		zap.String("table", t.name), zap.String("record", describe(t, r.rec)), zap.Error(cause))
 }
 
 // writeHalves writes the first half of rows, then the second (writeRows

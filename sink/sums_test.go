@@ -88,28 +88,39 @@ func hostileSumsQueries(t *testing.T) []AnalystQuery {
 // quantities on data whose sums exceed 64 bits, on the test server
 // (ClickHouse 18.16), and requires the exact sums.
 func TestAnalystSumsDoNotWrap(t *testing.T) {
-	conn, db, ctx := migratedDB(t, hostileSumsInserts)
-	for _, q := range hostileSumsQueries(t) {
-		got, err := tsv(ctx, conn, q.SQL)
-		if err != nil {
-			t.Fatalf("%s: %v", q.Name, err)
-		}
-		if got != hostileSumsWant[q.Name] {
-			t.Errorf("%s on 18.16:\n%q\nwant\n%q", q.Name, got, hostileSumsWant[q.Name])
-		}
-	}
-	verifyEqual(ctx, t, conn, db, 202401)
+	checkAnswers1816(t, hostileSumsInserts, hostileSumsQueries(t), hostileSumsWant, 202401)
 }
 
 // TestAnalystSumsDoNotWrapOnChdb is TestAnalystSumsDoNotWrap on current
 // ClickHouse (chdb, 26.x).
 func TestAnalystSumsDoNotWrapOnChdb(t *testing.T) {
+	checkAnswersChdb(t, "sums", hostileSumsInserts, hostileSumsQueries(t), hostileSumsWant)
+}
+
+// checkAnswers1816 runs qs on a new database of the test server holding
+// the statements of inserts, and compares each answer, TabSeparated, with
+// want's of its name; verify then finds every month from since equal.
+func checkAnswers1816(t *testing.T, inserts func(db string) []string, qs []AnalystQuery, want map[string]string, since uint32) {
+	t.Helper()
+	conn, db, ctx := migratedDB(t, inserts)
+	for _, q := range qs {
+		got, err := tsv(ctx, conn, q.SQL)
+		if err != nil {
+			t.Fatalf("%s: %v", q.Name, err)
+		}
+		if got != want[q.Name] {
+			t.Errorf("%s on 18.16:\n%q\nwant\n%q", q.Name, got, want[q.Name])
+		}
+	}
+	verifyEqual(ctx, t, conn, db, since)
+}
+
+// checkAnswersChdb is checkAnswers1816 on chdb (ClickHouse 26.x), in
+// database db, without verify.
+func checkAnswersChdb(t *testing.T, db string, inserts func(db string) []string, qs []AnalystQuery, want map[string]string) {
+	t.Helper()
 	python := testenv.Chdb(t)
-	stmts := migrationStatements(t)
-	const db = "sums"
-	stmts = append(stmts, hostileSumsInserts(db)...)
-	qs := hostileSumsQueries(t)
-	req := chdbRequest{Path: t.TempDir(), Database: db, Statements: stmts}
+	req := chdbRequest{Path: t.TempDir(), Database: db, Statements: append(migrationStatements(t), inserts(db)...)}
 	for _, q := range qs {
 		req.Queries = append(req.Queries, q.SQL)
 	}
@@ -121,8 +132,8 @@ func TestAnalystSumsDoNotWrapOnChdb(t *testing.T) {
 		t.Fatalf("chdb %s answered %d queries of %d", resp.Version, len(resp.Results), len(qs))
 	}
 	for i, q := range qs {
-		if resp.Results[i] != hostileSumsWant[q.Name] {
-			t.Errorf("%s on chdb %s:\n%q\nwant\n%q", q.Name, resp.Version, resp.Results[i], hostileSumsWant[q.Name])
+		if resp.Results[i] != want[q.Name] {
+			t.Errorf("%s on chdb %s:\n%q\nwant\n%q", q.Name, resp.Version, resp.Results[i], want[q.Name])
 		}
 	}
 }
