@@ -207,10 +207,11 @@ func (rt *Runtime) gapCheckReady(ctx context.Context, topic string) error {
 // first gap is not checked). At a malformed batch it cuts the records
 // from the gap's end on, and returns the batch to reject.
 func (rt *Runtime) walkGaps(ctx context.Context, topic string, p int32, next int64, fetch []*kgo.FetchPartition, tl *kgo.ErrDecompressTooLarge) (*RejectedBatch, error) {
+	w := &gapWalk{rt: rt, topic: topic, p: p}
 	for fi, fp := range fetch {
 		for i, r := range fp.Records {
 			if next >= 0 && r.Offset > next {
-				bad, err := rt.checkGap(ctx, topic, p, next, r.Offset)
+				bad, err := w.check(ctx, next, r.Offset)
 				if err != nil {
 					return nil, err
 				}
@@ -226,14 +227,26 @@ func (rt *Runtime) walkGaps(ctx context.Context, topic string, p int32, next int
 		}
 	}
 	if tl != nil && next >= 0 && tl.Offset > next {
-		return rt.checkGap(ctx, topic, p, next, tl.Offset)
+		return w.check(ctx, next, tl.Offset)
 	}
 	return nil, nil
 }
 
-// checkGap is verifyGap, counted by its result.
-func (rt *Runtime) checkGap(ctx context.Context, topic string, p int32, from, to int64) (*RejectedBatch, error) {
-	bad, deleted, err := rt.verifyGap(ctx, topic, p, from, to)
+// gapWalk checks the gaps of one partition of a poll, in offset order,
+// reading each fetch's batches for as many gaps as they hold: the fetches
+// a poll's gaps cost are in proportion to the bytes they span, not to how
+// many there are (a transactional producer can leave one a record).
+type gapWalk struct {
+	rt    *Runtime
+	topic string
+	p     int32
+	raw   []byte // the last fetch's batches
+	from  int64  // the offset it fetched from
+}
+
+// check is verify, counted by its result.
+func (w *gapWalk) check(ctx context.Context, from, to int64) (*RejectedBatch, error) {
+	bad, deleted, err := w.verify(ctx, from, to)
 	result := gapSound
 	switch {
 	case err != nil:
@@ -243,8 +256,8 @@ func (rt *Runtime) checkGap(ctx context.Context, topic string, p int32, from, to
 	case deleted:
 		result = gapDeleted
 	}
-	if rt.m != nil {
-		rt.m.gapsChecked.WithLabelValues(result).Inc()
+	if w.rt.m != nil {
+		w.rt.m.gapsChecked.WithLabelValues(result).Inc()
 	}
 	return bad, err
 }
@@ -280,35 +293,45 @@ func (rt *Runtime) expectedInput(topic string, p int32) (next int64, known bool,
 	return 0, false, nil
 }
 
-// verifyGap checks the batches that hold offsets from to to-1 of partition
-// p of topic, which the client returned no record of: it returns the first
-// malformed one as a batch to reject from from (or its first offset) to its
-// end, nil if they are all sound, or were deleted meanwhile (deleted).
-func (rt *Runtime) verifyGap(ctx context.Context, topic string, p int32, from, to int64) (bad *RejectedBatch, deleted bool, err error) {
-	rt.log.Debug("checking an input gap", zap.String("topic", topic), zap.Int32("partition", p), zap.Int64("from", from), zap.Int64("to", to))
+// verify checks the batches that hold offsets from to to-1 of the
+// partition, which the client returned no record of: it returns the first
+// malformed one as a batch to reject from from (or its first offset) to
+// its end, nil if they are all sound, or were deleted meanwhile (deleted).
+// The batches of the last fetch are read first when they start at or
+// before from.
+func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatch, deleted bool, err error) {
+	w.rt.log.Debug("checking an input gap", zap.String("topic", w.topic), zap.Int32("partition", w.p), zap.Int64("from", from), zap.Int64("to", to))
 	at := from
 	for at < to {
-		raw, logStart, err := rt.rawFetch(ctx, topic, p, at)
-		if errors.Is(err, kerr.OffsetOutOfRange) {
-			if logStart > at && logStart < to {
-				// Retention deleted the gap's first offsets: the rest
-				// can still hide a malformed batch.
-				at, deleted = logStart, true
-				continue
+		fetched := false
+		if w.raw == nil || at < w.from {
+			raw, logStart, err := w.rt.rawFetch(ctx, w.topic, w.p, at)
+			if errors.Is(err, kerr.OffsetOutOfRange) {
+				if logStart > at && logStart < to {
+					// Retention deleted the gap's first offsets:
+					// the rest can still hide a malformed batch.
+					at, deleted = logStart, true
+					continue
+				}
+				return nil, true, nil // nothing of it can be read
 			}
-			return nil, true, nil // nothing of it can be read
+			if err != nil {
+				return nil, false, fmt.Errorf("fetch offsets %d to %d: %w", at, to-1, err)
+			}
+			w.raw, w.from, fetched = raw, at, true
 		}
-		if err != nil {
-			return nil, false, fmt.Errorf("fetch offsets %d to %d: %w", at, to-1, err)
-		}
-		n, bad := checkGapBatches(raw, at, to)
+		n, bad := checkGapBatches(w.raw, at, to)
 		if bad != nil {
-			bad.Topic, bad.Partition = topic, p
+			bad.Topic, bad.Partition = w.topic, w.p
 			bad.From = max(bad.From, from)
 			return bad, deleted, nil
 		}
 		if n <= at {
-			return nil, deleted, fmt.Errorf("fetch offsets %d to %d: no whole batch at %d", at, to-1, at)
+			if fetched {
+				return nil, deleted, fmt.Errorf("fetch offsets %d to %d: no whole batch at %d", at, to-1, at)
+			}
+			w.raw = nil // read to its end: fetch from at
+			continue
 		}
 		at = n
 	}

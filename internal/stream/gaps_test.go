@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -243,5 +244,46 @@ func TestBatchProblem(t *testing.T) {
 		if got := batchProblem(c.b); got != c.want {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
+	}
+}
+
+// TestManyGapsFewFetches: a transactional producer whose every other
+// transaction aborts leaves a gap between each two records it commits;
+// their check costs fetches in proportion to the bytes of the input, not
+// to the gaps (a producer cannot make the stage fetch once a record).
+func TestManyGapsFewFetches(t *testing.T) {
+	s := newSuite(t, nil, nil)
+	const txns = 60
+	txp := testenv.ManualProducer(t, s.brokers, s.input, kgo.TransactionalID(s.input+"-txp"))
+	ctx := context.Background()
+	for txn := range txns {
+		if err := txp.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := txp.ProduceSync(ctx, &kgo.Record{Partition: 0, Key: []byte("b0"), Value: []byte(fmt.Sprintf("t%d", txn))}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := txp.EndTransaction(ctx, kgo.TransactionEndTry(txn%2 == 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var gapFetches atomic.Int64
+	s.cluster.ControlKey(kmsg.Fetch.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		s.cluster.KeepControl()
+		if kreq.(*kmsg.FetchRequest).MaxWaitMillis == 0 { // the gap check's
+			gapFetches.Add(1)
+		}
+		return nil, nil, false
+	})
+	in := s.startProc("a", vfs.NewMem(), &rejectProc{countProc{output: s.output}}, func(c *Config) { c.VerifyInputGaps = true })
+	s.sendTo(0, "b0", "last")
+	s.caughtUp()
+	rejected, seen := rejectOutputs(t, s)
+	if len(rejected) != 0 || len(seen) != txns/2+1 {
+		t.Errorf("%d rejections, %d records processed; want none and %d", len(rejected), len(seen), txns/2+1)
+	}
+	gaps := testutil.ToFloat64(in.rt.m.gapsChecked.WithLabelValues(gapSound))
+	if n := gapFetches.Load(); gaps < txns/2 || n > 4 {
+		t.Errorf("%v gaps checked with %d fetches; want at least %d gaps, and at most 4 fetches", gaps, n, txns/2)
 	}
 }
