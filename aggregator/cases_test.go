@@ -317,6 +317,11 @@ func runCase(t *testing.T, c *testCase) {
 		t.Fatal("the case ends with the aggregator stopped")
 	}
 	h.caughtUp()
+	if c.FinalChunk != 0 {
+		// FINALs go out in chunks after the input is consumed: the last
+		// ones may come after the group has committed its end.
+		awaitFinals(t, h, len(c.Expect.Final), time.Minute)
+	}
 	checkOutputs(t, h, c)
 }
 
