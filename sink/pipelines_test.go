@@ -2,9 +2,7 @@ package sink
 
 import (
 	"fmt"
-	"os"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,16 +27,7 @@ var mergedKeyQueries = map[string]struct{ query, want string }{
 // merge two pipelines' aggregates.
 func documentedMergedTables(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../docs/operations.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n### One database per pipeline\n")
-	if !ok {
-		t.Fatal("docs/operations.md has no section One database per pipeline")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	m := mergedKeys.FindStringSubmatch(section)
+	m := mergedKeys.FindStringSubmatch(operationsSection(t, "### One database per pipeline"))
 	if m == nil {
 		t.Fatalf("docs/operations.md, One database per pipeline, no longer names the tables whose keys merge two pipelines (%s)", mergedKeys)
 	}

@@ -19,21 +19,29 @@ var (
 	retentionQuery = regexp.MustCompile(`^clickhouse-client --database meterline --query "(ALTER TABLE (?:\$t|[a-z_]+) DROP PARTITION [0-9]{6})"$`)
 )
 
+// operationsSection returns the section of docs/operations.md under
+// heading (its line, "## Retention"), up to the next section of level 2.
+func operationsSection(t *testing.T, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("docs/operations.md has no section %q", heading)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	return section
+}
+
 // documentedRetention returns the statements of the retention step of
 // docs/operations.md (the first sh block of its section Retention), its
 // loops unrolled, in their order; they name the tables unqualified, to be
 // run with the sink's database as the session's.
 func documentedRetention(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../docs/operations.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(b), "\n## Retention\n")
-	if !ok {
-		t.Fatal("docs/operations.md has no section Retention")
-	}
-	_, block, ok := strings.Cut(section, "```sh\n")
+	_, block, ok := strings.Cut(operationsSection(t, "## Retention"), "```sh\n")
 	if !ok {
 		t.Fatal("docs/operations.md, Retention: no sh block")
 	}
