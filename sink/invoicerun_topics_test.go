@@ -7,11 +7,11 @@ import (
 
 // The invoice run's bounds are offsets of one topic (docs/analysts.md,
 // Invoicing exactly once): those the sink's progress names for the
-// adjustments topic. A database whose usage_adjustments also holds the
-// rows of another adjustments topic (a pipeline moved to new topic names,
-// docs/operations.md, or a second --topic-prefix), whose offsets start at
-// 0 too, bills the same run: the other topic's rows at offsets below the
-// bounds are not this topic's adjustments.
+// adjustments topic. Each pipeline has a database of its own
+// (docs/operations.md, One database per pipeline); still, a
+// usage_adjustments that also holds the rows of another adjustments topic,
+// whose offsets start at 0 too, bills the same run: the other topic's
+// rows at offsets below the bounds are not this topic's adjustments.
 
 // otherTopicInserts: invoiceRunInserts, and the adjustments of
 // usage.adjustments.v2 at the offsets the run's bounds cover, booked into
