@@ -1,8 +1,13 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestSecretInConfigNeverShown: a secret set in --config where the name
@@ -26,6 +31,36 @@ func TestSecretInConfigNeverShown(t *testing.T) {
 			if code != 2 || strings.Contains(out+errOut, v.shown) || !strings.Contains(errOut, "is not shown") {
 				t.Errorf("%s: %s in --config: exit %d, want 2 and an error that does not show the value:\n%s%s", key, v.yaml, code, out, errOut)
 			}
+		}
+	}
+}
+
+// TestSecretFileTooLarge: a secret file larger than any secret (a device
+// such as /dev/zero, a log named by mistake) is a configuration error
+// (exit 2) naming its flag and the file, found by --validate as by a
+// start, instead of being read whole into memory: /dev/zero would be
+// read until the process ran out of memory.
+func TestSecretFileTooLarge(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big")
+	if err := os.WriteFile(big, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, 4<<20+1); err != nil {
+		t.Fatal(err)
+	}
+	keys := testenv.DedupKeysFile(t)
+	certs := testenv.NewCerts(t)
+	run1 := []string{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", keys}
+	for _, args := range [][]string{
+		append(slices.Clone(run1), "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "u", "--kafka-sasl-password-file", big),
+		append(slices.Clone(run1), "--clickhouse-password-file", big),
+		append(slices.Clone(run1), "--kafka-tls-ca-file", big),
+		append(slices.Clone(run1), "--kafka-tls-cert-file", certs.ClientCertFile, "--kafka-tls-key-file", big),
+		{"run", "--validate", "--instance-id", "a", "--dedup-keys-file", big},
+	} {
+		code, out, errOut := run(t, "", args...)
+		if code != 2 || !strings.Contains(errOut, big) || !strings.Contains(errOut, "larger than") {
+			t.Errorf("%s: exit %d, want 2 and an error naming the file and the bound:\n%s%s", args[len(args)-2:], code, out, errOut)
 		}
 	}
 }
