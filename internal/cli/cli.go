@@ -150,9 +150,34 @@ func yamlLoader(r io.Reader) (kong.Resolver, error) {
 				return nil, nil
 			}
 		}
-		return file.Resolve(ctx, parent, flag)
+		v, err := file.Resolve(ctx, parent, flag)
+		if _, isString := v.(string); err == nil && v != nil && !isString && flag.Tag.Has("secretfile") {
+			// The parser's error would quote the value: a password of
+			// digits, which YAML reads as a number, set where the name
+			// of its file belongs.
+			// The parser names the flag before this.
+			return nil, fmt.Errorf("in --config, a %s where the name of a file belongs: its value is not shown, as it may be a secret given there; give the file's name (quoted if YAML would read it as no string)",
+				yamlKind(v))
+		}
+		return v, err
 	}
 	return configResolver{ResolverFunc: res, keys: slices.Sorted(maps.Keys(top))}, nil
+}
+
+// yamlKind names the kind of v, a value of the --config file that is no
+// string, without showing it.
+func yamlKind(v any) string {
+	switch v.(type) {
+	case float64:
+		return "number"
+	case bool:
+		return "boolean"
+	case []any:
+		return "list"
+	case map[string]any:
+		return "map"
+	}
+	return "value of another kind"
 }
 
 // configResolver is the --config file's resolver, which refuses a key that

@@ -74,6 +74,11 @@ func (g *Globals) kafka() (kafka.Config, error) {
 		SASL:    kafka.SASL{Mechanism: g.Kafka.SASLMechanism, User: g.Kafka.SASLUser, Password: pw},
 		TLS:     g.Kafka.TLS.files(),
 	}
+	if c.SASL.Mechanism != "" {
+		// Every client of the command learns of a login refused while
+		// it runs; a stage stops on it (runStageWith).
+		c.Watch = kafka.NewLoginWatch()
+	}
 	if err := c.Validate(); err != nil {
 		return kafka.Config{}, &ExitError{Code: 2, Err: err}
 	}

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/dedup"
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/lag"
 	"github.com/meterline/meterline/internal/service"
 	"github.com/meterline/meterline/internal/session"
@@ -190,10 +192,14 @@ func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *promet
 	defer cancel()
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Run(ctx) }()
+	stopRefused := stopOnRefusedLogin(ctx, kc.Watch, cancel)
 	err = run(ctx)
 	cancel()
 	if serr := <-srvDone; serr != nil && err == nil {
 		err = serr
+	}
+	if rerr := stopRefused(); rerr != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		err = rerr
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("stage stopped", zap.Error(err))
@@ -201,6 +207,35 @@ func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *promet
 	}
 	log.Info("stage stopped")
 	return nil
+}
+
+// stopOnRefusedLogin calls stop once watch (nil: none) learns of a login
+// the brokers refused a client of the stage while it runs, on whichever
+// connection: the password changed on the cluster, and the stage reads it
+// at start only (docs/operations.md, Kafka: SASL and TLS). The stage's
+// session stops on a refusal it meets itself, but a fetch connection
+// refused while the group's connection stays up fails no poll: the stage
+// would run on, reading nothing. The returned function, called once the
+// stage has returned, gives the refusal that stopped it, or nil.
+func stopOnRefusedLogin(ctx context.Context, watch *kafka.LoginWatch, stop func()) func() error {
+	if watch == nil {
+		return func() error { return nil }
+	}
+	var stopped atomic.Bool
+	go func() {
+		select {
+		case <-watch.Refused():
+			stopped.Store(true)
+			stop()
+		case <-ctx.Done():
+		}
+	}()
+	return func() error {
+		if !stopped.Load() {
+			return nil
+		}
+		return fmt.Errorf("%w; the password is read at start only: restart the stage with the current one", watch.Err())
+	}
 }
 
 // stoppedAtStart reports whether err, returned by a stage's start-up after

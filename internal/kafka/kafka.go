@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,6 +65,62 @@ type Config struct {
 	// TLS encrypts the connection and verifies the brokers' certificates.
 	// Default: off (plaintext).
 	TLS tlsconfig.Files
+	// Watch, when set, learns of each login the brokers refuse a client
+	// made with Opts (or NewClient) from this Config or a copy of it, on
+	// whichever of its connections: a process that reads its password at
+	// start only stops on it (LoginWatch). Default: none.
+	Watch *LoginWatch
+}
+
+// LoginWatch learns of the first SASL login the brokers refused a client
+// of a Config that carries it (Config.Watch): the password changed on the
+// cluster while the process runs. A client sees such a refusal only in
+// the request that needed the connection: a fetch that cannot connect is
+// retried for ever without an error in any poll, and a group session whose
+// own connection stays up goes on, so a stage would run on reading
+// nothing (docs/operations.md, Kafka: SASL and TLS). Safe for concurrent
+// use.
+type LoginWatch struct {
+	once    sync.Once
+	refused chan struct{}
+	err     error
+}
+
+// NewLoginWatch returns a watch that has seen no refusal.
+func NewLoginWatch() *LoginWatch { return &LoginWatch{refused: make(chan struct{})} }
+
+// Refused is closed once a login was refused.
+func (w *LoginWatch) Refused() <-chan struct{} { return w.refused }
+
+// Err is the first refusal (Config.Refused's error, wrapping
+// ErrAuthentication), or nil while there is none.
+func (w *LoginWatch) Err() error {
+	select {
+	case <-w.refused:
+		return w.err
+	default:
+		return nil
+	}
+}
+
+func (w *LoginWatch) report(err error) {
+	w.once.Do(func() {
+		w.err = err
+		close(w.refused)
+	})
+}
+
+// loginHook reports each connection of a client of c that the brokers
+// refused its login to c.Watch.
+type loginHook struct{ c Config }
+
+func (h loginHook) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		return
+	}
+	if rerr := h.c.Refused(err); rerr != nil {
+		h.c.Watch.report(rerr)
+	}
 }
 
 // Validate returns every problem with the config, joined, each naming its
@@ -119,6 +176,9 @@ const DialTimeout = 3 * time.Second
 // mechanism. It reads the TLS files.
 // Callers append their own options (group, transactions, ...).
 //
+// With c.Watch, each login the brokers refuse a connection of the client
+// is reported to it.
+//
 // The options retry a connection that closes on its first request
 // (kgo.AlwaysRetryEOF), as kgo retries one that closes later: a broker
 // restarting, or one dropping connections, closes new connections too,
@@ -130,6 +190,9 @@ func (c Config) Opts() ([]kgo.Opt, error) {
 	opts, err := c.opts()
 	if err != nil {
 		return nil, err
+	}
+	if c.Watch != nil {
+		opts = append(opts, kgo.WithHooks(loginHook{c}))
 	}
 	return append(opts, kgo.AlwaysRetryEOF()), nil
 }

@@ -7,6 +7,7 @@ package secret
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -108,6 +109,15 @@ func Load(file, flag, env string, lookupEnv func(string) (string, bool)) (Secret
 	return Secret{}, nil
 }
 
+// MaxFileBytes bounds what ReadFile reads: a password, a key, a key ring
+// or a bundle of CA certificates (the system's takes some 200 KB) is
+// smaller.
+const MaxFileBytes = 4 << 20
+
+// ErrTooLarge is returned (wrapped) by ReadFile for a file larger than
+// MaxFileBytes.
+var ErrTooLarge = fmt.Errorf("larger than %d MiB: no password, key or certificate file is that large", MaxFileBytes>>20)
+
 // ReadFile is os.ReadFile, except that its error names path only when
 // path looks like one: it exists, or it has a directory part that exists
 // (a file missing from /run/secrets/). Any other value may be a secret set
@@ -115,8 +125,12 @@ func Load(file, flag, env string, lookupEnv func(string) (string, bool)) (Secret
 // --kafka-sasl-password-file, a PEM key in METERLINE_KAFKA_TLS_KEY_FILE):
 // the error then gives its length, never the value. It still wraps the
 // cause (errors.Is(err, fs.ErrNotExist)).
+//
+// It reads at most MaxFileBytes: a larger file (a device such as
+// /dev/zero, which never ends, or a log named by mistake) is an error
+// wrapping ErrTooLarge that names it, not a process out of memory.
 func ReadFile(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	b, err := readBounded(path)
 	if err == nil {
 		return b, nil
 	}
@@ -125,6 +139,24 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s a file whose name (%d bytes) is not shown, as it may be a secret given where the name of its file belongs: %w", pe.Op, len(path), pe.Err)
 	}
 	return nil, err
+}
+
+// readBounded is os.ReadFile of at most MaxFileBytes.
+func readBounded(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxFileBytes {
+		// The file opened: its name is one.
+		return nil, fmt.Errorf("read %s: %w", path, ErrTooLarge)
+	}
+	return b, nil
 }
 
 func looksLikePath(path string) bool {

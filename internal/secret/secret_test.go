@@ -153,3 +153,33 @@ func TestReadableByOthers(t *testing.T) {
 		}
 	}
 }
+
+// TestReadFileBounded: a file larger than any password, key, certificate
+// bundle or key ring (a device such as /dev/zero, a log given by mistake)
+// is refused with an error naming it once MaxFileBytes are read, rather
+// than read whole into memory, which /dev/zero never ends. A file of
+// MaxFileBytes is read.
+func TestReadFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	sparse := func(name string, size int64) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, size); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const maxBytes = 4 << 20
+	big := sparse("big", maxBytes+1)
+	if b, err := ReadFile(big); err == nil || !strings.Contains(err.Error(), big) || !strings.Contains(err.Error(), "larger than 4 MiB") {
+		t.Errorf("ReadFile of %d bytes: %d bytes, %v; want an error naming the file and the bound", maxBytes+1, len(b), err)
+	}
+	if _, err := Load(big, "--pw-file", "PW", func(string) (string, bool) { return "", false }); err == nil || !strings.Contains(err.Error(), "--pw-file") {
+		t.Errorf("Load of %d bytes: %v; want an error naming the flag", maxBytes+1, err)
+	}
+	if b, err := ReadFile(sparse("fits", maxBytes)); err != nil || len(b) != maxBytes {
+		t.Errorf("ReadFile of %d bytes: %d bytes, %v", maxBytes, len(b), err)
+	}
+}
