@@ -117,7 +117,7 @@ func parallelAlertTest(t *testing.T) {
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
 		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired, realHeldAlertsFired, realRestoreOORAlertsFired,
-		realChangelogAlertsFired, realClockAlertsFired)
+		realChangelogAlertsFired, realClockAlertsFired, realWMIgnoredAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

@@ -164,7 +164,7 @@ func TestAlertRules(t *testing.T) {
 			t.Errorf("%s: no promtool test where %s does not fire", alertsTestFile, n)
 		}
 		if !slices.Contains(realFired(), n) {
-			t.Errorf("no real test fires %s: TestRealAlertsFire (realAlertsFired), TestRealEntitlementsStalledAlert (realEntAlertsFired), TestRealIngestKeysStaleAlert (realKeysAlertsFired), TestRealKafkaOutageAlert and TestRealDuplicateInstanceAlert (realOutageAlertsFired), TestRealIngestKafkaFailingAlert (realIngestKafkaAlertsFired), TestRealStandbyFallingBehindAlert (realStandbyAlertsFired), TestRealStandbyTailRestartsAlert (realStandbyTailAlertsFired), TestRealSinkClickHouseDownAlert (realSinkCHAlertsFired), TestRealInputHeldByOpenTransactionAlert (realHeldAlertsFired), TestRealRestoreStuckOutOfRangeAlert (realRestoreOORAlertsFired), TestRealChangelogUnsafeAlert (realChangelogAlertsFired), TestRealBrokerClockAheadAlert (realClockAlertsFired)", n)
+			t.Errorf("no real test fires %s: TestRealAlertsFire (realAlertsFired), TestRealEntitlementsStalledAlert (realEntAlertsFired), TestRealIngestKeysStaleAlert (realKeysAlertsFired), TestRealKafkaOutageAlert and TestRealDuplicateInstanceAlert (realOutageAlertsFired), TestRealIngestKafkaFailingAlert (realIngestKafkaAlertsFired), TestRealStandbyFallingBehindAlert (realStandbyAlertsFired), TestRealStandbyTailRestartsAlert (realStandbyTailAlertsFired), TestRealSinkClickHouseDownAlert (realSinkCHAlertsFired), TestRealInputHeldByOpenTransactionAlert (realHeldAlertsFired), TestRealRestoreStuckOutOfRangeAlert (realRestoreOORAlertsFired), TestRealChangelogUnsafeAlert (realChangelogAlertsFired), TestRealBrokerClockAheadAlert (realClockAlertsFired), TestRealWatermarksIgnoredAlert (realWMIgnoredAlertsFired)", n)
 		}
 	}
 	for n := range realScale {

@@ -44,15 +44,21 @@ type Server struct {
 }
 
 // A client that reaches the port decides how many of its requests are
-// refused for their Host, and how long their Host and path are (net/http
-// reads up to 1 MB of headers): their lines are bounded, refusedLogBurst
-// at once and then one a second, the next line counting those left out,
-// and each quotes at most refusedLogQuote bytes of the Host and of the
-// path.
+// refused for their Host, and how long their Host and path are (up to
+// maxHeaderBytes): their lines are bounded, refusedLogBurst at once and
+// then one a second, the next line counting those left out, and each
+// quotes at most refusedLogQuote bytes of the Host and of the path.
 const (
 	refusedLogBurst = 10
 	refusedLogQuote = 256
 )
+
+// maxHeaderBytes bounds a request's headers (net/http's default: 1 MB,
+// which a connection that stalls holds until ReadHeaderTimeout). Scrapes
+// send a few hundred bytes; a browser's request for the status page
+// sends the host's cookies, which common servers refuse past 8 KB a
+// line. A larger request is answered 431.
+const maxHeaderBytes = 16 << 10
 
 // LogEntriesDropped counts the log entries the process's logger left out
 // (the command line's logger samples each message: a flood of rejected
@@ -95,10 +101,10 @@ func Listen(addr string, reg *prometheus.Registry, log *zap.Logger, ready ...Che
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	// Slow clients are cut off: no handler reads a body, an answer is
-	// written within seconds, and an idle keep-alive connection is closed
-	// (docs/operations.md, HTTP servers).
+	// written within seconds, an idle keep-alive connection is closed,
+	// and headers are bounded (docs/operations.md, HTTP servers).
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: maxHeaderBytes}
 	return s, nil
 }
 

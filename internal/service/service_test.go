@@ -46,6 +46,48 @@ func TestServerBoundsSlowClients(t *testing.T) {
 	}
 }
 
+// TestServerBoundsHeaders: a client that reaches the port must not make
+// the process hold a megabyte per connection: net/http reads up to 1 MB
+// of headers unless told, and a connection that sends them and stalls
+// holds them for ReadHeaderTimeout (about 2 MB of heap each, measured).
+// What the server's clients send fits well within 16 KB: a scrape
+// (a few hundred bytes), a browser's request for the status page with
+// the host's cookies (common servers refuse a header line over 8 KB),
+// a reverse proxy's headers. A request with 8 KB of cookies is answered;
+// one with 32 KB of headers is answered 431 and closed.
+func TestServerBoundsHeaders(t *testing.T) {
+	s, err := Listen("127.0.0.1:0", prometheus.NewRegistry(), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for _, c := range []struct {
+		header string
+		size   int
+		want   int
+	}{
+		{"Cookie", 8 << 10, http.StatusOK},
+		{"X-Large", 32 << 10, http.StatusRequestHeaderFieldsTooLarge},
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/healthz", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(c.header, strings.Repeat("a", c.size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%d bytes of %s: %v", c.size, c.header, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%d bytes of %s: %d, want %d", c.size, c.header, resp.StatusCode, c.want)
+		}
+	}
+}
+
 // TestServerRefusesForeignHosts: a browser on the operator's machine
 // must not read the server through DNS rebinding (a page of some domain
 // whose name is made to resolve to 127.0.0.1 then reads the answers as
@@ -99,9 +141,9 @@ func TestServerRefusesForeignHosts(t *testing.T) {
 
 // TestServerBoundsRefusedHostLogs: a request refused for its Host is
 // logged, and a client that can reach the port decides how many there
-// are and how long their Host and path are (net/http reads up to 1 MB of
-// headers). Behind the logger's sampling (the first 100 lines a second
-// of a message), the lines were 100 a second of up to 2 MB each. The
+// are and how long their Host and path are (up to maxHeaderBytes
+// together). Behind the logger's sampling (the first 100 lines a second
+// of a message), the lines would be 100 a second of up to that each. The
 // server writes at most refusedLogBurst lines at once, then one a
 // second, the next counting those left out, each quoting at most
 // refusedLogQuote bytes of the Host and of the path.
