@@ -614,6 +614,7 @@ func (s *Server) Run(ctx context.Context) error {
 		zap.Duration("keys_max_age", s.cfg.AuthMaxAge), zap.Bool("quota_gate", s.balances != nil), zap.String("balances_topic", s.cfg.BalancesTopic),
 		zap.Duration("gate_max_age", s.cfg.GateMaxAge), zap.Int("max_connections", s.cfg.MaxConnections))
 	s.warnOpenFiles(openFileLimit())
+	s.warnPlaintext()
 
 	var errs []error
 	select {
@@ -655,6 +656,22 @@ func (s *Server) warnOpenFiles(nofile uint64) {
 		s.log.Warn("ingest: --max-connections does not keep the connections below the open-file limit: clients that hold connections open can take every file descriptor, and then new connections, and the Kafka clients', fail; lower it or raise the limit (ulimit -n)",
 			zap.Int("max_connections", m), zap.Uint64("open_file_limit", nofile))
 	}
+}
+
+// warnPlaintext warns when the ingest serves plain HTTP on an address
+// that is not loopback (every interface included): the API keys then
+// cross the network in the clear, unless the only way in is a proxy
+// that terminates TLS, which the ingest cannot tell. The address checked
+// is the one bound, so that a name is taken as it resolved.
+func (s *Server) warnPlaintext() {
+	if s.scheme != "http" {
+		return
+	}
+	if a, ok := s.ln.Addr().(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		return
+	}
+	s.log.Warn("ingest: serving plain HTTP on an address that is not loopback: API keys (Authorization: Bearer) cross the network in the clear; serve HTTPS with --tls-cert-file and --tls-key-file (--ingest-tls-cert-file and --ingest-tls-key-file in meterline run), or let only a proxy that terminates TLS reach the address",
+		zap.String("addr", s.cfg.Addr), zap.String("bound", s.Addr()))
 }
 
 // producerLogin hands the errors of the producer's connections to

@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -40,6 +42,10 @@ var ErrInvalidEvent = schemas.ErrInvalidEvent
 
 // ErrClosed is returned by Send and SendAsync after Close.
 var ErrClosed = errors.New("producer: closed")
+
+// ErrPlainWithoutTLS is returned by New for SASL/PLAIN on a client that
+// would dial the brokers without TLS (see WithSASL).
+var ErrPlainWithoutTLS = errors.New("producer: SASL PLAIN sends the password in the clear; it needs TLS (WithTLS)")
 
 // Event is one unit of usage: CustomerID used Quantity units of Meter at
 // EventTime.
@@ -154,10 +160,16 @@ func WithMaxBufferedRecords(n int) Option { return func(c *config) { c.maxBuffer
 // WithSASL authenticates the client with a SASL mechanism from franz-go's
 // pkg/sasl: SCRAM-SHA-512 (scram.Auth{User: u, Pass: p}.AsSha512Mechanism())
 // or PLAIN (plain.Auth{User: u, Pass: p}.AsMechanism(), only over TLS: it
-// sends the password in the clear). Read the password from a file or the
-// environment, never from a command-line argument. The principal needs
-// only Write and Describe on the events topic (docs/operations.md, ACLs). A nil
-// mechanism is no SASL. Default: no SASL.
+// sends the password in the clear). New refuses PLAIN, whether from
+// WithSASL or from kgo.SASL in WithClientOptions, with ErrPlainWithoutTLS
+// unless the client dials with TLS: WithTLS with a non-nil config,
+// kgo.DialTLSConfig, or a kgo.Dialer of the caller's other than a
+// net.Dialer's DialContext, which New takes to provide TLS (it cannot look
+// into it). There is no setting that allows PLAIN without TLS. Read
+// the password from a file or the environment, never from a command-line
+// argument. The principal needs only Write and Describe on the events
+// topic (docs/operations.md, ACLs). A nil mechanism is no SASL. Default:
+// no SASL.
 func WithSASL(m sasl.Mechanism) Option { return func(c *config) { c.sasl = m } }
 
 // WithTLS dials the brokers over TLS with the given config: RootCAs for a
@@ -169,7 +181,9 @@ func WithTLS(cfg *tls.Config) Option { return func(c *config) { c.tls = cfg } }
 // WithClient makes the producer use an existing client instead of creating
 // one. The client must use acks=all with idempotent writes (kgo's
 // defaults) and the default partitioner, and Close does not close it.
-// Default: none; New creates a client.
+// The options of the client New would create (WithBrokers, WithTLS,
+// WithSASL, WithClientOptions) do not apply to it, and New does not check
+// its SASL and TLS. Default: none; New creates a client.
 func WithClient(cl *kgo.Client) Option { return func(c *config) { c.client = cl } }
 
 // WithClientOptions appends options to the Kafka client New creates
@@ -259,16 +273,46 @@ func New(opts ...Option) (*Producer, error) {
 		return nil, errors.New("producer: no brokers")
 	}
 	p := &Producer{cfg: c, cl: c.client}
-	p.ctx, p.stop = context.WithCancel(context.Background())
 	if p.cl == nil {
 		cl, err := kgo.NewClient(c.clientOptions()...)
 		if err != nil {
 			return nil, fmt.Errorf("producer: kafka client: %w", err)
 		}
+		if plainWithoutTLS(cl) {
+			cl.Close()
+			return nil, ErrPlainWithoutTLS
+		}
 		p.cl, p.ownsCl = cl, true
 	}
+	p.ctx, p.stop = context.WithCancel(context.Background())
 	return p, nil
 }
+
+// plainWithoutTLS reports whether cl authenticates with SASL/PLAIN (from
+// WithSASL or kgo.SASL) and dials the brokers without TLS: with neither a
+// TLS config (WithTLS, kgo.DialTLSConfig) nor a dialer of the caller's
+// (kgo.Dialer) other than a net.Dialer's DialContext, which is kgo's own
+// without TLS. Another dialer is taken to provide TLS: the producer
+// cannot look into it.
+func plainWithoutTLS(cl *kgo.Client) bool {
+	ms, _ := cl.OptValue(kgo.SASL).([]sasl.Mechanism)
+	if !slices.ContainsFunc(ms, func(m sasl.Mechanism) bool { return m != nil && m.Name() == "PLAIN" }) {
+		return false
+	}
+	if tc, _ := cl.OptValue(kgo.DialTLSConfig).(*tls.Config); tc != nil {
+		return false
+	}
+	dial := cl.OptValue(kgo.Dialer)
+	if dial == nil {
+		return true
+	}
+	code := reflect.ValueOf(dial).Pointer()
+	return code == 0 || code == netDialContext
+}
+
+// netDialContext is the code of a net.Dialer's DialContext method value,
+// the dialer kgo makes when given none and no TLS config.
+var netDialContext = reflect.ValueOf(new(net.Dialer).DialContext).Pointer()
 
 // The times that epoch milliseconds (an int64) can hold.
 var minMilli, maxMilli = time.UnixMilli(math.MinInt64), time.UnixMilli(math.MaxInt64)

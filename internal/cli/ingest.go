@@ -23,7 +23,7 @@ import (
 // these flags as --${flag_prefix}name: the embedding sets the variable
 // flag_prefix to its prefix.
 type IngestFlags struct {
-	Addr                 string         `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface)." default:"${ingest_addr}"`
+	Addr                 string         `help:"Listen address of the HTTP ingest; loopback unless told otherwise (0.0.0.0:8888 for every interface; one that is not loopback without --${flag_prefix}tls-cert-file is logged as a warning: API keys cross the network in the clear)." default:"${ingest_addr}"`
 	TLSCertFile          string         `name:"tls-cert-file" help:"PEM certificate (chain) to serve HTTPS; with --${flag_prefix}tls-key-file." placeholder:"FILE" type:"existingfile"`
 	TLSKeyFile           string         `name:"tls-key-file" help:"PEM private key of --${flag_prefix}tls-cert-file." placeholder:"FILE" secretfile:""` // not kong's existingfile: its error would quote a key set here by mistake
 	RequireTime          bool           `help:"Refuse CloudEvents without a time; by default they get the time the request was received, as in OpenMeter."`
