@@ -233,9 +233,10 @@ func (rt *Runtime) walkGaps(ctx context.Context, topic string, p int32, next int
 }
 
 // gapWalk checks the gaps of one partition of a poll, in offset order,
-// reading each fetch's batches for as many gaps as they hold: the fetches
-// a poll's gaps cost are in proportion to the bytes they span, not to how
-// many there are (a transactional producer can leave one a record).
+// reading each fetch's batches for as many gaps as they hold, each once:
+// the fetches a poll's gaps cost, and the batches read, are in proportion
+// to the bytes they span, not to how many there are (a transactional
+// producer can leave one a record).
 type gapWalk struct {
 	rt    *Runtime
 	topic string
@@ -320,12 +321,15 @@ func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatc
 			}
 			w.raw, w.from, fetched = raw, at, true
 		}
-		n, bad := checkGapBatches(w.raw, at, to)
+		n, rest, bad := checkGapBatches(w.raw, at, to)
 		if bad != nil {
 			bad.Topic, bad.Partition = w.topic, w.p
 			bad.From = max(bad.From, from)
 			return bad, deleted, nil
 		}
+		// The batches before rest end before n: no later gap of the
+		// walk holds an offset of theirs, and none reads them again.
+		w.raw = rest
 		if n <= at {
 			if fetched {
 				return nil, deleted, fmt.Errorf("fetch offsets %d to %d: no whole batch at %d", at, to-1, at)
@@ -341,19 +345,23 @@ func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatc
 // checkGapBatches walks raw, the record batches of a fetch from offset at,
 // up to the batch at or past to: it returns the first malformed one that
 // holds an offset from at on (its From its first offset, Next the one
-// after its last), else the offset after the last batch it read whole.
-func checkGapBatches(raw []byte, at, to int64) (int64, *RejectedBatch) {
-	next := at
+// after its last), else the offset after the last batch it read whole,
+// and rest, raw from the batch it stopped at (every batch before it ends
+// before that offset), so that a walk of a poll's gaps, in offset order,
+// reads each batch of a fetch once, not once a gap.
+func checkGapBatches(raw []byte, at, to int64) (next int64, rest []byte, bad *RejectedBatch) {
+	next = at
 	for len(raw) > 17 {
 		base := int64(binary.BigEndian.Uint64(raw))
 		length := int64(int32(binary.BigEndian.Uint32(raw[8:]))) + 12
 		if length < 12 || int64(len(raw)) < length {
 			break // the fetch's last batch, cut
 		}
+		rest = raw
 		one := raw[:length]
 		raw = raw[length:]
 		if base >= to {
-			return to, nil
+			return to, rest, nil
 		}
 		if one[16] != 2 {
 			// A message set of before Kafka 0.11 (no broker of Kafka 4
@@ -363,21 +371,21 @@ func checkGapBatches(raw []byte, at, to int64) (int64, *RejectedBatch) {
 		}
 		var b kmsg.RecordBatch
 		if err := b.ReadFrom(one); err != nil {
-			break
+			return next, rest, nil
 		}
 		last := b.FirstOffset + int64(b.LastOffsetDelta)
 		if last < next {
 			continue
 		}
 		if problem := batchProblem(&b); problem != "" {
-			return 0, &RejectedBatch{From: b.FirstOffset, Next: max(last, b.FirstOffset) + 1, Malformed: problem}
+			return 0, nil, &RejectedBatch{From: b.FirstOffset, Next: max(last, b.FirstOffset) + 1, Malformed: problem}
 		}
 		next = last + 1
 		if next >= to {
-			return next, nil
+			return next, rest, nil
 		}
 	}
-	return next, nil
+	return next, raw, nil
 }
 
 // batchProblem says what is wrong with b for the Kafka client ("" if
