@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/meterline/meterline/internal/session"
 )
 
 // Kafka stores an uncompressed batch's records as a producer wrote them,
@@ -70,6 +72,7 @@ type partGaps struct {
 	next  int64 // the next offset expected; -1: unknown
 	fetch []*kgo.FetchPartition
 	tl    *kgo.ErrDecompressTooLarge // its batch past the bound; nil: none
+	oor   error                      // kgo's OFFSET_OUT_OF_RANGE of it; nil: none
 	bad   *RejectedBatch             // the malformed batch found
 	err   error                      // why its gaps could not be checked
 }
@@ -85,16 +88,53 @@ func (pg *partGaps) hasGap() bool {
 			next = r.Offset + 1
 		}
 	}
-	return pg.tl != nil && next >= 0 && pg.tl.Offset > next
+	return pg.oor != nil || pg.tl != nil && next >= 0 && pg.tl.Offset > next
+}
+
+// takeOutOfRange returns, when Config.VerifyInputGaps is set, the poll's
+// OFFSET_OUT_OF_RANGE errors of InputTopic's partitions, and clears them
+// from fs. A malformed batch in a transaction that aborted leaves no
+// record after it: the Kafka client keeps none of an aborted
+// transaction's records, but takes their offsets all the same, so a
+// delta that points past the end of the log drops every record after it
+// and has the client ask next for an offset past the log's end. checkGaps
+// checks such a partition's log from its expected offset to the end, and
+// the error stops the stage only if nothing there explains it.
+func (rt *Runtime) takeOutOfRange(fs kgo.Fetches) map[int32]error {
+	if !rt.cfg.VerifyInputGaps {
+		return nil
+	}
+	var out map[int32]error
+	for i := range fs {
+		for ti := range fs[i].Topics {
+			if fs[i].Topics[ti].Topic != rt.cfg.InputTopic {
+				continue
+			}
+			ps := fs[i].Topics[ti].Partitions
+			for pi := range ps {
+				if ps[pi].Err != nil && errors.Is(ps[pi].Err, kerr.OffsetOutOfRange) {
+					if out == nil {
+						out = map[int32]error{}
+					}
+					out[ps[pi].Partition] = ps[pi].Err
+					ps[pi].Err = nil
+				}
+			}
+		}
+	}
+	return out
 }
 
 // checkGaps checks the gaps of InputTopic in fs and in the batches past
-// the bound of the poll (tooLarge), partition by partition, when
-// Config.VerifyInputGaps is set. It returns the batches to reject as
-// malformed, and tooLarge without those of a partition whose records it
-// cut there. A partition whose gap could not be checked loses its records
-// of this poll and marks the transaction for an abort.
-func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kgo.ErrDecompressTooLarge) ([]RejectedBatch, []*kgo.ErrDecompressTooLarge, error) {
+// the bound of the poll (tooLarge), and the log after a partition kgo
+// found out of range (outOfRange, takeOutOfRange), partition by
+// partition, when Config.VerifyInputGaps is set. It returns the batches to
+// reject as malformed, and tooLarge without those of a partition whose
+// records it cut there. A partition whose gap could not be checked loses
+// its records of this poll and marks the transaction for an abort; one out
+// of range that no malformed batch explains stops the stage, as any such
+// fetch error does (session.FetchError).
+func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kgo.ErrDecompressTooLarge, outOfRange map[int32]error) ([]RejectedBatch, []*kgo.ErrDecompressTooLarge, error) {
 	if !rt.cfg.VerifyInputGaps {
 		return nil, tooLarge, nil
 	}
@@ -127,6 +167,9 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 			part(tl.Partition).tl = tl
 		}
 	}
+	for p, err := range outOfRange {
+		part(p).oor = err
+	}
 	for _, p := range sortedPartitions(parts) {
 		pg := parts[p]
 		next, known, err := rt.expectedInput(topic, p)
@@ -152,7 +195,7 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 		// reading only its own records and the poll's shared state.
 		_ = parallel(len(gaps), func(i int) error {
 			pg := gaps[i]
-			pg.bad, pg.err = rt.walkGaps(ctx, topic, pg.p, pg.next, pg.fetch, pg.tl)
+			pg.bad, pg.err = rt.walkGaps(ctx, topic, pg)
 			return nil
 		})
 	}
@@ -174,6 +217,9 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 		case pg.bad != nil:
 			forged = append(forged, *pg.bad)
 			cut[pg.p] = true
+		case pg.oor != nil:
+			return nil, nil, fmt.Errorf("stream: %w", session.FetchError(rt.log, rt.cfg.Group, kgo.Fetches{{Topics: []kgo.FetchTopic{{
+				Topic: topic, Partitions: []kgo.FetchPartition{{Partition: pg.p, Err: pg.oor}}}}}}))
 		}
 	}
 	kept := tooLarge[:0:0]
@@ -201,13 +247,15 @@ func (rt *Runtime) gapCheckReady(ctx context.Context, topic string) error {
 	return err
 }
 
-// walkGaps checks the gaps of partition p of topic before each of its
-// records in fetch, the poll's, and before tl, its batch past the bound
-// (nil: none), next being the offset expected first (-1: unknown, the
-// first gap is not checked). At a malformed batch it cuts the records
-// from the gap's end on, and returns the batch to reject.
-func (rt *Runtime) walkGaps(ctx context.Context, topic string, p int32, next int64, fetch []*kgo.FetchPartition, tl *kgo.ErrDecompressTooLarge) (*RejectedBatch, error) {
-	w := &gapWalk{rt: rt, topic: topic, p: p}
+// walkGaps checks the gaps of partition pg of topic before each of its
+// records in the poll's fetches, before its batch past the bound, and,
+// when kgo found it out of range, from after them to the end of the log,
+// pg.next being the offset expected first (-1: unknown, the first gap is
+// not checked). At a malformed batch it cuts the records from the gap's
+// end on, and returns the batch to reject.
+func (rt *Runtime) walkGaps(ctx context.Context, topic string, pg *partGaps) (*RejectedBatch, error) {
+	w := &gapWalk{rt: rt, topic: topic, p: pg.p}
+	next, fetch, tl := pg.next, pg.fetch, pg.tl
 	for fi, fp := range fetch {
 		for i, r := range fp.Records {
 			if next >= 0 && r.Offset > next {
@@ -227,9 +275,36 @@ func (rt *Runtime) walkGaps(ctx context.Context, topic string, p int32, next int
 		}
 	}
 	if tl != nil && next >= 0 && tl.Offset > next {
-		return w.check(ctx, next, tl.Offset)
+		if bad, err := w.check(ctx, next, tl.Offset); bad != nil || err != nil {
+			return bad, err
+		}
+	}
+	if tl != nil {
+		next = tl.NextOffset
+	}
+	if pg.oor != nil && next >= 0 {
+		return w.checkToEnd(ctx, next)
 	}
 	return nil, nil
+}
+
+// checkToEnd checks the partition's batches from offset from to the end
+// of its log (its last stable offset), for a partition kgo found out of
+// range (takeOutOfRange). Out of range for this fetch too (retention
+// deleted offsets the stage had not read), it finds nothing.
+func (w *gapWalk) checkToEnd(ctx context.Context, from int64) (*RejectedBatch, error) {
+	raw, _, end, err := w.rt.rawFetch(ctx, w.topic, w.p, from)
+	if errors.Is(err, kerr.OffsetOutOfRange) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fetch offsets %d to the end: %w", from, err)
+	}
+	if end <= from {
+		return nil, nil
+	}
+	w.raw, w.from = raw, from
+	return w.check(ctx, from, end)
 }
 
 // gapWalk checks the gaps of one partition of a poll, in offset order,
@@ -306,7 +381,7 @@ func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatc
 	for at < to {
 		fetched := false
 		if w.raw == nil || at < w.from {
-			raw, logStart, err := w.rt.rawFetch(ctx, w.topic, w.p, at)
+			raw, logStart, _, err := w.rt.rawFetch(ctx, w.topic, w.p, at)
 			if errors.Is(err, kerr.OffsetOutOfRange) {
 				if logStart > at && logStart < to {
 					// Retention deleted the gap's first offsets:
@@ -419,21 +494,22 @@ func batchProblem(b *kmsg.RecordBatch) string {
 
 // rawFetch fetches partition p of topic from offset at, read_committed,
 // from the partition's leader: its record batches as the broker stores
-// them, and the partition's log start offset (-1: not known).
-func (rt *Runtime) rawFetch(ctx context.Context, topic string, p int32, at int64) (raw []byte, logStart int64, err error) {
+// them, the partition's log start offset (-1: not known) and its end, the
+// last stable offset.
+func (rt *Runtime) rawFetch(ctx context.Context, topic string, p int32, at int64) (raw []byte, logStart, end int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, gapFetchTimeout)
 	defer cancel()
 	cl := rt.sess.Client()
 	leader, epoch, err := cl.PartitionLeader(topic, p)
 	if err != nil {
-		return nil, -1, err
+		return nil, -1, -1, err
 	}
 	if leader < 0 {
-		return nil, -1, errors.New("no leader known")
+		return nil, -1, -1, errors.New("no leader known")
 	}
 	id, ok := rt.topicIDs[topic]
 	if !ok {
-		return nil, -1, errors.New("the topic's ID is not known")
+		return nil, -1, -1, errors.New("the topic's ID is not known")
 	}
 	req := kmsg.NewPtrFetchRequest()
 	req.MaxBytes, req.IsolationLevel = gapFetchBytes, 1
@@ -445,21 +521,21 @@ func (rt *Runtime) rawFetch(ctx context.Context, topic string, p int32, at int64
 	req.Topics = append(req.Topics, rtp)
 	kresp, err := rt.gapClient.Broker(int(leader)).Request(ctx, req)
 	if err != nil {
-		return nil, -1, err
+		return nil, -1, -1, err
 	}
 	resp := kresp.(*kmsg.FetchResponse)
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return nil, -1, err
+		return nil, -1, -1, err
 	}
 	for _, t := range resp.Topics {
 		for _, rp := range t.Partitions {
 			if rp.Partition != p || (t.Topic != topic && t.TopicID != id) {
 				continue
 			}
-			return rp.RecordBatches, rp.LogStartOffset, kerr.ErrorForCode(rp.ErrorCode)
+			return rp.RecordBatches, rp.LogStartOffset, rp.LastStableOffset, kerr.ErrorForCode(rp.ErrorCode)
 		}
 	}
-	return nil, -1, errors.New("the response has no such partition")
+	return nil, -1, -1, errors.New("the response has no such partition")
 }
 
 // topicID is topic's ID, as the brokers' metadata says, cached.

@@ -30,6 +30,7 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	defer rt.decomp.reset()
 	rt.takeDeferred(fs)
 	tooLarge := takeTooLarge(fs)
+	outOfRange := rt.takeOutOfRange(fs)
 	// A lost group or coordinator is a rejoin, not a stop: the next
 	// assignment restores as usual (docs/design.md, Exactly-once, "Crash
 	// windows": "zombie after a rebalance"; session.FetchError).
@@ -38,7 +39,7 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	}
 	// Offsets of the input the client skipped, checked before any of the
 	// poll's records is processed (gaps.go).
-	malformed, tooLarge, err := rt.checkGaps(ctx, fs, tooLarge)
+	malformed, tooLarge, err := rt.checkGaps(ctx, fs, tooLarge, outOfRange)
 	if err != nil {
 		return err
 	}
