@@ -73,8 +73,12 @@ type partGaps struct {
 	fetch []*kgo.FetchPartition
 	tl    *kgo.ErrDecompressTooLarge // its batch past the bound; nil: none
 	oor   error                      // kgo's OFFSET_OUT_OF_RANGE of it; nil: none
-	bad   *RejectedBatch             // the malformed batch found
+	bad   *RejectedBatch             // the malformed batch found, or (reread) the gap to read again
 	err   error                      // why its gaps could not be checked
+	// reread: retention deleted the first offsets of a gap (bad.From)
+	// while it was checked, and not the rest, which the partition reads
+	// again from bad.Next (verify).
+	reread bool
 }
 
 // hasGap reports whether the poll skipped offsets of the partition.
@@ -134,9 +138,9 @@ func (rt *Runtime) takeOutOfRange(fs kgo.Fetches) map[int32]error {
 // its records of this poll and marks the transaction for an abort; one out
 // of range that no malformed batch explains stops the stage, as any such
 // fetch error does (session.FetchError).
-func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kgo.ErrDecompressTooLarge, outOfRange map[int32]error) ([]RejectedBatch, []*kgo.ErrDecompressTooLarge, error) {
+func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kgo.ErrDecompressTooLarge, outOfRange map[int32]error) (forged, reread []RejectedBatch, _ []*kgo.ErrDecompressTooLarge, _ error) {
 	if !rt.cfg.VerifyInputGaps {
-		return nil, tooLarge, nil
+		return nil, nil, tooLarge, nil
 	}
 	topic := rt.cfg.InputTopic
 	parts := map[int32]*partGaps{}
@@ -174,7 +178,7 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 		pg := parts[p]
 		next, known, err := rt.expectedInput(topic, p)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if pg.next = -1; known {
 			pg.next = next
@@ -184,7 +188,7 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 		}
 	}
 	if len(gaps) == 0 {
-		return nil, tooLarge, nil
+		return nil, nil, tooLarge, nil
 	}
 	if err := rt.gapCheckReady(ctx, topic); err != nil {
 		for _, pg := range gaps {
@@ -195,11 +199,10 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 		// reading only its own records and the poll's shared state.
 		_ = parallel(len(gaps), func(i int) error {
 			pg := gaps[i]
-			pg.bad, pg.err = rt.walkGaps(ctx, topic, pg)
+			pg.bad, pg.reread, pg.err = rt.walkGaps(ctx, topic, pg)
 			return nil
 		})
 	}
-	var forged []RejectedBatch
 	cut := map[int32]bool{}
 	for _, pg := range gaps {
 		switch {
@@ -214,11 +217,14 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 			}
 			cut[pg.p] = true
 			rt.mustAbort = true
+		case pg.bad != nil && pg.reread:
+			reread = append(reread, *pg.bad)
+			cut[pg.p] = true
 		case pg.bad != nil:
 			forged = append(forged, *pg.bad)
 			cut[pg.p] = true
 		case pg.oor != nil:
-			return nil, nil, fmt.Errorf("stream: %w", session.FetchError(rt.log, rt.cfg.Group, kgo.Fetches{{Topics: []kgo.FetchTopic{{
+			return nil, nil, nil, fmt.Errorf("stream: %w", session.FetchError(rt.log, rt.cfg.Group, kgo.Fetches{{Topics: []kgo.FetchTopic{{
 				Topic: topic, Partitions: []kgo.FetchPartition{{Partition: pg.p, Err: pg.oor}}}}}}))
 		}
 	}
@@ -228,7 +234,7 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 			kept = append(kept, t)
 		}
 	}
-	return forged, kept, nil
+	return forged, reread, kept, nil
 }
 
 // gapCheckReady makes the client that fetches gaps (gapClient) and reads
@@ -252,31 +258,32 @@ func (rt *Runtime) gapCheckReady(ctx context.Context, topic string) error {
 // when kgo found it out of range, from after them to the end of the log,
 // pg.next being the offset expected first (-1: unknown, the first gap is
 // not checked). At a malformed batch it cuts the records from the gap's
-// end on, and returns the batch to reject.
-func (rt *Runtime) walkGaps(ctx context.Context, topic string, pg *partGaps) (*RejectedBatch, error) {
+// end on, and returns the batch to reject; at a gap whose first offsets
+// retention deleted meanwhile, the gap, to read again (reread, verify).
+func (rt *Runtime) walkGaps(ctx context.Context, topic string, pg *partGaps) (bad *RejectedBatch, reread bool, err error) {
 	w := &gapWalk{rt: rt, topic: topic, p: pg.p}
 	next, fetch, tl := pg.next, pg.fetch, pg.tl
 	for fi, fp := range fetch {
 		for i, r := range fp.Records {
 			if next >= 0 && r.Offset > next {
-				bad, err := w.check(ctx, next, r.Offset)
+				bad, reread, err := w.check(ctx, next, r.Offset)
 				if err != nil {
-					return nil, err
+					return nil, false, err
 				}
 				if bad != nil {
 					fp.Records = fp.Records[:i]
 					for _, later := range fetch[fi+1:] {
 						later.Records = nil
 					}
-					return bad, nil
+					return bad, reread, nil
 				}
 			}
 			next = r.Offset + 1
 		}
 	}
 	if tl != nil && next >= 0 && tl.Offset > next {
-		if bad, err := w.check(ctx, next, tl.Offset); bad != nil || err != nil {
-			return bad, err
+		if bad, reread, err := w.check(ctx, next, tl.Offset); bad != nil || err != nil {
+			return bad, reread, err
 		}
 	}
 	if tl != nil {
@@ -285,23 +292,23 @@ func (rt *Runtime) walkGaps(ctx context.Context, topic string, pg *partGaps) (*R
 	if pg.oor != nil && next >= 0 {
 		return w.checkToEnd(ctx, next)
 	}
-	return nil, nil
+	return nil, false, nil
 }
 
 // checkToEnd checks the partition's batches from offset from to the end
 // of its log (its last stable offset), for a partition kgo found out of
 // range (takeOutOfRange). Out of range for this fetch too (retention
 // deleted offsets the stage had not read), it finds nothing.
-func (w *gapWalk) checkToEnd(ctx context.Context, from int64) (*RejectedBatch, error) {
+func (w *gapWalk) checkToEnd(ctx context.Context, from int64) (*RejectedBatch, bool, error) {
 	raw, _, end, err := w.rt.rawFetch(ctx, w.topic, w.p, from)
 	if errors.Is(err, kerr.OffsetOutOfRange) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("fetch offsets %d to the end: %w", from, err)
+		return nil, false, fmt.Errorf("fetch offsets %d to the end: %w", from, err)
 	}
 	if end <= from {
-		return nil, nil
+		return nil, false, nil
 	}
 	w.raw, w.from = raw, from
 	return w.check(ctx, from, end)
@@ -320,22 +327,23 @@ type gapWalk struct {
 	from  int64  // the offset it fetched from
 }
 
-// check is verify, counted by its result.
-func (w *gapWalk) check(ctx context.Context, from, to int64) (*RejectedBatch, error) {
+// check is verify, counted by its result; reread says that bad is not a
+// malformed batch but a gap to read again.
+func (w *gapWalk) check(ctx context.Context, from, to int64) (bad *RejectedBatch, reread bool, err error) {
 	bad, deleted, err := w.verify(ctx, from, to)
 	result := gapSound
 	switch {
 	case err != nil:
 		result = gapError
-	case bad != nil:
-		result = gapMalformed
 	case deleted:
 		result = gapDeleted
+	case bad != nil:
+		result = gapMalformed
 	}
 	if w.rt.m != nil {
 		w.rt.m.gapsChecked.WithLabelValues(result).Inc()
 	}
-	return bad, err
+	return bad, deleted && bad != nil, err
 }
 
 // expectedInput is the offset of topic that partition p's next record
@@ -373,8 +381,13 @@ func (rt *Runtime) expectedInput(topic string, p int32) (next int64, known bool,
 // partition, which the client returned no record of: it returns the first
 // malformed one as a batch to reject from from (or its first offset) to
 // its end, nil if they are all sound, or were deleted meanwhile (deleted).
-// The batches of the last fetch are read first when they start at or
-// before from.
+// If retention deleted only the first of them, and not the offset to,
+// whose record the client returned, what made the client skip the rest
+// (a malformed batch among those deleted) cannot be read: it returns,
+// deleted, the gap up to the log start, as a batch for the partition to
+// skip (bad.Next the log start) and read again after it, without a
+// rejection. The batches of the last fetch are read first when they start
+// at or before from.
 func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatch, deleted bool, err error) {
 	w.rt.log.Debug("checking an input gap", zap.String("topic", w.topic), zap.Int32("partition", w.p), zap.Int64("from", from), zap.Int64("to", to))
 	at := from
@@ -383,11 +396,8 @@ func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatc
 		if w.raw == nil || at < w.from {
 			raw, logStart, _, err := w.rt.rawFetch(ctx, w.topic, w.p, at)
 			if errors.Is(err, kerr.OffsetOutOfRange) {
-				if logStart > at && logStart < to {
-					// Retention deleted the gap's first offsets:
-					// the rest can still hide a malformed batch.
-					at, deleted = logStart, true
-					continue
+				if logStart > at && logStart <= to {
+					return &RejectedBatch{Topic: w.topic, Partition: w.p, From: from, Next: logStart}, true, nil
 				}
 				return nil, true, nil // nothing of it can be read
 			}
@@ -400,21 +410,21 @@ func (w *gapWalk) verify(ctx context.Context, from, to int64) (bad *RejectedBatc
 		if bad != nil {
 			bad.Topic, bad.Partition = w.topic, w.p
 			bad.From = max(bad.From, from)
-			return bad, deleted, nil
+			return bad, false, nil
 		}
 		// The batches before rest end before n: no later gap of the
 		// walk holds an offset of theirs, and none reads them again.
 		w.raw = rest
 		if n <= at {
 			if fetched {
-				return nil, deleted, fmt.Errorf("fetch offsets %d to %d: no whole batch at %d", at, to-1, at)
+				return nil, false, fmt.Errorf("fetch offsets %d to %d: no whole batch at %d", at, to-1, at)
 			}
 			w.raw = nil // read to its end: fetch from at
 			continue
 		}
 		at = n
 	}
-	return nil, deleted, nil
+	return nil, false, nil
 }
 
 // checkGapBatches walks raw, the record batches of a fetch from offset at,
@@ -536,6 +546,22 @@ func (rt *Runtime) rawFetch(ctx context.Context, topic string, p int32, at int64
 		}
 	}
 	return nil, -1, -1, errors.New("the response has no such partition")
+}
+
+// addReread adds each gap of reread to its partition's job, after the
+// records polled before it: the partition skips it, without a rejection,
+// and reads the input again from its Next (skipBatch).
+func (rt *Runtime) addReread(jobs *fetchJobs, reread []RejectedBatch) error {
+	for _, rb := range reread {
+		j, err := rt.jobFor(jobs, rb.Topic, rb.Partition)
+		if err != nil {
+			return err
+		}
+		if j != nil {
+			j.batches = append(j.batches, fetchBatch{topic: rb.Topic, rejected: &rb, reread: true})
+		}
+	}
+	return nil
 }
 
 // topicID is topic's ID, as the brokers' metadata says, cached.
