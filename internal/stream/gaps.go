@@ -48,6 +48,17 @@ import (
 // client skipped it for a reason of its own. A fetch of the gap that
 // fails aborts the transaction, which puts the partition back at its
 // committed offset: the gap is polled, and checked, again.
+//
+// A malformed batch in a transaction that aborted leaves no record after
+// it when its delta points past the end of the log (the client keeps no
+// record of an aborted transaction, but takes their offsets): the client
+// asks next for an offset past the log's end, OFFSET_OUT_OF_RANGE, and
+// that partition's log is checked from the offset expected to its end
+// (takeOutOfRange); the error stops the stage only if no malformed batch
+// explains it. And a gap whose first offsets retention deleted while it
+// was checked, but not its end, cannot be judged: the partition skips the
+// deleted offsets and reads the rest again from the log start, without a
+// rejection (verify).
 
 // The results of a gap's check (meterline_stream_input_gaps_checked_total).
 const (
