@@ -18,6 +18,19 @@ func forgedAt(delta int64) []byte {
 	return testenv.RecordBatch(kgo.CodecNone, deltaRecord(delta, "b0", "hostile"))
 }
 
+// processedOnce waits until the group has committed every input, fails
+// the test unless rejectProc processed want, each once and in order, and
+// returns its rejections.
+func processedOnce(t *testing.T, s *suite, want []string) (rejected []string) {
+	t.Helper()
+	s.caughtUp()
+	rejected, seen := rejectOutputs(t, s)
+	if !slices.Equal(seen, want) {
+		t.Errorf("processed %q, want %q: each record once, in order", seen, want)
+	}
+	return rejected
+}
+
 // inputWrite is one write to partition 0 of a suite's input: a record of
 // id (its value; key b1), else a raw batch, else what do writes.
 type inputWrite struct {
@@ -98,13 +111,8 @@ func TestRealForgedBatchesAround(t *testing.T) {
 				if !running {
 					start()
 				}
-				s.caughtUp()
-				rejected, seen := rejectOutputs(t, s)
-				if len(rejected) != c.rejected {
+				if rejected := processedOnce(t, s, want); len(rejected) != c.rejected {
 					t.Errorf("rejections %q, want %d", rejected, c.rejected)
-				}
-				if !slices.Equal(seen, want) {
-					t.Errorf("processed %q, want %q", seen, want)
 				}
 			})
 		}
