@@ -207,7 +207,7 @@ func TestCheckGapBatches(t *testing.T) {
 		{name: "cut batch", raw: slices.Concat(batchBytes(10, sound(2)), batchBytes(12, sound(3))[:30]), at: 10, to: 17, next: 12},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			next, bad := checkGapBatches(c.raw, c.at, c.to)
+			next, _, bad := checkGapBatches(c.raw, c.at, c.to)
 			switch {
 			case c.from > 0 && (bad == nil || bad.From != c.from || bad.Next != c.nx || bad.Malformed == ""):
 				t.Errorf("malformed %+v, want the batch of offsets %d to %d", bad, c.from, c.nx-1)

@@ -137,10 +137,14 @@ func (rt *Runtime) skipBatch(j *fetchJob, b RejectedBatch, consumed bool) {
 		}
 		rt.skips[tp] = skipRewind{epoch: j.a.epoch, at: at}
 	}
-	if b.Malformed != "" {
+	switch {
+	case b.Malformed == "" && b.Err == nil: // a gap to read again (gaps.go)
+		rt.log.Warn("retention deleted the start of an input gap while it was checked: reading the partition again from the log start", zap.String("topic", b.Topic),
+			zap.Int32("partition", b.Partition), zap.Int64("from", b.From), zap.Int64("log_start", b.Next))
+	case b.Malformed != "":
 		rt.log.Warn("an input batch is malformed: rejecting it and skipping it in this transaction", zap.String("topic", b.Topic),
 			zap.Int32("partition", b.Partition), zap.Int64("from", b.From), zap.Int64("next", b.Next), zap.String("problem", b.Malformed))
-	} else {
+	default:
 		rt.log.Warn("an input batch decompresses past the bound: rejecting it and skipping it in this transaction", zap.String("topic", b.Topic),
 			zap.Int32("partition", b.Partition), zap.Int64("from", b.From), zap.Int64("next", b.Next), zap.Int("limit", b.Limit))
 	}

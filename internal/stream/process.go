@@ -30,6 +30,7 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	defer rt.decomp.reset()
 	rt.takeDeferred(fs)
 	tooLarge := takeTooLarge(fs)
+	outOfRange := rt.takeOutOfRange(fs)
 	// A lost group or coordinator is a rejoin, not a stop: the next
 	// assignment restores as usual (docs/design.md, Exactly-once, "Crash
 	// windows": "zombie after a rebalance"; session.FetchError).
@@ -38,7 +39,7 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	}
 	// Offsets of the input the client skipped, checked before any of the
 	// poll's records is processed (gaps.go).
-	malformed, tooLarge, err := rt.checkGaps(ctx, fs, tooLarge)
+	malformed, reread, tooLarge, err := rt.checkGaps(ctx, fs, tooLarge, outOfRange)
 	if err != nil {
 		return err
 	}
@@ -74,11 +75,17 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	if err := rt.addRejected(jobs, malformed); err != nil {
 		return err
 	}
+	if err := rt.addReread(jobs, reread); err != nil {
+		return err
+	}
 	err = parallel(len(jobs.list), func(i int) error {
 		j := jobs.list[i]
 		input := rt.cfg.InputTopic
 		sort.SliceStable(j.batches, func(a, b int) bool { return j.batches[a].topic != input && j.batches[b].topic == input })
 		for _, b := range j.batches {
+			if b.reread {
+				continue
+			}
 			if b.rejected != nil {
 				if err := j.a.part.(BatchRejecter).RejectBatch(j.tx, *b.rejected); err != nil {
 					return fmt.Errorf("stream: reject a batch of partition %d of %s: %w", j.tx.p, b.topic, err)
@@ -115,11 +122,13 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 }
 
 // fetchBatch is one topic's records of a poll for a partition, or a batch
-// of it the partition rejects.
+// of it the partition rejects, or, with reread, a gap it skips and reads
+// again after (gaps.go).
 type fetchBatch struct {
 	topic    string
 	recs     []*kgo.Record
 	rejected *RejectedBatch
+	reread   bool
 }
 
 // fetchJob is what one partition is given of a poll.
