@@ -619,7 +619,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		return nil, err
 	}
 	t.end.Store(end)
-	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
+	lagGauge := sb.lagGauge(t)
 	lagGauge.Set(float64(end - c.pos))
 	// The changelog's end comes every standbyListInterval from the
 	// listing the runtime's tails share (standbylist.go).
@@ -672,6 +672,21 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			sb.maybeForce()
 		}
 	}
+}
+
+// lagGauge returns tail t's series of the lag gauge, exported only while
+// t is its partition's current tail: a tail stopped (a promotion, a new
+// assignment) while it planned or built its warm structures, whose
+// series was deleted then, must not export it again, for a copy that no
+// longer exists. Those who stop a tail take it out of tails under mu
+// before they delete its series.
+func (sb *standbys) lagGauge(t *tail) prometheus.Gauge {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.tails[t.p] != t {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_standby_lag_records"})
+	}
+	return sb.m.lag.WithLabelValues(fmt.Sprint(t.p))
 }
 
 // waitRetention waits, once a standby gave up copying partition p's
