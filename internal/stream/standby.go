@@ -594,14 +594,21 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	// horizon checks (read again once the cache is stale).
 	retention := func() time.Duration { return rt.deleteRetention(ctx, adm, log) }
 
-	// redate dates the copy targetAt once it has read up to target, the
-	// end listed then.
-	redate := func(target int64, targetAt time.Time) error {
-		if c.pos < target {
+	// targets: the ends listed (oldest first) the copy has not read up
+	// to yet; reaching one dates the checkpoint by its listing.
+	targets := &listedTargets{}
+	targets.add(listedEnd{end: end, at: now})
+	// redate dates the copy by the latest listing whose end it has read
+	// up to: not only the latest listing, which a copy that reads the
+	// owner's transactions a listing interval or more after they
+	// commit would never reach (the next transaction is open by then).
+	redate := func() error {
+		l, ok := targets.reached(c.pos)
+		if !ok {
 			return nil
 		}
 		was := c.at
-		if err := c.redate(targetAt, retention()); err != nil {
+		if err := c.redate(l.at, retention()); err != nil {
 			return err
 		}
 		if c.at != was && !t.dated.Swap(true) {
@@ -613,9 +620,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	t.pos.Store(c.pos)
 	// written: the date of the checkpoint last written.
 	written := c.at
-	// target: the end listed at targetAt; reaching it dates the checkpoint.
-	target, targetAt := end, now
-	if err := redate(target, targetAt); err != nil {
+	if err := redate(); err != nil {
 		return nil, err
 	}
 	t.end.Store(end)
@@ -635,7 +640,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		}
 		start := time.Now()
 		n := c.add(fs, -1)
-		if err := redate(target, targetAt); err != nil {
+		if err := redate(); err != nil {
 			return nil, err
 		}
 		if n > 0 || c.pos != t.pos.Load() {
@@ -649,9 +654,9 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		t.pos.Store(c.pos)
 		if l, ok := ends.take(); ok {
 			e := l.end
-			target, targetAt = e, l.at
+			targets.add(l)
 			c.listed(e)
-			if err := redate(target, targetAt); err != nil {
+			if err := redate(); err != nil {
 				return nil, err
 			}
 			// A copy that read nothing new (the changelog is idle)
@@ -672,6 +677,45 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			sb.maybeForce()
 		}
 	}
+}
+
+// maxListedTargets bounds the listings a standby tail keeps until it
+// reads up to their ends: one a second while it catches up.
+const maxListedTargets = 64
+
+// listedTargets are the ends of the changelog listed for a standby tail
+// that it has not read up to yet, oldest first (an end only grows).
+type listedTargets struct{ ls []listedEnd }
+
+// add appends listing l. Past maxListedTargets every second one is
+// dropped, the oldest and the latest kept: a copy far behind still dates
+// itself by listings spread over the time it catches up.
+func (ts *listedTargets) add(l listedEnd) {
+	if len(ts.ls) >= maxListedTargets {
+		kept := ts.ls[:0]
+		for i, x := range ts.ls {
+			if i%2 == 0 || i == len(ts.ls)-1 {
+				kept = append(kept, x)
+			}
+		}
+		ts.ls = kept
+	}
+	ts.ls = append(ts.ls, l)
+}
+
+// reached returns the latest listing whose end is at or below pos, and
+// forgets it and those before it.
+func (ts *listedTargets) reached(pos int64) (listedEnd, bool) {
+	i := 0
+	for i < len(ts.ls) && ts.ls[i].end <= pos {
+		i++
+	}
+	if i == 0 {
+		return listedEnd{}, false
+	}
+	l := ts.ls[i-1]
+	ts.ls = ts.ls[i:]
+	return l, true
 }
 
 // lagGauge returns tail t's series of the lag gauge, exported only while
