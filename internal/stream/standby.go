@@ -212,7 +212,8 @@ type tail struct {
 	err  error
 	// Progress, for the status page.
 	pos, end atomic.Int64
-	// dated: the current copy took a new date (it caught up in time).
+	// dated: the current copy reached the latest listing of the
+	// changelog's end in time (it keeps up).
 	dated atomic.Bool
 }
 
@@ -611,8 +612,12 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		if err := c.redate(l.at, retention()); err != nil {
 			return err
 		}
-		if c.at != was && !t.dated.Swap(true) {
-			rt.noteHorizonAttempts(p, 0) // this copy fits
+		// A copy that reached the latest listing keeps up: this copy
+		// fits. One that dates itself by older listings only may be
+		// falling behind, and its copies in a row that outlast the
+		// horizon go on counting.
+		if c.at != was && len(targets.ls) == 0 && !t.dated.Swap(true) {
+			rt.noteHorizonAttempts(p, 0)
 		}
 		return nil
 	}

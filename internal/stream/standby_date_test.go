@@ -76,7 +76,8 @@ func TestStandbyDatesByAnEarlierListing(t *testing.T) {
 	give(l1)
 	commit()
 	txn("c", "3")
-	give(list())
+	l2 := list()
+	give(l2)
 	gate.open()
 	waitUntil(t, "the tail to read the first transaction", func() bool {
 		var off int64 = -1
@@ -91,8 +92,19 @@ func TestStandbyDatesByAnEarlierListing(t *testing.T) {
 		t.Fatalf("the copy at offset %d is dated %s, before the end %d listed at %s it has read up to",
 			cp.Offset, cp.At.Format(time.RFC3339Nano), l1.end, l1.at.Format(time.RFC3339Nano))
 	}
-	if err := owner.EndTransaction(ctx, kgo.TryAbort); err != nil {
-		t.Fatal(err)
+	// Dated by an older listing only, the copy may be falling behind: it
+	// is not known to keep up (its copies in a row that outlast the
+	// horizon go on counting) until it reaches the latest listing.
+	rt.sb.mu.Lock()
+	tl := rt.sb.tails[0]
+	rt.sb.mu.Unlock()
+	if tl.dated.Load() {
+		t.Fatal("the copy counts as keeping up before it read up to the latest listing")
+	}
+	commit()
+	waitUntil(t, "the copy to keep up once it read up to the latest listing", tl.dated.Load)
+	if cp, _, _ := rt.store.Checkpoint(0); cp.At.UnixMilli() < l2.at.UnixMilli() {
+		t.Fatalf("the copy is dated %s, before the latest listing it read up to, at %s", cp.At.Format(time.RFC3339Nano), l2.at.Format(time.RFC3339Nano))
 	}
 }
 
