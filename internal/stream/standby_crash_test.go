@@ -20,15 +20,7 @@ func TestStandbyPromotedAfterOwnerCrash(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			s := newSuite(t, nil, nil)
-			standby := func(c *Config) { c.StandbyReplicas = 1; c.TransactionTimeout = 2 * time.Second }
-			fsA, fsB := vfs.NewMem(), vfs.NewMem()
-			procB := &warmProc{countProc: &countProc{output: s.output}, opened: map[int32]openInfo{}}
-			a := s.startProc("a", fsA, &warmProc{countProc: &countProc{output: s.output}, opened: map[int32]openInfo{}}, standby)
-			b := s.startProc("b", fsB, procB, standby)
-			s.waitFor("one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
-			s.waitFor("one standby each", func() bool {
-				return a.metric("meterline_stream_standby_partitions") == 1 && b.metric("meterline_stream_standby_partitions") == 1
-			})
+			a, b, procB, fsB := startWarmPair(s, func(c *Config) { c.StandbyReplicas = 1; c.TransactionTimeout = 2 * time.Second })
 			for range 10 {
 				s.send(10)
 				time.Sleep(20 * time.Millisecond)
