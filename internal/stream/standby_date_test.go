@@ -9,14 +9,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestStandbyDatesByAnEarlierListing: a standby tail dates its copy by
 // any listing of the changelog's end it has read up to, not only the
-// latest. Here the end listed while the owner's transaction X1 is open
-// is read only once X1 commits, and by then a later listing, taken while
-// the next transaction X2 is open, has come: the copy has read everything
-// below the first listed end, so it takes that listing's date. When it
+// latest. Here the end is listed while transaction X1 is open, and again
+// once X2, of another producer (a fenced owner's and the new one's), is
+// open too; X1 commits first: the copy reads up to the first listed end
+// (X1's records, below X2's) and takes that listing's date, but is not
+// counted as keeping up until it reaches the latest listing. When it
 // waited for the latest listed end only, a standby whose reads trail the
 // owner's commits by more than the listing interval (a long
 // --commit-interval, transactions larger than it reads in a second) took
@@ -25,20 +28,43 @@ import (
 // and stopped copying after three such copies.
 func TestStandbyDatesByAnEarlierListing(t *testing.T) {
 	t.Parallel()
-	w := newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("3600000")})
-	rt, _ := w.standbyRuntime(&skewClock{}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), prometheus.NewRegistry())
-	// The test gives the tail its listings.
-	rt.sb.ends.interval = time.Hour
-	owner, err := kgo.NewClient(kgo.SeedBrokers(w.brokers...), kgo.DefaultProduceTopic(w.changelog), kgo.TransactionalID(w.changelog+"-owner"))
+	datesByEarlierListing(t, newKVWorld(t, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("3600000")}))
+}
+
+// TestRealStandbyDatesByAnEarlierListing is
+// TestStandbyDatesByAnEarlierListing on the real broker of
+// METERLINE_TEST_KAFKA: its last stable offset and transaction markers.
+func TestRealStandbyDatesByAnEarlierListing(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	w := &kvWorld{t: t, brokers: brokers, input: testenv.Name(t, "in"), changelog: testenv.Name(t, "changelog"), group: testenv.Name(t, "group")}
+	testenv.CreateTopic(t, brokers, w.input, 1, nil)
+	testenv.CreateTopic(t, brokers, w.changelog, 1, map[string]*string{"cleanup.policy": ptr("compact"), "delete.retention.ms": ptr("3600000")})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(owner.Close)
+	t.Cleanup(cl.Close)
+	w.cl = cl
+	datesByEarlierListing(t, w)
+}
+
+func datesByEarlierListing(t *testing.T, w *kvWorld) {
+	rt, _ := w.standbyRuntime(&skewClock{}, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), prometheus.NewRegistry())
+	// The test gives the tail its listings.
+	rt.sb.ends.interval = time.Hour
 	ctx := context.Background()
-	// The tail reads the changelog only when the test lets it.
-	gate := gateChangelog(t, w)
+	producer := func(id string) *kgo.Client {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(w.brokers...), kgo.DefaultProduceTopic(w.changelog), kgo.TransactionalID(w.changelog+"-"+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
+	}
+	p1, p2 := producer("1"), producer("2")
 	rt.sb.mu.Lock()
 	rt.sb.start(0)
+	tl := rt.sb.tails[0]
 	rt.sb.mu.Unlock()
 	var sub *endSub
 	waitUntil(t, "the tail to subscribe to the listings", func() bool {
@@ -57,54 +83,57 @@ func TestStandbyDatesByAnEarlierListing(t *testing.T) {
 		sub.give(l)
 		waitUntil(t, "the tail to take the listing", func() bool { return len(sub.got) == 0 })
 	}
-	txn := func(kv ...string) {
-		if err := owner.BeginTransaction(); err != nil {
+	begin := func(cl *kgo.Client, kv ...string) {
+		if err := cl.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
-		if err := owner.ProduceSync(ctx, kvRecords(kv...)...).FirstErr(); err != nil {
+		if err := cl.ProduceSync(ctx, kvRecords(kv...)...).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	commit := func() {
-		if err := owner.EndTransaction(ctx, kgo.TryCommit); err != nil {
+	commit := func(cl *kgo.Client) {
+		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 			t.Fatal(err)
 		}
+	}
+	read := func(what string, end int64) {
+		waitUntil(t, what, func() bool {
+			var off int64 = -1
+			rt.EachStandbyStatus(func(_ int32, o, _ int64) { off = o })
+			return off >= end
+		})
+	}
+	dated := func() time.Time {
+		cp, ok, err := rt.store.Checkpoint(0)
+		if err != nil || !ok {
+			t.Fatalf("no checkpoint (%v)", err)
+		}
+		return cp.At
 	}
 
-	txn("a", "1", "b", "2")
+	begin(p1, "a", "1", "b", "2")
 	l1 := list()
 	give(l1)
-	commit()
-	txn("c", "3")
+	begin(p2, "c", "3")
 	l2 := list()
 	give(l2)
-	gate.open()
-	waitUntil(t, "the tail to read the first transaction", func() bool {
-		var off int64 = -1
-		rt.EachStandbyStatus(func(_ int32, o, _ int64) { off = o })
-		return off >= l1.end
-	})
-	cp, ok, err := rt.store.Checkpoint(0)
-	if err != nil || !ok {
-		t.Fatalf("no checkpoint (%v)", err)
-	}
-	if cp.At.UnixMilli() < l1.at.UnixMilli() {
-		t.Fatalf("the copy at offset %d is dated %s, before the end %d listed at %s it has read up to",
-			cp.Offset, cp.At.Format(time.RFC3339Nano), l1.end, l1.at.Format(time.RFC3339Nano))
+	commit(p1)
+	read("the tail to read X1", l1.end)
+	if at := dated(); at.UnixMilli() < l1.at.UnixMilli() {
+		t.Fatalf("the copy is dated %s, before the end %d listed at %s it has read up to",
+			at.Format(time.RFC3339Nano), l1.end, l1.at.Format(time.RFC3339Nano))
 	}
 	// Dated by an older listing only, the copy may be falling behind: it
 	// is not known to keep up (its copies in a row that outlast the
 	// horizon go on counting) until it reaches the latest listing.
-	rt.sb.mu.Lock()
-	tl := rt.sb.tails[0]
-	rt.sb.mu.Unlock()
 	if tl.dated.Load() {
 		t.Fatal("the copy counts as keeping up before it read up to the latest listing")
 	}
-	commit()
+	commit(p2)
+	read("the tail to read X2", l2.end)
 	waitUntil(t, "the copy to keep up once it read up to the latest listing", tl.dated.Load)
-	if cp, _, _ := rt.store.Checkpoint(0); cp.At.UnixMilli() < l2.at.UnixMilli() {
-		t.Fatalf("the copy is dated %s, before the latest listing it read up to, at %s", cp.At.Format(time.RFC3339Nano), l2.at.Format(time.RFC3339Nano))
+	if at := dated(); at.UnixMilli() < l2.at.UnixMilli() {
+		t.Fatalf("the copy is dated %s, before the latest listing it read up to, at %s", at.Format(time.RFC3339Nano), l2.at.Format(time.RFC3339Nano))
 	}
 }
 
