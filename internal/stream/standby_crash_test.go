@@ -7,6 +7,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/meterline/meterline/internal/fault"
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestStandbyPromotedAfterOwnerCrash: the owner of a partition dies
@@ -16,10 +17,23 @@ import (
 // counted exactly once: the transaction committed before the crash once,
 // one left open or unfinished not at all until it is processed again.
 func TestStandbyPromotedAfterOwnerCrash(t *testing.T) {
+	promotedAfterOwnerCrash(t, nil)
+}
+
+// TestRealStandbyPromotedAfterOwnerCrash is
+// TestStandbyPromotedAfterOwnerCrash on the real broker of
+// METERLINE_TEST_KAFKA: the dead owner's open transaction holds the
+// standby's tail and the promoted restore at the last stable offset until
+// the broker aborts it.
+func TestRealStandbyPromotedAfterOwnerCrash(t *testing.T) {
+	promotedAfterOwnerCrash(t, testenv.RealKafka(t))
+}
+
+func promotedAfterOwnerCrash(t *testing.T, brokers []string) {
 	for _, point := range []string{fault.BeforeCommit, fault.AfterCommit, fault.DuringApply, fault.AfterApply} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
-			s := newSuite(t, nil, nil)
+			s := newSuite(t, brokers, nil)
 			a, b, procB, fsB := startWarmPair(s, func(c *Config) { c.StandbyReplicas = 1; c.TransactionTimeout = 2 * time.Second })
 			for range 10 {
 				s.send(10)
