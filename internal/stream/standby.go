@@ -212,7 +212,8 @@ type tail struct {
 	err  error
 	// Progress, for the status page.
 	pos, end atomic.Int64
-	// dated: the current copy took a new date (it caught up in time).
+	// dated: the current copy reached the latest listing of the
+	// changelog's end in time (it keeps up).
 	dated atomic.Bool
 }
 
@@ -594,18 +595,29 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	// horizon checks (read again once the cache is stale).
 	retention := func() time.Duration { return rt.deleteRetention(ctx, adm, log) }
 
-	// redate dates the copy targetAt once it has read up to target, the
-	// end listed then.
-	redate := func(target int64, targetAt time.Time) error {
-		if c.pos < target {
+	// targets: the ends listed (oldest first) the copy has not read up
+	// to yet; reaching one dates the checkpoint by its listing.
+	targets := &listedTargets{}
+	targets.add(listedEnd{end: end, at: now})
+	// redate dates the copy by the latest listing whose end it has read
+	// up to: not only the latest listing, which a copy that reads the
+	// owner's transactions a listing interval or more after they
+	// commit would never reach (the next transaction is open by then).
+	redate := func() error {
+		l, ok := targets.reached(c.pos)
+		if !ok {
 			return nil
 		}
 		was := c.at
-		if err := c.redate(targetAt, retention()); err != nil {
+		if err := c.redate(l.at, retention()); err != nil {
 			return err
 		}
-		if c.at != was && !t.dated.Swap(true) {
-			rt.noteHorizonAttempts(p, 0) // this copy fits
+		// A copy that reached the latest listing keeps up: this copy
+		// fits. One that dates itself by older listings only may be
+		// falling behind, and its copies in a row that outlast the
+		// horizon go on counting.
+		if c.at != was && len(targets.ls) == 0 && !t.dated.Swap(true) {
+			rt.noteHorizonAttempts(p, 0)
 		}
 		return nil
 	}
@@ -613,13 +625,11 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 	t.pos.Store(c.pos)
 	// written: the date of the checkpoint last written.
 	written := c.at
-	// target: the end listed at targetAt; reaching it dates the checkpoint.
-	target, targetAt := end, now
-	if err := redate(target, targetAt); err != nil {
+	if err := redate(); err != nil {
 		return nil, err
 	}
 	t.end.Store(end)
-	lagGauge := sb.m.lag.WithLabelValues(fmt.Sprint(p))
+	lagGauge := sb.lagGauge(t)
 	lagGauge.Set(float64(end - c.pos))
 	// The changelog's end comes every standbyListInterval from the
 	// listing the runtime's tails share (standbylist.go).
@@ -635,7 +645,7 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		}
 		start := time.Now()
 		n := c.add(fs, -1)
-		if err := redate(target, targetAt); err != nil {
+		if err := redate(); err != nil {
 			return nil, err
 		}
 		if n > 0 || c.pos != t.pos.Load() {
@@ -649,9 +659,9 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 		t.pos.Store(c.pos)
 		if l, ok := ends.take(); ok {
 			e := l.end
-			target, targetAt = e, l.at
+			targets.add(l)
 			c.listed(e)
-			if err := redate(target, targetAt); err != nil {
+			if err := redate(); err != nil {
 				return nil, err
 			}
 			// A copy that read nothing new (the changelog is idle)
@@ -672,6 +682,60 @@ func (sb *standbys) run(ctx context.Context, t *tail) (WarmState, error) {
 			sb.maybeForce()
 		}
 	}
+}
+
+// maxListedTargets bounds the listings a standby tail keeps until it
+// reads up to their ends: one a second while it catches up.
+const maxListedTargets = 64
+
+// listedTargets are the ends of the changelog listed for a standby tail
+// that it has not read up to yet, oldest first (an end only grows).
+type listedTargets struct{ ls []listedEnd }
+
+// add appends listing l. Past maxListedTargets every second one is
+// dropped, the oldest and the latest kept: a copy far behind still dates
+// itself by listings spread over the time it catches up.
+func (ts *listedTargets) add(l listedEnd) {
+	if len(ts.ls) >= maxListedTargets {
+		kept := ts.ls[:0]
+		for i, x := range ts.ls {
+			if i%2 == 0 || i == len(ts.ls)-1 {
+				kept = append(kept, x)
+			}
+		}
+		ts.ls = kept
+	}
+	ts.ls = append(ts.ls, l)
+}
+
+// reached returns the latest listing whose end is at or below pos, and
+// forgets it and those before it.
+func (ts *listedTargets) reached(pos int64) (listedEnd, bool) {
+	i := 0
+	for i < len(ts.ls) && ts.ls[i].end <= pos {
+		i++
+	}
+	if i == 0 {
+		return listedEnd{}, false
+	}
+	l := ts.ls[i-1]
+	ts.ls = ts.ls[i:]
+	return l, true
+}
+
+// lagGauge returns tail t's series of the lag gauge, exported only while
+// t is its partition's current tail: a tail stopped (a promotion, a new
+// assignment) while it planned or built its warm structures, whose
+// series was deleted then, must not export it again, for a copy that no
+// longer exists. Those who stop a tail take it out of tails under mu
+// before they delete its series.
+func (sb *standbys) lagGauge(t *tail) prometheus.Gauge {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.tails[t.p] != t {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_standby_lag_records"})
+	}
+	return sb.m.lag.WithLabelValues(fmt.Sprint(t.p))
 }
 
 // waitRetention waits, once a standby gave up copying partition p's

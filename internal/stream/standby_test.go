@@ -92,15 +92,7 @@ func TestStandbyFailoverTailStoppedFirst(t *testing.T) {
 
 func standbyFailover(t *testing.T, tailStopsFirst bool) {
 	s := newSuite(t, nil, nil)
-	standby := func(c *Config) { c.StandbyReplicas = 1 }
-	fsA, fsB := vfs.NewMem(), vfs.NewMem()
-	procB := &warmProc{countProc: &countProc{output: s.output}, opened: map[int32]openInfo{}}
-	a := s.startProc("a", fsA, &warmProc{countProc: &countProc{output: s.output}, opened: map[int32]openInfo{}}, standby)
-	b := s.startProc("b", fsB, procB, standby)
-	s.waitFor("one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
-	s.waitFor("one standby each", func() bool {
-		return a.metric("meterline_stream_standby_partitions") == 1 && b.metric("meterline_stream_standby_partitions") == 1
-	})
+	a, b, procB, fsB := startWarmPair(s, func(c *Config) { c.StandbyReplicas = 1 })
 	// Transactions of a few inputs each: the changelog holds records of
 	// many, however the owner's commits happened to group the inputs.
 	for range 30 {
@@ -193,6 +185,22 @@ func standbyFailover(t *testing.T, tailStopsFirst bool) {
 		t.Fatalf("tail restores %v", n)
 	}
 	s.finish(b, fsB)
+}
+
+// startWarmPair starts instances a and b with warmProc processors and
+// mod (standby replicas), and waits until each owns one partition and
+// keeps the other's warm. It returns b's processor and store.
+func startWarmPair(s *suite, mod func(*Config)) (a, b *instance, procB *warmProc, fsB vfs.FS) {
+	s.t.Helper()
+	fsB = vfs.NewMem()
+	procB = &warmProc{countProc: &countProc{output: s.output}, opened: map[int32]openInfo{}}
+	a = s.startProc("a", vfs.NewMem(), &warmProc{countProc: &countProc{output: s.output}, opened: map[int32]openInfo{}}, mod)
+	b = s.startProc("b", fsB, procB, mod)
+	s.waitFor("one partition each", func() bool { return a.owned() == 1 && b.owned() == 1 })
+	s.waitFor("one standby each", func() bool {
+		return a.metric("meterline_stream_standby_partitions") == 1 && b.metric("meterline_stream_standby_partitions") == 1
+	})
+	return a, b, procB, fsB
 }
 
 // TestStandbyJoinDefers: a cold instance joining a warm one with standbys
