@@ -200,3 +200,46 @@ func TestDocumentJSONLongNames(t *testing.T) {
 		t.Errorf("a JSON key given twice: %v", err)
 	}
 }
+
+// TestDocumentBadNamePaths: a cap, grant or rate whose name no record
+// can hold (empty, a control character) is named by its key in the
+// document, as every other problem is, not by its index among the sorted
+// keys, which the document does not show.
+func TestDocumentBadNamePaths(t *testing.T) {
+	d, err := ParseDocument([]byte("caps: {\"a\\tb\": {limit: 0}, ok: {limit: 1}}\ngrants: {\"\": {amount: 1}, \"z\\u0007\": {amount: 2}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Record("acme", nil)
+	rd, err2 := ParseRatesDocument([]byte("versions:\n  - effective_from: \"2026-01-01T00:00:00Z\"\n    rates: {ok: 1, \"a\\tb\": 2}\n"))
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	_, err2 = rd.Card(nil)
+	got := fmt.Sprint(err, "\n", err2)
+	for _, want := range []string{
+		`caps."a\tb": holds the control character U+0009`, `caps."a\tb".limit: must be positive (got 0)`,
+		`grants."": must not be empty`, `grants."z\a": holds the control character U+0007`,
+		`versions[0].rates."a\tb": holds the control character U+0009`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "caps[") || strings.Contains(got, "grants[") || strings.Contains(got, "rates[") {
+		t.Errorf("an index the document does not show:\n%s", got)
+	}
+}
+
+// TestDocumentBadNameBadNumber: a cap with a bad name and a limit that is
+// not an integer is named once for the limit, by its key.
+func TestDocumentBadNameBadNumber(t *testing.T) {
+	d, err := ParseDocument([]byte("caps: {\"a\\tb\": {limit: x}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Record("acme", nil)
+	if got := fmt.Sprint(err); strings.Count(got, "limit") != 1 || !strings.Contains(got, `caps."a\tb".limit: not a 64-bit integer`) {
+		t.Errorf("got:\n%s", got)
+	}
+}
