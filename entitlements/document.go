@@ -277,7 +277,10 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		}
 	}
 	if err := Validate(e, meters); err != nil {
-		f = append(f, f.unreported(err)...)
+		errs := unjoin(err)
+		keyPaths(errs, "caps", func(i int) (string, bool) { return itemName(i, e.Caps, func(c schemas.Cap) string { return c.Meter }) }, ".meter")
+		keyPaths(errs, "grants", func(i int) (string, bool) { return itemName(i, e.Grants, func(g schemas.Grant) string { return g.ID }) }, ".id")
+		f = append(f, f.unreported(errs)...)
 	}
 	if err := f.err(); err != nil {
 		return nil, err
@@ -288,14 +291,10 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 // notInt64 begins the error of a number that is not a 64-bit integer.
 const notInt64 = "not a 64-bit integer"
 
-// unreported is the errors of Validate's err but those of a field that f
-// reports as not a 64-bit integer: such a number is reported as that,
-// not also as the 0 it was read as.
-func (f fieldErrs) unreported(err error) []error {
-	errs := []error{err}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	}
+// unreported is errs (Validate's) but those of a field that f reports as
+// not a 64-bit integer: such a number is reported as that, not also as
+// the 0 it was read as.
+func (f fieldErrs) unreported(errs []error) []error {
 	reported := map[string]bool{}
 	for _, e := range f {
 		if fe, ok := e.(*FieldError); ok && strings.HasPrefix(fe.Reason, notInt64) {
@@ -310,6 +309,49 @@ func (f fieldErrs) unreported(err error) []error {
 		out = append(out, e)
 	}
 	return out
+}
+
+// unjoin returns the errors joined in err.
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return slices.Clone(j.Unwrap())
+	}
+	return []error{err}
+}
+
+// itemName returns the name of items[i], if there is one.
+func itemName[T any](i int, items []T, name func(T) string) (string, bool) {
+	if i < 0 || i >= len(items) {
+		return "", false
+	}
+	return name(items[i]), true
+}
+
+// keyPaths renames, in errs, the fields that Validate names by an
+// item's index in a record's list (list[i], for an item whose name no
+// record can hold) by the item's key in the document, as every other
+// field of it is named: caps[0].meter is caps."a\tb", caps[0].limit
+// caps."a\tb".limit.
+func keyPaths(errs []error, list string, name func(int) (string, bool), nameField string) {
+	for k, err := range errs {
+		fe, ok := err.(*FieldError)
+		if !ok || !strings.HasPrefix(fe.Field, list+"[") {
+			continue
+		}
+		idx, rest, ok := strings.Cut(fe.Field[len(list)+1:], "]")
+		i, err := strconv.Atoi(idx)
+		if !ok || err != nil {
+			continue
+		}
+		n, ok := name(i)
+		if !ok {
+			continue
+		}
+		if rest == nameField {
+			rest = ""
+		}
+		errs[k] = &FieldError{Field: list + "." + pathPart(n) + rest, Reason: fe.Reason}
+	}
 }
 
 // DocumentOf returns the document of a record; writtenAt (its broker
@@ -464,7 +506,13 @@ func (d *RatesDocument) Card(meters Meters) (*schemas.RateCard, error) {
 		c.Versions = append(c.Versions, rv)
 	}
 	if err := ValidateRateCard(c, meters); err != nil {
-		f = append(f, err)
+		errs := unjoin(err)
+		for i, v := range c.Versions {
+			keyPaths(errs, fmt.Sprintf("versions[%d].rates", i), func(j int) (string, bool) {
+				return itemName(j, v.Rates, func(r schemas.Rate) string { return r.Meter })
+			}, ".meter")
+		}
+		f = append(f, errs...)
 	}
 	if err := f.err(); err != nil {
 		return nil, err

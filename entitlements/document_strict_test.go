@@ -157,8 +157,9 @@ func TestParseRateLongText(t *testing.T) {
 
 // TestDocumentRoundTripNames: names that YAML would read as something
 // else unquoted (on, 010, null, 1e3, ...) come back from what get prints,
-// in YAML and JSON, as they were. (A name << does not: a YAML printer
-// writes it unquoted, and it is then a merge key, refused.)
+// in YAML and JSON, as they were. (A name << does not through this YAML
+// printer, which writes it unquoted, a merge key then, refused; get's
+// printer quotes it: TestEntitlementsGetOddNames in internal/cli.)
 func TestDocumentRoundTripNames(t *testing.T) {
 	names := []string{"on", "010", "y", "n", "1e3", "null", "~", "2026-01-01", "-", "a: b", "#x", "0x1F", "1_000", ".inf", "=", "true", "NO", "0o17", "+1", "1:20", "!tag", "&a", "*a", "'q'", "\"d\"", "[x]", "{y}", "|", ">", "%", "@", "`"}
 	e := &schemas.Entitlements{CustomerID: "acme", Plan: "010", Caps: []schemas.Cap{}, Grants: []schemas.Grant{}, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
@@ -170,4 +171,75 @@ func TestDocumentRoundTripNames(t *testing.T) {
 	e = e2.Record("acme", 0)
 	checkRoundTrip(t, yaml.Marshal, e, 0)
 	checkRoundTrip(t, json.Marshal, e, 0)
+}
+
+// TestDocumentJSONLongNames: what `get -o json` prints of a record whose
+// meter and grant id are as long as a name may be reads back (a YAML
+// parser refuses a quoted key of more than 1,024 characters, and a
+// JSON key is quoted), keys given twice still refused by line.
+func TestDocumentJSONLongNames(t *testing.T) {
+	n := strings.Repeat("m", MaxNameBytes)
+	e := &schemas.Entitlements{CustomerID: "acme", Caps: []schemas.Cap{{Meter: n, Limit: 5, OnLimit: schemas.OnLimitReject}},
+		Grants: []schemas.Grant{{ID: n, Amount: 7}}, Overdraft: schemas.Overdraft{Policy: schemas.OverdraftAllow}}
+	checkRoundTrip(t, json.Marshal, e, 0)
+	checkRoundTrip(t, func(v any) ([]byte, error) { return json.MarshalIndent(v, "", "  ") }, e, 0)
+	c := &schemas.RateCard{Versions: []schemas.RateVersion{{EffectiveFrom: 946684800000, Rates: []schemas.Rate{{Meter: n, MicroCredits: 15, PerUnits: 1000}}}}}
+	b, err := json.Marshal(RatesDocumentOf(c, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := ParseRatesDocument(b)
+	if err != nil {
+		t.Fatalf("rate card: %v", err)
+	}
+	if c2, err := d.Card(nil); err != nil || !reflect.DeepEqual(c, c2) {
+		t.Errorf("rate card: %v, %+v", err, c2)
+	}
+	_, err = ParseDocument([]byte("{\"caps\": {\"a\": {\"limit\": 1},\n \"a\": {\"limit\": 2}}}"))
+	if err == nil || !strings.Contains(err.Error(), "caps.a: given twice (lines 1 and 2)") {
+		t.Errorf("a JSON key given twice: %v", err)
+	}
+}
+
+// TestDocumentBadNamePaths: a cap, grant or rate whose name no record
+// can hold (empty, a control character) is named by its key in the
+// document, as every other problem is, not by its index among the sorted
+// keys, which the document does not show.
+func TestDocumentBadNamePaths(t *testing.T) {
+	d, err := ParseDocument([]byte("caps: {\"a\\tb\": {limit: 0}, ok: {limit: 1}}\ngrants: {\"\": {amount: 1}, \"z\\u0007\": {amount: 2}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Record("acme", nil)
+	rd, err2 := ParseRatesDocument([]byte("versions:\n  - effective_from: \"2026-01-01T00:00:00Z\"\n    rates: {ok: 1, \"a\\tb\": 2}\n"))
+	if err2 != nil {
+		t.Fatal(err2)
+	}
+	_, err2 = rd.Card(nil)
+	got := fmt.Sprint(err, "\n", err2)
+	for _, want := range []string{
+		`caps."a\tb": holds the control character U+0009`, `caps."a\tb".limit: must be positive (got 0)`,
+		`grants."": must not be empty`, `grants."z\a": holds the control character U+0007`,
+		`versions[0].rates."a\tb": holds the control character U+0009`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "caps[") || strings.Contains(got, "grants[") || strings.Contains(got, "rates[") {
+		t.Errorf("an index the document does not show:\n%s", got)
+	}
+}
+
+// TestDocumentBadNameBadNumber: a cap with a bad name and a limit that is
+// not an integer is named once for the limit, by its key.
+func TestDocumentBadNameBadNumber(t *testing.T) {
+	d, err := ParseDocument([]byte("caps: {\"a\\tb\": {limit: x}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Record("acme", nil)
+	if got := fmt.Sprint(err); strings.Count(got, "limit") != 1 || !strings.Contains(got, `caps."a\tb".limit: not a 64-bit integer`) {
+		t.Errorf("got:\n%s", got)
+	}
 }

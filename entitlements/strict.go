@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -42,26 +44,12 @@ var errEmptyDocument = errors.New("the document is empty (a record with no field
 // number is read from its digits, never through a float. Each problem is
 // named by its field path.
 func decodeStrict(b []byte, v any) error {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errEmptyDocument
-		}
-		return err
-	}
-	if len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null" {
-		return errEmptyDocument
-	}
-	var more yaml.Node
-	switch err := dec.Decode(&more); {
-	case err == nil:
-		return fmt.Errorf("line %d: more than one document: write one record at a time", more.Line)
-	case !errors.Is(err, io.EOF):
+	doc, err := parseOne(b)
+	if err != nil {
 		return err
 	}
 	s := strictDoc{nodes: maxDocNodes, text: maxDocText}
-	tree := s.value(&doc, reflect.TypeOf(v).Elem(), "", 0)
+	tree := s.value(doc, reflect.TypeOf(v).Elem(), "", 0)
 	if err := s.err(); err != nil {
 		return err
 	}
@@ -72,6 +60,89 @@ func decodeStrict(b []byte, v any) error {
 	jd := json.NewDecoder(bytes.NewReader(j))
 	jd.DisallowUnknownFields()
 	return jd.Decode(v)
+}
+
+// parseOne parses the one document of b. A JSON object that the YAML
+// parser refuses is read as JSON (jsonDoc): the YAML parser refuses a
+// quoted key of more than 1,024 characters, which `get -o json` prints
+// for a name of 1,023 or 1,024 bytes.
+func parseOne(b []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errEmptyDocument
+		}
+		if t := bytes.TrimSpace(b); len(t) > 0 && t[0] == '{' && utf8.Valid(t) && json.Valid(t) {
+			return jsonDoc(b)
+		}
+		return nil, err
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null" {
+		return nil, errEmptyDocument
+	}
+	var more yaml.Node
+	switch err := dec.Decode(&more); {
+	case err == nil:
+		return nil, fmt.Errorf("line %d: more than one document: write one record at a time", more.Line)
+	case !errors.Is(err, io.EOF):
+		return nil, err
+	}
+	return &doc, nil
+}
+
+// jsonDoc reads a JSON document (valid, an object) as the node tree the
+// YAML parser makes of it: each key and value with its line, a key given
+// twice kept twice (strictDoc refuses it), a scalar's text as written.
+func jsonDoc(b []byte) (*yaml.Node, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	line := func() int { return 1 + bytes.Count(b[:dec.InputOffset()], []byte{'\n'}) }
+	var value func() (*yaml.Node, error)
+	value = func() (*yaml.Node, error) {
+		// The line of the token about to be read: past the spaces and
+		// separator before it.
+		rest := b[dec.InputOffset():]
+		l := line() + bytes.Count(rest[:len(rest)-len(bytes.TrimLeft(rest, " \t\r\n,:"))], []byte{'\n'})
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		n := &yaml.Node{Kind: yaml.ScalarNode, Line: l}
+		switch t := tok.(type) {
+		case json.Delim:
+			n.Kind, n.Tag = yaml.SequenceNode, "!!seq"
+			if t == '{' {
+				n.Kind, n.Tag = yaml.MappingNode, "!!map"
+			}
+			for dec.More() {
+				c, err := value()
+				if err != nil {
+					return nil, err
+				}
+				n.Content = append(n.Content, c)
+			}
+			_, err := dec.Token()
+			return n, err
+		case string:
+			n.Tag, n.Value = "!!str", t
+		case json.Number:
+			n.Tag, n.Value = "!!float", t.String()
+			if _, err := strconv.ParseInt(t.String(), 10, 64); err == nil {
+				n.Tag = "!!int"
+			}
+		case bool:
+			n.Tag, n.Value = "!!bool", strconv.FormatBool(t)
+		case nil:
+			n.Tag, n.Value = "!!null", "null"
+		}
+		return n, nil
+	}
+	n, err := value()
+	if err != nil {
+		return nil, err
+	}
+	return &yaml.Node{Kind: yaml.DocumentNode, Line: 1, Content: []*yaml.Node{n}}, nil
 }
 
 // strictDoc converts a YAML node tree to the JSON-able tree of a Go type,

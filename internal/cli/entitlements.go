@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
-	"sigs.k8s.io/yaml"
 
 	"github.com/meterline/meterline/aggregator"
 	"github.com/meterline/meterline/dedup"
@@ -830,7 +829,7 @@ func (c *entRead) print(stdio IO, list bool, docs ...any) error {
 		return err
 	}
 	for i, d := range docs {
-		b, err := yaml.Marshal(d)
+		b, err := entYAML(d)
 		if err != nil {
 			return err
 		}
