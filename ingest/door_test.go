@@ -56,12 +56,13 @@ func TestTooOldRefused(t *testing.T) {
 	reason := old + ` is more than 841h0m0s before now: dedup would reject it as too old`
 	status, got := e.compactProblem("/api/v1/events", "application/cloudevents-batch+json",
 		"["+ce("a", ts(bound))+","+ce("b", old)+"]")
-	want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"time","code":"too_old","reason":"` + reason + `"}]}`
+	want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent. Event 1, time: ` + reason + `","errors":[{"index":1,"field":"time","code":"too_old","reason":"` + reason + `"}]}`
 	if status != 400 || got != want {
 		t.Errorf("CloudEvents: got %d %s\nwant 400 %s", status, got, want)
 	}
 	status, got = e.compactProblem("/v1/events", "application/x-ndjson", ml("a", ts(bound))+"\n"+ml("b", old))
 	want = strings.ReplaceAll(want, `"field":"time"`, `"field":"event_time"`)
+	want = strings.Replace(want, "Event 1, time:", "Event 1, event_time:", 1)
 	if status != 400 || got != want {
 		t.Errorf("NDJSON: got %d %s\nwant 400 %s", status, got, want)
 	}
@@ -104,7 +105,8 @@ func TestDataDuplicateMembers(t *testing.T) {
 		{"unread member", `{"tokens":{"input":1},"user":"u","x":{"y":{"z":1,"z":1}}}`, "data.x.y.z"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"` +
+			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent. Event 1, ` +
+				c.field + `: appears twice","errors":[{"index":1,"field":"` +
 				c.field + `","code":"invalid","reason":"appears twice"}]}`
 			status, got := e.compactProblem("/api/v1/events", "application/cloudevents-batch+json", "["+ce("a", ok)+","+ce("b", c.data)+"]")
 			if status != 400 || got != want {
@@ -114,6 +116,7 @@ func TestDataDuplicateMembers(t *testing.T) {
 			// upper-case extension name sends it to encoding/json).
 			one := strings.Replace(want, "1 of 2", "1 of 1", 1)
 			one = strings.Replace(one, `"index":1`, `"index":0`, 1)
+			one = strings.Replace(one, "Event 1,", "Event 0,", 1)
 			status, got = e.compactProblem("/api/v1/events", "application/cloudevents+json", ce("b", c.data))
 			if status != 400 || got != one {
 				t.Errorf("one event: got %d %s\nwant 400 %s", status, got, one)
@@ -165,7 +168,8 @@ func TestIdentityInvisibleCharacters(t *testing.T) {
 		{"event_id", "/v1/events", "application/x-ndjson", ml("a\u200b", "acme-1", "api_calls"), "event_id", "invisible character U+200B at offset 1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"` +
+			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent. Event 0, ` +
+				c.field + `: holds the ` + c.why + ` (not allowed in identity fields and source)","errors":[{"index":0,"field":"` +
 				c.field + `","code":"invalid","reason":"holds the ` + c.why + ` (not allowed in identity fields and source)"}]}`
 			if status, got := e.compactProblem(c.path, c.ct, c.body); status != 400 || got != want {
 				t.Errorf("got %d %s\nwant 400 %s", status, got, want)
