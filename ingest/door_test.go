@@ -330,3 +330,26 @@ func TestDataNamedTwiceLastCounts(t *testing.T) {
 		t.Errorf("data then null: %d %s, want 400: no data", status, got2)
 	}
 }
+
+// A CloudEvent whose group_by values are over the 8 KiB a usage event
+// keeps of its properties is refused naming data, and the reason says
+// what was measured: the values the meter keeps, not the whole data, which
+// may be larger (a member no meter reads is not kept).
+func TestGroupValuesOversized(t *testing.T) {
+	e := newEnv(t, nil)
+	ce := func(id, data string) string {
+		return fmt.Sprintf(`{"specversion":"1.0","id":%q,"source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":%s}`, id, data)
+	}
+	long := strings.Repeat("x", 9000)
+	status, got := e.compactProblem("/api/v1/events", "application/cloudevents+json",
+		ce("a", `{"tokens":{"input":3},"user":"u","blob":"`+long+`"}`))
+	if status != 204 {
+		t.Fatalf("data of 9 KB a meter does not read: %d %s, want 204", status, got)
+	}
+	status, got = e.compactProblem("/api/v1/events", "application/cloudevents+json",
+		ce("b", `{"tokens":{"input":3},"user":"u","model":"`+long+`"}`))
+	want := `"field":"data","code":"oversized","reason":"the values meter input_tokens keeps of data (its group_by and property): 9005 bytes, more than 8192"`
+	if status != 400 || !strings.Contains(got, want) {
+		t.Errorf("a group_by value of 9000 bytes: got %d %s\nwant 400 with %s", status, got, want)
+	}
+}

@@ -751,7 +751,7 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 			last = u.input
 			var fe *producer.FieldError
 			if errors.As(err, &fe) {
-				errs = append(errs, EventError{Index: u.input, Field: u.mm.field(fe.Field), Code: fe.Code, Reason: fe.Reason})
+				errs = append(errs, EventError{Index: u.input, Field: u.mm.field(fe.Field), Code: fe.Code, Reason: u.mm.reason(fe.Field, fe.Reason)})
 			} else {
 				errs = append(errs, EventError{Index: u.input, Field: "event", Code: schemas.ReasonInvalid, Reason: err.Error()})
 			}
