@@ -269,6 +269,16 @@ func (mm *meterMap) field(f string) string {
 	return "data"
 }
 
+// reason is the reason of a usage event's field error as the request's
+// field reads it: the properties as a whole (their size) are the values
+// the meter keeps of data, which field names as "data", not all of it.
+func (mm *meterMap) reason(f, reason string) string {
+	if mm == nil || f != "properties" {
+		return reason
+	}
+	return fmt.Sprintf("the values meter %s keeps of data (its group_by and property): %s", mm.m.Name, reason)
+}
+
 // jvalue is the value a path selected, as the mapper needs it.
 type jvalue struct {
 	kind jkind

@@ -56,12 +56,13 @@ func TestTooOldRefused(t *testing.T) {
 	reason := old + ` is more than 841h0m0s before now: dedup would reject it as too old`
 	status, got := e.compactProblem("/api/v1/events", "application/cloudevents-batch+json",
 		"["+ce("a", ts(bound))+","+ce("b", old)+"]")
-	want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"time","code":"too_old","reason":"` + reason + `"}]}`
+	want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent. Event 1, time: ` + reason + `","errors":[{"index":1,"field":"time","code":"too_old","reason":"` + reason + `"}]}`
 	if status != 400 || got != want {
 		t.Errorf("CloudEvents: got %d %s\nwant 400 %s", status, got, want)
 	}
 	status, got = e.compactProblem("/v1/events", "application/x-ndjson", ml("a", ts(bound))+"\n"+ml("b", old))
 	want = strings.ReplaceAll(want, `"field":"time"`, `"field":"event_time"`)
+	want = strings.Replace(want, "Event 1, time:", "Event 1, event_time:", 1)
 	if status != 400 || got != want {
 		t.Errorf("NDJSON: got %d %s\nwant 400 %s", status, got, want)
 	}
@@ -104,7 +105,8 @@ func TestDataDuplicateMembers(t *testing.T) {
 		{"unread member", `{"tokens":{"input":1},"user":"u","x":{"y":{"z":1,"z":1}}}`, "data.x.y.z"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent","errors":[{"index":1,"field":"` +
+			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 2 events are invalid; nothing was sent. Event 1, ` +
+				c.field + `: appears twice","errors":[{"index":1,"field":"` +
 				c.field + `","code":"invalid","reason":"appears twice"}]}`
 			status, got := e.compactProblem("/api/v1/events", "application/cloudevents-batch+json", "["+ce("a", ok)+","+ce("b", c.data)+"]")
 			if status != 400 || got != want {
@@ -114,6 +116,7 @@ func TestDataDuplicateMembers(t *testing.T) {
 			// upper-case extension name sends it to encoding/json).
 			one := strings.Replace(want, "1 of 2", "1 of 1", 1)
 			one = strings.Replace(one, `"index":1`, `"index":0`, 1)
+			one = strings.Replace(one, "Event 1,", "Event 0,", 1)
 			status, got = e.compactProblem("/api/v1/events", "application/cloudevents+json", ce("b", c.data))
 			if status != 400 || got != one {
 				t.Errorf("one event: got %d %s\nwant 400 %s", status, got, one)
@@ -165,7 +168,8 @@ func TestIdentityInvisibleCharacters(t *testing.T) {
 		{"event_id", "/v1/events", "application/x-ndjson", ml("a\u200b", "acme-1", "api_calls"), "event_id", "invisible character U+200B at offset 1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent","errors":[{"index":0,"field":"` +
+			want := `{"type":"urn:meterline:problem:invalid-events","title":"Invalid events","status":400,"detail":"1 of 1 events are invalid; nothing was sent. Event 0, ` +
+				c.field + `: holds the ` + c.why + ` (not allowed in identity fields and source)","errors":[{"index":0,"field":"` +
 				c.field + `","code":"invalid","reason":"holds the ` + c.why + ` (not allowed in identity fields and source)"}]}`
 			if status, got := e.compactProblem(c.path, c.ct, c.body); status != 400 || got != want {
 				t.Errorf("got %d %s\nwant 400 %s", status, got, want)
@@ -324,5 +328,28 @@ func TestDataNamedTwiceLastCounts(t *testing.T) {
 	status, got2 := e.compactProblem("/api/v1/events", "application/cloudevents+json", head+`"id":"null","data":{"tokens":{"input":1},"user":"u"},"data":null}`)
 	if status != 400 || !strings.Contains(got2, `"field":"data.tokens.input"`) || !strings.Contains(got2, "the event has no data") {
 		t.Errorf("data then null: %d %s, want 400: no data", status, got2)
+	}
+}
+
+// A CloudEvent whose group_by values are over the 8 KiB a usage event
+// keeps of its properties is refused naming data, and the reason says
+// what was measured: the values the meter keeps, not the whole data, which
+// may be larger (a member no meter reads is not kept).
+func TestGroupValuesOversized(t *testing.T) {
+	e := newEnv(t, nil)
+	ce := func(id, data string) string {
+		return fmt.Sprintf(`{"specversion":"1.0","id":%q,"source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":%s}`, id, data)
+	}
+	long := strings.Repeat("x", 9000)
+	status, got := e.compactProblem("/api/v1/events", "application/cloudevents+json",
+		ce("a", `{"tokens":{"input":3},"user":"u","blob":"`+long+`"}`))
+	if status != 204 {
+		t.Fatalf("data of 9 KB a meter does not read: %d %s, want 204", status, got)
+	}
+	status, got = e.compactProblem("/api/v1/events", "application/cloudevents+json",
+		ce("b", `{"tokens":{"input":3},"user":"u","model":"`+long+`"}`))
+	want := `"field":"data","code":"oversized","reason":"the values meter input_tokens keeps of data (its group_by and property): 9005 bytes, more than 8192"`
+	if status != 400 || !strings.Contains(got, want) {
+		t.Errorf("a group_by value of 9000 bytes: got %d %s\nwant 400 with %s", status, got, want)
 	}
 }

@@ -176,7 +176,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		if invalid := countIndexes(errs) - denied; invalid > 0 {
 			detail += fmt.Sprintf(", and %d are invalid", invalid)
 		}
-		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope", detail+"; nothing was sent", errs, 0)
+		writeProblem(w, http.StatusForbidden, "forbidden", "Outside the key's scope", detail+"; nothing was sent"+firstError(errs), errs, 0)
 		s.metrics.refused(tenant, req.inputs)
 		s.metrics.refusedEvents(tenant, errs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
@@ -184,7 +184,7 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	}
 	if len(req.errs) > 0 {
 		writeProblem(w, http.StatusBadRequest, "invalid-events", "Invalid events",
-			fmt.Sprintf("%d of %d events are invalid; nothing was sent%s", countIndexes(req.errs), req.inputs, req.binary), req.errs, 0)
+			fmt.Sprintf("%d of %d events are invalid; nothing was sent%s%s", countIndexes(req.errs), req.inputs, firstError(req.errs), req.binary), req.errs, 0)
 		s.metrics.refused(tenant, req.inputs)
 		s.metrics.refusedEvents(tenant, req.errs)
 		s.limits.charge(req.key, s.refusalCost(req), req.received)
@@ -751,7 +751,7 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 			last = u.input
 			var fe *producer.FieldError
 			if errors.As(err, &fe) {
-				errs = append(errs, EventError{Index: u.input, Field: u.mm.field(fe.Field), Code: fe.Code, Reason: fe.Reason})
+				errs = append(errs, EventError{Index: u.input, Field: u.mm.field(fe.Field), Code: fe.Code, Reason: u.mm.reason(fe.Field, fe.Reason)})
 			} else {
 				errs = append(errs, EventError{Index: u.input, Field: "event", Code: schemas.ReasonInvalid, Reason: err.Error()})
 			}
@@ -865,6 +865,18 @@ func mergeErrors(denied, errs []EventError) []EventError {
 		out = append(out, fe)
 	}
 	return append(out, denied[d:]...)
+}
+
+// firstError is what the detail of an answer that names events says of
+// the first one: ". Event 1, subject: is missing …". A client that shows
+// only the detail (OpenMeter's Node SDK puts it in its HTTPError's
+// message) then shows what to fix, as OpenMeter's own answers do; the
+// others are in errors.
+func firstError(errs []EventError) string {
+	if len(errs) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(". Event %d, %s: %s", errs[0].Index, errs[0].Field, errs[0].Reason)
 }
 
 func countIndexes(errs []EventError) int {

@@ -178,5 +178,13 @@ func TestRealNodeSDK(t *testing.T) {
 				t.Errorf("%s: error %d is %+v, want %+v with a reason", name, i, ge, ee)
 			}
 		}
+		// The SDK's message is all a caller that logs err.message sees:
+		// it names the first bad event, its field and why.
+		if len(g.Errors) > 0 {
+			first := g.Errors[0]
+			if want := fmt.Sprintf("Event %d, %s: %s", first.Index, first.Field, first.Reason); !strings.Contains(g.Message, want) {
+				t.Errorf("%s: the SDK's message %q does not name the first bad event (%q)", name, g.Message, want)
+			}
+		}
 	}
 }
