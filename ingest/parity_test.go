@@ -167,6 +167,17 @@ func TestOpenMeterParity(t *testing.T) {
 		{"time with a decimal comma", ce, ev(`,"time":"2026-11-29T12:00:00,5Z","data":{"a":1}`), 400, 0, "time"},
 		{"time with a decimal point", ce, ev(`,"time":"2026-11-29T12:00:00.5Z","data":{"a":1}`), 204, 0, ""},
 		{"batch time with a decimal comma", batch, "[" + ev(`,"time":"2026-11-29T12:00:00,5Z"`) + "]", 400, 0, "time"},
+		// The same pattern wants two digits in the hour, an upper-case T
+		// and Z, and a colon in the offset; time.Parse takes an hour of
+		// one digit. A leap second (:60) passes the pattern, and the
+		// SDK's time.Parse refuses it.
+		{"time with an hour of one digit", ce, ev(`,"time":"2026-11-29T1:00:00Z","data":{"a":1}`), 400, 0, "time"},
+		{"batch time with an hour of one digit", batch, "[" + ev(`,"time":"2026-11-29T9:30:00.5+01:00"`) + "]", 400, 0, "time"},
+		{"time with a lower-case t", ce, ev(`,"time":"2026-11-29t12:00:00Z"`), 400, 0, "time"},
+		{"time with a lower-case z", ce, ev(`,"time":"2026-11-29T12:00:00z"`), 400, 0, "time"},
+		{"time with an offset without a colon", ce, ev(`,"time":"2026-11-29T12:00:00+0100"`), 400, 0, "time"},
+		{"time with a leap second", ce, ev(`,"time":"2026-11-29T12:00:60Z"`), 400, 0, "time"},
+		{"time with an offset", ce, ev(`,"time":"2026-11-29T13:00:00.25+01:00"`), 204, 0, ""},
 		{"dataschema empty", ce, ev(`,"dataschema":""`), 400, 0, "dataschema"},
 		{"batch dataschema empty", batch, "[" + ev(`,"dataschema":""`) + "]", 400, 0, "dataschema"},
 		{"dataschema not a URI", ce, ev(`,"dataschema":"not a uri"`), 204, 0, ""},
