@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"math/big"
 	"strconv"
@@ -64,6 +65,62 @@ func FuzzDecimalQuantity(f *testing.F) {
 			t.Fatalf("decimalQuantity(%q, %d) = %d, %q; want %s", s, scale, got, why, r.Num())
 		case !accept && why == "":
 			t.Fatalf("decimalQuantity(%q, %d) = %d; want it refused (%s)", s, scale, got, r.RatString())
+		}
+	})
+}
+
+// FuzzNumericString: a quantity sent as a string is taken exactly when
+// OpenMeter's strconv.ParseFloat takes it as a finite decimal (no
+// hexadecimal, no _) whose value × 10^scale is an integer in [0, 2^63),
+// and is then that integer (math/big is the oracle).
+func FuzzNumericString(f *testing.F) {
+	for _, s := range []string{"+5", "0012", ".5", "5.", "+.5e1", "00", "-0", "0x1p4", "1_000", "inf", "NaN", " 5",
+		"+", ".", "5.e3", "-.0", "1e400", "+9223372036854775807", "0009223372036854775807", "1.2.3", "+-1"} {
+		for _, scale := range []uint8{0, 3} {
+			f.Add(s, scale)
+		}
+	}
+	ten := big.NewInt(10)
+	f.Fuzz(func(t *testing.T, s string, scaleByte uint8) {
+		scale := int(scaleByte % 10)
+		n, why := numericString(s)
+		got := int64(0)
+		if why == "" {
+			got, why = decimalQuantity(n, scale)
+		}
+		fl, err := strconv.ParseFloat(s, 64)
+		isDecimal := (err == nil || errors.Is(err, strconv.ErrRange)) && !strings.ContainsAny(s, "_xXnN") && !math.IsNaN(fl)
+		if !isDecimal {
+			if why == "" {
+				t.Fatalf("%q (scale %d) taken as %d; ParseFloat: %v", s, scale, got, err)
+			}
+			return
+		}
+		mant, exp := s, 0
+		if i := strings.IndexAny(s, "eE"); i >= 0 {
+			e, err := strconv.Atoi(s[i+1:])
+			if err != nil || e > 1000 || e < -1000 {
+				return
+			}
+			mant, exp = s[:i], e
+		}
+		r, ok := new(big.Rat).SetString(strings.TrimPrefix(mant, "+"))
+		if !ok {
+			t.Fatalf("math/big refuses the mantissa %q of %q", mant, s)
+		}
+		shift := exp + scale
+		p := new(big.Int).Exp(ten, big.NewInt(int64(max(shift, -shift))), nil)
+		if shift >= 0 {
+			r.Mul(r, new(big.Rat).SetInt(p))
+		} else {
+			r.Quo(r, new(big.Rat).SetInt(p))
+		}
+		accept := r.Sign() >= 0 && r.IsInt() && r.Num().Cmp(big.NewInt(math.MaxInt64)) <= 0
+		switch {
+		case accept && (why != "" || got != r.Num().Int64()):
+			t.Fatalf("%q (scale %d) = %d, %q; want %s", s, scale, got, why, r.Num())
+		case !accept && why == "":
+			t.Fatalf("%q (scale %d) = %d; want it refused (%s)", s, scale, got, r.RatString())
 		}
 	})
 }
