@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -187,7 +189,7 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 func checkNames(obj string) *fieldError {
 	var seen uint16
 	var fe *fieldError
-	eachMember(obj, func(lit string, escaped bool, _ string) bool {
+	eachMember(obj, func(lit string, escaped bool, value string) bool {
 		name := lit[1 : len(lit)-1]
 		if escaped {
 			name, _ = unquote(lit)
@@ -195,6 +197,9 @@ func checkNames(obj string) *fieldError {
 		switch bit := ceBit(name); {
 		case bit < 0:
 			if fe = badName(name); fe != nil {
+				return false
+			}
+			if fe = extensionValue(name, value); fe != nil {
 				return false
 			}
 		case 1<<bit&(hasSpecVersion|hasDataContentType) != 0:
@@ -249,6 +254,25 @@ func badName(name string) *fieldError {
 		return nil
 	}
 	return &fieldError{clip(name), "invalid", "is not a valid extension attribute name: CloudEvents attribute names are letters a-z and digits 0-9"}
+}
+
+// extensionValue refuses the value (its JSON text) of the extension
+// attribute name as OpenMeter's SDK refuses it (v2/types/value.go
+// Validate): an extension's value is a string, a boolean or an integer
+// within 32 bits (a number within them is taken, truncated); null is no
+// extension. An object, an array or a number beyond 32 bits is refused,
+// naming it.
+func extensionValue(name, v string) *fieldError {
+	switch v[0] {
+	case '"', 't', 'f', 'n':
+		return nil
+	case '{', '[':
+		return &fieldError{clip(name), "invalid", fmt.Sprintf("must not be a JSON %s: an extension attribute's value is a string, a boolean or an integer within 32 bits", dataKind(v))}
+	}
+	if f, err := strconv.ParseFloat(v, 64); err != nil || f > math.MaxInt32 || f < math.MinInt32 {
+		return &fieldError{clip(name), "invalid", fmt.Sprintf("%s is beyond 32 bits: an extension attribute's value is a string, a boolean or an integer within 32 bits", clip(v))}
+	}
+	return nil
 }
 
 // anyBadNames reports whether an event of the batch text (a valid JSON

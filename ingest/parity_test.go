@@ -150,6 +150,21 @@ func TestOpenMeterParity(t *testing.T) {
 		{"Data_Base64", ce, ev(`,"Data_Base64":"eyJhIjoxfQ=="`), 400, 0, "Data_Base64"},
 		{"extension with an underscore", ce, ev(`,"my_ext":"x"`), 400, 0, "my_ext"},
 		{"extension lowercase", ce, ev(`,"myext":"x","ext2":true`), 204, 0, ""},
+		// The SDK takes an extension's value when it is a string, a
+		// boolean, null (no extension) or a number within 32 bits, which
+		// it truncates (v2/types/value.go Validate: int32); it refuses an
+		// object, an array and a number beyond that ("invalid CloudEvents
+		// value", "value out of range").
+		{"extension values the SDK takes", ce, ev(`,"ext1":"x","ext2":true,"ext3":null,"ext4":2147483647,"ext5":-2147483648,"ext6":1.5,"ext7":2147483647.0`), 204, 0, ""},
+		{"extension an object", ce, ev(`,"ext":{"a":1}`), 400, 0, "ext"},
+		{"extension an array", ce, ev(`,"ext":[1]`), 400, 0, "ext"},
+		{"extension an empty object", ce, ev(`,"ext":{}`), 400, 0, "ext"},
+		{"extension beyond 32 bits", ce, ev(`,"seq":2147483648`), 400, 0, "seq"},
+		{"extension below 32 bits", ce, ev(`,"seq":-2147483649`), 400, 0, "seq"},
+		{"extension 1e400", ce, ev(`,"seq":1e400`), 400, 0, "seq"},
+		{"extension an object before specversion", ce, `{"ext":{"a":1},"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1"}`, 400, 0, "ext"},
+		{"batch extension an object", batch, "[" + ev("") + "," + ev(`,"ext":{"a":1}`) + "]", 400, 0, ""},
+		{"json extension an array", js, ev(`,"Ext":[]`), 400, 0, "Ext"},
 		// OpenMeter's SDK takes upper case in an extension's name (and
 		// lowercases it); extensions are ignored, so Meterline takes it.
 		{"extension upper case", ce, ev(`,"Foo":"x"`), 204, 0, ""},
