@@ -165,6 +165,10 @@ func TestOpenMeterParity(t *testing.T) {
 		{"extension an object before specversion", ce, `{"ext":{"a":1},"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1"}`, 400, 0, "ext"},
 		{"batch extension an object", batch, "[" + ev("") + "," + ev(`,"ext":{"a":1}`) + "]", 400, 0, ""},
 		{"json extension an array", js, ev(`,"Ext":[]`), 400, 0, "Ext"},
+		// OpenMeter's schema wants a specversion of minLength 1, and its
+		// SDK reads 0.3 by CloudEvents 0.3's rules (data_base64 and
+		// dataschema extensions there); Meterline takes 1.0 alone.
+		{"specversion 0.3", ce, `{"specversion":"0.3","id":"1","source":"s","type":"t","subject":"acme-1","data":{"a":1}}`, 204, 400, "specversion"},
 		// OpenMeter's SDK takes upper case in an extension's name (and
 		// lowercases it); extensions are ignored, so Meterline takes it.
 		{"extension upper case", ce, ev(`,"Foo":"x"`), 204, 0, ""},
