@@ -23,7 +23,6 @@ func FuzzDecimalQuantity(f *testing.F) {
 			f.Add(s, scale)
 		}
 	}
-	ten := big.NewInt(10)
 	f.Fuzz(func(t *testing.T, s string, scaleByte uint8) {
 		scale := int(scaleByte % 10)
 		got, why := decimalQuantity(s, scale)
@@ -38,34 +37,7 @@ func FuzzDecimalQuantity(f *testing.F) {
 			}
 			return
 		}
-		// The oracle: the exact value, unless its exponent is too large
-		// for math/big to be quick (no 64-bit quantity has one).
-		mant, exp := s, 0
-		if i := strings.IndexAny(s, "eE"); i >= 0 {
-			e, err := strconv.Atoi(s[i+1:])
-			if err != nil || e > 1000 || e < -1000 {
-				return
-			}
-			mant, exp = s[:i], e
-		}
-		r, ok := new(big.Rat).SetString(mant)
-		if !ok {
-			t.Fatalf("math/big refuses the mantissa %q of the JSON number %q", mant, s)
-		}
-		shift := exp + scale
-		p := new(big.Int).Exp(ten, big.NewInt(int64(max(shift, -shift))), nil)
-		if shift >= 0 {
-			r.Mul(r, new(big.Rat).SetInt(p))
-		} else {
-			r.Quo(r, new(big.Rat).SetInt(p))
-		}
-		accept := r.Sign() >= 0 && r.IsInt() && r.Num().Cmp(big.NewInt(math.MaxInt64)) <= 0
-		switch {
-		case accept && (why != "" || got != r.Num().Int64()):
-			t.Fatalf("decimalQuantity(%q, %d) = %d, %q; want %s", s, scale, got, why, r.Num())
-		case !accept && why == "":
-			t.Fatalf("decimalQuantity(%q, %d) = %d; want it refused (%s)", s, scale, got, r.RatString())
-		}
+		checkOracle(t, "decimalQuantity", s, scale, got, why)
 	})
 }
 
@@ -80,7 +52,6 @@ func FuzzNumericString(f *testing.F) {
 			f.Add(s, scale)
 		}
 	}
-	ten := big.NewInt(10)
 	f.Fuzz(func(t *testing.T, s string, scaleByte uint8) {
 		scale := int(scaleByte % 10)
 		n, why := numericString(s)
@@ -96,31 +67,42 @@ func FuzzNumericString(f *testing.F) {
 			}
 			return
 		}
-		mant, exp := s, 0
-		if i := strings.IndexAny(s, "eE"); i >= 0 {
-			e, err := strconv.Atoi(s[i+1:])
-			if err != nil || e > 1000 || e < -1000 {
-				return
-			}
-			mant, exp = s[:i], e
-		}
-		r, ok := new(big.Rat).SetString(strings.TrimPrefix(mant, "+"))
-		if !ok {
-			t.Fatalf("math/big refuses the mantissa %q of %q", mant, s)
-		}
-		shift := exp + scale
-		p := new(big.Int).Exp(ten, big.NewInt(int64(max(shift, -shift))), nil)
-		if shift >= 0 {
-			r.Mul(r, new(big.Rat).SetInt(p))
-		} else {
-			r.Quo(r, new(big.Rat).SetInt(p))
-		}
-		accept := r.Sign() >= 0 && r.IsInt() && r.Num().Cmp(big.NewInt(math.MaxInt64)) <= 0
-		switch {
-		case accept && (why != "" || got != r.Num().Int64()):
-			t.Fatalf("%q (scale %d) = %d, %q; want %s", s, scale, got, why, r.Num())
-		case !accept && why == "":
-			t.Fatalf("%q (scale %d) = %d; want it refused (%s)", s, scale, got, r.RatString())
-		}
+		checkOracle(t, "numericString", s, scale, got, why)
 	})
+}
+
+// checkOracle fails the test when what the function fn made of s (got,
+// or the refusal why) is not its exact value × 10^scale as an integer in
+// [0, 2^63), or a refusal of any other value. The oracle is math/big,
+// unless the exponent is too large for it to be quick (no 64-bit
+// quantity has one). s is a decimal: a JSON number, or one with a sign +,
+// leading zeros or no digit on one side of its decimal point.
+func checkOracle(t *testing.T, fn, s string, scale int, got int64, why string) {
+	t.Helper()
+	mant, exp := s, 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.Atoi(s[i+1:])
+		if err != nil || e > 1000 || e < -1000 {
+			return
+		}
+		mant, exp = s[:i], e
+	}
+	r, ok := new(big.Rat).SetString(strings.TrimPrefix(mant, "+"))
+	if !ok {
+		t.Fatalf("math/big refuses the mantissa %q of %q", mant, s)
+	}
+	shift := exp + scale
+	p := new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(shift, -shift))), nil)
+	if shift >= 0 {
+		r.Mul(r, new(big.Rat).SetInt(p))
+	} else {
+		r.Quo(r, new(big.Rat).SetInt(p))
+	}
+	accept := r.Sign() >= 0 && r.IsInt() && r.Num().Cmp(big.NewInt(math.MaxInt64)) <= 0
+	switch {
+	case accept && (why != "" || got != r.Num().Int64()):
+		t.Fatalf("%s(%q, %d) = %d, %q; want %s", fn, s, scale, got, why, r.Num())
+	case !accept && why == "":
+		t.Fatalf("%s(%q, %d) = %d; want it refused (%s)", fn, s, scale, got, r.RatString())
+	}
 }
