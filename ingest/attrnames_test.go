@@ -112,7 +112,8 @@ func TestDecodeBatchAttributeNames(t *testing.T) {
 	ev := func(extra string) string {
 		return `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"c"` + extra + `}`
 	}
-	for _, extra := range []string{`,"ID":"2"`, `,"Subject":"d"`, `,"a_b":1`, `,"":1`, `,"\u0049D":"2"`, "," + `"ſubject":"d"`} {
+	for _, extra := range []string{`,"ID":"2"`, `,"Subject":"d"`, `,"a_b":1`, `,"":1`, `,"\u0049D":"2"`, "," + `"ſubject":"d"`,
+		`,"ext9":{"a":[1]}`, `,"ext9":[]`, `,"ext9":2147483648`} {
 		body := "[" + ev("") + "," + ev(extra) + "]"
 		if _, ok := decodeBatch(nil, []byte(body), body, DefaultMaxEvents); ok {
 			t.Errorf("decodeBatch(%s) took it", body)
@@ -121,7 +122,7 @@ func TestDecodeBatchAttributeNames(t *testing.T) {
 			t.Errorf("parseCloudEvent(%s) took it", ev(extra))
 		}
 	}
-	body := "[" + ev(`,"traceparent":"x","ext9":{"a":[1]}`) + "]"
+	body := "[" + ev(`,"traceparent":"x","ext9":-2147483648,"ext10":true,"ext11":null`) + "]"
 	// An upper-case extension name is left to encoding/json (the fast
 	// path cannot tell it from an attribute's), and taken.
 	up := "[" + ev(`,"Foo":1`) + "]"

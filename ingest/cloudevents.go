@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -187,7 +189,7 @@ func decodeBatch(as []ceAttrs, body []byte, text string, limit int) ([]ceAttrs, 
 func checkNames(obj string) *fieldError {
 	var seen uint16
 	var fe *fieldError
-	eachMember(obj, func(lit string, escaped bool, _ string) bool {
+	eachMember(obj, func(lit string, escaped bool, value string) bool {
 		name := lit[1 : len(lit)-1]
 		if escaped {
 			name, _ = unquote(lit)
@@ -195,6 +197,9 @@ func checkNames(obj string) *fieldError {
 		switch bit := ceBit(name); {
 		case bit < 0:
 			if fe = badName(name); fe != nil {
+				return false
+			}
+			if fe = extensionValue(name, value); fe != nil {
 				return false
 			}
 		case 1<<bit&(hasSpecVersion|hasDataContentType) != 0:
@@ -249,6 +254,25 @@ func badName(name string) *fieldError {
 		return nil
 	}
 	return &fieldError{clip(name), "invalid", "is not a valid extension attribute name: CloudEvents attribute names are letters a-z and digits 0-9"}
+}
+
+// extensionValue refuses the value (its JSON text) of the extension
+// attribute name as OpenMeter's SDK refuses it (v2/types/value.go
+// Validate): an extension's value is a string, a boolean or an integer
+// within 32 bits (a number within them is taken, truncated); null is no
+// extension. An object, an array or a number beyond 32 bits is refused,
+// naming it.
+func extensionValue(name, v string) *fieldError {
+	switch v[0] {
+	case '"', 't', 'f', 'n':
+		return nil
+	case '{', '[':
+		return &fieldError{clip(name), "invalid", fmt.Sprintf("must not be a JSON %s: an extension attribute's value is a string, a boolean or an integer within 32 bits", dataKind(v))}
+	}
+	if f, err := strconv.ParseFloat(v, 64); err != nil || f > math.MaxInt32 || f < math.MinInt32 {
+		return &fieldError{clip(name), "invalid", fmt.Sprintf("%s is beyond 32 bits: an extension attribute's value is a string, a boolean or an integer within 32 bits", clip(v))}
+	}
+	return nil
 }
 
 // anyBadNames reports whether an event of the batch text (a valid JSON
@@ -321,11 +345,12 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
 	if a.has&hasTime != 0 {
-		// RFC 3339 has a full stop before a fraction of a second, as
-		// OpenMeter's schema (format date-time) wants it; time.Parse also
-		// takes a comma.
+		// RFC 3339 has a full stop before a fraction of a second and two
+		// digits in the hour, as OpenMeter's schema (format date-time)
+		// wants them; time.Parse also takes a comma, and an hour of one
+		// digit.
 		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
-		if err != nil || strings.IndexByte(a.attr[5], ',') >= 0 {
+		if err != nil || strings.IndexByte(a.attr[5], ',') >= 0 || !rfc3339Digits(a.attr[5]) {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
 		// A zero Time is an event without time, which gets the time the
@@ -374,6 +399,24 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is before 2000-01-01", clip(a.attr[5]))}
 	}
 	return ev, nil
+}
+
+// rfc3339Digits reports whether s, which time.Parse took as RFC 3339,
+// has its date and time fields at RFC 3339's fixed places
+// (2006-01-02T15:04:05): time.Parse takes an hour of one digit
+// (2026-11-29T1:00:00Z), which neither RFC 3339 nor OpenMeter's schema
+// does.
+func rfc3339Digits(s string) bool {
+	const layout = "dddd-dd-ddTdd:dd:dd"
+	if len(s) < len(layout) {
+		return false
+	}
+	for i := 0; i < len(layout); i++ {
+		if layout[i] == 'd' && !isDigit(s[i]) || layout[i] != 'd' && s[i] != layout[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // minEventTime is the earliest event time (schemas.MinEventTime).

@@ -374,11 +374,58 @@ func quantity(v jvalue, scale int, raw, meter string) (int64, *fieldError) {
 	if v.kind != jNumber && v.kind != jString {
 		return bad("must be a number or a numeric string (meter %s)", meter)
 	}
-	q, why := decimalQuantity(v.s, scale)
+	s, why := v.s, ""
+	if v.kind == jString {
+		s, why = numericString(s)
+	}
+	q := int64(0)
+	if why == "" {
+		q, why = decimalQuantity(s, scale)
+	}
 	if why != "" {
 		return bad("%q %s (meter %s)", clip(v.s), why, meter)
 	}
 	return q, nil
+}
+
+// numericString reads a quantity sent as a string as OpenMeter reads it
+// (strconv.ParseFloat, NaN and infinities refused) where that is a
+// decimal, and returns it in JSON's number syntax for decimalQuantity: a
+// sign + dropped, leading zeros dropped, a missing digit before or after
+// the decimal point ("5.", ".5") filled in or dropped. What ParseFloat
+// takes beyond a decimal (hexadecimal, _ between digits, inf, infinity,
+// nan) is refused, saying why.
+func numericString(s string) (string, string) {
+	body := strings.TrimLeft(s, "+-")
+	switch {
+	case len(s)-len(body) > 1:
+		return "", "is not a decimal number"
+	case len(body) > 1 && body[0] == '0' && (body[1] == 'x' || body[1] == 'X'):
+		return "", "is hexadecimal; send a decimal number"
+	case strings.IndexByte(body, '_') >= 0:
+		return "", "has _ in it; send the digits alone"
+	case strings.EqualFold(body, "inf") || strings.EqualFold(body, "infinity") || strings.EqualFold(body, "nan"):
+		return "", "is not a finite number"
+	}
+	mant, exp := body, ""
+	if i := strings.IndexAny(body, "eE"); i >= 0 {
+		mant, exp = body[:i], body[i:]
+	}
+	intPart, frac, dot := strings.Cut(mant, ".")
+	if intPart == "" && frac == "" || !allDigits(intPart) || !allDigits(frac) {
+		return "", "is not a decimal number"
+	}
+	if intPart = strings.TrimLeft(intPart, "0"); intPart == "" {
+		intPart = "0"
+	}
+	out := intPart
+	if dot && frac != "" {
+		out += "." + frac
+	}
+	if strings.HasPrefix(s, "-") {
+		out = "-" + out
+	}
+	return out + exp, "" // decimalQuantity checks the digits and the exponent
 }
 
 // decimalQuantity parses s, a decimal in JSON's number syntax, and returns

@@ -230,7 +230,7 @@ func randCloudEvent(rng *rand.Rand, i int) string {
 		attrs = append(attrs, pick(`"datacontenttype":"application/json"`, `"datacontenttype":"text/plain"`, `"data_base64":"eA=="`, `"data_base64":null`, `"dataschema":"x"`, `"DataContentType":"text/plain"`))
 	}
 	if rng.IntN(8) == 0 {
-		attrs = append(attrs, pick(`"ext":{"a":[1,2.5e3,{"b":null}],"c":"\\u12"}`, `"traceparent":"00-x"`, `"n":-0.0e-0`, `"e":[]`, `"Ext":true`, `"u":"\ud83d\ude00"`))
+		attrs = append(attrs, pick(`"ext":"{\"a\":[1,2.5e3,{\"b\":null}],\"c\":\"\\u12\"}"`, `"traceparent":"00-x"`, `"n":-0.0e-0`, `"e":-2147483648e0`, `"Ext":true`, `"u":"\ud83d\ude00"`))
 	}
 	attrs = append(attrs, maybe(92, `"data":`+randData(rng, 0), pick(`"data":null`, `"data":[1]`, `"data":"x"`, ``)))
 	rng.Shuffle(len(attrs), func(a, b int) { attrs[a], attrs[b] = attrs[b], attrs[a] })

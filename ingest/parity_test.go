@@ -150,6 +150,25 @@ func TestOpenMeterParity(t *testing.T) {
 		{"Data_Base64", ce, ev(`,"Data_Base64":"eyJhIjoxfQ=="`), 400, 0, "Data_Base64"},
 		{"extension with an underscore", ce, ev(`,"my_ext":"x"`), 400, 0, "my_ext"},
 		{"extension lowercase", ce, ev(`,"myext":"x","ext2":true`), 204, 0, ""},
+		// The SDK takes an extension's value when it is a string, a
+		// boolean, null (no extension) or a number within 32 bits, which
+		// it truncates (v2/types/value.go Validate: int32); it refuses an
+		// object, an array and a number beyond that ("invalid CloudEvents
+		// value", "value out of range").
+		{"extension values the SDK takes", ce, ev(`,"ext1":"x","ext2":true,"ext3":null,"ext4":2147483647,"ext5":-2147483648,"ext6":1.5,"ext7":2147483647.0`), 204, 0, ""},
+		{"extension an object", ce, ev(`,"ext":{"a":1}`), 400, 0, "ext"},
+		{"extension an array", ce, ev(`,"ext":[1]`), 400, 0, "ext"},
+		{"extension an empty object", ce, ev(`,"ext":{}`), 400, 0, "ext"},
+		{"extension beyond 32 bits", ce, ev(`,"seq":2147483648`), 400, 0, "seq"},
+		{"extension below 32 bits", ce, ev(`,"seq":-2147483649`), 400, 0, "seq"},
+		{"extension 1e400", ce, ev(`,"seq":1e400`), 400, 0, "seq"},
+		{"extension an object before specversion", ce, `{"ext":{"a":1},"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1"}`, 400, 0, "ext"},
+		{"batch extension an object", batch, "[" + ev("") + "," + ev(`,"ext":{"a":1}`) + "]", 400, 0, ""},
+		{"json extension an array", js, ev(`,"Ext":[]`), 400, 0, "Ext"},
+		// OpenMeter's schema wants a specversion of minLength 1, and its
+		// SDK reads 0.3 by CloudEvents 0.3's rules (data_base64 and
+		// dataschema extensions there); Meterline takes 1.0 alone.
+		{"specversion 0.3", ce, `{"specversion":"0.3","id":"1","source":"s","type":"t","subject":"acme-1","data":{"a":1}}`, 204, 400, "specversion"},
 		// OpenMeter's SDK takes upper case in an extension's name (and
 		// lowercases it); extensions are ignored, so Meterline takes it.
 		{"extension upper case", ce, ev(`,"Foo":"x"`), 204, 0, ""},
@@ -167,6 +186,17 @@ func TestOpenMeterParity(t *testing.T) {
 		{"time with a decimal comma", ce, ev(`,"time":"2026-11-29T12:00:00,5Z","data":{"a":1}`), 400, 0, "time"},
 		{"time with a decimal point", ce, ev(`,"time":"2026-11-29T12:00:00.5Z","data":{"a":1}`), 204, 0, ""},
 		{"batch time with a decimal comma", batch, "[" + ev(`,"time":"2026-11-29T12:00:00,5Z"`) + "]", 400, 0, "time"},
+		// The same pattern wants two digits in the hour, an upper-case T
+		// and Z, and a colon in the offset; time.Parse takes an hour of
+		// one digit. A leap second (:60) passes the pattern, and the
+		// SDK's time.Parse refuses it.
+		{"time with an hour of one digit", ce, ev(`,"time":"2026-11-29T1:00:00Z","data":{"a":1}`), 400, 0, "time"},
+		{"batch time with an hour of one digit", batch, "[" + ev(`,"time":"2026-11-29T9:30:00.5+01:00"`) + "]", 400, 0, "time"},
+		{"time with a lower-case t", ce, ev(`,"time":"2026-11-29t12:00:00Z"`), 400, 0, "time"},
+		{"time with a lower-case z", ce, ev(`,"time":"2026-11-29T12:00:00z"`), 400, 0, "time"},
+		{"time with an offset without a colon", ce, ev(`,"time":"2026-11-29T12:00:00+0100"`), 400, 0, "time"},
+		{"time with a leap second", ce, ev(`,"time":"2026-11-29T12:00:60Z"`), 400, 0, "time"},
+		{"time with an offset", ce, ev(`,"time":"2026-11-29T13:00:00.25+01:00"`), 204, 0, ""},
 		{"dataschema empty", ce, ev(`,"dataschema":""`), 400, 0, "dataschema"},
 		{"batch dataschema empty", batch, "[" + ev(`,"dataschema":""`) + "]", 400, 0, "dataschema"},
 		{"dataschema not a URI", ce, ev(`,"dataschema":"not a uri"`), 204, 0, ""},

@@ -315,7 +315,8 @@ func scanCloudEvent(s string, i int, a *ceAttrs) int {
 			if !isLowerExtensionName(name) {
 				return -1
 			}
-			if i = skipValue(s, i, 1); i < 0 {
+			start := i
+			if i = skipValue(s, i, 1); i < 0 || extensionValue(name, s[start:i]) != nil {
 				return -1
 			}
 		} else {

@@ -17,7 +17,7 @@ import (
 func TestScanBatchTakesPlainBatches(t *testing.T) {
 	for _, body := range []string{
 		string(benchBody(100)),
-		"[\n {\"specversion\": \"1.0\", \"id\": \"a\", \"source\": \"s\", \"type\": \"prompt\", \"subject\": \"c\", \"xext1\": {\"k\": [1, 2.5e3, true, null]}, \"data\": null, \"data_base64\": null, \"time\": null}\n]\n",
+		"[\n {\"specversion\": \"1.0\", \"id\": \"a\", \"source\": \"s\", \"type\": \"prompt\", \"subject\": \"c\", \"xext1\": 2.5e3, \"xext2\": true, \"xext3\": null, \"xext4\": \"k\", \"data\": null, \"data_base64\": null, \"time\": null}\n]\n",
 		`[{"id":"é✓","source":"s","specversion":"1.0","type":"t","subject":"c","data":{"a\"b":"\u00e9"}}]`,
 	} {
 		as, ok := scanBatch(nil, body, math.MaxInt)
@@ -30,7 +30,7 @@ func TestScanBatchTakesPlainBatches(t *testing.T) {
 	}
 	// And it leaves what it does not take to encoding/json.
 	for _, body := range []string{
-		`[{"ID":"a"}]`, `[{"id":"a","id":"b"}]`, `[{"id":"a\u0041"}]`, `[{"id":1}]`, `[{"kſnd":1}]`, `[{"x_ext":1}]`, `[{"Ext":1}]`, `[{"":1}]`,
+		`[{"ID":"a"}]`, `[{"id":"a","id":"b"}]`, `[{"id":"a\u0041"}]`, `[{"id":1}]`, `[{"kſnd":1}]`, `[{"x_ext":1}]`, `[{"Ext":1}]`, `[{"":1}]`, `[{"ext":{}}]`, `[{"ext":[1]}]`, `[{"ext":3e9}]`,
 		`[{"id":"a"}] x`, `[{"id":"a"},]`, `[]`, `[null]`, `[{"x":` + strings.Repeat("[", maxScanDepth) + strings.Repeat("]", maxScanDepth) + `}]`,
 	} {
 		if _, ok := scanBatch(nil, body, math.MaxInt); ok {
