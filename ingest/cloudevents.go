@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meterline/meterline/internal/rfc3339"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -345,12 +346,10 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{"specversion", "invalid", fmt.Sprintf("%q is not supported; want \"1.0\"", clip(v))}
 	}
 	if a.has&hasTime != 0 {
-		// RFC 3339 has a full stop before a fraction of a second and two
-		// digits in the hour, as OpenMeter's schema (format date-time)
-		// wants them; time.Parse also takes a comma, and an hour of one
-		// digit.
-		t, err := time.Parse(time.RFC3339Nano, a.attr[5])
-		if err != nil || strings.IndexByte(a.attr[5], ',') >= 0 || !rfc3339Digits(a.attr[5]) {
+		// RFC 3339 as OpenMeter's schema (format date-time) wants it,
+		// stricter than time.Parse.
+		t, ok := rfc3339.Parse(a.attr[5])
+		if !ok {
 			return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip(a.attr[5]))}
 		}
 		// A zero Time is an event without time, which gets the time the
@@ -399,24 +398,6 @@ func checkCloudEvent(a *ceAttrs) (CloudEvent, *fieldError) {
 		return CloudEvent{}, &fieldError{"time", "invalid", fmt.Sprintf("%q is before 2000-01-01", clip(a.attr[5]))}
 	}
 	return ev, nil
-}
-
-// rfc3339Digits reports whether s, which time.Parse took as RFC 3339,
-// has its date and time fields at RFC 3339's fixed places
-// (2006-01-02T15:04:05): time.Parse takes an hour of one digit
-// (2026-11-29T1:00:00Z), which neither RFC 3339 nor OpenMeter's schema
-// does.
-func rfc3339Digits(s string) bool {
-	const layout = "dddd-dd-ddTdd:dd:dd"
-	if len(s) < len(layout) {
-		return false
-	}
-	for i := 0; i < len(layout); i++ {
-		if layout[i] == 'd' && !isDigit(s[i]) || layout[i] != 'd' && s[i] != layout[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // minEventTime is the earliest event time (schemas.MinEventTime).

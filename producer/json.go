@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meterline/meterline/internal/clip"
+	"github.com/meterline/meterline/internal/rfc3339"
 	"github.com/meterline/meterline/schemas"
 )
 
@@ -166,11 +167,10 @@ func parseEventTime(raw json.RawMessage) (time.Time, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return time.Time{}, fieldErr("event_time", "is not a valid string")
 		}
-		// RFC 3339 has a full stop before a fraction of a second
-		// (docs/producing.md, as the HTTP ingest's CloudEvent time);
-		// time.Parse also takes a comma.
-		t, err := time.Parse(time.RFC3339Nano, s)
-		if err != nil || strings.IndexByte(s, ',') >= 0 {
+		// RFC 3339 (docs/producing.md, as the HTTP ingest's CloudEvent
+		// time), stricter than time.Parse.
+		t, ok := rfc3339.Parse(s)
+		if !ok {
 			return time.Time{}, fieldErr("event_time", "%q is not RFC 3339 (like 2026-11-29T12:00:00.250Z)", clip.To(s, clip.Echo))
 		}
 		return t.UTC(), nil
