@@ -161,6 +161,11 @@ func FormatTime(ms int64) string {
 // ParseTime parses an RFC 3339 time of a document to epoch ms.
 func ParseTime(s string) (int64, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
+	if y, _, _ := strings.Cut(s, "-"); err != nil && len(y) > 4 && strings.Trim(y, "0123456789") == "" {
+		// A year of five digits or more, as get prints a time after
+		// 9999 that a record written straight to the topic holds.
+		return 0, fmt.Errorf("%s is after %s, the latest time a document can hold", clip.To(s, clip.Echo), FormatTime(maxDocTime))
+	}
 	if err != nil {
 		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", clip.To(s, clip.Echo))
 	}
