@@ -161,6 +161,11 @@ func FormatTime(ms int64) string {
 // ParseTime parses an RFC 3339 time of a document to epoch ms.
 func ParseTime(s string) (int64, error) {
 	t, err := time.Parse(time.RFC3339Nano, s)
+	if y, _, _ := strings.Cut(s, "-"); err != nil && len(y) > 4 && strings.Trim(y, "0123456789") == "" {
+		// A year of five digits or more, as get prints a time after
+		// 9999 that a record written straight to the topic holds.
+		return 0, fmt.Errorf("%s is after %s, the latest time a document can hold", clip.To(s, clip.Echo), FormatTime(maxDocTime))
+	}
 	if err != nil {
 		return 0, fmt.Errorf("not an RFC 3339 time such as 2026-12-01T00:00:00Z (%q)", clip.To(s, clip.Echo))
 	}
@@ -278,8 +283,8 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 	}
 	if err := Validate(e, meters); err != nil {
 		errs := unjoin(err)
-		keyPaths(errs, "caps", func(i int) (string, bool) { return itemName(i, e.Caps, func(c schemas.Cap) string { return c.Meter }) }, ".meter")
-		keyPaths(errs, "grants", func(i int) (string, bool) { return itemName(i, e.Grants, func(g schemas.Grant) string { return g.ID }) }, ".id")
+		keyPaths(errs, "caps", func(i int) (string, bool) { return itemName(i, e.Caps, func(c schemas.Cap) string { return c.Meter }) }, map[string]string{".meter": ""})
+		keyPaths(errs, "grants", func(i int) (string, bool) { return itemName(i, e.Grants, func(g schemas.Grant) string { return g.ID }) }, map[string]string{".id": ""})
 		f = append(f, f.unreported(errs)...)
 	}
 	if err := f.err(); err != nil {
@@ -331,26 +336,39 @@ func itemName[T any](i int, items []T, name func(T) string) (string, bool) {
 // item's index in a record's list (list[i], for an item whose name no
 // record can hold) by the item's key in the document, as every other
 // field of it is named: caps[0].meter is caps."a\tb", caps[0].limit
-// caps."a\tb".limit.
-func keyPaths(errs []error, list string, name func(int) (string, bool), nameField string) {
+// caps."a\tb".limit. A field of an item that the document does not
+// write apart (hidden: the record's field, such as ".meter", which is the
+// item's key, or a rate's ".micro_credits", which its text holds, to the
+// words that begin the reason in its place) is named by the item's key.
+func keyPaths(errs []error, list string, name func(int) (string, bool), hidden map[string]string) {
 	for k, err := range errs {
 		fe, ok := err.(*FieldError)
-		if !ok || !strings.HasPrefix(fe.Field, list+"[") {
-			continue
-		}
-		idx, rest, ok := strings.Cut(fe.Field[len(list)+1:], "]")
-		i, err := strconv.Atoi(idx)
-		if !ok || err != nil {
-			continue
-		}
-		n, ok := name(i)
 		if !ok {
 			continue
 		}
-		if rest == nameField {
-			rest = ""
+		field, reason := fe.Field, fe.Reason
+		if strings.HasPrefix(field, list+"[") {
+			idx, rest, ok := strings.Cut(field[len(list)+1:], "]")
+			i, err := strconv.Atoi(idx)
+			if !ok || err != nil {
+				continue
+			}
+			n, ok := name(i)
+			if !ok {
+				continue
+			}
+			field = list + "." + pathPart(n) + rest
 		}
-		errs[k] = &FieldError{Field: list + "." + pathPart(n) + rest, Reason: fe.Reason}
+		for part, words := range hidden {
+			// list.<key>.part, not list.part: the item whose key is part.
+			if at, ok := strings.CutSuffix(field, part); ok && strings.HasPrefix(at, list+".") {
+				field, reason = at, words+reason
+				break
+			}
+		}
+		if field != fe.Field {
+			errs[k] = &FieldError{Field: field, Reason: reason}
+		}
 	}
 }
 
@@ -386,6 +404,10 @@ func DocumentOf(e *schemas.Entitlements, writtenAt int64) *Document {
 	d.Overdraft = &OverdraftDoc{Policy: strings.ToLower(string(e.Overdraft.Policy)), Limit: Int{V: e.Overdraft.Limit}}
 	return d
 }
+
+// rateHidden: the fields of a rate that its text (rates.<meter>: "N/M")
+// holds, and the words that name them in an error.
+var rateHidden = map[string]string{".meter": "", ".micro_credits": "the price ", ".per_units": "the units it is priced per (after /) "}
 
 // RatesDocument is the rate card: every version, in time order.
 type RatesDocument struct {
@@ -510,7 +532,7 @@ func (d *RatesDocument) Card(meters Meters) (*schemas.RateCard, error) {
 		for i, v := range c.Versions {
 			keyPaths(errs, fmt.Sprintf("versions[%d].rates", i), func(j int) (string, bool) {
 				return itemName(j, v.Rates, func(r schemas.Rate) string { return r.Meter })
-			}, ".meter")
+			}, rateHidden)
 		}
 		f = append(f, errs...)
 	}

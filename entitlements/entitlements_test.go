@@ -221,22 +221,32 @@ func TestRatesDocument(t *testing.T) {
 	d, err := ParseRatesDocument([]byte(`
 versions:
   - effective_from: "2026-12-01T00:00:00Z"
-    rates: {api_calls: 1000, tokens: 15/1000, storage: "0.250", bad: "1/0", worse: abc}
+    rates: {api_calls: 1000, tokens: 15/1000, storage: "0.250", bad: "1/0", worse: abc, neg: "-5", "a b": "-1/-2", per_units: "-0.5"}
   - effective_from: "2026-11-01T00:00:00Z"
     rates: {api_calls: 900}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A rate is one value in the document (rates.<meter>): its errors
+	// name that, not the record's micro_credits and per_units, which
+	// the document does not show.
 	_, err = d.Card(nil)
 	for _, want := range []string{
-		"versions[0].rates.bad.per_units: must be positive (got 0)",
+		"versions[0].rates.bad: the units it is priced per (after /) must be positive (got 0)",
+		"versions[0].rates.neg: the price must not be negative (got -5)",
+		`versions[0].rates."a b": the price must not be negative (got -1)`,
+		`versions[0].rates."a b": the units it is priced per (after /) must be positive (got -2)`,
+		"versions[0].rates.per_units: the price must not be negative (got -5)",
 		`versions[0].rates.worse: not a rate such as 1000, 15/1000 or 0.015 micro-credits per unit ("abc")`,
 		"versions[1].effective_from: must be after versions[0]'s",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("the errors do not say %q:\n%v", want, err)
 		}
+	}
+	if err != nil && (strings.Contains(err.Error(), ".micro_credits") || strings.Contains(err.Error(), "per_units: must")) {
+		t.Errorf("the errors name a field the document does not show:\n%v", err)
 	}
 	for in, want := range map[string][2]int64{"1000": {1000, 1}, "15/1000": {15, 1000}, "0.250": {250, 1000},
 		"1_000": {1000, 1}, "2.5": {25, 10}, "0": {0, 1}} {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
@@ -58,14 +57,7 @@ func TestProducerLoginRefusedStopsIngest(t *testing.T) {
 	go func() { done <- srv.Run(ctx) }()
 	waitReady(t, srv)
 
-	cluster.ControlKey(kmsg.SASLAuthenticate.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		resp := kreq.(*kmsg.SASLAuthenticateRequest).ResponseKind().(*kmsg.SASLAuthenticateResponse)
-		resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
-		msg := "Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
-		resp.ErrorMessage = &msg
-		return resp, nil, true
-	})
+	testenv.RefuseLogins(cluster)
 	body := mustJSON(t, prompt(t, "l-1", "acme-1", map[string]any{"tokens": map[string]any{"input": 1}, "model": "m1", "user": "u1"}))
 	if status, _, b := e.post("/api/v1/events", "application/cloudevents+json", token, body); status != http.StatusServiceUnavailable {
 		t.Fatalf("with the password refused: %d %s; want 503", status, b)

@@ -729,7 +729,42 @@ func entDocument(stdio IO, who string, r entRecord) *entitlements.Document {
 				who, entitlements.FormatTime(e), d.AppliesFrom)
 		}
 	}
+	noteSetRefuses(stdio, who, d, func(b []byte) error {
+		back, err := entitlements.ParseDocument(b)
+		if err != nil {
+			return err
+		}
+		e, err := back.Record(r.rec.Entitlements.CustomerID, nil)
+		if err != nil {
+			return err
+		}
+		return checkAppliesFrom(back, e, time.Now().UnixMilli())
+	})
 	return d
+}
+
+// noteSetRefuses says on stderr, after who, when set (set-default,
+// set-rates) refuses the document get prints, as printed, naming each
+// field set refuses and why (check, set's reading of the document, says
+// so): a record written straight to the topic may hold values that the
+// aggregator accepts and a document cannot, a time before 2000-01-01 or
+// after 9999 in UTC (printed with a five-digit year, which RFC 3339 has
+// not).
+func noteSetRefuses(stdio IO, who string, doc any, check func([]byte) error) {
+	b, err := json.Marshal(doc)
+	if err == nil {
+		err = check(b)
+	}
+	if err == nil {
+		return
+	}
+	fmt.Fprintf(stdio.Stderr, "note: %sset refuses this document as printed (the record was written straight to the topic, "+
+		"with values the aggregator takes and a document cannot hold); change these fields before setting it:\n", who)
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			fmt.Fprintf(stdio.Stderr, "  %s%s\n", who, l)
+		}
+	}
 }
 
 // readEntitlements reads the committed records of the entitlements topic
@@ -890,7 +925,15 @@ func (c *EntitlementsGetCmd) Run(ctx context.Context, g *Globals, stdio IO) erro
 		}
 		return c.print(stdio, false, entDocument(stdio, "", r))
 	}
-	return c.print(stdio, false, entitlements.RatesDocumentOf(r.rec.RateCard, r.written))
+	d := entitlements.RatesDocumentOf(r.rec.RateCard, r.written)
+	noteSetRefuses(stdio, "", d, func(b []byte) error {
+		back, err := entitlements.ParseRatesDocument(b)
+		if err == nil {
+			_, err = back.Card(nil)
+		}
+		return err
+	})
+	return c.print(stdio, false, d)
 }
 
 // samePerPartition returns the record of a key written to every partition,

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -74,14 +73,7 @@ func testStageStopsOnRefusedLogin(t *testing.T, args []string) {
 		}
 	}
 	// The password changes: every new login is refused from now on.
-	cluster.ControlKey(kmsg.SASLAuthenticate.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		resp := kreq.(*kmsg.SASLAuthenticateRequest).ResponseKind().(*kmsg.SASLAuthenticateResponse)
-		resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
-		msg := "Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512"
-		resp.ErrorMessage = &msg
-		return resp, nil, true
-	})
+	testenv.RefuseLogins(cluster)
 	// The broker closes the fetch connection (at one fetch), and only it.
 	cluster.ControlKey(kmsg.Fetch.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
 		return nil, errors.New("connection closed by the test"), true

@@ -1,6 +1,7 @@
 package docscheck
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 
@@ -48,5 +49,42 @@ func TestTopicsTableMatchesSpecs(t *testing.T) {
 	}
 	if len(specs) < 10 {
 		t.Fatalf("topics.Specs gave %d topics", len(specs))
+	}
+}
+
+// docTopicName matches what reads as a topic name in the docs:
+// usage.<name> (with a version, .v2), meterline.keys and the changelogs,
+// not a path that ends so ($.usage.input).
+var docTopicName = regexp.MustCompile(`(?:^|[^.\w$])(usage\.[a-z_]+(?:\.v[0-9]+)?|meterline\.keys|meterline-[a-z]+-changelog(?:-v[0-9]+)?)\b`)
+
+// TestDocTopicNamesExist: every topic name the docs give (but the
+// changelog's) is one the commands create and print by default
+// (topics.DefaultNames), so that an operator who greps the docs for the
+// name a command printed, or runs a command the docs give, finds the
+// topic: usage.deduped, for a topic created as usage.deduped.v2, is no
+// topic of a cluster set up by `meterline topics create`.
+func TestDocTopicNamesExist(t *testing.T) {
+	_, files, _ := docs(t)
+	n := topics.DefaultNames()
+	names := map[string]bool{}
+	for _, s := range topics.Specs(n, topics.DefaultLayout()) {
+		names[s.Name] = true
+	}
+	found := 0
+	for name, c := range files {
+		if name == "CHANGELOG.md" {
+			continue
+		}
+		for i, l := range strings.Split(c, "\n") {
+			for _, m := range docTopicName.FindAllStringSubmatch(l, -1) {
+				found++
+				if !names[m[1]] {
+					t.Errorf("%s:%d: %s is no topic meterline creates (topics.DefaultNames): write the name it prints", name, i+1, m[1])
+				}
+			}
+		}
+	}
+	if found < 100 || !names[n.DedupedTopic()] {
+		t.Fatalf("%d topic names in the docs; %v", found, names)
 	}
 }

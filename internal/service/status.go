@@ -134,6 +134,9 @@ type Table struct {
 	Note    string     `json:"note,omitempty"`
 	Columns []string   `json:"columns"`
 	Rows    [][]string `json:"rows"`
+	// RowsTotal is how many rows the table has: /status.json gives its
+	// first statusJSONRowsMax rows.
+	RowsTotal int `json:"rows_total"`
 }
 
 // Status is everything the status page shows; /status.json serves it.
@@ -348,7 +351,9 @@ func (s *Server) Status() Status {
 	p.mu.Unlock()
 
 	for _, f := range tableFns {
-		st.Tables = append(st.Tables, f())
+		t := f()
+		t.RowsTotal = len(t.Rows)
+		st.Tables = append(st.Tables, t)
 	}
 	return st
 }
@@ -379,7 +384,12 @@ func (s *Server) serveStatusJSON(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(s.Status())
+	st := s.Status()
+	for i := range st.Tables {
+		// RowsTotal says how many rows there are.
+		st.Tables[i].Rows = st.Tables[i].Rows[:min(len(st.Tables[i].Rows), statusJSONRowsMax)]
+	}
+	_ = enc.Encode(st)
 }
 
 // ---------------------------------------------------------------- rates
@@ -796,10 +806,15 @@ func stateClass(sg StageStatus) string {
 // beyond, a summary and the statusRowsMax rows most in trouble, worst
 // first. A table a process adds (Server.AddTable: the HTTP ingest's
 // tenants, the demo's customers) shows its first statusRowsMax rows, in
-// its order. /status.json lists every row.
+// its order. /status.json lists every partition, standby copy and lag
+// row (as many as the partitions the process owns), and of a table a
+// process adds its first statusJSONRowsMax rows, in its order, with
+// rows_total, how many it has: such a table grows with what clients
+// make.
 const (
-	statusRowsMax = 50
-	statusListMax = 64 // partition numbers in a stage's row
+	statusRowsMax     = 50
+	statusListMax     = 64 // partition numbers in a stage's row
+	statusJSONRowsMax = 1000
 )
 
 // shown is the part of a list the page shows: Rows, of Total.

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -33,16 +30,6 @@ func TestCopyLoginRefusedStopsStage(t *testing.T) {
 	const changelog = "bind.changelog"
 	cluster, brokers := testenv.KFake(t, kfake.EnableSASL(), kfake.SeedTopics(1, changelog),
 		kfake.Superuser(kafka.ScramSHA512, "dedup", "pw"))
-	var refuse atomic.Bool
-	cluster.ControlKey(kmsg.SASLAuthenticate.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		if !refuse.Load() {
-			return nil, nil, false
-		}
-		resp := kreq.(*kmsg.SASLAuthenticateRequest).ResponseKind().(*kmsg.SASLAuthenticateResponse)
-		resp.ErrorCode = kerr.SaslAuthenticationFailed.Code
-		return resp, nil, true
-	})
 	kc := kafka.Config{Brokers: brokers, SASL: kafka.SASL{Mechanism: kafka.ScramSHA512, User: "dedup", Password: secret.New("pw")}}
 	rt, err := New(Config{Stage: "login", Config: session.Config{Kafka: kc, Group: "g", InstanceID: "i1"},
 		InputTopic: "in", ChangelogTopic: changelog, StateDir: "state", FS: vfs.NewMem(),
@@ -51,7 +38,7 @@ func TestCopyLoginRefusedStopsStage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.store.Close()
-	refuse.Store(true)
+	testenv.RefuseLogins(cluster)
 	c, err := rt.newChangelogCopy(0, "restore", 0, 1, -1, time.Now(), nil)
 	if err != nil {
 		t.Fatal(err)
