@@ -205,8 +205,8 @@ func TestAccountsBoundedKeepChanged(t *testing.T) {
 	if a, ok := s.Account("changed"); !ok || a != changed || !e.accounts["changed"].dirty {
 		t.Fatal("the changed account was dropped")
 	}
-	if len(e.dirtyAccounts) != 1 || e.dirtyAccounts[0] != "changed" {
-		t.Fatalf("changed accounts %q", e.dirtyAccounts)
+	if len(e.dirtyAccounts) != 1 || e.dirtyAccounts[0].customer != "changed" || e.dirtyAccounts[0].h != e.accounts["changed"] {
+		t.Fatalf("changed accounts %v", e.dirtyAccounts)
 	}
 }
 

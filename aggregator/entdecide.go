@@ -24,17 +24,23 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	// whole by EvaluateInto, which reuses its Draws; the other fields are
 	// set here, field by field, the decision left alone.
 	ch := &pt.charge
-	ch.pt, ch.tx, ch.customer, ch.label = pt, tx, e.CustomerID, ""
+	if ch.pt != pt || ch.tx != tx {
+		// Written only when they change: pointer writes, each with its
+		// write barrier while the collector runs, per event otherwise.
+		ch.pt, ch.tx = pt, tx
+	}
+	ch.customer = e.CustomerID
 	// Its event too, every field of it: a composite literal would be
 	// built in a temporary and copied.
 	ev := &ch.ev
-	ev.Meter, ev.Aggregation, ev.Quantity = e.Meter, string(m.Aggregation), e.Quantity
-	if m != undeclared {
-		// The catalog's name, equal to the event's: the account keeps
-		// the string of a meter's first event, so that its lookups of
-		// the meter compare the same string, not equal bytes.
-		ev.Meter = m.Name
+	// The catalog's name, equal to the event's: the account keeps the
+	// string of a meter's first event, so that its lookups of the meter
+	// compare the same string, not equal bytes.
+	meter := m.Name
+	if m == undeclared {
+		meter = e.Meter
 	}
+	ev.Meter, ev.Aggregation, ev.Quantity = meter, string(m.Aggregation), e.Quantity
 	ev.EventTime, ev.Arrival, ev.Undeclared = e.EventTime, e.IngestTime, m == undeclared
 	if err := l.EvaluateInto(pt.ledger(tx), e.CustomerID, &ch.ev, &ch.d); err != nil {
 		return nil, false, fmt.Errorf("aggregator: partition %d: entitlements of %s: %w", pt.p, e.CustomerID, err)
@@ -43,7 +49,9 @@ func (pt *partition) decideEvent(tx *stream.Tx, r *kgo.Record, e *schemas.Dedupe
 	if e := pt.ent; e.label == "" || e.labelPlan != d.Plan {
 		e.labelPlan, e.label = d.Plan, pt.pr.plans.label(d.Plan)
 	}
-	ch.label = pt.ent.label
+	if ch.label != pt.ent.label {
+		ch.label = pt.ent.label
+	}
 	// Guarantee: the decision and its charge are in the open transaction
 	// only; a crash here aborts both, and the event is decided again from
 	// the committed balance.

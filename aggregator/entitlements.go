@@ -208,7 +208,8 @@ type entPart struct {
 	// committed state and the open transaction have them: the Ledger
 	// changes them in place, so a decision costs no state write and no
 	// encoding. dirtyAccounts lists the customers whose account the open
-	// transaction changed, in the order of its first change: Flush writes
+	// transaction changed, with their entries (which stay in accounts
+	// while changed), in the order of its first change: Flush writes
 	// each once (flushAccounts), one changelog record per changed
 	// customer. Both are dropped with an aborted transaction (Abort) and
 	// at every load, so an aborted decision never survives in memory.
@@ -216,7 +217,7 @@ type entPart struct {
 	// dropped, for every customer at once (dropResolved), whenever a key
 	// it comes from is written (ledgerStore), with the cache.
 	accounts      map[string]*heldAccount
-	dirtyAccounts []string
+	dirtyAccounts []dirtyAccount
 	// timelines keeps the customers' and the default plan's versions
 	// decoded by their state key (entitlements.TimelineCache), as the
 	// committed state and the open transaction have them: the Ledger

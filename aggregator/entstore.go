@@ -222,6 +222,15 @@ type heldAccount struct {
 	chGen  uint64
 }
 
+// dirtyAccount is an entry of entPart.dirtyAccounts: a customer whose
+// account the open transaction changed, and its entry of accounts, which
+// stays there until Flush writes it (hold sweeps unchanged entries only;
+// dropHeld drops dirtyAccounts too), so flushAccounts needs no lookup.
+type dirtyAccount struct {
+	customer string
+	h        *heldAccount
+}
+
 // maxAccounts bounds the customers a partition keeps (accounts) with no
 // account changed across transactions (a few hundred bytes each); past
 // it the unchanged ones are dropped. Changed ones stay until Flush writes
@@ -249,7 +258,7 @@ func (s ledgerStore) ChangedAccount(customer string, a *entitlements.Account) {
 	h.a = a
 	if !h.dirty {
 		h.dirty = true
-		s.e.dirtyAccounts = append(s.e.dirtyAccounts, customer)
+		s.e.dirtyAccounts = append(s.e.dirtyAccounts, dirtyAccount{customer, h})
 	}
 }
 
@@ -257,9 +266,9 @@ func (s ledgerStore) ChangedAccount(customer string, a *entitlements.Account) {
 // once, before its changelog is written (Flush).
 func (pt *partition) flushAccounts(tx *stream.Tx) {
 	e := pt.ent
-	for _, c := range e.dirtyAccounts {
-		h := e.accounts[c]
-		e.accountBuf = pt.pr.ledger.WriteAccount(tx, c, h.a, e.accountBuf)
+	for _, d := range e.dirtyAccounts {
+		h := d.h
+		e.accountBuf = pt.pr.ledger.WriteAccount(tx, d.customer, h.a, e.accountBuf)
 		h.dirty = false
 	}
 	clear(e.dirtyAccounts)
