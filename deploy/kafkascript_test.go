@@ -1,11 +1,15 @@
 package deploy
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -40,5 +44,68 @@ func TestKafkaScriptHintNamesItsBroker(t *testing.T) {
 	want := "run 'KAFKA_PORT=" + port + " KAFKA_DATA_DIR=" + dir + " "
 	if !strings.Contains(string(out), "formatted with KAFKA_SECURITY=plaintext") || !strings.Contains(string(out), want) {
 		t.Fatalf("kafka.sh start said:\n%s\nwant the refusal, with a command that starts %q", out, want)
+	}
+}
+
+// TestKafkaScriptStartBrokerRefusesAPausedBroker: `start-broker N` waits
+// until broker N serves, and a broker paused with pause-broker (SIGSTOP)
+// does not serve, though its port still takes connections: the script
+// must not answer "already running" and exit 0 for it (a test that starts
+// a broker after a fault would go on against a frozen broker), but say it
+// is paused and how to resume it. The broker is a stand-in: a stopped
+// process with the broker's command line and a listening port.
+func TestKafkaScriptStartBrokerRefusesAPausedBroker(t *testing.T) {
+	if _, err := exec.LookPath("java"); err != nil {
+		t.Skip("SKIP: kafka.sh start-broker needs java on PATH")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	dir := filepath.Join(t.TempDir(), "cluster")
+	node := filepath.Join(dir, "node-2")
+	if err := os.MkdirAll(node, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// "sleep; :" keeps bash from exec'ing sleep: its command line names
+	// the broker's main class and server.properties.
+	fake := exec.Command("bash", "-c", "sleep 600; :", "kafka.Kafka", filepath.Join(node, "server.properties"))
+	if err := fake.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fake.Process.Kill(); _ = fake.Wait() }()
+	pid := strconv.Itoa(fake.Process.Pid)
+	for f, v := range map[string]string{
+		filepath.Join(dir, ".meterline-kafka-cluster"): "", filepath.Join(dir, "cluster.id"): "AAAAAAAAAAAAAAAAAAAAAB\n",
+		filepath.Join(node, ".meterline-kafka"): "", filepath.Join(node, "kafka.pid"): pid + "\n", filepath.Join(node, "kafka.ready"): pid + "\n",
+	} {
+		if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fake.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	script := func(args ...string) (string, error) {
+		c := exec.Command("local/kafka.sh", args...)
+		c.Env = append(os.Environ(), "KAFKA_CLUSTER=3", "KAFKA_PORT="+strconv.Itoa(port-1), "KAFKA_CONTROLLER_PORT=1", /* never listening */
+			"KAFKA_DATA_DIR="+dir, "METERLINE_CACHE_DIR="+t.TempDir())
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	var out string
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if out, _ = script("status"); strings.Contains(out, "broker 2: paused pid="+pid) {
+			break
+		}
+	}
+	if !strings.Contains(out, "broker 2: paused pid="+pid) {
+		t.Fatalf("kafka.sh status with broker 2 stopped:\n%s", out)
+	}
+	out, err = script("start-broker", "2")
+	if err == nil || !strings.Contains(out, "paused") || !strings.Contains(out, "resume-broker 2") {
+		t.Fatalf("kafka.sh start-broker 2 on a paused broker: %v\n%s\nwant a refusal that says it is paused and names resume-broker 2", err, out)
 	}
 }

@@ -6,7 +6,8 @@
 #
 # Usage: deploy/local/kafka.sh start|start-fresh|stop|restart|status|clean|libs
 #   start    fetch jars (first run only), format the data dir if new, start the
-#            broker in the background and wait until it serves; no-op if running
+#            broker in the background and wait until it serves; no-op if running,
+#            refused if paused (SIGSTOP: it serves nothing; resume it instead)
 #   start-fresh  start, on a new data dir unless the broker is running: what
 #            `make test` does, so that the topics earlier runs left behind
 #            (hundreds, whose loading can outlast the start timeout) are gone
@@ -467,6 +468,12 @@ launch_node() {
   LAUNCHED=""
   LAUNCH_OFFSET=0
   if pid=$(broker_pid); then
+    # A paused JVM's port still takes connections: it is running, not serving.
+    if is_paused "$pid"; then
+      local resume="kill -CONT $pid"
+      ((KAFKA_CLUSTER > 1)) && resume="$SELF resume-broker $NODE_ID"
+      die "the broker on 127.0.0.1:$KAFKA_PORT (pid $pid) is paused (SIGSTOP) and serves nothing; resume it with '$resume'"
+    fi
     if broker_ready; then
       say "already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
       return 0
