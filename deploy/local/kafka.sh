@@ -6,7 +6,8 @@
 #
 # Usage: deploy/local/kafka.sh start|start-fresh|stop|restart|status|clean|libs
 #   start    fetch jars (first run only), format the data dir if new, start the
-#            broker in the background and wait until it serves; no-op if running
+#            broker in the background and wait until it serves; no-op if running,
+#            refused if paused (SIGSTOP: it serves nothing; resume it instead)
 #   start-fresh  start, on a new data dir unless the broker is running: what
 #            `make test` does, so that the topics earlier runs left behind
 #            (hundreds, whose loading can outlast the start timeout) are gone
@@ -270,6 +271,8 @@ print_log_tail() {
 # server.log (from byte offset $2 on, i.e. this launch) has the readiness line.
 wait_ready() {
   local pid=$1 offset=$2 t0=$3 deadline=$((SECONDS + KAFKA_START_TIMEOUT))
+  # kill 0 would signal this script's whole process group, its caller's too.
+  [[ $pid =~ ^[1-9][0-9]*$ && $offset =~ ^[0-9]+$ ]] || die "no broker to wait for (pid '$pid', log offset '$offset')"
   while ((SECONDS < deadline)); do
     if ! kill -0 "$pid" 2>/dev/null; then
       print_log_tail
@@ -467,6 +470,12 @@ launch_node() {
   LAUNCHED=""
   LAUNCH_OFFSET=0
   if pid=$(broker_pid); then
+    # A paused JVM's port still takes connections: it is running, not serving.
+    if is_paused "$pid"; then
+      local resume="kill -CONT $pid"
+      ((KAFKA_CLUSTER > 1)) && resume="$SELF resume-broker $NODE_ID"
+      die "the broker on 127.0.0.1:$KAFKA_PORT (pid $pid) is paused (SIGSTOP) and serves nothing; resume it with '$resume'"
+    fi
     if broker_ready; then
       say "already running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
       return 0
@@ -706,14 +715,16 @@ cmd_cluster_start() {
   select_node 1
   ensure_credentials   # shared by the nodes: made once, before they start side by side
   # Each node is formatted and launched in a subshell of its own, all at once
-  # (a JVM start is mostly waiting); each leaves "pid offset" in a file.
+  # (a JVM start is mostly waiting); each leaves "pid offset" in a file, with
+  # "-" for the pid of a broker that already serves (nothing to wait for: an
+  # empty field would shift the offset into the pid).
   local -a jobs=() pids=() offsets=()
   for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
     rm -f "$CLUSTER_DIR/node-$n.launch"
     (
       select_node "$n"
       launch_node
-      printf '%s %s\n' "$LAUNCHED" "$LAUNCH_OFFSET" >"$CLUSTER_DIR/node-$n.launch"
+      printf '%s %s\n' "${LAUNCHED:--}" "$LAUNCH_OFFSET" >"$CLUSTER_DIR/node-$n.launch"
     ) &
     jobs[n]=$!
   done
@@ -724,6 +735,7 @@ cmd_cluster_start() {
   ((failed == 0)) || die "starting the cluster failed (see above); '$SELF stop' stops the brokers that did start"
   for ((n = 1; n <= KAFKA_CLUSTER; n++)); do
     read -r pids[n] offsets[n] <"$CLUSTER_DIR/node-$n.launch" || true
+    [[ ${pids[n]:-} == - ]] && pids[n]=""
     rm -f "$CLUSTER_DIR/node-$n.launch"
   done
   for ((n = 1; n <= KAFKA_CLUSTER; n++)); do

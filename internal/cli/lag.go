@@ -28,20 +28,18 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 	for {
 		rows, err := lag.Compute(ctx, kc, c.Group, time.Now())
-		if err != nil {
+		switch {
+		case err != nil && (c.Watch <= 0 || ctx.Err() != nil):
 			return err
-		}
-		r := newLagReport(rows, c.All, time.Now())
-		if c.Output == "json" {
-			r.GroupsWithoutOffsets = groupsWithoutRows(c.Group, rows)
-			if err := printLagJSON(stdio.Stdout, r); err != nil {
+		case err != nil:
+			// A watch is kept open through an incident, when a broker
+			// that coordinates a group or leads a partition is down
+			// until the cluster moves them: it says so and tries again.
+			fmt.Fprintf(stdio.Stderr, "%s lag not computed: %v; computing again in %s\n", time.Now().UTC().Format(time.RFC3339), err, c.Watch)
+		default:
+			if err := c.print(stdio, rows); err != nil {
 				return err
 			}
-		} else {
-			if c.Watch > 0 {
-				fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
-			}
-			printLag(stdio.Stdout, r)
 		}
 		if c.Watch <= 0 {
 			noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
@@ -53,6 +51,20 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 		case <-time.After(c.Watch):
 		}
 	}
+}
+
+// print prints one computation's rows: the table, or the JSON document.
+func (c *LagCmd) print(stdio IO, rows []lag.Row) error {
+	r := newLagReport(rows, c.All, time.Now())
+	if c.Output == "json" {
+		r.GroupsWithoutOffsets = groupsWithoutRows(c.Group, rows)
+		return printLagJSON(stdio.Stdout, r)
+	}
+	if c.Watch > 0 {
+		fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
+	}
+	printLag(stdio.Stdout, r)
+	return nil
 }
 
 // lagReport is what `meterline lag` prints, in a table or as JSON (-o

@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -75,5 +78,48 @@ func TestLagSeedBrokerSilent(t *testing.T) {
 		if !strings.Contains(stdout.String(), "1 behind, 2 records behind") {
 			t.Errorf("--brokers %s: stdout %q; want partition 0 two records behind", strings.Join(seeds, ","), stdout.String())
 		}
+	}
+}
+
+// TestLagWatchRidesOutAFailedComputation: `meterline lag --watch` is what
+// an SRE keeps open during an incident, and a computation fails then (the
+// group's coordinator on a broker just killed, refusing connections, until
+// the cluster moves it): the watch says so on stderr and computes again
+// at the next refresh, rather than exit at the first failure.
+func TestLagWatchRidesOutAFailedComputation(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	topic, group := testenv.Name(t, "lag"), testenv.Name(t, "group")
+	testenv.CreateTopic(t, brokers, topic, 1, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	for range 3 {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var offs kadm.Offsets
+	offs.AddOffset(topic, 0, 1, -1)
+	if _, err := kadm.NewClient(cl).CommitOffsets(ctx, group, offs); err != nil {
+		t.Fatal(err)
+	}
+	// The first computations fail with an error no retry of kgo's hides.
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Err: kerr.GroupAuthorizationFailed, Count: 2})
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := Main(rctx, []string{"lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--watch", "200ms"},
+		IO{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
+	if rctx.Err() == nil || code != 0 {
+		t.Fatalf("lag --watch ended before it was stopped: exit %d\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "lag not computed") || !strings.Contains(stderr.String(), "GROUP_AUTHORIZATION_FAILED") {
+		t.Errorf("stderr %q: want each failed computation named", stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "1 behind, 2 records behind") {
+		t.Errorf("stdout %q: want the table once the computation succeeds", stdout.String())
 	}
 }

@@ -433,6 +433,10 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 	case err != nil:
 		rt.m.session.Transactions.WithLabelValues(session.Unknown).Inc()
 		rt.log.Error("ending the transaction failed; outcome unknown", zap.Error(err))
+		// The coordinator cannot finish a transaction whose markers
+		// the partitions' leaders refuse (NOT_ENOUGH_REPLICAS): it
+		// answers CONCURRENT_TRANSACTIONS until they take them.
+		rt.writeRefusalCause(context.Background(), rt.adm)
 		rt.discardTxn()
 		return session.EndFailed(err)
 	case committed:
@@ -444,6 +448,18 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 	rt.m.session.Transactions.WithLabelValues(session.Aborted).Inc()
 	rt.discardTxn()
 	if perr != nil {
+		if errors.Is(perr, errUnwritten) {
+			// The records waited unwritten for the whole transaction
+			// timeout (a broker unreachable, no leader, in-sync replicas
+			// below min.insync.replicas): rebuild the session, which
+			// waits for the brokers. The error kgo then fails them with
+			// (aborting, or INVALID_PRODUCER_EPOCH once the coordinator
+			// timed the transaction out) follows from that: no fence by
+			// another process, nor the producer's own state.
+			rt.log.Warn("transaction aborted: its records could not be written within the transaction timeout; rebuilding the session", zap.Error(perr))
+			rt.writeRefusalCause(context.Background(), rt.adm)
+			return session.Restart(restartUnwritten, perr)
+		}
 		if producerStateError(perr) {
 			// Fenced (a zombie whose group moved on) or the producer's
 			// transactional state is gone: rebuild the session with the
@@ -462,12 +478,6 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 			// session, whose new client starts them at 0.
 			rt.log.Warn("transaction aborted: the broker refused a record's sequence number; rebuilding the session", zap.Error(perr))
 			return session.Restart(restartOutOfOrderSequence, perr)
-		}
-		if errors.Is(perr, errUnwritten) {
-			// The broker was unreachable for the whole transaction
-			// timeout: rebuild the session, which waits for it.
-			rt.log.Warn("transaction aborted: its records could not be written within the transaction timeout; rebuilding the session", zap.Error(perr))
-			return session.Restart(restartUnwritten, perr)
 		}
 		if rerr := rt.cfg.Kafka.Refused(perr); rerr != nil {
 			// The producer's new connection was refused its login (the

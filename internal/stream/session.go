@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -292,6 +293,11 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 // (session.ErrRestart), but a missing ACL stops the stage.
 func (rt *Runtime) initProducerID(ctx context.Context, cl *kgo.Client) error {
 	if err := rt.loop.InitProducerID(ctx, cl); err != nil {
+		if errors.Is(err, session.ErrRestart) && ctx.Err() == nil {
+			// The coordinator answers CONCURRENT_TRANSACTIONS while it
+			// cannot write the markers of the transaction it ends.
+			rt.writeRefusalCause(ctx, kadm.NewClient(cl))
+		}
 		return fmt.Errorf("stream: %w", err)
 	}
 	return nil
