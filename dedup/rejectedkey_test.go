@@ -1,0 +1,54 @@
+package dedup
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
+)
+
+// TestLongKeyRejectedWithoutKey: a record whose key is longer than
+// MaxRejectedRawBytes is rejected as oversized by a usage.rejected record
+// with no key (schemas.RejectedKey: its value keeps the key's prefix,
+// length and digest), placed by the whole key. The key must not be the
+// prefix Bound cut: a prefix is no key of the source record, and keys
+// longer than it that share it would share it.
+func TestLongKeyRejectedWithoutKey(t *testing.T) {
+	h := newRecordHarness(t)
+	defer h.close()
+	key := bytes.Repeat([]byte("k"), schemas.MaxRejectedRawBytes+100)
+	l := h.local(0)
+	if err := l.Process([]*kgo.Record{{Topic: h.pr.eventsTopic, Partition: 0, Offset: 0, Key: key,
+		Value: []byte("v"), Timestamp: time.UnixMilli(frStart)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range l.TakeOutput() {
+		if o.Topic != h.pr.rejectedTopic {
+			continue
+		}
+		n++
+		var r schemas.Rejected
+		if err := schemas.DecodeInto(o.Value, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Reason != schemas.ReasonOversized || r.RawKeyLength != int64(len(key)) {
+			t.Errorf("rejected %s with a key of %d bytes, want oversized, %d", r.Reason, r.RawKeyLength, len(key))
+		}
+		if o.Key != nil {
+			t.Errorf("the rejected record's key is %d bytes of the source key, want none", len(o.Key))
+		}
+		if want := schemas.Partition(key, h.pr.counts.rejected); o.Partition != want {
+			t.Errorf("rejected record in partition %d, want %d (the whole key's)", o.Partition, want)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d rejected records, want 1", n)
+	}
+}
