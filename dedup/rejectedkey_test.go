@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/schemas"
@@ -51,4 +52,27 @@ func TestLongKeyRejectedWithoutKey(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d rejected records, want 1", n)
 	}
+}
+
+// TestLongKeyRejectedWithoutKeyOnBrokers: TestLongKeyRejectedWithoutKey
+// as a record of usage.rejected on a broker: a producer's record of a
+// 20 KiB key comes out with no key, in the partition of its whole key.
+func TestLongKeyRejectedWithoutKeyOnBrokers(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 2)
+		key := bytes.Repeat([]byte("k"), schemas.MaxRejectedRawBytes+4096)
+		h.start(h.config("a", vfs.NewMem()))
+		h.produce(&kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: key, Value: []byte("v"), Timestamp: time.Now()})
+		h.caughtUp()
+		recs := readTopic(t, h, h.names.RejectedTopic())
+		if len(recs) != 1 {
+			t.Fatalf("%d records in %s, want 1", len(recs), h.names.RejectedTopic())
+		}
+		if recs[0].Key != nil {
+			t.Errorf("the rejected record's key is %d bytes of the source key, want none", len(recs[0].Key))
+		}
+		if want := schemas.Partition(key, h.n); recs[0].Partition != want {
+			t.Errorf("rejected record in partition %d, want %d (the whole key's)", recs[0].Partition, want)
+		}
+	})
 }
