@@ -343,11 +343,13 @@ func (pt *partition) park(tx *stream.Tx, rej *schemas.Rejected) error {
 	if len(rej.RawKey) > 0 {
 		part = schemas.Partition(rej.RawKey, n)
 	}
+	// Of the whole key: EncodeRejected cuts rej.RawKey to its prefix.
+	key := schemas.RejectedKey(rej.RawKey)
 	v, err := schemas.EncodeRejected(nil, rej)
 	if err != nil {
 		return fmt.Errorf("dedup: partition %d offset %d: encode rejected record: %w", rej.SourcePartition, rej.SourceOffset, err)
 	}
-	rec := &kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: schemas.RejectedKey(rej.RawKey), Value: v}
+	rec := &kgo.Record{Topic: pt.pr.rejectedTopic, Partition: part, Key: key, Value: v}
 	if recordBytes(rec) > pt.pr.cfg.MaxRecordBytes {
 		// Validate keeps MaxRecordBytes above schemas.MaxRejectedBytes, so
 		// this cannot happen; if it did, the digests and lengths remain.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/meterline/meterline/schemas"
@@ -165,4 +166,133 @@ func TestSizeLimitExact(t *testing.T) {
 		t.Fatalf("rejections %v, want the record of %d bytes %s and the one of %d bytes %s",
 			got, schemas.MaxEventBytes, want[0], schemas.MaxEventBytes+1, want[1])
 	}
+}
+
+// TestStrayJoinerRejected: a zero-width joiner or non-joiner that joins
+// nothing (alone, at an end, in a Latin word) only hides, as the soft
+// hyphen does: "acme-1\u200d" shows as "acme-1" in every table, and a
+// lone joiner as nothing. A producer writing usage.events directly gets
+// the event parked as invalid, naming the field (docs/design.md, Event
+// identity and keys); the same identity without the joiner, or a joiner
+// in an emoji sequence, is forwarded.
+func TestStrayJoinerRejected(t *testing.T) {
+	h := newRecordHarness(t)
+	defer h.close()
+	ids := []struct {
+		customer, event string
+		reject          bool
+	}{
+		{"acme-1", "req-1", false},
+		{"acme-1\u200d", "req-1", true},
+		{"\u200d", "req-1", true},
+		{"acme", "req\u200c1", true},
+		{"👩\u200d💻", "req-1", false},
+	}
+	for i, id := range ids {
+		e := &schemas.UsageEvent{CustomerID: id.customer, Meter: "api", EventID: id.event, Quantity: 1, EventTime: frStart}
+		key := e.Identity().Key()
+		p := schemas.Partition(key, frEvents)
+		if err := h.local(p).Process([]*kgo.Record{{Topic: h.pr.eventsTopic, Partition: p, Offset: int64(i), Key: key,
+			Value: schemas.MustEncode(e), Timestamp: time.UnixMilli(frStart)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forwarded, rejected := map[string]bool{}, map[string]string{}
+	for p := range int32(frEvents) {
+		if err := h.local(p).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range h.local(p).TakeOutput() {
+			switch o.Topic {
+			case h.pr.dedupedTopic:
+				var d schemas.DedupedEvent
+				if schemas.DecodeInto(o.Value, &d) == nil {
+					forwarded[d.CustomerID+"/"+d.EventID] = true
+				}
+			case h.pr.rejectedTopic:
+				var r schemas.Rejected
+				if err := schemas.DecodeInto(o.Value, &r); err != nil {
+					t.Fatal(err)
+				}
+				rejected[r.CustomerID+"/"+r.EventID] = r.Reason + ": " + r.Detail
+			}
+		}
+	}
+	for _, id := range ids {
+		k := id.customer + "/" + id.event
+		switch {
+		case id.reject && forwarded[k]:
+			t.Errorf("%+q forwarded, want it rejected as invalid", k)
+		case id.reject && !strings.HasPrefix(rejected[k], schemas.ReasonInvalid+": ") || id.reject && !strings.Contains(rejected[k], "joiner"):
+			t.Errorf("%+q rejected %q, want invalid naming the joiner", k, rejected[k])
+		case !id.reject && !forwarded[k]:
+			t.Errorf("%+q not forwarded (rejected %q)", k, rejected[k])
+		}
+	}
+}
+
+// TestLongKeyRejectedWithoutKey: a record whose key is longer than
+// MaxRejectedRawBytes is rejected as oversized by a usage.rejected record
+// with no key (schemas.RejectedKey: its value keeps the key's prefix,
+// length and digest), placed by the whole key. The key must not be the
+// prefix Bound cut: a prefix is no key of the source record, and keys
+// longer than it that share it would share it.
+func TestLongKeyRejectedWithoutKey(t *testing.T) {
+	h := newRecordHarness(t)
+	defer h.close()
+	key := bytes.Repeat([]byte("k"), schemas.MaxRejectedRawBytes+100)
+	l := h.local(0)
+	if err := l.Process([]*kgo.Record{{Topic: h.pr.eventsTopic, Partition: 0, Offset: 0, Key: key,
+		Value: []byte("v"), Timestamp: time.UnixMilli(frStart)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range l.TakeOutput() {
+		if o.Topic != h.pr.rejectedTopic {
+			continue
+		}
+		n++
+		var r schemas.Rejected
+		if err := schemas.DecodeInto(o.Value, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Reason != schemas.ReasonOversized || r.RawKeyLength != int64(len(key)) {
+			t.Errorf("rejected %s with a key of %d bytes, want oversized, %d", r.Reason, r.RawKeyLength, len(key))
+		}
+		if o.Key != nil {
+			t.Errorf("the rejected record's key is %d bytes of the source key, want none", len(o.Key))
+		}
+		if want := schemas.Partition(key, h.pr.counts.rejected); o.Partition != want {
+			t.Errorf("rejected record in partition %d, want %d (the whole key's)", o.Partition, want)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d rejected records, want 1", n)
+	}
+}
+
+// TestLongKeyRejectedWithoutKeyOnBrokers: TestLongKeyRejectedWithoutKey
+// as a record of usage.rejected on a broker: a producer's record of a
+// 20 KiB key comes out with no key, in the partition of its whole key.
+func TestLongKeyRejectedWithoutKeyOnBrokers(t *testing.T) {
+	onBrokers(t, func(t *testing.T, brokers []string) {
+		h := newHarness(t, brokers, 2)
+		key := bytes.Repeat([]byte("k"), schemas.MaxRejectedRawBytes+4096)
+		h.start(h.config("a", vfs.NewMem()))
+		h.produce(&kgo.Record{Topic: h.names.EventsTopic(), Partition: 0, Key: key, Value: []byte("v"), Timestamp: time.Now()})
+		h.caughtUp()
+		recs := readTopic(t, h, h.names.RejectedTopic())
+		if len(recs) != 1 {
+			t.Fatalf("%d records in %s, want 1", len(recs), h.names.RejectedTopic())
+		}
+		if recs[0].Key != nil {
+			t.Errorf("the rejected record's key is %d bytes of the source key, want none", len(recs[0].Key))
+		}
+		if want := schemas.Partition(key, h.n); recs[0].Partition != want {
+			t.Errorf("rejected record in partition %d, want %d (the whole key's)", recs[0].Partition, want)
+		}
+	})
 }

@@ -60,7 +60,7 @@ func oversized(field, format string, args ...any) *FieldError {
 // character (general category Cf: the bidirectional controls, U+200B,
 // U+2060, U+FEFF, the soft hyphen U+00AD, tags …) but the zero-width
 // joiner and non-joiner (U+200D, U+200C: emoji sequences, Persian and
-// Indic words), another default-ignorable code point (U+034F, the Hangul
+// Indic words) where they join something (strayJoiner), another default-ignorable code point (U+034F, the Hangul
 // fillers, the variation selectors) or a line or paragraph separator
 // (U+2028, U+2029). With them, one customer's ID could be shown as
 // another's ("acme-\u202e1x" shows as "acme-x1", "acme-1\u00ad" as
@@ -85,9 +85,41 @@ func CheckText(field, v string, identity bool) *FieldError {
 			if identityRefused(r) {
 				return invalid(field, "holds the %s U+%04X at offset %d (not allowed in identity fields and source)", charKind(r), r, i)
 			}
+			if (r == zwnj || r == zwj) && strayJoiner(v, i) {
+				return invalid(field, "holds the %s U+%04X at offset %d where it joins nothing (allowed in identity fields and source only between emoji or letters of a script that joins)",
+					charKind(r), r, i)
+			}
 		}
 	}
 	return nil
+}
+
+// The zero-width non-joiner and joiner.
+const (
+	zwnj = 0x200c
+	zwj  = 0x200d
+)
+
+// strayJoiner reports whether the joiner at offset i of v (U+200C or
+// U+200D, 3 bytes) joins nothing a reader could see joined: it is at the
+// start or the end of v, or beside another joiner, white space, or a
+// character of ASCII or of the Latin, Greek or Cyrillic scripts, which
+// joiners leave as they are. There it only hides, as the soft hyphen
+// does: "acme-1\u200d" shows as "acme-1", a lone joiner as nothing.
+func strayJoiner(v string, i int) bool {
+	if i == 0 || i+3 >= len(v) {
+		return true
+	}
+	prev, _ := utf8.DecodeLastRuneInString(v[:i])
+	next, _ := utf8.DecodeRuneInString(v[i+3:])
+	return !joinable(prev) || !joinable(next)
+}
+
+// joinable reports whether a joiner beside r may join it to its other
+// neighbour (strayJoiner).
+func joinable(r rune) bool {
+	return r >= 0x80 && r != zwnj && r != zwj && !unicode.IsSpace(r) &&
+		!unicode.In(r, unicode.Latin, unicode.Greek, unicode.Cyrillic)
 }
 
 // identityRefused reports whether r is refused in identity fields and
@@ -98,7 +130,7 @@ func identityRefused(r rune) bool {
 		return true
 	case r < 0xad:
 		return false
-	case r == 0x200c || r == 0x200d:
+	case r == zwnj || r == zwj: // unless they join nothing (strayJoiner)
 		return false
 	case r == 0x2028 || r == 0x2029:
 		return true
@@ -111,6 +143,10 @@ func charKind(r rune) string {
 	switch {
 	case r <= 0x9f:
 		return "control character"
+	case r == zwnj:
+		return "zero-width non-joiner"
+	case r == zwj:
+		return "zero-width joiner"
 	case r == 0x2028:
 		return "line separator"
 	case r == 0x2029:

@@ -65,6 +65,16 @@ func TestValidateText(t *testing.T) {
 		{"variation selector", "customer_id", "U+FE0F at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\ufe0f" }},
 		{"tag", "customer_id", "U+E0041 at offset 4", func(e *UsageEvent) { e.CustomerID = "acme\U000e0041" }},
 		{"interlinear annotation", "customer_id", "U+FFF9 at offset 1", func(e *UsageEvent) { e.CustomerID = "a\ufff9" }},
+		// The zero-width joiner and non-joiner join emoji and the letters
+		// of scripts that join; anywhere else they only hide: "acme-1\u200d"
+		// shows as "acme-1", a lone joiner as nothing.
+		{"lone joiner", "customer_id", "zero-width joiner U+200D at offset 0", func(e *UsageEvent) { e.CustomerID = "\u200d" }},
+		{"joiner at the end", "customer_id", "U+200D at offset 6", func(e *UsageEvent) { e.CustomerID = "acme-1\u200d" }},
+		{"non-joiner at the start", "meter", "zero-width non-joiner U+200C at offset 0", func(e *UsageEvent) { e.Meter = "\u200capi" }},
+		{"non-joiner in a Latin word", "event_id", "U+200C at offset 2", func(e *UsageEvent) { e.EventID = "re\u200cq" }},
+		{"joiner beside an accented letter", "customer_id", "U+200D at offset 5", func(e *UsageEvent) { e.CustomerID = "caf\u00e9\u200d\u00e9" }},
+		{"two joiners", "customer_id", "U+200D at offset 4", func(e *UsageEvent) { e.CustomerID = "👩\u200d\u200d💻" }},
+		{"joiner beside a space", "source", "U+200D at offset 5", func(e *UsageEvent) { e.Source = "\u0645\u06cc \u200d\u062e" }},
 		// White space only is as good as no ID: one identity for every
 		// event that has it.
 		{"blank event_id", "event_id", "must not be blank (white space only)", func(e *UsageEvent) { e.EventID = "   " }},
@@ -99,6 +109,8 @@ func TestValidateText(t *testing.T) {
 		func(e *UsageEvent) { e.CustomerID = "Zürich 😀 عربى 中文" },
 		func(e *UsageEvent) { e.CustomerID = "👩\u200d💻" },                                         // a zero-width joiner makes one emoji of two
 		func(e *UsageEvent) { e.CustomerID = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645" }, // a zero-width non-joiner in a Persian word
+		func(e *UsageEvent) { e.CustomerID = "\u0915\u094d\u200d\u0937" },                         // a zero-width joiner after a virama (Devanagari)
+		func(e *UsageEvent) { e.CustomerID = "👩🏽\u200d💻" },                                        // after a skin tone modifier
 		func(e *UsageEvent) { e.CustomerID = "\u00a0\u00ff\u2000\u202f" },                         // past C1, between the format characters
 		func(e *UsageEvent) { e.Properties[0].Value = "line 1\nline 2\t\x00\x7f\u202e" },          // controls are fine in properties
 		func(e *UsageEvent) { e.EventID = " req 1 " },                                             // blanks around an ID, or in it
@@ -133,16 +145,28 @@ func TestCheckTextFastPath(t *testing.T) {
 			return fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at offset %d)", v[i], i)
 		}
 		if identity {
-			for i, r := range v {
+			rs, at := []rune(v), 0
+			for j, r := range rs {
+				i := at
+				at += utf8.RuneLen(r)
 				if unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) && r != 0x200c && r != 0x200d {
 					return fmt.Sprintf("holds the %s U+%04X at offset %d (not allowed in identity fields and source)", charKind(r), r, i)
+				}
+				if r == 0x200c || r == 0x200d {
+					joins := func(k int) bool {
+						return k >= 0 && k < len(rs) && rs[k] > 0x7f && rs[k] != 0x200c && rs[k] != 0x200d && !unicode.IsSpace(rs[k]) &&
+							!unicode.In(rs[k], unicode.Latin, unicode.Greek, unicode.Cyrillic)
+					}
+					if !joins(j-1) || !joins(j+1) {
+						return fmt.Sprintf("holds the %s U+%04X at offset %d where it joins nothing (allowed in identity fields and source only between emoji or letters of a script that joins)", charKind(r), r, i)
+					}
 				}
 			}
 		}
 		return ""
 	}
 	cases := []string{"", "acme", "Zürich", "a\x00", "\x1f", "a\x7f", "\x00\xff", "a\tb\xc3", "é\n", "\ufffd", strings.Repeat("x", 100) + "\x01",
-		"a\u0085", "\u009f\xff", "x\u202e", "\u2066", "\u200f", "\u200d", "\u00a0"}
+		"a\u0085", "\u009f\xff", "x\u202e", "\u2066", "\u200f", "\u200d", "\u00a0", "👩\u200d💻", "a\u200db", "\u0645\u200c\u062e", "\u0645\u200c"}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 20000 {
 		b := make([]byte, rng.IntN(12))
