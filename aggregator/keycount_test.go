@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math/rand"
@@ -13,6 +14,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
@@ -107,56 +109,77 @@ func TestLoadReadsKeyCount(t *testing.T) {
 	}
 }
 
-// changelogCheck folds the changelog of partition 0 (read_committed) and
-// checks, at the end of every committed transaction (a gap in the offsets:
-// its commit marker, or an aborted transaction's records), that keyKeyCount
-// equals the number of live 'a' and 'f' keys. It returns that number at
-// the end, whether the count key is present, and the transactions checked.
+// changelogCheck reads partition 0 of the changelog (read_committed, with
+// the transaction markers) and checks, at each commit marker, that
+// keyKeyCount equals the number of live 'a' and 'f' keys (checkCommitted).
+// It returns that number after the last committed transaction read,
+// whether the count key is present then, and the transactions checked.
 func changelogCheck(t testing.TB, h *aggHarness) (live int, recorded bool, txns int) {
 	t.Helper()
 	var recs []*kgo.Record
-	for _, r := range testenv.ReadAll(t, h.brokers, h.names.AggregateChangelogTopic()) {
+	for _, r := range testenv.ReadAllMarkers(t, h.brokers, h.names.AggregateChangelogTopic()) {
 		if r.Partition == 0 {
 			recs = append(recs, r)
 		}
 	}
-	sort.Slice(recs, func(i, j int) bool { return recs[i].Offset < recs[j].Offset })
+	live, recorded, txns, err := checkCommitted(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return live, recorded, txns
+}
+
+// checkCommitted folds a changelog partition's records and markers, in
+// offset order, and checks the count at each commit marker. The records
+// after the last marker are left out: the read ends at the high watermark
+// of when it started, which may fall inside a transaction that the stage
+// went on writing (its count then lies past the end). An abort marker
+// has no records before it: read_committed drops them, and the stage is
+// the partition's one writer.
+func checkCommitted(recs []*kgo.Record) (live int, recorded bool, txns int, err error) {
 	state := map[string][]byte{}
-	check := func(at int64) {
-		n := 0
+	count := func() (n int, got uint64, ok bool, err error) {
 		for k := range state {
 			if k[0] == pfxOpen || k[0] == pfxFinal {
 				n++
 			}
 		}
-		got := uint64(0)
 		v, ok := state[string(keyKeyCount)]
+		if ok && len(v) != 8 {
+			return 0, 0, ok, fmt.Errorf("count %x is not 8 bytes", v)
+		}
 		if ok {
-			if len(v) != 8 {
-				t.Fatalf("changelog offset %d: count %x is not 8 bytes", at, v)
-			}
 			got = binary.BigEndian.Uint64(v)
 		}
-		if got != uint64(n) {
-			t.Fatalf("after the transaction ending at changelog offset %d: count %d (recorded: %v), live 'a' and 'f' keys %d", at, got, ok, n)
+		return n, got, ok, nil
+	}
+	for _, r := range recs {
+		if !r.Attrs.IsControl() {
+			if r.Value == nil {
+				delete(state, string(r.Key))
+			} else {
+				state[string(r.Key)] = r.Value
+			}
+			continue
+		}
+		var mk kmsg.ControlRecordKey
+		if err := mk.ReadFrom(r.Key); err != nil {
+			return 0, false, 0, fmt.Errorf("changelog offset %d: marker key %x: %w", r.Offset, r.Key, err)
+		}
+		if mk.Type != kmsg.ControlRecordKeyTypeCommit {
+			continue
+		}
+		n, got, ok, err := count()
+		if err == nil && got != uint64(n) {
+			err = fmt.Errorf("count %d (recorded: %v), live 'a' and 'f' keys %d", got, ok, n)
+		}
+		if err != nil {
+			return 0, false, 0, fmt.Errorf("after the transaction committed at changelog offset %d: %w", r.Offset, err)
 		}
 		live, recorded = n, ok
 		txns++
 	}
-	for i, r := range recs {
-		if i > 0 && r.Offset != recs[i-1].Offset+1 {
-			check(recs[i-1].Offset)
-		}
-		if r.Value == nil {
-			delete(state, string(r.Key))
-		} else {
-			state[string(r.Key)] = r.Value
-		}
-	}
-	if len(recs) > 0 {
-		check(recs[len(recs)-1].Offset)
-	}
-	return live, recorded, txns
+	return live, recorded, txns, nil
 }
 
 // awaitKeysGauge waits until the state keys gauge equals the live keys of
@@ -425,4 +448,79 @@ func changelogKeys(t testing.TB, h *aggHarness) map[string]bool {
 		}
 	}
 	return state
+}
+
+// TestChangelogCheckSeesWholeTransactions: changelogCheck checks the
+// count at the end of each committed transaction, and only there. Its
+// read ends at the high watermark of when it starts, which can fall
+// inside a transaction (one the stage goes on writing): here the
+// transaction's first record, an aggregate, is below it and the count
+// written with it above. The check must take the state of the last
+// committed transaction whole, not that part of the next. It must still
+// find a committed count that disagrees with the keys.
+func TestChangelogCheckSeesWholeTransactions(t *testing.T) {
+	c, brokers := testenv.KFake(t)
+	h := newAggHarnessSources(t, brokers, 1, 1)
+	topic := h.names.AggregateChangelogTopic()
+	ctx := context.Background()
+	p := testenv.ManualProducer(t, brokers, topic, kgo.TransactionalID(testenv.Name(t, "changelog")))
+	day := ms(t, "2026-05-04")
+	agg := func(c string) *kgo.Record {
+		return &kgo.Record{Key: periodKey(pfxOpen, day, appendFramed(nil, c)), Value: (&aggState{Value: 1}).encode()}
+	}
+	count := func(n uint64) *kgo.Record { return &kgo.Record{Key: bytes.Clone(keyKeyCount), Value: countValue(n)} }
+	txn := func(end kgo.TransactionEndTry, recs ...*kgo.Record) {
+		t.Helper()
+		if err := p.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.EndTransaction(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txn(kgo.TryCommit, agg("c1"), count(1))      // offsets 0-1, its marker 2
+	txn(kgo.TryAbort, agg("c9"), count(2))       // 3-4 aborted, 5
+	txn(kgo.TryCommit, agg("c2"), count(2))      // 6-7, 8
+	if err := p.BeginTransaction(); err != nil { // 9: c3, below the read's end
+		t.Fatal(err)
+	}
+	if err := p.ProduceSync(ctx, agg("c3")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	// The rest of the transaction (10: its count, 11: its marker) once
+	// the check has read the high watermark (10): kfake answers the
+	// ListOffsets before it takes the next request.
+	listed := make(chan struct{})
+	c.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.DropControl()
+		close(listed)
+		return nil, nil, false
+	})
+	done := make(chan error, 1)
+	go func() {
+		<-listed
+		err := p.ProduceSync(ctx, count(3)).FirstErr()
+		if err == nil {
+			err = p.EndTransaction(ctx, kgo.TryCommit)
+		}
+		done <- err
+	}()
+	live, recorded, txns := changelogCheck(t, h)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if live != 2 || !recorded || txns != 2 {
+		t.Errorf("read up to offset 9: %d live keys (recorded %v) in %d committed transactions; want 2, true, 2", live, recorded, txns)
+	}
+	if live, _, txns := changelogCheck(t, h); live != 3 || txns != 3 {
+		t.Errorf("read to the end: %d live keys in %d committed transactions; want 3 and 3", live, txns)
+	}
+	txn(kgo.TryCommit, agg("c4"), count(3)) // 12-13, 14: 4 keys counted 3
+	_, _, _, err := checkCommitted(testenv.ReadAllMarkers(t, brokers, topic))
+	if want := "committed at changelog offset 14: count 3 (recorded: true), live 'a' and 'f' keys 4"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a committed count that disagrees: %v, want an error with %q", err, want)
+	}
 }

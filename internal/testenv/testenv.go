@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/meterline/meterline/internal/kafka"
 	"github.com/meterline/meterline/internal/topics"
 )
 
@@ -164,6 +165,19 @@ func ReadAll(t testing.TB, brokers []string, topic string) []*kgo.Record {
 	t.Helper()
 	recs, err := readRange(brokers, topic, nil)
 	if err != nil {
+		t.Fatalf("reading %s: %v", topic, err)
+	}
+	return recs
+}
+
+// ReadAllMarkers is ReadAll with the transaction markers below the
+// watermarks (control records) in their places among the records.
+func ReadAllMarkers(t testing.TB, brokers []string, topic string) []*kgo.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var recs []*kgo.Record
+	if err := topics.ScanCommittedMarkersAs(ctx, kafka.Config{Brokers: brokers}, topic, nil, func(r *kgo.Record) { recs = append(recs, r) }); err != nil {
 		t.Fatalf("reading %s: %v", topic, err)
 	}
 	return recs

@@ -40,6 +40,19 @@ func ReadCommittedAs(ctx context.Context, conn kafka.Config, topic string, from 
 // A record fn keeps, or a slice of one, holds its fetch's buffer. fn is
 // called from one goroutine, each partition's records in offset order.
 func ScanCommittedAs(ctx context.Context, conn kafka.Config, topic string, from map[int32]int64, fn func(*kgo.Record)) error {
+	return scanCommitted(ctx, conn, topic, from, false, fn)
+}
+
+// ScanCommittedMarkersAs is ScanCommittedAs handing fn the transaction
+// markers below the end too (r.Attrs.IsControl(); the key says commit or
+// abort: kmsg.ControlRecordKey), each in its place among the records: a
+// reader can tell where each transaction it read ends, and that the
+// records after the last marker belong to one that may go on past the end.
+func ScanCommittedMarkersAs(ctx context.Context, conn kafka.Config, topic string, from map[int32]int64, fn func(*kgo.Record)) error {
+	return scanCommitted(ctx, conn, topic, from, true, fn)
+}
+
+func scanCommitted(ctx context.Context, conn kafka.Config, topic string, from map[int32]int64, markers bool, fn func(*kgo.Record)) error {
 	acl, err := kafka.NewClient(conn)
 	if err != nil {
 		return err
@@ -94,7 +107,7 @@ func ScanCommittedAs(ctx context.Context, conn kafka.Config, topic string, from 
 				delete(want, r.Partition)
 				return
 			}
-			if !r.Attrs.IsControl() {
+			if markers || !r.Attrs.IsControl() {
 				fn(r)
 			}
 			if r.Offset+1 >= end {
