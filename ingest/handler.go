@@ -149,6 +149,11 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	}
 	// A refused request costs the key's bucket (refusalCost).
 	if status := s.readRequest(w, r, req); status != 0 {
+		if status == http.StatusUnauthorized || status == http.StatusServiceUnavailable {
+			// The key revoked, or the keys stale, as the body arrived
+			// (recheckKey): counted as those answered from the headers.
+			return ""
+		}
 		cost := s.refusalCost(req)
 		if status == http.StatusRequestEntityTooLarge {
 			cost = s.cfg.MaxEvents
@@ -475,6 +480,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Unreadable body", s.unreadable(err), nil, 0)
 		return http.StatusBadRequest
 	}
+	if status := s.recheckKey(w, r, req); status != 0 {
+		return status
+	}
 	// The fast path of a valid batch of CloudEvents: its text is valid
 	// UTF-8 (without surrogate escapes) and it decodes in one pass. Anything else takes the slow path,
 	// which checks each event on its own and names every bad one.
@@ -550,6 +558,25 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		}
 		s.addMeterlineEvent(req, i, raw)
 	}
+	return 0
+}
+
+// recheckKey takes the request's key and tenant again once its body has
+// arrived, which a client may take up to the read timeout to send: a key
+// revoked, or a tenant narrowed, while it arrived holds for it too, as
+// do keys gone stale meanwhile. It answers (and returns the status) when
+// the request is refused so: 401, or 503 unavailable.
+func (s *Server) recheckKey(w http.ResponseWriter, r *http.Request, req *request) int {
+	if detail, retry, err := s.keysUnavailable(); err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", detail, nil, retry)
+		return http.StatusServiceUnavailable
+	}
+	key, t := s.keys.Authenticate(bearer(r))
+	if key == nil {
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "the API key is not known or was revoked", nil, 0)
+		return http.StatusUnauthorized
+	}
+	req.key, req.tenant = key, t
 	return 0
 }
 
