@@ -147,19 +147,8 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		s.rateLimited(w, req, wait)
 		return tenant
 	}
-	// A refused request costs the key's bucket (refusalCost).
 	if status := s.readRequest(w, r, req); status != 0 {
-		if status == http.StatusUnauthorized || status == http.StatusServiceUnavailable {
-			// The key revoked, or the keys stale, as the body arrived
-			// (recheckKey): counted as those answered from the headers.
-			return ""
-		}
-		cost := s.refusalCost(req)
-		if status == http.StatusRequestEntityTooLarge {
-			cost = s.cfg.MaxEvents
-		}
-		s.limits.charge(req.key, cost, req.received)
-		return tenant
+		return s.refusedWhole(req, status, tenant)
 	}
 	if req.inputs > s.cfg.MaxEvents {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Too many events",
@@ -227,6 +216,24 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
+	return tenant
+}
+
+// refusedWhole charges the key's bucket for a request readRequest
+// refused as a whole (refusalCost; a body over MaxBodyBytes, a full
+// request), and returns tenant for the metrics. A request refused
+// because its key was revoked, or the keys went stale, as its body
+// arrived (recheckKey) costs nothing, and is counted as those answered
+// from their headers are: without a valid key.
+func (s *Server) refusedWhole(req *request, status int, tenant string) string {
+	switch status {
+	case http.StatusUnauthorized, http.StatusServiceUnavailable:
+		return ""
+	case http.StatusRequestEntityTooLarge:
+		s.limits.charge(req.key, s.cfg.MaxEvents, req.received)
+	default:
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
+	}
 	return tenant
 }
 
