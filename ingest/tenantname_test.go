@@ -19,17 +19,7 @@ import (
 // would never be read back) is refused by SetTenant and CreateKey, and
 // nothing is written.
 func TestTenantNameCleanText(t *testing.T) {
-	_, brokers := testenv.KFake(t)
-	keys := testenv.Name(t, "keys")
-	if _, err := testenv.Admin(t, brokers).CreateTopic(context.Background(), 1, 1, nil, keys); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	a := NewAdmin(cl, keys)
+	a := newKeysAdmin(t)
 	ctx := context.Background()
 	for _, name := range []string{"acme\r", "acme\u00a0", "ac\u3000me", "acme\u200b", "\u202eemca", "acme\x00", "acme\x7f", "acme\xff", "acme\u0085"} {
 		if _, err := a.SetTenant(ctx, name, []string{"acme-*"}); err == nil {
@@ -50,4 +40,21 @@ func TestTenantNameCleanText(t *testing.T) {
 	if _, err := a.SetTenant(ctx, "café-東京", []string{"x"}); err != nil {
 		t.Errorf("SetTenant of a name of letters: %v", err)
 	}
+}
+
+// newKeysAdmin is an Admin of a new keys topic on kfake, without an
+// ingest.
+func newKeysAdmin(t *testing.T) *Admin {
+	t.Helper()
+	_, brokers := testenv.KFake(t)
+	keys := testenv.Name(t, "keys")
+	if _, err := testenv.Admin(t, brokers).CreateTopic(context.Background(), 1, 1, nil, keys); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return NewAdmin(cl, keys)
 }
