@@ -147,14 +147,8 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 		s.rateLimited(w, req, wait)
 		return tenant
 	}
-	// A refused request costs the key's bucket (refusalCost).
 	if status := s.readRequest(w, r, req); status != 0 {
-		cost := s.refusalCost(req)
-		if status == http.StatusRequestEntityTooLarge {
-			cost = s.cfg.MaxEvents
-		}
-		s.limits.charge(req.key, cost, req.received)
-		return tenant
+		return s.refusedWhole(req, status, tenant)
 	}
 	if req.inputs > s.cfg.MaxEvents {
 		writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "Too many events",
@@ -222,6 +216,24 @@ func (s *Server) serve(w *statusWriter, r *http.Request, req *request) string {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = w.Write(append(b, '\n'))
+	return tenant
+}
+
+// refusedWhole charges the key's bucket for a request readRequest
+// refused as a whole (refusalCost; a body over MaxBodyBytes, a full
+// request), and returns tenant for the metrics. A request refused
+// because its key was revoked, or the keys went stale, as its body
+// arrived (recheckKey) costs nothing, and is counted as those answered
+// from their headers are: without a valid key.
+func (s *Server) refusedWhole(req *request, status int, tenant string) string {
+	switch status {
+	case http.StatusUnauthorized, http.StatusServiceUnavailable:
+		return ""
+	case http.StatusRequestEntityTooLarge:
+		s.limits.charge(req.key, s.cfg.MaxEvents, req.received)
+	default:
+		s.limits.charge(req.key, s.refusalCost(req), req.received)
+	}
 	return tenant
 }
 
@@ -475,6 +487,9 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		writeProblem(w, http.StatusBadRequest, "unreadable-body", "Unreadable body", s.unreadable(err), nil, 0)
 		return http.StatusBadRequest
 	}
+	if status := s.recheckKey(w, r, req); status != 0 {
+		return status
+	}
 	// The fast path of a valid batch of CloudEvents: its text is valid
 	// UTF-8 (without surrogate escapes) and it decodes in one pass. Anything else takes the slow path,
 	// which checks each event on its own and names every bad one.
@@ -550,6 +565,25 @@ func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, req *reques
 		}
 		s.addMeterlineEvent(req, i, raw)
 	}
+	return 0
+}
+
+// recheckKey takes the request's key and tenant again once its body has
+// arrived, which a client may take up to the read timeout to send: a key
+// revoked, or a tenant narrowed, while it arrived holds for it too, as
+// do keys gone stale meanwhile. It answers (and returns the status) when
+// the request is refused so: 401, or 503 unavailable.
+func (s *Server) recheckKey(w http.ResponseWriter, r *http.Request, req *request) int {
+	if detail, retry, err := s.keysUnavailable(); err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "unavailable", "Service unavailable", detail, nil, retry)
+		return http.StatusServiceUnavailable
+	}
+	key, t := s.keys.Authenticate(bearer(r))
+	if key == nil {
+		writeProblem(w, http.StatusUnauthorized, "unauthorized", "Unauthorized", "the API key is not known or was revoked", nil, 0)
+		return http.StatusUnauthorized
+	}
+	req.key, req.tenant = key, t
 	return 0
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/kafka"
+	"github.com/meterline/meterline/schemas"
 )
 
 // Keys holds the API keys and tenants of the keys topic, following it.
@@ -635,9 +637,16 @@ func checkTenant(name string) error {
 	return checkName("tenant", name)
 }
 
+// checkName refuses a name that is empty, longer than 128 bytes, or holds
+// '/', a blank (unicode.IsSpace: a carriage return, a no-break space …),
+// or what schemas.CheckText refuses in an identity: bytes that are not
+// UTF-8, a control or an invisible character. A tenant's name is its
+// label in the metrics, on the status page and in `keys list`: one that
+// shows as another's ("acme\u200b" as "acme") could not be told from it.
 func checkName(field, v string) error {
-	if v == "" || len(v) > 128 || strings.ContainsAny(v, "/ \t\n") {
-		return fmt.Errorf("ingest: %s %q: want 1 to 128 characters without '/' or blanks", field, v)
+	if v == "" || len(v) > 128 || strings.ContainsFunc(v, func(r rune) bool { return r == '/' || unicode.IsSpace(r) }) ||
+		schemas.CheckText(field, v, true) != nil {
+		return fmt.Errorf("ingest: %s %q: want 1 to 128 bytes of UTF-8 without '/', blanks, control or invisible characters", field, v)
 	}
 	return nil
 }

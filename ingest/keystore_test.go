@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 
@@ -209,18 +208,7 @@ func TestTenantNameNotAReservedLabel(t *testing.T) {
 // key's record would not encode, and a token would be printed for a key
 // that no replica ever reads.
 func TestCreateKeyRefusesRateNotANumber(t *testing.T) {
-	_, brokers := testenv.KFake(t)
-	keys := testenv.Name(t, "keys")
-	adm := testenv.Admin(t, brokers)
-	if _, err := adm.CreateTopic(context.Background(), 1, 1, nil, keys); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	a := NewAdmin(cl, keys)
+	a := newKeysAdmin(t)
 	for _, r := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
 		k, token, err := a.CreateKey(context.Background(), KeySpec{Tenant: "acme", Customers: []string{"acme-*"}, Rate: r})
 		if err == nil {

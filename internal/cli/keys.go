@@ -135,7 +135,7 @@ func (c *KeysRevokeCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 
 // TenantsSetCmd is `meterline tenants set`.
 type TenantsSetCmd struct {
-	Name      string        `arg:"" help:"Tenant name: 1 to 128 characters without / or blanks, not none (the metrics' tenant label without a valid key)."`
+	Name      string        `arg:"" help:"Tenant name: 1 to 128 bytes of UTF-8 without /, blanks, control or invisible characters, not none (the metrics' tenant label without a valid key)."`
 	Customers []string      `name:"allow-customers" required:"" help:"The tenant's customers (those its keys may write): IDs, prefixes ending in * (team-*), or *."`
 	Timeout   time.Duration `help:"Deadline for the whole command." default:"30s"`
 }
