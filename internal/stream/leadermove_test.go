@@ -47,18 +47,7 @@ func TestRestoreFollowsChangelogLeaderMoves(t *testing.T) {
 	if err := work.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		t.Fatal(err)
 	}
-	prev, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(s.group+"-previous"),
-		kgo.TransactionTimeout(2*time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prev.Close()
-	if err := prev.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := prev.ProduceSync(ctx, &kgo.Record{Topic: s.changelog, Partition: 0, Key: []byte("b0"), Value: []byte("999")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	prev := s.openGhost(ctx, 1)
 	s.send(20)
 
 	move := func() {

@@ -21,20 +21,7 @@ func TestRestoreRevokedAtOpenTransactionThenReassigned(t *testing.T) {
 	s := newSuite(t, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	prev, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.TransactionalID(s.group+"-previous"),
-		kgo.TransactionTimeout(2*time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prev.Close()
-	if err := prev.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	for p := range s.parts {
-		if err := prev.ProduceSync(ctx, &kgo.Record{Topic: s.changelog, Partition: p, Key: []byte("b0"), Value: []byte("999")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	prev := s.openGhost(ctx, s.parts)
 	s.send(20)
 
 	fsB, fsC := vfs.NewMem(), vfs.NewMem()
@@ -59,4 +46,27 @@ func TestRestoreRevokedAtOpenTransactionThenReassigned(t *testing.T) {
 	s.waitFor("b's restores to end once the transaction aborted", func() bool { return b.rt.Ready() == nil })
 	s.caughtUp()
 	s.finish(b, fsB)
+}
+
+// openGhost opens a transaction of a previous owner (its own transactional
+// ID, a two-minute timeout) that writes b0=999 to changelog partitions
+// 0 … parts-1, and leaves it open: were a restore to apply it, bucket b0
+// would count on from 999. The caller ends it.
+func (s *suite) openGhost(ctx context.Context, parts int32) *kgo.Client {
+	s.t.Helper()
+	prev, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.TransactionalID(s.group+"-previous"),
+		kgo.TransactionTimeout(2*time.Minute), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(prev.Close)
+	if err := prev.BeginTransaction(); err != nil {
+		s.t.Fatal(err)
+	}
+	for p := range parts {
+		if err := prev.ProduceSync(ctx, &kgo.Record{Topic: s.changelog, Partition: p, Key: []byte("b0"), Value: []byte("999")}).FirstErr(); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	return prev
 }
