@@ -162,6 +162,11 @@ func newSuite(t *testing.T, brokers []string, changelogConfigs map[string]*strin
 	if brokers == nil {
 		cluster, brokers = testenv.KFake(t, kfake.GroupMinSessionTimeout(500*time.Millisecond))
 	}
+	return newSuiteOn(t, cluster, brokers, changelogConfigs, twoTopics...)
+}
+
+// newSuiteOn is newSuite on cluster (nil: the real broker brokers).
+func newSuiteOn(t *testing.T, cluster *kfake.Cluster, brokers []string, changelogConfigs map[string]*string, twoTopics ...bool) *suite {
 	s := &suite{t: t, cluster: cluster, brokers: brokers, parts: 2,
 		input: testenv.Name(t, "in"), output: testenv.Name(t, "out"), changelog: testenv.Name(t, "changelog"),
 		group: testenv.Name(t, "group")}
