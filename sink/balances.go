@@ -92,5 +92,5 @@ SELECT customer_id, plan,
            arrayFilter((r, e) -> e = 0 OR e > toUnixTimestamp(now()) * 1000, grant_remaining, grant_expires_at_ms))) AS credits_left,
        overdrawn, overdraft_policy, updated_at
 FROM (SELECT * FROM balances_current FINAL ORDER BY customer_id, period_start DESC LIMIT 1 BY customer_id)
-ORDER BY credits_left, customer_id`},
+ORDER BY length(toString(credits_left)), toString(credits_left), customer_id`},
 }

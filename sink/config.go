@@ -77,8 +77,9 @@ type Config struct {
 	// first (a record larger than this is a batch of its own). The sink
 	// holds at most three batches (one being written, one queued, one
 	// being filled) and the records of one poll, each batch as decoded
-	// rows and, while written, as the INSERT's columns: a small multiple
-	// of this. Default: 64 MiB.
+	// rows and, while written, as the INSERT's columns; the Kafka client
+	// fetches at most a 16th of this at a time (fetchOptions), so records
+	// fetched ahead stay under one batch. Default: 64 MiB.
 	MaxBatchBytes int64
 	// MaxBatchWait is the longest a polled record waits for its INSERT.
 	// Default: 1s.

@@ -106,7 +106,7 @@ WHERE meter = 'api_calls' AND aggregation IN ('SUM', 'COUNT')
   AND period_start >= '2024-01-01 00:00:00' AND period_start < '2024-02-01 00:00:00'
 GROUP BY customer_id
 HAVING usage > 0
-ORDER BY usage DESC, customer_id
+ORDER BY length(toString(usage)) DESC, toString(usage) DESC, customer_id
 LIMIT 20`},
 
 	{Name: "late_usage", Title: "Late usage booked as adjustments into a period", SQL: `

@@ -24,11 +24,25 @@ import (
 // ClickHouse write of this instance can still be in flight, so that the
 // next owner's lookup sees every row this instance wrote.
 
+// fetchOptions bound what the client fetches ahead of the sink's batches
+// (Config.MaxBatchBytes). kgo keeps a partition's fetched data until it
+// is polled, and with its defaults (1 MiB a partition, 50 MiB a fetch,
+// compressed) a burst on many partitions sat in its buffers beside the
+// sink's batches: a month end of 400,000 records of about 300 bytes on
+// 32 partitions had 397,500 records (56 MB) buffered, most of the burst.
+// A fetch of a 16th of MaxBatchBytes (4 MiB at the default) and 256 KiB a
+// partition keep it within a fraction of one batch (Kafka still returns
+// a larger first batch whole). Config.ClientOptions can override both.
+func fetchOptions(maxBatchBytes int64) []kgo.Opt {
+	fetch := min(max(maxBatchBytes/16, 64<<10), 50<<20)
+	return []kgo.Opt{kgo.FetchMaxBytes(int32(fetch)), kgo.FetchMaxPartitionBytes(int32(min(fetch/4, 256<<10)))}
+}
+
 // runSession runs one Kafka session: the group member and transactional
 // producer of internal/session, and the inserter goroutine, until ctx
 // ends or the session fails; closing the session leaves the group.
 func (w *Writer) runSession(ctx context.Context) error {
-	sess, err := w.loop.Open(w.topicNames(), session.Hooks{Assigned: w.adjustOffsets, Revoked: w.onRevoked})
+	sess, err := w.loop.Open(w.topicNames(), session.Hooks{Assigned: w.adjustOffsets, Revoked: w.onRevoked}, fetchOptions(w.cfg.MaxBatchBytes)...)
 	if err != nil {
 		return fmt.Errorf("sink: %w", err)
 	}
