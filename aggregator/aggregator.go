@@ -103,6 +103,16 @@ type Config struct {
 	// transaction timeout (docs/design.md, Exactly-once, 7). Default:
 	// DefaultFinalChunk.
 	FinalChunk int
+	// FinalChunkBytes bounds the same chunks in bytes: a chunk stops after
+	// the key whose state (keys and values read, from the chunk's first)
+	// reaches it, so that aggregates with large group values do not put
+	// FinalChunk times an event's size in one transaction. What a chunk
+	// writes is a few times that (a FINAL revision and two changelog
+	// records per key). With Entitlements, a period start's chunk of
+	// balances stops once their encoded bytes reach it (a plan of many
+	// caps and grants makes balances of tens of kilobytes). Default:
+	// DefaultFinalChunkBytes.
+	FinalChunkBytes int
 	// Entitlements turns on caps and credits (docs/entitlements.md, The
 	// aggregator): the aggregator consumes Topics' entitlements topic with
 	// the deduped topic (same partition count, partition p of both in the
@@ -194,6 +204,12 @@ const (
 	// DefaultFinalChunk is about what a transaction of
 	// stream.DefaultMaxBatchRecords input records carries.
 	DefaultFinalChunk = 10_000
+	// DefaultFinalChunkBytes bounds the state one chunk reads: 10,000
+	// keys of a few hundred bytes, while keys with group values of
+	// kilobytes (an event is up to schemas.MaxEventBytes) are cut at
+	// 4 MiB. What a chunk writes is a few times that: a FINAL revision
+	// and two changelog records per key.
+	DefaultFinalChunkBytes = 4 << 20
 	// DefaultMaxBatchRecords is the aggregator's Stream.MaxBatchRecords:
 	// larger than the runtime's default, because what a transaction
 	// writes grows with the keys it changed (an OPEN revision per
@@ -246,6 +262,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.FinalChunk == 0 {
 		c.FinalChunk = DefaultFinalChunk
+	}
+	if c.FinalChunkBytes == 0 {
+		c.FinalChunkBytes = DefaultFinalChunkBytes
 	}
 	if c.Topics == (topics.Names{}) {
 		c.Topics = topics.DefaultNames()
@@ -304,6 +323,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FinalChunk <= 0 {
 		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))
+	}
+	if c.FinalChunkBytes <= 0 {
+		errs = append(errs, fmt.Errorf("aggregator: final chunk bytes must be positive (got %d)", c.FinalChunkBytes))
 	}
 	if o := c.EntitlementsOrder; o != EntitlementsOrderInput && o != EntitlementsOrderArrival {
 		errs = append(errs, fmt.Errorf("aggregator: entitlements-order must be %q or %q (got %q)", EntitlementsOrderArrival, EntitlementsOrderInput, o))

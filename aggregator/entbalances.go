@@ -188,20 +188,34 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 		// maxRollPeriods periods a chunk. A period found empty once n are
 		// reached is passed over in the same chunk (with 0 left, the scan
 		// only says whether the period has a customer).
+		budget := pt.pr.cfg.FinalChunkBytes
 		for left, periods := n, 0; periods < maxRollPeriods && e.roll.phase == rollBalances; periods++ {
 			cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), e.roll.prev, e.roll.cursor, left)
 			if err != nil {
 				return err
 			}
-			for _, c := range cs {
+			for i, c := range cs {
 				if out, err := pt.balanceOutSince(tx, c, e.roll.cur); err != nil {
 					return err
 				} else if out {
 					continue
 				}
 				e.emitNow[c] = max(e.emitNow[c], pt.wm)
+				size, err := pt.balanceBytes(tx, c)
+				if err != nil {
+					return err
+				}
+				if budget -= size; budget <= 0 && i < len(cs)-1 {
+					// About FinalChunkBytes of balances: the rest of
+					// the period's customers go in the next chunk.
+					cs, more = cs[:i+1], true
+					break
+				}
 			}
 			left -= len(cs)
+			if budget <= 0 && !more {
+				left = 0
+			}
 			if more {
 				if len(cs) > 0 {
 					e.roll.cursor = cs[len(cs)-1]
@@ -223,6 +237,22 @@ func (pt *partition) entWork(tx *stream.Tx) error {
 	tx.Put(keyRoll, e.roll.encode())
 	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues(work))
 	return nil
+}
+
+// balanceBytes returns the size of customer c's balance as of the
+// watermark, encoded: what a chunk of balances counts against
+// Config.FinalChunkBytes (a plan of many caps and grants makes a balance
+// of tens of kilobytes).
+func (pt *partition) balanceBytes(tx *stream.Tx, c string) (int, error) {
+	b, err := pt.pr.ledger.Balance(pt.ledger(tx), c, pt.wm, 0)
+	if err != nil {
+		return 0, fmt.Errorf("aggregator: partition %d: balance of %s: %w", pt.p, c, err)
+	}
+	v, err := encode(b)
+	if err != nil {
+		return 0, fmt.Errorf("aggregator: partition %d: encode the balance of %s: %w", pt.p, c, err)
+	}
+	return len(v), nil
 }
 
 // pruneChunk prunes at most n customers' periods of the Ledger below the

@@ -80,22 +80,32 @@ func (pt *partition) startSweep(tx *stream.Tx, since int64) error {
 }
 
 // sweepChunk emits the balances of the sweep's next chunk of at most
-// Config.FinalChunk customers (flushBalances: a pending one is no longer
-// pending, and a customer goes out once a transaction), and ends the sweep
-// after its last customer.
+// Config.FinalChunk customers, and about Config.FinalChunkBytes of
+// balances (flushBalances: a pending one is no longer pending, and a
+// customer goes out once a transaction), and ends the sweep after its last
+// customer.
 func (pt *partition) sweepChunk(tx *stream.Tx) error {
 	s := &pt.ent.sweep
 	cs, more, err := pt.pr.ledger.CustomersWithUsage(pt.ledger(tx), s.period, s.cursor, pt.pr.cfg.FinalChunk)
 	if err != nil {
 		return err
 	}
-	for _, c := range cs {
+	budget := pt.pr.cfg.FinalChunkBytes
+	for i, c := range cs {
 		if out, err := pt.balanceOutSince(tx, c, s.since); err != nil {
 			return err
 		} else if out {
 			continue
 		}
 		pt.ent.emitNow[c] = max(pt.ent.emitNow[c], s.since)
+		size, err := pt.balanceBytes(tx, c)
+		if err != nil {
+			return err
+		}
+		if budget -= size; budget <= 0 && i < len(cs)-1 {
+			cs, more = cs[:i+1], true // the rest in the next chunk
+			break
+		}
 	}
 	if more && len(cs) > 0 {
 		s.cursor = cs[len(cs)-1]

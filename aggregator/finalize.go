@@ -372,7 +372,7 @@ func (pt *partition) Work(tx *stream.Tx) error {
 	case phaseEmit:
 		err = pt.emitChunk(tx, start, ps)
 	case phaseBook:
-		err = pt.bookChunk(tx, start, ps, pt.pr.cfg.FinalChunk)
+		err = pt.bookChunk(tx, start, ps, pt.pr.cfg.FinalChunk, pt.pr.cfg.FinalChunkBytes)
 	default: // done, with the watermark at end + W + B + S; or expiring
 		err = pt.expireChunk(tx, start, ps)
 	}
@@ -389,22 +389,43 @@ type kv struct{ k, v []byte }
 // scanChunk returns copies of up to n live keys of [lo, hi) after the
 // cursor (or from lo), in key order.
 func scanChunk(tx *stream.Tx, lo, hi, cursor []byte, n int) ([]kv, error) {
+	out, _, err := scanChunkBytes(tx, lo, hi, cursor, n, -1)
+	return out, err
+}
+
+// scanChunkBytes is scanChunk that also stops after the key whose bytes
+// (keys and values, from the first) reach maxBytes (negative: no bound),
+// so that a chunk of keys with large group values stays bounded in bytes
+// as well as in keys (Config.FinalChunkBytes). full reports that it
+// stopped at a bound: keys may be left after the last one.
+func scanChunkBytes(tx *stream.Tx, lo, hi, cursor []byte, n, maxBytes int) (out []kv, full bool, err error) {
 	from := lo
 	if cursor != nil && bytes.Compare(cursor, lo) >= 0 {
 		from = append(bytes.Clone(cursor), 0) // the next key after it
 	}
-	var out []kv
-	err := tx.Scan(from, hi, func(k, v []byte) error {
+	size := 0
+	err = tx.Scan(from, hi, func(k, v []byte) error {
 		out = append(out, kv{bytes.Clone(k), bytes.Clone(v)})
-		if len(out) == n {
+		size += len(k) + len(v)
+		if len(out) == n || (maxBytes >= 0 && size >= maxBytes) {
+			full = true
 			return errStop
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStop) {
-		return nil, err
+		return nil, false, err
 	}
-	return out, nil
+	return out, full, nil
+}
+
+// kvBytes returns the bytes of the keys and values of kvs.
+func kvBytes(kvs []kv) int {
+	n := 0
+	for _, o := range kvs {
+		n += len(o.k) + len(o.v)
+	}
+	return n
 }
 
 // emitChunk emits the FINAL revision of up to FinalChunk OPEN aggregates
@@ -413,12 +434,14 @@ func scanChunk(tx *stream.Tx, lo, hi, cursor []byte, n int) ([]kv, error) {
 // 0 for each line an adjustment was booked into ('l' P K) that has no
 // aggregate of its own; when none is left, the queued events are next.
 func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) error {
-	n := pt.pr.cfg.FinalChunk
+	n, budget := pt.pr.cfg.FinalChunk, pt.pr.cfg.FinalChunkBytes
 	// The keys handled in this chunk: OPEN aggregates, then lines, in
-	// key order.
-	done := 0
+	// key order, at most n of them and about budget bytes.
+	done, full := 0, false
 	for _, pfx := range []byte{pfxOpen, pfxLine} {
-		keys, err := scanChunk(tx, periodKey(pfx, start), periodKey(pfx, start+1), ps.cursor, n-done)
+		var keys []kv
+		var err error
+		keys, full, err = scanChunkBytes(tx, periodKey(pfx, start), periodKey(pfx, start+1), ps.cursor, n-done, budget)
 		if err != nil {
 			return err
 		}
@@ -428,16 +451,17 @@ func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) erro
 		}
 		ps.emitted += int64(emitted)
 		done += len(keys)
+		budget -= kvBytes(keys)
 		if len(keys) > 0 {
 			ps.cursor = keys[len(keys)-1].k
 		}
-		if done == n {
+		if full {
 			break
 		}
 	}
 	pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("final"))
 	ps.chunks++
-	if done == n {
+	if full {
 		pt.putMarker(tx, start, ps)
 		return nil
 	}
@@ -450,7 +474,7 @@ func (pt *partition) emitChunk(tx *stream.Tx, start int64, ps *periodState) erro
 		zap.Int64("aggregates", ps.emitted), zap.Int64("transactions", ps.chunks), zap.String("decided_at", msTime(ps.decidedAt)))
 	ps.phase, ps.cursor, ps.chunks = phaseBook, nil, 0
 	// What is left of this transaction's chunk books queued events.
-	return pt.bookChunk(tx, start, ps, n-done)
+	return pt.bookChunk(tx, start, ps, n-done, budget)
 }
 
 // emitFinals emits the FINAL revisions of keys, all of one prefix: of an
@@ -551,14 +575,15 @@ func (pt *partition) bookLine(tx *stream.Tx, b int64, ak []byte, meter string, m
 
 // bookChunk books up to n events of the period queued behind its
 // FINAL revisions (late by arrival while it was open, or processed while
-// its FINALs were going out), in the order they were queued; when none is
-// left, the period is done.
-func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n int) error {
-	if n == 0 {
+// its FINALs were going out), about maxBytes of them at most
+// (scanChunkBytes), in the order they were queued; when none is left, the
+// period is done.
+func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n, maxBytes int) error {
+	if n <= 0 || maxBytes <= 0 {
 		pt.putMarker(tx, start, ps)
 		return nil
 	}
-	queued, err := scanChunk(tx, periodKey(pfxPending, start), periodKey(pfxPending, start+1), ps.cursor, n)
+	queued, full, err := scanChunkBytes(tx, periodKey(pfxPending, start), periodKey(pfxPending, start+1), ps.cursor, n, maxBytes)
 	if err != nil {
 		return err
 	}
@@ -603,7 +628,7 @@ func (pt *partition) bookChunk(tx *stream.Tx, start int64, ps *periodState, n in
 		ps.chunks++
 		ps.cursor = queued[len(queued)-1].k
 	}
-	if len(queued) == n {
+	if full {
 		pt.putMarker(tx, start, ps)
 		return nil
 	}
@@ -639,7 +664,7 @@ func (pt *partition) queuedSource(tx *stream.Tx, k, v []byte) (*kgo.Record, erro
 // event times older than W before their arrival, and a re-routed event,
 // which keeps its original arrival, once its keys could have expired.
 func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) error {
-	n := pt.pr.cfg.FinalChunk
+	n, budget := pt.pr.cfg.FinalChunk, pt.pr.cfg.FinalChunkBytes
 	if ps.phase != phaseExpire {
 		ps.phase, ps.cursor, ps.chunks = phaseExpire, nil, 0
 	}
@@ -648,7 +673,7 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 		if ps.cursor != nil && ps.cursor[0] > pfx {
 			continue // this prefix is done
 		}
-		keys, err := scanChunk(tx, periodKey(pfx, start), periodKey(pfx, start+1), ps.cursor, n-deleted)
+		keys, full, err := scanChunkBytes(tx, periodKey(pfx, start), periodKey(pfx, start+1), ps.cursor, n-deleted, budget)
 		if err != nil {
 			return err
 		}
@@ -659,10 +684,11 @@ func (pt *partition) expireChunk(tx *stream.Tx, start int64, ps *periodState) er
 			pt.keys -= len(keys)
 		}
 		deleted += len(keys)
+		budget -= kvBytes(keys)
 		if len(keys) > 0 {
 			ps.cursor = keys[len(keys)-1].k
 		}
-		if deleted == n {
+		if full {
 			pt.txc.Inc(pt.pr.m.chunks.WithLabelValues("expire"))
 			ps.chunks++
 			pt.putMarker(tx, start, ps)

@@ -43,6 +43,8 @@ type txnSpan struct {
 // txnCount counts one transaction's records.
 type txnCount struct {
 	records, finals, balances, changelog, tombstones int
+	// bytes sums the keys and values of its records.
+	bytes int
 }
 
 // newTxnMeter measures the transactions of an aggregator on the topics of
@@ -64,6 +66,7 @@ func (m *txnMeter) OnProduceRecordBuffered(r *kgo.Record) {
 		m.first = time.Now()
 	}
 	m.cur.records++
+	m.cur.bytes += len(r.Key) + len(r.Value)
 	if final {
 		m.cur.finals++
 		m.finals++
@@ -108,6 +111,7 @@ func (m *txnMeter) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ tim
 	m.max.balances = max(m.max.balances, m.cur.balances)
 	m.max.changelog = max(m.max.changelog, m.cur.changelog)
 	m.max.tombstones = max(m.max.tombstones, m.cur.tombstones)
+	m.max.bytes = max(m.max.bytes, m.cur.bytes)
 	m.cur = txnCount{}
 }
 
