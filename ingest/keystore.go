@@ -544,6 +544,9 @@ func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 	if spec.Rate < 0 || math.IsNaN(spec.Rate) || math.IsInf(spec.Rate, 0) {
 		return Key{}, "", fmt.Errorf("ingest: rate must be a non-negative number of events per second (got %g)", spec.Rate)
 	}
+	if err := CheckMeters(spec.Meters); err != nil {
+		return Key{}, "", err
+	}
 	k, err := a.load(ctx)
 	if err != nil {
 		return Key{}, "", err
