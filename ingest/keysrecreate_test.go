@@ -18,7 +18,7 @@ import (
 // from the old topic and reads the new one from its start, as a replica
 // that starts then does: a key of the old topic is refused, a key made in
 // the new one accepted. It logs an error naming the topic and counts it
-// (meterline_ingest_keys_topic_restarted_total), so replicas never
+// (meterline_ingest_keys_topic_restarts_total), so replicas never
 // silently disagree.
 func TestKeysTopicRecreated(t *testing.T) {
 	core, logs := observer.New(zapcore.ErrorLevel)
