@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/meterline/meterline/schemas"
 )
 
 // API keys and tenants (docs/ingest.md, API keys and tenants).
@@ -138,6 +140,36 @@ func CheckPatterns(field string, ps []string) error {
 	for _, p := range ps {
 		if p == "" || strings.Contains(strings.TrimSuffix(p, "*"), "*") {
 			errs = append(errs, fmt.Errorf("ingest: %s: %w %q: want a customer ID, a prefix ending in *, or *", field, ErrBadPattern, p))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrBadMeter is wrapped by the errors of CheckMeters.
+var ErrBadMeter = errors.New("bad meter name")
+
+// CheckMeters checks a key's meters (keys create --allow-meters): exact
+// meter names, as an event's meter is (schemas.UsageEvent.Validate), and
+// no patterns: a name with * would be kept as a name no meter has, so the
+// key could write none of what was meant.
+func CheckMeters(ms []string) error {
+	var errs []error
+	for _, m := range ms {
+		var why string
+		switch {
+		case strings.Contains(m, "*"):
+			why = "meters are exact meter names, not patterns (only customers take prefixes ending in *): name each meter"
+		case m == "" || schemas.IsBlank(m):
+			why = "a meter name must not be empty or blank"
+		case len(m) > schemas.MaxIdentityFieldBytes:
+			why = fmt.Sprintf("a meter name is at most %d bytes", schemas.MaxIdentityFieldBytes)
+		default:
+			if fe := schemas.CheckText("meter", m, true); fe != nil {
+				why = "a meter name " + fe.Reason
+			}
+		}
+		if why != "" {
+			errs = append(errs, fmt.Errorf("ingest: meters: %w %q: %s", ErrBadMeter, m, why))
 		}
 	}
 	return errors.Join(errs...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -34,8 +35,10 @@ type Keys struct {
 	keys    map[string]*Key
 	tenants map[string]*Tenant
 	bad     int // records that could not be read
-	loaded  chan struct{}
-	once    sync.Once
+	// restarts counts the times the topic was found made again (restart).
+	restarts int
+	loaded   chan struct{}
+	once     sync.Once
 
 	// maxAge bounds the age of the keys (Staleness); ≤ 0: no bound.
 	maxAge time.Duration
@@ -152,6 +155,10 @@ func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 		go every(wctx, k.probe, func() { k.Staleness() })
 	}
 	err := tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.confirm, k.probe, k.fatal)
+	for errors.Is(err, errTopicRestarted) {
+		k.restart(err)
+		err = tail(ctx, k.topic, "keys", k.log, opts, func(r *kgo.Record) { k.apply(string(r.Key), r.Value) }, k.confirm, k.probe, k.fatal)
+	}
 	if errors.Is(err, errNoTopic) {
 		return fmt.Errorf("ingest: %w: %s (run `meterline topics create`)", ErrNoKeysTopic, k.topic)
 	}
@@ -165,15 +172,36 @@ func (k *Keys) Follow(ctx context.Context, opts ...kgo.Opt) error {
 	return err
 }
 
+// restart drops every key and tenant read from a keys topic that was
+// deleted and made again (errTopicRestarted), before the new one is read
+// from its start: a key of the old topic is refused from then on, as it
+// is by a replica that starts then.
+func (k *Keys) restart(cause error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.log.Error("keys topic deleted and made again (or its partition went back): dropping the keys and tenants read from it and reading it again from its start",
+		zap.String("topic", k.topic), zap.Int("keys", len(k.keys)), zap.Int("tenants", len(k.tenants)), zap.Error(cause))
+	k.keys, k.tenants = map[string]*Key{}, map[string]*Tenant{}
+	k.restarts++
+}
+
 // errNoTopic is returned by tail when its topic does not exist.
 var errNoTopic = errors.New("topic does not exist")
+
+// errTopicRestarted is returned by tail when a listing finds its topic
+// made again: another topic ID, or a partition's end before the offset
+// read.
+var errTopicRestarted = errors.New("topic deleted and made again")
 
 // tail reads every partition of topic from its start with a client of
 // opts and gives each record to apply, in offset order per partition,
 // until ctx ends (then it returns nil). reached(at) is called each time
 // the read has reached the ends the topic had at at: first for those it
 // had as tail started (at once for an empty topic), then, every probe
-// (when probe > 0), for a new listing of its ends. A listing that fails
+// (when probe > 0), for a new listing of its ends; a listing that finds
+// the topic made again (another topic ID, or a partition ending before
+// the offset read) ends the read with an error wrapping
+// errTopicRestarted. A listing that fails
 // (the partition's leader offline or out of reach) is not reached: the
 // last at then ages. what names the topic in errors and logs. It
 // returns an error wrapping errNoTopic when the topic does not exist. A
@@ -204,6 +232,7 @@ func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.O
 		return fmt.Errorf("ingest: %s topic %s: end offsets: %w", what, topic, err)
 	}
 	marks.add(ends, at)
+	id := topicID(ctx, cl, topic)
 	// A listing of the ends that fails as fatal says ends the read: the
 	// poll is cut short with it as the cause.
 	rctx, refused := context.WithCancelCause(ctx)
@@ -214,8 +243,8 @@ func tail(ctx context.Context, topic, what string, log *zap.Logger, opts []kgo.O
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			probeEnds(pctx, cl, topic, what, log, probe, marks, func(err error) {
-				if fatal != nil && fatal(err) {
+			probeEnds(pctx, cl, topic, id, what, log, probe, marks, func(err error) {
+				if errors.Is(err, errTopicRestarted) || fatal != nil && fatal(err) {
 					refused(err)
 				}
 			})
@@ -270,10 +299,13 @@ func listEnds(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int6
 // listing a mark for the read to reach. A listing gets as long as the
 // interval twice; one that fails is logged at debug (the age of the last
 // mark reached tells of it) and given to failed.
-func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap.Logger, interval time.Duration, marks *readMarks,
+func probeEnds(ctx context.Context, cl *kgo.Client, topic string, id kadm.TopicID, what string, log *zap.Logger, interval time.Duration, marks *readMarks,
 	failed func(error)) {
 	every(ctx, interval, func() {
 		at := time.Now()
+		// The offsets read before the listing: a partition of the same
+		// topic ends at or after them.
+		read := marks.snapshot()
 		lctx, cancel := context.WithTimeout(ctx, 2*interval)
 		ends, err := listEnds(lctx, cl, topic)
 		cancel()
@@ -284,8 +316,44 @@ func probeEnds(ctx context.Context, cl *kgo.Client, topic, what string, log *zap
 			}
 			return
 		}
+		if err := restarted(ends, read, id, topicID(ctx, cl, topic)); err != nil {
+			failed(err)
+			return
+		}
 		marks.add(ends, at)
 	})
+}
+
+// topicID returns the ID of topic, or zero when it cannot be listed.
+func topicID(ctx context.Context, cl *kgo.Client, topic string) kadm.TopicID {
+	td, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil || td[topic].Err != nil {
+		return kadm.TopicID{}
+	}
+	return td[topic].ID
+}
+
+// restarted returns an error wrapping errTopicRestarted when the topic
+// listed is another than the one read: its ID (when both are known) is
+// not the one it had, or a partition ends before the offsets read before
+// the listing (read).
+func restarted(ends, read map[int32]int64, was, now kadm.TopicID) error {
+	if was != (kadm.TopicID{}) && now != (kadm.TopicID{}) && was != now {
+		return fmt.Errorf("%w: topic ID %s, was %s", errTopicRestarted, now, was)
+	}
+	for p, end := range ends {
+		if end < read[p] {
+			return fmt.Errorf("%w: partition %d ends at %d, before offset %d read", errTopicRestarted, p, end, read[p])
+		}
+	}
+	return nil
+}
+
+// snapshot returns the offsets read so far, per partition.
+func (m *readMarks) snapshot() map[int32]int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.next)
 }
 
 // every calls fn every interval until ctx ends.
@@ -543,6 +611,9 @@ func (a *Admin) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 	// encode.
 	if spec.Rate < 0 || math.IsNaN(spec.Rate) || math.IsInf(spec.Rate, 0) {
 		return Key{}, "", fmt.Errorf("ingest: rate must be a non-negative number of events per second (got %g)", spec.Rate)
+	}
+	if err := CheckMeters(spec.Meters); err != nil {
+		return Key{}, "", err
 	}
 	k, err := a.load(ctx)
 	if err != nil {

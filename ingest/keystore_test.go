@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +218,36 @@ func TestCreateKeyRefusesRateNotANumber(t *testing.T) {
 	}
 	if ks, _, err := a.List(context.Background()); err != nil || len(ks) != 0 {
 		t.Errorf("keys %v (%v), want none", ks, err)
+	}
+}
+
+// TestCreateKeyRefusesMeterPatterns: --allow-meters takes exact meter
+// names. A name that looks like a pattern (tok*, *) would be stored as
+// an exact name no meter has, and the key could write none of what was
+// meant; a name an event's meter may not hold (blank, control or
+// invisible characters) matches nothing either. Both are refused, the
+// first saying that meters, unlike customers, take no patterns, and no
+// key is made.
+func TestCreateKeyRefusesMeterPatterns(t *testing.T) {
+	a := newKeysAdmin(t)
+	ctx := context.Background()
+	for _, m := range []string{"tok*", "*", "a*b", "", " ", "tok\u202ens", "tok\x00"} {
+		k, _, err := a.CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme-*"}, Meters: []string{"prompts", m}})
+		if err == nil {
+			t.Errorf("meter %q: key %s made with meters %v, want an error", m, k.ID, k.Meters)
+			continue
+		}
+		if !strings.Contains(err.Error(), strconv.Quote(m)) {
+			t.Errorf("meter %q: error %q does not name it", m, err)
+		}
+		if strings.Contains(m, "*") && !strings.Contains(err.Error(), "exact meter names") {
+			t.Errorf("meter %q: error %q does not say meters take exact names", m, err)
+		}
+	}
+	if ks, _, err := a.List(ctx); err != nil || len(ks) != 0 {
+		t.Errorf("keys %v (%v), want none", ks, err)
+	}
+	if _, _, err := a.CreateKey(ctx, KeySpec{Tenant: "acme", Customers: []string{"acme-*"}, Meters: []string{"tokens", "prompts.v2", "llm/tokens"}}); err != nil {
+		t.Errorf("exact meter names refused: %v", err)
 	}
 }

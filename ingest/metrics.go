@@ -127,6 +127,12 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		defer keys.mu.RUnlock()
 		return float64(keys.bad)
 	}))
+	prom.GetOrRegister(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "meterline_ingest_keys_topic_restarts_total",
+		Help: "Times this replica found the keys topic deleted and made again (another topic ID, or its partition ending before the offset read), dropped the keys it held and read the topic again from its start."}, func() float64 {
+		keys.mu.RLock()
+		defer keys.mu.RUnlock()
+		return float64(keys.restarts)
+	}))
 	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_keys_age_seconds",
 		Help: "Seconds since this replica last confirmed it had read the keys topic to its end (its ends listed, then reached); past --auth-max-age it answers every request 503."}, func() float64 {
 		age, _ := keys.Staleness()

@@ -47,7 +47,7 @@ func withKeysAdmin(ctx context.Context, g *Globals, timeout time.Duration, f fun
 type KeysCreateCmd struct {
 	Tenant    string        `required:"" help:"The tenant the key belongs to; made with --allow-customers when it does not exist."`
 	Customers []string      `name:"allow-customers" nonempty:"all of the tenant's customers" help:"Customers the key may write: IDs, prefixes ending in * (team-*), or * (all of the tenant's). Default: all of the tenant's."`
-	Meters    []string      `name:"allow-meters" nonempty:"any meter" help:"Meters the key may write. Default: any."`
+	Meters    []string      `name:"allow-meters" nonempty:"any meter" help:"Meters the key may write: exact meter names, no patterns (a name with * is refused). Default: any."`
 	Rate      float64       `help:"Events per second the key may send to each ingest replica; 0: no bound (its refused requests are bounded by the ingest's refusal budget)." default:"0"`
 	Note      string        `help:"A note kept with the key: who or what it is for."`
 	Timeout   time.Duration `help:"Deadline for the whole command." default:"30s"`

@@ -3,12 +3,17 @@ package lag
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/meterline/meterline/internal/kafka"
@@ -78,4 +83,63 @@ func coordinatorNotAvailable(kr kmsg.Request) kmsg.Response {
 		resp.Coordinators = append(resp.Coordinators, co)
 	}
 	return resp
+}
+
+// TestLagRetriesRefusedCoordinator: right after the group coordinator's
+// broker dies, the cluster still names it (until it is fenced), and a
+// connection to it is refused. fetchOffsets then lists the brokers again
+// and retries within coordinatorWait, finding the new coordinator, rather
+// than fail at once with the dial error.
+func TestLagRetriesRefusedCoordinator(t *testing.T) {
+	c, brokers := testenv.KFake(t, kfake.NumBrokers(2))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	// The client knows both brokers, as one does that lists them just
+	// before the coordinator dies.
+	if _, err := adm.BrokerMetadata(ctx); err != nil {
+		t.Fatal(err)
+	}
+	host, port, err := net.SplitHostPort(brokers[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	// The first FindCoordinator names node 1, as the cluster does until
+	// the dead broker is fenced.
+	var named atomic.Int32
+	c.ControlKey(int16(kmsg.FindCoordinator), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if named.Add(1) > 1 {
+			return nil, nil, false
+		}
+		req := kr.(*kmsg.FindCoordinatorRequest)
+		resp := req.ResponseKind().(*kmsg.FindCoordinatorResponse)
+		resp.NodeID, resp.Host, resp.Port = 1, host, int32(p)
+		for _, k := range req.CoordinatorKeys {
+			co := kmsg.NewFindCoordinatorResponseCoordinator()
+			co.Key, co.NodeID, co.Host, co.Port = k, 1, host, int32(p)
+			resp.Coordinators = append(resp.Coordinators, co)
+		}
+		return resp, nil, true
+	})
+	if err := c.RemoveNode(1); err != nil {
+		t.Fatal(err)
+	}
+	offs, err := fetchOffsets(ctx, cl, "meterline-dedup")
+	// A group that never committed is not found: the coordinator answered.
+	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+		t.Fatalf("offsets with the coordinator's broker gone: %v", err)
+	}
+	if named.Load() < 2 {
+		t.Fatalf("%d FindCoordinator requests, want the coordinator found again", named.Load())
+	}
+	if len(offs) != 0 {
+		t.Fatalf("offsets of a group that never committed: %+v", offs)
+	}
 }

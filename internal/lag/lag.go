@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"time"
@@ -72,7 +73,7 @@ func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups 
 	var read *kafka.Config // conn seeded with the brokers the cluster lists; set once needed
 	for _, g := range groups {
 		byTopic := map[string]map[int32]int64{}
-		offs, err := fetchOffsets(ctx, adm, g)
+		offs, err := fetchOffsets(ctx, cl, g)
 		switch {
 		case errors.Is(err, kerr.GroupIDNotFound): // never committed
 		case err != nil:
@@ -347,6 +348,15 @@ func fetchFirst(ctx context.Context, b *kgo.Broker, topic string, id kadm.TopicI
 	return outOfRange, failed
 }
 
+// brokerErr reports a connection to a broker that could not be made, or
+// failed, or a coordinator named that is no broker the client lists: all
+// of them what a broker that just died leaves until the cluster fences it
+// and moves its groups.
+func brokerErr(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" || kgo.IsRetryableBrokerErr(err)
+}
+
 // coordinatorWait bounds how long fetchOffsets waits for a group
 // coordinator that is not available yet.
 var coordinatorWait = 30 * time.Second
@@ -355,17 +365,35 @@ var coordinatorWait = 30 * time.Second
 // (and ctx) while the group's coordinator is not available: a broker that
 // has never served a consumer group answers so for the few seconds it
 // takes to create __consumer_offsets, and a coordinator moving to another
-// broker for a moment.
-func fetchOffsets(ctx context.Context, adm *kadm.Client, g string) (kadm.OffsetResponses, error) {
+// broker for a moment. A connection to the coordinator that cannot be
+// made (its broker just died: the cluster names it until it is fenced),
+// or a coordinator no listed broker is (brokerErr), is waited out the
+// same way: the client keeps the coordinator it found
+// while its broker is listed, so the brokers are listed again before each
+// retry, and once the dead one is gone the coordinator is found anew.
+func fetchOffsets(ctx context.Context, cl *kgo.Client, g string) (kadm.OffsetResponses, error) {
+	adm := kadm.NewClient(cl)
 	deadline := time.Now().Add(coordinatorWait)
 	backoff := 100 * time.Millisecond
 	for {
 		offs, err := adm.FetchOffsets(ctx, g)
-		if !errors.Is(err, kerr.CoordinatorNotAvailable) && !errors.Is(err, kerr.CoordinatorLoadInProgress) && !errors.Is(err, kerr.NotCoordinator) {
+		dial := ctx.Err() == nil && brokerErr(err)
+		if !dial && !errors.Is(err, kerr.CoordinatorNotAvailable) && !errors.Is(err, kerr.CoordinatorLoadInProgress) && !errors.Is(err, kerr.NotCoordinator) {
 			return offs, err
 		}
 		if time.Now().Add(backoff).After(deadline) {
+			if dial {
+				return nil, fmt.Errorf("the group's coordinator out of reach for %s (its broker down, or not listed by the cluster): %w", coordinatorWait, err)
+			}
 			return nil, fmt.Errorf("no coordinator for the group after %s (a broker that has never served a consumer group creates __consumer_offsets first, which takes seconds; else the brokers cannot place it): %w", coordinatorWait, err)
+		}
+		if dial {
+			// A metadata request issued through the client replaces its
+			// brokers with those listed (kadm's are answered from its
+			// cache); its error is the next try's.
+			req := kmsg.NewPtrMetadataRequest()
+			req.Topics = []kmsg.MetadataRequestTopic{}
+			_, _ = req.RequestWith(ctx, cl)
 		}
 		select {
 		case <-ctx.Done():
