@@ -44,24 +44,8 @@ func TestLagNamesAGroupWithoutOffsets(t *testing.T) {
 // failed.
 func TestLagSeedBrokerSilent(t *testing.T) {
 	_, brokers := testenv.KFake(t)
-	topic, group := testenv.Name(t, "lag"), testenv.Name(t, "group")
-	testenv.CreateTopic(t, brokers, topic, 1, nil)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	group := groupTwoBehind(t, brokers)
 	ctx := context.Background()
-	for range 3 {
-		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("x")}).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var offs kadm.Offsets
-	offs.AddOffset(topic, 0, 1, -1)
-	if _, err := kadm.NewClient(cl).CommitOffsets(ctx, group, offs); err != nil {
-		t.Fatal(err)
-	}
 	silent := testenv.SilentBroker(t)
 	for _, seeds := range [][]string{{silent, brokers[0]}, {brokers[0], silent}} {
 		// Well under the request timeout a silent seed costs each
@@ -88,6 +72,31 @@ func TestLagSeedBrokerSilent(t *testing.T) {
 // at the next refresh, rather than exit at the first failure.
 func TestLagWatchRidesOutAFailedComputation(t *testing.T) {
 	c, brokers := testenv.KFake(t)
+	group := groupTwoBehind(t, brokers)
+	ctx := context.Background()
+	// The first computations fail with an error no retry of kgo's hides.
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Err: kerr.GroupAuthorizationFailed, Count: 2})
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := Main(rctx, []string{"lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--watch", "200ms"},
+		IO{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
+	if rctx.Err() == nil || code != 0 {
+		t.Fatalf("lag --watch ended before it was stopped: exit %d\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "lag not computed") || !strings.Contains(stderr.String(), "GROUP_AUTHORIZATION_FAILED") {
+		t.Errorf("stderr %q: want each failed computation named", stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "1 behind, 2 records behind") {
+		t.Errorf("stdout %q: want the table once the computation succeeds", stdout.String())
+	}
+}
+
+// groupTwoBehind makes a topic of one partition holding 3 records and a
+// group that committed offset 1 of it (2 records behind), and returns the
+// group.
+func groupTwoBehind(t *testing.T, brokers []string) string {
+	t.Helper()
 	topic, group := testenv.Name(t, "lag"), testenv.Name(t, "group")
 	testenv.CreateTopic(t, brokers, topic, 1, nil)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
@@ -106,20 +115,5 @@ func TestLagWatchRidesOutAFailedComputation(t *testing.T) {
 	if _, err := kadm.NewClient(cl).CommitOffsets(ctx, group, offs); err != nil {
 		t.Fatal(err)
 	}
-	// The first computations fail with an error no retry of kgo's hides.
-	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.OffsetFetch}, Err: kerr.GroupAuthorizationFailed, Count: 2})
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	code := Main(rctx, []string{"lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--watch", "200ms"},
-		IO{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
-	if rctx.Err() == nil || code != 0 {
-		t.Fatalf("lag --watch ended before it was stopped: exit %d\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
-	}
-	if !strings.Contains(stderr.String(), "lag not computed") || !strings.Contains(stderr.String(), "GROUP_AUTHORIZATION_FAILED") {
-		t.Errorf("stderr %q: want each failed computation named", stderr.String())
-	}
-	if !strings.Contains(stdout.String(), "1 behind, 2 records behind") {
-		t.Errorf("stdout %q: want the table once the computation succeeds", stdout.String())
-	}
+	return group
 }
