@@ -327,7 +327,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("aggregator: final-chunk must be positive (got %d)", c.FinalChunk))
 	}
 	if c.FinalChunkBytes <= 0 {
-		errs = append(errs, fmt.Errorf("aggregator: final chunk bytes must be positive (got %d)", c.FinalChunkBytes))
+		errs = append(errs, fmt.Errorf("aggregator: final-chunk-bytes must be positive (got %d)", c.FinalChunkBytes))
 	}
 	if o := c.EntitlementsOrder; o != EntitlementsOrderInput && o != EntitlementsOrderArrival {
 		errs = append(errs, fmt.Errorf("aggregator: entitlements-order must be %q or %q (got %q)", EntitlementsOrderArrival, EntitlementsOrderInput, o))

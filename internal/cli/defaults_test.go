@@ -172,7 +172,7 @@ func TestValidateNamesFlags(t *testing.T) {
 	errs := map[string]error{
 		"stream":    (&stream.Config{PunctuateInterval: -1, MaxBatchRecords: -1, CommitInterval: -1, StandbyReplicas: -1}).Validate(),
 		"dedup":     (&dedup.Config{Skew: -1, Sources: []string{""}, WatermarkEvery: -1, Keys: []dedup.Key{{ID: "a"}, {ID: "a"}}}).Validate(),
-		"aggregate": (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1}).Validate(),
+		"aggregate": (&aggregator.Config{Period: "week", Grace: -1, FinalChunk: -1, FinalChunkBytes: -1}).Validate(),
 		"ingest": (&ingest.Config{TLSCertFile: "cert.pem", MaxBodyBytes: 10, MaxEvents: -1, ProduceTimeout: time.Millisecond,
 			ReadTimeout: -1, ShutdownTimeout: time.Nanosecond}).Validate(),
 		"entitlements": (&entitlements.Config{Window: -1}).Validate(),

@@ -223,7 +223,7 @@ func (c *Collector) rowsHeld() ([]Row, map[topicPartition]time.Duration, error) 
 	waited := c.done.Load() != before
 	if c.at.IsZero() || !waited && (now.Sub(c.at) >= c.ttl || now.Before(c.at)) {
 		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-		rows, err := computeWith(ctx, c.cl, c.conn, c.groups, c.inputs, now)
+		rows, err := computeWith(ctx, c.cl, c.conn, c.groups, c.inputs, now, false)
 		cancel()
 		c.at, c.rows, c.lastErr = now, rows, err
 		if err != nil {

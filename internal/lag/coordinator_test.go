@@ -91,14 +91,63 @@ func coordinatorNotAvailable(kr kmsg.Request) kmsg.Response {
 // and retries within coordinatorWait, finding the new coordinator, rather
 // than fail at once with the dial error.
 func TestLagRetriesRefusedCoordinator(t *testing.T) {
-	c, brokers := testenv.KFake(t, kfake.NumBrokers(2))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	cl, named, _ := deadCoordinator(t, ctx, 1)
+	offs, err := fetchOffsets(ctx, cl, "meterline-dedup", true)
+	// A group that never committed is not found: the coordinator answered.
+	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
+		t.Fatalf("offsets with the coordinator's broker gone: %v", err)
+	}
+	if named.Load() < 2 {
+		t.Fatalf("%d FindCoordinator requests, want the coordinator found again", named.Load())
+	}
+	if len(offs) != 0 {
+		t.Fatalf("offsets of a group that never committed: %+v", offs)
+	}
+}
+
+// TestCollectorRefusedCoordinatorFailsAtOnce: the stages' lag series are
+// computed during a scrape, which must answer within Prometheus's scrape
+// timeout; a coordinator out of reach fails that computation at once (no
+// lag series, the stage's other metrics scraped), rather than wait for
+// it until the computation's timeout, past the scrape's (the stage then
+// reads as down, and its group membership metric as absent).
+func TestCollectorRefusedCoordinatorFailsAtOnce(t *testing.T) {
+	_, named, brokers := deadCoordinator(t, context.Background(), 1<<30)
+	c, err := NewCollector(kafka.Config{Brokers: brokers[:1]}, []string{"meterline-dedup"}, WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_, err = c.Rows()
+	took := time.Since(start)
+	if err == nil {
+		t.Fatalf("lag computed with the coordinator out of reach")
+	}
+	if named.Load() == 0 {
+		t.Fatalf("no FindCoordinator request: the test did not reach the coordinator (%v)", err)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the computation took %s with the coordinator out of reach (%v); want it to fail at once, well within a scrape's timeout", took, err)
+	}
+	t.Logf("failed in %s: %v", took.Round(time.Millisecond), err)
+}
+
+// deadCoordinator makes a 2-broker kfake whose FindCoordinator names node
+// 1 for its first `dead` answers, then removes node 1 (its connections
+// refused, as a broker's just killed, which the cluster names until it is
+// fenced); it returns a client of node 0 that knows both brokers, and the
+// count of FindCoordinator requests.
+func deadCoordinator(t *testing.T, ctx context.Context, dead int32) (*kgo.Client, *atomic.Int32, []string) {
+	t.Helper()
+	c, brokers := testenv.KFake(t, kfake.NumBrokers(2))
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
 	adm := kadm.NewClient(cl)
 	// The client knows both brokers, as one does that lists them just
 	// before the coordinator dies.
@@ -110,12 +159,10 @@ func TestLagRetriesRefusedCoordinator(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, _ := strconv.Atoi(port)
-	// The first FindCoordinator names node 1, as the cluster does until
-	// the dead broker is fenced.
-	var named atomic.Int32
+	named := new(atomic.Int32)
 	c.ControlKey(int16(kmsg.FindCoordinator), func(kr kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
-		if named.Add(1) > 1 {
+		if named.Add(1) > dead {
 			return nil, nil, false
 		}
 		req := kr.(*kmsg.FindCoordinatorRequest)
@@ -131,15 +178,5 @@ func TestLagRetriesRefusedCoordinator(t *testing.T) {
 	if err := c.RemoveNode(1); err != nil {
 		t.Fatal(err)
 	}
-	offs, err := fetchOffsets(ctx, cl, "meterline-dedup")
-	// A group that never committed is not found: the coordinator answered.
-	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
-		t.Fatalf("offsets with the coordinator's broker gone: %v", err)
-	}
-	if named.Load() < 2 {
-		t.Fatalf("%d FindCoordinator requests, want the coordinator found again", named.Load())
-	}
-	if len(offs) != 0 {
-		t.Fatalf("offsets of a group that never committed: %+v", offs)
-	}
+	return cl, named, brokers
 }

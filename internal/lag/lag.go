@@ -59,21 +59,24 @@ func Compute(ctx context.Context, conn kafka.Config, groups []string, now time.T
 		return nil, err
 	}
 	defer cl.Close()
-	return computeWith(ctx, cl, conn, groups, nil, now)
+	return computeWith(ctx, cl, conn, groups, nil, now, true)
 }
 
 // computeWith is Compute on an existing client. inputs names, per
 // group, topics it consumes: a partition of one of them without a
 // committed offset counts from the partition's start, where the stage's
 // first start reads (docs/design.md, Exactly-once, 6), even when the group
-// has committed nothing at all.
-func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time) ([]Row, error) {
+// has committed nothing at all. waitDial: fetchOffsets waits out a
+// coordinator out of reach (a one-shot command may take its time; a
+// scrape must answer within Prometheus's scrape timeout, and fails at once
+// instead).
+func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups []string, inputs map[string][]string, now time.Time, waitDial bool) ([]Row, error) {
 	adm := kadm.NewClient(cl)
 	var rows []Row
 	var read *kafka.Config // conn seeded with the brokers the cluster lists; set once needed
 	for _, g := range groups {
 		byTopic := map[string]map[int32]int64{}
-		offs, err := fetchOffsets(ctx, cl, g)
+		offs, err := fetchOffsets(ctx, cl, g, waitDial)
 		switch {
 		case errors.Is(err, kerr.GroupIDNotFound): // never committed
 		case err != nil:
@@ -368,16 +371,16 @@ var coordinatorWait = 30 * time.Second
 // broker for a moment. A connection to the coordinator that cannot be
 // made (its broker just died: the cluster names it until it is fenced),
 // or a coordinator no listed broker is (brokerErr), is waited out the
-// same way: the client keeps the coordinator it found
+// same way with waitDial: the client keeps the coordinator it found
 // while its broker is listed, so the brokers are listed again before each
 // retry, and once the dead one is gone the coordinator is found anew.
-func fetchOffsets(ctx context.Context, cl *kgo.Client, g string) (kadm.OffsetResponses, error) {
+func fetchOffsets(ctx context.Context, cl *kgo.Client, g string, waitDial bool) (kadm.OffsetResponses, error) {
 	adm := kadm.NewClient(cl)
 	deadline := time.Now().Add(coordinatorWait)
 	backoff := 100 * time.Millisecond
 	for {
 		offs, err := adm.FetchOffsets(ctx, g)
-		dial := ctx.Err() == nil && brokerErr(err)
+		dial := waitDial && ctx.Err() == nil && brokerErr(err)
 		if !dial && !errors.Is(err, kerr.CoordinatorNotAvailable) && !errors.Is(err, kerr.CoordinatorLoadInProgress) && !errors.Is(err, kerr.NotCoordinator) {
 			return offs, err
 		}

@@ -140,7 +140,7 @@ func TestLagSeedBrokerSilent(t *testing.T) {
 	conn := kafka.Config{Brokers: []string{testenv.SilentBroker(t)}}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	rows, err := computeWith(cctx, pcl, conn, []string{group}, nil, time.Now().Add(time.Second))
+	rows, err := computeWith(cctx, pcl, conn, []string{group}, nil, time.Now().Add(time.Second), true)
 	if err != nil {
 		t.Fatalf("lag not computed with a silent seed broker: %v", err)
 	}
