@@ -342,8 +342,10 @@ func (pt *partition) Work(tx *stream.Tx) error {
 	}
 	// A chunk may write a meter's first state key of a period (an
 	// adjustment's working state): what state built before definitions
-	// were recorded holds is recorded first.
-	pt.writeMeterDefs(tx)
+	// were recorded holds is recorded first; and new state's first keys,
+	// if this is its first transaction to commit (the one before it
+	// aborted).
+	pt.writeFirst(tx)
 	if err := pt.decideLoaded(tx); err != nil {
 		return err
 	}

@@ -576,23 +576,7 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 		// what the loaded state left due (decideLoaded).
 		pt.stale, pt.decideDue = false, true
 	}
-	if pt.writeScheme {
-		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
-		pt.writeScheme = false
-	}
-	if pt.writeEntMode {
-		tx.Put(keyEntMode, []byte(entModeOn))
-		pt.writeEntMode = false
-	}
-	if pt.writeCounts {
-		tx.Put(keyPartitionCounts, pt.pr.counts.encodeRecorded(pt.pr.ledger != nil))
-		pt.writeCounts = false
-	}
-	if pt.writePeriod {
-		tx.Put(keyPeriod, []byte(pt.pr.cfg.Period))
-		pt.writePeriod = false
-	}
-	pt.writeMeterDefs(tx)
+	pt.writeFirst(tx)
 	if err := pt.decideLoaded(tx); err != nil {
 		return err
 	}
@@ -636,6 +620,34 @@ func (pt *partition) Process(tx *stream.Tx, recs []*kgo.Record) error {
 	pt.publish()
 	pt.refreshFinalDue(tx, false)
 	return nil
+}
+
+// writeFirst records in tx what the state does not record yet (load's
+// checks set the flags): the key scheme, the entitlements mode, the
+// partition counts, the period and the meter definitions. Every
+// transaction that may write state (Process, Work) calls it before its
+// own writes: state committed without them would be refused when the
+// partition opens again (checkKeyScheme reads keys without a scheme as
+// state of the old scheme), as after a first transaction that aborted
+// and a Work transaction that committed.
+func (pt *partition) writeFirst(tx *stream.Tx) {
+	if pt.writeScheme {
+		tx.Put(keyKeyScheme, []byte(schemas.DedupedKeyScheme))
+		pt.writeScheme = false
+	}
+	if pt.writeEntMode {
+		tx.Put(keyEntMode, []byte(entModeOn))
+		pt.writeEntMode = false
+	}
+	if pt.writeCounts {
+		tx.Put(keyPartitionCounts, pt.pr.counts.encodeRecorded(pt.pr.ledger != nil))
+		pt.writeCounts = false
+	}
+	if pt.writePeriod {
+		tx.Put(keyPeriod, []byte(pt.pr.cfg.Period))
+		pt.writePeriod = false
+	}
+	pt.writeMeterDefs(tx)
 }
 
 // Committed implements stream.Committer: the committed transaction's
