@@ -322,11 +322,13 @@ func (pt *partition) publishHold() {
 	pt.pr.m.heldOldest.WithLabelValues(pt.pl).Set(float64(h.oldest) / 1000)
 }
 
-// endHold forgets which keys the transaction that ends held, and how
-// many it released (committed or aborted: Flush, Abort).
+// endHold forgets which keys the transaction that ends held, how many it
+// released, and the bytes of the gate it drained (committed or aborted:
+// Flush, Abort).
 func (pt *partition) endHold() {
 	if pt.ent != nil {
 		clear(pt.ent.arrHold.fresh)
 		pt.ent.arrHold.released, pt.ent.arrHold.releasedBytes = 0, 0
+		pt.ent.drainedBytes = 0
 	}
 }

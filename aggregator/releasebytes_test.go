@@ -22,8 +22,14 @@ import (
 // transaction.
 func TestArrivalReleaseBoundedInBytes(t *testing.T) { bigGatedRun(t, true) }
 
+// TestGateDrainBoundedInBytes is TestArrivalReleaseBoundedInBytes for the
+// records waiting in the gate for the entitlements partition to be read
+// past them (drain, drainAhead): the 200 events wait for a tick, which
+// lets them all through.
+func TestGateDrainBoundedInBytes(t *testing.T) { bigGatedRun(t, false) }
+
 // bigGatedRun runs TestArrivalReleaseBoundedInBytes, or without arrival
-// the same with the events waiting in the gate for a tick.
+// TestGateDrainBoundedInBytes.
 func bigGatedRun(t *testing.T, arrival bool) {
 	const n, chunkBytes = 200, 64 << 10
 	h := newEntHarness(t, nil, 1)
