@@ -108,11 +108,10 @@ type Config struct {
 	// reaches it, so that aggregates with large group values do not put
 	// FinalChunk times an event's size in one transaction. What a chunk
 	// writes is a few times that (a FINAL revision and two changelog
-	// records per key). With Entitlements, a period start's and a
-	// default-plan record's chunks of balances stop once their encoded
-	// bytes reach it (a plan of many caps and grants makes balances of
-	// tens of kilobytes); the pending customers' emission is bounded by
-	// FinalChunk only. Default:
+	// records per key). With Entitlements, a period start's, a
+	// default-plan record's and the pending customers' chunks of balances
+	// stop once their encoded bytes reach it (a plan of many caps and
+	// grants makes balances of tens of kilobytes). Default:
 	// DefaultFinalChunkBytes.
 	FinalChunkBytes int
 	// Entitlements turns on caps and credits (docs/entitlements.md, The

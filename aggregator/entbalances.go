@@ -323,17 +323,30 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 		pt.makePending(tx, c, t)
 	}
 	e.clearChanged()
+	var round []string
 	if fenced {
-		if err := pt.roundChunk(tx, out); err != nil {
-			return err
-		}
+		round = pt.roundChunk(tx, out)
 	}
 	if len(out) == 0 {
 		return nil
 	}
 	topic := pt.pr.cfg.Topics.BalancesTopic()
-	rev := e.bal.rev
+	rev, budget := e.bal.rev, pt.pr.cfg.FinalChunkBytes
+	next, stopped, emitted := 0, false, 0
 	for _, c := range slices.Sorted(maps.Keys(out)) {
+		if next < len(round) && round[next] == c {
+			next++
+			if next > 1 && budget <= 0 {
+				// The round's chunk stops once the transaction's
+				// balances reach Config.FinalChunkBytes, after at
+				// least one of its customers: the rest stay pending,
+				// for the next chunk.
+				if !stopped {
+					e.bal.active, e.bal.cursor, stopped = true, round[next-2], true
+				}
+				continue
+			}
+		}
 		if _, pending := e.pendingAt[c]; pending {
 			// Its latest change goes out now: it is no longer pending.
 			t, err := pt.changeTime(tx, c)
@@ -360,10 +373,12 @@ func (pt *partition) flushBalances(tx *stream.Tx) error {
 		rec := pt.newRecord(key, val)
 		rec.Topic, rec.Partition = topic, schemas.Partition(key, pt.pr.counts.balances)
 		tx.Emit(rec)
+		budget -= len(key) + len(val)
+		emitted++
 	}
 	e.bal.rev = rev
 	tx.Put(keyBalances, e.bal.encode())
-	pt.txc.Add(pt.pr.m.balances, float64(len(out)))
+	pt.txc.Add(pt.pr.m.balances, float64(emitted))
 	clear(out)
 	return nil
 }
@@ -471,10 +486,14 @@ func (pt *partition) brokerNow() int64 { return max(pt.wm, pt.ent.readTo) }
 // one (at once with BalanceEveryTransaction), and goes through them in key
 // order, at most Config.FinalChunk a transaction (docs/design.md,
 // Exactly-once, 7), with a cursor in the state; Work's transactions carry
-// the rest. A customer that becomes pending behind the cursor waits for the
-// next emission. (An empty customer ID, which dedup refuses, would go out
+// the rest. It returns the chunk's customers that out did not hold, in
+// key order, added to out: flushBalances emits them, and ends the chunk
+// early (the cursor at its last customer that went out) once the
+// transaction's balances reach Config.FinalChunkBytes (their encoded
+// size, known only as they go out). A customer that becomes pending
+// behind the cursor waits for the next emission. (An empty customer ID, which dedup refuses, would go out
 // in the first chunk only.)
-func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
+func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) []string {
 	e := pt.ent
 	if e.roll.phase == rollBalances {
 		// A period start's balances go out first (entWork, from the
@@ -525,17 +544,17 @@ func (pt *partition) roundChunk(tx *stream.Tx, out map[string]int64) error {
 		// cursor, for the next emission.
 		b.active, b.cursor = false, ""
 	}
+	// flushBalances emits them, each with its latest change, and deletes
+	// their pending keys; the ones out has already go out anyway.
+	round := next[:0]
 	for _, c := range next {
-		// Its latest change goes out now: it is no longer pending.
-		t, err := pt.changeTime(tx, c)
-		if err != nil {
-			return err
+		if _, ok := out[c]; !ok {
+			out[c] = 0
+			round = append(round, c)
 		}
-		out[c] = max(out[c], t)
-		pt.unpend(tx, c)
 	}
 	tx.Put(keyBalances, b.encode())
-	return nil
+	return round
 }
 
 // needsTick reports whether the partition's entitlements read time must

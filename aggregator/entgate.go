@@ -162,7 +162,8 @@ func (e *entPart) passes(t int64) bool { return t <= 0 || t < e.readTo }
 
 // drain lets the records at the head of the gate through, in order, while
 // their time is before Ledger.ReadTo (passes), at most Config.FinalChunk of
-// them (the rest go in Work's transactions).
+// them, and of those the state holds, about Config.FinalChunkBytes a
+// transaction (the rest go in Work's transactions).
 func (pt *partition) drain(tx *stream.Tx) error {
 	_, err := pt.drainN(tx, pt.pr.cfg.FinalChunk)
 	return err
@@ -174,13 +175,16 @@ func (pt *partition) drain(tx *stream.Tx) error {
 // read; Work's transactions drain the rest, Config.FinalChunk at a time).
 // A gate with a backlog of ready records (a stage catching up, whose
 // first records waited for its entitlements partition to be read) thus
-// shrinks by at least n a call, and once it is empty the new records whose
-// time the entitlements partition has been read past skip it (gateIn):
+// shrinks by at least n a call (while the records it lets through stay
+// under about Config.FinalChunkBytes a transaction, drainN), and once it
+// is empty the new records whose time the entitlements partition has
+// been read past skip it (gateIn):
 // they are not written to the state and deleted again. In steady state
 // only the records that arrived after the partition's last tick wait.
 //
 // A release of held events in chunks under way (entorder.go) goes first:
-// at most 2n held events (and Config.FinalChunk a transaction).
+// at most 2n held events (and Config.FinalChunk and about
+// Config.FinalChunkBytes a transaction, releaseChunk).
 func (pt *partition) drainAhead(tx *stream.Tx, n int) error {
 	budget := 2 * n
 	if pt.ent.releasePending() {
@@ -208,12 +212,20 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 	}
 	// The gate is the records the committed state holds ('q' keys), then
 	// those that entered it in this transaction (fresh).
-	done, blocked := 0, false
+	// The state's records are at most about Config.FinalChunkBytes a
+	// transaction (an event is up to schemas.MaxEventBytes): full, the
+	// rest of them, and the fresh ones behind them, wait for the next.
+	done, blocked, full := 0, false, false
 	if inState := e.gateN - (len(e.fresh) - e.freshHead); inState > 0 {
-		kvs, err := scanChunk(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, min(limit, inState))
-		if err != nil {
-			return 0, err
+		budget := pt.pr.cfg.FinalChunkBytes - e.drainedBytes
+		var kvs []kv
+		if budget > 0 {
+			var err error
+			if kvs, _, err = scanChunkBytes(tx, []byte{pfxGate}, []byte{pfxGate + 1}, nil, min(limit, inState), budget); err != nil {
+				return 0, err
+			}
 		}
+		full = len(kvs) < inState && kvBytes(kvs) >= budget
 		topic := pt.pr.cfg.Topics.DedupedTopic()
 		for _, kv := range kvs {
 			r, err := decodeGateRecord(kv.v, topic, pt.p)
@@ -225,6 +237,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 				blocked = true
 				break
 			}
+			e.drainedBytes += len(kv.k) + len(kv.v)
 			done++
 			if err != nil {
 				return done, err
@@ -233,7 +246,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 	}
 	// Past the state's records only when every one of them went through
 	// (done < limit then means none is left there).
-	for !blocked && done < limit && e.freshHead < len(e.fresh) {
+	for !blocked && !full && done < limit && e.freshHead < len(e.fresh) {
 		went, err := pt.leave(tx, &e.fresh[e.freshHead], func() { e.freshHead++ })
 		if !went {
 			blocked = true
@@ -245,7 +258,7 @@ func (pt *partition) drainN(tx *stream.Tx, limit int) (int, error) {
 		}
 	}
 	e.more = false
-	if !blocked && done == limit {
+	if !blocked && (done == limit || full) {
 		var err error
 		if e.more, err = pt.gateHeadPasses(tx); err != nil {
 			return done, err

@@ -123,8 +123,12 @@ type entPart struct {
 	txFirst    uint64
 	fresh      []kgo.Record
 	freshFirst uint64
-	freshHead  int
-	gateKeyBuf []byte
+	// drainedBytes sums the keys and values of the gate's records of the
+	// state that the open transaction let through (drainN): about
+	// Config.FinalChunkBytes at most.
+	drainedBytes int
+	freshHead    int
+	gateKeyBuf   []byte
 	// arrHold is the events waiting for the watermark (entorder.go).
 	arrHold arrivalHold
 	// warned holds the meters a misconfigured cap or rate was logged

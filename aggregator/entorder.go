@@ -44,7 +44,9 @@ const (
 //
 // The release is chunked (docs/design.md, Exactly-once, 9): after a dedup
 // instance was down, one advance passes the arrivals of its whole outage.
-// A transaction decides at most Config.FinalChunk held events; while some
+// A transaction decides at most Config.FinalChunk held events, and stops
+// after the one whose bytes (from the transaction's first) reach
+// Config.FinalChunkBytes (an event is up to schemas.MaxEventBytes); while some
 // are left, 'H' holds wm0 and wm, the partition watermark stays at wm0,
 // every record of usage.deduped waits in the gate behind them (gateIn,
 // leave), and Work (or the next records' drainAhead) decides the next
@@ -75,8 +77,10 @@ type arrivalHold struct {
 	// releasing: held events are being decided; they are not held again.
 	releasing bool
 	// released counts the held events the open transaction decided: at
-	// most Config.FinalChunk, whatever the watermark records it reads.
-	released int
+	// most Config.FinalChunk, whatever the watermark records it reads;
+	// releasedBytes their keys and values as the hold has them: about
+	// Config.FinalChunkBytes at most.
+	released, releasedBytes int
 	// to is the watermark of a release in chunks (keyRelease), 0 for
 	// none; the partition watermark stays at the one it moves from.
 	to int64
@@ -177,23 +181,42 @@ func (pt *partition) continueRelease(tx *stream.Tx, limit int) (bool, error) {
 
 // releaseChunk decides, in key order, at most limit held events whose
 // arrival is before arrHold.to (fewer if the open transaction decided
-// others: at most Config.FinalChunk in all), and reports whether none is
-// left: the release is done (to 0, keyRelease gone). Otherwise keyRelease
-// records it, with the watermark the partition stays at meanwhile.
+// others: at most Config.FinalChunk in all, and about
+// Config.FinalChunkBytes of them), and reports whether none is left: the
+// release is done (to 0, keyRelease gone). Otherwise keyRelease records
+// it, with the watermark the partition stays at meanwhile.
 func (pt *partition) releaseChunk(tx *stream.Tx, limit int) (bool, error) {
 	h := &pt.ent.arrHold
 	limit = max(0, min(limit, pt.pr.cfg.FinalChunk-h.released))
-	hi := binary.BigEndian.AppendUint64([]byte{pfxHold}, uint64(max(h.to, 0)))
-	kvs, err := scanChunk(tx, []byte{pfxHold}, hi, nil, limit+1)
+	budget := pt.pr.cfg.FinalChunkBytes - h.releasedBytes
+	if budget <= 0 {
+		limit, budget = 0, 0
+	}
+	lo, hi := []byte{pfxHold}, binary.BigEndian.AppendUint64([]byte{pfxHold}, uint64(max(h.to, 0)))
+	kvs, full, err := scanChunkBytes(tx, lo, hi, nil, limit+1, budget)
 	if err != nil {
 		return false, err
 	}
-	left := len(kvs) > limit
+	var next []byte // the first held event left after the chunk
+	switch {
+	case len(kvs) > limit:
+		next, kvs = kvs[limit].k, kvs[:limit]
+	case full:
+		// Stopped at the bytes: whether one is left after them.
+		after, err := scanChunk(tx, lo, hi, kvs[len(kvs)-1].k, 1)
+		if err != nil {
+			return false, err
+		}
+		if len(after) > 0 {
+			next = after[0].k
+		}
+	}
+	left := next != nil
 	if left {
-		h.oldest = holdArrival(kvs[limit].k)
-		kvs = kvs[:limit]
+		h.oldest = holdArrival(next)
 	}
 	h.released += len(kvs)
+	h.releasedBytes += kvBytes(kvs)
 	h.releasing = true
 	defer func() { h.releasing = false }()
 	topic := pt.pr.cfg.Topics.DedupedTopic()
@@ -299,11 +322,13 @@ func (pt *partition) publishHold() {
 	pt.pr.m.heldOldest.WithLabelValues(pt.pl).Set(float64(h.oldest) / 1000)
 }
 
-// endHold forgets which keys the transaction that ends held, and how
-// many it released (committed or aborted: Flush, Abort).
+// endHold forgets which keys the transaction that ends held, how many it
+// released, and the bytes of the gate it drained (committed or aborted:
+// Flush, Abort).
 func (pt *partition) endHold() {
 	if pt.ent != nil {
 		clear(pt.ent.arrHold.fresh)
-		pt.ent.arrHold.released = 0
+		pt.ent.arrHold.released, pt.ent.arrHold.releasedBytes = 0, 0
+		pt.ent.drainedBytes = 0
 	}
 }

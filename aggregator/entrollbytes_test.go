@@ -21,7 +21,7 @@ import (
 // that ended are tens of megabytes of balances, which the chunk of 10,000
 // customers alone would put in one transaction.
 func TestEntitlementsPeriodStartBalancesBoundedInBytes(t *testing.T) {
-	wideBalancesRun(t, false)
+	wideBalancesRun(t, wideRoll)
 }
 
 // TestDefaultPlanSweepBoundedInBytes is
@@ -30,13 +30,30 @@ func TestEntitlementsPeriodStartBalancesBoundedInBytes(t *testing.T) {
 // (entsweep.go): the plan's caps raised, each of the 1,500 customers gets
 // a balance with the new cap, in chunks of about DefaultFinalChunkBytes.
 func TestDefaultPlanSweepBoundedInBytes(t *testing.T) {
-	wideBalancesRun(t, true)
+	wideBalancesRun(t, wideSweep)
 }
 
+// TestPendingBalancesBoundedInBytes is
+// TestEntitlementsPeriodStartBalancesBoundedInBytes for the emission of
+// the pending customers (roundChunk): the 1,500 customers' first balances,
+// pending once their usage is decided, go out in chunks of about
+// DefaultFinalChunkBytes, not all in one transaction of 44 MB.
+func TestPendingBalancesBoundedInBytes(t *testing.T) {
+	wideBalancesRun(t, widePending)
+}
+
+// The balances wideBalancesRun measures.
+const (
+	widePending = iota // the pending customers' first balances
+	wideRoll           // the next period's, at its start
+	wideSweep          // those a default-plan record's sweep sends
+)
+
 // wideBalancesRun runs the test of
-// TestEntitlementsPeriodStartBalancesBoundedInBytes, or with sweep that of
-// TestDefaultPlanSweepBoundedInBytes.
-func wideBalancesRun(t *testing.T, sweep bool) {
+// TestEntitlementsPeriodStartBalancesBoundedInBytes, or with wideSweep that
+// of TestDefaultPlanSweepBoundedInBytes, with widePending that of
+// TestPendingBalancesBoundedInBytes.
+func wideBalancesRun(t *testing.T, mode int) {
 	const custs = 1500
 	h := newEntHarness(t, nil, 1)
 	d := time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC).UnixMilli()
@@ -94,14 +111,17 @@ func wideBalancesRun(t *testing.T, sweep bool) {
 		}
 	}
 	awaitBalancesOf(d, 1000)
-	meter.reset()
-	if sweep {
+	if mode != widePending {
+		meter.reset()
+	}
+	switch mode {
+	case wideSweep:
 		for i := range plan.Caps {
 			plan.Caps[i].Limit = 2000
 		}
 		h.produce(append(h.shared(1, schemas.DefaultPlanKey, plan, d+day/2), tick(d+day/2+1))...)
 		awaitBalancesOf(d, 2000)
-	} else {
+	case wideRoll:
 		h.produce(h.watermark(0, 0, 1, d+day+5000), tick(d+day+10_000))
 		awaitBalancesOf(d+day, 1000)
 	}
@@ -109,9 +129,16 @@ func wideBalancesRun(t *testing.T, sweep bool) {
 		t.Fatal(err)
 	}
 	rep := meter.report()
-	t.Logf("%d balances in %d transactions; the largest transaction %d records, %d bytes", rep.balances, rep.balanceTxs, rep.max.records, rep.max.bytes)
+	t.Logf("%d balances in %d transactions; the largest transaction %d records, %d bytes, %d of balances",
+		rep.balances, rep.balanceTxs, rep.max.records, rep.max.bytes, rep.max.balanceBytes)
 	const limit = 8 * DefaultFinalChunkBytes
 	if rep.max.bytes > limit {
-		t.Errorf("a transaction of the period start wrote %d bytes, more than %d", rep.max.bytes, limit)
+		t.Errorf("a transaction of the balances wrote %d bytes, more than %d", rep.max.bytes, limit)
+	}
+	// A chunk stops after the balance that reaches the bound; one balance
+	// here is about 29 KB.
+	const balanceLimit = DefaultFinalChunkBytes + 64<<10
+	if rep.max.balanceBytes > balanceLimit {
+		t.Errorf("a transaction emitted %d bytes of balances, more than %d", rep.max.balanceBytes, balanceLimit)
 	}
 }

@@ -43,8 +43,9 @@ type txnSpan struct {
 // txnCount counts one transaction's records.
 type txnCount struct {
 	records, finals, balances, changelog, tombstones int
-	// bytes sums the keys and values of its records.
-	bytes int
+	// bytes sums the keys and values of its records; balanceBytes those
+	// of its balances.
+	bytes, balanceBytes int
 }
 
 // newTxnMeter measures the transactions of an aggregator on the topics of
@@ -73,6 +74,7 @@ func (m *txnMeter) OnProduceRecordBuffered(r *kgo.Record) {
 	}
 	if r.Topic == m.balances {
 		m.cur.balances++
+		m.cur.balanceBytes += len(r.Key) + len(r.Value)
 	}
 	if r.Topic == m.changelog {
 		m.cur.changelog++
@@ -112,6 +114,7 @@ func (m *txnMeter) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ tim
 	m.max.changelog = max(m.max.changelog, m.cur.changelog)
 	m.max.tombstones = max(m.max.tombstones, m.cur.tombstones)
 	m.max.bytes = max(m.max.bytes, m.cur.bytes)
+	m.max.balanceBytes = max(m.max.balanceBytes, m.cur.balanceBytes)
 	m.cur = txnCount{}
 }
 
