@@ -159,6 +159,9 @@ type Runtime struct {
 	// keeps is the last check of the changelog's cleanup policy
 	// (changelogkeeps.go).
 	keeps keepsWatch
+	// offWait follows the assigned partitions waiting for the group's
+	// committed offsets (offsetwait.go).
+	offWait offsetWait
 	// sb runs the standby tails (standby.go).
 	sb *standbys
 	// cleanup deletes the state of partitions held elsewhere (cleanup.go).
@@ -339,7 +342,9 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 // reached), has initialised its transactional ID (its transaction
 // coordinator answered: until then no transaction can start, however
 // long the group and the restores took) and no partition it owns is
-// restoring; otherwise why not. It backs /readyz.
+// restoring or waiting for the group's committed offsets (a previous
+// owner's open transaction holds them: offsetwait.go); otherwise why not.
+// It backs /readyz.
 func (rt *Runtime) Ready() error {
 	if !rt.joined.Load() {
 		return errors.New("not connected to the group")
@@ -361,10 +366,14 @@ func (rt *Runtime) Ready() error {
 			n++
 		}
 	}
+	wait := rt.offsetWaitNotReady()
+	if n > 0 && wait != nil {
+		return fmt.Errorf("%d partitions restoring; %w", n, wait)
+	}
 	if n > 0 {
 		return fmt.Errorf("%d partitions restoring", n)
 	}
-	return nil
+	return wait
 }
 
 // Store returns the local state store.
