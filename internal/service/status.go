@@ -85,6 +85,11 @@ type StageStatus struct {
 	// read: meterline_stream_changelog_unsafe); empty when it keeps them,
 	// or the stage does not report it (ChangelogStage).
 	ChangelogUnsafe string `json:"changelog_unsafe,omitempty"`
+	// CannotWrite says why the brokers refuse the stage's writes (its
+	// partitions below min.insync.replicas: NOT_ENOUGH_REPLICAS, or
+	// without a leader: meterline_stream_write_refused_partitions); empty
+	// when they take them, or the stage does not report it (WriteStage).
+	CannotWrite string `json:"cannot_write,omitempty"`
 	// Partitions are the input partitions assigned to this instance,
 	// sorted; nil when the stage does not list them (the server then counts
 	// them from meterline_*_owned_partitions).
@@ -260,6 +265,12 @@ type OffsetWaitStage interface {
 	EachOffsetWait(fn func(p int32, since time.Time, why string))
 }
 
+// WriteStage is a Stage that says why the brokers refuse its writes
+// (stream.Runtime): WriteRefused returns nil while they do not.
+type WriteStage interface {
+	WriteRefused() error
+}
+
 // ChangelogStage is a Stage that checks its changelog's cleanup policy
 // while it runs (stream.Runtime): ChangelogUnsafe returns why it deletes
 // state records a restore must read, nil when it keeps them.
@@ -299,6 +310,11 @@ func StageStatusOf(st Stage) StageStatus {
 	if cs, ok := st.(ChangelogStage); ok {
 		if err := cs.ChangelogUnsafe(); err != nil {
 			out.ChangelogUnsafe = err.Error()
+		}
+	}
+	if ws, ok := st.(WriteStage); ok {
+		if err := ws.WriteRefused(); err != nil {
+			out.CannotWrite = err.Error()
 		}
 	}
 	if sb, ok := st.(StandbyStage); ok {
@@ -806,6 +822,8 @@ func fmtStageState(sg StageStatus) string {
 		return "failed: " + sg.Error
 	case sg.Joined != nil && !*sg.Joined:
 		return "not in the group"
+	case sg.CannotWrite != "":
+		return "cannot write"
 	case sg.Restoring > 0:
 		return "restoring"
 	case sg.Waiting > 0:
@@ -839,7 +857,7 @@ func fmtPartitions(sg StageStatus) string {
 
 func stateClass(sg StageStatus) string {
 	switch {
-	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined):
+	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined) || sg.CannotWrite != "":
 		return "bad"
 	case sg.Restoring > 0 || sg.Waiting > 0:
 		return "warn"
