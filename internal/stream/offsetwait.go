@@ -131,6 +131,9 @@ func (rt *Runtime) setOffsetWaitGauges() {
 		longest = max(longest, time.Since(t))
 	}
 	w.mu.Unlock()
+	if rt.m == nil { // a runtime of a balancer test, without metrics
+		return
+	}
 	rt.m.offsetsWaiting.WithLabelValues(waitOpenTxn).Set(float64(open))
 	rt.m.offsetsWaiting.WithLabelValues(waitFetch).Set(float64(fetch))
 	rt.m.offsetsWaitSeconds.Set(longest.Seconds())
