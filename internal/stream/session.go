@@ -192,9 +192,6 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 	}
 	rt.sess = sess
 	defer rt.dropOffsetWaits(nil) // after the session closed (deferred below)
-	probeCtx, stopProbe := context.WithCancel(ctx)
-	defer stopProbe()
-	go rt.probeOffsetWaits(probeCtx, sess.Client())
 	rt.sb.setClient(sess.Client())
 	rt.sb.forgetHeld()
 	rt.adm = kadm.NewClient(sess.Client())
@@ -219,6 +216,11 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		// aborts it).
 		rt.loop.Close(sess)
 	}()
+	// Stopped before the session's client closes (deferred above); from
+	// here on, kgo may be fetching the offsets of an assignment.
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	defer stopProbe()
+	go rt.probeOffsetWaits(probeCtx, sess.Client())
 	// Stopped before the session's client closes (deferred above).
 	redates, stopRedates := rt.startOwnerRedates(ctx, sess.Client())
 	defer stopRedates()
