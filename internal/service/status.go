@@ -27,12 +27,21 @@ const (
 	PartitionRestoring = "restoring"
 	// PartitionProcessing: restored, its input is being processed.
 	PartitionProcessing = "processing"
+	// PartitionWaiting: assigned, waiting for the group's committed
+	// offsets before its restore (a previous owner's open transaction
+	// holds them); none of its input is processed.
+	PartitionWaiting = "waiting"
 )
 
 // PartitionStatus is one input partition assigned to a stage instance.
 type PartitionStatus struct {
 	Partition int32  `json:"partition"`
-	State     string `json:"state"` // PartitionRestoring or PartitionProcessing
+	State     string `json:"state"` // PartitionRestoring, PartitionProcessing or PartitionWaiting
+	// WaitSeconds is how long a waiting partition has waited for the
+	// group's committed offsets, and WaitReason why, when the coordinator
+	// named it; nil and empty when not waiting.
+	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
+	WaitReason  string   `json:"wait_reason,omitempty"`
 	// RestoreRemaining is the number of changelog offsets left to replay
 	// while restoring; nil when not known (not restoring, or the replay has
 	// not started yet).
@@ -76,15 +85,22 @@ type StageStatus struct {
 	// read: meterline_stream_changelog_unsafe); empty when it keeps them,
 	// or the stage does not report it (ChangelogStage).
 	ChangelogUnsafe string `json:"changelog_unsafe,omitempty"`
+	// CannotWrite says why the brokers refuse the stage's writes (its
+	// partitions below min.insync.replicas: NOT_ENOUGH_REPLICAS, or
+	// without a leader: meterline_stream_write_refused_partitions); empty
+	// when they take them, or the stage does not report it (WriteStage).
+	CannotWrite string `json:"cannot_write,omitempty"`
 	// Partitions are the input partitions assigned to this instance,
 	// sorted; nil when the stage does not list them (the server then counts
 	// them from meterline_*_owned_partitions).
 	Partitions []PartitionStatus `json:"partitions"`
 
 	// Owned is the number of input partitions this instance owns
-	// (processing or restoring); Restoring, those still restoring.
+	// (processing, restoring or waiting); Restoring, those still
+	// restoring; Waiting, those waiting for the group's committed offsets.
 	Owned     int `json:"owned_partitions"`
 	Restoring int `json:"restoring_partitions"`
+	Waiting   int `json:"waiting_partitions"`
 	// Standbys are the partitions this instance keeps warm as a standby
 	// replica (docs/operations.md, Standby replicas), sorted; empty when it
 	// keeps none or the stage does not report them (StandbyStage).
@@ -241,6 +257,20 @@ type StandbyPlacementStage interface {
 	StandbyPlacement() (asked, placed, members int)
 }
 
+// OffsetWaitStage is a Stage whose newly assigned partitions may wait for
+// the group's committed offsets (stream.Runtime): EachOffsetWait calls fn
+// for every such partition, in partition order, with when its wait began
+// and why (empty while not known).
+type OffsetWaitStage interface {
+	EachOffsetWait(fn func(p int32, since time.Time, why string))
+}
+
+// WriteStage is a Stage that says why the brokers refuse its writes
+// (stream.Runtime): WriteRefused returns nil while they do not.
+type WriteStage interface {
+	WriteRefused() error
+}
+
 // ChangelogStage is a Stage that checks its changelog's cleanup policy
 // while it runs (stream.Runtime): ChangelogUnsafe returns why it deletes
 // state records a restore must read, nil when it keeps them.
@@ -269,6 +299,9 @@ func StageStatusOf(st Stage) StageStatus {
 		}
 		out.Partitions = append(out.Partitions, ps)
 	})
+	if ow, ok := st.(OffsetWaitStage); ok {
+		out.Partitions = withOffsetWaits(out.Partitions, ow)
+	}
 	if sp, ok := st.(StandbyPlacementStage); ok {
 		if asked, placed, members := sp.StandbyPlacement(); asked > 0 && placed >= 0 {
 			out.StandbyReplicas = &StandbyPlacement{Asked: asked, Placed: placed, Members: members}
@@ -277,6 +310,11 @@ func StageStatusOf(st Stage) StageStatus {
 	if cs, ok := st.(ChangelogStage); ok {
 		if err := cs.ChangelogUnsafe(); err != nil {
 			out.ChangelogUnsafe = err.Error()
+		}
+	}
+	if ws, ok := st.(WriteStage); ok {
+		if err := ws.WriteRefused(); err != nil {
+			out.CannotWrite = err.Error()
 		}
 	}
 	if sb, ok := st.(StandbyStage); ok {
@@ -292,6 +330,29 @@ func StageStatusOf(st Stage) StageStatus {
 		})
 	}
 	return out
+}
+
+// withOffsetWaits marks the partitions of ps that ow says wait for their
+// committed offsets, adding those not listed, in partition order.
+func withOffsetWaits(ps []PartitionStatus, ow OffsetWaitStage) []PartitionStatus {
+	now := time.Now()
+	added := false
+	ow.EachOffsetWait(func(p int32, since time.Time, why string) {
+		secs := now.Sub(since).Seconds()
+		w := PartitionStatus{Partition: p, State: PartitionWaiting, WaitSeconds: &secs, WaitReason: why}
+		i, found := slices.BinarySearchFunc(ps, p, func(x PartitionStatus, p int32) int { return cmp.Compare(x.Partition, p) })
+		if found {
+			ps[i].State, ps[i].WaitSeconds, ps[i].WaitReason = w.State, w.WaitSeconds, w.WaitReason
+			ps[i].RestoreRemaining = nil
+			return
+		}
+		ps = append(ps, w)
+		added = true
+	})
+	if added {
+		slices.SortFunc(ps, func(a, b PartitionStatus) int { return cmp.Compare(a.Partition, b.Partition) })
+	}
+	return ps
 }
 
 // AddStatus adds a stage to the status page: f reports its identity,
@@ -598,10 +659,13 @@ func (m metricIndex) complete(sg *StageStatus) {
 		}
 	}
 	if sg.Partitions != nil {
-		sg.Owned, sg.Restoring = len(sg.Partitions), 0
+		sg.Owned, sg.Restoring, sg.Waiting = len(sg.Partitions), 0, 0
 		for _, p := range sg.Partitions {
-			if p.State == PartitionRestoring {
+			switch p.State {
+			case PartitionRestoring:
 				sg.Restoring++
+			case PartitionWaiting:
+				sg.Waiting++
 			}
 		}
 		m.joinReplans(sg)
@@ -758,8 +822,12 @@ func fmtStageState(sg StageStatus) string {
 		return "failed: " + sg.Error
 	case sg.Joined != nil && !*sg.Joined:
 		return "not in the group"
+	case sg.CannotWrite != "":
+		return "cannot write"
 	case sg.Restoring > 0:
 		return "restoring"
+	case sg.Waiting > 0:
+		return "waiting for committed offsets"
 	}
 	return "running"
 }
@@ -789,9 +857,9 @@ func fmtPartitions(sg StageStatus) string {
 
 func stateClass(sg StageStatus) string {
 	switch {
-	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined):
+	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined) || sg.CannotWrite != "":
 		return "bad"
-	case sg.Restoring > 0:
+	case sg.Restoring > 0 || sg.Waiting > 0:
 		return "warn"
 	}
 	return "ok"
@@ -854,16 +922,25 @@ func desc[T cmp.Ordered](a, b *T) int {
 // their counts by state.
 type partitionView struct {
 	shown[PartitionStatus]
-	Processing, Restoring int
+	Processing, Restoring, Waiting int
 	// Behind counts the partitions with records left to consume.
 	Behind int
 }
 
-// worsePartition orders partitions most in trouble first: restoring
-// (those whose restore plans again after changelog fetches out of range
+// worsePartition orders partitions most in trouble first: waiting for
+// their committed offsets (longest first), restoring (those whose restore plans again after changelog fetches out of range
 // first, most re-plans first, then most changelog left to replay), then
 // most seconds behind, then most records behind.
 func worsePartition(a, b PartitionStatus) int {
+	aw, bw := a.State == PartitionWaiting, b.State == PartitionWaiting
+	switch {
+	case aw && !bw:
+		return -1
+	case bw && !aw:
+		return 1
+	case aw && bw:
+		return cmp.Or(desc(a.WaitSeconds, b.WaitSeconds), cmp.Compare(a.Partition, b.Partition))
+	}
 	ar, br := a.State == PartitionRestoring, b.State == PartitionRestoring
 	switch {
 	case ar && !br:
@@ -879,9 +956,12 @@ func worsePartition(a, b PartitionStatus) int {
 func viewPartitions(sg StageStatus) partitionView {
 	v := partitionView{shown: worstFirst(sg.Partitions, worsePartition)}
 	for _, p := range sg.Partitions {
-		if p.State == PartitionRestoring {
+		switch p.State {
+		case PartitionRestoring:
 			v.Restoring++
-		} else {
+		case PartitionWaiting:
+			v.Waiting++
+		default:
 			v.Processing++
 		}
 		if p.LagRecords != nil && *p.LagRecords > 0 {

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -329,5 +331,64 @@ func TestStatusPageChangelogUnsafe(t *testing.T) {
 	}
 	if st.Stages[0].ChangelogUnsafe != bad.unsafe.Error() || st.Stages[1].ChangelogUnsafe != "" {
 		t.Errorf("status.json: changelog_unsafe %q and %q, want the dedup error and none", st.Stages[0].ChangelogUnsafe, st.Stages[1].ChangelogUnsafe)
+	}
+}
+
+// stuckStage is a fakeStage whose partitions may wait for their committed
+// offsets (OffsetWaitStage) and whose writes the brokers may refuse
+// (WriteStage).
+type stuckStage struct {
+	fakeStage
+	waits   map[int32]time.Time
+	why     string
+	refused error
+}
+
+func (u *stuckStage) EachOffsetWait(fn func(p int32, since time.Time, why string)) {
+	for _, p := range slices.Sorted(maps.Keys(u.waits)) {
+		fn(p, u.waits[p], u.why)
+	}
+}
+
+func (u *stuckStage) WriteRefused() error { return u.refused }
+
+// TestStatusPageWaitingAndCannotWrite: a stage with a partition waiting
+// for its committed offsets (one it has not listed, being neither
+// restoring nor processing) and whose writes the brokers refuse shows the
+// partition waiting, for how long and why, and that it cannot write, on
+// the page and in status.json; its state says it cannot write.
+func TestStatusPageWaitingAndCannotWrite(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	newFakeStages(reg, false)
+	s, _ := newTestServer(t, reg)
+	st := &stuckStage{fakeStage: fakeStage{stage: "dedup", group: "g", input: "usage.events", joined: true,
+		parts: []fakePartition{{p: 0}, {p: 2}}},
+		waits:   map[int32]time.Time{1: time.Now().Add(-90 * time.Second)},
+		why:     "a previous owner's open transaction (UNSTABLE_OFFSET_COMMIT)",
+		refused: errors.New("cannot write for 12s; the brokers refuse its writes with NOT_ENOUGH_REPLICAS")}
+	s.AddStatus(func() StageStatus { return StageStatusOf(st) })
+	v := page(t, s)
+	testenv.ExpectPageValue(t, v, "cannot_write/dedup", "cannot write")
+	if got := v["part/dedup/1/state"]; !strings.HasPrefix(got, "waiting 9") {
+		t.Errorf("partition 1's state on the page: %q, want waiting for about 90 s", got)
+	}
+	_, body := get(t, s, "/")
+	for _, want := range []string{"NOT_ENOUGH_REPLICAS", "UNSTABLE_OFFSET_COMMIT"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page does not say %q", want)
+		}
+	}
+	_, js := get(t, s, "/status.json")
+	var got Status
+	if err := json.Unmarshal([]byte(js), &got); err != nil {
+		t.Fatal(err)
+	}
+	sg := got.Stages[0]
+	if sg.CannotWrite != st.refused.Error() || sg.Waiting != 1 || sg.Owned != 3 || len(sg.Partitions) != 3 {
+		t.Fatalf("status.json: cannot_write %q, %d waiting of %d owned, partitions %+v; want the refusal, 1 of 3", sg.CannotWrite, sg.Waiting, sg.Owned, sg.Partitions)
+	}
+	p := sg.Partitions[1]
+	if p.Partition != 1 || p.State != PartitionWaiting || p.WaitSeconds == nil || *p.WaitSeconds < 89 || p.WaitReason != st.why {
+		t.Errorf("status.json partition %+v, want 1 waiting for 90 s, and why", p)
 	}
 }

@@ -209,6 +209,7 @@ func (rt *Runtime) commit(ctx context.Context) error {
 		return session.Restart(rebuild, nil)
 	}
 	rt.m.session.Transactions.WithLabelValues(session.Committed).Inc()
+	rt.writesCommitted()
 	rt.seqRestarts = 0
 	rt.committed()
 	// Guarantee: outputs, changelog and offsets are committed; Pebble is

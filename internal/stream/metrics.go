@@ -49,6 +49,13 @@ type metrics struct {
 	// gapsChecked: gaps of the input checked against the log (gaps.go),
 	// by result.
 	gapsChecked *prometheus.CounterVec
+	// offsetsWaiting and offsetsWaitSeconds: assigned partitions waiting
+	// for the group's committed offsets (offsetwait.go).
+	offsetsWaiting     *prometheus.GaugeVec
+	offsetsWaitSeconds prometheus.Gauge
+	// writeRefused: partitions the stage writes to that the brokers
+	// refuse its writes on, as last diagnosed (unwritten.go).
+	writeRefused *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -112,6 +119,18 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 		gapsChecked: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_input_gaps_checked_total",
 			Help: "Runs of input offsets the Kafka client returned no record of, checked against the log's batches (dedup: usage.events), by result: sound (commit markers, aborted transactions), deleted (by retention meanwhile), malformed (a batch the client reads at offsets not its own, rejected as undecodable and skipped, the records it hid read), error (the fetch failed: the transaction aborts and the gap is polled again)."},
 			[]string{"result"}),
+		offsetsWaiting: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_offsets_waiting_partitions",
+			Help: "Input partitions assigned to this instance that wait for the group's committed offsets before their restore, by cause: open_transaction (the coordinator answers UNSTABLE_OFFSET_COMMIT: a previous owner's open transaction commits offsets of them, until it commits, aborts or times out), fetch (the fetch has not returned, no cause named)."}, []string{"cause"}),
+		offsetsWaitSeconds: f.NewGauge(prometheus.GaugeOpts{Name: "meterline_stream_offsets_wait_seconds",
+			Help: "How long the partition waiting longest for the group's committed offsets has waited (refreshed every 0.25 s while one waits), 0 when none waits."}),
+		writeRefused: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_write_refused_partitions",
+			Help: "Partitions of the topics the stage writes to on which the brokers refuse its writes, as found when a transaction's records waited unwritten (5 s, or half the transaction timeout) or it failed, by cause: below_min_insync (fewer in-sync replicas than min.insync.replicas: NOT_ENOUGH_REPLICAS), no_leader; 0 once a transaction commits."}, []string{"cause"}),
+	}
+	for _, c := range []string{refusedBelowMinISR, refusedNoLeader} {
+		m.writeRefused.WithLabelValues(c)
+	}
+	for _, c := range []string{waitOpenTxn, waitFetch} {
+		m.offsetsWaiting.WithLabelValues(c)
 	}
 	for _, r := range gapResults {
 		m.gapsChecked.WithLabelValues(r)

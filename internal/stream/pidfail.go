@@ -67,6 +67,7 @@ func (rt *Runtime) flush(ctx context.Context) (pidFailed bool, err error) {
 	failed := rt.pidFailedCh()
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rt.cfg.TransactionTimeout)
 	defer fcancel()
+	defer rt.diagnoseStall(rt.adm)()
 	done := make(chan error, 1)
 	go func() { done <- rt.sess.Client().Flush(fctx) }()
 	select {

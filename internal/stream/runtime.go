@@ -159,6 +159,16 @@ type Runtime struct {
 	// keeps is the last check of the changelog's cleanup policy
 	// (changelogkeeps.go).
 	keeps keepsWatch
+	// offWait follows the assigned partitions waiting for the group's
+	// committed offsets (offsetwait.go).
+	offWait offsetWait
+	// refusal is why the brokers refuse the stage's writes, as last
+	// diagnosed (unwritten.go); refusalGen counts the transactions
+	// committed, so that a diagnosis begun before one does not record a
+	// refusal after it.
+	refusalMu  sync.Mutex
+	refusal    *writeRefusal
+	refusalGen atomic.Uint64
 	// sb runs the standby tails (standby.go).
 	sb *standbys
 	// cleanup deletes the state of partitions held elsewhere (cleanup.go).
@@ -339,8 +349,23 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 // reached), has initialised its transactional ID (its transaction
 // coordinator answered: until then no transaction can start, however
 // long the group and the restores took) and no partition it owns is
-// restoring; otherwise why not. It backs /readyz.
+// restoring or waiting for the group's committed offsets (a previous
+// owner's open transaction holds them: offsetwait.go); otherwise why not.
+// It backs /readyz. While the brokers refuse the stage's writes
+// (WriteRefused: NOT_ENOUGH_REPLICAS, no leader) it is not ready either,
+// and says so first, with whatever else keeps it from being ready.
 func (rt *Runtime) Ready() error {
+	err := rt.ready()
+	if refused := rt.WriteRefused(); refused != nil {
+		if err != nil {
+			return fmt.Errorf("%w; %w", refused, err)
+		}
+		return refused
+	}
+	return err
+}
+
+func (rt *Runtime) ready() error {
 	if !rt.joined.Load() {
 		return errors.New("not connected to the group")
 	}
@@ -361,10 +386,14 @@ func (rt *Runtime) Ready() error {
 			n++
 		}
 	}
+	wait := rt.offsetWaitNotReady()
+	if n > 0 && wait != nil {
+		return fmt.Errorf("%d partitions restoring; %w", n, wait)
+	}
 	if n > 0 {
 		return fmt.Errorf("%d partitions restoring", n)
 	}
-	return nil
+	return wait
 }
 
 // Store returns the local state store.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"sync/atomic"
@@ -190,6 +191,7 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		return fmt.Errorf("stream: %w", err)
 	}
 	rt.sess = sess
+	defer rt.dropOffsetWaits(nil) // after the session closed (deferred below)
 	rt.sb.setClient(sess.Client())
 	rt.sb.forgetHeld()
 	rt.adm = kadm.NewClient(sess.Client())
@@ -214,6 +216,11 @@ func (rt *Runtime) runSession(ctx context.Context) (err error) {
 		// aborts it).
 		rt.loop.Close(sess)
 	}()
+	// Stopped before the session's client closes (deferred above); from
+	// here on, kgo may be fetching the offsets of an assignment.
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	defer stopProbe()
+	go rt.probeOffsetWaits(probeCtx, sess.Client())
 	// Stopped before the session's client closes (deferred above).
 	redates, stopRedates := rt.startOwnerRedates(ctx, sess.Client())
 	defer stopRedates()
@@ -416,6 +423,9 @@ func (rt *Runtime) onRevoked(_ context.Context, _ *kgo.Client, revoked map[strin
 		rt.forgetHorizonAttempts(p)
 	}
 	rt.mu.Unlock()
+	if ps := revoked[rt.cfg.InputTopic]; len(ps) > 0 {
+		rt.dropOffsetWaits(ps)
+	}
 	rt.cleanup.due.Store(true)
 	rt.notify()
 }
@@ -431,6 +441,7 @@ var epochSeq atomic.Uint64
 func (rt *Runtime) adjustOffsets(_ context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	inputs := rt.cfg.inputs()
 	parts := offsets[rt.cfg.InputTopic]
+	rt.offsetsArrived(slices.Collect(maps.Keys(parts)))
 	if len(parts) == 0 {
 		return offsets, nil
 	}

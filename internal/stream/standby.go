@@ -287,6 +287,7 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 // with its warm structures until the restore takes them, whichever of the
 // two ends first.
 func (sb *standbys) assigned(a StandbyAssignment) {
+	sb.rt.awaitOffsets(a.Owned)
 	sb.noteHeld(a)
 	sb.rt.revokeUnowned(a.Owned)
 	// Warm structures kept at the revoke are for a partition given back

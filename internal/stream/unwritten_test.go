@@ -1,13 +1,21 @@
 package stream
 
 import (
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/meterline/meterline/internal/service"
 )
 
 // A transaction whose records cannot be written within the transaction
@@ -72,4 +80,131 @@ func TestNotEnoughReplicasRebuildsForUnwrittenRecords(t *testing.T) {
 			t.Errorf("sessions rebuilt for %s: %v, want 0 (the records were never written)", reason, n)
 		}
 	}
+}
+
+// TestReadyNotEnoughReplicas: while the brokers refuse the stage's writes
+// with NOT_ENOUGH_REPLICAS (the output's partitions in sync on one
+// replica of three, their min.insync.replicas 2), the stage is not ready,
+// and /readyz, /status.json and meterline_stream_write_refused_partitions
+// say it cannot write and why, naming the partitions, from when the
+// transaction's records have waited unwritten for 5 s, before the
+// transaction times out; before, it was ready throughout but for the
+// session's rebuilds, and only its log said why, after each abort. Once
+// the replicas are back in sync and a transaction commits, it is ready
+// again.
+func TestReadyNotEnoughReplicas(t *testing.T) {
+	t.Parallel()
+	s := newSuite(t, nil, nil)
+	a := s.start("a", vfs.NewMem(), func(c *Config, _ *countProc) {
+		c.TransactionTimeout = 12 * time.Second
+		c.OutputTopics = []string{s.output}
+	})
+	s.send(20)
+	s.caughtUp()
+	setMinInsync(t, s, s.output, 2)
+
+	shrunk := shrinkISR(t, s, s.output)
+	held := s.cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: s.output, Err: kerr.NotEnoughReplicas, Count: -1})
+	s.send(20)
+	s.waitFor("the stage to say it cannot write", func() bool {
+		err := a.rt.Ready()
+		return err != nil && strings.Contains(err.Error(), "cannot write")
+	})
+	err := a.rt.Ready()
+	t.Logf("Ready() = %v", err)
+	if n := a.metric("meterline_stream_transactions_total", "outcome", "aborted"); n != 0 {
+		t.Errorf("the stage said it cannot write only once %v transactions aborted, want it said while the first waits", n)
+	}
+	for _, want := range []string{"min.insync.replicas 2", "NOT_ENOUGH_REPLICAS", s.output + "/0", s.output + "/1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Ready() = %q, want it to say %q", err, want)
+		}
+	}
+	if n := a.metric("meterline_stream_write_refused_partitions", "cause", "below_min_insync"); n != 2 {
+		t.Errorf("meterline_stream_write_refused_partitions{cause=below_min_insync} = %v, want 2", n)
+	}
+	if st := service.StageStatusOf(a.rt); !strings.Contains(st.CannotWrite, "NOT_ENOUGH_REPLICAS") {
+		t.Errorf("status cannot_write = %q, want the cause", st.CannotWrite)
+	}
+
+	held.Remove()
+	shrunk.Store(false)
+	s.caughtUp()
+	s.waitFor("the stage to be ready once a transaction committed", func() bool { return a.rt.Ready() == nil })
+	if n := a.metric("meterline_stream_write_refused_partitions"); n != 0 {
+		t.Errorf("meterline_stream_write_refused_partitions = %v once a transaction committed, want 0", n)
+	}
+	if st := service.StageStatusOf(a.rt); st.CannotWrite != "" {
+		t.Errorf("status cannot_write = %q once a transaction committed, want empty", st.CannotWrite)
+	}
+	a.shutdown()
+}
+
+// setMinInsync sets topic's min.insync.replicas.
+func setMinInsync(t *testing.T, s *suite, topic string, n int) {
+	t.Helper()
+	v := strconv.Itoa(n)
+	rs, err := s.adm.AlterTopicConfigs(t.Context(), []kadm.AlterConfig{{Name: "min.insync.replicas", Value: &v}}, topic)
+	if err == nil {
+		for _, r := range rs {
+			err = errors.Join(err, r.Err)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shrinkISR makes the suite's cluster, while the returned flag is set,
+// answer every Metadata request with the cluster's metadata as it was when
+// shrinkISR was called, but for topic's partitions, which list three
+// replicas of which only the leader is in sync (the other two brokers
+// down). The flag starts set.
+func shrinkISR(t *testing.T, s *suite, topic string) *atomic.Bool {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	snap, err := req.RequestWith(t.Context(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range snap.Topics {
+		st := &snap.Topics[i]
+		if st.Topic == nil || *st.Topic != topic {
+			continue
+		}
+		for j := range st.Partitions {
+			sp := &st.Partitions[j]
+			sp.Replicas = []int32{sp.Leader, sp.Leader + 100, sp.Leader + 101}
+			sp.ISR = []int32{sp.Leader}
+			sp.OfflineReplicas = []int32{sp.Leader + 100, sp.Leader + 101}
+		}
+	}
+	var on atomic.Bool
+	on.Store(true)
+	s.cluster.ControlKey(int16(kmsg.Metadata), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		s.cluster.KeepControl()
+		if !on.Load() {
+			return nil, nil, false
+		}
+		r := kr.(*kmsg.MetadataRequest)
+		resp := *snap
+		resp.Version = r.Version
+		if r.Topics != nil {
+			resp.Topics = nil
+			for _, rt := range r.Topics {
+				for _, st := range snap.Topics {
+					if rt.Topic != nil && st.Topic != nil && *rt.Topic == *st.Topic || rt.Topic == nil && rt.TopicID == st.TopicID {
+						resp.Topics = append(resp.Topics, st)
+					}
+				}
+			}
+		}
+		return &resp, nil, true
+	})
+	return &on
 }
