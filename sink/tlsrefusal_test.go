@@ -18,7 +18,8 @@ import (
 // connect (which must stop, not retry for ever): a CA that did not sign
 // the server's certificate, the system's CAs only (--clickhouse-tls), no
 // TLS at all, a server name the certificate does not carry, no client
-// certificate, and a client certificate of another CA. The right
+// certificate, a client certificate of another CA, and TLS to a port
+// that does not speak it (a tcp_port, not the tcp_port_secure). The right
 // settings with the server name the certificate carries (localhost,
 // dialling 127.0.0.1) connect.
 func TestRealSecuredTLSRefusals(t *testing.T) {
@@ -49,6 +50,9 @@ func TestRealSecuredTLSRefusals(t *testing.T) {
 	// a loopback address, so it is left out here: the server never sees
 	// a login).
 	plain := Server{Addr: ch.Addr}
+	// TLS to a port that does not speak it: the plain ClickHouse's
+	// tcp_port.
+	tlsAtPlain := Server{Addr: testenv.RealClickHouse(t), TLS: ch.TLS()}
 
 	cases := []struct {
 		name string
@@ -61,6 +65,7 @@ func TestRealSecuredTLSRefusals(t *testing.T) {
 		{"no client certificate", noCert, []string{"TLS"}},
 		{"client certificate of another CA", otherCert, []string{"TLS"}},
 		{"no TLS", plain, []string{"speaks TLS", "--clickhouse-tls"}},
+		{"TLS to a port without it", tlsAtPlain, []string{"does not speak TLS", "tcp_port_secure"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
