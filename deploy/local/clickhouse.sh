@@ -357,6 +357,18 @@ native_version() { # retries briefly: the native listener may lag /ping a little
     return 1
 }
 
+# abort_start MESSAGE — shows the server's log, kills the server being
+# started (SERVER_PID) and dies with MESSAGE.
+abort_start() {
+    show_error_log
+    if kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait_gone 5 "$SERVER_PID" || true
+    fi
+    rm -f "$PID_FILE"
+    die "$1 (server stopped; logs in $LOG_DIR)"
+}
+
 cmd_start() {
     ensure_installed
     prepare_data_dir
@@ -405,18 +417,12 @@ cmd_start() {
     # which execs the server); wait_ready follows it if setsid had to fork.
     echo "$SERVER_PID" >"$PID_FILE"
 
-    if ! wait_ready "$t0" || ! version=$(native_version); then
-        show_error_log
-        if kill -0 "$SERVER_PID" 2>/dev/null; then
-            kill -KILL "$SERVER_PID" 2>/dev/null || true
-            wait_gone 5 "$SERVER_PID" || true
-        fi
-        rm -f "$PID_FILE"
-        die "start failed (logs in $LOG_DIR)"
-    fi
+    wait_ready "$t0" && version=$(native_version) || abort_start "start failed"
     log "$version ready on $LISTEN_HOST:$TCP_PORT in $(elapsed "$t0")s (http $HTTP_PORT, pid $SERVER_PID, data $DATA_DIR)"
+    # A server whose TLS listener failed is stopped: a later start would
+    # find it running and call it healthy.
     if [[ -n $TLS_PORT ]]; then
-        port_open "$TLS_PORT" || { show_error_log; die "TLS port $LISTEN_HOST:$TLS_PORT does not accept connections"; }
+        port_open "$TLS_PORT" || abort_start "TLS port $LISTEN_HOST:$TLS_PORT does not accept connections"
         log "native TLS on $LISTEN_HOST:$TLS_PORT (client certificate required; CA and client certificate in $SECURITY_DIR)"
     fi
     [[ -n $PASSWORD_FILE ]] && log "user default needs the password in $PASSWORD_FILE"
