@@ -148,6 +148,9 @@ func (s Server) open(ctx context.Context, database string) (driver.Conn, error) 
 		if isAuthErr(err) {
 			return nil, fmt.Errorf("%w: %s refused user %q (wrong user or password?): %v", ErrAuthentication, s.Addr, s.user(), err)
 		}
+		if notTLS(err) {
+			return nil, fmt.Errorf("sink: clickhouse %s does not speak TLS (its tcp_port? TLS is on the server's tcp_port_secure): %w", s.Addr, err)
+		}
 		if isTLSErr(err) {
 			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w", s.Addr, err)
 		}
@@ -237,6 +240,14 @@ func reachable(ctx context.Context, addr string) bool {
 	}
 	_ = c.Close()
 	return true
+}
+
+// notTLS reports whether err is a TLS client's at a port that answered
+// its hello with something else than TLS: a tcp_port (or an HTTP port)
+// dialled with TLS.
+func notTLS(err error) bool {
+	var rerr tls.RecordHeaderError
+	return errors.As(err, &rerr) || strings.Contains(err.Error(), "tls: first record does not look like a TLS handshake")
 }
 
 func isTLSErr(err error) bool {

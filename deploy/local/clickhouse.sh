@@ -26,10 +26,16 @@
 #                             the CA, server and client certificates are made
 #                             with openssl in $CLICKHOUSE_DATA_DIR/security
 #                             (ca.pem, client.pem, client-key.pem) (default: none)
+#   CLICKHOUSE_HTTPS_PORT     also serve HTTP over TLS on this port (https_port),
+#                             with the same certificates, a client certificate
+#                             required; start checks that /ping answers there
+#                             with the client certificate and refuses a client
+#                             without one (default: none)
 #
 # Example, a password-protected server with TLS:
 #   CLICKHOUSE_PORT=9400 CLICKHOUSE_HTTP_PORT=8423 CLICKHOUSE_TLS_PORT=9440 \
-#     CLICKHOUSE_PASSWORD_FILE=/path/to/pw deploy/local/clickhouse.sh start
+#     CLICKHOUSE_HTTPS_PORT=9443 CLICKHOUSE_PASSWORD_FILE=/path/to/pw \
+#     deploy/local/clickhouse.sh start
 #
 # Exit codes: 0 ok; 1 failure; 2 usage; status: 0 running, 3 stopped.
 # Progress goes to stderr; `status` prints its one-line answer on stdout.
@@ -46,6 +52,7 @@ HTTP_PORT=${CLICKHOUSE_HTTP_PORT:-8123}
 DATA_DIR=${CLICKHOUSE_DATA_DIR:-/tmp/meterline-clickhouse-$TCP_PORT}
 START_TIMEOUT=${CLICKHOUSE_START_TIMEOUT:-90}
 TLS_PORT=${CLICKHOUSE_TLS_PORT:-}
+HTTPS_PORT=${CLICKHOUSE_HTTPS_PORT:-}
 PASSWORD_FILE=${CLICKHOUSE_PASSWORD_FILE:-}
 STOP_TIMEOUT=${CLICKHOUSE_STOP_TIMEOUT:-20}
 
@@ -68,6 +75,11 @@ is_port "$HTTP_PORT" || die "CLICKHOUSE_HTTP_PORT '$HTTP_PORT' is not a port num
 if [[ -n $TLS_PORT ]]; then
     is_port "$TLS_PORT" || die "CLICKHOUSE_TLS_PORT '$TLS_PORT' is not a port number"
     [[ $TLS_PORT != "$TCP_PORT" && $TLS_PORT != "$HTTP_PORT" ]] || die "CLICKHOUSE_TLS_PORT must differ from the other ports"
+fi
+if [[ -n $HTTPS_PORT ]]; then
+    is_port "$HTTPS_PORT" || die "CLICKHOUSE_HTTPS_PORT '$HTTPS_PORT' is not a port number"
+    [[ $HTTPS_PORT != "$TCP_PORT" && $HTTPS_PORT != "$HTTP_PORT" && $HTTPS_PORT != "$TLS_PORT" ]] ||
+        die "CLICKHOUSE_HTTPS_PORT must differ from the other ports"
 fi
 # The password, read as Meterline reads --clickhouse-password-file (lib.sh
 # read_secret), so that the server requires the one Meterline sends.
@@ -276,20 +288,23 @@ write_client_config() {
     (umask 077 && printf '<config>\n    <user>default</user>\n    <password>%s</password>\n</config>\n' "$pw" >"$CLIENT_CONFIG")
 }
 
-# With CLICKHOUSE_TLS_PORT: certificates (lib.sh make_certs) and config.d/tls.xml,
-# merged into config.xml by the server: native protocol over TLS, a client
-# certificate signed by the local CA required. Without: no tls.xml.
+# With CLICKHOUSE_TLS_PORT or CLICKHOUSE_HTTPS_PORT: certificates (lib.sh
+# make_certs) and config.d/tls.xml, merged into config.xml by the server:
+# native protocol and/or HTTP over TLS, a client certificate signed by the
+# local CA required. Without: no tls.xml.
 write_tls_config() {
     rm -f "$TLS_CONFIG"
-    [[ -n $TLS_PORT ]] || return 0
+    [[ -n $TLS_PORT || -n $HTTPS_PORT ]] || return 0
     make_certs "$SECURITY_DIR"
     mkdir -p "$(dirname "$TLS_CONFIG")"
+    local ports=
+    [[ -z $TLS_PORT ]] || ports+="    <tcp_port_secure>$TLS_PORT</tcp_port_secure>"$'\n'
+    [[ -z $HTTPS_PORT ]] || ports+="    <https_port>$HTTPS_PORT</https_port>"$'\n'
     cat >"$TLS_CONFIG" <<XML
 <?xml version="1.0"?>
-<!-- Written by deploy/local/clickhouse.sh (CLICKHOUSE_TLS_PORT) on every start. -->
+<!-- Written by deploy/local/clickhouse.sh (CLICKHOUSE_TLS_PORT, CLICKHOUSE_HTTPS_PORT) on every start. -->
 <yandex>
-    <tcp_port_secure>$TLS_PORT</tcp_port_secure>
-    <openSSL>
+${ports}    <openSSL>
         <server>
             <certificateFile>$SECURITY_DIR/server.pem</certificateFile>
             <privateKeyFile>$SECURITY_DIR/server-key.pem</privateKeyFile>
@@ -303,6 +318,25 @@ write_tls_config() {
     </openSSL>
 </yandex>
 XML
+}
+
+# With CLICKHOUSE_HTTPS_PORT: /ping answers over HTTPS to a client with the
+# local CA and the client certificate, and the server refuses a client
+# without a certificate (verificationMode strict). Without curl: the port
+# accepts connections.
+check_https() {
+    local url="https://$LISTEN_HOST:$HTTPS_PORT/ping" body
+    if (( ! HAVE_CURL )); then
+        port_open "$HTTPS_PORT" || { log "HTTPS port $LISTEN_HOST:$HTTPS_PORT does not accept connections"; return 1; }
+        return 0
+    fi
+    body=$(curl -fsS --max-time 5 --cacert "$SECURITY_DIR/ca.pem" --cert "$SECURITY_DIR/client.pem" \
+        --key "$SECURITY_DIR/client-key.pem" "$url" 2>&1) || { log "HTTPS check $url failed: $body"; return 1; }
+    [[ $body == *Ok.* ]] || { log "HTTPS check $url answered '$body', not Ok."; return 1; }
+    if curl -fsS --max-time 5 --cacert "$SECURITY_DIR/ca.pem" "$url" >/dev/null 2>&1; then
+        log "HTTPS check: $url answered a client without a certificate"
+        return 1
+    fi
 }
 
 # ---------------------------------------------------------------- commands
@@ -357,6 +391,18 @@ native_version() { # retries briefly: the native listener may lag /ping a little
     return 1
 }
 
+# abort_start MESSAGE — shows the server's log, kills the server being
+# started (SERVER_PID) and dies with MESSAGE.
+abort_start() {
+    show_error_log
+    if kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait_gone 5 "$SERVER_PID" || true
+    fi
+    rm -f "$PID_FILE"
+    die "$1 (server stopped; logs in $LOG_DIR)"
+}
+
 cmd_start() {
     ensure_installed
     prepare_data_dir
@@ -380,6 +426,11 @@ cmd_start() {
         port_open "$TCP_PORT" && die "port $LISTEN_HOST:$TCP_PORT is already in use by another process (set CLICKHOUSE_PORT)"
         port_open "$HTTP_PORT" && die "port $LISTEN_HOST:$HTTP_PORT is already in use by another process (set CLICKHOUSE_HTTP_PORT)"
     fi
+    # The server would start without a TLS listener it cannot bind.
+    [[ -n $TLS_PORT ]] && port_open "$TLS_PORT" &&
+        die "port $LISTEN_HOST:$TLS_PORT is already in use by another process (set CLICKHOUSE_TLS_PORT)"
+    [[ -n $HTTPS_PORT ]] && port_open "$HTTPS_PORT" &&
+        die "port $LISTEN_HOST:$HTTPS_PORT is already in use by another process (set CLICKHOUSE_HTTPS_PORT)"
 
     render "$TEMPLATE_DIR/config.xml.tmpl" "$CONFIG_FILE"
     render "$TEMPLATE_DIR/users.xml.tmpl" "$USERS_FILE"
@@ -405,19 +456,17 @@ cmd_start() {
     # which execs the server); wait_ready follows it if setsid had to fork.
     echo "$SERVER_PID" >"$PID_FILE"
 
-    if ! wait_ready "$t0" || ! version=$(native_version); then
-        show_error_log
-        if kill -0 "$SERVER_PID" 2>/dev/null; then
-            kill -KILL "$SERVER_PID" 2>/dev/null || true
-            wait_gone 5 "$SERVER_PID" || true
-        fi
-        rm -f "$PID_FILE"
-        die "start failed (logs in $LOG_DIR)"
-    fi
+    wait_ready "$t0" && version=$(native_version) || abort_start "start failed"
     log "$version ready on $LISTEN_HOST:$TCP_PORT in $(elapsed "$t0")s (http $HTTP_PORT, pid $SERVER_PID, data $DATA_DIR)"
+    # A server whose TLS listener failed is stopped: a later start would
+    # find it running and call it healthy.
     if [[ -n $TLS_PORT ]]; then
-        port_open "$TLS_PORT" || { show_error_log; die "TLS port $LISTEN_HOST:$TLS_PORT does not accept connections"; }
+        port_open "$TLS_PORT" || abort_start "TLS port $LISTEN_HOST:$TLS_PORT does not accept connections"
         log "native TLS on $LISTEN_HOST:$TLS_PORT (client certificate required; CA and client certificate in $SECURITY_DIR)"
+    fi
+    if [[ -n $HTTPS_PORT ]]; then
+        check_https || abort_start "HTTPS on $LISTEN_HOST:$HTTPS_PORT failed its check"
+        log "HTTPS on $LISTEN_HOST:$HTTPS_PORT (client certificate required; CA and client certificate in $SECURITY_DIR)"
     fi
     [[ -n $PASSWORD_FILE ]] && log "user default needs the password in $PASSWORD_FILE"
     return 0
