@@ -147,6 +147,11 @@ type droppedBucket struct {
 	b    uint32
 	f    *bloom
 	keys int
+	// again: the bucket lies below keyDropped, so it expired before (its
+	// keys came back with a restore from the changelog, which has no
+	// range deletes): meterline_dedup_expired_buckets_total counted it
+	// then.
+	again bool
 }
 
 type pendingCount struct {
@@ -167,9 +172,20 @@ func (pt *partition) flushCounts() {
 }
 
 // Committed implements stream.Committer: the transaction's counts go to
-// the counters.
+// the counters, and the buckets it expired to
+// meterline_dedup_expired_buckets_total: here, for the partition may be
+// revoked before its next transaction (its next owner, restored from the
+// changelog, drops them again without counting them: again).
 func (pt *partition) Committed() {
 	pt.txc.Commit()
+	n := 0
+	for _, d := range pt.dropping {
+		if !d.again {
+			n++
+		}
+	}
+	pt.pr.m.expired.Add(float64(n))
+	pt.dropping = nil
 	pt.dropUses = nil // deleted by the first transaction, now committed
 	pt.txKeys = pt.txKeys[:0]
 }

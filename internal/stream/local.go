@@ -14,10 +14,10 @@ import (
 // a broker or a session: the per-partition work of a stage (Process,
 // Work when asked, Flush, the changelog records and the store writes of a
 // committed transaction, Committed, or an Abort), for benchmarks and fuzz
-// tests. It is not a Runtime: there are no transactions on a broker and no
-// Punctuate, and the records the partition emits are only counted unless
-// Keep was called; a restore is RestoreLocal, from the changelog records
-// Keep kept.
+// tests. It is not a Runtime: there are no transactions on a broker, no
+// timer (Punctuate runs when called), and the records the partition
+// emits are only counted unless Keep was called; a restore is
+// RestoreLocal, from the changelog records Keep kept.
 type Local struct {
 	rt      *Runtime
 	p       int32
@@ -214,4 +214,10 @@ func (l *Local) Work() (bool, error) {
 func (l *Local) HasWork() bool {
 	w, ok := l.part.(Worker)
 	return ok && w.HasWork()
+}
+
+// Punctuate gives the partition one call of Punctuate in the open
+// transaction, as the runtime does every punctuate interval.
+func (l *Local) Punctuate() error {
+	return l.part.Punctuate(&Tx{rt: l.rt, p: l.p, ov: l.ov})
 }
