@@ -24,7 +24,8 @@ var dedupDiffCfg = Config{Window: 2 * time.Hour, Skew: time.Minute, Bucket: time
 // events arriving every 7 minutes for 10 hours, with copies of earlier
 // ones (the same, or another payload) within W and past it, and signed
 // ticks of pr, one of three too close to the one before to forward the
-// watermark.
+// watermark; now and then a batch rejected unread (a record without a
+// value marks it, of 3 offsets).
 func dedupDiffScript(pr *processor) [][]*kgo.Record {
 	topic := pr.eventsTopic
 	start := int64(1_790_000_000_000) / time.Hour.Milliseconds() * time.Hour.Milliseconds()
@@ -53,6 +54,11 @@ func dedupDiffScript(pr *processor) [][]*kgo.Record {
 			txn = append(txn, &kgo.Record{Topic: topic, Value: pr.tickValue, Headers: pr.keys.tickHeaders(topic, 0, pr.tickValue),
 				Offset: off, Timestamp: time.UnixMilli(at + 4)})
 			off++
+		}
+		if i%17 == 5 {
+			// A batch rejected unread, of 3 offsets (dedupDiffRejected).
+			txn = append(txn, &kgo.Record{Topic: topic, Offset: off})
+			off += 3
 		}
 		if i%3 == 2 {
 			out, txn = append(out, txn), nil
@@ -108,12 +114,25 @@ func runDedupDiff(tb testing.TB, at int, how string) dedupDiffResult {
 		if l, err = stream.RestoreLocal(pr, 0, pr.eventsTopic, cl); err != nil {
 			tb.Fatalf("the partition does not open again: %v", err)
 		}
-		l.Keep()
 	}
 	process := func(recs []*kgo.Record) {
 		tb.Helper()
-		if err := l.Process(recs); err != nil {
-			tb.Fatal(err)
+		for len(recs) > 0 {
+			n := 0
+			for n < len(recs) && recs[n].Value != nil {
+				n++
+			}
+			if err := l.Process(recs[:n]); err != nil {
+				tb.Fatal(err)
+			}
+			if recs = recs[n:]; len(recs) > 0 {
+				// dedupDiffScript's mark of a batch rejected unread.
+				b := stream.RejectedBatch{Topic: recs[0].Topic, From: recs[0].Offset, Next: recs[0].Offset + 3, Limit: 1 << 20}
+				if err := l.RejectBatch(b); err != nil {
+					tb.Fatal(err)
+				}
+				recs = recs[1:]
+			}
 		}
 	}
 	for i, txn := range dedupDiffScript(pr) {
@@ -121,6 +140,12 @@ func runDedupDiff(tb testing.TB, at int, how string) dedupDiffResult {
 		if i == at {
 			switch how {
 			case "abort":
+				l.Abort()
+				process(txn)
+			case "punctuate-abort":
+				if err := l.Punctuate(); err != nil {
+					tb.Fatal(err)
+				}
 				l.Abort()
 				process(txn)
 			case "abort-punctuate":
@@ -222,7 +247,7 @@ func TestDedupAbortDifferential(t *testing.T) {
 	base := runDedupDiff(t, -1, "")
 	n := len(dedupDiffScript(localProcessor(t, dedupDiffCfg, prometheus.NewRegistry())))
 	t.Logf("%d state keys, %d records out, %d transactions", len(base.state), len(base.out), n)
-	for _, how := range []string{"abort", "abort-punctuate", "abort-reassign", "abort-restart", "reassign", "restart"} {
+	for _, how := range []string{"abort", "abort-punctuate", "punctuate-abort", "abort-reassign", "abort-restart", "reassign", "restart"} {
 		for i := range n {
 			got := runDedupDiff(t, i, how)
 			want := base

@@ -52,6 +52,9 @@ func NewLocalIn(proc Processor, p int32, input, dir string) (*Local, error) {
 // a restore from the start of the changelog topic leaves it. The new Local
 // keeps its records (Keep), and its changelog continues the one given.
 func RestoreLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (*Local, error) {
+	if changelog == nil {
+		changelog = []*kgo.Record{} // of a Local that committed nothing: kept all the same
+	}
 	return openLocal(proc, p, input, changelog, vfs.NewMem(), "local")
 }
 
@@ -220,4 +223,19 @@ func (l *Local) HasWork() bool {
 // transaction, as the runtime does every punctuate interval.
 func (l *Local) Punctuate() error {
 	return l.part.Punctuate(&Tx{rt: l.rt, p: l.p, ov: l.ov})
+}
+
+// RejectBatch hands b, a batch of the partition's input rejected
+// unread, to the partition, a BatchRejecter, inside the open transaction,
+// and moves the input past it, as the runtime does.
+func (l *Local) RejectBatch(b RejectedBatch) error {
+	if err := l.part.(BatchRejecter).RejectBatch(&Tx{rt: l.rt, p: l.p, ov: l.ov}, b); err != nil {
+		return err
+	}
+	if l.ov.inputNext == nil {
+		l.ov.inputNext = map[string]int64{}
+	}
+	l.ov.inputNext[l.inputs.inputOffsetKey(b.Topic)] = b.Next
+	l.ov.touched = true
+	return nil
 }
