@@ -152,6 +152,11 @@ func runDedupDiff(tb testing.TB, at int, how string) dedupDiffResult {
 				l.Abort()
 				punctuate()
 				process(txn)
+			case "abort-punctuate-reassign":
+				l.Abort()
+				punctuate()
+				reopen(false)
+				process(txn)
 			case "abort-reassign", "abort-restart":
 				l.Abort()
 				reopen(how == "abort-restart")
@@ -239,15 +244,16 @@ func firstDiff(what string, want, got []string) string {
 }
 
 // TestDedupAbortDifferential: the input run with an abort (then the same
-// transaction again, a punctuate-only transaction first, or a
-// reassignment or restart first), or a reassignment or a restart, at any
+// transaction again, a punctuate-only transaction first, with a
+// reassignment after it or not, or a reassignment or restart first; or
+// of a transaction that punctuated), or a reassignment or a restart, at any
 // transaction boundary commits the state, the output and the counts of
 // the run without.
 func TestDedupAbortDifferential(t *testing.T) {
 	base := runDedupDiff(t, -1, "")
 	n := len(dedupDiffScript(localProcessor(t, dedupDiffCfg, prometheus.NewRegistry())))
 	t.Logf("%d state keys, %d records out, %d transactions", len(base.state), len(base.out), n)
-	for _, how := range []string{"abort", "abort-punctuate", "punctuate-abort", "abort-reassign", "abort-restart", "reassign", "restart"} {
+	for _, how := range []string{"abort", "abort-punctuate", "punctuate-abort", "abort-punctuate-reassign", "abort-reassign", "abort-restart", "reassign", "restart"} {
 		for i := range n {
 			got := runDedupDiff(t, i, how)
 			want := base
