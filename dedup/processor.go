@@ -95,7 +95,13 @@ type partition struct {
 	dropUses []string
 	// lastForward is the broker timestamp of the tick that last forwarded
 	// the watermark; at most one tick per WatermarkEvery forwards.
-	lastForward int64
+	// committedForward is lastForward as of the last committed
+	// transaction: an abort goes back to it, so that the ticks read again
+	// forward as they did (0, none, would forward one the uninterrupted
+	// run throttles).
+	lastForward      int64
+	committedForward int64
+
 	tickHeaders []kgo.RecordHeader // the signature of this partition's ticks
 	// filters: the Bloom filter and key count of each live bucket (a
 	// promoted standby's, kept warm, or built from the state in Open).
@@ -147,6 +153,11 @@ type droppedBucket struct {
 	b    uint32
 	f    *bloom
 	keys int
+	// again: the bucket lies below keyDropped, so it expired before (its
+	// keys came back with a restore from the changelog, which has no
+	// range deletes): meterline_dedup_expired_buckets_total counted it
+	// then.
+	again bool
 }
 
 type pendingCount struct {
@@ -167,9 +178,21 @@ func (pt *partition) flushCounts() {
 }
 
 // Committed implements stream.Committer: the transaction's counts go to
-// the counters.
+// the counters, and the buckets it expired to
+// meterline_dedup_expired_buckets_total: here, for the partition may be
+// revoked before its next transaction (its next owner, restored from the
+// changelog, drops them again without counting them: again).
 func (pt *partition) Committed() {
 	pt.txc.Commit()
+	pt.committedForward = pt.lastForward
+	n := 0
+	for _, d := range pt.dropping {
+		if !d.again {
+			n++
+		}
+	}
+	pt.pr.m.expired.Add(float64(n))
+	pt.dropping = nil
 	pt.dropUses = nil // deleted by the first transaction, now committed
 	pt.txKeys = pt.txKeys[:0]
 }
@@ -345,7 +368,8 @@ func (pt *partition) Close() {
 
 // Abort implements stream.Aborter: the aborted transaction's state writes
 // are gone, so the metadata keys it may have carried are written again and
-// the watermark is read back from the committed state. (Identity keys need
+// the watermark is read back from the committed state, and the last
+// forward of the watermark is the committed one. (Identity keys need
 // nothing: a Bloom filter that gained a key stays correct, and the records
 // are consumed again.)
 //
@@ -358,7 +382,7 @@ func (pt *partition) Close() {
 // every bucket below (a range from the first bucket; dropping one twice
 // does nothing).
 func (pt *partition) Abort() {
-	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, 0
+	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, pt.committedForward
 	pt.expired, pt.dropTo = -1, -1
 	pt.flushed = false
 	pt.txc.Drop()

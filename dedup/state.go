@@ -112,8 +112,8 @@ func (fs *filters) bloomFor(b uint32) *bloom {
 func (pt *partition) begin(tx *stream.Tx) error {
 	if pt.flushed {
 		// The previous transaction committed (an abort would have called
-		// Abort): the buckets it dropped are gone from the store.
-		pt.pr.m.expired.Add(float64(len(pt.dropping)))
+		// Abort): the buckets it dropped are gone from the store
+		// (Committed counted them).
 		pt.dropping, pt.flushed = nil, false
 	}
 	if pt.reloadWM {
@@ -137,9 +137,10 @@ func (pt *partition) begin(tx *stream.Tx) error {
 		binary.BigEndian.PutUint32(hi[1:], uint32(pt.dropTo))
 		tx.DeleteRangeLocal(lo, hi)
 		kept := pt.buckets[:0]
+		again := pt.dropped / pt.pr.cfg.Bucket.Milliseconds() // the buckets below it were dropped before
 		for _, b := range pt.buckets {
 			if int64(b) < pt.dropTo {
-				pt.dropping = append(pt.dropping, droppedBucket{b: b, f: pt.blooms[b], keys: pt.keys[b]})
+				pt.dropping = append(pt.dropping, droppedBucket{b: b, f: pt.blooms[b], keys: pt.keys[b], again: int64(b) < again})
 				delete(pt.blooms, b)
 				delete(pt.keys, b)
 				continue

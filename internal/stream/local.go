@@ -14,10 +14,10 @@ import (
 // a broker or a session: the per-partition work of a stage (Process,
 // Work when asked, Flush, the changelog records and the store writes of a
 // committed transaction, Committed, or an Abort), for benchmarks and fuzz
-// tests. It is not a Runtime: there are no transactions on a broker and no
-// Punctuate, and the records the partition emits are only counted unless
-// Keep was called; a restore is RestoreLocal, from the changelog records
-// Keep kept.
+// tests. It is not a Runtime: there are no transactions on a broker, no
+// timer (Punctuate runs when called), and the records the partition
+// emits are only counted unless Keep was called; a restore is
+// RestoreLocal, from the changelog records Keep kept.
 type Local struct {
 	rt      *Runtime
 	p       int32
@@ -52,6 +52,9 @@ func NewLocalIn(proc Processor, p int32, input, dir string) (*Local, error) {
 // a restore from the start of the changelog topic leaves it. The new Local
 // keeps its records (Keep), and its changelog continues the one given.
 func RestoreLocal(proc Processor, p int32, input string, changelog []*kgo.Record) (*Local, error) {
+	if changelog == nil {
+		changelog = []*kgo.Record{} // of a Local that committed nothing: kept all the same
+	}
 	return openLocal(proc, p, input, changelog, vfs.NewMem(), "local")
 }
 
@@ -214,4 +217,25 @@ func (l *Local) Work() (bool, error) {
 func (l *Local) HasWork() bool {
 	w, ok := l.part.(Worker)
 	return ok && w.HasWork()
+}
+
+// Punctuate gives the partition one call of Punctuate in the open
+// transaction, as the runtime does every punctuate interval.
+func (l *Local) Punctuate() error {
+	return l.part.Punctuate(&Tx{rt: l.rt, p: l.p, ov: l.ov})
+}
+
+// RejectBatch hands b, a batch of the partition's input rejected
+// unread, to the partition, a BatchRejecter, inside the open transaction,
+// and moves the input past it, as the runtime does.
+func (l *Local) RejectBatch(b RejectedBatch) error {
+	if err := l.part.(BatchRejecter).RejectBatch(&Tx{rt: l.rt, p: l.p, ov: l.ov}, b); err != nil {
+		return err
+	}
+	if l.ov.inputNext == nil {
+		l.ov.inputNext = map[string]int64{}
+	}
+	l.ov.inputNext[l.inputs.inputOffsetKey(b.Topic)] = b.Next
+	l.ov.touched = true
+	return nil
 }

@@ -97,3 +97,40 @@ func TestLocalAbortAndRestore(t *testing.T) {
 		t.Fatal("b restored from the changelog of an aborted transaction")
 	}
 }
+
+// TestRestoreLocalOfNothingKeeps: a Local restored from the changelog of
+// a kept Local that committed nothing (an empty changelog: its first
+// transaction aborted) keeps its records and changelog, as any restored
+// Local does.
+func TestRestoreLocalOfNothingKeeps(t *testing.T) {
+	l, err := NewLocal(echoProc{}, 1, "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Keep()
+	if err := l.Process([]*kgo.Record{{Topic: "in", Offset: 0, Key: []byte("a"), Value: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	l.Abort()
+	cl := l.Changelog()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := RestoreLocal(echoProc{}, 1, "in", cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.Process([]*kgo.Record{{Topic: "in", Offset: 0, Key: []byte("a"), Value: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if out := r.TakeOutput(); len(out) != 1 {
+		t.Errorf("%d records out of the committed transaction, want 1", len(out))
+	}
+	if len(r.Changelog()) == 0 {
+		t.Error("no changelog records of the committed transaction")
+	}
+}
