@@ -65,9 +65,10 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		// Guarantee: the progress recorded in ClickHouse reaches the
 		// offsets this transaction commits before they are committed
 		// (progress.go).
-		if err := w.recordProgress(ctx, windowProgress(win, stops)); err != nil {
-			w.log.Warn("not committing the window: its progress could not be recorded; its records are re-consumed", zap.Error(err))
+		if err := w.recordProgressBackingOff(ctx, windowProgress(win, stops)); errors.Is(err, errAbandon) {
 			abandon = true
+		} else if err != nil {
+			return err
 		}
 	}
 	start := time.Now()
@@ -355,3 +356,41 @@ func (w *Writer) markRowsDirty(t *table, rows []*row) {
 	}
 	w.markDirty(parts)
 }
+
+// recordProgressBackingOff records the window's progress, and while
+// ClickHouse cannot take it backs off and retries, as an INSERT of rows
+// does (writeRows): blocked, fetching paused, not ready, nothing
+// committed; a refused login, or an error code the sink does not know
+// for UnknownErrorLimit, stops it (unknownSpell). It returns errAbandon
+// when the process is stopping or the partitions were revoked meanwhile
+// (the window cannot commit).
+func (w *Writer) recordProgressBackingOff(ctx context.Context, progress map[tp]int64) error {
+	for attempt := 0; ; attempt++ {
+		err := w.recordProgress(ctx, progress)
+		if err == nil {
+			if attempt > 0 {
+				w.endUnknownSpell()
+				w.clearBlocked()
+				w.resumeFetching()
+			}
+			return nil
+		}
+		if isNetErr(err) {
+			w.setUp(err)
+		}
+		if err := w.unknownSpell(progressTable, err); err != nil {
+			return err
+		}
+		if attempt == 0 {
+			w.log.Warn("not committing the window: its progress could not be recorded in sink_progress; backing off and retrying", zap.Error(err))
+		}
+		w.setBlocked(fmt.Sprintf("clickhouse cannot take the progress of the window (sink_progress): %v; fetching paused, backing off, committing nothing", err))
+		if err := w.backoffSleep(ctx, attempt); err != nil {
+			return err
+		}
+	}
+}
+
+// progressTable names sink_progress where a failure is reported as a
+// table's (unknownSpell).
+var progressTable = &table{name: "sink_progress"}
