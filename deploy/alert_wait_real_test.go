@@ -60,8 +60,8 @@ func readyzBody(addr string) (int, string) {
 // TestRealWritesRefusedAlert runs the shipped alert rules (scaled as
 // TestRealAlertsFire's, realScale) in a real Prometheus scraping a real
 // `meterline dedup` on a cluster of three brokers of the test's own
-// (deploy/local/kafka.sh, on the test broker's port + 30 to 32, their
-// controllers + 40 to 42), its topics with three replicas. Kafka counts
+// (deploy/local/kafka.sh, on the test broker's port + 60 to 62, their
+// controllers + 70 to 72), its topics with three replicas. Kafka counts
 // a min.insync.replicas above a partition's replicas as its replicas, so
 // only a replica out of sync makes the brokers refuse writes:
 //
@@ -82,7 +82,7 @@ func TestRealWritesRefusedAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
 	parallelAlertTest(t)
 	work := testenv.LogDir(t, "meterline-alerts-refused-test-*")
-	script, brokers := ownKafka(t, work, 3, 30, 40)
+	script, brokers := ownKafka(t, work, 3, 60, 70)
 	script("start")
 	prefix := testenv.Name(t, "alertsrefused") + "."
 	addr, _ := waitAlertDedup(t, brokers, work, prefix, 3, 10*time.Second)
