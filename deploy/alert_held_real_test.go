@@ -184,6 +184,14 @@ func partitionLeader(t *testing.T, brokers []string, topic string, p int32) int3
 // brokers and returns its output.
 func transactionsCommand(t *testing.T, brokers []string, args ...string) string {
 	t.Helper()
+	return kafkaTool(t, brokers, "org.apache.kafka.tools.TransactionsCommand", "kafka-transactions.sh", args...)
+}
+
+// kafkaTool runs the class of Kafka's command-line tool name (from the
+// jars deploy/local/kafka.sh caches) with args against brokers and
+// returns its output.
+func kafkaTool(t *testing.T, brokers []string, class, name string, args ...string) string {
+	t.Helper()
 	libs, err := exec.Command(filepath.Join(repoRoot, "deploy/local/kafka.sh"), "libs").Output()
 	if err != nil {
 		t.Fatalf("deploy/local/kafka.sh libs: %v", err)
@@ -191,11 +199,11 @@ func transactionsCommand(t *testing.T, brokers []string, args ...string) string 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "java", append([]string{"-cp", strings.TrimSpace(string(libs)) + "/*",
-		"org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", strings.Join(brokers, ",")}, args...)...)
+		class, "--bootstrap-server", strings.Join(brokers, ",")}, args...)...)
 	out, err := cmd.CombinedOutput()
-	t.Logf("kafka-transactions.sh %s:\n%s", strings.Join(args, " "), out)
+	t.Logf("%s %s:\n%s", name, strings.Join(args, " "), out)
 	if err != nil {
-		t.Fatalf("kafka-transactions.sh %s: %v", strings.Join(args, " "), err)
+		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
 	}
 	return string(out)
 }

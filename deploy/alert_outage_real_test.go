@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,10 +22,20 @@ import (
 // stop and the next start; brokers are its address.
 func ownBroker(t *testing.T, work string) (script func(args ...string), brokers []string) {
 	t.Helper()
+	return ownKafka(t, work, 1, 10, 11)
+}
+
+// ownKafka is ownBroker for a cluster of nodes (deploy/local/kafka.sh's
+// KAFKA_CLUSTER), node n's broker on the test broker's port + port + n - 1
+// and its controller on its port + controller + n - 1.
+func ownKafka(t *testing.T, work string, nodes, port, controller int) (script func(args ...string), brokers []string) {
+	t.Helper()
 	seed := testenv.RealKafka(t)[0]
-	port := testenv.PortAbove(t, seed, 10)
-	env := []string{"KAFKA_PORT=" + port, "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, 11),
-		"KAFKA_DATA_DIR=" + filepath.Join(work, "kafka"), "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
+	env := []string{"KAFKA_PORT=" + testenv.PortAbove(t, seed, port), "KAFKA_CONTROLLER_PORT=" + testenv.PortAbove(t, seed, controller),
+		"KAFKA_CLUSTER=" + strconv.Itoa(nodes), "KAFKA_DATA_DIR=" + filepath.Join(work, "kafka"), "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"}
+	for n := range nodes {
+		brokers = append(brokers, "127.0.0.1:"+testenv.PortAbove(t, seed, port+n))
+	}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "KAFKA_") { // make exports KAFKA_PORT
 			env = append(env, kv)
@@ -48,7 +59,7 @@ func ownBroker(t *testing.T, work string) (script func(args ...string), brokers 
 			script("stop")
 		}
 	})
-	return script, []string{"127.0.0.1:" + port}
+	return script, brokers
 }
 
 // httpStatus is the status code of a GET of u, or 0 when it fails.

@@ -73,6 +73,13 @@ var realScale = map[string]ruleScale{
 	// backoff), held for 3 s rather than 5 minutes
 	// (TestRealRestoreStuckOutOfRangeAlert).
 	"MeterlineRestoreStuckOutOfRange": {For: "3s"},
+	// A wait for committed offsets longer than 8 s, for 2 s: the
+	// transaction of TestRealOffsetsWaitTooLongAlert's previous owner
+	// stays open until the test aborts it.
+	"MeterlineOffsetsWaitTooLong": {Expr: map[string]string{"300": "8"}, For: "2s"},
+	// Writes refused for 3 s: the gauge shows once a transaction has
+	// waited 5 s unwritten (TestRealWritesRefusedAlert).
+	"MeterlineWritesRefused": {For: "3s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -117,7 +124,7 @@ func parallelAlertTest(t *testing.T) {
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
 		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired, realHeldAlertsFired, realRestoreOORAlertsFired,
-		realChangelogAlertsFired, realClockAlertsFired, realWMIgnoredAlertsFired)
+		realChangelogAlertsFired, realClockAlertsFired, realWMIgnoredAlertsFired, realWaitAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,20 +48,35 @@ func TestRealClusterNotEnoughReplicas(t *testing.T) {
 
 	// Longer than the transaction timeout (10 s) twice over and the
 	// sessions (6 s): a stage rides it out and says why it cannot commit.
+	// Dedup writes its outputs all along: each instance's /readyz says it
+	// cannot write, and why (docs/operations.md, Replication).
 	c := http.Client{Timeout: 2 * time.Second}
-	notReady := map[string]string{}
+	notReady, refused := map[string]string{}, map[string]bool{}
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); s.sleep(2 * time.Second) {
 		for _, st := range stages {
 			for _, id := range s.running(st) {
-				if why := ready(&c, s, st, id); why != "" {
+				why := ready(&c, s, st, id)
+				if why != "" {
 					notReady[st+"/"+id] = why
 				}
+				if strings.Contains(why, "cannot write") && strings.Contains(why, "NOT_ENOUGH_REPLICAS") {
+					refused[st+"/"+id] = true
+				}
 			}
+		}
+	}
+	for _, id := range s.running("dedup") {
+		if !refused["dedup/"+id] {
+			t.Errorf("dedup %s: /readyz never said it cannot write with NOT_ENOUGH_REPLICAS while every write was refused for 30 s; last not ready: %q", id, notReady["dedup/"+id])
 		}
 	}
 	setMinISR(t, adm, "2", s.topicNames()...)
 	released := time.Now()
 	s.note("min.insync.replicas 2 again after %s; /readyz answered not ready meanwhile: %v", time.Since(held).Round(time.Second), notReady)
+	// Enough in-sync replicas again, with broker b still down: the next
+	// transaction commits and every instance is ready.
+	s.waitReady(45 * time.Second)
+	s.note("every stage instance ready %s after min.insync.replicas 2", time.Since(released).Round(100*time.Millisecond))
 	s.cluster.Start(t, b)
 	s.cluster.WaitHealthy(t, healthyTimeout)
 

@@ -40,7 +40,7 @@ func prepareDatabase(ctx context.Context, srv sink.Server, db string) (driver.Co
 	defer cancel()
 	admin, err := srv.Dial(ctx, "default", false)
 	if err != nil {
-		return nil, fmt.Errorf("demo: --sink: %w (start one with deploy/local/clickhouse.sh start, or name it with --clickhouse)", err)
+		return nil, fmt.Errorf("demo: --sink: %w%s", err, dialHint(ctx, srv.Addr))
 	}
 	defer admin.Close()
 	rows, err := admin.Query(ctx, "SELECT name FROM system.tables WHERE database = '"+db+"'")
@@ -123,9 +123,26 @@ func expectedRows(ctx context.Context, brokers []string, names topics.Names) (ma
 	return out, nil
 }
 
+// dialHint is what the demo adds to an error dialling ClickHouse at addr:
+// how to start one when nothing answers there. When something does (a
+// TLS session that failed, a refused login), the error says why, and a
+// hint to start a server would mislead.
+func dialHint(ctx context.Context, addr string) string {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err == nil {
+		_ = c.Close()
+		return ""
+	}
+	return " (start one with deploy/local/clickhouse.sh start, or name it with --clickhouse)"
+}
+
 // chResult is what the sink wrote into ClickHouse, for the report.
 type chResult struct {
-	addr, db   string
+	addr, db string
+	// srv is how the sink reached ClickHouse: the login and TLS of the
+	// command the report suggests (tryCommand).
+	srv        sink.Server
 	counts     map[string]int64
 	meterTotal map[string]int64 // latest revision of every aggregate + adjustments, per meter
 	// aggRejected counts usage_rejected's rows of stage aggregator by
@@ -139,8 +156,8 @@ type chResult struct {
 // waitSink waits until every sink table holds as many rows as its topic
 // has records (or one holds more, which can only get worse, or d passes),
 // then reads the tables for the report.
-func waitSink(conn driver.Conn, addr, db string, want map[string]int64, d time.Duration) *chResult {
-	res := &chResult{addr: addr, db: db}
+func waitSink(conn driver.Conn, srv sink.Server, db string, want map[string]int64, d time.Duration) *chResult {
+	res := &chResult{addr: srv.Addr, db: db, srv: srv}
 	deadline := time.Now().Add(d)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -250,11 +267,36 @@ GROUP BY meter`)
 // the aggregator refused too.
 const TryQuery = "SELECT customer_id, meter, sum(toDecimal128(value, 0)) + sum(toDecimal128(delta, 0)) AS invoice_quantity FROM invoice_lines FINAL GROUP BY customer_id, meter ORDER BY customer_id, meter"
 
-// tryCommand is a clickhouse-client command line that runs TryQuery.
-func tryCommand(addr, db string) string {
-	host, port, err := net.SplitHostPort(addr)
+// tryCommand is a clickhouse-client command line that runs TryQuery
+// against srv: over TLS (--secure) when the sink's connection is, as its
+// user. clickhouse-client takes no certificate file on its command line:
+// with a CA or client certificate, a second line says which files to set
+// in its configuration file (openSSL.client).
+func tryCommand(srv sink.Server, db string) string {
+	host, port, err := net.SplitHostPort(srv.Addr)
 	if err != nil {
-		host, port = addr, "9000"
+		host, port = srv.Addr, "9000"
 	}
-	return fmt.Sprintf("clickhouse-client --host %s --port %s --database %s --query %q", host, port, db, TryQuery)
+	var b strings.Builder
+	fmt.Fprintf(&b, "clickhouse-client --host %s --port %s", host, port)
+	if srv.TLS.On() {
+		b.WriteString(" --secure")
+	}
+	if srv.User != "" && srv.User != "default" {
+		fmt.Fprintf(&b, " --user %s --password", srv.User)
+	} else if !srv.Password.IsZero() {
+		b.WriteString(" --password")
+	}
+	fmt.Fprintf(&b, " --database %s --query %q", db, TryQuery)
+	var files []string
+	if srv.TLS.CAFile != "" {
+		files = append(files, "<caConfig>"+srv.TLS.CAFile+"</caConfig>")
+	}
+	if srv.TLS.CertFile != "" {
+		files = append(files, "<certificateFile>"+srv.TLS.CertFile+"</certificateFile>", "<privateKeyFile>"+srv.TLS.KeyFile+"</privateKeyFile>")
+	}
+	if len(files) > 0 {
+		fmt.Fprintf(&b, "\n  with, in clickhouse-client's configuration file (--config-file), <openSSL><client>%s</client></openSSL>", strings.Join(files, ""))
+	}
+	return b.String()
 }

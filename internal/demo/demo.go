@@ -525,7 +525,7 @@ func (d *demoRun) stop(chConn driver.Conn) (*chResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		ch = waitSink(chConn, d.cfg.ClickHouse, d.cfg.Database, want, 2*time.Minute)
+		ch = waitSink(chConn, d.cfg.ClickHouseServer, d.cfg.Database, want, 2*time.Minute)
 		d.stopSink()
 		d.sinkWG.Wait()
 	}

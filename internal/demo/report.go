@@ -40,7 +40,7 @@ func report(w io.Writer, brokers []string, names topics.Names, tr *truth, rec *r
 	}
 	r.verdict(rec.hadCrash())
 	if ch != nil {
-		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in docs/analysts.md)\n", tryCommand(ch.addr, ch.db))
+		fmt.Fprintf(w, "\nThe tables stay in ClickHouse after the demo. Try:\n  %s\n(more queries in docs/analysts.md)\n", tryCommand(ch.srv, ch.db))
 	}
 	return r.ok, nil
 }

@@ -29,7 +29,8 @@ var otherToolsFlags = map[string]bool{
 	"add-scram": true, "add-config": true, "fail-with-body": true, "query": true, "detach": true, "build": true,
 	"reset-offsets": true, "to-offset": true, "to-earliest": true, "to-latest": true, "execute": true, "delete": true,
 	"describe": true, "broker-id": true, "start-offset": true, "max-transaction-timeout": true, "topic-list": true,
-	"time": true, "offset": true, "max-messages": true, "property": true,
+	"time": true, "offset": true, "max-messages": true, "property": true, "under-min-isr-partitions": true,
+	"unavailable-partitions": true,
 }
 
 // meterlineFlags returns the name of every flag of every meterline
