@@ -28,11 +28,20 @@ import (
 // no rebuild of the derived tables is unfinished.
 func (w *Writer) connect(ctx context.Context) error {
 	conn := w.cfg.Conn
+	dropped := 0 // consecutive TLS sessions the server closed at the hello
 	for attempt := 0; conn == nil; attempt++ {
 		c, err := w.cfg.ClickHouseServer.Dial(ctx, w.cfg.Database, false)
 		if err == nil {
 			conn = c
 			break
+		}
+		// A server that closes every TLS session at the client's hello
+		// refuses its certificate (TLS 1.3 sends no alert before): after
+		// droppedTLSLimit in a row, as refused; fewer may be a restart.
+		if dropped++; !errors.Is(err, errTLSDropped) {
+			dropped = 0
+		} else if dropped >= droppedTLSLimit {
+			return err
 		}
 		if ex := (*proto.Exception)(nil); errors.As(err, &ex) && ex.Code == 81 { // UNKNOWN_DATABASE
 			return fmt.Errorf("%w (run `meterline migrate --database %s`)", err, w.cfg.Database)
@@ -284,6 +293,10 @@ func (w *Writer) resumeFetching() {
 		w.sess.Client().ResumeFetchTopics(w.topicNames()...)
 	}
 }
+
+// droppedTLSLimit is how many TLS sessions in a row the server may close
+// at the hello before connect stops as at a refused TLS handshake.
+const droppedTLSLimit = 3
 
 func (w *Writer) backoff(attempt int) time.Duration {
 	d := w.cfg.BackoffMin

@@ -6,9 +6,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	chproto "github.com/ClickHouse/ch-go/proto"
@@ -154,6 +156,13 @@ func (s Server) open(ctx context.Context, database string) (driver.Conn, error) 
 		if isTLSErr(err) {
 			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w", s.Addr, err)
 		}
+		if tc != nil && droppedConn(err) && reachable(ctx, s.Addr) {
+			// A server that refuses the client's certificate may close
+			// the connection once the client's side of the handshake is
+			// done (TLS 1.3): the client reads EOF or a reset at its
+			// hello, not a TLS alert.
+			return nil, fmt.Errorf("sink: clickhouse %s: TLS handshake failed (CA, client certificate or server name?): %w: %w", s.Addr, errTLSDropped, err)
+		}
 		if tc == nil && speaksTLS(ctx, s.Addr) {
 			return nil, fmt.Errorf("sink: clickhouse %s %w (its tcp_port_secure?) and drops a connection without it: connect with --clickhouse-tls (and --clickhouse-tls-ca-file), or to its tcp_port: %v",
 				s.Addr, errSpeaksTLS, err)
@@ -187,7 +196,7 @@ func (s Server) CheckLogin(ctx context.Context) error {
 		_ = conn.Close()
 		return nil
 	}
-	if errors.Is(err, ErrAuthentication) || isTLSErr(err) || errors.Is(err, errSpeaksTLS) {
+	if errors.Is(err, ErrAuthentication) || isTLSErr(err) || errors.Is(err, errSpeaksTLS) || errors.Is(err, errTLSDropped) {
 		return err
 	}
 	tc, terr := s.TLS.Load()
@@ -248,6 +257,16 @@ func reachable(ctx context.Context, addr string) bool {
 func notTLS(err error) bool {
 	var rerr tls.RecordHeaderError
 	return errors.As(err, &rerr) || strings.Contains(err.Error(), "tls: first record does not look like a TLS handshake")
+}
+
+// errTLSDropped is wrapped by open's error when the server, dialled with
+// TLS, closed the connection at the client's hello.
+var errTLSDropped = errors.New("the server closed the connection")
+
+// droppedConn reports whether err is the peer closing the connection: EOF
+// or a reset.
+func droppedConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func isTLSErr(err error) bool {
