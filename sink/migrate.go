@@ -292,11 +292,74 @@ func (a *addColumns) applied(ctx context.Context, conn driver.Conn) (bool, error
 	if a.sortKey == "" {
 		return true, nil
 	}
-	var got string
-	if err := conn.QueryRow(qctx, "SELECT sorting_key FROM system.tables WHERE database = currentDatabase() AND name = '"+a.table+"'").Scan(&got); err != nil {
+	// SHOW CREATE TABLE reads the one table too. A read of system.tables
+	// that meets a table being dropped fails on 18.16, and the server may
+	// then abort ("pure virtual method called").
+	var create string
+	if err := conn.QueryRow(qctx, "SHOW CREATE TABLE "+a.table).Scan(&create); err != nil {
 		return false, err
 	}
-	return compact(got) == strings.TrimSuffix(strings.TrimPrefix(compact(a.sortKey), "("), ")"), nil
+	got, ok := sortingKey(create)
+	if !ok {
+		return false, fmt.Errorf("SHOW CREATE TABLE %s: no ORDER BY in %.200q", a.table, create)
+	}
+	return bareKey(got) == bareKey(a.sortKey), nil
+}
+
+// sortingKey returns the ORDER BY expression of a MergeTree table's
+// CREATE statement (SHOW CREATE TABLE), and whether it has one.
+func sortingKey(create string) (string, bool) {
+	engine := strings.Index(create, "ENGINE = ")
+	if engine < 0 {
+		return "", false
+	}
+	rest := create[engine:]
+	at := strings.Index(rest, " ORDER BY ")
+	if nl := strings.Index(rest, "\nORDER BY "); nl >= 0 && (at < 0 || nl < at) {
+		at = nl
+	}
+	if at < 0 {
+		return "", false
+	}
+	rest = strings.TrimSpace(rest[at+len(" ORDER BY "):])
+	depth := 0
+	for i, c := range rest {
+		switch {
+		case c == '(':
+			depth++
+		case c == ')':
+			depth--
+			if depth == 0 && strings.HasPrefix(rest, "(") {
+				return rest[:i+1], true
+			}
+		case depth == 0 && (c == ' ' || c == '\n'):
+			return rest[:i], true
+		}
+	}
+	return rest, rest != ""
+}
+
+// bareKey is a sort key without white space and without the parentheses
+// around the whole of it: system.tables' sorting_key and the ORDER BY of a
+// statement name one key alike.
+func bareKey(key string) string {
+	k := compact(key)
+	if !strings.HasPrefix(k, "(") {
+		return k
+	}
+	depth := 0
+	for i, c := range k {
+		switch c {
+		case '(':
+			depth++
+		case ')':
+			depth--
+			if depth == 0 && i < len(k)-1 {
+				return k // "(a)+(b)": the parentheses are not the whole key's
+			}
+		}
+	}
+	return k[1 : len(k)-1]
 }
 
 // splitTopLevel cuts s at the commas outside parentheses, trimmed.
