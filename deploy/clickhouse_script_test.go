@@ -86,3 +86,44 @@ func TestRealClickHouseScriptCRLFPassword(t *testing.T) {
 		t.Fatalf("migrate with the password file clickhouse.sh started the server with: exit %d\n%s", code, out.String())
 	}
 }
+
+// TestRealClickHouseScriptReportsACrash: a server deploy/local/clickhouse.sh
+// started that aborts (as 18.16 does on some internal errors) is reported
+// by stop as gone without a stop, with the lines of its error log that say
+// how it ended, so that a run whose every later ClickHouse test failed
+// names why. On the ports of TestRealClickHouseScriptKeepsHTTPPort (the
+// package's tests run one at a time).
+func TestRealClickHouseScriptReportsACrash(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	native, httpPort := testenv.PortAbove(t, addr, 120), testenv.PortAbove(t, addr, 121)
+	dir := t.TempDir()
+	script := clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+httpPort, "CLICKHOUSE_DATA_DIR="+dir)
+	if out, err := script("start"); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "clickhouse-server.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(string(b))
+	if out, err := exec.Command("kill", "-ABRT", pid).CombinedOutput(); err != nil {
+		t.Fatalf("kill -ABRT %s: %v %s", pid, err, out)
+	}
+	for deadline := time.Now().Add(20 * time.Second); exec.Command("kill", "-0", pid).Run() == nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %s alive 20 s after SIGABRT", pid)
+		}
+	}
+	out, err := script("stop")
+	if err != nil {
+		t.Fatalf("stop: %v\n%s", err, out)
+	}
+	for _, want := range []string{"(pid " + pid + ") is gone without a stop", "Received signal Aborted (6)", "not running"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stop after the server aborted does not say %q:\n%s", want, out)
+		}
+	}
+	if out, err := script("stop"); err != nil || strings.Contains(out, "gone") {
+		t.Errorf("a second stop: %v\n%s", err, out)
+	}
+}

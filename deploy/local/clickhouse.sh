@@ -239,6 +239,25 @@ show_error_log() {
     (( shown )) || log "(no server log output in $LOG_DIR)"
 }
 
+# report_gone says that the server this script started (its pid file is
+# still there) ended without a stop: a crash (18.16 aborts on some internal
+# errors, "pure virtual method called"), the OOM killer or a kill from
+# outside, with what its logs say of it. Every client of it failed from
+# then on; this names why.
+report_gone() {
+    log "the server started here (pid $(head -c 20 "$PID_FILE")) is gone without a stop: crashed or killed"
+    local fatal=
+    [[ -s $ERR_LOG ]] && fatal=$(grep -E '<(Fatal|Error)> BaseDaemon|Received signal|Terminate called' "$ERR_LOG" | tail -n 8)
+    if [[ -n $fatal ]]; then
+        log "--- what $ERR_LOG says of its end ---"
+        printf '%s\n' "$fatal" >&2
+        [[ -s $OUT_LOG ]] && tail -n 2 "$OUT_LOG" >&2
+    else
+        log "its logs name no crash (SIGKILL, the OOM killer: see dmesg)"
+        show_error_log
+    fi
+}
+
 # ---------------------------------------------------------------- data dir
 
 lock_data_dir() {
@@ -477,6 +496,7 @@ cmd_stop() {
     lock_data_dir
     local pid t0
     if ! pid=$(running_pid); then
+        [[ -s $PID_FILE ]] && report_gone
         rm -f "$PID_FILE"
         log "not running ($LISTEN_HOST:$TCP_PORT, data $DATA_DIR)"
         return 0
