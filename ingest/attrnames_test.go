@@ -18,7 +18,8 @@ import (
 // refused naming it: an event's identity (its id, source and subject)
 // never depends on which of two spellings a parser picks. So is an
 // extension attribute whose name is not lowercase letters a-z and digits
-// 0-9 (the spec's rule for every attribute name). Each shape of request
+// 0-9 (the spec's rule for every attribute name), and so is a second
+// specversion or datacontenttype, null or not. Each shape of request
 // answers the same: one event, a batch (the scan's fast path, and the
 // element-by-element path it leaves a request to), an application/json
 // object and array.
@@ -56,6 +57,15 @@ func TestAttributeNames(t *testing.T) {
 		{"extension with a dash", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","trace-parent":"x"}`, "trace-parent", "a-z"},
 		{"extension named empty", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","":"x"}`, "", "a-z"},
 		{"long name, clipped", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","` + long + `":"x"}`, clip(long), "a-z"},
+		// A second specversion or datacontenttype, whatever the value of
+		// either copy: a null one is still a member named so (OpenMeter's
+		// SDK refuses "specversion was already provided" before it reads
+		// the value).
+		{"specversion null, then 1.0", `{"specversion":null,"id":"1","source":"s","type":"t","subject":"acme-1","specversion":"1.0"}`, "specversion", "appears twice"},
+		{"specversion 1.0, then null", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","specversion":null}`, "specversion", "appears twice"},
+		{"datacontenttype null, then application/json", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","datacontenttype":null,"datacontenttype":"application/json"}`, "datacontenttype", "appears twice"},
+		{"datacontenttype application/json, then null", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","datacontenttype":"application/json","datacontenttype":null}`, "datacontenttype", "appears twice"},
+		{"datacontenttype null twice", `{"specversion":"1.0","id":"1","source":"s","type":"t","subject":"acme-1","datacontenttype":null,"datacontenttype":null}`, "datacontenttype", "appears twice"},
 	}
 	refused := testutil.ToFloat64(e.srv.metrics.byReason.WithLabelValues("acme", "invalid"))
 	for _, c := range cases {

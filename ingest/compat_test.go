@@ -36,6 +36,10 @@ func TestCloudEventTime(t *testing.T) {
 		{"application/cloudevents-batch+json", "[" + ev("r6", `,"time":"1999-12-31T23:59:59.999Z"`) + "," + ev("r7", `,"time":"2000-01-01T00:30:00+01:00"`) +
 			"," + ev("r8", `,"time":"1970-01-01T00:00:00Z"`) + "]",
 			`0 time "1999-12-31T23:59:59.999Z" is before 2000-01-01|1 time "2000-01-01T00:30:00+01:00" is before 2000-01-01|2 time "1970-01-01T00:00:00Z" is before 2000-01-01`},
+		// An offset out of RFC 3339's range (hour 00-23, minute 00-59),
+		// which time.Parse would read as a day, or an hour, off.
+		{"application/cloudevents-batch+json", "[" + ev("r9", `,"time":"2026-12-01T08:00:00+24:00"`) + "," + ev("r10", `,"time":"2026-12-01T08:00:00-05:60"`) + "]",
+			`0 time "2026-12-01T08:00:00+24:00" is not RFC 3339 (like 2026-11-29T12:00:00.250Z)|1 time "2026-12-01T08:00:00-05:60" is not RFC 3339 (like 2026-11-29T12:00:00.250Z)`},
 	} {
 		status, _, b := e.post("/api/v1/events", c.ct, e.token, []byte(c.body))
 		if got := eventErrors(t, status, b); strings.ReplaceAll(got, "\n", "|") != c.errs {

@@ -74,7 +74,7 @@ func (s *Server) endpoint(kind string) http.Handler {
 			f.Flush()
 		}
 		end := time.Now()
-		s.metrics.observe(kind, tenant, rw.status, end.Sub(req.start))
+		s.metrics.observe(kind, tenant, rw.status, rw.problem, end.Sub(req.start))
 		if !req.acked.IsZero() && rw.status < 300 {
 			t := Timings{Read: req.read.Sub(req.start), Parse: req.ready.Sub(req.read), Enqueue: req.enqueued.Sub(req.ready),
 				Ack: req.acked.Sub(req.enqueued), Total: end.Sub(req.start)}
@@ -935,10 +935,12 @@ func splitLines(body []byte) []json.RawMessage {
 	return out
 }
 
-// statusWriter records the status of the response.
+// statusWriter records the status of the response, and its problem type
+// when writeProblem wrote it.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status  int
+	problem string
 }
 
 func (w *statusWriter) WriteHeader(code int) {

@@ -747,11 +747,11 @@ func (s *Server) Handler() http.Handler {
 		if r.Method != http.MethodPost && routesPost(mux, r) {
 			w.Header().Set("Allow", "POST")
 			writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed", "Method not allowed", fmt.Sprintf("%q is not allowed; POST events", clip(r.Method)), nil, 0)
-			s.metrics.observe("", "", http.StatusMethodNotAllowed, 0)
+			s.metrics.observe("", "", http.StatusMethodNotAllowed, "method-not-allowed", 0)
 			return
 		}
 		writeProblem(w, http.StatusNotFound, "not-found", "Not found", "no such endpoint: POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", nil, 0)
-		s.metrics.observe("", "", http.StatusNotFound, 0)
+		s.metrics.observe("", "", http.StatusNotFound, "not-found", 0)
 	})
 	// ServeMux redirects a path that is not clean ("//api/v1/events",
 	// "/api/v1/./events") to its clean form: a client that follows the
@@ -768,7 +768,7 @@ func (s *Server) Handler() http.Handler {
 				detail = fmt.Sprintf("no such endpoint: %q is not a clean path (a double slash, . or ..); POST /api/v1/events (CloudEvents) or /v1/events (Meterline JSON)", clip(p))
 			}
 			writeProblem(w, http.StatusNotFound, "not-found", "Not found", detail, nil, 0)
-			s.metrics.observe("", "", http.StatusNotFound, 0)
+			s.metrics.observe("", "", http.StatusNotFound, "not-found", 0)
 			return
 		}
 		mux.ServeHTTP(w, r)

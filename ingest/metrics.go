@@ -20,6 +20,7 @@ import (
 // value ever becomes a label.
 type metrics struct {
 	requests *prometheus.CounterVec   // tenant, code
+	problems *prometheus.CounterVec   // tenant, problem
 	duration *prometheus.HistogramVec // endpoint
 	events   *prometheus.CounterVec   // tenant, outcome
 	byReason *prometheus.CounterVec   // tenant, reason (refusedReasons)
@@ -48,6 +49,9 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 	m := &metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
 			Help: "HTTP ingest requests by tenant (\"none\" without a valid key) and status code."}, []string{"tenant", "code"}),
+		problems: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_refused_requests_total",
+			Help: "Requests the HTTP ingest answered with a problem (RFC 9457), by tenant (\"none\" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known."},
+			[]string{"tenant", "problem"}),
 		duration: prom.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_request_duration_seconds",
 			Help:    "HTTP ingest request latency, from the request's start to its answer, by endpoint (openmeter: /api/v1/events, meterline: /v1/events).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15}}, []string{"endpoint"})),
@@ -93,6 +97,11 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 	// the keys topic): their series appear with their first request.
 	for _, e := range []string{endpointOpenMeter, endpointMeterline} {
 		m.duration.WithLabelValues(e)
+	}
+	// So are the problems of requests without a valid key, whose tenant
+	// label is known.
+	for _, p := range []string{"unauthorized", "not-found", "method-not-allowed"} {
+		m.problems.WithLabelValues(noTenant, p)
 	}
 	for _, r := range []string{reasonNotAcknowledged, reasonNotAuthorized, reasonRefused} {
 		m.kafkaFailed.WithLabelValues(r)
@@ -150,11 +159,16 @@ func (m *metrics) totals(tenant string) *tenantTotals {
 	return t
 }
 
-func (m *metrics) observe(endpoint, tenant string, status int, d time.Duration) {
+// observe counts a request answered with status, and with the problem
+// type problem ("" for an answer that is not a problem).
+func (m *metrics) observe(endpoint, tenant string, status int, problem string, d time.Duration) {
 	if tenant == "" {
 		tenant = noTenant
 	}
 	m.requests.WithLabelValues(tenant, strconv.Itoa(status)).Inc()
+	if problem != "" {
+		m.problems.WithLabelValues(tenant, problem).Inc()
+	}
 	if endpoint != "" { // "": a request no endpoint takes (404, 405)
 		m.duration.WithLabelValues(endpoint).Observe(d.Seconds())
 	}

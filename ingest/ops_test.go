@@ -372,6 +372,74 @@ meterline_ingest_refused_events_total{reason="oversized",tenant="acme"} 1
 	}
 }
 
+// TestRefusedRequestsByProblem: every request answered with a problem is
+// counted under its problem type, whether or not its events are known:
+// a body that is not JSON, one that broke off, one too large, a content
+// type or coding refused carry no event to count under a reason, and a
+// 400 of those is, by its status alone, one of invalid events.
+func TestRefusedRequestsByProblem(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	// No refusal budget: the refusals below would spend it.
+	e := newEnv(t, func(c *Config) { c.Registerer = reg; c.RefusalRate = -1 })
+	ce := "application/cloudevents+json"
+	ev := `{"specversion":"1.0","id":"p1","source":"s","type":"prompt","subject":"acme-1","time":"2026-11-29T12:00:00Z","data":{"tokens":{"input":5},"user":"u"}}`
+	for _, c := range []struct {
+		body   string
+		extra  http.Header
+		status int
+	}{
+		{`{"specversion":`, nil, http.StatusBadRequest},                                     // malformed
+		{`[` + ev + `,` + ev + `]`, nil, http.StatusBadRequest},                             // malformed: an array as one event
+		{ev, http.Header{"Content-Encoding": {"gzip"}}, http.StatusUnsupportedMediaType},    // unsupported-media-type
+		{strings.Replace(ev, `"acme-1"`, `"acme-\u0007"`, 1), nil, http.StatusBadRequest},   // invalid-events
+		{strings.Replace(ev, `"acme-1"`, `"other"`, 1), nil, http.StatusForbidden},          // forbidden
+		{strings.Repeat(" ", DefaultMaxBodyBytes+1), nil, http.StatusRequestEntityTooLarge}, // too-large
+		{ev, nil, http.StatusNoContent},                                                     // accepted: no problem
+	} {
+		if status, b := e.postWith("/api/v1/events", ce, []byte(c.body), c.extra); status != c.status {
+			t.Fatalf("%.40s: %d %s, want %d", c.body, status, b, c.status)
+		}
+	}
+	if status, _, b := e.post("/api/v1/events", ce, "mlk_0000000000000000_x", []byte(ev)); status != http.StatusUnauthorized {
+		t.Fatalf("unknown key: %d %s", status, b)
+	}
+	if status, _, b := e.post("/api/v1/event", ce, e.token, []byte(ev)); status != http.StatusNotFound {
+		t.Fatalf("another path: %d %s", status, b)
+	}
+	// A body that breaks off: unreadable-body.
+	conn := startSlowRequest(t, e.srv.Addr(), e.token, []byte(ev))
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := io.ReadAll(io.LimitReader(conn, 12)); err != nil || string(b) != "HTTP/1.1 400" {
+		t.Fatalf("a body that broke off was answered %q, %v; want 400", b, err)
+	}
+	want := `
+# HELP meterline_ingest_refused_requests_total Requests the HTTP ingest answered with a problem (RFC 9457), by tenant ("none" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known.
+# TYPE meterline_ingest_refused_requests_total counter
+meterline_ingest_refused_requests_total{problem="forbidden",tenant="acme"} 1
+meterline_ingest_refused_requests_total{problem="invalid-events",tenant="acme"} 1
+meterline_ingest_refused_requests_total{problem="malformed",tenant="acme"} 2
+meterline_ingest_refused_requests_total{problem="method-not-allowed",tenant="none"} 0
+meterline_ingest_refused_requests_total{problem="not-found",tenant="none"} 1
+meterline_ingest_refused_requests_total{problem="too-large",tenant="acme"} 1
+meterline_ingest_refused_requests_total{problem="unauthorized",tenant="none"} 1
+meterline_ingest_refused_requests_total{problem="unreadable-body",tenant="acme"} 1
+meterline_ingest_refused_requests_total{problem="unsupported-media-type",tenant="acme"} 1
+`
+	// The answer goes out before the request's bookkeeping.
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err = testutil.GatherAndCompare(reg, strings.NewReader(want), "meterline_ingest_refused_requests_total"); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Error(err)
+	}
+}
+
 // TestServerErrorLog: what net/http reports besides the handler's answers
 // (a TLS handshake that failed, a panic) reaches the logger at Warn, at
 // most errorLogBurst lines at once, since a client can cause one per

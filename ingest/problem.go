@@ -55,6 +55,9 @@ const problemTypePrefix = "urn:meterline:problem:"
 
 func writeProblem(w http.ResponseWriter, status int, code, title, detail string, errs []EventError, retryAfter time.Duration) {
 	p := Problem{Type: problemTypePrefix + code, Title: title, Status: status, Detail: detail, Errors: errs}
+	if sw, ok := w.(*statusWriter); ok {
+		sw.problem = code // for meterline_ingest_refused_requests_total
+	}
 	if retryAfter > 0 {
 		secs := int((retryAfter + time.Second - 1) / time.Second)
 		p.RetryAfter = secs

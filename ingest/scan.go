@@ -294,6 +294,10 @@ func scanCloudEvent(s string, i int, a *ceAttrs) int {
 	if i < len(s) && s[i] == '}' {
 		return i + 1
 	}
+	// seen: the attributes named so far, null ones included (a.has holds
+	// only those with a value), so that any attribute named twice leaves
+	// the event to the slow path.
+	var seen uint16
 	for {
 		if i >= len(s) || s[i] != '"' {
 			return -1
@@ -320,9 +324,13 @@ func scanCloudEvent(s string, i int, a *ceAttrs) int {
 				return -1
 			}
 		} else {
-			if a.has&(1<<bit) != 0 {
-				return -1 // a duplicate: encoding/json's last-wins, null included, is its own business
+			if seen&(1<<bit) != 0 {
+				// A duplicate, null or not: encoding/json's last-wins, and
+				// checkNames's refusal of a second specversion or
+				// datacontenttype, are the slow path's business.
+				return -1
 			}
+			seen |= 1 << bit
 			start := i
 			if i = skipValue(s, i, 1); i < 0 {
 				return -1

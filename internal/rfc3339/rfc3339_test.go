@@ -20,6 +20,14 @@ func TestParse(t *testing.T) {
 		{"2026-11-29T12:00:00z", time.Time{}, false},
 		{"2026-11-29T12:00:00+0100", time.Time{}, false},
 		{"2026-11-29", time.Time{}, false},
+		// An offset's hour is 00 to 23 and its minute 00 to 59 (RFC 3339,
+		// time-numoffset); time.Parse takes 24 and 60, and reads them.
+		{"2026-11-29T12:00:00+23:59", time.Date(2026, 11, 28, 12, 1, 0, 0, time.UTC), true},
+		{"2026-11-29T12:00:00-23:59", time.Date(2026, 11, 30, 11, 59, 0, 0, time.UTC), true},
+		{"2026-11-29T12:00:00+24:00", time.Time{}, false},
+		{"2026-11-29T12:00:00.5-24:00", time.Time{}, false},
+		{"2026-11-29T12:00:00+05:60", time.Time{}, false},
+		{"2026-11-29T12:00:00-00:60", time.Time{}, false},
 		{"", time.Time{}, false},
 	} {
 		got, ok := Parse(tc.s)
