@@ -93,6 +93,7 @@ func (e *env) reference(table string, wantRows uint64) (n, sum uint64) {
 func (e *env) checkAgainstReference(table string, want uint64) {
 	e.t.Helper()
 	e.exact(table, want)
+	e.verifyAgrees()
 	n, sum := e.fingerprint(e.db, table)
 	rn, rsum := e.reference(table, want)
 	if n != rn || sum != rsum {
@@ -190,5 +191,19 @@ func TestCrashMidInsert(t *testing.T) {
 	var months uint64
 	if err := e.conn.QueryRow(ctxT(t, time.Minute), "SELECT uniqExact(toYYYYMM(kafka_timestamp)) FROM "+e.db+".usage_events").Scan(&months); err != nil || months != 2 {
 		t.Fatalf("rows span %d months (%v), want 2", months, err)
+	}
+}
+
+// verifyAgrees runs meterline verify's comparison (no repair) on the env's
+// database and fails the test unless every derived table agrees with the
+// ledger and no aggregate key has two FINAL revisions.
+func (e *env) verifyAgrees() {
+	e.t.Helper()
+	rep, err := Verify(ctxT(e.t, 2*time.Minute), VerifyConfig{Conn: e.conn, Database: e.db})
+	if err != nil {
+		e.t.Fatalf("verify: %v", err)
+	}
+	if rep.Differs != 0 || rep.DoubleFinalKeys != 0 {
+		e.t.Fatalf("verify disagrees after the crash: %d months differ, %d keys with two FINALs: %+v", rep.Differs, rep.DoubleFinalKeys, rep.Months)
 	}
 }

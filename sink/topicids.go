@@ -11,6 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // TopicIDsTable records the topic ID of each input topic whose records
@@ -36,24 +37,41 @@ func kafkaTopicID(id kadm.TopicID) string { return base64.RawURLEncoding.EncodeT
 // records at offsets the old log wrote would be skipped as present. A
 // topic without an ID (a broker without topic IDs) is not checked.
 func (w *Writer) checkTopicIDs(ctx context.Context, adm *kadm.Client, topics []string) error {
+	changed, unbound, err := w.topicIDChanges(ctx, adm, topics)
+	if err != nil {
+		return err
+	}
+	if len(changed) > 0 {
+		return w.recreatedError(changed)
+	}
+	if len(unbound) == 0 {
+		return nil
+	}
+	return recordTopicIDs(ctx, w.getConn(), w.cfg.Database, unbound, w.cfg.QueryTimeout)
+}
+
+// topicIDChanges compares the topic IDs of topics with those the database
+// recorded: changed describes each topic whose ID is another than the one
+// recorded, and unbound lists, as pairs of topic and ID, the topics it has
+// none for.
+func (w *Writer) topicIDChanges(ctx context.Context, adm *kadm.Client, topics []string) (changed, unbound []string, err error) {
 	lctx, cancel := context.WithTimeout(ctx, w.cfg.QueryTimeout)
 	tds, err := adm.ListTopics(lctx, topics...)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("sink: read the topic IDs of %s: %w", strings.Join(topics, ", "), err)
+		return nil, nil, fmt.Errorf("sink: read the topic IDs of %s: %w", strings.Join(topics, ", "), err)
 	}
 	rec, err := recordedTopicIDs(ctx, w.getConn(), w.cfg.Database, topics, w.cfg.QueryTimeout)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	var unbound, changed []string
 	for _, t := range topics {
 		td, ok := tds[t]
 		if !ok {
-			return fmt.Errorf("sink: read the topic ID of %s: the brokers do not list it", t)
+			return nil, nil, fmt.Errorf("sink: read the topic ID of %s: the brokers do not list it", t)
 		}
 		if td.Err != nil {
-			return fmt.Errorf("sink: read the topic ID of %s: %w", t, td.Err)
+			return nil, nil, fmt.Errorf("sink: read the topic ID of %s: %w", t, td.Err)
 		}
 		if td.ID == (kadm.TopicID{}) {
 			continue
@@ -72,16 +90,33 @@ func (w *Writer) checkTopicIDs(ctx context.Context, adm *kadm.Client, topics []s
 			unbound = append(unbound, t, id)
 		}
 	}
-	if len(changed) > 0 {
-		return fmt.Errorf("sink: %w: database %s holds rows of these topics as they were before they were deleted and created again: %s. "+
-			"Its rows and progress name offsets of logs that no longer exist, and the sink would skip the new records at those offsets as written. "+
-			"Write the new topics into a new database (--database, after meterline migrate --database on it); the rows of this one stay as the old logs' record",
-			ErrTopicRecreated, w.cfg.Database, strings.Join(changed, "; "))
+	return changed, unbound, nil
+}
+
+// recreatedError is the error wrapping ErrTopicRecreated for the topics
+// changed describes (topicIDChanges).
+func (w *Writer) recreatedError(changed []string) error {
+	return fmt.Errorf("sink: %w: database %s holds rows of these topics as they were before they were deleted and created again: %s. "+
+		"Its rows and progress name offsets of logs that no longer exist, and the sink would skip the new records at those offsets as written. "+
+		"Write the new topics into a new database (--database, after meterline migrate --database on it); the rows of this one stay as the old logs' record",
+		ErrTopicRecreated, w.cfg.Database, strings.Join(changed, "; "))
+}
+
+// fetchFailed is the error that stops the sink when a fetch failed with
+// ferr (session.FetchError). A topic deleted and created again while the
+// sink reads it fails its fetches with UNKNOWN_TOPIC_ID (kgo keeps the ID
+// it started with, and never reads the new log under the old one's
+// offsets): the error then says so, as the check on assignment would
+// (ErrTopicRecreated), instead of naming only the fetch's error code.
+func (w *Writer) fetchFailed(ctx context.Context, ferr error) error {
+	if !errors.Is(ferr, kerr.UnknownTopicID) {
+		return fmt.Errorf("sink: %w", ferr)
 	}
-	if len(unbound) == 0 {
-		return nil
+	changed, _, err := w.topicIDChanges(ctx, kadm.NewClient(w.sess.Client()), w.topicNames())
+	if err == nil && len(changed) > 0 {
+		return fmt.Errorf("%w (the fetch failed: %v)", w.recreatedError(changed), ferr)
 	}
-	return recordTopicIDs(ctx, w.getConn(), w.cfg.Database, unbound, w.cfg.QueryTimeout)
+	return fmt.Errorf("sink: %w (an input topic was deleted, or deleted and created again: its offsets no longer name the records of the database's rows)", ferr)
 }
 
 // recordedTopicIDs returns the topic IDs database db recorded for each of
