@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"regexp"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 
 	"github.com/meterline/meterline/internal/topics"
 	"github.com/meterline/meterline/schemas"
@@ -43,24 +45,9 @@ func prepareDatabase(ctx context.Context, srv sink.Server, db string) (driver.Co
 		return nil, fmt.Errorf("demo: --sink: %w%s", err, dialHint(ctx, srv.Addr))
 	}
 	defer admin.Close()
-	rows, err := admin.Query(ctx, "SELECT name FROM system.tables WHERE database = '"+db+"'")
+	tables, marked, err := demoTables(ctx, admin, db)
 	if err != nil {
 		return nil, fmt.Errorf("demo: --sink: list tables of %s: %w", db, err)
-	}
-	var tables []string
-	marked := false
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		tables = append(tables, name)
-		marked = marked || name == demoMarker
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	if len(tables) > 0 && !marked {
 		return nil, fmt.Errorf("demo: --sink: database %s on %s has tables (%s) and was not made by the demo; it is emptied at the start of every demo run, so choose another --sink-database",
@@ -84,6 +71,59 @@ func prepareDatabase(ctx context.Context, srv sink.Server, db string) (driver.Co
 		return nil, fmt.Errorf("demo: --sink: migrate %s: %w", db, err)
 	}
 	return conn, nil
+}
+
+// tableReads bounds the reads of system.tables that listTables makes
+// while other tables of the database are dropped.
+const tableReads = 10
+
+// demoTables returns the tables of db (none: it is the demo's, or empty)
+// and whether the demo made it. A database the demo made is told by its
+// marker, read with EXISTS, which reads that one table: another demo run
+// with the same database may be migrating it, dropping analyst views, and
+// ClickHouse 18.16 fails a read of system.tables that meets a table being
+// dropped (and may then abort). Only a database without the marker is
+// listed (listTables).
+func demoTables(ctx context.Context, admin driver.Conn, db string) ([]string, bool, error) {
+	var marked uint8
+	if err := admin.QueryRow(ctx, "EXISTS TABLE "+db+"."+demoMarker).Scan(&marked); err != nil {
+		return nil, false, err
+	}
+	if marked > 0 {
+		return nil, true, nil
+	}
+	tables, err := listTables(ctx, admin, db)
+	return tables, false, err
+}
+
+// listTables returns the names of db's tables from system.tables, read
+// again when the read fails on a table of db that is gone (code 60: a
+// table dropped while it read), up to tableReads times.
+func listTables(ctx context.Context, admin driver.Conn, db string) ([]string, error) {
+	for i := 1; ; i++ {
+		tables, err := readTables(ctx, admin, db)
+		var ex *proto.Exception
+		if err == nil || i == tableReads || !errors.As(err, &ex) || ex.Code != 60 {
+			return tables, err
+		}
+	}
+}
+
+func readTables(ctx context.Context, admin driver.Conn, db string) ([]string, error) {
+	rows, err := admin.Query(ctx, "SELECT name FROM system.tables WHERE database = '"+db+"'")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var tables []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		tables = append(tables, name)
+	}
+	return tables, rows.Err()
 }
 
 // sinkCounts returns count() of every sink table: plain count(), no FINAL,

@@ -84,3 +84,39 @@ func dial(t testing.TB, addr, db string) driver.Conn {
 	}
 	return conn
 }
+
+// ChurnViews creates and drops materialized views of source (into target,
+// both tables of conn's database, target with a column a that source
+// has) in a loop, as a migration run that replaces analyst views does,
+// until the returned stop is called; stop returns how many DDL statements
+// ran. A statement that fails is a test error.
+func ChurnViews(t testing.TB, conn driver.Conn, source, target string) (stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	go func() {
+		ddl := 0
+		defer func() { done <- ddl }()
+		for ctx.Err() == nil {
+			for i := range 5 {
+				v := fmt.Sprintf("churn_%d_mv", i)
+				for _, q := range []string{
+					"CREATE MATERIALIZED VIEW IF NOT EXISTS " + v + " TO " + target + " AS SELECT a FROM " + source,
+					"DROP TABLE IF EXISTS " + v,
+				} {
+					if err := conn.Exec(ctx, q); err != nil {
+						if ctx.Err() == nil {
+							t.Errorf("churn: %s: %v", q, err)
+						}
+						return
+					}
+					ddl++
+				}
+			}
+		}
+	}()
+	return func() int {
+		cancel()
+		return <-done
+	}
+}
