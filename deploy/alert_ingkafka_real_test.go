@@ -3,11 +3,13 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,6 +36,10 @@ import (
 //     not-authorized, and the alert fires for reason not_authorized.
 //  3. The ACL granted again: the requests are accepted, and the alert
 //     resolves.
+//  4. Every other request's body is not JSON: those are answered 400
+//     malformed, and MeterlineIngestRequestsRefused fires for problem
+//     malformed (and never before: the 503s of step 2 are Kafka's).
+//  5. Every body is JSON again: the alert resolves.
 func TestRealIngestKafkaFailingAlert(t *testing.T) {
 	promBin := realPrometheus(t, "alert rules")
 	parallelAlertTest(t)
@@ -87,6 +93,7 @@ func TestRealIngestKafkaFailingAlert(t *testing.T) {
 		}
 		return out
 	}
+	var malformed atomic.Bool // every other body is not JSON
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -99,7 +106,13 @@ func TestRealIngestKafkaFailingAlert(t *testing.T) {
 			case <-time.After(100 * time.Millisecond):
 			}
 			rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-			resp, _, err := postEvent(rctx, "http://"+ingestAddr+"/v1/events", token, fmt.Sprintf("e-%d", i), "cust-1", 1)
+			var resp *http.Response
+			var err error
+			if malformed.Load() && i%2 == 0 {
+				resp, err = postBody(rctx, "http://"+ingestAddr+"/v1/events", token, "application/json", "not json")
+			} else {
+				resp, _, err = postEvent(rctx, "http://"+ingestAddr+"/v1/events", token, fmt.Sprintf("e-%d", i), "cust-1", 1)
+			}
 			rcancel()
 			mu.Lock()
 			if err != nil {
@@ -149,8 +162,40 @@ func TestRealIngestKafkaFailingAlert(t *testing.T) {
 	if c := counts(); c[http.StatusAccepted] == 0 {
 		t.Errorf("answers with Write granted again: %v; want 202s", c)
 	}
+	w.expectQuiet("Write granted again")
+
+	t.Log("---- 4. every other body not JSON")
+	malformedAlert := map[string]string{"problem": "malformed"}
+	malformed.Store(true)
+	w.waitFiring("MeterlineIngestRequestsRefused", malformedAlert)
+	if c := counts(); c[http.StatusBadRequest] == 0 || c[http.StatusAccepted] == 0 {
+		t.Errorf("answers with every other body not JSON: %v; want 400s and 202s", c)
+	}
+	w.expectOnly("bodies not JSON", "MeterlineIngestRequestsRefused")
+
+	t.Log("---- 5. every body JSON again")
+	malformed.Store(false)
+	w.waitResolved("MeterlineIngestRequestsRefused", malformedAlert)
 	w.expectRulesHealthy()
 	w.expectFired(realIngestKafkaAlertsFired)
 	halt()
 	proc.Stop(t)
+}
+
+// postBody posts body as contentType with token, and returns the answer
+// (its body read and closed).
+func postBody(ctx context.Context, url, token, contentType, body string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", contentType)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return resp, err
 }

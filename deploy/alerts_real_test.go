@@ -50,6 +50,9 @@ var realScale = map[string]ruleScale{
 	// More than 5 % of the requests failing in every 4 s window, for 4 s
 	// (TestRealIngestKafkaFailingAlert: 10 requests a second).
 	"MeterlineIngestKafkaFailing": {Expr: map[string]string{"2m": "4s"}, For: "4s"},
+	// Ten minutes of requests to 20 s, for 3 s
+	// (TestRealIngestKafkaFailingAlert).
+	"MeterlineIngestRequestsRefused": {Expr: map[string]string{"10m": "20s"}, For: "3s"},
 	// 200 changelog offsets behind (a healthy copy: about 20, one commit
 	// interval of writes) for 10 s, not getting closer, for 3 s
 	// (TestRealStandbyFallingBehindAlert: 20 changelog records a second
@@ -104,7 +107,7 @@ var realOutageAlertsFired = []string{"MeterlineStageNotInGroup", "MeterlineSessi
 
 // realIngestKafkaAlertsFired lists the alerts TestRealIngestKafkaFailingAlert
 // fires (alert_ingkafka_real_test.go).
-var realIngestKafkaAlertsFired = []string{"MeterlineIngestKafkaFailing"}
+var realIngestKafkaAlertsFired = []string{"MeterlineIngestKafkaFailing", "MeterlineIngestRequestsRefused"}
 
 // realAlertSlots holds one token per real alert test running: at most two
 // run at once, whatever -parallel is (docs/testing.md, Time by part).

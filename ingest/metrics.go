@@ -98,9 +98,9 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 	for _, e := range []string{endpointOpenMeter, endpointMeterline} {
 		m.duration.WithLabelValues(e)
 	}
-	// So are the problems of requests without a valid key, whose tenant
-	// label is known.
-	for _, p := range []string{"unauthorized", "not-found", "method-not-allowed"} {
+	// So is every problem type for requests without a valid key, whose
+	// tenant label is known: rules and panels select them by type.
+	for _, p := range problemTypes {
 		m.problems.WithLabelValues(noTenant, p)
 	}
 	for _, r := range []string{reasonNotAcknowledged, reasonNotAuthorized, reasonRefused} {

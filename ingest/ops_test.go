@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -415,19 +417,21 @@ func TestRefusedRequestsByProblem(t *testing.T) {
 	if b, err := io.ReadAll(io.LimitReader(conn, 12)); err != nil || string(b) != "HTTP/1.1 400" {
 		t.Fatalf("a body that broke off was answered %q, %v; want 400", b, err)
 	}
-	want := `
-# HELP meterline_ingest_refused_requests_total Requests the HTTP ingest answered with a problem (RFC 9457), by tenant ("none" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known.
-# TYPE meterline_ingest_refused_requests_total counter
-meterline_ingest_refused_requests_total{problem="forbidden",tenant="acme"} 1
-meterline_ingest_refused_requests_total{problem="invalid-events",tenant="acme"} 1
-meterline_ingest_refused_requests_total{problem="malformed",tenant="acme"} 2
-meterline_ingest_refused_requests_total{problem="method-not-allowed",tenant="none"} 0
-meterline_ingest_refused_requests_total{problem="not-found",tenant="none"} 1
-meterline_ingest_refused_requests_total{problem="too-large",tenant="acme"} 1
-meterline_ingest_refused_requests_total{problem="unauthorized",tenant="none"} 1
-meterline_ingest_refused_requests_total{problem="unreadable-body",tenant="acme"} 1
-meterline_ingest_refused_requests_total{problem="unsupported-media-type",tenant="acme"} 1
-`
+	// The requests above, and every other problem type at 0 for requests
+	// without a valid key (exported from the start).
+	counts := map[[2]string]int{{"acme", "forbidden"}: 1, {"acme", "invalid-events"}: 1, {"acme", "malformed"}: 2, {"none", "not-found"}: 1,
+		{"acme", "too-large"}: 1, {"none", "unauthorized"}: 1, {"acme", "unreadable-body"}: 1, {"acme", "unsupported-media-type"}: 1}
+	for _, p := range problemTypes {
+		if _, ok := counts[[2]string{"none", p}]; !ok {
+			counts[[2]string{"none", p}] = 0
+		}
+	}
+	var lines []string
+	for k, n := range counts {
+		lines = append(lines, fmt.Sprintf("meterline_ingest_refused_requests_total{problem=%q,tenant=%q} %d", k[1], k[0], n))
+	}
+	slices.Sort(lines)
+	want := "\n# HELP meterline_ingest_refused_requests_total Requests the HTTP ingest answered with a problem (RFC 9457), by tenant (\"none\" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known.\n# TYPE meterline_ingest_refused_requests_total counter\n" + strings.Join(lines, "\n") + "\n"
 	// The answer goes out before the request's bookkeeping.
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -460,5 +464,45 @@ func TestServerErrorLog(t *testing.T) {
 	last := got[len(got)-1]
 	if len(got) != errorLogBurst+1 || !strings.Contains(last.Message, "panic serving") || last.ContextMap()["left_out"] != int64(4*errorLogBurst) {
 		t.Fatalf("after a second: %d lines, the last %+v; want the panic, counting %d left out", len(got), last, 4*errorLogBurst)
+	}
+}
+
+// TestProblemTypesListed: every problem code the ingest answers with is in
+// problemTypes, exported from the start, so that a rule selecting a type
+// by name finds its series.
+func TestProblemTypesListed(t *testing.T) {
+	literal := regexp.MustCompile(`writeProblem\([^,]+,[^,]+, "([a-z-]+)"`)
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range literal.FindAllStringSubmatch(string(b), -1) {
+			codes[m[1]] = true
+		}
+	}
+	for _, f := range kafkaFailures {
+		codes[f.problem] = true
+	}
+	if len(codes) < 10 {
+		t.Fatalf("found %d problem codes in the sources; the pattern is stale", len(codes))
+	}
+	for c := range codes {
+		if !slices.Contains(problemTypes, c) {
+			t.Errorf("problem %q is not in problemTypes", c)
+		}
+	}
+	for _, c := range problemTypes {
+		if !codes[c] {
+			t.Errorf("problemTypes names %q, which nothing answers with", c)
+		}
 	}
 }

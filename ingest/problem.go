@@ -53,6 +53,15 @@ const (
 // problemTypePrefix starts every Problem.Type.
 const problemTypePrefix = "urn:meterline:problem:"
 
+// problemTypes are the codes of every problem the ingest answers with
+// (writeProblem's code): the problem label of
+// meterline_ingest_refused_requests_total.
+var problemTypes = []string{
+	"forbidden", "invalid-events", "kafka-refused", "malformed", "method-not-allowed", "not-authorized", "not-found",
+	"overloaded", "quota-exhausted", "rate-limited", "too-large", "too-many-in-flight", "unauthorized", "unavailable",
+	"unreadable-body", "unsupported-media-type",
+}
+
 func writeProblem(w http.ResponseWriter, status int, code, title, detail string, errs []EventError, retryAfter time.Duration) {
 	p := Problem{Type: problemTypePrefix + code, Title: title, Status: status, Detail: detail, Errors: errs}
 	if sw, ok := w.(*statusWriter); ok {

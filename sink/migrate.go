@@ -144,11 +144,25 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 		return nil, err
 	}
 	var out []MigrationResult
+	ran := false // this run has issued a migration's statements
 	for _, m := range ms {
+		if _, ok := applied[m.Version]; !ok && !ran {
+			// Until it issues DDL, a run reads again what is applied before
+			// each migration: another run (a sink started with --migrate
+			// beside this one) may have applied and recorded it since, and
+			// started its sink, under which running it again would drop and
+			// create views and tables. Once it has issued DDL, a run runs
+			// every later migration, recorded or not: its statements may
+			// have undone what another run applied after them.
+			if applied, _, err = readApplied(ctx, conn, MigrationsTable, ms); err != nil {
+				return out, err
+			}
+		}
 		if _, ok := applied[m.Version]; ok {
 			out = append(out, MigrationResult{Migration: m})
 			continue
 		}
+		ran = true
 		if err := runStatements(ctx, conn, m); err != nil {
 			return out, err
 		}
