@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -348,4 +349,101 @@ func (c *Cluster) health() string {
 		}
 	}
 	return ""
+}
+
+// ActiveController returns the node that is the cluster's active KRaft
+// controller (the leader of __cluster_metadata, as DescribeQuorum says):
+// each node of the cluster is a broker and a controller, node n broker n.
+func (c *Cluster) ActiveController(t testing.TB) int32 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.RequestTimeoutOverhead(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		req := kmsg.NewPtrDescribeQuorumRequest()
+		topic := kmsg.NewDescribeQuorumRequestTopic()
+		topic.Topic = "__cluster_metadata"
+		topic.Partitions = []kmsg.DescribeQuorumRequestTopicPartition{kmsg.NewDescribeQuorumRequestTopicPartition()}
+		req.Topics = append(req.Topics, topic)
+		resp, err := req.RequestWith(ctx, cl)
+		cancel()
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		if err == nil && (len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1) {
+			err = fmt.Errorf("DescribeQuorum answered %d topics", len(resp.Topics))
+		}
+		if err == nil {
+			p := resp.Topics[0].Partitions[0]
+			if err = kerr.ErrorForCode(p.ErrorCode); err == nil && p.LeaderID > 0 {
+				return p.LeaderID
+			}
+			if err == nil {
+				err = fmt.Errorf("no leader (%d)", p.LeaderID)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no active controller after a minute: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// WarmProducerIDs has every broker allocate a block of producer IDs from
+// the active controller now, while every broker answers: it initialises,
+// for each broker, a new transactional ID that broker coordinates. A
+// broker allocates its first block (Kafka keeps it in memory) for the
+// first new producer ID it hands out; were the active controller paused
+// then, the broker's request for it would wait controller.socket.timeout.ms
+// (30 s) before the broker turned to the new controller
+// (docs/operations.md, "One broker paused or killed").
+func (c *Cluster) WarmProducerIDs(t testing.TB) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.RequestTimeoutOverhead(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	start := time.Now()
+	for n := int32(1); int(n) <= len(c.Brokers); n++ {
+		var txn string
+		for i := 0; ; i++ {
+			if i == 100 {
+				t.Fatalf("no transactional ID of 100 tried is coordinated by broker %d", n)
+			}
+			if txn = Name(t, fmt.Sprintf("warm-%d", n)); c.TxnCoordinator(t, txn) == n {
+				break
+			}
+		}
+		if err := initProducerID(cl, txn, time.Minute); err != nil {
+			t.Fatalf("warming broker %d's producer IDs: InitProducerID of %s: %v", n, txn, err)
+		}
+	}
+	t.Logf("every broker holds a block of producer IDs (%s)", time.Since(start).Round(time.Millisecond))
+}
+
+// initProducerID initialises the transactional ID txn (InitProducerID,
+// retried while its coordinator is loading), failing after d.
+func initProducerID(cl *kgo.Client, txn string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		req := kmsg.NewPtrInitProducerIDRequest()
+		req.TransactionalID = &txn
+		req.TransactionTimeoutMillis = 60000
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil {
+			if err = kerr.ErrorForCode(resp.ErrorCode); err == nil {
+				return nil
+			}
+		}
+		if !kerr.IsRetriable(err) && !errors.Is(err, kerr.ConcurrentTransactions) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
