@@ -200,8 +200,9 @@ func (c *Cluster) admin() (*kadm.Client, func(), error) {
 	return kadm.NewClient(cl), cl.Close, nil
 }
 
-// Leaders returns, per broker, how many partitions of the topics it leads.
-func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
+// withAdmin calls f with an admin client and a context that ends after
+// 30 s.
+func (c *Cluster) withAdmin(t testing.TB, f func(context.Context, *kadm.Client)) {
 	t.Helper()
 	adm, done, err := c.admin()
 	if err != nil {
@@ -210,10 +211,19 @@ func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
 	defer done()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	td, err := adm.ListTopics(ctx, topics...)
-	if err != nil {
-		t.Fatalf("metadata of %v: %v", topics, err)
-	}
+	f(ctx, adm)
+}
+
+// Leaders returns, per broker, how many partitions of the topics it leads.
+func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
+	t.Helper()
+	var td kadm.TopicDetails
+	c.withAdmin(t, func(ctx context.Context, adm *kadm.Client) {
+		var err error
+		if td, err = adm.ListTopics(ctx, topics...); err != nil {
+			t.Fatalf("metadata of %v: %v", topics, err)
+		}
+	})
 	out := map[int32]int{}
 	for _, d := range td {
 		for _, p := range d.Partitions {
@@ -395,7 +405,9 @@ func (c *Cluster) ActiveController(t testing.TB) int32 {
 
 // WarmProducerIDs has every broker allocate a block of producer IDs from
 // the active controller now, while every broker answers: it initialises,
-// for each broker, a new transactional ID that broker coordinates. A
+// for each broker, a new transactional ID that broker coordinates (each
+// must lead a partition of __transaction_state: see
+// ElectPreferredCoordinators). A
 // broker allocates its first block (Kafka keeps it in memory) for the
 // first new producer ID it hands out; were the active controller paused
 // then, the broker's request for it would wait controller.socket.timeout.ms
@@ -446,4 +458,46 @@ func initProducerID(cl *kgo.Client, txn string, d time.Duration) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// internalTopics are Kafka's topics whose partitions' leaders are the
+// group and transaction coordinators.
+var internalTopics = []string{"__consumer_offsets", "__transaction_state"}
+
+// ElectPreferredCoordinators creates Kafka's internal topics if they do
+// not exist yet (asking for a group's and a transactional ID's
+// coordinator does) and elects each of their partitions' preferred
+// leader, so that every broker coordinates its share of groups and
+// transactional IDs: a broker paused or restarted by an earlier test leads
+// none of them until Kafka's leader rebalance moves them back. The
+// cluster must be healthy (Cluster.WaitHealthy).
+func (c *Cluster) ElectPreferredCoordinators(t testing.TB) {
+	t.Helper()
+	c.GroupCoordinator(t, Name(t, "elect"))
+	c.TxnCoordinator(t, Name(t, "elect"))
+	var res kadm.ElectLeadersResults
+	c.withAdmin(t, func(ctx context.Context, adm *kadm.Client) {
+		td, err := adm.ListTopics(ctx, internalTopics...)
+		if err == nil {
+			err = td.Error()
+		}
+		if err != nil {
+			t.Fatalf("metadata of %v: %v", internalTopics, err)
+		}
+		if res, err = adm.ElectLeaders(ctx, kadm.ElectPreferredReplica, td.TopicsSet()); err != nil {
+			t.Fatalf("electing the preferred leaders of %v: %v", internalTopics, err)
+		}
+	})
+	moved := 0
+	for _, ps := range res {
+		for _, r := range ps {
+			switch {
+			case r.Err == nil:
+				moved++
+			case !errors.Is(r.Err, kerr.ElectionNotNeeded):
+				t.Fatalf("electing the preferred leader of %s/%d: %v %s", r.Topic, r.Partition, r.Err, r.ErrMessage)
+			}
+		}
+	}
+	t.Logf("preferred leaders of %v elected: %d partitions moved", internalTopics, moved)
 }
