@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -199,8 +200,9 @@ func (c *Cluster) admin() (*kadm.Client, func(), error) {
 	return kadm.NewClient(cl), cl.Close, nil
 }
 
-// Leaders returns, per broker, how many partitions of the topics it leads.
-func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
+// withAdmin calls f with an admin client and a context that ends after
+// 30 s.
+func (c *Cluster) withAdmin(t testing.TB, f func(context.Context, *kadm.Client)) {
 	t.Helper()
 	adm, done, err := c.admin()
 	if err != nil {
@@ -209,10 +211,19 @@ func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
 	defer done()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	td, err := adm.ListTopics(ctx, topics...)
-	if err != nil {
-		t.Fatalf("metadata of %v: %v", topics, err)
-	}
+	f(ctx, adm)
+}
+
+// Leaders returns, per broker, how many partitions of the topics it leads.
+func (c *Cluster) Leaders(t testing.TB, topics ...string) map[int32]int {
+	t.Helper()
+	var td kadm.TopicDetails
+	c.withAdmin(t, func(ctx context.Context, adm *kadm.Client) {
+		var err error
+		if td, err = adm.ListTopics(ctx, topics...); err != nil {
+			t.Fatalf("metadata of %v: %v", topics, err)
+		}
+	})
 	out := map[int32]int{}
 	for _, d := range td {
 		for _, p := range d.Partitions {
@@ -348,4 +359,145 @@ func (c *Cluster) health() string {
 		}
 	}
 	return ""
+}
+
+// ActiveController returns the node that is the cluster's active KRaft
+// controller (the leader of __cluster_metadata, as DescribeQuorum says):
+// each node of the cluster is a broker and a controller, node n broker n.
+func (c *Cluster) ActiveController(t testing.TB) int32 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.RequestTimeoutOverhead(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		req := kmsg.NewPtrDescribeQuorumRequest()
+		topic := kmsg.NewDescribeQuorumRequestTopic()
+		topic.Topic = "__cluster_metadata"
+		topic.Partitions = []kmsg.DescribeQuorumRequestTopicPartition{kmsg.NewDescribeQuorumRequestTopicPartition()}
+		req.Topics = append(req.Topics, topic)
+		resp, err := req.RequestWith(ctx, cl)
+		cancel()
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		if err == nil && (len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1) {
+			err = fmt.Errorf("DescribeQuorum answered %d topics", len(resp.Topics))
+		}
+		if err == nil {
+			p := resp.Topics[0].Partitions[0]
+			if err = kerr.ErrorForCode(p.ErrorCode); err == nil && p.LeaderID > 0 {
+				return p.LeaderID
+			}
+			if err == nil {
+				err = fmt.Errorf("no leader (%d)", p.LeaderID)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no active controller after a minute: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// WarmProducerIDs has every broker allocate a block of producer IDs from
+// the active controller now, while every broker answers: it initialises,
+// for each broker, a new transactional ID that broker coordinates (each
+// must lead a partition of __transaction_state: see
+// ElectPreferredCoordinators). A
+// broker allocates its first block (Kafka keeps it in memory) for the
+// first new producer ID it hands out; were the active controller paused
+// then, the broker's request for it would wait controller.socket.timeout.ms
+// (30 s) before the broker turned to the new controller
+// (docs/operations.md, "One broker paused or killed").
+func (c *Cluster) WarmProducerIDs(t testing.TB) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.Brokers...), kgo.RequestTimeoutOverhead(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	start := time.Now()
+	for n := int32(1); int(n) <= len(c.Brokers); n++ {
+		var txn string
+		for i := 0; ; i++ {
+			if i == 100 {
+				t.Fatalf("no transactional ID of 100 tried is coordinated by broker %d", n)
+			}
+			if txn = Name(t, fmt.Sprintf("warm-%d", n)); c.TxnCoordinator(t, txn) == n {
+				break
+			}
+		}
+		if err := initProducerID(cl, txn, time.Minute); err != nil {
+			t.Fatalf("warming broker %d's producer IDs: InitProducerID of %s: %v", n, txn, err)
+		}
+	}
+	t.Logf("every broker holds a block of producer IDs (%s)", time.Since(start).Round(time.Millisecond))
+}
+
+// initProducerID initialises the transactional ID txn (InitProducerID,
+// retried while its coordinator is loading), failing after d.
+func initProducerID(cl *kgo.Client, txn string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		req := kmsg.NewPtrInitProducerIDRequest()
+		req.TransactionalID = &txn
+		req.TransactionTimeoutMillis = 60000
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil {
+			if err = kerr.ErrorForCode(resp.ErrorCode); err == nil {
+				return nil
+			}
+		}
+		if !kerr.IsRetriable(err) && !errors.Is(err, kerr.ConcurrentTransactions) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// internalTopics are Kafka's topics whose partitions' leaders are the
+// group and transaction coordinators.
+var internalTopics = []string{"__consumer_offsets", "__transaction_state"}
+
+// ElectPreferredCoordinators creates Kafka's internal topics if they do
+// not exist yet (asking for a group's and a transactional ID's
+// coordinator does) and elects each of their partitions' preferred
+// leader, so that every broker coordinates its share of groups and
+// transactional IDs: a broker paused or restarted by an earlier test leads
+// none of them until Kafka's leader rebalance moves them back. The
+// cluster must be healthy (Cluster.WaitHealthy).
+func (c *Cluster) ElectPreferredCoordinators(t testing.TB) {
+	t.Helper()
+	c.GroupCoordinator(t, Name(t, "elect"))
+	c.TxnCoordinator(t, Name(t, "elect"))
+	var res kadm.ElectLeadersResults
+	c.withAdmin(t, func(ctx context.Context, adm *kadm.Client) {
+		td, err := adm.ListTopics(ctx, internalTopics...)
+		if err == nil {
+			err = td.Error()
+		}
+		if err != nil {
+			t.Fatalf("metadata of %v: %v", internalTopics, err)
+		}
+		if res, err = adm.ElectLeaders(ctx, kadm.ElectPreferredReplica, td.TopicsSet()); err != nil {
+			t.Fatalf("electing the preferred leaders of %v: %v", internalTopics, err)
+		}
+	})
+	moved := 0
+	for _, ps := range res {
+		for _, r := range ps {
+			switch {
+			case r.Err == nil:
+				moved++
+			case !errors.Is(r.Err, kerr.ElectionNotNeeded):
+				t.Fatalf("electing the preferred leader of %s/%d: %v %s", r.Topic, r.Partition, r.Err, r.ErrMessage)
+			}
+		}
+	}
+	t.Logf("preferred leaders of %v elected: %d partitions moved", internalTopics, moved)
 }
