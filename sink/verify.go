@@ -407,7 +407,8 @@ func (v *verifier) checkTable(ctx context.Context, d DerivedTable) ([]MonthCheck
 			c.Status = MonthDiffers
 			months = append(months, c.Month)
 		}
-		v.log.Info("verify", zap.String("table", d.Name), zap.Uint32("month", c.Month), zap.String("status", c.Status),
+		// Debug: the command prints each check (its report) already.
+		v.log.Debug("verify", zap.String("table", d.Name), zap.Uint32("month", c.Month), zap.String("status", c.Status),
 			zap.Strings("ledger", c.Ledger), zap.Strings("derived", c.Derived), zap.String("note", c.Note))
 	}
 	return checks, months, nil
