@@ -541,9 +541,9 @@ func (rt *Runtime) apply(at time.Time) error {
 		for _, rd := range ov.rangeDels {
 			b.deleteRange(p, rd.lo, rd.hi)
 		}
-		for _, k := range ov.order {
-			e, ok := ov.writes[k]
-			if !ok {
+		for i, k := range ov.order {
+			e := ov.vals[i]
+			if e.gone {
 				continue
 			}
 			if e.del {

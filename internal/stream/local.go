@@ -134,8 +134,8 @@ func (l *Local) Commit() error {
 	for _, rd := range l.ov.rangeDels {
 		b.deleteRange(l.p, rd.lo, rd.hi)
 	}
-	for _, k := range l.ov.order {
-		if e, ok := l.ov.writes[k]; ok {
+	for i, k := range l.ov.order {
+		if e := l.ov.vals[i]; !e.gone {
 			if e.del {
 				del(b, l.p, k)
 			} else {

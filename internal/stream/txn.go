@@ -13,19 +13,29 @@ import (
 type entry struct {
 	val []byte
 	del bool
+	// gone: the key was removed from writes (Forget, DeleteRangeLocal);
+	// its place in order stays until order is compacted.
+	gone bool
 }
 
 type rangeDel struct{ lo, hi []byte }
 
 // overlay is one partition's uncommitted writes.
 type overlay struct {
-	writes map[string]entry
+	// writes maps a key written to its place in order and vals. A map of
+	// small values: a transaction writes thousands of keys, and a map's
+	// slots of whole entries would be twice the memory, made and cleared
+	// every transaction, and looked up once more for each key when the
+	// transaction ends (vals is read in order instead).
+	writes map[string]int32
 	// order is the keys' first-write order, for deterministic changelog
-	// output. A key removed from writes (Forget, DeleteRangeLocal) stays
-	// in order, listed in dropped, until order is compacted (compact);
-	// a key written again meanwhile keeps its place.
+	// output, and vals[i] is order[i]'s write. A key removed from writes
+	// (Forget, DeleteRangeLocal) stays in order, its entry gone and its
+	// place in dropped, until order is compacted (compact); a key written
+	// again meanwhile keeps its place.
 	order     []string
-	dropped   map[string]struct{}
+	vals      []entry
+	dropped   map[string]int32
 	rangeDels []rangeDel
 	// inputNext is the next input offset after this transaction, by the
 	// state key of its topic (Config.inputOffsetKey); nil: none consumed.
@@ -115,11 +125,11 @@ func (tx *Tx) Partition() int32 { return tx.p }
 
 // Get reads a state key: the transaction's own writes first, then Pebble.
 func (tx *Tx) Get(k []byte) ([]byte, bool, error) {
-	if e, ok := tx.ov.writes[string(k)]; ok {
-		if e.del {
+	if i, ok := tx.ov.writes[string(k)]; ok {
+		if e := tx.ov.vals[i]; e.del {
 			return nil, false, nil
 		}
-		return e.val, true, nil
+		return tx.ov.vals[i].val, true, nil
 	}
 	for _, rd := range tx.ov.rangeDels {
 		if bytes.Compare(k, rd.lo) >= 0 && bytes.Compare(k, rd.hi) < 0 {
@@ -153,54 +163,66 @@ func (tx *Tx) Delete(k []byte) {
 // is a new write; k keeps its place in the changelog order.
 func (tx *Tx) Forget(k []byte) {
 	ov := tx.ov
-	ks := string(k)
-	if _, ok := ov.writes[ks]; !ok {
+	i, ok := ov.writes[string(k)]
+	if !ok {
 		return
 	}
+	ks := ov.order[i]
 	delete(ov.writes, ks)
-	ov.drop(ks)
+	ov.drop(ks, i)
 }
 
-// drop records that ks, in order, was removed from writes, and compacts
-// order once most of it is dropped keys (amortized O(1) a drop).
-func (ov *overlay) drop(ks string) {
+// drop records that ks, at i in order, was removed from writes, and
+// compacts order once most of it is dropped keys (amortized O(1) a drop).
+func (ov *overlay) drop(ks string, i int32) {
+	ov.vals[i] = entry{gone: true}
 	if ov.dropped == nil {
-		ov.dropped = map[string]struct{}{}
+		ov.dropped = map[string]int32{}
 	}
-	ov.dropped[ks] = struct{}{}
+	ov.dropped[ks] = i
 	if len(ov.dropped) >= 64 && 2*len(ov.dropped) > len(ov.order) {
 		ov.compact()
 	}
 }
 
-// compact removes the dropped keys from order.
+// compact removes the dropped keys from order and vals.
 func (ov *overlay) compact() {
-	live := ov.order[:0]
-	for _, k := range ov.order {
-		if _, ok := ov.writes[k]; ok {
-			live = append(live, k)
+	n := 0
+	for i, k := range ov.order {
+		if ov.vals[i].gone {
+			continue
 		}
+		ov.order[n], ov.vals[n] = k, ov.vals[i]
+		ov.writes[k] = int32(n)
+		n++
 	}
-	clear(ov.order[len(live):])
-	ov.order = live
+	clear(ov.order[n:])
+	clear(ov.vals[n:])
+	ov.order, ov.vals = ov.order[:n], ov.vals[:n]
 	clear(ov.dropped)
 }
 
 func (tx *Tx) write(k []byte, e entry) {
 	ov := tx.ov
-	ks := string(k)
 	if ov.writes == nil {
-		ov.writes, ov.order = make(map[string]entry, ov.room), make([]string, 0, ov.room)
+		ov.writes = make(map[string]int32, ov.room)
+		ov.order, ov.vals = make([]string, 0, ov.room), make([]entry, 0, ov.room)
 	}
-	if _, ok := ov.writes[ks]; !ok {
-		if _, was := ov.dropped[ks]; was {
-			delete(ov.dropped, ks) // still in order, at its first write
-		} else {
-			ov.order = append(ov.order, ks)
-		}
-	}
-	ov.writes[ks] = e
 	ov.touched = true
+	if i, ok := ov.writes[string(k)]; ok {
+		ov.vals[i] = e
+		return
+	}
+	ks := string(k)
+	if i, was := ov.dropped[ks]; was {
+		delete(ov.dropped, ks) // still in order, at its first write
+		ov.vals[i] = e
+		ov.writes[ks] = i
+		return
+	}
+	ov.writes[ks] = int32(len(ov.order))
+	ov.order = append(ov.order, ks)
+	ov.vals = append(ov.vals, e)
 }
 
 // Scan calls fn for every live key in [lo, hi) in key order, merging the
@@ -225,7 +247,7 @@ func (tx *Tx) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
 	i := 0
 	emitMine := func(upTo []byte) error { // overlay keys < upTo (nil: all)
 		for ; i < len(mine) && (upTo == nil || mine[i] < string(upTo)); i++ {
-			if e := tx.ov.writes[mine[i]]; !e.del {
+			if e := tx.ov.vals[tx.ov.writes[mine[i]]]; !e.del {
 				if err := fn([]byte(mine[i]), e.val); err != nil {
 					return err
 				}
@@ -239,7 +261,7 @@ func (tx *Tx) Scan(lo, hi []byte, fn func(k, v []byte) error) error {
 		}
 		if i < len(mine) && mine[i] == string(k) {
 			i++ // the overlay's value (or deletion) wins
-			if e := tx.ov.writes[string(k)]; !e.del {
+			if e := tx.ov.vals[tx.ov.writes[string(k)]]; !e.del {
 				return fn(k, e.val)
 			}
 			return nil
@@ -264,8 +286,10 @@ func (tx *Tx) DeleteRangeLocal(lo, hi []byte) {
 	tx.ov.rangeDels = append(tx.ov.rangeDels, rangeDel{bytes.Clone(lo), bytes.Clone(hi)})
 	for k := range tx.ov.writes {
 		if k >= string(lo) && k < string(hi) {
+			// Its place now: a drop may compact order meanwhile.
+			i := tx.ov.writes[k]
 			delete(tx.ov.writes, k)
-			tx.ov.drop(k)
+			tx.ov.drop(k, i)
 		}
 	}
 	tx.ov.touched = true
@@ -298,8 +322,8 @@ func (tx *Tx) Emit(r *kgo.Record) {
 func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
 	inputs := ov.inputKeys()
 	n, size := 0, 0
-	for _, k := range ov.order {
-		if _, ok := ov.writes[k]; ok { // not removed by a Forget or a DeleteRangeLocal
+	for i, k := range ov.order {
+		if !ov.vals[i].gone { // not removed by a Forget or a DeleteRangeLocal
 			n, size = n+1, size+len(k)
 		}
 	}
@@ -317,10 +341,9 @@ func (ov *overlay) changelogRecords(topic string, p int32) []*kgo.Record {
 		r.Key, r.Value = keys[start:len(keys):len(keys)], v
 		out = append(out, r)
 	}
-	for _, k := range ov.order {
-		e, ok := ov.writes[k]
-		switch {
-		case !ok:
+	for i, k := range ov.order {
+		switch e := ov.vals[i]; {
+		case e.gone:
 		case e.del:
 			add(k, nil)
 		case e.val == nil:

@@ -120,6 +120,40 @@ func TestTxForgetMany(t *testing.T) {
 	}
 }
 
+// TestTxForgetCompactedReads: after the order compacts (most of its keys
+// forgotten), every live key still reads, scans and rewrites as its own:
+// Get, Scan and a later Put find each key's write where compact moved it.
+func TestTxForgetCompactedReads(t *testing.T) {
+	tx := txOver(t, nil)
+	for i := range 300 {
+		tx.Put([]byte(fmt.Sprintf("k%03d", i)), []byte(fmt.Sprintf("v%03d", i)))
+	}
+	var want []string
+	for i := range 300 {
+		if i%7 != 0 {
+			tx.Forget([]byte(fmt.Sprintf("k%03d", i)))
+			continue
+		}
+		want = append(want, fmt.Sprintf("k%03d=v%03d", i, i))
+	}
+	if len(tx.ov.order) == 300 {
+		t.Fatal("the order did not compact")
+	}
+	for i := 0; i < 300; i += 7 {
+		if v, ok, err := tx.Get([]byte(fmt.Sprintf("k%03d", i))); err != nil || !ok || string(v) != fmt.Sprintf("v%03d", i) {
+			t.Fatalf("Get(k%03d) = %q, %v, %v after compaction", i, v, ok, err)
+		}
+	}
+	if got := view(t, tx); !slices.Equal(got, want) {
+		t.Fatalf("Scan after compaction = %v, want %v", got, want)
+	}
+	tx.Put([]byte("k007"), []byte("new"))
+	want[1] = "k007=new"
+	if got := changelog(tx); !slices.Equal(got, want) {
+		t.Fatalf("changelog after a rewrite = %v, want %v", got, want)
+	}
+}
+
 // TestTxDeleteRangeLocalRewrite: a key removed by DeleteRangeLocal and
 // written again in the same transaction gets one changelog record, not
 // one per write.
