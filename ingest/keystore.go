@@ -570,7 +570,14 @@ func (a *Admin) List(ctx context.Context) ([]Key, []Tenant, error) {
 
 func (a *Admin) write(ctx context.Context, key string, r record) error {
 	rec := &kgo.Record{Topic: a.topic, Key: []byte(key), Value: encodeRecord(r)}
-	if err := a.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	err := a.cl.ProduceSync(ctx, rec).FirstErr()
+	if errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed) {
+		// CLUSTER_AUTHORIZATION_FAILED: the idempotent producer's
+		// InitProducerID, which a principal may send once it has Write on
+		// some topic.
+		return fmt.Errorf("ingest: write %s to %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)", key, a.topic, err, a.topic)
+	}
+	if err != nil {
 		return fmt.Errorf("ingest: write %s to %s: %w", key, a.topic, err)
 	}
 	return nil

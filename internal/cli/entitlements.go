@@ -469,6 +469,22 @@ func recordToDelete(latest map[string]map[int32]entRecord, n int32, customer str
 	return "", nil
 }
 
+// entACLNeeded wraps err, the brokers' refusal of a request of conn's
+// principal, with the ACL it lacks: op (Read or Write) on topic, or Write
+// on the transactional ID txnID; else it returns err. A refusal that
+// names the Describe it lacks already (topics' "may not describe") is
+// left as it is.
+func entACLNeeded(conn kafka.Config, op, topic, txnID string, err error) error {
+	const see = "docs/operations.md, Security and ACLs"
+	switch {
+	case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+		return fmt.Errorf("%s needs Write on transactional ID %s (%s): %w", conn.Principal(), txnID, see, err)
+	case errors.Is(err, kerr.TopicAuthorizationFailed) && !strings.Contains(err.Error(), " may not describe "):
+		return fmt.Errorf("%s needs %s on topic %s (%s): %w", conn.Principal(), op, topic, see, err)
+	}
+	return err
+}
+
 // write produces one record under key: to the key's canonical partition,
 // or with every, to every partition. m nil is a tombstone. The records go
 // in one transaction of an idempotent producer (acks=all): every partition
@@ -531,7 +547,7 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 	// transactional ID are not fenced (docs/entitlements.md, Two writers
 	// of one record).
 	if _, _, err := cl.ProducerID(ctx); err != nil {
-		return notWritten(fmt.Errorf("init producer id: %w", err))
+		return notWritten(fmt.Errorf("init producer id: %w", entACLNeeded(kc, "Write", topic, c.TransactionalID, err)))
 	}
 	if err := cl.BeginTransaction(); err != nil {
 		return notWritten(fmt.Errorf("begin transaction: %w", err))
@@ -569,7 +585,7 @@ func (c *entWriter) write(ctx context.Context, g *Globals, stdio IO, log *zap.Lo
 			return fmt.Errorf("write the %s to %s: %w (nothing was written): a writer with the same transactional ID (%s) started after this one and fenced it; see what it wrote with `%s` before writing again",
 				what, topic, perr, c.TransactionalID, checkCommand(key))
 		}
-		return fmt.Errorf("write the %s to %s: %w (nothing was written)", what, topic, perr)
+		return fmt.Errorf("write the %s to %s: %w (nothing was written)", what, topic, entACLNeeded(kc, "Write", topic, c.TransactionalID, perr))
 	}
 	for _, r := range res {
 		log.Info("entitlements record written", zap.String("what", what), zap.String("topic", topic),
@@ -803,7 +819,7 @@ func readEntitlements(ctx context.Context, g *Globals) (map[string]map[int32]ent
 	}
 	recs, err := topics.ReadCommittedAs(ctx, kc, topic, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", topic, err)
+		return nil, 0, fmt.Errorf("read %s: %w", topic, entACLNeeded(kc, "Read", topic, "", err))
 	}
 	latest := map[string]map[int32]entRecord{}
 	readTo := map[int32]int64{} // per partition, the latest broker time read
@@ -1044,7 +1060,7 @@ func (c *EntitlementsBalanceCmd) Run(ctx context.Context, g *Globals, stdio IO) 
 	}
 	recs, err := topics.ReadCommittedAs(ctx, kc, topic, from)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", topic, err)
+		return fmt.Errorf("read %s: %w", topic, entACLNeeded(kc, "Read", topic, "", err))
 	}
 	var last *kgo.Record
 	for _, r := range recs {

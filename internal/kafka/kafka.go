@@ -123,6 +123,15 @@ func (h loginHook) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.
 	}
 }
 
+// Principal names the principal c authenticates as, for an error: the
+// SASL user, as ACLs name it (User:<name>).
+func (c Config) Principal() string {
+	if c.SASL.User != "" {
+		return "User:" + c.SASL.User
+	}
+	return "this client's principal"
+}
+
 // Validate returns every problem with the config, joined, each naming its
 // field as the command-line flag does.
 func (c Config) Validate() error {

@@ -79,6 +79,8 @@ func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups 
 		offs, err := fetchOffsets(ctx, cl, g, waitDial)
 		switch {
 		case errors.Is(err, kerr.GroupIDNotFound): // never committed
+		case errors.Is(err, kerr.GroupAuthorizationFailed):
+			return nil, fmt.Errorf("lag: offsets of group %s: %w", g, needs(conn, "Describe on group "+g, err))
 		case err != nil:
 			return nil, fmt.Errorf("lag: offsets of group %s: %w", g, err)
 		default:
@@ -102,11 +104,11 @@ func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups 
 			// produced between the two requests never counts as held.
 			highs, err := adm.ListEndOffsets(ctx, topic) // read_uncommitted end = high watermark
 			if err != nil {
-				return nil, fmt.Errorf("lag: high watermarks of %s: %w", topic, err)
+				return nil, fmt.Errorf("lag: high watermarks of %s: %w", topic, describeNeeded(conn, topic, err))
 			}
 			ends, err := adm.ListCommittedOffsets(ctx, topic) // read_committed end = LSO
 			if err != nil {
-				return nil, fmt.Errorf("lag: end offsets of %s: %w", topic, err)
+				return nil, fmt.Errorf("lag: end offsets of %s: %w", topic, describeNeeded(conn, topic, err))
 			}
 			// A partition whose end is unknown (a topic that does not
 			// exist yet, a leader moving) has no row this time.
@@ -121,7 +123,7 @@ func computeWith(ctx context.Context, cl *kgo.Client, conn kafka.Config, groups 
 			var starts kadm.ListedOffsets
 			if len(committed) < len(ends[topic]) {
 				if starts, err = adm.ListStartOffsets(ctx, topic); err != nil {
-					return nil, fmt.Errorf("lag: start offsets of %s: %w", topic, err)
+					return nil, fmt.Errorf("lag: start offsets of %s: %w", topic, describeNeeded(conn, topic, err))
 				}
 			}
 			ends.Each(func(e kadm.ListedOffset) {
@@ -261,6 +263,11 @@ func firstUnconsumed(ctx context.Context, conn kafka.Config, topic string, commi
 			// which reads as nothing to read.
 			for _, p := range parts {
 				oor, err := fetchFirst(ctx, cl.Broker(int(leader)), topic, td.ID, []int32{p}, at, want, out)
+				if errors.Is(err, kerr.TopicAuthorizationFailed) {
+					// No retry grants the ACL: fail now, not at the deadline.
+					return nil, fmt.Errorf("lag: reading %s: %w", topic,
+						needs(conn, "Read on topic "+topic+" (to read the age of the first record a group has not consumed)", err))
+				}
 				if err != nil {
 					lastErr = err
 				}
@@ -349,6 +356,21 @@ func fetchFirst(ctx context.Context, b *kgo.Broker, topic string, id kadm.TopicI
 		}
 	}
 	return outOfRange, failed
+}
+
+// needs wraps err, a request of conn's principal refused for want of an
+// ACL, with the ACL it lacks.
+func needs(conn kafka.Config, acl string, err error) error {
+	return fmt.Errorf("%s needs %s (docs/operations.md, Security and ACLs): %w", conn.Principal(), acl, err)
+}
+
+// describeNeeded is needs of Describe on topic when err is the brokers'
+// refusal of the topic, else err.
+func describeNeeded(conn kafka.Config, topic string, err error) error {
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return needs(conn, "Describe on topic "+topic, err)
+	}
+	return err
 }
 
 // brokerErr reports a connection to a broker that could not be made, or

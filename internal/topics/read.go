@@ -211,12 +211,7 @@ func metadata(ctx context.Context, conn kafka.Config, authOps bool, names []stri
 }
 
 // principal names the principal conn authenticates as, for an error.
-func principal(conn kafka.Config) string {
-	if conn.SASL.User != "" {
-		return "User:" + conn.SASL.User
-	}
-	return "this client's principal"
-}
+func principal(conn kafka.Config) string { return conn.Principal() }
 
 // ConfigValue returns the value the brokers report for config key of
 // topic: the topic's own, or the default it inherits. A config the brokers

@@ -362,7 +362,7 @@ func Create(ctx context.Context, adm *kadm.Client, specs []Spec, rf int16) ([]Re
 		case errors.Is(err, kerr.TopicAlreadyExists):
 			out = append(out, Result{Name: s.Name})
 		default:
-			err = fmt.Errorf("topics: create %s: %w", s.Name, err)
+			err = fmt.Errorf("topics: create %s: %w", s.Name, aclNeeded("Create on topic "+s.Name, err))
 			out = append(out, Result{Name: s.Name, Err: err})
 			errs = append(errs, err)
 		}
@@ -511,6 +511,15 @@ func configSet(k, v string) string {
 	return k + "=" + v
 }
 
+// aclNeeded wraps err, when it is the brokers' refusal of a topic
+// request, with the ACL the request needs; else it returns err.
+func aclNeeded(acl string, err error) error {
+	if !errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return err
+	}
+	return fmt.Errorf("the principal needs %s (docs/operations.md, Security and ACLs): %w", acl, err)
+}
+
 // Check compares the cluster with the specs and returns every drift found:
 // missing topics, partition counts, changelogs whose partition count differs
 // from their input topic's and an entitlements topic whose count differs
@@ -526,7 +535,7 @@ func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error)
 	}
 	details, err := adm.ListTopics(ctx, names...)
 	if err != nil {
-		return nil, fmt.Errorf("topics: list: %w", err)
+		return nil, fmt.Errorf("topics: list: %w", aclNeeded("Describe on topics "+strings.Join(names, ","), err))
 	}
 	var present []string
 	for _, n := range names {
@@ -538,11 +547,11 @@ func Check(ctx context.Context, adm *kadm.Client, specs []Spec) ([]Drift, error)
 	if len(present) > 0 {
 		rcs, err := adm.DescribeTopicConfigs(ctx, present...)
 		if err != nil {
-			return nil, fmt.Errorf("topics: describe configs: %w", err)
+			return nil, fmt.Errorf("topics: describe configs: %w", aclNeeded("DescribeConfigs on topics "+strings.Join(present, ","), err))
 		}
 		for _, rc := range rcs {
 			if rc.Err != nil {
-				return nil, fmt.Errorf("topics: describe configs of %s: %w", rc.Name, rc.Err)
+				return nil, fmt.Errorf("topics: describe configs of %s: %w", rc.Name, aclNeeded("DescribeConfigs on topic "+rc.Name, rc.Err))
 			}
 			m := map[string]kadm.Config{}
 			for _, c := range rc.Configs {
