@@ -112,12 +112,26 @@ func (n *Int) UnmarshalJSON(b []byte) error {
 // digits.
 const maxNumberText = 64
 
+// maxExponent bounds the exponent of a number read exactly: past it, a
+// number of maxNumberText bytes is 0 or no 64-bit integer.
+const maxExponent = 2 * maxNumberText
+
 // exactInt reads an integer written as a decimal number of at most
 // maxNumberText bytes, exactly; ok is false for anything else and for one
 // that does not fit 64 bits.
 func exactInt(s string) (v int64, ok bool) {
 	if len(s) > maxNumberText || !decimalText(s) {
 		return 0, false
+	}
+	if mant, exp, ok := strings.Cut(strings.ToLower(s), "e"); ok {
+		// An exponent past ±maxExponent, which math/big would raise 10
+		// to (1e999999 took 36 ms and megabytes), writes 0 or a number
+		// that is no 64-bit integer: the mantissa, of at most
+		// maxNumberText digits, is 0 or at least 10^-maxNumberText and
+		// below 10^maxNumberText.
+		if e, err := strconv.Atoi(strings.TrimLeft(exp, "+")); err != nil || e > maxExponent || e < -maxExponent {
+			return 0, strings.Trim(mant, "+-0.") == ""
+		}
 	}
 	r, ok := new(big.Rat).SetString(s)
 	if !ok || !r.IsInt() || !r.Num().IsInt64() {
