@@ -375,16 +375,13 @@ func (w *Writer) recordProgressBackingOff(ctx context.Context, progress map[tp]i
 			}
 			return nil
 		}
-		if isNetErr(err) {
-			w.setUp(err)
-		}
 		if err := w.unknownSpell(progressTable, err); err != nil {
 			return err
 		}
-		if attempt == 0 {
-			w.log.Warn("not committing the window: its progress could not be recorded in sink_progress; backing off and retrying", zap.Error(err))
-		}
-		w.setBlocked(fmt.Sprintf("clickhouse cannot take the progress of the window (sink_progress): %v; fetching paused, backing off, committing nothing", err))
+		// Logged, counted and shown as an INSERT of rows that ClickHouse
+		// cannot take: an outage first met by the progress is the same
+		// outage.
+		w.unavailable(progressTable, err, "recording the window's progress")
 		if err := w.backoffSleep(ctx, attempt); err != nil {
 			return err
 		}
