@@ -3,8 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,26 +21,20 @@ import (
 // idempotent producer is refused its ID, CLUSTER_AUTHORIZATION_FAILED)
 // and when it may not (TOPIC_AUTHORIZATION_FAILED).
 func TestProduceRefusedNamesTheACL(t *testing.T) {
-	read := kfake.ACL{Resource: kmsg.ACLResourceTypeTopic, Name: "usage.events", Pattern: kmsg.ACLResourcePatternTypeLiteral,
-		Operation: kmsg.ACLOperationRead, Allow: true}
+	read := allow(kmsg.ACLResourceTypeTopic, "usage.events", kmsg.ACLOperationRead)
 	_, brokers := testenv.KFake(t, kfake.EnableSASL(), kfake.EnableACLs(), kfake.SeedTopics(2, "usage.events"),
 		kfake.Superuser(kafka.ScramSHA512, "admin", "pw-admin"),
 		kfake.User(kafka.ScramSHA512, "reader", "pw-reader", read),
 		kfake.User(kafka.ScramSHA512, "nobody", "pw-nobody"))
-	dir := t.TempDir()
+	login := saslLogin(t, brokers)
 	line := `{"event_id":"req-1","customer_id":"acme","meter":"api_calls","quantity":1,"event_time":"` +
 		time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano) + `"}` + "\n"
 	for _, user := range []string{"reader", "nobody"} {
 		t.Run(user, func(t *testing.T) {
-			pw := filepath.Join(dir, user+".pw")
-			if err := os.WriteFile(pw, []byte("pw-"+user), 0o600); err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var out, errb bytes.Buffer
-			code := Main(ctx, []string{"produce", "--brokers", strings.Join(brokers, ","),
-				"--kafka-sasl-mechanism", kafka.ScramSHA512, "--kafka-sasl-user", user, "--kafka-sasl-password-file", pw},
+			code := Main(ctx, append([]string{"produce"}, login(user)...),
 				IO{Stdin: strings.NewReader(line), Stdout: &out, Stderr: &errb})
 			if code != 1 {
 				t.Fatalf("exit %d, want 1\n%s%s", code, out.String(), errb.String())
