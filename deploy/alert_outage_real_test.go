@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -41,22 +42,36 @@ func ownKafka(t *testing.T, work string, nodes, port, controller int) (script fu
 			env = append(env, kv)
 		}
 	}
-	running := false
+	// started: the script was asked to start brokers since its last
+	// stop (even if the start failed part way, or a broker was killed
+	// since: the others still run).
+	started := false
 	script = func(args ...string) {
 		t.Helper()
 		start := time.Now()
 		c := exec.Command(filepath.Join("local", "kafka.sh"), args...)
 		c.Env = env
+		started = started || args[0] == "start" || args[0] == "start-broker"
 		out, err := c.CombinedOutput()
 		if err != nil {
 			t.Fatalf("kafka.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		running = args[0] == "start"
+		if args[0] == "stop" {
+			started = false
+		}
 		t.Logf("kafka.sh %s (%s): %s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), strings.TrimSpace(string(out)))
 	}
 	t.Cleanup(func() {
-		if running {
+		if started {
 			script("stop")
+		}
+		// No broker of the test's may outlive it: later tests reuse
+		// the ports, and each holds memory and CPU.
+		for _, b := range brokers {
+			if conn, err := net.DialTimeout("tcp", b, time.Second); err == nil {
+				conn.Close()
+				t.Errorf("a broker still listens on %s after the test", b)
+			}
 		}
 	})
 	return script, brokers
