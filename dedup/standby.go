@@ -22,10 +22,14 @@ type filters struct {
 	buckets []uint32 // live buckets, descending
 
 	// On a standby (Warm): the processor, and the buckets below dropped,
-	// following the keyDropped the owner records in the changelog.
-	pr      *processor
-	dropped int64
-	pending [][2][]byte // ranges to delete (stream.WarmExpirer)
+	// following the keyDropped the owner records in the changelog
+	// (droppedAt, epoch ms) in the bucket the state records (keyBucket,
+	// ms; 0 until known), never the standby's configured one.
+	pr        *processor
+	dropped   int64
+	droppedAt int64
+	bucket    int64
+	pending   [][2][]byte // ranges to delete (stream.WarmExpirer)
 }
 
 func newFilters() filters {
@@ -57,9 +61,17 @@ func (fs *filters) add(k []byte) {
 // Open's scan would refuse a malformed one, and so does the promoted
 // partition's first lookup of it, never a wrong answer.
 func (fs *filters) Apply(k, v []byte) {
-	if fs.pr != nil && v != nil && bytes.Equal(k, keyDropped) && len(v) == 8 {
-		fs.expire(int64(binary.BigEndian.Uint64(v)))
-		return
+	if fs.pr != nil && v != nil && len(v) == 8 {
+		switch {
+		case bytes.Equal(k, keyDropped):
+			fs.droppedAt = max(fs.droppedAt, int64(binary.BigEndian.Uint64(v)))
+			fs.expire()
+			return
+		case bytes.Equal(k, keyBucket):
+			fs.bucket = int64(binary.BigEndian.Uint64(v))
+			fs.expire()
+			return
+		}
 	}
 	if v == nil || len(k) != identityKeyLen || k[0] != prefixIdentity {
 		return
@@ -68,17 +80,27 @@ func (fs *filters) Apply(k, v []byte) {
 }
 
 // expire drops, on a standby, the buckets its owner dropped: those below
-// dropped (epoch ms), the keyDropped the owner records in the transaction
-// that drops them (partition.begin). Their filters go now, their keys
-// through LocalDeletes. The standby follows what the owner recorded, not a
-// horizon of its own: its W or S may differ from the owner's (a rolling
-// restart that changes them), and expiring by a shorter one would drop
-// keys the owner keeps, which the standby, promoted, would then miss. A
-// bucket below keyDropped may still be in the owner's store (a restore
-// brought it back); its keys are never needed: the expiry check rejects
-// an event that could be a copy of one (partition.expiredBefore).
-func (fs *filters) expire(dropped int64) {
-	below := dropped / fs.pr.cfg.Bucket.Milliseconds()
+// droppedAt (epoch ms), the keyDropped the owner records in the
+// transaction that drops them (partition.begin). Their filters go now,
+// their keys through LocalDeletes. The standby follows what the owner
+// recorded, not a horizon of its own: its W or S may differ from the
+// owner's (a rolling restart that changes them), and expiring by a shorter
+// one would drop keys the owner keeps, which the standby, promoted, would
+// then miss. So does it count buckets in the one the state records
+// (keyBucket), in which the owner numbers them: its own may differ too (a
+// rolling restart that tries another bucket, which the owner's Open
+// refuses), and a shorter one would drop every key of its copy, which the
+// instance, back on the state's bucket, would restore only the tail of.
+// Until the state's bucket is known, nothing is dropped: keys kept are
+// never wrong. A bucket below keyDropped may still be in the owner's
+// store (a restore brought it back); its keys are never needed: the
+// expiry check rejects an event that could be a copy of one
+// (partition.expiredBefore).
+func (fs *filters) expire() {
+	if fs.bucket <= 0 {
+		return
+	}
+	below := fs.droppedAt / fs.bucket
 	if below <= fs.dropped {
 		return
 	}
@@ -115,11 +137,19 @@ func (pr *processor) Warm(p int32, st *stream.PartitionState) (stream.WarmState,
 	if err := fs.load(p, st); err != nil {
 		return nil, err
 	}
-	dropped, err := readDropped(st.Get)
-	if err != nil {
+	var err error
+	if fs.droppedAt, err = readDropped(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
-	fs.expire(dropped)
+	switch v, ok, err := st.Get(keyBucket); {
+	case err != nil:
+		return nil, err
+	case ok && len(v) != 8:
+		return nil, fmt.Errorf("dedup: partition %d: corrupt expiry bucket (%d bytes)", p, len(v))
+	case ok:
+		fs.bucket = int64(binary.BigEndian.Uint64(v))
+	}
+	fs.expire()
 	return &fs, nil
 }
 
