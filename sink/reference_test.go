@@ -622,17 +622,18 @@ func refQueries(t *testing.T, want map[string]string) []AnalystQuery {
 	return qs
 }
 
-// refSeeds are the seeds of refData that chdb runs. The test server runs
-// one each of TestAnalystQueriesMatchReference and
+// refSeeds are the seeds of refData that chdb runs (about 30 s each). The
+// test server runs one each of TestAnalystQueriesMatchReference and
 // TestAnalystQueriesMatchReferenceAfterRepair: on 18.16, an INSERT of a
-// few rows through the views takes about 0.1 s.
-var refSeeds = []uint64{1, 2, 3}
+// few rows through the views takes about 0.1 s. Seed 3 is the one whose
+// data tells late_usage without FINAL from late_usage.
+var refSeeds = []uint64{1, 3}
 
 // TestAnalystQueriesMatchReference runs every query of docs/analysts.md on
 // refData, unmerged, on ClickHouse 18.16 (then verify finds every month
 // equal) and requires the reference's answers.
 func TestAnalystQueriesMatchReference(t *testing.T) {
-	for _, seed := range refSeeds[2:] {
+	for _, seed := range refSeeds[1:] {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			d := newRefData(seed, false)
 			want := d.want()
