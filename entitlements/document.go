@@ -236,10 +236,20 @@ func ParseDocument(b []byte) (*Document, error) {
 	return &d, nil
 }
 
+// ReservedPlanNames are the values of the plan label of the aggregator's
+// metrics (aggregator planLabels) that name no plan: none (no plan),
+// unnamed (a plan without a name) and other (the plans past the first
+// 64 names). Record refuses them as a plan's name, which would be counted
+// under the same label and could not be told apart; the aggregator takes
+// a record that names one (written straight to the topic) and labels it
+// so.
+var ReservedPlanNames = []string{"none", "unnamed", "other"}
+
 // Record converts the document to an Entitlements record and validates it
 // (Validate, with meters when not nil), returning every problem at once
 // with its field path. customer names the customer ("" for the default
-// plan); a document that names another one is an error.
+// plan); a document that names another one is an error, and so is a plan
+// named by one of ReservedPlanNames.
 func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements, error) {
 	var f fieldErrs
 	switch {
@@ -254,6 +264,10 @@ func (d *Document) Record(customer string, meters Meters) (*schemas.Entitlements
 		f.add("version", "the default plan is written unconditionally: only a customer's record has a version (got %q)", clip.To(d.Version, clip.Echo))
 	case err != nil:
 		f.add("version", "%v", err)
+	}
+	if slices.Contains(ReservedPlanNames, d.Plan) {
+		f.add("plan", "%s is a reserved word: the metrics' plan label is none for no plan, unnamed for a plan without a name "+
+			"and other past the first 64 plan names, so none, unnamed and other are not plan names", d.Plan)
 	}
 	e := &schemas.Entitlements{CustomerID: customer, Plan: d.Plan, Unmetered: d.Unmetered,
 		EffectiveFrom: f.time("effective_from", d.EffectiveFrom), Caps: []schemas.Cap{}, Grants: []schemas.Grant{},

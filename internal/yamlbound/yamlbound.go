@@ -27,7 +27,12 @@ const (
 // Check returns an error when the first document of b, its aliases
 // expanded, has more than MaxNodes nodes or MaxText bytes of keys and
 // scalars. A b that does not parse passes: the reader reports its error.
+// A b found past MaxNodes without its aliases expanded (NodesPast) is
+// refused before it is parsed.
 func Check(b []byte) error {
+	if line := NodesPast(b, MaxNodes); line != 0 {
+		return fmt.Errorf("line %d: the document expands to more than %d nodes", line, MaxNodes)
+	}
 	var doc yaml.Node
 	if yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc) != nil {
 		return nil

@@ -1,0 +1,88 @@
+package entitlements
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// allocated returns the bytes f allocates and how long it takes.
+func allocated(f func()) (uint64, time.Duration) {
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	start := time.Now()
+	f()
+	d := time.Since(start)
+	runtime.ReadMemStats(&m1)
+	return m1.TotalAlloc - m0.TotalAlloc, d
+}
+
+// TestFlatListRefusedBounded: a document of 16 MiB (the most set reads)
+// holding one flat list of millions of items, in flow or block style, or
+// as JSON that the YAML parser refuses (read as JSON), is refused as past
+// the node limit, allocating a small share of its size: yaml.v3 built
+// its whole node tree first, 2 GB and 14 s for a flow list of 8 million
+// items, 1 GB for a block list of 4 million.
+func TestFlatListRefusedBounded(t *testing.T) {
+	const size = 16 << 20
+	long := strings.Repeat("k", 1100) // a quoted key the YAML parser refuses
+	docs := map[string][]byte{
+		"flow":  []byte("caps: [" + strings.Repeat("x,", size/2-8) + "x]\n"),
+		"block": []byte("caps:\n" + strings.Repeat("- x\n", size/4-4)),
+		"json":  []byte(`{"` + long + `": 1, "caps": [` + strings.Repeat("1,", size/2-700) + "1]}"),
+	}
+	for name, doc := range docs {
+		for what, parse := range map[string]func([]byte) error{
+			"ParseDocument":      func(b []byte) error { _, err := ParseDocument(b); return err },
+			"ParseRatesDocument": func(b []byte) error { _, err := ParseRatesDocument(b); return err },
+		} {
+			var err error
+			n, d := allocated(func() { err = parse(doc) })
+			t.Logf("%s, %s of %d bytes: %d bytes allocated, %v", what, name, len(doc), n, d)
+			if err == nil || !strings.Contains(err.Error(), "the document expands to more than 1048576 nodes") {
+				t.Errorf("%s, %s: %.200v; want it refused as more than 1048576 nodes", what, name, err)
+			}
+			if n > 1<<20 {
+				t.Errorf("%s, %s: %d bytes allocated to refuse a document of %d", what, name, n, len(doc))
+			}
+		}
+	}
+}
+
+// TestLongRateHistoryAccepted: a rate card at its limits (MaxRateVersions
+// versions, MaxRates rates) of long meter names, with a comment per
+// rate, close to 16 MiB, is read and accepted (about 180 MB allocated,
+// 1 s).
+func TestLongRateHistoryAccepted(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("versions:\n")
+	per := MaxRates / MaxRateVersions
+	comment := "  # " + strings.Repeat("c", 560) + "\n"
+	for v := range MaxRateVersions {
+		fmt.Fprintf(&b, "- effective_from: %q\n  rates:\n", time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(v)*time.Hour).Format(time.RFC3339))
+		for r := range per {
+			fmt.Fprintf(&b, "%s    ? %s%04d\n    : \"15/1000\"\n", comment, strings.Repeat("m", MaxNameBytes-4), r)
+		}
+	}
+	doc := []byte(b.String())
+	if len(doc) > 16<<20 || len(doc) < 15<<20 {
+		t.Fatalf("the document is %d bytes, want close to 16 MiB", len(doc))
+	}
+	var err error
+	n, d := allocated(func() {
+		var rd *RatesDocument
+		if rd, err = ParseRatesDocument(doc); err == nil {
+			_, err = rd.Card(nil)
+		}
+	})
+	t.Logf("a rate card of %d versions, %d rates, %d bytes: %d bytes allocated, %v", MaxRateVersions, MaxRates, len(doc), n, d)
+	if err != nil {
+		t.Fatalf("%.300v", err)
+	}
+	if n > 20*uint64(len(doc)) {
+		t.Errorf("%d bytes allocated to read a rate card of %d", n, len(doc))
+	}
+}

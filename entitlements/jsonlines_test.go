@@ -1,0 +1,49 @@
+package entitlements
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLongJSONRateCardRead: a rate card printed as JSON (get --rates -o
+// json) at the limits, its meters named by MaxNameBytes bytes (a quoted
+// key the YAML parser refuses, so it is read as JSON), is read back in
+// about the time its YAML takes: the line of each token was counted from
+// the start of the document, 40 thousand times over 10 MB.
+func TestLongJSONRateCardRead(t *testing.T) {
+	type version struct {
+		EffectiveFrom string            `json:"effective_from"`
+		Rates         map[string]string `json:"rates"`
+	}
+	var doc struct {
+		Versions []version `json:"versions"`
+	}
+	per := MaxRates / MaxRateVersions
+	for v := range MaxRateVersions {
+		ver := version{EffectiveFrom: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(v) * time.Hour).Format(time.RFC3339), Rates: map[string]string{}}
+		for r := range per {
+			ver.Rates[fmt.Sprintf("%s%04d", strings.Repeat("m", MaxNameBytes-4), r)] = "15/1000"
+		}
+		doc.Versions = append(doc.Versions, ver)
+	}
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	d, err := ParseRatesDocument(b)
+	took := time.Since(start)
+	t.Logf("%d bytes of JSON read in %v", len(b), took)
+	if err != nil {
+		t.Fatalf("%.300v", err)
+	}
+	if len(d.Versions) != MaxRateVersions {
+		t.Fatalf("%d versions read, want %d", len(d.Versions), MaxRateVersions)
+	}
+	if took > 5*time.Second {
+		t.Errorf("%d bytes of JSON read in %v", len(b), took)
+	}
+}
