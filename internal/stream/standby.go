@@ -285,7 +285,10 @@ func (sb *standbys) warmCopies() map[int32]int64 {
 // offsets are fetched, by which time the tail may have stopped already: a
 // tail of a partition the assignment gives this instance to own is kept
 // with its warm structures until the restore takes them, whichever of the
-// two ends first.
+// two ends first. The leader's plan is followed whatever this instance's
+// own Config.StandbyReplicas (0 included): a partition deferred to it as a
+// standby would otherwise stay with its owner, over its quota, for as long
+// as the group lasts (docs/operations.md, Standby replicas).
 func (sb *standbys) assigned(a StandbyAssignment) {
 	sb.rt.awaitOffsets(a.Owned)
 	sb.noteHeld(a)
@@ -295,9 +298,6 @@ func (sb *standbys) assigned(a StandbyAssignment) {
 	sb.rt.kept.retain(a.Owned)
 	sb.rt.noteKept()
 	sb.notePlaced(a)
-	if sb.rt.cfg.StandbyReplicas <= 0 {
-		return
-	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	sb.setPending(slices.Concat(a.Deferred, a.Warmup))

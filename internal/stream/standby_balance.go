@@ -115,10 +115,14 @@ type StandbyOptions struct {
 //
 //   - A number whose owner left goes to a member holding a warm copy of it,
 //     the most caught-up one (highest checkpoint offset) first, among the
-//     members below their quota. With Replicas > 0, when none of those has
-//     a caught-up copy but a member at its quota does, that member takes
-//     it, one over its quota (at most one, and only a member that gives no
-//     number up); the balance is then restored as when a member joins: a
+//     members below their quota; the numbers of a member that left are
+//     placed together, so that as many as can go to caught-up copies (one
+//     may go to a less advanced copy, leaving the room of the most
+//     advanced to a number kept warm only there). With Replicas > 0,
+//     when none of those has a caught-up copy but a member at its quota
+//     does, that member takes it, one over its quota (at most one, and
+//     only a member that gives no number up); the balance is then
+//     restored as when a member joins: a
 //     member left below its quota takes one of its numbers at once if its
 //     copy of it is caught up, otherwise gets it deferred.
 //   - With Replicas > 0, a number an owner over its quota gives up (a member
@@ -444,14 +448,13 @@ func (wb *warmBalance) quotas() {
 }
 
 // assign decides the owners: each member keeps its claimed numbers up to
-// its quota (keep); a number whose owner left goes to the member below
-// quota with the most advanced copy, or, with standbys on, to a member
-// with a caught-up copy one over its quota (orphan); a number a live
-// owner gives up goes to the member below quota with the most advanced
-// caught-up copy (any copy without standbys), otherwise its owner keeps
-// it, deferred; the rest is dealt in ascending order to the members below
-// quota, in member order; a member one over its quota then gives a number
-// back (giveBack).
+// its quota (keep); the numbers whose owner left go to members with
+// caught-up copies, below quota or, with standbys on, one over it
+// (orphans); a number a live owner gives up goes to the member below
+// quota with the most advanced caught-up copy (any copy without
+// standbys), otherwise its owner keeps it, deferred; the rest is dealt in
+// ascending order to the members below quota, in member order; a member
+// one over its quota then gives a number back (giveBack).
 func (wb *warmBalance) assign() {
 	n, m, out := wb.n, wb.m, &wb.out
 	// prev[p]: the live owner that gives p up (over its quota); -1 for a
@@ -473,14 +476,15 @@ func (wb *warmBalance) assign() {
 	for p := range wb.deferredTo {
 		wb.deferredTo[p] = -1
 	}
-	over := make([]bool, m) // took an orphan over its quota
+	var orphans []int32
 	for p := range n {
 		if free[p] && prev[p] < 0 {
-			if i := wb.orphan(p, over); i >= 0 {
-				out.numbers[i] = append(out.numbers[i], p)
-				free[p] = false
-			}
+			orphans = append(orphans, p)
 		}
+	}
+	over := make([]bool, m) // took an orphan over its quota
+	for _, p := range wb.orphans(orphans, over) {
+		free[p] = false
 	}
 	var given []int32
 	for p := range n {
@@ -551,41 +555,106 @@ func (wb *warmBalance) keep(i int) (kept, given []int32) {
 	return kept, given
 }
 
-// orphan returns the member that takes number p, whose owner left: the
-// one below quota with the most advanced copy when that copy is caught up
-// (any copy without standbys); otherwise, with standbys on, the one with
-// the most advanced caught-up copy among those at their quota that give
-// nothing up and have not taken one over it yet (over), which goes one
-// over its quota; otherwise the one below quota with the most advanced
-// copy; -1: none (p is dealt).
-func (wb *warmBalance) orphan(p int32, over []bool) int {
+// orphans places the numbers whose owner left (ps, ascending) and returns
+// those placed. As many as can go to a member below quota with a
+// caught-up copy (any copy without standbys) do, each to the most
+// advanced such copy unless another number needs that member's room (a
+// matching, by augmenting paths in ascending number order: a number taken
+// in order by the first of two copies could take the room of a number
+// kept warm only there, restored in full elsewhere). With standbys on, as
+// many of the others as can then go to a member with a caught-up copy
+// one over its quota (at most one each, and only a member that gives
+// nothing up; over records it), the numbers placed before staying on
+// caught-up copies. Each of the rest goes to the member below quota with
+// the most advanced copy, if any; otherwise it is dealt.
+func (wb *warmBalance) orphans(ps []int32, over []bool) []int32 {
 	out := &wb.out
-	cand := -1
+	room, extra := make([]int, wb.m), make([]int, wb.m)
 	for i := range wb.m {
-		if len(out.numbers[i]) >= wb.quota[i] || wb.offset(i, p) < 0 {
-			continue
-		}
-		if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
-			cand = i
+		room[i] = wb.quota[i] - len(out.numbers[i])
+		if wb.replicas > 0 && len(wb.owned[i]) <= wb.quota[i] {
+			extra[i] = room[i] + 1
+		} else {
+			extra[i] = room[i]
 		}
 	}
-	if wb.replicas <= 0 || (cand >= 0 && wb.caughtUp(cand, p)) {
-		return cand
+	takers := func(p int32) []int {
+		var ts []int
+		for i := range wb.m {
+			if wb.offset(i, p) >= 0 && (wb.replicas <= 0 || wb.caughtUp(i, p)) {
+				ts = append(ts, i)
+			}
+		}
+		slices.SortStableFunc(ts, func(a, b int) int { return cmp.Compare(wb.offset(b, p), wb.offset(a, p)) })
+		return ts
 	}
-	o := -1
+	held := make([][]int32, wb.m)
+	rest := match(ps, room, takers, held)
+	if wb.replicas > 0 {
+		rest = match(rest, extra, takers, held)
+	}
+	var placed []int32
 	for i := range wb.m {
-		if over[i] || len(out.numbers[i]) != wb.quota[i] || len(wb.owned[i]) > wb.quota[i] || !wb.caughtUp(i, p) {
-			continue
+		over[i] = len(held[i]) > room[i]
+		out.numbers[i] = append(out.numbers[i], held[i]...)
+		placed = append(placed, held[i]...)
+	}
+	for _, p := range rest {
+		cand := -1
+		for i := range wb.m {
+			if len(out.numbers[i]) >= wb.quota[i] || wb.offset(i, p) < 0 {
+				continue
+			}
+			if cand < 0 || wb.offset(i, p) > wb.offset(cand, p) {
+				cand = i
+			}
 		}
-		if o < 0 || wb.offset(i, p) > wb.offset(o, p) {
-			o = i
+		if cand >= 0 {
+			out.numbers[cand] = append(out.numbers[cand], p)
+			placed = append(placed, p)
 		}
 	}
-	if o >= 0 {
-		over[o] = true
-		return o
+	return placed
+}
+
+// match places as many of the numbers ps as it can on their takers (in
+// order of preference; member i holding at most capacity[i] numbers), in
+// ascending number order by augmenting paths: a number goes to its first
+// taker with room, or moves a number another taker holds on to another of
+// that one's takers. held holds each member's numbers, the numbers
+// already placed included (they stay placed, possibly on another of their
+// takers); it returns the numbers not placed.
+func match(ps []int32, capacity []int, takers func(int32) []int, held [][]int32) []int32 {
+	var try func(p int32, seen []bool) bool
+	try = func(p int32, seen []bool) bool {
+		ts := takers(p)
+		for _, i := range ts {
+			if !seen[i] && len(held[i]) < capacity[i] {
+				held[i] = append(held[i], p)
+				return true
+			}
+		}
+		for _, i := range ts {
+			if seen[i] {
+				continue
+			}
+			seen[i] = true
+			for k, q := range held[i] {
+				if try(q, seen) {
+					held[i][k] = p
+					return true
+				}
+			}
+		}
+		return false
 	}
-	return cand
+	var rest []int32
+	for _, p := range ps {
+		if !try(p, make([]bool, len(capacity))) {
+			rest = append(rest, p)
+		}
+	}
+	return rest
 }
 
 // moves places the numbers live owners give up (prev: the owner of
@@ -615,39 +684,11 @@ func (wb *warmBalance) moves(given []int32, prev []int) []int32 {
 		return ts
 	}
 	held := make([][]int32, wb.m)
-	var try func(p int32, seen []bool) bool
-	try = func(p int32, seen []bool) bool {
-		ts := takers(p)
-		for _, i := range ts {
-			if !seen[i] && len(held[i]) < room[i] {
-				held[i] = append(held[i], p)
-				return true
-			}
-		}
-		for _, i := range ts {
-			if seen[i] {
-				continue
-			}
-			seen[i] = true
-			for k, q := range held[i] {
-				if try(q, seen) {
-					held[i][k] = p
-					return true
-				}
-			}
-		}
-		return false
-	}
-	var placed, rest []int32
-	for _, p := range given {
-		if try(p, make([]bool, wb.m)) {
-			placed = append(placed, p)
-		} else {
-			rest = append(rest, p)
-		}
-	}
+	rest := match(given, room, takers, held)
+	var placed []int32
 	for i := range wb.m {
 		out.numbers[i] = append(out.numbers[i], held[i]...)
+		placed = append(placed, held[i]...)
 		room[i] -= len(held[i])
 	}
 	for _, p := range rest {

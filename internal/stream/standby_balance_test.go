@@ -482,3 +482,119 @@ func TestStandbyPlacedFewerWarnsOnChange(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyBalancerChurnThenKill: members join and leave repeatedly,
+// each keeping in its store the copies of every number it held (as the
+// state cleanup does for --state-cleanup-delay): its own numbers at the
+// changelog's end, its standbys a little behind, the others where it left
+// them, caught up while their changelog stays quiet. Once the group has
+// settled (balanced, nothing deferred, no warm-up left), each member in
+// turn dies: every number it owned goes to a member with a copy of it.
+// Placed in number order, a number with two caught-up copies could take
+// the room of a number kept warm only on one of them, which then went
+// cold to another member.
+func TestStandbyBalancerChurnThenKill(t *testing.T) {
+	for seed := range uint64(140) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		replicas, n := 1+rng.IntN(3), int32(1+rng.IntN(16))
+		g := newStandbySim(replicas, "a")
+		var members []string
+		for i := range 1 + rng.IntN(4) {
+			members = append(members, fmt.Sprintf("m%02d", i))
+		}
+		end := make([]int64, n)
+		for p := range end {
+			end[p] = 50_000 + rng.Int64N(100_000)
+		}
+		store := map[string]map[int32]int64{} // member → the copies in its store
+		sync := func(owners map[string][]int32, maxLag int64) {
+			for _, id := range members {
+				if store[id] == nil {
+					store[id] = map[int32]int64{}
+				}
+				for _, p := range owners[id] {
+					store[id][p] = end[p]
+				}
+				for _, p := range g.assigned[id].Standby {
+					store[id][p] = max(end[p]-rng.Int64N(maxLag+1), 0)
+				}
+				g.warm[id] = maps.Clone(store[id])
+			}
+		}
+		owners := g.rebalance(t, members, n)
+		next := len(members)
+		for range 30 {
+			for p := range end {
+				end[p] += rng.Int64N(30_000)
+			}
+			sync(owners, 3*DefaultAcceptableLag)
+			switch r := rng.IntN(3); {
+			case r == 0 && len(members) > 1:
+				i := rng.IntN(len(members))
+				gone := members[i]
+				members = slices.Delete(slices.Clone(members), i, i+1)
+				delete(g.last, gone)
+				delete(g.warm, gone)
+				if rng.IntN(2) == 0 {
+					delete(store, gone) // its state directory lost
+				}
+			case r == 1:
+				id := fmt.Sprintf("m%02d", next)
+				next++
+				for old := range store {
+					if !slices.Contains(members, old) && rng.IntN(2) == 0 {
+						id = old // back, with its store
+						break
+					}
+				}
+				members = append(slices.Clone(members), id)
+				g.warm[id] = maps.Clone(store[id])
+			}
+			owners = g.rebalance(t, members, n)
+			g.checkStandbys(t, owners, n)
+		}
+		for round := 0; ; round++ {
+			if round == 40 {
+				t.Fatalf("seed %d: not settled after %d rounds: %v %v", seed, round, owners, g.assigned)
+			}
+			sync(owners, 0)
+			owners = g.rebalance(t, members, n)
+			g.checkStandbys(t, owners, n)
+			lo, hi := int(n), 0
+			for _, id := range members {
+				lo, hi = min(lo, len(owners[id])), max(hi, len(owners[id]))
+			}
+			pending := false
+			for _, a := range g.assigned {
+				pending = pending || len(a.Deferred) > 0 || len(a.Warmup) > 0
+			}
+			if hi-lo <= 1 && !pending {
+				break
+			}
+		}
+		sync(owners, 0)
+		for _, dead := range members {
+			h := newStandbySim(replicas, "a")
+			h.gen = g.gen
+			var rest []string
+			for _, id := range members {
+				if id != dead {
+					rest = append(rest, id)
+					h.last[id], h.warm[id] = g.last[id], maps.Clone(g.warm[id])
+				}
+			}
+			if len(rest) == 0 {
+				continue
+			}
+			after := h.rebalance(t, rest, n)
+			for id, ps := range after {
+				for _, p := range ps {
+					if _, warm := h.warm[id][p]; slices.Contains(owners[dead], p) && !warm {
+						t.Errorf("seed %d (n=%d replicas=%d): %s died, and its %d went to %s, which has no copy of it (owners %v, standbys %v; after %v)",
+							seed, n, replicas, dead, p, id, owners, g.assigned, after)
+					}
+				}
+			}
+		}
+	}
+}

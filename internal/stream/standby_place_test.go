@@ -123,6 +123,45 @@ func TestStandbyPlaceFailoverOverQuota(t *testing.T) {
 	}
 }
 
+// TestStandbyPlaceOrphansMatched: the numbers of a member that died go
+// to members with caught-up copies of them whenever such a placement
+// exists, also when the most advanced copy of one is on a member whose
+// room another number needs. Here a owned 0 until a recent rebalance:
+// its copy of 0, not held since, stays (--state-cleanup-delay) and is as
+// advanced as b's standby copy on a quiet changelog. The dead member
+// owned 0, 1 and 2; a keeps 1 and 2 warm, b keeps 0 warm. a has room for
+// one, and may take one more over its quota: 0 goes to b, 1 and 2 to a.
+// Taken in order, 0 went to a (the first of two equal copies), 1 to a
+// over its quota, and 2, kept warm only on a, was restored in full on b.
+func TestStandbyPlaceOrphansMatched(t *testing.T) {
+	for _, c := range []placeCase{{
+		name: "a stale copy does not take the room of the only warm one", n: 8, replicas: 1,
+		members: []placeMember{
+			{owns: []int32{3, 4, 5}, warm: copies(1000, 0, 1, 2, 3, 4, 5)},
+			{owns: []int32{6, 7}, warm: copies(1000, 0, 6, 7)},
+		},
+		owns:     [][]int32{{1, 2, 3, 4, 5}, {0, 6, 7}},
+		deferred: [][]int32{nil, {5}},
+	}, {
+		name: "within quota before over it", n: 8, replicas: 1,
+		members: []placeMember{
+			{owns: []int32{3, 4}, warm: map[int32]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000, 4: 1000}},
+			{owns: []int32{6, 7}, warm: map[int32]int64{0: 990, 6: 1000, 7: 1000}},
+		},
+		owns:     [][]int32{{1, 2, 3, 4}, {0, 5, 6, 7}},
+		deferred: [][]int32{nil, nil},
+	}, {
+		name: "without standbys, every orphan to a copy with room", n: 6, replicas: 0,
+		members: []placeMember{
+			{owns: []int32{3, 4}, warm: copies(1000, 0, 1, 3, 4)},
+			{owns: []int32{5}, warm: copies(1000, 0, 5)},
+		},
+		owns: [][]int32{{1, 3, 4}, {0, 2, 5}},
+	}} {
+		t.Run(c.name, func(t *testing.T) { c.run(t) })
+	}
+}
+
 // TestStandbyPlaceOverQuotaSettles: after a member took a number over its
 // quota, the member left short catches up on its deferred standby and
 // the next plan is balanced, the number moving to it warm.
