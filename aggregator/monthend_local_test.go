@@ -55,6 +55,24 @@ func (m *monthEndLocal) processor() *processor {
 		m:      newMetrics(prometheus.NewRegistry()), now: time.Now}
 }
 
+// open opens the partition: new and keeping its records (Keep), or, with
+// a changelog, restored from it.
+func (m *monthEndLocal) open(changelog []*kgo.Record) *stream.Local {
+	var l *stream.Local
+	var err error
+	if changelog == nil {
+		if l, err = stream.NewLocal(m.processor(), 0, m.names.DedupedTopic()); err == nil {
+			l.Keep()
+		}
+	} else {
+		l, err = stream.RestoreLocal(m.processor(), 0, m.names.DedupedTopic(), changelog)
+	}
+	if err != nil {
+		m.tb.Fatal(err)
+	}
+	return l
+}
+
 func (m *monthEndLocal) record(msg schemas.Message, key []byte, at int64) *kgo.Record {
 	r := &kgo.Record{Topic: m.names.DedupedTopic(), Offset: m.next, Key: key, Value: schemas.MustEncode(msg),
 		Timestamp: time.UnixMilli(at)}
@@ -221,11 +239,7 @@ func TestMonthEndLocalCrashBetweenChunks(t *testing.T) {
 	}
 	const chunk = 1_000
 	m := newMonthEndLocal(t, customers, chunk)
-	l, err := stream.NewLocal(m.processor(), 0, m.names.DedupedTopic())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Keep()
+	l := m.open(nil)
 	m.fill(l)
 	l.TakeOutput()
 	out := &monthEndOutput{finals: map[string][]*schemas.Aggregate{}}
@@ -239,7 +253,7 @@ func TestMonthEndLocalCrashBetweenChunks(t *testing.T) {
 	changelog := l.Changelog()
 	_ = l.Close()
 	proc := m.processor()
-	l, err = stream.RestoreLocal(proc, 0, m.names.DedupedTopic(), changelog)
+	l, err := stream.RestoreLocal(proc, 0, m.names.DedupedTopic(), changelog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,12 +430,8 @@ func TestMonthEndLocalWatermarkJumpsMonths(t *testing.T) {
 	m := newMonthEndLocal(t, customers, chunk)
 	jan := time.Date(2028, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 	feb, mar := m.start, m.end
-	l, err := stream.NewLocal(m.processor(), 0, m.names.DedupedTopic())
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := m.open(nil)
 	defer func() { _ = l.Close() }()
-	l.Keep()
 	day := 24 * time.Hour.Milliseconds()
 	recs := []*kgo.Record{m.watermark(jan + 10*day)}
 	for i := range customers {
@@ -490,11 +500,7 @@ func TestMonthEndLocalRestoreAtEveryChunk(t *testing.T) {
 	const customers, chunk = 60, 7
 	run := func(crash bool) []string {
 		m := newMonthEndLocal(t, customers, chunk)
-		l, err := stream.NewLocal(m.processor(), 0, m.names.DedupedTopic())
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Keep()
+		l := m.open(nil)
 		m.fill(l)
 		grace := m.cfg.Grace.Milliseconds()
 		var late []*kgo.Record
@@ -543,9 +549,7 @@ func TestMonthEndLocalRestoreAtEveryChunk(t *testing.T) {
 				if crash {
 					cl := l.Changelog()
 					_ = l.Close()
-					if l, err = stream.RestoreLocal(m.processor(), 0, m.names.DedupedTopic(), cl); err != nil {
-						t.Fatal(err)
-					}
+					l = m.open(cl)
 				}
 			}
 		}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/meterline/meterline/internal/stream"
 	"github.com/meterline/meterline/internal/testenv"
 	"github.com/meterline/meterline/schemas"
 )
@@ -44,21 +43,7 @@ func monthEndRandom(t *testing.T, seed int64) {
 	m.cfg.Window, m.cfg.Bucket, m.cfg.Skew = 3*24*time.Hour, time.Hour, time.Hour
 	m.cfg.FinalChunkBytes = 100 + r.Intn(400)
 	const hour = int64(time.Hour / time.Millisecond)
-	open := func(cl []*kgo.Record) *stream.Local {
-		var l *stream.Local
-		var err error
-		if cl == nil {
-			l, err = stream.NewLocal(m.processor(), 0, m.names.DedupedTopic())
-			l.Keep()
-		} else {
-			l, err = stream.RestoreLocal(m.processor(), 0, m.names.DedupedTopic(), cl)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	l := open(nil)
+	l := m.open(nil)
 	defer func() { _ = l.Close() }()
 	o := newRandOracle(m.cfg.Period)
 	got := &monthEndOutput{finals: map[string][]*schemas.Aggregate{}}
@@ -83,7 +68,7 @@ func monthEndRandom(t *testing.T, seed int64) {
 			if r.Intn(5) == 0 {
 				cl := l.Changelog()
 				_ = l.Close()
-				l = open(cl)
+				l = m.open(cl)
 			}
 		}
 	}
