@@ -265,14 +265,19 @@ func TestStateKeyCountExact(t *testing.T) {
 	h.caughtUp()
 	// The expiry goes in chunks of 3 keys, in transactions after the
 	// input is committed: the gauge matches the changelog between chunks
-	// too, so wait for the last chunk.
+	// too, so wait for the last chunk. The 'a' and 'f' keys go first; a
+	// period's UNIQUE_COUNT values, meter definitions and marker in the
+	// chunks after them.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		n := awaitKeysGauge(t, h, &reg, "after expiry")
-		if n == 0 {
+		if n == 0 && len(periodKeysLeft(t, h)) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d 'a' and 'f' keys left after every period expired", n)
+			if n > 0 {
+				t.Fatalf("%d 'a' and 'f' keys left after every period expired", n)
+			}
+			break // reported below, by prefix
 		}
 	}
 	live, recorded, txns := changelogCheck(t, h)
