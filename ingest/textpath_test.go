@@ -63,3 +63,28 @@ func TestBadTextNamesItsPath(t *testing.T) {
 		t.Errorf("%d records written; want none", n)
 	}
 }
+
+// FuzzFieldAt: fieldAt names a field for any text and offset, valid JSON
+// or not, without a panic; within an object's member value it names
+// that member.
+func FuzzFieldAt(f *testing.F) {
+	f.Add([]byte(`{"data":{"items":[{},{"name":"x"}]}}`), 26)
+	f.Add([]byte(`{"a":"\ud800","b":[1,{"c":"`+"\xff"+`"}]}`), 27)
+	f.Add([]byte(`{"a`), 2)
+	f.Fuzz(func(t *testing.T, raw []byte, off int) {
+		if off < 0 || off >= len(raw) {
+			return
+		}
+		if got := fieldAt(raw, off); got == "" {
+			t.Fatalf("fieldAt(%q, %d) is empty", raw, off)
+		}
+		// A member "k" whose value holds the offset is named.
+		doc := append([]byte(`{"k":"`), raw...)
+		doc = append(doc, `"}`...)
+		if !strings.ContainsAny(string(raw), "\"\\\x00\x01\x02\x03\x04\x05\x06\x07\x08\t\n\v\f\r\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f") {
+			if got := fieldAt(doc, 6+off); got != "k" {
+				t.Fatalf("fieldAt(%q, %d) = %q, want k", doc, 6+off, got)
+			}
+		}
+	})
+}
