@@ -52,7 +52,12 @@ type conns struct {
 	// shed counts the connections closed by the bound, by state (a
 	// shed* constant); it may be nil.
 	shed func(state string)
-	log  *zap.Logger
+	// malformed counts a request net/http refused itself (connState); it
+	// may be nil. stopping is set once the server shuts down, whose
+	// connections net/http closes without serving what they read.
+	malformed func()
+	stopping  atomic.Bool
+	log       *zap.Logger
 	// logs bounds the lines: a client can cause one a connection.
 	logs *logBound
 }
@@ -66,6 +71,15 @@ type connEntry struct {
 	// closed is set, under conns.mu, when the bound closed the
 	// connection: a request read from it is not served.
 	closed atomic.Bool
+	// talking is set (under conns.mu) once the connection carries HTTP:
+	// bytes of a request were read, or it went idle after an answer (a
+	// pipelined request is read from what is buffered). served is set
+	// once a request reaches the handler (guard), cleared when the
+	// connection goes idle. watch is the TCP connection under it (nil in
+	// tests that serve other listeners).
+	talking bool
+	served  atomic.Bool
+	watch   *watchConn
 }
 
 func newConns(max int, log *zap.Logger) *conns {
@@ -88,7 +102,7 @@ func (c *conns) admit(nc net.Conn) bool {
 	}
 	admitted := c.max <= 0 || len(c.open) < c.max
 	if admitted {
-		e := &connEntry{conn: nc, state: shedUnused, since: now}
+		e := &connEntry{conn: nc, state: shedUnused, since: now, watch: watchOf(nc)}
 		e.elem = c.spare.PushBack(e)
 		c.open[nc] = e
 	}
@@ -151,28 +165,56 @@ func (c *conns) logShed(state string, nc net.Conn, open int, waited time.Duratio
 }
 
 // connState is the http.Server's ConnState hook.
+//
+// It also counts the requests net/http refuses itself, which never reach
+// the handler: a request line or header it cannot parse (a control byte
+// in a header, a line that is not HTTP), headers over MaxHeaderBytes, a
+// version or transfer coding it does not take. net/http answers them
+// 400, 431, 501 or 505 on the connection and closes it, and reports them
+// nowhere. A connection closed after bytes of a request were read
+// (StateActive) or after it went idle, before a request reached the
+// handler since, had a request refused so when net/http wrote to it
+// meanwhile (under TLS, more than the
+// close_notify alert of its close), no read from its TCP connection
+// failed (the client left mid-headers, or --read-header-timeout passed:
+// net/http answers nothing) and the server is not shutting down. (A TLS
+// client that closes with a close_notify mid-headers is answered 400 and
+// counted: its leaving is seen by crypto/tls, not on the TCP connection.)
 func (c *conns) connState(nc net.Conn, st http.ConnState) {
+	refused := false
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	e := c.open[nc]
-	if e == nil {
-		return // closed by the bound
+	if e := c.open[nc]; e != nil { // nil: closed by the bound
+		switch st {
+		case http.StateActive:
+			// A request is read: from here to its answer the connection is
+			// never closed by the bound.
+			if e.elem != nil {
+				c.spare.Remove(e.elem)
+				e.elem = nil
+			}
+			e.talking = true
+		case http.StateIdle:
+			if e.elem == nil {
+				e.state, e.since = shedIdle, time.Now()
+				e.elem = c.spare.PushBack(e)
+			}
+			// net/http ends the read it kept pending during the answer
+			// with a deadline: that failed read is no client's.
+			e.talking = true
+			e.served.Store(false)
+			if e.watch != nil {
+				e.watch.readFailed.Store(false)
+				e.watch.writes.Store(0)
+			}
+		case http.StateClosed, http.StateHijacked:
+			refused = st == http.StateClosed && e.talking && !e.served.Load() && e.watch != nil &&
+				e.watch.answered(nc) && !c.stopping.Load()
+			c.forget(e)
+		}
 	}
-	switch st {
-	case http.StateActive:
-		// A request is read: from here to its answer the connection is
-		// never closed by the bound.
-		if e.elem != nil {
-			c.spare.Remove(e.elem)
-			e.elem = nil
-		}
-	case http.StateIdle:
-		if e.elem == nil {
-			e.state, e.since = shedIdle, time.Now()
-			e.elem = c.spare.PushBack(e)
-		}
-	case http.StateClosed, http.StateHijacked:
-		c.forget(e)
+	c.mu.Unlock()
+	if refused && c.malformed != nil {
+		c.malformed()
 	}
 }
 
@@ -205,8 +247,11 @@ func (c *conns) connContext(ctx context.Context, nc net.Conn) context.Context {
 // is not served, so that none of its events is written.
 func guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if e, _ := r.Context().Value(connKey{}).(*connEntry); e != nil && e.closed.Load() {
-			panic(http.ErrAbortHandler)
+		if e, _ := r.Context().Value(connKey{}).(*connEntry); e != nil {
+			e.served.Store(true)
+			if e.closed.Load() {
+				panic(http.ErrAbortHandler)
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -225,4 +270,76 @@ func (l capListener) Accept() (net.Conn, error) {
 			return nc, err
 		}
 	}
+}
+
+// problemMalformedRequest is the problem label of the requests net/http
+// refuses itself, before the handler (conns.malformed).
+const problemMalformedRequest = "malformed-request"
+
+// watchListener wraps the TCP connections it accepts in watchConn, under
+// TLS when the server speaks it.
+type watchListener struct{ net.Listener }
+
+func (l watchListener) Accept() (net.Conn, error) {
+	nc, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &watchConn{Conn: nc}, nil
+}
+
+// watchConn notes whether a read from the client failed (connState): the
+// client closed the connection, or a deadline passed; and the writes to
+// it. Both are cleared when the connection goes idle.
+type watchConn struct {
+	net.Conn
+	readFailed atomic.Bool
+	writes     atomic.Int32
+}
+
+func (w *watchConn) Write(p []byte) (int, error) {
+	n, err := w.Conn.Write(p)
+	if n > 0 {
+		w.writes.Add(1)
+	}
+	return n, err
+}
+
+// answered reports whether net/http answered the request read from nc
+// (the connection over w) itself: something was written, more than the
+// close_notify alert a TLS connection writes as it is closed, and no
+// read from the client failed.
+func (w *watchConn) answered(nc net.Conn) bool {
+	least := int32(1)
+	if _, ok := nc.(*tls.Conn); ok {
+		least = 2
+	}
+	return !w.readFailed.Load() && w.writes.Load() >= least
+}
+
+func (w *watchConn) Read(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	if err != nil {
+		w.readFailed.Store(true)
+	}
+	return n, err
+}
+
+// CloseWrite half-closes the TCP connection, as net/http does after a 431
+// (and crypto/tls under a TLS connection's CloseWrite).
+func (w *watchConn) CloseWrite() error {
+	if cw, ok := w.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// watchOf is the watchConn under nc, a connection capListener accepted;
+// nil when there is none.
+func watchOf(nc net.Conn) *watchConn {
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	w, _ := nc.(*watchConn)
+	return w
 }

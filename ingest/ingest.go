@@ -477,6 +477,9 @@ func New(cfg Config) (*Server, error) {
 		s.p.Close()
 		return nil, fmt.Errorf("ingest: listen %s: %w", cfg.Addr, err)
 	}
+	// Under TLS, so that connState sees the client's reads fail
+	// (watchConn).
+	ln = watchListener{ln}
 	if tlsCfg != nil {
 		ln = tls.NewListener(ln, tlsCfg)
 	}
@@ -634,6 +637,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	// Shutdown closes the listener, then waits for every active request;
 	// each is answered once its events are acknowledged or timed out.
+	s.conns.stopping.Store(true)
 	if err := s.srv.Shutdown(sctx); err != nil {
 		errs = append(errs, fmt.Errorf("ingest: shutdown: %w", err))
 	}

@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		requests: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_requests_total",
 			Help: "HTTP ingest requests by tenant (\"none\" without a valid key) and status code."}, []string{"tenant", "code"}),
 		problems: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_ingest_refused_requests_total",
-			Help: "Requests the HTTP ingest answered with a problem (RFC 9457), by tenant (\"none\" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known."},
+			Help: "Requests the HTTP ingest answered with a problem (RFC 9457), by tenant (\"none\" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known; malformed-request (tenant none) counts the requests net/http refused itself before the handler, answered in plain text (400, 431, 501 or 505: a request line or header it cannot parse, headers too large)."},
 			[]string{"tenant", "problem"}),
 		duration: prom.GetOrRegister(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meterline_ingest_request_duration_seconds",
 			Help:    "HTTP ingest request latency, from the request's start to its answer, by endpoint (openmeter: /api/v1/events, meterline: /v1/events).",
@@ -77,6 +77,8 @@ func newMetrics(reg prometheus.Registerer, keys *Keys, balances *Balances, infli
 		m.shed.WithLabelValues(st)
 	}
 	conns.shed = func(state string) { m.shed.WithLabelValues(state).Inc() }
+	malformed := m.problems.WithLabelValues(noTenant, problemMalformedRequest)
+	conns.malformed = malformed.Inc
 	prom.GetOrRegister(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "meterline_ingest_open_connections",
 		Help: "HTTP connections open to this ingest replica, idle keep-alive ones included (bounded by --max-connections)."}, func() float64 {
 		return float64(conns.count())

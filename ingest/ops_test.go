@@ -420,7 +420,8 @@ func TestRefusedRequestsByProblem(t *testing.T) {
 	// The requests above, and every other problem type at 0 for requests
 	// without a valid key (exported from the start).
 	counts := map[[2]string]int{{"acme", "forbidden"}: 1, {"acme", "invalid-events"}: 1, {"acme", "malformed"}: 2, {"none", "not-found"}: 1,
-		{"acme", "too-large"}: 1, {"none", "unauthorized"}: 1, {"acme", "unreadable-body"}: 1, {"acme", "unsupported-media-type"}: 1}
+		{"acme", "too-large"}: 1, {"none", "unauthorized"}: 1, {"acme", "unreadable-body"}: 1, {"acme", "unsupported-media-type"}: 1,
+		{"none", problemMalformedRequest}: 0}
 	for _, p := range problemTypes {
 		if _, ok := counts[[2]string{"none", p}]; !ok {
 			counts[[2]string{"none", p}] = 0
@@ -431,7 +432,7 @@ func TestRefusedRequestsByProblem(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("meterline_ingest_refused_requests_total{problem=%q,tenant=%q} %d", k[1], k[0], n))
 	}
 	slices.Sort(lines)
-	want := "\n# HELP meterline_ingest_refused_requests_total Requests the HTTP ingest answered with a problem (RFC 9457), by tenant (\"none\" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known.\n# TYPE meterline_ingest_refused_requests_total counter\n" + strings.Join(lines, "\n") + "\n"
+	want := "\n# HELP meterline_ingest_refused_requests_total Requests the HTTP ingest answered with a problem (RFC 9457), by tenant (\"none\" without a valid key) and problem type (the type's last part: malformed, unreadable-body, invalid-events, forbidden, too-large, unsupported-media-type, unauthorized, not-found, rate-limited, ...), whether or not their events are known; malformed-request (tenant none) counts the requests net/http refused itself before the handler, answered in plain text (400, 431, 501 or 505: a request line or header it cannot parse, headers too large).\n# TYPE meterline_ingest_refused_requests_total counter\n" + strings.Join(lines, "\n") + "\n"
 	// The answer goes out before the request's bookkeeping.
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {

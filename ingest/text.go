@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"fmt"
+	"strconv"
 	"unicode/utf8"
 
 	cut "github.com/meterline/meterline/internal/clip"
@@ -20,7 +21,7 @@ func checkText(raw []byte) *fieldError {
 	for i := 0; i < len(raw); {
 		r, n := utf8.DecodeRune(raw[i:])
 		if r == utf8.RuneError && n == 1 {
-			return &fieldError{"event", schemas.ReasonInvalid, fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at offset %d)", raw[i], i)}
+			return &fieldError{fieldAt(raw, i), schemas.ReasonInvalid, fmt.Sprintf("is not valid UTF-8 (byte 0x%02x at offset %d)", raw[i], i)}
 		}
 		i += n
 	}
@@ -58,7 +59,7 @@ func checkEscapes(raw []byte) *fieldError {
 			if u, ok := hex4(raw[i+2:]); ok && u >= 0xD800 && u < 0xE000 {
 				lo, pair := hex4(raw[min(i+8, len(raw)):])
 				if u >= 0xDC00 || !pair || raw[i+6] != '\\' || raw[i+7] != 'u' || lo < 0xDC00 || lo >= 0xE000 {
-					return &fieldError{"event", schemas.ReasonInvalid, fmt.Sprintf("is not valid text (\\u%04x at offset %d is half of a UTF-16 surrogate pair)", u, i)}
+					return &fieldError{fieldAt(raw, i), schemas.ReasonInvalid, fmt.Sprintf("is not valid text (\\u%04x at offset %d is half of a UTF-16 surrogate pair)", u, i)}
 				}
 				n = 12 // a pair: one code point
 			}
@@ -82,4 +83,58 @@ func hex4(b []byte) (rune, bool) {
 		return 0, false
 	}
 	return hexRune(string(b[:4]))
+}
+
+// fieldAt names the field of the event text raw that holds raw[off], as
+// an error names it: its members' names joined by dots and its elements'
+// indexes in brackets ("data.items[1].model", "properties.model",
+// "subject"), clipped; "event" when raw[off] is in none of its members'
+// values (in a member's name at the top) or raw does not scan that far.
+func fieldAt(raw []byte, off int) string {
+	if p := pathIn(string(raw), skipSpace(string(raw), 0), off, "", 0); p != "" {
+		return clip(p)
+	}
+	return "event"
+}
+
+// pathIn returns path, the path of the JSON value starting at s[i],
+// followed by the path of its innermost member or element whose value
+// holds s[off].
+func pathIn(s string, i, off int, path string, depth int) string {
+	if i >= len(s) || depth >= maxScanDepth || s[i] != '{' && s[i] != '[' {
+		return path
+	}
+	object, closing := s[i] == '{', byte(']')
+	if object {
+		closing = '}'
+	}
+	i = skipSpace(s, i+1)
+	for n := 0; i < len(s) && s[i] != closing; n++ {
+		step := "[" + strconv.Itoa(n) + "]"
+		if object {
+			end, escaped := scanString(s, i)
+			if s[i] != '"' || end < 0 || off < end {
+				return path // not a name, or off is in it
+			}
+			name := s[i+1 : end-1]
+			if escaped {
+				name, _ = unquote(s[i:end])
+			}
+			if step = "." + name; path == "" {
+				step = name
+			}
+			if i = skipSpace(s, end); i >= len(s) || s[i] != ':' {
+				return path
+			}
+			i = skipSpace(s, i+1)
+		}
+		end := skipValue(s, i, depth+1)
+		if end < 0 || off < end {
+			return pathIn(s, i, off, path+step, depth+1)
+		}
+		if i = skipSpace(s, end); i < len(s) && s[i] == ',' {
+			i = skipSpace(s, i+1)
+		}
+	}
+	return path
 }
