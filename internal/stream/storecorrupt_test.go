@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,21 +56,16 @@ func crashedState(t *testing.T, tag string) string {
 // leaves there. It returns the file's name.
 func corruptFile(t *testing.T, dir string, match func(name string) bool) string {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var names []string
-	for _, e := range ents {
-		if match(e.Name()) {
-			names = append(names, e.Name())
+	for _, name := range listFiles(t, dir) {
+		if match(name) {
+			names = append(names, name)
 		}
 	}
 	if len(names) == 0 {
 		t.Fatalf("no file to corrupt in %s", dir)
 	}
-	slices.Sort(names)
-	p := filepath.Join(dir, names[0])
+	p := filepath.Join(dir, names[0]) // os.ReadDir sorts by name
 	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
@@ -116,13 +112,9 @@ func newCorrupt(t *testing.T, c int, tag string) (dir, file string) {
 
 func countFiles(t *testing.T, dir string, match func(string) bool) int {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range ents {
-		if match(e.Name()) {
+	for _, name := range listFiles(t, dir) {
+		if match(name) {
 			n++
 		}
 	}
@@ -209,13 +201,9 @@ func TestCorruptStateRebuilt(t *testing.T) {
 // walHolds reports whether a WAL of the state in dir holds s.
 func walHolds(t *testing.T, dir, s string) bool {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if isWAL(e.Name()) {
-			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+	for _, name := range listFiles(t, dir) {
+		if isWAL(name) {
+			b, err := os.ReadFile(filepath.Join(dir, name))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -307,8 +295,16 @@ func TestHoldStateLock(t *testing.T) {
 // ends.
 func holdLock(t *testing.T, dir string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHoldStateLock$", "-test.count=1")
-	cmd.Env = append(os.Environ(), holdLockEnv+"="+dir)
+	holdInChild(t, "TestHoldStateLock", holdLockEnv, dir, "held")
+}
+
+// holdInChild runs test (a holder such as TestHoldStateLock) in a process
+// of its own with env set to dir, waits until it writes ready on stdout,
+// and ends it (closing its stdin) when the test ends.
+func holdInChild(t *testing.T, test, env, dir, ready string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env+"="+dir)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -321,19 +317,19 @@ func holdLock(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
-	held := make(chan string, 1)
+	said := make(chan string, 1)
 	go func() {
-		b := make([]byte, 5)
-		n, _ := out.Read(b)
-		held <- string(b[:n])
+		b := make([]byte, len(ready))
+		n, _ := io.ReadFull(out, b)
+		said <- string(b[:n])
 	}()
 	select {
-	case s := <-held:
-		if !strings.HasPrefix(s, "held") {
-			t.Fatalf("the other process did not lock %s: %q", dir, s)
+	case s := <-said:
+		if s != ready {
+			t.Fatalf("the other process (%s on %s) did not say %q: %q", test, dir, ready, s)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the other process did not lock %s within 30 s", dir)
+		t.Fatalf("the other process (%s on %s) did not say %q within 30 s", test, dir, ready)
 	}
 }
 
