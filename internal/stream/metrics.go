@@ -56,6 +56,9 @@ type metrics struct {
 	// writeRefused: partitions the stage writes to that the brokers
 	// refuse its writes on, as last diagnosed (unwritten.go).
 	writeRefused *prometheus.GaugeVec
+	// stateRebuilt: states found unusable as the store opened, moved
+	// aside and rebuilt from the changelog (store.go, openStore).
+	stateRebuilt *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, stage string) *metrics {
@@ -125,6 +128,12 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 			Help: "How long the partition waiting longest for the group's committed offsets has waited (refreshed every 0.25 s while one waits), 0 when none waits."}),
 		writeRefused: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_write_refused_partitions",
 			Help: "Partitions of the topics the stage writes to on which the brokers refuse its writes, as found when a transaction's records waited unwritten (5 s, or half the transaction timeout) or it failed, by cause: below_min_insync (fewer in-sync replicas than min.insync.replicas: NOT_ENOUGH_REPLICAS), no_leader; 0 once a transaction commits."}, []string{"cause"}),
+		stateRebuilt: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_state_rebuilt_total",
+			Help: "Times the instance's local state was found unusable as the stage started, moved aside (<state dir>.corrupt, replacing an older copy) and replaced by an empty state that the restores rebuild from the changelog in full, by reason: corrupt (Pebble reported a corrupt WAL, MANIFEST or other file). More than one on a host points to its disk (docs/operations.md, Corrupt state)."},
+			[]string{"reason"}),
+	}
+	for _, r := range rebuiltReasons {
+		m.stateRebuilt.WithLabelValues(r)
 	}
 	for _, c := range []string{refusedBelowMinISR, refusedNoLeader} {
 		m.writeRefused.WithLabelValues(c)

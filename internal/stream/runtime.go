@@ -322,6 +322,9 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.rebuilt != "" {
+		m.stateRebuilt.WithLabelValues(st.rebuilt).Inc()
+	}
 	if err := st.BindChangelog(cfg.ChangelogTopic, cfg.StateDir); err != nil {
 		return nil, errors.Join(err, st.Close())
 	}

@@ -57,6 +57,9 @@ type Store struct {
 	stopFlush chan struct{}
 	flushDone chan struct{}
 	stopOnce  sync.Once
+	// rebuilt is why the state was found unusable and replaced by an
+	// empty one as the store opened (rebuiltCorrupt); "" when it was not.
+	rebuilt string
 }
 
 // walSyncInterval is about the longest a committed batch stays in Pebble's
@@ -105,8 +108,70 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 	return openStore(dir, fs, log, walSyncInterval)
 }
 
-// openStore opens the store in dir with syncEvery every.
+// corruptSuffix names the copy of a state Pebble found corrupt: dir is
+// moved to dir+corruptSuffix (rebuildCorrupt).
+const corruptSuffix = ".corrupt"
+
+// Reasons of meterline_stream_state_rebuilt_total.
+const rebuiltCorrupt = "corrupt"
+
+// rebuiltReasons lists them, each exported from the start at 0.
+var rebuiltReasons = []string{rebuiltCorrupt}
+
+// openStore opens the store in dir with syncEvery every. A state Pebble
+// reports corrupt (a WAL or MANIFEST damaged by a failing disk or a
+// crash) is only a damaged cache of the changelog: it is moved aside
+// (rebuildCorrupt) and an empty store opened in its place, which the
+// restores fill from the changelog in full (docs/operations.md, Corrupt
+// state). Any other error (the directory locked by another process, not
+// writable, a full disk) is returned.
 func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*Store, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	s, err := openPebble(dir, fs, log, every)
+	if err == nil || !pebble.IsCorruptionError(err) {
+		return s, err
+	}
+	aside, merr := rebuildCorrupt(dir, fs)
+	if merr != nil {
+		return nil, fmt.Errorf("%w; moving it aside to rebuild it from the changelog failed too: %w", err, merr)
+	}
+	log.Warn("the stage's state is corrupt: moved it aside and opened an empty state in its place, "+
+		"which the restores rebuild from the changelog in full; the copy is kept for inspection until the next corrupt state replaces it "+
+		"(docs/operations.md, Corrupt state)",
+		zap.String("state_dir", dir), zap.String("corrupt_copy", aside), zap.Error(err))
+	s, err = openPebble(dir, fs, log, every)
+	if err != nil {
+		return nil, err
+	}
+	s.rebuilt = rebuiltCorrupt
+	return s, nil
+}
+
+// rebuildCorrupt moves the corrupt state in dir to dir+corruptSuffix,
+// replacing the copy a previous corrupt state left there (one copy, so
+// that a disk that keeps corrupting the state cannot fill with them), and
+// returns that path. It holds the directory's lock while it does: an
+// instance given the same directory meanwhile (a misconfiguration the
+// lock reports) neither opens the state being moved nor has its own moved.
+func rebuildCorrupt(dir string, fs vfs.FS) (string, error) {
+	aside := dir + corruptSuffix
+	lock, err := pebble.LockDirectory(dir, fs)
+	if err != nil {
+		return aside, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	if err := fs.RemoveAll(aside); err != nil {
+		return aside, errors.Join(fmt.Errorf("remove the older corrupt copy %s: %w", aside, err), lock.Close())
+	}
+	if err := fs.Rename(dir, aside); err != nil {
+		return aside, errors.Join(fmt.Errorf("rename %s to %s: %w", dir, aside, err), lock.Close())
+	}
+	return aside, lock.Close()
+}
+
+// openPebble opens the Pebble DB in dir as the store, syncEvery every.
+func openPebble(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*Store, error) {
 	// The block cache holds the index, filter and data blocks of hot
 	// state; Pebble's 8 MiB default sends most reads of a lookup-heavy
 	// stage to the OS.

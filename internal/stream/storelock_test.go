@@ -3,12 +3,10 @@ package stream
 import (
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap/zaptest"
@@ -42,34 +40,7 @@ func TestHoldStateDir(t *testing.T) {
 // not only the system's "resource temporarily unavailable".
 func TestStateDirInUse(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "dedup-d1")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHoldStateDir$", "-test.count=1")
-	cmd.Env = append(os.Environ(), holdStateEnv+"="+dir)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
-	opened := make(chan string, 1)
-	go func() {
-		b := make([]byte, 5)
-		n, _ := out.Read(b)
-		opened <- string(b[:n])
-	}()
-	select {
-	case s := <-opened:
-		if !strings.HasPrefix(s, "open") {
-			t.Fatalf("the other process did not open the store: %q", s)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the other process did not open the store within 30 s")
-	}
+	holdInChild(t, "TestHoldStateDir", holdStateEnv, dir, "open")
 
 	s, err := OpenStore(dir, vfs.Default, zaptest.NewLogger(t))
 	if err == nil {
