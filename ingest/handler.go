@@ -739,11 +739,7 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 	if err != nil {
 		var fe *producer.FieldError
 		if errors.As(err, &fe) {
-			field := fe.Field
-			if field == "properties" && strings.HasPrefix(fe.Reason, "must be a string, not ") {
-				field = wrongProperty(string(raw))
-			}
-			return e, &fieldError{field, fe.Code, clipTo(fe.Reason, maxReason)}
+			return e, &fieldError{fe.Field, fe.Code, clipTo(fe.Reason, maxReason)}
 		}
 		return e, &fieldError{"event", schemas.ReasonInvalid, clipTo(err.Error(), maxReason)}
 	}
@@ -753,28 +749,6 @@ func (s *Server) meterlineEvent(raw []byte) (producer.Event, *fieldError) {
 		}
 	}
 	return e, nil
-}
-
-// wrongProperty names the first property of the event text raw whose
-// value is not a string, properties.<name> (its name's escapes decoded,
-// clipped), which encoding/json's type error names only "properties";
-// "properties" when it finds none.
-func wrongProperty(raw string) string {
-	props, found, ok := lastMember(raw, "properties")
-	if !found || !ok {
-		return "properties"
-	}
-	field := "properties"
-	eachMember(props, func(lit string, _ bool, v string) bool {
-		if v[0] == '"' {
-			return true
-		}
-		if name, ok := unquote(lit); ok {
-			field = clip("properties." + name)
-		}
-		return false
-	})
-	return field
 }
 
 // records validates and encodes every usage event (producer.AppendRecord:

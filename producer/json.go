@@ -66,8 +66,10 @@ type jsonEvent struct {
 //     (oversized, as Producer.Record would) before they are decoded, so
 //     that refusing a line costs about its size in memory, not a map of
 //     every member.
-//   - a property whose value is null: it would decode it as "", a value
-//     the producer did not write.
+//   - a property whose value is not a string: it would decode null as "",
+//     a value the producer did not write, and name a property of any
+//     other type only "properties". The error names the property
+//     ("properties.model: must be a string, not a JSON number").
 func ParseJSON(b []byte) (Event, error) {
 	if fe := scanLine(b); fe != nil {
 		return Event{}, fe
@@ -83,7 +85,7 @@ func ParseJSON(b []byte) (Event, error) {
 	if err := dec.Decode(&j); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return Event{}, fieldErr(te.Field, "must be a %s, not a JSON %s", jsonType(te.Type.String()), te.Value)
+			return Event{}, fieldErr(te.Field, "must be %s, not a JSON %s", jsonType(te.Type.String()), te.Value)
 		}
 		if te != nil {
 			// Not encoding/json's text, which names the Go type the
@@ -136,9 +138,9 @@ func fieldErr(field, format string, args ...any) *FieldError {
 func jsonType(goType string) string {
 	switch goType {
 	case "string", "*string":
-		return "string"
+		return "a string"
 	case "map[string]string":
-		return "object of strings"
+		return "an object of strings"
 	}
 	return goType
 }

@@ -371,7 +371,7 @@ func TestParseJSON(t *testing.T) {
 		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":"yesterday"}`, "event_time"},
 		{`{"event_id":7,"customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250}`, "event_id"},
 		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250,"qty":2}`, "qty"},
-		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250,"properties":{"a":1}}`, "properties"},
+		{`{"event_id":"e","customer_id":"c","meter":"m","quantity":1,"event_time":1795003200250,"properties":{"a":1}}`, "properties.a"},
 	}
 	for _, b := range bad {
 		_, err := ParseJSON([]byte(b.line))

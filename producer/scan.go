@@ -22,7 +22,9 @@ import (
 //   - a member of the event named twice, or a property named twice;
 //   - properties of more than schemas.MaxProperties members (oversized),
 //     counted without storing them;
-//   - a property whose value is null (encoding/json would take it for "").
+//   - a property whose value is not a string: null (encoding/json would
+//     take it for ""), a number, a boolean, an object or an array
+//     (encoding/json would name only "properties").
 //
 // Anything that is not JSON it leaves to the decoder, which reports it:
 // it stops there and returns nil. It allocates nothing for a valid line
@@ -89,6 +91,9 @@ func (s *lineScan) run(b []byte) *FieldError {
 				if len(stack) >= maxScanDepth {
 					return nil
 				}
+				if fe := wrongProperty(stack, b[i:i+1]); fe != nil {
+					return fe
+				}
 				f := frame{object: c == '{', isKey: c == '{', field: -1}
 				if f.object {
 					f.kind = childKind(stack)
@@ -116,7 +121,7 @@ func (s *lineScan) run(b []byte) *FieldError {
 				for i < len(b) && !isDelim(b[i]) {
 					i++
 				}
-				if fe := nullProperty(stack, b[start:i]); fe != nil {
+				if fe := wrongProperty(stack, b[start:i]); fe != nil {
 					return fe
 				}
 				state = after
@@ -163,20 +168,39 @@ func (s *lineScan) run(b []byte) *FieldError {
 	}
 }
 
-// nullProperty refuses lit, a literal, when it is null as the value of a
-// property, the innermost of stack: encoding/json would leave the value
-// at "", a property the producer did not write. A property of a number or
-// true is the decoder's wrong type.
-func nullProperty(stack []frame, lit []byte) *FieldError {
-	if string(lit) != "null" || len(stack) == 0 || stack[len(stack)-1].kind != objProperties {
+// wrongProperty refuses v, the start of a value that is not a string (a
+// literal, or the "{" or "[" opening an object or an array), when it is
+// the value of a property, the innermost of stack. encoding/json would
+// leave null at "", a property the producer did not write; of any other
+// it would name only "properties". The error names the property (its
+// name's escapes decoded), in encoding/json's words. A literal that is not
+// JSON is the decoder's.
+func wrongProperty(stack []frame, v []byte) *FieldError {
+	if len(stack) == 0 || stack[len(stack)-1].kind != objProperties {
 		return nil
+	}
+	var kind string
+	switch string(v) {
+	case "null":
+		kind = "null"
+	case "true", "false":
+		kind = "bool"
+	case "{":
+		kind = "object"
+	case "[":
+		kind = "array"
+	default:
+		if !json.Valid(v) {
+			return nil
+		}
+		kind = "number"
 	}
 	top := &stack[len(stack)-1]
 	n := top.key
 	if top.escaped {
 		n = unescape(n)
 	}
-	return fieldErr(clip.To("properties."+string(n), clip.Echo), "must be a string, not a JSON null")
+	return fieldErr(clip.To("properties."+string(n), clip.Echo), "must be a string, not a JSON %s", kind)
 }
 
 // childKind is the kind of an object starting inside the innermost of
