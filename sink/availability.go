@@ -126,6 +126,7 @@ func (w *Writer) pingLoop(ctx context.Context) {
 func (w *Writer) setUp(err error) {
 	if err != nil {
 		w.lastUp.Store(err.Error())
+		w.zoneUnchecked.Store(true)
 		if w.up.Swap(false) {
 			w.log.Warn("clickhouse stopped answering", zap.String("addr", w.cfg.ClickHouse), zap.Error(err))
 		}
@@ -241,6 +242,27 @@ func (w *Writer) endUnknownSpell() {
 		w.log.Info("clickhouse takes INSERTs again after an unknown error", zap.Duration("after", time.Since(w.unknownSince)))
 		w.unknownSince = time.Time{}
 	}
+}
+
+// checkZoneAgain checks the server's time zone again when ClickHouse went
+// away since it was last checked (zoneUnchecked): a server restarted with
+// another zone would have the views compute the rows' days and months in
+// it. It returns an error wrapping ErrServerTimeZone, which stops the sink
+// before it writes a row (nothing of the window is committed; a restart
+// refuses the server at start), or another error when it cannot tell (the
+// caller backs off as when ClickHouse is unavailable).
+func (w *Writer) checkZoneAgain(ctx context.Context) error {
+	if !w.zoneUnchecked.Load() {
+		return nil
+	}
+	w.zoneUnchecked.Store(false)
+	if err := CheckTimeZone(ctx, w.getConn()); err != nil {
+		if !errors.Is(err, ErrServerTimeZone) {
+			w.zoneUnchecked.Store(true)
+		}
+		return err
+	}
+	return nil
 }
 
 func (w *Writer) unavailable(t *table, err error, what string) {

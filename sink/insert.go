@@ -110,6 +110,15 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 		if len(rows) == 0 {
 			return nil
 		}
+		if err := w.checkZoneAgain(ctx); errors.Is(err, ErrServerTimeZone) {
+			return fmt.Errorf("%w (found when ClickHouse answered again after it was unavailable: restarted in another zone?); the sink stops before writing more rows, committing nothing of the window", err)
+		} else if err != nil {
+			w.unavailable(t, err, "time zone check")
+			if err := w.backoffSleep(ctx, attempt); err != nil {
+				return err
+			}
+			continue
+		}
 		todo, err := w.filterPresent(ctx, t, rows)
 		if errors.Is(err, errAbandon) {
 			return err

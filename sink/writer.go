@@ -167,6 +167,9 @@ type Writer struct {
 	// loginRefused: the refusal of the login since ClickHouse last
 	// answered is logged.
 	loginRefused atomic.Bool
+	// zoneUnchecked: ClickHouse went away since its time zone was last
+	// checked (setUp); the next write checks it again (checkZoneAgain).
+	zoneUnchecked atomic.Bool
 	// wakeIdle ends the poll of a sink with no record in hand (idleCtx),
 	// for the health check's refusal of the login; nil between polls.
 	wakeMu   sync.Mutex
