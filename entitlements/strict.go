@@ -102,6 +102,10 @@ func parseOne(b []byte) (*yaml.Node, error) {
 // jsonDoc reads a JSON document (valid, an object) as the node tree the
 // YAML parser makes of it: each key and value with its line, a key given
 // twice kept twice (strictDoc refuses it), a scalar's text as written.
+// jsonLineBytes counts the bytes jsonDoc's line numbering read, for the
+// test that each is read once (TestLongJSONRateCardRead).
+var jsonLineBytes int
+
 func jsonDoc(b []byte) (*yaml.Node, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
@@ -111,6 +115,7 @@ func jsonDoc(b []byte) (*yaml.Node, error) {
 	line := func() int {
 		off := int(dec.InputOffset())
 		lines += bytes.Count(b[seen:off], []byte{'\n'})
+		jsonLineBytes += off - seen
 		seen = off
 		return lines
 	}
