@@ -35,9 +35,9 @@ func TestLongJSONRateCardRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	jsonLineBytes = 0
+	jsonLineBytes.Store(0)
 	d, err := ParseRatesDocument(b)
-	took, numbered := time.Since(start), jsonLineBytes
+	took, numbered := time.Since(start), int(jsonLineBytes.Load())
 	t.Logf("%d bytes of JSON read in %v, %d bytes read to number its lines", len(b), took, numbered)
 	if err != nil {
 		t.Fatalf("%.300v", err)

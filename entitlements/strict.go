@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
@@ -104,7 +105,7 @@ func parseOne(b []byte) (*yaml.Node, error) {
 // twice kept twice (strictDoc refuses it), a scalar's text as written.
 // jsonLineBytes counts the bytes jsonDoc's line numbering read, for the
 // test that each is read once (TestLongJSONRateCardRead).
-var jsonLineBytes int
+var jsonLineBytes atomic.Int64
 
 func jsonDoc(b []byte) (*yaml.Node, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -115,7 +116,7 @@ func jsonDoc(b []byte) (*yaml.Node, error) {
 	line := func() int {
 		off := int(dec.InputOffset())
 		lines += bytes.Count(b[seen:off], []byte{'\n'})
-		jsonLineBytes += off - seen
+		jsonLineBytes.Add(int64(off - seen))
 		seen = off
 		return lines
 	}
