@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+
 	"github.com/meterline/meterline/internal/cli"
 	"github.com/meterline/meterline/internal/testenv"
 )
@@ -125,5 +127,61 @@ func TestRealClickHouseScriptReportsACrash(t *testing.T) {
 	}
 	if out, err := script("stop"); err != nil || strings.Contains(out, "gone") {
 		t.Errorf("a second stop: %v\n%s", err, out)
+	}
+}
+
+// TestRealClickHouseScriptStartFresh: start-fresh starts a stopped server on
+// a new data dir (what `make test` does: the databases and system logs of
+// earlier runs, hundreds of parts, once made a start outlast its timeout),
+// keeps a running server and its data, and the server writes no
+// system.query_thread_log (a new part every 7.5 s that filled long-lived
+// data dirs) while system.query_log, which tests read, is still written.
+// On the ports of TestRealClickHouseScriptKeepsHTTPPort.
+func TestRealClickHouseScriptStartFresh(t *testing.T) {
+	addr := testenv.RealClickHouse(t)
+	native, httpPort := testenv.PortAbove(t, addr, 120), testenv.PortAbove(t, addr, 121)
+	dir := t.TempDir()
+	script := clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+httpPort, "CLICKHOUSE_DATA_DIR="+dir)
+	if out, err := script("start"); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if code := cli.Main(ctx, []string{"migrate", "--clickhouse", "127.0.0.1:" + native, "--database", "fresh_dir"},
+		cli.IO{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &out}); code != 0 {
+		t.Fatalf("migrate: exit %d\n%s", code, out.String())
+	}
+	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{"127.0.0.1:" + native}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.Exec(ctx, "SYSTEM FLUSH LOGS"); err != nil {
+		t.Fatal(err)
+	}
+	var queryLog, threadLog uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.query_log").Scan(&queryLog); err != nil || queryLog == 0 {
+		t.Errorf("system.query_log after migrate and SYSTEM FLUSH LOGS: %d rows, %v", queryLog, err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = 'system' AND name = 'query_thread_log'").
+		Scan(&threadLog); err != nil || threadLog != 0 {
+		t.Errorf("system.query_thread_log exists (%d tables, %v): the server logs every query's threads", threadLog, err)
+	}
+	metadata := filepath.Join(dir, "data", "metadata", "fresh_dir.sql")
+	if o, err := script("start-fresh"); err != nil || !strings.Contains(o, "already running") {
+		t.Errorf("start-fresh on a running server: %v\n%s", err, o)
+	}
+	if _, err := os.Stat(metadata); err != nil {
+		t.Errorf("start-fresh on a running server removed its data: %v", err)
+	}
+	if o, err := script("stop"); err != nil {
+		t.Fatalf("stop: %v\n%s", err, o)
+	}
+	if o, err := script("start-fresh"); err != nil {
+		t.Fatalf("start-fresh: %v\n%s", err, o)
+	}
+	if _, err := os.Stat(metadata); !os.IsNotExist(err) {
+		t.Errorf("start-fresh on a stopped server kept the data of its last run (%s: %v)", metadata, err)
 	}
 }

@@ -85,11 +85,13 @@ if [ -n "$WITH_CLUSTER" ]; then
   ) &
   cluster_kafka=$!
 fi
-deploy/local/clickhouse.sh start
+# Both ClickHouse servers on new data dirs too: the databases and system
+# logs of earlier runs made a start outlast its timeout.
+deploy/local/clickhouse.sh start-fresh
 if [ ! -s "$CLICKHOUSE_SECURE_PASSWORD_FILE" ]; then
   (umask 077 && openssl rand -hex 16 >"$CLICKHOUSE_SECURE_PASSWORD_FILE")
 fi
-CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT CLICKHOUSE_TLS_PORT=$CLICKHOUSE_SECURE_TLS_PORT CLICKHOUSE_HTTPS_PORT=$CLICKHOUSE_SECURE_HTTPS_PORT CLICKHOUSE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE deploy/local/clickhouse.sh start
+CLICKHOUSE_PORT=$CLICKHOUSE_SECURE_PORT CLICKHOUSE_HTTP_PORT=$CLICKHOUSE_SECURE_HTTP_PORT CLICKHOUSE_TLS_PORT=$CLICKHOUSE_SECURE_TLS_PORT CLICKHOUSE_HTTPS_PORT=$CLICKHOUSE_SECURE_HTTPS_PORT CLICKHOUSE_PASSWORD_FILE=$CLICKHOUSE_SECURE_PASSWORD_FILE deploy/local/clickhouse.sh start-fresh
 wait "$plain_kafka"
 wait "$sasl_kafka"
 [ -z "$cluster_kafka" ] || wait "$cluster_kafka"

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # deploy/local/clickhouse.sh — throwaway local ClickHouse for Meterline (no systemd).
 #
-#   deploy/local/clickhouse.sh start|stop|status|clean
+#   deploy/local/clickhouse.sh start|start-fresh|stop|status|clean
+#
+#   start-fresh  start on a new data dir unless the server is running: what
+#                `make test` does, so that the tables and system logs earlier
+#                runs left behind (whose loading can outlast the start
+#                timeout) are gone
 #
 # Runs Debian's clickhouse-server (bookworm ships 18.16.1) as a private instance
 # on 127.0.0.1, with every path inside one data dir. Installs the package with
@@ -64,7 +69,7 @@ log() { printf 'clickhouse: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 usage() {
-    echo "usage: $0 start|stop|status|clean" >&2
+    echo "usage: $0 start|start-fresh|stop|status|clean" >&2
     exit 2
 }
 
@@ -109,6 +114,7 @@ USERS_FILE="$DATA_DIR/users.xml"
 LOG_DIR="$DATA_DIR/log"
 ERR_LOG="$LOG_DIR/clickhouse-server.err.log"
 OUT_LOG="$LOG_DIR/stdout.log"
+SERVER_LOG="$LOG_DIR/clickhouse-server.log"
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -374,6 +380,17 @@ cmd_status() {
 
 SERVER_PID=
 
+# report_loading names a server that is still loading its tables (it
+# answers nothing before that ends): a data dir that earlier runs filled.
+report_loading() {
+    local last
+    [[ -s $SERVER_LOG ]] || return 0
+    last=$(tail -n 1 "$SERVER_LOG")
+    [[ $last == *'Loading metadata'* || $last == *'Starting up tables'* || $last == *'%'* ]] || return 0
+    log "it is still loading the tables of $DATA_DIR ($(du -sh "$DATA_DIR/data" 2>/dev/null | cut -f1) under data/): raise CLICKHOUSE_START_TIMEOUT, or use start-fresh (or clean) if nothing in it is needed"
+    log "its log's last line: $last"
+}
+
 wait_ready() { # t0 -> 0 when /ping answers; follows SERVER_PID
     local deadline found
     deadline=$(awk -v t="$1" -v s="$START_TIMEOUT" 'BEGIN { printf "%d", t + s + 1 }')
@@ -391,6 +408,7 @@ wait_ready() { # t0 -> 0 when /ping answers; follows SERVER_PID
         http_ping && return 0
         if (( $(date +%s) >= deadline )); then
             log "server did not answer http://$LISTEN_HOST:$HTTP_PORT/ping within ${START_TIMEOUT}s"
+            report_loading
             return 1
         fi
         sleep 0.1
@@ -532,6 +550,9 @@ fi
 
 case ${1:-} in
     start) cmd_start ;;
+    start-fresh)
+        cmd_status >/dev/null 2>&1 || { cmd_clean; exec 9>&- || true; }
+        cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
     clean) cmd_clean ;;
