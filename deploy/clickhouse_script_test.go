@@ -96,13 +96,7 @@ func TestRealClickHouseScriptCRLFPassword(t *testing.T) {
 // names why. On the ports of TestRealClickHouseScriptKeepsHTTPPort (the
 // package's tests run one at a time).
 func TestRealClickHouseScriptReportsACrash(t *testing.T) {
-	addr := testenv.RealClickHouse(t)
-	native, httpPort := testenv.PortAbove(t, addr, 120), testenv.PortAbove(t, addr, 121)
-	dir := t.TempDir()
-	script := clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+httpPort, "CLICKHOUSE_DATA_DIR="+dir)
-	if out, err := script("start"); err != nil {
-		t.Fatalf("start: %v\n%s", err, out)
-	}
+	script, dir, _ := startScriptServer(t)
 	b, err := os.ReadFile(filepath.Join(dir, "clickhouse-server.pid"))
 	if err != nil {
 		t.Fatal(err)
@@ -138,13 +132,7 @@ func TestRealClickHouseScriptReportsACrash(t *testing.T) {
 // data dirs) while system.query_log, which tests read, is still written.
 // On the ports of TestRealClickHouseScriptKeepsHTTPPort.
 func TestRealClickHouseScriptStartFresh(t *testing.T) {
-	addr := testenv.RealClickHouse(t)
-	native, httpPort := testenv.PortAbove(t, addr, 120), testenv.PortAbove(t, addr, 121)
-	dir := t.TempDir()
-	script := clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+httpPort, "CLICKHOUSE_DATA_DIR="+dir)
-	if out, err := script("start"); err != nil {
-		t.Fatalf("start: %v\n%s", err, out)
-	}
+	script, dir, native := startScriptServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
@@ -184,4 +172,20 @@ func TestRealClickHouseScriptStartFresh(t *testing.T) {
 	if _, err := os.Stat(metadata); !os.IsNotExist(err) {
 		t.Errorf("start-fresh on a stopped server kept the data of its last run (%s: %v)", metadata, err)
 	}
+}
+
+// startScriptServer starts a server of the test's own with
+// deploy/local/clickhouse.sh on the test server's port + 120 (HTTP + 121)
+// in a data dir of the test's, and returns the script, the dir and the
+// native port.
+func startScriptServer(t *testing.T) (script func(string, ...string) (string, error), dir, native string) {
+	t.Helper()
+	addr := testenv.RealClickHouse(t)
+	native, httpPort := testenv.PortAbove(t, addr, 120), testenv.PortAbove(t, addr, 121)
+	dir = t.TempDir()
+	script = clickHouseScript(t, "CLICKHOUSE_PORT="+native, "CLICKHOUSE_HTTP_PORT="+httpPort, "CLICKHOUSE_DATA_DIR="+dir)
+	if out, err := script("start"); err != nil {
+		t.Fatalf("start: %v\n%s", err, out)
+	}
+	return script, dir, native
 }
