@@ -631,6 +631,7 @@ type buffers struct {
 	slab    []kgo.Record
 	recs    []*kgo.Record
 	encoded []byte
+	seen    []int32 // conflictingCopies' table: indexes of records, no request's bytes
 }
 
 var bufPool = sync.Pool{New: func() any { return new(buffers) }}
@@ -665,7 +666,7 @@ func (req *request) release(recordsFree bool) {
 		b.slab, b.recs, b.encoded = nil, nil, nil
 	}
 	req.body, req.attrs, req.usages, req.props, req.slab, req.recs, req.encoded = nil, nil, nil, nil, nil, nil, nil
-	if cap(b.attrs) > maxPooled || cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled ||
+	if cap(b.attrs) > maxPooled || cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled || cap(b.seen) > 4*maxPooled ||
 		cap(b.body) > maxPooledBytes || cap(b.encoded) > maxPooledBytes {
 		return
 	}
@@ -795,54 +796,6 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 	}
 	req.encoded = buf
 	return recs, append(errs, conflictingCopies(req, recs, errs)...)
-}
-
-// conflictingCopies names each event of the request that has the
-// identity of an earlier one (the same record key: customer, meter and
-// event ID) with other content (another record value: quantity, time,
-// properties). Both would be written, and dedup would count the first and
-// file the other in usage.duplicates as a conflicting copy, while the
-// request is answered with success. An exact copy is a copy as a retry
-// is, and passes. Events with an error (errs) are not compared; each
-// event is named once.
-func conflictingCopies(req *request, recs []*kgo.Record, errs []EventError) []EventError {
-	if len(recs) < 2 {
-		return nil
-	}
-	bad := make(map[int]bool, len(errs))
-	for _, e := range errs {
-		bad[e.Index] = true
-	}
-	seen := make(map[string]int, len(recs))
-	var out []EventError
-	for k, r := range recs {
-		u := &req.usages[k]
-		if r == nil || bad[u.input] {
-			continue
-		}
-		j, ok := seen[string(r.Key)]
-		if !ok {
-			seen[string(r.Key)] = k
-			continue
-		}
-		if first := req.usages[j].input; !bytes.Equal(recs[j].Value, r.Value) && first != u.input {
-			bad[u.input] = true
-			field := u.mm.field("event_id")
-			out = append(out, EventError{Index: u.input, Field: field, Code: schemas.ReasonInvalid,
-				Reason: fmt.Sprintf("has the identity of event %d of this request (the same %s, meter %s) with other content: dedup would count the first and file this one as a conflicting copy, never counted; give each event its own %s",
-					first, identityFields(u.mm), clip(u.ue.Meter), field)})
-		}
-	}
-	return out
-}
-
-// identityFields names the fields of a request's event that make its
-// identity, for conflictingCopies.
-func identityFields(mm *meterMap) string {
-	if mm == nil {
-		return "event_id, customer_id and meter"
-	}
-	return "source, id and subject"
 }
 
 // send produces the records and waits until every one is acknowledged
