@@ -473,8 +473,13 @@ func decimalQuantity(s string, scale int) (int64, string) {
 		if e = strings.TrimLeft(e, "0"); e == "" {
 			e = "0"
 		}
-		if len(e) > 6 {
-			e = "999999" // beyond any 64-bit quantity either way
+		// An exponent of more than 18 digits is beyond any mantissa a
+		// body holds, either way: 10^18 digits, against the millions of
+		// a body of --max-body-bytes. Up to that it is taken exactly: a
+		// mantissa of a million digits brings 10^-1000000 back into
+		// range.
+		if len(e) > 18 {
+			e = "999999999999999999"
 		}
 		exp, _ = strconv.Atoi(e)
 		if rest[1] == '-' {

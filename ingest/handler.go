@@ -631,6 +631,7 @@ type buffers struct {
 	slab    []kgo.Record
 	recs    []*kgo.Record
 	encoded []byte
+	seen    []int32 // conflictingCopies' table: indexes of records, no request's bytes
 }
 
 var bufPool = sync.Pool{New: func() any { return new(buffers) }}
@@ -665,7 +666,7 @@ func (req *request) release(recordsFree bool) {
 		b.slab, b.recs, b.encoded = nil, nil, nil
 	}
 	req.body, req.attrs, req.usages, req.props, req.slab, req.recs, req.encoded = nil, nil, nil, nil, nil, nil, nil
-	if cap(b.attrs) > maxPooled || cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled ||
+	if cap(b.attrs) > maxPooled || cap(b.usages) > maxPooled || cap(b.props) > maxPooled || cap(b.slab) > maxPooled || cap(b.seen) > 4*maxPooled ||
 		cap(b.body) > maxPooledBytes || cap(b.encoded) > maxPooledBytes {
 		return
 	}
@@ -794,7 +795,7 @@ func (s *Server) records(req *request) ([]*kgo.Record, []EventError) {
 		recs[k] = &slab[k]
 	}
 	req.encoded = buf
-	return recs, errs
+	return recs, append(errs, conflictingCopies(req, recs, errs)...)
 }
 
 // send produces the records and waits until every one is acknowledged
