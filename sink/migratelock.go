@@ -140,7 +140,7 @@ func (l *migrateLock) acquire(ctx context.Context, db string, wait time.Duration
 		}
 		if err == nil {
 			if waiting {
-				l.log.Info("migrate lock taken", zap.String("database", db), zap.String("owner", l.owner))
+				l.log.Warn("migrate lock taken after waiting", zap.String("database", db), zap.String("owner", l.owner))
 			}
 			return nil
 		}
@@ -165,7 +165,7 @@ func (l *migrateLock) acquire(ctx context.Context, db string, wait time.Duration
 		}
 		if !waiting {
 			waiting = true
-			l.log.Info("waiting for the migrate lock: another migration run applies migrations",
+			l.log.Warn("waiting for the migrate lock: another migration run applies migrations",
 				zap.String("database", db), zap.String("holder", held.owner), zap.Time("lease_until", held.expires),
 				zap.Duration("wait", wait))
 		}
