@@ -89,26 +89,12 @@ func MigrateWith(ctx context.Context, conn driver.Conn, o MigrateOptions) ([]Mig
 	if err := CheckTimeZone(ctx, conn); err != nil {
 		return nil, err
 	}
-	applied, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
+	_, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
 	if err != nil {
 		return nil, err
 	}
 	if len(pending) == 0 {
-		out := make([]MigrationResult, len(ms))
-		for i, m := range ms {
-			out[i] = MigrationResult{Migration: m}
-		}
-		return out, nil
-	}
-	if len(applied) > 0 && o.SinkMembers != nil {
-		members, err := o.SinkMembers(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("sink: migrate: check that no sink runs: %w", err)
-		}
-		if len(members) > 0 {
-			return nil, fmt.Errorf("sink: migrate: %s pending, and the sink's consumer group has members (%s): stop every sink, migrate, then start the sinks of this build: %w",
-				strings.Join(pending, ", "), strings.Join(members, ", "), ErrSinkRunning)
-		}
+		return noneApplied(ms), nil
 	}
 	res, err := migrateLocked(ctx, conn, ms, o)
 	if ex := (*proto.Exception)(nil); errors.As(err, &ex) && (ex.Code == 392 || ex.Code == 164) {
@@ -151,7 +137,17 @@ func readApplied(ctx context.Context, conn driver.Conn, table string, ms []chsch
 	return applied, pending, nil
 }
 
-// migrateLocked is migrate under the migrate lock.
+func noneApplied(ms []chschema.Migration) []MigrationResult {
+	out := make([]MigrationResult, len(ms))
+	for i, m := range ms {
+		out[i] = MigrationResult{Migration: m}
+	}
+	return out
+}
+
+// migrateLocked takes the migrate lock, reads again what is applied (a
+// run it waited for may have applied everything: then it issues no DDL
+// and asks no sink group), checks that no sink runs, and migrates.
 func migrateLocked(ctx context.Context, conn driver.Conn, ms []chschema.Migration, o MigrateOptions) ([]MigrationResult, error) {
 	wait := o.LockWait
 	if wait <= 0 {
@@ -165,6 +161,23 @@ func migrateLocked(ctx context.Context, conn driver.Conn, ms []chschema.Migratio
 		return nil, err
 	}
 	defer lock.release(context.WithoutCancel(ctx))
+	applied, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
+	if err != nil {
+		return nil, err
+	}
+	if len(pending) == 0 {
+		return noneApplied(ms), nil
+	}
+	if len(applied) > 0 && o.SinkMembers != nil {
+		members, err := o.SinkMembers(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sink: migrate: check that no sink runs: %w", err)
+		}
+		if len(members) > 0 {
+			return nil, fmt.Errorf("sink: migrate: %s pending, and the sink's consumer group has members (%s): stop every sink, migrate, then start the sinks of this build: %w",
+				strings.Join(pending, ", "), strings.Join(members, ", "), ErrSinkRunning)
+		}
+	}
 	return migrateHeld(ctx, conn, ms, lock.renew)
 }
 

@@ -65,6 +65,9 @@ var notIdent = regexp.MustCompile(`[^A-Za-z0-9_]+`)
 
 func newMigrateLock(conn driver.Conn, log *zap.Logger) (*migrateLock, error) {
 	host, _ := os.Hostname()
+	if len(host) > 40 {
+		host = host[:40] // the owner is part of table names, themselves file names
+	}
 	var r [6]byte
 	if _, err := rand.Read(r[:]); err != nil {
 		return nil, err
