@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/meterline/meterline/internal/testenv"
-	"github.com/meterline/meterline/sink"
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
+	"github.com/meterline/meterline/sink"
 )
 
 // TestMigrateCommandsAtOnce: two `meterline migrate` started at once on a
