@@ -121,7 +121,7 @@ func TestBalancesMigrationRerunAfterBackfill(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A run of 015 stopped after its last statement, before its record.
-	if err := runStatements(ctx, conn, ms[i]); err != nil {
+	if err := runStatements(ctx, conn, ms[i], nil); err != nil {
 		t.Fatal(err)
 	}
 	noSink := func(context.Context) ([]string, error) { return nil, nil }
@@ -154,7 +154,7 @@ func TestBalancesMigrationRerunAfterBackfill(t *testing.T) {
 	backfill("after the migration ran again")
 	// The second run's statements of 015 and later, after the backfill.
 	for _, m := range ms[i:] {
-		if err := runStatements(ctx, conn, m); err != nil {
+		if err := runStatements(ctx, conn, m, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+	"go.uber.org/zap"
 
 	chschema "github.com/meterline/meterline/schemas/clickhouse"
 )
@@ -52,15 +53,35 @@ func Migrate(ctx context.Context, conn driver.Conn) ([]MigrationResult, error) {
 }
 
 // MigrateStopped is Migrate on a database whose sinks must be stopped:
-// when a migration is pending on a database that has applied others (one
-// a sink may be writing), it asks sinkMembers for the members of the
-// sink's consumer group and applies nothing while there are any
-// (ErrSinkRunning). A migration that replaces an analyst table's view
-// drops it and creates it again, and a row a running sink inserts in
-// between never reaches the table (docs/operations.md, Running the
-// stages). sinkMembers nil: no check. When nothing is pending it issues
-// no DDL, so a user without DDL rights may run it.
+// MigrateWith with sinkMembers.
 func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(context.Context) ([]string, error)) ([]MigrationResult, error) {
+	return MigrateWith(ctx, conn, MigrateOptions{SinkMembers: sinkMembers})
+}
+
+// MigrateOptions are the options of MigrateWith.
+type MigrateOptions struct {
+	// SinkMembers returns the members of the sink's consumer group. When
+	// a migration is pending on a database that has applied others (one
+	// a sink may be writing), MigrateWith applies nothing while there are
+	// any (ErrSinkRunning). A migration that replaces an analyst table's
+	// view drops it and creates it again, and a row a running sink
+	// inserts in between never reaches the table (docs/operations.md,
+	// Running the stages). nil: no check.
+	SinkMembers func(context.Context) ([]string, error)
+	// LockWait bounds the wait for the migrate lock another run holds
+	// (0: DefaultMigrateLockWait); past it, ErrMigrateLocked.
+	LockWait time.Duration
+	// Database names the database in log lines and errors.
+	Database string
+	Log      *zap.Logger // nil: none
+}
+
+// MigrateWith is Migrate with options. When nothing is pending it issues
+// no DDL, so a user without DDL rights may run it. Otherwise it takes the
+// migrate lock (MigrateLockTable) first, waiting while another run holds
+// it, and reads again what is applied once it holds it: one run at a time
+// issues DDL, and a run that waited applies only what the other left.
+func MigrateWith(ctx context.Context, conn driver.Conn, o MigrateOptions) ([]MigrationResult, error) {
 	ms, err := chschema.Migrations()
 	if err != nil {
 		return nil, err
@@ -68,28 +89,14 @@ func MigrateStopped(ctx context.Context, conn driver.Conn, sinkMembers func(cont
 	if err := CheckTimeZone(ctx, conn); err != nil {
 		return nil, err
 	}
-	applied, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
+	_, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
 	if err != nil {
 		return nil, err
 	}
 	if len(pending) == 0 {
-		out := make([]MigrationResult, len(ms))
-		for i, m := range ms {
-			out[i] = MigrationResult{Migration: m}
-		}
-		return out, nil
+		return noneApplied(ms), nil
 	}
-	if len(applied) > 0 && sinkMembers != nil {
-		members, err := sinkMembers(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("sink: migrate: check that no sink runs: %w", err)
-		}
-		if len(members) > 0 {
-			return nil, fmt.Errorf("sink: migrate: %s pending, and the sink's consumer group has members (%s): stop every sink, migrate, then start the sinks of this build: %w",
-				strings.Join(pending, ", "), strings.Join(members, ", "), ErrSinkRunning)
-		}
-	}
-	res, err := migrate(ctx, conn, ms)
+	res, err := migrateLocked(ctx, conn, ms, o)
 	if ex := (*proto.Exception)(nil); errors.As(err, &ex) && (ex.Code == 392 || ex.Code == 164) {
 		// DDL refused (allow_ddl = 0, readonly).
 		err = fmt.Errorf("%w: %s pending; apply them as a ClickHouse user that may create and alter tables (`meterline migrate --clickhouse-user ...`)",
@@ -130,7 +137,59 @@ func readApplied(ctx context.Context, conn driver.Conn, table string, ms []chsch
 	return applied, pending, nil
 }
 
+func noneApplied(ms []chschema.Migration) []MigrationResult {
+	out := make([]MigrationResult, len(ms))
+	for i, m := range ms {
+		out[i] = MigrationResult{Migration: m}
+	}
+	return out
+}
+
+// migrateLocked takes the migrate lock, reads again what is applied (a
+// run it waited for may have applied everything: then it issues no DDL
+// and asks no sink group), checks that no sink runs, and migrates.
+func migrateLocked(ctx context.Context, conn driver.Conn, ms []chschema.Migration, o MigrateOptions) ([]MigrationResult, error) {
+	wait := o.LockWait
+	if wait <= 0 {
+		wait = DefaultMigrateLockWait
+	}
+	lock, err := newMigrateLock(conn, o.Log)
+	if err != nil {
+		return nil, err
+	}
+	if err := lock.acquire(ctx, o.Database, wait); err != nil {
+		return nil, err
+	}
+	defer lock.release(context.WithoutCancel(ctx))
+	applied, pending, err := readApplied(ctx, conn, MigrationsTable, ms)
+	if err != nil {
+		return nil, err
+	}
+	if len(pending) == 0 {
+		return noneApplied(ms), nil
+	}
+	if len(applied) > 0 && o.SinkMembers != nil {
+		members, err := o.SinkMembers(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("sink: migrate: check that no sink runs: %w", err)
+		}
+		if len(members) > 0 {
+			return nil, fmt.Errorf("sink: migrate: %s pending, and the sink's consumer group has members (%s): stop every sink, migrate, then start the sinks of this build: %w",
+				strings.Join(pending, ", "), strings.Join(members, ", "), ErrSinkRunning)
+		}
+	}
+	return migrateHeld(ctx, conn, ms, lock.renew)
+}
+
+// migrate applies ms without the migrate lock.
 func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]MigrationResult, error) {
+	return migrateHeld(ctx, conn, ms, nil)
+}
+
+// migrateHeld applies the migrations of ms not applied yet; renew (nil:
+// none) extends the migrate lock's lease before each statement, and
+// stops the run when it no longer holds the lock.
+func migrateHeld(ctx context.Context, conn driver.Conn, ms []chschema.Migration, renew func(context.Context) error) ([]MigrationResult, error) {
 	cctx, cancel := context.WithTimeout(ctx, ddlTimeout)
 	err := conn.Exec(cctx, `CREATE TABLE IF NOT EXISTS `+MigrationsTable+` (
 		version UInt32, name String, checksum String, applied_at DateTime
@@ -163,7 +222,7 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 			continue
 		}
 		ran = true
-		if err := runStatements(ctx, conn, m); err != nil {
+		if err := runStatements(ctx, conn, m, renew); err != nil {
 			return out, err
 		}
 		if err := recordMigration(ctx, conn, m); err != nil {
@@ -174,9 +233,15 @@ func migrate(ctx context.Context, conn driver.Conn, ms []chschema.Migration) ([]
 	return out, nil
 }
 
-// runStatements runs the statements of m, in order; it does not record m.
-func runStatements(ctx context.Context, conn driver.Conn, m chschema.Migration) error {
+// runStatements runs the statements of m, in order, each after renew
+// (nil: none); it does not record m.
+func runStatements(ctx context.Context, conn driver.Conn, m chschema.Migration, renew func(context.Context) error) error {
 	for i, stmt := range m.Statements {
+		if renew != nil {
+			if err := renew(ctx); err != nil {
+				return err
+			}
+		}
 		sctx, cancel := context.WithTimeout(ctx, ddlTimeout)
 		err := conn.Exec(sctx, stmt)
 		cancel()

@@ -125,7 +125,7 @@ func (c *RunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logger)
 		}
 	}
 	if !c.NoSink && c.Sink.Migrate {
-		if err := migrate(ctx, g, scfg.ClickHouseServer, c.Sink.Database, scfg.Group, stdio, log); err != nil {
+		if err := migrate(ctx, g, scfg.ClickHouseServer, c.Sink.Database, scfg.Group, 0, stdio, log); err != nil {
 			return err
 		}
 	}

@@ -95,7 +95,7 @@ func (c *SinkRunCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 		return err
 	}
 	if c.Migrate {
-		if err := migrate(ctx, g, cfg.ClickHouseServer, c.Database, cfg.Group, stdio, log); err != nil {
+		if err := migrate(ctx, g, cfg.ClickHouseServer, c.Database, cfg.Group, 0, stdio, log); err != nil {
 			return err
 		}
 	}
@@ -120,8 +120,9 @@ func sinkInputs(n topics.Names) []string {
 
 // MigrateCmd is `meterline migrate`.
 type MigrateCmd struct {
-	Database string `help:"ClickHouse database to create (if missing) and migrate." default:"${sink_database}"`
-	Group    string `help:"Consumer group of the sink: a database that has migrations applied is migrated only while this group has no members (read from Kafka, --brokers)." default:"${sink_group}"`
+	Database string        `help:"ClickHouse database to create (if missing) and migrate." default:"${sink_database}"`
+	Group    string        `help:"Consumer group of the sink: a database that has migrations applied is migrated only while this group has no members (read from Kafka, --brokers)." default:"${sink_group}"`
+	LockWait time.Duration `help:"Longest wait for the migrate lock while another migration run holds it on the database; then exit 1." default:"10m"`
 }
 
 // Run applies the pending migrations.
@@ -130,12 +131,14 @@ func (c *MigrateCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Log
 	if err != nil {
 		return err
 	}
-	return migrate(ctx, g, srv, c.Database, c.Group, stdio, log)
+	return migrate(ctx, g, srv, c.Database, c.Group, c.LockWait, stdio, log)
 }
 
 // migrate applies the pending migrations of db while no member of the
-// sink's group runs (sink.MigrateStopped); Kafka is asked only then.
-func migrate(ctx context.Context, g *Globals, srv sink.Server, db, group string, stdio IO, log *zap.Logger) error {
+// sink's group runs, under the migrate lock, waiting up to lockWait (0:
+// sink.DefaultMigrateLockWait) while another run holds it
+// (sink.MigrateWith); Kafka is asked only when a migration is pending.
+func migrate(ctx context.Context, g *Globals, srv sink.Server, db, group string, lockWait time.Duration, stdio IO, log *zap.Logger) error {
 	conn, err := srv.Dial(ctx, db, true)
 	if err != nil {
 		return err
@@ -149,7 +152,7 @@ func migrate(ctx context.Context, g *Globals, srv sink.Server, db, group string,
 		defer closeAdm()
 		return sink.GroupMembers(adm, group)(ctx)
 	}
-	res, err := sink.MigrateStopped(ctx, conn, members)
+	res, err := sink.MigrateWith(ctx, conn, sink.MigrateOptions{SinkMembers: members, LockWait: lockWait, Database: db, Log: log})
 	applied := 0
 	for _, r := range res {
 		state := "already applied"
