@@ -19,14 +19,16 @@ import (
 )
 
 // Limits of decodeStrict: the nodes one document may expand to (aliases
-// included; a rate card at its limits has about 40,000), the text of its
+// included; a rate card at its limits has about 25,000, and a document at
+// this limit, the parser's tree and the converted one, allocates about
+// 150 MB: TestNodeLimitDocumentBounded), the text of its
 // keys and scalars, aliases expanded (as much as the 16 MiB document
 // `entitlements set` reads holds without aliases: a scalar of 64 KiB
 // named by 10,000 aliases, a 100 KB document, was 640 MiB of text and
 // took gigabytes to convert), how deep they nest, and how many problems
 // it names before it stops.
 const (
-	maxDocNodes  = 1 << 20
+	maxDocNodes  = 1 << 17
 	maxDocText   = 16 << 20
 	maxDocDepth  = 64
 	maxDocErrors = 20
