@@ -117,3 +117,26 @@ func TestNodeLimitDocumentBounded(t *testing.T) {
 		t.Errorf("a document past the node limit: %.200v; want it refused", err)
 	}
 }
+
+// TestEscapedTextBounded: the text limit holds for text as the document
+// is converted, JSON, where a character may take six bytes (\u003c, \u0001):
+// 255 aliases of a scalar of 64 KiB (a document of 68 KB, 16 MiB of text)
+// of a character JSON escapes is read or refused allocating no more than
+// one of letters (about 100 MB, 160 MB with the race detector); of '<'
+// it took 820 MB, 7 s.
+func TestEscapedTextBounded(t *testing.T) {
+	for _, c := range []string{"a", "<", "&", `\x01`, `\u2028`, `\"`} {
+		var b strings.Builder
+		b.WriteString("versions: [{effective_from: '2026-01-01T00:00:00Z', rates: {a0: &s \"" + strings.Repeat(c, 64<<10) + "\"")
+		for i := 1; i < 255; i++ {
+			fmt.Fprintf(&b, ", a%d: *s", i)
+		}
+		b.WriteString("}}]\n")
+		var err error
+		n, d := allocated(func() { _, err = ParseRatesDocument([]byte(b.String())) })
+		t.Logf("%s: %d bytes allocated, %v: %.100v", c, n, d, err)
+		if n > 192<<20 {
+			t.Errorf("%s: %d bytes allocated to read a document of %d bytes", c, n, b.Len())
+		}
+	}
+}
