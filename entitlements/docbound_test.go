@@ -42,8 +42,8 @@ func TestFlatListRefusedBounded(t *testing.T) {
 			var err error
 			n, d := allocated(func() { err = parse(doc) })
 			t.Logf("%s, %s of %d bytes: %d bytes allocated, %v", what, name, len(doc), n, d)
-			if err == nil || !strings.Contains(err.Error(), "the document expands to more than 1048576 nodes") {
-				t.Errorf("%s, %s: %.200v; want it refused as more than 1048576 nodes", what, name, err)
+			if want := fmt.Sprintf("the document expands to more than %d nodes", maxDocNodes); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s, %s: %.200v; want it refused: %s", what, name, err, want)
 			}
 			if n > 1<<20 {
 				t.Errorf("%s, %s: %d bytes allocated to refuse a document of %d", what, name, n, len(doc))
@@ -84,5 +84,59 @@ func TestLongRateHistoryAccepted(t *testing.T) {
 	}
 	if n > 20*uint64(len(doc)) {
 		t.Errorf("%d bytes allocated to read a rate card of %d", n, len(doc))
+	}
+}
+
+// TestNodeLimitDocumentBounded: the costliest document within the node
+// limit, a rate card of one version whose rates are one flow mapping of
+// as many entries as the limit lets through (each entry is counted as one
+// node before parsing, and its key costs nothing after, yet the parser
+// builds two; Card refuses it past MaxRates only once it is read), is read
+// allocating at most 192 MB (about 150 MB; at 1,048,576 nodes it was
+// 1.2 GB, 770 MB of it live at once). The largest rate card within
+// MaxRateVersions and MaxRates has about 25,000 nodes.
+func TestNodeLimitDocumentBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("versions: [{effective_from: '2026-01-01T00:00:00Z', rates: {")
+	for i := range maxDocNodes - 8 {
+		fmt.Fprintf(&b, "m%d: '1',", i)
+	}
+	b.WriteString("}}]\n")
+	doc := []byte(b.String())
+	var err error
+	n, d := allocated(func() { _, err = ParseRatesDocument(doc) })
+	t.Logf("%d rates, %d bytes: %d bytes allocated, %v", maxDocNodes-8, len(doc), n, d)
+	if err != nil {
+		t.Fatalf("%.300v", err)
+	}
+	if n > 192<<20 {
+		t.Errorf("%d bytes allocated to read a document within the node limit", n)
+	}
+	past := strings.Replace(b.String(), "}}]", strings.Repeat("x: '1',", 16)+"}}]", 1)
+	if _, err := ParseRatesDocument([]byte(past)); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("more than %d nodes", maxDocNodes)) {
+		t.Errorf("a document past the node limit: %.200v; want it refused", err)
+	}
+}
+
+// TestEscapedTextBounded: the text limit holds for text as the document
+// is converted, JSON, where a character may take six bytes (\u003c, \u0001):
+// 255 aliases of a scalar of 64 KiB (a document of 68 KB, 16 MiB of text)
+// of a character JSON escapes is read or refused allocating no more than
+// one of letters (about 100 MB, 160 MB with the race detector); of '<'
+// it took 820 MB, 7 s.
+func TestEscapedTextBounded(t *testing.T) {
+	for _, c := range []string{"a", "<", "&", `\x01`, `\u2028`, `\"`} {
+		var b strings.Builder
+		b.WriteString("versions: [{effective_from: '2026-01-01T00:00:00Z', rates: {a0: &s \"" + strings.Repeat(c, 64<<10) + "\"")
+		for i := 1; i < 255; i++ {
+			fmt.Fprintf(&b, ", a%d: *s", i)
+		}
+		b.WriteString("}}]\n")
+		var err error
+		n, d := allocated(func() { _, err = ParseRatesDocument([]byte(b.String())) })
+		t.Logf("%s: %d bytes allocated, %v: %.100v", c, n, d, err)
+		if n > 192<<20 {
+			t.Errorf("%s: %d bytes allocated to read a document of %d bytes", c, n, b.Len())
+		}
 	}
 }

@@ -19,14 +19,16 @@ import (
 )
 
 // Limits of decodeStrict: the nodes one document may expand to (aliases
-// included; a rate card at its limits has about 40,000), the text of its
-// keys and scalars, aliases expanded (as much as the 16 MiB document
+// included; a rate card at its limits has about 25,000, and a document at
+// this limit, the parser's tree and the converted one, allocates about
+// 150 MB: TestNodeLimitDocumentBounded), the text of its
+// keys and scalars as JSON writes them (jsonTextLen), aliases expanded (as much as the 16 MiB document
 // `entitlements set` reads holds without aliases: a scalar of 64 KiB
 // named by 10,000 aliases, a 100 KB document, was 640 MiB of text and
 // took gigabytes to convert), how deep they nest, and how many problems
 // it names before it stops.
 const (
-	maxDocNodes  = 1 << 20
+	maxDocNodes  = 1 << 17
 	maxDocText   = 16 << 20
 	maxDocDepth  = 64
 	maxDocErrors = 20
@@ -62,11 +64,14 @@ func decodeStrict(b []byte, v any) error {
 	if err := s.err(); err != nil {
 		return err
 	}
-	j, err := json.Marshal(tree)
-	if err != nil {
+	// Not HTML-escaped: '<', '>' and '&' stay one byte (jsonTextLen).
+	var j bytes.Buffer
+	je := json.NewEncoder(&j)
+	je.SetEscapeHTML(false)
+	if err := je.Encode(tree); err != nil {
 		return err
 	}
-	jd := json.NewDecoder(bytes.NewReader(j))
+	jd := json.NewDecoder(&j)
 	jd.DisallowUnknownFields()
 	return jd.Decode(v)
 }
@@ -213,6 +218,35 @@ func (s *strictDoc) err() error {
 	return s.errs.err()
 }
 
+// jsonTextLen is the length of s as decodeStrict's JSON writes it,
+// quotes left out, or more: a quote, a backslash, \n, \r and \t take two
+// bytes, another control character six (\u0001), U+2028 and U+2029 six
+// for three, a byte that is not UTF-8 six (\ufffd). The text limit counts
+// it, so that aliases of a scalar JSON escapes convert to no more text
+// than those of one it does not (a scalar of 64 KiB of \x01 named by 255
+// aliases was 96 MiB of JSON, 820 MB allocated).
+func jsonTextLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+			n++
+		case c < ' ':
+			n += 5
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRuneInString(s[i:])
+			switch {
+			case r == utf8.RuneError && size == 1:
+				n += 5
+			case r == '\u2028' || r == '\u2029':
+				n += 3
+			}
+			i += size - 1
+		}
+	}
+	return n
+}
+
 // join is the path of a key below path.
 func join(path, name string) string {
 	if path == "" {
@@ -226,7 +260,7 @@ var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 // value returns the JSON-able form of n for a value of type t at path: a
 // map for a struct or a map, a slice, a string, a bool or nil.
 func (s *strictDoc) value(n *yaml.Node, t reflect.Type, path string, depth int) any {
-	if !s.spend(path, 1, len(n.Value)) {
+	if !s.spend(path, 1, jsonTextLen(n.Value)) {
 		return nil
 	}
 	if depth > maxDocDepth {
@@ -310,7 +344,7 @@ func (s *strictDoc) mapping(n *yaml.Node, t reflect.Type, path string, depth int
 			s.add(path, "merge keys (<<) are not supported (line %d): write the fields out, or quote a name \"<<\"", k.Line)
 			continue
 		}
-		if !s.spend(path, 0, len(k.Value)) {
+		if !s.spend(path, 0, jsonTextLen(k.Value)) {
 			return nil
 		}
 		name, at := k.Value, join(path, clip.To(k.Value, clip.Echo))
