@@ -8,6 +8,7 @@ import (
 	iofs "io/fs"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -58,7 +59,8 @@ type Store struct {
 	flushDone chan struct{}
 	stopOnce  sync.Once
 	// rebuilt is why the state was found unusable and replaced by an
-	// empty one as the store opened (rebuiltCorrupt); "" when it was not.
+	// empty one as the store opened (rebuiltCorrupt, rebuiltDamaged); ""
+	// when it was not.
 	rebuilt string
 }
 
@@ -113,24 +115,35 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 const corruptSuffix = ".corrupt"
 
 // Reasons of meterline_stream_state_rebuilt_total.
-const rebuiltCorrupt = "corrupt"
+const (
+	// rebuiltCorrupt: Pebble reported the state corrupt as it opened it
+	// (a damaged WAL, MANIFEST or OPTIONS file).
+	rebuiltCorrupt = "corrupt"
+	// rebuiltDamaged: a file the state needs is missing (a table its
+	// MANIFEST names, the MANIFEST its marker names, the format-version
+	// marker) or not the size its MANIFEST records; Pebble does not
+	// classify those errors as corruption (stateDamage).
+	rebuiltDamaged = "damaged"
+)
 
 // rebuiltReasons lists them, each exported from the start at 0.
-var rebuiltReasons = []string{rebuiltCorrupt}
+var rebuiltReasons = []string{rebuiltCorrupt, rebuiltDamaged}
 
 // openStore opens the store in dir with syncEvery every. A state Pebble
 // reports corrupt (a WAL or MANIFEST damaged by a failing disk or a
-// crash) is only a damaged cache of the changelog: it is moved aside
-// (rebuildCorrupt) and an empty store opened in its place, which the
-// restores fill from the changelog in full (docs/operations.md, Corrupt
-// state). Any other error (the directory locked by another process, not
-// writable, a full disk) is returned.
+// crash), or that misses a file it needs (stateDamage), is only a damaged
+// cache of the changelog: it is moved aside (rebuildCorrupt) and an empty
+// store opened in its place, which the restores fill from the changelog
+// in full (docs/operations.md, Corrupt state). Any other error (the
+// directory locked by another process, not writable, a full disk, a
+// failing read) is returned.
 func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*Store, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
 	s, err := openPebble(dir, fs, log, every)
-	if err == nil || !pebble.IsCorruptionError(err) {
+	reason := stateDamage(err)
+	if reason == "" {
 		return s, err
 	}
 	aside, merr := rebuildCorrupt(dir, fs)
@@ -140,13 +153,42 @@ func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*St
 	log.Warn("the stage's state is corrupt: moved it aside and opened an empty state in its place, "+
 		"which the restores rebuild from the changelog in full; the copy is kept for inspection until the next corrupt state replaces it "+
 		"(docs/operations.md, Corrupt state)",
-		zap.String("state_dir", dir), zap.String("corrupt_copy", aside), zap.Error(err))
+		zap.String("state_dir", dir), zap.String("corrupt_copy", aside), zap.String("reason", reason), zap.Error(err))
 	s, err = openPebble(dir, fs, log, every)
 	if err != nil {
 		return nil, err
 	}
-	s.rebuilt = rebuiltCorrupt
+	s.rebuilt = reason
 	return s, nil
+}
+
+// stateDamage returns the reason to rebuild the state whose open failed
+// with err (rebuiltCorrupt, rebuiltDamaged), or "" when err (nil
+// included) is no damage to the state. Pebble's corruption errors are
+// damage. So are, though Pebble does not mark them, a file it needs that
+// does not exist (ENOENT: a table the MANIFEST names, the MANIFEST the
+// marker names), a directory holding Pebble's files without its
+// format-version marker (ErrDBNotPristine) and a table whose size is not
+// the one its MANIFEST records. An error of the filesystem itself (any
+// other errno: permission denied, a lock held, a full disk, a failing
+// read) is never damage: the state may be sound, and the error must stop
+// the stage.
+func stateDamage(err error) string {
+	if err == nil {
+		return ""
+	}
+	if pebble.IsCorruptionError(err) {
+		return rebuiltCorrupt
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno != syscall.ENOENT {
+		return ""
+	}
+	if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, pebble.ErrDBNotPristine) ||
+		strings.Contains(err.Error(), "object size mismatch") {
+		return rebuiltDamaged
+	}
+	return ""
 }
 
 // rebuildCorrupt moves the corrupt state in dir to dir+corruptSuffix,
