@@ -131,7 +131,9 @@ const (
 	// rebuiltDamaged: a file the state needs is missing (a table its
 	// MANIFEST names, the MANIFEST its marker names, the format-version
 	// marker) or not the size its MANIFEST records; Pebble does not
-	// classify those errors as corruption (stateDamage).
+	// classify those errors as corruption (stateDamage). Or the marker
+	// that names the current MANIFEST is missing, which Pebble does not
+	// notice (manifestMarkerLost).
 	rebuiltDamaged = "damaged"
 	// rebuiltCorruptRead: the state carries the mark of a corrupt table
 	// found as the stage ran (foundCorrupt), which stopped it.
@@ -190,8 +192,34 @@ func openMarked(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*S
 		return nil, fmt.Errorf("stream: the stage found a corrupt table in the state in %s as it ran: %s (read: %v)",
 			dir, bytes.TrimSpace(b), rerr), rebuiltCorruptRead
 	}
+	if err := manifestMarkerLost(dir, fs); err != nil {
+		return nil, err, rebuiltDamaged
+	}
 	s, err := openPebble(dir, fs, log, every)
 	return s, err, stateDamage(err)
+}
+
+// manifestMarkerLost returns an error when the state in dir has Pebble's
+// format-version marker but not the marker that names its current
+// MANIFEST (Pebble's CURRENT). Pebble would take the directory for a new
+// store: write a new MANIFEST without the tables of the old one and
+// replay the WALs it finds, so that the state would open with its newest
+// writes, a checkpoint among them, and without the rows in tables.
+func manifestMarkerLost(dir string, fs vfs.FS) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return nil // no directory yet, or one openPebble reports on
+	}
+	var format, manifest bool
+	for _, n := range names {
+		format = format || strings.HasPrefix(n, "marker.format-version.")
+		manifest = manifest || strings.HasPrefix(n, "marker.manifest.")
+	}
+	if format && !manifest {
+		return fmt.Errorf("stream: the state in %s has no marker.manifest.* file, which names its current MANIFEST: "+
+			"Pebble would open it as a new store without its tables", dir)
+	}
+	return nil
 }
 
 // stateDamage returns the reason to rebuild the state whose open failed

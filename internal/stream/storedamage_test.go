@@ -285,3 +285,52 @@ func TestOptionsFileDamage(t *testing.T) {
 		})
 	}
 }
+
+// TestManifestMarkerMissing: a state whose marker.manifest.* file is gone
+// (the file that names the current MANIFEST; Pebble has no CURRENT file)
+// but whose format-version marker is there. Pebble then takes the
+// directory for a new store: it writes a new MANIFEST, drops every table
+// the old one named and replays the WALs it finds, so the state opened
+// silently with the newest writes (a checkpoint among them) and without
+// the rows in tables: dedup would have accepted again identities it had
+// seen. It is damage: moved aside and rebuilt in full.
+func TestManifestMarkerMissing(t *testing.T) {
+	dir := flushedState(t)
+	st, err := OpenStore(dir, vfs.Default, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := st.newBatch()
+	b.set(1, []byte("late"), []byte("v"))
+	b.checkpoint(1, Checkpoint{Offset: 2001})
+	if err := b.commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range listFiles(t, dir) {
+		// The WALs the flush made obsolete, as a state that ran longer
+		// no longer has them.
+		if isWAL(name) {
+			if b, err := os.ReadFile(filepath.Join(dir, name)); err == nil && !strings.Contains(string(b), "late") {
+				remove(t, filepath.Join(dir, name))
+			}
+		}
+	}
+	remove(t, firstFile(t, dir, func(n string) bool { return strings.HasPrefix(n, "marker.manifest.") }))
+
+	st, err = OpenStore(dir, vfs.Default, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, early, _ := st.Get(1, []byte{0, 0})
+	cp, _, _ := st.Checkpoint(1)
+	if st.rebuilt != rebuiltDamaged {
+		t.Errorf("rebuilt %q, want %q (the state opened with checkpoint %d, its first row: %v)", st.rebuilt, rebuiltDamaged, cp.Offset, early)
+	}
+	if parts, err := st.partitions(); err != nil || len(parts) != 0 {
+		t.Errorf("partitions of the state: %v, %v; want none (a full restore)", parts, err)
+	}
+}
