@@ -14,6 +14,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // flushedState returns the directory <tmp>/dedup-d1 holding a closed
@@ -215,9 +217,17 @@ func TestDamageNotGuessed(t *testing.T) {
 // failed every start with Pebble's error; it now moves the state aside,
 // counts it as damaged, restores every partition from the changelog in
 // full and stays exactly-once.
-func TestStageRebuildsDamagedState(t *testing.T) {
+func TestStageRebuildsDamagedState(t *testing.T) { stageRebuildsDamagedState(t, nil) }
+
+// TestRealStageRebuildsDamagedState is TestStageRebuildsDamagedState on
+// the real broker of METERLINE_TEST_KAFKA.
+func TestRealStageRebuildsDamagedState(t *testing.T) {
+	stageRebuildsDamagedState(t, testenv.RealKafka(t))
+}
+
+func stageRebuildsDamagedState(t *testing.T, brokers []string) {
 	t.Chdir(t.TempDir()) // the instances' state-<id> directories
-	s := newSuite(t, nil, nil)
+	s := newSuite(t, brokers, nil)
 	a := s.start("a", vfs.Default)
 	s.send(40)
 	s.caughtUp()

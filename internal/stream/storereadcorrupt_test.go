@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/meterline/meterline/internal/testenv"
 )
 
 // TestCorruptTableFoundReading: a table whose block a failing disk
@@ -88,11 +90,19 @@ func TestCorruptTableFoundReading(t *testing.T) {
 // it runs (by a compaction here) Run does: either names the state, and no
 // longer exits the process. The next start rebuilds the state from the
 // changelog, exactly-once.
-func TestStageStopsOnCorruptTable(t *testing.T) {
+func TestStageStopsOnCorruptTable(t *testing.T) { stageStopsOnCorruptTable(t, nil) }
+
+// TestRealStageStopsOnCorruptTable is TestStageStopsOnCorruptTable on the
+// real broker of METERLINE_TEST_KAFKA.
+func TestRealStageStopsOnCorruptTable(t *testing.T) {
+	stageStopsOnCorruptTable(t, testenv.RealKafka(t))
+}
+
+func stageStopsOnCorruptTable(t *testing.T, brokers []string) {
 	for _, running := range []bool{false, true} {
 		t.Run(map[bool]string{false: "at start", true: "running"}[running], func(t *testing.T) {
 			t.Chdir(t.TempDir()) // the instances' state-<id> directories
-			s := newSuite(t, nil, nil)
+			s := newSuite(t, brokers, nil)
 			a := s.start("a", vfs.Default)
 			s.send(40)
 			s.caughtUp()
