@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -154,16 +155,7 @@ func sameNames(a, b []string) bool {
 		}
 		return out
 	}
-	a, b = drop(a), drop(b)
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
+	return slices.Equal(drop(a), drop(b))
 }
 
 // statFS fails the stat and open of tables with errno.
@@ -226,22 +218,7 @@ func TestRealStageRebuildsDamagedState(t *testing.T) {
 }
 
 func stageRebuildsDamagedState(t *testing.T, brokers []string) {
-	t.Chdir(t.TempDir()) // the instances' state-<id> directories
-	s := newSuite(t, brokers, nil)
-	a := s.start("a", vfs.Default)
-	s.send(40)
-	s.caughtUp()
-	a.shutdown()
-	st, err := OpenStore("state-a", vfs.Default, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
+	s := stoppedWithTable(t, brokers, nil)
 	remove(t, firstFile(t, "state-a", isTable))
 
 	a2 := s.start("a", vfs.Default)
@@ -343,4 +320,32 @@ func TestManifestMarkerMissing(t *testing.T) {
 	if parts, err := st.partitions(); err != nil || len(parts) != 0 {
 		t.Errorf("partitions of the state: %v, %v; want none (a full restore)", parts, err)
 	}
+}
+
+// stoppedWithTable runs a count stage's instance a, on kfake or on the
+// real broker brokers, with its state in state-a under a new working
+// directory, until it counted 40 inputs; stops it; lets fill (when not
+// nil) write to its state; and flushes the state to a table.
+func stoppedWithTable(t *testing.T, brokers []string, fill func(st *Store)) *suite {
+	t.Helper()
+	t.Chdir(t.TempDir()) // the instances' state-<id> directories
+	s := newSuite(t, brokers, nil)
+	a := s.start("a", vfs.Default)
+	s.send(40)
+	s.caughtUp()
+	a.shutdown()
+	st, err := OpenStore("state-a", vfs.Default, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fill != nil {
+		fill(st)
+	}
+	if err := st.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

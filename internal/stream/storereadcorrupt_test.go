@@ -101,34 +101,22 @@ func TestRealStageStopsOnCorruptTable(t *testing.T) {
 func stageStopsOnCorruptTable(t *testing.T, brokers []string) {
 	for _, running := range []bool{false, true} {
 		t.Run(map[bool]string{false: "at start", true: "running"}[running], func(t *testing.T) {
-			t.Chdir(t.TempDir()) // the instances' state-<id> directories
-			s := newSuite(t, brokers, nil)
-			a := s.start("a", vfs.Default)
-			s.send(40)
-			s.caughtUp()
-			a.shutdown()
-			st, err := OpenStore("state-a", vfs.Default, zap.NewNop())
-			if err != nil {
-				t.Fatal(err)
-			}
+			var fill func(st *Store)
 			if running {
 				// Partition 0's state grows keys after its own, so that
 				// the middle of the table, which corruptFile damages,
 				// holds none the stage reads.
-				b := st.newBatch()
-				for i := range 3000 {
-					b.set(0, fmt.Appendf(nil, "zz-%05d", i), make([]byte, 100))
+				fill = func(st *Store) {
+					b := st.newBatch()
+					for i := range 3000 {
+						b.set(0, fmt.Appendf(nil, "zz-%05d", i), make([]byte, 100))
+					}
+					if err := b.commit(); err != nil {
+						t.Fatal(err)
+					}
 				}
-				if err := b.commit(); err != nil {
-					t.Fatal(err)
-				}
 			}
-			if err := st.db.Flush(); err != nil {
-				t.Fatal(err)
-			}
-			if err := st.Close(); err != nil {
-				t.Fatal(err)
-			}
+			s := stoppedWithTable(t, brokers, fill)
 			corruptFile(t, "state-a", isTable)
 
 			s.send(20)
