@@ -129,7 +129,7 @@ func newMetrics(reg prometheus.Registerer, stage string) *metrics {
 		writeRefused: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_stream_write_refused_partitions",
 			Help: "Partitions of the topics the stage writes to on which the brokers refuse its writes, as found when a transaction's records waited unwritten (5 s, or half the transaction timeout) or it failed, by cause: below_min_insync (fewer in-sync replicas than min.insync.replicas: NOT_ENOUGH_REPLICAS), no_leader; 0 once a transaction commits."}, []string{"cause"}),
 		stateRebuilt: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_stream_state_rebuilt_total",
-			Help: "Times the instance's local state was found unusable as the stage started, moved aside (<state dir>.corrupt, replacing an older copy) and replaced by an empty state that the restores rebuild from the changelog in full, by reason: corrupt (Pebble reported a corrupt WAL, MANIFEST or other file). More than one on a host points to its disk (docs/operations.md, Corrupt state)."},
+			Help: "Times the instance's local state was found unusable as the stage started, moved aside (<state dir>.corrupt, replacing an older copy) and replaced by an empty state that the restores rebuild from the changelog in full, by reason: corrupt (Pebble reported a corrupt WAL, MANIFEST or other file), damaged (a file the state needs is missing, or a table is not the size its MANIFEST records), corrupt_read (the state carries the mark of a corrupt table found as the stage ran, which stopped it). More than one on a host points to its disk (docs/operations.md, Corrupt state)."},
 			[]string{"reason"}),
 	}
 	for _, r := range rebuiltReasons {

@@ -344,6 +344,9 @@ func New(cfg Config, proc Processor) (*Runtime, error) {
 		wake:   make(chan struct{}, 1),
 	}
 	rt.sb = newStandbys(rt)
+	// A corrupt table Pebble finds as the stage runs stops it; the next
+	// start rebuilds the state (Store.foundCorrupt).
+	st.OnCorrupt(rt.setFatal)
 	return rt, nil
 }
 

@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	iofs "io/fs"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -57,8 +59,17 @@ type Store struct {
 	stopFlush chan struct{}
 	flushDone chan struct{}
 	stopOnce  sync.Once
+	// dir and fs locate the state (the corrupt mark, errors).
+	dir string
+	fs  vfs.FS
+	// corrupt is the error of the first corruption Pebble found in a
+	// table as the store ran (foundCorrupt); nil while none was found.
+	corrupt atomic.Pointer[error]
+	// onCorrupt, when set, is told that error (OnCorrupt).
+	onCorrupt atomic.Pointer[func(error)]
 	// rebuilt is why the state was found unusable and replaced by an
-	// empty one as the store opened (rebuiltCorrupt); "" when it was not.
+	// empty one as the store opened (rebuiltCorrupt, rebuiltDamaged); ""
+	// when it was not.
 	rebuilt string
 }
 
@@ -113,24 +124,44 @@ func OpenStore(dir string, fs vfs.FS, log *zap.Logger) (*Store, error) {
 const corruptSuffix = ".corrupt"
 
 // Reasons of meterline_stream_state_rebuilt_total.
-const rebuiltCorrupt = "corrupt"
+const (
+	// rebuiltCorrupt: Pebble reported the state corrupt as it opened it
+	// (a damaged WAL, MANIFEST or OPTIONS file).
+	rebuiltCorrupt = "corrupt"
+	// rebuiltDamaged: a file the state needs is missing (a table its
+	// MANIFEST names, the MANIFEST its marker names, the format-version
+	// marker) or not the size its MANIFEST records; Pebble does not
+	// classify those errors as corruption (stateDamage). Or the marker
+	// that names the current MANIFEST is missing, which Pebble does not
+	// notice (manifestMarkerLost).
+	rebuiltDamaged = "damaged"
+	// rebuiltCorruptRead: the state carries the mark of a corrupt table
+	// found as the stage ran (foundCorrupt), which stopped it.
+	rebuiltCorruptRead = "corrupt_read"
+)
+
+// corruptMarkName is the file that marks a state in which Pebble found a
+// corrupt table as the stage ran: the next open rebuilds the state. Pebble
+// ignores files whose names it does not know.
+const corruptMarkName = "meterline-corrupt"
 
 // rebuiltReasons lists them, each exported from the start at 0.
-var rebuiltReasons = []string{rebuiltCorrupt}
+var rebuiltReasons = []string{rebuiltCorrupt, rebuiltDamaged, rebuiltCorruptRead}
 
 // openStore opens the store in dir with syncEvery every. A state Pebble
 // reports corrupt (a WAL or MANIFEST damaged by a failing disk or a
-// crash) is only a damaged cache of the changelog: it is moved aside
-// (rebuildCorrupt) and an empty store opened in its place, which the
-// restores fill from the changelog in full (docs/operations.md, Corrupt
-// state). Any other error (the directory locked by another process, not
-// writable, a full disk) is returned.
+// crash), or that misses a file it needs (stateDamage), is only a damaged
+// cache of the changelog: it is moved aside (rebuildCorrupt) and an empty
+// store opened in its place, which the restores fill from the changelog
+// in full (docs/operations.md, Corrupt state). Any other error (the
+// directory locked by another process, not writable, a full disk, a
+// failing read) is returned.
 func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*Store, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
-	s, err := openPebble(dir, fs, log, every)
-	if err == nil || !pebble.IsCorruptionError(err) {
+	s, err, reason := openMarked(dir, fs, log, every)
+	if reason == "" {
 		return s, err
 	}
 	aside, merr := rebuildCorrupt(dir, fs)
@@ -140,13 +171,84 @@ func openStore(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*St
 	log.Warn("the stage's state is corrupt: moved it aside and opened an empty state in its place, "+
 		"which the restores rebuild from the changelog in full; the copy is kept for inspection until the next corrupt state replaces it "+
 		"(docs/operations.md, Corrupt state)",
-		zap.String("state_dir", dir), zap.String("corrupt_copy", aside), zap.Error(err))
+		zap.String("state_dir", dir), zap.String("corrupt_copy", aside), zap.String("reason", reason), zap.Error(err))
 	s, err = openPebble(dir, fs, log, every)
 	if err != nil {
 		return nil, err
 	}
-	s.rebuilt = rebuiltCorrupt
+	s.rebuilt = reason
 	return s, nil
+}
+
+// openMarked opens the store in dir, unless the state carries the mark of
+// a corrupt table (foundCorrupt): it then returns the mark's error and
+// rebuiltCorruptRead, without opening it. Otherwise it returns the store,
+// or the error of its open and the reason that error gives to rebuild the
+// state (stateDamage).
+func openMarked(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*Store, error, string) {
+	if f, err := fs.Open(fs.PathJoin(dir, corruptMarkName)); err == nil {
+		b, rerr := io.ReadAll(io.LimitReader(f, 4096))
+		_ = f.Close()
+		return nil, fmt.Errorf("stream: the stage found a corrupt table in the state in %s as it ran: %s (read: %v)",
+			dir, bytes.TrimSpace(b), rerr), rebuiltCorruptRead
+	}
+	if err := manifestMarkerLost(dir, fs); err != nil {
+		return nil, err, rebuiltDamaged
+	}
+	s, err := openPebble(dir, fs, log, every)
+	return s, err, stateDamage(err)
+}
+
+// manifestMarkerLost returns an error when the state in dir has Pebble's
+// format-version marker but not the marker that names its current
+// MANIFEST (Pebble's CURRENT). Pebble would take the directory for a new
+// store: write a new MANIFEST without the tables of the old one and
+// replay the WALs it finds, so that the state would open with its newest
+// writes, a checkpoint among them, and without the rows in tables.
+func manifestMarkerLost(dir string, fs vfs.FS) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return nil // no directory yet, or one openPebble reports on
+	}
+	var format, manifest bool
+	for _, n := range names {
+		format = format || strings.HasPrefix(n, "marker.format-version.")
+		manifest = manifest || strings.HasPrefix(n, "marker.manifest.")
+	}
+	if format && !manifest {
+		return fmt.Errorf("stream: the state in %s has no marker.manifest.* file, which names its current MANIFEST: "+
+			"Pebble would open it as a new store without its tables", dir)
+	}
+	return nil
+}
+
+// stateDamage returns the reason to rebuild the state whose open failed
+// with err (rebuiltCorrupt, rebuiltDamaged), or "" when err (nil
+// included) is no damage to the state. Pebble's corruption errors are
+// damage. So are, though Pebble does not mark them, a file it needs that
+// does not exist (ENOENT: a table the MANIFEST names, the MANIFEST the
+// marker names), a directory holding Pebble's files without its
+// format-version marker (ErrDBNotPristine) and a table whose size is not
+// the one its MANIFEST records. An error of the filesystem itself (any
+// other errno: permission denied, a lock held, a full disk, a failing
+// read) is never damage: the state may be sound, and the error must stop
+// the stage.
+func stateDamage(err error) string {
+	if err == nil {
+		return ""
+	}
+	if pebble.IsCorruptionError(err) {
+		return rebuiltCorrupt
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) && errno != syscall.ENOENT {
+		return ""
+	}
+	if errors.Is(err, iofs.ErrNotExist) || errors.Is(err, pebble.ErrDBNotPristine) ||
+		strings.Contains(err.Error(), "object size mismatch") {
+		return rebuiltDamaged
+	}
+	return ""
 }
 
 // rebuildCorrupt moves the corrupt state in dir to dir+corruptSuffix,
@@ -187,6 +289,11 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*S
 	// State keys are hashes and values mostly hashes too: compression
 	// would cost CPU and save nothing.
 	opts.ApplyCompressionSettings(func() pebble.DBCompressionSettings { return pebble.DBCompressionNone })
+	s := &Store{dir: dir, fs: fs, log: log, stopFlush: make(chan struct{}), flushDone: make(chan struct{})}
+	// A corrupt table found as the store runs stops the stage, not the
+	// process (Pebble's default handler calls Fatalf, and every restart
+	// read the table again and exited again).
+	opts.EventListener = &pebble.EventListener{DataCorruption: s.foundCorrupt}
 	opts.EnsureDefaults()
 	// Bloom filters make the misses of a lookup-heavy stage cheap.
 	for i := range opts.Levels {
@@ -207,7 +314,7 @@ func openPebble(dir string, fs vfs.FS, log *zap.Logger, every time.Duration) (*S
 	if err != nil {
 		return nil, fmt.Errorf("stream: open state in %s: %w", dir, err)
 	}
-	s := &Store{db: db, log: log, stopFlush: make(chan struct{}), flushDone: make(chan struct{})}
+	s.db = db
 	s.syncEvery.Store(int64(every))
 	go s.flushWAL()
 	return s, nil
@@ -231,6 +338,74 @@ func (s *Store) Close() error {
 	s.stopOnce.Do(func() { close(s.stopFlush) })
 	<-s.flushDone
 	return s.db.Close()
+}
+
+// foundCorrupt is Pebble's DataCorruption handler: a table it read (for a
+// lookup, an iterator or a compaction) failed its checksum or would not
+// load. The state is a damaged cache of the changelog. The first report
+// marks it (corruptMarkName), so that the next open moves it aside and
+// rebuilds it; logs it; and becomes the error of every later read that
+// fails on corruption and of every commit (Get, Scan, commit), and what
+// the runtime is told (OnCorrupt), which stops the stage. Rebuilding in
+// place is not attempted: every partition's restore, standby copy and
+// open transaction reads the store, and a restart rebuilds it with the
+// paths every start takes.
+func (s *Store) foundCorrupt(info pebble.DataCorruptionInfo) {
+	err := fmt.Errorf("stream: the state in %s is corrupt: table %s: %v; the stage stops, and its next start moves the state aside "+
+		"and rebuilds it from the changelog (docs/operations.md, Corrupt state)", s.dir, info.Path, info.Details)
+	if !s.corrupt.CompareAndSwap(nil, &err) {
+		return
+	}
+	fields := []zap.Field{zap.String("state_dir", s.dir), zap.String("table", info.Path), zap.Error(info.Details)}
+	if merr := s.markCorrupt(info); merr != nil {
+		s.log.Error("the stage's state has a corrupt table, and marking it for a rebuild failed: the next start will not rebuild it; "+
+			"delete the state directory while the stage is stopped (docs/operations.md, Corrupt state)",
+			append(fields, zap.NamedError("mark_error", merr))...)
+	} else {
+		s.log.Error("the stage's state has a corrupt table: the stage stops, and its next start moves the state aside and rebuilds it "+
+			"from the changelog (docs/operations.md, Corrupt state)", fields...)
+	}
+	if f := s.onCorrupt.Load(); f != nil {
+		(*f)(err)
+	}
+}
+
+// markCorrupt writes the corrupt mark, with info, into the state's
+// directory, synced.
+func (s *Store) markCorrupt(info pebble.DataCorruptionInfo) error {
+	f, err := s.fs.Create(s.fs.PathJoin(s.dir, corruptMarkName), vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "table %s: %v\n", info.Path, info.Details)
+	err = errors.Join(err, f.Sync(), f.Close())
+	if err != nil {
+		return err
+	}
+	d, err := s.fs.OpenDir(s.dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
+
+// OnCorrupt sets f to be told the error of a corrupt table Pebble finds
+// (foundCorrupt); f is told at once when one was found already.
+func (s *Store) OnCorrupt(f func(error)) {
+	s.onCorrupt.Store(&f)
+	if err := s.corrupt.Load(); err != nil {
+		f(*err)
+	}
+}
+
+// readErr returns err, or the store's corruption error when err is a
+// corruption Pebble reported (foundCorrupt): it names the directory and
+// what the next start does.
+func (s *Store) readErr(err error) error {
+	if c := s.corrupt.Load(); c != nil && pebble.IsCorruptionError(err) {
+		return *c
+	}
+	return err
 }
 
 // DB exposes the Pebble DB (metrics, compaction in benchmarks).
@@ -259,7 +434,7 @@ func (s *Store) Get(p int32, k []byte) ([]byte, bool, error) {
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, false, s.readErr(err)
 	}
 	out := bytes.Clone(v)
 	return out, true, closer.Close()
@@ -284,14 +459,14 @@ func (s *Store) Scan(p int32, lower, upper []byte, fn func(k, v []byte) error) e
 		v, err := it.ValueAndErr()
 		if err != nil {
 			_ = it.Close()
-			return err
+			return s.readErr(err)
 		}
 		if err := fn(it.Key()[3:], v); err != nil {
 			_ = it.Close()
 			return err
 		}
 	}
-	return it.Close()
+	return s.readErr(it.Close())
 }
 
 // Checkpoint is where a partition's state stands in its changelog, and
@@ -327,7 +502,7 @@ func (s *Store) Checkpoint(p int32) (cp Checkpoint, ok bool, err error) {
 		return Checkpoint{}, false, nil
 	}
 	if err != nil {
-		return Checkpoint{}, false, err
+		return Checkpoint{}, false, s.readErr(err)
 	}
 	defer closer.Close()
 	cp, err = decodeCheckpoint(v)
@@ -370,7 +545,7 @@ func (s *Store) meta8(key []byte, what string) (v uint64, ok bool, err error) {
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, err
+		return 0, false, s.readErr(err)
 	}
 	defer closer.Close()
 	if len(b) != 8 {
@@ -473,7 +648,7 @@ func (s *Store) bind(key, v []byte, what, dir string) ([]byte, error) {
 		return nil, s.db.Set(key, v, pebble.Sync)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("stream: read %s of the state in %s: %w", what, dir, err)
+		return nil, fmt.Errorf("stream: read %s of the state in %s: %w", what, dir, s.readErr(err))
 	}
 	defer closer.Close()
 	if bytes.Equal(b, v) {
@@ -544,6 +719,9 @@ func (s *Store) wipe(p int32) error {
 // fills, a later commit syncs it, or the flusher does (flushWAL).
 func (b *batch) commit() error {
 	defer b.b.Close()
+	if c := b.s.corrupt.Load(); c != nil {
+		return *c // foundCorrupt: the stage stops
+	}
 	now := time.Now().UnixNano()
 	last := b.s.lastSync.Load()
 	if now-last < b.s.syncEvery.Load() || b.b.Empty() || !b.s.lastSync.CompareAndSwap(last, now) {
