@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -46,5 +48,42 @@ func TestRealSecuredDedupWithoutWriteNamesACL(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("dedup's output does not say %q:\n%s", want, testenv.Tail(out, 20))
 		}
+	}
+}
+
+// TestRealSecuredPasswordWithLineBreakSaysSo: the right password with a
+// line break after it in METERLINE_KAFKA_SASL_PASSWORD (a Kubernetes
+// secret made from a file `echo` wrote), or with a second one in the
+// password file, is refused by the SASL_SSL broker: the command exits 1
+// with an error that says the password ends with a line break, and does
+// not show it.
+func TestRealSecuredPasswordWithLineBreakSaysSo(t *testing.T) {
+	k := testenv.RealKafkaSASL(t)
+	pw := k.Password(t, "operator")
+	flags := k.Flags("operator", kafka.ScramSHA512)
+	i := slices.Index(flags, "--kafka-sasl-password-file")
+	envFlags := slices.Delete(slices.Clone(flags), i, i+2)
+	file := filepath.Join(t.TempDir(), "operator.pw")
+	if err := os.WriteFile(file, []byte(pw+"\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fileFlags := slices.Clone(flags)
+	fileFlags[i+1] = file
+	for name, c := range map[string]struct {
+		env   string
+		flags []string
+	}{"environment": {pw + "\n", envFlags}, "file": {"", fileFlags}} {
+		t.Run(name, func(t *testing.T) {
+			if c.env != "" {
+				t.Setenv(EnvKafkaSASLPassword, c.env)
+			}
+			code, out, errOut := run(t, "", append([]string{"topics", "check"}, c.flags...)...)
+			if code != 1 || !strings.Contains(errOut, "the password ends with a line break") || !strings.Contains(errOut, kafka.ErrAuthentication.Error()) {
+				t.Fatalf("exit %d, want 1 and an authentication error saying the password ends with a line break\n%s%s", code, out, errOut)
+			}
+			if strings.Contains(out+errOut, pw) {
+				t.Fatalf("the output shows the password:\n%s%s", out, errOut)
+			}
+		})
 	}
 }
