@@ -14,40 +14,58 @@ import (
 	"github.com/meterline/meterline/internal/testenv"
 )
 
-// TestRealSecuredDedupWithoutWriteNamesACL: dedup run as a principal
-// holding every ACL docs/operations.md lists for it but Write on
-// usage.events (where it appends its ticks) stops with exit status 1 and
-// an error naming the principal, the ACL and the topic, as a refused read,
-// group or transactional ID is named, on the real SASL_SSL broker with
-// the authorizer on, which refuses the transaction's records there.
-func TestRealSecuredDedupWithoutWriteNamesACL(t *testing.T) {
+// TestRealSecuredDedupWithoutACLNamesIt: dedup run as a principal
+// holding every ACL docs/operations.md lists for it but one stops with exit
+// status 1 and an error naming the principal, the ACL and its resource, on
+// the real SASL_SSL broker with the authorizer on: Write on usage.events
+// (where it appends its ticks; the broker refuses the transaction's
+// records there), Read on it, DescribeConfigs on it (read at start), Read
+// on its group and Write on its transactional IDs.
+func TestRealSecuredDedupWithoutACLNamesIt(t *testing.T) {
 	k := testenv.RealKafkaSASL(t)
 	parallelWaitingTest(t, &scriptBrokerLane)
-	prefix := testenv.Name(t, "secnowrite") + "."
-	names := securedTopics(t, k, prefix, 2)
-	var specs []aclSpec
-	for _, s := range documentedACLs(t)["dedup"] {
-		if slices.Equal(s.topics, []string{"usage.events"}) {
-			s.ops = slices.DeleteFunc(slices.Clone(s.ops), func(op kadm.ACLOperation) bool { return op == kadm.OpWrite })
-		}
-		specs = append(specs, s)
-	}
-	grant(t, k.Admin(t), map[string][]aclSpec{"dedup": specs}, prefix, "dedup", "dedup")
-	events, _, _ := securedEvents(t, 20)
-	if code, out := command(t, time.Minute, "", append([]string{"produce", "--topic-prefix", prefix, "--file", events},
-		k.Flags("admin", kafka.ScramSHA512)...)...); code != 0 {
-		t.Fatalf("produce as admin: exit %d\n%s", code, out)
-	}
-	code, out := command(t, 2*time.Minute, "", append([]string{"dedup", "--topic-prefix", prefix, "--group", prefix + "meterline-dedup",
-		"--instance-id", "n1", "--state-dir", t.TempDir(), "--metrics-addr", testenv.FreeAddr(t), "--tick-interval", "1s",
-		"--dedup-keys-file", testenv.DedupKeysFile(t)}, k.Flags("dedup", kafka.ScramSHA512)...)...)
-	if code != 1 {
-		t.Fatalf("dedup without Write on %s: exit %d, want 1\n%s", names.EventsTopic(), code, testenv.Tail(out, 20))
-	}
-	for _, want := range []string{"TOPIC_AUTHORIZATION_FAILED", "User:dedup needs Write on topic " + names.EventsTopic(), "Security and ACLs"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("dedup's output does not say %q:\n%s", want, testenv.Tail(out, 20))
-		}
+	docs := documentedACLs(t)["dedup"]
+	for _, c := range []struct {
+		op       kadm.ACLOperation
+		resource string // the resource of docs' line, as there
+		want     string // what the error says, after the topic prefix
+	}{
+		{kadm.OpWrite, "usage.events", "User:dedup needs Write on topic {prefix}usage.events"},
+		{kadm.OpRead, "usage.events", "User:dedup needs Read on topic {prefix}usage.events"},
+		{kadm.OpDescribeConfigs, "usage.events", "User:dedup needs DescribeConfigs on the topic"},
+		{kadm.OpRead, "meterline-dedup", "User:dedup needs Read on group {prefix}meterline-dedup"},
+		{kadm.OpWrite, "meterline-dedup-", "User:dedup needs Write on transactional ID {prefix}meterline-dedup-n1"},
+	} {
+		t.Run(c.op.String()+" "+c.resource, func(t *testing.T) {
+			prefix := testenv.Name(t, "secnoacl") + "."
+			securedTopics(t, k, prefix, 2)
+			var specs []aclSpec
+			for _, s := range docs {
+				if slices.Equal(slices.Concat(s.topics, s.groups, s.txnIDs), []string{c.resource}) {
+					s.ops = slices.DeleteFunc(slices.Clone(s.ops), func(op kadm.ACLOperation) bool { return op == c.op })
+				}
+				if len(s.ops) > 0 {
+					specs = append(specs, s)
+				}
+			}
+			grant(t, k.Admin(t), map[string][]aclSpec{"dedup": specs}, prefix, "dedup", "dedup")
+			events, _, _ := securedEvents(t, 20)
+			if code, out := command(t, time.Minute, "", append([]string{"produce", "--topic-prefix", prefix, "--file", events},
+				k.Flags("admin", kafka.ScramSHA512)...)...); code != 0 {
+				t.Fatalf("produce as admin: exit %d\n%s", code, out)
+			}
+			code, out := command(t, 2*time.Minute, "", append([]string{"dedup", "--topic-prefix", prefix, "--group", prefix + "meterline-dedup",
+				"--instance-id", "n1", "--state-dir", t.TempDir(), "--metrics-addr", testenv.FreeAddr(t), "--tick-interval", "1s",
+				"--dedup-keys-file", testenv.DedupKeysFile(t)}, k.Flags("dedup", kafka.ScramSHA512)...)...)
+			if code != 1 {
+				t.Fatalf("exit %d, want 1\n%s", code, testenv.Tail(out, 20))
+			}
+			for _, want := range []string{"AUTHORIZATION_FAILED", strings.ReplaceAll(c.want, "{prefix}", prefix), "Security and ACLs"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("dedup's output does not say %q:\n%s", want, testenv.Tail(out, 20))
+				}
+			}
+		})
 	}
 }
 

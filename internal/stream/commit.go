@@ -435,7 +435,7 @@ func endRefused(err error) bool {
 // endRefusal names the ACL the principal lacks for a refused end.
 func (rt *Runtime) endRefusal(err error) error {
 	if errors.Is(err, kerr.GroupAuthorizationFailed) {
-		return fmt.Errorf("consumer group %s: %w (the principal needs Read on group %s: docs/operations.md, Security and ACLs)", rt.cfg.Group, err, rt.cfg.Group)
+		return fmt.Errorf("consumer group %s: %w (%s needs Read on group %s: docs/operations.md, Security and ACLs)", rt.cfg.Group, err, rt.cfg.Kafka.Principal(), rt.cfg.Group)
 	}
 	return rt.cfg.TransactionalIDError(err)
 }
