@@ -147,7 +147,7 @@ func migrate(ctx context.Context, g *Globals, srv sink.Server, db, group string,
 			return nil, err
 		}
 		defer closeAdm()
-		return sink.GroupMembers(adm, group)(ctx)
+		return sink.GroupMembers(adm, g.principal(), group)(ctx)
 	}
 	res, err := sink.MigrateStopped(ctx, conn, members)
 	applied := 0
@@ -199,7 +199,7 @@ func (c *SinkAcceptOffsetsCmd) Run(ctx context.Context, g *Globals, stdio IO, lo
 		return err
 	}
 	defer closeAdm()
-	acc, err := sink.AcceptOffsets(ctx, sink.AcceptOffsetsConfig{Conn: conn, Database: c.Database, Group: c.Group, Admin: adm,
+	acc, err := sink.AcceptOffsets(ctx, sink.AcceptOffsetsConfig{Conn: conn, Database: c.Database, Group: c.Group, Admin: adm, Principal: g.principal(),
 		Topics: sinkInputs(g.Topic), Topic: c.Topic, Partitions: c.Partition, By: c.By, Logger: log, QueryTimeout: c.Timeout})
 	if err != nil {
 		return err
