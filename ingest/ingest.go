@@ -719,7 +719,7 @@ func (s *Server) initProducerID(ctx context.Context) error {
 	defer cancel()
 	_, _, err := s.p.Client().ProducerID(ictx)
 	if refusedAuth(err) {
-		return fmt.Errorf("ingest: producer ID: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)", err, s.cfg.Topic)
+		return fmt.Errorf("ingest: producer ID: %w (%s needs Write on topic %s: docs/operations.md, Security and ACLs)", err, s.cfg.Kafka.Principal(), s.cfg.Topic)
 	}
 	if err != nil {
 		s.log.Warn("ingest: cannot load the producer ID yet; the first request loads it", zap.Error(err))

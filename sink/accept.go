@@ -28,6 +28,10 @@ type AcceptOffsetsConfig struct {
 	Database string
 	// Group is the sink's consumer group. Required.
 	Group string
+	// Principal names the principal Admin authenticates as
+	// (kafka.Config.Principal), for an error when the brokers refuse it
+	// Describe on the group. Default: "".
+	Principal string
 	// Admin reads the group's members and committed offsets and the
 	// partitions' log start offsets. Required.
 	Admin *kadm.Client
@@ -93,7 +97,7 @@ func AcceptOffsets(ctx context.Context, cfg AcceptOffsetsConfig) ([]AcceptedOffs
 	if err := checkMigrationsIn(ctx, cfg.Conn, cfg.Database+"."+MigrationsTable); err != nil {
 		return nil, err
 	}
-	if err := noMembers(ctx, cfg.Admin, cfg.Group); err != nil {
+	if err := noMembers(ctx, cfg.Admin, cfg.Principal, cfg.Group); err != nil {
 		return nil, err
 	}
 	committed, err := cfg.committed(ctx)
@@ -133,7 +137,7 @@ func AcceptOffsets(ctx context.Context, cfg AcceptOffsetsConfig) ([]AcceptedOffs
 	}
 	// Again, just before writing: a sink started meanwhile would compare
 	// its offsets with progress this writes.
-	if err := noMembers(ctx, cfg.Admin, cfg.Group); err != nil {
+	if err := noMembers(ctx, cfg.Admin, cfg.Principal, cfg.Group); err != nil {
 		return nil, err
 	}
 	now := cfg.Now()
@@ -189,8 +193,8 @@ func (cfg *AcceptOffsetsConfig) validate() error {
 
 // noMembers returns an error wrapping ErrSinkRunning while group has
 // members.
-func noMembers(ctx context.Context, adm *kadm.Client, group string) error {
-	members, err := GroupMembers(adm, group)(ctx)
+func noMembers(ctx context.Context, adm *kadm.Client, principal, group string) error {
+	members, err := GroupMembers(adm, principal, group)(ctx)
 	if err != nil {
 		return fmt.Errorf("sink: accept offsets: cannot tell whether a sink of group %s is running: %w", group, err)
 	}

@@ -111,8 +111,8 @@ func (w *Writer) commit(ctx context.Context, win *window, parks []parked, stops 
 		switch perr := produced.get(); {
 		case errors.Is(perr, kerr.TopicAuthorizationFailed):
 			// A missing ACL: re-consuming would fail the same way, for ever.
-			return fmt.Errorf("sink: park refused records in %s: %w (the principal needs Write on topic %s: docs/operations.md, Security and ACLs)",
-				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Topics.RejectedTopic())
+			return fmt.Errorf("sink: park refused records in %s: %w (%s needs Write on topic %s: docs/operations.md, Security and ACLs)",
+				w.cfg.Topics.RejectedTopic(), perr, w.cfg.Kafka.Principal(), w.cfg.Topics.RejectedTopic())
 		case kafka.SASLRefused(perr):
 			// The producer's new connection was refused its login (the
 			// password changed on the cluster): no retry makes it right.

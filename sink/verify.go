@@ -935,13 +935,20 @@ func (v *verifier) finishRuns(ctx context.Context, runs []rebuildRun, done []Der
 
 // GroupMembers returns a VerifyConfig.SinkMembers that describes group
 // with adm: the client ID and host of each member. A group the broker does
-// not know has no members.
-func GroupMembers(adm *kadm.Client, group string) func(ctx context.Context) ([]string, error) {
+// not know has no members. principal (kafka.Config.Principal) names who
+// the brokers refused, when they refuse Describe on the group.
+func GroupMembers(adm *kadm.Client, principal, group string) func(ctx context.Context) ([]string, error) {
 	return func(ctx context.Context) ([]string, error) {
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		dg, err := adm.DescribeGroups(dctx, group)
-		if err != nil {
+		if err == nil {
+			err = dg.Error()
+		}
+		if errors.Is(err, kerr.GroupAuthorizationFailed) {
+			return nil, fmt.Errorf("describe group %s: %w (%s needs Describe on group %s: docs/operations.md, Security and ACLs)", group, err, principal, group)
+		}
+		if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
 			return nil, fmt.Errorf("describe group %s: %w", group, err)
 		}
 		g, ok := dg[group]

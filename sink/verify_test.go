@@ -42,7 +42,7 @@ func (e *env) derivedCounts() [3]uint64 {
 
 func (e *env) verifyConfig(repair bool) VerifyConfig {
 	return VerifyConfig{Conn: e.conn, Database: e.db, Repair: repair, Logger: zaptest.NewLogger(e.t),
-		SinkMembers: GroupMembers(testenv.Admin(e.t, e.brokers), e.group)}
+		SinkMembers: GroupMembers(testenv.Admin(e.t, e.brokers), "", e.group)}
 }
 
 func statuses(rep *VerifyReport) map[string]string {
@@ -443,7 +443,7 @@ func e2count(t *testing.T, conn driver.Conn, q string) uint64 {
 // waitMembers waits until the group has n members.
 func waitMembers(t *testing.T, brokers []string, group string, n int) {
 	t.Helper()
-	members := GroupMembers(testenv.Admin(t, brokers), group)
+	members := GroupMembers(testenv.Admin(t, brokers), "", group)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		m, err := members(context.Background())

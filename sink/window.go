@@ -209,7 +209,7 @@ func (w *Writer) runWindows(ctx context.Context, ins *inserter) error {
 		}
 		fs := w.poll(pctx, wait, w.cfg.MaxBatchRecords-cur.records)
 		endPoll()
-		if err := session.FetchError(w.log, w.cfg.Group, fs); err != nil {
+		if err := session.FetchError(w.log, w.cfg.Kafka.Principal(), w.cfg.Group, fs); err != nil {
 			return w.fetchFailed(ctx, err)
 		}
 		// Newly assigned partitions (their records may be in these

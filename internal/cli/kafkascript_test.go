@@ -441,7 +441,7 @@ func TestRealSecuredKafkaScriptACLs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer opcl.Close()
-	if _, err := sink.GroupMembers(kadm.NewClient(opcl), "meterline-sink")(ctxT(t, 30*time.Second)); err != nil {
+	if _, err := sink.GroupMembers(kadm.NewClient(opcl), "User:operator", "meterline-sink")(ctxT(t, 30*time.Second)); err != nil {
 		t.Errorf("describe the sink's group as the operator (verify): %v", err)
 	}
 

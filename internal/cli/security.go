@@ -92,6 +92,12 @@ func (g *Globals) kafka() (kafka.Config, error) {
 	return c, nil
 }
 
+// principal names the principal the Kafka flags authenticate as, for an
+// error naming an ACL it lacks (kafka.Config.Principal).
+func (g *Globals) principal() string {
+	return kafka.Config{SASL: kafka.SASL{User: g.Kafka.SASLUser}}.Principal()
+}
+
 // connectKafka is kafka followed by a check that the cluster accepts the
 // credentials: a wrong password, an untrusted certificate or a listener
 // that does not match ends the command before it reads or writes

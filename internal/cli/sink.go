@@ -150,7 +150,7 @@ func migrate(ctx context.Context, g *Globals, srv sink.Server, db, group string,
 			return nil, err
 		}
 		defer closeAdm()
-		return sink.GroupMembers(adm, group)(ctx)
+		return sink.GroupMembers(adm, g.principal(), group)(ctx)
 	}
 	res, err := sink.MigrateWith(ctx, conn, sink.MigrateOptions{SinkMembers: members, LockWait: lockWait, Database: db, Log: log})
 	applied := 0
@@ -202,7 +202,7 @@ func (c *SinkAcceptOffsetsCmd) Run(ctx context.Context, g *Globals, stdio IO, lo
 		return err
 	}
 	defer closeAdm()
-	acc, err := sink.AcceptOffsets(ctx, sink.AcceptOffsetsConfig{Conn: conn, Database: c.Database, Group: c.Group, Admin: adm,
+	acc, err := sink.AcceptOffsets(ctx, sink.AcceptOffsetsConfig{Conn: conn, Database: c.Database, Group: c.Group, Admin: adm, Principal: g.principal(),
 		Topics: sinkInputs(g.Topic), Topic: c.Topic, Partitions: c.Partition, By: c.By, Logger: log, QueryTimeout: c.Timeout})
 	if err != nil {
 		return err

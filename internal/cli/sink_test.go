@@ -83,7 +83,7 @@ func TestMigrateCommandRefusedWhileSinkRuns(t *testing.T) {
 	}
 	go member.PollFetches(ctx)
 	defer member.Close()
-	for members := sink.GroupMembers(testenv.Admin(t, brokers), group); ; time.Sleep(200 * time.Millisecond) {
+	for members := sink.GroupMembers(testenv.Admin(t, brokers), "", group); ; time.Sleep(200 * time.Millisecond) {
 		if m, err := members(ctx); err != nil {
 			t.Fatal(err)
 		} else if len(m) > 0 {

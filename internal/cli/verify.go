@@ -53,7 +53,7 @@ func (c *VerifyCmd) Run(ctx context.Context, g *Globals, stdio IO, log *zap.Logg
 			return err
 		}
 		defer closeAdm()
-		cfg.SinkMembers = sink.GroupMembers(adm, c.Group)
+		cfg.SinkMembers = sink.GroupMembers(adm, g.principal(), c.Group)
 	}
 	rep, err := sink.Verify(ctx, cfg)
 	if rep != nil {

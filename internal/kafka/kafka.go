@@ -22,6 +22,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -53,6 +54,29 @@ type SASL struct {
 	User string
 	// Password is the user's password. Required with a mechanism.
 	Password secret.Secret
+}
+
+// strayBytes is a remark for a refused login whose password begins or
+// ends with bytes a password is seldom meant to have: whitespace, a line
+// break (a secret made from a file `echo` wrote, in an environment
+// variable, which keeps it; or a second one in a file, which drops only
+// one) or a byte order mark (an editor's). It says which, never the
+// password; "" for none. The password is sent as given: such bytes may be
+// meant.
+func (s SASL) strayBytes() string {
+	pw := s.Password.Reveal()
+	trimmed := strings.TrimRightFunc(pw, unicode.IsSpace)
+	switch {
+	case strings.HasPrefix(pw, "\ufeff"):
+		return "; the password begins with a byte order mark"
+	case strings.HasSuffix(pw, "\n") || strings.HasSuffix(pw, "\r"):
+		return "; the password ends with a line break"
+	case trimmed != pw:
+		return "; the password ends with whitespace"
+	case strings.TrimLeftFunc(pw, unicode.IsSpace) != pw:
+		return "; the password begins with whitespace"
+	}
+	return ""
 }
 
 // Config is the connection to a Kafka cluster. Validate reports every
@@ -393,8 +417,8 @@ func (c Config) pingVerdict(ctx context.Context, err error) error {
 	case c.SASL.Mechanism != "" && closed(err):
 		// Some servers close the connection instead of answering a
 		// failed authentication.
-		return fmt.Errorf("%w: brokers %s closed the connection while authenticating user %q with %s (wrong user or password, or a listener without SASL?): %v",
-			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
+		return fmt.Errorf("%w: brokers %s closed the connection while authenticating user %q with %s (wrong user or password, or a listener without SASL?%s): %v",
+			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, c.SASL.strayBytes(), err)
 	case c.dropped(err):
 		// As a broker shutting down or restarting does: no refusal.
 		return nil
@@ -476,8 +500,8 @@ func (c Config) Refused(err error) error {
 	brokers := strings.Join(c.Brokers, ",")
 	switch {
 	case errors.Is(err, kerr.SaslAuthenticationFailed):
-		return fmt.Errorf("%w: brokers %s refused user %q with %s (wrong user or password?): %v",
-			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, err)
+		return fmt.Errorf("%w: brokers %s refused user %q with %s (wrong user or password?%s): %v",
+			ErrAuthentication, brokers, c.SASL.User, c.SASL.Mechanism, c.SASL.strayBytes(), err)
 	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
 		return fmt.Errorf("%w: brokers %s do not accept SASL %s on this listener: %v",
 			ErrAuthentication, brokers, c.SASL.Mechanism, err)

@@ -121,6 +121,6 @@ func (c *Config) TransactionalIDError(err error) error {
 		return err
 	}
 	id := c.TransactionalID()
-	return fmt.Errorf("transactional ID %s: %w (the principal needs Write on transactional ID %s, as the prefix %s-: docs/operations.md, Security and ACLs)",
-		id, err, id, c.Group)
+	return fmt.Errorf("transactional ID %s: %w (%s needs Write on transactional ID %s, as the prefix %s-: docs/operations.md, Security and ACLs)",
+		id, err, c.Kafka.Principal(), id, c.Group)
 }

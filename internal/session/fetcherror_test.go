@@ -42,7 +42,7 @@ func TestFetchErrorRejoins(t *testing.T) {
 		// dropping connections (kfake in the demo) closes new ones too.
 		"closed at the first request": session(&kgo.ErrFirstReadEOF{}),
 	} {
-		if got := FetchError(zap.NewNop(), "g", fetchesWith(err)); got != nil {
+		if got := FetchError(zap.NewNop(), "User:u", "g", fetchesWith(err)); got != nil {
 			t.Errorf("%s: the stage stops with %v; it must rejoin", name, got)
 		}
 	}
@@ -51,7 +51,7 @@ func TestFetchErrorRejoins(t *testing.T) {
 		"topic not authorized": kerr.TopicAuthorizationFailed,
 		"offset out of range":  kerr.OffsetOutOfRange,
 	} {
-		got := FetchError(zap.NewNop(), "g", fetchesWith(err))
+		got := FetchError(zap.NewNop(), "User:u", "g", fetchesWith(err))
 		if got == nil || !errors.Is(got, errors.Unwrap(err)) && !errors.Is(got, err) {
 			t.Errorf("%s: FetchError = %v, want the stage to stop with it", name, got)
 		}
@@ -73,7 +73,7 @@ func TestFetchErrorNamesMissingACL(t *testing.T) {
 		"topic": {topicFetch, []string{"usage.events/3", "Read on topic usage.events", "Security and ACLs"}},
 		"group": {groupFetch, []string{"Read on group meterline-dedup", "Security and ACLs"}},
 	} {
-		got := FetchError(zap.NewNop(), "meterline-dedup", tc.fs)
+		got := FetchError(zap.NewNop(), "User:u", "meterline-dedup", tc.fs)
 		if got == nil {
 			t.Fatalf("%s: no error", name)
 		}
@@ -86,7 +86,7 @@ func TestFetchErrorNamesMissingACL(t *testing.T) {
 			t.Errorf("%s: error %q points to offsets", name, got)
 		}
 	}
-	got := FetchError(zap.NewNop(), "meterline-dedup", fetchesWith(kerr.OffsetOutOfRange))
+	got := FetchError(zap.NewNop(), "User:u", "meterline-dedup", fetchesWith(kerr.OffsetOutOfRange))
 	if got == nil || !strings.Contains(got.Error(), "offsets are never reset automatically") {
 		t.Errorf("offset out of range: error %v, want the offsets hint", got)
 	}
@@ -117,7 +117,7 @@ func TestTransactionalIDNotAuthorized(t *testing.T) {
 // start, not with the offsets hint.
 func TestFetchErrorNamesRefusedCredentials(t *testing.T) {
 	for _, cause := range []error{kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism} {
-		got := FetchError(zap.NewNop(), "meterline-dedup", fetchesWith(&kgo.ErrGroupSession{Err: cause}))
+		got := FetchError(zap.NewNop(), "User:u", "meterline-dedup", fetchesWith(&kgo.ErrGroupSession{Err: cause}))
 		if got == nil {
 			t.Fatalf("%v: no error", cause)
 		}

@@ -505,7 +505,7 @@ func (l *Loop) fenced(now time.Time) {
 // (docs/design.md, Exactly-once, 6). An authorization failure names the
 // ACL the principal lacks: Read on the topic, or on group; a refused SASL
 // login wraps kafka.ErrAuthentication.
-func FetchError(log *zap.Logger, group string, fs kgo.Fetches) error {
+func FetchError(log *zap.Logger, principal, group string, fs kgo.Fetches) error {
 	var ferr error
 	fs.EachError(func(t string, p int32, err error) {
 		if Interrupted(err) {
@@ -521,13 +521,13 @@ func FetchError(log *zap.Logger, group string, fs kgo.Fetches) error {
 		}
 		switch {
 		case errors.As(err, &gs) && errors.Is(err, kerr.GroupAuthorizationFailed):
-			ferr = fmt.Errorf("consumer group %s: %w (the principal needs Read on group %s: docs/operations.md, Security and ACLs)", group, err, group)
+			ferr = fmt.Errorf("consumer group %s: %w (%s needs Read on group %s: docs/operations.md, Security and ACLs)", group, err, principal, group)
 		case errors.Is(err, kerr.TopicAuthorizationFailed):
 			where := fmt.Sprintf("%s/%d", t, p)
 			if p < 0 { // the topic's error, not a partition's
 				where = t
 			}
-			ferr = fmt.Errorf("fetch %s: %w (the principal needs Read on topic %s: docs/operations.md, Security and ACLs)", where, err, t)
+			ferr = fmt.Errorf("fetch %s: %w (%s needs Read on topic %s: docs/operations.md, Security and ACLs)", where, err, principal, t)
 		case kafka.SASLRefused(err):
 			// Accepted at start, refused now (a password changed on the
 			// cluster): no retry makes the stage's password right.

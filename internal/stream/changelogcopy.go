@@ -298,7 +298,7 @@ func (c *changelogCopy) fetch(ctx context.Context, wait time.Duration, wake <-ch
 				ferr = fmt.Errorf("%w at offset %d: %w", errCopyOutOfRange, c.pos, ferr)
 			}
 			if errors.Is(err, kerr.TopicAuthorizationFailed) {
-				ferr = fmt.Errorf("%w (the principal needs Read on topic %s: docs/operations.md, Security and ACLs)", ferr, c.rt.cfg.ChangelogTopic)
+				ferr = fmt.Errorf("%w (%s needs Read on topic %s: docs/operations.md, Security and ACLs)", ferr, c.rt.cfg.Kafka.Principal(), c.rt.cfg.ChangelogTopic)
 			}
 		}
 	})

@@ -128,6 +128,32 @@ func (rt *Runtime) emit(r *kgo.Record) {
 	rt.txnEnd.produce(rt, r) // held back until the coordinator finished the previous transaction
 }
 
+// produceError is a record of the transaction that the brokers did not
+// take: the first such of a transaction (Runtime.prodErr).
+type produceError struct {
+	topic     string
+	partition int32
+	err       error
+}
+
+func (e *produceError) Error() string {
+	return fmt.Sprintf("produce to %s/%d: %v", e.topic, e.partition, e.err)
+}
+
+func (e *produceError) Unwrap() error { return e.err }
+
+// writeACLHint names the ACL the stage's principal lacks when perr is a
+// record refused for want of Write on its topic (TOPIC_AUTHORIZATION_FAILED:
+// an output, the changelog, or the input a stage appends its ticks to), as
+// the refusals of a read, a group or a transactional ID are named; else "".
+func (rt *Runtime) writeACLHint(perr error) string {
+	var pe *produceError
+	if !errors.Is(perr, kerr.TopicAuthorizationFailed) || !errors.As(perr, &pe) {
+		return ""
+	}
+	return fmt.Sprintf(" (%s needs Write on topic %s: docs/operations.md, Security and ACLs)", rt.cfg.Kafka.Principal(), pe.topic)
+}
+
 // promise records a produce result: the first error of the transaction,
 // and each partition's last changelog offset (the checkpoint apply writes).
 func (rt *Runtime) promise(r *kgo.Record, err error) {
@@ -135,7 +161,7 @@ func (rt *Runtime) promise(r *kgo.Record, err error) {
 	defer rt.prodMu.Unlock()
 	if err != nil {
 		if rt.prodErr == nil {
-			rt.prodErr = fmt.Errorf("produce to %s/%d: %w", r.Topic, r.Partition, err)
+			rt.prodErr = &produceError{topic: r.Topic, partition: r.Partition, err: err}
 		}
 		if producerIDFailed(err) {
 			rt.notePIDFailed()
@@ -409,7 +435,7 @@ func endRefused(err error) bool {
 // endRefusal names the ACL the principal lacks for a refused end.
 func (rt *Runtime) endRefusal(err error) error {
 	if errors.Is(err, kerr.GroupAuthorizationFailed) {
-		return fmt.Errorf("consumer group %s: %w (the principal needs Read on group %s: docs/operations.md, Security and ACLs)", rt.cfg.Group, err, rt.cfg.Group)
+		return fmt.Errorf("consumer group %s: %w (%s needs Read on group %s: docs/operations.md, Security and ACLs)", rt.cfg.Group, err, rt.cfg.Kafka.Principal(), rt.cfg.Group)
 	}
 	return rt.cfg.TransactionalIDError(err)
 }
@@ -492,7 +518,7 @@ func (rt *Runtime) notCommitted(committed bool, perr, err error, abort bool) err
 		// again. Stop without loss: nothing of the transaction is
 		// committed and the input is re-consumed after a restart.
 		rt.log.Error("transaction aborted: a record could not be written; stopping", zap.Error(perr))
-		return fmt.Errorf("stream: a record of the transaction could not be written (nothing committed): %w", perr)
+		return fmt.Errorf("stream: a record of the transaction could not be written (nothing committed): %w%s", perr, rt.writeACLHint(perr))
 	}
 	if !abort {
 		rt.log.Info("transaction aborted: the group rebalanced or the commit was fenced; re-consuming from the committed offsets")

@@ -235,7 +235,7 @@ func (rt *Runtime) checkGaps(ctx context.Context, fs kgo.Fetches, tooLarge []*kg
 			forged = append(forged, *pg.bad)
 			cut[pg.p] = true
 		case pg.oor != nil:
-			return nil, nil, nil, fmt.Errorf("stream: %w", session.FetchError(rt.log, rt.cfg.Group, kgo.Fetches{{Topics: []kgo.FetchTopic{{
+			return nil, nil, nil, fmt.Errorf("stream: %w", session.FetchError(rt.log, rt.cfg.Kafka.Principal(), rt.cfg.Group, kgo.Fetches{{Topics: []kgo.FetchTopic{{
 				Topic: topic, Partitions: []kgo.FetchPartition{{Partition: pg.p, Err: pg.oor}}}}}}))
 		}
 	}

@@ -34,7 +34,7 @@ func (rt *Runtime) handleFetches(ctx context.Context, fs kgo.Fetches) error {
 	// A lost group or coordinator is a rejoin, not a stop: the next
 	// assignment restores as usual (docs/design.md, Exactly-once, "Crash
 	// windows": "zombie after a rebalance"; session.FetchError).
-	if err := session.FetchError(rt.log, rt.cfg.Group, fs); err != nil {
+	if err := session.FetchError(rt.log, rt.cfg.Kafka.Principal(), rt.cfg.Group, fs); err != nil {
 		return fmt.Errorf("stream: %w", err)
 	}
 	// Offsets of the input the client skipped, checked before any of the

@@ -55,7 +55,7 @@ func (e *TimestampTypeError) Error() string {
 func CheckArrivalTimestamps(ctx context.Context, conn kafka.Config, stage string, allow bool, log *zap.Logger, names ...string) error {
 	describeErr := func(what any, err error) error {
 		if errors.Is(err, kerr.TopicAuthorizationFailed) {
-			return fmt.Errorf("%s: describe the configs of %v, to check that it uses LogAppendTime: %w (the principal needs DescribeConfigs on the topic: docs/operations.md, Security and ACLs)", stage, what, err)
+			return fmt.Errorf("%s: describe the configs of %v, to check that it uses LogAppendTime: %w (%s needs DescribeConfigs on the topic: docs/operations.md, Security and ACLs)", stage, what, err, conn.Principal())
 		}
 		return fmt.Errorf("%s: describe the configs of %v: %w", stage, what, err)
 	}
