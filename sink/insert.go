@@ -36,6 +36,14 @@ type batchTable struct {
 	// (committed to the window only if the batch succeeds).
 	prior, stops map[tp]stop
 	held         int // rows held back behind a stop
+	// overLimit: a refusal took the table's refusedRun past
+	// MaxRefusedInARow in this attempt; taken: a row was accepted after
+	// the last such refusal. A table judged broken by its run of
+	// refusals keeps trying the other rows of the batch (the refused
+	// row's partition held back behind it): one row accepted shows it is
+	// not, and the attempt's refusals are parked; none, and nothing of
+	// the attempt is (errTooManyRefused).
+	overLimit, taken bool
 }
 
 func (ft *batchTable) heldBack(r *row) bool {
@@ -76,6 +84,9 @@ func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row, prior ma
 	for attempt := 0; ; attempt++ {
 		ft := &batchTable{t: t, prior: prior, stops: map[tp]stop{}}
 		err := w.writeRows(ctx, ft, rows)
+		if err == nil && ft.overLimit && !ft.taken {
+			err = errTooManyRefused
+		}
 		if !errors.Is(err, errTooManyRefused) {
 			if err == nil {
 				w.clearBlocked()
@@ -142,6 +153,7 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 		switch {
 		case err == nil:
 			t.refusedRun = 0
+			ft.taken = true
 			w.endUnknownSpell()
 			return nil
 		case errors.Is(err, errAbandon):

@@ -55,7 +55,15 @@ type parked struct {
 func (w *Writer) refuse(ctx context.Context, ft *batchTable, r *row, cause error) error {
 	ft.t.refusedRun++
 	if ft.t.refusedRun > w.cfg.MaxRefusedInARow {
-		return errTooManyRefused
+		if ft.t.rejected {
+			// Its quarantine below is written at once, not with the
+			// window: no row of a table judged broken goes there.
+			return errTooManyRefused
+		}
+		// Parked only if the table accepts a row later in this attempt
+		// (writeTable): the partition stops here as for any refused row,
+		// and the batch's other partitions are tried.
+		ft.overLimit, ft.taken = true, false
 	}
 	detail := fmt.Sprintf("sink: clickhouse refused the row for %s: %v", ft.t.name, cause)
 	if ft.t.rejected {
