@@ -125,7 +125,8 @@ type Config struct {
 	// fetching paused, nothing committed, nothing parked, /readyz not
 	// ready. Past it Run stops with ErrUnknownServerError rather than
 	// park rows that may be fine; a restart resumes from the committed
-	// offsets. The spell ends when an INSERT succeeds. Default: 5m.
+	// offsets. The spell ends when an INSERT succeeds or the resume
+	// lookup finds all of its rows in the table. Default: 5m.
 	UnknownErrorLimit time.Duration
 	// PingInterval is how often ClickHouse is pinged for /readyz.
 	// Default: 2s.

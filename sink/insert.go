@@ -147,6 +147,9 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			continue
 		}
 		if len(todo) == 0 {
+			// Every row is in the table: a spell of failures with an
+			// unknown code that ends here is over, as after an INSERT.
+			w.endUnknownSpell()
 			return nil
 		}
 		err = w.insert(ctx, t, todo)

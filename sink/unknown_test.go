@@ -1,14 +1,18 @@
 package sink
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	chproto "github.com/ClickHouse/ch-go/proto"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TestErrorClasses pins the classification of INSERT errors: the names of
@@ -148,4 +152,81 @@ func TestUnknownErrorStops(t *testing.T) {
 		t.Errorf("Ready() = %v; want the fatal error", err)
 	}
 	e.nothingParkedOrCommitted()
+}
+
+// unknownOnce is a ClickHouse connection that fails resume lookups of the
+// ledger while lookups > 0, and the next insertFails INSERTs, each with a
+// server error code the sink does not know (36, BAD_ARGUMENTS), and
+// otherwise passes every call on.
+type unknownOnce struct {
+	driver.Conn
+	lookups, insertFails atomic.Int32
+}
+
+func (c *unknownOnce) Query(ctx context.Context, q string, args ...any) (driver.Rows, error) {
+	if strings.HasPrefix(q, "SELECT kafka_partition, ") && c.lookups.Add(-1) >= 0 {
+		return nil, &proto.Exception{Code: 36, Name: "DB::Exception", Message: "lookup failing"}
+	}
+	return c.Conn.Query(ctx, q, args...)
+}
+
+func (c *unknownOnce) PrepareBatch(ctx context.Context, q string, opts ...driver.PrepareBatchOption) (driver.Batch, error) {
+	b, err := c.Conn.PrepareBatch(ctx, q, opts...)
+	if err == nil && c.insertFails.Add(-1) >= 0 {
+		return failingSend{b}, nil
+	}
+	return b, err
+}
+
+// failingSend is an INSERT the server answers with an error code the sink
+// does not know, having written nothing.
+type failingSend struct{ driver.Batch }
+
+func (b failingSend) Send() error {
+	_ = b.Batch.Abort()
+	return &proto.Exception{Code: 36, Name: "DB::Exception", Message: "insert failing"}
+}
+
+// TestUnknownSpellEndsWithTheRowsPresent: resume lookups failed with an
+// error code the sink does not know, then answered that every row was in
+// the table already; nothing was inserted. That spell is over: an INSERT
+// failing with such a code long after is a spell of its own, given
+// UnknownErrorLimit, not charged with the time since the first one (the
+// sink used to stop at once).
+func TestUnknownSpellEndsWithTheRowsPresent(t *testing.T) {
+	w, conn, _, ctx := offlineWriter(t, "i1")
+	uc := &unknownOnce{Conn: conn}
+	w.conn = uc
+	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
+	w.cfg.UnknownErrorLimit, w.cfg.BackoffMin, w.cfg.BackoffMax = 2*time.Second, 20*time.Millisecond, 50*time.Millisecond
+	tbl := w.byTopic[w.cfg.Topics.DedupedTopic()]
+	w.parts[tp{tbl.topic, 0}] = &pstate{committed: 0, checked: true}
+	var rows []*row
+	for i := 0; i < 10; i++ {
+		r, err := tbl.buildRow(&kgo.Record{Topic: tbl.topic, Offset: int64(i), Value: deduped(tbl.topic, 0, i, base).Value, Timestamp: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	if err := w.insert(ctx, tbl, rows[:5]); err != nil {
+		t.Fatal(err)
+	}
+	// Read again (the partition dirty): the lookups fail twice, then find
+	// every row there.
+	w.markRowsDirty(tbl, rows[:5])
+	uc.lookups.Store(2)
+	if _, err := w.writeTable(ctx, tbl, rows[:5], nil); err != nil {
+		t.Fatalf("rows present: writeTable = %v", err)
+	}
+	time.Sleep(w.cfg.UnknownErrorLimit + 500*time.Millisecond)
+	// Later, one INSERT fails with such a code, and the retry succeeds.
+	uc.insertFails.Store(1)
+	if _, err := w.writeTable(ctx, tbl, rows[5:], nil); err != nil {
+		t.Fatalf("one INSERT failing with an unknown code, long after the lookups' spell: writeTable = %v", err)
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+w.cfg.Database+".usage_events").Scan(&n); err != nil || n != 10 {
+		t.Fatalf("rows = %d (%v), want 10", n, err)
+	}
 }
