@@ -13,6 +13,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/meterline/meterline/schemas"
 )
 
 // TestErrorClasses pins the classification of INSERT errors: the names of
@@ -228,5 +230,26 @@ func TestUnknownSpellEndsWithTheRowsPresent(t *testing.T) {
 	var n uint64
 	if err := conn.QueryRow(ctx, "SELECT count() FROM "+w.cfg.Database+".usage_events").Scan(&n); err != nil || n != 10 {
 		t.Fatalf("rows = %d (%v), want 10", n, err)
+	}
+}
+
+// TestUnknownQuarantineLookupStops: the lookup before a write to
+// usage_quarantine failing with an error code the sink does not know is
+// bounded by UnknownErrorLimit as the resume lookup of any other table is
+// (it used to back off for ever).
+func TestUnknownQuarantineLookupStops(t *testing.T) {
+	w, conn, _, ctx := offlineWriter(t, "i1")
+	uc := &unknownOnce{Conn: conn}
+	uc.lookups.Store(1 << 30)
+	w.conn = uc
+	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
+	w.cfg.UnknownErrorLimit, w.cfg.BackoffMin, w.cfg.BackoffMax = time.Second, 20*time.Millisecond, 50*time.Millisecond
+	rec := &kgo.Record{Topic: w.cfg.Topics.RejectedTopic(), Offset: 3, Value: []byte("garbage"), Timestamp: base}
+	w.parts[tp{rec.Topic, 0}] = &pstate{committed: 0, checked: true}
+	qctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	err := w.writeQuarantine(qctx, []*row{quarantineRow(rec, schemas.ReasonUndecodable, "test")})
+	if !errors.Is(err, ErrUnknownServerError) {
+		t.Fatalf("writeQuarantine = %v; want ErrUnknownServerError after %s", err, w.cfg.UnknownErrorLimit)
 	}
 }
