@@ -157,7 +157,7 @@ func TestUnknownErrorStops(t *testing.T) {
 }
 
 // unknownOnce is a ClickHouse connection that fails resume lookups of the
-// ledger while lookups > 0, and the next insertFails INSERTs, each with a
+// ledger and lookups of parked rows while lookups > 0, and the next insertFails INSERTs, each with a
 // server error code the sink does not know (36, BAD_ARGUMENTS), and
 // otherwise passes every call on.
 type unknownOnce struct {
@@ -166,7 +166,7 @@ type unknownOnce struct {
 }
 
 func (c *unknownOnce) Query(ctx context.Context, q string, args ...any) (driver.Rows, error) {
-	if strings.HasPrefix(q, "SELECT kafka_partition, ") && c.lookups.Add(-1) >= 0 {
+	if (strings.HasPrefix(q, "SELECT kafka_partition, ") || strings.HasPrefix(q, "SELECT source_offset ")) && c.lookups.Add(-1) >= 0 {
 		return nil, &proto.Exception{Code: 36, Name: "DB::Exception", Message: "lookup failing"}
 	}
 	return c.Conn.Query(ctx, q, args...)
@@ -251,5 +251,25 @@ func TestUnknownQuarantineLookupStops(t *testing.T) {
 	err := w.writeQuarantine(qctx, []*row{quarantineRow(rec, schemas.ReasonUndecodable, "test")})
 	if !errors.Is(err, ErrUnknownServerError) {
 		t.Fatalf("writeQuarantine = %v; want ErrUnknownServerError after %s", err, w.cfg.UnknownErrorLimit)
+	}
+}
+
+// TestUnknownParkedLookupStops: the lookup of the rows parked below a
+// partition's recorded progress (a re-read, reread.go) failing with an
+// error code the sink does not know is bounded by UnknownErrorLimit as the
+// resume lookup is (it used to back off for ever).
+func TestUnknownParkedLookupStops(t *testing.T) {
+	w, conn, _, ctx := offlineWriter(t, "i1")
+	uc := &unknownOnce{Conn: conn}
+	uc.lookups.Store(1 << 30)
+	w.conn = uc
+	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
+	w.cfg.UnknownErrorLimit, w.cfg.BackoffMin, w.cfg.BackoffMax = time.Second, 20*time.Millisecond, 50*time.Millisecond
+	k := tp{w.cfg.Topics.DedupedTopic(), 0}
+	w.parts[k] = &pstate{committed: 0, checked: true, reread: rereadState{progress: 10}}
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := w.parkedBefore(pctx, k, 3); !errors.Is(err, ErrUnknownServerError) {
+		t.Fatalf("parkedBefore = %v; want ErrUnknownServerError after %s", err, w.cfg.UnknownErrorLimit)
 	}
 }
