@@ -273,3 +273,32 @@ func TestUnknownParkedLookupStops(t *testing.T) {
 		t.Fatalf("parkedBefore = %v; want ErrUnknownServerError after %s", err, w.cfg.UnknownErrorLimit)
 	}
 }
+
+// progressUnknown is a ClickHouse connection whose reads of sink_progress
+// fail with an error code the sink does not know (36, BAD_ARGUMENTS).
+type progressUnknown struct{ driver.Conn }
+
+func (c progressUnknown) Query(ctx context.Context, q string, args ...any) (driver.Rows, error) {
+	if strings.HasPrefix(q, "SELECT consumer_group, ") {
+		return nil, &proto.Exception{Code: 36, Name: "DB::Exception", Message: "progress failing"}
+	}
+	return c.Conn.Query(ctx, q, args...)
+}
+
+// TestUnknownProgressCheckStops: the check of newly assigned partitions
+// against the recorded progress failing with an error code the sink does
+// not know stops the sink after UnknownErrorLimit, as a lookup or an
+// INSERT failing so does (it used to retry for ever, not ready).
+func TestUnknownProgressCheckStops(t *testing.T) {
+	e := newEnv(t, 1)
+	e.produce(deduped(e.names.DedupedTopic(), 0, 0, base))
+	r := e.start(func(c *Config) { c.Conn = progressUnknown{e.conn}; c.UnknownErrorLimit = 2 * time.Second })
+	select {
+	case <-r.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("the sink did not stop within a minute; Ready() = %v", r.w.Ready())
+	}
+	if !errors.Is(r.err, ErrUnknownServerError) || !strings.Contains(r.err.Error(), ProgressTable) {
+		t.Fatalf("Run = %v; want ErrUnknownServerError naming %s", r.err, ProgressTable)
+	}
+}
