@@ -124,6 +124,12 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 		if err := w.checkZoneAgain(ctx); errors.Is(err, ErrServerTimeZone) {
 			return fmt.Errorf("%w (found when ClickHouse answered again after it was unavailable: restarted in another zone?); the sink stops before writing more rows, committing nothing of the window", err)
 		} else if err != nil {
+			// A refused login (a server back with the sink's password
+			// changed) or a code the sink does not know is bounded as an
+			// INSERT failing so is.
+			if err := w.unknownSpell(t, err); err != nil {
+				return err
+			}
 			w.unavailable(t, err, "time zone check")
 			if err := w.backoffSleep(ctx, attempt); err != nil {
 				return err

@@ -302,3 +302,44 @@ func TestUnknownProgressCheckStops(t *testing.T) {
 		t.Fatalf("Run = %v; want ErrUnknownServerError naming %s", r.err, ProgressTable)
 	}
 }
+
+// zoneLoginRefused is a ClickHouse connection that refuses the login (code
+// 516, AUTHENTICATION_FAILED) of the time zone check, as a server back from
+// a restart with the sink's password changed does on a new connection.
+type zoneLoginRefused struct{ driver.Conn }
+
+func (c zoneLoginRefused) QueryRow(ctx context.Context, q string, args ...any) driver.Row {
+	if q == serverTimezoneKnownSQL {
+		return errRow{&proto.Exception{Code: 516, Name: "DB::Exception", Message: "default: Authentication failed"}}
+	}
+	return c.Conn.QueryRow(ctx, q, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Err() error           { return r.err }
+func (r errRow) Scan(...any) error    { return r.err }
+func (r errRow) ScanStruct(any) error { return r.err }
+
+// TestZoneCheckLoginRefusedStops: ClickHouse came back from an outage
+// refusing the sink's login; the time zone check before the next INSERT
+// meets the refusal first, and stops the sink as a refused INSERT does
+// (it used to back off for ever).
+func TestZoneCheckLoginRefusedStops(t *testing.T) {
+	w, conn, _, ctx := offlineWriter(t, "i1")
+	w.conn = zoneLoginRefused{conn}
+	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
+	w.cfg.BackoffMin, w.cfg.BackoffMax = 20*time.Millisecond, 50*time.Millisecond
+	w.zoneUnchecked.Store(true) // ClickHouse went away
+	tbl := w.byTopic[w.cfg.Topics.DedupedTopic()]
+	w.parts[tp{tbl.topic, 0}] = &pstate{committed: 0, checked: true}
+	r, err := tbl.buildRow(&kgo.Record{Topic: tbl.topic, Value: deduped(tbl.topic, 0, 0, base).Value, Timestamp: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := w.writeTable(wctx, tbl, []*row{r}, nil); !errors.Is(err, ErrAuthentication) {
+		t.Fatalf("writeTable = %v; want ErrAuthentication", err)
+	}
+}
