@@ -233,17 +233,24 @@ func TestUnknownSpellEndsWithTheRowsPresent(t *testing.T) {
 	}
 }
 
-// TestUnknownQuarantineLookupStops: the lookup before a write to
-// usage_quarantine failing with an error code the sink does not know is
-// bounded by UnknownErrorLimit as the resume lookup of any other table is
-// (it used to back off for ever).
-func TestUnknownQuarantineLookupStops(t *testing.T) {
+// lookupsFailing is an offlineWriter whose lookups (unknownOnce) all fail
+// with an error code it does not know, with an UnknownErrorLimit of 1 s.
+func lookupsFailing(t *testing.T) (*Writer, context.Context) {
 	w, conn, _, ctx := offlineWriter(t, "i1")
 	uc := &unknownOnce{Conn: conn}
 	uc.lookups.Store(1 << 30)
 	w.conn = uc
 	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
 	w.cfg.UnknownErrorLimit, w.cfg.BackoffMin, w.cfg.BackoffMax = time.Second, 20*time.Millisecond, 50*time.Millisecond
+	return w, ctx
+}
+
+// TestUnknownQuarantineLookupStops: the lookup before a write to
+// usage_quarantine failing with an error code the sink does not know is
+// bounded by UnknownErrorLimit as the resume lookup of any other table is
+// (it used to back off for ever).
+func TestUnknownQuarantineLookupStops(t *testing.T) {
+	w, ctx := lookupsFailing(t)
 	rec := &kgo.Record{Topic: w.cfg.Topics.RejectedTopic(), Offset: 3, Value: []byte("garbage"), Timestamp: base}
 	w.parts[tp{rec.Topic, 0}] = &pstate{committed: 0, checked: true}
 	qctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -259,12 +266,7 @@ func TestUnknownQuarantineLookupStops(t *testing.T) {
 // error code the sink does not know is bounded by UnknownErrorLimit as the
 // resume lookup is (it used to back off for ever).
 func TestUnknownParkedLookupStops(t *testing.T) {
-	w, conn, _, ctx := offlineWriter(t, "i1")
-	uc := &unknownOnce{Conn: conn}
-	uc.lookups.Store(1 << 30)
-	w.conn = uc
-	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
-	w.cfg.UnknownErrorLimit, w.cfg.BackoffMin, w.cfg.BackoffMax = time.Second, 20*time.Millisecond, 50*time.Millisecond
+	w, ctx := lookupsFailing(t)
 	k := tp{w.cfg.Topics.DedupedTopic(), 0}
 	w.parts[k] = &pstate{committed: 0, checked: true, reread: rereadState{progress: 10}}
 	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
