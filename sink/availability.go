@@ -236,7 +236,8 @@ func (w *Writer) unknownSpell(t *table, err error) error {
 	return nil
 }
 
-// endUnknownSpell: an INSERT succeeded.
+// endUnknownSpell: an INSERT succeeded, or the resume lookup found every
+// row of the INSERT in the table already.
 func (w *Writer) endUnknownSpell() {
 	if !w.unknownSince.IsZero() {
 		w.log.Info("clickhouse takes INSERTs again after an unknown error", zap.Duration("after", time.Since(w.unknownSince)))

@@ -108,7 +108,9 @@ type Config struct {
 	// refuse in a row, with no row of the table accepted in between,
 	// before the table is treated as refusing everything (schema drift, a
 	// broken MATERIALIZED column): past it nothing more is parked, the
-	// sink backs off and retries, and /readyz says why. Refused rows found
+	// sink backs off and retries, and /readyz says why, until a retry has
+	// a row of the table accepted (of any partition of the batch: the
+	// refusals of that retry are then parked). Refused rows found
 	// before the cap is reached are parked (at most one per partition per
 	// commit window: a row is parked before any higher offset of its
 	// partition is inserted, so the rows after it cannot be tried first;
@@ -123,7 +125,8 @@ type Config struct {
 	// fetching paused, nothing committed, nothing parked, /readyz not
 	// ready. Past it Run stops with ErrUnknownServerError rather than
 	// park rows that may be fine; a restart resumes from the committed
-	// offsets. The spell ends when an INSERT succeeds. Default: 5m.
+	// offsets. The spell ends when an INSERT succeeds or the resume
+	// lookup finds all of its rows in the table. Default: 5m.
 	UnknownErrorLimit time.Duration
 	// PingInterval is how often ClickHouse is pinged for /readyz.
 	// Default: 2s.

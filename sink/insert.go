@@ -36,6 +36,14 @@ type batchTable struct {
 	// (committed to the window only if the batch succeeds).
 	prior, stops map[tp]stop
 	held         int // rows held back behind a stop
+	// overLimit: a refusal took the table's refusedRun past
+	// MaxRefusedInARow in this attempt; taken: a row was accepted after
+	// the last such refusal. A table judged broken by its run of
+	// refusals keeps trying the other rows of the batch (the refused
+	// row's partition held back behind it): one row accepted shows it is
+	// not, and the attempt's refusals are parked; none, and nothing of
+	// the attempt is (errTooManyRefused).
+	overLimit, taken bool
 }
 
 func (ft *batchTable) heldBack(r *row) bool {
@@ -76,6 +84,9 @@ func (w *Writer) writeTable(ctx context.Context, t *table, rows []*row, prior ma
 	for attempt := 0; ; attempt++ {
 		ft := &batchTable{t: t, prior: prior, stops: map[tp]stop{}}
 		err := w.writeRows(ctx, ft, rows)
+		if err == nil && ft.overLimit && !ft.taken {
+			err = errTooManyRefused
+		}
 		if !errors.Is(err, errTooManyRefused) {
 			if err == nil {
 				w.clearBlocked()
@@ -113,6 +124,12 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 		if err := w.checkZoneAgain(ctx); errors.Is(err, ErrServerTimeZone) {
 			return fmt.Errorf("%w (found when ClickHouse answered again after it was unavailable: restarted in another zone?); the sink stops before writing more rows, committing nothing of the window", err)
 		} else if err != nil {
+			// A refused login (a server back with the sink's password
+			// changed) or a code the sink does not know is bounded as an
+			// INSERT failing so is.
+			if err := w.unknownSpell(t, err); err != nil {
+				return err
+			}
 			w.unavailable(t, err, "time zone check")
 			if err := w.backoffSleep(ctx, attempt); err != nil {
 				return err
@@ -136,12 +153,16 @@ func (w *Writer) writeRows(ctx context.Context, ft *batchTable, rows []*row) err
 			continue
 		}
 		if len(todo) == 0 {
+			// Every row is in the table: a spell of failures with an
+			// unknown code that ends here is over, as after an INSERT.
+			w.endUnknownSpell()
 			return nil
 		}
 		err = w.insert(ctx, t, todo)
 		switch {
 		case err == nil:
 			t.refusedRun = 0
+			ft.taken = true
 			w.endUnknownSpell()
 			return nil
 		case errors.Is(err, errAbandon):

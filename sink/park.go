@@ -55,7 +55,15 @@ type parked struct {
 func (w *Writer) refuse(ctx context.Context, ft *batchTable, r *row, cause error) error {
 	ft.t.refusedRun++
 	if ft.t.refusedRun > w.cfg.MaxRefusedInARow {
-		return errTooManyRefused
+		if ft.t.rejected {
+			// Its quarantine below is written at once, not with the
+			// window: no row of a table judged broken goes there.
+			return errTooManyRefused
+		}
+		// Parked only if the table accepts a row later in this attempt
+		// (writeTable): the partition stops here as for any refused row,
+		// and the batch's other partitions are tried.
+		ft.overLimit, ft.taken = true, false
 	}
 	detail := fmt.Sprintf("sink: clickhouse refused the row for %s: %v", ft.t.name, cause)
 	if ft.t.rejected {
@@ -99,7 +107,8 @@ func (w *Writer) refuse(ctx context.Context, ft *batchTable, r *row, cause error
 // usage_quarantine, and the window's offsets may move past them. While
 // that fails it backs off and retries, as when ClickHouse is unavailable
 // (the quarantine is where such records go last: they are never skipped);
-// an error code it does not know stops the sink after UnknownErrorLimit.
+// an error code it does not know, of its lookup or its INSERT, stops the
+// sink after UnknownErrorLimit, and a refused login at once.
 func (w *Writer) writeQuarantine(ctx context.Context, rows []*row) error {
 	q := w.quarantine
 	for attempt := 0; ; attempt++ {
@@ -136,9 +145,11 @@ func (w *Writer) writeQuarantine(ctx context.Context, rows []*row) error {
 		}
 		if what == "insert" {
 			w.markRowsDirty(q, todo) // q's topic is the rejected topic
-			if err := w.unknownSpell(q, err); err != nil {
-				return err
-			}
+		}
+		// A lookup failing with a code the sink does not know is bounded
+		// as an INSERT failing with one is (writeRows).
+		if err := w.unknownSpell(q, err); err != nil {
+			return err
 		}
 		w.unavailable(q, err, what)
 		if err := w.backoffSleep(ctx, attempt); err != nil {

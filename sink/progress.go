@@ -321,6 +321,7 @@ func (w *Writer) checkFailed(err error) {
 // not the log the database recorded (checkTopicIDs).
 func (w *Writer) checkAssigned(ctx context.Context) error {
 	backoff := 200 * time.Millisecond
+	var unknownSince time.Time // of the current spell of unknown error codes
 	for {
 		parts := w.uncheckedParts()
 		if len(parts) == 0 {
@@ -342,6 +343,9 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 			errors.Is(err, ErrTopicRecreated) || ctx.Err() != nil {
 			return err
 		}
+		if err := w.checkSpell(err, &unknownSince); err != nil {
+			return err
+		}
 		w.log.Warn("cannot compare the committed offsets of newly assigned partitions with the recorded progress; retrying", zap.Error(err))
 		w.checkFailed(err)
 		select {
@@ -351,6 +355,31 @@ func (w *Writer) checkAssigned(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// checkSpell bounds checkAssigned's retries as unknownSpell bounds the
+// inserter's (it runs on the run loop, beside the inserter, so it keeps
+// its own spell in *since): a login ClickHouse refuses stops the sink at
+// once, and an error code the sink does not know once it has lasted
+// UnknownErrorLimit. Any other failure ends the spell.
+func (w *Writer) checkSpell(err error, since *time.Time) error {
+	if isAuthErr(err) {
+		s := w.cfg.ClickHouseServer
+		return fmt.Errorf("%w: %s refused user %q while the sink runs (checking newly assigned partitions): %v; the password is read at start only: restart the sink with the current one",
+			ErrAuthentication, s.Addr, s.user(), err)
+	}
+	if classify(err) != classUnknown {
+		*since = time.Time{}
+		return nil
+	}
+	if since.IsZero() {
+		*since = time.Now()
+	}
+	if spell := time.Since(*since); spell >= w.cfg.UnknownErrorLimit {
+		return fmt.Errorf("sink: %w: checking newly assigned partitions against %s failing for %s: %v; fix the server or the table and restart",
+			ErrUnknownServerError, ProgressTable, spell.Round(time.Second), err)
+	}
+	return nil
 }
 
 // ahead is a partition whose committed offset is past what the database

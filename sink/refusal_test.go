@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -253,4 +254,63 @@ func TestCrashAfterPark(t *testing.T) {
 	p.Stop(t)
 	e.exact(TableEvents, uint64(rows-1))
 	checkParked(t, e.parkedRecords(), e, target, target.Offset, "poison")
+}
+
+// TestBrokenTableFixedHeadRowRefused: a table judged broken (more than
+// MaxRefusedInARow rows refused in a row) is fixed, and the first row the
+// sink tries again is one the fixed table refuses for its own sake. The
+// sink used to count that one row again at every retry and back off for
+// ever; the table accepting the batch's other partitions' rows shows it
+// is not broken, and the row is parked.
+func TestBrokenTableFixedHeadRowRefused(t *testing.T) {
+	w, conn, db, ctx := offlineWriter(t, "i1")
+	w.cfg.MaxRefusedInARow, w.cfg.BackoffMin, w.cfg.BackoffMax = 3, 50*time.Millisecond, 100*time.Millisecond
+	w.paused.Store(true) // no Kafka session whose fetching a back-off would pause
+	tbl := w.byTopic[w.cfg.Topics.DedupedTopic()]
+	var rows []*row
+	for p := int32(0); p < 5; p++ {
+		w.parts[tp{tbl.topic, p}] = &pstate{committed: 0, checked: true}
+		for i := 0; i < 3; i++ {
+			r, err := tbl.buildRow(&kgo.Record{Topic: tbl.topic, Partition: p, Offset: int64(i),
+				Value: deduped(tbl.topic, p, i, base).Value, Timestamp: base})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows = append(rows, r)
+		}
+	}
+	exec := func(q string) {
+		t.Helper()
+		if err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// The broken spell: every row refused, the table judged broken at the
+	// fourth partition's first row.
+	exec("ALTER TABLE " + db + ".usage_events ADD COLUMN broken UInt8 MATERIALIZED throwIf(quantity > 0)")
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := w.writeTable(sctx, tbl, rows, nil)
+	cancel()
+	if err == nil || tbl.refusedRun <= w.cfg.MaxRefusedInARow {
+		t.Fatalf("broken table: writeTable = %v with %d refused in a row; want it backing off past %d", err, tbl.refusedRun, w.cfg.MaxRefusedInARow)
+	}
+	// Fixed, but the first row of partition 0 is refused for its own sake.
+	exec("ALTER TABLE " + db + ".usage_events DROP COLUMN broken")
+	exec("ALTER TABLE " + db + ".usage_events ADD COLUMN broken UInt8 MATERIALIZED throwIf(kafka_partition = 0 AND kafka_offset = 0)")
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	ft, err := w.writeTable(fctx, tbl, rows, nil)
+	if err != nil {
+		t.Fatalf("fixed table: writeTable = %v (%d refused in a row); want the refused row parked", err, tbl.refusedRun)
+	}
+	if len(ft.parks) != 1 || ft.parks[0].row.partition() != 0 || ft.parks[0].row.offset() != 0 {
+		t.Fatalf("parks = %+v; want partition 0 offset 0", ft.parks)
+	}
+	if st, ok := ft.stops[tp{tbl.topic, 0}]; !ok || st.offset != 0 || len(ft.stops) != 1 || ft.held != 2 {
+		t.Fatalf("stops = %+v, held = %d; want partition 0 stopped at 0, its 2 later rows held back", ft.stops, ft.held)
+	}
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM "+db+".usage_events").Scan(&n); err != nil || n != 12 {
+		t.Fatalf("rows in the table = %d (%v); want the other partitions' 12", n, err)
+	}
 }

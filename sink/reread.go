@@ -91,6 +91,11 @@ func (w *Writer) parkedBefore(ctx context.Context, k tp, off int64) (bool, error
 				rr.parked = found.parked
 				break
 			}
+			// A code the sink does not know, or a refused login, is
+			// bounded as for every other lookup (writeRows).
+			if err := w.unknownSpell(w.byTopic[w.cfg.Topics.RejectedTopic()], err); err != nil {
+				return false, err
+			}
 			w.setBlocked(fmt.Sprintf("cannot look up which rows of %s partition %d below its recorded progress %d are parked: %v; backing off, committing nothing", k.topic, k.p, rr.progress, err))
 			w.log.Warn("cannot look up the rows parked below the recorded progress; retrying", zap.String("topic", k.topic),
 				zap.Int32("partition", k.p), zap.Int64("progress", rr.progress), zap.Error(err))

@@ -170,6 +170,17 @@ func answered(err error) bool {
 	return errors.As(err, &ex)
 }
 
+// processesDenied reports whether err is the server refusing the sink's
+// user the read of system.processes (DATABASE_ACCESS_DENIED, ACCESS_DENIED):
+// no retry makes it tell whether INSERTs still run (cannotTell). Any other
+// answer (an overloaded server: too many queries, memory, a timeout; a
+// refused login) says nothing of them: the wait goes on, or the lookup
+// fails and is retried as while ClickHouse is unavailable.
+func processesDenied(err error) bool {
+	var ex *proto.Exception
+	return errors.As(err, &ex) && (ex.Code == 291 || ex.Code == 497)
+}
+
 // settleDeadline bounds how long a failed INSERT, begun at start, waits
 // for its attempt to end on the server, while holding insertMu: a revoke
 // waits for it, and must end within the rebalance timeout with room to
@@ -205,7 +216,7 @@ func (w *Writer) settleInsert(ctx context.Context, id string, start time.Time) {
 		if err == nil && len(running) == 0 {
 			return
 		}
-		if answered(err) {
+		if processesDenied(err) {
 			w.cannotTell(err, id)
 			return
 		}
@@ -223,7 +234,7 @@ func (w *Writer) awaitSettled(ctx context.Context) error {
 		return nil
 	}
 	running, err := w.stillRunning(ctx, w.unsettled.ids, w.cfg.QueryTimeout)
-	if answered(err) {
+	if processesDenied(err) {
 		w.cannotTell(err, w.unsettled.ids...)
 		w.unsettled.ids = nil
 		return nil
@@ -279,9 +290,10 @@ func processesQuery(where string) string {
 }
 
 // cannotTell logs that the server refused to say whether INSERTs still
-// run (a user that may not read system.processes): the resume lookup then
-// runs without waiting for them, and the ledger's ReplacingMergeTree
-// collapses a row they write after it (a backstop, as for a zombie).
+// run (a user that may not read system.processes, processesDenied): the
+// resume lookup then runs without waiting for them, and the ledger's
+// ReplacingMergeTree collapses a row they write after it (a backstop, as
+// for a zombie).
 func (w *Writer) cannotTell(err error, ids ...string) {
 	w.log.Error("cannot read system.processes: not waiting for INSERT attempts whose outcome is unknown; a row they write after the resume lookup may be in the ledger twice until a merge",
 		zap.Strings("query_ids", ids), zap.Error(err))
@@ -338,7 +350,7 @@ func (w *Writer) awaitInserts(ctx context.Context, t *table, parts []int32) erro
 		running, err := w.runningIDs(ctx, idHasPrefix(prefix), func(id string) bool { return namesPartition(id, prefix, want) },
 			min(w.cfg.QueryTimeout, max(time.Until(deadline), 100*time.Millisecond)))
 		switch {
-		case answered(err):
+		case processesDenied(err):
 			w.log.Error("cannot read system.processes: not waiting for INSERTs of other instances before the resume lookup; rows one writes after it may be in the ledger twice until a merge",
 				zap.String("topic", t.topic), zap.Any("partitions", parts), zap.Error(err))
 			return nil

@@ -62,7 +62,14 @@
 //
 // A table that refuses more than MaxRefusedInARow rows in a row, with no
 // row accepted in between, is treated as broken: nothing more is parked
-// and the sink backs off.
+// and the sink backs off. Each retry still tries every partition of the
+// batch (a refused row's partition held back behind it, as always): a row
+// accepted ends the spell, and the refusals of that attempt are parked, so
+// a fixed table whose first row tried again is refused for its own sake
+// does not keep the sink backing off. When every partition's next row is
+// refused, a fixed table looks like a broken one, and the sink keeps
+// backing off (a restart starts the count again). Rows of usage.rejected
+// are quarantined at once when refused, so past the cap none is tried.
 //
 // Records read from usage.rejected are never parked again (docs/design.md,
 // The ClickHouse ledger: it would loop). One that does not decode, or that

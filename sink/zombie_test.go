@@ -3,11 +3,13 @@ package sink
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
@@ -427,5 +429,51 @@ func TestZombieInsertHoldsTheResume(t *testing.T) {
 	}
 	if got := metric(t, r.reg, "meterline_sink_rows_total", "table", TableEvents, "outcome", outcomePresent); got != 20 {
 		t.Errorf("the sink skipped %v rows as already present, want 20", got)
+	}
+}
+
+// processesBusy is a ClickHouse connection whose first reads of
+// system.processes the server answers as an overloaded one does (code
+// 202, TOO_MANY_SIMULTANEOUS_QUERIES).
+type processesBusy struct {
+	driver.Conn
+	busy atomic.Int32
+}
+
+func (c *processesBusy) Query(ctx context.Context, q string, args ...any) (driver.Rows, error) {
+	if strings.HasPrefix(q, processesQuery("")) && c.busy.Add(-1) >= 0 {
+		return nil, &proto.Exception{Code: 202, Name: "DB::Exception", Message: "Too many simultaneous queries. Maximum: 100"}
+	}
+	return c.Conn.Query(ctx, q, args...)
+}
+
+// TestZombieInsertWaitOnBusyServer: the new owner's read of
+// system.processes is answered with an error of an overloaded server, not
+// a refusal to let the sink's user read it. It says nothing of the
+// zombie's INSERT: the owner asks again (it used to give up the wait, as
+// for a user that may not read the table, and write the zombie's rows a
+// second time).
+func TestZombieInsertWaitOnBusyServer(t *testing.T) {
+	zombie, conn, db, ctx := offlineWriter(t, "zombie")
+	busy := &processesBusy{Conn: conn}
+	busy.busy.Store(1)
+	owner, _ := instanceOn(t, busy, db, "owner", func(c *Config) { c.BackoffMin, c.BackoffMax = 50*time.Millisecond, 100*time.Millisecond })
+	owner.paused.Store(true)                           // no Kafka session whose fetching a back-off would pause
+	zrows := slowEventRows(t, zombie, conn, db, 0, 20) // 2 s on the server
+	orows := slowEventRows(t, owner, nil, db, 0, 20)
+	et := owner.byTopic[testTopics().DedupedTopic()]
+
+	zdone := make(chan error, 1)
+	go func() { zdone <- zombie.insert(ctx, zombie.byTopic[et.topic], zrows) }()
+	insertRunning(t, conn, db)
+	assign(t, owner, 0, 0)
+	if _, err := owner.writeTable(ctx, et, orows, nil); err != nil {
+		t.Fatalf("the new owner's write: %v", err)
+	}
+	if err := <-zdone; err != nil {
+		t.Fatalf("the zombie's INSERT: %v", err)
+	}
+	if got := render(queryStrings(t, conn, "SELECT count(), uniqExact(kafka_partition, kafka_offset) FROM "+db+"."+TableEvents)); got != "20 | 20\n" {
+		t.Errorf("usage_events: count(), distinct (partition, offset) = %s; want 20 | 20 (the zombie's rows written again by the new owner)", strings.TrimSpace(got))
 	}
 }
