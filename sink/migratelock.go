@@ -47,7 +47,15 @@ var ErrMigrateLockLost = errors.New("migrate lock lost")
 const (
 	codeTableExists  = 57
 	codeUnknownTable = 60
+	codeTableDropped = 218 // TABLE_IS_DROPPED: read or renamed as another run drops it
 )
+
+// lockGone reports whether err says that a lock table does not exist, or
+// is being dropped (a run releasing the lock, or dropping a lease it took
+// over, as this one reads or renames it).
+func lockGone(err error) bool {
+	return isCode(err, codeUnknownTable) || isCode(err, codeTableDropped)
+}
 
 func isCode(err error, code int32) bool {
 	ex := (*proto.Exception)(nil)
@@ -152,7 +160,7 @@ func (l *migrateLock) acquire(ctx context.Context, db string, wait time.Duration
 		}
 		held, err := l.read(ctx, MigrateLockTable)
 		switch {
-		case isCode(err, codeUnknownTable):
+		case lockGone(err):
 			continue // released, or being taken over, since
 		case err != nil:
 			return fmt.Errorf("sink: migrate: read lock: %w", err)
@@ -189,7 +197,7 @@ func (l *migrateLock) takeOver(ctx context.Context, db string, stale lease) erro
 	if err := l.exec(ctx, "DROP TABLE IF EXISTS "+aside); err != nil {
 		return fmt.Errorf("sink: migrate: take over lock: %w", err)
 	}
-	if err := l.exec(ctx, lockRenameSQL(MigrateLockTable, aside)); isCode(err, codeUnknownTable) {
+	if err := l.exec(ctx, lockRenameSQL(MigrateLockTable, aside)); lockGone(err) {
 		return nil // another run took it over first
 	} else if err != nil {
 		return fmt.Errorf("sink: migrate: take over lock: %w", err)
@@ -229,7 +237,7 @@ func (l *migrateLock) renew(ctx context.Context) error {
 // migrateLeaseLeft of its lease left.
 func (l *migrateLock) check(ctx context.Context) error {
 	held, err := l.read(ctx, MigrateLockTable)
-	if isCode(err, codeUnknownTable) {
+	if lockGone(err) {
 		return fmt.Errorf("sink: migrate: %s is gone: %w", MigrateLockTable, ErrMigrateLockLost)
 	} else if err != nil {
 		return fmt.Errorf("sink: migrate: read lock: %w", err)

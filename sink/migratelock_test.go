@@ -11,6 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -216,5 +217,57 @@ func TestMigrateLockChdb(t *testing.T) {
 		Statements: append(stmts, lockRenameSQL(b, MigrateLockTable))})
 	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("chdb: a second lock renamed onto the first: %v, want refused (already exists)", err)
+	}
+}
+
+// TestMigrateLockReadWhileDropped: a lock read while its holder drops it
+// (a release, or a lease taken over) is a lock gone (lockGone), which a
+// waiting run tries to take again. 18.16 answers such a read
+// UNKNOWN_TABLE (60) or, in the middle of the drop, TABLE_IS_DROPPED
+// (218), which failed TestMigrateConcurrently's upgrade ("read lock:
+// code: 218, message: Table is dropped").
+func TestMigrateLockReadWhileDropped(t *testing.T) {
+	conn, _ := testenv.ClickHouseDB(t)
+	ctx := ctxT(t, 3*time.Minute)
+	lock, err := newMigrateLock(conn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const drops = 300
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range drops {
+			if err := lock.exec(ctx, lockCreateSQL(MigrateLockTable)); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := lock.exec(ctx, lockExtendSQL(MigrateLockTable, lock.owner)); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := lock.exec(ctx, "DROP TABLE "+MigrateLockTable); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	codes := map[int32]int{}
+	for reads := 0; ; reads++ {
+		select {
+		case <-done:
+			t.Logf("%d reads; codes of failed ones: %v", reads, codes)
+			return
+		default:
+		}
+		_, err := lock.read(ctx, MigrateLockTable)
+		if ex := (*proto.Exception)(nil); errors.As(err, &ex) {
+			codes[ex.Code]++
+		}
+		if err != nil && !lockGone(err) {
+			t.Errorf("a read of the lock as it is dropped: %v, not a lock gone", err)
+			<-done
+			return
+		}
 	}
 }
