@@ -230,6 +230,15 @@ func (pt *partition) alloc(n int) []byte {
 // partition count and the key ring (keyuse.go), and finds the upgrade
 // offset.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
+	if p >= pr.counts.events {
+		// Partitions were added to the events topic (and its changelog)
+		// since this instance read the count: stop, as a start would, rather
+		// than record the old count in the new partition's state and go on
+		// re-routing and forwarding watermarks by it.
+		return nil, fmt.Errorf("dedup: partition %d: %w: this instance started with %d partitions of %s, and was assigned partition %d; "+
+			"adding partitions moves keys away from their earlier copies (docs/design.md, Event identity and keys)",
+			p, ErrPartitionCountChanged, pr.counts.events, pr.eventsTopic, p)
+	}
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), filters: newFilters(),
 		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{}, keyUses: map[string]int64{},
 		tickHeaders: pr.keys.tickHeaders(pr.eventsTopic, p, pr.tickValue)}
