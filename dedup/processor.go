@@ -101,6 +101,10 @@ type partition struct {
 	// run throttles).
 	lastForward      int64
 	committedForward int64
+	// committedWM is the watermark as of the last committed transaction
+	// (or the state Open read): an abort publishes it again, so that the
+	// watermark gauge never keeps one that was never committed.
+	committedWM int64
 
 	tickHeaders []kgo.RecordHeader // the signature of this partition's ticks
 	// filters: the Bloom filter and key count of each live bucket (a
@@ -185,6 +189,7 @@ func (pt *partition) flushCounts() {
 func (pt *partition) Committed() {
 	pt.txc.Commit()
 	pt.committedForward = pt.lastForward
+	pt.committedWM = pt.wm
 	n := 0
 	for _, d := range pt.dropping {
 		if !d.again {
@@ -281,6 +286,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	if part.wm, err = readWatermark(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
+	part.committedWM = part.wm
 	if part.dropped, err = readDropped(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
@@ -392,6 +398,7 @@ func (pt *partition) Close() {
 // does nothing).
 func (pt *partition) Abort() {
 	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, pt.committedForward
+	pt.wm = pt.committedWM // read back from the state by the next begin
 	pt.expired, pt.dropTo = -1, -1
 	pt.flushed = false
 	pt.txc.Drop()
