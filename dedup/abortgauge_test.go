@@ -7,7 +7,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/stream"
 )
@@ -18,16 +17,7 @@ import (
 // gauge: the records are read again, and until then the gauge would show
 // a time the partition never committed, then go back.
 func TestAbortedWatermarkNotPublished(t *testing.T) {
-	cfg := Config{Keys: []Key{fuzzKey}, AllowCreateTime: true}
-	cfg.Stream.Registerer = prometheus.NewRegistry()
-	cfg.Stream.InstanceID = "gauge"
-	cfg.EnsureDefaults()
-	pr, err := newProcessor(cfg, partitionCountsT{events: 1, deduped: 1, duplicates: 1, rejected: 1}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr.endOffset = func(int32) (int64, error) { return 0, nil }
-	pr.eventsRetention = func() (time.Duration, error) { return -1, nil }
+	pr := localProcessor(t, Config{AllowCreateTime: true}, prometheus.NewRegistry())
 	l, err := stream.NewLocal(pr, 0, pr.eventsTopic)
 	if err != nil {
 		t.Fatal(err)

@@ -3,10 +3,8 @@ package dedup
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/meterline/meterline/internal/stream"
 )
@@ -18,16 +16,7 @@ import (
 // old count and its watermarks name the old count: dedup must stop there,
 // as it does when started again, instead of running on.
 func TestOpenPartitionBeyondCount(t *testing.T) {
-	cfg := Config{Keys: []Key{fuzzKey}}
-	cfg.Stream.Registerer = prometheus.NewRegistry()
-	cfg.Stream.InstanceID = "grown"
-	cfg.EnsureDefaults()
-	pr, err := newProcessor(cfg, partitionCountsT{events: 2, deduped: 2, duplicates: 2, rejected: 2}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr.endOffset = func(int32) (int64, error) { return 0, nil }
-	pr.eventsRetention = func() (time.Duration, error) { return -1, nil }
+	pr := localProcessorOf(t, Config{}, prometheus.NewRegistry(), partitionCountsT{events: 2, deduped: 2, duplicates: 2, rejected: 2})
 	for p := int32(0); p < 2; p++ {
 		l, err := stream.NewLocal(pr, p, pr.eventsTopic)
 		if err != nil {
