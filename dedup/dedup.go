@@ -192,6 +192,16 @@ func (c *Config) EnsureDefaults() {
 	c.Stream.EnsureDefaults()
 }
 
+// MaxLiveBuckets bounds the arrival buckets a partition keeps keys in,
+// those a key's lifetime W + S spans and the one it starts in
+// (Config.Validate).
+const MaxLiveBuckets = 1000
+
+// liveBuckets returns how many buckets of b keys living life span.
+func liveBuckets(life, b time.Duration) int64 {
+	return int64((life+b-1)/b) + 1
+}
+
 // Validate reports every problem at once.
 func (c *Config) Validate() error {
 	var errs []error
@@ -206,6 +216,18 @@ func (c *Config) Validate() error {
 	}
 	if c.Bucket < time.Second {
 		errs = append(errs, fmt.Errorf("dedup: bucket must be at least 1s (got %s)", c.Bucket))
+	} else if c.Window > 0 && c.Skew > 0 {
+		// Each live bucket holds a Bloom filter of at least bloomFirstCap
+		// keys, and every lookup tests each one.
+		if n := liveBuckets(c.Window+c.Skew, c.Bucket); n > MaxLiveBuckets {
+			// The shortest bucket, in whole seconds, that spans W + S in
+			// MaxLiveBuckets − 1 buckets.
+			per := (MaxLiveBuckets - 1) * time.Second
+			least := (c.Window + c.Skew + per - 1) / per * time.Second
+			errs = append(errs, fmt.Errorf("dedup: bucket %s is too short for window %s and skew %s: a partition would keep %d buckets of keys, at most %d "+
+				"(each holds a Bloom filter of at least %d KB in memory, and every event is looked up in each); use a bucket of at least %s",
+				c.Bucket, c.Window, c.Skew, n, MaxLiveBuckets, bloomFirstCap*bloomBitsPerKey/8/1024, least))
+		}
 	}
 	if err := validateKeys(c.Keys); err != nil {
 		errs = append(errs, err)

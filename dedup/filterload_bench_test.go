@@ -99,11 +99,16 @@ func filterLoadProcessor(b *testing.B, reg *prometheus.Registry) *processor {
 // fields defaulted) for a stream.Local: every topic has one partition,
 // and the events topic's end and retention are not read from a broker.
 func localProcessor(tb testing.TB, cfg Config, reg *prometheus.Registry) *processor {
+	return localProcessorOf(tb, cfg, reg, partitionCountsT{events: 1, deduped: 1, duplicates: 1, rejected: 1})
+}
+
+// localProcessorOf is localProcessor with the partition counts n.
+func localProcessorOf(tb testing.TB, cfg Config, reg *prometheus.Registry, n partitionCountsT) *processor {
 	cfg.Keys = []Key{fuzzKey}
 	cfg.Stream.Registerer = reg
 	cfg.Stream.InstanceID = "local"
 	cfg.EnsureDefaults()
-	pr, err := newProcessor(cfg, partitionCountsT{events: 1, deduped: 1, duplicates: 1, rejected: 1}, zap.NewNop())
+	pr, err := newProcessor(cfg, n, zap.NewNop())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -101,6 +101,10 @@ type partition struct {
 	// run throttles).
 	lastForward      int64
 	committedForward int64
+	// committedWM is the watermark as of the last committed transaction
+	// (or the state Open read): an abort publishes it again, so that the
+	// watermark gauge never keeps one that was never committed.
+	committedWM int64
 
 	tickHeaders []kgo.RecordHeader // the signature of this partition's ticks
 	// filters: the Bloom filter and key count of each live bucket (a
@@ -185,6 +189,7 @@ func (pt *partition) flushCounts() {
 func (pt *partition) Committed() {
 	pt.txc.Commit()
 	pt.committedForward = pt.lastForward
+	pt.committedWM = pt.wm
 	n := 0
 	for _, d := range pt.dropping {
 		if !d.again {
@@ -230,6 +235,15 @@ func (pt *partition) alloc(n int) []byte {
 // partition count and the key ring (keyuse.go), and finds the upgrade
 // offset.
 func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition, error) {
+	if p >= pr.counts.events {
+		// Partitions were added to the events topic (and its changelog)
+		// since this instance read the count: stop, as a start would, rather
+		// than record the old count in the new partition's state and go on
+		// re-routing and forwarding watermarks by it.
+		return nil, fmt.Errorf("dedup: partition %d: %w: this instance started with %d partitions of %s, and was assigned partition %d; "+
+			"adding partitions moves keys away from their earlier copies (docs/design.md, Event identity and keys)",
+			p, ErrPartitionCountChanged, pr.counts.events, pr.eventsTopic, p)
+	}
 	part := &partition{pr: pr, p: p, pl: strconv.Itoa(int(p)), filters: newFilters(),
 		expired: -1, dropTo: -1, accepted: map[string]*pendingCount{}, keyUses: map[string]int64{},
 		tickHeaders: pr.keys.tickHeaders(pr.eventsTopic, p, pr.tickValue)}
@@ -272,6 +286,7 @@ func (pr *processor) Open(p int32, st *stream.PartitionState) (stream.Partition,
 	if part.wm, err = readWatermark(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
+	part.committedWM = part.wm
 	if part.dropped, err = readDropped(st.Get); err != nil {
 		return nil, fmt.Errorf("dedup: partition %d: %w", p, err)
 	}
@@ -383,6 +398,7 @@ func (pt *partition) Close() {
 // does nothing).
 func (pt *partition) Abort() {
 	pt.writeMeta, pt.reloadWM, pt.lastForward = true, true, pt.committedForward
+	pt.wm = pt.committedWM // read back from the state by the next begin
 	pt.expired, pt.dropTo = -1, -1
 	pt.flushed = false
 	pt.txc.Drop()
