@@ -125,6 +125,17 @@ type StageStatus struct {
 	// the largest. Nil when the process exports no lag for the group.
 	LagRecords *float64 `json:"lag_records"`
 	LagSeconds *float64 `json:"lag_seconds"`
+	// FinalizingPeriods counts the aggregator's periods decided final
+	// whose FINAL revisions (or the adjustments queued behind them) are
+	// still going out in chunks: work that is no consumer lag, done while
+	// the input's lag reads 0 (meterline_aggregate_finalizing_periods).
+	// FinalDue is end + grace of the oldest period whose FINALs have not
+	// all gone out (meterline_aggregate_final_due_seconds), and
+	// FinalOverdueSeconds how long ago that was, when it was. Nil for a
+	// stage that exports none of them.
+	FinalizingPeriods   *float64   `json:"finalizing_periods,omitempty"`
+	FinalDue            *time.Time `json:"final_due,omitempty"`
+	FinalOverdueSeconds *float64   `json:"final_overdue_seconds,omitempty"`
 }
 
 // LagRow is one group's lag on one partition. HeldRecords and
@@ -396,6 +407,11 @@ func (s *Server) Status() Status {
 	st.Stages = m.stages(stageFns)
 	st.Lag, st.LagExported = m.lag()
 	m.joinLag(st.Stages, st.Lag, st.LagExported)
+	for i := range st.Stages {
+		if d := st.Stages[i].FinalDue; d != nil && st.Now.After(*d) {
+			st.Stages[i].FinalOverdueSeconds = ptr(st.Now.Sub(*d).Seconds())
+		}
+	}
 
 	// Rates: counters now against a sample taken a few seconds ago.
 	cur := map[string]float64{}
@@ -537,7 +553,14 @@ const (
 	metricLagSeconds      = "meterline_consumer_lag_seconds"
 	metricLagHeldRecords  = "meterline_consumer_lag_held_records"
 	metricLagHeldSeconds  = "meterline_consumer_lag_held_seconds"
+	metricAggFinalizing   = "meterline_aggregate_finalizing_periods"
+	metricAggFinalDue     = "meterline_aggregate_final_due_seconds"
 )
+
+// finalOverdueBad is how long past its due time a FINAL shows bad on the
+// status page: the threshold of the FINAL-overdue alert
+// (deploy/prometheus/alerts.yml, MeterlineFinalOverdue).
+const finalOverdueBad = 30 * time.Minute
 
 type metricIndex map[string][]*dto.Metric
 
@@ -658,6 +681,9 @@ func (m metricIndex) complete(sg *StageStatus) {
 			}
 		}
 	}
+	if sg.Stage == "aggregate" {
+		m.completeFinals(sg)
+	}
 	if sg.Partitions != nil {
 		sg.Owned, sg.Restoring, sg.Waiting = len(sg.Partitions), 0, 0
 		for _, p := range sg.Partitions {
@@ -669,6 +695,25 @@ func (m metricIndex) complete(sg *StageStatus) {
 			}
 		}
 		m.joinReplans(sg)
+	}
+}
+
+// completeFinals fills the aggregator's end-of-period work from its
+// metrics: the periods whose FINALs are going out, summed over the
+// partitions, and the oldest due time. Only the aggregator exports them
+// (one per process, under `meterline run` too).
+func (m metricIndex) completeFinals(sg *StageStatus) {
+	if series, ok := m[metricAggFinalizing]; ok {
+		sg.FinalizingPeriods = ptr(0.0)
+		for _, x := range series {
+			*sg.FinalizingPeriods += value(x)
+		}
+	}
+	for _, x := range m[metricAggFinalDue] {
+		due := time.UnixMilli(int64(value(x) * 1000)).UTC()
+		if sg.FinalDue == nil || due.Before(*sg.FinalDue) {
+			sg.FinalDue = &due
+		}
 	}
 }
 
@@ -828,8 +873,34 @@ func fmtStageState(sg StageStatus) string {
 		return "restoring"
 	case sg.Waiting > 0:
 		return "waiting for committed offsets"
+	case sg.FinalizingPeriods != nil && *sg.FinalizingPeriods == 1:
+		return "finalizing 1 period"
+	case sg.FinalizingPeriods != nil && *sg.FinalizingPeriods > 1:
+		return "finalizing " + fmtCount(*sg.FinalizingPeriods) + " periods"
 	}
 	return "running"
+}
+
+// fmtFinalDue says when the oldest FINAL of sg was due, and by how much
+// it is overdue.
+func fmtFinalDue(sg StageStatus) string {
+	s := "oldest FINAL due " + sg.FinalDue.Format(time.RFC3339)
+	if o := sg.FinalOverdueSeconds; o != nil {
+		s += ", overdue by " + fmtCount(*o) + " s"
+	}
+	return s
+}
+
+// finalDueClass is the pill of fmtFinalDue: bad once the FINAL-overdue
+// alert's threshold has passed, warn when overdue at all.
+func finalDueClass(sg StageStatus) string {
+	switch o := sg.FinalOverdueSeconds; {
+	case o == nil:
+		return "ok"
+	case *o > finalOverdueBad.Seconds():
+		return "bad"
+	}
+	return "warn"
 }
 
 // fmtPartitions lists the partitions a stage owns, the first
@@ -1010,18 +1081,20 @@ func viewTable(t Table) shown[[]string] {
 var statusHTML string
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
-	"count":       fmtCount,
-	"optCount":    fmtOptCount,
-	"rate":        fmtRate,
-	"seconds":     fmtSeconds,
-	"remaining":   fmtRemaining,
-	"stageState":  fmtStageState,
-	"stateClass":  stateClass,
-	"partitions":  fmtPartitions,
-	"listed":      func(sg StageStatus) bool { return sg.Partitions != nil },
-	"partView":    viewPartitions,
-	"standbyView": viewStandbys,
-	"lagView":     viewLag,
-	"tableView":   viewTable,
-	"rowsMax":     func() int { return statusRowsMax },
+	"count":         fmtCount,
+	"optCount":      fmtOptCount,
+	"rate":          fmtRate,
+	"seconds":       fmtSeconds,
+	"remaining":     fmtRemaining,
+	"stageState":    fmtStageState,
+	"stateClass":    stateClass,
+	"finalDue":      fmtFinalDue,
+	"finalDueClass": finalDueClass,
+	"partitions":    fmtPartitions,
+	"listed":        func(sg StageStatus) bool { return sg.Partitions != nil },
+	"partView":      viewPartitions,
+	"standbyView":   viewStandbys,
+	"lagView":       viewLag,
+	"tableView":     viewTable,
+	"rowsMax":       func() int { return statusRowsMax },
 }).Parse(statusHTML))
