@@ -42,7 +42,6 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 			}
 		}
 		if c.Watch <= 0 {
-			noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
 			return nil
 		}
 		select {
@@ -53,17 +52,23 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 }
 
-// print prints one computation's rows: the table, or the JSON document.
+// print prints one computation's rows: the table, or the JSON document,
+// then names on stderr each group without a row, at every refresh of a
+// watch too.
 func (c *LagCmd) print(stdio IO, rows []lag.Row) error {
 	r := newLagReport(rows, c.All, time.Now())
 	if c.Output == "json" {
 		r.GroupsWithoutOffsets = groupsWithoutRows(c.Group, rows)
-		return printLagJSON(stdio.Stdout, r)
+		if err := printLagJSON(stdio.Stdout, r); err != nil {
+			return err
+		}
+	} else {
+		if c.Watch > 0 {
+			fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
+		}
+		printLag(stdio.Stdout, r)
 	}
-	if c.Watch > 0 {
-		fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
-	}
-	printLag(stdio.Stdout, r)
+	noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
 	return nil
 }
 
