@@ -90,6 +90,12 @@ type StageStatus struct {
 	// without a leader: meterline_stream_write_refused_partitions); empty
 	// when they take them, or the stage does not report it (WriteStage).
 	CannotWrite string `json:"cannot_write,omitempty"`
+	// Blocked says why the sink inserts nothing for now, from its
+	// metrics: ClickHouse unreachable (meterline_sink_clickhouse_up 0; the
+	// sink leaves its group meanwhile), or backing off because ClickHouse
+	// cannot take a block (meterline_sink_blocked 1); empty otherwise, and
+	// for the other stages.
+	Blocked string `json:"blocked,omitempty"`
 	// Partitions are the input partitions assigned to this instance,
 	// sorted; nil when the stage does not list them (the server then counts
 	// them from meterline_*_owned_partitions).
@@ -549,6 +555,9 @@ const (
 	metricSinkIn          = "meterline_sink_records_in_total"
 	metricSinkRows        = "meterline_sink_rows_total"
 	metricSinkOwned       = "meterline_sink_owned_partitions"
+	metricSinkUp          = "meterline_sink_clickhouse_up"
+	metricSinkBlocked     = "meterline_sink_blocked"
+	metricSinkMember      = "meterline_sink_group_member"
 	metricLagRecords      = "meterline_consumer_lag_records"
 	metricLagSeconds      = "meterline_consumer_lag_seconds"
 	metricLagHeldRecords  = "meterline_consumer_lag_held_records"
@@ -665,6 +674,7 @@ func (m metricIndex) complete(sg *StageStatus) {
 		if sg.Partitions == nil {
 			sg.Owned = int(m.sum(metricSinkOwned))
 		}
+		m.completeSink(sg)
 	} else {
 		sg.RecordsIn = m.sum(metricStreamIn, "stage", sg.Stage)
 		sg.RecordsOut = m.sum(metricStreamOut, "stage", sg.Stage)
@@ -695,6 +705,22 @@ func (m metricIndex) complete(sg *StageStatus) {
 			}
 		}
 		m.joinReplans(sg)
+	}
+}
+
+// completeSink fills the sink's membership of its group and why it
+// inserts nothing for now, when its status function does not say, from
+// its metrics.
+func (m metricIndex) completeSink(sg *StageStatus) {
+	if _, ok := m[metricSinkMember]; ok && sg.Joined == nil {
+		sg.Joined = ptr(m.sum(metricSinkMember) == 1)
+	}
+	switch {
+	case sg.Blocked != "":
+	case m[metricSinkUp] != nil && m.sum(metricSinkUp) == 0:
+		sg.Blocked = "ClickHouse unreachable"
+	case m.sum(metricSinkBlocked) == 1:
+		sg.Blocked = "backing off: ClickHouse cannot take a block"
 	}
 }
 
@@ -865,6 +891,8 @@ func fmtStageState(sg StageStatus) string {
 	switch {
 	case sg.Error != "":
 		return "failed: " + sg.Error
+	case sg.Blocked != "":
+		return sg.Blocked
 	case sg.Joined != nil && !*sg.Joined:
 		return "not in the group"
 	case sg.CannotWrite != "":
@@ -928,7 +956,7 @@ func fmtPartitions(sg StageStatus) string {
 
 func stateClass(sg StageStatus) string {
 	switch {
-	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined) || sg.CannotWrite != "":
+	case sg.Error != "" || sg.Blocked != "" || (sg.Joined != nil && !*sg.Joined) || sg.CannotWrite != "":
 		return "bad"
 	case sg.Restoring > 0 || sg.Waiting > 0:
 		return "warn"
