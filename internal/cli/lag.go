@@ -116,18 +116,29 @@ type lagTotals struct {
 
 // newLagReport returns the report of rows at now. Without all, a
 // partition neither behind nor holding records has no row; the totals
-// count every partition.
+// count every partition. Records held are a partition's, whatever group
+// reads it (the aggregator and the sink both read usage.deduped.v2): the
+// totals count a partition holding records once, with the most any of
+// its rows saw.
 func newLagReport(rows []lag.Row, all bool, now time.Time) lagReport {
 	r := lagReport{Time: now.UTC().Truncate(time.Second), Partitions: []lagPartition{}, GroupsWithoutOffsets: []string{}}
 	r.Totals.Partitions = len(rows)
+	type topicPartition struct {
+		topic string
+		p     int32
+	}
+	held := map[topicPartition]int64{}
 	for _, row := range rows {
 		if row.Records > 0 {
 			r.Totals.PartitionsBehind++
 			r.Totals.RecordsBehind += row.Records
 		}
-		if h := row.Held(); h > 0 {
-			r.Totals.PartitionsHolding++
-			r.Totals.RecordsHeld += h
+		if h, k := row.Held(), (topicPartition{row.Topic, row.Partition}); h > 0 {
+			if _, seen := held[k]; !seen {
+				r.Totals.PartitionsHolding++
+			}
+			r.Totals.RecordsHeld += max(h-held[k], 0)
+			held[k] = max(h, held[k])
 		}
 		if row.Records == 0 && row.Held() == 0 && !all {
 			continue
