@@ -26,6 +26,9 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	if err != nil {
 		return err
 	}
+	// A group named twice is computed once: its rows, and its records
+	// behind in the totals, would show twice.
+	c.Group = distinctGroups(c.Group)
 	for {
 		rows, err := lag.Compute(ctx, kc, c.Group, time.Now())
 		switch {
@@ -196,6 +199,19 @@ func noteGroupsWithoutRows(w io.Writer, groups []string, rows []lag.Row) {
 	for _, g := range groupsWithoutRows(groups, rows) {
 		fmt.Fprintf(w, "note: group %q has no committed offsets: no such group, or it has committed none yet\n", g)
 	}
+}
+
+// distinctGroups returns groups without repeats, in order.
+func distinctGroups(groups []string) []string {
+	seen := map[string]bool{}
+	out := make([]string, 0, len(groups))
+	for _, g := range groups {
+		if !seen[g] {
+			seen[g] = true
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // groupsWithoutRows returns each of groups that has no row, in order.

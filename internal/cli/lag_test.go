@@ -141,3 +141,18 @@ func TestLagWatchNamesAGroupWithoutOffsets(t *testing.T) {
 			refreshes, strings.Count(stdout.String()+stderr.String(), note), stdout.String(), stderr.String())
 	}
 }
+
+// TestLagGroupNamedTwice: a group named twice (`--group g --group g`, or
+// a default group named again) has its rows once, and the totals count
+// its records behind once.
+func TestLagGroupNamedTwice(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	group := groupTwoBehind(t, brokers)
+	code, stdout, stderr := run(t, "", "lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--group", group)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "1 partitions, 1 behind, 2 records behind in total") || strings.Count(stdout, group) != 1 {
+		t.Errorf("stdout %q: want the group's one row, 2 records behind", stdout)
+	}
+}
