@@ -186,7 +186,11 @@ type Status struct {
 	// (meterline_consumer_lag_records); Lag is then every row of it.
 	LagExported bool     `json:"lag_exported"`
 	Lag         []LagRow `json:"lag"`
-	Tables      []Table  `json:"tables,omitempty"`
+	// LagError is why the process's last consumer lag computation failed
+	// (its scrapes then carry no lag series, and LagExported is false);
+	// empty when it succeeded, or the process computes no lag.
+	LagError string  `json:"lag_error,omitempty"`
+	Tables   []Table `json:"tables,omitempty"`
 }
 
 // Uptime is Now − Started, rounded to the second.
@@ -200,6 +204,7 @@ type statusPage struct {
 	now     func() time.Time
 
 	mu     sync.Mutex
+	lagErr func() error
 	stages []func() StageStatus
 	tables []func() Table
 	rates  rateSamples
@@ -383,6 +388,17 @@ func (s *Server) AddStatus(f func() StageStatus) {
 	s.status.stages = append(s.status.stages, f)
 }
 
+// SetLagError gives the status page the error of the process's last
+// consumer lag computation (nil when it succeeded): a scrape carries no
+// lag series when it failed, and the page says why rather than that the
+// process exports none. f is called on every page view, after the
+// metrics are gathered, and must not block for long.
+func (s *Server) SetLagError(f func() error) {
+	s.status.mu.Lock()
+	defer s.status.mu.Unlock()
+	s.status.lagErr = f
+}
+
 // AddTable adds a section to the status page. f is called on every page
 // view and must not block.
 func (s *Server) AddTable(f func() Table) {
@@ -402,6 +418,7 @@ func (s *Server) Status() Status {
 	p.mu.Lock()
 	stageFns := slices.Clone(p.stages)
 	tableFns := slices.Clone(p.tables)
+	lagErr := p.lagErr
 	p.mu.Unlock()
 
 	mfs, err := p.reg.Gather()
@@ -412,6 +429,11 @@ func (s *Server) Status() Status {
 	m := indexMetrics(mfs)
 	st.Stages = m.stages(stageFns)
 	st.Lag, st.LagExported = m.lag()
+	if lagErr != nil && !st.LagExported {
+		if err := lagErr(); err != nil {
+			st.LagError = err.Error()
+		}
+	}
 	m.joinLag(st.Stages, st.Lag, st.LagExported)
 	for i := range st.Stages {
 		if d := st.Stages[i].FinalDue; d != nil && st.Now.After(*d) {
