@@ -26,6 +26,9 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	if err != nil {
 		return err
 	}
+	// A group named twice is computed once: its rows, and its records
+	// behind in the totals, would show twice.
+	c.Group = distinctGroups(c.Group)
 	for {
 		rows, err := lag.Compute(ctx, kc, c.Group, time.Now())
 		switch {
@@ -42,7 +45,6 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 			}
 		}
 		if c.Watch <= 0 {
-			noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
 			return nil
 		}
 		select {
@@ -53,17 +55,23 @@ func (c *LagCmd) Run(ctx context.Context, g *Globals, stdio IO) error {
 	}
 }
 
-// print prints one computation's rows: the table, or the JSON document.
+// print prints one computation's rows: the table, or the JSON document,
+// then names on stderr each group without a row, at every refresh of a
+// watch too.
 func (c *LagCmd) print(stdio IO, rows []lag.Row) error {
 	r := newLagReport(rows, c.All, time.Now())
 	if c.Output == "json" {
 		r.GroupsWithoutOffsets = groupsWithoutRows(c.Group, rows)
-		return printLagJSON(stdio.Stdout, r)
+		if err := printLagJSON(stdio.Stdout, r); err != nil {
+			return err
+		}
+	} else {
+		if c.Watch > 0 {
+			fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
+		}
+		printLag(stdio.Stdout, r)
 	}
-	if c.Watch > 0 {
-		fmt.Fprint(stdio.Stdout, "\033[H\033[2J")
-	}
-	printLag(stdio.Stdout, r)
+	noteGroupsWithoutRows(stdio.Stderr, c.Group, rows)
 	return nil
 }
 
@@ -111,18 +119,29 @@ type lagTotals struct {
 
 // newLagReport returns the report of rows at now. Without all, a
 // partition neither behind nor holding records has no row; the totals
-// count every partition.
+// count every partition. Records held are a partition's, whatever group
+// reads it (the aggregator and the sink both read usage.deduped.v2): the
+// totals count a partition holding records once, with the most any of
+// its rows saw.
 func newLagReport(rows []lag.Row, all bool, now time.Time) lagReport {
 	r := lagReport{Time: now.UTC().Truncate(time.Second), Partitions: []lagPartition{}, GroupsWithoutOffsets: []string{}}
 	r.Totals.Partitions = len(rows)
+	type topicPartition struct {
+		topic string
+		p     int32
+	}
+	held := map[topicPartition]int64{}
 	for _, row := range rows {
 		if row.Records > 0 {
 			r.Totals.PartitionsBehind++
 			r.Totals.RecordsBehind += row.Records
 		}
-		if h := row.Held(); h > 0 {
-			r.Totals.PartitionsHolding++
-			r.Totals.RecordsHeld += h
+		if h, k := row.Held(), (topicPartition{row.Topic, row.Partition}); h > 0 {
+			if _, seen := held[k]; !seen {
+				r.Totals.PartitionsHolding++
+			}
+			r.Totals.RecordsHeld += max(h-held[k], 0)
+			held[k] = max(h, held[k])
 		}
 		if row.Records == 0 && row.Held() == 0 && !all {
 			continue
@@ -180,6 +199,19 @@ func noteGroupsWithoutRows(w io.Writer, groups []string, rows []lag.Row) {
 	for _, g := range groupsWithoutRows(groups, rows) {
 		fmt.Fprintf(w, "note: group %q has no committed offsets: no such group, or it has committed none yet\n", g)
 	}
+}
+
+// distinctGroups returns groups without repeats, in order.
+func distinctGroups(groups []string) []string {
+	seen := map[string]bool{}
+	out := make([]string, 0, len(groups))
+	for _, g := range groups {
+		if !seen[g] {
+			seen[g] = true
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // groupsWithoutRows returns each of groups that has no row, in order.

@@ -117,3 +117,42 @@ func groupTwoBehind(t *testing.T, brokers []string) string {
 	}
 	return group
 }
+
+// TestLagWatchNamesAGroupWithoutOffsets: `meterline lag --watch` with a
+// group that has no row (misspelt, or it has committed nothing yet)
+// names it at each refresh, under the table, as the one-shot table does:
+// a watch showing the other groups' rows would otherwise leave it out
+// without a word for as long as it runs.
+func TestLagWatchNamesAGroupWithoutOffsets(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	group := groupTwoBehind(t, brokers)
+	rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := Main(rctx, []string{"lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--group", "meterline-dedp", "--watch", "200ms"},
+		IO{Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
+	if rctx.Err() == nil || code != 0 {
+		t.Fatalf("lag --watch ended before it was stopped: exit %d\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+	}
+	refreshes := strings.Count(stdout.String(), "records behind in total")
+	note := `group "meterline-dedp" has no committed offsets`
+	if refreshes < 2 || strings.Count(stdout.String()+stderr.String(), note) != refreshes {
+		t.Errorf("%d refreshes, %d notes of the group without offsets; want one a refresh\nstdout: %s\nstderr: %s",
+			refreshes, strings.Count(stdout.String()+stderr.String(), note), stdout.String(), stderr.String())
+	}
+}
+
+// TestLagGroupNamedTwice: a group named twice (`--group g --group g`, or
+// a default group named again) has its rows once, and the totals count
+// its records behind once.
+func TestLagGroupNamedTwice(t *testing.T) {
+	_, brokers := testenv.KFake(t)
+	group := groupTwoBehind(t, brokers)
+	code, stdout, stderr := run(t, "", "lag", "--brokers", strings.Join(brokers, ","), "--group", group, "--group", group)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "1 partitions, 1 behind, 2 records behind in total") || strings.Count(stdout, group) != 1 {
+		t.Errorf("stdout %q: want the group's one row, 2 records behind", stdout)
+	}
+}

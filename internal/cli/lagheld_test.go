@@ -295,3 +295,28 @@ func TestPrintLagJSON(t *testing.T) {
 		t.Errorf("printLagJSON:\n%s\nwant:\n%s", b.String(), want)
 	}
 }
+
+// TestPrintLagHeldNoteCountsPartitionsOnce: records held past a
+// partition's last stable offset are the partition's, whatever reads it:
+// with the default groups the aggregator and the sink both read
+// usage.deduped.v2, and the note (and the JSON totals) count such a
+// partition, and its records, once, not once a group.
+func TestPrintLagHeldNoteCountsPartitionsOnce(t *testing.T) {
+	rows := []lag.Row{
+		{Group: "agg", Topic: "d", Partition: 0, Committed: 7, End: 7, High: 12},
+		{Group: "sink", Topic: "d", Partition: 0, Committed: 7, End: 7, High: 12},
+		{Group: "sink", Topic: "e", Partition: 0, Committed: 2, End: 2, High: 2},
+	}
+	r := newLagReport(rows, false, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	if r.Totals.PartitionsHolding != 1 || r.Totals.RecordsHeld != 5 {
+		t.Errorf("totals: %d partitions holding %d records; want 1 holding 5", r.Totals.PartitionsHolding, r.Totals.RecordsHeld)
+	}
+	var b strings.Builder
+	printLag(&b, r)
+	if !strings.Contains(b.String(), "note: 1 partition holds 5 records past its last stable offset") {
+		t.Errorf("printLag:\n%s\nwant the note of 1 partition holding 5 records", b.String())
+	}
+	if len(r.Partitions) != 2 || r.Partitions[0].RecordsHeld != 5 || r.Partitions[1].RecordsHeld != 5 {
+		t.Errorf("rows %+v: want each group's row with the 5 records held", r.Partitions)
+	}
+}

@@ -182,6 +182,7 @@ func runStageWith(ctx context.Context, g *Globals, ms metricsServer, reg *promet
 		return err
 	}
 	srv.AllowHosts(ms.allowedHosts...)
+	srv.SetLagError(lc.LastError)
 	for _, f := range status {
 		srv.AddStatus(f)
 	}

@@ -266,6 +266,15 @@ func (c *Collector) observeHeld(rows []Row, now time.Time) {
 	c.held = held
 }
 
+// LastError returns the error of the last computation, nil when it
+// succeeded or none has run yet: a scrape after a failed one carries no
+// lag series (the status page says why).
+func (c *Collector) LastError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastErr
+}
+
 // Close releases the Kafka client. It is idempotent; a closed Collector
 // exports nothing.
 func (c *Collector) Close() {

@@ -90,6 +90,12 @@ type StageStatus struct {
 	// without a leader: meterline_stream_write_refused_partitions); empty
 	// when they take them, or the stage does not report it (WriteStage).
 	CannotWrite string `json:"cannot_write,omitempty"`
+	// Blocked says why the sink inserts nothing for now, from its
+	// metrics: ClickHouse unreachable (meterline_sink_clickhouse_up 0; the
+	// sink leaves its group meanwhile), or backing off because ClickHouse
+	// cannot take a block (meterline_sink_blocked 1); empty otherwise, and
+	// for the other stages.
+	Blocked string `json:"blocked,omitempty"`
 	// Partitions are the input partitions assigned to this instance,
 	// sorted; nil when the stage does not list them (the server then counts
 	// them from meterline_*_owned_partitions).
@@ -125,6 +131,17 @@ type StageStatus struct {
 	// the largest. Nil when the process exports no lag for the group.
 	LagRecords *float64 `json:"lag_records"`
 	LagSeconds *float64 `json:"lag_seconds"`
+	// FinalizingPeriods counts the aggregator's periods decided final
+	// whose FINAL revisions (or the adjustments queued behind them) are
+	// still going out in chunks: work that is no consumer lag, done while
+	// the input's lag reads 0 (meterline_aggregate_finalizing_periods).
+	// FinalDue is end + grace of the oldest period whose FINALs have not
+	// all gone out (meterline_aggregate_final_due_seconds), and
+	// FinalOverdueSeconds how long ago that was, when it was. Nil for a
+	// stage that exports none of them.
+	FinalizingPeriods   *float64   `json:"finalizing_periods,omitempty"`
+	FinalDue            *time.Time `json:"final_due,omitempty"`
+	FinalOverdueSeconds *float64   `json:"final_overdue_seconds,omitempty"`
 }
 
 // LagRow is one group's lag on one partition. HeldRecords and
@@ -169,7 +186,11 @@ type Status struct {
 	// (meterline_consumer_lag_records); Lag is then every row of it.
 	LagExported bool     `json:"lag_exported"`
 	Lag         []LagRow `json:"lag"`
-	Tables      []Table  `json:"tables,omitempty"`
+	// LagError is why the process's last consumer lag computation failed
+	// (its scrapes then carry no lag series, and LagExported is false);
+	// empty when it succeeded, or the process computes no lag.
+	LagError string  `json:"lag_error,omitempty"`
+	Tables   []Table `json:"tables,omitempty"`
 }
 
 // Uptime is Now − Started, rounded to the second.
@@ -183,6 +204,7 @@ type statusPage struct {
 	now     func() time.Time
 
 	mu     sync.Mutex
+	lagErr func() error
 	stages []func() StageStatus
 	tables []func() Table
 	rates  rateSamples
@@ -366,6 +388,17 @@ func (s *Server) AddStatus(f func() StageStatus) {
 	s.status.stages = append(s.status.stages, f)
 }
 
+// SetLagError gives the status page the error of the process's last
+// consumer lag computation (nil when it succeeded): a scrape carries no
+// lag series when it failed, and the page says why rather than that the
+// process exports none. f is called on every page view, after the
+// metrics are gathered, and must not block for long.
+func (s *Server) SetLagError(f func() error) {
+	s.status.mu.Lock()
+	defer s.status.mu.Unlock()
+	s.status.lagErr = f
+}
+
 // AddTable adds a section to the status page. f is called on every page
 // view and must not block.
 func (s *Server) AddTable(f func() Table) {
@@ -385,6 +418,7 @@ func (s *Server) Status() Status {
 	p.mu.Lock()
 	stageFns := slices.Clone(p.stages)
 	tableFns := slices.Clone(p.tables)
+	lagErr := p.lagErr
 	p.mu.Unlock()
 
 	mfs, err := p.reg.Gather()
@@ -395,7 +429,17 @@ func (s *Server) Status() Status {
 	m := indexMetrics(mfs)
 	st.Stages = m.stages(stageFns)
 	st.Lag, st.LagExported = m.lag()
+	if lagErr != nil && !st.LagExported {
+		if err := lagErr(); err != nil {
+			st.LagError = err.Error()
+		}
+	}
 	m.joinLag(st.Stages, st.Lag, st.LagExported)
+	for i := range st.Stages {
+		if d := st.Stages[i].FinalDue; d != nil && st.Now.After(*d) {
+			st.Stages[i].FinalOverdueSeconds = ptr(st.Now.Sub(*d).Seconds())
+		}
+	}
 
 	// Rates: counters now against a sample taken a few seconds ago.
 	cur := map[string]float64{}
@@ -533,11 +577,21 @@ const (
 	metricSinkIn          = "meterline_sink_records_in_total"
 	metricSinkRows        = "meterline_sink_rows_total"
 	metricSinkOwned       = "meterline_sink_owned_partitions"
+	metricSinkUp          = "meterline_sink_clickhouse_up"
+	metricSinkBlocked     = "meterline_sink_blocked"
+	metricSinkMember      = "meterline_sink_group_member"
 	metricLagRecords      = "meterline_consumer_lag_records"
 	metricLagSeconds      = "meterline_consumer_lag_seconds"
 	metricLagHeldRecords  = "meterline_consumer_lag_held_records"
 	metricLagHeldSeconds  = "meterline_consumer_lag_held_seconds"
+	metricAggFinalizing   = "meterline_aggregate_finalizing_periods"
+	metricAggFinalDue     = "meterline_aggregate_final_due_seconds"
 )
+
+// finalOverdueBad is how long past its due time a FINAL shows bad on the
+// status page: the threshold of the FINAL-overdue alert
+// (deploy/prometheus/alerts.yml, MeterlineFinalOverdue).
+const finalOverdueBad = 30 * time.Minute
 
 type metricIndex map[string][]*dto.Metric
 
@@ -642,6 +696,7 @@ func (m metricIndex) complete(sg *StageStatus) {
 		if sg.Partitions == nil {
 			sg.Owned = int(m.sum(metricSinkOwned))
 		}
+		m.completeSink(sg)
 	} else {
 		sg.RecordsIn = m.sum(metricStreamIn, "stage", sg.Stage)
 		sg.RecordsOut = m.sum(metricStreamOut, "stage", sg.Stage)
@@ -658,6 +713,9 @@ func (m metricIndex) complete(sg *StageStatus) {
 			}
 		}
 	}
+	if sg.Stage == "aggregate" {
+		m.completeFinals(sg)
+	}
 	if sg.Partitions != nil {
 		sg.Owned, sg.Restoring, sg.Waiting = len(sg.Partitions), 0, 0
 		for _, p := range sg.Partitions {
@@ -669,6 +727,41 @@ func (m metricIndex) complete(sg *StageStatus) {
 			}
 		}
 		m.joinReplans(sg)
+	}
+}
+
+// completeSink fills the sink's membership of its group and why it
+// inserts nothing for now, when its status function does not say, from
+// its metrics.
+func (m metricIndex) completeSink(sg *StageStatus) {
+	if _, ok := m[metricSinkMember]; ok && sg.Joined == nil {
+		sg.Joined = ptr(m.sum(metricSinkMember) == 1)
+	}
+	switch {
+	case sg.Blocked != "":
+	case m[metricSinkUp] != nil && m.sum(metricSinkUp) == 0:
+		sg.Blocked = "ClickHouse unreachable"
+	case m.sum(metricSinkBlocked) == 1:
+		sg.Blocked = "backing off: ClickHouse cannot take a block"
+	}
+}
+
+// completeFinals fills the aggregator's end-of-period work from its
+// metrics: the periods whose FINALs are going out, summed over the
+// partitions, and the oldest due time. Only the aggregator exports them
+// (one per process, under `meterline run` too).
+func (m metricIndex) completeFinals(sg *StageStatus) {
+	if series, ok := m[metricAggFinalizing]; ok {
+		sg.FinalizingPeriods = ptr(0.0)
+		for _, x := range series {
+			*sg.FinalizingPeriods += value(x)
+		}
+	}
+	for _, x := range m[metricAggFinalDue] {
+		due := time.UnixMilli(int64(value(x) * 1000)).UTC()
+		if sg.FinalDue == nil || due.Before(*sg.FinalDue) {
+			sg.FinalDue = &due
+		}
 	}
 }
 
@@ -820,6 +913,8 @@ func fmtStageState(sg StageStatus) string {
 	switch {
 	case sg.Error != "":
 		return "failed: " + sg.Error
+	case sg.Blocked != "":
+		return sg.Blocked
 	case sg.Joined != nil && !*sg.Joined:
 		return "not in the group"
 	case sg.CannotWrite != "":
@@ -828,8 +923,34 @@ func fmtStageState(sg StageStatus) string {
 		return "restoring"
 	case sg.Waiting > 0:
 		return "waiting for committed offsets"
+	case sg.FinalizingPeriods != nil && *sg.FinalizingPeriods == 1:
+		return "finalizing 1 period"
+	case sg.FinalizingPeriods != nil && *sg.FinalizingPeriods > 1:
+		return "finalizing " + fmtCount(*sg.FinalizingPeriods) + " periods"
 	}
 	return "running"
+}
+
+// fmtFinalDue says when the oldest FINAL of sg was due, and by how much
+// it is overdue.
+func fmtFinalDue(sg StageStatus) string {
+	s := "oldest FINAL due " + sg.FinalDue.Format(time.RFC3339)
+	if o := sg.FinalOverdueSeconds; o != nil {
+		s += ", overdue by " + fmtCount(*o) + " s"
+	}
+	return s
+}
+
+// finalDueClass is the pill of fmtFinalDue: bad once the FINAL-overdue
+// alert's threshold has passed, warn when overdue at all.
+func finalDueClass(sg StageStatus) string {
+	switch o := sg.FinalOverdueSeconds; {
+	case o == nil:
+		return "ok"
+	case *o > finalOverdueBad.Seconds():
+		return "bad"
+	}
+	return "warn"
 }
 
 // fmtPartitions lists the partitions a stage owns, the first
@@ -857,7 +978,7 @@ func fmtPartitions(sg StageStatus) string {
 
 func stateClass(sg StageStatus) string {
 	switch {
-	case sg.Error != "" || (sg.Joined != nil && !*sg.Joined) || sg.CannotWrite != "":
+	case sg.Error != "" || sg.Blocked != "" || (sg.Joined != nil && !*sg.Joined) || sg.CannotWrite != "":
 		return "bad"
 	case sg.Restoring > 0 || sg.Waiting > 0:
 		return "warn"
@@ -1010,18 +1131,20 @@ func viewTable(t Table) shown[[]string] {
 var statusHTML string
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
-	"count":       fmtCount,
-	"optCount":    fmtOptCount,
-	"rate":        fmtRate,
-	"seconds":     fmtSeconds,
-	"remaining":   fmtRemaining,
-	"stageState":  fmtStageState,
-	"stateClass":  stateClass,
-	"partitions":  fmtPartitions,
-	"listed":      func(sg StageStatus) bool { return sg.Partitions != nil },
-	"partView":    viewPartitions,
-	"standbyView": viewStandbys,
-	"lagView":     viewLag,
-	"tableView":   viewTable,
-	"rowsMax":     func() int { return statusRowsMax },
+	"count":         fmtCount,
+	"optCount":      fmtOptCount,
+	"rate":          fmtRate,
+	"seconds":       fmtSeconds,
+	"remaining":     fmtRemaining,
+	"stageState":    fmtStageState,
+	"stateClass":    stateClass,
+	"finalDue":      fmtFinalDue,
+	"finalDueClass": finalDueClass,
+	"partitions":    fmtPartitions,
+	"listed":        func(sg StageStatus) bool { return sg.Partitions != nil },
+	"partView":      viewPartitions,
+	"standbyView":   viewStandbys,
+	"lagView":       viewLag,
+	"tableView":     viewTable,
+	"rowsMax":       func() int { return statusRowsMax },
 }).Parse(statusHTML))
