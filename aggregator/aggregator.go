@@ -497,7 +497,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Wall time minus the period's end + grace when its FINAL revisions go out.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 20)}),
 		watermark: f.NewGaugeVec(prometheus.GaugeOpts{Name: "meterline_aggregate_watermark_seconds",
-			Help: "Aggregator partition watermark (minimum over dedup sources), Unix seconds."}, []string{"partition"}),
+			Help: "Aggregator partition watermark (minimum over dedup sources), Unix seconds; 0 while a source has forwarded none."}, []string{"partition"}),
 		late: f.NewCounterVec(prometheus.CounterOpts{Name: "meterline_aggregate_late_events_total",
 			Help: "Late events booked as adjustments, by aggregation."}, []string{"aggregation"}),
 		rejected: prom.RejectedCounter(reg, "aggregator", schemas.ReasonUndecodable, schemas.ReasonUnknownSchema,

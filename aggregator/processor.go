@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -513,7 +514,10 @@ func (pt *partition) publish() {
 		}
 	}
 	pt.pendingGauge.Set(float64(n))
-	if pt.wm > 0 {
+	// Once any source has forwarded a watermark, the gauge is there: at 0
+	// while another source never has (no period can be final), so that
+	// MeterlineWatermarkStopped sees that source stuck.
+	if pt.wm > 0 || slices.ContainsFunc(pt.sources, func(w int64) bool { return w > 0 }) {
 		if pt.wmGauge == nil {
 			pt.wmGauge = pt.pr.m.watermark.WithLabelValues(pt.pl)
 		}
