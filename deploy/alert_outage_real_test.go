@@ -153,7 +153,7 @@ func TestRealKafkaOutageAlert(t *testing.T) {
 	if s := httpStatus("http://" + dedupAddr + "/readyz"); s != http.StatusServiceUnavailable {
 		t.Errorf("/readyz of dedup without its broker: %d; want 503", s)
 	}
-	w.expectOnly("the broker stopped", "MeterlineStageNotInGroup", "MeterlineSessionRestarts")
+	w.expectOnly("the broker stopped", "MeterlineStageNotInGroup", "MeterlineSessionRestarts", "MeterlineConsumerLagUnknown")
 
 	phase("3. the broker started again")
 	script("start")

@@ -126,6 +126,19 @@ func kfakeDedup(t *testing.T, bin, work string, brokers []string, addr, state st
 // (/status.json).
 func dedupStatus(t *testing.T, addr string) service.StageStatus {
 	t.Helper()
+	st := processStatus(t, addr)
+	for _, sg := range st.Stages {
+		if sg.Stage == "dedup" {
+			return sg
+		}
+	}
+	t.Fatalf("status.json lists no dedup stage: %+v", st)
+	return service.StageStatus{}
+}
+
+// processStatus returns the status at addr (/status.json).
+func processStatus(t *testing.T, addr string) service.Status {
+	t.Helper()
 	resp, err := http.Get("http://" + addr + "/status.json")
 	if err != nil {
 		t.Fatal(err)
@@ -139,13 +152,7 @@ func dedupStatus(t *testing.T, addr string) service.StageStatus {
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatalf("status.json: %v\n%s", err, b)
 	}
-	for _, sg := range st.Stages {
-		if sg.Stage == "dedup" {
-			return sg
-		}
-	}
-	t.Fatalf("status.json lists no dedup stage:\n%s", b)
-	return service.StageStatus{}
+	return st
 }
 
 // restoreReplans returns the re-plans of partition p's restore that the

@@ -34,12 +34,7 @@ func refuseChangelogReads(cluster *kfake.Cluster, topic string, id [16]byte, p i
 // topic (its topic ID id) with the error code of e while fail is set, and
 // counts them.
 func failChangelogReads(cluster *kfake.Cluster, topic string, id [16]byte, p int32, e *kerr.Error, fail *atomic.Bool) *atomic.Int64 {
-	var n atomic.Int64
-	cluster.ControlKey(kmsg.Fetch.Int16(), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		if !fail.Load() {
-			return nil, nil, false
-		}
+	return answerWhile(cluster, kmsg.Fetch.Int16(), fail, func(kreq kmsg.Request) kmsg.Response {
 		req := kreq.(*kmsg.FetchRequest)
 		for _, rt := range req.Topics {
 			if rt.Topic != topic && rt.TopicID != id {
@@ -58,11 +53,29 @@ func failChangelogReads(cluster *kfake.Cluster, topic string, id [16]byte, p int
 				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
 				st.Partitions = append(st.Partitions, sp)
 				resp.Topics = append(resp.Topics, st)
-				n.Add(1)
-				return resp, nil, true
+				return resp
 			}
 		}
-		return nil, nil, false
+		return nil
+	})
+}
+
+// answerWhile makes cluster answer requests of key with answer's response
+// while on is set, and counts them; a nil response, or on unset, leaves
+// the request to kfake.
+func answerWhile(cluster *kfake.Cluster, key int16, on *atomic.Bool, answer func(kmsg.Request) kmsg.Response) *atomic.Int64 {
+	var n atomic.Int64
+	cluster.ControlKey(key, func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if !on.Load() {
+			return nil, nil, false
+		}
+		resp := answer(kreq)
+		if resp == nil {
+			return nil, nil, false
+		}
+		n.Add(1)
+		return resp, nil, true
 	})
 	return &n
 }

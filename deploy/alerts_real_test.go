@@ -83,6 +83,10 @@ var realScale = map[string]ruleScale{
 	// Writes refused for 3 s: the gauge shows once a transaction has
 	// waited 5 s unwritten (TestRealWritesRefusedAlert).
 	"MeterlineWritesRefused": {For: "3s"},
+	// Lag not computed for 5 s: a computation is cached for 5 s, so at
+	// least one failed computation after another
+	// (TestRealConsumerLagUnknownAlert).
+	"MeterlineConsumerLagUnknown": {For: "5s"},
 }
 
 // realAlertsFired lists the alerts TestRealAlertsFire fires (TestAlertRules
@@ -127,7 +131,7 @@ func parallelAlertTest(t *testing.T) {
 func realFired() []string {
 	return slices.Concat(realAlertsFired, realEntAlertsFired, realKeysAlertsFired, realOutageAlertsFired, realIngestKafkaAlertsFired,
 		realStandbyAlertsFired, realStandbyTailAlertsFired, realSinkCHAlertsFired, realHeldAlertsFired, realRestoreOORAlertsFired,
-		realChangelogAlertsFired, realClockAlertsFired, realWMIgnoredAlertsFired, realWaitAlertsFired)
+		realChangelogAlertsFired, realClockAlertsFired, realWMIgnoredAlertsFired, realWaitAlertsFired, realLagUnknownAlertsFired)
 }
 
 // TestRealAlertsFire runs the shipped alert rules (their numbers scaled

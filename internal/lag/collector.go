@@ -23,6 +23,7 @@ const (
 	MetricSeconds     = "meterline_consumer_lag_seconds"
 	MetricHeldRecords = "meterline_consumer_lag_held_records"
 	MetricHeldSeconds = "meterline_consumer_lag_held_seconds"
+	MetricComputed    = "meterline_consumer_lag_computed"
 )
 
 var (
@@ -38,6 +39,9 @@ var (
 	descHeldSeconds = prometheus.NewDesc(MetricHeldSeconds,
 		"Seconds the last stable offset of a partition a consumer group reads has not moved while records sit past it, as this process's lag computations observed it (from the first that saw it, on the process's monotonic clock); 0 when no record is held.",
 		[]string{"stage", "group", "topic", "partition"}, nil)
+	descComputed = prometheus.NewDesc(MetricComputed,
+		"1 when the last lag computation succeeded, 0 when it failed (a broker or the group's coordinator out of reach, an ACL missing: the status page's lag_error says why) and this process exports no lag series of the group, which no lag alert can then see.",
+		[]string{"stage", "group"}, nil)
 )
 
 // Collector is a prometheus.Collector that exports the lag of consumer
@@ -82,9 +86,12 @@ var (
 // computation that saw records past that offset, as of the latest, on
 // the collector's clock (WithClock); a process that starts counts from 0.
 //
-// When a computation fails (broker unreachable, timeout), the failure is
-// logged, cached like a result, and the scrape carries no lag series:
-// absent data rather than stale data. The rest of the scrape is unaffected.
+// When a computation fails (broker unreachable, timeout, an ACL missing),
+// the failure is logged, cached like a result, and the scrape carries no
+// lag series: absent data rather than stale data. MetricComputed, one
+// series per group, says which: 1 after a computation that succeeded, 0
+// after one that failed, so that an alert sees lag that is not known.
+// The rest of the scrape is unaffected.
 type Collector struct {
 	conn    kafka.Config
 	groups  []string
@@ -182,11 +189,22 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descSeconds
 	ch <- descHeldRecords
 	ch <- descHeldSeconds
+	ch <- descComputed
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	rows, heldFor, _ := c.rowsHeld()
+	rows, heldFor, err := c.rowsHeld()
+	if c.isClosed() {
+		return
+	}
+	computed := 1.0
+	if err != nil {
+		computed = 0
+	}
+	for _, g := range c.groups {
+		ch <- prometheus.MustNewConstMetric(descComputed, prometheus.GaugeValue, computed, c.stages[g], g)
+	}
 	for _, r := range rows {
 		p := strconv.Itoa(int(r.Partition))
 		st := c.stages[r.Group]
@@ -273,6 +291,13 @@ func (c *Collector) LastError() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lastErr
+}
+
+// isClosed reports whether Close has run.
+func (c *Collector) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // Close releases the Kafka client. It is idempotent; a closed Collector

@@ -156,12 +156,14 @@ func TestCollector(t *testing.T) {
 }
 
 // TestCollectorBrokerDown: when the lag cannot be computed, the scrape
-// still succeeds, without lag series, and the failure is cached for the
-// TTL instead of being retried by every scrape.
+// still succeeds, without lag series but with MetricComputed 0 (so that an
+// alert sees the lag is unknown), and the failure is cached for the TTL
+// instead of being retried by every scrape.
 func TestCollectorBrokerDown(t *testing.T) {
 	cluster, brokers := testenv.KFake(t)
 	clock := &fakeNow{t: time.Now()}
-	c, err := NewCollector(kafka.Config{Brokers: brokers}, []string{"g"}, WithClock(clock.now), WithTimeout(300*time.Millisecond))
+	c, err := NewCollector(kafka.Config{Brokers: brokers}, []string{"g"}, WithClock(clock.now), WithTimeout(300*time.Millisecond),
+		WithStage("g", "dedup"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,12 +175,27 @@ func TestCollectorBrokerDown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gather failed: %v", err)
 	}
+	computed := 0
 	for _, mf := range mfs {
-		if mf.GetName() == MetricRecords || mf.GetName() == MetricSeconds {
+		switch mf.GetName() {
+		case MetricRecords, MetricSeconds, MetricHeldRecords, MetricHeldSeconds:
 			t.Fatalf("lag series exported while the broker is down: %v", mf)
+		case MetricComputed:
+			for _, s := range mf.GetMetric() {
+				computed++
+				if v := s.GetGauge().GetValue(); v != 0 {
+					t.Errorf("%s %v = %v while the broker is down, want 0", MetricComputed, s.GetLabel(), v)
+				}
+				if l := s.GetLabel(); len(l) != 2 || l[0].GetValue() != "g" || l[1].GetValue() != "dedup" {
+					t.Errorf("%s labels %v, want group g, stage dedup", MetricComputed, l)
+				}
+			}
 		}
 	}
-	if len(mfs) != 1 {
+	if computed != 1 {
+		t.Errorf("%d %s series, want 1", computed, MetricComputed)
+	}
+	if len(mfs) != 2 {
 		t.Fatalf("the rest of the scrape is missing: %v", mfs)
 	}
 	if _, err := c.Rows(); err == nil {
@@ -342,10 +359,13 @@ func TestCollectorStage(t *testing.T) {
 			if st, w := labels["stage"], want[labels["group"]]; st != w {
 				t.Errorf("%s%v: stage %q, want %q", mf.GetName(), labels, st, w)
 			}
+			if mf.GetName() == MetricComputed && s.GetGauge().GetValue() != 1 {
+				t.Errorf("%s%v = %v after a computation that succeeded, want 1", mf.GetName(), labels, s.GetGauge().GetValue())
+			}
 			n++
 		}
 	}
-	if n != 12 {
-		t.Errorf("%d lag series, want 12 (records, seconds, held records and held seconds of three groups)", n)
+	if n != 15 {
+		t.Errorf("%d lag series, want 15 (records, seconds, held records, held seconds and computed of three groups)", n)
 	}
 }
