@@ -27,11 +27,15 @@ const DefaultMigrateLockWait = 10 * time.Minute
 
 // The lease: how long a holder's lock stays valid after it last extended
 // it (a run killed while holding it blocks others this long at most), and
-// how much of it must be left when the holder checks it.
+// how much of it must be left when the holder checks it. A waiting run
+// tries again after migrateLockFirstPoll, then twice as long each time up
+// to migrateLockPoll: a run that waits for one that had little left to
+// apply is not held a second longer.
 const (
-	migrateLease     = 3 * time.Minute
-	migrateLeaseLeft = time.Minute
-	migrateLockPoll  = time.Second
+	migrateLease         = 3 * time.Minute
+	migrateLeaseLeft     = time.Minute
+	migrateLockPoll      = time.Second
+	migrateLockFirstPoll = 50 * time.Millisecond
 )
 
 // ErrMigrateLocked is returned (wrapped) when another migration run held
@@ -144,6 +148,7 @@ func (l *migrateLock) acquire(ctx context.Context, db string, wait time.Duration
 	}
 	deadline := time.Now().Add(wait)
 	waiting := false
+	poll := migrateLockFirstPoll
 	for {
 		err := l.exec(ctx, lockExtendSQL(own, l.owner))
 		if err == nil {
@@ -183,8 +188,9 @@ func (l *migrateLock) acquire(ctx context.Context, db string, wait time.Duration
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(migrateLockPoll):
+		case <-time.After(poll):
 		}
+		poll = min(2*poll, migrateLockPoll)
 	}
 }
 
