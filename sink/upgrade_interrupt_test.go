@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/meterline/meterline/internal/testenv"
@@ -137,22 +135,7 @@ func TestMigrateConcurrently(t *testing.T) {
 				t.Fatal(err)
 			}
 			insertLedgerRows(ctx, t, conn)
-			var wg sync.WaitGroup
-			errs := make([]error, migrators)
-			for k := range migrators {
-				c, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, Auth: clickhouse.Auth{Database: db, Username: "default"},
-					DialTimeout: 5 * time.Second, ReadTimeout: 60 * time.Second})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					_, errs[k] = Migrate(ctx, c)
-				}()
-			}
-			wg.Wait()
+			_, errs := migrateAtOnce(ctx, t, addr, db, migrators, MigrateOptions{})
 			var failed []string
 			for k, err := range errs {
 				if err != nil {
